@@ -1,0 +1,25 @@
+// `g4 compile`: Hugging Face checkpoint directory -> one static plan file.
+// Steps: parse config.json, build the op program (models/gemma4/graph), resolve and validate every
+// weight against the checkpoint, convert to the plan dtype, plan activation/KV memory, then write
+// the plan to a temporary name and rename it into place (never a half-written output file).
+#pragma once
+#include <iosfwd>
+#include <string>
+
+namespace g4 {
+
+struct CompileOptions {
+    std::string model_dir;
+    std::string adapter_dir;          // PEFT adapter (not supported yet)
+    std::string out_path;
+    std::string weights = "bf16";     // f32 | bf16 | nf4
+    std::string device  = "cpu";      // cpu | cuda[:N]
+    int max_context     = 0;          // 0: min(4096, max_position_embeddings)
+    int max_rows        = 64;         // prefill chunk (tokens per step)
+    int logits_rows     = 16;         // logits rows one step can produce
+};
+
+// Throws g4::CompileError. Progress and the compile report go to `log`.
+void compile_plan(const CompileOptions& opt, std::ostream& log);
+
+} // namespace g4

@@ -1,0 +1,41 @@
+// config.json (and generation_config.json) parsing for Gemma 4 checkpoints in Hugging Face layout.
+// Accepts model_type "gemma4" (text_config nested; tensors under model.language_model.) and
+// "gemma4_text" (flat; tensors under model.), with full-attention head sizes given either as
+// global_head_dim (released checkpoints) or per_layer_config (re-saved by recent transformers).
+#pragma once
+#include "models/gemma4/model.h"
+
+#include <string>
+#include <vector>
+
+namespace g4 {
+
+struct GenerationDefaults {
+    std::vector<int> eos_token_ids;   // generation stops at any of these
+    int bos_token_id    = 2;
+    int pad_token_id    = 0;
+    bool do_sample      = false;
+    float temperature   = 1.0f;
+    int top_k           = 0;
+    float top_p         = 1.0f;
+    float min_p         = 0.0f;
+    float repetition_penalty = 1.0f;
+};
+
+struct ModelConfig {
+    std::string model_type;           // "gemma4" or "gemma4_text"
+    std::string tensor_prefix;        // "model.language_model." or "model."
+    std::string head_dim_form;        // "global_head_dim" or "per_layer_config"
+    gemma4::TextHParams text;
+    GenerationDefaults generation;
+    bool has_vision = false, has_audio = false;
+};
+
+// Parses DIR/config.json and, when present, DIR/generation_config.json. Throws g4::CompileError
+// naming the file and field on any problem.
+ModelConfig load_model_config(const std::string& dir);
+// Same from JSON text (for tests); `source` names the origin in error messages.
+ModelConfig parse_model_config(const std::string& config_json, const std::string& generation_json,
+                               const std::string& source);
+
+} // namespace g4

@@ -1,0 +1,35 @@
+// Eigen CPU kernels, multi-threaded over the session's ThreadPool. Same argument structs as the
+// reference kernels (kernels/ref/ref.h). Nothing here allocates: per-thread scratch comes from
+// Context, sized once at session creation with scratch_floats_per_thread().
+#pragma once
+#include "kernels/cpu/thread_pool.h"
+#include "kernels/ops.h"
+
+#include <cstddef>
+
+namespace g4::cpu {
+
+struct Context {
+    ThreadPool* pool      = nullptr;
+    float* scratch        = nullptr;   // pool->size() * scratch_stride floats
+    size_t scratch_stride = 0;         // floats per thread
+    float* thread_scratch(int thread) const { return scratch + (size_t)thread * scratch_stride; }
+};
+
+constexpr int kMatmulTileRows = 32;   // weight rows dequantized per task
+
+// Per-thread scratch needed for matmuls with inner dimension <= max_k and attention over <= max_slots.
+size_t scratch_floats_per_thread(int64_t max_k, int64_t max_slots);
+
+void embed(const Context& c, const EmbedArgs& a);
+void matmul(const Context& c, const MatmulArgs& a);
+void rms_norm(const Context& c, const RmsNormArgs& a);
+void add(const Context& c, const BinaryArgs& a);
+void gelu_mul(const Context& c, const BinaryArgs& a);
+void scale(const Context& c, const ScaleArgs& a);
+void softcap(const Context& c, const ScaleArgs& a);
+void rope(const Context& c, const RopeArgs& a);
+void kv_store(const Context& c, const KvStoreArgs& a);
+void attention(const Context& c, const AttentionArgs& a);   // ignores a.scratch; uses Context scratch
+
+} // namespace g4::cpu

@@ -1,0 +1,131 @@
+// Op vocabulary of g4: the op enum, weight dtypes, and one argument struct per op shared by the
+// scalar reference (kernels/ref), the Eigen CPU kernels (kernels/cpu) and, later, CUDA kernels.
+// Shapes use the legend T = rows (tokens in the step), H = hidden, D = head dim, V = vocab.
+// Every activation is row-major float32 with an explicit leading dimension (ld, in elements).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+namespace g4 {
+
+// Storage types of tensors in a plan. Values are part of the plan format: append only.
+enum class DType : uint8_t { F32 = 0, BF16 = 1, F16 = 2, I32 = 3, NF4 = 4 };
+
+const char* dtype_str(DType d);
+// Bytes for `n` elements (NF4: packed data only, see kernels/nf4.h for its layout).
+size_t dtype_bytes(DType d, int64_t n);
+
+// Op codes stored in plans. Values are part of the plan format: append only.
+enum class OpCode : uint16_t {
+    Embed     = 1,   // y[t,:] = table[ids[t],:] * scale
+    Matmul    = 2,   // y[T,N] = x[T,K] . W[N,K]^T
+    RmsNorm   = 3,   // per group of D: y = x * (mean(x^2)+eps)^-1/2 * w
+    Add       = 4,   // y = a + b
+    Scale     = 5,   // y = x * s * (scalar tensor, if any)
+    Rope      = 6,   // in place, NeoX rotate-half pairing (k, k + D/2)
+    KvStore   = 7,   // write k, v rows into the ring/linear KV cache of one layer
+    Attention = 8,   // softmax(q.K^T * scale + mask) . V over the cache, GQA
+    GeluMul   = 9,   // y = gelu_tanh(a) * b
+    Softcap   = 10,  // y = cap * tanh(x / cap)
+};
+const char* op_name(OpCode op);
+
+// Per-step values read by every op: rows in this step and the absolute position of row 0.
+struct StepState {
+    int32_t rows;      // T: tokens in this step (1 for decode)
+    int32_t pos0;      // position of row 0
+    int32_t out_rows;  // rows whose logits are produced (the last out_rows of the step)
+};
+
+float bf16_to_f32(uint16_t h);
+uint16_t f32_to_bf16(float f);   // round to nearest even
+
+struct EmbedArgs {
+    const int32_t* ids;   // [T]
+    const void* table;    // [V, N], dtype `dt`
+    DType dt;
+    int64_t vocab, n;
+    float scale;
+    float* y;             // [T, ldy]
+    int64_t ldy;
+    int32_t rows;
+};
+
+struct MatmulArgs {
+    const float* x;       // [T, ldx], first K columns used
+    int64_t ldx;
+    const void* w;        // [N, K] row-major, dtype `dt`
+    DType dt;
+    int64_t n, k;
+    float* y;             // [T, ldy], first N columns written
+    int64_t ldy;
+    int32_t rows;
+};
+
+struct RmsNormArgs {
+    const float* x;       // [T, ldx] viewed as groups of `dim` columns; `cols` columns per row
+    int64_t ldx;
+    const void* w;        // [dim] weight or nullptr (no scale)
+    DType wdt;
+    float* y;             // [T, ldy] (may alias x)
+    int64_t ldy;
+    int32_t rows, cols, dim;
+    float eps;
+};
+
+struct BinaryArgs {       // Add and GeluMul
+    const float* a;       // [T, lda]
+    int64_t lda;
+    const float* b;       // [T, ldb]
+    int64_t ldb;
+    float* y;             // [T, ldy] (may alias a or b)
+    int64_t ldy;
+    int32_t rows, cols;
+};
+
+struct ScaleArgs {
+    const float* x;       // [T, ldx]
+    int64_t ldx;
+    float* y;             // [T, ldy] (may alias x)
+    int64_t ldy;
+    int32_t rows, cols;
+    float s;              // multiplier
+    const void* s_tensor; // optional scalar weight [1] multiplied in, dtype s_dt
+    DType s_dt;
+    float cap;            // Softcap only
+};
+
+struct RopeArgs {
+    float* x;             // [T, ldx] = heads x D, rotated in place
+    int64_t ldx;
+    const float* inv_freq;// [D/2]
+    int32_t rows, heads, dim;
+    int32_t pos0;         // position of row 0
+};
+
+struct KvStoreArgs {
+    const float* k;       // [T, ldk] = n_kv x D
+    int64_t ldk;
+    const float* v;       // [T, ldv]
+    int64_t ldv;
+    float* k_cache;       // [slots, n_kv*D]
+    float* v_cache;       // [slots, n_kv*D]
+    int32_t rows, width, slots;   // width = n_kv * D
+    int32_t pos0;
+};
+
+struct AttentionArgs {
+    const float* q;       // [T, ldq] = heads x D
+    int64_t ldq;
+    const float* k_cache; // [slots, n_kv*D]; position p lives in slot p % slots
+    const float* v_cache;
+    float* y;             // [T, ldy] = heads x D
+    int64_t ldy;
+    int32_t rows, heads, kv_heads, dim, slots;
+    int32_t window;       // 0: causal over all positions; else keys p-window+1..p
+    int32_t pos0;
+    float scale;
+    float* scratch;       // >= attention_scratch_floats(...) floats, owned by the caller
+};
+
+} // namespace g4

@@ -1,0 +1,148 @@
+// Scalar reference implementations of every op (see ref.h).
+#include "kernels/ref/ref.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+namespace g4::ref {
+
+static float half_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h >> 15) << 31, exp = (h >> 10) & 0x1F, man = h & 0x3FF, u;
+    if (exp == 0) {
+        if (man == 0) u = sign;
+        else {
+            float f = std::ldexp((float)man, -24);
+            std::memcpy(&u, &f, 4);
+            u |= sign;
+        }
+    } else if (exp == 31) u = sign | 0x7F800000u | (man << 13);
+    else u = sign | ((exp + 112) << 23) | (man << 13);
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+}
+
+float load_weight(const void* w, DType dt, int64_t i) {
+    switch (dt) {
+    case DType::F32: return ((const float*)w)[i];
+    case DType::BF16: return bf16_to_f32(((const uint16_t*)w)[i]);
+    case DType::F16: return half_to_f32(((const uint16_t*)w)[i]);
+    default: return NAN;
+    }
+}
+
+float gelu_tanh(float x) {
+    const double c = 0.7978845608028654;   // sqrt(2/pi)
+    double xd = x;
+    return (float)(0.5 * xd * (1.0 + std::tanh(c * (xd + 0.044715 * xd * xd * xd))));
+}
+
+void embed(const EmbedArgs& a) {
+    for (int t = 0; t < a.rows; ++t)
+        for (int64_t j = 0; j < a.n; ++j)
+            a.y[t * a.ldy + j] = load_weight(a.table, a.dt, (int64_t)a.ids[t] * a.n + j) * a.scale;
+}
+
+void matmul(const MatmulArgs& a) {
+    for (int t = 0; t < a.rows; ++t)
+        for (int64_t n = 0; n < a.n; ++n) {
+            double acc = 0;
+            for (int64_t k = 0; k < a.k; ++k) acc += (double)a.x[t * a.ldx + k] * load_weight(a.w, a.dt, n * a.k + k);
+            a.y[t * a.ldy + n] = (float)acc;
+        }
+}
+
+void rms_norm(const RmsNormArgs& a) {
+    for (int t = 0; t < a.rows; ++t)
+        for (int g = 0; g < a.cols / a.dim; ++g) {
+            const float* x = a.x + t * a.ldx + (int64_t)g * a.dim;
+            float* y       = a.y + t * a.ldy + (int64_t)g * a.dim;
+            double ss      = 0;
+            for (int i = 0; i < a.dim; ++i) ss += (double)x[i] * x[i];
+            double r = std::pow(ss / a.dim + a.eps, -0.5);
+            for (int i = 0; i < a.dim; ++i) y[i] = (float)(x[i] * r * (a.w ? load_weight(a.w, a.wdt, i) : 1.0f));
+        }
+}
+
+void add(const BinaryArgs& a) {
+    for (int t = 0; t < a.rows; ++t)
+        for (int i = 0; i < a.cols; ++i) a.y[t * a.ldy + i] = a.a[t * a.lda + i] + a.b[t * a.ldb + i];
+}
+
+void gelu_mul(const BinaryArgs& a) {
+    for (int t = 0; t < a.rows; ++t)
+        for (int i = 0; i < a.cols; ++i) a.y[t * a.ldy + i] = gelu_tanh(a.a[t * a.lda + i]) * a.b[t * a.ldb + i];
+}
+
+void scale(const ScaleArgs& a) {
+    float s = a.s * (a.s_tensor ? load_weight(a.s_tensor, a.s_dt, 0) : 1.0f);
+    for (int t = 0; t < a.rows; ++t)
+        for (int i = 0; i < a.cols; ++i) a.y[t * a.ldy + i] = a.x[t * a.ldx + i] * s;
+}
+
+void softcap(const ScaleArgs& a) {
+    for (int t = 0; t < a.rows; ++t)
+        for (int i = 0; i < a.cols; ++i)
+            a.y[t * a.ldy + i] = (float)(a.cap * std::tanh((double)a.x[t * a.ldx + i] / a.cap));
+}
+
+void rope(const RopeArgs& a) {
+    int half = a.dim / 2;
+    for (int t = 0; t < a.rows; ++t) {
+        float pos = (float)(a.pos0 + t);
+        for (int h = 0; h < a.heads; ++h) {
+            float* x = a.x + t * a.ldx + (int64_t)h * a.dim;
+            for (int k = 0; k < half; ++k) {
+                float ang = pos * a.inv_freq[k];   // fp32 product, as torch computes it
+                double c = std::cos((double)ang), s = std::sin((double)ang);
+                double x0 = x[k], x1 = x[k + half];
+                x[k]        = (float)(x0 * c - x1 * s);
+                x[k + half] = (float)(x1 * c + x0 * s);
+            }
+        }
+    }
+}
+
+void kv_store(const KvStoreArgs& a) {
+    for (int t = 0; t < a.rows; ++t) {
+        int64_t slot = (a.pos0 + t) % a.slots;
+        std::memcpy(a.k_cache + slot * a.width, a.k + t * a.ldk, sizeof(float) * a.width);
+        std::memcpy(a.v_cache + slot * a.width, a.v + t * a.ldv, sizeof(float) * a.width);
+    }
+}
+
+void attention(const AttentionArgs& a) {
+    int group = a.heads / a.kv_heads;
+    int width = a.kv_heads * a.dim;
+    std::vector<double> p;
+    for (int t = 0; t < a.rows; ++t) {
+        int pos = a.pos0 + t;
+        int lo  = a.window > 0 ? std::max(0, pos - a.window + 1) : 0;
+        for (int h = 0; h < a.heads; ++h) {
+            const float* q = a.q + t * a.ldq + (int64_t)h * a.dim;
+            int kvh        = h / group;
+            p.assign(pos - lo + 1, 0.0);
+            double mx = -INFINITY;
+            for (int j = lo; j <= pos; ++j) {
+                const float* k = a.k_cache + (int64_t)(j % a.slots) * width + (int64_t)kvh * a.dim;
+                double s       = 0;
+                for (int d = 0; d < a.dim; ++d) s += (double)q[d] * k[d];
+                p[j - lo] = s * a.scale;
+                mx        = std::max(mx, p[j - lo]);
+            }
+            double sum = 0;
+            for (double& v : p) sum += (v = std::exp(v - mx));
+            float* y = a.y + t * a.ldy + (int64_t)h * a.dim;
+            for (int d = 0; d < a.dim; ++d) {
+                double acc = 0;
+                for (int j = lo; j <= pos; ++j)
+                    acc += p[j - lo] * a.v_cache[(int64_t)(j % a.slots) * width + (int64_t)kvh * a.dim + d];
+                y[d] = (float)(acc / sum);
+            }
+        }
+    }
+}
+
+} // namespace g4::ref

@@ -1,0 +1,58 @@
+// Compiler-only graph builder for the Gemma 4 text decoder: emits the op program the runtime
+// replays, naming every intermediate (llama.cpp style). Weights are referenced by their Hugging Face
+// names relative to the text-model prefix; the compiler resolves, converts and places them.
+#pragma once
+#include "kernels/ops.h"
+#include "models/gemma4/model.h"
+#include "runtime/src/plan/plan_format.h"
+
+#include <string>
+#include <vector>
+
+namespace g4::gemma4 {
+
+// What a weight is, so the compiler's dtype/quantization policy can decide per tensor.
+enum class WeightRole : uint8_t {
+    AttnProj,        // q/k/v/o projections of the text decoder
+    MlpProj,         // gate/up/down
+    Embedding,       // embed_tokens (also the tied LM head)
+    PleTable,        // embed_tokens_per_layer
+    PleProj,         // per_layer_model_projection, per_layer_input_gate, per_layer_projection
+    Norm,            // RMSNorm weights
+    Scalar,          // layer_scalar
+    Constant,        // computed by the compiler (RoPE inverse frequencies), always f32
+};
+const char* weight_role_name(WeightRole r);
+
+struct TensorDesc {
+    std::string name;                  // plan name; for checkpoint weights the HF name (relative)
+    plan::TensorKind kind;
+    DType dtype = DType::F32;          // activations/KV f32; weights decided by the compiler
+    std::vector<int64_t> dims;
+    WeightRole role = WeightRole::Constant;
+    std::vector<float> constant;       // data of Constant weights
+};
+
+struct OpDesc {
+    plan::PlanOp op;                   // name field unused here; `name` below
+    std::string name;
+};
+
+struct BuildOptions {
+    int max_rows     = 64;             // tokens per step (prefill chunk)
+    int max_context  = 4096;           // positions held by full-attention caches
+    int logits_rows  = 16;             // rows of logits one step can produce
+};
+
+struct Program {
+    std::vector<TensorDesc> tensors;
+    std::vector<OpDesc> ops;
+    int ids = -1;                      // Input tensor [max_rows] i32
+    int logits = -1;                   // Activation [logits_rows, V]
+    int sliding_slots = 0;             // ring size of sliding-layer caches
+};
+
+// Builds the full prefill/decode program. hp must pass validate().
+Program build_text_program(const TextHParams& hp, const BuildOptions& opt);
+
+} // namespace g4::gemma4

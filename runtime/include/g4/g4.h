@@ -1,0 +1,156 @@
+/* g4 runtime C API: load a compiled plan (g4 compile) and run Gemma 4 on it.
+ *
+ * Objects
+ *   g4_engine   the plan, mapped read-only, and its weights. Immutable after g4_engine_open:
+ *               thread-safe, shareable by any number of sessions on any threads.
+ *   g4_session  one conversation: KV cache, position, logits, sampler state, worker threads. All
+ *               its memory is allocated by g4_session_create; nothing is allocated afterwards.
+ *               Thread-compatible: one thread at a time may call it (g4_session_cancel excepted).
+ *
+ * Errors: every fallible call returns a g4_status; G4_OK is 0. On failure a one-line message is
+ * available from g4_last_error_message() on the calling thread, and the session is unchanged
+ * unless the function says otherwise. No C++ exception crosses this API.
+ */
+#ifndef G4_G4_H
+#define G4_G4_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define G4_API __attribute__((visibility("default")))
+#else
+#define G4_API
+#endif
+
+typedef enum g4_status {
+    G4_OK                   = 0,
+    G4_ERR_INVALID_ARGUMENT = 1,   /* NULL handle, out-of-range value, bad token id */
+    G4_ERR_IO               = 2,   /* file missing or unreadable */
+    G4_ERR_PLAN_VERSION     = 3,   /* plan written by an incompatible g4 (re-run g4 compile) */
+    G4_ERR_PLAN_CORRUPT     = 4,   /* truncated or damaged plan file */
+    G4_ERR_OUT_OF_MEMORY    = 5,
+    G4_ERR_CONTEXT_FULL     = 6,   /* the tokens would exceed the plan's max context */
+    G4_ERR_CANCELLED        = 7,   /* g4_session_cancel was called */
+    G4_ERR_UNSUPPORTED      = 8,   /* the plan needs a device or feature this build lacks */
+    G4_ERR_INTERNAL         = 9
+} g4_status;
+
+typedef struct g4_engine g4_engine;
+typedef struct g4_session g4_session;
+
+/* Static strings; never NULL. */
+G4_API const char* g4_runtime_version(void);
+G4_API const char* g4_status_string(g4_status status);
+/* The last error message set on the calling thread ("" if none). Valid until the next g4 call on
+ * this thread. */
+G4_API const char* g4_last_error_message(void);
+
+/* ---- engine ------------------------------------------------------------------------------- */
+
+typedef struct g4_engine_params {
+    int32_t verify_weights;   /* non-zero: check the WEIGHTS checksum at open (reads every byte) */
+} g4_engine_params;
+
+G4_API g4_engine_params g4_engine_params_default(void);
+
+/* Opens the plan at |path|. |params| may be NULL for defaults. On success |*out_engine| owns the
+ * mapping and must be released with g4_engine_close after every session created from it has been
+ * destroyed. */
+G4_API g4_status g4_engine_open(const char* path, const g4_engine_params* params, g4_engine** out_engine);
+/* Releases |engine|; NULL is a no-op. Sessions created from it must already be destroyed. */
+G4_API void g4_engine_close(g4_engine* engine);
+
+typedef struct g4_engine_info {
+    int32_t vocab_size;
+    int32_t max_context;        /* positions a session can hold */
+    int32_t max_chunk;          /* tokens processed per prefill step */
+    int32_t num_layers;
+    int32_t hidden_size;
+    int32_t bos_token_id;
+    int32_t n_eos_token_ids;
+    int32_t eos_token_ids[8];
+    uint64_t weights_bytes;
+    uint64_t session_bytes;     /* activation arena + KV cache + scratch a session allocates */
+    const char* architecture;   /* owned by the engine */
+} g4_engine_info;
+
+G4_API g4_status g4_engine_get_info(const g4_engine* engine, g4_engine_info* out_info);
+
+/* ---- session ------------------------------------------------------------------------------ */
+
+typedef struct g4_session_params {
+    int32_t n_threads;          /* 0: G4_THREADS env var, else all hardware threads */
+} g4_session_params;
+
+G4_API g4_session_params g4_session_params_default(void);
+
+/* Creates a session on |engine| and allocates all of its memory. |params| may be NULL. The engine
+ * must outlive the session. Release with g4_session_destroy. */
+G4_API g4_status g4_session_create(g4_engine* engine, const g4_session_params* params, g4_session** out_session);
+/* Releases |session|; NULL is a no-op. */
+G4_API void g4_session_destroy(g4_session* session);
+/* Forgets all tokens (position 0, empty KV cache). */
+G4_API g4_status g4_session_reset(g4_session* session);
+/* Number of tokens the session holds (the next token's position). */
+G4_API int32_t g4_session_position(const g4_session* session);
+
+/* Feeds |n| token ids (prefill, or one token of decode) and computes the logits of the last one.
+ * If |out_logits| is not NULL it receives the final logits of every fed token, row-major
+ * [n, vocab_size] float32; |out_logits_capacity| is its size in floats and must be >= n*vocab.
+ * Errors: G4_ERR_INVALID_ARGUMENT for an id outside the vocabulary (nothing is fed),
+ * G4_ERR_CONTEXT_FULL if position + n > max_context (nothing is fed), G4_ERR_CANCELLED if
+ * cancelled between chunks (the tokens of completed chunks stay fed; position says how many). */
+G4_API g4_status g4_session_append_tokens(g4_session* session, const int32_t* ids, size_t n, float* out_logits,
+                                          size_t out_logits_capacity);
+
+/* Borrowed pointer to the logits of the last fed token, [vocab_size] floats; valid until the next
+ * call that feeds tokens or resets. G4_ERR_INVALID_ARGUMENT if no token has been fed. */
+G4_API g4_status g4_session_get_logits(const g4_session* session, const float** out_logits, int32_t* out_vocab);
+
+typedef struct g4_sampling_params {
+    float temperature;          /* 0: greedy (argmax) */
+    int32_t top_k;              /* 0: off */
+    float top_p;                /* 1: off */
+    float min_p;                /* 0: off */
+    float repeat_penalty;       /* 1: off; applied to tokens in the last repeat_last_n */
+    int32_t repeat_last_n;
+    uint64_t seed;
+} g4_sampling_params;
+
+/* Greedy defaults (temperature 0). g4_sampling_params_from_plan gives the checkpoint's
+ * generation_config defaults instead. */
+G4_API g4_sampling_params g4_sampling_params_default(void);
+G4_API g4_status g4_sampling_params_from_plan(const g4_engine* engine, g4_sampling_params* out_params);
+
+/* Chooses the next token from the current logits with |params| (NULL: greedy) and writes it to
+ * |*out_token|. Does not feed it: call g4_session_append_tokens with it to continue.
+ * The sampler's random state lives in the session and is seeded by the first call after create or
+ * reset. */
+G4_API g4_status g4_session_sample(g4_session* session, const g4_sampling_params* params, int32_t* out_token);
+
+/* Returns non-zero if |token| is one of the plan's end-of-generation ids. */
+G4_API int32_t g4_engine_is_eos(const g4_engine* engine, int32_t token);
+
+/* Requests cancellation of the running (or next) g4_session_append_tokens. Safe from any thread
+ * while another thread uses the session. Cleared by the next call that feeds tokens. */
+G4_API void g4_session_cancel(g4_session* session);
+
+typedef struct g4_session_stats {
+    double prefill_ms;          /* time spent in g4_session_append_tokens with n > 1 */
+    int64_t prefill_tokens;
+    double decode_ms;           /* time spent in g4_session_append_tokens with n == 1 */
+    int64_t decode_tokens;
+} g4_session_stats;
+
+G4_API g4_status g4_session_get_stats(const g4_session* session, g4_session_stats* out_stats);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* G4_G4_H */

@@ -1,0 +1,315 @@
+// The C API (runtime/include/g4/g4.h) over the plan reader and CPU executor. Every entry point
+// catches everything: no exception crosses the boundary.
+#include "g4/g4.h"
+#include "runtime/src/engine.h"
+#include "runtime/src/executor.h"
+#include "runtime/src/sampler.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <string>
+
+using g4_clock = std::chrono::steady_clock;
+
+namespace {
+
+thread_local std::string t_last_error;
+
+g4_status set_error(g4_status st, const std::string& msg) {
+    t_last_error = msg;
+    return st;
+}
+
+bool engine_ok(const g4_engine* e) { return e && e->magic == 0x67346531; }
+bool session_ok(const g4_session* s) { return s && s->magic == 0x67347331; }
+
+#define G4_GUARD_BEGIN try {
+#define G4_GUARD_END                                                                         \
+    }                                                                                        \
+    catch (const std::bad_alloc&) {                                                          \
+        return set_error(G4_ERR_OUT_OF_MEMORY, "out of memory");                            \
+    }                                                                                        \
+    catch (const std::exception& ex) {                                                       \
+        return set_error(G4_ERR_INTERNAL, std::string("internal error: ") + ex.what());     \
+    }                                                                                        \
+    catch (...) {                                                                            \
+        return set_error(G4_ERR_INTERNAL, "internal error");                                \
+    }
+
+void* aligned_zalloc(size_t n) {
+    size_t sz = (n + 63) / 64 * 64;
+    void* p   = std::aligned_alloc(64, sz ? sz : 64);
+    if (p) std::memset(p, 0, sz ? sz : 64);
+    return p;
+}
+
+} // namespace
+
+extern "C" {
+
+const char* g4_runtime_version(void) { return G4_VERSION_STRING; }
+
+const char* g4_status_string(g4_status s) {
+    switch (s) {
+    case G4_OK: return "ok";
+    case G4_ERR_INVALID_ARGUMENT: return "invalid argument";
+    case G4_ERR_IO: return "i/o error";
+    case G4_ERR_PLAN_VERSION: return "incompatible plan version";
+    case G4_ERR_PLAN_CORRUPT: return "corrupt plan";
+    case G4_ERR_OUT_OF_MEMORY: return "out of memory";
+    case G4_ERR_CONTEXT_FULL: return "context full";
+    case G4_ERR_CANCELLED: return "cancelled";
+    case G4_ERR_UNSUPPORTED: return "unsupported";
+    case G4_ERR_INTERNAL: return "internal error";
+    }
+    return "unknown status";
+}
+
+const char* g4_last_error_message(void) { return t_last_error.c_str(); }
+
+g4_engine_params g4_engine_params_default(void) {
+    g4_engine_params p;
+    p.verify_weights = 0;
+    return p;
+}
+
+g4_status g4_engine_open(const char* path, const g4_engine_params* params, g4_engine** out_engine) {
+    G4_GUARD_BEGIN
+    if (!path || !out_engine) return set_error(G4_ERR_INVALID_ARGUMENT, "g4_engine_open: path and out_engine must not be NULL");
+    *out_engine = nullptr;
+    g4_engine_params prm = params ? *params : g4_engine_params_default();
+    auto* e              = new g4_engine();
+    std::string err;
+    g4_status st = e->plan.load(path, prm.verify_weights != 0, &err);
+    if (st == G4_OK) {
+        std::string bad = g4::rt::check_ops(e->plan);
+        if (!bad.empty()) {
+            st  = G4_ERR_PLAN_CORRUPT;
+            err = std::string(path) + ": " + bad + "; re-run g4 compile to rebuild the plan";
+        }
+    }
+    if (st != G4_OK) {
+        delete e;
+        return set_error(st, err);
+    }
+    const auto& in   = e->plan.info();
+    int threads      = g4::cpu::default_thread_count();
+    e->session_bytes = in.act_arena_bytes + in.kv_arena_bytes +
+                       (uint64_t)threads * g4::cpu::scratch_floats_per_thread(in.max_k, in.max_slots) * 4 +
+                       (uint64_t)in.vocab_size * 12 + (uint64_t)in.max_context * 4;
+    *out_engine = e;
+    return G4_OK;
+    G4_GUARD_END
+}
+
+void g4_engine_close(g4_engine* engine) {
+    if (!engine_ok(engine)) return;
+    engine->magic = 0;
+    delete engine;
+}
+
+g4_status g4_engine_get_info(const g4_engine* e, g4_engine_info* out) {
+    if (!engine_ok(e) || !out) return set_error(G4_ERR_INVALID_ARGUMENT, "g4_engine_get_info: invalid engine or NULL output");
+    const auto& in = e->plan.info();
+    std::memset(out, 0, sizeof *out);
+    out->vocab_size   = in.vocab_size;
+    out->max_context  = in.max_context;
+    out->max_chunk    = in.max_rows;
+    out->num_layers   = in.num_layers;
+    out->hidden_size  = in.hidden_size;
+    out->bos_token_id = in.bos_token_id;
+    out->n_eos_token_ids = (int32_t)std::min<size_t>(8, in.eos_token_ids.size());
+    for (int i = 0; i < out->n_eos_token_ids; ++i) out->eos_token_ids[i] = in.eos_token_ids[i];
+    out->weights_bytes = e->plan.weights_bytes();
+    out->session_bytes = e->session_bytes;
+    out->architecture  = e->plan.architecture().c_str();
+    return G4_OK;
+}
+
+int32_t g4_engine_is_eos(const g4_engine* e, int32_t token) {
+    if (!engine_ok(e)) return 0;
+    for (int32_t id : e->plan.info().eos_token_ids)
+        if (id == token) return 1;
+    return 0;
+}
+
+g4_session_params g4_session_params_default(void) {
+    g4_session_params p;
+    p.n_threads = 0;
+    return p;
+}
+
+g4_status g4_session_create(g4_engine* e, const g4_session_params* params, g4_session** out) {
+    G4_GUARD_BEGIN
+    if (!out) return set_error(G4_ERR_INVALID_ARGUMENT, "g4_session_create: out_session must not be NULL");
+    *out = nullptr;
+    if (!engine_ok(e)) return set_error(G4_ERR_INVALID_ARGUMENT, "g4_session_create: invalid or closed engine");
+    g4_session_params prm = params ? *params : g4_session_params_default();
+    if (prm.n_threads < 0 || prm.n_threads > 1024) return set_error(G4_ERR_INVALID_ARGUMENT, "n_threads must be in 0..1024");
+    const auto& in = e->plan.info();
+    auto* s        = new g4_session();
+    s->engine      = e;
+    int threads    = prm.n_threads > 0 ? prm.n_threads : g4::cpu::default_thread_count();
+    s->pool        = std::make_unique<g4::cpu::ThreadPool>(threads);
+    size_t stride  = g4::cpu::scratch_floats_per_thread(in.max_k, in.max_slots);
+    s->scratch     = (float*)aligned_zalloc(stride * threads * sizeof(float));
+    s->act         = (uint8_t*)aligned_zalloc(in.act_arena_bytes);
+    s->kv          = (uint8_t*)aligned_zalloc(in.kv_arena_bytes);
+    if (!s->scratch || !s->act || !s->kv) {
+        std::free(s->scratch), std::free(s->act), std::free(s->kv);
+        delete s;
+        return set_error(G4_ERR_OUT_OF_MEMORY, "cannot allocate " + std::to_string(e->session_bytes) + " bytes for the session");
+    }
+    s->ctx = {s->pool.get(), s->scratch, stride};
+    g4::rt::bind_ops(s);
+    const auto& ids_t    = e->plan.tensor(in.ids_tensor);
+    const auto& logits_t = e->plan.tensor(in.logits_tensor);
+    s->ids               = (int32_t*)(s->act + ids_t.offset);
+    s->logits            = (const float*)(s->act + logits_t.offset);
+    s->last_logits.assign(in.vocab_size, 0.0f);
+    s->history.assign(in.max_context, 0);
+    s->sample_buf.assign(in.vocab_size, 0.0f);
+    s->sample_idx.assign(in.vocab_size, 0);
+    e->live_sessions++;
+    *out = s;
+    return G4_OK;
+    G4_GUARD_END
+}
+
+void g4_session_destroy(g4_session* s) {
+    if (!session_ok(s)) return;
+    s->magic = 0;
+    s->engine->live_sessions--;
+    std::free(s->scratch);
+    std::free(s->act);
+    std::free(s->kv);
+    delete s;
+}
+
+g4_status g4_session_reset(g4_session* s) {
+    if (!session_ok(s)) return set_error(G4_ERR_INVALID_ARGUMENT, "g4_session_reset: invalid or destroyed session");
+    s->position    = 0;
+    s->have_logits = false;
+    s->rng_seeded  = false;
+    s->cancel      = false;
+    s->stats       = {};
+    return G4_OK;
+}
+
+int32_t g4_session_position(const g4_session* s) { return session_ok(s) ? s->position : 0; }
+
+void g4_session_cancel(g4_session* s) {
+    if (session_ok(s)) s->cancel.store(true);
+}
+
+g4_status g4_session_append_tokens(g4_session* s, const int32_t* ids, size_t n, float* out_logits, size_t cap) {
+    G4_GUARD_BEGIN
+    if (!session_ok(s)) return set_error(G4_ERR_INVALID_ARGUMENT, "g4_session_append_tokens: invalid or destroyed session");
+    if (n == 0) return G4_OK;
+    if (!ids) return set_error(G4_ERR_INVALID_ARGUMENT, "g4_session_append_tokens: ids is NULL");
+    const auto& in = s->engine->plan.info();
+    const int32_t V = in.vocab_size;
+    for (size_t i = 0; i < n; ++i)
+        if (ids[i] < 0 || ids[i] >= in.embed_vocab_limit)
+            return set_error(G4_ERR_INVALID_ARGUMENT, "token id " + std::to_string(ids[i]) + " at index " + std::to_string(i) +
+                                                          " is outside the vocabulary (0.." + std::to_string(in.embed_vocab_limit - 1) + ")");
+    if ((uint64_t)s->position + n > (uint64_t)in.max_context)
+        return set_error(G4_ERR_CONTEXT_FULL, "the context would hold " + std::to_string((uint64_t)s->position + n) +
+                                                  " tokens but the plan's max context is " + std::to_string(in.max_context) +
+                                                  " (recompile with a larger --max-context)");
+    if (out_logits && cap < n * (size_t)V)
+        return set_error(G4_ERR_INVALID_ARGUMENT, "out_logits holds " + std::to_string(cap) + " floats; " +
+                                                      std::to_string(n * (size_t)V) + " needed");
+    s->cancel.store(false);
+    auto t0 = g4_clock::now();
+    // All logits wanted: steps of at most logits_rows tokens, each producing all its rows.
+    const int32_t chunk = out_logits ? in.logits_rows : in.max_rows;
+    size_t done         = 0;
+    g4_status st        = G4_OK;
+    std::string err;
+    while (done < n) {
+        int32_t rows = (int32_t)std::min<size_t>(chunk, n - done);
+        bool last    = done + rows == n;
+        int32_t outr = out_logits ? rows : (last ? 1 : 0);
+        std::memcpy(s->ids, ids + done, sizeof(int32_t) * rows);
+        st = g4::rt::run_step(s, rows, s->position, outr, &err);
+        if (st != G4_OK) break;
+        for (int32_t r = 0; r < rows; ++r) s->history[s->position + r] = ids[done + r];
+        s->position += rows;
+        if (out_logits) std::memcpy(out_logits + done * V, s->logits, sizeof(float) * (size_t)rows * V);
+        if (outr > 0) {
+            std::memcpy(s->last_logits.data(), s->logits + (size_t)(outr - 1) * V, sizeof(float) * V);
+            s->have_logits = true;
+        } else {
+            s->have_logits = false;
+        }
+        done += rows;
+    }
+    double ms = std::chrono::duration<double, std::milli>(g4_clock::now() - t0).count();
+    if (n == 1) s->stats.decode_ms += ms, s->stats.decode_tokens += (int64_t)done;
+    else s->stats.prefill_ms += ms, s->stats.prefill_tokens += (int64_t)done;
+    if (st != G4_OK) return set_error(st, st == G4_ERR_CANCELLED ? "cancelled after " + std::to_string(done) + " of " +
+                                                                       std::to_string(n) + " tokens" : err);
+    return G4_OK;
+    G4_GUARD_END
+}
+
+g4_status g4_session_get_logits(const g4_session* s, const float** out, int32_t* out_vocab) {
+    if (!session_ok(s) || !out) return set_error(G4_ERR_INVALID_ARGUMENT, "g4_session_get_logits: invalid session or NULL output");
+    if (!s->have_logits) return set_error(G4_ERR_INVALID_ARGUMENT, "no logits: feed tokens first");
+    *out = s->last_logits.data();
+    if (out_vocab) *out_vocab = (int32_t)s->last_logits.size();
+    return G4_OK;
+}
+
+g4_sampling_params g4_sampling_params_default(void) {
+    g4_sampling_params p;
+    p.temperature    = 0.0f;
+    p.top_k          = 0;
+    p.top_p          = 1.0f;
+    p.min_p          = 0.0f;
+    p.repeat_penalty = 1.0f;
+    p.repeat_last_n  = 64;
+    p.seed           = 0;
+    return p;
+}
+
+g4_status g4_sampling_params_from_plan(const g4_engine* e, g4_sampling_params* out) {
+    if (!engine_ok(e) || !out) return set_error(G4_ERR_INVALID_ARGUMENT, "g4_sampling_params_from_plan: invalid engine or NULL output");
+    const auto& in   = e->plan.info();
+    *out             = g4_sampling_params_default();
+    out->temperature = in.do_sample ? in.temperature : 0.0f;
+    out->top_k       = in.top_k;
+    out->top_p       = in.top_p;
+    out->min_p       = in.min_p;
+    out->repeat_penalty = in.repetition_penalty;
+    return G4_OK;
+}
+
+g4_status g4_session_sample(g4_session* s, const g4_sampling_params* params, int32_t* out_token) {
+    G4_GUARD_BEGIN
+    if (!session_ok(s) || !out_token) return set_error(G4_ERR_INVALID_ARGUMENT, "g4_session_sample: invalid session or NULL output");
+    if (!s->have_logits) return set_error(G4_ERR_INVALID_ARGUMENT, "g4_session_sample: no logits: feed tokens first");
+    g4_sampling_params p = params ? *params : g4_sampling_params_default();
+    std::string bad      = g4::rt::check_sampling(p);
+    if (!bad.empty()) return set_error(G4_ERR_INVALID_ARGUMENT, "sampling: " + bad);
+    if (!s->rng_seeded) {
+        s->rng.seed(p.seed);
+        s->rng_seeded = true;
+    }
+    *out_token = g4::rt::sample_token(s->last_logits.data(), (int32_t)s->last_logits.size(), p, s->history.data(), s->position,
+                                      s->sample_buf.data(), s->sample_idx.data(), s->rng);
+    return G4_OK;
+    G4_GUARD_END
+}
+
+g4_status g4_session_get_stats(const g4_session* s, g4_session_stats* out) {
+    if (!session_ok(s) || !out) return set_error(G4_ERR_INVALID_ARGUMENT, "g4_session_get_stats: invalid session or NULL output");
+    *out = s->stats;
+    return G4_OK;
+}
+
+} // extern "C"

@@ -1,0 +1,114 @@
+// The g4 plan file, format v1: the only contract between compiler and runtime. Little-endian POD.
+//
+//   [PlanHeader 64 B][PlanSection x section_count][sections, each 4096-aligned]
+//   META     JSON: hyper-parameters, program sizes, generation defaults, provenance
+//   STRINGS  NUL-terminated names referenced by tensors and ops
+//   TENSORS  PlanTensor records: weights (in WEIGHTS), activations (arena offsets), KV caches, inputs
+//   OPS      PlanOp records: the program the runtime replays, in order
+//   WEIGHTS  tensor bytes, each 64-byte aligned, used in place from the mmap
+//
+// Section checksums are FNV-1a 64; META/STRINGS/TENSORS/OPS are verified at every load, WEIGHTS
+// on request (g4 inspect --verify). A major-version or schema-hash mismatch refuses the plan.
+#pragma once
+#include "kernels/ops.h"
+
+#include <cstddef>
+#include <cstdint>
+
+namespace g4::plan {
+
+inline constexpr char kMagic[8]        = {'G', '4', 'P', 'L', 'A', 'N', 0, 0};
+inline constexpr uint16_t kFormatMajor = 1;
+inline constexpr uint16_t kFormatMinor = 0;
+inline constexpr uint64_t kSectionAlign = 4096;
+inline constexpr uint64_t kTensorAlign  = 64;
+
+enum class SectionKind : uint32_t { Meta = 1, Strings = 2, Tensors = 3, Ops = 4, Weights = 5, Tokenizer = 6 };
+
+struct PlanHeader {
+    char magic[8];
+    uint16_t format_major;
+    uint16_t format_minor;
+    uint32_t header_size;          // sizeof(PlanHeader)
+    uint64_t file_size;            // whole file; a shorter file is truncated
+    uint64_t section_table_offset;
+    uint32_t section_count;
+    uint32_t flags;
+    uint64_t schema_hash;          // schema_hash() of the writer
+    uint64_t reserved0;
+    uint32_t reserved1;
+    uint32_t header_checksum;      // low 32 bits of FNV-1a over the header with this field zeroed
+};
+static_assert(sizeof(PlanHeader) == 64);
+
+struct PlanSection {
+    uint32_t kind;                 // SectionKind
+    uint32_t reserved;
+    uint64_t offset;               // from file start, kSectionAlign-aligned
+    uint64_t size;
+    uint64_t checksum;             // FNV-1a 64 of the section bytes
+};
+static_assert(sizeof(PlanSection) == 32);
+
+enum class TensorKind : uint8_t { Weight = 0, Activation = 1, KvCache = 2, Input = 3 };
+
+struct PlanTensor {
+    uint32_t name;                 // offset into STRINGS
+    uint8_t dtype;                 // g4::DType
+    uint8_t kind;                  // TensorKind
+    uint8_t ndim;                  // 1..4
+    uint8_t flags;
+    int64_t dims[4];               // Activation/Input: dims[0] = max rows of a step
+    uint64_t offset;               // Weight: in WEIGHTS; Activation/Input: in activation arena; KvCache: in KV arena
+    uint64_t nbytes;
+    uint64_t reserved;
+};
+static_assert(sizeof(PlanTensor) == 64);
+
+// Which rows an op processes in a step of T rows with R = out_rows logits requested.
+enum class RowMode : int32_t {
+    All      = 0,   // rows 0..T-1
+    TailIn   = 1,   // inputs rows T-R..T-1, outputs rows 0..R-1 (final norm)
+    OutRows  = 2,   // rows 0..R-1 (LM head, softcap)
+};
+
+struct PlanOp {
+    uint16_t code;                 // g4::OpCode
+    uint16_t layer;                // decoder layer, 0xFFFF for none
+    uint32_t name;                 // name of the op's result, offset into STRINGS
+    int32_t in[4];                 // tensor indices, -1 = unused
+    int32_t out[2];
+    int32_t in_col[4];             // column offset of each input view
+    int32_t out_col[2];
+    int32_t row_mode;              // RowMode
+    int32_t ip[7];                 // integer parameters (see compiler/graph and runtime/executor)
+    float fp[4];                   // float parameters
+};
+static_assert(sizeof(PlanOp) == 104);
+
+inline constexpr uint16_t kNoLayer = 0xFFFF;
+
+inline uint64_t fnv1a64(const void* data, size_t n, uint64_t h = 1469598103934665603ull) {
+    const unsigned char* p = static_cast<const unsigned char*>(data);
+    for (size_t i = 0; i < n; ++i) {
+        h ^= p[i];
+        h *= 1099511628211ull;
+    }
+    return h;
+}
+
+// Hash of everything whose drift between compiler and runtime would silently change meaning:
+// record layouts, op codes and their parameter conventions (bump the string when they change).
+inline uint64_t schema_hash() {
+    static const char kSchema[] =
+        "g4plan-v1;header64;section32;tensor64;op104;"
+        "ops:embed1(in:ids,table;fp0:scale),matmul2(in:x,w),rms_norm3(in:x,w?;ip0:cols,ip1:dim;fp0:eps),"
+        "add4(ip0:cols),scale5(in:x,s?;ip0:cols;fp0:s),rope6(in:x,inv_freq;ip0:heads,ip1:dim),"
+        "kv_store7(in:k,v;out:kc,vc;ip0:width,ip1:slots),"
+        "attention8(in:q,kc,vc;ip0:heads,ip1:kv_heads,ip2:dim,ip3:slots,ip4:window;fp0:scale),"
+        "gelu_mul9(ip0:cols),softcap10(ip0:cols;fp0:cap);"
+        "dtypes:f32=0,bf16=1,f16=2,i32=3,nf4=4;kinds:weight0,act1,kv2,input3;rowmode:all0,tailin1,outrows2";
+    return fnv1a64(kSchema, sizeof(kSchema) - 1);
+}
+
+} // namespace g4::plan

@@ -1,0 +1,184 @@
+// Plan loading and validation (see plan_reader.h).
+#include "runtime/src/plan/plan_reader.h"
+
+#include <cstring>
+#include <fcntl.h>
+#include <nlohmann/json.hpp>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+namespace g4::plan {
+
+Plan::~Plan() {
+    if (map_) ::munmap(map_, size_);
+}
+
+g4_status Plan::fail(g4_status st, const std::string& msg, std::string* err) const {
+    if (err) *err = path_ + ": " + msg;
+    return st;
+}
+
+static bool dims_ok(const PlanTensor& t) {
+    if (t.ndim < 1 || t.ndim > 4) return false;
+    for (int i = 0; i < t.ndim; ++i)
+        if (t.dims[i] <= 0 || t.dims[i] > (int64_t)1 << 40) return false;
+    return true;
+}
+
+g4_status Plan::load(const std::string& path, bool verify_weights, std::string* err) {
+    path_ = path;
+    const g4_status CORRUPT = G4_ERR_PLAN_CORRUPT;
+    const std::string recompile = "; re-run g4 compile to rebuild the plan";
+    int fd = ::open(path.c_str(), O_RDONLY);
+    if (fd < 0) return fail(G4_ERR_IO, "cannot open plan file (" + std::string(std::strerror(errno)) + ")", err);
+    struct stat st{};
+    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        ::close(fd);
+        return fail(G4_ERR_IO, "not a regular file", err);
+    }
+    size_ = (uint64_t)st.st_size;
+    if (size_ < sizeof(PlanHeader)) {
+        ::close(fd);
+        return fail(CORRUPT, "truncated plan: " + std::to_string(size_) + " bytes is smaller than the header" + recompile, err);
+    }
+    map_ = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+    ::close(fd);
+    if (map_ == MAP_FAILED) {
+        map_ = nullptr;
+        return fail(G4_ERR_IO, "mmap failed (" + std::string(std::strerror(errno)) + ")", err);
+    }
+    const uint8_t* base = (const uint8_t*)map_;
+    header_             = (const PlanHeader*)base;
+    if (std::memcmp(header_->magic, kMagic, 8) != 0) return fail(CORRUPT, "not a g4 plan (bad magic)", err);
+    if (header_->format_major != kFormatMajor)
+        return fail(G4_ERR_PLAN_VERSION, "plan format " + std::to_string(header_->format_major) + "." +
+                    std::to_string(header_->format_minor) + " but this runtime reads " + std::to_string(kFormatMajor) +
+                    ".x" + recompile, err);
+    PlanHeader h = *header_;
+    h.header_checksum = 0;
+    if ((uint32_t)fnv1a64(&h, sizeof h) != header_->header_checksum) return fail(CORRUPT, "header checksum mismatch" + recompile, err);
+    if (header_->schema_hash != schema_hash())
+        return fail(G4_ERR_PLAN_VERSION, "plan schema differs from this runtime's (written by another g4 version)" + recompile, err);
+    if (header_->file_size != size_)
+        return fail(CORRUPT, "truncated or extended plan: header says " + std::to_string(header_->file_size) +
+                    " bytes, file has " + std::to_string(size_) + recompile, err);
+    uint64_t tab = header_->section_table_offset, n = header_->section_count;
+    if (n == 0 || n > 64 || tab + n * sizeof(PlanSection) > size_) return fail(CORRUPT, "section table out of bounds" + recompile, err);
+    sections_.assign((const PlanSection*)(base + tab), (const PlanSection*)(base + tab) + n);
+
+    const PlanSection *meta = nullptr, *strs = nullptr, *tens = nullptr, *ops = nullptr, *wts = nullptr;
+    for (const PlanSection& s : sections_) {
+        if (s.offset > size_ || s.size > size_ - s.offset) return fail(CORRUPT, "section " + std::to_string(s.kind) + " out of bounds" + recompile, err);
+        switch ((SectionKind)s.kind) {
+        case SectionKind::Meta: meta = &s; break;
+        case SectionKind::Strings: strs = &s; break;
+        case SectionKind::Tensors: tens = &s; break;
+        case SectionKind::Ops: ops = &s; break;
+        case SectionKind::Weights: wts = &s; break;
+        default: break;   // unknown kinds from a newer minor version are skipped
+        }
+        bool small = (SectionKind)s.kind != SectionKind::Weights;
+        if ((small || verify_weights) && fnv1a64(base + s.offset, s.size) != s.checksum)
+            return fail(CORRUPT, std::string("checksum mismatch in the ") + (small ? "metadata" : "weights") + " section (kind " +
+                        std::to_string(s.kind) + ")" + recompile, err);
+    }
+    if (!meta || !strs || !tens || !ops || !wts) return fail(CORRUPT, "missing a required section" + recompile, err);
+    if (tens->size % sizeof(PlanTensor) || ops->size % sizeof(PlanOp) || tens->offset % 8 || ops->offset % 8)
+        return fail(CORRUPT, "malformed tensor or op table" + recompile, err);
+    meta_         = std::string((const char*)base + meta->offset, meta->size);
+    strings_      = (const char*)base + strs->offset;
+    strings_size_ = strs->size;
+    if (strings_size_ == 0 || strings_[strings_size_ - 1] != '\0') return fail(CORRUPT, "string table not terminated" + recompile, err);
+    tensors_      = (const PlanTensor*)(base + tens->offset);
+    n_tensors_    = tens->size / sizeof(PlanTensor);
+    ops_          = (const PlanOp*)(base + ops->offset);
+    n_ops_        = ops->size / sizeof(PlanOp);
+    weights_      = base + wts->offset;
+    weights_size_ = wts->size;
+
+    try {
+        auto j              = nlohmann::json::parse(meta_);
+        arch_               = j.at("architecture").get<std::string>();
+        const auto& p       = j.at("program");
+        info_.max_rows      = p.at("max_rows").get<int32_t>();
+        info_.max_context   = p.at("max_context").get<int32_t>();
+        info_.logits_rows   = p.at("logits_rows").get<int32_t>();
+        info_.sliding_slots = p.at("sliding_slots").get<int32_t>();
+        info_.act_arena_bytes = p.at("act_arena_bytes").get<uint64_t>();
+        info_.kv_arena_bytes  = p.at("kv_arena_bytes").get<uint64_t>();
+        info_.ids_tensor    = p.at("ids_tensor").get<int32_t>();
+        info_.logits_tensor = p.at("logits_tensor").get<int32_t>();
+        info_.max_k         = p.at("max_k").get<int64_t>();
+        info_.max_slots     = p.at("max_slots").get<int64_t>();
+        info_.vocab_size    = p.at("vocab_size").get<int32_t>();
+        info_.embed_vocab_limit = p.at("embed_vocab_limit").get<int32_t>();
+        const auto& hp      = j.at("hparams");
+        info_.num_layers    = hp.at("num_hidden_layers").get<int32_t>();
+        info_.hidden_size   = hp.at("hidden_size").get<int32_t>();
+        const auto& g       = j.at("generation");
+        info_.eos_token_ids = g.at("eos_token_ids").get<std::vector<int32_t>>();
+        info_.bos_token_id  = g.at("bos_token_id").get<int32_t>();
+        info_.do_sample     = g.value("do_sample", false);
+        info_.temperature   = g.value("temperature", 1.0f);
+        info_.top_k         = g.value("top_k", 0);
+        info_.top_p         = g.value("top_p", 1.0f);
+        info_.min_p         = g.value("min_p", 0.0f);
+        info_.repetition_penalty = g.value("repetition_penalty", 1.0f);
+    } catch (const std::exception& e) {
+        return fail(CORRUPT, std::string("bad metadata: ") + e.what() + recompile, err);
+    }
+    return validate_records(err);
+}
+
+g4_status Plan::validate_records(std::string* err) {
+    const g4_status CORRUPT = G4_ERR_PLAN_CORRUPT;
+    const ProgramInfo& in   = info_;
+    if (in.max_rows < 1 || in.max_context < 1 || in.logits_rows < 1 || in.logits_rows > in.max_rows || in.vocab_size < 1 ||
+        in.embed_vocab_limit < 1 || in.embed_vocab_limit > in.vocab_size || in.max_k < 1 || in.max_slots < 1)
+        return fail(CORRUPT, "inconsistent program sizes in metadata", err);
+    for (size_t i = 0; i < n_tensors_; ++i) {
+        const PlanTensor& t = tensors_[i];
+        std::string what    = "tensor " + std::to_string(i);
+        if (t.name >= strings_size_) return fail(CORRUPT, what + ": name out of bounds", err);
+        what = "tensor '" + std::string(str(t.name)) + "'";
+        if (!dims_ok(t) || t.dtype > (uint8_t)DType::NF4 || t.kind > (uint8_t)TensorKind::Input)
+            return fail(CORRUPT, what + ": bad dtype, kind or shape", err);
+        int64_t n = 1;
+        for (int d = 0; d < t.ndim; ++d) n *= t.dims[d];
+        if (t.nbytes != dtype_bytes((DType)t.dtype, n)) return fail(CORRUPT, what + ": byte size disagrees with shape", err);
+        uint64_t limit = 0;
+        switch ((TensorKind)t.kind) {
+        case TensorKind::Weight: limit = weights_size_; break;
+        case TensorKind::KvCache: limit = in.kv_arena_bytes; break;
+        default: limit = in.act_arena_bytes; break;
+        }
+        if (t.offset > limit || t.nbytes > limit - t.offset) return fail(CORRUPT, what + ": data out of bounds", err);
+        if (t.offset % kTensorAlign) return fail(CORRUPT, what + ": misaligned", err);
+        if ((TensorKind)t.kind == TensorKind::Activation && (t.ndim != 2 || t.dtype != (uint8_t)DType::F32))
+            return fail(CORRUPT, what + ": activations must be 2-D f32", err);
+        if ((TensorKind)t.kind == TensorKind::KvCache && (t.ndim != 2 || t.dtype != (uint8_t)DType::F32))
+            return fail(CORRUPT, what + ": KV caches must be 2-D f32", err);
+    }
+    auto is = [&](int32_t idx, TensorKind k) { return idx >= 0 && (size_t)idx < n_tensors_ && tensors_[idx].kind == (uint8_t)k; };
+    if (!is(in.ids_tensor, TensorKind::Input) || tensors_[in.ids_tensor].dims[0] < in.max_rows ||
+        tensors_[in.ids_tensor].dtype != (uint8_t)DType::I32)
+        return fail(CORRUPT, "bad ids tensor", err);
+    if (!is(in.logits_tensor, TensorKind::Activation) || tensors_[in.logits_tensor].dims[0] < in.logits_rows ||
+        tensors_[in.logits_tensor].dims[1] != in.vocab_size)
+        return fail(CORRUPT, "bad logits tensor", err);
+    for (size_t i = 0; i < n_ops_; ++i) {
+        const PlanOp& op = ops_[i];
+        std::string what = "op " + std::to_string(i);
+        if (op.name >= strings_size_) return fail(CORRUPT, what + ": name out of bounds", err);
+        if (op.code < (uint16_t)OpCode::Embed || op.code > (uint16_t)OpCode::Softcap) return fail(CORRUPT, what + ": unknown op code", err);
+        if (op.row_mode < 0 || op.row_mode > 2) return fail(CORRUPT, what + ": bad row mode", err);
+        for (int32_t t : op.in)
+            if (t < -1 || t >= (int32_t)n_tensors_) return fail(CORRUPT, what + ": input tensor index out of range", err);
+        for (int32_t t : op.out)
+            if (t < -1 || t >= (int32_t)n_tensors_) return fail(CORRUPT, what + ": output tensor index out of range", err);
+    }
+    return G4_OK;
+}
+
+} // namespace g4::plan

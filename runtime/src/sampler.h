@@ -1,0 +1,20 @@
+// Token sampling over a logits row: repetition penalty, temperature, top-k, top-p, min-p, then a
+// draw from the session's RNG (HF's warper order). Works in caller-provided buffers: no allocation.
+#pragma once
+#include "g4/g4.h"
+
+#include <cstdint>
+#include <random>
+#include <string>
+
+namespace g4::rt {
+
+// Returns an empty string if |p| is valid, else what is wrong.
+std::string check_sampling(const g4_sampling_params& p);
+
+// logits: [vocab] (not modified). buf: [vocab] floats, idx: [vocab] ints of scratch.
+// history: the last n_history fed tokens (for the repetition penalty).
+int32_t sample_token(const float* logits, int32_t vocab, const g4_sampling_params& p, const int32_t* history,
+                     int32_t n_history, float* buf, int32_t* idx, std::mt19937_64& rng);
+
+} // namespace g4::rt

@@ -1,0 +1,100 @@
+// Implementation of the shared test helpers (see test_util.h).
+#include "test_util.h"
+
+#include <cmath>
+#include <cstring>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <stdexcept>
+#include <sys/wait.h>
+
+namespace g4test {
+namespace fs = std::filesystem;
+
+TempDir::TempDir() {
+    std::random_device rd;
+    for (int attempt = 0; attempt < 100; ++attempt) {
+        fs::path p = fs::temp_directory_path() / ("g4test-" + std::to_string(rd()));
+        if (fs::create_directory(p)) {
+            path = p.string();
+            return;
+        }
+    }
+    throw std::runtime_error("cannot create a temporary directory");
+}
+
+TempDir::~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+}
+
+std::string fixtures_dir() { return G4_FIXTURES_DIR; }
+std::string fixture(const std::string& rel) { return fixtures_dir() + "/" + rel; }
+std::string cli_path() { return G4_CLI_PATH; }
+
+std::string read_file(const std::string& path) {
+    std::ifstream f(path, std::ios::binary);
+    if (!f) throw std::runtime_error("cannot read " + path);
+    std::ostringstream ss;
+    ss << f.rdbuf();
+    return ss.str();
+}
+
+void write_file(const std::string& path, const std::string& bytes) {
+    std::ofstream f(path, std::ios::binary | std::ios::trunc);
+    if (!f) throw std::runtime_error("cannot write " + path);
+    f.write(bytes.data(), (std::streamsize)bytes.size());
+}
+
+bool file_exists(const std::string& path) { return fs::exists(path); }
+
+std::vector<float> read_f32(const std::string& path) {
+    std::string b = read_file(path);
+    std::vector<float> v(b.size() / sizeof(float));
+    std::memcpy(v.data(), b.data(), v.size() * sizeof(float));
+    return v;
+}
+
+CmdResult run_cmd(const std::string& cmd) {
+    TempDir td;
+    std::string out = td.file("out"), err = td.file("err");
+    std::string full = cmd + " >" + out + " 2>" + err + " </dev/null";
+    int st = std::system(full.c_str());
+    CmdResult r;
+    if (st == -1) r.exit_code = -1;
+    else if (WIFEXITED(st)) r.exit_code = WEXITSTATUS(st);
+    else if (WIFSIGNALED(st)) r.exit_code = 128 + WTERMSIG(st);
+    r.out = file_exists(out) ? read_file(out) : "";
+    r.err = file_exists(err) ? read_file(err) : "";
+    return r;
+}
+
+CmdResult run_g4(const std::string& args) { return run_cmd("'" + cli_path() + "' " + args); }
+
+double rel_l2(const float* a, const float* b, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; ++i) {
+        double d = (double)a[i] - (double)b[i];
+        num += d * d;
+        den += (double)b[i] * (double)b[i];
+    }
+    return std::sqrt(num / (den > 0 ? den : 1e-300));
+}
+
+std::vector<int32_t> parse_ids(const std::string& csv) {
+    std::vector<int32_t> ids;
+    std::stringstream ss(csv);
+    std::string tok;
+    while (std::getline(ss, tok, ',')) {
+        size_t b = tok.find_first_not_of(" \t\r\n"), e = tok.find_last_not_of(" \t\r\n");
+        if (b == std::string::npos) continue;
+        ids.push_back(std::stoi(tok.substr(b, e - b + 1)));
+    }
+    return ids;
+}
+
+} // namespace g4test

@@ -1,0 +1,40 @@
+// Shared helpers for the GoogleTest suite: temporary directories, file I/O, running the g4 CLI.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace g4test {
+
+// A fresh empty directory under the system temp dir, removed (recursively) when the object dies.
+struct TempDir {
+    TempDir();
+    ~TempDir();
+    std::string path;
+    std::string file(const std::string& name) const { return path + "/" + name; }
+};
+
+std::string fixtures_dir();                       // tests/fixtures in the source tree
+std::string fixture(const std::string& rel);      // fixtures_dir() + "/" + rel
+std::string cli_path();                           // the built g4 binary
+
+std::string read_file(const std::string& path);   // throws std::runtime_error if unreadable
+void write_file(const std::string& path, const std::string& bytes);
+bool file_exists(const std::string& path);
+std::vector<float> read_f32(const std::string& path);   // raw little-endian float32
+
+struct CmdResult {
+    int exit_code = -1;      // the process exit status; 128+signal if killed by a signal
+    std::string out;         // stdout
+    std::string err;         // stderr
+};
+// Runs `cmd` through /bin/sh with stdout and stderr captured separately.
+CmdResult run_cmd(const std::string& cmd);
+// Runs the g4 CLI with the given argument string (already shell-quoted where needed).
+CmdResult run_g4(const std::string& args);
+
+// Relative L2 error ||a-b|| / ||b||, in double precision.
+double rel_l2(const float* a, const float* b, size_t n);
+std::vector<int32_t> parse_ids(const std::string& csv);   // "1,2,3" -> {1,2,3}
+
+} // namespace g4test

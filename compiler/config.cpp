@@ -2,7 +2,9 @@
 #include "compiler/config.h"
 #include "compiler/error.h"
 
+#include <cstdlib>
 #include <filesystem>
+#include <map>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -143,14 +145,24 @@ gemma4::TextHParams parse_text(const json& tc, const std::string& where, const j
         *form = "per_layer_config";
         const json& plc = tc["per_layer_config"];
         if (!plc.is_object()) r.fail("per_layer_config", "must be an object keyed by layer index");
+        // Keys are layer indices as strings, zero-padded by transformers when there are >= 10 layers ("05").
+        std::map<int, const json*> by_layer;
+        for (auto it = plc.begin(); it != plc.end(); ++it) {
+            const std::string& key = it.key();
+            char* end              = nullptr;
+            long idx               = std::strtol(key.c_str(), &end, 10);
+            if (key.empty() || *end || idx < 0 || idx >= hp.num_layers)
+                r.fail("per_layer_config", "has key '" + key + "', which is not a layer index 0.." + std::to_string(hp.num_layers - 1));
+            if (!it.value().is_object()) r.fail("per_layer_config", "entry '" + key + "' must be an object");
+            by_layer[(int)idx] = &it.value();
+        }
         int full_hd = -1, full_kv = -1;
         for (int i = 0; i < hp.num_layers; ++i) {
             std::string key = std::to_string(i);
             bool full       = hp.layer_types[i] == gemma4::LayerType::Full;
             int hd = hp.head_dim, kv = hp.num_kv_heads;
-            if (plc.contains(key)) {
-                Reader lr{plc[key], where + ": per_layer_config." + key};
-                if (!plc[key].is_object()) lr.fail(key.c_str(), "must be an object");
+            if (by_layer.count(i)) {
+                Reader lr{*by_layer[i], where + ": per_layer_config." + key};
                 hd = lr.int32("head_dim", hp.head_dim, 2, 4096);
                 kv = lr.int32("num_key_value_heads", hp.num_kv_heads, 1, 1024);
             }

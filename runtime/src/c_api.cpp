@@ -223,7 +223,6 @@ g4_status g4_session_append_tokens(g4_session* s, const int32_t* ids, size_t n, 
     if (out_logits && cap < n * (size_t)V)
         return set_error(G4_ERR_INVALID_ARGUMENT, "out_logits holds " + std::to_string(cap) + " floats; " +
                                                       std::to_string(n * (size_t)V) + " needed");
-    s->cancel.store(false);
     auto t0 = g4_clock::now();
     // All logits wanted: steps of at most logits_rows tokens, each producing all its rows.
     const int32_t chunk = out_logits ? in.logits_rows : in.max_rows;
@@ -251,6 +250,7 @@ g4_status g4_session_append_tokens(g4_session* s, const int32_t* ids, size_t n, 
     double ms = std::chrono::duration<double, std::milli>(g4_clock::now() - t0).count();
     if (n == 1) s->stats.decode_ms += ms, s->stats.decode_tokens += (int64_t)done;
     else s->stats.prefill_ms += ms, s->stats.prefill_tokens += (int64_t)done;
+    if (st == G4_ERR_CANCELLED) s->cancel.store(false);   // a cancellation is reported once
     if (st != G4_OK) return set_error(st, st == G4_ERR_CANCELLED ? "cancelled after " + std::to_string(done) + " of " +
                                                                        std::to_string(n) + " tokens" : err);
     return G4_OK;

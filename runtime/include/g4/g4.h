@@ -136,8 +136,9 @@ G4_API g4_status g4_session_sample(g4_session* session, const g4_sampling_params
 /* Returns non-zero if |token| is one of the plan's end-of-generation ids. */
 G4_API int32_t g4_engine_is_eos(const g4_engine* engine, int32_t token);
 
-/* Requests cancellation of the running (or next) g4_session_append_tokens. Safe from any thread
- * while another thread uses the session. Cleared by the next call that feeds tokens. */
+/* Requests cancellation of the running (or, if none runs, the next) g4_session_append_tokens,
+ * which then returns G4_ERR_CANCELLED at the next op boundary; completed chunks stay fed and the
+ * request is consumed. Safe to call from any thread while another thread uses the session. */
 G4_API void g4_session_cancel(g4_session* session);
 
 typedef struct g4_session_stats {

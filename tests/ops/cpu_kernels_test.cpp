@@ -1,0 +1,207 @@
+// Eigen CPU kernels vs the scalar reference (kernels/ref) at Gemma 4 E2B/E4B shapes: hidden 1536/2560,
+// q widths 2048/4096, MLP 6144/10240/12288, head dims 256/512, PLE 35x256, MQA and GQA.
+#include "kernels/cpu/cpu.h"
+#include "kernels/ref/ref.h"
+#include "models/gemma4/model.h"
+#include "test_util.h"
+
+#include <gtest/gtest.h>
+#include <random>
+#include <vector>
+
+namespace {
+
+using namespace g4;
+
+struct Fixture {
+    cpu::ThreadPool pool{2};
+    std::vector<float> scratch;
+    cpu::Context ctx;
+    Fixture(int64_t max_k, int64_t max_slots) {
+        size_t stride = cpu::scratch_floats_per_thread(max_k, max_slots);
+        scratch.assign(stride * pool.size(), 0.0f);
+        ctx = {&pool, scratch.data(), stride};
+    }
+};
+
+std::vector<float> randn(size_t n, uint32_t seed, float sd = 1.0f) {
+    std::mt19937 g(seed);
+    std::normal_distribution<float> d(0.0f, sd);
+    std::vector<float> v(n);
+    for (auto& x : v) x = d(g);
+    return v;
+}
+
+std::vector<uint16_t> to_bf16(const std::vector<float>& v) {
+    std::vector<uint16_t> o(v.size());
+    for (size_t i = 0; i < v.size(); ++i) o[i] = f32_to_bf16(v[i]);
+    return o;
+}
+
+double max_rel(const std::vector<float>& a, const std::vector<float>& b) { return g4test::rel_l2(a.data(), b.data(), a.size()); }
+
+struct MatShape { int rows; int64_t n, k; };
+
+class MatmulTest : public ::testing::TestWithParam<MatShape> {};
+
+TEST_P(MatmulTest, Bf16AndF32MatchReference) {
+    MatShape s = GetParam();
+    Fixture f(s.k, 16);
+    auto x  = randn((size_t)s.rows * s.k, 1);
+    auto wf = randn((size_t)s.n * s.k, 2, 0.05f);
+    auto wb = to_bf16(wf);
+    for (DType dt : {DType::F32, DType::BF16}) {
+        const void* w = dt == DType::F32 ? (const void*)wf.data() : (const void*)wb.data();
+        std::vector<float> y_ref((size_t)s.rows * s.n), y_cpu((size_t)s.rows * s.n);
+        MatmulArgs a{x.data(), s.k, w, dt, s.n, s.k, y_ref.data(), s.n, s.rows};
+        ref::matmul(a);
+        a.y = y_cpu.data();
+        cpu::matmul(f.ctx, a);
+        double e = max_rel(y_cpu, y_ref);
+        EXPECT_LT(e, 1e-5) << "dtype " << dtype_str(dt) << " rows " << s.rows << " n " << s.n << " k " << s.k;
+    }
+}
+
+// Decode (1 row), a partial tile, and prefill chunks at E2B/E4B projection shapes.
+INSTANTIATE_TEST_SUITE_P(GemmaShapes, MatmulTest,
+                         ::testing::Values(MatShape{1, 2048, 1536}, MatShape{1, 1536, 12288}, MatShape{3, 4096, 1536},
+                                           MatShape{1, 512, 2560}, MatShape{5, 2560, 10240}, MatShape{17, 8960, 1536},
+                                           MatShape{70, 256, 1536}, MatShape{2, 1537, 257}));
+
+TEST(CpuKernels, MatmulHandlesStridedViews) {
+    Fixture f(64, 16);
+    const int rows = 4, k = 64, n = 40, ldx = 100, ldy = 90;
+    auto x = randn(rows * ldx, 3);
+    auto w = randn(n * k, 4);
+    std::vector<float> y_ref(rows * ldy, -7.0f), y_cpu(rows * ldy, -7.0f);
+    MatmulArgs a{x.data() + 5, ldx, w.data(), DType::F32, n, k, y_ref.data() + 10, ldy, rows};
+    ref::matmul(a);
+    a.y = y_cpu.data() + 10;
+    cpu::matmul(f.ctx, a);
+    EXPECT_LT(max_rel(y_cpu, y_ref), 1e-6);
+    EXPECT_EQ(y_cpu[0], -7.0f);   // untouched outside the view
+}
+
+TEST(CpuKernels, RmsNormGroupsWithAndWithoutWeight) {
+    Fixture f(16, 16);
+    for (int dim : {256, 512, 1536}) {
+        const int rows = 3, cols = dim == 1536 ? 1536 : dim * 8;
+        auto x = randn(rows * cols, 5, 3.0f);
+        auto w = randn(dim, 6);
+        auto wb = to_bf16(w);
+        for (bool with_w : {true, false}) {
+            std::vector<float> r(rows * cols), c(rows * cols);
+            RmsNormArgs a{x.data(), cols, with_w ? (const void*)wb.data() : nullptr, DType::BF16, r.data(), cols, rows, cols, dim, 1e-6f};
+            ref::rms_norm(a);
+            a.y = c.data();
+            cpu::rms_norm(f.ctx, a);
+            EXPECT_LT(max_rel(c, r), 1e-6) << "dim " << dim << " weight " << with_w;
+        }
+    }
+}
+
+TEST(CpuKernels, EmbedScaleAndGather) {
+    Fixture f(16, 16);
+    const int64_t V = 1000, N = 8960;
+    auto tab = to_bf16(randn(V * N, 7));
+    std::vector<int32_t> ids = {2, 999, 0, 17};
+    std::vector<float> r(ids.size() * N), c(ids.size() * N);
+    EmbedArgs a{ids.data(), tab.data(), DType::BF16, V, N, 16.0f, r.data(), N, (int)ids.size()};
+    ref::embed(a);
+    a.y = c.data();
+    cpu::embed(f.ctx, a);
+    EXPECT_EQ(c, r);
+}
+
+TEST(CpuKernels, ElementwiseOps) {
+    Fixture f(16, 16);
+    const int rows = 9, cols = 12288;
+    auto a = randn(rows * cols, 8, 2.0f), b = randn(rows * cols, 9);
+    std::vector<float> r(rows * cols), c(rows * cols);
+    BinaryArgs ba{a.data(), cols, b.data(), cols, r.data(), cols, rows, cols};
+    ref::gelu_mul(ba);
+    ba.y = c.data();
+    cpu::gelu_mul(f.ctx, ba);
+    EXPECT_LT(max_rel(c, r), 1e-6);
+    ba.y = r.data();
+    ref::add(ba);
+    ba.y = c.data();
+    cpu::add(f.ctx, ba);
+    EXPECT_LT(max_rel(c, r), 1e-7);
+    uint16_t scalar = f32_to_bf16(0.4375f);
+    ScaleArgs sa{a.data(), cols, r.data(), cols, rows, cols, 0.5f, &scalar, DType::BF16, 0.0f};
+    ref::scale(sa);
+    sa.y = c.data();
+    cpu::scale(f.ctx, sa);
+    EXPECT_LT(max_rel(c, r), 1e-7);
+    EXPECT_FLOAT_EQ(c[1], a[1] * 0.5f * 0.4375f);
+    auto big = randn(4 * 262144, 10, 20.0f);
+    std::vector<float> r2(big.size()), c2(big.size());
+    ScaleArgs sc{big.data(), 262144, r2.data(), 262144, 4, 262144, 1.0f, nullptr, DType::F32, 30.0f};
+    ref::softcap(sc);
+    sc.y = c2.data();
+    cpu::softcap(f.ctx, sc);
+    EXPECT_LT(max_rel(c2, r2), 1e-6);
+}
+
+TEST(CpuKernels, RopeBothVariants) {
+    Fixture f(16, 16);
+    gemma4::TextHParams hp;
+    hp.head_dim = 256, hp.head_dim_full = 512, hp.partial_rotary_full = 0.25f;
+    for (auto t : {gemma4::LayerType::Sliding, gemma4::LayerType::Full}) {
+        int dim   = t == gemma4::LayerType::Full ? 512 : 256;
+        auto inv  = gemma4::rope_inv_freq(hp, t);
+        const int rows = 5, heads = 8;
+        auto x    = randn(rows * heads * dim, 11);
+        auto r = x, c = x;
+        RopeArgs a{r.data(), heads * dim, inv.data(), rows, heads, dim, 8190};
+        ref::rope(a);
+        a.x = c.data();
+        cpu::rope(f.ctx, a);
+        EXPECT_LT(max_rel(c, r), 1e-6);
+        if (t == gemma4::LayerType::Full) {
+            // Proportional RoPE: only 64 of 256 angle pairs rotate; dims 64..255 pass through.
+            EXPECT_EQ(inv[63] > 0, true);
+            EXPECT_EQ(inv[64], 0.0f);
+            EXPECT_EQ(c[100], x[100]);
+            EXPECT_NE(c[10], x[10]);
+        }
+    }
+}
+
+struct AttnShape { int rows, heads, kv_heads, dim, slots, window, pos0; };
+class AttentionTest : public ::testing::TestWithParam<AttnShape> {};
+
+TEST_P(AttentionTest, MatchesReference) {
+    AttnShape s = GetParam();
+    Fixture f(16, s.slots);
+    const int width = s.kv_heads * s.dim;
+    auto q  = randn((size_t)s.rows * s.heads * s.dim, 12, 0.2f);
+    auto kc = randn((size_t)s.slots * width, 13);
+    auto vc = randn((size_t)s.slots * width, 14);
+    std::vector<float> r((size_t)s.rows * s.heads * s.dim), c(r.size()), scratch(s.slots + 64);
+    AttentionArgs a{q.data(), s.heads * s.dim, kc.data(), vc.data(), r.data(), s.heads * s.dim, s.rows, s.heads,
+                    s.kv_heads, s.dim, s.slots, s.window, s.pos0, 1.0f, scratch.data()};
+    ref::attention(a);
+    a.y = c.data();
+    cpu::attention(f.ctx, a);
+    EXPECT_LT(max_rel(c, r), 1e-5);
+}
+
+// E2B sliding (MQA, d=256, 512-window ring wrapped), E2B full (d=512), E4B GQA 4:1, decode and chunks.
+INSTANTIATE_TEST_SUITE_P(GemmaShapes, AttentionTest,
+                         ::testing::Values(AttnShape{1, 8, 1, 256, 575, 512, 2000}, AttnShape{4, 8, 1, 512, 1024, 0, 700},
+                                           AttnShape{3, 8, 2, 256, 575, 512, 9}, AttnShape{1, 8, 2, 512, 4096, 0, 4095},
+                                           AttnShape{64, 8, 2, 256, 575, 512, 600}));
+
+TEST(CpuKernels, KvStoreWrapsRing) {
+    const int width = 16, slots = 5, rows = 3;
+    auto k = randn(rows * width, 15), v = randn(rows * width, 16);
+    std::vector<float> kc(slots * width, 0), vc(slots * width, 0);
+    ref::kv_store({k.data(), width, v.data(), width, kc.data(), vc.data(), rows, width, slots, 4});
+    EXPECT_EQ(kc[4 * width], k[0]);            // position 4 -> slot 4
+    EXPECT_EQ(kc[0 * width], k[width]);        // position 5 -> slot 0
+    EXPECT_EQ(vc[1 * width + 3], v[2 * width + 3]);
+}
+
+} // namespace

@@ -1,0 +1,210 @@
+// Runtime contracts: no allocation after session creation, deterministic compiles, the C API's
+// handling of misuse (NULL handles, bad sampling values, context overflow, cancellation), and
+// `g4 inspect`.
+#include "g4/g4.h"
+#include "test_util.h"
+
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <gtest/gtest.h>
+#include <malloc.h>
+#include <thread>
+
+// Count every heap allocation made by any thread while g_counting is set (glibc interposition).
+extern "C" {
+void* __libc_malloc(size_t);
+void* __libc_calloc(size_t, size_t);
+void* __libc_realloc(void*, size_t);
+void* __libc_memalign(size_t, size_t);
+}
+static std::atomic<bool> g_counting{false};
+static std::atomic<long> g_allocs{0};
+extern "C" void* malloc(size_t n) {
+    if (g_counting.load(std::memory_order_relaxed)) g_allocs++;
+    return __libc_malloc(n);
+}
+extern "C" void* calloc(size_t a, size_t b) {
+    if (g_counting.load(std::memory_order_relaxed)) g_allocs++;
+    return __libc_calloc(a, b);
+}
+extern "C" void* realloc(void* p, size_t n) {
+    if (g_counting.load(std::memory_order_relaxed)) g_allocs++;
+    return __libc_realloc(p, n);
+}
+extern "C" void* aligned_alloc(size_t a, size_t n) {
+    if (g_counting.load(std::memory_order_relaxed)) g_allocs++;
+    return __libc_memalign(a, n);
+}
+extern "C" int posix_memalign(void** out, size_t a, size_t n) {
+    if (g_counting.load(std::memory_order_relaxed)) g_allocs++;
+    *out = __libc_memalign(a, n);
+    return *out ? 0 : 12;
+}
+
+namespace {
+
+using namespace g4test;
+
+struct Engine {
+    g4_engine* e = nullptr;
+    ~Engine() { g4_engine_close(e); }
+};
+struct Session {
+    g4_session* s = nullptr;
+    ~Session() { g4_session_destroy(s); }
+};
+
+std::string compile_fixture(const TempDir& td, const std::string& name, const std::string& flags = "") {
+    std::string plan = td.file(name + ".g4plan");
+    CmdResult r      = run_g4("compile --model '" + fixture(name) + "' " + flags + " -o '" + plan + "'");
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    return plan;
+}
+
+TEST(Runtime, NothingAllocatedAfterSessionCreate) {
+    TempDir td;
+    std::string plan = compile_fixture(td, "e4b_tiny", "--chunk 8 --logits-rows 4");
+    Engine e;
+    ASSERT_EQ(g4_engine_open(plan.c_str(), nullptr, &e.e), G4_OK) << g4_last_error_message();
+    Session s;
+    g4_session_params sp = g4_session_params_default();
+    sp.n_threads         = 2;
+    ASSERT_EQ(g4_session_create(e.e, &sp, &s.s), G4_OK);
+    std::vector<int32_t> prompt(30);
+    for (int i = 0; i < 30; ++i) prompt[i] = 3 + (i * 37) % 500;
+    std::vector<float> logits(30 * 512);
+    g4_sampling_params greedy = g4_sampling_params_default();
+    g4_sampling_params random = g4_sampling_params_default();
+    random.temperature = 0.8f, random.top_k = 40, random.top_p = 0.9f, random.min_p = 0.01f, random.repeat_penalty = 1.1f;
+
+    // The counter must see an allocation made from this binary, or a zero below proves nothing.
+    g_allocs   = 0;
+    g_counting = true;
+    void* volatile probe = std::malloc(64);
+    g_counting = false;
+    std::free(probe);
+    ASSERT_EQ(g_allocs.load(), 1);
+
+    g_allocs   = 0;
+    g_counting = true;
+    g4_status st1 = g4_session_append_tokens(s.s, prompt.data(), prompt.size(), logits.data(), logits.size());
+    int32_t tok   = 0;
+    g4_status st2 = G4_OK;
+    for (int i = 0; i < 20 && st2 == G4_OK; ++i) {
+        st2 = g4_session_sample(s.s, i % 2 ? &random : &greedy, &tok);
+        if (st2 == G4_OK) st2 = g4_session_append_tokens(s.s, &tok, 1, nullptr, 0);
+    }
+    g4_status st3 = g4_session_reset(s.s);
+    g4_status st4 = g4_session_append_tokens(s.s, prompt.data(), prompt.size(), nullptr, 0);
+    g_counting    = false;
+    EXPECT_EQ(st1, G4_OK);
+    EXPECT_EQ(st2, G4_OK);
+    EXPECT_EQ(st3, G4_OK);
+    EXPECT_EQ(st4, G4_OK);
+    EXPECT_EQ(g_allocs.load(), 0) << "heap allocations during prefill/decode/sampling";
+}
+
+TEST(Runtime, CompileIsDeterministic) {
+    TempDir td;
+    std::string a = td.file("a.g4plan"), b = td.file("b.g4plan");
+    ASSERT_EQ(run_g4("compile --model '" + fixture("e4b_tiny") + "' -o '" + a + "'").exit_code, 0);
+    ASSERT_EQ(run_g4("compile --model '" + fixture("e4b_tiny") + "' -o '" + b + "'").exit_code, 0);
+    EXPECT_TRUE(read_file(a) == read_file(b));
+}
+
+TEST(Runtime, InspectListsTensorsBytesAndOps) {
+    TempDir td;
+    std::string plan = compile_fixture(td, "e2b_tiny");
+    CmdResult r      = run_g4("inspect '" + plan + "'");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    for (const char* s : {"weights by dtype", "bf16", "memory by device", "KV cache", "layers.9.mlp.down_proj.weight",
+                          "cache_k-5", "attention", "attn-9", "result_softcap", "sliding_attention"})
+        EXPECT_NE(r.out.find(s), std::string::npos) << "missing '" << s << "'";
+    // KV-shared layers 6..9 own no cache: only layers 0..5 have cache tensors.
+    EXPECT_EQ(r.out.find("cache_k-6"), std::string::npos);
+    EXPECT_NE(r.out.find("cache_k-4"), std::string::npos);
+}
+
+TEST(Runtime, CApiRejectsMisuse) {
+    TempDir td;
+    std::string plan = compile_fixture(td, "e2b_tiny", "--max-context 40");
+    EXPECT_EQ(g4_engine_open(nullptr, nullptr, nullptr), G4_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(g4_last_error_message()).size(), 0u);
+    g4_session* s = nullptr;
+    EXPECT_EQ(g4_session_create(nullptr, nullptr, &s), G4_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(s, nullptr);
+    EXPECT_EQ(g4_session_append_tokens(nullptr, nullptr, 1, nullptr, 0), G4_ERR_INVALID_ARGUMENT);
+    g4_session_destroy(nullptr);
+    g4_engine_close(nullptr);
+
+    Engine e;
+    ASSERT_EQ(g4_engine_open(plan.c_str(), nullptr, &e.e), G4_OK);
+    Session ss;
+    ASSERT_EQ(g4_session_create(e.e, nullptr, &ss.s), G4_OK);
+    int32_t tok;
+    EXPECT_EQ(g4_session_sample(ss.s, nullptr, &tok), G4_ERR_INVALID_ARGUMENT);   // no logits yet
+    std::vector<int32_t> ids(41, 5);
+    EXPECT_EQ(g4_session_append_tokens(ss.s, ids.data(), 41, nullptr, 0), G4_ERR_CONTEXT_FULL);
+    EXPECT_NE(std::string(g4_last_error_message()).find("40"), std::string::npos);
+    EXPECT_EQ(g4_session_position(ss.s), 0);
+    ASSERT_EQ(g4_session_append_tokens(ss.s, ids.data(), 40, nullptr, 0), G4_OK);
+    EXPECT_EQ(g4_session_append_tokens(ss.s, ids.data(), 1, nullptr, 0), G4_ERR_CONTEXT_FULL);
+    std::vector<float> small(10);
+    ASSERT_EQ(g4_session_reset(ss.s), G4_OK);
+    EXPECT_EQ(g4_session_append_tokens(ss.s, ids.data(), 2, small.data(), small.size()), G4_ERR_INVALID_ARGUMENT);
+    ids[1] = -3;
+    EXPECT_EQ(g4_session_append_tokens(ss.s, ids.data(), 2, nullptr, 0), G4_ERR_INVALID_ARGUMENT);
+    ids[1] = 5;
+    ASSERT_EQ(g4_session_append_tokens(ss.s, ids.data(), 2, nullptr, 0), G4_OK);
+    for (auto bad : {-1.0f, NAN}) {
+        g4_sampling_params p = g4_sampling_params_default();
+        p.temperature        = bad;
+        EXPECT_EQ(g4_session_sample(ss.s, &p, &tok), G4_ERR_INVALID_ARGUMENT);
+    }
+    g4_sampling_params p = g4_sampling_params_default();
+    p.top_p              = 1.5f;
+    EXPECT_EQ(g4_session_sample(ss.s, &p, &tok), G4_ERR_INVALID_ARGUMENT);
+    p = g4_sampling_params_default();
+    p.min_p = -0.1f;
+    EXPECT_EQ(g4_session_sample(ss.s, &p, &tok), G4_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(g4_session_sample(ss.s, nullptr, &tok), G4_OK);
+}
+
+TEST(Runtime, CancelStopsPrefillAndIsConsumed) {
+    TempDir td;
+    std::string plan = compile_fixture(td, "e2b_tiny", "--chunk 4");
+    Engine e;
+    ASSERT_EQ(g4_engine_open(plan.c_str(), nullptr, &e.e), G4_OK);
+    Session s;
+    ASSERT_EQ(g4_session_create(e.e, nullptr, &s.s), G4_OK);
+    std::vector<int32_t> ids(64, 7);
+    g4_session_cancel(s.s);
+    EXPECT_EQ(g4_session_append_tokens(s.s, ids.data(), ids.size(), nullptr, 0), G4_ERR_CANCELLED);
+    EXPECT_EQ(g4_session_position(s.s), 0);
+    EXPECT_EQ(g4_session_append_tokens(s.s, ids.data(), ids.size(), nullptr, 0), G4_OK);
+    EXPECT_EQ(g4_session_position(s.s), 64);
+    // From another thread while a prefill runs: either it finished first or it stopped on a chunk boundary.
+    ASSERT_EQ(g4_session_reset(s.s), G4_OK);
+    std::vector<int32_t> many(2000, 9);
+    std::thread t([&] { g4_session_cancel(s.s); });
+    g4_status st = g4_session_append_tokens(s.s, many.data(), many.size(), nullptr, 0);
+    t.join();
+    EXPECT_TRUE(st == G4_OK || st == G4_ERR_CANCELLED);
+    EXPECT_EQ(g4_session_position(s.s) % 4, 0);
+}
+
+TEST(Runtime, SeededSamplingIsReproducible) {
+    TempDir td;
+    std::string plan = compile_fixture(td, "e2b_tiny");
+    auto gen = [&](uint64_t seed) {
+        CmdResult r = run_g4("run '" + plan + "' --tokens 2,10,11,12 -n 12 --temp 1.0 --top-k 50 --top-p 0.95 --seed " +
+                             std::to_string(seed) + " --ignore-eos --print-ids");
+        EXPECT_EQ(r.exit_code, 0) << r.err;
+        return r.out;
+    };
+    EXPECT_EQ(gen(7), gen(7));
+    EXPECT_NE(gen(7), gen(8));
+}
+
+} // namespace

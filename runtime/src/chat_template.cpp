@@ -19,12 +19,15 @@ size_t space_len_at(std::string_view s, size_t i) {
     auto b = [&](size_t k) { return static_cast<uint32_t>(static_cast<unsigned char>(s[i + k])); };
     uint32_t cp;
     size_t len;
-    if (b(0) < 0x80) cp = b(0), len = 1;
-    else if ((b(0) & 0xE0) == 0xC0 && i + 1 < s.size() && (b(1) & 0xC0) == 0x80)
+    if (b(0) < 0x80)
+        cp = b(0), len = 1;
+    else if (b(0) >= 0xC2 && b(0) <= 0xDF && i + 1 < s.size() && (b(1) & 0xC0) == 0x80)
         cp = ((b(0) & 0x1F) << 6) | (b(1) & 0x3F), len = 2;
     else if ((b(0) & 0xF0) == 0xE0 && i + 2 < s.size() && (b(1) & 0xC0) == 0x80 && (b(2) & 0xC0) == 0x80)
         cp = ((b(0) & 0x0F) << 12) | ((b(1) & 0x3F) << 6) | (b(2) & 0x3F), len = 3;
-    else return 0;
+    else
+        return 0;
+    if (len == 3 && cp < 0x800) return 0; // overlong encoding
     return is_py_space(cp) ? len : 0;
 }
 
@@ -34,8 +37,9 @@ void append_model_text(std::string_view text, std::string* out) {
     std::string kept;
     size_t i = 0;
     while (true) {
-        size_t close   = text.find(kClose, i);
-        std::string_view part = text.substr(i, close == std::string_view::npos ? std::string_view::npos : close - i);
+        size_t close = text.find(kClose, i);
+        std::string_view part =
+            text.substr(i, close == std::string_view::npos ? std::string_view::npos : close - i);
         size_t open = part.find(kOpen);
         kept.append(open == std::string_view::npos ? part : part.substr(0, open));
         if (close == std::string_view::npos) break;
@@ -56,7 +60,8 @@ std::string_view strip_python_whitespace(std::string_view s) {
     size_t e = s.size();
     while (e > b) {
         size_t start = e - 1;
-        while (start > b && (static_cast<unsigned char>(s[start]) & 0xC0) == 0x80 && e - start < 3) --start;
+        while (start > b && (static_cast<unsigned char>(s[start]) & 0xC0) == 0x80 && e - start < 3)
+            --start;
         size_t len = space_len_at(s, start);
         if (len == 0 || start + len != e) break;
         e = start;
@@ -82,11 +87,13 @@ bool render_chat(const std::vector<ChatMessage>& messages, const ChatOptions& op
             first = 1;
         }
         for (size_t i = first; i < messages.size(); ++i) {
-            const ChatMessage& m = messages[i];
+            const ChatMessage& m    = messages[i];
             const std::string& role = m.role == "assistant" ? std::string("model") : m.role;
             out->append("<|turn>").append(role).append("\n");
-            if (role == "model") append_model_text(m.content, out);
-            else out->append(strip_python_whitespace(m.content));
+            if (role == "model")
+                append_model_text(m.content, out);
+            else
+                out->append(strip_python_whitespace(m.content));
             out->append("<turn|>\n");
         }
         if (opts.add_generation_prompt) out->append("<|turn>model\n");

@@ -17,7 +17,7 @@
 namespace g4 {
 
 struct ChatMessage {
-    std::string role;    // "system", "developer", "user", "assistant"/"model", or any other role name
+    std::string role; // "system", "developer", "user", "assistant"/"model", or any other role name
     std::string content;
 };
 

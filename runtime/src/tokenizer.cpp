@@ -22,26 +22,43 @@ constexpr std::string_view kReplacementChar = "\xEF\xBF\xBD"; // U+FFFD
 
 // ---- UTF-8 helpers ---------------------------------------------------------------------------
 
-// Length of the valid UTF-8 sequence starting at s[i], or 0 if it is invalid there.
-size_t valid_seq_len(const unsigned char* s, size_t n, size_t i) {
+// Scans the UTF-8 sequence starting at s[i]. Returns its length and sets *valid, or, when it is
+// ill-formed, the length of its maximal subpart (at least 1; Unicode's U+FFFD substitution unit).
+size_t scan_utf8(const unsigned char* s, size_t n, size_t i, bool* valid) {
     unsigned char b = s[i];
+    *valid          = true;
     if (b < 0x80) return 1;
     size_t need;
     unsigned char lo = 0x80, hi = 0xBF;
-    if (b >= 0xC2 && b <= 0xDF) need = 1;
-    else if (b == 0xE0) need = 2, lo = 0xA0;
-    else if ((b >= 0xE1 && b <= 0xEC) || b == 0xEE || b == 0xEF) need = 2;
-    else if (b == 0xED) need = 2, hi = 0x9F;
-    else if (b == 0xF0) need = 3, lo = 0x90;
-    else if (b >= 0xF1 && b <= 0xF3) need = 3;
-    else if (b == 0xF4) need = 3, hi = 0x8F;
-    else return 0;
+    if (b >= 0xC2 && b <= 0xDF)
+        need = 1;
+    else if (b == 0xE0)
+        need = 2, lo = 0xA0;
+    else if ((b >= 0xE1 && b <= 0xEC) || b == 0xEE || b == 0xEF)
+        need = 2;
+    else if (b == 0xED)
+        need = 2, hi = 0x9F;
+    else if (b == 0xF0)
+        need = 3, lo = 0x90;
+    else if (b >= 0xF1 && b <= 0xF3)
+        need = 3;
+    else if (b == 0xF4)
+        need = 3, hi = 0x8F;
+    else
+        return *valid = false, 1;
     size_t j = i + 1;
     for (size_t k = 0; k < need; ++k, ++j) {
-        if (j >= n || s[j] < lo || s[j] > hi) return 0;
+        if (j >= n || s[j] < lo || s[j] > hi) return *valid = false, j - i;
         lo = 0x80, hi = 0xBF;
     }
-    return need + 1;
+    return j - i;
+}
+
+// Length of the valid UTF-8 sequence starting at s[i], or 0 if it is ill-formed there.
+size_t valid_seq_len(const unsigned char* s, size_t n, size_t i) {
+    bool valid;
+    size_t len = scan_utf8(s, n, i, &valid);
+    return valid ? len : 0;
 }
 
 bool is_valid_utf8(std::string_view s) {
@@ -73,7 +90,8 @@ size_t decode_cp(std::string_view s, size_t i, uint32_t* cp) {
 // Start of the code point that ends just before byte `end` (end > 0) of a valid UTF-8 string.
 size_t prev_cp_start(std::string_view s, size_t end) {
     size_t i = end - 1;
-    while (i > 0 && (static_cast<unsigned char>(s[i]) & 0xC0) == 0x80) --i;
+    while (i > 0 && (static_cast<unsigned char>(s[i]) & 0xC0) == 0x80)
+        --i;
     return i;
 }
 
@@ -86,7 +104,8 @@ bool is_unicode_space(uint32_t cp) {
 
 // Approximation of Rust's Unicode \w (see tokenizer.h).
 bool is_word_cp(uint32_t cp) {
-    if (cp < 0x80) return (cp >= '0' && cp <= '9') || (cp >= 'a' && cp <= 'z') || (cp >= 'A' && cp <= 'Z') || cp == '_';
+    if (cp < 0x80)
+        return (cp >= '0' && cp <= '9') || (cp >= 'a' && cp <= 'z') || (cp >= 'A' && cp <= 'Z') || cp == '_';
     return !is_unicode_space(cp);
 }
 
@@ -111,7 +130,8 @@ class U64Map {
 public:
     void reserve(size_t n) {
         size_t cap = 16;
-        while (cap < n * 2) cap <<= 1;
+        while (cap < n * 2)
+            cap <<= 1;
         keys_.assign(cap, kEmpty);
         vals_.assign(cap, 0);
         mask_ = cap - 1;
@@ -140,7 +160,8 @@ private:
     }
     size_t slot(uint64_t key) const {
         size_t i = mix(key) & mask_;
-        while (keys_[i] != kEmpty && keys_[i] != key) i = (i + 1) & mask_;
+        while (keys_[i] != kEmpty && keys_[i] != key)
+            i = (i + 1) & mask_;
         return i;
     }
     void grow() {
@@ -170,7 +191,8 @@ public:
     explicit StrIndex(const std::vector<std::string>* keys) : keys_(keys) {}
     void reserve(size_t n) {
         size_t cap = 16;
-        while (cap < n * 2) cap <<= 1;
+        while (cap < n * 2)
+            cap <<= 1;
         ids_.assign(cap, -1);
         tags_.assign(cap, 0);
         mask_ = cap - 1;
@@ -179,7 +201,8 @@ public:
     void insert(int32_t id) {
         std::string_view k = (*keys_)[id];
         size_t h = hash(k), i = h & mask_;
-        while (ids_[i] >= 0) i = (i + 1) & mask_;
+        while (ids_[i] >= 0)
+            i = (i + 1) & mask_;
         ids_[i]  = id;
         tags_[i] = static_cast<uint32_t>(h >> 32);
     }
@@ -195,7 +218,8 @@ public:
 private:
     static size_t hash(std::string_view k) {
         uint64_t h = std::hash<std::string_view>{}(k);
-        return static_cast<size_t>(h ^ (h >> 29) * 0x9E3779B97F4A7C15ULL);
+        h ^= h >> 29;
+        return static_cast<size_t>(h * 0x9E3779B97F4A7C15ULL);
     }
     const std::vector<std::string>* keys_;
     std::vector<int32_t> ids_;
@@ -222,7 +246,7 @@ public:
             }
         }
         first_[static_cast<unsigned char>(pat[0])] = true;
-        values_[node] = value;
+        values_[node]                              = value;
     }
     // Longest pattern starting at s[pos]: returns its value and sets *end, or -1.
     int32_t longest(std::string_view s, size_t pos, size_t* end) const {
@@ -288,12 +312,12 @@ struct Symbol {
 
 bool parse_string_pattern(const json& j, std::string* out, std::string* err, const char* where) {
     if (!j.is_object() || !j.contains("String") || !j["String"].is_string()) {
-        *err = std::string(where) + ": only {\"String\": ...} patterns are supported";
+        *err = std::string("tokenizer.json: ") + where + ": only {\"String\": ...} patterns are supported";
         return false;
     }
     *out = j["String"].get<std::string>();
     if (out->empty()) {
-        *err = std::string(where) + ": empty pattern";
+        *err = std::string("tokenizer.json: ") + where + ": empty pattern";
         return false;
     }
     return true;
@@ -307,18 +331,18 @@ struct Tokenizer::Impl {
     std::vector<std::string> model_pieces; // id -> model vocab string
     StrIndex vocab{&model_pieces};
     size_t vocab_count = 0;
-    StrIdMap added_ids;                    // added-token content -> id
-    std::vector<std::string_view> pieces;  // id -> added content, else model vocab string
+    StrIdMap added_ids;                                       // added-token content -> id
+    std::vector<std::string_view> pieces;                     // id -> added content, else model vocab string
     std::unordered_map<int32_t, std::string> decode_override; // normalized form of normalized added tokens
     std::vector<uint8_t> present, special;
     std::vector<AddedToken> added;
     Trie raw_trie, normalized_trie;
 
-    U64Map merges;                   // (a << 32 | b) -> (rank << 32 | new_id)
-    std::vector<int32_t> bmp_ids;    // code point < 0x10000 -> id of the 1-char token, or -1
+    U64Map merges;                // (a << 32 | b) -> (rank << 32 | new_id)
+    std::vector<int32_t> bmp_ids; // code point < 0x10000 -> id of the 1-char token, or -1
     std::unordered_map<uint32_t, int32_t> astral_ids;
     int32_t byte_ids[256];
-    int32_t unk = -1;
+    int32_t unk   = -1;
     bool fuse_unk = false, byte_fallback = false, ignore_merges = false;
 
     std::vector<ReplaceStep> normalizer;
@@ -337,7 +361,7 @@ struct Tokenizer::Impl {
     bool load_decoder(const json& d, std::string* err);
 
     void normalize(std::string_view s, std::string* out) const;
-    void split_added(std::string_view s, const Trie& trie, size_t base, std::vector<Segment>* out) const;
+    void split_added(std::string_view s, const Trie& trie, std::vector<Segment>* out) const;
     void pre_tokenize(std::string_view s, std::vector<std::pair<size_t, size_t>>* words) const;
     void bpe(std::string_view word, std::vector<int32_t>* out) const;
     void encode(std::string_view text, bool add_special, std::vector<int32_t>* ids) const;
@@ -357,7 +381,8 @@ bool Tokenizer::Impl::load(std::string_view text, std::string* err) {
     if (j.contains("version") && !(j["version"].is_string() && j["version"] == "1.0"))
         return *err = "tokenizer.json: unsupported version (expected \"1.0\")", false;
     for (const char* k : {"truncation", "padding"})
-        if (j.contains(k) && !j[k].is_null()) return *err = std::string("tokenizer.json: ") + k + " is not supported", false;
+        if (j.contains(k) && !j[k].is_null())
+            return *err = std::string("tokenizer.json: ") + k + " is not supported", false;
     if (!j.contains("model")) return *err = "tokenizer.json: no model", false;
     if (!load_model(j["model"], err)) return false;
     if (!load_added(j.contains("added_tokens") ? j["added_tokens"] : json::array(), err)) return false;
@@ -394,8 +419,10 @@ bool Tokenizer::Impl::load_model(const json& m, std::string* err) {
     if (!m.is_object() || !m.contains("type") || !m["type"].is_string())
         return *err = "tokenizer.json: model has no type", false;
     if (m["type"] != "BPE")
-        return *err = "tokenizer.json: unsupported model type '" + m["type"].get<std::string>() + "' (only BPE)", false;
-    auto flag = [&](const char* k) { return m.contains(k) && m[k].is_boolean() && m[k].get<bool>(); };
+        return *err =
+                   "tokenizer.json: unsupported model type '" + m["type"].get<std::string>() + "' (only BPE)",
+               false;
+    auto flag     = [&](const char* k) { return m.contains(k) && m[k].is_boolean() && m[k].get<bool>(); };
     fuse_unk      = flag("fuse_unk");
     byte_fallback = flag("byte_fallback");
     ignore_merges = flag("ignore_merges");
@@ -406,11 +433,13 @@ bool Tokenizer::Impl::load_model(const json& m, std::string* err) {
         if (m.contains(k) && !m[k].is_null() && !(m[k].is_string() && m[k].get<std::string>().empty()))
             return *err = std::string("tokenizer.json: BPE ") + k + " is not supported", false;
 
-    if (!m.contains("vocab") || !m["vocab"].is_object()) return *err = "tokenizer.json: BPE vocab missing", false;
-    const json& v = m["vocab"];
+    if (!m.contains("vocab") || !m["vocab"].is_object())
+        return *err = "tokenizer.json: BPE vocab missing", false;
+    const json& v  = m["vocab"];
     int64_t max_id = -1;
     for (auto it = v.begin(); it != v.end(); ++it) {
-        if (!it.value().is_number_integer()) return *err = "tokenizer.json: vocab id is not an integer", false;
+        if (!it.value().is_number_integer())
+            return *err = "tokenizer.json: vocab id is not an integer", false;
         int64_t id = it.value().get<int64_t>();
         if (id < 0 || id >= (int64_t{1} << 30)) return *err = "tokenizer.json: vocab id out of range", false;
         max_id = std::max(max_id, id);
@@ -423,15 +452,18 @@ bool Tokenizer::Impl::load_model(const json& m, std::string* err) {
     vocab_count = v.size();
     for (auto it = v.begin(); it != v.end(); ++it) {
         auto id = it.value().get<int32_t>();
-        if (present[id]) return *err = "tokenizer.json: two vocab entries share id " + std::to_string(id), false;
+        if (present[id])
+            return *err = "tokenizer.json: two vocab entries share id " + std::to_string(id), false;
         const std::string& s = it.key();
         model_pieces[id]     = s;
         present[id]          = 1;
         vocab.insert(id);
         uint32_t cp;
         if (!s.empty() && is_valid_utf8(s) && decode_cp(s, 0, &cp) == s.size()) {
-            if (cp < 0x10000) bmp_ids[cp] = id;
-            else astral_ids[cp] = id;
+            if (cp < 0x10000)
+                bmp_ids[cp] = id;
+            else
+                astral_ids[cp] = id;
         }
     }
     for (int b = 0; b < 256; ++b) {
@@ -446,7 +478,8 @@ bool Tokenizer::Impl::load_model(const json& m, std::string* err) {
         return *err = "tokenizer.json: unk_token is not a string", false;
     }
 
-    if (!m.contains("merges") || !m["merges"].is_array()) return *err = "tokenizer.json: BPE merges missing", false;
+    if (!m.contains("merges") || !m["merges"].is_array())
+        return *err = "tokenizer.json: BPE merges missing", false;
     const json& ms = m["merges"];
     merges.reserve(ms.size());
     std::string ab;
@@ -457,7 +490,8 @@ bool Tokenizer::Impl::load_model(const json& m, std::string* err) {
             std::string_view s = e.get_ref<const std::string&>();
             size_t sp          = s.find(' ');
             if (sp == std::string::npos || s.find(' ', sp + 1) != std::string::npos)
-                return *err = "tokenizer.json: merge '" + std::string(s) + "' is not of the form 'a b'", false;
+                return *err = "tokenizer.json: merge '" + std::string(s) + "' is not of the form 'a b'",
+                       false;
             a = s.substr(0, sp);
             b = s.substr(sp + 1);
         } else if (e.is_array() && e.size() == 2 && e[0].is_string() && e[1].is_string()) {
@@ -470,7 +504,8 @@ bool Tokenizer::Impl::load_model(const json& m, std::string* err) {
         int32_t ia = vocab.find(a), ib = vocab.find(b), inew = vocab.find(ab);
         if (ia < 0 || ib < 0 || inew < 0)
             return *err = "tokenizer.json: merge '" + std::string(a) + " " + std::string(b) +
-                          "' uses a token not in the vocab", false;
+                          "' uses a token not in the vocab",
+                   false;
         merges.set((uint64_t(uint32_t(ia)) << 32) | uint32_t(ib), (uint64_t(rank) << 32) | uint32_t(inew));
     }
     return true;
@@ -487,7 +522,7 @@ bool Tokenizer::Impl::load_added(const json& a, std::string* err) {
             return *err = "tokenizer.json: malformed added token", false;
         AddedToken tok;
         tok.content = t["content"].get<std::string>();
-        auto flag = [&](const char* k, bool dflt) {
+        auto flag   = [&](const char* k, bool dflt) {
             return t.contains(k) && t[k].is_boolean() ? t[k].get<bool>() : dflt;
         };
         tok.special     = flag("special", false);
@@ -496,7 +531,8 @@ bool Tokenizer::Impl::load_added(const json& a, std::string* err) {
         tok.rstrip      = flag("rstrip", false);
         tok.single_word = flag("single_word", false);
         if (tok.content.empty()) continue;
-        if (!is_valid_utf8(tok.content)) return *err = "tokenizer.json: added token is not valid UTF-8", false;
+        if (!is_valid_utf8(tok.content))
+            return *err = "tokenizer.json: added token is not valid UTF-8", false;
         int32_t id = find_id(added_ids, tok.content);
         if (id < 0) id = vocab.find(tok.content);
         if (id < 0) {
@@ -506,11 +542,14 @@ bool Tokenizer::Impl::load_added(const json& a, std::string* err) {
         tok.id                 = id;
         added_ids[tok.content] = id;
         auto [it, inserted]    = index_of_id.emplace(id, added.size());
-        if (inserted) added.push_back(std::move(tok));
-        else added[it->second] = std::move(tok);
+        if (inserted)
+            added.push_back(std::move(tok));
+        else
+            added[it->second] = std::move(tok);
     }
     size_t n = model_pieces.size();
-    for (const AddedToken& t : added) n = std::max(n, static_cast<size_t>(t.id) + 1);
+    for (const AddedToken& t : added)
+        n = std::max(n, static_cast<size_t>(t.id) + 1);
     present.resize(n, 0);
     special.resize(n, 0);
     pieces.assign(model_pieces.begin(), model_pieces.end());
@@ -537,7 +576,8 @@ bool Tokenizer::Impl::load_normalizer(const json& n, std::string* err) {
     }
     if (type == "Replace") {
         ReplaceStep r;
-        if (!n.contains("pattern") || !parse_string_pattern(n["pattern"], &r.pattern, err, "normalizer Replace"))
+        if (!n.contains("pattern") ||
+            !parse_string_pattern(n["pattern"], &r.pattern, err, "normalizer Replace"))
             return false;
         if (!n.contains("content") || !n["content"].is_string())
             return *err = "tokenizer.json: normalizer Replace has no content", false;
@@ -562,7 +602,8 @@ bool Tokenizer::Impl::load_pre_tokenizer(const json& p, std::string* err) {
     }
     if (type == "Split") {
         SplitStep s;
-        if (!p.contains("pattern") || !parse_string_pattern(p["pattern"], &s.pattern, err, "pre_tokenizer Split"))
+        if (!p.contains("pattern") ||
+            !parse_string_pattern(p["pattern"], &s.pattern, err, "pre_tokenizer Split"))
             return false;
         if (p.contains("invert") && p["invert"].is_boolean() && p["invert"].get<bool>())
             return *err = "tokenizer.json: pre_tokenizer Split with invert=true is not supported", false;
@@ -576,8 +617,10 @@ bool Tokenizer::Impl::load_pre_tokenizer(const json& p, std::string* err) {
         if (!p.contains("behavior") || !p["behavior"].is_string())
             return *err = "tokenizer.json: pre_tokenizer Split has no behavior", false;
         const std::string b = p["behavior"].get<std::string>();
-        auto it = std::find_if(std::begin(kBehaviors), std::end(kBehaviors), [&](const auto& kv) { return b == kv.first; });
-        if (it == std::end(kBehaviors)) return *err = "tokenizer.json: unknown Split behavior '" + b + "'", false;
+        auto it             = std::find_if(std::begin(kBehaviors), std::end(kBehaviors),
+                                           [&](const auto& kv) { return b == kv.first; });
+        if (it == std::end(kBehaviors))
+            return *err = "tokenizer.json: unknown Split behavior '" + b + "'", false;
         s.behavior = it->second;
         pre_tokenizer.push_back(std::move(s));
         return true;
@@ -592,7 +635,7 @@ bool Tokenizer::Impl::load_post_processor(const json& p, std::string* err) {
     if (!p.contains("single") || !p["single"].is_array())
         return *err = "tokenizer.json: TemplateProcessing has no single template", false;
     const json& specials = p.contains("special_tokens") ? p["special_tokens"] : json::object();
-    bool seen_seq = false;
+    bool seen_seq        = false;
     for (const json& item : p["single"]) {
         if (item.is_object() && item.contains("Sequence")) {
             if (seen_seq) return *err = "tokenizer.json: TemplateProcessing single has two sequences", false;
@@ -605,9 +648,11 @@ bool Tokenizer::Impl::load_post_processor(const json& p, std::string* err) {
         const std::string name = item["SpecialToken"]["id"].get<std::string>();
         if (!specials.is_object() || !specials.contains(name) || !specials[name].contains("ids") ||
             !specials[name]["ids"].is_array())
-            return *err = "tokenizer.json: TemplateProcessing special token '" + name + "' is undefined", false;
+            return *err = "tokenizer.json: TemplateProcessing special token '" + name + "' is undefined",
+                   false;
         for (const json& id : specials[name]["ids"]) {
-            if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= int64_t(pieces.size()))
+            if (!id.is_number_integer() || id.get<int64_t>() < 0 ||
+                id.get<int64_t>() >= int64_t(pieces.size()))
                 return *err = "tokenizer.json: TemplateProcessing id out of range", false;
             (seen_seq ? suffix : prefix).push_back(id.get<int32_t>());
         }
@@ -647,7 +692,8 @@ bool Tokenizer::Impl::load_decoder(const json& d, std::string* err) {
             return *err = "tokenizer.json: malformed decoder Strip", false;
         s.content = d["content"].get<std::string>();
         uint32_t cp;
-        if (s.content.empty() || !is_valid_utf8(s.content) || decode_cp(s.content, 0, &cp) != s.content.size())
+        if (s.content.empty() || !is_valid_utf8(s.content) ||
+            decode_cp(s.content, 0, &cp) != s.content.size())
             return *err = "tokenizer.json: decoder Strip content must be one character", false;
         s.start = d["start"].get<size_t>();
         s.stop  = d["stop"].get<size_t>();
@@ -670,10 +716,9 @@ void Tokenizer::Impl::normalize(std::string_view s, std::string* out) const {
 }
 
 // HF AddedVocabulary::find_matches: leftmost-longest matches, then single_word/lstrip/rstrip.
-void Tokenizer::Impl::split_added(std::string_view s, const Trie& trie, size_t base,
-                                  std::vector<Segment>* out) const {
+void Tokenizer::Impl::split_added(std::string_view s, const Trie& trie, std::vector<Segment>* out) const {
     if (trie.empty()) {
-        if (!s.empty()) out->push_back({base, base + s.size(), -1});
+        if (!s.empty()) out->push_back({0, s.size(), -1});
         return;
     }
     size_t start_offset = 0, pos = 0;
@@ -685,7 +730,7 @@ void Tokenizer::Impl::split_added(std::string_view s, const Trie& trie, size_t b
             continue;
         }
         size_t start = pos, stop = mend;
-        pos = mend;
+        pos                   = mend;
         const AddedToken& tok = added[idx];
         uint32_t cp;
         if (tok.single_word) {
@@ -695,7 +740,7 @@ void Tokenizer::Impl::split_added(std::string_view s, const Trie& trie, size_t b
         }
         if (tok.lstrip) {
             size_t ns = start;
-            while (ns > 0) {
+            while (ns > start_offset) {
                 size_t p = prev_cp_start(s, ns);
                 decode_cp(s, p, &cp);
                 if (!is_unicode_space(cp)) break;
@@ -712,11 +757,11 @@ void Tokenizer::Impl::split_added(std::string_view s, const Trie& trie, size_t b
         }
         start = std::max(start, start_offset);
         stop  = std::max(stop, start);
-        if (start_offset < start) out->push_back({base + start_offset, base + start, -1});
-        out->push_back({base + start, base + stop, idx});
+        if (start_offset < start) out->push_back({start_offset, start, -1});
+        out->push_back({start, stop, idx});
         start_offset = stop;
     }
-    if (start_offset < s.size()) out->push_back({base + start_offset, base + s.size(), -1});
+    if (start_offset < s.size()) out->push_back({start_offset, s.size(), -1});
 }
 
 // HF Split pre-tokenizer with a literal pattern, applied step by step.
@@ -731,7 +776,7 @@ void Tokenizer::Impl::pre_tokenize(std::string_view s, std::vector<std::pair<siz
         for (auto [b, e] : *words) {
             parts.clear();
             std::string_view w = s.substr(b, e - b);
-            size_t i = 0;
+            size_t i           = 0;
             while (true) {
                 size_t j = w.find(step.pattern, i);
                 if (j == std::string_view::npos) break;
@@ -749,20 +794,25 @@ void Tokenizer::Impl::pre_tokenize(std::string_view s, std::vector<std::pair<siz
                     if (!m) pieces_out.push_back(r);
                 break;
             case SplitBehavior::Isolated:
-                for (auto& [r, m] : parts) pieces_out.push_back(r);
+                for (auto& [r, m] : parts)
+                    pieces_out.push_back(r);
                 break;
             case SplitBehavior::MergedWithPrevious:
                 for (auto& [r, m] : parts) {
-                    if (m && !prev_match && !pieces_out.empty()) pieces_out.back().second = r.second;
-                    else pieces_out.push_back(r);
+                    if (m && !prev_match && !pieces_out.empty())
+                        pieces_out.back().second = r.second;
+                    else
+                        pieces_out.push_back(r);
                     prev_match = m;
                 }
                 break;
             case SplitBehavior::MergedWithNext:
                 for (size_t k = parts.size(); k-- > 0;) {
                     auto& [r, m] = parts[k];
-                    if (m && !prev_match && !pieces_out.empty()) pieces_out.back().first = r.first;
-                    else pieces_out.push_back(r);
+                    if (m && !prev_match && !pieces_out.empty())
+                        pieces_out.back().first = r.first;
+                    else
+                        pieces_out.push_back(r);
                     prev_match = m;
                 }
                 std::reverse(pieces_out.begin(), pieces_out.end());
@@ -770,8 +820,10 @@ void Tokenizer::Impl::pre_tokenize(std::string_view s, std::vector<std::pair<siz
             case SplitBehavior::Contiguous:
                 for (size_t k = 0; k < parts.size(); ++k) {
                     auto& [r, m] = parts[k];
-                    if (k > 0 && m == prev_match) pieces_out.back().second = r.second;
-                    else pieces_out.push_back(r);
+                    if (k > 0 && m == prev_match)
+                        pieces_out.back().second = r.second;
+                    else
+                        pieces_out.push_back(r);
                     prev_match = m;
                 }
                 break;
@@ -808,9 +860,11 @@ void Tokenizer::Impl::bpe(std::string_view w, std::vector<int32_t>* out) const {
             add(id);
         } else {
             bool fell_back = byte_fallback;
-            for (size_t k = 0; fell_back && k < len; ++k) fell_back = byte_ids[static_cast<unsigned char>(w[i + k])] >= 0;
+            for (size_t k = 0; fell_back && k < len; ++k)
+                fell_back = byte_ids[static_cast<unsigned char>(w[i + k])] >= 0;
             if (fell_back) {
-                for (size_t k = 0; k < len; ++k) add(byte_ids[static_cast<unsigned char>(w[i + k])]);
+                for (size_t k = 0; k < len; ++k)
+                    add(byte_ids[static_cast<unsigned char>(w[i + k])]);
             } else if (unk >= 0) {
                 if (pending_unk && !fuse_unk) add(unk);
                 pending_unk = true;
@@ -820,7 +874,9 @@ void Tokenizer::Impl::bpe(std::string_view w, std::vector<int32_t>* out) const {
     }
     if (pending_unk) add(unk);
 
-    auto lookup = [&](int32_t a, int32_t b) { return merges.get((uint64_t(uint32_t(a)) << 32) | uint32_t(b)); };
+    auto lookup = [&](int32_t a, int32_t b) {
+        return merges.get((uint64_t(uint32_t(a)) << 32) | uint32_t(b));
+    };
     std::vector<Merge> heap_storage;
     heap_storage.reserve(sym.size());
     std::priority_queue<Merge, std::vector<Merge>, std::greater<Merge>> queue(std::greater<Merge>{},
@@ -833,12 +889,12 @@ void Tokenizer::Impl::bpe(std::string_view w, std::vector<int32_t>* out) const {
         queue.pop();
         Symbol& cur = sym[top.pos];
         if (!cur.alive || cur.next < 0) continue;
-        Symbol right = sym[cur.next];
+        Symbol right      = sym[cur.next];
         const uint64_t* m = lookup(cur.id, right.id);
         if (!m || int32_t(uint32_t(*m)) != top.new_id) continue;
         sym[cur.next].alive = false;
-        cur.id   = top.new_id;
-        cur.next = right.next;
+        cur.id              = top.new_id;
+        cur.next            = right.next;
         if (right.next >= 0) sym[right.next].prev = static_cast<int32_t>(top.pos);
         if (cur.prev >= 0)
             if (const uint64_t* pm = lookup(sym[cur.prev].id, cur.id))
@@ -862,7 +918,7 @@ void Tokenizer::Impl::encode(std::string_view input, bool add_special, std::vect
     if (add_special) ids->insert(ids->end(), prefix.begin(), prefix.end());
 
     std::vector<Segment> raw, norm_segs;
-    split_added(text, raw_trie, 0, &raw);
+    split_added(text, raw_trie, &raw);
     std::string normalized;
     std::vector<std::pair<size_t, size_t>> words;
     for (const Segment& seg : raw) {
@@ -872,7 +928,7 @@ void Tokenizer::Impl::encode(std::string_view input, bool add_special, std::vect
         }
         normalize(text.substr(seg.begin, seg.end - seg.begin), &normalized);
         norm_segs.clear();
-        split_added(normalized, normalized_trie, 0, &norm_segs);
+        split_added(normalized, normalized_trie, &norm_segs);
         for (const Segment& ns : norm_segs) {
             if (ns.added >= 0) {
                 ids->push_back(added[ns.added].id);
@@ -880,7 +936,8 @@ void Tokenizer::Impl::encode(std::string_view input, bool add_special, std::vect
             }
             std::string_view part = std::string_view(normalized).substr(ns.begin, ns.end - ns.begin);
             pre_tokenize(part, &words);
-            for (auto [b, e] : words) bpe(part.substr(b, e - b), ids);
+            for (auto [b, e] : words)
+                bpe(part.substr(b, e - b), ids);
         }
     }
     if (add_special) ids->insert(ids->end(), suffix.begin(), suffix.end());
@@ -927,12 +984,13 @@ void Tokenizer::Impl::decode(const int32_t* ids, size_t n, bool skip_special, st
             res.reserve(toks.size());
             std::string bytes;
             size_t nbytes = 0;
-            auto flush = [&] {
+            auto flush    = [&] {
                 if (nbytes == 0) return;
                 if (is_valid_utf8(bytes)) {
                     res.push_back(bytes);
                 } else {
-                    for (size_t k = 0; k < nbytes; ++k) res.emplace_back(kReplacementChar);
+                    for (size_t k = 0; k < nbytes; ++k)
+                        res.emplace_back(kReplacementChar);
                 }
                 bytes.clear();
                 nbytes = 0;
@@ -948,8 +1006,10 @@ void Tokenizer::Impl::decode(const int32_t* ids, size_t n, bool skip_special, st
                 int value = -1;
                 if (t.size() == 6 && t.compare(0, 3, "<0x") == 0 && t[5] == '>') {
                     int hi = hex(t[3]), lo = hex(t[4]);
-                    if (hi >= 0 && lo >= 0) value = hi * 16 + lo;
-                    else if (t[3] == '+' && lo >= 0) value = lo;
+                    if (hi >= 0 && lo >= 0)
+                        value = hi * 16 + lo;
+                    else if (t[3] == '+' && lo >= 0)
+                        value = lo;
                 }
                 if (value >= 0) {
                     bytes.push_back(static_cast<char>(value));
@@ -965,7 +1025,8 @@ void Tokenizer::Impl::decode(const int32_t* ids, size_t n, bool skip_special, st
         }
         case DecodeStep::Fuse: {
             std::string all;
-            for (const std::string& t : toks) all += t;
+            for (const std::string& t : toks)
+                all += t;
             toks.assign(1, std::move(all));
             break;
         }
@@ -980,7 +1041,8 @@ void Tokenizer::Impl::decode(const int32_t* ids, size_t n, bool skip_special, st
                     size_t e = k + 1 < nchars ? starts[k + 1] : t.size();
                     return std::string_view(t).substr(starts[k], e - starts[k]) == step.content;
                 };
-                for (size_t k = 0; k < std::min(step.start, nchars) && char_is(k); ++k) cut_start = k + 1;
+                for (size_t k = 0; k < std::min(step.start, nchars) && char_is(k); ++k)
+                    cut_start = k + 1;
                 for (size_t k = 0; k < std::min(step.stop, nchars) && char_is(nchars - 1 - k); ++k)
                     cut_stop = nchars - 1 - k;
                 if (cut_stop <= cut_start) {
@@ -993,14 +1055,15 @@ void Tokenizer::Impl::decode(const int32_t* ids, size_t n, bool skip_special, st
             break;
         }
     }
-    for (const std::string& t : toks) out->append(t);
+    for (const std::string& t : toks)
+        out->append(t);
 }
 
 // ---- public API ------------------------------------------------------------------------------
 
-Tokenizer::Tokenizer() = default;
-Tokenizer::~Tokenizer() = default;
-Tokenizer::Tokenizer(Tokenizer&&) noexcept = default;
+Tokenizer::Tokenizer()                                = default;
+Tokenizer::~Tokenizer()                               = default;
+Tokenizer::Tokenizer(Tokenizer&&) noexcept            = default;
 Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
 
 bool Tokenizer::load_from_json(std::string_view json_text, Tokenizer* out, std::string* err) {
@@ -1023,7 +1086,8 @@ bool Tokenizer::load_from_json(std::string_view json_text, Tokenizer* out, std::
     return false;
 }
 
-bool Tokenizer::encode(std::string_view text, bool add_special, std::vector<int32_t>* ids, std::string* err) const {
+bool Tokenizer::encode(std::string_view text, bool add_special, std::vector<int32_t>* ids,
+                       std::string* err) const {
     std::string local;
     std::string* e = err ? err : &local;
     if (!impl_) return *e = "tokenizer not loaded", false;
@@ -1066,11 +1130,21 @@ bool Tokenizer::is_special(int32_t id) const {
     return impl_ && id >= 0 && static_cast<size_t>(id) < impl_->special.size() && impl_->special[id];
 }
 
-int32_t Tokenizer::vocab_size() const { return impl_ ? static_cast<int32_t>(impl_->pieces.size()) : 0; }
-int32_t Tokenizer::bos_id() const { return impl_ ? impl_->bos : -1; }
-int32_t Tokenizer::eos_id() const { return impl_ ? impl_->eos : -1; }
-int32_t Tokenizer::pad_id() const { return impl_ ? impl_->pad : -1; }
-int32_t Tokenizer::unk_id() const { return impl_ ? impl_->unk : -1; }
+int32_t Tokenizer::vocab_size() const {
+    return impl_ ? static_cast<int32_t>(impl_->pieces.size()) : 0;
+}
+int32_t Tokenizer::bos_id() const {
+    return impl_ ? impl_->bos : -1;
+}
+int32_t Tokenizer::eos_id() const {
+    return impl_ ? impl_->eos : -1;
+}
+int32_t Tokenizer::pad_id() const {
+    return impl_ ? impl_->pad : -1;
+}
+int32_t Tokenizer::unk_id() const {
+    return impl_ ? impl_->unk : -1;
+}
 
 std::string sanitize_utf8(std::string_view bytes) {
     std::string out;
@@ -1079,26 +1153,13 @@ std::string sanitize_utf8(std::string_view bytes) {
         const auto* p = reinterpret_cast<const unsigned char*>(bytes.data());
         size_t n = bytes.size(), i = 0;
         while (i < n) {
-            size_t len = valid_seq_len(p, n, i);
-            if (len > 0) {
+            bool valid;
+            size_t len = scan_utf8(p, n, i, &valid);
+            if (valid)
                 out.append(bytes.data() + i, len);
-                i += len;
-                continue;
-            }
-            // Maximal subpart: the longest prefix of a well-formed sequence (at least one byte).
-            size_t j = i + 1;
-            unsigned char b = p[i], lo = 0x80, hi = 0xBF;
-            size_t need = 0;
-            if (b >= 0xC2 && b <= 0xDF) need = 1;
-            else if (b == 0xE0) need = 2, lo = 0xA0;
-            else if ((b >= 0xE1 && b <= 0xEC) || b == 0xEE || b == 0xEF) need = 2;
-            else if (b == 0xED) need = 2, hi = 0x9F;
-            else if (b == 0xF0) need = 3, lo = 0x90;
-            else if (b >= 0xF1 && b <= 0xF3) need = 3;
-            else if (b == 0xF4) need = 3, hi = 0x8F;
-            for (size_t k = 0; k < need && j < n && p[j] >= lo && p[j] <= hi; ++k, ++j) lo = 0x80, hi = 0xBF;
-            out.append(kReplacementChar);
-            i = j;
+            else
+                out.append(kReplacementChar);
+            i += len;
         }
     } catch (...) {
         out.clear();

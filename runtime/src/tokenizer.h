@@ -45,8 +45,8 @@ public:
 
     bool loaded() const { return impl_ != nullptr; }
 
-    // Appends nothing: *ids is replaced by the encoding of `text`. With add_special, the
-    // post_processor's single-sequence template is applied (Gemma: <bos> prepended).
+    // *ids is replaced by the encoding of `text` (the UTF-8 sanitized text, see above). With
+    // add_special, the post_processor's single-sequence template is applied (Gemma: <bos> first).
     bool encode(std::string_view text, bool add_special, std::vector<int32_t>* ids,
                 std::string* err = nullptr) const;
     // *out is replaced by the decoded text. skip_special drops tokens marked special.
@@ -60,10 +60,10 @@ public:
 
     // One past the largest id (model vocab and added tokens together).
     int32_t vocab_size() const;
-    int32_t bos_id() const;   // "<bos>", or the first special token of the post_processor template
-    int32_t eos_id() const;   // "<eos>"; stop ids for generation come from generation_config
-    int32_t pad_id() const;   // "<pad>"
-    int32_t unk_id() const;   // the BPE model's unk_token
+    int32_t bos_id() const; // "<bos>", or the first special token of the post_processor template
+    int32_t eos_id() const; // "<eos>"; stop ids for generation come from generation_config
+    int32_t pad_id() const; // "<pad>"
+    int32_t unk_id() const; // the BPE model's unk_token
 
 private:
     struct Impl;

@@ -1,19 +1,30 @@
 // Plan compiler (see compile.h).
+//
+// Per weight: read from the checkpoint (bf16/f16/f32, or a bitsandbytes NF4 base dequantized to
+// fp32) -> merge the LoRA adapter in fp32 -> store as the policy says: NF4 quantized straight from
+// the fp32 result (no bf16 rounding in between), bf16, or f32.
 #include "compiler/compile.h"
 #include "compiler/config.h"
 #include "compiler/error.h"
+#include "compiler/lora.h"
+#include "compiler/nf4_quant.h"
 #include "compiler/safetensors.h"
+#include "compiler/sha256.h"
+#include "g4/g4.h"
+#include "kernels/nf4.h"
 #include "models/gemma4/graph.h"
 #include "runtime/src/plan/plan_format.h"
+#include "runtime/src/tokenizer.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <ostream>
+#include <regex>
 #include <unistd.h>
 
 namespace g4 {
@@ -23,6 +34,7 @@ namespace fs = std::filesystem;
 using json   = nlohmann::json;
 using gemma4::Program;
 using gemma4::TensorDesc;
+using gemma4::WeightRole;
 using plan::TensorKind;
 
 uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
@@ -37,6 +49,14 @@ int64_t numel(const std::vector<int64_t>& d) {
     int64_t n = 1;
     for (auto v : d) n *= v;
     return n;
+}
+
+std::string human(uint64_t b) {
+    char buf[64];
+    if (b >= (1ull << 30)) std::snprintf(buf, sizeof buf, "%.2f GiB", b / 1073741824.0);
+    else if (b >= (1ull << 20)) std::snprintf(buf, sizeof buf, "%.2f MiB", b / 1048576.0);
+    else std::snprintf(buf, sizeof buf, "%.1f KiB", b / 1024.0);
+    return buf;
 }
 
 // Greedy first-fit placement of activations by live range [first op, last op] over one arena.
@@ -64,13 +84,12 @@ uint64_t plan_activations(Program& p, std::vector<uint64_t>& offset) {
         auto k = p.tensors[t].kind;
         if ((k == TensorKind::Activation || k == TensorKind::Input) && first[t] >= 0) order.push_back(t);
     }
-    std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
-        return dtype_bytes(p.tensors[a].dtype, numel(p.tensors[a].dims)) > dtype_bytes(p.tensors[b].dtype, numel(p.tensors[b].dims));
-    });
+    auto bytes = [&](int t) { return dtype_bytes(p.tensors[t].dtype, numel(p.tensors[t].dims)); };
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return bytes(a) > bytes(b); });
     uint64_t arena = 0;
     offset.assign(nt, 0);
     for (int t : order) {
-        uint64_t size = align_up(dtype_bytes(p.tensors[t].dtype, numel(p.tensors[t].dims)), plan::kTensorAlign);
+        uint64_t size = align_up(bytes(t), plan::kTensorAlign);
         std::vector<std::pair<uint64_t, uint64_t>> busy;
         for (const Block& b : placed)
             if (!(b.last < first[t] || last[t] < b.first)) busy.push_back({b.off, b.off + b.size});
@@ -85,36 +104,6 @@ uint64_t plan_activations(Program& p, std::vector<uint64_t>& offset) {
         arena     = std::max(arena, off + size);
     }
     return arena;
-}
-
-struct WeightSource {
-    const st::TensorView* view = nullptr;   // checkpoint tensor, or
-    const std::vector<float>* constant = nullptr;
-};
-
-// Writes the weight bytes of `t` converted to `dt` into `out` (exactly dtype_bytes(dt, numel) bytes).
-void convert_weight(const WeightSource& src, DType dt, int64_t n, std::vector<uint8_t>& out) {
-    out.resize(dtype_bytes(dt, n));
-    std::vector<float> f32;
-    const float* vals;
-    if (src.constant) {
-        vals = src.constant->data();
-    } else if (dt == DType::BF16 && src.view->dtype == st::DType::BF16) {
-        std::memcpy(out.data(), src.view->data, out.size());
-        return;
-    } else {
-        f32.resize(n);
-        st::to_f32(*src.view, f32.data());
-        vals = f32.data();
-    }
-    if (dt == DType::F32) {
-        std::memcpy(out.data(), vals, out.size());
-    } else if (dt == DType::BF16) {
-        uint16_t* o = (uint16_t*)out.data();
-        for (int64_t i = 0; i < n; ++i) o[i] = f32_to_bf16(vals[i]);
-    } else {
-        throw CompileError(std::string("internal: unsupported weight dtype ") + dtype_str(dt));
-    }
 }
 
 // Output file that only appears under its final name once complete.
@@ -163,80 +152,186 @@ json hparams_json(const gemma4::TextHParams& hp) {
                 {"layer_types", lt}};
 }
 
-} // namespace
+// Everything decided once per compile and shared by the plan and the fidelity reference plan.
+struct Inputs {
+    const CompileOptions& opt;
+    ModelConfig mc;
+    std::unique_ptr<st::Checkpoint> ckpt;
+    std::unique_ptr<lora::Adapter> adapter;
+    int max_context = 0;
+    bool prequantized = false;          // base checkpoint is bitsandbytes 4-bit
+    json provenance;
+    std::string tokenizer_json;         // embedded verbatim as the TOKENIZER section ("" = none)
+    json tokenizer_meta = json::object();
+};
 
-void compile_plan(const CompileOptions& opt, std::ostream& log) {
-    // Options that later issues implement are refused before any heavy work.
-    if (!opt.adapter_dir.empty())
-        throw CompileError("--adapter is not supported yet: LoRA merging is not implemented in this build");
-    if (opt.weights == "nf4")
-        throw CompileError("--weights nf4 is not supported yet: use --weights bf16 or --weights f32");
-    if (opt.weights != "f32" && opt.weights != "bf16")
-        throw CompileError("unknown --weights '" + opt.weights + "': expected nf4, bf16 or f32");
-    if (opt.device.rfind("cuda", 0) == 0)
-        throw CompileError("--device " + opt.device + " is not supported yet: this build runs plans on the CPU (--device cpu)");
-    if (opt.device != "cpu") throw CompileError("unknown --device '" + opt.device + "': expected cpu or cuda[:N]");
-    if (opt.out_path.empty()) throw CompileError("missing -o PLAN: the output plan path");
-    if (opt.max_rows < 1 || opt.max_rows > 8192) throw CompileError("--chunk must be in 1..8192");
-    if (opt.logits_rows < 1 || opt.logits_rows > opt.max_rows)
-        throw CompileError("--logits-rows must be in 1..chunk (" + std::to_string(opt.max_rows) + ")");
+std::string read_text_file(const std::string& path) {
+    std::FILE* f = std::fopen(path.c_str(), "rb");
+    if (!f) throw CompileError("cannot read " + path);
+    std::string s;
+    char buf[1 << 16];
+    size_t n;
+    while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) s.append(buf, n);
+    std::fclose(f);
+    return s;
+}
 
-    ModelConfig mc = load_model_config(opt.model_dir);
-    const auto& hp = mc.text;
-    int max_context = opt.max_context > 0 ? opt.max_context : std::min(4096, hp.max_position_embeddings);
-    if (max_context > hp.max_position_embeddings)
-        throw CompileError("--max-context " + std::to_string(max_context) + " exceeds the model's limit (max_position_embeddings = " +
-                           std::to_string(hp.max_position_embeddings) + ")");
-    st::Checkpoint ckpt = st::Checkpoint::open(opt.model_dir);
-    const DType wdt     = opt.weights == "f32" ? DType::F32 : DType::BF16;
+// Reads a base weight as fp32: plain floats, or a bitsandbytes NF4 tensor dequantized.
+void read_base_f32(const Inputs& in, const std::string& hf, const std::vector<int64_t>& shape, std::vector<float>& out) {
+    out.resize(numel(shape));
+    const std::string qs = hf + ".quant_state.bitsandbytes__nf4";
+    if (in.ckpt->has(qs)) {
+        auto view = [&](const std::string& n, std::string* dt = nullptr) {
+            nf4::ByteView bv;
+            if (!in.ckpt->has(n)) return bv;
+            const st::TensorView& v = in.ckpt->get(n);
+            bv.data = v.data, bv.size = v.nbytes;
+            if (dt) *dt = st::dtype_name(v.dtype);
+            return bv;
+        };
+        const st::TensorView& state = in.ckpt->get(qs);
+        nf4::BnbNf4 t;
+        t.name             = hf;
+        t.weight           = view(hf);
+        t.absmax           = view(hf + ".absmax", &t.absmax_dtype);
+        t.quant_map        = view(hf + ".quant_map");
+        t.nested_absmax    = view(hf + ".nested_absmax");
+        t.nested_quant_map = view(hf + ".nested_quant_map");
+        t.quant_state      = std::string_view((const char*)state.data, state.nbytes);
+        t.quant_state_key  = "bitsandbytes__nf4";
+        std::vector<int64_t> got;
+        out = nf4::dequantize_bnb(t, &got);
+        if (got != shape)
+            throw CompileError("tensor '" + hf + "' (bitsandbytes 4-bit) has shape " + shape_str(got) + " but config.json implies " +
+                               shape_str(shape));
+        return;
+    }
+    const st::TensorView& v = in.ckpt->get(hf);
+    st::to_f32(v, out.data());
+}
+
+struct Report {
+    struct Group { uint64_t before = 0, after = 0; int tensors = 0; };
+    std::map<std::string, Group> groups;
+    std::vector<std::string> merged;     // adapter modules merged
+    std::map<std::string, std::string> tensor_dtype;
+    uint64_t weights_bytes = 0, act_arena = 0, kv_arena = 0;
+    int sliding_slots = 0;
+    size_t n_ops = 0, n_tensors = 0, ignored_text = 0, ignored_other = 0;
+};
+
+enum class Mode { Plan, Reference };
+
+// Builds and writes one plan. Mode::Reference stores every quantized or merged weight as f32
+// (the full-precision model the fidelity figure compares against).
+void write_plan(const Inputs& in, const std::string& out_path, Mode mode, Report* rep) {
+    const CompileOptions& opt = in.opt;
+    const auto& hp            = in.mc.text;
+    const DType rest_dt       = opt.weights == "f32" ? DType::F32 : DType::BF16;
 
     gemma4::BuildOptions bo;
     bo.max_rows    = opt.max_rows;
-    bo.max_context = max_context;
+    bo.max_context = in.max_context;
     bo.logits_rows = opt.logits_rows;
-    Program prog   = gemma4::build_text_program(hp, bo);
+    if (in.adapter)
+        for (const auto& m : in.adapter->merges())
+            if (m.has_bias) {
+                std::string mod = m.module + ".weight";
+                if (mod.rfind(in.mc.tensor_prefix, 0) == 0) bo.biased.insert(mod.substr(in.mc.tensor_prefix.size()));
+                else if (mod.rfind("model.language_model.", 0) == 0) bo.biased.insert(mod.substr(21));
+            }
+    Program prog = gemma4::build_text_program(hp, bo);
 
-    // Resolve weights: every tensor the program names must exist with the shape config.json implies.
-    std::vector<WeightSource> sources(prog.tensors.size());
+    // Quantization policy: default set = text attention/MLP projections when --weights nf4.
+    std::regex qre, kre;
+    try {
+        if (!opt.quantize_regex.empty()) qre = std::regex(opt.quantize_regex);
+        if (!opt.keep_regex.empty()) kre = std::regex(opt.keep_regex);
+    } catch (const std::regex_error& e) {
+        throw CompileError(std::string("invalid --quantize/--keep regular expression: ") + e.what());
+    }
+    std::map<int, bool> matmul_weight, gathered;
+    for (const auto& o : prog.ops) {
+        if (o.op.code == (uint16_t)OpCode::Matmul) matmul_weight[o.op.in[1]] = true;
+        if (o.op.code == (uint16_t)OpCode::Embed) gathered[o.op.in[1]] = true;
+    }
+
+    // Resolve and validate every weight; choose its stored dtype.
     std::map<std::string, bool> used;
+    std::vector<bool> quantized(prog.tensors.size(), false);
     for (size_t t = 0; t < prog.tensors.size(); ++t) {
         TensorDesc& d = prog.tensors[t];
         if (d.kind != TensorKind::Weight) continue;
-        if (d.role == gemma4::WeightRole::Constant) {
-            d.dtype            = DType::F32;
-            sources[t].constant = &d.constant;
+        if (d.role == WeightRole::Constant || d.role == WeightRole::LoraBias) {
+            d.dtype = DType::F32;
             continue;
         }
-        std::string hf = mc.tensor_prefix + d.name;
-        if (!ckpt.has(hf))
+        std::string hf = in.mc.tensor_prefix + d.name;
+        bool bnb       = in.ckpt->has(hf + ".quant_state.bitsandbytes__nf4");
+        if (!in.ckpt->has(hf))
             throw CompileError("missing tensor '" + hf + "' in checkpoint " + opt.model_dir +
                                " (config.json implies it; is the checkpoint complete and for this config?)");
-        const st::TensorView& v = ckpt.get(hf);
-        if (v.shape != d.dims)
-            throw CompileError("tensor '" + hf + "' in " + v.file + " has shape " + shape_str(v.shape) +
-                               " but config.json implies " + shape_str(d.dims) + "; the checkpoint and config.json disagree");
-        if (v.dtype != st::DType::F32 && v.dtype != st::DType::BF16 && v.dtype != st::DType::F16)
-            throw CompileError("tensor '" + hf + "' in " + v.file + " has dtype " + st::dtype_name(v.dtype) +
-                               "; g4 reads F32, BF16 or F16 weights");
-        d.dtype    = wdt;
-        sources[t] = {&v, nullptr};
-        used[hf]   = true;
+        const st::TensorView& v = in.ckpt->get(hf);
+        if (!bnb) {
+            if (v.shape != d.dims)
+                throw CompileError("tensor '" + hf + "' in " + v.file + " has shape " + shape_str(v.shape) +
+                                   " but config.json implies " + shape_str(d.dims) + "; the checkpoint and config.json disagree");
+            if (v.dtype != st::DType::F32 && v.dtype != st::DType::BF16 && v.dtype != st::DType::F16)
+                throw CompileError("tensor '" + hf + "' in " + v.file + " has dtype " + st::dtype_name(v.dtype) +
+                                   "; g4 reads F32, BF16 or F16 weights (or bitsandbytes NF4)");
+        }
+        used[hf] = true;
+        bool want_q = false;
+        if (matmul_weight.count((int)t) && !gathered.count((int)t)) {
+            if (!opt.quantize_regex.empty()) want_q = std::regex_search(hf, qre);
+            else want_q = opt.weights == "nf4" && (d.role == WeightRole::AttnProj || d.role == WeightRole::MlpProj);
+            if (!opt.keep_regex.empty() && std::regex_search(hf, kre)) want_q = false;
+        } else if (!opt.quantize_regex.empty() && std::regex_search(hf, qre) && gathered.count((int)t) &&
+                   d.role != WeightRole::Norm && d.role != WeightRole::Scalar) {
+            throw CompileError("--quantize matches '" + hf + "', which is read by an embedding lookup; NF4 embeddings are not supported (add it to --keep)");
+        }
+        quantized[t] = want_q;
+        d.dtype      = want_q ? DType::NF4 : rest_dt;
+        if (mode == Mode::Reference && (want_q || bnb)) d.dtype = DType::F32;
     }
-    size_t ignored_text = 0, ignored_other = 0;
-    for (const auto& n : ckpt.names()) {
+    // Adapter-merged weights are full precision in the reference.
+    std::map<std::string, bool> targeted;
+    if (in.adapter) {
+        for (const auto& m : in.adapter->merges()) targeted[m.module + ".weight"] = true;
+        for (const auto& r : in.adapter->replacements()) targeted[r] = true;
+    }
+    auto is_targeted = [&](const std::string& hf) {
+        if (targeted.count(hf)) return true;
+        if (in.mc.tensor_prefix == "model." && hf.rfind("model.", 0) == 0)
+            return targeted.count("model.language_model." + hf.substr(6)) > 0;
+        return false;
+    };
+    if (mode == Mode::Reference)
+        for (auto& d : prog.tensors)
+            if (d.kind == TensorKind::Weight && is_targeted(in.mc.tensor_prefix + d.name)) d.dtype = DType::F32;
+
+    for (const auto& n : in.ckpt->names()) {
         if (used.count(n)) continue;
-        (n.rfind(mc.tensor_prefix, 0) == 0 ? ignored_text : ignored_other)++;
+        bool aux = false;   // bitsandbytes side tensors of a used weight
+        for (const char* suf : {".absmax", ".quant_map", ".nested_absmax", ".nested_quant_map", ".quant_state.bitsandbytes__nf4"}) {
+            std::string s = suf;
+            if (n.size() > s.size() && n.compare(n.size() - s.size(), s.size(), s) == 0 && used.count(n.substr(0, n.size() - s.size())))
+                aux = true;
+        }
+        if (aux) continue;
+        (n.rfind(in.mc.tensor_prefix, 0) == 0 ? rep->ignored_text : rep->ignored_other)++;
     }
 
-    // Memory plan: activations share one arena by live range; KV caches are laid out back to back.
+    // Byte sizes and memory plan.
+    const bool dq = opt.double_quant;
     std::vector<uint64_t> act_off;
     uint64_t act_arena = plan_activations(prog, act_off);
-    uint64_t kv_arena  = 0, weights_size = 0;
+    uint64_t kv_arena = 0, weights_size = 0;
     std::vector<uint64_t> off(prog.tensors.size(), 0), nbytes(prog.tensors.size(), 0);
     int64_t max_k = 1;
     for (size_t t = 0; t < prog.tensors.size(); ++t) {
         const TensorDesc& d = prog.tensors[t];
-        nbytes[t]           = dtype_bytes(d.dtype, numel(d.dims));
+        nbytes[t] = d.dtype == DType::NF4 ? nf4::layout(numel(d.dims), dq).total : dtype_bytes(d.dtype, numel(d.dims));
         switch (d.kind) {
         case TensorKind::Weight:
             weights_size = align_up(weights_size, plan::kTensorAlign);
@@ -271,9 +366,10 @@ void compile_plan(const CompileOptions& opt, std::ostream& log) {
         r.kind  = (uint8_t)d.kind;
         r.ndim  = (uint8_t)d.dims.size();
         for (size_t i = 0; i < d.dims.size(); ++i) r.dims[i] = d.dims[i];
-        r.offset = off[t];
-        r.nbytes = nbytes[t];
-        r.flags  = (uint8_t)d.role;
+        r.offset      = off[t];
+        r.nbytes      = nbytes[t];
+        r.flags       = (uint8_t)d.role;
+        r.quant_flags = d.dtype == DType::NF4 && dq ? plan::kQuantDoubleQuant : 0;
     }
     std::vector<plan::PlanOp> ops(prog.ops.size());
     for (size_t i = 0; i < prog.ops.size(); ++i) {
@@ -281,29 +377,33 @@ void compile_plan(const CompileOptions& opt, std::ostream& log) {
         ops[i].name = intern(prog.ops[i].name);
     }
 
+    json policy = {{"weights", opt.weights}, {"double_quant", dq}, {"quantize", opt.quantize_regex}, {"keep", opt.keep_regex},
+                   {"nf4_blocksize", nf4::kBlock}};
     json meta;
-    meta["format"]       = "g4plan";
-    meta["g4_version"]   = G4_VERSION_STRING;
-    meta["architecture"] = mc.model_type;
-    meta["head_dim_form"] = mc.head_dim_form;
-    meta["device"]       = opt.device;
+    meta["format"]        = "g4plan";
+    meta["g4_version"]    = G4_VERSION_STRING;
+    meta["architecture"]  = in.mc.model_type;
+    meta["head_dim_form"] = in.mc.head_dim_form;
+    meta["device"]        = opt.device;
     meta["weights_dtype"] = opt.weights;
-    meta["hparams"]      = hparams_json(hp);
-    meta["program"]      = {{"max_rows", opt.max_rows},       {"max_context", max_context},
-                            {"logits_rows", opt.logits_rows}, {"sliding_slots", prog.sliding_slots},
-                            {"act_arena_bytes", act_arena},   {"kv_arena_bytes", kv_arena},
-                            {"ids_tensor", prog.ids},         {"logits_tensor", prog.logits},
-                            {"max_k", max_k},                 {"max_slots", max_context},
-                            {"vocab_size", hp.vocab_size},
-                            {"embed_vocab_limit", hp.ple_dim > 0 ? std::min(hp.vocab_size, hp.ple_vocab_size) : hp.vocab_size}};
-    const auto& g        = mc.generation;
-    meta["generation"]   = {{"eos_token_ids", g.eos_token_ids}, {"bos_token_id", g.bos_token_id},
-                            {"pad_token_id", g.pad_token_id},   {"do_sample", g.do_sample},
-                            {"temperature", g.temperature},     {"top_k", g.top_k},
-                            {"top_p", g.top_p},                 {"min_p", g.min_p},
-                            {"repetition_penalty", g.repetition_penalty}};
-    meta["source"]       = {{"model_dir", fs::path(opt.model_dir).filename().string()},
-                            {"checkpoint_files", (int)ckpt.files().size()}};
+    meta["policy"]        = policy;
+    meta["reference_plan"] = mode == Mode::Reference;
+    meta["hparams"]       = hparams_json(hp);
+    meta["program"]       = {{"max_rows", opt.max_rows},       {"max_context", in.max_context},
+                             {"logits_rows", opt.logits_rows}, {"sliding_slots", prog.sliding_slots},
+                             {"act_arena_bytes", act_arena},   {"kv_arena_bytes", kv_arena},
+                             {"ids_tensor", prog.ids},         {"logits_tensor", prog.logits},
+                             {"max_k", max_k},                 {"max_slots", in.max_context},
+                             {"vocab_size", hp.vocab_size},
+                             {"embed_vocab_limit", hp.ple_dim > 0 ? std::min(hp.vocab_size, hp.ple_vocab_size) : hp.vocab_size}};
+    const auto& g         = in.mc.generation;
+    meta["generation"]    = {{"eos_token_ids", g.eos_token_ids}, {"bos_token_id", g.bos_token_id},
+                             {"pad_token_id", g.pad_token_id},   {"do_sample", g.do_sample},
+                             {"temperature", g.temperature},     {"top_k", g.top_k},
+                             {"top_p", g.top_p},                 {"min_p", g.min_p},
+                             {"repetition_penalty", g.repetition_penalty}};
+    meta["provenance"]    = in.provenance;
+    meta["tokenizer"]     = in.tokenizer_meta;
     std::string meta_text = meta.dump(1);
 
     // Layout: header, section table, then 4096-aligned sections; weights streamed last.
@@ -312,33 +412,85 @@ void compile_plan(const CompileOptions& opt, std::ostream& log) {
                               {plan::SectionKind::Strings, strings.data(), strings.size()},
                               {plan::SectionKind::Tensors, tensors.data(), tensors.size() * sizeof(plan::PlanTensor)},
                               {plan::SectionKind::Ops, ops.data(), ops.size() * sizeof(plan::PlanOp)}};
+    if (!in.tokenizer_json.empty())
+        small.push_back({plan::SectionKind::Tokenizer, in.tokenizer_json.data(), in.tokenizer_json.size()});
     const uint32_t nsec = (uint32_t)small.size() + 1;
     std::vector<plan::PlanSection> table(nsec);
     uint64_t cursor = align_up(sizeof(plan::PlanHeader) + nsec * sizeof(plan::PlanSection), plan::kSectionAlign);
-    AtomicFile out(opt.out_path);
+    AtomicFile out(out_path);
     for (uint32_t i = 0; i < small.size(); ++i) {
-        table[i]          = {(uint32_t)small[i].kind, 0, cursor, small[i].size, plan::fnv1a64(small[i].data, small[i].size)};
+        table[i] = {(uint32_t)small[i].kind, 0, cursor, small[i].size, plan::fnv1a64(small[i].data, small[i].size)};
         out.write_at(cursor, small[i].data, small[i].size);
         cursor = align_up(cursor + small[i].size, plan::kSectionAlign);
     }
+
+    // Weights: one tensor at a time (read, merge, convert, append), so memory stays at one tensor.
     const uint64_t wbase = cursor;
-    uint64_t wsum        = plan::fnv1a64(nullptr, 0);
-    uint64_t wpos        = 0;
+    uint64_t wsum = plan::fnv1a64(nullptr, 0), wpos = 0;
     std::vector<uint8_t> buf;
+    std::vector<float> f32;
+    std::map<std::string, std::vector<float>> biases;   // weight name -> LoRA bias
     static const uint8_t zeros[plan::kTensorAlign] = {};
     for (size_t t = 0; t < prog.tensors.size(); ++t) {
-        if (prog.tensors[t].kind != TensorKind::Weight) continue;
+        const TensorDesc& d = prog.tensors[t];
+        if (d.kind != TensorKind::Weight) continue;
+        const int64_t n = numel(d.dims);
+        std::string hf  = in.mc.tensor_prefix + d.name;
+        const st::TensorView* src = nullptr;
+        bool raw_copy   = false;
+        std::string group = gemma4::weight_role_name(d.role);
+        if (d.role == WeightRole::Constant) {
+            f32 = d.constant;
+        } else if (d.role == WeightRole::LoraBias) {
+            auto it = biases.find(in.mc.tensor_prefix + d.bias_of);
+            f32     = it != biases.end() ? it->second : std::vector<float>(n, 0.0f);
+        } else {
+            src = in.ckpt->has(hf) ? &in.ckpt->get(hf) : nullptr;
+            bool bnb = in.ckpt->has(hf + ".quant_state.bitsandbytes__nf4");
+            bool merge = in.adapter && is_targeted(hf);
+            raw_copy   = !bnb && !merge && d.dtype == DType::BF16 && src->dtype == st::DType::BF16;
+            if (!raw_copy) {
+                read_base_f32(in, hf, d.dims, f32);
+                if (in.adapter) {
+                    std::vector<float> bias(d.dims[0], 0.0f);
+                    bool has_bias = false;
+                    if (in.adapter->apply(hf, d.dims, f32.data(), &bias, &has_bias)) {
+                        rep->merged.push_back(hf);
+                        if (has_bias) biases[hf] = bias;
+                    }
+                }
+            }
+            auto& gr = rep->groups[group];
+            gr.before += src->nbytes;
+            gr.tensors++;
+        }
+        // Convert to the stored dtype.
+        if (raw_copy) {
+            buf.assign(src->data, src->data + src->nbytes);
+        } else if (d.dtype == DType::NF4) {
+            buf = nf4::quantize(f32.data(), n, dq);
+        } else if (d.dtype == DType::F32) {
+            buf.resize((size_t)n * 4);
+            std::memcpy(buf.data(), f32.data(), buf.size());
+        } else {
+            buf.resize((size_t)n * 2);
+            uint16_t* o = (uint16_t*)buf.data();
+            for (int64_t i = 0; i < n; ++i) o[i] = f32_to_bf16(f32[i]);
+        }
+        if (buf.size() != nbytes[t]) throw CompileError("internal: size of " + d.name + " disagrees with the layout");
+        if (d.role != WeightRole::Constant && d.role != WeightRole::LoraBias) rep->groups[group].after += buf.size();
+        rep->tensor_dtype[d.name] = dtype_str(d.dtype);
         if (off[t] > wpos) {   // alignment padding, part of the checksum
             wsum = plan::fnv1a64(zeros, off[t] - wpos, wsum);
             out.write_at(wbase + wpos, zeros, off[t] - wpos);
             wpos = off[t];
         }
-        convert_weight(sources[t], prog.tensors[t].dtype, numel(prog.tensors[t].dims), buf);
         out.write_at(wbase + wpos, buf.data(), buf.size());
         wsum = plan::fnv1a64(buf.data(), buf.size(), wsum);
         wpos += buf.size();
     }
-    table[nsec - 1] = {(uint32_t)plan::SectionKind::Weights, 0, wbase, weights_size, wsum};
+    // LoRA biases must precede nothing: the graph places them after their weight, so they were filled.
+    table[nsec - 1]          = {(uint32_t)plan::SectionKind::Weights, 0, wbase, weights_size, wsum};
     const uint64_t file_size = wbase + weights_size;
 
     plan::PlanHeader h;
@@ -354,16 +506,185 @@ void compile_plan(const CompileOptions& opt, std::ostream& log) {
     h.header_checksum      = (uint32_t)plan::fnv1a64(&h, sizeof h);
     out.write_at(0, &h, sizeof h);
     out.write_at(sizeof h, table.data(), table.size() * sizeof(plan::PlanSection));
-    if (weights_size == 0) out.write_at(file_size - 1, "", 0);
     out.commit();
 
-    log << "g4 compile: " << opt.model_dir << " (" << mc.model_type << ", " << mc.head_dim_form << " config, "
+    rep->weights_bytes = weights_size;
+    rep->act_arena     = act_arena;
+    rep->kv_arena      = kv_arena;
+    rep->sliding_slots = prog.sliding_slots;
+    rep->n_ops         = ops.size();
+    rep->n_tensors     = tensors.size();
+}
+
+// Logits of a fixed calibration prompt through the CPU runtime.
+std::vector<float> calibration_logits(const std::string& plan, int vocab, int n_tokens) {
+    g4_engine* e = nullptr;
+    if (g4_engine_open(plan.c_str(), nullptr, &e) != G4_OK) throw CompileError(std::string("fidelity check: ") + g4_last_error_message());
+    g4_session* s = nullptr;
+    if (g4_session_create(e, nullptr, &s) != G4_OK) {
+        g4_engine_close(e);
+        throw CompileError(std::string("fidelity check: ") + g4_last_error_message());
+    }
+    std::vector<int32_t> ids(n_tokens);
+    for (int i = 0; i < n_tokens; ++i) ids[i] = i == 0 ? 2 : 3 + (int32_t)((i * 7919ull + 13) % (uint64_t)std::max(1, std::min(vocab, 4096) - 3));
+    std::vector<float> logits((size_t)n_tokens * vocab);
+    g4_status st = g4_session_append_tokens(s, ids.data(), ids.size(), logits.data(), logits.size());
+    std::string err = g4_last_error_message();
+    g4_session_destroy(s);
+    g4_engine_close(e);
+    if (st != G4_OK) throw CompileError("fidelity check: " + err);
+    return logits;
+}
+
+} // namespace
+
+void compile_plan(const CompileOptions& opt, std::ostream& log) {
+    // Options are checked before any heavy work.
+    if (opt.weights != "f32" && opt.weights != "bf16" && opt.weights != "nf4")
+        throw CompileError("unknown --weights '" + opt.weights + "': expected nf4, bf16 or f32");
+    if (opt.device.rfind("cuda", 0) == 0)
+        throw CompileError("--device " + opt.device + " is not supported yet: this build runs plans on the CPU (--device cpu)");
+    if (opt.device != "cpu") throw CompileError("unknown --device '" + opt.device + "': expected cpu or cuda[:N]");
+    if (opt.out_path.empty()) throw CompileError("missing -o PLAN: the output plan path");
+    if (opt.max_rows < 1 || opt.max_rows > 8192) throw CompileError("--chunk must be in 1..8192");
+    if (opt.logits_rows < 1 || opt.logits_rows > opt.max_rows)
+        throw CompileError("--logits-rows must be in 1..chunk (" + std::to_string(opt.max_rows) + ")");
+
+    Inputs in{opt, load_model_config(opt.model_dir), nullptr, nullptr, 0, false, json::object(), "", json::object()};
+    const auto& hp = in.mc.text;
+    in.max_context = opt.max_context > 0 ? opt.max_context : std::min(4096, hp.max_position_embeddings);
+    if (in.max_context > hp.max_position_embeddings)
+        throw CompileError("--max-context " + std::to_string(in.max_context) + " exceeds the model's limit (max_position_embeddings = " +
+                           std::to_string(hp.max_position_embeddings) + ")");
+    if (!opt.adapter_dir.empty()) in.adapter = lora::Adapter::open(opt.adapter_dir);
+
+    // Tokenizer and chat template travel inside the plan, so a plan file is self-contained.
+    std::string tok_path = !opt.tokenizer_path.empty() ? opt.tokenizer_path : opt.model_dir + "/tokenizer.json";
+    if (!opt.tokenizer_path.empty() && !fs::exists(tok_path)) throw CompileError("--tokenizer " + tok_path + ": file not found");
+    if (fs::exists(tok_path)) {
+        in.tokenizer_json = read_text_file(tok_path);
+        Tokenizer tk;
+        std::string err;
+        if (!Tokenizer::load_from_json(in.tokenizer_json, &tk, &err)) throw CompileError(tok_path + ": " + err);
+        if (tk.vocab_size() > in.mc.text.vocab_size + 1)
+            throw CompileError(tok_path + " has " + std::to_string(tk.vocab_size()) + " tokens but the model's vocabulary is " +
+                               std::to_string(in.mc.text.vocab_size) + "; is it the tokenizer of this model?");
+        std::string dir     = fs::path(tok_path).parent_path().string();
+        bool add_bos        = true;
+        if (fs::exists(dir + "/tokenizer_config.json")) {
+            try {
+                json tc = json::parse(read_text_file(dir + "/tokenizer_config.json"));
+                if (tc.contains("add_bos_token") && tc["add_bos_token"].is_boolean()) add_bos = tc["add_bos_token"].get<bool>();
+            } catch (const json::exception& e) {
+                throw CompileError(dir + "/tokenizer_config.json: corrupt JSON (" + std::string(e.what()) + ")");
+            }
+        }
+        in.tokenizer_meta = {{"present", true}, {"vocab_size", tk.vocab_size()}, {"add_bos_token", add_bos},
+                             {"chat_template", fs::exists(dir + "/chat_template.jinja") ? "gemma4" : "gemma4-default"},
+                             {"sha256", sha256_file(tok_path)}};
+    }
+    in.ckpt = std::make_unique<st::Checkpoint>(st::Checkpoint::open(opt.model_dir));
+    if (in.adapter && in.mc.tensor_prefix == "model.") in.adapter->set_name_alias("model.language_model.", "model.");
+
+    // Provenance: digests of every input file.
+    json base_files = json::array();
+    for (const auto& f : in.ckpt->files()) base_files.push_back({{"file", fs::path(f).filename().string()}, {"sha256", sha256_file(f)}});
+    base_files.push_back({{"file", "config.json"}, {"sha256", sha256_file(opt.model_dir + "/config.json")}});
+    in.provenance["base"] = {{"dir", fs::path(opt.model_dir).filename().string()}, {"files", base_files}};
+    if (in.adapter) {
+        json af = json::array();
+        for (const char* f : {"adapter_config.json", "adapter_model.safetensors"})
+            af.push_back({{"file", f}, {"sha256", sha256_file(opt.adapter_dir + "/" + f)}});
+        json merges = json::array();
+        for (const auto& m : in.adapter->merges())
+            merges.push_back({{"module", m.module}, {"r", m.r}, {"alpha", m.alpha}, {"scale", m.scale}, {"dora", m.dora}});
+        in.provenance["adapter"] = {{"dir", fs::path(opt.adapter_dir).filename().string()}, {"files", af}, {"merges", merges}};
+    }
+    in.provenance["g4_version"] = G4_VERSION_STRING;
+
+    Report rep;
+    write_plan(in, opt.out_path, Mode::Plan, &rep);
+
+    // Adapter modules that matched nothing in the compiled model.
+    std::vector<std::string> dropped_shared, dropped_tower;
+    if (in.adapter) {
+        for (const auto& m : in.adapter->unconsumed()) {
+            std::string rel = m;
+            for (const char* pre : {"model.language_model.", "model."})
+                if (rel.rfind(pre, 0) == 0) {
+                    rel = rel.substr(std::strlen(pre));
+                    break;
+                }
+            int layer = -1;
+            if (std::sscanf(rel.c_str(), "layers.%d.", &layer) == 1 && layer >= gemma4::first_kv_shared_layer(hp) &&
+                hp.num_kv_shared_layers > 0 &&
+                (rel.find("self_attn.k_proj") != std::string::npos || rel.find("self_attn.v_proj") != std::string::npos ||
+                 rel.find("self_attn.k_norm") != std::string::npos)) {
+                dropped_shared.push_back(m);
+            } else if (m.find("vision_tower") != std::string::npos || m.find("audio_tower") != std::string::npos ||
+                       m.find("embed_vision") != std::string::npos || m.find("embed_audio") != std::string::npos) {
+                dropped_tower.push_back(m);
+            } else {
+                std::remove(opt.out_path.c_str());
+                throw CompileError("adapter " + opt.adapter_dir + " targets '" + m + "', which is not in this model; is the adapter for another model?");
+            }
+        }
+    }
+
+    log << "g4 compile: " << opt.model_dir << " (" << in.mc.model_type << ", " << in.mc.head_dim_form << " config, "
         << hp.num_layers << " layers, " << hp.num_kv_shared_layers << " KV-shared) -> " << opt.out_path << "\n";
-    log << "  weights " << opt.weights << ": " << weights_size << " bytes; activation arena " << act_arena
-        << " bytes; KV cache " << kv_arena << " bytes (max_context " << max_context << ", sliding ring "
-        << prog.sliding_slots << " slots, chunk " << opt.max_rows << ")\n";
-    log << "  ops " << ops.size() << ", tensors " << tensors.size() << "; checkpoint tensors not used by the text decoder: "
-        << ignored_text << " (KV-shared layers' k/v/k_norm and similar) + " << ignored_other << " (vision/audio towers)\n";
+    log << "  policy: weights " << opt.weights << (opt.double_quant ? " (double quant)" : "")
+        << (opt.quantize_regex.empty() ? "" : ", --quantize " + opt.quantize_regex)
+        << (opt.keep_regex.empty() ? "" : ", --keep " + opt.keep_regex) << "\n";
+    log << "  tensor group        tensors      before        after\n";
+    for (const auto& [name, g] : rep.groups) {
+        char line[160];
+        std::snprintf(line, sizeof line, "  %-18s %8d %12s %12s\n", name.c_str(), g.tensors, human(g.before).c_str(), human(g.after).c_str());
+        log << line;
+    }
+    if (in.adapter) {
+        log << "  adapter " << opt.adapter_dir << ": " << rep.merged.size() << " weights merged in fp32\n";
+        for (const auto& m : in.adapter->merges()) {
+            char line[320];
+            std::snprintf(line, sizeof line, "    %-60s r=%-3d alpha=%-6g scale=%-8g%s%s\n", m.module.c_str(), m.r, m.alpha, m.scale,
+                          m.dora ? " dora" : "", m.has_bias ? " bias" : "");
+            log << line;
+        }
+        for (const auto& m : in.adapter->replacements()) log << "    replaced (modules_to_save): " << m << "\n";
+        for (const auto& m : dropped_shared)
+            log << "  dropped " << m << ": LoRA on the k/v of a KV-shared layer has no effect in Gemma 4 (those weights are never used)\n";
+        for (const auto& m : dropped_tower)
+            log << "  not compiled " << m << ": vision/audio towers are not compiled by this build\n";
+    }
+    log << "  weights " << human(rep.weights_bytes) << "; activation arena " << human(rep.act_arena) << "; KV cache "
+        << human(rep.kv_arena) << " (max_context " << in.max_context << ", sliding ring " << rep.sliding_slots << " slots, chunk "
+        << opt.max_rows << ")\n";
+    log << "  ops " << rep.n_ops << ", tensors " << rep.n_tensors << "; checkpoint tensors not used by the text decoder: "
+        << rep.ignored_text << " (e.g. KV-shared layers' k/v) + " << rep.ignored_other << " (vision/audio towers)\n";
+
+    // Fidelity: logits of the plan vs the full-precision (fp32-merged, unquantized) model.
+    bool lossy = in.adapter || opt.weights == "nf4" || !opt.quantize_regex.empty();
+    if (opt.fidelity && lossy) {
+        std::string ref = opt.out_path + ".fidelity-ref." + std::to_string(::getpid());
+        struct Cleanup { std::string p; ~Cleanup() { std::remove(p.c_str()); } } cleanup{ref};
+        Report ref_rep;
+        write_plan(in, ref, Mode::Reference, &ref_rep);
+        const int n_tok = std::min(32, in.max_context);
+        auto a = calibration_logits(opt.out_path, hp.vocab_size, n_tok), b = calibration_logits(ref, hp.vocab_size, n_tok);
+        double num = 0, den = 0;
+        int agree  = 0;
+        for (int r = 0; r < n_tok; ++r) {
+            const float* x = a.data() + (size_t)r * hp.vocab_size;
+            const float* y = b.data() + (size_t)r * hp.vocab_size;
+            agree += std::max_element(x, x + hp.vocab_size) - x == std::max_element(y, y + hp.vocab_size) - y;
+            for (int i = 0; i < hp.vocab_size; ++i) num += ((double)x[i] - y[i]) * ((double)x[i] - y[i]), den += (double)y[i] * y[i];
+        }
+        char line[256];
+        std::snprintf(line, sizeof line,
+                      "  fidelity: relative L2 logit error %.3e, top-1 agreement %d/%d, vs the full-precision merged model "
+                      "(%d-token calibration prompt, CPU)\n", std::sqrt(num / std::max(den, 1e-300)), agree, n_tok, n_tok);
+        log << line;
+    }
 }
 
 } // namespace g4

@@ -12,8 +12,13 @@ struct CompileOptions {
     std::string model_dir;
     std::string adapter_dir;          // PEFT adapter (not supported yet)
     std::string out_path;
-    std::string weights = "bf16";     // f32 | bf16 | nf4
+    std::string weights = "nf4";      // nf4 (NF4 projections, bf16 rest) | bf16 | f32
     std::string device  = "cpu";      // cpu | cuda[:N]
+    std::string quantize_regex;       // NF4 for matmul weights whose HF name matches (replaces the default set)
+    std::string keep_regex;           // never quantize weights whose HF name matches
+    bool double_quant   = false;      // bitsandbytes double quantization of the NF4 absmax
+    bool fidelity       = true;       // measure logits vs the full-precision model when lossy
+    std::string tokenizer_path;       // tokenizer.json to embed (default: MODEL/tokenizer.json if present)
     int max_context     = 0;          // 0: min(4096, max_position_embeddings)
     int max_rows        = 64;         // prefill chunk (tokens per step)
     int logits_rows     = 16;         // logits rows one step can produce

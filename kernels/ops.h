@@ -60,6 +60,8 @@ struct MatmulArgs {
     float* y;             // [T, ldy], first N columns written
     int64_t ldy;
     int32_t rows;
+    bool nf4_double_quant = false;   // dt == NF4: w is one kernels/nf4.h blob of N*K elements; true if it
+                                     // stores double-quantized absmax (absmax_q/absmax2/offset/code2)
 };
 
 struct RmsNormArgs {

@@ -5,6 +5,9 @@
 #include "compiler/error.h"
 #include "g4/g4.h"
 #include "runtime/src/plan/plan_reader.h"
+#include "runtime/src/tokenizer.h"
+
+#include <algorithm>
 
 #include <cerrno>
 #include <cstdio>
@@ -26,10 +29,13 @@ struct UsageError : std::runtime_error {
 const char* kUsage =
     "usage:\n"
     "  g4 compile --model DIR [--adapter DIR] [--weights nf4|bf16|f32] [--device cpu|cuda[:N]]\n"
+    "             [--quantize REGEX] [--keep REGEX] [--double-quant] [--no-fidelity]\n"
     "             [--max-context N] [--chunk N] [--logits-rows N] -o PLAN\n"
-    "  g4 run PLAN --tokens 2,17,99 [-n N] [--temp T] [--top-k K] [--top-p P] [--min-p P]\n"
-    "             [--repeat-penalty R] [--repeat-last-n N] [--seed S] [--ignore-eos] [--print-ids]\n"
-    "             [--dump-logits FILE] [--threads N] [--stats]\n"
+    "  g4 run PLAN (-p TEXT | --tokens 2,17,99) [-n N] [--temp T] [--top-k K] [--top-p P] [--min-p P]\n"
+    "             [--repeat-penalty R] [--repeat-last-n N] [--seed S] [--stop STR]... [--ignore-eos]\n"
+    "             [--print-ids] [--dump-logits FILE] [--truncate] [--threads N] [--stats]\n"
+    "  g4 chat PLAN [--system TEXT] [-n N] [sampling options as for run] [--stats]\n"
+    "  g4 tokenize --tokenizer FILE|PLAN [--add-special] -- TEXT\n"
     "  g4 inspect PLAN [--verify] [--ops] [--tensors]\n";
 
 // Minimal flag parser: flags with values, boolean flags, positionals.
@@ -37,6 +43,7 @@ struct Args {
     std::vector<std::string> pos;
     std::map<std::string, std::string> val;
     std::map<std::string, bool> flag;
+    std::map<std::string, std::vector<std::string>> multi;   // every value of a repeated option
 
     Args(int argc, char** argv, int first, const std::vector<std::string>& with_value, const std::vector<std::string>& bools) {
         auto is = [](const std::vector<std::string>& v, const std::string& s) {
@@ -46,6 +53,10 @@ struct Args {
         };
         for (int i = first; i < argc; ++i) {
             std::string a = argv[i];
+            if (a == "--") {   // everything after is positional
+                for (++i; i < argc; ++i) pos.push_back(argv[i]);
+                break;
+            }
             if (a.size() > 1 && a[0] == '-') {
                 std::string v;
                 size_t eq = a.find('=');
@@ -56,6 +67,7 @@ struct Args {
                     else if (i + 1 < argc) v = argv[++i];
                     else throw UsageError("option " + name + " needs a value");
                     val[name] = v;
+                    multi[name].push_back(v);
                 } else if (is(bools, name) && !inline_val) {
                     flag[name] = true;
                 } else {
@@ -121,7 +133,8 @@ bool write_file_atomic(const std::string& path, const void* data, size_t n, std:
 }
 
 int cmd_compile(int argc, char** argv) {
-    Args a(argc, argv, 2, {"--model", "--adapter", "--weights", "--device", "-o", "--max-context", "--chunk", "--logits-rows"}, {});
+    Args a(argc, argv, 2, {"--model", "--adapter", "--weights", "--device", "-o", "--max-context", "--chunk", "--logits-rows", "--quantize", "--keep", "--tokenizer"},
+           {"--double-quant", "--no-fidelity"});
     if (!a.pos.empty()) throw UsageError("unexpected argument '" + a.pos[0] + "'");
     if (!a.has("--model")) throw UsageError("missing --model DIR");
     if (!a.has("-o")) throw UsageError("missing -o PLAN");
@@ -135,6 +148,11 @@ int cmd_compile(int argc, char** argv) {
     if (a.has("--chunk")) o.max_rows = (int)parse_int("--chunk", a.get("--chunk"), 1, 8192);
     if (a.has("--logits-rows")) o.logits_rows = (int)parse_int("--logits-rows", a.get("--logits-rows"), 1, 8192);
     if (o.logits_rows > o.max_rows) o.logits_rows = o.max_rows;
+    o.quantize_regex = a.get("--quantize");
+    o.keep_regex     = a.get("--keep");
+    o.double_quant   = a.flag.count("--double-quant") > 0;
+    o.fidelity       = a.flag.count("--no-fidelity") == 0;
+    o.tokenizer_path = a.get("--tokenizer");
     g4::compile_plan(o, std::cerr);
     return 0;
 }
@@ -147,22 +165,25 @@ void check(g4_status st) {
     if (st != G4_OK) throw RunError(g4_last_error_message());
 }
 
-int cmd_run(int argc, char** argv) {
-    Args a(argc, argv, 2,
-           {"--tokens", "-n", "--temp", "--top-k", "--top-p", "--min-p", "--repeat-penalty", "--repeat-last-n", "--seed",
-            "--dump-logits", "--threads"},
-           {"--ignore-eos", "--print-ids", "--stats"});
-    if (a.pos.size() != 1) throw UsageError("expected exactly one PLAN argument");
-    if (!a.has("--tokens")) throw UsageError("missing --tokens (comma-separated token ids, e.g. --tokens 2,17,99)");
-    std::vector<int32_t> prompt = parse_tokens(a.get("--tokens"));
-    int n_predict = (int)parse_int("-n", a.get("-n", "32"), 0, 1 << 30);
+struct Engine {
+    g4_engine* e = nullptr;
+    g4_engine_info info{};
+    ~Engine() { g4_engine_close(e); }
+};
+struct Session {
+    g4_session* s = nullptr;
+    ~Session() { g4_session_destroy(s); }
+};
 
-    g4_engine* eng = nullptr;
-    check(g4_engine_open(a.pos[0].c_str(), nullptr, &eng));
-    struct EngineGuard { g4_engine* e; ~EngineGuard() { g4_engine_close(e); } } eg{eng};
-    g4_engine_info info;
-    check(g4_engine_get_info(eng, &info));
+const std::vector<std::string> kSamplingOpts = {"-n", "--temp", "--top-k", "--top-p", "--min-p", "--repeat-penalty",
+                                                "--repeat-last-n", "--seed", "--threads", "--stop"};
 
+void open_engine(const std::string& path, Engine* e) {
+    check(g4_engine_open(path.c_str(), nullptr, &e->e));
+    check(g4_engine_get_info(e->e, &e->info));
+}
+
+g4_sampling_params sampling_from_args(const Args& a, g4_engine* eng) {
     g4_sampling_params sp;
     check(g4_sampling_params_from_plan(eng, &sp));
     if (a.has("--temp")) sp.temperature = (float)parse_float("--temp", a.get("--temp"));
@@ -172,50 +193,229 @@ int cmd_run(int argc, char** argv) {
     if (a.has("--repeat-penalty")) sp.repeat_penalty = (float)parse_float("--repeat-penalty", a.get("--repeat-penalty"));
     if (a.has("--repeat-last-n")) sp.repeat_last_n = (int32_t)parse_int("--repeat-last-n", a.get("--repeat-last-n"), -1, 1 << 30);
     if (a.has("--seed")) sp.seed = (uint64_t)parse_int("--seed", a.get("--seed"), 0, (long long)9e18);
+    return sp;
+}
 
+void create_session(const Args& a, g4_engine* eng, Session* s) {
     g4_session_params spp = g4_session_params_default();
     if (a.has("--threads")) spp.n_threads = (int32_t)parse_int("--threads", a.get("--threads"), 1, 1024);
-    g4_session* s = nullptr;
-    check(g4_session_create(eng, &spp, &s));
-    struct SessionGuard { g4_session* s; ~SessionGuard() { g4_session_destroy(s); } } sg{s};
+    check(g4_session_create(eng, &spp, &s->s));
+}
 
+std::vector<int32_t> tokenize(g4_engine* eng, const std::string& text, bool add_special) {
+    size_t n = 0;
+    g4_status st = g4_tokenize(eng, text.data(), text.size(), add_special, nullptr, 0, &n);
+    if (st != G4_OK && st != G4_ERR_BUFFER_TOO_SMALL) check(st);
+    std::vector<int32_t> ids(n);
+    check(g4_tokenize(eng, text.data(), text.size(), add_special, ids.data(), ids.size(), &n));
+    return ids;
+}
+
+struct StreamState {
+    std::vector<int32_t> ids;
+    std::string text;
+    bool echo = true;
+};
+
+int32_t on_token(void* user, int32_t token, const char* text, size_t len) {
+    auto* st = static_cast<StreamState*>(user);
+    if (token >= 0) st->ids.push_back(token);
+    st->text.append(text, len);
+    if (st->echo && len) {
+        std::fwrite(text, 1, len, stdout);
+        std::fflush(stdout);
+    }
+    return 0;
+}
+
+void print_stats(g4_session* s, const g4_engine_info& info) {
+    g4_session_stats st;
+    check(g4_session_get_stats(s, &st));
+    std::fprintf(stderr,
+                 "g4: load %.1f ms; prefill %lld tokens in %.2f ms (%.1f tok/s); time to first token %.2f ms; "
+                 "decode %lld tokens in %.2f ms (%.1f tok/s)\n",
+                 info.load_ms, (long long)st.prefill_tokens, st.prefill_ms,
+                 st.prefill_ms > 0 ? st.prefill_tokens * 1000.0 / st.prefill_ms : 0.0, st.ttft_ms, (long long)st.decode_tokens,
+                 st.decode_ms, st.decode_ms > 0 ? st.decode_tokens * 1000.0 / st.decode_ms : 0.0);
+}
+
+int cmd_run(int argc, char** argv) {
+    std::vector<std::string> with_value = kSamplingOpts;
+    with_value.insert(with_value.end(), {"--tokens", "-p", "--dump-logits"});
+    Args a(argc, argv, 2, with_value, {"--ignore-eos", "--print-ids", "--stats", "--truncate"});
+    if (a.pos.size() != 1) throw UsageError("expected exactly one PLAN argument");
+    if (a.has("--tokens") == a.has("-p")) throw UsageError("give the prompt as -p TEXT or as --tokens ID,ID,...");
+    int n_predict = (int)parse_int("-n", a.get("-n", "32"), 0, 1 << 30);
+
+    Engine e;
+    open_engine(a.pos[0], &e);
+    g4_sampling_params sp = sampling_from_args(a, e.e);
+    std::vector<int32_t> prompt = a.has("-p") ? tokenize(e.e, a.get("-p"), true) : parse_tokens(a.get("--tokens"));
+    if (prompt.empty()) throw UsageError("the prompt is empty");
+    if ((int64_t)prompt.size() >= e.info.max_context) {
+        if (!a.flag.count("--truncate"))
+            throw RunError("the prompt has " + std::to_string(prompt.size()) + " tokens but the plan's max context is " +
+                           std::to_string(e.info.max_context) + " (use --truncate to keep the last tokens, or recompile with a larger --max-context)");
+        size_t keep = (size_t)std::max(1, e.info.max_context - std::max(1, std::min(n_predict, e.info.max_context / 2)));
+        std::vector<int32_t> cut(prompt.end() - (keep - 1), prompt.end());
+        cut.insert(cut.begin(), prompt.front());   // keep <bos>
+        std::fprintf(stderr, "g4 run: note: prompt truncated from %zu to %zu tokens\n", prompt.size(), cut.size());
+        prompt = cut;
+    }
+
+    Session s;
+    create_session(a, e.e, &s);
     std::vector<float> logits;
     float* dump = nullptr;
     if (a.has("--dump-logits")) {
-        logits.resize(prompt.size() * (size_t)info.vocab_size);
+        logits.resize(prompt.size() * (size_t)e.info.vocab_size);
         dump = logits.data();
     }
-    check(g4_session_append_tokens(s, prompt.data(), prompt.size(), dump, logits.size()));
+    check(g4_session_append_tokens(s.s, prompt.data(), prompt.size(), dump, logits.size()));
     if (dump) {
         std::string err;
         if (!write_file_atomic(a.get("--dump-logits"), logits.data(), logits.size() * sizeof(float), &err)) throw RunError(err);
     }
 
-    bool ignore_eos = a.flag.count("--ignore-eos") > 0;
-    std::vector<int32_t> out;
-    for (int i = 0; i < n_predict; ++i) {
-        int32_t tok;
-        check(g4_session_sample(s, &sp, &tok));
-        if (!ignore_eos && g4_engine_is_eos(eng, tok)) break;
-        out.push_back(tok);
-        if (i + 1 == n_predict) break;
-        if (g4_session_position(s) >= info.max_context) {
-            std::cerr << "g4 run: note: context full (" << info.max_context << " tokens); stopping\n";
-            break;
+    g4_generate_params gp = g4_generate_params_default();
+    gp.max_tokens         = n_predict;
+    gp.ignore_eos         = a.flag.count("--ignore-eos") > 0;
+    std::vector<const char*> stops;
+    if (a.multi.count("--stop"))
+        for (auto& v : a.multi.at("--stop")) stops.push_back(v.c_str());
+    gp.stop   = stops.empty() ? nullptr : stops.data();
+    gp.n_stop = stops.size();
+    StreamState ss;
+    ss.echo = a.has("-p") && !a.flag.count("--print-ids") && e.info.has_tokenizer;
+    int32_t n_gen = 0;
+    g4_status st  = g4_session_generate(s.s, &sp, &gp, on_token, &ss, &n_gen);
+    if (st == G4_ERR_CONTEXT_FULL) std::fprintf(stderr, "\ng4 run: note: %s; stopping\n", g4_last_error_message());
+    else check(st);
+    if (ss.echo) {
+        std::printf("\n");
+    } else {
+        std::string line;
+        for (size_t i = 0; i < ss.ids.size(); ++i) line += (i ? "," : "") + std::to_string(ss.ids[i]);
+        std::printf("%s\n", line.c_str());
+    }
+    if (a.flag.count("--stats")) print_stats(s.s, e.info);
+    return 0;
+}
+
+// Interactive multi-turn chat: the conversation is re-rendered each turn and only the tokens the
+// session does not already hold are fed.
+int cmd_chat(int argc, char** argv) {
+    std::vector<std::string> with_value = kSamplingOpts;
+    with_value.push_back("--system");
+    Args a(argc, argv, 2, with_value, {"--stats"});
+    if (a.pos.size() != 1) throw UsageError("expected exactly one PLAN argument");
+    Engine e;
+    open_engine(a.pos[0], &e);
+    if (!e.info.has_tokenizer) throw RunError(a.pos[0] + ": the plan has no tokenizer; chat needs one (compile with tokenizer.json)");
+    g4_sampling_params sp = sampling_from_args(a, e.e);
+    int n_predict         = (int)parse_int("-n", a.get("-n", "512"), 1, 1 << 30);
+    Session s;
+    create_session(a, e.e, &s);
+    bool tty = ::isatty(0);
+
+    std::vector<std::pair<std::string, std::string>> turns;   // (role, content)
+    if (a.has("--system")) turns.push_back({"system", a.get("--system")});
+    std::vector<int32_t> fed;   // tokens the session holds
+    if (tty) std::fprintf(stderr, "g4 chat: /reset starts over, /exit quits\n");
+    std::string line;
+    for (;;) {
+        if (tty) std::fprintf(stderr, "> ");
+        if (!std::getline(std::cin, line)) break;
+        if (line == "/exit") break;
+        if (line == "/reset") {
+            turns.erase(std::remove_if(turns.begin(), turns.end(), [](auto& t) { return t.first != "system"; }), turns.end());
+            check(g4_session_reset(s.s));
+            fed.clear();
+            std::printf("[conversation reset]\n");
+            std::fflush(stdout);
+            continue;
         }
-        check(g4_session_append_tokens(s, &tok, 1, nullptr, 0));
+        if (line.empty()) continue;
+        turns.push_back({"user", line});
+        std::vector<g4_chat_message> msgs;
+        for (auto& t : turns) msgs.push_back({t.first.c_str(), t.second.c_str()});
+        size_t n = 0;
+        g4_status rs = g4_chat_render(e.e, msgs.data(), msgs.size(), 1, nullptr, 0, &n);
+        if (rs != G4_OK && rs != G4_ERR_BUFFER_TOO_SMALL) check(rs);
+        std::string prompt(n, '\0');
+        check(g4_chat_render(e.e, msgs.data(), msgs.size(), 1, prompt.data(), prompt.size(), &n));
+        std::vector<int32_t> ids = tokenize(e.e, prompt, false);
+        size_t common = 0;
+        while (common < fed.size() && common < ids.size() && fed[common] == ids[common]) ++common;
+        if (ids.size() + 1 >= (size_t)e.info.max_context) {
+            std::printf("[this turn does not fit: %zu prompt tokens, max context %d; conversation reset]\n", ids.size(),
+                        e.info.max_context);
+            std::fflush(stdout);
+            turns.erase(std::remove_if(turns.begin(), turns.end(), [](auto& t) { return t.first != "system"; }), turns.end());
+            check(g4_session_reset(s.s));
+            fed.clear();
+            continue;
+        }
+        if (common < fed.size()) {   // history changed (e.g. re-trimmed): start from scratch
+            check(g4_session_reset(s.s));
+            fed.clear();
+            common = 0;
+        }
+        check(g4_session_append_tokens(s.s, ids.data() + common, ids.size() - common, nullptr, 0));
+        fed = ids;
+        g4_generate_params gp = g4_generate_params_default();
+        gp.max_tokens         = n_predict;
+        StreamState ss;
+        g4_status st = g4_session_generate(s.s, &sp, &gp, on_token, &ss, nullptr);
+        std::printf("\n");
+        std::fflush(stdout);
+        fed.insert(fed.end(), ss.ids.begin(), ss.ids.end());
+        if (st == G4_ERR_CONTEXT_FULL) {
+            std::printf("[context full: conversation reset]\n");
+            check(g4_session_reset(s.s));
+            fed.clear();
+            turns.clear();
+            continue;
+        }
+        check(st);
+        turns.push_back({"model", ss.text});
+        if (a.flag.count("--stats")) print_stats(s.s, e.info);
+    }
+    return 0;
+}
+
+int cmd_tokenize(int argc, char** argv) {
+    Args a(argc, argv, 2, {"--tokenizer"}, {"--add-special"});
+    if (!a.has("--tokenizer")) throw UsageError("missing --tokenizer FILE|PLAN");
+    if (a.pos.size() != 1) throw UsageError("expected the text to tokenize after --");
+    std::string path = a.get("--tokenizer");
+    std::string head(8, '\0');
+    if (std::FILE* f = std::fopen(path.c_str(), "rb")) {
+        head.resize(std::fread(head.data(), 1, 8, f));
+        std::fclose(f);
+    } else {
+        throw RunError("cannot open " + path);
+    }
+    std::vector<int32_t> ids;
+    bool add = a.flag.count("--add-special") > 0;
+    if (head == std::string("G4PLAN\0\0", 8)) {
+        Engine e;
+        open_engine(path, &e);
+        ids = tokenize(e.e, a.pos[0], add);
+    } else {
+        std::string json, err;
+        std::FILE* f = std::fopen(path.c_str(), "rb");
+        char buf[1 << 16];
+        size_t n;
+        while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) json.append(buf, n);
+        std::fclose(f);
+        g4::Tokenizer tk;
+        if (!g4::Tokenizer::load_from_json(json, &tk, &err)) throw RunError(path + ": " + err);
+        if (!tk.encode(a.pos[0], add, &ids, &err)) throw RunError(err);
     }
     std::string line;
-    for (size_t i = 0; i < out.size(); ++i) line += (i ? "," : "") + std::to_string(out[i]);
-    std::cout << line << "\n";
-    if (a.flag.count("--stats")) {
-        g4_session_stats st;
-        check(g4_session_get_stats(s, &st));
-        std::fprintf(stderr, "g4 run: prefill %lld tokens in %.2f ms (%.1f tok/s); decode %lld tokens in %.2f ms (%.1f tok/s)\n",
-                     (long long)st.prefill_tokens + (prompt.size() == 1 ? 1 : 0), st.prefill_ms,
-                     st.prefill_ms > 0 ? st.prefill_tokens * 1000.0 / st.prefill_ms : 0.0, (long long)st.decode_tokens,
-                     st.decode_ms, st.decode_ms > 0 ? st.decode_tokens * 1000.0 / st.decode_ms : 0.0);
-    }
+    for (size_t i = 0; i < ids.size(); ++i) line += (i ? "," : "") + std::to_string(ids[i]);
+    std::printf("%s\n", line.c_str());
     return 0;
 }
 
@@ -300,6 +500,8 @@ int main(int argc, char** argv) {
         if (cmd == "compile") return cmd_compile(argc, argv);
         if (cmd == "run") return cmd_run(argc, argv);
         if (cmd == "inspect") return cmd_inspect(argc, argv);
+        if (cmd == "chat") return cmd_chat(argc, argv);
+        if (cmd == "tokenize") return cmd_tokenize(argc, argv);
         if (cmd == "--version" || cmd == "version") {
             std::printf("g4 %s\n", g4_runtime_version());
             return 0;

@@ -1,6 +1,7 @@
 // Eigen CPU kernels (see cpu.h). Weights stay in their stored dtype (mmapped from the plan) and are
 // widened to float32 one tile at a time into per-thread scratch; all arithmetic is float32.
 #include "kernels/cpu/cpu.h"
+#include "kernels/nf4.h"
 #include "kernels/ref/ref.h"
 
 #include <Eigen/Core>
@@ -56,6 +57,7 @@ void embed(const Context& c, const EmbedArgs& a) {
 void matmul(const Context& c, const MatmulArgs& a) {
     const int64_t tiles = (a.n + kMatmulTileRows - 1) / kMatmulTileRows;
     constexpr int kRowBlock = 64;
+    const nf4::Layout nf4l = a.dt == DType::NF4 ? nf4::layout(a.n * a.k, a.nf4_double_quant) : nf4::Layout{};
     c.pool->parallel_for(tiles, [&](int64_t tile, int th) {
         int64_t n0 = tile * kMatmulTileRows, nt = std::min<int64_t>(kMatmulTileRows, a.n - n0);
         const float* wt;
@@ -63,7 +65,10 @@ void matmul(const Context& c, const MatmulArgs& a) {
             wt = (const float*)a.w + n0 * a.k;
         } else {
             float* buf = c.thread_scratch(th);
-            widen((const uint8_t*)a.w + dtype_bytes(a.dt, n0 * a.k), a.dt, nt * a.k, buf);
+            if (a.dt == DType::NF4)   // elements [n0*K, (n0+nt)*K) of the blob; blocks may straddle rows
+                nf4::dequantize((const uint8_t*)a.w, nf4l, n0 * a.k, nt * a.k, buf);
+            else
+                widen((const uint8_t*)a.w + dtype_bytes(a.dt, n0 * a.k), a.dt, nt * a.k, buf);
             wt = buf;
         }
         Eigen::Map<const RowMat> W(wt, nt, a.k);

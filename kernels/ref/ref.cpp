@@ -1,5 +1,6 @@
 // Scalar reference implementations of every op (see ref.h).
 #include "kernels/ref/ref.h"
+#include "kernels/nf4.h"
 
 #include <algorithm>
 #include <cmath>
@@ -46,6 +47,19 @@ void embed(const EmbedArgs& a) {
 }
 
 void matmul(const MatmulArgs& a) {
+    if (a.dt == DType::NF4) {   // element by element from the blob (load_weight has no NF4 layout)
+        const nf4::Layout l = nf4::layout(a.n * a.k, a.nf4_double_quant);
+        std::vector<float> row(a.k);
+        for (int64_t n = 0; n < a.n; ++n) {
+            for (int64_t k = 0; k < a.k; ++k) row[k] = nf4::element((const uint8_t*)a.w, l, n * a.k + k);
+            for (int t = 0; t < a.rows; ++t) {
+                double acc = 0;
+                for (int64_t k = 0; k < a.k; ++k) acc += (double)a.x[t * a.ldx + k] * row[k];
+                a.y[t * a.ldy + n] = (float)acc;
+            }
+        }
+        return;
+    }
     for (int t = 0; t < a.rows; ++t)
         for (int64_t n = 0; n < a.n; ++n) {
             double acc = 0;

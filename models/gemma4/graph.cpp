@@ -16,6 +16,7 @@ const char* weight_role_name(WeightRole r) {
     case WeightRole::Norm: return "norm";
     case WeightRole::Scalar: return "scalar";
     case WeightRole::Constant: return "constant";
+    case WeightRole::LoraBias: return "lora_bias";
     }
     return "?";
 }
@@ -88,7 +89,12 @@ public:
     // y = x . W^T  (x: [T, K] activation, W: [N, K] weight)
     int matmul(View x, int w, const std::string& name, int layer, RowMode rm = RowMode::All, int64_t rows = -1) {
         int y = act(layer < 0 ? name : name + "-" + std::to_string(layer), p.tensors[w].dims[0], rows);
-        emit(OpCode::Matmul, name, layer, {x, {w}}, {{y}}, rm);
+        int bias = -1;
+        if (o.biased.count(p.tensors[w].name)) {
+            bias                   = weight(p.tensors[w].name + ".lora_bias", {p.tensors[w].dims[0]}, WeightRole::LoraBias);
+            p.tensors[bias].bias_of = p.tensors[w].name;
+        }
+        emit(OpCode::Matmul, name, layer, {x, {w}, {bias}}, {{y}}, rm);
         return y;
     }
     // RMSNorm over groups of `dim` columns of the first `cols` columns; w < 0 = no scale. In place if y == x.

@@ -6,6 +6,7 @@
 #include "models/gemma4/model.h"
 #include "runtime/src/plan/plan_format.h"
 
+#include <set>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,7 @@ enum class WeightRole : uint8_t {
     Norm,            // RMSNorm weights
     Scalar,          // layer_scalar
     Constant,        // computed by the compiler (RoPE inverse frequencies), always f32
+    LoraBias,        // bias added by a LoRA adapter (lora_bias), f32 [N]
 };
 const char* weight_role_name(WeightRole r);
 
@@ -31,6 +33,7 @@ struct TensorDesc {
     std::vector<int64_t> dims;
     WeightRole role = WeightRole::Constant;
     std::vector<float> constant;       // data of Constant weights
+    std::string bias_of;               // LoraBias: the weight whose matmul it follows
 };
 
 struct OpDesc {
@@ -42,6 +45,7 @@ struct BuildOptions {
     int max_rows     = 64;             // tokens per step (prefill chunk)
     int max_context  = 4096;           // positions held by full-attention caches
     int logits_rows  = 16;             // rows of logits one step can produce
+    std::set<std::string> biased;      // weights (relative HF names) whose matmul gets a LoRA bias
 };
 
 struct Program {

@@ -4,12 +4,15 @@
 #include "runtime/src/engine.h"
 #include "runtime/src/executor.h"
 #include "runtime/src/sampler.h"
+#include "runtime/src/chat_template.h"
 
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <new>
+#include <unordered_set>
 #include <string>
 
 using g4_clock = std::chrono::steady_clock;
@@ -23,8 +26,23 @@ g4_status set_error(g4_status st, const std::string& msg) {
     return st;
 }
 
-bool engine_ok(const g4_engine* e) { return e && e->magic == 0x67346531; }
-bool session_ok(const g4_session* s) { return s && s->magic == 0x67347331; }
+// Live handles, so a destroyed or foreign pointer is reported instead of dereferenced.
+std::mutex g_handles_mu;
+std::unordered_set<const void*> g_handles;
+void handle_add(const void* h) {
+    std::lock_guard<std::mutex> lk(g_handles_mu);
+    g_handles.insert(h);
+}
+void handle_remove(const void* h) {
+    std::lock_guard<std::mutex> lk(g_handles_mu);
+    g_handles.erase(h);
+}
+bool handle_live(const void* h) {
+    std::lock_guard<std::mutex> lk(g_handles_mu);
+    return h && g_handles.count(h) > 0;
+}
+bool engine_ok(const g4_engine* e) { return handle_live(e) && e->magic == 0x67346531; }
+bool session_ok(const g4_session* s) { return handle_live(s) && s->magic == 0x67347331; }
 
 #define G4_GUARD_BEGIN try {
 #define G4_GUARD_END                                                                         \
@@ -64,6 +82,8 @@ const char* g4_status_string(g4_status s) {
     case G4_ERR_CANCELLED: return "cancelled";
     case G4_ERR_UNSUPPORTED: return "unsupported";
     case G4_ERR_INTERNAL: return "internal error";
+    case G4_ERR_BUFFER_TOO_SMALL: return "buffer too small";
+    case G4_ERR_NO_TOKENIZER: return "no tokenizer in plan";
     }
     return "unknown status";
 }
@@ -80,6 +100,7 @@ g4_status g4_engine_open(const char* path, const g4_engine_params* params, g4_en
     G4_GUARD_BEGIN
     if (!path || !out_engine) return set_error(G4_ERR_INVALID_ARGUMENT, "g4_engine_open: path and out_engine must not be NULL");
     *out_engine = nullptr;
+    auto t_open = g4_clock::now();
     g4_engine_params prm = params ? *params : g4_engine_params_default();
     auto* e              = new g4_engine();
     std::string err;
@@ -95,11 +116,21 @@ g4_status g4_engine_open(const char* path, const g4_engine_params* params, g4_en
         delete e;
         return set_error(st, err);
     }
+    if (!e->plan.tokenizer_json().empty()) {
+        e->tokenizer = std::make_unique<g4::Tokenizer>();
+        std::string terr;
+        if (!g4::Tokenizer::load_from_json(e->plan.tokenizer_json(), e->tokenizer.get(), &terr)) {
+            delete e;
+            return set_error(G4_ERR_PLAN_CORRUPT, std::string(path) + ": embedded tokenizer: " + terr + "; re-run g4 compile");
+        }
+    }
     const auto& in   = e->plan.info();
     int threads      = g4::cpu::default_thread_count();
     e->session_bytes = in.act_arena_bytes + in.kv_arena_bytes +
                        (uint64_t)threads * g4::cpu::scratch_floats_per_thread(in.max_k, in.max_slots) * 4 +
                        (uint64_t)in.vocab_size * 12 + (uint64_t)in.max_context * 4;
+    e->load_ms = std::chrono::duration<double, std::milli>(g4_clock::now() - t_open).count();
+    handle_add(e);
     *out_engine = e;
     return G4_OK;
     G4_GUARD_END
@@ -107,6 +138,7 @@ g4_status g4_engine_open(const char* path, const g4_engine_params* params, g4_en
 
 void g4_engine_close(g4_engine* engine) {
     if (!engine_ok(engine)) return;
+    handle_remove(engine);
     engine->magic = 0;
     delete engine;
 }
@@ -126,6 +158,8 @@ g4_status g4_engine_get_info(const g4_engine* e, g4_engine_info* out) {
     out->weights_bytes = e->plan.weights_bytes();
     out->session_bytes = e->session_bytes;
     out->architecture  = e->plan.architecture().c_str();
+    out->has_tokenizer = e->tokenizer != nullptr;
+    out->load_ms       = e->load_ms;
     return G4_OK;
 }
 
@@ -174,6 +208,7 @@ g4_status g4_session_create(g4_engine* e, const g4_session_params* params, g4_se
     s->sample_buf.assign(in.vocab_size, 0.0f);
     s->sample_idx.assign(in.vocab_size, 0);
     e->live_sessions++;
+    handle_add(s);
     *out = s;
     return G4_OK;
     G4_GUARD_END
@@ -181,6 +216,7 @@ g4_status g4_session_create(g4_engine* e, const g4_session_params* params, g4_se
 
 void g4_session_destroy(g4_session* s) {
     if (!session_ok(s)) return;
+    handle_remove(s);
     s->magic = 0;
     s->engine->live_sessions--;
     std::free(s->scratch);
@@ -224,6 +260,7 @@ g4_status g4_session_append_tokens(g4_session* s, const int32_t* ids, size_t n, 
         return set_error(G4_ERR_INVALID_ARGUMENT, "out_logits holds " + std::to_string(cap) + " floats; " +
                                                       std::to_string(n * (size_t)V) + " needed");
     auto t0 = g4_clock::now();
+    if (n > 1) s->prefill_start = t0;
     // All logits wanted: steps of at most logits_rows tokens, each producing all its rows.
     const int32_t chunk = out_logits ? in.logits_rows : in.max_rows;
     size_t done         = 0;
@@ -310,6 +347,167 @@ g4_status g4_session_get_stats(const g4_session* s, g4_session_stats* out) {
     if (!session_ok(s) || !out) return set_error(G4_ERR_INVALID_ARGUMENT, "g4_session_get_stats: invalid session or NULL output");
     *out = s->stats;
     return G4_OK;
+}
+
+} // extern "C"
+
+// ---- text ------------------------------------------------------------------------------------
+
+namespace {
+
+template <class T> g4_status deliver(const T* data, size_t n, T* out, size_t cap, size_t* out_n) {
+    if (out_n) *out_n = n;
+    if (cap < n || (n > 0 && !out)) return set_error(G4_ERR_BUFFER_TOO_SMALL, "output buffer holds " + std::to_string(cap) +
+                                                                                  " elements; " + std::to_string(n) + " needed");
+    if (n) std::memcpy(out, data, n * sizeof(T));
+    return G4_OK;
+}
+
+g4_status need_tokenizer(const g4_engine* e, const char* fn) {
+    if (!engine_ok(e)) return set_error(G4_ERR_INVALID_ARGUMENT, std::string(fn) + ": invalid or closed engine");
+    if (!e->tokenizer)
+        return set_error(G4_ERR_NO_TOKENIZER, std::string(fn) + ": the plan has no tokenizer (compile a checkpoint that has "
+                                                                 "tokenizer.json, or pass --tokenizer FILE to g4 compile)");
+    return G4_OK;
+}
+
+// Length of the longest suffix of `text` that is a proper prefix of some stop string.
+size_t stop_holdback(const std::string& text, const std::vector<std::string>& stops) {
+    size_t best = 0;
+    for (const auto& st : stops)
+        for (size_t k = std::min(st.size() - 1, text.size()); k > best; --k)
+            if (text.compare(text.size() - k, k, st, 0, k) == 0) {
+                best = k;
+                break;
+            }
+    return best;
+}
+
+} // namespace
+
+extern "C" {
+
+g4_status g4_tokenize(const g4_engine* e, const char* text, size_t len, int32_t add_special, int32_t* out_ids, size_t cap,
+                      size_t* out_n) {
+    G4_GUARD_BEGIN
+    if (g4_status st = need_tokenizer(e, "g4_tokenize")) return st;
+    if (!text && len) return set_error(G4_ERR_INVALID_ARGUMENT, "g4_tokenize: text is NULL");
+    std::vector<int32_t> ids;
+    std::string err;
+    if (!e->tokenizer->encode(std::string_view(text ? text : "", len), add_special != 0, &ids, &err))
+        return set_error(G4_ERR_INVALID_ARGUMENT, "g4_tokenize: " + err);
+    return deliver(ids.data(), ids.size(), out_ids, cap, out_n);
+    G4_GUARD_END
+}
+
+g4_status g4_detokenize(const g4_engine* e, const int32_t* ids, size_t n, int32_t skip_special, char* out, size_t cap,
+                        size_t* out_n) {
+    G4_GUARD_BEGIN
+    if (g4_status st = need_tokenizer(e, "g4_detokenize")) return st;
+    if (!ids && n) return set_error(G4_ERR_INVALID_ARGUMENT, "g4_detokenize: ids is NULL");
+    std::string text;
+    if (!e->tokenizer->decode(ids, n, skip_special != 0, &text)) return set_error(G4_ERR_INVALID_ARGUMENT, "g4_detokenize failed");
+    return deliver(text.data(), text.size(), out, cap, out_n);
+    G4_GUARD_END
+}
+
+g4_status g4_chat_render(const g4_engine* e, const g4_chat_message* msgs, size_t n, int32_t add_generation_prompt, char* out,
+                         size_t cap, size_t* out_n) {
+    G4_GUARD_BEGIN
+    if (g4_status st = need_tokenizer(e, "g4_chat_render")) return st;
+    if (!msgs && n) return set_error(G4_ERR_INVALID_ARGUMENT, "g4_chat_render: messages is NULL");
+    std::vector<g4::ChatMessage> v;
+    for (size_t i = 0; i < n; ++i) {
+        if (!msgs[i].role || !msgs[i].content)
+            return set_error(G4_ERR_INVALID_ARGUMENT, "g4_chat_render: message " + std::to_string(i) + " has a NULL role or content");
+        v.push_back({msgs[i].role, msgs[i].content});
+    }
+    g4::ChatOptions opt;
+    opt.add_generation_prompt = add_generation_prompt != 0;
+    std::string text, err;
+    if (!g4::render_chat(v, opt, &text, &err)) return set_error(G4_ERR_INVALID_ARGUMENT, "g4_chat_render: " + err);
+    return deliver(text.data(), text.size(), out, cap, out_n);
+    G4_GUARD_END
+}
+
+g4_generate_params g4_generate_params_default(void) {
+    g4_generate_params p;
+    p.max_tokens = 256;
+    p.ignore_eos = 0;
+    p.stop       = nullptr;
+    p.n_stop     = 0;
+    return p;
+}
+
+g4_status g4_session_generate(g4_session* s, const g4_sampling_params* sampling, const g4_generate_params* params,
+                              g4_token_callback cb, void* user, int32_t* out_n) {
+    G4_GUARD_BEGIN
+    if (out_n) *out_n = 0;
+    if (!session_ok(s)) return set_error(G4_ERR_INVALID_ARGUMENT, "g4_session_generate: invalid or destroyed session");
+    g4_generate_params gp = params ? *params : g4_generate_params_default();
+    if (gp.max_tokens < 0) return set_error(G4_ERR_INVALID_ARGUMENT, "max_tokens must be >= 0");
+    if (gp.n_stop && !gp.stop) return set_error(G4_ERR_INVALID_ARGUMENT, "stop is NULL but n_stop > 0");
+    std::vector<std::string> stops;
+    for (size_t i = 0; i < gp.n_stop; ++i) {
+        if (!gp.stop[i] || !*gp.stop[i]) return set_error(G4_ERR_INVALID_ARGUMENT, "stop strings must be non-empty");
+        stops.emplace_back(gp.stop[i]);
+    }
+    const g4_engine* e  = s->engine;
+    const auto& info    = e->plan.info();
+    auto t0             = s->prefill_start.time_since_epoch().count() ? s->prefill_start : g4_clock::now();
+    std::vector<int32_t> gen;
+    std::string text;          // decoded text of `gen`
+    size_t emitted = 0;        // bytes of `text` already delivered
+    g4_status st   = G4_OK;
+    int32_t n_done = 0;
+    for (int32_t i = 0; i < gp.max_tokens; ++i) {
+        int32_t tok;
+        if ((st = g4_session_sample(s, sampling, &tok)) != G4_OK) break;
+        if (!gp.ignore_eos && g4_engine_is_eos(e, tok)) break;
+        if (s->position >= info.max_context) {
+            st = set_error(G4_ERR_CONTEXT_FULL, "context full: the plan's max context is " + std::to_string(info.max_context) + " tokens");
+            break;
+        }
+        if ((st = g4_session_append_tokens(s, &tok, 1, nullptr, 0)) != G4_OK) break;
+        if (n_done == 0) s->stats.ttft_ms = std::chrono::duration<double, std::milli>(g4_clock::now() - t0).count();
+        gen.push_back(tok);
+        ++n_done;
+        // Deliver the newly completed text: hold back an incomplete UTF-8 tail (U+FFFD at the end)
+        // and anything that could still become a stop string.
+        size_t ready = 0;
+        bool stop    = false;
+        if (e->tokenizer) {
+            e->tokenizer->decode(gen.data(), gen.size(), true, &text);
+            size_t hit = std::string::npos;
+            for (const auto& sp : stops) {
+                size_t at = text.find(sp, emitted > sp.size() ? emitted - sp.size() : 0);
+                if (at != std::string::npos && at < hit) hit = at;
+            }
+            if (hit != std::string::npos) {
+                ready = std::max(hit, emitted);
+                stop  = true;
+            } else {
+                ready = text.size();
+                while (ready >= 3 && text.compare(ready - 3, 3, "\xEF\xBF\xBD") == 0) ready -= 3;
+                ready = std::max(emitted, ready - std::min(ready, stop_holdback(text.substr(0, ready), stops)));
+            }
+        }
+        const char* piece = text.data() + emitted;
+        size_t piece_len  = ready - emitted;
+        emitted           = ready;
+        if (cb && cb(user, tok, piece, piece_len)) break;
+        if (stop) break;
+    }
+    // Flush text held back at the end (an incomplete character or a partial stop string).
+    if (e->tokenizer && emitted < text.size() && st == G4_OK && cb) {
+        bool stopped = false;
+        for (const auto& sp : stops)
+            if (text.find(sp) != std::string::npos) stopped = true;
+        if (!stopped) cb(user, -1, text.data() + emitted, text.size() - emitted);
+    }
+    if (out_n) *out_n = n_done;
+    return st;
+    G4_GUARD_END
 }
 
 } // extern "C"

@@ -4,8 +4,10 @@
 #include "g4/g4.h"
 #include "kernels/cpu/cpu.h"
 #include "runtime/src/plan/plan_reader.h"
+#include "runtime/src/tokenizer.h"
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <random>
@@ -17,6 +19,8 @@ struct g4_engine {
     g4::plan::Plan plan;
     uint64_t session_bytes = 0;
     std::atomic<int> live_sessions{0};
+    std::unique_ptr<g4::Tokenizer> tokenizer;   // null if the plan has none
+    double load_ms = 0;
 };
 
 namespace g4::rt {
@@ -62,4 +66,5 @@ struct g4_session {
     bool rng_seeded = false;
     std::atomic<bool> cancel{false};
     g4_session_stats stats{};
+    std::chrono::steady_clock::time_point prefill_start{};
 };

@@ -37,6 +37,11 @@ struct Checker {
         if (x.dims[0] < rows) return fail(std::string(what) + " has too few rows");
         return true;
     }
+    bool matmul_weight(int32_t idx, const char* what) {
+        if (!need(idx, TensorKind::Weight, what)) return false;
+        if (p.tensor(idx).dtype == (uint8_t)DType::NF4) return true;
+        return dense_weight(idx, what);
+    }
     bool dense_weight(int32_t idx, const char* what) {
         if (!need(idx, TensorKind::Weight, what)) return false;
         uint8_t d = p.tensor(idx).dtype;
@@ -72,9 +77,12 @@ std::string check_ops(const plan::Plan& p) {
             }
             break;
         case OpCode::Matmul:
-            if (c.dense_weight(op.in[1], "weight")) {
+            if (c.matmul_weight(op.in[1], "weight")) {
                 const PlanTensor& w = p.tensor(op.in[1]);
                 if (w.ndim != 2 || w.dims[1] > in.max_k) c.fail("weight must be 2-D with K <= max_k");
+                else if (op.in[2] >= 0 && (!c.need(op.in[2], TensorKind::Weight, "bias") || p.tensor(op.in[2]).dtype != (uint8_t)DType::F32 ||
+                                           numel(p.tensor(op.in[2])) != w.dims[0]))
+                    c.fail("bias must be f32 [N]");
                 else if (c.act_view(op.in[0], op.in_col[0], w.dims[1], rin, "input"))
                     c.act_view(op.out[0], op.out_col[0], w.dims[0], rout, "output");
             }
@@ -190,7 +198,11 @@ g4_status run_step(g4_session* s, int32_t rows, int32_t pos0, int32_t out_rows, 
         }
         case OpCode::Matmul: {
             const PlanTensor& w = p.tensor(op.in[1]);
-            cpu::matmul(ctx, {I(0), b.in_ld[0], b.in[1], b.in_dt[1], w.dims[0], w.dims[1], O(0), b.out_ld[0], n});
+            MatmulArgs ma{I(0), b.in_ld[0], b.in[1], b.in_dt[1], w.dims[0], w.dims[1], O(0), b.out_ld[0], n};
+            ma.nf4_double_quant = (w.quant_flags & plan::kQuantDoubleQuant) != 0;
+            cpu::matmul(ctx, ma);
+            if (b.in[2])   // LoRA bias, broadcast over rows
+                cpu::add(ctx, {O(0), b.out_ld[0], (const float*)b.in[2], 0, O(0), b.out_ld[0], n, (int32_t)w.dims[0]});
             break;
         }
         case OpCode::RmsNorm:

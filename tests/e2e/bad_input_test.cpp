@@ -116,9 +116,12 @@ TEST(BadInput, MissingTensor) {
     expect_compile_error(c.dir, {"missing tensor", victim});
 }
 
-TEST(BadInput, OptionsNotSupportedYet) {
-    expect_compile_error(fixture("e2b_tiny"), {"--adapter", "not supported yet"}, "--adapter /tmp");
+TEST(BadInput, BadOptions) {
+    expect_compile_error(fixture("e2b_tiny"), {"/nonexistent-adapter"}, "--adapter /nonexistent-adapter");
     expect_compile_error(fixture("e2b_tiny"), {"--device cuda", "not supported yet"}, "--device cuda");
+    expect_compile_error(fixture("e2b_tiny"), {"--weights", "int8"}, "--weights int8");
+    expect_compile_error(fixture("e2b_tiny"), {"--quantize", "regular expression"}, "--quantize '('");
+    expect_compile_error(fixture("e2b_tiny"), {"embed_tokens", "embedding lookup"}, "--quantize embed_tokens");
     expect_compile_error(fixture("e2b_tiny"), {"--max-context", "max_position_embeddings"}, "--max-context 99999999");
 }
 

@@ -37,7 +37,9 @@ typedef enum g4_status {
     G4_ERR_CONTEXT_FULL     = 6,   /* the tokens would exceed the plan's max context */
     G4_ERR_CANCELLED        = 7,   /* g4_session_cancel was called */
     G4_ERR_UNSUPPORTED      = 8,   /* the plan needs a device or feature this build lacks */
-    G4_ERR_INTERNAL         = 9
+    G4_ERR_INTERNAL         = 9,
+    G4_ERR_BUFFER_TOO_SMALL = 10,  /* the output buffer is too small; the needed size was written */
+    G4_ERR_NO_TOKENIZER     = 11   /* the plan carries no tokenizer (compile with tokenizer.json) */
 } g4_status;
 
 typedef struct g4_engine g4_engine;
@@ -77,7 +79,34 @@ typedef struct g4_engine_info {
     uint64_t weights_bytes;
     uint64_t session_bytes;     /* activation arena + KV cache + scratch a session allocates */
     const char* architecture;   /* owned by the engine */
+    int32_t has_tokenizer;      /* non-zero if text functions (g4_tokenize, ...) are available */
+    double load_ms;             /* time g4_engine_open took */
 } g4_engine_info;
+
+/* ---- text (needs a plan compiled with a tokenizer) --------------------------------------- *
+ * These functions are thread-safe on a shared engine. Unlike the session compute path they use
+ * temporary heap memory internally. Size-query convention: the needed element count is always
+ * written to |*out_n|; if |capacity| is smaller, nothing else is written and the call returns
+ * G4_ERR_BUFFER_TOO_SMALL (pass capacity 0 to query). */
+
+/* Encodes |len| bytes of UTF-8 |text| (invalid sequences become U+FFFD, as Hugging Face does).
+ * |add_special| non-zero: apply the tokenizer's template (Gemma: <bos> first). */
+G4_API g4_status g4_tokenize(const g4_engine* engine, const char* text, size_t len, int32_t add_special,
+                             int32_t* out_ids, size_t capacity, size_t* out_n);
+/* Decodes |n| ids to UTF-8 (not NUL-terminated; |*out_n| bytes). |skip_special| drops special
+ * tokens such as <bos> and <turn|>. */
+G4_API g4_status g4_detokenize(const g4_engine* engine, const int32_t* ids, size_t n, int32_t skip_special,
+                               char* out, size_t capacity, size_t* out_n);
+
+typedef struct g4_chat_message {
+    const char* role;           /* "system", "user", "assistant" (written "model") or "model" */
+    const char* content;        /* UTF-8, NUL-terminated */
+} g4_chat_message;
+
+/* Renders a conversation in Gemma 4's turn format (<bos><|turn>user\n...<turn|>\n...), with the
+ * generation prompt "<|turn>model\n" if |add_generation_prompt|. Output as for g4_detokenize. */
+G4_API g4_status g4_chat_render(const g4_engine* engine, const g4_chat_message* messages, size_t n_messages,
+                                int32_t add_generation_prompt, char* out, size_t capacity, size_t* out_n);
 
 G4_API g4_status g4_engine_get_info(const g4_engine* engine, g4_engine_info* out_info);
 
@@ -146,7 +175,34 @@ typedef struct g4_session_stats {
     int64_t prefill_tokens;
     double decode_ms;           /* time spent in g4_session_append_tokens with n == 1 */
     int64_t decode_tokens;
+    double ttft_ms;             /* last g4_session_generate: start to first token produced */
 } g4_session_stats;
+
+/* Called by g4_session_generate for each generated token, with the UTF-8 text it completes
+ * (may be empty while a multi-byte character or a possible stop string is incomplete; not
+ * NUL-terminated). A last call with token -1 may deliver text held back at the end. Return
+ * non-zero to stop generating. Runs on the calling thread. */
+typedef int32_t (*g4_token_callback)(void* user_data, int32_t token, const char* text, size_t text_len);
+
+typedef struct g4_generate_params {
+    int32_t max_tokens;         /* tokens to generate at most */
+    int32_t ignore_eos;         /* non-zero: do not stop at the plan's end-of-generation ids */
+    const char* const* stop;    /* stop strings (NULL or n_stop entries); generation ends when the
+                                   text contains one; the text up to it is delivered, not the stop */
+    size_t n_stop;
+} g4_generate_params;
+
+G4_API g4_generate_params g4_generate_params_default(void);
+
+/* Generates from the current logits (feed a prompt first): sample, stop on end-of-generation ids
+ * or stop strings, feed the token, report it through |callback| (may be NULL). The end-of-
+ * generation token itself is not fed or reported. |*out_n_generated| (may be NULL) receives the
+ * number of tokens reported. Returns G4_ERR_CONTEXT_FULL when the context fills (tokens so far
+ * stay fed), G4_ERR_CANCELLED if cancelled. Text streaming needs a tokenizer; without one the
+ * callback receives empty text. */
+G4_API g4_status g4_session_generate(g4_session* session, const g4_sampling_params* sampling,
+                                     const g4_generate_params* params, g4_token_callback callback, void* user_data,
+                                     int32_t* out_n_generated);
 
 G4_API g4_status g4_session_get_stats(const g4_session* session, g4_session_stats* out_stats);
 

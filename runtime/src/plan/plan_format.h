@@ -60,10 +60,13 @@ struct PlanTensor {
     uint8_t flags;
     int64_t dims[4];               // Activation/Input: dims[0] = max rows of a step
     uint64_t offset;               // Weight: in WEIGHTS; Activation/Input: in activation arena; KvCache: in KV arena
-    uint64_t nbytes;
-    uint64_t reserved;
+    uint64_t nbytes;               // NF4: the whole blob (kernels/nf4.h)
+    uint32_t quant_flags;          // NF4: kQuantDoubleQuant
+    uint32_t reserved;
 };
 static_assert(sizeof(PlanTensor) == 64);
+
+inline constexpr uint32_t kQuantDoubleQuant = 1;
 
 // Which rows an op processes in a step of T rows with R = out_rows logits requested.
 enum class RowMode : int32_t {
@@ -101,13 +104,13 @@ inline uint64_t fnv1a64(const void* data, size_t n, uint64_t h = 146959810393466
 // record layouts, op codes and their parameter conventions (bump the string when they change).
 inline uint64_t schema_hash() {
     static const char kSchema[] =
-        "g4plan-v1;header64;section32;tensor64;op104;"
-        "ops:embed1(in:ids,table;fp0:scale),matmul2(in:x,w),rms_norm3(in:x,w?;ip0:cols,ip1:dim;fp0:eps),"
+        "g4plan-v1;header64;section32;tensor64(quant_flags);op104;"
+        "ops:embed1(in:ids,table;fp0:scale),matmul2(in:x,w,bias?),rms_norm3(in:x,w?;ip0:cols,ip1:dim;fp0:eps),"
         "add4(ip0:cols),scale5(in:x,s?;ip0:cols;fp0:s),rope6(in:x,inv_freq;ip0:heads,ip1:dim),"
         "kv_store7(in:k,v;out:kc,vc;ip0:width,ip1:slots),"
         "attention8(in:q,kc,vc;ip0:heads,ip1:kv_heads,ip2:dim,ip3:slots,ip4:window;fp0:scale),"
         "gelu_mul9(ip0:cols),softcap10(ip0:cols;fp0:cap);"
-        "dtypes:f32=0,bf16=1,f16=2,i32=3,nf4=4;kinds:weight0,act1,kv2,input3;rowmode:all0,tailin1,outrows2";
+        "dtypes:f32=0,bf16=1,f16=2,i32=3,nf4=4(blob:codes,absmax|dq);kinds:weight0,act1,kv2,input3;rowmode:all0,tailin1,outrows2";
     return fnv1a64(kSchema, sizeof(kSchema) - 1);
 }
 

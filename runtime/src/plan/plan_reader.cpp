@@ -1,6 +1,8 @@
 // Plan loading and validation (see plan_reader.h).
 #include "runtime/src/plan/plan_reader.h"
 
+#include "kernels/nf4.h"
+
 #include <cstring>
 #include <fcntl.h>
 #include <nlohmann/json.hpp>
@@ -76,6 +78,7 @@ g4_status Plan::load(const std::string& path, bool verify_weights, std::string* 
         case SectionKind::Tensors: tens = &s; break;
         case SectionKind::Ops: ops = &s; break;
         case SectionKind::Weights: wts = &s; break;
+        case SectionKind::Tokenizer: tokenizer_ = std::string_view((const char*)base + s.offset, s.size); break;
         default: break;   // unknown kinds from a newer minor version are skipped
         }
         bool small = (SectionKind)s.kind != SectionKind::Weights;
@@ -146,7 +149,10 @@ g4_status Plan::validate_records(std::string* err) {
             return fail(CORRUPT, what + ": bad dtype, kind or shape", err);
         int64_t n = 1;
         for (int d = 0; d < t.ndim; ++d) n *= t.dims[d];
-        if (t.nbytes != dtype_bytes((DType)t.dtype, n)) return fail(CORRUPT, what + ": byte size disagrees with shape", err);
+        uint64_t expect = t.dtype == (uint8_t)DType::NF4 ? nf4::layout(n, t.quant_flags & kQuantDoubleQuant).total
+                                                         : dtype_bytes((DType)t.dtype, n);
+        if (t.nbytes != expect) return fail(CORRUPT, what + ": byte size disagrees with shape", err);
+        if (t.dtype == (uint8_t)DType::NF4 && t.kind != (uint8_t)TensorKind::Weight) return fail(CORRUPT, what + ": NF4 must be a weight", err);
         uint64_t limit = 0;
         switch ((TensorKind)t.kind) {
         case TensorKind::Weight: limit = weights_size_; break;

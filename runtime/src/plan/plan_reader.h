@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace g4::plan {
@@ -49,6 +50,8 @@ public:
     const uint8_t* weight_data(const PlanTensor& t) const { return weights_ + t.offset; }
     uint64_t weights_bytes() const { return weights_size_; }
     uint64_t file_size() const { return size_; }
+    // The embedded tokenizer.json text; empty if the plan has none.
+    std::string_view tokenizer_json() const { return tokenizer_; }
 
 private:
     g4_status fail(g4_status st, const std::string& msg, std::string* err) const;
@@ -66,6 +69,7 @@ private:
     size_t n_tensors_ = 0;
     const PlanOp* ops_ = nullptr;
     size_t n_ops_ = 0;
+    std::string_view tokenizer_;
     const uint8_t* weights_ = nullptr;
     uint64_t weights_size_ = 0;
     ProgramInfo info_;

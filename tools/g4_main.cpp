@@ -22,6 +22,15 @@
 
 namespace {
 
+std::string join_ids(const std::vector<int32_t>& ids) {
+    std::string line;
+    for (size_t i = 0; i < ids.size(); ++i) {
+        if (i) line.push_back(',');
+        line.append(std::to_string(ids[i]));
+    }
+    return line;
+}
+
 struct UsageError : std::runtime_error {
     using std::runtime_error::runtime_error;
 };
@@ -294,9 +303,7 @@ int cmd_run(int argc, char** argv) {
     if (ss.echo) {
         std::printf("\n");
     } else {
-        std::string line;
-        for (size_t i = 0; i < ss.ids.size(); ++i) line += (i ? "," : "") + std::to_string(ss.ids[i]);
-        std::printf("%s\n", line.c_str());
+        std::printf("%s\n", join_ids(ss.ids).c_str());
     }
     if (a.flag.count("--stats")) print_stats(s.s, e.info);
     return 0;
@@ -413,9 +420,7 @@ int cmd_tokenize(int argc, char** argv) {
         if (!g4::Tokenizer::load_from_json(json, &tk, &err)) throw RunError(path + ": " + err);
         if (!tk.encode(a.pos[0], add, &ids, &err)) throw RunError(err);
     }
-    std::string line;
-    for (size_t i = 0; i < ids.size(); ++i) line += (i ? "," : "") + std::to_string(ids[i]);
-    std::printf("%s\n", line.c_str());
+    std::printf("%s\n", join_ids(ids).c_str());
     return 0;
 }
 
@@ -468,7 +473,10 @@ int cmd_inspect(int argc, char** argv) {
         for (size_t i = 0; i < p.n_tensors(); ++i) {
             const auto& t = p.tensor(i);
             std::string shape;
-            for (int d = 0; d < t.ndim; ++d) shape += (d ? "x" : "") + std::to_string(t.dims[d]);
+            for (int d = 0; d < t.ndim; ++d) {
+                if (d) shape.push_back('x');
+                shape.append(std::to_string(t.dims[d]));
+            }
             std::printf("  %4zu %-10s %-5s %-14s %10s  %s\n", i, kinds[t.kind], g4::dtype_str((g4::DType)t.dtype), shape.c_str(),
                         human(t.nbytes).c_str(), p.str(t.name));
         }

@@ -371,6 +371,11 @@ g4_status need_tokenizer(const g4_engine* e, const char* fn) {
     return G4_OK;
 }
 
+bool is_byte_token(const g4::Tokenizer& tk, int32_t id) {
+    std::string_view p = tk.token_to_piece(id);
+    return p.size() == 6 && p.substr(0, 3) == "<0x" && p[5] == '>';
+}
+
 // Length of the longest suffix of `text` that is a proper prefix of some stop string.
 size_t stop_holdback(const std::string& text, const std::vector<std::string>& stops) {
     size_t best = 0;
@@ -477,7 +482,13 @@ g4_status g4_session_generate(g4_session* s, const g4_sampling_params* sampling,
         size_t ready = 0;
         bool stop    = false;
         if (e->tokenizer) {
+            // A run of byte-fallback tokens decodes as a unit (invalid UTF-8 becomes one U+FFFD per
+            // byte), so text is final only up to the last token that is not a byte token.
+            size_t final_n = gen.size();
+            while (final_n > 0 && is_byte_token(*e->tokenizer, gen[final_n - 1])) --final_n;
             e->tokenizer->decode(gen.data(), gen.size(), true, &text);
+            std::string settled;
+            e->tokenizer->decode(gen.data(), final_n, true, &settled);
             size_t hit = std::string::npos;
             for (const auto& sp : stops) {
                 size_t at = text.find(sp, emitted > sp.size() ? emitted - sp.size() : 0);
@@ -487,9 +498,8 @@ g4_status g4_session_generate(g4_session* s, const g4_sampling_params* sampling,
                 ready = std::max(hit, emitted);
                 stop  = true;
             } else {
-                ready = text.size();
-                while (ready >= 3 && text.compare(ready - 3, 3, "\xEF\xBF\xBD") == 0) ready -= 3;
-                ready = std::max(emitted, ready - std::min(ready, stop_holdback(text.substr(0, ready), stops)));
+                ready = settled.size();
+                ready = std::max(emitted, ready - std::min(ready, stop_holdback(settled, stops)));
             }
         }
         const char* piece = text.data() + emitted;

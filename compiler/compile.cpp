@@ -268,6 +268,8 @@ void write_plan(const Inputs& in, const std::string& out_path, Mode mode, Report
         }
         std::string hf = in.mc.tensor_prefix + d.name;
         bool bnb       = in.ckpt->has(hf + ".quant_state.bitsandbytes__nf4");
+        if (in.ckpt->has(hf + ".quant_state.bitsandbytes__fp4"))
+            throw CompileError("tensor '" + hf + "' is bitsandbytes FP4, which is not supported; use an NF4 or a bf16 base checkpoint");
         if (!in.ckpt->has(hf))
             throw CompileError("missing tensor '" + hf + "' in checkpoint " + opt.model_dir +
                                " (config.json implies it; is the checkpoint complete and for this config?)");

@@ -11,6 +11,11 @@
 #include <immintrin.h>
 #endif
 
+#if defined(__GNUC__) && !defined(__clang__)
+// GCC 12 flags its own AVX-512 intrinsic headers (_mm512_undefined_* self-initialisation) when inlined.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
 namespace g4::nf4 {
 
 namespace {
@@ -24,9 +29,18 @@ inline float load_f32(const uint8_t* p) {
 }
 
 // a * b + c with the product rounded to fp32 before the sum, as torch computes
-// dequantize_blockwise(...) + offset; the volatile store keeps the compiler from contracting to an FMA.
+// dequantize_blockwise(...) + offset. The empty asm (or, elsewhere, a volatile store) hides the product from
+// the optimiser so that it cannot contract the two operations into one FMA (GCC does so by default in C++).
 inline float mul_then_add(float a, float b, float c) {
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+    float p = a * b;
+    __asm__("" : "+x"(p));
+#elif defined(__GNUC__) && defined(__aarch64__)
+    float p = a * b;
+    __asm__("" : "+w"(p));
+#else
     volatile float p = a * b;
+#endif
     return p + c;
 }
 
@@ -37,6 +51,17 @@ inline void decode_block_bytes(const uint8_t* src, int64_t nbytes, float s, floa
     const __m512 lut   = _mm512_mul_ps(_mm512_loadu_ps(kCodebook), _mm512_set1_ps(s));
     const __m512i sh   = _mm512_setr_epi32(4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0);
     const __m512i mask = _mm512_set1_epi32(15);
+    // 16 bytes -> 32 values: even elements (high nibbles) and odd ones (low nibbles) looked up separately,
+    // then interleaved
+    const __m512i ilo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+    const __m512i ihi = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+    for (; i + 16 <= nbytes; i += 16) {
+        __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(src + i)));
+        __m512 ev = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), lut);
+        __m512 od = _mm512_permutexvar_ps(_mm512_and_si512(v, mask), lut);
+        _mm512_storeu_ps(out + 2 * i, _mm512_permutex2var_ps(ev, ilo, od));
+        _mm512_storeu_ps(out + 2 * i + 16, _mm512_permutex2var_ps(ev, ihi, od));
+    }
     for (; i + 8 <= nbytes; i += 8) {
         __m128i b = _mm_loadl_epi64((const __m128i*)(src + i));
         b         = _mm_unpacklo_epi8(b, b);   // b0 b0 b1 b1 ... b7 b7

@@ -240,6 +240,12 @@ void write_plan(const Inputs& in, const std::string& out_path, Mode mode, Report
                 if (mod.rfind(in.mc.tensor_prefix, 0) == 0) bo.biased.insert(mod.substr(in.mc.tensor_prefix.size()));
                 else if (mod.rfind("model.language_model.", 0) == 0) bo.biased.insert(mod.substr(21));
             }
+    // PEFT keeps a tied LM head on the ORIGINAL embedding when modules_to_save replaces embed_tokens
+    // (unless the adapter also saves lm_head.weight): untie it so the head can differ.
+    if (in.adapter)
+        for (const auto& r : in.adapter->replacements())
+            if (r == "lm_head.weight" || r == "model.language_model.embed_tokens.weight" || r == in.mc.tensor_prefix + "embed_tokens.weight")
+                bo.separate_lm_head = true;
     Program prog = gemma4::build_text_program(hp, bo);
 
     // Quantization policy: default set = text attention/MLP projections when --weights nf4.
@@ -256,6 +262,12 @@ void write_plan(const Inputs& in, const std::string& out_path, Mode mode, Report
         if (o.op.code == (uint16_t)OpCode::Embed) gathered[o.op.in[1]] = true;
     }
 
+    // Checkpoint tensor behind each weight, and the name the adapter knows it by.
+    auto source_of = [&](const TensorDesc& d) {
+        return in.mc.tensor_prefix + (d.name == "lm_head.weight" ? std::string("embed_tokens.weight") : d.name);
+    };
+    auto adapter_name_of = [&](const TensorDesc& d) { return d.name == "lm_head.weight" ? d.name : in.mc.tensor_prefix + d.name; };
+
     // Resolve and validate every weight; choose its stored dtype.
     std::map<std::string, bool> used;
     std::vector<bool> quantized(prog.tensors.size(), false);
@@ -266,7 +278,7 @@ void write_plan(const Inputs& in, const std::string& out_path, Mode mode, Report
             d.dtype = DType::F32;
             continue;
         }
-        std::string hf = in.mc.tensor_prefix + d.name;
+        std::string hf = source_of(d);
         bool bnb       = in.ckpt->has(hf + ".quant_state.bitsandbytes__nf4");
         if (in.ckpt->has(hf + ".quant_state.bitsandbytes__fp4"))
             throw CompileError("tensor '" + hf + "' is bitsandbytes FP4, which is not supported; use an NF4 or a bf16 base checkpoint");
@@ -310,7 +322,7 @@ void write_plan(const Inputs& in, const std::string& out_path, Mode mode, Report
     };
     if (mode == Mode::Reference)
         for (auto& d : prog.tensors)
-            if (d.kind == TensorKind::Weight && is_targeted(in.mc.tensor_prefix + d.name)) d.dtype = DType::F32;
+            if (d.kind == TensorKind::Weight && is_targeted(adapter_name_of(d))) d.dtype = DType::F32;
 
     for (const auto& n : in.ckpt->names()) {
         if (used.count(n)) continue;
@@ -437,7 +449,8 @@ void write_plan(const Inputs& in, const std::string& out_path, Mode mode, Report
         const TensorDesc& d = prog.tensors[t];
         if (d.kind != TensorKind::Weight) continue;
         const int64_t n = numel(d.dims);
-        std::string hf  = in.mc.tensor_prefix + d.name;
+        std::string hf  = source_of(d);
+        std::string an  = adapter_name_of(d);
         const st::TensorView* src = nullptr;
         bool raw_copy   = false;
         std::string group = gemma4::weight_role_name(d.role);
@@ -449,15 +462,15 @@ void write_plan(const Inputs& in, const std::string& out_path, Mode mode, Report
         } else {
             src = in.ckpt->has(hf) ? &in.ckpt->get(hf) : nullptr;
             bool bnb = in.ckpt->has(hf + ".quant_state.bitsandbytes__nf4");
-            bool merge = in.adapter && is_targeted(hf);
+            bool merge = in.adapter && is_targeted(an);
             raw_copy   = !bnb && !merge && d.dtype == DType::BF16 && src->dtype == st::DType::BF16;
             if (!raw_copy) {
                 read_base_f32(in, hf, d.dims, f32);
                 if (in.adapter) {
                     std::vector<float> bias(d.dims[0], 0.0f);
                     bool has_bias = false;
-                    if (in.adapter->apply(hf, d.dims, f32.data(), &bias, &has_bias)) {
-                        rep->merged.push_back(hf);
+                    if (in.adapter->apply(an, d.dims, f32.data(), &bias, &has_bias)) {
+                        rep->merged.push_back(an);
                         if (has_bias) biases[hf] = bias;
                     }
                 }
@@ -587,6 +600,20 @@ void compile_plan(const CompileOptions& opt, std::ostream& log) {
     }
     in.ckpt = std::make_unique<st::Checkpoint>(st::Checkpoint::open(opt.model_dir));
     if (in.adapter && in.mc.tensor_prefix == "model.") in.adapter->set_name_alias("model.language_model.", "model.");
+    // Adapter shapes vs the base, before any heavy work; the first mismatch in sorted module order.
+    if (in.adapter) {
+        for (const auto& m : in.adapter->merges()) {
+            std::string name = m.module + ".weight";
+            if (!in.ckpt->has(name) && in.mc.tensor_prefix == "model." && name.rfind("model.language_model.", 0) == 0)
+                name = "model." + name.substr(21);
+            if (!in.ckpt->has(name) || in.ckpt->has(name + ".quant_state.bitsandbytes__nf4")) continue;
+            const auto& shape = in.ckpt->get(name).shape;
+            if (shape.size() != 2 || shape[0] != m.out || shape[1] != m.in)
+                throw CompileError("adapter " + opt.adapter_dir + " does not fit this model: module " + m.module + " has lora_B [" +
+                                   std::to_string(m.out) + ", " + std::to_string(m.r) + "] / lora_A [" + std::to_string(m.r) + ", " +
+                                   std::to_string(m.in) + "] but the base weight is " + shape_str(shape) + " (is it an adapter for another model?)");
+        }
+    }
 
     // Provenance: digests of every input file.
     json base_files = json::array();

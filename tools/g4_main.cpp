@@ -449,6 +449,9 @@ int cmd_inspect(int argc, char** argv) {
     std::printf("hparams: %s\n", meta["hparams"].dump().c_str());
     std::printf("program: %s\n", meta["program"].dump().c_str());
     std::printf("generation: %s\n", meta["generation"].dump().c_str());
+    if (meta.contains("policy")) std::printf("policy: %s\n", meta["policy"].dump().c_str());
+    if (meta.contains("tokenizer")) std::printf("tokenizer: %s\n", meta["tokenizer"].dump().c_str());
+    if (meta.contains("provenance")) std::printf("provenance: %s\n", meta["provenance"].dump(2).c_str());
 
     std::map<std::string, std::pair<uint64_t, int>> by_dtype, by_kind;
     const char* kinds[] = {"weight", "activation", "kv_cache", "input"};
@@ -477,8 +480,10 @@ int cmd_inspect(int argc, char** argv) {
                 if (d) shape.push_back('x');
                 shape.append(std::to_string(t.dims[d]));
             }
-            std::printf("  %4zu %-10s %-5s %-14s %10s  %s\n", i, kinds[t.kind], g4::dtype_str((g4::DType)t.dtype), shape.c_str(),
-                        human(t.nbytes).c_str(), p.str(t.name));
+            std::string dt = g4::dtype_str((g4::DType)t.dtype);
+            if (t.dtype == (uint8_t)g4::DType::NF4 && (t.quant_flags & g4::plan::kQuantDoubleQuant)) dt += "-dq";
+            std::printf("  %4zu %-10s %-14s %10s  %-6s %s\n", i, kinds[t.kind], shape.c_str(), human(t.nbytes).c_str(), dt.c_str(),
+                        p.str(t.name));
         }
     }
     if (all || a.flag.count("--ops")) {

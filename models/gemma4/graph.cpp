@@ -271,7 +271,8 @@ Program build_text_program(const TextHParams& hp, const BuildOptions& opt) {
     int w_norm = b.weight("norm.weight", {H}, WeightRole::Norm);
     int h      = b.act("result_norm", H, opt.logits_rows);
     b.rms_norm({x}, w_norm, H, (int)H, h, "result_norm", -1, RowMode::TailIn);
-    prog.logits = b.matmul({h}, w_embed, "result_output", -1, RowMode::OutRows, opt.logits_rows);
+    const int w_head = opt.separate_lm_head ? b.weight("lm_head.weight", {V, H}, WeightRole::Embedding) : w_embed;
+    prog.logits      = b.matmul({h}, w_head, "result_output", -1, RowMode::OutRows, opt.logits_rows);
     if (hp.final_logit_softcap > 0) {
         PlanOp& op = b.emit(OpCode::Softcap, "result_softcap", -1, {{prog.logits}}, {{prog.logits}}, RowMode::OutRows);
         op.ip[0]   = (int32_t)V;

@@ -46,6 +46,8 @@ struct BuildOptions {
     int max_context  = 4096;           // positions held by full-attention caches
     int logits_rows  = 16;             // rows of logits one step can produce
     std::set<std::string> biased;      // weights (relative HF names) whose matmul gets a LoRA bias
+    bool separate_lm_head = false;     // LM head as its own tensor "lm_head.weight" (untied from the input
+                                       // embedding, e.g. when an adapter replaces embed_tokens)
 };
 
 struct Program {

@@ -24,7 +24,7 @@ cmake --build "$BUILD_DIR" -j"$(nproc)"
 if [ "${G4_SETUP_SKIP_DEMO:-0}" != 1 ]; then
     echo "== g4 compile (embedded tiny model: tests/fixtures/e2b_tiny)"
     mkdir -p out
-    "$BUILD_DIR/tools/g4" compile --model tests/fixtures/e2b_tiny --weights bf16 -o out/tiny.g4plan
-    echo "== g4 run --tokens 2,17,99 -n 16"
-    "$BUILD_DIR/tools/g4" run out/tiny.g4plan --tokens 2,17,99 -n 16 --temp 0 --ignore-eos --print-ids --stats
+    "$BUILD_DIR/tools/g4" compile --model tests/fixtures/e2b_tiny -o out/tiny.g4plan
+    echo "== g4 run out/tiny.g4plan -p \"The capital of France is\" -n 24 --temp 0"
+    "$BUILD_DIR/tools/g4" run out/tiny.g4plan -p "The capital of France is" -n 24 --temp 0 --stats
 fi

@@ -1,0 +1,73 @@
+// NVRTC compilation of the embedded kernel source (see cuda_compile.h).
+#include "compiler/cuda_compile.h"
+#include "compiler/error.h"
+
+#include <algorithm>
+
+#ifdef G4_HAVE_NVRTC
+#include <nvrtc.h>
+#endif
+
+namespace g4::cuda {
+
+extern const char* const kKernelSource;   // generated from kernels/cuda/kernels.cu
+
+const std::vector<std::string>& supported_targets() {
+    static const std::vector<std::string> t = {"sm_80", "sm_86", "sm_89", "sm_90"};
+    return t;
+}
+
+#ifdef G4_HAVE_NVRTC
+bool nvrtc_available() { return true; }
+
+static std::string compile_one(const std::string& arch, bool cubin, std::vector<char>* bin, std::string* log) {
+    nvrtcProgram prog;
+    if (nvrtcCreateProgram(&prog, kKernelSource, "g4_kernels.cu", 0, nullptr, nullptr) != NVRTC_SUCCESS)
+        throw CompileError("NVRTC: cannot create program");
+    std::string a = (cubin ? "--gpu-architecture=sm_" : "--gpu-architecture=compute_") + arch.substr(3);
+    const char* opts[] = {a.c_str(), "--std=c++17", "-default-device", "-lineinfo"};
+    nvrtcResult r = nvrtcCompileProgram(prog, 4, opts);
+    size_t n = 0;
+    nvrtcGetProgramLogSize(prog, &n);
+    std::string l(n, '\0');
+    if (n) nvrtcGetProgramLog(prog, l.data());
+    while (!l.empty() && (l.back() == '\0' || l.back() == '\n')) l.pop_back();
+    if (r != NVRTC_SUCCESS) {
+        nvrtcDestroyProgram(&prog);
+        throw CompileError("NVRTC failed to compile the CUDA kernels for " + arch + ": " + l);
+    }
+    *log += l;
+    std::string ptx;
+    if (cubin) {
+        nvrtcGetCUBINSize(prog, &n);
+        bin->resize(n);
+        nvrtcGetCUBIN(prog, bin->data());
+    } else {
+        nvrtcGetPTXSize(prog, &n);
+        ptx.resize(n);
+        nvrtcGetPTX(prog, ptx.data());
+        while (!ptx.empty() && ptx.back() == '\0') ptx.pop_back();
+    }
+    nvrtcDestroyProgram(&prog);
+    return ptx;
+}
+
+KernelBinary compile_kernels(const std::string& target) {
+    const auto& ts = supported_targets();
+    if (std::find(ts.begin(), ts.end(), target) == ts.end())
+        throw CompileError("unsupported --target '" + target + "': expected sm_80, sm_86, sm_89 or sm_90");
+    KernelBinary kb;
+    kb.target = target;
+    compile_one(target, true, &kb.cubin, &kb.log);
+    kb.ptx = compile_one(target, false, nullptr, &kb.log);
+    return kb;
+}
+#else
+bool nvrtc_available() { return false; }
+KernelBinary compile_kernels(const std::string& target) {
+    throw CompileError("this g4 was built without the CUDA toolkit (NVRTC), so it cannot compile --device cuda plans; "
+                       "install nvidia-cuda-toolkit and rebuild");
+}
+#endif
+
+} // namespace g4::cuda

@@ -1,0 +1,367 @@
+// g4 CUDA kernels, compiled ahead of time by NVRTC (compiler/cuda_compile.cpp) for the plan's target
+// and stored in the plan (cubin + PTX). Self-contained: no host headers. Every kernel reads the step
+// (rows, pos0, out_rows) from device memory so a captured CUDA graph replays for any position.
+//
+// Conventions (same semantics as kernels/ref): activations are row-major float32 with a leading
+// dimension in elements; weights are bf16 (uint16 bits), f32, or an NF4 blob (kernels/nf4.h);
+// KV caches are float32 [slots, kv_heads*dim], position p in slot p % slots.
+// Row modes: 0 = rows 0..T-1; 1 = inputs from row T-R, outputs from row 0 (final norm); 2 = rows 0..R-1.
+
+#define NEG_INF __int_as_float(0xff800000)
+
+typedef unsigned short u16;
+typedef unsigned char u8;
+typedef unsigned int u32;
+
+struct Step {
+    int rows, pos0, out_rows, pad;
+};
+
+#define G4_DT_F32 0
+#define G4_DT_BF16 1
+
+__device__ __forceinline__ int rows_of(const Step* s, int mode) { return mode == 0 ? s->rows : s->out_rows; }
+__device__ __forceinline__ int in_row0(const Step* s, int mode) { return mode == 1 ? s->rows - s->out_rows : 0; }
+__device__ __forceinline__ float bf16f(u16 h) { return __uint_as_float(((u32)h) << 16); }
+__device__ __forceinline__ float loadw(const void* w, int dt, long i) {
+    return dt == G4_DT_BF16 ? bf16f(((const u16*)w)[i]) : ((const float*)w)[i];
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+// Block-wide sum for blockDim.x a multiple of 32 (<= 1024); `red` holds 32 floats.
+__device__ float block_sum(float v, float* red) {
+    v = warp_sum(v);
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    __syncthreads();
+    if (lane == 0) red[w] = v;
+    __syncthreads();
+    v = threadIdx.x < (blockDim.x >> 5) ? red[threadIdx.x] : 0.0f;
+    v = warp_sum(v);
+    return v;
+}
+__device__ float block_max(float v, float* red) {
+    v = warp_max(v);
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    __syncthreads();
+    if (lane == 0) red[w] = v;
+    __syncthreads();
+    v = threadIdx.x < (blockDim.x >> 5) ? red[threadIdx.x] : NEG_INF;
+    v = warp_max(v);
+    return v;
+}
+
+// y[t, :n] = table[ids[t], :n] * scale.  grid (max_rows), block 256.
+extern "C" __global__ void g4_embed(const Step* s, const int* ids, const void* table, int dt, long n, float scale, float* y,
+                                    long ldy) {
+    int t = blockIdx.x;
+    if (t >= s->rows) return;
+    long row = (long)ids[t] * n;
+    for (long j = threadIdx.x; j < n; j += blockDim.x) y[t * ldy + j] = loadw(table, dt, row + j) * scale;
+}
+
+// ---- matmul: y[T, N] = x[T, K] . W[N, K]^T (+ bias). One warp per output row n, up to 8 rows of x
+// per pass so each weight row is read once per 8 tokens. grid (ceil(N / warps)), block 32*warps.
+#define MM_ROWS 8
+
+extern "C" __global__ void g4_matmul_bf16(const Step* s, int mode, const float* x, long ldx, const u16* w, int N, int K,
+                                          float* y, long ldy, const float* bias) {
+    int n = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    int lane = threadIdx.x & 31;
+    if (n >= N) return;
+    int T = rows_of(s, mode);
+    x += (long)in_row0(s, mode) * ldx;
+    const u16* wr = w + (long)n * K;
+    for (int t0 = 0; t0 < T; t0 += MM_ROWS) {
+        int tn = min(MM_ROWS, T - t0);
+        float acc[MM_ROWS];
+#pragma unroll
+        for (int r = 0; r < MM_ROWS; ++r) acc[r] = 0.0f;
+        if ((K & 7) == 0) {
+            // 16-byte loads: 8 bf16 weights per lane per step.
+            for (int k = lane * 8; k < K; k += 32 * 8) {
+                uint4 pk = *(const uint4*)(wr + k);
+                float wf[8];
+                wf[0] = __uint_as_float(pk.x << 16), wf[1] = __uint_as_float(pk.x & 0xffff0000u);
+                wf[2] = __uint_as_float(pk.y << 16), wf[3] = __uint_as_float(pk.y & 0xffff0000u);
+                wf[4] = __uint_as_float(pk.z << 16), wf[5] = __uint_as_float(pk.z & 0xffff0000u);
+                wf[6] = __uint_as_float(pk.w << 16), wf[7] = __uint_as_float(pk.w & 0xffff0000u);
+#pragma unroll
+                for (int r = 0; r < MM_ROWS; ++r) {
+                    if (r < tn) {
+                        const float* xr = x + (long)(t0 + r) * ldx + k;
+                        float4 a = *(const float4*)xr, b = *(const float4*)(xr + 4);
+                        acc[r] += wf[0] * a.x + wf[1] * a.y + wf[2] * a.z + wf[3] * a.w + wf[4] * b.x + wf[5] * b.y +
+                                  wf[6] * b.z + wf[7] * b.w;
+                    }
+                }
+            }
+        } else {
+            for (int k = lane; k < K; k += 32) {
+                float wf = bf16f(wr[k]);
+#pragma unroll
+                for (int r = 0; r < MM_ROWS; ++r)
+                    if (r < tn) acc[r] += wf * x[(long)(t0 + r) * ldx + k];
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < MM_ROWS; ++r) {
+            float v = warp_sum(acc[r]);
+            if (lane == 0 && r < tn) y[(long)(t0 + r) * ldy + n] = v + (bias ? bias[n] : 0.0f);
+        }
+    }
+}
+
+extern "C" __global__ void g4_matmul_f32(const Step* s, int mode, const float* x, long ldx, const float* w, int N, int K,
+                                         float* y, long ldy, const float* bias) {
+    int n = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    int lane = threadIdx.x & 31;
+    if (n >= N) return;
+    int T = rows_of(s, mode);
+    x += (long)in_row0(s, mode) * ldx;
+    const float* wr = w + (long)n * K;
+    for (int t = 0; t < T; ++t) {
+        float acc = 0.0f;
+        for (int k = lane; k < K; k += 32) acc += wr[k] * x[(long)t * ldx + k];
+        acc = warp_sum(acc);
+        if (lane == 0) y[(long)t * ldy + n] = acc + (bias ? bias[n] : 0.0f);
+    }
+}
+
+__constant__ float kNf4[16] = {-1.0f, -0.6961928009986877f, -0.5250730514526367f, -0.39491748809814453f,
+                               -0.28444138169288635f, -0.18477343022823334f, -0.09105003625154495f, 0.0f,
+                               0.07958029955625534f, 0.16093020141124725f, 0.24611230194568634f, 0.33791524171829224f,
+                               0.44070982933044434f, 0.5626170039176941f, 0.7229568362236023f, 1.0f};
+
+// absmax of 64-element block b: f32 table, or double quant code2[q[b]] * absmax2[b/256] + offset.
+__device__ __forceinline__ float nf4_absmax(const void* absmax, const float* absmax2, const float* offset, const float* code2,
+                                            long b) {
+    if (!absmax2) return ((const float*)absmax)[b];
+    float a = __fmul_rn(code2[((const u8*)absmax)[b]], absmax2[b >> 8]);
+    return __fadd_rn(a, *offset);
+}
+
+// NF4 weights (kernels/nf4.h blob, pointers to its parts). Elements of row n start at n*K; blocks of
+// 64 over the flattened array. Fast path when K % 64 == 0: each lane takes 16 elements (8 bytes)
+// per step, half a block.
+extern "C" __global__ void g4_matmul_nf4(const Step* s, int mode, const float* x, long ldx, const u8* codes,
+                                         const void* absmax, const float* absmax2, const float* offset, const float* code2,
+                                         int N, int K, float* y, long ldy, const float* bias) {
+    __shared__ float cb[16];
+    if (threadIdx.x < 16) cb[threadIdx.x] = kNf4[threadIdx.x];
+    __syncthreads();
+    int n = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    int lane = threadIdx.x & 31;
+    if (n >= N) return;
+    int T = rows_of(s, mode);
+    x += (long)in_row0(s, mode) * ldx;
+    long e0 = (long)n * K;
+    for (int t0 = 0; t0 < T; t0 += MM_ROWS) {
+        int tn = min(MM_ROWS, T - t0);
+        float acc[MM_ROWS];
+#pragma unroll
+        for (int r = 0; r < MM_ROWS; ++r) acc[r] = 0.0f;
+        if ((K & 63) == 0) {
+            for (int k = lane * 16; k < K; k += 32 * 16) {
+                long e = e0 + k;
+                uint2 pk = *(const uint2*)(codes + (e >> 1));
+                float am = nf4_absmax(absmax, absmax2, offset, code2, e >> 6);
+                float wf[16];
+                u32 words[2] = {pk.x, pk.y};
+#pragma unroll
+                for (int q = 0; q < 2; ++q)
+#pragma unroll
+                    for (int b = 0; b < 4; ++b) {
+                        u32 byte = (words[q] >> (8 * b)) & 0xff;
+                        wf[q * 8 + b * 2]     = cb[byte >> 4] * am;
+                        wf[q * 8 + b * 2 + 1] = cb[byte & 15] * am;
+                    }
+#pragma unroll
+                for (int r = 0; r < MM_ROWS; ++r) {
+                    if (r < tn) {
+                        const float* xr = x + (long)(t0 + r) * ldx + k;
+                        float sum = 0.0f;
+#pragma unroll
+                        for (int v = 0; v < 4; ++v) {
+                            float4 a = *(const float4*)(xr + 4 * v);
+                            sum += wf[4 * v] * a.x + wf[4 * v + 1] * a.y + wf[4 * v + 2] * a.z + wf[4 * v + 3] * a.w;
+                        }
+                        acc[r] += sum;
+                    }
+                }
+            }
+        } else {
+            for (int k = lane; k < K; k += 32) {
+                long e = e0 + k;
+                u8 byte = codes[e >> 1];
+                float wf = cb[(e & 1) ? (byte & 15) : (byte >> 4)] * nf4_absmax(absmax, absmax2, offset, code2, e >> 6);
+#pragma unroll
+                for (int r = 0; r < MM_ROWS; ++r)
+                    if (r < tn) acc[r] += wf * x[(long)(t0 + r) * ldx + k];
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < MM_ROWS; ++r) {
+            float v = warp_sum(acc[r]);
+            if (lane == 0 && r < tn) y[(long)(t0 + r) * ldy + n] = v + (bias ? bias[n] : 0.0f);
+        }
+    }
+}
+
+// RMSNorm over groups of `dim` of the first `cols` columns. grid (max_rows, cols/dim), block 256.
+extern "C" __global__ void g4_rms_norm(const Step* s, int mode, const float* x, long ldx, const void* w, int wdt, float* y,
+                                       long ldy, int dim, float eps) {
+    __shared__ float red[32];
+    int t = blockIdx.x;
+    if (t >= rows_of(s, mode)) return;
+    const float* xr = x + (long)(t + in_row0(s, mode)) * ldx + (long)blockIdx.y * dim;
+    float* yr       = y + (long)t * ldy + (long)blockIdx.y * dim;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) ss += xr[i] * xr[i];
+    ss = block_sum(ss, red);
+    float r = powf(ss / (float)dim + eps, -0.5f);
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) yr[i] = xr[i] * r * (w ? loadw(w, wdt, i) : 1.0f);
+}
+
+// Elementwise over [rows, cols]: op 0 add, 1 gelu_tanh(a)*b, 2 scale, 3 softcap. grid (max_rows, ceil(cols/256)), block 256.
+extern "C" __global__ void g4_elementwise(const Step* s, int mode, int op, const float* a, long lda, const float* b, long ldb,
+                                          float* y, long ldy, int cols, float f, const void* scalar, int sdt) {
+    int t = blockIdx.x;
+    if (t >= rows_of(s, mode)) return;
+    int i = blockIdx.y * blockDim.x + threadIdx.x;
+    if (i >= cols) return;
+    long r0 = in_row0(s, mode);
+    float av = a[(t + r0) * lda + i], out;
+    if (op == 0) out = av + b[(t + r0) * ldb + i];
+    else if (op == 1) {
+        float g = 0.5f * av * (1.0f + tanhf(0.7978845608028654f * (av + 0.044715f * av * av * av)));
+        out     = g * b[(t + r0) * ldb + i];
+    } else if (op == 2) out = av * f * (scalar ? loadw(scalar, sdt, 0) : 1.0f);
+    else out = f * tanhf(av / f);
+    y[(long)t * ldy + i] = out;
+}
+
+// RoPE in place (rotate-half pairing). grid (max_rows, heads), block half = dim/2 (<= 1024).
+extern "C" __global__ void g4_rope(const Step* s, float* x, long ldx, const float* inv_freq, int dim) {
+    int t = blockIdx.x;
+    if (t >= s->rows) return;
+    int half = dim >> 1, k = threadIdx.x;
+    if (k >= half) return;
+    float* xr = x + (long)t * ldx + (long)blockIdx.y * dim;
+    float ang = (float)(s->pos0 + t) * inv_freq[k];
+    float cs, sn;
+    sincosf(ang, &sn, &cs);
+    float x0 = xr[k], x1 = xr[k + half];
+    xr[k]        = x0 * cs - x1 * sn;
+    xr[k + half] = x1 * cs + x0 * sn;
+}
+
+// KV store: rows of k, v into slot (pos0+t) % slots. grid (max_rows), block 256.
+extern "C" __global__ void g4_kv_store(const Step* s, const float* k, long ldk, const float* v, long ldv, float* kc, float* vc,
+                                       int width, int slots) {
+    int t = blockIdx.x;
+    if (t >= s->rows) return;
+    long slot = (long)((s->pos0 + t) % slots) * width;
+    for (int i = threadIdx.x; i < width; i += blockDim.x) {
+        kc[slot + i] = k[(long)t * ldk + i];
+        vc[slot + i] = v[(long)t * ldv + i];
+    }
+}
+
+// Attention, split over the key span: grid (max_rows * heads, splits), block 256. Each block
+// computes over its slice of keys an unnormalized partial (max m, sum l, acc[dim]) into `part`
+// [rows*heads, splits, dim + 2]; g4_attention_merge combines the splits.
+extern "C" __global__ void g4_attention_partial(const Step* s, const float* q, long ldq, const float* kc, const float* vc,
+                                                int heads, int kv_heads, int dim, int slots, int window, float scale,
+                                                int splits, float* part, float* scores_ws, int max_span) {
+    __shared__ float red[32];
+    int t = blockIdx.x / heads, h = blockIdx.x % heads;
+    if (t >= s->rows) return;
+    int pos = s->pos0 + t;
+    int lo  = window > 0 ? max(0, pos - window + 1) : 0;
+    int span = pos - lo + 1;
+    int per  = (span + splits - 1) / splits;
+    int j0 = blockIdx.y * per, j1 = min(span, j0 + per);
+    int width = kv_heads * dim, kvh = h / (heads / kv_heads);
+    const float* qr = q + (long)t * ldq + (long)h * dim;
+    float* sc = scores_ws + ((long)blockIdx.x * splits + blockIdx.y) * (long)((max_span + splits - 1) / splits + 1);
+    float* out = part + ((long)blockIdx.x * splits + blockIdx.y) * (long)(dim + 2);
+    // Scores: one warp per key.
+    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    for (int j = j0 + wid; j < j1; j += nw) {
+        const float* kr = kc + (long)((lo + j) % slots) * width + (long)kvh * dim;
+        float d = 0.0f;
+        for (int i = lane; i < dim; i += 32) d += qr[i] * kr[i];
+        d = warp_sum(d);
+        if (lane == 0) sc[j - j0] = d * scale;
+    }
+    __syncthreads();
+    float m = NEG_INF;
+    for (int j = threadIdx.x; j < j1 - j0; j += blockDim.x) m = fmaxf(m, sc[j]);
+    m = block_max(m, red);
+    float l = 0.0f;
+    for (int j = threadIdx.x; j < j1 - j0; j += blockDim.x) {
+        float p = __expf(sc[j] - m);
+        sc[j]   = p;
+        l += p;
+    }
+    l = block_sum(l, red);
+    __syncthreads();
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+        float acc = 0.0f;
+        for (int j = j0; j < j1; ++j) acc += sc[j - j0] * vc[(long)((lo + j) % slots) * width + (long)kvh * dim + i];
+        out[i] = acc;
+    }
+    if (threadIdx.x == 0) out[dim] = m, out[dim + 1] = l;
+}
+
+// grid (max_rows * heads), block 256: y = sum_s exp(m_s - M) acc_s / sum_s exp(m_s - M) l_s.
+extern "C" __global__ void g4_attention_merge(const Step* s, const float* part, int heads, int dim, int splits, float* y,
+                                              long ldy) {
+    int t = blockIdx.x / heads, h = blockIdx.x % heads;
+    if (t >= s->rows) return;
+    const float* p = part + (long)blockIdx.x * splits * (dim + 2);
+    float M = NEG_INF;
+    for (int k = 0; k < splits; ++k)
+        if (p[k * (dim + 2) + dim + 1] > 0.0f) M = fmaxf(M, p[k * (dim + 2) + dim]);
+    float L = 0.0f;
+    for (int k = 0; k < splits; ++k) {
+        float l = p[k * (dim + 2) + dim + 1];
+        if (l > 0.0f) L += __expf(p[k * (dim + 2) + dim] - M) * l;
+    }
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+        float acc = 0.0f;
+        for (int k = 0; k < splits; ++k) {
+            float l = p[k * (dim + 2) + dim + 1];
+            if (l > 0.0f) acc += __expf(p[k * (dim + 2) + dim] - M) * p[k * (dim + 2) + i];
+        }
+        y[(long)t * ldy + (long)h * dim + i] = acc / L;
+    }
+}
+
+// Greedy sampling on the device: index of the largest logit of row `row`. grid 1, block 1024.
+extern "C" __global__ void g4_argmax(const float* logits, int vocab, int* out) {
+    __shared__ float bv[1024];
+    __shared__ int bi[1024];
+    float best = NEG_INF;
+    int idx = 0;
+    for (int i = threadIdx.x; i < vocab; i += blockDim.x)
+        if (logits[i] > best) best = logits[i], idx = i;
+    bv[threadIdx.x] = best, bi[threadIdx.x] = idx;
+    __syncthreads();
+    for (int st = blockDim.x / 2; st > 0; st >>= 1) {
+        if (threadIdx.x < st) {
+            float ov = bv[threadIdx.x + st];
+            int oi   = bi[threadIdx.x + st];
+            if (ov > bv[threadIdx.x] || (ov == bv[threadIdx.x] && oi < bi[threadIdx.x])) bv[threadIdx.x] = ov, bi[threadIdx.x] = oi;
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) *out = bi[0];
+}

@@ -1,0 +1,31 @@
+// Every CUDA kernel compiles through NVRTC for every supported target (runs without a GPU: CI).
+#include "compiler/cuda_compile.h"
+#include "compiler/error.h"
+
+#include <gtest/gtest.h>
+
+namespace {
+
+TEST(CudaCompile, AllKernelsForAllTargets) {
+    if (!g4::cuda::nvrtc_available()) GTEST_SKIP() << "built without the CUDA toolkit";
+    for (const auto& t : g4::cuda::supported_targets()) {
+        g4::cuda::KernelBinary kb = g4::cuda::compile_kernels(t);
+        EXPECT_GT(kb.cubin.size(), 1000u) << t;
+        for (const char* k : {"g4_embed", "g4_matmul_bf16", "g4_matmul_f32", "g4_matmul_nf4", "g4_rms_norm", "g4_elementwise",
+                              "g4_rope", "g4_kv_store", "g4_attention_partial", "g4_attention_merge", "g4_argmax"})
+            EXPECT_NE(kb.ptx.find(std::string(".entry ") + k), std::string::npos) << k << " missing for " << t;
+        EXPECT_NE(kb.ptx.find(".target sm_" + t.substr(3)), std::string::npos) << t;
+    }
+}
+
+TEST(CudaCompile, UnknownTargetIsAnError) {
+    if (!g4::cuda::nvrtc_available()) GTEST_SKIP() << "built without the CUDA toolkit";
+    try {
+        g4::cuda::compile_kernels("sm_75");
+        FAIL() << "expected an error";
+    } catch (const g4::CompileError& e) {
+        EXPECT_NE(std::string(e.what()).find("sm_75"), std::string::npos);
+    }
+}
+
+} // namespace

@@ -5,6 +5,8 @@
 // the fp32 result (no bf16 rounding in between), bf16, or f32.
 #include "compiler/compile.h"
 #include "compiler/config.h"
+#include "compiler/cuda_compile.h"
+#include "runtime/src/cuda/driver.h"
 #include "compiler/error.h"
 #include "compiler/lora.h"
 #include "compiler/nf4_quant.h"
@@ -163,6 +165,10 @@ struct Inputs {
     json provenance;
     std::string tokenizer_json;         // embedded verbatim as the TOKENIZER section ("" = none)
     json tokenizer_meta = json::object();
+    int cuda_index = -1;                // CUDA plans: device index, target and kernels
+    std::string cuda_target;
+    std::vector<char> cubin;
+    std::string ptx;
 };
 
 std::string read_text_file(const std::string& path) {
@@ -220,7 +226,7 @@ struct Report {
     size_t n_ops = 0, n_tensors = 0, ignored_text = 0, ignored_other = 0;
 };
 
-enum class Mode { Plan, Reference };
+enum class Mode { Plan, Reference, CpuTwin };   // CpuTwin: the plan's weights, for the CPU (fidelity of CUDA plans)
 
 // Builds and writes one plan. Mode::Reference stores every quantized or merged weight as f32
 // (the full-precision model the fidelity figure compares against).
@@ -398,7 +404,8 @@ void write_plan(const Inputs& in, const std::string& out_path, Mode mode, Report
     meta["g4_version"]    = G4_VERSION_STRING;
     meta["architecture"]  = in.mc.model_type;
     meta["head_dim_form"] = in.mc.head_dim_form;
-    meta["device"]        = opt.device;
+    meta["device"]        = in.cuda_index >= 0 && mode == Mode::Plan ? "cuda" : "cpu";
+    if (in.cuda_index >= 0 && mode == Mode::Plan) meta["cuda"] = {{"target", in.cuda_target}, {"device_index", in.cuda_index}};
     meta["weights_dtype"] = opt.weights;
     meta["policy"]        = policy;
     meta["reference_plan"] = mode == Mode::Reference;
@@ -428,6 +435,10 @@ void write_plan(const Inputs& in, const std::string& out_path, Mode mode, Report
                               {plan::SectionKind::Ops, ops.data(), ops.size() * sizeof(plan::PlanOp)}};
     if (!in.tokenizer_json.empty())
         small.push_back({plan::SectionKind::Tokenizer, in.tokenizer_json.data(), in.tokenizer_json.size()});
+    if (in.cuda_index >= 0 && mode == Mode::Plan) {
+        small.push_back({plan::SectionKind::Cubin, in.cubin.data(), in.cubin.size()});
+        small.push_back({plan::SectionKind::Ptx, in.ptx.data(), in.ptx.size()});
+    }
     const uint32_t nsec = (uint32_t)small.size() + 1;
     std::vector<plan::PlanSection> table(nsec);
     uint64_t cursor = align_up(sizeof(plan::PlanHeader) + nsec * sizeof(plan::PlanSection), plan::kSectionAlign);
@@ -557,15 +568,51 @@ void compile_plan(const CompileOptions& opt, std::ostream& log) {
     // Options are checked before any heavy work.
     if (opt.weights != "f32" && opt.weights != "bf16" && opt.weights != "nf4")
         throw CompileError("unknown --weights '" + opt.weights + "': expected nf4, bf16 or f32");
-    if (opt.device.rfind("cuda", 0) == 0)
-        throw CompileError("--device " + opt.device + " is not supported yet: this build runs plans on the CPU (--device cpu)");
-    if (opt.device != "cpu") throw CompileError("unknown --device '" + opt.device + "': expected cpu or cuda[:N]");
+    int cuda_index = -1;
+    if (opt.device == "cuda") cuda_index = 0;
+    else if (opt.device.rfind("cuda:", 0) == 0) {
+        const std::string n = opt.device.substr(5);
+        if (n.empty() || n.size() > 3 || n.find_first_not_of("0123456789") != std::string::npos)
+            throw CompileError("bad --device '" + opt.device + "': expected cuda or cuda:N");
+        cuda_index = std::stoi(n);
+    } else if (opt.device != "cpu") {
+        throw CompileError("unknown --device '" + opt.device + "': expected cpu or cuda[:N]");
+    }
+    if (cuda_index < 0 && !opt.cuda_target.empty()) throw CompileError("--target applies to --device cuda only");
     if (opt.out_path.empty()) throw CompileError("missing -o PLAN: the output plan path");
     if (opt.max_rows < 1 || opt.max_rows > 8192) throw CompileError("--chunk must be in 1..8192");
     if (opt.logits_rows < 1 || opt.logits_rows > opt.max_rows)
         throw CompileError("--logits-rows must be in 1..chunk (" + std::to_string(opt.max_rows) + ")");
 
     Inputs in{opt, load_model_config(opt.model_dir), nullptr, nullptr, 0, false, json::object(), "", json::object()};
+    // CUDA: pick the target (the GPU present unless --target) and compile every kernel with NVRTC now.
+    if (cuda_index >= 0) {
+        std::string target = opt.cuda_target;
+        if (target.empty()) {
+            std::string why;
+            const cu::Driver* d = cu::driver(&why);
+            int count = 0;
+            cu::CUdevice dev;
+            int major = 0, minor = 0;
+            if (!d || d->cuDeviceGetCount(&count) != 0 || count <= cuda_index || d->cuDeviceGet(&dev, cuda_index) != 0)
+                throw CompileError("--device " + opt.device + ": no such GPU here (" + (d ? std::to_string(count) + " CUDA device(s)" : why) +
+                                   "); pass --target sm_80|sm_86|sm_89|sm_90 to compile for another machine");
+            d->cuDeviceGetAttribute(&major, cu::kAttrComputeMajor, dev);
+            d->cuDeviceGetAttribute(&minor, cu::kAttrComputeMinor, dev);
+            target = "sm_" + std::to_string(major * 10 + minor);
+            const auto& ts = cuda::supported_targets();
+            if (std::find(ts.begin(), ts.end(), target) == ts.end()) {
+                // A newer GPU runs the PTX of the newest supported target.
+                if (major * 10 + minor > 90) target = "sm_90";
+                else throw CompileError("GPU " + std::to_string(cuda_index) + " is " + target + "; g4 supports sm_80, sm_86, sm_89 and sm_90");
+            }
+        }
+        cuda::KernelBinary kb = cuda::compile_kernels(target);
+        in.cuda_index  = cuda_index;
+        in.cuda_target = target;
+        in.cubin       = std::move(kb.cubin);
+        in.ptx         = std::move(kb.ptx);
+    }
     const auto& hp = in.mc.text;
     in.max_context = opt.max_context > 0 ? opt.max_context : std::min(4096, hp.max_position_embeddings);
     if (in.max_context > hp.max_position_embeddings)
@@ -699,7 +746,15 @@ void compile_plan(const CompileOptions& opt, std::ostream& log) {
         Report ref_rep;
         write_plan(in, ref, Mode::Reference, &ref_rep);
         const int n_tok = std::min(32, in.max_context);
-        auto a = calibration_logits(opt.out_path, hp.vocab_size, n_tok), b = calibration_logits(ref, hp.vocab_size, n_tok);
+        std::string measured = opt.out_path;
+        std::string twin     = opt.out_path + ".fidelity-cpu." + std::to_string(::getpid());
+        struct Cleanup2 { std::string p; ~Cleanup2() { std::remove(p.c_str()); } } cleanup2{twin};
+        if (in.cuda_index >= 0) {   // measured on the CPU path: a CPU twin with the same weights
+            Report twin_rep;
+            write_plan(in, twin, Mode::CpuTwin, &twin_rep);
+            measured = twin;
+        }
+        auto a = calibration_logits(measured, hp.vocab_size, n_tok), b = calibration_logits(ref, hp.vocab_size, n_tok);
         double num = 0, den = 0;
         int agree  = 0;
         for (int r = 0; r < n_tok; ++r) {

@@ -37,7 +37,7 @@ struct UsageError : std::runtime_error {
 
 const char* kUsage =
     "usage:\n"
-    "  g4 compile --model DIR [--adapter DIR] [--weights nf4|bf16|f32] [--device cpu|cuda[:N]]\n"
+    "  g4 compile --model DIR [--adapter DIR] [--weights nf4|bf16|f32] [--device cpu|cuda[:N]] [--target sm_XX]\n"
     "             [--quantize REGEX] [--keep REGEX] [--double-quant] [--no-fidelity]\n"
     "             [--max-context N] [--chunk N] [--logits-rows N] -o PLAN\n"
     "  g4 run PLAN (-p TEXT | --tokens 2,17,99) [-n N] [--temp T] [--top-k K] [--top-p P] [--min-p P]\n"
@@ -142,7 +142,7 @@ bool write_file_atomic(const std::string& path, const void* data, size_t n, std:
 }
 
 int cmd_compile(int argc, char** argv) {
-    Args a(argc, argv, 2, {"--model", "--adapter", "--weights", "--device", "-o", "--max-context", "--chunk", "--logits-rows", "--quantize", "--keep", "--tokenizer"},
+    Args a(argc, argv, 2, {"--model", "--adapter", "--weights", "--device", "-o", "--max-context", "--chunk", "--logits-rows", "--quantize", "--keep", "--tokenizer", "--target"},
            {"--double-quant", "--no-fidelity"});
     if (!a.pos.empty()) throw UsageError("unexpected argument '" + a.pos[0] + "'");
     if (!a.has("--model")) throw UsageError("missing --model DIR");
@@ -162,6 +162,7 @@ int cmd_compile(int argc, char** argv) {
     o.double_quant   = a.flag.count("--double-quant") > 0;
     o.fidelity       = a.flag.count("--no-fidelity") == 0;
     o.tokenizer_path = a.get("--tokenizer");
+    o.cuda_target    = a.get("--target");
     g4::compile_plan(o, std::cerr);
     return 0;
 }

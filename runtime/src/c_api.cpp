@@ -116,6 +116,17 @@ g4_status g4_engine_open(const char* path, const g4_engine_params* params, g4_en
         delete e;
         return set_error(st, err);
     }
+    if (e->plan.device() == "cuda") {
+        std::string cerr;
+        g4_status cst = g4::cuda_rt::engine_open(e, &cerr);
+        if (cst != G4_OK) {
+            delete e;
+            return set_error(cst, std::string(path) + ": " + cerr);
+        }
+    } else if (e->plan.device() != "cpu") {
+        delete e;
+        return set_error(G4_ERR_UNSUPPORTED, std::string(path) + ": plan for unknown device '" + e->plan.device() + "'");
+    }
     if (!e->plan.tokenizer_json().empty()) {
         e->tokenizer = std::make_unique<g4::Tokenizer>();
         std::string terr;
@@ -186,23 +197,31 @@ g4_status g4_session_create(g4_engine* e, const g4_session_params* params, g4_se
     const auto& in = e->plan.info();
     auto* s        = new g4_session();
     s->engine      = e;
-    int threads    = prm.n_threads > 0 ? prm.n_threads : g4::cpu::default_thread_count();
-    s->pool        = std::make_unique<g4::cpu::ThreadPool>(threads);
-    size_t stride  = g4::cpu::scratch_floats_per_thread(in.max_k, in.max_slots);
-    s->scratch     = (float*)aligned_zalloc(stride * threads * sizeof(float));
-    s->act         = (uint8_t*)aligned_zalloc(in.act_arena_bytes);
-    s->kv          = (uint8_t*)aligned_zalloc(in.kv_arena_bytes);
-    if (!s->scratch || !s->act || !s->kv) {
-        std::free(s->scratch), std::free(s->act), std::free(s->kv);
-        delete s;
-        return set_error(G4_ERR_OUT_OF_MEMORY, "cannot allocate " + std::to_string(e->session_bytes) + " bytes for the session");
+    if (e->cuda) {
+        s->pool = std::make_unique<g4::cpu::ThreadPool>(1);
+        std::string cerr;
+        g4_status cst = g4::cuda_rt::session_create(s, &cerr);
+        if (cst != G4_OK) {
+            delete s;
+            return set_error(cst, cerr);
+        }
+    } else {
+        int threads    = prm.n_threads > 0 ? prm.n_threads : g4::cpu::default_thread_count();
+        s->pool        = std::make_unique<g4::cpu::ThreadPool>(threads);
+        size_t stride  = g4::cpu::scratch_floats_per_thread(in.max_k, in.max_slots);
+        s->scratch     = (float*)aligned_zalloc(stride * threads * sizeof(float));
+        s->act         = (uint8_t*)aligned_zalloc(in.act_arena_bytes);
+        s->kv          = (uint8_t*)aligned_zalloc(in.kv_arena_bytes);
+        if (!s->scratch || !s->act || !s->kv) {
+            std::free(s->scratch), std::free(s->act), std::free(s->kv);
+            delete s;
+            return set_error(G4_ERR_OUT_OF_MEMORY, "cannot allocate " + std::to_string(e->session_bytes) + " bytes for the session");
+        }
+        s->ctx = {s->pool.get(), s->scratch, stride};
+        g4::rt::bind_ops(s);
+        s->ids    = (int32_t*)(s->act + e->plan.tensor(in.ids_tensor).offset);
+        s->logits = (const float*)(s->act + e->plan.tensor(in.logits_tensor).offset);
     }
-    s->ctx = {s->pool.get(), s->scratch, stride};
-    g4::rt::bind_ops(s);
-    const auto& ids_t    = e->plan.tensor(in.ids_tensor);
-    const auto& logits_t = e->plan.tensor(in.logits_tensor);
-    s->ids               = (int32_t*)(s->act + ids_t.offset);
-    s->logits            = (const float*)(s->act + logits_t.offset);
     s->last_logits.assign(in.vocab_size, 0.0f);
     s->history.assign(in.max_context, 0);
     s->sample_buf.assign(in.vocab_size, 0.0f);
@@ -267,11 +286,16 @@ g4_status g4_session_append_tokens(g4_session* s, const int32_t* ids, size_t n, 
     g4_status st        = G4_OK;
     std::string err;
     while (done < n) {
+        if (s->cancel.load()) {
+            st  = G4_ERR_CANCELLED;
+            err = "cancelled";
+            break;
+        }
         int32_t rows = (int32_t)std::min<size_t>(chunk, n - done);
         bool last    = done + rows == n;
         int32_t outr = out_logits ? rows : (last ? 1 : 0);
         std::memcpy(s->ids, ids + done, sizeof(int32_t) * rows);
-        st = g4::rt::run_step(s, rows, s->position, outr, &err);
+        st = s->cuda ? g4::cuda_rt::run_step(s, rows, s->position, outr, &err) : g4::rt::run_step(s, rows, s->position, outr, &err);
         if (st != G4_OK) break;
         for (int32_t r = 0; r < rows; ++r) s->history[s->position + r] = ids[done + r];
         s->position += rows;

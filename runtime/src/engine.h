@@ -3,6 +3,7 @@
 #pragma once
 #include "g4/g4.h"
 #include "kernels/cpu/cpu.h"
+#include "runtime/src/cuda/backend.h"
 #include "runtime/src/plan/plan_reader.h"
 #include "runtime/src/tokenizer.h"
 
@@ -21,6 +22,7 @@ struct g4_engine {
     std::atomic<int> live_sessions{0};
     std::unique_ptr<g4::Tokenizer> tokenizer;   // null if the plan has none
     double load_ms = 0;
+    std::unique_ptr<g4::cuda_rt::EngineState, g4::cuda_rt::EngineDeleter> cuda;   // CUDA plans only
 };
 
 namespace g4::rt {
@@ -67,4 +69,5 @@ struct g4_session {
     std::atomic<bool> cancel{false};
     g4_session_stats stats{};
     std::chrono::steady_clock::time_point prefill_start{};
+    std::unique_ptr<g4::cuda_rt::SessionState, g4::cuda_rt::SessionDeleter> cuda;   // CUDA plans only
 };

@@ -5,7 +5,8 @@
 //   STRINGS  NUL-terminated names referenced by tensors and ops
 //   TENSORS  PlanTensor records: weights (in WEIGHTS), activations (arena offsets), KV caches, inputs
 //   OPS      PlanOp records: the program the runtime replays, in order
-//   WEIGHTS  tensor bytes, each 64-byte aligned, used in place from the mmap
+//   WEIGHTS  tensor bytes, each 64-byte aligned, used in place from the mmap (CPU) or uploaded (CUDA)
+//   TOKENIZER tokenizer.json text; CUBIN/PTX the CUDA kernels compiled for the plan's target
 //
 // Section checksums are FNV-1a 64; META/STRINGS/TENSORS/OPS are verified at every load, WEIGHTS
 // on request (g4 inspect --verify). A major-version or schema-hash mismatch refuses the plan.
@@ -23,7 +24,7 @@ inline constexpr uint16_t kFormatMinor = 0;
 inline constexpr uint64_t kSectionAlign = 4096;
 inline constexpr uint64_t kTensorAlign  = 64;
 
-enum class SectionKind : uint32_t { Meta = 1, Strings = 2, Tensors = 3, Ops = 4, Weights = 5, Tokenizer = 6 };
+enum class SectionKind : uint32_t { Meta = 1, Strings = 2, Tensors = 3, Ops = 4, Weights = 5, Tokenizer = 6, Cubin = 7, Ptx = 8 };
 
 struct PlanHeader {
     char magic[8];

@@ -79,6 +79,8 @@ g4_status Plan::load(const std::string& path, bool verify_weights, std::string* 
         case SectionKind::Ops: ops = &s; break;
         case SectionKind::Weights: wts = &s; break;
         case SectionKind::Tokenizer: tokenizer_ = std::string_view((const char*)base + s.offset, s.size); break;
+        case SectionKind::Cubin: cubin_ = std::string_view((const char*)base + s.offset, s.size); break;
+        case SectionKind::Ptx: ptx_ = std::string_view((const char*)base + s.offset, s.size); break;
         default: break;   // unknown kinds from a newer minor version are skipped
         }
         bool small = (SectionKind)s.kind != SectionKind::Weights;
@@ -103,6 +105,11 @@ g4_status Plan::load(const std::string& path, bool verify_weights, std::string* 
     try {
         auto j              = nlohmann::json::parse(meta_);
         arch_               = j.at("architecture").get<std::string>();
+        device_             = j.value("device", "cpu");
+        if (j.contains("cuda")) {
+            cuda_target_ = j["cuda"].at("target").get<std::string>();
+            cuda_device_ = j["cuda"].value("device_index", 0);
+        }
         const auto& p       = j.at("program");
         info_.max_rows      = p.at("max_rows").get<int32_t>();
         info_.max_context   = p.at("max_context").get<int32_t>();

@@ -49,9 +49,16 @@ public:
     const char* str(uint32_t off) const { return strings_ + off; }
     const uint8_t* weight_data(const PlanTensor& t) const { return weights_ + t.offset; }
     uint64_t weights_bytes() const { return weights_size_; }
+    const uint8_t* weights_base() const { return weights_; }
     uint64_t file_size() const { return size_; }
     // The embedded tokenizer.json text; empty if the plan has none.
     std::string_view tokenizer_json() const { return tokenizer_; }
+    // "cpu" or "cuda"; for CUDA plans the target ("sm_90"), device index and kernel binaries.
+    const std::string& device() const { return device_; }
+    const std::string& cuda_target() const { return cuda_target_; }
+    int cuda_device() const { return cuda_device_; }
+    std::string_view cubin() const { return cubin_; }
+    std::string_view ptx() const { return ptx_; }
 
 private:
     g4_status fail(g4_status st, const std::string& msg, std::string* err) const;
@@ -69,7 +76,9 @@ private:
     size_t n_tensors_ = 0;
     const PlanOp* ops_ = nullptr;
     size_t n_ops_ = 0;
-    std::string_view tokenizer_;
+    std::string_view tokenizer_, cubin_, ptx_;
+    std::string device_ = "cpu", cuda_target_;
+    int cuda_device_ = 0;
     const uint8_t* weights_ = nullptr;
     uint64_t weights_size_ = 0;
     ProgramInfo info_;

@@ -1,0 +1,357 @@
+// CUDA backend (see backend.h). One launch per op; decode steps (1 row) are captured once into a
+// CUDA graph and replayed, the position read by the kernels from a device Step struct.
+#include "runtime/src/cuda/backend.h"
+#include "kernels/nf4.h"
+#include "runtime/src/cuda/driver.h"
+#include "runtime/src/engine.h"
+
+#include <algorithm>
+#include <cstring>
+#include <initializer_list>
+#include <vector>
+
+namespace g4::cuda_rt {
+
+using namespace g4::cu;
+using plan::PlanOp;
+using plan::PlanTensor;
+using plan::RowMode;
+using plan::TensorKind;
+
+struct Kernels {
+    CUfunction embed, mm_bf16, mm_f32, mm_nf4, rms, elem, rope, kv, attn_part, attn_merge, argmax;
+};
+
+struct EngineState {
+    const Driver* d = nullptr;
+    CUdevice dev    = 0;
+    CUcontext ctx   = nullptr;
+    CUmodule mod    = nullptr;
+    Kernels k{};
+    CUdeviceptr weights = 0;
+    uint64_t weights_bytes = 0;
+    std::string name;
+    int sm = 0;
+};
+
+struct SessionState {
+    EngineState* e = nullptr;
+    CUstream stream = nullptr;
+    CUdeviceptr act = 0, kv = 0, step = 0, part = 0, scores = 0;
+    struct Step { int rows, pos0, out_rows, pad; };
+    Step* host_step  = nullptr;   // pinned
+    int32_t* host_ids = nullptr;  // pinned [max_rows]
+    float* host_logits = nullptr; // pinned [logits_rows, vocab]
+    std::vector<int> splits;      // per op (attention)
+    CUgraph graph = nullptr;
+    CUgraphExec exec = nullptr;
+    std::string graph_error;
+};
+
+namespace {
+
+#define CU_TRY(expr, what)                                                          \
+    do {                                                                            \
+        CUresult r_ = (expr);                                                       \
+        if (r_ != 0) {                                                              \
+            *err = std::string(what) + ": " + error_name(r_);                        \
+            return G4_ERR_INTERNAL;                                                 \
+        }                                                                           \
+    } while (0)
+
+int ceil_div(int64_t a, int64_t b) { return (int)((a + b - 1) / b); }
+
+int attention_splits(const PlanOp& op, int max_context) {
+    int window = op.ip[4];
+    int64_t span = window > 0 ? std::min(window, max_context) : max_context;
+    return std::max(1, std::min(64, ceil_div(span, 256)));
+}
+
+} // namespace
+
+g4_status engine_open(g4_engine* e, std::string* err) {
+    const plan::Plan& p = e->plan;
+    std::string why;
+    const Driver* d = driver(&why);
+    if (!d) {
+        *err = e->plan.cuda_target() + " plan: " + why + "; this plan needs an NVIDIA GPU (recompile with --device cpu to run on the CPU)";
+        return G4_ERR_UNSUPPORTED;
+    }
+    auto st = std::unique_ptr<EngineState, EngineDeleter>(new EngineState());
+    st->d   = d;
+    int count = 0;
+    CU_TRY(d->cuDeviceGetCount(&count), "cuDeviceGetCount");
+    if (p.cuda_device() >= count) {
+        *err = "the plan is for CUDA device " + std::to_string(p.cuda_device()) + " but this machine has " + std::to_string(count) +
+               " CUDA device(s)";
+        return G4_ERR_UNSUPPORTED;
+    }
+    CU_TRY(d->cuDeviceGet(&st->dev, p.cuda_device()), "cuDeviceGet");
+    int major = 0, minor = 0;
+    d->cuDeviceGetAttribute(&major, kAttrComputeMajor, st->dev);
+    d->cuDeviceGetAttribute(&minor, kAttrComputeMinor, st->dev);
+    char name[256] = {};
+    d->cuDeviceGetName(name, sizeof name - 1, st->dev);
+    st->name = name;
+    st->sm   = major * 10 + minor;
+    int target = std::atoi(p.cuda_target().c_str() + 3);
+    if (st->sm < target) {
+        *err = "the plan was compiled for " + p.cuda_target() + " but GPU " + std::to_string(p.cuda_device()) + " (" + st->name +
+               ") is sm_" + std::to_string(st->sm) + "; recompile with --target sm_" + std::to_string(st->sm);
+        return G4_ERR_UNSUPPORTED;
+    }
+    CU_TRY(d->cuDevicePrimaryCtxRetain(&st->ctx, st->dev), "cuDevicePrimaryCtxRetain");
+    CU_TRY(d->cuCtxSetCurrent(st->ctx), "cuCtxSetCurrent");
+    size_t free_b = 0, total_b = 0;
+    CU_TRY(d->cuMemGetInfo(&free_b, &total_b), "cuMemGetInfo");
+    const auto& in   = p.info();
+    uint64_t need    = p.weights_bytes() + in.act_arena_bytes + in.kv_arena_bytes;
+    if (need > free_b) {
+        *err = "GPU " + std::to_string(p.cuda_device()) + " (" + st->name + ") has " + std::to_string(free_b >> 20) +
+               " MiB free but the plan needs " + std::to_string(need >> 20) + " MiB (weights + one session); recompile with a smaller --max-context or free the GPU";
+        return G4_ERR_OUT_OF_MEMORY;
+    }
+    // Exact architecture: the cubin; a newer GPU: the PTX, compiled by the driver at load.
+    std::string ptx(p.ptx());
+    const void* image = st->sm == target ? (const void*)p.cubin().data() : (const void*)ptx.c_str();
+    CU_TRY(d->cuModuleLoadData(&st->mod, image), "loading the plan's CUDA kernels");
+    struct { CUfunction* f; const char* n; } fns[] = {
+        {&st->k.embed, "g4_embed"},       {&st->k.mm_bf16, "g4_matmul_bf16"},       {&st->k.mm_f32, "g4_matmul_f32"},
+        {&st->k.mm_nf4, "g4_matmul_nf4"}, {&st->k.rms, "g4_rms_norm"},              {&st->k.elem, "g4_elementwise"},
+        {&st->k.rope, "g4_rope"},         {&st->k.kv, "g4_kv_store"},               {&st->k.attn_part, "g4_attention_partial"},
+        {&st->k.attn_merge, "g4_attention_merge"}, {&st->k.argmax, "g4_argmax"}};
+    for (auto& f : fns) CU_TRY(d->cuModuleGetFunction(f.f, st->mod, f.n), std::string("kernel ") + f.n);
+    st->weights_bytes = p.weights_bytes();
+    CU_TRY(d->cuMemAlloc(&st->weights, std::max<uint64_t>(64, st->weights_bytes)), "allocating device weights");
+    if (st->weights_bytes) {
+        CU_TRY(d->cuMemcpyHtoD(st->weights, p.weights_base(), st->weights_bytes), "uploading weights");
+    }
+    e->cuda.reset(st.release());
+    return G4_OK;
+}
+
+void engine_close(EngineState* st) {
+    if (!st) return;
+    if (st->d) {
+        if (st->ctx) st->d->cuCtxSetCurrent(st->ctx);
+        if (st->weights) st->d->cuMemFree(st->weights);
+        if (st->mod) st->d->cuModuleUnload(st->mod);
+        if (st->ctx) st->d->cuDevicePrimaryCtxRelease(st->dev);
+    }
+    delete st;
+}
+
+uint64_t engine_device_bytes(const EngineState* st) { return st ? st->weights_bytes : 0; }
+
+g4_status session_create(g4_session* s, std::string* err) {
+    EngineState* e      = s->engine->cuda.get();
+    const plan::Plan& p = s->engine->plan;
+    const auto& in      = p.info();
+    const Driver* d     = e->d;
+    auto st = std::unique_ptr<SessionState, SessionDeleter>(new SessionState());
+    st->e   = e;
+    CU_TRY(d->cuCtxSetCurrent(e->ctx), "cuCtxSetCurrent");
+    CU_TRY(d->cuStreamCreate(&st->stream, 1 /* non-blocking */), "cuStreamCreate");
+    // Attention workspaces: partial results and scores for the largest attention op.
+    size_t part = 16, scores = 16;
+    st->splits.assign(p.n_ops(), 1);
+    for (size_t i = 0; i < p.n_ops(); ++i) {
+        const PlanOp& op = p.op(i);
+        if (op.code != (uint16_t)OpCode::Attention) continue;
+        int sp = attention_splits(op, in.max_context);
+        st->splits[i] = sp;
+        int64_t span  = op.ip[4] > 0 ? std::min(op.ip[4], in.max_context) : in.max_context;
+        part   = std::max(part, (size_t)in.max_rows * op.ip[0] * sp * (op.ip[2] + 2));
+        scores = std::max(scores, (size_t)in.max_rows * op.ip[0] * sp * (size_t)(ceil_div(span, sp) + 1));
+    }
+    CU_TRY(d->cuMemAlloc(&st->act, std::max<uint64_t>(64, in.act_arena_bytes)), "allocating the activation arena");
+    CU_TRY(d->cuMemAlloc(&st->kv, std::max<uint64_t>(64, in.kv_arena_bytes)), "allocating the KV cache");
+    CU_TRY(d->cuMemsetD8(st->kv, 0, std::max<uint64_t>(64, in.kv_arena_bytes)), "clearing the KV cache");
+    CU_TRY(d->cuMemAlloc(&st->step, 64), "allocating the step buffer");
+    CU_TRY(d->cuMemAlloc(&st->part, part * 4), "allocating the attention workspace");
+    CU_TRY(d->cuMemAlloc(&st->scores, scores * 4), "allocating the attention workspace");
+    CU_TRY(d->cuMemAllocHost((void**)&st->host_step, 64), "allocating pinned memory");
+    CU_TRY(d->cuMemAllocHost((void**)&st->host_ids, (size_t)in.max_rows * 4), "allocating pinned memory");
+    CU_TRY(d->cuMemAllocHost((void**)&st->host_logits, (size_t)in.logits_rows * in.vocab_size * 4), "allocating pinned memory");
+    s->ids    = st->host_ids;
+    s->logits = st->host_logits;
+    s->cuda.reset(st.release());
+    return G4_OK;
+}
+
+void session_destroy(SessionState* st) {
+    if (!st) return;
+    const Driver* d = st->e->d;
+    d->cuCtxSetCurrent(st->e->ctx);
+    if (st->exec) d->cuGraphExecDestroy(st->exec);
+    if (st->graph) d->cuGraphDestroy(st->graph);
+    if (st->stream) d->cuStreamDestroy(st->stream);
+    for (CUdeviceptr ptr : {st->act, st->kv, st->step, st->part, st->scores})
+        if (ptr) d->cuMemFree(ptr);
+    for (void* h : {(void*)st->host_step, (void*)st->host_ids, (void*)st->host_logits})
+        if (h) d->cuMemFreeHost(h);
+    delete st;
+}
+
+namespace {
+
+// Device address of tensor `idx` with a column offset (activations/KV in elements of 4 bytes).
+CUdeviceptr addr(const SessionState* st, const plan::Plan& p, int32_t idx, int32_t col) {
+    if (idx < 0) return 0;
+    const PlanTensor& t = p.tensor(idx);
+    switch ((TensorKind)t.kind) {
+    case TensorKind::Weight: return st->e->weights + t.offset;
+    case TensorKind::KvCache: return st->kv + t.offset + (uint64_t)col * 4;
+    default: return st->act + t.offset + (uint64_t)col * 4;
+    }
+}
+
+int64_t ld_of(const plan::Plan& p, int32_t idx) { return idx >= 0 && p.tensor(idx).ndim == 2 ? p.tensor(idx).dims[1] : 0; }
+
+// Launches every op for a step of `rows` rows (`out_rows` logits rows).
+g4_status launch_ops(g4_session* s, int rows, int out_rows, std::string* err) {
+    SessionState* st    = s->cuda.get();
+    const plan::Plan& p = s->engine->plan;
+    const Driver* d     = st->e->d;
+    const Kernels& K    = st->e->k;
+    const auto& info    = p.info();
+    CUdeviceptr step    = st->step;
+    CUdeviceptr ids     = st->act + p.tensor(info.ids_tensor).offset;
+    for (size_t i = 0; i < p.n_ops(); ++i) {
+        const PlanOp& op = p.op(i);
+        RowMode rm       = (RowMode)op.row_mode;
+        int n            = rm == RowMode::All ? rows : out_rows;
+        if (n <= 0) continue;
+        int mode = op.row_mode;
+        CUdeviceptr in0 = addr(st, p, op.in[0], op.in_col[0]), in1 = addr(st, p, op.in[1], op.in_col[1]);
+        CUdeviceptr in2 = addr(st, p, op.in[2], op.in_col[2]);
+        CUdeviceptr out0 = addr(st, p, op.out[0], op.out_col[0]), out1 = addr(st, p, op.out[1], op.out_col[1]);
+        long ld0 = ld_of(p, op.in[0]), ld1 = ld_of(p, op.in[1]), ldo = ld_of(p, op.out[0]);
+        CUresult r = 0;
+        auto go = [&](CUfunction f, unsigned gx, unsigned gy, unsigned bx, std::initializer_list<void*> args) {
+            return d->cuLaunchKernel(f, gx, gy, 1, bx, 1, 1, 0, st->stream, const_cast<void**>(args.begin()), nullptr);
+        };
+        switch ((OpCode)op.code) {
+        case OpCode::Embed: {
+            const PlanTensor& tab = p.tensor(op.in[1]);
+            int dt = tab.dtype == (uint8_t)DType::BF16 ? 1 : 0;
+            long cols = tab.dims[1];
+            float sc  = op.fp[0];
+            r = go(K.embed, n, 1, 256, {&step, &ids, &in1, &dt, &cols, &sc, &out0, &ldo});
+            break;
+        }
+        case OpCode::Matmul: {
+            const PlanTensor& w = p.tensor(op.in[1]);
+            int N = (int)w.dims[0], Kd = (int)w.dims[1];
+            unsigned grid = (unsigned)ceil_div(N, 8);
+            if (w.dtype == (uint8_t)DType::NF4) {
+                nf4::Layout l = nf4::layout((int64_t)N * Kd, w.quant_flags & plan::kQuantDoubleQuant);
+                CUdeviceptr codes = in1 + l.codes_off, am = in1 + l.absmax_off;
+                CUdeviceptr am2 = l.double_quant ? in1 + l.absmax2_off : 0, off = l.double_quant ? in1 + l.offset_off : 0;
+                CUdeviceptr c2 = l.double_quant ? in1 + l.code2_off : 0;
+                r = go(K.mm_nf4, grid, 1, 256, {&step, &mode, &in0, &ld0, &codes, &am, &am2, &off, &c2, &N, &Kd, &out0, &ldo, &in2});
+            } else {
+                CUfunction f = w.dtype == (uint8_t)DType::BF16 ? K.mm_bf16 : K.mm_f32;
+                if (w.dtype == (uint8_t)DType::F16) {
+                    *err = "op " + std::string(p.str(op.name)) + ": f16 weights are not supported on CUDA";
+                    return G4_ERR_UNSUPPORTED;
+                }
+                r = go(f, grid, 1, 256, {&step, &mode, &in0, &ld0, &in1, &N, &Kd, &out0, &ldo, &in2});
+            }
+            break;
+        }
+        case OpCode::RmsNorm: {
+            int dim = op.ip[1];
+            int wdt = op.in[1] >= 0 && p.tensor(op.in[1]).dtype == (uint8_t)DType::BF16 ? 1 : 0;
+            float eps = op.fp[0];
+            r = go(K.rms, n, (unsigned)(op.ip[0] / dim), 256, {&step, &mode, &in0, &ld0, &in1, &wdt, &out0, &ldo, &dim, &eps});
+            break;
+        }
+        case OpCode::Add:
+        case OpCode::GeluMul:
+        case OpCode::Scale:
+        case OpCode::Softcap: {
+            int kind = op.code == (uint16_t)OpCode::Add ? 0 : op.code == (uint16_t)OpCode::GeluMul ? 1 : op.code == (uint16_t)OpCode::Scale ? 2 : 3;
+            int cols = op.ip[0];
+            float f  = op.fp[0];
+            CUdeviceptr b = kind <= 1 ? in1 : 0, sc = kind == 2 ? in1 : 0;
+            int sdt = kind == 2 && op.in[1] >= 0 && p.tensor(op.in[1]).dtype == (uint8_t)DType::BF16 ? 1 : 0;
+            r = go(K.elem, n, (unsigned)ceil_div(cols, 256), 256, {&step, &mode, &kind, &in0, &ld0, &b, &ld1, &out0, &ldo, &cols, &f, &sc, &sdt});
+            break;
+        }
+        case OpCode::Rope: {
+            int dim = op.ip[1];
+            r = go(K.rope, n, (unsigned)op.ip[0], (unsigned)std::max(32, dim / 2), {&step, &in0, &ld0, &in1, &dim});
+            break;
+        }
+        case OpCode::KvStore: {
+            int width = op.ip[0], slots = op.ip[1];
+            r = go(K.kv, n, 1, 256, {&step, &in0, &ld0, &in1, &ld1, &out0, &out1, &width, &slots});
+            break;
+        }
+        case OpCode::Attention: {
+            int heads = op.ip[0], kvh = op.ip[1], dim = op.ip[2], slots = op.ip[3], window = op.ip[4];
+            float scale = op.fp[0];
+            int sp = st->splits[i];
+            int max_span = window > 0 ? std::min(window, info.max_context) : info.max_context;
+            CUdeviceptr part = st->part, scores = st->scores;
+            r = go(K.attn_part, (unsigned)(n * heads), (unsigned)sp, 256,
+                   {&step, &in0, &ld0, &in1, &in2, &heads, &kvh, &dim, &slots, &window, &scale, &sp, &part, &scores, &max_span});
+            if (r == 0) r = go(K.attn_merge, (unsigned)(n * heads), 1, 256, {&step, &part, &heads, &dim, &sp, &out0, &ldo});
+            break;
+        }
+        default: *err = "internal: unknown op"; return G4_ERR_INTERNAL;
+        }
+        if (r != 0) {
+            *err = "CUDA error " + error_name(r) + " launching op '" + p.str(op.name) + "' (" + op_name((OpCode)op.code) + ")";
+            return G4_ERR_INTERNAL;
+        }
+    }
+    return G4_OK;
+}
+
+} // namespace
+
+g4_status run_step(g4_session* s, int32_t rows, int32_t pos0, int32_t out_rows, std::string* err) {
+    SessionState* st    = s->cuda.get();
+    const plan::Plan& p = s->engine->plan;
+    const Driver* d     = st->e->d;
+    const auto& info    = p.info();
+    CU_TRY(d->cuCtxSetCurrent(st->e->ctx), "cuCtxSetCurrent");
+    *st->host_step = {rows, pos0, out_rows, 0};
+    CU_TRY(d->cuMemcpyHtoDAsync(st->step, st->host_step, sizeof(SessionState::Step), st->stream), "copying the step");
+    CU_TRY(d->cuMemcpyHtoDAsync(st->act + p.tensor(info.ids_tensor).offset, st->host_ids, (size_t)rows * 4, st->stream),
+           "copying token ids");
+    bool decode = rows == 1 && out_rows == 1;
+    if (decode && !st->exec && st->graph_error.empty()) {
+        // Capture the decode program once; later tokens replay it.
+        CUresult r = d->cuStreamBeginCapture(st->stream, 2 /* relaxed */);
+        if (r == 0) {
+            g4_status ls = launch_ops(s, 1, 1, err);
+            CUresult re  = d->cuStreamEndCapture(st->stream, &st->graph);
+            if (ls != G4_OK) return ls;
+            if (re == 0) re = d->cuGraphInstantiateWithFlags(&st->exec, st->graph, 0);
+            if (re != 0) st->graph_error = error_name(re);
+        } else {
+            st->graph_error = error_name(r);
+        }
+    }
+    if (decode && st->exec) {
+        CU_TRY(d->cuGraphLaunch(st->exec, st->stream), "replaying the decode graph");
+    } else {
+        g4_status ls = launch_ops(s, rows, out_rows, err);
+        if (ls != G4_OK) return ls;
+    }
+    if (out_rows > 0)
+        CU_TRY(d->cuMemcpyDtoHAsync(st->host_logits, st->act + p.tensor(info.logits_tensor).offset,
+                                    (size_t)out_rows * info.vocab_size * 4, st->stream),
+               "copying logits");
+    CUresult r = d->cuStreamSynchronize(st->stream);
+    if (r != 0) {
+        *err = "CUDA error " + error_name(r) + " while running a " + (decode ? "decode" : "prefill") + " step";
+        return G4_ERR_INTERNAL;
+    }
+    return G4_OK;
+}
+
+} // namespace g4::cuda_rt

@@ -1,0 +1,32 @@
+// CUDA execution of a plan: device weights (engine), device arenas and a captured decode graph
+// (session). All device memory is allocated at engine open / session creation.
+#pragma once
+#include "g4/g4.h"
+
+#include <memory>
+#include <string>
+
+struct g4_engine;
+struct g4_session;
+
+namespace g4::cuda_rt {
+
+struct EngineState;
+struct SessionState;
+
+// Opens the CUDA side of a CUDA plan: driver, device, architecture check, memory check, kernel
+// module, weight upload. On failure returns a status and a message naming what is missing.
+g4_status engine_open(g4_engine* e, std::string* err);
+void engine_close(EngineState* st);
+uint64_t engine_device_bytes(const EngineState* st);
+
+g4_status session_create(g4_session* s, std::string* err);
+void session_destroy(SessionState* st);
+// Runs one step (rows tokens in s->ids at positions pos0..); copies the last out_rows logits rows
+// to the host buffer behind s->logits.
+g4_status run_step(g4_session* s, int32_t rows, int32_t pos0, int32_t out_rows, std::string* err);
+
+struct EngineDeleter { void operator()(EngineState* p) const { engine_close(p); } };
+struct SessionDeleter { void operator()(SessionState* p) const { session_destroy(p); } };
+
+} // namespace g4::cuda_rt

@@ -1,0 +1,62 @@
+// The CUDA driver API, loaded at run time with dlopen("libcuda.so.1"): g4 binaries have no link-time
+// dependency on CUDA and start on machines without an NVIDIA driver; CUDA plans then fail to open
+// with a clear message. Only the handful of entry points the runtime uses are declared.
+#pragma once
+#include <cstddef>
+#include <string>
+
+namespace g4::cu {
+
+using CUresult    = int;
+using CUdevice    = int;
+using CUdeviceptr = unsigned long long;
+typedef struct CUctx_st* CUcontext;
+typedef struct CUmod_st* CUmodule;
+typedef struct CUfunc_st* CUfunction;
+typedef struct CUstream_st* CUstream;
+typedef struct CUgraph_st* CUgraph;
+typedef struct CUgraphExec_st* CUgraphExec;
+
+constexpr int kAttrComputeMajor = 75, kAttrComputeMinor = 76, kAttrSmCount = 16;
+
+struct Driver {
+    CUresult (*cuInit)(unsigned);
+    CUresult (*cuDeviceGetCount)(int*);
+    CUresult (*cuDeviceGet)(CUdevice*, int);
+    CUresult (*cuDeviceGetAttribute)(int*, int, CUdevice);
+    CUresult (*cuDeviceGetName)(char*, int, CUdevice);
+    CUresult (*cuDevicePrimaryCtxRetain)(CUcontext*, CUdevice);
+    CUresult (*cuDevicePrimaryCtxRelease)(CUdevice);
+    CUresult (*cuCtxSetCurrent)(CUcontext);
+    CUresult (*cuMemGetInfo)(size_t*, size_t*);
+    CUresult (*cuMemAlloc)(CUdeviceptr*, size_t);
+    CUresult (*cuMemFree)(CUdeviceptr);
+    CUresult (*cuMemAllocHost)(void**, size_t);
+    CUresult (*cuMemFreeHost)(void*);
+    CUresult (*cuMemcpyHtoD)(CUdeviceptr, const void*, size_t);
+    CUresult (*cuMemcpyHtoDAsync)(CUdeviceptr, const void*, size_t, CUstream);
+    CUresult (*cuMemcpyDtoHAsync)(void*, CUdeviceptr, size_t, CUstream);
+    CUresult (*cuMemsetD8)(CUdeviceptr, unsigned char, size_t);
+    CUresult (*cuModuleLoadData)(CUmodule*, const void*);
+    CUresult (*cuModuleUnload)(CUmodule);
+    CUresult (*cuModuleGetFunction)(CUfunction*, CUmodule, const char*);
+    CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream, void**,
+                               void**);
+    CUresult (*cuStreamCreate)(CUstream*, unsigned);
+    CUresult (*cuStreamDestroy)(CUstream);
+    CUresult (*cuStreamSynchronize)(CUstream);
+    CUresult (*cuStreamBeginCapture)(CUstream, int);
+    CUresult (*cuStreamEndCapture)(CUstream, CUgraph*);
+    CUresult (*cuGraphInstantiateWithFlags)(CUgraphExec*, CUgraph, unsigned long long);
+    CUresult (*cuGraphLaunch)(CUgraphExec, CUstream);
+    CUresult (*cuGraphExecDestroy)(CUgraphExec);
+    CUresult (*cuGraphDestroy)(CUgraph);
+    CUresult (*cuGetErrorName)(CUresult, const char**);
+};
+
+// The loaded driver, or nullptr with *why set (no libcuda.so.1, missing symbol, cuInit failure).
+// Thread-safe; loads once.
+const Driver* driver(std::string* why);
+std::string error_name(CUresult r);
+
+} // namespace g4::cu

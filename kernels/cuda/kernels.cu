@@ -35,26 +35,27 @@ __device__ __forceinline__ float warp_max(float v) {
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
 }
-// Block-wide sum for blockDim.x a multiple of 32 (<= 1024); `red` holds 32 floats.
+// Block-wide sum / max for blockDim.x a multiple of 32 (<= 1024); `red` holds 32 floats. Every
+// thread returns the same total, summed in the same order.
 __device__ float block_sum(float v, float* red) {
     v = warp_sum(v);
-    int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
     __syncthreads();
     if (lane == 0) red[w] = v;
     __syncthreads();
-    v = threadIdx.x < (blockDim.x >> 5) ? red[threadIdx.x] : 0.0f;
-    v = warp_sum(v);
-    return v;
+    float t = 0.0f;
+    for (int i = 0; i < nw; ++i) t += red[i];
+    return t;
 }
 __device__ float block_max(float v, float* red) {
     v = warp_max(v);
-    int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
     __syncthreads();
     if (lane == 0) red[w] = v;
     __syncthreads();
-    v = threadIdx.x < (blockDim.x >> 5) ? red[threadIdx.x] : NEG_INF;
-    v = warp_max(v);
-    return v;
+    float t = NEG_INF;
+    for (int i = 0; i < nw; ++i) t = fmaxf(t, red[i]);
+    return t;
 }
 
 // y[t, :n] = table[ids[t], :n] * scale.  grid (max_rows), block 256.

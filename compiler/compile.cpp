@@ -587,6 +587,8 @@ void compile_plan(const CompileOptions& opt, std::ostream& log) {
     Inputs in{opt, load_model_config(opt.model_dir), nullptr, nullptr, 0, false, json::object(), "", json::object()};
     // CUDA: pick the target (the GPU present unless --target) and compile every kernel with NVRTC now.
     if (cuda_index >= 0) {
+        if (in.mc.text.head_dim > 512 || in.mc.text.head_dim_full > 512)
+            throw CompileError("--device cuda supports head dims up to 512 (this model has " + std::to_string(in.mc.text.head_dim_full) + ")");
         std::string target = opt.cuda_target;
         if (target.empty()) {
             std::string why;

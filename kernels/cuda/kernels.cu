@@ -215,6 +215,184 @@ extern "C" __global__ void g4_matmul_nf4(const Step* s, int mode, const float* x
     }
 }
 
+// ---- decode GEMV (one row of x): each warp computes 4 consecutive outputs, so every lane's slice of x
+// is loaded once for 4 weight rows. grid (ceil(N/32)), block 256. Needs K % 512 == 0 (NF4) or
+// K % 256 == 0 (bf16); the per-row kernels above handle the rest.
+#define GV_R 4
+extern "C" __global__ void g4_gemv_nf4(const Step* s, int mode, const float* x, long ldx, const u8* codes, const void* absmax,
+                                       const float* absmax2, const float* offset, const float* code2, int N, int K, float* y,
+                                       long ldy, const float* bias) {
+    __shared__ float cb[16];
+    if (threadIdx.x < 16) cb[threadIdx.x] = kNf4[threadIdx.x];
+    __syncthreads();
+    int n0 = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * GV_R;
+    int lane = threadIdx.x & 31;
+    if (n0 >= N) return;
+    x += (long)in_row0(s, mode) * ldx;
+    float acc[GV_R] = {};
+    for (int k = lane * 16; k < K; k += 32 * 16) {
+        float xv[16];
+#pragma unroll
+        for (int v = 0; v < 4; ++v) {
+            float4 a = *(const float4*)(x + k + 4 * v);
+            xv[4 * v] = a.x, xv[4 * v + 1] = a.y, xv[4 * v + 2] = a.z, xv[4 * v + 3] = a.w;
+        }
+        uint2 pk[GV_R];
+        float am[GV_R];
+#pragma unroll
+        for (int r = 0; r < GV_R; ++r) {
+            int n = min(n0 + r, N - 1);
+            long e = (long)n * K + k;
+            pk[r] = *(const uint2*)(codes + (e >> 1));
+            am[r] = nf4_absmax(absmax, absmax2, offset, code2, e >> 6);
+        }
+#pragma unroll
+        for (int r = 0; r < GV_R; ++r) {
+            u32 words[2] = {pk[r].x, pk[r].y};
+            float sum = 0.0f;
+#pragma unroll
+            for (int q = 0; q < 2; ++q)
+#pragma unroll
+                for (int b = 0; b < 4; ++b) {
+                    u32 byte = (words[q] >> (8 * b)) & 0xff;
+                    sum += cb[byte >> 4] * xv[q * 8 + b * 2] + cb[byte & 15] * xv[q * 8 + b * 2 + 1];
+                }
+            acc[r] += sum * am[r];
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < GV_R; ++r) {
+        float v = warp_sum(acc[r]);
+        if (lane == 0 && n0 + r < N) y[n0 + r] = v + (bias ? bias[n0 + r] : 0.0f);
+    }
+}
+
+extern "C" __global__ void g4_gemv_bf16(const Step* s, int mode, const float* x, long ldx, const u16* w, int N, int K, float* y,
+                                        long ldy, const float* bias) {
+    int n0 = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * GV_R;
+    int lane = threadIdx.x & 31;
+    if (n0 >= N) return;
+    x += (long)in_row0(s, mode) * ldx;
+    float acc[GV_R] = {};
+    for (int k = lane * 8; k < K; k += 32 * 8) {
+        float4 a = *(const float4*)(x + k), b = *(const float4*)(x + k + 4);
+        uint4 pk[GV_R];
+#pragma unroll
+        for (int r = 0; r < GV_R; ++r) pk[r] = *(const uint4*)(w + (long)min(n0 + r, N - 1) * K + k);
+#pragma unroll
+        for (int r = 0; r < GV_R; ++r) {
+            acc[r] += __uint_as_float(pk[r].x << 16) * a.x + __uint_as_float(pk[r].x & 0xffff0000u) * a.y +
+                      __uint_as_float(pk[r].y << 16) * a.z + __uint_as_float(pk[r].y & 0xffff0000u) * a.w +
+                      __uint_as_float(pk[r].z << 16) * b.x + __uint_as_float(pk[r].z & 0xffff0000u) * b.y +
+                      __uint_as_float(pk[r].w << 16) * b.z + __uint_as_float(pk[r].w & 0xffff0000u) * b.w;
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < GV_R; ++r) {
+        float v = warp_sum(acc[r]);
+        if (lane == 0 && n0 + r < N) y[n0 + r] = v + (bias ? bias[n0 + r] : 0.0f);
+    }
+}
+
+// ---- tiled matmul for prefill chunks (T > 8): 64x64 output tiles, K in steps of 32 through shared
+// memory, 4x4 outputs per thread, weights widened to float32 as the tile is loaded (bf16 or NF4).
+// fp32 arithmetic like the CPU path. grid (ceil(N/64), ceil(T/64)), block 256. Needs K % 32 == 0.
+#define TB 64
+#define TK 32
+__device__ __forceinline__ void tile_body(float (*xs)[TB + 4], float (*ws)[TB + 4], float acc[4][4], int tx, int ty) {
+#pragma unroll 8
+    for (int kk = 0; kk < TK; ++kk) {
+        float a[4], b[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) a[i] = xs[kk][ty * 4 + i], b[i] = ws[kk][tx * 4 + i];
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) acc[i][j] += a[i] * b[j];
+    }
+}
+
+__device__ __forceinline__ void tile_store(const Step* s, int mode, float acc[4][4], int t_base, int n_base, int tx, int ty, int T,
+                                           int N, float* y, long ldy, const float* bias) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        int t = t_base + ty * 4 + i;
+        if (t >= T) continue;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            int n = n_base + tx * 4 + j;
+            if (n < N) y[(long)t * ldy + n] = acc[i][j] + (bias ? bias[n] : 0.0f);
+        }
+    }
+}
+
+// Loads x[t_base.., k0..k0+31] transposed into xs[k][t].
+__device__ __forceinline__ void load_x_tile(float (*xs)[TB + 4], const float* x, long ldx, int t_base, int T, int k0) {
+    for (int e = threadIdx.x; e < TB * TK; e += blockDim.x) {
+        int t = e / TK, k = e % TK;
+        xs[k][t] = t_base + t < T ? x[(long)(t_base + t) * ldx + k0 + k] : 0.0f;
+    }
+}
+
+extern "C" __global__ void g4_gemm_bf16(const Step* s, int mode, const float* x, long ldx, const u16* w, int N, int K, float* y,
+                                        long ldy, const float* bias) {
+    __shared__ float xs[TK][TB + 4], ws[TK][TB + 4];
+    int T = rows_of(s, mode);
+    int t_base = blockIdx.y * TB, n_base = blockIdx.x * TB;
+    if (t_base >= T) return;
+    x += (long)in_row0(s, mode) * ldx;
+    int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+    float acc[4][4] = {};
+    for (int k0 = 0; k0 < K; k0 += TK) {
+        load_x_tile(xs, x, ldx, t_base, T, k0);
+        for (int e = threadIdx.x; e < TB * TK; e += blockDim.x) {
+            int n = e / TK, k = e % TK;
+            ws[k][n] = n_base + n < N ? bf16f(w[(long)(n_base + n) * K + k0 + k]) : 0.0f;
+        }
+        __syncthreads();
+        tile_body(xs, ws, acc, tx, ty);
+        __syncthreads();
+    }
+    tile_store(s, mode, acc, t_base, n_base, tx, ty, T, N, y, ldy, bias);
+}
+
+extern "C" __global__ void g4_gemm_nf4(const Step* s, int mode, const float* x, long ldx, const u8* codes, const void* absmax,
+                                       const float* absmax2, const float* offset, const float* code2, int N, int K, float* y,
+                                       long ldy, const float* bias) {
+    __shared__ float xs[TK][TB + 4], ws[TK][TB + 4];
+    int T = rows_of(s, mode);
+    int t_base = blockIdx.y * TB, n_base = blockIdx.x * TB;
+    if (t_base >= T) return;
+    x += (long)in_row0(s, mode) * ldx;
+    int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+    float acc[4][4] = {};
+    for (int k0 = 0; k0 < K; k0 += TK) {
+        load_x_tile(xs, x, ldx, t_base, T, k0);
+        // 256 threads x 8 elements: thread -> (row n = tid / 4, 8 consecutive k).
+        {
+            int n = threadIdx.x >> 2, kq = (threadIdx.x & 3) * 8;
+            if (n_base + n < N) {
+                long e = (long)(n_base + n) * K + k0 + kq;
+                u32 word = *(const u32*)(codes + (e >> 1));
+                float am = nf4_absmax(absmax, absmax2, offset, code2, e >> 6);
+#pragma unroll
+                for (int b = 0; b < 4; ++b) {
+                    u32 byte = (word >> (8 * b)) & 0xff;
+                    ws[kq + 2 * b][n]     = kNf4[byte >> 4] * am;
+                    ws[kq + 2 * b + 1][n] = kNf4[byte & 15] * am;
+                }
+            } else {
+#pragma unroll
+                for (int b = 0; b < 8; ++b) ws[kq + b][n] = 0.0f;
+            }
+        }
+        __syncthreads();
+        tile_body(xs, ws, acc, tx, ty);
+        __syncthreads();
+    }
+    tile_store(s, mode, acc, t_base, n_base, tx, ty, T, N, y, ldy, bias);
+}
+
 // RMSNorm over groups of `dim` of the first `cols` columns. grid (max_rows, cols/dim), block 256.
 extern "C" __global__ void g4_rms_norm(const Step* s, int mode, const float* x, long ldx, const void* w, int wdt, float* y,
                                        long ldy, int dim, float eps) {
@@ -314,10 +492,27 @@ extern "C" __global__ void g4_attention_partial(const Step* s, const float* q, l
     }
     l = block_sum(l, red);
     __syncthreads();
+    // P.V: warp w takes keys j0+w, j0+w+nw, ...; lane holds dims lane, lane+32, ... (dim <= 512);
+    // the warps' partial sums are added through shared memory.
+    __shared__ float vacc[8][512];
+    float acc[16];
+#pragma unroll
+    for (int c = 0; c < 16; ++c) acc[c] = 0.0f;
+    for (int j = j0 + wid; j < j1; j += nw) {
+        const float* vr = vc + (long)((lo + j) % slots) * width + (long)kvh * dim;
+        float pj = sc[j - j0];
+#pragma unroll
+        for (int c = 0; c < 16; ++c)
+            if (lane + 32 * c < dim) acc[c] += pj * vr[lane + 32 * c];
+    }
+#pragma unroll
+    for (int c = 0; c < 16; ++c)
+        if (lane + 32 * c < dim && wid < 8) vacc[wid][lane + 32 * c] = acc[c];
+    __syncthreads();
     for (int i = threadIdx.x; i < dim; i += blockDim.x) {
-        float acc = 0.0f;
-        for (int j = j0; j < j1; ++j) acc += sc[j - j0] * vc[(long)((lo + j) % slots) * width + (long)kvh * dim + i];
-        out[i] = acc;
+        float a = 0.0f;
+        for (int w = 0; w < min(nw, 8); ++w) a += vacc[w][i];
+        out[i] = a;
     }
     if (threadIdx.x == 0) out[dim] = m, out[dim + 1] = l;
 }
@@ -325,23 +520,29 @@ extern "C" __global__ void g4_attention_partial(const Step* s, const float* q, l
 // grid (max_rows * heads), block 256: y = sum_s exp(m_s - M) acc_s / sum_s exp(m_s - M) l_s.
 extern "C" __global__ void g4_attention_merge(const Step* s, const float* part, int heads, int dim, int splits, float* y,
                                               long ldy) {
+    __shared__ float red[32];
+    __shared__ float wsplit[128];
     int t = blockIdx.x / heads, h = blockIdx.x % heads;
     if (t >= s->rows) return;
     const float* p = part + (long)blockIdx.x * splits * (dim + 2);
+    // Global max and normaliser over the splits, in parallel; then each split's weight once.
     float M = NEG_INF;
-    for (int k = 0; k < splits; ++k)
+    for (int k = threadIdx.x; k < splits; k += blockDim.x)
         if (p[k * (dim + 2) + dim + 1] > 0.0f) M = fmaxf(M, p[k * (dim + 2) + dim]);
+    M = block_max(M, red);
     float L = 0.0f;
-    for (int k = 0; k < splits; ++k) {
+    for (int k = threadIdx.x; k < splits; k += blockDim.x) {
         float l = p[k * (dim + 2) + dim + 1];
-        if (l > 0.0f) L += __expf(p[k * (dim + 2) + dim] - M) * l;
+        float wk = l > 0.0f ? __expf(p[k * (dim + 2) + dim] - M) : 0.0f;
+        wsplit[k] = wk;
+        L += wk * l;
     }
+    L = block_sum(L, red);
+    __syncthreads();
     for (int i = threadIdx.x; i < dim; i += blockDim.x) {
         float acc = 0.0f;
-        for (int k = 0; k < splits; ++k) {
-            float l = p[k * (dim + 2) + dim + 1];
-            if (l > 0.0f) acc += __expf(p[k * (dim + 2) + dim] - M) * p[k * (dim + 2) + i];
-        }
+        for (int k = 0; k < splits; ++k)
+            if (wsplit[k] > 0.0f) acc += wsplit[k] * p[k * (dim + 2) + i];
         y[(long)t * ldy + (long)h * dim + i] = acc / L;
     }
 }

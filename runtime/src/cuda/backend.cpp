@@ -6,6 +6,9 @@
 #include "runtime/src/engine.h"
 
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <initializer_list>
 #include <vector>
@@ -19,7 +22,7 @@ using plan::RowMode;
 using plan::TensorKind;
 
 struct Kernels {
-    CUfunction embed, mm_bf16, mm_f32, mm_nf4, rms, elem, rope, kv, attn_part, attn_merge, argmax;
+    CUfunction embed, mm_bf16, mm_f32, mm_nf4, gemm_bf16, gemm_nf4, gemv_bf16, gemv_nf4, rms, elem, rope, kv, attn_part, attn_merge, argmax;
 };
 
 struct EngineState {
@@ -46,6 +49,10 @@ struct SessionState {
     CUgraph graph = nullptr;
     CUgraphExec exec = nullptr;
     std::string graph_error;
+    bool profile = false;
+    double prof_ms[16][2] = {};
+    long prof_n[16][2] = {};
+    std::chrono::steady_clock::time_point prof_t;
 };
 
 namespace {
@@ -64,7 +71,7 @@ int ceil_div(int64_t a, int64_t b) { return (int)((a + b - 1) / b); }
 int attention_splits(const PlanOp& op, int max_context) {
     int window = op.ip[4];
     int64_t span = window > 0 ? std::min(window, max_context) : max_context;
-    return std::max(1, std::min(64, ceil_div(span, 256)));
+    return std::max(1, std::min(32, ceil_div(span, 64)));   // >= 64 keys per block; merge reads <= 32 partials
 }
 
 } // namespace
@@ -117,7 +124,7 @@ g4_status engine_open(g4_engine* e, std::string* err) {
     CU_TRY(d->cuModuleLoadData(&st->mod, image), "loading the plan's CUDA kernels");
     struct { CUfunction* f; const char* n; } fns[] = {
         {&st->k.embed, "g4_embed"},       {&st->k.mm_bf16, "g4_matmul_bf16"},       {&st->k.mm_f32, "g4_matmul_f32"},
-        {&st->k.mm_nf4, "g4_matmul_nf4"}, {&st->k.rms, "g4_rms_norm"},              {&st->k.elem, "g4_elementwise"},
+        {&st->k.mm_nf4, "g4_matmul_nf4"}, {&st->k.gemm_bf16, "g4_gemm_bf16"}, {&st->k.gemm_nf4, "g4_gemm_nf4"}, {&st->k.gemv_bf16, "g4_gemv_bf16"}, {&st->k.gemv_nf4, "g4_gemv_nf4"}, {&st->k.rms, "g4_rms_norm"},              {&st->k.elem, "g4_elementwise"},
         {&st->k.rope, "g4_rope"},         {&st->k.kv, "g4_kv_store"},               {&st->k.attn_part, "g4_attention_partial"},
         {&st->k.attn_merge, "g4_attention_merge"}, {&st->k.argmax, "g4_argmax"}};
     for (auto& f : fns) CU_TRY(d->cuModuleGetFunction(f.f, st->mod, f.n), std::string("kernel ") + f.n);
@@ -175,12 +182,22 @@ g4_status session_create(g4_session* s, std::string* err) {
     CU_TRY(d->cuMemAllocHost((void**)&st->host_logits, (size_t)in.logits_rows * in.vocab_size * 4), "allocating pinned memory");
     s->ids    = st->host_ids;
     s->logits = st->host_logits;
+    const char* prof = std::getenv("G4_CUDA_PROFILE");
+    st->profile = prof && *prof == '1';
     s->cuda.reset(st.release());
     return G4_OK;
 }
 
 void session_destroy(SessionState* st) {
     if (!st) return;
+    if (st->profile) {
+        std::fprintf(stderr, "g4 cuda profile (ms total / calls; per-op sync timing includes ~launch latency):\n");
+        for (int c = 0; c < 16; ++c)
+            for (int m = 0; m < 2; ++m)
+                if (st->prof_n[c][m])
+                    std::fprintf(stderr, "  %-10s %-8s %10.3f ms %8ld calls %8.1f us/call\n", op_name((OpCode)c), m ? "prefill" : "decode",
+                                 st->prof_ms[c][m], st->prof_n[c][m], 1000 * st->prof_ms[c][m] / st->prof_n[c][m]);
+    }
     const Driver* d = st->e->d;
     d->cuCtxSetCurrent(st->e->ctx);
     if (st->exec) d->cuGraphExecDestroy(st->exec);
@@ -244,7 +261,30 @@ g4_status launch_ops(g4_session* s, int rows, int out_rows, std::string* err) {
             const PlanTensor& w = p.tensor(op.in[1]);
             int N = (int)w.dims[0], Kd = (int)w.dims[1];
             unsigned grid = (unsigned)ceil_div(N, 8);
-            if (w.dtype == (uint8_t)DType::NF4) {
+            // Prefill chunks: tiled GEMM (weights read once per 64 tokens); decode: one warp per row.
+            bool tiled = n > 8 && Kd % 32 == 0 && w.dtype != (uint8_t)DType::F32;
+            unsigned gx = (unsigned)ceil_div(N, 64), gy = (unsigned)ceil_div(n, 64);
+            bool gemv = n == 1 && ((w.dtype == (uint8_t)DType::NF4 && Kd % 512 == 0) || (w.dtype == (uint8_t)DType::BF16 && Kd % 256 == 0));
+            if (gemv) {
+                unsigned gv = (unsigned)ceil_div(N, 32);
+                if (w.dtype == (uint8_t)DType::NF4) {
+                    nf4::Layout l = nf4::layout((int64_t)N * Kd, w.quant_flags & plan::kQuantDoubleQuant);
+                    CUdeviceptr codes = in1 + l.codes_off, am = in1 + l.absmax_off;
+                    CUdeviceptr am2 = l.double_quant ? in1 + l.absmax2_off : 0, off = l.double_quant ? in1 + l.offset_off : 0;
+                    CUdeviceptr c2 = l.double_quant ? in1 + l.code2_off : 0;
+                    r = go(K.gemv_nf4, gv, 1, 256, {&step, &mode, &in0, &ld0, &codes, &am, &am2, &off, &c2, &N, &Kd, &out0, &ldo, &in2});
+                } else {
+                    r = go(K.gemv_bf16, gv, 1, 256, {&step, &mode, &in0, &ld0, &in1, &N, &Kd, &out0, &ldo, &in2});
+                }
+            } else if (tiled && w.dtype == (uint8_t)DType::NF4) {
+                nf4::Layout l = nf4::layout((int64_t)N * Kd, w.quant_flags & plan::kQuantDoubleQuant);
+                CUdeviceptr codes = in1 + l.codes_off, am = in1 + l.absmax_off;
+                CUdeviceptr am2 = l.double_quant ? in1 + l.absmax2_off : 0, off = l.double_quant ? in1 + l.offset_off : 0;
+                CUdeviceptr c2 = l.double_quant ? in1 + l.code2_off : 0;
+                r = go(K.gemm_nf4, gx, gy, 256, {&step, &mode, &in0, &ld0, &codes, &am, &am2, &off, &c2, &N, &Kd, &out0, &ldo, &in2});
+            } else if (tiled) {
+                r = go(K.gemm_bf16, gx, gy, 256, {&step, &mode, &in0, &ld0, &in1, &N, &Kd, &out0, &ldo, &in2});
+            } else if (w.dtype == (uint8_t)DType::NF4) {
                 nf4::Layout l = nf4::layout((int64_t)N * Kd, w.quant_flags & plan::kQuantDoubleQuant);
                 CUdeviceptr codes = in1 + l.codes_off, am = in1 + l.absmax_off;
                 CUdeviceptr am2 = l.double_quant ? in1 + l.absmax2_off : 0, off = l.double_quant ? in1 + l.offset_off : 0;
@@ -306,6 +346,17 @@ g4_status launch_ops(g4_session* s, int rows, int out_rows, std::string* err) {
             *err = "CUDA error " + error_name(r) + " launching op '" + p.str(op.name) + "' (" + op_name((OpCode)op.code) + ")";
             return G4_ERR_INTERNAL;
         }
+        if (st->profile) {   // G4_CUDA_PROFILE=1: synchronous per-op timing (decode steps run without the graph)
+            CUresult sr = d->cuStreamSynchronize(st->stream);
+            if (sr != 0) {
+                *err = "CUDA error " + error_name(sr) + " in op '" + p.str(op.name) + "' (" + op_name((OpCode)op.code) + ")";
+                return G4_ERR_INTERNAL;
+            }
+            auto now = std::chrono::steady_clock::now();
+            st->prof_ms[op.code][n == 1 ? 0 : 1] += std::chrono::duration<double, std::milli>(now - st->prof_t).count();
+            st->prof_n[op.code][n == 1 ? 0 : 1]++;
+            st->prof_t = now;
+        }
     }
     return G4_OK;
 }
@@ -323,6 +374,11 @@ g4_status run_step(g4_session* s, int32_t rows, int32_t pos0, int32_t out_rows, 
     CU_TRY(d->cuMemcpyHtoDAsync(st->act + p.tensor(info.ids_tensor).offset, st->host_ids, (size_t)rows * 4, st->stream),
            "copying token ids");
     bool decode = rows == 1 && out_rows == 1;
+    if (st->profile) {
+        CU_TRY(d->cuStreamSynchronize(st->stream), "sync");
+        st->prof_t = std::chrono::steady_clock::now();
+        decode = false;
+    }
     if (decode && !st->exec && st->graph_error.empty()) {
         // Capture the decode program once; later tokens replay it.
         CUresult r = d->cuStreamBeginCapture(st->stream, 2 /* relaxed */);

@@ -36,27 +36,19 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 // Block-wide sum / max for blockDim.x a multiple of 32 (<= 1024); `red` holds 32 floats. Every
-// thread returns the same total, summed in the same order.
-__device__ float block_sum(float v, float* red) {
-    v = warp_sum(v);
+// thread returns the same total, combined in the same order.
+template <bool kMax> __device__ float block_reduce(float v, float* red) {
+    v = kMax ? warp_max(v) : warp_sum(v);
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
     __syncthreads();
     if (lane == 0) red[w] = v;
     __syncthreads();
-    float t = 0.0f;
-    for (int i = 0; i < nw; ++i) t += red[i];
+    float t = kMax ? NEG_INF : 0.0f;
+    for (int i = 0; i < nw; ++i) t = kMax ? fmaxf(t, red[i]) : t + red[i];
     return t;
 }
-__device__ float block_max(float v, float* red) {
-    v = warp_max(v);
-    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    __syncthreads();
-    if (lane == 0) red[w] = v;
-    __syncthreads();
-    float t = NEG_INF;
-    for (int i = 0; i < nw; ++i) t = fmaxf(t, red[i]);
-    return t;
-}
+__device__ float block_sum(float v, float* red) { return block_reduce<false>(v, red); }
+__device__ float block_max(float v, float* red) { return block_reduce<true>(v, red); }
 
 // y[t, :n] = table[ids[t], :n] * scale.  grid (max_rows), block 256.
 extern "C" __global__ void g4_embed(const Step* s, const int* ids, const void* table, int dt, long n, float scale, float* y,

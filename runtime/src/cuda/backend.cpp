@@ -260,43 +260,27 @@ g4_status launch_ops(g4_session* s, int rows, int out_rows, std::string* err) {
         case OpCode::Matmul: {
             const PlanTensor& w = p.tensor(op.in[1]);
             int N = (int)w.dims[0], Kd = (int)w.dims[1];
-            unsigned grid = (unsigned)ceil_div(N, 8);
-            // Prefill chunks: tiled GEMM (weights read once per 64 tokens); decode: one warp per row.
-            bool tiled = n > 8 && Kd % 32 == 0 && w.dtype != (uint8_t)DType::F32;
-            unsigned gx = (unsigned)ceil_div(N, 64), gy = (unsigned)ceil_div(n, 64);
-            bool gemv = n == 1 && ((w.dtype == (uint8_t)DType::NF4 && Kd % 512 == 0) || (w.dtype == (uint8_t)DType::BF16 && Kd % 256 == 0));
-            if (gemv) {
-                unsigned gv = (unsigned)ceil_div(N, 32);
-                if (w.dtype == (uint8_t)DType::NF4) {
-                    nf4::Layout l = nf4::layout((int64_t)N * Kd, w.quant_flags & plan::kQuantDoubleQuant);
-                    CUdeviceptr codes = in1 + l.codes_off, am = in1 + l.absmax_off;
-                    CUdeviceptr am2 = l.double_quant ? in1 + l.absmax2_off : 0, off = l.double_quant ? in1 + l.offset_off : 0;
-                    CUdeviceptr c2 = l.double_quant ? in1 + l.code2_off : 0;
-                    r = go(K.gemv_nf4, gv, 1, 256, {&step, &mode, &in0, &ld0, &codes, &am, &am2, &off, &c2, &N, &Kd, &out0, &ldo, &in2});
-                } else {
-                    r = go(K.gemv_bf16, gv, 1, 256, {&step, &mode, &in0, &ld0, &in1, &N, &Kd, &out0, &ldo, &in2});
-                }
-            } else if (tiled && w.dtype == (uint8_t)DType::NF4) {
+            if (w.dtype == (uint8_t)DType::F16) {
+                *err = "op " + std::string(p.str(op.name)) + ": f16 weights are not supported on CUDA";
+                return G4_ERR_UNSUPPORTED;
+            }
+            // Kernel choice: decode rows use the 4-rows-per-warp GEMV, prefill chunks the tiled GEMM
+            // (weights read once per 64 tokens), anything else the one-warp-per-row kernels.
+            const bool is_nf4 = w.dtype == (uint8_t)DType::NF4;
+            const bool gemv   = n == 1 && (is_nf4 ? Kd % 512 == 0 : (w.dtype == (uint8_t)DType::BF16 && Kd % 256 == 0));
+            const bool tiled  = !gemv && n > 8 && Kd % 32 == 0 && w.dtype != (uint8_t)DType::F32;
+            unsigned gx = gemv ? (unsigned)ceil_div(N, 32) : tiled ? (unsigned)ceil_div(N, 64) : (unsigned)ceil_div(N, 8);
+            unsigned gy = tiled ? (unsigned)ceil_div(n, 64) : 1;
+            if (is_nf4) {
                 nf4::Layout l = nf4::layout((int64_t)N * Kd, w.quant_flags & plan::kQuantDoubleQuant);
                 CUdeviceptr codes = in1 + l.codes_off, am = in1 + l.absmax_off;
                 CUdeviceptr am2 = l.double_quant ? in1 + l.absmax2_off : 0, off = l.double_quant ? in1 + l.offset_off : 0;
                 CUdeviceptr c2 = l.double_quant ? in1 + l.code2_off : 0;
-                r = go(K.gemm_nf4, gx, gy, 256, {&step, &mode, &in0, &ld0, &codes, &am, &am2, &off, &c2, &N, &Kd, &out0, &ldo, &in2});
-            } else if (tiled) {
-                r = go(K.gemm_bf16, gx, gy, 256, {&step, &mode, &in0, &ld0, &in1, &N, &Kd, &out0, &ldo, &in2});
-            } else if (w.dtype == (uint8_t)DType::NF4) {
-                nf4::Layout l = nf4::layout((int64_t)N * Kd, w.quant_flags & plan::kQuantDoubleQuant);
-                CUdeviceptr codes = in1 + l.codes_off, am = in1 + l.absmax_off;
-                CUdeviceptr am2 = l.double_quant ? in1 + l.absmax2_off : 0, off = l.double_quant ? in1 + l.offset_off : 0;
-                CUdeviceptr c2 = l.double_quant ? in1 + l.code2_off : 0;
-                r = go(K.mm_nf4, grid, 1, 256, {&step, &mode, &in0, &ld0, &codes, &am, &am2, &off, &c2, &N, &Kd, &out0, &ldo, &in2});
+                CUfunction f   = gemv ? K.gemv_nf4 : tiled ? K.gemm_nf4 : K.mm_nf4;
+                r = go(f, gx, gy, 256, {&step, &mode, &in0, &ld0, &codes, &am, &am2, &off, &c2, &N, &Kd, &out0, &ldo, &in2});
             } else {
-                CUfunction f = w.dtype == (uint8_t)DType::BF16 ? K.mm_bf16 : K.mm_f32;
-                if (w.dtype == (uint8_t)DType::F16) {
-                    *err = "op " + std::string(p.str(op.name)) + ": f16 weights are not supported on CUDA";
-                    return G4_ERR_UNSUPPORTED;
-                }
-                r = go(f, grid, 1, 256, {&step, &mode, &in0, &ld0, &in1, &N, &Kd, &out0, &ldo, &in2});
+                CUfunction f = gemv ? K.gemv_bf16 : tiled ? K.gemm_bf16 : w.dtype == (uint8_t)DType::BF16 ? K.mm_bf16 : K.mm_f32;
+                r = go(f, gx, gy, 256, {&step, &mode, &in0, &ld0, &in1, &N, &Kd, &out0, &ldo, &in2});
             }
             break;
         }

@@ -395,6 +395,19 @@ void write_plan(const Inputs& in, const std::string& out_path, Mode mode, Report
     for (size_t i = 0; i < prog.ops.size(); ++i) {
         ops[i]      = prog.ops[i].op;
         ops[i].name = intern(prog.ops[i].name);
+        // Ahead-of-time kernel choice for CUDA from the real shapes (the runtime keeps no heuristics).
+        if (ops[i].code == (uint16_t)OpCode::Matmul) {
+            const TensorDesc& w = prog.tensors[ops[i].in[1]];
+            int64_t K = w.dims[1];
+            bool gemv  = (w.dtype == DType::NF4 && K % 512 == 0) || (w.dtype == DType::BF16 && K % 256 == 0);
+            bool tiled = K % 32 == 0 && (w.dtype == DType::NF4 || w.dtype == DType::BF16);
+            ops[i].ip[5] = (int32_t)(gemv ? plan::MatmulVariant::Gemv4 : plan::MatmulVariant::PerRow);
+            ops[i].ip[6] = (int32_t)(tiled ? plan::MatmulVariant::Tiled64 : plan::MatmulVariant::PerRow);
+        } else if (ops[i].code == (uint16_t)OpCode::Attention) {
+            // Split the key span so a decode step fills the GPU: >= 64 keys a block, <= 32 partials to merge.
+            int64_t span = ops[i].ip[4] > 0 ? std::min<int64_t>(ops[i].ip[4], in.max_context) : in.max_context;
+            ops[i].ip[5] = (int32_t)std::max<int64_t>(1, std::min<int64_t>(32, (span + 63) / 64));
+        }
     }
 
     json policy = {{"weights", opt.weights}, {"double_quant", dq}, {"quantize", opt.quantize_regex}, {"keep", opt.keep_regex},

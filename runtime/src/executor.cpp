@@ -80,6 +80,12 @@ std::string check_ops(const plan::Plan& p) {
             if (c.matmul_weight(op.in[1], "weight")) {
                 const PlanTensor& w = p.tensor(op.in[1]);
                 if (w.ndim != 2 || w.dims[1] > in.max_k) c.fail("weight must be 2-D with K <= max_k");
+                else if (op.ip[5] < 0 || op.ip[5] > 2 || op.ip[6] < 0 || op.ip[6] > 2) c.fail("bad kernel variant");
+                else if ((op.ip[5] == (int32_t)plan::MatmulVariant::Gemv4 &&
+                          !((w.dtype == (uint8_t)DType::NF4 && w.dims[1] % 512 == 0) || (w.dtype == (uint8_t)DType::BF16 && w.dims[1] % 256 == 0))) ||
+                         (op.ip[6] == (int32_t)plan::MatmulVariant::Tiled64 &&
+                          !(w.dims[1] % 32 == 0 && (w.dtype == (uint8_t)DType::NF4 || w.dtype == (uint8_t)DType::BF16))))
+                    c.fail("kernel variant does not fit the weight's shape or dtype");
                 else if (op.in[2] >= 0 && (!c.need(op.in[2], TensorKind::Weight, "bias") || p.tensor(op.in[2]).dtype != (uint8_t)DType::F32 ||
                                            numel(p.tensor(op.in[2])) != w.dims[0]))
                     c.fail("bias must be f32 [N]");
@@ -127,7 +133,8 @@ std::string check_ops(const plan::Plan& p) {
         }
         case OpCode::Attention: {
             int64_t heads = op.ip[0], kvh = op.ip[1], dim = op.ip[2], slots = op.ip[3], window = op.ip[4];
-            if (heads <= 0 || kvh <= 0 || dim <= 0 || heads % kvh || window < 0 || window > in.max_slots) c.fail("bad attention parameters");
+            if (heads <= 0 || kvh <= 0 || dim <= 0 || heads % kvh || window < 0 || window > in.max_slots || op.ip[5] < 0 || op.ip[5] > 128)
+                c.fail("bad attention parameters");
             else if (c.act_view(op.in[0], op.in_col[0], heads * dim, rin, "q") && c.need(op.in[1], TensorKind::KvCache, "k cache") &&
                      c.need(op.in[2], TensorKind::KvCache, "v cache")) {
                 for (int o = 1; o < 3; ++o) {

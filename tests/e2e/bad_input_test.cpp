@@ -118,11 +118,30 @@ TEST(BadInput, MissingTensor) {
 
 TEST(BadInput, BadOptions) {
     expect_compile_error(fixture("e2b_tiny"), {"/nonexistent-adapter"}, "--adapter /nonexistent-adapter");
-    expect_compile_error(fixture("e2b_tiny"), {"--device cuda", "not supported yet"}, "--device cuda");
+    expect_compile_error(fixture("e2b_tiny"), {"--device 'cuda:x'"}, "--device cuda:x");
+    expect_compile_error(fixture("e2b_tiny"), {"--target", "--device cuda"}, "--target sm_90");
     expect_compile_error(fixture("e2b_tiny"), {"--weights", "int8"}, "--weights int8");
     expect_compile_error(fixture("e2b_tiny"), {"--quantize", "regular expression"}, "--quantize '('");
     expect_compile_error(fixture("e2b_tiny"), {"embed_tokens", "embedding lookup"}, "--quantize embed_tokens");
     expect_compile_error(fixture("e2b_tiny"), {"--max-context", "max_position_embeddings"}, "--max-context 99999999");
+}
+
+// CUDA plans compile anywhere the CUDA toolkit's NVRTC is (CI too); without a GPU, running one is a
+// clear error, and a GPU that is not there cannot choose the target.
+TEST(BadInput, CudaPlanWithoutGpu) {
+    TempDir td;
+    std::string plan = td.file("cuda.g4plan");
+    CmdResult c = run_g4("compile --model '" + fixture("e2b_tiny") + "' --device cuda --target sm_86 --no-fidelity -o '" + plan + "'");
+    if (c.exit_code != 0 && c.err.find("without the CUDA toolkit") != std::string::npos) GTEST_SKIP() << "built without NVRTC";
+    ASSERT_EQ(c.exit_code, 0) << c.err;
+    CmdResult i = run_g4("inspect '" + plan + "'");
+    EXPECT_NE(i.out.find("device cuda"), std::string::npos);
+    CmdResult r = run_g4("run '" + plan + "' --tokens 2,3 -n 2");
+    if (r.exit_code == 0) GTEST_SKIP() << "this machine has a GPU";
+    EXPECT_EQ(r.exit_code, 1);
+    EXPECT_NE(r.err.find("sm_86"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("--device cpu"), std::string::npos) << r.err;
+    expect_compile_error(fixture("e2b_tiny"), {"sm_75"}, "--device cuda --target sm_75");
 }
 
 TEST(BadInput, NoPartialPlanWhenOutputDirectoryMissing) {

@@ -68,11 +68,7 @@ namespace {
 
 int ceil_div(int64_t a, int64_t b) { return (int)((a + b - 1) / b); }
 
-int attention_splits(const PlanOp& op, int max_context) {
-    int window = op.ip[4];
-    int64_t span = window > 0 ? std::min(window, max_context) : max_context;
-    return std::max(1, std::min(32, ceil_div(span, 64)));   // >= 64 keys per block; merge reads <= 32 partials
-}
+int attention_splits(const PlanOp& op) { return std::max(1, std::min(128, op.ip[5])); }   // chosen by the compiler
 
 } // namespace
 
@@ -165,7 +161,7 @@ g4_status session_create(g4_session* s, std::string* err) {
     for (size_t i = 0; i < p.n_ops(); ++i) {
         const PlanOp& op = p.op(i);
         if (op.code != (uint16_t)OpCode::Attention) continue;
-        int sp = attention_splits(op, in.max_context);
+        int sp = attention_splits(op);
         st->splits[i] = sp;
         int64_t span  = op.ip[4] > 0 ? std::min(op.ip[4], in.max_context) : in.max_context;
         part   = std::max(part, (size_t)in.max_rows * op.ip[0] * sp * (op.ip[2] + 2));
@@ -264,11 +260,11 @@ g4_status launch_ops(g4_session* s, int rows, int out_rows, std::string* err) {
                 *err = "op " + std::string(p.str(op.name)) + ": f16 weights are not supported on CUDA";
                 return G4_ERR_UNSUPPORTED;
             }
-            // Kernel choice: decode rows use the 4-rows-per-warp GEMV, prefill chunks the tiled GEMM
-            // (weights read once per 64 tokens), anything else the one-warp-per-row kernels.
+            // Kernel variants recorded by the compiler: decode rows use the 4-rows-per-warp GEMV, prefill
+            // chunks the tiled GEMM (weights read once per 64 tokens), the rest one warp per row.
             const bool is_nf4 = w.dtype == (uint8_t)DType::NF4;
-            const bool gemv   = n == 1 && (is_nf4 ? Kd % 512 == 0 : (w.dtype == (uint8_t)DType::BF16 && Kd % 256 == 0));
-            const bool tiled  = !gemv && n > 8 && Kd % 32 == 0 && w.dtype != (uint8_t)DType::F32;
+            const bool gemv   = n == 1 && op.ip[5] == (int32_t)plan::MatmulVariant::Gemv4;
+            const bool tiled  = !gemv && n > 8 && op.ip[6] == (int32_t)plan::MatmulVariant::Tiled64;
             unsigned gx = gemv ? (unsigned)ceil_div(N, 32) : tiled ? (unsigned)ceil_div(N, 64) : (unsigned)ceil_div(N, 8);
             unsigned gy = tiled ? (unsigned)ceil_div(n, 64) : 1;
             if (is_nf4) {

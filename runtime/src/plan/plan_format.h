@@ -92,6 +92,10 @@ static_assert(sizeof(PlanOp) == 104);
 
 inline constexpr uint16_t kNoLayer = 0xFFFF;
 
+// CUDA kernel variants chosen by the compiler for a matmul (PlanOp.ip[5] for decode steps of one
+// row, ip[6] for prefill chunks); CPU plans ignore them.
+enum class MatmulVariant : int32_t { PerRow = 0, Gemv4 = 1, Tiled64 = 2 };
+
 inline uint64_t fnv1a64(const void* data, size_t n, uint64_t h = 1469598103934665603ull) {
     const unsigned char* p = static_cast<const unsigned char*>(data);
     for (size_t i = 0; i < n; ++i) {
@@ -106,10 +110,10 @@ inline uint64_t fnv1a64(const void* data, size_t n, uint64_t h = 146959810393466
 inline uint64_t schema_hash() {
     static const char kSchema[] =
         "g4plan-v1;header64;section32;tensor64(quant_flags);op104;"
-        "ops:embed1(in:ids,table;fp0:scale),matmul2(in:x,w,bias?),rms_norm3(in:x,w?;ip0:cols,ip1:dim;fp0:eps),"
+        "ops:embed1(in:ids,table;fp0:scale),matmul2(in:x,w,bias?;ip5:decode_variant,ip6:prefill_variant),rms_norm3(in:x,w?;ip0:cols,ip1:dim;fp0:eps),"
         "add4(ip0:cols),scale5(in:x,s?;ip0:cols;fp0:s),rope6(in:x,inv_freq;ip0:heads,ip1:dim),"
         "kv_store7(in:k,v;out:kc,vc;ip0:width,ip1:slots),"
-        "attention8(in:q,kc,vc;ip0:heads,ip1:kv_heads,ip2:dim,ip3:slots,ip4:window;fp0:scale),"
+        "attention8(in:q,kc,vc;ip0:heads,ip1:kv_heads,ip2:dim,ip3:slots,ip4:window,ip5:splits;fp0:scale),"
         "gelu_mul9(ip0:cols),softcap10(ip0:cols;fp0:cap);"
         "dtypes:f32=0,bf16=1,f16=2,i32=3,nf4=4(blob:codes,absmax|dq);kinds:weight0,act1,kv2,input3;rowmode:all0,tailin1,outrows2";
     return fnv1a64(kSchema, sizeof(kSchema) - 1);

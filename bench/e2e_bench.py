@@ -1,27 +1,32 @@
 #!/usr/bin/env python3
-"""e2e_bench.py - g4 vs the Hugging Face stack on one GPU, same checkpoint, in one run.
+"""e2e_bench.py - g4 vs the Hugging Face stack on one GPU, same checkpoint and adapter, one run.
 
-Makes a random-weight Gemma 4 text checkpoint at the real E2B or E4B shapes with transformers (bf16),
-compiles it with g4 (NF4 projections, CUDA), and measures, side by side:
-  g4:  time to first token and decode tokens/s after a prompt (g4 run --stats), peak GPU memory
-  HF:  transformers bf16 (sdpa) prefill time and decode tokens/s (greedy, KV cache), peak memory
-Usage: python3 bench/e2e_bench.py BUILD/tools/g4 --model e2b|e4b [--prompt 512] [--new 128] [--out DIR]
-Writes DIR/bench_<model>.json and prints a markdown table.
+Makes a random-weight Gemma 4 text checkpoint at the real E2B or E4B shapes (transformers, bf16) and a
+random LoRA (r=16, alpha=32, on q/k/v/o/gate/up/down), then measures side by side, batch 1:
+  time to first token for 512- and 4096-token prompts; decode tokens/s at context depths 0, 4K, 32K;
+  peak GPU memory; g4's achieved GB/s against the device's measured copy bandwidth.
+Rows: g4 (adapter merged, NF4 projections, CUDA); transformers bf16; transformers bf16 + PEFT
+(unmerged); transformers + bitsandbytes NF4 + PEFT (if bitsandbytes imports; else the reason).
+Usage: python3 bench/e2e_bench.py BUILD/tools/g4 --model e2b|e4b [--out DIR] [--new 128]
+Writes DIR/bench_<model>.json, DIR/bench_<model>.md and DIR/bench_<model>.png.
 """
-import argparse, json, os, subprocess, sys, time
+import argparse, json, os, re, subprocess, sys, threading, time
 
 import torch
 
 ap = argparse.ArgumentParser()
 ap.add_argument("g4")
 ap.add_argument("--model", default="e2b", choices=["e2b", "e4b"])
-ap.add_argument("--prompt", type=int, default=512)
 ap.add_argument("--new", type=int, default=128)
 ap.add_argument("--out", default="/tmp")
 ap.add_argument("--workdir", default="/tmp/g4bench")
+ap.add_argument("--depths", default="0,4096,32768")
 args = ap.parse_args()
+depths = [int(d) for d in args.depths.split(",")]
+os.makedirs(args.workdir, exist_ok=True)
 
 from transformers import Gemma4ForCausalLM, Gemma4TextConfig
+import transformers
 
 SHAPES = {
     "e2b": dict(hidden_size=1536, intermediate_size=6144, num_hidden_layers=35, num_attention_heads=8, num_key_value_heads=1,
@@ -33,72 +38,201 @@ SHAPES = {
 }
 cfg = Gemma4TextConfig(vocab_size=262144, vocab_size_per_layer_input=262144, hidden_size_per_layer_input=256, sliding_window=512,
                        final_logit_softcapping=30.0, max_position_embeddings=131072, **SHAPES[args.model])
-ckpt = os.path.join(args.workdir, args.model)
-t0 = time.time()
+ckpt, adapter = os.path.join(args.workdir, args.model), os.path.join(args.workdir, args.model + "-lora")
 if not os.path.exists(os.path.join(ckpt, "config.json")):
     torch.manual_seed(0)
     with torch.device("cuda"):
         m = Gemma4ForCausalLM(cfg).to(torch.bfloat16)
     m.save_pretrained(ckpt, max_shard_size="20GB")
-    del m
+    from peft import LoraConfig, get_peft_model
+    pm = get_peft_model(m, LoraConfig(r=16, lora_alpha=32, target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
+                                                                          "up_proj", "down_proj"]))
+    with torch.no_grad():
+        for n, p in pm.named_parameters():
+            if "lora_" in n:
+                p.normal_(0, 0.01)
+    pm.save_pretrained(adapter)
+    del m, pm
     torch.cuda.empty_cache()
-print(f"checkpoint ready in {time.time() - t0:.0f} s", flush=True)
 
-res = {"model": args.model, "prompt_tokens": args.prompt, "new_tokens": args.new, "gpu": torch.cuda.get_device_name(0),
-       "torch": torch.__version__}
-import transformers
-res["transformers"] = transformers.__version__
+res = {"model": args.model, "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "transformers": transformers.__version__,
+       "new_tokens": args.new, "rows": {}}
+try:
+    res["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True,
+                                   text=True).stdout.strip()
+except Exception:
+    pass
+import peft
+res["peft"] = peft.__version__
 
-# ---- g4
+# Measured device bandwidth: a 4 GiB device-to-device copy (bytes read + written).
+a = torch.empty(1 << 30, dtype=torch.float32, device="cuda")
+b = torch.empty_like(a)
+for _ in range(3):
+    b.copy_(a)
+torch.cuda.synchronize()
+t0 = time.time()
+for _ in range(10):
+    b.copy_(a)
+torch.cuda.synchronize()
+res["device_copy_GBps"] = round(2 * a.numel() * 4 * 10 / (time.time() - t0) / 1e9, 1)
+del a, b
+torch.cuda.empty_cache()
+
+
+def ids_of(n):
+    return [2] + [(i * 7919 + 13) % 200000 + 1000 for i in range(n - 1)]
+
+
+class GpuPeak:
+    """Highest GPU memory used by other processes (nvidia-smi), sampled every 20 ms."""
+    def __init__(self):
+        self.peak, self.stop = 0, False
+    def __enter__(self):
+        def poll():
+            while not self.stop:
+                out = subprocess.run(["nvidia-smi", "--query-compute-apps=used_memory", "--format=csv,noheader,nounits"],
+                                     capture_output=True, text=True).stdout.split()
+                self.peak = max([self.peak] + [int(x) for x in out if x.isdigit()])
+                time.sleep(0.02)
+        self.t = threading.Thread(target=poll, daemon=True)
+        self.t.start()
+        return self
+    def __exit__(self, *a):
+        self.stop = True
+        self.t.join()
+
+
+# ---- g4: adapter merged in fp32, NF4 projections, one plan for every measurement.
+max_ctx = max(depths + [4096]) + args.new + 16
 plan = os.path.join(args.workdir, args.model + ".g4plan")
 t0 = time.time()
-r = subprocess.run([args.g4, "compile", "--model", ckpt, "--device", "cuda", "--no-fidelity", "--max-context", "8192", "--chunk", "256",
-                    "-o", plan], capture_output=True, text=True)
-res["g4_compile_s"] = round(time.time() - t0, 1)
-print(r.stderr[-1500:], flush=True)
+r = subprocess.run([args.g4, "compile", "--model", ckpt, "--adapter", adapter, "--device", "cuda", "--no-fidelity", "--max-context",
+                    str(max_ctx), "--chunk", "256", "-o", plan], capture_output=True, text=True)
 if r.returncode != 0:
+    print(r.stderr)
     sys.exit(1)
-ids = [2] + [(i * 7919 + 13) % 200000 + 1000 for i in range(args.prompt - 1)]
-runs = []
-for rep in range(3):
-    r = subprocess.run([args.g4, "run", plan, "--tokens", ",".join(map(str, ids)), "-n", str(args.new), "--temp", "0", "--ignore-eos",
-                        "--stats"], capture_output=True, text=True)
-    if r.returncode != 0:
-        print(r.stderr)
-        sys.exit(1)
-    line = [l for l in r.stderr.splitlines() if l.startswith("g4: load")][-1]
-    runs.append(line)
-print("\n".join(runs), flush=True)
-res["g4_stats"] = runs
-# Consistency at real shapes: tokens generated by decode steps (GEMV kernels) must be the argmax of a
-# teacher-forced prefill over the same sequence (tiled GEMM kernels).
-import numpy as np
-short = ids[:64]
-r = subprocess.run([args.g4, "run", plan, "--tokens", ",".join(map(str, short)), "-n", "16", "--temp", "0", "--ignore-eos", "--print-ids"],
-                   capture_output=True, text=True)
-gen = [int(t) for t in r.stdout.strip().split(",")]
-dump = os.path.join(args.workdir, "tf.f32")
-subprocess.run([args.g4, "run", plan, "--tokens", ",".join(map(str, short + gen[:-1])), "-n", "1", "--dump-logits", dump], check=True,
-               capture_output=True)
-lg = np.fromfile(dump, dtype="<f4").reshape(-1, cfg.vocab_size)
-tf = [int(a) for a in lg[len(short) - 1:].argmax(-1)]
-res["decode_vs_prefill_argmax_agree"] = f"{sum(a == b for a, b in zip(tf, gen))}/{len(gen)}"
-print("decode vs teacher-forced prefill argmax agree:", res["decode_vs_prefill_argmax_agree"], flush=True)
+res["g4_compile_s"] = round(time.time() - t0, 1)
+report = r.stderr
+print(report[-1200:], flush=True)
 
-# ---- HF bf16
-model = Gemma4ForCausalLM.from_pretrained(ckpt, dtype=torch.bfloat16, attn_implementation="sdpa").cuda().eval()
-x = torch.tensor([ids], device="cuda")
-torch.cuda.reset_peak_memory_stats()
-with torch.no_grad():
-    for rep in range(2):
-        torch.cuda.synchronize(); t0 = time.time()
-        out = model(x, use_cache=True)
-        torch.cuda.synchronize(); res["hf_prefill_ms"] = round((time.time() - t0) * 1000, 1)
-        torch.cuda.synchronize(); t0 = time.time()
-        g = model.generate(x, max_new_tokens=args.new, min_new_tokens=args.new, do_sample=False)
-        torch.cuda.synchronize(); total = time.time() - t0
-    res["hf_generate_s"] = round(total, 3)
-    res["hf_decode_tok_s"] = round(args.new / max(1e-9, total - res["hf_prefill_ms"] / 1000), 1)
-res["hf_peak_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
-print(json.dumps(res, indent=1))
+
+def gib(s):
+    v, unit = s.split()
+    return float(v) * {"GiB": 1, "MiB": 1 / 1024, "KiB": 1 / 2**20}[unit]
+
+
+groups = {m.group(1): gib(m.group(3)) for m in re.finditer(r"^\s+(\w+)\s+\d+\s+([\d.]+ \w+)\s+([\d.]+ \w+)$", report, re.M)}
+# Bytes read per decode token: every weight but the PLE table and the embedding lookup rows (the
+# tied LM head reads the whole embedding).
+bytes_per_token = (sum(groups.values()) - groups.get("ple_table", 0)) * 2**30
+
+
+def g4_run(n_prompt, n_new):
+    with GpuPeak() as pk:
+        r = subprocess.run([args.g4, "run", plan, "--tokens", ",".join(map(str, ids_of(n_prompt))), "-n", str(n_new), "--temp", "0",
+                            "--ignore-eos", "--stats"], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise SystemExit(r.stderr)
+    line = [l for l in r.stderr.splitlines() if l.startswith("g4: load")][-1]
+    num = lambda pat: float(re.search(pat, line).group(1))
+    return {"ttft_ms": num(r"time to first token ([\d.]+) ms"), "decode_tok_s": num(r"\(([\d.]+) tok/s\)$"),
+            "peak_mib": pk.peak, "line": line}
+
+
+g4row = {}
+for n in [512, 4096]:
+    g4row[f"ttft_{n}_ms"] = min(g4_run(n, 1)["ttft_ms"] for _ in range(2))
+peak = 0
+for d in depths:
+    runs = [g4_run(max(d, 16), args.new) for _ in range(3 if d < 8192 else 1)]
+    g4row[f"decode_tok_s_depth_{d}"] = sorted(x["decode_tok_s"] for x in runs)[len(runs) // 2]
+    peak = max(peak, max(x["peak_mib"] for x in runs))
+g4row["peak_gpu_mib"] = peak
+g4row["GBps_depth_0"] = round(bytes_per_token * g4row["decode_tok_s_depth_0"] / 1e9, 1)
+g4row["fraction_of_copy_bw"] = round(g4row["GBps_depth_0"] / res["device_copy_GBps"], 3)
+res["rows"]["g4 NF4 + LoRA merged (CUDA)"] = g4row
+print(json.dumps(g4row), flush=True)
+
+
+# ---- Hugging Face rows
+def hf_measure(model, label, depth_list):
+    row = {}
+    torch.cuda.reset_peak_memory_stats()
+    with torch.no_grad():
+        for n in [512, 4096]:
+            x = torch.tensor([ids_of(n)], device="cuda")
+            best = 1e9
+            for _ in range(2):
+                torch.cuda.synchronize(); t0 = time.time()
+                out = model(x, use_cache=True, logits_to_keep=1)
+                out.logits[0, -1].argmax().item()
+                best = min(best, (time.time() - t0) * 1000)
+            row[f"ttft_{n}_ms"] = round(best, 1)
+        for d in depth_list:
+            x = torch.tensor([ids_of(max(d, 16))], device="cuda")
+            out = model(x, use_cache=True, logits_to_keep=1)
+            past, tok = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
+            torch.cuda.synchronize(); t0 = time.time()
+            for _ in range(args.new):
+                out = model(tok, past_key_values=past, use_cache=True)
+                past, tok = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
+            torch.cuda.synchronize()
+            row[f"decode_tok_s_depth_{d}"] = round(args.new / (time.time() - t0), 1)
+            del past, out
+    row["peak_gpu_mib"] = round(torch.cuda.max_memory_allocated() / 2**20)
+    res["rows"][label] = row
+    print(label, json.dumps(row), flush=True)
+
+
+base = Gemma4ForCausalLM.from_pretrained(ckpt, dtype=torch.bfloat16, attn_implementation="sdpa").cuda().eval()
+hf_measure(base, "transformers bf16", depths)
+from peft import PeftModel
+pm = PeftModel.from_pretrained(base, adapter).eval()
+hf_measure(pm, "transformers bf16 + PEFT (unmerged)", [d for d in depths if d <= 4096])
+del pm, base
+torch.cuda.empty_cache()
+try:
+    import bitsandbytes  # noqa: F401
+    from transformers import BitsAndBytesConfig
+    q = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.bfloat16)
+    qm = Gemma4ForCausalLM.from_pretrained(ckpt, quantization_config=q, dtype=torch.bfloat16, device_map={"": 0},
+                                           attn_implementation="sdpa").eval()
+    qm = PeftModel.from_pretrained(qm, adapter).eval()
+    hf_measure(qm, "transformers + bitsandbytes NF4 + PEFT", [d for d in depths if d <= 4096])
+    del qm
+except Exception as e:  # record why the row could not run
+    res["rows"]["transformers + bitsandbytes NF4 + PEFT"] = {"not_run": f"{type(e).__name__}: {str(e)[:300]}"}
+    print("bnb row not run:", e, flush=True)
+
 json.dump(res, open(os.path.join(args.out, f"bench_{args.model}.json"), "w"), indent=1)
+cols = ["ttft_512_ms", "ttft_4096_ms"] + [f"decode_tok_s_depth_{d}" for d in depths] + ["peak_gpu_mib"]
+md = [f"### {args.model.upper()} on {res['gpu']} (driver {res.get('driver', '?')}, torch {res['torch']}, transformers "
+      f"{res['transformers']}, peft {res['peft']}); device copy {res['device_copy_GBps']} GB/s", "",
+      "| row | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
+for label, row in res["rows"].items():
+    md.append(f"| {label} | " + " | ".join(str(row.get(c, row.get("not_run", "—") if c == cols[0] else "—")) for c in cols) + " |")
+g = res["rows"]["g4 NF4 + LoRA merged (CUDA)"]
+md += ["", f"g4 decode at depth 0 reads {bytes_per_token / 1e9:.2f} GB/token: {g['GBps_depth_0']} GB/s, "
+           f"{100 * g['fraction_of_copy_bw']:.1f}% of the measured copy bandwidth."]
+open(os.path.join(args.out, f"bench_{args.model}.md"), "w").write("\n".join(md) + "\n")
+print("\n".join(md))
+try:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(9, 4))
+    labels = [l for l, r in res["rows"].items() if "not_run" not in r]
+    w = 0.8 / max(1, len(labels))
+    for i, l in enumerate(labels):
+        vals = [res["rows"][l].get(f"decode_tok_s_depth_{d}", 0) for d in depths]
+        ax.bar([j + i * w for j in range(len(depths))], vals, w, label=l)
+    ax.set_xticks([j + w * (len(labels) - 1) / 2 for j in range(len(depths))])
+    ax.set_xticklabels([f"depth {d}" for d in depths])
+    ax.set_ylabel("decode tokens/s (batch 1)")
+    ax.set_title(f"Gemma 4 {args.model.upper()} on {res['gpu']}")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(os.path.join(args.out, f"bench_{args.model}.png"), dpi=110)
+except Exception as e:
+    print("chart not drawn:", e)

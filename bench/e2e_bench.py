@@ -129,8 +129,10 @@ bytes_per_token = (sum(groups.values()) - groups.get("ple_table", 0)) * 2**30
 
 
 def g4_run(n_prompt, n_new):
+    tf = os.path.join(args.workdir, "prompt.txt")
+    open(tf, "w").write(",".join(map(str, ids_of(n_prompt))))
     with GpuPeak() as pk:
-        r = subprocess.run([args.g4, "run", plan, "--tokens", ",".join(map(str, ids_of(n_prompt))), "-n", str(n_new), "--temp", "0",
+        r = subprocess.run([args.g4, "run", plan, "--tokens", "@" + tf, "-n", str(n_new), "--temp", "0",
                             "--ignore-eos", "--stats"], capture_output=True, text=True)
     if r.returncode != 0:
         raise SystemExit(r.stderr)

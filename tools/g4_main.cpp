@@ -40,7 +40,7 @@ const char* kUsage =
     "  g4 compile --model DIR [--adapter DIR] [--weights nf4|bf16|f32] [--device cpu|cuda[:N]] [--target sm_XX]\n"
     "             [--quantize REGEX] [--keep REGEX] [--double-quant] [--no-fidelity]\n"
     "             [--max-context N] [--chunk N] [--logits-rows N] -o PLAN\n"
-    "  g4 run PLAN (-p TEXT | --tokens 2,17,99) [-n N] [--temp T] [--top-k K] [--top-p P] [--min-p P]\n"
+    "  g4 run PLAN (-p TEXT | --tokens 2,17,99 | --tokens @FILE) [-n N] [--temp T] [--top-k K] [--top-p P] [--min-p P]\n"
     "             [--repeat-penalty R] [--repeat-last-n N] [--seed S] [--stop STR]... [--ignore-eos]\n"
     "             [--print-ids] [--dump-logits FILE] [--truncate] [--threads N] [--stats]\n"
     "  g4 chat PLAN [--system TEXT] [-n N] [sampling options as for run] [--stats]\n"
@@ -260,7 +260,19 @@ int cmd_run(int argc, char** argv) {
     Engine e;
     open_engine(a.pos[0], &e);
     g4_sampling_params sp = sampling_from_args(a, e.e);
-    std::vector<int32_t> prompt = a.has("-p") ? tokenize(e.e, a.get("-p"), true) : parse_tokens(a.get("--tokens"));
+    std::string tok_arg = a.get("--tokens");
+    if (!tok_arg.empty() && tok_arg[0] == '@') {   // --tokens @FILE: ids from a file (long prompts)
+        std::FILE* f = std::fopen(tok_arg.c_str() + 1, "rb");
+        if (!f) throw RunError("cannot read token file " + tok_arg.substr(1));
+        std::string text;
+        char buf[1 << 16];
+        size_t n;
+        while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) text.append(buf, n);
+        std::fclose(f);
+        while (!text.empty() && (text.back() == '\n' || text.back() == ' ' || text.back() == '\r')) text.pop_back();
+        tok_arg = text;
+    }
+    std::vector<int32_t> prompt = a.has("-p") ? tokenize(e.e, a.get("-p"), true) : parse_tokens(tok_arg);
     if (prompt.empty()) throw UsageError("the prompt is empty");
     if ((int64_t)prompt.size() >= e.info.max_context) {
         if (!a.flag.count("--truncate"))

@@ -38,19 +38,49 @@ def rel(a, b):
     return float(np.linalg.norm(a.astype(np.float64) - b) / np.linalg.norm(b.astype(np.float64)))
 
 
+_hf_cache = {}
+
+
+def hf_bf16_err(fixture, p):
+    # HF's own bf16 run against its float32 reference: the bar for g4's bf16 (tensor-core) prefill.
+    import torch
+    from transformers import AutoModelForImageTextToText, AutoModelForCausalLM
+    if fixture not in _hf_cache:
+        path = os.path.join(fx, fixture)
+        try:
+            m = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.bfloat16)
+        except Exception:
+            m = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16)
+        _hf_cache[fixture] = m.cuda().eval()
+    m = _hf_cache[fixture]
+    with torch.no_grad():
+        lg = m(input_ids=torch.tensor([p["ids"]], device="cuda")).logits[0].float().cpu().numpy()
+    hf = np.fromfile(os.path.join(fx, fixture, "reference", p["logits"]), dtype="<f4")
+    return rel(lg.reshape(-1), hf)
+
+
 rows, ok = [], True
 for fixture in ["e2b_tiny", "e4b_tiny"]:
     ref = json.load(open(os.path.join(fx, fixture, "reference", "reference.json")))
     for w in ["f32", "bf16", "nf4"]:
         plans = {}
-        for dev in ["cpu", "cuda"]:
+        for dev in ["cpu", "cuda", "cuda-bf16"]:
             plans[dev] = os.path.join(tmp, f"{fixture}-{w}-{dev}.g4plan")
-            sh([g4, "compile", "--model", os.path.join(fx, fixture), "--weights", w, "--device", dev, "--no-fidelity", "-o", plans[dev]])
+            extra = ["--device", "cuda", "--prefill-precision", "bf16"] if dev == "cuda-bf16" else ["--device", dev]
+            if dev == "cuda":
+                extra += ["--prefill-precision", "fp32"]
+            sh([g4, "compile", "--model", os.path.join(fx, fixture), "--weights", w, *extra, "--no-fidelity", "-o", plans[dev]])
         for p in ref["prompts"]:
             hf = np.fromfile(os.path.join(fx, fixture, "reference", p["logits"]), dtype="<f4")
             lc, gc = run(plans["cpu"], p["ids"], 16)
             lg, gg = run(plans["cuda"], p["ids"], 16)
             row = {"fixture": fixture, "weights": w, "prompt": p["name"], "cuda_vs_cpu": rel(lg, lc), "greedy_cuda_eq_cpu": gg == gc}
+            lb, gb = run(plans["cuda-bf16"], p["ids"], 16)
+            row["cuda_bf16_prefill_vs_cpu"] = rel(lb, lc)
+            if w != "nf4":
+                row["cuda_bf16_prefill_vs_hf"] = rel(lb, hf)
+                row["hf_bf16_vs_hf_f32"] = hf_bf16_err(fixture, p)
+                ok &= row["cuda_bf16_prefill_vs_hf"] <= max(1e-3, row["hf_bf16_vs_hf_f32"])
             if w != "nf4":
                 row["cuda_vs_hf"] = rel(lg, hf)
                 row["greedy_cuda_eq_hf"] = gg == p["greedy"]

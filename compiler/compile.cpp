@@ -402,7 +402,9 @@ void write_plan(const Inputs& in, const std::string& out_path, Mode mode, Report
             bool gemv  = (w.dtype == DType::NF4 && K % 512 == 0) || (w.dtype == DType::BF16 && K % 256 == 0);
             bool tiled = K % 32 == 0 && (w.dtype == DType::NF4 || w.dtype == DType::BF16);
             ops[i].ip[5] = (int32_t)(gemv ? plan::MatmulVariant::Gemv4 : plan::MatmulVariant::PerRow);
-            ops[i].ip[6] = (int32_t)(tiled ? plan::MatmulVariant::Tiled64 : plan::MatmulVariant::PerRow);
+            ops[i].ip[6] = (int32_t)(!tiled ? plan::MatmulVariant::PerRow
+                                     : in.opt.prefill_precision == "bf16" ? plan::MatmulVariant::TensorCore
+                                                                          : plan::MatmulVariant::Tiled64);
         } else if (ops[i].code == (uint16_t)OpCode::Attention) {
             // Split the key span so a decode step fills the GPU: >= 64 keys a block, <= 32 partials to merge.
             int64_t span = ops[i].ip[4] > 0 ? std::min<int64_t>(ops[i].ip[4], in.max_context) : in.max_context;
@@ -412,6 +414,7 @@ void write_plan(const Inputs& in, const std::string& out_path, Mode mode, Report
 
     json policy = {{"weights", opt.weights}, {"double_quant", dq}, {"quantize", opt.quantize_regex}, {"keep", opt.keep_regex},
                    {"nf4_blocksize", nf4::kBlock}};
+    if (in.cuda_index >= 0) policy["prefill_precision"] = opt.prefill_precision;
     json meta;
     meta["format"]        = "g4plan";
     meta["g4_version"]    = G4_VERSION_STRING;
@@ -592,6 +595,8 @@ void compile_plan(const CompileOptions& opt, std::ostream& log) {
         throw CompileError("unknown --device '" + opt.device + "': expected cpu or cuda[:N]");
     }
     if (cuda_index < 0 && !opt.cuda_target.empty()) throw CompileError("--target applies to --device cuda only");
+    if (opt.prefill_precision != "bf16" && opt.prefill_precision != "fp32")
+        throw CompileError("unknown --prefill-precision '" + opt.prefill_precision + "': expected bf16 or fp32");
     if (opt.out_path.empty()) throw CompileError("missing -o PLAN: the output plan path");
     if (opt.max_rows < 1 || opt.max_rows > 8192) throw CompileError("--chunk must be in 1..8192");
     if (opt.logits_rows < 1 || opt.logits_rows > opt.max_rows)

@@ -19,6 +19,7 @@ struct CompileOptions {
     bool double_quant   = false;      // bitsandbytes double quantization of the NF4 absmax
     bool fidelity       = true;       // measure logits vs the full-precision model when lossy
     std::string cuda_target;          // sm_80 | sm_86 | sm_89 | sm_90; default: the GPU present
+    std::string prefill_precision = "bf16";   // CUDA prefill matmuls: bf16 (tensor cores) | fp32 (exact SIMT)
     std::string tokenizer_path;       // tokenizer.json to embed (default: MODEL/tokenizer.json if present)
     int max_context     = 0;          // 0: min(4096, max_position_embeddings)
     int max_rows        = 64;         // prefill chunk (tokens per step)

@@ -80,10 +80,10 @@ std::string check_ops(const plan::Plan& p) {
             if (c.matmul_weight(op.in[1], "weight")) {
                 const PlanTensor& w = p.tensor(op.in[1]);
                 if (w.ndim != 2 || w.dims[1] > in.max_k) c.fail("weight must be 2-D with K <= max_k");
-                else if (op.ip[5] < 0 || op.ip[5] > 2 || op.ip[6] < 0 || op.ip[6] > 2) c.fail("bad kernel variant");
+                else if (op.ip[5] < 0 || op.ip[5] > 1 || op.ip[6] < 0 || op.ip[6] > 3 || op.ip[6] == 1) c.fail("bad kernel variant");
                 else if ((op.ip[5] == (int32_t)plan::MatmulVariant::Gemv4 &&
                           !((w.dtype == (uint8_t)DType::NF4 && w.dims[1] % 512 == 0) || (w.dtype == (uint8_t)DType::BF16 && w.dims[1] % 256 == 0))) ||
-                         (op.ip[6] == (int32_t)plan::MatmulVariant::Tiled64 &&
+                         ((op.ip[6] == (int32_t)plan::MatmulVariant::Tiled64 || op.ip[6] == (int32_t)plan::MatmulVariant::TensorCore) &&
                           !(w.dims[1] % 32 == 0 && (w.dtype == (uint8_t)DType::NF4 || w.dtype == (uint8_t)DType::BF16))))
                     c.fail("kernel variant does not fit the weight's shape or dtype");
                 else if (op.in[2] >= 0 && (!c.need(op.in[2], TensorKind::Weight, "bias") || p.tensor(op.in[2]).dtype != (uint8_t)DType::F32 ||

@@ -22,7 +22,7 @@ using plan::RowMode;
 using plan::TensorKind;
 
 struct Kernels {
-    CUfunction embed, mm_bf16, mm_f32, mm_nf4, gemm_bf16, gemm_nf4, gemv_bf16, gemv_nf4, rms, elem, rope, kv, attn_part, attn_merge, argmax;
+    CUfunction embed, mm_bf16, mm_f32, mm_nf4, gemm_bf16, gemm_nf4, gemv_bf16, gemv_nf4, tc_bf16, tc_nf4, rms, elem, rope, kv, attn_part, attn_merge, argmax;
 };
 
 struct EngineState {
@@ -120,7 +120,7 @@ g4_status engine_open(g4_engine* e, std::string* err) {
     CU_TRY(d->cuModuleLoadData(&st->mod, image), "loading the plan's CUDA kernels");
     struct { CUfunction* f; const char* n; } fns[] = {
         {&st->k.embed, "g4_embed"},       {&st->k.mm_bf16, "g4_matmul_bf16"},       {&st->k.mm_f32, "g4_matmul_f32"},
-        {&st->k.mm_nf4, "g4_matmul_nf4"}, {&st->k.gemm_bf16, "g4_gemm_bf16"}, {&st->k.gemm_nf4, "g4_gemm_nf4"}, {&st->k.gemv_bf16, "g4_gemv_bf16"}, {&st->k.gemv_nf4, "g4_gemv_nf4"}, {&st->k.rms, "g4_rms_norm"},              {&st->k.elem, "g4_elementwise"},
+        {&st->k.mm_nf4, "g4_matmul_nf4"}, {&st->k.gemm_bf16, "g4_gemm_bf16"}, {&st->k.gemm_nf4, "g4_gemm_nf4"}, {&st->k.gemv_bf16, "g4_gemv_bf16"}, {&st->k.gemv_nf4, "g4_gemv_nf4"}, {&st->k.tc_bf16, "g4_tc_gemm_bf16"}, {&st->k.tc_nf4, "g4_tc_gemm_nf4"}, {&st->k.rms, "g4_rms_norm"},              {&st->k.elem, "g4_elementwise"},
         {&st->k.rope, "g4_rope"},         {&st->k.kv, "g4_kv_store"},               {&st->k.attn_part, "g4_attention_partial"},
         {&st->k.attn_merge, "g4_attention_merge"}, {&st->k.argmax, "g4_argmax"}};
     for (auto& f : fns) CU_TRY(d->cuModuleGetFunction(f.f, st->mod, f.n), std::string("kernel ") + f.n);
@@ -264,7 +264,8 @@ g4_status launch_ops(g4_session* s, int rows, int out_rows, std::string* err) {
             // chunks the tiled GEMM (weights read once per 64 tokens), the rest one warp per row.
             const bool is_nf4 = w.dtype == (uint8_t)DType::NF4;
             const bool gemv   = n == 1 && op.ip[5] == (int32_t)plan::MatmulVariant::Gemv4;
-            const bool tiled  = !gemv && n > 8 && op.ip[6] == (int32_t)plan::MatmulVariant::Tiled64;
+            const bool tc     = !gemv && n > 8 && op.ip[6] == (int32_t)plan::MatmulVariant::TensorCore;
+            const bool tiled  = !gemv && n > 8 && (tc || op.ip[6] == (int32_t)plan::MatmulVariant::Tiled64);
             unsigned gx = gemv ? (unsigned)ceil_div(N, 32) : tiled ? (unsigned)ceil_div(N, 64) : (unsigned)ceil_div(N, 8);
             unsigned gy = tiled ? (unsigned)ceil_div(n, 64) : 1;
             if (is_nf4) {
@@ -272,11 +273,11 @@ g4_status launch_ops(g4_session* s, int rows, int out_rows, std::string* err) {
                 CUdeviceptr codes = in1 + l.codes_off, am = in1 + l.absmax_off;
                 CUdeviceptr am2 = l.double_quant ? in1 + l.absmax2_off : 0, off = l.double_quant ? in1 + l.offset_off : 0;
                 CUdeviceptr c2 = l.double_quant ? in1 + l.code2_off : 0;
-                CUfunction f   = gemv ? K.gemv_nf4 : tiled ? K.gemm_nf4 : K.mm_nf4;
-                r = go(f, gx, gy, 256, {&step, &mode, &in0, &ld0, &codes, &am, &am2, &off, &c2, &N, &Kd, &out0, &ldo, &in2});
+                CUfunction f   = gemv ? K.gemv_nf4 : tc ? K.tc_nf4 : tiled ? K.gemm_nf4 : K.mm_nf4;
+                r = go(f, gx, gy, tc ? 128 : 256, {&step, &mode, &in0, &ld0, &codes, &am, &am2, &off, &c2, &N, &Kd, &out0, &ldo, &in2});
             } else {
-                CUfunction f = gemv ? K.gemv_bf16 : tiled ? K.gemm_bf16 : w.dtype == (uint8_t)DType::BF16 ? K.mm_bf16 : K.mm_f32;
-                r = go(f, gx, gy, 256, {&step, &mode, &in0, &ld0, &in1, &N, &Kd, &out0, &ldo, &in2});
+                CUfunction f = gemv ? K.gemv_bf16 : tc ? K.tc_bf16 : tiled ? K.gemm_bf16 : w.dtype == (uint8_t)DType::BF16 ? K.mm_bf16 : K.mm_f32;
+                r = go(f, gx, gy, tc ? 128 : 256, {&step, &mode, &in0, &ld0, &in1, &N, &Kd, &out0, &ldo, &in2});
             }
             break;
         }

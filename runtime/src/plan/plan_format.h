@@ -94,7 +94,12 @@ inline constexpr uint16_t kNoLayer = 0xFFFF;
 
 // CUDA kernel variants chosen by the compiler for a matmul (PlanOp.ip[5] for decode steps of one
 // row, ip[6] for prefill chunks); CPU plans ignore them.
-enum class MatmulVariant : int32_t { PerRow = 0, Gemv4 = 1, Tiled64 = 2 };
+enum class MatmulVariant : int32_t {
+    PerRow      = 0,   // one warp per output row (any shape, fp32 arithmetic)
+    Gemv4       = 1,   // decode: 4 rows per warp (NF4 K % 512 == 0, bf16 K % 256 == 0)
+    Tiled64     = 2,   // prefill: 64x64 tiles, fp32 arithmetic (K % 32 == 0)
+    TensorCore  = 3,   // prefill: mma.sync bf16 operands, fp32 accumulate (K % 32 == 0)
+};
 
 inline uint64_t fnv1a64(const void* data, size_t n, uint64_t h = 1469598103934665603ull) {
     const unsigned char* p = static_cast<const unsigned char*>(data);

@@ -221,7 +221,7 @@ struct Report {
     std::map<std::string, Group> groups;
     std::vector<std::string> merged;     // adapter modules merged
     std::map<std::string, std::string> tensor_dtype;
-    uint64_t weights_bytes = 0, act_arena = 0, kv_arena = 0;
+    uint64_t weights_bytes = 0, act_arena = 0, kv_arena = 0, cuda_workspace = 0, cpu_scratch_per_thread = 0;
     int sliding_slots = 0;
     size_t n_ops = 0, n_tensors = 0, ignored_text = 0, ignored_other = 0;
 };
@@ -443,6 +443,39 @@ void write_plan(const Inputs& in, const std::string& out_path, Mode mode, Report
     meta["tokenizer"]     = in.tokenizer_meta;
     std::string meta_text = meta.dump(1);
 
+    // Session memory beyond the arenas: CUDA attention workspaces (as the runtime sizes them), CPU
+    // per-thread scratch.
+    {
+        uint64_t part = 16, scores = 16;
+        for (const auto& o : ops)
+            if (o.code == (uint16_t)OpCode::Attention) {
+                uint64_t sp   = std::max(1, o.ip[5]);
+                uint64_t span = o.ip[4] > 0 ? std::min<uint64_t>(o.ip[4], in.max_context) : in.max_context;
+                part          = std::max<uint64_t>(part, (uint64_t)opt.max_rows * o.ip[0] * sp * (o.ip[2] + 2));
+                scores        = std::max<uint64_t>(scores, (uint64_t)opt.max_rows * o.ip[0] * sp * ((span + sp - 1) / sp + 1));
+            }
+        rep->cuda_workspace         = (part + scores) * 4;
+        rep->cpu_scratch_per_thread = (uint64_t)std::max<int64_t>(32 * max_k, in.max_context + 64) * 4;
+    }
+    if (opt.dry_run && mode == Mode::Plan) {
+        for (size_t t = 0; t < prog.tensors.size(); ++t) {
+            const TensorDesc& d = prog.tensors[t];
+            if (d.kind != TensorKind::Weight || d.role == WeightRole::Constant || d.role == WeightRole::LoraBias) continue;
+            auto& g = rep->groups[gemma4::weight_role_name(d.role)];
+            std::string hf = source_of(d);
+            g.before += in.ckpt->has(hf) ? in.ckpt->get(hf).nbytes : 0;
+            g.after += nbytes[t];
+            g.tensors++;
+        }
+        rep->weights_bytes = weights_size;
+        rep->act_arena     = act_arena;
+        rep->kv_arena      = kv_arena;
+        rep->sliding_slots = prog.sliding_slots;
+        rep->n_ops         = ops.size();
+        rep->n_tensors     = tensors.size();
+        return;
+    }
+
     // Layout: header, section table, then 4096-aligned sections; weights streamed last.
     struct Sec { plan::SectionKind kind; const void* data; uint64_t size; };
     std::vector<Sec> small = {{plan::SectionKind::Meta, meta_text.data(), meta_text.size()},
@@ -597,14 +630,14 @@ void compile_plan(const CompileOptions& opt, std::ostream& log) {
     if (cuda_index < 0 && !opt.cuda_target.empty()) throw CompileError("--target applies to --device cuda only");
     if (opt.prefill_precision != "bf16" && opt.prefill_precision != "fp32")
         throw CompileError("unknown --prefill-precision '" + opt.prefill_precision + "': expected bf16 or fp32");
-    if (opt.out_path.empty()) throw CompileError("missing -o PLAN: the output plan path");
+    if (opt.out_path.empty() && !opt.dry_run) throw CompileError("missing -o PLAN: the output plan path");
     if (opt.max_rows < 1 || opt.max_rows > 8192) throw CompileError("--chunk must be in 1..8192");
     if (opt.logits_rows < 1 || opt.logits_rows > opt.max_rows)
         throw CompileError("--logits-rows must be in 1..chunk (" + std::to_string(opt.max_rows) + ")");
 
     Inputs in{opt, load_model_config(opt.model_dir), nullptr, nullptr, 0, false, json::object(), "", json::object()};
     // CUDA: pick the target (the GPU present unless --target) and compile every kernel with NVRTC now.
-    if (cuda_index >= 0) {
+    if (cuda_index >= 0 && !opt.dry_run) {
         if (in.mc.text.head_dim > 512 || in.mc.text.head_dim_full > 512)
             throw CompileError("--device cuda supports head dims up to 512 (this model has " + std::to_string(in.mc.text.head_dim_full) + ")");
         std::string target = opt.cuda_target;
@@ -700,6 +733,35 @@ void compile_plan(const CompileOptions& opt, std::ostream& log) {
 
     Report rep;
     write_plan(in, opt.out_path, Mode::Plan, &rep);
+    if (opt.dry_run) {
+        log << "g4 compile --dry-run: " << opt.model_dir << " (" << in.mc.model_type << ", " << hp.num_layers << " layers, "
+            << hp.num_kv_shared_layers << " KV-shared), policy: weights " << opt.weights << "; nothing written\n";
+        log << "  tensor group        tensors      before        after\n";
+        for (const auto& [name, g] : rep.groups) {
+            char line[160];
+            std::snprintf(line, sizeof line, "  %-18s %8d %12s %12s\n", name.c_str(), g.tensors, human(g.before).c_str(), human(g.after).c_str());
+            log << line;
+        }
+        log << "  memory plan (exact bytes; CUDA context and allocator overhead not included):\n";
+        char line[320];
+        if (cuda_index >= 0) {
+            uint64_t total = rep.weights_bytes + rep.act_arena + rep.kv_arena + rep.cuda_workspace;
+            std::snprintf(line, sizeof line,
+                          "    cuda:%d  weights %s + activations %s + KV cache %s + attention workspace %s = %s\n"
+                          "    host    plan file mapped (%s of weights, read once at load) + pinned buffers %s\n",
+                          cuda_index, human(rep.weights_bytes).c_str(), human(rep.act_arena).c_str(), human(rep.kv_arena).c_str(),
+                          human(rep.cuda_workspace).c_str(), human(total).c_str(), human(rep.weights_bytes).c_str(),
+                          human((uint64_t)opt.max_rows * 4 + (uint64_t)opt.logits_rows * hp.vocab_size * 4 + 64).c_str());
+        } else {
+            std::snprintf(line, sizeof line,
+                          "    cpu     weights %s (mapped from the plan) + activations %s + KV cache %s + scratch %s per thread\n",
+                          human(rep.weights_bytes).c_str(), human(rep.act_arena).c_str(), human(rep.kv_arena).c_str(),
+                          human(rep.cpu_scratch_per_thread).c_str());
+        }
+        log << line;
+        log << "  KV cache: max_context " << in.max_context << ", sliding ring " << rep.sliding_slots << " slots, KV-shared layers own none\n";
+        return;
+    }
 
     // Adapter modules that matched nothing in the compiled model.
     std::vector<std::string> dropped_shared, dropped_tower;

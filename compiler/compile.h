@@ -18,6 +18,7 @@ struct CompileOptions {
     std::string keep_regex;           // never quantize weights whose HF name matches
     bool double_quant   = false;      // bitsandbytes double quantization of the NF4 absmax
     bool fidelity       = true;       // measure logits vs the full-precision model when lossy
+    bool dry_run        = false;      // validate and print the memory plan; write nothing
     std::string cuda_target;          // sm_80 | sm_86 | sm_89 | sm_90; default: the GPU present
     std::string prefill_precision = "bf16";   // CUDA prefill matmuls: bf16 (tensor cores) | fp32 (exact SIMT)
     std::string tokenizer_path;       // tokenizer.json to embed (default: MODEL/tokenizer.json if present)

@@ -38,7 +38,7 @@ struct UsageError : std::runtime_error {
 const char* kUsage =
     "usage:\n"
     "  g4 compile --model DIR [--adapter DIR] [--weights nf4|bf16|f32] [--device cpu|cuda[:N]] [--target sm_XX]\n"
-    "             [--quantize REGEX] [--keep REGEX] [--double-quant] [--no-fidelity] [--prefill-precision bf16|fp32]\n"
+    "             [--quantize REGEX] [--keep REGEX] [--double-quant] [--no-fidelity] [--prefill-precision bf16|fp32] [--dry-run]\n"
     "             [--max-context N] [--chunk N] [--logits-rows N] -o PLAN\n"
     "  g4 run PLAN (-p TEXT | --tokens 2,17,99 | --tokens @FILE) [-n N] [--temp T] [--top-k K] [--top-p P] [--min-p P]\n"
     "             [--repeat-penalty R] [--repeat-last-n N] [--seed S] [--stop STR]... [--ignore-eos]\n"
@@ -143,10 +143,10 @@ bool write_file_atomic(const std::string& path, const void* data, size_t n, std:
 
 int cmd_compile(int argc, char** argv) {
     Args a(argc, argv, 2, {"--model", "--adapter", "--weights", "--device", "-o", "--max-context", "--chunk", "--logits-rows", "--quantize", "--keep", "--tokenizer", "--target", "--prefill-precision"},
-           {"--double-quant", "--no-fidelity"});
+           {"--double-quant", "--no-fidelity", "--dry-run"});
     if (!a.pos.empty()) throw UsageError("unexpected argument '" + a.pos[0] + "'");
     if (!a.has("--model")) throw UsageError("missing --model DIR");
-    if (!a.has("-o")) throw UsageError("missing -o PLAN");
+    if (!a.has("-o") && !a.flag.count("--dry-run")) throw UsageError("missing -o PLAN");
     g4::CompileOptions o;
     o.model_dir   = a.get("--model");
     o.adapter_dir = a.get("--adapter");
@@ -162,6 +162,7 @@ int cmd_compile(int argc, char** argv) {
     o.double_quant   = a.flag.count("--double-quant") > 0;
     o.fidelity       = a.flag.count("--no-fidelity") == 0;
     o.tokenizer_path = a.get("--tokenizer");
+    o.dry_run        = a.flag.count("--dry-run") > 0;
     o.cuda_target    = a.get("--target");
     o.prefill_precision = a.get("--prefill-precision", o.prefill_precision);
     g4::compile_plan(o, std::cerr);

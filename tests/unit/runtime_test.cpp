@@ -208,3 +208,24 @@ TEST(Runtime, SeededSamplingIsReproducible) {
 }
 
 } // namespace
+
+namespace {
+
+TEST(Compile, DryRunPrintsTheMemoryPlanAndWritesNothing) {
+    TempDir td;
+    CmdResult r = run_g4("compile --model '" + fixture("e2b_tiny") + "' --dry-run --max-context 1024 -o '" + td.file("p.g4plan") + "'");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    for (const char* s : {"nothing written", "memory plan", "KV cache", "mlp_proj", "sliding ring 71 slots"})
+        EXPECT_NE(r.err.find(s), std::string::npos) << "missing '" << s << "' in " << r.err;
+    EXPECT_FALSE(file_exists(td.file("p.g4plan")));
+    // The KV figure is the one the real compile allocates.
+    CmdResult real = run_g4("compile --model '" + fixture("e2b_tiny") + "' --max-context 1024 --no-fidelity -o '" + td.file("q.g4plan") + "'");
+    ASSERT_EQ(real.exit_code, 0);
+    auto kv = [](const std::string& s) { size_t a = s.find("KV cache") + 9; return s.substr(a, s.find(" ", s.find(" ", a) + 1) - a); };
+    EXPECT_EQ(kv(r.err), kv(real.err));
+    CmdResult cuda = run_g4("compile --model '" + fixture("e2b_tiny") + "' --device cuda:0 --dry-run");
+    EXPECT_EQ(cuda.exit_code, 0) << cuda.err;
+    EXPECT_NE(cuda.err.find("cuda:0  weights"), std::string::npos) << cuda.err;
+}
+
+} // namespace

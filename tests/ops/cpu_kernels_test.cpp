@@ -192,7 +192,12 @@ TEST_P(AttentionTest, MatchesReference) {
 INSTANTIATE_TEST_SUITE_P(GemmaShapes, AttentionTest,
                          ::testing::Values(AttnShape{1, 8, 1, 256, 575, 512, 2000}, AttnShape{4, 8, 1, 512, 1024, 0, 700},
                                            AttnShape{3, 8, 2, 256, 575, 512, 9}, AttnShape{1, 8, 2, 512, 4096, 0, 4095},
-                                           AttnShape{64, 8, 2, 256, 575, 512, 600}));
+                                           AttnShape{64, 8, 2, 256, 575, 512, 600}),
+                         [](const auto& i) {
+                             const AttnShape& a = i.param;
+                             return "rows" + std::to_string(a.rows) + "_kv" + std::to_string(a.kv_heads) + "_d" + std::to_string(a.dim) +
+                                    "_slots" + std::to_string(a.slots) + "_win" + std::to_string(a.window) + "_pos" + std::to_string(a.pos0);
+                         });
 
 TEST(CpuKernels, KvStoreWrapsRing) {
     const int width = 16, slots = 5, rows = 3;

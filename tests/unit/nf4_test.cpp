@@ -537,7 +537,11 @@ TEST_P(Nf4Matmul, CpuMatchesReferenceAndDenseDequantized) {
 INSTANTIATE_TEST_SUITE_P(GemmaShapes, Nf4Matmul,
                          ::testing::Values(MatShape{1, 2048, 1536}, MatShape{7, 2048, 1536}, MatShape{1, 1536, 6144},
                                            MatShape{7, 1536, 6144}, MatShape{1, 40, 100}, MatShape{7, 40, 100},
-                                           MatShape{3, 33, 75}));
+                                           MatShape{3, 33, 75}),
+                         [](const auto& i) {
+                             return "rows" + std::to_string(i.param.rows) + "_n" + std::to_string(i.param.n) + "_k" +
+                                    std::to_string(i.param.k);
+                         });
 
 TEST(Nf4Matmul, StridedViewsAndDefaultFlag) {
     Pool p(100);

@@ -171,16 +171,6 @@ struct Inputs {
     std::string ptx;
 };
 
-std::string read_text_file(const std::string& path) {
-    std::FILE* f = std::fopen(path.c_str(), "rb");
-    if (!f) throw CompileError("cannot read " + path);
-    std::string s;
-    char buf[1 << 16];
-    size_t n;
-    while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) s.append(buf, n);
-    std::fclose(f);
-    return s;
-}
 
 // Reads a base weight as fp32: plain floats, or a bitsandbytes NF4 tensor dequantized.
 void read_base_f32(const Inputs& in, const std::string& hf, const std::vector<int64_t>& shape, std::vector<float>& out) {
@@ -457,6 +447,12 @@ void write_plan(const Inputs& in, const std::string& out_path, Mode mode, Report
         rep->cuda_workspace         = (part + scores) * 4;
         rep->cpu_scratch_per_thread = (uint64_t)std::max<int64_t>(32 * max_k, in.max_context + 64) * 4;
     }
+    rep->weights_bytes = weights_size;
+    rep->act_arena     = act_arena;
+    rep->kv_arena      = kv_arena;
+    rep->sliding_slots = prog.sliding_slots;
+    rep->n_ops         = ops.size();
+    rep->n_tensors     = tensors.size();
     if (opt.dry_run && mode == Mode::Plan) {
         for (size_t t = 0; t < prog.tensors.size(); ++t) {
             const TensorDesc& d = prog.tensors[t];
@@ -467,12 +463,6 @@ void write_plan(const Inputs& in, const std::string& out_path, Mode mode, Report
             g.after += nbytes[t];
             g.tensors++;
         }
-        rep->weights_bytes = weights_size;
-        rep->act_arena     = act_arena;
-        rep->kv_arena      = kv_arena;
-        rep->sliding_slots = prog.sliding_slots;
-        rep->n_ops         = ops.size();
-        rep->n_tensors     = tensors.size();
         return;
     }
 
@@ -582,13 +572,16 @@ void write_plan(const Inputs& in, const std::string& out_path, Mode mode, Report
     out.write_at(0, &h, sizeof h);
     out.write_at(sizeof h, table.data(), table.size() * sizeof(plan::PlanSection));
     out.commit();
+}
 
-    rep->weights_bytes = weights_size;
-    rep->act_arena     = act_arena;
-    rep->kv_arena      = kv_arena;
-    rep->sliding_slots = prog.sliding_slots;
-    rep->n_ops         = ops.size();
-    rep->n_tensors     = tensors.size();
+// The compile report's bytes per tensor group, before (checkpoint) and after (plan).
+void print_groups(std::ostream& log, const Report& rep) {
+    log << "  tensor group        tensors      before        after\n";
+    for (const auto& [name, g] : rep.groups) {
+        char line[160];
+        std::snprintf(line, sizeof line, "  %-18s %8d %12s %12s\n", name.c_str(), g.tensors, human(g.before).c_str(), human(g.after).c_str());
+        log << line;
+    }
 }
 
 // Logits of a fixed calibration prompt through the CPU runtime.
@@ -736,12 +729,7 @@ void compile_plan(const CompileOptions& opt, std::ostream& log) {
     if (opt.dry_run) {
         log << "g4 compile --dry-run: " << opt.model_dir << " (" << in.mc.model_type << ", " << hp.num_layers << " layers, "
             << hp.num_kv_shared_layers << " KV-shared), policy: weights " << opt.weights << "; nothing written\n";
-        log << "  tensor group        tensors      before        after\n";
-        for (const auto& [name, g] : rep.groups) {
-            char line[160];
-            std::snprintf(line, sizeof line, "  %-18s %8d %12s %12s\n", name.c_str(), g.tensors, human(g.before).c_str(), human(g.after).c_str());
-            log << line;
-        }
+        print_groups(log, rep);
         log << "  memory plan (exact bytes; CUDA context and allocator overhead not included):\n";
         char line[320];
         if (cuda_index >= 0) {
@@ -794,12 +782,7 @@ void compile_plan(const CompileOptions& opt, std::ostream& log) {
     log << "  policy: weights " << opt.weights << (opt.double_quant ? " (double quant)" : "")
         << (opt.quantize_regex.empty() ? "" : ", --quantize " + opt.quantize_regex)
         << (opt.keep_regex.empty() ? "" : ", --keep " + opt.keep_regex) << "\n";
-    log << "  tensor group        tensors      before        after\n";
-    for (const auto& [name, g] : rep.groups) {
-        char line[160];
-        std::snprintf(line, sizeof line, "  %-18s %8d %12s %12s\n", name.c_str(), g.tensors, human(g.before).c_str(), human(g.after).c_str());
-        log << line;
-    }
+    print_groups(log, rep);
     if (in.adapter) {
         log << "  adapter " << opt.adapter_dir << ": " << rep.merged.size() << " weights merged in fp32\n";
         for (const auto& m : in.adapter->merges()) {

@@ -14,14 +14,6 @@ namespace {
 
 using json = nlohmann::json;
 
-std::string read_text(const std::string& path) {
-    std::ifstream f(path, std::ios::binary);
-    if (!f) throw CompileError("cannot read " + path + ": file missing or unreadable");
-    std::ostringstream ss;
-    ss << f.rdbuf();
-    return ss.str();
-}
-
 struct Reader {
     const json& j;
     std::string where;
@@ -188,6 +180,14 @@ gemma4::TextHParams parse_text(const json& tc, const std::string& where, const j
 
 } // namespace
 
+std::string read_text_file(const std::string& path) {
+    std::ifstream f(path, std::ios::binary);
+    if (!f) throw CompileError("cannot read " + path + ": file missing or unreadable");
+    std::ostringstream ss;
+    ss << f.rdbuf();
+    return ss.str();
+}
+
 ModelConfig parse_model_config(const std::string& config_json, const std::string& generation_json,
                                const std::string& source) {
     json j;
@@ -250,8 +250,8 @@ ModelConfig load_model_config(const std::string& dir) {
     std::string cfg = dir + "/config.json";
     if (!fs::exists(cfg)) throw CompileError(cfg + " not found: --model must be a Hugging Face checkpoint directory");
     std::string gen_path = dir + "/generation_config.json";
-    std::string gen      = fs::exists(gen_path) ? read_text(gen_path) : "";
-    return parse_model_config(read_text(cfg), gen, cfg);
+    std::string gen      = fs::exists(gen_path) ? read_text_file(gen_path) : "";
+    return parse_model_config(read_text_file(cfg), gen, cfg);
 }
 
 } // namespace g4

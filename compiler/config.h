@@ -31,6 +31,9 @@ struct ModelConfig {
     bool has_vision = false, has_audio = false;
 };
 
+// Reads a whole file; throws g4::CompileError naming it if it is missing or unreadable.
+std::string read_text_file(const std::string& path);
+
 // Parses DIR/config.json and, when present, DIR/generation_config.json. Throws g4::CompileError
 // naming the file and field on any problem.
 ModelConfig load_model_config(const std::string& dir);

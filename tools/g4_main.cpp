@@ -141,6 +141,21 @@ bool write_file_atomic(const std::string& path, const void* data, size_t n, std:
     return true;
 }
 
+struct RunError : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
+std::string read_whole_file(const std::string& path, const char* what) {
+    std::FILE* f = std::fopen(path.c_str(), "rb");
+    if (!f) throw RunError(std::string("cannot read ") + what + " " + path);
+    std::string text;
+    char buf[1 << 16];
+    size_t n;
+    while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) text.append(buf, n);
+    std::fclose(f);
+    return text;
+}
+
 int cmd_compile(int argc, char** argv) {
     Args a(argc, argv, 2, {"--model", "--adapter", "--weights", "--device", "-o", "--max-context", "--chunk", "--logits-rows", "--quantize", "--keep", "--tokenizer", "--target", "--prefill-precision"},
            {"--double-quant", "--no-fidelity", "--dry-run"});
@@ -168,10 +183,6 @@ int cmd_compile(int argc, char** argv) {
     g4::compile_plan(o, std::cerr);
     return 0;
 }
-
-struct RunError : std::runtime_error {
-    using std::runtime_error::runtime_error;
-};
 
 void check(g4_status st) {
     if (st != G4_OK) throw RunError(g4_last_error_message());
@@ -264,13 +275,7 @@ int cmd_run(int argc, char** argv) {
     g4_sampling_params sp = sampling_from_args(a, e.e);
     std::string tok_arg = a.get("--tokens");
     if (!tok_arg.empty() && tok_arg[0] == '@') {   // --tokens @FILE: ids from a file (long prompts)
-        std::FILE* f = std::fopen(tok_arg.c_str() + 1, "rb");
-        if (!f) throw RunError("cannot read token file " + tok_arg.substr(1));
-        std::string text;
-        char buf[1 << 16];
-        size_t n;
-        while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) text.append(buf, n);
-        std::fclose(f);
+        std::string text = read_whole_file(tok_arg.substr(1), "token file");
         while (!text.empty() && (text.back() == '\n' || text.back() == ' ' || text.back() == '\r')) text.pop_back();
         tok_arg = text;
     }
@@ -425,12 +430,7 @@ int cmd_tokenize(int argc, char** argv) {
         open_engine(path, &e);
         ids = tokenize(e.e, a.pos[0], add);
     } else {
-        std::string json, err;
-        std::FILE* f = std::fopen(path.c_str(), "rb");
-        char buf[1 << 16];
-        size_t n;
-        while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) json.append(buf, n);
-        std::fclose(f);
+        std::string json = read_whole_file(path, "tokenizer"), err;
         g4::Tokenizer tk;
         if (!g4::Tokenizer::load_from_json(json, &tk, &err)) throw RunError(path + ": " + err);
         if (!tk.encode(a.pos[0], add, &ids, &err)) throw RunError(err);

@@ -326,8 +326,11 @@ __device__ __forceinline__ void load_x_tile(float (*xs)[TB + 4], const float* x,
     }
 }
 
-extern "C" __global__ void g4_gemm_bf16(const Step* s, int mode, const float* x, long ldx, const u16* w, int N, int K, float* y,
-                                        long ldy, const float* bias) {
+// One 64x64 output tile; the weight tile is widened to fp32 from bf16 or NF4 as it is staged.
+template <bool kIsNf4>
+__device__ void simt_gemm(const Step* s, int mode, const float* x, long ldx, const u16* w, const u8* codes, const void* absmax,
+                          const float* absmax2, const float* offset, const float* code2, int N, int K, float* y, long ldy,
+                          const float* bias) {
     __shared__ float xs[TK][TB + 4], ws[TK][TB + 4];
     int T = rows_of(s, mode);
     int t_base = blockIdx.y * TB, n_base = blockIdx.x * TB;
@@ -337,31 +340,7 @@ extern "C" __global__ void g4_gemm_bf16(const Step* s, int mode, const float* x,
     float acc[4][4] = {};
     for (int k0 = 0; k0 < K; k0 += TK) {
         load_x_tile(xs, x, ldx, t_base, T, k0);
-        for (int e = threadIdx.x; e < TB * TK; e += blockDim.x) {
-            int n = e / TK, k = e % TK;
-            ws[k][n] = n_base + n < N ? bf16f(w[(long)(n_base + n) * K + k0 + k]) : 0.0f;
-        }
-        __syncthreads();
-        tile_body(xs, ws, acc, tx, ty);
-        __syncthreads();
-    }
-    tile_store(s, mode, acc, t_base, n_base, tx, ty, T, N, y, ldy, bias);
-}
-
-extern "C" __global__ void g4_gemm_nf4(const Step* s, int mode, const float* x, long ldx, const u8* codes, const void* absmax,
-                                       const float* absmax2, const float* offset, const float* code2, int N, int K, float* y,
-                                       long ldy, const float* bias) {
-    __shared__ float xs[TK][TB + 4], ws[TK][TB + 4];
-    int T = rows_of(s, mode);
-    int t_base = blockIdx.y * TB, n_base = blockIdx.x * TB;
-    if (t_base >= T) return;
-    x += (long)in_row0(s, mode) * ldx;
-    int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
-    float acc[4][4] = {};
-    for (int k0 = 0; k0 < K; k0 += TK) {
-        load_x_tile(xs, x, ldx, t_base, T, k0);
-        // 256 threads x 8 elements: thread -> (row n = tid / 4, 8 consecutive k).
-        {
+        if (kIsNf4) {   // 256 threads x 8 elements: thread -> (row n = tid / 4, 8 consecutive k)
             int n = threadIdx.x >> 2, kq = (threadIdx.x & 3) * 8;
             if (n_base + n < N) {
                 long e = (long)(n_base + n) * K + k0 + kq;
@@ -377,12 +356,28 @@ extern "C" __global__ void g4_gemm_nf4(const Step* s, int mode, const float* x, 
 #pragma unroll
                 for (int b = 0; b < 8; ++b) ws[kq + b][n] = 0.0f;
             }
+        } else {
+            for (int e = threadIdx.x; e < TB * TK; e += blockDim.x) {
+                int n = e / TK, k = e % TK;
+                ws[k][n] = n_base + n < N ? bf16f(w[(long)(n_base + n) * K + k0 + k]) : 0.0f;
+            }
         }
         __syncthreads();
         tile_body(xs, ws, acc, tx, ty);
         __syncthreads();
     }
     tile_store(s, mode, acc, t_base, n_base, tx, ty, T, N, y, ldy, bias);
+}
+
+extern "C" __global__ void g4_gemm_bf16(const Step* s, int mode, const float* x, long ldx, const u16* w, int N, int K, float* y,
+                                        long ldy, const float* bias) {
+    simt_gemm<false>(s, mode, x, ldx, w, nullptr, nullptr, nullptr, nullptr, nullptr, N, K, y, ldy, bias);
+}
+
+extern "C" __global__ void g4_gemm_nf4(const Step* s, int mode, const float* x, long ldx, const u8* codes, const void* absmax,
+                                       const float* absmax2, const float* offset, const float* code2, int N, int K, float* y,
+                                       long ldy, const float* bias) {
+    simt_gemm<true>(s, mode, x, ldx, nullptr, codes, absmax, absmax2, offset, code2, N, K, y, ldy, bias);
 }
 
 // ---- tensor-core GEMM for prefill (bf16 operands, fp32 accumulate): mma.sync m16n8k16. Block

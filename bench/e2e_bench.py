@@ -21,6 +21,7 @@ ap.add_argument("--new", type=int, default=128)
 ap.add_argument("--out", default="/tmp")
 ap.add_argument("--workdir", default="/tmp/g4bench")
 ap.add_argument("--depths", default="0,4096,32768")
+ap.add_argument("--g4-only", action="store_true", help="measure g4 only (no transformers rows), plus a per-kernel profile")
 args = ap.parse_args()
 depths = [int(d) for d in args.depths.split(",")]
 os.makedirs(args.workdir, exist_ok=True)
@@ -155,6 +156,31 @@ g4row["GBps_depth_0"] = round(bytes_per_token * g4row["decode_tok_s_depth_0"] / 
 g4row["fraction_of_copy_bw"] = round(g4row["GBps_depth_0"] / res["device_copy_GBps"], 3)
 res["rows"]["g4 NF4 + LoRA merged (CUDA)"] = g4row
 print(json.dumps(g4row), flush=True)
+
+# Decode (fused GEMV schedule, split-K decode attention) vs prefill (cuBLAS / tensor-core GEMMs,
+# prefill attention) at the real shapes: greedy tokens against the argmax of a teacher-forced prefill.
+tf = os.path.join(args.workdir, "tf.txt")
+open(tf, "w").write(",".join(map(str, ids_of(64))))
+r = subprocess.run([args.g4, "run", plan, "--tokens", "@" + tf, "-n", "16", "--temp", "0", "--ignore-eos", "--print-ids"],
+                   capture_output=True, text=True)
+gen = [int(x) for x in re.findall(r"\d+", r.stdout)][-16:]
+open(tf, "w").write(",".join(map(str, ids_of(64) + gen)))
+lf = os.path.join(args.workdir, "tf.logits")
+subprocess.run([args.g4, "run", plan, "--tokens", "@" + tf, "-n", "0", "--dump-logits", lf], capture_output=True, text=True, check=True)
+import numpy as np
+lg = np.fromfile(lf, dtype=np.float32).reshape(64 + 16, -1)
+agree = int(sum(int(lg[63 + i].argmax()) == gen[i] for i in range(16)))
+res["decode_vs_prefill_argmax_agreement"] = f"{agree}/16"
+print("decode vs teacher-forced prefill argmax:", agree, "/ 16", flush=True)
+
+if args.g4_only:
+    open(tf, "w").write(",".join(map(str, ids_of(512))))
+    r = subprocess.run([args.g4, "run", plan, "--tokens", "@" + tf, "-n", "32", "--temp", "0", "--ignore-eos"], capture_output=True,
+                       text=True, env=dict(os.environ, G4_CUDA_PROFILE="1"))
+    res["profile_512_plus_32"] = r.stderr[-3000:]
+    print(r.stderr[-3000:], flush=True)
+    json.dump(res, open(os.path.join(args.out, f"g4only_{args.model}.json"), "w"), indent=1)
+    sys.exit(0)
 
 
 # ---- Hugging Face rows

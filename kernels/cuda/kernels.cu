@@ -634,7 +634,7 @@ extern "C" __global__ void g4_attention_partial(const Step* s, const float* q, l
 extern "C" __global__ void g4_attention_merge(const Step* s, const float* part, int heads, int dim, int splits, float* y,
                                               long ldy) {
     __shared__ float red[32];
-    __shared__ float wsplit[128];
+    __shared__ float wsplit[1024];   // splits <= 1024
     int t = blockIdx.x / heads, h = blockIdx.x % heads;
     if (t >= s->rows) return;
     const float* p = part + (long)blockIdx.x * splits * (dim + 2);
@@ -679,4 +679,355 @@ extern "C" __global__ void g4_argmax(const float* logits, int vocab, int* out) {
         __syncthreads();
     }
     if (threadIdx.x == 0) *out = bi[0];
+}
+
+// ============================================================================================
+// Fused decode kernels, launched from the compiler's CUDA schedule (plan section CUDA_SCHEDULE;
+// compiler/cuda_schedule.cpp says which op sequences each one replaces). Decode steps only: one row.
+// ============================================================================================
+
+__device__ __forceinline__ float gelu_tanh(float a) {
+    return 0.5f * a * (1.0f + tanhf(0.7978845608028654f * (a + 0.044715f * a * a * a)));
+}
+
+// ---- GEMV family: up to 3 matrices of one dtype sharing x (q/k/v), or (M = 2) a gate/up pair per
+// output. LPR lanes share one weight row in 16-byte chunks (32 NF4 or 8 bf16 values: one load per
+// lane per row), each lane group owns GV_OUT weight rows so its x chunk is reused 4 times.
+// Epilogues: 0 y_m[n] = v (+bias); 1 out[n] = gelu(v_gate) * v_up; 2 out[n] = gelu(v) * aux[n];
+// 3 y_0[n] = cap * tanh(v / cap). grid ceil(rows / (GV_OUT / M) * LPR / 128), block 128.
+struct GemvMat {
+    const void* w;          // bf16 [N, K], or the NF4 codes
+    const void* absmax;     // NF4: f32 [blocks] or u8 [blocks] (double quant)
+    const float* absmax2;   // NF4 double quant, else null
+    const float* offset;
+    const float* code2;
+    const float* bias;      // LoRA bias [N] or null
+    float* y;               // epilogues 0 and 3: output [N]
+    int n;
+    int pad;
+};
+struct GemvArgs {
+    GemvMat m[3];
+    const float* x;         // [K]
+    float* out;             // epilogues 1 and 2: output [N]
+    const float* aux;       // epilogue 2: [N]
+    int nmat, k, epi;
+    float cap;
+};
+
+#define GV_OUT 4
+template <bool kIsNf4, int LPR, int M>
+__device__ __forceinline__ void gemv_body(const GemvArgs& a) {
+    __shared__ float cb[16];
+    if (kIsNf4) {
+        if (threadIdx.x < 16) cb[threadIdx.x] = kNf4[threadIdx.x];
+        __syncthreads();
+    }
+    constexpr int R = GV_OUT / M;   // outputs per lane group
+    const int gl    = threadIdx.x % LPR;
+    const int group = (blockIdx.x * blockDim.x + threadIdx.x) / LPR;
+    const int n_out = M == 2 ? a.m[0].n : a.m[0].n + (a.nmat > 1 ? a.m[1].n : 0) + (a.nmat > 2 ? a.m[2].n : 0);
+    const int o0    = group * R;
+    const int K     = a.k;
+    // Per weight row q: matrix index and local row (rows past the end are clamped, never stored).
+    int mi[GV_OUT], ln[GV_OUT];
+#pragma unroll
+    for (int q = 0; q < GV_OUT; ++q) {
+        int o = min(o0 + q / M, n_out - 1);
+        if (M == 2) {
+            mi[q] = q % 2;
+            ln[q] = o;
+        } else {
+            int n0 = a.m[0].n, n1 = a.nmat > 1 ? a.m[1].n : 0;
+            mi[q] = o < n0 ? 0 : o < n0 + n1 ? 1 : 2;
+            ln[q] = o - (mi[q] == 0 ? 0 : mi[q] == 1 ? n0 : n0 + n1);
+        }
+    }
+    const uint4* wrow[GV_OUT];
+    const void* amp[GV_OUT];
+    const float *am2p[GV_OUT], *offp[GV_OUT], *c2p[GV_OUT];
+#pragma unroll
+    for (int q = 0; q < GV_OUT; ++q) {
+        const GemvMat& m = mi[q] == 0 ? a.m[0] : mi[q] == 1 ? a.m[1] : a.m[2];
+        wrow[q] = (const uint4*)((const char*)m.w + (kIsNf4 ? (long)ln[q] * K / 2 : (long)ln[q] * K * 2));
+        amp[q] = m.absmax, am2p[q] = m.absmax2, offp[q] = m.offset, c2p[q] = m.code2;
+    }
+    constexpr int PER = kIsNf4 ? 32 : 8;   // values per 16-byte chunk
+    const int C       = K / PER;
+    float acc[GV_OUT] = {};
+#pragma unroll 2
+    for (int c = gl; c < C; c += LPR) {
+        uint4 pk[GV_OUT];
+#pragma unroll
+        for (int q = 0; q < GV_OUT; ++q) pk[q] = __ldcs(wrow[q] + c);
+        float xv[PER];
+        const float4* xp = (const float4*)(a.x + (long)c * PER);
+#pragma unroll
+        for (int v = 0; v < PER / 4; ++v) {
+            float4 t = xp[v];
+            xv[4 * v] = t.x, xv[4 * v + 1] = t.y, xv[4 * v + 2] = t.z, xv[4 * v + 3] = t.w;
+        }
+#pragma unroll
+        for (int q = 0; q < GV_OUT; ++q) {
+            u32 words[4] = {pk[q].x, pk[q].y, pk[q].z, pk[q].w};
+            float sum = 0.0f;
+            if (kIsNf4) {
+#pragma unroll
+                for (int wd = 0; wd < 4; ++wd)
+#pragma unroll
+                    for (int b = 0; b < 4; ++b) {
+                        u32 byte = (words[wd] >> (8 * b)) & 0xff;
+                        sum += cb[byte >> 4] * xv[wd * 8 + b * 2] + cb[byte & 15] * xv[wd * 8 + b * 2 + 1];
+                    }
+                long blk = ((long)ln[q] * K + (long)c * 32) >> 6;
+                acc[q] += sum * nf4_absmax(amp[q], am2p[q], offp[q], c2p[q], blk);
+            } else {
+#pragma unroll
+                for (int wd = 0; wd < 4; ++wd)
+                    sum += __uint_as_float(words[wd] << 16) * xv[2 * wd] + __uint_as_float(words[wd] & 0xffff0000u) * xv[2 * wd + 1];
+                acc[q] += sum;
+            }
+        }
+    }
+#pragma unroll
+    for (int q = 0; q < GV_OUT; ++q)
+#pragma unroll
+        for (int o = LPR / 2; o > 0; o >>= 1) acc[q] += __shfl_xor_sync(0xffffffffu, acc[q], o);
+    if (gl != 0) return;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        int o = o0 + r;
+        if (o >= n_out) break;
+        if (M == 2) {
+            float g = acc[2 * r] + (a.m[0].bias ? a.m[0].bias[o] : 0.0f);
+            float u = acc[2 * r + 1] + (a.m[1].bias ? a.m[1].bias[o] : 0.0f);
+            a.out[o] = gelu_tanh(g) * u;
+        } else {
+            const GemvMat& m = mi[r] == 0 ? a.m[0] : mi[r] == 1 ? a.m[1] : a.m[2];
+            float v = acc[r] + (m.bias ? m.bias[ln[r]] : 0.0f);
+            if (a.epi == 0) m.y[ln[r]] = v;
+            else if (a.epi == 2) a.out[o] = gelu_tanh(v) * a.aux[o];
+            else m.y[ln[r]] = a.cap * tanhf(v / a.cap);
+        }
+    }
+}
+
+#define G4_GEMV(NAME, NF4, LPR, M) \
+    extern "C" __global__ void __launch_bounds__(128) NAME(const GemvArgs a) { gemv_body<NF4, LPR, M>(a); }
+G4_GEMV(g4_gemv_nf4_l8_m1, true, 8, 1)
+G4_GEMV(g4_gemv_nf4_l16_m1, true, 16, 1)
+G4_GEMV(g4_gemv_nf4_l32_m1, true, 32, 1)
+G4_GEMV(g4_gemv_nf4_l8_m2, true, 8, 2)
+G4_GEMV(g4_gemv_nf4_l16_m2, true, 16, 2)
+G4_GEMV(g4_gemv_nf4_l32_m2, true, 32, 2)
+G4_GEMV(g4_gemv_bf16_l8_m1, false, 8, 1)
+G4_GEMV(g4_gemv_bf16_l16_m1, false, 16, 1)
+G4_GEMV(g4_gemv_bf16_l32_m1, false, 32, 1)
+G4_GEMV(g4_gemv_bf16_l8_m2, false, 8, 2)
+G4_GEMV(g4_gemv_bf16_l16_m2, false, 16, 2)
+G4_GEMV(g4_gemv_bf16_l32_m2, false, 32, 2)
+
+// ---- residual + norms (decode row): x_out = (x + rms(d) * pw) * f * s; xn = rms(x_out) * prew.
+// d null: no residual branch (x_out = x * f * s); x_out null: not written; xn null: not computed.
+// Same operation order as the unfused RmsNorm / Add / Scale / RmsNorm ops. grid 1, block 512, H <= 4096.
+extern "C" __global__ void __launch_bounds__(512) g4_resnorm(const float* x, const float* d, const void* pw, int pwdt,
+                                                             const void* sc, int sdt, float f, float* xout, const void* prew,
+                                                             int prewdt, float* xn, int H, float eps) {
+    __shared__ float red[32];
+    float xv[8];
+    float r1 = 0.0f;
+    if (d) {
+        float ss = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            int i = threadIdx.x + j * blockDim.x;
+            if (i < H) ss += d[i] * d[i];
+        }
+        r1 = powf(block_sum(ss, red) / (float)H + eps, -0.5f);
+    }
+    float sv = sc ? loadw(sc, sdt, 0) : 1.0f;
+    float ss2 = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        int i = threadIdx.x + j * blockDim.x;
+        if (i < H) {
+            float v = x[i];
+            if (d) v = v + d[i] * r1 * loadw(pw, pwdt, i);
+            if (sc || f != 1.0f) v = v * f * sv;
+            xv[j] = v;
+            if (xout) xout[i] = v;
+            ss2 += v * v;
+        } else {
+            xv[j] = 0.0f;
+        }
+    }
+    if (!xn) return;
+    float r2 = powf(block_sum(ss2, red) / (float)H + eps, -0.5f);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        int i = threadIdx.x + j * blockDim.x;
+        if (i < H) xn[i] = xv[j] * r2 * (prew ? loadw(prew, prewdt, i) : 1.0f);
+    }
+}
+
+// ---- q/k/v after the projections (decode row): q head: rms * q_norm, RoPE, in place; k head: rms *
+// k_norm, RoPE, into its cache slot; v head: rms (no weight) into its cache slot. grid (heads [+ 2 *
+// kv_heads]), block max(32, dim / 2): thread i owns the rotate-half pair (i, i + dim / 2).
+extern "C" __global__ void g4_qkv_post(const Step* s, float* q, const void* qw, const float* k, const void* kw, const float* v,
+                                      int wdt, const float* inv_freq, float* kc, float* vc, int heads, int kvh, int dim,
+                                      int slots, float eps) {
+    __shared__ float red[32];
+    int b = blockIdx.x, half = dim >> 1, i = threadIdx.x;
+    int kind = b < heads ? 0 : b < heads + kvh ? 1 : 2;
+    int h    = kind == 0 ? b : kind == 1 ? b - heads : b - heads - kvh;
+    const float* src = kind == 0 ? q + (long)h * dim : kind == 1 ? k + (long)h * dim : v + (long)h * dim;
+    const void* w    = kind == 0 ? qw : kind == 1 ? kw : nullptr;
+    bool on  = i < half;
+    float x0 = on ? src[i] : 0.0f, x1 = on ? src[i + half] : 0.0f;
+    float r  = powf(block_sum(x0 * x0 + x1 * x1, red) / (float)dim + eps, -0.5f);
+    if (!on) return;
+    float y0 = x0 * r * (w ? loadw(w, wdt, i) : 1.0f), y1 = x1 * r * (w ? loadw(w, wdt, i + half) : 1.0f);
+    if (kind < 2) {
+        float ang = (float)s->pos0 * inv_freq[i];
+        float cs, sn;
+        sincosf(ang, &sn, &cs);
+        float o0 = y0 * cs - y1 * sn, o1 = y1 * cs + y0 * sn;
+        y0 = o0, y1 = o1;
+    }
+    if (kind == 0) {
+        q[(long)h * dim + i] = y0, q[(long)h * dim + i + half] = y1;
+    } else {
+        float* cache = kind == 1 ? kc : vc;
+        long slot    = (long)(s->pos0 % slots) * kvh * dim + (long)h * dim;
+        cache[slot + i] = y0, cache[slot + i + half] = y1;
+    }
+}
+
+// ---- decode attention over the KV ring, split across the key span; one block per (kv head, split)
+// computes all heads of the group so each key and value row is read once. Writes the unnormalized
+// partials (acc[dim], max, sum) that g4_attention_merge combines. Keys per split: max(AD_MIN, ceil(span
+// / splits)) <= AD_KEYS (the compiler sizes splits). grid (kv_heads, splits), block 256; heads per
+// group <= 16, dim <= 512, heads per group * dim <= 4096.
+#define AD_KEYS 256
+#define AD_MIN 64
+extern "C" __global__ void __launch_bounds__(256) g4_attn_decode(const Step* s, const float* q, const float* kc, const float* vc,
+                                                                 int heads, int kvh, int dim, int slots, int window, float scale,
+                                                                 int splits, float* part) {
+    __shared__ float qs[4096];
+    __shared__ float sc[16][AD_KEYS];
+    __shared__ float mh[16], lh[16];
+    const int g = blockIdx.x, hpg = heads / kvh, width = kvh * dim;
+    const int pos = s->pos0;
+    const int lo  = window > 0 ? max(0, pos - window + 1) : 0;
+    const int span = pos - lo + 1;
+    const int per  = max(AD_MIN, (span + splits - 1) / splits);
+    const int j0 = blockIdx.y * per, j1 = min(span, j0 + per);
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    if (j0 >= j1) {   // no keys in this split: an empty partial
+        if (threadIdx.x < hpg) {
+            float* out = part + ((long)(g * hpg + threadIdx.x) * splits + blockIdx.y) * (dim + 2);
+            out[dim] = NEG_INF, out[dim + 1] = 0.0f;
+        }
+        return;
+    }
+    for (int e = threadIdx.x; e < hpg * dim; e += blockDim.x) qs[e] = q[(long)g * hpg * dim + e];
+    __syncthreads();
+    // Scores: one warp per key, all heads of the group.
+    for (int j = j0 + wid; j < j1; j += nw) {
+        const float* kr = kc + (long)((lo + j) % slots) * width + (long)g * dim;
+        float kv[16];
+#pragma unroll
+        for (int c = 0; c < 16; ++c) kv[c] = lane + 32 * c < dim ? kr[lane + 32 * c] : 0.0f;
+        for (int h = 0; h < hpg; ++h) {
+            float dsum = 0.0f;
+#pragma unroll
+            for (int c = 0; c < 16; ++c)
+                if (lane + 32 * c < dim) dsum += qs[h * dim + lane + 32 * c] * kv[c];
+            dsum = warp_sum(dsum);
+            if (lane == 0) sc[h][j - j0] = dsum * scale;
+        }
+    }
+    __syncthreads();
+    // Softmax numerators per head: one warp per head.
+    for (int h = wid; h < hpg; h += nw) {
+        float m = NEG_INF;
+        for (int j = lane; j < j1 - j0; j += 32) m = fmaxf(m, sc[h][j]);
+        m = warp_max(m);
+        float l = 0.0f;
+        for (int j = lane; j < j1 - j0; j += 32) {
+            float p  = __expf(sc[h][j] - m);
+            sc[h][j] = p;
+            l += p;
+        }
+        l = warp_sum(l);
+        if (lane == 0) mh[h] = m, lh[h] = l;
+    }
+    __syncthreads();
+    // P.V: thread owns columns c = tid, tid + 256 for every head of the group.
+    float acc[2][16];
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int h = 0; h < 16; ++h) acc[i][h] = 0.0f;
+    for (int j = j0; j < j1; ++j) {
+        const float* vr = vc + (long)((lo + j) % slots) * width + (long)g * dim;
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            int c   = threadIdx.x + 256 * i;
+            float v = c < dim ? vr[c] : 0.0f;
+#pragma unroll
+            for (int h = 0; h < 16; ++h)
+                if (h < hpg) acc[i][h] += sc[h][j - j0] * v;
+        }
+    }
+#pragma unroll
+    for (int h = 0; h < 16; ++h) {
+        if (h >= hpg) break;
+        float* out = part + ((long)(g * hpg + h) * splits + blockIdx.y) * (dim + 2);
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            int c = threadIdx.x + 256 * i;
+            if (c < dim) out[c] = acc[i][h];
+        }
+        if (threadIdx.x == 0) out[dim] = mh[h], out[dim + 1] = lh[h];
+    }
+}
+
+// ---- prefill helpers for the cuBLAS tier: NF4 blob -> bf16 matrix (same rounding as the tensor-core
+// kernel), fp32 activations -> bf16, and a bias row added after the GEMM.
+// grid ceil(n / 32 / 256), block 256: one 16-byte chunk (32 values, half an NF4 block) per thread.
+extern "C" __global__ void g4_nf4_to_bf16(const u8* codes, const void* absmax, const float* absmax2, const float* offset,
+                                          const float* code2, long n, u16* out) {
+    long c = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (c * 32 >= n) return;
+    uint4 pk   = *(const uint4*)(codes + c * 16);
+    float am   = nf4_absmax(absmax, absmax2, offset, code2, (c * 32) >> 6);
+    u32 words[4] = {pk.x, pk.y, pk.z, pk.w}, o[16];
+#pragma unroll
+    for (int wd = 0; wd < 4; ++wd)
+#pragma unroll
+        for (int b = 0; b < 4; ++b) {
+            u32 byte      = (words[wd] >> (8 * b)) & 0xff;
+            o[wd * 4 + b] = pack2(kNf4[byte >> 4] * am, kNf4[byte & 15] * am);
+        }
+    uint4* dst = (uint4*)(out + c * 32);
+#pragma unroll
+    for (int v = 0; v < 4; ++v) dst[v] = make_uint4(o[4 * v], o[4 * v + 1], o[4 * v + 2], o[4 * v + 3]);
+}
+
+// grid (max_rows, ceil(cols / 1024)), block 256: 4 consecutive values per thread. cols % 4 == 0.
+extern "C" __global__ void g4_f32_to_bf16(const Step* s, const float* x, long ldx, u16* y, int cols) {
+    int t = blockIdx.x;
+    if (t >= s->rows) return;
+    int i = (blockIdx.y * blockDim.x + threadIdx.x) * 4;
+    if (i >= cols) return;
+    float4 v = *(const float4*)(x + (long)t * ldx + i);
+    *(uint2*)(y + (long)t * cols + i) = make_uint2(pack2(v.x, v.y), pack2(v.z, v.w));
+}
+
+// grid (max_rows, ceil(n / 256)), block 256.
+extern "C" __global__ void g4_add_bias(const Step* s, float* y, long ldy, const float* bias, int n) {
+    int t = blockIdx.x, i = blockIdx.y * blockDim.x + threadIdx.x;
+    if (t >= s->rows || i >= n) return;
+    y[(long)t * ldy + i] += bias[i];
 }

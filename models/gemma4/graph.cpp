@@ -200,16 +200,18 @@ Program build_text_program(const TextHParams& hp, const BuildOptions& opt) {
         int attn_norm = b.norm_new(x, w_in_norm, "attn_norm", il);
         int w_q       = b.weight(lt(il, "self_attn.q_proj.weight"), {(int64_t)nh * d, H}, WeightRole::AttnProj);
         int w_q_norm  = b.weight(lt(il, "self_attn.q_norm.weight"), {d}, WeightRole::Norm);
-        int q         = b.matmul({attn_norm}, w_q, "q", il);
+        // q, k, v projections first (one grouped launch on CUDA), then their norms, RoPE and the cache store.
+        int q = b.matmul({attn_norm}, w_q, "q", il), k = -1, v = -1, w_k_norm = -1;
+        if (!li.kv_shared) {
+            int w_k  = b.weight(lt(il, "self_attn.k_proj.weight"), {(int64_t)nkv * d, H}, WeightRole::AttnProj);
+            int w_v  = b.weight(lt(il, "self_attn.v_proj.weight"), {(int64_t)nkv * d, H}, WeightRole::AttnProj);
+            w_k_norm = b.weight(lt(il, "self_attn.k_norm.weight"), {d}, WeightRole::Norm);
+            k        = b.matmul({attn_norm}, w_k, "k", il);
+            v        = b.matmul({attn_norm}, w_v, "v", il);
+        }
         b.rms_norm({q}, w_q_norm, (int64_t)nh * d, d, q, "q_norm", il);
         b.rope(q, inv_freq, nh, d, "q_rope", il);
-
         if (!li.kv_shared) {
-            int w_k      = b.weight(lt(il, "self_attn.k_proj.weight"), {(int64_t)nkv * d, H}, WeightRole::AttnProj);
-            int w_v      = b.weight(lt(il, "self_attn.v_proj.weight"), {(int64_t)nkv * d, H}, WeightRole::AttnProj);
-            int w_k_norm = b.weight(lt(il, "self_attn.k_norm.weight"), {d}, WeightRole::Norm);
-            int k        = b.matmul({attn_norm}, w_k, "k", il);
-            int v        = b.matmul({attn_norm}, w_v, "v", il);
             b.rms_norm({k}, w_k_norm, (int64_t)nkv * d, d, k, "k_norm", il);
             b.rope(k, inv_freq, nkv, d, "k_rope", il);
             b.rms_norm({v}, -1, (int64_t)nkv * d, d, v, "v_norm", il);

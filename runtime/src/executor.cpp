@@ -80,7 +80,7 @@ std::string check_ops(const plan::Plan& p) {
             if (c.matmul_weight(op.in[1], "weight")) {
                 const PlanTensor& w = p.tensor(op.in[1]);
                 if (w.ndim != 2 || w.dims[1] > in.max_k) c.fail("weight must be 2-D with K <= max_k");
-                else if (op.ip[5] < 0 || op.ip[5] > 1 || op.ip[6] < 0 || op.ip[6] > 3 || op.ip[6] == 1) c.fail("bad kernel variant");
+                else if (op.ip[5] < 0 || op.ip[5] > 1 || op.ip[6] < 0 || op.ip[6] > (int32_t)plan::MatmulVariant::Cublas || op.ip[6] == 1) c.fail("bad kernel variant");
                 else if ((op.ip[5] == (int32_t)plan::MatmulVariant::Gemv4 &&
                           !((w.dtype == (uint8_t)DType::NF4 && w.dims[1] % 512 == 0) || (w.dtype == (uint8_t)DType::BF16 && w.dims[1] % 256 == 0))) ||
                          ((op.ip[6] == (int32_t)plan::MatmulVariant::Tiled64 || op.ip[6] == (int32_t)plan::MatmulVariant::TensorCore) &&
@@ -133,7 +133,7 @@ std::string check_ops(const plan::Plan& p) {
         }
         case OpCode::Attention: {
             int64_t heads = op.ip[0], kvh = op.ip[1], dim = op.ip[2], slots = op.ip[3], window = op.ip[4];
-            if (heads <= 0 || kvh <= 0 || dim <= 0 || heads % kvh || window < 0 || window > in.max_slots || op.ip[5] < 0 || op.ip[5] > 128)
+            if (heads <= 0 || kvh <= 0 || dim <= 0 || heads % kvh || window < 0 || window > in.max_slots || op.ip[5] < 0 || op.ip[5] > 128 || op.ip[6] < 0 || op.ip[6] > 1024)
                 c.fail("bad attention parameters");
             else if (c.act_view(op.in[0], op.in_col[0], heads * dim, rin, "q") && c.need(op.in[1], TensorKind::KvCache, "k cache") &&
                      c.need(op.in[2], TensorKind::KvCache, "v cache")) {

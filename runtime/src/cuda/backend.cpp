@@ -1,8 +1,11 @@
-// CUDA backend (see backend.h). One launch per op; decode steps (1 row) are captured once into a
-// CUDA graph and replayed, the position read by the kernels from a device Step struct.
+// CUDA backend (see backend.h). Prefill chunks launch one kernel (or cuBLAS call) per op; decode steps
+// (1 row) run the compiler's fused schedule (plan section CUDA_SCHEDULE), captured once into a CUDA
+// graph and replayed, the position read by the kernels from a device Step struct.
 #include "runtime/src/cuda/backend.h"
 #include "kernels/nf4.h"
+#include "runtime/src/cuda/cublas.h"
 #include "runtime/src/cuda/driver.h"
+#include "runtime/src/cuda/kernel_args.h"
 #include "runtime/src/engine.h"
 
 #include <algorithm>
@@ -20,10 +23,16 @@ using plan::PlanOp;
 using plan::PlanTensor;
 using plan::RowMode;
 using plan::TensorKind;
+using plan::CudaLaunch;
+using plan::LaunchKind;
 
 struct Kernels {
     CUfunction embed, mm_bf16, mm_f32, mm_nf4, gemm_bf16, gemm_nf4, gemv_bf16, gemv_nf4, tc_bf16, tc_nf4, rms, elem, rope, kv, attn_part, attn_merge, argmax;
+    CUfunction gemv[2][3][2];   // [nf4][lanes per row 8/16/32][pairs]
+    CUfunction resnorm, qkv_post, attn_decode, nf4_to_bf16, f32_to_bf16, add_bias;
 };
+
+
 
 struct EngineState {
     const Driver* d = nullptr;
@@ -41,6 +50,9 @@ struct SessionState {
     EngineState* e = nullptr;
     CUstream stream = nullptr;
     CUdeviceptr act = 0, kv = 0, step = 0, part = 0, scores = 0;
+    CUdeviceptr wscratch = 0, xscratch = 0, cublas_ws = 0;   // cuBLAS tier: bf16 weights / activations, workspace
+    const cublas::Lib* blas = nullptr;
+    cublas::Handle blas_h = nullptr;
     struct Step { int rows, pos0, out_rows, pad; };
     Step* host_step  = nullptr;   // pinned
     int32_t* host_ids = nullptr;  // pinned [max_rows]
@@ -50,8 +62,8 @@ struct SessionState {
     CUgraphExec exec = nullptr;
     std::string graph_error;
     bool profile = false;
-    double prof_ms[16][2] = {};
-    long prof_n[16][2] = {};
+    double prof_ms[20][2] = {};   // per op code; 16.. fused launch kinds
+    long prof_n[20][2] = {};
     std::chrono::steady_clock::time_point prof_t;
 };
 
@@ -124,6 +136,16 @@ g4_status engine_open(g4_engine* e, std::string* err) {
         {&st->k.rope, "g4_rope"},         {&st->k.kv, "g4_kv_store"},               {&st->k.attn_part, "g4_attention_partial"},
         {&st->k.attn_merge, "g4_attention_merge"}, {&st->k.argmax, "g4_argmax"}};
     for (auto& f : fns) CU_TRY(d->cuModuleGetFunction(f.f, st->mod, f.n), std::string("kernel ") + f.n);
+    struct { CUfunction* f; const char* n; } fused[] = {{&st->k.resnorm, "g4_resnorm"}, {&st->k.qkv_post, "g4_qkv_post"},
+        {&st->k.attn_decode, "g4_attn_decode"}, {&st->k.nf4_to_bf16, "g4_nf4_to_bf16"}, {&st->k.f32_to_bf16, "g4_f32_to_bf16"},
+        {&st->k.add_bias, "g4_add_bias"}};
+    for (auto& f : fused) CU_TRY(d->cuModuleGetFunction(f.f, st->mod, f.n), std::string("kernel ") + f.n);
+    for (int q = 0; q < 2; ++q)
+        for (int l = 0; l < 3; ++l)
+            for (int m = 0; m < 2; ++m) {
+                const char* n = gemv_kernel_name(q, 8 << l, m);
+                CU_TRY(d->cuModuleGetFunction(&st->k.gemv[q][l][m], st->mod, n), std::string("kernel ") + n);
+            }
     st->weights_bytes = p.weights_bytes();
     CU_TRY(d->cuMemAlloc(&st->weights, std::max<uint64_t>(64, st->weights_bytes)), "allocating device weights");
     if (st->weights_bytes) {
@@ -155,17 +177,38 @@ g4_status session_create(g4_session* s, std::string* err) {
     st->e   = e;
     CU_TRY(d->cuCtxSetCurrent(e->ctx), "cuCtxSetCurrent");
     CU_TRY(d->cuStreamCreate(&st->stream, 1 /* non-blocking */), "cuStreamCreate");
-    // Attention workspaces: partial results and scores for the largest attention op.
-    size_t part = 16, scores = 16;
+    // Workspaces, sized as compiler/compile.cpp reports them: attention partials and scores for the
+    // largest attention op (prefill splits per row, decode splits), the cuBLAS tier's bf16 scratch.
+    size_t part = 16, scores = 16, wscratch = 0, xscratch = 0;
     st->splits.assign(p.n_ops(), 1);
     for (size_t i = 0; i < p.n_ops(); ++i) {
         const PlanOp& op = p.op(i);
+        if (op.code == (uint16_t)OpCode::Matmul && op.ip[6] == (int32_t)plan::MatmulVariant::Cublas) {
+            const PlanTensor& w = p.tensor(op.in[1]);
+            if (w.dtype == (uint8_t)DType::NF4) wscratch = std::max<size_t>(wscratch, (size_t)w.dims[0] * w.dims[1] * 2);
+            xscratch = std::max<size_t>(xscratch, (size_t)in.max_rows * w.dims[1] * 2);
+        }
         if (op.code != (uint16_t)OpCode::Attention) continue;
         int sp = attention_splits(op);
         st->splits[i] = sp;
         int64_t span  = op.ip[4] > 0 ? std::min(op.ip[4], in.max_context) : in.max_context;
         part   = std::max(part, (size_t)in.max_rows * op.ip[0] * sp * (op.ip[2] + 2));
+        part   = std::max(part, (size_t)op.ip[0] * std::max(1, op.ip[6]) * (op.ip[2] + 2));
         scores = std::max(scores, (size_t)in.max_rows * op.ip[0] * sp * (size_t)(ceil_div(span, sp) + 1));
+    }
+    if (xscratch) {
+        std::string why;
+        st->blas = cublas::lib(&why);   // absent: the tensor-core kernel takes these matmuls
+        if (st->blas) {
+            CU_TRY(d->cuMemAlloc(&st->wscratch, std::max<size_t>(256, wscratch)), "allocating the cuBLAS weight scratch");
+            CU_TRY(d->cuMemAlloc(&st->xscratch, xscratch), "allocating the cuBLAS activation scratch");
+            CU_TRY(d->cuMemAlloc(&st->cublas_ws, plan::kCublasWorkspaceBytes), "allocating the cuBLAS workspace");
+            if (st->blas->create(&st->blas_h) != 0 || st->blas->set_stream(st->blas_h, st->stream) != 0 ||
+                st->blas->set_workspace(st->blas_h, (void*)st->cublas_ws, plan::kCublasWorkspaceBytes) != 0) {
+                *err = "cuBLAS (" + st->blas->path + ") failed to initialise";
+                return G4_ERR_INTERNAL;
+            }
+        }
     }
     CU_TRY(d->cuMemAlloc(&st->act, std::max<uint64_t>(64, in.act_arena_bytes)), "allocating the activation arena");
     CU_TRY(d->cuMemAlloc(&st->kv, std::max<uint64_t>(64, in.kv_arena_bytes)), "allocating the KV cache");
@@ -188,18 +231,20 @@ void session_destroy(SessionState* st) {
     if (!st) return;
     if (st->profile) {
         std::fprintf(stderr, "g4 cuda profile (ms total / calls; per-op sync timing includes ~launch latency):\n");
-        for (int c = 0; c < 16; ++c)
+        static const char* fused[] = {"resnorm*", "gemv*", "qkv_post*"};
+        for (int c = 0; c < 20; ++c)
             for (int m = 0; m < 2; ++m)
                 if (st->prof_n[c][m])
-                    std::fprintf(stderr, "  %-10s %-8s %10.3f ms %8ld calls %8.1f us/call\n", op_name((OpCode)c), m ? "prefill" : "decode",
+                    std::fprintf(stderr, "  %-10s %-8s %10.3f ms %8ld calls %8.1f us/call\n", c >= 16 ? fused[c - 17] : op_name((OpCode)c), m ? "prefill" : "decode",
                                  st->prof_ms[c][m], st->prof_n[c][m], 1000 * st->prof_ms[c][m] / st->prof_n[c][m]);
     }
     const Driver* d = st->e->d;
     d->cuCtxSetCurrent(st->e->ctx);
+    if (st->blas_h) st->blas->destroy(st->blas_h);
     if (st->exec) d->cuGraphExecDestroy(st->exec);
     if (st->graph) d->cuGraphDestroy(st->graph);
     if (st->stream) d->cuStreamDestroy(st->stream);
-    for (CUdeviceptr ptr : {st->act, st->kv, st->step, st->part, st->scores})
+    for (CUdeviceptr ptr : {st->act, st->kv, st->step, st->part, st->scores, st->wscratch, st->xscratch, st->cublas_ws})
         if (ptr) d->cuMemFree(ptr);
     for (void* h : {(void*)st->host_step, (void*)st->host_ids, (void*)st->host_logits})
         if (h) d->cuMemFreeHost(h);
@@ -221,8 +266,9 @@ CUdeviceptr addr(const SessionState* st, const plan::Plan& p, int32_t idx, int32
 
 int64_t ld_of(const plan::Plan& p, int32_t idx) { return idx >= 0 && p.tensor(idx).ndim == 2 ? p.tensor(idx).dims[1] : 0; }
 
-// Launches every op for a step of `rows` rows (`out_rows` logits rows).
-g4_status launch_ops(g4_session* s, int rows, int out_rows, std::string* err) {
+// Launches op i for a step of `rows` rows (`out_rows` logits rows); sets *launched = false when the
+// op has no rows in this step.
+g4_status launch_op(g4_session* s, size_t i, int rows, int out_rows, std::string* err) {
     SessionState* st    = s->cuda.get();
     const plan::Plan& p = s->engine->plan;
     const Driver* d     = st->e->d;
@@ -230,113 +276,253 @@ g4_status launch_ops(g4_session* s, int rows, int out_rows, std::string* err) {
     const auto& info    = p.info();
     CUdeviceptr step    = st->step;
     CUdeviceptr ids     = st->act + p.tensor(info.ids_tensor).offset;
-    for (size_t i = 0; i < p.n_ops(); ++i) {
-        const PlanOp& op = p.op(i);
-        RowMode rm       = (RowMode)op.row_mode;
-        int n            = rm == RowMode::All ? rows : out_rows;
-        if (n <= 0) continue;
-        int mode = op.row_mode;
-        CUdeviceptr in0 = addr(st, p, op.in[0], op.in_col[0]), in1 = addr(st, p, op.in[1], op.in_col[1]);
-        CUdeviceptr in2 = addr(st, p, op.in[2], op.in_col[2]);
-        CUdeviceptr out0 = addr(st, p, op.out[0], op.out_col[0]), out1 = addr(st, p, op.out[1], op.out_col[1]);
-        long ld0 = ld_of(p, op.in[0]), ld1 = ld_of(p, op.in[1]), ldo = ld_of(p, op.out[0]);
-        CUresult r = 0;
-        auto go = [&](CUfunction f, unsigned gx, unsigned gy, unsigned bx, std::initializer_list<void*> args) {
-            return d->cuLaunchKernel(f, gx, gy, 1, bx, 1, 1, 0, st->stream, const_cast<void**>(args.begin()), nullptr);
-        };
-        switch ((OpCode)op.code) {
-        case OpCode::Embed: {
-            const PlanTensor& tab = p.tensor(op.in[1]);
-            int dt = tab.dtype == (uint8_t)DType::BF16 ? 1 : 0;
-            long cols = tab.dims[1];
-            float sc  = op.fp[0];
-            r = go(K.embed, n, 1, 256, {&step, &ids, &in1, &dt, &cols, &sc, &out0, &ldo});
-            break;
+    const PlanOp& op = p.op(i);
+    RowMode rm       = (RowMode)op.row_mode;
+    int n            = rm == RowMode::All ? rows : out_rows;
+    if (n <= 0) return G4_OK;
+    int mode = op.row_mode;
+    CUdeviceptr in0 = addr(st, p, op.in[0], op.in_col[0]), in1 = addr(st, p, op.in[1], op.in_col[1]);
+    CUdeviceptr in2 = addr(st, p, op.in[2], op.in_col[2]);
+    CUdeviceptr out0 = addr(st, p, op.out[0], op.out_col[0]), out1 = addr(st, p, op.out[1], op.out_col[1]);
+    long ld0 = ld_of(p, op.in[0]), ld1 = ld_of(p, op.in[1]), ldo = ld_of(p, op.out[0]);
+    CUresult r = 0;
+    auto go = [&](CUfunction f, unsigned gx, unsigned gy, unsigned bx, std::initializer_list<void*> args) {
+        return d->cuLaunchKernel(f, gx, gy, 1, bx, 1, 1, 0, st->stream, const_cast<void**>(args.begin()), nullptr);
+    };
+    switch ((OpCode)op.code) {
+    case OpCode::Embed: {
+        const PlanTensor& tab = p.tensor(op.in[1]);
+        int dt = tab.dtype == (uint8_t)DType::BF16 ? 1 : 0;
+        long cols = tab.dims[1];
+        float sc  = op.fp[0];
+        r = go(K.embed, n, 1, 256, {&step, &ids, &in1, &dt, &cols, &sc, &out0, &ldo});
+        break;
+    }
+    case OpCode::Matmul: {
+        const PlanTensor& w = p.tensor(op.in[1]);
+        int N = (int)w.dims[0], Kd = (int)w.dims[1];
+        if (w.dtype == (uint8_t)DType::F16) {
+            *err = "op " + std::string(p.str(op.name)) + ": f16 weights are not supported on CUDA";
+            return G4_ERR_UNSUPPORTED;
         }
-        case OpCode::Matmul: {
-            const PlanTensor& w = p.tensor(op.in[1]);
-            int N = (int)w.dims[0], Kd = (int)w.dims[1];
-            if (w.dtype == (uint8_t)DType::F16) {
-                *err = "op " + std::string(p.str(op.name)) + ": f16 weights are not supported on CUDA";
-                return G4_ERR_UNSUPPORTED;
-            }
-            // Kernel variants recorded by the compiler: decode rows use the 4-rows-per-warp GEMV, prefill
-            // chunks the tiled GEMM (weights read once per 64 tokens), the rest one warp per row.
-            const bool is_nf4 = w.dtype == (uint8_t)DType::NF4;
-            const bool gemv   = n == 1 && op.ip[5] == (int32_t)plan::MatmulVariant::Gemv4;
-            const bool tc     = !gemv && n > 8 && op.ip[6] == (int32_t)plan::MatmulVariant::TensorCore;
-            const bool tiled  = !gemv && n > 8 && (tc || op.ip[6] == (int32_t)plan::MatmulVariant::Tiled64);
-            unsigned gx = gemv ? (unsigned)ceil_div(N, 32) : tiled ? (unsigned)ceil_div(N, 64) : (unsigned)ceil_div(N, 8);
-            unsigned gy = tiled ? (unsigned)ceil_div(n, 64) : 1;
-            if (is_nf4) {
+        // Kernel variants recorded by the compiler: decode rows use the 4-rows-per-warp GEMV, prefill
+        // chunks the tiled GEMM (weights read once per 64 tokens), the rest one warp per row.
+        const bool is_nf4 = w.dtype == (uint8_t)DType::NF4;
+        if (n > 8 && op.ip[6] == (int32_t)plan::MatmulVariant::Cublas && st->blas_h) {
+            // cuBLAS tier: x -> bf16 scratch, NF4 -> bf16 scratch, y = x . W^T with fp32 accumulate.
+            CUdeviceptr wb = in1;
+            r = go(K.f32_to_bf16, n, (unsigned)ceil_div(Kd, 1024), 256, {&step, &in0, &ld0, &st->xscratch, &Kd});
+            if (r == 0 && is_nf4) {
                 nf4::Layout l = nf4::layout((int64_t)N * Kd, w.quant_flags & plan::kQuantDoubleQuant);
                 CUdeviceptr codes = in1 + l.codes_off, am = in1 + l.absmax_off;
                 CUdeviceptr am2 = l.double_quant ? in1 + l.absmax2_off : 0, off = l.double_quant ? in1 + l.offset_off : 0;
                 CUdeviceptr c2 = l.double_quant ? in1 + l.code2_off : 0;
-                CUfunction f   = gemv ? K.gemv_nf4 : tc ? K.tc_nf4 : tiled ? K.gemm_nf4 : K.mm_nf4;
-                r = go(f, gx, gy, tc ? 128 : 256, {&step, &mode, &in0, &ld0, &codes, &am, &am2, &off, &c2, &N, &Kd, &out0, &ldo, &in2});
+                long numel = (long)N * Kd;
+                wb = st->wscratch;
+                r = go(K.nf4_to_bf16, (unsigned)ceil_div(numel / 32, 256), 1, 256, {&codes, &am, &am2, &off, &c2, &numel, &wb});
+            }
+            if (r == 0) {
+                const float one = 1.0f, zero = 0.0f;
+                int bs = st->blas->gemm_ex(st->blas_h, cublas::kOpT, cublas::kOpN, N, n, Kd, &one, (const void*)wb, cublas::kR16BF, Kd,
+                                           (const void*)st->xscratch, cublas::kR16BF, Kd, &zero, (void*)out0, cublas::kR32F, (int)ldo,
+                                           cublas::kCompute32F, cublas::kGemmDefault);
+                if (bs != 0) {
+                    *err = "cuBLAS error " + std::to_string(bs) + " in op '" + p.str(op.name) + "'";
+                    return G4_ERR_INTERNAL;
+                }
+            }
+            if (r == 0 && in2) r = go(K.add_bias, n, (unsigned)ceil_div(N, 256), 256, {&step, &out0, &ldo, &in2, &N});
+            break;
+        }
+        const bool gemv   = n == 1 && op.ip[5] == (int32_t)plan::MatmulVariant::Gemv4;
+        const bool tc     = !gemv && n > 8 && (op.ip[6] == (int32_t)plan::MatmulVariant::TensorCore || op.ip[6] == (int32_t)plan::MatmulVariant::Cublas);
+        const bool tiled  = !gemv && n > 8 && (tc || op.ip[6] == (int32_t)plan::MatmulVariant::Tiled64);
+        unsigned gx = gemv ? (unsigned)ceil_div(N, 32) : tiled ? (unsigned)ceil_div(N, 64) : (unsigned)ceil_div(N, 8);
+        unsigned gy = tiled ? (unsigned)ceil_div(n, 64) : 1;
+        if (is_nf4) {
+            nf4::Layout l = nf4::layout((int64_t)N * Kd, w.quant_flags & plan::kQuantDoubleQuant);
+            CUdeviceptr codes = in1 + l.codes_off, am = in1 + l.absmax_off;
+            CUdeviceptr am2 = l.double_quant ? in1 + l.absmax2_off : 0, off = l.double_quant ? in1 + l.offset_off : 0;
+            CUdeviceptr c2 = l.double_quant ? in1 + l.code2_off : 0;
+            CUfunction f   = gemv ? K.gemv_nf4 : tc ? K.tc_nf4 : tiled ? K.gemm_nf4 : K.mm_nf4;
+            r = go(f, gx, gy, tc ? 128 : 256, {&step, &mode, &in0, &ld0, &codes, &am, &am2, &off, &c2, &N, &Kd, &out0, &ldo, &in2});
+        } else {
+            CUfunction f = gemv ? K.gemv_bf16 : tc ? K.tc_bf16 : tiled ? K.gemm_bf16 : w.dtype == (uint8_t)DType::BF16 ? K.mm_bf16 : K.mm_f32;
+            r = go(f, gx, gy, tc ? 128 : 256, {&step, &mode, &in0, &ld0, &in1, &N, &Kd, &out0, &ldo, &in2});
+        }
+        break;
+    }
+    case OpCode::RmsNorm: {
+        int dim = op.ip[1];
+        int wdt = op.in[1] >= 0 && p.tensor(op.in[1]).dtype == (uint8_t)DType::BF16 ? 1 : 0;
+        float eps = op.fp[0];
+        r = go(K.rms, n, (unsigned)(op.ip[0] / dim), 256, {&step, &mode, &in0, &ld0, &in1, &wdt, &out0, &ldo, &dim, &eps});
+        break;
+    }
+    case OpCode::Add:
+    case OpCode::GeluMul:
+    case OpCode::Scale:
+    case OpCode::Softcap: {
+        int kind = op.code == (uint16_t)OpCode::Add ? 0 : op.code == (uint16_t)OpCode::GeluMul ? 1 : op.code == (uint16_t)OpCode::Scale ? 2 : 3;
+        int cols = op.ip[0];
+        float f  = op.fp[0];
+        CUdeviceptr b = kind <= 1 ? in1 : 0, sc = kind == 2 ? in1 : 0;
+        int sdt = kind == 2 && op.in[1] >= 0 && p.tensor(op.in[1]).dtype == (uint8_t)DType::BF16 ? 1 : 0;
+        r = go(K.elem, n, (unsigned)ceil_div(cols, 256), 256, {&step, &mode, &kind, &in0, &ld0, &b, &ld1, &out0, &ldo, &cols, &f, &sc, &sdt});
+        break;
+    }
+    case OpCode::Rope: {
+        int dim = op.ip[1];
+        r = go(K.rope, n, (unsigned)op.ip[0], (unsigned)std::max(32, dim / 2), {&step, &in0, &ld0, &in1, &dim});
+        break;
+    }
+    case OpCode::KvStore: {
+        int width = op.ip[0], slots = op.ip[1];
+        r = go(K.kv, n, 1, 256, {&step, &in0, &ld0, &in1, &ld1, &out0, &out1, &width, &slots});
+        break;
+    }
+    case OpCode::Attention: {
+        int heads = op.ip[0], kvh = op.ip[1], dim = op.ip[2], slots = op.ip[3], window = op.ip[4];
+        float scale = op.fp[0];
+        int sp = st->splits[i];
+        int max_span = window > 0 ? std::min(window, info.max_context) : info.max_context;
+        CUdeviceptr part = st->part, scores = st->scores;
+        const int hpg = heads / kvh, dsp = op.ip[6];
+        if (n == 1 && dsp >= 1 && dsp <= 1024 && hpg <= 16 && hpg * dim <= 4096 && dim <= 512) {
+            // Decode: one block per (kv head, split) for all heads of the group.
+            r = d->cuLaunchKernel(K.attn_decode, (unsigned)kvh, (unsigned)dsp, 1, 256, 1, 1, 0, st->stream,
+                                  const_cast<void**>(std::initializer_list<void*>{&step, &in0, &in1, &in2, &heads, &kvh, &dim, &slots,
+                                                                                 &window, &scale, const_cast<int*>(&dsp), &part}.begin()),
+                                  nullptr);
+            if (r == 0) r = go(K.attn_merge, (unsigned)heads, 1, 256, {&step, &part, &heads, &dim, const_cast<int*>(&dsp), &out0, &ldo});
+            break;
+        }
+        r = go(K.attn_part, (unsigned)(n * heads), (unsigned)sp, 256,
+               {&step, &in0, &ld0, &in1, &in2, &heads, &kvh, &dim, &slots, &window, &scale, &sp, &part, &scores, &max_span});
+        if (r == 0) r = go(K.attn_merge, (unsigned)(n * heads), 1, 256, {&step, &part, &heads, &dim, &sp, &out0, &ldo});
+        break;
+    }
+    default: *err = "internal: unknown op"; return G4_ERR_INTERNAL;
+    }
+    if (r != 0) {
+        *err = "CUDA error " + error_name(r) + " launching op '" + p.str(op.name) + "' (" + op_name((OpCode)op.code) + ")";
+        return G4_ERR_INTERNAL;
+    }
+    return G4_OK;
+}
+
+int dt_code(const plan::Plan& p, int32_t t) { return t >= 0 && p.tensor(t).dtype == (uint8_t)DType::BF16 ? 1 : 0; }
+
+// Launches record `li` of the decode schedule (one row).
+g4_status launch_fused(g4_session* s, const CudaLaunch& l, std::string* err) {
+    SessionState* st    = s->cuda.get();
+    const plan::Plan& p = s->engine->plan;
+    const Driver* d     = st->e->d;
+    const Kernels& K    = st->e->k;
+    CUdeviceptr step    = st->step;
+    auto T              = [&](int j) { return addr(st, p, l.t[j], 0); };
+    CUresult r          = 0;
+    auto go = [&](CUfunction f, unsigned gx, unsigned bx, std::initializer_list<void*> args) {
+        return d->cuLaunchKernel(f, gx, 1, 1, bx, 1, 1, 0, st->stream, const_cast<void**>(args.begin()), nullptr);
+    };
+    switch ((LaunchKind)l.kind) {
+    case LaunchKind::ResNorm: {
+        CUdeviceptr x = T(0), dd = T(1), pw = T(2), sc = T(3), xo = T(4), prew = T(5), xn = T(6);
+        int pwdt = dt_code(p, l.t[2]), sdt = dt_code(p, l.t[3]), prewdt = dt_code(p, l.t[5]), H = l.ip[0];
+        float f = l.fp[1], eps = l.fp[0];
+        r = go(K.resnorm, 1, 512, {&x, &dd, &pw, &pwdt, &sc, &sdt, &f, &xo, &prew, &prewdt, &xn, &H, &eps});
+        break;
+    }
+    case LaunchKind::QkvPost: {
+        CUdeviceptr q = T(0), qw = T(1), invf = T(2), k = T(3), kw = T(4), v = T(5), kc = T(6), vc = T(7);
+        int wdt = dt_code(p, l.t[1]), heads = l.ip[0], kvh = l.count == 6 ? l.ip[1] : 1, dim = l.ip[2], slots = std::max(1, l.ip[3]);
+        float eps = l.fp[0];
+        unsigned grid = (unsigned)(heads + (l.count == 6 ? 2 * kvh : 0)), block = (unsigned)std::max(32, (dim / 2 + 31) / 32 * 32);
+        r = go(K.qkv_post, grid, block, {&step, &q, &qw, &k, &kw, &v, &wdt, &invf, &kc, &vc, &heads, &kvh, &dim, &slots, &eps});
+        break;
+    }
+    case LaunchKind::Gemv: {
+        GemvArgsH a;
+        std::memset(&a, 0, sizeof a);
+        const int nmat = l.ip[3], epi = l.ip[4], pairs = epi == 1 ? 1 : 0;
+        bool nf4 = false;
+        int n_out = 0, K_ = 0;
+        for (int m = 0; m < nmat; ++m) {
+            const PlanOp& op    = p.op(l.ip[m]);
+            const PlanTensor& w = p.tensor(op.in[1]);
+            CUdeviceptr base    = addr(st, p, op.in[1], 0);
+            GemvMatH& g         = a.m[m];
+            nf4                 = w.dtype == (uint8_t)DType::NF4;
+            K_                  = (int)w.dims[1];
+            g.n                 = (int)w.dims[0];
+            g.bias              = addr(st, p, op.in[2], op.in_col[2]);
+            g.y                 = addr(st, p, op.out[0], op.out_col[0]);
+            if (nf4) {
+                nf4::Layout lay = nf4::layout(w.dims[0] * w.dims[1], w.quant_flags & plan::kQuantDoubleQuant);
+                g.w = base + lay.codes_off, g.absmax = base + lay.absmax_off;
+                if (lay.double_quant) g.absmax2 = base + lay.absmax2_off, g.offset = base + lay.offset_off, g.code2 = base + lay.code2_off;
             } else {
-                CUfunction f = gemv ? K.gemv_bf16 : tc ? K.tc_bf16 : tiled ? K.gemm_bf16 : w.dtype == (uint8_t)DType::BF16 ? K.mm_bf16 : K.mm_f32;
-                r = go(f, gx, gy, tc ? 128 : 256, {&step, &mode, &in0, &ld0, &in1, &N, &Kd, &out0, &ldo, &in2});
+                g.w = base;
             }
-            break;
+            if (m == 0) a.x = addr(st, p, op.in[0], op.in_col[0]);
+            n_out += g.n;
         }
-        case OpCode::RmsNorm: {
-            int dim = op.ip[1];
-            int wdt = op.in[1] >= 0 && p.tensor(op.in[1]).dtype == (uint8_t)DType::BF16 ? 1 : 0;
-            float eps = op.fp[0];
-            r = go(K.rms, n, (unsigned)(op.ip[0] / dim), 256, {&step, &mode, &in0, &ld0, &in1, &wdt, &out0, &ldo, &dim, &eps});
-            break;
-        }
-        case OpCode::Add:
-        case OpCode::GeluMul:
-        case OpCode::Scale:
-        case OpCode::Softcap: {
-            int kind = op.code == (uint16_t)OpCode::Add ? 0 : op.code == (uint16_t)OpCode::GeluMul ? 1 : op.code == (uint16_t)OpCode::Scale ? 2 : 3;
-            int cols = op.ip[0];
-            float f  = op.fp[0];
-            CUdeviceptr b = kind <= 1 ? in1 : 0, sc = kind == 2 ? in1 : 0;
-            int sdt = kind == 2 && op.in[1] >= 0 && p.tensor(op.in[1]).dtype == (uint8_t)DType::BF16 ? 1 : 0;
-            r = go(K.elem, n, (unsigned)ceil_div(cols, 256), 256, {&step, &mode, &kind, &in0, &ld0, &b, &ld1, &out0, &ldo, &cols, &f, &sc, &sdt});
-            break;
-        }
-        case OpCode::Rope: {
-            int dim = op.ip[1];
-            r = go(K.rope, n, (unsigned)op.ip[0], (unsigned)std::max(32, dim / 2), {&step, &in0, &ld0, &in1, &dim});
-            break;
-        }
-        case OpCode::KvStore: {
-            int width = op.ip[0], slots = op.ip[1];
-            r = go(K.kv, n, 1, 256, {&step, &in0, &ld0, &in1, &ld1, &out0, &out1, &width, &slots});
-            break;
-        }
-        case OpCode::Attention: {
-            int heads = op.ip[0], kvh = op.ip[1], dim = op.ip[2], slots = op.ip[3], window = op.ip[4];
-            float scale = op.fp[0];
-            int sp = st->splits[i];
-            int max_span = window > 0 ? std::min(window, info.max_context) : info.max_context;
-            CUdeviceptr part = st->part, scores = st->scores;
-            r = go(K.attn_part, (unsigned)(n * heads), (unsigned)sp, 256,
-                   {&step, &in0, &ld0, &in1, &in2, &heads, &kvh, &dim, &slots, &window, &scale, &sp, &part, &scores, &max_span});
-            if (r == 0) r = go(K.attn_merge, (unsigned)(n * heads), 1, 256, {&step, &part, &heads, &dim, &sp, &out0, &ldo});
-            break;
-        }
-        default: *err = "internal: unknown op"; return G4_ERR_INTERNAL;
-        }
-        if (r != 0) {
-            *err = "CUDA error " + error_name(r) + " launching op '" + p.str(op.name) + "' (" + op_name((OpCode)op.code) + ")";
-            return G4_ERR_INTERNAL;
-        }
-        if (st->profile) {   // G4_CUDA_PROFILE=1: synchronous per-op timing (decode steps run without the graph)
-            CUresult sr = d->cuStreamSynchronize(st->stream);
-            if (sr != 0) {
-                *err = "CUDA error " + error_name(sr) + " in op '" + p.str(op.name) + "' (" + op_name((OpCode)op.code) + ")";
-                return G4_ERR_INTERNAL;
+        if (pairs) n_out = a.m[0].n;
+        a.nmat = nmat, a.k = K_, a.epi = epi, a.cap = l.fp[0];
+        a.out = addr(st, p, l.t[1], 0);
+        a.aux = addr(st, p, l.t[0], l.ip[6]);
+        int lpr_i = l.ip[5] == 8 ? 0 : l.ip[5] == 16 ? 1 : 2;
+        long threads = gemv_threads(n_out, l.ip[5], pairs);
+        r = go(K.gemv[nf4][lpr_i][pairs], (unsigned)ceil_div(threads, 128), 128, {&a});
+        break;
+    }
+    default: *err = "internal: bad launch kind"; return G4_ERR_INTERNAL;
+    }
+    if (r != 0) {
+        *err = "CUDA error " + error_name(r) + " launching the fused kernel for op '" + p.str(p.op(l.op).name) + "'";
+        return G4_ERR_INTERNAL;
+    }
+    return G4_OK;
+}
+
+g4_status profile_point(g4_session* s, int cat, bool decode, const char* what, std::string* err) {
+    SessionState* st = s->cuda.get();
+    CUresult sr      = st->e->d->cuStreamSynchronize(st->stream);
+    if (sr != 0) {
+        *err = "CUDA error " + error_name(sr) + " in '" + what + "'";
+        return G4_ERR_INTERNAL;
+    }
+    auto now = std::chrono::steady_clock::now();
+    st->prof_ms[cat][decode ? 0 : 1] += std::chrono::duration<double, std::milli>(now - st->prof_t).count();
+    st->prof_n[cat][decode ? 0 : 1]++;
+    st->prof_t = now;
+    return G4_OK;
+}
+
+// Launches a whole step: the fused schedule for decode steps of plans that have one, else op by op.
+g4_status launch_step(g4_session* s, int rows, int out_rows, std::string* err) {
+    SessionState* st    = s->cuda.get();
+    const plan::Plan& p = s->engine->plan;
+    const bool decode   = rows == 1 && out_rows == 1;
+    if (decode && p.n_launches()) {
+        for (size_t li = 0; li < p.n_launches(); ++li) {
+            const CudaLaunch& l = p.launch(li);
+            g4_status g = l.kind == (uint16_t)LaunchKind::Op ? launch_op(s, (size_t)l.op, rows, out_rows, err) : launch_fused(s, l, err);
+            if (g != G4_OK) return g;
+            if (st->profile) {
+                int cat = l.kind == (uint16_t)LaunchKind::Op ? p.op(l.op).code : 16 + l.kind;
+                g = profile_point(s, cat, true, p.str(p.op(l.op).name), err);
+                if (g != G4_OK) return g;
             }
-            auto now = std::chrono::steady_clock::now();
-            st->prof_ms[op.code][n == 1 ? 0 : 1] += std::chrono::duration<double, std::milli>(now - st->prof_t).count();
-            st->prof_n[op.code][n == 1 ? 0 : 1]++;
-            st->prof_t = now;
+        }
+        return G4_OK;
+    }
+    for (size_t i = 0; i < p.n_ops(); ++i) {
+        g4_status g = launch_op(s, i, rows, out_rows, err);
+        if (g != G4_OK) return g;
+        if (st->profile) {
+            g = profile_point(s, p.op(i).code, rows == 1, p.str(p.op(i).name), err);
+            if (g != G4_OK) return g;
         }
     }
     return G4_OK;
@@ -364,7 +550,7 @@ g4_status run_step(g4_session* s, int32_t rows, int32_t pos0, int32_t out_rows, 
         // Capture the decode program once; later tokens replay it.
         CUresult r = d->cuStreamBeginCapture(st->stream, 2 /* relaxed */);
         if (r == 0) {
-            g4_status ls = launch_ops(s, 1, 1, err);
+            g4_status ls = launch_step(s, 1, 1, err);
             CUresult re  = d->cuStreamEndCapture(st->stream, &st->graph);
             if (ls != G4_OK) return ls;
             if (re == 0) re = d->cuGraphInstantiateWithFlags(&st->exec, st->graph, 0);
@@ -376,7 +562,7 @@ g4_status run_step(g4_session* s, int32_t rows, int32_t pos0, int32_t out_rows, 
     if (decode && st->exec) {
         CU_TRY(d->cuGraphLaunch(st->exec, st->stream), "replaying the decode graph");
     } else {
-        g4_status ls = launch_ops(s, rows, out_rows, err);
+        g4_status ls = launch_step(s, rows, out_rows, err);
         if (ls != G4_OK) return ls;
     }
     if (out_rows > 0)

@@ -7,6 +7,7 @@
 //   OPS      PlanOp records: the program the runtime replays, in order
 //   WEIGHTS  tensor bytes, each 64-byte aligned, used in place from the mmap (CPU) or uploaded (CUDA)
 //   TOKENIZER tokenizer.json text; CUBIN/PTX the CUDA kernels compiled for the plan's target
+//   CUDA_SCHEDULE CudaLaunch records: the launches of one decode step (fused kernels), CUDA plans only
 //
 // Section checksums are FNV-1a 64; META/STRINGS/TENSORS/OPS are verified at every load, WEIGHTS
 // on request (g4 inspect --verify). A major-version or schema-hash mismatch refuses the plan.
@@ -24,7 +25,7 @@ inline constexpr uint16_t kFormatMinor = 0;
 inline constexpr uint64_t kSectionAlign = 4096;
 inline constexpr uint64_t kTensorAlign  = 64;
 
-enum class SectionKind : uint32_t { Meta = 1, Strings = 2, Tensors = 3, Ops = 4, Weights = 5, Tokenizer = 6, Cubin = 7, Ptx = 8 };
+enum class SectionKind : uint32_t { Meta = 1, Strings = 2, Tensors = 3, Ops = 4, Weights = 5, Tokenizer = 6, Cubin = 7, Ptx = 8, CudaSchedule = 9 };
 
 struct PlanHeader {
     char magic[8];
@@ -99,7 +100,34 @@ enum class MatmulVariant : int32_t {
     Gemv4       = 1,   // decode: 4 rows per warp (NF4 K % 512 == 0, bf16 K % 256 == 0)
     Tiled64     = 2,   // prefill: 64x64 tiles, fp32 arithmetic (K % 32 == 0)
     TensorCore  = 3,   // prefill: mma.sync bf16 operands, fp32 accumulate (K % 32 == 0)
+    Cublas      = 4,   // prefill: bf16 operands (NF4 dequantized to a scratch matrix), cuBLAS GEMM with
+                       // fp32 accumulate; the runtime falls back to TensorCore where libcublas is absent
 };
+
+// The CUDA decode schedule (section CUDA_SCHEDULE): what one decode step launches, in order. The
+// compiler (compiler/cuda_schedule.cpp) fuses op sequences into one kernel where it can; every op of
+// OPS is covered by exactly one record. t[] are tensor indices (-1 = none), per kind:
+enum class LaunchKind : uint16_t {
+    Op      = 0,   // op `op` with its own kernel
+    ResNorm = 1,   // x_out = (x + rms(d) * post_w) * fp1 * scalar; xn = rms(x_out) * pre_w
+                   //   t: 0 x, 1 d, 2 post_w, 3 scalar, 4 x_out, 5 pre_w, 6 xn; ip0 cols; fp0 eps
+    Gemv    = 2,   // ip0..2 matmul ops sharing x (ip3 of them); ip4 epilogue (0 store, 1 gelu(gate) * up,
+                   //   2 gelu(y) * aux, 3 softcap); ip5 lanes per weight row (8/16/32); t0 aux, ip6 aux
+                   //   column, t1 epilogue output; fp0 softcap
+    QkvPost = 3,   // q_norm, q_rope [, k_norm, k_rope, v_norm, kv_store] (count 2 or 6) in one kernel
+};
+struct CudaLaunch {
+    uint16_t kind;                 // LaunchKind
+    uint16_t count;                // ops covered: op .. op + count - 1
+    int32_t op;                    // first op covered (its name and layer identify the launch in errors)
+    int32_t t[8];
+    int32_t ip[8];
+    float fp[2];
+};
+static_assert(sizeof(CudaLaunch) == 80);
+
+// cuBLAS workspace a CUDA session preallocates when the plan has Cublas matmuls (NVIDIA's advice for Hopper).
+inline constexpr uint64_t kCublasWorkspaceBytes = 32ull << 20;
 
 inline uint64_t fnv1a64(const void* data, size_t n, uint64_t h = 1469598103934665603ull) {
     const unsigned char* p = static_cast<const unsigned char*>(data);
@@ -114,11 +142,11 @@ inline uint64_t fnv1a64(const void* data, size_t n, uint64_t h = 146959810393466
 // record layouts, op codes and their parameter conventions (bump the string when they change).
 inline uint64_t schema_hash() {
     static const char kSchema[] =
-        "g4plan-v1;header64;section32;tensor64(quant_flags);op104;"
+        "g4plan-v1;header64;section32;tensor64(quant_flags);op104;launch80(op0,resnorm1,gemv2,qkvpost3);matmul_variant(cublas4);"
         "ops:embed1(in:ids,table;fp0:scale),matmul2(in:x,w,bias?;ip5:decode_variant,ip6:prefill_variant),rms_norm3(in:x,w?;ip0:cols,ip1:dim;fp0:eps),"
         "add4(ip0:cols),scale5(in:x,s?;ip0:cols;fp0:s),rope6(in:x,inv_freq;ip0:heads,ip1:dim),"
         "kv_store7(in:k,v;out:kc,vc;ip0:width,ip1:slots),"
-        "attention8(in:q,kc,vc;ip0:heads,ip1:kv_heads,ip2:dim,ip3:slots,ip4:window,ip5:splits;fp0:scale),"
+        "attention8(in:q,kc,vc;ip0:heads,ip1:kv_heads,ip2:dim,ip3:slots,ip4:window,ip5:splits,ip6:decode_splits;fp0:scale),"
         "gelu_mul9(ip0:cols),softcap10(ip0:cols;fp0:cap);"
         "dtypes:f32=0,bf16=1,f16=2,i32=3,nf4=4(blob:codes,absmax|dq);kinds:weight0,act1,kv2,input3;rowmode:all0,tailin1,outrows2";
     return fnv1a64(kSchema, sizeof(kSchema) - 1);

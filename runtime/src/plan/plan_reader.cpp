@@ -81,6 +81,11 @@ g4_status Plan::load(const std::string& path, bool verify_weights, std::string* 
         case SectionKind::Tokenizer: tokenizer_ = std::string_view((const char*)base + s.offset, s.size); break;
         case SectionKind::Cubin: cubin_ = std::string_view((const char*)base + s.offset, s.size); break;
         case SectionKind::Ptx: ptx_ = std::string_view((const char*)base + s.offset, s.size); break;
+        case SectionKind::CudaSchedule:
+            if (s.size % sizeof(CudaLaunch) || s.offset % 8) return fail(CORRUPT, "malformed CUDA schedule" + recompile, err);
+            launches_   = (const CudaLaunch*)(base + s.offset);
+            n_launches_ = s.size / sizeof(CudaLaunch);
+            break;
         default: break;   // unknown kinds from a newer minor version are skipped
         }
         bool small = (SectionKind)s.kind != SectionKind::Weights;
@@ -110,6 +115,7 @@ g4_status Plan::load(const std::string& path, bool verify_weights, std::string* 
             cuda_target_ = j["cuda"].at("target").get<std::string>();
             cuda_device_ = j["cuda"].value("device_index", 0);
         }
+        if (j.contains("placement")) ple_on_host_ = j["placement"].value("ple", "device") == "host";
         const auto& p       = j.at("program");
         info_.max_rows      = p.at("max_rows").get<int32_t>();
         info_.max_context   = p.at("max_context").get<int32_t>();
@@ -191,6 +197,25 @@ g4_status Plan::validate_records(std::string* err) {
         for (int32_t t : op.out)
             if (t < -1 || t >= (int32_t)n_tensors_) return fail(CORRUPT, what + ": output tensor index out of range", err);
     }
+    // The CUDA schedule covers ops 0..n-1 in order, each exactly once; its operands are in range.
+    size_t next = 0;
+    for (size_t i = 0; i < n_launches_; ++i) {
+        const CudaLaunch& l = launches_[i];
+        std::string what    = "CUDA schedule record " + std::to_string(i);
+        if (l.kind > (uint16_t)LaunchKind::QkvPost || l.count < 1 || l.op != (int32_t)next || next + l.count > n_ops_)
+            return fail(CORRUPT, what + ": bad kind or op range", err);
+        for (int32_t t : l.t)
+            if (t < -1 || t >= (int32_t)n_tensors_) return fail(CORRUPT, what + ": tensor index out of range", err);
+        if (l.kind == (uint16_t)LaunchKind::Gemv) {
+            if (l.ip[3] < 1 || l.ip[3] > 3 || l.ip[4] < 0 || l.ip[4] > 3 || (l.ip[5] != 8 && l.ip[5] != 16 && l.ip[5] != 32))
+                return fail(CORRUPT, what + ": bad GEMV parameters", err);
+            for (int m = 0; m < l.ip[3]; ++m)
+                if (l.ip[m] < l.op || l.ip[m] >= l.op + l.count || ops_[l.ip[m]].code != (uint16_t)OpCode::Matmul)
+                    return fail(CORRUPT, what + ": GEMV operand is not a matmul it covers", err);
+        }
+        next += l.count;
+    }
+    if (n_launches_ && next != n_ops_) return fail(CORRUPT, "CUDA schedule does not cover every op", err);
     return G4_OK;
 }
 

@@ -59,6 +59,12 @@ public:
     int cuda_device() const { return cuda_device_; }
     std::string_view cubin() const { return cubin_; }
     std::string_view ptx() const { return ptx_; }
+    // META placement.ple == "host" (--place ple=host, or chosen by the budget check): the PLE table
+    // (the weight with role PleTable) stays in pinned host memory and is gathered from there.
+    bool ple_on_host() const { return ple_on_host_; }
+    // The decode schedule of a CUDA plan (validated: contiguous, covers every op once); empty otherwise.
+    size_t n_launches() const { return n_launches_; }
+    const CudaLaunch& launch(size_t i) const { return launches_[i]; }
 
 private:
     g4_status fail(g4_status st, const std::string& msg, std::string* err) const;
@@ -77,8 +83,11 @@ private:
     const PlanOp* ops_ = nullptr;
     size_t n_ops_ = 0;
     std::string_view tokenizer_, cubin_, ptx_;
+    const CudaLaunch* launches_ = nullptr;
+    size_t n_launches_ = 0;
     std::string device_ = "cpu", cuda_target_;
     int cuda_device_ = 0;
+    bool ple_on_host_ = false;
     const uint8_t* weights_ = nullptr;
     uint64_t weights_size_ = 0;
     ProgramInfo info_;

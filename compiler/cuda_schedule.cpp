@@ -1,0 +1,223 @@
+// CUDA kernel variants and the fused decode schedule (see cuda_schedule.h).
+#include "compiler/cuda_schedule.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace g4::cuda {
+
+using plan::CudaLaunch;
+using plan::LaunchKind;
+using plan::MatmulVariant;
+using plan::PlanOp;
+using plan::PlanTensor;
+
+void choose_variants(std::vector<PlanOp>& ops, const std::vector<PlanTensor>& tensors, int64_t max_context,
+                     const std::string& prefill_precision) {
+    for (PlanOp& op : ops) {
+        if (op.code == (uint16_t)OpCode::Matmul) {
+            const PlanTensor& w = tensors[op.in[1]];
+            const int64_t K     = w.dims[1];
+            const bool nf4 = w.dtype == (uint8_t)DType::NF4, bf16 = w.dtype == (uint8_t)DType::BF16;
+            const bool gemv  = (nf4 && K % 512 == 0) || (bf16 && K % 256 == 0);
+            const bool tiled = K % 32 == 0 && (nf4 || bf16);
+            op.ip[5] = (int32_t)(gemv ? MatmulVariant::Gemv4 : MatmulVariant::PerRow);
+            // Prefill: whole chunks of rows go to cuBLAS (bf16 operands, NF4 dequantized per call);
+            // the logits rows (a handful) to the in-house tensor-core kernel.
+            MatmulVariant pre = MatmulVariant::PerRow;
+            if (tiled && prefill_precision == "fp32") pre = MatmulVariant::Tiled64;
+            else if (tiled) {
+                const bool aligned = op.in_col[0] % 4 == 0 && tensors[op.in[0]].dims[1] % 4 == 0 && op.out_col[0] == 0;
+                pre = op.row_mode == (int32_t)plan::RowMode::All && aligned ? MatmulVariant::Cublas : MatmulVariant::TensorCore;
+            }
+            op.ip[6] = (int32_t)pre;
+        } else if (op.code == (uint16_t)OpCode::Attention) {
+            int64_t span = op.ip[4] > 0 ? std::min<int64_t>(op.ip[4], max_context) : max_context;
+            // Prefill (one block per row and head): >= 64 keys a block, <= 32 partials to merge.
+            op.ip[5] = (int32_t)std::max<int64_t>(1, std::min<int64_t>(32, (span + 63) / 64));
+            // Decode (one block per kv head and split): 64 keys a split at the longest span, so a step
+            // fills the GPU; <= 256 keys a split up to 256K positions.
+            op.ip[6] = (int32_t)std::max<int64_t>(1, std::min<int64_t>(1024, (span + 63) / 64));
+        }
+    }
+}
+
+int gemv_lanes(int64_t K, bool nf4) {
+    const int64_t C = K / (nf4 ? 32 : 8);
+    return C % 32 == 0 ? 32 : C % 16 == 0 ? 16 : C % 8 == 0 || C < 16 ? 8 : 32;
+}
+
+namespace {
+
+struct Matcher {
+    const std::vector<PlanOp>& ops;
+    const std::vector<PlanTensor>& tensors;
+    std::vector<int64_t> last_read;   // per tensor: the last op index that reads it
+
+    Matcher(const std::vector<PlanOp>& o, const std::vector<PlanTensor>& t) : ops(o), tensors(t), last_read(t.size(), -1) {
+        for (size_t i = 0; i < ops.size(); ++i)
+            for (int32_t x : ops[i].in)
+                if (x >= 0) last_read[x] = std::max<int64_t>(last_read[x], (int64_t)i);
+    }
+    bool is(size_t i, OpCode c) const { return i < ops.size() && ops[i].code == (uint16_t)c; }
+    bool unread_after(int32_t t, size_t i) const { return t < 0 || last_read[t] <= (int64_t)i; }
+    int64_t cols(int32_t t) const { return tensors[t].dims[1]; }
+    // An in-place full-row RmsNorm of `t` (or of anything, t = -1) with weight.
+    bool full_norm(size_t i) const {
+        if (!is(i, OpCode::RmsNorm)) return false;
+        const PlanOp& o = ops[i];
+        return o.in_col[0] == 0 && o.out_col[0] == 0 && o.ip[0] == o.ip[1] && o.ip[0] <= 4096;
+    }
+
+    static CudaLaunch record(LaunchKind k, size_t op, size_t count) {
+        CudaLaunch l;
+        std::memset(&l, 0, sizeof l);
+        l.kind  = (uint16_t)k;
+        l.op    = (int32_t)op;
+        l.count = (uint16_t)count;
+        for (int32_t& t : l.t) t = -1;
+        return l;
+    }
+
+    bool resnorm(size_t i, CudaLaunch* out) const {
+        if (!full_norm(i) || ops[i].in[0] != ops[i].out[0] || ops[i].in[1] < 0) return false;
+        const PlanOp& norm = ops[i];
+        const int32_t d = norm.in[0], H = norm.ip[0];
+        if (!is(i + 1, OpCode::Add)) return false;
+        const PlanOp& add = ops[i + 1];
+        if (add.ip[0] != H || add.in_col[0] || add.in_col[1] || add.out_col[0] || add.out[0] == d) return false;
+        int32_t x = add.in[0] == d ? add.in[1] : add.in[1] == d ? add.in[0] : -1;
+        if (x < 0 || x == add.out[0]) return false;
+        const int32_t y = add.out[0];
+        size_t j = i + 2;
+        CudaLaunch l = record(LaunchKind::ResNorm, i, 0);
+        l.fp[0] = norm.fp[0];
+        l.fp[1] = 1.0f;
+        l.ip[0] = H;
+        if (is(j, OpCode::Scale) && ops[j].in[0] == y && ops[j].out[0] == y && !ops[j].in_col[0] && ops[j].ip[0] == H) {
+            l.t[3]  = ops[j].in[1];
+            l.fp[1] = ops[j].fp[0];
+            ++j;
+        }
+        if (full_norm(j) && ops[j].in[0] == y && ops[j].out[0] != y && ops[j].ip[0] == H && ops[j].fp[0] == norm.fp[0]) {
+            l.t[5] = ops[j].in[1];
+            l.t[6] = ops[j].out[0];
+            ++j;
+        }
+        if (!unread_after(d, j - 1)) return false;
+        l.t[0] = x, l.t[1] = d, l.t[2] = norm.in[1], l.t[4] = y;
+        l.count = (uint16_t)(j - i);
+        *out    = l;
+        return true;
+    }
+
+    bool qkv_post(size_t i, CudaLaunch* out) const {
+        if (!is(i, OpCode::RmsNorm) || !is(i + 1, OpCode::Rope)) return false;
+        const PlanOp &qn = ops[i], &qr = ops[i + 1];
+        const int32_t q = qn.in[0], dim = qn.ip[1];
+        if (qn.out[0] != q || qn.in[1] < 0 || qn.in_col[0] || qn.out_col[0] || qr.in[0] != q || qr.out[0] != q || qr.in_col[0] ||
+            qr.ip[1] != dim || (int64_t)qr.ip[0] * dim != qn.ip[0] || dim % 2 || dim > 2048)
+            return false;
+        CudaLaunch l = record(LaunchKind::QkvPost, i, 2);
+        l.t[0] = q, l.t[1] = qn.in[1], l.t[2] = qr.in[1];
+        l.ip[0] = qr.ip[0], l.ip[2] = dim;
+        l.fp[0] = qn.fp[0];
+        // k: norm + rope, v: norm, store; all into the cache directly.
+        if (is(i + 2, OpCode::RmsNorm) && is(i + 3, OpCode::Rope) && is(i + 4, OpCode::RmsNorm) && is(i + 5, OpCode::KvStore)) {
+            const PlanOp &kn = ops[i + 2], &kr = ops[i + 3], &vn = ops[i + 4], &st = ops[i + 5];
+            const int32_t k = kn.in[0], v = vn.in[0], kvh = kr.ip[0];
+            bool ok = kn.out[0] == k && kn.in[1] >= 0 && kr.in[0] == k && kr.out[0] == k && kr.in[1] == qr.in[1] && kr.ip[1] == dim &&
+                      kn.ip[1] == dim && (int64_t)kvh * dim == kn.ip[0] && vn.out[0] == v && vn.in[1] < 0 && vn.ip[1] == dim &&
+                      vn.ip[0] == kn.ip[0] && st.in[0] == k && st.in[1] == v && st.ip[0] == kn.ip[0] && kn.fp[0] == qn.fp[0] &&
+                      vn.fp[0] == qn.fp[0] && tensors[kn.in[1]].dtype == tensors[qn.in[1]].dtype && !kn.in_col[0] &&
+                      !vn.in_col[0] && !st.in_col[0] && !st.in_col[1] && !st.out_col[0] && !st.out_col[1] && unread_after(k, i + 5) &&
+                      unread_after(v, i + 5) && qr.ip[0] % kvh == 0;
+            if (ok) {
+                l.count = 6;
+                l.t[3] = k, l.t[4] = kn.in[1], l.t[5] = v, l.t[6] = st.out[0], l.t[7] = st.out[1];
+                l.ip[1] = kvh, l.ip[3] = st.ip[1];
+            }
+        }
+        *out = l;
+        return true;
+    }
+
+    bool gemv_ok(size_t i) const {
+        if (!is(i, OpCode::Matmul)) return false;
+        const PlanOp& m     = ops[i];
+        const PlanTensor& w = tensors[m.in[1]];
+        const int64_t K     = w.dims[1];
+        if (w.dtype == (uint8_t)DType::NF4) return K % 32 == 0 && m.in_col[0] % 4 == 0 && m.out_col[0] == 0;
+        if (w.dtype == (uint8_t)DType::BF16) return K % 8 == 0 && m.in_col[0] % 4 == 0 && m.out_col[0] == 0;
+        return false;
+    }
+    bool same_input(size_t a, size_t b) const {
+        const PlanTensor &wa = tensors[ops[a].in[1]], &wb = tensors[ops[b].in[1]];
+        return ops[a].in[0] == ops[b].in[0] && ops[a].in_col[0] == ops[b].in_col[0] && ops[a].row_mode == ops[b].row_mode &&
+               wa.dtype == wb.dtype && wa.dims[1] == wb.dims[1] && wa.quant_flags == wb.quant_flags;
+    }
+
+    bool gemv(size_t i, CudaLaunch* out) const {
+        if (!gemv_ok(i)) return false;
+        const PlanTensor& w = tensors[ops[i].in[1]];
+        CudaLaunch l = record(LaunchKind::Gemv, i, 1);
+        l.ip[0] = (int32_t)i, l.ip[3] = 1;
+        l.ip[5] = gemv_lanes(w.dims[1], w.dtype == (uint8_t)DType::NF4);
+        const int32_t y0 = ops[i].out[0];
+        const int64_t N0 = w.dims[0];
+        // gate + up + GeluMul -> pairs
+        if (gemv_ok(i + 1) && same_input(i, i + 1) && is(i + 2, OpCode::GeluMul)) {
+            const PlanOp& g  = ops[i + 2];
+            const int32_t y1 = ops[i + 1].out[0];
+            if (g.in[0] == y0 && g.in[1] == y1 && !g.in_col[0] && !g.in_col[1] && !g.out_col[0] && g.ip[0] == N0 &&
+                tensors[ops[i + 1].in[1]].dims[0] == N0 && unread_after(y0, i + 2) && unread_after(y1, i + 2)) {
+                l.ip[1] = (int32_t)(i + 1), l.ip[3] = 2, l.ip[4] = 1, l.t[1] = g.out[0], l.count = 3;
+                *out = l;
+                return true;
+            }
+        }
+        // Matmul + GeluMul(y, aux)
+        if (is(i + 1, OpCode::GeluMul)) {
+            const PlanOp& g = ops[i + 1];
+            if (g.in[0] == y0 && !g.in_col[0] && !g.out_col[0] && g.ip[0] == N0 && g.in[1] != y0 &&
+                unread_after(y0, i + 1)) {
+                l.ip[4] = 2, l.t[0] = g.in[1], l.ip[6] = g.in_col[1], l.t[1] = g.out[0], l.count = 2;
+                *out = l;
+                return true;
+            }
+        }
+        // Matmul + Softcap in place
+        if (is(i + 1, OpCode::Softcap)) {
+            const PlanOp& s = ops[i + 1];
+            if (s.in[0] == y0 && s.out[0] == y0 && !s.in_col[0] && !s.out_col[0] && s.ip[0] == N0) {
+                l.ip[4] = 3, l.fp[0] = s.fp[0], l.count = 2;
+                *out = l;
+                return true;
+            }
+        }
+        // Up to 3 consecutive matmuls sharing x (q, k, v)
+        size_t j = i + 1;
+        while (j < ops.size() && j < i + 3 && gemv_ok(j) && same_input(i, j)) ++j;
+        for (size_t m = i + 1; m < j; ++m) l.ip[m - i] = (int32_t)m;
+        l.ip[3] = (int32_t)(j - i);
+        l.count = (uint16_t)(j - i);
+        *out    = l;
+        return true;
+    }
+};
+
+} // namespace
+
+std::vector<CudaLaunch> decode_schedule(const std::vector<PlanOp>& ops, const std::vector<PlanTensor>& tensors) {
+    Matcher m(ops, tensors);
+    std::vector<CudaLaunch> out;
+    for (size_t i = 0; i < ops.size();) {
+        CudaLaunch l;
+        if (!m.resnorm(i, &l) && !m.qkv_post(i, &l) && !m.gemv(i, &l)) l = Matcher::record(LaunchKind::Op, i, 1);
+        out.push_back(l);
+        i += l.count;
+    }
+    return out;
+}
+
+} // namespace g4::cuda

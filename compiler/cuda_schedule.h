@@ -1,0 +1,31 @@
+// Ahead-of-time CUDA choices for a plan: each op's kernel variant for decode and prefill steps, and
+// the decode schedule, which replaces op sequences of the Gemma 4 program with single fused kernels
+// (executed by runtime/src/cuda/backend.cpp; record layout in runtime/src/plan/plan_format.h).
+#pragma once
+#include "runtime/src/plan/plan_format.h"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace g4::cuda {
+
+// Sets Matmul ip[5] (decode) / ip[6] (prefill) and Attention ip[5] (prefill splits) / ip[6] (decode
+// splits) from the real shapes. prefill_precision: "bf16" (tensor cores) or "fp32".
+void choose_variants(std::vector<plan::PlanOp>& ops, const std::vector<plan::PlanTensor>& tensors, int64_t max_context,
+                     const std::string& prefill_precision);
+
+// Lanes that share one weight row in the decode GEMV (8, 16 or 32): K is read in 16-byte chunks (32
+// NF4 or 8 bf16 values), and the choice keeps every lane of a row busy where K allows.
+int gemv_lanes(int64_t K, bool nf4);
+
+// The launches of one decode step, covering every op exactly once, in order. Fusions:
+//   RmsNorm(d, in place) + Add(x, d) [+ Scale] [+ RmsNorm(x_out)]         -> ResNorm
+//   Matmul x1..3 sharing x (q, k, v)                                      -> Gemv (epilogue 0)
+//   Matmul gate + Matmul up + GeluMul                                     -> Gemv (gate/up pairs)
+//   Matmul + GeluMul(y, aux) / Matmul + Softcap                           -> Gemv (epilogue 2 / 3)
+//   q_norm + q_rope [+ k_norm + k_rope + v_norm + kv_store]               -> QkvPost
+// A fusion is taken only when the intermediates it skips writing are read by no later op.
+std::vector<plan::CudaLaunch> decode_schedule(const std::vector<plan::PlanOp>& ops, const std::vector<plan::PlanTensor>& tensors);
+
+} // namespace g4::cuda

@@ -1,0 +1,58 @@
+// dlopen-based cuBLAS loader (see cublas.h).
+#include "runtime/src/cuda/cublas.h"
+
+#include <cstdlib>
+#include <dlfcn.h>
+#include <mutex>
+#include <vector>
+
+namespace g4::cublas {
+
+namespace {
+Lib g_lib;
+const Lib* g_loaded = nullptr;
+std::string g_why;
+std::once_flag g_once;
+
+template <class F> bool sym(void* h, const char* name, F* out) {
+    *out = reinterpret_cast<F>(dlsym(h, name));
+    return *out != nullptr;
+}
+
+void load() {
+    const char* env = std::getenv("G4_CUBLAS");
+    if (env && std::string(env) == "off") {
+        g_why = "disabled by G4_CUBLAS=off";
+        return;
+    }
+    std::vector<std::string> names;
+    if (env && *env) names.push_back(env);
+    for (const char* n : {"libcublas.so.13", "libcublas.so.12", "/usr/local/cuda/lib64/libcublas.so.13",
+                          "/usr/local/cuda/lib64/libcublas.so.12", "libcublas.so"})
+        names.push_back(n);
+    for (const auto& n : names) {
+        void* h = dlopen(n.c_str(), RTLD_NOW | RTLD_LOCAL);
+        if (!h) continue;
+        Lib& l  = g_lib;
+        bool ok = sym(h, "cublasCreate_v2", &l.create) && sym(h, "cublasDestroy_v2", &l.destroy) &&
+                  sym(h, "cublasSetStream_v2", &l.set_stream) && sym(h, "cublasSetWorkspace_v2", &l.set_workspace) &&
+                  sym(h, "cublasGemmEx", &l.gemm_ex);
+        if (!ok) {
+            dlclose(h);
+            continue;
+        }
+        l.path   = n;
+        g_loaded = &g_lib;
+        return;
+    }
+    g_why = "libcublas.so.13/.12 not found (set G4_CUBLAS=/path/to/libcublas.so)";
+}
+} // namespace
+
+const Lib* lib(std::string* why) {
+    std::call_once(g_once, load);
+    if (!g_loaded && why) *why = g_why;
+    return g_loaded;
+}
+
+} // namespace g4::cublas

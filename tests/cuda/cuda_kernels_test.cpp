@@ -1,0 +1,425 @@
+// Every CUDA kernel of the decode schedule and the prefill tiers against the scalar reference
+// (kernels/ref) at Gemma 4's real E2B/E4B shapes. Needs an NVIDIA GPU: each test is skipped where no
+// driver or GPU is present (CI); on a GPU machine they run in full. Kernels are compiled with NVRTC for
+// the GPU present, exactly as `g4 compile --device cuda` does.
+#include "compiler/cuda_compile.h"
+#include "compiler/cuda_schedule.h"
+#include "compiler/nf4_quant.h"
+#include "kernels/nf4.h"
+#include "kernels/ref/ref.h"
+#include "runtime/src/cuda/cublas.h"
+#include "runtime/src/cuda/driver.h"
+#include "runtime/src/cuda/kernel_args.h"
+#include "test_util.h"
+
+#include <cmath>
+#include <gtest/gtest.h>
+#include <initializer_list>
+#include <memory>
+#include <random>
+#include <vector>
+
+namespace {
+
+using namespace g4;
+using cu::CUdeviceptr;
+
+struct Gpu {
+    const cu::Driver* d = nullptr;
+    cu::CUdevice dev    = 0;
+    cu::CUcontext ctx   = nullptr;
+    cu::CUmodule mod    = nullptr;
+    std::string why;
+};
+
+Gpu& gpu() {
+    static Gpu g;
+    static bool tried = false;
+    if (tried) return g;
+    tried = true;
+    g.d = cu::driver(&g.why);
+    int count = 0;
+    if (!g.d || g.d->cuDeviceGetCount(&count) != 0 || count == 0) {
+        if (g.d) g.why = "no CUDA device";
+        g.d = nullptr;
+        return g;
+    }
+    g.d->cuDeviceGet(&g.dev, 0);
+    g.d->cuDevicePrimaryCtxRetain(&g.ctx, g.dev);
+    g.d->cuCtxSetCurrent(g.ctx);
+    int major = 0, minor = 0;
+    g.d->cuDeviceGetAttribute(&major, cu::kAttrComputeMajor, g.dev);
+    g.d->cuDeviceGetAttribute(&minor, cu::kAttrComputeMinor, g.dev);
+    int sm = std::min(90, major * 10 + minor);
+    cuda::KernelBinary kb = cuda::compile_kernels("sm_" + std::to_string(sm));
+    std::string ptx = kb.ptx;
+    if (g.d->cuModuleLoadData(&g.mod, major * 10 + minor == sm ? (const void*)kb.cubin.data() : (const void*)ptx.c_str()) != 0) {
+        g.why = "module load failed";
+        g.d   = nullptr;
+    }
+    return g;
+}
+
+#define NEED_GPU()                                                        \
+    do {                                                                  \
+        if (!gpu().d) GTEST_SKIP() << "no NVIDIA GPU here: " << gpu().why; \
+    } while (0)
+
+// Device buffers freed at scope end.
+struct Dev {
+    std::vector<CUdeviceptr> owned;
+    ~Dev() {
+        for (CUdeviceptr p : owned) gpu().d->cuMemFree(p);
+    }
+    CUdeviceptr alloc(size_t bytes) {
+        CUdeviceptr p = 0;
+        EXPECT_EQ(gpu().d->cuMemAlloc(&p, std::max<size_t>(bytes, 16)), 0);
+        gpu().d->cuMemsetD8(p, 0, std::max<size_t>(bytes, 16));
+        owned.push_back(p);
+        return p;
+    }
+    template <class T> CUdeviceptr up(const std::vector<T>& v) {
+        CUdeviceptr p = alloc(v.size() * sizeof(T));
+        gpu().d->cuMemcpyHtoD(p, v.data(), v.size() * sizeof(T));
+        return p;
+    }
+    template <class T> std::vector<T> down(CUdeviceptr p, size_t n) {
+        std::vector<T> v(n);
+        EXPECT_EQ(gpu().d->cuMemcpyDtoHAsync(v.data(), p, n * sizeof(T), nullptr), 0);
+        EXPECT_EQ(gpu().d->cuStreamSynchronize(nullptr), 0);
+        return v;
+    }
+    CUdeviceptr step(int rows, int pos0, int out_rows) { return up(std::vector<int>{rows, pos0, out_rows, 0}); }
+};
+
+void launch(const char* name, unsigned gx, unsigned gy, unsigned block, std::initializer_list<void*> args) {
+    cu::CUfunction f = nullptr;
+    ASSERT_EQ(gpu().d->cuModuleGetFunction(&f, gpu().mod, name), 0) << name;
+    ASSERT_EQ(gpu().d->cuLaunchKernel(f, gx, gy, 1, block, 1, 1, 0, nullptr, const_cast<void**>(args.begin()), nullptr), 0) << name;
+    ASSERT_EQ(gpu().d->cuStreamSynchronize(nullptr), 0) << name;
+}
+
+std::vector<float> randn(size_t n, uint32_t seed, float sd = 1.0f) {
+    std::mt19937 g(seed);
+    std::normal_distribution<float> d(0.0f, sd);
+    std::vector<float> v(n);
+    for (auto& x : v) x = d(g);
+    return v;
+}
+std::vector<uint16_t> to_bf16(const std::vector<float>& v) {
+    std::vector<uint16_t> o(v.size());
+    for (size_t i = 0; i < v.size(); ++i) o[i] = f32_to_bf16(v[i]);
+    return o;
+}
+double rel(const std::vector<float>& a, const std::vector<float>& b) { return g4test::rel_l2(a.data(), b.data(), b.size()); }
+
+// A weight matrix in a plan dtype: host blob for the reference, device copy for the kernels.
+struct Weight {
+    DType dt;
+    int64_t n, k;
+    bool dq = false;
+    std::vector<uint8_t> blob;
+    CUdeviceptr dev = 0;
+    cuda_rt::GemvMatH mat(CUdeviceptr y, CUdeviceptr bias = 0) const {
+        cuda_rt::GemvMatH m{};
+        m.n = (int)n, m.y = y, m.bias = bias;
+        if (dt == DType::NF4) {
+            nf4::Layout l = nf4::layout(n * k, dq);
+            m.w = dev + l.codes_off, m.absmax = dev + l.absmax_off;
+            if (dq) m.absmax2 = dev + l.absmax2_off, m.offset = dev + l.offset_off, m.code2 = dev + l.code2_off;
+        } else {
+            m.w = dev;
+        }
+        return m;
+    }
+    std::vector<float> ref(const std::vector<float>& x, int rows = 1) const {
+        std::vector<float> y((size_t)rows * n);
+        MatmulArgs a{x.data(), k, blob.data(), dt, n, k, y.data(), n, rows, dq};
+        ref::matmul(a);
+        return y;
+    }
+};
+Weight make_weight(Dev& dev, DType dt, int64_t n, int64_t k, uint32_t seed, bool dq = false) {
+    Weight w;
+    w.dt = dt, w.n = n, w.k = k, w.dq = dq;
+    std::vector<float> f = randn((size_t)(n * k), seed, 0.05f);
+    if (dt == DType::NF4) {
+        w.blob = nf4::quantize(f.data(), n * k, dq);
+    } else {
+        auto b = to_bf16(f);
+        w.blob.assign((const uint8_t*)b.data(), (const uint8_t*)b.data() + b.size() * 2);
+    }
+    w.dev = dev.up(w.blob);
+    return w;
+}
+
+void run_gemv(cuda_rt::GemvArgsH& a, bool nf4, int lanes, bool pairs, int n_out) {
+    long threads = cuda_rt::gemv_threads(n_out, lanes, pairs);
+    launch(cuda_rt::gemv_kernel_name(nf4, lanes, pairs), (unsigned)((threads + 127) / 128), 1, 128, {&a});
+}
+
+// ---- GEMV family: q/k/v groups, gate/up pairs, the PLE gate (gelu * aux), the LM head (softcap).
+struct GemvCase {
+    const char* name;
+    DType dt;
+    std::vector<int64_t> n;   // one to three matrices
+    int64_t k;
+    int epi;                  // 0 store, 1 pairs, 2 gelu*aux, 3 softcap
+    int lanes;                // 0: as the compiler chooses
+    bool dq, bias;
+};
+class Gemv : public ::testing::TestWithParam<GemvCase> {};
+
+TEST_P(Gemv, MatchesReference) {
+    NEED_GPU();
+    const GemvCase& c = GetParam();
+    Dev dev;
+    std::vector<float> x = randn((size_t)c.k, 7);
+    std::vector<Weight> ws;
+    std::vector<CUdeviceptr> ys, bs;
+    std::vector<std::vector<float>> biases;
+    cuda_rt::GemvArgsH a{};
+    for (size_t m = 0; m < c.n.size(); ++m) {
+        ws.push_back(make_weight(dev, c.dt, c.n[m], c.k, 100 + (uint32_t)m, c.dq));
+        ys.push_back(dev.alloc(c.n[m] * 4));
+        biases.push_back(c.bias ? randn(c.n[m], 50 + (uint32_t)m) : std::vector<float>(c.n[m], 0.0f));
+        a.m[m] = ws[m].mat(ys[m], c.bias ? dev.up(biases[m]) : 0);
+    }
+    const bool pairs = c.epi == 1, nf4 = c.dt == DType::NF4;
+    int n_out = pairs ? (int)c.n[0] : 0;
+    if (!pairs)
+        for (int64_t n : c.n) n_out += (int)n;
+    std::vector<float> aux = randn(n_out, 9);
+    a.x = dev.up(x), a.out = dev.alloc(n_out * 4), a.aux = dev.up(aux);
+    a.nmat = (int)c.n.size(), a.k = (int)c.k, a.epi = c.epi, a.cap = 30.0f;
+    int lanes = c.lanes ? c.lanes : cuda::gemv_lanes(c.k, nf4);
+    run_gemv(a, nf4, lanes, pairs, n_out);
+
+    std::vector<std::vector<float>> ref;
+    for (size_t m = 0; m < c.n.size(); ++m) {
+        ref.push_back(ws[m].ref(x));
+        for (int64_t i = 0; i < c.n[m]; ++i) ref[m][i] += biases[m][i];
+    }
+    if (c.epi == 1 || c.epi == 2) {
+        std::vector<float> want(n_out);
+        for (int i = 0; i < n_out; ++i) want[i] = ref::gelu_tanh(ref[0][i]) * (c.epi == 1 ? ref[1][i] : aux[i]);
+        double e = rel(dev.down<float>(a.out, n_out), want);
+        std::printf("GEMV %s lanes %d: rel %.2e\n", c.name, lanes, e);
+        EXPECT_LT(e, 2e-5) << c.name;
+        return;
+    }
+    for (size_t m = 0; m < c.n.size(); ++m) {
+        if (c.epi == 3)
+            for (auto& v : ref[m]) v = 30.0f * std::tanh(v / 30.0f);
+        double e = rel(dev.down<float>(ys[m], c.n[m]), ref[m]);
+        std::printf("GEMV %s matrix %zu lanes %d: rel %.2e\n", c.name, m, lanes, e);
+        EXPECT_LT(e, 2e-5) << c.name << " matrix " << m;
+    }
+}
+
+const DType NF = DType::NF4, BF = DType::BF16;
+INSTANTIATE_TEST_SUITE_P(
+    RealShapes, Gemv,
+    ::testing::Values(GemvCase{"e2b_qkv_sliding", NF, {2048, 256, 256}, 1536, 0, 0, false, false},
+                      GemvCase{"e2b_qkv_full", NF, {4096, 512, 512}, 1536, 0, 0, false, false},
+                      GemvCase{"e4b_qkv", NF, {2048, 512, 512}, 2560, 0, 0, false, false},
+                      GemvCase{"e2b_gate_up", NF, {6144, 6144}, 1536, 1, 0, false, false},
+                      GemvCase{"e2b_gate_up_wide", NF, {12288, 12288}, 1536, 1, 0, false, true},
+                      GemvCase{"e4b_gate_up", NF, {10240, 10240}, 2560, 1, 0, false, false},
+                      GemvCase{"e2b_down", NF, {1536}, 6144, 0, 0, false, false},
+                      GemvCase{"e2b_down_wide_dq", NF, {1536}, 12288, 0, 0, true, false},
+                      GemvCase{"e4b_down", NF, {2560}, 10240, 0, 0, false, false},
+                      GemvCase{"e2b_o_full", NF, {1536}, 4096, 0, 0, false, false},
+                      GemvCase{"e2b_ple_gate_nf4", NF, {256}, 1536, 2, 0, false, false},
+                      GemvCase{"e2b_ple_gate_bf16", BF, {256}, 1536, 2, 0, false, false},
+                      GemvCase{"e2b_ple_proj_nf4", NF, {1536}, 256, 0, 0, false, false},
+                      GemvCase{"e4b_ple_proj_bf16", BF, {2560}, 256, 0, 0, false, true},
+                      GemvCase{"e2b_ple_ctx_bf16", BF, {8960}, 1536, 0, 0, false, false},
+                      GemvCase{"e2b_lm_head_softcap", BF, {262144}, 1536, 3, 0, false, false},
+                      GemvCase{"lanes8_nf4", NF, {512, 64}, 1536, 0, 8, false, false},
+                      GemvCase{"lanes16_nf4_pairs", NF, {512, 512}, 1536, 1, 16, true, false},
+                      GemvCase{"lanes32_nf4", NF, {300}, 1536, 0, 32, false, true},
+                      GemvCase{"lanes8_bf16_pairs", BF, {512, 512}, 2560, 1, 8, false, false},
+                      GemvCase{"lanes16_bf16", BF, {700, 2}, 2560, 0, 16, false, false},
+                      GemvCase{"lanes32_bf16_pairs", BF, {1000, 1000}, 1536, 1, 32, false, true}),
+    [](const ::testing::TestParamInfo<GemvCase>& i) { return std::string(i.param.name); });
+
+// ---- residual + norms
+class ResNorm : public ::testing::TestWithParam<int> {};
+TEST_P(ResNorm, MatchesUnfusedOps) {
+    NEED_GPU();
+    const int H = GetParam();
+    Dev dev;
+    std::vector<float> x = randn(H, 1), d = randn(H, 2), pw = randn(H, 3), prew = randn(H, 4);
+    auto pwb = to_bf16(pw), prewb = to_bf16(prew);
+    std::vector<uint16_t> sc = {f32_to_bf16(0.37f)};
+    // Reference: d = rms(d) * pw; x_out = (x + d) * 1 * s; xn = rms(x_out) * prew.
+    std::vector<float> dr = d, xo(H), xn(H);
+    ref::rms_norm({dr.data(), H, pwb.data(), DType::BF16, dr.data(), H, 1, H, H, 1e-6f});
+    ref::add({x.data(), H, dr.data(), H, xo.data(), H, 1, H});
+    ref::scale({xo.data(), H, xo.data(), H, 1, H, 1.0f, sc.data(), DType::BF16, 0.0f});
+    ref::rms_norm({xo.data(), H, prewb.data(), DType::BF16, xn.data(), H, 1, H, H, 1e-6f});
+    CUdeviceptr gx = dev.up(x), gd = dev.up(d), gpw = dev.up(pwb), gsc = dev.up(sc), gxo = dev.alloc(H * 4), gprew = dev.up(prewb),
+                gxn = dev.alloc(H * 4);
+    int one = 1;
+    float f = 1.0f, eps = 1e-6f;
+    int h = H;
+    launch("g4_resnorm", 1, 1, 512, {&gx, &gd, &gpw, &one, &gsc, &one, &f, &gxo, &gprew, &one, &gxn, &h, &eps});
+    double e1 = rel(dev.down<float>(gxo, H), xo), e2 = rel(dev.down<float>(gxn, H), xn);
+    std::printf("ResNorm H=%d: x_out %.2e, xn %.2e\n", H, e1, e2);
+    EXPECT_LT(e1, 1e-6);
+    EXPECT_LT(e2, 1e-6);
+}
+INSTANTIATE_TEST_SUITE_P(RealShapes, ResNorm, ::testing::Values(1536, 2560));
+
+// ---- q/k/v post-projection: norms, RoPE, cache store
+struct QkvCase {
+    int heads, kvh, dim, slots, pos;
+};
+class QkvPost : public ::testing::TestWithParam<QkvCase> {};
+TEST_P(QkvPost, MatchesUnfusedOps) {
+    NEED_GPU();
+    const QkvCase c = GetParam();
+    Dev dev;
+    const int qw = c.heads * c.dim, kw = c.kvh * c.dim;
+    std::vector<float> q = randn(qw, 1), k = randn(kw, 2), v = randn(kw, 3), qn = randn(c.dim, 4), kn = randn(c.dim, 5);
+    auto qnb = to_bf16(qn), knb = to_bf16(kn);
+    std::vector<float> inv(c.dim / 2);
+    for (int i = 0; i < c.dim / 2; ++i) inv[i] = i < c.dim / 8 ? std::pow(10000.0f, -2.0f * i / c.dim) : 0.0f;
+    std::vector<float> kc((size_t)c.slots * kw, 0.0f), vc = kc;
+    std::vector<float> rq = q, rk = k, rv = v, rkc = kc, rvc = vc;
+    ref::rms_norm({rq.data(), qw, qnb.data(), DType::BF16, rq.data(), qw, 1, qw, c.dim, 1e-6f});
+    ref::rope({rq.data(), qw, inv.data(), 1, c.heads, c.dim, c.pos});
+    ref::rms_norm({rk.data(), kw, knb.data(), DType::BF16, rk.data(), kw, 1, kw, c.dim, 1e-6f});
+    ref::rope({rk.data(), kw, inv.data(), 1, c.kvh, c.dim, c.pos});
+    ref::rms_norm({rv.data(), kw, nullptr, DType::F32, rv.data(), kw, 1, kw, c.dim, 1e-6f});
+    ref::kv_store({rk.data(), kw, rv.data(), kw, rkc.data(), rvc.data(), 1, kw, c.slots, c.pos});
+    CUdeviceptr step = dev.step(1, c.pos, 1), gq = dev.up(q), gqn = dev.up(qnb), gk = dev.up(k), gkn = dev.up(knb), gv = dev.up(v),
+                ginv = dev.up(inv), gkc = dev.up(kc), gvc = dev.up(vc);
+    int wdt = 1, heads = c.heads, kvh = c.kvh, dim = c.dim, slots = c.slots;
+    float eps = 1e-6f;
+    launch("g4_qkv_post", heads + 2 * kvh, 1, std::max(32, dim / 2),
+           {&step, &gq, &gqn, &gk, &gkn, &gv, &wdt, &ginv, &gkc, &gvc, &heads, &kvh, &dim, &slots, &eps});
+    double eq = rel(dev.down<float>(gq, qw), rq), ek = rel(dev.down<float>(gkc, kc.size()), rkc), ev = rel(dev.down<float>(gvc, vc.size()), rvc);
+    std::printf("QkvPost %d/%d x %d pos %d: q %.2e k %.2e v %.2e\n", c.heads, c.kvh, c.dim, c.pos, eq, ek, ev);
+    EXPECT_LT(eq, 1e-5);
+    EXPECT_LT(ek, 1e-5);
+    EXPECT_LT(ev, 1e-6);
+}
+INSTANTIATE_TEST_SUITE_P(RealShapes, QkvPost,
+                         ::testing::Values(QkvCase{8, 1, 256, 767, 5000}, QkvCase{8, 1, 512, 8192, 4100}, QkvCase{8, 2, 256, 767, 3},
+                                           QkvCase{8, 2, 512, 32912, 32000}));
+
+// ---- decode attention (split over keys, grouped by kv head) + merge, and the prefill kernels
+struct AttnCase {
+    int heads, kvh, dim, slots, window, pos, rows;
+};
+class Attention : public ::testing::TestWithParam<AttnCase> {};
+TEST_P(Attention, MatchesReference) {
+    NEED_GPU();
+    const AttnCase c = GetParam();
+    Dev dev;
+    const int qw = c.heads * c.dim, kw = c.kvh * c.dim;
+    std::vector<float> q = randn((size_t)c.rows * qw, 1, 0.2f), kc = randn((size_t)c.slots * kw, 2), vc = randn((size_t)c.slots * kw, 3);
+    std::vector<float> want((size_t)c.rows * qw), scratch(c.slots + 64);
+    const int pos0 = c.pos - c.rows + 1;
+    AttentionArgs ra{q.data(), qw, kc.data(), vc.data(), want.data(), qw, c.rows, c.heads, c.kvh, c.dim, c.slots, c.window, pos0, 1.0f,
+                     scratch.data()};
+    ref::attention(ra);
+    const int span = c.window > 0 ? std::min(c.window, c.slots) : c.slots;
+    CUdeviceptr step = dev.step(c.rows, pos0, c.rows), gq = dev.up(q), gk = dev.up(kc), gv = dev.up(vc), gy = dev.alloc(want.size() * 4);
+    int heads = c.heads, kvh = c.kvh, dim = c.dim, slots = c.slots, window = c.window;
+    float scale = 1.0f;
+    long ld = qw;
+    if (c.rows == 1) {
+        int splits = std::min(1024, (span + 63) / 64);
+        CUdeviceptr part = dev.alloc((size_t)heads * splits * (dim + 2) * 4);
+        launch("g4_attn_decode", kvh, splits, 256, {&step, &gq, &gk, &gv, &heads, &kvh, &dim, &slots, &window, &scale, &splits, &part});
+        launch("g4_attention_merge", heads, 1, 256, {&step, &part, &heads, &dim, &splits, &gy, &ld});
+    } else {
+        int splits = std::max(1, std::min(32, (span + 63) / 64)), max_span = span;
+        CUdeviceptr part = dev.alloc((size_t)c.rows * heads * splits * (dim + 2) * 4);
+        CUdeviceptr sc   = dev.alloc((size_t)c.rows * heads * splits * ((span + splits - 1) / splits + 1) * 4);
+        launch("g4_attention_partial", c.rows * heads, splits, 256,
+               {&step, &gq, &ld, &gk, &gv, &heads, &kvh, &dim, &slots, &window, &scale, &splits, &part, &sc, &max_span});
+        launch("g4_attention_merge", c.rows * heads, 1, 256, {&step, &part, &heads, &dim, &splits, &gy, &ld});
+    }
+    double e = rel(dev.down<float>(gy, want.size()), want);
+    std::printf("Attention %d/%d x %d slots %d window %d pos %d rows %d: rel %.2e\n", c.heads, c.kvh, c.dim, c.slots, c.window, c.pos,
+                c.rows, e);
+    EXPECT_LT(e, 1e-5);
+}
+INSTANTIATE_TEST_SUITE_P(RealShapes, Attention,
+                         ::testing::Values(AttnCase{8, 1, 256, 767, 512, 0, 1}, AttnCase{8, 1, 256, 767, 512, 100, 1},
+                                           AttnCase{8, 1, 256, 767, 512, 5000, 1}, AttnCase{8, 1, 512, 32912, 0, 4000, 1},
+                                           AttnCase{8, 1, 512, 32912, 0, 32000, 1}, AttnCase{8, 2, 256, 767, 512, 3000, 1},
+                                           AttnCase{8, 2, 512, 8192, 0, 8000, 1}, AttnCase{8, 1, 256, 767, 512, 700, 64},
+                                           AttnCase{8, 2, 512, 4096, 0, 2000, 64}));
+
+// ---- prefill GEMM tiers: the cuBLAS tier's converters (bit-exact) and GEMM, the tensor-core kernel
+TEST(PrefillGemm, Nf4ToBf16IsExact) {
+    NEED_GPU();
+    Dev dev;
+    for (bool dq : {false, true}) {
+        Weight w = make_weight(dev, DType::NF4, 2048, 1536, 11, dq);
+        nf4::Layout l = nf4::layout(w.n * w.k, dq);
+        long n        = w.n * w.k;
+        CUdeviceptr out = dev.alloc(n * 2), codes = w.dev + l.codes_off, am = w.dev + l.absmax_off;
+        CUdeviceptr am2 = dq ? w.dev + l.absmax2_off : 0, off = dq ? w.dev + l.offset_off : 0, c2 = dq ? w.dev + l.code2_off : 0;
+        launch("g4_nf4_to_bf16", (unsigned)((n / 32 + 255) / 256), 1, 256, {&codes, &am, &am2, &off, &c2, &n, &out});
+        std::vector<float> f(n);
+        nf4::dequantize(w.blob.data(), l, 0, n, f.data());
+        std::vector<uint16_t> got = dev.down<uint16_t>(out, n);
+        size_t bad = 0;
+        for (long i = 0; i < n; ++i) bad += got[i] != f32_to_bf16(f[i]);
+        EXPECT_EQ(bad, 0u) << "double quant " << dq;
+    }
+}
+
+TEST(PrefillGemm, CublasAndTensorCoreMatchBf16Reference) {
+    NEED_GPU();
+    Dev dev;
+    const int T = 200, N = 2048, K = 1536;
+    Weight w = make_weight(dev, DType::NF4, N, K, 12);
+    std::vector<float> x = randn((size_t)T * K, 13);
+    // Reference: bf16-rounded operands, fp32 products.
+    std::vector<float> wf((size_t)N * K), xr(x.size());
+    nf4::dequantize(w.blob.data(), nf4::layout((int64_t)N * K, false), 0, (int64_t)N * K, wf.data());
+    std::vector<uint16_t> wb = to_bf16(wf);
+    for (size_t i = 0; i < x.size(); ++i) xr[i] = bf16_to_f32(f32_to_bf16(x[i]));
+    std::vector<float> want((size_t)T * N);
+    ref::matmul({xr.data(), K, wb.data(), DType::BF16, N, K, want.data(), N, T});
+    CUdeviceptr step = dev.step(T, 0, 1), gx = dev.up(x), gy = dev.alloc(want.size() * 4);
+    nf4::Layout l = nf4::layout((int64_t)N * K, false);
+    CUdeviceptr codes = w.dev + l.codes_off, am = w.dev + l.absmax_off, z = 0;
+    int mode = 0, n = N, k = K;
+    long ldx = K, ldy = N;
+    launch("g4_tc_gemm_nf4", N / 64, (T + 63) / 64, 128, {&step, &mode, &gx, &ldx, &codes, &am, &z, &z, &z, &n, &k, &gy, &ldy, &z});
+    double e_tc = rel(dev.down<float>(gy, want.size()), want);
+    std::printf("tensor-core NF4 GEMM %dx%dx%d: rel %.2e\n", T, N, K, e_tc);
+    EXPECT_LT(e_tc, 1e-5);
+
+    std::string why;
+    const cublas::Lib* b = cublas::lib(&why);
+    if (!b) {
+        std::printf("cuBLAS tier not checked: %s\n", why.c_str());
+        return;
+    }
+    cublas::Handle h = nullptr;
+    ASSERT_EQ(b->create(&h), 0);
+    CUdeviceptr xs = dev.alloc((size_t)T * K * 2), ws = dev.alloc((size_t)N * K * 2);
+    long numel = (long)N * K;
+    launch("g4_f32_to_bf16", T, (K + 1023) / 1024, 256, {&step, &gx, &ldx, &xs, &k});
+    launch("g4_nf4_to_bf16", (unsigned)((numel / 32 + 255) / 256), 1, 256, {&codes, &am, &z, &z, &z, &numel, &ws});
+    const float one = 1.0f, zero = 0.0f;
+    ASSERT_EQ(b->gemm_ex(h, cublas::kOpT, cublas::kOpN, N, T, K, &one, (const void*)ws, cublas::kR16BF, K, (const void*)xs, cublas::kR16BF,
+                         K, &zero, (void*)gy, cublas::kR32F, N, cublas::kCompute32F, cublas::kGemmDefault),
+              0);
+    ASSERT_EQ(gpu().d->cuStreamSynchronize(nullptr), 0);
+    double e_bl = rel(dev.down<float>(gy, want.size()), want);
+    std::printf("cuBLAS tier NF4 GEMM %dx%dx%d: rel %.2e\n", T, N, K, e_bl);
+    EXPECT_LT(e_bl, 1e-5);
+    b->destroy(h);
+}
+
+} // namespace

@@ -6,13 +6,16 @@
 #include "compiler/compile.h"
 #include "compiler/config.h"
 #include "compiler/cuda_compile.h"
+#include "compiler/cuda_schedule.h"
 #include "runtime/src/cuda/driver.h"
 #include "compiler/error.h"
 #include "compiler/lora.h"
 #include "compiler/nf4_quant.h"
+#include "compiler/placement.h"
 #include "compiler/safetensors.h"
 #include "compiler/sha256.h"
 #include "g4/g4.h"
+#include "kernels/cpu/thread_pool.h"
 #include "kernels/nf4.h"
 #include "models/gemma4/graph.h"
 #include "runtime/src/plan/plan_format.h"
@@ -169,6 +172,8 @@ struct Inputs {
     std::string cuda_target;
     std::vector<char> cubin;
     std::string ptx;
+    json placement_meta = json::object();   // META "placement" and "memory" (compiler/placement.h)
+    bool size_only      = false;            // write_plan stops after the memory plan
 };
 
 
@@ -212,6 +217,7 @@ struct Report {
     std::vector<std::string> merged;     // adapter modules merged
     std::map<std::string, std::string> tensor_dtype;
     uint64_t weights_bytes = 0, act_arena = 0, kv_arena = 0, cuda_workspace = 0, cpu_scratch_per_thread = 0;
+    uint64_t ple_table_bytes = 0;   // part of weights_bytes; in host memory with --place ple=host
     int sliding_slots = 0;
     size_t n_ops = 0, n_tensors = 0, ignored_text = 0, ignored_other = 0;
 };
@@ -385,22 +391,11 @@ void write_plan(const Inputs& in, const std::string& out_path, Mode mode, Report
     for (size_t i = 0; i < prog.ops.size(); ++i) {
         ops[i]      = prog.ops[i].op;
         ops[i].name = intern(prog.ops[i].name);
-        // Ahead-of-time kernel choice for CUDA from the real shapes (the runtime keeps no heuristics).
-        if (ops[i].code == (uint16_t)OpCode::Matmul) {
-            const TensorDesc& w = prog.tensors[ops[i].in[1]];
-            int64_t K = w.dims[1];
-            bool gemv  = (w.dtype == DType::NF4 && K % 512 == 0) || (w.dtype == DType::BF16 && K % 256 == 0);
-            bool tiled = K % 32 == 0 && (w.dtype == DType::NF4 || w.dtype == DType::BF16);
-            ops[i].ip[5] = (int32_t)(gemv ? plan::MatmulVariant::Gemv4 : plan::MatmulVariant::PerRow);
-            ops[i].ip[6] = (int32_t)(!tiled ? plan::MatmulVariant::PerRow
-                                     : in.opt.prefill_precision == "bf16" ? plan::MatmulVariant::TensorCore
-                                                                          : plan::MatmulVariant::Tiled64);
-        } else if (ops[i].code == (uint16_t)OpCode::Attention) {
-            // Split the key span so a decode step fills the GPU: >= 64 keys a block, <= 32 partials to merge.
-            int64_t span = ops[i].ip[4] > 0 ? std::min<int64_t>(ops[i].ip[4], in.max_context) : in.max_context;
-            ops[i].ip[5] = (int32_t)std::max<int64_t>(1, std::min<int64_t>(32, (span + 63) / 64));
-        }
     }
+    // Ahead-of-time kernel choices for CUDA from the real shapes (the runtime keeps no heuristics).
+    cuda::choose_variants(ops, tensors, in.max_context, in.opt.prefill_precision);
+    std::vector<plan::CudaLaunch> schedule;
+    if (in.cuda_index >= 0 && mode == Mode::Plan) schedule = cuda::decode_schedule(ops, tensors);
 
     json policy = {{"weights", opt.weights}, {"double_quant", dq}, {"quantize", opt.quantize_regex}, {"keep", opt.keep_regex},
                    {"nf4_blocksize", nf4::kBlock}};
@@ -431,29 +426,38 @@ void write_plan(const Inputs& in, const std::string& out_path, Mode mode, Report
                              {"repetition_penalty", g.repetition_penalty}};
     meta["provenance"]    = in.provenance;
     meta["tokenizer"]     = in.tokenizer_meta;
+    if (mode == Mode::Plan) meta.update(in.placement_meta);
     std::string meta_text = meta.dump(1);
 
-    // Session memory beyond the arenas: CUDA attention workspaces (as the runtime sizes them), CPU
-    // per-thread scratch.
+    // Session memory beyond the arenas: CUDA workspaces (as runtime/src/cuda/backend.cpp sizes them:
+    // attention partials and scores, the cuBLAS tier's bf16 scratch), CPU per-thread scratch.
     {
-        uint64_t part = 16, scores = 16;
+        uint64_t part = 16, scores = 16, wscratch = 0, xscratch = 0;
         for (const auto& o : ops)
             if (o.code == (uint16_t)OpCode::Attention) {
                 uint64_t sp   = std::max(1, o.ip[5]);
                 uint64_t span = o.ip[4] > 0 ? std::min<uint64_t>(o.ip[4], in.max_context) : in.max_context;
                 part          = std::max<uint64_t>(part, (uint64_t)opt.max_rows * o.ip[0] * sp * (o.ip[2] + 2));
+                part          = std::max<uint64_t>(part, (uint64_t)o.ip[0] * std::max(1, o.ip[6]) * (o.ip[2] + 2));
                 scores        = std::max<uint64_t>(scores, (uint64_t)opt.max_rows * o.ip[0] * sp * ((span + sp - 1) / sp + 1));
+            } else if (o.code == (uint16_t)OpCode::Matmul && o.ip[6] == (int32_t)plan::MatmulVariant::Cublas) {
+                const plan::PlanTensor& w = tensors[o.in[1]];
+                if (w.dtype == (uint8_t)DType::NF4) wscratch = std::max<uint64_t>(wscratch, (uint64_t)w.dims[0] * w.dims[1] * 2);
+                xscratch = std::max<uint64_t>(xscratch, (uint64_t)opt.max_rows * w.dims[1] * 2);
             }
-        rep->cuda_workspace         = (part + scores) * 4;
+        rep->cuda_workspace         = (part + scores) * 4 + (xscratch ? align_up(wscratch, 256) + align_up(xscratch, 256) + plan::kCublasWorkspaceBytes : 0);
         rep->cpu_scratch_per_thread = (uint64_t)std::max<int64_t>(32 * max_k, in.max_context + 64) * 4;
     }
     rep->weights_bytes = weights_size;
+    for (size_t t = 0; t < prog.tensors.size(); ++t)
+        if (prog.tensors[t].kind == TensorKind::Weight && prog.tensors[t].role == WeightRole::PleTable)
+            rep->ple_table_bytes += nbytes[t];
     rep->act_arena     = act_arena;
     rep->kv_arena      = kv_arena;
     rep->sliding_slots = prog.sliding_slots;
     rep->n_ops         = ops.size();
     rep->n_tensors     = tensors.size();
-    if (opt.dry_run && mode == Mode::Plan) {
+    if ((opt.dry_run || in.size_only) && mode == Mode::Plan) {
         for (size_t t = 0; t < prog.tensors.size(); ++t) {
             const TensorDesc& d = prog.tensors[t];
             if (d.kind != TensorKind::Weight || d.role == WeightRole::Constant || d.role == WeightRole::LoraBias) continue;
@@ -477,6 +481,7 @@ void write_plan(const Inputs& in, const std::string& out_path, Mode mode, Report
     if (in.cuda_index >= 0 && mode == Mode::Plan) {
         small.push_back({plan::SectionKind::Cubin, in.cubin.data(), in.cubin.size()});
         small.push_back({plan::SectionKind::Ptx, in.ptx.data(), in.ptx.size()});
+        small.push_back({plan::SectionKind::CudaSchedule, schedule.data(), schedule.size() * sizeof(plan::CudaLaunch)});
     }
     const uint32_t nsec = (uint32_t)small.size() + 1;
     std::vector<plan::PlanSection> table(nsec);
@@ -584,6 +589,16 @@ void print_groups(std::ostream& log, const Report& rep) {
     }
 }
 
+// Placement and the per-device memory table (compile report and --dry-run).
+void print_memory_plan(std::ostream& log, const placement::Decision& d, const Report& rep) {
+    log << "  placement: " << d.placement_line() << "\n";
+    for (const auto& n : d.placement.notes) log << "  note: " << n << "\n";
+    log << "  memory plan (exact bytes; CUDA context and allocator overhead not included):\n";
+    placement::print_memory(log, d.memory, "    ");
+    if (d.placement.cuda_index >= 0)
+        log << "    (the host also maps the plan file and reads its " << human(rep.weights_bytes) << " of weights once at load)\n";
+}
+
 // Logits of a fixed calibration prompt through the CPU runtime.
 std::vector<float> calibration_logits(const std::string& plan, int vocab, int n_tokens) {
     g4_engine* e = nullptr;
@@ -627,9 +642,19 @@ void compile_plan(const CompileOptions& opt, std::ostream& log) {
     if (opt.max_rows < 1 || opt.max_rows > 8192) throw CompileError("--chunk must be in 1..8192");
     if (opt.logits_rows < 1 || opt.logits_rows > opt.max_rows)
         throw CompileError("--logits-rows must be in 1..chunk (" + std::to_string(opt.max_rows) + ")");
+    const auto& targets = cuda::supported_targets();
+    if (!opt.cuda_target.empty() && std::find(targets.begin(), targets.end(), opt.cuda_target) == targets.end())
+        throw CompileError("unsupported --target '" + opt.cuda_target + "': expected sm_80, sm_86, sm_89 or sm_90");
+    const placement::Request place_req = placement::parse_request(opt.gpu_mem, opt.cpu_mem, opt.place);
 
     Inputs in{opt, load_model_config(opt.model_dir), nullptr, nullptr, 0, false, json::object(), "", json::object()};
-    // CUDA: pick the target (the GPU present unless --target) and compile every kernel with NVRTC now.
+    // CUDA: pick the target (the GPU present unless --target); NVRTC runs once the plan is known to fit.
+    int gpu_count = -1;   // GPUs here, to check --gpu-mem against; -1: not queried (--target) or none
+    if (cuda_index >= 0 && opt.dry_run && opt.cuda_target.empty()) {
+        std::string why;
+        int count = 0;
+        if (const cu::Driver* d = cu::driver(&why); d && d->cuDeviceGetCount(&count) == 0 && count > 0) gpu_count = count;
+    }
     if (cuda_index >= 0 && !opt.dry_run) {
         if (in.mc.text.head_dim > 512 || in.mc.text.head_dim_full > 512)
             throw CompileError("--device cuda supports head dims up to 512 (this model has " + std::to_string(in.mc.text.head_dim_full) + ")");
@@ -643,6 +668,7 @@ void compile_plan(const CompileOptions& opt, std::ostream& log) {
             if (!d || d->cuDeviceGetCount(&count) != 0 || count <= cuda_index || d->cuDeviceGet(&dev, cuda_index) != 0)
                 throw CompileError("--device " + opt.device + ": no such GPU here (" + (d ? std::to_string(count) + " CUDA device(s)" : why) +
                                    "); pass --target sm_80|sm_86|sm_89|sm_90 to compile for another machine");
+            gpu_count = count;
             d->cuDeviceGetAttribute(&major, cu::kAttrComputeMajor, dev);
             d->cuDeviceGetAttribute(&minor, cu::kAttrComputeMinor, dev);
             target = "sm_" + std::to_string(major * 10 + minor);
@@ -653,17 +679,15 @@ void compile_plan(const CompileOptions& opt, std::ostream& log) {
                 else throw CompileError("GPU " + std::to_string(cuda_index) + " is " + target + "; g4 supports sm_80, sm_86, sm_89 and sm_90");
             }
         }
-        cuda::KernelBinary kb = cuda::compile_kernels(target);
         in.cuda_index  = cuda_index;
         in.cuda_target = target;
-        in.cubin       = std::move(kb.cubin);
-        in.ptx         = std::move(kb.ptx);
     }
     const auto& hp = in.mc.text;
     in.max_context = opt.max_context > 0 ? opt.max_context : std::min(4096, hp.max_position_embeddings);
     if (in.max_context > hp.max_position_embeddings)
         throw CompileError("--max-context " + std::to_string(in.max_context) + " exceeds the model's limit (max_position_embeddings = " +
                            std::to_string(hp.max_position_embeddings) + ")");
+    const placement::Placement place = placement::resolve(place_req, hp.num_layers, cuda_index, gpu_count);
     if (!opt.adapter_dir.empty()) in.adapter = lora::Adapter::open(opt.adapter_dir);
 
     // Tokenizer and chat template travel inside the plan, so a plan file is self-contained.
@@ -708,6 +732,47 @@ void compile_plan(const CompileOptions& opt, std::ostream& log) {
         }
     }
 
+    // The exact memory plan (no weight read yet), the placement it fits, the budget check.
+    in.size_only = true;
+    Report rep;
+    write_plan(in, opt.out_path, Mode::Plan, &rep);
+    auto figures_of = [&](const Report& r) {
+        placement::Figures f;
+        f.weights             = r.weights_bytes;
+        f.ple_table           = r.ple_table_bytes;
+        f.activations         = r.act_arena;
+        f.kv_cache            = r.kv_arena;
+        f.attention_workspace = r.cuda_workspace;
+        f.scratch_per_thread  = r.cpu_scratch_per_thread;
+        f.pinned              = 64 + (uint64_t)opt.max_rows * 4 + (uint64_t)opt.logits_rows * hp.vocab_size * 4;
+        return f;
+    };
+    auto figures_at = [&](int max_context) {
+        const int keep = in.max_context;
+        in.max_context = max_context;
+        Report r;
+        write_plan(in, opt.out_path, Mode::Plan, &r);
+        in.max_context = keep;
+        return figures_of(r);
+    };
+    const int threads = cuda_index < 0 ? cpu::default_thread_count() : 0;
+    const placement::Decision mem = placement::decide(place, figures_of(rep), in.max_context, figures_at, threads);
+    in.placement_meta = mem.meta();
+    in.size_only      = false;
+    if (opt.dry_run) {
+        log << "g4 compile --dry-run: " << opt.model_dir << " (" << in.mc.model_type << ", " << hp.num_layers << " layers, "
+            << hp.num_kv_shared_layers << " KV-shared), policy: weights " << opt.weights << "; nothing written\n";
+        print_groups(log, rep);
+        print_memory_plan(log, mem, rep);
+        log << "  KV cache: max_context " << in.max_context << ", sliding ring " << rep.sliding_slots << " slots, KV-shared layers own none\n";
+        return;
+    }
+    if (in.cuda_index >= 0) {
+        cuda::KernelBinary kb = cuda::compile_kernels(in.cuda_target);
+        in.cubin              = std::move(kb.cubin);
+        in.ptx                = std::move(kb.ptx);
+    }
+
     // Provenance: digests of every input file.
     json base_files = json::array();
     for (const auto& f : in.ckpt->files()) base_files.push_back({{"file", fs::path(f).filename().string()}, {"sha256", sha256_file(f)}});
@@ -724,32 +789,8 @@ void compile_plan(const CompileOptions& opt, std::ostream& log) {
     }
     in.provenance["g4_version"] = G4_VERSION_STRING;
 
-    Report rep;
+    rep = Report();
     write_plan(in, opt.out_path, Mode::Plan, &rep);
-    if (opt.dry_run) {
-        log << "g4 compile --dry-run: " << opt.model_dir << " (" << in.mc.model_type << ", " << hp.num_layers << " layers, "
-            << hp.num_kv_shared_layers << " KV-shared), policy: weights " << opt.weights << "; nothing written\n";
-        print_groups(log, rep);
-        log << "  memory plan (exact bytes; CUDA context and allocator overhead not included):\n";
-        char line[320];
-        if (cuda_index >= 0) {
-            uint64_t total = rep.weights_bytes + rep.act_arena + rep.kv_arena + rep.cuda_workspace;
-            std::snprintf(line, sizeof line,
-                          "    cuda:%d  weights %s + activations %s + KV cache %s + attention workspace %s = %s\n"
-                          "    host    plan file mapped (%s of weights, read once at load) + pinned buffers %s\n",
-                          cuda_index, human(rep.weights_bytes).c_str(), human(rep.act_arena).c_str(), human(rep.kv_arena).c_str(),
-                          human(rep.cuda_workspace).c_str(), human(total).c_str(), human(rep.weights_bytes).c_str(),
-                          human((uint64_t)opt.max_rows * 4 + (uint64_t)opt.logits_rows * hp.vocab_size * 4 + 64).c_str());
-        } else {
-            std::snprintf(line, sizeof line,
-                          "    cpu     weights %s (mapped from the plan) + activations %s + KV cache %s + scratch %s per thread\n",
-                          human(rep.weights_bytes).c_str(), human(rep.act_arena).c_str(), human(rep.kv_arena).c_str(),
-                          human(rep.cpu_scratch_per_thread).c_str());
-        }
-        log << line;
-        log << "  KV cache: max_context " << in.max_context << ", sliding ring " << rep.sliding_slots << " slots, KV-shared layers own none\n";
-        return;
-    }
 
     // Adapter modules that matched nothing in the compiled model.
     std::vector<std::string> dropped_shared, dropped_tower;
@@ -800,6 +841,7 @@ void compile_plan(const CompileOptions& opt, std::ostream& log) {
     log << "  weights " << human(rep.weights_bytes) << "; activation arena " << human(rep.act_arena) << "; KV cache "
         << human(rep.kv_arena) << " (max_context " << in.max_context << ", sliding ring " << rep.sliding_slots << " slots, chunk "
         << opt.max_rows << ")\n";
+    print_memory_plan(log, mem, rep);
     log << "  ops " << rep.n_ops << ", tensors " << rep.n_tensors << "; checkpoint tensors not used by the text decoder: "
         << rep.ignored_text << " (e.g. KV-shared layers' k/v) + " << rep.ignored_other << " (vision/audio towers)\n";
 

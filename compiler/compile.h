@@ -5,6 +5,7 @@
 #pragma once
 #include <iosfwd>
 #include <string>
+#include <vector>
 
 namespace g4 {
 
@@ -25,6 +26,9 @@ struct CompileOptions {
     int max_context     = 0;          // 0: min(4096, max_position_embeddings)
     int max_rows        = 64;         // prefill chunk (tokens per step)
     int logits_rows     = 16;         // logits rows one step can produce
+    std::vector<std::string> gpu_mem; // --gpu-mem [IDX:]SIZE, one per GPU (compiler/placement.h)
+    std::string cpu_mem;              // --cpu-mem SIZE: host memory budget
+    std::string place;                // --place LIST: component=target items
 };
 
 // Throws g4::CompileError. Progress and the compile report go to `log`.

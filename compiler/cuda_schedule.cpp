@@ -35,16 +35,18 @@ void choose_variants(std::vector<PlanOp>& ops, const std::vector<PlanTensor>& te
             int64_t span = op.ip[4] > 0 ? std::min<int64_t>(op.ip[4], max_context) : max_context;
             // Prefill (one block per row and head): >= 64 keys a block, <= 32 partials to merge.
             op.ip[5] = (int32_t)std::max<int64_t>(1, std::min<int64_t>(32, (span + 63) / 64));
-            // Decode (one block per kv head and split): 64 keys a split at the longest span, so a step
-            // fills the GPU; <= 256 keys a split up to 256K positions.
-            op.ip[6] = (int32_t)std::max<int64_t>(1, std::min<int64_t>(1024, (span + 63) / 64));
+            // Decode (one block per kv head and split, >= 16 keys a split): 32 keys a split at the
+            // longest span so a step fills the GPU; <= 256 keys a split up to 256K positions.
+            op.ip[6] = (int32_t)std::max<int64_t>(1, std::min<int64_t>(1024, (span + 31) / 32));
         }
     }
 }
 
 int gemv_lanes(int64_t K, bool nf4) {
-    const int64_t C = K / (nf4 ? 32 : 8);
-    return C % 32 == 0 ? 32 : C % 16 == 0 ? 16 : C % 8 == 0 || C < 16 ? 8 : 32;
+    const int64_t C = K / (nf4 ? 32 : 8);   // 16-byte chunks per row
+    int L = 8;
+    while (L < 128 && L < C) L *= 2;
+    return L;
 }
 
 namespace {

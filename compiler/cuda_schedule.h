@@ -15,8 +15,8 @@ namespace g4::cuda {
 void choose_variants(std::vector<plan::PlanOp>& ops, const std::vector<plan::PlanTensor>& tensors, int64_t max_context,
                      const std::string& prefill_precision);
 
-// Lanes that share one weight row in the decode GEMV (8, 16 or 32): K is read in 16-byte chunks (32
-// NF4 or 8 bf16 values), and the choice keeps every lane of a row busy where K allows.
+// Lanes that share one weight row in the decode GEMV (8..128): K is read in 16-byte chunks (32 NF4 or
+// 8 bf16 values), one per lane, so a row's loads are all in flight at once (up to 128 chunks).
 int gemv_lanes(int64_t K, bool nf4);
 
 // The launches of one decode step, covering every op exactly once, in order. Fusions:

@@ -643,18 +643,20 @@ extern "C" __global__ void g4_attention_merge(const Step* s, const float* part, 
     for (int k = threadIdx.x; k < splits; k += blockDim.x)
         if (p[k * (dim + 2) + dim + 1] > 0.0f) M = fmaxf(M, p[k * (dim + 2) + dim]);
     M = block_max(M, red);
-    float L = 0.0f;
+    float L = 0.0f, last = 0.0f;
     for (int k = threadIdx.x; k < splits; k += blockDim.x) {
         float l = p[k * (dim + 2) + dim + 1];
         float wk = l > 0.0f ? __expf(p[k * (dim + 2) + dim] - M) : 0.0f;
         wsplit[k] = wk;
         L += wk * l;
+        if (l > 0.0f) last = (float)(k + 1);
     }
     L = block_sum(L, red);
+    const int nact = (int)block_max(last, red);   // splits past the last non-empty one are skipped
     __syncthreads();
     for (int i = threadIdx.x; i < dim; i += blockDim.x) {
         float acc = 0.0f;
-        for (int k = 0; k < splits; ++k)
+        for (int k = 0; k < nact; ++k)
             if (wsplit[k] > 0.0f) acc += wsplit[k] * p[k * (dim + 2) + i];
         y[(long)t * ldy + (long)h * dim + i] = acc / L;
     }
@@ -691,10 +693,12 @@ __device__ __forceinline__ float gelu_tanh(float a) {
 }
 
 // ---- GEMV family: up to 3 matrices of one dtype sharing x (q/k/v), or (M = 2) a gate/up pair per
-// output. LPR lanes share one weight row in 16-byte chunks (32 NF4 or 8 bf16 values: one load per
-// lane per row), each lane group owns GV_OUT weight rows so its x chunk is reused 4 times.
+// output. L lanes (8..128; past 32 several warps, reduced through shared memory) share one weight row
+// in 16-byte chunks (32 NF4 or 8 bf16 values: one load per lane per row), each lane group owns GV_OUT
+// weight rows so its x chunk is reused 4 times. The compiler picks L so a row's chunks are in flight
+// at once (L >= chunks, up to 128).
 // Epilogues: 0 y_m[n] = v (+bias); 1 out[n] = gelu(v_gate) * v_up; 2 out[n] = gelu(v) * aux[n];
-// 3 y_0[n] = cap * tanh(v / cap). grid ceil(rows / (GV_OUT / M) * LPR / 128), block 128.
+// 3 y_0[n] = cap * tanh(v / cap). grid ceil(rows / (GV_OUT / M) * L / 128), block 128.
 struct GemvMat {
     const void* w;          // bf16 [N, K], or the NF4 codes
     const void* absmax;     // NF4: f32 [blocks] or u8 [blocks] (double quant)
@@ -716,16 +720,18 @@ struct GemvArgs {
 };
 
 #define GV_OUT 4
-template <bool kIsNf4, int LPR, int M>
+template <bool kIsNf4, int L, int M>
 __device__ __forceinline__ void gemv_body(const GemvArgs& a) {
     __shared__ float cb[16];
     if (kIsNf4) {
         if (threadIdx.x < 16) cb[threadIdx.x] = kNf4[threadIdx.x];
         __syncthreads();
     }
-    constexpr int R = GV_OUT / M;   // outputs per lane group
-    const int gl    = threadIdx.x % LPR;
-    const int group = (blockIdx.x * blockDim.x + threadIdx.x) / LPR;
+    constexpr int R  = GV_OUT / M;          // outputs per lane group
+    constexpr int LW = L < 32 ? L : 32;     // lanes of the group in one warp
+    constexpr int KS = L / LW;              // warps per group
+    const int gl     = threadIdx.x % L;
+    const int group  = (blockIdx.x * blockDim.x + threadIdx.x) / L;
     const int n_out = M == 2 ? a.m[0].n : a.m[0].n + (a.nmat > 1 ? a.m[1].n : 0) + (a.nmat > 2 ? a.m[2].n : 0);
     const int o0    = group * R;
     const int K     = a.k;
@@ -756,7 +762,7 @@ __device__ __forceinline__ void gemv_body(const GemvArgs& a) {
     const int C       = K / PER;
     float acc[GV_OUT] = {};
 #pragma unroll 2
-    for (int c = gl; c < C; c += LPR) {
+    for (int c = gl; c < C; c += L) {
         uint4 pk[GV_OUT];
 #pragma unroll
         for (int q = 0; q < GV_OUT; ++q) pk[q] = __ldcs(wrow[q] + c);
@@ -792,7 +798,23 @@ __device__ __forceinline__ void gemv_body(const GemvArgs& a) {
 #pragma unroll
     for (int q = 0; q < GV_OUT; ++q)
 #pragma unroll
-        for (int o = LPR / 2; o > 0; o >>= 1) acc[q] += __shfl_xor_sync(0xffffffffu, acc[q], o);
+        for (int o = LW / 2; o > 0; o >>= 1) acc[q] += __shfl_xor_sync(0xffffffffu, acc[q], o);
+    if (KS > 1) {
+        __shared__ float red[4][GV_OUT];
+        const int w = threadIdx.x >> 5;
+        if ((threadIdx.x & 31) == 0)
+#pragma unroll
+            for (int q = 0; q < GV_OUT; ++q) red[w][q] = acc[q];
+        __syncthreads();
+        if (gl == 0)
+#pragma unroll
+            for (int q = 0; q < GV_OUT; ++q) {
+                float t = 0.0f;
+#pragma unroll
+                for (int i = 0; i < KS; ++i) t += red[w + i][q];
+                acc[q] = t;
+            }
+    }
     if (gl != 0) return;
 #pragma unroll
     for (int r = 0; r < R; ++r) {
@@ -812,20 +834,28 @@ __device__ __forceinline__ void gemv_body(const GemvArgs& a) {
     }
 }
 
-#define G4_GEMV(NAME, NF4, LPR, M) \
-    extern "C" __global__ void __launch_bounds__(128) NAME(const GemvArgs a) { gemv_body<NF4, LPR, M>(a); }
+#define G4_GEMV(NAME, NF4, L, M) \
+    extern "C" __global__ void __launch_bounds__(128) NAME(const GemvArgs a) { gemv_body<NF4, L, M>(a); }
 G4_GEMV(g4_gemv_nf4_l8_m1, true, 8, 1)
 G4_GEMV(g4_gemv_nf4_l16_m1, true, 16, 1)
 G4_GEMV(g4_gemv_nf4_l32_m1, true, 32, 1)
+G4_GEMV(g4_gemv_nf4_l64_m1, true, 64, 1)
+G4_GEMV(g4_gemv_nf4_l128_m1, true, 128, 1)
 G4_GEMV(g4_gemv_nf4_l8_m2, true, 8, 2)
 G4_GEMV(g4_gemv_nf4_l16_m2, true, 16, 2)
 G4_GEMV(g4_gemv_nf4_l32_m2, true, 32, 2)
+G4_GEMV(g4_gemv_nf4_l64_m2, true, 64, 2)
+G4_GEMV(g4_gemv_nf4_l128_m2, true, 128, 2)
 G4_GEMV(g4_gemv_bf16_l8_m1, false, 8, 1)
 G4_GEMV(g4_gemv_bf16_l16_m1, false, 16, 1)
 G4_GEMV(g4_gemv_bf16_l32_m1, false, 32, 1)
+G4_GEMV(g4_gemv_bf16_l64_m1, false, 64, 1)
+G4_GEMV(g4_gemv_bf16_l128_m1, false, 128, 1)
 G4_GEMV(g4_gemv_bf16_l8_m2, false, 8, 2)
 G4_GEMV(g4_gemv_bf16_l16_m2, false, 16, 2)
 G4_GEMV(g4_gemv_bf16_l32_m2, false, 32, 2)
+G4_GEMV(g4_gemv_bf16_l64_m2, false, 64, 2)
+G4_GEMV(g4_gemv_bf16_l128_m2, false, 128, 2)
 
 // ---- residual + norms (decode row): x_out = (x + rms(d) * pw) * f * s; xn = rms(x_out) * prew.
 // d null: no residual branch (x_out = x * f * s); x_out null: not written; xn null: not computed.
@@ -909,7 +939,7 @@ extern "C" __global__ void g4_qkv_post(const Step* s, float* q, const void* qw, 
 // / splits)) <= AD_KEYS (the compiler sizes splits). grid (kv_heads, splits), block 256; heads per
 // group <= 16, dim <= 512, heads per group * dim <= 4096.
 #define AD_KEYS 256
-#define AD_MIN 64
+#define AD_MIN 16
 extern "C" __global__ void __launch_bounds__(256) g4_attn_decode(const Step* s, const float* q, const float* kc, const float* vc,
                                                                  int heads, int kvh, int dim, int slots, int window, float scale,
                                                                  int splits, float* part) {
@@ -969,15 +999,26 @@ extern "C" __global__ void __launch_bounds__(256) g4_attn_decode(const Step* s, 
     for (int i = 0; i < 2; ++i)
 #pragma unroll
         for (int h = 0; h < 16; ++h) acc[i][h] = 0.0f;
-    for (int j = j0; j < j1; ++j) {
-        const float* vr = vc + (long)((lo + j) % slots) * width + (long)g * dim;
+    // Eight keys' values are loaded before they are used, so each thread has 16 loads in flight.
+    for (int jb = j0; jb < j1; jb += 8) {
+        float v[8][2];
 #pragma unroll
-        for (int i = 0; i < 2; ++i) {
-            int c   = threadIdx.x + 256 * i;
-            float v = c < dim ? vr[c] : 0.0f;
+        for (int u = 0; u < 8; ++u) {
+            const float* vr = vc + (long)((lo + min(jb + u, j1 - 1)) % slots) * width + (long)g * dim;
 #pragma unroll
-            for (int h = 0; h < 16; ++h)
-                if (h < hpg) acc[i][h] += sc[h][j - j0] * v;
+            for (int i = 0; i < 2; ++i) {
+                int c   = threadIdx.x + 256 * i;
+                v[u][i] = c < dim && jb + u < j1 ? vr[c] : 0.0f;
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < 8; ++u) {
+            if (jb + u >= j1) break;
+#pragma unroll
+            for (int i = 0; i < 2; ++i)
+#pragma unroll
+                for (int h = 0; h < 16; ++h)
+                    if (h < hpg) acc[i][h] += sc[h][jb + u - j0] * v[u][i];
         }
     }
 #pragma unroll

@@ -155,7 +155,7 @@ Weight make_weight(Dev& dev, DType dt, int64_t n, int64_t k, uint32_t seed, bool
 
 void run_gemv(cuda_rt::GemvArgsH& a, bool nf4, int lanes, bool pairs, int n_out) {
     long threads = cuda_rt::gemv_threads(n_out, lanes, pairs);
-    launch(cuda_rt::gemv_kernel_name(nf4, lanes, pairs), (unsigned)((threads + 127) / 128), 1, 128, {&a});
+    launch(cuda_rt::gemv_kernel_name(nf4, lanes, pairs).c_str(), (unsigned)((threads + 127) / 128), 1, 128, {&a});
 }
 
 // ---- GEMV family: q/k/v groups, gate/up pairs, the PLE gate (gelu * aux), the LM head (softcap).
@@ -241,7 +241,10 @@ INSTANTIATE_TEST_SUITE_P(
                       GemvCase{"lanes32_nf4", NF, {300}, 1536, 0, 32, false, true},
                       GemvCase{"lanes8_bf16_pairs", BF, {512, 512}, 2560, 1, 8, false, false},
                       GemvCase{"lanes16_bf16", BF, {700, 2}, 2560, 0, 16, false, false},
-                      GemvCase{"lanes32_bf16_pairs", BF, {1000, 1000}, 1536, 1, 32, false, true}),
+                      GemvCase{"lanes32_bf16_pairs", BF, {1000, 1000}, 1536, 1, 32, false, true},
+                      GemvCase{"lanes64_nf4", NF, {900, 100}, 2560, 0, 64, true, true},
+                      GemvCase{"lanes128_bf16_pairs", BF, {600, 600}, 2560, 1, 128, false, false},
+                      GemvCase{"lanes128_nf4_aux", NF, {333}, 1536, 2, 128, false, true}),
     [](const ::testing::TestParamInfo<GemvCase>& i) { return std::string(i.param.name); });
 
 // ---- residual + norms
@@ -332,7 +335,7 @@ TEST_P(Attention, MatchesReference) {
     float scale = 1.0f;
     long ld = qw;
     if (c.rows == 1) {
-        int splits = std::min(1024, (span + 63) / 64);
+        int splits = std::min(1024, (span + 31) / 32);
         CUdeviceptr part = dev.alloc((size_t)heads * splits * (dim + 2) * 4);
         launch("g4_attn_decode", kvh, splits, 256, {&step, &gq, &gk, &gv, &heads, &kvh, &dim, &slots, &window, &scale, &splits, &part});
         launch("g4_attention_merge", heads, 1, 256, {&step, &part, &heads, &dim, &splits, &gy, &ld});

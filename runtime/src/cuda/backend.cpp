@@ -28,7 +28,7 @@ using plan::LaunchKind;
 
 struct Kernels {
     CUfunction embed, mm_bf16, mm_f32, mm_nf4, gemm_bf16, gemm_nf4, gemv_bf16, gemv_nf4, tc_bf16, tc_nf4, rms, elem, rope, kv, attn_part, attn_merge, argmax;
-    CUfunction gemv[2][3][2];   // [nf4][lanes per row 8/16/32][pairs]
+    CUfunction gemv[2][5][2];   // [nf4][lanes per row 8..128][pairs]
     CUfunction resnorm, qkv_post, attn_decode, nf4_to_bf16, f32_to_bf16, add_bias;
 };
 
@@ -141,10 +141,10 @@ g4_status engine_open(g4_engine* e, std::string* err) {
         {&st->k.add_bias, "g4_add_bias"}};
     for (auto& f : fused) CU_TRY(d->cuModuleGetFunction(f.f, st->mod, f.n), std::string("kernel ") + f.n);
     for (int q = 0; q < 2; ++q)
-        for (int l = 0; l < 3; ++l)
+        for (int l = 0; l < 5; ++l)
             for (int m = 0; m < 2; ++m) {
-                const char* n = gemv_kernel_name(q, 8 << l, m);
-                CU_TRY(d->cuModuleGetFunction(&st->k.gemv[q][l][m], st->mod, n), std::string("kernel ") + n);
+                std::string n = gemv_kernel_name(q, kGemvLanes[l], m);
+                CU_TRY(d->cuModuleGetFunction(&st->k.gemv[q][l][m], st->mod, n.c_str()), "kernel " + n);
             }
     st->weights_bytes = p.weights_bytes();
     CU_TRY(d->cuMemAlloc(&st->weights, std::max<uint64_t>(64, st->weights_bytes)), "allocating device weights");
@@ -471,7 +471,7 @@ g4_status launch_fused(g4_session* s, const CudaLaunch& l, std::string* err) {
         a.nmat = nmat, a.k = K_, a.epi = epi, a.cap = l.fp[0];
         a.out = addr(st, p, l.t[1], 0);
         a.aux = addr(st, p, l.t[0], l.ip[6]);
-        int lpr_i = l.ip[5] == 8 ? 0 : l.ip[5] == 16 ? 1 : 2;
+        int lpr_i = gemv_lanes_index(l.ip[5]);
         long threads = gemv_threads(n_out, l.ip[5], pairs);
         r = go(K.gemv[nf4][lpr_i][pairs], (unsigned)ceil_div(threads, 128), 128, {&a});
         break;

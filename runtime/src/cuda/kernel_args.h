@@ -3,6 +3,8 @@
 #pragma once
 #include "runtime/src/cuda/driver.h"
 
+#include <string>
+
 namespace g4::cuda_rt {
 
 struct GemvMatH {
@@ -17,12 +19,11 @@ struct GemvArgsH {
 };
 static_assert(sizeof(GemvMatH) == 64 && sizeof(GemvArgsH) == 232, "GemvArgs layout");
 
-// Name of the GEMV kernel for a weight dtype, lanes per row (8/16/32) and gate/up pairing.
-inline const char* gemv_kernel_name(bool nf4, int lanes, bool pairs) {
-    static const char* names[2][3][2] = {
-        {{"g4_gemv_bf16_l8_m1", "g4_gemv_bf16_l8_m2"}, {"g4_gemv_bf16_l16_m1", "g4_gemv_bf16_l16_m2"}, {"g4_gemv_bf16_l32_m1", "g4_gemv_bf16_l32_m2"}},
-        {{"g4_gemv_nf4_l8_m1", "g4_gemv_nf4_l8_m2"}, {"g4_gemv_nf4_l16_m1", "g4_gemv_nf4_l16_m2"}, {"g4_gemv_nf4_l32_m1", "g4_gemv_nf4_l32_m2"}}};
-    return names[nf4][lanes == 8 ? 0 : lanes == 16 ? 1 : 2][pairs];
+// Lanes per weight row the GEMV kernels come in, and the kernel name for a dtype, lanes and pairing.
+inline constexpr int kGemvLanes[5] = {8, 16, 32, 64, 128};
+inline int gemv_lanes_index(int lanes) { return lanes == 8 ? 0 : lanes == 16 ? 1 : lanes == 32 ? 2 : lanes == 64 ? 3 : lanes == 128 ? 4 : -1; }
+inline std::string gemv_kernel_name(bool nf4, int lanes, bool pairs) {
+    return std::string("g4_gemv_") + (nf4 ? "nf4" : "bf16") + "_l" + std::to_string(lanes) + (pairs ? "_m2" : "_m1");
 }
 // Threads (128 per block) a GEMV launch needs for n_out outputs.
 inline long gemv_threads(int n_out, int lanes, bool pairs) { return (long)((n_out + (pairs ? 2 : 4) - 1) / (pairs ? 2 : 4)) * lanes; }

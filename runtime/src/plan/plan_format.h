@@ -112,7 +112,7 @@ enum class LaunchKind : uint16_t {
     ResNorm = 1,   // x_out = (x + rms(d) * post_w) * fp1 * scalar; xn = rms(x_out) * pre_w
                    //   t: 0 x, 1 d, 2 post_w, 3 scalar, 4 x_out, 5 pre_w, 6 xn; ip0 cols; fp0 eps
     Gemv    = 2,   // ip0..2 matmul ops sharing x (ip3 of them); ip4 epilogue (0 store, 1 gelu(gate) * up,
-                   //   2 gelu(y) * aux, 3 softcap); ip5 lanes per weight row (8/16/32); t0 aux, ip6 aux
+                   //   2 gelu(y) * aux, 3 softcap); ip5 lanes per weight row (8..128); t0 aux, ip6 aux
                    //   column, t1 epilogue output; fp0 softcap
     QkvPost = 3,   // q_norm, q_rope [, k_norm, k_rope, v_norm, kv_store] (count 2 or 6) in one kernel
 };

@@ -207,7 +207,7 @@ g4_status Plan::validate_records(std::string* err) {
         for (int32_t t : l.t)
             if (t < -1 || t >= (int32_t)n_tensors_) return fail(CORRUPT, what + ": tensor index out of range", err);
         if (l.kind == (uint16_t)LaunchKind::Gemv) {
-            if (l.ip[3] < 1 || l.ip[3] > 3 || l.ip[4] < 0 || l.ip[4] > 3 || (l.ip[5] != 8 && l.ip[5] != 16 && l.ip[5] != 32))
+            if (l.ip[3] < 1 || l.ip[3] > 3 || l.ip[4] < 0 || l.ip[4] > 3 || (l.ip[5] != 8 && l.ip[5] != 16 && l.ip[5] != 32 && l.ip[5] != 64 && l.ip[5] != 128))
                 return fail(CORRUPT, what + ": bad GEMV parameters", err);
             for (int m = 0; m < l.ip[3]; ++m)
                 if (l.ip[m] < l.op || l.ip[m] >= l.op + l.count || ops_[l.ip[m]].code != (uint16_t)OpCode::Matmul)

@@ -1,0 +1,662 @@
+// Memory budgets and component placement (see placement.h and docs/placement.md).
+#include "compiler/placement.h"
+
+#include "compiler/error.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cstdio>
+#include <ostream>
+#include <set>
+
+namespace g4::placement {
+namespace {
+
+using json = nlohmann::json;
+
+const char* kComponents = "vision, audio, ple, embed, lm_head, layers";
+const char* kTargets    = "cpu, gpu, gpuN, cuda:N";
+const char* kSizeHelp =
+    "sizes look like 12GiB, 4GB, 512MiB, 3.5GiB or plain bytes (GiB/MiB/KiB are powers of 2, "
+    "GB/MB/KB powers of 10)";
+
+std::string trim(const std::string& s) {
+    size_t a = s.find_first_not_of(" \t"), b = s.find_last_not_of(" \t");
+    return a == std::string::npos ? "" : s.substr(a, b - a + 1);
+}
+
+std::string lower(std::string s) {
+    for (char& c : s)
+        c = (char)std::tolower((unsigned char)c);
+    return s;
+}
+
+bool digits(const std::string& s) {
+    return !s.empty() && s.find_first_not_of("0123456789") == std::string::npos;
+}
+
+std::string cuda(int i) {
+    return "cuda:" + std::to_string(i);
+}
+
+std::string span(int a, int b) {
+    return a == b ? std::to_string(a) : std::to_string(a) + "-" + std::to_string(b);
+}
+
+int small_int(const std::string& s, const std::string& what) {
+    if (!digits(s) || s.size() > 6) throw CompileError(what);
+    return std::stoi(s);
+}
+
+Target parse_target(const std::string& text, const std::string& component, const std::string& item) {
+    Target t;
+    t.text                = text;
+    std::string s         = lower(text);
+    const std::string bad = "--place " + item + ": unknown target '" + text + "' for " + component +
+                            "; expected " + kTargets + (component == "ple" ? ", or host" : "");
+    if (s == "cpu")
+        t.kind = Target::Kind::Cpu;
+    else if (s == "host")
+        t.kind = Target::Kind::Host;
+    else if (s == "gpu" || s == "cuda")
+        t.kind = Target::Kind::Gpu;
+    else if (s.rfind("gpu", 0) == 0)
+        t.gpu = small_int(s.substr(3), bad);
+    else if (s.rfind("cuda:", 0) == 0)
+        t.gpu = small_int(s.substr(5), bad);
+    else
+        throw CompileError(bad);
+    if (t.kind == Target::Kind::Host && component != "ple")
+        throw CompileError("--place " + item +
+                           ": 'host' applies to ple only (the per-layer-embedding table kept in pinned " +
+                           "host memory); use cpu, gpu, gpuN or cuda:N for " + component);
+    return t;
+}
+
+LayerRange parse_range(const std::string& text) {
+    const std::string how = " (expected A-B:TARGET or N:TARGET, e.g. layers=0-29:gpu0,30-34:cpu)";
+    size_t colon          = text.find(':');
+    if (colon == std::string::npos)
+        throw CompileError("--place layers: range '" + text + "' has no target" + how);
+    std::string r = trim(text.substr(0, colon));
+    size_t dash   = r.find('-');
+    LayerRange lr;
+    lr.text               = text;
+    const std::string bad = "--place layers: bad layer range '" + text + "'" + how;
+    lr.first              = small_int(trim(r.substr(0, dash)), bad);
+    lr.last               = dash == std::string::npos ? lr.first : small_int(trim(r.substr(dash + 1)), bad);
+    if (lr.last < lr.first)
+        throw CompileError("--place layers: range '" + text + "' ends before it starts; write it as " +
+                           span(lr.last, lr.first) + ":" + text.substr(colon + 1));
+    lr.target = parse_target(trim(text.substr(colon + 1)), "layers", "layers=" + text);
+    return lr;
+}
+
+std::string parts_text(const DeviceMemory& d) {
+    std::string s;
+    for (const auto& [what, bytes] : d.parts)
+        s += (s.empty() ? "" : " + ") + what + " " + human(bytes);
+    if (d.per_thread)
+        s += (s.empty() ? "" : " + ") +
+             (d.threads > 0 ? "scratch " + std::to_string(d.threads) + " threads x " + human(d.per_thread)
+                            : "scratch " + human(d.per_thread) + " per thread");
+    return s.empty() ? "nothing placed" : s;
+}
+
+std::vector<const DeviceMemory*> over_budget(const std::vector<DeviceMemory>& mem) {
+    std::vector<const DeviceMemory*> out;
+    for (const auto& d : mem)
+        if (d.budget && d.need() > *d.budget) out.push_back(&d);
+    return out;
+}
+
+std::string budget_flag_for(const DeviceMemory& d, uint64_t bytes) {
+    return d.device.rfind("cuda:", 0) == 0 ? "--gpu-mem " + d.device.substr(5) + ":" + size_arg(bytes)
+                                           : "--cpu-mem " + size_arg(bytes);
+}
+
+} // namespace
+
+std::string human(uint64_t b) {
+    char buf[64];
+    if (b >= (1ull << 30))
+        std::snprintf(buf, sizeof buf, "%.2f GiB", b / 1073741824.0);
+    else if (b >= (1ull << 20))
+        std::snprintf(buf, sizeof buf, "%.2f MiB", b / 1048576.0);
+    else if (b >= 1024)
+        std::snprintf(buf, sizeof buf, "%.1f KiB", b / 1024.0);
+    else
+        std::snprintf(buf, sizeof buf, "%llu B", (unsigned long long)b);
+    return buf;
+}
+
+uint64_t parse_size(const std::string& text, const std::string& flag) {
+    const std::string s = trim(text);
+    size_t i            = 0;
+    while (i < s.size() && (std::isdigit((unsigned char)s[i]) || s[i] == '.'))
+        ++i;
+    const std::string num = s.substr(0, i), unit_text = trim(s.substr(i)), unit = lower(unit_text);
+    const size_t dot     = num.find('.');
+    const std::string ip = num.substr(0, dot), fp = dot == std::string::npos ? "" : num.substr(dot + 1);
+    if (!digits(ip) || (dot != std::string::npos && !digits(fp)))
+        throw CompileError(flag + " '" + text + "' is not a size; " + kSizeHelp);
+    static const std::pair<const char*, uint64_t> kUnits[] = {{"", 1},
+                                                              {"b", 1},
+                                                              {"kib", 1ull << 10},
+                                                              {"mib", 1ull << 20},
+                                                              {"gib", 1ull << 30},
+                                                              {"tib", 1ull << 40},
+                                                              {"kb", 1000ull},
+                                                              {"mb", 1000000ull},
+                                                              {"gb", 1000000000ull},
+                                                              {"tb", 1000000000000ull}};
+    uint64_t mult                                          = 0;
+    for (const auto& [name, m] : kUnits)
+        if (unit == name) mult = m;
+    if (!mult) throw CompileError(flag + " '" + text + "': unknown unit '" + unit_text + "'; " + kSizeHelp);
+    if (mult == 1 && !fp.empty())
+        throw CompileError(flag + " '" + text + "': a byte count must be a whole number");
+    if (ip.size() > 15 || fp.size() > 9)
+        throw CompileError(flag + " '" + text + "': too many digits; " + kSizeHelp);
+    unsigned __int128 scale = 1;
+    for (size_t k = 0; k < fp.size(); ++k)
+        scale *= 10;
+    unsigned __int128 bytes = (unsigned __int128)std::stoull(ip) * mult +
+                              (fp.empty() ? 0 : (unsigned __int128)std::stoull(fp) * mult / scale);
+    if (bytes > ((unsigned __int128)1 << 62)) throw CompileError(flag + " '" + text + "' is too large");
+    if (bytes == 0) throw CompileError(flag + " '" + text + "' must be more than zero bytes");
+    return (uint64_t)bytes;
+}
+
+std::string size_arg(uint64_t bytes) {
+    uint64_t unit = 1;
+    const char* name;
+    if (bytes >= (1ull << 30))
+        unit = 1ull << 30, name = "GiB";
+    else if (bytes >= (1ull << 20))
+        unit = 1ull << 20, name = "MiB";
+    else if (bytes >= (1ull << 10))
+        unit = 1ull << 10, name = "KiB";
+    else
+        return std::to_string(bytes);
+    const unsigned __int128 hundredths = ((unsigned __int128)bytes * 100 + unit - 1) / unit;
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%llu.%02llu%s", (unsigned long long)(hundredths / 100),
+                  (unsigned long long)(hundredths % 100), name);
+    return buf;
+}
+
+GpuBudget parse_gpu_mem(const std::string& arg) {
+    GpuBudget b;
+    b.arg        = arg;
+    size_t colon = arg.find(':');
+    if (colon != std::string::npos) {
+        std::string idx = trim(arg.substr(0, colon));
+        if (!digits(idx) || idx.size() > 3)
+            throw CompileError("--gpu-mem '" + arg +
+                               "': expected SIZE or IDX:SIZE with IDX a GPU number (e.g. --gpu-mem 12GiB " +
+                               "or --gpu-mem 0:12GiB)");
+        b.index = std::stoi(idx);
+    }
+    b.bytes = parse_size(colon == std::string::npos ? arg : arg.substr(colon + 1), "--gpu-mem");
+    return b;
+}
+
+PlaceSpec parse_place(const std::string& list) {
+    PlaceSpec spec;
+    spec.text      = list;
+    bool in_layers = false, layers_seen = false;
+    size_t pos = 0;
+    while (pos <= list.size()) {
+        size_t comma     = std::min(list.find(',', pos), list.size());
+        std::string item = trim(list.substr(pos, comma - pos));
+        pos              = comma + 1;
+        if (item.empty())
+            throw CompileError(
+                "--place '" + list +
+                "': empty item; expected comma-separated component=target items (components: " + kComponents +
+                ")");
+        size_t eq = item.find('=');
+        if (eq == std::string::npos) {
+            if (in_layers && std::isdigit((unsigned char)item[0])) {
+                spec.layers.push_back(parse_range(item));
+                continue;
+            }
+            throw CompileError("--place: '" + item + "' is not component=target (components: " + kComponents +
+                               "; layer ranges follow layers=, e.g. layers=0-29:gpu0,30-34:cpu)");
+        }
+        in_layers        = false;
+        std::string comp = lower(trim(item.substr(0, eq))), val = trim(item.substr(eq + 1));
+        if (comp != "vision" && comp != "audio" && comp != "ple" && comp != "embed" && comp != "lm_head" &&
+            comp != "layers")
+            throw CompileError("--place: unknown component '" + comp + "' in '" + item +
+                               "'; valid components: " + kComponents);
+        if (spec.components.count(comp) || (comp == "layers" && layers_seen))
+            throw CompileError("--place names " + comp + " twice; give each component once");
+        if (val.empty())
+            throw CompileError("--place " + item + ": missing target; expected " + comp + "=TARGET (" +
+                               kTargets + ")");
+        if (comp != "layers") {
+            spec.components[comp] = parse_target(val, comp, item);
+            continue;
+        }
+        layers_seen = true;
+        if (std::isdigit((unsigned char)val[0])) {
+            spec.layers.push_back(parse_range(val));
+            in_layers = true;
+        } else {
+            spec.layers_all = parse_target(val, "layers", item);
+        }
+    }
+    return spec;
+}
+
+Request parse_request(const std::vector<std::string>& gpu_mem, const std::string& cpu_mem,
+                      const std::string& place) {
+    Request r;
+    for (const auto& g : gpu_mem)
+        r.gpu_mem.push_back(parse_gpu_mem(g));
+    if (!cpu_mem.empty()) {
+        r.cpu_mem     = parse_size(cpu_mem, "--cpu-mem");
+        r.cpu_mem_arg = cpu_mem;
+    }
+    if (!place.empty()) r.place = parse_place(place);
+    return r;
+}
+
+Placement resolve(const Request& req, int num_layers, int cuda_index, int gpu_count) {
+    Placement p;
+    p.cuda_index               = cuda_index;
+    p.num_layers               = num_layers;
+    p.cpu_budget               = req.cpu_mem;
+    p.cpu_budget_arg           = req.cpu_mem_arg;
+    const std::string plan_gpu = cuda_index >= 0 ? cuda(cuda_index) : "";
+    auto exists                = [&](int gpu, const std::string& flag) {
+        if (gpu_count > 0 && gpu >= gpu_count)
+            throw CompileError(
+                               flag + ": there is no GPU " + std::to_string(gpu) + " on this machine (" +
+                               std::to_string(gpu_count) + " CUDA device(s), cuda:0" +
+                               (gpu_count > 1 ? "..cuda:" + std::to_string(gpu_count - 1) : "") +
+                               "); name a GPU that exists, or pass --target sm_XX to compile for another machine");
+    };
+
+    if (cuda_index >= 0) exists(cuda_index, "--device " + plan_gpu);
+    for (const GpuBudget& b : req.gpu_mem) {
+        if (cuda_index < 0)
+            throw CompileError(
+                "--gpu-mem " + b.arg +
+                " was given, but --device cpu compiles a CPU plan that puts nothing on a GPU; " +
+                "add --device cuda[:N] to run on a GPU, or drop --gpu-mem (--cpu-mem budgets host memory)");
+        const int idx = b.index < 0 ? cuda_index : b.index;
+        exists(idx, "--gpu-mem " + b.arg);
+        auto [it, fresh] = p.gpu_budgets.emplace(idx, b);
+        if (!fresh)
+            throw CompileError(
+                "--gpu-mem gives two budgets for " + cuda(idx) + " ('" + it->second.arg + "' and '" + b.arg +
+                "'); give one per GPU (a SIZE without IDX: is for the --device GPU, " + plan_gpu + ")");
+    }
+    std::string budgeted;
+    for (const auto& [i, b] : p.gpu_budgets)
+        budgeted += (budgeted.empty() ? "" : ", ") + cuda(i);
+    // Nothing ever lands on a GPU that was not given a budget.
+    auto budget_for = [&](int gpu, const std::string& what) {
+        if (p.gpu_budgets.empty() || p.gpu_budgets.count(gpu)) return;
+        throw CompileError(what + " would go on " + cuda(gpu) +
+                           ", which has no --gpu-mem budget (budgets given for " + budgeted +
+                           "); nothing ever lands on a GPU that was not given a budget: add --gpu-mem " +
+                           std::to_string(gpu) + ":SIZE or place it elsewhere");
+    };
+    // Device index of a target (-1: host memory / the CPU).
+    auto device_of = [&](const Target& t, const std::string& item) {
+        if (t.kind != Target::Kind::Gpu) return -1;
+        if (cuda_index < 0)
+            throw CompileError(
+                "--place " + item +
+                " puts it on a GPU, but --device cpu compiles a CPU plan; add --device cuda[:N] " +
+                "or place it on cpu");
+        const int gpu = t.gpu < 0 ? cuda_index : t.gpu;
+        exists(gpu, "--place " + item);
+        return gpu;
+    };
+
+    // Text layers: ranges must cover 0..num_layers-1 exactly once.
+    std::vector<LayerRange> ranges = req.place.layers;
+    std::string layers_item = "layers=" + (req.place.layers_all ? req.place.layers_all->text : std::string());
+    if (!ranges.empty()) {
+        layers_item = "layers=";
+        for (size_t i = 0; i < ranges.size(); ++i)
+            layers_item += (i ? "," : "") + ranges[i].text;
+        for (const auto& r : ranges)
+            if (r.last >= num_layers)
+                throw CompileError("--place " + layers_item + ": range " + r.text +
+                                   " goes past the model's last text layer (it has " +
+                                   std::to_string(num_layers) + " layers, 0-" +
+                                   std::to_string(num_layers - 1) + ")");
+        std::stable_sort(ranges.begin(), ranges.end(),
+                         [](const LayerRange& a, const LayerRange& b) { return a.first < b.first; });
+        int next = 0;
+        for (size_t i = 0; i < ranges.size(); ++i) {
+            const LayerRange& r = ranges[i];
+            if (r.first < next)
+                throw CompileError("--place " + layers_item + ": ranges " + ranges[i - 1].text + " and " +
+                                   r.text + " overlap (layer " + std::to_string(r.first) +
+                                   " would have two targets); give each layer once");
+            if (r.first > next)
+                throw CompileError("--place " + layers_item + ": layer(s) " + span(next, r.first - 1) +
+                                   " have no target; the ranges must cover 0-" +
+                                   std::to_string(num_layers - 1) + " without gaps");
+            next = r.last + 1;
+        }
+        if (next < num_layers)
+            throw CompileError("--place " + layers_item + ": layer(s) " + span(next, num_layers - 1) +
+                               " have no target; the ranges must cover 0-" + std::to_string(num_layers - 1) +
+                               " without gaps");
+    } else if (req.place.layers_all) {
+        ranges.push_back({0, num_layers - 1, *req.place.layers_all, req.place.layers_all->text});
+    }
+    std::set<int> layer_devices;
+    for (const auto& r : ranges) {
+        int d = device_of(r.target, layers_item);
+        if (d >= 0) budget_for(d, "text layers " + span(r.first, r.last) + " (--place " + layers_item + ")");
+        layer_devices.insert(d);
+    }
+    if (ranges.empty()) {
+        layer_devices.insert(cuda_index);
+        if (cuda_index >= 0) budget_for(cuda_index, "the text layers (--device " + plan_gpu + ")");
+    }
+    if (layer_devices.size() > 1)
+        throw CompileError(
+            "not supported by this build yet: text layers split across devices (--place " + layers_item +
+            "); this build runs every text layer on one GPU (--device cuda[:N]) or all of them on the CPU " +
+            "(--device cpu)");
+    const int layers_on = *layer_devices.begin();
+    if (layers_on != cuda_index) {
+        if (layers_on < 0)
+            throw CompileError("--place " + layers_item + " puts the text layers on the CPU, but --device " +
+                               plan_gpu + " compiles a CUDA plan; use --device cpu to run them on the CPU");
+        throw CompileError("--place " + layers_item + " puts the text layers on " + cuda(layers_on) +
+                           ", but the plan's GPU is " + plan_gpu + "; use --device " + cuda(layers_on) +
+                           " (this build runs the text layers on the --device GPU)");
+    }
+
+    for (const char* c : {"embed", "lm_head"}) {
+        auto it = req.place.components.find(c);
+        if (it == req.place.components.end()) continue;
+        const std::string item = std::string(c) + "=" + it->second.text;
+        int d                  = device_of(it->second, item);
+        if (d >= 0) budget_for(d, std::string(c) + " (--place " + item + ")");
+        if (d != cuda_index)
+            throw CompileError("not supported by this build yet: --place " + item + " (the " +
+                               (std::string(c) == "embed" ? "embedding lookup" : "LM head") +
+                               " runs with the text layers, on " + plan_gpu + "); drop it or use " + c +
+                               "=gpu");
+    }
+
+    auto ple = req.place.components.find("ple");
+    if (ple != req.place.components.end()) {
+        const Target& t        = ple->second;
+        const std::string item = "ple=" + t.text;
+        if (cuda_index < 0) {
+            device_of(t, item);
+            if (t.kind == Target::Kind::Host)
+                p.notes.push_back("ple=host: a CPU plan keeps everything in host memory already");
+        } else if (t.kind == Target::Kind::Host) {
+            p.ple_host = true;
+        } else if (t.kind == Target::Kind::Cpu) {
+            throw CompileError(
+                "not supported by this build yet: --place ple=cpu (the per-layer embeddings are computed "
+                "on " +
+                plan_gpu + "); use ple=host to keep the table in pinned host memory and gather from there");
+        } else {
+            int d = device_of(t, item);
+            budget_for(d, "the PLE table (--place " + item + ")");
+            if (d != cuda_index)
+                throw CompileError("not supported by this build yet: --place " + item +
+                                   " (the PLE table lives on the text layers' " + "GPU, " + plan_gpu +
+                                   ", or in host memory with ple=host)");
+        }
+    } else {
+        p.ple_auto = cuda_index >= 0 && p.gpu_budgets.count(cuda_index) > 0;
+    }
+
+    for (const char* c : {"vision", "audio"}) {
+        auto it = req.place.components.find(c);
+        if (it == req.place.components.end()) continue;
+        const std::string item = std::string(c) + "=" + it->second.text;
+        int d                  = device_of(it->second, item);
+        if (d >= 0) budget_for(d, std::string("the ") + c + " tower (--place " + item + ")");
+        p.towers[c] = it->second.text;
+        p.notes.push_back(item + ": accepted; the " + c + " tower is not compiled by this build");
+    }
+    if (!p.gpu_budgets.empty()) {
+        std::string unused;
+        for (const auto& [i, b] : p.gpu_budgets)
+            if (i != cuda_index)
+                unused += (unused.empty() ? "" : ", ") + cuda(i) + " (--gpu-mem " + b.arg + ")";
+        p.notes.push_back(
+            "nothing is placed on a GPU without a --gpu-mem budget" +
+            (unused.empty() ? std::string() : "; nothing is placed on " + unused) +
+            (gpu_count < 0 ? "; GPU indices were not checked against this machine (no GPU queried)" : ""));
+    }
+    return p;
+}
+
+uint64_t DeviceMemory::need() const {
+    uint64_t n = per_thread * (uint64_t)std::max(0, threads);
+    for (const auto& pr : parts)
+        n += pr.second;
+    return n;
+}
+
+std::vector<DeviceMemory> memory_plan(const Figures& f, const Placement& p, bool ple_host, int threads) {
+    std::vector<DeviceMemory> out;
+    auto cpu_budget = [&](DeviceMemory& d) {
+        if (p.cpu_budget) d.budget = p.cpu_budget, d.budget_flag = "--cpu-mem " + p.cpu_budget_arg;
+    };
+    if (p.cuda_index < 0) {
+        DeviceMemory c;
+        c.device     = "cpu";
+        c.parts      = {{"weights", f.weights}, {"activations", f.activations}, {"KV cache", f.kv_cache}};
+        c.per_thread = f.scratch_per_thread;
+        c.threads    = threads;
+        cpu_budget(c);
+        return {c};
+    }
+    DeviceMemory g;
+    g.device = cuda(p.cuda_index);
+    g.parts  = {{"weights", f.weights - (ple_host ? f.ple_table : 0)},
+                {"activations", f.activations},
+                {"KV cache", f.kv_cache},
+                {"workspaces", f.attention_workspace}};
+    DeviceMemory h;
+    h.device = "host";
+    h.parts  = {{"pinned buffers", f.pinned}};
+    if (ple_host) h.parts.push_back({"PLE table", f.ple_table});
+    cpu_budget(h);
+    for (const auto& [i, b] : p.gpu_budgets) {
+        DeviceMemory& d = i == p.cuda_index ? g : out.emplace_back();
+        if (i != p.cuda_index) d.device = cuda(i);
+        d.budget      = b.bytes;
+        d.budget_flag = "--gpu-mem " + b.arg;
+    }
+    out.insert(out.begin(), g);
+    out.push_back(h);
+    return out;
+}
+
+Decision decide(const Placement& p, const Figures& f, int max_context,
+                const std::function<Figures(int)>& figures_at, int threads) {
+    const std::vector<bool> tries =
+        p.ple_auto ? std::vector<bool>{false, true} : std::vector<bool>{p.ple_host};
+    std::vector<std::vector<DeviceMemory>> tried;
+    for (bool ph : tries) {
+        auto mem = memory_plan(f, p, ph, threads);
+        if (over_budget(mem).empty()) {
+            Decision d{p, std::move(mem)};
+            d.placement.ple_host = ph;
+            if (p.ple_auto && ph) {
+                const DeviceMemory& g = *over_budget(tried[0])[0];
+                d.placement.ple_why   = "chosen automatically: with it on " + g.device + " the plan needs " +
+                                      human(g.need()) + " but " + g.budget_flag + " was given";
+            }
+            return d;
+        }
+        tried.push_back(std::move(mem));
+    }
+
+    // Refused: both figures, the smallest budget that fits, and the --max-context that would.
+    std::string msg;
+    for (const DeviceMemory* d : over_budget(tried[0]))
+        msg += (msg.empty() ? "" : "; ") + d->device + " needs " + human(d->need()) + " (" + parts_text(*d) +
+               ") but " + d->budget_flag + " was given";
+    if (tried.size() > 1) {
+        std::string alt;
+        for (const DeviceMemory* d : over_budget(tried[1]))
+            alt +=
+                (alt.empty() ? "" : " and ") + d->device + " needs " + human(d->need()) +
+                (d->device == "host" ? " (" + parts_text(*d) + ") but " + d->budget_flag + " was given" : "");
+        msg += "; with the per-layer-embedding table in host memory (ple=host, tried automatically) " + alt;
+    }
+    // A try that fails on one device alone fits once that device's budget is raised to its need.
+    std::map<std::string, std::pair<uint64_t, size_t>> best; // device -> (need, try)
+    for (size_t t = 0; t < tried.size(); ++t) {
+        auto over = over_budget(tried[t]);
+        if (over.size() != 1) continue;
+        auto it = best.find(over[0]->device);
+        if (it == best.end() || over[0]->need() < it->second.first)
+            best[over[0]->device] = {over[0]->need(), t};
+    }
+    auto with = [&](size_t t) {
+        return !p.ple_auto ? "" : tries[t] ? " with ple=host" : " with the PLE table on the GPU";
+    };
+    std::string smallest;
+    for (const auto& [dev, nb] : best) {
+        const DeviceMemory* d = nullptr;
+        for (const auto& m : tried[nb.second])
+            if (m.device == dev) d = &m;
+        smallest += (smallest.empty() ? "" : " or ") + budget_flag_for(*d, nb.first) + " (" +
+                    std::to_string(nb.first) + " bytes)" + with(nb.second);
+    }
+    if (smallest.empty())
+        for (const DeviceMemory* d : over_budget(tried.back()))
+            smallest += (smallest.empty() ? "" : " and ") + budget_flag_for(*d, d->need()) + " (" +
+                        std::to_string(d->need()) + " bytes)" + with(tried.size() - 1);
+    msg += "; the smallest budget that fits this plan is " + smallest;
+
+    const std::string dev0 = over_budget(tried.back())[0]->device;
+    auto fits_at           = [&](int n, std::vector<DeviceMemory>* chosen, size_t* which) {
+        Figures g = figures_at(n);
+        for (size_t t = 0; t < tries.size(); ++t) {
+            auto mem = memory_plan(g, p, tries[t], threads);
+            if (over_budget(mem).empty()) {
+                if (chosen) *chosen = std::move(mem), *which = t;
+                return true;
+            }
+        }
+        return false;
+    };
+    if (max_context > 1) {
+        if (fits_at(1, nullptr, nullptr)) {
+            int lo = 1, hi = max_context - 1;
+            while (lo < hi) {
+                int mid = lo + (hi - lo + 1) / 2;
+                if (fits_at(mid, nullptr, nullptr))
+                    lo = mid;
+                else
+                    hi = mid - 1;
+            }
+            if (lo >= 1024 && fits_at(lo / 256 * 256, nullptr, nullptr)) lo = lo / 256 * 256;
+            std::vector<DeviceMemory> mem;
+            size_t which = 0;
+            fits_at(lo, &mem, &which);
+            for (const auto& m : mem)
+                if (m.device == dev0)
+                    msg += " (or reduce --max-context: at --max-context " + std::to_string(lo) + " " + dev0 +
+                           " needs " + human(m.need()) + with(which) + ")";
+        } else {
+            Figures g      = figures_at(1);
+            uint64_t least = UINT64_MAX;
+            for (bool ph : tries)
+                for (const auto& m : memory_plan(g, p, ph, threads))
+                    if (m.device == dev0) least = std::min(least, m.need());
+            msg += " (reducing --max-context does not help: even at --max-context 1 " + dev0 + " needs " +
+                   human(least) + ")";
+        }
+    }
+    throw CompileError(msg);
+}
+
+json Decision::meta() const {
+    const Placement& p    = placement;
+    const std::string dev = p.cuda_index >= 0 ? cuda(p.cuda_index) : "cpu";
+    json towers           = json::object();
+    for (const char* c : {"vision", "audio"})
+        towers[c] = p.towers.count(c) ? "not compiled (--place " + std::string(c) + "=" + p.towers.at(c) + ")"
+                                      : "not compiled";
+    json pl  = {{"device", dev},
+                {"layers", json::array({{{"first", 0}, {"last", p.num_layers - 1}, {"device", dev}}})},
+                {"embed", dev},
+                {"lm_head", dev},
+                {"ple", p.ple_host ? "host" : "device"},
+                {"ple_auto", p.ple_auto},
+                {"vision", towers["vision"]},
+                {"audio", towers["audio"]}};
+    json mem = json::array();
+    for (const DeviceMemory& d : memory) {
+        json parts     = json::array();
+        uint64_t total = 0;
+        for (const auto& [what, bytes] : d.parts)
+            parts.push_back({{"what", what}, {"bytes", bytes}}), total += bytes;
+        json e = {{"device", d.device}, {"parts", parts}, {"total", total}};
+        if (d.per_thread) e["scratch_per_thread"] = d.per_thread;
+        if (d.budget) e["budget"] = *d.budget;
+        mem.push_back(e);
+    }
+    return {{"placement", pl}, {"memory", mem}};
+}
+
+std::string Decision::placement_line() const {
+    const Placement& p = placement;
+    std::string layers = "text layers " + span(0, p.num_layers - 1);
+    std::string s;
+    if (p.cuda_index < 0) {
+        s = "everything on the CPU (" + layers + ", embed, lm_head, PLE table)";
+    } else {
+        const std::string dev = cuda(p.cuda_index);
+        s                     = layers + ", embed and lm_head on " + dev + "; PLE table " +
+            (p.ple_host
+                 ? "in pinned host memory (ple=host" + (p.ple_why.empty() ? "" : ", " + p.ple_why) + ")"
+                 : "on " + dev + (p.ple_auto ? " (chosen automatically: it fits the budget)" : ""));
+    }
+    return s + "; vision and audio towers: not compiled by this build";
+}
+
+void print_memory(std::ostream& out, const std::vector<DeviceMemory>& mem, const std::string& indent) {
+    char line[1024];
+    std::snprintf(line, sizeof line, "%s%-8s %-12s %-12s %s\n", indent.c_str(), "device", "needs", "budget",
+                  "holds");
+    out << line;
+    for (const DeviceMemory& d : mem) {
+        std::string need   = human(d.need()) + (d.per_thread && d.threads <= 0 ? "+" : "");
+        std::string budget = d.budget ? human(*d.budget) : "-";
+        std::snprintf(line, sizeof line, "%s%-8s %-12s %-12s %s\n", indent.c_str(), d.device.c_str(),
+                      need.c_str(), budget.c_str(), parts_text(d).c_str());
+        out << line;
+    }
+}
+
+std::vector<DeviceMemory> memory_from_json(const json& memory) {
+    std::vector<DeviceMemory> out;
+    for (const auto& e : memory) {
+        DeviceMemory d;
+        d.device = e.at("device").get<std::string>();
+        for (const auto& pr : e.at("parts"))
+            d.parts.push_back({pr.at("what").get<std::string>(), pr.at("bytes").get<uint64_t>()});
+        d.per_thread = e.value("scratch_per_thread", (uint64_t)0);
+        if (e.contains("budget")) d.budget = e["budget"].get<uint64_t>();
+        out.push_back(d);
+    }
+    return out;
+}
+
+} // namespace g4::placement

@@ -1,0 +1,124 @@
+// Memory budgets and component placement for `g4 compile` (--gpu-mem, --cpu-mem, --place): parsing,
+// validation against the model and the plan's device, the per-device memory plan, and the budget
+// check that refuses a plan that does not fit (naming the smallest budget that would). Grammar and
+// behaviour: docs/placement.md.
+//
+//   --gpu-mem [IDX:]SIZE   repeatable; no IDX: the plan's GPU (--device cuda[:N])
+//   --cpu-mem SIZE         host memory (CPU plans: everything; CUDA plans: pinned buffers, ple=host)
+//   --place LIST           LIST  := ITEM (',' ITEM)*
+//                          ITEM  := COMPONENT '=' TARGET | 'layers=' LAYERS
+//                          LAYERS:= TARGET | RANGE (',' RANGE)*      (an item that starts with a digit
+//                          RANGE := N ['-' M] ':' TARGET               continues the layers= before it)
+//                          COMPONENT := vision | audio | ple | embed | lm_head
+//                          TARGET := cpu | gpu | gpuN | cuda | cuda:N | host (ple only)
+//   SIZE := DIGITS ['.' DIGITS] [B | KiB | MiB | GiB | TiB | KB | MB | GB | TB]   (units case-insensitive)
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <iosfwd>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace g4::placement {
+
+// "12GiB", "4GB", "512MiB", "3.5GiB", "1000000" -> bytes (rounded down). Throws g4::CompileError naming
+// `flag`.
+uint64_t parse_size(const std::string& text, const std::string& flag);
+// The shortest "7.32GiB"-style value (two decimals) that parse_size reads back as at least `bytes`.
+std::string size_arg(uint64_t bytes);
+std::string human(uint64_t bytes); // "7.31 GiB"
+
+struct GpuBudget {
+    int index      = -1; // -1: the plan's GPU
+    uint64_t bytes = 0;
+    std::string arg; // as given ("0:6GiB")
+};
+GpuBudget parse_gpu_mem(const std::string& arg);
+
+struct Target {
+    enum class Kind { Cpu, Gpu, Host };
+    Kind kind = Kind::Gpu;
+    int gpu   = -1;   // Kind::Gpu: device index; -1: the plan's GPU
+    std::string text; // as written
+};
+
+struct LayerRange {
+    int first = 0, last = 0; // inclusive
+    Target target;
+    std::string text; // "0-29:gpu0"
+};
+
+// What --place said; components it does not name keep their defaults.
+struct PlaceSpec {
+    std::map<std::string, Target> components; // vision, audio, ple, embed, lm_head
+    std::optional<Target> layers_all;         // layers=TARGET
+    std::vector<LayerRange> layers;           // layers=A-B:TARGET,...
+    std::string text;                         // the whole list, for messages
+};
+PlaceSpec parse_place(const std::string& list);
+
+// The options, parsed (syntax only); throws g4::CompileError.
+struct Request {
+    PlaceSpec place;
+    std::vector<GpuBudget> gpu_mem;
+    std::optional<uint64_t> cpu_mem;
+    std::string cpu_mem_arg;
+};
+Request parse_request(const std::vector<std::string>& gpu_mem, const std::string& cpu_mem,
+                      const std::string& place);
+
+// Where everything goes, validated against the model and the plan's device.
+struct Placement {
+    int cuda_index = -1; // the plan's GPU; -1: CPU plan
+    int num_layers = 0;
+    std::map<int, GpuBudget> gpu_budgets; // by device index
+    std::optional<uint64_t> cpu_budget;
+    std::string cpu_budget_arg;
+    bool ple_host = false;                     // the PLE table stays in pinned host memory (CUDA plans)
+    bool ple_auto = false;                     // ple not placed by --place: the budget check decides
+    std::string ple_why;                       // why ple_host was chosen automatically
+    std::map<std::string, std::string> towers; // vision/audio -> what --place asked for
+    std::vector<std::string> notes;            // report lines
+};
+// gpu_count: GPUs on this machine, or -1 when they cannot be (or are not to be) queried.
+Placement resolve(const Request& req, int num_layers, int cuda_index, int gpu_count);
+
+// Exact bytes of one plan, from the compiler's memory plan.
+struct Figures {
+    uint64_t weights = 0, ple_table = 0, activations = 0, kv_cache = 0, attention_workspace = 0;
+    uint64_t scratch_per_thread = 0; // CPU plans, per worker thread
+    uint64_t pinned             = 0; // CUDA plans: pinned host buffers (ids, logits, step)
+};
+
+struct DeviceMemory {
+    std::string device;                                  // cuda:N | host (CUDA plans) | cpu (CPU plans)
+    std::vector<std::pair<std::string, uint64_t>> parts; // what it holds
+    uint64_t per_thread = 0;                             // cpu: scratch per worker thread
+    int threads         = 0;                             // worker threads counted (0: not known)
+    std::optional<uint64_t> budget;
+    std::string budget_flag; // "--gpu-mem 0:6GiB"
+    uint64_t need() const;   // parts + per_thread * threads
+};
+std::vector<DeviceMemory> memory_plan(const Figures& f, const Placement& p, bool ple_host, int threads);
+
+struct Decision {
+    Placement placement;
+    std::vector<DeviceMemory> memory;
+    nlohmann::json meta() const;        // {"placement": ..., "memory": ...} for the plan's META
+    std::string placement_line() const; // one report line
+};
+// Fits the plan into the budgets: with ple_auto, everything on the GPU if it fits, else the PLE table
+// in host memory. Otherwise throws g4::CompileError with both figures, the smallest budget that fits
+// and the largest --max-context that would fit (figures_at(n): the plan's figures at --max-context n).
+Decision decide(const Placement& p, const Figures& f, int max_context,
+                const std::function<Figures(int)>& figures_at, int threads);
+
+// The per-device table (compile report, --dry-run, g4 inspect).
+void print_memory(std::ostream& out, const std::vector<DeviceMemory>& mem, const std::string& indent);
+std::vector<DeviceMemory> memory_from_json(const nlohmann::json& memory);
+
+} // namespace g4::placement

@@ -3,6 +3,7 @@
 // Every failure prints one line "g4 <command>: error: ..." on stderr and exits non-zero.
 #include "compiler/compile.h"
 #include "compiler/error.h"
+#include "compiler/placement.h"
 #include "g4/g4.h"
 #include "runtime/src/plan/plan_reader.h"
 #include "runtime/src/tokenizer.h"
@@ -16,6 +17,7 @@
 #include <iostream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
 #include <unistd.h>
 #include <vector>
@@ -39,7 +41,10 @@ const char* kUsage =
     "usage:\n"
     "  g4 compile --model DIR [--adapter DIR] [--weights nf4|bf16|f32] [--device cpu|cuda[:N]] [--target sm_XX]\n"
     "             [--quantize REGEX] [--keep REGEX] [--double-quant] [--no-fidelity] [--prefill-precision bf16|fp32] [--dry-run]\n"
-    "             [--max-context N] [--chunk N] [--logits-rows N] -o PLAN\n"
+    "             [--max-context N] [--chunk N] [--logits-rows N] [--gpu-mem [IDX:]SIZE]... [--cpu-mem SIZE]\n"
+    "             [--place COMPONENT=TARGET,...] -o PLAN\n"
+    "             (--place components: vision, audio, ple, embed, lm_head, layers; targets: cpu, gpu, gpuN, cuda:N,\n"
+    "              host (ple only); layers=0-29:gpu0,30-34:cpu gives ranges; sizes: 12GiB, 4GB, 512MiB, 3.5GiB)\n"
     "  g4 run PLAN (-p TEXT | --tokens 2,17,99 | --tokens @FILE) [-n N] [--temp T] [--top-k K] [--top-p P] [--min-p P]\n"
     "             [--repeat-penalty R] [--repeat-last-n N] [--seed S] [--stop STR]... [--ignore-eos]\n"
     "             [--print-ids] [--dump-logits FILE] [--truncate] [--threads N] [--stats]\n"
@@ -157,7 +162,7 @@ std::string read_whole_file(const std::string& path, const char* what) {
 }
 
 int cmd_compile(int argc, char** argv) {
-    Args a(argc, argv, 2, {"--model", "--adapter", "--weights", "--device", "-o", "--max-context", "--chunk", "--logits-rows", "--quantize", "--keep", "--tokenizer", "--target", "--prefill-precision"},
+    Args a(argc, argv, 2, {"--model", "--adapter", "--weights", "--device", "-o", "--max-context", "--chunk", "--logits-rows", "--quantize", "--keep", "--tokenizer", "--target", "--prefill-precision", "--gpu-mem", "--cpu-mem", "--place"},
            {"--double-quant", "--no-fidelity", "--dry-run"});
     if (!a.pos.empty()) throw UsageError("unexpected argument '" + a.pos[0] + "'");
     if (!a.has("--model")) throw UsageError("missing --model DIR");
@@ -180,6 +185,10 @@ int cmd_compile(int argc, char** argv) {
     o.dry_run        = a.flag.count("--dry-run") > 0;
     o.cuda_target    = a.get("--target");
     o.prefill_precision = a.get("--prefill-precision", o.prefill_precision);
+    if (a.multi.count("--gpu-mem")) o.gpu_mem = a.multi.at("--gpu-mem");
+    o.cpu_mem = a.get("--cpu-mem");
+    if (a.multi.count("--place"))
+        for (const auto& p : a.multi.at("--place")) o.place += (o.place.empty() ? "" : ",") + p;
     g4::compile_plan(o, std::cerr);
     return 0;
 }
@@ -482,8 +491,28 @@ int cmd_inspect(int argc, char** argv) {
     std::printf("weights by dtype:\n");
     for (auto& [k, v] : by_dtype) std::printf("  %-6s %5d tensors %12s\n", k.c_str(), v.second, human(v.first).c_str());
     const auto& in = p.info();
-    std::printf("memory by device:\n  cpu    weights %s (mapped from the plan), activations %s, KV cache %s\n",
-                human(p.weights_bytes()).c_str(), human(in.act_arena_bytes).c_str(), human(in.kv_arena_bytes).c_str());
+    if (meta.contains("placement")) {
+        const auto& pl = meta["placement"];
+        std::string layers;
+        for (const auto& r : pl.value("layers", nlohmann::json::array()))
+            layers += (layers.empty() ? "" : ", ") + std::to_string(r.value("first", 0)) + "-" + std::to_string(r.value("last", 0)) +
+                      " on " + r.value("device", "?");
+        std::string dev = pl.value("device", "?");
+        std::string ple = pl.value("ple", "device") == "host" ? "in pinned host memory (ple=host)" : "on " + dev;
+        std::printf("placement: text layers %s; embed on %s, lm_head on %s; PLE table %s%s; vision %s; audio %s\n", layers.c_str(),
+                    pl.value("embed", "?").c_str(), pl.value("lm_head", "?").c_str(), ple.c_str(),
+                    pl.value("ple_auto", false) ? " (decided by the budget check)" : "", pl.value("vision", "?").c_str(),
+                    pl.value("audio", "?").c_str());
+    }
+    if (meta.contains("memory")) {
+        std::ostringstream table;
+        g4::placement::print_memory(table, g4::placement::memory_from_json(meta["memory"]), "  ");
+        std::printf("memory by device (exact bytes%s):\n%s", meta.value("device", "cpu") == "cuda" ? "; CUDA context and allocator overhead not included" : "",
+                    table.str().c_str());
+    } else {
+        std::printf("memory by device:\n  cpu    weights %s (mapped from the plan), activations %s, KV cache %s\n",
+                    human(p.weights_bytes()).c_str(), human(in.act_arena_bytes).c_str(), human(in.kv_arena_bytes).c_str());
+    }
     std::printf("tensors %zu, ops %zu\n", p.n_tensors(), p.n_ops());
     bool all = !a.flag.count("--ops") && !a.flag.count("--tensors");
     if (all || a.flag.count("--tensors")) {

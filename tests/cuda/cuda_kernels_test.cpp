@@ -311,7 +311,12 @@ TEST_P(QkvPost, MatchesUnfusedOps) {
 }
 INSTANTIATE_TEST_SUITE_P(RealShapes, QkvPost,
                          ::testing::Values(QkvCase{8, 1, 256, 767, 5000}, QkvCase{8, 1, 512, 8192, 4100}, QkvCase{8, 2, 256, 767, 3},
-                                           QkvCase{8, 2, 512, 32912, 32000}));
+                                           QkvCase{8, 2, 512, 32912, 32000}),
+                         [](const ::testing::TestParamInfo<QkvCase>& i) {
+                             const QkvCase& c = i.param;
+                             return "h" + std::to_string(c.heads) + "kv" + std::to_string(c.kvh) + "d" + std::to_string(c.dim) + "pos" +
+                                    std::to_string(c.pos);
+                         });
 
 // ---- decode attention (split over keys, grouped by kv head) + merge, and the prefill kernels
 struct AttnCase {
@@ -357,7 +362,12 @@ INSTANTIATE_TEST_SUITE_P(RealShapes, Attention,
                                            AttnCase{8, 1, 256, 767, 512, 5000, 1}, AttnCase{8, 1, 512, 32912, 0, 4000, 1},
                                            AttnCase{8, 1, 512, 32912, 0, 32000, 1}, AttnCase{8, 2, 256, 767, 512, 3000, 1},
                                            AttnCase{8, 2, 512, 8192, 0, 8000, 1}, AttnCase{8, 1, 256, 767, 512, 700, 64},
-                                           AttnCase{8, 2, 512, 4096, 0, 2000, 64}));
+                                           AttnCase{8, 2, 512, 4096, 0, 2000, 64}),
+                         [](const ::testing::TestParamInfo<AttnCase>& i) {
+                             const AttnCase& c = i.param;
+                             return "h" + std::to_string(c.heads) + "kv" + std::to_string(c.kvh) + "d" + std::to_string(c.dim) + "w" +
+                                    std::to_string(c.window) + "pos" + std::to_string(c.pos) + "rows" + std::to_string(c.rows);
+                         });
 
 // ---- prefill GEMM tiers: the cuBLAS tier's converters (bit-exact) and GEMM, the tensor-core kernel
 TEST(PrefillGemm, Nf4ToBf16IsExact) {

@@ -7,6 +7,7 @@
 #include "runtime/src/cuda/driver.h"
 #include "runtime/src/cuda/kernel_args.h"
 #include "runtime/src/engine.h"
+#include "models/gemma4/graph.h"
 
 #include <algorithm>
 #include <chrono>
@@ -41,7 +42,13 @@ struct EngineState {
     CUmodule mod    = nullptr;
     Kernels k{};
     CUdeviceptr weights = 0;
-    uint64_t weights_bytes = 0;
+    uint64_t weights_bytes = 0;     // on the device
+    // ple=host: the PLE table lives in pinned, device-mapped host memory and is cut out of the device
+    // copy of the weights section (tensors after it move down by ple_gap bytes).
+    int32_t ple_tensor = -1;
+    uint64_t ple_off = 0, ple_gap = 0;
+    void* ple_host = nullptr;
+    CUdeviceptr ple_dev = 0;
     std::string name;
     int sm = 0;
 };
@@ -120,7 +127,15 @@ g4_status engine_open(g4_engine* e, std::string* err) {
     size_t free_b = 0, total_b = 0;
     CU_TRY(d->cuMemGetInfo(&free_b, &total_b), "cuMemGetInfo");
     const auto& in   = p.info();
-    uint64_t need    = p.weights_bytes() + in.act_arena_bytes + in.kv_arena_bytes;
+    if (p.ple_on_host())
+        for (size_t t = 0; t < p.n_tensors(); ++t)
+            if (p.tensor(t).kind == (uint8_t)TensorKind::Weight && p.tensor(t).flags == (uint8_t)gemma4::WeightRole::PleTable) {
+                st->ple_tensor = (int32_t)t;
+                st->ple_off    = p.tensor(t).offset;
+                st->ple_gap    = (p.tensor(t).nbytes + plan::kTensorAlign - 1) / plan::kTensorAlign * plan::kTensorAlign;
+                st->ple_gap    = std::min(st->ple_gap, p.weights_bytes() - st->ple_off);
+            }
+    uint64_t need    = p.weights_bytes() - st->ple_gap + in.act_arena_bytes + in.kv_arena_bytes;
     if (need > free_b) {
         *err = "GPU " + std::to_string(p.cuda_device()) + " (" + st->name + ") has " + std::to_string(free_b >> 20) +
                " MiB free but the plan needs " + std::to_string(need >> 20) + " MiB (weights + one session); recompile with a smaller --max-context or free the GPU";
@@ -146,9 +161,18 @@ g4_status engine_open(g4_engine* e, std::string* err) {
                 std::string n = gemv_kernel_name(q, kGemvLanes[l], m);
                 CU_TRY(d->cuModuleGetFunction(&st->k.gemv[q][l][m], st->mod, n.c_str()), "kernel " + n);
             }
-    st->weights_bytes = p.weights_bytes();
+    st->weights_bytes = p.weights_bytes() - st->ple_gap;
     CU_TRY(d->cuMemAlloc(&st->weights, std::max<uint64_t>(64, st->weights_bytes)), "allocating device weights");
-    if (st->weights_bytes) {
+    if (st->ple_tensor >= 0) {
+        const PlanTensor& t = p.tensor(st->ple_tensor);
+        CU_TRY(d->cuMemcpyHtoD(st->weights, p.weights_base(), st->ple_off), "uploading weights");
+        uint64_t rest = p.weights_bytes() - st->ple_off - st->ple_gap;
+        if (rest) CU_TRY(d->cuMemcpyHtoD(st->weights + st->ple_off, p.weights_base() + st->ple_off + st->ple_gap, rest), "uploading weights");
+        CU_TRY(d->cuMemHostAlloc(&st->ple_host, t.nbytes, kHostAllocPortable | kHostAllocDeviceMap),
+               "allocating pinned host memory for the PLE table (" + std::to_string(t.nbytes >> 20) + " MiB, --place ple=host)");
+        std::memcpy(st->ple_host, p.weights_base() + t.offset, t.nbytes);
+        CU_TRY(d->cuMemHostGetDevicePointer(&st->ple_dev, st->ple_host, 0), "mapping the PLE table");
+    } else if (st->weights_bytes) {
         CU_TRY(d->cuMemcpyHtoD(st->weights, p.weights_base(), st->weights_bytes), "uploading weights");
     }
     e->cuda.reset(st.release());
@@ -160,6 +184,7 @@ void engine_close(EngineState* st) {
     if (st->d) {
         if (st->ctx) st->d->cuCtxSetCurrent(st->ctx);
         if (st->weights) st->d->cuMemFree(st->weights);
+        if (st->ple_host) st->d->cuMemFreeHost(st->ple_host);
         if (st->mod) st->d->cuModuleUnload(st->mod);
         if (st->ctx) st->d->cuDevicePrimaryCtxRelease(st->dev);
     }
@@ -258,7 +283,11 @@ CUdeviceptr addr(const SessionState* st, const plan::Plan& p, int32_t idx, int32
     if (idx < 0) return 0;
     const PlanTensor& t = p.tensor(idx);
     switch ((TensorKind)t.kind) {
-    case TensorKind::Weight: return st->e->weights + t.offset;
+    case TensorKind::Weight: {
+        const EngineState* e = st->e;
+        if (idx == e->ple_tensor) return e->ple_dev;
+        return e->weights + (e->ple_gap && t.offset > e->ple_off ? t.offset - e->ple_gap : t.offset);
+    }
     case TensorKind::KvCache: return st->kv + t.offset + (uint64_t)col * 4;
     default: return st->act + t.offset + (uint64_t)col * 4;
     }

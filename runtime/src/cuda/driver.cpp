@@ -30,7 +30,8 @@ void load() {
               sym(lib, "cuDevicePrimaryCtxRelease_v2", &d.cuDevicePrimaryCtxRelease) && sym(lib, "cuCtxSetCurrent", &d.cuCtxSetCurrent) &&
               sym(lib, "cuMemGetInfo_v2", &d.cuMemGetInfo) && sym(lib, "cuMemAlloc_v2", &d.cuMemAlloc) &&
               sym(lib, "cuMemFree_v2", &d.cuMemFree) && sym(lib, "cuMemAllocHost_v2", &d.cuMemAllocHost) &&
-              sym(lib, "cuMemFreeHost", &d.cuMemFreeHost) && sym(lib, "cuMemcpyHtoD_v2", &d.cuMemcpyHtoD) &&
+              sym(lib, "cuMemFreeHost", &d.cuMemFreeHost) && sym(lib, "cuMemHostAlloc", &d.cuMemHostAlloc) &&
+              sym(lib, "cuMemHostGetDevicePointer_v2", &d.cuMemHostGetDevicePointer) && sym(lib, "cuMemcpyHtoD_v2", &d.cuMemcpyHtoD) &&
               sym(lib, "cuMemcpyHtoDAsync_v2", &d.cuMemcpyHtoDAsync) && sym(lib, "cuMemcpyDtoHAsync_v2", &d.cuMemcpyDtoHAsync) &&
               sym(lib, "cuMemsetD8_v2", &d.cuMemsetD8) && sym(lib, "cuModuleLoadData", &d.cuModuleLoadData) &&
               sym(lib, "cuModuleUnload", &d.cuModuleUnload) && sym(lib, "cuModuleGetFunction", &d.cuModuleGetFunction) &&

@@ -18,6 +18,7 @@ typedef struct CUgraph_st* CUgraph;
 typedef struct CUgraphExec_st* CUgraphExec;
 
 constexpr int kAttrComputeMajor = 75, kAttrComputeMinor = 76, kAttrSmCount = 16;
+constexpr unsigned kHostAllocPortable = 0x01, kHostAllocDeviceMap = 0x02;
 
 struct Driver {
     CUresult (*cuInit)(unsigned);
@@ -33,6 +34,8 @@ struct Driver {
     CUresult (*cuMemFree)(CUdeviceptr);
     CUresult (*cuMemAllocHost)(void**, size_t);
     CUresult (*cuMemFreeHost)(void*);
+    CUresult (*cuMemHostAlloc)(void**, size_t, unsigned);             // flags: kHostAllocDeviceMap
+    CUresult (*cuMemHostGetDevicePointer)(CUdeviceptr*, void*, unsigned);
     CUresult (*cuMemcpyHtoD)(CUdeviceptr, const void*, size_t);
     CUresult (*cuMemcpyHtoDAsync)(CUdeviceptr, const void*, size_t, CUstream);
     CUresult (*cuMemcpyDtoHAsync)(void*, CUdeviceptr, size_t, CUstream);

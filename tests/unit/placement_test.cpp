@@ -1,0 +1,323 @@
+// compiler/placement: size and --place parsing, validation against the model and the device, and the
+// budget decision (PLE table to host memory, refusal with the smallest budget and --max-context).
+#include "compiler/error.h"
+#include "compiler/placement.h"
+
+#include <gtest/gtest.h>
+#include <random>
+
+namespace {
+
+using namespace g4::placement;
+
+// The CompileError message of f(), or "" if it did not throw.
+template <class F> std::string error_of(F&& f) {
+    try {
+        f();
+    } catch (const g4::CompileError& e) {
+        return e.what();
+    }
+    return "";
+}
+
+void expect_error(const std::string& msg, const std::vector<std::string>& needles) {
+    ASSERT_FALSE(msg.empty()) << "expected an error";
+    for (const auto& n : needles)
+        EXPECT_NE(msg.find(n), std::string::npos) << "expected '" << n << "' in: " << msg;
+}
+
+TEST(Placement, ParseSizeUnits) {
+    EXPECT_EQ(parse_size("12GiB", "--gpu-mem"), 12ull << 30);
+    EXPECT_EQ(parse_size("4GB", "--gpu-mem"), 4000000000ull);
+    EXPECT_EQ(parse_size("512MiB", "--gpu-mem"), 512ull << 20);
+    EXPECT_EQ(parse_size("3.5GiB", "--gpu-mem"), 7ull << 29);
+    EXPECT_EQ(parse_size("1000000", "--gpu-mem"), 1000000ull);
+    EXPECT_EQ(parse_size("1000000B", "--gpu-mem"), 1000000ull);
+    EXPECT_EQ(parse_size("2 mb", "--cpu-mem"), 2000000ull);
+    EXPECT_EQ(parse_size("0.5KiB", "--cpu-mem"), 512ull);
+    EXPECT_EQ(parse_size("1TiB", "--cpu-mem"), 1ull << 40);
+    // Fractions round down to whole bytes: 7.31 GiB = 7849052733.44 bytes.
+    EXPECT_EQ(parse_size("7.31GiB", "--gpu-mem"), 7849052733ull);
+}
+
+TEST(Placement, ParseSizeRejectsMalformed) {
+    for (const char* bad : {"", "GiB", "-1GiB", "1e9", ".5GiB", "1.GiB", "1..5GiB", "12 XB", "0", "0GiB",
+                            "1.5", "99999999999999999GiB"}) {
+        std::string m = error_of([&] { parse_size(bad, "--gpu-mem"); });
+        expect_error(m, {"--gpu-mem"});
+    }
+    expect_error(error_of([] { parse_size("12XB", "--cpu-mem"); }),
+                 {"--cpu-mem", "unknown unit 'XB'", "12GiB"});
+    expect_error(error_of([] { parse_size("1.5", "--cpu-mem"); }), {"whole number"});
+    expect_error(error_of([] { parse_size("0MiB", "--cpu-mem"); }), {"more than zero"});
+}
+
+// size_arg gives the smallest two-decimal value that reads back as at least the figure.
+TEST(Placement, SizeArgRoundTripsUpward) {
+    std::mt19937_64 rng(7);
+    for (int i = 0; i < 2000; ++i) {
+        uint64_t n = rng() >> (2 + rng() % 62);
+        if (n == 0) n = 1;
+        std::string a = size_arg(n);
+        uint64_t back = parse_size(a, "--gpu-mem");
+        EXPECT_GE(back, n) << a;
+        size_t dot = a.find('.');
+        if (dot == std::string::npos) {
+            EXPECT_EQ(back, n) << a;
+            continue;
+        }
+        // One hundredth less no longer fits.
+        uint64_t hundredths = std::stoull(a.substr(0, dot)) * 100 + std::stoull(a.substr(dot + 1, 2));
+        std::string unit    = a.substr(dot + 3);
+        std::string less    = std::to_string((hundredths - 1) / 100) + "." +
+                           (((hundredths - 1) % 100) < 10 ? "0" : "") +
+                           std::to_string((hundredths - 1) % 100) + unit;
+        if (hundredths > 1) {
+            EXPECT_LT(parse_size(less, "--gpu-mem"), n) << less << " vs " << n;
+        }
+    }
+    EXPECT_EQ(size_arg(40701632), "38.82MiB");
+    EXPECT_EQ(size_arg(1ull << 30), "1.00GiB");
+    EXPECT_EQ(size_arg(1000), "1000");
+}
+
+TEST(Placement, ParseGpuMem) {
+    GpuBudget a = parse_gpu_mem("0:6GiB");
+    EXPECT_EQ(a.index, 0);
+    EXPECT_EQ(a.bytes, 6ull << 30);
+    EXPECT_EQ(a.arg, "0:6GiB");
+    GpuBudget b = parse_gpu_mem("512MiB");
+    EXPECT_EQ(b.index, -1);
+    EXPECT_EQ(b.bytes, 512ull << 20);
+    EXPECT_EQ(parse_gpu_mem("3:1000").index, 3);
+    expect_error(error_of([] { parse_gpu_mem("gpu0:6GiB"); }), {"--gpu-mem", "IDX:SIZE"});
+    expect_error(error_of([] { parse_gpu_mem("1:"); }), {"--gpu-mem", "not a size"});
+}
+
+TEST(Placement, ParsePlaceGrammar) {
+    PlaceSpec s =
+        parse_place("vision=cpu, audio=cpu,ple=host,embed=gpu,lm_head=cuda:0,layers=0-29:gpu0,30-34:cpu");
+    ASSERT_EQ(s.components.size(), 5u);
+    EXPECT_EQ(s.components["vision"].kind, Target::Kind::Cpu);
+    EXPECT_EQ(s.components["ple"].kind, Target::Kind::Host);
+    EXPECT_EQ(s.components["embed"].kind, Target::Kind::Gpu);
+    EXPECT_EQ(s.components["embed"].gpu, -1);
+    EXPECT_EQ(s.components["lm_head"].gpu, 0);
+    ASSERT_EQ(s.layers.size(), 2u);
+    EXPECT_EQ(s.layers[0].first, 0);
+    EXPECT_EQ(s.layers[0].last, 29);
+    EXPECT_EQ(s.layers[0].target.gpu, 0);
+    EXPECT_EQ(s.layers[1].first, 30);
+    EXPECT_EQ(s.layers[1].last, 34);
+    EXPECT_EQ(s.layers[1].target.kind, Target::Kind::Cpu);
+    EXPECT_FALSE(s.layers_all);
+
+    PlaceSpec t = parse_place("layers=GPU1");
+    ASSERT_TRUE(t.layers_all);
+    EXPECT_EQ(t.layers_all->gpu, 1);
+    PlaceSpec u = parse_place("layers=0-4:cuda:1,5:gpu,6-9:cuda:1,ple=gpu");
+    ASSERT_EQ(u.layers.size(), 3u);
+    EXPECT_EQ(u.layers[0].target.gpu, 1);
+    EXPECT_EQ(u.layers[1].first, 5);
+    EXPECT_EQ(u.layers[1].last, 5);
+    EXPECT_EQ(u.layers[2].first, 6);
+    EXPECT_EQ(u.components.count("ple"), 1u);
+}
+
+TEST(Placement, ParsePlaceErrors) {
+    struct Case {
+        const char* list;
+        std::vector<std::string> needles;
+    };
+    const Case cases[] = {
+        {"tower=cpu", {"unknown component 'tower'", "vision, audio, ple, embed, lm_head, layers"}},
+        {"ple=tpu", {"unknown target 'tpu'", "cpu, gpu, gpuN, cuda:N", "host"}},
+        {"ple=gpux", {"unknown target 'gpux'"}},
+        {"embed=host", {"'host' applies to ple only", "embed"}},
+        {"layers=host", {"'host' applies to ple only"}},
+        {"ple=host,,vision=cpu", {"empty item"}},
+        {"ple", {"'ple' is not component=target"}},
+        {"ple=host,0-3:gpu", {"'0-3:gpu' is not component=target", "layer ranges follow layers="}},
+        {"layers=0-4", {"range '0-4' has no target", "A-B:TARGET"}},
+        {"layers=5-3:gpu", {"ends before it starts", "3-5:gpu"}},
+        {"layers=0-x:gpu", {"bad layer range '0-x:gpu'"}},
+        {"layers=a-3:gpu", {"unknown target 'a-3:gpu'"}},
+        {"ple=host,ple=gpu", {"names ple twice"}},
+        {"layers=gpu,layers=cpu", {"names layers twice"}},
+        {"ple=", {"missing target"}},
+    };
+    for (const auto& c : cases)
+        expect_error(error_of([&] { parse_place(c.list); }), c.needles);
+}
+
+Placement resolve_str(const std::string& place, const std::vector<std::string>& gpu_mem, int layers,
+                      int cuda_index, int gpu_count = -1, const std::string& cpu_mem = "") {
+    return resolve(parse_request(gpu_mem, cpu_mem, place), layers, cuda_index, gpu_count);
+}
+
+TEST(Placement, ResolveChecksLayerRanges) {
+    auto err = [](const std::string& place) { return error_of([&] { resolve_str(place, {}, 35, 0); }); };
+    expect_error(err("layers=0-29:gpu0,29-34:gpu0"), {"overlap", "layer 29", "0-29:gpu0", "29-34:gpu0"});
+    expect_error(err("layers=0-27:gpu0,30-34:gpu0"), {"layer(s) 28-29 have no target", "0-34"});
+    expect_error(err("layers=1-34:gpu0"), {"layer(s) 0 have no target"});
+    expect_error(err("layers=0-30:gpu0"), {"layer(s) 31-34 have no target"});
+    expect_error(err("layers=0-29:gpu0,30-40:gpu0"), {"30-40:gpu0", "goes past", "35 layers, 0-34"});
+    EXPECT_EQ(err("layers=30-34:gpu0,0-29:gpu"), ""); // order does not matter; gpu = the --device GPU
+}
+
+TEST(Placement, ResolveRefusesWhatThisBuildCannotRun) {
+    expect_error(error_of([] { resolve_str("layers=0-29:gpu0,30-34:cpu", {}, 35, 0); }),
+                 {"not supported by this build yet", "text layers split across devices",
+                  "layers=0-29:gpu0,30-34:cpu"});
+    expect_error(error_of([] {
+                     resolve_str("layers=0-29:gpu0,30-34:gpu1", {"0:8GiB", "1:8GiB"}, 35, 0);
+                 }),
+                 {"not supported by this build yet", "split across devices"});
+    expect_error(error_of([] { resolve_str("layers=cpu", {}, 35, 0); }), {"--device cpu", "layers=cpu"});
+    expect_error(error_of([] { resolve_str("layers=gpu1", {}, 35, 0); }), {"cuda:1", "--device cuda:1"});
+    expect_error(error_of([] { resolve_str("embed=cpu", {}, 35, 0); }),
+                 {"not supported by this build yet", "embed=cpu"});
+    expect_error(error_of([] { resolve_str("lm_head=gpu2", {}, 35, 0); }),
+                 {"not supported by this build yet", "lm_head=gpu2"});
+    expect_error(error_of([] { resolve_str("ple=cpu", {}, 35, 0); }),
+                 {"not supported by this build yet", "ple=host"});
+    expect_error(error_of([] { resolve_str("layers=gpu", {}, 35, -1); }), {"CPU plan", "--device cuda"});
+    expect_error(error_of([] { resolve_str("", {"8GiB"}, 35, -1); }),
+                 {"--gpu-mem 8GiB", "CPU plan", "--cpu-mem"});
+}
+
+TEST(Placement, ResolveBudgetsEveryGpuUsed) {
+    // Nothing ever lands on a GPU that was not given a budget.
+    expect_error(error_of([] { resolve_str("", {"1:8GiB"}, 35, 0); }),
+                 {"cuda:0", "no --gpu-mem budget", "nothing ever lands on a GPU that was not given a budget",
+                  "--gpu-mem 0:SIZE"});
+    expect_error(error_of([] { resolve_str("vision=gpu1", {"0:8GiB"}, 35, 0); }),
+                 {"vision tower", "cuda:1", "--gpu-mem 1:SIZE"});
+    expect_error(error_of([] {
+                     resolve_str("", {"8GiB", "0:6GiB"}, 35, 0);
+                 }),
+                 {"two budgets for cuda:0", "'8GiB'", "'0:6GiB'"});
+    // Indices are checked against the GPUs of this machine when they could be queried.
+    expect_error(error_of([] {
+                     resolve_str("", {"0:8GiB", "2:8GiB"}, 35, 0, 2);
+                 }),
+                 {"--gpu-mem 2:8GiB", "no GPU 2", "2 CUDA device(s)", "--target"});
+    expect_error(error_of([] { resolve_str("", {}, 35, 3, 2); }), {"--device cuda:3", "no GPU 3"});
+    Placement p = resolve_str("", {"0:8GiB", "2:8GiB"}, 35, 0, -1);
+    EXPECT_EQ(p.gpu_budgets.size(), 2u);
+    bool noted = false;
+    for (const auto& n : p.notes)
+        noted |= n.find("nothing is placed on cuda:2") != std::string::npos;
+    EXPECT_TRUE(noted);
+}
+
+TEST(Placement, ResolveDefaultsAndTowers) {
+    Placement a = resolve_str("", {}, 35, 0);
+    EXPECT_FALSE(a.ple_host);
+    EXPECT_FALSE(a.ple_auto);
+    Placement b = resolve_str("", {"6GiB"}, 35, 1);
+    EXPECT_TRUE(b.ple_auto);
+    ASSERT_EQ(b.gpu_budgets.count(1), 1u);
+    Placement c =
+        resolve_str("ple=host,vision=cpu,audio=cpu,embed=gpu,lm_head=cuda:1,layers=gpu1", {"6GiB"}, 35, 1);
+    EXPECT_TRUE(c.ple_host);
+    EXPECT_FALSE(c.ple_auto);
+    EXPECT_EQ(c.towers.at("vision"), "cpu");
+    std::string notes;
+    for (const auto& n : c.notes)
+        notes += n + "\n";
+    EXPECT_NE(notes.find("vision tower is not compiled by this build"), std::string::npos) << notes;
+    Placement d = resolve_str("ple=host,layers=cpu", {}, 35, -1, -1, "16GiB");
+    EXPECT_FALSE(d.ple_host); // a CPU plan keeps everything in host memory anyway
+    EXPECT_EQ(*d.cpu_budget, 16ull << 30);
+}
+
+// A plan whose KV cache grows by 100 bytes per position (full-attention layers) over a fixed part.
+Figures fake(int max_context) {
+    Figures f;
+    f.weights             = 10000;
+    f.ple_table           = 3000;
+    f.activations         = 500;
+    f.kv_cache            = 2000 + 100ull * max_context;
+    f.attention_workspace = 10ull * max_context;
+    f.scratch_per_thread  = 40;
+    f.pinned              = 64;
+    return f;
+}
+uint64_t gpu_need(int n, bool ple_host) {
+    return 10000 - (ple_host ? 3000 : 0) + 500 + 2000 + 110ull * n;
+}
+
+TEST(Placement, DecideKeepsEverythingOnTheGpuWhenItFits) {
+    const int n = 100; // needs 23500 with the PLE table, 20500 without
+    Placement p = resolve_str("", {"0:23500"}, 35, 0);
+    Decision d  = decide(p, fake(n), n, fake, 0);
+    EXPECT_FALSE(d.placement.ple_host);
+    ASSERT_EQ(d.memory.size(), 2u);
+    EXPECT_EQ(d.memory[0].device, "cuda:0");
+    EXPECT_EQ(d.memory[0].need(), gpu_need(n, false));
+    EXPECT_EQ(d.memory[1].device, "host");
+    EXPECT_EQ(d.memory[1].need(), 64u);
+    auto meta = d.meta();
+    EXPECT_EQ(meta["placement"]["ple"], "device");
+    EXPECT_EQ(meta["placement"]["ple_auto"], true);
+    EXPECT_EQ(meta["memory"][0]["total"], gpu_need(n, false));
+    EXPECT_EQ(meta["memory"][0]["budget"], 23500u);
+    EXPECT_NE(d.placement_line().find("PLE table on cuda:0"), std::string::npos);
+}
+
+TEST(Placement, DecideMovesThePleTableToHostWhenThatFits) {
+    const int n = 100;
+    Placement p = resolve_str("", {"0:23499"}, 35, 0);
+    Decision d  = decide(p, fake(n), n, fake, 0);
+    EXPECT_TRUE(d.placement.ple_host);
+    EXPECT_EQ(d.memory[0].need(), gpu_need(n, true));
+    EXPECT_EQ(d.memory[1].need(), 64u + 3000u);
+    EXPECT_EQ(d.meta()["placement"]["ple"], "host");
+    EXPECT_NE(d.placement_line().find("chosen automatically"), std::string::npos) << d.placement_line();
+    // ... unless the host budget cannot take it.
+    Placement q   = resolve_str("", {"0:23499"}, 35, 0, -1, "3000");
+    std::string m = error_of([&] { decide(q, fake(n), n, fake, 0); });
+    expect_error(m,
+                 {"cuda:0 needs", "--gpu-mem 0:23499 was given", "host needs", "--cpu-mem 3000 was given"});
+}
+
+TEST(Placement, DecideRefusesWithTheSmallestBudgetAndMaxContext) {
+    const int n   = 1000; // 122500 with the PLE table on the GPU, 119500 without
+    Placement p   = resolve_str("", {"0:100000"}, 35, 0);
+    std::string m = error_of([&] { decide(p, fake(n), n, fake, 0); });
+    expect_error(
+        m, {"cuda:0 needs 119.6 KiB",
+            "(weights 9.8 KiB + activations 500 B + KV cache 99.6 KiB + workspaces 9.8 KiB)",
+            "but --gpu-mem 0:100000 was given", "(ple=host, tried automatically) cuda:0 needs 116.7 KiB",
+            "the smallest budget that fits this plan is --gpu-mem 0:116.70KiB (119500 bytes) with ple=host"});
+    // Largest context that fits 100000 bytes: with ple=host 9500 + 110 n <= 100000 -> n = 822.
+    expect_error(m, {"at --max-context 822 cuda:0 needs " + human(gpu_need(822, true)) + " with ple=host"});
+    // Exactly the smallest budget fits; a byte less does not.
+    EXPECT_TRUE(decide(resolve_str("", {"0:119500"}, 35, 0), fake(n), n, fake, 0).placement.ple_host);
+    EXPECT_NE(error_of([&] { decide(resolve_str("", {"0:119499"}, 35, 0), fake(n), n, fake, 0); }), "");
+    // An explicit ple is not moved; the weights alone may not fit at any context.
+    Placement q    = resolve_str("ple=gpu", {"0:12000"}, 35, 0);
+    std::string m2 = error_of([&] { decide(q, fake(n), n, fake, 0); });
+    expect_error(m2, {"--gpu-mem 0:119.63KiB (122500 bytes)", "reducing --max-context does not help",
+                      "--max-context 1"});
+    EXPECT_EQ(m2.find("tried automatically"), std::string::npos) << m2;
+}
+
+TEST(Placement, CpuPlanCountsScratchPerThread) {
+    const int n = 100;
+    Placement p = resolve_str("", {}, 35, -1, -1, "23500");
+    Decision d  = decide(p, fake(n), n, fake, 4);
+    ASSERT_EQ(d.memory.size(), 1u);
+    EXPECT_EQ(d.memory[0].device, "cpu");
+    EXPECT_EQ(d.memory[0].need(), 10000u + 500 + 12000 + 4 * 40); // workspaces are CUDA only
+    std::string m = error_of([&] { decide(resolve_str("", {}, 35, -1, -1, "22659"), fake(n), n, fake, 4); });
+    expect_error(m, {"cpu needs", "scratch 4 threads x 40 B", "--cpu-mem 22659 was given",
+                     "--cpu-mem 22.13KiB (22660 bytes)"});
+    auto mem = memory_from_json(d.meta()["memory"]);
+    ASSERT_EQ(mem.size(), 1u);
+    EXPECT_EQ(mem[0].per_thread, 40u);
+    EXPECT_EQ(*mem[0].budget, 23500u);
+}
+
+} // namespace

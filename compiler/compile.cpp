@@ -77,6 +77,19 @@ uint64_t plan_activations(Program& p, std::vector<uint64_t>& offset) {
         for (int t : p.ops[i].op.in) touch(t, i);
         for (int t : p.ops[i].op.out) touch(t, i);
     }
+    // A fused CUDA kernel (compiler/cuda_schedule.cpp) reads an op's inputs while it writes what the
+    // next ops make of that op's outputs (gate/up GEMV + GeluMul writes the product while blocks still
+    // read x), so every input lives until the first op that consumes the op's outputs.
+    for (int i = (int)p.ops.size() - 1; i >= 0; --i)
+        for (int o : p.ops[i].op.out) {
+            if (o < 0) continue;
+            int r = -1;
+            for (int j = i + 1; j < (int)p.ops.size() && r < 0; ++j)
+                for (int t : p.ops[j].op.in)
+                    if (t == o) r = j;
+            for (int t : p.ops[i].op.in)
+                if (t >= 0 && r > last[t]) last[t] = r;
+        }
     // Inputs and logits live for the whole step (written before / read after the program).
     const int n_ops = (int)p.ops.size();
     if (p.ids >= 0) first[p.ids] = 0, last[p.ids] = n_ops;

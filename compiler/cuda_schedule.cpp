@@ -144,6 +144,12 @@ struct Matcher {
         return true;
     }
 
+    // Activation tensors a and b share no arena bytes (a fused kernel writing one while reading the other).
+    bool disjoint(int32_t a, int32_t b) const {
+        const PlanTensor &x = tensors[a], &y = tensors[b];
+        if (x.kind != y.kind) return true;
+        return x.offset + x.nbytes <= y.offset || y.offset + y.nbytes <= x.offset;
+    }
     bool gemv_ok(size_t i) const {
         if (!is(i, OpCode::Matmul)) return false;
         const PlanOp& m     = ops[i];
@@ -172,6 +178,7 @@ struct Matcher {
             const PlanOp& g  = ops[i + 2];
             const int32_t y1 = ops[i + 1].out[0];
             if (g.in[0] == y0 && g.in[1] == y1 && !g.in_col[0] && !g.in_col[1] && !g.out_col[0] && g.ip[0] == N0 &&
+                disjoint(g.out[0], ops[i].in[0]) &&
                 tensors[ops[i + 1].in[1]].dims[0] == N0 && unread_after(y0, i + 2) && unread_after(y1, i + 2)) {
                 l.ip[1] = (int32_t)(i + 1), l.ip[3] = 2, l.ip[4] = 1, l.t[1] = g.out[0], l.count = 3;
                 *out = l;
@@ -181,7 +188,8 @@ struct Matcher {
         // Matmul + GeluMul(y, aux)
         if (is(i + 1, OpCode::GeluMul)) {
             const PlanOp& g = ops[i + 1];
-            if (g.in[0] == y0 && !g.in_col[0] && !g.out_col[0] && g.ip[0] == N0 && g.in[1] != y0 &&
+            if (g.in[0] == y0 && !g.in_col[0] && !g.out_col[0] && g.ip[0] == N0 && g.in[1] != y0 && disjoint(g.out[0], ops[i].in[0]) &&
+                disjoint(g.out[0], g.in[1]) &&
                 unread_after(y0, i + 1)) {
                 l.ip[4] = 2, l.t[0] = g.in[1], l.ip[6] = g.in_col[1], l.t[1] = g.out[0], l.count = 2;
                 *out = l;

@@ -248,6 +248,7 @@ g4_status g4_session_reset(g4_session* s) {
     if (!session_ok(s)) return set_error(G4_ERR_INVALID_ARGUMENT, "g4_session_reset: invalid or destroyed session");
     s->position    = 0;
     s->have_logits = false;
+    s->logits_on_device = false;
     s->rng_seeded  = false;
     s->cancel      = false;
     s->stats       = {};
@@ -295,17 +296,20 @@ g4_status g4_session_append_tokens(g4_session* s, const int32_t* ids, size_t n, 
         bool last    = done + rows == n;
         int32_t outr = out_logits ? rows : (last ? 1 : 0);
         std::memcpy(s->ids, ids + done, sizeof(int32_t) * rows);
-        st = s->cuda ? g4::cuda_rt::run_step(s, rows, s->position, outr, &err) : g4::rt::run_step(s, rows, s->position, outr, &err);
+        bool on_device = false;
+        st = s->cuda ? g4::cuda_rt::run_step(s, rows, s->position, outr, &on_device, &err)
+                     : g4::rt::run_step(s, rows, s->position, outr, &err);
+        if (st == G4_OK && on_device && out_logits) {
+            st        = g4::cuda_rt::fetch_logits(s, &err);
+            on_device = false;
+        }
         if (st != G4_OK) break;
         for (int32_t r = 0; r < rows; ++r) s->history[s->position + r] = ids[done + r];
         s->position += rows;
         if (out_logits) std::memcpy(out_logits + done * V, s->logits, sizeof(float) * (size_t)rows * V);
-        if (outr > 0) {
-            std::memcpy(s->last_logits.data(), s->logits + (size_t)(outr - 1) * V, sizeof(float) * V);
-            s->have_logits = true;
-        } else {
-            s->have_logits = false;
-        }
+        s->logits_on_device = on_device;
+        if (outr > 0 && !on_device) std::memcpy(s->last_logits.data(), s->logits + (size_t)(outr - 1) * V, sizeof(float) * V);
+        s->have_logits = outr > 0;
         done += rows;
     }
     double ms = std::chrono::duration<double, std::milli>(g4_clock::now() - t0).count();
@@ -318,9 +322,23 @@ g4_status g4_session_append_tokens(g4_session* s, const int32_t* ids, size_t n, 
     G4_GUARD_END
 }
 
+// Copies the logits a CUDA decode step left on the device into last_logits.
+static g4_status fetch_device_logits(g4_session* s) {
+    std::string err;
+    g4_status st = g4::cuda_rt::fetch_logits(s, &err);
+    if (st != G4_OK) return set_error(st, err);
+    std::memcpy(s->last_logits.data(), s->logits, sizeof(float) * s->last_logits.size());
+    s->logits_on_device = false;
+    return G4_OK;
+}
+
 g4_status g4_session_get_logits(const g4_session* s, const float** out, int32_t* out_vocab) {
     if (!session_ok(s) || !out) return set_error(G4_ERR_INVALID_ARGUMENT, "g4_session_get_logits: invalid session or NULL output");
     if (!s->have_logits) return set_error(G4_ERR_INVALID_ARGUMENT, "no logits: feed tokens first");
+    if (s->logits_on_device) {
+        g4_status st = fetch_device_logits(const_cast<g4_session*>(s));
+        if (st != G4_OK) return st;
+    }
     *out = s->last_logits.data();
     if (out_vocab) *out_vocab = (int32_t)s->last_logits.size();
     return G4_OK;
@@ -360,6 +378,15 @@ g4_status g4_session_sample(g4_session* s, const g4_sampling_params* params, int
     if (!s->rng_seeded) {
         s->rng.seed(p.seed);
         s->rng_seeded = true;
+    }
+    if (s->logits_on_device) {
+        // Greedy without a repetition penalty: the argmax the decode graph computed on the GPU.
+        if (p.temperature == 0.0f && (p.repeat_penalty == 1.0f || p.repeat_last_n == 0)) {
+            *out_token = g4::cuda_rt::device_argmax(s);
+            return G4_OK;
+        }
+        g4_status st = fetch_device_logits(s);
+        if (st != G4_OK) return st;
     }
     *out_token = g4::rt::sample_token(s->last_logits.data(), (int32_t)s->last_logits.size(), p, s->history.data(), s->position,
                                       s->sample_buf.data(), s->sample_idx.data(), s->rng);

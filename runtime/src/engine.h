@@ -60,6 +60,7 @@ struct g4_session {
     const float* logits = nullptr; // [logits_rows, vocab] output of the program
     int32_t position = 0;
     bool have_logits = false;
+    bool logits_on_device = false;           // CUDA decode step: last_logits not filled yet (fetched on demand)
     std::vector<float> last_logits;          // [vocab]
     std::vector<int32_t> history;            // [max_context] tokens fed so far
     std::vector<float> sample_buf;           // [vocab]

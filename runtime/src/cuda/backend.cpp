@@ -62,6 +62,8 @@ struct SessionState {
     cublas::Handle blas_h = nullptr;
     struct Step { int rows, pos0, out_rows, pad; };
     Step* host_step  = nullptr;   // pinned
+    int32_t* host_tok = nullptr;  // pinned: the decode step's argmax
+    CUdeviceptr tok   = 0;        // device: the decode step's argmax
     int32_t* host_ids = nullptr;  // pinned [max_rows]
     float* host_logits = nullptr; // pinned [logits_rows, vocab]
     std::vector<int> splits;      // per op (attention)
@@ -242,6 +244,8 @@ g4_status session_create(g4_session* s, std::string* err) {
     CU_TRY(d->cuMemAlloc(&st->part, part * 4), "allocating the attention workspace");
     CU_TRY(d->cuMemAlloc(&st->scores, scores * 4), "allocating the attention workspace");
     CU_TRY(d->cuMemAllocHost((void**)&st->host_step, 64), "allocating pinned memory");
+    CU_TRY(d->cuMemAllocHost((void**)&st->host_tok, 64), "allocating pinned memory");
+    CU_TRY(d->cuMemAlloc(&st->tok, 64), "allocating the argmax buffer");
     CU_TRY(d->cuMemAllocHost((void**)&st->host_ids, (size_t)in.max_rows * 4), "allocating pinned memory");
     CU_TRY(d->cuMemAllocHost((void**)&st->host_logits, (size_t)in.logits_rows * in.vocab_size * 4), "allocating pinned memory");
     s->ids    = st->host_ids;
@@ -269,9 +273,9 @@ void session_destroy(SessionState* st) {
     if (st->exec) d->cuGraphExecDestroy(st->exec);
     if (st->graph) d->cuGraphDestroy(st->graph);
     if (st->stream) d->cuStreamDestroy(st->stream);
-    for (CUdeviceptr ptr : {st->act, st->kv, st->step, st->part, st->scores, st->wscratch, st->xscratch, st->cublas_ws})
+    for (CUdeviceptr ptr : {st->act, st->kv, st->step, st->part, st->scores, st->wscratch, st->xscratch, st->cublas_ws, st->tok})
         if (ptr) d->cuMemFree(ptr);
-    for (void* h : {(void*)st->host_step, (void*)st->host_ids, (void*)st->host_logits})
+    for (void* h : {(void*)st->host_step, (void*)st->host_ids, (void*)st->host_logits, (void*)st->host_tok})
         if (h) d->cuMemFreeHost(h);
     delete st;
 }
@@ -544,6 +548,15 @@ g4_status launch_step(g4_session* s, int rows, int out_rows, std::string* err) {
                 if (g != G4_OK) return g;
             }
         }
+        // Greedy token on the device: the host copies 4 bytes instead of the logits row.
+        CUdeviceptr logits = st->act + p.tensor(p.info().logits_tensor).offset;
+        int vocab          = p.info().vocab_size;
+        CUresult r = st->e->d->cuLaunchKernel(st->e->k.argmax, 1, 1, 1, 1024, 1, 1, 0, st->stream,
+                                              const_cast<void**>(std::initializer_list<void*>{&logits, &vocab, &st->tok}.begin()), nullptr);
+        if (r != 0) {
+            *err = "CUDA error " + error_name(r) + " launching the device argmax";
+            return G4_ERR_INTERNAL;
+        }
         return G4_OK;
     }
     for (size_t i = 0; i < p.n_ops(); ++i) {
@@ -559,7 +572,21 @@ g4_status launch_step(g4_session* s, int rows, int out_rows, std::string* err) {
 
 } // namespace
 
-g4_status run_step(g4_session* s, int32_t rows, int32_t pos0, int32_t out_rows, std::string* err) {
+g4_status fetch_logits(g4_session* s, std::string* err) {
+    SessionState* st    = s->cuda.get();
+    const plan::Plan& p = s->engine->plan;
+    const Driver* d     = st->e->d;
+    CU_TRY(d->cuCtxSetCurrent(st->e->ctx), "cuCtxSetCurrent");
+    CU_TRY(d->cuMemcpyDtoHAsync(st->host_logits, st->act + p.tensor(p.info().logits_tensor).offset, (size_t)p.info().vocab_size * 4,
+                                st->stream),
+           "copying logits");
+    CU_TRY(d->cuStreamSynchronize(st->stream), "copying logits");
+    return G4_OK;
+}
+
+int32_t device_argmax(const g4_session* s) { return *s->cuda->host_tok; }
+
+g4_status run_step(g4_session* s, int32_t rows, int32_t pos0, int32_t out_rows, bool* logits_on_device, std::string* err) {
     SessionState* st    = s->cuda.get();
     const plan::Plan& p = s->engine->plan;
     const Driver* d     = st->e->d;
@@ -594,7 +621,11 @@ g4_status run_step(g4_session* s, int32_t rows, int32_t pos0, int32_t out_rows, 
         g4_status ls = launch_step(s, rows, out_rows, err);
         if (ls != G4_OK) return ls;
     }
-    if (out_rows > 0)
+    const bool on_device = rows == 1 && out_rows == 1 && p.n_launches();
+    *logits_on_device    = on_device;
+    if (on_device)
+        CU_TRY(d->cuMemcpyDtoHAsync(st->host_tok, st->tok, 4, st->stream), "copying the greedy token");
+    else if (out_rows > 0)
         CU_TRY(d->cuMemcpyDtoHAsync(st->host_logits, st->act + p.tensor(info.logits_tensor).offset,
                                     (size_t)out_rows * info.vocab_size * 4, st->stream),
                "copying logits");

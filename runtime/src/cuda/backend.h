@@ -24,7 +24,14 @@ g4_status session_create(g4_session* s, std::string* err);
 void session_destroy(SessionState* st);
 // Runs one step (rows tokens in s->ids at positions pos0..); copies the last out_rows logits rows
 // to the host buffer behind s->logits.
-g4_status run_step(g4_session* s, int32_t rows, int32_t pos0, int32_t out_rows, std::string* err);
+// Decode steps (1 row, 1 logits row) leave the logits on the device and copy only their argmax
+// (computed in the decode graph): *logits_on_device is set, and fetch_logits() copies the row when
+// the caller needs it (non-greedy sampling, g4_session_get_logits).
+g4_status run_step(g4_session* s, int32_t rows, int32_t pos0, int32_t out_rows, bool* logits_on_device, std::string* err);
+// Copies the last decode step's logits row to the host buffer behind s->logits.
+g4_status fetch_logits(g4_session* s, std::string* err);
+// The greedy token of the last decode step (lowest index among equal maxima, as the CPU sampler).
+int32_t device_argmax(const g4_session* s);
 
 struct EngineDeleter { void operator()(EngineState* p) const { engine_close(p); } };
 struct SessionDeleter { void operator()(SessionState* p) const { session_destroy(p); } };

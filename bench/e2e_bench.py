@@ -179,6 +179,7 @@ if r.returncode == 0:
                                          "--ignore-eos", "--print-ids"], capture_output=True, text=True, check=True).stdout.split()[-1]
     hrow["greedy_identical_to_device_ple"] = ids_run(plan_host) == ids_run(plan_dev)
     plan = plan_dev
+    os.remove(plan_host)   # disk: real-shape plans are 6-9 GB each
     res["rows"]["g4, PLE table in host memory"] = hrow
     print("PLE on host:", json.dumps(hrow), flush=True)
 else:
@@ -189,8 +190,10 @@ else:
 # kernels): greedy tokens against the argmax of a teacher-forced fp32 prefill. The bf16 (cuBLAS)
 # prefill is compared with the fp32 one by relative L2 over the same 80 positions.
 plan32 = plan + ".fp32"
-subprocess.run([args.g4, "compile", "--model", ckpt, "--adapter", adapter, "--device", "cuda", "--no-fidelity", "--max-context",
-                str(max_ctx), "--chunk", "256", "--prefill-precision", "fp32", "-o", plan32], capture_output=True, text=True, check=True)
+r = subprocess.run([args.g4, "compile", "--model", ckpt, "--adapter", adapter, "--device", "cuda", "--no-fidelity", "--max-context",
+                    str(max_ctx), "--chunk", "256", "--prefill-precision", "fp32", "-o", plan32], capture_output=True, text=True)
+if r.returncode != 0:
+    raise SystemExit("fp32-prefill plan: " + r.stderr[-600:])
 import numpy as np
 tf = os.path.join(args.workdir, "tf.txt")
 open(tf, "w").write(",".join(map(str, ids_of(64))))
@@ -203,6 +206,7 @@ for name, pl in [("fp32", plan32), ("bf16", plan)]:
     lf = os.path.join(args.workdir, name + ".logits")
     subprocess.run([args.g4, "run", pl, "--tokens", "@" + tf, "-n", "0", "--dump-logits", lf], capture_output=True, text=True, check=True)
     logits[name] = np.fromfile(lf, dtype=np.float32).reshape(64 + 16, -1).astype(np.float64)
+os.remove(plan32)
 agree = int(sum(int(logits["fp32"][63 + i].argmax()) == gen[i] for i in range(16)))
 rl2 = float(np.linalg.norm(logits["bf16"] - logits["fp32"]) / np.linalg.norm(logits["fp32"]))
 top2 = np.sort(logits["fp32"][63:79], axis=1)[:, -2:]

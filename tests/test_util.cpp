@@ -1,5 +1,6 @@
 // Implementation of the shared test helpers (see test_util.h).
 #include "test_util.h"
+#include "kernels/ops.h"
 
 #include <cmath>
 #include <cstring>
@@ -95,6 +96,20 @@ std::vector<int32_t> parse_ids(const std::string& csv) {
         ids.push_back(std::stoi(tok.substr(b, e - b + 1)));
     }
     return ids;
+}
+
+std::vector<float> randn(size_t n, uint32_t seed, float sd) {
+    std::mt19937 g(seed);
+    std::normal_distribution<float> d(0.0f, sd);
+    std::vector<float> v(n);
+    for (auto& x : v) x = d(g);
+    return v;
+}
+
+std::vector<uint16_t> to_bf16(const std::vector<float>& v) {
+    std::vector<uint16_t> o(v.size());
+    for (size_t i = 0; i < v.size(); ++i) o[i] = g4::f32_to_bf16(v[i]);
+    return o;
 }
 
 } // namespace g4test

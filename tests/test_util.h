@@ -33,6 +33,10 @@ CmdResult run_cmd(const std::string& cmd);
 // Runs the g4 CLI with the given argument string (already shell-quoted where needed).
 CmdResult run_g4(const std::string& args);
 
+// n samples of N(0, sd^2) from a fixed seed (std::mt19937), and their bf16 bits (round to nearest even).
+std::vector<float> randn(size_t n, uint32_t seed, float sd = 1.0f);
+std::vector<uint16_t> to_bf16(const std::vector<float>& v);
+
 // Relative L2 error ||a-b|| / ||b||, in double precision.
 double rel_l2(const float* a, const float* b, size_t n);
 std::vector<int32_t> parse_ids(const std::string& csv);   // "1,2,3" -> {1,2,3}

@@ -22,6 +22,8 @@
 namespace {
 
 using namespace g4;
+using g4test::randn;
+using g4test::to_bf16;
 using cu::CUdeviceptr;
 
 struct Gpu {
@@ -99,18 +101,6 @@ void launch(const char* name, unsigned gx, unsigned gy, unsigned block, std::ini
     ASSERT_EQ(gpu().d->cuStreamSynchronize(nullptr), 0) << name;
 }
 
-std::vector<float> randn(size_t n, uint32_t seed, float sd = 1.0f) {
-    std::mt19937 g(seed);
-    std::normal_distribution<float> d(0.0f, sd);
-    std::vector<float> v(n);
-    for (auto& x : v) x = d(g);
-    return v;
-}
-std::vector<uint16_t> to_bf16(const std::vector<float>& v) {
-    std::vector<uint16_t> o(v.size());
-    for (size_t i = 0; i < v.size(); ++i) o[i] = f32_to_bf16(v[i]);
-    return o;
-}
 double rel(const std::vector<float>& a, const std::vector<float>& b) { return g4test::rel_l2(a.data(), b.data(), b.size()); }
 
 // A weight matrix in a plan dtype: host blob for the reference, device copy for the kernels.

@@ -12,6 +12,8 @@
 namespace {
 
 using namespace g4;
+using g4test::randn;
+using g4test::to_bf16;
 
 struct Fixture {
     cpu::ThreadPool pool{2};
@@ -23,20 +25,6 @@ struct Fixture {
         ctx = {&pool, scratch.data(), stride};
     }
 };
-
-std::vector<float> randn(size_t n, uint32_t seed, float sd = 1.0f) {
-    std::mt19937 g(seed);
-    std::normal_distribution<float> d(0.0f, sd);
-    std::vector<float> v(n);
-    for (auto& x : v) x = d(g);
-    return v;
-}
-
-std::vector<uint16_t> to_bf16(const std::vector<float>& v) {
-    std::vector<uint16_t> o(v.size());
-    for (size_t i = 0; i < v.size(); ++i) o[i] = f32_to_bf16(v[i]);
-    return o;
-}
 
 double max_rel(const std::vector<float>& a, const std::vector<float>& b) { return g4test::rel_l2(a.data(), b.data(), a.size()); }
 

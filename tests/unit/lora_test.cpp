@@ -24,6 +24,8 @@
 
 namespace {
 
+using g4test::randn;
+
 using g4::CompileError;
 using g4::lora::Adapter;
 using nlohmann::json;
@@ -391,14 +393,6 @@ std::string safetensors_bytes(const std::map<std::string, T>& ts) {
     return le64(h.size()) + h + data;
 }
 
-std::vector<float> randv(size_t n, uint32_t seed, float s = 1.0f) {
-    std::mt19937 g(seed);
-    std::normal_distribution<float> d(0.0f, s);
-    std::vector<float> v(n);
-    for (auto& x : v) x = d(g);
-    return v;
-}
-
 const std::string P = "base_model.model.";
 
 struct Synth {
@@ -412,8 +406,8 @@ struct Synth {
         return tmp.path;
     }
     void lora(const std::string& mod, int64_t out, int64_t in, int64_t r, uint32_t seed, const std::string& infix = "") {
-        ts[P + mod + ".lora_A" + infix + ".weight"] = {"F32", {r, in}, randv((size_t)(r * in), seed)};
-        ts[P + mod + ".lora_B" + infix + ".weight"] = {"F32", {out, r}, randv((size_t)(out * r), seed + 1)};
+        ts[P + mod + ".lora_A" + infix + ".weight"] = {"F32", {r, in}, randn((size_t)(r * in), seed)};
+        ts[P + mod + ".lora_B" + infix + ".weight"] = {"F32", {out, r}, randn((size_t)(out * r), seed + 1)};
     }
 };
 
@@ -439,7 +433,7 @@ TEST(LoraSynthetic, AdapterNameInfixAndMerge) {
     EXPECT_EQ(a->merges()[0].out, 6);
     EXPECT_EQ(a->merges()[0].in, 5);
     EXPECT_FLOAT_EQ(a->merges()[0].scale, 2.0f);
-    std::vector<float> W = randv(30, 9), w = W, bias(6);
+    std::vector<float> W = randn(30, 9), w = W, bias(6);
     bool hb = true;
     EXPECT_FALSE(a->apply("model.layers.0.self_attn.k_proj.weight", {6, 5}, w.data(), &bias, &hb));
     EXPECT_EQ(a->unconsumed(), std::vector<std::string>{"model.layers.0.self_attn.q_proj"});
@@ -457,11 +451,11 @@ TEST(LoraSynthetic, LargeMergeUsesThreadsAndMatches) {
     s.cfg["r"]          = r;
     s.cfg["lora_alpha"] = 8;
     s.cfg["use_rslora"] = true;
-    s.ts[P + "m.q_proj.lora_A.weight"] = {"F32", {r, in}, randv((size_t)(r * in), 3, 0.05f)};
-    s.ts[P + "m.q_proj.lora_B.weight"] = {"F32", {out, r}, randv((size_t)(out * r), 4, 0.05f)};
+    s.ts[P + "m.q_proj.lora_A.weight"] = {"F32", {r, in}, randn((size_t)(r * in), 3, 0.05f)};
+    s.ts[P + "m.q_proj.lora_B.weight"] = {"F32", {out, r}, randn((size_t)(out * r), 4, 0.05f)};
     auto a = Adapter::open(s.write());
     EXPECT_FLOAT_EQ(a->merges()[0].scale, 2.0f);   // 8 / sqrt(16)
-    std::vector<float> W = randv((size_t)(out * in), 5, 0.03f), w = W, bias(out);
+    std::vector<float> W = randn((size_t)(out * in), 5, 0.03f), w = W, bias(out);
     bool hb = false;
     ASSERT_TRUE(a->apply("m.q_proj.weight", {out, in}, w.data(), &bias, &hb));
     auto want = ref_merge(W, s.ts[P + "m.q_proj.lora_A.weight"].v, s.ts[P + "m.q_proj.lora_B.weight"].v, out, in, r, 2.0);
@@ -496,7 +490,7 @@ TEST(LoraSynthetic, DoraMagnitudeKeyForms) {
         s.ts[P + "m.v_proj.lora_magnitude_vector" + suffix] = {"F32", {3}, mag};
         auto a = Adapter::open(s.write());
         ASSERT_TRUE(a->merges()[0].dora) << suffix;
-        std::vector<float> W = randv(12, 22), w = W, bias(3);
+        std::vector<float> W = randn(12, 22), w = W, bias(3);
         bool hb = false;
         ASSERT_TRUE(a->apply("m.v_proj.weight", {3, 4}, w.data(), &bias, &hb));
         auto V = ref_merge(W, s.ts[P + "m.v_proj.lora_A.weight"].v, s.ts[P + "m.v_proj.lora_B.weight"].v, 3, 4, 2, 2.0);
@@ -670,18 +664,18 @@ TEST(LoraSynthetic, TensorErrors) {
     }
     {
         Synth s;   // ranks disagree between A and B
-        s.ts[P + "m.q_proj.lora_A.weight"] = {"F32", {2, 3}, randv(6, 1)};
-        s.ts[P + "m.q_proj.lora_B.weight"] = {"F32", {4, 3}, randv(12, 2)};
+        s.ts[P + "m.q_proj.lora_A.weight"] = {"F32", {2, 3}, randn(6, 1)};
+        s.ts[P + "m.q_proj.lora_B.weight"] = {"F32", {4, 3}, randn(12, 2)};
         EXPECT_HAS(error_of([&] { Adapter::open(s.write()); }), "disagree on the rank");
     }
     {
         Synth s;
-        s.ts[P + "model.embed_tokens.lora_embedding_A"] = {"F32", {2, 3}, randv(6, 1)};
+        s.ts[P + "model.embed_tokens.lora_embedding_A"] = {"F32", {2, 3}, randn(6, 1)};
         EXPECT_HAS(error_of([&] { Adapter::open(s.write()); }), "lora_embedding_A/B");
     }
     {
         Synth s;
-        s.ts["model.q_proj.lora_A.weight"] = {"F32", {2, 3}, randv(6, 1)};
+        s.ts["model.q_proj.lora_A.weight"] = {"F32", {2, 3}, randn(6, 1)};
         EXPECT_HAS(error_of([&] { Adapter::open(s.write()); }), "does not start with 'base_model.model.'");
     }
     {

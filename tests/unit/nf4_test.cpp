@@ -22,6 +22,7 @@
 namespace {
 
 using namespace g4;
+using g4test::randn;
 using nlohmann::json;
 
 struct Fixtures {
@@ -490,14 +491,6 @@ struct Pool {
         ctx = {&pool, scratch.data(), stride};
     }
 };
-
-std::vector<float> randn(size_t n, uint32_t seed, float sd) {
-    std::mt19937 g(seed);
-    std::normal_distribution<float> d(0.0f, sd);
-    std::vector<float> v(n);
-    for (auto& x : v) x = d(g);
-    return v;
-}
 
 struct MatShape { int rows; int64_t n, k; };
 class Nf4Matmul : public ::testing::TestWithParam<MatShape> {};

@@ -297,6 +297,16 @@ CUdeviceptr addr(const SessionState* st, const plan::Plan& p, int32_t idx, int32
     }
 }
 
+// Device addresses of the parts of an NF4 weight blob (kernels/nf4.h) that starts at `base`.
+struct Nf4Ptrs {
+    CUdeviceptr codes, absmax, absmax2, offset, code2;   // the last three 0 without double quant
+};
+Nf4Ptrs nf4_ptrs(CUdeviceptr base, const PlanTensor& w) {
+    nf4::Layout l = nf4::layout(w.dims[0] * w.dims[1], w.quant_flags & plan::kQuantDoubleQuant);
+    if (!l.double_quant) return {base + l.codes_off, base + l.absmax_off, 0, 0, 0};
+    return {base + l.codes_off, base + l.absmax_off, base + l.absmax2_off, base + l.offset_off, base + l.code2_off};
+}
+
 int64_t ld_of(const plan::Plan& p, int32_t idx) { return idx >= 0 && p.tensor(idx).ndim == 2 ? p.tensor(idx).dims[1] : 0; }
 
 // Launches op i for a step of `rows` rows (`out_rows` logits rows); sets *launched = false when the
@@ -338,21 +348,19 @@ g4_status launch_op(g4_session* s, size_t i, int rows, int out_rows, std::string
             *err = "op " + std::string(p.str(op.name)) + ": f16 weights are not supported on CUDA";
             return G4_ERR_UNSUPPORTED;
         }
-        // Kernel variants recorded by the compiler: decode rows use the 4-rows-per-warp GEMV, prefill
-        // chunks the tiled GEMM (weights read once per 64 tokens), the rest one warp per row.
+        // Kernel variants recorded by the compiler: prefill chunks go to cuBLAS (or the tensor-core /
+        // tiled GEMM), decode rows outside the fused schedule to the 4-rows-per-warp GEMV, the rest one
+        // warp per row.
         const bool is_nf4 = w.dtype == (uint8_t)DType::NF4;
         if (n > 8 && op.ip[6] == (int32_t)plan::MatmulVariant::Cublas && st->blas_h) {
             // cuBLAS tier: x -> bf16 scratch, NF4 -> bf16 scratch, y = x . W^T with fp32 accumulate.
             CUdeviceptr wb = in1;
             r = go(K.f32_to_bf16, n, (unsigned)ceil_div(Kd, 1024), 256, {&step, &in0, &ld0, &st->xscratch, &Kd});
             if (r == 0 && is_nf4) {
-                nf4::Layout l = nf4::layout((int64_t)N * Kd, w.quant_flags & plan::kQuantDoubleQuant);
-                CUdeviceptr codes = in1 + l.codes_off, am = in1 + l.absmax_off;
-                CUdeviceptr am2 = l.double_quant ? in1 + l.absmax2_off : 0, off = l.double_quant ? in1 + l.offset_off : 0;
-                CUdeviceptr c2 = l.double_quant ? in1 + l.code2_off : 0;
+                Nf4Ptrs q  = nf4_ptrs(in1, w);
                 long numel = (long)N * Kd;
-                wb = st->wscratch;
-                r = go(K.nf4_to_bf16, (unsigned)ceil_div(numel / 32, 256), 1, 256, {&codes, &am, &am2, &off, &c2, &numel, &wb});
+                wb         = st->wscratch;
+                r = go(K.nf4_to_bf16, (unsigned)ceil_div(numel / 32, 256), 1, 256, {&q.codes, &q.absmax, &q.absmax2, &q.offset, &q.code2, &numel, &wb});
             }
             if (r == 0) {
                 const float one = 1.0f, zero = 0.0f;
@@ -373,12 +381,10 @@ g4_status launch_op(g4_session* s, size_t i, int rows, int out_rows, std::string
         unsigned gx = gemv ? (unsigned)ceil_div(N, 32) : tiled ? (unsigned)ceil_div(N, 64) : (unsigned)ceil_div(N, 8);
         unsigned gy = tiled ? (unsigned)ceil_div(n, 64) : 1;
         if (is_nf4) {
-            nf4::Layout l = nf4::layout((int64_t)N * Kd, w.quant_flags & plan::kQuantDoubleQuant);
-            CUdeviceptr codes = in1 + l.codes_off, am = in1 + l.absmax_off;
-            CUdeviceptr am2 = l.double_quant ? in1 + l.absmax2_off : 0, off = l.double_quant ? in1 + l.offset_off : 0;
-            CUdeviceptr c2 = l.double_quant ? in1 + l.code2_off : 0;
-            CUfunction f   = gemv ? K.gemv_nf4 : tc ? K.tc_nf4 : tiled ? K.gemm_nf4 : K.mm_nf4;
-            r = go(f, gx, gy, tc ? 128 : 256, {&step, &mode, &in0, &ld0, &codes, &am, &am2, &off, &c2, &N, &Kd, &out0, &ldo, &in2});
+            Nf4Ptrs q    = nf4_ptrs(in1, w);
+            CUfunction f = gemv ? K.gemv_nf4 : tc ? K.tc_nf4 : tiled ? K.gemm_nf4 : K.mm_nf4;
+            r = go(f, gx, gy, tc ? 128 : 256,
+                   {&step, &mode, &in0, &ld0, &q.codes, &q.absmax, &q.absmax2, &q.offset, &q.code2, &N, &Kd, &out0, &ldo, &in2});
         } else {
             CUfunction f = gemv ? K.gemv_bf16 : tc ? K.tc_bf16 : tiled ? K.gemm_bf16 : w.dtype == (uint8_t)DType::BF16 ? K.mm_bf16 : K.mm_f32;
             r = go(f, gx, gy, tc ? 128 : 256, {&step, &mode, &in0, &ld0, &in1, &N, &Kd, &out0, &ldo, &in2});
@@ -491,9 +497,8 @@ g4_status launch_fused(g4_session* s, const CudaLaunch& l, std::string* err) {
             g.bias              = addr(st, p, op.in[2], op.in_col[2]);
             g.y                 = addr(st, p, op.out[0], op.out_col[0]);
             if (nf4) {
-                nf4::Layout lay = nf4::layout(w.dims[0] * w.dims[1], w.quant_flags & plan::kQuantDoubleQuant);
-                g.w = base + lay.codes_off, g.absmax = base + lay.absmax_off;
-                if (lay.double_quant) g.absmax2 = base + lay.absmax2_off, g.offset = base + lay.offset_off, g.code2 = base + lay.code2_off;
+                Nf4Ptrs q = nf4_ptrs(base, w);
+                g.w = q.codes, g.absmax = q.absmax, g.absmax2 = q.absmax2, g.offset = q.offset, g.code2 = q.code2;
             } else {
                 g.w = base;
             }

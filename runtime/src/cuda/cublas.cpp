@@ -14,11 +14,6 @@ const Lib* g_loaded = nullptr;
 std::string g_why;
 std::once_flag g_once;
 
-template <class F> bool sym(void* h, const char* name, F* out) {
-    *out = reinterpret_cast<F>(dlsym(h, name));
-    return *out != nullptr;
-}
-
 void load() {
     const char* env = std::getenv("G4_CUBLAS");
     if (env && std::string(env) == "off") {
@@ -34,9 +29,9 @@ void load() {
         void* h = dlopen(n.c_str(), RTLD_NOW | RTLD_LOCAL);
         if (!h) continue;
         Lib& l  = g_lib;
-        bool ok = sym(h, "cublasCreate_v2", &l.create) && sym(h, "cublasDestroy_v2", &l.destroy) &&
-                  sym(h, "cublasSetStream_v2", &l.set_stream) && sym(h, "cublasSetWorkspace_v2", &l.set_workspace) &&
-                  sym(h, "cublasGemmEx", &l.gemm_ex);
+        bool ok = cu::dl_symbol(h, "cublasCreate_v2", &l.create) && cu::dl_symbol(h, "cublasDestroy_v2", &l.destroy) &&
+                  cu::dl_symbol(h, "cublasSetStream_v2", &l.set_stream) && cu::dl_symbol(h, "cublasSetWorkspace_v2", &l.set_workspace) &&
+                  cu::dl_symbol(h, "cublasGemmEx", &l.gemm_ex);
         if (!ok) {
             dlclose(h);
             continue;

@@ -12,11 +12,6 @@ const Driver* g_loaded = nullptr;
 std::string g_why;
 std::once_flag g_once;
 
-template <class F> bool sym(void* lib, const char* name, F* out) {
-    *out = reinterpret_cast<F>(dlsym(lib, name));
-    return *out != nullptr;
-}
-
 void load() {
     void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
     if (!lib) {
@@ -24,23 +19,23 @@ void load() {
         return;
     }
     Driver& d = g_driver;
-    bool ok = sym(lib, "cuInit", &d.cuInit) && sym(lib, "cuDeviceGetCount", &d.cuDeviceGetCount) &&
-              sym(lib, "cuDeviceGet", &d.cuDeviceGet) && sym(lib, "cuDeviceGetAttribute", &d.cuDeviceGetAttribute) &&
-              sym(lib, "cuDeviceGetName", &d.cuDeviceGetName) && sym(lib, "cuDevicePrimaryCtxRetain", &d.cuDevicePrimaryCtxRetain) &&
-              sym(lib, "cuDevicePrimaryCtxRelease_v2", &d.cuDevicePrimaryCtxRelease) && sym(lib, "cuCtxSetCurrent", &d.cuCtxSetCurrent) &&
-              sym(lib, "cuMemGetInfo_v2", &d.cuMemGetInfo) && sym(lib, "cuMemAlloc_v2", &d.cuMemAlloc) &&
-              sym(lib, "cuMemFree_v2", &d.cuMemFree) && sym(lib, "cuMemAllocHost_v2", &d.cuMemAllocHost) &&
-              sym(lib, "cuMemFreeHost", &d.cuMemFreeHost) && sym(lib, "cuMemHostAlloc", &d.cuMemHostAlloc) &&
-              sym(lib, "cuMemHostGetDevicePointer_v2", &d.cuMemHostGetDevicePointer) && sym(lib, "cuMemcpyHtoD_v2", &d.cuMemcpyHtoD) &&
-              sym(lib, "cuMemcpyHtoDAsync_v2", &d.cuMemcpyHtoDAsync) && sym(lib, "cuMemcpyDtoHAsync_v2", &d.cuMemcpyDtoHAsync) &&
-              sym(lib, "cuMemsetD8_v2", &d.cuMemsetD8) && sym(lib, "cuModuleLoadData", &d.cuModuleLoadData) &&
-              sym(lib, "cuModuleUnload", &d.cuModuleUnload) && sym(lib, "cuModuleGetFunction", &d.cuModuleGetFunction) &&
-              sym(lib, "cuLaunchKernel", &d.cuLaunchKernel) && sym(lib, "cuStreamCreate", &d.cuStreamCreate) &&
-              sym(lib, "cuStreamDestroy_v2", &d.cuStreamDestroy) && sym(lib, "cuStreamSynchronize", &d.cuStreamSynchronize) &&
-              sym(lib, "cuStreamBeginCapture_v2", &d.cuStreamBeginCapture) && sym(lib, "cuStreamEndCapture", &d.cuStreamEndCapture) &&
-              sym(lib, "cuGraphInstantiateWithFlags", &d.cuGraphInstantiateWithFlags) && sym(lib, "cuGraphLaunch", &d.cuGraphLaunch) &&
-              sym(lib, "cuGraphExecDestroy", &d.cuGraphExecDestroy) && sym(lib, "cuGraphDestroy", &d.cuGraphDestroy) &&
-              sym(lib, "cuGetErrorName", &d.cuGetErrorName);
+    bool ok = dl_symbol(lib, "cuInit", &d.cuInit) && dl_symbol(lib, "cuDeviceGetCount", &d.cuDeviceGetCount) &&
+              dl_symbol(lib, "cuDeviceGet", &d.cuDeviceGet) && dl_symbol(lib, "cuDeviceGetAttribute", &d.cuDeviceGetAttribute) &&
+              dl_symbol(lib, "cuDeviceGetName", &d.cuDeviceGetName) && dl_symbol(lib, "cuDevicePrimaryCtxRetain", &d.cuDevicePrimaryCtxRetain) &&
+              dl_symbol(lib, "cuDevicePrimaryCtxRelease_v2", &d.cuDevicePrimaryCtxRelease) && dl_symbol(lib, "cuCtxSetCurrent", &d.cuCtxSetCurrent) &&
+              dl_symbol(lib, "cuMemGetInfo_v2", &d.cuMemGetInfo) && dl_symbol(lib, "cuMemAlloc_v2", &d.cuMemAlloc) &&
+              dl_symbol(lib, "cuMemFree_v2", &d.cuMemFree) && dl_symbol(lib, "cuMemAllocHost_v2", &d.cuMemAllocHost) &&
+              dl_symbol(lib, "cuMemFreeHost", &d.cuMemFreeHost) && dl_symbol(lib, "cuMemHostAlloc", &d.cuMemHostAlloc) &&
+              dl_symbol(lib, "cuMemHostGetDevicePointer_v2", &d.cuMemHostGetDevicePointer) && dl_symbol(lib, "cuMemcpyHtoD_v2", &d.cuMemcpyHtoD) &&
+              dl_symbol(lib, "cuMemcpyHtoDAsync_v2", &d.cuMemcpyHtoDAsync) && dl_symbol(lib, "cuMemcpyDtoHAsync_v2", &d.cuMemcpyDtoHAsync) &&
+              dl_symbol(lib, "cuMemsetD8_v2", &d.cuMemsetD8) && dl_symbol(lib, "cuModuleLoadData", &d.cuModuleLoadData) &&
+              dl_symbol(lib, "cuModuleUnload", &d.cuModuleUnload) && dl_symbol(lib, "cuModuleGetFunction", &d.cuModuleGetFunction) &&
+              dl_symbol(lib, "cuLaunchKernel", &d.cuLaunchKernel) && dl_symbol(lib, "cuStreamCreate", &d.cuStreamCreate) &&
+              dl_symbol(lib, "cuStreamDestroy_v2", &d.cuStreamDestroy) && dl_symbol(lib, "cuStreamSynchronize", &d.cuStreamSynchronize) &&
+              dl_symbol(lib, "cuStreamBeginCapture_v2", &d.cuStreamBeginCapture) && dl_symbol(lib, "cuStreamEndCapture", &d.cuStreamEndCapture) &&
+              dl_symbol(lib, "cuGraphInstantiateWithFlags", &d.cuGraphInstantiateWithFlags) && dl_symbol(lib, "cuGraphLaunch", &d.cuGraphLaunch) &&
+              dl_symbol(lib, "cuGraphExecDestroy", &d.cuGraphExecDestroy) && dl_symbol(lib, "cuGraphDestroy", &d.cuGraphDestroy) &&
+              dl_symbol(lib, "cuGetErrorName", &d.cuGetErrorName);
     if (!ok) {
         g_why = "the NVIDIA driver (libcuda.so.1) is too old: a required entry point is missing";
         return;
@@ -53,6 +48,8 @@ void load() {
     g_loaded = &g_driver;
 }
 } // namespace
+
+void* dl_symbol(void* lib, const char* name) { return dlsym(lib, name); }
 
 const Driver* driver(std::string* why) {
     std::call_once(g_once, load);

@@ -57,6 +57,14 @@ struct Driver {
     CUresult (*cuGetErrorName)(CUresult, const char**);
 };
 
+// dlsym into a typed function pointer; false if the library lacks the symbol. Shared by the driver
+// and cuBLAS loaders.
+void* dl_symbol(void* lib, const char* name);
+template <class F> bool dl_symbol(void* lib, const char* name, F* out) {
+    *out = reinterpret_cast<F>(dl_symbol(lib, name));
+    return *out != nullptr;
+}
+
 // The loaded driver, or nullptr with *why set (no libcuda.so.1, missing symbol, cuInit failure).
 // Thread-safe; loads once.
 const Driver* driver(std::string* why);

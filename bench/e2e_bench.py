@@ -22,6 +22,8 @@ ap.add_argument("--out", default="/tmp")
 ap.add_argument("--workdir", default="/tmp/g4bench")
 ap.add_argument("--depths", default="0,4096,32768")
 ap.add_argument("--g4-only", action="store_true", help="measure g4 only (no transformers rows), plus a per-kernel profile")
+ap.add_argument("--profile", action="store_true", help="only the decode profile (GPU events per launch, then Nsight Compute per kernel)")
+ap.add_argument("--quick", action="store_true", help="with --g4-only: skip the PLE-on-host plan (kernel iteration)")
 args = ap.parse_args()
 depths = [int(d) for d in args.depths.split(",")]
 os.makedirs(args.workdir, exist_ok=True)
@@ -115,6 +117,21 @@ class GpuPeak:
 max_ctx = max(depths + [4096]) + args.new + 16
 plan = os.path.join(args.workdir, args.model + ".g4plan")
 t0 = time.time()
+if args.profile:
+    if not os.path.exists(plan):
+        subprocess.run([args.g4, "compile", "--model", ckpt, "--adapter", adapter, "--device", "cuda", "--no-fidelity", "--max-context",
+                        str(max_ctx), "--chunk", "256", "-o", plan], capture_output=True, text=True, check=True)
+    ids = ",".join(map(str, ids_of(16)))
+    r = subprocess.run([args.g4, "run", plan, "--tokens", ids, "-n", "64", "--temp", "0", "--ignore-eos"], capture_output=True, text=True,
+                       env=dict(os.environ, G4_CUDA_PROFILE="1"))
+    print(r.stderr[-9000:], flush=True)
+    open(os.path.join(args.out, f"profile_{args.model}.txt"), "w").write(r.stderr)
+    ncu = subprocess.run(["ncu", "--metrics", "gpu__time_duration.sum,dram__bytes_read.sum", "--cache-control", "none", "--csv",
+                          "--page", "raw", args.g4, "run", plan, "--tokens", ids, "-n", "3", "--temp", "0", "--ignore-eos"],
+                         capture_output=True, text=True)
+    open(os.path.join(args.out, f"ncu_{args.model}.csv"), "w").write(ncu.stdout)
+    print(ncu.stderr[-2000:], flush=True)
+    sys.exit(0)
 r = subprocess.run([args.g4, "compile", "--model", ckpt, "--adapter", adapter, "--device", "cuda", "--no-fidelity", "--max-context",
                     str(max_ctx), "--chunk", "256", "-o", plan], capture_output=True, text=True)
 if r.returncode != 0:
@@ -136,12 +153,12 @@ groups = {m.group(1): gib(m.group(3)) for m in re.finditer(r"^\s+(\w+)\s+\d+\s+(
 bytes_per_token = (sum(groups.values()) - groups.get("ple_table", 0)) * 2**30
 
 
-def g4_run(n_prompt, n_new):
+def g4_run(n_prompt, n_new, env=None):
     tf = os.path.join(args.workdir, "prompt.txt")
     open(tf, "w").write(",".join(map(str, ids_of(n_prompt))))
     with GpuPeak() as pk:
         r = subprocess.run([args.g4, "run", plan, "--tokens", "@" + tf, "-n", str(n_new), "--temp", "0",
-                            "--ignore-eos", "--stats"], capture_output=True, text=True)
+                            "--ignore-eos", "--stats"], capture_output=True, text=True, env=dict(os.environ, **(env or {})))
     if r.returncode != 0:
         raise SystemExit(r.stderr)
     line = [l for l in r.stderr.splitlines() if l.startswith("g4: load")][-1]
@@ -167,7 +184,8 @@ print(json.dumps(g4row), flush=True)
 # Offloading cost (issue #6): the same plan with the PLE table in pinned host memory (--place ple=host).
 plan_host = plan + ".plehost"
 r = subprocess.run([args.g4, "compile", "--model", ckpt, "--adapter", adapter, "--device", "cuda", "--no-fidelity", "--max-context",
-                    str(max_ctx), "--chunk", "256", "--place", "ple=host", "-o", plan_host], capture_output=True, text=True)
+                    str(max_ctx), "--chunk", "256", "--place", "ple=host", "-o", plan_host], capture_output=True, text=True) \
+    if not args.quick else subprocess.CompletedProcess([], 1, "", "skipped (--quick)")
 if r.returncode == 0:
     plan_dev, plan = plan, plan_host
     hrow = {"ttft_512_ms": min(g4_run(512, 1)["ttft_ms"] for _ in range(2))}
@@ -217,11 +235,18 @@ print(f"decode vs teacher-forced fp32 prefill argmax: {agree}/16; bf16 prefill v
       f"median top-2 logit gap {res['fp32_top2_gap_median']:.3e}", flush=True)
 
 if args.g4_only:
+    # Programmatic dependent launch on/off, interleaved (sm_90+; G4_PDL=0 turns it off).
+    ab = {"on": [], "off": []}
+    for _ in range(3):
+        for k, env in [("on", {}), ("off", {"G4_PDL": "0"})]:
+            ab[k].append(g4_run(16, args.new, env)["decode_tok_s"])
+    res["pdl_decode_tok_s_depth_0"] = {k: sorted(v)[1] for k, v in ab.items()}
+    print("programmatic dependent launch:", res["pdl_decode_tok_s_depth_0"], flush=True)
     open(tf, "w").write(",".join(map(str, ids_of(512))))
     r = subprocess.run([args.g4, "run", plan, "--tokens", "@" + tf, "-n", "32", "--temp", "0", "--ignore-eos"], capture_output=True,
                        text=True, env=dict(os.environ, G4_CUDA_PROFILE="1"))
-    res["profile_512_plus_32"] = r.stderr[-3000:]
-    print(r.stderr[-3000:], flush=True)
+    res["profile_512_plus_32"] = r.stderr[-8000:]
+    print(r.stderr[-8000:], flush=True)
     json.dump(res, open(os.path.join(args.out, f"g4only_{args.model}.json"), "w"), indent=1)
     sys.exit(0)
 

@@ -514,6 +514,12 @@ int cmd_inspect(int argc, char** argv) {
                     human(p.weights_bytes()).c_str(), human(in.act_arena_bytes).c_str(), human(in.kv_arena_bytes).c_str());
     }
     std::printf("tensors %zu, ops %zu\n", p.n_tensors(), p.n_ops());
+    if (p.n_launches()) {
+        int kinds_n[4] = {};
+        for (size_t i = 0; i < p.n_launches(); ++i) kinds_n[p.launch(i).kind & 3]++;
+        std::printf("CUDA decode schedule: %zu fused launches and %d single ops per token: %d GEMV, %d QkvPost, %d ResNorm\n",
+                    p.n_launches() - kinds_n[0], kinds_n[0], kinds_n[2], kinds_n[3], kinds_n[1]);
+    }
     bool all = !a.flag.count("--ops") && !a.flag.count("--tensors");
     if (all || a.flag.count("--tensors")) {
         std::printf("tensors:\n");

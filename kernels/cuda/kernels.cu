@@ -20,6 +20,18 @@ struct Step {
 #define G4_DT_F32 0
 #define G4_DT_BF16 1
 
+// Programmatic dependent launch (sm_90+): the decode graph launches each kernel while its predecessor
+// drains. Every kernel calls pdl_begin() before it reads or writes activations (the wait returns once
+// the previous kernel has finished and its writes are visible; without the launch attribute it is a
+// no-op), then lets its successor launch. Only weight prefetches may come before it.
+__device__ __forceinline__ void pdl_begin() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+
 __device__ __forceinline__ int rows_of(const Step* s, int mode) { return mode == 0 ? s->rows : s->out_rows; }
 __device__ __forceinline__ int in_row0(const Step* s, int mode) { return mode == 1 ? s->rows - s->out_rows : 0; }
 __device__ __forceinline__ float bf16f(u16 h) { return __uint_as_float(((u32)h) << 16); }
@@ -53,6 +65,7 @@ __device__ float block_max(float v, float* red) { return block_reduce<true>(v, r
 // y[t, :n] = table[ids[t], :n] * scale.  grid (max_rows), block 256.
 extern "C" __global__ void g4_embed(const Step* s, const int* ids, const void* table, int dt, long n, float scale, float* y,
                                     long ldy) {
+    pdl_begin();
     int t = blockIdx.x;
     if (t >= s->rows) return;
     long row = (long)ids[t] * n;
@@ -65,6 +78,7 @@ extern "C" __global__ void g4_embed(const Step* s, const int* ids, const void* t
 
 extern "C" __global__ void g4_matmul_bf16(const Step* s, int mode, const float* x, long ldx, const u16* w, int N, int K,
                                           float* y, long ldy, const float* bias) {
+    pdl_begin();
     int n = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     int lane = threadIdx.x & 31;
     if (n >= N) return;
@@ -113,6 +127,7 @@ extern "C" __global__ void g4_matmul_bf16(const Step* s, int mode, const float* 
 
 extern "C" __global__ void g4_matmul_f32(const Step* s, int mode, const float* x, long ldx, const float* w, int N, int K,
                                          float* y, long ldy, const float* bias) {
+    pdl_begin();
     int n = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     int lane = threadIdx.x & 31;
     if (n >= N) return;
@@ -146,6 +161,7 @@ __device__ __forceinline__ float nf4_absmax(const void* absmax, const float* abs
 extern "C" __global__ void g4_matmul_nf4(const Step* s, int mode, const float* x, long ldx, const u8* codes,
                                          const void* absmax, const float* absmax2, const float* offset, const float* code2,
                                          int N, int K, float* y, long ldy, const float* bias) {
+    pdl_begin();
     __shared__ float cb[16];
     if (threadIdx.x < 16) cb[threadIdx.x] = kNf4[threadIdx.x];
     __syncthreads();
@@ -214,6 +230,7 @@ extern "C" __global__ void g4_matmul_nf4(const Step* s, int mode, const float* x
 extern "C" __global__ void g4_gemv_nf4(const Step* s, int mode, const float* x, long ldx, const u8* codes, const void* absmax,
                                        const float* absmax2, const float* offset, const float* code2, int N, int K, float* y,
                                        long ldy, const float* bias) {
+    pdl_begin();
     __shared__ float cb[16];
     if (threadIdx.x < 16) cb[threadIdx.x] = kNf4[threadIdx.x];
     __syncthreads();
@@ -261,6 +278,7 @@ extern "C" __global__ void g4_gemv_nf4(const Step* s, int mode, const float* x, 
 
 extern "C" __global__ void g4_gemv_bf16(const Step* s, int mode, const float* x, long ldx, const u16* w, int N, int K, float* y,
                                         long ldy, const float* bias) {
+    pdl_begin();
     int n0 = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * GV_R;
     int lane = threadIdx.x & 31;
     if (n0 >= N) return;
@@ -371,12 +389,14 @@ __device__ void simt_gemm(const Step* s, int mode, const float* x, long ldx, con
 
 extern "C" __global__ void g4_gemm_bf16(const Step* s, int mode, const float* x, long ldx, const u16* w, int N, int K, float* y,
                                         long ldy, const float* bias) {
+    pdl_begin();
     simt_gemm<false>(s, mode, x, ldx, w, nullptr, nullptr, nullptr, nullptr, nullptr, N, K, y, ldy, bias);
 }
 
 extern "C" __global__ void g4_gemm_nf4(const Step* s, int mode, const float* x, long ldx, const u8* codes, const void* absmax,
                                        const float* absmax2, const float* offset, const float* code2, int N, int K, float* y,
                                        long ldy, const float* bias) {
+    pdl_begin();
     simt_gemm<true>(s, mode, x, ldx, nullptr, codes, absmax, absmax2, offset, code2, N, K, y, ldy, bias);
 }
 
@@ -498,17 +518,20 @@ __device__ void tc_gemm(const Step* s, int mode, const float* x, long ldx, const
 
 extern "C" __global__ void g4_tc_gemm_bf16(const Step* s, int mode, const float* x, long ldx, const u16* w, int N, int K, float* y,
                                            long ldy, const float* bias) {
+    pdl_begin();
     tc_gemm<false>(s, mode, x, ldx, w, nullptr, nullptr, nullptr, nullptr, nullptr, N, K, y, ldy, bias);
 }
 extern "C" __global__ void g4_tc_gemm_nf4(const Step* s, int mode, const float* x, long ldx, const u8* codes, const void* absmax,
                                           const float* absmax2, const float* offset, const float* code2, int N, int K, float* y,
                                           long ldy, const float* bias) {
+    pdl_begin();
     tc_gemm<true>(s, mode, x, ldx, nullptr, codes, absmax, absmax2, offset, code2, N, K, y, ldy, bias);
 }
 
 // RMSNorm over groups of `dim` of the first `cols` columns. grid (max_rows, cols/dim), block 256.
 extern "C" __global__ void g4_rms_norm(const Step* s, int mode, const float* x, long ldx, const void* w, int wdt, float* y,
                                        long ldy, int dim, float eps) {
+    pdl_begin();
     __shared__ float red[32];
     int t = blockIdx.x;
     if (t >= rows_of(s, mode)) return;
@@ -524,6 +547,7 @@ extern "C" __global__ void g4_rms_norm(const Step* s, int mode, const float* x, 
 // Elementwise over [rows, cols]: op 0 add, 1 gelu_tanh(a)*b, 2 scale, 3 softcap. grid (max_rows, ceil(cols/256)), block 256.
 extern "C" __global__ void g4_elementwise(const Step* s, int mode, int op, const float* a, long lda, const float* b, long ldb,
                                           float* y, long ldy, int cols, float f, const void* scalar, int sdt) {
+    pdl_begin();
     int t = blockIdx.x;
     if (t >= rows_of(s, mode)) return;
     int i = blockIdx.y * blockDim.x + threadIdx.x;
@@ -541,6 +565,7 @@ extern "C" __global__ void g4_elementwise(const Step* s, int mode, int op, const
 
 // RoPE in place (rotate-half pairing). grid (max_rows, heads), block half = dim/2 (<= 1024).
 extern "C" __global__ void g4_rope(const Step* s, float* x, long ldx, const float* inv_freq, int dim) {
+    pdl_begin();
     int t = blockIdx.x;
     if (t >= s->rows) return;
     int half = dim >> 1, k = threadIdx.x;
@@ -557,6 +582,7 @@ extern "C" __global__ void g4_rope(const Step* s, float* x, long ldx, const floa
 // KV store: rows of k, v into slot (pos0+t) % slots. grid (max_rows), block 256.
 extern "C" __global__ void g4_kv_store(const Step* s, const float* k, long ldk, const float* v, long ldv, float* kc, float* vc,
                                        int width, int slots) {
+    pdl_begin();
     int t = blockIdx.x;
     if (t >= s->rows) return;
     long slot = (long)((s->pos0 + t) % slots) * width;
@@ -572,6 +598,7 @@ extern "C" __global__ void g4_kv_store(const Step* s, const float* k, long ldk, 
 extern "C" __global__ void g4_attention_partial(const Step* s, const float* q, long ldq, const float* kc, const float* vc,
                                                 int heads, int kv_heads, int dim, int slots, int window, float scale,
                                                 int splits, float* part, float* scores_ws, int max_span) {
+    pdl_begin();
     __shared__ float red[32];
     int t = blockIdx.x / heads, h = blockIdx.x % heads;
     if (t >= s->rows) return;
@@ -633,6 +660,7 @@ extern "C" __global__ void g4_attention_partial(const Step* s, const float* q, l
 // grid (max_rows * heads), block 256: y = sum_s exp(m_s - M) acc_s / sum_s exp(m_s - M) l_s.
 extern "C" __global__ void g4_attention_merge(const Step* s, const float* part, int heads, int dim, int splits, float* y,
                                               long ldy) {
+    pdl_begin();
     __shared__ float red[32];
     __shared__ float wsplit[1024];   // splits <= 1024
     int t = blockIdx.x / heads, h = blockIdx.x % heads;
@@ -662,25 +690,46 @@ extern "C" __global__ void g4_attention_merge(const Step* s, const float* part, 
     }
 }
 
-// Greedy sampling on the device: index of the largest logit of row `row`. grid 1, block 1024.
-extern "C" __global__ void g4_argmax(const float* logits, int vocab, int* out) {
+// Greedy sampling on the device: index of the largest logit (ties: the lowest index, as the CPU
+// sampler). Each block reduces a contiguous slice into ws[2 + 2b] (value bits, index); the last block
+// to finish (counter ws[1]) reduces the partials, writes ws[0] and resets the counter.
+// grid <= 512, block 1024; ws: int32 [2 + 2 * grid], ws[1] zero at the first launch.
+__device__ __forceinline__ void argmax_pick(float& bv, int& bi, float ov, int oi) {
+    if (ov > bv || (ov == bv && oi < bi)) bv = ov, bi = oi;
+}
+extern "C" __global__ void g4_argmax(const float* logits, int vocab, int* ws) {
+    pdl_begin();
     __shared__ float bv[1024];
     __shared__ int bi[1024];
+    __shared__ bool last;
+    const int per = (vocab + gridDim.x - 1) / gridDim.x, lo = blockIdx.x * per, hi = min(vocab, lo + per);
     float best = NEG_INF;
-    int idx = 0;
-    for (int i = threadIdx.x; i < vocab; i += blockDim.x)
-        if (logits[i] > best) best = logits[i], idx = i;
+    int idx    = 0x7fffffff;
+    for (int i = lo + threadIdx.x; i < hi; i += blockDim.x) argmax_pick(best, idx, logits[i], i);
     bv[threadIdx.x] = best, bi[threadIdx.x] = idx;
     __syncthreads();
     for (int st = blockDim.x / 2; st > 0; st >>= 1) {
-        if (threadIdx.x < st) {
-            float ov = bv[threadIdx.x + st];
-            int oi   = bi[threadIdx.x + st];
-            if (ov > bv[threadIdx.x] || (ov == bv[threadIdx.x] && oi < bi[threadIdx.x])) bv[threadIdx.x] = ov, bi[threadIdx.x] = oi;
-        }
+        if (threadIdx.x < st) argmax_pick(bv[threadIdx.x], bi[threadIdx.x], bv[threadIdx.x + st], bi[threadIdx.x + st]);
         __syncthreads();
     }
-    if (threadIdx.x == 0) *out = bi[0];
+    if (threadIdx.x == 0) {
+        ws[2 + 2 * blockIdx.x] = __float_as_int(bv[0]), ws[3 + 2 * blockIdx.x] = bi[0];
+        __threadfence();
+        last = atomicAdd(&ws[1], 1) == (int)gridDim.x - 1;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    best = NEG_INF, idx = 0x7fffffff;
+    for (int b = threadIdx.x; b < gridDim.x; b += blockDim.x)
+        argmax_pick(best, idx, __int_as_float(__ldcg(&ws[2 + 2 * b])), __ldcg(&ws[3 + 2 * b]));
+    bv[threadIdx.x] = best, bi[threadIdx.x] = idx;
+    __syncthreads();
+    for (int st = blockDim.x / 2; st > 0; st >>= 1) {
+        if (threadIdx.x < st) argmax_pick(bv[threadIdx.x], bi[threadIdx.x], bv[threadIdx.x + st], bi[threadIdx.x + st]);
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) ws[0] = bi[0], ws[1] = 0;
 }
 
 // ============================================================================================
@@ -760,6 +809,11 @@ __device__ __forceinline__ void gemv_body(const GemvArgs& a) {
     }
     constexpr int PER = kIsNf4 ? 32 : 8;   // values per 16-byte chunk
     const int C       = K / PER;
+    // Weights do not depend on the previous kernel: pull this lane's chunks into L2 before waiting.
+    for (int c = gl; c < C; c += L)
+#pragma unroll
+        for (int q = 0; q < GV_OUT; ++q) prefetch_l2(wrow[q] + c);
+    pdl_begin();
     float acc[GV_OUT] = {};
 #pragma unroll 2
     for (int c = gl; c < C; c += L) {
@@ -863,6 +917,7 @@ G4_GEMV(g4_gemv_bf16_l128_m2, false, 128, 2)
 extern "C" __global__ void __launch_bounds__(512) g4_resnorm(const float* x, const float* d, const void* pw, int pwdt,
                                                              const void* sc, int sdt, float f, float* xout, const void* prew,
                                                              int prewdt, float* xn, int H, float eps) {
+    pdl_begin();
     __shared__ float red[32];
     float xv[8];
     float r1 = 0.0f;
@@ -906,6 +961,7 @@ extern "C" __global__ void __launch_bounds__(512) g4_resnorm(const float* x, con
 extern "C" __global__ void g4_qkv_post(const Step* s, float* q, const void* qw, const float* k, const void* kw, const float* v,
                                       int wdt, const float* inv_freq, float* kc, float* vc, int heads, int kvh, int dim,
                                       int slots, float eps) {
+    pdl_begin();
     __shared__ float red[32];
     int b = blockIdx.x, half = dim >> 1, i = threadIdx.x;
     int kind = b < heads ? 0 : b < heads + kvh ? 1 : 2;
@@ -953,6 +1009,14 @@ extern "C" __global__ void __launch_bounds__(256) g4_attn_decode(const Step* s, 
     const int per  = max(AD_MIN, (span + splits - 1) / splits);
     const int j0 = blockIdx.y * per, j1 = min(span, j0 + per);
     const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    {   // the split's K/V rows into L2 while the previous kernel drains (rows before pos are not written this step)
+        const int lines = dim / 32;   // 128-byte lines per row
+        for (int e = threadIdx.x; e < (j1 - j0) * lines * 2; e += blockDim.x) {
+            int j = j0 + max(0, e / (lines * 2)), l = e % (lines * 2);
+            prefetch_l2((l < lines ? kc : vc) + (long)((lo + j) % slots) * width + (long)g * dim + (l % lines) * 32);
+        }
+    }
+    pdl_begin();
     if (j0 >= j1) {   // no keys in this split: an empty partial
         if (threadIdx.x < hpg) {
             float* out = part + ((long)(g * hpg + threadIdx.x) * splits + blockIdx.y) * (dim + 2);
@@ -1039,6 +1103,7 @@ extern "C" __global__ void __launch_bounds__(256) g4_attn_decode(const Step* s, 
 // grid ceil(n / 32 / 256), block 256: one 16-byte chunk (32 values, half an NF4 block) per thread.
 extern "C" __global__ void g4_nf4_to_bf16(const u8* codes, const void* absmax, const float* absmax2, const float* offset,
                                           const float* code2, long n, u16* out) {
+    pdl_begin();
     long c = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (c * 32 >= n) return;
     uint4 pk   = *(const uint4*)(codes + c * 16);
@@ -1058,6 +1123,7 @@ extern "C" __global__ void g4_nf4_to_bf16(const u8* codes, const void* absmax, c
 
 // grid (max_rows, ceil(cols / 1024)), block 256: 4 consecutive values per thread. cols % 4 == 0.
 extern "C" __global__ void g4_f32_to_bf16(const Step* s, const float* x, long ldx, u16* y, int cols) {
+    pdl_begin();
     int t = blockIdx.x;
     if (t >= s->rows) return;
     int i = (blockIdx.y * blockDim.x + threadIdx.x) * 4;
@@ -1068,6 +1134,7 @@ extern "C" __global__ void g4_f32_to_bf16(const Step* s, const float* x, long ld
 
 // grid (max_rows, ceil(n / 256)), block 256.
 extern "C" __global__ void g4_add_bias(const Step* s, float* y, long ldy, const float* bias, int n) {
+    pdl_begin();
     int t = blockIdx.x, i = blockIdx.y * blockDim.x + threadIdx.x;
     if (t >= s->rows || i >= n) return;
     y[(long)t * ldy + i] += bias[i];

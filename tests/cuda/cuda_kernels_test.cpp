@@ -237,6 +237,28 @@ INSTANTIATE_TEST_SUITE_P(
                       GemvCase{"lanes128_nf4_aux", NF, {333}, 1536, 2, 128, false, true}),
     [](const ::testing::TestParamInfo<GemvCase>& i) { return std::string(i.param.name); });
 
+// ---- greedy sampling: multi-block argmax, ties to the lowest index, counter reset for the next call
+TEST(Argmax, MatchesHostAcrossCalls) {
+    NEED_GPU();
+    Dev dev;
+    const int vocab = 262144;
+    for (int trial = 0; trial < 3; ++trial) {
+        std::vector<float> l = randn(vocab, 30 + trial);
+        int want = trial == 2 ? 5 : 200000 - trial * 77777;
+        l[want] = 9.0f;
+        if (trial == 1) l[want + 1000] = 9.0f;   // a tie: the lower index wins
+        if (trial == 2) l[vocab - 1] = 9.0f;
+        CUdeviceptr gl = dev.up(l), ws = dev.alloc((2 + 2 * 128) * 4);
+        for (int rep = 0; rep < 2; ++rep) {   // the second call reuses the counter the first one reset
+            int v = vocab;
+            launch("g4_argmax", 128, 1, 1024, {&gl, &v, &ws});
+            auto got = dev.down<int>(ws, 2);
+            EXPECT_EQ(got[0], want) << "trial " << trial;
+            EXPECT_EQ(got[1], 0);
+        }
+    }
+}
+
 // ---- residual + norms
 class ResNorm : public ::testing::TestWithParam<int> {};
 TEST_P(ResNorm, MatchesUnfusedOps) {

@@ -136,6 +136,8 @@ TEST(BadInput, CudaPlanWithoutGpu) {
     ASSERT_EQ(c.exit_code, 0) << c.err;
     CmdResult i = run_g4("inspect '" + plan + "'");
     EXPECT_NE(i.out.find("device cuda"), std::string::npos);
+    // Every residual/norm chain (3 per layer, 10 layers) becomes one ResNorm launch of the decode schedule.
+    EXPECT_NE(i.out.find(", 30 ResNorm"), std::string::npos) << i.out;
     CmdResult r = run_g4("run '" + plan + "' --tokens 2,3 -n 2");
     if (r.exit_code == 0) GTEST_SKIP() << "this machine has a GPU";
     EXPECT_EQ(r.exit_code, 1);

@@ -63,17 +63,26 @@ struct SessionState {
     struct Step { int rows, pos0, out_rows, pad; };
     Step* host_step  = nullptr;   // pinned
     int32_t* host_tok = nullptr;  // pinned: the decode step's argmax
-    CUdeviceptr tok   = 0;        // device: the decode step's argmax
+    CUdeviceptr tok   = 0;        // device: the decode step's argmax (+ its block partials and counter)
     int32_t* host_ids = nullptr;  // pinned [max_rows]
     float* host_logits = nullptr; // pinned [logits_rows, vocab]
     std::vector<int> splits;      // per op (attention)
     CUgraph graph = nullptr;
     CUgraphExec exec = nullptr;
     std::string graph_error;
+    bool pdl_ok = false;          // sm_90+ and the driver has cuLaunchKernelEx (G4_PDL=0 turns it off)
+    bool pdl_now = false;         // launches go out with programmatic stream serialization (decode capture)
     bool profile = false;
     double prof_ms[20][2] = {};   // per op code; 16.. fused launch kinds
     long prof_n[20][2] = {};
     std::chrono::steady_clock::time_point prof_t;
+    // G4_CUDA_PROFILE=1, decode: an event after every launch of the captured graph; GPU time per
+    // launch label (kind and op name without the layer), summed over replays.
+    std::vector<CUevent> ev;
+    std::vector<std::string> ev_label;
+    std::vector<std::pair<std::string, double>> ev_ms;
+    long ev_steps = 0;
+    double ev_total_ms = 0;
 };
 
 namespace {
@@ -89,7 +98,24 @@ namespace {
 
 int ceil_div(int64_t a, int64_t b) { return (int)((a + b - 1) / b); }
 
+constexpr unsigned kArgmaxBlocks = 128;
+constexpr int kCounters = 64;   // g4_argmax: 2048 logits a block at Gemma's vocabulary
+
 int attention_splits(const PlanOp& op) { return std::max(1, std::min(128, op.ip[5])); }   // chosen by the compiler
+
+// One kernel launch on the session's stream; with programmatic dependent launch (decode graph,
+// sm_90+) the kernel may start while its predecessor drains: every kernel calls griddepcontrol.wait
+// before touching activations, so only weight prefetches overlap.
+CUresult launch(const SessionState* st, CUfunction f, unsigned gx, unsigned gy, unsigned bx, void** args) {
+    const Driver* d = st->e->d;
+    if (!st->pdl_now) return d->cuLaunchKernel(f, gx, gy, 1, bx, 1, 1, 0, st->stream, args, nullptr);
+    LaunchAttr at;
+    std::memset(&at, 0, sizeof at);
+    at.id      = kLaunchAttrProgrammaticStreamSerialization;
+    at.v.value = 1;
+    LaunchConfig c{{gx, gy, 1}, {bx, 1, 1}, 0, st->stream, &at, 1};
+    return d->cuLaunchKernelEx(&c, f, args, nullptr);
+}
 
 } // namespace
 
@@ -245,13 +271,29 @@ g4_status session_create(g4_session* s, std::string* err) {
     CU_TRY(d->cuMemAlloc(&st->scores, scores * 4), "allocating the attention workspace");
     CU_TRY(d->cuMemAllocHost((void**)&st->host_step, 64), "allocating pinned memory");
     CU_TRY(d->cuMemAllocHost((void**)&st->host_tok, 64), "allocating pinned memory");
-    CU_TRY(d->cuMemAlloc(&st->tok, 64), "allocating the argmax buffer");
+    CU_TRY(d->cuMemAlloc(&st->tok, (2 + 2 * kArgmaxBlocks) * 4), "allocating the argmax buffer");
+    CU_TRY(d->cuMemsetD8(st->tok, 0, (2 + 2 * kArgmaxBlocks) * 4), "clearing the argmax buffer");
     CU_TRY(d->cuMemAllocHost((void**)&st->host_ids, (size_t)in.max_rows * 4), "allocating pinned memory");
     CU_TRY(d->cuMemAllocHost((void**)&st->host_logits, (size_t)in.logits_rows * in.vocab_size * 4), "allocating pinned memory");
     s->ids    = st->host_ids;
     s->logits = st->host_logits;
     const char* prof = std::getenv("G4_CUDA_PROFILE");
     st->profile = prof && *prof == '1';
+    const char* pdl = std::getenv("G4_PDL");
+    st->pdl_ok  = e->sm >= 90 && d->cuLaunchKernelEx && !(pdl && *pdl == '0');
+    if (st->profile && d->cuEventCreate && p.n_launches()) {
+        st->pdl_ok = false;   // events between launches would cut the programmatic edges
+        st->ev.resize(p.n_launches() + 2);
+        for (CUevent& ev : st->ev) CU_TRY(d->cuEventCreate(&ev, 0), "cuEventCreate");
+        static const char* kinds[] = {"", "resnorm", "gemv", "qkv_post"};
+        for (size_t li = 0; li < p.n_launches(); ++li) {
+            const CudaLaunch& l = p.launch(li);
+            const PlanOp& op    = p.op(l.op);
+            st->ev_label.push_back(std::string(l.kind == (uint16_t)LaunchKind::Op ? op_name((OpCode)op.code) : kinds[l.kind]) + " " +
+                                   p.str(op.name));
+        }
+        st->ev_label.push_back("argmax");
+    }
     s->cuda.reset(st.release());
     return G4_OK;
 }
@@ -269,6 +311,21 @@ void session_destroy(SessionState* st) {
     }
     const Driver* d = st->e->d;
     d->cuCtxSetCurrent(st->e->ctx);
+    if (st->ev_steps) {
+        std::fprintf(stderr, "g4 cuda decode profile (GPU time between events around each launch of the decode graph, %ld steps, "
+                             "%.1f us/token; programmatic launch off while profiling):\n", st->ev_steps, 1000 * st->ev_total_ms / st->ev_steps);
+        auto rows = st->ev_ms;
+        std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
+        long per_step = (long)st->ev_label.size();
+        for (const auto& r : rows) {
+            long n = std::count(st->ev_label.begin(), st->ev_label.end(), r.first);
+            std::fprintf(stderr, "  %-28s %8.1f us/token %5.1f%% %4ld launches/token %7.2f us/launch\n", r.first.c_str(),
+                         1000 * r.second / st->ev_steps, 100 * r.second / st->ev_total_ms, n, 1000 * r.second / st->ev_steps / n);
+        }
+        std::fprintf(stderr, "  %ld launches per decode step\n", per_step);
+    }
+    for (CUevent ev : st->ev)
+        if (ev) d->cuEventDestroy(ev);
     if (st->blas_h) st->blas->destroy(st->blas_h);
     if (st->exec) d->cuGraphExecDestroy(st->exec);
     if (st->graph) d->cuGraphDestroy(st->graph);
@@ -314,7 +371,6 @@ int64_t ld_of(const plan::Plan& p, int32_t idx) { return idx >= 0 && p.tensor(id
 g4_status launch_op(g4_session* s, size_t i, int rows, int out_rows, std::string* err) {
     SessionState* st    = s->cuda.get();
     const plan::Plan& p = s->engine->plan;
-    const Driver* d     = st->e->d;
     const Kernels& K    = st->e->k;
     const auto& info    = p.info();
     CUdeviceptr step    = st->step;
@@ -330,7 +386,7 @@ g4_status launch_op(g4_session* s, size_t i, int rows, int out_rows, std::string
     long ld0 = ld_of(p, op.in[0]), ld1 = ld_of(p, op.in[1]), ldo = ld_of(p, op.out[0]);
     CUresult r = 0;
     auto go = [&](CUfunction f, unsigned gx, unsigned gy, unsigned bx, std::initializer_list<void*> args) {
-        return d->cuLaunchKernel(f, gx, gy, 1, bx, 1, 1, 0, st->stream, const_cast<void**>(args.begin()), nullptr);
+        return launch(st, f, gx, gy, bx, const_cast<void**>(args.begin()));
     };
     switch ((OpCode)op.code) {
     case OpCode::Embed: {
@@ -429,10 +485,8 @@ g4_status launch_op(g4_session* s, size_t i, int rows, int out_rows, std::string
         const int hpg = heads / kvh, dsp = op.ip[6];
         if (n == 1 && dsp >= 1 && dsp <= 1024 && hpg <= 16 && hpg * dim <= 4096 && dim <= 512) {
             // Decode: one block per (kv head, split) for all heads of the group.
-            r = d->cuLaunchKernel(K.attn_decode, (unsigned)kvh, (unsigned)dsp, 1, 256, 1, 1, 0, st->stream,
-                                  const_cast<void**>(std::initializer_list<void*>{&step, &in0, &in1, &in2, &heads, &kvh, &dim, &slots,
-                                                                                 &window, &scale, const_cast<int*>(&dsp), &part}.begin()),
-                                  nullptr);
+            r = go(K.attn_decode, (unsigned)kvh, (unsigned)dsp, 256,
+                   {&step, &in0, &in1, &in2, &heads, &kvh, &dim, &slots, &window, &scale, const_cast<int*>(&dsp), &part});
             if (r == 0) r = go(K.attn_merge, (unsigned)heads, 1, 256, {&step, &part, &heads, &dim, const_cast<int*>(&dsp), &out0, &ldo});
             break;
         }
@@ -456,13 +510,12 @@ int dt_code(const plan::Plan& p, int32_t t) { return t >= 0 && p.tensor(t).dtype
 g4_status launch_fused(g4_session* s, const CudaLaunch& l, std::string* err) {
     SessionState* st    = s->cuda.get();
     const plan::Plan& p = s->engine->plan;
-    const Driver* d     = st->e->d;
     const Kernels& K    = st->e->k;
     CUdeviceptr step    = st->step;
     auto T              = [&](int j) { return addr(st, p, l.t[j], 0); };
     CUresult r          = 0;
     auto go = [&](CUfunction f, unsigned gx, unsigned bx, std::initializer_list<void*> args) {
-        return d->cuLaunchKernel(f, gx, 1, 1, bx, 1, 1, 0, st->stream, const_cast<void**>(args.begin()), nullptr);
+        return launch(st, f, gx, 1, bx, const_cast<void**>(args.begin()));
     };
     switch ((LaunchKind)l.kind) {
     case LaunchKind::ResNorm: {
@@ -542,12 +595,16 @@ g4_status launch_step(g4_session* s, int rows, int out_rows, std::string* err) {
     SessionState* st    = s->cuda.get();
     const plan::Plan& p = s->engine->plan;
     const bool decode   = rows == 1 && out_rows == 1;
+    const bool events   = decode && !st->ev.empty();   // profiling the captured decode graph
     if (decode && p.n_launches()) {
+        if (events) st->e->d->cuEventRecordWithFlags(st->ev[0], st->stream, 1);
         for (size_t li = 0; li < p.n_launches(); ++li) {
             const CudaLaunch& l = p.launch(li);
             g4_status g = l.kind == (uint16_t)LaunchKind::Op ? launch_op(s, (size_t)l.op, rows, out_rows, err) : launch_fused(s, l, err);
             if (g != G4_OK) return g;
-            if (st->profile) {
+            if (events) {
+                st->e->d->cuEventRecordWithFlags(st->ev[li + 1], st->stream, 1);
+            } else if (st->profile) {
                 int cat = l.kind == (uint16_t)LaunchKind::Op ? p.op(l.op).code : 16 + l.kind;
                 g = profile_point(s, cat, true, p.str(p.op(l.op).name), err);
                 if (g != G4_OK) return g;
@@ -556,12 +613,12 @@ g4_status launch_step(g4_session* s, int rows, int out_rows, std::string* err) {
         // Greedy token on the device: the host copies 4 bytes instead of the logits row.
         CUdeviceptr logits = st->act + p.tensor(p.info().logits_tensor).offset;
         int vocab          = p.info().vocab_size;
-        CUresult r = st->e->d->cuLaunchKernel(st->e->k.argmax, 1, 1, 1, 1024, 1, 1, 0, st->stream,
-                                              const_cast<void**>(std::initializer_list<void*>{&logits, &vocab, &st->tok}.begin()), nullptr);
+        CUresult r = launch(st, st->e->k.argmax, kArgmaxBlocks, 1, 1024, const_cast<void**>(std::initializer_list<void*>{&logits, &vocab, &st->tok}.begin()));
         if (r != 0) {
             *err = "CUDA error " + error_name(r) + " launching the device argmax";
             return G4_ERR_INTERNAL;
         }
+        if (events) st->e->d->cuEventRecordWithFlags(st->ev[p.n_launches() + 1], st->stream, 1);
         return G4_OK;
     }
     for (size_t i = 0; i < p.n_ops(); ++i) {
@@ -573,6 +630,21 @@ g4_status launch_step(g4_session* s, int rows, int out_rows, std::string* err) {
         }
     }
     return G4_OK;
+}
+
+// Profiling: GPU time between the events around each launch of one replay of the decode graph.
+void collect_events(SessionState* st) {
+    const Driver* d = st->e->d;
+    if (d->cuEventSynchronize(st->ev.back()) != 0) return;
+    for (size_t i = 0; i + 1 < st->ev.size(); ++i) {
+        float ms = 0;
+        if (d->cuEventElapsedTime(&ms, st->ev[i], st->ev[i + 1]) != 0) return;
+        auto it = std::find_if(st->ev_ms.begin(), st->ev_ms.end(), [&](const auto& x) { return x.first == st->ev_label[i]; });
+        if (it == st->ev_ms.end()) st->ev_ms.emplace_back(st->ev_label[i], ms);
+        else it->second += ms;
+        st->ev_total_ms += ms;
+    }
+    st->ev_steps++;
 }
 
 } // namespace
@@ -602,21 +674,31 @@ g4_status run_step(g4_session* s, int32_t rows, int32_t pos0, int32_t out_rows, 
     CU_TRY(d->cuMemcpyHtoDAsync(st->act + p.tensor(info.ids_tensor).offset, st->host_ids, (size_t)rows * 4, st->stream),
            "copying token ids");
     bool decode = rows == 1 && out_rows == 1;
-    if (st->profile) {
+    if (st->profile && !(decode && !st->ev.empty())) {
         CU_TRY(d->cuStreamSynchronize(st->stream), "sync");
         st->prof_t = std::chrono::steady_clock::now();
         decode = false;
     }
-    if (decode && !st->exec && st->graph_error.empty()) {
-        // Capture the decode program once; later tokens replay it.
-        CUresult r = d->cuStreamBeginCapture(st->stream, 2 /* relaxed */);
+    for (int attempt = 0; attempt < 2 && decode && !st->exec && st->graph_error.empty(); ++attempt) {
+        // Capture the decode program once; later tokens replay it. Programmatic dependent launch
+        // where the GPU has it; a driver that cannot instantiate such a graph gets a plain one.
+        st->pdl_now = st->pdl_ok;
+        CUresult r  = d->cuStreamBeginCapture(st->stream, 2 /* relaxed */);
         if (r == 0) {
             g4_status ls = launch_step(s, 1, 1, err);
             CUresult re  = d->cuStreamEndCapture(st->stream, &st->graph);
+            st->pdl_now  = false;
             if (ls != G4_OK) return ls;
             if (re == 0) re = d->cuGraphInstantiateWithFlags(&st->exec, st->graph, 0);
+            if (re != 0 && st->pdl_ok) {
+                if (st->graph) d->cuGraphDestroy(st->graph);
+                st->graph  = nullptr;
+                st->pdl_ok = false;
+                continue;
+            }
             if (re != 0) st->graph_error = error_name(re);
         } else {
+            st->pdl_now     = false;
             st->graph_error = error_name(r);
         }
     }
@@ -639,6 +721,7 @@ g4_status run_step(g4_session* s, int32_t rows, int32_t pos0, int32_t out_rows, 
         *err = "CUDA error " + error_name(r) + " while running a " + (decode ? "decode" : "prefill") + " step";
         return G4_ERR_INTERNAL;
     }
+    if (decode && st->exec && !st->ev.empty()) collect_events(st);
     return G4_OK;
 }
 

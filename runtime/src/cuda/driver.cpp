@@ -36,6 +36,11 @@ void load() {
               dl_symbol(lib, "cuGraphInstantiateWithFlags", &d.cuGraphInstantiateWithFlags) && dl_symbol(lib, "cuGraphLaunch", &d.cuGraphLaunch) &&
               dl_symbol(lib, "cuGraphExecDestroy", &d.cuGraphExecDestroy) && dl_symbol(lib, "cuGraphDestroy", &d.cuGraphDestroy) &&
               dl_symbol(lib, "cuGetErrorName", &d.cuGetErrorName);
+    dl_symbol(lib, "cuLaunchKernelEx", &d.cuLaunchKernelEx);
+    if (!dl_symbol(lib, "cuEventCreate", &d.cuEventCreate) || !dl_symbol(lib, "cuEventDestroy_v2", &d.cuEventDestroy) ||
+        !dl_symbol(lib, "cuEventRecordWithFlags", &d.cuEventRecordWithFlags) || !dl_symbol(lib, "cuEventSynchronize", &d.cuEventSynchronize) ||
+        (!dl_symbol(lib, "cuEventElapsedTime_v2", &d.cuEventElapsedTime) && !dl_symbol(lib, "cuEventElapsedTime", &d.cuEventElapsedTime)))
+        d.cuEventCreate = nullptr;
     if (!ok) {
         g_why = "the NVIDIA driver (libcuda.so.1) is too old: a required entry point is missing";
         return;

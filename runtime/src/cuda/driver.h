@@ -16,6 +16,25 @@ typedef struct CUfunc_st* CUfunction;
 typedef struct CUstream_st* CUstream;
 typedef struct CUgraph_st* CUgraph;
 typedef struct CUgraphExec_st* CUgraphExec;
+typedef struct CUevent_st* CUevent;
+
+// cuLaunchKernelEx's configuration (cuda.h layout), used for programmatic dependent launch.
+struct LaunchAttr {
+    int id;
+    char pad[4];
+    union {
+        char bytes[64];
+        int value;
+    } v;
+};
+struct LaunchConfig {
+    unsigned grid[3], block[3], smem;
+    CUstream stream;
+    LaunchAttr* attrs;
+    unsigned n_attrs;
+};
+constexpr int kLaunchAttrProgrammaticStreamSerialization = 6;
+static_assert(sizeof(LaunchAttr) == 72 && sizeof(LaunchConfig) == 56, "cuda.h launch structs");
 
 constexpr int kAttrComputeMajor = 75, kAttrComputeMinor = 76, kAttrSmCount = 16;
 constexpr unsigned kHostAllocPortable = 0x01, kHostAllocDeviceMap = 0x02;
@@ -55,6 +74,14 @@ struct Driver {
     CUresult (*cuGraphExecDestroy)(CUgraphExec);
     CUresult (*cuGraphDestroy)(CUgraph);
     CUresult (*cuGetErrorName)(CUresult, const char**);
+    // Optional (null when the driver lacks them): programmatic dependent launch and event timing
+    // (G4_CUDA_PROFILE=1).
+    CUresult (*cuLaunchKernelEx)(const LaunchConfig*, CUfunction, void**, void**);
+    CUresult (*cuEventCreate)(CUevent*, unsigned);
+    CUresult (*cuEventDestroy)(CUevent);
+    CUresult (*cuEventRecordWithFlags)(CUevent, CUstream, unsigned);   // 1 = external: a timing node in a captured graph
+    CUresult (*cuEventSynchronize)(CUevent);
+    CUresult (*cuEventElapsedTime)(float*, CUevent, CUevent);
 };
 
 // dlsym into a typed function pointer; false if the library lacks the symbol. Shared by the driver

@@ -5,7 +5,9 @@ Usage: python3 bench/ncu_summary.py ncu_e2b.csv
 Groups the launches between the last two g4_argmax kernels (one decode step) by kernel name and grid,
 with isolated GPU time, DRAM bytes read and the achieved read bandwidth.
 """
-import collections, csv, sys
+import collections, csv, signal, sys
+
+signal.signal(signal.SIGPIPE, signal.SIG_DFL)
 
 text = open(sys.argv[1]).read()
 lines = [l for l in text.splitlines() if l.startswith('"')]

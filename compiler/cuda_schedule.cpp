@@ -42,10 +42,11 @@ void choose_variants(std::vector<PlanOp>& ops, const std::vector<PlanTensor>& te
     }
 }
 
-int gemv_lanes(int64_t K, bool nf4) {
+int gemv_lanes(int64_t K, bool nf4, int64_t groups) {
     const int64_t C = K / (nf4 ? 32 : 8);   // 16-byte chunks per row
     int L = 8;
-    while (L < 128 && L < C) L *= 2;
+    while (L < 32 && (int64_t)L * 4 < C) L *= 2;
+    while (L < 128 && L < C && groups * L < 65536) L *= 2;
     return L;
 }
 
@@ -170,7 +171,6 @@ struct Matcher {
         const PlanTensor& w = tensors[ops[i].in[1]];
         CudaLaunch l = record(LaunchKind::Gemv, i, 1);
         l.ip[0] = (int32_t)i, l.ip[3] = 1;
-        l.ip[5] = gemv_lanes(w.dims[1], w.dtype == (uint8_t)DType::NF4);
         const int32_t y0 = ops[i].out[0];
         const int64_t N0 = w.dims[0];
         // gate + up + GeluMul -> pairs
@@ -226,6 +226,15 @@ std::vector<CudaLaunch> decode_schedule(const std::vector<PlanOp>& ops, const st
         if (!m.resnorm(i, &l) && !m.qkv_post(i, &l) && !m.gemv(i, &l)) l = Matcher::record(LaunchKind::Op, i, 1);
         out.push_back(l);
         i += l.count;
+    }
+    // Lanes per weight row, from K and the number of 4-row groups (2 outputs of a gate/up pair).
+    for (CudaLaunch& l : out) {
+        if (l.kind != (uint16_t)LaunchKind::Gemv) continue;
+        const PlanTensor& w = tensors[ops[l.ip[0]].in[1]];
+        int64_t n_out = 0;
+        for (int k = 0; k < l.ip[3]; ++k) n_out += tensors[ops[l.ip[k]].in[1]].dims[0];
+        const int64_t groups = l.ip[4] == 1 ? (w.dims[0] + 1) / 2 : (n_out + 3) / 4;
+        l.ip[5] = gemv_lanes(w.dims[1], w.dtype == (uint8_t)DType::NF4, groups);
     }
     return out;
 }

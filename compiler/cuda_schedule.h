@@ -16,8 +16,10 @@ void choose_variants(std::vector<plan::PlanOp>& ops, const std::vector<plan::Pla
                      const std::string& prefill_precision);
 
 // Lanes that share one weight row in the decode GEMV (8..128): K is read in 16-byte chunks (32 NF4 or
-// 8 bf16 values), one per lane, so a row's loads are all in flight at once (up to 128 chunks).
-int gemv_lanes(int64_t K, bool nf4);
+// 8 bf16 values); each lane takes up to four chunks of a row (several loads in flight, few idle
+// lanes), unless the matrix has too few groups of 4 weight rows to give the GPU about 64K threads:
+// then more lanes share a row, up to one per chunk.
+int gemv_lanes(int64_t K, bool nf4, int64_t groups);
 
 // The launches of one decode step, covering every op exactly once, in order. Fusions:
 //   RmsNorm(d, in place) + Add(x, d) [+ Scale] [+ RmsNorm(x_out)]         -> ResNorm

@@ -913,45 +913,50 @@ G4_GEMV(g4_gemv_bf16_l128_m2, false, 128, 2)
 
 // ---- residual + norms (decode row): x_out = (x + rms(d) * pw) * f * s; xn = rms(x_out) * prew.
 // d null: no residual branch (x_out = x * f * s); x_out null: not written; xn null: not computed.
-// Same operation order as the unfused RmsNorm / Add / Scale / RmsNorm ops. grid 1, block 512, H <= 4096.
+// Same operation order as the unfused RmsNorm / Add / Scale / RmsNorm ops. One block: its cost is
+// latency, so every load is issued up front (the weights before the wait on the previous kernel) and
+// the two reductions are the only round trips. grid 1, block 512, H <= 4096.
 extern "C" __global__ void __launch_bounds__(512) g4_resnorm(const float* x, const float* d, const void* pw, int pwdt,
                                                              const void* sc, int sdt, float f, float* xout, const void* prew,
                                                              int prewdt, float* xn, int H, float eps) {
-    pdl_begin();
     __shared__ float red[32];
-    float xv[8];
-    float r1 = 0.0f;
-    if (d) {
-        float ss = 0.0f;
+    float xv[8], dv[8], pwv[8], prv[8];
 #pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            int i = threadIdx.x + j * blockDim.x;
-            if (i < H) ss += d[i] * d[i];
-        }
-        r1 = powf(block_sum(ss, red) / (float)H + eps, -0.5f);
+    for (int j = 0; j < 8; ++j) {
+        int i  = threadIdx.x + j * blockDim.x;
+        pwv[j] = d && i < H ? loadw(pw, pwdt, i) : 0.0f;
+        prv[j] = xn && prew && i < H ? loadw(prew, prewdt, i) : 1.0f;
     }
-    float sv = sc ? loadw(sc, sdt, 0) : 1.0f;
+    const float sv = sc ? loadw(sc, sdt, 0) : 1.0f;
+    pdl_begin();
+    float ss = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        int i = threadIdx.x + j * blockDim.x;
+        xv[j] = i < H ? x[i] : 0.0f;
+        dv[j] = d && i < H ? d[i] : 0.0f;
+        ss += dv[j] * dv[j];
+    }
+    const float r1 = d ? powf(block_sum(ss, red) / (float)H + eps, -0.5f) : 0.0f;
     float ss2 = 0.0f;
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
         int i = threadIdx.x + j * blockDim.x;
         if (i < H) {
-            float v = x[i];
-            if (d) v = v + d[i] * r1 * loadw(pw, pwdt, i);
+            float v = xv[j];
+            if (d) v = v + dv[j] * r1 * pwv[j];
             if (sc || f != 1.0f) v = v * f * sv;
             xv[j] = v;
             if (xout) xout[i] = v;
             ss2 += v * v;
-        } else {
-            xv[j] = 0.0f;
         }
     }
     if (!xn) return;
-    float r2 = powf(block_sum(ss2, red) / (float)H + eps, -0.5f);
+    const float r2 = powf(block_sum(ss2, red) / (float)H + eps, -0.5f);
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
         int i = threadIdx.x + j * blockDim.x;
-        if (i < H) xn[i] = xv[j] * r2 * (prew ? loadw(prew, prewdt, i) : 1.0f);
+        if (i < H) xn[i] = xv[j] * r2 * prv[j];
     }
 }
 

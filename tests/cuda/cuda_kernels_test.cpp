@@ -182,7 +182,7 @@ TEST_P(Gemv, MatchesReference) {
     std::vector<float> aux = randn(n_out, 9);
     a.x = dev.up(x), a.out = dev.alloc(n_out * 4), a.aux = dev.up(aux);
     a.nmat = (int)c.n.size(), a.k = (int)c.k, a.epi = c.epi, a.cap = 30.0f;
-    int lanes = c.lanes ? c.lanes : cuda::gemv_lanes(c.k, nf4);
+    int lanes = c.lanes ? c.lanes : cuda::gemv_lanes(c.k, nf4, pairs ? (n_out + 1) / 2 : (n_out + 3) / 4);
     run_gemv(a, nf4, lanes, pairs, n_out);
 
     std::vector<std::vector<float>> ref;

@@ -697,6 +697,15 @@ extern "C" __global__ void g4_attention_merge(const Step* s, const float* part, 
 __device__ __forceinline__ void argmax_pick(float& bv, int& bi, float ov, int oi) {
     if (ov > bv || (ov == bv && oi < bi)) bv = ov, bi = oi;
 }
+// Tree reduction of every thread's (value, index) in shared memory; the block's pick lands in [0].
+__device__ void argmax_block(float* bv, int* bi, float best, int idx) {
+    bv[threadIdx.x] = best, bi[threadIdx.x] = idx;
+    __syncthreads();
+    for (int st = blockDim.x / 2; st > 0; st >>= 1) {
+        if (threadIdx.x < st) argmax_pick(bv[threadIdx.x], bi[threadIdx.x], bv[threadIdx.x + st], bi[threadIdx.x + st]);
+        __syncthreads();
+    }
+}
 extern "C" __global__ void g4_argmax(const float* logits, int vocab, int* ws) {
     pdl_begin();
     __shared__ float bv[1024];
@@ -706,12 +715,7 @@ extern "C" __global__ void g4_argmax(const float* logits, int vocab, int* ws) {
     float best = NEG_INF;
     int idx    = 0x7fffffff;
     for (int i = lo + threadIdx.x; i < hi; i += blockDim.x) argmax_pick(best, idx, logits[i], i);
-    bv[threadIdx.x] = best, bi[threadIdx.x] = idx;
-    __syncthreads();
-    for (int st = blockDim.x / 2; st > 0; st >>= 1) {
-        if (threadIdx.x < st) argmax_pick(bv[threadIdx.x], bi[threadIdx.x], bv[threadIdx.x + st], bi[threadIdx.x + st]);
-        __syncthreads();
-    }
+    argmax_block(bv, bi, best, idx);
     if (threadIdx.x == 0) {
         ws[2 + 2 * blockIdx.x] = __float_as_int(bv[0]), ws[3 + 2 * blockIdx.x] = bi[0];
         __threadfence();
@@ -723,12 +727,7 @@ extern "C" __global__ void g4_argmax(const float* logits, int vocab, int* ws) {
     best = NEG_INF, idx = 0x7fffffff;
     for (int b = threadIdx.x; b < gridDim.x; b += blockDim.x)
         argmax_pick(best, idx, __int_as_float(__ldcg(&ws[2 + 2 * b])), __ldcg(&ws[3 + 2 * b]));
-    bv[threadIdx.x] = best, bi[threadIdx.x] = idx;
-    __syncthreads();
-    for (int st = blockDim.x / 2; st > 0; st >>= 1) {
-        if (threadIdx.x < st) argmax_pick(bv[threadIdx.x], bi[threadIdx.x], bv[threadIdx.x + st], bi[threadIdx.x + st]);
-        __syncthreads();
-    }
+    argmax_block(bv, bi, best, idx);
     if (threadIdx.x == 0) ws[0] = bi[0], ws[1] = 0;
 }
 
@@ -1017,7 +1016,7 @@ extern "C" __global__ void __launch_bounds__(256) g4_attn_decode(const Step* s, 
     {   // the split's K/V rows into L2 while the previous kernel drains (rows before pos are not written this step)
         const int lines = dim / 32;   // 128-byte lines per row
         for (int e = threadIdx.x; e < (j1 - j0) * lines * 2; e += blockDim.x) {
-            int j = j0 + max(0, e / (lines * 2)), l = e % (lines * 2);
+            int j = j0 + e / (lines * 2), l = e % (lines * 2);
             prefetch_l2((l < lines ? kc : vc) + (long)((lo + j) % slots) * width + (long)g * dim + (l % lines) * 32);
         }
     }

@@ -98,8 +98,8 @@ namespace {
 
 int ceil_div(int64_t a, int64_t b) { return (int)((a + b - 1) / b); }
 
-constexpr unsigned kArgmaxBlocks = 128;
-constexpr int kCounters = 64;   // g4_argmax: 2048 logits a block at Gemma's vocabulary
+constexpr unsigned kArgmaxBlocks = 128;   // g4_argmax: 2048 logits a block at Gemma's vocabulary
+constexpr size_t kArgmaxBytes    = (2 + 2 * kArgmaxBlocks) * 4;   // token, counter, per-block partials
 
 int attention_splits(const PlanOp& op) { return std::max(1, std::min(128, op.ip[5])); }   // chosen by the compiler
 
@@ -271,8 +271,8 @@ g4_status session_create(g4_session* s, std::string* err) {
     CU_TRY(d->cuMemAlloc(&st->scores, scores * 4), "allocating the attention workspace");
     CU_TRY(d->cuMemAllocHost((void**)&st->host_step, 64), "allocating pinned memory");
     CU_TRY(d->cuMemAllocHost((void**)&st->host_tok, 64), "allocating pinned memory");
-    CU_TRY(d->cuMemAlloc(&st->tok, (2 + 2 * kArgmaxBlocks) * 4), "allocating the argmax buffer");
-    CU_TRY(d->cuMemsetD8(st->tok, 0, (2 + 2 * kArgmaxBlocks) * 4), "clearing the argmax buffer");
+    CU_TRY(d->cuMemAlloc(&st->tok, kArgmaxBytes), "allocating the argmax buffer");
+    CU_TRY(d->cuMemsetD8(st->tok, 0, kArgmaxBytes), "clearing the argmax buffer");
     CU_TRY(d->cuMemAllocHost((void**)&st->host_ids, (size_t)in.max_rows * 4), "allocating pinned memory");
     CU_TRY(d->cuMemAllocHost((void**)&st->host_logits, (size_t)in.logits_rows * in.vocab_size * 4), "allocating pinned memory");
     s->ids    = st->host_ids;
@@ -289,8 +289,11 @@ g4_status session_create(g4_session* s, std::string* err) {
         for (size_t li = 0; li < p.n_launches(); ++li) {
             const CudaLaunch& l = p.launch(li);
             const PlanOp& op    = p.op(l.op);
-            st->ev_label.push_back(std::string(l.kind == (uint16_t)LaunchKind::Op ? op_name((OpCode)op.code) : kinds[l.kind]) + " " +
-                                   p.str(op.name));
+            std::string name    = p.str(op.name);   // "q_norm-9": the layer goes, so rows sum over layers
+            const std::string suffix = "-" + std::to_string(op.layer);
+            if (op.layer != 0xFFFF && name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0)
+                name.resize(name.size() - suffix.size());
+            st->ev_label.push_back(std::string(l.kind == (uint16_t)LaunchKind::Op ? op_name((OpCode)op.code) : kinds[l.kind]) + " " + name);
         }
         st->ev_label.push_back("argmax");
     }

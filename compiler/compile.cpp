@@ -448,11 +448,11 @@ void write_plan(const Inputs& in, const std::string& out_path, Mode mode, Report
         uint64_t part = 16, scores = 16, wscratch = 0, xscratch = 0;
         for (const auto& o : ops)
             if (o.code == (uint16_t)OpCode::Attention) {
-                uint64_t sp   = std::max(1, o.ip[5]);
+                uint64_t sp   = o.ip[5];   // 0: flash kernel, no prefill workspace
                 uint64_t span = o.ip[4] > 0 ? std::min<uint64_t>(o.ip[4], in.max_context) : in.max_context;
                 part          = std::max<uint64_t>(part, (uint64_t)opt.max_rows * o.ip[0] * sp * (o.ip[2] + 2));
                 part          = std::max<uint64_t>(part, (uint64_t)o.ip[0] * std::max(1, o.ip[6]) * (o.ip[2] + 2));
-                scores        = std::max<uint64_t>(scores, (uint64_t)opt.max_rows * o.ip[0] * sp * ((span + sp - 1) / sp + 1));
+                if (sp) scores = std::max<uint64_t>(scores, (uint64_t)opt.max_rows * o.ip[0] * sp * ((span + sp - 1) / sp + 1));
             } else if (o.code == (uint16_t)OpCode::Matmul && o.ip[6] == (int32_t)plan::MatmulVariant::Cublas) {
                 const plan::PlanTensor& w = tensors[o.in[1]];
                 if (w.dtype == (uint8_t)DType::NF4) wscratch = std::max<uint64_t>(wscratch, (uint64_t)w.dims[0] * w.dims[1] * 2);

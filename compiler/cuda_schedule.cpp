@@ -33,8 +33,12 @@ void choose_variants(std::vector<PlanOp>& ops, const std::vector<PlanTensor>& te
             op.ip[6] = (int32_t)pre;
         } else if (op.code == (uint16_t)OpCode::Attention) {
             int64_t span = op.ip[4] > 0 ? std::min<int64_t>(op.ip[4], max_context) : max_context;
-            // Prefill (one block per row and head): >= 64 keys a block, <= 32 partials to merge.
-            op.ip[5] = (int32_t)std::max<int64_t>(1, std::min<int64_t>(32, (span + 63) / 64));
+            // Prefill: bf16 plans take the tensor-core flash kernel (ip5 = 0) where it has an instance for the
+            // head dim; fp32 plans (and other dims) one block per row and head, >= 64 keys a block, <= 32
+            // partials to merge.
+            const int64_t dim = op.ip[2];
+            const bool flash  = prefill_precision == "bf16" && dim >= 16 && dim <= 512 && (dim & (dim - 1)) == 0;
+            op.ip[5] = flash ? 0 : (int32_t)std::max<int64_t>(1, std::min<int64_t>(32, (span + 63) / 64));
             // Decode (one block per kv head and split, >= 16 keys a split): 32 keys a split at the
             // longest span so a step fills the GPU; <= 256 keys a split up to 256K positions.
             op.ip[6] = (int32_t)std::max<int64_t>(1, std::min<int64_t>(1024, (span + 31) / 32));

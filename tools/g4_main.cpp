@@ -11,6 +11,7 @@
 #include <algorithm>
 
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -49,6 +50,9 @@ const char* kUsage =
     "             [--repeat-penalty R] [--repeat-last-n N] [--seed S] [--stop STR]... [--ignore-eos]\n"
     "             [--print-ids] [--dump-logits FILE] [--truncate] [--threads N] [--stats]\n"
     "  g4 chat PLAN [--system TEXT] [-n N] [sampling options as for run] [--stats]\n"
+    "  g4 bench PLAN [-p 512,4096] [-n 128] [-d 0,4096] [-r 3] [--threads N] [--json]\n"
+    "             (warm, one process: prompt processing of each -p length, then -n greedy decode steps after a\n"
+    "              prompt of each -d depth; medians of -r repetitions after one warm-up of each)\n"
     "  g4 tokenize --tokenizer FILE|PLAN [--add-special] -- TEXT\n"
     "  g4 inspect PLAN [--verify] [--ops] [--tensors]\n";
 
@@ -338,6 +342,98 @@ int cmd_run(int argc, char** argv) {
     return 0;
 }
 
+std::vector<int> parse_int_list(const std::string& opt, const std::string& v, long long lo, long long hi) {
+    std::vector<int> out;
+    std::stringstream ss(v);
+    std::string t;
+    while (std::getline(ss, t, ',')) out.push_back((int)parse_int(opt, t, lo, hi));
+    if (out.empty()) throw UsageError(opt + ": expected a comma-separated list of numbers");
+    return out;
+}
+
+// llama-bench style measurement in one warm process: prompt processing (feed P tokens, pick the first
+// greedy token) and greedy decode (N steps after a D-token prompt). Synthetic prompt ids cycle through
+// the vocabulary; medians over the repetitions, each test warmed up once first.
+int cmd_bench(int argc, char** argv) {
+    Args a(argc, argv, 2, {"-p", "-n", "-d", "-r", "--threads"}, {"--json"});
+    if (a.pos.size() != 1) throw UsageError("expected exactly one PLAN argument");
+    Engine e;
+    open_engine(a.pos[0], &e);
+    const int maxc = e.info.max_context;
+    std::vector<int> pp = parse_int_list("-p", a.get("-p", "512"), 1, 1 << 30);
+    std::vector<int> dd = parse_int_list("-d", a.get("-d", "0"), 0, 1 << 30);
+    const int n = (int)parse_int("-n", a.get("-n", "128"), 0, 1 << 30);
+    const int reps = (int)parse_int("-r", a.get("-r", "3"), 1, 1000);
+    for (int p : pp)
+        if (p >= maxc) throw RunError("-p " + std::to_string(p) + " does not fit the plan's max context " + std::to_string(maxc));
+    for (int d : dd)
+        if (std::max(d, 1) + n > maxc)
+            throw RunError("-d " + std::to_string(d) + " plus -n " + std::to_string(n) + " does not fit the plan's max context " +
+                           std::to_string(maxc) + " (recompile with a larger --max-context)");
+    Session s;
+    create_session(a, e.e, &s);
+    auto ids_of = [&](int len) {
+        std::vector<int32_t> ids(len);
+        for (int i = 0; i < len; ++i) ids[i] = (int32_t)(((long long)i * 7919 + 13) % (e.info.vocab_size - 1) + 1);
+        if (e.info.bos_token_id >= 0) ids[0] = e.info.bos_token_id;
+        return ids;
+    };
+    using clk = std::chrono::steady_clock;
+    auto ms_since = [](clk::time_point t0) { return std::chrono::duration<double, std::milli>(clk::now() - t0).count(); };
+    auto median = [](std::vector<double> v) {
+        std::sort(v.begin(), v.end());
+        return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+    };
+    struct Row {
+        std::string test;
+        int tokens, depth;
+        double ms, tok_s;
+        std::vector<double> all;
+    };
+    std::vector<Row> rows;
+    int32_t tok = 0;
+    for (int p : pp) {   // prompt processing: time to the first token of a fresh P-token prompt
+        std::vector<int32_t> ids = ids_of(p);
+        std::vector<double> t;
+        for (int r = 0; r <= reps; ++r) {
+            check(g4_session_reset(s.s));
+            auto t0 = clk::now();
+            check(g4_session_append_tokens(s.s, ids.data(), ids.size(), nullptr, 0));
+            check(g4_session_sample(s.s, nullptr, &tok));
+            if (r) t.push_back(ms_since(t0));
+        }
+        double m = median(t);
+        rows.push_back({"pp" + std::to_string(p), p, 0, m, p * 1000.0 / m, t});
+    }
+    if (n > 0)
+        for (int d : dd) {   // decode: N greedy steps after a D-token prompt
+            std::vector<int32_t> ids = ids_of(std::max(d, 1));
+            std::vector<double> t;
+            for (int r = 0; r <= reps; ++r) {
+                check(g4_session_reset(s.s));
+                check(g4_session_append_tokens(s.s, ids.data(), ids.size(), nullptr, 0));
+                check(g4_session_sample(s.s, nullptr, &tok));
+                auto t0 = clk::now();
+                for (int i = 0; i < n; ++i) {
+                    check(g4_session_append_tokens(s.s, &tok, 1, nullptr, 0));
+                    check(g4_session_sample(s.s, nullptr, &tok));
+                }
+                if (r) t.push_back(ms_since(t0));
+            }
+            double m = median(t);
+            rows.push_back({"tg" + std::to_string(n) + "@d" + std::to_string(d), n, d, m, n * 1000.0 / m, t});
+        }
+    if (a.flag.count("--json")) {
+        nlohmann::json j = nlohmann::json::array();
+        for (const Row& r : rows) j.push_back({{"test", r.test}, {"tokens", r.tokens}, {"depth", r.depth}, {"median_ms", r.ms}, {"tok_s", r.tok_s}, {"ms", r.all}});
+        std::printf("%s\n", j.dump().c_str());
+        return 0;
+    }
+    std::printf("%-14s %8s %8s %12s %12s\n", "test", "tokens", "depth", "median ms", "tok/s");
+    for (const Row& r : rows) std::printf("%-14s %8d %8d %12.2f %12.1f\n", r.test.c_str(), r.tokens, r.depth, r.ms, r.tok_s);
+    return 0;
+}
+
 // Interactive multi-turn chat: the conversation is re-rendered each turn and only the tokens the
 // session does not already hold are fed.
 int cmd_chat(int argc, char** argv) {
@@ -564,6 +660,7 @@ int main(int argc, char** argv) {
         if (cmd == "run") return cmd_run(argc, argv);
         if (cmd == "inspect") return cmd_inspect(argc, argv);
         if (cmd == "chat") return cmd_chat(argc, argv);
+        if (cmd == "bench") return cmd_bench(argc, argv);
         if (cmd == "tokenize") return cmd_tokenize(argc, argv);
         if (cmd == "--version" || cmd == "version") {
             std::printf("g4 %s\n", g4_runtime_version());

@@ -657,6 +657,180 @@ extern "C" __global__ void g4_attention_partial(const Step* s, const float* q, l
     if (threadIdx.x == 0) out[dim] = m, out[dim + 1] = l;
 }
 
+// ---- Prefill attention on tensor cores (flash style, bf16 operands, fp32 accumulate and softmax).
+// One block of 4 warps; warp w takes 16 query rows of one head. Heads of a KV group share the block
+// (HW = 4, 2 or 1 heads as the group size allows), so a block is 64 / HW rows x HW heads and every K/V
+// tile it stages serves all of them. Keys stream through shared memory BK at a time (fp32 cache ->
+// bf16); S = Q.K^T and O += P.V are mma.sync m16n8k16 with an online softmax in fp32 (log2 domain).
+// The output's columns are split into DV-wide slices (grid z) so O fits in registers at dim 512.
+// grid (ceil(rows / (64 / HW)), heads / HW, DIM / DV), block 128, dynamic shared memory
+// attn_flash_smem(DIM) bytes. q [rows, heads*DIM] (ld ldq), caches [slots, kv_heads*DIM], y [rows, ld ldy].
+__device__ __forceinline__ void ldsm_x4(u32* r, const u16* p) {
+    u32 a = (u32)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+}
+__device__ __forceinline__ void ldsm_x4_t(u32* r, const u16* p) {
+    u32 a = (u32)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+}
+// Stages n rows of `cols` fp32 (row j from src_row(j), or zeros where it returns null) as bf16 into
+// dst [n][stride]; 128 threads, 8 float4 loads in flight per thread.
+template <int COLS, class RowFn>
+__device__ __forceinline__ void stage_bf16(u16* dst, int stride, int n, RowFn src_row) {
+    constexpr int C4 = COLS / 4;
+    const int total  = n * C4;
+    for (int e0 = threadIdx.x; e0 < total; e0 += 128 * 8) {
+        float4 v[8];
+#pragma unroll
+        for (int u = 0; u < 8; ++u) {
+            int e = e0 + u * 128;
+            const float* r = e < total ? src_row(e / C4) : nullptr;
+            v[u] = r ? *(const float4*)(r + 4 * (e % C4)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+#pragma unroll
+        for (int u = 0; u < 8; ++u) {
+            int e = e0 + u * 128;
+            if (e < total) *(uint2*)&dst[(e / C4) * stride + 4 * (e % C4)] = make_uint2(pack2(v[u].x, v[u].y), pack2(v[u].z, v[u].w));
+        }
+    }
+}
+template <int DIM> struct FlashShape {
+    static constexpr int BK = DIM <= 256 ? 32 : 16;   // keys per tile
+    static constexpr int DV = DIM <= 256 ? DIM : 256; // output columns per block
+    static constexpr int QS = DIM + 8, VS = DV + 8;   // shared row strides (bf16): conflict-free ldmatrix
+    static constexpr int SMEM = (64 * QS + BK * QS + BK * VS) * 2;
+};
+template <int DIM>
+__device__ void attn_flash(const Step* s, const float* q, long ldq, const float* kc, const float* vc, int heads, int kv_heads,
+                           int slots, int window, float scale, float* y, long ldy) {
+    using F = FlashShape<DIM>;
+    constexpr int BK = F::BK, DV = F::DV, QS = F::QS, VS = F::VS;
+    extern __shared__ __align__(16) u16 fsm[];
+    u16* Qs = fsm;               // [4 warps][16][QS]
+    u16* Ks = Qs + 64 * QS;      // [BK][QS]
+    u16* Vs = Ks + BK * QS;      // [BK][VS]
+    pdl_begin();
+    const int rows = s->rows, pos0 = s->pos0, hpg = heads / kv_heads;
+    const int HW = (hpg & 3) == 0 ? 4 : (hpg & 1) == 0 ? 2 : 1, RB = 64 / HW;
+    const int r0 = blockIdx.x * RB;
+    if (r0 >= rows) return;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
+    const int h = blockIdx.y * HW + warp % HW, kvh = blockIdx.y * HW / hpg;
+    const int wr0 = r0 + 16 * (warp / HW), dv0 = blockIdx.z * DV, width = kv_heads * DIM;
+    // Query rows of every warp, rounded to bf16 (rows past the chunk are zeros, never stored).
+    stage_bf16<DIM>(Qs, QS, 64, [&](int j) -> const float* {
+        int w = j / 16, r = r0 + 16 * (w / HW) + j % 16;
+        return r < rows ? q + (long)r * ldq + (long)(blockIdx.y * HW + w % HW) * DIM : nullptr;
+    });
+    const int p_last = pos0 + min(rows, r0 + RB) - 1;
+    const int k_lo   = window > 0 ? max(0, pos0 + r0 - window + 1) : 0;
+    const int qa = pos0 + wr0 + g, qb = qa + 8;                    // this thread's two query positions
+    const int wp0 = pos0 + wr0, wp1 = pos0 + min(wr0 + 15, rows - 1);
+    const float sl2 = scale * 1.4426950408889634f;               // scores in log2 units
+    float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.0f, 0.0f};
+    float o[DV / 8][4];
+#pragma unroll
+    for (int i = 0; i < DV / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+    const u16* qw = Qs + warp * 16 * QS;
+    for (int kt = k_lo; kt <= p_last; kt += BK) {
+        __syncthreads();
+        auto krow = [&](const float* c, int off) {
+            return [=](int j) -> const float* { return kt + j <= p_last ? c + (long)((kt + j) % slots) * width + off : nullptr; };
+        };
+        stage_bf16<DIM>(Ks, QS, BK, krow(kc, kvh * DIM));
+        stage_bf16<DV>(Vs, VS, BK, krow(vc, kvh * DIM + dv0));
+        __syncthreads();
+        if (wr0 >= rows || kt > wp1 || (window > 0 && kt + BK - 1 < wp0 - window + 1)) continue;   // tile masked for the warp
+        float sc[BK / 8][4];
+#pragma unroll
+        for (int i = 0; i < BK / 8; ++i) sc[i][0] = sc[i][1] = sc[i][2] = sc[i][3] = 0.0f;
+#pragma unroll 4
+        for (int k0 = 0; k0 < DIM; k0 += 16) {
+            u32 a[4];
+            ldsm_x4(a, qw + (lane & 15) * QS + k0 + 8 * (lane >> 4));
+#pragma unroll
+            for (int n0 = 0; n0 < BK; n0 += 16) {
+                u32 b[4];
+                ldsm_x4(b, Ks + (n0 + (lane & 7) + 8 * (lane >> 4)) * QS + k0 + 8 * ((lane >> 3) & 1));
+                mma_bf16(sc[n0 / 8], a, b);
+                mma_bf16(sc[n0 / 8 + 1], a, b + 2);
+            }
+        }
+        // Mask (causal, window, past the chunk) and the online softmax; a row's 4 threads share it.
+        float mt[2] = {NEG_INF, NEG_INF};
+#pragma unroll
+        for (int i = 0; i < BK / 8; ++i)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int kp = kt + i * 8 + 2 * t4 + (e & 1), qp = e < 2 ? qa : qb;
+                const bool ok = kp <= qp && (window <= 0 || kp > qp - window);
+                sc[i][e] = ok ? sc[i][e] * sl2 : NEG_INF;
+                mt[e >> 1] = fmaxf(mt[e >> 1], sc[i][e]);
+            }
+        float corr[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            mt[r] = fmaxf(mt[r], __shfl_xor_sync(0xffffffffu, mt[r], 1));
+            mt[r] = fmaxf(mt[r], __shfl_xor_sync(0xffffffffu, mt[r], 2));
+            const float mn = fmaxf(m[r], mt[r]), mu = mn == NEG_INF ? 0.0f : mn;
+            corr[r] = exp2f(m[r] - mu);
+            m[r] = mn;
+            l[r] *= corr[r];
+            mt[r] = mu;
+        }
+#pragma unroll
+        for (int i = 0; i < BK / 8; ++i)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                sc[i][e] = exp2f(sc[i][e] - mt[e >> 1]);
+                l[e >> 1] += sc[i][e];
+            }
+#pragma unroll
+        for (int i = 0; i < DV / 8; ++i) o[i][0] *= corr[0], o[i][1] *= corr[0], o[i][2] *= corr[1], o[i][3] *= corr[1];
+#pragma unroll
+        for (int kk = 0; kk < BK / 16; ++kk) {
+            u32 a[4] = {pack2(sc[2 * kk][0], sc[2 * kk][1]), pack2(sc[2 * kk][2], sc[2 * kk][3]), pack2(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
+                        pack2(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
+#pragma unroll
+            for (int n0 = 0; n0 < DV; n0 += 16) {
+                u32 b[4];
+                ldsm_x4_t(b, Vs + (kk * 16 + (lane & 15)) * VS + n0 + 8 * (lane >> 4));
+                mma_bf16(o[n0 / 8], a, b);
+                mma_bf16(o[n0 / 8 + 1], a, b + 2);
+            }
+        }
+    }
+    if (wr0 >= rows) return;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+        l[r] = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const int row = wr0 + g + 8 * r;
+        if (row >= rows) continue;
+        float* yr = y + (long)row * ldy + (long)h * DIM + dv0 + 2 * t4;
+#pragma unroll
+        for (int i = 0; i < DV / 8; ++i) *(float2*)(yr + i * 8) = make_float2(o[i][2 * r] * l[r], o[i][2 * r + 1] * l[r]);
+    }
+}
+#define G4_FLASH(D)                                                                                                              \
+    extern "C" __global__ void __launch_bounds__(128) g4_attn_flash_d##D(const Step* s, const float* q, long ldq, const float* kc,  \
+                                                                        const float* vc, int heads, int kv_heads, int slots,     \
+                                                                        int window, float scale, float* y, long ldy) {            \
+        attn_flash<D>(s, q, ldq, kc, vc, heads, kv_heads, slots, window, scale, y, ldy);                                        \
+    }
+G4_FLASH(16)
+G4_FLASH(32)
+G4_FLASH(64)
+G4_FLASH(128)
+G4_FLASH(256)
+G4_FLASH(512)
+
 // grid (max_rows * heads), block 256: y = sum_s exp(m_s - M) acc_s / sum_s exp(m_s - M) l_s.
 extern "C" __global__ void g4_attention_merge(const Step* s, const float* part, int heads, int dim, int splits, float* y,
                                               long ldy) {

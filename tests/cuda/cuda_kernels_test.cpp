@@ -381,6 +381,58 @@ INSTANTIATE_TEST_SUITE_P(RealShapes, Attention,
                                     std::to_string(c.window) + "pos" + std::to_string(c.pos) + "rows" + std::to_string(c.rows);
                          });
 
+// ---- prefill flash attention (tensor cores): q, K and V rounded to bf16 as the kernel stages them, so
+// against the reference on the rounded inputs only P's rounding and the summation order differ.
+class FlashAttention : public ::testing::TestWithParam<AttnCase> {};
+TEST_P(FlashAttention, MatchesReference) {
+    NEED_GPU();
+    const AttnCase c = GetParam();
+    Dev dev;
+    const int qw = c.heads * c.dim, kw = c.kvh * c.dim;
+    std::vector<float> q = randn((size_t)c.rows * qw, 1, 0.2f), kc = randn((size_t)c.slots * kw, 2), vc = randn((size_t)c.slots * kw, 3);
+    auto round = [](std::vector<float> v) {
+        for (float& x : v) x = bf16_to_f32(f32_to_bf16(x));
+        return v;
+    };
+    std::vector<float> qr = round(q), kr = round(kc), vr = round(vc);
+    std::vector<float> want((size_t)c.rows * qw), exact((size_t)c.rows * qw), scratch(c.slots + 64);
+    const int pos0 = c.pos - c.rows + 1;
+    ref::attention({qr.data(), qw, kr.data(), vr.data(), want.data(), qw, c.rows, c.heads, c.kvh, c.dim, c.slots, c.window, pos0, 1.0f,
+                    scratch.data()});
+    ref::attention({q.data(), qw, kc.data(), vc.data(), exact.data(), qw, c.rows, c.heads, c.kvh, c.dim, c.slots, c.window, pos0, 1.0f,
+                    scratch.data()});
+    CUdeviceptr step = dev.step(c.rows, pos0, c.rows), gq = dev.up(q), gk = dev.up(kc), gv = dev.up(vc);
+    CUdeviceptr gy = dev.up(std::vector<float>(want.size(), 7.0f));
+    int heads = c.heads, kvh = c.kvh, slots = c.slots, window = c.window;
+    float scale = 1.0f;
+    long ld = qw;
+    cuda_rt::FlashLaunch fl = cuda_rt::flash_launch(c.rows, heads, kvh, c.dim);
+    cu::CUfunction f = nullptr;
+    ASSERT_EQ(gpu().d->cuModuleGetFunction(&f, gpu().mod, cuda_rt::flash_kernel_name(c.dim).c_str()), 0);
+    ASSERT_EQ(gpu().d->cuFuncSetAttribute(f, cu::kFuncAttrMaxDynamicSmem, (int)fl.smem), 0);
+    void* args[] = {&step, &gq, &ld, &gk, &gv, &heads, &kvh, &slots, &window, &scale, &gy, &ld};
+    ASSERT_EQ(gpu().d->cuLaunchKernel(f, fl.gx, fl.gy, fl.gz, 128, 1, 1, fl.smem, nullptr, args, nullptr), 0);
+    ASSERT_EQ(gpu().d->cuStreamSynchronize(nullptr), 0);
+    std::vector<float> got = dev.down<float>(gy, want.size());
+    double e = rel(got, want), e32 = rel(got, exact), base = rel(want, exact);
+    std::printf("FlashAttention %d/%d x %d slots %d window %d pos %d rows %d: rel %.2e vs bf16-input reference, %.2e vs fp32 (inputs "
+                "alone: %.2e)\n",
+                c.heads, c.kvh, c.dim, c.slots, c.window, c.pos, c.rows, e, e32, base);
+    EXPECT_LT(e, 4e-3);
+    EXPECT_LT(e32, 2 * base + 4e-3);
+}
+INSTANTIATE_TEST_SUITE_P(RealShapes, FlashAttention,
+                         ::testing::Values(AttnCase{8, 1, 256, 767, 512, 700, 256}, AttnCase{8, 1, 256, 767, 512, 255, 256},
+                                           AttnCase{8, 1, 512, 4096, 0, 2047, 256}, AttnCase{8, 2, 256, 1535, 512, 3000, 1024},
+                                           AttnCase{8, 2, 512, 8192, 0, 4095, 1000}, AttnCase{4, 1, 16, 71, 8, 70, 64},
+                                           AttnCase{4, 2, 32, 300, 0, 200, 37}, AttnCase{3, 1, 64, 200, 40, 150, 100},
+                                           AttnCase{8, 8, 128, 300, 0, 299, 90}),
+                         [](const ::testing::TestParamInfo<AttnCase>& i) {
+                             const AttnCase& c = i.param;
+                             return "h" + std::to_string(c.heads) + "kv" + std::to_string(c.kvh) + "d" + std::to_string(c.dim) + "w" +
+                                    std::to_string(c.window) + "pos" + std::to_string(c.pos) + "rows" + std::to_string(c.rows);
+                         });
+
 // ---- prefill GEMM tiers: the cuBLAS tier's converters (bit-exact) and GEMM, the tensor-core kernel
 TEST(PrefillGemm, Nf4ToBf16IsExact) {
     NEED_GPU();

@@ -99,6 +99,28 @@ TEST_F(Text, RunWithPromptPrintsTheDecodedContinuation) {
     EXPECT_EQ(viaids.out, ids.out);
 }
 
+TEST_F(Text, BenchMeasuresPromptAndDecodeInOneProcess) {
+    CmdResult r = run_g4("bench '" + plan_ + "' -p 8,40 -n 6 -d 0,30 -r 2 --json");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    json j = json::parse(r.out);
+    ASSERT_EQ(j.size(), 4u);
+    const char* names[] = {"pp8", "pp40", "tg6@d0", "tg6@d30"};
+    for (size_t i = 0; i < 4; ++i) {
+        EXPECT_EQ(j[i]["test"], names[i]);
+        EXPECT_EQ(j[i]["ms"].size(), 2u);
+        const double a = j[i]["ms"][0].get<double>(), b = j[i]["ms"][1].get<double>(), lo = a < b ? a : b, hi = a < b ? b : a;
+        EXPECT_GT(lo, 0.0);
+        EXPECT_NEAR((double)j[i]["median_ms"], 0.5 * (lo + hi), 1e-9);
+        EXPECT_NEAR((double)j[i]["tok_s"], (int)j[i]["tokens"] * 1000.0 / (double)j[i]["median_ms"], 1e-6);
+    }
+    CmdResult table = run_g4("bench '" + plan_ + "' -p 8 -n 2 -r 1");
+    ASSERT_EQ(table.exit_code, 0) << table.err;
+    EXPECT_NE(table.out.find("tg2@d0"), std::string::npos) << table.out;
+    CmdResult big = run_g4("bench '" + plan_ + "' -d 100000");
+    EXPECT_NE(big.exit_code, 0);
+    EXPECT_NE(big.err.find("max context"), std::string::npos) << big.err;
+}
+
 TEST_F(Text, PromptLongerThanContext) {
     TempDir td;
     std::string small = td.file("small.g4plan");

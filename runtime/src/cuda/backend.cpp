@@ -31,6 +31,7 @@ struct Kernels {
     CUfunction embed, mm_bf16, mm_f32, mm_nf4, gemm_bf16, gemm_nf4, gemv_bf16, gemv_nf4, tc_bf16, tc_nf4, rms, elem, rope, kv, attn_part, attn_merge, argmax;
     CUfunction gemv[2][5][2];   // [nf4][lanes per row 8..128][pairs]
     CUfunction resnorm, qkv_post, attn_decode, nf4_to_bf16, f32_to_bf16, add_bias;
+    CUfunction flash[6];        // g4_attn_flash_d<kFlashDims[i]>
 };
 
 
@@ -101,19 +102,20 @@ int ceil_div(int64_t a, int64_t b) { return (int)((a + b - 1) / b); }
 constexpr unsigned kArgmaxBlocks = 128;   // g4_argmax: 2048 logits a block at Gemma's vocabulary
 constexpr size_t kArgmaxBytes    = (2 + 2 * kArgmaxBlocks) * 4;   // token, counter, per-block partials
 
-int attention_splits(const PlanOp& op) { return std::max(1, std::min(128, op.ip[5])); }   // chosen by the compiler
+int attention_splits(const PlanOp& op) { return std::max(0, std::min(128, op.ip[5])); }   // chosen by the compiler; 0 = flash
 
 // One kernel launch on the session's stream; with programmatic dependent launch (decode graph,
 // sm_90+) the kernel may start while its predecessor drains: every kernel calls griddepcontrol.wait
 // before touching activations, so only weight prefetches overlap.
-CUresult launch(const SessionState* st, CUfunction f, unsigned gx, unsigned gy, unsigned bx, void** args) {
+CUresult launch(const SessionState* st, CUfunction f, unsigned gx, unsigned gy, unsigned bx, void** args, unsigned gz = 1,
+                unsigned smem = 0) {
     const Driver* d = st->e->d;
-    if (!st->pdl_now) return d->cuLaunchKernel(f, gx, gy, 1, bx, 1, 1, 0, st->stream, args, nullptr);
+    if (!st->pdl_now) return d->cuLaunchKernel(f, gx, gy, gz, bx, 1, 1, smem, st->stream, args, nullptr);
     LaunchAttr at;
     std::memset(&at, 0, sizeof at);
     at.id      = kLaunchAttrProgrammaticStreamSerialization;
     at.v.value = 1;
-    LaunchConfig c{{gx, gy, 1}, {bx, 1, 1}, 0, st->stream, &at, 1};
+    LaunchConfig c{{gx, gy, gz}, {bx, 1, 1}, smem, st->stream, &at, 1};
     return d->cuLaunchKernelEx(&c, f, args, nullptr);
 }
 
@@ -183,6 +185,13 @@ g4_status engine_open(g4_engine* e, std::string* err) {
         {&st->k.attn_decode, "g4_attn_decode"}, {&st->k.nf4_to_bf16, "g4_nf4_to_bf16"}, {&st->k.f32_to_bf16, "g4_f32_to_bf16"},
         {&st->k.add_bias, "g4_add_bias"}};
     for (auto& f : fused) CU_TRY(d->cuModuleGetFunction(f.f, st->mod, f.n), std::string("kernel ") + f.n);
+    for (int i = 0; i < 6; ++i) {
+        const int dim = kFlashDims[i];
+        std::string n = flash_kernel_name(dim);
+        CU_TRY(d->cuModuleGetFunction(&st->k.flash[i], st->mod, n.c_str()), "kernel " + n);
+        CU_TRY(d->cuFuncSetAttribute(st->k.flash[i], kFuncAttrMaxDynamicSmem, (int)flash_launch(64, 1, 1, dim).smem),
+               "kernel " + n + ": shared memory size");
+    }
     for (int q = 0; q < 2; ++q)
         for (int l = 0; l < 5; ++l)
             for (int m = 0; m < 2; ++m) {
@@ -242,12 +251,12 @@ g4_status session_create(g4_session* s, std::string* err) {
             xscratch = std::max<size_t>(xscratch, (size_t)in.max_rows * w.dims[1] * 2);
         }
         if (op.code != (uint16_t)OpCode::Attention) continue;
-        int sp = attention_splits(op);
+        int sp = attention_splits(op);   // 0: the flash kernel, no prefill workspace
         st->splits[i] = sp;
         int64_t span  = op.ip[4] > 0 ? std::min(op.ip[4], in.max_context) : in.max_context;
         part   = std::max(part, (size_t)in.max_rows * op.ip[0] * sp * (op.ip[2] + 2));
         part   = std::max(part, (size_t)op.ip[0] * std::max(1, op.ip[6]) * (op.ip[2] + 2));
-        scores = std::max(scores, (size_t)in.max_rows * op.ip[0] * sp * (size_t)(ceil_div(span, sp) + 1));
+        if (sp) scores = std::max(scores, (size_t)in.max_rows * op.ip[0] * sp * (size_t)(ceil_div(span, sp) + 1));
     }
     if (xscratch) {
         std::string why;
@@ -491,6 +500,18 @@ g4_status launch_op(g4_session* s, size_t i, int rows, int out_rows, std::string
             r = go(K.attn_decode, (unsigned)kvh, (unsigned)dsp, 256,
                    {&step, &in0, &in1, &in2, &heads, &kvh, &dim, &slots, &window, &scale, const_cast<int*>(&dsp), &part});
             if (r == 0) r = go(K.attn_merge, (unsigned)heads, 1, 256, {&step, &part, &heads, &dim, const_cast<int*>(&dsp), &out0, &ldo});
+            break;
+        }
+        if (sp == 0) {   // the compiler chose the tensor-core flash kernel (bf16 plans, dim a power of two 16..512)
+            int di = 0;
+            while (di < 6 && kFlashDims[di] != dim) ++di;
+            if (di == 6) {
+                *err = "op " + std::string(p.str(op.name)) + ": no flash attention kernel for head dim " + std::to_string(dim);
+                return G4_ERR_INTERNAL;
+            }
+            FlashLaunch fl = flash_launch(n, heads, kvh, dim);
+            void* args[]   = {&step, &in0, &ld0, &in1, &in2, &heads, &kvh, &slots, &window, &scale, &out0, &ldo};
+            r = launch(st, K.flash[di], fl.gx, fl.gy, 128, args, fl.gz, fl.smem);
             break;
         }
         r = go(K.attn_part, (unsigned)(n * heads), (unsigned)sp, 256,

@@ -30,6 +30,7 @@ void load() {
               dl_symbol(lib, "cuMemcpyHtoDAsync_v2", &d.cuMemcpyHtoDAsync) && dl_symbol(lib, "cuMemcpyDtoHAsync_v2", &d.cuMemcpyDtoHAsync) &&
               dl_symbol(lib, "cuMemsetD8_v2", &d.cuMemsetD8) && dl_symbol(lib, "cuModuleLoadData", &d.cuModuleLoadData) &&
               dl_symbol(lib, "cuModuleUnload", &d.cuModuleUnload) && dl_symbol(lib, "cuModuleGetFunction", &d.cuModuleGetFunction) &&
+              dl_symbol(lib, "cuFuncSetAttribute", &d.cuFuncSetAttribute) &&
               dl_symbol(lib, "cuLaunchKernel", &d.cuLaunchKernel) && dl_symbol(lib, "cuStreamCreate", &d.cuStreamCreate) &&
               dl_symbol(lib, "cuStreamDestroy_v2", &d.cuStreamDestroy) && dl_symbol(lib, "cuStreamSynchronize", &d.cuStreamSynchronize) &&
               dl_symbol(lib, "cuStreamBeginCapture_v2", &d.cuStreamBeginCapture) && dl_symbol(lib, "cuStreamEndCapture", &d.cuStreamEndCapture) &&

@@ -36,6 +36,7 @@ struct LaunchConfig {
 constexpr int kLaunchAttrProgrammaticStreamSerialization = 6;
 static_assert(sizeof(LaunchAttr) == 72 && sizeof(LaunchConfig) == 56, "cuda.h launch structs");
 
+constexpr int kFuncAttrMaxDynamicSmem = 8;
 constexpr int kAttrComputeMajor = 75, kAttrComputeMinor = 76, kAttrSmCount = 16;
 constexpr unsigned kHostAllocPortable = 0x01, kHostAllocDeviceMap = 0x02;
 
@@ -62,6 +63,7 @@ struct Driver {
     CUresult (*cuModuleLoadData)(CUmodule*, const void*);
     CUresult (*cuModuleUnload)(CUmodule);
     CUresult (*cuModuleGetFunction)(CUfunction*, CUmodule, const char*);
+    CUresult (*cuFuncSetAttribute)(CUfunction, int, int);   // kFuncAttrMaxDynamicSmem
     CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream, void**,
                                void**);
     CUresult (*cuStreamCreate)(CUstream*, unsigned);

@@ -146,7 +146,7 @@ inline uint64_t schema_hash() {
         "ops:embed1(in:ids,table;fp0:scale),matmul2(in:x,w,bias?;ip5:decode_variant,ip6:prefill_variant),rms_norm3(in:x,w?;ip0:cols,ip1:dim;fp0:eps),"
         "add4(ip0:cols),scale5(in:x,s?;ip0:cols;fp0:s),rope6(in:x,inv_freq;ip0:heads,ip1:dim),"
         "kv_store7(in:k,v;out:kc,vc;ip0:width,ip1:slots),"
-        "attention8(in:q,kc,vc;ip0:heads,ip1:kv_heads,ip2:dim,ip3:slots,ip4:window,ip5:splits,ip6:decode_splits;fp0:scale),"
+        "attention8(in:q,kc,vc;ip0:heads,ip1:kv_heads,ip2:dim,ip3:slots,ip4:window,ip5:prefill_splits(0=flash),ip6:decode_splits;fp0:scale),"
         "gelu_mul9(ip0:cols),softcap10(ip0:cols;fp0:cap);"
         "dtypes:f32=0,bf16=1,f16=2,i32=3,nf4=4(blob:codes,absmax|dq);kinds:weight0,act1,kv2,input3;rowmode:all0,tailin1,outrows2";
     return fnv1a64(kSchema, sizeof(kSchema) - 1);

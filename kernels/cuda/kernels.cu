@@ -350,6 +350,9 @@ __device__ void simt_gemm(const Step* s, int mode, const float* x, long ldx, con
                           const float* absmax2, const float* offset, const float* code2, int N, int K, float* y, long ldy,
                           const float* bias) {
     __shared__ float xs[TK][TB + 4], ws[TK][TB + 4];
+    __shared__ float cb[16];   // NF4 code book: divergent lookups serialise in the constant cache
+    if (threadIdx.x < 16) cb[threadIdx.x] = kNf4[threadIdx.x];
+    __syncthreads();
     int T = rows_of(s, mode);
     int t_base = blockIdx.y * TB, n_base = blockIdx.x * TB;
     if (t_base >= T) return;
@@ -367,8 +370,8 @@ __device__ void simt_gemm(const Step* s, int mode, const float* x, long ldx, con
 #pragma unroll
                 for (int b = 0; b < 4; ++b) {
                     u32 byte = (word >> (8 * b)) & 0xff;
-                    ws[kq + 2 * b][n]     = kNf4[byte >> 4] * am;
-                    ws[kq + 2 * b + 1][n] = kNf4[byte & 15] * am;
+                    ws[kq + 2 * b][n]     = cb[byte >> 4] * am;
+                    ws[kq + 2 * b + 1][n] = cb[byte & 15] * am;
                 }
             } else {
 #pragma unroll
@@ -424,6 +427,9 @@ __device__ void tc_gemm(const Step* s, int mode, const float* x, long ldx, const
                         const float* bias) {
     __shared__ __align__(16) u16 xs[64 * TCS];
     __shared__ __align__(16) u16 ws[64 * TCS];
+    __shared__ float cb[16];   // NF4 code book (see g4_nf4_to_bf16)
+    if (threadIdx.x < 16) cb[threadIdx.x] = kNf4[threadIdx.x];
+    __syncthreads();
     int T = rows_of(s, mode);
     int t_base = blockIdx.y * 64, n_base = blockIdx.x * 64;
     if (t_base >= T) return;
@@ -459,7 +465,7 @@ __device__ void tc_gemm(const Step* s, int mode, const float* x, long ldx, const
 #pragma unroll
                     for (int b = 0; b < 4; ++b) {
                         u32 byte = (words[q] >> (8 * b)) & 0xff;
-                        out[q * 4 + b] = pack2(kNf4[byte >> 4] * am, kNf4[byte & 15] * am);
+                        out[q * 4 + b] = pack2(cb[byte >> 4] * am, cb[byte & 15] * am);
                     }
             }
 #pragma unroll
@@ -1281,6 +1287,11 @@ extern "C" __global__ void __launch_bounds__(256) g4_attn_decode(const Step* s, 
 // grid ceil(n / 32 / 256), block 256: one 16-byte chunk (32 values, half an NF4 block) per thread.
 extern "C" __global__ void g4_nf4_to_bf16(const u8* codes, const void* absmax, const float* absmax2, const float* offset,
                                           const float* code2, long n, u16* out) {
+    // Code book in shared memory: 16 entries in 16 banks, so a warp's divergent lookups do not
+    // serialise as they do in the constant cache.
+    __shared__ float cb[16];
+    if (threadIdx.x < 16) cb[threadIdx.x] = kNf4[threadIdx.x];
+    __syncthreads();
     pdl_begin();
     long c = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (c * 32 >= n) return;
@@ -1292,7 +1303,7 @@ extern "C" __global__ void g4_nf4_to_bf16(const u8* codes, const void* absmax, c
 #pragma unroll
         for (int b = 0; b < 4; ++b) {
             u32 byte      = (words[wd] >> (8 * b)) & 0xff;
-            o[wd * 4 + b] = pack2(kNf4[byte >> 4] * am, kNf4[byte & 15] * am);
+            o[wd * 4 + b] = pack2(cb[byte >> 4] * am, cb[byte & 15] * am);
         }
     uint4* dst = (uint4*)(out + c * 32);
 #pragma unroll

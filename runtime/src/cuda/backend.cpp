@@ -68,6 +68,7 @@ struct SessionState {
     int32_t* host_ids = nullptr;  // pinned [max_rows]
     float* host_logits = nullptr; // pinned [logits_rows, vocab]
     std::vector<int> splits;      // per op (attention)
+    std::vector<char> reuse_x;    // per op: a cuBLAS-tier matmul whose bf16 input is already in xscratch
     CUgraph graph = nullptr;
     CUgraphExec exec = nullptr;
     std::string graph_error;
@@ -243,6 +244,26 @@ g4_status session_create(g4_session* s, std::string* err) {
     // largest attention op (prefill splits per row, decode splits), the cuBLAS tier's bf16 scratch.
     size_t part = 16, scores = 16, wscratch = 0, xscratch = 0;
     st->splits.assign(p.n_ops(), 1);
+    // q/k/v and gate/up read one input: the cuBLAS tier converts it to bf16 once. Op i reuses the
+    // scratch when the previous cuBLAS-tier matmul read the same view with the same row mode and no op
+    // in between wrote that tensor (the plan runs every op of a step in order, with one row count).
+    st->reuse_x.assign(p.n_ops(), 0);
+    {
+        int last = -1;
+        bool written = false;
+        for (size_t i = 0; i < p.n_ops(); ++i) {
+            const PlanOp& op = p.op(i);
+            const bool tier = op.code == (uint16_t)OpCode::Matmul && op.ip[6] == (int32_t)plan::MatmulVariant::Cublas;
+            if (tier && last >= 0 && !written) {
+                const PlanOp& pr = p.op(last);
+                st->reuse_x[i] = pr.in[0] == op.in[0] && pr.in_col[0] == op.in_col[0] && pr.row_mode == op.row_mode &&
+                                 p.tensor(pr.in[1]).dims[1] == p.tensor(op.in[1]).dims[1];
+            }
+            if (tier) last = (int)i, written = false;
+            else if (last >= 0)
+                for (int32_t o : op.out) written |= o >= 0 && o == p.op(last).in[0];
+        }
+    }
     for (size_t i = 0; i < p.n_ops(); ++i) {
         const PlanOp& op = p.op(i);
         if (op.code == (uint16_t)OpCode::Matmul && op.ip[6] == (int32_t)plan::MatmulVariant::Cublas) {
@@ -423,7 +444,7 @@ g4_status launch_op(g4_session* s, size_t i, int rows, int out_rows, std::string
         if (n > 8 && op.ip[6] == (int32_t)plan::MatmulVariant::Cublas && st->blas_h) {
             // cuBLAS tier: x -> bf16 scratch, NF4 -> bf16 scratch, y = x . W^T with fp32 accumulate.
             CUdeviceptr wb = in1;
-            r = go(K.f32_to_bf16, n, (unsigned)ceil_div(Kd, 1024), 256, {&step, &in0, &ld0, &st->xscratch, &Kd});
+            if (!st->reuse_x[i]) r = go(K.f32_to_bf16, n, (unsigned)ceil_div(Kd, 1024), 256, {&step, &in0, &ld0, &st->xscratch, &Kd});
             if (r == 0 && is_nf4) {
                 Nf4Ptrs q  = nf4_ptrs(in1, w);
                 long numel = (long)N * Kd;

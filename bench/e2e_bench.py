@@ -24,6 +24,7 @@ ap.add_argument("--depths", default="0,4096,32768")
 ap.add_argument("--chunk", type=int, default=256, help="g4 prefill chunk (tokens per prefill step)")
 ap.add_argument("--g4-only", action="store_true", help="measure g4 only (no transformers rows), plus a per-kernel profile")
 ap.add_argument("--profile", action="store_true", help="only the decode profile (GPU events per launch, then Nsight Compute per kernel)")
+ap.add_argument("--checkpoint-only", action="store_true", help="make the random checkpoint and adapter under --workdir, then stop")
 ap.add_argument("--quick", action="store_true", help="with --g4-only: skip the PLE-on-host plan (kernel iteration)")
 args = ap.parse_args()
 depths = [int(d) for d in args.depths.split(",")]
@@ -65,6 +66,9 @@ if not os.path.exists(os.path.join(ckpt, "config.json")):
     pm.save_pretrained(adapter)
     del m, pm
     torch.cuda.empty_cache()
+
+if args.checkpoint_only:
+    sys.exit(0)
 
 res = {"model": args.model, "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "transformers": transformers.__version__,
        "new_tokens": args.new, "rows": {}}

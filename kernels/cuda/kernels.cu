@@ -664,13 +664,15 @@ extern "C" __global__ void g4_attention_partial(const Step* s, const float* q, l
 }
 
 // ---- Prefill attention on tensor cores (flash style, bf16 operands, fp32 accumulate and softmax).
-// One block of 4 warps; warp w takes 16 query rows of one head. Heads of a KV group share the block
-// (HW = 4, 2 or 1 heads as the group size allows), so a block is 64 / HW rows x HW heads and every K/V
-// tile it stages serves all of them. Keys stream through shared memory BK at a time (fp32 cache ->
-// bf16); S = Q.K^T and O += P.V are mma.sync m16n8k16 with an online softmax in fp32 (log2 domain).
-// The output's columns are split into DV-wide slices (grid z) so O fits in registers at dim 512.
-// grid (ceil(rows / (64 / HW)), heads / HW, DIM / DV), block 128, dynamic shared memory
-// attn_flash_smem(DIM) bytes. q [rows, heads*DIM] (ld ldq), caches [slots, kv_heads*DIM], y [rows, ld ldy].
+// A block holds 4 units of 16 query rows of one head; heads of a KV group share the block (HW = 4, 2
+// or 1 heads as the group size allows), so a block is 64 / HW rows x HW heads and every K/V tile it
+// stages serves all of them. Each unit is one warp, or at dim 512 two warps that split the output
+// columns (DV = 256 each, so O fits in registers; both compute the same scores). Keys stream through
+// shared memory BK at a time (fp32 cache -> bf16); S = Q.K^T and O += P.V are mma.sync m16n8k16 with
+// an online softmax in fp32 (log2 domain).
+// grid (ceil(rows / (64 / HW)), heads / HW), block 128 * DIM / DV, dynamic shared memory
+// FlashShape<DIM>::SMEM bytes (<= 99 KiB: sm_86/sm_89 fit). q [rows, heads*DIM] (ld ldq), caches
+// [slots, kv_heads*DIM], y [rows, ld ldy].
 __device__ __forceinline__ void ldsm_x4(u32* r, const u16* p) {
     u32 a = (u32)__cvta_generic_to_shared(p);
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -682,38 +684,68 @@ __device__ __forceinline__ void ldsm_x4_t(u32* r, const u16* p) {
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
 }
 // Stages n rows of `cols` fp32 (row j from src_row(j), or zeros where it returns null) as bf16 into
-// dst [n][stride]; 128 threads, 8 float4 loads in flight per thread.
-template <int COLS, class RowFn>
+// dst [n][stride]; NT threads, 8 float4 loads in flight per thread.
+template <int COLS, int NT, class RowFn>
 __device__ __forceinline__ void stage_bf16(u16* dst, int stride, int n, RowFn src_row) {
     constexpr int C4 = COLS / 4;
     const int total  = n * C4;
-    for (int e0 = threadIdx.x; e0 < total; e0 += 128 * 8) {
+    for (int e0 = threadIdx.x; e0 < total; e0 += NT * 8) {
         float4 v[8];
 #pragma unroll
         for (int u = 0; u < 8; ++u) {
-            int e = e0 + u * 128;
+            int e = e0 + u * NT;
             const float* r = e < total ? src_row(e / C4) : nullptr;
             v[u] = r ? *(const float4*)(r + 4 * (e % C4)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         }
 #pragma unroll
         for (int u = 0; u < 8; ++u) {
-            int e = e0 + u * 128;
+            int e = e0 + u * NT;
             if (e < total) *(uint2*)&dst[(e / C4) * stride + 4 * (e % C4)] = make_uint2(pack2(v[u].x, v[u].y), pack2(v[u].z, v[u].w));
         }
     }
 }
+// K and V tiles together: n rows of COLS fp32 each from kc/vc rows src(j) (-1: zeros), 16 float4 loads
+// in flight per thread (8 of K, 8 of V) before any is converted.
+template <int COLS, int NT>
+__device__ __forceinline__ void stage_kv(u16* ks, u16* vs, int kstride, int vstride, int n, const float* kc, const float* vc,
+                                         const long* row_off) {
+    constexpr int C4 = COLS / 4;
+    const int total  = n * C4;
+    for (int e0 = threadIdx.x; e0 < total; e0 += NT * 8) {
+        float4 kv[8], vv[8];
+#pragma unroll
+        for (int u = 0; u < 8; ++u) {
+            const int e = e0 + u * NT;
+            const long o = e < total ? row_off[e / C4] : -1;
+            const float4 z = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            kv[u] = o >= 0 ? *(const float4*)(kc + o + 4 * (e % C4)) : z;
+            vv[u] = o >= 0 ? *(const float4*)(vc + o + 4 * (e % C4)) : z;
+        }
+#pragma unroll
+        for (int u = 0; u < 8; ++u) {
+            const int e = e0 + u * NT;
+            if (e >= total) continue;
+            *(uint2*)&ks[(e / C4) * kstride + 4 * (e % C4)] = make_uint2(pack2(kv[u].x, kv[u].y), pack2(kv[u].z, kv[u].w));
+            *(uint2*)&vs[(e / C4) * vstride + 4 * (e % C4)] = make_uint2(pack2(vv[u].x, vv[u].y), pack2(vv[u].z, vv[u].w));
+        }
+    }
+}
 template <int DIM> struct FlashShape {
-    static constexpr int BK = DIM <= 256 ? 32 : 16;   // keys per tile
-    static constexpr int DV = DIM <= 256 ? DIM : 256; // output columns per block
-    static constexpr int QS = DIM + 8, VS = DV + 8;   // shared row strides (bf16): conflict-free ldmatrix
+    static constexpr int BK = DIM <= 256 ? 32 : 16;    // keys per tile
+    static constexpr int DV = DIM <= 256 ? DIM : 256;  // output columns per warp
+    static constexpr int NT = 128 * (DIM / DV);        // threads per block
+    // Shared row strides (bf16), padded so ldmatrix is conflict-free; V unpadded at dim 512 to stay
+    // within 99 KiB.
+    static constexpr int QS = DIM + 8, VS = DIM + (DIM / DV == 1 ? 8 : 0);
     static constexpr int SMEM = (64 * QS + BK * QS + BK * VS) * 2;
 };
 template <int DIM>
 __device__ void attn_flash(const Step* s, const float* q, long ldq, const float* kc, const float* vc, int heads, int kv_heads,
                            int slots, int window, float scale, float* y, long ldy) {
     using F = FlashShape<DIM>;
-    constexpr int BK = F::BK, DV = F::DV, QS = F::QS, VS = F::VS;
+    constexpr int BK = F::BK, DV = F::DV, QS = F::QS, VS = F::VS, NT = F::NT;
     extern __shared__ __align__(16) u16 fsm[];
+    __shared__ long koff[BK];    // element offset of each key row of the tile in the caches, -1 past the chunk
     u16* Qs = fsm;               // [4 warps][16][QS]
     u16* Ks = Qs + 64 * QS;      // [BK][QS]
     u16* Vs = Ks + BK * QS;      // [BK][VS]
@@ -723,10 +755,11 @@ __device__ void attn_flash(const Step* s, const float* q, long ldq, const float*
     const int r0 = blockIdx.x * RB;
     if (r0 >= rows) return;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
-    const int h = blockIdx.y * HW + warp % HW, kvh = blockIdx.y * HW / hpg;
-    const int wr0 = r0 + 16 * (warp / HW), dv0 = blockIdx.z * DV, width = kv_heads * DIM;
-    // Query rows of every warp, rounded to bf16 (rows past the chunk are zeros, never stored).
-    stage_bf16<DIM>(Qs, QS, 64, [&](int j) -> const float* {
+    const int unit = warp & 3;   // 16 rows of one head; warps unit and unit + 4 split the columns at dim 512
+    const int h = blockIdx.y * HW + unit % HW, kvh = blockIdx.y * HW / hpg;
+    const int wr0 = r0 + 16 * (unit / HW), dv0 = (warp >> 2) * DV, width = kv_heads * DIM;
+    // Query rows of every unit, rounded to bf16 (rows past the chunk are zeros, never stored).
+    stage_bf16<DIM, NT>(Qs, QS, 64, [&](int j) -> const float* {
         int w = j / 16, r = r0 + 16 * (w / HW) + j % 16;
         return r < rows ? q + (long)r * ldq + (long)(blockIdx.y * HW + w % HW) * DIM : nullptr;
     });
@@ -739,14 +772,12 @@ __device__ void attn_flash(const Step* s, const float* q, long ldq, const float*
     float o[DV / 8][4];
 #pragma unroll
     for (int i = 0; i < DV / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
-    const u16* qw = Qs + warp * 16 * QS;
+    const u16* qw = Qs + unit * 16 * QS;
     for (int kt = k_lo; kt <= p_last; kt += BK) {
         __syncthreads();
-        auto krow = [&](const float* c, int off) {
-            return [=](int j) -> const float* { return kt + j <= p_last ? c + (long)((kt + j) % slots) * width + off : nullptr; };
-        };
-        stage_bf16<DIM>(Ks, QS, BK, krow(kc, kvh * DIM));
-        stage_bf16<DV>(Vs, VS, BK, krow(vc, kvh * DIM + dv0));
+        if (threadIdx.x < BK) koff[threadIdx.x] = kt + (int)threadIdx.x <= p_last ? (long)((kt + threadIdx.x) % slots) * width + kvh * DIM : -1;
+        __syncthreads();
+        stage_kv<DIM, NT>(Ks, Vs, QS, VS, BK, kc, vc, koff);
         __syncthreads();
         if (wr0 >= rows || kt > wp1 || (window > 0 && kt + BK - 1 < wp0 - window + 1)) continue;   // tile masked for the warp
         float sc[BK / 8][4];
@@ -802,7 +833,7 @@ __device__ void attn_flash(const Step* s, const float* q, long ldq, const float*
 #pragma unroll
             for (int n0 = 0; n0 < DV; n0 += 16) {
                 u32 b[4];
-                ldsm_x4_t(b, Vs + (kk * 16 + (lane & 15)) * VS + n0 + 8 * (lane >> 4));
+                ldsm_x4_t(b, Vs + (kk * 16 + (lane & 15)) * VS + dv0 + n0 + 8 * (lane >> 4));
                 mma_bf16(o[n0 / 8], a, b);
                 mma_bf16(o[n0 / 8 + 1], a, b + 2);
             }
@@ -825,7 +856,7 @@ __device__ void attn_flash(const Step* s, const float* q, long ldq, const float*
     }
 }
 #define G4_FLASH(D)                                                                                                              \
-    extern "C" __global__ void __launch_bounds__(128) g4_attn_flash_d##D(const Step* s, const float* q, long ldq, const float* kc,  \
+    extern "C" __global__ void __launch_bounds__(FlashShape<D>::NT) g4_attn_flash_d##D(const Step* s, const float* q, long ldq, const float* kc,  \
                                                                         const float* vc, int heads, int kv_heads, int slots,     \
                                                                         int window, float scale, float* y, long ldy) {            \
         attn_flash<D>(s, q, ldq, kc, vc, heads, kv_heads, slots, window, scale, y, ldy);                                        \

@@ -411,7 +411,7 @@ TEST_P(FlashAttention, MatchesReference) {
     ASSERT_EQ(gpu().d->cuModuleGetFunction(&f, gpu().mod, cuda_rt::flash_kernel_name(c.dim).c_str()), 0);
     ASSERT_EQ(gpu().d->cuFuncSetAttribute(f, cu::kFuncAttrMaxDynamicSmem, (int)fl.smem), 0);
     void* args[] = {&step, &gq, &ld, &gk, &gv, &heads, &kvh, &slots, &window, &scale, &gy, &ld};
-    ASSERT_EQ(gpu().d->cuLaunchKernel(f, fl.gx, fl.gy, fl.gz, 128, 1, 1, fl.smem, nullptr, args, nullptr), 0);
+    ASSERT_EQ(gpu().d->cuLaunchKernel(f, fl.gx, fl.gy, 1, fl.block, 1, 1, fl.smem, nullptr, args, nullptr), 0);
     ASSERT_EQ(gpu().d->cuStreamSynchronize(nullptr), 0);
     std::vector<float> got = dev.down<float>(gy, want.size());
     double e = rel(got, want), e32 = rel(got, exact), base = rel(want, exact);

@@ -532,7 +532,7 @@ g4_status launch_op(g4_session* s, size_t i, int rows, int out_rows, std::string
             }
             FlashLaunch fl = flash_launch(n, heads, kvh, dim);
             void* args[]   = {&step, &in0, &ld0, &in1, &in2, &heads, &kvh, &slots, &window, &scale, &out0, &ldo};
-            r = launch(st, K.flash[di], fl.gx, fl.gy, 128, args, fl.gz, fl.smem);
+            r = launch(st, K.flash[di], fl.gx, fl.gy, fl.block, args, 1, fl.smem);
             break;
         }
         r = go(K.attn_part, (unsigned)(n * heads), (unsigned)sp, 256,

@@ -31,12 +31,13 @@ inline long gemv_threads(int n_out, int lanes, bool pairs) { return (long)((n_ou
 // Prefill flash attention (g4_attn_flash_d<dim>, dim 16..512, powers of two): launch shape, as the
 // kernel derives it. Heads of a KV group share a block: hw heads x 64/hw rows.
 struct FlashLaunch {
-    unsigned gx, gy, gz, smem;
+    unsigned gx, gy, block, smem;
 };
 inline FlashLaunch flash_launch(int rows, int heads, int kv_heads, int dim) {
     const int hpg = heads / kv_heads, hw = hpg % 4 == 0 ? 4 : hpg % 2 == 0 ? 2 : 1, rb = 64 / hw;
-    const int bk = dim <= 256 ? 32 : 16, dv = dim <= 256 ? dim : 256;
-    return {(unsigned)((rows + rb - 1) / rb), (unsigned)(heads / hw), (unsigned)(dim / dv), (unsigned)((64 + bk) * (dim + 8) + bk * (dv + 8)) * 2};
+    const int bk = dim <= 256 ? 32 : 16, split = dim <= 256 ? 1 : dim / 256, vs = dim + (split == 1 ? 8 : 0);
+    return {(unsigned)((rows + rb - 1) / rb), (unsigned)(heads / hw), (unsigned)(128 * split),
+            (unsigned)(((64 + bk) * (dim + 8) + bk * vs) * 2)};
 }
 inline std::string flash_kernel_name(int dim) { return "g4_attn_flash_d" + std::to_string(dim); }
 inline constexpr int kFlashDims[6] = {16, 32, 64, 128, 256, 512};

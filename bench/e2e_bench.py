@@ -30,19 +30,13 @@ args = ap.parse_args()
 depths = [int(d) for d in args.depths.split(",")]
 os.makedirs(args.workdir, exist_ok=True)
 
-from transformers import Gemma4ForCausalLM, Gemma4TextConfig
+from transformers import Gemma4ForCausalLM
 import transformers
 
-SHAPES = {
-    "e2b": dict(hidden_size=1536, intermediate_size=6144, num_hidden_layers=35, num_attention_heads=8, num_key_value_heads=1,
-                head_dim=256, global_head_dim=512, num_kv_shared_layers=20, use_double_wide_mlp=True,
-                layer_types=(["sliding_attention"] * 4 + ["full_attention"]) * 7),
-    "e4b": dict(hidden_size=2560, intermediate_size=10240, num_hidden_layers=42, num_attention_heads=8, num_key_value_heads=2,
-                head_dim=256, global_head_dim=512, num_kv_shared_layers=18, use_double_wide_mlp=False,
-                layer_types=(["sliding_attention"] * 5 + ["full_attention"]) * 7),
-}
-cfg = Gemma4TextConfig(vocab_size=262144, vocab_size_per_layer_input=262144, hidden_size_per_layer_input=256, sliding_window=512,
-                       final_logit_softcapping=30.0, max_position_embeddings=131072, **SHAPES[args.model])
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
+from gemma4_shapes import text_config  # noqa: E402
+
+cfg = text_config(args.model)
 ckpt, adapter = os.path.join(args.workdir, args.model), os.path.join(args.workdir, args.model + "-lora")
 if not os.path.exists(os.path.join(ckpt, "config.json")):
     torch.manual_seed(0)

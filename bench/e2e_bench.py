@@ -146,6 +146,12 @@ def gib(s):
     return float(v) * {"GiB": 1, "MiB": 1 / 1024, "KiB": 1 / 2**20}[unit]
 
 
+def planned_gpu_mib(compile_report):
+    """The plan's cuda:0 total from the compiler's memory table (CUDA context and allocator not included)."""
+    m = re.search(r"^\s+cuda:0\s+([\d.]+ \w+)", compile_report, re.M)
+    return round(gib(m.group(1)) * 1024) if m else None
+
+
 groups = {m.group(1): gib(m.group(3)) for m in re.finditer(r"^\s+(\w+)\s+\d+\s+([\d.]+ \w+)\s+([\d.]+ \w+)$", report, re.M)}
 # Bytes read per decode token: every weight but the PLE table and the embedding lookup rows (the
 # tied LM head reads the whole embedding).
@@ -187,6 +193,7 @@ g4row = g4_bench(plan, [512, 4096], depths)
 cold = g4_run(4096, 1)
 g4row["ttft_4096_ms_cold_process"] = cold["ttft_ms"]   # `g4 run` in a fresh process: includes first-use costs
 g4row["peak_gpu_mib"] = max(g4row.pop("peak_mib"), cold["peak_mib"])
+g4row["planned_gpu_mib"] = planned_gpu_mib(report)   # the measured peak adds the CUDA context
 g4row["GBps_depth_0"] = round(bytes_per_token * g4row["decode_tok_s_depth_0"] / 1e9, 1)
 g4row["fraction_of_copy_bw"] = round(g4row["GBps_depth_0"] / res["device_copy_GBps"], 3)
 res["rows"]["g4 NF4 + LoRA merged (CUDA)"] = g4row
@@ -201,6 +208,7 @@ if r.returncode == 0:
     plan_dev, plan = plan, plan_host
     hrow = g4_bench(plan_host, [512], [0, 4096])
     hrow["peak_gpu_mib"] = hrow.pop("peak_mib")
+    hrow["planned_gpu_mib"] = planned_gpu_mib(r.stderr)
     ids_run = lambda pl: subprocess.run([args.g4, "run", pl, "--tokens", ",".join(map(str, ids_of(64))), "-n", "16", "--temp", "0",
                                          "--ignore-eos", "--print-ids"], capture_output=True, text=True, check=True).stdout.split()[-1]
     hrow["greedy_identical_to_device_ple"] = ids_run(plan_host) == ids_run(plan_dev)

@@ -704,8 +704,8 @@ __device__ __forceinline__ void stage_bf16(u16* dst, int stride, int n, RowFn sr
         }
     }
 }
-// K and V tiles together: n rows of COLS fp32 each from kc/vc rows src(j) (-1: zeros), 16 float4 loads
-// in flight per thread (8 of K, 8 of V) before any is converted.
+// K and V tiles together: n rows of COLS fp32 each, row j at element offset row_off[j] of kc and vc (-1:
+// zeros), 16 float4 loads in flight per thread (8 of K, 8 of V) before any is converted.
 template <int COLS, int NT>
 __device__ __forceinline__ void stage_kv(u16* ks, u16* vs, int kstride, int vstride, int n, const float* kc, const float* vc,
                                          const long* row_off) {
@@ -746,7 +746,7 @@ __device__ void attn_flash(const Step* s, const float* q, long ldq, const float*
     constexpr int BK = F::BK, DV = F::DV, QS = F::QS, VS = F::VS, NT = F::NT;
     extern __shared__ __align__(16) u16 fsm[];
     __shared__ long koff[BK];    // element offset of each key row of the tile in the caches, -1 past the chunk
-    u16* Qs = fsm;               // [4 warps][16][QS]
+    u16* Qs = fsm;               // [4 units][16][QS]
     u16* Ks = Qs + 64 * QS;      // [BK][QS]
     u16* Vs = Ks + BK * QS;      // [BK][VS]
     pdl_begin();

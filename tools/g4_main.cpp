@@ -615,6 +615,17 @@ int cmd_inspect(int argc, char** argv) {
         for (size_t i = 0; i < p.n_launches(); ++i) kinds_n[p.launch(i).kind & 3]++;
         std::printf("CUDA decode schedule: %zu fused launches and %d single ops per token: %d GEMV, %d QkvPost, %d ResNorm\n",
                     p.n_launches() - kinds_n[0], kinds_n[0], kinds_n[2], kinds_n[3], kinds_n[1]);
+        // Prefill kernel variants the compiler recorded (runtime/src/plan/plan_format.h).
+        int flash = 0, split = 0, mm[5] = {};
+        for (size_t i = 0; i < p.n_ops(); ++i) {
+            const auto& op = p.op(i);
+            if (op.code == (uint16_t)g4::OpCode::Attention) (op.ip[5] == 0 ? flash : split)++;
+            if (op.code == (uint16_t)g4::OpCode::Matmul && op.ip[6] >= 0 && op.ip[6] < 5) mm[op.ip[6]]++;
+        }
+        std::printf("CUDA prefill: attention %d flash (tensor cores), %d split over keys (fp32); matmul %d cuBLAS tier, "
+                    "%d tensor-core, %d tiled fp32, %d per-row\n",
+                    flash, split, mm[(int)g4::plan::MatmulVariant::Cublas], mm[(int)g4::plan::MatmulVariant::TensorCore],
+                    mm[(int)g4::plan::MatmulVariant::Tiled64], mm[(int)g4::plan::MatmulVariant::PerRow]);
     }
     bool all = !a.flag.count("--ops") && !a.flag.count("--tensors");
     if (all || a.flag.count("--tensors")) {

@@ -138,6 +138,14 @@ TEST(BadInput, CudaPlanWithoutGpu) {
     EXPECT_NE(i.out.find("device cuda"), std::string::npos);
     // Every residual/norm chain (3 per layer, 10 layers) becomes one ResNorm launch of the decode schedule.
     EXPECT_NE(i.out.find(", 30 ResNorm"), std::string::npos) << i.out;
+    // bf16 prefill (the default): every attention op takes the tensor-core flash kernel; fp32 prefill
+    // keeps the exact split-over-keys kernel, whose scores workspace grows with chunk x context.
+    EXPECT_NE(i.out.find("attention 10 flash (tensor cores), 0 split"), std::string::npos) << i.out;
+    std::string plan32 = td.file("cuda32.g4plan");
+    CmdResult c32 = run_g4("compile --model '" + fixture("e2b_tiny") + "' --device cuda --target sm_86 --no-fidelity --prefill-precision fp32 -o '" + plan32 + "'");
+    ASSERT_EQ(c32.exit_code, 0) << c32.err;
+    CmdResult i32 = run_g4("inspect '" + plan32 + "'");
+    EXPECT_NE(i32.out.find("attention 0 flash (tensor cores), 10 split"), std::string::npos) << i32.out;
     CmdResult r = run_g4("run '" + plan + "' --tokens 2,3 -n 2");
     if (r.exit_code == 0) GTEST_SKIP() << "this machine has a GPU";
     EXPECT_EQ(r.exit_code, 1);

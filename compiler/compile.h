@@ -24,7 +24,7 @@ struct CompileOptions {
     std::string prefill_precision = "bf16";   // CUDA prefill matmuls: bf16 (tensor cores) | fp32 (exact SIMT)
     std::string tokenizer_path;       // tokenizer.json to embed (default: MODEL/tokenizer.json if present)
     int max_context     = 0;          // 0: min(4096, max_position_embeddings)
-    int max_rows        = 64;         // prefill chunk (tokens per step)
+    int max_rows        = 64;         // prefill chunk (tokens per step); `g4 compile --device cuda`: 1024
     int logits_rows     = 16;         // logits rows one step can produce
     std::vector<std::string> gpu_mem; // --gpu-mem [IDX:]SIZE, one per GPU (compiler/placement.h)
     std::string cpu_mem;              // --cpu-mem SIZE: host memory budget

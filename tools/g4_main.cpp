@@ -178,6 +178,9 @@ int cmd_compile(int argc, char** argv) {
     o.weights     = a.get("--weights", o.weights);
     o.device      = a.get("--device", o.device);
     if (a.has("--max-context")) o.max_context = (int)parse_int("--max-context", a.get("--max-context"), 1, 1 << 30);
+    // Prefill chunk: 64 rows on the CPU; 1024 on a GPU, where tensor cores and the per-chunk NF4
+    // dequantisation want long chunks (E2B/E4B activations at 1024 rows: ~190 MiB).
+    if (o.device.rfind("cuda", 0) == 0) o.max_rows = 1024;
     if (a.has("--chunk")) o.max_rows = (int)parse_int("--chunk", a.get("--chunk"), 1, 8192);
     if (a.has("--logits-rows")) o.logits_rows = (int)parse_int("--logits-rows", a.get("--logits-rows"), 1, 8192);
     if (o.logits_rows > o.max_rows) o.logits_rows = o.max_rows;

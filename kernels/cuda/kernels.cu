@@ -146,6 +146,12 @@ __constant__ float kNf4[16] = {-1.0f, -0.6961928009986877f, -0.5250730514526367f
                                -0.28444138169288635f, -0.18477343022823334f, -0.09105003625154495f, 0.0f,
                                0.07958029955625534f, 0.16093020141124725f, 0.24611230194568634f, 0.33791524171829224f,
                                0.44070982933044434f, 0.5626170039176941f, 0.7229568362236023f, 1.0f};
+// The code book in shared memory, for the block (a barrier follows): a warp's lookups hit 16 distinct
+// banks there, while divergent indices into the constant cache serialise.
+__device__ __forceinline__ void nf4_codebook(float* cb) {
+    if (threadIdx.x < 16) cb[threadIdx.x] = kNf4[threadIdx.x];
+    __syncthreads();
+}
 
 // absmax of 64-element block b: f32 table, or double quant code2[q[b]] * absmax2[b/256] + offset.
 __device__ __forceinline__ float nf4_absmax(const void* absmax, const float* absmax2, const float* offset, const float* code2,
@@ -163,8 +169,7 @@ extern "C" __global__ void g4_matmul_nf4(const Step* s, int mode, const float* x
                                          int N, int K, float* y, long ldy, const float* bias) {
     pdl_begin();
     __shared__ float cb[16];
-    if (threadIdx.x < 16) cb[threadIdx.x] = kNf4[threadIdx.x];
-    __syncthreads();
+    nf4_codebook(cb);
     int n = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     int lane = threadIdx.x & 31;
     if (n >= N) return;
@@ -232,8 +237,7 @@ extern "C" __global__ void g4_gemv_nf4(const Step* s, int mode, const float* x, 
                                        long ldy, const float* bias) {
     pdl_begin();
     __shared__ float cb[16];
-    if (threadIdx.x < 16) cb[threadIdx.x] = kNf4[threadIdx.x];
-    __syncthreads();
+    nf4_codebook(cb);
     int n0 = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * GV_R;
     int lane = threadIdx.x & 31;
     if (n0 >= N) return;
@@ -350,9 +354,8 @@ __device__ void simt_gemm(const Step* s, int mode, const float* x, long ldx, con
                           const float* absmax2, const float* offset, const float* code2, int N, int K, float* y, long ldy,
                           const float* bias) {
     __shared__ float xs[TK][TB + 4], ws[TK][TB + 4];
-    __shared__ float cb[16];   // NF4 code book: divergent lookups serialise in the constant cache
-    if (threadIdx.x < 16) cb[threadIdx.x] = kNf4[threadIdx.x];
-    __syncthreads();
+    __shared__ float cb[16];
+    nf4_codebook(cb);
     int T = rows_of(s, mode);
     int t_base = blockIdx.y * TB, n_base = blockIdx.x * TB;
     if (t_base >= T) return;
@@ -427,9 +430,8 @@ __device__ void tc_gemm(const Step* s, int mode, const float* x, long ldx, const
                         const float* bias) {
     __shared__ __align__(16) u16 xs[64 * TCS];
     __shared__ __align__(16) u16 ws[64 * TCS];
-    __shared__ float cb[16];   // NF4 code book (see g4_nf4_to_bf16)
-    if (threadIdx.x < 16) cb[threadIdx.x] = kNf4[threadIdx.x];
-    __syncthreads();
+    __shared__ float cb[16];
+    nf4_codebook(cb);
     int T = rows_of(s, mode);
     int t_base = blockIdx.y * 64, n_base = blockIdx.x * 64;
     if (t_base >= T) return;
@@ -982,10 +984,7 @@ struct GemvArgs {
 template <bool kIsNf4, int L, int M>
 __device__ __forceinline__ void gemv_body(const GemvArgs& a) {
     __shared__ float cb[16];
-    if (kIsNf4) {
-        if (threadIdx.x < 16) cb[threadIdx.x] = kNf4[threadIdx.x];
-        __syncthreads();
-    }
+    if (kIsNf4) nf4_codebook(cb);
     constexpr int R  = GV_OUT / M;          // outputs per lane group
     constexpr int LW = L < 32 ? L : 32;     // lanes of the group in one warp
     constexpr int KS = L / LW;              // warps per group
@@ -1318,11 +1317,8 @@ extern "C" __global__ void __launch_bounds__(256) g4_attn_decode(const Step* s, 
 // grid ceil(n / 32 / 256), block 256: one 16-byte chunk (32 values, half an NF4 block) per thread.
 extern "C" __global__ void g4_nf4_to_bf16(const u8* codes, const void* absmax, const float* absmax2, const float* offset,
                                           const float* code2, long n, u16* out) {
-    // Code book in shared memory: 16 entries in 16 banks, so a warp's divergent lookups do not
-    // serialise as they do in the constant cache.
     __shared__ float cb[16];
-    if (threadIdx.x < 16) cb[threadIdx.x] = kNf4[threadIdx.x];
-    __syncthreads();
+    nf4_codebook(cb);
     pdl_begin();
     long c = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (c * 32 >= n) return;

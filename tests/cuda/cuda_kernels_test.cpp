@@ -334,6 +334,11 @@ INSTANTIATE_TEST_SUITE_P(RealShapes, QkvPost,
 struct AttnCase {
     int heads, kvh, dim, slots, window, pos, rows;
 };
+std::string attn_case_name(const ::testing::TestParamInfo<AttnCase>& i) {
+    const AttnCase& c = i.param;
+    return "h" + std::to_string(c.heads) + "kv" + std::to_string(c.kvh) + "d" + std::to_string(c.dim) + "w" + std::to_string(c.window) +
+           "pos" + std::to_string(c.pos) + "rows" + std::to_string(c.rows);
+}
 class Attention : public ::testing::TestWithParam<AttnCase> {};
 TEST_P(Attention, MatchesReference) {
     NEED_GPU();
@@ -375,11 +380,7 @@ INSTANTIATE_TEST_SUITE_P(RealShapes, Attention,
                                            AttnCase{8, 1, 512, 32912, 0, 32000, 1}, AttnCase{8, 2, 256, 767, 512, 3000, 1},
                                            AttnCase{8, 2, 512, 8192, 0, 8000, 1}, AttnCase{8, 1, 256, 767, 512, 700, 64},
                                            AttnCase{8, 2, 512, 4096, 0, 2000, 64}),
-                         [](const ::testing::TestParamInfo<AttnCase>& i) {
-                             const AttnCase& c = i.param;
-                             return "h" + std::to_string(c.heads) + "kv" + std::to_string(c.kvh) + "d" + std::to_string(c.dim) + "w" +
-                                    std::to_string(c.window) + "pos" + std::to_string(c.pos) + "rows" + std::to_string(c.rows);
-                         });
+                         attn_case_name);
 
 // ---- prefill flash attention (tensor cores): q, K and V rounded to bf16 as the kernel stages them, so
 // against the reference on the rounded inputs only P's rounding and the summation order differ.
@@ -427,11 +428,7 @@ INSTANTIATE_TEST_SUITE_P(RealShapes, FlashAttention,
                                            AttnCase{8, 2, 512, 8192, 0, 4095, 300}, AttnCase{4, 1, 16, 71, 8, 70, 64},
                                            AttnCase{4, 2, 32, 300, 0, 200, 37}, AttnCase{3, 1, 64, 200, 40, 150, 100},
                                            AttnCase{8, 8, 128, 300, 0, 299, 90}),
-                         [](const ::testing::TestParamInfo<AttnCase>& i) {
-                             const AttnCase& c = i.param;
-                             return "h" + std::to_string(c.heads) + "kv" + std::to_string(c.kvh) + "d" + std::to_string(c.dim) + "w" +
-                                    std::to_string(c.window) + "pos" + std::to_string(c.pos) + "rows" + std::to_string(c.rows);
-                         });
+                         attn_case_name);
 
 // ---- prefill GEMM tiers: the cuBLAS tier's converters (bit-exact) and GEMM, the tensor-core kernel
 TEST(PrefillGemm, Nf4ToBf16IsExact) {

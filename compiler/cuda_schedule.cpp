@@ -39,16 +39,20 @@ void choose_variants(std::vector<PlanOp>& ops, const std::vector<PlanTensor>& te
             const int64_t dim = op.ip[2];
             const bool flash  = prefill_precision == "bf16" && dim >= 16 && dim <= 512 && (dim & (dim - 1)) == 0;
             op.ip[5] = flash ? 0 : (int32_t)std::max<int64_t>(1, std::min<int64_t>(32, (span + 63) / 64));
-            // Decode (one block per kv head and split, >= 16 keys a split): 32 keys a split at the
-            // longest span so a step fills the GPU; <= 256 keys a split up to 256K positions.
-            op.ip[6] = (int32_t)std::max<int64_t>(1, std::min<int64_t>(1024, (span + 31) / 32));
+            op.ip[6] = decode_attention_splits(span);
         }
     }
 }
 
+int decode_attention_splits(int64_t span) { return (int)std::max<int64_t>(1, std::min<int64_t>(1024, (span + 7) / 8)); }
+
 int gemv_lanes(int64_t K, bool nf4, int64_t groups) {
     const int64_t C = K / (nf4 ? 32 : 8);   // 16-byte chunks per row
     int L = 8;
+    if (nf4) {   // every chunk of a row among the kGemvFrontChunks a lane loads before its wait
+        while (L < 128 && (int64_t)L * kGemvFrontChunks < C) L *= 2;
+        return L;
+    }
     while (L < 32 && (int64_t)L * 4 < C) L *= 2;
     while (L < 128 && L < C && groups * L < 65536) L *= 2;
     return L;

@@ -15,10 +15,19 @@ namespace g4::cuda {
 void choose_variants(std::vector<plan::PlanOp>& ops, const std::vector<plan::PlanTensor>& tensors, int64_t max_context,
                      const std::string& prefill_precision);
 
-// Lanes that share one weight row in the decode GEMV (8..128): K is read in 16-byte chunks (32 NF4 or
-// 8 bf16 values); each lane takes up to four chunks of a row (several loads in flight, few idle
-// lanes), unless the matrix has too few groups of 4 weight rows to give the GPU about 64K threads:
-// then more lanes share a row, up to one per chunk.
+// Key splits of the decode attention kernel for a layer whose span (window, or the context) is `span`:
+// one block per (kv head, split), >= 8 keys a split (g4_attn_decode's AD_MIN) so a short context
+// still spreads over many blocks; at most 1024 splits (the merge kernel's limit), so <= 256 keys a
+// split up to 256K positions.
+int decode_attention_splits(int64_t span);
+
+// Lanes that share one weight row in the decode GEMV (8..128); K is read in 16-byte chunks (32 NF4 or
+// 8 bf16 values). A lane loads its first kGemvFrontChunks chunks of each of its rows before waiting on
+// the previous kernel (g4_gemv_*'s FC). NF4: the fewest lanes that cover a row with those chunks, so
+// a row's codes are all in flight at once. bf16: each lane takes up to four chunks of a row, unless
+// the matrix has too few groups of 4 weight rows to give the GPU about 64K threads: then more lanes
+// share a row, up to one per chunk.
+inline constexpr int kGemvFrontChunks = 3;
 int gemv_lanes(int64_t K, bool nf4, int64_t groups);
 
 // The launches of one decode step, covering every op exactly once, in order. Fusions:

@@ -870,12 +870,14 @@ G4_FLASH(128)
 G4_FLASH(256)
 G4_FLASH(512)
 
-// grid (max_rows * heads), block 256: y = sum_s exp(m_s - M) acc_s / sum_s exp(m_s - M) l_s.
+// grid (max_rows * heads, ceil(dim / 64)), block 256: y = sum_s exp(m_s - M) acc_s / sum_s exp(m_s - M) l_s.
+// A block takes 64 columns of one (row, head); its four 64-thread groups each sum every fourth split.
 extern "C" __global__ void g4_attention_merge(const Step* s, const float* part, int heads, int dim, int splits, float* y,
                                               long ldy) {
     pdl_begin();
     __shared__ float red[32];
     __shared__ float wsplit[1024];   // splits <= 1024
+    __shared__ float accs[4][64];
     int t = blockIdx.x / heads, h = blockIdx.x % heads;
     if (t >= s->rows) return;
     const float* p = part + (long)blockIdx.x * splits * (dim + 2);
@@ -895,12 +897,28 @@ extern "C" __global__ void g4_attention_merge(const Step* s, const float* part, 
     L = block_sum(L, red);
     const int nact = (int)block_max(last, red);   // splits past the last non-empty one are skipped
     __syncthreads();
-    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
-        float acc = 0.0f;
-        for (int k = 0; k < nact; ++k)
-            if (wsplit[k] > 0.0f) acc += wsplit[k] * p[k * (dim + 2) + i];
-        y[(long)t * ldy + (long)h * dim + i] = acc / L;
+    const int g = threadIdx.x >> 6, cl = threadIdx.x & 63, c = blockIdx.y * 64 + cl;
+    float acc = 0.0f;
+    if (c < dim) {
+        // Empty splits have weight 0 and unwritten columns: selected away, never multiplied.
+        int k = g;
+        for (; k + 12 < nact; k += 16) {
+            float v0 = p[k * (dim + 2) + c], v1 = p[(k + 4) * (dim + 2) + c];
+            float v2 = p[(k + 8) * (dim + 2) + c], v3 = p[(k + 12) * (dim + 2) + c];
+            float w0 = wsplit[k], w1 = wsplit[k + 4], w2 = wsplit[k + 8], w3 = wsplit[k + 12];
+            acc += w0 > 0.0f ? w0 * v0 : 0.0f;
+            acc += w1 > 0.0f ? w1 * v1 : 0.0f;
+            acc += w2 > 0.0f ? w2 * v2 : 0.0f;
+            acc += w3 > 0.0f ? w3 * v3 : 0.0f;
+        }
+        for (; k < nact; k += 4) {
+            float w = wsplit[k];
+            if (w > 0.0f) acc += w * p[k * (dim + 2) + c];
+        }
     }
+    accs[g][cl] = acc;
+    __syncthreads();
+    if (g == 0 && c < dim) y[(long)t * ldy + (long)h * dim + c] = (accs[0][cl] + accs[1][cl] + accs[2][cl] + accs[3][cl]) / L;
 }
 
 // Greedy sampling on the device: index of the largest logit (ties: the lowest index, as the CPU
@@ -981,10 +999,21 @@ struct GemvArgs {
 };
 
 #define GV_OUT 4
+// NF4 pair table for the GEMV: entry e (a code byte) -> (cb[e >> 4], cb[e & 15]), the two weights it
+// holds in element order. 16 copies, copy s in bank pair s: lane l reads copy l % 16, so the 64-bit
+// lookups of a half warp never share a bank whatever the bytes are. Byte offset of (e, copy s):
+// e * 128 + s * 8, which one shift and one LOP3 make from a code word. 32 KiB.
+#define NF4_PAIRS 4096
+__device__ __forceinline__ void nf4_pair_table(float2* tab) {
+    for (int i = threadIdx.x; i < NF4_PAIRS; i += blockDim.x) tab[i] = make_float2(kNf4[i >> 8], kNf4[(i >> 4) & 15]);
+}
+// Byte b of code word w as a pair-table byte offset, or'ed with the lane's copy offset.
+template <int B> __device__ __forceinline__ u32 nf4_pair_off(u32 w, u32 lane_off) {
+    return ((B == 0 ? w << 7 : w >> (8 * B - 7)) & 0x7f80u) | lane_off;
+}
+
 template <bool kIsNf4, int L, int M>
-__device__ __forceinline__ void gemv_body(const GemvArgs& a) {
-    __shared__ float cb[16];
-    if (kIsNf4) nf4_codebook(cb);
+__device__ __forceinline__ void gemv_body(const GemvArgs& a, float2* tab) {
     constexpr int R  = GV_OUT / M;          // outputs per lane group
     constexpr int LW = L < 32 ? L : 32;     // lanes of the group in one warp
     constexpr int KS = L / LW;              // warps per group
@@ -1010,25 +1039,33 @@ __device__ __forceinline__ void gemv_body(const GemvArgs& a) {
     const uint4* wrow[GV_OUT];
     const void* amp[GV_OUT];
     const float *am2p[GV_OUT], *offp[GV_OUT], *c2p[GV_OUT];
+    int blk0[GV_OUT];   // NF4: the row's first element / 32 (its half block)
 #pragma unroll
     for (int q = 0; q < GV_OUT; ++q) {
         const GemvMat& m = mi[q] == 0 ? a.m[0] : mi[q] == 1 ? a.m[1] : a.m[2];
         wrow[q] = (const uint4*)((const char*)m.w + (kIsNf4 ? (long)ln[q] * K / 2 : (long)ln[q] * K * 2));
         amp[q] = m.absmax, am2p[q] = m.absmax2, offp[q] = m.offset, c2p[q] = m.code2;
+        blk0[q] = (int)((long)ln[q] * K / 32);
     }
     constexpr int PER = kIsNf4 ? 32 : 8;   // values per 16-byte chunk
     const int C       = K / PER;
-    // Weights do not depend on the previous kernel: pull this lane's chunks into L2 before waiting.
-    for (int c = gl; c < C; c += L)
+    const u32 lane_off = (threadIdx.x & 15) * 8;
+    // NF4 block scale of chunk c of row q: the raw absmax word (f32 bits, or the u8 code under double
+    // quant), then its value.
+    auto raw_scale = [&](int q, int c) -> u32 {
+        const int b = (blk0[q] + c) >> 1;
+        return am2p[q] ? (u32)((const u8*)amp[q])[b] : __float_as_uint(((const float*)amp[q])[b]);
+    };
+    auto scale_of = [&](int q, int c, u32 raw) -> float {
+        const int b = (blk0[q] + c) >> 1;
+        return am2p[q] ? __fadd_rn(__fmul_rn(c2p[q][raw], am2p[q][b >> 8]), *offp[q]) : __uint_as_float(raw);
+    };
+    // acc[q] += row q's chunk c (codes pk[q]) . x[c * PER ...].
+    auto accumulate = [&](int c, const uint4* pk, const u32* raw, float* acc) {
+        float scale[GV_OUT];
+        if (kIsNf4)
 #pragma unroll
-        for (int q = 0; q < GV_OUT; ++q) prefetch_l2(wrow[q] + c);
-    pdl_begin();
-    float acc[GV_OUT] = {};
-#pragma unroll 2
-    for (int c = gl; c < C; c += L) {
-        uint4 pk[GV_OUT];
-#pragma unroll
-        for (int q = 0; q < GV_OUT; ++q) pk[q] = __ldcs(wrow[q] + c);
+            for (int q = 0; q < GV_OUT; ++q) scale[q] = scale_of(q, c, raw[q]);
         float xv[PER];
         const float4* xp = (const float4*)(a.x + (long)c * PER);
 #pragma unroll
@@ -1039,24 +1076,70 @@ __device__ __forceinline__ void gemv_body(const GemvArgs& a) {
 #pragma unroll
         for (int q = 0; q < GV_OUT; ++q) {
             u32 words[4] = {pk[q].x, pk[q].y, pk[q].z, pk[q].w};
-            float sum = 0.0f;
             if (kIsNf4) {
+                const char* tb = (const char*)tab;
+                float s0 = 0.0f, s1 = 0.0f;   // two chains: half the dependent FMA latency
 #pragma unroll
-                for (int wd = 0; wd < 4; ++wd)
-#pragma unroll
-                    for (int b = 0; b < 4; ++b) {
-                        u32 byte = (words[wd] >> (8 * b)) & 0xff;
-                        sum += cb[byte >> 4] * xv[wd * 8 + b * 2] + cb[byte & 15] * xv[wd * 8 + b * 2 + 1];
-                    }
-                long blk = ((long)ln[q] * K + (long)c * 32) >> 6;
-                acc[q] += sum * nf4_absmax(amp[q], am2p[q], offp[q], c2p[q], blk);
+                for (int wd = 0; wd < 4; ++wd) {
+                    const u32 w     = words[wd];
+                    const float2 p0 = *(const float2*)(tb + nf4_pair_off<0>(w, lane_off));
+                    const float2 p1 = *(const float2*)(tb + nf4_pair_off<1>(w, lane_off));
+                    const float2 p2 = *(const float2*)(tb + nf4_pair_off<2>(w, lane_off));
+                    const float2 p3 = *(const float2*)(tb + nf4_pair_off<3>(w, lane_off));
+                    const float* xw = xv + wd * 8;
+                    s0 = fmaf(p0.x, xw[0], s0), s1 = fmaf(p0.y, xw[1], s1);
+                    s0 = fmaf(p1.x, xw[2], s0), s1 = fmaf(p1.y, xw[3], s1);
+                    s0 = fmaf(p2.x, xw[4], s0), s1 = fmaf(p2.y, xw[5], s1);
+                    s0 = fmaf(p3.x, xw[6], s0), s1 = fmaf(p3.y, xw[7], s1);
+                }
+                acc[q] += (s0 + s1) * scale[q];
             } else {
+                float sum = 0.0f;
 #pragma unroll
                 for (int wd = 0; wd < 4; ++wd)
                     sum += __uint_as_float(words[wd] << 16) * xv[2 * wd] + __uint_as_float(words[wd] & 0xffff0000u) * xv[2 * wd + 1];
                 acc[q] += sum;
             }
         }
+    };
+    // The lane's first FC chunks of every row (codes and scales) are loaded into registers before the
+    // wait on the previous kernel: weights never depend on it, so their DRAM latency overlaps its tail
+    // (and the pair table's set-up). The compiler picks L so an NF4 row needs no more chunks than that;
+    // later chunks (the bf16 LM head) are pulled into L2 now and loaded in the loop below.
+    constexpr int FC = 3;
+    uint4 pk0[FC][GV_OUT];
+    u32 raw0[FC][GV_OUT];
+#pragma unroll
+    for (int i = 0; i < FC; ++i) {
+        const int c = gl + i * L;
+        if (c < C)
+#pragma unroll
+            for (int q = 0; q < GV_OUT; ++q) {
+                pk0[i][q] = __ldcs(wrow[q] + c);
+                raw0[i][q] = kIsNf4 ? raw_scale(q, c) : 0u;
+            }
+    }
+    for (int c = gl + FC * L; c < C; c += L)
+#pragma unroll
+        for (int q = 0; q < GV_OUT; ++q) prefetch_l2(wrow[q] + c);
+    if (kIsNf4) {
+        nf4_pair_table(tab);
+        __syncthreads();
+    }
+    pdl_begin();
+    float acc[GV_OUT] = {};
+#pragma unroll
+    for (int i = 0; i < FC; ++i)
+        if (gl + i * L < C) accumulate(gl + i * L, pk0[i], raw0[i], acc);
+    for (int c = gl + FC * L; c < C; c += L) {
+        uint4 pk[GV_OUT];
+        u32 raw[GV_OUT];
+#pragma unroll
+        for (int q = 0; q < GV_OUT; ++q) {
+            pk[q]  = __ldcs(wrow[q] + c);
+            raw[q] = kIsNf4 ? raw_scale(q, c) : 0u;
+        }
+        accumulate(c, pk, raw, acc);
     }
 #pragma unroll
     for (int q = 0; q < GV_OUT; ++q)
@@ -1097,8 +1180,11 @@ __device__ __forceinline__ void gemv_body(const GemvArgs& a) {
     }
 }
 
-#define G4_GEMV(NAME, NF4, L, M) \
-    extern "C" __global__ void __launch_bounds__(128) NAME(const GemvArgs a) { gemv_body<NF4, L, M>(a); }
+#define G4_GEMV(NAME, NF4, L, M)                                                                              \
+    extern "C" __global__ void __launch_bounds__(128, M == 2 ? 4 : 3) NAME(const GemvArgs a) {                \
+        __shared__ float2 tab[NF4 ? NF4_PAIRS : 1];                                                            \
+        gemv_body<NF4, L, M>(a, tab);                                                                          \
+    }
 G4_GEMV(g4_gemv_nf4_l8_m1, true, 8, 1)
 G4_GEMV(g4_gemv_nf4_l16_m1, true, 16, 1)
 G4_GEMV(g4_gemv_nf4_l32_m1, true, 32, 1)
@@ -1209,7 +1295,7 @@ extern "C" __global__ void g4_qkv_post(const Step* s, float* q, const void* qw, 
 // / splits)) <= AD_KEYS (the compiler sizes splits). grid (kv_heads, splits), block 256; heads per
 // group <= 16, dim <= 512, heads per group * dim <= 4096.
 #define AD_KEYS 256
-#define AD_MIN 16
+#define AD_MIN 8
 extern "C" __global__ void __launch_bounds__(256) g4_attn_decode(const Step* s, const float* q, const float* kc, const float* vc,
                                                                  int heads, int kvh, int dim, int slots, int window, float scale,
                                                                  int splits, float* part) {
@@ -1240,20 +1326,35 @@ extern "C" __global__ void __launch_bounds__(256) g4_attn_decode(const Step* s, 
     }
     for (int e = threadIdx.x; e < hpg * dim; e += blockDim.x) qs[e] = q[(long)g * hpg * dim + e];
     __syncthreads();
-    // Scores: one warp per key, all heads of the group.
+    // Scores: one warp per key, all heads of the group; the heads' warp reductions interleave.
     for (int j = j0 + wid; j < j1; j += nw) {
         const float* kr = kc + (long)((lo + j) % slots) * width + (long)g * dim;
         float kv[16];
 #pragma unroll
         for (int c = 0; c < 16; ++c) kv[c] = lane + 32 * c < dim ? kr[lane + 32 * c] : 0.0f;
-        for (int h = 0; h < hpg; ++h) {
-            float dsum = 0.0f;
+        float v[16];
 #pragma unroll
-            for (int c = 0; c < 16; ++c)
-                if (lane + 32 * c < dim) dsum += qs[h * dim + lane + 32 * c] * kv[c];
-            dsum = warp_sum(dsum);
-            if (lane == 0) sc[h][j - j0] = dsum * scale;
+        for (int h = 0; h < 16; ++h) {
+            v[h] = 0.0f;
+            if (h < hpg)
+#pragma unroll
+                for (int c = 0; c < 16; ++c)
+                    if (lane + 32 * c < dim) v[h] += qs[h * dim + lane + 32 * c] * kv[c];
         }
+        // 16 warp sums in 16 shuffles: each step halves the heads a lane keeps, adding the partner's
+        // partials of those heads; lane l ends with head (bits 4..1 of l), as does lane l ^ 1.
+#pragma unroll
+        for (int o = 16, n = 8; o >= 2; o >>= 1, n >>= 1) {
+            const bool up = lane & o;
+#pragma unroll
+            for (int i = 0; i < n; ++i) {
+                float send = up ? v[i] : v[i + n], keep = up ? v[i + n] : v[i];
+                v[i] = keep + __shfl_xor_sync(0xffffffffu, send, o);
+            }
+        }
+        v[0] += __shfl_xor_sync(0xffffffffu, v[0], 1);
+        const int hl = ((lane >> 4) & 1) * 8 + ((lane >> 3) & 1) * 4 + ((lane >> 2) & 1) * 2 + ((lane >> 1) & 1);
+        if (!(lane & 1) && hl < hpg) sc[hl][j - j0] = v[0] * scale;
     }
     __syncthreads();
     // Softmax numerators per head: one warp per head.

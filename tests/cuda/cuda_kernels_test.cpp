@@ -357,17 +357,17 @@ TEST_P(Attention, MatchesReference) {
     float scale = 1.0f;
     long ld = qw;
     if (c.rows == 1) {
-        int splits = std::min(1024, (span + 31) / 32);
+        int splits = cuda::decode_attention_splits(span);
         CUdeviceptr part = dev.alloc((size_t)heads * splits * (dim + 2) * 4);
         launch("g4_attn_decode", kvh, splits, 256, {&step, &gq, &gk, &gv, &heads, &kvh, &dim, &slots, &window, &scale, &splits, &part});
-        launch("g4_attention_merge", heads, 1, 256, {&step, &part, &heads, &dim, &splits, &gy, &ld});
+        launch("g4_attention_merge", heads, (dim + 63) / 64, 256, {&step, &part, &heads, &dim, &splits, &gy, &ld});
     } else {
         int splits = std::max(1, std::min(32, (span + 63) / 64)), max_span = span;
         CUdeviceptr part = dev.alloc((size_t)c.rows * heads * splits * (dim + 2) * 4);
         CUdeviceptr sc   = dev.alloc((size_t)c.rows * heads * splits * ((span + splits - 1) / splits + 1) * 4);
         launch("g4_attention_partial", c.rows * heads, splits, 256,
                {&step, &gq, &ld, &gk, &gv, &heads, &kvh, &dim, &slots, &window, &scale, &splits, &part, &sc, &max_span});
-        launch("g4_attention_merge", c.rows * heads, 1, 256, {&step, &part, &heads, &dim, &splits, &gy, &ld});
+        launch("g4_attention_merge", c.rows * heads, (dim + 63) / 64, 256, {&step, &part, &heads, &dim, &splits, &gy, &ld});
     }
     double e = rel(dev.down<float>(gy, want.size()), want);
     std::printf("Attention %d/%d x %d slots %d window %d pos %d rows %d: rel %.2e\n", c.heads, c.kvh, c.dim, c.slots, c.window, c.pos,

@@ -520,7 +520,8 @@ g4_status launch_op(g4_session* s, size_t i, int rows, int out_rows, std::string
             // Decode: one block per (kv head, split) for all heads of the group.
             r = go(K.attn_decode, (unsigned)kvh, (unsigned)dsp, 256,
                    {&step, &in0, &in1, &in2, &heads, &kvh, &dim, &slots, &window, &scale, const_cast<int*>(&dsp), &part});
-            if (r == 0) r = go(K.attn_merge, (unsigned)heads, 1, 256, {&step, &part, &heads, &dim, const_cast<int*>(&dsp), &out0, &ldo});
+            if (r == 0)
+                r = go(K.attn_merge, (unsigned)heads, (unsigned)(dim + 63) / 64, 256, {&step, &part, &heads, &dim, const_cast<int*>(&dsp), &out0, &ldo});
             break;
         }
         if (sp == 0) {   // the compiler chose the tensor-core flash kernel (bf16 plans, dim a power of two 16..512)
@@ -537,7 +538,7 @@ g4_status launch_op(g4_session* s, size_t i, int rows, int out_rows, std::string
         }
         r = go(K.attn_part, (unsigned)(n * heads), (unsigned)sp, 256,
                {&step, &in0, &ld0, &in1, &in2, &heads, &kvh, &dim, &slots, &window, &scale, &sp, &part, &scores, &max_span});
-        if (r == 0) r = go(K.attn_merge, (unsigned)(n * heads), 1, 256, {&step, &part, &heads, &dim, &sp, &out0, &ldo});
+        if (r == 0) r = go(K.attn_merge, (unsigned)(n * heads), (unsigned)(dim + 63) / 64, 256, {&step, &part, &heads, &dim, &sp, &out0, &ldo});
         break;
     }
     default: *err = "internal: unknown op"; return G4_ERR_INTERNAL;

@@ -1,0 +1,221 @@
+// Decode GEMV microbenchmark: times the g4_gemv_* kernels of kernels/cuda/kernels.cu at Gemma 4's real
+// decode shapes and reports achieved GB/s against this GPU's measured read bandwidth. Weights are
+// random (valid NF4 blobs, double quant); several copies rotate so every launch reads from DRAM, not L2.
+// Build on a GPU machine (repo root):
+//   nvcc -O3 -std=c++17 -arch=sm_90 -o build-dev/gemv_bench bench/gemv_bench.cu
+//   [-DG4_KERNELS='"path/to/other/kernels.cu"' to time another version of the kernels]
+// Usage: gemv_bench [reps]    (prints one line per shape and lane count; '*' marks the compiler's choice)
+#ifndef G4_KERNELS
+#define G4_KERNELS "../kernels/cuda/kernels.cu"
+#endif
+#include G4_KERNELS
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cuda_runtime.h>
+#include <random>
+#include <vector>
+
+#define CK(x)                                                                                                       \
+    do {                                                                                                            \
+        cudaError_t e_ = (x);                                                                                       \
+        if (e_ != cudaSuccess) {                                                                                    \
+            std::fprintf(stderr, "gemv_bench: %s: %s\n", #x, cudaGetErrorString(e_));                               \
+            std::exit(1);                                                                                           \
+        }                                                                                                           \
+    } while (0)
+
+typedef void (*GemvFn)(const GemvArgs);
+static const GemvFn kGemvNf4[2][5] = {
+    {g4_gemv_nf4_l8_m1, g4_gemv_nf4_l16_m1, g4_gemv_nf4_l32_m1, g4_gemv_nf4_l64_m1, g4_gemv_nf4_l128_m1},
+    {g4_gemv_nf4_l8_m2, g4_gemv_nf4_l16_m2, g4_gemv_nf4_l32_m2, g4_gemv_nf4_l64_m2, g4_gemv_nf4_l128_m2}};
+static const GemvFn kGemvBf16[2][5] = {
+    {g4_gemv_bf16_l8_m1, g4_gemv_bf16_l16_m1, g4_gemv_bf16_l32_m1, g4_gemv_bf16_l64_m1, g4_gemv_bf16_l128_m1},
+    {g4_gemv_bf16_l8_m2, g4_gemv_bf16_l16_m2, g4_gemv_bf16_l32_m2, g4_gemv_bf16_l64_m2, g4_gemv_bf16_l128_m2}};
+
+// compiler/cuda_schedule.cpp gemv_lanes(), repeated so this file builds alone.
+static int chosen_lanes(long K, bool nf4, long groups) {
+    const long C = K / (nf4 ? 32 : 8);
+    int L = 8;
+    if (nf4) {
+        while (L < 128 && L * 3L < C) L *= 2;
+        return L;
+    }
+    while (L < 32 && (long)L * 4 < C) L *= 2;
+    while (L < 128 && L < C && groups * L < 65536) L *= 2;
+    return L;
+}
+
+struct Case {
+    const char* name;
+    bool nf4;
+    std::vector<int> n;   // matrices sharing x; pairs: two equal halves (gate, up)
+    int k;
+    bool pairs;
+};
+
+// One weight matrix set on the device: NF4 blob parts (double quant) or bf16.
+struct Mats {
+    std::vector<GemvMat> m;
+    size_t bytes = 0;
+};
+
+static Mats make(const Case& c, std::mt19937& rng) {
+    Mats r;
+    for (int n : c.n) {
+        GemvMat g{};
+        g.n          = n;
+        size_t elems = (size_t)n * c.k;
+        if (c.nf4) {
+            size_t blocks = elems / 64, blocks2 = (blocks + 255) / 256;
+            std::vector<unsigned char> codes(elems / 2), aq(blocks);
+            for (auto& b : codes) b = (unsigned char)rng();
+            for (auto& b : aq) b = (unsigned char)rng();
+            std::vector<float> a2(blocks2, 0.02f), code2(256);
+            for (int i = 0; i < 256; ++i) code2[i] = (i - 128) / 128.0f;
+            float off = 0.01f;
+            void *dc, *da, *da2, *doff, *dcode2;
+            CK(cudaMalloc(&dc, codes.size()));
+            CK(cudaMalloc(&da, aq.size()));
+            CK(cudaMalloc(&da2, a2.size() * 4));
+            CK(cudaMalloc(&doff, 4));
+            CK(cudaMalloc(&dcode2, 1024));
+            CK(cudaMemcpy(dc, codes.data(), codes.size(), cudaMemcpyHostToDevice));
+            CK(cudaMemcpy(da, aq.data(), aq.size(), cudaMemcpyHostToDevice));
+            CK(cudaMemcpy(da2, a2.data(), a2.size() * 4, cudaMemcpyHostToDevice));
+            CK(cudaMemcpy(doff, &off, 4, cudaMemcpyHostToDevice));
+            CK(cudaMemcpy(dcode2, code2.data(), 1024, cudaMemcpyHostToDevice));
+            g.w = dc, g.absmax = da, g.absmax2 = (const float*)da2, g.offset = (const float*)doff, g.code2 = (const float*)dcode2;
+            r.bytes += codes.size() + aq.size() + a2.size() * 4;
+        } else {
+            std::vector<unsigned short> w(elems);
+            for (auto& v : w) v = (unsigned short)(0x3c00 + (rng() & 0x3ff));
+            void* dw;
+            CK(cudaMalloc(&dw, elems * 2));
+            CK(cudaMemcpy(dw, w.data(), elems * 2, cudaMemcpyHostToDevice));
+            g.w = dw;
+            r.bytes += elems * 2;
+        }
+        r.m.push_back(g);
+    }
+    return r;
+}
+
+// Read bandwidth: each thread sums float4s of a buffer far larger than L2.
+__global__ void read_kernel(const float4* p, size_t n, float* out) {
+    float s = 0.0f;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        float4 v = __ldcs(p + i);
+        s += v.x + v.y + v.z + v.w;
+    }
+    if (s == 123.456f) *out = s;
+}
+
+static float median(std::vector<float> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+}
+
+int main(int argc, char** argv) {
+    const int reps = argc > 1 ? std::atoi(argv[1]) : 20;
+    cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, 0));
+    cudaStream_t st;
+    CK(cudaStreamCreate(&st));
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+
+    // Measured read bandwidth (1 GiB, median of 5).
+    size_t nb = (size_t)1 << 30;
+    float4* big;
+    float* sink;
+    CK(cudaMalloc(&big, nb));
+    CK(cudaMalloc(&sink, 4));
+    CK(cudaMemset(big, 0, nb));
+    std::vector<float> bw;
+    for (int i = 0; i < 6; ++i) {
+        CK(cudaEventRecord(e0, st));
+        read_kernel<<<prop.multiProcessorCount * 8, 512, 0, st>>>(big, nb / 16, sink);
+        CK(cudaEventRecord(e1, st));
+        CK(cudaEventSynchronize(e1));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        if (i) bw.push_back(nb / (ms * 1e-3f) / 1e9f);
+    }
+    CK(cudaFree(big));
+    const float peak = median(bw);
+    std::printf("%s, %d SMs: measured read bandwidth %.0f GB/s\n", prop.name, prop.multiProcessorCount, peak);
+
+    const std::vector<Case> cases = {
+        {"e2b q/k/v (sliding)", true, {2048, 256, 256}, 1536, false},
+        {"e2b q/k/v (full)", true, {4096, 512, 512}, 1536, false},
+        {"e2b attn_o", true, {1536}, 2048, false},
+        {"e2b gate/up", true, {6144, 6144}, 1536, true},
+        {"e2b gate/up (wide)", true, {12288, 12288}, 1536, true},
+        {"e2b down", true, {1536}, 6144, false},
+        {"e2b down (wide)", true, {1536}, 12288, false},
+        {"e4b q/k/v", true, {2048, 512, 512}, 2560, false},
+        {"e4b gate/up", true, {10240, 10240}, 2560, true},
+        {"e4b down", true, {2560}, 10240, false},
+        {"e2b ple gate (bf16)", false, {256}, 1536, false},
+        {"e2b ple proj (bf16)", false, {1536}, 256, false},
+    };
+    std::mt19937 rng(1);
+    std::printf("%-22s %6s %5s %10s %9s %8s\n", "shape", "MB", "lanes", "us/launch", "GB/s", "of peak");
+    for (const Case& c : cases) {
+        Mats first = make(c, rng);
+        const int copies = (int)std::max<size_t>(2, (size_t)(256u << 20) / first.bytes + 1);
+        std::vector<Mats> sets{first};
+        for (int i = 1; i < copies; ++i) sets.push_back(make(c, rng));
+        int n_out = c.pairs ? c.n[0] : 0;
+        if (!c.pairs)
+            for (int n : c.n) n_out += n;
+        float *x, *out, *y;
+        CK(cudaMalloc(&x, c.k * 4));
+        CK(cudaMalloc(&out, (size_t)n_out * 4));
+        CK(cudaMalloc(&y, (size_t)n_out * 4));
+        std::vector<float> hx(c.k);
+        for (auto& v : hx) v = (float)(rng() % 1000) / 1000.0f - 0.5f;
+        CK(cudaMemcpy(x, hx.data(), c.k * 4, cudaMemcpyHostToDevice));
+        const long groups = c.pairs ? (n_out + 1) / 2 : (n_out + 3) / 4;
+        const int pick     = chosen_lanes(c.k, c.nf4, groups);
+        for (int li = 0; li < 5; ++li) {
+            const int L = 8 << li;
+            if (L > c.k / (c.nf4 ? 32 : 8)) continue;
+            GemvFn fn      = (c.nf4 ? kGemvNf4 : kGemvBf16)[c.pairs][li];
+            long threads   = groups * L;
+            unsigned grid  = (unsigned)((threads + 127) / 128);
+            std::vector<float> t;
+            for (int r = 0; r < reps + 2; ++r) {
+                GemvArgs a{};
+                const Mats& s = sets[r % copies];
+                for (size_t m = 0; m < s.m.size(); ++m) {
+                    a.m[m]   = s.m[m];
+                    a.m[m].y = y;
+                }
+                a.x = x, a.out = out, a.aux = y, a.nmat = (int)s.m.size(), a.k = c.k, a.epi = c.pairs ? 1 : 0, a.cap = 30.0f;
+                CK(cudaEventRecord(e0, st));
+                fn<<<grid, 128, 0, st>>>(a);
+                CK(cudaEventRecord(e1, st));
+                CK(cudaEventSynchronize(e1));
+                CK(cudaGetLastError());
+                float ms;
+                CK(cudaEventElapsedTime(&ms, e0, e1));
+                if (r >= 2) t.push_back(ms * 1e3f);
+            }
+            float us = median(t);
+            float gbs = first.bytes / (us * 1e-6f) / 1e9f;
+            std::printf("%-22s %6.2f %4d%s %10.2f %9.0f %7.1f%%\n", c.name, first.bytes / 1e6, L, L == pick ? "*" : " ", us, gbs,
+                        100.0f * gbs / peak);
+        }
+        for (auto& s : sets)
+            for (auto& m : s.m) {
+                cudaFree((void*)m.w);
+                if (c.nf4) cudaFree((void*)m.absmax), cudaFree((void*)m.absmax2), cudaFree((void*)m.offset), cudaFree((void*)m.code2);
+            }
+        cudaFree(x), cudaFree(out), cudaFree(y);
+    }
+    return 0;
+}

@@ -154,11 +154,17 @@ __device__ __forceinline__ void nf4_codebook(float* cb) {
 }
 
 // absmax of 64-element block b: f32 table, or double quant code2[q[b]] * absmax2[b/256] + offset.
+// In two steps for kernels that issue the load early: the raw word (f32 bits, or the u8 code q[b]),
+// then its value.
+__device__ __forceinline__ u32 nf4_absmax_raw(const void* absmax, const float* absmax2, long b) {
+    return absmax2 ? (u32)((const u8*)absmax)[b] : __float_as_uint(((const float*)absmax)[b]);
+}
+__device__ __forceinline__ float nf4_absmax_value(u32 raw, const float* absmax2, const float* offset, const float* code2, long b) {
+    return absmax2 ? __fadd_rn(__fmul_rn(code2[raw], absmax2[b >> 8]), *offset) : __uint_as_float(raw);
+}
 __device__ __forceinline__ float nf4_absmax(const void* absmax, const float* absmax2, const float* offset, const float* code2,
                                             long b) {
-    if (!absmax2) return ((const float*)absmax)[b];
-    float a = __fmul_rn(code2[((const u8*)absmax)[b]], absmax2[b >> 8]);
-    return __fadd_rn(a, *offset);
+    return nf4_absmax_value(nf4_absmax_raw(absmax, absmax2, b), absmax2, offset, code2, b);
 }
 
 // NF4 weights (kernels/nf4.h blob, pointers to its parts). Elements of row n start at n*K; blocks of
@@ -974,8 +980,8 @@ __device__ __forceinline__ float gelu_tanh(float a) {
 // ---- GEMV family: up to 3 matrices of one dtype sharing x (q/k/v), or (M = 2) a gate/up pair per
 // output. L lanes (8..128; past 32 several warps, reduced through shared memory) share one weight row
 // in 16-byte chunks (32 NF4 or 8 bf16 values: one load per lane per row), each lane group owns GV_OUT
-// weight rows so its x chunk is reused 4 times. The compiler picks L so a row's chunks are in flight
-// at once (L >= chunks, up to 128).
+// weight rows so its x chunk is reused 4 times. Each lane's first FC chunks of its rows are loaded
+// before the wait on the previous kernel; the compiler picks L (compiler/cuda_schedule.h gemv_lanes).
 // Epilogues: 0 y_m[n] = v (+bias); 1 out[n] = gelu(v_gate) * v_up; 2 out[n] = gelu(v) * aux[n];
 // 3 y_0[n] = cap * tanh(v / cap). grid ceil(rows / (GV_OUT / M) * L / 128), block 128.
 struct GemvMat {
@@ -1050,16 +1056,9 @@ __device__ __forceinline__ void gemv_body(const GemvArgs& a, float2* tab) {
     constexpr int PER = kIsNf4 ? 32 : 8;   // values per 16-byte chunk
     const int C       = K / PER;
     const u32 lane_off = (threadIdx.x & 15) * 8;
-    // NF4 block scale of chunk c of row q: the raw absmax word (f32 bits, or the u8 code under double
-    // quant), then its value.
-    auto raw_scale = [&](int q, int c) -> u32 {
-        const int b = (blk0[q] + c) >> 1;
-        return am2p[q] ? (u32)((const u8*)amp[q])[b] : __float_as_uint(((const float*)amp[q])[b]);
-    };
-    auto scale_of = [&](int q, int c, u32 raw) -> float {
-        const int b = (blk0[q] + c) >> 1;
-        return am2p[q] ? __fadd_rn(__fmul_rn(c2p[q][raw], am2p[q][b >> 8]), *offp[q]) : __uint_as_float(raw);
-    };
+    // NF4 block scale of chunk c of row q, in two steps (the load is issued with the codes).
+    auto raw_scale = [&](int q, int c) { return nf4_absmax_raw(amp[q], am2p[q], (blk0[q] + c) >> 1); };
+    auto scale_of  = [&](int q, int c, u32 raw) { return nf4_absmax_value(raw, am2p[q], offp[q], c2p[q], (blk0[q] + c) >> 1); };
     // acc[q] += row q's chunk c (codes pk[q]) . x[c * PER ...].
     auto accumulate = [&](int c, const uint4* pk, const u32* raw, float* acc) {
         float scale[GV_OUT];

@@ -10,7 +10,7 @@ Rows: g4 (adapter merged, NF4 projections, CUDA); transformers bf16; transformer
 Usage: python3 bench/e2e_bench.py BUILD/tools/g4 --model e2b|e4b [--out DIR] [--new 128]
 Writes DIR/bench_<model>.json, DIR/bench_<model>.md and DIR/bench_<model>.png.
 """
-import argparse, json, os, re, subprocess, sys, threading, time
+import argparse, json, os, re, subprocess, sys, time
 
 import torch
 
@@ -35,6 +35,9 @@ import transformers
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
 from gemma4_shapes import text_config  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from g4_measure import GpuPeak, gib, planned_gpu_mib  # noqa: E402
 
 cfg = text_config(args.model)
 ckpt, adapter = os.path.join(args.workdir, args.model), os.path.join(args.workdir, args.model + "-lora")
@@ -93,25 +96,6 @@ def ids_of(n):
     return [2] + [(i * 7919 + 13) % 200000 + 1000 for i in range(n - 1)]
 
 
-class GpuPeak:
-    """Highest GPU memory used by other processes (nvidia-smi), sampled every 20 ms."""
-    def __init__(self):
-        self.peak, self.stop = 0, False
-    def __enter__(self):
-        def poll():
-            while not self.stop:
-                out = subprocess.run(["nvidia-smi", "--query-compute-apps=used_memory", "--format=csv,noheader,nounits"],
-                                     capture_output=True, text=True).stdout.split()
-                self.peak = max([self.peak] + [int(x) for x in out if x.isdigit()])
-                time.sleep(0.02)
-        self.t = threading.Thread(target=poll, daemon=True)
-        self.t.start()
-        return self
-    def __exit__(self, *a):
-        self.stop = True
-        self.t.join()
-
-
 # ---- g4: adapter merged in fp32, NF4 projections, one plan for every measurement.
 max_ctx = max(depths + [4096]) + args.new + 16
 plan = os.path.join(args.workdir, args.model + ".g4plan")
@@ -139,17 +123,6 @@ if r.returncode != 0:
 res["g4_compile_s"] = round(time.time() - t0, 1)
 report = r.stderr
 print(report[-1200:], flush=True)
-
-
-def gib(s):
-    v, unit = s.split()
-    return float(v) * {"GiB": 1, "MiB": 1 / 1024, "KiB": 1 / 2**20}[unit]
-
-
-def planned_gpu_mib(compile_report):
-    """The plan's cuda:0 total from the compiler's memory table (CUDA context and allocator not included)."""
-    m = re.search(r"^\s+cuda:0\s+([\d.]+ \w+)", compile_report, re.M)
-    return round(gib(m.group(1)) * 1024) if m else None
 
 
 groups = {m.group(1): gib(m.group(3)) for m in re.finditer(r"^\s+(\w+)\s+\d+\s+([\d.]+ \w+)\s+([\d.]+ \w+)$", report, re.M)}

@@ -8,7 +8,10 @@ memory table; then `g4 bench` prefills N - 256 tokens and decodes 32, while nvid
 Usage: python3 bench/long_context_bench.py BUILD/tools/g4 --model e2b [--contexts 32768,131072] [--chunk 1024] [--out DIR]
 Writes DIR/long_context_<model>_chunk<C>.json.
 """
-import argparse, json, os, re, subprocess, threading, time
+import argparse, json, os, subprocess, sys, time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from g4_measure import GpuPeak, planned_gpu_mib  # noqa: E402
 
 ap = argparse.ArgumentParser()
 ap.add_argument("g4")
@@ -23,29 +26,6 @@ if not os.path.exists(os.path.join(ckpt, "config.json")):
     raise SystemExit(f"no checkpoint in {ckpt}: run bench/e2e_bench.py G4 --model {args.model} --checkpoint-only first")
 
 
-class GpuPeak:
-    """Highest GPU memory used by compute processes (nvidia-smi), sampled every 20 ms."""
-    def __enter__(self):
-        self.peak, self.stop = 0, False
-        def poll():
-            while not self.stop:
-                out = subprocess.run(["nvidia-smi", "--query-compute-apps=used_memory", "--format=csv,noheader,nounits"],
-                                     capture_output=True, text=True).stdout.split()
-                self.peak = max([self.peak] + [int(x) for x in out if x.isdigit()])
-                time.sleep(0.02)
-        self.t = threading.Thread(target=poll, daemon=True)
-        self.t.start()
-        return self
-    def __exit__(self, *a):
-        self.stop = True
-        self.t.join()
-
-
-def mib(s):
-    v, unit = s.split()
-    return float(v) * {"GiB": 1024, "MiB": 1, "KiB": 1 / 1024}[unit]
-
-
 rows = []
 for n in [int(x) for x in args.contexts.split(",")]:
     plan = os.path.join(args.workdir, f"{args.model}_{n}.g4plan")
@@ -54,8 +34,7 @@ for n in [int(x) for x in args.contexts.split(",")]:
                         str(n), "--chunk", str(args.chunk), "--place", "ple=host", "-o", plan], capture_output=True, text=True)
     if r.returncode != 0:
         raise SystemExit(r.stderr[-2000:])
-    m = re.search(r"^\s+cuda:0\s+([\d.]+ \w+)", r.stderr, re.M)
-    row = {"context": n, "chunk": args.chunk, "compile_s": round(time.time() - t0, 1), "planned_cuda0_mib": round(mib(m.group(1))) if m else None}
+    row = {"context": n, "chunk": args.chunk, "compile_s": round(time.time() - t0, 1), "planned_cuda0_mib": planned_gpu_mib(r.stderr)}
     depth = n - 256
     with GpuPeak() as pk:
         b = subprocess.run([args.g4, "bench", plan, "-p", "512", "-n", "32", "-d", str(depth), "-r", "1", "--json"], capture_output=True,

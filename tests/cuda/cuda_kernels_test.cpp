@@ -339,20 +339,34 @@ std::string attn_case_name(const ::testing::TestParamInfo<AttnCase>& i) {
     return "h" + std::to_string(c.heads) + "kv" + std::to_string(c.kvh) + "d" + std::to_string(c.dim) + "w" + std::to_string(c.window) +
            "pos" + std::to_string(c.pos) + "rows" + std::to_string(c.rows);
 }
+// Inputs of a case: q [rows, heads*dim] (rows ending at position pos), K/V caches [slots, kv_heads*dim].
+struct AttnData {
+    int qw, pos0;
+    std::vector<float> q, kc, vc;
+};
+AttnData attn_data(const AttnCase& c) {
+    const int qw = c.heads * c.dim, kw = c.kvh * c.dim;
+    return {qw, c.pos - c.rows + 1, randn((size_t)c.rows * qw, 1, 0.2f), randn((size_t)c.slots * kw, 2), randn((size_t)c.slots * kw, 3)};
+}
+// The scalar reference on the given inputs (scale 1): [rows, heads*dim].
+std::vector<float> attn_ref(const AttnCase& c, const std::vector<float>& q, const std::vector<float>& kc, const std::vector<float>& vc) {
+    const int qw = c.heads * c.dim;
+    std::vector<float> out((size_t)c.rows * qw), scratch(c.slots + 64);
+    ref::attention({q.data(), qw, kc.data(), vc.data(), out.data(), qw, c.rows, c.heads, c.kvh, c.dim, c.slots, c.window,
+                    c.pos - c.rows + 1, 1.0f, scratch.data()});
+    return out;
+}
+
 class Attention : public ::testing::TestWithParam<AttnCase> {};
 TEST_P(Attention, MatchesReference) {
     NEED_GPU();
     const AttnCase c = GetParam();
     Dev dev;
-    const int qw = c.heads * c.dim, kw = c.kvh * c.dim;
-    std::vector<float> q = randn((size_t)c.rows * qw, 1, 0.2f), kc = randn((size_t)c.slots * kw, 2), vc = randn((size_t)c.slots * kw, 3);
-    std::vector<float> want((size_t)c.rows * qw), scratch(c.slots + 64);
-    const int pos0 = c.pos - c.rows + 1;
-    AttentionArgs ra{q.data(), qw, kc.data(), vc.data(), want.data(), qw, c.rows, c.heads, c.kvh, c.dim, c.slots, c.window, pos0, 1.0f,
-                     scratch.data()};
-    ref::attention(ra);
+    const AttnData in = attn_data(c);
+    const int qw = in.qw, pos0 = in.pos0;
+    const std::vector<float> want = attn_ref(c, in.q, in.kc, in.vc);
     const int span = c.window > 0 ? std::min(c.window, c.slots) : c.slots;
-    CUdeviceptr step = dev.step(c.rows, pos0, c.rows), gq = dev.up(q), gk = dev.up(kc), gv = dev.up(vc), gy = dev.alloc(want.size() * 4);
+    CUdeviceptr step = dev.step(c.rows, pos0, c.rows), gq = dev.up(in.q), gk = dev.up(in.kc), gv = dev.up(in.vc), gy = dev.alloc(want.size() * 4);
     int heads = c.heads, kvh = c.kvh, dim = c.dim, slots = c.slots, window = c.window;
     float scale = 1.0f;
     long ld = qw;
@@ -389,20 +403,14 @@ TEST_P(FlashAttention, MatchesReference) {
     NEED_GPU();
     const AttnCase c = GetParam();
     Dev dev;
-    const int qw = c.heads * c.dim, kw = c.kvh * c.dim;
-    std::vector<float> q = randn((size_t)c.rows * qw, 1, 0.2f), kc = randn((size_t)c.slots * kw, 2), vc = randn((size_t)c.slots * kw, 3);
+    const AttnData in = attn_data(c);
+    const int qw = in.qw, pos0 = in.pos0;
     auto round = [](std::vector<float> v) {
         for (float& x : v) x = bf16_to_f32(f32_to_bf16(x));
         return v;
     };
-    std::vector<float> qr = round(q), kr = round(kc), vr = round(vc);
-    std::vector<float> want((size_t)c.rows * qw), exact((size_t)c.rows * qw), scratch(c.slots + 64);
-    const int pos0 = c.pos - c.rows + 1;
-    ref::attention({qr.data(), qw, kr.data(), vr.data(), want.data(), qw, c.rows, c.heads, c.kvh, c.dim, c.slots, c.window, pos0, 1.0f,
-                    scratch.data()});
-    ref::attention({q.data(), qw, kc.data(), vc.data(), exact.data(), qw, c.rows, c.heads, c.kvh, c.dim, c.slots, c.window, pos0, 1.0f,
-                    scratch.data()});
-    CUdeviceptr step = dev.step(c.rows, pos0, c.rows), gq = dev.up(q), gk = dev.up(kc), gv = dev.up(vc);
+    const std::vector<float> want = attn_ref(c, round(in.q), round(in.kc), round(in.vc)), exact = attn_ref(c, in.q, in.kc, in.vc);
+    CUdeviceptr step = dev.step(c.rows, pos0, c.rows), gq = dev.up(in.q), gk = dev.up(in.kc), gv = dev.up(in.vc);
     CUdeviceptr gy = dev.up(std::vector<float>(want.size(), 7.0f));
     int heads = c.heads, kvh = c.kvh, slots = c.slots, window = c.window;
     float scale = 1.0f;

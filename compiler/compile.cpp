@@ -8,6 +8,7 @@
 #include "compiler/cuda_compile.h"
 #include "compiler/cuda_schedule.h"
 #include "runtime/src/cuda/driver.h"
+#include "runtime/src/cuda/workspace.h"
 #include "compiler/error.h"
 #include "compiler/lora.h"
 #include "compiler/nf4_quant.h"
@@ -229,7 +230,7 @@ struct Report {
     std::map<std::string, Group> groups;
     std::vector<std::string> merged;     // adapter modules merged
     std::map<std::string, std::string> tensor_dtype;
-    uint64_t weights_bytes = 0, act_arena = 0, kv_arena = 0, cuda_workspace = 0, cpu_scratch_per_thread = 0;
+    uint64_t weights_bytes = 0, act_arena = 0, kv_arena = 0, cuda_workspace = 0, cuda_pinned = 0, cpu_scratch_per_thread = 0;
     uint64_t ple_table_bytes = 0;   // part of weights_bytes; in host memory with --place ple=host
     int sliding_slots = 0;
     size_t n_ops = 0, n_tensors = 0, ignored_text = 0, ignored_other = 0;
@@ -442,23 +443,11 @@ void write_plan(const Inputs& in, const std::string& out_path, Mode mode, Report
     if (mode == Mode::Plan) meta.update(in.placement_meta);
     std::string meta_text = meta.dump(1);
 
-    // Session memory beyond the arenas: CUDA workspaces (as runtime/src/cuda/backend.cpp sizes them:
-    // attention partials and scores, the cuBLAS tier's bf16 scratch), CPU per-thread scratch.
+    // Session memory beyond the arenas: CUDA workspaces (runtime/src/cuda/workspace.h, which the
+    // runtime allocates from), CPU per-thread scratch.
     {
-        uint64_t part = 16, scores = 16, wscratch = 0, xscratch = 0;
-        for (const auto& o : ops)
-            if (o.code == (uint16_t)OpCode::Attention) {
-                uint64_t sp   = o.ip[5];   // 0: flash kernel, no prefill workspace
-                uint64_t span = o.ip[4] > 0 ? std::min<uint64_t>(o.ip[4], in.max_context) : in.max_context;
-                part          = std::max<uint64_t>(part, (uint64_t)opt.max_rows * o.ip[0] * sp * (o.ip[2] + 2));
-                part          = std::max<uint64_t>(part, (uint64_t)o.ip[0] * std::max(1, o.ip[6]) * (o.ip[2] + 2));
-                if (sp) scores = std::max<uint64_t>(scores, (uint64_t)opt.max_rows * o.ip[0] * sp * ((span + sp - 1) / sp + 1));
-            } else if (o.code == (uint16_t)OpCode::Matmul && o.ip[6] == (int32_t)plan::MatmulVariant::Cublas) {
-                const plan::PlanTensor& w = tensors[o.in[1]];
-                if (w.dtype == (uint8_t)DType::NF4) wscratch = std::max<uint64_t>(wscratch, (uint64_t)w.dims[0] * w.dims[1] * 2);
-                xscratch = std::max<uint64_t>(xscratch, (uint64_t)opt.max_rows * w.dims[1] * 2);
-            }
-        rep->cuda_workspace         = (part + scores) * 4 + (xscratch ? align_up(wscratch, 256) + align_up(xscratch, 256) + plan::kCublasWorkspaceBytes : 0);
+        rep->cuda_workspace = cuda_ws::workspace(ops.data(), ops.size(), tensors.data(), opt.max_rows, in.max_context, hp.vocab_size).device_bytes();
+        rep->cuda_pinned    = cuda_ws::pinned_bytes(opt.max_rows, opt.logits_rows, hp.vocab_size, in.max_context);
         rep->cpu_scratch_per_thread = (uint64_t)std::max<int64_t>(32 * max_k, in.max_context + 64) * 4;
     }
     rep->weights_bytes = weights_size;
@@ -757,7 +746,7 @@ void compile_plan(const CompileOptions& opt, std::ostream& log) {
         f.kv_cache            = r.kv_arena;
         f.attention_workspace = r.cuda_workspace;
         f.scratch_per_thread  = r.cpu_scratch_per_thread;
-        f.pinned              = 64 + (uint64_t)opt.max_rows * 4 + (uint64_t)opt.logits_rows * hp.vocab_size * 4;
+        f.pinned              = r.cuda_pinned;
         return f;
     };
     auto figures_at = [&](int max_context) {

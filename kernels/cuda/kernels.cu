@@ -968,6 +968,54 @@ extern "C" __global__ void g4_argmax(const float* logits, int vocab, int* ws) {
     if (threadIdx.x == 0) ws[0] = bi[0], ws[1] = 0;
 }
 
+// ---- sampling on the GPU (outside the decode graph; the host draws from the candidates).
+// Repetition penalty: y = logits (g4_copy_f32), then for each history token t, y[t] = logits[t] * p if
+// negative, else / p (duplicates write the same value). grid ceil(n / 256), block 256.
+extern "C" __global__ void g4_copy_f32(const float* x, float* y, long n) {
+    const long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = x[i];
+}
+extern "C" __global__ void g4_penalize(const float* logits, float* y, const int* tokens, int n, int vocab, float penalty) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const int t = tokens[i];
+    if (t < 0 || t >= vocab) return;
+    const float l = logits[t];
+    y[t]          = l < 0.0f ? __fmul_rn(l, penalty) : __fdiv_rn(l, penalty);
+}
+// One round of top-k: block b sorts pairs b * TK_BLOCK .. + TK_BLOCK (values val[i] / temp when temp
+// > 0, indices idx[i] or i when idx is null; past n: -inf) by value descending, ties by the lower
+// index (the host sampler's order), and writes its first `keep` to out[b * keep ..]. Bitonic sort in
+// shared memory. grid ceil(n / TK_BLOCK), block 1024.
+#define TK_BLOCK 2048
+extern "C" __global__ void __launch_bounds__(1024) g4_topk_round(const float* val, const int* idx, long n, float temp, int keep,
+                                                                 float* oval, int* oidx) {
+    __shared__ float sv[TK_BLOCK];
+    __shared__ int si[TK_BLOCK];
+    const long base = (long)blockIdx.x * TK_BLOCK;
+    for (int j = threadIdx.x; j < TK_BLOCK; j += blockDim.x) {
+        const long i = base + j;
+        float v      = NEG_INF;
+        int id       = 0x7fffffff;
+        if (i < n) {
+            v  = temp > 0.0f ? __fdiv_rn(val[i], temp) : val[i];
+            id = idx ? idx[i] : (int)i;
+        }
+        sv[j] = v, si[j] = id;
+    }
+    __syncthreads();
+    for (int size = 2; size <= TK_BLOCK; size <<= 1)
+        for (int stride = size >> 1; stride > 0; stride >>= 1) {
+            const int t = threadIdx.x, i = 2 * t - (t & (stride - 1)), j = i + stride;
+            const float a = sv[i], b = sv[j];
+            const int ia = si[i], ib = si[j];
+            const bool first = a > b || (a == b && ia < ib);   // i's pair ranks before j's
+            if (first != ((i & size) == 0)) sv[i] = b, sv[j] = a, si[i] = ib, si[j] = ia;
+            __syncthreads();
+        }
+    for (int j = threadIdx.x; j < keep; j += blockDim.x) oval[(long)blockIdx.x * keep + j] = sv[j], oidx[(long)blockIdx.x * keep + j] = si[j];
+}
+
 // ============================================================================================
 // Fused decode kernels, launched from the compiler's CUDA schedule (plan section CUDA_SCHEDULE;
 // compiler/cuda_schedule.cpp says which op sequences each one replaces). Decode steps only: one row.

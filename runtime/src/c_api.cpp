@@ -4,6 +4,7 @@
 #include "runtime/src/engine.h"
 #include "runtime/src/executor.h"
 #include "runtime/src/sampler.h"
+#include "runtime/src/cuda/workspace.h"
 #include "runtime/src/chat_template.h"
 
 #include <algorithm>
@@ -375,14 +376,43 @@ g4_status g4_session_sample(g4_session* s, const g4_sampling_params* params, int
     g4_sampling_params p = params ? *params : g4_sampling_params_default();
     std::string bad      = g4::rt::check_sampling(p);
     if (!bad.empty()) return set_error(G4_ERR_INVALID_ARGUMENT, "sampling: " + bad);
+    struct Timer {   // sample_ms / sample_calls of every sampled token
+        g4_session* s;
+        g4_clock::time_point t0 = g4_clock::now();
+        ~Timer() {
+            s->stats.sample_ms += std::chrono::duration<double, std::milli>(g4_clock::now() - t0).count();
+            s->stats.sample_calls++;
+        }
+    } timer{s};
     if (!s->rng_seeded) {
         s->rng.seed(p.seed);
         s->rng_seeded = true;
     }
     if (s->logits_on_device) {
         // Greedy without a repetition penalty: the argmax the decode graph computed on the GPU.
-        if (p.temperature == 0.0f && (p.repeat_penalty == 1.0f || p.repeat_last_n == 0)) {
+        const bool penalty = p.repeat_penalty != 1.0f && p.repeat_last_n != 0;
+        if (p.temperature == 0.0f && !penalty) {
             *out_token = g4::cuda_rt::device_argmax(s);
+            return G4_OK;
+        }
+        // Greedy with a penalty (top-1) or top-k up to kTopkMax: the candidates come from the GPU and
+        // only they cross to the host. Other settings (no top-k: top-p/min-p over the whole vocabulary)
+        // copy the logits row and sample on the CPU.
+        const int32_t vocab = (int32_t)s->last_logits.size();
+        const int32_t k     = p.temperature == 0.0f ? 1 : p.top_k;
+        static const bool gpu_sampling = [] {   // G4_GPU_SAMPLING=0: always the CPU sampler (benchmarks)
+            const char* v = std::getenv("G4_GPU_SAMPLING");
+            return !(v && *v == '0');
+        }();
+        if (gpu_sampling && k > 0 && k <= g4::cuda_ws::kTopkMax && k < vocab) {
+            const int32_t n_hist = !penalty ? 0 : p.repeat_last_n < 0 ? s->position : std::min(s->position, p.repeat_last_n);
+            const float* values  = nullptr;
+            const int32_t* ids   = nullptr;
+            std::string err;
+            g4_status st = g4::cuda_rt::device_topk(s, k, p.temperature, penalty ? p.repeat_penalty : 1.0f,
+                                                    s->history.data() + (s->position - n_hist), n_hist, &values, &ids, &err);
+            if (st != G4_OK) return set_error(st, err);
+            *out_token = p.temperature == 0.0f ? ids[0] : g4::rt::sample_sorted(values, ids, k, p, s->rng);
             return G4_OK;
         }
         g4_status st = fetch_device_logits(s);

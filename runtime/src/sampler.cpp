@@ -7,6 +7,48 @@
 
 namespace g4::rt {
 
+namespace {
+
+// Softmax over candidates 0..n-1 (sorted by value, descending, ties to the lower token, when top-k,
+// top-p or min-p apply), then top-p, min-p and the draw. value(i): the candidate's logit after the
+// penalty and temperature; token(i): its id.
+template <class Value, class Token>
+int32_t draw(int32_t n, Value value, Token token, const g4_sampling_params& p, std::mt19937_64& rng) {
+    float mx = -INFINITY;
+    for (int32_t i = 0; i < n; ++i) mx = std::max(mx, value(i));
+    double sum = 0;
+    for (int32_t i = 0; i < n; ++i) sum += std::exp((double)value(i) - mx);
+    auto prob = [&](int32_t i) { return std::exp((double)value(i) - mx) / sum; };
+    if (p.top_p < 1.0f) {
+        double cum = 0;
+        int32_t keep = n;
+        for (int32_t i = 0; i < n; ++i) {
+            cum += prob(i);
+            if (cum >= p.top_p) {
+                keep = i + 1;
+                break;
+            }
+        }
+        n = std::max<int32_t>(1, keep);
+    }
+    if (p.min_p > 0.0f) {
+        double top = prob(0);
+        int32_t keep = 1;
+        while (keep < n && prob(keep) >= p.min_p * top) ++keep;
+        n = keep;
+    }
+    double total = 0;
+    for (int32_t i = 0; i < n; ++i) total += prob(i);
+    double r = std::uniform_real_distribution<double>(0.0, total)(rng);
+    for (int32_t i = 0; i < n; ++i) {
+        r -= prob(i);
+        if (r <= 0) return token(i);
+    }
+    return token(n - 1);
+}
+
+} // namespace
+
 std::string check_sampling(const g4_sampling_params& p) {
     if (!(p.temperature >= 0) || !std::isfinite(p.temperature)) return "temperature must be >= 0";
     if (p.top_k < 0) return "top_k must be >= 0";
@@ -46,38 +88,11 @@ int32_t sample_token(const float* logits, int32_t vocab, const g4_sampling_param
     } else if (p.top_p < 1.0f || p.min_p > 0.0f) {
         std::sort(idx, idx + n, by_logit);
     }
-    // Softmax over the candidates (sorted by logit when top-k/top-p/min-p apply).
-    float mx = -INFINITY;
-    for (int32_t i = 0; i < n; ++i) mx = std::max(mx, buf[idx[i]]);
-    double sum = 0;
-    for (int32_t i = 0; i < n; ++i) sum += std::exp((double)buf[idx[i]] - mx);
-    auto prob = [&](int32_t i) { return std::exp((double)buf[idx[i]] - mx) / sum; };
-    if (p.top_p < 1.0f) {
-        double cum = 0;
-        int32_t keep = n;
-        for (int32_t i = 0; i < n; ++i) {
-            cum += prob(i);
-            if (cum >= p.top_p) {
-                keep = i + 1;
-                break;
-            }
-        }
-        n = std::max<int32_t>(1, keep);
-    }
-    if (p.min_p > 0.0f) {
-        double top = prob(0);
-        int32_t keep = 1;
-        while (keep < n && prob(keep) >= p.min_p * top) ++keep;
-        n = keep;
-    }
-    double total = 0;
-    for (int32_t i = 0; i < n; ++i) total += prob(i);
-    double r = std::uniform_real_distribution<double>(0.0, total)(rng);
-    for (int32_t i = 0; i < n; ++i) {
-        r -= prob(i);
-        if (r <= 0) return idx[i];
-    }
-    return idx[n - 1];
+    return draw(n, [&](int32_t i) { return buf[idx[i]]; }, [&](int32_t i) { return idx[i]; }, p, rng);
+}
+
+int32_t sample_sorted(const float* values, const int32_t* tokens, int32_t n, const g4_sampling_params& p, std::mt19937_64& rng) {
+    return draw(n, [&](int32_t i) { return values[i]; }, [&](int32_t i) { return tokens[i]; }, p, rng);
 }
 
 } // namespace g4::rt

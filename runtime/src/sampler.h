@@ -17,4 +17,9 @@ std::string check_sampling(const g4_sampling_params& p);
 int32_t sample_token(const float* logits, int32_t vocab, const g4_sampling_params& p, const int32_t* history,
                      int32_t n_history, float* buf, int32_t* idx, std::mt19937_64& rng);
 
+// The same draw from candidates already penalised, divided by the temperature and cut to top-k:
+// values [n] sorted descending with ties to the lower token, tokens [n] (the GPU top-k path, which
+// gives exactly the candidates and order sample_token's partial sort does).
+int32_t sample_sorted(const float* values, const int32_t* tokens, int32_t n, const g4_sampling_params& p, std::mt19937_64& rng);
+
 } // namespace g4::rt

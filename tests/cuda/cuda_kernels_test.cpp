@@ -10,9 +10,13 @@
 #include "runtime/src/cuda/cublas.h"
 #include "runtime/src/cuda/driver.h"
 #include "runtime/src/cuda/kernel_args.h"
+#include "runtime/src/cuda/workspace.h"
+#include "runtime/src/sampler.h"
+#include "g4/g4.h"
 #include "test_util.h"
 
 #include <cmath>
+#include <algorithm>
 #include <gtest/gtest.h>
 #include <initializer_list>
 #include <memory>
@@ -257,6 +261,106 @@ TEST(Argmax, MatchesHostAcrossCalls) {
             EXPECT_EQ(got[1], 0);
         }
     }
+}
+
+// ---- sampling on the GPU: repetition penalty and top-k rounds against the CPU sampler's arithmetic
+// and order (value descending, ties to the lower index), at Gemma's vocabulary.
+struct TopkCase {
+    int k;
+    float temp, penalty;
+};
+class TopK : public ::testing::TestWithParam<TopkCase> {};
+TEST_P(TopK, RoundsMatchHostPartialSort) {
+    NEED_GPU();
+    const TopkCase c = GetParam();
+    const int vocab  = 262144;
+    Dev dev;
+    std::vector<float> l = randn(vocab, 41);
+    for (int i = 0; i < 3000; ++i) l[(i * 7919 + 13) % vocab] = l[(i * 104729 + 5) % vocab];   // ties
+    l[262000] = l[5] = 6.5f;                                                                  // a tie at the top
+    std::vector<int> hist = {5, 17, 5, 262143, 100000, 17, 99};
+    // Host: the CPU sampler's penalty, temperature and partial sort.
+    std::vector<float> buf = l;
+    if (c.penalty != 1.0f)
+        for (int t : hist) buf[t] = l[t] < 0 ? l[t] * c.penalty : l[t] / c.penalty;
+    if (c.temp > 0)
+        for (float& v : buf) v /= c.temp;
+    std::vector<int> idx(vocab);
+    for (int i = 0; i < vocab; ++i) idx[i] = i;
+    std::partial_sort(idx.begin(), idx.begin() + c.k, idx.end(), [&](int a, int b) { return buf[a] > buf[b] || (buf[a] == buf[b] && a < b); });
+
+    CUdeviceptr gl = dev.up(l), src = gl;
+    if (c.penalty != 1.0f) {
+        CUdeviceptr pen = dev.alloc(vocab * 4), gh = dev.up(hist);
+        long n = vocab;
+        int nh = (int)hist.size(), v = vocab;
+        float pe = c.penalty;
+        launch("g4_copy_f32", vocab / 256, 1, 256, {&gl, &pen, &n});
+        launch("g4_penalize", 1, 1, 256, {&gl, &pen, &gh, &nh, &v, &pe});
+        src = pen;
+    }
+    const uint64_t cap = cuda_ws::topk_candidates(vocab);
+    CUdeviceptr bufs[2] = {dev.alloc(cap * 8), dev.alloc(cap * 8)}, vals = src, ids = 0;
+    long n = vocab;
+    float temp = c.temp;
+    int k = c.k, rounds = 0;
+    for (;; ++rounds) {
+        const unsigned blocks = (unsigned)((n + cuda_ws::kTopkBlock - 1) / cuda_ws::kTopkBlock);
+        CUdeviceptr ov = bufs[rounds & 1], oi = ov + cap * 4;
+        launch("g4_topk_round", blocks, 1, 1024, {&vals, &ids, &n, &temp, &k, &ov, &oi});
+        vals = ov, ids = oi, n = (long)blocks * k, temp = 0.0f;
+        if (blocks == 1) break;
+    }
+    auto gv = dev.down<float>(vals, c.k);
+    auto gi = dev.down<int>(ids, c.k);
+    int bad = 0;
+    for (int i = 0; i < c.k; ++i) bad += gi[i] != idx[i] || gv[i] != buf[idx[i]];
+    std::printf("top-%d temp %.2f penalty %.2f: %d rounds, %d mismatches\n", c.k, c.temp, c.penalty, rounds + 1, bad);
+    EXPECT_EQ(bad, 0);
+    EXPECT_EQ(gi[0], c.penalty != 1.0f ? 262000 : 5);   // 5 is penalised; else the tie goes to the lower index
+}
+INSTANTIATE_TEST_SUITE_P(GemmaVocab, TopK,
+                         ::testing::Values(TopkCase{1, 0.0f, 1.3f}, TopkCase{40, 0.7f, 1.0f}, TopkCase{64, 1.0f, 1.3f},
+                                           TopkCase{1024, 0.8f, 1.1f}, TopkCase{777, 1.7f, 1.0f}),
+                         [](const ::testing::TestParamInfo<TopkCase>& i) { return "k" + std::to_string(i.param.k) + (i.param.penalty != 1.0f ? "_penalty" : ""); });
+
+// Through the C API on a CUDA plan: every token g4_session_sample draws from the GPU's candidates
+// equals the CPU sampler's draw from the same logits with the same seed.
+TEST(GpuSampling, SameTokensAsTheCpuSampler) {
+    NEED_GPU();
+    g4test::TempDir td;
+    const std::string plan = td.file("tiny.g4plan");
+    g4test::CmdResult r = g4test::run_g4("compile --model '" + g4test::fixture("e2b_tiny") + "' --device cuda --no-fidelity -o '" + plan + "'");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    g4_engine* e = nullptr;
+    ASSERT_EQ(g4_engine_open(plan.c_str(), nullptr, &e), G4_OK) << g4_last_error_message();
+    g4_sampling_params sets[3] = {g4_sampling_params_default(), g4_sampling_params_default(), g4_sampling_params_default()};
+    sets[0].temperature = 0.8f, sets[0].top_k = 40, sets[0].top_p = 0.9f, sets[0].min_p = 0.02f, sets[0].repeat_penalty = 1.3f,
+    sets[0].repeat_last_n = 16, sets[0].seed = 11;
+    sets[1].repeat_penalty = 1.5f, sets[1].repeat_last_n = -1;   // greedy with a penalty: top-1 on the GPU
+    sets[2].temperature = 1.2f, sets[2].top_k = 300, sets[2].seed = 5;
+    for (const g4_sampling_params& p : sets) {
+        g4_session* s = nullptr;
+        ASSERT_EQ(g4_session_create(e, nullptr, &s), G4_OK) << g4_last_error_message();
+        std::vector<int32_t> fed = {2, 10, 11, 12, 13};
+        ASSERT_EQ(g4_session_append_tokens(s, fed.data(), fed.size(), nullptr, 0), G4_OK);
+        std::mt19937_64 rng(p.seed);
+        std::vector<float> buf(512);
+        std::vector<int32_t> idx(512);
+        for (int step = 0; step < 24; ++step) {
+            int32_t tok = -1, vocab = 0;
+            ASSERT_EQ(g4_session_sample(s, &p, &tok), G4_OK) << g4_last_error_message();
+            const float* logits = nullptr;
+            ASSERT_EQ(g4_session_get_logits(s, &logits, &vocab), G4_OK);
+            ASSERT_EQ(vocab, 512);
+            const int32_t want = rt::sample_token(logits, vocab, p, fed.data(), (int32_t)fed.size(), buf.data(), idx.data(), rng);
+            EXPECT_EQ(tok, want) << "step " << step << ", temperature " << p.temperature;
+            fed.push_back(tok);
+            ASSERT_EQ(g4_session_append_tokens(s, &tok, 1, nullptr, 0), G4_OK);
+        }
+        g4_session_destroy(s);
+    }
+    g4_engine_close(e);
 }
 
 // ---- residual + norms

@@ -176,6 +176,9 @@ typedef struct g4_session_stats {
     double decode_ms;           /* time spent in g4_session_append_tokens with n == 1 */
     int64_t decode_tokens;
     double ttft_ms;             /* last g4_session_generate: start to first token produced */
+    double sample_ms;           /* time spent in g4_session_sample (on a CUDA plan: the GPU top-k and
+                                   the host's draw, or the logits copy and the CPU sampler) */
+    int64_t sample_calls;
 } g4_session_stats;
 
 /* Called by g4_session_generate for each generated token, with the UTF-8 text it completes

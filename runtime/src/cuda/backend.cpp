@@ -6,6 +6,7 @@
 #include "runtime/src/cuda/cublas.h"
 #include "runtime/src/cuda/driver.h"
 #include "runtime/src/cuda/kernel_args.h"
+#include "runtime/src/cuda/workspace.h"
 #include "runtime/src/engine.h"
 #include "models/gemma4/graph.h"
 
@@ -31,6 +32,7 @@ struct Kernels {
     CUfunction embed, mm_bf16, mm_f32, mm_nf4, gemm_bf16, gemm_nf4, gemv_bf16, gemv_nf4, tc_bf16, tc_nf4, rms, elem, rope, kv, attn_part, attn_merge, argmax;
     CUfunction gemv[2][5][2];   // [nf4][lanes per row 8..128][pairs]
     CUfunction resnorm, qkv_post, attn_decode, nf4_to_bf16, f32_to_bf16, add_bias;
+    CUfunction copy_f32, penalize, topk_round;   // GPU sampling
     CUfunction flash[6];        // g4_attn_flash_d<kFlashDims[i]>
 };
 
@@ -67,6 +69,13 @@ struct SessionState {
     CUdeviceptr tok   = 0;        // device: the decode step's argmax (+ its block partials and counter)
     int32_t* host_ids = nullptr;  // pinned [max_rows]
     float* host_logits = nullptr; // pinned [logits_rows, vocab]
+    // GPU sampling (device_topk): penalised logits [vocab], two round buffers of candidates (values
+    // [C] then indices [C] each, C = cuda_ws::topk_candidates), penalised tokens [max_context]; pinned
+    // history [max_context] and result (values [kTopkMax], indices [kTopkMax]).
+    CUdeviceptr samp_logits = 0, samp_hist = 0, cand[2] = {0, 0};
+    uint64_t n_cand        = 0;
+    int32_t* host_hist     = nullptr;
+    float* host_cand       = nullptr;
     std::vector<int> splits;      // per op (attention)
     std::vector<char> reuse_x;    // per op: a cuBLAS-tier matmul whose bf16 input is already in xscratch
     CUgraph graph = nullptr;
@@ -100,10 +109,9 @@ namespace {
 
 int ceil_div(int64_t a, int64_t b) { return (int)((a + b - 1) / b); }
 
-constexpr unsigned kArgmaxBlocks = 128;   // g4_argmax: 2048 logits a block at Gemma's vocabulary
-constexpr size_t kArgmaxBytes    = (2 + 2 * kArgmaxBlocks) * 4;   // token, counter, per-block partials
-
-int attention_splits(const PlanOp& op) { return std::max(0, std::min(128, op.ip[5])); }   // chosen by the compiler; 0 = flash
+using cuda_ws::kArgmaxBlocks;
+using cuda_ws::kArgmaxBytes;
+using cuda_ws::attention_splits;
 
 // One kernel launch on the session's stream; with programmatic dependent launch (decode graph,
 // sm_90+) the kernel may start while its predecessor drains: every kernel calls griddepcontrol.wait
@@ -184,7 +192,8 @@ g4_status engine_open(g4_engine* e, std::string* err) {
     for (auto& f : fns) CU_TRY(d->cuModuleGetFunction(f.f, st->mod, f.n), std::string("kernel ") + f.n);
     struct { CUfunction* f; const char* n; } fused[] = {{&st->k.resnorm, "g4_resnorm"}, {&st->k.qkv_post, "g4_qkv_post"},
         {&st->k.attn_decode, "g4_attn_decode"}, {&st->k.nf4_to_bf16, "g4_nf4_to_bf16"}, {&st->k.f32_to_bf16, "g4_f32_to_bf16"},
-        {&st->k.add_bias, "g4_add_bias"}};
+        {&st->k.add_bias, "g4_add_bias"}, {&st->k.copy_f32, "g4_copy_f32"}, {&st->k.penalize, "g4_penalize"},
+        {&st->k.topk_round, "g4_topk_round"}};
     for (auto& f : fused) CU_TRY(d->cuModuleGetFunction(f.f, st->mod, f.n), std::string("kernel ") + f.n);
     for (int i = 0; i < 6; ++i) {
         const int dim = kFlashDims[i];
@@ -240,9 +249,8 @@ g4_status session_create(g4_session* s, std::string* err) {
     st->e   = e;
     CU_TRY(d->cuCtxSetCurrent(e->ctx), "cuCtxSetCurrent");
     CU_TRY(d->cuStreamCreate(&st->stream, 1 /* non-blocking */), "cuStreamCreate");
-    // Workspaces, sized as compiler/compile.cpp reports them: attention partials and scores for the
-    // largest attention op (prefill splits per row, decode splits), the cuBLAS tier's bf16 scratch.
-    size_t part = 16, scores = 16, wscratch = 0, xscratch = 0;
+    // Workspaces as the compiler's memory plan counts them (runtime/src/cuda/workspace.h).
+    const cuda_ws::Workspace ws = cuda_ws::workspace(&p.op(0), p.n_ops(), &p.tensor(0), in.max_rows, in.max_context, in.vocab_size);
     st->splits.assign(p.n_ops(), 1);
     // q/k/v and gate/up read one input: the cuBLAS tier converts it to bf16 once. Op i reuses the
     // scratch when the previous cuBLAS-tier matmul read the same view with the same row mode and no op
@@ -264,28 +272,15 @@ g4_status session_create(g4_session* s, std::string* err) {
                 for (int32_t o : op.out) written |= o >= 0 && o == p.op(last).in[0];
         }
     }
-    for (size_t i = 0; i < p.n_ops(); ++i) {
-        const PlanOp& op = p.op(i);
-        if (op.code == (uint16_t)OpCode::Matmul && op.ip[6] == (int32_t)plan::MatmulVariant::Cublas) {
-            const PlanTensor& w = p.tensor(op.in[1]);
-            if (w.dtype == (uint8_t)DType::NF4) wscratch = std::max<size_t>(wscratch, (size_t)w.dims[0] * w.dims[1] * 2);
-            xscratch = std::max<size_t>(xscratch, (size_t)in.max_rows * w.dims[1] * 2);
-        }
-        if (op.code != (uint16_t)OpCode::Attention) continue;
-        int sp = attention_splits(op);   // 0: the flash kernel, no prefill workspace
-        st->splits[i] = sp;
-        int64_t span  = op.ip[4] > 0 ? std::min(op.ip[4], in.max_context) : in.max_context;
-        part   = std::max(part, (size_t)in.max_rows * op.ip[0] * sp * (op.ip[2] + 2));
-        part   = std::max(part, (size_t)op.ip[0] * std::max(1, op.ip[6]) * (op.ip[2] + 2));
-        if (sp) scores = std::max(scores, (size_t)in.max_rows * op.ip[0] * sp * (size_t)(ceil_div(span, sp) + 1));
-    }
-    if (xscratch) {
+    for (size_t i = 0; i < p.n_ops(); ++i)
+        if (p.op(i).code == (uint16_t)OpCode::Attention) st->splits[i] = attention_splits(p.op(i));   // 0: the flash kernel
+    if (ws.xscratch) {
         std::string why;
         st->blas = cublas::lib(&why);   // absent: the tensor-core kernel takes these matmuls
         if (st->blas) {
-            CU_TRY(d->cuMemAlloc(&st->wscratch, std::max<size_t>(256, wscratch)), "allocating the cuBLAS weight scratch");
-            CU_TRY(d->cuMemAlloc(&st->xscratch, xscratch), "allocating the cuBLAS activation scratch");
-            CU_TRY(d->cuMemAlloc(&st->cublas_ws, plan::kCublasWorkspaceBytes), "allocating the cuBLAS workspace");
+            CU_TRY(d->cuMemAlloc(&st->wscratch, std::max<size_t>(256, ws.wscratch)), "allocating the cuBLAS weight scratch");
+            CU_TRY(d->cuMemAlloc(&st->xscratch, ws.xscratch), "allocating the cuBLAS activation scratch");
+            CU_TRY(d->cuMemAlloc(&st->cublas_ws, ws.cublas), "allocating the cuBLAS workspace");
             if (st->blas->create(&st->blas_h) != 0 || st->blas->set_stream(st->blas_h, st->stream) != 0 ||
                 st->blas->set_workspace(st->blas_h, (void*)st->cublas_ws, plan::kCublasWorkspaceBytes) != 0) {
                 *err = "cuBLAS (" + st->blas->path + ") failed to initialise";
@@ -297,8 +292,14 @@ g4_status session_create(g4_session* s, std::string* err) {
     CU_TRY(d->cuMemAlloc(&st->kv, std::max<uint64_t>(64, in.kv_arena_bytes)), "allocating the KV cache");
     CU_TRY(d->cuMemsetD8(st->kv, 0, std::max<uint64_t>(64, in.kv_arena_bytes)), "clearing the KV cache");
     CU_TRY(d->cuMemAlloc(&st->step, 64), "allocating the step buffer");
-    CU_TRY(d->cuMemAlloc(&st->part, part * 4), "allocating the attention workspace");
-    CU_TRY(d->cuMemAlloc(&st->scores, scores * 4), "allocating the attention workspace");
+    CU_TRY(d->cuMemAlloc(&st->part, ws.part * 4), "allocating the attention workspace");
+    CU_TRY(d->cuMemAlloc(&st->scores, ws.scores * 4), "allocating the attention workspace");
+    st->n_cand = ws.candidates;
+    for (CUdeviceptr& c : st->cand) CU_TRY(d->cuMemAlloc(&c, ws.candidates * 8), "allocating the sampler's candidates");
+    CU_TRY(d->cuMemAlloc(&st->samp_logits, ws.vocab * 4), "allocating the sampler's logits");
+    CU_TRY(d->cuMemAlloc(&st->samp_hist, std::max<uint64_t>(4, ws.history * 4)), "allocating the sampler's history");
+    CU_TRY(d->cuMemAllocHost((void**)&st->host_hist, std::max<uint64_t>(4, ws.history * 4)), "allocating pinned memory");
+    CU_TRY(d->cuMemAllocHost((void**)&st->host_cand, cuda_ws::kTopkMax * 8), "allocating pinned memory");
     CU_TRY(d->cuMemAllocHost((void**)&st->host_step, 64), "allocating pinned memory");
     CU_TRY(d->cuMemAllocHost((void**)&st->host_tok, 64), "allocating pinned memory");
     CU_TRY(d->cuMemAlloc(&st->tok, kArgmaxBytes), "allocating the argmax buffer");
@@ -363,9 +364,11 @@ void session_destroy(SessionState* st) {
     if (st->exec) d->cuGraphExecDestroy(st->exec);
     if (st->graph) d->cuGraphDestroy(st->graph);
     if (st->stream) d->cuStreamDestroy(st->stream);
-    for (CUdeviceptr ptr : {st->act, st->kv, st->step, st->part, st->scores, st->wscratch, st->xscratch, st->cublas_ws, st->tok})
+    for (CUdeviceptr ptr : {st->act, st->kv, st->step, st->part, st->scores, st->wscratch, st->xscratch, st->cublas_ws, st->tok,
+                            st->cand[0], st->cand[1], st->samp_logits, st->samp_hist})
         if (ptr) d->cuMemFree(ptr);
-    for (void* h : {(void*)st->host_step, (void*)st->host_ids, (void*)st->host_logits, (void*)st->host_tok})
+    for (void* h : {(void*)st->host_step, (void*)st->host_ids, (void*)st->host_logits, (void*)st->host_tok, (void*)st->host_hist,
+                    (void*)st->host_cand})
         if (h) d->cuMemFreeHost(h);
     delete st;
 }
@@ -708,6 +711,56 @@ g4_status fetch_logits(g4_session* s, std::string* err) {
 }
 
 int32_t device_argmax(const g4_session* s) { return *s->cuda->host_tok; }
+
+g4_status device_topk(g4_session* s, int32_t k, float temperature, float penalty, const int32_t* tokens, int32_t n_tokens,
+                      const float** values, const int32_t** indices, std::string* err) {
+    SessionState* st    = s->cuda.get();
+    const plan::Plan& p = s->engine->plan;
+    const Driver* d     = st->e->d;
+    const long vocab    = p.info().vocab_size;
+    const int max_hist  = (int)p.info().max_context;
+    if (k < 1 || k > cuda_ws::kTopkMax || k > vocab || n_tokens < 0 || n_tokens > max_hist) {
+        *err = "internal: device top-k with k " + std::to_string(k) + " over " + std::to_string(n_tokens) + " history tokens";
+        return G4_ERR_INTERNAL;
+    }
+    CU_TRY(d->cuCtxSetCurrent(st->e->ctx), "cuCtxSetCurrent");
+    CUdeviceptr src = st->act + p.tensor(p.info().logits_tensor).offset;
+    auto go = [&](CUfunction f, unsigned gx, unsigned bx, std::initializer_list<void*> args) {
+        return launch(st, f, gx, 1, bx, const_cast<void**>(args.begin()));
+    };
+    CUresult r = 0;
+    if (penalty != 1.0f && n_tokens > 0) {
+        std::memcpy(st->host_hist, tokens, (size_t)n_tokens * 4);
+        r = d->cuMemcpyHtoDAsync(st->samp_hist, st->host_hist, (size_t)n_tokens * 4, st->stream);
+        long n = vocab;
+        int vi = (int)vocab;
+        if (r == 0) r = go(st->e->k.copy_f32, (unsigned)ceil_div(vocab, 256), 256, {&src, &st->samp_logits, &n});
+        if (r == 0) r = go(st->e->k.penalize, (unsigned)ceil_div(n_tokens, 256), 256, {&src, &st->samp_logits, &st->samp_hist, &n_tokens, &vi, &penalty});
+        src = st->samp_logits;
+    }
+    // Rounds: each block of kTopkBlock keeps its best k until one block remains; the first round also
+    // divides by the temperature. Candidates ping-pong between the two round buffers.
+    long n = vocab;
+    CUdeviceptr vals = src, idx = 0;
+    float temp = temperature;
+    for (int round = 0; r == 0; ++round) {
+        const unsigned blocks = (unsigned)ceil_div(n, cuda_ws::kTopkBlock);
+        CUdeviceptr ov = st->cand[round & 1], oi = ov + st->n_cand * 4;
+        r = go(st->e->k.topk_round, blocks, 1024, {&vals, &idx, &n, &temp, &k, &ov, &oi});
+        vals = ov, idx = oi, n = (long)blocks * k, temp = 0.0f;
+        if (blocks == 1) break;
+    }
+    if (r == 0) r = d->cuMemcpyDtoHAsync(st->host_cand, vals, (size_t)k * 4, st->stream);
+    if (r == 0) r = d->cuMemcpyDtoHAsync(st->host_cand + cuda_ws::kTopkMax, idx, (size_t)k * 4, st->stream);
+    if (r == 0) r = d->cuStreamSynchronize(st->stream);
+    if (r != 0) {
+        *err = "CUDA error " + error_name(r) + " while sampling on the GPU (top-" + std::to_string(k) + ")";
+        return G4_ERR_INTERNAL;
+    }
+    *values  = st->host_cand;
+    *indices = (const int32_t*)(st->host_cand + cuda_ws::kTopkMax);
+    return G4_OK;
+}
 
 g4_status run_step(g4_session* s, int32_t rows, int32_t pos0, int32_t out_rows, bool* logits_on_device, std::string* err) {
     SessionState* st    = s->cuda.get();

@@ -32,6 +32,13 @@ g4_status run_step(g4_session* s, int32_t rows, int32_t pos0, int32_t out_rows, 
 g4_status fetch_logits(g4_session* s, std::string* err);
 // The greedy token of the last decode step (lowest index among equal maxima, as the CPU sampler).
 int32_t device_argmax(const g4_session* s);
+// The k (1..cuda_ws::kTopkMax) best candidates of the last decode step's logits row, on the GPU:
+// logits repetition-penalised for `tokens` (penalty != 1), divided by `temperature` (> 0; 0: not
+// divided), sorted by value descending with ties to the lower index (the CPU sampler's order and
+// arithmetic). *values / *indices point into the session's pinned buffers, valid until the next call.
+// Blocks until the results are on the host.
+g4_status device_topk(g4_session* s, int32_t k, float temperature, float penalty, const int32_t* tokens, int32_t n_tokens,
+                      const float** values, const int32_t** indices, std::string* err);
 
 struct EngineDeleter { void operator()(EngineState* p) const { engine_close(p); } };
 struct SessionDeleter { void operator()(SessionState* p) const { session_destroy(p); } };

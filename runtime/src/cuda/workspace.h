@@ -1,0 +1,79 @@
+// CUDA session memory beyond the plan's arenas, sized from the plan's ops and hyper-parameters: the
+// one definition behind the compiler's memory plan (compiler/compile.cpp) and the runtime's
+// allocations at session create (runtime/src/cuda/backend.cpp). Header-only; no CUDA dependency.
+#pragma once
+#include "runtime/src/plan/plan_format.h"
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+
+namespace g4::cuda_ws {
+
+inline uint64_t align256(uint64_t b) { return (b + 255) / 256 * 256; }
+
+// Prefill key splits of an attention op as the runtime launches them (0: the flash kernel).
+inline int attention_splits(const plan::PlanOp& op) { return std::max(0, std::min(128, op.ip[5])); }
+
+// g4_argmax: 2048 logits a block at Gemma's vocabulary; its buffer holds the token, a counter and
+// the per-block partials.
+inline constexpr unsigned kArgmaxBlocks = 128;
+inline constexpr uint64_t kArgmaxBytes  = (2 + 2 * kArgmaxBlocks) * 4;
+
+// GPU sampling (g4_topk_round): each block sorts kTopkBlock (value, index) pairs and keeps its best
+// k; rounds repeat until one block remains. top_k up to kTopkMax runs on the GPU.
+inline constexpr int kTopkBlock = 2048;
+inline constexpr int kTopkMax   = 1024;
+// Candidates of the first round (the largest): ceil(vocab / block) blocks x kTopkMax.
+inline uint64_t topk_candidates(int64_t vocab) { return (uint64_t)((vocab + kTopkBlock - 1) / kTopkBlock) * kTopkMax; }
+
+struct Workspace {
+    uint64_t part = 16, scores = 16;      // floats: attention partials (prefill and decode), split-over-keys scores
+    uint64_t wscratch = 0, xscratch = 0;  // bytes: the cuBLAS tier's bf16 weights and activations (0: no tier)
+    uint64_t cublas = 0;                  // bytes: cuBLAS workspace (with the tier)
+    uint64_t candidates = 0;              // (value, index) pairs in each of the sampler's two round buffers
+    uint64_t vocab = 0;                   // floats: the repetition-penalised copy of the logits
+    uint64_t history = 0;                 // ints: the penalised tokens (up to max_context)
+
+    // Device bytes of everything a session allocates besides the arenas (each allocation rounded to
+    // 256 bytes, as cuMemAlloc aligns them): attention, cuBLAS, step, argmax and sampler buffers.
+    uint64_t device_bytes() const {
+        uint64_t b = align256(part * 4) + align256(scores * 4) + align256(64) + align256(kArgmaxBytes);
+        if (xscratch) b += align256(std::max<uint64_t>(256, wscratch)) + align256(xscratch) + align256(cublas);
+        b += 2 * align256(candidates * 8) + align256(vocab * 4) + align256(history * 4);
+        return b;
+    }
+};
+
+// ops/tensors: the plan's records; max_rows: prefill chunk; vocab: the LM head's rows.
+inline Workspace workspace(const plan::PlanOp* ops, size_t n_ops, const plan::PlanTensor* tensors, int64_t max_rows, int64_t max_context,
+                           int64_t vocab) {
+    Workspace w;
+    for (size_t i = 0; i < n_ops; ++i) {
+        const plan::PlanOp& op = ops[i];
+        if (op.code == (uint16_t)OpCode::Matmul && op.ip[6] == (int32_t)plan::MatmulVariant::Cublas) {
+            const plan::PlanTensor& t = tensors[op.in[1]];
+            if (t.dtype == (uint8_t)DType::NF4) w.wscratch = std::max<uint64_t>(w.wscratch, (uint64_t)t.dims[0] * t.dims[1] * 2);
+            w.xscratch = std::max<uint64_t>(w.xscratch, (uint64_t)max_rows * t.dims[1] * 2);
+        }
+        if (op.code != (uint16_t)OpCode::Attention) continue;
+        const uint64_t sp   = (uint64_t)attention_splits(op);
+        const uint64_t span = (uint64_t)(op.ip[4] > 0 ? std::min<int64_t>(op.ip[4], max_context) : max_context);
+        w.part = std::max<uint64_t>(w.part, (uint64_t)max_rows * op.ip[0] * sp * (op.ip[2] + 2));
+        w.part = std::max<uint64_t>(w.part, (uint64_t)op.ip[0] * std::max(1, op.ip[6]) * (op.ip[2] + 2));
+        if (sp) w.scores = std::max<uint64_t>(w.scores, (uint64_t)max_rows * op.ip[0] * sp * ((span + sp - 1) / sp + 1));
+    }
+    if (w.xscratch) w.cublas = plan::kCublasWorkspaceBytes;
+    w.candidates = topk_candidates(vocab);
+    w.vocab      = (uint64_t)vocab;
+    w.history    = (uint64_t)max_context;
+    return w;
+}
+
+// Pinned host bytes a session allocates: step (64), argmax token (64), ids [max_rows], logits
+// [logits_rows, vocab], the sampler's history [max_context] and candidates [kTopkMax pairs].
+inline uint64_t pinned_bytes(int64_t max_rows, int64_t logits_rows, int64_t vocab, int64_t max_context) {
+    return 64 + 64 + (uint64_t)max_rows * 4 + (uint64_t)logits_rows * vocab * 4 + (uint64_t)max_context * 4 + (uint64_t)kTopkMax * 8;
+}
+
+} // namespace g4::cuda_ws

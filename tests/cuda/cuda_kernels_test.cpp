@@ -452,6 +452,16 @@ AttnData attn_data(const AttnCase& c) {
     const int qw = c.heads * c.dim, kw = c.kvh * c.dim;
     return {qw, c.pos - c.rows + 1, randn((size_t)c.rows * qw, 1, 0.2f), randn((size_t)c.slots * kw, 2), randn((size_t)c.slots * kw, 3)};
 }
+// The inputs on the device and the kernels' scalar arguments (scale 1, row stride heads * dim).
+struct AttnDev {
+    CUdeviceptr step, q, kc, vc;
+    int heads, kvh, dim, slots, window;
+    float scale = 1.0f;
+    long ld;
+};
+AttnDev attn_dev(Dev& dev, const AttnCase& c, const AttnData& in) {
+    return {dev.step(c.rows, in.pos0, c.rows), dev.up(in.q), dev.up(in.kc), dev.up(in.vc), c.heads, c.kvh, c.dim, c.slots, c.window, 1.0f, in.qw};
+}
 // The scalar reference on the given inputs (scale 1): [rows, heads*dim].
 std::vector<float> attn_ref(const AttnCase& c, const std::vector<float>& q, const std::vector<float>& kc, const std::vector<float>& vc) {
     const int qw = c.heads * c.dim;
@@ -467,25 +477,22 @@ TEST_P(Attention, MatchesReference) {
     const AttnCase c = GetParam();
     Dev dev;
     const AttnData in = attn_data(c);
-    const int qw = in.qw, pos0 = in.pos0;
     const std::vector<float> want = attn_ref(c, in.q, in.kc, in.vc);
     const int span = c.window > 0 ? std::min(c.window, c.slots) : c.slots;
-    CUdeviceptr step = dev.step(c.rows, pos0, c.rows), gq = dev.up(in.q), gk = dev.up(in.kc), gv = dev.up(in.vc), gy = dev.alloc(want.size() * 4);
-    int heads = c.heads, kvh = c.kvh, dim = c.dim, slots = c.slots, window = c.window;
-    float scale = 1.0f;
-    long ld = qw;
+    AttnDev a      = attn_dev(dev, c, in);
+    CUdeviceptr gy = dev.alloc(want.size() * 4);
     if (c.rows == 1) {
         int splits = cuda::decode_attention_splits(span);
-        CUdeviceptr part = dev.alloc((size_t)heads * splits * (dim + 2) * 4);
-        launch("g4_attn_decode", kvh, splits, 256, {&step, &gq, &gk, &gv, &heads, &kvh, &dim, &slots, &window, &scale, &splits, &part});
-        launch("g4_attention_merge", heads, (dim + 63) / 64, 256, {&step, &part, &heads, &dim, &splits, &gy, &ld});
+        CUdeviceptr part = dev.alloc((size_t)a.heads * splits * (a.dim + 2) * 4);
+        launch("g4_attn_decode", a.kvh, splits, 256, {&a.step, &a.q, &a.kc, &a.vc, &a.heads, &a.kvh, &a.dim, &a.slots, &a.window, &a.scale, &splits, &part});
+        launch("g4_attention_merge", a.heads, (a.dim + 63) / 64, 256, {&a.step, &part, &a.heads, &a.dim, &splits, &gy, &a.ld});
     } else {
         int splits = std::max(1, std::min(32, (span + 63) / 64)), max_span = span;
-        CUdeviceptr part = dev.alloc((size_t)c.rows * heads * splits * (dim + 2) * 4);
-        CUdeviceptr sc   = dev.alloc((size_t)c.rows * heads * splits * ((span + splits - 1) / splits + 1) * 4);
-        launch("g4_attention_partial", c.rows * heads, splits, 256,
-               {&step, &gq, &ld, &gk, &gv, &heads, &kvh, &dim, &slots, &window, &scale, &splits, &part, &sc, &max_span});
-        launch("g4_attention_merge", c.rows * heads, (dim + 63) / 64, 256, {&step, &part, &heads, &dim, &splits, &gy, &ld});
+        CUdeviceptr part = dev.alloc((size_t)c.rows * a.heads * splits * (a.dim + 2) * 4);
+        CUdeviceptr sc   = dev.alloc((size_t)c.rows * a.heads * splits * ((span + splits - 1) / splits + 1) * 4);
+        launch("g4_attention_partial", c.rows * a.heads, splits, 256,
+               {&a.step, &a.q, &a.ld, &a.kc, &a.vc, &a.heads, &a.kvh, &a.dim, &a.slots, &a.window, &a.scale, &splits, &part, &sc, &max_span});
+        launch("g4_attention_merge", c.rows * a.heads, (a.dim + 63) / 64, 256, {&a.step, &part, &a.heads, &a.dim, &splits, &gy, &a.ld});
     }
     double e = rel(dev.down<float>(gy, want.size()), want);
     std::printf("Attention %d/%d x %d slots %d window %d pos %d rows %d: rel %.2e\n", c.heads, c.kvh, c.dim, c.slots, c.window, c.pos,
@@ -508,22 +515,18 @@ TEST_P(FlashAttention, MatchesReference) {
     const AttnCase c = GetParam();
     Dev dev;
     const AttnData in = attn_data(c);
-    const int qw = in.qw, pos0 = in.pos0;
     auto round = [](std::vector<float> v) {
         for (float& x : v) x = bf16_to_f32(f32_to_bf16(x));
         return v;
     };
     const std::vector<float> want = attn_ref(c, round(in.q), round(in.kc), round(in.vc)), exact = attn_ref(c, in.q, in.kc, in.vc);
-    CUdeviceptr step = dev.step(c.rows, pos0, c.rows), gq = dev.up(in.q), gk = dev.up(in.kc), gv = dev.up(in.vc);
+    AttnDev a      = attn_dev(dev, c, in);
     CUdeviceptr gy = dev.up(std::vector<float>(want.size(), 7.0f));
-    int heads = c.heads, kvh = c.kvh, slots = c.slots, window = c.window;
-    float scale = 1.0f;
-    long ld = qw;
-    cuda_rt::FlashLaunch fl = cuda_rt::flash_launch(c.rows, heads, kvh, c.dim);
+    cuda_rt::FlashLaunch fl = cuda_rt::flash_launch(c.rows, a.heads, a.kvh, c.dim);
     cu::CUfunction f = nullptr;
     ASSERT_EQ(gpu().d->cuModuleGetFunction(&f, gpu().mod, cuda_rt::flash_kernel_name(c.dim).c_str()), 0);
     ASSERT_EQ(gpu().d->cuFuncSetAttribute(f, cu::kFuncAttrMaxDynamicSmem, (int)fl.smem), 0);
-    void* args[] = {&step, &gq, &ld, &gk, &gv, &heads, &kvh, &slots, &window, &scale, &gy, &ld};
+    void* args[] = {&a.step, &a.q, &a.ld, &a.kc, &a.vc, &a.heads, &a.kvh, &a.slots, &a.window, &a.scale, &gy, &a.ld};
     ASSERT_EQ(gpu().d->cuLaunchKernel(f, fl.gx, fl.gy, 1, fl.block, 1, 1, fl.smem, nullptr, args, nullptr), 0);
     ASSERT_EQ(gpu().d->cuStreamSynchronize(nullptr), 0);
     std::vector<float> got = dev.down<float>(gy, want.size());

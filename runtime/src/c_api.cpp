@@ -390,8 +390,8 @@ g4_status g4_session_sample(g4_session* s, const g4_sampling_params* params, int
     }
     if (s->logits_on_device) {
         // Greedy without a repetition penalty: the argmax the decode graph computed on the GPU.
-        const bool penalty = p.repeat_penalty != 1.0f && p.repeat_last_n != 0;
-        if (p.temperature == 0.0f && !penalty) {
+        const int32_t n_hist = g4::rt::penalty_window(p, s->position);
+        if (p.temperature == 0.0f && n_hist == 0) {
             *out_token = g4::cuda_rt::device_argmax(s);
             return G4_OK;
         }
@@ -405,11 +405,10 @@ g4_status g4_session_sample(g4_session* s, const g4_sampling_params* params, int
             return !(v && *v == '0');
         }();
         if (gpu_sampling && k > 0 && k <= g4::cuda_ws::kTopkMax && k < vocab) {
-            const int32_t n_hist = !penalty ? 0 : p.repeat_last_n < 0 ? s->position : std::min(s->position, p.repeat_last_n);
             const float* values  = nullptr;
             const int32_t* ids   = nullptr;
             std::string err;
-            g4_status st = g4::cuda_rt::device_topk(s, k, p.temperature, penalty ? p.repeat_penalty : 1.0f,
+            g4_status st = g4::cuda_rt::device_topk(s, k, p.temperature, n_hist ? p.repeat_penalty : 1.0f,
                                                     s->history.data() + (s->position - n_hist), n_hist, &values, &ids, &err);
             if (st != G4_OK) return set_error(st, err);
             *out_token = p.temperature == 0.0f ? ids[0] : g4::rt::sample_sorted(values, ids, k, p, s->rng);

@@ -59,18 +59,20 @@ std::string check_sampling(const g4_sampling_params& p) {
     return "";
 }
 
+int32_t penalty_window(const g4_sampling_params& p, int32_t n_history) {
+    if (p.repeat_penalty == 1.0f || p.repeat_last_n == 0) return 0;
+    return p.repeat_last_n < 0 ? n_history : std::min(n_history, p.repeat_last_n);
+}
+
 int32_t sample_token(const float* logits, int32_t vocab, const g4_sampling_params& p, const int32_t* history,
                      int32_t n_history, float* buf, int32_t* idx, std::mt19937_64& rng) {
     std::memcpy(buf, logits, sizeof(float) * vocab);
-    if (p.repeat_penalty != 1.0f && p.repeat_last_n != 0) {
-        int32_t n = p.repeat_last_n < 0 ? n_history : std::min(n_history, p.repeat_last_n);
-        for (int32_t i = n_history - n; i < n_history; ++i) {
-            int32_t t = history[i];
-            if (t < 0 || t >= vocab) continue;
-            // Penalise each distinct token once: recompute from the original logit.
-            float l = logits[t];
-            buf[t]  = l < 0 ? l * p.repeat_penalty : l / p.repeat_penalty;
-        }
+    for (int32_t i = n_history - penalty_window(p, n_history); i < n_history; ++i) {
+        int32_t t = history[i];
+        if (t < 0 || t >= vocab) continue;
+        // Penalise each distinct token once: recompute from the original logit.
+        float l = logits[t];
+        buf[t]  = l < 0 ? l * p.repeat_penalty : l / p.repeat_penalty;
     }
     if (p.temperature == 0.0f) {
         int32_t best = 0;

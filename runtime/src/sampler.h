@@ -12,6 +12,9 @@ namespace g4::rt {
 // Returns an empty string if |p| is valid, else what is wrong.
 std::string check_sampling(const g4_sampling_params& p);
 
+// How many of the last n_history fed tokens the repetition penalty applies to (0: penalty off).
+int32_t penalty_window(const g4_sampling_params& p, int32_t n_history);
+
 // logits: [vocab] (not modified). buf: [vocab] floats, idx: [vocab] ints of scratch.
 // history: the last n_history fed tokens (for the repetition penalty).
 int32_t sample_token(const float* logits, int32_t vocab, const g4_sampling_params& p, const int32_t* history,

@@ -16,12 +16,10 @@ namespace {
 void candidates(const std::vector<float>& logits, const g4_sampling_params& p, const std::vector<int32_t>& history, int k,
                 std::vector<float>* values, std::vector<int32_t>* tokens) {
     std::vector<float> v = logits;
-    if (p.repeat_penalty != 1.0f && p.repeat_last_n != 0) {
-        const size_t n = p.repeat_last_n < 0 ? history.size() : std::min<size_t>(history.size(), p.repeat_last_n);
-        for (size_t i = history.size() - n; i < history.size(); ++i) {
-            const float l   = logits[history[i]];
-            v[history[i]] = l < 0 ? l * p.repeat_penalty : l / p.repeat_penalty;
-        }
+    const size_t n = (size_t)g4::rt::penalty_window(p, (int32_t)history.size());
+    for (size_t i = history.size() - n; i < history.size(); ++i) {
+        const float l = logits[history[i]];
+        v[history[i]] = l < 0 ? l * p.repeat_penalty : l / p.repeat_penalty;
     }
     if (p.temperature > 0)
         for (float& x : v) x /= p.temperature;

@@ -9,15 +9,27 @@ namespace g4::rt {
 
 namespace {
 
+// The softmax's maximum and denominator over values 0..n-1, summed in that order.
+struct Norm {
+    float mx;
+    double sum;
+};
+template <class Value> Norm normalizer(int32_t n, Value value) {
+    Norm z{-INFINITY, 0.0};
+    for (int32_t i = 0; i < n; ++i) z.mx = std::max(z.mx, value(i));
+    for (int32_t i = 0; i < n; ++i) z.sum += std::exp((double)value(i) - z.mx);
+    return z;
+}
+
 // Softmax over candidates 0..n-1 (sorted by value, descending, ties to the lower token, when top-k,
 // top-p or min-p apply), then top-p, min-p and the draw. value(i): the candidate's logit after the
-// penalty and temperature; token(i): its id.
+// penalty and temperature; token(i): its id. z: the softmax's normalizer; by default over the n
+// candidates (after top-k), given when the candidates are a prefix of a longer row.
 template <class Value, class Token>
-int32_t draw(int32_t n, Value value, Token token, const g4_sampling_params& p, std::mt19937_64& rng) {
-    float mx = -INFINITY;
-    for (int32_t i = 0; i < n; ++i) mx = std::max(mx, value(i));
-    double sum = 0;
-    for (int32_t i = 0; i < n; ++i) sum += std::exp((double)value(i) - mx);
+int32_t draw(int32_t n, Value value, Token token, const g4_sampling_params& p, std::mt19937_64& rng, const Norm* z = nullptr) {
+    const Norm own  = z ? Norm{} : normalizer(n, value);
+    const float mx  = z ? z->mx : own.mx;
+    const double sum = z ? z->sum : own.sum;
     auto prob = [&](int32_t i) { return std::exp((double)value(i) - mx) / sum; };
     if (p.top_p < 1.0f) {
         double cum = 0;
@@ -84,13 +96,42 @@ int32_t sample_token(const float* logits, int32_t vocab, const g4_sampling_param
     for (int32_t i = 0; i < vocab; ++i) idx[i] = i;
     int32_t n   = vocab;
     auto by_logit = [&](int32_t a, int32_t b) { return buf[a] > buf[b] || (buf[a] == buf[b] && a < b); };
+    auto value    = [&](int32_t i) { return buf[idx[i]]; };
+    auto token    = [&](int32_t i) { return idx[i]; };
     if (p.top_k > 0 && p.top_k < n) {
         std::partial_sort(idx, idx + p.top_k, idx + n, by_logit);
-        n = p.top_k;
-    } else if (p.top_p < 1.0f || p.min_p > 0.0f) {
+        return draw(p.top_k, value, token, p, rng);
+    }
+    if (p.top_p >= 1.0f && p.min_p <= 0.0f) return draw(n, value, token, p, rng);
+    // Top-p and/or min-p over the whole row. What they keep is a prefix of the row sorted by value,
+    // found without sorting the row: the softmax's normalizer over the row in token order; min-p keeps
+    // the tokens whose probability reaches min_p times the top one's (moved to the front); top-p selects
+    // and sorts the next best 1024 tokens, then 8x more each time, until the sorted prefix's mass
+    // reaches top_p (a nucleus of most of the row costs about one whole sort). draw() then sees the prefix
+    // with the row's normalizer and cuts it exactly where a whole-row sort would have.
+    const Norm z = normalizer(n, value);
+    if (p.min_p > 0.0f) {
+        const double floor = p.min_p * (1.0 / z.sum);   // min_p * prob(top), prob(top) = exp(0) / sum
+        n = (int32_t)(std::partition(idx, idx + n, [&](int32_t t) { return std::exp((double)buf[t] - z.mx) / z.sum >= floor; }) - idx);
+    }
+    int32_t keep = n;
+    if (p.top_p < 1.0f) {
+        // idx[0, done) is sorted and holds the done best tokens; their mass is cum.
+        int32_t done = 0;
+        double cum   = 0;
+        for (int32_t k = std::min(n, 1024);; k = k >= n / 8 ? n : k * 8) {
+            if (k < n) std::nth_element(idx + done, idx + k, idx + n, by_logit);
+            std::sort(idx + done, idx + k, by_logit);
+            while (done < k && cum < p.top_p) cum += std::exp((double)buf[idx[done++]] - z.mx) / z.sum;
+            if (cum >= p.top_p || k == n) {
+                keep = done;
+                break;
+            }
+        }
+    } else {
         std::sort(idx, idx + n, by_logit);
     }
-    return draw(n, [&](int32_t i) { return buf[idx[i]]; }, [&](int32_t i) { return idx[i]; }, p, rng);
+    return draw(std::max<int32_t>(1, keep), value, token, p, rng, &z);
 }
 
 int32_t sample_sorted(const float* values, const int32_t* tokens, int32_t n, const g4_sampling_params& p, std::mt19937_64& rng) {

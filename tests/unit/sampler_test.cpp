@@ -5,6 +5,7 @@
 #include "test_util.h"
 
 #include <algorithm>
+#include <cmath>
 #include <gtest/gtest.h>
 #include <random>
 #include <vector>
@@ -53,6 +54,62 @@ TEST(Sampler, SortedCandidatesDrawTheSameTokensAsTheFullRow) {
             history.push_back(want);
         }
         EXPECT_EQ(differ, 0) << "top_k " << p.top_k << ", temperature " << p.temperature;
+    }
+}
+
+// Top-p / min-p over a whole row, written plainly: sort every token, softmax with the denominator
+// summed in token order, top-p then min-p on the sorted row, then the draw.
+int32_t plain_nucleus(const std::vector<float>& logits, const g4_sampling_params& p, std::mt19937_64& rng) {
+    std::vector<float> v = logits;
+    for (float& x : v) x /= p.temperature;
+    std::vector<int32_t> idx(v.size());
+    for (size_t i = 0; i < v.size(); ++i) idx[i] = (int32_t)i;
+    std::sort(idx.begin(), idx.end(), [&](int32_t a, int32_t b) { return v[a] > v[b] || (v[a] == v[b] && a < b); });
+    const float mx = v[idx[0]];
+    double sum = 0;
+    for (float x : v) sum += std::exp((double)x - mx);
+    auto prob  = [&](size_t i) { return std::exp((double)v[idx[i]] - mx) / sum; };
+    size_t n   = v.size();
+    double cum = 0;
+    for (size_t i = 0; i < n && p.top_p < 1.0f; ++i)
+        if ((cum += prob(i)) >= p.top_p) n = i + 1;
+    size_t keep = 1;
+    while (p.min_p > 0.0f && keep < n && prob(keep) >= p.min_p * prob(0)) ++keep;
+    if (p.min_p > 0.0f) n = keep;
+    double total = 0;
+    for (size_t i = 0; i < n; ++i) total += prob(i);
+    double r = std::uniform_real_distribution<double>(0.0, total)(rng);
+    for (size_t i = 0; i < n; ++i)
+        if ((r -= prob(i)) <= 0) return idx[i];
+    return idx[n - 1];
+}
+
+// sample_token finds the nucleus without sorting the whole row (prefixes of 1024, then 8x longer):
+// the same tokens as the plain whole-row sort, including nuclei far past 1024 tokens (flat rows).
+TEST(Sampler, NucleusWithoutTopKMatchesAWholeRowSort) {
+    struct Case {
+        int vocab;
+        float spread;   // logit scale: 3 peaked, 0.05 nearly flat (nucleus of most of the row)
+        g4_sampling_params p;
+    };
+    const std::vector<Case> cases = {
+        {262144, 3.0f, {1.0f, 0, 0.95f, 0.0f, 1.0f, 0, 5}},   {262144, 0.05f, {1.0f, 0, 0.9f, 0.0f, 1.0f, 0, 6}},
+        {20000, 3.0f, {0.7f, 0, 1.0f, 0.05f, 1.0f, 0, 7}},    {20000, 1.0f, {1.3f, 0, 0.8f, 0.1f, 1.0f, 0, 8}},
+        {20000, 0.2f, {1.0f, 0, 0.999f, 0.0f, 1.0f, 0, 9}},   {20000, 0.5f, {0.9f, 0, 1.0f, 0.9f, 1.0f, 0, 10}},
+    };
+    for (const Case& c : cases) {
+        std::mt19937_64 a(c.p.seed), b(c.p.seed);
+        std::vector<float> buf(c.vocab);
+        std::vector<int32_t> idx(c.vocab);
+        const int steps = c.vocab > 100000 ? 4 : 40;
+        int differ = 0;
+        for (int step = 0; step < steps; ++step) {
+            std::vector<float> logits = g4test::randn(c.vocab, 300 + step, c.spread);
+            logits[step * 11] = logits[step * 11 + 5];   // a tie
+            const int32_t got = g4::rt::sample_token(logits.data(), c.vocab, c.p, nullptr, 0, buf.data(), idx.data(), a);
+            differ += got != plain_nucleus(logits, c.p, b);
+        }
+        EXPECT_EQ(differ, 0) << "vocab " << c.vocab << ", spread " << c.spread << ", top_p " << c.p.top_p << ", min_p " << c.p.min_p;
     }
 }
 

@@ -188,6 +188,7 @@ struct Inputs {
     std::string ptx;
     json placement_meta = json::object();   // META "placement" and "memory" (compiler/placement.h)
     bool size_only      = false;            // write_plan stops after the memory plan
+    DType kv_dtype      = DType::F32;       // KV cache storage (the fidelity reference plan keeps f32)
 };
 
 
@@ -232,6 +233,7 @@ struct Report {
     std::map<std::string, std::string> tensor_dtype;
     uint64_t weights_bytes = 0, act_arena = 0, kv_arena = 0, cuda_workspace = 0, cuda_pinned = 0, cpu_scratch_per_thread = 0;
     uint64_t ple_table_bytes = 0;   // part of weights_bytes; in host memory with --place ple=host
+    std::string kv_dtype;
     int sliding_slots = 0;
     size_t n_ops = 0, n_tensors = 0, ignored_text = 0, ignored_other = 0;
 };
@@ -249,6 +251,7 @@ void write_plan(const Inputs& in, const std::string& out_path, Mode mode, Report
     bo.max_rows    = opt.max_rows;
     bo.max_context = in.max_context;
     bo.logits_rows = opt.logits_rows;
+    bo.kv_dtype    = mode == Mode::Reference ? DType::F32 : in.kv_dtype;
     if (in.adapter)
         for (const auto& m : in.adapter->merges())
             if (m.has_bias) {
@@ -412,7 +415,7 @@ void write_plan(const Inputs& in, const std::string& out_path, Mode mode, Report
     if (in.cuda_index >= 0 && mode == Mode::Plan) schedule = cuda::decode_schedule(ops, tensors);
 
     json policy = {{"weights", opt.weights}, {"double_quant", dq}, {"quantize", opt.quantize_regex}, {"keep", opt.keep_regex},
-                   {"nf4_blocksize", nf4::kBlock}};
+                   {"nf4_blocksize", nf4::kBlock}, {"kv_dtype", dtype_str(bo.kv_dtype)}};
     if (in.cuda_index >= 0) policy["prefill_precision"] = opt.prefill_precision;
     json meta;
     meta["format"]        = "g4plan";
@@ -456,6 +459,7 @@ void write_plan(const Inputs& in, const std::string& out_path, Mode mode, Report
             rep->ple_table_bytes += nbytes[t];
     rep->act_arena     = act_arena;
     rep->kv_arena      = kv_arena;
+    rep->kv_dtype      = dtype_str(bo.kv_dtype);
     rep->sliding_slots = prog.sliding_slots;
     rep->n_ops         = ops.size();
     rep->n_tensors     = tensors.size();
@@ -640,6 +644,8 @@ void compile_plan(const CompileOptions& opt, std::ostream& log) {
     if (cuda_index < 0 && !opt.cuda_target.empty()) throw CompileError("--target applies to --device cuda only");
     if (opt.prefill_precision != "bf16" && opt.prefill_precision != "fp32")
         throw CompileError("unknown --prefill-precision '" + opt.prefill_precision + "': expected bf16 or fp32");
+    if (!opt.kv_dtype.empty() && opt.kv_dtype != "bf16" && opt.kv_dtype != "f32")
+        throw CompileError("unknown --kv-dtype '" + opt.kv_dtype + "': expected bf16 or f32");
     if (opt.out_path.empty() && !opt.dry_run) throw CompileError("missing -o PLAN: the output plan path");
     if (opt.max_rows < 1 || opt.max_rows > 8192) throw CompileError("--chunk must be in 1..8192");
     if (opt.logits_rows < 1 || opt.logits_rows > opt.max_rows)
@@ -650,6 +656,9 @@ void compile_plan(const CompileOptions& opt, std::ostream& log) {
     const placement::Request place_req = placement::parse_request(opt.gpu_mem, opt.cpu_mem, opt.place);
 
     Inputs in{opt, load_model_config(opt.model_dir), nullptr, nullptr, 0, false, json::object(), "", json::object()};
+    // KV cache: 16-bit on GPUs (as Hugging Face's bf16 run, llama.cpp and TensorRT-LLM); CPU plans stay the fp32 reference.
+    const std::string kv_dtype = !opt.kv_dtype.empty() ? opt.kv_dtype : cuda_index >= 0 ? "bf16" : "f32";
+    in.kv_dtype                = kv_dtype == "bf16" ? DType::BF16 : DType::F32;
     // CUDA: pick the target (the GPU present unless --target); NVRTC runs once the plan is known to fit.
     int gpu_count = -1;   // GPUs here, to check --gpu-mem against; -1: not queried (--target) or none
     if (cuda_index >= 0 && opt.dry_run && opt.cuda_target.empty()) {
@@ -747,6 +756,7 @@ void compile_plan(const CompileOptions& opt, std::ostream& log) {
         f.attention_workspace = r.cuda_workspace;
         f.scratch_per_thread  = r.cpu_scratch_per_thread;
         f.pinned              = r.cuda_pinned;
+        f.kv_dtype            = r.kv_dtype;
         return f;
     };
     auto figures_at = [&](int max_context) {
@@ -763,10 +773,12 @@ void compile_plan(const CompileOptions& opt, std::ostream& log) {
     in.size_only      = false;
     if (opt.dry_run) {
         log << "g4 compile --dry-run: " << opt.model_dir << " (" << in.mc.model_type << ", " << hp.num_layers << " layers, "
-            << hp.num_kv_shared_layers << " KV-shared), policy: weights " << opt.weights << "; nothing written\n";
+            << hp.num_kv_shared_layers << " KV-shared), policy: weights " << opt.weights << "; KV cache " << kv_dtype
+            << "; nothing written\n";
         print_groups(log, rep);
         print_memory_plan(log, mem, rep);
-        log << "  KV cache: max_context " << in.max_context << ", sliding ring " << rep.sliding_slots << " slots, KV-shared layers own none\n";
+        log << "  KV cache: " << kv_dtype << ", max_context " << in.max_context << ", sliding ring " << rep.sliding_slots
+            << " slots, KV-shared layers own none\n";
         return;
     }
     if (in.cuda_index >= 0) {
@@ -824,7 +836,7 @@ void compile_plan(const CompileOptions& opt, std::ostream& log) {
         << hp.num_layers << " layers, " << hp.num_kv_shared_layers << " KV-shared) -> " << opt.out_path << "\n";
     log << "  policy: weights " << opt.weights << (opt.double_quant ? " (double quant)" : "")
         << (opt.quantize_regex.empty() ? "" : ", --quantize " + opt.quantize_regex)
-        << (opt.keep_regex.empty() ? "" : ", --keep " + opt.keep_regex) << "\n";
+        << (opt.keep_regex.empty() ? "" : ", --keep " + opt.keep_regex) << "; KV cache " << kv_dtype << "\n";
     print_groups(log, rep);
     if (in.adapter) {
         log << "  adapter " << opt.adapter_dir << ": " << rep.merged.size() << " weights merged in fp32\n";
@@ -841,8 +853,8 @@ void compile_plan(const CompileOptions& opt, std::ostream& log) {
             log << "  not compiled " << m << ": vision/audio towers are not compiled by this build\n";
     }
     log << "  weights " << human(rep.weights_bytes) << "; activation arena " << human(rep.act_arena) << "; KV cache "
-        << human(rep.kv_arena) << " (max_context " << in.max_context << ", sliding ring " << rep.sliding_slots << " slots, chunk "
-        << opt.max_rows << ")\n";
+        << human(rep.kv_arena) << " (" << kv_dtype << ", max_context " << in.max_context << ", sliding ring " << rep.sliding_slots
+        << " slots, chunk " << opt.max_rows << ")\n";
     print_memory_plan(log, mem, rep);
     log << "  ops " << rep.n_ops << ", tensors " << rep.n_tensors << "; checkpoint tensors not used by the text decoder: "
         << rep.ignored_text << " (e.g. KV-shared layers' k/v) + " << rep.ignored_other << " (vision/audio towers)\n";

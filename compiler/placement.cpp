@@ -450,13 +450,14 @@ uint64_t DeviceMemory::need() const {
 
 std::vector<DeviceMemory> memory_plan(const Figures& f, const Placement& p, bool ple_host, int threads) {
     std::vector<DeviceMemory> out;
+    const std::string kv = f.kv_dtype.empty() ? "KV cache" : "KV cache (" + f.kv_dtype + ")";
     auto cpu_budget = [&](DeviceMemory& d) {
         if (p.cpu_budget) d.budget = p.cpu_budget, d.budget_flag = "--cpu-mem " + p.cpu_budget_arg;
     };
     if (p.cuda_index < 0) {
         DeviceMemory c;
         c.device     = "cpu";
-        c.parts      = {{"weights", f.weights}, {"activations", f.activations}, {"KV cache", f.kv_cache}};
+        c.parts      = {{"weights", f.weights}, {"activations", f.activations}, {kv, f.kv_cache}};
         c.per_thread = f.scratch_per_thread;
         c.threads    = threads;
         cpu_budget(c);
@@ -466,7 +467,7 @@ std::vector<DeviceMemory> memory_plan(const Figures& f, const Placement& p, bool
     g.device = cuda(p.cuda_index);
     g.parts  = {{"weights", f.weights - (ple_host ? f.ple_table : 0)},
                 {"activations", f.activations},
-                {"KV cache", f.kv_cache},
+                {kv, f.kv_cache},
                 {"workspaces", f.attention_workspace}};
     DeviceMemory h;
     h.device = "host";

@@ -92,6 +92,7 @@ struct Figures {
     uint64_t weights = 0, ple_table = 0, activations = 0, kv_cache = 0, attention_workspace = 0;
     uint64_t scratch_per_thread = 0; // CPU plans, per worker thread
     uint64_t pinned             = 0; // CUDA plans: pinned host buffers (ids, logits, step)
+    std::string kv_dtype;            // "f32" | "bf16": named in the KV cache's label when set
 };
 
 struct DeviceMemory {

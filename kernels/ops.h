@@ -1,7 +1,8 @@
 // Op vocabulary of g4: the op enum, weight dtypes, and one argument struct per op shared by the
 // scalar reference (kernels/ref), the Eigen CPU kernels (kernels/cpu) and, later, CUDA kernels.
 // Shapes use the legend T = rows (tokens in the step), H = hidden, D = head dim, V = vocab.
-// Every activation is row-major float32 with an explicit leading dimension (ld, in elements).
+// Every activation is row-major float32 with an explicit leading dimension (ld, in elements). KV
+// caches are F32 or BF16 (rounded to nearest even when stored, widened to float32 when read).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -110,17 +111,18 @@ struct KvStoreArgs {
     int64_t ldk;
     const float* v;       // [T, ldv]
     int64_t ldv;
-    float* k_cache;       // [slots, n_kv*D]
-    float* v_cache;       // [slots, n_kv*D]
+    void* k_cache;        // [slots, n_kv*D], dtype cache_dt
+    void* v_cache;        // [slots, n_kv*D], dtype cache_dt
     int32_t rows, width, slots;   // width = n_kv * D
     int32_t pos0;
+    DType cache_dt = DType::F32;  // F32 or BF16
 };
 
 struct AttentionArgs {
     const float* q;       // [T, ldq] = heads x D
     int64_t ldq;
-    const float* k_cache; // [slots, n_kv*D]; position p lives in slot p % slots
-    const float* v_cache;
+    const void* k_cache;  // [slots, n_kv*D], dtype cache_dt; position p lives in slot p % slots
+    const void* v_cache;
     float* y;             // [T, ldy] = heads x D
     int64_t ldy;
     int32_t rows, heads, kv_heads, dim, slots;
@@ -128,6 +130,7 @@ struct AttentionArgs {
     int32_t pos0;
     float scale;
     float* scratch;       // >= attention_scratch_floats(...) floats, owned by the caller
+    DType cache_dt = DType::F32;  // F32 or BF16
 };
 
 } // namespace g4

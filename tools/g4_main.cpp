@@ -42,7 +42,7 @@ const char* kUsage =
     "usage:\n"
     "  g4 compile --model DIR [--adapter DIR] [--weights nf4|bf16|f32] [--device cpu|cuda[:N]] [--target sm_XX]\n"
     "             [--quantize REGEX] [--keep REGEX] [--double-quant] [--no-fidelity] [--prefill-precision bf16|fp32] [--dry-run]\n"
-    "             [--max-context N] [--chunk N] [--logits-rows N] [--gpu-mem [IDX:]SIZE]... [--cpu-mem SIZE]\n"
+    "             [--kv-dtype bf16|f32] [--max-context N] [--chunk N] [--logits-rows N] [--gpu-mem [IDX:]SIZE]... [--cpu-mem SIZE]\n"
     "             [--place COMPONENT=TARGET,...] -o PLAN\n"
     "             (--place components: vision, audio, ple, embed, lm_head, layers; targets: cpu, gpu, gpuN, cuda:N,\n"
     "              host (ple only); layers=0-29:gpu0,30-34:cpu gives ranges; sizes: 12GiB, 4GB, 512MiB, 3.5GiB)\n"
@@ -166,7 +166,7 @@ std::string read_whole_file(const std::string& path, const char* what) {
 }
 
 int cmd_compile(int argc, char** argv) {
-    Args a(argc, argv, 2, {"--model", "--adapter", "--weights", "--device", "-o", "--max-context", "--chunk", "--logits-rows", "--quantize", "--keep", "--tokenizer", "--target", "--prefill-precision", "--gpu-mem", "--cpu-mem", "--place"},
+    Args a(argc, argv, 2, {"--model", "--adapter", "--weights", "--device", "-o", "--max-context", "--chunk", "--logits-rows", "--quantize", "--keep", "--tokenizer", "--target", "--prefill-precision", "--kv-dtype", "--gpu-mem", "--cpu-mem", "--place"},
            {"--double-quant", "--no-fidelity", "--dry-run"});
     if (!a.pos.empty()) throw UsageError("unexpected argument '" + a.pos[0] + "'");
     if (!a.has("--model")) throw UsageError("missing --model DIR");
@@ -192,6 +192,8 @@ int cmd_compile(int argc, char** argv) {
     o.dry_run        = a.flag.count("--dry-run") > 0;
     o.cuda_target    = a.get("--target");
     o.prefill_precision = a.get("--prefill-precision", o.prefill_precision);
+    o.kv_dtype          = a.get("--kv-dtype");
+    if (a.has("--kv-dtype") && o.kv_dtype.empty()) throw UsageError("--kv-dtype needs a value: bf16 or f32");
     if (a.multi.count("--gpu-mem")) o.gpu_mem = a.multi.at("--gpu-mem");
     o.cpu_mem = a.get("--cpu-mem");
     if (a.multi.count("--place"))
@@ -568,8 +570,8 @@ int cmd_inspect(int argc, char** argv) {
     auto meta     = nlohmann::json::parse(p.meta_json());
     std::printf("plan %s: format %u.%u, %s, %llu bytes%s\n", a.pos[0].c_str(), h.format_major, h.format_minor,
                 meta.value("architecture", "?").c_str(), (unsigned long long)p.file_size(), verify ? ", weights checksum ok" : "");
-    std::printf("g4 version %s, device %s, weights %s\n", meta.value("g4_version", "?").c_str(), meta.value("device", "?").c_str(),
-                meta.value("weights_dtype", "?").c_str());
+    std::printf("g4 version %s, device %s, weights %s, KV cache %s\n", meta.value("g4_version", "?").c_str(), meta.value("device", "?").c_str(),
+                meta.value("weights_dtype", "?").c_str(), meta.value("policy", nlohmann::json::object()).value("kv_dtype", "f32").c_str());
     std::printf("hparams: %s\n", meta["hparams"].dump().c_str());
     std::printf("program: %s\n", meta["program"].dump().c_str());
     std::printf("generation: %s\n", meta["generation"].dump().c_str());

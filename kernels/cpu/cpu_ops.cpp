@@ -150,9 +150,13 @@ void rope(const Context& c, const RopeArgs& a) {
 
 void kv_store(const Context& c, const KvStoreArgs& a) { ref::kv_store(a); }
 
-void attention(const Context& c, const AttentionArgs& a) {
-    const int group = a.heads / a.kv_heads;
-    const int width = a.kv_heads * a.dim;
+// Attention over a cache read through row(cache, offset, n, buf): n float32 values from element offset,
+// the cache's own memory (f32) or buf after widening (bf16). Rows are taken in pieces of kAttnPiece
+// columns (Gemma's head dims are one piece), so both dtypes share the arithmetic.
+constexpr int kAttnPiece = 512;
+template <class Row> static void attention_rows(const Context& c, const AttentionArgs& a, Row row) {
+    const int group     = a.heads / a.kv_heads;
+    const int64_t width = (int64_t)a.kv_heads * a.dim;
     c.pool->parallel_for((int64_t)a.rows * a.heads, [&](int64_t task, int th) {
         int t = (int)(task / a.heads), h = (int)(task % a.heads);
         int pos = a.pos0 + t;
@@ -160,11 +164,17 @@ void attention(const Context& c, const AttentionArgs& a) {
         int n   = pos - lo + 1;
         int kvh = h / group;
         float* p = c.thread_scratch(th);
+        alignas(64) float buf[kAttnPiece];
         VecMapC q(a.q + t * a.ldq + (int64_t)h * a.dim, a.dim);
+        auto off = [&](int j) { return (int64_t)((lo + j) % a.slots) * width + (int64_t)kvh * a.dim; };
         float mx = -INFINITY;
         for (int j = 0; j < n; ++j) {
-            VecMapC k(a.k_cache + (int64_t)((lo + j) % a.slots) * width + (int64_t)kvh * a.dim, a.dim);
-            p[j] = q.dot(k) * a.scale;
+            float s = 0;
+            for (int d0 = 0; d0 < a.dim; d0 += kAttnPiece) {
+                const int nb = std::min(kAttnPiece, a.dim - d0);
+                s += q.segment(d0, nb).dot(VecMapC(row(a.k_cache, off(j) + d0, nb, buf), nb));
+            }
+            p[j] = s * a.scale;
             mx   = std::max(mx, p[j]);
         }
         float sum = 0;
@@ -172,9 +182,22 @@ void attention(const Context& c, const AttentionArgs& a) {
         VecMap y(a.y + t * a.ldy + (int64_t)h * a.dim, a.dim);
         y.setZero();
         for (int j = 0; j < n; ++j)
-            y += p[j] * VecMapC(a.v_cache + (int64_t)((lo + j) % a.slots) * width + (int64_t)kvh * a.dim, a.dim);
+            for (int d0 = 0; d0 < a.dim; d0 += kAttnPiece) {
+                const int nb = std::min(kAttnPiece, a.dim - d0);
+                y.segment(d0, nb) += p[j] * VecMapC(row(a.v_cache, off(j) + d0, nb, buf), nb);
+            }
         y *= 1.0f / sum;
     });
+}
+
+void attention(const Context& c, const AttentionArgs& a) {
+    if (a.cache_dt == DType::BF16)
+        attention_rows(c, a, [](const void* cache, int64_t o, int n, float* buf) {
+            widen((const uint16_t*)cache + o, DType::BF16, n, buf);
+            return (const float*)buf;
+        });
+    else
+        attention_rows(c, a, [](const void* cache, int64_t o, int, float*) { return (const float*)cache + o; });
 }
 
 } // namespace g4::cpu

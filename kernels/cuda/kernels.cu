@@ -4,7 +4,8 @@
 //
 // Conventions (same semantics as kernels/ref): activations are row-major float32 with a leading
 // dimension in elements; weights are bf16 (uint16 bits), f32, or an NF4 blob (kernels/nf4.h);
-// KV caches are float32 [slots, kv_heads*dim], position p in slot p % slots.
+// KV caches are float32 or bf16 (kernel argument kvdt: G4_DT_F32 / G4_DT_BF16, rounded to nearest even
+// when stored) [slots, kv_heads*dim], position p in slot p % slots; attention reads them as float32.
 // Row modes: 0 = rows 0..T-1; 1 = inputs from row T-R, outputs from row 0 (final norm); 2 = rows 0..R-1.
 
 #define NEG_INF __int_as_float(0xff800000)
@@ -593,25 +594,29 @@ extern "C" __global__ void g4_rope(const Step* s, float* x, long ldx, const floa
     xr[k + half] = x1 * cs + x0 * sn;
 }
 
+// Element i of a KV cache of dtype kvdt: stored rounded to nearest even (bf16); read with loadw.
+__device__ __forceinline__ void kv_put(void* c, int kvdt, long i, float x) {
+    if (kvdt == G4_DT_BF16) ((u16*)c)[i] = (u16)bf16_bits(x);
+    else ((float*)c)[i] = x;
+}
+
 // KV store: rows of k, v into slot (pos0+t) % slots. grid (max_rows), block 256.
-extern "C" __global__ void g4_kv_store(const Step* s, const float* k, long ldk, const float* v, long ldv, float* kc, float* vc,
-                                       int width, int slots) {
+extern "C" __global__ void g4_kv_store(const Step* s, const float* k, long ldk, const float* v, long ldv, void* kc, void* vc,
+                                       int width, int slots, int kvdt) {
     pdl_begin();
     int t = blockIdx.x;
     if (t >= s->rows) return;
     long slot = (long)((s->pos0 + t) % slots) * width;
-    for (int i = threadIdx.x; i < width; i += blockDim.x) {
-        kc[slot + i] = k[(long)t * ldk + i];
-        vc[slot + i] = v[(long)t * ldv + i];
-    }
+    for (int i = threadIdx.x; i < width; i += blockDim.x) kv_put(kc, kvdt, slot + i, k[(long)t * ldk + i]);
+    for (int i = threadIdx.x; i < width; i += blockDim.x) kv_put(vc, kvdt, slot + i, v[(long)t * ldv + i]);
 }
 
 // Attention, split over the key span: grid (max_rows * heads, splits), block 256. Each block
 // computes over its slice of keys an unnormalized partial (max m, sum l, acc[dim]) into `part`
 // [rows*heads, splits, dim + 2]; g4_attention_merge combines the splits.
-extern "C" __global__ void g4_attention_partial(const Step* s, const float* q, long ldq, const float* kc, const float* vc,
+extern "C" __global__ void g4_attention_partial(const Step* s, const float* q, long ldq, const void* kc, const void* vc,
                                                 int heads, int kv_heads, int dim, int slots, int window, float scale,
-                                                int splits, float* part, float* scores_ws, int max_span) {
+                                                int splits, float* part, float* scores_ws, int max_span, int kvdt) {
     pdl_begin();
     __shared__ float red[32];
     int t = blockIdx.x / heads, h = blockIdx.x % heads;
@@ -628,9 +633,9 @@ extern "C" __global__ void g4_attention_partial(const Step* s, const float* q, l
     // Scores: one warp per key.
     int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
     for (int j = j0 + wid; j < j1; j += nw) {
-        const float* kr = kc + (long)((lo + j) % slots) * width + (long)kvh * dim;
+        const long kr = (long)((lo + j) % slots) * width + (long)kvh * dim;
         float d = 0.0f;
-        for (int i = lane; i < dim; i += 32) d += qr[i] * kr[i];
+        for (int i = lane; i < dim; i += 32) d += qr[i] * loadw(kc, kvdt, kr + i);
         d = warp_sum(d);
         if (lane == 0) sc[j - j0] = d * scale;
     }
@@ -653,11 +658,11 @@ extern "C" __global__ void g4_attention_partial(const Step* s, const float* q, l
 #pragma unroll
     for (int c = 0; c < 16; ++c) acc[c] = 0.0f;
     for (int j = j0 + wid; j < j1; j += nw) {
-        const float* vr = vc + (long)((lo + j) % slots) * width + (long)kvh * dim;
+        const long vr = (long)((lo + j) % slots) * width + (long)kvh * dim;
         float pj = sc[j - j0];
 #pragma unroll
         for (int c = 0; c < 16; ++c)
-            if (lane + 32 * c < dim) acc[c] += pj * vr[lane + 32 * c];
+            if (lane + 32 * c < dim) acc[c] += pj * loadw(vc, kvdt, vr + lane + 32 * c);
     }
 #pragma unroll
     for (int c = 0; c < 16; ++c)
@@ -676,11 +681,11 @@ extern "C" __global__ void g4_attention_partial(const Step* s, const float* q, l
 // or 1 heads as the group size allows), so a block is 64 / HW rows x HW heads and every K/V tile it
 // stages serves all of them. Each unit is one warp, or at dim 512 two warps that split the output
 // columns (DV = 256 each, so O fits in registers; both compute the same scores). Keys stream through
-// shared memory BK at a time (fp32 cache -> bf16); S = Q.K^T and O += P.V are mma.sync m16n8k16 with
-// an online softmax in fp32 (log2 domain).
+// shared memory BK at a time (an fp32 cache rounded to bf16, a bf16 cache copied as it is); S = Q.K^T
+// and O += P.V are mma.sync m16n8k16 with an online softmax in fp32 (log2 domain).
 // grid (ceil(rows / (64 / HW)), heads / HW), block 128 * DIM / DV, dynamic shared memory
 // FlashShape<DIM>::SMEM bytes (<= 99 KiB: sm_86/sm_89 fit). q [rows, heads*DIM] (ld ldq), caches
-// [slots, kv_heads*DIM], y [rows, ld ldy].
+// [slots, kv_heads*DIM] of dtype kvdt, y [rows, ld ldy].
 __device__ __forceinline__ void ldsm_x4(u32* r, const u16* p) {
     u32 a = (u32)__cvta_generic_to_shared(p);
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -738,6 +743,25 @@ __device__ __forceinline__ void stage_kv(u16* ks, u16* vs, int kstride, int vstr
         }
     }
 }
+// The same tiles from a bf16 cache: copied as they are, 16 bytes per cp.async straight into shared
+// memory (zero-filled rows past the chunk); the caller's __syncthreads() follows cp_async_wait().
+template <int COLS, int NT>
+__device__ __forceinline__ void stage_kv_bf16(u16* ks, u16* vs, int kstride, int vstride, int n, const u16* kc, const u16* vc,
+                                              const long* row_off) {
+    constexpr int C8 = COLS / 8;
+    const int total  = n * C8;
+    for (int e = threadIdx.x; e < total; e += NT) {
+        const long o    = row_off[e / C8];
+        const int col   = 8 * (e % C8);
+        const u32 bytes = o >= 0 ? 16u : 0u;
+        const long src  = o >= 0 ? o + col : 0;
+        const u32 kd = (u32)__cvta_generic_to_shared(ks + (e / C8) * kstride + col);
+        const u32 vd = (u32)__cvta_generic_to_shared(vs + (e / C8) * vstride + col);
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(kd), "l"(kc + src), "r"(bytes));
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(vd), "l"(vc + src), "r"(bytes));
+    }
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+}
 template <int DIM> struct FlashShape {
     static constexpr int BK = DIM <= 256 ? 32 : 16;    // keys per tile
     static constexpr int DV = DIM <= 256 ? DIM : 256;  // output columns per warp
@@ -748,8 +772,8 @@ template <int DIM> struct FlashShape {
     static constexpr int SMEM = (64 * QS + BK * QS + BK * VS) * 2;
 };
 template <int DIM>
-__device__ void attn_flash(const Step* s, const float* q, long ldq, const float* kc, const float* vc, int heads, int kv_heads,
-                           int slots, int window, float scale, float* y, long ldy) {
+__device__ void attn_flash(const Step* s, const float* q, long ldq, const void* kc, const void* vc, int heads, int kv_heads,
+                           int slots, int window, float scale, float* y, long ldy, int kvdt) {
     using F = FlashShape<DIM>;
     constexpr int BK = F::BK, DV = F::DV, QS = F::QS, VS = F::VS, NT = F::NT;
     extern __shared__ __align__(16) u16 fsm[];
@@ -785,7 +809,8 @@ __device__ void attn_flash(const Step* s, const float* q, long ldq, const float*
         __syncthreads();
         if (threadIdx.x < BK) koff[threadIdx.x] = kt + (int)threadIdx.x <= p_last ? (long)((kt + threadIdx.x) % slots) * width + kvh * DIM : -1;
         __syncthreads();
-        stage_kv<DIM, NT>(Ks, Vs, QS, VS, BK, kc, vc, koff);
+        if (kvdt == G4_DT_BF16) stage_kv_bf16<DIM, NT>(Ks, Vs, QS, VS, BK, (const u16*)kc, (const u16*)vc, koff);
+        else stage_kv<DIM, NT>(Ks, Vs, QS, VS, BK, (const float*)kc, (const float*)vc, koff);
         __syncthreads();
         if (wr0 >= rows || kt > wp1 || (window > 0 && kt + BK - 1 < wp0 - window + 1)) continue;   // tile masked for the warp
         float sc[BK / 8][4];
@@ -864,10 +889,10 @@ __device__ void attn_flash(const Step* s, const float* q, long ldq, const float*
     }
 }
 #define G4_FLASH(D)                                                                                                              \
-    extern "C" __global__ void __launch_bounds__(FlashShape<D>::NT) g4_attn_flash_d##D(const Step* s, const float* q, long ldq, const float* kc,  \
-                                                                        const float* vc, int heads, int kv_heads, int slots,     \
-                                                                        int window, float scale, float* y, long ldy) {            \
-        attn_flash<D>(s, q, ldq, kc, vc, heads, kv_heads, slots, window, scale, y, ldy);                                        \
+    extern "C" __global__ void __launch_bounds__(FlashShape<D>::NT) g4_attn_flash_d##D(const Step* s, const float* q, long ldq, const void* kc,   \
+                                                                        const void* vc, int heads, int kv_heads, int slots,      \
+                                                                        int window, float scale, float* y, long ldy, int kvdt) {  \
+        attn_flash<D>(s, q, ldq, kc, vc, heads, kv_heads, slots, window, scale, y, ldy, kvdt);                                  \
     }
 G4_FLASH(16)
 G4_FLASH(32)
@@ -1303,11 +1328,12 @@ extern "C" __global__ void __launch_bounds__(512) g4_resnorm(const float* x, con
 }
 
 // ---- q/k/v after the projections (decode row): q head: rms * q_norm, RoPE, in place; k head: rms *
-// k_norm, RoPE, into its cache slot; v head: rms (no weight) into its cache slot. grid (heads [+ 2 *
-// kv_heads]), block max(32, dim / 2): thread i owns the rotate-half pair (i, i + dim / 2).
+// k_norm, RoPE, into its cache slot; v head: rms (no weight) into its cache slot (caches of dtype
+// kvdt). grid (heads [+ 2 * kv_heads]), block max(32, dim / 2): thread i owns the rotate-half pair
+// (i, i + dim / 2).
 extern "C" __global__ void g4_qkv_post(const Step* s, float* q, const void* qw, const float* k, const void* kw, const float* v,
-                                      int wdt, const float* inv_freq, float* kc, float* vc, int heads, int kvh, int dim,
-                                      int slots, float eps) {
+                                      int wdt, const float* inv_freq, void* kc, void* vc, int heads, int kvh, int dim,
+                                      int slots, float eps, int kvdt) {
     pdl_begin();
     __shared__ float red[32];
     int b = blockIdx.x, half = dim >> 1, i = threadIdx.x;
@@ -1330,9 +1356,10 @@ extern "C" __global__ void g4_qkv_post(const Step* s, float* q, const void* qw, 
     if (kind == 0) {
         q[(long)h * dim + i] = y0, q[(long)h * dim + i + half] = y1;
     } else {
-        float* cache = kind == 1 ? kc : vc;
-        long slot    = (long)(s->pos0 % slots) * kvh * dim + (long)h * dim;
-        cache[slot + i] = y0, cache[slot + i + half] = y1;
+        void* cache = kind == 1 ? kc : vc;
+        long slot   = (long)(s->pos0 % slots) * kvh * dim + (long)h * dim;
+        kv_put(cache, kvdt, slot + i, y0);
+        kv_put(cache, kvdt, slot + i + half, y1);
     }
 }
 
@@ -1340,15 +1367,15 @@ extern "C" __global__ void g4_qkv_post(const Step* s, float* q, const void* qw, 
 // computes all heads of the group so each key and value row is read once. Writes the unnormalized
 // partials (acc[dim], max, sum) that g4_attention_merge combines. Keys per split: max(AD_MIN, ceil(span
 // / splits)) <= AD_KEYS (the compiler sizes splits). grid (kv_heads, splits), block 256; heads per
-// group <= 16, dim <= 512, heads per group * dim <= 4096.
+// group <= 16, dim <= 512, heads per group * dim <= 4096; a bf16 cache (kvdt) also dim % 8 == 0.
+// fp32 cache: lane / thread c reads element c (+ 32 or 256 steps); bf16 cache: a lane reads 8 keys'
+// elements as one 16-byte load, a thread two adjacent values as one 32-bit load.
 #define AD_KEYS 256
 #define AD_MIN 8
-extern "C" __global__ void __launch_bounds__(256) g4_attn_decode(const Step* s, const float* q, const float* kc, const float* vc,
-                                                                 int heads, int kvh, int dim, int slots, int window, float scale,
-                                                                 int splits, float* part) {
-    __shared__ float qs[4096];
-    __shared__ float sc[16][AD_KEYS];
-    __shared__ float mh[16], lh[16];
+template <bool kBf16>
+__device__ __forceinline__ void attn_decode_body(const Step* s, const float* q, const void* kc, const void* vc, int heads, int kvh,
+                                                 int dim, int slots, int window, float scale, int splits, float* part, float* qs,
+                                                 float (*sc)[AD_KEYS], float* mh, float* lh) {
     const int g = blockIdx.x, hpg = heads / kvh, width = kvh * dim;
     const int pos = s->pos0;
     const int lo  = window > 0 ? max(0, pos - window + 1) : 0;
@@ -1356,11 +1383,12 @@ extern "C" __global__ void __launch_bounds__(256) g4_attn_decode(const Step* s, 
     const int per  = max(AD_MIN, (span + splits - 1) / splits);
     const int j0 = blockIdx.y * per, j1 = min(span, j0 + per);
     const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    constexpr int ES = kBf16 ? 2 : 4;   // bytes per cache element
     {   // the split's K/V rows into L2 while the previous kernel drains (rows before pos are not written this step)
-        const int lines = dim / 32;   // 128-byte lines per row
+        const int lines = dim * ES / 128;   // 128-byte lines per row
         for (int e = threadIdx.x; e < (j1 - j0) * lines * 2; e += blockDim.x) {
             int j = j0 + e / (lines * 2), l = e % (lines * 2);
-            prefetch_l2((l < lines ? kc : vc) + (long)((lo + j) % slots) * width + (long)g * dim + (l % lines) * 32);
+            prefetch_l2((const char*)(l < lines ? kc : vc) + ((long)((lo + j) % slots) * width + (long)g * dim) * ES + (l % lines) * 128);
         }
     }
     pdl_begin();
@@ -1375,18 +1403,47 @@ extern "C" __global__ void __launch_bounds__(256) g4_attn_decode(const Step* s, 
     __syncthreads();
     // Scores: one warp per key, all heads of the group; the heads' warp reductions interleave.
     for (int j = j0 + wid; j < j1; j += nw) {
-        const float* kr = kc + (long)((lo + j) % slots) * width + (long)g * dim;
-        float kv[16];
-#pragma unroll
-        for (int c = 0; c < 16; ++c) kv[c] = lane + 32 * c < dim ? kr[lane + 32 * c] : 0.0f;
+        const long kr = (long)((lo + j) % slots) * width + (long)g * dim;
         float v[16];
+        if (kBf16) {   // lane: elements 8 * lane + 256 * c .. + 7
+            uint4 kw[2];
 #pragma unroll
-        for (int h = 0; h < 16; ++h) {
-            v[h] = 0.0f;
-            if (h < hpg)
+            for (int c = 0; c < 2; ++c) {
+                const int e = 8 * lane + 256 * c;
+                kw[c]       = e < dim ? *(const uint4*)((const u16*)kc + kr + e) : make_uint4(0u, 0u, 0u, 0u);
+            }
 #pragma unroll
-                for (int c = 0; c < 16; ++c)
-                    if (lane + 32 * c < dim) v[h] += qs[h * dim + lane + 32 * c] * kv[c];
+            for (int h = 0; h < 16; ++h) {
+                v[h] = 0.0f;
+                if (h < hpg)
+#pragma unroll
+                    for (int c = 0; c < 2; ++c) {
+                        const int e = 8 * lane + 256 * c;
+                        if (e < dim) {
+                            const float4 q0 = *(const float4*)&qs[h * dim + e], q1 = *(const float4*)&qs[h * dim + e + 4];
+                            const u32 w[4]  = {kw[c].x, kw[c].y, kw[c].z, kw[c].w};
+                            const float qv[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
+#pragma unroll
+                            for (int i = 0; i < 4; ++i) {
+                                v[h] += qv[2 * i] * __uint_as_float(w[i] << 16);
+                                v[h] += qv[2 * i + 1] * __uint_as_float(w[i] & 0xffff0000u);
+                            }
+                        }
+                    }
+            }
+        } else {
+            const float* kf = (const float*)kc + kr;
+            float kv[16];
+#pragma unroll
+            for (int c = 0; c < 16; ++c) kv[c] = lane + 32 * c < dim ? kf[lane + 32 * c] : 0.0f;
+#pragma unroll
+            for (int h = 0; h < 16; ++h) {
+                v[h] = 0.0f;
+                if (h < hpg)
+#pragma unroll
+                    for (int c = 0; c < 16; ++c)
+                        if (lane + 32 * c < dim) v[h] += qs[h * dim + lane + 32 * c] * kv[c];
+            }
         }
         // 16 warp sums in 16 shuffles: each step halves the heads a lane keeps, adding the partner's
         // partials of those heads; lane l ends with head (bits 4..1 of l), as does lane l ^ 1.
@@ -1419,22 +1476,25 @@ extern "C" __global__ void __launch_bounds__(256) g4_attn_decode(const Step* s, 
         if (lane == 0) mh[h] = m, lh[h] = l;
     }
     __syncthreads();
-    // P.V: thread owns columns c = tid, tid + 256 for every head of the group.
+    // P.V: thread owns columns c = tid, tid + 256 (fp32) or 2 tid, 2 tid + 1 (bf16) for every head of the group.
     float acc[2][16];
 #pragma unroll
     for (int i = 0; i < 2; ++i)
 #pragma unroll
         for (int h = 0; h < 16; ++h) acc[i][h] = 0.0f;
-    // Eight keys' values are loaded before they are used, so each thread has 16 loads in flight.
+    auto col = [&](int i) { return kBf16 ? 2 * (int)threadIdx.x + i : (int)threadIdx.x + 256 * i; };
+    // Eight keys' values are loaded before they are used, so each thread has 16 (fp32) or 8 (bf16) loads in flight.
     for (int jb = j0; jb < j1; jb += 8) {
         float v[8][2];
 #pragma unroll
         for (int u = 0; u < 8; ++u) {
-            const float* vr = vc + (long)((lo + min(jb + u, j1 - 1)) % slots) * width + (long)g * dim;
+            const long vr = (long)((lo + min(jb + u, j1 - 1)) % slots) * width + (long)g * dim;
+            if (kBf16) {
+                const u32 w = col(0) < dim && jb + u < j1 ? *(const u32*)((const u16*)vc + vr + col(0)) : 0u;
+                v[u][0] = __uint_as_float(w << 16), v[u][1] = __uint_as_float(w & 0xffff0000u);
+            } else {
 #pragma unroll
-            for (int i = 0; i < 2; ++i) {
-                int c   = threadIdx.x + 256 * i;
-                v[u][i] = c < dim && jb + u < j1 ? vr[c] : 0.0f;
+                for (int i = 0; i < 2; ++i) v[u][i] = col(i) < dim && jb + u < j1 ? ((const float*)vc)[vr + col(i)] : 0.0f;
             }
         }
 #pragma unroll
@@ -1452,12 +1512,19 @@ extern "C" __global__ void __launch_bounds__(256) g4_attn_decode(const Step* s, 
         if (h >= hpg) break;
         float* out = part + ((long)(g * hpg + h) * splits + blockIdx.y) * (dim + 2);
 #pragma unroll
-        for (int i = 0; i < 2; ++i) {
-            int c = threadIdx.x + 256 * i;
-            if (c < dim) out[c] = acc[i][h];
-        }
+        for (int i = 0; i < 2; ++i)
+            if (col(i) < dim) out[col(i)] = acc[i][h];
         if (threadIdx.x == 0) out[dim] = mh[h], out[dim + 1] = lh[h];
     }
+}
+extern "C" __global__ void __launch_bounds__(256) g4_attn_decode(const Step* s, const float* q, const void* kc, const void* vc,
+                                                                 int heads, int kvh, int dim, int slots, int window, float scale,
+                                                                 int splits, float* part, int kvdt) {
+    __shared__ __align__(16) float qs[4096];
+    __shared__ float sc[16][AD_KEYS];
+    __shared__ float mh[16], lh[16];
+    if (kvdt == G4_DT_BF16) attn_decode_body<true>(s, q, kc, vc, heads, kvh, dim, slots, window, scale, splits, part, qs, sc, mh, lh);
+    else attn_decode_body<false>(s, q, kc, vc, heads, kvh, dim, slots, window, scale, splits, part, qs, sc, mh, lh);
 }
 
 // ---- prefill helpers for the cuBLAS tier: NF4 blob -> bf16 matrix (same rounding as the tensor-core

@@ -122,8 +122,16 @@ void rope(const RopeArgs& a) {
 void kv_store(const KvStoreArgs& a) {
     for (int t = 0; t < a.rows; ++t) {
         int64_t slot = (a.pos0 + t) % a.slots;
-        std::memcpy(a.k_cache + slot * a.width, a.k + t * a.ldk, sizeof(float) * a.width);
-        std::memcpy(a.v_cache + slot * a.width, a.v + t * a.ldv, sizeof(float) * a.width);
+        const float* k = a.k + t * a.ldk;
+        const float* v = a.v + t * a.ldv;
+        if (a.cache_dt == DType::BF16) {
+            uint16_t* kc = (uint16_t*)a.k_cache + slot * a.width;
+            uint16_t* vc = (uint16_t*)a.v_cache + slot * a.width;
+            for (int i = 0; i < a.width; ++i) kc[i] = f32_to_bf16(k[i]), vc[i] = f32_to_bf16(v[i]);
+        } else {
+            std::memcpy((float*)a.k_cache + slot * a.width, k, sizeof(float) * a.width);
+            std::memcpy((float*)a.v_cache + slot * a.width, v, sizeof(float) * a.width);
+        }
     }
 }
 
@@ -140,9 +148,9 @@ void attention(const AttentionArgs& a) {
             p.assign(pos - lo + 1, 0.0);
             double mx = -INFINITY;
             for (int j = lo; j <= pos; ++j) {
-                const float* k = a.k_cache + (int64_t)(j % a.slots) * width + (int64_t)kvh * a.dim;
-                double s       = 0;
-                for (int d = 0; d < a.dim; ++d) s += (double)q[d] * k[d];
+                const int64_t k0 = (int64_t)(j % a.slots) * width + (int64_t)kvh * a.dim;
+                double s         = 0;
+                for (int d = 0; d < a.dim; ++d) s += (double)q[d] * load_weight(a.k_cache, a.cache_dt, k0 + d);
                 p[j - lo] = s * a.scale;
                 mx        = std::max(mx, p[j - lo]);
             }
@@ -152,7 +160,7 @@ void attention(const AttentionArgs& a) {
             for (int d = 0; d < a.dim; ++d) {
                 double acc = 0;
                 for (int j = lo; j <= pos; ++j)
-                    acc += p[j - lo] * a.v_cache[(int64_t)(j % a.slots) * width + (int64_t)kvh * a.dim + d];
+                    acc += p[j - lo] * load_weight(a.v_cache, a.cache_dt, (int64_t)(j % a.slots) * width + (int64_t)kvh * a.dim + d);
                 y[d] = (float)(acc / sum);
             }
         }

@@ -61,9 +61,10 @@ public:
     }
     int kv(const std::string& name, int64_t slots, int64_t width) {
         TensorDesc d;
-        d.name = name;
-        d.kind = TensorKind::KvCache;
-        d.dims = {slots, width};
+        d.name  = name;
+        d.kind  = TensorKind::KvCache;
+        d.dtype = o.kv_dtype;
+        d.dims  = {slots, width};
         p.tensors.push_back(std::move(d));
         return (int)p.tensors.size() - 1;
     }

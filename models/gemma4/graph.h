@@ -29,7 +29,7 @@ const char* weight_role_name(WeightRole r);
 struct TensorDesc {
     std::string name;                  // plan name; for checkpoint weights the HF name (relative)
     plan::TensorKind kind;
-    DType dtype = DType::F32;          // activations/KV f32; weights decided by the compiler
+    DType dtype = DType::F32;          // activations f32; KV caches BuildOptions::kv_dtype; weights decided by the compiler
     std::vector<int64_t> dims;
     WeightRole role = WeightRole::Constant;
     std::vector<float> constant;       // data of Constant weights
@@ -45,6 +45,7 @@ struct BuildOptions {
     int max_rows     = 64;             // tokens per step (prefill chunk)
     int max_context  = 4096;           // positions held by full-attention caches
     int logits_rows  = 16;             // rows of logits one step can produce
+    DType kv_dtype   = DType::F32;     // KV cache storage: F32 or BF16
     std::set<std::string> biased;      // weights (relative HF names) whose matmul gets a LoRA bias
     bool separate_lm_head = false;     // LM head as its own tensor "lm_head.weight" (untied from the input
                                        // embedding, e.g. when an adapter replaces embed_tokens)

@@ -127,6 +127,7 @@ std::string check_ops(const plan::Plan& p) {
                     const PlanTensor& kv = p.tensor(op.out[o]);
                     if (kv.dims[0] != slots || kv.dims[1] != width) c.fail("cache shape disagrees with the op");
                 }
+                if (p.tensor(op.out[0]).dtype != p.tensor(op.out[1]).dtype) c.fail("k and v caches differ in dtype");
                 if (slots < in.max_context && slots < in.max_rows) c.fail("cache ring smaller than a chunk");
             }
             break;
@@ -141,6 +142,7 @@ std::string check_ops(const plan::Plan& p) {
                     const PlanTensor& kv = p.tensor(op.in[o]);
                     if (kv.dims[0] != slots || kv.dims[1] != kvh * dim) c.fail("cache shape disagrees with the op");
                 }
+                if (p.tensor(op.in[1]).dtype != p.tensor(op.in[2]).dtype) c.fail("k and v caches differ in dtype");
                 // Every key a query can see must still be in the cache.
                 if (window == 0 ? slots < in.max_context : (slots < in.max_context && slots < window + in.max_rows - 1))
                     c.fail("cache too small for the attention span");
@@ -168,7 +170,7 @@ void bind_ops(g4_session* s) {
         case TensorKind::KvCache: base = s->kv; break;
         default: base = s->act; break;
         }
-        return base + t.offset + (size_t)col * 4;
+        return base + t.offset + dtype_bytes((DType)t.dtype, col);
     };
     for (size_t i = 0; i < p.n_ops(); ++i) {
         BoundOp& b = s->ops[i];
@@ -227,11 +229,12 @@ g4_status run_step(g4_session* s, int32_t rows, int32_t pos0, int32_t out_rows, 
             cpu::rope(ctx, {I(0), b.in_ld[0], (const float*)b.in[1], n, op.ip[0], op.ip[1], pos0});
             break;
         case OpCode::KvStore:
-            cpu::kv_store(ctx, {I(0), b.in_ld[0], I(1), b.in_ld[1], O(0), O(1), n, op.ip[0], op.ip[1], pos0});
+            cpu::kv_store(ctx, {I(0), b.in_ld[0], I(1), b.in_ld[1], b.out[0], b.out[1], n, op.ip[0], op.ip[1], pos0,
+                                (DType)p.tensor(op.out[0]).dtype});
             break;
         case OpCode::Attention:
-            cpu::attention(ctx, {I(0), b.in_ld[0], (const float*)b.in[1], (const float*)b.in[2], O(0), b.out_ld[0], n, op.ip[0],
-                                 op.ip[1], op.ip[2], op.ip[3], op.ip[4], pos0, op.fp[0], nullptr});
+            cpu::attention(ctx, {I(0), b.in_ld[0], b.in[1], b.in[2], O(0), b.out_ld[0], n, op.ip[0], op.ip[1], op.ip[2], op.ip[3],
+                                 op.ip[4], pos0, op.fp[0], nullptr, b.in_dt[1]});
             break;
         default: *err = "internal: unknown op"; return G4_ERR_INTERNAL;
         }

@@ -20,6 +20,7 @@
 #include <gtest/gtest.h>
 #include <initializer_list>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <vector>
 
@@ -363,6 +364,59 @@ TEST(GpuSampling, SameTokensAsTheCpuSampler) {
     g4_engine_close(e);
 }
 
+// ---- a whole CUDA plan with a bf16 KV cache (the default): fp32 prefill (kv_store, attention
+// partials), decode through the captured graph (QkvPost stores, g4_attn_decode), against the CPU
+// plan with a bf16 cache. Both round the same K/V, so the logits agree up to values on a bf16
+// rounding boundary (tests/e2e/parity_test.cpp kBf16KvFlips), and the greedy tokens equal HF's.
+TEST(CudaPlan, Bf16KvCacheMatchesTheCpuPlan) {
+    NEED_GPU();
+    g4test::TempDir td;
+    for (const std::string fx : {"e2b_tiny", "e4b_tiny"}) {
+        const std::string gpu_plan = td.file(fx + "-cuda.g4plan"), cpu_plan = td.file(fx + "-cpu.g4plan");
+        const std::string model = " --model '" + g4test::fixture(fx) + "' --weights bf16 --no-fidelity";
+        g4test::CmdResult c = g4test::run_g4("compile" + model + " --device cuda --prefill-precision fp32 -o '" + gpu_plan + "'");
+        ASSERT_EQ(c.exit_code, 0) << c.err;
+        EXPECT_NE(c.err.find("KV cache bf16"), std::string::npos) << c.err;
+        c = g4test::run_g4("compile" + model + " --kv-dtype bf16 -o '" + cpu_plan + "'");
+        ASSERT_EQ(c.exit_code, 0) << c.err;
+        const auto ref = nlohmann::json::parse(g4test::read_file(g4test::fixture(fx + "/reference/reference.json")));
+        for (const auto& p : ref["prompts"]) {
+            std::string ids;
+            for (int32_t t : p["ids"].get<std::vector<int32_t>>()) ids += (ids.empty() ? "" : ",") + std::to_string(t);
+            std::vector<float> logits[2];
+            std::vector<int32_t> greedy[2];
+            for (int d = 0; d < 2; ++d) {
+                const std::string dump = td.file("l" + std::to_string(d));
+                g4test::CmdResult r = g4test::run_g4("run '" + (d ? gpu_plan : cpu_plan) + "' --tokens " + ids +
+                                                     " -n 16 --temp 0 --ignore-eos --print-ids --dump-logits '" + dump + "'");
+                ASSERT_EQ(r.exit_code, 0) << r.err;
+                logits[d] = g4test::read_f32(dump);
+                greedy[d] = g4test::parse_ids(r.out);
+            }
+            ASSERT_EQ(logits[0].size(), logits[1].size());
+            const double e = rel(logits[1], logits[0]);
+            std::printf("CUDA plan %s bf16 KV, prompt %s: prefill logits rel %.2e vs the CPU plan\n", fx.c_str(),
+                        p["name"].get<std::string>().c_str(), e);
+            EXPECT_LT(e, 5e-3) << fx;
+            EXPECT_EQ(greedy[1], greedy[0]) << fx;
+            EXPECT_EQ(greedy[1], p["greedy"].get<std::vector<int32_t>>()) << fx;
+        }
+        // A long decode through the captured graph: the sliding ring wraps many times.
+        std::string ids;
+        for (int32_t t : ref["prompts"].back()["ids"].get<std::vector<int32_t>>()) ids += (ids.empty() ? "" : ",") + std::to_string(t);
+        std::vector<int32_t> tokens[2];
+        for (int d = 0; d < 2; ++d) {
+            g4test::CmdResult r = g4test::run_g4("run '" + (d ? gpu_plan : cpu_plan) + "' --tokens " + ids + " -n 200 --temp 0 --ignore-eos --print-ids");
+            ASSERT_EQ(r.exit_code, 0) << r.err;
+            tokens[d] = g4test::parse_ids(r.out);
+        }
+        size_t agree = 0;
+        while (agree < tokens[0].size() && agree < tokens[1].size() && tokens[0][agree] == tokens[1][agree]) ++agree;
+        std::printf("CUDA plan %s bf16 KV: 200-token greedy decode, first %zu tokens equal the CPU plan's\n", fx.c_str(), agree);
+        EXPECT_GE(agree, 64u) << fx;
+    }
+}
+
 // ---- residual + norms
 class ResNorm : public ::testing::TestWithParam<int> {};
 TEST_P(ResNorm, MatchesUnfusedOps) {
@@ -391,9 +445,85 @@ TEST_P(ResNorm, MatchesUnfusedOps) {
 }
 INSTANTIATE_TEST_SUITE_P(RealShapes, ResNorm, ::testing::Values(1536, 2560));
 
+// A KV cache in a plan dtype: its elements (f32, or bf16 bits) and, for make_cache, the values as the
+// reference reads them (bf16 widened) in f32.
+struct Cache {
+    DType dt;
+    std::vector<float> f32;
+    std::vector<uint16_t> bf16;
+    const void* data() const { return dt == DType::BF16 ? (const void*)bf16.data() : (const void*)f32.data(); }
+    void* data() { return dt == DType::BF16 ? (void*)bf16.data() : (void*)f32.data(); }
+    std::vector<float> values() const {
+        if (dt == DType::F32) return f32;
+        std::vector<float> f(bf16.size());
+        for (size_t i = 0; i < bf16.size(); ++i) f[i] = bf16_to_f32(bf16[i]);
+        return f;
+    }
+    size_t bytes() const { return dt == DType::BF16 ? bf16.size() * 2 : f32.size() * 4; }
+    CUdeviceptr up(Dev& dev) const { return dt == DType::BF16 ? dev.up(bf16) : dev.up(f32); }
+    // The device copy at p, widened to float32.
+    std::vector<float> down(Dev& dev, CUdeviceptr p) const {
+        if (dt == DType::F32) return dev.down<float>(p, f32.size());
+        return Cache{dt, {}, dev.down<uint16_t>(p, bf16.size())}.values();
+    }
+};
+Cache make_cache(DType dt, std::vector<float> v) {
+    Cache c{dt, std::move(v), {}};
+    if (dt == DType::BF16) {
+        c.bf16 = to_bf16(c.f32);
+        for (size_t i = 0; i < c.f32.size(); ++i) c.f32[i] = bf16_to_f32(c.bf16[i]);
+    }
+    return c;
+}
+int kvdt_arg(DType dt) { return dt == DType::BF16 ? 1 : 0; }
+const char* dt_name(DType dt) { return dt == DType::BF16 ? "bf16" : "f32"; }
+// Elements whose bits differ between two bf16 caches (the kernels round as f32_to_bf16 does).
+size_t bf16_mismatches(const std::vector<uint16_t>& a, const std::vector<uint16_t>& b) {
+    size_t n = 0;
+    for (size_t i = 0; i < a.size(); ++i) n += a[i] != b[i];
+    return n;
+}
+
+// ---- KV store (prefill chunks): rows into the ring, f32 copied, bf16 rounded to nearest even as the reference
+struct KvCase {
+    int rows, width, slots, pos0;
+    DType dt;
+};
+class KvStore : public ::testing::TestWithParam<KvCase> {};
+TEST_P(KvStore, MatchesReferenceBitForBit) {
+    NEED_GPU();
+    const KvCase c = GetParam();
+    Dev dev;
+    const long ld = c.width + 64;   // a view into a wider activation
+    std::vector<float> k = randn((size_t)c.rows * ld, 21), v = randn((size_t)c.rows * ld, 22);
+    Cache rk = make_cache(c.dt, std::vector<float>((size_t)c.slots * c.width, 0.0f)), rv = rk;
+    ref::kv_store({k.data(), ld, v.data(), ld, rk.data(), rv.data(), c.rows, c.width, c.slots, c.pos0, c.dt});
+    CUdeviceptr step = dev.step(c.rows, c.pos0, 1), gk = dev.up(k), gv = dev.up(v), gkc = dev.alloc(rk.bytes()), gvc = dev.alloc(rv.bytes());
+    int width = c.width, slots = c.slots, kvdt = kvdt_arg(c.dt);
+    long ldk = ld;
+    launch("g4_kv_store", c.rows, 1, 256, {&step, &gk, &ldk, &gv, &ldk, &gkc, &gvc, &width, &slots, &kvdt});
+    if (c.dt == DType::BF16) {
+        EXPECT_EQ(bf16_mismatches(dev.down<uint16_t>(gkc, rk.bf16.size()), rk.bf16), 0u);
+        EXPECT_EQ(bf16_mismatches(dev.down<uint16_t>(gvc, rv.bf16.size()), rv.bf16), 0u);
+    } else {
+        EXPECT_EQ(dev.down<float>(gkc, rk.f32.size()), rk.f32);
+        EXPECT_EQ(dev.down<float>(gvc, rv.f32.size()), rv.f32);
+    }
+}
+INSTANTIATE_TEST_SUITE_P(RealShapes, KvStore,
+                         ::testing::Values(KvCase{1024, 256, 1535, 1000, DType::BF16}, KvCase{1024, 512, 4096, 3500, DType::BF16},
+                                           KvCase{300, 1024, 8192, 100, DType::BF16}, KvCase{1, 512, 32912, 32911, DType::BF16},
+                                           KvCase{1024, 256, 1535, 1000, DType::F32}, KvCase{300, 1024, 8192, 100, DType::F32}),
+                         [](const ::testing::TestParamInfo<KvCase>& i) {
+                             const KvCase& c = i.param;
+                             return "rows" + std::to_string(c.rows) + "w" + std::to_string(c.width) + "slots" + std::to_string(c.slots) +
+                                    "pos" + std::to_string(c.pos0) + "_" + dt_name(c.dt);
+                         });
+
 // ---- q/k/v post-projection: norms, RoPE, cache store
 struct QkvCase {
     int heads, kvh, dim, slots, pos;
+    DType dt = DType::F32;   // cache
 };
 class QkvPost : public ::testing::TestWithParam<QkvCase> {};
 TEST_P(QkvPost, MatchesUnfusedOps) {
@@ -405,52 +535,58 @@ TEST_P(QkvPost, MatchesUnfusedOps) {
     auto qnb = to_bf16(qn), knb = to_bf16(kn);
     std::vector<float> inv(c.dim / 2);
     for (int i = 0; i < c.dim / 2; ++i) inv[i] = i < c.dim / 8 ? std::pow(10000.0f, -2.0f * i / c.dim) : 0.0f;
-    std::vector<float> kc((size_t)c.slots * kw, 0.0f), vc = kc;
-    std::vector<float> rq = q, rk = k, rv = v, rkc = kc, rvc = vc;
+    Cache rkc = make_cache(c.dt, std::vector<float>((size_t)c.slots * kw, 0.0f)), rvc = rkc;
+    std::vector<float> rq = q, rk = k, rv = v;
     ref::rms_norm({rq.data(), qw, qnb.data(), DType::BF16, rq.data(), qw, 1, qw, c.dim, 1e-6f});
     ref::rope({rq.data(), qw, inv.data(), 1, c.heads, c.dim, c.pos});
     ref::rms_norm({rk.data(), kw, knb.data(), DType::BF16, rk.data(), kw, 1, kw, c.dim, 1e-6f});
     ref::rope({rk.data(), kw, inv.data(), 1, c.kvh, c.dim, c.pos});
     ref::rms_norm({rv.data(), kw, nullptr, DType::F32, rv.data(), kw, 1, kw, c.dim, 1e-6f});
-    ref::kv_store({rk.data(), kw, rv.data(), kw, rkc.data(), rvc.data(), 1, kw, c.slots, c.pos});
+    ref::kv_store({rk.data(), kw, rv.data(), kw, rkc.data(), rvc.data(), 1, kw, c.slots, c.pos, c.dt});
     CUdeviceptr step = dev.step(1, c.pos, 1), gq = dev.up(q), gqn = dev.up(qnb), gk = dev.up(k), gkn = dev.up(knb), gv = dev.up(v),
-                ginv = dev.up(inv), gkc = dev.up(kc), gvc = dev.up(vc);
-    int wdt = 1, heads = c.heads, kvh = c.kvh, dim = c.dim, slots = c.slots;
+                ginv = dev.up(inv), gkc = dev.alloc(rkc.bytes()), gvc = dev.alloc(rvc.bytes());
+    int wdt = 1, heads = c.heads, kvh = c.kvh, dim = c.dim, slots = c.slots, kvdt = kvdt_arg(c.dt);
     float eps = 1e-6f;
     launch("g4_qkv_post", heads + 2 * kvh, 1, std::max(32, dim / 2),
-           {&step, &gq, &gqn, &gk, &gkn, &gv, &wdt, &ginv, &gkc, &gvc, &heads, &kvh, &dim, &slots, &eps});
-    double eq = rel(dev.down<float>(gq, qw), rq), ek = rel(dev.down<float>(gkc, kc.size()), rkc), ev = rel(dev.down<float>(gvc, vc.size()), rvc);
-    std::printf("QkvPost %d/%d x %d pos %d: q %.2e k %.2e v %.2e\n", c.heads, c.kvh, c.dim, c.pos, eq, ek, ev);
+           {&step, &gq, &gqn, &gk, &gkn, &gv, &wdt, &ginv, &gkc, &gvc, &heads, &kvh, &dim, &slots, &eps, &kvdt});
+    double eq = rel(dev.down<float>(gq, qw), rq), ek = rel(rkc.down(dev, gkc), rkc.values()), ev = rel(rvc.down(dev, gvc), rvc.values());
+    std::printf("QkvPost %d/%d x %d pos %d %s cache: q %.2e k %.2e v %.2e\n", c.heads, c.kvh, c.dim, c.pos, dt_name(c.dt), eq, ek, ev);
     EXPECT_LT(eq, 1e-5);
-    EXPECT_LT(ek, 1e-5);
-    EXPECT_LT(ev, 1e-6);
+    // bf16: the fp32 values agree to ~1e-6, so at most an element whose value sits on a rounding boundary differs by one bf16 step.
+    EXPECT_LT(ek, c.dt == DType::BF16 ? 1e-3 : 1e-5);
+    EXPECT_LT(ev, c.dt == DType::BF16 ? 1e-3 : 1e-6);
 }
 INSTANTIATE_TEST_SUITE_P(RealShapes, QkvPost,
                          ::testing::Values(QkvCase{8, 1, 256, 767, 5000}, QkvCase{8, 1, 512, 8192, 4100}, QkvCase{8, 2, 256, 767, 3},
-                                           QkvCase{8, 2, 512, 32912, 32000}),
+                                           QkvCase{8, 2, 512, 32912, 32000}, QkvCase{8, 1, 256, 767, 5000, DType::BF16},
+                                           QkvCase{8, 1, 512, 8192, 4100, DType::BF16}, QkvCase{8, 2, 256, 767, 3, DType::BF16},
+                                           QkvCase{8, 2, 512, 32912, 32000, DType::BF16}),
                          [](const ::testing::TestParamInfo<QkvCase>& i) {
                              const QkvCase& c = i.param;
                              return "h" + std::to_string(c.heads) + "kv" + std::to_string(c.kvh) + "d" + std::to_string(c.dim) + "pos" +
-                                    std::to_string(c.pos);
+                                    std::to_string(c.pos) + (c.dt == DType::BF16 ? "_bf16" : "");
                          });
 
 // ---- decode attention (split over keys, grouped by kv head) + merge, and the prefill kernels
 struct AttnCase {
     int heads, kvh, dim, slots, window, pos, rows;
+    DType dt = DType::F32;   // cache
 };
 std::string attn_case_name(const ::testing::TestParamInfo<AttnCase>& i) {
     const AttnCase& c = i.param;
     return "h" + std::to_string(c.heads) + "kv" + std::to_string(c.kvh) + "d" + std::to_string(c.dim) + "w" + std::to_string(c.window) +
-           "pos" + std::to_string(c.pos) + "rows" + std::to_string(c.rows);
+           "pos" + std::to_string(c.pos) + "rows" + std::to_string(c.rows) + (c.dt == DType::BF16 ? "_bf16" : "");
 }
 // Inputs of a case: q [rows, heads*dim] (rows ending at position pos), K/V caches [slots, kv_heads*dim].
 struct AttnData {
     int qw, pos0;
-    std::vector<float> q, kc, vc;
+    std::vector<float> q;
+    Cache kc, vc;
 };
 AttnData attn_data(const AttnCase& c) {
     const int qw = c.heads * c.dim, kw = c.kvh * c.dim;
-    return {qw, c.pos - c.rows + 1, randn((size_t)c.rows * qw, 1, 0.2f), randn((size_t)c.slots * kw, 2), randn((size_t)c.slots * kw, 3)};
+    return {qw, c.pos - c.rows + 1, randn((size_t)c.rows * qw, 1, 0.2f), make_cache(c.dt, randn((size_t)c.slots * kw, 2)),
+            make_cache(c.dt, randn((size_t)c.slots * kw, 3))};
 }
 // The inputs on the device and the kernels' scalar arguments (scale 1, row stride heads * dim).
 struct AttnDev {
@@ -458,16 +594,18 @@ struct AttnDev {
     int heads, kvh, dim, slots, window;
     float scale = 1.0f;
     long ld;
+    int kvdt;
 };
 AttnDev attn_dev(Dev& dev, const AttnCase& c, const AttnData& in) {
-    return {dev.step(c.rows, in.pos0, c.rows), dev.up(in.q), dev.up(in.kc), dev.up(in.vc), c.heads, c.kvh, c.dim, c.slots, c.window, 1.0f, in.qw};
+    return {dev.step(c.rows, in.pos0, c.rows), dev.up(in.q), in.kc.up(dev), in.vc.up(dev), c.heads, c.kvh, c.dim, c.slots, c.window, 1.0f,
+            in.qw, kvdt_arg(c.dt)};
 }
 // The scalar reference on the given inputs (scale 1): [rows, heads*dim].
-std::vector<float> attn_ref(const AttnCase& c, const std::vector<float>& q, const std::vector<float>& kc, const std::vector<float>& vc) {
+std::vector<float> attn_ref(const AttnCase& c, const std::vector<float>& q, const Cache& kc, const Cache& vc) {
     const int qw = c.heads * c.dim;
     std::vector<float> out((size_t)c.rows * qw), scratch(c.slots + 64);
     ref::attention({q.data(), qw, kc.data(), vc.data(), out.data(), qw, c.rows, c.heads, c.kvh, c.dim, c.slots, c.window,
-                    c.pos - c.rows + 1, 1.0f, scratch.data()});
+                    c.pos - c.rows + 1, 1.0f, scratch.data(), kc.dt});
     return out;
 }
 
@@ -484,21 +622,24 @@ TEST_P(Attention, MatchesReference) {
     if (c.rows == 1) {
         int splits = cuda::decode_attention_splits(span);
         CUdeviceptr part = dev.alloc((size_t)a.heads * splits * (a.dim + 2) * 4);
-        launch("g4_attn_decode", a.kvh, splits, 256, {&a.step, &a.q, &a.kc, &a.vc, &a.heads, &a.kvh, &a.dim, &a.slots, &a.window, &a.scale, &splits, &part});
+        launch("g4_attn_decode", a.kvh, splits, 256,
+               {&a.step, &a.q, &a.kc, &a.vc, &a.heads, &a.kvh, &a.dim, &a.slots, &a.window, &a.scale, &splits, &part, &a.kvdt});
         launch("g4_attention_merge", a.heads, (a.dim + 63) / 64, 256, {&a.step, &part, &a.heads, &a.dim, &splits, &gy, &a.ld});
     } else {
         int splits = std::max(1, std::min(32, (span + 63) / 64)), max_span = span;
         CUdeviceptr part = dev.alloc((size_t)c.rows * a.heads * splits * (a.dim + 2) * 4);
         CUdeviceptr sc   = dev.alloc((size_t)c.rows * a.heads * splits * ((span + splits - 1) / splits + 1) * 4);
         launch("g4_attention_partial", c.rows * a.heads, splits, 256,
-               {&a.step, &a.q, &a.ld, &a.kc, &a.vc, &a.heads, &a.kvh, &a.dim, &a.slots, &a.window, &a.scale, &splits, &part, &sc, &max_span});
+               {&a.step, &a.q, &a.ld, &a.kc, &a.vc, &a.heads, &a.kvh, &a.dim, &a.slots, &a.window, &a.scale, &splits, &part, &sc, &max_span,
+                &a.kvdt});
         launch("g4_attention_merge", c.rows * a.heads, (a.dim + 63) / 64, 256, {&a.step, &part, &a.heads, &a.dim, &splits, &gy, &a.ld});
     }
     double e = rel(dev.down<float>(gy, want.size()), want);
-    std::printf("Attention %d/%d x %d slots %d window %d pos %d rows %d: rel %.2e\n", c.heads, c.kvh, c.dim, c.slots, c.window, c.pos,
-                c.rows, e);
+    std::printf("Attention %d/%d x %d slots %d window %d pos %d rows %d %s cache: rel %.2e\n", c.heads, c.kvh, c.dim, c.slots, c.window,
+                c.pos, c.rows, dt_name(c.dt), e);
     EXPECT_LT(e, 1e-5);
 }
+const DType KB = DType::BF16;
 INSTANTIATE_TEST_SUITE_P(RealShapes, Attention,
                          ::testing::Values(AttnCase{8, 1, 256, 767, 512, 0, 1}, AttnCase{8, 1, 256, 767, 512, 100, 1},
                                            AttnCase{8, 1, 256, 767, 512, 5000, 1}, AttnCase{8, 1, 512, 32912, 0, 4000, 1},
@@ -506,10 +647,33 @@ INSTANTIATE_TEST_SUITE_P(RealShapes, Attention,
                                            AttnCase{8, 2, 512, 8192, 0, 8000, 1}, AttnCase{8, 1, 256, 767, 512, 700, 64},
                                            AttnCase{8, 2, 512, 4096, 0, 2000, 64}),
                          attn_case_name);
+// The same shapes on a bf16 cache (E2B sliding/full, E4B GQA), plus dims the real models do not use.
+INSTANTIATE_TEST_SUITE_P(RealShapesBf16Cache, Attention,
+                         ::testing::Values(AttnCase{8, 1, 256, 767, 512, 0, 1, KB}, AttnCase{8, 1, 256, 767, 512, 100, 1, KB},
+                                           AttnCase{8, 1, 256, 767, 512, 5000, 1, KB}, AttnCase{8, 1, 512, 32912, 0, 4000, 1, KB},
+                                           AttnCase{8, 1, 512, 131072, 0, 131071, 1, KB}, AttnCase{8, 2, 256, 767, 512, 3000, 1, KB},
+                                           AttnCase{8, 2, 512, 8192, 0, 8000, 1, KB}, AttnCase{8, 1, 256, 767, 512, 700, 64, KB},
+                                           AttnCase{8, 2, 512, 4096, 0, 2000, 64, KB}, AttnCase{4, 2, 16, 40, 0, 39, 1, KB},
+                                           AttnCase{6, 1, 40, 100, 16, 90, 1, KB}, AttnCase{4, 1, 24, 50, 0, 45, 7, KB}),
+                         attn_case_name);
 
 // ---- prefill flash attention (tensor cores): q, K and V rounded to bf16 as the kernel stages them, so
-// against the reference on the rounded inputs only P's rounding and the summation order differ.
+// against the reference on the rounded inputs only P's rounding and the summation order differ. A bf16
+// cache holds the rounded values already: the kernel copies them and gives the same bits as from an
+// fp32 cache of the same values.
 class FlashAttention : public ::testing::TestWithParam<AttnCase> {};
+std::vector<float> run_flash(Dev& dev, const AttnCase& c, const AttnDev& a0) {
+    AttnDev a = a0;
+    CUdeviceptr gy = dev.up(std::vector<float>((size_t)c.rows * a.heads * a.dim, 7.0f));
+    cuda_rt::FlashLaunch fl = cuda_rt::flash_launch(c.rows, a.heads, a.kvh, c.dim);
+    cu::CUfunction f = nullptr;
+    EXPECT_EQ(gpu().d->cuModuleGetFunction(&f, gpu().mod, cuda_rt::flash_kernel_name(c.dim).c_str()), 0);
+    EXPECT_EQ(gpu().d->cuFuncSetAttribute(f, cu::kFuncAttrMaxDynamicSmem, (int)fl.smem), 0);
+    void* args[] = {&a.step, &a.q, &a.ld, &a.kc, &a.vc, &a.heads, &a.kvh, &a.slots, &a.window, &a.scale, &gy, &a.ld, &a.kvdt};
+    EXPECT_EQ(gpu().d->cuLaunchKernel(f, fl.gx, fl.gy, 1, fl.block, 1, 1, fl.smem, nullptr, args, nullptr), 0);
+    EXPECT_EQ(gpu().d->cuStreamSynchronize(nullptr), 0);
+    return dev.down<float>(gy, (size_t)c.rows * a.heads * a.dim);
+}
 TEST_P(FlashAttention, MatchesReference) {
     NEED_GPU();
     const AttnCase c = GetParam();
@@ -519,23 +683,22 @@ TEST_P(FlashAttention, MatchesReference) {
         for (float& x : v) x = bf16_to_f32(f32_to_bf16(x));
         return v;
     };
-    const std::vector<float> want = attn_ref(c, round(in.q), round(in.kc), round(in.vc)), exact = attn_ref(c, in.q, in.kc, in.vc);
-    AttnDev a      = attn_dev(dev, c, in);
-    CUdeviceptr gy = dev.up(std::vector<float>(want.size(), 7.0f));
-    cuda_rt::FlashLaunch fl = cuda_rt::flash_launch(c.rows, a.heads, a.kvh, c.dim);
-    cu::CUfunction f = nullptr;
-    ASSERT_EQ(gpu().d->cuModuleGetFunction(&f, gpu().mod, cuda_rt::flash_kernel_name(c.dim).c_str()), 0);
-    ASSERT_EQ(gpu().d->cuFuncSetAttribute(f, cu::kFuncAttrMaxDynamicSmem, (int)fl.smem), 0);
-    void* args[] = {&a.step, &a.q, &a.ld, &a.kc, &a.vc, &a.heads, &a.kvh, &a.slots, &a.window, &a.scale, &gy, &a.ld};
-    ASSERT_EQ(gpu().d->cuLaunchKernel(f, fl.gx, fl.gy, 1, fl.block, 1, 1, fl.smem, nullptr, args, nullptr), 0);
-    ASSERT_EQ(gpu().d->cuStreamSynchronize(nullptr), 0);
-    std::vector<float> got = dev.down<float>(gy, want.size());
+    const Cache rk = make_cache(DType::BF16, in.kc.f32), rv = make_cache(DType::BF16, in.vc.f32);
+    const std::vector<float> want = attn_ref(c, round(in.q), rk, rv), exact = attn_ref(c, in.q, in.kc, in.vc);
+    std::vector<float> got = run_flash(dev, c, attn_dev(dev, c, in));
     double e = rel(got, want), e32 = rel(got, exact), base = rel(want, exact);
-    std::printf("FlashAttention %d/%d x %d slots %d window %d pos %d rows %d: rel %.2e vs bf16-input reference, %.2e vs fp32 (inputs "
-                "alone: %.2e)\n",
-                c.heads, c.kvh, c.dim, c.slots, c.window, c.pos, c.rows, e, e32, base);
+    std::printf("FlashAttention %d/%d x %d slots %d window %d pos %d rows %d %s cache: rel %.2e vs bf16-input reference, %.2e vs "
+                "fp32 (inputs alone: %.2e)\n",
+                c.heads, c.kvh, c.dim, c.slots, c.window, c.pos, c.rows, dt_name(c.dt), e, e32, base);
     EXPECT_LT(e, 4e-3);
     EXPECT_LT(e32, 2 * base + 4e-3);
+    if (c.dt == DType::BF16) {   // the same values from an fp32 cache: identical output
+        AttnCase c32 = c;
+        c32.dt       = DType::F32;
+        AttnData in32 = in;
+        in32.kc = make_cache(DType::F32, in.kc.f32), in32.vc = make_cache(DType::F32, in.vc.f32);
+        EXPECT_EQ(run_flash(dev, c32, attn_dev(dev, c32, in32)), got);
+    }
 }
 INSTANTIATE_TEST_SUITE_P(RealShapes, FlashAttention,
                          ::testing::Values(AttnCase{8, 1, 256, 767, 512, 700, 256}, AttnCase{8, 1, 256, 767, 512, 255, 256},
@@ -543,6 +706,13 @@ INSTANTIATE_TEST_SUITE_P(RealShapes, FlashAttention,
                                            AttnCase{8, 2, 512, 8192, 0, 4095, 300}, AttnCase{4, 1, 16, 71, 8, 70, 64},
                                            AttnCase{4, 2, 32, 300, 0, 200, 37}, AttnCase{3, 1, 64, 200, 40, 150, 100},
                                            AttnCase{8, 8, 128, 300, 0, 299, 90}),
+                         attn_case_name);
+INSTANTIATE_TEST_SUITE_P(RealShapesBf16Cache, FlashAttention,
+                         ::testing::Values(AttnCase{8, 1, 256, 767, 512, 700, 256, KB}, AttnCase{8, 1, 256, 767, 512, 255, 256, KB},
+                                           AttnCase{8, 1, 512, 4096, 0, 2047, 256, KB}, AttnCase{8, 2, 256, 1535, 512, 3000, 1024, KB},
+                                           AttnCase{8, 2, 512, 8192, 0, 4095, 300, KB}, AttnCase{4, 1, 16, 71, 8, 70, 64, KB},
+                                           AttnCase{4, 2, 32, 300, 0, 200, 37, KB}, AttnCase{3, 1, 64, 200, 40, 150, 100, KB},
+                                           AttnCase{8, 8, 128, 300, 0, 299, 90, KB}),
                          attn_case_name);
 
 // ---- prefill GEMM tiers: the cuBLAS tier's converters (bit-exact) and GEMM, the tensor-core kernel

@@ -124,6 +124,7 @@ TEST(BadInput, BadOptions) {
     expect_compile_error(fixture("e2b_tiny"), {"--quantize", "regular expression"}, "--quantize '('");
     expect_compile_error(fixture("e2b_tiny"), {"embed_tokens", "embedding lookup"}, "--quantize embed_tokens");
     expect_compile_error(fixture("e2b_tiny"), {"--max-context", "max_position_embeddings"}, "--max-context 99999999");
+    expect_compile_error(fixture("e2b_tiny"), {"unknown --kv-dtype 'f16'", "expected bf16 or f32"}, "--kv-dtype f16");
 }
 
 // CUDA plans compile anywhere the CUDA toolkit's NVRTC is (CI too); without a GPU, running one is a

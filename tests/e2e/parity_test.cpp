@@ -2,8 +2,10 @@
 // tools/make_fixtures.py) with `g4 compile`, run it with `g4 run`, and compare with HF float32:
 // prefill logits of every prompt position (relative L2 <= 1e-4), 16-token greedy continuations
 // (identical), incremental decode vs full recompute, small prefill chunks, both config forms and
-// both checkpoint forms.
+// both checkpoint forms. Plans with a bf16 KV cache (--kv-dtype bf16) stay within bf16 drift of HF
+// float32 with the same greedy tokens.
 #include "g4/g4.h"
+#include "runtime/src/plan/plan_reader.h"
 #include "test_util.h"
 
 #include <cstdio>
@@ -96,6 +98,79 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, ParityTest,
                                            Case{"e4b_tiny", "bf16"}, Case{"e2b_tiny_text", "bf16"}),
                          [](const auto& info) { return info.param.fixture + "_" + info.param.weights; });
 
+// A bf16 KV cache rounds every stored key and value (relative error <= 2^-9), which the attention
+// amplifies on these random-weight fixtures (near one-hot attention): measured relative L2 vs HF
+// float32 3.9e-3 / 1.1e-2 (e2b_tiny short / long) and 5.2e-3 / 6.7e-3 (e4b_tiny). The bound is the bf16
+// drift accepted for CUDA tensor-core prefill (<= 1.9e-2 measured, HF's own bf16 run 2.3e-2..3.7e-2).
+constexpr double kBf16KvTolerance = 2e-2;
+// K/V computed for a chunk and for one row differ in the last fp32 bits (Eigen's GEMM and GEMV sum in
+// different orders), so a value next to a bf16 rounding boundary can round to the neighbouring bf16:
+// one step (2^-8 relative) in one element. Measured: up to 1.7e-3 relative L2 on e4b_tiny, 3.5e-6 on
+// e2b_tiny (fp32 caches: <= 7.7e-6).
+constexpr double kBf16KvFlips = 5e-3;
+
+class Bf16KvParityTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(Bf16KvParityTest, LogitsWithinBf16DriftAndGreedyMatchHF) {
+    const std::string fx = GetParam();
+    std::string plan     = Plans::get(fx, "--weights bf16 --kv-dtype bf16");
+    TempDir td;
+    for (const Prompt& p : load_reference(fx)) {
+        std::string dump = td.file(p.name + ".f32");
+        CmdResult r      = run_g4("run '" + plan + "' --tokens " + csv(p.ids) + " -n 16 --temp 0 --ignore-eos --print-ids --dump-logits '" +
+                                  dump + "'");
+        ASSERT_EQ(r.exit_code, 0) << r.err;
+        std::vector<float> got = read_f32(dump);
+        ASSERT_EQ(got.size(), p.logits.size());
+        double err = rel_l2(got.data(), p.logits.data(), got.size());
+        std::printf("PARITY fixture=%s weights=bf16 kv=bf16 prompt=%s tokens=%zu rel_l2=%.3e\n", fx.c_str(), p.name.c_str(), p.ids.size(), err);
+        RecordProperty(p.name + "_rel_l2", std::to_string(err));
+        EXPECT_LE(err, kBf16KvTolerance) << fx << " " << p.name;
+        EXPECT_GT(err, 1e-5) << "the cache was not rounded: " << fx << " " << p.name;
+        EXPECT_EQ(parse_ids(r.out), p.greedy) << fx << " " << p.name;
+        // Small chunks (the sliding ring wraps every few tokens) store and read the same rounded values, up to
+        // the boundary cases of kBf16KvFlips.
+        std::string small = Plans::get(fx, "--weights bf16 --kv-dtype bf16 --chunk 3 --logits-rows 2");
+        r = run_g4("run '" + small + "' --tokens " + csv(p.ids) + " -n 16 --temp 0 --ignore-eos --print-ids --dump-logits '" + dump + "'");
+        ASSERT_EQ(r.exit_code, 0) << r.err;
+        std::vector<float> chunked = read_f32(dump);
+        ASSERT_EQ(chunked.size(), got.size());
+        EXPECT_LE(rel_l2(chunked.data(), got.data(), got.size()), kBf16KvFlips) << fx << " " << p.name;
+        EXPECT_EQ(parse_ids(r.out), p.greedy) << fx << " " << p.name;
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, Bf16KvParityTest, ::testing::Values("e2b_tiny", "e4b_tiny"));
+
+// The plan records the choice: KV tensors are bf16 of half the f32 bytes, META policy names it.
+TEST(Parity, Bf16KvPlanHalvesTheCacheAndRecordsIt) {
+    g4::plan::Plan f32, bf16;
+    std::string err;
+    ASSERT_EQ(f32.load(Plans::get("e2b_tiny", "--weights bf16"), false, &err), G4_OK) << err;
+    ASSERT_EQ(bf16.load(Plans::get("e2b_tiny", "--weights bf16 --kv-dtype bf16"), false, &err), G4_OK) << err;
+    EXPECT_EQ(json::parse(f32.meta_json())["policy"]["kv_dtype"], "f32");
+    EXPECT_EQ(json::parse(bf16.meta_json())["policy"]["kv_dtype"], "bf16");
+    uint64_t bytes[2] = {0, 0};
+    int caches = 0;
+    for (const g4::plan::Plan* p : {&f32, &bf16})
+        for (size_t t = 0; t < p->n_tensors(); ++t) {
+            const g4::plan::PlanTensor& x = p->tensor(t);
+            if (x.kind != (uint8_t)g4::plan::TensorKind::KvCache) continue;
+            const bool half = p == &bf16;
+            caches += half;
+            bytes[half] += x.nbytes;
+            EXPECT_EQ(x.dtype, (uint8_t)(half ? g4::DType::BF16 : g4::DType::F32)) << p->str(x.name);
+            EXPECT_EQ(x.nbytes, (uint64_t)(x.dims[0] * x.dims[1] * (half ? 2 : 4))) << p->str(x.name);
+        }
+    EXPECT_GT(caches, 0);
+    EXPECT_EQ(bytes[0], 2 * bytes[1]);
+    // The arena is the tensors, each 64-byte aligned.
+    EXPECT_GE(bf16.info().kv_arena_bytes, bytes[1]);
+    EXPECT_LT(bf16.info().kv_arena_bytes, bytes[1] + 64 * caches);
+    CmdResult i = run_g4("inspect '" + Plans::get("e2b_tiny", "--weights bf16 --kv-dtype bf16") + "'");
+    EXPECT_NE(i.out.find("\"kv_dtype\":\"bf16\""), std::string::npos) << i.out;
+}
+
 // Small chunks (3 tokens, ring of window+2 slots) must give the same logits as one big prefill.
 TEST(Parity, SmallPrefillChunksAndLogitRows) {
     std::string plan = Plans::get("e4b_tiny", "--weights bf16 --chunk 3 --logits-rows 2");
@@ -128,10 +203,14 @@ struct EngineDeleter { void operator()(g4_engine* e) const { g4_engine_close(e);
 struct SessionDeleter { void operator()(g4_session* s) const { g4_session_destroy(s); } };
 
 // Token-by-token decode through the KV cache (ring wrap-around included) equals recomputing the
-// whole sequence in one prefill.
+// whole sequence in one prefill, with either cache dtype (prefill rows attend to their own rounded K/V).
 TEST(Parity, IncrementalDecodeEqualsFullRecompute) {
-    for (std::string fx : {"e2b_tiny", "e4b_tiny"}) {
-        std::string plan = Plans::get(fx, "--weights bf16");
+    const std::pair<std::string, std::string> runs[] = {{"e2b_tiny", "--weights bf16"},
+                                                        {"e4b_tiny", "--weights bf16"},
+                                                        {"e2b_tiny", "--weights bf16 --kv-dtype bf16"},
+                                                        {"e4b_tiny", "--weights bf16 --kv-dtype bf16"}};
+    for (const auto& [fx, flags] : runs) {
+        std::string plan = Plans::get(fx, flags);
         g4_engine* e = nullptr;
         ASSERT_EQ(g4_engine_open(plan.c_str(), nullptr, &e), G4_OK) << g4_last_error_message();
         std::unique_ptr<g4_engine, EngineDeleter> eg(e);
@@ -155,8 +234,8 @@ TEST(Parity, IncrementalDecodeEqualsFullRecompute) {
             ASSERT_EQ(g4_session_get_logits(s2, &l, nullptr), G4_OK);
             worst = std::max(worst, rel_l2(l, full.data() + i * V, V));
         }
-        std::printf("DECODE fixture=%s tokens=%zu worst_rel_l2=%.3e\n", fx.c_str(), seq.size(), worst);
-        EXPECT_LE(worst, 1e-5) << fx;
+        std::printf("DECODE fixture=%s %s tokens=%zu worst_rel_l2=%.3e\n", fx.c_str(), flags.c_str(), seq.size(), worst);
+        EXPECT_LE(worst, flags.find("--kv-dtype bf16") != std::string::npos ? kBf16KvFlips : 1e-5) << fx << " " << flags;
         EXPECT_EQ(g4_session_position(s2), (int32_t)seq.size());
     }
 }

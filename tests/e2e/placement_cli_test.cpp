@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <gtest/gtest.h>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <regex>
 
@@ -100,11 +101,62 @@ TEST(PlacementCli, BadOptionsExitNonZeroWithTheReason) {
          {"not supported by this build yet", "split across devices"}},
         {"--gpu-mem 1:1GiB", {"nothing ever lands on a GPU that was not given a budget", "--gpu-mem 0:SIZE"}},
         {"--max-context 99999999", {"--max-context", "max_position_embeddings"}},
+        {"--kv-dtype f16", {"unknown --kv-dtype 'f16'", "expected bf16 or f32"}},
     };
     for (const auto& c : cases)
         expect_refused(run_g4(cuda_dry(c.args)), c.needles);
     expect_refused(run_g4("compile --model '" + fixture("e2b_tiny") + "' --dry-run --gpu-mem 1GiB"),
                    {"CPU plan", "--device cuda"});
+}
+
+// The KV cache's bytes in a plan's META memory table, and that part's label.
+std::pair<uint64_t, std::string> kv_part(const std::string& plan) {
+    g4::plan::Plan p;
+    std::string err;
+    EXPECT_EQ(p.load(plan, false, &err), G4_OK) << err;
+    const nlohmann::json meta = nlohmann::json::parse(p.meta_json());
+    for (const auto& part : meta["memory"][0]["parts"])
+        if (part["what"].get<std::string>().rfind("KV cache", 0) == 0) return {part["bytes"].get<uint64_t>(), part["what"].get<std::string>()};
+    ADD_FAILURE() << "no KV cache in the memory plan of " << plan;
+    return {0, ""};
+}
+
+TEST(PlacementCli, KvDtypeBf16HalvesTheKvCache) {
+    TempDir td;
+    // --chunk 57: sliding rings of 64 slots, so no cache tensor needs alignment padding and bf16 is exactly half.
+    std::map<std::string, std::pair<uint64_t, std::string>> kv;
+    for (const std::string dt : {"f32", "bf16"}) {
+        const std::string plan = td.file(dt + ".g4plan");
+        CmdResult r = run_g4("compile --model '" + fixture("e2b_tiny") + "' --no-fidelity --chunk 57 --kv-dtype " + dt + " -o '" + plan + "'");
+        ASSERT_EQ(r.exit_code, 0) << r.err;
+        EXPECT_NE(r.err.find("KV cache (" + dt + ")"), std::string::npos) << r.err;
+        kv[dt] = kv_part(plan);
+        EXPECT_EQ(kv[dt].second, "KV cache (" + dt + ")");
+        CmdResult i = run_g4("inspect '" + plan + "' --ops");
+        EXPECT_NE(i.out.find("KV cache " + dt), std::string::npos) << i.out;
+    }
+    ASSERT_GT(kv["bf16"].first, 0u);
+    EXPECT_EQ(kv["f32"].first, 2 * kv["bf16"].first);
+    // Defaults: bf16 for CUDA plans, f32 for CPU plans.
+    EXPECT_NE(run_g4(cuda_dry("")).err.find("KV cache: bf16"), std::string::npos);
+    EXPECT_NE(run_g4("compile --model '" + fixture("e2b_tiny") + "' --dry-run").err.find("KV cache: f32"), std::string::npos);
+}
+
+TEST(PlacementCli, BudgetCheckCountsTheKvDtype) {
+    auto need = [](const std::string& dt) {
+        return std::stoull(match(run_g4(cuda_dry("--kv-dtype " + dt + " --place ple=gpu --gpu-mem 1KiB")).err, "\\(([0-9]+) bytes\\)"));
+    };
+    const uint64_t n32 = need("f32"), n16 = need("bf16");
+    ASSERT_LT(n16, n32);
+    // A budget that holds the bf16 plan: it fits; the f32 plan is refused and told a smaller --max-context that fits.
+    const std::string budget = " --place ple=gpu --gpu-mem " + std::to_string(n16);
+    EXPECT_EQ(run_g4(cuda_dry("--kv-dtype bf16" + budget)).exit_code, 0);
+    CmdResult r = run_g4(cuda_dry("--kv-dtype f32" + budget));
+    expect_refused(r, {"KV cache (f32)", "or reduce --max-context: at --max-context"});
+    const std::string ctx = match(r.err, "at --max-context ([0-9]+) cuda:0 needs");
+    ASSERT_FALSE(ctx.empty()) << r.err;
+    EXPECT_LT(std::stoi(ctx), 4096);
+    EXPECT_EQ(run_g4(cuda_dry("--kv-dtype f32" + budget + " --max-context " + ctx)).exit_code, 0);
 }
 
 TEST(PlacementCli, CpuPlanRecordsItsMemoryPlan) {

@@ -5,6 +5,7 @@
 #include "models/gemma4/model.h"
 #include "test_util.h"
 
+#include <cmath>
 #include <gtest/gtest.h>
 #include <random>
 #include <vector>
@@ -187,6 +188,45 @@ INSTANTIATE_TEST_SUITE_P(GemmaShapes, AttentionTest,
                                     "_slots" + std::to_string(a.slots) + "_win" + std::to_string(a.window) + "_pos" + std::to_string(a.pos0);
                          });
 
+// A bf16 cache: chunk rows stored (rounded to nearest even) by the Eigen and the reference kv_store
+// into the same ring, then attention by both over the cache, which reads the widened values.
+TEST_P(AttentionTest, Bf16CacheMatchesReference) {
+    AttnShape s = GetParam();
+    Fixture f(16, s.slots);
+    const int width = s.kv_heads * s.dim;
+    auto q  = randn((size_t)s.rows * s.heads * s.dim, 12, 0.2f);
+    auto kc = to_bf16(randn((size_t)s.slots * width, 13));
+    auto vc = to_bf16(randn((size_t)s.slots * width, 14));
+    auto k = randn((size_t)s.rows * (width + 8), 15), v = randn((size_t)s.rows * (width + 8), 16);
+    auto kr = kc, vr = vc;
+    KvStoreArgs st{k.data(), width + 8, v.data(), width + 8, kr.data(), vr.data(), s.rows, width, s.slots, s.pos0, DType::BF16};
+    ref::kv_store(st);
+    st.k_cache = kc.data(), st.v_cache = vc.data();
+    cpu::kv_store(f.ctx, st);
+    ASSERT_EQ(kc, kr);
+    ASSERT_EQ(vc, vr);
+    for (int t = 0; t < s.rows; ++t)
+        for (int i = 0; i < width; i += 37) {
+            const int64_t slot = (s.pos0 + t) % s.slots;
+            EXPECT_EQ(kc[slot * width + i], f32_to_bf16(k[t * (width + 8) + i]));
+            EXPECT_EQ(vc[slot * width + i], f32_to_bf16(v[t * (width + 8) + i]));
+        }
+    std::vector<float> r((size_t)s.rows * s.heads * s.dim), c(r.size()), scratch(s.slots + 64);
+    AttentionArgs a{q.data(), s.heads * s.dim, kc.data(), vc.data(), r.data(), s.heads * s.dim, s.rows, s.heads, s.kv_heads, s.dim,
+                    s.slots, s.window, s.pos0, 1.0f, scratch.data(), DType::BF16};
+    ref::attention(a);
+    a.y = c.data();
+    cpu::attention(f.ctx, a);
+    EXPECT_LT(max_rel(c, r), 1e-5);
+    // The same values in an f32 cache give the same result: both are widened rows through one code path.
+    std::vector<float> kf(kc.size()), vf(vc.size()), c32(r.size());
+    for (size_t i = 0; i < kc.size(); ++i) kf[i] = bf16_to_f32(kc[i]), vf[i] = bf16_to_f32(vc[i]);
+    AttentionArgs a32 = a;
+    a32.k_cache = kf.data(), a32.v_cache = vf.data(), a32.cache_dt = DType::F32, a32.y = c32.data();
+    cpu::attention(f.ctx, a32);
+    EXPECT_EQ(c32, c);
+}
+
 TEST(CpuKernels, KvStoreWrapsRing) {
     const int width = 16, slots = 5, rows = 3;
     auto k = randn(rows * width, 15), v = randn(rows * width, 16);
@@ -195,6 +235,18 @@ TEST(CpuKernels, KvStoreWrapsRing) {
     EXPECT_EQ(kc[4 * width], k[0]);            // position 4 -> slot 4
     EXPECT_EQ(kc[0 * width], k[width]);        // position 5 -> slot 0
     EXPECT_EQ(vc[1 * width + 3], v[2 * width + 3]);
+    std::vector<uint16_t> kb(slots * width, 0), vb(slots * width, 0);
+    ref::kv_store({k.data(), width, v.data(), width, kb.data(), vb.data(), rows, width, slots, 4, DType::BF16});
+    EXPECT_EQ(kb[0 * width + 5], f32_to_bf16(k[width + 5]));
+    EXPECT_EQ(vb[1 * width + 3], f32_to_bf16(v[2 * width + 3]));
+}
+
+TEST(CpuKernels, Bf16RoundingIsNearestEven) {
+    // Halfway cases round to the even neighbour; just above halfway rounds up; NaN stays a NaN.
+    EXPECT_EQ(f32_to_bf16(1.0f + 0.5f / 128), 0x3F80);                   // 1 + 2^-8: halfway, 0x3F80 is even
+    EXPECT_EQ(f32_to_bf16(1.0f + 1.5f / 128), 0x3F82);                   // 1 + 3 * 2^-8: halfway, up to the even 0x3F82
+    EXPECT_EQ(f32_to_bf16(std::nextafter(1.0f + 0.5f / 128, 2.0f)), 0x3F81);
+    EXPECT_TRUE(std::isnan(bf16_to_f32(f32_to_bf16(NAN))));
 }
 
 } // namespace

@@ -320,4 +320,14 @@ TEST(Placement, CpuPlanCountsScratchPerThread) {
     EXPECT_EQ(*mem[0].budget, 23500u);
 }
 
+TEST(Placement, KvCacheLabelNamesItsDtype) {
+    Figures f  = fake(100);
+    f.kv_dtype = "bf16";
+    for (int cuda : {0, -1}) {
+        auto mem = memory_plan(f, resolve_str("", {}, 35, cuda), false, 1);
+        ASSERT_FALSE(mem.empty());
+        EXPECT_EQ(mem[0].parts[2], std::make_pair(std::string("KV cache (bf16)"), f.kv_cache));
+    }
+}
+
 } // namespace

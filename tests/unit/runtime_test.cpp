@@ -221,7 +221,14 @@ TEST(Compile, DryRunPrintsTheMemoryPlanAndWritesNothing) {
     // The KV figure is the one the real compile allocates.
     CmdResult real = run_g4("compile --model '" + fixture("e2b_tiny") + "' --max-context 1024 --no-fidelity -o '" + td.file("q.g4plan") + "'");
     ASSERT_EQ(real.exit_code, 0);
-    auto kv = [](const std::string& s) { size_t a = s.find("KV cache") + 9; return s.substr(a, s.find(" ", s.find(" ", a) + 1) - a); };
+    auto kv = [](const std::string& s) {
+        const std::string key = "KV cache (f32) ";   // the memory table's part, "KV cache (f32) 1.04 MiB"
+        size_t a              = s.find(key);
+        if (a == std::string::npos) return std::string();
+        a += key.size();
+        return s.substr(a, s.find(" ", s.find(" ", a) + 1) - a);
+    };
+    EXPECT_FALSE(kv(r.err).empty()) << r.err;
     EXPECT_EQ(kv(r.err), kv(real.err));
     CmdResult cuda = run_g4("compile --model '" + fixture("e2b_tiny") + "' --device cuda:0 --dry-run");
     EXPECT_EQ(cuda.exit_code, 0) << cuda.err;

@@ -375,7 +375,7 @@ void session_destroy(SessionState* st) {
 
 namespace {
 
-// Device address of tensor `idx` with a column offset (activations/KV in elements of 4 bytes).
+// Device address of tensor `idx` with a column offset (activations in elements of 4 bytes, KV caches of their dtype).
 CUdeviceptr addr(const SessionState* st, const plan::Plan& p, int32_t idx, int32_t col) {
     if (idx < 0) return 0;
     const PlanTensor& t = p.tensor(idx);
@@ -385,7 +385,7 @@ CUdeviceptr addr(const SessionState* st, const plan::Plan& p, int32_t idx, int32
         if (idx == e->ple_tensor) return e->ple_dev;
         return e->weights + (e->ple_gap && t.offset > e->ple_off ? t.offset - e->ple_gap : t.offset);
     }
-    case TensorKind::KvCache: return st->kv + t.offset + (uint64_t)col * 4;
+    case TensorKind::KvCache: return st->kv + t.offset + dtype_bytes((DType)t.dtype, col);
     default: return st->act + t.offset + (uint64_t)col * 4;
     }
 }
@@ -401,6 +401,8 @@ Nf4Ptrs nf4_ptrs(CUdeviceptr base, const PlanTensor& w) {
 }
 
 int64_t ld_of(const plan::Plan& p, int32_t idx) { return idx >= 0 && p.tensor(idx).ndim == 2 ? p.tensor(idx).dims[1] : 0; }
+// Kernel dtype argument (G4_DT_F32 / G4_DT_BF16) of a weight or KV cache.
+int dt_code(const plan::Plan& p, int32_t t) { return t >= 0 && p.tensor(t).dtype == (uint8_t)DType::BF16 ? 1 : 0; }
 
 // Launches op i for a step of `rows` rows (`out_rows` logits rows); sets *launched = false when the
 // op has no rows in this step.
@@ -508,21 +510,21 @@ g4_status launch_op(g4_session* s, size_t i, int rows, int out_rows, std::string
         break;
     }
     case OpCode::KvStore: {
-        int width = op.ip[0], slots = op.ip[1];
-        r = go(K.kv, n, 1, 256, {&step, &in0, &ld0, &in1, &ld1, &out0, &out1, &width, &slots});
+        int width = op.ip[0], slots = op.ip[1], kvdt = dt_code(p, op.out[0]);
+        r = go(K.kv, n, 1, 256, {&step, &in0, &ld0, &in1, &ld1, &out0, &out1, &width, &slots, &kvdt});
         break;
     }
     case OpCode::Attention: {
-        int heads = op.ip[0], kvh = op.ip[1], dim = op.ip[2], slots = op.ip[3], window = op.ip[4];
+        int heads = op.ip[0], kvh = op.ip[1], dim = op.ip[2], slots = op.ip[3], window = op.ip[4], kvdt = dt_code(p, op.in[1]);
         float scale = op.fp[0];
         int sp = st->splits[i];
         int max_span = window > 0 ? std::min(window, info.max_context) : info.max_context;
         CUdeviceptr part = st->part, scores = st->scores;
         const int hpg = heads / kvh, dsp = op.ip[6];
-        if (n == 1 && dsp >= 1 && dsp <= 1024 && hpg <= 16 && hpg * dim <= 4096 && dim <= 512) {
+        if (n == 1 && dsp >= 1 && dsp <= 1024 && hpg <= 16 && hpg * dim <= 4096 && dim <= 512 && (kvdt == 0 || dim % 8 == 0)) {
             // Decode: one block per (kv head, split) for all heads of the group.
             r = go(K.attn_decode, (unsigned)kvh, (unsigned)dsp, 256,
-                   {&step, &in0, &in1, &in2, &heads, &kvh, &dim, &slots, &window, &scale, const_cast<int*>(&dsp), &part});
+                   {&step, &in0, &in1, &in2, &heads, &kvh, &dim, &slots, &window, &scale, const_cast<int*>(&dsp), &part, &kvdt});
             if (r == 0)
                 r = go(K.attn_merge, (unsigned)heads, (unsigned)(dim + 63) / 64, 256, {&step, &part, &heads, &dim, const_cast<int*>(&dsp), &out0, &ldo});
             break;
@@ -535,12 +537,12 @@ g4_status launch_op(g4_session* s, size_t i, int rows, int out_rows, std::string
                 return G4_ERR_INTERNAL;
             }
             FlashLaunch fl = flash_launch(n, heads, kvh, dim);
-            void* args[]   = {&step, &in0, &ld0, &in1, &in2, &heads, &kvh, &slots, &window, &scale, &out0, &ldo};
+            void* args[]   = {&step, &in0, &ld0, &in1, &in2, &heads, &kvh, &slots, &window, &scale, &out0, &ldo, &kvdt};
             r = launch(st, K.flash[di], fl.gx, fl.gy, fl.block, args, 1, fl.smem);
             break;
         }
         r = go(K.attn_part, (unsigned)(n * heads), (unsigned)sp, 256,
-               {&step, &in0, &ld0, &in1, &in2, &heads, &kvh, &dim, &slots, &window, &scale, &sp, &part, &scores, &max_span});
+               {&step, &in0, &ld0, &in1, &in2, &heads, &kvh, &dim, &slots, &window, &scale, &sp, &part, &scores, &max_span, &kvdt});
         if (r == 0) r = go(K.attn_merge, (unsigned)(n * heads), (unsigned)(dim + 63) / 64, 256, {&step, &part, &heads, &dim, &sp, &out0, &ldo});
         break;
     }
@@ -552,8 +554,6 @@ g4_status launch_op(g4_session* s, size_t i, int rows, int out_rows, std::string
     }
     return G4_OK;
 }
-
-int dt_code(const plan::Plan& p, int32_t t) { return t >= 0 && p.tensor(t).dtype == (uint8_t)DType::BF16 ? 1 : 0; }
 
 // Launches record `li` of the decode schedule (one row).
 g4_status launch_fused(g4_session* s, const CudaLaunch& l, std::string* err) {
@@ -577,9 +577,10 @@ g4_status launch_fused(g4_session* s, const CudaLaunch& l, std::string* err) {
     case LaunchKind::QkvPost: {
         CUdeviceptr q = T(0), qw = T(1), invf = T(2), k = T(3), kw = T(4), v = T(5), kc = T(6), vc = T(7);
         int wdt = dt_code(p, l.t[1]), heads = l.ip[0], kvh = l.count == 6 ? l.ip[1] : 1, dim = l.ip[2], slots = std::max(1, l.ip[3]);
+        int kvdt  = dt_code(p, l.t[6]);
         float eps = l.fp[0];
         unsigned grid = (unsigned)(heads + (l.count == 6 ? 2 * kvh : 0)), block = (unsigned)std::max(32, (dim / 2 + 31) / 32 * 32);
-        r = go(K.qkv_post, grid, block, {&step, &q, &qw, &k, &kw, &v, &wdt, &invf, &kc, &vc, &heads, &kvh, &dim, &slots, &eps});
+        r = go(K.qkv_post, grid, block, {&step, &q, &qw, &k, &kw, &v, &wdt, &invf, &kc, &vc, &heads, &kvh, &dim, &slots, &eps, &kvdt});
         break;
     }
     case LaunchKind::Gemv: {

@@ -61,7 +61,7 @@ struct PlanTensor {
     uint8_t ndim;                  // 1..4
     uint8_t flags;
     int64_t dims[4];               // Activation/Input: dims[0] = max rows of a step
-    uint64_t offset;               // Weight: in WEIGHTS; Activation/Input: in activation arena; KvCache: in KV arena
+    uint64_t offset;               // Weight: in WEIGHTS; Activation/Input: in activation arena; KvCache (f32 or bf16): in KV arena
     uint64_t nbytes;               // NF4: the whole blob (kernels/nf4.h)
     uint32_t quant_flags;          // NF4: kQuantDoubleQuant
     uint32_t reserved;
@@ -148,7 +148,8 @@ inline uint64_t schema_hash() {
         "kv_store7(in:k,v;out:kc,vc;ip0:width,ip1:slots),"
         "attention8(in:q,kc,vc;ip0:heads,ip1:kv_heads,ip2:dim,ip3:slots,ip4:window,ip5:prefill_splits(0=flash),ip6:decode_splits;fp0:scale),"
         "gelu_mul9(ip0:cols),softcap10(ip0:cols;fp0:cap);"
-        "dtypes:f32=0,bf16=1,f16=2,i32=3,nf4=4(blob:codes,absmax|dq);kinds:weight0,act1,kv2,input3;rowmode:all0,tailin1,outrows2";
+        "dtypes:f32=0,bf16=1,f16=2,i32=3,nf4=4(blob:codes,absmax|dq);kinds:weight0,act1,kv2(dtype:f32|bf16,rne on store),input3;"
+        "rowmode:all0,tailin1,outrows2";
     return fnv1a64(kSchema, sizeof(kSchema) - 1);
 }
 

@@ -176,8 +176,8 @@ g4_status Plan::validate_records(std::string* err) {
         if (t.offset % kTensorAlign) return fail(CORRUPT, what + ": misaligned", err);
         if ((TensorKind)t.kind == TensorKind::Activation && (t.ndim != 2 || t.dtype != (uint8_t)DType::F32))
             return fail(CORRUPT, what + ": activations must be 2-D f32", err);
-        if ((TensorKind)t.kind == TensorKind::KvCache && (t.ndim != 2 || t.dtype != (uint8_t)DType::F32))
-            return fail(CORRUPT, what + ": KV caches must be 2-D f32", err);
+        if ((TensorKind)t.kind == TensorKind::KvCache && (t.ndim != 2 || (t.dtype != (uint8_t)DType::F32 && t.dtype != (uint8_t)DType::BF16)))
+            return fail(CORRUPT, what + ": KV caches must be 2-D f32 or bf16", err);
     }
     auto is = [&](int32_t idx, TensorKind k) { return idx >= 0 && (size_t)idx < n_tensors_ && tensors_[idx].kind == (uint8_t)k; };
     if (!is(in.ids_tensor, TensorKind::Input) || tensors_[in.ids_tensor].dims[0] < in.max_rows ||

@@ -71,6 +71,24 @@ struct Case {
     std::string fixture, weights;
 };
 
+// `g4 run PLAN` on a reference prompt, 16 greedy tokens: its ids and the prefill's last-row logits.
+struct PromptRun {
+    bool ok = false;
+    std::vector<int32_t> ids;
+    std::vector<float> logits;
+};
+PromptRun run_prompt(const std::string& plan, const Prompt& p, const std::string& dump) {
+    PromptRun out;
+    CmdResult r = run_g4("run '" + plan + "' --tokens " + csv(p.ids) + " -n 16 --temp 0 --ignore-eos --print-ids --dump-logits '" + dump + "'");
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    if (r.exit_code != 0) return out;
+    out.logits = read_f32(dump);
+    EXPECT_EQ(out.logits.size(), p.logits.size());
+    out.ok  = out.logits.size() == p.logits.size();
+    out.ids = parse_ids(r.out);
+    return out;
+}
+
 class ParityTest : public ::testing::TestWithParam<Case> {};
 
 TEST_P(ParityTest, PrefillLogitsAndGreedyMatchHF) {
@@ -78,18 +96,14 @@ TEST_P(ParityTest, PrefillLogitsAndGreedyMatchHF) {
     std::string plan = Plans::get(c.fixture, "--weights " + c.weights);
     TempDir td;
     for (const Prompt& p : load_reference(c.fixture)) {
-        std::string dump = td.file(p.name + ".f32");
-        CmdResult r      = run_g4("run '" + plan + "' --tokens " + csv(p.ids) + " -n 16 --temp 0 --ignore-eos --print-ids --dump-logits '" +
-                                  dump + "'");
-        ASSERT_EQ(r.exit_code, 0) << r.err;
-        std::vector<float> got = read_f32(dump);
-        ASSERT_EQ(got.size(), p.logits.size());
-        double err = rel_l2(got.data(), p.logits.data(), got.size());
+        PromptRun got = run_prompt(plan, p, td.file(p.name + ".f32"));
+        ASSERT_TRUE(got.ok);
+        double err = rel_l2(got.logits.data(), p.logits.data(), got.logits.size());
         std::printf("PARITY fixture=%s weights=%s prompt=%s tokens=%zu rel_l2=%.3e\n", c.fixture.c_str(), c.weights.c_str(),
                     p.name.c_str(), p.ids.size(), err);
         RecordProperty(p.name + "_rel_l2", std::to_string(err));
         EXPECT_LE(err, 1e-4) << c.fixture << " " << p.name;
-        EXPECT_EQ(parse_ids(r.out), p.greedy) << c.fixture << " " << p.name;
+        EXPECT_EQ(got.ids, p.greedy) << c.fixture << " " << p.name;
     }
 }
 
@@ -116,27 +130,20 @@ TEST_P(Bf16KvParityTest, LogitsWithinBf16DriftAndGreedyMatchHF) {
     std::string plan     = Plans::get(fx, "--weights bf16 --kv-dtype bf16");
     TempDir td;
     for (const Prompt& p : load_reference(fx)) {
-        std::string dump = td.file(p.name + ".f32");
-        CmdResult r      = run_g4("run '" + plan + "' --tokens " + csv(p.ids) + " -n 16 --temp 0 --ignore-eos --print-ids --dump-logits '" +
-                                  dump + "'");
-        ASSERT_EQ(r.exit_code, 0) << r.err;
-        std::vector<float> got = read_f32(dump);
-        ASSERT_EQ(got.size(), p.logits.size());
-        double err = rel_l2(got.data(), p.logits.data(), got.size());
+        PromptRun got = run_prompt(plan, p, td.file(p.name + ".f32"));
+        ASSERT_TRUE(got.ok);
+        double err = rel_l2(got.logits.data(), p.logits.data(), got.logits.size());
         std::printf("PARITY fixture=%s weights=bf16 kv=bf16 prompt=%s tokens=%zu rel_l2=%.3e\n", fx.c_str(), p.name.c_str(), p.ids.size(), err);
         RecordProperty(p.name + "_rel_l2", std::to_string(err));
         EXPECT_LE(err, kBf16KvTolerance) << fx << " " << p.name;
         EXPECT_GT(err, 1e-5) << "the cache was not rounded: " << fx << " " << p.name;
-        EXPECT_EQ(parse_ids(r.out), p.greedy) << fx << " " << p.name;
+        EXPECT_EQ(got.ids, p.greedy) << fx << " " << p.name;
         // Small chunks (the sliding ring wraps every few tokens) store and read the same rounded values, up to
         // the boundary cases of kBf16KvFlips.
-        std::string small = Plans::get(fx, "--weights bf16 --kv-dtype bf16 --chunk 3 --logits-rows 2");
-        r = run_g4("run '" + small + "' --tokens " + csv(p.ids) + " -n 16 --temp 0 --ignore-eos --print-ids --dump-logits '" + dump + "'");
-        ASSERT_EQ(r.exit_code, 0) << r.err;
-        std::vector<float> chunked = read_f32(dump);
-        ASSERT_EQ(chunked.size(), got.size());
-        EXPECT_LE(rel_l2(chunked.data(), got.data(), got.size()), kBf16KvFlips) << fx << " " << p.name;
-        EXPECT_EQ(parse_ids(r.out), p.greedy) << fx << " " << p.name;
+        PromptRun chunked = run_prompt(Plans::get(fx, "--weights bf16 --kv-dtype bf16 --chunk 3 --logits-rows 2"), p, td.file(p.name + ".chunked.f32"));
+        ASSERT_TRUE(chunked.ok);
+        EXPECT_LE(rel_l2(chunked.logits.data(), got.logits.data(), got.logits.size()), kBf16KvFlips) << fx << " " << p.name;
+        EXPECT_EQ(chunked.ids, p.greedy) << fx << " " << p.name;
     }
 }
 

@@ -2,13 +2,14 @@
 // decode shapes and reports achieved GB/s against this GPU's measured read bandwidth. Weights are
 // random (valid NF4 blobs, double quant); several copies rotate so every launch reads from DRAM, not L2.
 // Build on a GPU machine (repo root):
-//   nvcc -O3 -std=c++17 -arch=sm_90 -o build-dev/gemv_bench bench/gemv_bench.cu
+//   nvcc -O3 -std=c++17 -arch=sm_90 -I. -o build-dev/gemv_bench bench/gemv_bench.cu
 //   [-DG4_KERNELS='"path/to/other/kernels.cu"' to time another version of the kernels]
 // Usage: gemv_bench [reps]    (prints one line per shape and lane count; '*' marks the compiler's choice)
 #ifndef G4_KERNELS
 #define G4_KERNELS "../kernels/cuda/kernels.cu"
 #endif
 #include G4_KERNELS
+#include "compiler/cuda_schedule.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -33,19 +34,6 @@ static const GemvFn kGemvNf4[2][5] = {
 static const GemvFn kGemvBf16[2][5] = {
     {g4_gemv_bf16_l8_m1, g4_gemv_bf16_l16_m1, g4_gemv_bf16_l32_m1, g4_gemv_bf16_l64_m1, g4_gemv_bf16_l128_m1},
     {g4_gemv_bf16_l8_m2, g4_gemv_bf16_l16_m2, g4_gemv_bf16_l32_m2, g4_gemv_bf16_l64_m2, g4_gemv_bf16_l128_m2}};
-
-// compiler/cuda_schedule.cpp gemv_lanes(), repeated so this file builds alone.
-static int chosen_lanes(long K, bool nf4, long groups) {
-    const long C = K / (nf4 ? 32 : 8);
-    int L = 8;
-    if (nf4) {
-        while (L < 128 && L * 3L < C) L *= 2;
-        return L;
-    }
-    while (L < 32 && (long)L * 4 < C) L *= 2;
-    while (L < 128 && L < C && groups * L < 65536) L *= 2;
-    return L;
-}
 
 struct Case {
     const char* name;
@@ -180,7 +168,7 @@ int main(int argc, char** argv) {
         for (auto& v : hx) v = (float)(rng() % 1000) / 1000.0f - 0.5f;
         CK(cudaMemcpy(x, hx.data(), c.k * 4, cudaMemcpyHostToDevice));
         const long groups = c.pairs ? (n_out + 1) / 2 : (n_out + 3) / 4;
-        const int pick     = chosen_lanes(c.k, c.nf4, groups);
+        const int pick     = g4::cuda::gemv_lanes(c.k, c.nf4, groups);
         for (int li = 0; li < 5; ++li) {
             const int L = 8 << li;
             if (L > c.k / (c.nf4 ? 32 : 8)) continue;

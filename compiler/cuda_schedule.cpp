@@ -46,18 +46,6 @@ void choose_variants(std::vector<PlanOp>& ops, const std::vector<PlanTensor>& te
 
 int decode_attention_splits(int64_t span) { return (int)std::max<int64_t>(1, std::min<int64_t>(1024, (span + 7) / 8)); }
 
-int gemv_lanes(int64_t K, bool nf4, int64_t groups) {
-    const int64_t C = K / (nf4 ? 32 : 8);   // 16-byte chunks per row
-    int L = 8;
-    if (nf4) {   // every chunk of a row among the kGemvFrontChunks a lane loads before its wait
-        while (L < 128 && (int64_t)L * kGemvFrontChunks < C) L *= 2;
-        return L;
-    }
-    while (L < 32 && (int64_t)L * 4 < C) L *= 2;
-    while (L < 128 && L < C && groups * L < 65536) L *= 2;
-    return L;
-}
-
 namespace {
 
 struct Matcher {

@@ -27,8 +27,19 @@ int decode_attention_splits(int64_t span);
 // a row's codes are all in flight at once. bf16: each lane takes up to four chunks of a row, unless
 // the matrix has too few groups of 4 weight rows to give the GPU about 64K threads: then more lanes
 // share a row, up to one per chunk.
+// Inline so bench/gemv_bench.cu, built alone with nvcc, marks the same choice.
 inline constexpr int kGemvFrontChunks = 3;
-int gemv_lanes(int64_t K, bool nf4, int64_t groups);
+inline int gemv_lanes(int64_t K, bool nf4, int64_t groups) {
+    const int64_t C = K / (nf4 ? 32 : 8);   // 16-byte chunks per row
+    int L = 8;
+    if (nf4) {   // every chunk of a row among the kGemvFrontChunks a lane loads before its wait
+        while (L < 128 && (int64_t)L * kGemvFrontChunks < C) L *= 2;
+        return L;
+    }
+    while (L < 32 && (int64_t)L * 4 < C) L *= 2;
+    while (L < 128 && L < C && groups * L < 65536) L *= 2;
+    return L;
+}
 
 // The launches of one decode step, covering every op exactly once, in order. Fusions:
 //   RmsNorm(d, in place) + Add(x, d) [+ Scale] [+ RmsNorm(x_out)]         -> ResNorm

@@ -6,6 +6,7 @@
 #include "runtime/src/sampler.h"
 #include "runtime/src/cuda/workspace.h"
 #include "runtime/src/chat_template.h"
+#include "models/gemma4/graph.h"
 
 #include <algorithm>
 #include <chrono>
@@ -127,6 +128,13 @@ g4_status g4_engine_open(const char* path, const g4_engine_params* params, g4_en
     } else if (e->plan.device() != "cpu") {
         delete e;
         return set_error(G4_ERR_UNSUPPORTED, std::string(path) + ": plan for unknown device '" + e->plan.device() + "'");
+    } else {
+        // A step gathers one row of the per-layer-embedding table per token: read-ahead around those
+        // faults would make megabytes of the table resident for each token seen.
+        for (size_t t = 0; t < e->plan.n_tensors(); ++t)
+            if (e->plan.tensor(t).kind == (uint8_t)g4::plan::TensorKind::Weight &&
+                e->plan.tensor(t).flags == (uint8_t)g4::gemma4::WeightRole::PleTable)
+                e->plan.advise_random(t);
     }
     if (!e->plan.tokenizer_json().empty()) {
         e->tokenizer = std::make_unique<g4::Tokenizer>();

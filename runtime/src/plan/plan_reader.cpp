@@ -28,6 +28,14 @@ static bool dims_ok(const PlanTensor& t) {
     return true;
 }
 
+void Plan::advise_random(size_t t) const {
+    const PlanTensor& w = tensors_[t];
+    const uintptr_t page = (uintptr_t)::sysconf(_SC_PAGESIZE);
+    const uintptr_t a = (uintptr_t)(weights_ + w.offset) & ~(page - 1);
+    const uintptr_t b = ((uintptr_t)(weights_ + w.offset + w.nbytes) + page - 1) & ~(page - 1);
+    ::madvise((void*)a, b - a, MADV_RANDOM);
+}
+
 g4_status Plan::load(const std::string& path, bool verify_weights, std::string* err) {
     path_ = path;
     const g4_status CORRUPT = G4_ERR_PLAN_CORRUPT;

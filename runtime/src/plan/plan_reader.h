@@ -50,6 +50,10 @@ public:
     const uint8_t* weight_data(const PlanTensor& t) const { return weights_ + t.offset; }
     uint64_t weights_bytes() const { return weights_size_; }
     const uint8_t* weights_base() const { return weights_; }
+    // Tells the kernel that weight tensor t is read at random, a few rows a step (the per-layer-
+    // embedding table): no read-ahead around its page faults, so only the pages of rows read become
+    // resident. Advisory: a failure changes nothing else. Thread-safe (touches no plan state).
+    void advise_random(size_t t) const;
     uint64_t file_size() const { return size_; }
     // The embedded tokenizer.json text; empty if the plan has none.
     std::string_view tokenizer_json() const { return tokenizer_; }

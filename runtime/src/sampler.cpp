@@ -9,10 +9,12 @@ namespace g4::rt {
 
 namespace {
 
-// The softmax's maximum and denominator over values 0..n-1, summed in that order.
+// The softmax's maximum and denominator over values 0..n-1, summed in that order; prob(v) is a value's
+// probability, the one expression behind every cut and the draw.
 struct Norm {
     float mx;
     double sum;
+    double prob(float v) const { return std::exp((double)v - mx) / sum; }
 };
 template <class Value> Norm normalizer(int32_t n, Value value) {
     Norm z{-INFINITY, 0.0};
@@ -27,10 +29,8 @@ template <class Value> Norm normalizer(int32_t n, Value value) {
 // candidates (after top-k), given when the candidates are a prefix of a longer row.
 template <class Value, class Token>
 int32_t draw(int32_t n, Value value, Token token, const g4_sampling_params& p, std::mt19937_64& rng, const Norm* z = nullptr) {
-    const Norm own  = z ? Norm{} : normalizer(n, value);
-    const float mx  = z ? z->mx : own.mx;
-    const double sum = z ? z->sum : own.sum;
-    auto prob = [&](int32_t i) { return std::exp((double)value(i) - mx) / sum; };
+    const Norm zn = z ? *z : normalizer(n, value);
+    auto prob     = [&](int32_t i) { return zn.prob(value(i)); };
     if (p.top_p < 1.0f) {
         double cum = 0;
         int32_t keep = n;
@@ -112,7 +112,7 @@ int32_t sample_token(const float* logits, int32_t vocab, const g4_sampling_param
     const Norm z = normalizer(n, value);
     if (p.min_p > 0.0f) {
         const double floor = p.min_p * (1.0 / z.sum);   // min_p * prob(top), prob(top) = exp(0) / sum
-        n = (int32_t)(std::partition(idx, idx + n, [&](int32_t t) { return std::exp((double)buf[t] - z.mx) / z.sum >= floor; }) - idx);
+        n = (int32_t)(std::partition(idx, idx + n, [&](int32_t t) { return z.prob(buf[t]) >= floor; }) - idx);
     }
     int32_t keep = n;
     if (p.top_p < 1.0f) {
@@ -122,7 +122,7 @@ int32_t sample_token(const float* logits, int32_t vocab, const g4_sampling_param
         for (int32_t k = std::min(n, 1024);; k = k >= n / 8 ? n : k * 8) {
             if (k < n) std::nth_element(idx + done, idx + k, idx + n, by_logit);
             std::sort(idx + done, idx + k, by_logit);
-            while (done < k && cum < p.top_p) cum += std::exp((double)buf[idx[done++]] - z.mx) / z.sum;
+            while (done < k && cum < p.top_p) cum += z.prob(buf[idx[done++]]);
             if (cum >= p.top_p || k == n) {
                 keep = done;
                 break;

@@ -1523,15 +1523,19 @@ __device__ __forceinline__ void attn_decode_body(const Step* s, const float* q, 
         if (threadIdx.x == 0) out[dim] = mh[h], out[dim + 1] = lh[h];
     }
 }
-extern "C" __global__ void __launch_bounds__(256) g4_attn_decode(const Step* s, const float* q, const void* kc, const void* vc,
-                                                                 int heads, int kvh, int dim, int slots, int window, float scale,
-                                                                 int splits, float* part, int kvdt) {
-    __shared__ __align__(16) float qs[4096];
-    __shared__ float sc[16][AD_KEYS];
-    __shared__ float mh[16], lh[16];
-    if (kvdt == G4_DT_BF16) attn_decode_body<true>(s, q, kc, vc, heads, kvh, dim, slots, window, scale, splits, part, qs, sc, mh, lh);
-    else attn_decode_body<false>(s, q, kc, vc, heads, kvh, dim, slots, window, scale, splits, part, qs, sc, mh, lh);
-}
+// One kernel per cache dtype (kvdt must match the name): on sm_90 the fp32 body needs 96 registers, the
+// bf16 one 80, and a kernel holding both runs at the larger count (2 blocks per SM instead of 3).
+#define G4_ATTN_DECODE(NAME, BF16)                                                                                          \
+    extern "C" __global__ void __launch_bounds__(256) NAME(const Step* s, const float* q, const void* kc, const void* vc,   \
+                                                           int heads, int kvh, int dim, int slots, int window, float scale, \
+                                                           int splits, float* part, int kvdt) {                             \
+        __shared__ __align__(16) float qs[4096];                                                                            \
+        __shared__ float sc[16][AD_KEYS];                                                                                   \
+        __shared__ float mh[16], lh[16];                                                                                    \
+        attn_decode_body<BF16>(s, q, kc, vc, heads, kvh, dim, slots, window, scale, splits, part, qs, sc, mh, lh);        \
+    }
+G4_ATTN_DECODE(g4_attn_decode, false)
+G4_ATTN_DECODE(g4_attn_decode_bf16, true)
 
 // ---- prefill helpers for the cuBLAS tier: NF4 blob -> bf16 matrix (same rounding as the tensor-core
 // kernel), fp32 activations -> bf16, and a bias row added after the GEMM.

@@ -1476,22 +1476,28 @@ __device__ __forceinline__ void attn_decode_body(const Step* s, const float* q, 
         if (lane == 0) mh[h] = m, lh[h] = l;
     }
     __syncthreads();
-    // P.V: thread owns columns c = tid, tid + 256 (fp32) or 2 tid, 2 tid + 1 (bf16) for every head of the group.
+    // P.V: thread owns columns c = tid, tid + 256 for every head of the group; with a bf16 cache and
+    // dim > 256 the adjacent pair 2 tid, 2 tid + 1 (one 32-bit load). At dim <= 256 the pair mapping would
+    // leave half the threads idle and double the others' sequential work.
+    const bool pairs = kBf16 && dim > 256;
     float acc[2][16];
 #pragma unroll
     for (int i = 0; i < 2; ++i)
 #pragma unroll
         for (int h = 0; h < 16; ++h) acc[i][h] = 0.0f;
-    auto col = [&](int i) { return kBf16 ? 2 * (int)threadIdx.x + i : (int)threadIdx.x + 256 * i; };
-    // Eight keys' values are loaded before they are used, so each thread has 16 (fp32) or 8 (bf16) loads in flight.
+    auto col = [&](int i) { return pairs ? 2 * (int)threadIdx.x + i : (int)threadIdx.x + 256 * i; };
+    // Eight keys' values are loaded before they are used, so each thread has up to 16 loads in flight.
     for (int jb = j0; jb < j1; jb += 8) {
         float v[8][2];
 #pragma unroll
         for (int u = 0; u < 8; ++u) {
             const long vr = (long)((lo + min(jb + u, j1 - 1)) % slots) * width + (long)g * dim;
-            if (kBf16) {
+            if (kBf16 && pairs) {
                 const u32 w = col(0) < dim && jb + u < j1 ? *(const u32*)((const u16*)vc + vr + col(0)) : 0u;
                 v[u][0] = __uint_as_float(w << 16), v[u][1] = __uint_as_float(w & 0xffff0000u);
+            } else if (kBf16) {
+#pragma unroll
+                for (int i = 0; i < 2; ++i) v[u][i] = col(i) < dim && jb + u < j1 ? bf16f(((const u16*)vc)[vr + col(i)]) : 0.0f;
             } else {
 #pragma unroll
                 for (int i = 0; i < 2; ++i) v[u][i] = col(i) < dim && jb + u < j1 ? ((const float*)vc)[vr + col(i)] : 0.0f;
@@ -1517,15 +1523,19 @@ __device__ __forceinline__ void attn_decode_body(const Step* s, const float* q, 
         if (threadIdx.x == 0) out[dim] = mh[h], out[dim + 1] = lh[h];
     }
 }
-extern "C" __global__ void __launch_bounds__(256) g4_attn_decode(const Step* s, const float* q, const void* kc, const void* vc,
-                                                                 int heads, int kvh, int dim, int slots, int window, float scale,
-                                                                 int splits, float* part, int kvdt) {
-    __shared__ __align__(16) float qs[4096];
-    __shared__ float sc[16][AD_KEYS];
-    __shared__ float mh[16], lh[16];
-    if (kvdt == G4_DT_BF16) attn_decode_body<true>(s, q, kc, vc, heads, kvh, dim, slots, window, scale, splits, part, qs, sc, mh, lh);
-    else attn_decode_body<false>(s, q, kc, vc, heads, kvh, dim, slots, window, scale, splits, part, qs, sc, mh, lh);
-}
+// One kernel per cache dtype (kvdt must match the name): on sm_90 the fp32 body needs 96 registers, the
+// bf16 one 80, and a kernel holding both runs at the larger count (2 blocks per SM instead of 3).
+#define G4_ATTN_DECODE(NAME, BF16)                                                                                          \
+    extern "C" __global__ void __launch_bounds__(256) NAME(const Step* s, const float* q, const void* kc, const void* vc,   \
+                                                           int heads, int kvh, int dim, int slots, int window, float scale, \
+                                                           int splits, float* part, int kvdt) {                             \
+        __shared__ __align__(16) float qs[4096];                                                                            \
+        __shared__ float sc[16][AD_KEYS];                                                                                   \
+        __shared__ float mh[16], lh[16];                                                                                    \
+        attn_decode_body<BF16>(s, q, kc, vc, heads, kvh, dim, slots, window, scale, splits, part, qs, sc, mh, lh);        \
+    }
+G4_ATTN_DECODE(g4_attn_decode, false)
+G4_ATTN_DECODE(g4_attn_decode_bf16, true)
 
 // ---- prefill helpers for the cuBLAS tier: NF4 blob -> bf16 matrix (same rounding as the tensor-core
 // kernel), fp32 activations -> bf16, and a bias row added after the GEMM.

@@ -622,7 +622,7 @@ TEST_P(Attention, MatchesReference) {
     if (c.rows == 1) {
         int splits = cuda::decode_attention_splits(span);
         CUdeviceptr part = dev.alloc((size_t)a.heads * splits * (a.dim + 2) * 4);
-        launch("g4_attn_decode", a.kvh, splits, 256,
+        launch(a.kvdt ? "g4_attn_decode_bf16" : "g4_attn_decode", a.kvh, splits, 256,
                {&a.step, &a.q, &a.kc, &a.vc, &a.heads, &a.kvh, &a.dim, &a.slots, &a.window, &a.scale, &splits, &part, &a.kvdt});
         launch("g4_attention_merge", a.heads, (a.dim + 63) / 64, 256, {&a.step, &part, &a.heads, &a.dim, &splits, &gy, &a.ld});
     } else {

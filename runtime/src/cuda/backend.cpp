@@ -31,7 +31,7 @@ using plan::LaunchKind;
 struct Kernels {
     CUfunction embed, mm_bf16, mm_f32, mm_nf4, gemm_bf16, gemm_nf4, gemv_bf16, gemv_nf4, tc_bf16, tc_nf4, rms, elem, rope, kv, attn_part, attn_merge, argmax;
     CUfunction gemv[2][5][2];   // [nf4][lanes per row 8..128][pairs]
-    CUfunction resnorm, qkv_post, attn_decode, nf4_to_bf16, f32_to_bf16, add_bias;
+    CUfunction resnorm, qkv_post, attn_decode, attn_decode_bf16, nf4_to_bf16, f32_to_bf16, add_bias;
     CUfunction copy_f32, penalize, topk_round;   // GPU sampling
     CUfunction flash[6];        // g4_attn_flash_d<kFlashDims[i]>
 };
@@ -191,7 +191,7 @@ g4_status engine_open(g4_engine* e, std::string* err) {
         {&st->k.attn_merge, "g4_attention_merge"}, {&st->k.argmax, "g4_argmax"}};
     for (auto& f : fns) CU_TRY(d->cuModuleGetFunction(f.f, st->mod, f.n), std::string("kernel ") + f.n);
     struct { CUfunction* f; const char* n; } fused[] = {{&st->k.resnorm, "g4_resnorm"}, {&st->k.qkv_post, "g4_qkv_post"},
-        {&st->k.attn_decode, "g4_attn_decode"}, {&st->k.nf4_to_bf16, "g4_nf4_to_bf16"}, {&st->k.f32_to_bf16, "g4_f32_to_bf16"},
+        {&st->k.attn_decode, "g4_attn_decode"}, {&st->k.attn_decode_bf16, "g4_attn_decode_bf16"}, {&st->k.nf4_to_bf16, "g4_nf4_to_bf16"}, {&st->k.f32_to_bf16, "g4_f32_to_bf16"},
         {&st->k.add_bias, "g4_add_bias"}, {&st->k.copy_f32, "g4_copy_f32"}, {&st->k.penalize, "g4_penalize"},
         {&st->k.topk_round, "g4_topk_round"}};
     for (auto& f : fused) CU_TRY(d->cuModuleGetFunction(f.f, st->mod, f.n), std::string("kernel ") + f.n);
@@ -523,7 +523,7 @@ g4_status launch_op(g4_session* s, size_t i, int rows, int out_rows, std::string
         const int hpg = heads / kvh, dsp = op.ip[6];
         if (n == 1 && dsp >= 1 && dsp <= 1024 && hpg <= 16 && hpg * dim <= 4096 && dim <= 512 && (kvdt == 0 || dim % 8 == 0)) {
             // Decode: one block per (kv head, split) for all heads of the group.
-            r = go(K.attn_decode, (unsigned)kvh, (unsigned)dsp, 256,
+            r = go(kvdt ? K.attn_decode_bf16 : K.attn_decode, (unsigned)kvh, (unsigned)dsp, 256,
                    {&step, &in0, &in1, &in2, &heads, &kvh, &dim, &slots, &window, &scale, const_cast<int*>(&dsp), &part, &kvdt});
             if (r == 0)
                 r = go(K.attn_merge, (unsigned)heads, (unsigned)(dim + 63) / 64, 256, {&step, &part, &heads, &dim, const_cast<int*>(&dsp), &out0, &ldo});

@@ -6,6 +6,7 @@
 #include "compiler/compile.h"
 #include "compiler/config.h"
 #include "compiler/cuda_compile.h"
+#include "compiler/cross_device.h"
 #include "compiler/cuda_schedule.h"
 #include "runtime/src/cuda/driver.h"
 #include "runtime/src/cuda/workspace.h"
@@ -189,6 +190,7 @@ struct Inputs {
     json placement_meta = json::object();   // META "placement" and "memory" (compiler/placement.h)
     bool size_only      = false;            // write_plan stops after the memory plan
     DType kv_dtype      = DType::F32;       // KV cache storage (the fidelity reference plan keeps f32)
+    std::vector<char> layer_cpu;            // CUDA plans: text layers placed on the CPU (empty: none)
 };
 
 
@@ -233,6 +235,8 @@ struct Report {
     std::map<std::string, std::string> tensor_dtype;
     uint64_t weights_bytes = 0, act_arena = 0, kv_arena = 0, cuda_workspace = 0, cuda_pinned = 0, cpu_scratch_per_thread = 0;
     uint64_t ple_table_bytes = 0;   // part of weights_bytes; in host memory with --place ple=host
+    uint64_t host_weights = 0, host_kv = 0;   // CPU-placed layers: parts of weights_bytes / kv_arena in host memory
+    cross_device::Stats cross;
     std::string kv_dtype;
     int sliding_slots = 0;
     size_t n_ops = 0, n_tensors = 0, ignored_text = 0, ignored_other = 0;
@@ -266,6 +270,8 @@ void write_plan(const Inputs& in, const std::string& out_path, Mode mode, Report
             if (r == "lm_head.weight" || r == "model.language_model.embed_tokens.weight" || r == in.mc.tensor_prefix + "embed_tokens.weight")
                 bo.separate_lm_head = true;
     Program prog = gemma4::build_text_program(hp, bo);
+    const bool hybrid = mode == Mode::Plan && !in.layer_cpu.empty();   // layer_cpu: CUDA plans only
+    if (hybrid) rep->cross = cross_device::split(prog, in.layer_cpu);
 
     // Quantization policy: default set = text attention/MLP projections when --weights nf4.
     std::regex qre, kre;
@@ -361,25 +367,51 @@ void write_plan(const Inputs& in, const std::string& out_path, Mode mode, Report
     uint64_t act_arena = plan_activations(prog, act_off);
     uint64_t kv_arena = 0, weights_size = 0;
     std::vector<uint64_t> off(prog.tensors.size(), 0), nbytes(prog.tensors.size(), 0);
+    // Hybrid plans: weights and caches that only CPU ops touch go last, so the GPU gets a prefix of
+    // each (weights_device_bytes, kv_device_bytes); relative order is kept (a LoRA bias follows its weight).
+    std::vector<char> host_only(prog.tensors.size(), 0), op_cpu(prog.ops.size(), 0);
+    if (hybrid) {
+        std::vector<char> by_gpu(prog.tensors.size(), 0), by_cpu(prog.tensors.size(), 0);
+        for (size_t i = 0; i < prog.ops.size(); ++i) {
+            const auto& op = prog.ops[i].op;
+            op_cpu[i]      = cross_device::op_on_cpu(op, in.layer_cpu);
+            if (op.code == (uint16_t)OpCode::Copy) continue;
+            for (int32_t t : {op.in[0], op.in[1], op.in[2], op.in[3], op.out[0], op.out[1]})
+                if (t >= 0) (op_cpu[i] ? by_cpu : by_gpu)[t] = 1;
+        }
+        for (size_t t = 0; t < prog.tensors.size(); ++t) host_only[t] = by_cpu[t] && !by_gpu[t];
+    }
+    std::vector<size_t> worder;   // weights in WEIGHTS order
+    for (int pass = 0; pass < 2; ++pass)
+        for (size_t t = 0; t < prog.tensors.size(); ++t)
+            if (prog.tensors[t].kind == TensorKind::Weight && host_only[t] == pass) worder.push_back(t);
     int64_t max_k = 1;
+    uint64_t weights_device = 0, kv_device = 0;
     for (size_t t = 0; t < prog.tensors.size(); ++t) {
         const TensorDesc& d = prog.tensors[t];
         nbytes[t] = d.dtype == DType::NF4 ? nf4::layout(numel(d.dims), dq).total : dtype_bytes(d.dtype, numel(d.dims));
-        switch (d.kind) {
-        case TensorKind::Weight:
-            weights_size = align_up(weights_size, plan::kTensorAlign);
-            off[t]       = weights_size;
-            weights_size += nbytes[t];
-            if (d.dims.size() == 2) max_k = std::max(max_k, d.dims[1]);
-            break;
-        case TensorKind::KvCache:
+        if (d.kind == TensorKind::Weight && d.dims.size() == 2) max_k = std::max(max_k, d.dims[1]);
+        if (d.kind != TensorKind::Weight && d.kind != TensorKind::KvCache) off[t] = act_off[t];
+    }
+    for (size_t t : worder) {
+        if (host_only[t] && !weights_device) weights_device = align_up(weights_size, plan::kTensorAlign);
+        weights_size = align_up(weights_size, plan::kTensorAlign);
+        off[t]       = weights_size;
+        weights_size += nbytes[t];
+    }
+    if (!weights_device) weights_device = weights_size;
+    for (int pass = 0; pass < 2; ++pass) {
+        if (pass == 1) kv_device = kv_arena = align_up(kv_arena, plan::kTensorAlign);
+        for (size_t t = 0; t < prog.tensors.size(); ++t) {
+            if (prog.tensors[t].kind != TensorKind::KvCache || host_only[t] != pass) continue;
             kv_arena = align_up(kv_arena, plan::kTensorAlign);
             off[t]   = kv_arena;
             kv_arena += nbytes[t];
-            break;
-        default: off[t] = act_off[t]; break;
         }
     }
+    if (!hybrid) kv_device = kv_arena;
+    rep->host_weights = weights_size - weights_device;
+    rep->host_kv      = kv_arena - kv_device;
 
     // STRINGS, TENSORS, OPS
     std::string strings(1, '\0');
@@ -412,7 +444,7 @@ void write_plan(const Inputs& in, const std::string& out_path, Mode mode, Report
     // Ahead-of-time kernel choices for CUDA from the real shapes (the runtime keeps no heuristics).
     cuda::choose_variants(ops, tensors, in.max_context, in.opt.prefill_precision);
     std::vector<plan::CudaLaunch> schedule;
-    if (in.cuda_index >= 0 && mode == Mode::Plan) schedule = cuda::decode_schedule(ops, tensors);
+    if (in.cuda_index >= 0 && mode == Mode::Plan) schedule = cuda::decode_schedule(ops, tensors, op_cpu);
 
     json policy = {{"weights", opt.weights}, {"double_quant", dq}, {"quantize", opt.quantize_regex}, {"keep", opt.keep_regex},
                    {"nf4_blocksize", nf4::kBlock}, {"kv_dtype", dtype_str(bo.kv_dtype)}};
@@ -435,6 +467,14 @@ void write_plan(const Inputs& in, const std::string& out_path, Mode mode, Report
                              {"max_k", max_k},                 {"max_slots", in.max_context},
                              {"vocab_size", hp.vocab_size},
                              {"embed_vocab_limit", hp.ple_dim > 0 ? std::min(hp.vocab_size, hp.ple_vocab_size) : hp.vocab_size}};
+    if (hybrid) {
+        std::vector<int> cpu_layers;
+        for (size_t l = 0; l < in.layer_cpu.size(); ++l)
+            if (in.layer_cpu[l]) cpu_layers.push_back((int)l);
+        meta["program"]["cpu_layers"]           = cpu_layers;
+        meta["program"]["weights_device_bytes"] = weights_device;
+        meta["program"]["kv_device_bytes"]      = kv_device;
+    }
     const auto& g         = in.mc.generation;
     meta["generation"]    = {{"eos_token_ids", g.eos_token_ids}, {"bos_token_id", g.bos_token_id},
                              {"pad_token_id", g.pad_token_id},   {"do_sample", g.do_sample},
@@ -506,9 +546,8 @@ void write_plan(const Inputs& in, const std::string& out_path, Mode mode, Report
     std::vector<float> f32;
     std::map<std::string, std::vector<float>> biases;   // weight name -> LoRA bias
     static const uint8_t zeros[plan::kTensorAlign] = {};
-    for (size_t t = 0; t < prog.tensors.size(); ++t) {
+    for (size_t t : worder) {
         const TensorDesc& d = prog.tensors[t];
-        if (d.kind != TensorKind::Weight) continue;
         const int64_t n = numel(d.dims);
         std::string hf  = source_of(d);
         std::string an  = adapter_name_of(d);
@@ -598,6 +637,9 @@ void print_groups(std::ostream& log, const Report& rep) {
 // Placement and the per-device memory table (compile report and --dry-run).
 void print_memory_plan(std::ostream& log, const placement::Decision& d, const Report& rep) {
     log << "  placement: " << d.placement_line() << "\n";
+    if (d.placement.hybrid())
+        log << "  cross-device: " << rep.cross.copies_to_host << " copy step(s) to the host and " << rep.cross.copies_to_device
+            << " to the GPU per step; " << rep.cross.mirrors << " KV cache(s) mirrored onto the other device for KV-shared layers whose donor runs there\n";
     for (const auto& n : d.placement.notes) log << "  note: " << n << "\n";
     log << "  memory plan (exact bytes; CUDA context and allocator overhead not included):\n";
     placement::print_memory(log, d.memory, "    ");
@@ -699,6 +741,7 @@ void compile_plan(const CompileOptions& opt, std::ostream& log) {
         throw CompileError("--max-context " + std::to_string(in.max_context) + " exceeds the model's limit (max_position_embeddings = " +
                            std::to_string(hp.max_position_embeddings) + ")");
     const placement::Placement place = placement::resolve(place_req, hp.num_layers, cuda_index, gpu_count);
+    in.layer_cpu                     = place.layer_cpu;
     if (!opt.adapter_dir.empty()) in.adapter = lora::Adapter::open(opt.adapter_dir);
 
     // Tokenizer and chat template travel inside the plan, so a plan file is self-contained.
@@ -757,6 +800,12 @@ void compile_plan(const CompileOptions& opt, std::ostream& log) {
         f.scratch_per_thread  = r.cpu_scratch_per_thread;
         f.pinned              = r.cuda_pinned;
         f.kv_dtype            = r.kv_dtype;
+        f.host_weights        = r.host_weights;
+        f.host_kv             = r.host_kv;
+        if (!in.layer_cpu.empty()) {
+            f.host_activations        = r.act_arena;
+            f.host_scratch_per_thread = r.cpu_scratch_per_thread;
+        }
         return f;
     };
     auto figures_at = [&](int max_context) {
@@ -767,7 +816,7 @@ void compile_plan(const CompileOptions& opt, std::ostream& log) {
         in.max_context = keep;
         return figures_of(r);
     };
-    const int threads = cuda_index < 0 ? cpu::default_thread_count() : 0;
+    const int threads = cuda_index < 0 || place.hybrid() ? cpu::default_thread_count() : 0;
     const placement::Decision mem = placement::decide(place, figures_of(rep), in.max_context, figures_at, threads);
     in.placement_meta = mem.meta();
     in.size_only      = false;
@@ -778,7 +827,7 @@ void compile_plan(const CompileOptions& opt, std::ostream& log) {
         print_groups(log, rep);
         print_memory_plan(log, mem, rep);
         log << "  KV cache: " << kv_dtype << ", max_context " << in.max_context << ", sliding ring " << rep.sliding_slots
-            << " slots, KV-shared layers own none\n";
+            << " slots, KV-shared layers own none" << (place.hybrid() ? " (except mirrors of caches whose donor runs on the other device)" : "") << "\n";
         return;
     }
     if (in.cuda_index >= 0) {

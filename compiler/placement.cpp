@@ -364,11 +364,19 @@ Placement resolve(const Request& req, int num_layers, int cuda_index, int gpu_co
         layer_devices.insert(cuda_index);
         if (cuda_index >= 0) budget_for(cuda_index, "the text layers (--device " + plan_gpu + ")");
     }
+    // The plan's GPU and the CPU may share the layers; other GPUs may not (yet).
+    if (layer_devices.size() == 2 && cuda_index >= 0 && layer_devices.count(-1) && layer_devices.count(cuda_index)) {
+        p.layer_cpu.assign(num_layers, 0);
+        for (const auto& r : ranges)
+            if (r.target.kind != Target::Kind::Gpu)
+                for (int l = r.first; l <= r.last; ++l) p.layer_cpu[l] = 1;
+        layer_devices.erase(-1);
+    }
     if (layer_devices.size() > 1)
         throw CompileError(
-            "not supported by this build yet: text layers split across devices (--place " + layers_item +
-            "); this build runs every text layer on one GPU (--device cuda[:N]) or all of them on the CPU " +
-            "(--device cpu)");
+            "not supported by this build yet: text layers split across GPUs (--place " + layers_item +
+            "); this build runs the text layers on one GPU (--device cuda[:N]), on that GPU and the CPU " +
+            "(layers=0-29:gpu,30-34:cpu), or all on the CPU (--device cpu)");
     const int layers_on = *layer_devices.begin();
     if (layers_on != cuda_index) {
         if (layers_on < 0)
@@ -465,14 +473,21 @@ std::vector<DeviceMemory> memory_plan(const Figures& f, const Placement& p, bool
     }
     DeviceMemory g;
     g.device = cuda(p.cuda_index);
-    g.parts  = {{"weights", f.weights - (ple_host ? f.ple_table : 0)},
+    g.parts  = {{"weights", f.weights - f.host_weights - (ple_host ? f.ple_table : 0)},
                 {"activations", f.activations},
-                {kv, f.kv_cache},
+                {kv, f.kv_cache - f.host_kv},
                 {"workspaces", f.attention_workspace}};
     DeviceMemory h;
     h.device = "host";
     h.parts  = {{"pinned buffers", f.pinned}};
     if (ple_host) h.parts.push_back({"PLE table", f.ple_table});
+    if (p.hybrid()) {
+        h.parts.push_back({"CPU layers' weights", f.host_weights});
+        h.parts.push_back({"CPU layers' " + kv, f.host_kv});
+        h.parts.push_back({"activations (pinned)", f.host_activations});
+        h.per_thread = f.host_scratch_per_thread;
+        h.threads    = threads;
+    }
     cpu_budget(h);
     for (const auto& [i, b] : p.gpu_budgets) {
         DeviceMemory& d = i == p.cuda_index ? g : out.emplace_back();
@@ -594,8 +609,16 @@ json Decision::meta() const {
     for (const char* c : {"vision", "audio"})
         towers[c] = p.towers.count(c) ? "not compiled (--place " + std::string(c) + "=" + p.towers.at(c) + ")"
                                       : "not compiled";
+    json layers = json::array();
+    for (int l = 0; l < p.num_layers;) {   // maximal ranges of one device
+        const bool c = p.hybrid() && p.layer_cpu[l];
+        int e        = l;
+        while (e + 1 < p.num_layers && (p.hybrid() && p.layer_cpu[e + 1]) == c) ++e;
+        layers.push_back({{"first", l}, {"last", e}, {"device", c ? "cpu" : dev}});
+        l = e + 1;
+    }
     json pl  = {{"device", dev},
-                {"layers", json::array({{{"first", 0}, {"last", p.num_layers - 1}, {"device", dev}}})},
+                {"layers", layers},
                 {"embed", dev},
                 {"lm_head", dev},
                 {"ple", p.ple_host ? "host" : "device"},
@@ -624,6 +647,17 @@ std::string Decision::placement_line() const {
         s = "everything on the CPU (" + layers + ", embed, lm_head, PLE table)";
     } else {
         const std::string dev = cuda(p.cuda_index);
+        if (p.hybrid()) {
+            std::string g, c;
+            for (int l = 0; l < p.num_layers;) {
+                int e = l;
+                while (e + 1 < p.num_layers && p.layer_cpu[e + 1] == p.layer_cpu[l]) ++e;
+                std::string& to = p.layer_cpu[l] ? c : g;
+                to += (to.empty() ? "" : ",") + span(l, e);
+                l = e + 1;
+            }
+            layers = "text layers " + g + " on " + dev + ", text layers " + c + " on the CPU (copy steps between them)";
+        }
         s                     = layers + ", embed and lm_head on " + dev + "; PLE table " +
             (p.ple_host
                  ? "in pinned host memory (ple=host" + (p.ple_why.empty() ? "" : ", " + p.ple_why) + ")"

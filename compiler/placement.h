@@ -82,6 +82,8 @@ struct Placement {
     bool ple_auto = false;                     // ple not placed by --place: the budget check decides
     std::string ple_why;                       // why ple_host was chosen automatically
     std::map<std::string, std::string> towers; // vision/audio -> what --place asked for
+    std::vector<char> layer_cpu;               // CUDA plans: 1 for text layers placed on the CPU (empty: none)
+    bool hybrid() const { return !layer_cpu.empty(); }
     std::vector<std::string> notes;            // report lines
 };
 // gpu_count: GPUs on this machine, or -1 when they cannot be (or are not to be) queried.
@@ -93,6 +95,10 @@ struct Figures {
     uint64_t scratch_per_thread = 0; // CPU plans, per worker thread
     uint64_t pinned             = 0; // CUDA plans: pinned host buffers (ids, logits, step)
     std::string kv_dtype;            // "f32" | "bf16": named in the KV cache's label when set
+    // CUDA plans with CPU-placed layers (part of the totals above, held in host memory): the CPU
+    // layers' weights and KV caches (mirrors of GPU donors' caches included), the host copy of the
+    // activation arena, and the CPU kernels' scratch per worker thread.
+    uint64_t host_weights = 0, host_kv = 0, host_activations = 0, host_scratch_per_thread = 0;
 };
 
 struct DeviceMemory {

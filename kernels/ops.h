@@ -28,6 +28,8 @@ enum class OpCode : uint16_t {
     Attention = 8,   // softmax(q.K^T * scale + mask) . V over the cache, GQA
     GeluMul   = 9,   // y = gelu_tanh(a) * b
     Softcap   = 10,  // y = cap * tanh(x / cap)
+    Copy      = 11,  // cross-device step of a CUDA plan with CPU-placed layers: rows of an activation view
+                     // from the GPU to host memory (ip1 = 0) or back (ip1 = 1); ip0 = columns
 };
 const char* op_name(OpCode op);
 

@@ -39,6 +39,7 @@ const char* op_name(OpCode op) {
     case OpCode::Attention: return "attention";
     case OpCode::GeluMul: return "gelu_mul";
     case OpCode::Softcap: return "softcap";
+    case OpCode::Copy: return "copy";
     }
     return "unknown";
 }

@@ -247,9 +247,11 @@ void g4_session_destroy(g4_session* s) {
     handle_remove(s);
     s->magic = 0;
     s->engine->live_sessions--;
-    std::free(s->scratch);
-    std::free(s->act);
-    std::free(s->kv);
+    if (!s->cuda) {   // a CUDA session's host arenas (CPU-placed layers) belong to its SessionState
+        std::free(s->scratch);
+        std::free(s->act);
+        std::free(s->kv);
+    }
     delete s;
 }
 

@@ -54,7 +54,8 @@ struct g4_session {
     g4::cpu::Context ctx;
     float* scratch = nullptr;
     uint8_t* act = nullptr;        // activation arena
-    uint8_t* kv  = nullptr;        // KV cache arena
+    uint8_t* kv  = nullptr;        // KV cache arena (hybrid CUDA plans: its host part, from plan offset kv_offset0)
+    uint64_t kv_offset0 = 0;
     std::vector<g4::rt::BoundOp> ops;
     int32_t* ids = nullptr;        // [max_rows] input of the program
     const float* logits = nullptr; // [logits_rows, vocab] output of the program

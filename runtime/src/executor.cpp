@@ -150,16 +150,38 @@ std::string check_ops(const plan::Plan& p) {
             }
             break;
         }
+        case OpCode::Copy:
+            if (!p.hybrid()) c.fail("copy steps belong to CUDA plans with CPU-placed layers");
+            else if (op.in[0] != op.out[0] || op.in_col[0] != op.out_col[0] || (op.ip[1] != 0 && op.ip[1] != 1) ||
+                     op.row_mode != (int32_t)RowMode::All || cols <= 0)
+                c.fail("bad copy step");
+            else c.act_view(op.in[0], op.in_col[0], cols, in.max_rows, "tensor");
+            break;
         default: c.fail("unknown op"); break;
+        }
+        // CPU-placed layers: their caches in the host part of the KV arena; GPU ops' caches and weights
+        // in the parts that go to the GPU.
+        if (c.err.empty() && p.hybrid() && (OpCode)op.code != OpCode::Copy) {
+            const bool cpu = p.op_on_cpu(i);
+            for (int32_t t : {op.in[0], op.in[1], op.in[2], op.in[3], op.out[0], op.out[1]}) {
+                if (t < 0) continue;
+                const PlanTensor& x = p.tensor(t);
+                if (x.kind == (uint8_t)TensorKind::KvCache && (cpu ? x.offset < in.kv_device_bytes : x.offset + x.nbytes > in.kv_device_bytes))
+                    c.fail(std::string("KV cache '") + p.str(x.name) + "' is not in the " + (cpu ? "host" : "device") + " part of the KV arena");
+                if (x.kind == (uint8_t)TensorKind::Weight && !cpu && x.offset + x.nbytes > in.weights_device_bytes)
+                    c.fail(std::string("weight '") + p.str(x.name) + "' of a GPU op is not in the part of the weights uploaded to the GPU");
+            }
         }
         if (!c.err.empty()) return "op " + std::to_string(i) + " (" + op_name((OpCode)op.code) + " '" + p.str(op.name) + "'): " + c.err;
     }
     return "";
 }
 
-void bind_ops(g4_session* s) {
+namespace {
+// Binds the ops selected by `which` (0 all, 1 CPU-placed, 2 the GPU's) against act / kv (KV offsets from kv0).
+void bind_with(g4_session* s, uint8_t* act, uint8_t* kv, uint64_t kv0, int which) {
     const plan::Plan& p = s->engine->plan;
-    s->ops.resize(p.n_ops());
+    s->ops.resize(p.n_ops(), BoundOp{});
     auto addr = [&](int32_t idx, int32_t col, int64_t* ld) -> void* {
         if (idx < 0) return nullptr;
         const PlanTensor& t = p.tensor(idx);
@@ -167,12 +189,13 @@ void bind_ops(g4_session* s) {
         uint8_t* base;
         switch ((TensorKind)t.kind) {
         case TensorKind::Weight: return (void*)p.weight_data(t);
-        case TensorKind::KvCache: base = s->kv; break;
-        default: base = s->act; break;
+        case TensorKind::KvCache: return kv + (t.offset - kv0) + dtype_bytes((DType)t.dtype, col);
+        default: base = act; break;
         }
         return base + t.offset + dtype_bytes((DType)t.dtype, col);
     };
     for (size_t i = 0; i < p.n_ops(); ++i) {
+        if ((which == 1 && !p.op_on_cpu(i)) || (which == 2 && p.op_on_cpu(i))) continue;
         BoundOp& b = s->ops[i];
         std::memset(&b, 0, sizeof b);
         b.op = &p.op(i);
@@ -183,11 +206,39 @@ void bind_ops(g4_session* s) {
         for (int k = 0; k < 2; ++k) b.out[k] = addr(b.op->out[k], b.op->out_col[k], &b.out_ld[k]);
     }
 }
+} // namespace
+
+void bind_ops(g4_session* s) { bind_with(s, s->act, s->kv, s->kv_offset0, s->engine->plan.hybrid() ? 1 : 0); }
 
 g4_status run_step(g4_session* s, int32_t rows, int32_t pos0, int32_t out_rows, std::string* err) {
+    return run_ops(s, 0, s->ops.size(), rows, pos0, out_rows, err);
+}
+
+void bind_gpu_ops(g4_session* s, uint8_t* gpu_act, uint8_t* gpu_kv) { bind_with(s, gpu_act, gpu_kv, 0, 2); }
+
+g4_status run_step_split(g4_session* s, uint8_t* gpu_act, int32_t rows, int32_t pos0, int32_t out_rows, std::string* err) {
+    const plan::Plan& p = s->engine->plan;
+    for (size_t i = 0; i < p.n_ops(); ++i) {
+        const PlanOp& op = p.op(i);
+        if (op.code != (uint16_t)OpCode::Copy) {
+            g4_status st = run_ops(s, i, i + 1, rows, pos0, out_rows, err);
+            if (st != G4_OK) return st;
+            continue;
+        }
+        const PlanTensor& t = p.tensor(op.in[0]);
+        const uint64_t off = t.offset + (uint64_t)op.in_col[0] * 4, pitch = (uint64_t)t.dims[1] * 4;
+        uint8_t* dst       = op.ip[1] == 1 ? gpu_act : s->act;
+        const uint8_t* src = op.ip[1] == 1 ? s->act : gpu_act;
+        for (int32_t r = 0; r < rows; ++r) std::memcpy(dst + off + r * pitch, src + off + r * pitch, (size_t)op.ip[0] * 4);
+    }
+    return G4_OK;
+}
+
+g4_status run_ops(g4_session* s, size_t first, size_t end, int32_t rows, int32_t pos0, int32_t out_rows, std::string* err) {
     const plan::Plan& p      = s->engine->plan;
     const cpu::Context& ctx  = s->ctx;
-    for (const BoundOp& b : s->ops) {
+    for (size_t i = first; i < end; ++i) {
+        const BoundOp& b = s->ops[i];
         if (s->cancel.load(std::memory_order_relaxed)) {
             *err = "cancelled";
             return G4_ERR_CANCELLED;

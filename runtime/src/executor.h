@@ -9,5 +9,19 @@ void bind_ops(g4_session* s);
 // Runs the program for `rows` tokens (already in s->ids) at positions pos0.., producing logits for
 // the last `out_rows` of them. Checks the cancel flag between ops.
 g4_status run_step(g4_session* s, int32_t rows, int32_t pos0, int32_t out_rows, std::string* err);
+// Runs ops first..end-1 of such a step (bound by bind_ops): a CPU plan's whole program, or a run of
+// CPU-placed ops of a hybrid CUDA plan (called on the CUDA stream's host-function thread). Not
+// reentrant for one session.
+g4_status run_ops(g4_session* s, size_t first, size_t end, int32_t rows, int32_t pos0, int32_t out_rows, std::string* err);
+
+// Reference execution of a CUDA plan on the CPU alone, for tests of the cross-device rewrite: the
+// GPU's ops run on the CPU kernels against gpu_act [act_arena_bytes] and gpu_kv [kv_device_bytes]
+// (stand-ins for device memory), CPU-placed ops against s->act / s->kv (bound by bind_ops), and each
+// copy step copies its columns of the step's rows between the two activation arenas, as the CUDA
+// backend does. A value an op reads that no copy step brought over is stale or zero, so the logits
+// of a plan with CPU-placed layers equal those of the same plan without them only if its copy steps
+// and KV mirrors are complete. bind_gpu_ops binds the GPU's ops once; the buffers outlive the session's use.
+void bind_gpu_ops(g4_session* s, uint8_t* gpu_act, uint8_t* gpu_kv);
+g4_status run_step_split(g4_session* s, uint8_t* gpu_act, int32_t rows, int32_t pos0, int32_t out_rows, std::string* err);
 
 } // namespace g4::rt

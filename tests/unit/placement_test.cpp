@@ -165,14 +165,21 @@ TEST(Placement, ResolveChecksLayerRanges) {
     EXPECT_EQ(err("layers=30-34:gpu0,0-29:gpu"), ""); // order does not matter; gpu = the --device GPU
 }
 
+TEST(Placement, LayersSplitBetweenTheGpuAndTheCpu) {
+    Placement p = resolve_str("layers=0-29:gpu0,30-34:cpu", {}, 35, 0);
+    ASSERT_TRUE(p.hybrid());
+    for (int l = 0; l < 35; ++l) EXPECT_EQ(p.layer_cpu[l], l >= 30) << l;
+    Placement q = resolve_str("layers=0-9:cpu,10-34:gpu", {}, 35, 0);
+    ASSERT_TRUE(q.hybrid());
+    EXPECT_TRUE(q.layer_cpu[0] && q.layer_cpu[9] && !q.layer_cpu[10]);
+    EXPECT_FALSE(resolve_str("layers=0-34:gpu", {}, 35, 0).hybrid());
+}
+
 TEST(Placement, ResolveRefusesWhatThisBuildCannotRun) {
-    expect_error(error_of([] { resolve_str("layers=0-29:gpu0,30-34:cpu", {}, 35, 0); }),
-                 {"not supported by this build yet", "text layers split across devices",
-                  "layers=0-29:gpu0,30-34:cpu"});
     expect_error(error_of([] {
                      resolve_str("layers=0-29:gpu0,30-34:gpu1", {"0:8GiB", "1:8GiB"}, 35, 0);
                  }),
-                 {"not supported by this build yet", "split across devices"});
+                 {"not supported by this build yet", "split across GPUs", "layers=0-29:gpu,30-34:cpu"});
     expect_error(error_of([] { resolve_str("layers=cpu", {}, 35, 0); }), {"--device cpu", "layers=cpu"});
     expect_error(error_of([] { resolve_str("layers=gpu1", {}, 35, 0); }), {"cuda:1", "--device cuda:1"});
     expect_error(error_of([] { resolve_str("embed=cpu", {}, 35, 0); }),

@@ -8,6 +8,7 @@
 #include "runtime/src/cuda/kernel_args.h"
 #include "runtime/src/cuda/workspace.h"
 #include "runtime/src/engine.h"
+#include "runtime/src/executor.h"
 #include "models/gemma4/graph.h"
 
 #include <algorithm>
@@ -83,6 +84,18 @@ struct SessionState {
     std::string graph_error;
     bool pdl_ok = false;          // sm_90+ and the driver has cuLaunchKernelEx (G4_PDL=0 turns it off)
     bool pdl_now = false;         // launches go out with programmatic stream serialization (decode capture)
+    mutable bool after_node = false;   // the last thing enqueued was a copy or host function: next launch plain
+    // Plans with CPU-placed layers: each maximal run of CPU ops is one host function in the stream
+    // (runs[run_of[first op]]); the CPU ops work on a pinned host copy of the activation arena and a
+    // host KV arena (the plan's KV offsets from kv_device_bytes on).
+    struct HostRun { g4_session* s; size_t first, end; SessionState* st; };
+    std::vector<HostRun> runs;
+    std::vector<int> run_of;      // per op: index into runs, -1 if not the first op of a run
+    void* host_act = nullptr;     // pinned [act_arena_bytes]
+    void* host_kv  = nullptr;     // [kv_arena_bytes - kv_device_bytes]
+    float* host_scratch = nullptr;
+    std::atomic<bool> host_failed{false};
+    std::string host_error;       // written by the host function that failed, read after the stream syncs
     bool profile = false;
     double prof_ms[20][2] = {};   // per op code; 16.. fused launch kinds
     long prof_n[20][2] = {};
@@ -119,7 +132,9 @@ using cuda_ws::attention_splits;
 CUresult launch(const SessionState* st, CUfunction f, unsigned gx, unsigned gy, unsigned bx, void** args, unsigned gz = 1,
                 unsigned smem = 0) {
     const Driver* d = st->e->d;
-    if (!st->pdl_now) return d->cuLaunchKernel(f, gx, gy, gz, bx, 1, 1, smem, st->stream, args, nullptr);
+    const bool plain = !st->pdl_now || st->after_node;
+    st->after_node   = false;
+    if (plain) return d->cuLaunchKernel(f, gx, gy, gz, bx, 1, 1, smem, st->stream, args, nullptr);
     LaunchAttr at;
     std::memset(&at, 0, sizeof at);
     at.id      = kLaunchAttrProgrammaticStreamSerialization;
@@ -172,9 +187,16 @@ g4_status engine_open(g4_engine* e, std::string* err) {
                 st->ple_tensor = (int32_t)t;
                 st->ple_off    = p.tensor(t).offset;
                 st->ple_gap    = (p.tensor(t).nbytes + plan::kTensorAlign - 1) / plan::kTensorAlign * plan::kTensorAlign;
-                st->ple_gap    = std::min(st->ple_gap, p.weights_bytes() - st->ple_off);
+                st->ple_gap    = std::min(st->ple_gap, in.weights_device_bytes - std::min(st->ple_off, in.weights_device_bytes));
             }
-    uint64_t need    = p.weights_bytes() - st->ple_gap + in.act_arena_bytes + in.kv_arena_bytes;
+    if (p.hybrid() && !d->cuLaunchHostFunc) {
+        *err = "this plan runs layers on the CPU, which needs cuLaunchHostFunc and cuMemcpy2DAsync; the NVIDIA driver is too old";
+        return G4_ERR_UNSUPPORTED;
+    }
+    // Weights [0, weights_device_bytes) go to the GPU (less the PLE table with ple=host); the rest
+    // belong to CPU-placed layers and are read from the mapped plan.
+    const uint64_t wdev = in.weights_device_bytes;
+    uint64_t need    = wdev - st->ple_gap + in.act_arena_bytes + in.kv_device_bytes;
     if (need > free_b) {
         *err = "GPU " + std::to_string(p.cuda_device()) + " (" + st->name + ") has " + std::to_string(free_b >> 20) +
                " MiB free but the plan needs " + std::to_string(need >> 20) + " MiB (weights + one session); recompile with a smaller --max-context or free the GPU";
@@ -208,12 +230,12 @@ g4_status engine_open(g4_engine* e, std::string* err) {
                 std::string n = gemv_kernel_name(q, kGemvLanes[l], m);
                 CU_TRY(d->cuModuleGetFunction(&st->k.gemv[q][l][m], st->mod, n.c_str()), "kernel " + n);
             }
-    st->weights_bytes = p.weights_bytes() - st->ple_gap;
+    st->weights_bytes = wdev - st->ple_gap;
     CU_TRY(d->cuMemAlloc(&st->weights, std::max<uint64_t>(64, st->weights_bytes)), "allocating device weights");
     if (st->ple_tensor >= 0) {
         const PlanTensor& t = p.tensor(st->ple_tensor);
         CU_TRY(d->cuMemcpyHtoD(st->weights, p.weights_base(), st->ple_off), "uploading weights");
-        uint64_t rest = p.weights_bytes() - st->ple_off - st->ple_gap;
+        uint64_t rest = wdev - st->ple_off - st->ple_gap;
         if (rest) CU_TRY(d->cuMemcpyHtoD(st->weights + st->ple_off, p.weights_base() + st->ple_off + st->ple_gap, rest), "uploading weights");
         CU_TRY(d->cuMemHostAlloc(&st->ple_host, t.nbytes, kHostAllocPortable | kHostAllocDeviceMap),
                "allocating pinned host memory for the PLE table (" + std::to_string(t.nbytes >> 20) + " MiB, --place ple=host)");
@@ -261,7 +283,7 @@ g4_status session_create(g4_session* s, std::string* err) {
         bool written = false;
         for (size_t i = 0; i < p.n_ops(); ++i) {
             const PlanOp& op = p.op(i);
-            const bool tier = op.code == (uint16_t)OpCode::Matmul && op.ip[6] == (int32_t)plan::MatmulVariant::Cublas;
+            const bool tier = op.code == (uint16_t)OpCode::Matmul && op.ip[6] == (int32_t)plan::MatmulVariant::Cublas && !p.op_on_cpu(i);
             if (tier && last >= 0 && !written) {
                 const PlanOp& pr = p.op(last);
                 st->reuse_x[i] = pr.in[0] == op.in[0] && pr.in_col[0] == op.in_col[0] && pr.row_mode == op.row_mode &&
@@ -289,8 +311,39 @@ g4_status session_create(g4_session* s, std::string* err) {
         }
     }
     CU_TRY(d->cuMemAlloc(&st->act, std::max<uint64_t>(64, in.act_arena_bytes)), "allocating the activation arena");
-    CU_TRY(d->cuMemAlloc(&st->kv, std::max<uint64_t>(64, in.kv_arena_bytes)), "allocating the KV cache");
-    CU_TRY(d->cuMemsetD8(st->kv, 0, std::max<uint64_t>(64, in.kv_arena_bytes)), "clearing the KV cache");
+    CU_TRY(d->cuMemAlloc(&st->kv, std::max<uint64_t>(64, in.kv_device_bytes)), "allocating the KV cache");
+    CU_TRY(d->cuMemsetD8(st->kv, 0, std::max<uint64_t>(64, in.kv_device_bytes)), "clearing the KV cache");
+    if (p.hybrid()) {
+        const uint64_t host_kv = in.kv_arena_bytes - in.kv_device_bytes;
+        CU_TRY(d->cuMemHostAlloc(&st->host_act, std::max<uint64_t>(64, in.act_arena_bytes), kHostAllocPortable),
+               "allocating the pinned host activation arena (" + std::to_string(in.act_arena_bytes >> 20) + " MiB) of the CPU-placed layers");
+        const int threads   = cpu::default_thread_count();
+        const size_t stride = cpu::scratch_floats_per_thread(in.max_k, in.max_slots);
+        st->host_kv         = std::calloc(1, std::max<uint64_t>(64, host_kv));
+        st->host_scratch    = (float*)std::calloc(stride * threads, sizeof(float));
+        if (!st->host_kv || !st->host_scratch) {
+            *err = "cannot allocate " + std::to_string(host_kv >> 20) + " MiB of host memory for the CPU-placed layers' KV cache";
+            return G4_ERR_OUT_OF_MEMORY;
+        }
+        s->pool       = std::make_unique<cpu::ThreadPool>(threads);
+        s->ctx        = {s->pool.get(), st->host_scratch, stride};
+        s->act        = (uint8_t*)st->host_act;
+        s->kv         = (uint8_t*)st->host_kv;
+        s->kv_offset0 = in.kv_device_bytes;
+        rt::bind_ops(s);
+        st->run_of.assign(p.n_ops(), -1);
+        for (size_t i = 0; i < p.n_ops();) {
+            if (!p.op_on_cpu(i)) {
+                ++i;
+                continue;
+            }
+            size_t j = i;
+            while (j < p.n_ops() && p.op_on_cpu(j)) ++j;
+            st->run_of[i] = (int)st->runs.size();
+            st->runs.push_back({s, i, j, st.get()});
+            i = j;
+        }
+    }
     CU_TRY(d->cuMemAlloc(&st->step, 64), "allocating the step buffer");
     CU_TRY(d->cuMemAlloc(&st->part, ws.part * 4), "allocating the attention workspace");
     CU_TRY(d->cuMemAlloc(&st->scores, ws.scores * 4), "allocating the attention workspace");
@@ -368,8 +421,10 @@ void session_destroy(SessionState* st) {
                             st->cand[0], st->cand[1], st->samp_logits, st->samp_hist})
         if (ptr) d->cuMemFree(ptr);
     for (void* h : {(void*)st->host_step, (void*)st->host_ids, (void*)st->host_logits, (void*)st->host_tok, (void*)st->host_hist,
-                    (void*)st->host_cand})
+                    (void*)st->host_cand, st->host_act})
         if (h) d->cuMemFreeHost(h);
+    std::free(st->host_kv);
+    std::free(st->host_scratch);
     delete st;
 }
 
@@ -640,6 +695,56 @@ g4_status profile_point(g4_session* s, int cat, bool decode, const char* what, s
     return G4_OK;
 }
 
+// Host function (stream order): runs one run of CPU-placed ops for the step in host_step.
+void host_run(void* u) {
+    auto* r           = (SessionState::HostRun*)u;
+    SessionState* st  = r->st;
+    if (st->host_failed.load()) return;
+    const SessionState::Step step = *st->host_step;
+    std::string err;
+    if (rt::run_ops(r->s, r->first, r->end, step.rows, step.pos0, step.out_rows, &err) != G4_OK) {
+        st->host_error = "layer " + std::to_string(r->s->engine->plan.op(r->first).layer) + " on the CPU: " + err;
+        st->host_failed.store(true);
+    }
+}
+
+// Op i of a plan with CPU-placed layers, if it is not a GPU kernel: a copy step (a 2-D copy of the
+// step's rows between the device and the pinned host arena) or the first op of a run of CPU ops
+// (one host function for the run). *handled = false for GPU ops.
+g4_status cross_device_op(g4_session* s, size_t i, int rows, bool* handled, std::string* err) {
+    SessionState* st    = s->cuda.get();
+    const plan::Plan& p = s->engine->plan;
+    const PlanOp& op    = p.op(i);
+    *handled            = false;
+    if (!p.hybrid()) return G4_OK;
+    const Driver* d = st->e->d;
+    if (op.code == (uint16_t)OpCode::Copy) {
+        const PlanTensor& t = p.tensor(op.in[0]);
+        const uint64_t off  = t.offset + (uint64_t)op.in_col[0] * 4;
+        Memcpy2D c;
+        std::memset(&c, 0, sizeof c);
+        const bool to_dev = op.ip[1] == 1;
+        c.src_type   = to_dev ? kMemHost : kMemDevice;
+        c.dst_type   = to_dev ? kMemDevice : kMemHost;
+        c.src_host   = (const uint8_t*)st->host_act + off;
+        c.dst_host   = (uint8_t*)st->host_act + off;
+        c.src_device = c.dst_device = st->act + off;
+        c.src_pitch = c.dst_pitch = (size_t)t.dims[1] * 4;
+        c.width_bytes = (size_t)op.ip[0] * 4;
+        c.height      = (size_t)rows;
+        CU_TRY(d->cuMemcpy2DAsync(&c, st->stream), "copy step '" + std::string(p.str(op.name)) + "'");
+        st->after_node = true;
+        *handled       = true;
+    } else if (p.op_on_cpu(i)) {
+        if (st->run_of[i] >= 0)
+            CU_TRY(d->cuLaunchHostFunc(st->stream, host_run, &st->runs[st->run_of[i]]),
+                   "enqueueing the CPU layers at '" + std::string(p.str(op.name)) + "'");
+        st->after_node = true;
+        *handled       = true;
+    }
+    return G4_OK;
+}
+
 // Launches a whole step: the fused schedule for decode steps of plans that have one, else op by op.
 g4_status launch_step(g4_session* s, int rows, int out_rows, std::string* err) {
     SessionState* st    = s->cuda.get();
@@ -650,7 +755,12 @@ g4_status launch_step(g4_session* s, int rows, int out_rows, std::string* err) {
         if (events) st->e->d->cuEventRecordWithFlags(st->ev[0], st->stream, 1);
         for (size_t li = 0; li < p.n_launches(); ++li) {
             const CudaLaunch& l = p.launch(li);
-            g4_status g = l.kind == (uint16_t)LaunchKind::Op ? launch_op(s, (size_t)l.op, rows, out_rows, err) : launch_fused(s, l, err);
+            bool handled = false;
+            if (l.kind == (uint16_t)LaunchKind::Op) {
+                g4_status g = cross_device_op(s, (size_t)l.op, rows, &handled, err);
+                if (g != G4_OK) return g;
+            }
+            g4_status g = handled ? G4_OK : l.kind == (uint16_t)LaunchKind::Op ? launch_op(s, (size_t)l.op, rows, out_rows, err) : launch_fused(s, l, err);
             if (g != G4_OK) return g;
             if (events) {
                 st->e->d->cuEventRecordWithFlags(st->ev[li + 1], st->stream, 1);
@@ -672,7 +782,9 @@ g4_status launch_step(g4_session* s, int rows, int out_rows, std::string* err) {
         return G4_OK;
     }
     for (size_t i = 0; i < p.n_ops(); ++i) {
-        g4_status g = launch_op(s, i, rows, out_rows, err);
+        bool handled = false;
+        g4_status g  = cross_device_op(s, i, rows, &handled, err);
+        if (g == G4_OK && !handled) g = launch_op(s, i, rows, out_rows, err);
         if (g != G4_OK) return g;
         if (st->profile) {
             g = profile_point(s, p.op(i).code, rows == 1, p.str(p.op(i).name), err);
@@ -820,6 +932,11 @@ g4_status run_step(g4_session* s, int32_t rows, int32_t pos0, int32_t out_rows, 
     if (r != 0) {
         *err = "CUDA error " + error_name(r) + " while running a " + (decode ? "decode" : "prefill") + " step";
         return G4_ERR_INTERNAL;
+    }
+    if (st->host_failed.load()) {
+        *err = st->host_error;
+        st->host_failed.store(false);
+        return st->host_error.find("cancelled") != std::string::npos ? G4_ERR_CANCELLED : G4_ERR_INTERNAL;
     }
     if (decode && st->exec && !st->ev.empty()) collect_events(st);
     return G4_OK;

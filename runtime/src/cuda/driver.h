@@ -36,6 +36,26 @@ struct LaunchConfig {
 constexpr int kLaunchAttrProgrammaticStreamSerialization = 6;
 static_assert(sizeof(LaunchAttr) == 72 && sizeof(LaunchConfig) == 56, "cuda.h launch structs");
 
+// cuMemcpy2DAsync's description (cuda.h CUDA_MEMCPY2D); memory types 1 host, 2 device.
+struct Memcpy2D {
+    size_t src_x_bytes, src_y;
+    int src_type;
+    const void* src_host;
+    unsigned long long src_device;
+    void* src_array;
+    size_t src_pitch;
+    size_t dst_x_bytes, dst_y;
+    int dst_type;
+    void* dst_host;
+    unsigned long long dst_device;
+    void* dst_array;
+    size_t dst_pitch;
+    size_t width_bytes, height;
+};
+static_assert(sizeof(Memcpy2D) == 128, "cuda.h CUDA_MEMCPY2D");
+constexpr int kMemHost = 1, kMemDevice = 2;
+using HostFn = void (*)(void*);
+
 constexpr int kFuncAttrMaxDynamicSmem = 8;
 constexpr int kAttrComputeMajor = 75, kAttrComputeMinor = 76, kAttrSmCount = 16;
 constexpr unsigned kHostAllocPortable = 0x01, kHostAllocDeviceMap = 0x02;
@@ -84,6 +104,9 @@ struct Driver {
     CUresult (*cuEventRecordWithFlags)(CUevent, CUstream, unsigned);   // 1 = external: a timing node in a captured graph
     CUresult (*cuEventSynchronize)(CUevent);
     CUresult (*cuEventElapsedTime)(float*, CUevent, CUevent);
+    // Optional: cross-device steps of plans with CPU-placed layers (a host function in the stream, 2-D copies).
+    CUresult (*cuLaunchHostFunc)(CUstream, HostFn, void*);
+    CUresult (*cuMemcpy2DAsync)(const Memcpy2D*, CUstream);
 };
 
 // dlsym into a typed function pointer; false if the library lacks the symbol. Shared by the driver

@@ -137,9 +137,19 @@ g4_status Plan::load(const std::string& path, bool verify_weights, std::string* 
         info_.max_slots     = p.at("max_slots").get<int64_t>();
         info_.vocab_size    = p.at("vocab_size").get<int32_t>();
         info_.embed_vocab_limit = p.at("embed_vocab_limit").get<int32_t>();
+        info_.weights_device_bytes = p.value("weights_device_bytes", weights_size_);
+        info_.kv_device_bytes      = p.value("kv_device_bytes", info_.kv_arena_bytes);
         const auto& hp      = j.at("hparams");
         info_.num_layers    = hp.at("num_hidden_layers").get<int32_t>();
         info_.hidden_size   = hp.at("hidden_size").get<int32_t>();
+        if (p.contains("cpu_layers")) {
+            info_.layer_on_cpu.assign(info_.num_layers, 0);
+            for (int32_t l : p["cpu_layers"].get<std::vector<int32_t>>()) {
+                if (l < 0 || l >= info_.num_layers) return fail(CORRUPT, "bad metadata: cpu_layers" + recompile, err);
+                info_.layer_on_cpu[l] = 1;
+            }
+            if (device_ != "cuda") return fail(CORRUPT, "bad metadata: cpu_layers in a CPU plan" + recompile, err);
+        }
         const auto& g       = j.at("generation");
         info_.eos_token_ids = g.at("eos_token_ids").get<std::vector<int32_t>>();
         info_.bos_token_id  = g.at("bos_token_id").get<int32_t>();
@@ -159,7 +169,8 @@ g4_status Plan::validate_records(std::string* err) {
     const g4_status CORRUPT = G4_ERR_PLAN_CORRUPT;
     const ProgramInfo& in   = info_;
     if (in.max_rows < 1 || in.max_context < 1 || in.logits_rows < 1 || in.logits_rows > in.max_rows || in.vocab_size < 1 ||
-        in.embed_vocab_limit < 1 || in.embed_vocab_limit > in.vocab_size || in.max_k < 1 || in.max_slots < 1)
+        in.embed_vocab_limit < 1 || in.embed_vocab_limit > in.vocab_size || in.max_k < 1 || in.max_slots < 1 ||
+        in.weights_device_bytes > weights_size_ || in.kv_device_bytes > in.kv_arena_bytes)
         return fail(CORRUPT, "inconsistent program sizes in metadata", err);
     for (size_t i = 0; i < n_tensors_; ++i) {
         const PlanTensor& t = tensors_[i];
@@ -198,7 +209,7 @@ g4_status Plan::validate_records(std::string* err) {
         const PlanOp& op = ops_[i];
         std::string what = "op " + std::to_string(i);
         if (op.name >= strings_size_) return fail(CORRUPT, what + ": name out of bounds", err);
-        if (op.code < (uint16_t)OpCode::Embed || op.code > (uint16_t)OpCode::Softcap) return fail(CORRUPT, what + ": unknown op code", err);
+        if (op.code < (uint16_t)OpCode::Embed || op.code > (uint16_t)OpCode::Copy) return fail(CORRUPT, what + ": unknown op code", err);
         if (op.row_mode < 0 || op.row_mode > 2) return fail(CORRUPT, what + ": bad row mode", err);
         for (int32_t t : op.in)
             if (t < -1 || t >= (int32_t)n_tensors_) return fail(CORRUPT, what + ": input tensor index out of range", err);

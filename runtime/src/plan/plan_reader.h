@@ -25,6 +25,12 @@ struct ProgramInfo {
     bool do_sample = false;
     float temperature = 1, top_p = 1, min_p = 0, repetition_penalty = 1;
     int32_t top_k = 0;
+    // CUDA plans with CPU-placed text layers (--place layers=...:cpu): which layers run on the CPU
+    // (empty: none); the weights section's first weights_device_bytes go to the GPU (the rest, the CPU
+    // layers' weights, are read from the mapped plan) and the KV arena's first kv_device_bytes are
+    // device memory (the rest, the CPU layers' caches, host memory).
+    std::vector<uint8_t> layer_on_cpu;
+    uint64_t weights_device_bytes = 0, kv_device_bytes = 0;
 };
 
 class Plan {
@@ -68,6 +74,12 @@ public:
     bool ple_on_host() const { return ple_on_host_; }
     // The decode schedule of a CUDA plan (validated: contiguous, covers every op once); empty otherwise.
     size_t n_launches() const { return n_launches_; }
+    // A CUDA plan with CPU-placed text layers; op i runs on the CPU (its layer is CPU-placed).
+    bool hybrid() const { return !info_.layer_on_cpu.empty(); }
+    bool op_on_cpu(size_t i) const {
+        const uint16_t l = ops_[i].layer;
+        return l != kNoLayer && l < info_.layer_on_cpu.size() && info_.layer_on_cpu[l];
+    }
     const CudaLaunch& launch(size_t i) const { return launches_[i]; }
 
 private:

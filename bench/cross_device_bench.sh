@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Layers on the CPU in a CUDA plan (--place layers=...:cpu) on the GPU machine: correctness on the tiny
+# fixtures (greedy tokens and prefill logits of the split plan against the GPU-only plan, same flags)
+# and the decode-speed cost at the real E2B shapes (g4 bench, one run, plans interleaved).
+# Usage (repo root, $OUT set, build-dev/tools/g4 built): bash bench/cross_device_bench.sh
+# Writes $OUT/cross_device.txt.
+set -u
+G4=build-dev/tools/g4
+R=$OUT/cross_device.txt
+: > $R
+W=/tmp/g4xd && mkdir -p $W
+ids=2,$(python3 -c "print(','.join(str(3 + (i * 7919 + 13) % 500) for i in range(40)))")
+for fx in e2b_tiny_text:"0-6:gpu,7-9:cpu" e2b_tiny_text:"0-5:cpu,6-9:gpu" e2b_tiny_text:"0-1:cpu,2-4:gpu,5-7:cpu,8-9:gpu" e4b_tiny:"0-7:gpu,8-11:cpu"; do
+    m=${fx%%:*}; pl=${fx#*:}
+    $G4 compile --model tests/fixtures/$m --device cuda --chunk 16 --no-fidelity -o $W/a.g4plan 2>> $W/log || { tail $W/log; exit 1; }
+    $G4 compile --model tests/fixtures/$m --device cuda --chunk 16 --no-fidelity --place layers=$pl -o $W/b.g4plan 2> $W/b.log || { tail $W/b.log; exit 1; }
+    for s in a b; do
+        $G4 run $W/$s.g4plan --tokens $ids -n 48 --temp 0 --ignore-eos --print-ids --dump-logits $W/$s.f32 > $W/$s.ids 2> $W/$s.err || { cat $W/$s.err; exit 1; }
+    done
+    python3 - "$m" "$pl" $W >> $R <<'EOF'
+import sys, numpy as np
+m, pl, w = sys.argv[1:]
+a, b = (np.fromfile(f"{w}/{s}.f32", dtype="<f4").astype(np.float64) for s in "ab")
+ta, tb = (open(f"{w}/{s}.ids").read().strip().split(",") for s in "ab")
+agree = next((i for i, (x, y) in enumerate(zip(ta, tb)) if x != y), len(ta))
+print(f"{m} layers={pl}: prefill logits rel L2 vs GPU-only {np.linalg.norm(a - b) / np.linalg.norm(a):.3e}; greedy tokens agree {agree}/{len(ta)}")
+EOF
+    grep "cross-device" $W/b.log >> $R
+done
+cat $R
+# Real E2B shapes: decode cost of CPU-placed layers.
+PYTHONPATH=$PWD/.bnb python3 bench/e2e_bench.py $G4 --model e2b --checkpoint-only > $W/ck.txt 2>&1 || { tail $W/ck.txt; exit 1; }
+for pl in none 34:cpu 30-34:cpu; do
+    args=""; [ $pl != none ] && args="--place layers=0-$(( ${pl%%[-:]*} - 1 )):gpu,$pl"
+    $G4 compile --model /tmp/g4bench/e2b --device cuda --weights nf4 --chunk 1024 --max-context 8192 --no-fidelity $args -o $W/e2b-$pl.g4plan 2> $W/c.log || { tail $W/c.log; exit 1; }
+    echo "## plan $pl" >> $R; grep -E "cuda:0|host |cross-device" $W/c.log >> $R
+done
+for r in 1 2; do
+    for pl in none 34:cpu 30-34:cpu; do
+        echo "## round $r $pl" >> $R
+        $G4 bench $W/e2b-$pl.g4plan -p 512 -n 64 -d 16 -r 3 --json >> $R 2>&1
+    done
+done
+grep -A3 "## round" $R | grep -oE '"test":"[^"]*","tok_s":[0-9.]+|## round.*' | tail -20

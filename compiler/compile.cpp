@@ -29,6 +29,7 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <ostream>
 #include <regex>
@@ -381,35 +382,31 @@ void write_plan(const Inputs& in, const std::string& out_path, Mode mode, Report
         }
         for (size_t t = 0; t < prog.tensors.size(); ++t) host_only[t] = by_cpu[t] && !by_gpu[t];
     }
-    std::vector<size_t> worder;   // weights in WEIGHTS order
-    for (int pass = 0; pass < 2; ++pass)
-        for (size_t t = 0; t < prog.tensors.size(); ++t)
-            if (prog.tensors[t].kind == TensorKind::Weight && host_only[t] == pass) worder.push_back(t);
     int64_t max_k = 1;
-    uint64_t weights_device = 0, kv_device = 0;
     for (size_t t = 0; t < prog.tensors.size(); ++t) {
         const TensorDesc& d = prog.tensors[t];
         nbytes[t] = d.dtype == DType::NF4 ? nf4::layout(numel(d.dims), dq).total : dtype_bytes(d.dtype, numel(d.dims));
         if (d.kind == TensorKind::Weight && d.dims.size() == 2) max_k = std::max(max_k, d.dims[1]);
         if (d.kind != TensorKind::Weight && d.kind != TensorKind::KvCache) off[t] = act_off[t];
     }
-    for (size_t t : worder) {
-        if (host_only[t] && !weights_device) weights_device = align_up(weights_size, plan::kTensorAlign);
-        weights_size = align_up(weights_size, plan::kTensorAlign);
-        off[t]       = weights_size;
-        weights_size += nbytes[t];
-    }
-    if (!weights_device) weights_device = weights_size;
-    for (int pass = 0; pass < 2; ++pass) {
-        if (pass == 1) kv_device = kv_arena = align_up(kv_arena, plan::kTensorAlign);
-        for (size_t t = 0; t < prog.tensors.size(); ++t) {
-            if (prog.tensors[t].kind != TensorKind::KvCache || host_only[t] != pass) continue;
-            kv_arena = align_up(kv_arena, plan::kTensorAlign);
-            off[t]   = kv_arena;
-            kv_arena += nbytes[t];
-        }
-    }
-    if (!hybrid) kv_device = kv_arena;
+    // Lays out the tensors of `kind` (the GPU's, then the host-only ones), each 64-byte aligned, in
+    // `order`; returns the bytes before the first host-only tensor (all of them if there is none).
+    auto lay_out = [&](TensorKind kind, uint64_t& size, std::vector<size_t>& order) {
+        std::optional<uint64_t> first_host;
+        for (int pass = 0; pass < 2; ++pass)
+            for (size_t t = 0; t < prog.tensors.size(); ++t) {
+                if (prog.tensors[t].kind != kind || host_only[t] != pass) continue;
+                size = align_up(size, plan::kTensorAlign);
+                if (pass == 1 && !first_host) first_host = size;
+                off[t] = size;
+                size += nbytes[t];
+                order.push_back(t);
+            }
+        return first_host.value_or(size);
+    };
+    std::vector<size_t> worder, kvorder;   // weights in WEIGHTS order; caches in KV-arena order
+    const uint64_t weights_device = lay_out(TensorKind::Weight, weights_size, worder);
+    const uint64_t kv_device      = lay_out(TensorKind::KvCache, kv_arena, kvorder);
     rep->host_weights = weights_size - weights_device;
     rep->host_kv      = kv_arena - kv_device;
 

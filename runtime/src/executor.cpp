@@ -178,8 +178,9 @@ std::string check_ops(const plan::Plan& p) {
 }
 
 namespace {
-// Binds the ops selected by `which` (0 all, 1 CPU-placed, 2 the GPU's) against act / kv (KV offsets from kv0).
-void bind_with(g4_session* s, uint8_t* act, uint8_t* kv, uint64_t kv0, int which) {
+enum class Which { All, CpuPlaced, Gpu };
+// Binds the ops selected by `which` against act / kv (KV offsets from kv0).
+void bind_with(g4_session* s, uint8_t* act, uint8_t* kv, uint64_t kv0, Which which) {
     const plan::Plan& p = s->engine->plan;
     s->ops.resize(p.n_ops(), BoundOp{});
     auto addr = [&](int32_t idx, int32_t col, int64_t* ld) -> void* {
@@ -195,7 +196,7 @@ void bind_with(g4_session* s, uint8_t* act, uint8_t* kv, uint64_t kv0, int which
         return base + t.offset + dtype_bytes((DType)t.dtype, col);
     };
     for (size_t i = 0; i < p.n_ops(); ++i) {
-        if ((which == 1 && !p.op_on_cpu(i)) || (which == 2 && p.op_on_cpu(i))) continue;
+        if ((which == Which::CpuPlaced && !p.op_on_cpu(i)) || (which == Which::Gpu && p.op_on_cpu(i))) continue;
         BoundOp& b = s->ops[i];
         std::memset(&b, 0, sizeof b);
         b.op = &p.op(i);
@@ -208,13 +209,13 @@ void bind_with(g4_session* s, uint8_t* act, uint8_t* kv, uint64_t kv0, int which
 }
 } // namespace
 
-void bind_ops(g4_session* s) { bind_with(s, s->act, s->kv, s->kv_offset0, s->engine->plan.hybrid() ? 1 : 0); }
+void bind_ops(g4_session* s) { bind_with(s, s->act, s->kv, s->kv_offset0, s->engine->plan.hybrid() ? Which::CpuPlaced : Which::All); }
 
 g4_status run_step(g4_session* s, int32_t rows, int32_t pos0, int32_t out_rows, std::string* err) {
     return run_ops(s, 0, s->ops.size(), rows, pos0, out_rows, err);
 }
 
-void bind_gpu_ops(g4_session* s, uint8_t* gpu_act, uint8_t* gpu_kv) { bind_with(s, gpu_act, gpu_kv, 0, 2); }
+void bind_gpu_ops(g4_session* s, uint8_t* gpu_act, uint8_t* gpu_kv) { bind_with(s, gpu_act, gpu_kv, 0, Which::Gpu); }
 
 g4_status run_step_split(g4_session* s, uint8_t* gpu_act, int32_t rows, int32_t pos0, int32_t out_rows, std::string* err) {
     const plan::Plan& p = s->engine->plan;

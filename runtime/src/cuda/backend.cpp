@@ -88,7 +88,7 @@ struct SessionState {
     // Plans with CPU-placed layers: each maximal run of CPU ops is one host function in the stream
     // (runs[run_of[first op]]); the CPU ops work on a pinned host copy of the activation arena and a
     // host KV arena (the plan's KV offsets from kv_device_bytes on).
-    struct HostRun { g4_session* s; size_t first, end; SessionState* st; };
+    struct HostRun { g4_session* s; size_t first, end; };
     std::vector<HostRun> runs;
     std::vector<int> run_of;      // per op: index into runs, -1 if not the first op of a run
     void* host_act = nullptr;     // pinned [act_arena_bytes]
@@ -340,7 +340,7 @@ g4_status session_create(g4_session* s, std::string* err) {
             size_t j = i;
             while (j < p.n_ops() && p.op_on_cpu(j)) ++j;
             st->run_of[i] = (int)st->runs.size();
-            st->runs.push_back({s, i, j, st.get()});
+            st->runs.push_back({s, i, j});
             i = j;
         }
     }
@@ -698,7 +698,7 @@ g4_status profile_point(g4_session* s, int cat, bool decode, const char* what, s
 // Host function (stream order): runs one run of CPU-placed ops for the step in host_step.
 void host_run(void* u) {
     auto* r           = (SessionState::HostRun*)u;
-    SessionState* st  = r->st;
+    SessionState* st  = r->s->cuda.get();
     if (st->host_failed.load()) return;
     const SessionState::Step step = *st->host_step;
     std::string err;

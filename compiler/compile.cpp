@@ -33,6 +33,7 @@
 #include <nlohmann/json.hpp>
 #include <ostream>
 #include <regex>
+#include <set>
 #include <unistd.h>
 
 namespace g4 {
@@ -191,7 +192,7 @@ struct Inputs {
     json placement_meta = json::object();   // META "placement" and "memory" (compiler/placement.h)
     bool size_only      = false;            // write_plan stops after the memory plan
     DType kv_dtype      = DType::F32;       // KV cache storage (the fidelity reference plan keeps f32)
-    std::vector<char> layer_cpu;            // CUDA plans: text layers placed on the CPU (empty: none)
+    std::vector<int> layer_device;          // CUDA plans: each text layer's device, -1 the CPU (empty: all on cuda_index)
 };
 
 
@@ -237,6 +238,7 @@ struct Report {
     uint64_t weights_bytes = 0, act_arena = 0, kv_arena = 0, cuda_workspace = 0, cuda_pinned = 0, cpu_scratch_per_thread = 0;
     uint64_t ple_table_bytes = 0;   // part of weights_bytes; in host memory with --place ple=host
     uint64_t host_weights = 0, host_kv = 0;   // CPU-placed layers: parts of weights_bytes / kv_arena in host memory
+    std::map<int, placement::Figures::Gpu> gpus;   // cross-device plans: per GPU
     cross_device::Stats cross;
     std::string kv_dtype;
     int sliding_slots = 0;
@@ -271,8 +273,8 @@ void write_plan(const Inputs& in, const std::string& out_path, Mode mode, Report
             if (r == "lm_head.weight" || r == "model.language_model.embed_tokens.weight" || r == in.mc.tensor_prefix + "embed_tokens.weight")
                 bo.separate_lm_head = true;
     Program prog = gemma4::build_text_program(hp, bo);
-    const bool hybrid = mode == Mode::Plan && !in.layer_cpu.empty();   // layer_cpu: CUDA plans only
-    if (hybrid) rep->cross = cross_device::split(prog, in.layer_cpu);
+    const bool hybrid = mode == Mode::Plan && !in.layer_device.empty();   // layer_device: CUDA plans only
+    if (hybrid) rep->cross = cross_device::split(prog, in.layer_device, in.cuda_index);
 
     // Quantization policy: default set = text attention/MLP projections when --weights nf4.
     std::regex qre, kre;
@@ -368,19 +370,32 @@ void write_plan(const Inputs& in, const std::string& out_path, Mode mode, Report
     uint64_t act_arena = plan_activations(prog, act_off);
     uint64_t kv_arena = 0, weights_size = 0;
     std::vector<uint64_t> off(prog.tensors.size(), 0), nbytes(prog.tensors.size(), 0);
-    // Hybrid plans: weights and caches that only CPU ops touch go last, so the GPU gets a prefix of
-    // each (weights_device_bytes, kv_device_bytes); relative order is kept (a LoRA bias follows its weight).
-    std::vector<char> host_only(prog.tensors.size(), 0), op_cpu(prog.ops.size(), 0);
+    // Cross-device plans: weights and caches are grouped by the devices whose ops touch them, so each
+    // GPU uploads at most two ranges of the weights section (those several GPUs read, then its own)
+    // and owns one range of the KV arena; what no GPU touches (CPU-placed layers) goes last. Relative
+    // order is kept within a group (a LoRA bias follows its weight).
+    std::vector<int> op_dev(hybrid ? prog.ops.size() : 0);   // per op: CUDA index or -1 (the CPU)
+    std::vector<int> gpus;                                   // GPUs that run ops, the plan's GPU first
+    std::vector<int> group(prog.tensors.size(), 0);          // layout group of each weight / cache
     if (hybrid) {
-        std::vector<char> by_gpu(prog.tensors.size(), 0), by_cpu(prog.tensors.size(), 0);
+        gpus.push_back(in.cuda_index);
+        std::vector<std::set<int>> touched(prog.tensors.size());
         for (size_t i = 0; i < prog.ops.size(); ++i) {
             const auto& op = prog.ops[i].op;
-            op_cpu[i]      = cross_device::op_on_cpu(op, in.layer_cpu);
+            op_dev[i]      = cross_device::op_device(op, in.layer_device, in.cuda_index);
+            if (op_dev[i] >= 0 && std::find(gpus.begin(), gpus.end(), op_dev[i]) == gpus.end()) gpus.push_back(op_dev[i]);
             if (op.code == (uint16_t)OpCode::Copy) continue;
             for (int32_t t : {op.in[0], op.in[1], op.in[2], op.in[3], op.out[0], op.out[1]})
-                if (t >= 0) (op_cpu[i] ? by_cpu : by_gpu)[t] = 1;
+                if (t >= 0) touched[t].insert(op_dev[i]);
         }
-        for (size_t t = 0; t < prog.tensors.size(); ++t) host_only[t] = by_cpu[t] && !by_gpu[t];
+        // Groups: 0 weights read by several GPUs, 1 + g GPU g's own, 1 + gpus.size() no GPU's.
+        for (size_t t = 0; t < prog.tensors.size(); ++t) {
+            std::set<int> g = touched[t];
+            g.erase(cross_device::kHost);
+            if (g.size() > 1 && prog.tensors[t].kind == TensorKind::KvCache)
+                throw CompileError("internal: KV cache '" + prog.tensors[t].name + "' is touched by ops on several GPUs");
+            group[t] = g.empty() ? 1 + (int)gpus.size() : g.size() > 1 ? 0 : 1 + (int)(std::find(gpus.begin(), gpus.end(), *g.begin()) - gpus.begin());
+        }
     }
     int64_t max_k = 1;
     for (size_t t = 0; t < prog.tensors.size(); ++t) {
@@ -389,26 +404,29 @@ void write_plan(const Inputs& in, const std::string& out_path, Mode mode, Report
         if (d.kind == TensorKind::Weight && d.dims.size() == 2) max_k = std::max(max_k, d.dims[1]);
         if (d.kind != TensorKind::Weight && d.kind != TensorKind::KvCache) off[t] = act_off[t];
     }
-    // Lays out the tensors of `kind` (the GPU's, then the host-only ones), each 64-byte aligned, in
-    // `order`; returns the bytes before the first host-only tensor (all of them if there is none).
+    // Lays out the tensors of `kind` group by group, each 64-byte aligned, in `order`; returns where
+    // each group starts (and, last, the end).
     auto lay_out = [&](TensorKind kind, uint64_t& size, std::vector<size_t>& order) {
-        std::optional<uint64_t> first_host;
-        for (int pass = 0; pass < 2; ++pass)
+        std::vector<uint64_t> starts;
+        for (int g = 0; g <= 1 + (int)gpus.size(); ++g) {
+            starts.push_back(size);
             for (size_t t = 0; t < prog.tensors.size(); ++t) {
-                if (prog.tensors[t].kind != kind || host_only[t] != pass) continue;
-                size = align_up(size, plan::kTensorAlign);
-                if (pass == 1 && !first_host) first_host = size;
+                if (prog.tensors[t].kind != kind || group[t] != g) continue;
+                size   = align_up(size, plan::kTensorAlign);
                 off[t] = size;
                 size += nbytes[t];
                 order.push_back(t);
             }
-        return first_host.value_or(size);
+        }
+        starts.push_back(size);
+        return starts;
     };
     std::vector<size_t> worder, kvorder;   // weights in WEIGHTS order; caches in KV-arena order
-    const uint64_t weights_device = lay_out(TensorKind::Weight, weights_size, worder);
-    const uint64_t kv_device      = lay_out(TensorKind::KvCache, kv_arena, kvorder);
-    rep->host_weights = weights_size - weights_device;
-    rep->host_kv      = kv_arena - kv_device;
+    const std::vector<uint64_t> wstart = lay_out(TensorKind::Weight, weights_size, worder);
+    const std::vector<uint64_t> kstart = lay_out(TensorKind::KvCache, kv_arena, kvorder);
+    const size_t host_group            = 1 + gpus.size();
+    rep->host_weights = weights_size - wstart[host_group];
+    rep->host_kv      = kv_arena - kstart[host_group];
 
     // STRINGS, TENSORS, OPS
     std::string strings(1, '\0');
@@ -441,7 +459,7 @@ void write_plan(const Inputs& in, const std::string& out_path, Mode mode, Report
     // Ahead-of-time kernel choices for CUDA from the real shapes (the runtime keeps no heuristics).
     cuda::choose_variants(ops, tensors, in.max_context, in.opt.prefill_precision);
     std::vector<plan::CudaLaunch> schedule;
-    if (in.cuda_index >= 0 && mode == Mode::Plan) schedule = cuda::decode_schedule(ops, tensors, op_cpu);
+    if (in.cuda_index >= 0 && mode == Mode::Plan) schedule = cuda::decode_schedule(ops, tensors, op_dev);
 
     json policy = {{"weights", opt.weights}, {"double_quant", dq}, {"quantize", opt.quantize_regex}, {"keep", opt.keep_regex},
                    {"nf4_blocksize", nf4::kBlock}, {"kv_dtype", dtype_str(bo.kv_dtype)}};
@@ -465,12 +483,19 @@ void write_plan(const Inputs& in, const std::string& out_path, Mode mode, Report
                              {"vocab_size", hp.vocab_size},
                              {"embed_vocab_limit", hp.ple_dim > 0 ? std::min(hp.vocab_size, hp.ple_vocab_size) : hp.vocab_size}};
     if (hybrid) {
-        std::vector<int> cpu_layers;
-        for (size_t l = 0; l < in.layer_cpu.size(); ++l)
-            if (in.layer_cpu[l]) cpu_layers.push_back((int)l);
-        meta["program"]["cpu_layers"]           = cpu_layers;
-        meta["program"]["weights_device_bytes"] = weights_device;
-        meta["program"]["kv_device_bytes"]      = kv_device;
+        json parts = json::array();
+        for (size_t g = 0; g < gpus.size(); ++g) {
+            json w = json::array();   // the weights several GPUs read, then its own (one range if adjacent)
+            if (wstart[1] > wstart[0]) w.push_back({wstart[0], wstart[1]});
+            if (wstart[2 + g] > wstart[1 + g]) {
+                if (!w.empty() && w.back()[1] == wstart[1 + g]) w.back()[1] = wstart[2 + g];
+                else w.push_back({wstart[1 + g], wstart[2 + g]});
+            }
+            parts.push_back({{"index", gpus[g]}, {"weights", w}, {"kv", {kstart[1 + g], kstart[2 + g]}}});
+        }
+        meta["program"]["layer_devices"] = in.layer_device;
+        meta["program"]["gpus"]          = parts;
+        meta["program"]["kv_host_begin"] = kstart[host_group];
     }
     const auto& g         = in.mc.generation;
     meta["generation"]    = {{"eos_token_ids", g.eos_token_ids}, {"bos_token_id", g.bos_token_id},
@@ -487,6 +512,16 @@ void write_plan(const Inputs& in, const std::string& out_path, Mode mode, Report
     // runtime allocates from), CPU per-thread scratch.
     {
         rep->cuda_workspace = cuda_ws::workspace(ops.data(), ops.size(), tensors.data(), opt.max_rows, in.max_context, hp.vocab_size).device_bytes();
+        for (size_t g = 0; g < gpus.size(); ++g) {
+            std::vector<plan::PlanOp> mine;   // the workspaces of a GPU are sized by its own ops
+            for (size_t i = 0; i < ops.size(); ++i)
+                if (op_dev[i] == gpus[g]) mine.push_back(ops[i]);
+            auto& f     = rep->gpus[gpus[g]];
+            f.workspace = cuda_ws::workspace(mine.data(), mine.size(), tensors.data(), opt.max_rows, in.max_context, hp.vocab_size, g == 0)
+                              .device_bytes();
+            f.weights = (wstart[1] - wstart[0]) + (wstart[2 + g] - wstart[1 + g]);
+            f.kv      = kstart[2 + g] - kstart[1 + g];
+        }
         rep->cuda_pinned    = cuda_ws::pinned_bytes(opt.max_rows, opt.logits_rows, hp.vocab_size, in.max_context);
         rep->cpu_scratch_per_thread = (uint64_t)std::max<int64_t>(32 * max_k, in.max_context + 64) * 4;
     }
@@ -635,8 +670,9 @@ void print_groups(std::ostream& log, const Report& rep) {
 void print_memory_plan(std::ostream& log, const placement::Decision& d, const Report& rep) {
     log << "  placement: " << d.placement_line() << "\n";
     if (d.placement.hybrid())
-        log << "  cross-device: " << rep.cross.copies_to_host << " copy step(s) to the host and " << rep.cross.copies_to_device
-            << " to the GPU per step; " << rep.cross.mirrors << " KV cache(s) mirrored onto the other device for KV-shared layers whose donor runs there\n";
+        log << "  cross-device: " << rep.cross.copies_to_host << " copy step(s) to the host, " << rep.cross.copies_to_device
+            << " from the host and " << rep.cross.copies_peer << " between GPUs per step; " << rep.cross.mirrors
+            << " KV cache(s) mirrored onto another device for KV-shared layers whose donor runs there\n";
     for (const auto& n : d.placement.notes) log << "  note: " << n << "\n";
     log << "  memory plan (exact bytes; CUDA context and allocator overhead not included):\n";
     placement::print_memory(log, d.memory, "    ");
@@ -738,7 +774,7 @@ void compile_plan(const CompileOptions& opt, std::ostream& log) {
         throw CompileError("--max-context " + std::to_string(in.max_context) + " exceeds the model's limit (max_position_embeddings = " +
                            std::to_string(hp.max_position_embeddings) + ")");
     const placement::Placement place = placement::resolve(place_req, hp.num_layers, cuda_index, gpu_count);
-    in.layer_cpu                     = place.layer_cpu;
+    in.layer_device                  = place.layer_device;
     if (!opt.adapter_dir.empty()) in.adapter = lora::Adapter::open(opt.adapter_dir);
 
     // Tokenizer and chat template travel inside the plan, so a plan file is self-contained.
@@ -799,7 +835,8 @@ void compile_plan(const CompileOptions& opt, std::ostream& log) {
         f.kv_dtype            = r.kv_dtype;
         f.host_weights        = r.host_weights;
         f.host_kv             = r.host_kv;
-        if (!in.layer_cpu.empty()) {
+        f.gpus                = r.gpus;
+        if (place.has_cpu_layers()) {
             f.host_activations        = r.act_arena;
             f.host_scratch_per_thread = r.cpu_scratch_per_thread;
         }
@@ -813,7 +850,7 @@ void compile_plan(const CompileOptions& opt, std::ostream& log) {
         in.max_context = keep;
         return figures_of(r);
     };
-    const int threads = cuda_index < 0 || place.hybrid() ? cpu::default_thread_count() : 0;
+    const int threads = cuda_index < 0 || place.has_cpu_layers() ? cpu::default_thread_count() : 0;
     const placement::Decision mem = placement::decide(place, figures_of(rep), in.max_context, figures_at, threads);
     in.placement_meta = mem.meta();
     in.size_only      = false;
@@ -824,7 +861,7 @@ void compile_plan(const CompileOptions& opt, std::ostream& log) {
         print_groups(log, rep);
         print_memory_plan(log, mem, rep);
         log << "  KV cache: " << kv_dtype << ", max_context " << in.max_context << ", sliding ring " << rep.sliding_slots
-            << " slots, KV-shared layers own none" << (place.hybrid() ? " (except mirrors of caches whose donor runs on the other device)" : "") << "\n";
+            << " slots, KV-shared layers own none" << (place.hybrid() ? " (except mirrors of caches whose donor runs on another device)" : "") << "\n";
         return;
     }
     if (in.cuda_index >= 0) {

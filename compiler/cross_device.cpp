@@ -1,4 +1,4 @@
-// Copy steps and KV-cache mirrors for CUDA plans with CPU-placed layers (see cross_device.h).
+// Copy steps and KV-cache mirrors for CUDA plans whose layers span devices (see cross_device.h).
 #include "compiler/cross_device.h"
 #include "compiler/error.h"
 
@@ -15,8 +15,8 @@ using gemma4::TensorDesc;
 using plan::PlanOp;
 using plan::TensorKind;
 
-bool op_on_cpu(const PlanOp& op, const std::vector<char>& layer_cpu) {
-    return op.layer != plan::kNoLayer && op.layer < layer_cpu.size() && layer_cpu[op.layer];
+int op_device(const PlanOp& op, const std::vector<int>& layer_device, int primary) {
+    return op.layer != plan::kNoLayer && op.layer < layer_device.size() ? layer_device[op.layer] : primary;
 }
 
 namespace {
@@ -79,15 +79,17 @@ int64_t out_cols(const Program& p, const PlanOp& op) {
 
 } // namespace
 
-Stats split(Program& p, const std::vector<char>& layer_cpu) {
+static std::string device_suffix(int dev) { return dev == kHost ? "@cpu" : "@cuda" + std::to_string(dev); }
+
+Stats split(Program& p, const std::vector<int>& layer_device, int primary) {
     Stats st;
-    auto cpu = [&](const OpDesc& d) { return op_on_cpu(d.op, layer_cpu); };
+    auto dev_of = [&](const OpDesc& d) { return op_device(d.op, layer_device, primary); };
 
     // 1. KV caches read across devices: mirrors on the reader's device.
     std::map<int, size_t> writer;   // cache tensor -> its KvStore op
     for (size_t i = 0; i < p.ops.size(); ++i)
         if (p.ops[i].op.code == (uint16_t)OpCode::KvStore) writer[p.ops[i].op.out[0]] = i;
-    std::map<std::pair<int, bool>, std::pair<int, int>> mirror;   // (donor k cache, on cpu) -> mirror k, v caches
+    std::map<std::pair<int, int>, std::pair<int, int>> mirror;   // (donor k cache, reader device) -> mirror k, v caches
     std::vector<OpDesc> ops;
     for (size_t i = 0; i < p.ops.size(); ++i) {
         OpDesc d = p.ops[i];
@@ -95,14 +97,14 @@ Stats split(Program& p, const std::vector<char>& layer_cpu) {
             auto w = writer.find(d.op.in[1]);
             if (w == writer.end()) throw CompileError("internal: attention '" + d.name + "' reads a cache no op writes");
             const OpDesc& store = p.ops[w->second];
-            if (cpu(store) != cpu(d)) {
-                auto key = std::make_pair(store.op.out[0], cpu(d));
+            if (dev_of(store) != dev_of(d)) {
+                auto key = std::make_pair(store.op.out[0], dev_of(d));
                 auto m   = mirror.find(key);
                 if (m == mirror.end()) {
                     int kv[2];
                     for (int c = 0; c < 2; ++c) {
                         TensorDesc t = p.tensors[store.op.out[c]];
-                        t.name += cpu(d) ? "@cpu" : "@gpu";
+                        t.name += device_suffix(dev_of(d));
                         p.tensors.push_back(t);
                         kv[c] = (int)p.tensors.size() - 1;
                     }
@@ -123,18 +125,21 @@ Stats split(Program& p, const std::vector<char>& layer_cpu) {
     }
 
     // 2. Copy steps: track which columns of each activation each device holds.
-    std::map<int, Cols> held[2];   // [0] GPU, [1] CPU
+    std::map<int, std::map<int, Cols>> held;   // device -> tensor -> columns
     std::vector<OpDesc> out;
     out.reserve(ops.size() + 64);
     for (OpDesc& d : ops) {
-        const int dev = cpu(d) ? 1 : 0;
+        const int dev = dev_of(d);
         for (int k = 0; k < 4; ++k) {
             const int t = d.op.in[k];
             const int64_t n = in_cols(p, d.op, k);
             if (t < 0 || n == 0 || p.tensors[t].kind != TensorKind::Activation) continue;
             const int64_t a = d.op.in_col[k], b = a + n;
             if (held[dev][t].has(a, b)) continue;
-            if (!held[1 - dev][t].has(a, b))
+            int src = dev;
+            for (auto& [o, cols] : held)   // any holder has the writer's values; a GPU is preferred to the host
+                if (o != dev && cols[t].has(a, b) && (src == dev || src == kHost)) src = o;
+            if (src == dev)
                 throw CompileError("internal: op '" + d.name + "' reads columns " + std::to_string(a) + ".." + std::to_string(b) + " of '" +
                                    p.tensors[t].name + "', which no device holds");
             OpDesc c{};
@@ -145,35 +150,37 @@ Stats split(Program& p, const std::vector<char>& layer_cpu) {
             c.op.in[0]    = c.op.out[0] = t;
             c.op.in_col[0] = c.op.out_col[0] = (int32_t)a;
             c.op.ip[0]    = (int32_t)n;
-            c.op.ip[1]    = dev == 0 ? 1 : 0;
+            c.op.ip[1]    = dev;
+            c.op.ip[2]    = src;
             c.op.row_mode = (int32_t)plan::RowMode::All;
-            c.name        = p.tensors[t].name + (dev == 0 ? "@gpu" : "@cpu");
+            c.name        = p.tensors[t].name + device_suffix(dev);
             out.push_back(c);
-            (dev == 0 ? st.copies_to_device : st.copies_to_host)++;
+            (dev == kHost ? st.copies_to_host : src == kHost ? st.copies_to_device : st.copies_peer)++;
             held[dev][t].add(a, b);
         }
         const int o = d.op.out[0];
         const int64_t n = out_cols(p, d.op);
         if (o >= 0 && n > 0 && p.tensors[o].kind == TensorKind::Activation) {
             const int64_t a = d.op.out_col[0];
+            for (auto& [h, cols] : held)
+                if (h != dev) cols[o].remove(a, a + n);
             held[dev][o].add(a, a + n);
-            held[1 - dev][o].remove(a, a + n);
         }
         out.push_back(std::move(d));
     }
     // Hoist each copy back over the destination device's ops that neither write its tensor nor read
     // its columns, so the copies of a boundary go out together and a CPU run is one host call; a copy
-    // that meets one of the same tensor and direction with adjacent columns joins it.
+    // that meets one of the same tensor and devices with adjacent columns joins it.
     for (size_t j = 0; j < out.size(); ++j) {
         if (out[j].op.code != (uint16_t)OpCode::Copy) continue;
-        const bool to_cpu = out[j].op.ip[1] == 0;
-        const int t       = out[j].op.in[0];
+        const int dst = out[j].op.ip[1], src = out[j].op.ip[2];
+        const int t   = out[j].op.in[0];
         const int64_t a = out[j].op.in_col[0], b = a + out[j].op.ip[0];
         size_t i          = j;
         while (i > 0) {
             const OpDesc& prev   = out[i - 1];
             const bool prev_copy = prev.op.code == (uint16_t)OpCode::Copy;
-            if (!prev_copy && cpu(prev) != to_cpu) break;
+            if (!prev_copy && dev_of(prev) != dst) break;
             bool touches = false;
             for (int x : prev.op.out) touches |= x == t;
             for (int k = 0; k < 4; ++k) {
@@ -187,13 +194,13 @@ Stats split(Program& p, const std::vector<char>& layer_cpu) {
         }
         if (i == 0) continue;
         OpDesc& prev = out[i - 1];
-        if (prev.op.code == (uint16_t)OpCode::Copy && prev.op.in[0] == t && prev.op.ip[1] == out[i].op.ip[1]) {
+        if (prev.op.code == (uint16_t)OpCode::Copy && prev.op.in[0] == t && prev.op.ip[1] == dst && prev.op.ip[2] == src) {
             const int64_t pa = prev.op.in_col[0], pb = pa + prev.op.ip[0];
             if (pa <= b && a <= pb) {
                 prev.op.in_col[0] = prev.op.out_col[0] = (int32_t)std::min(a, pa);
                 prev.op.ip[0]     = (int32_t)(std::max(b, pb) - std::min(a, pa));
                 out.erase(out.begin() + (std::ptrdiff_t)i);
-                (to_cpu ? st.copies_to_host : st.copies_to_device)--;
+                (dst == kHost ? st.copies_to_host : src == kHost ? st.copies_to_device : st.copies_peer)--;
                 j = i - 1;
             }
         }

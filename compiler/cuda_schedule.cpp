@@ -51,16 +51,16 @@ namespace {
 struct Matcher {
     const std::vector<PlanOp>& ops;
     const std::vector<PlanTensor>& tensors;
-    const std::vector<char>& on_cpu;  // per op (empty: none): never fused
+    const std::vector<int>& device;   // per op (empty: one GPU); CPU ops (-1) are never fused
     std::vector<int64_t> last_read;   // per tensor: the last op index that reads it
 
-    Matcher(const std::vector<PlanOp>& o, const std::vector<PlanTensor>& t, const std::vector<char>& c)
-        : ops(o), tensors(t), on_cpu(c), last_read(t.size(), -1) {
+    Matcher(const std::vector<PlanOp>& o, const std::vector<PlanTensor>& t, const std::vector<int>& d)
+        : ops(o), tensors(t), device(d), last_read(t.size(), -1) {
         for (size_t i = 0; i < ops.size(); ++i)
             for (int32_t x : ops[i].in)
                 if (x >= 0) last_read[x] = std::max<int64_t>(last_read[x], (int64_t)i);
     }
-    bool is(size_t i, OpCode c) const { return i < ops.size() && ops[i].code == (uint16_t)c && !(i < on_cpu.size() && on_cpu[i]); }
+    bool is(size_t i, OpCode c) const { return i < ops.size() && ops[i].code == (uint16_t)c && !(i < device.size() && device[i] < 0); }
     bool unread_after(int32_t t, size_t i) const { return t < 0 || last_read[t] <= (int64_t)i; }
     int64_t cols(int32_t t) const { return tensors[t].dims[1]; }
     // An in-place full-row RmsNorm of `t` (or of anything, t = -1) with weight.
@@ -217,12 +217,14 @@ struct Matcher {
 } // namespace
 
 std::vector<CudaLaunch> decode_schedule(const std::vector<PlanOp>& ops, const std::vector<PlanTensor>& tensors,
-                                        const std::vector<char>& on_cpu) {
-    Matcher m(ops, tensors, on_cpu);
+                                        const std::vector<int>& device) {
+    Matcher m(ops, tensors, device);
     std::vector<CudaLaunch> out;
     for (size_t i = 0; i < ops.size();) {
         CudaLaunch l;
         if (!m.resnorm(i, &l) && !m.qkv_post(i, &l) && !m.gemv(i, &l)) l = Matcher::record(LaunchKind::Op, i, 1);
+        for (size_t j = i + 1; j < i + l.count && !device.empty(); ++j)
+            if (device[j] != device[i]) l = Matcher::record(LaunchKind::Op, i, 1);   // a fusion never spans devices
         out.push_back(l);
         i += l.count;
     }

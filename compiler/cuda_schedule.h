@@ -47,10 +47,11 @@ inline int gemv_lanes(int64_t K, bool nf4, int64_t groups) {
 //   Matmul gate + Matmul up + GeluMul                                     -> Gemv (gate/up pairs)
 //   Matmul + GeluMul(y, aux) / Matmul + Softcap                           -> Gemv (epilogue 2 / 3)
 //   q_norm + q_rope [+ k_norm + k_rope + v_norm + kv_store]               -> QkvPost
-// A fusion is taken only when the intermediates it skips writing are read by no later op. Ops marked
-// in on_cpu (CPU-placed layers of a hybrid plan; empty: none) and copy steps are never fused: each is
-// one Op record, which the runtime runs on the CPU or as a copy.
+// A fusion is taken only when the intermediates it skips writing are read by no later op and all its
+// ops run on one device. device: per op, the CUDA index it runs on or -1 for the CPU (cross-device
+// plans; empty: all on one GPU). CPU ops and copy steps are never fused: each is one Op record, which
+// the runtime runs on the CPU or as a copy.
 std::vector<plan::CudaLaunch> decode_schedule(const std::vector<plan::PlanOp>& ops, const std::vector<plan::PlanTensor>& tensors,
-                                              const std::vector<char>& on_cpu = {});
+                                              const std::vector<int>& device = {});
 
 } // namespace g4::cuda

@@ -364,27 +364,21 @@ Placement resolve(const Request& req, int num_layers, int cuda_index, int gpu_co
         layer_devices.insert(cuda_index);
         if (cuda_index >= 0) budget_for(cuda_index, "the text layers (--device " + plan_gpu + ")");
     }
-    // The plan's GPU and the CPU may share the layers; other GPUs may not (yet).
-    if (layer_devices.size() == 2 && cuda_index >= 0 && layer_devices.count(-1) && layer_devices.count(cuda_index)) {
-        p.layer_cpu.assign(num_layers, 0);
+    // Layers on several devices: the copy steps of compiler/cross_device.h join them.
+    if (layer_devices.size() > 1) {
+        p.layer_device.assign(num_layers, cuda_index);
         for (const auto& r : ranges)
-            if (r.target.kind != Target::Kind::Gpu)
-                for (int l = r.first; l <= r.last; ++l) p.layer_cpu[l] = 1;
-        layer_devices.erase(-1);
-    }
-    if (layer_devices.size() > 1)
-        throw CompileError(
-            "not supported by this build yet: text layers split across GPUs (--place " + layers_item +
-            "); this build runs the text layers on one GPU (--device cuda[:N]), on that GPU and the CPU " +
-            "(layers=0-29:gpu,30-34:cpu), or all on the CPU (--device cpu)");
-    const int layers_on = *layer_devices.begin();
-    if (layers_on != cuda_index) {
-        if (layers_on < 0)
-            throw CompileError("--place " + layers_item + " puts the text layers on the CPU, but --device " +
-                               plan_gpu + " compiles a CUDA plan; use --device cpu to run them on the CPU");
-        throw CompileError("--place " + layers_item + " puts the text layers on " + cuda(layers_on) +
-                           ", but the plan's GPU is " + plan_gpu + "; use --device " + cuda(layers_on) +
-                           " (this build runs the text layers on the --device GPU)");
+            for (int l = r.first; l <= r.last; ++l) p.layer_device[l] = device_of(r.target, layers_item);
+    } else {
+        const int layers_on = *layer_devices.begin();
+        if (layers_on != cuda_index) {
+            if (layers_on < 0)
+                throw CompileError("--place " + layers_item + " puts the text layers on the CPU, but --device " +
+                                   plan_gpu + " compiles a CUDA plan; use --device cpu to run them on the CPU");
+            throw CompileError("--place " + layers_item + " puts the text layers on " + cuda(layers_on) +
+                               ", but the plan's GPU is " + plan_gpu + "; use --device " + cuda(layers_on) +
+                               " (the plan's GPU also runs the embeddings and the LM head)");
+        }
     }
 
     for (const char* c : {"embed", "lm_head"}) {
@@ -438,8 +432,9 @@ Placement resolve(const Request& req, int num_layers, int cuda_index, int gpu_co
     }
     if (!p.gpu_budgets.empty()) {
         std::string unused;
+        const std::vector<int> used = p.gpus();
         for (const auto& [i, b] : p.gpu_budgets)
-            if (i != cuda_index)
+            if (std::find(used.begin(), used.end(), i) == used.end())
                 unused += (unused.empty() ? "" : ", ") + cuda(i) + " (--gpu-mem " + b.arg + ")";
         p.notes.push_back(
             "nothing is placed on a GPU without a --gpu-mem budget" +
@@ -447,6 +442,20 @@ Placement resolve(const Request& req, int num_layers, int cuda_index, int gpu_co
             (gpu_count < 0 ? "; GPU indices were not checked against this machine (no GPU queried)" : ""));
     }
     return p;
+}
+
+bool Placement::has_cpu_layers() const {
+    return std::any_of(layer_device.begin(), layer_device.end(), [](int d) { return d < 0; });
+}
+
+std::vector<int> Placement::gpus() const {
+    std::vector<int> out;
+    if (cuda_index < 0) return out;
+    out.push_back(cuda_index);
+    std::set<int> rest(layer_device.begin(), layer_device.end());
+    for (int d : rest)
+        if (d >= 0 && d != cuda_index) out.push_back(d);
+    return out;
 }
 
 uint64_t DeviceMemory::need() const {
@@ -471,17 +480,25 @@ std::vector<DeviceMemory> memory_plan(const Figures& f, const Placement& p, bool
         cpu_budget(c);
         return {c};
     }
-    DeviceMemory g;
-    g.device = cuda(p.cuda_index);
-    g.parts  = {{"weights", f.weights - f.host_weights - (ple_host ? f.ple_table : 0)},
-                {"activations", f.activations},
-                {kv, f.kv_cache - f.host_kv},
-                {"workspaces", f.attention_workspace}};
+    std::map<int, DeviceMemory> gpu;
+    DeviceMemory& g = gpu[p.cuda_index];
+    if (f.gpus.empty()) {
+        g.parts = {{"weights", f.weights - f.host_weights - (ple_host ? f.ple_table : 0)},
+                   {"activations", f.activations},
+                   {kv, f.kv_cache - f.host_kv},
+                   {"workspaces", f.attention_workspace}};
+    } else {
+        for (const auto& [i, x] : f.gpus)
+            gpu[i].parts = {{"weights", x.weights - (i == p.cuda_index && ple_host ? f.ple_table : 0)},
+                            {"activations", f.activations},
+                            {kv, x.kv},
+                            {"workspaces", x.workspace}};
+    }
     DeviceMemory h;
     h.device = "host";
     h.parts  = {{"pinned buffers", f.pinned}};
     if (ple_host) h.parts.push_back({"PLE table", f.ple_table});
-    if (p.hybrid()) {
+    if (p.has_cpu_layers()) {
         h.parts.push_back({"CPU layers' weights", f.host_weights});
         h.parts.push_back({"CPU layers' " + kv, f.host_kv});
         h.parts.push_back({"activations (pinned)", f.host_activations});
@@ -490,12 +507,13 @@ std::vector<DeviceMemory> memory_plan(const Figures& f, const Placement& p, bool
     }
     cpu_budget(h);
     for (const auto& [i, b] : p.gpu_budgets) {
-        DeviceMemory& d = i == p.cuda_index ? g : out.emplace_back();
-        if (i != p.cuda_index) d.device = cuda(i);
-        d.budget      = b.bytes;
-        d.budget_flag = "--gpu-mem " + b.arg;
+        gpu[i].budget      = b.bytes;
+        gpu[i].budget_flag = "--gpu-mem " + b.arg;
     }
-    out.insert(out.begin(), g);
+    for (auto& [i, d] : gpu) d.device = cuda(i);
+    out.push_back(gpu[p.cuda_index]);
+    for (const auto& [i, d] : gpu)
+        if (i != p.cuda_index) out.push_back(d);
     out.push_back(h);
     return out;
 }
@@ -610,11 +628,11 @@ json Decision::meta() const {
         towers[c] = p.towers.count(c) ? "not compiled (--place " + std::string(c) + "=" + p.towers.at(c) + ")"
                                       : "not compiled";
     json layers = json::array();
+    auto on     = [&](int l) { return !p.hybrid() ? p.cuda_index : p.layer_device[l]; };
     for (int l = 0; l < p.num_layers;) {   // maximal ranges of one device
-        const bool c = p.hybrid() && p.layer_cpu[l];
-        int e        = l;
-        while (e + 1 < p.num_layers && (p.hybrid() && p.layer_cpu[e + 1]) == c) ++e;
-        layers.push_back({{"first", l}, {"last", e}, {"device", c ? "cpu" : dev}});
+        int e = l;
+        while (e + 1 < p.num_layers && on(e + 1) == on(l)) ++e;
+        layers.push_back({{"first", l}, {"last", e}, {"device", p.cuda_index < 0 ? "cpu" : on(l) < 0 ? "cpu" : cuda(on(l))}});
         l = e + 1;
     }
     json pl  = {{"device", dev},
@@ -648,15 +666,18 @@ std::string Decision::placement_line() const {
     } else {
         const std::string dev = cuda(p.cuda_index);
         if (p.hybrid()) {
-            std::string g, c;
+            std::map<int, std::string> by;   // device -> its layer ranges
             for (int l = 0; l < p.num_layers;) {
                 int e = l;
-                while (e + 1 < p.num_layers && p.layer_cpu[e + 1] == p.layer_cpu[l]) ++e;
-                std::string& to = p.layer_cpu[l] ? c : g;
+                while (e + 1 < p.num_layers && p.layer_device[e + 1] == p.layer_device[l]) ++e;
+                std::string& to = by[p.layer_device[l]];
                 to += (to.empty() ? "" : ",") + span(l, e);
                 l = e + 1;
             }
-            layers = "text layers " + g + " on " + dev + ", text layers " + c + " on the CPU (copy steps between them)";
+            layers.clear();
+            for (const auto& [d, r] : by)
+                layers += (layers.empty() ? "" : ", ") + std::string("text layers ") + r + " on " + (d < 0 ? "the CPU" : cuda(d));
+            layers += " (copy steps between them)";
         }
         s                     = layers + ", embed and lm_head on " + dev + "; PLE table " +
             (p.ple_host

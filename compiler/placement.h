@@ -82,8 +82,13 @@ struct Placement {
     bool ple_auto = false;                     // ple not placed by --place: the budget check decides
     std::string ple_why;                       // why ple_host was chosen automatically
     std::map<std::string, std::string> towers; // vision/audio -> what --place asked for
-    std::vector<char> layer_cpu;               // CUDA plans: 1 for text layers placed on the CPU (empty: none)
-    bool hybrid() const { return !layer_cpu.empty(); }
+    // CUDA plans whose text layers span devices: each layer's device, -1 for the CPU or a CUDA index
+    // (empty: every layer on the plan's GPU). Embeddings, PLE and LM head stay on the plan's GPU.
+    std::vector<int> layer_device;
+    bool hybrid() const { return !layer_device.empty(); }
+    bool layer_on_cpu(int l) const { return hybrid() && layer_device[l] < 0; }
+    bool has_cpu_layers() const;
+    std::vector<int> gpus() const;             // GPUs that run something, the plan's GPU first
     std::vector<std::string> notes;            // report lines
 };
 // gpu_count: GPUs on this machine, or -1 when they cannot be (or are not to be) queried.
@@ -99,6 +104,13 @@ struct Figures {
     // layers' weights and KV caches (mirrors of GPU donors' caches included), the host copy of the
     // activation arena, and the CPU kernels' scratch per worker thread.
     uint64_t host_weights = 0, host_kv = 0, host_activations = 0, host_scratch_per_thread = 0;
+    // Cross-device CUDA plans, per GPU (CUDA index): the weights it uploads (the PLE table included),
+    // its part of the KV arena and its workspaces; each GPU also holds a whole activation arena.
+    // Empty: the plan's GPU holds weights - host_weights, kv_cache - host_kv, attention_workspace.
+    struct Gpu {
+        uint64_t weights = 0, kv = 0, workspace = 0;
+    };
+    std::map<int, Gpu> gpus;
 };
 
 struct DeviceMemory {

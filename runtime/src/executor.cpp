@@ -150,26 +150,36 @@ std::string check_ops(const plan::Plan& p) {
             }
             break;
         }
-        case OpCode::Copy:
-            if (!p.hybrid()) c.fail("copy steps belong to CUDA plans with CPU-placed layers");
-            else if (op.in[0] != op.out[0] || op.in_col[0] != op.out_col[0] || (op.ip[1] != 0 && op.ip[1] != 1) ||
-                     op.row_mode != (int32_t)RowMode::All || cols <= 0)
+        case OpCode::Copy: {
+            auto device_ok = [&](int32_t d) { return d == -1 || (d >= 0 && p.gpu_slot(d) >= 0); };
+            if (!p.hybrid()) c.fail("copy steps belong to CUDA plans whose layers span devices");
+            else if (op.in[0] != op.out[0] || op.in_col[0] != op.out_col[0] || !device_ok(op.ip[1]) || !device_ok(op.ip[2]) ||
+                     op.ip[1] == op.ip[2] || op.row_mode != (int32_t)RowMode::All || cols <= 0)
                 c.fail("bad copy step");
             else c.act_view(op.in[0], op.in_col[0], cols, in.max_rows, "tensor");
             break;
+        }
         default: c.fail("unknown op"); break;
         }
-        // CPU-placed layers: their caches in the host part of the KV arena; GPU ops' caches and weights
-        // in the parts that go to the GPU.
+        // Cross-device plans: an op's caches lie in its device's part of the KV arena (the host part
+        // for CPU-placed layers), and a GPU op's weights in the ranges its GPU uploads.
         if (c.err.empty() && p.hybrid() && (OpCode)op.code != OpCode::Copy) {
-            const bool cpu = p.op_on_cpu(i);
+            const int dev = p.op_device(i);
+            const auto* g = dev >= 0 ? &in.gpus[p.gpu_slot(dev)] : nullptr;
             for (int32_t t : {op.in[0], op.in[1], op.in[2], op.in[3], op.out[0], op.out[1]}) {
                 if (t < 0) continue;
                 const PlanTensor& x = p.tensor(t);
-                if (x.kind == (uint8_t)TensorKind::KvCache && (cpu ? x.offset < in.kv_device_bytes : x.offset + x.nbytes > in.kv_device_bytes))
-                    c.fail(std::string("KV cache '") + p.str(x.name) + "' is not in the " + (cpu ? "host" : "device") + " part of the KV arena");
-                if (x.kind == (uint8_t)TensorKind::Weight && !cpu && x.offset + x.nbytes > in.weights_device_bytes)
-                    c.fail(std::string("weight '") + p.str(x.name) + "' of a GPU op is not in the part of the weights uploaded to the GPU");
+                if (x.kind == (uint8_t)TensorKind::KvCache &&
+                    (g ? x.offset < g->kv_begin || x.offset + x.nbytes > g->kv_end : x.offset < in.kv_host_begin))
+                    c.fail(std::string("KV cache '") + p.str(x.name) + "' is not in the " + (g ? "cuda:" + std::to_string(dev) : std::string("host")) +
+                           " part of the KV arena");
+                if (x.kind == (uint8_t)TensorKind::Weight && g) {
+                    bool in_range = false;
+                    for (const auto& [b, e] : g->weights) in_range = in_range || (x.offset >= b && x.offset + x.nbytes <= e);
+                    if (!in_range)
+                        c.fail(std::string("weight '") + p.str(x.name) + "' of an op on cuda:" + std::to_string(dev) +
+                               " is not in the weights uploaded to that GPU");
+                }
             }
         }
         if (!c.err.empty()) return "op " + std::to_string(i) + " (" + op_name((OpCode)op.code) + " '" + p.str(op.name) + "'): " + c.err;
@@ -178,9 +188,9 @@ std::string check_ops(const plan::Plan& p) {
 }
 
 namespace {
-enum class Which { All, CpuPlaced, Gpu };
-// Binds the ops selected by `which` against act / kv (KV offsets from kv0).
-void bind_with(g4_session* s, uint8_t* act, uint8_t* kv, uint64_t kv0, Which which) {
+constexpr int kAllDevices = -2;
+// Binds the ops of device `dev` (kAllDevices: every op) against act / kv (KV offsets from kv0).
+void bind_with(g4_session* s, uint8_t* act, uint8_t* kv, uint64_t kv0, int dev) {
     const plan::Plan& p = s->engine->plan;
     s->ops.resize(p.n_ops(), BoundOp{});
     auto addr = [&](int32_t idx, int32_t col, int64_t* ld) -> void* {
@@ -196,7 +206,7 @@ void bind_with(g4_session* s, uint8_t* act, uint8_t* kv, uint64_t kv0, Which whi
         return base + t.offset + dtype_bytes((DType)t.dtype, col);
     };
     for (size_t i = 0; i < p.n_ops(); ++i) {
-        if ((which == Which::CpuPlaced && !p.op_on_cpu(i)) || (which == Which::Gpu && p.op_on_cpu(i))) continue;
+        if (dev != kAllDevices && p.op_device(i) != dev) continue;
         BoundOp& b = s->ops[i];
         std::memset(&b, 0, sizeof b);
         b.op = &p.op(i);
@@ -209,15 +219,19 @@ void bind_with(g4_session* s, uint8_t* act, uint8_t* kv, uint64_t kv0, Which whi
 }
 } // namespace
 
-void bind_ops(g4_session* s) { bind_with(s, s->act, s->kv, s->kv_offset0, s->engine->plan.hybrid() ? Which::CpuPlaced : Which::All); }
+void bind_ops(g4_session* s) { bind_with(s, s->act, s->kv, s->kv_offset0, s->engine->plan.hybrid() ? -1 : kAllDevices); }
 
 g4_status run_step(g4_session* s, int32_t rows, int32_t pos0, int32_t out_rows, std::string* err) {
     return run_ops(s, 0, s->ops.size(), rows, pos0, out_rows, err);
 }
 
-void bind_gpu_ops(g4_session* s, uint8_t* gpu_act, uint8_t* gpu_kv) { bind_with(s, gpu_act, gpu_kv, 0, Which::Gpu); }
+void bind_gpu_ops(g4_session* s, int gpu, uint8_t* gpu_act, uint8_t* gpu_kv) {
+    const auto& g = s->engine->plan.info().gpus[s->engine->plan.gpu_slot(gpu)];
+    bind_with(s, gpu_act, gpu_kv, g.kv_begin, gpu);
+}
 
-g4_status run_step_split(g4_session* s, uint8_t* gpu_act, int32_t rows, int32_t pos0, int32_t out_rows, std::string* err) {
+g4_status run_step_split(g4_session* s, const std::map<int, uint8_t*>& gpu_act, int32_t rows, int32_t pos0, int32_t out_rows,
+                         std::string* err) {
     const plan::Plan& p = s->engine->plan;
     for (size_t i = 0; i < p.n_ops(); ++i) {
         const PlanOp& op = p.op(i);
@@ -228,8 +242,8 @@ g4_status run_step_split(g4_session* s, uint8_t* gpu_act, int32_t rows, int32_t 
         }
         const PlanTensor& t = p.tensor(op.in[0]);
         const uint64_t off = t.offset + (uint64_t)op.in_col[0] * 4, pitch = (uint64_t)t.dims[1] * 4;
-        uint8_t* dst       = op.ip[1] == 1 ? gpu_act : s->act;
-        const uint8_t* src = op.ip[1] == 1 ? s->act : gpu_act;
+        uint8_t* dst       = op.ip[1] < 0 ? s->act : gpu_act.at(op.ip[1]);
+        const uint8_t* src = op.ip[2] < 0 ? s->act : gpu_act.at(op.ip[2]);
         for (int32_t r = 0; r < rows; ++r) std::memcpy(dst + off + r * pitch, src + off + r * pitch, (size_t)op.ip[0] * 4);
     }
     return G4_OK;

@@ -2,6 +2,8 @@
 #pragma once
 #include "runtime/src/engine.h"
 
+#include <map>
+
 namespace g4::rt {
 
 // Resolves every op's tensors to addresses in `s` (called once, at session creation).
@@ -14,14 +16,16 @@ g4_status run_step(g4_session* s, int32_t rows, int32_t pos0, int32_t out_rows, 
 // reentrant for one session.
 g4_status run_ops(g4_session* s, size_t first, size_t end, int32_t rows, int32_t pos0, int32_t out_rows, std::string* err);
 
-// Reference execution of a CUDA plan on the CPU alone, for tests of the cross-device rewrite: the
-// GPU's ops run on the CPU kernels against gpu_act [act_arena_bytes] and gpu_kv [kv_device_bytes]
-// (stand-ins for device memory), CPU-placed ops against s->act / s->kv (bound by bind_ops), and each
-// copy step copies its columns of the step's rows between the two activation arenas, as the CUDA
-// backend does. A value an op reads that no copy step brought over is stale or zero, so the logits
-// of a plan with CPU-placed layers equal those of the same plan without them only if its copy steps
-// and KV mirrors are complete. bind_gpu_ops binds the GPU's ops once; the buffers outlive the session's use.
-void bind_gpu_ops(g4_session* s, uint8_t* gpu_act, uint8_t* gpu_kv);
-g4_status run_step_split(g4_session* s, uint8_t* gpu_act, int32_t rows, int32_t pos0, int32_t out_rows, std::string* err);
+// Reference execution of a cross-device CUDA plan on the CPU alone, for tests of the cross-device
+// rewrite: each GPU's ops run on the CPU kernels against a stand-in of that GPU's memory (gpu_act
+// [act_arena_bytes] and a KV part of its kv_end - kv_begin bytes), CPU-placed ops against s->act /
+// s->kv (bound by bind_ops), and each copy step copies its columns of the step's rows between the
+// two devices' activation arenas, as the CUDA backend does. A value an op reads that no copy step
+// brought over is stale or zero, so the logits of a split plan equal those of the same plan on one
+// GPU only if its copy steps and KV mirrors are complete. bind_gpu_ops binds GPU `gpu`'s ops once;
+// the buffers outlive the session's use. gpu_act: CUDA index -> that GPU's stand-in arena.
+void bind_gpu_ops(g4_session* s, int gpu, uint8_t* gpu_act, uint8_t* gpu_kv);
+g4_status run_step_split(g4_session* s, const std::map<int, uint8_t*>& gpu_act, int32_t rows, int32_t pos0, int32_t out_rows,
+                         std::string* err);
 
 } // namespace g4::rt

@@ -1,15 +1,16 @@
-// CUDA plans with CPU-placed layers (--place layers=A-B:gpu,C-D:cpu), without a GPU: the compiler's
-// cross-device rewrite (copy steps, mirrored KV caches of donors on the other device, the split of the
-// weights and KV arenas) is checked by running the plan on the CPU kernels with the GPU's memory
-// replaced by a separate host arena (rt::run_step_split). Any value a copy step fails to bring over
-// is stale there, so the logits must equal, bit for bit, those of the same plan compiled without
-// --place, run the same way, over a chunked prompt past the sliding window and greedy decode steps.
-// The real GPU run of these plans is bench/cuda_parity.py --hybrid (H100/H200).
+// CUDA plans whose layers span devices (--place layers=A-B:gpu0,C-D:gpu1,E-F:cpu), without a GPU: the
+// compiler's cross-device rewrite (copy steps, mirrored KV caches of donors on another device, the
+// split of the weights and KV arenas) is checked by running the plan on the CPU kernels with each
+// GPU's memory replaced by a separate host arena (rt::run_step_split). Any value a copy step fails to
+// bring over is stale there, so the logits must equal, bit for bit, those of the same plan compiled
+// without --place, run the same way, over a chunked prompt past the sliding window and greedy decode
+// steps. The real GPU runs of these plans are bench/cross_device_bench.sh (H100/H200, one or two GPUs).
 #include "runtime/src/engine.h"
 #include "runtime/src/executor.h"
 #include "test_util.h"
 
 #include <cstring>
+#include <map>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -20,7 +21,9 @@ using namespace g4test;
 struct Emulated {
     g4_engine e;
     g4_session s;
-    std::vector<uint64_t> act, kv, gact, gkv;   // host arenas; GPU stand-ins
+    std::vector<uint64_t> act, kv;                        // host arenas
+    std::map<int, std::vector<uint64_t>> gact, gkv;       // per GPU: stand-ins of its arenas
+    std::map<int, uint8_t*> gpu_act;
     std::vector<float> scratch;
     std::vector<int32_t> ids;
 
@@ -35,24 +38,27 @@ struct Emulated {
         scratch.assign(stride * 2, 0.0f);
         s.ctx = {s.pool.get(), scratch.data(), stride};
         act.assign(in.act_arena_bytes / 8 + 8, 0);
-        kv.assign((in.kv_arena_bytes - in.kv_device_bytes) / 8 + 8, 0);
-        gact.assign(in.act_arena_bytes / 8 + 8, 0);
-        gkv.assign(in.kv_device_bytes / 8 + 8, 0);
+        kv.assign((in.kv_arena_bytes - in.kv_host_begin) / 8 + 8, 0);
         ids.assign(in.max_rows, 0);
         s.act        = (uint8_t*)act.data();
         s.kv         = (uint8_t*)kv.data();
-        s.kv_offset0 = in.kv_device_bytes;
+        s.kv_offset0 = in.kv_host_begin;
         s.ids        = ids.data();
         g4::rt::bind_ops(&s);
-        g4::rt::bind_gpu_ops(&s, (uint8_t*)gact.data(), (uint8_t*)gkv.data());
+        for (const auto& g : in.gpus) {
+            gact[g.index].assign(in.act_arena_bytes / 8 + 8, 0);
+            gkv[g.index].assign((g.kv_end - g.kv_begin) / 8 + 8, 0);
+            gpu_act[g.index] = (uint8_t*)gact[g.index].data();
+            g4::rt::bind_gpu_ops(&s, g.index, gpu_act[g.index], (uint8_t*)gkv[g.index].data());
+        }
     }
     // Logits of the last row of a step of `tok` at positions pos.. (read from the GPU stand-in).
     std::vector<float> step(const std::vector<int32_t>& tok, int pos) {
         std::copy(tok.begin(), tok.end(), ids.begin());
         std::string err;
-        EXPECT_EQ(g4::rt::run_step_split(&s, (uint8_t*)gact.data(), (int)tok.size(), pos, 1, &err), G4_OK) << err;
+        EXPECT_EQ(g4::rt::run_step_split(&s, gpu_act, (int)tok.size(), pos, 1, &err), G4_OK) << err;
         const auto& in = e.plan.info();
-        const float* l = (const float*)((uint8_t*)gact.data() + e.plan.tensor(in.logits_tensor).offset);
+        const float* l = (const float*)(gpu_act.at(e.plan.cuda_device()) + e.plan.tensor(in.logits_tensor).offset);
         return std::vector<float>(l, l + in.vocab_size);
     }
 };
@@ -102,8 +108,46 @@ TEST(CrossDevice, CpuPlacedLayersGiveTheSameLogitsAsTheGpuOnlyPlan) {
         size_t copies = 0;
         for (size_t i = 0; i < p.n_ops(); ++i) copies += p.op(i).code == (uint16_t)g4::OpCode::Copy;
         EXPECT_GT(copies, 0u);
-        EXPECT_LT(p.info().weights_device_bytes, p.weights_bytes());   // the CPU layers' weights stay on the host
-        EXPECT_LT(p.info().kv_device_bytes, p.info().kv_arena_bytes);
+        ASSERT_EQ(p.info().gpus.size(), 1u);
+        ASSERT_EQ(p.info().gpus[0].weights.size(), 1u);
+        EXPECT_LT(p.info().gpus[0].weights[0].second, p.weights_bytes());   // the CPU layers' weights stay on the host
+        EXPECT_LT(p.info().kv_host_begin, p.info().kv_arena_bytes);
+        const auto got = generate(plan);
+        ASSERT_EQ(got.size(), want.size());
+        for (size_t k = 0; k < got.size(); ++k)
+            EXPECT_EQ(std::memcmp(got[k].data(), want[k].data(), got[k].size() * 4), 0)
+                << "step " << k << ": relative L2 " << rel_l2(got[k].data(), want[k].data(), got[k].size());
+    }
+}
+
+// Layers on two GPUs (and the CPU): each GPU uploads only the weights its ops read, owns its part of
+// the KV arena, and the logits equal the one-GPU plan's bit for bit.
+TEST(CrossDevice, LayersOnTwoGpusGiveTheSameLogitsAsTheOneGpuPlan) {
+    TempDir d;
+    const auto want = generate(compile(d, "gpu", ""));
+    for (const std::string place : {"layers=0-4:gpu0,5-9:gpu1",                   // GPU 1 reads GPU 0's donors
+                                    "layers=0-5:gpu1,6-9:gpu0",                   // the plan's GPU reads GPU 1's
+                                    "layers=0-2:gpu0,3-5:gpu1,6-7:cpu,8-9:gpu1"}) {  // two GPUs and the CPU
+        SCOPED_TRACE(place);
+        const std::string plan = compile(d, "two", place);
+        g4::plan::Plan p;
+        std::string err;
+        ASSERT_EQ(p.load(plan, false, &err), G4_OK) << err;
+        const auto& in = p.info();
+        ASSERT_EQ(in.gpus.size(), 2u);
+        EXPECT_EQ(in.gpus[0].index, 0);
+        EXPECT_EQ(in.gpus[1].index, 1);
+        size_t peer = 0;
+        for (size_t i = 0; i < p.n_ops(); ++i) peer += p.op(i).code == (uint16_t)g4::OpCode::Copy && p.op(i).ip[1] >= 0 && p.op(i).ip[2] >= 0;
+        EXPECT_GT(peer, 0u);
+        uint64_t w[2] = {0, 0};
+        for (int g = 0; g < 2; ++g)
+            for (auto [b, e] : in.gpus[g].weights) w[g] += e - b;
+        EXPECT_LT(w[0], p.weights_bytes());
+        EXPECT_LT(w[1], p.weights_bytes());
+        EXPECT_GT(w[1], 0u);
+        EXPECT_LE(in.gpus[0].kv_end, in.gpus[1].kv_begin);   // disjoint parts of the KV arena
+        EXPECT_GT(in.gpus[1].kv_end, in.gpus[1].kv_begin);
         const auto got = generate(plan);
         ASSERT_EQ(got.size(), want.size());
         for (size_t k = 0; k < got.size(); ++k)

@@ -168,18 +168,30 @@ TEST(Placement, ResolveChecksLayerRanges) {
 TEST(Placement, LayersSplitBetweenTheGpuAndTheCpu) {
     Placement p = resolve_str("layers=0-29:gpu0,30-34:cpu", {}, 35, 0);
     ASSERT_TRUE(p.hybrid());
-    for (int l = 0; l < 35; ++l) EXPECT_EQ(p.layer_cpu[l], l >= 30) << l;
+    for (int l = 0; l < 35; ++l) EXPECT_EQ(p.layer_on_cpu(l), l >= 30) << l;
+    EXPECT_TRUE(p.has_cpu_layers());
+    EXPECT_EQ(p.gpus(), std::vector<int>{0});
     Placement q = resolve_str("layers=0-9:cpu,10-34:gpu", {}, 35, 0);
     ASSERT_TRUE(q.hybrid());
-    EXPECT_TRUE(q.layer_cpu[0] && q.layer_cpu[9] && !q.layer_cpu[10]);
+    EXPECT_TRUE(q.layer_on_cpu(0) && q.layer_on_cpu(9) && !q.layer_on_cpu(10));
     EXPECT_FALSE(resolve_str("layers=0-34:gpu", {}, 35, 0).hybrid());
 }
 
+TEST(Placement, LayersSplitAcrossGpus) {
+    Placement p = resolve_str("layers=0-17:gpu0,18-29:gpu1,30-34:cpu", {"0:8GiB", "1:4GiB"}, 35, 0);
+    ASSERT_TRUE(p.hybrid());
+    for (int l = 0; l < 35; ++l) EXPECT_EQ(p.layer_device[l], l < 18 ? 0 : l < 30 ? 1 : -1) << l;
+    EXPECT_EQ(p.gpus(), (std::vector<int>{0, 1}));
+    // The plan's GPU comes first even when it runs no layer (it keeps the embeddings and the LM head).
+    Placement q = resolve_str("layers=0-9:gpu2,10-34:gpu1", {}, 35, 0);
+    EXPECT_EQ(q.gpus(), (std::vector<int>{0, 1, 2}));
+    EXPECT_FALSE(q.has_cpu_layers());
+    expect_error(error_of([] { resolve_str("layers=0-29:gpu0,30-34:gpu1", {"0:8GiB"}, 35, 0); }),
+                 {"layers=0-29:gpu0,30-34:gpu1", "cuda:1", "no --gpu-mem budget", "--gpu-mem 1:SIZE"});
+    expect_error(error_of([] { resolve_str("layers=0-29:gpu0,30-34:gpu3", {}, 35, 0, 2); }), {"no GPU 3", "2 CUDA device(s)"});
+}
+
 TEST(Placement, ResolveRefusesWhatThisBuildCannotRun) {
-    expect_error(error_of([] {
-                     resolve_str("layers=0-29:gpu0,30-34:gpu1", {"0:8GiB", "1:8GiB"}, 35, 0);
-                 }),
-                 {"not supported by this build yet", "split across GPUs", "layers=0-29:gpu,30-34:cpu"});
     expect_error(error_of([] { resolve_str("layers=cpu", {}, 35, 0); }), {"--device cpu", "layers=cpu"});
     expect_error(error_of([] { resolve_str("layers=gpu1", {}, 35, 0); }), {"cuda:1", "--device cuda:1"});
     expect_error(error_of([] { resolve_str("embed=cpu", {}, 35, 0); }),

@@ -39,31 +39,50 @@ struct Kernels {
 
 
 
-struct EngineState {
-    const Driver* d = nullptr;
-    CUdevice dev    = 0;
-    CUcontext ctx   = nullptr;
-    CUmodule mod    = nullptr;
+// One GPU of the plan (plan info().gpus; a plan whose layers span GPUs has several, the plan's GPU
+// first): its context, kernels and the weights it uploads.
+struct Gpu {
+    int index     = 0;   // CUDA device index
+    CUdevice dev  = 0;
+    CUcontext ctx = nullptr;
+    CUmodule mod  = nullptr;
     Kernels k{};
-    CUdeviceptr weights = 0;
-    uint64_t weights_bytes = 0;     // on the device
-    // ple=host: the PLE table lives in pinned, device-mapped host memory and is cut out of the device
-    // copy of the weights section (tensors after it move down by ple_gap bytes).
-    int32_t ple_tensor = -1;
-    uint64_t ple_off = 0, ple_gap = 0;
-    void* ple_host = nullptr;
-    CUdeviceptr ple_dev = 0;
+    CUdeviceptr weights    = 0;
+    uint64_t weights_bytes = 0;   // on the device
+    // Plan weight bytes [begin, end) live at weights + at: the plan's ranges for this GPU, less the
+    // PLE table with ple=host.
+    struct Seg { uint64_t begin, end, at; };
+    std::vector<Seg> segs;
     std::string name;
     int sm = 0;
 };
 
-struct SessionState {
-    EngineState* e = nullptr;
+struct EngineState {
+    const Driver* d = nullptr;
+    std::vector<Gpu> gpus;
+    // ple=host: the PLE table lives in pinned, device-mapped host memory, read by the plan's GPU.
+    int32_t ple_tensor = -1;
+    void* ple_host = nullptr;
+    CUdeviceptr ple_dev = 0;
+};
+
+// One GPU's part of a session: its stream and device memory (a whole activation arena, its part of
+// the KV arena, step buffer, attention and cuBLAS workspaces).
+struct Lane {
+    Gpu* g          = nullptr;
     CUstream stream = nullptr;
     CUdeviceptr act = 0, kv = 0, step = 0, part = 0, scores = 0;
     CUdeviceptr wscratch = 0, xscratch = 0, cublas_ws = 0;   // cuBLAS tier: bf16 weights / activations, workspace
-    const cublas::Lib* blas = nullptr;
     cublas::Handle blas_h = nullptr;
+    uint64_t kv_begin = 0;                                   // plan KV offset of kv
+    CUevent done      = nullptr;                             // recorded where the step moves on to another GPU
+};
+
+struct SessionState {
+    EngineState* e = nullptr;
+    std::vector<Lane> lanes;      // engine gpus order: lanes[0] is the plan's GPU (embeddings, LM head, sampling)
+    Lane* cur = nullptr;          // the lane work is being enqueued on
+    const cublas::Lib* blas = nullptr;
     struct Step { int rows, pos0, out_rows, pad; };
     Step* host_step  = nullptr;   // pinned
     int32_t* host_tok = nullptr;  // pinned: the decode step's argmax
@@ -79,6 +98,7 @@ struct SessionState {
     float* host_cand       = nullptr;
     std::vector<int> splits;      // per op (attention)
     std::vector<char> reuse_x;    // per op: a cuBLAS-tier matmul whose bf16 input is already in xscratch
+    std::vector<int> lane_of;     // per op: its lane (-1: a CPU op or a copy step)
     CUgraph graph = nullptr;
     CUgraphExec exec = nullptr;
     std::string graph_error;
@@ -92,7 +112,7 @@ struct SessionState {
     std::vector<HostRun> runs;
     std::vector<int> run_of;      // per op: index into runs, -1 if not the first op of a run
     void* host_act = nullptr;     // pinned [act_arena_bytes]
-    void* host_kv  = nullptr;     // [kv_arena_bytes - kv_device_bytes]
+    void* host_kv  = nullptr;     // [kv_arena_bytes - kv_host_begin]
     float* host_scratch = nullptr;
     std::atomic<bool> host_failed{false};
     std::string host_error;       // written by the host function that failed, read after the stream syncs
@@ -134,13 +154,97 @@ CUresult launch(const SessionState* st, CUfunction f, unsigned gx, unsigned gy, 
     const Driver* d = st->e->d;
     const bool plain = !st->pdl_now || st->after_node;
     st->after_node   = false;
-    if (plain) return d->cuLaunchKernel(f, gx, gy, gz, bx, 1, 1, smem, st->stream, args, nullptr);
+    if (plain) return d->cuLaunchKernel(f, gx, gy, gz, bx, 1, 1, smem, st->cur->stream, args, nullptr);
     LaunchAttr at;
     std::memset(&at, 0, sizeof at);
     at.id      = kLaunchAttrProgrammaticStreamSerialization;
     at.v.value = 1;
-    LaunchConfig c{{gx, gy, gz}, {bx, 1, 1}, smem, st->stream, &at, 1};
+    LaunchConfig c{{gx, gy, gz}, {bx, 1, 1}, smem, st->cur->stream, &at, 1};
     return d->cuLaunchKernelEx(&c, f, args, nullptr);
+}
+
+} // namespace
+
+namespace {
+
+// Opens GPU `g` of the plan: checks it, loads the kernels and uploads its weights (segments of the
+// plan's ranges; the PLE table stays on the host with ple=host). need_extra: the session bytes it
+// will hold (activation arena and KV part), for the free-memory check.
+g4_status open_gpu(const plan::Plan& p, EngineState* st, Gpu& g, const plan::ProgramInfo::GpuPart& part, uint64_t need_extra,
+                   std::string* err) {
+    const Driver* d = st->d;
+    CU_TRY(d->cuDeviceGet(&g.dev, g.index), "cuDeviceGet");
+    int major = 0, minor = 0;
+    d->cuDeviceGetAttribute(&major, kAttrComputeMajor, g.dev);
+    d->cuDeviceGetAttribute(&minor, kAttrComputeMinor, g.dev);
+    char name[256] = {};
+    d->cuDeviceGetName(name, sizeof name - 1, g.dev);
+    g.name     = name;
+    g.sm       = major * 10 + minor;
+    int target = std::atoi(p.cuda_target().c_str() + 3);
+    if (g.sm < target) {
+        *err = "the plan was compiled for " + p.cuda_target() + " but GPU " + std::to_string(g.index) + " (" + g.name + ") is sm_" +
+               std::to_string(g.sm) + "; recompile with --target sm_" + std::to_string(g.sm);
+        return G4_ERR_UNSUPPORTED;
+    }
+    CU_TRY(d->cuDevicePrimaryCtxRetain(&g.ctx, g.dev), "cuDevicePrimaryCtxRetain");
+    CU_TRY(d->cuCtxSetCurrent(g.ctx), "cuCtxSetCurrent");
+    // Segments: the plan's ranges, less the PLE table where it stays on the host.
+    uint64_t ple_b = 0, ple_e = 0;
+    if (st->ple_tensor >= 0 && g.index == p.cuda_device()) {
+        const PlanTensor& t = p.tensor(st->ple_tensor);
+        ple_b = t.offset, ple_e = (t.offset + t.nbytes + plan::kTensorAlign - 1) / plan::kTensorAlign * plan::kTensorAlign;
+    }
+    uint64_t at = 0;
+    for (auto [b, e] : part.weights) {
+        auto add = [&](uint64_t x, uint64_t y) {
+            if (y > x) g.segs.push_back({x, y, at}), at += y - x;
+        };
+        if (ple_e > b && ple_b < e) add(b, ple_b), add(std::min(e, ple_e), e);
+        else add(b, e);
+    }
+    g.weights_bytes = at;
+    size_t free_b = 0, total_b = 0;
+    CU_TRY(d->cuMemGetInfo(&free_b, &total_b), "cuMemGetInfo");
+    const uint64_t need = g.weights_bytes + need_extra;
+    if (need > free_b) {
+        *err = "GPU " + std::to_string(g.index) + " (" + g.name + ") has " + std::to_string(free_b >> 20) + " MiB free but the plan needs " +
+               std::to_string(need >> 20) + " MiB there (weights + one session); recompile with a smaller --max-context or free the GPU";
+        return G4_ERR_OUT_OF_MEMORY;
+    }
+    // Exact architecture: the cubin; a newer GPU: the PTX, compiled by the driver at load.
+    std::string ptx(p.ptx());
+    const void* image = g.sm == target ? (const void*)p.cubin().data() : (const void*)ptx.c_str();
+    CU_TRY(d->cuModuleLoadData(&g.mod, image), "loading the plan's CUDA kernels on GPU " + std::to_string(g.index));
+    Kernels& k = g.k;
+    struct { CUfunction* f; const char* n; } fns[] = {
+        {&k.embed, "g4_embed"},       {&k.mm_bf16, "g4_matmul_bf16"},       {&k.mm_f32, "g4_matmul_f32"},
+        {&k.mm_nf4, "g4_matmul_nf4"}, {&k.gemm_bf16, "g4_gemm_bf16"}, {&k.gemm_nf4, "g4_gemm_nf4"}, {&k.gemv_bf16, "g4_gemv_bf16"}, {&k.gemv_nf4, "g4_gemv_nf4"}, {&k.tc_bf16, "g4_tc_gemm_bf16"}, {&k.tc_nf4, "g4_tc_gemm_nf4"}, {&k.rms, "g4_rms_norm"},              {&k.elem, "g4_elementwise"},
+        {&k.rope, "g4_rope"},         {&k.kv, "g4_kv_store"},               {&k.attn_part, "g4_attention_partial"},
+        {&k.attn_merge, "g4_attention_merge"}, {&k.argmax, "g4_argmax"},
+        {&k.resnorm, "g4_resnorm"}, {&k.qkv_post, "g4_qkv_post"},
+        {&k.attn_decode, "g4_attn_decode"}, {&k.attn_decode_bf16, "g4_attn_decode_bf16"}, {&k.nf4_to_bf16, "g4_nf4_to_bf16"}, {&k.f32_to_bf16, "g4_f32_to_bf16"},
+        {&k.add_bias, "g4_add_bias"}, {&k.copy_f32, "g4_copy_f32"}, {&k.penalize, "g4_penalize"},
+        {&k.topk_round, "g4_topk_round"}};
+    for (auto& f : fns) CU_TRY(d->cuModuleGetFunction(f.f, g.mod, f.n), std::string("kernel ") + f.n);
+    for (int i = 0; i < 6; ++i) {
+        const int dim = kFlashDims[i];
+        std::string n = flash_kernel_name(dim);
+        CU_TRY(d->cuModuleGetFunction(&k.flash[i], g.mod, n.c_str()), "kernel " + n);
+        CU_TRY(d->cuFuncSetAttribute(k.flash[i], kFuncAttrMaxDynamicSmem, (int)flash_launch(64, 1, 1, dim).smem),
+               "kernel " + n + ": shared memory size");
+    }
+    for (int q = 0; q < 2; ++q)
+        for (int l = 0; l < 5; ++l)
+            for (int m = 0; m < 2; ++m) {
+                std::string n = gemv_kernel_name(q, kGemvLanes[l], m);
+                CU_TRY(d->cuModuleGetFunction(&k.gemv[q][l][m], g.mod, n.c_str()), "kernel " + n);
+            }
+    CU_TRY(d->cuMemAlloc(&g.weights, std::max<uint64_t>(64, g.weights_bytes)),
+           "allocating " + std::to_string(g.weights_bytes >> 20) + " MiB of weights on GPU " + std::to_string(g.index));
+    for (const Gpu::Seg& sg : g.segs)
+        CU_TRY(d->cuMemcpyHtoD(g.weights + sg.at, p.weights_base() + sg.begin, sg.end - sg.begin), "uploading weights to GPU " + std::to_string(g.index));
+    return G4_OK;
 }
 
 } // namespace
@@ -155,94 +259,46 @@ g4_status engine_open(g4_engine* e, std::string* err) {
     }
     auto st = std::unique_ptr<EngineState, EngineDeleter>(new EngineState());
     st->d   = d;
+    const auto& in = p.info();
     int count = 0;
     CU_TRY(d->cuDeviceGetCount(&count), "cuDeviceGetCount");
-    if (p.cuda_device() >= count) {
-        *err = "the plan is for CUDA device " + std::to_string(p.cuda_device()) + " but this machine has " + std::to_string(count) +
-               " CUDA device(s)";
-        return G4_ERR_UNSUPPORTED;
-    }
-    CU_TRY(d->cuDeviceGet(&st->dev, p.cuda_device()), "cuDeviceGet");
-    int major = 0, minor = 0;
-    d->cuDeviceGetAttribute(&major, kAttrComputeMajor, st->dev);
-    d->cuDeviceGetAttribute(&minor, kAttrComputeMinor, st->dev);
-    char name[256] = {};
-    d->cuDeviceGetName(name, sizeof name - 1, st->dev);
-    st->name = name;
-    st->sm   = major * 10 + minor;
-    int target = std::atoi(p.cuda_target().c_str() + 3);
-    if (st->sm < target) {
-        *err = "the plan was compiled for " + p.cuda_target() + " but GPU " + std::to_string(p.cuda_device()) + " (" + st->name +
-               ") is sm_" + std::to_string(st->sm) + "; recompile with --target sm_" + std::to_string(st->sm);
-        return G4_ERR_UNSUPPORTED;
-    }
-    CU_TRY(d->cuDevicePrimaryCtxRetain(&st->ctx, st->dev), "cuDevicePrimaryCtxRetain");
-    CU_TRY(d->cuCtxSetCurrent(st->ctx), "cuCtxSetCurrent");
-    size_t free_b = 0, total_b = 0;
-    CU_TRY(d->cuMemGetInfo(&free_b, &total_b), "cuMemGetInfo");
-    const auto& in   = p.info();
-    if (p.ple_on_host())
-        for (size_t t = 0; t < p.n_tensors(); ++t)
-            if (p.tensor(t).kind == (uint8_t)TensorKind::Weight && p.tensor(t).flags == (uint8_t)gemma4::WeightRole::PleTable) {
-                st->ple_tensor = (int32_t)t;
-                st->ple_off    = p.tensor(t).offset;
-                st->ple_gap    = (p.tensor(t).nbytes + plan::kTensorAlign - 1) / plan::kTensorAlign * plan::kTensorAlign;
-                st->ple_gap    = std::min(st->ple_gap, in.weights_device_bytes - std::min(st->ple_off, in.weights_device_bytes));
-            }
-    if (p.hybrid() && !d->cuLaunchHostFunc) {
+    for (const auto& g : in.gpus)
+        if (g.index >= count) {
+            *err = "the plan is for CUDA device " + std::to_string(g.index) + " but this machine has " + std::to_string(count) + " CUDA device(s)";
+            return G4_ERR_UNSUPPORTED;
+        }
+    if (p.has_cpu_layers() && !d->cuLaunchHostFunc) {
         *err = "this plan runs layers on the CPU, which needs cuLaunchHostFunc and cuMemcpy2DAsync; the NVIDIA driver is too old";
         return G4_ERR_UNSUPPORTED;
     }
-    // Weights [0, weights_device_bytes) go to the GPU (less the PLE table with ple=host); the rest
-    // belong to CPU-placed layers and are read from the mapped plan.
-    const uint64_t wdev = in.weights_device_bytes;
-    uint64_t need    = wdev - st->ple_gap + in.act_arena_bytes + in.kv_device_bytes;
-    if (need > free_b) {
-        *err = "GPU " + std::to_string(p.cuda_device()) + " (" + st->name + ") has " + std::to_string(free_b >> 20) +
-               " MiB free but the plan needs " + std::to_string(need >> 20) + " MiB (weights + one session); recompile with a smaller --max-context or free the GPU";
-        return G4_ERR_OUT_OF_MEMORY;
+    if (in.gpus.size() > 1 && (!d->cuStreamWaitEvent || !d->cuEventCreate || !d->cuMemcpy2DAsync)) {
+        *err = "this plan runs on " + std::to_string(in.gpus.size()) + " GPUs, which needs cuStreamWaitEvent and cuMemcpy2DAsync; the NVIDIA driver is too old";
+        return G4_ERR_UNSUPPORTED;
     }
-    // Exact architecture: the cubin; a newer GPU: the PTX, compiled by the driver at load.
-    std::string ptx(p.ptx());
-    const void* image = st->sm == target ? (const void*)p.cubin().data() : (const void*)ptx.c_str();
-    CU_TRY(d->cuModuleLoadData(&st->mod, image), "loading the plan's CUDA kernels");
-    struct { CUfunction* f; const char* n; } fns[] = {
-        {&st->k.embed, "g4_embed"},       {&st->k.mm_bf16, "g4_matmul_bf16"},       {&st->k.mm_f32, "g4_matmul_f32"},
-        {&st->k.mm_nf4, "g4_matmul_nf4"}, {&st->k.gemm_bf16, "g4_gemm_bf16"}, {&st->k.gemm_nf4, "g4_gemm_nf4"}, {&st->k.gemv_bf16, "g4_gemv_bf16"}, {&st->k.gemv_nf4, "g4_gemv_nf4"}, {&st->k.tc_bf16, "g4_tc_gemm_bf16"}, {&st->k.tc_nf4, "g4_tc_gemm_nf4"}, {&st->k.rms, "g4_rms_norm"},              {&st->k.elem, "g4_elementwise"},
-        {&st->k.rope, "g4_rope"},         {&st->k.kv, "g4_kv_store"},               {&st->k.attn_part, "g4_attention_partial"},
-        {&st->k.attn_merge, "g4_attention_merge"}, {&st->k.argmax, "g4_argmax"}};
-    for (auto& f : fns) CU_TRY(d->cuModuleGetFunction(f.f, st->mod, f.n), std::string("kernel ") + f.n);
-    struct { CUfunction* f; const char* n; } fused[] = {{&st->k.resnorm, "g4_resnorm"}, {&st->k.qkv_post, "g4_qkv_post"},
-        {&st->k.attn_decode, "g4_attn_decode"}, {&st->k.attn_decode_bf16, "g4_attn_decode_bf16"}, {&st->k.nf4_to_bf16, "g4_nf4_to_bf16"}, {&st->k.f32_to_bf16, "g4_f32_to_bf16"},
-        {&st->k.add_bias, "g4_add_bias"}, {&st->k.copy_f32, "g4_copy_f32"}, {&st->k.penalize, "g4_penalize"},
-        {&st->k.topk_round, "g4_topk_round"}};
-    for (auto& f : fused) CU_TRY(d->cuModuleGetFunction(f.f, st->mod, f.n), std::string("kernel ") + f.n);
-    for (int i = 0; i < 6; ++i) {
-        const int dim = kFlashDims[i];
-        std::string n = flash_kernel_name(dim);
-        CU_TRY(d->cuModuleGetFunction(&st->k.flash[i], st->mod, n.c_str()), "kernel " + n);
-        CU_TRY(d->cuFuncSetAttribute(st->k.flash[i], kFuncAttrMaxDynamicSmem, (int)flash_launch(64, 1, 1, dim).smem),
-               "kernel " + n + ": shared memory size");
+    if (p.ple_on_host())
+        for (size_t t = 0; t < p.n_tensors(); ++t)
+            if (p.tensor(t).kind == (uint8_t)TensorKind::Weight && p.tensor(t).flags == (uint8_t)gemma4::WeightRole::PleTable) st->ple_tensor = (int32_t)t;
+    st->gpus.resize(in.gpus.size());
+    for (size_t g = 0; g < in.gpus.size(); ++g) {
+        st->gpus[g].index = in.gpus[g].index;
+        g4_status r = open_gpu(p, st.get(), st->gpus[g], in.gpus[g], in.act_arena_bytes + in.gpus[g].kv_end - in.gpus[g].kv_begin, err);
+        if (r != G4_OK) return r;
     }
-    for (int q = 0; q < 2; ++q)
-        for (int l = 0; l < 5; ++l)
-            for (int m = 0; m < 2; ++m) {
-                std::string n = gemv_kernel_name(q, kGemvLanes[l], m);
-                CU_TRY(d->cuModuleGetFunction(&st->k.gemv[q][l][m], st->mod, n.c_str()), "kernel " + n);
-            }
-    st->weights_bytes = wdev - st->ple_gap;
-    CU_TRY(d->cuMemAlloc(&st->weights, std::max<uint64_t>(64, st->weights_bytes)), "allocating device weights");
+    // Direct copies between the GPUs where they allow them (else the driver stages them).
+    for (Gpu& a : st->gpus)
+        for (Gpu& b : st->gpus) {
+            int can = 0;
+            if (&a == &b || d->cuDeviceCanAccessPeer(&can, a.dev, b.dev) != 0 || !can) continue;
+            d->cuCtxSetCurrent(a.ctx);
+            d->cuCtxEnablePeerAccess(b.ctx, 0);   // CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED is fine
+        }
     if (st->ple_tensor >= 0) {
         const PlanTensor& t = p.tensor(st->ple_tensor);
-        CU_TRY(d->cuMemcpyHtoD(st->weights, p.weights_base(), st->ple_off), "uploading weights");
-        uint64_t rest = wdev - st->ple_off - st->ple_gap;
-        if (rest) CU_TRY(d->cuMemcpyHtoD(st->weights + st->ple_off, p.weights_base() + st->ple_off + st->ple_gap, rest), "uploading weights");
+        CU_TRY(d->cuCtxSetCurrent(st->gpus[0].ctx), "cuCtxSetCurrent");
         CU_TRY(d->cuMemHostAlloc(&st->ple_host, t.nbytes, kHostAllocPortable | kHostAllocDeviceMap),
                "allocating pinned host memory for the PLE table (" + std::to_string(t.nbytes >> 20) + " MiB, --place ple=host)");
         std::memcpy(st->ple_host, p.weights_base() + t.offset, t.nbytes);
         CU_TRY(d->cuMemHostGetDevicePointer(&st->ple_dev, st->ple_host, 0), "mapping the PLE table");
-    } else if (st->weights_bytes) {
-        CU_TRY(d->cuMemcpyHtoD(st->weights, p.weights_base(), st->weights_bytes), "uploading weights");
     }
     e->cuda.reset(st.release());
     return G4_OK;
@@ -251,16 +307,25 @@ g4_status engine_open(g4_engine* e, std::string* err) {
 void engine_close(EngineState* st) {
     if (!st) return;
     if (st->d) {
-        if (st->ctx) st->d->cuCtxSetCurrent(st->ctx);
-        if (st->weights) st->d->cuMemFree(st->weights);
+        for (Gpu& g : st->gpus) {
+            if (!g.ctx) continue;
+            st->d->cuCtxSetCurrent(g.ctx);
+            if (g.weights) st->d->cuMemFree(g.weights);
+            if (g.mod) st->d->cuModuleUnload(g.mod);
+        }
         if (st->ple_host) st->d->cuMemFreeHost(st->ple_host);
-        if (st->mod) st->d->cuModuleUnload(st->mod);
-        if (st->ctx) st->d->cuDevicePrimaryCtxRelease(st->dev);
+        for (Gpu& g : st->gpus)
+            if (g.ctx) st->d->cuDevicePrimaryCtxRelease(g.dev);
     }
     delete st;
 }
 
-uint64_t engine_device_bytes(const EngineState* st) { return st ? st->weights_bytes : 0; }
+uint64_t engine_device_bytes(const EngineState* st) {
+    uint64_t b = 0;
+    if (st)
+        for (const Gpu& g : st->gpus) b += g.weights_bytes;
+    return b;
+}
 
 g4_status session_create(g4_session* s, std::string* err) {
     EngineState* e      = s->engine->cuda.get();
@@ -269,25 +334,25 @@ g4_status session_create(g4_session* s, std::string* err) {
     const Driver* d     = e->d;
     auto st = std::unique_ptr<SessionState, SessionDeleter>(new SessionState());
     st->e   = e;
-    CU_TRY(d->cuCtxSetCurrent(e->ctx), "cuCtxSetCurrent");
-    CU_TRY(d->cuStreamCreate(&st->stream, 1 /* non-blocking */), "cuStreamCreate");
-    // Workspaces as the compiler's memory plan counts them (runtime/src/cuda/workspace.h).
-    const cuda_ws::Workspace ws = cuda_ws::workspace(&p.op(0), p.n_ops(), &p.tensor(0), in.max_rows, in.max_context, in.vocab_size);
+    st->lane_of.assign(p.n_ops(), -1);
+    for (size_t i = 0; i < p.n_ops(); ++i)
+        if (p.op(i).code != (uint16_t)OpCode::Copy && !p.op_on_cpu(i)) st->lane_of[i] = p.gpu_slot(p.op_device(i));
     st->splits.assign(p.n_ops(), 1);
     // q/k/v and gate/up read one input: the cuBLAS tier converts it to bf16 once. Op i reuses the
-    // scratch when the previous cuBLAS-tier matmul read the same view with the same row mode and no op
-    // in between wrote that tensor (the plan runs every op of a step in order, with one row count).
+    // scratch when the previous cuBLAS-tier matmul ran on the same GPU, read the same view with the
+    // same row mode and no op in between wrote that tensor (the plan runs every op of a step in
+    // order, with one row count).
     st->reuse_x.assign(p.n_ops(), 0);
     {
         int last = -1;
         bool written = false;
         for (size_t i = 0; i < p.n_ops(); ++i) {
             const PlanOp& op = p.op(i);
-            const bool tier = op.code == (uint16_t)OpCode::Matmul && op.ip[6] == (int32_t)plan::MatmulVariant::Cublas && !p.op_on_cpu(i);
+            const bool tier = op.code == (uint16_t)OpCode::Matmul && op.ip[6] == (int32_t)plan::MatmulVariant::Cublas && st->lane_of[i] >= 0;
             if (tier && last >= 0 && !written) {
                 const PlanOp& pr = p.op(last);
                 st->reuse_x[i] = pr.in[0] == op.in[0] && pr.in_col[0] == op.in_col[0] && pr.row_mode == op.row_mode &&
-                                 p.tensor(pr.in[1]).dims[1] == p.tensor(op.in[1]).dims[1];
+                                 p.tensor(pr.in[1]).dims[1] == p.tensor(op.in[1]).dims[1] && st->lane_of[last] == st->lane_of[i];
             }
             if (tier) last = (int)i, written = false;
             else if (last >= 0)
@@ -296,25 +361,51 @@ g4_status session_create(g4_session* s, std::string* err) {
     }
     for (size_t i = 0; i < p.n_ops(); ++i)
         if (p.op(i).code == (uint16_t)OpCode::Attention) st->splits[i] = attention_splits(p.op(i));   // 0: the flash kernel
-    if (ws.xscratch) {
-        std::string why;
-        st->blas = cublas::lib(&why);   // absent: the tensor-core kernel takes these matmuls
-        if (st->blas) {
-            CU_TRY(d->cuMemAlloc(&st->wscratch, std::max<size_t>(256, ws.wscratch)), "allocating the cuBLAS weight scratch");
-            CU_TRY(d->cuMemAlloc(&st->xscratch, ws.xscratch), "allocating the cuBLAS activation scratch");
-            CU_TRY(d->cuMemAlloc(&st->cublas_ws, ws.cublas), "allocating the cuBLAS workspace");
-            if (st->blas->create(&st->blas_h) != 0 || st->blas->set_stream(st->blas_h, st->stream) != 0 ||
-                st->blas->set_workspace(st->blas_h, (void*)st->cublas_ws, plan::kCublasWorkspaceBytes) != 0) {
-                *err = "cuBLAS (" + st->blas->path + ") failed to initialise";
-                return G4_ERR_INTERNAL;
+    // Per GPU: workspaces as the compiler's memory plan counts them (runtime/src/cuda/workspace.h,
+    // over the ops that GPU runs), a whole activation arena, its part of the KV arena, a step buffer.
+    st->lanes.resize(e->gpus.size());
+    cuda_ws::Workspace ws0;
+    for (size_t g = 0; g < e->gpus.size(); ++g) {
+        Lane& ln  = st->lanes[g];
+        ln.g      = &e->gpus[g];
+        const auto& part = in.gpus[g];
+        const std::string on = e->gpus.size() > 1 ? " on GPU " + std::to_string(ln.g->index) : "";
+        CU_TRY(d->cuCtxSetCurrent(ln.g->ctx), "cuCtxSetCurrent");
+        CU_TRY(d->cuStreamCreate(&ln.stream, 1 /* non-blocking */), "cuStreamCreate");
+        if (e->gpus.size() > 1) CU_TRY(d->cuEventCreate(&ln.done, kEventDisableTiming), "cuEventCreate");
+        std::vector<PlanOp> mine;
+        for (size_t i = 0; i < p.n_ops(); ++i)
+            if (st->lane_of[i] == (int)g) mine.push_back(p.op(i));
+        const cuda_ws::Workspace ws = cuda_ws::workspace(mine.data(), mine.size(), &p.tensor(0), in.max_rows, in.max_context, in.vocab_size, g == 0);
+        if (g == 0) ws0 = ws;
+        if (ws.xscratch) {
+            std::string why;
+            if (!st->blas) st->blas = cublas::lib(&why);   // absent: the tensor-core kernel takes these matmuls
+            if (st->blas) {
+                CU_TRY(d->cuMemAlloc(&ln.wscratch, std::max<size_t>(256, ws.wscratch)), "allocating the cuBLAS weight scratch" + on);
+                CU_TRY(d->cuMemAlloc(&ln.xscratch, ws.xscratch), "allocating the cuBLAS activation scratch" + on);
+                CU_TRY(d->cuMemAlloc(&ln.cublas_ws, ws.cublas), "allocating the cuBLAS workspace" + on);
+                if (st->blas->create(&ln.blas_h) != 0 || st->blas->set_stream(ln.blas_h, ln.stream) != 0 ||
+                    st->blas->set_workspace(ln.blas_h, (void*)ln.cublas_ws, plan::kCublasWorkspaceBytes) != 0) {
+                    *err = "cuBLAS (" + st->blas->path + ") failed to initialise" + on;
+                    return G4_ERR_INTERNAL;
+                }
             }
         }
+        const uint64_t kv_bytes = part.kv_end - part.kv_begin;
+        ln.kv_begin             = part.kv_begin;
+        CU_TRY(d->cuMemAlloc(&ln.act, std::max<uint64_t>(64, in.act_arena_bytes)), "allocating the activation arena" + on);
+        CU_TRY(d->cuMemAlloc(&ln.kv, std::max<uint64_t>(64, kv_bytes)), "allocating the KV cache" + on);
+        CU_TRY(d->cuMemsetD8(ln.kv, 0, std::max<uint64_t>(64, kv_bytes)), "clearing the KV cache" + on);
+        CU_TRY(d->cuMemAlloc(&ln.step, 64), "allocating the step buffer" + on);
+        CU_TRY(d->cuMemAlloc(&ln.part, ws.part * 4), "allocating the attention workspace" + on);
+        CU_TRY(d->cuMemAlloc(&ln.scores, ws.scores * 4), "allocating the attention workspace" + on);
     }
-    CU_TRY(d->cuMemAlloc(&st->act, std::max<uint64_t>(64, in.act_arena_bytes)), "allocating the activation arena");
-    CU_TRY(d->cuMemAlloc(&st->kv, std::max<uint64_t>(64, in.kv_device_bytes)), "allocating the KV cache");
-    CU_TRY(d->cuMemsetD8(st->kv, 0, std::max<uint64_t>(64, in.kv_device_bytes)), "clearing the KV cache");
-    if (p.hybrid()) {
-        const uint64_t host_kv = in.kv_arena_bytes - in.kv_device_bytes;
+    st->cur  = &st->lanes[0];
+    Lane& l0 = st->lanes[0];
+    CU_TRY(d->cuCtxSetCurrent(l0.g->ctx), "cuCtxSetCurrent");
+    if (p.has_cpu_layers()) {
+        const uint64_t host_kv = in.kv_arena_bytes - in.kv_host_begin;
         CU_TRY(d->cuMemHostAlloc(&st->host_act, std::max<uint64_t>(64, in.act_arena_bytes), kHostAllocPortable),
                "allocating the pinned host activation arena (" + std::to_string(in.act_arena_bytes >> 20) + " MiB) of the CPU-placed layers");
         const int threads   = cpu::default_thread_count();
@@ -329,7 +420,7 @@ g4_status session_create(g4_session* s, std::string* err) {
         s->ctx        = {s->pool.get(), st->host_scratch, stride};
         s->act        = (uint8_t*)st->host_act;
         s->kv         = (uint8_t*)st->host_kv;
-        s->kv_offset0 = in.kv_device_bytes;
+        s->kv_offset0 = in.kv_host_begin;
         rt::bind_ops(s);
         st->run_of.assign(p.n_ops(), -1);
         for (size_t i = 0; i < p.n_ops();) {
@@ -344,14 +435,11 @@ g4_status session_create(g4_session* s, std::string* err) {
             i = j;
         }
     }
-    CU_TRY(d->cuMemAlloc(&st->step, 64), "allocating the step buffer");
-    CU_TRY(d->cuMemAlloc(&st->part, ws.part * 4), "allocating the attention workspace");
-    CU_TRY(d->cuMemAlloc(&st->scores, ws.scores * 4), "allocating the attention workspace");
-    st->n_cand = ws.candidates;
-    for (CUdeviceptr& c : st->cand) CU_TRY(d->cuMemAlloc(&c, ws.candidates * 8), "allocating the sampler's candidates");
-    CU_TRY(d->cuMemAlloc(&st->samp_logits, ws.vocab * 4), "allocating the sampler's logits");
-    CU_TRY(d->cuMemAlloc(&st->samp_hist, std::max<uint64_t>(4, ws.history * 4)), "allocating the sampler's history");
-    CU_TRY(d->cuMemAllocHost((void**)&st->host_hist, std::max<uint64_t>(4, ws.history * 4)), "allocating pinned memory");
+    st->n_cand = ws0.candidates;
+    for (CUdeviceptr& c : st->cand) CU_TRY(d->cuMemAlloc(&c, ws0.candidates * 8), "allocating the sampler's candidates");
+    CU_TRY(d->cuMemAlloc(&st->samp_logits, ws0.vocab * 4), "allocating the sampler's logits");
+    CU_TRY(d->cuMemAlloc(&st->samp_hist, std::max<uint64_t>(4, ws0.history * 4)), "allocating the sampler's history");
+    CU_TRY(d->cuMemAllocHost((void**)&st->host_hist, std::max<uint64_t>(4, ws0.history * 4)), "allocating pinned memory");
     CU_TRY(d->cuMemAllocHost((void**)&st->host_cand, cuda_ws::kTopkMax * 8), "allocating pinned memory");
     CU_TRY(d->cuMemAllocHost((void**)&st->host_step, 64), "allocating pinned memory");
     CU_TRY(d->cuMemAllocHost((void**)&st->host_tok, 64), "allocating pinned memory");
@@ -364,8 +452,9 @@ g4_status session_create(g4_session* s, std::string* err) {
     const char* prof = std::getenv("G4_CUDA_PROFILE");
     st->profile = prof && *prof == '1';
     const char* pdl = std::getenv("G4_PDL");
-    st->pdl_ok  = e->sm >= 90 && d->cuLaunchKernelEx && !(pdl && *pdl == '0');
-    if (st->profile && d->cuEventCreate && p.n_launches()) {
+    st->pdl_ok  = l0.g->sm >= 90 && d->cuLaunchKernelEx && !(pdl && *pdl == '0');
+    // Decode-graph event profiling times one stream; plans on several GPUs get the per-op timing only.
+    if (st->profile && d->cuEventCreate && p.n_launches() && st->lanes.size() == 1) {
         st->pdl_ok = false;   // events between launches would cut the programmatic edges
         st->ev.resize(p.n_launches() + 2);
         for (CUevent& ev : st->ev) CU_TRY(d->cuEventCreate(&ev, 0), "cuEventCreate");
@@ -397,7 +486,7 @@ void session_destroy(SessionState* st) {
                                  st->prof_ms[c][m], st->prof_n[c][m], 1000 * st->prof_ms[c][m] / st->prof_n[c][m]);
     }
     const Driver* d = st->e->d;
-    d->cuCtxSetCurrent(st->e->ctx);
+    if (!st->lanes.empty()) d->cuCtxSetCurrent(st->lanes[0].g->ctx);
     if (st->ev_steps) {
         std::fprintf(stderr, "g4 cuda decode profile (GPU time between events around each launch of the decode graph, %ld steps, "
                              "%.1f us/token; programmatic launch off while profiling):\n", st->ev_steps, 1000 * st->ev_total_ms / st->ev_steps);
@@ -413,13 +502,19 @@ void session_destroy(SessionState* st) {
     }
     for (CUevent ev : st->ev)
         if (ev) d->cuEventDestroy(ev);
-    if (st->blas_h) st->blas->destroy(st->blas_h);
     if (st->exec) d->cuGraphExecDestroy(st->exec);
     if (st->graph) d->cuGraphDestroy(st->graph);
-    if (st->stream) d->cuStreamDestroy(st->stream);
-    for (CUdeviceptr ptr : {st->act, st->kv, st->step, st->part, st->scores, st->wscratch, st->xscratch, st->cublas_ws, st->tok,
-                            st->cand[0], st->cand[1], st->samp_logits, st->samp_hist})
+    for (CUdeviceptr ptr : {st->tok, st->cand[0], st->cand[1], st->samp_logits, st->samp_hist})
         if (ptr) d->cuMemFree(ptr);
+    for (Lane& ln : st->lanes) {
+        d->cuCtxSetCurrent(ln.g->ctx);
+        if (ln.blas_h) st->blas->destroy(ln.blas_h);
+        if (ln.done) d->cuEventDestroy(ln.done);
+        if (ln.stream) d->cuStreamDestroy(ln.stream);
+        for (CUdeviceptr ptr : {ln.act, ln.kv, ln.step, ln.part, ln.scores, ln.wscratch, ln.xscratch, ln.cublas_ws})
+            if (ptr) d->cuMemFree(ptr);
+    }
+    if (!st->lanes.empty()) d->cuCtxSetCurrent(st->lanes[0].g->ctx);
     for (void* h : {(void*)st->host_step, (void*)st->host_ids, (void*)st->host_logits, (void*)st->host_tok, (void*)st->host_hist,
                     (void*)st->host_cand, st->host_act})
         if (h) d->cuMemFreeHost(h);
@@ -430,19 +525,38 @@ void session_destroy(SessionState* st) {
 
 namespace {
 
-// Device address of tensor `idx` with a column offset (activations in elements of 4 bytes, KV caches of their dtype).
+// Address on the current lane's GPU of tensor `idx` with a column offset (activations in elements of
+// 4 bytes, KV caches of their dtype). check_ops has verified that each op's weights and caches lie
+// in its GPU's parts.
 CUdeviceptr addr(const SessionState* st, const plan::Plan& p, int32_t idx, int32_t col) {
     if (idx < 0) return 0;
     const PlanTensor& t = p.tensor(idx);
+    const Lane& ln      = *st->cur;
     switch ((TensorKind)t.kind) {
     case TensorKind::Weight: {
-        const EngineState* e = st->e;
-        if (idx == e->ple_tensor) return e->ple_dev;
-        return e->weights + (e->ple_gap && t.offset > e->ple_off ? t.offset - e->ple_gap : t.offset);
+        if (idx == st->e->ple_tensor) return st->e->ple_dev;
+        for (const Gpu::Seg& sg : ln.g->segs)
+            if (t.offset >= sg.begin && t.offset < sg.end) return ln.g->weights + sg.at + (t.offset - sg.begin);
+        return 0;
     }
-    case TensorKind::KvCache: return st->kv + t.offset + dtype_bytes((DType)t.dtype, col);
-    default: return st->act + t.offset + (uint64_t)col * 4;
+    case TensorKind::KvCache: return ln.kv + (t.offset - ln.kv_begin) + dtype_bytes((DType)t.dtype, col);
+    default: return ln.act + t.offset + (uint64_t)col * 4;
     }
+}
+
+// Makes lane `slot` current: work enqueued from here on goes to its stream, after everything
+// enqueued so far on the previous one (an event joins the streams; captured into the decode graph
+// like the rest). The next kernel launch is plain (no programmatic edge across streams).
+g4_status use_lane(SessionState* st, int slot, std::string* err) {
+    Lane* next = &st->lanes[slot];
+    if (next == st->cur) return G4_OK;
+    const Driver* d = st->e->d;
+    CU_TRY(d->cuEventRecord(st->cur->done, st->cur->stream), "recording a cross-GPU event");
+    CU_TRY(d->cuCtxSetCurrent(next->g->ctx), "cuCtxSetCurrent");
+    CU_TRY(d->cuStreamWaitEvent(next->stream, st->cur->done, 0), "waiting for another GPU's work");
+    st->cur        = next;
+    st->after_node = true;
+    return G4_OK;
 }
 
 // Device addresses of the parts of an NF4 weight blob (kernels/nf4.h) that starts at `base`.
@@ -464,10 +578,11 @@ int dt_code(const plan::Plan& p, int32_t t) { return t >= 0 && p.tensor(t).dtype
 g4_status launch_op(g4_session* s, size_t i, int rows, int out_rows, std::string* err) {
     SessionState* st    = s->cuda.get();
     const plan::Plan& p = s->engine->plan;
-    const Kernels& K    = st->e->k;
+    Lane& ln            = *st->cur;
+    const Kernels& K    = ln.g->k;
     const auto& info    = p.info();
-    CUdeviceptr step    = st->step;
-    CUdeviceptr ids     = st->act + p.tensor(info.ids_tensor).offset;
+    CUdeviceptr step    = ln.step;
+    CUdeviceptr ids     = ln.act + p.tensor(info.ids_tensor).offset;
     const PlanOp& op = p.op(i);
     RowMode rm       = (RowMode)op.row_mode;
     int n            = rm == RowMode::All ? rows : out_rows;
@@ -501,20 +616,20 @@ g4_status launch_op(g4_session* s, size_t i, int rows, int out_rows, std::string
         // tiled GEMM), decode rows outside the fused schedule to the 4-rows-per-warp GEMV, the rest one
         // warp per row.
         const bool is_nf4 = w.dtype == (uint8_t)DType::NF4;
-        if (n > 8 && op.ip[6] == (int32_t)plan::MatmulVariant::Cublas && st->blas_h) {
+        if (n > 8 && op.ip[6] == (int32_t)plan::MatmulVariant::Cublas && ln.blas_h) {
             // cuBLAS tier: x -> bf16 scratch, NF4 -> bf16 scratch, y = x . W^T with fp32 accumulate.
             CUdeviceptr wb = in1;
-            if (!st->reuse_x[i]) r = go(K.f32_to_bf16, n, (unsigned)ceil_div(Kd, 1024), 256, {&step, &in0, &ld0, &st->xscratch, &Kd});
+            if (!st->reuse_x[i]) r = go(K.f32_to_bf16, n, (unsigned)ceil_div(Kd, 1024), 256, {&step, &in0, &ld0, &ln.xscratch, &Kd});
             if (r == 0 && is_nf4) {
                 Nf4Ptrs q  = nf4_ptrs(in1, w);
                 long numel = (long)N * Kd;
-                wb         = st->wscratch;
+                wb         = ln.wscratch;
                 r = go(K.nf4_to_bf16, (unsigned)ceil_div(numel / 32, 256), 1, 256, {&q.codes, &q.absmax, &q.absmax2, &q.offset, &q.code2, &numel, &wb});
             }
             if (r == 0) {
                 const float one = 1.0f, zero = 0.0f;
-                int bs = st->blas->gemm_ex(st->blas_h, cublas::kOpT, cublas::kOpN, N, n, Kd, &one, (const void*)wb, cublas::kR16BF, Kd,
-                                           (const void*)st->xscratch, cublas::kR16BF, Kd, &zero, (void*)out0, cublas::kR32F, (int)ldo,
+                int bs = st->blas->gemm_ex(ln.blas_h, cublas::kOpT, cublas::kOpN, N, n, Kd, &one, (const void*)wb, cublas::kR16BF, Kd,
+                                           (const void*)ln.xscratch, cublas::kR16BF, Kd, &zero, (void*)out0, cublas::kR32F, (int)ldo,
                                            cublas::kCompute32F, cublas::kGemmDefault);
                 if (bs != 0) {
                     *err = "cuBLAS error " + std::to_string(bs) + " in op '" + p.str(op.name) + "'";
@@ -574,7 +689,7 @@ g4_status launch_op(g4_session* s, size_t i, int rows, int out_rows, std::string
         float scale = op.fp[0];
         int sp = st->splits[i];
         int max_span = window > 0 ? std::min(window, info.max_context) : info.max_context;
-        CUdeviceptr part = st->part, scores = st->scores;
+        CUdeviceptr part = ln.part, scores = ln.scores;
         const int hpg = heads / kvh, dsp = op.ip[6];
         if (n == 1 && dsp >= 1 && dsp <= 1024 && hpg <= 16 && hpg * dim <= 4096 && dim <= 512 && (kvdt == 0 || dim % 8 == 0)) {
             // Decode: one block per (kv head, split) for all heads of the group.
@@ -614,8 +729,8 @@ g4_status launch_op(g4_session* s, size_t i, int rows, int out_rows, std::string
 g4_status launch_fused(g4_session* s, const CudaLaunch& l, std::string* err) {
     SessionState* st    = s->cuda.get();
     const plan::Plan& p = s->engine->plan;
-    const Kernels& K    = st->e->k;
-    CUdeviceptr step    = st->step;
+    const Kernels& K    = st->cur->g->k;
+    CUdeviceptr step    = st->cur->step;
     auto T              = [&](int j) { return addr(st, p, l.t[j], 0); };
     CUresult r          = 0;
     auto go = [&](CUfunction f, unsigned gx, unsigned bx, std::initializer_list<void*> args) {
@@ -683,7 +798,7 @@ g4_status launch_fused(g4_session* s, const CudaLaunch& l, std::string* err) {
 
 g4_status profile_point(g4_session* s, int cat, bool decode, const char* what, std::string* err) {
     SessionState* st = s->cuda.get();
-    CUresult sr      = st->e->d->cuStreamSynchronize(st->stream);
+    CUresult sr      = st->e->d->cuStreamSynchronize(st->cur->stream);
     if (sr != 0) {
         *err = "CUDA error " + error_name(sr) + " in '" + what + "'";
         return G4_ERR_INTERNAL;
@@ -708,9 +823,11 @@ void host_run(void* u) {
     }
 }
 
-// Op i of a plan with CPU-placed layers, if it is not a GPU kernel: a copy step (a 2-D copy of the
-// step's rows between the device and the pinned host arena) or the first op of a run of CPU ops
-// (one host function for the run). *handled = false for GPU ops.
+// Op i of a cross-device plan, if it is not a GPU kernel: a copy step (a 2-D copy of the step's
+// rows between two GPUs' arenas or a GPU's and the pinned host arena, on the stream of the GPU that
+// wrote them, or of the GPU that reads them when they come from the host) or the first op of a run of
+// CPU ops (one host function for the run, on the current stream). A GPU op makes its GPU's lane
+// current. *handled = false for GPU ops.
 g4_status cross_device_op(g4_session* s, size_t i, int rows, bool* handled, std::string* err) {
     SessionState* st    = s->cuda.get();
     const plan::Plan& p = s->engine->plan;
@@ -719,28 +836,34 @@ g4_status cross_device_op(g4_session* s, size_t i, int rows, bool* handled, std:
     if (!p.hybrid()) return G4_OK;
     const Driver* d = st->e->d;
     if (op.code == (uint16_t)OpCode::Copy) {
+        const int dst = op.ip[1], src = op.ip[2];
+        g4_status g   = use_lane(st, p.gpu_slot(src >= 0 ? src : dst), err);
+        if (g != G4_OK) return g;
         const PlanTensor& t = p.tensor(op.in[0]);
         const uint64_t off  = t.offset + (uint64_t)op.in_col[0] * 4;
         Memcpy2D c;
         std::memset(&c, 0, sizeof c);
-        const bool to_dev = op.ip[1] == 1;
-        c.src_type   = to_dev ? kMemHost : kMemDevice;
-        c.dst_type   = to_dev ? kMemDevice : kMemHost;
-        c.src_host   = (const uint8_t*)st->host_act + off;
-        c.dst_host   = (uint8_t*)st->host_act + off;
-        c.src_device = c.dst_device = st->act + off;
+        const bool peer = dst >= 0 && src >= 0;
+        c.src_type      = src < 0 ? kMemHost : peer ? kMemUnified : kMemDevice;
+        c.dst_type      = dst < 0 ? kMemHost : peer ? kMemUnified : kMemDevice;
+        c.src_host      = (const uint8_t*)st->host_act + off;
+        c.dst_host      = (uint8_t*)st->host_act + off;
+        if (src >= 0) c.src_device = st->lanes[p.gpu_slot(src)].act + off;
+        if (dst >= 0) c.dst_device = st->lanes[p.gpu_slot(dst)].act + off;
         c.src_pitch = c.dst_pitch = (size_t)t.dims[1] * 4;
         c.width_bytes = (size_t)op.ip[0] * 4;
         c.height      = (size_t)rows;
-        CU_TRY(d->cuMemcpy2DAsync(&c, st->stream), "copy step '" + std::string(p.str(op.name)) + "'");
+        CU_TRY(d->cuMemcpy2DAsync(&c, st->cur->stream), "copy step '" + std::string(p.str(op.name)) + "'");
         st->after_node = true;
         *handled       = true;
     } else if (p.op_on_cpu(i)) {
         if (st->run_of[i] >= 0)
-            CU_TRY(d->cuLaunchHostFunc(st->stream, host_run, &st->runs[st->run_of[i]]),
+            CU_TRY(d->cuLaunchHostFunc(st->cur->stream, host_run, &st->runs[st->run_of[i]]),
                    "enqueueing the CPU layers at '" + std::string(p.str(op.name)) + "'");
         st->after_node = true;
         *handled       = true;
+    } else {
+        return use_lane(st, st->lane_of[i], err);
     }
     return G4_OK;
 }
@@ -752,18 +875,18 @@ g4_status launch_step(g4_session* s, int rows, int out_rows, std::string* err) {
     const bool decode   = rows == 1 && out_rows == 1;
     const bool events   = decode && !st->ev.empty();   // profiling the captured decode graph
     if (decode && p.n_launches()) {
-        if (events) st->e->d->cuEventRecordWithFlags(st->ev[0], st->stream, 1);
+        if (events) st->e->d->cuEventRecordWithFlags(st->ev[0], st->cur->stream, 1);
         for (size_t li = 0; li < p.n_launches(); ++li) {
             const CudaLaunch& l = p.launch(li);
             bool handled = false;
-            if (l.kind == (uint16_t)LaunchKind::Op) {
-                g4_status g = cross_device_op(s, (size_t)l.op, rows, &handled, err);
-                if (g != G4_OK) return g;
-            }
+            g4_status cg = l.kind == (uint16_t)LaunchKind::Op ? cross_device_op(s, (size_t)l.op, rows, &handled, err)
+                           : p.hybrid()                       ? use_lane(st, st->lane_of[l.op], err)
+                                                              : G4_OK;
+            if (cg != G4_OK) return cg;
             g4_status g = handled ? G4_OK : l.kind == (uint16_t)LaunchKind::Op ? launch_op(s, (size_t)l.op, rows, out_rows, err) : launch_fused(s, l, err);
             if (g != G4_OK) return g;
             if (events) {
-                st->e->d->cuEventRecordWithFlags(st->ev[li + 1], st->stream, 1);
+                st->e->d->cuEventRecordWithFlags(st->ev[li + 1], st->cur->stream, 1);
             } else if (st->profile) {
                 int cat = l.kind == (uint16_t)LaunchKind::Op ? p.op(l.op).code : 16 + l.kind;
                 g = profile_point(s, cat, true, p.str(p.op(l.op).name), err);
@@ -771,14 +894,16 @@ g4_status launch_step(g4_session* s, int rows, int out_rows, std::string* err) {
             }
         }
         // Greedy token on the device: the host copies 4 bytes instead of the logits row.
-        CUdeviceptr logits = st->act + p.tensor(p.info().logits_tensor).offset;
+        g4_status g = use_lane(st, 0, err);
+        if (g != G4_OK) return g;
+        CUdeviceptr logits = st->lanes[0].act + p.tensor(p.info().logits_tensor).offset;
         int vocab          = p.info().vocab_size;
-        CUresult r = launch(st, st->e->k.argmax, kArgmaxBlocks, 1, 1024, const_cast<void**>(std::initializer_list<void*>{&logits, &vocab, &st->tok}.begin()));
+        CUresult r = launch(st, st->lanes[0].g->k.argmax, kArgmaxBlocks, 1, 1024, const_cast<void**>(std::initializer_list<void*>{&logits, &vocab, &st->tok}.begin()));
         if (r != 0) {
             *err = "CUDA error " + error_name(r) + " launching the device argmax";
             return G4_ERR_INTERNAL;
         }
-        if (events) st->e->d->cuEventRecordWithFlags(st->ev[p.n_launches() + 1], st->stream, 1);
+        if (events) st->e->d->cuEventRecordWithFlags(st->ev[p.n_launches() + 1], st->cur->stream, 1);
         return G4_OK;
     }
     for (size_t i = 0; i < p.n_ops(); ++i) {
@@ -791,7 +916,7 @@ g4_status launch_step(g4_session* s, int rows, int out_rows, std::string* err) {
             if (g != G4_OK) return g;
         }
     }
-    return G4_OK;
+    return use_lane(st, 0, err);   // the plan's GPU's stream follows all of the step's work
 }
 
 // Profiling: GPU time between the events around each launch of one replay of the decode graph.
@@ -815,11 +940,12 @@ g4_status fetch_logits(g4_session* s, std::string* err) {
     SessionState* st    = s->cuda.get();
     const plan::Plan& p = s->engine->plan;
     const Driver* d     = st->e->d;
-    CU_TRY(d->cuCtxSetCurrent(st->e->ctx), "cuCtxSetCurrent");
-    CU_TRY(d->cuMemcpyDtoHAsync(st->host_logits, st->act + p.tensor(p.info().logits_tensor).offset, (size_t)p.info().vocab_size * 4,
-                                st->stream),
+    const Lane& l0      = st->lanes[0];
+    CU_TRY(d->cuCtxSetCurrent(l0.g->ctx), "cuCtxSetCurrent");
+    CU_TRY(d->cuMemcpyDtoHAsync(st->host_logits, l0.act + p.tensor(p.info().logits_tensor).offset, (size_t)p.info().vocab_size * 4,
+                                l0.stream),
            "copying logits");
-    CU_TRY(d->cuStreamSynchronize(st->stream), "copying logits");
+    CU_TRY(d->cuStreamSynchronize(l0.stream), "copying logits");
     return G4_OK;
 }
 
@@ -836,19 +962,22 @@ g4_status device_topk(g4_session* s, int32_t k, float temperature, float penalty
         *err = "internal: device top-k with k " + std::to_string(k) + " over " + std::to_string(n_tokens) + " history tokens";
         return G4_ERR_INTERNAL;
     }
-    CU_TRY(d->cuCtxSetCurrent(st->e->ctx), "cuCtxSetCurrent");
-    CUdeviceptr src = st->act + p.tensor(p.info().logits_tensor).offset;
+    st->cur         = &st->lanes[0];
+    const Lane& l0  = st->lanes[0];
+    const Kernels& K = l0.g->k;
+    CU_TRY(d->cuCtxSetCurrent(l0.g->ctx), "cuCtxSetCurrent");
+    CUdeviceptr src = l0.act + p.tensor(p.info().logits_tensor).offset;
     auto go = [&](CUfunction f, unsigned gx, unsigned bx, std::initializer_list<void*> args) {
         return launch(st, f, gx, 1, bx, const_cast<void**>(args.begin()));
     };
     CUresult r = 0;
     if (penalty != 1.0f && n_tokens > 0) {
         std::memcpy(st->host_hist, tokens, (size_t)n_tokens * 4);
-        r = d->cuMemcpyHtoDAsync(st->samp_hist, st->host_hist, (size_t)n_tokens * 4, st->stream);
+        r = d->cuMemcpyHtoDAsync(st->samp_hist, st->host_hist, (size_t)n_tokens * 4, l0.stream);
         long n = vocab;
         int vi = (int)vocab;
-        if (r == 0) r = go(st->e->k.copy_f32, (unsigned)ceil_div(vocab, 256), 256, {&src, &st->samp_logits, &n});
-        if (r == 0) r = go(st->e->k.penalize, (unsigned)ceil_div(n_tokens, 256), 256, {&src, &st->samp_logits, &st->samp_hist, &n_tokens, &vi, &penalty});
+        if (r == 0) r = go(K.copy_f32, (unsigned)ceil_div(vocab, 256), 256, {&src, &st->samp_logits, &n});
+        if (r == 0) r = go(K.penalize, (unsigned)ceil_div(n_tokens, 256), 256, {&src, &st->samp_logits, &st->samp_hist, &n_tokens, &vi, &penalty});
         src = st->samp_logits;
     }
     // Rounds: each block of kTopkBlock keeps its best k until one block remains; the first round also
@@ -859,13 +988,13 @@ g4_status device_topk(g4_session* s, int32_t k, float temperature, float penalty
     for (int round = 0; r == 0; ++round) {
         const unsigned blocks = (unsigned)ceil_div(n, cuda_ws::kTopkBlock);
         CUdeviceptr ov = st->cand[round & 1], oi = ov + st->n_cand * 4;
-        r = go(st->e->k.topk_round, blocks, 1024, {&vals, &idx, &n, &temp, &k, &ov, &oi});
+        r = go(K.topk_round, blocks, 1024, {&vals, &idx, &n, &temp, &k, &ov, &oi});
         vals = ov, idx = oi, n = (long)blocks * k, temp = 0.0f;
         if (blocks == 1) break;
     }
-    if (r == 0) r = d->cuMemcpyDtoHAsync(st->host_cand, vals, (size_t)k * 4, st->stream);
-    if (r == 0) r = d->cuMemcpyDtoHAsync(st->host_cand + cuda_ws::kTopkMax, idx, (size_t)k * 4, st->stream);
-    if (r == 0) r = d->cuStreamSynchronize(st->stream);
+    if (r == 0) r = d->cuMemcpyDtoHAsync(st->host_cand, vals, (size_t)k * 4, l0.stream);
+    if (r == 0) r = d->cuMemcpyDtoHAsync(st->host_cand + cuda_ws::kTopkMax, idx, (size_t)k * 4, l0.stream);
+    if (r == 0) r = d->cuStreamSynchronize(l0.stream);
     if (r != 0) {
         *err = "CUDA error " + error_name(r) + " while sampling on the GPU (top-" + std::to_string(k) + ")";
         return G4_ERR_INTERNAL;
@@ -880,14 +1009,25 @@ g4_status run_step(g4_session* s, int32_t rows, int32_t pos0, int32_t out_rows, 
     const plan::Plan& p = s->engine->plan;
     const Driver* d     = st->e->d;
     const auto& info    = p.info();
-    CU_TRY(d->cuCtxSetCurrent(st->e->ctx), "cuCtxSetCurrent");
+    Lane& l0            = st->lanes[0];
     *st->host_step = {rows, pos0, out_rows, 0};
-    CU_TRY(d->cuMemcpyHtoDAsync(st->step, st->host_step, sizeof(SessionState::Step), st->stream), "copying the step");
-    CU_TRY(d->cuMemcpyHtoDAsync(st->act + p.tensor(info.ids_tensor).offset, st->host_ids, (size_t)rows * 4, st->stream),
+    // The other GPUs' step buffers first; the plan's GPU's stream waits for them, so the step (and a
+    // decode graph launched on that stream) starts after every GPU has its copy.
+    for (size_t g = 1; g < st->lanes.size(); ++g) {
+        Lane& ln = st->lanes[g];
+        CU_TRY(d->cuCtxSetCurrent(ln.g->ctx), "cuCtxSetCurrent");
+        CU_TRY(d->cuMemcpyHtoDAsync(ln.step, st->host_step, sizeof(SessionState::Step), ln.stream), "copying the step");
+        CU_TRY(d->cuEventRecord(ln.done, ln.stream), "recording a cross-GPU event");
+        CU_TRY(d->cuStreamWaitEvent(l0.stream, ln.done, 0), "waiting for another GPU's step copy");
+    }
+    st->cur = &l0;
+    CU_TRY(d->cuCtxSetCurrent(l0.g->ctx), "cuCtxSetCurrent");
+    CU_TRY(d->cuMemcpyHtoDAsync(l0.step, st->host_step, sizeof(SessionState::Step), l0.stream), "copying the step");
+    CU_TRY(d->cuMemcpyHtoDAsync(l0.act + p.tensor(info.ids_tensor).offset, st->host_ids, (size_t)rows * 4, l0.stream),
            "copying token ids");
     bool decode = rows == 1 && out_rows == 1;
     if (st->profile && !(decode && !st->ev.empty())) {
-        CU_TRY(d->cuStreamSynchronize(st->stream), "sync");
+        CU_TRY(d->cuStreamSynchronize(l0.stream), "sync");
         st->prof_t = std::chrono::steady_clock::now();
         decode = false;
     }
@@ -895,10 +1035,12 @@ g4_status run_step(g4_session* s, int32_t rows, int32_t pos0, int32_t out_rows, 
         // Capture the decode program once; later tokens replay it. Programmatic dependent launch
         // where the GPU has it; a driver that cannot instantiate such a graph gets a plain one.
         st->pdl_now = st->pdl_ok;
-        CUresult r  = d->cuStreamBeginCapture(st->stream, 2 /* relaxed */);
+        CUresult r  = d->cuStreamBeginCapture(l0.stream, 2 /* relaxed */);
         if (r == 0) {
             g4_status ls = launch_step(s, 1, 1, err);
-            CUresult re  = d->cuStreamEndCapture(st->stream, &st->graph);
+            st->cur      = &l0;
+            CU_TRY(d->cuCtxSetCurrent(l0.g->ctx), "cuCtxSetCurrent");
+            CUresult re  = d->cuStreamEndCapture(l0.stream, &st->graph);
             st->pdl_now  = false;
             if (ls != G4_OK) return ls;
             if (re == 0) re = d->cuGraphInstantiateWithFlags(&st->exec, st->graph, 0);
@@ -915,7 +1057,7 @@ g4_status run_step(g4_session* s, int32_t rows, int32_t pos0, int32_t out_rows, 
         }
     }
     if (decode && st->exec) {
-        CU_TRY(d->cuGraphLaunch(st->exec, st->stream), "replaying the decode graph");
+        CU_TRY(d->cuGraphLaunch(st->exec, l0.stream), "replaying the decode graph");
     } else {
         g4_status ls = launch_step(s, rows, out_rows, err);
         if (ls != G4_OK) return ls;
@@ -923,12 +1065,12 @@ g4_status run_step(g4_session* s, int32_t rows, int32_t pos0, int32_t out_rows, 
     const bool on_device = rows == 1 && out_rows == 1 && p.n_launches();
     *logits_on_device    = on_device;
     if (on_device)
-        CU_TRY(d->cuMemcpyDtoHAsync(st->host_tok, st->tok, 4, st->stream), "copying the greedy token");
+        CU_TRY(d->cuMemcpyDtoHAsync(st->host_tok, st->tok, 4, l0.stream), "copying the greedy token");
     else if (out_rows > 0)
-        CU_TRY(d->cuMemcpyDtoHAsync(st->host_logits, st->act + p.tensor(info.logits_tensor).offset,
-                                    (size_t)out_rows * info.vocab_size * 4, st->stream),
+        CU_TRY(d->cuMemcpyDtoHAsync(st->host_logits, l0.act + p.tensor(info.logits_tensor).offset,
+                                    (size_t)out_rows * info.vocab_size * 4, l0.stream),
                "copying logits");
-    CUresult r = d->cuStreamSynchronize(st->stream);
+    CUresult r = d->cuStreamSynchronize(l0.stream);
     if (r != 0) {
         *err = "CUDA error " + error_name(r) + " while running a " + (decode ? "decode" : "prefill") + " step";
         return G4_ERR_INTERNAL;

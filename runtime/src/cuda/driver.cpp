@@ -40,6 +40,9 @@ void load() {
     dl_symbol(lib, "cuLaunchKernelEx", &d.cuLaunchKernelEx);
     if (!dl_symbol(lib, "cuLaunchHostFunc", &d.cuLaunchHostFunc) || !dl_symbol(lib, "cuMemcpy2DAsync_v2", &d.cuMemcpy2DAsync))
         d.cuLaunchHostFunc = nullptr;
+    if (!dl_symbol(lib, "cuEventRecord", &d.cuEventRecord) || !dl_symbol(lib, "cuStreamWaitEvent", &d.cuStreamWaitEvent) ||
+        !dl_symbol(lib, "cuDeviceCanAccessPeer", &d.cuDeviceCanAccessPeer) || !dl_symbol(lib, "cuCtxEnablePeerAccess", &d.cuCtxEnablePeerAccess))
+        d.cuStreamWaitEvent = nullptr;
     if (!dl_symbol(lib, "cuEventCreate", &d.cuEventCreate) || !dl_symbol(lib, "cuEventDestroy_v2", &d.cuEventDestroy) ||
         !dl_symbol(lib, "cuEventRecordWithFlags", &d.cuEventRecordWithFlags) || !dl_symbol(lib, "cuEventSynchronize", &d.cuEventSynchronize) ||
         (!dl_symbol(lib, "cuEventElapsedTime_v2", &d.cuEventElapsedTime) && !dl_symbol(lib, "cuEventElapsedTime", &d.cuEventElapsedTime)))

@@ -53,7 +53,8 @@ struct Memcpy2D {
     size_t width_bytes, height;
 };
 static_assert(sizeof(Memcpy2D) == 128, "cuda.h CUDA_MEMCPY2D");
-constexpr int kMemHost = 1, kMemDevice = 2;
+constexpr int kMemHost = 1, kMemDevice = 2, kMemUnified = 4;
+constexpr unsigned kEventDisableTiming = 2;
 using HostFn = void (*)(void*);
 
 constexpr int kFuncAttrMaxDynamicSmem = 8;
@@ -107,6 +108,12 @@ struct Driver {
     // Optional: cross-device steps of plans with CPU-placed layers (a host function in the stream, 2-D copies).
     CUresult (*cuLaunchHostFunc)(CUstream, HostFn, void*);
     CUresult (*cuMemcpy2DAsync)(const Memcpy2D*, CUstream);
+    // Optional: plans on several GPUs (one stream each, joined by events; direct peer copies where the
+    // GPUs allow them).
+    CUresult (*cuEventRecord)(CUevent, CUstream);
+    CUresult (*cuStreamWaitEvent)(CUstream, CUevent, unsigned);
+    CUresult (*cuDeviceCanAccessPeer)(int*, CUdevice, CUdevice);
+    CUresult (*cuCtxEnablePeerAccess)(CUcontext, unsigned);
 };
 
 // dlsym into a typed function pointer; false if the library lacks the symbol. Shared by the driver

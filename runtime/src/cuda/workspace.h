@@ -34,21 +34,25 @@ struct Workspace {
     uint64_t candidates = 0;              // (value, index) pairs in each of the sampler's two round buffers
     uint64_t vocab = 0;                   // floats: the repetition-penalised copy of the logits
     uint64_t history = 0;                 // ints: the penalised tokens (up to max_context)
+    bool primary = true;                  // the plan's GPU: also the argmax and sampler buffers
 
-    // Device bytes of everything a session allocates besides the arenas (each allocation rounded to
-    // 256 bytes, as cuMemAlloc aligns them): attention, cuBLAS, step, argmax and sampler buffers.
+    // Device bytes of everything a session allocates on one GPU besides the arenas (each allocation
+    // rounded to 256 bytes, as cuMemAlloc aligns them): attention, cuBLAS and step buffers, and on the
+    // plan's GPU the argmax and sampler buffers.
     uint64_t device_bytes() const {
-        uint64_t b = align256(part * 4) + align256(scores * 4) + align256(64) + align256(kArgmaxBytes);
+        uint64_t b = align256(part * 4) + align256(scores * 4) + align256(64);
         if (xscratch) b += align256(std::max<uint64_t>(256, wscratch)) + align256(xscratch) + align256(cublas);
-        b += 2 * align256(candidates * 8) + align256(vocab * 4) + align256(history * 4);
+        if (primary) b += align256(kArgmaxBytes) + 2 * align256(candidates * 8) + align256(vocab * 4) + align256(history * 4);
         return b;
     }
 };
 
-// ops/tensors: the plan's records; max_rows: prefill chunk; vocab: the LM head's rows.
+// ops/tensors: the plan's records (of a cross-device plan: the ops one GPU runs); max_rows: prefill
+// chunk; vocab: the LM head's rows; primary: the plan's GPU.
 inline Workspace workspace(const plan::PlanOp* ops, size_t n_ops, const plan::PlanTensor* tensors, int64_t max_rows, int64_t max_context,
-                           int64_t vocab) {
+                           int64_t vocab, bool primary = true) {
     Workspace w;
+    w.primary = primary;
     for (size_t i = 0; i < n_ops; ++i) {
         const plan::PlanOp& op = ops[i];
         if (op.code == (uint16_t)OpCode::Matmul && op.ip[6] == (int32_t)plan::MatmulVariant::Cublas) {

@@ -147,8 +147,8 @@ inline uint64_t schema_hash() {
         "add4(ip0:cols),scale5(in:x,s?;ip0:cols;fp0:s),rope6(in:x,inv_freq;ip0:heads,ip1:dim),"
         "kv_store7(in:k,v;out:kc,vc;ip0:width,ip1:slots),"
         "attention8(in:q,kc,vc;ip0:heads,ip1:kv_heads,ip2:dim,ip3:slots,ip4:window,ip5:prefill_splits(0=flash),ip6:decode_splits;fp0:scale),"
-        "gelu_mul9(ip0:cols),softcap10(ip0:cols;fp0:cap),copy11(in:x;out:x;ip0:cols,ip1:to_device);"
-        "meta:program.cpu_layers,weights_device_bytes,kv_device_bytes;"
+        "gelu_mul9(ip0:cols),softcap10(ip0:cols;fp0:cap),copy11(in:x;out:x;ip0:cols,ip1:dst_device,ip2:src_device(-1=host));"
+        "meta:program.layer_devices,gpus(index,weights,kv),kv_host_begin;"
         "dtypes:f32=0,bf16=1,f16=2,i32=3,nf4=4(blob:codes,absmax|dq);kinds:weight0,act1,kv2(dtype:f32|bf16,rne on store),input3;"
         "rowmode:all0,tailin1,outrows2";
     return fnv1a64(kSchema, sizeof(kSchema) - 1);

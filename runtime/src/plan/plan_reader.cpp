@@ -28,6 +28,18 @@ static bool dims_ok(const PlanTensor& t) {
     return true;
 }
 
+bool Plan::has_cpu_layers() const {
+    for (int32_t d : info_.layer_device)
+        if (d < 0) return true;
+    return false;
+}
+
+int Plan::gpu_slot(int index) const {
+    for (size_t g = 0; g < info_.gpus.size(); ++g)
+        if (info_.gpus[g].index == index) return (int)g;
+    return -1;
+}
+
 void Plan::advise_random(size_t t) const {
     const PlanTensor& w = tensors_[t];
     const uintptr_t page = (uintptr_t)::sysconf(_SC_PAGESIZE);
@@ -137,18 +149,34 @@ g4_status Plan::load(const std::string& path, bool verify_weights, std::string* 
         info_.max_slots     = p.at("max_slots").get<int64_t>();
         info_.vocab_size    = p.at("vocab_size").get<int32_t>();
         info_.embed_vocab_limit = p.at("embed_vocab_limit").get<int32_t>();
-        info_.weights_device_bytes = p.value("weights_device_bytes", weights_size_);
-        info_.kv_device_bytes      = p.value("kv_device_bytes", info_.kv_arena_bytes);
         const auto& hp      = j.at("hparams");
         info_.num_layers    = hp.at("num_hidden_layers").get<int32_t>();
         info_.hidden_size   = hp.at("hidden_size").get<int32_t>();
-        if (p.contains("cpu_layers")) {
-            info_.layer_on_cpu.assign(info_.num_layers, 0);
-            for (int32_t l : p["cpu_layers"].get<std::vector<int32_t>>()) {
-                if (l < 0 || l >= info_.num_layers) return fail(CORRUPT, "bad metadata: cpu_layers" + recompile, err);
-                info_.layer_on_cpu[l] = 1;
+        info_.kv_host_begin = info_.kv_arena_bytes;
+        if (p.contains("layer_devices")) {
+            if (device_ != "cuda") return fail(CORRUPT, "bad metadata: layer_devices in a CPU plan" + recompile, err);
+            info_.layer_device  = p["layer_devices"].get<std::vector<int32_t>>();
+            info_.kv_host_begin = p.at("kv_host_begin").get<uint64_t>();
+            for (const auto& g : p.at("gpus")) {
+                ProgramInfo::GpuPart part;
+                part.index = g.at("index").get<int32_t>();
+                for (const auto& r : g.at("weights")) part.weights.push_back({r.at(0).get<uint64_t>(), r.at(1).get<uint64_t>()});
+                part.kv_begin = g.at("kv").at(0).get<uint64_t>();
+                part.kv_end   = g.at("kv").at(1).get<uint64_t>();
+                info_.gpus.push_back(part);
             }
-            if (device_ != "cuda") return fail(CORRUPT, "bad metadata: cpu_layers in a CPU plan" + recompile, err);
+            bool ok = (int32_t)info_.layer_device.size() == info_.num_layers && !info_.gpus.empty() &&
+                      info_.gpus[0].index == cuda_device_ && info_.kv_host_begin <= info_.kv_arena_bytes;
+            for (size_t a = 0; a < info_.gpus.size(); ++a) {
+                const auto& g = info_.gpus[a];
+                ok            = ok && g.index >= 0 && g.index < 4096 && g.kv_begin <= g.kv_end && g.kv_end <= info_.kv_host_begin;
+                for (const auto& [b, e] : g.weights) ok = ok && b <= e && e <= weights_size_;
+                for (size_t b = 0; b < a; ++b) ok = ok && info_.gpus[b].index != g.index;
+            }
+            for (int32_t d : info_.layer_device) ok = ok && (d == -1 || (d >= 0 && gpu_slot(d) >= 0));
+            if (!ok) return fail(CORRUPT, "bad metadata: layer_devices / gpus / kv_host_begin" + recompile, err);
+        } else if (device_ == "cuda") {
+            info_.gpus.push_back({cuda_device_, {{0, weights_size_}}, 0, info_.kv_arena_bytes});
         }
         const auto& g       = j.at("generation");
         info_.eos_token_ids = g.at("eos_token_ids").get<std::vector<int32_t>>();
@@ -169,8 +197,7 @@ g4_status Plan::validate_records(std::string* err) {
     const g4_status CORRUPT = G4_ERR_PLAN_CORRUPT;
     const ProgramInfo& in   = info_;
     if (in.max_rows < 1 || in.max_context < 1 || in.logits_rows < 1 || in.logits_rows > in.max_rows || in.vocab_size < 1 ||
-        in.embed_vocab_limit < 1 || in.embed_vocab_limit > in.vocab_size || in.max_k < 1 || in.max_slots < 1 ||
-        in.weights_device_bytes > weights_size_ || in.kv_device_bytes > in.kv_arena_bytes)
+        in.embed_vocab_limit < 1 || in.embed_vocab_limit > in.vocab_size || in.max_k < 1 || in.max_slots < 1)
         return fail(CORRUPT, "inconsistent program sizes in metadata", err);
     for (size_t i = 0; i < n_tensors_; ++i) {
         const PlanTensor& t = tensors_[i];

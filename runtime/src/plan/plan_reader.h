@@ -25,12 +25,20 @@ struct ProgramInfo {
     bool do_sample = false;
     float temperature = 1, top_p = 1, min_p = 0, repetition_penalty = 1;
     int32_t top_k = 0;
-    // CUDA plans with CPU-placed text layers (--place layers=...:cpu): which layers run on the CPU
-    // (empty: none); the weights section's first weights_device_bytes go to the GPU (the rest, the CPU
-    // layers' weights, are read from the mapped plan) and the KV arena's first kv_device_bytes are
-    // device memory (the rest, the CPU layers' caches, host memory).
-    std::vector<uint8_t> layer_on_cpu;
-    uint64_t weights_device_bytes = 0, kv_device_bytes = 0;
+    // Cross-device CUDA plans (--place layers=... naming the CPU or other GPUs): each text layer's
+    // device, -1 for the CPU or a CUDA index (empty: every layer on the plan's GPU).
+    std::vector<int32_t> layer_device;
+    // The GPUs of a CUDA plan, the plan's GPU first: the byte ranges of the weights section each one
+    // uploads (CPU ops read every weight from the mapped plan) and the range [kv_begin, kv_end) of the
+    // KV arena that is its device memory. A plan without layer_device has one GPU holding everything.
+    // The KV arena from kv_host_begin on is host memory (the CPU-placed layers' caches).
+    struct GpuPart {
+        int32_t index = 0;
+        std::vector<std::pair<uint64_t, uint64_t>> weights;
+        uint64_t kv_begin = 0, kv_end = 0;
+    };
+    std::vector<GpuPart> gpus;
+    uint64_t kv_host_begin = 0;
 };
 
 class Plan {
@@ -74,12 +82,18 @@ public:
     bool ple_on_host() const { return ple_on_host_; }
     // The decode schedule of a CUDA plan (validated: contiguous, covers every op once); empty otherwise.
     size_t n_launches() const { return n_launches_; }
-    // A CUDA plan with CPU-placed text layers; op i runs on the CPU (its layer is CPU-placed).
-    bool hybrid() const { return !info_.layer_on_cpu.empty(); }
-    bool op_on_cpu(size_t i) const {
+    // A CUDA plan whose text layers span devices (other GPUs, the CPU); the device op i runs on: its
+    // layer's, else the plan's GPU (-1: the CPU; CPU plans: always -1).
+    bool hybrid() const { return !info_.layer_device.empty(); }
+    int op_device(size_t i) const {
+        if (device_ != "cuda") return -1;
         const uint16_t l = ops_[i].layer;
-        return l != kNoLayer && l < info_.layer_on_cpu.size() && info_.layer_on_cpu[l];
+        return l != kNoLayer && l < info_.layer_device.size() ? info_.layer_device[l] : cuda_device_;
     }
+    bool op_on_cpu(size_t i) const { return hybrid() && op_device(i) < 0; }
+    bool has_cpu_layers() const;
+    // Position of CUDA device `index` in info().gpus; -1 if the plan puts nothing on it.
+    int gpu_slot(int index) const;
     const CudaLaunch& launch(size_t i) const { return launches_[i]; }
 
 private:

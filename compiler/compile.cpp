@@ -765,9 +765,9 @@ void compile_plan(const CompileOptions& opt, std::ostream& log) {
                 else throw CompileError("GPU " + std::to_string(cuda_index) + " is " + target + "; g4 supports sm_80, sm_86, sm_89 and sm_90");
             }
         }
-        in.cuda_index  = cuda_index;
         in.cuda_target = target;
     }
+    in.cuda_index = cuda_index;   // --dry-run too: the memory plan depends on which GPU runs what
     const auto& hp = in.mc.text;
     in.max_context = opt.max_context > 0 ? opt.max_context : std::min(4096, hp.max_position_embeddings);
     if (in.max_context > hp.max_position_embeddings)

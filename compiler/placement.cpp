@@ -675,8 +675,9 @@ std::string Decision::placement_line() const {
                 l = e + 1;
             }
             layers.clear();
-            for (const auto& [d, r] : by)
-                layers += (layers.empty() ? "" : ", ") + std::string("text layers ") + r + " on " + (d < 0 ? "the CPU" : cuda(d));
+            for (const auto& [d, r] : by)   // GPUs in index order, then the CPU
+                if (d >= 0) layers += (layers.empty() ? "" : ", ") + std::string("text layers ") + r + " on " + cuda(d);
+            if (by.count(-1)) layers += ", text layers " + by[-1] + " on the CPU";
             layers += " (copy steps between them)";
         }
         s                     = layers + ", embed and lm_head on " + dev + "; PLE table " +

@@ -101,7 +101,8 @@ struct SessionState {
     std::vector<int> lane_of;     // per op: its lane (-1: a CPU op or a copy step)
     CUgraph graph = nullptr;
     CUgraphExec exec = nullptr;
-    std::string graph_error;
+    std::string graph_error;      // why the decode graph could not be captured (then steps run eagerly)
+    bool graph_noted = false;     // graph_error reported on stderr once
     bool pdl_ok = false;          // sm_90+ and the driver has cuLaunchKernelEx (G4_PDL=0 turns it off)
     bool pdl_now = false;         // launches go out with programmatic stream serialization (decode capture)
     mutable bool after_node = false;   // the last thing enqueued was a copy or host function: next launch plain
@@ -1042,7 +1043,13 @@ g4_status run_step(g4_session* s, int32_t rows, int32_t pos0, int32_t out_rows, 
             CU_TRY(d->cuCtxSetCurrent(l0.g->ctx), "cuCtxSetCurrent");
             CUresult re  = d->cuStreamEndCapture(l0.stream, &st->graph);
             st->pdl_now  = false;
-            if (ls != G4_OK) return ls;
+            if (ls != G4_OK) {   // not capturable (an eager step reports a real launch error again)
+                if (st->graph) d->cuGraphDestroy(st->graph);
+                st->graph       = nullptr;
+                st->graph_error = *err;
+                err->clear();
+                break;
+            }
             if (re == 0) re = d->cuGraphInstantiateWithFlags(&st->exec, st->graph, 0);
             if (re != 0 && st->pdl_ok) {
                 if (st->graph) d->cuGraphDestroy(st->graph);
@@ -1055,6 +1062,11 @@ g4_status run_step(g4_session* s, int32_t rows, int32_t pos0, int32_t out_rows, 
             st->pdl_now     = false;
             st->graph_error = error_name(r);
         }
+    }
+    if (decode && !st->exec && !st->graph_error.empty() && !st->graph_noted) {
+        std::fprintf(stderr, "g4: note: decode steps run without a CUDA graph (capturing one failed: %s); tokens are slower\n",
+                     st->graph_error.c_str());
+        st->graph_noted = true;
     }
     if (decode && st->exec) {
         CU_TRY(d->cuGraphLaunch(st->exec, l0.stream), "replaying the decode graph");

@@ -773,7 +773,7 @@ void compile_plan(const CompileOptions& opt, std::ostream& log) {
     if (in.max_context > hp.max_position_embeddings)
         throw CompileError("--max-context " + std::to_string(in.max_context) + " exceeds the model's limit (max_position_embeddings = " +
                            std::to_string(hp.max_position_embeddings) + ")");
-    const placement::Placement place = placement::resolve(place_req, hp.num_layers, cuda_index, gpu_count);
+    placement::Placement place = placement::resolve(place_req, hp.num_layers, cuda_index, gpu_count);
     in.layer_device                  = place.layer_device;
     if (!opt.adapter_dir.empty()) in.adapter = lora::Adapter::open(opt.adapter_dir);
 
@@ -851,7 +851,33 @@ void compile_plan(const CompileOptions& opt, std::ostream& log) {
         return figures_of(r);
     };
     const int threads = cuda_index < 0 || place.has_cpu_layers() ? cpu::default_thread_count() : 0;
-    const placement::Decision mem = placement::decide(place, figures_of(rep), in.max_context, figures_at, threads);
+    std::optional<placement::Decision> decided;
+    try {
+        decided = placement::decide(place, figures_of(rep), in.max_context, figures_at, threads);
+    } catch (const CompileError& refused) {
+        // Budgets for several GPUs and no layers= in --place: split the layers over them.
+        std::optional<placement::Placement> split;
+        const bool may_split = !placement::layers_placed(place_req) && place.gpu_budgets.size() > 1;
+        if (may_split)
+            split = placement::split_layers(place, [&](const std::vector<int>& layer_device) {
+                const auto keep  = in.layer_device;
+                in.layer_device  = layer_device;
+                Report r;
+                write_plan(in, opt.out_path, Mode::Plan, &r);
+                in.layer_device = keep;
+                return figures_of(r);
+            }, threads);
+        if (!split && may_split)
+            throw CompileError(std::string(refused.what()) +
+                               "; splitting the text layers across the GPUs with a --gpu-mem budget does not fit either");
+        if (!split) throw;
+        place           = *split;
+        in.layer_device = place.layer_device;
+        rep             = Report();
+        write_plan(in, opt.out_path, Mode::Plan, &rep);
+        decided = placement::decide(place, figures_of(rep), in.max_context, figures_at, threads);
+    }
+    const placement::Decision& mem = *decided;
     in.placement_meta = mem.meta();
     in.size_only      = false;
     if (opt.dry_run) {

@@ -620,6 +620,78 @@ Decision decide(const Placement& p, const Figures& f, int max_context,
     throw CompileError(msg);
 }
 
+bool layers_placed(const Request& req) { return !req.place.layers.empty() || req.place.layers_all.has_value(); }
+
+std::optional<Placement> split_layers(const Placement& p, const std::function<Figures(const std::vector<int>&)>& figures_for,
+                                      int threads) {
+    std::vector<int> gpus{p.cuda_index};
+    for (const auto& [i, b] : p.gpu_budgets)
+        if (i != p.cuda_index) gpus.push_back(i);
+    if (p.cuda_index < 0 || p.hybrid() || gpus.size() < 2 || !p.gpu_budgets.count(p.cuda_index)) return std::nullopt;
+    const int n = p.num_layers;
+    for (bool ph : p.ple_auto ? std::vector<bool>{false, true} : std::vector<bool>{p.ple_host}) {
+        auto fits = [&](const std::vector<int>& layer_device, int gpu) {   // gpu: one GPU, or -2 every device
+            Placement q    = p;
+            q.layer_device = layer_device;
+            for (const DeviceMemory& d : memory_plan(figures_for(layer_device), q, ph, threads))
+                if ((gpu == -2 || d.device == cuda(gpu)) && d.budget && d.need() > *d.budget) return false;
+            return true;
+        };
+        std::vector<int> ld(n, gpus[0]);
+        int first = 0;
+        bool ok   = true;
+        for (size_t g = 0; g + 1 < gpus.size() && ok; ++g) {
+            // The most layers [first, k) GPU g holds with the rest on the next GPU.
+            auto with = [&](int k) {
+                std::vector<int> v = ld;
+                for (int l = first; l < n; ++l) v[l] = l < k ? gpus[g] : gpus[g + 1];
+                return v;
+            };
+            if (!fits(with(first), gpus[g])) {
+                ok = false;
+                break;
+            }
+            int lo = first, hi = n - 1;   // with(lo) fits gpus[g]; at least one layer moves on
+            while (lo < hi) {
+                const int mid = lo + (hi - lo + 1) / 2;
+                if (fits(with(mid), gpus[g])) lo = mid;
+                else hi = mid - 1;
+            }
+            ld    = with(lo);
+            first = lo;
+        }
+        if (ok && fits(ld, -2)) {
+            Placement q    = p;
+            q.layer_device = ld;
+            q.ple_auto     = false;
+            q.ple_host     = ph;
+            std::string r;
+            for (int l = 0; l < n;) {
+                int e = l;
+                while (e + 1 < n && ld[e + 1] == ld[l]) ++e;
+                r += (r.empty() ? "" : ",") + span(l, e) + ":gpu" + std::to_string(ld[l]);
+                l = e + 1;
+            }
+            for (std::string& note : q.notes) {   // the GPUs that now hold layers are no longer unused
+                const size_t a = note.find("; nothing is placed on cuda:");
+                if (a == std::string::npos) continue;
+                const size_t b = note.find("; GPU indices", a);
+                std::string unused;
+                for (const auto& [i, bud] : p.gpu_budgets)
+                    if (std::find(ld.begin(), ld.end(), i) == ld.end() && i != p.cuda_index)
+                        unused += (unused.empty() ? "" : ", ") + cuda(i) + " (--gpu-mem " + bud.arg + ")";
+                note = note.substr(0, a) + (unused.empty() ? "" : "; nothing is placed on " + unused) +
+                       (b == std::string::npos ? "" : note.substr(b));
+            }
+            q.notes.push_back("the plan does not fit " + cuda(p.cuda_index) + "'s budget" + (ph ? " even with ple=host" : "") +
+                              ", so its text layers are split across the budgeted GPUs (as --place layers=" + r +
+                              (ph ? ",ple=host" : "") + "; the split costs a few percent of decode speed)");
+            return q;
+        }
+    }
+    return std::nullopt;
+}
+
 json Decision::meta() const {
     const Placement& p    = placement;
     const std::string dev = p.cuda_index >= 0 ? cuda(p.cuda_index) : "cpu";

@@ -136,6 +136,15 @@ struct Decision {
 Decision decide(const Placement& p, const Figures& f, int max_context,
                 const std::function<Figures(int)>& figures_at, int threads);
 
+// Automatic layer split (no layers= in --place, budgets for several GPUs) for a plan that does not
+// fit on its GPU: contiguous ranges over the budgeted GPUs, the plan's GPU first, each GPU taking as
+// many layers as fit in its budget (the PLE table on the GPU, else with ple_auto in host memory).
+// figures_for(layer_device): the plan's figures with that split. Returns the placement (layer_device
+// set, an unsplit result never) or nothing when no such split fits.
+std::optional<Placement> split_layers(const Placement& p, const std::function<Figures(const std::vector<int>&)>& figures_for,
+                                      int threads);
+bool layers_placed(const Request& req);   // --place names the text layers
+
 // The per-device table (compile report, --dry-run, g4 inspect).
 void print_memory(std::ostream& out, const std::vector<DeviceMemory>& mem, const std::string& indent);
 std::vector<DeviceMemory> memory_from_json(const nlohmann::json& memory);

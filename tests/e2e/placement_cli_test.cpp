@@ -71,6 +71,33 @@ TEST(PlacementCli, PleMovesToHostOnlyWhenNeeded) {
     expect_refused(run_g4(cuda_dry("--place ple=gpu --gpu-mem " + std::to_string(all_on_gpu - 1))), {figure});
 }
 
+// Budgets for two GPUs and no layers= in --place: a plan that does not fit the first GPU even with the
+// PLE table on the host is split across both, the first GPU taking as many layers as fit.
+TEST(PlacementCli, LayersSplitAcrossBudgetedGpusWhenOneDoesNotFit) {
+    const uint64_t ple_host_min =
+        std::stoull(match(run_g4(cuda_dry("--place ple=host --gpu-mem 1KiB")).err, "\\(([0-9]+) bytes\\)"));
+    const std::string b0 = std::to_string(ple_host_min - 1);
+    expect_refused(run_g4(cuda_dry("--gpu-mem 0:" + b0 + " --gpu-mem 1:1KiB")),
+                   {"ple=host, tried automatically", "splitting the text layers across the GPUs with a --gpu-mem budget does not fit either"});
+    TempDir d;
+    const std::string plan = d.file("split.g4plan");
+    CmdResult r = run_g4("compile --model '" + fixture("e2b_tiny") + "' --device cuda --target sm_90 --no-fidelity --gpu-mem 0:" + b0 +
+                         " --gpu-mem 1:1GiB -o '" + plan + "'");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.err.find("its text layers are split across the budgeted GPUs"), std::string::npos) << r.err;
+    g4::plan::Plan p;
+    std::string err;
+    ASSERT_EQ(p.load(plan, false, &err), G4_OK) << err;
+    const auto& ld = p.info().layer_device;
+    ASSERT_EQ((int)ld.size(), p.info().num_layers);
+    EXPECT_EQ(ld.front(), 0);
+    EXPECT_EQ(ld.back(), 1);
+    EXPECT_TRUE(std::is_sorted(ld.begin(), ld.end()));   // one contiguous range per GPU, the plan's GPU first
+    ASSERT_EQ(p.info().gpus.size(), 2u);
+    for (const auto& dev : nlohmann::json::parse(p.meta_json())["memory"])
+        if (dev["device"] == "cuda:0") EXPECT_LE(dev["total"].get<uint64_t>(), ple_host_min - 1);
+}
+
 TEST(PlacementCli, SmallerMaxContextNamedByTheRefusalFits) {
     const uint64_t need =
         std::stoull(match(run_g4(cuda_dry("--place ple=gpu --gpu-mem 1KiB")).err, "\\(([0-9]+) bytes\\)"));

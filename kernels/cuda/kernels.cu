@@ -1008,6 +1008,29 @@ extern "C" __global__ void g4_penalize(const float* logits, float* y, const int*
     const float l = logits[t];
     y[t]          = l < 0.0f ? __fmul_rn(l, penalty) : __fdiv_rn(l, penalty);
 }
+// The softmax's normalizer over a row without top-k (GPU top-p / min-p): block b takes values
+// [b * per, (b + 1) * per) of val[i] / temp (rounded as the host divides) and writes their maximum m
+// and the sum of exp(v - m) in double, out[2b] = m, out[2b + 1] = sum; the host merges the blocks.
+// grid kSoftmaxBlocks, block 256.
+extern "C" __global__ void __launch_bounds__(256) g4_softmax_partial(const float* val, long n, float temp, double* out) {
+    __shared__ float red[32];
+    __shared__ double dred[256];
+    const long per = (n + gridDim.x - 1) / gridDim.x, lo = (long)blockIdx.x * per, hi = min(n, lo + per);
+    float m = NEG_INF;
+    for (long i = lo + threadIdx.x; i < hi; i += blockDim.x) m = fmaxf(m, __fdiv_rn(val[i], temp));
+    m = block_max(m, red);
+    double sum = 0.0;
+    if (m > NEG_INF)
+        for (long i = lo + threadIdx.x; i < hi; i += blockDim.x) sum += exp((double)__fdiv_rn(val[i], temp) - (double)m);
+    dred[threadIdx.x] = sum;
+    __syncthreads();
+    for (int st = blockDim.x / 2; st > 0; st >>= 1) {
+        if (threadIdx.x < st) dred[threadIdx.x] += dred[threadIdx.x + st];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) out[2 * blockIdx.x] = (double)m, out[2 * blockIdx.x + 1] = dred[0];
+}
+
 // One round of top-k: block b sorts pairs b * TK_BLOCK .. + TK_BLOCK (values val[i] / temp when temp
 // > 0, indices idx[i] or i when idx is null; past n: -inf) by value descending, ties by the lower
 // index (the host sampler's order), and writes its first `keep` to out[b * keep ..]. Bitonic sort in

@@ -406,8 +406,9 @@ g4_status g4_session_sample(g4_session* s, const g4_sampling_params* params, int
             return G4_OK;
         }
         // Greedy with a penalty (top-1) or top-k up to kTopkMax: the candidates come from the GPU and
-        // only they cross to the host. Other settings (no top-k: top-p/min-p over the whole vocabulary)
-        // copy the logits row and sample on the CPU.
+        // only they cross to the host. Top-p / min-p without top-k: the best kTopkMax with the row's
+        // softmax normalizer, enough whenever the nucleus ends among them. Other settings (or a nucleus
+        // wider than that) copy the logits row and sample on the CPU.
         const int32_t vocab = (int32_t)s->last_logits.size();
         const int32_t k     = p.temperature == 0.0f ? 1 : p.top_k;
         static const bool gpu_sampling = [] {   // G4_GPU_SAMPLING=0: always the CPU sampler (benchmarks)
@@ -419,10 +420,25 @@ g4_status g4_session_sample(g4_session* s, const g4_sampling_params* params, int
             const int32_t* ids   = nullptr;
             std::string err;
             g4_status st = g4::cuda_rt::device_topk(s, k, p.temperature, n_hist ? p.repeat_penalty : 1.0f,
-                                                    s->history.data() + (s->position - n_hist), n_hist, &values, &ids, &err);
+                                                    s->history.data() + (s->position - n_hist), n_hist, &values, &ids, nullptr, &err);
             if (st != G4_OK) return set_error(st, err);
             *out_token = p.temperature == 0.0f ? ids[0] : g4::rt::sample_sorted(values, ids, k, p, s->rng);
             return G4_OK;
+        }
+        if (gpu_sampling && (p.top_k == 0 || p.top_k >= vocab) && (p.top_p < 1.0f || p.min_p > 0.0f)) {
+            const int32_t kn     = std::min<int32_t>(g4::cuda_ws::kTopkMax, vocab);
+            const float* values  = nullptr;
+            const int32_t* ids   = nullptr;
+            g4::cuda_rt::RowNorm z{};
+            std::string err;
+            g4_status st = g4::cuda_rt::device_topk(s, kn, p.temperature, n_hist ? p.repeat_penalty : 1.0f,
+                                                    s->history.data() + (s->position - n_hist), n_hist, &values, &ids, &z, &err);
+            if (st != G4_OK) return set_error(st, err);
+            const int32_t tok = g4::rt::sample_prefix(values, ids, kn, vocab, z.max, z.sum, p, s->rng);
+            if (tok >= 0) {
+                *out_token = tok;
+                return G4_OK;
+            }
         }
         g4_status st = fetch_device_logits(s);
         if (st != G4_OK) return st;

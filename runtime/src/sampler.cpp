@@ -138,4 +138,20 @@ int32_t sample_sorted(const float* values, const int32_t* tokens, int32_t n, con
     return draw(n, [&](int32_t i) { return values[i]; }, [&](int32_t i) { return tokens[i]; }, p, rng);
 }
 
+int32_t sample_prefix(const float* values, const int32_t* tokens, int32_t n, int32_t vocab, float mx, double sum,
+                      const g4_sampling_params& p, std::mt19937_64& rng) {
+    if (p.temperature == 0.0f || (p.top_k > 0 && p.top_k < vocab) || (p.top_p >= 1.0f && p.min_p <= 0.0f) || n < 1 ||
+        !(sum > 0) || values[0] != mx)
+        return -1;
+    const Norm z{mx, sum};
+    bool covered = n >= vocab;
+    if (!covered && p.top_p < 1.0f) {   // the nucleus ends within the n tokens
+        double cum = 0;
+        for (int32_t i = 0; i < n && !covered; ++i) covered = (cum += z.prob(values[i])) >= p.top_p;
+    }
+    if (!covered && p.min_p > 0.0f) covered = z.prob(values[n - 1]) < p.min_p * z.prob(values[0]);   // min-p ends within them
+    if (!covered) return -1;
+    return draw(n, [&](int32_t i) { return values[i]; }, [&](int32_t i) { return tokens[i]; }, p, rng, &z);
+}
+
 } // namespace g4::rt

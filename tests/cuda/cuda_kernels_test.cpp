@@ -335,11 +335,14 @@ TEST(GpuSampling, SameTokensAsTheCpuSampler) {
     ASSERT_EQ(r.exit_code, 0) << r.err;
     g4_engine* e = nullptr;
     ASSERT_EQ(g4_engine_open(plan.c_str(), nullptr, &e), G4_OK) << g4_last_error_message();
-    g4_sampling_params sets[3] = {g4_sampling_params_default(), g4_sampling_params_default(), g4_sampling_params_default()};
+    std::vector<g4_sampling_params> sets(5, g4_sampling_params_default());
     sets[0].temperature = 0.8f, sets[0].top_k = 40, sets[0].top_p = 0.9f, sets[0].min_p = 0.02f, sets[0].repeat_penalty = 1.3f,
     sets[0].repeat_last_n = 16, sets[0].seed = 11;
     sets[1].repeat_penalty = 1.5f, sets[1].repeat_last_n = -1;   // greedy with a penalty: top-1 on the GPU
     sets[2].temperature = 1.2f, sets[2].top_k = 300, sets[2].seed = 5;
+    // No top-k: top-p / min-p from the GPU's best candidates with the row's normalizer (sample_prefix).
+    sets[3].temperature = 1.0f, sets[3].top_k = 0, sets[3].top_p = 0.9f, sets[3].seed = 21;
+    sets[4].temperature = 0.8f, sets[4].top_k = 0, sets[4].min_p = 0.05f, sets[4].repeat_penalty = 1.3f, sets[4].repeat_last_n = -1, sets[4].seed = 4;
     for (const g4_sampling_params& p : sets) {
         g4_session* s = nullptr;
         ASSERT_EQ(g4_session_create(e, nullptr, &s), G4_OK) << g4_last_error_message();
@@ -362,6 +365,29 @@ TEST(GpuSampling, SameTokensAsTheCpuSampler) {
         g4_session_destroy(s);
     }
     g4_engine_close(e);
+}
+
+// The softmax normalizer of a whole row at Gemma's vocabulary (top-p / min-p without top-k): the
+// blocks' (max, sum) merged on the host equal the CPU sampler's normalizer to double rounding.
+TEST(GpuSampling, SoftmaxPartialsGiveTheRowNormalizer) {
+    NEED_GPU();
+    const int vocab = 262144;
+    Dev dev;
+    std::vector<float> l = randn(vocab, 77, 4.0f);
+    CUdeviceptr gl = dev.up(l), out = dev.alloc(cuda_ws::kSoftmaxBlocks * 16);
+    for (float temp : {0.7f, 1.0f, 1.6f}) {
+        long n = vocab;
+        launch("g4_softmax_partial", cuda_ws::kSoftmaxBlocks, 1, 256, {&gl, &n, &temp, &out});
+        auto part = dev.down<double>(out, 2 * cuda_ws::kSoftmaxBlocks);
+        double mx = -INFINITY, sum = 0, want = 0;
+        for (int b = 0; b < cuda_ws::kSoftmaxBlocks; ++b) mx = std::max(mx, part[2 * b]);
+        for (int b = 0; b < cuda_ws::kSoftmaxBlocks; ++b) sum += part[2 * b + 1] * std::exp(part[2 * b] - mx);
+        float hmx = -INFINITY;
+        for (float v : l) hmx = std::max(hmx, v / temp);
+        for (float v : l) want += std::exp((double)(v / temp) - hmx);
+        EXPECT_EQ((float)mx, hmx) << "temperature " << temp;
+        EXPECT_NEAR(sum / want, 1.0, 1e-12) << "temperature " << temp;
+    }
 }
 
 // ---- a whole CUDA plan with a bf16 KV cache (the default): fp32 prefill (kv_store, attention

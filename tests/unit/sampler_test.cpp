@@ -113,4 +113,55 @@ TEST(Sampler, NucleusWithoutTopKMatchesAWholeRowSort) {
     }
 }
 
+// The GPU's top-p / min-p path: the best 1024 tokens and the row's softmax normalizer (its sum taken
+// in another order, as the GPU's blocks do). Where the nucleus ends among them, sample_prefix draws
+// what sample_token draws with the same seed; where it may not (flat rows), it returns -1 and leaves
+// the RNG untouched, and the caller's sample_token draws as if it had not been called.
+TEST(Sampler, PrefixWithTheRowNormalizerDrawsTheSameTokensAsTheFullRow) {
+    struct Case {
+        float spread;   // 2-6: peaked rows (the nucleus ends among the best 1024); 0.05: nearly flat (it does not)
+        g4_sampling_params p;
+        bool covered;
+    };
+    const std::vector<Case> cases = {
+        {6.0f, {1.0f, 0, 0.95f, 0.0f, 1.0f, 0, 5}, true},    {3.0f, {0.7f, 0, 1.0f, 0.05f, 1.3f, 16, 7}, true},
+        {2.0f, {1.3f, 0, 0.8f, 0.1f, 1.1f, -1, 8}, true},    {0.05f, {1.0f, 0, 0.9f, 0.0f, 1.0f, 0, 6}, false},
+        {0.05f, {1.0f, 0, 1.0f, 0.001f, 1.0f, 0, 9}, false},
+    };
+    const int vocab = 262144, k = 1024;
+    for (const Case& c : cases) {
+        std::mt19937_64 a(c.p.seed), b(c.p.seed);
+        std::vector<int32_t> history = {3, 17, 17, 262143, 0};
+        std::vector<float> buf(vocab), vals;
+        std::vector<int32_t> idx(vocab), toks;
+        int differ = 0, fell_back = 0;
+        for (int step = 0; step < 6; ++step) {
+            std::vector<float> logits = g4test::randn(vocab, 500 + step, c.spread);
+            candidates(logits, c.p, history, k, &vals, &toks);
+            // The whole row's normalizer, summed in reverse token order.
+            std::vector<float> row = logits;
+            for (size_t i = history.size() - (size_t)g4::rt::penalty_window(c.p, (int32_t)history.size()); i < history.size(); ++i) {
+                const float l = logits[history[i]];
+                row[history[i]] = l < 0 ? l * c.p.repeat_penalty : l / c.p.repeat_penalty;
+            }
+            double sum = 0;
+            for (int i = vocab - 1; i >= 0; --i) sum += std::exp((double)(row[i] / c.p.temperature) - vals[0]);
+            int32_t got = g4::rt::sample_prefix(vals.data(), toks.data(), k, vocab, vals[0], sum, c.p, b);
+            if (got < 0) ++fell_back, got = g4::rt::sample_token(logits.data(), vocab, c.p, history.data(), (int32_t)history.size(), buf.data(), idx.data(), b);
+            const int32_t want = g4::rt::sample_token(logits.data(), vocab, c.p, history.data(), (int32_t)history.size(), buf.data(), idx.data(), a);
+            differ += got != want;
+            history.push_back(want);
+        }
+        EXPECT_EQ(differ, 0) << "spread " << c.spread << ", top_p " << c.p.top_p << ", min_p " << c.p.min_p;
+        EXPECT_EQ(fell_back, c.covered ? 0 : 6) << "spread " << c.spread << ", top_p " << c.p.top_p << ", min_p " << c.p.min_p;
+    }
+    // Settings that are not this case: greedy, top-k, neither top-p nor min-p.
+    std::mt19937_64 r(1);
+    const float v[2] = {1.0f, 0.5f};
+    const int32_t t[2] = {4, 9};
+    for (g4_sampling_params p : {g4_sampling_params{0.0f, 0, 0.9f, 0.0f, 1.0f, 0, 1}, g4_sampling_params{1.0f, 40, 0.9f, 0.0f, 1.0f, 0, 1},
+                                 g4_sampling_params{1.0f, 0, 1.0f, 0.0f, 1.0f, 0, 1}})
+        EXPECT_EQ(g4::rt::sample_prefix(v, t, 2, 512, 1.0f, 1.6, p, r), -1);
+}
+
 } // namespace

@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -33,7 +34,7 @@ struct Kernels {
     CUfunction embed, mm_bf16, mm_f32, mm_nf4, gemm_bf16, gemm_nf4, gemv_bf16, gemv_nf4, tc_bf16, tc_nf4, rms, elem, rope, kv, attn_part, attn_merge, argmax;
     CUfunction gemv[2][5][2];   // [nf4][lanes per row 8..128][pairs]
     CUfunction resnorm, qkv_post, attn_decode, attn_decode_bf16, nf4_to_bf16, f32_to_bf16, add_bias;
-    CUfunction copy_f32, penalize, topk_round;   // GPU sampling
+    CUfunction copy_f32, penalize, topk_round, softmax_partial;   // GPU sampling
     CUfunction flash[6];        // g4_attn_flash_d<kFlashDims[i]>
 };
 
@@ -93,6 +94,8 @@ struct SessionState {
     // [C] then indices [C] each, C = cuda_ws::topk_candidates), penalised tokens [max_context]; pinned
     // history [max_context] and result (values [kTopkMax], indices [kTopkMax]).
     CUdeviceptr samp_logits = 0, samp_hist = 0, cand[2] = {0, 0};
+    CUdeviceptr soft = 0;         // g4_softmax_partial's (max, sum) per block; pinned host copy host_soft
+    double* host_soft = nullptr;
     uint64_t n_cand        = 0;
     int32_t* host_hist     = nullptr;
     float* host_cand       = nullptr;
@@ -226,7 +229,7 @@ g4_status open_gpu(const plan::Plan& p, EngineState* st, Gpu& g, const plan::Pro
         {&k.resnorm, "g4_resnorm"}, {&k.qkv_post, "g4_qkv_post"},
         {&k.attn_decode, "g4_attn_decode"}, {&k.attn_decode_bf16, "g4_attn_decode_bf16"}, {&k.nf4_to_bf16, "g4_nf4_to_bf16"}, {&k.f32_to_bf16, "g4_f32_to_bf16"},
         {&k.add_bias, "g4_add_bias"}, {&k.copy_f32, "g4_copy_f32"}, {&k.penalize, "g4_penalize"},
-        {&k.topk_round, "g4_topk_round"}};
+        {&k.topk_round, "g4_topk_round"}, {&k.softmax_partial, "g4_softmax_partial"}};
     for (auto& f : fns) CU_TRY(d->cuModuleGetFunction(f.f, g.mod, f.n), std::string("kernel ") + f.n);
     for (int i = 0; i < 6; ++i) {
         const int dim = kFlashDims[i];
@@ -442,6 +445,8 @@ g4_status session_create(g4_session* s, std::string* err) {
     CU_TRY(d->cuMemAlloc(&st->samp_hist, std::max<uint64_t>(4, ws0.history * 4)), "allocating the sampler's history");
     CU_TRY(d->cuMemAllocHost((void**)&st->host_hist, std::max<uint64_t>(4, ws0.history * 4)), "allocating pinned memory");
     CU_TRY(d->cuMemAllocHost((void**)&st->host_cand, cuda_ws::kTopkMax * 8), "allocating pinned memory");
+    CU_TRY(d->cuMemAlloc(&st->soft, cuda_ws::kSoftmaxBlocks * 16), "allocating the sampler's softmax partials");
+    CU_TRY(d->cuMemAllocHost((void**)&st->host_soft, cuda_ws::kSoftmaxBlocks * 16), "allocating pinned memory");
     CU_TRY(d->cuMemAllocHost((void**)&st->host_step, 64), "allocating pinned memory");
     CU_TRY(d->cuMemAllocHost((void**)&st->host_tok, 64), "allocating pinned memory");
     CU_TRY(d->cuMemAlloc(&st->tok, kArgmaxBytes), "allocating the argmax buffer");
@@ -505,7 +510,7 @@ void session_destroy(SessionState* st) {
         if (ev) d->cuEventDestroy(ev);
     if (st->exec) d->cuGraphExecDestroy(st->exec);
     if (st->graph) d->cuGraphDestroy(st->graph);
-    for (CUdeviceptr ptr : {st->tok, st->cand[0], st->cand[1], st->samp_logits, st->samp_hist})
+    for (CUdeviceptr ptr : {st->tok, st->cand[0], st->cand[1], st->samp_logits, st->samp_hist, st->soft})
         if (ptr) d->cuMemFree(ptr);
     for (Lane& ln : st->lanes) {
         d->cuCtxSetCurrent(ln.g->ctx);
@@ -517,7 +522,7 @@ void session_destroy(SessionState* st) {
     }
     if (!st->lanes.empty()) d->cuCtxSetCurrent(st->lanes[0].g->ctx);
     for (void* h : {(void*)st->host_step, (void*)st->host_ids, (void*)st->host_logits, (void*)st->host_tok, (void*)st->host_hist,
-                    (void*)st->host_cand, st->host_act})
+                    (void*)st->host_cand, (void*)st->host_soft, st->host_act})
         if (h) d->cuMemFreeHost(h);
     std::free(st->host_kv);
     std::free(st->host_scratch);
@@ -953,7 +958,7 @@ g4_status fetch_logits(g4_session* s, std::string* err) {
 int32_t device_argmax(const g4_session* s) { return *s->cuda->host_tok; }
 
 g4_status device_topk(g4_session* s, int32_t k, float temperature, float penalty, const int32_t* tokens, int32_t n_tokens,
-                      const float** values, const int32_t** indices, std::string* err) {
+                      const float** values, const int32_t** indices, RowNorm* norm, std::string* err) {
     SessionState* st    = s->cuda.get();
     const plan::Plan& p = s->engine->plan;
     const Driver* d     = st->e->d;
@@ -993,6 +998,11 @@ g4_status device_topk(g4_session* s, int32_t k, float temperature, float penalty
         vals = ov, idx = oi, n = (long)blocks * k, temp = 0.0f;
         if (blocks == 1) break;
     }
+    if (r == 0 && norm && temperature > 0.0f) {   // src: the penalised row (the candidates' rounds read it, not write it)
+        long nv = vocab;
+        r = go(K.softmax_partial, cuda_ws::kSoftmaxBlocks, 256, {&src, &nv, &temperature, &st->soft});
+        if (r == 0) r = d->cuMemcpyDtoHAsync(st->host_soft, st->soft, cuda_ws::kSoftmaxBlocks * 16, l0.stream);
+    }
     if (r == 0) r = d->cuMemcpyDtoHAsync(st->host_cand, vals, (size_t)k * 4, l0.stream);
     if (r == 0) r = d->cuMemcpyDtoHAsync(st->host_cand + cuda_ws::kTopkMax, idx, (size_t)k * 4, l0.stream);
     if (r == 0) r = d->cuStreamSynchronize(l0.stream);
@@ -1002,6 +1012,14 @@ g4_status device_topk(g4_session* s, int32_t k, float temperature, float penalty
     }
     *values  = st->host_cand;
     *indices = (const int32_t*)(st->host_cand + cuda_ws::kTopkMax);
+    if (norm && temperature > 0.0f) {   // merge the blocks: the row's maximum, then the sum relative to it
+        double mx = -INFINITY, sum = 0.0;
+        for (int b = 0; b < cuda_ws::kSoftmaxBlocks; ++b)
+            if (st->host_soft[2 * b + 1] > 0.0) mx = std::max(mx, st->host_soft[2 * b]);
+        for (int b = 0; b < cuda_ws::kSoftmaxBlocks; ++b)
+            if (st->host_soft[2 * b + 1] > 0.0) sum += st->host_soft[2 * b + 1] * std::exp(st->host_soft[2 * b] - mx);
+        *norm = {(float)mx, sum};
+    }
     return G4_OK;
 }
 

@@ -36,9 +36,14 @@ int32_t device_argmax(const g4_session* s);
 // logits repetition-penalised for `tokens` (penalty != 1), divided by `temperature` (> 0; 0: not
 // divided), sorted by value descending with ties to the lower index (the CPU sampler's order and
 // arithmetic). *values / *indices point into the session's pinned buffers, valid until the next call.
-// Blocks until the results are on the host.
+// Blocks until the results are on the host. norm (temperature > 0; may be null): also the softmax's
+// normalizer over the whole penalised, divided row: its maximum and the sum of exp(v - max).
+struct RowNorm {
+    float max;
+    double sum;
+};
 g4_status device_topk(g4_session* s, int32_t k, float temperature, float penalty, const int32_t* tokens, int32_t n_tokens,
-                      const float** values, const int32_t** indices, std::string* err);
+                      const float** values, const int32_t** indices, RowNorm* norm, std::string* err);
 
 struct EngineDeleter { void operator()(EngineState* p) const { engine_close(p); } };
 struct SessionDeleter { void operator()(SessionState* p) const { session_destroy(p); } };

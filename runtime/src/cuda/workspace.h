@@ -24,6 +24,8 @@ inline constexpr uint64_t kArgmaxBytes  = (2 + 2 * kArgmaxBlocks) * 4;
 // k; rounds repeat until one block remains. top_k up to kTopkMax runs on the GPU.
 inline constexpr int kTopkBlock = 2048;
 inline constexpr int kTopkMax   = 1024;
+// Top-p / min-p without top-k: g4_softmax_partial's blocks, each a (max, sum) pair of doubles.
+inline constexpr int kSoftmaxBlocks = 128;
 // Candidates of the first round (the largest): ceil(vocab / block) blocks x kTopkMax.
 inline uint64_t topk_candidates(int64_t vocab) { return (uint64_t)((vocab + kTopkBlock - 1) / kTopkBlock) * kTopkMax; }
 
@@ -42,7 +44,9 @@ struct Workspace {
     uint64_t device_bytes() const {
         uint64_t b = align256(part * 4) + align256(scores * 4) + align256(64);
         if (xscratch) b += align256(std::max<uint64_t>(256, wscratch)) + align256(xscratch) + align256(cublas);
-        if (primary) b += align256(kArgmaxBytes) + 2 * align256(candidates * 8) + align256(vocab * 4) + align256(history * 4);
+        if (primary)
+            b += align256(kArgmaxBytes) + 2 * align256(candidates * 8) + align256(vocab * 4) + align256(history * 4) +
+                 align256(kSoftmaxBlocks * 16);
         return b;
     }
 };
@@ -75,9 +79,11 @@ inline Workspace workspace(const plan::PlanOp* ops, size_t n_ops, const plan::Pl
 }
 
 // Pinned host bytes a session allocates: step (64), argmax token (64), ids [max_rows], logits
-// [logits_rows, vocab], the sampler's history [max_context] and candidates [kTopkMax pairs].
+// [logits_rows, vocab], the sampler's history [max_context], candidates [kTopkMax pairs] and
+// softmax partials [kSoftmaxBlocks pairs of doubles].
 inline uint64_t pinned_bytes(int64_t max_rows, int64_t logits_rows, int64_t vocab, int64_t max_context) {
-    return 64 + 64 + (uint64_t)max_rows * 4 + (uint64_t)logits_rows * vocab * 4 + (uint64_t)max_context * 4 + (uint64_t)kTopkMax * 8;
+    return 64 + 64 + (uint64_t)max_rows * 4 + (uint64_t)logits_rows * vocab * 4 + (uint64_t)max_context * 4 + (uint64_t)kTopkMax * 8 +
+           (uint64_t)kSoftmaxBlocks * 16;
 }
 
 } // namespace g4::cuda_ws

@@ -17,12 +17,19 @@ struct Context {
 };
 
 constexpr int kMatmulTileRows = 32;   // weight rows dequantized per task
+constexpr int kNf4GemvMaxRows = 8;    // NF4 matmuls with at most this many rows skip the fp32 tile
 
 // Per-thread scratch needed for matmuls with inner dimension <= max_k and attention over <= max_slots.
 size_t scratch_floats_per_thread(int64_t max_k, int64_t max_slots);
 
 void embed(const Context& c, const EmbedArgs& a);
-void matmul(const Context& c, const MatmulArgs& a);
+void matmul(const Context& c, const MatmulArgs& a);   // matmul_nf4_gemv or matmul_tiled
+// Any dtype and row count: kMatmulTileRows weight rows widened to fp32 scratch, then an Eigen GEMM.
+void matmul_tiled(const Context& c, const MatmulArgs& a);
+// NF4, 1 <= rows <= kNf4GemvMaxRows: each output element is one dot product over the packed codes (no
+// fp32 weight tile), computed by one thread in an order that depends on neither the thread count nor
+// a.rows. With K a multiple of 64 the rows of x are first reordered into thread 0's scratch (rows * K).
+void matmul_nf4_gemv(const Context& c, const MatmulArgs& a);
 void rms_norm(const Context& c, const RmsNormArgs& a);
 void add(const Context& c, const BinaryArgs& a);
 void gelu_mul(const Context& c, const BinaryArgs& a);

@@ -1,5 +1,6 @@
 // Eigen CPU kernels (see cpu.h). Weights stay in their stored dtype (mmapped from the plan) and are
-// widened to float32 one tile at a time into per-thread scratch; all arithmetic is float32.
+// widened to float32 one tile at a time into per-thread scratch, except NF4 matmuls of a few rows, which
+// read the packed codes directly (matmul_nf4_gemv); all arithmetic is float32.
 #include "kernels/cpu/cpu.h"
 #include "kernels/nf4.h"
 #include "kernels/ref/ref.h"
@@ -8,6 +9,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+
+#if defined(__AVX512F__) || defined(__AVX2__)
+#include <immintrin.h>
+#endif
 
 namespace g4::cpu {
 
@@ -54,7 +59,7 @@ void embed(const Context& c, const EmbedArgs& a) {
     });
 }
 
-void matmul(const Context& c, const MatmulArgs& a) {
+void matmul_tiled(const Context& c, const MatmulArgs& a) {
     const int64_t tiles = (a.n + kMatmulTileRows - 1) / kMatmulTileRows;
     constexpr int kRowBlock = 64;
     const nf4::Layout nf4l = a.dt == DType::NF4 ? nf4::layout(a.n * a.k, a.nf4_double_quant) : nf4::Layout{};
@@ -80,6 +85,248 @@ void matmul(const Context& c, const MatmulArgs& a) {
         }
     });
 }
+
+// ---- NF4 GEMV ---------------------------------------------------------------------------------------------
+// With K a multiple of 64 every row of W is whole blocks. A block's 32 code bytes, read as 8 little-endian
+// u32 words, hold nibble m (bits 4m..4m+3) of word d = element 8d + (m ^ 1). The kernels take nibbles 2q
+// and 2q+1 of the 8 words as one 16-lane vector q (q = 0..3) by shifting, without widening bytes, and x is
+// reordered once to match (kXOrder). Each block's 16 scaled code values are codebook[c] * scale, the exact
+// weights nf4::dequantize produces; the products with x are accumulated in fp32.
+
+#if defined(__GNUC__) && !defined(__clang__)
+// GCC 12 flags its own AVX-512 intrinsic headers (_mm512_undefined_* self-initialisation) when inlined.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+
+namespace {
+
+constexpr int kGemvTileRows  = 16;     // output columns (rows of W) per task
+constexpr int kGemvGroupRows = 4;      // rows of x per pass over a row of W
+constexpr int kPrefetchBytes = 2048;   // codes are prefetched this far ahead of the block being read
+// Smaller matmuls (E2B's k/v projections: 256 x 1536) run on the calling thread: waking the pool costs
+// more than it saves.
+constexpr int64_t kGemvInlineElems = 1 << 19;
+
+// Position i of a reordered block of x holds element kXOrder[i] of the block: lane l of vector q = i / 16
+// is nibble 2q (l < 8) or 2q + 1 (l >= 8) of word l % 8.
+struct XOrder {
+    int e[nf4::kBlock];
+    constexpr XOrder() : e() {
+        for (int i = 0; i < nf4::kBlock; ++i) {
+            const int q = i / 16, l = i % 16, m = 2 * q + (l >= 8);
+            e[i] = 8 * (l % 8) + (m ^ 1);
+        }
+    }
+};
+constexpr XOrder kXOrder;
+
+inline float load_f32(const uint8_t* p) {
+    float f;
+    std::memcpy(&f, p, sizeof f);
+    return f;
+}
+
+// code2[q] * absmax2 + offset with the product rounded before the sum (no FMA contraction), as
+// nf4::block_absmax computes it.
+inline float mul_then_add(float a, float b, float c) {
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+    float p = a * b;
+    __asm__("" : "+x"(p));
+#elif defined(__GNUC__) && defined(__aarch64__)
+    float p = a * b;
+    __asm__("" : "+w"(p));
+#else
+    volatile float p = a * b;
+#endif
+    return p + c;
+}
+
+// Block scales of one NF4 blob, inlined (nf4::block_absmax is out of line and runs once per 64 weights).
+struct Nf4Blob {
+    const uint8_t* codes;
+    const uint8_t* absmax;   // f32[nblocks] or u8[nblocks]
+    const uint8_t* absmax2;
+    const uint8_t* code2;
+    float offset = 0.0f;
+    Nf4Blob(const uint8_t* blob, const nf4::Layout& l)
+        : codes(blob + l.codes_off), absmax(blob + l.absmax_off), absmax2(blob + l.absmax2_off),
+          code2(blob + l.code2_off) {
+        if (l.double_quant) offset = load_f32(blob + l.offset_off);
+    }
+    template <bool DQ> float scale(int64_t b) const {
+        if constexpr (DQ)
+            return mul_then_add(load_f32(code2 + 4 * (size_t)absmax[b]),
+                                load_f32(absmax2 + 4 * (size_t)(b / nf4::kBlock2)), offset);
+        else
+            return load_f32(absmax + 4 * (size_t)b);
+    }
+};
+
+void reorder_x(const MatmulArgs& a, float* xp) {
+    for (int t = 0; t < a.rows; ++t) {
+        const float* x = a.x + t * a.ldx;
+        float* o       = xp + t * a.k;
+        for (int64_t j = 0; j < a.k; j += nf4::kBlock, x += nf4::kBlock, o += nf4::kBlock)
+            for (int i = 0; i < nf4::kBlock; ++i) o[i] = x[kXOrder.e[i]];
+    }
+}
+
+// out[t] = row n of W . row t of x for R rows of reordered x (stride k); W row n is blocks [b0, b0 + nb).
+template <int R, bool DQ>
+void gemv_blocks(const Nf4Blob& w, int64_t b0, int64_t nb, const float* xp, int64_t k, float* out) {
+    const uint8_t* codes = w.codes + b0 * (nf4::kBlock / 2);
+#if defined(__AVX512F__)
+    const __m512 cb = _mm512_loadu_ps(nf4::kCodebook);
+    __m512i shift[4];
+    for (int q = 0; q < 4; ++q)
+        shift[q] = _mm512_inserti64x4(_mm512_set1_epi32(8 * q), _mm256_set1_epi32(8 * q + 4), 1);
+    __m512 acc[R][4];
+    for (int t = 0; t < R; ++t)
+        for (int q = 0; q < 4; ++q) acc[t][q] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < nb; ++i, codes += 32) {
+        if ((i & 1) == 0) _mm_prefetch((const char*)codes + kPrefetchBytes, _MM_HINT_T0);
+        const __m512 lut = _mm512_mul_ps(cb, _mm512_set1_ps(w.scale<DQ>(b0 + i)));
+        const __m512i v  = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i*)codes));
+        for (int q = 0; q < 4; ++q) {   // permutexvar reads index bits 0..3
+            const __m512 wq = _mm512_permutexvar_ps(_mm512_srlv_epi32(v, shift[q]), lut);
+            for (int t = 0; t < R; ++t)
+                acc[t][q] = _mm512_fmadd_ps(_mm512_loadu_ps(xp + t * k + 64 * i + 16 * q), wq, acc[t][q]);
+        }
+    }
+    for (int t = 0; t < R; ++t) {
+        const __m512 s = _mm512_add_ps(_mm512_add_ps(acc[t][0], acc[t][1]), _mm512_add_ps(acc[t][2], acc[t][3]));
+        out[t]         = _mm512_reduce_add_ps(s);
+    }
+#elif defined(__AVX2__)
+    const __m256 cb0 = _mm256_loadu_ps(nf4::kCodebook), cb1 = _mm256_loadu_ps(nf4::kCodebook + 8);
+    __m256 acc[R][2];
+    for (int t = 0; t < R; ++t) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; ++i, codes += 32) {
+        if ((i & 1) == 0) _mm_prefetch((const char*)codes + kPrefetchBytes, _MM_HINT_T0);
+        const __m256 s    = _mm256_set1_ps(w.scale<DQ>(b0 + i));
+        const __m256 lut0 = _mm256_mul_ps(cb0, s), lut1 = _mm256_mul_ps(cb1, s);
+        const __m256i v   = _mm256_loadu_si256((const __m256i*)codes);
+        for (int m = 0; m < 8; ++m) {   // nibble m of the 8 words: index bits 0..2, bit 3 moved to the sign
+            const __m256i idx = _mm256_srl_epi32(v, _mm_cvtsi32_si128(4 * m));
+            const __m256i sel = _mm256_sll_epi32(v, _mm_cvtsi32_si128(28 - 4 * m));
+            const __m256 wm   = _mm256_blendv_ps(_mm256_permutevar8x32_ps(lut0, idx),
+                                                 _mm256_permutevar8x32_ps(lut1, idx), _mm256_castsi256_ps(sel));
+            const int64_t xo  = 64 * i + 16 * (m / 2) + 8 * (m % 2);
+            for (int t = 0; t < R; ++t)
+                acc[t][m % 2] = _mm256_fmadd_ps(_mm256_loadu_ps(xp + t * k + xo), wm, acc[t][m % 2]);
+        }
+    }
+    for (int t = 0; t < R; ++t) {
+        const __m256 v = _mm256_add_ps(acc[t][0], acc[t][1]);
+        __m128 h       = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+        h              = _mm_add_ps(h, _mm_movehl_ps(h, h));
+        out[t]         = _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+    }
+#else
+    float acc[R][16] = {};
+    for (int64_t i = 0; i < nb; ++i, codes += 32) {
+        const float s = w.scale<DQ>(b0 + i);
+        float lut[16];
+        for (int c = 0; c < 16; ++c) lut[c] = nf4::kCodebook[c] * s;
+        for (int j = 0; j < nf4::kBlock; ++j) {
+            const int e    = kXOrder.e[j];
+            const float wv = lut[(e & 1) ? (codes[e >> 1] & 15) : (codes[e >> 1] >> 4)];
+            for (int t = 0; t < R; ++t) acc[t][j % 16] += xp[t * k + 64 * i + j] * wv;
+        }
+    }
+    for (int t = 0; t < R; ++t) {
+        for (int h = 8; h > 0; h /= 2)
+            for (int l = 0; l < h; ++l) acc[t][l] += acc[t][l + h];
+        out[t] = acc[t][0];
+    }
+#endif
+}
+
+// Any K: row n of W is elements [n*K, n*K + K) of the blob, in pieces of the blocks it crosses; x in its
+// own layout. Eight fp32 lanes per row of x (lane j % 8).
+template <bool DQ>
+void gemv_elements(const Nf4Blob& w, int64_t n, int64_t k, const float* x, int64_t ldx, int rows,
+                   float* out) {
+    float acc[kNf4GemvMaxRows][8] = {};
+    const int64_t e0 = n * k;
+    for (int64_t j = 0; j < k;) {
+        const int64_t b   = (e0 + j) / nf4::kBlock;
+        const int64_t end = std::min<int64_t>(k, (b + 1) * nf4::kBlock - e0);
+        const float s     = w.scale<DQ>(b);
+        float lut[16];
+        for (int c = 0; c < 16; ++c) lut[c] = nf4::kCodebook[c] * s;
+        for (; j < end; ++j) {
+            const int64_t e    = e0 + j;
+            const uint8_t byte = w.codes[e >> 1];
+            const float wv     = lut[(e & 1) ? (byte & 15) : (byte >> 4)];
+            for (int t = 0; t < rows; ++t) acc[t][j & 7] += x[t * ldx + j] * wv;
+        }
+    }
+    for (int t = 0; t < rows; ++t) {
+        const float* v = acc[t];
+        out[t]         = ((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7]));
+    }
+}
+
+// Columns [n0, n1) of y; xp: x reordered (K a multiple of 64) or null (x as given, any K).
+template <bool DQ>
+void gemv_columns(const MatmulArgs& a, const Nf4Blob& w, const float* xp, int64_t n0, int64_t n1) {
+    float out[kNf4GemvMaxRows];
+    for (int64_t n = n0; n < n1; ++n) {
+        if (!xp) {
+            gemv_elements<DQ>(w, n, a.k, a.x, a.ldx, a.rows, out);
+        } else {
+            const int64_t nb = a.k / nf4::kBlock, b0 = n * nb;
+            for (int r0 = 0; r0 < a.rows; r0 += kGemvGroupRows) {
+                const float* x = xp + r0 * a.k;
+                switch (std::min(kGemvGroupRows, a.rows - r0)) {
+                case 1: gemv_blocks<1, DQ>(w, b0, nb, x, a.k, out + r0); break;
+                case 2: gemv_blocks<2, DQ>(w, b0, nb, x, a.k, out + r0); break;
+                case 3: gemv_blocks<3, DQ>(w, b0, nb, x, a.k, out + r0); break;
+                default: gemv_blocks<4, DQ>(w, b0, nb, x, a.k, out + r0); break;
+                }
+            }
+        }
+        for (int t = 0; t < a.rows; ++t) a.y[t * a.ldy + n] = out[t];
+    }
+}
+
+} // namespace
+
+void matmul_nf4_gemv(const Context& c, const MatmulArgs& a) {
+    const nf4::Layout l = nf4::layout(a.n * a.k, a.nf4_double_quant);
+    const Nf4Blob w((const uint8_t*)a.w, l);
+    float* xp = nullptr;
+    if (a.k % nf4::kBlock == 0) {
+        xp = c.thread_scratch(0);
+        reorder_x(a, xp);
+    }
+    const int64_t tiles = (a.n + kGemvTileRows - 1) / kGemvTileRows;
+    auto tile = [&](int64_t t, int) {
+        const int64_t n0 = t * kGemvTileRows, n1 = std::min<int64_t>(a.n, n0 + kGemvTileRows);
+        if (l.double_quant)
+            gemv_columns<true>(a, w, xp, n0, n1);
+        else
+            gemv_columns<false>(a, w, xp, n0, n1);
+    };
+    if (a.n * a.k < kGemvInlineElems)
+        for (int64_t t = 0; t < tiles; ++t) tile(t, 0);
+    else
+        c.pool->parallel_for(tiles, [&](int64_t t, int th) { tile(t, th); });
+}
+
+void matmul(const Context& c, const MatmulArgs& a) {
+    if (a.dt == DType::NF4 && a.rows >= 1 && a.rows <= kNf4GemvMaxRows)
+        matmul_nf4_gemv(c, a);
+    else
+        matmul_tiled(c, a);
+}
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
 
 void rms_norm(const Context& c, const RmsNormArgs& a) {
     for_rows(c, a.rows, a.cols, [&](int t) {

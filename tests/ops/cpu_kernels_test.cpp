@@ -1,11 +1,15 @@
 // Eigen CPU kernels vs the scalar reference (kernels/ref) at Gemma 4 E2B/E4B shapes: hidden 1536/2560,
-// q widths 2048/4096, MLP 6144/10240/12288, head dims 256/512, PLE 35x256, MQA and GQA.
+// q widths 2048/4096, MLP 6144/10240/12288, head dims 256/512, PLE 35x256, MQA and GQA; the NF4 GEMV at
+// decode shapes and odd ones.
+#include "compiler/nf4_quant.h"
 #include "kernels/cpu/cpu.h"
+#include "kernels/nf4.h"
 #include "kernels/ref/ref.h"
 #include "models/gemma4/model.h"
 #include "test_util.h"
 
 #include <cmath>
+#include <cstring>
 #include <gtest/gtest.h>
 #include <random>
 #include <vector>
@@ -69,6 +73,156 @@ TEST(CpuKernels, MatmulHandlesStridedViews) {
     cpu::matmul(f.ctx, a);
     EXPECT_LT(max_rel(y_cpu, y_ref), 1e-6);
     EXPECT_EQ(y_cpu[0], -7.0f);   // untouched outside the view
+}
+
+// ---- NF4 GEMV (1..8 rows) --------------------------------------------------------------------------------
+
+struct Nf4Shape { int rows; int64_t n, k; };
+
+struct Nf4Case {
+    std::vector<float> x;
+    std::vector<uint8_t> blob;
+    MatmulArgs a;
+    Nf4Case(const Nf4Shape& s, bool dq, int64_t ldx, int64_t ldy, std::vector<float>& y) {
+        x    = randn((size_t)s.rows * ldx, 21, 1.0f);
+        auto w = randn((size_t)(s.n * s.k), 22, 0.02f);
+        blob = nf4::quantize(w.data(), s.n * s.k, dq);
+        y.assign((size_t)s.rows * ldy, -7.0f);
+        a = MatmulArgs{x.data(), ldx, blob.data(), DType::NF4, s.n, s.k, y.data(), ldy, s.rows};
+        a.nf4_double_quant = dq;
+    }
+};
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+class Nf4GemvTest : public ::testing::TestWithParam<Nf4Shape> {};
+
+TEST_P(Nf4GemvTest, MatchesReference) {
+    const Nf4Shape s = GetParam();
+    Fixture f(s.k, 16);
+    for (bool dq : {false, true}) {
+        SCOPED_TRACE(dq ? "double quant" : "single quant");
+        std::vector<float> y_ref, y_gemv, y_mm;
+        Nf4Case c(s, dq, s.k, s.n, y_ref);
+        ref::matmul(c.a);
+        y_gemv.assign(y_ref.size(), 0.0f);
+        c.a.y = y_gemv.data();
+        cpu::matmul_nf4_gemv(f.ctx, c.a);
+        EXPECT_LT(max_rel(y_gemv, y_ref), 1e-5);
+        y_mm.assign(y_ref.size(), 0.0f);
+        c.a.y = y_mm.data();
+        cpu::matmul(f.ctx, c.a);
+        EXPECT_TRUE(same_bits(y_mm, y_gemv)) << "cpu::matmul takes the GEMV for " << s.rows << " rows";
+    }
+}
+
+// E2B (q, kv, o, MLP up/down, double-wide MLP) and E4B (q, kv, o, MLP) decode projections; 2..8 rows; then
+// K not a multiple of 64 (blocks straddle rows of W, rows start on odd elements), N not a multiple of the
+// 16-column task, K below one block.
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, Nf4GemvTest,
+    ::testing::Values(Nf4Shape{1, 2048, 1536}, Nf4Shape{1, 256, 1536}, Nf4Shape{1, 1536, 2048},
+                      Nf4Shape{1, 6144, 1536}, Nf4Shape{1, 1536, 6144}, Nf4Shape{1, 12288, 1536},
+                      Nf4Shape{1, 1536, 12288}, Nf4Shape{1, 2048, 2560}, Nf4Shape{1, 512, 2560},
+                      Nf4Shape{1, 2560, 2048}, Nf4Shape{1, 10240, 2560}, Nf4Shape{1, 2560, 10240},
+                      Nf4Shape{2, 2048, 1536}, Nf4Shape{3, 256, 1536}, Nf4Shape{4, 1536, 6144},
+                      Nf4Shape{5, 512, 2560}, Nf4Shape{6, 2560, 2048}, Nf4Shape{7, 1536, 2048},
+                      Nf4Shape{8, 6144, 1536}, Nf4Shape{1, 40, 100}, Nf4Shape{7, 33, 75}, Nf4Shape{8, 17, 96},
+                      Nf4Shape{2, 1537, 257}, Nf4Shape{3, 2111, 257}, Nf4Shape{3, 19, 64}, Nf4Shape{5, 45, 128},
+                      Nf4Shape{4, 5, 33}, Nf4Shape{1, 3, 1}, Nf4Shape{6, 64, 6143}),
+    [](const auto& i) {
+        return "rows" + std::to_string(i.param.rows) + "_n" + std::to_string(i.param.n) + "_k" +
+               std::to_string(i.param.k);
+    });
+
+// Row views inside wider buffers: only the first K columns of x are read and the first N of y written.
+TEST(Nf4Gemv, StridedViews) {
+    for (int64_t k : {128, 100}) {
+        Fixture f(k, 16);
+        for (int rows = 1; rows <= cpu::kNf4GemvMaxRows; ++rows)
+            for (bool dq : {false, true}) {
+                SCOPED_TRACE("k " + std::to_string(k) + " rows " + std::to_string(rows) + (dq ? " dq" : ""));
+                const int64_t n = 37, ldx = k + 29, ldy = n + 11;
+                std::vector<float> y_ref, y_cpu;
+                Nf4Case c({rows, n, k}, dq, ldx, ldy, y_ref);
+                for (int t = 0; t < rows; ++t)
+                    for (int64_t j = k; j < ldx; ++j) c.x[t * ldx + j] = NAN;   // never read
+                ref::matmul(c.a);
+                y_cpu.assign(y_ref.size(), -7.0f);
+                c.a.y = y_cpu.data();
+                cpu::matmul_nf4_gemv(f.ctx, c.a);
+                for (int t = 0; t < rows; ++t)
+                    for (int64_t j = 0; j < ldy; ++j) {
+                        const float r = y_ref[t * ldy + j], v = y_cpu[t * ldy + j];
+                        if (j >= n)
+                            ASSERT_EQ(v, -7.0f) << "row " << t << " col " << j;
+                        else
+                            ASSERT_NEAR(v, r, 1e-5f * (1.0f + std::fabs(r))) << "row " << t << " col " << j;
+                    }
+            }
+    }
+}
+
+// x = one-hot rows: every output is one weight, which must equal nf4::element bit for bit (the exact
+// codebook[c] * absmax product, double-quantized absmax included).
+TEST(Nf4Gemv, OneHotRowsGiveExactWeights) {
+    for (int64_t k : {1536, 96, 75}) {
+        const int64_t n = 48;
+        Fixture f(k, 16);
+        for (bool dq : {false, true}) {
+            const int rows = cpu::kNf4GemvMaxRows;
+            std::vector<float> y;
+            Nf4Case c({rows, n, k}, dq, k, n, y);
+            std::fill(c.x.begin(), c.x.end(), 0.0f);
+            int64_t col[rows];
+            for (int t = 0; t < rows; ++t) col[t] = (t * 37 + 5) % k, c.x[t * k + col[t]] = 1.0f;
+            cpu::matmul_nf4_gemv(f.ctx, c.a);
+            const nf4::Layout l = nf4::layout(n * k, dq);
+            for (int t = 0; t < rows; ++t)
+                for (int64_t j = 0; j < n; ++j)
+                    ASSERT_EQ(y[t * n + j], nf4::element(c.blob.data(), l, j * k + col[t]))
+                        << "k " << k << (dq ? " dq" : "") << " row " << t << " col " << j;
+        }
+    }
+}
+
+// The same bits for 1, 2 and 3 threads, and for each row of x whether it comes alone or with 1..7 others
+// (N * K large enough for the pool to be used).
+TEST(Nf4Gemv, DeterministicAcrossThreadsAndRowCounts) {
+    for (int64_t k : {1536, 257}) {
+        const int64_t n = 2111;
+        const int rows = cpu::kNf4GemvMaxRows;
+        for (bool dq : {false, true}) {
+            SCOPED_TRACE("k " + std::to_string(k) + (dq ? " dq" : ""));
+            std::vector<float> y;
+            Nf4Case c({rows, n, k}, dq, k, n, y);
+            std::vector<float> first;
+            for (int threads : {1, 2, 3}) {
+                cpu::ThreadPool pool(threads);
+                std::vector<float> scratch(cpu::scratch_floats_per_thread(k, 16) * threads);
+                cpu::Context ctx{&pool, scratch.data(), cpu::scratch_floats_per_thread(k, 16)};
+                std::fill(y.begin(), y.end(), 0.0f);
+                cpu::matmul_nf4_gemv(ctx, c.a);
+                if (first.empty())
+                    first = y;
+                else
+                    EXPECT_TRUE(same_bits(y, first)) << threads << " threads";
+                for (int r = 1; r < rows; ++r) {
+                    for (int t0 = 0; t0 + r <= rows; t0 += r) {
+                        std::vector<float> part((size_t)r * n);
+                        MatmulArgs a = c.a;
+                        a.x = c.x.data() + t0 * k, a.y = part.data(), a.rows = r;
+                        cpu::matmul_nf4_gemv(ctx, a);
+                        const std::vector<float> want(first.begin() + t0 * n, first.begin() + (t0 + r) * n);
+                        EXPECT_TRUE(same_bits(part, want))
+                            << "rows " << t0 << ".." << t0 + r - 1 << ", " << threads << " threads";
+                    }
+                }
+            }
+        }
+    }
 }
 
 TEST(CpuKernels, RmsNormGroupsWithAndWithoutWeight) {

@@ -43,6 +43,22 @@ void dequantize(const uint8_t* blob, const Layout& l, int64_t start, int64_t cou
 // Value of element i (slow; for reference kernels and tests).
 float element(const uint8_t* blob, const Layout& l, int64_t i);
 
+// a * b + c with the product rounded to fp32 before the sum, as torch computes
+// dequantize_blockwise(...) + offset. The empty asm (or, elsewhere, a volatile store) hides the product from
+// the optimiser so that it cannot contract the two operations into one FMA (GCC does so by default in C++).
+inline float mul_then_add(float a, float b, float c) {
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+    float p = a * b;
+    __asm__("" : "+x"(p));
+#elif defined(__GNUC__) && defined(__aarch64__)
+    float p = a * b;
+    __asm__("" : "+w"(p));
+#else
+    volatile float p = a * b;
+#endif
+    return p + c;
+}
+
 // fp32 scale of 64-element block b: absmax[b], or code2[absmax_q[b]] * absmax2[b / 256] + offset rounded
 // after the product and after the sum (never fused), as bitsandbytes computes it.
 float block_absmax(const uint8_t* blob, const Layout& l, int64_t b);

@@ -128,21 +128,6 @@ inline float load_f32(const uint8_t* p) {
     return f;
 }
 
-// code2[q] * absmax2 + offset with the product rounded before the sum (no FMA contraction), as
-// nf4::block_absmax computes it.
-inline float mul_then_add(float a, float b, float c) {
-#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
-    float p = a * b;
-    __asm__("" : "+x"(p));
-#elif defined(__GNUC__) && defined(__aarch64__)
-    float p = a * b;
-    __asm__("" : "+w"(p));
-#else
-    volatile float p = a * b;
-#endif
-    return p + c;
-}
-
 // Block scales of one NF4 blob, inlined (nf4::block_absmax is out of line and runs once per 64 weights).
 struct Nf4Blob {
     const uint8_t* codes;
@@ -157,7 +142,7 @@ struct Nf4Blob {
     }
     template <bool DQ> float scale(int64_t b) const {
         if constexpr (DQ)
-            return mul_then_add(load_f32(code2 + 4 * (size_t)absmax[b]),
+            return nf4::mul_then_add(load_f32(code2 + 4 * (size_t)absmax[b]),
                                 load_f32(absmax2 + 4 * (size_t)(b / nf4::kBlock2)), offset);
         else
             return load_f32(absmax + 4 * (size_t)b);

@@ -28,22 +28,6 @@ inline float load_f32(const uint8_t* p) {
     return f;
 }
 
-// a * b + c with the product rounded to fp32 before the sum, as torch computes
-// dequantize_blockwise(...) + offset. The empty asm (or, elsewhere, a volatile store) hides the product from
-// the optimiser so that it cannot contract the two operations into one FMA (GCC does so by default in C++).
-inline float mul_then_add(float a, float b, float c) {
-#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
-    float p = a * b;
-    __asm__("" : "+x"(p));
-#elif defined(__GNUC__) && defined(__aarch64__)
-    float p = a * b;
-    __asm__("" : "+w"(p));
-#else
-    volatile float p = a * b;
-#endif
-    return p + c;
-}
-
 // Decodes `nbytes` packed bytes (2 * nbytes elements, high nibble first) of one block with scale s.
 inline void decode_block_bytes(const uint8_t* src, int64_t nbytes, float s, float* out) {
     int64_t i = 0;

@@ -25,12 +25,6 @@ inline float load_f32(const uint8_t* p) {
 
 inline void store_f32(uint8_t* p, float f) { std::memcpy(p, &f, sizeof f); }
 
-// a * b + c with the product rounded to fp32 first (no FMA contraction), as torch evaluates it.
-inline float mul_then_add(float a, float b, float c) {
-    volatile float p = a * b;
-    return p + c;
-}
-
 // Scales one block as bitsandbytes' reference quantize_blockwise / quantize_4bit does and returns the absmax
 // it stores. `full`: a whole block (absmax stored unclamped, x * (1 / clamp(absmax))); otherwise the tail
 // block (absmax stored clamped, x / absmax).

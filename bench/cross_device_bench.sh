@@ -9,24 +9,8 @@ G4=build-dev/tools/g4
 R=$OUT/cross_device.txt
 : > $R
 W=/tmp/g4xd && mkdir -p $W
-ids=2,$(python3 -c "print(','.join(str(3 + (i * 7919 + 13) % 500) for i in range(40)))")
-for fx in e2b_tiny_text:"0-6:gpu,7-9:cpu" e2b_tiny_text:"0-5:cpu,6-9:gpu" e2b_tiny_text:"0-1:cpu,2-4:gpu,5-7:cpu,8-9:gpu" e4b_tiny:"0-7:gpu,8-11:cpu"; do
-    m=${fx%%:*}; pl=${fx#*:}
-    $G4 compile --model tests/fixtures/$m --device cuda --chunk 16 --no-fidelity -o $W/a.g4plan 2>> $W/log || { tail $W/log; exit 1; }
-    $G4 compile --model tests/fixtures/$m --device cuda --chunk 16 --no-fidelity --place layers=$pl -o $W/b.g4plan 2> $W/b.log || { tail $W/b.log; exit 1; }
-    for s in a b; do
-        $G4 run $W/$s.g4plan --tokens $ids -n 48 --temp 0 --ignore-eos --print-ids --dump-logits $W/$s.f32 > $W/$s.ids 2> $W/$s.err || { cat $W/$s.err; exit 1; }
-    done
-    python3 - "$m" "$pl" $W >> $R <<'EOF'
-import sys, numpy as np
-m, pl, w = sys.argv[1:]
-a, b = (np.fromfile(f"{w}/{s}.f32", dtype="<f4").astype(np.float64) for s in "ab")
-ta, tb = (open(f"{w}/{s}.ids").read().strip().split(",") for s in "ab")
-agree = next((i for i, (x, y) in enumerate(zip(ta, tb)) if x != y), len(ta))
-print(f"{m} layers={pl}: prefill logits rel L2 vs GPU-only {np.linalg.norm(a - b) / np.linalg.norm(a):.3e}; greedy tokens agree {agree}/{len(ta)}")
-EOF
-    grep "cross-device" $W/b.log >> $R
-done
+bash bench/split_compare.sh $G4 $W e2b_tiny_text:"0-6:gpu,7-9:cpu" e2b_tiny_text:"0-5:cpu,6-9:gpu" \
+     e2b_tiny_text:"0-1:cpu,2-4:gpu,5-7:cpu,8-9:gpu" e4b_tiny:"0-7:gpu,8-11:cpu" >> $R || exit 1
 cat $R
 # Real E2B shapes: decode cost of CPU-placed layers.
 PYTHONPATH=$PWD/.bnb python3 bench/e2e_bench.py $G4 --model e2b --checkpoint-only > $W/ck.txt 2>&1 || { tail $W/ck.txt; exit 1; }

@@ -12,27 +12,9 @@ W=/tmp/g4mg && mkdir -p $W
 PART=${PART:-all}
 echo "# $(nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader | tr '\n' ';')" >> $R
 nvidia-smi topo -m 2>/dev/null | head -4 >> $R
-ids=2,$(python3 -c "print(','.join(str(3 + (i * 7919 + 13) % 500) for i in range(40)))")
 if [ $PART != e2b ]; then
-  for fx in e2b_tiny_text:"0-4:gpu0,5-9:gpu1" e2b_tiny_text:"0-5:gpu1,6-9:gpu0" e2b_tiny_text:"0-2:gpu0,3-5:gpu1,6-7:cpu,8-9:gpu1" \
-            e2b_tiny_text:"0-6:gpu,7-9:cpu" e4b_tiny:"0-5:gpu0,6-11:gpu1"; do
-    m=${fx%%:*}; pl=${fx#*:}
-    $G4 compile --model tests/fixtures/$m --device cuda --chunk 16 --no-fidelity -o $W/a.g4plan 2>> $W/log || { tail $W/log; exit 1; }
-    $G4 compile --model tests/fixtures/$m --device cuda --chunk 16 --no-fidelity --place layers=$pl -o $W/b.g4plan 2> $W/b.log || { tail $W/b.log; exit 1; }
-    for s in a b; do
-      $G4 run $W/$s.g4plan --tokens $ids -n 48 --temp 0 --ignore-eos --print-ids --dump-logits $W/$s.f32 > $W/$s.ids 2> $W/$s.err || { cat $W/$s.err; exit 1; }
-    done
-    grep "note:" $W/b.err >> $R
-    python3 - "$m" "$pl" $W >> $R <<'EOF'
-import sys, numpy as np
-m, pl, w = sys.argv[1:]
-a, b = (np.fromfile(f"{w}/{s}.f32", dtype="<f4").astype(np.float64) for s in "ab")
-ta, tb = (open(f"{w}/{s}.ids").read().strip().split(",") for s in "ab")
-agree = next((i for i, (x, y) in enumerate(zip(ta, tb)) if x != y), len(ta))
-print(f"{m} layers={pl}: prefill logits rel L2 vs one GPU {np.linalg.norm(a - b) / np.linalg.norm(a):.3e}; greedy tokens agree {agree}/{len(ta)}")
-EOF
-    grep "cross-device" $W/b.log >> $R
-  done
+  bash bench/split_compare.sh $G4 $W e2b_tiny_text:"0-4:gpu0,5-9:gpu1" e2b_tiny_text:"0-5:gpu1,6-9:gpu0" \
+       e2b_tiny_text:"0-2:gpu0,3-5:gpu1,6-7:cpu,8-9:gpu1" e2b_tiny_text:"0-6:gpu,7-9:cpu" e4b_tiny:"0-5:gpu0,6-11:gpu1" >> $R || exit 1
   cat $R
 fi
 [ $PART = tiny ] && exit 0

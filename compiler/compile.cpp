@@ -513,11 +513,9 @@ void write_plan(const Inputs& in, const std::string& out_path, Mode mode, Report
     {
         rep->cuda_workspace = cuda_ws::workspace(ops.data(), ops.size(), tensors.data(), opt.max_rows, in.max_context, hp.vocab_size).device_bytes();
         for (size_t g = 0; g < gpus.size(); ++g) {
-            std::vector<plan::PlanOp> mine;   // the workspaces of a GPU are sized by its own ops
-            for (size_t i = 0; i < ops.size(); ++i)
-                if (op_dev[i] == gpus[g]) mine.push_back(ops[i]);
             auto& f     = rep->gpus[gpus[g]];
-            f.workspace = cuda_ws::workspace(mine.data(), mine.size(), tensors.data(), opt.max_rows, in.max_context, hp.vocab_size, g == 0)
+            f.workspace = cuda_ws::workspace(ops.data(), ops.size(), tensors.data(), opt.max_rows, in.max_context, hp.vocab_size, g == 0,
+                                             op_dev.data(), gpus[g])
                               .device_bytes();
             f.weights = (wstart[1] - wstart[0]) + (wstart[2 + g] - wstart[1 + g]);
             f.kv      = kstart[2 + g] - kstart[1 + g];
@@ -842,14 +840,19 @@ void compile_plan(const CompileOptions& opt, std::ostream& log) {
         }
         return f;
     };
-    auto figures_at = [&](int max_context) {
-        const int keep = in.max_context;
-        in.max_context = max_context;
+    // The figures of a size-only plan at another --max-context or layer split.
+    auto figures_with = [&](int max_context, const std::vector<int>& layer_device) {
+        const int keep_context = in.max_context;
+        const auto keep_layers = in.layer_device;
+        in.max_context         = max_context;
+        in.layer_device        = layer_device;
         Report r;
         write_plan(in, opt.out_path, Mode::Plan, &r);
-        in.max_context = keep;
+        in.max_context  = keep_context;
+        in.layer_device = keep_layers;
         return figures_of(r);
     };
+    auto figures_at = [&](int max_context) { return figures_with(max_context, in.layer_device); };
     const int threads = cuda_index < 0 || place.has_cpu_layers() ? cpu::default_thread_count() : 0;
     std::optional<placement::Decision> decided;
     try {
@@ -859,14 +862,8 @@ void compile_plan(const CompileOptions& opt, std::ostream& log) {
         std::optional<placement::Placement> split;
         const bool may_split = !placement::layers_placed(place_req) && place.gpu_budgets.size() > 1;
         if (may_split)
-            split = placement::split_layers(place, [&](const std::vector<int>& layer_device) {
-                const auto keep  = in.layer_device;
-                in.layer_device  = layer_device;
-                Report r;
-                write_plan(in, opt.out_path, Mode::Plan, &r);
-                in.layer_device = keep;
-                return figures_of(r);
-            }, threads);
+            split = placement::split_layers(
+                place, [&](const std::vector<int>& layer_device) { return figures_with(in.max_context, layer_device); }, threads);
         if (!split && may_split)
             throw CompileError(std::string(refused.what()) +
                                "; splitting the text layers across the GPUs with a --gpu-mem budget does not fit either");

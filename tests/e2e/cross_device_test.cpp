@@ -83,6 +83,14 @@ std::vector<std::vector<float>> generate(const std::string& plan) {
     return out;
 }
 
+// Every step's logits equal, bit for bit.
+void expect_same_logits(const std::vector<std::vector<float>>& got, const std::vector<std::vector<float>>& want) {
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t k = 0; k < got.size(); ++k)
+        EXPECT_EQ(std::memcmp(got[k].data(), want[k].data(), got[k].size() * 4), 0)
+            << "step " << k << ": relative L2 " << rel_l2(got[k].data(), want[k].data(), got[k].size());
+}
+
 std::string compile(const TempDir& d, const std::string& name, const std::string& place) {
     const std::string plan = d.file(name + ".g4plan");
     CmdResult r = run_g4("compile --model '" + fixture("e2b_tiny_text") + "' --device cuda --target sm_90 --chunk 8 --no-fidelity " +
@@ -112,11 +120,7 @@ TEST(CrossDevice, CpuPlacedLayersGiveTheSameLogitsAsTheGpuOnlyPlan) {
         ASSERT_EQ(p.info().gpus[0].weights.size(), 1u);
         EXPECT_LT(p.info().gpus[0].weights[0].second, p.weights_bytes());   // the CPU layers' weights stay on the host
         EXPECT_LT(p.info().kv_host_begin, p.info().kv_arena_bytes);
-        const auto got = generate(plan);
-        ASSERT_EQ(got.size(), want.size());
-        for (size_t k = 0; k < got.size(); ++k)
-            EXPECT_EQ(std::memcmp(got[k].data(), want[k].data(), got[k].size() * 4), 0)
-                << "step " << k << ": relative L2 " << rel_l2(got[k].data(), want[k].data(), got[k].size());
+        expect_same_logits(generate(plan), want);
     }
 }
 
@@ -148,11 +152,7 @@ TEST(CrossDevice, LayersOnTwoGpusGiveTheSameLogitsAsTheOneGpuPlan) {
         EXPECT_GT(w[1], 0u);
         EXPECT_LE(in.gpus[0].kv_end, in.gpus[1].kv_begin);   // disjoint parts of the KV arena
         EXPECT_GT(in.gpus[1].kv_end, in.gpus[1].kv_begin);
-        const auto got = generate(plan);
-        ASSERT_EQ(got.size(), want.size());
-        for (size_t k = 0; k < got.size(); ++k)
-            EXPECT_EQ(std::memcmp(got[k].data(), want[k].data(), got[k].size() * 4), 0)
-                << "step " << k << ": relative L2 " << rel_l2(got[k].data(), want[k].data(), got[k].size());
+        expect_same_logits(generate(plan), want);
     }
 }
 

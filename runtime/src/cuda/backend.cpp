@@ -111,7 +111,7 @@ struct SessionState {
     mutable bool after_node = false;   // the last thing enqueued was a copy or host function: next launch plain
     // Plans with CPU-placed layers: each maximal run of CPU ops is one host function in the stream
     // (runs[run_of[first op]]); the CPU ops work on a pinned host copy of the activation arena and a
-    // host KV arena (the plan's KV offsets from kv_device_bytes on).
+    // host KV arena (the plan's KV offsets from kv_host_begin on).
     struct HostRun { g4_session* s; size_t first, end; };
     std::vector<HostRun> runs;
     std::vector<int> run_of;      // per op: index into runs, -1 if not the first op of a run
@@ -377,10 +377,8 @@ g4_status session_create(g4_session* s, std::string* err) {
         CU_TRY(d->cuCtxSetCurrent(ln.g->ctx), "cuCtxSetCurrent");
         CU_TRY(d->cuStreamCreate(&ln.stream, 1 /* non-blocking */), "cuStreamCreate");
         if (e->gpus.size() > 1) CU_TRY(d->cuEventCreate(&ln.done, kEventDisableTiming), "cuEventCreate");
-        std::vector<PlanOp> mine;
-        for (size_t i = 0; i < p.n_ops(); ++i)
-            if (st->lane_of[i] == (int)g) mine.push_back(p.op(i));
-        const cuda_ws::Workspace ws = cuda_ws::workspace(mine.data(), mine.size(), &p.tensor(0), in.max_rows, in.max_context, in.vocab_size, g == 0);
+        const cuda_ws::Workspace ws = cuda_ws::workspace(&p.op(0), p.n_ops(), &p.tensor(0), in.max_rows, in.max_context, in.vocab_size, g == 0,
+                                                         st->lane_of.data(), (int)g);
         if (g == 0) ws0 = ws;
         if (ws.xscratch) {
             std::string why;
@@ -458,7 +456,8 @@ g4_status session_create(g4_session* s, std::string* err) {
     const char* prof = std::getenv("G4_CUDA_PROFILE");
     st->profile = prof && *prof == '1';
     const char* pdl = std::getenv("G4_PDL");
-    st->pdl_ok  = l0.g->sm >= 90 && d->cuLaunchKernelEx && !(pdl && *pdl == '0');
+    st->pdl_ok  = std::all_of(st->lanes.begin(), st->lanes.end(), [](const Lane& ln) { return ln.g->sm >= 90; }) && d->cuLaunchKernelEx &&
+                 !(pdl && *pdl == '0');
     // Decode-graph event profiling times one stream; plans on several GPUs get the per-op timing only.
     if (st->profile && d->cuEventCreate && p.n_launches() && st->lanes.size() == 1) {
         st->pdl_ok = false;   // events between launches would cut the programmatic edges

@@ -51,13 +51,15 @@ struct Workspace {
     }
 };
 
-// ops/tensors: the plan's records (of a cross-device plan: the ops one GPU runs); max_rows: prefill
-// chunk; vocab: the LM head's rows; primary: the plan's GPU.
+// ops/tensors: the plan's records; max_rows: prefill chunk; vocab: the LM head's rows; primary: the
+// plan's GPU. Cross-device plans size each GPU by the ops it runs: those with op_gpu[i] == gpu
+// (op_gpu null: every op).
 inline Workspace workspace(const plan::PlanOp* ops, size_t n_ops, const plan::PlanTensor* tensors, int64_t max_rows, int64_t max_context,
-                           int64_t vocab, bool primary = true) {
+                           int64_t vocab, bool primary = true, const int* op_gpu = nullptr, int gpu = 0) {
     Workspace w;
     w.primary = primary;
     for (size_t i = 0; i < n_ops; ++i) {
+        if (op_gpu && op_gpu[i] != gpu) continue;
         const plan::PlanOp& op = ops[i];
         if (op.code == (uint16_t)OpCode::Matmul && op.ip[6] == (int32_t)plan::MatmulVariant::Cublas) {
             const plan::PlanTensor& t = tensors[op.in[1]];

@@ -2,7 +2,8 @@
 # A/B of a kernel change on the GPU machine, side by side in one run: builds this tree (A) and this
 # tree with PATCH applied (B), compiles one E2B/E4B plan with each build (kernels live in the plan),
 # runs B's CUDA kernel tests, then alternates `g4 bench` on the two plans ROUNDS times.
-# Usage (repo root, $OUT set): [MODEL=e2b] [ROUNDS=3] [DEPTHS=16,4096,32000] [KV=bf16] bash bench/ab_patch.sh PATCH
+# Usage (repo root, $OUT set): [MODEL=e2b] [ROUNDS=3] [DEPTHS=16,4096,32000] [KV=bf16] [KT=0] bash bench/ab_patch.sh PATCH
+# KT=0 skips B's kernel tests (and their build): the whole run then fits one 10-minute device call.
 # Writes $OUT/ab_<model>.txt (every bench JSON, A and B interleaved) and $OUT/ab_kt.txt.
 set -u
 PATCH=$(realpath "$1")
@@ -10,6 +11,8 @@ MODEL=${MODEL:-e2b}
 ROUNDS=${ROUNDS:-3}
 DEPTHS=${DEPTHS:-16,4096,32000}
 KV=${KV:-bf16}
+TARGETS="g4"
+[ "${KT:-1}" = 0 ] || TARGETS="cuda_kernels_test g4"
 A=$PWD
 B=/tmp/ab_b
 rm -rf $B && mkdir -p $B
@@ -18,19 +21,23 @@ ln -s $A/.deps $B/.deps
 (cd $B && patch -p1 -s < $PATCH) || { echo "patch does not apply"; exit 1; }
 build() {   # $1 = source dir
     cmake -S $1 -B $1/build-dev -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$A/.deps/usr" -DG4_BUILD_TESTS=ON > $1/cmake.log 2>&1 &&
-        cmake --build $1/build-dev -j8 --target cuda_kernels_test g4 > $1/build.log 2>&1
+        cmake --build $1/build-dev -j8 --target $TARGETS > $1/build.log 2>&1
 }
 build $A & PA=$!
 build $B & PB=$!
 wait $PA || { tail -30 $A/build.log; exit 1; }
 wait $PB || { tail -30 $B/build.log; exit 1; }
-$B/build-dev/tests/cuda_kernels_test > $OUT/ab_kt.txt 2>&1; grep -E "FAILED|PASSED" $OUT/ab_kt.txt | head -20
+echo "built: ${SECONDS}s"
+if [ "${KT:-1}" != 0 ]; then
+    $B/build-dev/tests/cuda_kernels_test > $OUT/ab_kt.txt 2>&1; grep -E "FAILED|PASSED" $OUT/ab_kt.txt | head -20
+fi
 PYTHONPATH=$A/.bnb python3 bench/e2e_bench.py $A/build-dev/tools/g4 --model $MODEL --checkpoint-only > $OUT/ab_ckpt.txt 2>&1 || { tail $OUT/ab_ckpt.txt; exit 1; }
 for s in A B; do
     d=$A; [ $s = B ] && d=$B
     $d/build-dev/tools/g4 compile --model /tmp/g4bench/$MODEL --device cuda --weights nf4 --kv-dtype $KV --chunk 1024 \
         --max-context 32768 --no-fidelity -o /tmp/ab_$s.g4plan 2> /tmp/ab_compile_$s.txt || { tail /tmp/ab_compile_$s.txt; exit 1; }
 done
+echo "checkpoint and plans: ${SECONDS}s"
 R=$OUT/ab_$MODEL.txt
 : > $R
 for r in $(seq $ROUNDS); do

@@ -4,18 +4,22 @@
 // Build on a GPU machine (repo root):
 //   nvcc -O3 -std=c++17 -arch=sm_90 -I. -o build-dev/gemv_bench bench/gemv_bench.cu
 //   [-DG4_KERNELS='"path/to/other/kernels.cu"' to time another version of the kernels]
-// Usage: gemv_bench [reps]    (prints one line per shape and lane count; '*' marks the compiler's choice)
+// Usage: gemv_bench [reps [lab]]  (one line per shape and lane count; '*' marks the compiler's choice;
+//        lab: also the variants of kVariants, named in the last column; -DG4_LAB='"file"' replaces
+//        that list with one of your own, e.g. copies of gemv_body with a step removed)
 #ifndef G4_KERNELS
 #define G4_KERNELS "../kernels/cuda/kernels.cu"
 #endif
 #include G4_KERNELS
 #include "compiler/cuda_schedule.h"
+static_assert(GV_XS_MAX == g4::cuda::kGemvXsMax, "kernels.cu and cuda_schedule.h disagree on the x-in-shared-memory limit");
 
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cuda_runtime.h>
 #include <random>
+#include <string>
 #include <vector>
 
 #define CK(x)                                                                                                       \
@@ -34,6 +38,40 @@ static const GemvFn kGemvNf4[2][5] = {
 static const GemvFn kGemvBf16[2][5] = {
     {g4_gemv_bf16_l8_m1, g4_gemv_bf16_l16_m1, g4_gemv_bf16_l32_m1, g4_gemv_bf16_l64_m1, g4_gemv_bf16_l128_m1},
     {g4_gemv_bf16_l8_m2, g4_gemv_bf16_l16_m2, g4_gemv_bf16_l32_m2, g4_gemv_bf16_l64_m2, g4_gemv_bf16_l128_m2}};
+
+// Variants of the body as it was before x went to shared memory (the kernels stage x for NF4 with
+// K <= GV_XS_MAX): G weight rows per lane group (the kernels use GV_OUT), B threads a block.
+template <bool NF4, int L, int M, int G, int B>
+__global__ void __launch_bounds__(B, (M == 2 ? 512 : 384) / B) lab_gemv(const GemvArgs a) {
+    __shared__ float2 tab[NF4 ? NF4_PAIRS : 1];
+    gemv_body<NF4, L, M, G>(a, tab);
+}
+template <bool NF4, int M, int G, int B> static GemvFn lab_fn(int li) {
+    switch (li) {
+    case 0: return lab_gemv<NF4, 8, M, G, B>;
+    case 1: return lab_gemv<NF4, 16, M, G, B>;
+    case 2: return lab_gemv<NF4, 32, M, G, B>;
+    case 3: return lab_gemv<NF4, 64, M, G, B>;
+    default: return lab_gemv<NF4, 128, M, G, B>;
+    }
+}
+struct Variant {
+    const char* name;
+    int g, b;
+    GemvFn (*fn[2][2])(int);   // [nf4][pairs]
+    int kmax;                  // largest K it takes (0: any)
+};
+#ifdef G4_LAB
+#include G4_LAB
+#else
+static const Variant kVariants[] = {
+    {"g4b128", 4, 128, {{lab_fn<false, 1, 4, 128>, lab_fn<false, 2, 4, 128>}, {lab_fn<true, 1, 4, 128>, lab_fn<true, 2, 4, 128>}}},
+    {"g2b128", 2, 128, {{lab_fn<false, 1, 2, 128>, lab_fn<false, 2, 2, 128>}, {lab_fn<true, 1, 2, 128>, lab_fn<true, 2, 2, 128>}}},
+    {"g2b256", 2, 256, {{lab_fn<false, 1, 2, 256>, lab_fn<false, 2, 2, 256>}, {lab_fn<true, 1, 2, 256>, lab_fn<true, 2, 2, 256>}}},
+    {"g4b256", 4, 256, {{lab_fn<false, 1, 4, 256>, lab_fn<false, 2, 4, 256>}, {lab_fn<true, 1, 4, 256>, lab_fn<true, 2, 4, 256>}}},
+    {"g1b128", 1, 128, {{lab_fn<false, 1, 1, 128>, nullptr}, {lab_fn<true, 1, 1, 128>, nullptr}}},
+};
+#endif
 
 struct Case {
     const char* name;
@@ -107,6 +145,7 @@ static float median(std::vector<float> v) {
 
 int main(int argc, char** argv) {
     const int reps = argc > 1 ? std::atoi(argv[1]) : 20;
+    const bool lab = argc > 2 && std::string(argv[2]) == "lab";   // also time the variants above
     cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
     cudaStream_t st;
@@ -169,12 +208,17 @@ int main(int argc, char** argv) {
         CK(cudaMemcpy(x, hx.data(), c.k * 4, cudaMemcpyHostToDevice));
         const long groups = c.pairs ? (n_out + 1) / 2 : (n_out + 3) / 4;
         const int pick     = g4::cuda::gemv_lanes(c.k, c.nf4, groups);
+        for (int vi = -1; vi < (lab ? (int)(sizeof kVariants / sizeof kVariants[0]) : 0); ++vi)
         for (int li = 0; li < 5; ++li) {
             const int L = 8 << li;
             if (L > c.k / (c.nf4 ? 32 : 8)) continue;
-            GemvFn fn      = (c.nf4 ? kGemvNf4 : kGemvBf16)[c.pairs][li];
-            long threads   = groups * L;
-            unsigned grid  = (unsigned)((threads + 127) / 128);
+            const Variant* var = vi < 0 ? nullptr : &kVariants[vi];
+            if (var && (!var->fn[c.nf4][c.pairs] || (var->kmax && c.k > var->kmax))) continue;
+            GemvFn fn      = var ? var->fn[c.nf4][c.pairs](li) : (c.nf4 ? kGemvNf4 : kGemvBf16)[c.pairs][li];
+            const int G    = var ? var->g : GV_OUT, B = var ? var->b : 128;
+            const long vgroups = c.pairs ? (n_out + G / 2 - 1) / (G / 2) : (n_out + G - 1) / G;
+            long threads   = vgroups * L;
+            unsigned grid  = (unsigned)((threads + B - 1) / B);
             std::vector<float> t;
             for (int r = 0; r < reps + 2; ++r) {
                 GemvArgs a{};
@@ -185,7 +229,7 @@ int main(int argc, char** argv) {
                 }
                 a.x = x, a.out = out, a.aux = y, a.nmat = (int)s.m.size(), a.k = c.k, a.epi = c.pairs ? 1 : 0, a.cap = 30.0f;
                 CK(cudaEventRecord(e0, st));
-                fn<<<grid, 128, 0, st>>>(a);
+                fn<<<grid, B, 0, st>>>(a);
                 CK(cudaEventRecord(e1, st));
                 CK(cudaEventSynchronize(e1));
                 CK(cudaGetLastError());
@@ -195,8 +239,8 @@ int main(int argc, char** argv) {
             }
             float us = median(t);
             float gbs = first.bytes / (us * 1e-6f) / 1e9f;
-            std::printf("%-22s %6.2f %4d%s %10.2f %9.0f %7.1f%%\n", c.name, first.bytes / 1e6, L, L == pick ? "*" : " ", us, gbs,
-                        100.0f * gbs / peak);
+            std::printf("%-22s %6.2f %4d%s %10.2f %9.0f %7.1f%% %s\n", c.name, first.bytes / 1e6, L, !var && L == pick ? "*" : " ", us,
+                        gbs, 100.0f * gbs / peak, var ? var->name : "");
         }
         for (auto& s : sets)
             for (auto& m : s.m) {

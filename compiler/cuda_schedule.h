@@ -26,12 +26,19 @@ int decode_attention_splits(int64_t span);
 // the previous kernel (g4_gemv_*'s FC). NF4: the fewest lanes that cover a row with those chunks, so
 // a row's codes are all in flight at once. bf16: each lane takes up to four chunks of a row, unless
 // the matrix has too few groups of 4 weight rows to give the GPU about 64K threads: then more lanes
-// share a row, up to one per chunk.
+// share a row, up to one per chunk. NF4 with K <= kGemvXsMax (x staged in shared memory, GV_XS_MAX in
+// kernels.cu): the fewest lanes that give about 40K threads, at most C / 2 (at least two chunks a
+// lane); measured best or within 7% on every E2B/E4B shape (bench/gemv_bench.cu lab, H100).
 // Inline so bench/gemv_bench.cu, built alone with nvcc, marks the same choice.
 inline constexpr int kGemvFrontChunks = 3;
+inline constexpr int kGemvXsMax       = 2560;
 inline int gemv_lanes(int64_t K, bool nf4, int64_t groups) {
     const int64_t C = K / (nf4 ? 32 : 8);   // 16-byte chunks per row
     int L = 8;
+    if (nf4 && K <= kGemvXsMax) {
+        while (L < 128 && groups * L < 40960 && (int64_t)L * 4 <= C) L *= 2;
+        return L;
+    }
     if (nf4) {   // every chunk of a row among the kGemvFrontChunks a lane loads before its wait
         while (L < 128 && (int64_t)L * kGemvFrontChunks < C) L *= 2;
         return L;

@@ -1078,6 +1078,10 @@ __device__ __forceinline__ float gelu_tanh(float a) {
 // in 16-byte chunks (32 NF4 or 8 bf16 values: one load per lane per row), each lane group owns GV_OUT
 // weight rows so its x chunk is reused 4 times. Each lane's first FC chunks of its rows are loaded
 // before the wait on the previous kernel; the compiler picks L (compiler/cuda_schedule.h gemv_lanes).
+// NF4 rows of K <= GV_XS_MAX read x from a padded copy in shared memory, written once per block after
+// the wait: straight from global memory, the 16-byte x loads of a warp's lanes fall 128 bytes apart
+// (one chunk each) and cost L1 wavefronts like the code-book lookups do (bench/gemv_bench.cu lab:
+// E2B gate/up 17.6 -> 13.7 us, E4B 38.5 -> 27.1 us on an H100).
 // Epilogues: 0 y_m[n] = v (+bias); 1 out[n] = gelu(v_gate) * v_up; 2 out[n] = gelu(v) * aux[n];
 // 3 y_0[n] = cap * tanh(v / cap). grid ceil(rows / (GV_OUT / M) * L / 128), block 128.
 struct GemvMat {
@@ -1114,9 +1118,12 @@ template <int B> __device__ __forceinline__ u32 nf4_pair_off(u32 w, u32 lane_off
     return ((B == 0 ? w << 7 : w >> (8 * B - 7)) & 0x7f80u) | lane_off;
 }
 
-template <bool kIsNf4, int L, int M>
-__device__ __forceinline__ void gemv_body(const GemvArgs& a, float2* tab) {
-    constexpr int R  = GV_OUT / M;          // outputs per lane group
+// x staged in shared memory (XS): 8 float4 of chunk c at xs[9c..], one float4 of padding per chunk so
+// the 16-byte loads of 8 lanes reading 8 consecutive chunks hit distinct banks. K <= GV_XS_MAX.
+#define GV_XS_MAX 2560
+template <bool kIsNf4, int L, int M, int G = GV_OUT, bool XS = false>
+__device__ __forceinline__ void gemv_body(const GemvArgs& a, float2* tab, float4* xs = nullptr) {
+    constexpr int R  = G / M;          // outputs per lane group
     constexpr int LW = L < 32 ? L : 32;     // lanes of the group in one warp
     constexpr int KS = L / LW;              // warps per group
     const int gl     = threadIdx.x % L;
@@ -1125,9 +1132,9 @@ __device__ __forceinline__ void gemv_body(const GemvArgs& a, float2* tab) {
     const int o0    = group * R;
     const int K     = a.k;
     // Per weight row q: matrix index and local row (rows past the end are clamped, never stored).
-    int mi[GV_OUT], ln[GV_OUT];
+    int mi[G], ln[G];
 #pragma unroll
-    for (int q = 0; q < GV_OUT; ++q) {
+    for (int q = 0; q < G; ++q) {
         int o = min(o0 + q / M, n_out - 1);
         if (M == 2) {
             mi[q] = q % 2;
@@ -1138,12 +1145,12 @@ __device__ __forceinline__ void gemv_body(const GemvArgs& a, float2* tab) {
             ln[q] = o - (mi[q] == 0 ? 0 : mi[q] == 1 ? n0 : n0 + n1);
         }
     }
-    const uint4* wrow[GV_OUT];
-    const void* amp[GV_OUT];
-    const float *am2p[GV_OUT], *offp[GV_OUT], *c2p[GV_OUT];
-    int blk0[GV_OUT];   // NF4: the row's first element / 32 (its half block)
+    const uint4* wrow[G];
+    const void* amp[G];
+    const float *am2p[G], *offp[G], *c2p[G];
+    int blk0[G];   // NF4: the row's first element / 32 (its half block)
 #pragma unroll
-    for (int q = 0; q < GV_OUT; ++q) {
+    for (int q = 0; q < G; ++q) {
         const GemvMat& m = mi[q] == 0 ? a.m[0] : mi[q] == 1 ? a.m[1] : a.m[2];
         wrow[q] = (const uint4*)((const char*)m.w + (kIsNf4 ? (long)ln[q] * K / 2 : (long)ln[q] * K * 2));
         amp[q] = m.absmax, am2p[q] = m.absmax2, offp[q] = m.offset, c2p[q] = m.code2;
@@ -1157,19 +1164,19 @@ __device__ __forceinline__ void gemv_body(const GemvArgs& a, float2* tab) {
     auto scale_of  = [&](int q, int c, u32 raw) { return nf4_absmax_value(raw, am2p[q], offp[q], c2p[q], (blk0[q] + c) >> 1); };
     // acc[q] += row q's chunk c (codes pk[q]) . x[c * PER ...].
     auto accumulate = [&](int c, const uint4* pk, const u32* raw, float* acc) {
-        float scale[GV_OUT];
+        float scale[G];
         if (kIsNf4)
 #pragma unroll
-            for (int q = 0; q < GV_OUT; ++q) scale[q] = scale_of(q, c, raw[q]);
+            for (int q = 0; q < G; ++q) scale[q] = scale_of(q, c, raw[q]);
         float xv[PER];
-        const float4* xp = (const float4*)(a.x + (long)c * PER);
+        const float4* xp = XS ? xs + c * 9 : (const float4*)(a.x + (long)c * PER);
 #pragma unroll
         for (int v = 0; v < PER / 4; ++v) {
             float4 t = xp[v];
             xv[4 * v] = t.x, xv[4 * v + 1] = t.y, xv[4 * v + 2] = t.z, xv[4 * v + 3] = t.w;
         }
 #pragma unroll
-        for (int q = 0; q < GV_OUT; ++q) {
+        for (int q = 0; q < G; ++q) {
             u32 words[4] = {pk[q].x, pk[q].y, pk[q].z, pk[q].w};
             if (kIsNf4) {
                 const char* tb = (const char*)tab;
@@ -1202,54 +1209,59 @@ __device__ __forceinline__ void gemv_body(const GemvArgs& a, float2* tab) {
     // (and the pair table's set-up). The compiler picks L so an NF4 row needs no more chunks than that;
     // later chunks (the bf16 LM head) are pulled into L2 now and loaded in the loop below.
     constexpr int FC = 3;
-    uint4 pk0[FC][GV_OUT];
-    u32 raw0[FC][GV_OUT];
+    uint4 pk0[FC][G];
+    u32 raw0[FC][G];
 #pragma unroll
     for (int i = 0; i < FC; ++i) {
         const int c = gl + i * L;
         if (c < C)
 #pragma unroll
-            for (int q = 0; q < GV_OUT; ++q) {
+            for (int q = 0; q < G; ++q) {
                 pk0[i][q] = __ldcs(wrow[q] + c);
                 raw0[i][q] = kIsNf4 ? raw_scale(q, c) : 0u;
             }
     }
     for (int c = gl + FC * L; c < C; c += L)
 #pragma unroll
-        for (int q = 0; q < GV_OUT; ++q) prefetch_l2(wrow[q] + c);
+        for (int q = 0; q < G; ++q) prefetch_l2(wrow[q] + c);
     if (kIsNf4) {
         nf4_pair_table(tab);
         __syncthreads();
     }
     pdl_begin();
-    float acc[GV_OUT] = {};
+    if (XS) {
+        const float4* x4 = (const float4*)a.x;
+        for (int i = threadIdx.x; i < K / 4; i += blockDim.x) xs[(i >> 3) * 9 + (i & 7)] = x4[i];
+        __syncthreads();
+    }
+    float acc[G] = {};
 #pragma unroll
     for (int i = 0; i < FC; ++i)
         if (gl + i * L < C) accumulate(gl + i * L, pk0[i], raw0[i], acc);
     for (int c = gl + FC * L; c < C; c += L) {
-        uint4 pk[GV_OUT];
-        u32 raw[GV_OUT];
+        uint4 pk[G];
+        u32 raw[G];
 #pragma unroll
-        for (int q = 0; q < GV_OUT; ++q) {
+        for (int q = 0; q < G; ++q) {
             pk[q]  = __ldcs(wrow[q] + c);
             raw[q] = kIsNf4 ? raw_scale(q, c) : 0u;
         }
         accumulate(c, pk, raw, acc);
     }
 #pragma unroll
-    for (int q = 0; q < GV_OUT; ++q)
+    for (int q = 0; q < G; ++q)
 #pragma unroll
         for (int o = LW / 2; o > 0; o >>= 1) acc[q] += __shfl_xor_sync(0xffffffffu, acc[q], o);
     if (KS > 1) {
-        __shared__ float red[4][GV_OUT];
+        __shared__ float red[32][G];
         const int w = threadIdx.x >> 5;
         if ((threadIdx.x & 31) == 0)
 #pragma unroll
-            for (int q = 0; q < GV_OUT; ++q) red[w][q] = acc[q];
+            for (int q = 0; q < G; ++q) red[w][q] = acc[q];
         __syncthreads();
         if (gl == 0)
 #pragma unroll
-            for (int q = 0; q < GV_OUT; ++q) {
+            for (int q = 0; q < G; ++q) {
                 float t = 0.0f;
 #pragma unroll
                 for (int i = 0; i < KS; ++i) t += red[w + i][q];
@@ -1275,10 +1287,13 @@ __device__ __forceinline__ void gemv_body(const GemvArgs& a, float2* tab) {
     }
 }
 
+// NF4 with K <= GV_XS_MAX stages x in shared memory (the compiler's lane choice assumes it).
 #define G4_GEMV(NAME, NF4, L, M)                                                                              \
     extern "C" __global__ void __launch_bounds__(128, M == 2 ? 4 : 3) NAME(const GemvArgs a) {                \
         __shared__ float2 tab[NF4 ? NF4_PAIRS : 1];                                                            \
-        gemv_body<NF4, L, M>(a, tab);                                                                          \
+        __shared__ float4 xs[NF4 ? GV_XS_MAX / 32 * 9 : 1];                                                    \
+        if (NF4 && a.k <= GV_XS_MAX) gemv_body<NF4, L, M, GV_OUT, true>(a, tab, xs);                           \
+        else gemv_body<NF4, L, M>(a, tab);                                                                     \
     }
 G4_GEMV(g4_gemv_nf4_l8_m1, true, 8, 1)
 G4_GEMV(g4_gemv_nf4_l16_m1, true, 16, 1)

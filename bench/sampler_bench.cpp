@@ -53,7 +53,7 @@ int main() {
         std::mt19937 gen(7);
         std::normal_distribution<float> nd(0.0f, s.spread);
         std::vector<float> logits(vocab), buf(vocab), v(vocab);
-        std::vector<int32_t> idx(vocab), idx2(vocab);
+        std::vector<int32_t> idx(vocab), idx2(vocab), tmp(vocab);
         for (float& x : logits) x = nd(gen);
         if (s.peaked)
             for (int i = 0; i < 32; ++i) logits[(size_t)i * 8191] += 12.0f;
@@ -61,7 +61,7 @@ int main() {
         std::vector<double> a, b;
         for (int r = 0; r < 15; ++r) {
             auto t = std::chrono::steady_clock::now();
-            g4::rt::sample_token(logits.data(), vocab, s.p, nullptr, 0, buf.data(), idx.data(), rng);
+            g4::rt::sample_token(logits.data(), vocab, s.p, nullptr, 0, buf.data(), idx.data(), tmp.data(), rng);
             a.push_back(ms_since(t));
             t = std::chrono::steady_clock::now();
             whole_row_sort(logits, s.p, v, idx2, rng2);

@@ -235,6 +235,7 @@ g4_status g4_session_create(g4_engine* e, const g4_session_params* params, g4_se
     s->history.assign(in.max_context, 0);
     s->sample_buf.assign(in.vocab_size, 0.0f);
     s->sample_idx.assign(in.vocab_size, 0);
+    s->sample_tmp.assign(in.vocab_size, 0);
     e->live_sessions++;
     handle_add(s);
     *out = s;
@@ -444,7 +445,7 @@ g4_status g4_session_sample(g4_session* s, const g4_sampling_params* params, int
         if (st != G4_OK) return st;
     }
     *out_token = g4::rt::sample_token(s->last_logits.data(), (int32_t)s->last_logits.size(), p, s->history.data(), s->position,
-                                      s->sample_buf.data(), s->sample_idx.data(), s->rng);
+                                      s->sample_buf.data(), s->sample_idx.data(), s->sample_tmp.data(), s->rng);
     return G4_OK;
     G4_GUARD_END
 }

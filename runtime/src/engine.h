@@ -66,6 +66,7 @@ struct g4_session {
     std::vector<int32_t> history;            // [max_context] tokens fed so far
     std::vector<float> sample_buf;           // [vocab]
     std::vector<int32_t> sample_idx;         // [vocab]
+    std::vector<int32_t> sample_tmp;         // [vocab]
     std::mt19937_64 rng;
     bool rng_seeded = false;
     std::atomic<bool> cancel{false};

@@ -59,7 +59,41 @@ int32_t draw(int32_t n, Value value, Token token, const g4_sampling_params& p, s
     return token(n - 1);
 }
 
+// Ranges longer than this are sorted by radix passes (radix_sort_by_logit), shorter ones by std::sort.
+constexpr int32_t kRadixMin = 16384;
+
 } // namespace
+
+// Stable least-significant-digit radix passes: over the ids' bits, then over an order key of their
+// values, so equal values keep ascending ids. -0.0 and 0.0 get one key, as the comparison sees them.
+void radix_sort_by_logit(int32_t* first, int32_t n, const float* buf, int32_t* tmp, int32_t vocab) {
+    constexpr int kBits = 11, kBuckets = 1 << kBits;
+    uint32_t count[kBuckets];
+    int32_t *src = first, *dst = tmp;
+    auto pass = [&](auto digit) {
+        std::memset(count, 0, sizeof count);
+        for (int32_t i = 0; i < n; ++i) ++count[digit(src[i])];
+        uint32_t sum = 0;
+        for (uint32_t& c : count) {
+            const uint32_t t = c;
+            c = sum, sum += t;
+        }
+        for (int32_t i = 0; i < n; ++i) dst[count[digit(src[i])]++] = src[i];
+        std::swap(src, dst);
+    };
+    int id_bits = 1;
+    while (id_bits < 31 && (int64_t(1) << id_bits) < vocab) ++id_bits;
+    for (int shift = 0; shift < id_bits; shift += kBits) pass([shift](int32_t t) { return ((uint32_t)t >> shift) & (kBuckets - 1); });
+    auto key = [buf](int32_t t) {   // descending value order as an ascending unsigned key
+        uint32_t u;
+        std::memcpy(&u, &buf[t], 4);
+        if (u == 0x80000000u) u = 0;   // -0.0 == 0.0
+        const uint32_t asc = u & 0x80000000u ? ~u : u | 0x80000000u;
+        return ~asc;
+    };
+    for (int shift = 0; shift < 32; shift += kBits) pass([&key, shift](int32_t t) { return (key(t) >> shift) & (kBuckets - 1); });
+    if (src != first) std::memcpy(first, src, sizeof(int32_t) * n);
+}
 
 std::string check_sampling(const g4_sampling_params& p) {
     if (!(p.temperature >= 0) || !std::isfinite(p.temperature)) return "temperature must be >= 0";
@@ -77,7 +111,7 @@ int32_t penalty_window(const g4_sampling_params& p, int32_t n_history) {
 }
 
 int32_t sample_token(const float* logits, int32_t vocab, const g4_sampling_params& p, const int32_t* history,
-                     int32_t n_history, float* buf, int32_t* idx, std::mt19937_64& rng) {
+                     int32_t n_history, float* buf, int32_t* idx, int32_t* tmp, std::mt19937_64& rng) {
     std::memcpy(buf, logits, sizeof(float) * vocab);
     for (int32_t i = n_history - penalty_window(p, n_history); i < n_history; ++i) {
         int32_t t = history[i];
@@ -107,8 +141,11 @@ int32_t sample_token(const float* logits, int32_t vocab, const g4_sampling_param
     // found without sorting the row: the softmax's normalizer over the row in token order; min-p keeps
     // the tokens whose probability reaches min_p times the top one's (moved to the front); top-p selects
     // and sorts the next best 1024 tokens, then 8x more each time, until the sorted prefix's mass
-    // reaches top_p (a nucleus of most of the row costs about one whole sort). draw() then sees the prefix
-    // with the row's normalizer and cuts it exactly where a whole-row sort would have.
+    // reaches top_p; once a step would sort more than kRadixMin tokens, or the best 1024 hold less than a
+    // quarter of top_p, it sorts all the rest with radix passes instead (a nucleus of most of the row: a
+    // few passes over it, not a comparison sort).
+    // draw() then sees the prefix with the row's normalizer and cuts it exactly where a whole-row sort
+    // would have.
     const Norm z = normalizer(n, value);
     if (p.min_p > 0.0f) {
         const double floor = p.min_p * (1.0 / z.sum);   // min_p * prob(top), prob(top) = exp(0) / sum
@@ -120,14 +157,21 @@ int32_t sample_token(const float* logits, int32_t vocab, const g4_sampling_param
         int32_t done = 0;
         double cum   = 0;
         for (int32_t k = std::min(n, 1024);; k = k >= n / 8 ? n : k * 8) {
-            if (k < n) std::nth_element(idx + done, idx + k, idx + n, by_logit);
-            std::sort(idx + done, idx + k, by_logit);
+            if (k - done > kRadixMin || (done > 0 && cum < p.top_p / 4)) {   // a long nucleus ahead
+                radix_sort_by_logit(idx + done, n - done, buf, tmp, vocab);
+                k = n;
+            } else {
+                if (k < n) std::nth_element(idx + done, idx + k, idx + n, by_logit);
+                std::sort(idx + done, idx + k, by_logit);
+            }
             while (done < k && cum < p.top_p) cum += z.prob(buf[idx[done++]]);
             if (cum >= p.top_p || k == n) {
                 keep = done;
                 break;
             }
         }
+    } else if (n > kRadixMin) {
+        radix_sort_by_logit(idx, n, buf, tmp, vocab);
     } else {
         std::sort(idx, idx + n, by_logit);
     }

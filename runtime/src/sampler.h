@@ -15,10 +15,14 @@ std::string check_sampling(const g4_sampling_params& p);
 // How many of the last n_history fed tokens the repetition penalty applies to (0: penalty off).
 int32_t penalty_window(const g4_sampling_params& p, int32_t n_history);
 
-// logits: [vocab] (not modified). buf: [vocab] floats, idx: [vocab] ints of scratch.
+// logits: [vocab] (not modified). buf: [vocab] floats, idx and tmp: [vocab] ints of scratch.
 // history: the last n_history fed tokens (for the repetition penalty).
 int32_t sample_token(const float* logits, int32_t vocab, const g4_sampling_params& p, const int32_t* history,
-                     int32_t n_history, float* buf, int32_t* idx, std::mt19937_64& rng);
+                     int32_t n_history, float* buf, int32_t* idx, int32_t* tmp, std::mt19937_64& rng);
+
+// Sorts token ids first[0, n) by buf[id] descending, ties to the lower id (sample_token's order), in
+// a few passes over them rather than by comparisons. Ids are in [0, vocab); tmp: [n] ints of scratch.
+void radix_sort_by_logit(int32_t* first, int32_t n, const float* buf, int32_t* tmp, int32_t vocab);
 
 // The same draw from candidates already penalised, divided by the temperature and cut to top-k:
 // values [n] sorted descending with ties to the lower token, tokens [n] (the GPU top-k path, which

@@ -350,14 +350,14 @@ TEST(GpuSampling, SameTokensAsTheCpuSampler) {
         ASSERT_EQ(g4_session_append_tokens(s, fed.data(), fed.size(), nullptr, 0), G4_OK);
         std::mt19937_64 rng(p.seed);
         std::vector<float> buf(512);
-        std::vector<int32_t> idx(512);
+        std::vector<int32_t> idx(512), tmp(512);
         for (int step = 0; step < 24; ++step) {
             int32_t tok = -1, vocab = 0;
             ASSERT_EQ(g4_session_sample(s, &p, &tok), G4_OK) << g4_last_error_message();
             const float* logits = nullptr;
             ASSERT_EQ(g4_session_get_logits(s, &logits, &vocab), G4_OK);
             ASSERT_EQ(vocab, 512);
-            const int32_t want = rt::sample_token(logits, vocab, p, fed.data(), (int32_t)fed.size(), buf.data(), idx.data(), rng);
+            const int32_t want = rt::sample_token(logits, vocab, p, fed.data(), (int32_t)fed.size(), buf.data(), idx.data(), tmp.data(), rng);
             EXPECT_EQ(tok, want) << "step " << step << ", temperature " << p.temperature;
             fed.push_back(tok);
             ASSERT_EQ(g4_session_append_tokens(s, &tok, 1, nullptr, 0), G4_OK);

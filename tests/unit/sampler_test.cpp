@@ -42,12 +42,12 @@ TEST(Sampler, SortedCandidatesDrawTheSameTokensAsTheFullRow) {
         std::mt19937_64 a(p.seed), b(p.seed);
         std::vector<int32_t> history = {3, 17, 17, 19999, 0};
         std::vector<float> buf(vocab), vals;
-        std::vector<int32_t> idx(vocab), toks;
+        std::vector<int32_t> idx(vocab), tmp(vocab), toks;
         int differ = 0;
         for (int step = 0; step < 50; ++step) {
             std::vector<float> logits = g4test::randn(vocab, 100 + step, 2.0f);
             logits[step * 37] = logits[step * 37 + 1];   // a tie
-            const int32_t want = g4::rt::sample_token(logits.data(), vocab, p, history.data(), (int32_t)history.size(), buf.data(), idx.data(), a);
+            const int32_t want = g4::rt::sample_token(logits.data(), vocab, p, history.data(), (int32_t)history.size(), buf.data(), idx.data(), tmp.data(), a);
             candidates(logits, p, history, p.top_k, &vals, &toks);
             const int32_t got = g4::rt::sample_sorted(vals.data(), toks.data(), p.top_k, p, b);
             differ += got != want;
@@ -84,7 +84,8 @@ int32_t plain_nucleus(const std::vector<float>& logits, const g4_sampling_params
     return idx[n - 1];
 }
 
-// sample_token finds the nucleus without sorting the whole row (prefixes of 1024, then 8x longer):
+// sample_token finds the nucleus without a whole-row comparison sort (prefixes of 1024, then 8x longer,
+// then radix passes over the rest):
 // the same tokens as the plain whole-row sort, including nuclei far past 1024 tokens (flat rows).
 TEST(Sampler, NucleusWithoutTopKMatchesAWholeRowSort) {
     struct Case {
@@ -96,20 +97,43 @@ TEST(Sampler, NucleusWithoutTopKMatchesAWholeRowSort) {
         {262144, 3.0f, {1.0f, 0, 0.95f, 0.0f, 1.0f, 0, 5}},   {262144, 0.05f, {1.0f, 0, 0.9f, 0.0f, 1.0f, 0, 6}},
         {20000, 3.0f, {0.7f, 0, 1.0f, 0.05f, 1.0f, 0, 7}},    {20000, 1.0f, {1.3f, 0, 0.8f, 0.1f, 1.0f, 0, 8}},
         {20000, 0.2f, {1.0f, 0, 0.999f, 0.0f, 1.0f, 0, 9}},   {20000, 0.5f, {0.9f, 0, 1.0f, 0.9f, 1.0f, 0, 10}},
+        {262144, 0.05f, {1.0f, 0, 1.0f, 0.5f, 1.0f, 0, 11}},   // min-p alone keeping most of the row
     };
     for (const Case& c : cases) {
         std::mt19937_64 a(c.p.seed), b(c.p.seed);
         std::vector<float> buf(c.vocab);
-        std::vector<int32_t> idx(c.vocab);
+        std::vector<int32_t> idx(c.vocab), tmp(c.vocab);
         const int steps = c.vocab > 100000 ? 4 : 40;
         int differ = 0;
         for (int step = 0; step < steps; ++step) {
             std::vector<float> logits = g4test::randn(c.vocab, 300 + step, c.spread);
             logits[step * 11] = logits[step * 11 + 5];   // a tie
-            const int32_t got = g4::rt::sample_token(logits.data(), c.vocab, c.p, nullptr, 0, buf.data(), idx.data(), a);
+            const int32_t got = g4::rt::sample_token(logits.data(), c.vocab, c.p, nullptr, 0, buf.data(), idx.data(), tmp.data(), a);
             differ += got != plain_nucleus(logits, c.p, b);
         }
         EXPECT_EQ(differ, 0) << "vocab " << c.vocab << ", spread " << c.spread << ", top_p " << c.p.top_p << ", min_p " << c.p.min_p;
+    }
+}
+
+// The radix passes that sort long nuclei give exactly the comparison sort's order: value descending,
+// ties (many here, and -0.0 against 0.0, and -inf) to the lower token, for any subset of ids.
+TEST(Sampler, RadixSortGivesTheComparisonOrder) {
+    const int vocab = 262144;
+    std::vector<float> buf = g4test::randn(vocab, 77, 2.0f);
+    for (int i = 0; i < vocab; i += 7) buf[i] = std::round(buf[i] * 4.0f) / 4.0f;   // many exact ties
+    for (int i = 3; i < vocab; i += 1001) buf[i] = (i / 1001) % 2 ? -0.0f : 0.0f;
+    for (int i = 5; i < vocab; i += 4099) buf[i] = -INFINITY;
+    buf[vocab - 1] = 1e30f, buf[0] = -1e30f, buf[1] = 1e-40f;   // extremes and a denormal
+    auto by_logit = [&](int32_t a, int32_t b) { return buf[a] > buf[b] || (buf[a] == buf[b] && a < b); };
+    for (int n : {vocab, 70000, 20001}) {
+        std::vector<int32_t> ids(vocab), tmp(n);
+        for (int i = 0; i < vocab; ++i) ids[i] = i;
+        std::shuffle(ids.begin(), ids.end(), std::mt19937(n));
+        ids.resize(n);
+        std::vector<int32_t> want = ids;
+        std::sort(want.begin(), want.end(), by_logit);
+        g4::rt::radix_sort_by_logit(ids.data(), n, buf.data(), tmp.data(), vocab);
+        EXPECT_EQ(ids, want) << "n " << n;
     }
 }
 
@@ -133,7 +157,7 @@ TEST(Sampler, PrefixWithTheRowNormalizerDrawsTheSameTokensAsTheFullRow) {
         std::mt19937_64 a(c.p.seed), b(c.p.seed);
         std::vector<int32_t> history = {3, 17, 17, 262143, 0};
         std::vector<float> buf(vocab), vals;
-        std::vector<int32_t> idx(vocab), toks;
+        std::vector<int32_t> idx(vocab), tmp(vocab), toks;
         int differ = 0, fell_back = 0;
         for (int step = 0; step < 6; ++step) {
             std::vector<float> logits = g4test::randn(vocab, 500 + step, c.spread);
@@ -147,8 +171,8 @@ TEST(Sampler, PrefixWithTheRowNormalizerDrawsTheSameTokensAsTheFullRow) {
             double sum = 0;
             for (int i = vocab - 1; i >= 0; --i) sum += std::exp((double)(row[i] / c.p.temperature) - vals[0]);
             int32_t got = g4::rt::sample_prefix(vals.data(), toks.data(), k, vocab, vals[0], sum, c.p, b);
-            if (got < 0) ++fell_back, got = g4::rt::sample_token(logits.data(), vocab, c.p, history.data(), (int32_t)history.size(), buf.data(), idx.data(), b);
-            const int32_t want = g4::rt::sample_token(logits.data(), vocab, c.p, history.data(), (int32_t)history.size(), buf.data(), idx.data(), a);
+            if (got < 0) ++fell_back, got = g4::rt::sample_token(logits.data(), vocab, c.p, history.data(), (int32_t)history.size(), buf.data(), idx.data(), tmp.data(), b);
+            const int32_t want = g4::rt::sample_token(logits.data(), vocab, c.p, history.data(), (int32_t)history.size(), buf.data(), idx.data(), tmp.data(), a);
             differ += got != want;
             history.push_back(want);
         }

@@ -31,6 +31,7 @@ template <class Value, class Token>
 int32_t draw(int32_t n, Value value, Token token, const g4_sampling_params& p, std::mt19937_64& rng, const Norm* z = nullptr) {
     const Norm zn = z ? *z : normalizer(n, value);
     auto prob     = [&](int32_t i) { return zn.prob(value(i)); };
+    double total = -1;   // the mass of candidates 0..n-1 once known: top-p's sum is that very sum
     if (p.top_p < 1.0f) {
         double cum = 0;
         int32_t keep = n;
@@ -41,16 +42,20 @@ int32_t draw(int32_t n, Value value, Token token, const g4_sampling_params& p, s
                 break;
             }
         }
+        if (keep >= 1) total = cum;
         n = std::max<int32_t>(1, keep);
     }
     if (p.min_p > 0.0f) {
         double top = prob(0);
         int32_t keep = 1;
         while (keep < n && prob(keep) >= p.min_p * top) ++keep;
+        if (keep != n) total = -1;
         n = keep;
     }
-    double total = 0;
-    for (int32_t i = 0; i < n; ++i) total += prob(i);
+    if (total < 0) {
+        total = 0;
+        for (int32_t i = 0; i < n; ++i) total += prob(i);
+    }
     double r = std::uniform_real_distribution<double>(0.0, total)(rng);
     for (int32_t i = 0; i < n; ++i) {
         r -= prob(i);

@@ -11,8 +11,9 @@ MODEL=${MODEL:-e2b}
 ROUNDS=${ROUNDS:-3}
 DEPTHS=${DEPTHS:-16,4096,32000}
 KV=${KV:-bf16}
+KT=${KT:-1}
 TARGETS="g4"
-[ "${KT:-1}" = 0 ] || TARGETS="cuda_kernels_test g4"
+[ "$KT" = 0 ] || TARGETS="cuda_kernels_test g4"
 A=$PWD
 B=/tmp/ab_b
 rm -rf $B && mkdir -p $B
@@ -28,7 +29,7 @@ build $B & PB=$!
 wait $PA || { tail -30 $A/build.log; exit 1; }
 wait $PB || { tail -30 $B/build.log; exit 1; }
 echo "built: ${SECONDS}s"
-if [ "${KT:-1}" != 0 ]; then
+if [ "$KT" != 0 ]; then
     $B/build-dev/tests/cuda_kernels_test > $OUT/ab_kt.txt 2>&1; grep -E "FAILED|PASSED" $OUT/ab_kt.txt | head -20
 fi
 PYTHONPATH=$A/.bnb python3 bench/e2e_bench.py $A/build-dev/tools/g4 --model $MODEL --checkpoint-only > $OUT/ab_ckpt.txt 2>&1 || { tail $OUT/ab_ckpt.txt; exit 1; }

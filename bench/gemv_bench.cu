@@ -44,7 +44,7 @@ static const GemvFn kGemvBf16[2][5] = {
 template <bool NF4, int L, int M, int G, int B>
 __global__ void __launch_bounds__(B, (M == 2 ? 512 : 384) / B) lab_gemv(const GemvArgs a) {
     __shared__ float2 tab[NF4 ? NF4_PAIRS : 1];
-    gemv_body<NF4, L, M, G>(a, tab);
+    gemv_body<NF4, L, M, G, false, B>(a, tab);
 }
 template <bool NF4, int M, int G, int B> static GemvFn lab_fn(int li) {
     switch (li) {

@@ -1121,7 +1121,9 @@ template <int B> __device__ __forceinline__ u32 nf4_pair_off(u32 w, u32 lane_off
 // x staged in shared memory (XS): 8 float4 of chunk c at xs[9c..], one float4 of padding per chunk so
 // the 16-byte loads of 8 lanes reading 8 consecutive chunks hit distinct banks. K <= GV_XS_MAX.
 #define GV_XS_MAX 2560
-template <bool kIsNf4, int L, int M, int G = GV_OUT, bool XS = false>
+// G: weight rows per lane group; B: threads a block (the kernels launch 128; bench/gemv_bench.cu's lab
+// variants also take other values of both).
+template <bool kIsNf4, int L, int M, int G = GV_OUT, bool XS = false, int B = 128>
 __device__ __forceinline__ void gemv_body(const GemvArgs& a, float2* tab, float4* xs = nullptr) {
     constexpr int R  = G / M;          // outputs per lane group
     constexpr int LW = L < 32 ? L : 32;     // lanes of the group in one warp
@@ -1253,7 +1255,7 @@ __device__ __forceinline__ void gemv_body(const GemvArgs& a, float2* tab, float4
 #pragma unroll
         for (int o = LW / 2; o > 0; o >>= 1) acc[q] += __shfl_xor_sync(0xffffffffu, acc[q], o);
     if (KS > 1) {
-        __shared__ float red[32][G];
+        __shared__ float red[B / 32][G];
         const int w = threadIdx.x >> 5;
         if ((threadIdx.x & 31) == 0)
 #pragma unroll

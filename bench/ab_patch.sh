@@ -3,7 +3,8 @@
 # tree with PATCH applied (B), compiles one E2B/E4B plan with each build (kernels live in the plan),
 # runs B's CUDA kernel tests, then alternates `g4 bench` on the two plans ROUNDS times.
 # Usage (repo root, $OUT set): [MODEL=e2b] [ROUNDS=3] [DEPTHS=16,4096,32000] [KV=bf16] [KT=0] bash bench/ab_patch.sh PATCH
-# KT=0 skips B's kernel tests (and their build): the whole run then fits one 10-minute device call.
+# KT=0 skips B's kernel tests (and their build): the whole run then fits one 10-minute device call;
+# KT_FILTER='*Gemv*' runs only the matching kernel tests (a gtest filter), which also fits.
 # Writes $OUT/ab_<model>.txt (every bench JSON, A and B interleaved) and $OUT/ab_kt.txt.
 set -u
 PATCH=$(realpath "$1")
@@ -30,7 +31,7 @@ wait $PA || { tail -30 $A/build.log; exit 1; }
 wait $PB || { tail -30 $B/build.log; exit 1; }
 echo "built: ${SECONDS}s"
 if [ "$KT" != 0 ]; then
-    $B/build-dev/tests/cuda_kernels_test > $OUT/ab_kt.txt 2>&1; grep -E "FAILED|PASSED" $OUT/ab_kt.txt | head -20
+    $B/build-dev/tests/cuda_kernels_test --gtest_filter="${KT_FILTER:-*}" > $OUT/ab_kt.txt 2>&1; grep -E "FAILED|PASSED" $OUT/ab_kt.txt | head -20
 fi
 PYTHONPATH=$A/.bnb python3 bench/e2e_bench.py $A/build-dev/tools/g4 --model $MODEL --checkpoint-only > $OUT/ab_ckpt.txt 2>&1 || { tail $OUT/ab_ckpt.txt; exit 1; }
 for s in A B; do

@@ -1,0 +1,39 @@
+// Shared interface of the vision and audio towers (runtime/src/towers/vision.h, audio.h): how a tower
+// finds its weights and how it is given memory. Towers run on the CPU (Eigen kernels, float32
+// arithmetic, weights bf16 or f32 widened on the fly); their scratch is sized once from the plan's
+// limits and allocated when the session is created, never during a forward pass.
+#pragma once
+#include "kernels/ops.h"
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+namespace g4::towers {
+
+// One weight as stored in the plan (or, in tests, in a safetensors file): row-major, dims[0] outermost.
+// 0-d scalars (ClippableLinear bounds) have ndim 0 and one element.
+struct Tensor {
+    const void* data = nullptr;
+    DType dtype      = DType::F32;   // F32 or BF16 (towers are never NF4: a quantized vision tower sees grey shapes)
+    int ndim         = 0;
+    int64_t dims[4]  = {};
+    int64_t numel() const {
+        int64_t n = 1;
+        for (int i = 0; i < ndim; ++i) n *= dims[i];
+        return n;
+    }
+};
+
+// Resolves a Hugging Face tensor name relative to the multimodal model prefix "model." (for example
+// "vision_tower.encoder.layers.0.self_attn.q_proj.linear.weight", "embed_vision.embedding_projection.weight").
+// Returns nullptr when the tensor is absent. The returned memory outlives the tower.
+using Lookup = std::function<const Tensor*(const std::string& name)>;
+
+// Reads element i of a weight as float32 (bf16 widened exactly).
+inline float tensor_at(const Tensor& t, int64_t i) {
+    if (t.dtype == DType::BF16) return bf16_to_f32(static_cast<const uint16_t*>(t.data)[i]);
+    return static_cast<const float*>(t.data)[i];
+}
+
+} // namespace g4::towers

@@ -9,7 +9,9 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -371,4 +373,59 @@ TEST(VisionTower, InitNamesMissingAndMisshapenWeights) {
     int32_t pos[2] = {0, 0};
     e = vt.forward(ctx, px, pos, 1, out.data(), out.data(), &n);
     EXPECT_NE(e.find("init"), std::string::npos) << e;
+}
+
+// Timing at the real E2B/E4B tower size (random bf16 weights, no reference): run by hand with
+//   ./build/tests/vision_tower_test --gtest_also_run_disabled_tests --gtest_filter=*E2BSize*
+// G4_VISION_PATCHES (default 630, i.e. max_soft_tokens 70) sets the image size; G4_THREADS the threads.
+TEST(VisionTower, DISABLED_E2BSizeTiming) {
+    towers::VisionHParams hp{768, 16, 12, 12, 64, 3072, 16, 3, 10240, 1e-6f, 100.0f, true, 1536};
+    const char* env = std::getenv("G4_VISION_PATCHES");
+    const int side  = (int)std::lround(std::sqrt(env ? std::atoi(env) : 630) / 3) * 3;   // square grid
+    const int n     = side * side;
+    std::map<std::string, std::vector<uint16_t>> store;
+    std::map<std::string, towers::Tensor> ts;
+    uint32_t seed = 1;
+    for (const std::string& name : towers::vision_weight_names(hp)) {
+        std::vector<int64_t> shape;
+        const int64_t H = 768, I = 3072;
+        if (name.find("position_embedding_table") != std::string::npos) shape = {2, 10240, H};
+        else if (name.find("input_proj") != std::string::npos) shape = {H, 768};
+        else if (name.find("embed_vision") != std::string::npos) shape = {1536, H};
+        else if (name.find("gate_proj.linear") != std::string::npos || name.find("up_proj.linear") != std::string::npos) shape = {I, H};
+        else if (name.find("down_proj.linear") != std::string::npos) shape = {H, I};
+        else if (name.find(".linear.weight") != std::string::npos) shape = {H, H};
+        else if (name.find("_norm.weight") != std::string::npos && name.find("self_attn") != std::string::npos) shape = {64};
+        else if (name.find("layernorm") != std::string::npos) shape = {H};
+        int64_t numel = 1;
+        for (int64_t d : shape) numel *= d;
+        std::vector<float> v = g4test::randn((size_t)numel, seed++, shape.empty() ? 1.0f : 0.03f);
+        if (shape.empty()) v[0] = name.find("min") != std::string::npos ? -8.0f : 8.0f;
+        if (name.find("norm") != std::string::npos) for (float& x : v) x = 1.0f + x;
+        store[name] = g4test::to_bf16(v);
+        towers::Tensor t;
+        t.data = store[name].data(), t.dtype = DType::BF16, t.ndim = (int)shape.size();
+        for (size_t i = 0; i < shape.size(); ++i) t.dims[i] = shape[i];
+        ts[name] = t;
+    }
+    towers::VisionTower vt;
+    ASSERT_EQ(vt.init(hp, [&](const std::string& nm) { auto it = ts.find(nm); return it == ts.end() ? nullptr : &it->second; }, n), "");
+    cpu::ThreadPool pool(cpu::default_thread_count());
+    cpu::Context ctx;
+    ctx.pool = &pool, ctx.scratch_stride = vt.thread_scratch_floats();
+    std::vector<float> tscr(ctx.scratch_stride * pool.size()), scr(vt.scratch_bytes() / 4);
+    ctx.scratch = tscr.data();
+    std::vector<float> px = g4test::randn((size_t)n * 768, 99, 0.25f);
+    for (float& x : px) x = std::min(1.0f, std::max(0.0f, 0.5f + x));
+    std::vector<int32_t> pos((size_t)n * 2);
+    for (int i = 0; i < n; ++i) pos[2 * i] = i % side, pos[2 * i + 1] = i / side;
+    std::vector<float> out((size_t)vt.max_soft_tokens() * 1536);
+    int n_soft = 0;
+    auto t0 = std::chrono::steady_clock::now();
+    ASSERT_EQ(vt.forward(ctx, px.data(), pos.data(), n, scr.data(), out.data(), &n_soft), "");
+    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    ASSERT_EQ(n_soft, n / 9);
+    for (int i = 0; i < n_soft * 1536; ++i) ASSERT_TRUE(std::isfinite(out[i]));
+    std::printf("  E2B-size vision tower: %d patches, %d threads: %.2f s; scratch %.1f MiB, %zu floats/thread\n", n,
+                pool.size(), s, vt.scratch_bytes() / 1048576.0, vt.thread_scratch_floats());
 }

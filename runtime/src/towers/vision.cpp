@@ -20,6 +20,7 @@ using MapRM  = Eigen::Map<RowMat, 0, Eigen::OuterStride<>>;
 using MapRMc = Eigen::Map<const RowMat, 0, Eigen::OuterStride<>>;
 
 constexpr int kAttnBlock = 32;   // query rows per attention task: scores [kAttnBlock, n] per thread
+constexpr int kMlpRows   = 256;  // patches per MLP pass: gate, up and the clamped input [kMlpRows, I] each
 
 size_t round16(size_t n) { return (n + 15) / 16 * 16; }
 
@@ -263,11 +264,12 @@ std::string VisionTower::init(const VisionHParams& hp, const Lookup& lookup, int
         }
     }
 
-    // Scratch: z, a, t [n, H]; c [n, ldc] clamped linear inputs; r [n, ldr] (pixels, then q|k|v|o, then
-    // gate|up); seen [n] int32 grid check.
+    // Scratch: z, a, t [n, H]; c [n, ldc] clamped q/k/v input, then the attention output; r: scaled pixels
+    // [n, pin], then q|k|v [n, ldr], o_proj's clamped input, then per MLP pass gate, up [kMlpRows, I] and the
+    // clamped input [kMlpRows, max(H, I)]; seen [n] int32 grid check.
     const size_t n = (size_t)max_patches;
-    lay_.ldc = std::max({H, I, qw});
-    lay_.ldr = std::max({pin, qw + 2 * kvw + qw, 2 * I});
+    lay_.ldc = std::max(H, qw);
+    lay_.ldr = std::max(pin, qw + 2 * kvw);
     size_t off = 0;
     auto take  = [&](size_t floats) {
         size_t o = off;
@@ -278,7 +280,7 @@ std::string VisionTower::init(const VisionHParams& hp, const Lookup& lookup, int
     lay_.a     = take(n * H);
     lay_.t     = take(n * H);
     lay_.c     = take(n * lay_.ldc);
-    lay_.r     = take(n * lay_.ldr);
+    lay_.r     = take(std::max(n * lay_.ldr, (size_t)(2 * I + std::max(H, I)) * std::min<size_t>(n, kMlpRows)));
     lay_.seen  = take(n);
     lay_.total = off;
     ready_     = true;
@@ -430,8 +432,10 @@ std::string VisionTower::forward(const cpu::Context& ctx, const float* patches, 
     float* kk = r + qw;       // columns [qw, qw + kvw)
     float* v = r + qw + kvw;  // columns [qw + kvw, qw + 2 kvw)
     float* o = c;             // attention output [n, qw] (dense); c is free while attention runs
-    float* g = r;             // MLP gate [n, ldr] columns [0, I)
-    float* u = r + I;         // MLP up, columns [I, 2I)
+    const int mlp_rows = std::min(n, kMlpRows);
+    float* g  = r;                            // MLP gate [mlp_rows, I]
+    float* u  = r + (int64_t)mlp_rows * I;    // MLP up [mlp_rows, I]
+    float* mc = u + (int64_t)mlp_rows * I;    // MLP clamped input [mlp_rows, max(H, I)]
     const int quarter = hp_.head_dim / 4;
     for (const Layer& L : layers_) {
         // Attention block. HF bf16: every linear, norm and the softmax output round to bf16.
@@ -468,12 +472,15 @@ std::string VisionTower::forward(const cpu::Context& ctx, const float* patches, 
 
         // MLP block: down(gelu_tanh(gate(f)) * up(f)).
         rms(ctx, z, H, L.ln_pre_ff, a, H, n, (int)H, (int)H, eps);
-        linear(ctx, L.gate, a, H, n, H, I, c, g, ldr);
-        linear(ctx, L.up, a, H, n, H, I, c, u, ldr);
-        BinaryArgs gm{};
-        gm.a = g, gm.lda = ldr, gm.b = u, gm.ldb = ldr, gm.y = g, gm.ldy = ldr, gm.rows = n, gm.cols = (int)I;
-        cpu::gelu_mul(ctx, gm);
-        linear(ctx, L.down, g, ldr, n, I, H, c, t, H);
+        for (int r0 = 0; r0 < n; r0 += mlp_rows) {
+            const int rows = std::min(mlp_rows, n - r0);
+            linear(ctx, L.gate, a + (int64_t)r0 * H, H, rows, H, I, mc, g, I);
+            linear(ctx, L.up, a + (int64_t)r0 * H, H, rows, H, I, mc, u, I);
+            BinaryArgs gm{};
+            gm.a = g, gm.lda = I, gm.b = u, gm.ldb = I, gm.y = g, gm.ldy = I, gm.rows = rows, gm.cols = (int)I;
+            cpu::gelu_mul(ctx, gm);
+            linear(ctx, L.down, g, I, rows, I, H, mc, t + (int64_t)r0 * H, H);
+        }
         rms(ctx, t, H, L.ln_post_ff, t, H, n, (int)H, (int)H, eps);
         for_row_blocks(ctx, n, H, [&](int r0, int r1) {
             for (int64_t e = (int64_t)r0 * H; e < (int64_t)r1 * H; ++e) z[e] += t[e];

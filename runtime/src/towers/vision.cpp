@@ -355,13 +355,13 @@ std::string VisionTower::forward(const cpu::Context& ctx, const float* patches, 
                                  void* scratch, float* out, int* n_soft) const {
     if (!ready_) return "vision tower: forward before a successful init";
     if (!patches || !pos || !scratch || !out || !n_soft) return "vision tower: null argument to forward";
+    *n_soft = 0;
     if (!ctx.pool || !ctx.scratch || ctx.scratch_stride < thread_scratch_floats())
         return "vision tower: cpu::Context per-thread scratch has " + std::to_string(ctx.scratch_stride) +
                " floats, the tower needs " + std::to_string(thread_scratch_floats()) + " (thread_scratch_floats())";
     if (n_patches < 1 || n_patches > max_patches_)
         return "vision tower: " + std::to_string(n_patches) + " patches given; this tower takes 1.." +
                std::to_string(max_patches_) + " (max_patches fixed at init)";
-    *n_soft = 0;
 
     // Real rows first, HF padding (-1, -1) only after them.
     int n = n_patches;

@@ -13,6 +13,11 @@ synthetic clips, and writes under tests/fixtures/towers/audio/:
   e2e.logits.f32           [T, vocab] logits of the full Gemma4ForConditionalGeneration forward on
                            e2e.json's ids with clip 0 as input_features
   audio.json               shapes, soft-token counts for many clip lengths, the e2e ids
+  mid/                     an audio-only random-weight checkpoint with the released model's front end
+                           (128 mel bins, subsampling_conv_channels [128, 32]) but a small conformer
+                           (config.json: audio_config + text hidden size; model.safetensors: bf16
+                           model.audio_tower.* / model.embed_audio.*), and for clip 0 its HF features
+                           (mid/clip0.features.f32 [n_frames, 128]) and tower output (mid/clip0.tower.f32)
 
 The tiny audio tower's input_proj_linear takes (subsampling_conv_channels[0] // 4) * channels[1]
 = 8 inputs, i.e. 2 frequency rows after the two stride-2 convs: HF builds that layer for a
@@ -33,7 +38,10 @@ import wave
 import numpy as np
 import torch
 import transformers
+from safetensors.torch import save_file
 from transformers import Gemma4ForConditionalGeneration
+from transformers.models.gemma4.configuration_gemma4 import Gemma4AudioConfig, Gemma4TextConfig
+from transformers.models.gemma4.modeling_gemma4 import Gemma4AudioModel, Gemma4MultimodalEmbedder
 from transformers.models.gemma4.feature_extraction_gemma4 import Gemma4AudioFeatureExtractor
 
 SR = 16000
@@ -67,6 +75,56 @@ def soft_tokens_hf(fe, n):
         m = m[::2][:t_out]
         t = len(m)
     return int(m.sum())
+
+
+MID_AUDIO = dict(hidden_size=48, num_hidden_layers=1, num_attention_heads=2, subsampling_conv_channels=[128, 32],
+                 output_proj_dims=56, conv_kernel_size=5, use_clipped_linears=True)
+MID_TEXT_HIDDEN = 40
+
+
+@torch.no_grad()
+def make_mid(out_dir, pcm):
+    """Random audio tower with the released front end (128 mel bins); weights rounded to bf16, run in fp32."""
+    os.makedirs(out_dir, exist_ok=True)
+    acfg = Gemma4AudioConfig(**MID_AUDIO)
+    acfg._attn_implementation = "eager"
+    tcfg = Gemma4TextConfig(hidden_size=MID_TEXT_HIDDEN, vocab_size=512, num_hidden_layers=1,
+                            intermediate_size=64, num_attention_heads=1, num_key_value_heads=1, head_dim=16)
+    tower, embed = Gemma4AudioModel(acfg).eval(), Gemma4MultimodalEmbedder(acfg, tcfg).eval()
+    g = torch.Generator().manual_seed(4242)
+    tensors = {}
+    for prefix, mod in (("model.audio_tower.", tower), ("model.embed_audio.", embed)):
+        names = set(mod.state_dict().keys())
+        params = dict(mod.named_parameters())
+        params.update({k: v for k, v in mod.named_buffers() if k in names})
+        for name in sorted(params):
+            t, leaf = params[name], name.rsplit(".", 1)[-1]
+            if leaf.endswith("_min"):
+                v = torch.rand(t.shape, generator=g) * 1.5 - 3.0
+            elif leaf.endswith("_max"):
+                v = torch.rand(t.shape, generator=g) * 1.5 + 1.5
+            elif leaf in ("per_dim_scale", "bias"):
+                v = torch.randn(t.shape, generator=g) * 0.3
+            elif t.dim() == 1:
+                v = torch.rand(t.shape, generator=g) + 0.5
+            else:
+                v = torch.randn(t.shape, generator=g) * int(np.prod(t.shape[1:])) ** -0.5
+            v = v.to(torch.bfloat16)
+            t.copy_(v.float())
+            tensors[prefix + name] = v.contiguous()
+    save_file(tensors, os.path.join(out_dir, "model.safetensors"))
+    with open(os.path.join(out_dir, "config.json"), "w") as f:
+        json.dump({"audio_config": MID_AUDIO, "text_config": {"hidden_size": MID_TEXT_HIDDEN}}, f, indent=1)
+    fe = Gemma4AudioFeatureExtractor()   # 128 mel bins, the released default
+    feats = fe([pcm], return_tensors="pt")
+    x, m = feats["input_features"], feats["input_features_mask"]
+    out = tower(x, m, return_dict=True)
+    emb = embed(out.last_hidden_state)[0][out.attention_mask[0]]
+    x[0].numpy().astype("<f4").tofile(os.path.join(out_dir, "clip0.features.f32"))
+    emb.numpy().astype("<f4").tofile(os.path.join(out_dir, "clip0.tower.f32"))
+    return {"dir": "mid", "audio_config": MID_AUDIO, "text_hidden_size": MID_TEXT_HIDDEN, "mel_bins": 128,
+            "clip": "clip0", "n_frames": int(x.shape[1]), "n_valid_frames": int(m[0].sum()),
+            "n_soft": int(emb.shape[0]), "features": "mid/clip0.features.f32", "tower": "mid/clip0.tower.f32"}
 
 
 def main():
@@ -132,6 +190,7 @@ def main():
                    "note": "full Gemma4ForConditionalGeneration float32 forward, final softcapped logits for "
                            "every position; audio positions take the tower rows of clip0.tower.f32 in order "
                            "(HF looks up the pad id 0 there for the per-layer inputs)"}
+    meta["mid"] = make_mid(os.path.join(args.out, "mid"), clips[0])
     with open(os.path.join(args.out, "audio.json"), "w") as f:
         json.dump(meta, f, indent=1)
     print(json.dumps({k: v for k, v in meta.items() if k != "soft_tokens"}, indent=1))

@@ -32,11 +32,11 @@ std::vector<int32_t> read_i32(const std::string& path) {
 
 // The tiny checkpoint's tensors as towers::Tensor, looked up relative to "model.".
 struct Weights {
-    st::Checkpoint ck = st::Checkpoint::open(g4test::fixture("e2b_tiny"));
+    st::Checkpoint ck;
     std::map<std::string, towers::Tensor> map;
     std::set<std::string> hide;                      // names reported missing
     std::map<std::string, std::vector<int64_t>> reshape;   // names reported with another shape
-    Weights() {
+    explicit Weights(const std::string& ckpt_dir = g4test::fixture("e2b_tiny")) : ck(st::Checkpoint::open(ckpt_dir)) {
         for (const auto& name : ck.names()) {
             const st::TensorView& v = ck.get(name);
             towers::Tensor t;
@@ -188,6 +188,44 @@ TEST(AudioTower, OutputMatchesHf) {
         std::printf("%s tower: %d soft tokens, rel L2 %.3g, max abs %.3g\n", c["name"].get<std::string>().c_str(), n_soft, e, mx);
         EXPECT_LT(e, 1e-5);
     }
+}
+
+// The released model's front end (128 mel bins, SSCP channels [128, 32]) with a small random conformer.
+TEST(AudioTower, ReleasedFrontEndMatchesHf) {
+    const json m  = meta();
+    const json& c = m["mid"];
+    json cfg      = json::parse(g4test::read_file(dir() + "/mid/config.json"));
+    towers::AudioHParams hp{};
+    ASSERT_EQ(towers::parse_audio_hparams(cfg["audio_config"].dump(), cfg["text_config"]["hidden_size"], &hp), "");
+    ASSERT_EQ(hp.mel_bins, 128);
+    Weights w(dir() + "/mid");
+    towers::AudioTower tower;
+    ASSERT_EQ(tower.init(hp, w.lookup(), 480000), "");
+    Runner r(tower, 2);
+    auto pcm = g4test::read_f32(dir() + "/clip0.pcm.f32");
+
+    auto ref_f = g4test::read_f32(dir() + "/" + c["features"].get<std::string>());
+    const int nv = c["n_valid_frames"];
+    ASSERT_EQ(ref_f.size(), c["n_frames"].get<size_t>() * 128);
+    std::vector<float> feat((size_t)nv * 128);
+    int nf = 0;
+    ASSERT_EQ(tower.features(r.ctx, pcm.data(), (int64_t)pcm.size(), feat.data(), &nf), "");
+    ASSERT_EQ(nf, nv);
+    double e = g4test::rel_l2(feat.data(), ref_f.data(), feat.size());
+    std::printf("mid features: %d frames x 128 mel, rel L2 %.3g, max abs %.3g\n", nf, e,
+                max_abs_diff(feat.data(), ref_f.data(), feat.size()));
+    EXPECT_LT(e, 2e-6);
+
+    auto ref = g4test::read_f32(dir() + "/" + c["tower"].get<std::string>());
+    const int n_soft_ref = c["n_soft"];
+    ASSERT_EQ(ref.size(), (size_t)n_soft_ref * hp.text_hidden_size);
+    std::vector<float> out(ref.size());
+    int n_soft = 0;
+    ASSERT_EQ(tower.forward(r.ctx, pcm.data(), (int64_t)pcm.size(), r.scratch, out.data(), &n_soft), "");
+    ASSERT_EQ(n_soft, n_soft_ref);
+    e = g4test::rel_l2(out.data(), ref.data(), out.size());
+    std::printf("mid tower: %d soft tokens, rel L2 %.3g, max abs %.3g\n", n_soft, e, max_abs_diff(out.data(), ref.data(), out.size()));
+    EXPECT_LT(e, 1e-5);
 }
 
 TEST(AudioTower, SoftTokenCountsMatchHf) {

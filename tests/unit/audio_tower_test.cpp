@@ -1,0 +1,450 @@
+// The CPU audio tower (runtime/src/towers/audio.*) against Hugging Face float32 numbers from
+// tools/make_audio_fixtures.py (tests/fixtures/towers/audio, tiny checkpoint tests/fixtures/e2b_tiny), and the
+// CLI's WAV reader (tools/audio_io.*).
+#include "compiler/safetensors.h"
+#include "kernels/cpu/cpu.h"
+#include "runtime/src/towers/audio.h"
+#include "test_util.h"
+#include "tools/audio_io.h"
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <gtest/gtest.h>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+using json = nlohmann::json;
+using namespace g4;
+
+namespace {
+
+std::string dir() { return g4test::fixture("towers/audio"); }
+json meta() { return json::parse(g4test::read_file(dir() + "/audio.json")); }
+
+std::vector<int32_t> read_i32(const std::string& path) {
+    std::string b = g4test::read_file(path);
+    std::vector<int32_t> v(b.size() / 4);
+    std::memcpy(v.data(), b.data(), v.size() * 4);
+    return v;
+}
+
+// The tiny checkpoint's tensors as towers::Tensor, looked up relative to "model.".
+struct Weights {
+    st::Checkpoint ck;
+    std::map<std::string, towers::Tensor> map;
+    std::set<std::string> hide;                      // names reported missing
+    std::map<std::string, std::vector<int64_t>> reshape;   // names reported with another shape
+    explicit Weights(const std::string& ckpt_dir = g4test::fixture("e2b_tiny")) : ck(st::Checkpoint::open(ckpt_dir)) {
+        for (const auto& name : ck.names()) {
+            const st::TensorView& v = ck.get(name);
+            towers::Tensor t;
+            t.data  = v.data;
+            t.dtype = v.dtype == st::DType::BF16 ? DType::BF16 : DType::F32;
+            t.ndim  = (int)v.shape.size();
+            for (int i = 0; i < t.ndim; ++i) t.dims[i] = v.shape[i];
+            if (v.dtype == st::DType::BF16 || v.dtype == st::DType::F32) map[name.substr(6)] = t;   // drop "model."
+        }
+    }
+    towers::Lookup lookup() {
+        return [this](const std::string& n) -> const towers::Tensor* {
+            if (hide.count(n)) return nullptr;
+            auto it = map.find(n);
+            if (it == map.end()) return nullptr;
+            if (auto r = reshape.find(n); r != reshape.end()) {
+                static thread_local towers::Tensor t;
+                t      = it->second;
+                t.ndim = (int)r->second.size();
+                for (int i = 0; i < t.ndim; ++i) t.dims[i] = r->second[i];
+                return &t;
+            }
+            return &it->second;
+        };
+    }
+};
+
+towers::AudioHParams tiny_hparams() {
+    json cfg = json::parse(g4test::read_file(g4test::fixture("e2b_tiny/config.json")));
+    towers::AudioHParams hp{};
+    std::string err = towers::parse_audio_hparams(cfg["audio_config"].dump(), cfg["text_config"]["hidden_size"], &hp);
+    EXPECT_EQ(err, "");
+    return hp;
+}
+
+// A thread pool, its per-thread scratch and the tower's scratch.
+struct Runner {
+    std::unique_ptr<cpu::ThreadPool> pool;
+    std::vector<float> thread_scratch;
+    float* scratch = nullptr;
+    cpu::Context ctx;
+    Runner(const towers::AudioTower& tower, int threads) {
+        pool = std::make_unique<cpu::ThreadPool>(threads);
+        ctx.pool           = pool.get();
+        ctx.scratch_stride = tower.thread_scratch_floats();
+        thread_scratch.resize(ctx.scratch_stride * threads + 16);
+        ctx.scratch = thread_scratch.data() + (16 - ((uintptr_t)thread_scratch.data() / 4) % 16) % 16;
+        scratch     = (float*)std::aligned_alloc(64, (tower.scratch_bytes() + 63) / 64 * 64);
+    }
+    ~Runner() { std::free(scratch); }
+};
+
+double max_abs_diff(const float* a, const float* b, size_t n) {
+    double m = 0;
+    for (size_t i = 0; i < n; ++i) m = std::max(m, (double)std::fabs(a[i] - b[i]));
+    return m;
+}
+
+} // namespace
+
+TEST(AudioTower, ParsesHParamsAndNamesEveryWeight) {
+    towers::AudioHParams hp = tiny_hparams();
+    EXPECT_EQ(hp.hidden_size, 32);
+    EXPECT_EQ(hp.num_hidden_layers, 2);
+    EXPECT_EQ(hp.num_attention_heads, 2);
+    EXPECT_EQ(hp.subsampling_conv_channels[0], 8);
+    EXPECT_EQ(hp.subsampling_conv_channels[1], 4);
+    EXPECT_EQ(hp.attention_context_left, 13);
+    EXPECT_EQ(hp.output_proj_dims, 32);
+    EXPECT_EQ(hp.text_hidden_size, 64);
+    EXPECT_TRUE(hp.use_clipped_linears);
+    EXPECT_EQ(hp.mel_bins, meta()["mel_bins"].get<int>());   // 8: what HF builds input_proj_linear for
+
+    Weights w;
+    std::set<std::string> expected;
+    for (const auto& n : w.map)
+        if (n.first.rfind("audio_tower.", 0) == 0 || n.first.rfind("embed_audio.", 0) == 0) expected.insert(n.first);
+    auto names = towers::audio_weight_names(hp);
+    EXPECT_EQ(std::set<std::string>(names.begin(), names.end()), expected);
+    EXPECT_EQ(names.size(), expected.size());
+
+    // Released-model defaults: an empty audio_config is HF's Gemma4AudioConfig().
+    towers::AudioHParams def{};
+    ASSERT_EQ(towers::parse_audio_hparams("{}", 1536, &def), "");
+    EXPECT_EQ(def.hidden_size, 1024);
+    EXPECT_EQ(def.mel_bins, 128);
+    EXPECT_EQ(def.output_proj_dims, 1536);
+    EXPECT_FLOAT_EQ(def.gradient_clipping, 1e10f);
+
+    std::string e = towers::parse_audio_hparams("{\"attention_context_right\": 2}", 64, &def);
+    EXPECT_NE(e.find("attention_context_right"), std::string::npos) << e;
+    e = towers::parse_audio_hparams("{\"hidden_size\": \"big\"}", 64, &def);
+    EXPECT_NE(e.find("audio_config.hidden_size"), std::string::npos) << e;
+    e = towers::parse_audio_hparams("{\"hidden_size\": 30, \"num_attention_heads\": 4}", 64, &def);
+    EXPECT_NE(e.find("num_attention_heads"), std::string::npos) << e;
+    EXPECT_NE(towers::parse_audio_hparams("not json", 64, &def), "");
+}
+
+TEST(AudioTower, FeaturesMatchHf) {
+    towers::AudioHParams hp = tiny_hparams();
+    Weights w;
+    towers::AudioTower tower;
+    ASSERT_EQ(tower.init(hp, w.lookup(), 480000), "");
+    Runner r(tower, 2);
+    const json m = meta();
+    for (const auto& c : m["clips"]) {
+        auto pcm   = g4test::read_f32(dir() + "/" + c["pcm"].get<std::string>());
+        auto ref   = g4test::read_f32(dir() + "/" + c["features"].get<std::string>());
+        auto mask  = read_i32(dir() + "/" + c["mask"].get<std::string>());
+        const int M = hp.mel_bins;
+        ASSERT_EQ(pcm.size(), c["n_samples"].get<size_t>());
+        ASSERT_EQ(ref.size(), mask.size() * M);
+        int valid = 0;
+        for (size_t f = 0; f < mask.size(); ++f) {
+            if (mask[f]) { EXPECT_EQ((int)f, valid); ++valid; }   // the valid frames are a prefix
+            else for (int m = 0; m < M; ++m) EXPECT_EQ(ref[f * M + m], 0.0f);
+        }
+        std::vector<float> feat((size_t)towers::AudioTower::valid_frames((int64_t)pcm.size()) * M);
+        int nf = 0;
+        ASSERT_EQ(tower.features(r.ctx, pcm.data(), (int64_t)pcm.size(), feat.data(), &nf), "");
+        ASSERT_EQ(nf, valid);
+        double e = g4test::rel_l2(feat.data(), ref.data(), (size_t)nf * M);
+        double mx = max_abs_diff(feat.data(), ref.data(), (size_t)nf * M);
+        std::printf("%s features: %d frames, rel L2 %.3g, max abs %.3g\n", c["name"].get<std::string>().c_str(), nf, e, mx);
+        EXPECT_LT(e, 2e-6);
+        EXPECT_LT(mx, 2e-4);
+    }
+}
+
+TEST(AudioTower, OutputMatchesHf) {
+    towers::AudioHParams hp = tiny_hparams();
+    Weights w;
+    towers::AudioTower tower;
+    ASSERT_EQ(tower.init(hp, w.lookup(), 480000), "");
+    Runner r(tower, 2);
+    const json m = meta();
+    for (const auto& c : m["clips"]) {
+        auto pcm = g4test::read_f32(dir() + "/" + c["pcm"].get<std::string>());
+        auto ref = g4test::read_f32(dir() + "/" + c["tower"].get<std::string>());
+        const int n_soft_ref = c["n_soft"];
+        ASSERT_EQ(ref.size(), (size_t)n_soft_ref * hp.text_hidden_size);
+        EXPECT_EQ(towers::audio_soft_tokens(hp, (int64_t)pcm.size()), n_soft_ref);
+        std::vector<float> out((size_t)n_soft_ref * hp.text_hidden_size, NAN);
+        int n_soft = -1;
+        ASSERT_EQ(tower.forward(r.ctx, pcm.data(), (int64_t)pcm.size(), r.scratch, out.data(), &n_soft), "");
+        ASSERT_EQ(n_soft, n_soft_ref);
+        double e = g4test::rel_l2(out.data(), ref.data(), out.size());
+        double mx = max_abs_diff(out.data(), ref.data(), out.size());
+        std::printf("%s tower: %d soft tokens, rel L2 %.3g, max abs %.3g\n", c["name"].get<std::string>().c_str(), n_soft, e, mx);
+        EXPECT_LT(e, 1e-5);
+    }
+}
+
+// The released model's front end (128 mel bins, SSCP channels [128, 32]) with a small random conformer.
+TEST(AudioTower, ReleasedFrontEndMatchesHf) {
+    const json m  = meta();
+    const json& c = m["mid"];
+    json cfg      = json::parse(g4test::read_file(dir() + "/mid/config.json"));
+    towers::AudioHParams hp{};
+    ASSERT_EQ(towers::parse_audio_hparams(cfg["audio_config"].dump(), cfg["text_config"]["hidden_size"], &hp), "");
+    ASSERT_EQ(hp.mel_bins, 128);
+    Weights w(dir() + "/mid");
+    towers::AudioTower tower;
+    ASSERT_EQ(tower.init(hp, w.lookup(), 480000), "");
+    Runner r(tower, 2);
+    auto pcm = g4test::read_f32(dir() + "/clip0.pcm.f32");
+
+    auto ref_f = g4test::read_f32(dir() + "/" + c["features"].get<std::string>());
+    const int nv = c["n_valid_frames"];
+    ASSERT_EQ(ref_f.size(), c["n_frames"].get<size_t>() * 128);
+    std::vector<float> feat((size_t)nv * 128);
+    int nf = 0;
+    ASSERT_EQ(tower.features(r.ctx, pcm.data(), (int64_t)pcm.size(), feat.data(), &nf), "");
+    ASSERT_EQ(nf, nv);
+    double e = g4test::rel_l2(feat.data(), ref_f.data(), feat.size());
+    std::printf("mid features: %d frames x 128 mel, rel L2 %.3g, max abs %.3g\n", nf, e,
+                max_abs_diff(feat.data(), ref_f.data(), feat.size()));
+    EXPECT_LT(e, 2e-6);
+
+    auto ref = g4test::read_f32(dir() + "/" + c["tower"].get<std::string>());
+    const int n_soft_ref = c["n_soft"];
+    ASSERT_EQ(ref.size(), (size_t)n_soft_ref * hp.text_hidden_size);
+    std::vector<float> out(ref.size());
+    int n_soft = 0;
+    ASSERT_EQ(tower.forward(r.ctx, pcm.data(), (int64_t)pcm.size(), r.scratch, out.data(), &n_soft), "");
+    ASSERT_EQ(n_soft, n_soft_ref);
+    e = g4test::rel_l2(out.data(), ref.data(), out.size());
+    std::printf("mid tower: %d soft tokens, rel L2 %.3g, max abs %.3g\n", n_soft, e, max_abs_diff(out.data(), ref.data(), out.size()));
+    EXPECT_LT(e, 1e-5);
+}
+
+TEST(AudioTower, SoftTokenCountsMatchHf) {
+    towers::AudioHParams hp = tiny_hparams();
+    int checked = 0;
+    const json m = meta();
+    for (const auto& p : m["soft_tokens"]) {
+        int64_t n = p[0];
+        EXPECT_EQ(towers::audio_soft_tokens(hp, n), p[1].get<int>()) << n << " samples";
+        ++checked;
+    }
+    EXPECT_GE(checked, 20);
+
+    // forward's n_soft is the same count, down to the shortest clips.
+    Weights w;
+    towers::AudioTower tower;
+    ASSERT_EQ(tower.init(hp, w.lookup(), 16000), "");
+    Runner r(tower, 2);
+    auto noise = g4test::randn(16000, 7, 0.1f);
+    std::vector<float> out((size_t)200 * hp.text_hidden_size);
+    for (int64_t n : {161, 200, 320, 321, 481, 641, 801, 1601, 4003, 16000}) {
+        int n_soft = -1;
+        ASSERT_EQ(tower.forward(r.ctx, noise.data(), n, r.scratch, out.data(), &n_soft), "") << n;
+        EXPECT_EQ(n_soft, towers::audio_soft_tokens(hp, n)) << n;
+    }
+}
+
+TEST(AudioTower, ThreadCountDoesNotChangeTheResult) {
+    towers::AudioHParams hp = tiny_hparams();
+    Weights w;
+    towers::AudioTower tower;
+    ASSERT_EQ(tower.init(hp, w.lookup(), 480000), "");
+    auto pcm = g4test::read_f32(dir() + "/clip1.pcm.f32");
+    std::vector<float> a((size_t)200 * hp.text_hidden_size), b(a.size());
+    int na = 0, nb = 0;
+    {
+        Runner r(tower, 1);
+        ASSERT_EQ(tower.forward(r.ctx, pcm.data(), (int64_t)pcm.size(), r.scratch, a.data(), &na), "");
+    }
+    {
+        Runner r(tower, 2);
+        ASSERT_EQ(tower.forward(r.ctx, pcm.data(), (int64_t)pcm.size(), r.scratch, b.data(), &nb), "");
+    }
+    ASSERT_EQ(na, nb);
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), sizeof(float) * (size_t)na * hp.text_hidden_size), 0);
+}
+
+TEST(AudioTower, BadInputIsAnError) {
+    towers::AudioHParams hp = tiny_hparams();
+    Weights w;
+    towers::AudioTower tower;
+    ASSERT_EQ(tower.init(hp, w.lookup(), 16000), "");
+    Runner r(tower, 2);
+    auto pcm = g4test::randn(16001, 3, 0.1f);
+    std::vector<float> out((size_t)200 * hp.text_hidden_size);
+    int n_soft = -1;
+    std::string e = tower.forward(r.ctx, pcm.data(), 16001, r.scratch, out.data(), &n_soft);
+    EXPECT_NE(e.find("longer than"), std::string::npos) << e;
+    e = tower.forward(r.ctx, pcm.data(), 0, r.scratch, out.data(), &n_soft);
+    EXPECT_NE(e.find("empty"), std::string::npos) << e;
+    e = tower.forward(r.ctx, nullptr, 100, r.scratch, out.data(), &n_soft);
+    EXPECT_NE(e.find("empty"), std::string::npos) << e;
+    e = tower.forward(r.ctx, pcm.data(), 160, r.scratch, out.data(), &n_soft);
+    EXPECT_NE(e.find("shorter than one"), std::string::npos) << e;
+    pcm[500] = NAN;
+    e = tower.forward(r.ctx, pcm.data(), 1000, r.scratch, out.data(), &n_soft);
+    EXPECT_NE(e.find("sample 500"), std::string::npos) << e;
+    pcm[500] = 0;
+    cpu::Context small = r.ctx;
+    small.scratch_stride = tower.thread_scratch_floats() - 16;
+    e = tower.forward(small, pcm.data(), 1000, r.scratch, out.data(), &n_soft);
+    EXPECT_NE(e.find("scratch floats per thread"), std::string::npos) << e;
+    EXPECT_EQ(n_soft, -1);
+
+    // Weights: missing, wrong shape, and a checkpoint built for another mel count.
+    towers::AudioTower t2;
+    w.hide.insert("audio_tower.layers.1.self_attn.k_proj.output_max");
+    e = t2.init(hp, w.lookup(), 16000);
+    EXPECT_NE(e.find("missing tensor model.audio_tower.layers.1.self_attn.k_proj.output_max"), std::string::npos) << e;
+    w.hide.clear();
+    w.reshape["audio_tower.layers.0.lconv1d.depthwise_conv1d.weight"] = {32, 1, 4};
+    e = t2.init(hp, w.lookup(), 16000);
+    EXPECT_NE(e.find("model.audio_tower.layers.0.lconv1d.depthwise_conv1d.weight has shape [32, 1, 4], expected [32, 1, 5]"),
+              std::string::npos) << e;
+    w.reshape.clear();
+    towers::AudioHParams hp128 = hp;
+    hp128.mel_bins = 128;
+    e = t2.init(hp128, w.lookup(), 16000);
+    EXPECT_NE(e.find("mel_bins mismatch"), std::string::npos) << e;
+    e = t2.forward(r.ctx, pcm.data(), 1000, r.scratch, out.data(), &n_soft);
+    EXPECT_NE(e.find("init"), std::string::npos) << e;
+}
+
+// ---- WAV reader ----------------------------------------------------------------------------------------
+
+namespace {
+
+void put16(std::string& s, uint16_t v) { s += (char)(v & 255); s += (char)(v >> 8); }
+void put32(std::string& s, uint32_t v) { for (int i = 0; i < 4; ++i) s += (char)((v >> (8 * i)) & 255); }
+
+std::string make_wav(int format, int channels, uint32_t rate, int bits, const std::string& data, bool extensible = false) {
+    std::string fmt;
+    put16(fmt, extensible ? 0xFFFE : format);
+    put16(fmt, channels);
+    put32(fmt, rate);
+    put32(fmt, rate * channels * bits / 8);
+    put16(fmt, channels * bits / 8);
+    put16(fmt, bits);
+    if (extensible) {
+        put16(fmt, 22);
+        put16(fmt, bits);
+        put32(fmt, 0);
+        put16(fmt, format);
+        fmt += std::string("\x00\x00\x00\x00\x10\x00\x80\x00\x00\xAA\x00\x38\x9B\x71", 14);
+    }
+    std::string body = "WAVE";
+    body += "fmt ";
+    put32(body, (uint32_t)fmt.size());
+    body += fmt;
+    body += "LIST";   // an unrelated chunk of odd size, padded
+    put32(body, 3);
+    body += std::string("abc\0", 4);
+    body += "data";
+    put32(body, (uint32_t)data.size());
+    body += data;
+    std::string s = "RIFF";
+    put32(s, (uint32_t)body.size());
+    return s + body;
+}
+
+} // namespace
+
+TEST(AudioWav, FixtureWavEqualsThePcm) {
+    tools::AudioPcm a;
+    ASSERT_EQ(tools::load_wav(dir() + "/clip0.wav", &a), "");
+    auto pcm = g4test::read_f32(dir() + "/clip0.pcm.f32");
+    EXPECT_EQ(a.sample_rate, 16000);
+    ASSERT_EQ(a.samples.size(), pcm.size());
+    EXPECT_LE(max_abs_diff(a.samples.data(), pcm.data(), pcm.size()), 1.0 / 32768);
+}
+
+TEST(AudioWav, FormatsAndChannels) {
+    g4test::TempDir tmp;
+    const std::vector<double> x = {0.0, 0.5, -0.5, 0.25, -1.0, 0.999};
+    auto load = [&](const std::string& bytes, tools::AudioPcm* a) {
+        g4test::write_file(tmp.file("t.wav"), bytes);
+        return tools::load_wav(tmp.file("t.wav"), a);
+    };
+    {   // stereo 16-bit: left x, right -x/2 -> mono x/4
+        std::string d;
+        for (double v : x) {
+            put16(d, (uint16_t)(int16_t)std::lround(std::min(v * 32768, 32767.0)));
+            put16(d, (uint16_t)(int16_t)std::lround(-v * 16384));
+        }
+        tools::AudioPcm a;
+        ASSERT_EQ(load(make_wav(1, 2, 16000, 16, d), &a), "");
+        ASSERT_EQ(a.samples.size(), x.size());
+        for (size_t i = 0; i < x.size(); ++i) EXPECT_NEAR(a.samples[i], x[i] / 4, 1.0 / 32768) << i;
+    }
+    {   // 24-bit mono
+        std::string d;
+        for (double v : x) {
+            int32_t s = (int32_t)std::lround(std::min(v * 8388608, 8388607.0));
+            d += (char)(s & 255); d += (char)((s >> 8) & 255); d += (char)((s >> 16) & 255);
+        }
+        tools::AudioPcm a;
+        ASSERT_EQ(load(make_wav(1, 1, 16000, 24, d), &a), "");
+        for (size_t i = 0; i < x.size(); ++i) EXPECT_NEAR(a.samples[i], x[i], 1.0 / 8388608) << i;
+    }
+    {   // 32-bit integer, 3 channels (x, x, x)
+        std::string d;
+        for (double v : x)
+            for (int c = 0; c < 3; ++c) put32(d, (uint32_t)(int32_t)std::llround(std::min(v * 2147483648.0, 2147483647.0)));
+        tools::AudioPcm a;
+        ASSERT_EQ(load(make_wav(1, 3, 16000, 32, d), &a), "");
+        for (size_t i = 0; i < x.size(); ++i) EXPECT_NEAR(a.samples[i], x[i], 1e-7) << i;
+    }
+    {   // 32-bit float stereo, WAVE_FORMAT_EXTENSIBLE
+        std::string d;
+        for (double v : x) {
+            float l = (float)v, r = (float)(v * 0.5);
+            d.append((const char*)&l, 4);
+            d.append((const char*)&r, 4);
+        }
+        tools::AudioPcm a;
+        ASSERT_EQ(load(make_wav(3, 2, 16000, 32, d, true), &a), "");
+        for (size_t i = 0; i < x.size(); ++i) EXPECT_FLOAT_EQ(a.samples[i], (float)(((float)x[i] + (float)(x[i] * 0.5)) / 2.0)) << i;
+    }
+}
+
+TEST(AudioWav, BadFilesGiveClearErrors) {
+    g4test::TempDir tmp;
+    std::string d16;
+    for (int i = 0; i < 100; ++i) put16(d16, (uint16_t)(i * 100));
+    auto err = [&](const std::string& bytes) {
+        g4test::write_file(tmp.file("bad.wav"), bytes);
+        tools::AudioPcm a;
+        return tools::load_wav(tmp.file("bad.wav"), &a);
+    };
+    std::string e = err(make_wav(1, 1, 44100, 16, d16));
+    EXPECT_NE(e.find("44100 Hz"), std::string::npos) << e;
+    EXPECT_NE(e.find("ffmpeg -i in.wav -ar 16000 -ac 1"), std::string::npos) << e;
+    EXPECT_NE(e.find(tmp.file("bad.wav")), std::string::npos) << e;
+
+    std::string full = g4test::read_file(dir() + "/clip0.wav");
+    e = err(full.substr(0, full.size() / 2));
+    EXPECT_NE(e.find("truncated"), std::string::npos) << e;
+    e = err(full.substr(0, 30));
+    EXPECT_NE(e.find("truncated"), std::string::npos) << e;
+    e = err("this is not a wave file at all, just some text");
+    EXPECT_NE(e.find("not a WAV file"), std::string::npos) << e;
+    e = err(make_wav(1, 1, 16000, 8, d16));
+    EXPECT_NE(e.find("8-bit"), std::string::npos) << e;
+    e = err(make_wav(2, 1, 16000, 16, d16));   // ADPCM
+    EXPECT_NE(e.find("unsupported WAV encoding"), std::string::npos) << e;
+    e = err(make_wav(1, 1, 16000, 16, ""));
+    EXPECT_NE(e.find("no audio samples"), std::string::npos) << e;
+    tools::AudioPcm a;
+    e = tools::load_wav(tmp.file("does_not_exist.wav"), &a);
+    EXPECT_NE(e.find("does_not_exist.wav"), std::string::npos) << e;
+    EXPECT_NE(e.find("cannot open"), std::string::npos) << e;
+}

@@ -53,6 +53,14 @@ def smooth_noise(h, w, seed, channels=3, amp=1.0):
     return np.clip(np.rint(img), 0, 255).astype(np.uint8)
 
 
+def formula_image(h, w):
+    # procedural, rebuilt bit for bit by the C++ test (no input file): a large image for a strong downscale
+    y = np.arange(h, dtype=np.int64)[:, None, None]
+    x = np.arange(w, dtype=np.int64)[None, :, None]
+    c = np.arange(3, dtype=np.int64)[None, None, :]
+    return (((x * 3 + y * 2 + c * 85) // 16 + ((x ^ y) & 15) * 4) & 255).astype(np.uint8)
+
+
 def save_png(arr, path, mode):
     PIL.Image.fromarray(arr, mode=mode).save(path, optimize=True)
 
@@ -62,7 +70,7 @@ def main():
     torch.manual_seed(0)
 
     inputs = {}
-    inputs["rgb_800x600"] = (smooth_noise(800, 600, 1, amp=0.0), "RGB")   # about 1.7x downscale at 70 tokens
+    inputs["rgb_640x480"] = (smooth_noise(640, 480, 1, amp=0.0), "RGB")   # about 1.3x downscale at 70 tokens
     inputs["rgb_37x53"] = (smooth_noise(37, 53, 2), "RGB")           # small: upscaled
     inputs["wide_20x700"] = (smooth_noise(20, 700, 3), "RGB")        # extreme aspect ratio
     inputs["tall_900x12"] = (smooth_noise(900, 12, 4), "RGB")        # width rounds to 0 at 70 tokens
@@ -89,32 +97,36 @@ def main():
 
     scale = np.float32(1.0 / 255.0)
     cases = []
-    for name in inputs:
-        for tokens in (70, 280) if name in TWO_BUDGETS else (70,):
-            proc = Gemma4ImageProcessor(max_soft_tokens=tokens)
+    runs = [(name, tokens) for name in inputs for tokens in ((70, 280) if name in TWO_BUDGETS else (70,))]
+    runs.append(("formula_2400x3200", 70))   # about 7x downscale; input made by formula_image, not stored
+    for name, tokens in runs:
+        proc = Gemma4ImageProcessor(max_soft_tokens=tokens)
+        if name.startswith("formula_"):
+            pil = PIL.Image.fromarray(formula_image(2400, 3200), mode="RGB")
+        else:
             pil = PIL.Image.open(os.path.join(OUT, name + ".png"))
-            out = proc(images=pil, return_tensors="pt")
-            pv = out["pixel_values"][0].numpy()            # [max_patches, 3*16*16]
-            pos = out["image_position_ids"][0].numpy()     # [max_patches, 2]
-            n_soft = int(out["num_soft_tokens_per_image"][0])
-            in_h, in_w = pil.height, pil.width
-            oh, ow = get_aspect_ratio_preserving_size(in_h, in_w, PATCH, tokens * POOL * POOL, POOL)
-            gh, gw = oh // PATCH, ow // PATCH
-            n = gh * gw
-            assert n_soft == n // (POOL * POOL), (name, tokens)
-            assert (pos[n:] == -1).all() and (pv[n:] == 0).all()
-            real = pv[:n].reshape(gh, gw, PATCH, PATCH, 3).transpose(0, 2, 1, 3, 4).reshape(oh, ow, 3)
-            u8 = np.rint(real * 255.0).astype(np.int64)
-            assert u8.min() >= 0 and u8.max() <= 255
-            u8 = u8.astype(np.uint8)
-            recon = u8.astype(np.float32) * scale
-            assert np.array_equal(recon.view(np.uint32), real.astype(np.float32).view(np.uint32)), (name, tokens)
-            stem = f"{name}_t{tokens}"
-            save_png(u8, os.path.join(OUT, stem + ".resized.png"), "RGB")
-            pos[:n].astype("<i4").tofile(os.path.join(OUT, stem + ".pos.bin"))
-            cases.append(dict(image=name + ".png", max_soft_tokens=tokens, in_h=in_h, in_w=in_w,
-                              out_h=oh, out_w=ow, grid_h=gh, grid_w=gw, n_patches=n, n_soft=n_soft,
-                              resized=stem + ".resized.png", pos=stem + ".pos.bin"))
+        out = proc(images=pil, return_tensors="pt")
+        pv = out["pixel_values"][0].numpy()            # [max_patches, 3*16*16]
+        pos = out["image_position_ids"][0].numpy()     # [max_patches, 2]
+        n_soft = int(out["num_soft_tokens_per_image"][0])
+        in_h, in_w = pil.height, pil.width
+        oh, ow = get_aspect_ratio_preserving_size(in_h, in_w, PATCH, tokens * POOL * POOL, POOL)
+        gh, gw = oh // PATCH, ow // PATCH
+        n = gh * gw
+        assert n_soft == n // (POOL * POOL), (name, tokens)
+        assert (pos[n:] == -1).all() and (pv[n:] == 0).all()
+        real = pv[:n].reshape(gh, gw, PATCH, PATCH, 3).transpose(0, 2, 1, 3, 4).reshape(oh, ow, 3)
+        u8 = np.rint(real * 255.0).astype(np.int64)
+        assert u8.min() >= 0 and u8.max() <= 255
+        u8 = u8.astype(np.uint8)
+        recon = u8.astype(np.float32) * scale
+        assert np.array_equal(recon.view(np.uint32), real.astype(np.float32).view(np.uint32)), (name, tokens)
+        stem = f"{name}_t{tokens}"
+        save_png(u8, os.path.join(OUT, stem + ".resized.png"), "RGB")
+        pos[:n].astype("<i4").tofile(os.path.join(OUT, stem + ".pos.bin"))
+        cases.append(dict(image=name + ".png" if not name.startswith("formula_") else name, max_soft_tokens=tokens, in_h=in_h, in_w=in_w,
+                          out_h=oh, out_w=ow, grid_h=gh, grid_w=gw, n_patches=n, n_soft=n_soft,
+                          resized=stem + ".resized.png", pos=stem + ".pos.bin"))
 
     layout_inputs = [(300, 420), (420, 300), (37, 53), (20, 700), (700, 20), (900, 12), (12, 900), (1, 1),
                      (1, 10000), (10000, 1), (2, 3000), (3000, 2), (48, 48), (96, 144), (144, 96), (3000, 4000),

@@ -271,6 +271,14 @@ TEST(AudioTower, ThreadCountDoesNotChangeTheResult) {
     }
     ASSERT_EQ(na, nb);
     EXPECT_EQ(std::memcmp(a.data(), b.data(), sizeof(float) * (size_t)na * hp.text_hidden_size), 0);
+    {   // per-thread scratch that is only 4-byte aligned
+        Runner r(tower, 2);
+        std::vector<float> ts(r.thread_scratch.size() + 1);
+        r.ctx.scratch = ts.data() + ((uintptr_t)ts.data() % 8 == 0 ? 1 : 0);
+        ASSERT_EQ(tower.forward(r.ctx, pcm.data(), (int64_t)pcm.size(), r.scratch, b.data(), &nb), "");
+    }
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), sizeof(float) * (size_t)na * hp.text_hidden_size), 0);
+    EXPECT_EQ(tower.max_soft_tokens(), towers::audio_soft_tokens(hp, 480000));
 }
 
 TEST(AudioTower, BadInputIsAnError) {

@@ -203,6 +203,7 @@ int audio_soft_tokens(const AudioHParams& hp, int64_t n_samples) {
 // ---- init ----------------------------------------------------------------------------------------------
 
 std::string AudioTower::init(const AudioHParams& hp, const Lookup& lookup, int64_t max_samples) {
+    ready_       = false;
     hp_          = hp;
     lay_         = Layout{};
     layers_.clear();
@@ -403,6 +404,7 @@ std::string AudioTower::init(const AudioHParams& hp, const Lookup& lookup, int64
     need                = std::max(need, (size_t)f2_ * 9 * C0);                     // im2col, layer 1
     need                = std::max(need, (size_t)hp.attention_context_left + 16);  // attention logits
     thread_floats_      = align16(need);
+    ready_              = true;
     return "";
 }
 
@@ -413,7 +415,7 @@ size_t AudioTower::thread_scratch_floats() const { return thread_floats_; }
 
 std::string AudioTower::features(const cpu::Context& ctx, const float* pcm, int64_t n_samples, float* features,
                                  int* n_frames) const {
-    if (layers_.size() != (size_t)hp_.num_hidden_layers || !embed_) return "audio tower: init() did not succeed";
+    if (!ready_) return "audio tower: init() did not succeed";
     if (!pcm || n_samples <= 0) return "audio clip is empty (0 samples)";
     if (n_samples > max_samples_)
         return "audio clip of " + std::to_string(n_samples) + " samples (" + std::to_string(n_samples / 16000.0) +
@@ -430,7 +432,8 @@ std::string AudioTower::features(const cpu::Context& ctx, const float* pcm, int6
 
     const int M = hp_.mel_bins;
     ctx.pool->parallel_for(nf, [&](int64_t f, int th) {
-        double* buf = reinterpret_cast<double*>(ctx.thread_scratch(th));   // [512] complex, then [257] magnitudes
+        // [512] complex, then [257] magnitudes, in doubles (aligned up inside the thread's slice)
+        double* buf = reinterpret_cast<double*>(((uintptr_t)ctx.thread_scratch(th) + 7) & ~(uintptr_t)7);
         double* mag = buf + 2 * kFft;
         for (int i = 0; i < kFft; ++i) {
             int n        = bitrev_[i];

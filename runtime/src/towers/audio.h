@@ -40,9 +40,11 @@ public:
     std::string init(const AudioHParams& hp, const Lookup& lookup, int64_t max_samples);
     size_t scratch_bytes() const;            // caller allocates once (64-byte aligned)
     size_t thread_scratch_floats() const;    // per-thread floats needed in the cpu::Context
-    // pcm [n_samples] mono float at 16 kHz. Clips longer than max_samples, empty clips and clips shorter than
-    // one 20 ms frame (n_soft would be 0) are errors (HF's extractor silently truncates past 30 s; g4 does
-    // not). out [n_soft, text_hidden_size] = HF get_audio_features().pooler_output for the valid frames.
+    // pcm [n_samples] mono float at 16 kHz. Clips longer than max_samples, empty clips, clips shorter than one
+    // 20 ms frame (n_soft would be 0) and non-finite samples are errors (HF's extractor silently truncates past
+    // 30 s; g4 does not). out [n_soft, text_hidden_size] = HF get_audio_features().pooler_output for the valid
+    // frames; out must hold audio_soft_tokens(hp, n_samples) rows (at most max_soft_tokens()).
+    // ctx.scratch_stride >= thread_scratch_floats(); scratch holds scratch_bytes().
     std::string forward(const cpu::Context& ctx, const float* pcm, int64_t n_samples, void* scratch, float* out,
                         int* n_soft) const;
 
@@ -55,6 +57,7 @@ public:
     static int64_t valid_frames(int64_t n_samples);   // valid log-mel frames of a clip (HF frame mask)
 
     const AudioHParams& hparams() const { return hp_; }
+    int max_soft_tokens() const { return max_t_; }   // soft tokens of a max_samples clip
 
 private:
     struct Clip {   // ClippableLinear: weight [out, in] + optional activation bounds
@@ -86,6 +89,7 @@ private:
                     const Tensor* norm, float* out, int t_out, int f_out, int c_out) const;
 
     AudioHParams hp_{};
+    bool ready_          = false;
     int64_t max_samples_ = 0;
     int max_t_ = 0, max_frames_ = 0, f1_ = 0, f2_ = 0, head_dim_ = 0, n_rel_ = 0;
     const Tensor *conv0_ = nullptr, *norm0_ = nullptr, *conv1_ = nullptr, *norm1_ = nullptr, *in_proj_ = nullptr;

@@ -22,6 +22,9 @@
 #include "models/gemma4/graph.h"
 #include "runtime/src/plan/plan_format.h"
 #include "runtime/src/tokenizer.h"
+#include "runtime/src/towers/audio.h"
+#include "runtime/src/towers/image.h"
+#include "runtime/src/towers/vision.h"
 
 #include <algorithm>
 #include <cmath>
@@ -33,6 +36,7 @@
 #include <nlohmann/json.hpp>
 #include <ostream>
 #include <regex>
+#include <deque>
 #include <set>
 #include <unistd.h>
 
@@ -193,6 +197,46 @@ struct Inputs {
     bool size_only      = false;            // write_plan stops after the memory plan
     DType kv_dtype      = DType::F32;       // KV cache storage (the fidelity reference plan keeps f32)
     std::vector<int> layer_device;          // CUDA plans: each text layer's device, -1 the CPU (empty: all on cuda_index)
+    // Vision/audio towers compiled into the plan (Mode::Plan only; they run on the CPU): their weights'
+    // HF names relative to "model.", META "towers" (less the weights range), host bytes a session adds.
+    std::vector<std::string> tower_names;
+    json towers_meta = json::object();
+    uint64_t tower_session_bytes = 0;
+};
+
+static_assert((int)WeightRole::Tower == plan::kRoleTower && (int)WeightRole::TowerScalar == plan::kRoleTowerScalar);
+bool is_tower(const TensorDesc& d) { return d.role == WeightRole::Tower || d.role == WeightRole::TowerScalar; }
+std::string tower_group_name(const std::string& name) {
+    return name.rfind("vision_tower.", 0) == 0 || name.rfind("embed_vision.", 0) == 0 ? "vision tower" : "audio tower";
+}
+
+// A checkpoint's tensors as the towers read them (runtime/src/towers/tower.h); f16 widened to f32.
+struct CheckpointLookup {
+    const st::Checkpoint& ck;
+    std::map<std::string, towers::Tensor> cache;
+    std::deque<std::vector<float>> widened;
+    const towers::Tensor* operator()(const std::string& rel) {
+        auto it = cache.find(rel);
+        if (it != cache.end()) return &it->second;
+        const std::string hf = "model." + rel;
+        if (!ck.has(hf)) return nullptr;
+        const st::TensorView& v = ck.get(hf);
+        towers::Tensor t;
+        t.ndim = (int)v.shape.size();
+        if (t.ndim > 4) return nullptr;
+        for (int i = 0; i < t.ndim; ++i) t.dims[i] = v.shape[i];
+        if (v.dtype == st::DType::BF16 || v.dtype == st::DType::F32) {
+            t.data  = v.data;
+            t.dtype = v.dtype == st::DType::BF16 ? DType::BF16 : DType::F32;
+        } else if (v.dtype == st::DType::F16) {
+            widened.emplace_back((size_t)t.numel());
+            st::to_f32(v, widened.back().data());
+            t.data = widened.back().data();
+        } else {
+            return nullptr;
+        }
+        return &(cache[rel] = t);
+    }
 };
 
 
@@ -238,6 +282,7 @@ struct Report {
     uint64_t weights_bytes = 0, act_arena = 0, kv_arena = 0, cuda_workspace = 0, cuda_pinned = 0, cpu_scratch_per_thread = 0;
     uint64_t ple_table_bytes = 0;   // part of weights_bytes; in host memory with --place ple=host
     uint64_t host_weights = 0, host_kv = 0;   // CPU-placed layers: parts of weights_bytes / kv_arena in host memory
+    uint64_t tower_weights = 0;                // vision/audio towers: part of weights_bytes, host memory
     std::map<int, placement::Figures::Gpu> gpus;   // cross-device plans: per GPU
     cross_device::Stats cross;
     std::string kv_dtype;
@@ -275,6 +320,19 @@ void write_plan(const Inputs& in, const std::string& out_path, Mode mode, Report
     Program prog = gemma4::build_text_program(hp, bo);
     const bool hybrid = mode == Mode::Plan && !in.layer_device.empty();   // layer_device: CUDA plans only
     if (hybrid) rep->cross = cross_device::split(prog, in.layer_device, in.cuda_index);
+    // Tower weights: no ops read them; they follow every text weight in WEIGHTS (the CUDA runtime
+    // uploads none of them) with their checkpoint shapes (0-d bounds stored as [1]).
+    const size_t n_text_tensors = prog.tensors.size();
+    if (mode == Mode::Plan)
+        for (const auto& n : in.tower_names) {
+            const st::TensorView& v = in.ckpt->get("model." + n);
+            TensorDesc d;
+            d.name = n;
+            d.kind = TensorKind::Weight;
+            d.dims = v.shape.empty() ? std::vector<int64_t>{1} : v.shape;
+            d.role = v.shape.empty() ? WeightRole::TowerScalar : WeightRole::Tower;
+            prog.tensors.push_back(std::move(d));
+        }
 
     // Quantization policy: default set = text attention/MLP projections when --weights nf4.
     std::regex qre, kre;
@@ -292,9 +350,12 @@ void write_plan(const Inputs& in, const std::string& out_path, Mode mode, Report
 
     // Checkpoint tensor behind each weight, and the name the adapter knows it by.
     auto source_of = [&](const TensorDesc& d) {
+        if (is_tower(d)) return "model." + d.name;
         return in.mc.tensor_prefix + (d.name == "lm_head.weight" ? std::string("embed_tokens.weight") : d.name);
     };
-    auto adapter_name_of = [&](const TensorDesc& d) { return d.name == "lm_head.weight" ? d.name : in.mc.tensor_prefix + d.name; };
+    auto adapter_name_of = [&](const TensorDesc& d) {
+        return is_tower(d) ? "model." + d.name : d.name == "lm_head.weight" ? d.name : in.mc.tensor_prefix + d.name;
+    };
 
     // Resolve and validate every weight; choose its stored dtype.
     std::map<std::string, bool> used;
@@ -304,6 +365,11 @@ void write_plan(const Inputs& in, const std::string& out_path, Mode mode, Report
         if (d.kind != TensorKind::Weight) continue;
         if (d.role == WeightRole::Constant || d.role == WeightRole::LoraBias) {
             d.dtype = DType::F32;
+            continue;
+        }
+        if (is_tower(d)) {   // shapes and dtypes checked by the tower's init (compile_plan)
+            d.dtype = rest_dt;
+            used[source_of(d)] = true;
             continue;
         }
         std::string hf = source_of(d);
@@ -397,18 +463,20 @@ void write_plan(const Inputs& in, const std::string& out_path, Mode mode, Report
             group[t] = g.empty() ? 1 + (int)gpus.size() : g.size() > 1 ? 0 : 1 + (int)(std::find(gpus.begin(), gpus.end(), *g.begin()) - gpus.begin());
         }
     }
+    const int towers_group = 2 + (int)gpus.size();   // after the host group
+    for (size_t t = n_text_tensors; t < prog.tensors.size(); ++t) group[t] = towers_group;
     int64_t max_k = 1;
     for (size_t t = 0; t < prog.tensors.size(); ++t) {
         const TensorDesc& d = prog.tensors[t];
         nbytes[t] = d.dtype == DType::NF4 ? nf4::layout(numel(d.dims), dq).total : dtype_bytes(d.dtype, numel(d.dims));
-        if (d.kind == TensorKind::Weight && d.dims.size() == 2) max_k = std::max(max_k, d.dims[1]);
+        if (d.kind == TensorKind::Weight && d.dims.size() == 2 && t < n_text_tensors) max_k = std::max(max_k, d.dims[1]);
         if (d.kind != TensorKind::Weight && d.kind != TensorKind::KvCache) off[t] = act_off[t];
     }
     // Lays out the tensors of `kind` group by group, each 64-byte aligned, in `order`; returns where
     // each group starts (and, last, the end).
     auto lay_out = [&](TensorKind kind, uint64_t& size, std::vector<size_t>& order) {
         std::vector<uint64_t> starts;
-        for (int g = 0; g <= 1 + (int)gpus.size(); ++g) {
+        for (int g = 0; g <= towers_group; ++g) {
             starts.push_back(size);
             for (size_t t = 0; t < prog.tensors.size(); ++t) {
                 if (prog.tensors[t].kind != kind || group[t] != g) continue;
@@ -425,7 +493,8 @@ void write_plan(const Inputs& in, const std::string& out_path, Mode mode, Report
     const std::vector<uint64_t> wstart = lay_out(TensorKind::Weight, weights_size, worder);
     const std::vector<uint64_t> kstart = lay_out(TensorKind::KvCache, kv_arena, kvorder);
     const size_t host_group            = 1 + gpus.size();
-    rep->host_weights = weights_size - wstart[host_group];
+    rep->host_weights = wstart[host_group + 1] - wstart[host_group];
+    rep->tower_weights = wstart[towers_group + 1] - wstart[towers_group];
     rep->host_kv      = kv_arena - kstart[host_group];
 
     // STRINGS, TENSORS, OPS
@@ -506,6 +575,10 @@ void write_plan(const Inputs& in, const std::string& out_path, Mode mode, Report
     meta["provenance"]    = in.provenance;
     meta["tokenizer"]     = in.tokenizer_meta;
     if (mode == Mode::Plan) meta.update(in.placement_meta);
+    if (mode == Mode::Plan && !in.tower_names.empty()) {
+        meta["towers"]            = in.towers_meta;
+        meta["towers"]["weights"] = {wstart[towers_group], wstart[towers_group + 1]};
+    }
     std::string meta_text = meta.dump(1);
 
     // Session memory beyond the arenas: CUDA workspaces (runtime/src/cuda/workspace.h, which the
@@ -537,7 +610,7 @@ void write_plan(const Inputs& in, const std::string& out_path, Mode mode, Report
         for (size_t t = 0; t < prog.tensors.size(); ++t) {
             const TensorDesc& d = prog.tensors[t];
             if (d.kind != TensorKind::Weight || d.role == WeightRole::Constant || d.role == WeightRole::LoraBias) continue;
-            auto& g = rep->groups[gemma4::weight_role_name(d.role)];
+            auto& g = rep->groups[is_tower(d) ? tower_group_name(d.name) : gemma4::weight_role_name(d.role)];
             std::string hf = source_of(d);
             g.before += in.ckpt->has(hf) ? in.ckpt->get(hf).nbytes : 0;
             g.after += nbytes[t];
@@ -583,7 +656,7 @@ void write_plan(const Inputs& in, const std::string& out_path, Mode mode, Report
         std::string an  = adapter_name_of(d);
         const st::TensorView* src = nullptr;
         bool raw_copy   = false;
-        std::string group = gemma4::weight_role_name(d.role);
+        std::string group = is_tower(d) ? tower_group_name(d.name) : gemma4::weight_role_name(d.role);
         if (d.role == WeightRole::Constant) {
             f32 = d.constant;
         } else if (d.role == WeightRole::LoraBias) {
@@ -817,6 +890,78 @@ void compile_plan(const CompileOptions& opt, std::ostream& log) {
         }
     }
 
+    // Towers: config and every weight's shape checked now, before any heavy work; they run on the CPU.
+    {
+        const std::string cfg = opt.model_dir + "/config.json";
+        const int threads     = cpu::default_thread_count();
+        uint64_t thread_floats = 0;
+        CheckpointLookup ck{*in.ckpt, {}, {}};
+        towers::Lookup lookup = [&ck](const std::string& n) { return ck(n); };
+        int64_t soft_max = 0;   // soft tokens of the largest image or clip
+        const int H      = hp.hidden_size;
+        auto need_ids = [&](const char* what, std::initializer_list<std::pair<const char*, int>> ids) {
+            for (const auto& [k, v] : ids)
+                if (v < 0) throw CompileError(cfg + ": " + k + " is missing; it is needed to place " + what + " in a prompt (--no-" +
+                                              (std::string(what) == "images" ? "vision" : "audio") + " leaves the tower out)");
+        };
+        if (in.mc.has_vision && opt.vision) {
+            towers::VisionHParams vh;
+            std::string e = towers::parse_vision_hparams(in.mc.vision_config_json, H, &vh);
+            if (!e.empty()) throw CompileError(cfg + ": vision_config: " + e + " (--no-vision leaves the tower out)");
+            if (opt.image_tokens != 70 && opt.image_tokens != 140 && opt.image_tokens != 280 && opt.image_tokens != 560 && opt.image_tokens != 1120)
+                throw CompileError("--image-tokens " + std::to_string(opt.image_tokens) + ": expected 70, 140, 280, 560 or 1120 (Gemma 4's image token budgets)");
+            if (opt.max_image_pixels < 1) throw CompileError("--max-image-pixels must be positive");
+            need_ids("images", {{"image_token_id", in.mc.image_token_id}, {"boi_token_id", in.mc.boi_token_id}, {"eoi_token_id", in.mc.eoi_token_id}});
+            const int k = vh.pooling_kernel_size, patch = vh.patch_size, max_patches = opt.image_tokens * k * k;
+            towers::VisionTower vt;
+            e = vt.init(vh, lookup, max_patches);
+            if (!e.empty()) throw CompileError("vision tower of " + opt.model_dir + ": " + e + " (--no-vision leaves the tower out)");
+            const uint64_t pre = towers::preprocess_reserve_bytes(opt.max_image_pixels, opt.image_tokens, patch, k);
+            in.tower_session_bytes += vt.scratch_bytes() + pre + (uint64_t)max_patches * (3 * patch * patch * 4 + 8);
+            thread_floats = std::max<uint64_t>(thread_floats, vt.thread_scratch_floats());
+            soft_max      = std::max<int64_t>(soft_max, opt.image_tokens);
+            for (auto& n : towers::vision_weight_names(vh)) in.tower_names.push_back(n);
+            in.towers_meta["vision"] = {{"config", json::parse(in.mc.vision_config_json)}, {"image_tokens", opt.image_tokens},
+                                        {"max_patches", max_patches}, {"max_image_pixels", opt.max_image_pixels},
+                                        {"image_token_id", in.mc.image_token_id}, {"boi_token_id", in.mc.boi_token_id},
+                                        {"eoi_token_id", in.mc.eoi_token_id}};
+        }
+        if (in.mc.has_audio && opt.audio) {
+            towers::AudioHParams ah;
+            std::string e = towers::parse_audio_hparams(in.mc.audio_config_json, H, &ah);
+            if (!e.empty()) throw CompileError(cfg + ": audio_config: " + e + " (--no-audio leaves the tower out)");
+            if (!(opt.max_audio_seconds > 0 && opt.max_audio_seconds <= 3600))
+                throw CompileError("--max-audio-seconds must be in (0, 3600]");
+            need_ids("audio", {{"audio_token_id", in.mc.audio_token_id}, {"boa_token_id", in.mc.boa_token_id}, {"eoa_token_id", in.mc.eoa_token_id}});
+            const int64_t max_samples = (int64_t)std::llround(opt.max_audio_seconds * ah.sample_rate);
+            towers::AudioTower at;
+            e = at.init(ah, lookup, max_samples);
+            if (!e.empty()) throw CompileError("audio tower of " + opt.model_dir + ": " + e + " (--no-audio leaves the tower out)");
+            in.tower_session_bytes += at.scratch_bytes();
+            thread_floats = std::max<uint64_t>(thread_floats, at.thread_scratch_floats());
+            soft_max      = std::max<int64_t>(soft_max, towers::audio_soft_tokens(ah, max_samples));
+            for (auto& n : towers::audio_weight_names(ah)) in.tower_names.push_back(n);
+            in.towers_meta["audio"] = {{"config", json::parse(in.mc.audio_config_json)}, {"max_samples", max_samples},
+                                       {"sample_rate", ah.sample_rate}, {"audio_token_id", in.mc.audio_token_id},
+                                       {"boa_token_id", in.mc.boa_token_id}, {"eoa_token_id", in.mc.eoa_token_id}};
+        }
+        if (!in.tower_names.empty()) {
+            int64_t queue = opt.max_media_tokens > 0 ? opt.max_media_tokens : std::max<int64_t>(2048, soft_max);
+            queue         = std::min<int64_t>(queue, in.max_context);
+            if (opt.max_media_tokens > in.max_context)
+                throw CompileError("--max-media-tokens " + std::to_string(opt.max_media_tokens) + " exceeds --max-context " + std::to_string(in.max_context));
+            in.towers_meta["max_media_tokens"]    = queue;
+            in.towers_meta["thread_scratch_floats"] = thread_floats;
+            in.tower_session_bytes += (uint64_t)queue * H * 4 + (uint64_t)queue * 4 + thread_floats * 4 * threads;
+            in.towers_meta["session_bytes"] = in.tower_session_bytes;
+        }
+        auto where = [&](const char* c, bool has, bool want) {
+            place.tower_where[c] = !has ? "not in the checkpoint" : !want ? std::string("left out (--no-") + c + ")" : "cpu";
+        };
+        where("vision", in.mc.has_vision, opt.vision);
+        where("audio", in.mc.has_audio, opt.audio);
+    }
+
     // The exact memory plan (no weight read yet), the placement it fits, the budget check.
     in.size_only = true;
     Report rep;
@@ -834,6 +979,8 @@ void compile_plan(const CompileOptions& opt, std::ostream& log) {
         f.host_weights        = r.host_weights;
         f.host_kv             = r.host_kv;
         f.gpus                = r.gpus;
+        f.tower_weights       = r.tower_weights;
+        f.tower_buffers       = in.tower_session_bytes;
         if (place.has_cpu_layers()) {
             f.host_activations        = r.act_arena;
             f.host_scratch_per_thread = r.cpu_scratch_per_thread;
@@ -928,8 +1075,11 @@ void compile_plan(const CompileOptions& opt, std::ostream& log) {
                 (rel.find("self_attn.k_proj") != std::string::npos || rel.find("self_attn.v_proj") != std::string::npos ||
                  rel.find("self_attn.k_norm") != std::string::npos)) {
                 dropped_shared.push_back(m);
-            } else if (m.find("vision_tower") != std::string::npos || m.find("audio_tower") != std::string::npos ||
-                       m.find("embed_vision") != std::string::npos || m.find("embed_audio") != std::string::npos) {
+            } else if ((m.find("vision_tower") != std::string::npos || m.find("embed_vision") != std::string::npos) &&
+                           (!in.mc.has_vision || !opt.vision)) {
+                dropped_tower.push_back(m);
+            } else if ((m.find("audio_tower") != std::string::npos || m.find("embed_audio") != std::string::npos) &&
+                       (!in.mc.has_audio || !opt.audio)) {
                 dropped_tower.push_back(m);
             } else {
                 std::remove(opt.out_path.c_str());
@@ -956,14 +1106,18 @@ void compile_plan(const CompileOptions& opt, std::ostream& log) {
         for (const auto& m : dropped_shared)
             log << "  dropped " << m << ": LoRA on the k/v of a KV-shared layer has no effect in Gemma 4 (those weights are never used)\n";
         for (const auto& m : dropped_tower)
-            log << "  not compiled " << m << ": vision/audio towers are not compiled by this build\n";
+            log << "  not compiled " << m << ": its tower is left out of the plan (--no-vision / --no-audio)\n";
     }
     log << "  weights " << human(rep.weights_bytes) << "; activation arena " << human(rep.act_arena) << "; KV cache "
         << human(rep.kv_arena) << " (" << kv_dtype << ", max_context " << in.max_context << ", sliding ring " << rep.sliding_slots
         << " slots, chunk " << opt.max_rows << ")\n";
     print_memory_plan(log, mem, rep);
     log << "  ops " << rep.n_ops << ", tensors " << rep.n_tensors << "; checkpoint tensors not used by the text decoder: "
-        << rep.ignored_text << " (e.g. KV-shared layers' k/v) + " << rep.ignored_other << " (vision/audio towers)\n";
+        << rep.ignored_text << " (e.g. KV-shared layers' k/v) + " << rep.ignored_other << " (towers left out, if any)\n";
+    if (!in.tower_names.empty())
+        log << "  towers on the CPU: " << (in.towers_meta.contains("vision") ? "vision (" + std::to_string(opt.image_tokens) + " soft tokens an image at most) " : "")
+            << (in.towers_meta.contains("audio") ? "audio " : "") << "- " << human(rep.tower_weights) << " of weights, "
+            << human(in.tower_session_bytes) << " of session buffers\n";
 
     // Fidelity: logits of the plan vs the full-precision (fp32-merged, unquantized) model.
     bool lossy = in.adapter || opt.weights == "nf4" || !opt.quantize_regex.empty();

@@ -4,6 +4,7 @@
 // the plan to a temporary name and rename it into place (never a half-written output file).
 #pragma once
 #include <iosfwd>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -30,6 +31,11 @@ struct CompileOptions {
     std::vector<std::string> gpu_mem; // --gpu-mem [IDX:]SIZE, one per GPU (compiler/placement.h)
     std::string cpu_mem;              // --cpu-mem SIZE: host memory budget
     std::string place;                // --place LIST: component=target items
+    bool vision = true, audio = true; // compile the towers the checkpoint has (--no-vision / --no-audio)
+    int image_tokens = 280;           // --image-tokens: soft tokens an image gives at most (70|140|280|560|1120)
+    int64_t max_image_pixels = 16ll << 20;   // --max-image-pixels: largest input image (width * height) a session takes
+    double max_audio_seconds = 30;    // --max-audio-seconds: longest clip (Hugging Face's processor keeps 30 s)
+    int max_media_tokens = 0;         // --max-media-tokens: soft tokens a session holds queued; 0: max(2048, one image/clip)
 };
 
 // Throws g4::CompileError. Progress and the compile report go to `log`.

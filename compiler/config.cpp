@@ -205,8 +205,21 @@ ModelConfig parse_model_config(const std::string& config_json, const std::string
             throw CompileError(source + ": model_type gemma4 needs a text_config object");
         mc.tensor_prefix = "model.language_model.";
         mc.text          = parse_text(j["text_config"], source + ": text_config", &j, &mc.head_dim_form);
-        mc.has_vision    = top.has("vision_config");
-        mc.has_audio     = top.has("audio_config");
+        mc.has_vision    = top.has("vision_config") && j["vision_config"].is_object();
+        mc.has_audio     = top.has("audio_config") && j["audio_config"].is_object();
+        if (mc.has_vision) mc.vision_config_json = j["vision_config"].dump();
+        if (mc.has_audio) mc.audio_config_json = j["audio_config"].dump();
+        auto id = [&](std::initializer_list<const char*> keys) {
+            for (const char* k : keys)
+                if (j.contains(k) && j[k].is_number_integer()) return j[k].get<int>();
+            return -1;
+        };
+        mc.image_token_id = id({"image_token_id", "image_token_index"});
+        mc.boi_token_id   = id({"boi_token_id", "boi_token_index"});
+        mc.eoi_token_id   = id({"eoi_token_id", "eoi_token_index"});
+        mc.audio_token_id = id({"audio_token_id", "audio_token_index"});
+        mc.boa_token_id   = id({"boa_token_id", "boa_token_index"});
+        mc.eoa_token_id   = id({"eoa_token_id", "eoa_token_index"});
     } else if (mc.model_type == "gemma4_text") {
         mc.tensor_prefix = "model.";
         mc.text          = parse_text(j, source, nullptr, &mc.head_dim_form);

@@ -427,8 +427,11 @@ Placement resolve(const Request& req, int num_layers, int cuda_index, int gpu_co
         const std::string item = std::string(c) + "=" + it->second.text;
         int d                  = device_of(it->second, item);
         if (d >= 0) budget_for(d, std::string("the ") + c + " tower (--place " + item + ")");
+        if (d >= 0 || it->second.kind == Target::Kind::Host)
+            throw CompileError("not supported by this build: --place " + item + " (the vision and audio towers run on the CPU: " +
+                               c + "=cpu; --no-" + c + " leaves the tower out)");
         p.towers[c] = it->second.text;
-        p.notes.push_back(item + ": accepted; the " + c + " tower is not compiled by this build");
+        p.notes.push_back(item + ": the " + c + " tower runs on the CPU");
     }
     if (!p.gpu_budgets.empty()) {
         std::string unused;
@@ -474,7 +477,8 @@ std::vector<DeviceMemory> memory_plan(const Figures& f, const Placement& p, bool
     if (p.cuda_index < 0) {
         DeviceMemory c;
         c.device     = "cpu";
-        c.parts      = {{"weights", f.weights}, {"activations", f.activations}, {kv, f.kv_cache}};
+        c.parts      = {{"weights", f.weights - f.tower_weights}, {"activations", f.activations}, {kv, f.kv_cache}};
+        if (f.tower_weights) c.parts.push_back({"towers' weights", f.tower_weights}), c.parts.push_back({"towers' buffers", f.tower_buffers});
         c.per_thread = f.scratch_per_thread;
         c.threads    = threads;
         cpu_budget(c);
@@ -483,7 +487,7 @@ std::vector<DeviceMemory> memory_plan(const Figures& f, const Placement& p, bool
     std::map<int, DeviceMemory> gpu;
     DeviceMemory& g = gpu[p.cuda_index];
     if (f.gpus.empty()) {
-        g.parts = {{"weights", f.weights - f.host_weights - (ple_host ? f.ple_table : 0)},
+        g.parts = {{"weights", f.weights - f.host_weights - f.tower_weights - (ple_host ? f.ple_table : 0)},
                    {"activations", f.activations},
                    {kv, f.kv_cache - f.host_kv},
                    {"workspaces", f.attention_workspace}};
@@ -498,6 +502,7 @@ std::vector<DeviceMemory> memory_plan(const Figures& f, const Placement& p, bool
     h.device = "host";
     h.parts  = {{"pinned buffers", f.pinned}};
     if (ple_host) h.parts.push_back({"PLE table", f.ple_table});
+    if (f.tower_weights) h.parts.push_back({"towers' weights", f.tower_weights}), h.parts.push_back({"towers' buffers", f.tower_buffers});
     if (p.has_cpu_layers()) {
         h.parts.push_back({"CPU layers' weights", f.host_weights});
         h.parts.push_back({"CPU layers' " + kv, f.host_kv});
@@ -697,8 +702,7 @@ json Decision::meta() const {
     const std::string dev = p.cuda_index >= 0 ? cuda(p.cuda_index) : "cpu";
     json towers           = json::object();
     for (const char* c : {"vision", "audio"})
-        towers[c] = p.towers.count(c) ? "not compiled (--place " + std::string(c) + "=" + p.towers.at(c) + ")"
-                                      : "not compiled";
+        towers[c] = p.tower_where.count(c) ? p.tower_where.at(c) : "not compiled";
     json layers = json::array();
     auto on     = [&](int l) { return !p.hybrid() ? p.cuda_index : p.layer_device[l]; };
     for (int l = 0; l < p.num_layers;) {   // maximal ranges of one device
@@ -757,7 +761,8 @@ std::string Decision::placement_line() const {
                  ? "in pinned host memory (ple=host" + (p.ple_why.empty() ? "" : ", " + p.ple_why) + ")"
                  : "on " + dev + (p.ple_auto ? " (chosen automatically: it fits the budget)" : ""));
     }
-    return s + "; vision and audio towers: not compiled by this build";
+    auto where = [&](const char* c) { return p.tower_where.count(c) ? p.tower_where.at(c) : std::string("not compiled"); };
+    return s + "; vision tower: " + where("vision") + ", audio tower: " + where("audio");
 }
 
 void print_memory(std::ostream& out, const std::vector<DeviceMemory>& mem, const std::string& indent) {

@@ -82,6 +82,9 @@ struct Placement {
     bool ple_auto = false;                     // ple not placed by --place: the budget check decides
     std::string ple_why;                       // why ple_host was chosen automatically
     std::map<std::string, std::string> towers; // vision/audio -> what --place asked for
+    // vision/audio -> where the compiled plan has it: "cpu", "not in the checkpoint", "left out (--no-vision)"
+    // (set by the compiler once it knows the checkpoint; META placement and the report line)
+    std::map<std::string, std::string> tower_where;
     // CUDA plans whose text layers span devices: each layer's device, -1 for the CPU or a CUDA index
     // (empty: every layer on the plan's GPU). Embeddings, PLE and LM head stay on the plan's GPU.
     std::vector<int> layer_device;
@@ -104,6 +107,9 @@ struct Figures {
     // layers' weights and KV caches (mirrors of GPU donors' caches included), the host copy of the
     // activation arena, and the CPU kernels' scratch per worker thread.
     uint64_t host_weights = 0, host_kv = 0, host_activations = 0, host_scratch_per_thread = 0;
+    // Vision/audio towers (host memory, CPU plans included): their weights (part of `weights`) and the
+    // buffers a session allocates for them (scratch, image/audio input, queued soft tokens, thread scratch).
+    uint64_t tower_weights = 0, tower_buffers = 0;
     // Cross-device CUDA plans, per GPU (CUDA index): the weights it uploads (the PLE table included),
     // its part of the KV arena and its workspaces; each GPU also holds a whole activation arena.
     // Empty: the plan's GPU holds weights - host_weights, kv_cache - host_kv, attention_workspace.

@@ -5,6 +5,8 @@
 #include "compiler/error.h"
 #include "compiler/placement.h"
 #include "g4/g4.h"
+#include "tools/audio_io.h"
+#include "tools/image_io.h"
 #include "runtime/src/plan/plan_reader.h"
 #include "runtime/src/tokenizer.h"
 
@@ -43,12 +45,15 @@ const char* kUsage =
     "  g4 compile --model DIR [--adapter DIR] [--weights nf4|bf16|f32] [--device cpu|cuda[:N]] [--target sm_XX]\n"
     "             [--quantize REGEX] [--keep REGEX] [--double-quant] [--no-fidelity] [--prefill-precision bf16|fp32] [--dry-run]\n"
     "             [--kv-dtype bf16|f32] [--max-context N] [--chunk N] [--logits-rows N] [--gpu-mem [IDX:]SIZE]... [--cpu-mem SIZE]\n"
-    "             [--place COMPONENT=TARGET,...] -o PLAN\n"
+    "             [--place COMPONENT=TARGET,...] [--no-vision] [--no-audio] [--image-tokens 70|140|280|560|1120]\n"
+    "             [--max-image-pixels N] [--max-audio-seconds S] [--max-media-tokens N] -o PLAN\n"
     "             (--place components: vision, audio, ple, embed, lm_head, layers; targets: cpu, gpu, gpuN, cuda:N,\n"
     "              host (ple only); layers=0-29:gpu0,30-34:cpu gives ranges; sizes: 12GiB, 4GB, 512MiB, 3.5GiB)\n"
     "  g4 run PLAN (-p TEXT | --tokens 2,17,99 | --tokens @FILE) [-n N] [--temp T] [--top-k K] [--top-p P] [--min-p P]\n"
     "             [--repeat-penalty R] [--repeat-last-n N] [--seed S] [--stop STR]... [--ignore-eos]\n"
     "             [--print-ids] [--dump-logits FILE] [--truncate] [--threads N] [--stats]\n"
+    "             [--image FILE]... [--audio FILE.wav]...   (plans with the vision / audio tower; with -p each goes at the\n"
+    "              next <|image|> / <|audio|> of the text, else after <bos>)\n"
     "  g4 chat PLAN [--system TEXT] [-n N] [sampling options as for run] [--stats]\n"
     "  g4 bench PLAN [-p 512,4096] [-n 128] [-d 0,4096] [-r 3] [--threads N] [--json]\n"
     "             (warm, one process: prompt processing of each -p length, then -n greedy decode steps after a\n"
@@ -166,8 +171,9 @@ std::string read_whole_file(const std::string& path, const char* what) {
 }
 
 int cmd_compile(int argc, char** argv) {
-    Args a(argc, argv, 2, {"--model", "--adapter", "--weights", "--device", "-o", "--max-context", "--chunk", "--logits-rows", "--quantize", "--keep", "--tokenizer", "--target", "--prefill-precision", "--kv-dtype", "--gpu-mem", "--cpu-mem", "--place"},
-           {"--double-quant", "--no-fidelity", "--dry-run"});
+    Args a(argc, argv, 2, {"--model", "--adapter", "--weights", "--device", "-o", "--max-context", "--chunk", "--logits-rows", "--quantize", "--keep", "--tokenizer", "--target", "--prefill-precision", "--kv-dtype", "--gpu-mem", "--cpu-mem", "--place",
+                              "--image-tokens", "--max-image-pixels", "--max-audio-seconds", "--max-media-tokens"},
+           {"--double-quant", "--no-fidelity", "--dry-run", "--no-vision", "--no-audio"});
     if (!a.pos.empty()) throw UsageError("unexpected argument '" + a.pos[0] + "'");
     if (!a.has("--model")) throw UsageError("missing --model DIR");
     if (!a.has("-o") && !a.flag.count("--dry-run")) throw UsageError("missing -o PLAN");
@@ -198,6 +204,12 @@ int cmd_compile(int argc, char** argv) {
     o.cpu_mem = a.get("--cpu-mem");
     if (a.multi.count("--place"))
         for (const auto& p : a.multi.at("--place")) o.place += (o.place.empty() ? "" : ",") + p;
+    o.vision = a.flag.count("--no-vision") == 0;
+    o.audio  = a.flag.count("--no-audio") == 0;
+    if (a.has("--image-tokens")) o.image_tokens = (int)parse_int("--image-tokens", a.get("--image-tokens"), 1, 1 << 20);
+    if (a.has("--max-image-pixels")) o.max_image_pixels = parse_int("--max-image-pixels", a.get("--max-image-pixels"), 1, 1ll << 32);
+    if (a.has("--max-audio-seconds")) o.max_audio_seconds = parse_float("--max-audio-seconds", a.get("--max-audio-seconds"));
+    if (a.has("--max-media-tokens")) o.max_media_tokens = (int)parse_int("--max-media-tokens", a.get("--max-media-tokens"), 1, 1 << 30);
     g4::compile_plan(o, std::cerr);
     return 0;
 }
@@ -279,11 +291,69 @@ void print_stats(g4_session* s, const g4_engine_info& info) {
                  st.prefill_ms > 0 ? st.prefill_tokens * 1000.0 / st.prefill_ms : 0.0, st.ttft_ms, (long long)st.decode_tokens,
                  st.decode_ms, st.decode_ms > 0 ? st.decode_tokens * 1000.0 / st.decode_ms : 0.0, (long long)st.sample_calls,
                  st.sample_ms, st.sample_calls ? 1000.0 * st.sample_ms / st.sample_calls : 0.0);
+    if (st.image_tokens || st.audio_tokens)
+        std::fprintf(stderr, "g4: images %lld soft tokens in %.2f ms (CPU); audio %lld soft tokens in %.2f ms (CPU)\n",
+                     (long long)st.image_tokens, st.image_ms, (long long)st.audio_tokens, st.audio_ms);
+}
+
+// --image / --audio: runs each file through its tower (queued in the session, in order) and puts its
+// soft-token placeholders into the prompt: with -p, at the next <|image|> / <|audio|> token of the text, or
+// after <bos> when the text has none left; --tokens are fed verbatim (give <boi>, n placeholders, <eoi>).
+void add_media(const Args& a, g4_engine* e, g4_session* s, std::vector<int32_t>* prompt) {
+    const bool has_img = a.multi.count("--image") > 0, has_aud = a.multi.count("--audio") > 0;
+    if (!has_img && !has_aud) return;
+    g4_media_info mi{};
+    check(g4_engine_get_media_info(e, &mi));
+    auto place = [&](int32_t open, int32_t ph, int32_t close, int32_t n, size_t* insert_at) {
+        std::vector<int32_t> block = {open};
+        block.insert(block.end(), (size_t)n, ph);
+        block.push_back(close);
+        if (!a.has("-p")) return;
+        std::vector<int32_t>& p = *prompt;
+        for (size_t i = 0; i < p.size(); ++i)
+            if (p[i] == ph && (i == 0 || p[i - 1] != open) && (i + 1 == p.size() || p[i + 1] != ph)) {
+                p.erase(p.begin() + (long)i);
+                p.insert(p.begin() + (long)i, block.begin(), block.end());
+                return;
+            }
+        p.insert(p.begin() + (long)*insert_at, block.begin(), block.end());
+        *insert_at += block.size();
+    };
+    g4_engine_info info{};
+    check(g4_engine_get_info(e, &info));
+    size_t insert_at = !prompt->empty() && (*prompt)[0] == info.bos_token_id ? 1 : 0;
+    if (has_img) {
+        if (!mi.has_vision) throw RunError("--image: the plan has no vision tower (compile a Gemma 4 checkpoint with vision_config, without --no-vision)");
+        for (const auto& f : a.multi.at("--image")) {
+            g4::tools::ImageRGB8 img;
+            std::string err = g4::tools::load_image(f, &img);
+            if (!err.empty()) throw RunError(err);
+            int32_t n = 0;
+            if (g4_session_add_image(s, img.rgb.data(), img.width, img.height, &n) != G4_OK)
+                throw RunError(f + ": " + g4_last_error_message());
+            place(mi.boi_token_id, mi.image_token_id, mi.eoi_token_id, n, &insert_at);
+        }
+    }
+    if (has_aud) {
+        if (!mi.has_audio) throw RunError("--audio: the plan has no audio tower (compile a Gemma 4 checkpoint with audio_config, without --no-audio)");
+        for (const auto& f : a.multi.at("--audio")) {
+            g4::tools::AudioPcm pcm;
+            std::string err = g4::tools::load_wav(f, &pcm);
+            if (!err.empty()) throw RunError(err);
+            if (pcm.sample_rate != mi.audio_sample_rate)
+                throw RunError(f + ": " + std::to_string(pcm.sample_rate) + " Hz, but the audio tower takes " + std::to_string(mi.audio_sample_rate) +
+                               " Hz mono (convert it: ffmpeg -i " + f + " -ar " + std::to_string(mi.audio_sample_rate) + " -ac 1 out.wav)");
+            int32_t n = 0;
+            if (g4_session_add_audio(s, pcm.samples.data(), (int64_t)pcm.samples.size(), &n) != G4_OK)
+                throw RunError(f + ": " + g4_last_error_message());
+            place(mi.boa_token_id, mi.audio_token_id, mi.eoa_token_id, n, &insert_at);
+        }
+    }
 }
 
 int cmd_run(int argc, char** argv) {
     std::vector<std::string> with_value = kSamplingOpts;
-    with_value.insert(with_value.end(), {"--tokens", "-p", "--dump-logits"});
+    with_value.insert(with_value.end(), {"--tokens", "-p", "--dump-logits", "--image", "--audio"});
     Args a(argc, argv, 2, with_value, {"--ignore-eos", "--print-ids", "--stats", "--truncate"});
     if (a.pos.size() != 1) throw UsageError("expected exactly one PLAN argument");
     if (a.has("--tokens") == a.has("-p")) throw UsageError("give the prompt as -p TEXT or as --tokens ID,ID,...");
@@ -313,6 +383,7 @@ int cmd_run(int argc, char** argv) {
 
     Session s;
     create_session(a, e.e, &s);
+    add_media(a, e.e, s.s, &prompt);
     std::vector<float> logits;
     float* dump = nullptr;
     if (a.has("--dump-logits")) {

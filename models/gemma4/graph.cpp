@@ -17,6 +17,8 @@ const char* weight_role_name(WeightRole r) {
     case WeightRole::Scalar: return "scalar";
     case WeightRole::Constant: return "constant";
     case WeightRole::LoraBias: return "lora_bias";
+    case WeightRole::Tower: return "tower";
+    case WeightRole::TowerScalar: return "tower_scalar";
     }
     return "?";
 }

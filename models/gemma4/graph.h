@@ -23,6 +23,8 @@ enum class WeightRole : uint8_t {
     Scalar,          // layer_scalar
     Constant,        // computed by the compiler (RoPE inverse frequencies), always f32
     LoraBias,        // bias added by a LoRA adapter (lora_bias), f32 [N]
+    Tower,           // vision/audio tower and its embedder (read by runtime/src/towers on the CPU, no ops)
+    TowerScalar,     // a tower's 0-d tensor (ClippableLinear bounds), stored as [1]
 };
 const char* weight_role_name(WeightRole r);
 

@@ -148,7 +148,7 @@ g4_status g4_engine_open(const char* path, const g4_engine_params* params, g4_en
     int threads      = g4::cpu::default_thread_count();
     e->session_bytes = in.act_arena_bytes + in.kv_arena_bytes +
                        (uint64_t)threads * g4::cpu::scratch_floats_per_thread(in.max_k, in.max_slots) * 4 +
-                       (uint64_t)in.vocab_size * 12 + (uint64_t)in.max_context * 4;
+                       (uint64_t)in.vocab_size * 12 + (uint64_t)in.max_context * 4 + in.tower_session_bytes;
     e->load_ms = std::chrono::duration<double, std::milli>(g4_clock::now() - t_open).count();
     handle_add(e);
     *out_engine = e;
@@ -196,6 +196,8 @@ g4_session_params g4_session_params_default(void) {
     return p;
 }
 
+static void g4_session_destroy_unregistered(g4_session* s);
+
 g4_status g4_session_create(g4_engine* e, const g4_session_params* params, g4_session** out) {
     G4_GUARD_BEGIN
     if (!out) return set_error(G4_ERR_INVALID_ARGUMENT, "g4_session_create: out_session must not be NULL");
@@ -231,6 +233,17 @@ g4_status g4_session_create(g4_engine* e, const g4_session_params* params, g4_se
         s->ids    = (int32_t*)(s->act + e->plan.tensor(in.ids_tensor).offset);
         s->logits = (const float*)(s->act + e->plan.tensor(in.logits_tensor).offset);
     }
+    {
+        std::string merr;
+        g4_status mst = g4::rt::media_create(s, &merr);
+        if (mst != G4_OK) {
+            g4_session_destroy_unregistered(s);
+            return set_error(mst, merr);
+        }
+        for (size_t i = 0; i < e->plan.n_ops(); ++i)
+            if (e->plan.op(i).code == (uint16_t)g4::OpCode::Embed && std::strcmp(e->plan.str(e->plan.op(i).name), "inp_embd") == 0)
+                s->embed_op = (int32_t)i;
+    }
     s->last_logits.assign(in.vocab_size, 0.0f);
     s->history.assign(in.max_context, 0);
     s->sample_buf.assign(in.vocab_size, 0.0f);
@@ -243,17 +256,22 @@ g4_status g4_session_create(g4_engine* e, const g4_session_params* params, g4_se
     G4_GUARD_END
 }
 
-void g4_session_destroy(g4_session* s) {
-    if (!session_ok(s)) return;
-    handle_remove(s);
-    s->magic = 0;
-    s->engine->live_sessions--;
+// Frees a session's memory (registered or not).
+static void g4_session_destroy_unregistered(g4_session* s) {
     if (!s->cuda) {   // a CUDA session's host arenas (CPU-placed layers) belong to its SessionState
         std::free(s->scratch);
         std::free(s->act);
         std::free(s->kv);
     }
     delete s;
+}
+
+void g4_session_destroy(g4_session* s) {
+    if (!session_ok(s)) return;
+    handle_remove(s);
+    s->magic = 0;
+    s->engine->live_sessions--;
+    g4_session_destroy_unregistered(s);
 }
 
 g4_status g4_session_reset(g4_session* s) {
@@ -264,6 +282,7 @@ g4_status g4_session_reset(g4_session* s) {
     s->rng_seeded  = false;
     s->cancel      = false;
     s->stats       = {};
+    g4::rt::media_clear(s);
     return G4_OK;
 }
 
@@ -281,7 +300,7 @@ g4_status g4_session_append_tokens(g4_session* s, const int32_t* ids, size_t n, 
     const auto& in = s->engine->plan.info();
     const int32_t V = in.vocab_size;
     for (size_t i = 0; i < n; ++i)
-        if (ids[i] < 0 || ids[i] >= in.embed_vocab_limit)
+        if ((ids[i] < 0 || ids[i] >= in.embed_vocab_limit) && !g4::rt::media_is_placeholder(s, ids[i]))
             return set_error(G4_ERR_INVALID_ARGUMENT, "token id " + std::to_string(ids[i]) + " at index " + std::to_string(i) +
                                                           " is outside the vocabulary (0.." + std::to_string(in.embed_vocab_limit - 1) + ")");
     if ((uint64_t)s->position + n > (uint64_t)in.max_context)
@@ -291,6 +310,11 @@ g4_status g4_session_append_tokens(g4_session* s, const int32_t* ids, size_t n, 
     if (out_logits && cap < n * (size_t)V)
         return set_error(G4_ERR_INVALID_ARGUMENT, "out_logits holds " + std::to_string(cap) + " floats; " +
                                                       std::to_string(n * (size_t)V) + " needed");
+    {
+        std::string merr;
+        g4_status mst = g4::rt::media_check_tokens(s, ids, n, &merr);
+        if (mst != G4_OK) return set_error(mst, merr);
+    }
     auto t0 = g4_clock::now();
     if (n > 1) s->prefill_start = t0;
     // All logits wanted: steps of at most logits_rows tokens, each producing all its rows.
@@ -308,15 +332,20 @@ g4_status g4_session_append_tokens(g4_session* s, const int32_t* ids, size_t n, 
         bool last    = done + rows == n;
         int32_t outr = out_logits ? rows : (last ? 1 : 0);
         std::memcpy(s->ids, ids + done, sizeof(int32_t) * rows);
+        g4::rt::media_prepare_step(s, ids + done, rows);
         bool on_device = false;
         st = s->cuda ? g4::cuda_rt::run_step(s, rows, s->position, outr, &on_device, &err)
                      : g4::rt::run_step(s, rows, s->position, outr, &err);
+        if (s->media) {
+            if (st == G4_OK) g4::rt::media_commit_step(s, ids + done, rows);
+            s->media->step_n = 0;
+        }
         if (st == G4_OK && on_device && out_logits) {
             st        = g4::cuda_rt::fetch_logits(s, &err);
             on_device = false;
         }
         if (st != G4_OK) break;
-        for (int32_t r = 0; r < rows; ++r) s->history[s->position + r] = ids[done + r];
+        for (int32_t r = 0; r < rows; ++r) s->history[s->position + r] = ids[done + r] < V ? ids[done + r] : in.pad_token_id;
         s->position += rows;
         if (out_logits) std::memcpy(out_logits + done * V, s->logits, sizeof(float) * (size_t)rows * V);
         s->logits_on_device = on_device;
@@ -625,6 +654,63 @@ g4_status g4_session_generate(g4_session* s, const g4_sampling_params* sampling,
     if (out_n) *out_n = n_done;
     return st;
     G4_GUARD_END
+}
+
+g4_status g4_engine_get_media_info(const g4_engine* e, g4_media_info* out) {
+    if (!engine_ok(e) || !out) return set_error(G4_ERR_INVALID_ARGUMENT, "g4_engine_get_media_info: invalid engine or NULL out");
+    const auto& in = e->plan.info();
+    g4_media_info m{};
+    m.has_vision        = !in.vision_config.empty();
+    m.has_audio         = !in.audio_config.empty();
+    m.image_token_id    = in.image_token_id;
+    m.boi_token_id      = in.boi_token_id;
+    m.eoi_token_id      = in.eoi_token_id;
+    m.audio_token_id    = in.audio_token_id;
+    m.boa_token_id      = in.boa_token_id;
+    m.eoa_token_id      = in.eoa_token_id;
+    m.max_image_tokens  = in.image_tokens;
+    m.max_image_pixels  = in.max_image_pixels;
+    m.audio_sample_rate = in.audio_sample_rate;
+    m.max_audio_samples = in.max_audio_samples;
+    m.max_queued_tokens = in.max_media_tokens;
+    *out = m;
+    return G4_OK;
+}
+
+g4_status g4_session_add_image(g4_session* s, const uint8_t* rgb, int32_t width, int32_t height, int32_t* out_n_tokens) {
+    G4_GUARD_BEGIN
+    if (!session_ok(s)) return set_error(G4_ERR_INVALID_ARGUMENT, "g4_session_add_image: invalid or destroyed session");
+    std::string err;
+    int32_t n    = 0;
+    auto t0      = g4_clock::now();
+    g4_status st = g4::rt::media_add_image(s, rgb, width, height, &n, &err);
+    if (st != G4_OK) return set_error(st, err);
+    s->stats.image_ms += std::chrono::duration<double, std::milli>(g4_clock::now() - t0).count();
+    s->stats.image_tokens += n;
+    if (out_n_tokens) *out_n_tokens = n;
+    return G4_OK;
+    G4_GUARD_END
+}
+
+g4_status g4_session_add_audio(g4_session* s, const float* samples, int64_t n_samples, int32_t* out_n_tokens) {
+    G4_GUARD_BEGIN
+    if (!session_ok(s)) return set_error(G4_ERR_INVALID_ARGUMENT, "g4_session_add_audio: invalid or destroyed session");
+    std::string err;
+    int32_t n    = 0;
+    auto t0      = g4_clock::now();
+    g4_status st = g4::rt::media_add_audio(s, samples, n_samples, &n, &err);
+    if (st != G4_OK) return set_error(st, err);
+    s->stats.audio_ms += std::chrono::duration<double, std::milli>(g4_clock::now() - t0).count();
+    s->stats.audio_tokens += n;
+    if (out_n_tokens) *out_n_tokens = n;
+    return G4_OK;
+    G4_GUARD_END
+}
+
+g4_status g4_session_clear_media(g4_session* s) {
+    if (!session_ok(s)) return set_error(G4_ERR_INVALID_ARGUMENT, "g4_session_clear_media: invalid or destroyed session");
+    g4::rt::media_clear(s);
+    return G4_OK;
 }
 
 } // extern "C"

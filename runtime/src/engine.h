@@ -6,6 +6,7 @@
 #include "runtime/src/cuda/backend.h"
 #include "runtime/src/plan/plan_reader.h"
 #include "runtime/src/tokenizer.h"
+#include "runtime/src/towers/media.h"
 
 #include <atomic>
 #include <chrono>
@@ -73,4 +74,6 @@ struct g4_session {
     g4_session_stats stats{};
     std::chrono::steady_clock::time_point prefill_start{};
     std::unique_ptr<g4::cuda_rt::SessionState, g4::cuda_rt::SessionDeleter> cuda;   // CUDA plans only
+    std::unique_ptr<g4::rt::MediaState> media;   // plans with a vision/audio tower only
+    int32_t embed_op = -1;                       // the op computing inp_embd (placeholder rows are replaced after it)
 };

@@ -269,6 +269,9 @@ g4_status run_ops(g4_session* s, size_t first, size_t end, int32_t rows, int32_t
         case OpCode::Embed: {
             const PlanTensor& tab = p.tensor(op.in[1]);
             cpu::embed(ctx, {s->ids, b.in[1], b.in_dt[1], tab.dims[0], tab.dims[1], op.fp[0], O(0), b.out_ld[0], n});
+            if ((int32_t)i == s->embed_op && s->media)   // image/audio placeholders: the tower's rows, unscaled
+                for (int32_t k = 0; k < s->media->step_n; ++k)
+                    std::memcpy(O(0) + (int64_t)s->media->step_row[k] * b.out_ld[0], s->media->step_src[k], sizeof(float) * tab.dims[1]);
             break;
         }
         case OpCode::Matmul: {

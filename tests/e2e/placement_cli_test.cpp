@@ -217,7 +217,7 @@ TEST(PlacementCli, CudaPlanWithThePleTableOnTheHost) {
     std::string plan = td.file("c.g4plan");
     CmdResult r      = run_g4("compile --model '" + fixture("e2b_tiny") +
                               "' --device cuda --target sm_86 --no-fidelity --place ple=host " +
-                              "--gpu-mem 0:1GiB --cpu-mem 1MiB -o '" + plan + "'");
+                              "--gpu-mem 0:1GiB --cpu-mem 64MiB -o '" + plan + "'");
     if (r.exit_code != 0 && r.err.find("without the CUDA toolkit") != std::string::npos)
         GTEST_SKIP() << "built without NVRTC";
     ASSERT_EQ(r.exit_code, 0) << r.err;
@@ -235,8 +235,19 @@ TEST(PlacementCli, CudaPlanWithThePleTableOnTheHost) {
     for (size_t t = 0; t < p.n_tensors(); ++t)
         if (std::string(p.str(p.tensor(t).name)) == "embed_tokens_per_layer.weight") ple = p.tensor(t).nbytes;
     ASSERT_GT(ple, 0u);
-    EXPECT_EQ(meta["memory"][0]["parts"][0]["bytes"], p.weights_bytes() - ple);
+    // The GPU holds the text weights less the PLE table; the towers' weights stay in host memory too.
+    const uint64_t towers = p.info().towers_end - p.info().towers_begin;
+    ASSERT_GT(towers, 0u);
+    EXPECT_EQ(meta["memory"][0]["parts"][0]["bytes"], p.weights_bytes() - ple - towers);
     EXPECT_EQ(meta["memory"][1]["parts"][1]["bytes"], ple);
+    EXPECT_EQ(meta["memory"][1]["parts"][2]["what"], "towers' weights");
+    EXPECT_EQ(meta["memory"][1]["parts"][2]["bytes"], towers);
+    // A host budget below the towers' share names it and the smallest budget that fits.
+    CmdResult small = run_g4("compile --model '" + fixture("e2b_tiny") + "' --device cuda --target sm_86 --no-fidelity --place ple=host " +
+                             "--gpu-mem 0:1GiB --cpu-mem 1MiB -o '" + td.file("d.g4plan") + "'");
+    EXPECT_NE(small.exit_code, 0);
+    EXPECT_NE(small.err.find("towers' buffers"), std::string::npos) << small.err;
+    EXPECT_NE(small.err.find("the smallest budget that fits this plan is --cpu-mem"), std::string::npos) << small.err;
     CmdResult i = run_g4("inspect '" + plan + "' --ops");
     EXPECT_NE(i.out.find("PLE table in pinned host memory (ple=host)"), std::string::npos) << i.out;
 }

@@ -245,7 +245,8 @@ TEST(Placement, ResolveDefaultsAndTowers) {
     std::string notes;
     for (const auto& n : c.notes)
         notes += n + "\n";
-    EXPECT_NE(notes.find("vision tower is not compiled by this build"), std::string::npos) << notes;
+    EXPECT_NE(notes.find("vision tower runs on the CPU"), std::string::npos) << notes;
+    expect_error(error_of([] { resolve_str("vision=gpu", {"6GiB"}, 35, 0); }), {"--place vision=gpu", "run on the CPU", "--no-vision"});
     Placement d = resolve_str("ple=host,layers=cpu", {}, 35, -1, -1, "16GiB");
     EXPECT_FALSE(d.ple_host); // a CPU plan keeps everything in host memory anyway
     EXPECT_EQ(*d.cpu_budget, 16ull << 30);

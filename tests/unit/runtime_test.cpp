@@ -105,6 +105,48 @@ TEST(Runtime, NothingAllocatedAfterSessionCreate) {
     EXPECT_EQ(g_allocs.load(), 0) << "heap allocations during prefill/decode/sampling";
 }
 
+TEST(Runtime, NothingAllocatedByImagesAndAudio) {
+    TempDir td;
+    std::string plan = compile_fixture(td, "e2b_tiny", "--image-tokens 70");
+    Engine e;
+    ASSERT_EQ(g4_engine_open(plan.c_str(), nullptr, &e.e), G4_OK) << g4_last_error_message();
+    Session s;
+    g4_session_params sp = g4_session_params_default();
+    sp.n_threads         = 2;
+    ASSERT_EQ(g4_session_create(e.e, &sp, &s.s), G4_OK);
+    g4_media_info mi{};
+    ASSERT_EQ(g4_engine_get_media_info(e.e, &mi), G4_OK);
+    ASSERT_TRUE(mi.has_vision && mi.has_audio);
+    std::vector<uint8_t> rgb(200 * 150 * 3);
+    for (size_t i = 0; i < rgb.size(); ++i) rgb[i] = (uint8_t)(i * 7 % 251);
+    std::vector<float> pcm(16000);
+    for (size_t i = 0; i < pcm.size(); ++i) pcm[i] = 0.3f * std::sin(0.05f * (float)i);
+    std::vector<int32_t> ids(400, 0);
+    g_allocs   = 0;
+    g_counting = true;
+    int32_t ni = 0, na = 0;
+    g4_status st1 = g4_session_add_image(s.s, rgb.data(), 200, 150, &ni);
+    g4_status st2 = g4_session_add_audio(s.s, pcm.data(), (int64_t)pcm.size(), &na);
+    size_t n      = 0;
+    if (st1 == G4_OK && st2 == G4_OK && ni + na + 6 <= 400) {
+        ids[n++] = 2;
+        ids[n++] = 300;
+        for (int i = 0; i < ni; ++i) ids[n++] = mi.image_token_id;
+        ids[n++] = 301;
+        ids[n++] = 302;
+        for (int i = 0; i < na; ++i) ids[n++] = mi.audio_token_id;
+        ids[n++] = 303;
+    }
+    g4_status st3 = g4_session_append_tokens(s.s, ids.data(), n, nullptr, 0);
+    g_counting    = false;
+    ASSERT_EQ(st1, G4_OK) << g4_last_error_message();
+    ASSERT_EQ(st2, G4_OK) << g4_last_error_message();
+    EXPECT_EQ(st3, G4_OK) << g4_last_error_message();
+    EXPECT_GT(ni, 0);
+    EXPECT_GT(na, 0);
+    EXPECT_EQ(g_allocs.load(), 0) << "heap allocations while encoding an image and a clip and feeding them";
+}
+
 TEST(Runtime, CompileIsDeterministic) {
     TempDir td;
     std::string a = td.file("a.g4plan"), b = td.file("b.g4plan");

@@ -179,6 +179,10 @@ typedef struct g4_session_stats {
     double sample_ms;           /* time spent in g4_session_sample (on a CUDA plan: the GPU top-k and
                                    the host's draw, or the logits copy and the CPU sampler) */
     int64_t sample_calls;
+    double image_ms;            /* time spent in g4_session_add_image (preprocessing + vision tower) */
+    int64_t image_tokens;       /* soft tokens those calls produced */
+    double audio_ms;            /* time spent in g4_session_add_audio (features + audio tower) */
+    int64_t audio_tokens;
 } g4_session_stats;
 
 /* Called by g4_session_generate for each generated token, with the UTF-8 text it completes
@@ -208,6 +212,37 @@ G4_API g4_status g4_session_generate(g4_session* session, const g4_sampling_para
                                      int32_t* out_n_generated);
 
 G4_API g4_status g4_session_get_stats(const g4_session* session, g4_session_stats* out_stats);
+
+/* ---- images and audio (plans compiled from a checkpoint with the vision / audio tower) ------ *
+ * In a prompt, an image is <boi> followed by n image placeholders and <eoi>; an audio clip is <boa>,
+ * n audio placeholders, <eoa> (ids below; n is what g4_session_add_image / _add_audio returned).
+ * g4_session_add_image and g4_session_add_audio run the tower on the CPU (the calling thread plus the
+ * session's worker threads) and queue the clip's n soft-token embeddings in the session;
+ * g4_session_append_tokens then replaces the embedding of each placeholder token, in order, with the
+ * next queued row of its kind (images and audio have separate queues). Feeding more placeholders than
+ * are queued is G4_ERR_INVALID_ARGUMENT (nothing is fed). The towers use only memory allocated by
+ * g4_session_create; g4_session_reset and g4_session_clear_media drop queued rows. */
+typedef struct g4_media_info {
+    int32_t has_vision, has_audio;
+    int32_t image_token_id, boi_token_id, eoi_token_id;   /* -1 when the plan has no vision tower */
+    int32_t audio_token_id, boa_token_id, eoa_token_id;   /* -1 when the plan has no audio tower */
+    int32_t max_image_tokens;    /* soft tokens an image gives at most (g4 compile --image-tokens) */
+    int64_t max_image_pixels;    /* width * height an image may have */
+    int32_t audio_sample_rate;   /* samples per second g4_session_add_audio expects (16000) */
+    int64_t max_audio_samples;   /* longest clip */
+    int32_t max_queued_tokens;   /* soft tokens (of each kind) a session holds queued at once */
+} g4_media_info;
+
+G4_API g4_status g4_engine_get_media_info(const g4_engine* engine, g4_media_info* out_info);
+/* |rgb|: |height| rows of |width| pixels, 3 bytes each (R, G, B), no padding; borrowed for the call.
+ * Resized and patched as Hugging Face's Gemma 4 image processor does, then encoded. |*out_n_tokens|
+ * (may be NULL) receives n, the placeholders to put between <boi> and <eoi>. Thread-compatible, as
+ * every session call. */
+G4_API g4_status g4_session_add_image(g4_session* session, const uint8_t* rgb, int32_t width, int32_t height,
+                                      int32_t* out_n_tokens);
+/* |samples|: mono, at audio_sample_rate, in [-1, 1]; borrowed for the call. |*out_n_tokens| as above. */
+G4_API g4_status g4_session_add_audio(g4_session* session, const float* samples, int64_t n_samples, int32_t* out_n_tokens);
+G4_API g4_status g4_session_clear_media(g4_session* session);
 
 #ifdef __cplusplus
 }

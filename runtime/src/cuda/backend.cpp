@@ -877,7 +877,8 @@ g4_status cross_device_op(g4_session* s, size_t i, int rows, bool* handled, std:
 g4_status launch_step(g4_session* s, int rows, int out_rows, std::string* err) {
     SessionState* st    = s->cuda.get();
     const plan::Plan& p = s->engine->plan;
-    const bool decode   = rows == 1 && out_rows == 1;
+    const bool media    = s->media && s->media->step_n > 0;   // image/audio rows: op by op, never the graph
+    const bool decode   = rows == 1 && out_rows == 1 && !media;
     const bool events   = decode && !st->ev.empty();   // profiling the captured decode graph
     if (decode && p.n_launches()) {
         if (events) st->e->d->cuEventRecordWithFlags(st->ev[0], st->cur->stream, 1);
@@ -916,6 +917,16 @@ g4_status launch_step(g4_session* s, int rows, int out_rows, std::string* err) {
         g4_status g  = cross_device_op(s, i, rows, &handled, err);
         if (g == G4_OK && !handled) g = launch_op(s, i, rows, out_rows, err);
         if (g != G4_OK) return g;
+        if (media && (int32_t)i == s->embed_op) {   // placeholders' embeddings: the tower's rows, unscaled
+            const PlanOp& op      = p.op(i);
+            const PlanTensor& out = p.tensor(op.out[0]);
+            const Driver* d       = st->e->d;
+            for (int32_t k = 0; k < s->media->step_n; ++k) {
+                CUdeviceptr dst = st->cur->act + out.offset + ((uint64_t)s->media->step_row[k] * out.dims[1] + op.out_col[0]) * 4;
+                CU_TRY(d->cuMemcpyHtoDAsync(dst, s->media->step_src[k], (size_t)p.tensor(op.in[1]).dims[1] * 4, st->cur->stream),
+                       "copying image/audio embeddings");
+            }
+        }
         if (st->profile) {
             g = profile_point(s, p.op(i).code, rows == 1, p.str(p.op(i).name), err);
             if (g != G4_OK) return g;
@@ -1043,7 +1054,8 @@ g4_status run_step(g4_session* s, int32_t rows, int32_t pos0, int32_t out_rows, 
     CU_TRY(d->cuMemcpyHtoDAsync(l0.step, st->host_step, sizeof(SessionState::Step), l0.stream), "copying the step");
     CU_TRY(d->cuMemcpyHtoDAsync(l0.act + p.tensor(info.ids_tensor).offset, st->host_ids, (size_t)rows * 4, l0.stream),
            "copying token ids");
-    bool decode = rows == 1 && out_rows == 1;
+    const bool media = s->media && s->media->step_n > 0;
+    bool decode      = rows == 1 && out_rows == 1 && !media;
     if (st->profile && !(decode && !st->ev.empty())) {
         CU_TRY(d->cuStreamSynchronize(l0.stream), "sync");
         st->prof_t = std::chrono::steady_clock::now();
@@ -1091,7 +1103,7 @@ g4_status run_step(g4_session* s, int32_t rows, int32_t pos0, int32_t out_rows, 
         g4_status ls = launch_step(s, rows, out_rows, err);
         if (ls != G4_OK) return ls;
     }
-    const bool on_device = rows == 1 && out_rows == 1 && p.n_launches();
+    const bool on_device = rows == 1 && out_rows == 1 && p.n_launches() && !media;
     *logits_on_device    = on_device;
     if (on_device)
         CU_TRY(d->cuMemcpyDtoHAsync(st->host_tok, st->tok, 4, l0.stream), "copying the greedy token");

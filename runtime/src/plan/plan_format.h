@@ -69,6 +69,9 @@ struct PlanTensor {
 static_assert(sizeof(PlanTensor) == 64);
 
 inline constexpr uint32_t kQuantDoubleQuant = 1;
+// PlanTensor.flags of weights holds the compiler's weight role; the runtime reads these two: a vision/audio
+// tower weight (read by runtime/src/towers on the CPU, never uploaded), and a tower's 0-d tensor stored as [1].
+inline constexpr uint8_t kRoleTower = 9, kRoleTowerScalar = 10;
 
 // Which rows an op processes in a step of T rows with R = out_rows logits requested.
 enum class RowMode : int32_t {
@@ -148,7 +151,7 @@ inline uint64_t schema_hash() {
         "kv_store7(in:k,v;out:kc,vc;ip0:width,ip1:slots),"
         "attention8(in:q,kc,vc;ip0:heads,ip1:kv_heads,ip2:dim,ip3:slots,ip4:window,ip5:prefill_splits(0=flash),ip6:decode_splits;fp0:scale),"
         "gelu_mul9(ip0:cols),softcap10(ip0:cols;fp0:cap),copy11(in:x;out:x;ip0:cols,ip1:dst_device,ip2:src_device(-1=host));"
-        "meta:program.layer_devices,gpus(index,weights,kv),kv_host_begin;"
+        "meta:program.layer_devices,gpus(index,weights,kv),kv_host_begin;towers(weights,max_media_tokens,vision,audio;flags:tower9,tower_scalar10);"
         "dtypes:f32=0,bf16=1,f16=2,i32=3,nf4=4(blob:codes,absmax|dq);kinds:weight0,act1,kv2(dtype:f32|bf16,rne on store),input3;"
         "rowmode:all0,tailin1,outrows2";
     return fnv1a64(kSchema, sizeof(kSchema) - 1);

@@ -153,6 +153,38 @@ g4_status Plan::load(const std::string& path, bool verify_weights, std::string* 
         info_.num_layers    = hp.at("num_hidden_layers").get<int32_t>();
         info_.hidden_size   = hp.at("hidden_size").get<int32_t>();
         info_.kv_host_begin = info_.kv_arena_bytes;
+        info_.towers_begin = info_.towers_end = weights_size_;
+        if (j.contains("towers")) {
+            const auto& tw = j.at("towers");
+            info_.towers_begin = tw.at("weights").at(0).get<uint64_t>();
+            info_.towers_end   = tw.at("weights").at(1).get<uint64_t>();
+            info_.max_media_tokens    = tw.at("max_media_tokens").get<int32_t>();
+            info_.tower_thread_floats = tw.at("thread_scratch_floats").get<uint64_t>();
+            info_.tower_session_bytes = tw.value("session_bytes", (uint64_t)0);
+            if (tw.contains("vision")) {
+                const auto& v         = tw.at("vision");
+                info_.vision_config   = v.at("config").dump();
+                info_.image_tokens    = v.at("image_tokens").get<int32_t>();
+                info_.max_patches     = v.at("max_patches").get<int32_t>();
+                info_.max_image_pixels = v.at("max_image_pixels").get<int64_t>();
+                info_.image_token_id  = v.at("image_token_id").get<int32_t>();
+                info_.boi_token_id    = v.at("boi_token_id").get<int32_t>();
+                info_.eoi_token_id    = v.at("eoi_token_id").get<int32_t>();
+            }
+            if (tw.contains("audio")) {
+                const auto& a           = tw.at("audio");
+                info_.audio_config      = a.at("config").dump();
+                info_.max_audio_samples = a.at("max_samples").get<int64_t>();
+                info_.audio_sample_rate = a.at("sample_rate").get<int32_t>();
+                info_.audio_token_id    = a.at("audio_token_id").get<int32_t>();
+                info_.boa_token_id      = a.at("boa_token_id").get<int32_t>();
+                info_.eoa_token_id      = a.at("eoa_token_id").get<int32_t>();
+            }
+            if (info_.towers_begin > info_.towers_end || info_.towers_end != weights_size_ || info_.max_media_tokens < 1 ||
+                info_.max_media_tokens > info_.max_context || info_.max_patches < 0 || info_.max_audio_samples < 0 ||
+                info_.max_image_pixels < 0 || (info_.vision_config.empty() && info_.audio_config.empty()))
+                return fail(CORRUPT, "bad metadata: towers" + recompile, err);
+        }
         if (p.contains("layer_devices")) {
             if (device_ != "cuda") return fail(CORRUPT, "bad metadata: layer_devices in a CPU plan" + recompile, err);
             info_.layer_device  = p["layer_devices"].get<std::vector<int32_t>>();
@@ -176,11 +208,12 @@ g4_status Plan::load(const std::string& path, bool verify_weights, std::string* 
             for (int32_t d : info_.layer_device) ok = ok && (d == -1 || (d >= 0 && gpu_slot(d) >= 0));
             if (!ok) return fail(CORRUPT, "bad metadata: layer_devices / gpus / kv_host_begin" + recompile, err);
         } else if (device_ == "cuda") {
-            info_.gpus.push_back({cuda_device_, {{0, weights_size_}}, 0, info_.kv_arena_bytes});
+            info_.gpus.push_back({cuda_device_, {{0, info_.towers_begin}}, 0, info_.kv_arena_bytes});
         }
         const auto& g       = j.at("generation");
         info_.eos_token_ids = g.at("eos_token_ids").get<std::vector<int32_t>>();
         info_.bos_token_id  = g.at("bos_token_id").get<int32_t>();
+        info_.pad_token_id  = g.value("pad_token_id", 0);
         info_.do_sample     = g.value("do_sample", false);
         info_.temperature   = g.value("temperature", 1.0f);
         info_.top_k         = g.value("top_k", 0);

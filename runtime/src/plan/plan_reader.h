@@ -20,6 +20,7 @@ struct ProgramInfo {
     int32_t vocab_size = 0, embed_vocab_limit = 0;
     int32_t num_layers = 0, hidden_size = 0;
     int32_t bos_token_id = 2;
+    int32_t pad_token_id = 0;   // placeholder tokens of images/audio are looked up as this id
     std::vector<int32_t> eos_token_ids;
     // generation_config defaults
     bool do_sample = false;
@@ -39,6 +40,20 @@ struct ProgramInfo {
     };
     std::vector<GpuPart> gpus;
     uint64_t kv_host_begin = 0;
+    // Vision/audio towers (META "towers"; none when absent). They run on the CPU from the mapped
+    // weights [towers_begin, towers_end) of WEIGHTS, which no GPU uploads (towers_begin = end of WEIGHTS
+    // without towers). Config JSON texts are parsed by runtime/src/towers; "" = no such tower.
+    std::string vision_config, audio_config;
+    int32_t image_tokens = 0, max_patches = 0;     // soft tokens / patches of the largest image
+    int64_t max_image_pixels = 0;                  // input width * height a session takes
+    int32_t image_token_id = -1, boi_token_id = -1, eoi_token_id = -1;
+    int64_t max_audio_samples = 0;
+    int32_t audio_sample_rate = 0;
+    int32_t audio_token_id = -1, boa_token_id = -1, eoa_token_id = -1;
+    int32_t max_media_tokens = 0;                  // soft tokens a session holds queued
+    uint64_t tower_thread_floats = 0;              // per-thread scratch of the towers' CPU kernels
+    uint64_t tower_session_bytes = 0;              // host bytes a session allocates for the towers
+    uint64_t towers_begin = 0, towers_end = 0;
 };
 
 class Plan {

@@ -309,4 +309,8 @@ std::string preprocess_image(const uint8_t* rgb, int in_h, int in_w, int max_sof
     return "";
 }
 
+size_t preprocess_reserve_bytes(int64_t max_in_pixels, int max_soft_tokens, int patch, int pool) {
+    return std::min(preprocess_scratch_bytes(max_in_pixels, max_soft_tokens, patch, pool), kPreprocessReserveCap);
+}
+
 } // namespace g4::towers

@@ -30,6 +30,11 @@ std::string image_layout(int in_h, int in_w, int max_soft_tokens, int patch, int
 size_t preprocess_scratch_bytes(int64_t max_in_pixels, int max_soft_tokens, int patch, int pool);
 // The exact scratch one in_h x in_w image needs (0 if the arguments are invalid).
 size_t preprocess_scratch_bytes_for(int in_h, int in_w, int max_soft_tokens, int patch, int pool);
+// What a session reserves for preprocess_image: preprocess_scratch_bytes, capped at kPreprocessReserveCap (8 MiB,
+// which covers every image up to 16M pixels with an aspect ratio below ~1:1500); an image that needs more
+// (preprocess_scratch_bytes_for) is refused by the session with both figures.
+constexpr size_t kPreprocessReserveCap = 8u << 20;
+size_t preprocess_reserve_bytes(int64_t max_in_pixels, int max_soft_tokens, int patch, int pool);
 
 // rgb [in_h, in_w, 3] uint8 (row-major, RGB). Writes patches [n_patches, 3*patch*patch] in HF's pixel_values
 // row layout (within a patch: row, column, channel) and pos [n_patches, 2] = (x, y) as HF's image_position_ids

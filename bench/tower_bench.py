@@ -1,0 +1,186 @@
+#!/usr/bin/env python3
+"""tower_bench.py - the vision and audio towers on the CPU at their real (E2B = E4B) shapes: g4 against
+transformers, in one run on one machine.
+
+A random-weight Gemma 4 multimodal checkpoint (real vision and audio towers, an E2B-width text decoder cut
+to 2 layers: the towers do not depend on the text depth) is made with transformers; g4 compiles it and
+encodes one image (1024x768, 256 soft tokens at the default 280 budget) and one 30 s clip (750 soft
+tokens) through `g4 run --image/--audio --stats`; transformers runs its processor + get_image_features /
+get_audio_features on the CPU (float32 and bfloat16, the same thread count) and, when there is one, on
+the GPU (bfloat16). Medians of REPS runs after a warm-up. Also checks g4's tower outputs against
+transformers float32 on the same inputs (relative L2 of the soft-token embeddings).
+
+Usage: python3 bench/tower_bench.py G4_BINARY [--threads N] [--reps 3] [--out bench/results/...json]
+"""
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import wave
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tools"))
+from gemma4_shapes import text_config  # noqa: E402
+
+from transformers import (Gemma4AudioConfig, Gemma4AudioFeatureExtractor, Gemma4Config, Gemma4ForConditionalGeneration,  # noqa: E402
+                          Gemma4ImageProcessor, Gemma4VisionConfig)
+
+ap = argparse.ArgumentParser()
+ap.add_argument("g4")
+ap.add_argument("--threads", type=int, default=os.cpu_count())
+ap.add_argument("--reps", type=int, default=3)
+ap.add_argument("--out", default="")
+ap.add_argument("--dir", default="/tmp/g4bench/towers")
+args = ap.parse_args()
+torch.set_num_threads(args.threads)
+torch.manual_seed(0)
+
+# ---- checkpoint ------------------------------------------------------------------------------------
+tc = text_config("e2b")
+tc.num_hidden_layers = 2
+tc.num_kv_shared_layers = 0
+tc.layer_types = ["sliding_attention", "full_attention"]
+vc = Gemma4VisionConfig(use_clipped_linears=True)
+ac = Gemma4AudioConfig()
+cfg = Gemma4Config(text_config=tc.to_dict(), vision_config=vc.to_dict(), audio_config=ac.to_dict())
+ckpt = args.dir
+if not os.path.exists(os.path.join(ckpt, "model.safetensors")):
+    model = Gemma4ForConditionalGeneration(cfg).to(torch.bfloat16)
+    with torch.no_grad():   # non-trivial norms and clip bounds, as a trained tower has
+        for n, p in model.named_parameters():
+            if n.endswith("norm.weight") and ("vision" in n or "audio" in n):
+                p.uniform_(0.5, 1.5)
+        for n, b in model.named_buffers():
+            if n.endswith("input_min") or n.endswith("output_min"):
+                b.fill_(-8.0)
+            elif n.endswith("input_max") or n.endswith("output_max"):
+                b.fill_(8.0)
+    model.save_pretrained(ckpt)
+    del model
+model = Gemma4ForConditionalGeneration.from_pretrained(ckpt, dtype=torch.float32).eval()
+
+# ---- inputs ----------------------------------------------------------------------------------------
+rng = np.random.default_rng(0)
+H, W = 768, 1024
+yy, xx = np.mgrid[0:H, 0:W]
+img = np.stack([(xx * 255 // W), (yy * 255 // H), ((xx + yy) % 256)], -1).astype(np.int16) + rng.integers(-20, 21, (H, W, 3))
+img = np.clip(img, 0, 255).astype(np.uint8)
+tmp = tempfile.mkdtemp()
+png = os.path.join(tmp, "image.png")
+from PIL import Image  # noqa: E402
+
+Image.fromarray(img).save(png)
+sr, secs = 16000, 30.0
+t = np.arange(int(sr * secs)) / sr
+pcm = (0.3 * np.sin(2 * np.pi * (200 + 300 * t) * t) + 0.05 * rng.standard_normal(t.size)).astype(np.float32)
+pcm16 = np.clip(np.round(pcm * 32768), -32768, 32767).astype(np.int16)
+wav = os.path.join(tmp, "clip.wav")
+with wave.open(wav, "wb") as w:
+    w.setnchannels(1), w.setsampwidth(2), w.setframerate(sr), w.writeframes(pcm16.tobytes())
+pcm_read = pcm16.astype(np.float32) / 32768.0
+
+# ---- g4 --------------------------------------------------------------------------------------------
+plan = os.path.join(tmp, "towers.g4plan")
+r = subprocess.run([args.g4, "compile", "--model", ckpt, "--no-fidelity", "-o", plan], capture_output=True, text=True)
+if r.returncode:
+    sys.exit("g4 compile failed:\n" + r.stderr)
+report = r.stderr
+dump = os.path.join(tmp, "soft")
+
+
+def g4_once(kind):
+    flag = ["--image", png] if kind == "image" else ["--audio", wav]
+    env = dict(os.environ, G4_DUMP_MEDIA=dump + "." + kind)
+    r = subprocess.run([args.g4, "run", plan, *flag, "--tokens", "2", "-n", "0", "--stats", "--threads", str(args.threads)],
+                       capture_output=True, text=True, env=env)
+    if r.returncode:
+        sys.exit("g4 run failed:\n" + r.stderr)
+    m = re.search(r"images (\d+) soft tokens in ([\d.]+) ms \(CPU\); audio (\d+) soft tokens in ([\d.]+) ms", r.stderr)
+    return (int(m.group(1)), float(m.group(2))) if kind == "image" else (int(m.group(3)), float(m.group(4)))
+
+
+rows = {}
+for kind in ("image", "audio"):
+    g4_once(kind)
+    runs = [g4_once(kind) for _ in range(args.reps)]
+    rows[f"g4 {kind} (CPU, fp32 arithmetic, bf16 weights)"] = {"tokens": runs[0][0], "ms": statistics.median(r[1] for r in runs)}
+
+# ---- transformers ----------------------------------------------------------------------------------
+proc = Gemma4ImageProcessor()
+fe = Gemma4AudioFeatureExtractor()
+
+
+def hf_image(m, dev, dt):
+    t0 = time.perf_counter()
+    x = proc(images=[Image.open(png).convert("RGB")], return_tensors="pt")
+    with torch.no_grad():
+        kw = {k: v.to(dev) for k, v in x.items() if k != "num_soft_tokens_per_image"}
+        kw["pixel_values"] = kw["pixel_values"].to(dt)
+        out = m.model.get_image_features(**kw)
+    out = out.pooler_output if hasattr(out, "pooler_output") else out
+    out = torch.cat(list(out)) if isinstance(out, (list, tuple)) else out
+    if dev == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - t0, out.float().reshape(-1, out.shape[-1]).cpu()
+
+
+def hf_audio(m, dev, dt):
+    t0 = time.perf_counter()
+    x = fe([pcm_read], sampling_rate=sr, return_tensors="pt")
+    with torch.no_grad():
+        out = m.model.get_audio_features(x["input_features"].to(dev, dt), x["input_features_mask"].to(dev))
+    out = out.pooler_output if hasattr(out, "pooler_output") else out
+    if dev == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - t0, out
+
+
+def measure(label, fn, m, dev, dt):
+    try:
+        fn(m, dev, dt)
+        times = [fn(m, dev, dt)[0] * 1000 for _ in range(args.reps)]
+        rows[label] = {"ms": statistics.median(times)}
+    except Exception as e:  # record why a row cannot run
+        rows[label] = {"error": f"{type(e).__name__}: {e}"[:300]}
+
+
+hf_img32 = hf_image(model, "cpu", torch.float32)[1]
+for dt, name in ((torch.float32, "fp32"), (torch.bfloat16, "bf16")):
+    m = model.to(dt)
+    measure(f"transformers image (CPU, {name})", hf_image, m, "cpu", dt)
+    measure(f"transformers audio (CPU, {name})", hf_audio, m, "cpu", dt)
+if torch.cuda.is_available():
+    m = model.to(torch.bfloat16).cuda()
+    measure("transformers image (GPU, bf16)", hf_image, m, "cuda", torch.bfloat16)
+    measure("transformers audio (GPU, bf16)", hf_audio, m, "cuda", torch.bfloat16)
+    model = model.cpu()
+
+# ---- parity on the real shapes (g4 writes its soft tokens with G4_DUMP_MEDIA) -----------------------
+parity = {}
+model = model.float()
+if os.path.exists(dump + ".image"):
+    g = np.fromfile(dump + ".image", dtype=np.float32).reshape(-1, tc.hidden_size)
+    ref = hf_img32.numpy()
+    parity["image_rel_l2"] = float(np.linalg.norm(g - ref) / np.linalg.norm(ref)) if g.shape == ref.shape else f"shape {g.shape} vs {ref.shape}"
+if os.path.exists(dump + ".audio"):
+    g = np.fromfile(dump + ".audio", dtype=np.float32).reshape(-1, tc.hidden_size)
+    _, ref = hf_audio(model, "cpu", torch.float32)
+    ref = ref.reshape(-1, tc.hidden_size).numpy()
+    parity["audio_rel_l2"] = float(np.linalg.norm(g - ref[: g.shape[0]]) / np.linalg.norm(ref[: g.shape[0]])) if g.shape[0] <= ref.shape[0] else f"shape {g.shape} vs {ref.shape}"
+
+res = {"threads": args.threads, "cpu": os.popen("lscpu | grep 'Model name'").read().strip(), "torch": torch.__version__,
+       "transformers": __import__("transformers").__version__, "rows": rows, "parity_vs_transformers_fp32": parity,
+       "compile_report_towers": [l for l in report.splitlines() if "tower" in l]}
+if torch.cuda.is_available():
+    res["gpu"] = torch.cuda.get_device_name(0)
+print(json.dumps(res, indent=1))
+if args.out:
+    with open(args.out, "w") as f:
+        json.dump(res, f, indent=1)

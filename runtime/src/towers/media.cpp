@@ -1,0 +1,285 @@
+// Images and audio of a session (see media.h).
+#include "runtime/src/towers/media.h"
+
+#include "runtime/src/engine.h"
+#include "runtime/src/towers/image.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+namespace g4::rt {
+
+namespace {
+
+constexpr size_t kAlign = 64;
+size_t up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+// Makes room for n more rows at the tail of q (moving the queued rows to the front when needed).
+bool queue_reserve(MediaQueue& q, int32_t n, int32_t H) {
+    if (q.tail + n <= q.cap) return true;
+    if (q.queued() + n > q.cap) return false;
+    std::memmove(q.rows, q.rows + (size_t)q.head * H, sizeof(float) * (size_t)q.queued() * H);
+    q.tail -= q.head;
+    q.head = 0;
+    return true;
+}
+
+} // namespace
+
+MediaState::~MediaState() { std::free(block); }
+
+bool media_is_placeholder(const g4_session* s, int32_t id) {
+    const MediaState* m = s->media.get();
+    if (!m) return false;
+    const auto& in = s->engine->plan.info();
+    return (m->vision && id == in.image_token_id) || (m->audio && id == in.audio_token_id);
+}
+
+g4_status media_create(g4_session* s, std::string* err) {
+    const plan::Plan& p = s->engine->plan;
+    const auto& in      = p.info();
+    if (in.vision_config.empty() && in.audio_config.empty()) return G4_OK;
+    auto m = std::make_unique<MediaState>();
+    m->H   = in.hidden_size;
+    for (size_t i = 0; i < p.n_tensors(); ++i) {
+        const plan::PlanTensor& t = p.tensor(i);
+        if (t.kind != (uint8_t)plan::TensorKind::Weight || (t.flags != plan::kRoleTower && t.flags != plan::kRoleTowerScalar)) continue;
+        towers::Tensor w;
+        w.data  = p.weight_data(t);
+        w.dtype = (DType)t.dtype;
+        w.ndim  = t.flags == plan::kRoleTowerScalar ? 0 : t.ndim;
+        for (int d = 0; d < w.ndim; ++d) w.dims[d] = t.dims[d];
+        m->weights[p.str(t.name)] = w;
+    }
+    MediaState* mp        = m.get();
+    towers::Lookup lookup = [mp](const std::string& n) -> const towers::Tensor* {
+        auto it = mp->weights.find(n);
+        return it == mp->weights.end() ? nullptr : &it->second;
+    };
+    size_t vision_bytes = 0, audio_bytes = 0, patch_floats = 0;
+    int32_t max_soft = 0;
+    if (!in.vision_config.empty()) {
+        towers::VisionHParams hp;
+        std::string e = towers::parse_vision_hparams(in.vision_config, in.hidden_size, &hp);
+        m->vision     = std::make_unique<towers::VisionTower>();
+        if (e.empty()) e = m->vision->init(hp, lookup, in.max_patches);
+        if (!e.empty()) {
+            *err = "the plan's vision tower: " + e + " (recompile the plan)";
+            return G4_ERR_PLAN_CORRUPT;
+        }
+        vision_bytes = m->vision->scratch_bytes();
+        m->pre_bytes = towers::preprocess_reserve_bytes(in.max_image_pixels, in.image_tokens, hp.patch_size, hp.pooling_kernel_size);
+        patch_floats = (size_t)in.max_patches * 3 * hp.patch_size * hp.patch_size;
+        max_soft     = std::max(max_soft, in.image_tokens);
+    }
+    if (!in.audio_config.empty()) {
+        towers::AudioHParams hp;
+        std::string e = towers::parse_audio_hparams(in.audio_config, in.hidden_size, &hp);
+        m->audio      = std::make_unique<towers::AudioTower>();
+        if (e.empty()) e = m->audio->init(hp, lookup, in.max_audio_samples);
+        if (!e.empty()) {
+            *err = "the plan's audio tower: " + e + " (recompile the plan)";
+            return G4_ERR_PLAN_CORRUPT;
+        }
+        audio_bytes = m->audio->scratch_bytes();
+        max_soft    = std::max(max_soft, towers::audio_soft_tokens(hp, in.max_audio_samples));
+    }
+    m->max_soft = max_soft;
+    // Threads: a CPU session's pool; a CUDA session (one-thread pool) gets its own for the towers.
+    cpu::ThreadPool* pool = s->pool.get();
+    if (!pool || pool->size() < 2) {
+        m->own_pool = std::make_unique<cpu::ThreadPool>(cpu::default_thread_count());
+        pool        = m->own_pool.get();
+    }
+    const size_t stride = std::max<size_t>(in.tower_thread_floats, 64);
+    const int32_t Q     = in.max_media_tokens;
+    const int32_t H     = in.hidden_size;
+    const bool v = (bool)m->vision, a = (bool)m->audio;
+    size_t sizes[] = {up(vision_bytes),
+                      up(m->pre_bytes),
+                      up(patch_floats * 4),
+                      up((size_t)in.max_patches * 8),
+                      up(audio_bytes),
+                      up(v ? (size_t)Q * H * 4 : 0),
+                      up(a ? (size_t)Q * H * 4 : 0),
+                      up((size_t)max_soft * H * 4),
+                      up(stride * pool->size() * 4),
+                      up((size_t)in.max_rows * 4),
+                      up((size_t)in.max_rows * sizeof(float*))};
+    size_t total = 0;
+    for (size_t z : sizes) total += z;
+    m->block = std::aligned_alloc(kAlign, std::max<size_t>(total, kAlign));
+    if (!m->block) {
+        *err = "cannot allocate " + std::to_string(total) + " bytes for the towers' buffers";
+        return G4_ERR_OUT_OF_MEMORY;
+    }
+    std::memset(m->block, 0, total);
+    uint8_t* at = (uint8_t*)m->block;
+    void* parts[11];
+    for (int i = 0; i < 11; ++i) parts[i] = at, at += sizes[i];
+    m->vision_scratch = parts[0];
+    m->pre_scratch    = parts[1];
+    m->patches        = (float*)parts[2];
+    m->pos            = (int32_t*)parts[3];
+    m->audio_scratch  = parts[4];
+    m->image_q        = {(float*)parts[5], v ? Q : 0, 0, 0};
+    m->audio_q        = {(float*)parts[6], a ? Q : 0, 0, 0};
+    m->soft           = (float*)parts[7];
+    m->ctx            = {pool, (float*)parts[8], stride};
+    m->step_row       = (int32_t*)parts[9];
+    m->step_src       = (const float**)parts[10];
+    s->media          = std::move(m);
+    return G4_OK;
+}
+
+static g4_status enqueue(g4_session* s, MediaQueue& q, int32_t n, const char* what, std::string* err) {
+    MediaState* m = s->media.get();
+    if (const char* dump = std::getenv("G4_DUMP_MEDIA")) {   // debugging and bench/tower_bench.py: the rows, f32 [n, H], appended
+        if (FILE* f = std::fopen(dump, "ab")) {
+            std::fwrite(m->soft, sizeof(float), (size_t)n * m->H, f);
+            std::fclose(f);
+        }
+    }
+    if (!queue_reserve(q, n, m->H)) {
+        *err = std::string("the ") + what + " gives " + std::to_string(n) + " soft tokens but " + std::to_string(q.queued()) + " of the session's " +
+               std::to_string(q.cap) + " are queued already (feed the prompt that uses them first, or recompile with a larger --max-media-tokens)";
+        return G4_ERR_CONTEXT_FULL;
+    }
+    std::memcpy(q.rows + (size_t)q.tail * m->H, m->soft, sizeof(float) * (size_t)n * m->H);
+    q.tail += n;
+    return G4_OK;
+}
+
+g4_status media_add_image(g4_session* s, const uint8_t* rgb, int32_t width, int32_t height, int32_t* n_tokens, std::string* err) {
+    MediaState* m = s->media.get();
+    if (!m || !m->vision) {
+        *err = "the plan has no vision tower (compile it from a Gemma 4 checkpoint with vision_config, without --no-vision)";
+        return G4_ERR_UNSUPPORTED;
+    }
+    const auto& in = s->engine->plan.info();
+    if (!rgb || width < 1 || height < 1) {
+        *err = "the image is empty (" + std::to_string(width) + "x" + std::to_string(height) + ")";
+        return G4_ERR_INVALID_ARGUMENT;
+    }
+    if ((int64_t)width * height > in.max_image_pixels) {
+        *err = "the image has " + std::to_string(width) + "x" + std::to_string(height) + " pixels but the plan takes at most " +
+               std::to_string(in.max_image_pixels) + " (downscale it, or recompile with a larger --max-image-pixels)";
+        return G4_ERR_INVALID_ARGUMENT;
+    }
+    const towers::VisionHParams& hp = m->vision->hparams();
+    towers::ImageLayout lay{};
+    const size_t need = towers::preprocess_scratch_bytes_for(height, width, in.image_tokens, hp.patch_size, hp.pooling_kernel_size);
+    if (need > m->pre_bytes) {
+        *err = "the image is " + std::to_string(width) + "x" + std::to_string(height) + ": its aspect ratio needs " + std::to_string(need) +
+               " bytes of resize scratch but the session reserves " + std::to_string(m->pre_bytes) + " (crop or pad it to a less extreme shape)";
+        return G4_ERR_INVALID_ARGUMENT;
+    }
+    std::string e = towers::preprocess_image(rgb, height, width, in.image_tokens, hp.patch_size, hp.pooling_kernel_size, m->pre_scratch,
+                                             m->pre_bytes, m->patches, m->pos, &lay);
+    if (!e.empty()) {
+        *err = "image preprocessing: " + e;
+        return G4_ERR_INVALID_ARGUMENT;
+    }
+    int n = 0;
+    e     = m->vision->forward(m->ctx, m->patches, m->pos, lay.n_patches, m->vision_scratch, m->soft, &n);
+    if (!e.empty()) {
+        *err = "vision tower: " + e;
+        return G4_ERR_INVALID_ARGUMENT;
+    }
+    g4_status st = enqueue(s, m->image_q, n, "image", err);
+    if (st == G4_OK && n_tokens) *n_tokens = n;
+    return st;
+}
+
+g4_status media_add_audio(g4_session* s, const float* samples, int64_t n_samples, int32_t* n_tokens, std::string* err) {
+    MediaState* m = s->media.get();
+    if (!m || !m->audio) {
+        *err = "the plan has no audio tower (compile it from a Gemma 4 checkpoint with audio_config, without --no-audio)";
+        return G4_ERR_UNSUPPORTED;
+    }
+    const auto& in = s->engine->plan.info();
+    if (!samples || n_samples < 1) {
+        *err = "the audio clip is empty";
+        return G4_ERR_INVALID_ARGUMENT;
+    }
+    if (n_samples > in.max_audio_samples) {
+        *err = "the audio clip has " + std::to_string(n_samples) + " samples (" + std::to_string((double)n_samples / in.audio_sample_rate) +
+               " s) but the plan takes at most " + std::to_string(in.max_audio_samples) +
+               " (split it, or recompile with a larger --max-audio-seconds)";
+        return G4_ERR_INVALID_ARGUMENT;
+    }
+    int n         = 0;
+    std::string e = m->audio->forward(m->ctx, samples, n_samples, m->audio_scratch, m->soft, &n);
+    if (!e.empty()) {
+        *err = "audio tower: " + e;
+        return G4_ERR_INVALID_ARGUMENT;
+    }
+    g4_status st = enqueue(s, m->audio_q, n, "audio clip", err);
+    if (st == G4_OK && n_tokens) *n_tokens = n;
+    return st;
+}
+
+g4_status media_check_tokens(const g4_session* s, const int32_t* ids, size_t n, std::string* err) {
+    const MediaState* m = s->media.get();
+    if (!m) return G4_OK;
+    const auto& in = s->engine->plan.info();
+    int64_t img = 0, aud = 0;
+    for (size_t i = 0; i < n; ++i) {
+        img += m->vision && ids[i] == in.image_token_id;
+        aud += m->audio && ids[i] == in.audio_token_id;
+    }
+    if (img > m->image_q.queued()) {
+        *err = "the tokens hold " + std::to_string(img) + " image placeholders (id " + std::to_string(in.image_token_id) + ") but " +
+               std::to_string(m->image_q.queued()) + " image soft tokens are queued; add the images first (g4_session_add_image) "
+               "and put <boi>, one placeholder per soft token, <eoi> where each goes";
+        return G4_ERR_INVALID_ARGUMENT;
+    }
+    if (aud > m->audio_q.queued()) {
+        *err = "the tokens hold " + std::to_string(aud) + " audio placeholders (id " + std::to_string(in.audio_token_id) + ") but " +
+               std::to_string(m->audio_q.queued()) + " audio soft tokens are queued; add the clips first (g4_session_add_audio)";
+        return G4_ERR_INVALID_ARGUMENT;
+    }
+    return G4_OK;
+}
+
+void media_prepare_step(g4_session* s, const int32_t* ids, int32_t rows) {
+    MediaState* m = s->media.get();
+    if (!m) return;
+    const auto& in = s->engine->plan.info();
+    int32_t hi = m->image_q.head, ha = m->audio_q.head;
+    m->step_n  = 0;
+    for (int32_t r = 0; r < rows; ++r) {
+        const float* src = nullptr;
+        if (m->vision && ids[r] == in.image_token_id) src = m->image_q.rows + (size_t)hi++ * m->H;
+        else if (m->audio && ids[r] == in.audio_token_id) src = m->audio_q.rows + (size_t)ha++ * m->H;
+        if (!src) continue;
+        s->ids[r]                 = in.pad_token_id;   // as Hugging Face: the pad row for the lookups (PLE included)
+        m->step_row[m->step_n]    = r;
+        m->step_src[m->step_n++]  = src;
+    }
+}
+
+void media_commit_step(g4_session* s, const int32_t* ids, int32_t rows) {
+    MediaState* m = s->media.get();
+    if (!m) return;
+    const auto& in = s->engine->plan.info();
+    for (int32_t r = 0; r < rows; ++r) {
+        if (m->vision && ids[r] == in.image_token_id) m->image_q.head++;
+        else if (m->audio && ids[r] == in.audio_token_id) m->audio_q.head++;
+    }
+    for (MediaQueue* q : {&m->image_q, &m->audio_q})
+        if (q->head == q->tail) q->head = q->tail = 0;
+    m->step_n = 0;
+}
+
+void media_clear(g4_session* s) {
+    MediaState* m = s->media.get();
+    if (!m) return;
+    m->image_q.head = m->image_q.tail = 0;
+    m->audio_q.head = m->audio_q.tail = 0;
+    m->step_n                         = 0;
+}
+
+} // namespace g4::rt

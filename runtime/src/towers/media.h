@@ -1,0 +1,66 @@
+// A session's images and audio: the towers bound to the plan's weights, their buffers (all allocated
+// by media_create at session creation), and the queues of soft-token embeddings that placeholder tokens
+// of the prompt consume in order (g4_session_add_image / g4_session_add_audio, then append_tokens).
+#pragma once
+#include "g4/g4.h"
+#include "kernels/cpu/cpu.h"
+#include "runtime/src/towers/audio.h"
+#include "runtime/src/towers/vision.h"
+
+#include <map>
+#include <memory>
+#include <string>
+
+struct g4_session;
+
+namespace g4::rt {
+
+// Soft-token rows waiting for their placeholders: rows [head, tail) of rows [cap, H] are queued.
+struct MediaQueue {
+    float* rows  = nullptr;
+    int32_t cap  = 0, head = 0, tail = 0;
+    int32_t queued() const { return tail - head; }
+};
+
+struct MediaState {
+    int32_t H = 0;
+    std::map<std::string, towers::Tensor> weights;   // the plan's tower weights by name (relative to "model.")
+    std::unique_ptr<towers::VisionTower> vision;     // null: the plan has no vision tower
+    std::unique_ptr<towers::AudioTower> audio;
+    std::unique_ptr<cpu::ThreadPool> own_pool;       // CUDA sessions (whose pool is one thread)
+    cpu::Context ctx;                                // the towers' pool and per-thread scratch
+    void* block = nullptr;                           // one allocation behind every buffer below
+    void* vision_scratch = nullptr;
+    void* pre_scratch    = nullptr;
+    size_t pre_bytes     = 0;
+    float* patches       = nullptr;                  // [max_patches, 3 * patch^2]
+    int32_t* pos         = nullptr;                  // [max_patches, 2]
+    void* audio_scratch  = nullptr;
+    MediaQueue image_q, audio_q;
+    float* soft          = nullptr;                  // [max_soft, H] one tower call's output before queueing
+    int32_t max_soft     = 0;
+    // The step being run: rows of the ids whose embedding is replaced, and the queued rows replacing them.
+    int32_t step_n       = 0;
+    int32_t* step_row    = nullptr;                  // [max_rows]
+    const float** step_src = nullptr;                // [max_rows]
+    ~MediaState();
+};
+
+// Binds the plan's towers (if any) and allocates their buffers; s->media stays null for plans without towers.
+g4_status media_create(g4_session* s, std::string* err);
+// Runs the vision tower over rgb [height, width, 3] and queues its soft tokens (*n_tokens of them).
+g4_status media_add_image(g4_session* s, const uint8_t* rgb, int32_t width, int32_t height, int32_t* n_tokens, std::string* err);
+// Runs the audio tower over mono samples at the plan's sample rate and queues its soft tokens.
+g4_status media_add_audio(g4_session* s, const float* samples, int64_t n, int32_t* n_tokens, std::string* err);
+// Checks that ids[0..n) hold no more placeholders than are queued; every placeholder id is allowed
+// past the embedding's vocabulary. Sets *has_media when any placeholder is present.
+g4_status media_check_tokens(const g4_session* s, const int32_t* ids, size_t n, std::string* err);
+// For one step of `rows` ids already in s->ids: replaces placeholders by the pad id and records which
+// queued rows replace their embeddings (consumed by media_commit once the step succeeded).
+void media_prepare_step(g4_session* s, const int32_t* ids, int32_t rows);
+void media_commit_step(g4_session* s, const int32_t* ids, int32_t rows);
+void media_clear(g4_session* s);
+// True if `id` is a placeholder of a tower the plan has.
+bool media_is_placeholder(const g4_session* s, int32_t id);
+
+} // namespace g4::rt

@@ -1,0 +1,237 @@
+// Images and audio end to end on the embedded tiny model: `g4 compile` keeps the towers, the C API runs
+// them (g4_session_add_image / g4_session_add_audio) and the prompt's placeholders take their rows; the
+// logits of every position are checked against Hugging Face's float32 forward of the whole multimodal
+// model (tools/make_vision_fixtures.py, tools/make_audio_fixtures.py). G4_TEST_CUDA=1 runs the same on a
+// CUDA plan (text decoder on the GPU, towers on the CPU).
+#include "g4/g4.h"
+#include "test_util.h"
+#include "tools/image_io.h"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace {
+
+using namespace g4test;
+using json = nlohmann::json;
+
+bool on_cuda() { return std::getenv("G4_TEST_CUDA") && std::string(std::getenv("G4_TEST_CUDA")) == "1"; }
+
+std::vector<int32_t> read_i32(const std::string& path) {
+    std::string b = read_file(path);
+    std::vector<int32_t> v(b.size() / 4);
+    std::memcpy(v.data(), b.data(), v.size() * 4);
+    return v;
+}
+
+class Media : public ::testing::Test {
+protected:
+    static void SetUpTestSuite() {
+        dir_  = new TempDir();
+        plan_ = dir_->file("mm.g4plan");
+        // f32 weights and cache: the plan is the float32 model HF's reference ran.
+        std::string dev = on_cuda() ? " --device cuda --kv-dtype f32 --prefill-precision fp32 --no-fidelity" : "";
+        CmdResult r     = run_g4("compile --model '" + fixture("e2b_tiny") + "' --weights f32 --image-tokens 70" + dev + " -o '" + plan_ + "'");
+        ASSERT_EQ(r.exit_code, 0) << r.err;
+        report_ = r.err;
+        ASSERT_EQ(g4_engine_open(plan_.c_str(), nullptr, &engine_), G4_OK) << g4_last_error_message();
+    }
+    static void TearDownTestSuite() {
+        g4_engine_close(engine_);
+        delete dir_;
+    }
+    void SetUp() override {
+        g4_session_params sp = g4_session_params_default();
+        sp.n_threads         = 2;
+        ASSERT_EQ(g4_session_create(engine_, &sp, &s_), G4_OK) << g4_last_error_message();
+    }
+    void TearDown() override { g4_session_destroy(s_); }
+    // The vision fixture's first image (384x384: no resize at 70 soft tokens) rebuilt from its patches.
+    static std::vector<uint8_t> vision_image(const json& meta, int* w, int* h) {
+        const json& im  = meta.at("images").at(0);
+        *h              = im.at("image_hw").at(0).get<int>();
+        *w              = im.at("image_hw").at(1).get<int>();
+        std::string px  = read_file(fixture("towers/vision/" + im.at("pixels").at("file").get<std::string>()));
+        auto pos        = read_i32(fixture("towers/vision/" + im.at("pos").at("file").get<std::string>()));
+        const int n     = im.at("n_patches").get<int>();
+        std::vector<uint8_t> rgb((size_t)*w * *h * 3, 0);
+        for (int p = 0; p < n; ++p)
+            for (int py = 0; py < 16; ++py)
+                for (int qx = 0; qx < 16; ++qx)
+                    for (int c = 0; c < 3; ++c)
+                        rgb[((size_t)(pos[2 * p + 1] * 16 + py) * *w + pos[2 * p] * 16 + qx) * 3 + c] =
+                            (uint8_t)px[(size_t)p * 768 + (py * 16 + qx) * 3 + c];
+        return rgb;
+    }
+    static TempDir* dir_;
+    static std::string plan_, report_;
+    static g4_engine* engine_;
+    g4_session* s_ = nullptr;
+};
+TempDir* Media::dir_ = nullptr;
+std::string Media::plan_, Media::report_;
+g4_engine* Media::engine_ = nullptr;
+
+TEST_F(Media, PlanCarriesBothTowers) {
+    g4_media_info mi{};
+    ASSERT_EQ(g4_engine_get_media_info(engine_, &mi), G4_OK);
+    EXPECT_TRUE(mi.has_vision);
+    EXPECT_TRUE(mi.has_audio);
+    EXPECT_EQ(mi.image_token_id, 258880);
+    EXPECT_EQ(mi.boi_token_id, 255999);
+    EXPECT_EQ(mi.eoi_token_id, 258882);
+    EXPECT_EQ(mi.audio_token_id, 258881);
+    EXPECT_EQ(mi.max_image_tokens, 70);
+    EXPECT_EQ(mi.audio_sample_rate, 16000);
+    EXPECT_EQ(mi.max_audio_samples, 480000);
+    EXPECT_GE(mi.max_queued_tokens, 70);
+    EXPECT_NE(report_.find("towers on the CPU"), std::string::npos) << report_;
+    CmdResult r = run_g4("inspect '" + plan_ + "'");
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+}
+
+TEST_F(Media, ImagePromptMatchesHF) {
+    json meta = json::parse(read_file(fixture("towers/vision/meta.json")));
+    int w = 0, h = 0;
+    std::vector<uint8_t> rgb = vision_image(meta, &w, &h);
+    int32_t n                = 0;
+    ASSERT_EQ(g4_session_add_image(s_, rgb.data(), w, h, &n), G4_OK) << g4_last_error_message();
+    const json& e2e = meta.at("e2e");
+    EXPECT_EQ(n, e2e.at("n_soft").get<int>());
+    auto ids = e2e.at("ids").get<std::vector<int32_t>>();
+    std::vector<float> ref = read_f32(fixture("towers/vision/" + e2e.at("logits").at("file").get<std::string>()));
+    const size_t V = 512;
+    ASSERT_EQ(ref.size(), ids.size() * V);
+    std::vector<float> got(ref.size());
+    ASSERT_EQ(g4_session_append_tokens(s_, ids.data(), ids.size(), got.data(), got.size()), G4_OK) << g4_last_error_message();
+    const double err = rel_l2(got.data(), ref.data(), got.size());
+    EXPECT_LT(err, on_cuda() ? 2e-3 : 1e-4) << "logits vs HF float32";
+    std::printf("image prompt: rel L2 vs HF %.3e over %zu positions\n", err, ids.size());
+}
+
+TEST_F(Media, AudioPromptMatchesHF) {
+    json meta       = json::parse(read_file(fixture("towers/audio/audio.json")));
+    const json& e2e = meta.at("e2e");
+    std::vector<float> pcm = read_f32(fixture("towers/audio/" + e2e.at("clip").get<std::string>() + ".pcm.f32"));
+    int32_t n              = 0;
+    ASSERT_EQ(g4_session_add_audio(s_, pcm.data(), (int64_t)pcm.size(), &n), G4_OK) << g4_last_error_message();
+    EXPECT_EQ(n, e2e.at("n_soft").get<int>());
+    auto ids = e2e.at("ids").get<std::vector<int32_t>>();
+    std::vector<float> ref = read_f32(fixture("towers/audio/" + e2e.at("logits").get<std::string>()));
+    ASSERT_EQ(ref.size(), ids.size() * 512);
+    std::vector<float> got(ref.size());
+    ASSERT_EQ(g4_session_append_tokens(s_, ids.data(), ids.size(), got.data(), got.size()), G4_OK) << g4_last_error_message();
+    const double err = rel_l2(got.data(), ref.data(), got.size());
+    EXPECT_LT(err, on_cuda() ? 2e-3 : 1e-4) << "logits vs HF float32";
+    std::printf("audio prompt: rel L2 vs HF %.3e over %zu positions\n", err, ids.size());
+}
+
+TEST_F(Media, PlaceholdersNeedQueuedRows) {
+    json meta = json::parse(read_file(fixture("towers/vision/meta.json")));
+    auto ids  = meta.at("e2e").at("ids").get<std::vector<int32_t>>();
+    // Nothing queued: refused before anything is fed.
+    EXPECT_EQ(g4_session_append_tokens(s_, ids.data(), ids.size(), nullptr, 0), G4_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(g4_last_error_message()).find("image placeholders"), std::string::npos) << g4_last_error_message();
+    EXPECT_EQ(g4_session_position(s_), 0);
+    // Queued, then dropped by reset.
+    int w = 0, h = 0;
+    std::vector<uint8_t> rgb = vision_image(meta, &w, &h);
+    int32_t n                = 0;
+    ASSERT_EQ(g4_session_add_image(s_, rgb.data(), w, h, &n), G4_OK) << g4_last_error_message();
+    ASSERT_EQ(g4_session_reset(s_), G4_OK);
+    EXPECT_EQ(g4_session_append_tokens(s_, ids.data(), ids.size(), nullptr, 0), G4_ERR_INVALID_ARGUMENT);
+    // One image, prompt split across two calls at a point inside the placeholders: the same logits.
+    ASSERT_EQ(g4_session_add_image(s_, rgb.data(), w, h, &n), G4_OK);
+    std::vector<float> whole(512), split(512);
+    ASSERT_EQ(g4_session_append_tokens(s_, ids.data(), ids.size(), nullptr, 0), G4_OK) << g4_last_error_message();
+    const float* lg = nullptr;
+    int32_t V       = 0;
+    ASSERT_EQ(g4_session_get_logits(s_, &lg, &V), G4_OK);
+    std::copy(lg, lg + 512, whole.begin());
+    ASSERT_EQ(g4_session_reset(s_), G4_OK);
+    ASSERT_EQ(g4_session_add_image(s_, rgb.data(), w, h, &n), G4_OK);
+    ASSERT_EQ(g4_session_append_tokens(s_, ids.data(), 20, nullptr, 0), G4_OK) << g4_last_error_message();
+    ASSERT_EQ(g4_session_append_tokens(s_, ids.data() + 20, ids.size() - 20, nullptr, 0), G4_OK) << g4_last_error_message();
+    ASSERT_EQ(g4_session_get_logits(s_, &lg, &V), G4_OK);
+    std::copy(lg, lg + 512, split.begin());
+    EXPECT_LT(rel_l2(split.data(), whole.data(), 512), 1e-5);
+}
+
+TEST_F(Media, BadImagesAndClipsAreRefused) {
+    std::vector<uint8_t> px(3 * 4 * 4, 128);
+    int32_t n = 0;
+    EXPECT_EQ(g4_session_add_image(s_, px.data(), 0, 4, &n), G4_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(g4_session_add_image(s_, nullptr, 4, 4, &n), G4_ERR_INVALID_ARGUMENT);
+    g4_media_info mi{};
+    ASSERT_EQ(g4_engine_get_media_info(engine_, &mi), G4_OK);
+    EXPECT_EQ(g4_session_add_image(s_, px.data(), (int32_t)(mi.max_image_pixels / 2 + 1), 4, &n), G4_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(g4_last_error_message()).find("--max-image-pixels"), std::string::npos) << g4_last_error_message();
+    std::vector<float> long_clip((size_t)mi.max_audio_samples + 1, 0.0f);
+    EXPECT_EQ(g4_session_add_audio(s_, long_clip.data(), (int64_t)long_clip.size(), &n), G4_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(g4_last_error_message()).find("--max-audio-seconds"), std::string::npos) << g4_last_error_message();
+    EXPECT_EQ(g4_session_add_audio(s_, long_clip.data(), 0, &n), G4_ERR_INVALID_ARGUMENT);
+}
+
+TEST_F(Media, TextOnlyPlanRefusesImages) {
+    if (on_cuda()) GTEST_SKIP() << "CPU plan check";
+    std::string plan = dir_->file("text.g4plan");
+    CmdResult r      = run_g4("compile --model '" + fixture("e2b_tiny") + "' --weights bf16 --no-vision --no-audio -o '" + plan + "'");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    g4_engine* e = nullptr;
+    ASSERT_EQ(g4_engine_open(plan.c_str(), nullptr, &e), G4_OK);
+    g4_media_info mi{};
+    ASSERT_EQ(g4_engine_get_media_info(e, &mi), G4_OK);
+    EXPECT_FALSE(mi.has_vision);
+    EXPECT_FALSE(mi.has_audio);
+    g4_session* s = nullptr;
+    ASSERT_EQ(g4_session_create(e, nullptr, &s), G4_OK);
+    std::vector<uint8_t> px(3 * 48 * 48, 100);
+    int32_t n = 0;
+    EXPECT_EQ(g4_session_add_image(s, px.data(), 48, 48, &n), G4_ERR_UNSUPPORTED);
+    EXPECT_NE(std::string(g4_last_error_message()).find("no vision tower"), std::string::npos);
+    g4_session_destroy(s);
+    g4_engine_close(e);
+    // The text part of the plan does not depend on the towers.
+    CmdResult run = run_g4("run '" + plan + "' --image '" + fixture("towers/image/rgb_37x53.png") + "' --tokens 2,17 -n 1");
+    EXPECT_NE(run.exit_code, 0);
+    EXPECT_NE(run.err.find("no vision tower"), std::string::npos) << run.err;
+    // A tower on a GPU is refused at compile time with the way out.
+    CmdResult g = run_g4("compile --model '" + fixture("e2b_tiny") + "' --place vision=gpu --gpu-mem 8GiB --device cuda --target sm_86 -o '" +
+                         dir_->file("x.g4plan") + "'");
+    EXPECT_NE(g.exit_code, 0);
+    EXPECT_NE(g.err.find("run on the CPU"), std::string::npos) << g.err;
+}
+
+TEST_F(Media, CliRunsAnImageFile) {
+    // `g4 run --image`: the file decoded, preprocessed and encoded; with --tokens the ids go verbatim.
+    std::string png = fixture("towers/image/rgb_37x53.png");
+    g4::tools::ImageRGB8 img;
+    ASSERT_EQ(g4::tools::load_image(png, &img), "");
+    int32_t n = 0;
+    ASSERT_EQ(g4_session_add_image(s_, img.rgb.data(), img.width, img.height, &n), G4_OK) << g4_last_error_message();
+    std::vector<int32_t> ids = {2, 17, 300};
+    ids.insert(ids.end(), (size_t)n, 258880);
+    ids.insert(ids.end(), {301, 77});
+    ASSERT_EQ(g4_session_append_tokens(s_, ids.data(), ids.size(), nullptr, 0), G4_OK) << g4_last_error_message();
+    std::string expect;
+    for (int i = 0; i < 4; ++i) {
+        int32_t t = 0;
+        ASSERT_EQ(g4_session_sample(s_, nullptr, &t), G4_OK);
+        ASSERT_EQ(g4_session_append_tokens(s_, &t, 1, nullptr, 0), G4_OK);
+        expect += (expect.empty() ? "" : ",") + std::to_string(t);
+    }
+    std::string csv;
+    for (int32_t id : ids) csv += (csv.empty() ? "" : ",") + std::to_string(id);
+    CmdResult r = run_g4("run '" + plan_ + "' --image '" + png + "' --tokens " + csv + " -n 4 --temp 0 --ignore-eos --threads 2");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.out.find(expect), std::string::npos) << r.out << " vs " << expect;
+    CmdResult bad = run_g4("run '" + plan_ + "' --image '" + dir_->file("missing.png") + "' --tokens 2 -n 1");
+    EXPECT_NE(bad.exit_code, 0);
+    EXPECT_NE(bad.err.find("missing.png"), std::string::npos) << bad.err;
+}
+
+} // namespace

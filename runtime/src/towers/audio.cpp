@@ -73,7 +73,7 @@ void matmul(const cpu::Context& c, const float* x, int64_t ldx, const Tensor* w,
     MatmulArgs a{};
     a.x = x; a.ldx = ldx; a.w = w->data; a.dt = w->dtype; a.n = w->dims[0]; a.k = w->dims[1];
     a.y = y; a.ldy = ldy; a.rows = rows;
-    cpu::matmul(c, a);
+    cpu::matmul_gemm(c, a);
 }
 
 std::string shape_str(const int64_t* d, int n) {
@@ -398,7 +398,7 @@ std::string AudioTower::init(const AudioHParams& hp, const Lookup& lookup, int64
     lay_.total = std::max(front_end, o);
 
     const int64_t max_k = std::max<int64_t>({4 * (int64_t)H, (int64_t)f2_ * C1, P, H});
-    size_t need         = cpu::scratch_floats_per_thread(max_k, 0);
+    size_t need         = std::max(cpu::scratch_floats_per_thread(max_k, 0), cpu::gemm_scratch_floats());
     need                = std::max(need, (size_t)2 * (2 * kFft + kBins) + 16);        // FFT in doubles
     need                = std::max(need, (size_t)f1_ * 9 * 1);                      // im2col, layer 0
     need                = std::max(need, (size_t)f2_ * 9 * C0);                     // im2col, layer 1

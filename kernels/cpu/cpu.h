@@ -35,7 +35,7 @@ void matmul_nf4_gemv(const Context& c, const MatmulArgs& a);
 // kGemmKc x kGemmNr weight panels (gemm_scratch_floats() per thread) and an AVX-512 register-blocked kernel;
 // other dtypes, or a Context with less scratch, go to matmul. Each output is one fp32 sum in k order,
 // independent of the thread count. Without AVX-512 it is matmul.
-constexpr int kGemmMr = 14;    // rows of y per register block
+constexpr int kGemmMr = 12;    // rows of y per register block
 constexpr int kGemmNr = 32;    // columns of y per register block (= weight rows per panel)
 constexpr int kGemmKc = 512;   // k per packed panel
 size_t gemm_scratch_floats();

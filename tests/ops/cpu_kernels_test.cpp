@@ -62,7 +62,7 @@ INSTANTIATE_TEST_SUITE_P(GemmaShapes, MatmulTest,
                                            MatShape{70, 256, 1536}, MatShape{2, 1537, 257}));
 
 // matmul_gemm (the towers' many-row path) against the reference: partial register blocks in rows, columns and
-// k (14 x 32 blocks, 512-deep panels), strided views left untouched outside, the same bits with 1 and 2 threads.
+// k (kGemmMr x kGemmNr blocks, kGemmKc-deep panels), strided views left untouched outside, the same bits with 1 and 2 threads.
 TEST(CpuKernels, MatmulGemmMatchesReference) {
     const MatShape shapes[] = {{1, 5, 3}, {13, 31, 7}, {15, 33, 513}, {29, 64, 1024}, {266, 1536, 768}, {100, 97, 1100}};
     for (const MatShape& s : shapes) {

@@ -30,6 +30,20 @@ void matmul_tiled(const Context& c, const MatmulArgs& a);
 // fp32 weight tile), computed by one thread in an order that depends on neither the thread count nor
 // a.rows. With K a multiple of 64 the rows of x are first reordered into thread 0's scratch (rows * K).
 void matmul_nf4_gemv(const Context& c, const MatmulArgs& a);
+
+// Many-row matmuls (the vision and audio towers): y = x . W^T for F32/BF16 weights through packed
+// kGemmKc x kGemmNr weight panels (gemm_scratch_floats() per thread) and an AVX-512 register-blocked kernel;
+// other dtypes, or a Context with less scratch, go to matmul. Each output is one fp32 sum in k order,
+// independent of the thread count. Without AVX-512 it is matmul.
+constexpr int kGemmMr = 12;    // rows of y per register block
+constexpr int kGemmNr = 32;    // columns of y per register block (= weight rows per panel)
+constexpr int kGemmKc = 512;   // k per packed panel
+size_t gemm_scratch_floats();
+void matmul_gemm(const Context& c, const MatmulArgs& a);
+// Single-threaded strided block on the calling thread: c[rows, cols] (+)= a[rows, k] . b[k, cols] with
+// a[i * lda + p], b[p * ldb + j], c[i * ldc + j] (accumulate: add to c instead of overwriting it).
+void gemm_block(int rows, int cols, int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb, float* c,
+                int64_t ldc, bool accumulate);
 void rms_norm(const Context& c, const RmsNormArgs& a);
 void add(const Context& c, const BinaryArgs& a);
 void gelu_mul(const Context& c, const BinaryArgs& a);

@@ -61,6 +61,54 @@ INSTANTIATE_TEST_SUITE_P(GemmaShapes, MatmulTest,
                                            MatShape{1, 512, 2560}, MatShape{5, 2560, 10240}, MatShape{17, 8960, 1536},
                                            MatShape{70, 256, 1536}, MatShape{2, 1537, 257}));
 
+// matmul_gemm (the towers' many-row path) against the reference: partial register blocks in rows, columns and
+// k (kGemmMr x kGemmNr blocks, kGemmKc-deep panels), strided views left untouched outside, the same bits with 1 and 2 threads.
+TEST(CpuKernels, MatmulGemmMatchesReference) {
+    const MatShape shapes[] = {{1, 5, 3}, {13, 31, 7}, {15, 33, 513}, {29, 64, 1024}, {266, 1536, 768}, {100, 97, 1100}};
+    for (const MatShape& s : shapes) {
+        const int64_t ldx = s.k + 3, ldy = s.n + 5;
+        auto x  = randn((size_t)s.rows * ldx, 11);
+        auto wf = randn((size_t)s.n * s.k, 12, 0.05f);
+        auto wb = to_bf16(wf);
+        for (DType dt : {DType::F32, DType::BF16}) {
+            const void* w = dt == DType::F32 ? (const void*)wf.data() : (const void*)wb.data();
+            std::vector<float> y_ref((size_t)s.rows * ldy, -7.0f), y1(y_ref), y2(y_ref);
+            MatmulArgs a{x.data(), ldx, w, dt, s.n, s.k, y_ref.data(), ldy, s.rows};
+            ref::matmul(a);
+            const size_t stride = std::max(cpu::scratch_floats_per_thread(s.k, 0), cpu::gemm_scratch_floats());
+            for (int threads : {1, 2}) {
+                cpu::ThreadPool pool(threads);
+                std::vector<float> scratch(stride * threads);
+                cpu::Context ctx{&pool, scratch.data(), stride};
+                a.y = threads == 1 ? y1.data() : y2.data();
+                cpu::matmul_gemm(ctx, a);
+            }
+            EXPECT_LT(max_rel(y1, y_ref), 1e-5) << dtype_str(dt) << " rows " << s.rows << " n " << s.n << " k " << s.k;
+            EXPECT_EQ(std::memcmp(y1.data(), y2.data(), sizeof(float) * y1.size()), 0);
+            for (int r = 0; r < s.rows; ++r)
+                for (int64_t j = s.n; j < ldy; ++j) ASSERT_EQ(y1[r * ldy + j], -7.0f);
+        }
+    }
+}
+
+TEST(CpuKernels, GemmBlockAccumulates) {
+    const int rows = 17, cols = 45, k = 70, lda = 80, ldb = 50, ldc = 48;
+    auto a = randn(rows * lda, 21), b = randn(k * ldb, 22), c0 = randn(rows * ldc, 23);
+    std::vector<float> c = c0;
+    cpu::gemm_block(rows, cols, k, a.data(), lda, b.data(), ldb, c.data(), ldc, true);
+    double num = 0, den = 0;
+    for (int i = 0; i < rows; ++i)
+        for (int j = 0; j < ldc; ++j) {
+            double want = c0[i * ldc + j];
+            if (j < cols)
+                for (int p = 0; p < k; ++p) want += (double)a[i * lda + p] * b[p * ldb + j];
+            else
+                ASSERT_EQ(c[i * ldc + j], c0[i * ldc + j]);
+            num += (c[i * ldc + j] - want) * (c[i * ldc + j] - want), den += want * want;
+        }
+    EXPECT_LT(std::sqrt(num / den), 1e-6);
+}
+
 TEST(CpuKernels, MatmulHandlesStridedViews) {
     Fixture f(64, 16);
     const int rows = 4, k = 64, n = 40, ldx = 100, ldy = 90;

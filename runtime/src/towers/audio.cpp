@@ -47,8 +47,6 @@ template <class F> void for_rows(const cpu::Context& c, int rows, int64_t cols, 
 }
 
 float clampf(float x, float lo, float hi) { return std::min(std::max(x, lo), hi); }   // torch.clamp order
-float silu(float x) { return x / (1.0f + std::exp(-x)); }
-float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 
 // y = x * (mean(x'^2) + eps)^-1/2 * w, x' = x clamped to +-clip when clip > 0 (HF clamps before the norm).
 void rms(const cpu::Context& c, const float* x, int64_t ldx, float* y, int64_t ldy, int rows, int dim,
@@ -73,7 +71,7 @@ void matmul(const cpu::Context& c, const float* x, int64_t ldx, const Tensor* w,
     MatmulArgs a{};
     a.x = x; a.ldx = ldx; a.w = w->data; a.dt = w->dtype; a.n = w->dims[0]; a.k = w->dims[1];
     a.y = y; a.ldy = ldy; a.rows = rows;
-    cpu::matmul(c, a);
+    cpu::matmul_gemm(c, a);
 }
 
 std::string shape_str(const int64_t* d, int n) {
@@ -398,7 +396,7 @@ std::string AudioTower::init(const AudioHParams& hp, const Lookup& lookup, int64
     lay_.total = std::max(front_end, o);
 
     const int64_t max_k = std::max<int64_t>({4 * (int64_t)H, (int64_t)f2_ * C1, P, H});
-    size_t need         = cpu::scratch_floats_per_thread(max_k, 0);
+    size_t need         = std::max(cpu::scratch_floats_per_thread(max_k, 0), cpu::gemm_scratch_floats());
     need                = std::max(need, (size_t)2 * (2 * kFft + kBins) + 16);        // FFT in doubles
     need                = std::max(need, (size_t)f1_ * 9 * 1);                      // im2col, layer 0
     need                = std::max(need, (size_t)f2_ * 9 * C0);                     // im2col, layer 1
@@ -534,8 +532,8 @@ void AudioTower::feed_forward(const cpu::Context& ctx, const FeedForward& f, flo
     rms(ctx, x, H, n, H, T, H, f.pre, kDefaultNormEps, gc);
     run_clip(ctx, f.w1, n, H, T, n, big, 4 * H);
     for_rows(ctx, T, 4 * H, [&](int t) {
-        float* r = big + (int64_t)t * 4 * H;
-        for (int i = 0; i < 4 * H; ++i) r[i] = silu(r[i]);
+        Eigen::Map<Eigen::ArrayXf> r(big + (int64_t)t * 4 * H, 4 * H);
+        r = r / (1.0f + (-r).exp());   // silu, vectorised
     });
     run_clip(ctx, f.w2, big, 4 * H, T, big, n, H);
     rms(ctx, n, H, n, H, T, H, f.post, kDefaultNormEps, gc);
@@ -623,10 +621,9 @@ void AudioTower::light_conv(const cpu::Context& ctx, const Layer& L, float* x, i
     float *n = sc + lay_.n, *big = sc + lay_.big, *g = sc + lay_.q, *c = sc + lay_.k;
     rms(ctx, x, H, n, H, T, H, L.lpre, eps, 0.0f);
     run_clip(ctx, L.lstart, n, H, T, n, big, 2 * H);   // [T, 2H]
-    for_rows(ctx, T, H, [&](int t) {
-        const float* a = big + (int64_t)t * 2 * H;
-        float* gr      = g + (int64_t)t * H;
-        for (int i = 0; i < H; ++i) gr[i] = a[i] * sigmoid(a[H + i]);
+    for_rows(ctx, T, H, [&](int t) {   // GLU: a * sigmoid(b), vectorised
+        Eigen::Map<const Eigen::ArrayXf> a(big + (int64_t)t * 2 * H, H), b(big + (int64_t)t * 2 * H + H, H);
+        Eigen::Map<Eigen::ArrayXf>(g + (int64_t)t * H, H) = a / (1.0f + (-b).exp());
     });
     for_rows(ctx, T, (int64_t)H * K, [&](int t) {
         float* cr = c + (int64_t)t * H;
@@ -641,8 +638,8 @@ void AudioTower::light_conv(const cpu::Context& ctx, const Layer& L, float* x, i
     });
     rms(ctx, c, H, c, H, T, H, L.conv_norm, eps, gc);
     for_rows(ctx, T, H, [&](int t) {
-        float* cr = c + (int64_t)t * H;
-        for (int i = 0; i < H; ++i) cr[i] = silu(cr[i]);
+        Eigen::Map<Eigen::ArrayXf> r(c + (int64_t)t * H, H);
+        r = r / (1.0f + (-r).exp());
     });
     run_clip(ctx, L.lend, c, H, T, c, n, H);
     for_rows(ctx, T, H, [&](int t) {

@@ -19,10 +19,11 @@ using RowMat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMa
 using MapRM  = Eigen::Map<RowMat, 0, Eigen::OuterStride<>>;
 using MapRMc = Eigen::Map<const RowMat, 0, Eigen::OuterStride<>>;
 
-constexpr int kAttnBlock = 32;   // query rows per attention task: scores [kAttnBlock, n] per thread
+constexpr int kAttnBlock = 2 * cpu::kGemmMr;   // query rows per attention task: scores [kAttnBlock, np] per thread
 constexpr int kMlpRows   = 256;  // patches per MLP pass: gate, up and the clamped input [kMlpRows, I] each
 
 size_t round16(size_t n) { return (n + 15) / 16 * 16; }
+int64_t pad_keys(int64_t n) { return (n + cpu::kGemmNr - 1) / cpu::kGemmNr * cpu::kGemmNr; }   // row stride of K^T
 
 std::string shape_str(const int64_t* d, int nd) {
     std::string s = "[";
@@ -266,7 +267,7 @@ std::string VisionTower::init(const VisionHParams& hp, const Lookup& lookup, int
 
     // Scratch: z, a, t [n, H]; c [n, ldc] clamped q/k/v input, then the attention output; r: scaled pixels
     // [n, pin], then q|k|v [n, ldr], o_proj's clamped input, then per MLP pass gate, up [kMlpRows, I] and the
-    // clamped input [kMlpRows, max(H, I)]; seen [n] int32 grid check.
+    // clamped input [kMlpRows, max(H, I)]; seen [n] int32 grid check; kv: attention's K^T and V per kv head.
     const size_t n = (size_t)max_patches;
     lay_.ldc = std::max(H, qw);
     lay_.ldr = std::max(pin, qw + 2 * kvw);
@@ -282,6 +283,7 @@ std::string VisionTower::init(const VisionHParams& hp, const Lookup& lookup, int
     lay_.c     = take(n * lay_.ldc);
     lay_.r     = take(std::max(n * lay_.ldr, (size_t)(2 * I + std::max(H, I)) * std::min<size_t>(n, kMlpRows)));
     lay_.seen  = take(n);
+    lay_.kv    = take((size_t)kvw * (pad_keys(max_patches) + max_patches));
     lay_.total = off;
     ready_     = true;
     return "";
@@ -292,7 +294,8 @@ size_t VisionTower::scratch_bytes() const { return lay_.total * sizeof(float); }
 size_t VisionTower::thread_scratch_floats() const {
     const int64_t max_k = std::max({(int64_t)3 * hp_.patch_size * hp_.patch_size, (int64_t)hp_.hidden_size,
                                     (int64_t)hp_.intermediate_size, (int64_t)hp_.num_attention_heads * hp_.head_dim});
-    return std::max(cpu::scratch_floats_per_thread(max_k, 0), round16((size_t)kAttnBlock * (max_patches_ + 1)));
+    return std::max({cpu::scratch_floats_per_thread(max_k, 0), cpu::gemm_scratch_floats(),
+                     round16((size_t)kAttnBlock * (pad_keys(max_patches_) + 1))});
 }
 
 // ---- forward ---------------------------------------------------------------------------------------------
@@ -312,7 +315,7 @@ void VisionTower::linear(const cpu::Context& ctx, const Linear& l, const float* 
     MatmulArgs m{};
     m.x = x, m.ldx = ldx, m.w = l.w->data, m.dt = l.w->dtype, m.n = outw, m.k = in, m.y = y, m.ldy = ldy;
     m.rows = rows;
-    cpu::matmul(ctx, m);
+    cpu::matmul_gemm(ctx, m);
     if (std::isfinite(l.out_min) || std::isfinite(l.out_max))
         for_row_blocks(ctx, rows, outw, [&](int r0, int r1) {
             for (int r = r0; r < r1; ++r)
@@ -321,33 +324,43 @@ void VisionTower::linear(const cpu::Context& ctx, const Linear& l, const float* 
 }
 
 // Bidirectional attention of n patches, scale 1.0, GQA. q [n, ldq] heads x D; k, v [n, ldkv]; o [n, heads*D].
-// Each task is kAttnBlock query rows of one head: scores [rows, n] in the thread's scratch.
+// kv receives each kv head's K^T as panels [np / kGemmNr][D][kGemmNr] (np = n rounded up to kGemmNr, zero
+// keys past n) followed by its V [n, D], so that both GEMMs read their right operand contiguously. Each task is
+// kAttnBlock query rows of one head: scores [rows, np] in the thread's scratch.
 void VisionTower::attention(const cpu::Context& ctx, const float* q, const float* k, const float* v, int64_t ldq,
-                            int64_t ldkv, int n, float* o) const {
+                            int64_t ldkv, int n, float* o, float* kv) const {
     const int heads = hp_.num_attention_heads, D = hp_.head_dim, group = heads / hp_.num_key_value_heads;
-    const int64_t ldo  = (int64_t)heads * D;
-    const int blocks   = (n + kAttnBlock - 1) / kAttnBlock;
+    constexpr int P = cpu::kGemmNr;
+    const int64_t ldo = (int64_t)heads * D, np = pad_keys(n), head_floats = np * D + (int64_t)n * D;
+    const int64_t panels = np / P;
+    ctx.pool->parallel_for((int64_t)hp_.num_key_value_heads * panels, [&](int64_t task, int) {
+        const int h = (int)(task / panels), j0 = (int)(task % panels) * P;
+        float* kt = kv + h * head_floats + (int64_t)j0 * D;   // [D][P]
+        float* vp = kv + h * head_floats + np * D;            // [n][D]
+        for (int j = j0; j < j0 + P; ++j) {
+            const float* ks = k + (int64_t)j * ldkv + (int64_t)h * D;
+            for (int d = 0; d < D; ++d) kt[d * P + (j - j0)] = j < n ? ks[d] : 0.0f;
+            if (j < n) std::memcpy(vp + (int64_t)j * D, v + (int64_t)j * ldkv + (int64_t)h * D, sizeof(float) * D);
+        }
+    });
+    const int blocks = (n + kAttnBlock - 1) / kAttnBlock;
     ctx.pool->parallel_for((int64_t)blocks * heads, [&](int64_t task, int th) {
         const int h = (int)(task % heads), r0 = (int)(task / heads) * kAttnBlock;
-        const int rb = std::min(kAttnBlock, n - r0), kvh = h / group;
-        float* s     = ctx.thread_scratch(th);   // [rb, n]
-        MapRMc Q(q + (int64_t)r0 * ldq + (int64_t)h * D, rb, D, Eigen::OuterStride<>(ldq));
-        MapRMc K(k + (int64_t)kvh * D, n, D, Eigen::OuterStride<>(ldkv));
-        MapRMc V(v + (int64_t)kvh * D, n, D, Eigen::OuterStride<>(ldkv));
-        MapRM S(s, rb, n, Eigen::OuterStride<>(n));
-        S.noalias() = Q * K.transpose();
-        float* inv_sum = s + (size_t)rb * n;     // [rb]
+        const int rb = std::min(kAttnBlock, n - r0);
+        const float* kh = kv + (int64_t)(h / group) * head_floats;
+        const float* qh = q + (int64_t)r0 * ldq + (int64_t)h * D;
+        float* s        = ctx.thread_scratch(th);   // [rb, np]
+        for (int64_t p = 0; p < panels; ++p)
+            cpu::gemm_block(rb, P, D, qh, ldq, kh + p * D * P, P, s + p * P, np, false);
+        float* inv_sum = s + (size_t)rb * np;   // [rb]
         for (int r = 0; r < rb; ++r) {
-            float* row = s + (size_t)r * n;
-            float mx   = -INFINITY;
-            for (int j = 0; j < n; ++j) mx = std::max(mx, row[j]);
-            float sum = 0;
-            for (int j = 0; j < n; ++j) sum += (row[j] = std::exp(row[j] - mx));
-            inv_sum[r] = 1.0f / sum;
+            Eigen::Map<Eigen::ArrayXf> row(s + (size_t)r * np, n);
+            row        = (row - row.maxCoeff()).exp();
+            inv_sum[r] = 1.0f / row.sum();
         }
-        MapRM O(o + (int64_t)r0 * ldo + (int64_t)h * D, rb, D, Eigen::OuterStride<>(ldo));
-        O.noalias() = S * V;
-        for (int r = 0; r < rb; ++r) O.row(r) *= inv_sum[r];
+        float* out = o + (int64_t)r0 * ldo + (int64_t)h * D;
+        cpu::gemm_block(rb, D, n, s, np, kh + np * D, D, out, ldo, false);
+        for (int r = 0; r < rb; ++r) Eigen::Map<Eigen::ArrayXf>(out + (int64_t)r * ldo, D) *= inv_sum[r];
     });
 }
 
@@ -420,7 +433,7 @@ std::string VisionTower::forward(const cpu::Context& ctx, const float* patches, 
     MatmulArgs pm{};
     pm.x = r, pm.ldx = pin, pm.w = patch_proj_->data, pm.dt = patch_proj_->dtype, pm.n = H, pm.k = pin;
     pm.y = z, pm.ldy = H, pm.rows = n;
-    cpu::matmul(ctx, pm);
+    cpu::matmul_gemm(ctx, pm);
     for_row_blocks(ctx, n, H, [&](int r0, int r1) {
         for (int i = r0; i < r1; ++i) {
             const int64_t ox = (int64_t)pos[2 * i] * H, oy = ((int64_t)P + pos[2 * i + 1]) * H;
@@ -463,7 +476,7 @@ std::string VisionTower::forward(const cpu::Context& ctx, const float* patches, 
                     }
                 }
         });
-        attention(ctx, q, kk, v, ldr, ldr, n, o);
+        attention(ctx, q, kk, v, ldr, ldr, n, o, sp + lay_.kv);
         linear(ctx, L.o, o, qw, n, qw, H, r, t, H);   // r is free again: o_proj's clamped input
         rms(ctx, t, H, L.ln_post_attn, t, H, n, (int)H, (int)H, eps);
         for_row_blocks(ctx, n, H, [&](int r0, int r1) {
@@ -476,9 +489,11 @@ std::string VisionTower::forward(const cpu::Context& ctx, const float* patches, 
             const int rows = std::min(mlp_rows, n - r0);
             linear(ctx, L.gate, a + (int64_t)r0 * H, H, rows, H, I, mc, g, I);
             linear(ctx, L.up, a + (int64_t)r0 * H, H, rows, H, I, mc, u, I);
-            BinaryArgs gm{};
-            gm.a = g, gm.lda = I, gm.b = u, gm.ldb = I, gm.y = g, gm.ldy = I, gm.rows = rows, gm.cols = (int)I;
-            cpu::gelu_mul(ctx, gm);
+            for_row_blocks(ctx, rows, I * 16, [&](int q0, int q1) {   // gelu_tanh(gate) * up, vectorised
+                Eigen::Map<Eigen::ArrayXf> x(g + (int64_t)q0 * I, (q1 - q0) * I);
+                Eigen::Map<const Eigen::ArrayXf> up(u + (int64_t)q0 * I, (q1 - q0) * I);
+                x = 0.5f * x * (1.0f + (0.7978845608028654f * (x + 0.044715f * x.cube())).tanh()) * up;
+            });
             linear(ctx, L.down, g, I, rows, I, H, mc, t + (int64_t)r0 * H, H);
         }
         rms(ctx, t, H, L.ln_post_ff, t, H, n, (int)H, (int)H, eps);
@@ -508,7 +523,7 @@ std::string VisionTower::forward(const cpu::Context& ctx, const float* patches, 
     MatmulArgs em{};
     em.x = t, em.ldx = H, em.w = embed_proj_->data, em.dt = embed_proj_->dtype, em.n = hp_.text_hidden_size;
     em.k = H, em.y = out, em.ldy = hp_.text_hidden_size, em.rows = cells;
-    cpu::matmul(ctx, em);
+    cpu::matmul_gemm(ctx, em);
     *n_soft = cells;
     return "";
 }

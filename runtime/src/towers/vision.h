@@ -65,14 +65,14 @@ private:
         const Tensor *q_norm, *k_norm;                                  // [head_dim]
     };
     struct Layout {          // float offsets into the scratch buffer
-        size_t z, a, t, c, r, seen, total;
+        size_t z, a, t, c, r, seen, kv, total;
         int64_t ldc, ldr;
     };
 
     void linear(const cpu::Context& ctx, const Linear& l, const float* x, int64_t ldx, int rows, int64_t in,
                 int64_t outw, float* clamp_buf, float* y, int64_t ldy) const;
     void attention(const cpu::Context& ctx, const float* q, const float* k, const float* v, int64_t ldq,
-                   int64_t ldkv, int n, float* o) const;
+                   int64_t ldkv, int n, float* o, float* kv) const;
 
     VisionHParams hp_{};
     int max_patches_ = 0;

@@ -44,6 +44,11 @@ void matmul_gemm(const Context& c, const MatmulArgs& a);
 // a[i * lda + p], b[p * ldb + j], c[i * ldc + j] (accumulate: add to c instead of overwriting it).
 void gemm_block(int rows, int cols, int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb, float* c,
                 int64_t ldc, bool accumulate);
+// What gemm_block is in a build without AVX-512 (Eigen), compiled everywhere so tests cover it.
+void gemm_block_portable(int rows, int cols, int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb, float* c,
+                         int64_t ldc, bool accumulate);
+// True when matmul_gemm / gemm_block use the AVX-512 kernel (else they are matmul / gemm_block_portable).
+bool gemm_has_avx512();
 void rms_norm(const Context& c, const RmsNormArgs& a);
 void add(const Context& c, const BinaryArgs& a);
 void gelu_mul(const Context& c, const BinaryArgs& a);

@@ -19,6 +19,14 @@ namespace g4::cpu {
 
 size_t gemm_scratch_floats() { return (size_t)kGemmKc * kGemmNr; }
 
+bool gemm_has_avx512() {
+#if defined(__AVX512F__)
+    return true;
+#else
+    return false;
+#endif
+}
+
 #if defined(__AVX512F__)
 
 #if defined(__GNUC__) && !defined(__clang__)
@@ -141,10 +149,20 @@ void matmul_gemm(const Context& c, const MatmulArgs& a) {
 #pragma GCC diagnostic pop
 #endif
 
-#else // no AVX-512
+#else // no AVX-512: the portable versions below
 
 void gemm_block(int rows, int cols, int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb, float* c,
                 int64_t ldc, bool accumulate) {
+    gemm_block_portable(rows, cols, k, a, lda, b, ldb, c, ldc, accumulate);
+}
+
+void matmul_gemm(const Context& c, const MatmulArgs& a) { matmul(c, a); }
+
+#endif
+
+// Compiled on every machine, so tests check the path a build without AVX-512 takes.
+void gemm_block_portable(int rows, int cols, int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb, float* c,
+                         int64_t ldc, bool accumulate) {
     using RowMat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
     Eigen::Map<const RowMat, 0, Eigen::OuterStride<>> A(a, rows, k, Eigen::OuterStride<>(lda));
     Eigen::Map<const RowMat, 0, Eigen::OuterStride<>> B(b, k, cols, Eigen::OuterStride<>(ldb));
@@ -154,9 +172,5 @@ void gemm_block(int rows, int cols, int64_t k, const float* a, int64_t lda, cons
     else
         C.noalias() = A * B;
 }
-
-void matmul_gemm(const Context& c, const MatmulArgs& a) { matmul(c, a); }
-
-#endif
 
 } // namespace g4::cpu

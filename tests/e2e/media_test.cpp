@@ -5,6 +5,7 @@
 // CUDA plan (text decoder on the GPU, towers on the CPU).
 #include "g4/g4.h"
 #include "test_util.h"
+#include "tools/audio_io.h"
 #include "tools/image_io.h"
 
 #include <gtest/gtest.h>
@@ -232,6 +233,55 @@ TEST_F(Media, CliRunsAnImageFile) {
     CmdResult bad = run_g4("run '" + plan_ + "' --image '" + dir_->file("missing.png") + "' --tokens 2 -n 1");
     EXPECT_NE(bad.exit_code, 0);
     EXPECT_NE(bad.err.find("missing.png"), std::string::npos) << bad.err;
+}
+
+// `g4 run -p TEXT --image F --audio W`: without <|image|> / <|audio|> in the text (the tiny tokenizer has
+// neither) each goes right after <bos> as <boi> n x placeholder <eoi>, in order; the prompt's logits equal
+// those of that id sequence fed through the C API. e2b_tiny_mm has in-vocabulary <boi>/<eoi>/<boa>/<eoa>.
+TEST_F(Media, CliPutsTheMediaAfterBos) {
+    if (on_cuda()) GTEST_SKIP() << "CPU plan check";
+    std::string plan = dir_->file("mm_ids.g4plan");
+    CmdResult c      = run_g4("compile --model '" + fixture("e2b_tiny_mm") + "' --weights f32 --image-tokens 70 -o '" + plan + "'");
+    ASSERT_EQ(c.exit_code, 0) << c.err;
+    std::string png = fixture("towers/image/rgb_37x53.png"), wav = fixture("towers/audio/clip0.wav");
+    std::string dump = dir_->file("logits.f32");
+    CmdResult r = run_g4("run '" + plan + "' -p 'the cat' --image '" + png + "' --audio '" + wav + "' -n 1 --temp 0 --threads 2 --dump-logits '" +
+                         dump + "'");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    std::vector<float> cli = read_f32(dump);
+
+    g4_engine* e = nullptr;
+    ASSERT_EQ(g4_engine_open(plan.c_str(), nullptr, &e), G4_OK);
+    g4_session* s = nullptr;
+    g4_session_params sp = g4_session_params_default();
+    sp.n_threads         = 2;
+    ASSERT_EQ(g4_session_create(e, &sp, &s), G4_OK);
+    g4::tools::ImageRGB8 img;
+    ASSERT_EQ(g4::tools::load_image(png, &img), "");
+    // The WAV holds the clip as 16-bit PCM: the samples the CLI read.
+    g4::tools::AudioPcm wav_pcm;
+    ASSERT_EQ(g4::tools::load_wav(wav, &wav_pcm), "");
+    int32_t ni = 0, na = 0;
+    ASSERT_EQ(g4_session_add_image(s, img.rgb.data(), img.width, img.height, &ni), G4_OK) << g4_last_error_message();
+    ASSERT_EQ(g4_session_add_audio(s, wav_pcm.samples.data(), (int64_t)wav_pcm.samples.size(), &na), G4_OK) << g4_last_error_message();
+    std::string text = "the cat";
+    size_t n         = 0;
+    g4_tokenize(e, text.data(), text.size(), 1, nullptr, 0, &n);
+    std::vector<int32_t> t(n);
+    ASSERT_EQ(g4_tokenize(e, text.data(), text.size(), 1, t.data(), t.size(), &n), G4_OK);
+    ASSERT_EQ(t[0], 2);
+    std::vector<int32_t> ids = {2, 300};
+    ids.insert(ids.end(), (size_t)ni, 258880);
+    ids.insert(ids.end(), {301, 500});
+    ids.insert(ids.end(), (size_t)na, 258881);
+    ids.push_back(501);
+    ids.insert(ids.end(), t.begin() + 1, t.end());
+    ASSERT_EQ(cli.size(), ids.size() * 512) << "the CLI's prompt has another length";
+    std::vector<float> api(cli.size());
+    ASSERT_EQ(g4_session_append_tokens(s, ids.data(), ids.size(), api.data(), api.size()), G4_OK) << g4_last_error_message();
+    EXPECT_LT(rel_l2(cli.data(), api.data(), api.size()), 1e-6);
+    g4_session_destroy(s);
+    g4_engine_close(e);
 }
 
 } // namespace

@@ -921,10 +921,14 @@ g4_status launch_step(g4_session* s, int rows, int out_rows, std::string* err) {
             const PlanOp& op      = p.op(i);
             const PlanTensor& out = p.tensor(op.out[0]);
             const Driver* d       = st->e->d;
-            for (int32_t k = 0; k < s->media->step_n; ++k) {
-                CUdeviceptr dst = st->cur->act + out.offset + ((uint64_t)s->media->step_row[k] * out.dims[1] + op.out_col[0]) * 4;
-                CU_TRY(d->cuMemcpyHtoDAsync(dst, s->media->step_src[k], (size_t)p.tensor(op.in[1]).dims[1] * 4, st->cur->stream),
-                       "copying image/audio embeddings");
+            const int64_t H = p.tensor(op.in[1]).dims[1];
+            const bool dense = op.out_col[0] == 0 && out.dims[1] == H;   // rows of inp_embd are contiguous
+            const int32_t* row = s->media->step_row;
+            const float* const* src = s->media->step_src;
+            for (int32_t k = 0, e; k < s->media->step_n; k = e) {   // one copy per run of consecutive rows
+                for (e = k + 1; dense && e < s->media->step_n && row[e] == row[e - 1] + 1 && src[e] == src[e - 1] + H;) ++e;
+                CUdeviceptr dst = st->cur->act + out.offset + ((uint64_t)row[k] * out.dims[1] + op.out_col[0]) * 4;
+                CU_TRY(d->cuMemcpyHtoDAsync(dst, src[k], (size_t)(e - k) * H * 4, st->cur->stream), "copying image/audio embeddings");
             }
         }
         if (st->profile) {

@@ -131,6 +131,43 @@ TEST_F(Media, AudioPromptMatchesHF) {
     std::printf("audio prompt: rel L2 vs HF %.3e over %zu positions\n", err, ids.size());
 }
 
+// A fine-tuned vision tower: PEFT LoRA on the tower's q_proj.linear (the nn.Linear inside
+// Gemma4ClippableLinear) and the text q_proj, merged by g4 compile in fp32; the image prompt's logits
+// against HF float32 with the adapter loaded (tools/make_tower_lora_fixture.py). The tower modules alone
+// move HF's logits by ~26% (e2e_tower_lora.json), so a tower left unmerged cannot pass.
+TEST_F(Media, TowerLoraMatchesPeft) {
+    std::string dev  = on_cuda() ? " --device cuda --kv-dtype f32 --prefill-precision fp32" : "";
+    std::string plan = dir_->file("lora.g4plan");
+    CmdResult c = run_g4("compile --model '" + fixture("e2b_tiny") + "' --adapter '" + fixture("adapters/e2b_tower_linear") +
+                         "' --weights f32 --image-tokens 70 --no-fidelity" + dev + " -o '" + plan + "'");
+    ASSERT_EQ(c.exit_code, 0) << c.err;
+    EXPECT_NE(c.err.find("model.vision_tower.encoder.layers.1.self_attn.q_proj.linear"), std::string::npos) << c.err;
+    EXPECT_EQ(c.err.find("not compiled"), std::string::npos) << c.err;
+    json meta = json::parse(read_file(fixture("towers/vision/meta.json")));
+    json lora = json::parse(read_file(fixture("towers/vision/e2e_tower_lora.json")));
+    ASSERT_GT(lora.at("tower_lora_effect_rel_l2").get<double>(), 0.05);
+    g4_engine* e = nullptr;
+    ASSERT_EQ(g4_engine_open(plan.c_str(), nullptr, &e), G4_OK) << g4_last_error_message();
+    g4_session* s = nullptr;
+    g4_session_params sp = g4_session_params_default();
+    sp.n_threads         = 2;
+    ASSERT_EQ(g4_session_create(e, &sp, &s), G4_OK);
+    int w = 0, h = 0;
+    std::vector<uint8_t> rgb = vision_image(meta, &w, &h);
+    int32_t n = 0;
+    ASSERT_EQ(g4_session_add_image(s, rgb.data(), w, h, &n), G4_OK) << g4_last_error_message();
+    auto ids = meta.at("e2e").at("ids").get<std::vector<int32_t>>();
+    std::vector<float> ref = read_f32(fixture("towers/vision/" + lora.at("logits").get<std::string>()));
+    ASSERT_EQ(ref.size(), ids.size() * 512);
+    std::vector<float> got(ref.size());
+    ASSERT_EQ(g4_session_append_tokens(s, ids.data(), ids.size(), got.data(), got.size()), G4_OK) << g4_last_error_message();
+    const double err = rel_l2(got.data(), ref.data(), got.size());
+    std::printf("image prompt with a tower LoRA: rel L2 vs HF + PEFT float32 %.3e\n", err);
+    EXPECT_LT(err, on_cuda() ? 2e-3 : 1e-4);
+    g4_session_destroy(s);
+    g4_engine_close(e);
+}
+
 TEST_F(Media, PlaceholdersNeedQueuedRows) {
     json meta = json::parse(read_file(fixture("towers/vision/meta.json")));
     auto ids  = meta.at("e2e").at("ids").get<std::vector<int32_t>>();

@@ -201,8 +201,9 @@ TEST(VisionTower, MatchesHuggingFaceFloat32) {
 }
 
 // Opt-in bf16 matmuls (cpu::matmul_gemm_bf16) against the same HF float32 numbers: a loose bound, since every
-// matmul input is rounded to bf16 (relative 2^-9 per operand); measured 2.7e-3 / 2.3e-3, and HF's own bf16
-// run (all arithmetic bf16) is ~1e-2 off its float32. The lower bound shows the bf16 path really ran.
+// matmul input is rounded to bf16 (relative 2^-9 per operand); measured 2.7e-3 / 2.3e-3, while HF's own bf16
+// run (all arithmetic bf16) is 1.9e-2 / 1.2e-2 off its float32 on these images. The lower bound shows the bf16
+// path really ran.
 TEST(VisionTower, Bf16MatmulsStayCloseToHuggingFaceFloat32) {
     Weights w(false);
     towers::VisionHParams hp{};

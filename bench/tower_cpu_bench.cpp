@@ -1,7 +1,8 @@
 // tower_cpu_bench: the vision and audio towers' forward pass alone at their real E2B (= E4B) shapes, random
 // bf16 weights, no checkpoint or plan: one 2394-patch image (57 x 42 grid, 266 soft tokens, the 1024x768
 // image of bench/tower_bench.py) and one 30 s clip (750 soft tokens). Prints every rep and the median.
-// Usage: tower_cpu_bench [vision|audio|both] [reps]   (threads: G4_THREADS, else all cores)
+// Usage: tower_cpu_bench [vision|audio|both|gemm] [reps] [fp32|bf16|both]   (threads: G4_THREADS, else all cores;
+// towers in both precisions by default, fp32 then bf16)
 #include "kernels/cpu/cpu.h"
 #include "kernels/cpu/thread_pool.h"
 #include "runtime/src/towers/audio.h"
@@ -65,12 +66,13 @@ template <class F> double time_s(F&& f) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-void bench_vision(cpu::ThreadPool& pool, int reps) {
+void bench_vision(cpu::ThreadPool& pool, int reps, towers::Precision prec) {
     towers::VisionHParams hp{};
     const char* cfg = R"({"hidden_size":768,"num_hidden_layers":16,"num_attention_heads":12,"num_key_value_heads":12,
         "head_dim":64,"intermediate_size":3072,"patch_size":16,"pooling_kernel_size":3,
         "position_embedding_size":10240,"use_clipped_linears":true})";
     if (std::string e = towers::parse_vision_hparams(cfg, 1536, &hp); !e.empty()) { std::printf("%s\n", e.c_str()); std::exit(1); }
+    hp.precision = prec;
     const int64_t H = hp.hidden_size, I = hp.intermediate_size;
     Store st;
     for (const std::string& n : towers::vision_weight_names(hp)) {
@@ -106,17 +108,18 @@ void bench_vision(cpu::ThreadPool& pool, int reps) {
         double s = time_s([&] { err = vt.forward(ctx, px.data(), pos.data(), n, scr.data(), out.data(), &n_soft); });
         if (!err.empty()) { std::printf("%s\n", err.c_str()); std::exit(1); }
         if (r) ts.push_back(s);
-        std::printf("  vision rep %d: %.3f s\n", r, s);
+        std::printf("  vision %s rep %d: %.3f s\n", towers::precision_name(prec), r, s);
     }
     double sum = 0;
     for (int i = 0; i < n_soft * hp.text_hidden_size; ++i) sum += std::fabs(out[i]);
-    std::printf("vision: %d patches -> %d soft tokens, %d threads, median %.3f s (checksum %.6g, %zu floats/thread)\n",
-                n, n_soft, pool.size(), median(ts), sum, vt.thread_scratch_floats());
+    std::printf("vision %s: %d patches -> %d soft tokens, %d threads, median %.3f s (checksum %.6g, %zu floats/thread)\n",
+                towers::precision_name(prec), n, n_soft, pool.size(), median(ts), sum, vt.thread_scratch_floats());
 }
 
-void bench_audio(cpu::ThreadPool& pool, int reps) {
+void bench_audio(cpu::ThreadPool& pool, int reps, towers::Precision prec) {
     towers::AudioHParams hp{};
     if (std::string e = towers::parse_audio_hparams("{}", 1536, &hp); !e.empty()) { std::printf("%s\n", e.c_str()); std::exit(1); }
+    hp.precision = prec;
     const int64_t H = hp.hidden_size, C0 = hp.subsampling_conv_channels[0], C1 = hp.subsampling_conv_channels[1];
     const int64_t f2 = ((hp.mel_bins + 1) / 2 + 1) / 2;
     Store st;
@@ -158,11 +161,12 @@ void bench_audio(cpu::ThreadPool& pool, int reps) {
         double s = time_s([&] { err = at.forward(ctx, pcm.data(), samples, scr.data(), out.data(), &n_soft); });
         if (!err.empty()) { std::printf("%s\n", err.c_str()); std::exit(1); }
         if (r) ts.push_back(s);
-        std::printf("  audio rep %d: %.3f s\n", r, s);
+        std::printf("  audio %s rep %d: %.3f s\n", towers::precision_name(prec), r, s);
     }
     double sum = 0;
     for (int i = 0; i < n_soft * hp.text_hidden_size; ++i) sum += std::fabs(out[i]);
-    std::printf("audio: 30 s -> %d soft tokens, %d threads, median %.3f s (checksum %.6g, %zu floats/thread)\n", n_soft,
+    std::printf("audio %s: 30 s -> %d soft tokens, %d threads, median %.3f s (checksum %.6g, %zu floats/thread)\n",
+                towers::precision_name(prec), n_soft,
                 pool.size(), median(ts), sum, at.thread_scratch_floats());
 }
 
@@ -170,29 +174,33 @@ void bench_audio(cpu::ThreadPool& pool, int reps) {
 void bench_gemm(cpu::ThreadPool& pool, int reps, int rows, int64_t n, int64_t k) {
     std::mt19937 rng(3);
     std::normal_distribution<float> nd(0.0f, 1.0f);
-    std::vector<float> x((size_t)rows * k), y0((size_t)rows * n), y1((size_t)rows * n);
+    std::vector<float> x((size_t)rows * k), y0((size_t)rows * n), y1((size_t)rows * n), y2((size_t)rows * n);
     for (float& v : x) v = nd(rng);
     Store st;
     st.add("w", {n, k}, 0.03f);
-    size_t stride = std::max(cpu::scratch_floats_per_thread(k, 0), cpu::gemm_scratch_floats());
+    size_t stride = std::max({cpu::scratch_floats_per_thread(k, 0), cpu::gemm_scratch_floats(), cpu::gemm_bf16_scratch_floats()});
     std::vector<float> tscr(stride * pool.size());
     cpu::Context ctx{&pool, tscr.data(), stride};
     MatmulArgs a{};
     a.x = x.data(), a.ldx = k, a.w = st.ts["w"].data, a.dt = DType::BF16, a.n = n, a.k = k, a.ldy = n, a.rows = rows;
-    std::vector<double> t0, t1;
+    std::vector<double> t0, t1, t2;
     for (int r = 0; r <= reps; ++r) {
         a.y = y0.data();
         double s0 = time_s([&] { cpu::matmul(ctx, a); });
         a.y = y1.data();
         double s1 = time_s([&] { cpu::matmul_gemm(ctx, a); });
-        if (r) t0.push_back(s0), t1.push_back(s1);
+        a.y = y2.data();
+        double s2 = time_s([&] { cpu::matmul_gemm_bf16(ctx, a); });
+        if (r) t0.push_back(s0), t1.push_back(s1), t2.push_back(s2);
     }
-    double num = 0, den = 0;
-    for (size_t i = 0; i < y0.size(); ++i) num += (double)(y1[i] - y0[i]) * (y1[i] - y0[i]), den += (double)y0[i] * y0[i];
+    double num = 0, den = 0, num2 = 0;
+    for (size_t i = 0; i < y0.size(); ++i)
+        num += (double)(y1[i] - y0[i]) * (y1[i] - y0[i]), den += (double)y0[i] * y0[i], num2 += (double)(y2[i] - y0[i]) * (y2[i] - y0[i]);
     const double fl = 2.0 * rows * n * k / 1e9;
-    std::printf("gemm %d x %lld x %lld: matmul %.1f ms (%.0f GFLOPS), matmul_gemm %.1f ms (%.0f GFLOPS), rel diff %.2e\n", rows,
-                (long long)n, (long long)k, median(t0) * 1e3, fl / median(t0), median(t1) * 1e3, fl / median(t1),
-                std::sqrt(num / den));
+    std::printf("gemm %d x %lld x %lld: matmul %.1f ms (%.0f GFLOPS), matmul_gemm %.1f ms (%.0f GFLOPS), rel diff %.2e; "
+                "matmul_gemm_bf16 %.1f ms (%.0f GFLOPS), rel diff %.2e\n", rows, (long long)n, (long long)k, median(t0) * 1e3,
+                fl / median(t0), median(t1) * 1e3, fl / median(t1), std::sqrt(num / den), median(t2) * 1e3, fl / median(t2),
+                std::sqrt(num2 / den));
 }
 
 } // namespace
@@ -208,7 +216,13 @@ int main(int argc, char** argv) {
         bench_gemm(pool, reps, 750, 1024, 4096);
         bench_gemm(pool, reps, 37, 100, 45);
     }
-    if (what == "vision" || what == "both") bench_vision(pool, reps);
-    if (what == "audio" || what == "both") bench_audio(pool, reps);
+    const std::string prec = argc > 3 ? argv[3] : "both";   // fp32 | bf16 | both (side by side)
+    std::vector<towers::Precision> precs;
+    if (prec != "bf16") precs.push_back(towers::Precision::F32);
+    if (prec != "fp32") precs.push_back(towers::Precision::BF16);
+    for (towers::Precision p : precs)
+        if (what == "vision" || what == "both") bench_vision(pool, reps, p);
+    for (towers::Precision p : precs)
+        if (what == "audio" || what == "both") bench_audio(pool, reps, p);
     return 0;
 }

@@ -899,6 +899,9 @@ void compile_plan(const CompileOptions& opt, std::ostream& log) {
         towers::Lookup lookup = [&ck](const std::string& n) { return ck(n); };
         int64_t soft_max = 0;   // soft tokens of the largest image or clip
         const int H      = hp.hidden_size;
+        towers::Precision prec = towers::Precision::F32;
+        if (std::string e = towers::parse_precision(opt.tower_precision, &prec); !e.empty())
+            throw CompileError("--tower-precision: " + e);
         auto need_ids = [&](const char* what, std::initializer_list<std::pair<const char*, int>> ids) {
             for (const auto& [k, v] : ids)
                 if (v < 0) throw CompileError(cfg + ": " + k + " is missing; it is needed to place " + what + " in a prompt (--no-" +
@@ -913,6 +916,7 @@ void compile_plan(const CompileOptions& opt, std::ostream& log) {
             if (opt.max_image_pixels < 1) throw CompileError("--max-image-pixels must be positive");
             need_ids("images", {{"image_token_id", in.mc.image_token_id}, {"boi_token_id", in.mc.boi_token_id}, {"eoi_token_id", in.mc.eoi_token_id}});
             const int k = vh.pooling_kernel_size, patch = vh.patch_size, max_patches = opt.image_tokens * k * k;
+            vh.precision = prec;
             towers::VisionTower vt;
             e = vt.init(vh, lookup, max_patches);
             if (!e.empty()) throw CompileError("vision tower of " + opt.model_dir + ": " + e + " (--no-vision leaves the tower out)");
@@ -934,6 +938,7 @@ void compile_plan(const CompileOptions& opt, std::ostream& log) {
                 throw CompileError("--max-audio-seconds must be in (0, 3600]");
             need_ids("audio", {{"audio_token_id", in.mc.audio_token_id}, {"boa_token_id", in.mc.boa_token_id}, {"eoa_token_id", in.mc.eoa_token_id}});
             const int64_t max_samples = (int64_t)std::llround(opt.max_audio_seconds * ah.sample_rate);
+            ah.precision = prec;
             towers::AudioTower at;
             e = at.init(ah, lookup, max_samples);
             if (!e.empty()) throw CompileError("audio tower of " + opt.model_dir + ": " + e + " (--no-audio leaves the tower out)");
@@ -952,6 +957,7 @@ void compile_plan(const CompileOptions& opt, std::ostream& log) {
                 throw CompileError("--max-media-tokens " + std::to_string(opt.max_media_tokens) + " exceeds --max-context " + std::to_string(in.max_context));
             in.towers_meta["max_media_tokens"]    = queue;
             in.towers_meta["thread_scratch_floats"] = thread_floats;
+            in.towers_meta["precision"]             = towers::precision_name(prec);
             in.tower_session_bytes += (uint64_t)queue * H * 4 + (uint64_t)queue * 4 + thread_floats * 4 * threads;
             in.towers_meta["session_bytes"] = in.tower_session_bytes;
         }

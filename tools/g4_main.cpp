@@ -46,7 +46,7 @@ const char* kUsage =
     "             [--quantize REGEX] [--keep REGEX] [--double-quant] [--no-fidelity] [--prefill-precision bf16|fp32] [--dry-run]\n"
     "             [--kv-dtype bf16|f32] [--max-context N] [--chunk N] [--logits-rows N] [--gpu-mem [IDX:]SIZE]... [--cpu-mem SIZE]\n"
     "             [--place COMPONENT=TARGET,...] [--no-vision] [--no-audio] [--image-tokens 70|140|280|560|1120]\n"
-    "             [--max-image-pixels N] [--max-audio-seconds S] [--max-media-tokens N] -o PLAN\n"
+    "             [--max-image-pixels N] [--max-audio-seconds S] [--max-media-tokens N] [--tower-precision fp32|bf16] -o PLAN\n"
     "             (--place components: vision, audio, ple, embed, lm_head, layers; targets: cpu, gpu, gpuN, cuda:N,\n"
     "              host (ple only); layers=0-29:gpu0,30-34:cpu gives ranges; sizes: 12GiB, 4GB, 512MiB, 3.5GiB)\n"
     "  g4 run PLAN (-p TEXT | --tokens 2,17,99 | --tokens @FILE) [-n N] [--temp T] [--top-k K] [--top-p P] [--min-p P]\n"
@@ -172,7 +172,7 @@ std::string read_whole_file(const std::string& path, const char* what) {
 
 int cmd_compile(int argc, char** argv) {
     Args a(argc, argv, 2, {"--model", "--adapter", "--weights", "--device", "-o", "--max-context", "--chunk", "--logits-rows", "--quantize", "--keep", "--tokenizer", "--target", "--prefill-precision", "--kv-dtype", "--gpu-mem", "--cpu-mem", "--place",
-                              "--image-tokens", "--max-image-pixels", "--max-audio-seconds", "--max-media-tokens"},
+                              "--image-tokens", "--max-image-pixels", "--max-audio-seconds", "--max-media-tokens", "--tower-precision"},
            {"--double-quant", "--no-fidelity", "--dry-run", "--no-vision", "--no-audio"});
     if (!a.pos.empty()) throw UsageError("unexpected argument '" + a.pos[0] + "'");
     if (!a.has("--model")) throw UsageError("missing --model DIR");
@@ -209,6 +209,7 @@ int cmd_compile(int argc, char** argv) {
     if (a.has("--image-tokens")) o.image_tokens = (int)parse_int("--image-tokens", a.get("--image-tokens"), 1, 1 << 20);
     if (a.has("--max-image-pixels")) o.max_image_pixels = parse_int("--max-image-pixels", a.get("--max-image-pixels"), 1, 1ll << 32);
     if (a.has("--max-audio-seconds")) o.max_audio_seconds = parse_float("--max-audio-seconds", a.get("--max-audio-seconds"));
+    o.tower_precision = a.get("--tower-precision", o.tower_precision);
     if (a.has("--max-media-tokens")) o.max_media_tokens = (int)parse_int("--max-media-tokens", a.get("--max-media-tokens"), 1, 1 << 30);
     g4::compile_plan(o, std::cerr);
     return 0;

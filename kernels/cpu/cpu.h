@@ -49,6 +49,17 @@ void gemm_block_portable(int rows, int cols, int64_t k, const float* a, int64_t 
                          int64_t ldc, bool accumulate);
 // True when matmul_gemm / gemm_block use the AVX-512 kernel (else they are matmul / gemm_block_portable).
 bool gemm_has_avx512();
+// bf16 GEMM (the towers' opt-in bf16 precision): y = bf16(x) . bf16(W)^T, bf16() rounding to nearest even as
+// f32_to_bf16 (BF16 weights as stored, F32 weights rounded), each product exact in fp32, summed in fp32.
+// F32/BF16 weights and a Context with gemm_bf16_scratch_floats() per thread (else it is matmul, fp32).
+// With AVX-512 BF16 (_mm512_dpbf16_ps, which flushes bf16 denormals to zero) the sum order is pairs of k
+// in increasing order; otherwise it is matmul_gemm_bf16_portable. Independent of the thread count.
+constexpr int kGemmBf16Group = 4;   // kGemmNr-column weight panels packed per task (AVX-512 BF16 path)
+size_t gemm_bf16_scratch_floats();
+void matmul_gemm_bf16(const Context& c, const MatmulArgs& a);
+// Same definition on any machine: bf16-valued fp32 operands through gemm_block_portable (Eigen).
+void matmul_gemm_bf16_portable(const Context& c, const MatmulArgs& a);
+bool gemm_has_avx512_bf16();   // true when matmul_gemm_bf16 uses _mm512_dpbf16_ps
 void rms_norm(const Context& c, const RmsNormArgs& a);
 void add(const Context& c, const BinaryArgs& a);
 void gelu_mul(const Context& c, const BinaryArgs& a);

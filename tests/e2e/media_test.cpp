@@ -168,6 +168,63 @@ TEST_F(Media, TowerLoraMatchesPeft) {
     g4_engine_close(e);
 }
 
+// --tower-precision bf16: both towers' matmuls in bf16 (cpu::matmul_gemm_bf16); the prompts' logits against HF
+// float32 with a loose bound (the towers' outputs move ~3e-3, see the tower tests; measured on the logits: image
+// 6.6e-3, audio 3.9e-3), and visibly not the fp32 plan's logits. An unknown value is a compile error naming the accepted ones.
+TEST_F(Media, Bf16TowersStayCloseToHF) {
+    if (on_cuda()) GTEST_SKIP() << "CPU plan check";
+    CmdResult bad = run_g4("compile --model '" + fixture("e2b_tiny") + "' --weights f32 --tower-precision fp16 -o '" + dir_->file("bad.g4plan") + "'");
+    EXPECT_NE(bad.exit_code, 0);
+    EXPECT_NE(bad.err.find("--tower-precision"), std::string::npos) << bad.err;
+    EXPECT_NE(bad.err.find("expected fp32 or bf16"), std::string::npos) << bad.err;
+    EXPECT_NE(read_file(plan_).find("\"precision\": \"fp32\""), std::string::npos) << "the default plan records fp32 towers";
+
+    std::string plan = dir_->file("bf16.g4plan");
+    CmdResult c = run_g4("compile --model '" + fixture("e2b_tiny") + "' --weights f32 --image-tokens 70 --tower-precision bf16 -o '" + plan + "'");
+    ASSERT_EQ(c.exit_code, 0) << c.err;
+    EXPECT_NE(read_file(plan).find("\"precision\": \"bf16\""), std::string::npos);
+    g4_engine* e = nullptr;
+    ASSERT_EQ(g4_engine_open(plan.c_str(), nullptr, &e), G4_OK) << g4_last_error_message();
+    g4_session_params sp = g4_session_params_default();
+    sp.n_threads         = 2;
+    g4_session* s        = nullptr;
+    ASSERT_EQ(g4_session_create(e, &sp, &s), G4_OK) << g4_last_error_message();
+    // The image prompt on the bf16 plan and on the fp32 plan (this suite's engine).
+    json meta = json::parse(read_file(fixture("towers/vision/meta.json")));
+    int w = 0, h = 0;
+    std::vector<uint8_t> rgb = vision_image(meta, &w, &h);
+    auto ids                 = meta.at("e2e").at("ids").get<std::vector<int32_t>>();
+    std::vector<float> ref   = read_f32(fixture("towers/vision/" + meta.at("e2e").at("logits").at("file").get<std::string>()));
+    std::vector<float> got(ref.size()), f32(ref.size());
+    int32_t n = 0;
+    ASSERT_EQ(g4_session_add_image(s, rgb.data(), w, h, &n), G4_OK) << g4_last_error_message();
+    ASSERT_EQ(g4_session_append_tokens(s, ids.data(), ids.size(), got.data(), got.size()), G4_OK) << g4_last_error_message();
+    ASSERT_EQ(g4_session_add_image(s_, rgb.data(), w, h, &n), G4_OK) << g4_last_error_message();
+    ASSERT_EQ(g4_session_append_tokens(s_, ids.data(), ids.size(), f32.data(), f32.size()), G4_OK) << g4_last_error_message();
+    double err = rel_l2(got.data(), ref.data(), got.size());
+    const double moved = rel_l2(got.data(), f32.data(), got.size());
+    std::printf("image prompt, bf16 towers: rel L2 vs HF float32 %.3e (vs the fp32 plan %.3e)\n", err, moved);
+    EXPECT_LT(err, 2e-2);
+    EXPECT_GT(moved, 1e-6);
+    // The audio prompt, on a fresh session.
+    g4_session_destroy(s);
+    ASSERT_EQ(g4_session_create(e, &sp, &s), G4_OK) << g4_last_error_message();
+    json am      = json::parse(read_file(fixture("towers/audio/audio.json")));
+    const json& ae = am.at("e2e");
+    std::vector<float> pcm = read_f32(fixture("towers/audio/" + ae.at("clip").get<std::string>() + ".pcm.f32"));
+    ASSERT_EQ(g4_session_add_audio(s, pcm.data(), (int64_t)pcm.size(), &n), G4_OK) << g4_last_error_message();
+    auto aids               = ae.at("ids").get<std::vector<int32_t>>();
+    std::vector<float> aref = read_f32(fixture("towers/audio/" + ae.at("logits").get<std::string>()));
+    std::vector<float> agot(aref.size());
+    ASSERT_EQ(g4_session_append_tokens(s, aids.data(), aids.size(), agot.data(), agot.size()), G4_OK) << g4_last_error_message();
+    err = rel_l2(agot.data(), aref.data(), agot.size());
+    std::printf("audio prompt, bf16 towers: rel L2 vs HF float32 %.3e\n", err);
+    EXPECT_LT(err, 2e-2);
+    EXPECT_GT(err, 1e-6);
+    g4_session_destroy(s);
+    g4_engine_close(e);
+}
+
 TEST_F(Media, PlaceholdersNeedQueuedRows) {
     json meta = json::parse(read_file(fixture("towers/vision/meta.json")));
     auto ids  = meta.at("e2e").at("ids").get<std::vector<int32_t>>();

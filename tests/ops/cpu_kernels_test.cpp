@@ -114,6 +114,49 @@ TEST(CpuKernels, GemmBlockAccumulates) {
     }
 }
 
+// bf16 GEMM against a double-precision reference on bf16-rounded operands: only the fp32 summation differs.
+TEST(CpuKernels, MatmulGemmBf16MatchesRoundedReference) {
+    std::printf("matmul_gemm_bf16: AVX-512 BF16 kernel %s in this build\n", cpu::gemm_has_avx512_bf16() ? "present" : "absent");
+    cpu::ThreadPool pool{2};
+    std::vector<float> scratch(cpu::gemm_bf16_scratch_floats() * pool.size());
+    cpu::Context ctx{&pool, scratch.data(), cpu::gemm_bf16_scratch_floats()};
+    struct Case { int rows; int64_t n, k; DType dt; };
+    // Tails in every dimension: rows not a multiple of kGemmMr, n past a panel group, k odd and past kGemmKc.
+    for (const Case& cs : {Case{37, 150, 1031, DType::BF16}, Case{5, 32, 64, DType::F32}, Case{100, 97, 7, DType::BF16},
+                           Case{1, 300, 513, DType::F32}})
+        for (int portable = 0; portable < 2; ++portable) {
+            const int64_t ldx = cs.k + 3, ldy = cs.n + 5;
+            auto x  = randn((size_t)cs.rows * ldx, 31);
+            auto wf = randn((size_t)cs.n * cs.k, 32);
+            std::vector<uint16_t> wb(wf.size());
+            for (size_t i = 0; i < wf.size(); ++i) wb[i] = f32_to_bf16(wf[i]);
+            std::vector<float> y((size_t)cs.rows * ldy, -7.0f);
+            MatmulArgs a{x.data(), ldx, cs.dt == DType::BF16 ? (const void*)wb.data() : (const void*)wf.data(), cs.dt,
+                         cs.n, cs.k, y.data(), ldy, cs.rows};
+            (portable ? cpu::matmul_gemm_bf16_portable : cpu::matmul_gemm_bf16)(ctx, a);
+            double num = 0, den = 0, num_f = 0;
+            for (int i = 0; i < cs.rows; ++i)
+                for (int64_t j = 0; j < ldy; ++j) {
+                    const float got = y[i * ldy + j];
+                    if (j >= cs.n) {
+                        ASSERT_EQ(got, -7.0f);
+                        continue;
+                    }
+                    double want = 0, want_f = 0;
+                    for (int64_t p = 0; p < cs.k; ++p) {
+                        want += (double)bf16_to_f32(f32_to_bf16(x[i * ldx + p])) * bf16_to_f32(wb[j * cs.k + p]);
+                        want_f += (double)x[i * ldx + p] * wf[j * cs.k + p];
+                    }
+                    num += (got - want) * (got - want), den += want * want, num_f += (got - want_f) * (got - want_f);
+                }
+            const double err = std::sqrt(num / den), err_f = std::sqrt(num_f / den);
+            EXPECT_LT(err, 1e-6) << (portable ? "portable" : "this build's") << " rows " << cs.rows << " n " << cs.n << " k " << cs.k;
+            // And it really is bf16: against unrounded fp32 operands the error is bf16-sized.
+            EXPECT_GT(err_f, 1e-4);
+            EXPECT_LT(err_f, 1e-2);
+        }
+}
+
 TEST(CpuKernels, MatmulHandlesStridedViews) {
     Fixture f(64, 16);
     const int rows = 4, k = 64, n = 40, ldx = 100, ldy = 90;

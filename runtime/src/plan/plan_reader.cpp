@@ -161,6 +161,10 @@ g4_status Plan::load(const std::string& path, bool verify_weights, std::string* 
             info_.max_media_tokens    = tw.at("max_media_tokens").get<int32_t>();
             info_.tower_thread_floats = tw.at("thread_scratch_floats").get<uint64_t>();
             info_.tower_session_bytes = tw.value("session_bytes", (uint64_t)0);
+            const std::string prec    = tw.value("precision", std::string("fp32"));   // absent in older plans
+            if (prec != "fp32" && prec != "bf16")
+                return fail(CORRUPT, "bad metadata: towers precision '" + prec + "'" + recompile, err);
+            info_.tower_bf16 = prec == "bf16";
             if (tw.contains("vision")) {
                 const auto& v         = tw.at("vision");
                 info_.vision_config   = v.at("config").dump();

@@ -67,11 +67,14 @@ void rms(const cpu::Context& c, const float* x, int64_t ldx, float* y, int64_t l
     });
 }
 
-void matmul(const cpu::Context& c, const float* x, int64_t ldx, const Tensor* w, float* y, int64_t ldy, int rows) {
+void matmul(const cpu::Context& c, Precision prec, const float* x, int64_t ldx, const Tensor* w, float* y, int64_t ldy, int rows) {
     MatmulArgs a{};
     a.x = x; a.ldx = ldx; a.w = w->data; a.dt = w->dtype; a.n = w->dims[0]; a.k = w->dims[1];
     a.y = y; a.ldy = ldy; a.rows = rows;
-    cpu::matmul_gemm(c, a);
+    if (prec == Precision::BF16)
+        cpu::matmul_gemm_bf16(c, a);
+    else
+        cpu::matmul_gemm(c, a);
 }
 
 std::string shape_str(const int64_t* d, int n) {
@@ -397,6 +400,7 @@ std::string AudioTower::init(const AudioHParams& hp, const Lookup& lookup, int64
 
     const int64_t max_k = std::max<int64_t>({4 * (int64_t)H, (int64_t)f2_ * C1, P, H});
     size_t need         = std::max(cpu::scratch_floats_per_thread(max_k, 0), cpu::gemm_scratch_floats());
+    if (hp.precision == Precision::BF16) need = std::max(need, cpu::gemm_bf16_scratch_floats());
     need                = std::max(need, (size_t)2 * (2 * kFft + kBins) + 16);        // FFT in doubles
     need                = std::max(need, (size_t)f1_ * 9 * 1);                      // im2col, layer 0
     need                = std::max(need, (size_t)f2_ * 9 * C0);                     // im2col, layer 1
@@ -515,7 +519,7 @@ void AudioTower::run_clip(const cpu::Context& ctx, const Clip& c, const float* x
         });
         x = xin, ldx = K;
     }
-    matmul(ctx, x, ldx, c.w, y, ldy, rows);
+    matmul(ctx, hp_.precision, x, ldx, c.w, y, ldy, rows);
     if (c.clipped)
         for_rows(ctx, rows, N, [&](int t) {
             float* yr = y + (int64_t)t * ldy;
@@ -554,7 +558,7 @@ void AudioTower::attention(const cpu::Context& ctx, const Layer& L, float* x, in
     run_clip(ctx, L.q, n, H, T, o, q, H);
     run_clip(ctx, L.k, n, H, T, o, k, H);
     run_clip(ctx, L.v, n, H, T, o, v, H);
-    matmul(ctx, pe_.data(), H, L.rel_k, rel, H, n_rel_);   // [n_rel, H] relative keys
+    matmul(ctx, hp_.precision, pe_.data(), H, L.rel_k, rel, H, n_rel_);   // [n_rel, H] relative keys
 
     const float q_scale = (float)(std::pow((double)D, -0.5) / std::log(2.0));
     const float k_scale = (float)(std::log1p(std::exp(1.0)) / std::log(2.0));
@@ -670,7 +674,7 @@ std::string AudioTower::forward(const cpu::Context& ctx, const float* pcm, int64
     conv_layer(ctx, sc + lay_.feat, V0, M, 1, w0, norm0_, sc + lay_.l0, V1, f1_, C0);    // [V1, F1, C0]
     conv_layer(ctx, sc + lay_.l0, V1, f1_, C0, w1, norm1_, sc + lay_.l1, T, f2_, C1);   // [T, F2, C1]
     float* x = sc + lay_.x;                                                              // [T, H]
-    matmul(ctx, sc + lay_.l1, (int64_t)f2_ * C1, in_proj_, x, H, T);
+    matmul(ctx, hp_.precision, sc + lay_.l1, (int64_t)f2_ * C1, in_proj_, x, H, T);
 
     for (const Layer& L : layers_) {
         feed_forward(ctx, L.ff1, x, T, sc);
@@ -681,13 +685,13 @@ std::string AudioTower::forward(const cpu::Context& ctx, const float* pcm, int64
     }
 
     float* proj = sc + lay_.proj;   // [T, P]
-    matmul(ctx, x, H, out_proj_w_, proj, P, T);
+    matmul(ctx, hp_.precision, x, H, out_proj_w_, proj, P, T);
     for_rows(ctx, T, P, [&](int t) {
         float* r = proj + (int64_t)t * P;
         for (int i = 0; i < P; ++i) r[i] += tensor_at(*out_proj_b_, i);
     });
     rms(ctx, proj, P, proj, P, T, P, nullptr, hp_.rms_norm_eps, 0.0f);
-    matmul(ctx, proj, P, embed_, out, hp_.text_hidden_size, T);   // [T, text_hidden]
+    matmul(ctx, hp_.precision, proj, P, embed_, out, hp_.text_hidden_size, T);   // [T, text_hidden]
     *n_soft = T;
     return "";
 }

@@ -20,6 +20,7 @@ struct AudioHParams {   // from config.json "audio_config" (+ the text hidden si
     bool use_clipped_linears;
     int text_hidden_size;
     int sample_rate = 16000, mel_bins = 128;   // feature extractor (HF Gemma4AudioFeatureExtractor defaults)
+    Precision precision = Precision::F32;      // not in config.json: set by the caller before init (plan META towers)
 };
 
 // Parses "audio_config". mel_bins: HF builds input_proj_linear for (subsampling_conv_channels[0] / 4)

@@ -63,6 +63,7 @@ g4_status media_create(g4_session* s, std::string* err) {
     if (!in.vision_config.empty()) {
         towers::VisionHParams hp;
         std::string e = towers::parse_vision_hparams(in.vision_config, in.hidden_size, &hp);
+        hp.precision  = in.tower_bf16 ? towers::Precision::BF16 : towers::Precision::F32;
         m->vision     = std::make_unique<towers::VisionTower>();
         if (e.empty()) e = m->vision->init(hp, lookup, in.max_patches);
         if (!e.empty()) {
@@ -77,6 +78,7 @@ g4_status media_create(g4_session* s, std::string* err) {
     if (!in.audio_config.empty()) {
         towers::AudioHParams hp;
         std::string e = towers::parse_audio_hparams(in.audio_config, in.hidden_size, &hp);
+        hp.precision  = in.tower_bf16 ? towers::Precision::BF16 : towers::Precision::F32;
         m->audio      = std::make_unique<towers::AudioTower>();
         if (e.empty()) e = m->audio->init(hp, lookup, in.max_audio_samples);
         if (!e.empty()) {

@@ -30,6 +30,19 @@ struct Tensor {
 // Returns nullptr when the tensor is absent. The returned memory outlives the tower.
 using Lookup = std::function<const Tensor*(const std::string& name)>;
 
+// Arithmetic of the towers' matmuls. F32 (the default, Hugging Face's float32 reference): fp32 activations
+// times widened weights. BF16 (opt-in, `g4 compile --tower-precision bf16`): activations rounded to bf16 and
+// bf16 weights, fp32 products and sums (cpu::matmul_gemm_bf16); everything else stays fp32.
+enum class Precision { F32, BF16 };
+inline const char* precision_name(Precision p) { return p == Precision::BF16 ? "bf16" : "fp32"; }
+// "fp32" | "bf16" -> *out; returns "" or an error naming the accepted values.
+inline std::string parse_precision(const std::string& s, Precision* out) {
+    if (s == "fp32") *out = Precision::F32;
+    else if (s == "bf16") *out = Precision::BF16;
+    else return "tower precision '" + s + "': expected fp32 or bf16";
+    return "";
+}
+
 // Reads element i of a weight as float32 (bf16 widened exactly).
 inline float tensor_at(const Tensor& t, int64_t i) {
     if (t.dtype == DType::BF16) return bf16_to_f32(static_cast<const uint16_t*>(t.data)[i]);

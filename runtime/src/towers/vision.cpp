@@ -53,6 +53,13 @@ void rms(const cpu::Context& ctx, const float* x, int64_t ldx, const Tensor* w, 
     cpu::rms_norm(ctx, a);
 }
 
+void gemm(const cpu::Context& ctx, Precision prec, const MatmulArgs& m) {
+    if (prec == Precision::BF16)
+        cpu::matmul_gemm_bf16(ctx, m);
+    else
+        cpu::matmul_gemm(ctx, m);
+}
+
 } // namespace
 
 // ---- config ----------------------------------------------------------------------------------------------
@@ -295,6 +302,7 @@ size_t VisionTower::thread_scratch_floats() const {
     const int64_t max_k = std::max({(int64_t)3 * hp_.patch_size * hp_.patch_size, (int64_t)hp_.hidden_size,
                                     (int64_t)hp_.intermediate_size, (int64_t)hp_.num_attention_heads * hp_.head_dim});
     return std::max({cpu::scratch_floats_per_thread(max_k, 0), cpu::gemm_scratch_floats(),
+                     hp_.precision == Precision::BF16 ? cpu::gemm_bf16_scratch_floats() : 0,
                      round16((size_t)kAttnBlock * (pad_keys(max_patches_) + 1))});
 }
 
@@ -315,7 +323,7 @@ void VisionTower::linear(const cpu::Context& ctx, const Linear& l, const float* 
     MatmulArgs m{};
     m.x = x, m.ldx = ldx, m.w = l.w->data, m.dt = l.w->dtype, m.n = outw, m.k = in, m.y = y, m.ldy = ldy;
     m.rows = rows;
-    cpu::matmul_gemm(ctx, m);
+    gemm(ctx, hp_.precision, m);
     if (std::isfinite(l.out_min) || std::isfinite(l.out_max))
         for_row_blocks(ctx, rows, outw, [&](int r0, int r1) {
             for (int r = r0; r < r1; ++r)
@@ -433,7 +441,7 @@ std::string VisionTower::forward(const cpu::Context& ctx, const float* patches, 
     MatmulArgs pm{};
     pm.x = r, pm.ldx = pin, pm.w = patch_proj_->data, pm.dt = patch_proj_->dtype, pm.n = H, pm.k = pin;
     pm.y = z, pm.ldy = H, pm.rows = n;
-    cpu::matmul_gemm(ctx, pm);
+    gemm(ctx, hp_.precision, pm);
     for_row_blocks(ctx, n, H, [&](int r0, int r1) {
         for (int i = r0; i < r1; ++i) {
             const int64_t ox = (int64_t)pos[2 * i] * H, oy = ((int64_t)P + pos[2 * i + 1]) * H;
@@ -523,7 +531,7 @@ std::string VisionTower::forward(const cpu::Context& ctx, const float* patches, 
     MatmulArgs em{};
     em.x = t, em.ldx = H, em.w = embed_proj_->data, em.dt = embed_proj_->dtype, em.n = hp_.text_hidden_size;
     em.k = H, em.y = out, em.ldy = hp_.text_hidden_size, em.rows = cells;
-    cpu::matmul_gemm(ctx, em);
+    gemm(ctx, hp_.precision, em);
     *n_soft = cells;
     return "";
 }

@@ -19,6 +19,7 @@ struct VisionHParams {             // from config.json "vision_config" (+ the te
     float rms_norm_eps, rope_theta;
     bool use_clipped_linears;
     int text_hidden_size;          // output width (embed_vision projection rows)
+    Precision precision = Precision::F32;   // not in config.json: set by the caller before init (plan META towers)
 };
 
 // Parses the JSON text of config.json's "vision_config" object. Shape keys (hidden_size,

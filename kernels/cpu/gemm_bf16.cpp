@@ -1,0 +1,204 @@
+// bf16 GEMM for the towers' opt-in bf16 precision (see cpu.h): y = bf16(x) . bf16(W)^T with every product
+// exact in fp32 and summed in fp32. With AVX-512 BF16 the weights are packed as k-pairs into
+// kGemmBf16Group panels of kGemmKc x kGemmNr bf16, each kGemmMr-row block of x is rounded once per panel group,
+// and _mm512_dpbf16_ps accumulates in registers; the portable path rounds both operands to bf16-valued
+// floats and runs the Eigen block GEMM.
+#include "kernels/cpu/cpu.h"
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <utility>
+
+#if defined(__AVX512BF16__) && defined(__AVX512BW__)
+#include <immintrin.h>
+#define G4_GEMM_BF16_NATIVE 1
+#endif
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+
+namespace g4::cpu {
+
+namespace {
+
+constexpr int kGroup = kGemmBf16Group;
+
+inline float bf16_round(float f) { return bf16_to_f32(f32_to_bf16(f)); }
+
+inline uint16_t weight_bf16(const MatmulArgs& a, int64_t off) {
+    return a.dt == DType::BF16 ? ((const uint16_t*)a.w)[off] : f32_to_bf16(((const float*)a.w)[off]);
+}
+
+// Splits a.rows into chunks so that groups * chunks tasks balance the pool (as matmul_gemm does).
+template <typename Task>
+void for_tasks(const Context& c, const MatmulArgs& a, int64_t groups, Task&& task) {
+    const int64_t want   = 4LL * c.pool->size();
+    const int chunks     = (int)std::clamp<int64_t>((want + groups - 1) / groups, 1, std::max(1, a.rows / (8 * kGemmMr)));
+    const int chunk_rows = ((a.rows + chunks - 1) / chunks + kGemmMr - 1) / kGemmMr * kGemmMr;
+    c.pool->parallel_for(groups * chunks, [&](int64_t t, int th) {
+        const int64_t g = t % groups;
+        const int r0 = (int)(t / groups) * chunk_rows, r1 = std::min(a.rows, r0 + chunk_rows);
+        if (r0 < r1) task(g, r0, r1, th);
+    });
+}
+
+#if G4_GEMM_BF16_NATIVE
+
+constexpr int kNv = kGemmNr / 16;
+
+// 16 floats -> 16 bf16, round to nearest even exactly as f32_to_bf16 (denormals kept, NaN quieted).
+inline __m256i to_bf16x16(__m512 x) {
+    const __m512i u    = _mm512_castps_si512(x);
+    const __m512i lsb  = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i r          = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF))), 16);
+    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFFFF)), _mm512_set1_epi32(0x7F800000));
+    r = _mm512_mask_or_epi32(r, nan, _mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+    return _mm512_cvtepi32_epi16(r);
+}
+
+// xs[rows][kp pairs] = bf16(x[rows, k]) with a zero past an odd k.
+void round_rows(int rows, int kc, const float* x, int64_t ldx, uint16_t* xs, int kp) {
+    for (int i = 0; i < rows; ++i) {
+        const float* s = x + (int64_t)i * ldx;
+        uint16_t* d    = xs + (size_t)i * 2 * kp;
+        int p          = 0;
+        for (; p + 16 <= kc; p += 16) _mm256_storeu_si256((__m256i*)(d + p), to_bf16x16(_mm512_loadu_ps(s + p)));
+        if (p < kc) {
+            const __mmask16 m = (__mmask16)((1u << (kc - p)) - 1u);
+            _mm256_mask_storeu_epi16(d + p, m, to_bf16x16(_mm512_maskz_loadu_ps(m, s + p)));
+        }
+        if (kc & 1) d[kc] = 0;
+    }
+}
+
+// c[MR, cols] (+)= a . b over kp k-pairs: a[i * lda + q] = (x[i][2q], x[i][2q+1]) as bf16 pairs,
+// b[q * kGemmNr + j] = (w[j][2q], w[j][2q+1]) (zero past cols).
+template <int MR>
+void micro(int64_t kp, const uint32_t* a, int64_t lda, const uint32_t* b, float* c, int64_t ldc, int cols, bool accumulate) {
+    __mmask16 m[kNv];
+    for (int v = 0; v < kNv; ++v) m[v] = (__mmask16)((1u << std::clamp(cols - 16 * v, 0, 16)) - 1u);
+    __m512 acc[MR][kNv];
+    for (int i = 0; i < MR; ++i)
+        for (int v = 0; v < kNv; ++v)
+            acc[i][v] = accumulate ? _mm512_maskz_loadu_ps(m[v], c + i * ldc + 16 * v) : _mm512_setzero_ps();
+    for (int64_t q = 0; q < kp; ++q) {
+        __m512bh bv[kNv];
+        for (int v = 0; v < kNv; ++v) bv[v] = (__m512bh)_mm512_loadu_si512(b + q * kGemmNr + 16 * v);
+        for (int i = 0; i < MR; ++i) {
+            const __m512bh av = (__m512bh)_mm512_set1_epi32((int)a[i * lda + q]);
+            for (int v = 0; v < kNv; ++v) acc[i][v] = _mm512_dpbf16_ps(acc[i][v], av, bv[v]);
+        }
+    }
+    for (int i = 0; i < MR; ++i)
+        for (int v = 0; v < kNv; ++v) _mm512_mask_storeu_ps(c + i * ldc + 16 * v, m[v], acc[i][v]);
+}
+
+using MicroFn = void (*)(int64_t, const uint32_t*, int64_t, const uint32_t*, float*, int64_t, int, bool);
+template <int... I> constexpr auto micro_table(std::integer_sequence<int, I...>) {
+    return std::array<MicroFn, sizeof...(I)>{&micro<I + 1>...};
+}
+constexpr auto kMicro = micro_table(std::make_integer_sequence<int, kGemmMr>{});
+
+// Columns [n0, n0 + nt) of W^T, k in [k0, k0 + kc), as k-pairs p[kp][kGemmNr] (zero past nt and past kc).
+void pack_w(const MatmulArgs& a, int64_t n0, int nt, int64_t k0, int kc, uint16_t* p) {
+    const int kp = (kc + 1) / 2;
+    if (nt < kGemmNr || (kc & 1)) std::memset(p, 0, sizeof(uint16_t) * 2 * (size_t)kp * kGemmNr);
+    for (int j = 0; j < nt; ++j) {
+        const int64_t off = (n0 + j) * a.k + k0;
+        uint16_t* d       = p + 2 * j;
+        if (a.dt == DType::BF16) {
+            const uint16_t* s = (const uint16_t*)a.w + off;
+            for (int q = 0; q < kc; ++q) d[(size_t)(q >> 1) * 2 * kGemmNr + (q & 1)] = s[q];
+        } else {
+            for (int q = 0; q < kc; ++q) d[(size_t)(q >> 1) * 2 * kGemmNr + (q & 1)] = weight_bf16(a, off + q);
+        }
+    }
+}
+
+#endif // G4_GEMM_BF16_NATIVE
+
+} // namespace
+
+size_t gemm_bf16_scratch_floats() {
+    const size_t portable = (size_t)kGemmKc * (kGemmNr + kGemmMr);
+    const size_t native   = (size_t)kGemmKc * (kGroup * kGemmNr + kGemmMr) / 2 + 16;
+    return std::max(portable, native);
+}
+
+bool gemm_has_avx512_bf16() {
+#if G4_GEMM_BF16_NATIVE
+    return true;
+#else
+    return false;
+#endif
+}
+
+void matmul_gemm_bf16_portable(const Context& c, const MatmulArgs& a) {
+    if ((a.dt != DType::BF16 && a.dt != DType::F32) || c.scratch_stride < gemm_bf16_scratch_floats() || a.rows < 1) {
+        matmul(c, a);
+        return;
+    }
+    const int64_t strips = (a.n + kGemmNr - 1) / kGemmNr;
+    for_tasks(c, a, strips, [&](int64_t s, int r0, int r1, int th) {
+        const int64_t n0 = s * kGemmNr;
+        const int nt     = (int)std::min<int64_t>(kGemmNr, a.n - n0);
+        float* p         = c.thread_scratch(th);                  // [kc][kGemmNr] bf16-valued weights
+        float* xs        = p + (size_t)kGemmKc * kGemmNr;         // [kGemmMr][kc] bf16-valued activations
+        for (int64_t k0 = 0; k0 < a.k; k0 += kGemmKc) {
+            const int kc = (int)std::min<int64_t>(kGemmKc, a.k - k0);
+            for (int j = 0; j < nt; ++j)
+                for (int q = 0; q < kc; ++q) p[(size_t)q * kGemmNr + j] = bf16_to_f32(weight_bf16(a, (n0 + j) * a.k + k0 + q));
+            for (int r = r0; r < r1; r += kGemmMr) {
+                const int rows = std::min(kGemmMr, r1 - r);
+                for (int i = 0; i < rows; ++i)
+                    for (int q = 0; q < kc; ++q) xs[(size_t)i * kc + q] = bf16_round(a.x[(int64_t)(r + i) * a.ldx + k0 + q]);
+                gemm_block_portable(rows, nt, kc, xs, kc, p, kGemmNr, a.y + (int64_t)r * a.ldy + n0, a.ldy, k0 > 0);
+            }
+        }
+    });
+}
+
+void matmul_gemm_bf16(const Context& c, const MatmulArgs& a) {
+#if G4_GEMM_BF16_NATIVE
+    if ((a.dt != DType::BF16 && a.dt != DType::F32) || c.scratch_stride < gemm_bf16_scratch_floats() || a.rows < 1) {
+        matmul(c, a);
+        return;
+    }
+    const int64_t strips = (a.n + kGemmNr - 1) / kGemmNr;
+    const int64_t groups = (strips + kGroup - 1) / kGroup;
+    for_tasks(c, a, groups, [&](int64_t g, int r0, int r1, int th) {
+        const int s0 = (int)(g * kGroup), ns = (int)std::min<int64_t>(kGroup, strips - s0);
+        uint16_t* panels = (uint16_t*)c.thread_scratch(th);                          // [ns][kGemmKc/2][kGemmNr] pairs
+        uint16_t* xs     = panels + (size_t)kGroup * kGemmKc * kGemmNr;             // [kGemmMr][kGemmKc/2] pairs
+        for (int64_t k0 = 0; k0 < a.k; k0 += kGemmKc) {
+            const int kc = (int)std::min<int64_t>(kGemmKc, a.k - k0), kp = (kc + 1) / 2;
+            for (int s = 0; s < ns; ++s) {
+                const int64_t n0 = (int64_t)(s0 + s) * kGemmNr;
+                pack_w(a, n0, (int)std::min<int64_t>(kGemmNr, a.n - n0), k0, kc, panels + (size_t)s * 2 * kp * kGemmNr);
+            }
+            for (int r = r0; r < r1; r += kGemmMr) {
+                const int rows = std::min(kGemmMr, r1 - r);
+                round_rows(rows, kc, a.x + (int64_t)r * a.ldx + k0, a.ldx, xs, kp);
+                for (int s = 0; s < ns; ++s) {
+                    const int64_t n0 = (int64_t)(s0 + s) * kGemmNr;
+                    const int nt     = (int)std::min<int64_t>(kGemmNr, a.n - n0);
+                    kMicro[rows - 1](kp, (const uint32_t*)xs, kp, (const uint32_t*)(panels + (size_t)s * 2 * kp * kGemmNr),
+                                     a.y + (int64_t)r * a.ldy + n0, a.ldy, nt, k0 > 0);
+                }
+            }
+        }
+    });
+#else
+    matmul_gemm_bf16_portable(c, a);
+#endif
+}
+
+} // namespace g4::cpu
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif

@@ -91,19 +91,25 @@ with wave.open(wav, "wb") as w:
 pcm_read = pcm16.astype(np.float32) / 32768.0
 
 # ---- g4 --------------------------------------------------------------------------------------------
-plan = os.path.join(tmp, "towers.g4plan")
-r = subprocess.run([args.g4, "compile", "--model", ckpt, "--no-fidelity", "-o", plan], capture_output=True, text=True)
-if r.returncode:
-    sys.exit("g4 compile failed:\n" + r.stderr)
-report = r.stderr
+plans = {}
+for prec in ("fp32", "bf16"):
+    plans[prec] = os.path.join(tmp, f"towers_{prec}.g4plan")
+    r = subprocess.run([args.g4, "compile", "--model", ckpt, "--no-fidelity", "--tower-precision", prec, "-o", plans[prec]],
+                       capture_output=True, text=True)
+    if r.returncode:
+        sys.exit("g4 compile failed:\n" + r.stderr)
+    if prec == "fp32":
+        report = r.stderr
 dump = os.path.join(tmp, "soft")
 
 
-def g4_once(kind):
+def g4_once(kind, prec="fp32"):
+    plan = plans[prec]
     flag = ["--image", png] if kind == "image" else ["--audio", wav]
-    if os.path.exists(dump + "." + kind):
-        os.remove(dump + "." + kind)   # the last run's rows are compared below
-    env = dict(os.environ, G4_DUMP_MEDIA=dump + "." + kind)
+    out = dump + "." + kind + ("" if prec == "fp32" else "." + prec)
+    if os.path.exists(out):
+        os.remove(out)   # the last run's rows are compared below
+    env = dict(os.environ, G4_DUMP_MEDIA=out)
     r = subprocess.run([args.g4, "run", plan, *flag, "--tokens", "2", "-n", "0", "--stats", "--threads", str(args.threads)],
                        capture_output=True, text=True, env=env)
     if r.returncode:
@@ -113,10 +119,11 @@ def g4_once(kind):
 
 
 rows = {}
-for kind in ("image", "audio"):
-    g4_once(kind)
-    runs = [g4_once(kind) for _ in range(args.reps)]
-    rows[f"g4 {kind} (CPU, fp32 arithmetic, bf16 weights)"] = {"tokens": runs[0][0], "ms": statistics.median(r[1] for r in runs)}
+for prec, label in (("fp32", "fp32 arithmetic, bf16 weights"), ("bf16", "--tower-precision bf16: bf16 matmul inputs, fp32 sums")):
+    for kind in ("image", "audio"):
+        g4_once(kind, prec)
+        runs = [g4_once(kind, prec) for _ in range(args.reps)]
+        rows[f"g4 {kind} (CPU, {label})"] = {"tokens": runs[0][0], "ms": statistics.median(r[1] for r in runs)}
 
 # ---- transformers ----------------------------------------------------------------------------------
 proc = Gemma4ImageProcessor()
@@ -192,6 +199,16 @@ if os.path.exists(dump + ".audio"):
         parity["audio_error"] = str(e)[:300]
 if os.path.exists(dump + ".audio") and ref is not None:
     parity["audio_rel_l2"] = float(np.linalg.norm(g - ref[: g.shape[0]]) / np.linalg.norm(ref[: g.shape[0]])) if g.shape[0] <= ref.shape[0] else f"shape {g.shape} vs {ref.shape}"
+
+for kind, ref_rows in (("image", hf_img32), ("audio", ref if os.path.exists(dump + ".audio") else None)):
+    path = dump + "." + kind + ".bf16"
+    if ref_rows is None or not os.path.exists(path):
+        continue
+    rr = ref_rows.numpy() if hasattr(ref_rows, "numpy") else ref_rows
+    rr = rr.reshape(-1, tc.hidden_size)
+    g = np.fromfile(path, dtype=np.float32).reshape(-1, tc.hidden_size)
+    if g.shape[0] <= rr.shape[0]:
+        parity[f"{kind}_bf16_rel_l2"] = float(np.linalg.norm(g - rr[: g.shape[0]]) / np.linalg.norm(rr[: g.shape[0]]))
 
 res = {"threads": args.threads, "cpu": os.popen("lscpu | grep 'Model name'").read().strip(), "torch": torch.__version__,
        "transformers": __import__("transformers").__version__, "rows": rows, "parity_vs_transformers_fp32": parity,

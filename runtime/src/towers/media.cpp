@@ -5,6 +5,7 @@
 #include "runtime/src/towers/image.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -89,6 +90,10 @@ g4_status media_create(g4_session* s, std::string* err) {
         max_soft    = std::max(max_soft, towers::audio_soft_tokens(hp, in.max_audio_samples));
     }
     m->max_soft = max_soft;
+    static std::atomic<bool> noted{false};
+    if (in.tower_bf16 && !cpu::gemm_has_avx512_bf16() && !noted.exchange(true))
+        std::fprintf(stderr, "g4: note: this plan's towers use bf16 matmuls (--tower-precision bf16), which this build runs without "
+                             "AVX-512 BF16 instructions: slower than fp32 here; compile with --tower-precision fp32 for this machine\n");
     // Threads: a CPU session's pool; a CUDA session (one-thread pool) gets its own for the towers.
     cpu::ThreadPool* pool = s->pool.get();
     if (!pool || pool->size() < 2) {

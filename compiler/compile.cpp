@@ -24,6 +24,7 @@
 #include "runtime/src/tokenizer.h"
 #include "runtime/src/towers/audio.h"
 #include "runtime/src/towers/image.h"
+#include "runtime/src/towers/media.h"
 #include "runtime/src/towers/vision.h"
 
 #include <algorithm>
@@ -894,11 +895,13 @@ void compile_plan(const CompileOptions& opt, std::ostream& log) {
     {
         const std::string cfg = opt.model_dir + "/config.json";
         const int threads     = cpu::default_thread_count();
-        uint64_t thread_floats = 0;
+        rt::MediaSizing z;   // the towers' session buffers, as media_create allocates them
+        z.hidden   = hp.hidden_size;
+        z.max_rows = opt.max_rows;
+        z.threads  = threads;
         CheckpointLookup ck{*in.ckpt, {}, {}};
         towers::Lookup lookup = [&ck](const std::string& n) { return ck(n); };
-        int64_t soft_max = 0;   // soft tokens of the largest image or clip
-        const int H      = hp.hidden_size;
+        const int H = hp.hidden_size;
         towers::Precision prec = towers::Precision::F32;
         if (std::string e = towers::parse_precision(opt.tower_precision, &prec); !e.empty())
             throw CompileError("--tower-precision: " + e);
@@ -920,10 +923,13 @@ void compile_plan(const CompileOptions& opt, std::ostream& log) {
             towers::VisionTower vt;
             e = vt.init(vh, lookup, max_patches);
             if (!e.empty()) throw CompileError("vision tower of " + opt.model_dir + ": " + e + " (--no-vision leaves the tower out)");
-            const uint64_t pre = towers::preprocess_reserve_bytes(opt.max_image_pixels, opt.image_tokens, patch, k);
-            in.tower_session_bytes += vt.scratch_bytes() + pre + (uint64_t)max_patches * (3 * patch * patch * 4 + 8);
-            thread_floats = std::max<uint64_t>(thread_floats, vt.thread_scratch_floats());
-            soft_max      = std::max<int64_t>(soft_max, opt.image_tokens);
+            z.vision         = true;
+            z.vision_scratch = vt.scratch_bytes();
+            z.resize_scratch = towers::preprocess_reserve_bytes(opt.max_image_pixels, opt.image_tokens, patch, k);
+            z.patch_floats   = (int64_t)max_patches * 3 * patch * patch;
+            z.max_patches    = max_patches;
+            z.thread_floats  = std::max<size_t>(z.thread_floats, vt.thread_scratch_floats());
+            z.max_soft       = std::max(z.max_soft, opt.image_tokens);
             for (auto& n : towers::vision_weight_names(vh)) in.tower_names.push_back(n);
             in.towers_meta["vision"] = {{"config", json::parse(in.mc.vision_config_json)}, {"image_tokens", opt.image_tokens},
                                         {"max_patches", max_patches}, {"max_image_pixels", opt.max_image_pixels},
@@ -942,24 +948,28 @@ void compile_plan(const CompileOptions& opt, std::ostream& log) {
             towers::AudioTower at;
             e = at.init(ah, lookup, max_samples);
             if (!e.empty()) throw CompileError("audio tower of " + opt.model_dir + ": " + e + " (--no-audio leaves the tower out)");
-            in.tower_session_bytes += at.scratch_bytes();
-            thread_floats = std::max<uint64_t>(thread_floats, at.thread_scratch_floats());
-            soft_max      = std::max<int64_t>(soft_max, towers::audio_soft_tokens(ah, max_samples));
+            z.audio         = true;
+            z.audio_scratch = at.scratch_bytes();
+            z.thread_floats = std::max<size_t>(z.thread_floats, at.thread_scratch_floats());
+            z.max_soft      = std::max(z.max_soft, towers::audio_soft_tokens(ah, max_samples));
             for (auto& n : towers::audio_weight_names(ah)) in.tower_names.push_back(n);
             in.towers_meta["audio"] = {{"config", json::parse(in.mc.audio_config_json)}, {"max_samples", max_samples},
                                        {"sample_rate", ah.sample_rate}, {"audio_token_id", in.mc.audio_token_id},
                                        {"boa_token_id", in.mc.boa_token_id}, {"eoa_token_id", in.mc.eoa_token_id}};
         }
         if (!in.tower_names.empty()) {
-            int64_t queue = opt.max_media_tokens > 0 ? opt.max_media_tokens : std::max<int64_t>(2048, soft_max);
+            int64_t queue = opt.max_media_tokens > 0 ? opt.max_media_tokens : std::max<int64_t>(2048, z.max_soft);
             queue         = std::min<int64_t>(queue, in.max_context);
             if (opt.max_media_tokens > in.max_context)
                 throw CompileError("--max-media-tokens " + std::to_string(opt.max_media_tokens) + " exceeds --max-context " + std::to_string(in.max_context));
             in.towers_meta["max_media_tokens"]    = queue;
-            in.towers_meta["thread_scratch_floats"] = thread_floats;
+            in.towers_meta["thread_scratch_floats"] = z.thread_floats;
             in.towers_meta["precision"]             = towers::precision_name(prec);
-            in.tower_session_bytes += (uint64_t)queue * H * 4 + (uint64_t)queue * 4 + thread_floats * 4 * threads;
-            in.towers_meta["session_bytes"] = in.tower_session_bytes;
+            z.queue_rows            = (int32_t)queue;
+            in.tower_session_bytes  = rt::media_block(z).total();   // with this machine's thread count
+            rt::MediaSizing fixed   = z;
+            fixed.threads           = 0;
+            in.towers_meta["session_bytes"] = rt::media_block(fixed).total();   // less the per-thread scratch
         }
         auto where = [&](const char* c, bool has, bool want) {
             place.tower_where[c] = !has ? "not in the checkpoint" : !want ? std::string("left out (--no-") + c + ")" : "cpu";

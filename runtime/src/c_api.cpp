@@ -148,7 +148,9 @@ g4_status g4_engine_open(const char* path, const g4_engine_params* params, g4_en
     int threads      = g4::cpu::default_thread_count();
     e->session_bytes = in.act_arena_bytes + in.kv_arena_bytes +
                        (uint64_t)threads * g4::cpu::scratch_floats_per_thread(in.max_k, in.max_slots) * 4 +
-                       (uint64_t)in.vocab_size * 12 + (uint64_t)in.max_context * 4 + in.tower_session_bytes;
+                       (uint64_t)in.vocab_size * 12 + (uint64_t)in.max_context * 4;
+    if (!in.vision_config.empty() || !in.audio_config.empty())
+        e->session_bytes += in.tower_session_bytes + g4::rt::media_block({.thread_floats = in.tower_thread_floats, .threads = threads}).total();
     e->load_ms = std::chrono::duration<double, std::milli>(g4_clock::now() - t_open).count();
     handle_add(e);
     *out_engine = e;

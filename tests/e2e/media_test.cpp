@@ -4,6 +4,7 @@
 // model (tools/make_vision_fixtures.py, tools/make_audio_fixtures.py). G4_TEST_CUDA=1 runs the same on a
 // CUDA plan (text decoder on the GPU, towers on the CPU).
 #include "g4/g4.h"
+#include "runtime/src/engine.h"
 #include "test_util.h"
 #include "tools/audio_io.h"
 #include "tools/image_io.h"
@@ -91,6 +92,12 @@ TEST_F(Media, PlanCarriesBothTowers) {
     EXPECT_EQ(mi.max_audio_samples, 480000);
     EXPECT_GE(mi.max_queued_tokens, 70);
     EXPECT_NE(report_.find("towers on the CPU"), std::string::npos) << report_;
+    // The compiler's figure for the towers' session buffers (META towers.session_bytes, per-thread scratch
+    // apart) is what the session allocated.
+    json meta = json::parse(engine_->plan.meta_json());
+    const auto& tw = meta.at("towers");
+    EXPECT_EQ(s_->media->block_bytes, tw.at("session_bytes").get<uint64_t>() +
+                                          g4::rt::media_block({.thread_floats = tw.at("thread_scratch_floats").get<size_t>(), .threads = s_->media->ctx.pool->size()}).total());
     CmdResult r = run_g4("inspect '" + plan_ + "'");
     EXPECT_EQ(r.exit_code, 0) << r.err;
 }

@@ -53,7 +53,7 @@ struct ProgramInfo {
     int32_t max_media_tokens = 0;                  // soft tokens a session holds queued
     uint64_t tower_thread_floats = 0;              // per-thread scratch of the towers' CPU kernels
     bool tower_bf16 = false;                       // towers' matmuls in bf16 (META towers "precision": "bf16")
-    uint64_t tower_session_bytes = 0;              // host bytes a session allocates for the towers
+    uint64_t tower_session_bytes = 0;              // host bytes a session allocates for the towers, less their per-thread scratch
     uint64_t towers_begin = 0, towers_end = 0;
 };
 

@@ -31,6 +31,30 @@ bool queue_reserve(MediaQueue& q, int32_t n, int32_t H) {
 
 MediaState::~MediaState() { std::free(block); }
 
+size_t MediaBlock::total() const {
+    size_t t = 0;
+    for (size_t b : bytes) t += b;
+    return t;
+}
+
+MediaBlock media_block(const MediaSizing& z) {
+    MediaBlock b;
+    b.stride = std::max<size_t>(z.thread_floats, 64);
+    const size_t queue = (size_t)z.queue_rows * z.hidden * 4;
+    b.bytes[MediaBlock::VisionScratch] = up(z.vision_scratch);
+    b.bytes[MediaBlock::ResizeScratch] = up(z.resize_scratch);
+    b.bytes[MediaBlock::Patches]       = up((size_t)z.patch_floats * 4);
+    b.bytes[MediaBlock::Positions]     = up((size_t)z.max_patches * 8);
+    b.bytes[MediaBlock::AudioScratch]  = up(z.audio_scratch);
+    b.bytes[MediaBlock::ImageQueue]    = up(z.vision ? queue : 0);
+    b.bytes[MediaBlock::AudioQueue]    = up(z.audio ? queue : 0);
+    b.bytes[MediaBlock::Soft]          = up((size_t)z.max_soft * z.hidden * 4);
+    b.bytes[MediaBlock::ThreadScratch] = up(b.stride * z.threads * 4);
+    b.bytes[MediaBlock::StepRows]      = up((size_t)z.max_rows * 4);
+    b.bytes[MediaBlock::StepSources]   = up((size_t)z.max_rows * sizeof(float*));
+    return b;
+}
+
 bool media_is_placeholder(const g4_session* s, int32_t id) {
     const MediaState* m = s->media.get();
     if (!m) return false;
@@ -59,8 +83,7 @@ g4_status media_create(g4_session* s, std::string* err) {
         auto it = mp->weights.find(n);
         return it == mp->weights.end() ? nullptr : &it->second;
     };
-    size_t vision_bytes = 0, audio_bytes = 0, patch_floats = 0;
-    int32_t max_soft = 0;
+    MediaSizing z;
     if (!in.vision_config.empty()) {
         towers::VisionHParams hp;
         std::string e = towers::parse_vision_hparams(in.vision_config, in.hidden_size, &hp);
@@ -71,10 +94,12 @@ g4_status media_create(g4_session* s, std::string* err) {
             *err = "the plan's vision tower: " + e + " (recompile the plan)";
             return G4_ERR_PLAN_CORRUPT;
         }
-        vision_bytes = m->vision->scratch_bytes();
-        m->pre_bytes = towers::preprocess_reserve_bytes(in.max_image_pixels, in.image_tokens, hp.patch_size, hp.pooling_kernel_size);
-        patch_floats = (size_t)in.max_patches * 3 * hp.patch_size * hp.patch_size;
-        max_soft     = std::max(max_soft, in.image_tokens);
+        z.vision         = true;
+        z.vision_scratch = m->vision->scratch_bytes();
+        z.resize_scratch = towers::preprocess_reserve_bytes(in.max_image_pixels, in.image_tokens, hp.patch_size, hp.pooling_kernel_size);
+        z.patch_floats   = (int64_t)in.max_patches * 3 * hp.patch_size * hp.patch_size;
+        z.max_patches    = in.max_patches;
+        z.max_soft       = std::max(z.max_soft, in.image_tokens);
     }
     if (!in.audio_config.empty()) {
         towers::AudioHParams hp;
@@ -86,10 +111,12 @@ g4_status media_create(g4_session* s, std::string* err) {
             *err = "the plan's audio tower: " + e + " (recompile the plan)";
             return G4_ERR_PLAN_CORRUPT;
         }
-        audio_bytes = m->audio->scratch_bytes();
-        max_soft    = std::max(max_soft, towers::audio_soft_tokens(hp, in.max_audio_samples));
+        z.audio         = true;
+        z.audio_scratch = m->audio->scratch_bytes();
+        z.max_soft      = std::max(z.max_soft, towers::audio_soft_tokens(hp, in.max_audio_samples));
     }
-    m->max_soft = max_soft;
+    m->max_soft  = z.max_soft;
+    m->pre_bytes = z.resize_scratch;
     static std::atomic<bool> noted{false};
     if (in.tower_bf16 && !cpu::gemm_has_avx512_bf16() && !noted.exchange(true))
         std::fprintf(stderr, "g4: note: this plan's towers use bf16 matmuls (--tower-precision bf16), which this build runs without "
@@ -100,43 +127,35 @@ g4_status media_create(g4_session* s, std::string* err) {
         m->own_pool = std::make_unique<cpu::ThreadPool>(cpu::default_thread_count());
         pool        = m->own_pool.get();
     }
-    const size_t stride = std::max<size_t>(in.tower_thread_floats, 64);
-    const int32_t Q     = in.max_media_tokens;
-    const int32_t H     = in.hidden_size;
-    const bool v = (bool)m->vision, a = (bool)m->audio;
-    size_t sizes[] = {up(vision_bytes),
-                      up(m->pre_bytes),
-                      up(patch_floats * 4),
-                      up((size_t)in.max_patches * 8),
-                      up(audio_bytes),
-                      up(v ? (size_t)Q * H * 4 : 0),
-                      up(a ? (size_t)Q * H * 4 : 0),
-                      up((size_t)max_soft * H * 4),
-                      up(stride * pool->size() * 4),
-                      up((size_t)in.max_rows * 4),
-                      up((size_t)in.max_rows * sizeof(float*))};
-    size_t total = 0;
-    for (size_t z : sizes) total += z;
+    z.queue_rows    = in.max_media_tokens;
+    z.hidden        = in.hidden_size;
+    z.max_rows      = in.max_rows;
+    z.thread_floats = in.tower_thread_floats;
+    z.threads       = pool->size();
+    const MediaBlock b = media_block(z);
+    const size_t total = b.total();
     m->block = std::aligned_alloc(kAlign, std::max<size_t>(total, kAlign));
     if (!m->block) {
         *err = "cannot allocate " + std::to_string(total) + " bytes for the towers' buffers";
         return G4_ERR_OUT_OF_MEMORY;
     }
     std::memset(m->block, 0, total);
+    m->block_bytes = total;
+    uint8_t* parts[MediaBlock::kParts];
     uint8_t* at = (uint8_t*)m->block;
-    void* parts[11];
-    for (int i = 0; i < 11; ++i) parts[i] = at, at += sizes[i];
-    m->vision_scratch = parts[0];
-    m->pre_scratch    = parts[1];
-    m->patches        = (float*)parts[2];
-    m->pos            = (int32_t*)parts[3];
-    m->audio_scratch  = parts[4];
-    m->image_q        = {(float*)parts[5], v ? Q : 0, 0, 0};
-    m->audio_q        = {(float*)parts[6], a ? Q : 0, 0, 0};
-    m->soft           = (float*)parts[7];
-    m->ctx            = {pool, (float*)parts[8], stride};
-    m->step_row       = (int32_t*)parts[9];
-    m->step_src       = (const float**)parts[10];
+    for (int i = 0; i < MediaBlock::kParts; ++i) parts[i] = at, at += b.bytes[i];
+    const int32_t Q   = in.max_media_tokens;
+    m->vision_scratch = parts[MediaBlock::VisionScratch];
+    m->pre_scratch    = parts[MediaBlock::ResizeScratch];
+    m->patches        = (float*)parts[MediaBlock::Patches];
+    m->pos            = (int32_t*)parts[MediaBlock::Positions];
+    m->audio_scratch  = parts[MediaBlock::AudioScratch];
+    m->image_q        = {(float*)parts[MediaBlock::ImageQueue], z.vision ? Q : 0, 0, 0};
+    m->audio_q        = {(float*)parts[MediaBlock::AudioQueue], z.audio ? Q : 0, 0, 0};
+    m->soft           = (float*)parts[MediaBlock::Soft];
+    m->ctx            = {pool, (float*)parts[MediaBlock::ThreadScratch], b.stride};
+    m->step_row       = (int32_t*)parts[MediaBlock::StepRows];
+    m->step_src       = (const float**)parts[MediaBlock::StepSources];
     s->media          = std::move(m);
     return G4_OK;
 }

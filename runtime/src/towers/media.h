@@ -29,7 +29,8 @@ struct MediaState {
     std::unique_ptr<towers::AudioTower> audio;
     std::unique_ptr<cpu::ThreadPool> own_pool;       // CUDA sessions (whose pool is one thread)
     cpu::Context ctx;                                // the towers' pool and per-thread scratch
-    void* block = nullptr;                           // one allocation behind every buffer below
+    void* block = nullptr;                           // one allocation behind every buffer below (media_block)
+    size_t block_bytes = 0;
     void* vision_scratch = nullptr;
     void* pre_scratch    = nullptr;
     size_t pre_bytes     = 0;
@@ -45,6 +46,27 @@ struct MediaState {
     const float** step_src = nullptr;                // [max_rows]
     ~MediaState();
 };
+
+// What the towers' buffers of a session are sized from (plan figures; threads: the towers' pool).
+struct MediaSizing {
+    size_t vision_scratch = 0, resize_scratch = 0, audio_scratch = 0;
+    int64_t patch_floats  = 0;   // [max_patches, 3 * patch^2]
+    int32_t max_patches   = 0;
+    bool vision = false, audio = false;
+    int32_t queue_rows = 0, hidden = 0, max_soft = 0, max_rows = 0;
+    size_t thread_floats = 0;   // the towers' per-thread scratch (thread_scratch_floats)
+    int threads          = 0;
+};
+// The one block media_create allocates: its parts in order, each rounded up to 64 bytes. The compiler's
+// memory plan (compiler/compile.cpp) sizes the towers' session buffers with the same function.
+struct MediaBlock {
+    enum Part { VisionScratch, ResizeScratch, Patches, Positions, AudioScratch, ImageQueue, AudioQueue, Soft, ThreadScratch,
+                StepRows, StepSources, kParts };
+    size_t bytes[kParts] = {};
+    size_t stride        = 0;   // floats of per-thread scratch
+    size_t total() const;
+};
+MediaBlock media_block(const MediaSizing& z);
 
 // Binds the plan's towers (if any) and allocates their buffers; s->media stays null for plans without towers.
 g4_status media_create(g4_session* s, std::string* err);

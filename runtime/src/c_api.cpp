@@ -338,10 +338,7 @@ g4_status g4_session_append_tokens(g4_session* s, const int32_t* ids, size_t n, 
         bool on_device = false;
         st = s->cuda ? g4::cuda_rt::run_step(s, rows, s->position, outr, &on_device, &err)
                      : g4::rt::run_step(s, rows, s->position, outr, &err);
-        if (s->media) {
-            if (st == G4_OK) g4::rt::media_commit_step(s, ids + done, rows);
-            s->media->step_n = 0;
-        }
+        g4::rt::media_end_step(s, st == G4_OK);
         if (st == G4_OK && on_device && out_logits) {
             st        = g4::cuda_rt::fetch_logits(s, &err);
             on_device = false;

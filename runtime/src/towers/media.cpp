@@ -55,12 +55,16 @@ MediaBlock media_block(const MediaSizing& z) {
     return b;
 }
 
-bool media_is_placeholder(const g4_session* s, int32_t id) {
-    const MediaState* m = s->media.get();
-    if (!m) return false;
+// The queue whose rows placeholder `id` takes, or null when `id` is not a placeholder of a tower the plan has.
+static MediaQueue* queue_of(const g4_session* s, int32_t id) {
+    MediaState* m  = s->media.get();
     const auto& in = s->engine->plan.info();
-    return (m->vision && id == in.image_token_id) || (m->audio && id == in.audio_token_id);
+    if (m->vision && id == in.image_token_id) return &m->image_q;
+    if (m->audio && id == in.audio_token_id) return &m->audio_q;
+    return nullptr;
 }
+
+bool media_is_placeholder(const g4_session* s, int32_t id) { return s->media && queue_of(s, id); }
 
 g4_status media_create(g4_session* s, std::string* err) {
     const plan::Plan& p = s->engine->plan;
@@ -150,8 +154,8 @@ g4_status media_create(g4_session* s, std::string* err) {
     m->patches        = (float*)parts[MediaBlock::Patches];
     m->pos            = (int32_t*)parts[MediaBlock::Positions];
     m->audio_scratch  = parts[MediaBlock::AudioScratch];
-    m->image_q        = {(float*)parts[MediaBlock::ImageQueue], z.vision ? Q : 0, 0, 0};
-    m->audio_q        = {(float*)parts[MediaBlock::AudioQueue], z.audio ? Q : 0, 0, 0};
+    m->image_q        = {(float*)parts[MediaBlock::ImageQueue], z.vision ? Q : 0};
+    m->audio_q        = {(float*)parts[MediaBlock::AudioQueue], z.audio ? Q : 0};
     m->soft           = (float*)parts[MediaBlock::Soft];
     m->ctx            = {pool, (float*)parts[MediaBlock::ThreadScratch], b.stride};
     m->step_row       = (int32_t*)parts[MediaBlock::StepRows];
@@ -252,10 +256,8 @@ g4_status media_check_tokens(const g4_session* s, const int32_t* ids, size_t n, 
     if (!m) return G4_OK;
     const auto& in = s->engine->plan.info();
     int64_t img = 0, aud = 0;
-    for (size_t i = 0; i < n; ++i) {
-        img += m->vision && ids[i] == in.image_token_id;
-        aud += m->audio && ids[i] == in.audio_token_id;
-    }
+    for (size_t i = 0; i < n; ++i)
+        if (const MediaQueue* q = queue_of(s, ids[i])) (q == &m->image_q ? img : aud)++;
     if (img > m->image_q.queued()) {
         *err = "the tokens hold " + std::to_string(img) + " image placeholders (id " + std::to_string(in.image_token_id) + ") but " +
                std::to_string(m->image_q.queued()) + " image soft tokens are queued; add the images first (g4_session_add_image) "
@@ -273,39 +275,32 @@ g4_status media_check_tokens(const g4_session* s, const int32_t* ids, size_t n, 
 void media_prepare_step(g4_session* s, const int32_t* ids, int32_t rows) {
     MediaState* m = s->media.get();
     if (!m) return;
-    const auto& in = s->engine->plan.info();
-    int32_t hi = m->image_q.head, ha = m->audio_q.head;
-    m->step_n  = 0;
+    m->step_n = 0;
     for (int32_t r = 0; r < rows; ++r) {
-        const float* src = nullptr;
-        if (m->vision && ids[r] == in.image_token_id) src = m->image_q.rows + (size_t)hi++ * m->H;
-        else if (m->audio && ids[r] == in.audio_token_id) src = m->audio_q.rows + (size_t)ha++ * m->H;
-        if (!src) continue;
-        s->ids[r]                 = in.pad_token_id;   // as Hugging Face: the pad row for the lookups (PLE included)
-        m->step_row[m->step_n]    = r;
-        m->step_src[m->step_n++]  = src;
+        MediaQueue* q = queue_of(s, ids[r]);
+        if (!q) continue;
+        s->ids[r]                = s->engine->plan.info().pad_token_id;   // as Hugging Face: the pad row for the lookups (PLE included)
+        m->step_row[m->step_n]   = r;
+        m->step_src[m->step_n++] = q->rows + (size_t)(q->head + q->taken++) * m->H;
     }
 }
 
-void media_commit_step(g4_session* s, const int32_t* ids, int32_t rows) {
+void media_end_step(g4_session* s, bool fed) {
     MediaState* m = s->media.get();
     if (!m) return;
-    const auto& in = s->engine->plan.info();
-    for (int32_t r = 0; r < rows; ++r) {
-        if (m->vision && ids[r] == in.image_token_id) m->image_q.head++;
-        else if (m->audio && ids[r] == in.audio_token_id) m->audio_q.head++;
-    }
-    for (MediaQueue* q : {&m->image_q, &m->audio_q})
+    for (MediaQueue* q : {&m->image_q, &m->audio_q}) {
+        if (fed) q->head += q->taken;
+        q->taken = 0;
         if (q->head == q->tail) q->head = q->tail = 0;
+    }
     m->step_n = 0;
 }
 
 void media_clear(g4_session* s) {
     MediaState* m = s->media.get();
     if (!m) return;
-    m->image_q.head = m->image_q.tail = 0;
-    m->audio_q.head = m->audio_q.tail = 0;
-    m->step_n                         = 0;
+    for (MediaQueue* q : {&m->image_q, &m->audio_q}) q->head = q->tail = q->taken = 0;
+    m->step_n = 0;
 }
 
 } // namespace g4::rt

@@ -15,10 +15,11 @@ struct g4_session;
 
 namespace g4::rt {
 
-// Soft-token rows waiting for their placeholders: rows [head, tail) of rows [cap, H] are queued.
+// Soft-token rows waiting for their placeholders: rows [head, tail) of rows [cap, H] are queued; the step
+// being run takes the first `taken` of them.
 struct MediaQueue {
     float* rows  = nullptr;
-    int32_t cap  = 0, head = 0, tail = 0;
+    int32_t cap  = 0, head = 0, tail = 0, taken = 0;
     int32_t queued() const { return tail - head; }
 };
 
@@ -74,13 +75,14 @@ g4_status media_create(g4_session* s, std::string* err);
 g4_status media_add_image(g4_session* s, const uint8_t* rgb, int32_t width, int32_t height, int32_t* n_tokens, std::string* err);
 // Runs the audio tower over mono samples at the plan's sample rate and queues its soft tokens.
 g4_status media_add_audio(g4_session* s, const float* samples, int64_t n, int32_t* n_tokens, std::string* err);
-// Checks that ids[0..n) hold no more placeholders than are queued; every placeholder id is allowed
-// past the embedding's vocabulary. Sets *has_media when any placeholder is present.
+// Checks that ids[0..n) hold no more placeholders than are queued (placeholder ids may lie past the
+// embedding's vocabulary: they are never looked up).
 g4_status media_check_tokens(const g4_session* s, const int32_t* ids, size_t n, std::string* err);
 // For one step of `rows` ids already in s->ids: replaces placeholders by the pad id and records which
-// queued rows replace their embeddings (consumed by media_commit once the step succeeded).
+// queued rows replace their embeddings. media_end_step after the step: `fed` consumes those rows,
+// otherwise (an error, a cancel) they stay queued.
 void media_prepare_step(g4_session* s, const int32_t* ids, int32_t rows);
-void media_commit_step(g4_session* s, const int32_t* ids, int32_t rows);
+void media_end_step(g4_session* s, bool fed);
 void media_clear(g4_session* s);
 // True if `id` is a placeholder of a tower the plan has.
 bool media_is_placeholder(const g4_session* s, int32_t id);

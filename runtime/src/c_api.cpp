@@ -68,6 +68,19 @@ void* aligned_zalloc(size_t n) {
 
 } // namespace
 
+// One tower call f(&n, &err): its time and soft tokens go to the session's stats.
+template <class F> static g4_status media_call(double* ms, int64_t* tokens, int32_t* out_n_tokens, F&& f) {
+    std::string err;
+    int32_t n    = 0;
+    auto t0      = g4_clock::now();
+    g4_status st = f(&n, &err);
+    if (st != G4_OK) return set_error(st, err);
+    *ms += std::chrono::duration<double, std::milli>(g4_clock::now() - t0).count();
+    *tokens += n;
+    if (out_n_tokens) *out_n_tokens = n;
+    return G4_OK;
+}
+
 extern "C" {
 
 const char* g4_runtime_version(void) { return G4_VERSION_STRING; }
@@ -679,30 +692,16 @@ g4_status g4_engine_get_media_info(const g4_engine* e, g4_media_info* out) {
 g4_status g4_session_add_image(g4_session* s, const uint8_t* rgb, int32_t width, int32_t height, int32_t* out_n_tokens) {
     G4_GUARD_BEGIN
     if (!session_ok(s)) return set_error(G4_ERR_INVALID_ARGUMENT, "g4_session_add_image: invalid or destroyed session");
-    std::string err;
-    int32_t n    = 0;
-    auto t0      = g4_clock::now();
-    g4_status st = g4::rt::media_add_image(s, rgb, width, height, &n, &err);
-    if (st != G4_OK) return set_error(st, err);
-    s->stats.image_ms += std::chrono::duration<double, std::milli>(g4_clock::now() - t0).count();
-    s->stats.image_tokens += n;
-    if (out_n_tokens) *out_n_tokens = n;
-    return G4_OK;
+    return media_call(&s->stats.image_ms, &s->stats.image_tokens, out_n_tokens,
+                      [&](int32_t* n, std::string* err) { return g4::rt::media_add_image(s, rgb, width, height, n, err); });
     G4_GUARD_END
 }
 
 g4_status g4_session_add_audio(g4_session* s, const float* samples, int64_t n_samples, int32_t* out_n_tokens) {
     G4_GUARD_BEGIN
     if (!session_ok(s)) return set_error(G4_ERR_INVALID_ARGUMENT, "g4_session_add_audio: invalid or destroyed session");
-    std::string err;
-    int32_t n    = 0;
-    auto t0      = g4_clock::now();
-    g4_status st = g4::rt::media_add_audio(s, samples, n_samples, &n, &err);
-    if (st != G4_OK) return set_error(st, err);
-    s->stats.audio_ms += std::chrono::duration<double, std::milli>(g4_clock::now() - t0).count();
-    s->stats.audio_tokens += n;
-    if (out_n_tokens) *out_n_tokens = n;
-    return G4_OK;
+    return media_call(&s->stats.audio_ms, &s->stats.audio_tokens, out_n_tokens,
+                      [&](int32_t* n, std::string* err) { return g4::rt::media_add_audio(s, samples, n_samples, n, err); });
     G4_GUARD_END
 }
 

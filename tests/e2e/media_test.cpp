@@ -21,6 +21,15 @@ namespace {
 using namespace g4test;
 using json = nlohmann::json;
 
+// Feeds ids (placeholders included) to s and returns the final logits of every position, [ids, 512]; empty
+// when the call fails (the failure is reported).
+std::vector<float> prompt_logits(g4_session* s, const std::vector<int32_t>& ids) {
+    std::vector<float> got(ids.size() * 512);
+    const g4_status st = g4_session_append_tokens(s, ids.data(), ids.size(), got.data(), got.size());
+    EXPECT_EQ(st, G4_OK) << g4_last_error_message();
+    return st == G4_OK ? got : std::vector<float>();
+}
+
 bool on_cuda() { return std::getenv("G4_TEST_CUDA") && std::string(std::getenv("G4_TEST_CUDA")) == "1"; }
 
 std::vector<int32_t> read_i32(const std::string& path) {
@@ -114,8 +123,8 @@ TEST_F(Media, ImagePromptMatchesHF) {
     std::vector<float> ref = read_f32(fixture("towers/vision/" + e2e.at("logits").at("file").get<std::string>()));
     const size_t V = 512;
     ASSERT_EQ(ref.size(), ids.size() * V);
-    std::vector<float> got(ref.size());
-    ASSERT_EQ(g4_session_append_tokens(s_, ids.data(), ids.size(), got.data(), got.size()), G4_OK) << g4_last_error_message();
+    std::vector<float> got = prompt_logits(s_, ids);
+    ASSERT_EQ(got.size(), ref.size());
     const double err = rel_l2(got.data(), ref.data(), got.size());
     EXPECT_LT(err, on_cuda() ? 2e-3 : 1e-4) << "logits vs HF float32";
     std::printf("image prompt: rel L2 vs HF %.3e over %zu positions\n", err, ids.size());
@@ -131,8 +140,8 @@ TEST_F(Media, AudioPromptMatchesHF) {
     auto ids = e2e.at("ids").get<std::vector<int32_t>>();
     std::vector<float> ref = read_f32(fixture("towers/audio/" + e2e.at("logits").get<std::string>()));
     ASSERT_EQ(ref.size(), ids.size() * 512);
-    std::vector<float> got(ref.size());
-    ASSERT_EQ(g4_session_append_tokens(s_, ids.data(), ids.size(), got.data(), got.size()), G4_OK) << g4_last_error_message();
+    std::vector<float> got = prompt_logits(s_, ids);
+    ASSERT_EQ(got.size(), ref.size());
     const double err = rel_l2(got.data(), ref.data(), got.size());
     EXPECT_LT(err, on_cuda() ? 2e-3 : 1e-4) << "logits vs HF float32";
     std::printf("audio prompt: rel L2 vs HF %.3e over %zu positions\n", err, ids.size());
@@ -166,8 +175,8 @@ TEST_F(Media, TowerLoraMatchesPeft) {
     auto ids = meta.at("e2e").at("ids").get<std::vector<int32_t>>();
     std::vector<float> ref = read_f32(fixture("towers/vision/" + lora.at("logits").get<std::string>()));
     ASSERT_EQ(ref.size(), ids.size() * 512);
-    std::vector<float> got(ref.size());
-    ASSERT_EQ(g4_session_append_tokens(s, ids.data(), ids.size(), got.data(), got.size()), G4_OK) << g4_last_error_message();
+    std::vector<float> got = prompt_logits(s, ids);
+    ASSERT_EQ(got.size(), ref.size());
     const double err = rel_l2(got.data(), ref.data(), got.size());
     std::printf("image prompt with a tower LoRA: rel L2 vs HF + PEFT float32 %.3e\n", err);
     EXPECT_LT(err, on_cuda() ? 2e-3 : 1e-4);
@@ -222,8 +231,8 @@ TEST_F(Media, Bf16TowersStayCloseToHF) {
     ASSERT_EQ(g4_session_add_audio(s, pcm.data(), (int64_t)pcm.size(), &n), G4_OK) << g4_last_error_message();
     auto aids               = ae.at("ids").get<std::vector<int32_t>>();
     std::vector<float> aref = read_f32(fixture("towers/audio/" + ae.at("logits").get<std::string>()));
-    std::vector<float> agot(aref.size());
-    ASSERT_EQ(g4_session_append_tokens(s, aids.data(), aids.size(), agot.data(), agot.size()), G4_OK) << g4_last_error_message();
+    std::vector<float> agot = prompt_logits(s, aids);
+    ASSERT_EQ(agot.size(), aref.size());
     err = rel_l2(agot.data(), aref.data(), agot.size());
     std::printf("audio prompt, bf16 towers: rel L2 vs HF float32 %.3e\n", err);
     EXPECT_LT(err, 2e-2);
@@ -378,8 +387,8 @@ TEST_F(Media, CliPutsTheMediaAfterBos) {
     ids.push_back(501);
     ids.insert(ids.end(), t.begin() + 1, t.end());
     ASSERT_EQ(cli.size(), ids.size() * 512) << "the CLI's prompt has another length";
-    std::vector<float> api(cli.size());
-    ASSERT_EQ(g4_session_append_tokens(s, ids.data(), ids.size(), api.data(), api.size()), G4_OK) << g4_last_error_message();
+    std::vector<float> api = prompt_logits(s, ids);
+    ASSERT_EQ(api.size(), cli.size());
     EXPECT_LT(rel_l2(cli.data(), api.data(), api.size()), 1e-6);
     g4_session_destroy(s);
     g4_engine_close(e);

@@ -62,15 +62,21 @@ std::string compile_fixture(const TempDir& td, const std::string& name, const st
     return plan;
 }
 
+// Opens `plan` and a two-thread session on it (s->s stays null on failure, which is reported).
+void open_session(const std::string& plan, Engine* e, Session* s) {
+    ASSERT_EQ(g4_engine_open(plan.c_str(), nullptr, &e->e), G4_OK) << g4_last_error_message();
+    g4_session_params sp = g4_session_params_default();
+    sp.n_threads         = 2;
+    ASSERT_EQ(g4_session_create(e->e, &sp, &s->s), G4_OK) << g4_last_error_message();
+}
+
 TEST(Runtime, NothingAllocatedAfterSessionCreate) {
     TempDir td;
     std::string plan = compile_fixture(td, "e4b_tiny", "--chunk 8 --logits-rows 4");
     Engine e;
-    ASSERT_EQ(g4_engine_open(plan.c_str(), nullptr, &e.e), G4_OK) << g4_last_error_message();
     Session s;
-    g4_session_params sp = g4_session_params_default();
-    sp.n_threads         = 2;
-    ASSERT_EQ(g4_session_create(e.e, &sp, &s.s), G4_OK);
+    open_session(plan, &e, &s);
+    ASSERT_TRUE(s.s);
     std::vector<int32_t> prompt(30);
     for (int i = 0; i < 30; ++i) prompt[i] = 3 + (i * 37) % 500;
     std::vector<float> logits(30 * 512);
@@ -109,11 +115,9 @@ TEST(Runtime, NothingAllocatedByImagesAndAudio) {
     TempDir td;
     std::string plan = compile_fixture(td, "e2b_tiny", "--image-tokens 70");
     Engine e;
-    ASSERT_EQ(g4_engine_open(plan.c_str(), nullptr, &e.e), G4_OK) << g4_last_error_message();
     Session s;
-    g4_session_params sp = g4_session_params_default();
-    sp.n_threads         = 2;
-    ASSERT_EQ(g4_session_create(e.e, &sp, &s.s), G4_OK);
+    open_session(plan, &e, &s);
+    ASSERT_TRUE(s.s);
     g4_media_info mi{};
     ASSERT_EQ(g4_engine_get_media_info(e.e, &mi), G4_OK);
     ASSERT_TRUE(mi.has_vision && mi.has_audio);

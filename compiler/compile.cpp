@@ -905,10 +905,10 @@ void compile_plan(const CompileOptions& opt, std::ostream& log) {
         towers::Precision prec = towers::Precision::F32;
         if (std::string e = towers::parse_precision(opt.tower_precision, &prec); !e.empty())
             throw CompileError("--tower-precision: " + e);
-        auto need_ids = [&](const char* what, std::initializer_list<std::pair<const char*, int>> ids) {
+        auto need_ids = [&](const char* tower, const char* what, std::initializer_list<std::pair<const char*, int>> ids) {
             for (const auto& [k, v] : ids)
-                if (v < 0) throw CompileError(cfg + ": " + k + " is missing; it is needed to place " + what + " in a prompt (--no-" +
-                                              (std::string(what) == "images" ? "vision" : "audio") + " leaves the tower out)");
+                if (v < 0) throw CompileError(cfg + ": " + k + " is missing; it is needed to place " + what + " in a prompt (--no-" + tower +
+                                              " leaves the tower out)");
         };
         if (in.mc.has_vision && opt.vision) {
             towers::VisionHParams vh;
@@ -917,7 +917,7 @@ void compile_plan(const CompileOptions& opt, std::ostream& log) {
             if (opt.image_tokens != 70 && opt.image_tokens != 140 && opt.image_tokens != 280 && opt.image_tokens != 560 && opt.image_tokens != 1120)
                 throw CompileError("--image-tokens " + std::to_string(opt.image_tokens) + ": expected 70, 140, 280, 560 or 1120 (Gemma 4's image token budgets)");
             if (opt.max_image_pixels < 1) throw CompileError("--max-image-pixels must be positive");
-            need_ids("images", {{"image_token_id", in.mc.image_token_id}, {"boi_token_id", in.mc.boi_token_id}, {"eoi_token_id", in.mc.eoi_token_id}});
+            need_ids("vision", "images", {{"image_token_id", in.mc.image_token_id}, {"boi_token_id", in.mc.boi_token_id}, {"eoi_token_id", in.mc.eoi_token_id}});
             const int k = vh.pooling_kernel_size, patch = vh.patch_size, max_patches = opt.image_tokens * k * k;
             vh.precision = prec;
             towers::VisionTower vt;
@@ -942,7 +942,7 @@ void compile_plan(const CompileOptions& opt, std::ostream& log) {
             if (!e.empty()) throw CompileError(cfg + ": audio_config: " + e + " (--no-audio leaves the tower out)");
             if (!(opt.max_audio_seconds > 0 && opt.max_audio_seconds <= 3600))
                 throw CompileError("--max-audio-seconds must be in (0, 3600]");
-            need_ids("audio", {{"audio_token_id", in.mc.audio_token_id}, {"boa_token_id", in.mc.boa_token_id}, {"eoa_token_id", in.mc.eoa_token_id}});
+            need_ids("audio", "audio", {{"audio_token_id", in.mc.audio_token_id}, {"boa_token_id", in.mc.boa_token_id}, {"eoa_token_id", in.mc.eoa_token_id}});
             const int64_t max_samples = (int64_t)std::llround(opt.max_audio_seconds * ah.sample_rate);
             ah.precision = prec;
             towers::AudioTower at;

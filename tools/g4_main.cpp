@@ -306,10 +306,10 @@ void add_media(const Args& a, g4_engine* e, g4_session* s, std::vector<int32_t>*
     g4_media_info mi{};
     check(g4_engine_get_media_info(e, &mi));
     auto place = [&](int32_t open, int32_t ph, int32_t close, int32_t n, size_t* insert_at) {
+        if (!a.has("-p")) return;
         std::vector<int32_t> block = {open};
         block.insert(block.end(), (size_t)n, ph);
         block.push_back(close);
-        if (!a.has("-p")) return;
         std::vector<int32_t>& p = *prompt;
         for (size_t i = 0; i < p.size(); ++i)
             if (p[i] == ph && (i == 0 || p[i - 1] != open) && (i + 1 == p.size() || p[i + 1] != ph)) {

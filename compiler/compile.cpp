@@ -284,6 +284,7 @@ struct Report {
     uint64_t ple_table_bytes = 0;   // part of weights_bytes; in host memory with --place ple=host
     uint64_t host_weights = 0, host_kv = 0;   // CPU-placed layers: parts of weights_bytes / kv_arena in host memory
     uint64_t tower_weights = 0;                // vision/audio towers: part of weights_bytes, host memory
+    uint64_t vision_begin = 0, vision_end = 0; // the vision tower's weights within WEIGHTS (a GPU vision tower uploads them)
     std::map<int, placement::Figures::Gpu> gpus;   // cross-device plans: per GPU
     cross_device::Stats cross;
     std::string kv_dtype;
@@ -496,6 +497,11 @@ void write_plan(const Inputs& in, const std::string& out_path, Mode mode, Report
     const size_t host_group            = 1 + gpus.size();
     rep->host_weights = wstart[host_group + 1] - wstart[host_group];
     rep->tower_weights = wstart[towers_group + 1] - wstart[towers_group];
+    for (size_t t = n_text_tensors; t < prog.tensors.size(); ++t)   // vision first: contiguous at the towers' start
+        if (tower_group_name(prog.tensors[t].name) == "vision tower") {
+            if (rep->vision_end == 0) rep->vision_begin = off[t];
+            rep->vision_end = off[t] + nbytes[t];
+        }
     rep->host_kv      = kv_arena - kstart[host_group];
 
     // STRINGS, TENSORS, OPS
@@ -579,6 +585,7 @@ void write_plan(const Inputs& in, const std::string& out_path, Mode mode, Report
     if (mode == Mode::Plan && !in.tower_names.empty()) {
         meta["towers"]            = in.towers_meta;
         meta["towers"]["weights"] = {wstart[towers_group], wstart[towers_group + 1]};
+        if (meta["towers"].contains("vision")) meta["towers"]["vision"]["weights"] = {rep->vision_begin, rep->vision_end};
     }
     std::string meta_text = meta.dump(1);
 
@@ -891,7 +898,11 @@ void compile_plan(const CompileOptions& opt, std::ostream& log) {
         }
     }
 
-    // Towers: config and every weight's shape checked now, before any heavy work; they run on the CPU.
+    // Towers: config and every weight's shape checked now, before any heavy work. They run on the CPU; the
+    // vision tower may run on the plan's GPU instead (decided with the memory plan below).
+    uint64_t vision_gpu_bytes = 0;   // its device buffer there
+    rt::MediaSizing zg;              // the towers' host buffers with the vision tower on the GPU
+    std::string vision_gpu_no;       // why it cannot run there ("" = it can)
     {
         const std::string cfg = opt.model_dir + "/config.json";
         const int threads     = cpu::default_thread_count();
@@ -903,8 +914,9 @@ void compile_plan(const CompileOptions& opt, std::ostream& log) {
         towers::Lookup lookup = [&ck](const std::string& n) { return ck(n); };
         const int H = hp.hidden_size;
         towers::Precision prec = towers::Precision::F32;
-        if (std::string e = towers::parse_precision(opt.tower_precision, &prec); !e.empty())
+        if (std::string e = towers::parse_precision(opt.tower_precision.empty() ? "fp32" : opt.tower_precision, &prec); !e.empty())
             throw CompileError("--tower-precision: " + e);
+        size_t vision_host_bytes = 0, audio_thread_floats = 0;
         auto need_ids = [&](const char* tower, const char* what, std::initializer_list<std::pair<const char*, int>> ids) {
             for (const auto& [k, v] : ids)
                 if (v < 0) throw CompileError(cfg + ": " + k + " is missing; it is needed to place " + what + " in a prompt (--no-" + tower +
@@ -923,6 +935,17 @@ void compile_plan(const CompileOptions& opt, std::ostream& log) {
             towers::VisionTower vt;
             e = vt.init(vh, lookup, max_patches);
             if (!e.empty()) throw CompileError("vision tower of " + opt.model_dir + ": " + e + " (--no-vision leaves the tower out)");
+            // The GPU tower: bf16 tensor-core matmuls and the flash kernel (head dims 16..512, powers of two).
+            const int hd = vh.head_dim;
+            if (in.cuda_index < 0) vision_gpu_no = "a CPU plan";
+            else if (opt.weights == "f32")
+                vision_gpu_no = "the GPU vision tower needs bf16 weights, and --weights f32 stores the towers' as f32";
+            else if (opt.tower_precision == "fp32")
+                vision_gpu_no = "--tower-precision fp32 was given, and the GPU vision tower's matmuls are bf16 with fp32 accumulation";
+            else if (hd < 16 || hd > 512 || (hd & (hd - 1)))
+                vision_gpu_no = "its head_dim " + std::to_string(hd) + " has no GPU attention kernel (16..512, powers of two)";
+            vision_gpu_bytes  = vt.gpu_layout().total;
+            vision_host_bytes = vt.gpu_host_scratch_bytes();
             z.vision         = true;
             z.vision_scratch = vt.scratch_bytes();
             z.resize_scratch = towers::preprocess_reserve_bytes(opt.max_image_pixels, opt.image_tokens, patch, k);
@@ -951,6 +974,7 @@ void compile_plan(const CompileOptions& opt, std::ostream& log) {
             z.audio         = true;
             z.audio_scratch = at.scratch_bytes();
             z.thread_floats = std::max<size_t>(z.thread_floats, at.thread_scratch_floats());
+            audio_thread_floats = at.thread_scratch_floats();
             z.max_soft      = std::max(z.max_soft, towers::audio_soft_tokens(ah, max_samples));
             for (auto& n : towers::audio_weight_names(ah)) in.tower_names.push_back(n);
             in.towers_meta["audio"] = {{"config", json::parse(in.mc.audio_config_json)}, {"max_samples", max_samples},
@@ -970,12 +994,23 @@ void compile_plan(const CompileOptions& opt, std::ostream& log) {
             rt::MediaSizing fixed   = z;
             fixed.threads           = 0;
             in.towers_meta["session_bytes"] = rt::media_block(fixed).total();   // less the per-thread scratch
+            zg                = z;
+            zg.vision_scratch = vision_host_bytes;
+            zg.thread_floats  = audio_thread_floats;
         }
         auto where = [&](const char* c, bool has, bool want) {
             place.tower_where[c] = !has ? "not in the checkpoint" : !want ? std::string("left out (--no-") + c + ")" : "cpu";
         };
         where("vision", in.mc.has_vision, opt.vision);
         where("audio", in.mc.has_audio, opt.audio);
+        if (!(in.mc.has_vision && opt.vision)) {
+            if (place.vision_gpu) throw CompileError("--place vision=gpu: the plan has no vision tower (" + place.tower_where["vision"] + ")");
+            place.vision_auto = false;
+        } else if (!vision_gpu_no.empty()) {
+            if (place.vision_gpu) throw CompileError("--place vision=gpu: " + vision_gpu_no + "; --place vision=cpu runs it on the CPU");
+            if (place.vision_auto) place.vision_why = vision_gpu_no;
+            place.vision_auto = false;
+        }
     }
 
     // The exact memory plan (no weight read yet), the placement it fits, the budget check.
@@ -997,6 +1032,9 @@ void compile_plan(const CompileOptions& opt, std::ostream& log) {
         f.gpus                = r.gpus;
         f.tower_weights       = r.tower_weights;
         f.tower_buffers       = in.tower_session_bytes;
+        f.vision_weights      = r.vision_end - r.vision_begin;
+        f.vision_gpu_buffers  = vision_gpu_bytes;
+        f.tower_buffers_vision_gpu = in.tower_names.empty() ? 0 : rt::media_block(zg).total();
         if (place.has_cpu_layers()) {
             f.host_activations        = r.act_arena;
             f.host_scratch_per_thread = r.cpu_scratch_per_thread;
@@ -1036,6 +1074,19 @@ void compile_plan(const CompileOptions& opt, std::ostream& log) {
         rep             = Report();
         write_plan(in, opt.out_path, Mode::Plan, &rep);
         decided = placement::decide(place, figures_of(rep), in.max_context, figures_at, threads);
+    }
+    if (decided->placement.vision_gpu) {   // META and the report: where the vision tower runs, its buffers
+        const std::string dev = "cuda:" + std::to_string(in.cuda_index);
+        in.towers_meta["vision"]["device"]      = dev;
+        in.towers_meta["vision"]["gpu_bytes"]   = vision_gpu_bytes;
+        in.towers_meta["thread_scratch_floats"] = zg.thread_floats;
+        rt::MediaSizing fixed = zg;
+        fixed.threads         = 0;
+        in.towers_meta["session_bytes"]          = rt::media_block(fixed).total();
+        in.tower_session_bytes                   = rt::media_block(zg).total();
+        decided->placement.tower_where["vision"] = dev;
+    } else if (!decided->placement.vision_why.empty() && decided->placement.tower_where["vision"] == "cpu") {
+        decided->placement.tower_where["vision"] = "cpu (" + decided->placement.vision_why + ")";
     }
     const placement::Decision& mem = *decided;
     in.placement_meta = mem.meta();
@@ -1130,10 +1181,17 @@ void compile_plan(const CompileOptions& opt, std::ostream& log) {
     print_memory_plan(log, mem, rep);
     log << "  ops " << rep.n_ops << ", tensors " << rep.n_tensors << "; checkpoint tensors not used by the text decoder: "
         << rep.ignored_text << " (e.g. KV-shared layers' k/v) + " << rep.ignored_other << " (towers left out, if any)\n";
-    if (!in.tower_names.empty())
-        log << "  towers on the CPU: " << (in.towers_meta.contains("vision") ? "vision (" + std::to_string(opt.image_tokens) + " soft tokens an image at most) " : "")
-            << (in.towers_meta.contains("audio") ? "audio " : "") << "- " << human(rep.tower_weights) << " of weights, "
+    if (!in.tower_names.empty()) {
+        const bool vgpu         = in.towers_meta.contains("vision") && in.towers_meta["vision"].contains("device");
+        const std::string vtext = "vision (" + std::to_string(opt.image_tokens) + " soft tokens an image at most) ";
+        const uint64_t vbytes   = vgpu ? rep.vision_end - rep.vision_begin : 0;
+        if (vgpu)
+            log << "  tower on " << in.towers_meta["vision"]["device"].get<std::string>() << ": " << vtext << "- " << human(vbytes)
+                << " of weights (bf16 matmuls), " << human(vision_gpu_bytes) << " of session buffers there\n";
+        log << "  towers on the CPU: " << (in.towers_meta.contains("vision") && !vgpu ? vtext : "")
+            << (in.towers_meta.contains("audio") ? "audio " : "") << "- " << human(rep.tower_weights - vbytes) << " of weights, "
             << human(in.tower_session_bytes) << " of session buffers\n";
+    }
 
     // Fidelity: logits of the plan vs the full-precision (fp32-merged, unquantized) model.
     bool lossy = in.adapter || opt.weights == "nf4" || !opt.quantize_regex.empty();

@@ -427,12 +427,20 @@ Placement resolve(const Request& req, int num_layers, int cuda_index, int gpu_co
         const std::string item = std::string(c) + "=" + it->second.text;
         int d                  = device_of(it->second, item);
         if (d >= 0) budget_for(d, std::string("the ") + c + " tower (--place " + item + ")");
-        if (d >= 0 || it->second.kind == Target::Kind::Host)
-            throw CompileError("not supported by this build: --place " + item + " (the vision and audio towers run on the CPU: " +
-                               c + "=cpu; --no-" + c + " leaves the tower out)");
+        if (it->second.kind == Target::Kind::Host)
+            throw CompileError("--place " + item + ": the " + c + " tower runs on the CPU (" + c + "=cpu)" +
+                               (std::string(c) == "vision" ? " or on the plan's GPU (vision=gpu)" : ""));
+        if (d >= 0 && std::string(c) == "audio")
+            throw CompileError("not supported by this build: --place " + item + " (the audio tower runs on the CPU: audio=cpu; "
+                               "--no-audio leaves the tower out)");
+        if (d >= 0 && d != cuda_index)
+            throw CompileError("not supported by this build: --place " + item + " (the vision tower runs on the plan's GPU, " +
+                               plan_gpu + ", or on the CPU: vision=gpu or vision=cpu)");
         p.towers[c] = it->second.text;
-        p.notes.push_back(item + ": the " + c + " tower runs on the CPU");
+        if (d >= 0) p.vision_gpu = true;
+        p.notes.push_back(item + ": the " + c + " tower runs on " + (d >= 0 ? plan_gpu : std::string("the CPU")));
     }
+    p.vision_auto = cuda_index >= 0 && !req.place.components.count("vision");
     if (!p.gpu_budgets.empty()) {
         std::string unused;
         const std::vector<int> used = p.gpus();
@@ -486,6 +494,7 @@ std::vector<DeviceMemory> memory_plan(const Figures& f, const Placement& p, bool
     }
     std::map<int, DeviceMemory> gpu;
     DeviceMemory& g = gpu[p.cuda_index];
+    const uint64_t vision_w = p.vision_gpu ? f.vision_weights : 0;   // moved from the host to the plan's GPU
     if (f.gpus.empty()) {
         g.parts = {{"weights", f.weights - f.host_weights - f.tower_weights - (ple_host ? f.ple_table : 0)},
                    {"activations", f.activations},
@@ -498,11 +507,14 @@ std::vector<DeviceMemory> memory_plan(const Figures& f, const Placement& p, bool
                             {kv, x.kv},
                             {"workspaces", x.workspace}};
     }
+    if (p.vision_gpu) gpu[p.cuda_index].parts.push_back({"vision tower", f.vision_weights + f.vision_gpu_buffers});
     DeviceMemory h;
     h.device = "host";
     h.parts  = {{"pinned buffers", f.pinned}};
     if (ple_host) h.parts.push_back({"PLE table", f.ple_table});
-    if (f.tower_weights) h.parts.push_back({"towers' weights", f.tower_weights}), h.parts.push_back({"towers' buffers", f.tower_buffers});
+    if (f.tower_weights > vision_w)
+        h.parts.push_back({"towers' weights", f.tower_weights - vision_w}),
+            h.parts.push_back({"towers' buffers", p.vision_gpu ? f.tower_buffers_vision_gpu : f.tower_buffers});
     if (p.has_cpu_layers()) {
         h.parts.push_back({"CPU layers' weights", f.host_weights});
         h.parts.push_back({"CPU layers' " + kv, f.host_kv});
@@ -523,8 +535,55 @@ std::vector<DeviceMemory> memory_plan(const Figures& f, const Placement& p, bool
     return out;
 }
 
-Decision decide(const Placement& p, const Figures& f, int max_context,
-                const std::function<Figures(int)>& figures_at, int threads) {
+namespace {
+struct NoFit {};   // decide_fixed(quick): the placement does not fit (no message built)
+
+Decision decide_fixed(const Placement& p, const Figures& f, int max_context, const std::function<Figures(int)>& figures_at,
+                      int threads, bool quick);
+} // namespace
+
+// With vision_auto, the vision tower goes on the GPU when it fits there; the PLE table on the GPU comes
+// first (it is read every token, the tower once an image), so the order tried is: both on the GPU, the
+// tower on the CPU, the PLE table in host memory with the tower on the GPU, both off the GPU.
+Decision decide(const Placement& p, const Figures& f, int max_context, const std::function<Figures(int)>& figures_at, int threads) {
+    if (!p.vision_auto) return decide_fixed(p, f, max_context, figures_at, threads, false);
+    Placement on = p, off = p;
+    on.vision_gpu = true, on.vision_auto = false;
+    off.vision_gpu = false, off.vision_auto = false;
+    std::optional<Decision> with;
+    try {
+        with = decide_fixed(on, f, max_context, figures_at, threads, true);
+    } catch (const NoFit&) {
+    }
+    if (with && !(p.ple_auto && with->placement.ple_host)) {
+        with->placement.notes.push_back("the vision tower runs on " + cuda(p.cuda_index) +
+                                        " (chosen automatically: it fits; --place vision=cpu keeps it on the CPU)");
+        return *with;
+    }
+    const DeviceMemory g = memory_plan(f, on, false, threads)[0];
+    const std::string why = g.budget && g.need() > *g.budget ? "with it on " + g.device + " the plan needs " + human(g.need()) + " but " +
+                                                                   g.budget_flag + " was given"
+                                                             : "with it on " + g.device + " the plan does not fit the budgets given";
+    std::optional<Decision> without;
+    try {
+        without = decide_fixed(off, f, max_context, figures_at, threads, true);
+    } catch (const NoFit&) {
+    }
+    if (without && !without->placement.ple_host) {
+        without->placement.vision_why = why;
+        return *without;
+    }
+    if (with) return *with;
+    if (without) {
+        without->placement.vision_why = why;
+        return *without;
+    }
+    return decide_fixed(off, f, max_context, figures_at, threads, false);   // throws the refusal with its figures
+}
+
+namespace {
+Decision decide_fixed(const Placement& p, const Figures& f, int max_context, const std::function<Figures(int)>& figures_at,
+                      int threads, bool quick) {
     const std::vector<bool> tries =
         p.ple_auto ? std::vector<bool>{false, true} : std::vector<bool>{p.ple_host};
     std::vector<std::vector<DeviceMemory>> tried;
@@ -542,6 +601,7 @@ Decision decide(const Placement& p, const Figures& f, int max_context,
         }
         tried.push_back(std::move(mem));
     }
+    if (quick) throw NoFit{};
 
     // Refused: both figures, the smallest budget that fits, and the --max-context that would.
     std::string msg;
@@ -624,6 +684,7 @@ Decision decide(const Placement& p, const Figures& f, int max_context,
     }
     throw CompileError(msg);
 }
+} // namespace
 
 bool layers_placed(const Request& req) { return !req.place.layers.empty() || req.place.layers_all.has_value(); }
 

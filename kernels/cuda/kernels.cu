@@ -685,7 +685,8 @@ extern "C" __global__ void g4_attention_partial(const Step* s, const float* q, l
 // and O += P.V are mma.sync m16n8k16 with an online softmax in fp32 (log2 domain).
 // grid (ceil(rows / (64 / HW)), heads / HW), block 128 * DIM / DV, dynamic shared memory
 // FlashShape<DIM>::SMEM bytes (<= 99 KiB: sm_86/sm_89 fit). q [rows, heads*DIM] (ld ldq), caches
-// [slots, kv_heads*DIM] of dtype kvdt, y [rows, ld ldy].
+// [slots, kv_heads*DIM] of dtype kvdt, y [rows, ld ldy]. window > 0: sliding causal; 0: causal;
+// < 0: bidirectional over the step's rows (keys in slots 0..rows-1, pos0 0: the vision tower).
 __device__ __forceinline__ void ldsm_x4(u32* r, const u16* p) {
     u32 a = (u32)__cvta_generic_to_shared(p);
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -795,7 +796,9 @@ __device__ void attn_flash(const Step* s, const float* q, long ldq, const void* 
         int w = j / 16, r = r0 + 16 * (w / HW) + j % 16;
         return r < rows ? q + (long)r * ldq + (long)(blockIdx.y * HW + w % HW) * DIM : nullptr;
     });
-    const int p_last = pos0 + min(rows, r0 + RB) - 1;
+    // window < 0: bidirectional over the step's rows (the vision tower): every query sees keys 0..rows-1.
+    const bool bidir = window < 0;
+    const int p_last = bidir ? pos0 + rows - 1 : pos0 + min(rows, r0 + RB) - 1;
     const int k_lo   = window > 0 ? max(0, pos0 + r0 - window + 1) : 0;
     const int qa = pos0 + wr0 + g, qb = qa + 8;                    // this thread's two query positions
     const int wp0 = pos0 + wr0, wp1 = pos0 + min(wr0 + 15, rows - 1);
@@ -812,7 +815,7 @@ __device__ void attn_flash(const Step* s, const float* q, long ldq, const void* 
         if (kvdt == G4_DT_BF16) stage_kv_bf16<DIM, NT>(Ks, Vs, QS, VS, BK, (const u16*)kc, (const u16*)vc, koff);
         else stage_kv<DIM, NT>(Ks, Vs, QS, VS, BK, (const float*)kc, (const float*)vc, koff);
         __syncthreads();
-        if (wr0 >= rows || kt > wp1 || (window > 0 && kt + BK - 1 < wp0 - window + 1)) continue;   // tile masked for the warp
+        if (wr0 >= rows || (!bidir && (kt > wp1 || (window > 0 && kt + BK - 1 < wp0 - window + 1)))) continue;   // tile masked for the warp
         float sc[BK / 8][4];
 #pragma unroll
         for (int i = 0; i < BK / 8; ++i) sc[i][0] = sc[i][1] = sc[i][2] = sc[i][3] = 0.0f;
@@ -835,7 +838,7 @@ __device__ void attn_flash(const Step* s, const float* q, long ldq, const void* 
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const int kp = kt + i * 8 + 2 * t4 + (e & 1), qp = e < 2 ? qa : qb;
-                const bool ok = kp <= qp && (window <= 0 || kp > qp - window);
+                const bool ok = bidir ? kp <= p_last : kp <= qp && (window <= 0 || kp > qp - window);
                 sc[i][e] = ok ? sc[i][e] * sl2 : NEG_INF;
                 mt[e >> 1] = fmaxf(mt[e >> 1], sc[i][e]);
             }
@@ -1619,4 +1622,53 @@ extern "C" __global__ void g4_add_bias(const Step* s, float* y, long ldy, const 
     int t = blockIdx.x, i = blockIdx.y * blockDim.x + threadIdx.x;
     if (t >= s->rows || i >= n) return;
     y[(long)t * ldy + i] += bias[i];
+}
+
+// ---- vision tower on the GPU (runtime/src/cuda/vision.cpp; the reference is the CPU tower,
+// runtime/src/towers/vision.cpp). Launched outside the decode graph; rows are the image's patches.
+
+// x = 2 * (x - 0.5) over n floats (HF's pixel scaling). grid ceil(n / 256), block 256.
+extern "C" __global__ void g4_vt_pixels(float* x, long n) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] = 2.0f * (x[i] - 0.5f);
+}
+
+// z[i, :H] += table[0, pos[i].x, :] + table[1, pos[i].y, :] (table [2, P, H] of dtype tdt). grid (rows,
+// ceil(H / 256)), block 256.
+extern "C" __global__ void g4_vt_posemb(float* z, const int* pos, const void* table, int tdt, int H, int P) {
+    const int i = blockIdx.x, e = blockIdx.y * blockDim.x + threadIdx.x;
+    if (e >= H) return;
+    const long ox = (long)pos[2 * i] * H + e, oy = ((long)P + pos[2 * i + 1]) * H + e;
+    z[(long)i * H + e] += loadw(table, tdt, ox) + loadw(table, tdt, oy);
+}
+
+// y[r, :cols] = min(max(x[r, :cols], lo), hi). grid (rows, ceil(cols / 256)), block 256.
+extern "C" __global__ void g4_vt_clamp(const float* x, long ldx, float* y, long ldy, int cols, float lo, float hi) {
+    const int r = blockIdx.x, c = blockIdx.y * blockDim.x + threadIdx.x;
+    if (c < cols) y[(long)r * ldy + c] = fminf(fmaxf(x[(long)r * ldx + c], lo), hi);
+}
+
+// 2-D RoPE in place: within each head of D channels, [0, D/2) rotate with pos.x and [D/2, D) with pos.y,
+// rotate-half pairs (m, m + D/4), inv_freq[m] = 1 / theta^(2m / (D/2)). grid (rows, heads), block D/2.
+extern "C" __global__ void g4_vt_rope2d(float* x, long ldx, const int* pos, int D, float theta) {
+    const int i = blockIdx.x, q = D / 4, axis = threadIdx.x / q, m = threadIdx.x % q;
+    if (threadIdx.x >= D / 2) return;
+    float* h        = x + (long)i * ldx + (long)blockIdx.y * D + axis * (D / 2);
+    const float inv = 1.0f / powf(theta, (float)(2 * m) / (float)(D / 2));
+    float sn, cs;
+    sincosf((float)pos[2 * i + axis] * inv, &sn, &cs);
+    const float x0 = h[m], x1 = h[m + q];
+    h[m]     = x0 * cs - x1 * sn;
+    h[m + q] = x1 * cs + x0 * sn;
+}
+
+// Average pooling into cells and the sqrt(hidden) scale: y[c, e] = root * sum_j w * z[idx[c, j], e] over
+// the cell's kk patches in increasing patch order (the CPU tower's order). grid (cells, ceil(H / 256)),
+// block 256.
+extern "C" __global__ void g4_vt_pool(const float* z, const int* idx, int kk, int H, float w, float root, float* y) {
+    const int c = blockIdx.x, e = blockIdx.y * blockDim.x + threadIdx.x;
+    if (e >= H) return;
+    float acc = 0.0f;
+    for (int j = 0; j < kk; ++j) acc += w * z[(long)idx[c * kk + j] * H + e];
+    y[(long)c * H + e] = acc * root;
 }

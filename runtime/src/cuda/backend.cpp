@@ -6,6 +6,7 @@
 #include "runtime/src/cuda/cublas.h"
 #include "runtime/src/cuda/driver.h"
 #include "runtime/src/cuda/kernel_args.h"
+#include "runtime/src/cuda/state.h"
 #include "runtime/src/cuda/workspace.h"
 #include "runtime/src/engine.h"
 #include "runtime/src/executor.h"
@@ -30,109 +31,6 @@ using plan::TensorKind;
 using plan::CudaLaunch;
 using plan::LaunchKind;
 
-struct Kernels {
-    CUfunction embed, mm_bf16, mm_f32, mm_nf4, gemm_bf16, gemm_nf4, gemv_bf16, gemv_nf4, tc_bf16, tc_nf4, rms, elem, rope, kv, attn_part, attn_merge, argmax;
-    CUfunction gemv[2][5][2];   // [nf4][lanes per row 8..128][pairs]
-    CUfunction resnorm, qkv_post, attn_decode, attn_decode_bf16, nf4_to_bf16, f32_to_bf16, add_bias;
-    CUfunction copy_f32, penalize, topk_round, softmax_partial;   // GPU sampling
-    CUfunction flash[6];        // g4_attn_flash_d<kFlashDims[i]>
-};
-
-
-
-// One GPU of the plan (plan info().gpus; a plan whose layers span GPUs has several, the plan's GPU
-// first): its context, kernels and the weights it uploads.
-struct Gpu {
-    int index     = 0;   // CUDA device index
-    CUdevice dev  = 0;
-    CUcontext ctx = nullptr;
-    CUmodule mod  = nullptr;
-    Kernels k{};
-    CUdeviceptr weights    = 0;
-    uint64_t weights_bytes = 0;   // on the device
-    // Plan weight bytes [begin, end) live at weights + at: the plan's ranges for this GPU, less the
-    // PLE table with ple=host.
-    struct Seg { uint64_t begin, end, at; };
-    std::vector<Seg> segs;
-    std::string name;
-    int sm = 0;
-};
-
-struct EngineState {
-    const Driver* d = nullptr;
-    std::vector<Gpu> gpus;
-    // ple=host: the PLE table lives in pinned, device-mapped host memory, read by the plan's GPU.
-    int32_t ple_tensor = -1;
-    void* ple_host = nullptr;
-    CUdeviceptr ple_dev = 0;
-};
-
-// One GPU's part of a session: its stream and device memory (a whole activation arena, its part of
-// the KV arena, step buffer, attention and cuBLAS workspaces).
-struct Lane {
-    Gpu* g          = nullptr;
-    CUstream stream = nullptr;
-    CUdeviceptr act = 0, kv = 0, step = 0, part = 0, scores = 0;
-    CUdeviceptr wscratch = 0, xscratch = 0, cublas_ws = 0;   // cuBLAS tier: bf16 weights / activations, workspace
-    cublas::Handle blas_h = nullptr;
-    uint64_t kv_begin = 0;                                   // plan KV offset of kv
-    CUevent done      = nullptr;                             // recorded where the step moves on to another GPU
-};
-
-struct SessionState {
-    EngineState* e = nullptr;
-    std::vector<Lane> lanes;      // engine gpus order: lanes[0] is the plan's GPU (embeddings, LM head, sampling)
-    Lane* cur = nullptr;          // the lane work is being enqueued on
-    const cublas::Lib* blas = nullptr;
-    struct Step { int rows, pos0, out_rows, pad; };
-    Step* host_step  = nullptr;   // pinned
-    int32_t* host_tok = nullptr;  // pinned: the decode step's argmax
-    CUdeviceptr tok   = 0;        // device: the decode step's argmax (+ its block partials and counter)
-    int32_t* host_ids = nullptr;  // pinned [max_rows]
-    float* host_logits = nullptr; // pinned [logits_rows, vocab]
-    // GPU sampling (device_topk): penalised logits [vocab], two round buffers of candidates (values
-    // [C] then indices [C] each, C = cuda_ws::topk_candidates), penalised tokens [max_context]; pinned
-    // history [max_context] and result (values [kTopkMax], indices [kTopkMax]).
-    CUdeviceptr samp_logits = 0, samp_hist = 0, cand[2] = {0, 0};
-    CUdeviceptr soft = 0;         // g4_softmax_partial's (max, sum) per block; pinned host copy host_soft
-    double* host_soft = nullptr;
-    uint64_t n_cand        = 0;
-    int32_t* host_hist     = nullptr;
-    float* host_cand       = nullptr;
-    std::vector<int> splits;      // per op (attention)
-    std::vector<char> reuse_x;    // per op: a cuBLAS-tier matmul whose bf16 input is already in xscratch
-    std::vector<int> lane_of;     // per op: its lane (-1: a CPU op or a copy step)
-    CUgraph graph = nullptr;
-    CUgraphExec exec = nullptr;
-    std::string graph_error;      // why the decode graph could not be captured (then steps run eagerly)
-    bool graph_noted = false;     // graph_error reported on stderr once
-    bool pdl_ok = false;          // sm_90+ and the driver has cuLaunchKernelEx (G4_PDL=0 turns it off)
-    bool pdl_now = false;         // launches go out with programmatic stream serialization (decode capture)
-    mutable bool after_node = false;   // the last thing enqueued was a copy or host function: next launch plain
-    // Plans with CPU-placed layers: each maximal run of CPU ops is one host function in the stream
-    // (runs[run_of[first op]]); the CPU ops work on a pinned host copy of the activation arena and a
-    // host KV arena (the plan's KV offsets from kv_host_begin on).
-    struct HostRun { g4_session* s; size_t first, end; };
-    std::vector<HostRun> runs;
-    std::vector<int> run_of;      // per op: index into runs, -1 if not the first op of a run
-    void* host_act = nullptr;     // pinned [act_arena_bytes]
-    void* host_kv  = nullptr;     // [kv_arena_bytes - kv_host_begin]
-    float* host_scratch = nullptr;
-    std::atomic<bool> host_failed{false};
-    std::string host_error;       // written by the host function that failed, read after the stream syncs
-    bool profile = false;
-    double prof_ms[20][2] = {};   // per op code; 16.. fused launch kinds
-    long prof_n[20][2] = {};
-    std::chrono::steady_clock::time_point prof_t;
-    // G4_CUDA_PROFILE=1, decode: an event after every launch of the captured graph; GPU time per
-    // launch label (kind and op name without the layer), summed over replays.
-    std::vector<CUevent> ev;
-    std::vector<std::string> ev_label;
-    std::vector<std::pair<std::string, double>> ev_ms;
-    long ev_steps = 0;
-    double ev_total_ms = 0;
-};
-
 namespace {
 
 #define CU_TRY(expr, what)                                                          \
@@ -150,11 +48,12 @@ using cuda_ws::kArgmaxBlocks;
 using cuda_ws::kArgmaxBytes;
 using cuda_ws::attention_splits;
 
+} // namespace
+
 // One kernel launch on the session's stream; with programmatic dependent launch (decode graph,
 // sm_90+) the kernel may start while its predecessor drains: every kernel calls griddepcontrol.wait
 // before touching activations, so only weight prefetches overlap.
-CUresult launch(const SessionState* st, CUfunction f, unsigned gx, unsigned gy, unsigned bx, void** args, unsigned gz = 1,
-                unsigned smem = 0) {
+CUresult launch(const SessionState* st, CUfunction f, unsigned gx, unsigned gy, unsigned bx, void** args, unsigned gz, unsigned smem) {
     const Driver* d = st->e->d;
     const bool plain = !st->pdl_now || st->after_node;
     st->after_node   = false;
@@ -167,7 +66,6 @@ CUresult launch(const SessionState* st, CUfunction f, unsigned gx, unsigned gy, 
     return d->cuLaunchKernelEx(&c, f, args, nullptr);
 }
 
-} // namespace
 
 namespace {
 
@@ -231,6 +129,12 @@ g4_status open_gpu(const plan::Plan& p, EngineState* st, Gpu& g, const plan::Pro
         {&k.add_bias, "g4_add_bias"}, {&k.copy_f32, "g4_copy_f32"}, {&k.penalize, "g4_penalize"},
         {&k.topk_round, "g4_topk_round"}, {&k.softmax_partial, "g4_softmax_partial"}};
     for (auto& f : fns) CU_TRY(d->cuModuleGetFunction(f.f, g.mod, f.n), std::string("kernel ") + f.n);
+    if (p.info().vision_gpu && g.index == p.cuda_device()) {
+        struct { CUfunction* f; const char* n; } vt[] = {{&k.vt_pixels, "g4_vt_pixels"}, {&k.vt_posemb, "g4_vt_posemb"},
+                                                         {&k.vt_clamp, "g4_vt_clamp"},   {&k.vt_rope2d, "g4_vt_rope2d"},
+                                                         {&k.vt_pool, "g4_vt_pool"}};
+        for (auto& f : vt) CU_TRY(d->cuModuleGetFunction(f.f, g.mod, f.n), std::string("kernel ") + f.n);
+    }
     for (int i = 0; i < 6; ++i) {
         const int dim = kFlashDims[i];
         std::string n = flash_kernel_name(dim);
@@ -285,8 +189,18 @@ g4_status engine_open(g4_engine* e, std::string* err) {
     st->gpus.resize(in.gpus.size());
     for (size_t g = 0; g < in.gpus.size(); ++g) {
         st->gpus[g].index = in.gpus[g].index;
-        g4_status r = open_gpu(p, st.get(), st->gpus[g], in.gpus[g], in.act_arena_bytes + in.gpus[g].kv_end - in.gpus[g].kv_begin, err);
+        // The plan's GPU also holds the vision tower's weights and a session's buffer for it, if placed there.
+        const uint64_t vision = g == 0 && in.vision_gpu ? in.vision_end - in.vision_begin + in.vision_gpu_bytes : 0;
+        g4_status r = open_gpu(p, st.get(), st->gpus[g], in.gpus[g], in.act_arena_bytes + in.gpus[g].kv_end - in.gpus[g].kv_begin + vision, err);
         if (r != G4_OK) return r;
+    }
+    if (in.vision_gpu) {
+        const uint64_t bytes = in.vision_end - in.vision_begin;
+        CU_TRY(d->cuCtxSetCurrent(st->gpus[0].ctx), "cuCtxSetCurrent");
+        CU_TRY(d->cuMemAlloc(&st->vision_w, bytes), "allocating " + std::to_string(bytes >> 20) + " MiB for the vision tower's weights on GPU " +
+                                                        std::to_string(st->gpus[0].index));
+        CU_TRY(d->cuMemcpyHtoD(st->vision_w, p.weights_base() + in.vision_begin, bytes), "uploading the vision tower's weights");
+        st->vision_bytes = bytes;
     }
     // Direct copies between the GPUs where they allow them (else the driver stages them).
     for (Gpu& a : st->gpus)
@@ -315,6 +229,7 @@ void engine_close(EngineState* st) {
             if (!g.ctx) continue;
             st->d->cuCtxSetCurrent(g.ctx);
             if (g.weights) st->d->cuMemFree(g.weights);
+            if (&g == &st->gpus[0] && st->vision_w) st->d->cuMemFree(st->vision_w);
             if (g.mod) st->d->cuModuleUnload(g.mod);
         }
         if (st->ple_host) st->d->cuMemFreeHost(st->ple_host);
@@ -328,7 +243,7 @@ uint64_t engine_device_bytes(const EngineState* st) {
     uint64_t b = 0;
     if (st)
         for (const Gpu& g : st->gpus) b += g.weights_bytes;
-    return b;
+    return b + (st ? st->vision_bytes : 0);
 }
 
 g4_status session_create(g4_session* s, std::string* err) {
@@ -437,6 +352,11 @@ g4_status session_create(g4_session* s, std::string* err) {
             i = j;
         }
     }
+    if (in.vision_gpu) {
+        CU_TRY(d->cuCtxSetCurrent(st->lanes[0].g->ctx), "cuCtxSetCurrent");
+        CU_TRY(d->cuMemAlloc(&st->vision_buf, std::max<uint64_t>(256, in.vision_gpu_bytes)),
+               "allocating the vision tower's buffers (" + std::to_string(in.vision_gpu_bytes >> 20) + " MiB)");
+    }
     st->n_cand = ws0.candidates;
     for (CUdeviceptr& c : st->cand) CU_TRY(d->cuMemAlloc(&c, ws0.candidates * 8), "allocating the sampler's candidates");
     CU_TRY(d->cuMemAlloc(&st->samp_logits, ws0.vocab * 4), "allocating the sampler's logits");
@@ -509,7 +429,7 @@ void session_destroy(SessionState* st) {
         if (ev) d->cuEventDestroy(ev);
     if (st->exec) d->cuGraphExecDestroy(st->exec);
     if (st->graph) d->cuGraphDestroy(st->graph);
-    for (CUdeviceptr ptr : {st->tok, st->cand[0], st->cand[1], st->samp_logits, st->samp_hist, st->soft})
+    for (CUdeviceptr ptr : {st->tok, st->cand[0], st->cand[1], st->samp_logits, st->samp_hist, st->soft, st->vision_buf})
         if (ptr) d->cuMemFree(ptr);
     for (Lane& ln : st->lanes) {
         d->cuCtxSetCurrent(ln.g->ctx);

@@ -8,6 +8,9 @@
 
 struct g4_engine;
 struct g4_session;
+namespace g4::towers {
+class VisionTower;
+}
 
 namespace g4::cuda_rt {
 
@@ -44,6 +47,13 @@ struct RowNorm {
 };
 g4_status device_topk(g4_session* s, int32_t k, float temperature, float penalty, const int32_t* tokens, int32_t n_tokens,
                       const float** values, const int32_t** indices, RowNorm* norm, std::string* err);
+
+// Runs the vision tower on the plan's GPU (plans with info().vision_gpu): patches [n_patches, 3*patch^2]
+// and pos [n_patches, 2] as for VisionTower::forward, host_scratch [2 * max_patches] int32; writes the
+// soft tokens out [*n_soft, text hidden] on the host. Blocks until they are there. Positions are checked
+// (G4_ERR_INVALID_ARGUMENT with the CPU tower's message); a CUDA error names the failing step.
+g4_status vision_forward(g4_session* s, const towers::VisionTower& vt, const float* patches, const int32_t* pos, int n_patches,
+                         int32_t* host_scratch, float* out, int* n_soft, std::string* err);
 
 struct EngineDeleter { void operator()(EngineState* p) const { engine_close(p); } };
 struct SessionDeleter { void operator()(SessionState* p) const { session_destroy(p); } };

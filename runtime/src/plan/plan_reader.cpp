@@ -174,6 +174,15 @@ g4_status Plan::load(const std::string& path, bool verify_weights, std::string* 
                 info_.image_token_id  = v.at("image_token_id").get<int32_t>();
                 info_.boi_token_id    = v.at("boi_token_id").get<int32_t>();
                 info_.eoi_token_id    = v.at("eoi_token_id").get<int32_t>();
+                const std::string dev = v.value("device", std::string("cpu"));   // absent in older plans
+                if (dev != "cpu") {
+                    if (device_ != "cuda" || dev != "cuda:" + std::to_string(cuda_device_))
+                        return fail(CORRUPT, "bad metadata: vision tower device '" + dev + "'" + recompile, err);
+                    info_.vision_gpu       = true;
+                    info_.vision_begin     = v.at("weights").at(0).get<uint64_t>();
+                    info_.vision_end       = v.at("weights").at(1).get<uint64_t>();
+                    info_.vision_gpu_bytes = v.at("gpu_bytes").get<uint64_t>();
+                }
             }
             if (tw.contains("audio")) {
                 const auto& a           = tw.at("audio");
@@ -186,7 +195,9 @@ g4_status Plan::load(const std::string& path, bool verify_weights, std::string* 
             }
             if (info_.towers_begin > info_.towers_end || info_.towers_end != weights_size_ || info_.max_media_tokens < 1 ||
                 info_.max_media_tokens > info_.max_context || info_.max_patches < 0 || info_.max_audio_samples < 0 ||
-                info_.max_image_pixels < 0 || (info_.vision_config.empty() && info_.audio_config.empty()))
+                info_.max_image_pixels < 0 || (info_.vision_config.empty() && info_.audio_config.empty()) ||
+                (info_.vision_gpu && (info_.vision_begin < info_.towers_begin || info_.vision_begin >= info_.vision_end ||
+                                      info_.vision_end > info_.towers_end)))
                 return fail(CORRUPT, "bad metadata: towers" + recompile, err);
         }
         if (p.contains("layer_devices")) {

@@ -55,6 +55,12 @@ struct ProgramInfo {
     bool tower_bf16 = false;                       // towers' matmuls in bf16 (META towers "precision": "bf16")
     uint64_t tower_session_bytes = 0;              // host bytes a session allocates for the towers, less their per-thread scratch
     uint64_t towers_begin = 0, towers_end = 0;
+    // CUDA plans may place the vision tower on the plan's GPU (META towers.vision "device": "cuda:N"):
+    // the runtime uploads its weights [vision_begin, vision_end) of WEIGHTS there and runs it with the
+    // CUDA kernels (bf16 tensor-core matmuls, fp32 accumulation); vision_gpu_bytes is the session's
+    // device buffer for it (VisionTower::gpu_layout().total).
+    bool vision_gpu = false;
+    uint64_t vision_begin = 0, vision_end = 0, vision_gpu_bytes = 0;
 };
 
 class Plan {

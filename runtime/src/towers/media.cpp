@@ -1,6 +1,7 @@
 // Images and audio of a session (see media.h).
 #include "runtime/src/towers/media.h"
 
+#include "runtime/src/cuda/backend.h"
 #include "runtime/src/engine.h"
 #include "runtime/src/towers/image.h"
 
@@ -99,7 +100,7 @@ g4_status media_create(g4_session* s, std::string* err) {
             return G4_ERR_PLAN_CORRUPT;
         }
         z.vision         = true;
-        z.vision_scratch = m->vision->scratch_bytes();
+        z.vision_scratch = in.vision_gpu ? m->vision->gpu_host_scratch_bytes() : m->vision->scratch_bytes();
         z.resize_scratch = towers::preprocess_reserve_bytes(in.max_image_pixels, in.image_tokens, hp.patch_size, hp.pooling_kernel_size);
         z.patch_floats   = (int64_t)in.max_patches * 3 * hp.patch_size * hp.patch_size;
         z.max_patches    = in.max_patches;
@@ -213,10 +214,18 @@ g4_status media_add_image(g4_session* s, const uint8_t* rgb, int32_t width, int3
         return G4_ERR_INVALID_ARGUMENT;
     }
     int n = 0;
-    e     = m->vision->forward(m->ctx, m->patches, m->pos, lay.n_patches, m->vision_scratch, m->soft, &n);
-    if (!e.empty()) {
-        *err = "vision tower: " + e;
-        return G4_ERR_INVALID_ARGUMENT;
+    if (in.vision_gpu) {
+        g4_status st = cuda_rt::vision_forward(s, *m->vision, m->patches, m->pos, lay.n_patches, (int32_t*)m->vision_scratch, m->soft, &n, &e);
+        if (st != G4_OK) {
+            *err = "vision tower: " + e;
+            return st;
+        }
+    } else {
+        e = m->vision->forward(m->ctx, m->patches, m->pos, lay.n_patches, m->vision_scratch, m->soft, &n);
+        if (!e.empty()) {
+            *err = "vision tower: " + e;
+            return G4_ERR_INVALID_ARGUMENT;
+        }
     }
     g4_status st = enqueue(s, m->image_q, n, "image", err);
     if (st == G4_OK && n_tokens) *n_tokens = n;

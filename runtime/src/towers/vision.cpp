@@ -292,6 +292,30 @@ std::string VisionTower::init(const VisionHParams& hp, const Lookup& lookup, int
     lay_.seen  = take(n);
     lay_.kv    = take((size_t)kvw * (pad_keys(max_patches) + max_patches));
     lay_.total = off;
+
+    size_t b    = 0;
+    auto bytes  = [&](size_t n4) {   // n4 four-byte values, 256-byte aligned (cuMemAlloc's alignment)
+        size_t o = b;
+        b += (n4 * 4 + 255) / 256 * 256;
+        return o;
+    };
+    const size_t cells = n / ((size_t)k * k);
+    gpu_.steps = bytes(8);
+    gpu_.pos   = bytes(n * 2);
+    gpu_.idx   = bytes(n);
+    gpu_.x     = bytes(n * pin);
+    gpu_.z     = bytes(n * H);
+    gpu_.a     = bytes(n * H);
+    gpu_.t     = bytes(n * H);
+    gpu_.c     = bytes(n * std::max({H, I, qw}));
+    gpu_.q     = bytes(n * qw);
+    gpu_.k     = bytes(n * kvw);
+    gpu_.v     = bytes(n * kvw);
+    gpu_.o     = bytes(n * qw);
+    gpu_.g     = bytes(n * I);
+    gpu_.u     = bytes(n * I);
+    gpu_.out   = bytes(cells * hp.text_hidden_size);
+    gpu_.total = b;
     ready_     = true;
     return "";
 }
@@ -372,18 +396,10 @@ void VisionTower::attention(const cpu::Context& ctx, const float* q, const float
     });
 }
 
-std::string VisionTower::forward(const cpu::Context& ctx, const float* patches, const int32_t* pos, int n_patches,
-                                 void* scratch, float* out, int* n_soft) const {
-    if (!ready_) return "vision tower: forward before a successful init";
-    if (!patches || !pos || !scratch || !out || !n_soft) return "vision tower: null argument to forward";
-    *n_soft = 0;
-    if (!ctx.pool || !ctx.scratch || ctx.scratch_stride < thread_scratch_floats())
-        return "vision tower: cpu::Context per-thread scratch has " + std::to_string(ctx.scratch_stride) +
-               " floats, the tower needs " + std::to_string(thread_scratch_floats()) + " (thread_scratch_floats())";
+std::string VisionTower::check_grid(const int32_t* pos, int n_patches, int32_t* seen, Grid* g) const {
     if (n_patches < 1 || n_patches > max_patches_)
         return "vision tower: " + std::to_string(n_patches) + " patches given; this tower takes 1.." +
                std::to_string(max_patches_) + " (max_patches fixed at init)";
-
     // Real rows first, HF padding (-1, -1) only after them.
     int n = n_patches;
     for (int i = 0; i < n_patches; ++i)
@@ -411,8 +427,6 @@ std::string VisionTower::forward(const cpu::Context& ctx, const float* patches, 
         return "vision tower: the " + std::to_string(n) + " patch positions span a " + std::to_string(gw) + " x " +
                std::to_string(gh) + " grid; they must cover a grid of whole " + std::to_string(k) + " x " +
                std::to_string(k) + " pooling cells exactly once";
-    float* sp      = static_cast<float*>(scratch);
-    int32_t* seen  = reinterpret_cast<int32_t*>(sp + lay_.seen);   // [n]
     std::memset(seen, 0, sizeof(int32_t) * n);
     for (int i = 0; i < n; ++i) {
         int32_t& c = seen[pos[2 * i] + gw * pos[2 * i + 1]];
@@ -420,6 +434,38 @@ std::string VisionTower::forward(const cpu::Context& ctx, const float* patches, 
                       " share position (" + std::to_string(pos[2 * i]) + ", " + std::to_string(pos[2 * i + 1]) + ")";
         c = i + 1;
     }
+
+    *g = {n, gw, gh};
+    return "";
+}
+
+void VisionTower::pool_index(const Grid& g, const int32_t* seen, int32_t* idx) const {
+    const int k = hp_.pooling_kernel_size, cw = g.gw / k, kk = k * k;
+    for (int cy = 0; cy < g.gh / k; ++cy)
+        for (int cx = 0; cx < cw; ++cx) {
+            int32_t* c = idx + (size_t)(cx + cw * cy) * kk;
+            for (int dy = 0; dy < k; ++dy)
+                for (int dx = 0; dx < k; ++dx) c[dy * k + dx] = seen[(cx * k + dx) + g.gw * (cy * k + dy)] - 1;
+            std::sort(c, c + kk);
+        }
+    if (k == 1)   // HF keeps the patch order: cell i is patch i
+        for (int i = 0; i < g.n; ++i) idx[i] = i;
+}
+
+std::string VisionTower::forward(const cpu::Context& ctx, const float* patches, const int32_t* pos, int n_patches,
+                                 void* scratch, float* out, int* n_soft) const {
+    if (!ready_) return "vision tower: forward before a successful init";
+    if (!patches || !pos || !scratch || !out || !n_soft) return "vision tower: null argument to forward";
+    *n_soft = 0;
+    if (!ctx.pool || !ctx.scratch || ctx.scratch_stride < thread_scratch_floats())
+        return "vision tower: cpu::Context per-thread scratch has " + std::to_string(ctx.scratch_stride) +
+               " floats, the tower needs " + std::to_string(thread_scratch_floats()) + " (thread_scratch_floats())";
+
+    float* sp     = static_cast<float*>(scratch);
+    int32_t* seen = reinterpret_cast<int32_t*>(sp + lay_.seen);   // [n]
+    Grid grid;
+    if (std::string e = check_grid(pos, n_patches, seen, &grid); !e.empty()) return e;
+    const int n = grid.n, gw = grid.gw, gh = grid.gh, k = hp_.pooling_kernel_size, P = hp_.position_embedding_size;
 
     const int64_t H = hp_.hidden_size, D = hp_.head_dim, I = hp_.intermediate_size;
     const int heads = hp_.num_attention_heads, kvh = hp_.num_key_value_heads;

@@ -51,11 +51,28 @@ public:
     std::string forward(const cpu::Context& ctx, const float* patches, const int32_t* pos, int n_patches,
                         void* scratch, float* out, int* n_soft) const;
 
-    const VisionHParams& hparams() const { return hp_; }
-    int max_patches() const { return max_patches_; }
-    int max_soft_tokens() const { return max_patches_ / (hp_.pooling_kernel_size * hp_.pooling_kernel_size); }
+    // The patch grid of one image, validated as forward() does: n real patches (HF padding rows dropped) on a
+    // gw x gh grid. seen [max_patches] int32 scratch receives, for grid cell x + gw*y, 1 + the patch index there.
+    struct Grid {
+        int n = 0, gw = 0, gh = 0;
+    };
+    std::string check_grid(const int32_t* pos, int n_patches, int32_t* seen, Grid* g) const;
+    // The pooling cells' patches: idx [cells, k^2], each cell's patch indices in increasing order (the
+    // order forward() sums them in). seen as check_grid left it.
+    void pool_index(const Grid& g, const int32_t* seen, int32_t* idx) const;
 
-private:
+    // The GPU forward's device buffer (runtime/src/cuda/vision.cpp), byte offsets, sized for max_patches:
+    // steps (two Step structs: rows n, rows cells), pos [n, 2] and pool index [cells, k^2] int32, pixels x
+    // [n, pin], z / a / t [n, H], c [n, max(H, I, heads*D)] clamped linear input, q [n, heads*D], k / v
+    // [n, kv_heads*D] (dense: the flash kernel's cache layout), o [n, heads*D], gate / up [n, I], out
+    // [cells, text_hidden]. The compiler counts `total` in the GPU's memory plan.
+    struct GpuLayout {
+        size_t steps, pos, idx, x, z, a, t, c, q, k, v, o, g, u, out, total;
+    };
+    const GpuLayout& gpu_layout() const { return gpu_; }
+    // Host scratch of the GPU forward (seen and the pool index, 2 * max_patches int32).
+    size_t gpu_host_scratch_bytes() const { return (size_t)max_patches_ * 8; }
+
     struct Linear {          // Gemma4ClippableLinear: clamp(clamp(x, in) . W^T, out); bounds +-inf if unclipped
         const Tensor* w = nullptr;   // [out, in]
         float in_min, in_max, out_min, out_max;
@@ -65,6 +82,16 @@ private:
         const Tensor *ln_in, *ln_post_attn, *ln_pre_ff, *ln_post_ff;   // [hidden]
         const Tensor *q_norm, *k_norm;                                  // [head_dim]
     };
+    const std::vector<Layer>& layers() const { return layers_; }
+    const Tensor* patch_proj() const { return patch_proj_; }   // [hidden, 3*patch^2]
+    const Tensor* pos_table() const { return pos_table_; }     // [2, position_embedding_size, hidden]
+    const Tensor* embed_proj() const { return embed_proj_; }   // [text_hidden, hidden]
+
+    const VisionHParams& hparams() const { return hp_; }
+    int max_patches() const { return max_patches_; }
+    int max_soft_tokens() const { return max_patches_ / (hp_.pooling_kernel_size * hp_.pooling_kernel_size); }
+
+private:
     struct Layout {          // float offsets into the scratch buffer
         size_t z, a, t, c, r, seen, kv, total;
         int64_t ldc, ldr;
@@ -84,6 +111,7 @@ private:
     std::vector<Layer> layers_;
     std::vector<float> rope_cos_, rope_sin_;   // [position_embedding_size, head_dim/4]
     Layout lay_{};
+    GpuLayout gpu_{};
 };
 
 } // namespace g4::towers

@@ -1,0 +1,132 @@
+// The CUDA backend's engine and session state (runtime/src/cuda/backend.cpp, vision.cpp): the kernels of
+// the plan's module, each GPU's weights, each session's streams and device buffers. Internal to the
+// runtime; every buffer here is allocated at engine open or session creation and freed with them.
+#pragma once
+#include "runtime/src/cuda/cublas.h"
+#include "runtime/src/cuda/driver.h"
+
+#include <atomic>
+#include <chrono>
+#include <string>
+#include <utility>
+#include <vector>
+
+struct g4_session;
+
+namespace g4::cuda_rt {
+
+using namespace g4::cu;
+
+struct Kernels {
+    CUfunction embed, mm_bf16, mm_f32, mm_nf4, gemm_bf16, gemm_nf4, gemv_bf16, gemv_nf4, tc_bf16, tc_nf4, rms, elem, rope, kv, attn_part, attn_merge, argmax;
+    CUfunction gemv[2][5][2];   // [nf4][lanes per row 8..128][pairs]
+    CUfunction resnorm, qkv_post, attn_decode, attn_decode_bf16, nf4_to_bf16, f32_to_bf16, add_bias;
+    CUfunction copy_f32, penalize, topk_round, softmax_partial;   // GPU sampling
+    CUfunction flash[6];        // g4_attn_flash_d<kFlashDims[i]>
+    // The vision tower (runtime/src/cuda/vision.cpp); loaded only for plans with the tower on the GPU.
+    CUfunction vt_pixels, vt_posemb, vt_clamp, vt_rope2d, vt_pool;
+};
+
+// One GPU of the plan (plan info().gpus; a plan whose layers span GPUs has several, the plan's GPU
+// first): its context, kernels and the weights it uploads.
+struct Gpu {
+    int index     = 0;   // CUDA device index
+    CUdevice dev  = 0;
+    CUcontext ctx = nullptr;
+    CUmodule mod  = nullptr;
+    Kernels k{};
+    CUdeviceptr weights    = 0;
+    uint64_t weights_bytes = 0;   // on the device
+    // Plan weight bytes [begin, end) live at weights + at: the plan's ranges for this GPU, less the
+    // PLE table with ple=host.
+    struct Seg { uint64_t begin, end, at; };
+    std::vector<Seg> segs;
+    std::string name;
+    int sm = 0;
+};
+
+struct EngineState {
+    const Driver* d = nullptr;
+    std::vector<Gpu> gpus;
+    // ple=host: the PLE table lives in pinned, device-mapped host memory, read by the plan's GPU.
+    int32_t ple_tensor = -1;
+    void* ple_host = nullptr;
+    CUdeviceptr ple_dev = 0;
+    // Vision tower on the plan's GPU: plan weight bytes [info().vision_begin, vision_end) live at vision_w.
+    CUdeviceptr vision_w  = 0;
+    uint64_t vision_bytes = 0;
+};
+
+// One GPU's part of a session: its stream and device memory (a whole activation arena, its part of
+// the KV arena, step buffer, attention and cuBLAS workspaces).
+struct Lane {
+    Gpu* g          = nullptr;
+    CUstream stream = nullptr;
+    CUdeviceptr act = 0, kv = 0, step = 0, part = 0, scores = 0;
+    CUdeviceptr wscratch = 0, xscratch = 0, cublas_ws = 0;   // cuBLAS tier: bf16 weights / activations, workspace
+    cublas::Handle blas_h = nullptr;
+    uint64_t kv_begin = 0;                                   // plan KV offset of kv
+    CUevent done      = nullptr;                             // recorded where the step moves on to another GPU
+};
+
+struct SessionState {
+    EngineState* e = nullptr;
+    std::vector<Lane> lanes;      // engine gpus order: lanes[0] is the plan's GPU (embeddings, LM head, sampling)
+    CUdeviceptr vision_buf = 0;   // the vision tower's buffers on lanes[0] (VisionTower::gpu_layout()), or 0
+    Lane* cur = nullptr;          // the lane work is being enqueued on
+    const cublas::Lib* blas = nullptr;
+    struct Step { int rows, pos0, out_rows, pad; };
+    Step* host_step  = nullptr;   // pinned
+    int32_t* host_tok = nullptr;  // pinned: the decode step's argmax
+    CUdeviceptr tok   = 0;        // device: the decode step's argmax (+ its block partials and counter)
+    int32_t* host_ids = nullptr;  // pinned [max_rows]
+    float* host_logits = nullptr; // pinned [logits_rows, vocab]
+    // GPU sampling (device_topk): penalised logits [vocab], two round buffers of candidates (values
+    // [C] then indices [C] each, C = cuda_ws::topk_candidates), penalised tokens [max_context]; pinned
+    // history [max_context] and result (values [kTopkMax], indices [kTopkMax]).
+    CUdeviceptr samp_logits = 0, samp_hist = 0, cand[2] = {0, 0};
+    CUdeviceptr soft = 0;         // g4_softmax_partial's (max, sum) per block; pinned host copy host_soft
+    double* host_soft = nullptr;
+    uint64_t n_cand        = 0;
+    int32_t* host_hist     = nullptr;
+    float* host_cand       = nullptr;
+    std::vector<int> splits;      // per op (attention)
+    std::vector<char> reuse_x;    // per op: a cuBLAS-tier matmul whose bf16 input is already in xscratch
+    std::vector<int> lane_of;     // per op: its lane (-1: a CPU op or a copy step)
+    CUgraph graph = nullptr;
+    CUgraphExec exec = nullptr;
+    std::string graph_error;      // why the decode graph could not be captured (then steps run eagerly)
+    bool graph_noted = false;     // graph_error reported on stderr once
+    bool pdl_ok = false;          // sm_90+ and the driver has cuLaunchKernelEx (G4_PDL=0 turns it off)
+    bool pdl_now = false;         // launches go out with programmatic stream serialization (decode capture)
+    mutable bool after_node = false;   // the last thing enqueued was a copy or host function: next launch plain
+    // Plans with CPU-placed layers: each maximal run of CPU ops is one host function in the stream
+    // (runs[run_of[first op]]); the CPU ops work on a pinned host copy of the activation arena and a
+    // host KV arena (the plan's KV offsets from kv_host_begin on).
+    struct HostRun { g4_session* s; size_t first, end; };
+    std::vector<HostRun> runs;
+    std::vector<int> run_of;      // per op: index into runs, -1 if not the first op of a run
+    void* host_act = nullptr;     // pinned [act_arena_bytes]
+    void* host_kv  = nullptr;     // [kv_arena_bytes - kv_host_begin]
+    float* host_scratch = nullptr;
+    std::atomic<bool> host_failed{false};
+    std::string host_error;       // written by the host function that failed, read after the stream syncs
+    bool profile = false;
+    double prof_ms[20][2] = {};   // per op code; 16.. fused launch kinds
+    long prof_n[20][2] = {};
+    std::chrono::steady_clock::time_point prof_t;
+    // G4_CUDA_PROFILE=1, decode: an event after every launch of the captured graph; GPU time per
+    // launch label (kind and op name without the layer), summed over replays.
+    std::vector<CUevent> ev;
+    std::vector<std::string> ev_label;
+    std::vector<std::pair<std::string, double>> ev_ms;
+    long ev_steps = 0;
+    double ev_total_ms = 0;
+};
+
+// One kernel launch on the session's current lane; with programmatic dependent launch (decode graph,
+// sm_90+) the kernel may start while its predecessor drains.
+CUresult launch(const SessionState* st, CUfunction f, unsigned gx, unsigned gy, unsigned bx, void** args, unsigned gz = 1,
+                unsigned smem = 0);
+
+} // namespace g4::cuda_rt

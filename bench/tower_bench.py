@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""tower_bench.py - the vision and audio towers on the CPU at their real (E2B = E4B) shapes: g4 against
-transformers, in one run on one machine.
+"""tower_bench.py - the vision and audio towers at their real (E2B = E4B) shapes: g4 against transformers,
+in one run on one machine (on the CPU; with a GPU also g4's GPU vision tower and transformers bf16 on it).
 
 A random-weight Gemma 4 multimodal checkpoint (real vision and audio towers, an E2B-width text decoder cut
 to 2 layers: the towers do not depend on the text depth) is made with transformers; g4 compiles it and
@@ -92,9 +92,12 @@ pcm_read = pcm16.astype(np.float32) / 32768.0
 
 # ---- g4 --------------------------------------------------------------------------------------------
 plans = {}
-for prec in ("fp32", "bf16"):
+kinds = ["fp32", "bf16"] + (["gpu"] if torch.cuda.is_available() else [])
+for prec in kinds:
     plans[prec] = os.path.join(tmp, f"towers_{prec}.g4plan")
-    r = subprocess.run([args.g4, "compile", "--model", ckpt, "--no-fidelity", "--tower-precision", prec, "-o", plans[prec]],
+    # gpu: a CUDA plan (nf4 text, bf16 tower weights): the compiler puts the vision tower on the GPU.
+    extra = ["--device", "cuda"] if prec == "gpu" else ["--tower-precision", prec]
+    r = subprocess.run([args.g4, "compile", "--model", ckpt, "--no-fidelity", *extra, "-o", plans[prec]],
                        capture_output=True, text=True)
     if r.returncode:
         sys.exit("g4 compile failed:\n" + r.stderr)
@@ -114,16 +117,19 @@ def g4_once(kind, prec="fp32"):
                        capture_output=True, text=True, env=env)
     if r.returncode:
         sys.exit("g4 run failed:\n" + r.stderr)
-    m = re.search(r"images (\d+) soft tokens in ([\d.]+) ms \(CPU\); audio (\d+) soft tokens in ([\d.]+) ms", r.stderr)
-    return (int(m.group(1)), float(m.group(2))) if kind == "image" else (int(m.group(3)), float(m.group(4)))
+    m = re.search(r"images (\d+) soft tokens in ([\d.]+) ms \(([\w:]+)\); audio (\d+) soft tokens in ([\d.]+) ms", r.stderr)
+    return (int(m.group(1)), float(m.group(2))) if kind == "image" else (int(m.group(4)), float(m.group(5)))
 
 
 rows = {}
-for prec, label in (("fp32", "fp32 arithmetic, bf16 weights"), ("bf16", "--tower-precision bf16: bf16 matmul inputs, fp32 sums")):
-    for kind in ("image", "audio"):
+for prec, label in (("fp32", "CPU, fp32 arithmetic, bf16 weights"), ("bf16", "CPU, --tower-precision bf16: bf16 matmul inputs, fp32 sums"),
+                    ("gpu", "GPU, bf16 tensor-core matmuls, fp32 sums")):
+    if prec not in plans:
+        continue
+    for kind in ("image",) if prec == "gpu" else ("image", "audio"):
         g4_once(kind, prec)
         runs = [g4_once(kind, prec) for _ in range(args.reps)]
-        rows[f"g4 {kind} (CPU, {label})"] = {"tokens": runs[0][0], "ms": statistics.median(r[1] for r in runs)}
+        rows[f"g4 {kind} ({label})"] = {"tokens": runs[0][0], "ms": statistics.median(r[1] for r in runs)}
 
 # ---- transformers ----------------------------------------------------------------------------------
 proc = Gemma4ImageProcessor()
@@ -201,14 +207,23 @@ if os.path.exists(dump + ".audio") and ref is not None:
     parity["audio_rel_l2"] = float(np.linalg.norm(g - ref[: g.shape[0]]) / np.linalg.norm(ref[: g.shape[0]])) if g.shape[0] <= ref.shape[0] else f"shape {g.shape} vs {ref.shape}"
 
 for kind, ref_rows in (("image", hf_img32), ("audio", ref if os.path.exists(dump + ".audio") else None)):
-    path = dump + "." + kind + ".bf16"
-    if ref_rows is None or not os.path.exists(path):
-        continue
-    rr = ref_rows.numpy() if hasattr(ref_rows, "numpy") else ref_rows
-    rr = rr.reshape(-1, tc.hidden_size)
-    g = np.fromfile(path, dtype=np.float32).reshape(-1, tc.hidden_size)
-    if g.shape[0] <= rr.shape[0]:
-        parity[f"{kind}_bf16_rel_l2"] = float(np.linalg.norm(g - rr[: g.shape[0]]) / np.linalg.norm(rr[: g.shape[0]]))
+    for suffix in ("bf16", "gpu"):
+        path = dump + "." + kind + "." + suffix
+        if ref_rows is None or not os.path.exists(path):
+            continue
+        rr = ref_rows.numpy() if hasattr(ref_rows, "numpy") else ref_rows
+        rr = rr.reshape(-1, tc.hidden_size)
+        g = np.fromfile(path, dtype=np.float32).reshape(-1, tc.hidden_size)
+        if g.shape[0] <= rr.shape[0]:
+            parity[f"{kind}_{suffix}_rel_l2"] = float(np.linalg.norm(g - rr[: g.shape[0]]) / np.linalg.norm(rr[: g.shape[0]]))
+if hf_img32 is not None and torch.cuda.is_available():   # HF's own bf16 GPU tower against its float32 one, for scale
+    try:
+        hb = hf_image(model.to(torch.bfloat16).cuda(), "cuda", torch.bfloat16)[1].numpy()
+        rr = hf_img32.numpy()
+        parity["image_transformers_bf16_gpu_rel_l2"] = float(np.linalg.norm(hb - rr) / np.linalg.norm(rr))
+        model = model.cpu().float()
+    except Exception as e:
+        parity["image_transformers_bf16_gpu_error"] = str(e)[:300]
 
 res = {"threads": args.threads, "cpu": os.popen("lscpu | grep 'Model name'").read().strip(), "torch": torch.__version__,
        "transformers": __import__("transformers").__version__, "rows": rows, "parity_vs_transformers_fp32": parity,

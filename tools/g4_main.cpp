@@ -282,7 +282,7 @@ int32_t on_token(void* user, int32_t token, const char* text, size_t len) {
     return 0;
 }
 
-void print_stats(g4_session* s, const g4_engine_info& info) {
+void print_stats(g4_session* s, const g4_engine* e, const g4_engine_info& info) {
     g4_session_stats st;
     check(g4_session_get_stats(s, &st));
     std::fprintf(stderr,
@@ -292,9 +292,13 @@ void print_stats(g4_session* s, const g4_engine_info& info) {
                  st.prefill_ms > 0 ? st.prefill_tokens * 1000.0 / st.prefill_ms : 0.0, st.ttft_ms, (long long)st.decode_tokens,
                  st.decode_ms, st.decode_ms > 0 ? st.decode_tokens * 1000.0 / st.decode_ms : 0.0, (long long)st.sample_calls,
                  st.sample_ms, st.sample_calls ? 1000.0 * st.sample_ms / st.sample_calls : 0.0);
-    if (st.image_tokens || st.audio_tokens)
-        std::fprintf(stderr, "g4: images %lld soft tokens in %.2f ms (CPU); audio %lld soft tokens in %.2f ms (CPU)\n",
-                     (long long)st.image_tokens, st.image_ms, (long long)st.audio_tokens, st.audio_ms);
+    if (st.image_tokens || st.audio_tokens) {
+        g4_media_info mi{};
+        check(g4_engine_get_media_info(e, &mi));
+        const std::string vdev = mi.vision_device < 0 ? "CPU" : "cuda:" + std::to_string(mi.vision_device);
+        std::fprintf(stderr, "g4: images %lld soft tokens in %.2f ms (%s); audio %lld soft tokens in %.2f ms (CPU)\n",
+                     (long long)st.image_tokens, st.image_ms, vdev.c_str(), (long long)st.audio_tokens, st.audio_ms);
+    }
 }
 
 // --image / --audio: runs each file through its tower (queued in the session, in order) and puts its
@@ -416,7 +420,7 @@ int cmd_run(int argc, char** argv) {
     } else {
         std::printf("%s\n", join_ids(ss.ids).c_str());
     }
-    if (a.flag.count("--stats")) print_stats(s.s, e.info);
+    if (a.flag.count("--stats")) print_stats(s.s, e.e, e.info);
     return 0;
 }
 
@@ -589,7 +593,7 @@ int cmd_chat(int argc, char** argv) {
         }
         check(st);
         turns.push_back({"model", ss.text});
-        if (a.flag.count("--stats")) print_stats(s.s, e.info);
+        if (a.flag.count("--stats")) print_stats(s.s, e.e, e.info);
     }
     return 0;
 }

@@ -726,6 +726,43 @@ TEST_P(FlashAttention, MatchesReference) {
         EXPECT_EQ(run_flash(dev, c32, attn_dev(dev, c32, in32)), got);
     }
 }
+// Bidirectional mode (window < 0, the vision tower): every query sees keys 0..rows-1 (slots = rows, pos0
+// 0). Reference: each query row alone as the last position of a causal span over all rows, on the
+// bf16-rounded inputs. Shapes: the real E2B/E4B vision tower at 280 and 70 soft tokens (2520 / 630
+// patches, 12 heads of 64), the tiny fixture's, and a ragged one.
+class FlashBidirectional : public ::testing::TestWithParam<AttnCase> {};
+TEST_P(FlashBidirectional, MatchesReference) {
+    NEED_GPU();
+    AttnCase c = GetParam();
+    Dev dev;
+    c.slots = c.rows, c.pos = c.rows - 1;
+    const AttnData in = attn_data(c);
+    auto round = [](std::vector<float> v) {
+        for (float& x : v) x = bf16_to_f32(f32_to_bf16(x));
+        return v;
+    };
+    const std::vector<float> q = round(in.q);
+    const Cache rk = make_cache(DType::BF16, in.kc.f32), rv = make_cache(DType::BF16, in.vc.f32);
+    const int qw = c.heads * c.dim;
+    std::vector<float> want((size_t)c.rows * qw), scratch(c.slots + 64);
+    for (int t = 0; t < c.rows; ++t)
+        ref::attention({q.data() + (size_t)t * qw, qw, rk.data(), rv.data(), want.data() + (size_t)t * qw, qw, 1, c.heads, c.kvh, c.dim,
+                        c.slots, 0, c.rows - 1, 1.0f, scratch.data(), rk.dt});
+    AttnDev a = attn_dev(dev, c, in);
+    a.step    = dev.step(c.rows, 0, c.rows);
+    a.window  = -1;
+    const std::vector<float> got = run_flash(dev, c, a);
+    const double e = rel(got, want);
+    std::printf("FlashBidirectional %d/%d x %d rows %d: rel %.2e vs the bf16-input reference\n", c.heads, c.kvh, c.dim, c.rows, e);
+    EXPECT_LT(e, 4e-3);
+}
+INSTANTIATE_TEST_SUITE_P(VisionShapes, FlashBidirectional,
+                         ::testing::Values(AttnCase{12, 12, 64, 0, -1, 0, 2520}, AttnCase{12, 12, 64, 0, -1, 0, 630},
+                                           AttnCase{2, 2, 16, 0, -1, 0, 576}, AttnCase{4, 2, 32, 0, -1, 0, 37}),
+                         [](const ::testing::TestParamInfo<AttnCase>& i) {
+                             return "h" + std::to_string(i.param.heads) + "kv" + std::to_string(i.param.kvh) + "d" + std::to_string(i.param.dim) +
+                                    "rows" + std::to_string(i.param.rows);
+                         });
 INSTANTIATE_TEST_SUITE_P(RealShapes, FlashAttention,
                          ::testing::Values(AttnCase{8, 1, 256, 767, 512, 700, 256}, AttnCase{8, 1, 256, 767, 512, 255, 256},
                                            AttnCase{8, 1, 512, 4096, 0, 2047, 256}, AttnCase{8, 2, 256, 1535, 512, 3000, 1024},

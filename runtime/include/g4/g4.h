@@ -231,6 +231,7 @@ typedef struct g4_media_info {
     int32_t audio_sample_rate;   /* samples per second g4_session_add_audio expects (16000) */
     int64_t max_audio_samples;   /* longest clip */
     int32_t max_queued_tokens;   /* soft tokens (of each kind) a session holds queued at once */
+    int32_t vision_device;       /* where the vision tower runs: -1 the CPU, N CUDA device N */
 } g4_media_info;
 
 G4_API g4_status g4_engine_get_media_info(const g4_engine* engine, g4_media_info* out_info);

@@ -916,7 +916,7 @@ void compile_plan(const CompileOptions& opt, std::ostream& log) {
         towers::Precision prec = towers::Precision::F32;
         if (std::string e = towers::parse_precision(opt.tower_precision.empty() ? "fp32" : opt.tower_precision, &prec); !e.empty())
             throw CompileError("--tower-precision: " + e);
-        size_t vision_host_bytes = 0, audio_thread_floats = 0;
+        size_t vision_host_bytes = 0, audio_thread_floats = 0, preprocess_floats = 0;
         auto need_ids = [&](const char* tower, const char* what, std::initializer_list<std::pair<const char*, int>> ids) {
             for (const auto& [k, v] : ids)
                 if (v < 0) throw CompileError(cfg + ": " + k + " is missing; it is needed to place " + what + " in a prompt (--no-" + tower +
@@ -951,7 +951,8 @@ void compile_plan(const CompileOptions& opt, std::ostream& log) {
             z.resize_scratch = towers::preprocess_reserve_bytes(opt.max_image_pixels, opt.image_tokens, patch, k);
             z.patch_floats   = (int64_t)max_patches * 3 * patch * patch;
             z.max_patches    = max_patches;
-            z.thread_floats  = std::max<size_t>(z.thread_floats, vt.thread_scratch_floats());
+            z.thread_floats  = std::max({z.thread_floats, vt.thread_scratch_floats(), towers::preprocess_thread_floats(opt.image_tokens, patch, k)});
+            preprocess_floats = towers::preprocess_thread_floats(opt.image_tokens, patch, k);
             z.max_soft       = std::max(z.max_soft, opt.image_tokens);
             for (auto& n : towers::vision_weight_names(vh)) in.tower_names.push_back(n);
             in.towers_meta["vision"] = {{"config", json::parse(in.mc.vision_config_json)}, {"image_tokens", opt.image_tokens},
@@ -996,7 +997,7 @@ void compile_plan(const CompileOptions& opt, std::ostream& log) {
             in.towers_meta["session_bytes"] = rt::media_block(fixed).total();   // less the per-thread scratch
             zg                = z;
             zg.vision_scratch = vision_host_bytes;
-            zg.thread_floats  = audio_thread_floats;
+            zg.thread_floats  = std::max(audio_thread_floats, preprocess_floats);
         }
         auto where = [&](const char* c, bool has, bool want) {
             place.tower_where[c] = !has ? "not in the checkpoint" : !want ? std::string("left out (--no-") + c + ")" : "cpu";

@@ -1,6 +1,7 @@
 // Gemma 4 image loading and preprocessing against Hugging Face (tests/fixtures/towers/image, made by
 // tools/make_image_fixtures.py with transformers 5.23's default torchvision Gemma4ImageProcessor).
 #include "image_io.h"
+#include "kernels/cpu/thread_pool.h"
 #include "runtime/src/towers/image.h"
 #include "test_util.h"
 
@@ -118,6 +119,20 @@ TEST(ImagePreprocess, MatchesHuggingFace) {
                     name.c_str(), tokens, img.height, img.width, lay.out_h, lay.out_w, n, n_exact,
                     double(max_abs));
         EXPECT_EQ(n_exact, n) << "max abs error " << max_abs;
+        // Row blocks on a pool (each thread its own row buffer): the same bits as one thread.
+        for (int threads : {2, 3, 5}) {
+            g4::cpu::ThreadPool tp(threads);
+            const size_t stride = g4::towers::preprocess_thread_floats(tokens, kPatch, kPool);
+            std::vector<float> ts(stride * threads);
+            const g4::cpu::Context ctx{&tp, ts.data(), stride};
+            Buffers par(need, tokens);
+            ImageLayout lp;
+            ASSERT_EQ(preprocess_image(img.rgb.data(), img.height, img.width, tokens, kPatch, kPool, par.scratch.data(), need,
+                                       par.patches.data(), par.pos.data(), &lp, &ctx), "");
+            const size_t vals = size_t(lay.n_patches) * kPatch * kPatch * 3;
+            EXPECT_EQ(std::memcmp(par.patches.data(), buf.patches.data(), vals * 4), 0) << threads << " threads";
+            EXPECT_EQ(std::memcmp(par.pos.data(), buf.pos.data(), size_t(lay.n_patches) * 8), 0);
+        }
         EXPECT_LE(max_abs, 1.0f / 255.0f + 1e-7f);
         total += n, exact += n_exact;
     }

@@ -219,7 +219,7 @@ size_t preprocess_scratch_bytes(int64_t max_in_pixels, int max_soft_tokens, int 
 
 std::string preprocess_image(const uint8_t* rgb, int in_h, int in_w, int max_soft_tokens, int patch, int pool,
                              void* scratch, size_t scratch_bytes, float* patches, int32_t* pos,
-                             ImageLayout* layout) {
+                             ImageLayout* layout, const cpu::Context* ctx) {
     if (!rgb || !patches || !pos || !layout) return "preprocess_image: null image, output or layout pointer";
     Plan p;
     if (std::string e = make_plan(in_h, in_w, max_soft_tokens, patch, pool, &p); !e.empty()) return e;
@@ -244,47 +244,59 @@ std::string preprocess_image(const uint8_t* rgb, int in_h, int in_w, int max_sof
         bh = reinterpret_cast<const int32_t*>(base + p.off_bh);
         row = base + p.off_row;
     }
-    // Returns input row r after the horizontal pass: [out_w, 3].
-    auto hrow = [&](int r) -> const uint8_t* {
+    // Input row r after the horizontal pass, in buf [out_w, 3] (the input row itself without one).
+    auto hrow = [&](int r, uint8_t* buf) -> const uint8_t* {
         const uint8_t* src = rgb + size_t(r) * in_w * 3;
         if (!p.need_h) return src;
-        resample_row(src, row, p.ah, kh, bh, prec_h);
-        return row;
+        resample_row(src, buf, p.ah, kh, bh, prec_h);
+        return buf;
     };
     float lut[256];
     const float inv255 = float(1.0 / 255.0);   // HF: uint8 tensor * (1/255) in float32
     for (int v = 0; v < 256; ++v) lut[v] = float(v) * inv255;
     const int seg = patch * 3;   // one patch row: patch pixels x 3 channels
+    int32_t* kvbounds = nullptr;
+    int16_t* kv       = nullptr;
+    if (p.need_v) {
+        kvbounds = reinterpret_cast<int32_t*>(base + p.off_bv);
+        kv       = reinterpret_cast<int16_t*>(base + p.off_kv);
+        prec_v   = build_axis(p.av, kv, kvbounds, wtmp);
+    }
+    const int32_t half = p.need_v ? int32_t(1) << (prec_v - 1) : 0;
 
-    if (!p.need_v) {
-        for (int y = 0; y < L.out_h; ++y) {
-            const uint8_t* src = hrow(y);
+    // Output rows [y0, y1) with the row buffer buf. The vertical pass accumulates in int32 in place of the
+    // output floats (same slot per pixel and channel), one horizontally resampled input row at a time: exact
+    // integer sums, so neither the order nor the split into row blocks changes a bit.
+    auto rows = [&](int y0, int y1, uint8_t* buf) {
+        if (!p.need_v) {
+            for (int y = y0; y < y1; ++y) {
+                const uint8_t* src = hrow(y, buf);
+                for (int gx = 0; gx < L.grid_w; ++gx) {
+                    float* dst     = patches + patch_index(L, patch, y, gx * patch);
+                    const uint8_t* s = src + size_t(gx) * seg;
+                    for (int j = 0; j < seg; ++j) dst[j] = lut[s[j]];
+                }
+            }
+            return;
+        }
+        int r0 = in_h, r1 = 0;   // input rows the block's windows cover
+        for (int y = y0; y < y1; ++y) {
+            r0 = std::min(r0, kvbounds[2 * y]);
+            r1 = std::max(r1, kvbounds[2 * y] + kvbounds[2 * y + 1]);
             for (int gx = 0; gx < L.grid_w; ++gx) {
                 float* dst = patches + patch_index(L, patch, y, gx * patch);
-                const uint8_t* s = src + size_t(gx) * seg;
-                for (int j = 0; j < seg; ++j) dst[j] = lut[s[j]];
+                for (int j = 0; j < seg; ++j) std::memcpy(dst + j, &half, sizeof half);
             }
         }
-    } else {
-        // Vertical pass accumulated in int32 in place of the output floats (same slot per pixel/channel),
-        // one horizontally resampled input row at a time: exact integer sums, so the order is free.
-        int32_t* kvbounds = reinterpret_cast<int32_t*>(base + p.off_bv);
-        int16_t* kv = reinterpret_cast<int16_t*>(base + p.off_kv);
-        prec_v = build_axis(p.av, kv, kvbounds, wtmp);
-        const int32_t half = int32_t(1) << (prec_v - 1);
-        const size_t total = size_t(L.n_patches) * patch * patch * 3;
-        for (size_t i = 0; i < total; ++i) std::memcpy(patches + i, &half, sizeof half);
-        int lo = 0;   // first output row whose window has not ended before input row r
-        for (int r = 0; r < in_h; ++r) {
-            while (lo < L.out_h && kvbounds[2 * lo] + kvbounds[2 * lo + 1] <= r) ++lo;
-            if (lo >= L.out_h || kvbounds[2 * lo] > r) continue;   // no output row uses row r
-            const uint8_t* src = hrow(r);
-            for (int y = lo; y < L.out_h && kvbounds[2 * y] <= r; ++y) {
-                if (r >= kvbounds[2 * y] + kvbounds[2 * y + 1]) continue;
+        for (int r = r0; r < r1; ++r) {
+            const uint8_t* src = nullptr;
+            for (int y = y0; y < y1; ++y) {
+                if (r < kvbounds[2 * y] || r >= kvbounds[2 * y] + kvbounds[2 * y + 1]) continue;
                 const int32_t w = kv[size_t(y) * p.av.kmax + (r - kvbounds[2 * y])];
                 if (w == 0) continue;
+                if (!src) src = hrow(r, buf);
                 for (int gx = 0; gx < L.grid_w; ++gx) {
-                    float* dst = patches + patch_index(L, patch, y, gx * patch);
+                    float* dst     = patches + patch_index(L, patch, y, gx * patch);
                     const uint8_t* s = src + size_t(gx) * seg;
                     for (int j = 0; j < seg; ++j) {
                         int32_t acc;
@@ -295,11 +307,27 @@ std::string preprocess_image(const uint8_t* rgb, int in_h, int in_w, int max_sof
                 }
             }
         }
-        for (size_t i = 0; i < total; ++i) {
-            int32_t acc;
-            std::memcpy(&acc, patches + i, sizeof acc);
-            patches[i] = lut[clamp_u8(acc >> prec_v)];
-        }
+        for (int y = y0; y < y1; ++y)
+            for (int gx = 0; gx < L.grid_w; ++gx) {
+                float* dst = patches + patch_index(L, patch, y, gx * patch);
+                for (int j = 0; j < seg; ++j) {
+                    int32_t acc;
+                    std::memcpy(&acc, dst + j, sizeof acc);
+                    dst[j] = lut[clamp_u8(acc >> prec_v)];
+                }
+            }
+    };
+    // With a pool: blocks of output rows, each thread resampling into its own row buffer (input rows shared
+    // by two blocks' windows are resampled twice). Without: one block, the scratch's row buffer.
+    const int threads = ctx && ctx->pool ? ctx->pool->size() : 1;
+    const size_t row_bytes = size_t(L.out_w) * 3;
+    if (threads > 1 && ctx->scratch && ctx->scratch_stride * sizeof(float) >= row_bytes && L.out_h >= 2 * threads) {
+        const int blocks = std::min(L.out_h, 4 * threads);
+        ctx->pool->parallel_for(blocks, [&](int64_t b, int th) {
+            rows(int(b * L.out_h / blocks), int((b + 1) * L.out_h / blocks), reinterpret_cast<uint8_t*>(ctx->thread_scratch(th)));
+        });
+    } else {
+        rows(0, L.out_h, row);
     }
     for (int i = 0; i < L.n_patches; ++i) {
         pos[2 * i] = i % L.grid_w;
@@ -307,6 +335,10 @@ std::string preprocess_image(const uint8_t* rgb, int in_h, int in_w, int max_sof
     }
     *layout = L;
     return "";
+}
+
+size_t preprocess_thread_floats(int max_soft_tokens, int patch, int pool) {
+    return (size_t(max_soft_tokens) * patch * pool * 3 + 3) / 4;   // one row of the widest output (max_side x 3 bytes)
 }
 
 size_t preprocess_reserve_bytes(int64_t max_in_pixels, int max_soft_tokens, int patch, int pool) {

@@ -4,6 +4,8 @@
 // horizontal pass then vertical pass, each rounded and clamped to uint8), rescale by 1/255, patchify.
 // Nothing is allocated: the caller provides scratch sized by preprocess_scratch_bytes().
 #pragma once
+#include "kernels/cpu/cpu.h"
+
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -40,9 +42,13 @@ size_t preprocess_reserve_bytes(int64_t max_in_pixels, int max_soft_tokens, int 
 // row layout (within a patch: row, column, channel) and pos [n_patches, 2] = (x, y) as HF's image_position_ids
 // (real patches only, no padding rows). patches must hold max_soft_tokens*pool^2*3*patch^2 floats (it is also
 // used as the int32 accumulator of the vertical pass); pos max_soft_tokens*pool^2*2 ints.
-// Returns "" or an error (bad arguments, empty image, scratch too small).
+// Returns "" or an error (bad arguments, empty image, scratch too small). ctx (optional): blocks of output
+// rows run on its pool, each thread's row buffer in its per-thread scratch (at least
+// preprocess_thread_floats floats, else one thread does it all); bit-identical to the one-thread result.
 std::string preprocess_image(const uint8_t* rgb, int in_h, int in_w, int max_soft_tokens, int patch, int pool,
                              void* scratch, size_t scratch_bytes, float* patches, int32_t* pos,
-                             ImageLayout* layout);
+                             ImageLayout* layout, const cpu::Context* ctx = nullptr);
+// Per-thread scratch floats preprocess_image uses with a pool: one resampled row of the widest output.
+size_t preprocess_thread_floats(int max_soft_tokens, int patch, int pool);
 
 } // namespace g4::towers

@@ -208,7 +208,7 @@ g4_status media_add_image(g4_session* s, const uint8_t* rgb, int32_t width, int3
         return G4_ERR_INVALID_ARGUMENT;
     }
     std::string e = towers::preprocess_image(rgb, height, width, in.image_tokens, hp.patch_size, hp.pooling_kernel_size, m->pre_scratch,
-                                             m->pre_bytes, m->patches, m->pos, &lay);
+                                             m->pre_bytes, m->patches, m->pos, &lay, &m->ctx);
     if (!e.empty()) {
         *err = "image preprocessing: " + e;
         return G4_ERR_INVALID_ARGUMENT;

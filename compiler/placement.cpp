@@ -427,9 +427,6 @@ Placement resolve(const Request& req, int num_layers, int cuda_index, int gpu_co
         const std::string item = std::string(c) + "=" + it->second.text;
         int d                  = device_of(it->second, item);
         if (d >= 0) budget_for(d, std::string("the ") + c + " tower (--place " + item + ")");
-        if (it->second.kind == Target::Kind::Host)
-            throw CompileError("--place " + item + ": the " + c + " tower runs on the CPU (" + c + "=cpu)" +
-                               (std::string(c) == "vision" ? " or on the plan's GPU (vision=gpu)" : ""));
         if (d >= 0 && std::string(c) == "audio")
             throw CompileError("not supported by this build: --place " + item + " (the audio tower runs on the CPU: audio=cpu; "
                                "--no-audio leaves the tower out)");

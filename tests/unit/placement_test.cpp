@@ -246,7 +246,17 @@ TEST(Placement, ResolveDefaultsAndTowers) {
     for (const auto& n : c.notes)
         notes += n + "\n";
     EXPECT_NE(notes.find("vision tower runs on the CPU"), std::string::npos) << notes;
-    expect_error(error_of([] { resolve_str("vision=gpu", {"6GiB"}, 35, 0); }), {"--place vision=gpu", "run on the CPU", "--no-vision"});
+    EXPECT_FALSE(c.vision_gpu);
+    EXPECT_FALSE(c.vision_auto);   // placed by --place: decide() does not move it
+    EXPECT_TRUE(b.vision_auto);    // not placed: decide() puts it on the GPU when it fits
+    // The vision tower on the plan's GPU (CUDA plans); the audio tower, another GPU, host: refused.
+    Placement v = resolve_str("vision=gpu", {"6GiB"}, 35, 0);
+    EXPECT_TRUE(v.vision_gpu);
+    EXPECT_FALSE(v.vision_auto);
+    expect_error(error_of([] { resolve_str("audio=gpu", {"6GiB"}, 35, 0); }), {"--place audio=gpu", "the audio tower runs on the CPU", "--no-audio"});
+    expect_error(error_of([] { resolve_str("vision=gpu1", {"0:6GiB", "1:4GiB"}, 35, 0, 2); }),
+                 {"--place vision=gpu1", "the plan's GPU, cuda:0"});
+    expect_error(error_of([] { resolve_str("vision=host", {"6GiB"}, 35, 0); }), {"--place vision=host", "'host' applies to ple only"});
     Placement d = resolve_str("ple=host,layers=cpu", {}, 35, -1, -1, "16GiB");
     EXPECT_FALSE(d.ple_host); // a CPU plan keeps everything in host memory anyway
     EXPECT_EQ(*d.cpu_budget, 16ull << 30);

@@ -903,6 +903,14 @@ void compile_plan(const CompileOptions& opt, std::ostream& log) {
     uint64_t vision_gpu_bytes = 0;   // its device buffer there
     rt::MediaSizing zg;              // the towers' host buffers with the vision tower on the GPU
     std::string vision_gpu_no;       // why it cannot run there ("" = it can)
+    // META's per-thread scratch and session figures of the towers' host buffers, sized as z.
+    auto record_sizing = [&in](const rt::MediaSizing& z) {
+        in.towers_meta["thread_scratch_floats"] = z.thread_floats;
+        in.tower_session_bytes                  = rt::media_block(z).total();   // with this machine's thread count
+        rt::MediaSizing fixed                   = z;
+        fixed.threads                           = 0;
+        in.towers_meta["session_bytes"]         = rt::media_block(fixed).total();   // less the per-thread scratch
+    };
     {
         const std::string cfg = opt.model_dir + "/config.json";
         const int threads     = cpu::default_thread_count();
@@ -951,8 +959,8 @@ void compile_plan(const CompileOptions& opt, std::ostream& log) {
             z.resize_scratch = towers::preprocess_reserve_bytes(opt.max_image_pixels, opt.image_tokens, patch, k);
             z.patch_floats   = (int64_t)max_patches * 3 * patch * patch;
             z.max_patches    = max_patches;
-            z.thread_floats  = std::max({z.thread_floats, vt.thread_scratch_floats(), towers::preprocess_thread_floats(opt.image_tokens, patch, k)});
             preprocess_floats = towers::preprocess_thread_floats(opt.image_tokens, patch, k);
+            z.thread_floats  = std::max({z.thread_floats, vt.thread_scratch_floats(), preprocess_floats});
             z.max_soft       = std::max(z.max_soft, opt.image_tokens);
             for (auto& n : towers::vision_weight_names(vh)) in.tower_names.push_back(n);
             in.towers_meta["vision"] = {{"config", json::parse(in.mc.vision_config_json)}, {"image_tokens", opt.image_tokens},
@@ -987,14 +995,10 @@ void compile_plan(const CompileOptions& opt, std::ostream& log) {
             queue         = std::min<int64_t>(queue, in.max_context);
             if (opt.max_media_tokens > in.max_context)
                 throw CompileError("--max-media-tokens " + std::to_string(opt.max_media_tokens) + " exceeds --max-context " + std::to_string(in.max_context));
-            in.towers_meta["max_media_tokens"]    = queue;
-            in.towers_meta["thread_scratch_floats"] = z.thread_floats;
-            in.towers_meta["precision"]             = towers::precision_name(prec);
-            z.queue_rows            = (int32_t)queue;
-            in.tower_session_bytes  = rt::media_block(z).total();   // with this machine's thread count
-            rt::MediaSizing fixed   = z;
-            fixed.threads           = 0;
-            in.towers_meta["session_bytes"] = rt::media_block(fixed).total();   // less the per-thread scratch
+            in.towers_meta["max_media_tokens"] = queue;
+            in.towers_meta["precision"]        = towers::precision_name(prec);
+            z.queue_rows                       = (int32_t)queue;
+            record_sizing(z);
             zg                = z;
             zg.vision_scratch = vision_host_bytes;
             zg.thread_floats  = std::max(audio_thread_floats, preprocess_floats);
@@ -1080,11 +1084,7 @@ void compile_plan(const CompileOptions& opt, std::ostream& log) {
         const std::string dev = "cuda:" + std::to_string(in.cuda_index);
         in.towers_meta["vision"]["device"]      = dev;
         in.towers_meta["vision"]["gpu_bytes"]   = vision_gpu_bytes;
-        in.towers_meta["thread_scratch_floats"] = zg.thread_floats;
-        rt::MediaSizing fixed = zg;
-        fixed.threads         = 0;
-        in.towers_meta["session_bytes"]          = rt::media_block(fixed).total();
-        in.tower_session_bytes                   = rt::media_block(zg).total();
+        record_sizing(zg);
         decided->placement.tower_where["vision"] = dev;
     } else if (!decided->placement.vision_why.empty() && decided->placement.tower_where["vision"] == "cpu") {
         decided->placement.tower_where["vision"] = "cpu (" + decided->placement.vision_why + ")";

@@ -35,7 +35,8 @@ struct CompileOptions {
     int image_tokens = 280;           // --image-tokens: soft tokens an image gives at most (70|140|280|560|1120)
     int64_t max_image_pixels = 16ll << 20;   // --max-image-pixels: largest input image (width * height) a session takes
     double max_audio_seconds = 30;    // --max-audio-seconds: longest clip (Hugging Face's processor keeps 30 s)
-    std::string tower_precision;   // "" = fp32; set explicitly, fp32 also keeps the vision tower off the GPU   // --tower-precision: towers' matmuls fp32 (HF float32) | bf16 (faster, ~3e-3 off)
+    std::string tower_precision;      // --tower-precision: towers' matmuls fp32 (HF float32) | bf16 (faster, ~3e-3 off); "" = fp32,
+                                      // and an explicit fp32 also keeps the vision tower off the GPU
     int max_media_tokens = 0;         // --max-media-tokens: soft tokens a session holds queued; 0: max(2048, one image/clip)
 };
 

@@ -566,15 +566,11 @@ Decision decide(const Placement& p, const Figures& f, int max_context, const std
         without = decide_fixed(off, f, max_context, figures_at, threads, true);
     } catch (const NoFit&) {
     }
-    if (without && !without->placement.ple_host) {
+    if (without && (!without->placement.ple_host || !with)) {
         without->placement.vision_why = why;
         return *without;
     }
     if (with) return *with;
-    if (without) {
-        without->placement.vision_why = why;
-        return *without;
-    }
     return decide_fixed(off, f, max_context, figures_at, threads, false);   // throws the refusal with its figures
 }
 

@@ -288,10 +288,12 @@ std::string preprocess_image(const uint8_t* rgb, int in_h, int in_w, int max_sof
                 for (int j = 0; j < seg; ++j) std::memcpy(dst + j, &half, sizeof half);
             }
         }
+        int lo = y0;   // first output row of the block whose window has not ended before input row r
         for (int r = r0; r < r1; ++r) {
+            while (lo < y1 && kvbounds[2 * lo] + kvbounds[2 * lo + 1] <= r) ++lo;
             const uint8_t* src = nullptr;
-            for (int y = y0; y < y1; ++y) {
-                if (r < kvbounds[2 * y] || r >= kvbounds[2 * y] + kvbounds[2 * y + 1]) continue;
+            for (int y = lo; y < y1 && kvbounds[2 * y] <= r; ++y) {
+                if (r >= kvbounds[2 * y] + kvbounds[2 * y + 1]) continue;
                 const int32_t w = kv[size_t(y) * p.av.kmax + (r - kvbounds[2 * y])];
                 if (w == 0) continue;
                 if (!src) src = hrow(r, buf);

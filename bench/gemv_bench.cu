@@ -1,6 +1,9 @@
 // Decode GEMV microbenchmark: times the g4_gemv_* kernels of kernels/cuda/kernels.cu at Gemma 4's real
 // decode shapes and reports achieved GB/s against this GPU's measured read bandwidth. Weights are
 // random (valid NF4 blobs, double quant); several copies rotate so every launch reads from DRAM, not L2.
+// A sample is one launch per copy, back to back between two events (per-launch time = sample / copies);
+// "err" is each kernel's largest output difference from the compiler's choice, relative to its largest
+// output (lab variants of other arithmetic show their rounding there).
 // Build on a GPU machine (repo root):
 //   nvcc -O3 -std=c++17 -arch=sm_90 -I. -o build-dev/gemv_bench bench/gemv_bench.cu
 //   [-DG4_KERNELS='"path/to/other/kernels.cu"' to time another version of the kernels]
@@ -15,6 +18,7 @@
 static_assert(GV_XS_MAX == g4::cuda::kGemvXsMax, "kernels.cu and cuda_schedule.h disagree on the x-in-shared-memory limit");
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cuda_runtime.h>
@@ -60,6 +64,7 @@ struct Variant {
     int g, b;
     GemvFn (*fn[2][2])(int);   // [nf4][pairs]
     int kmax;                  // largest K it takes (0: any)
+    bool per_block = false;    // one group of g rows a block of b threads (no lane count to sweep)
 };
 #ifdef G4_LAB
 #include G4_LAB
@@ -208,39 +213,65 @@ int main(int argc, char** argv) {
         CK(cudaMemcpy(x, hx.data(), c.k * 4, cudaMemcpyHostToDevice));
         const long groups = c.pairs ? (n_out + 1) / 2 : (n_out + 3) / 4;
         const int pick     = g4::cuda::gemv_lanes(c.k, c.nf4, groups);
+        // One launch on weight set 0; returns the outputs (out for pairs, y otherwise).
+        auto once = [&](GemvFn fn, unsigned grid, int B) {
+            GemvArgs a{};
+            for (size_t m = 0, off = 0; m < first.m.size(); off += first.m[m].n, ++m) a.m[m] = first.m[m], a.m[m].y = y + off;
+            a.x = x, a.out = out, a.aux = y, a.nmat = (int)first.m.size(), a.k = c.k, a.epi = c.pairs ? 1 : 0, a.cap = 30.0f;
+            CK(cudaMemset(out, 0, (size_t)n_out * 4));
+            CK(cudaMemset(y, 0, (size_t)n_out * 4));
+            fn<<<grid, B, 0, st>>>(a);
+            CK(cudaStreamSynchronize(st));
+            CK(cudaGetLastError());
+            std::vector<float> h(n_out);
+            CK(cudaMemcpy(h.data(), c.pairs ? out : y, (size_t)n_out * 4, cudaMemcpyDeviceToHost));
+            return h;
+        };
+        int pli = 0;
+        while ((8 << pli) != pick) ++pli;
+        const std::vector<float> ref =
+            once((c.nf4 ? kGemvNf4 : kGemvBf16)[c.pairs][pli], (unsigned)(((c.pairs ? (n_out + 1) / 2 : (n_out + 3) / 4) * pick + 127) / 128), 128);
         for (int vi = -1; vi < (lab ? (int)(sizeof kVariants / sizeof kVariants[0]) : 0); ++vi)
         for (int li = 0; li < 5; ++li) {
             const int L = 8 << li;
-            if (L > c.k / (c.nf4 ? 32 : 8)) continue;
             const Variant* var = vi < 0 ? nullptr : &kVariants[vi];
+            if (var && var->per_block ? li != 0 : L > c.k / (c.nf4 ? 32 : 8)) continue;
             if (var && (!var->fn[c.nf4][c.pairs] || (var->kmax && c.k > var->kmax))) continue;
             GemvFn fn      = var ? var->fn[c.nf4][c.pairs](li) : (c.nf4 ? kGemvNf4 : kGemvBf16)[c.pairs][li];
             const int G    = var ? var->g : GV_OUT, B = var ? var->b : 128;
             const long vgroups = c.pairs ? (n_out + G / 2 - 1) / (G / 2) : (n_out + G - 1) / G;
-            long threads   = vgroups * L;
+            long threads   = var && var->per_block ? vgroups * B : vgroups * L;
             unsigned grid  = (unsigned)((threads + B - 1) / B);
             std::vector<float> t;
+            // Each sample: one launch per weight set, back to back (no event between launches).
             for (int r = 0; r < reps + 2; ++r) {
-                GemvArgs a{};
-                const Mats& s = sets[r % copies];
-                for (size_t m = 0; m < s.m.size(); ++m) {
-                    a.m[m]   = s.m[m];
-                    a.m[m].y = y;
-                }
-                a.x = x, a.out = out, a.aux = y, a.nmat = (int)s.m.size(), a.k = c.k, a.epi = c.pairs ? 1 : 0, a.cap = 30.0f;
                 CK(cudaEventRecord(e0, st));
-                fn<<<grid, B, 0, st>>>(a);
+                for (int si = 0; si < copies; ++si) {
+                    GemvArgs a{};
+                    const Mats& s = sets[si];
+                    for (size_t m = 0, off = 0; m < s.m.size(); off += s.m[m].n, ++m) {
+                        a.m[m]   = s.m[m];
+                        a.m[m].y = y + off;
+                    }
+                    a.x = x, a.out = out, a.aux = y, a.nmat = (int)s.m.size(), a.k = c.k, a.epi = c.pairs ? 1 : 0, a.cap = 30.0f;
+                    fn<<<grid, B, 0, st>>>(a);
+                }
                 CK(cudaEventRecord(e1, st));
                 CK(cudaEventSynchronize(e1));
                 CK(cudaGetLastError());
                 float ms;
                 CK(cudaEventElapsedTime(&ms, e0, e1));
-                if (r >= 2) t.push_back(ms * 1e3f);
+                if (r >= 2) t.push_back(ms * 1e3f / copies);
             }
             float us = median(t);
             float gbs = first.bytes / (us * 1e-6f) / 1e9f;
-            std::printf("%-22s %6.2f %4d%s %10.2f %9.0f %7.1f%% %s\n", c.name, first.bytes / 1e6, L, !var && L == pick ? "*" : " ", us,
-                        gbs, 100.0f * gbs / peak, var ? var->name : "");
+            // Max |difference| from the compiler's choice, relative to the largest |reference| output.
+            const std::vector<float> got = once(fn, grid, B);
+            double dmax = 0, rmax = 0;
+            for (int i = 0; i < n_out; ++i) dmax = std::max(dmax, (double)std::fabs(got[i] - ref[i])), rmax = std::max(rmax, (double)std::fabs(ref[i]));
+            std::printf("%-22s %6.2f %4d%s %10.2f %9.0f %7.1f%%  err %.1e %s\n", c.name, first.bytes / 1e6,
+                        var && var->per_block ? B : L, !var && L == pick ? "*" : " ", us, gbs, 100.0f * gbs / peak, dmax / rmax,
+                        var ? var->name : "");
         }
         for (auto& s : sets)
             for (auto& m : s.m) {

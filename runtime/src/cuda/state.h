@@ -112,6 +112,12 @@ struct SessionState {
     std::atomic<bool> host_failed{false};
     std::string host_error;       // written by the host function that failed, read after the stream syncs
     bool profile = false;
+    // G4_DECODE_SKIP=a,b,...: a timing lab only (the tokens are wrong). Decode-schedule launches whose
+    // class is listed are not launched: resnorm, qkv_post, gemv_nf4, gemv_bf16, lm_head, or an op name
+    // (attention, attention_sliding, attention_full, embed, ...); "merge": the decode attention's merge
+    // kernel. Per launch of the schedule: skipped or not.
+    std::vector<bool> skip;
+    bool skip_merge = false;
     double prof_ms[20][2] = {};   // per op code; 16.. fused launch kinds
     long prof_n[20][2] = {};
     std::chrono::steady_clock::time_point prof_t;

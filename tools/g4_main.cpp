@@ -7,6 +7,7 @@
 #include "g4/g4.h"
 #include "tools/audio_io.h"
 #include "tools/image_io.h"
+#include "runtime/src/chat_template.h"
 #include "runtime/src/plan/plan_reader.h"
 #include "runtime/src/tokenizer.h"
 
@@ -20,6 +21,7 @@
 #include <iostream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <unistd.h>
@@ -54,7 +56,9 @@ const char* kUsage =
     "             [--print-ids] [--dump-logits FILE] [--truncate] [--threads N] [--stats]\n"
     "             [--image FILE]... [--audio FILE.wav]...   (plans with the vision / audio tower; with -p each goes at the\n"
     "              next <|image|> / <|audio|> of the text, else after <bos>)\n"
-    "  g4 chat PLAN [--system TEXT] [-n N] [sampling options as for run] [--stats]\n"
+    "  g4 chat PLAN [--system TEXT] [-n N] [sampling options as for run] [--print-ids] [--stats] [--image FILE]...\n"
+    "             [--audio FILE.wav]...   (--image / --audio go with the first message; typed commands: /image FILE and\n"
+    "              /audio FILE.wav attach a file to the next message, /reset starts over, /exit quits)\n"
     "  g4 bench PLAN [-p 512,4096] [-n 128] [-d 0,4096] [-r 3] [--threads N] [--json]\n"
     "             (warm, one process: prompt processing of each -p length, then -n greedy decode steps after a\n"
     "              prompt of each -d depth; medians of -r repetitions after one warm-up of each)\n"
@@ -516,83 +520,270 @@ int cmd_bench(int argc, char** argv) {
     return 0;
 }
 
-// Interactive multi-turn chat: the conversation is re-rendered each turn and only the tokens the
-// session does not already hold are fed.
+// An image or clip attached to a chat message: decoded when attached, encoded by its tower when the message
+// is sent, and again only if the session has to be fed from the start (the history it holds changed).
+struct ChatAttachment {
+    g4::ChatMedia kind = g4::ChatMedia::Image;
+    std::string path;
+    g4::tools::ImageRGB8 image;
+    g4::tools::AudioPcm audio;
+    int32_t n = -1;   // soft tokens, once encoded
+};
+
+struct ChatTurn {
+    std::string role, text;
+    std::vector<ChatAttachment> media;   // before the text, as content [{"type": "image"}, ..., {"type": "text"}]
+};
+
+// A multi-turn conversation on one session: re-rendered each turn (the chat template, then each media
+// marker replaced by <boi>/<boa>, n placeholders, <eoi>/<eoa>) and only the tokens the session does not
+// already hold are fed, so an earlier image stays in the KV cache and its tower does not run again.
+struct Chat {
+    g4_engine* e = nullptr;
+    g4_session* s = nullptr;
+    g4_engine_info info{};
+    g4_media_info mi{};
+    std::vector<ChatTurn> turns;            // (the system turn first, if any)
+    std::vector<ChatAttachment> pending;    // for the next user message
+    std::vector<int32_t> fed;               // tokens the session holds
+
+    struct Prompt {
+        std::vector<int32_t> ids;
+        struct Block { size_t begin, end, turn, item; };   // ids [begin, end) hold turns[turn].media[item]
+        std::vector<Block> blocks;
+    };
+
+    // Decodes a file for the next message; "" or why it cannot be attached (`what`: "/image", "--audio", ...).
+    std::string attach(g4::ChatMedia kind, const std::string& path, const std::string& what) {
+        ChatAttachment a;
+        a.kind = kind;
+        a.path = path;
+        std::string err;
+        if (kind == g4::ChatMedia::Image) {
+            if (!mi.has_vision) return what + " " + path + ": the plan has no vision tower (compiled with --no-vision, or from a checkpoint without vision_config)";
+            if (!(err = g4::tools::load_image(path, &a.image)).empty()) return err;
+            const int64_t px = (int64_t)a.image.width * a.image.height;
+            if (px > mi.max_image_pixels)
+                return path + ": " + std::to_string(a.image.width) + "x" + std::to_string(a.image.height) + " is " + std::to_string(px) +
+                       " pixels but the plan takes at most " + std::to_string(mi.max_image_pixels) + " (g4 compile --max-image-pixels)";
+        } else {
+            if (!mi.has_audio) return what + " " + path + ": the plan has no audio tower (compiled with --no-audio, or from a checkpoint without audio_config)";
+            if (!(err = g4::tools::load_wav(path, &a.audio)).empty()) return err;
+            if (a.audio.sample_rate != mi.audio_sample_rate)
+                return path + ": " + std::to_string(a.audio.sample_rate) + " Hz, but the audio tower takes " + std::to_string(mi.audio_sample_rate) + " Hz mono";
+            if ((int64_t)a.audio.samples.size() > mi.max_audio_samples) {
+                char buf[160];
+                std::snprintf(buf, sizeof buf, ": %.2f s of audio but the plan takes at most %.2f s (g4 compile --max-audio-seconds)",
+                              (double)a.audio.samples.size() / mi.audio_sample_rate, (double)mi.max_audio_samples / mi.audio_sample_rate);
+                return path + buf;
+            }
+        }
+        pending.push_back(std::move(a));
+        return "";
+    }
+
+    void restart() {
+        check(g4_session_reset(s));
+        fed.clear();
+    }
+
+    // Starts over: only the system turn stays; pending attachments are dropped.
+    void reset() {
+        turns.erase(std::remove_if(turns.begin(), turns.end(), [](auto& t) { return t.role != "system"; }), turns.end());
+        pending.clear();
+        restart();
+    }
+
+    Prompt render() const {
+        std::vector<g4::ChatMessage> msgs;
+        for (const ChatTurn& t : turns) {
+            msgs.push_back({t.role, t.text, {}});
+            for (const ChatAttachment& a : t.media) msgs.back().media.push_back(a.kind);
+        }
+        std::string text, err;
+        std::vector<g4::ChatMediaMark> marks;
+        if (!g4::render_chat(msgs, g4::ChatOptions{}, &text, &err, &marks)) throw RunError(err);
+        Prompt p;
+        size_t at = 0;
+        auto add_text = [&](size_t end) {
+            if (end == at) return;
+            std::vector<int32_t> ids = tokenize(e, text.substr(at, end - at), false);
+            p.ids.insert(p.ids.end(), ids.begin(), ids.end());
+        };
+        for (const g4::ChatMediaMark& m : marks) {
+            add_text(m.offset);
+            const ChatAttachment& a = turns[m.message].media[m.item];
+            const bool image        = a.kind == g4::ChatMedia::Image;
+            const size_t begin      = p.ids.size();
+            p.ids.push_back(image ? mi.boi_token_id : mi.boa_token_id);
+            p.ids.insert(p.ids.end(), (size_t)std::max(a.n, 0), image ? mi.image_token_id : mi.audio_token_id);
+            p.ids.push_back(image ? mi.eoi_token_id : mi.eoa_token_id);
+            p.blocks.push_back({begin, p.ids.size(), m.message, m.item});
+            at = m.offset + (image ? g4::kChatImageMarker : g4::kChatAudioMarker).size();
+        }
+        add_text(text.size());
+        return p;
+    }
+
+    // Runs a's tower; its soft tokens wait in the session's queue for the placeholders.
+    void encode(ChatAttachment& a) {
+        int32_t n = 0;
+        const g4_status st = a.kind == g4::ChatMedia::Image
+                                 ? g4_session_add_image(s, a.image.rgb.data(), a.image.width, a.image.height, &n)
+                                 : g4_session_add_audio(s, a.audio.samples.data(), (int64_t)a.audio.samples.size(), &n);
+        if (st != G4_OK) throw RunError(a.path + ": " + g4_last_error_message());
+        if (a.n >= 0 && n != a.n)
+            throw RunError(a.path + ": encoded again it gives " + std::to_string(n) + " soft tokens, not " + std::to_string(a.n));
+        a.n = n;
+    }
+
+    // Feeds p.ids [fed.size(), end); fed is a prefix of p.ids.
+    void feed(const Prompt& p, size_t end) {
+        if (end > fed.size()) check(g4_session_append_tokens(s, p.ids.data() + fed.size(), end - fed.size(), nullptr, 0));
+        fed.assign(p.ids.begin(), p.ids.begin() + (long)end);
+    }
+
+    // False (conversation reset, as a turn that does not fit always did) when p leaves no room for a reply.
+    bool fits(const Prompt& p) {
+        if (p.ids.size() + 1 < (size_t)info.max_context) return true;
+        size_t soft   = 0;
+        bool at_least = false;   // media not encoded yet count no soft token
+        for (const auto& b : p.blocks) {
+            soft += b.end - b.begin - 2;
+            at_least |= turns[b.turn].media[b.item].n < 0;
+        }
+        std::string of = soft ? " (" + std::to_string(soft) + " of them image and audio soft tokens)" : "";
+        std::printf("[this turn does not fit: %s%zu prompt tokens%s, max context %d; conversation reset]\n", at_least ? "at least " : "",
+                    p.ids.size(), of.c_str(), info.max_context);
+        std::fflush(stdout);
+        reset();
+        return false;
+    }
+
+    // Adds a user turn with the pending attachments and feeds what the session lacks. False when it was
+    // not sent (reported); the conversation is then as before.
+    bool prepare(const std::string& text) {
+        const size_t before = turns.size();
+        turns.push_back({"user", text, std::move(pending)});
+        pending.clear();
+        try {
+            Prompt p = render();   // the new media without their placeholders yet
+            if (!fits(p)) return false;
+            size_t common = 0;
+            while (common < fed.size() && common < p.ids.size() && fed[common] == p.ids[common]) ++common;
+            for (const auto& b : p.blocks)
+                if (b.begin < common && common < b.end) common = 0;
+            if (common < fed.size()) restart();   // history changed (e.g. a reply re-tokenized): start from scratch
+            // Each image or clip the session lacks is encoded just before its placeholders are fed (the session
+            // queues a bounded number of soft tokens): the new ones, and after a restart the earlier ones again.
+            for (size_t k = 0; k < p.blocks.size(); ++k) {
+                if (p.blocks[k].begin < fed.size()) continue;
+                ChatAttachment& a = turns[p.blocks[k].turn].media[p.blocks[k].item];
+                const bool fresh  = a.n < 0;
+                encode(a);
+                if (fresh && !fits(p = render())) return false;
+                feed(p, p.blocks[k].end);
+            }
+            feed(p, p.ids.size());
+            return true;
+        } catch (const RunError& err) {
+            std::fprintf(stderr, "g4 chat: error: %s; the message was not sent\n", err.what());
+            turns.resize(std::min(turns.size(), before));
+            check(g4_session_clear_media(s));
+            if (g4_session_position(s) != (int32_t)fed.size()) restart();
+            return false;
+        }
+    }
+};
+
+// Interactive multi-turn chat on stdin/stdout; /image and /audio attach files to the next message.
 int cmd_chat(int argc, char** argv) {
     std::vector<std::string> with_value = kSamplingOpts;
-    with_value.push_back("--system");
-    Args a(argc, argv, 2, with_value, {"--stats"});
+    with_value.insert(with_value.end(), {"--system", "--image", "--audio"});
+    Args a(argc, argv, 2, with_value, {"--stats", "--print-ids"});
     if (a.pos.size() != 1) throw UsageError("expected exactly one PLAN argument");
     Engine e;
     open_engine(a.pos[0], &e);
     if (!e.info.has_tokenizer) throw RunError(a.pos[0] + ": the plan has no tokenizer; chat needs one (compile with tokenizer.json)");
     g4_sampling_params sp = sampling_from_args(a, e.e);
     int n_predict         = (int)parse_int("-n", a.get("-n", "512"), 1, 1 << 30);
+    const bool print_ids  = a.flag.count("--print-ids") > 0;
     Session s;
     create_session(a, e.e, &s);
-    bool tty = ::isatty(0);
+    Chat chat;
+    chat.e    = e.e;
+    chat.s    = s.s;
+    chat.info = e.info;
+    check(g4_engine_get_media_info(e.e, &chat.mi));
+    if (a.has("--system")) chat.turns.push_back({"system", a.get("--system"), {}});
+    for (auto [opt, kind] : {std::pair{"--image", g4::ChatMedia::Image}, std::pair{"--audio", g4::ChatMedia::Audio}})
+        if (a.multi.count(opt))
+            for (const auto& f : a.multi.at(opt))
+                if (std::string err = chat.attach(kind, f, opt); !err.empty()) throw RunError(err);
 
-    std::vector<std::pair<std::string, std::string>> turns;   // (role, content)
-    if (a.has("--system")) turns.push_back({"system", a.get("--system")});
-    std::vector<int32_t> fed;   // tokens the session holds
-    if (tty) std::fprintf(stderr, "g4 chat: /reset starts over, /exit quits\n");
+    const bool tty = ::isatty(0);
+    if (tty) {
+        std::string media = std::string(chat.mi.has_vision ? "/image FILE" : "") + (chat.mi.has_vision && chat.mi.has_audio ? " and " : "") +
+                            (chat.mi.has_audio ? "/audio FILE.wav" : "");
+        std::fprintf(stderr, "g4 chat: %s%s/reset starts over, /exit quits\n", media.c_str(), media.empty() ? "" : " attach a file to the next message, ");
+    }
+    // "/image PATH" (PATH may be quoted) -> PATH; nullopt when line is not that command.
+    auto command_arg = [](const std::string& line, const std::string& cmd) -> std::optional<std::string> {
+        if (line.rfind(cmd, 0) != 0 || (line.size() > cmd.size() && line[cmd.size()] != ' ' && line[cmd.size()] != '\t')) return std::nullopt;
+        std::string arg(g4::strip_python_whitespace(std::string_view(line).substr(cmd.size())));
+        if (arg.size() >= 2 && (arg[0] == '\'' || arg[0] == '"') && arg.back() == arg[0]) arg = arg.substr(1, arg.size() - 2);
+        return arg;
+    };
     std::string line;
     for (;;) {
         if (tty) std::fprintf(stderr, "> ");
         if (!std::getline(std::cin, line)) break;
         if (line == "/exit") break;
         if (line == "/reset") {
-            turns.erase(std::remove_if(turns.begin(), turns.end(), [](auto& t) { return t.first != "system"; }), turns.end());
-            check(g4_session_reset(s.s));
-            fed.clear();
+            chat.reset();
             std::printf("[conversation reset]\n");
             std::fflush(stdout);
             continue;
         }
-        if (line.empty()) continue;
-        turns.push_back({"user", line});
-        std::vector<g4_chat_message> msgs;
-        for (auto& t : turns) msgs.push_back({t.first.c_str(), t.second.c_str()});
-        size_t n = 0;
-        g4_status rs = g4_chat_render(e.e, msgs.data(), msgs.size(), 1, nullptr, 0, &n);
-        if (rs != G4_OK && rs != G4_ERR_BUFFER_TOO_SMALL) check(rs);
-        std::string prompt(n, '\0');
-        check(g4_chat_render(e.e, msgs.data(), msgs.size(), 1, prompt.data(), prompt.size(), &n));
-        std::vector<int32_t> ids = tokenize(e.e, prompt, false);
-        size_t common = 0;
-        while (common < fed.size() && common < ids.size() && fed[common] == ids[common]) ++common;
-        if (ids.size() + 1 >= (size_t)e.info.max_context) {
-            std::printf("[this turn does not fit: %zu prompt tokens, max context %d; conversation reset]\n", ids.size(),
-                        e.info.max_context);
-            std::fflush(stdout);
-            turns.erase(std::remove_if(turns.begin(), turns.end(), [](auto& t) { return t.first != "system"; }), turns.end());
-            check(g4_session_reset(s.s));
-            fed.clear();
+        std::optional<std::string> img = command_arg(line, "/image"), aud = img ? std::nullopt : command_arg(line, "/audio");
+        if (img || aud) {
+            const std::string what = img ? "/image" : "/audio", path = img ? *img : *aud;
+            std::string err = path.empty() ? what + " needs a file: " + what + (img ? " photo.png" : " clip.wav")
+                                           : chat.attach(img ? g4::ChatMedia::Image : g4::ChatMedia::Audio, path, what);
+            if (!err.empty()) {
+                std::fprintf(stderr, "g4 chat: error: %s\n", err.c_str());
+            } else if (img) {
+                const auto& im = chat.pending.back().image;
+                std::fprintf(stderr, "[image %s attached to the next message: %dx%d]\n", path.c_str(), im.width, im.height);
+            } else {
+                std::fprintf(stderr, "[audio %s attached to the next message: %.2f s]\n", path.c_str(),
+                             (double)chat.pending.back().audio.samples.size() / chat.mi.audio_sample_rate);
+            }
             continue;
         }
-        if (common < fed.size()) {   // history changed (e.g. re-trimmed): start from scratch
-            check(g4_session_reset(s.s));
-            fed.clear();
-            common = 0;
-        }
-        check(g4_session_append_tokens(s.s, ids.data() + common, ids.size() - common, nullptr, 0));
-        fed = ids;
+        if (line.empty() && chat.pending.empty()) continue;
+        if (!chat.prepare(line)) continue;
+
         g4_generate_params gp = g4_generate_params_default();
         gp.max_tokens         = n_predict;
         StreamState ss;
+        ss.echo      = !print_ids;
         g4_status st = g4_session_generate(s.s, &sp, &gp, on_token, &ss, nullptr);
+        if (print_ids) std::printf("%s", join_ids(ss.ids).c_str());
         std::printf("\n");
         std::fflush(stdout);
-        fed.insert(fed.end(), ss.ids.begin(), ss.ids.end());
+        chat.fed.insert(chat.fed.end(), ss.ids.begin(), ss.ids.end());
         if (st == G4_ERR_CONTEXT_FULL) {
             std::printf("[context full: conversation reset]\n");
-            check(g4_session_reset(s.s));
-            fed.clear();
-            turns.clear();
+            std::fflush(stdout);
+            chat.reset();
             continue;
         }
-        check(st);
-        turns.push_back({"model", ss.text});
+        if (st != G4_OK) {
+            std::fprintf(stderr, "g4 chat: error: %s\n", g4_last_error_message());
+            if (g4_session_position(s.s) != (int32_t)chat.fed.size()) chat.restart();
+        }
+        chat.turns.push_back({"model", ss.text, {}});
         if (a.flag.count("--stats")) print_stats(s.s, e.e, e.info);
     }
     return 0;

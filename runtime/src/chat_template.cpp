@@ -70,9 +70,10 @@ std::string_view strip_python_whitespace(std::string_view s) {
 }
 
 bool render_chat(const std::vector<ChatMessage>& messages, const ChatOptions& opts, std::string* out,
-                 std::string* err) {
+                 std::string* err, std::vector<ChatMediaMark>* marks) {
     if (!out) return false;
     out->clear();
+    if (marks) marks->clear();
     if (messages.empty()) {
         if (err) *err = "chat template: no messages";
         return false;
@@ -81,6 +82,11 @@ bool render_chat(const std::vector<ChatMessage>& messages, const ChatOptions& op
         out->append(opts.bos_token);
         size_t first = 0;
         if (messages[0].role == "system" || messages[0].role == "developer") {
+            if (!messages[0].media.empty()) {
+                out->clear();
+                if (err) *err = "chat template: the " + messages[0].role + " message cannot hold images or audio";
+                return false;
+            }
             out->append("<|turn>system\n");
             out->append(strip_python_whitespace(messages[0].content));
             out->append("<turn|>\n");
@@ -90,6 +96,13 @@ bool render_chat(const std::vector<ChatMessage>& messages, const ChatOptions& op
             const ChatMessage& m    = messages[i];
             const std::string& role = m.role == "assistant" ? std::string("model") : m.role;
             out->append("<|turn>").append(role).append("\n");
+            for (size_t k = 0; k < m.media.size(); ++k) {
+                const bool image = m.media[k] == ChatMedia::Image;
+                if (image) out->append("\n\n");
+                if (marks) marks->push_back({out->size(), i, k, m.media[k]});
+                out->append(image ? kChatImageMarker : kChatAudioMarker);
+                if (image) out->append("\n\n");
+            }
             if (role == "model")
                 append_model_text(m.content, out);
             else
@@ -100,6 +113,7 @@ bool render_chat(const std::vector<ChatMessage>& messages, const ChatOptions& op
         return true;
     } catch (...) {
         out->clear();
+        if (marks) marks->clear();
         if (err) *err = "chat template: out of memory";
         return false;
     }

@@ -498,10 +498,11 @@ void write_plan(const Inputs& in, const std::string& out_path, Mode mode, Report
     const size_t host_group            = 1 + gpus.size();
     rep->host_weights = wstart[host_group + 1] - wstart[host_group];
     rep->tower_weights = wstart[towers_group + 1] - wstart[towers_group];
-    for (size_t t = n_text_tensors; t < prog.tensors.size(); ++t) {   // vision first, then audio: each contiguous
+    for (size_t t = n_text_tensors; t < prog.tensors.size();
+         ++t) { // vision first, then audio: each contiguous
         const bool vision = tower_group_name(prog.tensors[t].name) == "vision tower";
-        uint64_t& b = vision ? rep->vision_begin : rep->audio_begin;
-        uint64_t& e = vision ? rep->vision_end : rep->audio_end;
+        uint64_t& b       = vision ? rep->vision_begin : rep->audio_begin;
+        uint64_t& e       = vision ? rep->vision_end : rep->audio_end;
         if (e == 0) b = off[t];
         e = off[t] + nbytes[t];
     }
@@ -589,7 +590,8 @@ void write_plan(const Inputs& in, const std::string& out_path, Mode mode, Report
         meta["towers"]            = in.towers_meta;
         meta["towers"]["weights"] = {wstart[towers_group], wstart[towers_group + 1]};
         if (meta["towers"].contains("vision")) meta["towers"]["vision"]["weights"] = {rep->vision_begin, rep->vision_end};
-        if (meta["towers"].contains("audio")) meta["towers"]["audio"]["weights"] = {rep->audio_begin, rep->audio_end};
+        if (meta["towers"].contains("audio"))
+            meta["towers"]["audio"]["weights"] = {rep->audio_begin, rep->audio_end};
     }
     std::string meta_text = meta.dump(1);
 
@@ -904,17 +906,18 @@ void compile_plan(const CompileOptions& opt, std::ostream& log) {
 
     // Towers: config and every weight's shape checked now, before any heavy work. They run on the CPU; in a
     // CUDA plan either may run on the plan's GPU instead (decided with the memory plan below).
-    uint64_t vision_gpu_bytes = 0, audio_gpu_bytes = 0;   // their device buffers there
-    std::string vision_gpu_no, audio_gpu_no;              // why one cannot run there ("" = it can)
+    uint64_t vision_gpu_bytes = 0, audio_gpu_bytes = 0; // their device buffers there
+    std::string vision_gpu_no, audio_gpu_no;            // why one cannot run there ("" = it can)
     // The towers' host buffers with the vision / audio tower on the GPU (media_create's sizing).
     rt::MediaSizing z_cpu;
-    size_t vision_host_bytes = 0, audio_host_bytes = 0, vision_thread_floats = 0, audio_thread_floats = 0, audio_feature_floats = 0,
-           preprocess_floats = 0;
+    size_t vision_host_bytes = 0, audio_host_bytes = 0, vision_thread_floats = 0, audio_thread_floats = 0,
+           audio_feature_floats = 0, preprocess_floats = 0;
     auto sizing = [&](bool vision_gpu, bool audio_gpu) {
         rt::MediaSizing z = z_cpu;
         if (vision_gpu) z.vision_scratch = vision_host_bytes;
         if (audio_gpu) z.audio_scratch = audio_host_bytes;
-        z.thread_floats = std::max({vision_gpu ? 0 : vision_thread_floats, preprocess_floats, audio_gpu ? audio_feature_floats : audio_thread_floats});
+        z.thread_floats = std::max({vision_gpu ? 0 : vision_thread_floats, preprocess_floats,
+                                    audio_gpu ? audio_feature_floats : audio_thread_floats});
         return z;
     };
     // META's per-thread scratch and session figures of the towers' host buffers, sized as z.
@@ -994,17 +997,23 @@ void compile_plan(const CompileOptions& opt, std::ostream& log) {
             towers::AudioTower at;
             e = at.init(ah, lookup, max_samples);
             if (!e.empty()) throw CompileError("audio tower of " + opt.model_dir + ": " + e + " (--no-audio leaves the tower out)");
-            // The GPU tower: bf16 tensor-core matmuls; the SSCP conv kernel stages a 3x3 patch and a position's outputs in
-            // shared memory, the attention kernel the logits of a query's W keys (48 KiB at most without opting in).
+            // The GPU tower: bf16 tensor-core matmuls; the SSCP conv kernel stages a 3x3 patch and a
+            // position's outputs in shared memory, the attention kernel the logits of a query's W keys (48
+            // KiB at most without opting in).
             const int c0 = ah.subsampling_conv_channels[0], c1 = ah.subsampling_conv_channels[1];
-            const size_t conv_smem = 4 * std::max<size_t>(9 + c0, 9 * (size_t)c0 + c1), attn_smem = 4 * (size_t)(ah.attention_context_left - 1);
-            if (in.cuda_index < 0) audio_gpu_no = "a CPU plan";
+            const size_t conv_smem = 4 * std::max<size_t>(9 + c0, 9 * (size_t)c0 + c1),
+                         attn_smem = 4 * (size_t)(ah.attention_context_left - 1);
+            if (in.cuda_index < 0)
+                audio_gpu_no = "a CPU plan";
             else if (opt.weights == "f32")
-                audio_gpu_no = "the GPU audio tower needs bf16 weights, and --weights f32 stores the towers' as f32";
+                audio_gpu_no =
+                    "the GPU audio tower needs bf16 weights, and --weights f32 stores the towers' as f32";
             else if (opt.tower_precision == "fp32")
-                audio_gpu_no = "--tower-precision fp32 was given, and the GPU audio tower's matmuls are bf16 with fp32 accumulation";
+                audio_gpu_no = "--tower-precision fp32 was given, and the GPU audio tower's matmuls are bf16 "
+                               "with fp32 accumulation";
             else if (conv_smem > 48 * 1024 || attn_smem > 48 * 1024)
-                audio_gpu_no = "its subsampling_conv_channels / attention_context_left need more shared memory than the GPU kernels take (48 KiB)";
+                audio_gpu_no = "its subsampling_conv_channels / attention_context_left need more shared "
+                               "memory than the GPU kernels take (48 KiB)";
             audio_gpu_bytes      = at.gpu_layout().total;
             audio_host_bytes     = at.gpu_host_scratch_bytes();
             audio_feature_floats = at.gpu_thread_scratch_floats();
@@ -1034,10 +1043,14 @@ void compile_plan(const CompileOptions& opt, std::ostream& log) {
         };
         where("vision", in.mc.has_vision, opt.vision);
         where("audio", in.mc.has_audio, opt.audio);
-        auto can_run = [&](const char* c, bool has, const std::string& no, bool& gpu, bool& automatic, std::string& why) {
-            const std::string item = std::string("--place ") + c + "=" + (place.towers.count(c) ? place.towers[c] : "gpu");
+        auto can_run = [&](const char* c, bool has, const std::string& no, bool& gpu, bool& automatic,
+                           std::string& why) {
+            const std::string item =
+                std::string("--place ") + c + "=" + (place.towers.count(c) ? place.towers[c] : "gpu");
             if (!has) {
-                if (gpu) throw CompileError(item + ": the plan has no " + c + " tower (" + place.tower_where[c] + ")");
+                if (gpu)
+                    throw CompileError(item + ": the plan has no " + c + " tower (" + place.tower_where[c] +
+                                       ")");
                 automatic = false;
             } else if (!no.empty()) {
                 if (gpu) throw CompileError(item + ": " + no + "; --place " + c + "=cpu runs it on the CPU");
@@ -1045,8 +1058,10 @@ void compile_plan(const CompileOptions& opt, std::ostream& log) {
                 automatic = false;
             }
         };
-        can_run("vision", in.mc.has_vision && opt.vision, vision_gpu_no, place.vision_gpu, place.vision_auto, place.vision_why);
-        can_run("audio", in.mc.has_audio && opt.audio, audio_gpu_no, place.audio_gpu, place.audio_auto, place.audio_why);
+        can_run("vision", in.mc.has_vision && opt.vision, vision_gpu_no, place.vision_gpu, place.vision_auto,
+                place.vision_why);
+        can_run("audio", in.mc.has_audio && opt.audio, audio_gpu_no, place.audio_gpu, place.audio_auto,
+                place.audio_why);
     }
 
     // The exact memory plan (no weight read yet), the placement it fits, the budget check.
@@ -1117,16 +1132,17 @@ void compile_plan(const CompileOptions& opt, std::ostream& log) {
         write_plan(in, opt.out_path, Mode::Plan, &rep);
         decided = placement::decide(place, figures_of(rep), in.max_context, figures_at, threads);
     }
-    {   // META and the report: where each tower runs, its buffers
+    { // META and the report: where each tower runs, its buffers
         placement::Placement& pl = decided->placement;
         const std::string dev    = "cuda:" + std::to_string(in.cuda_index);
         for (const char* c : {"vision", "audio"}) {
             const bool gpu         = std::string(c) == "vision" ? pl.vision_gpu : pl.audio_gpu;
             const std::string& why = std::string(c) == "vision" ? pl.vision_why : pl.audio_why;
             if (gpu) {
-                in.towers_meta[c]["device"]    = dev;
-                in.towers_meta[c]["gpu_bytes"] = std::string(c) == "vision" ? vision_gpu_bytes : audio_gpu_bytes;
-                pl.tower_where[c]              = dev;
+                in.towers_meta[c]["device"] = dev;
+                in.towers_meta[c]["gpu_bytes"] =
+                    std::string(c) == "vision" ? vision_gpu_bytes : audio_gpu_bytes;
+                pl.tower_where[c] = dev;
             } else if (!why.empty() && pl.tower_where[c] == "cpu") {
                 pl.tower_where[c] = "cpu (" + why + ")";
             }
@@ -1228,22 +1244,26 @@ void compile_plan(const CompileOptions& opt, std::ostream& log) {
         << rep.ignored_text << " (e.g. KV-shared layers' k/v) + " << rep.ignored_other << " (towers left out, if any)\n";
     if (!in.tower_names.empty()) {
         const bool has_v = in.towers_meta.contains("vision"), has_a = in.towers_meta.contains("audio");
-        const bool vgpu  = has_v && in.towers_meta["vision"].contains("device");
-        const bool agpu  = has_a && in.towers_meta["audio"].contains("device");
+        const bool vgpu         = has_v && in.towers_meta["vision"].contains("device");
+        const bool agpu         = has_a && in.towers_meta["audio"].contains("device");
         const std::string vtext = "vision (" + std::to_string(opt.image_tokens) + " soft tokens an image at most) ";
         char secs[32];
         std::snprintf(secs, sizeof secs, "%g", opt.max_audio_seconds);
         const std::string atext = std::string("audio (") + secs + " s a clip at most) ";
-        const uint64_t gpu_w    = (vgpu ? rep.vision_end - rep.vision_begin : 0) + (agpu ? rep.audio_end - rep.audio_begin : 0);
+        const uint64_t gpu_w =
+            (vgpu ? rep.vision_end - rep.vision_begin : 0) + (agpu ? rep.audio_end - rep.audio_begin : 0);
         if (vgpu || agpu)
-            log << "  towers on cuda:" << in.cuda_index << ": " << (vgpu ? vtext : "") << (agpu ? atext : "") << "- " << human(gpu_w)
-                << " of weights (bf16 matmuls), " << human((vgpu ? vision_gpu_bytes : 0) + (agpu ? audio_gpu_bytes : 0))
+            log << "  towers on cuda:" << in.cuda_index << ": " << (vgpu ? vtext : "") << (agpu ? atext : "")
+                << "- " << human(gpu_w) << " of weights (bf16 matmuls), "
+                << human((vgpu ? vision_gpu_bytes : 0) + (agpu ? audio_gpu_bytes : 0))
                 << " of session buffers there\n";
         if ((has_v && !vgpu) || (has_a && !agpu))
-            log << "  towers on the CPU: " << (has_v && !vgpu ? vtext : "") << (has_a && !agpu ? atext : "") << "- "
-                << human(rep.tower_weights - gpu_w) << " of weights, " << human(in.tower_session_bytes) << " of session buffers\n";
+            log << "  towers on the CPU: " << (has_v && !vgpu ? vtext : "") << (has_a && !agpu ? atext : "")
+                << "- " << human(rep.tower_weights - gpu_w) << " of weights, "
+                << human(in.tower_session_bytes) << " of session buffers\n";
         else
-            log << "  towers' host buffers (inputs, features, queued soft tokens): " << human(in.tower_session_bytes) << "\n";
+            log << "  towers' host buffers (inputs, features, queued soft tokens): "
+                << human(in.tower_session_bytes) << "\n";
     }
 
     // Fidelity: logits of the plan vs the full-precision (fp32-merged, unquantized) model.

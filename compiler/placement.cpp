@@ -428,8 +428,9 @@ Placement resolve(const Request& req, int num_layers, int cuda_index, int gpu_co
         int d                  = device_of(it->second, item);
         if (d >= 0) budget_for(d, std::string("the ") + c + " tower (--place " + item + ")");
         if (d >= 0 && d != cuda_index)
-            throw CompileError("not supported by this build: --place " + item + " (the " + c + " tower runs on the plan's GPU, " +
-                               plan_gpu + ", or on the CPU: " + c + "=gpu or " + c + "=cpu)");
+            throw CompileError("not supported by this build: --place " + item + " (the " + c +
+                               " tower runs on the plan's GPU, " + plan_gpu + ", or on the CPU: " + c +
+                               "=gpu or " + c + "=cpu)");
         p.towers[c] = it->second.text;
         if (d >= 0) (std::string(c) == "vision" ? p.vision_gpu : p.audio_gpu) = true;
         p.notes.push_back(item + ": the " + c + " tower runs on " + (d >= 0 ? plan_gpu : std::string("the CPU")));
@@ -504,13 +505,14 @@ std::vector<DeviceMemory> memory_plan(const Figures& f, const Placement& p, bool
                             {"workspaces", x.workspace}};
     }
     if (p.vision_gpu) gpu[p.cuda_index].parts.push_back({"vision tower", f.vision_weights + f.vision_gpu_buffers});
-    if (p.audio_gpu) gpu[p.cuda_index].parts.push_back({"audio tower", f.audio_weights + f.audio_gpu_buffers});
+    if (p.audio_gpu)
+        gpu[p.cuda_index].parts.push_back({"audio tower", f.audio_weights + f.audio_gpu_buffers});
     DeviceMemory h;
     h.device = "host";
     h.parts  = {{"pinned buffers", f.pinned}};
     if (ple_host) h.parts.push_back({"PLE table", f.ple_table});
     if (f.tower_weights > on_gpu) h.parts.push_back({"towers' weights", f.tower_weights - on_gpu});
-    if (f.tower_weights)   // queues, inputs and scratch stay on the host wherever the towers run
+    if (f.tower_weights) // queues, inputs and scratch stay on the host wherever the towers run
         h.parts.push_back({"towers' buffers", p.vision_gpu && p.audio_gpu ? f.tower_buffers_both_gpu
                                               : p.vision_gpu              ? f.tower_buffers_vision_gpu
                                               : p.audio_gpu               ? f.tower_buffers_audio_gpu
@@ -565,30 +567,35 @@ Decision decide(const Placement& p, const Figures& f, int max_context, const std
         }
     }
     std::optional<Decision> d;
-    for (size_t i = 0; i < tries.size() && !d; ++i)   // the PLE table on the GPU where ple_auto lets it choose
+    for (size_t i = 0; i < tries.size() && !d; ++i) // the PLE table on the GPU where ple_auto lets it choose
         if (fit[i] && (!p.ple_auto || !fit[i]->placement.ple_host)) d = fit[i];
     for (size_t i = 0; i < tries.size() && !d; ++i)
         if (fit[i]) d = fit[i];
-    if (!d) return decide_fixed(tries.back(), f, max_context, figures_at, threads, false);   // throws the refusal with its figures
+    if (!d)
+        return decide_fixed(tries.back(), f, max_context, figures_at, threads,
+                            false); // throws the refusal with its figures
     Placement& q = d->placement;
     // Why an automatic tower stayed on the CPU: what the chosen placement needs with it on the GPU too (the
     // vision tower goes first: an automatic audio tower is not counted beside it).
     auto why = [&](bool vision) {
-        Placement w = q;
+        Placement w                           = q;
         (vision ? w.vision_gpu : w.audio_gpu) = true;
         if (vision && p.audio_auto) w.audio_gpu = false;
         const bool beside    = vision ? w.audio_gpu : w.vision_gpu;
         const DeviceMemory g = memory_plan(f, w, q.ple_host, threads)[0];
-        const std::string on = "with it on " + g.device + (beside ? std::string(" beside the ") + (vision ? "audio" : "vision") + " tower" : "");
-        return g.budget && g.need() > *g.budget ? on + " the plan needs " + human(g.need()) + " but " + g.budget_flag + " was given"
-                                                : on + " the plan does not fit the budgets given";
+        const std::string on =
+            "with it on " + g.device +
+            (beside ? std::string(" beside the ") + (vision ? "audio" : "vision") + " tower" : "");
+        return g.budget && g.need() > *g.budget
+                   ? on + " the plan needs " + human(g.need()) + " but " + g.budget_flag + " was given"
+                   : on + " the plan does not fit the budgets given";
     };
     for (bool vision : {true, false}) {
         if (!(vision ? p.vision_auto : p.audio_auto)) continue;
         const std::string c = vision ? "vision" : "audio";
         if (vision ? q.vision_gpu : q.audio_gpu)
-            q.notes.push_back("the " + c + " tower runs on " + cuda(p.cuda_index) + " (chosen automatically: it fits; --place " + c +
-                              "=cpu keeps it on the CPU)");
+            q.notes.push_back("the " + c + " tower runs on " + cuda(p.cuda_index) +
+                              " (chosen automatically: it fits; --place " + c + "=cpu keeps it on the CPU)");
         else
             (vision ? q.vision_why : q.audio_why) = why(vision);
     }

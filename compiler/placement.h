@@ -123,7 +123,8 @@ struct Figures {
     // and the towers' host buffers shrink to tower_buffers_vision_gpu (the vision tower there),
     // tower_buffers_audio_gpu (the audio tower) or tower_buffers_both_gpu (both).
     uint64_t vision_weights = 0, vision_gpu_buffers = 0, tower_buffers_vision_gpu = 0;
-    uint64_t audio_weights = 0, audio_gpu_buffers = 0, tower_buffers_audio_gpu = 0, tower_buffers_both_gpu = 0;
+    uint64_t audio_weights = 0, audio_gpu_buffers = 0, tower_buffers_audio_gpu = 0,
+             tower_buffers_both_gpu = 0;
     // Cross-device CUDA plans, per GPU (CUDA index): the weights it uploads (the PLE table included),
     // its part of the KV arena and its workspaces; each GPU also holds a whole activation arena.
     // Empty: the plan's GPU holds weights - host_weights, kv_cache - host_kv, attention_workspace.
@@ -152,8 +153,9 @@ struct Decision {
 };
 // Fits the plan into the budgets: with ple_auto, everything on the GPU if it fits, else the PLE table
 // in host memory; with vision_auto / audio_auto, the towers on the GPU where they fit beside the PLE table
-// (the PLE table first, then the vision tower, then the audio tower). Otherwise throws g4::CompileError with both figures, the smallest budget that fits
-// and the largest --max-context that would fit (figures_at(n): the plan's figures at --max-context n).
+// (the PLE table first, then the vision tower, then the audio tower). Otherwise throws g4::CompileError with
+// both figures, the smallest budget that fits and the largest --max-context that would fit (figures_at(n):
+// the plan's figures at --max-context n).
 Decision decide(const Placement& p, const Figures& f, int max_context,
                 const std::function<Figures(int)>& figures_at, int threads);
 

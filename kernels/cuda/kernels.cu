@@ -1642,7 +1642,8 @@ extern "C" __global__ void g4_vt_posemb(float* z, const int* pos, const void* ta
     z[(long)i * H + e] += loadw(table, tdt, ox) + loadw(table, tdt, oy);
 }
 
-// y[r, :cols] = min(max(x[r, :cols], lo), hi) (also the audio tower's clamps). grid (rows, ceil(cols / 256)), block 256.
+// y[r, :cols] = min(max(x[r, :cols], lo), hi) (also the audio tower's clamps). grid (rows, ceil(cols / 256)),
+// block 256.
 extern "C" __global__ void g4_vt_clamp(const float* x, long ldx, float* y, long ldy, int cols, float lo, float hi) {
     const int r = blockIdx.x, c = blockIdx.y * blockDim.x + threadIdx.x;
     if (c < cols) y[(long)r * ldy + c] = fminf(fmaxf(x[(long)r * ldx + c], lo), hi);
@@ -1685,23 +1686,25 @@ extern "C" __global__ void g4_vt_pool(const float* z, const int* idx, int kk, in
 // output position (t, f): the 3x3 input patch is staged in shared memory (kh, kw, c_in order, zeros outside
 // the input), one warp per output channel sums over the weight row in its own order. grid (t_out, f_out),
 // block 256, dynamic shared memory (9 * c_in + c_out) floats.
-extern "C" __global__ void g4_at_conv(const float* in, int t_in_valid, int f_in, int c_in, const void* w, int wdt, const void* norm,
-                                      int ndt, float eps, float* out, int f_out, int c_out) {
+extern "C" __global__ void g4_at_conv(const float* in, int t_in_valid, int f_in, int c_in, const void* w,
+                                      int wdt, const void* norm, int ndt, float eps, float* out, int f_out,
+                                      int c_out) {
     extern __shared__ float at_sm[];
-    float* patch = at_sm;             // [3, 3, c_in]
-    float* ys    = at_sm + 9 * c_in;  // [c_out]
+    float* patch = at_sm;            // [3, 3, c_in]
+    float* ys    = at_sm + 9 * c_in; // [c_out]
     __shared__ float red[32];
-    const int t = blockIdx.x, f = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    const int kc = 9 * c_in;
+    const int t = blockIdx.x, f = blockIdx.y, kc = 9 * c_in;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     for (int e = threadIdx.x; e < kc; e += blockDim.x) {
         const int r = e / c_in, ci = e % c_in;
         const int ti = 2 * t - 1 + r / 3, fi = 2 * f - 1 + r % 3;
-        patch[e] = ti >= 0 && ti < t_in_valid && fi >= 0 && fi < f_in ? in[((long)ti * f_in + fi) * c_in + ci] : 0.0f;
+        patch[e] = ti >= 0 && ti < t_in_valid && fi >= 0 && fi < f_in ? in[((long)ti * f_in + fi) * c_in + ci]
+                                                                      : 0.0f;
     }
     __syncthreads();
     for (int co = warp; co < c_out; co += nw) {
         float acc = 0.0f;
-        for (int e = lane; e < kc; e += 32) {   // e = ci * 9 + r: w's own layout
+        for (int e = lane; e < kc; e += 32) { // e = ci * 9 + r: w's own layout
             const int ci = e / 9, r = e % 9;
             acc += loadw(w, wdt, (long)co * kc + e) * patch[r * c_in + ci];
         }
@@ -1710,10 +1713,12 @@ extern "C" __global__ void g4_at_conv(const float* in, int t_in_valid, int f_in,
     }
     __syncthreads();
     float s = 0.0f;
-    for (int co = threadIdx.x; co < c_out; co += blockDim.x) s += ys[co];
+    for (int co = threadIdx.x; co < c_out; co += blockDim.x)
+        s += ys[co];
     const float mean = block_sum(s, red) / (float)c_out;
-    float q = 0.0f;
-    for (int co = threadIdx.x; co < c_out; co += blockDim.x) q += (ys[co] - mean) * (ys[co] - mean);
+    float q          = 0.0f;
+    for (int co = threadIdx.x; co < c_out; co += blockDim.x)
+        q += (ys[co] - mean) * (ys[co] - mean);
     const float var = block_sum(q, red) / (float)c_out;
     const float r   = 1.0f / sqrtf(var + eps);
     for (int co = threadIdx.x; co < c_out; co += blockDim.x)
@@ -1723,11 +1728,12 @@ extern "C" __global__ void g4_at_conv(const float* in, int t_in_valid, int f_in,
 // RMS norm of each row's first dim values with the audio tower's optional pre-clamp (audio.cpp rms()):
 // v = clip > 0 ? min(max(x, -clip), clip) : x; y = v * (mean(v^2) + eps)^-1/2, times w (dtype wdt) when w is
 // given. y may be x. grid (rows), block 256.
-extern "C" __global__ void g4_at_rms(const float* x, long ldx, const void* w, int wdt, float* y, long ldy, int dim, float eps, float clip) {
+extern "C" __global__ void g4_at_rms(const float* x, long ldx, const void* w, int wdt, float* y, long ldy,
+                                     int dim, float eps, float clip) {
     __shared__ float red[32];
     const float* xr = x + (long)blockIdx.x * ldx;
     float* yr       = y + (long)blockIdx.x * ldy;
-    float ss = 0.0f;
+    float ss        = 0.0f;
     for (int i = threadIdx.x; i < dim; i += blockDim.x) {
         const float v = clip > 0.0f ? fminf(fmaxf(xr[i], -clip), clip) : xr[i];
         ss += v * v;
@@ -1745,7 +1751,7 @@ extern "C" __global__ void g4_at_rms(const float* x, long ldx, const void* w, in
 extern "C" __global__ void g4_at_silu(float* x, long ldx, int cols) {
     const int r = blockIdx.x, c = blockIdx.y * blockDim.x + threadIdx.x;
     if (c >= cols) return;
-    const float v       = x[(long)r * ldx + c];
+    const float v        = x[(long)r * ldx + c];
     x[(long)r * ldx + c] = v / (1.0f + expf(-v));
 }
 
@@ -1767,7 +1773,8 @@ extern "C" __global__ void g4_at_bias(float* y, long ldy, const void* b, int bdt
 // Query and key scaling of the chunked attention, q and k [rows, H] in place: q[r, i] = q[r, i] * q_scale *
 // softplus(per_dim_scale[i % D]) (softplus as torch, threshold 20, in double as the CPU tower), k[r, i] =
 // k[r, i] * k_scale. grid (rows, ceil(H / 256)), block 256.
-extern "C" __global__ void g4_at_qk_scale(float* q, float* k, int H, int D, const void* pds, int pdt, float q_scale, float k_scale) {
+extern "C" __global__ void g4_at_qk_scale(float* q, float* k, int H, int D, const void* pds, int pdt,
+                                          float q_scale, float k_scale) {
     const int r = blockIdx.x, i = blockIdx.y * blockDim.x + threadIdx.x;
     if (i >= H) return;
     const double p = loadw(pds, pdt, i % D);
@@ -1782,14 +1789,14 @@ extern "C" __global__ void g4_at_qk_scale(float* q, float* k, int H, int D, cons
 // p = W - (t - j) (no q.rel_p term when p is outside [0, n_rel)); softmax over those keys in fp32 (max, then
 // the sum of exp in key order); o = sum_j (e_j / sum) v_j in key order. q, k, v, o [rows, H], rel [n_rel, H],
 // head h at columns h*D. grid (rows, heads), block 32, dynamic shared memory W floats (the logits).
-extern "C" __global__ void g4_at_attention(const float* q, const float* k, const float* v, const float* rel, int H, int D, int W, int n_rel,
-                                           float cap, float* o) {
+extern "C" __global__ void g4_at_attention(const float* q, const float* k, const float* v, const float* rel,
+                                           int H, int D, int W, int n_rel, float cap, float* o) {
     extern __shared__ float at_sm[];
-    float* logit = at_sm;   // [W]
+    float* logit = at_sm; // [W]
     const int t = blockIdx.x, h = blockIdx.y, lane = threadIdx.x;
     const int j0 = max(0, t - W + 1), nk = t - j0 + 1;
     const float* qh = q + (long)t * H + (long)h * D;
-    float mx = NEG_INF;
+    float mx        = NEG_INF;
     for (int j = j0; j <= t; ++j) {
         const float* kh = k + (long)j * H + (long)h * D;
         const int p     = W - (t - j);
@@ -1807,13 +1814,16 @@ extern "C" __global__ void g4_at_attention(const float* q, const float* k, const
     }
     __syncwarp();
     if (lane == 0)
-        for (int i = 0; i < nk; ++i) logit[i] = expf(logit[i] - mx);
+        for (int i = 0; i < nk; ++i)
+            logit[i] = expf(logit[i] - mx);
     __syncwarp();
     float sum = 0.0f;
-    for (int i = 0; i < nk; ++i) sum += logit[i];
+    for (int i = 0; i < nk; ++i)
+        sum += logit[i];
     for (int d = lane; d < D; d += 32) {
         float acc = 0.0f;
-        for (int j = j0; j <= t; ++j) acc += logit[j - j0] / sum * v[(long)j * H + (long)h * D + d];
+        for (int j = j0; j <= t; ++j)
+            acc += logit[j - j0] / sum * v[(long)j * H + (long)h * D + d];
         o[(long)t * H + (long)h * D + d] = acc;
     }
 }

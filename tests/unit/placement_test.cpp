@@ -232,7 +232,7 @@ TEST(Placement, ResolveBudgetsEveryGpuUsed) {
     EXPECT_TRUE(noted);
 }
 
-bool d_cpu_plan_auto() {   // a CPU plan places nothing automatically on a GPU
+bool d_cpu_plan_auto() { // a CPU plan places nothing automatically on a GPU
     Placement p = resolve_str("", {}, 35, -1);
     return p.vision_auto || p.audio_auto;
 }
@@ -273,10 +273,14 @@ TEST(Placement, ResolveDefaultsAndTowers) {
     }
     expect_error(error_of([] { resolve_str("vision=gpu1", {"0:6GiB", "1:4GiB"}, 35, 0, 2); }),
                  {"--place vision=gpu1", "the plan's GPU, cuda:0"});
-    expect_error(error_of([] { resolve_str("audio=gpu1", {"0:6GiB", "1:4GiB"}, 35, 0, 2); }),
-                 {"--place audio=gpu1", "the audio tower runs on the plan's GPU, cuda:0, or on the CPU: audio=gpu or audio=cpu"});
+    expect_error(error_of([] {
+                     resolve_str("audio=gpu1", {"0:6GiB", "1:4GiB"}, 35, 0, 2);
+                 }),
+                 {"--place audio=gpu1",
+                  "the audio tower runs on the plan's GPU, cuda:0, or on the CPU: audio=gpu or audio=cpu"});
     expect_error(error_of([] { resolve_str("vision=host", {"6GiB"}, 35, 0); }), {"--place vision=host", "'host' applies to ple only"});
-    expect_error(error_of([] { resolve_str("audio=host", {"6GiB"}, 35, 0); }), {"--place audio=host", "'host' applies to ple only"});
+    expect_error(error_of([] { resolve_str("audio=host", {"6GiB"}, 35, 0); }),
+                 {"--place audio=host", "'host' applies to ple only"});
     expect_error(error_of([] { resolve_str("audio=gpu", {}, 35, -1); }), {"--place audio=gpu", "CPU plan"});
     Placement d = resolve_str("ple=host,layers=cpu", {}, 35, -1, -1, "16GiB");
     EXPECT_FALSE(d.ple_host); // a CPU plan keeps everything in host memory anyway
@@ -356,9 +360,9 @@ TEST(Placement, DecideRefusesWithTheSmallestBudgetAndMaxContext) {
 }
 
 // fake()'s plan with towers: 700 bytes of tower weights (vision 400, audio 300) taken from the GPU's weights;
-// device buffers vision 200, audio 50; the towers' host buffers 1000 (both on the CPU), 900 (vision on the GPU),
-// 800 (audio), 700 (both). At n = 100 the GPU needs 22800 with neither tower and the PLE table, 19800 without
-// the table; the vision tower adds 600, the audio tower 350.
+// device buffers vision 200, audio 50; the towers' host buffers 1000 (both on the CPU), 900 (vision on the
+// GPU), 800 (audio), 700 (both). At n = 100 the GPU needs 22800 with neither tower and the PLE table, 19800
+// without the table; the vision tower adds 600, the audio tower 350.
 Figures fake_towers(int max_context) {
     Figures f                  = fake(max_context);
     f.tower_weights            = 700;
@@ -380,16 +384,17 @@ TEST(Placement, DecidePutsTheTowersOnTheGpuByBudget) {
         bool ple_host, vision, audio;
         uint64_t gpu, host;
     } cases[] = {
-        {23750, false, true, true, 23750, 64 + 700},           // everything fits
-        {23749, false, true, false, 23400, 64 + 300 + 900},    // room for one tower: the vision tower
-        {23399, false, false, true, 23150, 64 + 400 + 800},    // the audio tower alone where only it fits
-        {23149, false, false, false, 22800, 64 + 700 + 1000},  // the PLE table before either tower
-        {22799, true, true, true, 20750, 64 + 3000 + 700},     // the PLE table cannot stay: the towers go on the GPU
+        {23750, false, true, true, 23750, 64 + 700},          // everything fits
+        {23749, false, true, false, 23400, 64 + 300 + 900},   // room for one tower: the vision tower
+        {23399, false, false, true, 23150, 64 + 400 + 800},   // the audio tower alone where only it fits
+        {23149, false, false, false, 22800, 64 + 700 + 1000}, // the PLE table before either tower
+        {22799, true, true, true, 20750,
+         64 + 3000 + 700}, // the PLE table cannot stay: the towers go on the GPU
         {20400, true, true, false, 20400, 64 + 3000 + 300 + 900},
     };
     for (const Case& c : cases) {
-        Placement p = resolve_str("", {"0:" + std::to_string(c.budget)}, 35, 0);
-        Decision d  = decide(p, fake_towers(n), n, fake_towers, 0);
+        Placement p        = resolve_str("", {"0:" + std::to_string(c.budget)}, 35, 0);
+        Decision d         = decide(p, fake_towers(n), n, fake_towers, 0);
         const Placement& q = d.placement;
         EXPECT_EQ(q.ple_host, c.ple_host) << c.budget;
         EXPECT_EQ(q.vision_gpu, c.vision) << c.budget;
@@ -399,28 +404,38 @@ TEST(Placement, DecidePutsTheTowersOnTheGpuByBudget) {
         EXPECT_EQ(q.vision_why.empty(), c.vision) << c.budget << ": " << q.vision_why;
         EXPECT_EQ(q.audio_why.empty(), c.audio) << c.budget << ": " << q.audio_why;
         std::string notes;
-        for (const auto& s : q.notes) notes += s + "\n";
-        EXPECT_EQ(notes.find("the audio tower runs on cuda:0 (chosen automatically: it fits") != std::string::npos, c.audio) << notes;
+        for (const auto& s : q.notes)
+            notes += s + "\n";
+        EXPECT_EQ(notes.find("the audio tower runs on cuda:0 (chosen automatically: it fits") !=
+                      std::string::npos,
+                  c.audio)
+            << notes;
         bool audio_part = false;
         for (const auto& [what, bytes] : d.memory[0].parts)
             if (what == "audio tower") audio_part = bytes == 350;
         EXPECT_EQ(audio_part, c.audio) << c.budget;
     }
-    // Why each stayed on the CPU: the vision tower on its own, the audio tower beside the vision tower if that went on.
+    // Why each stayed on the CPU: the vision tower on its own, the audio tower beside the vision tower if
+    // that went on.
     Decision one = decide(resolve_str("", {"0:23749"}, 35, 0), fake_towers(n), n, fake_towers, 0);
-    EXPECT_EQ(one.placement.audio_why, "with it on cuda:0 beside the vision tower the plan needs " + human(23750) + " but --gpu-mem 0:23749 was given");
+    EXPECT_EQ(one.placement.audio_why, "with it on cuda:0 beside the vision tower the plan needs " +
+                                           human(23750) + " but --gpu-mem 0:23749 was given");
     Decision other = decide(resolve_str("", {"0:23399"}, 35, 0), fake_towers(n), n, fake_towers, 0);
-    EXPECT_EQ(other.placement.vision_why, "with it on cuda:0 the plan needs " + human(23400) + " but --gpu-mem 0:23399 was given");
+    EXPECT_EQ(other.placement.vision_why,
+              "with it on cuda:0 the plan needs " + human(23400) + " but --gpu-mem 0:23399 was given");
     // A tower placed by --place stays; the other is still decided by the budget.
     Decision fixed = decide(resolve_str("vision=cpu", {"0:23749"}, 35, 0), fake_towers(n), n, fake_towers, 0);
     EXPECT_FALSE(fixed.placement.vision_gpu);
     EXPECT_TRUE(fixed.placement.audio_gpu);
     EXPECT_TRUE(fixed.placement.vision_why.empty());
-    std::string m = error_of([&] { decide(resolve_str("audio=gpu", {"0:20000"}, 35, 0), fake_towers(n), n, fake_towers, 0); });
-    expect_error(m, {"cuda:0 needs", "audio tower 350 B", "--gpu-mem 0:20000 was given", "the smallest budget that fits this plan is"});
+    std::string m = error_of(
+        [&] { decide(resolve_str("audio=gpu", {"0:20000"}, 35, 0), fake_towers(n), n, fake_towers, 0); });
+    expect_error(m, {"cuda:0 needs", "audio tower 350 B", "--gpu-mem 0:20000 was given",
+                     "the smallest budget that fits this plan is"});
     // Nothing fits at all: the refusal names the plan without the automatic towers.
     m = error_of([&] { decide(resolve_str("", {"0:19000"}, 35, 0), fake_towers(n), n, fake_towers, 0); });
-    expect_error(m, {"cuda:0 needs", "the smallest budget that fits this plan is --gpu-mem 0:", "(19800 bytes) with ple=host"});
+    expect_error(m, {"cuda:0 needs", "the smallest budget that fits this plan is --gpu-mem 0:",
+                     "(19800 bytes) with ple=host"});
     EXPECT_EQ(m.find("audio tower"), std::string::npos) << m;
     // Without budgets both go on the GPU.
     Decision free = decide(resolve_str("", {}, 35, 0), fake_towers(n), n, fake_towers, 0);

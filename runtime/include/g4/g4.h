@@ -218,8 +218,8 @@ G4_API g4_status g4_session_get_stats(const g4_session* session, g4_session_stat
  * n audio placeholders, <eoa> (ids below; n is what g4_session_add_image / _add_audio returned).
  * g4_session_add_image and g4_session_add_audio run the tower on the CPU (the calling thread plus the
  * session's worker threads), or on the plan's GPU where the plan put it (vision_device / audio_device;
- * preprocessing and log-mel features stay on the CPU), and queue the clip's n soft-token embeddings in the session;
- * g4_session_append_tokens then replaces the embedding of each placeholder token, in order, with the
+ * preprocessing and log-mel features stay on the CPU), and queue the clip's n soft-token embeddings in the
+ * session; g4_session_append_tokens then replaces the embedding of each placeholder token, in order, with the
  * next queued row of its kind (images and audio have separate queues). Feeding more placeholders than
  * are queued is G4_ERR_INVALID_ARGUMENT (nothing is fed). The towers use only memory allocated by
  * g4_session_create; g4_session_reset and g4_session_clear_media drop queued rows. */

@@ -136,12 +136,16 @@ g4_status open_gpu(const plan::Plan& p, EngineState* st, Gpu& g, const plan::Pro
         for (auto& f : vt) CU_TRY(d->cuModuleGetFunction(f.f, g.mod, f.n), std::string("kernel ") + f.n);
     }
     if (p.info().audio_gpu && g.index == p.cuda_device()) {
-        struct { CUfunction* f; const char* n; } at[] = {
-            {&k.at_conv, "g4_at_conv"},         {&k.at_rms, "g4_at_rms"},           {&k.vt_clamp, "g4_vt_clamp"},
-            {&k.at_silu, "g4_at_silu"},         {&k.at_residual, "g4_at_residual"}, {&k.at_bias, "g4_at_bias"},
-            {&k.at_qk_scale, "g4_at_qk_scale"}, {&k.at_attention, "g4_at_attention"}, {&k.at_glu, "g4_at_glu"},
-            {&k.at_dwconv, "g4_at_dwconv"}};
-        for (auto& f : at) CU_TRY(d->cuModuleGetFunction(f.f, g.mod, f.n), std::string("kernel ") + f.n);
+        struct {
+            CUfunction* f;
+            const char* n;
+        } at[] = {{&k.at_conv, "g4_at_conv"},         {&k.at_rms, "g4_at_rms"},
+                  {&k.vt_clamp, "g4_vt_clamp"},       {&k.at_silu, "g4_at_silu"},
+                  {&k.at_residual, "g4_at_residual"}, {&k.at_bias, "g4_at_bias"},
+                  {&k.at_qk_scale, "g4_at_qk_scale"}, {&k.at_attention, "g4_at_attention"},
+                  {&k.at_glu, "g4_at_glu"},           {&k.at_dwconv, "g4_at_dwconv"}};
+        for (auto& f : at)
+            CU_TRY(d->cuModuleGetFunction(f.f, g.mod, f.n), std::string("kernel ") + f.n);
     }
     for (int i = 0; i < 6; ++i) {
         const int dim = kFlashDims[i];
@@ -199,9 +203,11 @@ g4_status engine_open(g4_engine* e, std::string* err) {
         st->gpus[g].index = in.gpus[g].index;
         // The plan's GPU also holds the towers' weights and a session's buffers for them, if placed there.
         const uint64_t vision = g == 0 && in.vision_gpu ? in.vision_end - in.vision_begin + in.vision_gpu_bytes : 0;
-        const uint64_t audio  = g == 0 && in.audio_gpu ? in.audio_end - in.audio_begin + in.audio_gpu_bytes : 0;
-        g4_status r = open_gpu(p, st.get(), st->gpus[g], in.gpus[g], in.act_arena_bytes + in.gpus[g].kv_end - in.gpus[g].kv_begin + vision + audio,
-                               err);
+        const uint64_t audio =
+            g == 0 && in.audio_gpu ? in.audio_end - in.audio_begin + in.audio_gpu_bytes : 0;
+        g4_status r =
+            open_gpu(p, st.get(), st->gpus[g], in.gpus[g],
+                     in.act_arena_bytes + in.gpus[g].kv_end - in.gpus[g].kv_begin + vision + audio, err);
         if (r != G4_OK) return r;
     }
     if (in.vision_gpu) {
@@ -215,9 +221,11 @@ g4_status engine_open(g4_engine* e, std::string* err) {
     if (in.audio_gpu) {
         const uint64_t bytes = in.audio_end - in.audio_begin;
         CU_TRY(d->cuCtxSetCurrent(st->gpus[0].ctx), "cuCtxSetCurrent");
-        CU_TRY(d->cuMemAlloc(&st->audio_w, bytes), "allocating " + std::to_string(bytes >> 20) + " MiB for the audio tower's weights on GPU " +
+        CU_TRY(d->cuMemAlloc(&st->audio_w, bytes), "allocating " + std::to_string(bytes >> 20) +
+                                                       " MiB for the audio tower's weights on GPU " +
                                                        std::to_string(st->gpus[0].index));
-        CU_TRY(d->cuMemcpyHtoD(st->audio_w, p.weights_base() + in.audio_begin, bytes), "uploading the audio tower's weights");
+        CU_TRY(d->cuMemcpyHtoD(st->audio_w, p.weights_base() + in.audio_begin, bytes),
+               "uploading the audio tower's weights");
         st->audio_bytes = bytes;
     }
     // Direct copies between the GPUs where they allow them (else the driver stages them).
@@ -453,7 +461,8 @@ void session_destroy(SessionState* st) {
         if (ev) d->cuEventDestroy(ev);
     if (st->exec) d->cuGraphExecDestroy(st->exec);
     if (st->graph) d->cuGraphDestroy(st->graph);
-    for (CUdeviceptr ptr : {st->tok, st->cand[0], st->cand[1], st->samp_logits, st->samp_hist, st->soft, st->vision_buf, st->audio_buf})
+    for (CUdeviceptr ptr : {st->tok, st->cand[0], st->cand[1], st->samp_logits, st->samp_hist, st->soft,
+                            st->vision_buf, st->audio_buf})
         if (ptr) d->cuMemFree(ptr);
     for (Lane& ln : st->lanes) {
         d->cuCtxSetCurrent(ln.g->ctx);

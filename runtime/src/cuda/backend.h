@@ -11,7 +11,7 @@ struct g4_session;
 namespace g4::towers {
 class VisionTower;
 class AudioTower;
-}
+} // namespace g4::towers
 namespace g4::cpu {
 struct Context;
 }
@@ -64,8 +64,9 @@ g4_status vision_forward(g4_session* s, const towers::VisionTower& vt, const flo
 // gpu_host_scratch_bytes()), the rest on the GPU; writes the soft tokens out [*n_soft, text hidden] on the
 // host. Blocks until they are there. A clip the tower refuses is G4_ERR_INVALID_ARGUMENT with the CPU
 // tower's message; a CUDA error names the failing step.
-g4_status audio_forward(g4_session* s, const towers::AudioTower& at, const cpu::Context& ctx, const float* pcm, int64_t n_samples,
-                        float* host_features, float* out, int* n_soft, std::string* err);
+g4_status audio_forward(g4_session* s, const towers::AudioTower& at, const cpu::Context& ctx,
+                        const float* pcm, int64_t n_samples, float* host_features, float* out, int* n_soft,
+                        std::string* err);
 
 struct EngineDeleter { void operator()(EngineState* p) const { engine_close(p); } };
 struct SessionDeleter { void operator()(SessionState* p) const { session_destroy(p); } };

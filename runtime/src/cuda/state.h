@@ -1,6 +1,6 @@
-// The CUDA backend's engine and session state (runtime/src/cuda/backend.cpp, vision.cpp, audio.cpp): the kernels of
-// the plan's module, each GPU's weights, each session's streams and device buffers. Internal to the
-// runtime; every buffer here is allocated at engine open or session creation and freed with them.
+// The CUDA backend's engine and session state (runtime/src/cuda/backend.cpp, vision.cpp, audio.cpp): the
+// kernels of the plan's module, each GPU's weights, each session's streams and device buffers. Internal to
+// the runtime; every buffer here is allocated at engine open or session creation and freed with them.
 #pragma once
 #include "runtime/src/cuda/cublas.h"
 #include "runtime/src/cuda/driver.h"
@@ -25,7 +25,8 @@ struct Kernels {
     CUfunction flash[6];        // g4_attn_flash_d<kFlashDims[i]>
     // The vision tower (runtime/src/cuda/vision.cpp); loaded only for plans with the tower on the GPU.
     CUfunction vt_pixels, vt_posemb, vt_clamp, vt_rope2d, vt_pool;
-    // The audio tower (runtime/src/cuda/audio.cpp, which also uses vt_clamp); loaded only for plans with the tower on the GPU.
+    // The audio tower (runtime/src/cuda/audio.cpp, which also uses vt_clamp); loaded only for plans with the
+    // tower on the GPU.
     CUfunction at_conv, at_rms, at_silu, at_residual, at_bias, at_qk_scale, at_attention, at_glu, at_dwconv;
 };
 

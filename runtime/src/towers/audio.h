@@ -61,12 +61,12 @@ public:
     int max_soft_tokens() const { return max_t_; }   // soft tokens of a max_samples clip
 
     // The GPU forward (runtime/src/cuda/audio.cpp): the log-mel features stay on the CPU (features() into
-    // gpu_host_scratch_bytes() of host memory, gpu_thread_scratch_floats() per thread), the rest runs from the
-    // device buffer below, sized for max_samples. Byte offsets (256-aligned): steps (two Step structs: rows T,
-    // rows n_rel), pe [n_rel, H], x [T, H]; then the front end: feat [max_frames, mel_bins], l0 [T1, F1, C0],
-    // l1 [T, F2, C1]; reusing that memory once x is made, the conformer: n [T, H], big [T, max(4H, P)],
-    // q / k / v / o [T, H], rel [n_rel, H], out [T, text_hidden]. The compiler counts `total` in the GPU's
-    // memory plan.
+    // gpu_host_scratch_bytes() of host memory, gpu_thread_scratch_floats() per thread), the rest runs from
+    // the device buffer below, sized for max_samples. Byte offsets (256-aligned): steps (two Step structs:
+    // rows T, rows n_rel), pe [n_rel, H], x [T, H]; then the front end: feat [max_frames, mel_bins],
+    // l0 [T1, F1, C0], l1 [T, F2, C1]; reusing that memory once x is made, the conformer: n [T, H],
+    // big [T, max(4H, P)], q / k / v / o [T, H], rel [n_rel, H], out [T, text_hidden]. The compiler
+    // counts `total` in the GPU's memory plan.
     struct GpuLayout {
         size_t steps, pe, x, feat, l0, l1, n, big, q, k, v, o, rel, out, total;
     };
@@ -89,19 +89,21 @@ public:
         const Tensor *norm_pre_attn = nullptr, *norm_post_attn = nullptr, *norm_out = nullptr;
     };
     const std::vector<Layer>& layers() const { return layers_; }
-    const Tensor* conv0() const { return conv0_; }             // [C0, 1, 3, 3]
-    const Tensor* norm0() const { return norm0_; }             // [C0]
-    const Tensor* conv1() const { return conv1_; }             // [C1, C0, 3, 3]
-    const Tensor* norm1() const { return norm1_; }             // [C1]
-    const Tensor* input_proj() const { return in_proj_; }      // [H, F2 * C1]
-    const Tensor* output_proj() const { return out_proj_w_; }  // [P, H]
-    const Tensor* output_bias() const { return out_proj_b_; }  // [P]
-    const Tensor* embed_proj() const { return embed_; }        // [text_hidden, P]
-    const float* rel_pos_table() const { return pe_.data(); }  // [n_rel, H]
+    const Tensor* conv0() const { return conv0_; }            // [C0, 1, 3, 3]
+    const Tensor* norm0() const { return norm0_; }            // [C0]
+    const Tensor* conv1() const { return conv1_; }            // [C1, C0, 3, 3]
+    const Tensor* norm1() const { return norm1_; }            // [C1]
+    const Tensor* input_proj() const { return in_proj_; }     // [H, F2 * C1]
+    const Tensor* output_proj() const { return out_proj_w_; } // [P, H]
+    const Tensor* output_bias() const { return out_proj_b_; } // [P]
+    const Tensor* embed_proj() const { return embed_; }       // [text_hidden, P]
+    const float* rel_pos_table() const { return pe_.data(); } // [n_rel, H]
     int n_rel() const { return n_rel_; }
     int head_dim() const { return head_dim_; }
-    int freq_bins(int layer) const { return layer == 0 ? f1_ : f2_; }   // F1, F2: frequency rows after conv 0 / 1
-    static constexpr float kDefaultNormEps = 1e-6f;   // Gemma4RMSNorm's default, where HF does not pass the config's eps
+    // F1, F2: frequency rows after conv 0 / 1.
+    int freq_bins(int layer) const { return layer == 0 ? f1_ : f2_; }
+    // Gemma4RMSNorm's default eps, used where HF does not pass the config's.
+    static constexpr float kDefaultNormEps = 1e-6f;
 
 private:
     struct Layout {   // float offsets into the scratch (each 16-float aligned)

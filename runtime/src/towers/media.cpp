@@ -252,7 +252,8 @@ g4_status media_add_audio(g4_session* s, const float* samples, int64_t n_samples
     int n = 0;
     std::string e;
     if (in.audio_gpu) {
-        g4_status st = cuda_rt::audio_forward(s, *m->audio, m->ctx, samples, n_samples, (float*)m->audio_scratch, m->soft, &n, &e);
+        g4_status st = cuda_rt::audio_forward(s, *m->audio, m->ctx, samples, n_samples,
+                                              (float*)m->audio_scratch, m->soft, &n, &e);
         if (st != G4_OK) {
             *err = "audio tower: " + e;
             return st;

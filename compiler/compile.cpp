@@ -285,6 +285,7 @@ struct Report {
     uint64_t host_weights = 0, host_kv = 0;   // CPU-placed layers: parts of weights_bytes / kv_arena in host memory
     uint64_t tower_weights = 0;                // vision/audio towers: part of weights_bytes, host memory
     uint64_t vision_begin = 0, vision_end = 0; // the vision tower's weights within WEIGHTS (a GPU vision tower uploads them)
+    uint64_t audio_begin = 0, audio_end = 0;   // the audio tower's (likewise)
     std::map<int, placement::Figures::Gpu> gpus;   // cross-device plans: per GPU
     cross_device::Stats cross;
     std::string kv_dtype;
@@ -497,11 +498,14 @@ void write_plan(const Inputs& in, const std::string& out_path, Mode mode, Report
     const size_t host_group            = 1 + gpus.size();
     rep->host_weights = wstart[host_group + 1] - wstart[host_group];
     rep->tower_weights = wstart[towers_group + 1] - wstart[towers_group];
-    for (size_t t = n_text_tensors; t < prog.tensors.size(); ++t)   // vision first: contiguous at the towers' start
-        if (tower_group_name(prog.tensors[t].name) == "vision tower") {
-            if (rep->vision_end == 0) rep->vision_begin = off[t];
-            rep->vision_end = off[t] + nbytes[t];
-        }
+    for (size_t t = n_text_tensors; t < prog.tensors.size();
+         ++t) { // vision first, then audio: each contiguous
+        const bool vision = tower_group_name(prog.tensors[t].name) == "vision tower";
+        uint64_t& b       = vision ? rep->vision_begin : rep->audio_begin;
+        uint64_t& e       = vision ? rep->vision_end : rep->audio_end;
+        if (e == 0) b = off[t];
+        e = off[t] + nbytes[t];
+    }
     rep->host_kv      = kv_arena - kstart[host_group];
 
     // STRINGS, TENSORS, OPS
@@ -586,6 +590,8 @@ void write_plan(const Inputs& in, const std::string& out_path, Mode mode, Report
         meta["towers"]            = in.towers_meta;
         meta["towers"]["weights"] = {wstart[towers_group], wstart[towers_group + 1]};
         if (meta["towers"].contains("vision")) meta["towers"]["vision"]["weights"] = {rep->vision_begin, rep->vision_end};
+        if (meta["towers"].contains("audio"))
+            meta["towers"]["audio"]["weights"] = {rep->audio_begin, rep->audio_end};
     }
     std::string meta_text = meta.dump(1);
 
@@ -898,11 +904,22 @@ void compile_plan(const CompileOptions& opt, std::ostream& log) {
         }
     }
 
-    // Towers: config and every weight's shape checked now, before any heavy work. They run on the CPU; the
-    // vision tower may run on the plan's GPU instead (decided with the memory plan below).
-    uint64_t vision_gpu_bytes = 0;   // its device buffer there
-    rt::MediaSizing zg;              // the towers' host buffers with the vision tower on the GPU
-    std::string vision_gpu_no;       // why it cannot run there ("" = it can)
+    // Towers: config and every weight's shape checked now, before any heavy work. They run on the CPU; in a
+    // CUDA plan either may run on the plan's GPU instead (decided with the memory plan below).
+    uint64_t vision_gpu_bytes = 0, audio_gpu_bytes = 0; // their device buffers there
+    std::string vision_gpu_no, audio_gpu_no;            // why one cannot run there ("" = it can)
+    // The towers' host buffers with the vision / audio tower on the GPU (media_create's sizing).
+    rt::MediaSizing z_cpu;
+    size_t vision_host_bytes = 0, audio_host_bytes = 0, vision_thread_floats = 0, audio_thread_floats = 0,
+           audio_feature_floats = 0, preprocess_floats = 0;
+    auto sizing = [&](bool vision_gpu, bool audio_gpu) {
+        rt::MediaSizing z = z_cpu;
+        if (vision_gpu) z.vision_scratch = vision_host_bytes;
+        if (audio_gpu) z.audio_scratch = audio_host_bytes;
+        z.thread_floats = std::max({vision_gpu ? 0 : vision_thread_floats, preprocess_floats,
+                                    audio_gpu ? audio_feature_floats : audio_thread_floats});
+        return z;
+    };
     // META's per-thread scratch and session figures of the towers' host buffers, sized as z.
     auto record_sizing = [&in](const rt::MediaSizing& z) {
         in.towers_meta["thread_scratch_floats"] = z.thread_floats;
@@ -924,7 +941,6 @@ void compile_plan(const CompileOptions& opt, std::ostream& log) {
         towers::Precision prec = towers::Precision::F32;
         if (std::string e = towers::parse_precision(opt.tower_precision.empty() ? "fp32" : opt.tower_precision, &prec); !e.empty())
             throw CompileError("--tower-precision: " + e);
-        size_t vision_host_bytes = 0, audio_thread_floats = 0, preprocess_floats = 0;
         auto need_ids = [&](const char* tower, const char* what, std::initializer_list<std::pair<const char*, int>> ids) {
             for (const auto& [k, v] : ids)
                 if (v < 0) throw CompileError(cfg + ": " + k + " is missing; it is needed to place " + what + " in a prompt (--no-" + tower +
@@ -952,8 +968,9 @@ void compile_plan(const CompileOptions& opt, std::ostream& log) {
                 vision_gpu_no = "--tower-precision fp32 was given, and the GPU vision tower's matmuls are bf16 with fp32 accumulation";
             else if (hd < 16 || hd > 512 || (hd & (hd - 1)))
                 vision_gpu_no = "its head_dim " + std::to_string(hd) + " has no GPU attention kernel (16..512, powers of two)";
-            vision_gpu_bytes  = vt.gpu_layout().total;
-            vision_host_bytes = vt.gpu_host_scratch_bytes();
+            vision_gpu_bytes     = vt.gpu_layout().total;
+            vision_host_bytes    = vt.gpu_host_scratch_bytes();
+            vision_thread_floats = vt.thread_scratch_floats();
             z.vision         = true;
             z.vision_scratch = vt.scratch_bytes();
             z.resize_scratch = towers::preprocess_reserve_bytes(opt.max_image_pixels, opt.image_tokens, patch, k);
@@ -980,6 +997,26 @@ void compile_plan(const CompileOptions& opt, std::ostream& log) {
             towers::AudioTower at;
             e = at.init(ah, lookup, max_samples);
             if (!e.empty()) throw CompileError("audio tower of " + opt.model_dir + ": " + e + " (--no-audio leaves the tower out)");
+            // The GPU tower: bf16 tensor-core matmuls; the SSCP conv kernel stages a 3x3 patch and a
+            // position's outputs in shared memory, the attention kernel the logits of a query's W keys (48
+            // KiB at most without opting in).
+            const int c0 = ah.subsampling_conv_channels[0], c1 = ah.subsampling_conv_channels[1];
+            const size_t conv_smem = 4 * std::max<size_t>(9 + c0, 9 * (size_t)c0 + c1),
+                         attn_smem = 4 * (size_t)(ah.attention_context_left - 1);
+            if (in.cuda_index < 0)
+                audio_gpu_no = "a CPU plan";
+            else if (opt.weights == "f32")
+                audio_gpu_no =
+                    "the GPU audio tower needs bf16 weights, and --weights f32 stores the towers' as f32";
+            else if (opt.tower_precision == "fp32")
+                audio_gpu_no = "--tower-precision fp32 was given, and the GPU audio tower's matmuls are bf16 "
+                               "with fp32 accumulation";
+            else if (conv_smem > 48 * 1024 || attn_smem > 48 * 1024)
+                audio_gpu_no = "its subsampling_conv_channels / attention_context_left need more shared "
+                               "memory than the GPU kernels take (48 KiB)";
+            audio_gpu_bytes      = at.gpu_layout().total;
+            audio_host_bytes     = at.gpu_host_scratch_bytes();
+            audio_feature_floats = at.gpu_thread_scratch_floats();
             z.audio         = true;
             z.audio_scratch = at.scratch_bytes();
             z.thread_floats = std::max<size_t>(z.thread_floats, at.thread_scratch_floats());
@@ -999,23 +1036,32 @@ void compile_plan(const CompileOptions& opt, std::ostream& log) {
             in.towers_meta["precision"]        = towers::precision_name(prec);
             z.queue_rows                       = (int32_t)queue;
             record_sizing(z);
-            zg                = z;
-            zg.vision_scratch = vision_host_bytes;
-            zg.thread_floats  = std::max(audio_thread_floats, preprocess_floats);
+            z_cpu = z;
         }
         auto where = [&](const char* c, bool has, bool want) {
             place.tower_where[c] = !has ? "not in the checkpoint" : !want ? std::string("left out (--no-") + c + ")" : "cpu";
         };
         where("vision", in.mc.has_vision, opt.vision);
         where("audio", in.mc.has_audio, opt.audio);
-        if (!(in.mc.has_vision && opt.vision)) {
-            if (place.vision_gpu) throw CompileError("--place vision=gpu: the plan has no vision tower (" + place.tower_where["vision"] + ")");
-            place.vision_auto = false;
-        } else if (!vision_gpu_no.empty()) {
-            if (place.vision_gpu) throw CompileError("--place vision=gpu: " + vision_gpu_no + "; --place vision=cpu runs it on the CPU");
-            if (place.vision_auto) place.vision_why = vision_gpu_no;
-            place.vision_auto = false;
-        }
+        auto can_run = [&](const char* c, bool has, const std::string& no, bool& gpu, bool& automatic,
+                           std::string& why) {
+            const std::string item =
+                std::string("--place ") + c + "=" + (place.towers.count(c) ? place.towers[c] : "gpu");
+            if (!has) {
+                if (gpu)
+                    throw CompileError(item + ": the plan has no " + c + " tower (" + place.tower_where[c] +
+                                       ")");
+                automatic = false;
+            } else if (!no.empty()) {
+                if (gpu) throw CompileError(item + ": " + no + "; --place " + c + "=cpu runs it on the CPU");
+                if (automatic) why = no;
+                automatic = false;
+            }
+        };
+        can_run("vision", in.mc.has_vision && opt.vision, vision_gpu_no, place.vision_gpu, place.vision_auto,
+                place.vision_why);
+        can_run("audio", in.mc.has_audio && opt.audio, audio_gpu_no, place.audio_gpu, place.audio_auto,
+                place.audio_why);
     }
 
     // The exact memory plan (no weight read yet), the placement it fits, the budget check.
@@ -1039,7 +1085,13 @@ void compile_plan(const CompileOptions& opt, std::ostream& log) {
         f.tower_buffers       = in.tower_session_bytes;
         f.vision_weights      = r.vision_end - r.vision_begin;
         f.vision_gpu_buffers  = vision_gpu_bytes;
-        f.tower_buffers_vision_gpu = in.tower_names.empty() ? 0 : rt::media_block(zg).total();
+        f.audio_weights       = r.audio_end - r.audio_begin;
+        f.audio_gpu_buffers   = audio_gpu_bytes;
+        if (!in.tower_names.empty()) {
+            f.tower_buffers_vision_gpu = rt::media_block(sizing(true, false)).total();
+            f.tower_buffers_audio_gpu  = rt::media_block(sizing(false, true)).total();
+            f.tower_buffers_both_gpu   = rt::media_block(sizing(true, true)).total();
+        }
         if (place.has_cpu_layers()) {
             f.host_activations        = r.act_arena;
             f.host_scratch_per_thread = r.cpu_scratch_per_thread;
@@ -1080,14 +1132,22 @@ void compile_plan(const CompileOptions& opt, std::ostream& log) {
         write_plan(in, opt.out_path, Mode::Plan, &rep);
         decided = placement::decide(place, figures_of(rep), in.max_context, figures_at, threads);
     }
-    if (decided->placement.vision_gpu) {   // META and the report: where the vision tower runs, its buffers
-        const std::string dev = "cuda:" + std::to_string(in.cuda_index);
-        in.towers_meta["vision"]["device"]      = dev;
-        in.towers_meta["vision"]["gpu_bytes"]   = vision_gpu_bytes;
-        record_sizing(zg);
-        decided->placement.tower_where["vision"] = dev;
-    } else if (!decided->placement.vision_why.empty() && decided->placement.tower_where["vision"] == "cpu") {
-        decided->placement.tower_where["vision"] = "cpu (" + decided->placement.vision_why + ")";
+    { // META and the report: where each tower runs, its buffers
+        placement::Placement& pl = decided->placement;
+        const std::string dev    = "cuda:" + std::to_string(in.cuda_index);
+        for (const char* c : {"vision", "audio"}) {
+            const bool gpu         = std::string(c) == "vision" ? pl.vision_gpu : pl.audio_gpu;
+            const std::string& why = std::string(c) == "vision" ? pl.vision_why : pl.audio_why;
+            if (gpu) {
+                in.towers_meta[c]["device"] = dev;
+                in.towers_meta[c]["gpu_bytes"] =
+                    std::string(c) == "vision" ? vision_gpu_bytes : audio_gpu_bytes;
+                pl.tower_where[c] = dev;
+            } else if (!why.empty() && pl.tower_where[c] == "cpu") {
+                pl.tower_where[c] = "cpu (" + why + ")";
+            }
+        }
+        if (pl.vision_gpu || pl.audio_gpu) record_sizing(sizing(pl.vision_gpu, pl.audio_gpu));
     }
     const placement::Decision& mem = *decided;
     in.placement_meta = mem.meta();
@@ -1183,15 +1243,27 @@ void compile_plan(const CompileOptions& opt, std::ostream& log) {
     log << "  ops " << rep.n_ops << ", tensors " << rep.n_tensors << "; checkpoint tensors not used by the text decoder: "
         << rep.ignored_text << " (e.g. KV-shared layers' k/v) + " << rep.ignored_other << " (towers left out, if any)\n";
     if (!in.tower_names.empty()) {
-        const bool vgpu         = in.towers_meta.contains("vision") && in.towers_meta["vision"].contains("device");
+        const bool has_v = in.towers_meta.contains("vision"), has_a = in.towers_meta.contains("audio");
+        const bool vgpu         = has_v && in.towers_meta["vision"].contains("device");
+        const bool agpu         = has_a && in.towers_meta["audio"].contains("device");
         const std::string vtext = "vision (" + std::to_string(opt.image_tokens) + " soft tokens an image at most) ";
-        const uint64_t vbytes   = vgpu ? rep.vision_end - rep.vision_begin : 0;
-        if (vgpu)
-            log << "  tower on " << in.towers_meta["vision"]["device"].get<std::string>() << ": " << vtext << "- " << human(vbytes)
-                << " of weights (bf16 matmuls), " << human(vision_gpu_bytes) << " of session buffers there\n";
-        log << "  towers on the CPU: " << (in.towers_meta.contains("vision") && !vgpu ? vtext : "")
-            << (in.towers_meta.contains("audio") ? "audio " : "") << "- " << human(rep.tower_weights - vbytes) << " of weights, "
-            << human(in.tower_session_bytes) << " of session buffers\n";
+        char secs[32];
+        std::snprintf(secs, sizeof secs, "%g", opt.max_audio_seconds);
+        const std::string atext = std::string("audio (") + secs + " s a clip at most) ";
+        const uint64_t gpu_w =
+            (vgpu ? rep.vision_end - rep.vision_begin : 0) + (agpu ? rep.audio_end - rep.audio_begin : 0);
+        if (vgpu || agpu)
+            log << "  towers on cuda:" << in.cuda_index << ": " << (vgpu ? vtext : "") << (agpu ? atext : "")
+                << "- " << human(gpu_w) << " of weights (bf16 matmuls), "
+                << human((vgpu ? vision_gpu_bytes : 0) + (agpu ? audio_gpu_bytes : 0))
+                << " of session buffers there\n";
+        if ((has_v && !vgpu) || (has_a && !agpu))
+            log << "  towers on the CPU: " << (has_v && !vgpu ? vtext : "") << (has_a && !agpu ? atext : "")
+                << "- " << human(rep.tower_weights - gpu_w) << " of weights, "
+                << human(in.tower_session_bytes) << " of session buffers\n";
+        else
+            log << "  towers' host buffers (inputs, features, queued soft tokens): "
+                << human(in.tower_session_bytes) << "\n";
     }
 
     // Fidelity: logits of the plan vs the full-precision (fp32-merged, unquantized) model.

@@ -427,17 +427,16 @@ Placement resolve(const Request& req, int num_layers, int cuda_index, int gpu_co
         const std::string item = std::string(c) + "=" + it->second.text;
         int d                  = device_of(it->second, item);
         if (d >= 0) budget_for(d, std::string("the ") + c + " tower (--place " + item + ")");
-        if (d >= 0 && std::string(c) == "audio")
-            throw CompileError("not supported by this build: --place " + item + " (the audio tower runs on the CPU: audio=cpu; "
-                               "--no-audio leaves the tower out)");
         if (d >= 0 && d != cuda_index)
-            throw CompileError("not supported by this build: --place " + item + " (the vision tower runs on the plan's GPU, " +
-                               plan_gpu + ", or on the CPU: vision=gpu or vision=cpu)");
+            throw CompileError("not supported by this build: --place " + item + " (the " + c +
+                               " tower runs on the plan's GPU, " + plan_gpu + ", or on the CPU: " + c +
+                               "=gpu or " + c + "=cpu)");
         p.towers[c] = it->second.text;
-        if (d >= 0) p.vision_gpu = true;
+        if (d >= 0) (std::string(c) == "vision" ? p.vision_gpu : p.audio_gpu) = true;
         p.notes.push_back(item + ": the " + c + " tower runs on " + (d >= 0 ? plan_gpu : std::string("the CPU")));
     }
     p.vision_auto = cuda_index >= 0 && !req.place.components.count("vision");
+    p.audio_auto  = cuda_index >= 0 && !req.place.components.count("audio");
     if (!p.gpu_budgets.empty()) {
         std::string unused;
         const std::vector<int> used = p.gpus();
@@ -491,7 +490,8 @@ std::vector<DeviceMemory> memory_plan(const Figures& f, const Placement& p, bool
     }
     std::map<int, DeviceMemory> gpu;
     DeviceMemory& g = gpu[p.cuda_index];
-    const uint64_t vision_w = p.vision_gpu ? f.vision_weights : 0;   // moved from the host to the plan's GPU
+    // Moved from the host to the plan's GPU.
+    const uint64_t on_gpu = (p.vision_gpu ? f.vision_weights : 0) + (p.audio_gpu ? f.audio_weights : 0);
     if (f.gpus.empty()) {
         g.parts = {{"weights", f.weights - f.host_weights - f.tower_weights - (ple_host ? f.ple_table : 0)},
                    {"activations", f.activations},
@@ -505,13 +505,18 @@ std::vector<DeviceMemory> memory_plan(const Figures& f, const Placement& p, bool
                             {"workspaces", x.workspace}};
     }
     if (p.vision_gpu) gpu[p.cuda_index].parts.push_back({"vision tower", f.vision_weights + f.vision_gpu_buffers});
+    if (p.audio_gpu)
+        gpu[p.cuda_index].parts.push_back({"audio tower", f.audio_weights + f.audio_gpu_buffers});
     DeviceMemory h;
     h.device = "host";
     h.parts  = {{"pinned buffers", f.pinned}};
     if (ple_host) h.parts.push_back({"PLE table", f.ple_table});
-    if (f.tower_weights > vision_w)
-        h.parts.push_back({"towers' weights", f.tower_weights - vision_w}),
-            h.parts.push_back({"towers' buffers", p.vision_gpu ? f.tower_buffers_vision_gpu : f.tower_buffers});
+    if (f.tower_weights > on_gpu) h.parts.push_back({"towers' weights", f.tower_weights - on_gpu});
+    if (f.tower_weights) // queues, inputs and scratch stay on the host wherever the towers run
+        h.parts.push_back({"towers' buffers", p.vision_gpu && p.audio_gpu ? f.tower_buffers_both_gpu
+                                              : p.vision_gpu              ? f.tower_buffers_vision_gpu
+                                              : p.audio_gpu               ? f.tower_buffers_audio_gpu
+                                                                          : f.tower_buffers});
     if (p.has_cpu_layers()) {
         h.parts.push_back({"CPU layers' weights", f.host_weights});
         h.parts.push_back({"CPU layers' " + kv, f.host_kv});
@@ -539,39 +544,62 @@ Decision decide_fixed(const Placement& p, const Figures& f, int max_context, con
                       int threads, bool quick);
 } // namespace
 
-// With vision_auto, the vision tower goes on the GPU when it fits there; the PLE table on the GPU comes
-// first (it is read every token, the tower once an image), so the order tried is: both on the GPU, the
-// tower on the CPU, the PLE table in host memory with the tower on the GPU, both off the GPU.
+// With vision_auto / audio_auto, a tower goes on the GPU when it fits there. The PLE table on the GPU comes
+// first (it is read every token, a tower once an image or clip), then the vision tower, then the audio tower:
+// the tower placements are tried in the order both, vision alone, audio alone, neither (varying only the
+// automatic towers), first with the PLE table on the GPU, then with it in host memory.
 Decision decide(const Placement& p, const Figures& f, int max_context, const std::function<Figures(int)>& figures_at, int threads) {
-    if (!p.vision_auto) return decide_fixed(p, f, max_context, figures_at, threads, false);
-    Placement on = p, off = p;
-    on.vision_gpu = true, on.vision_auto = false;
-    off.vision_gpu = false, off.vision_auto = false;
-    std::optional<Decision> with;
-    try {
-        with = decide_fixed(on, f, max_context, figures_at, threads, true);
-    } catch (const NoFit&) {
+    if (!p.vision_auto && !p.audio_auto) return decide_fixed(p, f, max_context, figures_at, threads, false);
+    std::vector<Placement> tries;
+    for (bool v : p.vision_auto ? std::vector<bool>{true, false} : std::vector<bool>{p.vision_gpu})
+        for (bool a : p.audio_auto ? std::vector<bool>{true, false} : std::vector<bool>{p.audio_gpu}) {
+            Placement q   = p;
+            q.vision_gpu  = v;
+            q.audio_gpu   = a;
+            q.vision_auto = q.audio_auto = false;
+            tries.push_back(q);
+        }
+    std::vector<std::optional<Decision>> fit(tries.size());
+    for (size_t i = 0; i < tries.size(); ++i) {
+        try {
+            fit[i] = decide_fixed(tries[i], f, max_context, figures_at, threads, true);
+        } catch (const NoFit&) {
+        }
     }
-    if (with && !(p.ple_auto && with->placement.ple_host)) {
-        with->placement.notes.push_back("the vision tower runs on " + cuda(p.cuda_index) +
-                                        " (chosen automatically: it fits; --place vision=cpu keeps it on the CPU)");
-        return *with;
+    std::optional<Decision> d;
+    for (size_t i = 0; i < tries.size() && !d; ++i) // the PLE table on the GPU where ple_auto lets it choose
+        if (fit[i] && (!p.ple_auto || !fit[i]->placement.ple_host)) d = fit[i];
+    for (size_t i = 0; i < tries.size() && !d; ++i)
+        if (fit[i]) d = fit[i];
+    if (!d)
+        return decide_fixed(tries.back(), f, max_context, figures_at, threads,
+                            false); // throws the refusal with its figures
+    Placement& q = d->placement;
+    // Why an automatic tower stayed on the CPU: what the chosen placement needs with it on the GPU too (the
+    // vision tower goes first: an automatic audio tower is not counted beside it).
+    auto why = [&](bool vision) {
+        Placement w                           = q;
+        (vision ? w.vision_gpu : w.audio_gpu) = true;
+        if (vision && p.audio_auto) w.audio_gpu = false;
+        const bool beside    = vision ? w.audio_gpu : w.vision_gpu;
+        const DeviceMemory g = memory_plan(f, w, q.ple_host, threads)[0];
+        const std::string on =
+            "with it on " + g.device +
+            (beside ? std::string(" beside the ") + (vision ? "audio" : "vision") + " tower" : "");
+        return g.budget && g.need() > *g.budget
+                   ? on + " the plan needs " + human(g.need()) + " but " + g.budget_flag + " was given"
+                   : on + " the plan does not fit the budgets given";
+    };
+    for (bool vision : {true, false}) {
+        if (!(vision ? p.vision_auto : p.audio_auto)) continue;
+        const std::string c = vision ? "vision" : "audio";
+        if (vision ? q.vision_gpu : q.audio_gpu)
+            q.notes.push_back("the " + c + " tower runs on " + cuda(p.cuda_index) +
+                              " (chosen automatically: it fits; --place " + c + "=cpu keeps it on the CPU)");
+        else
+            (vision ? q.vision_why : q.audio_why) = why(vision);
     }
-    const DeviceMemory g = memory_plan(f, on, false, threads)[0];
-    const std::string why = g.budget && g.need() > *g.budget ? "with it on " + g.device + " the plan needs " + human(g.need()) + " but " +
-                                                                   g.budget_flag + " was given"
-                                                             : "with it on " + g.device + " the plan does not fit the budgets given";
-    std::optional<Decision> without;
-    try {
-        without = decide_fixed(off, f, max_context, figures_at, threads, true);
-    } catch (const NoFit&) {
-    }
-    if (without && (!without->placement.ple_host || !with)) {
-        without->placement.vision_why = why;
-        return *without;
-    }
-    if (with) return *with;
-    return decide_fixed(off, f, max_context, figures_at, threads, false);   // throws the refusal with its figures
+    return *d;
 }
 
 namespace {

@@ -85,12 +85,15 @@ struct Placement {
     // vision/audio -> where the compiled plan has it: "cpu", "not in the checkpoint", "left out (--no-vision)"
     // (set by the compiler once it knows the checkpoint; META placement and the report line)
     std::map<std::string, std::string> tower_where;
-    // The vision tower on the plan's GPU (CUDA plans): vision_gpu where it is (--place vision=gpu, or
-    // decided by decide()), vision_auto: decide() puts it there when it fits beside everything else
-    // (no vision= in --place and the tower can run there); vision_why says why it stayed on the CPU.
+    // The vision / audio tower on the plan's GPU (CUDA plans): *_gpu where it is (--place vision=gpu, or
+    // decided by decide()), *_auto: decide() puts it there when it fits beside everything else (no vision= /
+    // audio= in --place and the tower can run there); *_why says why it stayed on the CPU.
     bool vision_gpu  = false;
     bool vision_auto = false;
     std::string vision_why;
+    bool audio_gpu  = false;
+    bool audio_auto = false;
+    std::string audio_why;
     // CUDA plans whose text layers span devices: each layer's device, -1 for the CPU or a CUDA index
     // (empty: every layer on the plan's GPU). Embeddings, PLE and LM head stay on the plan's GPU.
     std::vector<int> layer_device;
@@ -116,9 +119,12 @@ struct Figures {
     // Vision/audio towers (host memory, CPU plans included): their weights (part of `weights`) and the
     // buffers a session allocates for them (scratch, image/audio input, queued soft tokens, thread scratch).
     uint64_t tower_weights = 0, tower_buffers = 0;
-    // The vision tower on the plan's GPU instead: its weights (part of tower_weights) and device buffer
-    // move there, and the towers' host buffers shrink to tower_buffers_vision_gpu.
+    // A tower on the plan's GPU instead: its weights (part of tower_weights) and device buffer move there,
+    // and the towers' host buffers shrink to tower_buffers_vision_gpu (the vision tower there),
+    // tower_buffers_audio_gpu (the audio tower) or tower_buffers_both_gpu (both).
     uint64_t vision_weights = 0, vision_gpu_buffers = 0, tower_buffers_vision_gpu = 0;
+    uint64_t audio_weights = 0, audio_gpu_buffers = 0, tower_buffers_audio_gpu = 0,
+             tower_buffers_both_gpu = 0;
     // Cross-device CUDA plans, per GPU (CUDA index): the weights it uploads (the PLE table included),
     // its part of the KV arena and its workspaces; each GPU also holds a whole activation arena.
     // Empty: the plan's GPU holds weights - host_weights, kv_cache - host_kv, attention_workspace.
@@ -146,8 +152,10 @@ struct Decision {
     std::string placement_line() const; // one report line
 };
 // Fits the plan into the budgets: with ple_auto, everything on the GPU if it fits, else the PLE table
-// in host memory. Otherwise throws g4::CompileError with both figures, the smallest budget that fits
-// and the largest --max-context that would fit (figures_at(n): the plan's figures at --max-context n).
+// in host memory; with vision_auto / audio_auto, the towers on the GPU where they fit beside the PLE table
+// (the PLE table first, then the vision tower, then the audio tower). Otherwise throws g4::CompileError with
+// both figures, the smallest budget that fits and the largest --max-context that would fit (figures_at(n):
+// the plan's figures at --max-context n).
 Decision decide(const Placement& p, const Figures& f, int max_context,
                 const std::function<Figures(int)>& figures_at, int threads);
 

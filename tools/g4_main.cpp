@@ -299,9 +299,11 @@ void print_stats(g4_session* s, const g4_engine* e, const g4_engine_info& info) 
     if (st.image_tokens || st.audio_tokens) {
         g4_media_info mi{};
         check(g4_engine_get_media_info(e, &mi));
-        const std::string vdev = mi.vision_device < 0 ? "CPU" : "cuda:" + std::to_string(mi.vision_device);
-        std::fprintf(stderr, "g4: images %lld soft tokens in %.2f ms (%s); audio %lld soft tokens in %.2f ms (CPU)\n",
-                     (long long)st.image_tokens, st.image_ms, vdev.c_str(), (long long)st.audio_tokens, st.audio_ms);
+        auto dev = [](int32_t d) { return d < 0 ? std::string("CPU") : "cuda:" + std::to_string(d); };
+        std::fprintf(stderr,
+                     "g4: images %lld soft tokens in %.2f ms (%s); audio %lld soft tokens in %.2f ms (%s)\n",
+                     (long long)st.image_tokens, st.image_ms, dev(mi.vision_device).c_str(),
+                     (long long)st.audio_tokens, st.audio_ms, dev(mi.audio_device).c_str());
     }
 }
 

@@ -686,6 +686,7 @@ g4_status g4_engine_get_media_info(const g4_engine* e, g4_media_info* out) {
     m.max_audio_samples = in.max_audio_samples;
     m.max_queued_tokens = in.max_media_tokens;
     m.vision_device     = in.vision_gpu ? e->plan.cuda_device() : -1;
+    m.audio_device      = in.audio_gpu ? e->plan.cuda_device() : -1;
     *out = m;
     return G4_OK;
 }

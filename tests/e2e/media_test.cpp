@@ -2,17 +2,18 @@
 // them (g4_session_add_image / g4_session_add_audio) and the prompt's placeholders take their rows; the
 // logits of every position are checked against Hugging Face's float32 forward of the whole multimodal
 // model (tools/make_vision_fixtures.py, tools/make_audio_fixtures.py). G4_TEST_CUDA=1 runs the same on a
-// CUDA plan (text decoder on the GPU, towers on the CPU).
+// CUDA plan (text decoder on the GPU, towers on the CPU: f32 tower weights), and the towers on the GPU.
 #include "g4/g4.h"
 #include "runtime/src/engine.h"
 #include "test_util.h"
 #include "tools/audio_io.h"
 #include "tools/image_io.h"
 
-#include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -314,7 +315,7 @@ TEST_F(Media, TextOnlyPlanRefusesImages) {
 
 // Where the compiler puts the vision tower of a CUDA plan (no GPU needed: plans for --target sm_86): on the
 // plan's GPU when it can run and fits there, else on the CPU with the reason in the placement line; --place
-// vision=gpu where it cannot is refused with the reason, and the audio tower has no GPU kernels.
+// vision=gpu where it cannot is refused with the reason.
 TEST_F(Media, VisionTowerPlacement) {
     if (on_cuda()) GTEST_SKIP() << "CPU-side compile check";
     const std::string base = "compile --model '" + fixture("e2b_tiny") + "' --device cuda --target sm_86 --image-tokens 70 --no-fidelity ";
@@ -322,7 +323,7 @@ TEST_F(Media, VisionTowerPlacement) {
     std::string plan = dir_->file("vgpu.g4plan");
     CmdResult r      = run_g4(base + "-o '" + plan + "'");
     ASSERT_EQ(r.exit_code, 0) << r.err;
-    EXPECT_NE(r.err.find("vision tower: cuda:0, audio tower: cpu"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("vision tower: cuda:0, audio tower: cuda:0"), std::string::npos) << r.err;
     EXPECT_NE(r.err.find("+ vision tower "), std::string::npos) << r.err;
     g4::plan::Plan pl;
     std::string perr;
@@ -337,7 +338,7 @@ TEST_F(Media, VisionTowerPlacement) {
     // Asked for the CPU, or a budget that only fits without it: on the CPU (the latter says why).
     r = run_g4(base + "--place vision=cpu --dry-run");
     EXPECT_EQ(r.exit_code, 0) << r.err;
-    EXPECT_NE(r.err.find("vision tower: cpu, audio tower: cpu"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("vision tower: cpu, audio tower: cuda:0"), std::string::npos) << r.err;
     EXPECT_EQ(r.err.find("+ vision tower "), std::string::npos) << r.err;
     r = run_g4(base + "--gpu-mem 40MiB --dry-run");
     EXPECT_EQ(r.exit_code, 0) << r.err;
@@ -354,9 +355,6 @@ TEST_F(Media, VisionTowerPlacement) {
     EXPECT_NE(r.err.find("--place vision=gpu: the GPU vision tower needs bf16 weights"), std::string::npos) << r.err;
     r = run_g4(base + "--tower-precision fp32 --dry-run");
     EXPECT_NE(r.err.find("vision tower: cpu (--tower-precision fp32"), std::string::npos) << r.err;
-    r = run_g4(base + "--place audio=gpu --dry-run");
-    EXPECT_NE(r.exit_code, 0);
-    EXPECT_NE(r.err.find("the audio tower runs on the CPU"), std::string::npos) << r.err;
     r = run_g4(base + "--no-vision --place vision=gpu --dry-run");
     EXPECT_NE(r.exit_code, 0);
     EXPECT_NE(r.err.find("the plan has no vision tower"), std::string::npos) << r.err;
@@ -412,6 +410,214 @@ TEST_F(Media, VisionTowerOnGpuMatchesHF) {
     g4_engine_close(e);
 }
 
+// The audio tower's placement in a CUDA plan, as the vision tower's (no GPU needed: plans for --target
+// sm_86): on the plan's GPU when it can run and fits there (the vision tower gets the room first, the PLE
+// table before both), else on the CPU with the reason; --place audio=gpu where it cannot is refused with the
+// reason.
+TEST_F(Media, AudioTowerPlacement) {
+    if (on_cuda()) GTEST_SKIP() << "CPU-side compile check";
+    const std::string base = "compile --model '" + fixture("e2b_tiny") +
+                             "' --device cuda --target sm_86 --image-tokens 70 --no-fidelity ";
+    // Default: both towers on cuda:0, each a part of the GPU's row; the host keeps the towers' buffers only.
+    std::string plan = dir_->file("agpu.g4plan");
+    CmdResult r      = run_g4(base + "-o '" + plan + "'");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.err.find("vision tower: cuda:0, audio tower: cuda:0"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("the audio tower runs on cuda:0 (chosen automatically"), std::string::npos) << r.err;
+    EXPECT_NE(
+        r.err.find("towers on cuda:0: vision (70 soft tokens an image at most) audio (30 s a clip at most)"),
+        std::string::npos)
+        << r.err;
+    EXPECT_EQ(r.err.find("towers on the CPU"), std::string::npos) << r.err;
+    g4::plan::Plan pl;
+    std::string perr;
+    ASSERT_EQ(pl.load(plan, false, &perr), G4_OK) << perr;
+    json meta = json::parse(pl.meta_json());
+    json tw   = meta.at("towers");
+    EXPECT_TRUE(pl.info().audio_gpu);
+    EXPECT_EQ(tw.at("audio").at("device"), "cuda:0");
+    EXPECT_GT(tw.at("audio").at("gpu_bytes").get<uint64_t>(), 0u);
+    EXPECT_EQ(pl.info().audio_gpu_bytes, tw.at("audio").at("gpu_bytes").get<uint64_t>());
+    // The audio tower's weights follow the vision tower's and end the towers' range.
+    const auto aw = tw.at("audio").at("weights").get<std::vector<uint64_t>>();
+    const auto vw = tw.at("vision").at("weights").get<std::vector<uint64_t>>();
+    ASSERT_EQ(aw.size(), 2u);
+    EXPECT_EQ(pl.info().audio_begin, aw[0]);
+    EXPECT_EQ(pl.info().audio_end, aw[1]);
+    EXPECT_GE(aw[0], vw[1]);
+    EXPECT_GT(aw[1], aw[0]);
+    EXPECT_EQ(aw[1], tw.at("weights").at(1).get<uint64_t>());
+    EXPECT_EQ(meta.at("placement").at("audio"), "cuda:0");
+    uint64_t gpu_total = 0, vision_part = 0, audio_part = 0;
+    bool host_weights = false, host_buffers = false;
+    for (const auto& d : meta.at("memory"))
+        for (const auto& part : d.at("parts")) {
+            const std::string what = part.at("what");
+            if (d.at("device") == "cuda:0") {
+                gpu_total += part.at("bytes").get<uint64_t>();
+                if (what == "vision tower") vision_part = part.at("bytes");
+                if (what == "audio tower") audio_part = part.at("bytes");
+            }
+            if (d.at("device") == "host")
+                host_weights |= what == "towers' weights", host_buffers |= what == "towers' buffers";
+        }
+    EXPECT_EQ(audio_part, (aw[1] - aw[0]) + tw.at("audio").at("gpu_bytes").get<uint64_t>());
+    ASSERT_GT(vision_part, audio_part); // the budgets below rely on it
+    EXPECT_FALSE(host_weights);
+    EXPECT_TRUE(host_buffers);
+    // The towers' host buffers shrink (no CPU tower scratch; the features and the queues stay): less than
+    // this suite's plan (a CPU plan with the same towers) holds.
+    json cpu_meta = json::parse(engine_->plan.meta_json());
+    EXPECT_LT(tw.at("session_bytes").get<uint64_t>(),
+              cpu_meta.at("towers").at("session_bytes").get<uint64_t>());
+    r = run_g4(base + "--place audio=cpu --dry-run");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.err.find("vision tower: cuda:0, audio tower: cpu"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("+ vision tower "), std::string::npos) << r.err;
+    EXPECT_EQ(r.err.find("+ audio tower "), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("towers' weights"), std::string::npos) << r.err;
+    CmdResult i = run_g4("inspect '" + plan + "'");
+    EXPECT_NE(i.out.find("vision cuda:0; audio cuda:0"), std::string::npos) << i.out;
+    // Budgets (exact bytes): room for one tower goes to the vision tower; the audio tower alone where only it
+    // fits.
+    auto budget = [&](uint64_t b) { return run_g4(base + "--gpu-mem " + std::to_string(b) + " --dry-run"); };
+    r           = budget(gpu_total - 1);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.err.find("PLE table on cuda:0"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("vision tower: cuda:0, audio tower: cpu (with it on cuda:0 beside the vision tower "
+                         "the plan needs"),
+              std::string::npos)
+        << r.err;
+    r = budget(gpu_total - vision_part);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.err.find("vision tower: cpu (with it on cuda:0 the plan needs"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("audio tower: cuda:0"), std::string::npos) << r.err;
+    r = budget(gpu_total - vision_part - audio_part);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.err.find("PLE table on cuda:0"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("audio tower: cpu (with it on cuda:0 the plan needs"), std::string::npos) << r.err;
+    r = run_g4(base + "--place audio=gpu --gpu-mem " + std::to_string(gpu_total - vision_part - audio_part) +
+               " --dry-run");
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.err.find("audio tower"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("the smallest budget that fits"), std::string::npos) << r.err;
+    // gpu0 / cuda:0 name the plan's GPU; another GPU is refused.
+    r = run_g4(base + "--place audio=cuda:0,vision=cpu --dry-run");
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.err.find("vision tower: cpu, audio tower: cuda:0"), std::string::npos) << r.err;
+    r = run_g4(base + "--place audio=gpu1 --gpu-mem 0:1GiB --gpu-mem 1:1GiB --dry-run");
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.err.find("--place audio=gpu1 (the audio tower runs on the plan's GPU, cuda:0, or on the CPU"),
+              std::string::npos)
+        << r.err;
+    // Where the GPU tower cannot run: f32 tower weights, fp32 tower matmuls asked for, no audio tower, a CPU
+    // plan.
+    r = run_g4(base + "--weights f32 --dry-run");
+    EXPECT_NE(r.err.find("audio tower: cpu (the GPU audio tower needs bf16 weights"), std::string::npos)
+        << r.err;
+    r = run_g4(base + "--weights f32 --place audio=gpu --dry-run");
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.err.find("--place audio=gpu: the GPU audio tower needs bf16 weights"), std::string::npos)
+        << r.err;
+    r = run_g4(base + "--tower-precision fp32 --dry-run");
+    EXPECT_NE(r.err.find("audio tower: cpu (--tower-precision fp32"), std::string::npos) << r.err;
+    r = run_g4(base + "--tower-precision fp32 --place audio=gpu0 --dry-run");
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.err.find("--place audio=gpu0: --tower-precision fp32 was given"), std::string::npos) << r.err;
+    r = run_g4(base + "--tower-precision bf16 --dry-run");
+    EXPECT_NE(r.err.find("audio tower: cuda:0"), std::string::npos) << r.err;
+    r = run_g4(base + "--no-audio --place audio=gpu --dry-run");
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.err.find("the plan has no audio tower"), std::string::npos) << r.err;
+    r = run_g4("compile --model '" + fixture("e2b_tiny") + "' --place audio=gpu --dry-run");
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.err.find("CPU plan"), std::string::npos) << r.err;
+}
+
+// The audio tower on the GPU (G4_TEST_CUDA=1): its soft tokens against HF float32's for both fixture clips
+// (bf16 matmul operands, fp32 accumulation; fp32 SSCP convs, norms, attention, light conv and residual
+// stream; the CPU tower's bf16 matmuls are ~3e-3 off), the audio prompt's logits through a plan with bf16
+// weights, a 30 s clip against the CPU tower (fp32) and a one-frame clip through the same buffers.
+TEST_F(Media, AudioTowerOnGpuMatchesHF) {
+    if (!on_cuda()) GTEST_SKIP() << "needs a GPU (G4_TEST_CUDA=1)";
+    std::string plan = dir_->file("agpu_run.g4plan");
+    CmdResult c      = run_g4("compile --model '" + fixture("e2b_tiny") +
+                              "' --device cuda --weights bf16 --image-tokens 70 --no-fidelity -o '" + plan + "'");
+    ASSERT_EQ(c.exit_code, 0) << c.err;
+    ASSERT_NE(c.err.find("audio tower: cuda:0"), std::string::npos) << c.err;
+    g4_engine* e = nullptr;
+    ASSERT_EQ(g4_engine_open(plan.c_str(), nullptr, &e), G4_OK) << g4_last_error_message();
+    g4_media_info mi{};
+    ASSERT_EQ(g4_engine_get_media_info(e, &mi), G4_OK);
+    EXPECT_EQ(mi.audio_device, e->plan.cuda_device());
+    g4_session* s = nullptr;
+    ASSERT_EQ(g4_session_create(e, nullptr, &s), G4_OK) << g4_last_error_message();
+    json meta = json::parse(read_file(fixture("towers/audio/audio.json")));
+    // Runs pcm through the session's audio tower and returns its soft tokens (G4_DUMP_MEDIA).
+    int dumps  = 0;
+    auto tower = [&](g4_session* ss, const std::vector<float>& pcm, int32_t* n) {
+        const std::string dump = dir_->file("audio_soft" + std::to_string(dumps++) + ".f32");
+        setenv("G4_DUMP_MEDIA", dump.c_str(), 1);
+        const g4_status st = g4_session_add_audio(ss, pcm.data(), (int64_t)pcm.size(), n);
+        unsetenv("G4_DUMP_MEDIA");
+        EXPECT_EQ(st, G4_OK) << g4_last_error_message();
+        return st == G4_OK ? read_f32(dump) : std::vector<float>();
+    };
+    const json& e2e = meta.at("e2e");
+    for (const json& clip : meta.at("clips")) {
+        std::vector<float> pcm = read_f32(fixture("towers/audio/" + clip.at("pcm").get<std::string>()));
+        std::vector<float> ref = read_f32(fixture("towers/audio/" + clip.at("tower").get<std::string>()));
+        int32_t n              = 0;
+        std::vector<float> got = tower(s, pcm, &n);
+        ASSERT_EQ(n, clip.at("n_soft").get<int>());
+        ASSERT_EQ(got.size(), ref.size());
+        const double err = rel_l2(got.data(), ref.data(), got.size());
+        std::printf("audio tower on the GPU, %s (%d soft tokens): rel L2 vs HF float32 %.3e\n",
+                    clip.at("name").get<std::string>().c_str(), n, err);
+        EXPECT_LT(err, 2e-2);
+        EXPECT_GT(err, 0.0); // bf16 operands: not bit-equal to float32
+        if (clip.at("name") != e2e.at("clip")) continue;
+        // The audio prompt end to end (bf16 text weights, bf16 prefill) on this clip's rows: logits near HF
+        // float32's.
+        auto ids                = e2e.at("ids").get<std::vector<int32_t>>();
+        std::vector<float> lref = read_f32(fixture("towers/audio/" + e2e.at("logits").get<std::string>()));
+        std::vector<float> lgot = prompt_logits(s, ids);
+        ASSERT_EQ(lgot.size(), lref.size());
+        const double lerr = rel_l2(lgot.data(), lref.data(), lgot.size());
+        std::printf("audio prompt, audio tower on the GPU, bf16 plan: logits rel L2 vs HF float32 %.3e\n",
+                    lerr);
+        EXPECT_LT(lerr, 5e-2);
+        ASSERT_EQ(g4_session_reset(s), G4_OK);
+    }
+    // The longest clip (30 s: every buffer at its planned size) against this suite's CPU tower (fp32).
+    std::vector<float> pcm(mi.max_audio_samples);
+    uint32_t seed = 12345;
+    for (size_t i = 0; i < pcm.size(); ++i) {
+        seed   = seed * 1664525u + 1013904223u;
+        pcm[i] = 0.3f * std::sin(0.002f * (float)i * (1.0f + (float)i / 480000.0f)) +
+                 0.05f * ((float)(seed >> 8) / 16777216.0f - 0.5f);
+    }
+    int32_t n = 0, n_cpu = 0;
+    std::vector<float> got = tower(s, pcm, &n);
+    std::vector<float> cpu = tower(s_, pcm, &n_cpu);
+    ASSERT_EQ(n, 750);
+    ASSERT_EQ(n_cpu, n);
+    ASSERT_EQ(got.size(), cpu.size());
+    const double err = rel_l2(got.data(), cpu.data(), got.size());
+    std::printf("audio tower on the GPU, 30 s clip: rel L2 vs the CPU tower (fp32) %.3e\n", err);
+    EXPECT_LT(err, 2e-2);
+    ASSERT_EQ(g4_session_clear_media(s), G4_OK);
+    // One 20 ms frame (one soft token) through the same buffers.
+    std::vector<float> short_clip(161, 0.1f);
+    got = tower(s, short_clip, &n);
+    EXPECT_EQ(n, 1);
+    EXPECT_EQ(got.size(), (size_t)64);
+    for (float v : got)
+        EXPECT_TRUE(std::isfinite(v));
+    g4_session_destroy(s);
+    g4_engine_close(e);
+}
+
 TEST_F(Media, CliRunsAnImageFile) {
     // `g4 run --image`: the file decoded, preprocessed and encoded; with --tokens the ids go verbatim.
     std::string png = fixture("towers/image/rgb_37x53.png");
@@ -450,9 +656,11 @@ TEST_F(Media, CliPutsTheMediaAfterBos) {
     ASSERT_EQ(c.exit_code, 0) << c.err;
     std::string png = fixture("towers/image/rgb_37x53.png"), wav = fixture("towers/audio/clip0.wav");
     std::string dump = dir_->file("logits.f32");
-    CmdResult r = run_g4("run '" + plan + "' -p 'the cat' --image '" + png + "' --audio '" + wav + "' -n 1 --temp 0 --threads 2 --dump-logits '" +
+    CmdResult r = run_g4("run '" + plan + "' -p 'the cat' --image '" + png + "' --audio '" + wav + "' -n 1 --temp 0 --threads 2 --stats --dump-logits '" +
                          dump + "'");
     ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.err.find("(CPU); audio 33 soft tokens in "), std::string::npos) << r.err;   // where each tower ran
+    EXPECT_NE(r.err.find(" ms (CPU)\n"), std::string::npos) << r.err;
     std::vector<float> cli = read_f32(dump);
 
     g4_engine* e = nullptr;

@@ -215,9 +215,10 @@ TEST(PlacementCli, CpuPlanRecordsItsMemoryPlan) {
 TEST(PlacementCli, CudaPlanWithThePleTableOnTheHost) {
     TempDir td;
     std::string plan = td.file("c.g4plan");
-    CmdResult r      = run_g4("compile --model '" + fixture("e2b_tiny") +
-                              "' --device cuda --target sm_86 --no-fidelity --place ple=host,vision=cpu " +
-                              "--gpu-mem 0:1GiB --cpu-mem 64MiB -o '" + plan + "'");
+    CmdResult r =
+        run_g4("compile --model '" + fixture("e2b_tiny") +
+               "' --device cuda --target sm_86 --no-fidelity --place ple=host,vision=cpu,audio=cpu " +
+               "--gpu-mem 0:1GiB --cpu-mem 64MiB -o '" + plan + "'");
     if (r.exit_code != 0 && r.err.find("without the CUDA toolkit") != std::string::npos)
         GTEST_SKIP() << "built without NVRTC";
     ASSERT_EQ(r.exit_code, 0) << r.err;

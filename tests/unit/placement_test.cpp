@@ -212,6 +212,8 @@ TEST(Placement, ResolveBudgetsEveryGpuUsed) {
                   "--gpu-mem 0:SIZE"});
     expect_error(error_of([] { resolve_str("vision=gpu1", {"0:8GiB"}, 35, 0); }),
                  {"vision tower", "cuda:1", "--gpu-mem 1:SIZE"});
+    expect_error(error_of([] { resolve_str("audio=gpu1", {"0:8GiB"}, 35, 0); }),
+                 {"the audio tower (--place audio=gpu1)", "cuda:1", "--gpu-mem 1:SIZE"});
     expect_error(error_of([] {
                      resolve_str("", {"8GiB", "0:6GiB"}, 35, 0);
                  }),
@@ -228,6 +230,11 @@ TEST(Placement, ResolveBudgetsEveryGpuUsed) {
     for (const auto& n : p.notes)
         noted |= n.find("nothing is placed on cuda:2") != std::string::npos;
     EXPECT_TRUE(noted);
+}
+
+bool d_cpu_plan_auto() { // a CPU plan places nothing automatically on a GPU
+    Placement p = resolve_str("", {}, 35, -1);
+    return p.vision_auto || p.audio_auto;
 }
 
 TEST(Placement, ResolveDefaultsAndTowers) {
@@ -248,15 +255,33 @@ TEST(Placement, ResolveDefaultsAndTowers) {
     EXPECT_NE(notes.find("vision tower runs on the CPU"), std::string::npos) << notes;
     EXPECT_FALSE(c.vision_gpu);
     EXPECT_FALSE(c.vision_auto);   // placed by --place: decide() does not move it
+    EXPECT_FALSE(c.audio_auto);
     EXPECT_TRUE(b.vision_auto);    // not placed: decide() puts it on the GPU when it fits
-    // The vision tower on the plan's GPU (CUDA plans); the audio tower, another GPU, host: refused.
+    EXPECT_TRUE(b.audio_auto);
+    EXPECT_FALSE(d_cpu_plan_auto());
+    // Either tower on the plan's GPU (CUDA plans, gpu / gpuN / cuda:N naming it); another GPU, host: refused.
     Placement v = resolve_str("vision=gpu", {"6GiB"}, 35, 0);
     EXPECT_TRUE(v.vision_gpu);
     EXPECT_FALSE(v.vision_auto);
-    expect_error(error_of([] { resolve_str("audio=gpu", {"6GiB"}, 35, 0); }), {"--place audio=gpu", "the audio tower runs on the CPU", "--no-audio"});
+    EXPECT_TRUE(v.audio_auto);
+    for (const char* item : {"audio=gpu", "audio=gpu1", "audio=cuda:1"}) {
+        Placement a = resolve_str(item, {"6GiB"}, 35, 1);
+        EXPECT_TRUE(a.audio_gpu) << item;
+        EXPECT_FALSE(a.audio_auto) << item;
+        EXPECT_FALSE(a.vision_gpu) << item;
+        EXPECT_TRUE(a.vision_auto) << item;
+    }
     expect_error(error_of([] { resolve_str("vision=gpu1", {"0:6GiB", "1:4GiB"}, 35, 0, 2); }),
                  {"--place vision=gpu1", "the plan's GPU, cuda:0"});
+    expect_error(error_of([] {
+                     resolve_str("audio=gpu1", {"0:6GiB", "1:4GiB"}, 35, 0, 2);
+                 }),
+                 {"--place audio=gpu1",
+                  "the audio tower runs on the plan's GPU, cuda:0, or on the CPU: audio=gpu or audio=cpu"});
     expect_error(error_of([] { resolve_str("vision=host", {"6GiB"}, 35, 0); }), {"--place vision=host", "'host' applies to ple only"});
+    expect_error(error_of([] { resolve_str("audio=host", {"6GiB"}, 35, 0); }),
+                 {"--place audio=host", "'host' applies to ple only"});
+    expect_error(error_of([] { resolve_str("audio=gpu", {}, 35, -1); }), {"--place audio=gpu", "CPU plan"});
     Placement d = resolve_str("ple=host,layers=cpu", {}, 35, -1, -1, "16GiB");
     EXPECT_FALSE(d.ple_host); // a CPU plan keeps everything in host memory anyway
     EXPECT_EQ(*d.cpu_budget, 16ull << 30);
@@ -332,6 +357,89 @@ TEST(Placement, DecideRefusesWithTheSmallestBudgetAndMaxContext) {
     expect_error(m2, {"--gpu-mem 0:119.63KiB (122500 bytes)", "reducing --max-context does not help",
                       "--max-context 1"});
     EXPECT_EQ(m2.find("tried automatically"), std::string::npos) << m2;
+}
+
+// fake()'s plan with towers: 700 bytes of tower weights (vision 400, audio 300) taken from the GPU's weights;
+// device buffers vision 200, audio 50; the towers' host buffers 1000 (both on the CPU), 900 (vision on the
+// GPU), 800 (audio), 700 (both). At n = 100 the GPU needs 22800 with neither tower and the PLE table, 19800
+// without the table; the vision tower adds 600, the audio tower 350.
+Figures fake_towers(int max_context) {
+    Figures f                  = fake(max_context);
+    f.tower_weights            = 700;
+    f.vision_weights           = 400;
+    f.audio_weights            = 300;
+    f.vision_gpu_buffers       = 200;
+    f.audio_gpu_buffers        = 50;
+    f.tower_buffers            = 1000;
+    f.tower_buffers_vision_gpu = 900;
+    f.tower_buffers_audio_gpu  = 800;
+    f.tower_buffers_both_gpu   = 700;
+    return f;
+}
+
+TEST(Placement, DecidePutsTheTowersOnTheGpuByBudget) {
+    const int n = 100;
+    struct Case {
+        uint64_t budget;
+        bool ple_host, vision, audio;
+        uint64_t gpu, host;
+    } cases[] = {
+        {23750, false, true, true, 23750, 64 + 700},          // everything fits
+        {23749, false, true, false, 23400, 64 + 300 + 900},   // room for one tower: the vision tower
+        {23399, false, false, true, 23150, 64 + 400 + 800},   // the audio tower alone where only it fits
+        {23149, false, false, false, 22800, 64 + 700 + 1000}, // the PLE table before either tower
+        {22799, true, true, true, 20750,
+         64 + 3000 + 700}, // the PLE table cannot stay: the towers go on the GPU
+        {20400, true, true, false, 20400, 64 + 3000 + 300 + 900},
+    };
+    for (const Case& c : cases) {
+        Placement p        = resolve_str("", {"0:" + std::to_string(c.budget)}, 35, 0);
+        Decision d         = decide(p, fake_towers(n), n, fake_towers, 0);
+        const Placement& q = d.placement;
+        EXPECT_EQ(q.ple_host, c.ple_host) << c.budget;
+        EXPECT_EQ(q.vision_gpu, c.vision) << c.budget;
+        EXPECT_EQ(q.audio_gpu, c.audio) << c.budget;
+        EXPECT_EQ(d.memory[0].need(), c.gpu) << c.budget;
+        EXPECT_EQ(d.memory[1].need(), c.host) << c.budget;
+        EXPECT_EQ(q.vision_why.empty(), c.vision) << c.budget << ": " << q.vision_why;
+        EXPECT_EQ(q.audio_why.empty(), c.audio) << c.budget << ": " << q.audio_why;
+        std::string notes;
+        for (const auto& s : q.notes)
+            notes += s + "\n";
+        EXPECT_EQ(notes.find("the audio tower runs on cuda:0 (chosen automatically: it fits") !=
+                      std::string::npos,
+                  c.audio)
+            << notes;
+        bool audio_part = false;
+        for (const auto& [what, bytes] : d.memory[0].parts)
+            if (what == "audio tower") audio_part = bytes == 350;
+        EXPECT_EQ(audio_part, c.audio) << c.budget;
+    }
+    // Why each stayed on the CPU: the vision tower on its own, the audio tower beside the vision tower if
+    // that went on.
+    Decision one = decide(resolve_str("", {"0:23749"}, 35, 0), fake_towers(n), n, fake_towers, 0);
+    EXPECT_EQ(one.placement.audio_why, "with it on cuda:0 beside the vision tower the plan needs " +
+                                           human(23750) + " but --gpu-mem 0:23749 was given");
+    Decision other = decide(resolve_str("", {"0:23399"}, 35, 0), fake_towers(n), n, fake_towers, 0);
+    EXPECT_EQ(other.placement.vision_why,
+              "with it on cuda:0 the plan needs " + human(23400) + " but --gpu-mem 0:23399 was given");
+    // A tower placed by --place stays; the other is still decided by the budget.
+    Decision fixed = decide(resolve_str("vision=cpu", {"0:23749"}, 35, 0), fake_towers(n), n, fake_towers, 0);
+    EXPECT_FALSE(fixed.placement.vision_gpu);
+    EXPECT_TRUE(fixed.placement.audio_gpu);
+    EXPECT_TRUE(fixed.placement.vision_why.empty());
+    std::string m = error_of(
+        [&] { decide(resolve_str("audio=gpu", {"0:20000"}, 35, 0), fake_towers(n), n, fake_towers, 0); });
+    expect_error(m, {"cuda:0 needs", "audio tower 350 B", "--gpu-mem 0:20000 was given",
+                     "the smallest budget that fits this plan is"});
+    // Nothing fits at all: the refusal names the plan without the automatic towers.
+    m = error_of([&] { decide(resolve_str("", {"0:19000"}, 35, 0), fake_towers(n), n, fake_towers, 0); });
+    expect_error(m, {"cuda:0 needs", "the smallest budget that fits this plan is --gpu-mem 0:",
+                     "(19800 bytes) with ple=host"});
+    EXPECT_EQ(m.find("audio tower"), std::string::npos) << m;
+    // Without budgets both go on the GPU.
+    Decision free = decide(resolve_str("", {}, 35, 0), fake_towers(n), n, fake_towers, 0);
+    EXPECT_TRUE(free.placement.vision_gpu && free.placement.audio_gpu);
 }
 
 TEST(Placement, CpuPlanCountsScratchPerThread) {

@@ -217,8 +217,9 @@ G4_API g4_status g4_session_get_stats(const g4_session* session, g4_session_stat
  * In a prompt, an image is <boi> followed by n image placeholders and <eoi>; an audio clip is <boa>,
  * n audio placeholders, <eoa> (ids below; n is what g4_session_add_image / _add_audio returned).
  * g4_session_add_image and g4_session_add_audio run the tower on the CPU (the calling thread plus the
- * session's worker threads) and queue the clip's n soft-token embeddings in the session;
- * g4_session_append_tokens then replaces the embedding of each placeholder token, in order, with the
+ * session's worker threads), or on the plan's GPU where the plan put it (vision_device / audio_device;
+ * preprocessing and log-mel features stay on the CPU), and queue the clip's n soft-token embeddings in the
+ * session; g4_session_append_tokens then replaces the embedding of each placeholder token, in order, with the
  * next queued row of its kind (images and audio have separate queues). Feeding more placeholders than
  * are queued is G4_ERR_INVALID_ARGUMENT (nothing is fed). The towers use only memory allocated by
  * g4_session_create; g4_session_reset and g4_session_clear_media drop queued rows. */
@@ -232,6 +233,7 @@ typedef struct g4_media_info {
     int64_t max_audio_samples;   /* longest clip */
     int32_t max_queued_tokens;   /* soft tokens (of each kind) a session holds queued at once */
     int32_t vision_device;       /* where the vision tower runs: -1 the CPU, N CUDA device N */
+    int32_t audio_device;        /* where the audio tower runs: -1 the CPU, N CUDA device N */
 } g4_media_info;
 
 G4_API g4_status g4_engine_get_media_info(const g4_engine* engine, g4_media_info* out_info);

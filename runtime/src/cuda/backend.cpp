@@ -136,6 +136,18 @@ g4_status open_gpu(const plan::Plan& p, EngineState* st, Gpu& g, const plan::Pro
                                                          {&k.vt_pool, "g4_vt_pool"}};
         for (auto& f : vt) CU_TRY(d->cuModuleGetFunction(f.f, g.mod, f.n), std::string("kernel ") + f.n);
     }
+    if (p.info().audio_gpu && g.index == p.cuda_device()) {
+        struct {
+            CUfunction* f;
+            const char* n;
+        } at[] = {{&k.at_conv, "g4_at_conv"},         {&k.at_rms, "g4_at_rms"},
+                  {&k.vt_clamp, "g4_vt_clamp"},       {&k.at_silu, "g4_at_silu"},
+                  {&k.at_residual, "g4_at_residual"}, {&k.at_bias, "g4_at_bias"},
+                  {&k.at_qk_scale, "g4_at_qk_scale"}, {&k.at_attention, "g4_at_attention"},
+                  {&k.at_glu, "g4_at_glu"},           {&k.at_dwconv, "g4_at_dwconv"}};
+        for (auto& f : at)
+            CU_TRY(d->cuModuleGetFunction(f.f, g.mod, f.n), std::string("kernel ") + f.n);
+    }
     for (int i = 0; i < 6; ++i) {
         const int dim = kFlashDims[i];
         std::string n = flash_kernel_name(dim);
@@ -190,9 +202,13 @@ g4_status engine_open(g4_engine* e, std::string* err) {
     st->gpus.resize(in.gpus.size());
     for (size_t g = 0; g < in.gpus.size(); ++g) {
         st->gpus[g].index = in.gpus[g].index;
-        // The plan's GPU also holds the vision tower's weights and a session's buffer for it, if placed there.
+        // The plan's GPU also holds the towers' weights and a session's buffers for them, if placed there.
         const uint64_t vision = g == 0 && in.vision_gpu ? in.vision_end - in.vision_begin + in.vision_gpu_bytes : 0;
-        g4_status r = open_gpu(p, st.get(), st->gpus[g], in.gpus[g], in.act_arena_bytes + in.gpus[g].kv_end - in.gpus[g].kv_begin + vision, err);
+        const uint64_t audio =
+            g == 0 && in.audio_gpu ? in.audio_end - in.audio_begin + in.audio_gpu_bytes : 0;
+        g4_status r =
+            open_gpu(p, st.get(), st->gpus[g], in.gpus[g],
+                     in.act_arena_bytes + in.gpus[g].kv_end - in.gpus[g].kv_begin + vision + audio, err);
         if (r != G4_OK) return r;
     }
     if (in.vision_gpu) {
@@ -202,6 +218,16 @@ g4_status engine_open(g4_engine* e, std::string* err) {
                                                         std::to_string(st->gpus[0].index));
         CU_TRY(d->cuMemcpyHtoD(st->vision_w, p.weights_base() + in.vision_begin, bytes), "uploading the vision tower's weights");
         st->vision_bytes = bytes;
+    }
+    if (in.audio_gpu) {
+        const uint64_t bytes = in.audio_end - in.audio_begin;
+        CU_TRY(d->cuCtxSetCurrent(st->gpus[0].ctx), "cuCtxSetCurrent");
+        CU_TRY(d->cuMemAlloc(&st->audio_w, bytes), "allocating " + std::to_string(bytes >> 20) +
+                                                       " MiB for the audio tower's weights on GPU " +
+                                                       std::to_string(st->gpus[0].index));
+        CU_TRY(d->cuMemcpyHtoD(st->audio_w, p.weights_base() + in.audio_begin, bytes),
+               "uploading the audio tower's weights");
+        st->audio_bytes = bytes;
     }
     // Direct copies between the GPUs where they allow them (else the driver stages them).
     for (Gpu& a : st->gpus)
@@ -231,6 +257,7 @@ void engine_close(EngineState* st) {
             st->d->cuCtxSetCurrent(g.ctx);
             if (g.weights) st->d->cuMemFree(g.weights);
             if (&g == &st->gpus[0] && st->vision_w) st->d->cuMemFree(st->vision_w);
+            if (&g == &st->gpus[0] && st->audio_w) st->d->cuMemFree(st->audio_w);
             if (g.mod) st->d->cuModuleUnload(g.mod);
         }
         if (st->ple_host) st->d->cuMemFreeHost(st->ple_host);
@@ -244,7 +271,7 @@ uint64_t engine_device_bytes(const EngineState* st) {
     uint64_t b = 0;
     if (st)
         for (const Gpu& g : st->gpus) b += g.weights_bytes;
-    return b + (st ? st->vision_bytes : 0);
+    return b + (st ? st->vision_bytes + st->audio_bytes : 0);
 }
 
 g4_status session_create(g4_session* s, std::string* err) {
@@ -358,6 +385,11 @@ g4_status session_create(g4_session* s, std::string* err) {
         CU_TRY(d->cuMemAlloc(&st->vision_buf, std::max<uint64_t>(256, in.vision_gpu_bytes)),
                "allocating the vision tower's buffers (" + std::to_string(in.vision_gpu_bytes >> 20) + " MiB)");
     }
+    if (in.audio_gpu) {
+        CU_TRY(d->cuCtxSetCurrent(st->lanes[0].g->ctx), "cuCtxSetCurrent");
+        CU_TRY(d->cuMemAlloc(&st->audio_buf, std::max<uint64_t>(256, in.audio_gpu_bytes)),
+               "allocating the audio tower's buffers (" + std::to_string(in.audio_gpu_bytes >> 20) + " MiB)");
+    }
     st->n_cand = ws0.candidates;
     for (CUdeviceptr& c : st->cand) CU_TRY(d->cuMemAlloc(&c, ws0.candidates * 8), "allocating the sampler's candidates");
     CU_TRY(d->cuMemAlloc(&st->samp_logits, ws0.vocab * 4), "allocating the sampler's logits");
@@ -457,7 +489,8 @@ void session_destroy(SessionState* st) {
         if (ev) d->cuEventDestroy(ev);
     if (st->exec) d->cuGraphExecDestroy(st->exec);
     if (st->graph) d->cuGraphDestroy(st->graph);
-    for (CUdeviceptr ptr : {st->tok, st->cand[0], st->cand[1], st->samp_logits, st->samp_hist, st->soft, st->vision_buf})
+    for (CUdeviceptr ptr : {st->tok, st->cand[0], st->cand[1], st->samp_logits, st->samp_hist, st->soft,
+                            st->vision_buf, st->audio_buf})
         if (ptr) d->cuMemFree(ptr);
     for (Lane& ln : st->lanes) {
         d->cuCtxSetCurrent(ln.g->ctx);

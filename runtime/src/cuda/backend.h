@@ -10,6 +10,10 @@ struct g4_engine;
 struct g4_session;
 namespace g4::towers {
 class VisionTower;
+class AudioTower;
+} // namespace g4::towers
+namespace g4::cpu {
+struct Context;
 }
 
 namespace g4::cuda_rt {
@@ -54,6 +58,15 @@ g4_status device_topk(g4_session* s, int32_t k, float temperature, float penalty
 // (G4_ERR_INVALID_ARGUMENT with the CPU tower's message); a CUDA error names the failing step.
 g4_status vision_forward(g4_session* s, const towers::VisionTower& vt, const float* patches, const int32_t* pos, int n_patches,
                          int32_t* host_scratch, float* out, int* n_soft, std::string* err);
+
+// Runs the audio tower on the plan's GPU (plans with info().audio_gpu): the log-mel features of pcm
+// [n_samples] on the CPU (ctx's threads; host_features [max frames, mel_bins] floats, the tower's
+// gpu_host_scratch_bytes()), the rest on the GPU; writes the soft tokens out [*n_soft, text hidden] on the
+// host. Blocks until they are there. A clip the tower refuses is G4_ERR_INVALID_ARGUMENT with the CPU
+// tower's message; a CUDA error names the failing step.
+g4_status audio_forward(g4_session* s, const towers::AudioTower& at, const cpu::Context& ctx,
+                        const float* pcm, int64_t n_samples, float* host_features, float* out, int* n_soft,
+                        std::string* err);
 
 struct EngineDeleter { void operator()(EngineState* p) const { engine_close(p); } };
 struct SessionDeleter { void operator()(SessionState* p) const { session_destroy(p); } };

@@ -1,6 +1,6 @@
-// The CUDA backend's engine and session state (runtime/src/cuda/backend.cpp, vision.cpp): the kernels of
-// the plan's module, each GPU's weights, each session's streams and device buffers. Internal to the
-// runtime; every buffer here is allocated at engine open or session creation and freed with them.
+// The CUDA backend's engine and session state (runtime/src/cuda/backend.cpp, vision.cpp, audio.cpp): the
+// kernels of the plan's module, each GPU's weights, each session's streams and device buffers. Internal to
+// the runtime; every buffer here is allocated at engine open or session creation and freed with them.
 #pragma once
 #include "runtime/src/cuda/cublas.h"
 #include "runtime/src/cuda/driver.h"
@@ -25,6 +25,9 @@ struct Kernels {
     CUfunction flash[6];        // g4_attn_flash_d<kFlashDims[i]>
     // The vision tower (runtime/src/cuda/vision.cpp); loaded only for plans with the tower on the GPU.
     CUfunction vt_pixels, vt_posemb, vt_clamp, vt_rope2d, vt_pool;
+    // The audio tower (runtime/src/cuda/audio.cpp, which also uses vt_clamp); loaded only for plans with the
+    // tower on the GPU.
+    CUfunction at_conv, at_rms, at_silu, at_residual, at_bias, at_qk_scale, at_attention, at_glu, at_dwconv;
 };
 
 // One GPU of the plan (plan info().gpus; a plan whose layers span GPUs has several, the plan's GPU
@@ -55,6 +58,9 @@ struct EngineState {
     // Vision tower on the plan's GPU: plan weight bytes [info().vision_begin, vision_end) live at vision_w.
     CUdeviceptr vision_w  = 0;
     uint64_t vision_bytes = 0;
+    // Audio tower on the plan's GPU: plan weight bytes [info().audio_begin, audio_end) live at audio_w.
+    CUdeviceptr audio_w  = 0;
+    uint64_t audio_bytes = 0;
 };
 
 // One GPU's part of a session: its stream and device memory (a whole activation arena, its part of
@@ -73,6 +79,7 @@ struct SessionState {
     EngineState* e = nullptr;
     std::vector<Lane> lanes;      // engine gpus order: lanes[0] is the plan's GPU (embeddings, LM head, sampling)
     CUdeviceptr vision_buf = 0;   // the vision tower's buffers on lanes[0] (VisionTower::gpu_layout()), or 0
+    CUdeviceptr audio_buf  = 0;   // the audio tower's buffers on lanes[0] (AudioTower::gpu_layout()), or 0
     Lane* cur = nullptr;          // the lane work is being enqueued on
     const cublas::Lib* blas = nullptr;
     struct Step { int rows, pos0, out_rows, pad; };

@@ -192,12 +192,27 @@ g4_status Plan::load(const std::string& path, bool verify_weights, std::string* 
                 info_.audio_token_id    = a.at("audio_token_id").get<int32_t>();
                 info_.boa_token_id      = a.at("boa_token_id").get<int32_t>();
                 info_.eoa_token_id      = a.at("eoa_token_id").get<int32_t>();
+                const std::string dev   = a.value("device", std::string("cpu")); // absent in older plans
+                if (dev != "cpu") {
+                    if (device_ != "cuda" || dev != "cuda:" + std::to_string(cuda_device_))
+                        return fail(CORRUPT, "bad metadata: audio tower device '" + dev + "'" + recompile,
+                                    err);
+                    info_.audio_gpu       = true;
+                    info_.audio_begin     = a.at("weights").at(0).get<uint64_t>();
+                    info_.audio_end       = a.at("weights").at(1).get<uint64_t>();
+                    info_.audio_gpu_bytes = a.at("gpu_bytes").get<uint64_t>();
+                }
             }
-            if (info_.towers_begin > info_.towers_end || info_.towers_end != weights_size_ || info_.max_media_tokens < 1 ||
-                info_.max_media_tokens > info_.max_context || info_.max_patches < 0 || info_.max_audio_samples < 0 ||
-                info_.max_image_pixels < 0 || (info_.vision_config.empty() && info_.audio_config.empty()) ||
-                (info_.vision_gpu && (info_.vision_begin < info_.towers_begin || info_.vision_begin >= info_.vision_end ||
-                                      info_.vision_end > info_.towers_end)))
+            if (info_.towers_begin > info_.towers_end || info_.towers_end != weights_size_ ||
+                info_.max_media_tokens < 1 || info_.max_media_tokens > info_.max_context ||
+                info_.max_patches < 0 || info_.max_audio_samples < 0 || info_.max_image_pixels < 0 ||
+                (info_.vision_config.empty() && info_.audio_config.empty()) ||
+                (info_.vision_gpu &&
+                 (info_.vision_begin < info_.towers_begin || info_.vision_begin >= info_.vision_end ||
+                  info_.vision_end > info_.towers_end)) ||
+                (info_.audio_gpu &&
+                 (info_.audio_begin < info_.towers_begin || info_.audio_begin >= info_.audio_end ||
+                  info_.audio_end > info_.towers_end)))
                 return fail(CORRUPT, "bad metadata: towers" + recompile, err);
         }
         if (p.contains("layer_devices")) {

@@ -41,8 +41,9 @@ struct ProgramInfo {
     std::vector<GpuPart> gpus;
     uint64_t kv_host_begin = 0;
     // Vision/audio towers (META "towers"; none when absent). They run on the CPU from the mapped
-    // weights [towers_begin, towers_end) of WEIGHTS, which no GPU uploads (towers_begin = end of WEIGHTS
-    // without towers). Config JSON texts are parsed by runtime/src/towers; "" = no such tower.
+    // weights [towers_begin, towers_end) of WEIGHTS, which the text layers' GPUs do not upload (towers_begin
+    // = end of WEIGHTS without towers); a tower placed on the plan's GPU has its own range below. Config JSON
+    // texts are parsed by runtime/src/towers; "" = no such tower.
     std::string vision_config, audio_config;
     int32_t image_tokens = 0, max_patches = 0;     // soft tokens / patches of the largest image
     int64_t max_image_pixels = 0;                  // input width * height a session takes
@@ -61,6 +62,10 @@ struct ProgramInfo {
     // device buffer for it (VisionTower::gpu_layout().total).
     bool vision_gpu = false;
     uint64_t vision_begin = 0, vision_end = 0, vision_gpu_bytes = 0;
+    // Likewise the audio tower (META towers.audio "device"): weights [audio_begin, audio_end), the session's
+    // device buffer audio_gpu_bytes (AudioTower::gpu_layout().total).
+    bool audio_gpu       = false;
+    uint64_t audio_begin = 0, audio_end = 0, audio_gpu_bytes = 0;
 };
 
 class Plan {

@@ -29,7 +29,6 @@ constexpr int kBins     = kFft / 2 + 1;       // 257
 constexpr int64_t kHfMaxSamples = 480000;     // HF feature extractor max_length (30 s), truncation on
 constexpr int kHfMaxTokens      = 750;        // HF processor audio_seq_length
 constexpr double kMelFloor      = 1e-3;
-constexpr float kDefaultNormEps = 1e-6f;      // Gemma4RMSNorm's default, used where HF does not pass the config eps
 
 using RowMat  = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 using MapRM   = Eigen::Map<RowMat>;
@@ -401,13 +400,43 @@ std::string AudioTower::init(const AudioHParams& hp, const Lookup& lookup, int64
     const int64_t max_k = std::max<int64_t>({4 * (int64_t)H, (int64_t)f2_ * C1, P, H});
     size_t need         = std::max(cpu::scratch_floats_per_thread(max_k, 0), cpu::gemm_scratch_floats());
     if (hp.precision == Precision::BF16) need = std::max(need, cpu::gemm_bf16_scratch_floats());
-    need                = std::max(need, (size_t)2 * (2 * kFft + kBins) + 16);        // FFT in doubles
+    feature_floats_     = align16((size_t)2 * (2 * kFft + kBins) + 16); // FFT in doubles
+    need                = std::max(need, feature_floats_);
     need                = std::max(need, (size_t)f1_ * 9 * 1);                      // im2col, layer 0
     need                = std::max(need, (size_t)f2_ * 9 * C0);                     // im2col, layer 1
     need                = std::max(need, (size_t)hp.attention_context_left + 16);  // attention logits
     thread_floats_      = align16(need);
-    ready_              = true;
+
+    size_t b   = 0;
+    auto bytes = [&](size_t n4) { // n4 four-byte values, 256-byte aligned (cuMemAlloc's alignment)
+        size_t at = b;
+        b += (n4 * 4 + 255) / 256 * 256;
+        return at;
+    };
+    gpu_.steps         = bytes(8);
+    gpu_.pe            = bytes((size_t)n_rel_ * H);
+    gpu_.x             = bytes(T * H);
+    const size_t u     = b;
+    gpu_.feat          = bytes((size_t)std::max(max_frames_, 1) * M);
+    gpu_.l0            = bytes((size_t)std::max<int64_t>(t1, 1) * f1_ * C0);
+    gpu_.l1            = bytes(T * f2_ * C1);
+    const size_t front = b;
+    b                  = u;
+    gpu_.n             = bytes(T * H);
+    gpu_.big           = bytes(T * std::max(4 * H, P));
+    gpu_.q             = bytes(T * H);
+    gpu_.k             = bytes(T * H);
+    gpu_.v             = bytes(T * H);
+    gpu_.o             = bytes(T * H);
+    gpu_.rel           = bytes((size_t)n_rel_ * H);
+    gpu_.out           = bytes(T * hp.text_hidden_size);
+    gpu_.total         = std::max(front, b);
+    ready_             = true;
     return "";
+}
+
+size_t AudioTower::gpu_host_scratch_bytes() const {
+    return (size_t)std::max(max_frames_, 1) * hp_.mel_bins * sizeof(float);
 }
 
 size_t AudioTower::scratch_bytes() const { return lay_.total * sizeof(float); }
@@ -427,8 +456,9 @@ std::string AudioTower::features(const cpu::Context& ctx, const float* pcm, int6
     if (nf == 0)
         return "audio clip of " + std::to_string(n_samples) +
                " samples is shorter than one 20 ms analysis frame (161 samples at 16 kHz): it gives no audio tokens";
-    if (!ctx.pool || !ctx.scratch || ctx.scratch_stride < thread_floats_)
-        return "audio tower: the cpu::Context needs " + std::to_string(thread_floats_) + " scratch floats per thread";
+    if (!ctx.pool || !ctx.scratch || ctx.scratch_stride < feature_floats_)
+        return "audio tower: the cpu::Context needs " + std::to_string(feature_floats_) +
+               " scratch floats per thread";
     for (int64_t i = 0; i < n_samples; ++i)
         if (!std::isfinite(pcm[i])) return "audio clip: sample " + std::to_string(i) + " is not a finite number";
 
@@ -656,6 +686,9 @@ void AudioTower::light_conv(const cpu::Context& ctx, const Layer& L, float* x, i
 std::string AudioTower::forward(const cpu::Context& ctx, const float* pcm, int64_t n_samples, void* scratch, float* out,
                                 int* n_soft) const {
     if (!scratch || !out || !n_soft) return "audio tower: scratch, out and n_soft must not be null";
+    if (ready_ && ctx.scratch_stride < thread_floats_)
+        return "audio tower: the cpu::Context needs " + std::to_string(thread_floats_) +
+               " scratch floats per thread";
     float* sc = static_cast<float*>(scratch);
     int V0    = 0;
     if (std::string e = features(ctx, pcm, n_samples, sc + lay_.feat, &V0); !e.empty()) return e;

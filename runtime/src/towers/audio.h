@@ -52,7 +52,7 @@ public:
     // The feature extractor alone: features [n_frames, mel_bins] = HF input_features for the valid frames
     // (HF pads the batch to a multiple of 128 samples and zeroes the extra frames; those are not produced).
     // Returns the error or ""; *n_frames = valid frames.
-    // Needs only the Context's per-thread scratch.
+    // Needs only the Context's per-thread scratch (gpu_thread_scratch_floats() floats a thread).
     std::string features(const cpu::Context& ctx, const float* pcm, int64_t n_samples, float* features,
                          int* n_frames) const;
     static int64_t valid_frames(int64_t n_samples);   // valid log-mel frames of a clip (HF frame mask)
@@ -60,7 +60,20 @@ public:
     const AudioHParams& hparams() const { return hp_; }
     int max_soft_tokens() const { return max_t_; }   // soft tokens of a max_samples clip
 
-private:
+    // The GPU forward (runtime/src/cuda/audio.cpp): the log-mel features stay on the CPU (features() into
+    // gpu_host_scratch_bytes() of host memory, gpu_thread_scratch_floats() per thread), the rest runs from
+    // the device buffer below, sized for max_samples. Byte offsets (256-aligned): steps (two Step structs:
+    // rows T, rows n_rel), pe [n_rel, H], x [T, H]; then the front end: feat [max_frames, mel_bins],
+    // l0 [T1, F1, C0], l1 [T, F2, C1]; reusing that memory once x is made, the conformer: n [T, H],
+    // big [T, max(4H, P)], q / k / v / o [T, H], rel [n_rel, H], out [T, text_hidden]. The compiler
+    // counts `total` in the GPU's memory plan.
+    struct GpuLayout {
+        size_t steps, pe, x, feat, l0, l1, n, big, q, k, v, o, rel, out, total;
+    };
+    const GpuLayout& gpu_layout() const { return gpu_; }
+    size_t gpu_host_scratch_bytes() const;
+    size_t gpu_thread_scratch_floats() const { return feature_floats_; }
+
     struct Clip {   // ClippableLinear: weight [out, in] + optional activation bounds
         const Tensor* w = nullptr;
         float in_min = 0, in_max = 0, out_min = 0, out_max = 0;
@@ -75,6 +88,24 @@ private:
         const Tensor *dwconv = nullptr, *lpre = nullptr, *conv_norm = nullptr;
         const Tensor *norm_pre_attn = nullptr, *norm_post_attn = nullptr, *norm_out = nullptr;
     };
+    const std::vector<Layer>& layers() const { return layers_; }
+    const Tensor* conv0() const { return conv0_; }            // [C0, 1, 3, 3]
+    const Tensor* norm0() const { return norm0_; }            // [C0]
+    const Tensor* conv1() const { return conv1_; }            // [C1, C0, 3, 3]
+    const Tensor* norm1() const { return norm1_; }            // [C1]
+    const Tensor* input_proj() const { return in_proj_; }     // [H, F2 * C1]
+    const Tensor* output_proj() const { return out_proj_w_; } // [P, H]
+    const Tensor* output_bias() const { return out_proj_b_; } // [P]
+    const Tensor* embed_proj() const { return embed_; }       // [text_hidden, P]
+    const float* rel_pos_table() const { return pe_.data(); } // [n_rel, H]
+    int n_rel() const { return n_rel_; }
+    int head_dim() const { return head_dim_; }
+    // F1, F2: frequency rows after conv 0 / 1.
+    int freq_bins(int layer) const { return layer == 0 ? f1_ : f2_; }
+    // Gemma4RMSNorm's default eps, used where HF does not pass the config's.
+    static constexpr float kDefaultNormEps = 1e-6f;
+
+private:
     struct Layout {   // float offsets into the scratch (each 16-float aligned)
         size_t x, u, total;
         size_t feat, l0, l1, w0, w1;                   // front end (inside the union region u)
@@ -103,7 +134,8 @@ private:
     std::vector<double> mel_;                // [mel_bins, 257] triangular filters (HTK, no norm), row per mel bin
     std::vector<int> mel_lo_, mel_hi_;       // non-zero bin range [lo, hi) of each filter
     Layout lay_{};
-    size_t thread_floats_ = 0;
+    GpuLayout gpu_{};
+    size_t thread_floats_ = 0, feature_floats_ = 0;
 };
 
 } // namespace g4::towers

@@ -117,7 +117,7 @@ g4_status media_create(g4_session* s, std::string* err) {
             return G4_ERR_PLAN_CORRUPT;
         }
         z.audio         = true;
-        z.audio_scratch = m->audio->scratch_bytes();
+        z.audio_scratch = in.audio_gpu ? m->audio->gpu_host_scratch_bytes() : m->audio->scratch_bytes();
         z.max_soft      = std::max(z.max_soft, towers::audio_soft_tokens(hp, in.max_audio_samples));
     }
     m->max_soft  = z.max_soft;
@@ -249,11 +249,21 @@ g4_status media_add_audio(g4_session* s, const float* samples, int64_t n_samples
                " (split it, or recompile with a larger --max-audio-seconds)";
         return G4_ERR_INVALID_ARGUMENT;
     }
-    int n         = 0;
-    std::string e = m->audio->forward(m->ctx, samples, n_samples, m->audio_scratch, m->soft, &n);
-    if (!e.empty()) {
-        *err = "audio tower: " + e;
-        return G4_ERR_INVALID_ARGUMENT;
+    int n = 0;
+    std::string e;
+    if (in.audio_gpu) {
+        g4_status st = cuda_rt::audio_forward(s, *m->audio, m->ctx, samples, n_samples,
+                                              (float*)m->audio_scratch, m->soft, &n, &e);
+        if (st != G4_OK) {
+            *err = "audio tower: " + e;
+            return st;
+        }
+    } else {
+        e = m->audio->forward(m->ctx, samples, n_samples, m->audio_scratch, m->soft, &n);
+        if (!e.empty()) {
+            *err = "audio tower: " + e;
+            return G4_ERR_INVALID_ARGUMENT;
+        }
     }
     g4_status st = enqueue(s, m->audio_q, n, "audio clip", err);
     if (st == G4_OK && n_tokens) *n_tokens = n;

@@ -59,7 +59,9 @@ g4_status audio_forward(g4_session* s, const towers::AudioTower& at, const cpu::
         return st->e->audio_w + (CUdeviceptr)((const uint8_t*)w->data - wbase);
     };
 
-    CUresult r        = d->cuCtxSetCurrent(ln.g->ctx);
+    TowerRun run{st, K};
+    CUresult& r       = run.r;
+    r                 = d->cuCtxSetCurrent(ln.g->ctx);
     st->cur           = &ln;
     const CUstream sm = ln.stream;
     if (r == 0) r = d->cuStreamSynchronize(sm);
@@ -67,32 +69,20 @@ g4_status audio_forward(g4_session* s, const towers::AudioTower& at, const cpu::
     if (r == 0) r = d->cuMemcpyHtoDAsync(step_t, steps, sizeof steps, sm);
     if (r == 0) r = d->cuMemcpyHtoDAsync(pe, at.rel_pos_table(), sizeof(float) * (size_t)NR * H, sm);
     if (r == 0) r = d->cuMemcpyHtoDAsync(feat, host_features, sizeof(float) * (size_t)V0 * M, sm);
-    const char* what = "uploading the clip's features";
+    run.what = "uploading the clip's features";
 
     // A matmul weight that is not bf16 (a plan the compiler does not write): nothing more is launched.
     const char* bad = nullptr;
 
     auto go = [&](const char* name, CUfunction f, unsigned gx, unsigned gy, unsigned bx,
                   std::initializer_list<void*> args, unsigned smem = 0) {
-        if (r != 0 || bad) return;
-        r    = launch(st, f, gx, gy, bx, const_cast<void**>(args.begin()), 1, smem);
-        what = name;
+        if (!bad) run.go(name, f, gx, gy, bx, args, smem);
     };
-    int mode         = 0;
-    CUdeviceptr none = 0;
-    // y [rows, N] (ld ldy) = x [rows, Kd] . W^T, bf16 weights: tensor cores where K allows (K % 32), else the
-    // warp-per-output matmul (any K; fp32 products of the widened weights).
+    // y [rows, N] (ld ldy) = x [rows, Kd] . W^T (TowerRun::gemm).
     auto gemm = [&](const char* name, CUdeviceptr& step, int rows, CUdeviceptr xin, long ldx,
                     const towers::Tensor* w, CUdeviceptr y, long ldy) {
         if (w->dtype != DType::BF16 && !bad) bad = name;
-        CUdeviceptr wd = wdev(w);
-        int N = (int)w->dims[0], Kd = (int)w->dims[1];
-        if (Kd % 32 == 0)
-            go(name, K.tc_bf16, cdiv(N, 64), cdiv(rows, 64), 128,
-               {&step, &mode, &xin, &ldx, &wd, &N, &Kd, &y, &ldy, &none});
-        else
-            go(name, K.mm_bf16, cdiv(N, 8), 1, 256,
-               {&step, &mode, &xin, &ldx, &wd, &N, &Kd, &y, &ldy, &none});
+        if (!bad) run.gemm(name, step, rows, xin, ldx, wdev(w), (int)w->dims[0], (int)w->dims[1], y, ldy);
     };
     auto clamp = [&](const char* name, CUdeviceptr xin, long ldx, CUdeviceptr y, long ldy, int cols, float lo,
                      float hi) {
@@ -199,21 +189,14 @@ g4_status audio_forward(g4_session* s, const towers::AudioTower& at, const cpu::
     rms("embed_audio norm", T, big, ldP, nullptr, big, ldP, P, hp.rms_norm_eps, 0.0f);
     long ldo = TH;
     gemm("embed_audio projection", step_t, T, big, ldP, at.embed_proj(), dout, ldo); // [T, text_hidden]
-    if (r == 0) {
-        what = "copying the soft tokens to the host";
-        r    = d->cuMemcpyDtoHAsync(out, dout, sizeof(float) * (size_t)T * TH, sm);
-    }
-    if (r == 0) r = d->cuStreamSynchronize(sm);
     if (bad) {
+        d->cuStreamSynchronize(sm); // what was launched before the bad weight
         *err =
             std::string("audio tower on the GPU: the weight of ") + bad + " is not bf16 (recompile the plan)";
         return G4_ERR_PLAN_CORRUPT;
     }
-    if (r != 0) {
-        *err = "CUDA error " + error_name(r) + " in the audio tower on GPU " + std::to_string(ln.g->index) +
-               " (" + what + ")";
-        return G4_ERR_INTERNAL;
-    }
+    if (g4_status g = run.finish(out, dout, sizeof(float) * (size_t)T * TH, "audio tower", err); g != G4_OK)
+        return g;
     *n_soft = T;
     return G4_OK;
 }

@@ -67,6 +67,19 @@ CUresult launch(const SessionState* st, CUfunction f, unsigned gx, unsigned gy, 
     return d->cuLaunchKernelEx(&c, f, args, nullptr);
 }
 
+g4_status TowerRun::finish(void* host, CUdeviceptr dev, size_t bytes, const char* tower, std::string* err) {
+    const Driver* d = st->e->d;
+    const Lane& ln  = st->lanes[0];
+    if (r == 0) {
+        what = "copying the soft tokens to the host";
+        r    = d->cuMemcpyDtoHAsync(host, dev, bytes, ln.stream);
+    }
+    if (r == 0) r = d->cuStreamSynchronize(ln.stream);
+    if (r == 0) return G4_OK;
+    *err = "CUDA error " + error_name(r) + " in the " + tower + " on GPU " + std::to_string(ln.g->index) + " (" + what + ")";
+    return G4_ERR_INTERNAL;
+}
+
 
 namespace {
 

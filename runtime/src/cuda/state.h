@@ -4,9 +4,11 @@
 #pragma once
 #include "runtime/src/cuda/cublas.h"
 #include "runtime/src/cuda/driver.h"
+#include "g4/g4.h"
 
 #include <atomic>
 #include <chrono>
+#include <initializer_list>
 #include <string>
 #include <utility>
 #include <vector>
@@ -141,5 +143,36 @@ struct SessionState {
 // sm_90+) the kernel may start while its predecessor drains.
 CUresult launch(const SessionState* st, CUfunction f, unsigned gx, unsigned gy, unsigned bx, void** args, unsigned gz = 1,
                 unsigned smem = 0);
+
+// One tower forward on the plan's GPU (vision.cpp, audio.cpp), on lanes[0]'s stream: its launches in order;
+// after the first CUDA error nothing more is launched and `what` names the failing step.
+struct TowerRun {
+    SessionState* st;
+    const Kernels& K;
+    CUresult r       = 0;
+    const char* what = "";
+    int mode         = 0;   // launch arguments passed by address
+    CUdeviceptr none = 0;
+
+    void go(const char* name, CUfunction f, unsigned gx, unsigned gy, unsigned bx, std::initializer_list<void*> args,
+            unsigned smem = 0) {
+        if (r != 0) return;
+        r    = launch(st, f, gx, gy, bx, const_cast<void**>(args.begin()), 1, smem);
+        what = name;
+    }
+    // y [rows, N] (ld ldy) = x [rows, Kd] . W^T, W bf16 [N, Kd] at wd: tensor cores where Kd % 32 == 0, else the
+    // warp-per-output matmul (any Kd; fp32 products of the widened weights).
+    void gemm(const char* name, CUdeviceptr& step, int rows, CUdeviceptr xin, long ldx, CUdeviceptr wd, int N, int Kd, CUdeviceptr y,
+              long ldy) {
+        if (Kd % 32 == 0)
+            go(name, K.tc_bf16, (unsigned)((N + 63) / 64), (unsigned)((rows + 63) / 64), 128,
+               {&step, &mode, &xin, &ldx, &wd, &N, &Kd, &y, &ldy, &none});
+        else
+            go(name, K.mm_bf16, (unsigned)((N + 7) / 8), 1, 256, {&step, &mode, &xin, &ldx, &wd, &N, &Kd, &y, &ldy, &none});
+    }
+    // Copies `bytes` of soft tokens from dev to host and waits for the stream. Returns G4_OK, or
+    // G4_ERR_INTERNAL with *err naming the tower, the GPU and the failing step.
+    g4_status finish(void* host, CUdeviceptr dev, size_t bytes, const char* tower, std::string* err);
+};
 
 } // namespace g4::cuda_rt

@@ -49,8 +49,10 @@ g4_status vision_forward(g4_session* s, const towers::VisionTower& vt, const flo
     const uint8_t* wbase = p.weights_base() + p.info().vision_begin;
     auto W = [&](const towers::Tensor* w) -> CUdeviceptr { return st->e->vision_w + (CUdeviceptr)((const uint8_t*)w->data - wbase); };
 
-    CUresult r = d->cuCtxSetCurrent(ln.g->ctx);
-    st->cur    = &ln;
+    TowerRun run{st, K};
+    CUresult& r = run.r;
+    r           = d->cuCtxSetCurrent(ln.g->ctx);
+    st->cur     = &ln;
     const CUstream sm = ln.stream;
     if (r == 0) r = d->cuStreamSynchronize(sm);
     const int steps[8] = {n, 0, n, 0, cells, 0, cells, 0};
@@ -58,25 +60,14 @@ g4_status vision_forward(g4_session* s, const towers::VisionTower& vt, const flo
     if (r == 0) r = d->cuMemcpyHtoDAsync(dpos, pos, sizeof(int32_t) * 2 * n, sm);
     if (r == 0) r = d->cuMemcpyHtoDAsync(didx, idx, sizeof(int32_t) * cells * k * k, sm);
     if (r == 0) r = d->cuMemcpyHtoDAsync(x, patches, sizeof(float) * (size_t)n * pin, sm);
-    const char* what = "uploading the image";
-
-    auto go = [&](const char* name, CUfunction f, unsigned gx, unsigned gy, unsigned bx, std::initializer_list<void*> args,
-                  unsigned smem = 0) {
-        if (r != 0) return;
-        r    = launch(st, f, gx, gy, bx, const_cast<void**>(args.begin()), 1, smem);
-        what = name;
-    };
-    int mode = 0;
-    CUdeviceptr none = 0;
-    // y [rows, N] (ld ldy) = x [rows, Kd] . W^T: tensor cores where K allows (K % 32), else the tiled fp32 GEMM.
-    auto gemm = [&](const char* name, CUdeviceptr& step, int rows, CUdeviceptr& xin, long ldx, const towers::Tensor* w, CUdeviceptr& y,
-                    long ldy) {
-        CUdeviceptr wd = W(w);
-        int N = (int)w->dims[0], Kd = (int)w->dims[1];
-        const bool tc = Kd % 32 == 0;
-        go(name, tc ? K.tc_bf16 : K.gemm_bf16, cdiv(N, 64), cdiv(rows, 64), tc ? 128 : 256,
-           {&step, &mode, &xin, &ldx, &wd, &N, &Kd, &y, &ldy, &none});
-    };
+    run.what = "uploading the image";
+    auto go  = [&](const char* name, CUfunction f, unsigned gx, unsigned gy, unsigned bx, std::initializer_list<void*> args,
+                  unsigned smem = 0) { run.go(name, f, gx, gy, bx, args, smem); };
+    int& mode         = run.mode;
+    CUdeviceptr& none = run.none;
+    // y [rows, N] (ld ldy) = x [rows, Kd] . W^T (TowerRun::gemm).
+    auto gemm = [&](const char* name, CUdeviceptr& step, int rows, CUdeviceptr xin, long ldx, const towers::Tensor* w, CUdeviceptr y,
+                    long ldy) { run.gemm(name, step, rows, xin, ldx, W(w), (int)w->dims[0], (int)w->dims[1], y, ldy); };
     // Gemma4ClippableLinear: y = clamp(clamp(x, in) . W^T, out), the clamped input in c.
     auto linear = [&](const char* name, const towers::VisionTower::Linear& l, CUdeviceptr xin, long ldx, CUdeviceptr y, long ldy) {
         const int in = (int)l.w->dims[1], outw = (int)l.w->dims[0];
@@ -163,15 +154,7 @@ g4_status vision_forward(g4_session* s, const towers::VisionTower& vt, const flo
     rms("embed_vision norm", step_c, cells, a, ldH, nullptr, t, ldH, H, H);
     long ldo = TH;
     gemm("embed_vision projection", step_c, cells, t, ldH, vt.embed_proj(), dout, ldo);
-    if (r == 0) {
-        what = "copying the soft tokens to the host";
-        r    = d->cuMemcpyDtoHAsync(out, dout, sizeof(float) * (size_t)cells * TH, sm);
-    }
-    if (r == 0) r = d->cuStreamSynchronize(sm);
-    if (r != 0) {
-        *err = "CUDA error " + error_name(r) + " in the vision tower on GPU " + std::to_string(ln.g->index) + " (" + what + ")";
-        return G4_ERR_INTERNAL;
-    }
+    if (g4_status g = run.finish(out, dout, sizeof(float) * (size_t)cells * TH, "vision tower", err); g != G4_OK) return g;
     *n_soft = cells;
     return G4_OK;
 }

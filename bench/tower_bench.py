@@ -27,10 +27,10 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tools"))
-from gemma4_shapes import SHAPES  # noqa: E402
+sys.path.insert(0, os.path.dirname(__file__))
+from tower_checkpoint import make_checkpoint  # noqa: E402
 
-from transformers import (Gemma4AudioConfig, Gemma4AudioFeatureExtractor, Gemma4Config, Gemma4ForConditionalGeneration,  # noqa: E402
-                          Gemma4ImageProcessor, Gemma4TextConfig, Gemma4VisionConfig)
+from transformers import Gemma4AudioFeatureExtractor, Gemma4ForConditionalGeneration, Gemma4ImageProcessor  # noqa: E402
 
 ap = argparse.ArgumentParser()
 ap.add_argument("g4")
@@ -43,26 +43,8 @@ torch.set_num_threads(args.threads)
 torch.manual_seed(0)
 
 # ---- checkpoint ------------------------------------------------------------------------------------
-tc = Gemma4TextConfig(vocab_size=262144, vocab_size_per_layer_input=262144, hidden_size_per_layer_input=256, sliding_window=512,
-                      final_logit_softcapping=30.0, max_position_embeddings=131072,
-                      **dict(SHAPES["e2b"], num_hidden_layers=2, num_kv_shared_layers=0, layer_types=["sliding_attention", "full_attention"]))
-vc = Gemma4VisionConfig(use_clipped_linears=True)
-ac = Gemma4AudioConfig()
-cfg = Gemma4Config(text_config=tc.to_dict(), vision_config=vc.to_dict(), audio_config=ac.to_dict())
 ckpt = args.dir
-if not os.path.exists(os.path.join(ckpt, "model.safetensors")):
-    model = Gemma4ForConditionalGeneration(cfg).to(torch.bfloat16)
-    with torch.no_grad():   # non-trivial norms and clip bounds, as a trained tower has
-        for n, p in model.named_parameters():
-            if n.endswith("norm.weight") and ("vision" in n or "audio" in n):
-                p.uniform_(0.5, 1.5)
-        for n, b in model.named_buffers():
-            if n.endswith("input_min") or n.endswith("output_min"):
-                b.fill_(-8.0)
-            elif n.endswith("input_max") or n.endswith("output_max"):
-                b.fill_(8.0)
-    model.save_pretrained(ckpt)
-    del model
+tc = make_checkpoint(ckpt)
 model = Gemma4ForConditionalGeneration.from_pretrained(ckpt, dtype=torch.float32).eval()
 
 # ---- inputs ----------------------------------------------------------------------------------------

@@ -308,31 +308,16 @@ void print_stats(g4_session* s, const g4_engine* e, const g4_engine_info& info) 
 }
 
 // --image / --audio: runs each file through its tower (queued in the session, in order) and puts its
-// soft-token placeholders into the prompt: with -p, at the next <|image|> / <|audio|> token of the text, or
-// after <bos> when the text has none left; --tokens are fed verbatim (give <boi>, n placeholders, <eoi>).
+// soft-token placeholders into the prompt: at the next lone <|image|> / <|audio|> token, or after <bos> when
+// none is left. A --tokens list that already holds as many placeholders of a kind as the files give soft
+// tokens (<boi>, n placeholders, <eoi> written out) is fed as it is. Any other count is an error: an
+// image never goes silently unused.
 void add_media(const Args& a, g4_engine* e, g4_session* s, std::vector<int32_t>* prompt) {
     const bool has_img = a.multi.count("--image") > 0, has_aud = a.multi.count("--audio") > 0;
     if (!has_img && !has_aud) return;
     g4_media_info mi{};
     check(g4_engine_get_media_info(e, &mi));
-    auto place = [&](int32_t open, int32_t ph, int32_t close, int32_t n, size_t* insert_at) {
-        if (!a.has("-p")) return;
-        std::vector<int32_t> block = {open};
-        block.insert(block.end(), (size_t)n, ph);
-        block.push_back(close);
-        std::vector<int32_t>& p = *prompt;
-        for (size_t i = 0; i < p.size(); ++i)
-            if (p[i] == ph && (i == 0 || p[i - 1] != open) && (i + 1 == p.size() || p[i + 1] != ph)) {
-                p.erase(p.begin() + (long)i);
-                p.insert(p.begin() + (long)i, block.begin(), block.end());
-                return;
-            }
-        p.insert(p.begin() + (long)*insert_at, block.begin(), block.end());
-        *insert_at += block.size();
-    };
-    g4_engine_info info{};
-    check(g4_engine_get_info(e, &info));
-    size_t insert_at = !prompt->empty() && (*prompt)[0] == info.bos_token_id ? 1 : 0;
+    std::vector<int32_t> n_img, n_aud;   // soft tokens of each file, in order
     if (has_img) {
         if (!mi.has_vision) throw RunError("--image: the plan has no vision tower (compile a Gemma 4 checkpoint with vision_config, without --no-vision)");
         for (const auto& f : a.multi.at("--image")) {
@@ -342,7 +327,7 @@ void add_media(const Args& a, g4_engine* e, g4_session* s, std::vector<int32_t>*
             int32_t n = 0;
             if (g4_session_add_image(s, img.rgb.data(), img.width, img.height, &n) != G4_OK)
                 throw RunError(f + ": " + g4_last_error_message());
-            place(mi.boi_token_id, mi.image_token_id, mi.eoi_token_id, n, &insert_at);
+            n_img.push_back(n);
         }
     }
     if (has_aud) {
@@ -357,9 +342,41 @@ void add_media(const Args& a, g4_engine* e, g4_session* s, std::vector<int32_t>*
             int32_t n = 0;
             if (g4_session_add_audio(s, pcm.samples.data(), (int64_t)pcm.samples.size(), &n) != G4_OK)
                 throw RunError(f + ": " + g4_last_error_message());
-            place(mi.boa_token_id, mi.audio_token_id, mi.eoa_token_id, n, &insert_at);
+            n_aud.push_back(n);
         }
     }
+    g4_engine_info info{};
+    check(g4_engine_get_info(e, &info));
+    std::vector<int32_t>& p = *prompt;
+    size_t insert_at        = !p.empty() && p[0] == info.bos_token_id ? 1 : 0;
+    auto count              = [&](int32_t ph) { return (int64_t)std::count(p.begin(), p.end(), ph); };
+    auto place              = [&](const std::vector<int32_t>& ns, int32_t open, int32_t ph, int32_t close, const char* what) {
+        int64_t need = 0;
+        for (int32_t n : ns) need += n;
+        const int64_t given = count(ph);
+        if (ns.empty() || (a.has("--tokens") && given == need)) return;
+        for (int32_t n : ns) {
+            std::vector<int32_t> block = {open};
+            block.insert(block.end(), (size_t)n, ph);
+            block.push_back(close);
+            size_t i = 0;   // the next lone placeholder
+            while (i < p.size() && !(p[i] == ph && (i == 0 || p[i - 1] != open) && (i + 1 == p.size() || p[i + 1] != ph))) ++i;
+            if (i < p.size()) {
+                p.erase(p.begin() + (long)i);
+                p.insert(p.begin() + (long)i, block.begin(), block.end());
+            } else {
+                p.insert(p.begin() + (long)insert_at, block.begin(), block.end());
+                insert_at += block.size();
+            }
+        }
+        if (count(ph) != need)
+            throw RunError("the prompt has " + std::to_string(given) + " " + what + " placeholders (id " +
+                           std::to_string(ph) + ") but the " + what + " files give " + std::to_string(need) + " soft tokens: in --tokens put one lone " +
+                           std::to_string(ph) + " where each file goes, or none (each then follows <bos>), or write them all out (" +
+                           std::to_string(open) + ", the file's soft tokens x " + std::to_string(ph) + ", " + std::to_string(close) + ")");
+    };
+    place(n_img, mi.boi_token_id, mi.image_token_id, mi.eoi_token_id, "image");
+    place(n_aud, mi.boa_token_id, mi.audio_token_id, mi.eoa_token_id, "audio");
 }
 
 int cmd_run(int argc, char** argv) {

@@ -641,6 +641,13 @@ TEST_F(Media, CliRunsAnImageFile) {
     CmdResult r = run_g4("run '" + plan_ + "' --image '" + png + "' --tokens " + csv + " -n 4 --temp 0 --ignore-eos --threads 2");
     ASSERT_EQ(r.exit_code, 0) << r.err;
     EXPECT_NE(r.out.find(expect), std::string::npos) << r.out << " vs " << expect;
+    // Any other count of placeholders is refused (an image never goes silently unused).
+    CmdResult short_ = run_g4("run '" + plan_ + "' --image '" + png + "' --tokens " + csv.substr(0, csv.rfind(",258880")) + ",301,77 -n 1");
+    EXPECT_EQ(short_.exit_code, 1);
+    EXPECT_NE(short_.err.find("the prompt has " + std::to_string(n - 1) + " image placeholders (id 258880) but the image files give " +
+                              std::to_string(n) + " soft tokens"),
+              std::string::npos)
+        << short_.err;
     CmdResult bad = run_g4("run '" + plan_ + "' --image '" + dir_->file("missing.png") + "' --tokens 2 -n 1");
     EXPECT_NE(bad.exit_code, 0);
     EXPECT_NE(bad.err.find("missing.png"), std::string::npos) << bad.err;
@@ -648,7 +655,7 @@ TEST_F(Media, CliRunsAnImageFile) {
 
 // `g4 run -p TEXT --image F --audio W`: without <|image|> / <|audio|> in the text (the tiny tokenizer has
 // neither) each goes right after <bos> as <boi> n x placeholder <eoi>, in order; the prompt's logits equal
-// those of that id sequence fed through the C API. e2b_tiny_mm has in-vocabulary <boi>/<eoi>/<boa>/<eoa>.
+// those of that id sequence fed through the C API. --tokens lists place them the same way. e2b_tiny_mm has in-vocabulary <boi>/<eoi>/<boa>/<eoa>.
 TEST_F(Media, CliPutsTheMediaAfterBos) {
     if (on_cuda()) GTEST_SKIP() << "CPU plan check";
     std::string plan = dir_->file("mm_ids.g4plan");
@@ -693,6 +700,19 @@ TEST_F(Media, CliPutsTheMediaAfterBos) {
     std::vector<float> api = prompt_logits(s, ids);
     ASSERT_EQ(api.size(), cli.size());
     EXPECT_LT(rel_l2(cli.data(), api.data(), api.size()), 1e-6);
+    // --tokens: a lone placeholder marks where each file goes, and without one it follows <bos>; both give
+    // the same prompt as -p here.
+    std::string text_ids;
+    for (size_t i = 1; i < t.size(); ++i) text_ids += "," + std::to_string(t[i]);
+    for (std::string list : {"2,258880,258881" + text_ids, "2" + text_ids}) {
+        std::string dump2 = dir_->file("logits2.f32");
+        CmdResult r2 = run_g4("run '" + plan + "' --tokens " + list + " --image '" + png + "' --audio '" + wav +
+                              "' -n 1 --temp 0 --threads 2 --dump-logits '" + dump2 + "'");
+        ASSERT_EQ(r2.exit_code, 0) << list << ": " << r2.err;
+        std::vector<float> tok = read_f32(dump2);
+        ASSERT_EQ(tok.size(), api.size()) << list;
+        EXPECT_LT(rel_l2(tok.data(), api.data(), api.size()), 1e-6) << list;
+    }
     g4_session_destroy(s);
     g4_engine_close(e);
 }

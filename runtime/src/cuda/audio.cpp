@@ -61,12 +61,8 @@ g4_status audio_forward(g4_session* s, const towers::AudioTower& at, const cpu::
 
     TowerRun run{st, K};
     CUresult& r       = run.r;
-    r                 = d->cuCtxSetCurrent(ln.g->ctx);
-    st->cur           = &ln;
     const CUstream sm = ln.stream;
-    if (r == 0) r = d->cuStreamSynchronize(sm);
-    const int steps[8] = {T, 0, T, 0, NR, 0, NR, 0};
-    if (r == 0) r = d->cuMemcpyHtoDAsync(step_t, steps, sizeof steps, sm);
+    run.start(step_t, {T, 0, T, 0, NR, 0, NR, 0});
     if (r == 0) r = d->cuMemcpyHtoDAsync(pe, at.rel_pos_table(), sizeof(float) * (size_t)NR * H, sm);
     if (r == 0) r = d->cuMemcpyHtoDAsync(feat, host_features, sizeof(float) * (size_t)V0 * M, sm);
     run.what = "uploading the clip's features";

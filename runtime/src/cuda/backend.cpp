@@ -67,6 +67,15 @@ CUresult launch(const SessionState* st, CUfunction f, unsigned gx, unsigned gy, 
     return d->cuLaunchKernelEx(&c, f, args, nullptr);
 }
 
+void TowerRun::start(CUdeviceptr step_dev, const int (&steps)[8]) {
+    const Driver* d = st->e->d;
+    Lane& ln        = st->lanes[0];
+    r               = d->cuCtxSetCurrent(ln.g->ctx);
+    st->cur         = &ln;
+    if (r == 0) r = d->cuStreamSynchronize(ln.stream);
+    if (r == 0) r = d->cuMemcpyHtoDAsync(step_dev, steps, sizeof steps, ln.stream);
+}
+
 g4_status TowerRun::finish(void* host, CUdeviceptr dev, size_t bytes, const char* tower, std::string* err) {
     const Driver* d = st->e->d;
     const Lane& ln  = st->lanes[0];

@@ -170,6 +170,9 @@ struct TowerRun {
         else
             go(name, K.mm_bf16, (unsigned)((N + 7) / 8), 1, 256, {&step, &mode, &xin, &ldx, &wd, &N, &Kd, &y, &ldy, &none});
     }
+    // Makes the plan's GPU (lane 0) current, waits for its stream (the tower's buffers may still be read by
+    // the previous step) and uploads the two launch step records steps[0..3], steps[4..7] to step_dev.
+    void start(CUdeviceptr step_dev, const int (&steps)[8]);
     // Copies `bytes` of soft tokens from dev to host and waits for the stream. Returns G4_OK, or
     // G4_ERR_INTERNAL with *err naming the tower, the GPU and the failing step.
     g4_status finish(void* host, CUdeviceptr dev, size_t bytes, const char* tower, std::string* err);

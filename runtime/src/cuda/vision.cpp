@@ -50,13 +50,9 @@ g4_status vision_forward(g4_session* s, const towers::VisionTower& vt, const flo
     auto W = [&](const towers::Tensor* w) -> CUdeviceptr { return st->e->vision_w + (CUdeviceptr)((const uint8_t*)w->data - wbase); };
 
     TowerRun run{st, K};
-    CUresult& r = run.r;
-    r           = d->cuCtxSetCurrent(ln.g->ctx);
-    st->cur     = &ln;
+    CUresult& r       = run.r;
     const CUstream sm = ln.stream;
-    if (r == 0) r = d->cuStreamSynchronize(sm);
-    const int steps[8] = {n, 0, n, 0, cells, 0, cells, 0};
-    if (r == 0) r = d->cuMemcpyHtoDAsync(step_n, steps, sizeof steps, sm);
+    run.start(step_n, {n, 0, n, 0, cells, 0, cells, 0});
     if (r == 0) r = d->cuMemcpyHtoDAsync(dpos, pos, sizeof(int32_t) * 2 * n, sm);
     if (r == 0) r = d->cuMemcpyHtoDAsync(didx, idx, sizeof(int32_t) * cells * k * k, sm);
     if (r == 0) r = d->cuMemcpyHtoDAsync(x, patches, sizeof(float) * (size_t)n * pin, sm);

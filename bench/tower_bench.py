@@ -21,14 +21,13 @@ import subprocess
 import sys
 import tempfile
 import time
-import wave
 
 import numpy as np
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tools"))
 sys.path.insert(0, os.path.dirname(__file__))
-from tower_checkpoint import make_checkpoint  # noqa: E402
+from tower_checkpoint import make_checkpoint, make_inputs  # noqa: E402
 
 from transformers import Gemma4AudioFeatureExtractor, Gemma4ForConditionalGeneration, Gemma4ImageProcessor  # noqa: E402
 
@@ -48,29 +47,8 @@ tc = make_checkpoint(ckpt)
 model = Gemma4ForConditionalGeneration.from_pretrained(ckpt, dtype=torch.float32).eval()
 
 # ---- inputs ----------------------------------------------------------------------------------------
-rng = np.random.default_rng(0)
-H, W = 768, 1024
-yy, xx = np.mgrid[0:H, 0:W]
-img = np.stack([(xx * 255 // W), (yy * 255 // H), ((xx + yy) % 256)], -1).astype(np.int16) + rng.integers(-20, 21, (H, W, 3))
-img = np.clip(img, 0, 255).astype(np.uint8)
 tmp = tempfile.mkdtemp()
-try:
-    from PIL import Image
-    png = os.path.join(tmp, "image.png")
-    Image.fromarray(img).save(png)
-except ImportError:  # stb reads PPM too
-    Image = None
-    png = os.path.join(tmp, "image.ppm")
-    with open(png, "wb") as f:
-        f.write(b"P6\n%d %d\n255\n" % (W, H) + img.tobytes())
-sr, secs = 16000, 30.0
-t = np.arange(int(sr * secs)) / sr
-pcm = (0.3 * np.sin(2 * np.pi * (200 + 300 * t) * t) + 0.05 * rng.standard_normal(t.size)).astype(np.float32)
-pcm16 = np.clip(np.round(pcm * 32768), -32768, 32767).astype(np.int16)
-wav = os.path.join(tmp, "clip.wav")
-with wave.open(wav, "wb") as w:
-    w.setnchannels(1), w.setsampwidth(2), w.setframerate(sr), w.writeframes(pcm16.tobytes())
-pcm_read = pcm16.astype(np.float32) / 32768.0
+img, png, pcm_read, wav, sr = make_inputs(tmp)
 
 # ---- g4 --------------------------------------------------------------------------------------------
 plans = {}

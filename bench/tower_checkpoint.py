@@ -1,7 +1,11 @@
-"""tower_checkpoint.py - the random-weight Gemma 4 multimodal checkpoint that tower_bench.py and tower_memory.py share:
-real vision and audio towers (the E2B = E4B tower shapes), an E2B-width text decoder cut to 2 layers (the towers do
-not depend on the text depth). Norm weights and clip bounds are non-trivial, as a trained tower's are."""
+"""tower_checkpoint.py - what tower_bench.py and tower_memory.py share: the random-weight Gemma 4 multimodal
+checkpoint (real vision and audio towers, the E2B = E4B tower shapes, an E2B-width text decoder cut to 2 layers: the
+towers do not depend on the text depth; norm weights and clip bounds non-trivial, as a trained tower's are) and the
+inputs (a 1024x768 image, a 30 s clip)."""
 import os
+import wave
+
+import numpy as np
 
 import torch
 from transformers import Gemma4AudioConfig, Gemma4Config, Gemma4ForConditionalGeneration, Gemma4TextConfig, Gemma4VisionConfig
@@ -36,3 +40,29 @@ def make_checkpoint(ckpt):
                 b.fill_(8.0)
     model.save_pretrained(ckpt)
     return tc
+
+
+def make_inputs(tmp):
+    """A noisy 1024x768 gradient image and a 30 s 16 kHz chirp, written to `tmp` (PNG when PIL is there, else PPM;
+    16-bit WAV). Returns (image uint8 [768, 1024, 3], image path, the clip's samples as read back, WAV path, rate)."""
+    rng = np.random.default_rng(0)
+    H, W = 768, 1024
+    yy, xx = np.mgrid[0:H, 0:W]
+    img = np.stack([(xx * 255 // W), (yy * 255 // H), ((xx + yy) % 256)], -1).astype(np.int16) + rng.integers(-20, 21, (H, W, 3))
+    img = np.clip(img, 0, 255).astype(np.uint8)
+    try:
+        from PIL import Image
+        image = os.path.join(tmp, "image.png")
+        Image.fromarray(img).save(image)
+    except ImportError:  # stb reads PPM too
+        image = os.path.join(tmp, "image.ppm")
+        with open(image, "wb") as f:
+            f.write(b"P6\n%d %d\n255\n" % (W, H) + img.tobytes())
+    sr, secs = 16000, 30.0
+    t = np.arange(int(sr * secs)) / sr
+    pcm = (0.3 * np.sin(2 * np.pi * (200 + 300 * t) * t) + 0.05 * rng.standard_normal(t.size)).astype(np.float32)
+    pcm16 = np.clip(np.round(pcm * 32768), -32768, 32767).astype(np.int16)
+    wav = os.path.join(tmp, "clip.wav")
+    with wave.open(wav, "wb") as w:
+        w.setnchannels(1), w.setsampwidth(2), w.setframerate(sr), w.writeframes(pcm16.tobytes())
+    return img, image, pcm16.astype(np.float32) / 32768.0, wav, sr

@@ -21,14 +21,12 @@ import subprocess
 import sys
 import tempfile
 import time
-import wave
 
-import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tools"))
 sys.path.insert(0, os.path.dirname(__file__))
 from g4_measure import GpuPeak, gib, planned_gpu_mib  # noqa: E402
-from tower_checkpoint import make_checkpoint  # noqa: E402
+from tower_checkpoint import make_checkpoint, make_inputs  # noqa: E402
 
 ap = argparse.ArgumentParser()
 ap.add_argument("g4")
@@ -40,20 +38,7 @@ args = ap.parse_args()
 make_checkpoint(args.dir)
 
 tmp = tempfile.mkdtemp()
-rng = np.random.default_rng(0)
-H, W = 768, 1024
-yy, xx = np.mgrid[0:H, 0:W]
-img = np.clip(np.stack([xx * 255 // W, yy * 255 // H, (xx + yy) % 256], -1) + rng.integers(-20, 21, (H, W, 3)), 0, 255).astype(np.uint8)
-ppm = os.path.join(tmp, "image.ppm")
-with open(ppm, "wb") as f:
-    f.write(b"P6\n%d %d\n255\n" % (W, H) + img.tobytes())
-sr = 16000
-t = np.arange(30 * sr) / sr
-pcm = 0.3 * np.sin(2 * np.pi * (200 + 300 * t) * t) + 0.05 * rng.standard_normal(t.size)
-wav = os.path.join(tmp, "clip.wav")
-with wave.open(wav, "wb") as w:
-    w.setnchannels(1), w.setsampwidth(2), w.setframerate(sr)
-    w.writeframes(np.clip(np.round(pcm * 32768), -32768, 32767).astype(np.int16).tobytes())
+_, image, _, wav, _ = make_inputs(tmp)
 
 
 def hwm_mib(pid):
@@ -68,7 +53,7 @@ def hwm_mib(pid):
 def run_once(plan):
     """One g4 run: (stderr, peak GPU MiB, peak RSS MiB from VmHWM, sampled every 20 ms)."""
     err = os.path.join(tmp, "stderr.txt")
-    cmd = [args.g4, "run", plan, "--tokens", "2", "--image", ppm, "--audio", wav, "-n", "64",   # the checkpoint has no tokenizer
+    cmd = [args.g4, "run", plan, "--tokens", "2", "--image", image, "--audio", wav, "-n", "64",   # the checkpoint has no tokenizer
            "--ignore-eos", "--stats", "--threads", str(args.threads)]
     rss = 0.0
     with GpuPeak() as pk, open(err, "w") as ef:

@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# A/B of a kernel change on the GPU machine, side by side in one run: builds this tree (A) and this
-# tree with PATCH applied (B), compiles one E2B/E4B plan with each build (kernels live in the plan),
-# runs B's CUDA kernel tests, then alternates `g4 bench` on the two plans ROUNDS times.
-# Usage (repo root, $OUT set): [MODEL=e2b] [ROUNDS=3] [DEPTHS=16,4096,32000] [KV=bf16] [KT=0] bash bench/ab_patch.sh PATCH
-# KT=0 skips B's kernel tests (and their build): the whole run then fits one 10-minute device call;
+# A/B of kernel changes on the GPU machine, side by side in one run: builds this tree (A) and this tree
+# with each PATCH applied (B, C, ...), compiles one E2B/E4B plan with each build (kernels live in the
+# plan), runs the patched builds' CUDA kernel tests, then alternates `g4 bench` on the plans ROUNDS times.
+# Usage (repo root, $OUT set): [MODEL=e2b] [ROUNDS=3] [DEPTHS=16,4096,32000] [KV=bf16] [KT=0] bash bench/ab_patch.sh PATCH [PATCH...]
+# KT=0 skips the kernel tests (and their build): one patch then fits one 10-minute device call;
 # KT_FILTER='*Gemv*' runs only the matching kernel tests (a gtest filter), which also fits.
-# Writes $OUT/ab_<model>.txt (every bench JSON, A and B interleaved) and $OUT/ab_kt.txt.
+# Writes $OUT/ab_<model>.txt (every bench JSON, the sides interleaved) and $OUT/ab_kt_<side>.txt.
 set -u
-PATCH=$(realpath "$1")
+PATCHES=()
+for p in "$@"; do PATCHES+=("$(realpath "$p")"); done
+SIDES="A"
+for i in "${!PATCHES[@]}"; do SIDES="$SIDES $(printf "\\x$(printf %x $((66 + i)))")"; done
 MODEL=${MODEL:-e2b}
 ROUNDS=${ROUNDS:-3}
 DEPTHS=${DEPTHS:-16,4096,32000}
@@ -16,26 +19,38 @@ KT=${KT:-1}
 TARGETS="g4"
 [ "$KT" = 0 ] || TARGETS="cuda_kernels_test g4"
 A=$PWD
-B=/tmp/ab_b
-rm -rf $B && mkdir -p $B
-tar --exclude='./build*' --exclude=./.deps --exclude=./.bnb -cf - . | tar -xf - -C $B
-ln -s $A/.deps $B/.deps
-(cd $B && patch -p1 -s < $PATCH) || { echo "patch does not apply"; exit 1; }
+dir() { if [ $1 = A ]; then echo $A; else echo /tmp/ab_$1; fi; }
 build() {   # $1 = source dir
     cmake -S $1 -B $1/build-dev -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$A/.deps/usr" -DG4_BUILD_TESTS=ON > $1/cmake.log 2>&1 &&
         cmake --build $1/build-dev -j8 --target $TARGETS > $1/build.log 2>&1
 }
-build $A & PA=$!
-build $B & PB=$!
-wait $PA || { tail -30 $A/build.log; exit 1; }
-wait $PB || { tail -30 $B/build.log; exit 1; }
+i=0
+for s in $SIDES; do
+    [ $s = A ] && continue
+    B=$(dir $s)
+    rm -rf $B && mkdir -p $B
+    tar --exclude='./build*' --exclude=./.deps --exclude=./.bnb -cf - . | tar -xf - -C $B
+    ln -s $A/.deps $B/.deps
+    (cd $B && patch -p1 -s < ${PATCHES[$i]}) || { echo "patch ${PATCHES[$i]} does not apply"; exit 1; }
+    i=$((i + 1))
+done
+PIDS=()
+for s in $SIDES; do build $(dir $s) & PIDS+=($!); done
+for s in $SIDES; do
+    wait ${PIDS[0]} || { tail -30 $(dir $s)/build.log; exit 1; }
+    PIDS=("${PIDS[@]:1}")
+done
 echo "built: ${SECONDS}s"
 if [ "$KT" != 0 ]; then
-    $B/build-dev/tests/cuda_kernels_test --gtest_filter="${KT_FILTER:-*}" > $OUT/ab_kt.txt 2>&1; grep -E "FAILED|PASSED" $OUT/ab_kt.txt | head -20
+    for s in $SIDES; do
+        [ $s = A ] && continue
+        $(dir $s)/build-dev/tests/cuda_kernels_test --gtest_filter="${KT_FILTER:-*}" > $OUT/ab_kt_$s.txt 2>&1
+        echo "kernel tests $s: $(grep -E "FAILED|PASSED" $OUT/ab_kt_$s.txt | head -20)"
+    done
 fi
 PYTHONPATH=$A/.bnb python3 bench/e2e_bench.py $A/build-dev/tools/g4 --model $MODEL --checkpoint-only > $OUT/ab_ckpt.txt 2>&1 || { tail $OUT/ab_ckpt.txt; exit 1; }
-for s in A B; do
-    d=$A; [ $s = B ] && d=$B
+for s in $SIDES; do
+    d=$(dir $s)
     $d/build-dev/tools/g4 compile --model /tmp/g4bench/$MODEL --device cuda --weights nf4 --kv-dtype $KV --chunk 1024 \
         --max-context 32768 --no-fidelity -o /tmp/ab_$s.g4plan 2> /tmp/ab_compile_$s.txt || { tail /tmp/ab_compile_$s.txt; exit 1; }
 done
@@ -43,8 +58,8 @@ echo "checkpoint and plans: ${SECONDS}s"
 R=$OUT/ab_$MODEL.txt
 : > $R
 for r in $(seq $ROUNDS); do
-    for s in A B; do
-        d=$A; [ $s = B ] && d=$B
+    for s in $SIDES; do
+        d=$(dir $s)
         echo "## round $r $s" >> $R
         $d/build-dev/tools/g4 bench /tmp/ab_$s.g4plan -p 512 -n 128 -d $DEPTHS -r 3 --json >> $R 2>&1
     done

@@ -143,6 +143,25 @@ __global__ void read_kernel(const float4* p, size_t n, float* out) {
     if (s == 123.456f) *out = s;
 }
 
+// Dynamic shared memory the timed kernels take (the wide NF4 pair table on sm_90; kernels.cu versions
+// without it take none).
+static unsigned kernel_smem(bool nf4, const void* fn) {
+#ifdef GV_WIDE_BYTES
+    static int sm = -1;
+    if (sm < 0) {
+        cudaDeviceProp p;
+        CK(cudaGetDeviceProperties(&p, 0));
+        sm = p.major * 10 + p.minor;
+    }
+    if (nf4 && sm >= 90) {
+        CK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, GV_WIDE_BYTES));
+        return GV_WIDE_BYTES;
+    }
+#endif
+    (void)nf4, (void)fn;
+    return 0;
+}
+
 static float median(std::vector<float> v) {
     std::sort(v.begin(), v.end());
     return v[v.size() / 2];
@@ -214,13 +233,13 @@ int main(int argc, char** argv) {
         const long groups = c.pairs ? (n_out + 1) / 2 : (n_out + 3) / 4;
         const int pick     = g4::cuda::gemv_lanes(c.k, c.nf4, groups);
         // One launch on weight set 0; returns the outputs (out for pairs, y otherwise).
-        auto once = [&](GemvFn fn, unsigned grid, int B) {
+        auto once = [&](GemvFn fn, unsigned grid, int B, unsigned smem) {
             GemvArgs a{};
             for (size_t m = 0, off = 0; m < first.m.size(); off += first.m[m].n, ++m) a.m[m] = first.m[m], a.m[m].y = y + off;
             a.x = x, a.out = out, a.aux = y, a.nmat = (int)first.m.size(), a.k = c.k, a.epi = c.pairs ? 1 : 0, a.cap = 30.0f;
             CK(cudaMemset(out, 0, (size_t)n_out * 4));
             CK(cudaMemset(y, 0, (size_t)n_out * 4));
-            fn<<<grid, B, 0, st>>>(a);
+            fn<<<grid, B, smem, st>>>(a);
             CK(cudaStreamSynchronize(st));
             CK(cudaGetLastError());
             std::vector<float> h(n_out);
@@ -229,8 +248,10 @@ int main(int argc, char** argv) {
         };
         int pli = 0;
         while ((8 << pli) != pick) ++pli;
+        const GemvFn pick_fn = (c.nf4 ? kGemvNf4 : kGemvBf16)[c.pairs][pli];
         const std::vector<float> ref =
-            once((c.nf4 ? kGemvNf4 : kGemvBf16)[c.pairs][pli], (unsigned)(((c.pairs ? (n_out + 1) / 2 : (n_out + 3) / 4) * pick + 127) / 128), 128);
+            once(pick_fn, (unsigned)(((c.pairs ? (n_out + 1) / 2 : (n_out + 3) / 4) * pick + 127) / 128), 128,
+                 kernel_smem(c.nf4, (const void*)pick_fn));
         for (int vi = -1; vi < (lab ? (int)(sizeof kVariants / sizeof kVariants[0]) : 0); ++vi)
         for (int li = 0; li < 5; ++li) {
             const int L = 8 << li;
@@ -242,6 +263,7 @@ int main(int argc, char** argv) {
             const long vgroups = c.pairs ? (n_out + G / 2 - 1) / (G / 2) : (n_out + G - 1) / G;
             long threads   = var && var->per_block ? vgroups * B : vgroups * L;
             unsigned grid  = (unsigned)((threads + B - 1) / B);
+            const unsigned smem = var ? 0u : kernel_smem(c.nf4, (const void*)fn);
             std::vector<float> t;
             // Each sample: one launch per weight set, back to back (no event between launches).
             for (int r = 0; r < reps + 2; ++r) {
@@ -254,7 +276,7 @@ int main(int argc, char** argv) {
                         a.m[m].y = y + off;
                     }
                     a.x = x, a.out = out, a.aux = y, a.nmat = (int)s.m.size(), a.k = c.k, a.epi = c.pairs ? 1 : 0, a.cap = 30.0f;
-                    fn<<<grid, B, 0, st>>>(a);
+                    fn<<<grid, B, smem, st>>>(a);
                 }
                 CK(cudaEventRecord(e1, st));
                 CK(cudaEventSynchronize(e1));
@@ -266,7 +288,7 @@ int main(int argc, char** argv) {
             float us = median(t);
             float gbs = first.bytes / (us * 1e-6f) / 1e9f;
             // Max |difference| from the compiler's choice, relative to the largest |reference| output.
-            const std::vector<float> got = once(fn, grid, B);
+            const std::vector<float> got = once(fn, grid, B, smem);
             double dmax = 0, rmax = 0;
             for (int i = 0; i < n_out; ++i) dmax = std::max(dmax, (double)std::fabs(got[i] - ref[i])), rmax = std::max(rmax, (double)std::fabs(ref[i]));
             std::printf("%-22s %6.2f %4d%s %10.2f %9.0f %7.1f%%  err %.1e %s\n", c.name, first.bytes / 1e6,

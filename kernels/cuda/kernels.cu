@@ -1120,13 +1120,25 @@ __device__ __forceinline__ void nf4_pair_table(float2* tab) {
 template <int B> __device__ __forceinline__ u32 nf4_pair_off(u32 w, u32 lane_off) {
     return ((B == 0 ? w << 7 : w >> (8 * B - 7)) & 0x7f80u) | lane_off;
 }
+// The wide pair table (sm_90: 64 KiB of dynamic shared memory, GV_WIDE_BYTES): entry e, copy s at
+// e * 256 + s * 8 (bytes 128..255 of each entry's row unused), so one PRMT makes the offset from a code
+// word: byte 1 <- byte b of w, byte 0 <- the copy offset (< 128), bytes 2, 3 <- zero bytes of lane_off.
+#define GV_WIDE_BYTES 65536
+__device__ __forceinline__ void nf4_pair_table_wide(float2* tab) {
+    for (int i = threadIdx.x; i < NF4_PAIRS; i += blockDim.x) tab[(i >> 4) * 32 + (i & 15)] = make_float2(kNf4[i >> 8], kNf4[(i >> 4) & 15]);
+}
+template <int B> __device__ __forceinline__ u32 nf4_pair_off_wide(u32 w, u32 lane_off) {
+    return __byte_perm(w, lane_off, 0x5504u | (B << 4));
+}
 
 // x staged in shared memory (XS): 8 float4 of chunk c at xs[9c..], one float4 of padding per chunk so
-// the 16-byte loads of 8 lanes reading 8 consecutive chunks hit distinct banks. K <= GV_XS_MAX.
+// the 16-byte loads of 8 lanes reading 8 consecutive chunks hit distinct banks. K <= GV_XS_MAX. With the
+// wide table (W) x lives in its unused half rows: float4 v of chunk c at byte c * 256 + 128 + 16 (v ^ (c & 7)),
+// the xor keeping 8 consecutive chunks on distinct banks.
 #define GV_XS_MAX 2560
 // G: weight rows per lane group; B: threads a block (the kernels launch 128; bench/gemv_bench.cu's lab
 // variants also take other values of both).
-template <bool kIsNf4, int L, int M, int G = GV_OUT, bool XS = false, int B = 128>
+template <bool kIsNf4, int L, int M, int G = GV_OUT, bool XS = false, int B = 128, bool W = false>
 __device__ __forceinline__ void gemv_body(const GemvArgs& a, float2* tab, float4* xs = nullptr) {
     constexpr int R  = G / M;          // outputs per lane group
     constexpr int LW = L < 32 ? L : 32;     // lanes of the group in one warp
@@ -1177,7 +1189,7 @@ __device__ __forceinline__ void gemv_body(const GemvArgs& a, float2* tab, float4
         const float4* xp = XS ? xs + c * 9 : (const float4*)(a.x + (long)c * PER);
 #pragma unroll
         for (int v = 0; v < PER / 4; ++v) {
-            float4 t = xp[v];
+            float4 t = XS && W ? xs[c * 16 + 8 + (v ^ (c & 7))] : xp[v];
             xv[4 * v] = t.x, xv[4 * v + 1] = t.y, xv[4 * v + 2] = t.z, xv[4 * v + 3] = t.w;
         }
 #pragma unroll
@@ -1189,10 +1201,10 @@ __device__ __forceinline__ void gemv_body(const GemvArgs& a, float2* tab, float4
 #pragma unroll
                 for (int wd = 0; wd < 4; ++wd) {
                     const u32 w     = words[wd];
-                    const float2 p0 = *(const float2*)(tb + nf4_pair_off<0>(w, lane_off));
-                    const float2 p1 = *(const float2*)(tb + nf4_pair_off<1>(w, lane_off));
-                    const float2 p2 = *(const float2*)(tb + nf4_pair_off<2>(w, lane_off));
-                    const float2 p3 = *(const float2*)(tb + nf4_pair_off<3>(w, lane_off));
+                    const float2 p0 = *(const float2*)(tb + (W ? nf4_pair_off_wide<0>(w, lane_off) : nf4_pair_off<0>(w, lane_off)));
+                    const float2 p1 = *(const float2*)(tb + (W ? nf4_pair_off_wide<1>(w, lane_off) : nf4_pair_off<1>(w, lane_off)));
+                    const float2 p2 = *(const float2*)(tb + (W ? nf4_pair_off_wide<2>(w, lane_off) : nf4_pair_off<2>(w, lane_off)));
+                    const float2 p3 = *(const float2*)(tb + (W ? nf4_pair_off_wide<3>(w, lane_off) : nf4_pair_off<3>(w, lane_off)));
                     const float* xw = xv + wd * 8;
                     s0 = fmaf(p0.x, xw[0], s0), s1 = fmaf(p0.y, xw[1], s1);
                     s0 = fmaf(p1.x, xw[2], s0), s1 = fmaf(p1.y, xw[3], s1);
@@ -1230,13 +1242,17 @@ __device__ __forceinline__ void gemv_body(const GemvArgs& a, float2* tab, float4
 #pragma unroll
         for (int q = 0; q < G; ++q) prefetch_l2(wrow[q] + c);
     if (kIsNf4) {
-        nf4_pair_table(tab);
+        if (W) nf4_pair_table_wide(tab);
+        else nf4_pair_table(tab);
         __syncthreads();
     }
     pdl_begin();
     if (XS) {
         const float4* x4 = (const float4*)a.x;
-        for (int i = threadIdx.x; i < K / 4; i += blockDim.x) xs[(i >> 3) * 9 + (i & 7)] = x4[i];
+        for (int i = threadIdx.x; i < K / 4; i += blockDim.x) {
+            if (W) xs[(i >> 3) * 16 + 8 + ((i & 7) ^ ((i >> 3) & 7))] = x4[i];
+            else xs[(i >> 3) * 9 + (i & 7)] = x4[i];
+        }
         __syncthreads();
     }
     float acc[G] = {};
@@ -1292,13 +1308,26 @@ __device__ __forceinline__ void gemv_body(const GemvArgs& a, float2* tab, float4
     }
 }
 
-// NF4 with K <= GV_XS_MAX stages x in shared memory (the compiler's lane choice assumes it).
+// NF4 with K <= GV_XS_MAX stages x in shared memory (the compiler's lane choice assumes it). On sm_90
+// the NF4 kernels take the wide pair table in GV_WIDE_BYTES of dynamic shared memory (the launch passes
+// that size: cuda_rt::gemv_smem); elsewhere the 32 KiB table is static (3-4 blocks an SM of 100 KiB).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define GV_WIDE 1
+#else
+#define GV_WIDE 0
+#endif
 #define G4_GEMV(NAME, NF4, L, M)                                                                              \
     extern "C" __global__ void __launch_bounds__(128, M == 2 ? 4 : 3) NAME(const GemvArgs a) {                \
-        __shared__ float2 tab[NF4 ? NF4_PAIRS : 1];                                                            \
-        __shared__ float4 xs[NF4 ? GV_XS_MAX / 32 * 9 : 1];                                                    \
-        if (NF4 && a.k <= GV_XS_MAX) gemv_body<NF4, L, M, GV_OUT, true>(a, tab, xs);                           \
-        else gemv_body<NF4, L, M>(a, tab);                                                                     \
+        if (NF4 && GV_WIDE) {                                                                                  \
+            extern __shared__ float4 gv_wide[];                                                                \
+            if (a.k <= GV_XS_MAX) gemv_body<NF4, L, M, GV_OUT, true, 128, true>(a, (float2*)gv_wide, gv_wide); \
+            else gemv_body<NF4, L, M, GV_OUT, false, 128, true>(a, (float2*)gv_wide);                          \
+        } else {                                                                                               \
+            __shared__ float4 xs[NF4 ? GV_XS_MAX / 32 * 9 : 1];                                                \
+            __shared__ float2 tab[NF4 && !GV_WIDE ? NF4_PAIRS : 1];                                            \
+            if (NF4 && a.k <= GV_XS_MAX) gemv_body<NF4, L, M, GV_OUT, true>(a, tab, xs);                       \
+            else gemv_body<NF4, L, M>(a, tab);                                                                 \
+        }                                                                                                      \
     }
 G4_GEMV(g4_gemv_nf4_l8_m1, true, 8, 1)
 G4_GEMV(g4_gemv_nf4_l16_m1, true, 16, 1)

@@ -17,6 +17,7 @@
 
 #include <cmath>
 #include <algorithm>
+#include <array>
 #include <gtest/gtest.h>
 #include <initializer_list>
 #include <memory>
@@ -36,6 +37,7 @@ struct Gpu {
     cu::CUdevice dev    = 0;
     cu::CUcontext ctx   = nullptr;
     cu::CUmodule mod    = nullptr;
+    int sm              = 0;   // the target the kernels were compiled for
     std::string why;
 };
 
@@ -57,7 +59,7 @@ Gpu& gpu() {
     int major = 0, minor = 0;
     g.d->cuDeviceGetAttribute(&major, cu::kAttrComputeMajor, g.dev);
     g.d->cuDeviceGetAttribute(&minor, cu::kAttrComputeMinor, g.dev);
-    int sm = std::min(90, major * 10 + minor);
+    int sm = g.sm = std::min(90, major * 10 + minor);
     cuda::KernelBinary kb = cuda::compile_kernels("sm_" + std::to_string(sm));
     std::string ptx = kb.ptx;
     if (g.d->cuModuleLoadData(&g.mod, major * 10 + minor == sm ? (const void*)kb.cubin.data() : (const void*)ptx.c_str()) != 0) {
@@ -150,7 +152,14 @@ Weight make_weight(Dev& dev, DType dt, int64_t n, int64_t k, uint32_t seed, bool
 
 void run_gemv(cuda_rt::GemvArgsH& a, bool nf4, int lanes, bool pairs, int n_out) {
     long threads = cuda_rt::gemv_threads(n_out, lanes, pairs);
-    launch(cuda_rt::gemv_kernel_name(nf4, lanes, pairs).c_str(), (unsigned)((threads + 127) / 128), 1, 128, {&a});
+    const std::string name = cuda_rt::gemv_kernel_name(nf4, lanes, pairs);
+    const unsigned smem    = cuda_rt::gemv_smem(nf4, gpu().sm);
+    cu::CUfunction f       = nullptr;
+    ASSERT_EQ(gpu().d->cuModuleGetFunction(&f, gpu().mod, name.c_str()), 0) << name;
+    if (smem) ASSERT_EQ(gpu().d->cuFuncSetAttribute(f, cu::kFuncAttrMaxDynamicSmem, (int)smem), 0) << name;
+    ASSERT_EQ(gpu().d->cuLaunchKernel(f, (unsigned)((threads + 127) / 128), 1, 1, 128, 1, 1, smem, nullptr, std::array<void*, 1>{&a}.data(), nullptr), 0)
+        << name;
+    ASSERT_EQ(gpu().d->cuStreamSynchronize(nullptr), 0) << name;
 }
 
 // ---- GEMV family: q/k/v groups, gate/up pairs, the PLE gate (gelu * aux), the LM head (softcap).

@@ -13,6 +13,7 @@
 #include "models/gemma4/graph.h"
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -182,6 +183,9 @@ g4_status open_gpu(const plan::Plan& p, EngineState* st, Gpu& g, const plan::Pro
             for (int m = 0; m < 2; ++m) {
                 std::string n = gemv_kernel_name(q, kGemvLanes[l], m);
                 CU_TRY(d->cuModuleGetFunction(&k.gemv[q][l][m], g.mod, n.c_str()), "kernel " + n);
+                if (gemv_smem(q, g.sm))
+                    CU_TRY(d->cuFuncSetAttribute(k.gemv[q][l][m], kFuncAttrMaxDynamicSmem, (int)gemv_smem(q, g.sm)),
+                           "kernel " + n + ": shared memory size");
             }
     CU_TRY(d->cuMemAlloc(&g.weights, std::max<uint64_t>(64, g.weights_bytes)),
            "allocating " + std::to_string(g.weights_bytes >> 20) + " MiB of weights on GPU " + std::to_string(g.index));
@@ -792,7 +796,8 @@ g4_status launch_fused(g4_session* s, const CudaLaunch& l, std::string* err) {
         a.aux = addr(st, p, l.t[0], l.ip[6]);
         int lpr_i = gemv_lanes_index(l.ip[5]);
         long threads = gemv_threads(n_out, l.ip[5], pairs);
-        r = go(K.gemv[nf4][lpr_i][pairs], (unsigned)ceil_div(threads, 128), 128, {&a});
+        r = launch(st, K.gemv[nf4][lpr_i][pairs], (unsigned)ceil_div(threads, 128), 1, 128, std::array<void*, 1>{&a}.data(), 1,
+                   gemv_smem(nf4, st->cur->g->sm));
         break;
     }
     default: *err = "internal: bad launch kind"; return G4_ERR_INTERNAL;

@@ -904,55 +904,87 @@ G4_FLASH(128)
 G4_FLASH(256)
 G4_FLASH(512)
 
-// grid (max_rows * heads, ceil(dim / 64)), block 256: y = sum_s exp(m_s - M) acc_s / sum_s exp(m_s - M) l_s.
-// A block takes 64 columns of one (row, head); its four 64-thread groups each sum every fourth split.
-extern "C" __global__ void g4_attention_merge(const Step* s, const float* part, int heads, int dim, int splits, float* y,
-                                              long ldy) {
+// grid (max_rows * heads, ceil(dim / 64)), block 256 or 1024: y = sum_s exp(m_s - M) acc_s / sum_s exp(m_s - M) l_s.
+// A block takes 64 columns of one (row, head); its blockDim / 64 groups of 64 threads each sum every
+// (blockDim / 64)-th split, so 1024 threads (a full-attention layer's decode at long context: hundreds of
+// splits) give each thread a quarter of the dependent loads 256 do. window >= 0: a decode row of
+// g4_attn_decode (the layer's window, 0 = none), whose splits past the span's last hold nothing and are
+// not read; -1: every split is read (prefill).
+#define AD_MIN 8   // g4_attn_decode: keys a split at least
+extern "C" __global__ void __launch_bounds__(1024) g4_attention_merge(const Step* s, const float* part, int heads, int dim, int splits,
+                                                                     float* y, long ldy, int window) {
     pdl_begin();
+    int ks = splits;   // splits that may hold keys
+    if (window >= 0) {
+        const int pos = s->pos0, lo = window > 0 ? max(0, pos - window + 1) : 0, span = pos - lo + 1;
+        const int per = max(AD_MIN, (span + splits - 1) / splits);
+        ks            = min(splits, (span + per - 1) / per);
+    }
     __shared__ float red[32];
     __shared__ float wsplit[1024];   // splits <= 1024
-    __shared__ float accs[4][64];
+    __shared__ float accs[16][64];
     int t = blockIdx.x / heads, h = blockIdx.x % heads;
     if (t >= s->rows) return;
     const float* p = part + (long)blockIdx.x * splits * (dim + 2);
-    // Global max and normaliser over the splits, in parallel; then each split's weight once.
-    float M = NEG_INF;
-    for (int k = threadIdx.x; k < splits; k += blockDim.x)
-        if (p[k * (dim + 2) + dim + 1] > 0.0f) M = fmaxf(M, p[k * (dim + 2) + dim]);
-    M = block_max(M, red);
-    float L = 0.0f, last = 0.0f;
-    for (int k = threadIdx.x; k < splits; k += blockDim.x) {
-        float l = p[k * (dim + 2) + dim + 1];
-        float wk = l > 0.0f ? __expf(p[k * (dim + 2) + dim] - M) : 0.0f;
-        wsplit[k] = wk;
-        L += wk * l;
-        if (l > 0.0f) last = (float)(k + 1);
+    // Global max and normaliser over the splits, in parallel; then each split's weight once. Up to 32
+    // splits with keys (a short span) take one warp and one barrier; more, the whole block.
+    float L;
+    int nact;   // splits past the last non-empty one are skipped
+    if (ks <= 32) {
+        if (threadIdx.x < 32) {
+            const int k = threadIdx.x;
+            const float l = k < ks ? p[k * (dim + 2) + dim + 1] : 0.0f, m = l > 0.0f ? p[k * (dim + 2) + dim] : NEG_INF;
+            const float M = warp_max(m);
+            const float wk = l > 0.0f ? __expf(m - M) : 0.0f;
+            wsplit[k] = wk;
+            const float Ls = warp_sum(wk * l), last = warp_max(l > 0.0f ? (float)(k + 1) : 0.0f);
+            if (k == 0) red[0] = Ls, red[1] = last;
+        }
+        __syncthreads();
+        L = red[0], nact = (int)red[1];
+    } else {
+        float M = NEG_INF;
+        for (int k = threadIdx.x; k < ks; k += blockDim.x)
+            if (p[k * (dim + 2) + dim + 1] > 0.0f) M = fmaxf(M, p[k * (dim + 2) + dim]);
+        M = block_max(M, red);
+        float Lp = 0.0f, last = 0.0f;
+        for (int k = threadIdx.x; k < ks; k += blockDim.x) {
+            float l = p[k * (dim + 2) + dim + 1];
+            float wk = l > 0.0f ? __expf(p[k * (dim + 2) + dim] - M) : 0.0f;
+            wsplit[k] = wk;
+            Lp += wk * l;
+            if (l > 0.0f) last = (float)(k + 1);
+        }
+        L = block_sum(Lp, red);
+        nact = (int)block_max(last, red);
+        __syncthreads();
     }
-    L = block_sum(L, red);
-    const int nact = (int)block_max(last, red);   // splits past the last non-empty one are skipped
-    __syncthreads();
-    const int g = threadIdx.x >> 6, cl = threadIdx.x & 63, c = blockIdx.y * 64 + cl;
+    const int NG = blockDim.x >> 6, g = threadIdx.x >> 6, cl = threadIdx.x & 63, c = blockIdx.y * 64 + cl;
     float acc = 0.0f;
     if (c < dim) {
         // Empty splits have weight 0 and unwritten columns: selected away, never multiplied.
         int k = g;
-        for (; k + 12 < nact; k += 16) {
-            float v0 = p[k * (dim + 2) + c], v1 = p[(k + 4) * (dim + 2) + c];
-            float v2 = p[(k + 8) * (dim + 2) + c], v3 = p[(k + 12) * (dim + 2) + c];
-            float w0 = wsplit[k], w1 = wsplit[k + 4], w2 = wsplit[k + 8], w3 = wsplit[k + 12];
+        for (; k + 3 * NG < nact; k += 4 * NG) {
+            float v0 = p[k * (dim + 2) + c], v1 = p[(k + NG) * (dim + 2) + c];
+            float v2 = p[(k + 2 * NG) * (dim + 2) + c], v3 = p[(k + 3 * NG) * (dim + 2) + c];
+            float w0 = wsplit[k], w1 = wsplit[k + NG], w2 = wsplit[k + 2 * NG], w3 = wsplit[k + 3 * NG];
             acc += w0 > 0.0f ? w0 * v0 : 0.0f;
             acc += w1 > 0.0f ? w1 * v1 : 0.0f;
             acc += w2 > 0.0f ? w2 * v2 : 0.0f;
             acc += w3 > 0.0f ? w3 * v3 : 0.0f;
         }
-        for (; k < nact; k += 4) {
+        for (; k < nact; k += NG) {
             float w = wsplit[k];
             if (w > 0.0f) acc += w * p[k * (dim + 2) + c];
         }
     }
     accs[g][cl] = acc;
     __syncthreads();
-    if (g == 0 && c < dim) y[(long)t * ldy + (long)h * dim + c] = (accs[0][cl] + accs[1][cl] + accs[2][cl] + accs[3][cl]) / L;
+    if (g == 0 && c < dim) {
+        float sum = 0.0f;
+        for (int i = 0; i < NG; ++i) sum += accs[i][cl];
+        y[(long)t * ldy + (long)h * dim + c] = sum / L;
+    }
 }
 
 // Greedy sampling on the device: index of the largest logit (ties: the lowest index, as the CPU
@@ -1443,7 +1475,6 @@ extern "C" __global__ void g4_qkv_post(const Step* s, float* q, const void* qw, 
 // fp32 cache: lane / thread c reads element c (+ 32 or 256 steps); bf16 cache: a lane reads 8 keys'
 // elements as one 16-byte load, a thread two adjacent values as one 32-bit load.
 #define AD_KEYS 256
-#define AD_MIN 8
 template <bool kBf16>
 __device__ __forceinline__ void attn_decode_body(const Step* s, const float* q, const void* kc, const void* vc, int heads, int kvh,
                                                  int dim, int slots, int window, float scale, int splits, float* part, float* qs,

@@ -659,7 +659,8 @@ TEST_P(Attention, MatchesReference) {
         CUdeviceptr part = dev.alloc((size_t)a.heads * splits * (a.dim + 2) * 4);
         launch(a.kvdt ? "g4_attn_decode_bf16" : "g4_attn_decode", a.kvh, splits, 256,
                {&a.step, &a.q, &a.kc, &a.vc, &a.heads, &a.kvh, &a.dim, &a.slots, &a.window, &a.scale, &splits, &part, &a.kvdt});
-        launch("g4_attention_merge", a.heads, (a.dim + 63) / 64, 256, {&a.step, &part, &a.heads, &a.dim, &splits, &gy, &a.ld});
+        launch("g4_attention_merge", a.heads, (a.dim + 63) / 64, cuda_rt::merge_threads(true),
+               {&a.step, &part, &a.heads, &a.dim, &splits, &gy, &a.ld, &a.window});
     } else {
         int splits = std::max(1, std::min(32, (span + 63) / 64)), max_span = span;
         CUdeviceptr part = dev.alloc((size_t)c.rows * a.heads * splits * (a.dim + 2) * 4);
@@ -667,7 +668,8 @@ TEST_P(Attention, MatchesReference) {
         launch("g4_attention_partial", c.rows * a.heads, splits, 256,
                {&a.step, &a.q, &a.ld, &a.kc, &a.vc, &a.heads, &a.kvh, &a.dim, &a.slots, &a.window, &a.scale, &splits, &part, &sc, &max_span,
                 &a.kvdt});
-        launch("g4_attention_merge", c.rows * a.heads, (a.dim + 63) / 64, 256, {&a.step, &part, &a.heads, &a.dim, &splits, &gy, &a.ld});
+        int all = -1;
+        launch("g4_attention_merge", c.rows * a.heads, (a.dim + 63) / 64, 256, {&a.step, &part, &a.heads, &a.dim, &splits, &gy, &a.ld, &all});
     }
     double e = rel(dev.down<float>(gy, want.size()), want);
     std::printf("Attention %d/%d x %d slots %d window %d pos %d rows %d %s cache: rel %.2e\n", c.heads, c.kvh, c.dim, c.slots, c.window,

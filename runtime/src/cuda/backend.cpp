@@ -708,7 +708,8 @@ g4_status launch_op(g4_session* s, size_t i, int rows, int out_rows, std::string
             r = go(kvdt ? K.attn_decode_bf16 : K.attn_decode, (unsigned)kvh, (unsigned)dsp, 256,
                    {&step, &in0, &in1, &in2, &heads, &kvh, &dim, &slots, &window, &scale, const_cast<int*>(&dsp), &part, &kvdt});
             if (r == 0 && !st->skip_merge)
-                r = go(K.attn_merge, (unsigned)heads, (unsigned)(dim + 63) / 64, 256, {&step, &part, &heads, &dim, const_cast<int*>(&dsp), &out0, &ldo});
+                r = go(K.attn_merge, (unsigned)heads, (unsigned)(dim + 63) / 64, merge_threads(true),
+                       {&step, &part, &heads, &dim, const_cast<int*>(&dsp), &out0, &ldo, &window});
             break;
         }
         if (sp == 0) {   // the compiler chose the tensor-core flash kernel (bf16 plans, dim a power of two 16..512)
@@ -725,7 +726,10 @@ g4_status launch_op(g4_session* s, size_t i, int rows, int out_rows, std::string
         }
         r = go(K.attn_part, (unsigned)(n * heads), (unsigned)sp, 256,
                {&step, &in0, &ld0, &in1, &in2, &heads, &kvh, &dim, &slots, &window, &scale, &sp, &part, &scores, &max_span, &kvdt});
-        if (r == 0) r = go(K.attn_merge, (unsigned)(n * heads), (unsigned)(dim + 63) / 64, 256, {&step, &part, &heads, &dim, &sp, &out0, &ldo});
+        int all = -1;   // prefill partials: every split is read
+        if (r == 0)
+            r = go(K.attn_merge, (unsigned)(n * heads), (unsigned)(dim + 63) / 64, merge_threads(false),
+                   {&step, &part, &heads, &dim, &sp, &out0, &ldo, &all});
         break;
     }
     default: *err = "internal: unknown op"; return G4_ERR_INTERNAL;

@@ -32,6 +32,10 @@ inline unsigned gemv_smem(bool nf4, int sm) { return nf4 && sm >= 90 ? kGemvWide
 // Threads (128 per block) a GEMV launch needs for n_out outputs.
 inline long gemv_threads(int n_out, int lanes, bool pairs) { return (long)((n_out + (pairs ? 2 : 4) - 1) / (pairs ? 2 : 4)) * lanes; }
 
+// Threads of a g4_attention_merge block: 1024 for a decode row (a full-attention layer at long context has
+// hundreds of filled splits; a short span takes one warp), 256 for prefill rows.
+inline unsigned merge_threads(bool decode) { return decode ? 1024u : 256u; }
+
 // Prefill flash attention (g4_attn_flash_d<dim>, dim 16..512, powers of two): launch shape, as the
 // kernel derives it. Heads of a KV group share a block: hw heads x 64/hw rows.
 struct FlashLaunch {

@@ -23,12 +23,14 @@ int decode_attention_splits(int64_t span);
 
 // Lanes that share one weight row in the decode GEMV (8..128); K is read in 16-byte chunks (32 NF4 or
 // 8 bf16 values). A lane loads its first kGemvFrontChunks chunks of each of its rows before waiting on
-// the previous kernel (g4_gemv_*'s FC). NF4: the fewest lanes that cover a row with those chunks, so
-// a row's codes are all in flight at once. bf16: each lane takes up to four chunks of a row, unless
-// the matrix has too few groups of 4 weight rows to give the GPU about 64K threads: then more lanes
-// share a row, up to one per chunk. NF4 with K <= kGemvXsMax (x staged in shared memory, GV_XS_MAX in
-// kernels.cu): the fewest lanes that give about 40K threads, at most C / 2 (at least two chunks a
-// lane); measured best or within 7% on every E2B/E4B shape (bench/gemv_bench.cu lab, H100).
+// the previous kernel (g4_gemv_*'s FC); later chunks are loaded after it. bf16: each lane takes up to
+// four chunks of a row, unless the matrix has too few groups of 4 weight rows to give the GPU about 64K
+// threads: then more lanes share a row, up to one per chunk. NF4 with K <= kGemvXsMax (x staged in
+// shared memory, GV_XS_MAX in kernels.cu): the fewest lanes that give about 40K threads, at most C / 2
+// (at least two chunks a lane), or C when a row has 64 chunks or more and that stays within 40K
+// threads. Other NF4 (the down projections): the fewest lanes giving about 40K threads. Measured on an
+// H200 (session 15, bench/gemv_bench.cu and end to end): E2B attn_o 32 -> 64 and down 64 -> 128 lanes
+// +2.7% E2B decode; E4B down 128 -> 64 lanes +1.7% E4B decode (E4B q/k/v at 64 lanes lost 1.4%).
 // Inline so bench/gemv_bench.cu, built alone with nvcc, marks the same choice.
 inline constexpr int kGemvFrontChunks = 3;
 inline constexpr int kGemvXsMax       = 2560;
@@ -36,11 +38,13 @@ inline int gemv_lanes(int64_t K, bool nf4, int64_t groups) {
     const int64_t C = K / (nf4 ? 32 : 8);   // 16-byte chunks per row
     int L = 8;
     if (nf4 && K <= kGemvXsMax) {
-        while (L < 128 && groups * L < 40960 && (int64_t)L * 4 <= C) L *= 2;
+        while (L < 128 && groups * L < 40960 &&
+               ((int64_t)L * 4 <= C || (C >= 64 && (int64_t)L * 2 <= C && groups * L * 2 <= 40960)))
+            L *= 2;
         return L;
     }
-    if (nf4) {   // every chunk of a row among the kGemvFrontChunks a lane loads before its wait
-        while (L < 128 && (int64_t)L * kGemvFrontChunks < C) L *= 2;
+    if (nf4) {
+        while (L < 128 && groups * L < 40960) L *= 2;
         return L;
     }
     while (L < 32 && (int64_t)L * 4 < C) L *= 2;

@@ -143,22 +143,16 @@ __global__ void read_kernel(const float4* p, size_t n, float* out) {
     if (s == 123.456f) *out = s;
 }
 
-// Dynamic shared memory the timed kernels take (the wide NF4 pair table on sm_90; kernels.cu versions
-// without it take none).
-static unsigned kernel_smem(bool nf4, const void* fn) {
+// Dynamic shared memory the timed kernels take on a GPU of compute capability sm (the wide NF4 pair
+// table on sm_90; kernels.cu versions without it take none).
+static unsigned kernel_smem(bool nf4, const void* fn, int sm) {
 #ifdef GV_WIDE_BYTES
-    static int sm = -1;
-    if (sm < 0) {
-        cudaDeviceProp p;
-        CK(cudaGetDeviceProperties(&p, 0));
-        sm = p.major * 10 + p.minor;
-    }
     if (nf4 && sm >= 90) {
         CK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, GV_WIDE_BYTES));
         return GV_WIDE_BYTES;
     }
 #endif
-    (void)nf4, (void)fn;
+    (void)nf4, (void)fn, (void)sm;
     return 0;
 }
 
@@ -198,6 +192,7 @@ int main(int argc, char** argv) {
     CK(cudaFree(big));
     const float peak = median(bw);
     std::printf("%s, %d SMs: measured read bandwidth %.0f GB/s\n", prop.name, prop.multiProcessorCount, peak);
+    const int sm = prop.major * 10 + prop.minor;
 
     const std::vector<Case> cases = {
         {"e2b q/k/v (sliding)", true, {2048, 256, 256}, 1536, false},
@@ -251,7 +246,7 @@ int main(int argc, char** argv) {
         const GemvFn pick_fn = (c.nf4 ? kGemvNf4 : kGemvBf16)[c.pairs][pli];
         const std::vector<float> ref =
             once(pick_fn, (unsigned)(((c.pairs ? (n_out + 1) / 2 : (n_out + 3) / 4) * pick + 127) / 128), 128,
-                 kernel_smem(c.nf4, (const void*)pick_fn));
+                 kernel_smem(c.nf4, (const void*)pick_fn, sm));
         for (int vi = -1; vi < (lab ? (int)(sizeof kVariants / sizeof kVariants[0]) : 0); ++vi)
         for (int li = 0; li < 5; ++li) {
             const int L = 8 << li;
@@ -263,7 +258,7 @@ int main(int argc, char** argv) {
             const long vgroups = c.pairs ? (n_out + G / 2 - 1) / (G / 2) : (n_out + G - 1) / G;
             long threads   = var && var->per_block ? vgroups * B : vgroups * L;
             unsigned grid  = (unsigned)((threads + B - 1) / B);
-            const unsigned smem = var ? 0u : kernel_smem(c.nf4, (const void*)fn);
+            const unsigned smem = var ? 0u : kernel_smem(c.nf4, (const void*)fn, sm);
             std::vector<float> t;
             // Each sample: one launch per weight set, back to back (no event between launches).
             for (int r = 0; r < reps + 2; ++r) {

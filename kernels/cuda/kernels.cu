@@ -1162,12 +1162,16 @@ __device__ __forceinline__ void nf4_pair_table_wide(float2* tab) {
 template <int B> __device__ __forceinline__ u32 nf4_pair_off_wide(u32 w, u32 lane_off) {
     return __byte_perm(w, lane_off, 0x5504u | (B << 4));
 }
+template <bool W, int B> __device__ __forceinline__ u32 nf4_lookup_off(u32 w, u32 lane_off) {
+    return W ? nf4_pair_off_wide<B>(w, lane_off) : nf4_pair_off<B>(w, lane_off);
+}
 
 // x staged in shared memory (XS): 8 float4 of chunk c at xs[9c..], one float4 of padding per chunk so
 // the 16-byte loads of 8 lanes reading 8 consecutive chunks hit distinct banks. K <= GV_XS_MAX. With the
 // wide table (W) x lives in its unused half rows: float4 v of chunk c at byte c * 256 + 128 + 16 (v ^ (c & 7)),
 // the xor keeping 8 consecutive chunks on distinct banks.
 #define GV_XS_MAX 2560
+template <bool W> __device__ __forceinline__ int xs_slot(int c, int v) { return W ? c * 16 + 8 + (v ^ (c & 7)) : c * 9 + v; }
 // G: weight rows per lane group; B: threads a block (the kernels launch 128; bench/gemv_bench.cu's lab
 // variants also take other values of both).
 template <bool kIsNf4, int L, int M, int G = GV_OUT, bool XS = false, int B = 128, bool W = false>
@@ -1218,10 +1222,9 @@ __device__ __forceinline__ void gemv_body(const GemvArgs& a, float2* tab, float4
 #pragma unroll
             for (int q = 0; q < G; ++q) scale[q] = scale_of(q, c, raw[q]);
         float xv[PER];
-        const float4* xp = XS ? xs + c * 9 : (const float4*)(a.x + (long)c * PER);
 #pragma unroll
         for (int v = 0; v < PER / 4; ++v) {
-            float4 t = XS && W ? xs[c * 16 + 8 + (v ^ (c & 7))] : xp[v];
+            float4 t = XS ? xs[xs_slot<W>(c, v)] : ((const float4*)(a.x + (long)c * PER))[v];
             xv[4 * v] = t.x, xv[4 * v + 1] = t.y, xv[4 * v + 2] = t.z, xv[4 * v + 3] = t.w;
         }
 #pragma unroll
@@ -1233,10 +1236,10 @@ __device__ __forceinline__ void gemv_body(const GemvArgs& a, float2* tab, float4
 #pragma unroll
                 for (int wd = 0; wd < 4; ++wd) {
                     const u32 w     = words[wd];
-                    const float2 p0 = *(const float2*)(tb + (W ? nf4_pair_off_wide<0>(w, lane_off) : nf4_pair_off<0>(w, lane_off)));
-                    const float2 p1 = *(const float2*)(tb + (W ? nf4_pair_off_wide<1>(w, lane_off) : nf4_pair_off<1>(w, lane_off)));
-                    const float2 p2 = *(const float2*)(tb + (W ? nf4_pair_off_wide<2>(w, lane_off) : nf4_pair_off<2>(w, lane_off)));
-                    const float2 p3 = *(const float2*)(tb + (W ? nf4_pair_off_wide<3>(w, lane_off) : nf4_pair_off<3>(w, lane_off)));
+                    const float2 p0 = *(const float2*)(tb + nf4_lookup_off<W, 0>(w, lane_off));
+                    const float2 p1 = *(const float2*)(tb + nf4_lookup_off<W, 1>(w, lane_off));
+                    const float2 p2 = *(const float2*)(tb + nf4_lookup_off<W, 2>(w, lane_off));
+                    const float2 p3 = *(const float2*)(tb + nf4_lookup_off<W, 3>(w, lane_off));
                     const float* xw = xv + wd * 8;
                     s0 = fmaf(p0.x, xw[0], s0), s1 = fmaf(p0.y, xw[1], s1);
                     s0 = fmaf(p1.x, xw[2], s0), s1 = fmaf(p1.y, xw[3], s1);
@@ -1281,10 +1284,7 @@ __device__ __forceinline__ void gemv_body(const GemvArgs& a, float2* tab, float4
     pdl_begin();
     if (XS) {
         const float4* x4 = (const float4*)a.x;
-        for (int i = threadIdx.x; i < K / 4; i += blockDim.x) {
-            if (W) xs[(i >> 3) * 16 + 8 + ((i & 7) ^ ((i >> 3) & 7))] = x4[i];
-            else xs[(i >> 3) * 9 + (i & 7)] = x4[i];
-        }
+        for (int i = threadIdx.x; i < K / 4; i += blockDim.x) xs[xs_slot<W>(i >> 3, i & 7)] = x4[i];
         __syncthreads();
     }
     float acc[G] = {};

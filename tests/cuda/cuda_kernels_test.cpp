@@ -17,7 +17,6 @@
 
 #include <cmath>
 #include <algorithm>
-#include <array>
 #include <gtest/gtest.h>
 #include <initializer_list>
 #include <memory>
@@ -101,11 +100,19 @@ struct Dev {
     CUdeviceptr step(int rows, int pos0, int out_rows) { return up(std::vector<int>{rows, pos0, out_rows, 0}); }
 };
 
-void launch(const char* name, unsigned gx, unsigned gy, unsigned block, std::initializer_list<void*> args) {
+// A kernel that takes `smem` bytes of dynamic shared memory (its attribute already raised where needed).
+void launch_smem(const char* name, unsigned gx, unsigned gy, unsigned block, unsigned smem,
+                 std::initializer_list<void*> args) {
     cu::CUfunction f = nullptr;
     ASSERT_EQ(gpu().d->cuModuleGetFunction(&f, gpu().mod, name), 0) << name;
-    ASSERT_EQ(gpu().d->cuLaunchKernel(f, gx, gy, 1, block, 1, 1, 0, nullptr, const_cast<void**>(args.begin()), nullptr), 0) << name;
+    ASSERT_EQ(gpu().d->cuLaunchKernel(f, gx, gy, 1, block, 1, 1, smem, nullptr,
+                                      const_cast<void**>(args.begin()), nullptr),
+              0)
+        << name;
     ASSERT_EQ(gpu().d->cuStreamSynchronize(nullptr), 0) << name;
+}
+void launch(const char* name, unsigned gx, unsigned gy, unsigned block, std::initializer_list<void*> args) {
+    launch_smem(name, gx, gy, block, 0, args);
 }
 
 double rel(const std::vector<float>& a, const std::vector<float>& b) { return g4test::rel_l2(a.data(), b.data(), b.size()); }
@@ -154,12 +161,12 @@ void run_gemv(cuda_rt::GemvArgsH& a, bool nf4, int lanes, bool pairs, int n_out)
     long threads = cuda_rt::gemv_threads(n_out, lanes, pairs);
     const std::string name = cuda_rt::gemv_kernel_name(nf4, lanes, pairs);
     const unsigned smem    = cuda_rt::gemv_smem(nf4, gpu().sm);
-    cu::CUfunction f       = nullptr;
-    ASSERT_EQ(gpu().d->cuModuleGetFunction(&f, gpu().mod, name.c_str()), 0) << name;
-    if (smem) ASSERT_EQ(gpu().d->cuFuncSetAttribute(f, cu::kFuncAttrMaxDynamicSmem, (int)smem), 0) << name;
-    ASSERT_EQ(gpu().d->cuLaunchKernel(f, (unsigned)((threads + 127) / 128), 1, 1, 128, 1, 1, smem, nullptr, std::array<void*, 1>{&a}.data(), nullptr), 0)
-        << name;
-    ASSERT_EQ(gpu().d->cuStreamSynchronize(nullptr), 0) << name;
+    if (smem) {
+        cu::CUfunction f = nullptr;
+        ASSERT_EQ(gpu().d->cuModuleGetFunction(&f, gpu().mod, name.c_str()), 0) << name;
+        ASSERT_EQ(gpu().d->cuFuncSetAttribute(f, cu::kFuncAttrMaxDynamicSmem, (int)smem), 0) << name;
+    }
+    launch_smem(name.c_str(), (unsigned)((threads + 127) / 128), 1, 128, smem, {&a});
 }
 
 // ---- GEMV family: q/k/v groups, gate/up pairs, the PLE gate (gelu * aux), the LM head (softcap).
@@ -860,16 +867,6 @@ TEST(PrefillGemm, CublasAndTensorCoreMatchBf16Reference) {
 // of 128, a 12-key window with 13 relative positions, depthwise kernel 5. fp32 throughout: the kernels
 // differ from the loops only in summation order.
 
-void launch_smem(const char* name, unsigned gx, unsigned gy, unsigned block, unsigned smem,
-                 std::initializer_list<void*> args) {
-    cu::CUfunction f = nullptr;
-    ASSERT_EQ(gpu().d->cuModuleGetFunction(&f, gpu().mod, name), 0) << name;
-    ASSERT_EQ(gpu().d->cuLaunchKernel(f, gx, gy, 1, block, 1, 1, smem, nullptr,
-                                      const_cast<void**>(args.begin()), nullptr),
-              0)
-        << name;
-    ASSERT_EQ(gpu().d->cuStreamSynchronize(nullptr), 0) << name;
-}
 std::vector<float> widen(const std::vector<uint16_t>& b) {
     std::vector<float> v(b.size());
     for (size_t i = 0; i < b.size(); ++i)

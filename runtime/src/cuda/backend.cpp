@@ -13,7 +13,6 @@
 #include "models/gemma4/graph.h"
 
 #include <algorithm>
-#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -749,8 +748,8 @@ g4_status launch_fused(g4_session* s, const CudaLaunch& l, std::string* err) {
     CUdeviceptr step    = st->cur->step;
     auto T              = [&](int j) { return addr(st, p, l.t[j], 0); };
     CUresult r          = 0;
-    auto go = [&](CUfunction f, unsigned gx, unsigned bx, std::initializer_list<void*> args) {
-        return launch(st, f, gx, 1, bx, const_cast<void**>(args.begin()));
+    auto go = [&](CUfunction f, unsigned gx, unsigned bx, std::initializer_list<void*> args, unsigned smem = 0) {
+        return launch(st, f, gx, 1, bx, const_cast<void**>(args.begin()), 1, smem);
     };
     switch ((LaunchKind)l.kind) {
     case LaunchKind::ResNorm: {
@@ -800,8 +799,7 @@ g4_status launch_fused(g4_session* s, const CudaLaunch& l, std::string* err) {
         a.aux = addr(st, p, l.t[0], l.ip[6]);
         int lpr_i = gemv_lanes_index(l.ip[5]);
         long threads = gemv_threads(n_out, l.ip[5], pairs);
-        r = launch(st, K.gemv[nf4][lpr_i][pairs], (unsigned)ceil_div(threads, 128), 1, 128, std::array<void*, 1>{&a}.data(), 1,
-                   gemv_smem(nf4, st->cur->g->sm));
+        r = go(K.gemv[nf4][lpr_i][pairs], (unsigned)ceil_div(threads, 128), 128, {&a}, gemv_smem(nf4, st->cur->g->sm));
         break;
     }
     default: *err = "internal: bad launch kind"; return G4_ERR_INTERNAL;

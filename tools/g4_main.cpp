@@ -903,10 +903,11 @@ int cmd_inspect(int argc, char** argv) {
     }
     std::printf("tensors %zu, ops %zu\n", p.n_tensors(), p.n_ops());
     if (p.n_launches()) {
-        int kinds_n[4] = {};
-        for (size_t i = 0; i < p.n_launches(); ++i) kinds_n[p.launch(i).kind & 3]++;
-        std::printf("CUDA decode schedule: %zu fused launches and %d single ops per token: %d GEMV, %d QkvPost, %d ResNorm\n",
-                    p.n_launches() - kinds_n[0], kinds_n[0], kinds_n[2], kinds_n[3], kinds_n[1]);
+        int kinds_n[5] = {};
+        for (size_t i = 0; i < p.n_launches(); ++i) kinds_n[std::min<int>(p.launch(i).kind, 4)]++;
+        std::printf("CUDA decode schedule: %zu fused launches and %d single ops per token: %d GEMV, %d QkvPost, %d QkvPost+attention, "
+                    "%d ResNorm\n",
+                    p.n_launches() - kinds_n[0], kinds_n[0], kinds_n[2], kinds_n[3], kinds_n[4], kinds_n[1]);
         // Prefill kernel variants the compiler recorded (runtime/src/plan/plan_format.h).
         int flash = 0, split = 0, mm[5] = {};
         for (size_t i = 0; i < p.n_ops(); ++i) {

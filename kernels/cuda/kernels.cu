@@ -1475,10 +1475,24 @@ extern "C" __global__ void g4_qkv_post(const Step* s, float* q, const void* qw, 
 // fp32 cache: lane / thread c reads element c (+ 32 or 256 steps); bf16 cache: a lane reads 8 keys'
 // elements as one 16-byte load, a thread two adjacent values as one 32-bit load.
 #define AD_KEYS 256
-template <bool kBf16>
+// QkvAttn (the compiler's CUDA schedule): g4_qkv_post's work done by the decode attention kernel itself.
+// Every block norms and rotates its group's q heads from the raw projection into shared memory (q is not
+// written back); the block holding the newest key (index span - 1) also norms and rotates k, norms v and
+// stores both into the cache slot of pos before it reads the split's keys. Same arithmetic as g4_qkv_post.
+struct AttnPost {
+    const float* k;          // raw k [kvh * dim], or null (a KV-shared layer: only q)
+    const float* v;          // raw v [kvh * dim]
+    const void* qw;          // q_norm weight [dim] (dtype wdt)
+    const void* kw;          // k_norm weight [dim]
+    const float* inv_freq;   // RoPE [dim / 2]
+    int wdt;
+    float eps;
+};
+template <bool kBf16, bool kPost = false>
 __device__ __forceinline__ void attn_decode_body(const Step* s, const float* q, const void* kc, const void* vc, int heads, int kvh,
                                                  int dim, int slots, int window, float scale, int splits, float* part, float* qs,
-                                                 float (*sc)[AD_KEYS], float* mh, float* lh) {
+                                                 float (*sc)[AD_KEYS], float* mh, float* lh, const AttnPost& pa = AttnPost{},
+                                                 float* pst = nullptr) {
     const int g = blockIdx.x, hpg = heads / kvh, width = kvh * dim;
     const int pos = s->pos0;
     const int lo  = window > 0 ? max(0, pos - window + 1) : 0;
@@ -1494,6 +1508,18 @@ __device__ __forceinline__ void attn_decode_body(const Step* s, const float* q, 
             prefetch_l2((const char*)(l < lines ? kc : vc) + ((long)((lo + j) % slots) * width + (long)g * dim) * ES + (l % lines) * 128);
         }
     }
+    // QkvAttn: the norm weights and RoPE's cos/sin into shared memory before the wait (they do not depend
+    // on the previous kernel). pst: q weight [512], k weight [512], cos [256], sin [256], then the newest
+    // k and v rows in the cache's dtype [2][512 floats].
+    const int jn = kPost && pa.k && j0 <= span - 1 && span - 1 < j1 ? span - 1 : -1;   // this block stores the newest key
+    if (kPost && j0 < j1) {
+        for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+            pst[i] = loadw(pa.qw, pa.wdt, i);
+            if (jn >= 0) pst[512 + i] = loadw(pa.kw, pa.wdt, i);
+        }
+        for (int i = threadIdx.x; i < dim / 2; i += blockDim.x) sincosf((float)pos * pa.inv_freq[i], &pst[1280 + i], &pst[1024 + i]);
+        __syncthreads();
+    }
     pdl_begin();
     if (j0 >= j1) {   // no keys in this split: an empty partial
         if (threadIdx.x < hpg) {
@@ -1502,18 +1528,71 @@ __device__ __forceinline__ void attn_decode_body(const Step* s, const float* q, 
         }
         return;
     }
-    for (int e = threadIdx.x; e < hpg * dim; e += blockDim.x) qs[e] = q[(long)g * hpg * dim + e];
+    if (!kPost) {
+        for (int e = threadIdx.x; e < hpg * dim; e += blockDim.x) qs[e] = q[(long)g * hpg * dim + e];
+    } else {   // one warp a row (the group's q heads, then k and v), its rows' loads issued together;
+               // lane: pairs (i, i + dim / 2), i = lane + 32 m
+        const int half = dim >> 1;
+        const int rows = hpg + (jn >= 0 ? 2 : 0);
+        const long slot = (long)(pos % slots) * width + (long)g * dim;
+        constexpr int RW = 3;   // rows a warp at most: (16 heads + k + v) / 8 warps
+        float x0[RW][8], x1[RW][8];
+#pragma unroll
+        for (int t = 0; t < RW; ++t) {
+            const int r = wid + t * nw;
+            const float* src = r >= rows ? nullptr : r < hpg ? q + (long)(g * hpg + r) * dim : (r == hpg ? pa.k : pa.v) + (long)g * dim;
+#pragma unroll
+            for (int m = 0; m < 8; ++m) {
+                const int i = lane + 32 * m;
+                x0[t][m] = src && i < half ? src[i] : 0.0f, x1[t][m] = src && i < half ? src[i + half] : 0.0f;
+            }
+        }
+#pragma unroll
+        for (int t = 0; t < RW; ++t) {
+            const int r = wid + t * nw;
+            if (r >= rows) break;
+            const int kind = r < hpg ? 0 : r - hpg + 1;   // 0 q, 1 k, 2 v
+            const float* w = kind == 0 ? pst : pst + 512;
+            float ss = 0.0f;
+#pragma unroll
+            for (int m = 0; m < 8; ++m) ss += x0[t][m] * x0[t][m] + x1[t][m] * x1[t][m];
+            const float rr = powf(warp_sum(ss) / (float)dim + pa.eps, -0.5f);
+            void* nrow = pst + 1536 + (kind - 1) * 512;   // kind 1, 2: the newest k / v row, cache dtype
+#pragma unroll
+            for (int m = 0; m < 8; ++m) {
+                const int i = lane + 32 * m;
+                if (i >= half) break;
+                float y0 = x0[t][m] * rr * (kind < 2 ? w[i] : 1.0f), y1 = x1[t][m] * rr * (kind < 2 ? w[i + half] : 1.0f);
+                if (kind < 2) {
+                    const float cs = pst[1024 + i], sn = pst[1280 + i];
+                    const float o0 = y0 * cs - y1 * sn, o1 = y1 * cs + y0 * sn;
+                    y0 = o0, y1 = o1;
+                }
+                if (kind == 0) {
+                    qs[r * dim + i] = y0, qs[r * dim + i + half] = y1;
+                } else {
+                    void* cache = (void*)(kind == 1 ? kc : vc);
+                    kv_put(cache, kBf16 ? G4_DT_BF16 : G4_DT_F32, slot + i, y0);
+                    kv_put(cache, kBf16 ? G4_DT_BF16 : G4_DT_F32, slot + i + half, y1);
+                    kv_put(nrow, kBf16 ? G4_DT_BF16 : G4_DT_F32, i, y0);
+                    kv_put(nrow, kBf16 ? G4_DT_BF16 : G4_DT_F32, i + half, y1);
+                }
+            }
+        }
+    }
     __syncthreads();
     // Scores: one warp per key, all heads of the group; the heads' warp reductions interleave.
     for (int j = j0 + wid; j < j1; j += nw) {
         const long kr = (long)((lo + j) % slots) * width + (long)g * dim;
+        // QkvAttn: the newest key from shared memory (this block stored it; a global read-back is an L2 trip)
+        const char* krow = kPost && j == jn ? (const char*)(pst + 1536) : (const char*)kc + kr * ES;
         float v[16];
         if (kBf16) {   // lane: elements 8 * lane + 256 * c .. + 7
             uint4 kw[2];
 #pragma unroll
             for (int c = 0; c < 2; ++c) {
                 const int e = 8 * lane + 256 * c;
-                kw[c]       = e < dim ? *(const uint4*)((const u16*)kc + kr + e) : make_uint4(0u, 0u, 0u, 0u);
+                kw[c]       = e < dim ? *(const uint4*)((const u16*)krow + e) : make_uint4(0u, 0u, 0u, 0u);
             }
 #pragma unroll
             for (int h = 0; h < 16; ++h) {
@@ -1535,7 +1614,7 @@ __device__ __forceinline__ void attn_decode_body(const Step* s, const float* q, 
                     }
             }
         } else {
-            const float* kf = (const float*)kc + kr;
+            const float* kf = (const float*)krow;
             float kv[16];
 #pragma unroll
             for (int c = 0; c < 16; ++c) kv[c] = lane + 32 * c < dim ? kf[lane + 32 * c] : 0.0f;
@@ -1594,16 +1673,18 @@ __device__ __forceinline__ void attn_decode_body(const Step* s, const float* q, 
         float v[8][2];
 #pragma unroll
         for (int u = 0; u < 8; ++u) {
-            const long vr = (long)((lo + min(jb + u, j1 - 1)) % slots) * width + (long)g * dim;
+            const int jv  = min(jb + u, j1 - 1);
+            const long vr = (long)((lo + jv) % slots) * width + (long)g * dim;
+            const char* vrow = kPost && jv == jn ? (const char*)(pst + 2048) : (const char*)vc + vr * ES;
             if (kBf16 && pairs) {
-                const u32 w = col(0) < dim && jb + u < j1 ? *(const u32*)((const u16*)vc + vr + col(0)) : 0u;
+                const u32 w = col(0) < dim && jb + u < j1 ? *(const u32*)((const u16*)vrow + col(0)) : 0u;
                 v[u][0] = __uint_as_float(w << 16), v[u][1] = __uint_as_float(w & 0xffff0000u);
             } else if (kBf16) {
 #pragma unroll
-                for (int i = 0; i < 2; ++i) v[u][i] = col(i) < dim && jb + u < j1 ? bf16f(((const u16*)vc)[vr + col(i)]) : 0.0f;
+                for (int i = 0; i < 2; ++i) v[u][i] = col(i) < dim && jb + u < j1 ? bf16f(((const u16*)vrow)[col(i)]) : 0.0f;
             } else {
 #pragma unroll
-                for (int i = 0; i < 2; ++i) v[u][i] = col(i) < dim && jb + u < j1 ? ((const float*)vc)[vr + col(i)] : 0.0f;
+                for (int i = 0; i < 2; ++i) v[u][i] = col(i) < dim && jb + u < j1 ? ((const float*)vrow)[col(i)] : 0.0f;
             }
         }
 #pragma unroll
@@ -1639,6 +1720,25 @@ __device__ __forceinline__ void attn_decode_body(const Step* s, const float* q, 
     }
 G4_ATTN_DECODE(g4_attn_decode, false)
 G4_ATTN_DECODE(g4_attn_decode_bf16, true)
+// The same with the q/k/v post-projection folded in (q: the raw projection; AttnPost above). 3 blocks an
+// SM on sm_90 (80 registers, no spills); elsewhere 43 KiB of shared memory allows 2 of 100 KiB anyway.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define AD_POST_BLOCKS 3
+#else
+#define AD_POST_BLOCKS 2
+#endif
+#define G4_ATTN_DECODE_POST(NAME, BF16)                                                                                     \
+    extern "C" __global__ void __launch_bounds__(256, AD_POST_BLOCKS) NAME(const Step* s, const float* q, const void* kc, const void* vc,   \
+                                                           int heads, int kvh, int dim, int slots, int window, float scale, \
+                                                           int splits, float* part, int kvdt, const AttnPost pa) {          \
+        __shared__ __align__(16) float qs[4096];                                                                            \
+        __shared__ float sc[16][AD_KEYS];                                                                                   \
+        __shared__ float mh[16], lh[16];                                                                                    \
+        __shared__ __align__(16) float pst[2560];                                                                           \
+        attn_decode_body<BF16, true>(s, q, kc, vc, heads, kvh, dim, slots, window, scale, splits, part, qs, sc, mh, lh, pa, pst); \
+    }
+G4_ATTN_DECODE_POST(g4_attn_decode_post, false)
+G4_ATTN_DECODE_POST(g4_attn_decode_post_bf16, true)
 
 // ---- prefill helpers for the cuBLAS tier: NF4 blob -> bf16 matrix (same rounding as the tensor-core
 // kernel), fp32 activations -> bf16, and a bias row added after the GEMM.

@@ -701,6 +701,66 @@ INSTANTIATE_TEST_SUITE_P(RealShapesBf16Cache, Attention,
                                            AttnCase{6, 1, 40, 100, 16, 90, 1, KB}, AttnCase{4, 1, 24, 50, 0, 45, 7, KB}),
                          attn_case_name);
 
+// ---- decode attention with the q/k/v post-projection folded in (g4_attn_decode_post, the schedule's
+// QkvAttn) against the CPU reference of the unfused ops: q/k norms, RoPE, v norm, the cache store, then
+// attention over the updated caches. kv = false: a KV-shared layer (q only; the caches are read as they are).
+struct QkvAttnCase {
+    AttnCase a;
+    bool kv;
+};
+class QkvAttn : public ::testing::TestWithParam<QkvAttnCase> {};
+TEST_P(QkvAttn, MatchesUnfusedReference) {
+    NEED_GPU();
+    const AttnCase c = GetParam().a;
+    const bool kv    = GetParam().kv;
+    Dev dev;
+    AttnData in = attn_data(c);
+    const int qw = c.heads * c.dim, kw = c.kvh * c.dim;
+    std::vector<float> k = randn(kw, 12), v = randn(kw, 13), qn = randn(c.dim, 14), kn = randn(c.dim, 15);
+    auto qnb = to_bf16(qn), knb = to_bf16(kn);
+    std::vector<float> inv(c.dim / 2);
+    for (int i = 0; i < c.dim / 2; ++i) inv[i] = i < c.dim / 8 ? std::pow(10000.0f, -2.0f * i / c.dim) : 0.0f;   // partial rotary
+    std::vector<float> rq = in.q, rk = k, rv = v;
+    Cache rkc = in.kc, rvc = in.vc;
+    ref::rms_norm({rq.data(), qw, qnb.data(), DType::BF16, rq.data(), qw, 1, qw, c.dim, 1e-6f});
+    ref::rope({rq.data(), qw, inv.data(), 1, c.heads, c.dim, c.pos});
+    if (kv) {
+        ref::rms_norm({rk.data(), kw, knb.data(), DType::BF16, rk.data(), kw, 1, kw, c.dim, 1e-6f});
+        ref::rope({rk.data(), kw, inv.data(), 1, c.kvh, c.dim, c.pos});
+        ref::rms_norm({rv.data(), kw, nullptr, DType::F32, rv.data(), kw, 1, kw, c.dim, 1e-6f});
+        ref::kv_store({rk.data(), kw, rv.data(), kw, rkc.data(), rvc.data(), 1, kw, c.slots, c.pos, c.dt});
+    }
+    const std::vector<float> want = attn_ref(c, rq, rkc, rvc);
+    AttnDev a = attn_dev(dev, c, in);
+    const int span = c.window > 0 ? std::min(c.window, c.slots) : c.slots;
+    int splits = cuda::decode_attention_splits(span);
+    CUdeviceptr part = dev.alloc((size_t)a.heads * splits * (a.dim + 2) * 4), gy = dev.alloc(want.size() * 4);
+    cuda_rt::AttnPostH pa{kv ? dev.up(k) : 0, kv ? dev.up(v) : 0, dev.up(qnb), dev.up(knb), dev.up(inv), 1, 1e-6f};
+    launch(a.kvdt ? "g4_attn_decode_post_bf16" : "g4_attn_decode_post", a.kvh, splits, 256,
+           {&a.step, &a.q, &a.kc, &a.vc, &a.heads, &a.kvh, &a.dim, &a.slots, &a.window, &a.scale, &splits, &part, &a.kvdt, &pa});
+    launch("g4_attention_merge", a.heads, (a.dim + 63) / 64, cuda_rt::merge_threads(true), {&a.step, &part, &a.heads, &a.dim, &splits, &gy, &a.ld, &a.window});
+    const double e = rel(dev.down<float>(gy, want.size()), want);
+    const double ek = rel(rkc.down(dev, a.kc), rkc.values()), ev = rel(rvc.down(dev, a.vc), rvc.values());
+    std::printf("QkvAttn %d/%d x %d slots %d window %d pos %d %s cache%s: out %.2e, caches k %.2e v %.2e\n", c.heads, c.kvh, c.dim, c.slots,
+                c.window, c.pos, dt_name(c.dt), kv ? "" : " (q only)", e, ek, ev);
+    // bf16: a new k/v element on a rounding boundary may round the other way (one bf16 step).
+    EXPECT_LT(e, c.dt == DType::BF16 ? 1e-4 : 1e-5);
+    EXPECT_LT(ek, c.dt == DType::BF16 ? 1e-4 : 1e-6);
+    EXPECT_LT(ev, c.dt == DType::BF16 ? 1e-4 : 1e-6);
+    if (!kv) EXPECT_EQ(ek + ev, 0.0) << "a q-only launch wrote the caches";
+}
+INSTANTIATE_TEST_SUITE_P(RealShapes, QkvAttn,
+                         ::testing::Values(QkvAttnCase{{8, 1, 256, 767, 512, 0, 1}, true}, QkvAttnCase{{8, 1, 256, 767, 512, 5000, 1}, true},
+                                           QkvAttnCase{{8, 1, 512, 32912, 0, 4000, 1}, true}, QkvAttnCase{{8, 2, 256, 767, 512, 3000, 1}, true},
+                                           QkvAttnCase{{8, 2, 512, 8192, 0, 8000, 1}, true}, QkvAttnCase{{8, 1, 256, 767, 512, 700, 1}, false},
+                                           QkvAttnCase{{8, 1, 256, 767, 512, 100, 1, KB}, true}, QkvAttnCase{{8, 1, 256, 767, 512, 5000, 1, KB}, true},
+                                           QkvAttnCase{{8, 1, 512, 32912, 0, 32000, 1, KB}, true}, QkvAttnCase{{8, 2, 256, 767, 512, 3000, 1, KB}, true},
+                                           QkvAttnCase{{8, 1, 512, 32912, 0, 4000, 1, KB}, false}, QkvAttnCase{{4, 2, 16, 40, 0, 39, 1, KB}, true},
+                                           QkvAttnCase{{6, 1, 40, 100, 16, 90, 1, KB}, true}),
+                         [](const ::testing::TestParamInfo<QkvAttnCase>& i) {
+                             return attn_case_name({i.param.a, i.index}) + (i.param.kv ? "" : "_qonly");
+                         });
+
 // ---- prefill flash attention (tensor cores): q, K and V rounded to bf16 as the kernel stages them, so
 // against the reference on the rounded inputs only P's rounding and the summation order differ. A bf16
 // cache holds the rounded values already: the kernel copies them and gives the same bits as from an

@@ -139,6 +139,9 @@ TEST(BadInput, CudaPlanWithoutGpu) {
     EXPECT_NE(i.out.find("device cuda"), std::string::npos);
     // Every residual/norm chain (3 per layer, 10 layers) becomes one ResNorm launch of the decode schedule.
     EXPECT_NE(i.out.find(", 30 ResNorm"), std::string::npos) << i.out;
+    // The sliding layers' q/k/v post-projection runs in their decode attention kernel (QkvAttn, KV-shared
+    // layers too); the 2 full-attention layers keep QkvPost.
+    EXPECT_NE(i.out.find("2 QkvPost, 8 QkvPost+attention"), std::string::npos) << i.out;
     // bf16 prefill (the default): every attention op takes the tensor-core flash kernel; fp32 prefill
     // keeps the exact split-over-keys kernel, whose scores workspace grows with chunk x context.
     EXPECT_NE(i.out.find("attention 10 flash (tensor cores), 0 split"), std::string::npos) << i.out;

@@ -148,7 +148,7 @@ g4_status open_gpu(const plan::Plan& p, EngineState* st, Gpu& g, const plan::Pro
         {&k.rope, "g4_rope"},         {&k.kv, "g4_kv_store"},               {&k.attn_part, "g4_attention_partial"},
         {&k.attn_merge, "g4_attention_merge"}, {&k.argmax, "g4_argmax"},
         {&k.resnorm, "g4_resnorm"}, {&k.qkv_post, "g4_qkv_post"},
-        {&k.attn_decode, "g4_attn_decode"}, {&k.attn_decode_bf16, "g4_attn_decode_bf16"}, {&k.nf4_to_bf16, "g4_nf4_to_bf16"}, {&k.f32_to_bf16, "g4_f32_to_bf16"},
+        {&k.attn_decode, "g4_attn_decode"}, {&k.attn_decode_bf16, "g4_attn_decode_bf16"}, {&k.attn_decode_post, "g4_attn_decode_post"}, {&k.attn_decode_post_bf16, "g4_attn_decode_post_bf16"}, {&k.nf4_to_bf16, "g4_nf4_to_bf16"}, {&k.f32_to_bf16, "g4_f32_to_bf16"},
         {&k.add_bias, "g4_add_bias"}, {&k.copy_f32, "g4_copy_f32"}, {&k.penalize, "g4_penalize"},
         {&k.topk_round, "g4_topk_round"}, {&k.softmax_partial, "g4_softmax_partial"}};
     for (auto& f : fns) CU_TRY(d->cuModuleGetFunction(f.f, g.mod, f.n), std::string("kernel ") + f.n);
@@ -447,6 +447,7 @@ g4_status session_create(g4_session* s, std::string* err) {
             std::string cls;
             if (l.kind == (uint16_t)LaunchKind::ResNorm) cls = "resnorm";
             else if (l.kind == (uint16_t)LaunchKind::QkvPost) cls = "qkv_post";
+            else if (l.kind == (uint16_t)LaunchKind::QkvAttn) cls = "qkv_attn";
             else if (l.kind == (uint16_t)LaunchKind::Gemv)
                 cls = (int)op.out[0] == p.info().logits_tensor ? "lm_head"
                       : p.tensor(op.in[1]).dtype == (uint8_t)DType::NF4 ? "gemv_nf4" : "gemv_bf16";
@@ -468,7 +469,7 @@ g4_status session_create(g4_session* s, std::string* err) {
         st->pdl_ok = false;   // events between launches would cut the programmatic edges
         st->ev.resize(p.n_launches() + 2);
         for (CUevent& ev : st->ev) CU_TRY(d->cuEventCreate(&ev, 0), "cuEventCreate");
-        static const char* kinds[] = {"", "resnorm", "gemv", "qkv_post"};
+        static const char* kinds[] = {"", "resnorm", "gemv", "qkv_post", "qkv_attn"};
         for (size_t li = 0; li < p.n_launches(); ++li) {
             const CudaLaunch& l = p.launch(li);
             const PlanOp& op    = p.op(l.op);
@@ -488,8 +489,8 @@ void session_destroy(SessionState* st) {
     if (!st) return;
     if (st->profile) {
         std::fprintf(stderr, "g4 cuda profile (ms total / calls; per-op sync timing includes ~launch latency):\n");
-        static const char* fused[] = {"resnorm*", "gemv*", "qkv_post*"};
-        for (int c = 0; c < 20; ++c)
+        static const char* fused[] = {"resnorm*", "gemv*", "qkv_post*", "qkv_attn*"};
+        for (int c = 0; c < 21; ++c)
             for (int m = 0; m < 2; ++m)
                 if (st->prof_n[c][m])
                     std::fprintf(stderr, "  %-10s %-8s %10.3f ms %8ld calls %8.1f us/call\n", c >= 16 ? fused[c - 17] : op_name((OpCode)c), m ? "prefill" : "decode",
@@ -583,6 +584,13 @@ Nf4Ptrs nf4_ptrs(CUdeviceptr base, const PlanTensor& w) {
 int64_t ld_of(const plan::Plan& p, int32_t idx) { return idx >= 0 && p.tensor(idx).ndim == 2 ? p.tensor(idx).dims[1] : 0; }
 // Kernel dtype argument (G4_DT_F32 / G4_DT_BF16) of a weight or KV cache.
 int dt_code(const plan::Plan& p, int32_t t) { return t >= 0 && p.tensor(t).dtype == (uint8_t)DType::BF16 ? 1 : 0; }
+
+// Whether a decode row of attention op `op` (cache dtype kvdt) runs g4_attn_decode: one block per (kv
+// head, split) for all heads of the group.
+bool decode_attention_fits(const PlanOp& op, int kvdt) {
+    const int heads = op.ip[0], kvh = op.ip[1], dim = op.ip[2], dsp = op.ip[6], hpg = kvh > 0 ? heads / kvh : 0;
+    return dsp >= 1 && dsp <= 1024 && hpg >= 1 && hpg <= 16 && hpg * dim <= 4096 && dim <= 512 && (kvdt == 0 || dim % 8 == 0);
+}
 
 // Launches op i for a step of `rows` rows (`out_rows` logits rows); sets *launched = false when the
 // op has no rows in this step.
@@ -701,8 +709,8 @@ g4_status launch_op(g4_session* s, size_t i, int rows, int out_rows, std::string
         int sp = st->splits[i];
         int max_span = window > 0 ? std::min(window, info.max_context) : info.max_context;
         CUdeviceptr part = ln.part, scores = ln.scores;
-        const int hpg = heads / kvh, dsp = op.ip[6];
-        if (n == 1 && dsp >= 1 && dsp <= 1024 && hpg <= 16 && hpg * dim <= 4096 && dim <= 512 && (kvdt == 0 || dim % 8 == 0)) {
+        const int dsp = op.ip[6];
+        if (n == 1 && decode_attention_fits(op, kvdt)) {
             // Decode: one block per (kv head, split) for all heads of the group.
             r = go(kvdt ? K.attn_decode_bf16 : K.attn_decode, (unsigned)kvh, (unsigned)dsp, 256,
                    {&step, &in0, &in1, &in2, &heads, &kvh, &dim, &slots, &window, &scale, const_cast<int*>(&dsp), &part, &kvdt});
@@ -759,13 +767,36 @@ g4_status launch_fused(g4_session* s, const CudaLaunch& l, std::string* err) {
         r = go(K.resnorm, 1, 512, {&x, &dd, &pw, &pwdt, &sc, &sdt, &f, &xo, &prew, &prewdt, &xn, &H, &eps});
         break;
     }
-    case LaunchKind::QkvPost: {
+    case LaunchKind::QkvPost:
+    case LaunchKind::QkvAttn: {
+        const bool attn = l.kind == (uint16_t)LaunchKind::QkvAttn;
+        const int post  = attn ? l.ip[4] : l.count;   // QkvPost ops: 2 (q) or 6 (q, k, v and the store)
         CUdeviceptr q = T(0), qw = T(1), invf = T(2), k = T(3), kw = T(4), v = T(5), kc = T(6), vc = T(7);
-        int wdt = dt_code(p, l.t[1]), heads = l.ip[0], kvh = l.count == 6 ? l.ip[1] : 1, dim = l.ip[2], slots = std::max(1, l.ip[3]);
+        int wdt = dt_code(p, l.t[1]), heads = l.ip[0], kvh = post == 6 ? l.ip[1] : 1, dim = l.ip[2], slots = std::max(1, l.ip[3]);
         int kvdt  = dt_code(p, l.t[6]);
         float eps = l.fp[0];
-        unsigned grid = (unsigned)(heads + (l.count == 6 ? 2 * kvh : 0)), block = (unsigned)std::max(32, (dim / 2 + 31) / 32 * 32);
+        const size_t ai = (size_t)l.op + l.count - 1;
+        const PlanOp& at = p.op(ai);
+        if (attn && decode_attention_fits(at, dt_code(p, at.in[1]))) {
+            // g4_attn_decode_post: the post-projection in the attention kernel, then the merge.
+            AttnPostH pa{post == 6 ? k : 0, post == 6 ? v : 0, qw, kw, invf, wdt, eps};
+            CUdeviceptr akc = addr(st, p, at.in[1], 0), avc = addr(st, p, at.in[2], 0), y = addr(st, p, at.out[0], at.out_col[0]);
+            CUdeviceptr part = st->cur->part;
+            int aheads = at.ip[0], akvh = at.ip[1], adim = at.ip[2], aslots = at.ip[3], window = at.ip[4], dsp = at.ip[6];
+            int akvdt = dt_code(p, at.in[1]);
+            float scale = at.fp[0];
+            long ldy = ld_of(p, at.out[0]);
+            void* args[] = {&step, &q, &akc, &avc, &aheads, &akvh, &adim, &aslots, &window, &scale, &dsp, &part, &akvdt, &pa};
+            r = launch(st, akvdt ? K.attn_decode_post_bf16 : K.attn_decode_post, (unsigned)akvh, (unsigned)dsp, 256, args);
+            if (r == 0 && !st->skip_merge) {
+                void* margs[] = {&step, &part, &aheads, &adim, &dsp, &y, &ldy, &window};
+                r = launch(st, K.attn_merge, (unsigned)aheads, (unsigned)(adim + 63) / 64, merge_threads(true), margs);
+            }
+            break;
+        }
+        unsigned grid = (unsigned)(heads + (post == 6 ? 2 * kvh : 0)), block = (unsigned)std::max(32, (dim / 2 + 31) / 32 * 32);
         r = go(K.qkv_post, grid, block, {&step, &q, &qw, &k, &kw, &v, &wdt, &invf, &kc, &vc, &heads, &kvh, &dim, &slots, &eps, &kvdt});
+        if (r == 0 && attn) return launch_op(s, ai, 1, 1, err);   // a shape the decode kernel does not take
         break;
     }
     case LaunchKind::Gemv: {

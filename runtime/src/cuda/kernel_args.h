@@ -19,6 +19,14 @@ struct GemvArgsH {
 };
 static_assert(sizeof(GemvMatH) == 64 && sizeof(GemvArgsH) == 232, "GemvArgs layout");
 
+// g4_attn_decode_post's q/k/v post-projection arguments (AttnPost).
+struct AttnPostH {
+    cu::CUdeviceptr k, v, qw, kw, inv_freq;   // k, v 0: a KV-shared layer (q only)
+    int wdt;
+    float eps;
+};
+static_assert(sizeof(AttnPostH) == 48, "AttnPost layout");
+
 // Lanes per weight row the GEMV kernels come in, and the kernel name for a dtype, lanes and pairing.
 inline constexpr int kGemvLanes[5] = {8, 16, 32, 64, 128};
 inline int gemv_lanes_index(int lanes) { return lanes == 8 ? 0 : lanes == 16 ? 1 : lanes == 32 ? 2 : lanes == 64 ? 3 : lanes == 128 ? 4 : -1; }

@@ -22,7 +22,7 @@ using namespace g4::cu;
 struct Kernels {
     CUfunction embed, mm_bf16, mm_f32, mm_nf4, gemm_bf16, gemm_nf4, gemv_bf16, gemv_nf4, tc_bf16, tc_nf4, rms, elem, rope, kv, attn_part, attn_merge, argmax;
     CUfunction gemv[2][5][2];   // [nf4][lanes per row 8..128][pairs]
-    CUfunction resnorm, qkv_post, attn_decode, attn_decode_bf16, nf4_to_bf16, f32_to_bf16, add_bias;
+    CUfunction resnorm, qkv_post, attn_decode, attn_decode_bf16, attn_decode_post, attn_decode_post_bf16, nf4_to_bf16, f32_to_bf16, add_bias;
     CUfunction copy_f32, penalize, topk_round, softmax_partial;   // GPU sampling
     CUfunction flash[6];        // g4_attn_flash_d<kFlashDims[i]>
     // The vision tower (runtime/src/cuda/vision.cpp); loaded only for plans with the tower on the GPU.
@@ -127,8 +127,8 @@ struct SessionState {
     // kernel. Per launch of the schedule: skipped or not.
     std::vector<bool> skip;
     bool skip_merge = false;
-    double prof_ms[20][2] = {};   // per op code; 16.. fused launch kinds
-    long prof_n[20][2] = {};
+    double prof_ms[21][2] = {};   // per op code; 16.. fused launch kinds
+    long prof_n[21][2] = {};
     std::chrono::steady_clock::time_point prof_t;
     // G4_CUDA_PROFILE=1, decode: an event after every launch of the captured graph; GPU time per
     // launch label (kind and op name without the layer), summed over replays.

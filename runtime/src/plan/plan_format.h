@@ -118,6 +118,8 @@ enum class LaunchKind : uint16_t {
                    //   2 gelu(y) * aux, 3 softcap); ip5 lanes per weight row (8..128); t0 aux, ip6 aux
                    //   column, t1 epilogue output; fp0 softcap
     QkvPost = 3,   // q_norm, q_rope [, k_norm, k_rope, v_norm, kv_store] (count 2 or 6) in one kernel
+    QkvAttn = 4,   // QkvPost's ops and the decode Attention op after them (count 3 or 7) in the attention
+                   //   kernel; QkvPost's fields, ip4 the number of QkvPost ops (2 or 6)
 };
 struct CudaLaunch {
     uint16_t kind;                 // LaunchKind
@@ -145,7 +147,7 @@ inline uint64_t fnv1a64(const void* data, size_t n, uint64_t h = 146959810393466
 // record layouts, op codes and their parameter conventions (bump the string when they change).
 inline uint64_t schema_hash() {
     static const char kSchema[] =
-        "g4plan-v1;header64;section32;tensor64(quant_flags);op104;launch80(op0,resnorm1,gemv2,qkvpost3);matmul_variant(cublas4);"
+        "g4plan-v1;header64;section32;tensor64(quant_flags);op104;launch80(op0,resnorm1,gemv2,qkvpost3,qkvattn4(ip4:post_ops));matmul_variant(cublas4);"
         "ops:embed1(in:ids,table;fp0:scale),matmul2(in:x,w,bias?;ip5:decode_variant,ip6:prefill_variant),rms_norm3(in:x,w?;ip0:cols,ip1:dim;fp0:eps),"
         "add4(ip0:cols),scale5(in:x,s?;ip0:cols;fp0:s),rope6(in:x,inv_freq;ip0:heads,ip1:dim),"
         "kv_store7(in:k,v;out:kc,vc;ip0:width,ip1:slots),"

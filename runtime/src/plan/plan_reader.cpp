@@ -311,8 +311,11 @@ g4_status Plan::validate_records(std::string* err) {
     for (size_t i = 0; i < n_launches_; ++i) {
         const CudaLaunch& l = launches_[i];
         std::string what    = "CUDA schedule record " + std::to_string(i);
-        if (l.kind > (uint16_t)LaunchKind::QkvPost || l.count < 1 || l.op != (int32_t)next || next + l.count > n_ops_)
+        if (l.kind > (uint16_t)LaunchKind::QkvAttn || l.count < 1 || l.op != (int32_t)next || next + l.count > n_ops_)
             return fail(CORRUPT, what + ": bad kind or op range", err);
+        if (l.kind == (uint16_t)LaunchKind::QkvAttn &&
+            ((l.ip[4] != 2 && l.ip[4] != 6) || l.count != l.ip[4] + 1 || ops_[l.op + l.count - 1].code != (uint16_t)OpCode::Attention))
+            return fail(CORRUPT, what + ": q/k/v + attention record does not end in an attention op", err);
         for (int32_t t : l.t)
             if (t < -1 || t >= (int32_t)n_tensors_) return fail(CORRUPT, what + ": tensor index out of range", err);
         if (l.kind == (uint16_t)LaunchKind::Gemv) {

@@ -1475,6 +1475,16 @@ extern "C" __global__ void g4_qkv_post(const Step* s, float* q, const void* qw, 
 // fp32 cache: lane / thread c reads element c (+ 32 or 256 steps); bf16 cache: a lane reads 8 keys'
 // elements as one 16-byte load, a thread two adjacent values as one 32-bit load.
 #define AD_KEYS 256
+// One step of the decode scores' 16-head warp sums: a lane keeps N of 2N heads' partials (the upper half
+// where lane bit O is set) and adds its partner's partials of those.
+template <int O, int N> __device__ __forceinline__ void head_sum_step(float* v, int lane) {
+    const bool up = lane & O;
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+        const float send = up ? v[i] : v[i + N], keep = up ? v[i + N] : v[i];
+        v[i] = keep + __shfl_xor_sync(0xffffffffu, send, O);
+    }
+}
 // QkvAttn (the compiler's CUDA schedule): g4_qkv_post's work done by the decode attention kernel itself.
 // Every block norms and rotates its group's q heads from the raw projection into shared memory (q is not
 // written back); the block holding the newest key (index span - 1) also norms and rotates k, norms v and
@@ -1629,15 +1639,11 @@ __device__ __forceinline__ void attn_decode_body(const Step* s, const float* q, 
         }
         // 16 warp sums in 16 shuffles: each step halves the heads a lane keeps, adding the partner's
         // partials of those heads; lane l ends with head (bits 4..1 of l), as does lane l ^ 1.
-#pragma unroll
-        for (int o = 16, n = 8; o >= 2; o >>= 1, n >>= 1) {
-            const bool up = lane & o;
-#pragma unroll
-            for (int i = 0; i < n; ++i) {
-                float send = up ? v[i] : v[i + n], keep = up ? v[i + n] : v[i];
-                v[i] = keep + __shfl_xor_sync(0xffffffffu, send, o);
-            }
-        }
+        // (Steps spelled out with constant indices: left to the unroller, v went to local memory.)
+        head_sum_step<16, 8>(v, lane);
+        head_sum_step<8, 4>(v, lane);
+        head_sum_step<4, 2>(v, lane);
+        head_sum_step<2, 1>(v, lane);
         v[0] += __shfl_xor_sync(0xffffffffu, v[0], 1);
         const int hl = ((lane >> 4) & 1) * 8 + ((lane >> 3) & 1) * 4 + ((lane >> 2) & 1) * 2 + ((lane >> 1) & 1);
         if (!(lane & 1) && hl < hpg) sc[hl][j - j0] = v[0] * scale;

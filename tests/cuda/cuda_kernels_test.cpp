@@ -755,7 +755,8 @@ INSTANTIATE_TEST_SUITE_P(RealShapes, QkvAttn,
                                            QkvAttnCase{{8, 2, 512, 8192, 0, 8000, 1}, true}, QkvAttnCase{{8, 1, 256, 767, 512, 700, 1}, false},
                                            QkvAttnCase{{8, 1, 256, 767, 512, 100, 1, KB}, true}, QkvAttnCase{{8, 1, 256, 767, 512, 5000, 1, KB}, true},
                                            QkvAttnCase{{8, 1, 512, 32912, 0, 32000, 1, KB}, true}, QkvAttnCase{{8, 2, 256, 767, 512, 3000, 1, KB}, true},
-                                           QkvAttnCase{{8, 1, 512, 32912, 0, 4000, 1, KB}, false}, QkvAttnCase{{4, 2, 16, 40, 0, 39, 1, KB}, true},
+                                           QkvAttnCase{{8, 1, 512, 32912, 0, 4000, 1, KB}, false},
+                                           QkvAttnCase{{8, 1, 256, 767, 512, 700, 1, KB}, false}, QkvAttnCase{{8, 1, 256, 767, 512, 3, 1, KB}, false}, QkvAttnCase{{4, 2, 16, 40, 0, 39, 1, KB}, true},
                                            QkvAttnCase{{6, 1, 40, 100, 16, 90, 1, KB}, true}),
                          [](const ::testing::TestParamInfo<QkvAttnCase>& i) {
                              return attn_case_name({i.param.a, i.index}) + (i.param.kv ? "" : "_qonly");

@@ -144,7 +144,8 @@ struct Matcher {
         //   E2B (1 kv head), sliding layers: +1.0% decode at depth 16, even at 4096 and 32000;
         //   E2B with the full-attention layers too: +1.5% at 16 but -2.9% at 32000 (their hundreds of
         //     splits run in waves, and each block's set-up of norm weights and cos/sin is then exposed);
-        //   E4B (2 kv heads), sliding layers: -1.1% at depth 16, so GQA layers keep QkvPost.
+        //   E4B (2 kv heads), sliding layers: -1.1% at depth 16 (even after the attention kernel's head sums
+        //     left local memory: -0.5% / +0.3% at 4096), so GQA layers keep QkvPost.
         const size_t a = i + l.count;
         if (is(a, OpCode::Attention)) {
             const PlanOp& at = ops[a];

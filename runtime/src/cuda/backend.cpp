@@ -592,6 +592,26 @@ bool decode_attention_fits(const PlanOp& op, int kvdt) {
     return dsp >= 1 && dsp <= 1024 && hpg >= 1 && hpg <= 16 && hpg * dim <= 4096 && dim <= 512 && (kvdt == 0 || dim % 8 == 0);
 }
 
+// A decode row of attention op `at` (decode_attention_fits): g4_attn_decode[_bf16], one block per (kv
+// head, split) for all heads of the group, then the merge into at's output. post: QkvAttn, q is the raw
+// projection and g4_attn_decode_post[_bf16] does the post-projection first.
+CUresult launch_decode_attention(SessionState* st, const plan::Plan& p, const PlanOp& at, CUdeviceptr step, CUdeviceptr q,
+                                 const AttnPostH* post) {
+    const Kernels& K = st->cur->g->k;
+    CUdeviceptr kc = addr(st, p, at.in[1], at.in_col[1]), vc = addr(st, p, at.in[2], at.in_col[2]);
+    CUdeviceptr y = addr(st, p, at.out[0], at.out_col[0]), part = st->cur->part;
+    int heads = at.ip[0], kvh = at.ip[1], dim = at.ip[2], slots = at.ip[3], window = at.ip[4], dsp = at.ip[6], kvdt = dt_code(p, at.in[1]);
+    float scale = at.fp[0];
+    long ldy = ld_of(p, at.out[0]);
+    AttnPostH pa = post ? *post : AttnPostH{};
+    void* args[] = {&step, &q, &kc, &vc, &heads, &kvh, &dim, &slots, &window, &scale, &dsp, &part, &kvdt, &pa};   // pa: post only
+    CUfunction f = post ? (kvdt ? K.attn_decode_post_bf16 : K.attn_decode_post) : (kvdt ? K.attn_decode_bf16 : K.attn_decode);
+    CUresult r = launch(st, f, (unsigned)kvh, (unsigned)dsp, 256, args);
+    if (r != 0 || st->skip_merge) return r;
+    void* margs[] = {&step, &part, &heads, &dim, &dsp, &y, &ldy, &window};
+    return launch(st, K.attn_merge, (unsigned)heads, (unsigned)(dim + 63) / 64, merge_threads(true), margs);
+}
+
 // Launches op i for a step of `rows` rows (`out_rows` logits rows); sets *launched = false when the
 // op has no rows in this step.
 g4_status launch_op(g4_session* s, size_t i, int rows, int out_rows, std::string* err) {
@@ -709,14 +729,8 @@ g4_status launch_op(g4_session* s, size_t i, int rows, int out_rows, std::string
         int sp = st->splits[i];
         int max_span = window > 0 ? std::min(window, info.max_context) : info.max_context;
         CUdeviceptr part = ln.part, scores = ln.scores;
-        const int dsp = op.ip[6];
         if (n == 1 && decode_attention_fits(op, kvdt)) {
-            // Decode: one block per (kv head, split) for all heads of the group.
-            r = go(kvdt ? K.attn_decode_bf16 : K.attn_decode, (unsigned)kvh, (unsigned)dsp, 256,
-                   {&step, &in0, &in1, &in2, &heads, &kvh, &dim, &slots, &window, &scale, const_cast<int*>(&dsp), &part, &kvdt});
-            if (r == 0 && !st->skip_merge)
-                r = go(K.attn_merge, (unsigned)heads, (unsigned)(dim + 63) / 64, merge_threads(true),
-                       {&step, &part, &heads, &dim, const_cast<int*>(&dsp), &out0, &ldo, &window});
+            r = launch_decode_attention(st, p, op, step, in0, nullptr);
             break;
         }
         if (sp == 0) {   // the compiler chose the tensor-core flash kernel (bf16 plans, dim a power of two 16..512)
@@ -775,23 +789,10 @@ g4_status launch_fused(g4_session* s, const CudaLaunch& l, std::string* err) {
         int wdt = dt_code(p, l.t[1]), heads = l.ip[0], kvh = post == 6 ? l.ip[1] : 1, dim = l.ip[2], slots = std::max(1, l.ip[3]);
         int kvdt  = dt_code(p, l.t[6]);
         float eps = l.fp[0];
-        const size_t ai = (size_t)l.op + l.count - 1;
-        const PlanOp& at = p.op(ai);
-        if (attn && decode_attention_fits(at, dt_code(p, at.in[1]))) {
-            // g4_attn_decode_post: the post-projection in the attention kernel, then the merge.
-            AttnPostH pa{post == 6 ? k : 0, post == 6 ? v : 0, qw, kw, invf, wdt, eps};
-            CUdeviceptr akc = addr(st, p, at.in[1], 0), avc = addr(st, p, at.in[2], 0), y = addr(st, p, at.out[0], at.out_col[0]);
-            CUdeviceptr part = st->cur->part;
-            int aheads = at.ip[0], akvh = at.ip[1], adim = at.ip[2], aslots = at.ip[3], window = at.ip[4], dsp = at.ip[6];
-            int akvdt = dt_code(p, at.in[1]);
-            float scale = at.fp[0];
-            long ldy = ld_of(p, at.out[0]);
-            void* args[] = {&step, &q, &akc, &avc, &aheads, &akvh, &adim, &aslots, &window, &scale, &dsp, &part, &akvdt, &pa};
-            r = launch(st, akvdt ? K.attn_decode_post_bf16 : K.attn_decode_post, (unsigned)akvh, (unsigned)dsp, 256, args);
-            if (r == 0 && !st->skip_merge) {
-                void* margs[] = {&step, &part, &aheads, &adim, &dsp, &y, &ldy, &window};
-                r = launch(st, K.attn_merge, (unsigned)aheads, (unsigned)(adim + 63) / 64, merge_threads(true), margs);
-            }
+        const size_t ai = attn ? (size_t)l.op + l.count - 1 : 0;   // the attention op
+        if (attn && decode_attention_fits(p.op(ai), dt_code(p, p.op(ai).in[1]))) {
+            const AttnPostH pa{post == 6 ? k : 0, post == 6 ? v : 0, qw, kw, invf, wdt, eps};
+            r = launch_decode_attention(st, p, p.op(ai), step, q, &pa);
             break;
         }
         unsigned grid = (unsigned)(heads + (post == 6 ? 2 * kvh : 0)), block = (unsigned)std::max(32, (dim / 2 + 31) / 32 * 32);

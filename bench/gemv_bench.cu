@@ -207,6 +207,12 @@ int main(int argc, char** argv) {
         {"e4b down", true, {2560}, 10240, false},
         {"e2b ple gate (bf16)", false, {256}, 1536, false},
         {"e2b ple proj (bf16)", false, {1536}, 256, false},
+        // The tied LM head: bf16 in plans today (805 MB at E2B, the largest single read of a token), and
+        // what an NF4 copy of it would cost.
+        {"e2b lm head (bf16)", false, {262144}, 1536, false},
+        {"e2b lm head (nf4)", true, {262144}, 1536, false},
+        {"e4b lm head (bf16)", false, {262144}, 2560, false},
+        {"e4b lm head (nf4)", true, {262144}, 2560, false},
     };
     std::mt19937 rng(1);
     std::printf("%-22s %6s %5s %10s %9s %8s\n", "shape", "MB", "lanes", "us/launch", "GB/s", "of peak");

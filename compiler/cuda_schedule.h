@@ -25,7 +25,9 @@ int decode_attention_splits(int64_t span);
 // 8 bf16 values). A lane loads its first kGemvFrontChunks chunks of each of its rows before waiting on
 // the previous kernel (g4_gemv_*'s FC); later chunks are loaded after it. bf16: each lane takes up to
 // four chunks of a row, unless the matrix has too few groups of 4 weight rows to give the GPU about 64K
-// threads: then more lanes share a row, up to one per chunk. NF4 with K <= kGemvXsMax (x staged in
+// threads: then more lanes share a row, up to one per chunk; and at least enough lanes that a row's chunks
+// all come before the wait (the LM head: E2B 32 -> 64 lanes, E4B 32 -> 128; session 17 on an H200: +1.2%
+// E2B and +1.6% E4B decode, the isolated optima of bench/gemv_bench.cu). NF4 with K <= kGemvXsMax (x staged in
 // shared memory, GV_XS_MAX in kernels.cu): the fewest lanes that give about 40K threads, at most C / 2
 // (at least two chunks a lane), or C when a row has 64 chunks or more and that stays within 40K
 // threads. Other NF4 (the down projections): the fewest lanes giving about 40K threads. Measured on an
@@ -49,6 +51,8 @@ inline int gemv_lanes(int64_t K, bool nf4, int64_t groups) {
     }
     while (L < 32 && (int64_t)L * 4 < C) L *= 2;
     while (L < 128 && L < C && groups * L < 65536) L *= 2;
+    // Enough lanes that a row's chunks all come before the wait (the LM head).
+    while (L < 128 && (int64_t)L * kGemvFrontChunks < C) L *= 2;
     return L;
 }
 

@@ -247,6 +247,7 @@ INSTANTIATE_TEST_SUITE_P(
                       GemvCase{"e4b_ple_proj_bf16", BF, {2560}, 256, 0, 0, false, true},
                       GemvCase{"e2b_ple_ctx_bf16", BF, {8960}, 1536, 0, 0, false, false},
                       GemvCase{"e2b_lm_head_softcap", BF, {262144}, 1536, 3, 0, false, false},
+                      GemvCase{"e4b_lm_head_softcap", BF, {262144}, 2560, 3, 0, false, false},
                       GemvCase{"lanes8_nf4", NF, {512, 64}, 1536, 0, 8, false, false},
                       GemvCase{"lanes16_nf4_pairs", NF, {512, 512}, 1536, 1, 16, true, false},
                       GemvCase{"lanes32_nf4", NF, {300}, 1536, 0, 32, false, true},

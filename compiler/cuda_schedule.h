@@ -26,9 +26,9 @@ int decode_attention_splits(int64_t span);
 // the previous kernel (g4_gemv_*'s FC); later chunks are loaded after it. bf16: each lane takes up to
 // four chunks of a row, unless the matrix has too few groups of 4 weight rows to give the GPU about 64K
 // threads: then more lanes share a row, up to one per chunk; and at least enough lanes that a row's chunks
-// all come before the wait (the LM head: E2B 32 -> 64 lanes, E4B 32 -> 128; session 17 on an H200: +1.2%
-// E2B and +1.6% E4B decode, the isolated optima of bench/gemv_bench.cu; in bf16-weight plans also the
-// gate/up pairs, not timed). NF4 with K <= kGemvXsMax (x staged in
+// all come before the wait (the LM head and the PLE context projection: E2B 32 -> 64 lanes, E4B 32 -> 128;
+// session 17 on an H200: +1.2% E2B and +1.6% E4B decode, the LM head's isolated optima in
+// bench/gemv_bench.cu; in bf16-weight plans also the gate/up pairs, not timed). NF4 with K <= kGemvXsMax (x staged in
 // shared memory, GV_XS_MAX in kernels.cu): the fewest lanes that give about 40K threads, at most C / 2
 // (at least two chunks a lane), or C when a row has 64 chunks or more and that stays within 40K
 // threads. Other NF4 (the down projections): the fewest lanes giving about 40K threads. Measured on an

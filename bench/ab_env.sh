@@ -31,14 +31,4 @@ for r in $(seq $ROUNDS); do
         s=$((s + 1))
     done
 done
-python3 - "$R" <<'EOF'
-import json, re, sys, statistics as st
-txt = open(sys.argv[1]).read()
-rows, names = {}, {}
-for m in re.finditer(r"## round (\d+) (\w) \[(.*?)\]\n(\[.*?\])\n", txt, re.S):
-    names[m.group(2)] = m.group(3) or "(defaults)"
-    for d in json.loads(m.group(4)):
-        rows.setdefault((d["test"], m.group(2)), []).append(round(d["tok_s"], 1))
-for (test, s), v in sorted(rows.items()):
-    print(f"{test:>12} {s} {names[s]:>20}: median {st.median(v):8.1f} tok/s over rounds {v}")
-EOF
+python3 bench/ab_summary.py "$R"

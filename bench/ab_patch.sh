@@ -64,13 +64,4 @@ for r in $(seq $ROUNDS); do
         $d/build-dev/tools/g4 bench /tmp/ab_$s.g4plan -p 512 -n 128 -d $DEPTHS -r 3 --json >> $R 2>&1
     done
 done
-python3 - "$R" <<'EOF'
-import json, re, sys, statistics as st
-txt = open(sys.argv[1]).read()
-rows = {}
-for m in re.finditer(r"## round (\d+) (\w)\n(\[.*?\])\n", txt, re.S):
-    for d in json.loads(m.group(3)):
-        rows.setdefault((d["test"], m.group(2)), []).append(round(d["tok_s"], 1))
-for (test, s), v in sorted(rows.items()):
-    print(f"{test:>12} {s}: median {st.median(v):8.1f} tok/s over rounds {v}")
-EOF
+python3 bench/ab_summary.py "$R"

@@ -28,9 +28,9 @@ int decode_attention_splits(int64_t span);
 // threads: then more lanes share a row, up to one per chunk; and at least enough lanes that a row's chunks
 // all come before the wait (the LM head and the PLE context projection: E2B 32 -> 64 lanes, E4B 32 -> 128;
 // session 17 on an H200: +1.2% E2B and +1.6% E4B decode, the LM head's isolated optima in
-// bench/gemv_bench.cu; in bf16-weight plans also the gate/up pairs, not timed). NF4 with K <= kGemvXsMax (x staged in
-// shared memory, GV_XS_MAX in kernels.cu): the fewest lanes that give about 40K threads, at most C / 2
-// (at least two chunks a lane), or C when a row has 64 chunks or more and that stays within 40K
+// bench/gemv_bench.cu; in bf16-weight plans also the gate/up pairs, not timed). NF4 with K <= kGemvXsMax
+// (x staged in shared memory, GV_XS_MAX in kernels.cu): the fewest lanes that give about 40K threads, at
+// most C / 2 (at least two chunks a lane), or C when a row has 64 chunks or more and that stays within 40K
 // threads. Other NF4 (the down projections): the fewest lanes giving about 40K threads. Measured on an
 // H200 (session 15, bench/gemv_bench.cu and end to end): E2B attn_o 32 -> 64 and down 64 -> 128 lanes
 // +2.7% E2B decode; E4B down 128 -> 64 lanes +1.7% E4B decode (E4B q/k/v at 64 lanes lost 1.4%).
@@ -52,7 +52,7 @@ inline int gemv_lanes(int64_t K, bool nf4, int64_t groups) {
     }
     while (L < 32 && (int64_t)L * 4 < C) L *= 2;
     while (L < 128 && L < C && groups * L < 65536) L *= 2;
-    // Enough lanes that a row's chunks all come before the wait (the LM head).
+    // Enough lanes that a row's chunks all come before the wait (the LM head, the PLE context projection).
     while (L < 128 && (int64_t)L * kGemvFrontChunks < C) L *= 2;
     return L;
 }

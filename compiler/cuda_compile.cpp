@@ -3,6 +3,7 @@
 #include "compiler/error.h"
 
 #include <algorithm>
+#include <cstdlib>
 
 #ifdef G4_HAVE_NVRTC
 #include <nvrtc.h>
@@ -25,8 +26,11 @@ static std::string compile_one(const std::string& arch, bool cubin, std::vector<
     if (nvrtcCreateProgram(&prog, kKernelSource, "g4_kernels.cu", 0, nullptr, nullptr) != NVRTC_SUCCESS)
         throw CompileError("NVRTC: cannot create program");
     std::string a = (cubin ? "--gpu-architecture=sm_" : "--gpu-architecture=compute_") + arch.substr(3);
-    const char* opts[] = {a.c_str(), "--std=c++17", "-default-device", "-lineinfo"};
-    nvrtcResult r = nvrtcCompileProgram(prog, 4, opts);
+    // G4_KERNEL_TRACE=1: the timeline lab's kernels (kernels.cu G4_TRACE; bench/trace_lab.sh), never for
+    // plans that are meant to be used.
+    const char* trace = std::getenv("G4_KERNEL_TRACE");
+    const char* opts[] = {a.c_str(), "--std=c++17", "-default-device", "-lineinfo", "-DG4_TRACE"};
+    nvrtcResult r = nvrtcCompileProgram(prog, trace && *trace == '1' ? 5 : 4, opts);
     size_t n = 0;
     nvrtcGetProgramLogSize(prog, &n);
     std::string l(n, '\0');

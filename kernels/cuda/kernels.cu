@@ -25,10 +25,64 @@ struct Step {
 // drains. Every kernel calls pdl_begin() before it reads or writes activations (the wait returns once
 // the previous kernel has finished and its writes are visible; without the launch attribute it is a
 // no-op), then lets its successor launch. Only weight prefetches may come before it.
+//
+// Timeline lab (plans compiled with G4_KERNEL_TRACE=1, see bench/trace_lab.sh): the first and the last
+// block of every traced kernel record, from thread 0, the global timer at entry, after the wait and at
+// exit, with a tag and a key (a weight or output pointer) saying which launch it was; the runtime copies
+// the records out at the end of the session (G4_TRACE_OUT). Not compiled into ordinary plans.
+#ifdef G4_TRACE
+#define G4_TRACE_CAP (1 << 19)
+struct TraceRec {
+    unsigned long long key, t0, t1, t2;   // ns: entry, after the wait, exit
+    unsigned int tag, blocks, smid;       // smid: bit 31 set for the last block
+    unsigned int cycles;                  // SM clocks from after the wait to exit
+    unsigned int mark[4];                 // ns after the wait at the kernel's G4_TRACE_MARK(0..3), or 0
+};
+__device__ TraceRec g4_trace_buf[G4_TRACE_CAP];
+__device__ unsigned int g4_trace_n;
+__shared__ unsigned long long g4_trace_tw, g4_trace_cw;
+__shared__ unsigned int g4_trace_mk[4];
+__device__ __forceinline__ unsigned long long g4_gtimer() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+struct TraceScope {
+    unsigned long long key, t0;
+    unsigned int tag, blocks, last;
+    bool on;
+    __device__ TraceScope(unsigned int tag_, const void* k) {
+        blocks = gridDim.x * gridDim.y * gridDim.z;
+        const unsigned int lin = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+        on = threadIdx.x == 0 && (lin == 0 || lin == blocks - 1);
+        last = lin != 0;
+        if (on) t0 = g4_gtimer(), key = (unsigned long long)k, tag = tag_;
+        if (threadIdx.x == 0) g4_trace_tw = 0, g4_trace_mk[0] = g4_trace_mk[1] = g4_trace_mk[2] = g4_trace_mk[3] = 0;
+    }
+    __device__ ~TraceScope() {
+        if (!on) return;
+        const unsigned long long t2 = g4_gtimer(), c2 = clock64();
+        unsigned int sm;
+        asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+        const unsigned int i = atomicAdd(&g4_trace_n, 1u);
+        if (i < G4_TRACE_CAP)
+            g4_trace_buf[i] = TraceRec{key, t0, g4_trace_tw, t2, tag, blocks, sm | (last ? 0x80000000u : 0u), (unsigned int)(c2 - g4_trace_cw), {g4_trace_mk[0], g4_trace_mk[1], g4_trace_mk[2], g4_trace_mk[3]}};
+    }
+};
+#define G4_TRACE_SCOPE(tag, key) TraceScope g4_trace_scope_((tag), (key))
+#define G4_TRACE_MARK(k) \
+    if (threadIdx.x == 0) g4_trace_mk[k] = (unsigned int)(g4_gtimer() - g4_trace_tw)
+#else
+#define G4_TRACE_SCOPE(tag, key)
+#define G4_TRACE_MARK(k)
+#endif
 __device__ __forceinline__ void pdl_begin() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+#ifdef G4_TRACE
+    if (threadIdx.x == 0) g4_trace_tw = g4_gtimer(), g4_trace_cw = clock64();
 #endif
 }
 __device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
@@ -66,6 +120,7 @@ __device__ float block_max(float v, float* red) { return block_reduce<true>(v, r
 // y[t, :n] = table[ids[t], :n] * scale.  grid (max_rows), block 256.
 extern "C" __global__ void g4_embed(const Step* s, const int* ids, const void* table, int dt, long n, float scale, float* y,
                                     long ldy) {
+    G4_TRACE_SCOPE(7, table);
     pdl_begin();
     int t = blockIdx.x;
     if (t >= s->rows) return;
@@ -79,6 +134,7 @@ extern "C" __global__ void g4_embed(const Step* s, const int* ids, const void* t
 
 extern "C" __global__ void g4_matmul_bf16(const Step* s, int mode, const float* x, long ldx, const u16* w, int N, int K,
                                           float* y, long ldy, const float* bias) {
+    G4_TRACE_SCOPE(10, w);
     pdl_begin();
     int n = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     int lane = threadIdx.x & 31;
@@ -546,6 +602,7 @@ extern "C" __global__ void g4_tc_gemm_nf4(const Step* s, int mode, const float* 
 // RMSNorm over groups of `dim` of the first `cols` columns. grid (max_rows, cols/dim), block 256.
 extern "C" __global__ void g4_rms_norm(const Step* s, int mode, const float* x, long ldx, const void* w, int wdt, float* y,
                                        long ldy, int dim, float eps) {
+    G4_TRACE_SCOPE(8, y);
     pdl_begin();
     __shared__ float red[32];
     int t = blockIdx.x;
@@ -562,6 +619,7 @@ extern "C" __global__ void g4_rms_norm(const Step* s, int mode, const float* x, 
 // Elementwise over [rows, cols]: op 0 add, 1 gelu_tanh(a)*b, 2 scale, 3 softcap. grid (max_rows, ceil(cols/256)), block 256.
 extern "C" __global__ void g4_elementwise(const Step* s, int mode, int op, const float* a, long lda, const float* b, long ldb,
                                           float* y, long ldy, int cols, float f, const void* scalar, int sdt) {
+    G4_TRACE_SCOPE(9 | op << 8, y);
     pdl_begin();
     int t = blockIdx.x;
     if (t >= rows_of(s, mode)) return;
@@ -580,6 +638,7 @@ extern "C" __global__ void g4_elementwise(const Step* s, int mode, int op, const
 
 // RoPE in place (rotate-half pairing). grid (max_rows, heads), block half = dim/2 (<= 1024).
 extern "C" __global__ void g4_rope(const Step* s, float* x, long ldx, const float* inv_freq, int dim) {
+    G4_TRACE_SCOPE(11, x);
     pdl_begin();
     int t = blockIdx.x;
     if (t >= s->rows) return;
@@ -603,6 +662,7 @@ __device__ __forceinline__ void kv_put(void* c, int kvdt, long i, float x) {
 // KV store: rows of k, v into slot (pos0+t) % slots. grid (max_rows), block 256.
 extern "C" __global__ void g4_kv_store(const Step* s, const float* k, long ldk, const float* v, long ldv, void* kc, void* vc,
                                        int width, int slots, int kvdt) {
+    G4_TRACE_SCOPE(12, kc);
     pdl_begin();
     int t = blockIdx.x;
     if (t >= s->rows) return;
@@ -913,6 +973,7 @@ G4_FLASH(512)
 #define AD_MIN 8   // g4_attn_decode: keys a split at least
 extern "C" __global__ void __launch_bounds__(1024) g4_attention_merge(const Step* s, const float* part, int heads, int dim, int splits,
                                                                      float* y, long ldy, int window) {
+    G4_TRACE_SCOPE(4, y);
     pdl_begin();
     int ks = splits;   // splits that may hold keys
     if (window >= 0) {
@@ -1004,6 +1065,7 @@ __device__ void argmax_block(float* bv, int* bi, float best, int idx) {
     }
 }
 extern "C" __global__ void g4_argmax(const float* logits, int vocab, int* ws) {
+    G4_TRACE_SCOPE(6, logits);
     pdl_begin();
     __shared__ float bv[1024];
     __shared__ int bi[1024];
@@ -1176,6 +1238,7 @@ template <bool W> __device__ __forceinline__ int xs_slot(int c, int v) { return 
 // variants also take other values of both).
 template <bool kIsNf4, int L, int M, int G = GV_OUT, bool XS = false, int B = 128, bool W = false>
 __device__ __forceinline__ void gemv_body(const GemvArgs& a, float2* tab, float4* xs = nullptr) {
+    G4_TRACE_SCOPE(1u | (kIsNf4 ? 16u : 0u) | (u32)M << 5 | (u32)L << 8 | (u32)a.epi << 16 | (u32)a.nmat << 20, a.m[0].w);
     constexpr int R  = G / M;          // outputs per lane group
     constexpr int LW = L < 32 ? L : 32;     // lanes of the group in one warp
     constexpr int KS = L / LW;              // warps per group
@@ -1287,10 +1350,12 @@ __device__ __forceinline__ void gemv_body(const GemvArgs& a, float2* tab, float4
         for (int i = threadIdx.x; i < K / 4; i += blockDim.x) xs[xs_slot<W>(i >> 3, i & 7)] = x4[i];
         __syncthreads();
     }
+    G4_TRACE_MARK(0);
     float acc[G] = {};
 #pragma unroll
     for (int i = 0; i < FC; ++i)
         if (gl + i * L < C) accumulate(gl + i * L, pk0[i], raw0[i], acc);
+    G4_TRACE_MARK(1);
     for (int c = gl + FC * L; c < C; c += L) {
         uint4 pk[G];
         u32 raw[G];
@@ -1321,6 +1386,7 @@ __device__ __forceinline__ void gemv_body(const GemvArgs& a, float2* tab, float4
                 acc[q] = t;
             }
     }
+    G4_TRACE_MARK(2);
     if (gl != 0) return;
 #pragma unroll
     for (int r = 0; r < R; ++r) {
@@ -1390,6 +1456,7 @@ G4_GEMV(g4_gemv_bf16_l128_m2, false, 128, 2)
 extern "C" __global__ void __launch_bounds__(512) g4_resnorm(const float* x, const float* d, const void* pw, int pwdt,
                                                              const void* sc, int sdt, float f, float* xout, const void* prew,
                                                              int prewdt, float* xn, int H, float eps) {
+    G4_TRACE_SCOPE(2, pw ? pw : prew);
     __shared__ float red[32];
     float xv[8], dv[8], pwv[8], prv[8];
 #pragma unroll
@@ -1408,7 +1475,9 @@ extern "C" __global__ void __launch_bounds__(512) g4_resnorm(const float* x, con
         dv[j] = d && i < H ? d[i] : 0.0f;
         ss += dv[j] * dv[j];
     }
+    G4_TRACE_MARK(0);
     const float r1 = d ? powf(block_sum(ss, red) / (float)H + eps, -0.5f) : 0.0f;
+    G4_TRACE_MARK(1);
     float ss2 = 0.0f;
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
@@ -1422,8 +1491,10 @@ extern "C" __global__ void __launch_bounds__(512) g4_resnorm(const float* x, con
             ss2 += v * v;
         }
     }
+    G4_TRACE_MARK(2);
     if (!xn) return;
     const float r2 = powf(block_sum(ss2, red) / (float)H + eps, -0.5f);
+    G4_TRACE_MARK(3);
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
         int i = threadIdx.x + j * blockDim.x;
@@ -1438,6 +1509,7 @@ extern "C" __global__ void __launch_bounds__(512) g4_resnorm(const float* x, con
 extern "C" __global__ void g4_qkv_post(const Step* s, float* q, const void* qw, const float* k, const void* kw, const float* v,
                                       int wdt, const float* inv_freq, void* kc, void* vc, int heads, int kvh, int dim,
                                       int slots, float eps, int kvdt) {
+    G4_TRACE_SCOPE(5, qw);
     pdl_begin();
     __shared__ float red[32];
     int b = blockIdx.x, half = dim >> 1, i = threadIdx.x;
@@ -1503,6 +1575,7 @@ __device__ __forceinline__ void attn_decode_body(const Step* s, const float* q, 
                                                  int dim, int slots, int window, float scale, int splits, float* part, float* qs,
                                                  float (*sc)[AD_KEYS], float* mh, float* lh, const AttnPost& pa = AttnPost{},
                                                  float* pst = nullptr) {
+    G4_TRACE_SCOPE(3u | (kPost ? 16u : 0u) | (kBf16 ? 32u : 0u) | (u32)(window > 0) << 6, kc);
     const int g = blockIdx.x, hpg = heads / kvh, width = kvh * dim;
     const int pos = s->pos0;
     const int lo  = window > 0 ? max(0, pos - window + 1) : 0;
@@ -1591,6 +1664,7 @@ __device__ __forceinline__ void attn_decode_body(const Step* s, const float* q, 
         }
     }
     __syncthreads();
+    G4_TRACE_MARK(0);
     // Scores: one warp per key, all heads of the group; the heads' warp reductions interleave.
     for (int j = j0 + wid; j < j1; j += nw) {
         const long kr = (long)((lo + j) % slots) * width + (long)g * dim;
@@ -1649,6 +1723,7 @@ __device__ __forceinline__ void attn_decode_body(const Step* s, const float* q, 
         if (!(lane & 1) && hl < hpg) sc[hl][j - j0] = v[0] * scale;
     }
     __syncthreads();
+    G4_TRACE_MARK(1);
     // Softmax numerators per head: one warp per head.
     for (int h = wid; h < hpg; h += nw) {
         float m = NEG_INF;
@@ -1664,6 +1739,7 @@ __device__ __forceinline__ void attn_decode_body(const Step* s, const float* q, 
         if (lane == 0) mh[h] = m, lh[h] = l;
     }
     __syncthreads();
+    G4_TRACE_MARK(2);
     // P.V: thread owns columns c = tid, tid + 256 for every head of the group; with a bf16 cache and
     // dim > 256 the adjacent pair 2 tid, 2 tid + 1 (one 32-bit load). At dim <= 256 the pair mapping would
     // leave half the threads idle and double the others' sequential work.
@@ -1703,6 +1779,7 @@ __device__ __forceinline__ void attn_decode_body(const Step* s, const float* q, 
                     if (h < hpg) acc[i][h] += sc[h][jb + u - j0] * v[u][i];
         }
     }
+    G4_TRACE_MARK(3);
 #pragma unroll
     for (int h = 0; h < 16; ++h) {
         if (h >= hpg) break;

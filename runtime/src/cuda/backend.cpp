@@ -274,12 +274,40 @@ g4_status engine_open(g4_engine* e, std::string* err) {
     return G4_OK;
 }
 
+// The timeline lab (bench/trace_lab.sh): a plan compiled with G4_KERNEL_TRACE=1 keeps per-launch records
+// in its module (kernels.cu G4_TRACE); with G4_TRACE_OUT=file they are written there when the engine
+// closes: u32 count, then count records of 64 bytes (u64 key, t0, t1, t2; u32 tag, blocks, smid, cycles, mark[4]).
+static void dump_trace(const Driver* d, const Gpu& g) {
+    const char* out = std::getenv("G4_TRACE_OUT");
+    if (!out || !*out) return;
+    CUdeviceptr n_ptr = 0, buf = 0;
+    size_t n_size = 0, buf_size = 0;
+    if (!d->cuModuleGetGlobal || d->cuModuleGetGlobal(&n_ptr, &n_size, g.mod, "g4_trace_n") != 0 ||
+        d->cuModuleGetGlobal(&buf, &buf_size, g.mod, "g4_trace_buf") != 0) {
+        std::fprintf(stderr, "g4: G4_TRACE_OUT is set but this plan's kernels keep no trace (compile it with G4_KERNEL_TRACE=1)\n");
+        return;
+    }
+    uint32_t n = 0;
+    if (d->cuMemcpyDtoH(&n, n_ptr, 4) != 0) return;
+    const uint32_t keep = (uint32_t)std::min<uint64_t>(n, buf_size / 64);
+    std::vector<char> recs((size_t)keep * 64);
+    if (keep && d->cuMemcpyDtoH(recs.data(), buf, recs.size()) != 0) return;
+    const std::string path = std::string(out) + (g.index ? "." + std::to_string(g.index) : "");
+    if (FILE* f = std::fopen(path.c_str(), "wb")) {
+        std::fwrite(&keep, 4, 1, f);
+        if (keep) std::fwrite(recs.data(), 1, recs.size(), f);
+        std::fclose(f);
+        std::fprintf(stderr, "g4: %u kernel trace records (%u made) written to %s\n", keep, n, path.c_str());
+    }
+}
+
 void engine_close(EngineState* st) {
     if (!st) return;
     if (st->d) {
         for (Gpu& g : st->gpus) {
             if (!g.ctx) continue;
             st->d->cuCtxSetCurrent(g.ctx);
+            if (g.mod) dump_trace(st->d, g);
             if (g.weights) st->d->cuMemFree(g.weights);
             if (&g == &st->gpus[0] && st->vision_w) st->d->cuMemFree(st->vision_w);
             if (&g == &st->gpus[0] && st->audio_w) st->d->cuMemFree(st->audio_w);
@@ -436,9 +464,13 @@ g4_status session_create(g4_session* s, std::string* err) {
     const char* pdl = std::getenv("G4_PDL");
     st->pdl_ok  = std::all_of(st->lanes.begin(), st->lanes.end(), [](const Lane& ln) { return ln.g->sm >= 90; }) && d->cuLaunchKernelEx &&
                  !(pdl && *pdl == '0');
-    if (const char* sk = std::getenv("G4_DECODE_SKIP"); sk && *sk && p.n_launches()) {
+    for (const char* var : {"G4_DECODE_SKIP", "G4_DECODE_TWICE"}) {
+        const char* sk = std::getenv(var);
+        if (!sk || !*sk || !p.n_launches()) continue;
+        const bool twice = var[10] == 'T';
         const std::string list = std::string(",") + sk + ",";
-        st->skip.assign(p.n_launches(), false);
+        std::vector<bool>& pick = twice ? st->twice : st->skip;
+        pick.assign(p.n_launches(), false);
         size_t n = 0;
         std::map<std::string, int> classes;
         for (size_t li = 0; li < p.n_launches(); ++li) {
@@ -454,15 +486,15 @@ g4_status session_create(g4_session* s, std::string* err) {
             else if (op.code == (uint16_t)OpCode::Attention) cls = op.ip[4] > 0 ? "attention_sliding" : "attention_full";
             else cls = op_name((OpCode)op.code);
             if (cls.rfind("attention", 0) == 0 && list.find(",attention,") != std::string::npos) cls = "attention";
-            st->skip[li] = list.find("," + cls + ",") != std::string::npos;
-            n += st->skip[li];
+            pick[li] = list.find("," + cls + ",") != std::string::npos;
+            n += pick[li];
             ++classes[cls];
         }
-        st->skip_merge = list.find(",merge,") != std::string::npos;
+        if (!twice) st->skip_merge = list.find(",merge,") != std::string::npos;
         std::string all;
         for (const auto& [c, k] : classes) all += " " + c + ":" + std::to_string(k);
-        std::fprintf(stderr, "g4: G4_DECODE_SKIP=%s: %zu of %zu decode launches skipped (timing lab: the output is wrong); classes%s\n",
-                     sk, n, p.n_launches(), all.c_str());
+        std::fprintf(stderr, "g4: %s=%s: %zu of %zu decode launches %s (timing lab: the output is wrong); classes%s\n", var, sk, n,
+                     p.n_launches(), twice ? "made twice" : "skipped", all.c_str());
     }
     // Decode-graph event profiling times one stream; plans on several GPUs get the per-op timing only.
     if (st->profile && d->cuEventCreate && p.n_launches() && st->lanes.size() == 1) {
@@ -927,6 +959,10 @@ g4_status launch_step(g4_session* s, int rows, int out_rows, std::string* err) {
         for (size_t li = 0; li < p.n_launches(); ++li) {
             const CudaLaunch& l = p.launch(li);
             if (!st->skip.empty() && st->skip[li]) continue;
+            if (!st->twice.empty() && st->twice[li] && l.kind != (uint16_t)LaunchKind::Op) {
+                g4_status g = launch_fused(s, l, err);
+                if (g != G4_OK) return g;
+            }
             bool handled = false;
             g4_status cg = l.kind == (uint16_t)LaunchKind::Op ? cross_device_op(s, (size_t)l.op, rows, &handled, err)
                            : p.hybrid()                       ? use_lane(st, st->lane_of[l.op], err)

@@ -47,6 +47,8 @@ void load() {
         !dl_symbol(lib, "cuEventRecordWithFlags", &d.cuEventRecordWithFlags) || !dl_symbol(lib, "cuEventSynchronize", &d.cuEventSynchronize) ||
         (!dl_symbol(lib, "cuEventElapsedTime_v2", &d.cuEventElapsedTime) && !dl_symbol(lib, "cuEventElapsedTime", &d.cuEventElapsedTime)))
         d.cuEventCreate = nullptr;
+    if (!dl_symbol(lib, "cuModuleGetGlobal_v2", &d.cuModuleGetGlobal) || !dl_symbol(lib, "cuMemcpyDtoH_v2", &d.cuMemcpyDtoH))
+        d.cuModuleGetGlobal = nullptr;
     if (!ok) {
         g_why = "the NVIDIA driver (libcuda.so.1) is too old: a required entry point is missing";
         return;

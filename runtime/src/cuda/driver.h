@@ -114,6 +114,9 @@ struct Driver {
     CUresult (*cuStreamWaitEvent)(CUstream, CUevent, unsigned);
     CUresult (*cuDeviceCanAccessPeer)(int*, CUdevice, CUdevice);
     CUresult (*cuCtxEnablePeerAccess)(CUcontext, unsigned);
+    // Optional: the timeline lab (G4_TRACE_OUT) reads its records from a module global.
+    CUresult (*cuModuleGetGlobal)(CUdeviceptr*, size_t*, CUmodule, const char*);
+    CUresult (*cuMemcpyDtoH)(void*, CUdeviceptr, size_t);
 };
 
 // dlsym into a typed function pointer; false if the library lacks the symbol. Shared by the driver

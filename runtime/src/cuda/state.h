@@ -127,6 +127,7 @@ struct SessionState {
     // kernel. Per launch of the schedule: skipped or not.
     std::vector<bool> skip;
     bool skip_merge = false;
+    std::vector<bool> twice;   // G4_DECODE_TWICE: launches made twice in a row (timing lab, bench/trace_lab.sh)
     double prof_ms[21][2] = {};   // per op code; 16.. fused launch kinds
     long prof_n[21][2] = {};
     std::chrono::steady_clock::time_point prof_t;

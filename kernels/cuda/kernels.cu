@@ -117,15 +117,22 @@ template <bool kMax> __device__ float block_reduce(float v, float* red) {
 __device__ float block_sum(float v, float* red) { return block_reduce<false>(v, red); }
 __device__ float block_max(float v, float* red) { return block_reduce<true>(v, red); }
 
-// y[t, :n] = table[ids[t], :n] * scale.  grid (max_rows), block 256.
+// y[t, :n] = table[ids[t], :n] * scale. grid (max_rows, ceil(n / 2048)), block 256: a thread loads its (up
+// to) 8 values before it stores any. (A per-layer-input row is L * 256 values; looped one at a time, each
+// was a DRAM round trip, ~16 us a token at E2B.)
 extern "C" __global__ void g4_embed(const Step* s, const int* ids, const void* table, int dt, long n, float scale, float* y,
                                     long ldy) {
     G4_TRACE_SCOPE(7, table);
     pdl_begin();
-    int t = blockIdx.x;
+    const int t = blockIdx.x;
     if (t >= s->rows) return;
-    long row = (long)ids[t] * n;
-    for (long j = threadIdx.x; j < n; j += blockDim.x) y[t * ldy + j] = loadw(table, dt, row + j) * scale;
+    const long row = (long)ids[t] * n, j0 = (long)blockIdx.y * 2048 + threadIdx.x;
+    float v[8];
+#pragma unroll
+    for (int u = 0; u < 8; ++u) v[u] = j0 + u * 256 < n ? loadw(table, dt, row + j0 + u * 256) : 0.0f;
+#pragma unroll
+    for (int u = 0; u < 8; ++u)
+        if (j0 + u * 256 < n) y[t * ldy + j0 + u * 256] = v[u] * scale;
 }
 
 // ---- matmul: y[T, N] = x[T, K] . W[N, K]^T (+ bias). One warp per output row n, up to 8 rows of x
@@ -1584,11 +1591,15 @@ __device__ __forceinline__ void attn_decode_body(const Step* s, const float* q, 
     const int j0 = blockIdx.y * per, j1 = min(span, j0 + per);
     const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
     constexpr int ES = kBf16 ? 2 : 4;   // bytes per cache element
+    // Ring slot of key j (0 <= j < span <= slots): one division here instead of one a key (a runtime
+    // modulo is a chain of ~15 dependent instructions).
+    const int lo_slot = lo % slots;
+    auto ring = [&](int j) { return lo_slot + j >= slots ? lo_slot + j - slots : lo_slot + j; };
     {   // the split's K/V rows into L2 while the previous kernel drains (rows before pos are not written this step)
         const int lines = dim * ES / 128;   // 128-byte lines per row
         for (int e = threadIdx.x; e < (j1 - j0) * lines * 2; e += blockDim.x) {
             int j = j0 + e / (lines * 2), l = e % (lines * 2);
-            prefetch_l2((const char*)(l < lines ? kc : vc) + ((long)((lo + j) % slots) * width + (long)g * dim) * ES + (l % lines) * 128);
+            prefetch_l2((const char*)(l < lines ? kc : vc) + ((long)ring(j) * width + (long)g * dim) * ES + (l % lines) * 128);
         }
     }
     // QkvAttn: the norm weights and RoPE's cos/sin into shared memory before the wait (they do not depend
@@ -1667,7 +1678,7 @@ __device__ __forceinline__ void attn_decode_body(const Step* s, const float* q, 
     G4_TRACE_MARK(0);
     // Scores: one warp per key, all heads of the group; the heads' warp reductions interleave.
     for (int j = j0 + wid; j < j1; j += nw) {
-        const long kr = (long)((lo + j) % slots) * width + (long)g * dim;
+        const long kr = (long)ring(j) * width + (long)g * dim;
         // QkvAttn: the newest key from shared memory (this block stored it; a global read-back is an L2 trip)
         const char* krow = kPost && j == jn ? (const char*)(pst + 1536) : (const char*)kc + kr * ES;
         float v[16];
@@ -1756,7 +1767,7 @@ __device__ __forceinline__ void attn_decode_body(const Step* s, const float* q, 
 #pragma unroll
         for (int u = 0; u < 8; ++u) {
             const int jv  = min(jb + u, j1 - 1);
-            const long vr = (long)((lo + jv) % slots) * width + (long)g * dim;
+            const long vr = (long)ring(jv) * width + (long)g * dim;
             const char* vrow = kPost && jv == jn ? (const char*)(pst + 2048) : (const char*)vc + vr * ES;
             if (kBf16 && pairs) {
                 const u32 w = col(0) < dim && jb + u < j1 ? *(const u32*)((const u16*)vrow + col(0)) : 0u;

@@ -527,6 +527,39 @@ size_t bf16_mismatches(const std::vector<uint16_t>& a, const std::vector<uint16_
     return n;
 }
 
+// ---- embedding gather: rows of a bf16 table (the token embedding, and the per-layer-input table L * 256
+// wide), times a scale; several blocks a row past 2048 columns
+struct EmbedCase {
+    int rows, vocab;
+    long cols;
+};
+class Embed : public ::testing::TestWithParam<EmbedCase> {};
+TEST_P(Embed, MatchesGatherBitForBit) {
+    NEED_GPU();
+    const EmbedCase c = GetParam();
+    Dev dev;
+    const std::vector<uint16_t> table = to_bf16(randn((size_t)c.vocab * c.cols, 31));
+    std::vector<int> ids(c.rows);
+    for (int t = 0; t < c.rows; ++t) ids[t] = (t * 7919 + 13) % c.vocab;
+    const float scale = 39.19183588f;
+    long ldy = c.cols + 32;
+    std::vector<float> want((size_t)c.rows * ldy, -7.0f);
+    for (int t = 0; t < c.rows; ++t)
+        for (long j = 0; j < c.cols; ++j) want[(size_t)t * ldy + j] = bf16_to_f32(table[(size_t)ids[t] * c.cols + j]) * scale;
+    CUdeviceptr step = dev.step(c.rows, 0, 1), gids = dev.up(ids), gtab = dev.up(table), gy = dev.up(std::vector<float>(want.size(), -7.0f));
+    int dt = 1;
+    long n = c.cols;
+    float sc = scale;
+    launch("g4_embed", c.rows, (unsigned)((c.cols + 2047) / 2048), 256, {&step, &gids, &gtab, &dt, &n, &sc, &gy, &ldy});
+    EXPECT_EQ(dev.down<float>(gy, want.size()), want);
+}
+INSTANTIATE_TEST_SUITE_P(RealShapes, Embed,
+                         ::testing::Values(EmbedCase{1, 1000, 1536}, EmbedCase{1, 300, 35 * 256}, EmbedCase{5, 300, 42 * 256},
+                                           EmbedCase{3, 1000, 2560}, EmbedCase{2, 100, 2047}),
+                         [](const ::testing::TestParamInfo<EmbedCase>& i) {
+                             return "rows" + std::to_string(i.param.rows) + "cols" + std::to_string(i.param.cols);
+                         });
+
 // ---- KV store (prefill chunks): rows into the ring, f32 copied, bf16 rounded to nearest even as the reference
 struct KvCase {
     int rows, width, slots, pos0;

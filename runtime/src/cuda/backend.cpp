@@ -673,7 +673,7 @@ g4_status launch_op(g4_session* s, size_t i, int rows, int out_rows, std::string
         int dt = tab.dtype == (uint8_t)DType::BF16 ? 1 : 0;
         long cols = tab.dims[1];
         float sc  = op.fp[0];
-        r = go(K.embed, n, 1, 256, {&step, &ids, &in1, &dt, &cols, &sc, &out0, &ldo});
+        r = go(K.embed, n, (unsigned)((cols + 2047) / 2048), 256, {&step, &ids, &in1, &dt, &cols, &sc, &out0, &ldo});
         break;
     }
     case OpCode::Matmul: {

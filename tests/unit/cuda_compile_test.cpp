@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+
 namespace {
 
 TEST(CudaCompile, AllKernelsForAllTargets) {
@@ -23,7 +25,25 @@ TEST(CudaCompile, AllKernelsForAllTargets) {
               "g4_at_dwconv"})
             EXPECT_NE(kb.ptx.find(std::string(".entry ") + k), std::string::npos) << k << " missing for " << t;
         EXPECT_NE(kb.ptx.find(".target sm_" + t.substr(3)), std::string::npos) << t;
+        EXPECT_EQ(kb.ptx.find("g4_trace_buf"), std::string::npos) << t << ": the timeline trace is compiled into ordinary plans";
     }
+}
+
+// The timeline lab's kernels (G4_KERNEL_TRACE=1, bench/trace_lab.sh) still compile and keep the trace
+// buffer (ordinary plans do not: AllKernelsForAllTargets).
+TEST(CudaCompile, TraceLabKernels) {
+    if (!g4::cuda::nvrtc_available()) GTEST_SKIP() << "built without the CUDA toolkit";
+    setenv("G4_KERNEL_TRACE", "1", 1);
+    g4::cuda::KernelBinary traced;
+    try {
+        traced = g4::cuda::compile_kernels("sm_90");
+    } catch (...) {
+        unsetenv("G4_KERNEL_TRACE");
+        throw;
+    }
+    unsetenv("G4_KERNEL_TRACE");
+    EXPECT_NE(traced.ptx.find("g4_trace_buf"), std::string::npos);
+    EXPECT_NE(traced.ptx.find("%globaltimer"), std::string::npos);
 }
 
 TEST(CudaCompile, UnknownTargetIsAnError) {

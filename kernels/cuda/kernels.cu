@@ -28,8 +28,9 @@ struct Step {
 //
 // Timeline lab (plans compiled with G4_KERNEL_TRACE=1, see bench/trace_lab.sh): the first and the last
 // block of every traced kernel record, from thread 0, the global timer at entry, after the wait and at
-// exit, with a tag and a key (a weight or output pointer) saying which launch it was; the runtime copies
-// the records out at the end of the session (G4_TRACE_OUT). Not compiled into ordinary plans.
+// exit, with a tag (the kernel and its variant; bench/trace_summary.py name_of decodes it) and a key (a
+// weight or output pointer) saying which launch it was; the runtime writes the records out when the
+// engine closes (G4_TRACE_OUT). Not compiled into ordinary plans.
 #ifdef G4_TRACE
 #define G4_TRACE_CAP (1 << 19)
 struct TraceRec {
@@ -70,11 +71,15 @@ struct TraceScope {
     }
 };
 #define G4_TRACE_SCOPE(tag, key) TraceScope g4_trace_scope_((tag), (key))
-#define G4_TRACE_MARK(k) \
-    if (threadIdx.x == 0) g4_trace_mk[k] = (unsigned int)(g4_gtimer() - g4_trace_tw)
+#define G4_TRACE_MARK(k)                                                                \
+    do {                                                                                \
+        if (threadIdx.x == 0) g4_trace_mk[k] = (unsigned int)(g4_gtimer() - g4_trace_tw); \
+    } while (0)
 #else
 #define G4_TRACE_SCOPE(tag, key)
-#define G4_TRACE_MARK(k)
+#define G4_TRACE_MARK(k) \
+    do {                 \
+    } while (0)
 #endif
 __device__ __forceinline__ void pdl_begin() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

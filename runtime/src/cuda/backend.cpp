@@ -292,13 +292,12 @@ static void dump_trace(const Driver* d, const Gpu& g) {
     const uint32_t keep = (uint32_t)std::min<uint64_t>(n, buf_size / 64);
     std::vector<char> recs((size_t)keep * 64);
     if (keep && d->cuMemcpyDtoH(recs.data(), buf, recs.size()) != 0) return;
-    const std::string path = std::string(out) + (g.index ? "." + std::to_string(g.index) : "");
-    if (FILE* f = std::fopen(path.c_str(), "wb")) {
-        std::fwrite(&keep, 4, 1, f);
-        if (keep) std::fwrite(recs.data(), 1, recs.size(), f);
-        std::fclose(f);
-        std::fprintf(stderr, "g4: %u kernel trace records (%u made) written to %s\n", keep, n, path.c_str());
-    }
+    const std::string path = std::string(out) + (g.index ? "." + std::to_string(g.index) : ""), tmp = path + ".part";
+    FILE* f = std::fopen(tmp.c_str(), "wb");
+    bool ok = f && std::fwrite(&keep, 4, 1, f) == 1 && std::fwrite(recs.data(), 1, recs.size(), f) == recs.size();
+    ok = f && std::fclose(f) == 0 && ok && std::rename(tmp.c_str(), path.c_str()) == 0;
+    if (ok) std::fprintf(stderr, "g4: %u kernel trace records (%u made) written to %s\n", keep, n, path.c_str());
+    else std::fprintf(stderr, "g4: cannot write the kernel trace to %s\n", path.c_str()), std::remove(tmp.c_str());
 }
 
 void engine_close(EngineState* st) {
@@ -464,10 +463,10 @@ g4_status session_create(g4_session* s, std::string* err) {
     const char* pdl = std::getenv("G4_PDL");
     st->pdl_ok  = std::all_of(st->lanes.begin(), st->lanes.end(), [](const Lane& ln) { return ln.g->sm >= 90; }) && d->cuLaunchKernelEx &&
                  !(pdl && *pdl == '0');
-    for (const char* var : {"G4_DECODE_SKIP", "G4_DECODE_TWICE"}) {
-        const char* sk = std::getenv(var);
+    for (const bool twice : {false, true}) {
+        const char* var = twice ? "G4_DECODE_TWICE" : "G4_DECODE_SKIP";
+        const char* sk  = std::getenv(var);
         if (!sk || !*sk || !p.n_launches()) continue;
-        const bool twice = var[10] == 'T';
         const std::string list = std::string(",") + sk + ",";
         std::vector<bool>& pick = twice ? st->twice : st->skip;
         pick.assign(p.n_launches(), false);
@@ -959,16 +958,13 @@ g4_status launch_step(g4_session* s, int rows, int out_rows, std::string* err) {
         for (size_t li = 0; li < p.n_launches(); ++li) {
             const CudaLaunch& l = p.launch(li);
             if (!st->skip.empty() && st->skip[li]) continue;
-            if (!st->twice.empty() && st->twice[li] && l.kind != (uint16_t)LaunchKind::Op) {
-                g4_status g = launch_fused(s, l, err);
-                if (g != G4_OK) return g;
-            }
             bool handled = false;
             g4_status cg = l.kind == (uint16_t)LaunchKind::Op ? cross_device_op(s, (size_t)l.op, rows, &handled, err)
                            : p.hybrid()                       ? use_lane(st, st->lane_of[l.op], err)
                                                               : G4_OK;
             if (cg != G4_OK) return cg;
             g4_status g = handled ? G4_OK : l.kind == (uint16_t)LaunchKind::Op ? launch_op(s, (size_t)l.op, rows, out_rows, err) : launch_fused(s, l, err);
+            if (g == G4_OK && !st->twice.empty() && st->twice[li] && l.kind != (uint16_t)LaunchKind::Op) g = launch_fused(s, l, err);
             if (g != G4_OK) return g;
             if (events) {
                 st->e->d->cuEventRecordWithFlags(st->ev[li + 1], st->cur->stream, 1);

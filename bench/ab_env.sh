@@ -10,14 +10,12 @@ MODEL=${MODEL:-e2b}
 ROUNDS=${ROUNDS:-3}
 DEPTHS=${DEPTHS:-16,4096}
 KV=${KV:-bf16}
-cmake -S . -B build-dev -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$PWD/.deps/usr" -DG4_BUILD_TESTS=OFF > /tmp/ab_env_cmake.log 2>&1 &&
-    cmake --build build-dev -j16 --target g4 > /tmp/ab_env_build.log 2>&1 || { tail -30 /tmp/ab_env_build.log; exit 1; }
+source bench/lab_common.sh
+lab_build ab_env
 echo "built: ${SECONDS}s"
-[ -f /tmp/g4bench/$MODEL/config.json ] || python3 bench/e2e_bench.py build-dev/tools/g4 --model $MODEL --checkpoint-only > $OUT/ab_ckpt.txt 2>&1 ||
-    { tail $OUT/ab_ckpt.txt; exit 1; }
+lab_checkpoint $MODEL $OUT/ab_ckpt.txt
 PLAN=/tmp/ab_env_$MODEL.g4plan
-build-dev/tools/g4 compile --model /tmp/g4bench/$MODEL --device cuda --weights nf4 --kv-dtype $KV --chunk 1024 --max-context 32768 \
-    --no-fidelity -o $PLAN 2> /tmp/ab_env_compile.txt || { tail /tmp/ab_env_compile.txt; exit 1; }
+lab_plan build-dev/tools/g4 $MODEL $KV $PLAN
 build-dev/tools/g4 inspect $PLAN | grep "CUDA decode schedule"
 echo "checkpoint and plan: ${SECONDS}s"
 R=$OUT/ab_env_$MODEL.txt

@@ -48,12 +48,9 @@ if [ "$KT" != 0 ]; then
         echo "kernel tests $s: $(grep -E "FAILED|PASSED" $OUT/ab_kt_$s.txt | head -20)"
     done
 fi
-PYTHONPATH=$A/.bnb python3 bench/e2e_bench.py $A/build-dev/tools/g4 --model $MODEL --checkpoint-only > $OUT/ab_ckpt.txt 2>&1 || { tail $OUT/ab_ckpt.txt; exit 1; }
-for s in $SIDES; do
-    d=$(dir $s)
-    $d/build-dev/tools/g4 compile --model /tmp/g4bench/$MODEL --device cuda --weights nf4 --kv-dtype $KV --chunk 1024 \
-        --max-context 32768 --no-fidelity -o /tmp/ab_$s.g4plan 2> /tmp/ab_compile_$s.txt || { tail /tmp/ab_compile_$s.txt; exit 1; }
-done
+source bench/lab_common.sh
+lab_checkpoint $MODEL $OUT/ab_ckpt.txt
+for s in $SIDES; do lab_plan $(dir $s)/build-dev/tools/g4 $MODEL $KV /tmp/ab_$s.g4plan; done
 echo "checkpoint and plans: ${SECONDS}s"
 R=$OUT/ab_$MODEL.txt
 : > $R

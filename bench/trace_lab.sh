@@ -11,16 +11,13 @@ set -u
 MODELS=${MODELS:-e2b}
 DEPTH=${DEPTH:-16}
 KV=${KV:-bf16}
-cmake -S . -B build-dev -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$PWD/.deps/usr" -DG4_BUILD_TESTS=OFF > /tmp/trace_cmake.log 2>&1 &&
-    cmake --build build-dev -j16 --target g4 > /tmp/trace_build.log 2>&1 || { tail -30 /tmp/trace_build.log; exit 1; }
+source bench/lab_common.sh
+lab_build trace
 echo "built: ${SECONDS}s"
 for MODEL in ${MODELS//,/ }; do
-    [ -f /tmp/g4bench/$MODEL/config.json ] || python3 bench/e2e_bench.py build-dev/tools/g4 --model $MODEL --checkpoint-only > $OUT/trace_ckpt_$MODEL.txt 2>&1 ||
-        { tail $OUT/trace_ckpt_$MODEL.txt; exit 1; }
+    lab_checkpoint $MODEL $OUT/trace_ckpt_$MODEL.txt
     for t in 0 1; do
-        [ -f /tmp/trace_${MODEL}_$t.g4plan ] && continue
-        G4_KERNEL_TRACE=$t build-dev/tools/g4 compile --model /tmp/g4bench/$MODEL --device cuda --weights nf4 --kv-dtype $KV --chunk 1024 \
-            --max-context 32768 --no-fidelity -o /tmp/trace_${MODEL}_$t.g4plan 2> /tmp/trace_compile.txt || { tail /tmp/trace_compile.txt; exit 1; }
+        [ -f /tmp/trace_${MODEL}_$t.g4plan ] || G4_KERNEL_TRACE=$t lab_plan build-dev/tools/g4 $MODEL $KV /tmp/trace_${MODEL}_$t.g4plan
     done
     echo "$MODEL checkpoint and plans: ${SECONDS}s"
     R=$OUT/trace_$MODEL.txt

@@ -1,0 +1,24 @@
+# Shared steps of the decode labs on the GPU machine (bench/ab_env.sh, ab_patch.sh, skip_lab.sh,
+# trace_lab.sh): source it from the repo root. Each function exits the calling script on failure, after
+# printing the tail of its log.
+
+# lab_build LOGTAG [TARGETS...]: configure and build build-dev here (header-only deps carried in .deps/usr).
+lab_build() {
+    local tag=$1
+    shift
+    cmake -S . -B build-dev -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$PWD/.deps/usr" -DG4_BUILD_TESTS=OFF > /tmp/${tag}_cmake.log 2>&1 &&
+        cmake --build build-dev -j16 --target "${@:-g4}" > /tmp/${tag}_build.log 2>&1 || { tail -30 /tmp/${tag}_build.log; exit 1; }
+}
+
+# lab_checkpoint MODEL LOG: the random-weight real-shape checkpoint /tmp/g4bench/MODEL, made once per machine.
+lab_checkpoint() {
+    [ -f /tmp/g4bench/$1/config.json ] && return
+    PYTHONPATH=$PWD/.bnb python3 bench/e2e_bench.py build-dev/tools/g4 --model $1 --checkpoint-only > $2 2>&1 || { tail $2; exit 1; }
+}
+
+# lab_plan G4 MODEL KV PLAN: the decode labs' plan (NF4, cache dtype KV, chunk 1024, 32K context); the
+# compiler's log goes to PLAN.log.
+lab_plan() {
+    $1 compile --model /tmp/g4bench/$2 --device cuda --weights nf4 --kv-dtype $3 --chunk 1024 --max-context 32768 --no-fidelity \
+        -o $4 2> $4.log || { tail $4.log; exit 1; }
+}

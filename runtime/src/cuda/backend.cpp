@@ -296,8 +296,12 @@ static void dump_trace(const Driver* d, const Gpu& g) {
     FILE* f = std::fopen(tmp.c_str(), "wb");
     bool ok = f && std::fwrite(&keep, 4, 1, f) == 1 && std::fwrite(recs.data(), 1, recs.size(), f) == recs.size();
     ok = f && std::fclose(f) == 0 && ok && std::rename(tmp.c_str(), path.c_str()) == 0;
-    if (ok) std::fprintf(stderr, "g4: %u kernel trace records (%u made) written to %s\n", keep, n, path.c_str());
-    else std::fprintf(stderr, "g4: cannot write the kernel trace to %s\n", path.c_str()), std::remove(tmp.c_str());
+    if (ok) {
+        std::fprintf(stderr, "g4: %u kernel trace records (%u made) written to %s\n", keep, n, path.c_str());
+    } else {
+        std::fprintf(stderr, "g4: cannot write the kernel trace to %s\n", path.c_str());
+        std::remove(tmp.c_str());
+    }
 }
 
 void engine_close(EngineState* st) {

@@ -192,6 +192,7 @@ struct Inputs {
     json tokenizer_meta = json::object();
     int cuda_index = -1;                // CUDA plans: device index, target and kernels
     std::string cuda_target;
+    cuda::KernelSpec cuda_spec;         // the model constants the kernels are compiled for
     std::vector<char> cubin;
     std::string ptx;
     json placement_meta = json::object();   // META "placement" and "memory" (compiler/placement.h)
@@ -550,7 +551,8 @@ void write_plan(const Inputs& in, const std::string& out_path, Mode mode, Report
     meta["architecture"]  = in.mc.model_type;
     meta["head_dim_form"] = in.mc.head_dim_form;
     meta["device"]        = in.cuda_index >= 0 && mode == Mode::Plan ? "cuda" : "cpu";
-    if (in.cuda_index >= 0 && mode == Mode::Plan) meta["cuda"] = {{"target", in.cuda_target}, {"device_index", in.cuda_index}};
+    if (in.cuda_index >= 0 && mode == Mode::Plan)
+        meta["cuda"] = {{"target", in.cuda_target}, {"device_index", in.cuda_index}, {"attn_hpg", in.cuda_spec.attn_hpg}};
     meta["weights_dtype"] = opt.weights;
     meta["policy"]        = policy;
     meta["reference_plan"] = mode == Mode::Reference;
@@ -854,6 +856,14 @@ void compile_plan(const CompileOptions& opt, std::ostream& log) {
     }
     in.cuda_index = cuda_index;   // --dry-run too: the memory plan depends on which GPU runs what
     const auto& hp = in.mc.text;
+    if (cuda_index >= 0) {
+        std::vector<int> hpg;
+        for (int l = 0; l < hp.num_layers; ++l) {
+            const int kvh = gemma4::layer_info(hp, l).num_kv_heads;
+            hpg.push_back(kvh > 0 && hp.num_heads % kvh == 0 ? hp.num_heads / kvh : 0);
+        }
+        in.cuda_spec = cuda::kernel_spec(hpg);
+    }
     in.max_context = opt.max_context > 0 ? opt.max_context : std::min(4096, hp.max_position_embeddings);
     if (in.max_context > hp.max_position_embeddings)
         throw CompileError("--max-context " + std::to_string(in.max_context) + " exceeds the model's limit (max_position_embeddings = " +
@@ -1163,7 +1173,7 @@ void compile_plan(const CompileOptions& opt, std::ostream& log) {
         return;
     }
     if (in.cuda_index >= 0) {
-        cuda::KernelBinary kb = cuda::compile_kernels(in.cuda_target);
+        cuda::KernelBinary kb = cuda::compile_kernels(in.cuda_target, in.cuda_spec);
         in.cubin              = std::move(kb.cubin);
         in.ptx                = std::move(kb.ptx);
     }

@@ -15,9 +15,19 @@ struct KernelBinary {
 };
 
 bool nvrtc_available();            // false when g4 was built without the CUDA toolkit
+// The model's constants the kernels are specialised for (0 = not specialised: the generic kernel).
+// attn_hpg: query heads per KV head of every decode attention layer (a power of two <= 16), compiled in
+// as G4_AD_HPG; recorded in the plan's META (cuda.attn_hpg) so the runtime can check its layers match.
+struct KernelSpec {
+    int attn_hpg = 0;
+};
+// The KernelSpec for a model whose attention layers have these heads per KV group: one value that is a
+// power of two <= 16, else not specialised.
+KernelSpec kernel_spec(const std::vector<int>& heads_per_group);
+
 // Targets g4 supports: sm_80, sm_86, sm_89, sm_90. Throws g4::CompileError on a bad target or a
-// compile failure (with NVRTC's log).
-KernelBinary compile_kernels(const std::string& target);
+// compile failure (with NVRTC's log). with_ptx = false leaves ptx empty (tests that load the cubin).
+KernelBinary compile_kernels(const std::string& target, const KernelSpec& spec = {}, bool with_ptx = true);
 const std::vector<std::string>& supported_targets();
 
 } // namespace g4::cuda

@@ -902,6 +902,11 @@ int cmd_inspect(int argc, char** argv) {
                     human(p.weights_bytes()).c_str(), human(in.act_arena_bytes).c_str(), human(in.kv_arena_bytes).c_str());
     }
     std::printf("tensors %zu, ops %zu\n", p.n_tensors(), p.n_ops());
+    if (meta.contains("cuda")) {
+        const int hpg = meta["cuda"].value("attn_hpg", 0);
+        std::printf("CUDA kernels: %s cubin + PTX; decode attention %s\n", meta["cuda"].value("target", "?").c_str(),
+                    hpg ? ("specialised for " + std::to_string(hpg) + " heads per KV group").c_str() : "generic (any group size <= 16)");
+    }
     if (p.n_launches()) {
         int kinds_n[5] = {};
         for (size_t i = 0; i < p.n_launches(); ++i) kinds_n[std::min<int>(p.launch(i).kind, 4)]++;

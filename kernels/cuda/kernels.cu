@@ -1569,6 +1569,35 @@ template <int O, int N> __device__ __forceinline__ void head_sum_step(float* v, 
         v[i] = keep + __shfl_xor_sync(0xffffffffu, send, O);
     }
 }
+// The warp sums of HS heads' partials (HS a power of two <= 16): log2(HS) halving steps from lane bit
+// 16 down, then plain sums over the lane bits left. Lane l ends with head sum_k bit(4 - k) of l * HS / 2^(k+1),
+// in v[0].
+template <int HS, int O = 16> __device__ __forceinline__ void head_sums(float* v, int lane) {
+    if constexpr (HS > 1) {
+        head_sum_step<O, HS / 2>(v, lane);
+        head_sums<HS / 2, O / 2>(v, lane);
+    } else {
+#pragma unroll
+        for (int o = O; o >= 1; o >>= 1) v[0] += __shfl_xor_sync(0xffffffffu, v[0], o);
+    }
+}
+template <int HS> __device__ __forceinline__ int head_of_lane(int lane) {
+    int h = 0;
+#pragma unroll
+    for (int k = 0, w = HS / 2; w >= 1; ++k, w >>= 1) h += ((lane >> (4 - k)) & 1) * w;
+    return h;
+}
+// Heads per KV group in the decode attention kernels. A plan whose decode attention layers all have one
+// group size compiles its kernels with -DG4_AD_HPG=<it> (compiler/cuda_compile.cpp), so the head loops are
+// unrolled to exactly that count with no runtime predicates; otherwise up to 16 heads, predicated on the
+// runtime count. The runtime checks that a plan's layers match (backend.cpp decode_attention_fits).
+#ifdef G4_AD_HPG
+#define AD_HS G4_AD_HPG
+#define AD_FIXED 1
+#else
+#define AD_HS 16
+#define AD_FIXED 0
+#endif
 // QkvAttn (the compiler's CUDA schedule): g4_qkv_post's work done by the decode attention kernel itself.
 // Every block norms and rotates its group's q heads from the raw projection into shared memory (q is not
 // written back); the block holding the newest key (index span - 1) also norms and rotates k, norms v and
@@ -1582,13 +1611,69 @@ struct AttnPost {
     int wdt;
     float eps;
 };
+// P.V of one split of attn_decode_body and its partials: NC columns a thread (1: dim <= 256, 2: dim <= 512),
+// HS head slots of which hpg are real. sc: the split's probabilities [HS][AD_KEYS], zero-padded to a
+// multiple of 8 keys; jn: the key whose value row is in pst + 2048 (QkvAttn), or -1.
+template <bool kBf16, bool kPost, int HS, int NC>
+__device__ __forceinline__ void attn_pv(const void* vc, const float* pst, float (*sc)[AD_KEYS], const float* mh, const float* lh,
+                                        float* part, int g, int hpg, int dim, int width, int splits, int j0, int j1, int jn,
+                                        int lo_slot, int slots) {
+    constexpr int ES     = kBf16 ? 2 : 4;
+    constexpr bool pairs = kBf16 && NC == 2;
+    auto col = [&](int i) { return pairs ? 2 * (int)threadIdx.x + i : (int)threadIdx.x + 256 * i; };
+    float acc[NC][HS];
+#pragma unroll
+    for (int i = 0; i < NC; ++i)
+#pragma unroll
+        for (int h = 0; h < HS; ++h) acc[i][h] = 0.0f;
+    // Eight keys' values are loaded before they are used (up to 16 loads in flight a thread); keys past
+    // j1 read the last key's row and have probability 0.
+    for (int jb = j0; jb < j1; jb += 8) {
+        float v[8][NC];
+#pragma unroll
+        for (int u = 0; u < 8; ++u) {
+            const int jv     = min(jb + u, j1 - 1);
+            const int rs     = lo_slot + jv >= slots ? lo_slot + jv - slots : lo_slot + jv;
+            const char* vrow = kPost && jv == jn ? (const char*)(pst + 2048) : (const char*)vc + ((long)rs * width + (long)g * dim) * ES;
+            if (pairs) {
+                const u32 w = col(0) < dim ? *(const u32*)((const u16*)vrow + col(0)) : 0u;
+                v[u][0] = __uint_as_float(w << 16), v[u][1] = __uint_as_float(w & 0xffff0000u);
+            } else {
+#pragma unroll
+                for (int i = 0; i < NC; ++i)
+                    v[u][i] = col(i) >= dim ? 0.0f : kBf16 ? bf16f(((const u16*)vrow)[col(i)]) : ((const float*)vrow)[col(i)];
+            }
+        }
+#pragma unroll
+        for (int h = 0; h < HS; ++h) {
+            if (h >= hpg) break;
+            const float4 p0 = *(const float4*)&sc[h][jb - j0], p1 = *(const float4*)&sc[h][jb - j0 + 4];
+            const float p[8] = {p0.x, p0.y, p0.z, p0.w, p1.x, p1.y, p1.z, p1.w};
+#pragma unroll
+            for (int u = 0; u < 8; ++u)
+#pragma unroll
+                for (int i = 0; i < NC; ++i) acc[i][h] += p[u] * v[u][i];
+        }
+    }
+    G4_TRACE_MARK(3);
+#pragma unroll
+    for (int h = 0; h < HS; ++h) {
+        if (h >= hpg) break;
+        float* out = part + ((long)(g * hpg + h) * splits + blockIdx.y) * (dim + 2);
+#pragma unroll
+        for (int i = 0; i < NC; ++i)
+            if (col(i) < dim) out[col(i)] = acc[i][h];
+        if (threadIdx.x == 0) out[dim] = mh[h], out[dim + 1] = lh[h];
+    }
+}
 template <bool kBf16, bool kPost = false>
 __device__ __forceinline__ void attn_decode_body(const Step* s, const float* q, const void* kc, const void* vc, int heads, int kvh,
                                                  int dim, int slots, int window, float scale, int splits, float* part, float* qs,
                                                  float (*sc)[AD_KEYS], float* mh, float* lh, const AttnPost& pa = AttnPost{},
                                                  float* pst = nullptr) {
     G4_TRACE_SCOPE(3u | (kPost ? 16u : 0u) | (kBf16 ? 32u : 0u) | (u32)(window > 0) << 6, kc);
-    const int g = blockIdx.x, hpg = heads / kvh, width = kvh * dim;
+    constexpr int HS = AD_HS;   // head slots a group
+    const int g = blockIdx.x, hpg = AD_FIXED ? AD_HS : heads / kvh, width = kvh * dim;
     const int pos = s->pos0;
     const int lo  = window > 0 ? max(0, pos - window + 1) : 0;
     const int span = pos - lo + 1;
@@ -1686,7 +1771,7 @@ __device__ __forceinline__ void attn_decode_body(const Step* s, const float* q, 
         const long kr = (long)ring(j) * width + (long)g * dim;
         // QkvAttn: the newest key from shared memory (this block stored it; a global read-back is an L2 trip)
         const char* krow = kPost && j == jn ? (const char*)(pst + 1536) : (const char*)kc + kr * ES;
-        float v[16];
+        float v[HS];
         if (kBf16) {   // lane: elements 8 * lane + 256 * c .. + 7
             uint4 kw[2];
 #pragma unroll
@@ -1695,7 +1780,7 @@ __device__ __forceinline__ void attn_decode_body(const Step* s, const float* q, 
                 kw[c]       = e < dim ? *(const uint4*)((const u16*)krow + e) : make_uint4(0u, 0u, 0u, 0u);
             }
 #pragma unroll
-            for (int h = 0; h < 16; ++h) {
+            for (int h = 0; h < HS; ++h) {
                 v[h] = 0.0f;
                 if (h < hpg)
 #pragma unroll
@@ -1719,7 +1804,7 @@ __device__ __forceinline__ void attn_decode_body(const Step* s, const float* q, 
 #pragma unroll
             for (int c = 0; c < 16; ++c) kv[c] = lane + 32 * c < dim ? kf[lane + 32 * c] : 0.0f;
 #pragma unroll
-            for (int h = 0; h < 16; ++h) {
+            for (int h = 0; h < HS; ++h) {
                 v[h] = 0.0f;
                 if (h < hpg)
 #pragma unroll
@@ -1727,27 +1812,25 @@ __device__ __forceinline__ void attn_decode_body(const Step* s, const float* q, 
                         if (lane + 32 * c < dim) v[h] += qs[h * dim + lane + 32 * c] * kv[c];
             }
         }
-        // 16 warp sums in 16 shuffles: each step halves the heads a lane keeps, adding the partner's
-        // partials of those heads; lane l ends with head (bits 4..1 of l), as does lane l ^ 1.
-        // (Steps spelled out with constant indices: left to the unroller, v went to local memory.)
-        head_sum_step<16, 8>(v, lane);
-        head_sum_step<8, 4>(v, lane);
-        head_sum_step<4, 2>(v, lane);
-        head_sum_step<2, 1>(v, lane);
-        v[0] += __shfl_xor_sync(0xffffffffu, v[0], 1);
-        const int hl = ((lane >> 4) & 1) * 8 + ((lane >> 3) & 1) * 4 + ((lane >> 2) & 1) * 2 + ((lane >> 1) & 1);
-        if (!(lane & 1) && hl < hpg) sc[hl][j - j0] = v[0] * scale;
+        // HS warp sums in HS - 1 + 5 - log2(HS) shuffles: each step halves the heads a lane keeps,
+        // adding the partner's partials of those heads (constant indices throughout: left to the
+        // unroller, v went to local memory); lanes (32 / HS of them) end with each head's sum.
+        head_sums<HS>(v, lane);
+        const int hl = head_of_lane<HS>(lane);
+        if (!(lane & (32 / HS - 1)) && hl < hpg) sc[hl][j - j0] = v[0] * scale;
     }
     __syncthreads();
     G4_TRACE_MARK(1);
-    // Softmax numerators per head: one warp per head.
+    // Softmax numerators per head: one warp per head; the row is zero-padded to a multiple of 8 keys for
+    // P.V's vector loads.
+    const int nk = j1 - j0, nk8 = (nk + 7) & ~7;   // nk8 <= AD_KEYS
     for (int h = wid; h < hpg; h += nw) {
         float m = NEG_INF;
-        for (int j = lane; j < j1 - j0; j += 32) m = fmaxf(m, sc[h][j]);
+        for (int j = lane; j < nk; j += 32) m = fmaxf(m, sc[h][j]);
         m = warp_max(m);
         float l = 0.0f;
-        for (int j = lane; j < j1 - j0; j += 32) {
-            float p  = __expf(sc[h][j] - m);
+        for (int j = lane; j < nk8; j += 32) {
+            const float p = j < nk ? __expf(sc[h][j] - m) : 0.0f;
             sc[h][j] = p;
             l += p;
         }
@@ -1756,55 +1839,12 @@ __device__ __forceinline__ void attn_decode_body(const Step* s, const float* q, 
     }
     __syncthreads();
     G4_TRACE_MARK(2);
-    // P.V: thread owns columns c = tid, tid + 256 for every head of the group; with a bf16 cache and
-    // dim > 256 the adjacent pair 2 tid, 2 tid + 1 (one 32-bit load). At dim <= 256 the pair mapping would
-    // leave half the threads idle and double the others' sequential work.
-    const bool pairs = kBf16 && dim > 256;
-    float acc[2][16];
-#pragma unroll
-    for (int i = 0; i < 2; ++i)
-#pragma unroll
-        for (int h = 0; h < 16; ++h) acc[i][h] = 0.0f;
-    auto col = [&](int i) { return pairs ? 2 * (int)threadIdx.x + i : (int)threadIdx.x + 256 * i; };
-    // Eight keys' values are loaded before they are used, so each thread has up to 16 loads in flight.
-    for (int jb = j0; jb < j1; jb += 8) {
-        float v[8][2];
-#pragma unroll
-        for (int u = 0; u < 8; ++u) {
-            const int jv  = min(jb + u, j1 - 1);
-            const long vr = (long)ring(jv) * width + (long)g * dim;
-            const char* vrow = kPost && jv == jn ? (const char*)(pst + 2048) : (const char*)vc + vr * ES;
-            if (kBf16 && pairs) {
-                const u32 w = col(0) < dim && jb + u < j1 ? *(const u32*)((const u16*)vrow + col(0)) : 0u;
-                v[u][0] = __uint_as_float(w << 16), v[u][1] = __uint_as_float(w & 0xffff0000u);
-            } else if (kBf16) {
-#pragma unroll
-                for (int i = 0; i < 2; ++i) v[u][i] = col(i) < dim && jb + u < j1 ? bf16f(((const u16*)vrow)[col(i)]) : 0.0f;
-            } else {
-#pragma unroll
-                for (int i = 0; i < 2; ++i) v[u][i] = col(i) < dim && jb + u < j1 ? ((const float*)vrow)[col(i)] : 0.0f;
-            }
-        }
-#pragma unroll
-        for (int u = 0; u < 8; ++u) {
-            if (jb + u >= j1) break;
-#pragma unroll
-            for (int i = 0; i < 2; ++i)
-#pragma unroll
-                for (int h = 0; h < 16; ++h)
-                    if (h < hpg) acc[i][h] += sc[h][jb + u - j0] * v[u][i];
-        }
-    }
-    G4_TRACE_MARK(3);
-#pragma unroll
-    for (int h = 0; h < 16; ++h) {
-        if (h >= hpg) break;
-        float* out = part + ((long)(g * hpg + h) * splits + blockIdx.y) * (dim + 2);
-#pragma unroll
-        for (int i = 0; i < 2; ++i)
-            if (col(i) < dim) out[col(i)] = acc[i][h];
-        if (threadIdx.x == 0) out[dim] = mh[h], out[dim + 1] = lh[h];
-    }
+    // P.V: thread owns columns c = tid (+ 256 when dim > 256) for every head of the group; with a bf16
+    // cache and dim > 256 the adjacent pair 2 tid, 2 tid + 1 (one 32-bit load). At dim <= 256 the pair
+    // mapping would leave half the threads idle and double the others' sequential work. The column count
+    // is a block-uniform branch, so each path multiplies only real columns.
+    if (dim > 256) attn_pv<kBf16, kPost, HS, 2>(vc, pst, sc, mh, lh, part, g, hpg, dim, width, splits, j0, j1, jn, lo_slot, slots);
+    else attn_pv<kBf16, kPost, HS, 1>(vc, pst, sc, mh, lh, part, g, hpg, dim, width, splits, j0, j1, jn, lo_slot, slots);
 }
 // One kernel per cache dtype (kvdt must match the name): on sm_90 the fp32 body needs 96 registers, the
 // bf16 one 80, and a kernel holding both runs at the larger count (2 blocks per SM instead of 3).
@@ -1813,7 +1853,7 @@ __device__ __forceinline__ void attn_decode_body(const Step* s, const float* q, 
                                                            int heads, int kvh, int dim, int slots, int window, float scale, \
                                                            int splits, float* part, int kvdt) {                             \
         __shared__ __align__(16) float qs[4096];                                                                            \
-        __shared__ float sc[16][AD_KEYS];                                                                                   \
+        __shared__ __align__(16) float sc[16][AD_KEYS];                                                                                \
         __shared__ float mh[16], lh[16];                                                                                    \
         attn_decode_body<BF16>(s, q, kc, vc, heads, kvh, dim, slots, window, scale, splits, part, qs, sc, mh, lh);        \
     }
@@ -1831,7 +1871,7 @@ G4_ATTN_DECODE(g4_attn_decode_bf16, true)
                                                            int heads, int kvh, int dim, int slots, int window, float scale, \
                                                            int splits, float* part, int kvdt, const AttnPost pa) {          \
         __shared__ __align__(16) float qs[4096];                                                                            \
-        __shared__ float sc[16][AD_KEYS];                                                                                   \
+        __shared__ __align__(16) float sc[16][AD_KEYS];                                                                                \
         __shared__ float mh[16], lh[16];                                                                                    \
         __shared__ __align__(16) float pst[2560];                                                                           \
         attn_decode_body<BF16, true>(s, q, kc, vc, heads, kvh, dim, slots, window, scale, splits, part, qs, sc, mh, lh, pa, pst); \

@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <gtest/gtest.h>
 #include <initializer_list>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -113,6 +114,32 @@ void launch_smem(const char* name, unsigned gx, unsigned gy, unsigned block, uns
 }
 void launch(const char* name, unsigned gx, unsigned gy, unsigned block, std::initializer_list<void*> args) {
     launch_smem(name, gx, gy, block, 0, args);
+}
+// The kernels as a plan for a model with `hpg` heads per KV group compiles them (KernelSpec.attn_hpg:
+// G4_AD_HPG), or null where that is not a specialised size or the GPU needs PTX. Compiled once per size.
+cu::CUmodule spec_module(int hpg) {
+    static std::map<int, cu::CUmodule> mods;
+    if (cuda::kernel_spec({hpg}).attn_hpg != hpg) return nullptr;
+    auto it = mods.find(hpg);
+    if (it != mods.end()) return it->second;
+    int major = 0, minor = 0;
+    gpu().d->cuDeviceGetAttribute(&major, cu::kAttrComputeMajor, gpu().dev);
+    gpu().d->cuDeviceGetAttribute(&minor, cu::kAttrComputeMinor, gpu().dev);
+    cu::CUmodule m = nullptr;
+    if (major * 10 + minor == gpu().sm) {
+        cuda::KernelSpec spec;
+        spec.attn_hpg = hpg;
+        const cuda::KernelBinary kb = cuda::compile_kernels("sm_" + std::to_string(gpu().sm), spec, false);
+        EXPECT_EQ(gpu().d->cuModuleLoadData(&m, kb.cubin.data()), 0);
+    }
+    return mods[hpg] = m;
+}
+// launch() from module `mod`.
+void launch_in(cu::CUmodule mod, const char* name, unsigned gx, unsigned gy, unsigned block, std::initializer_list<void*> args) {
+    cu::CUfunction f = nullptr;
+    ASSERT_EQ(gpu().d->cuModuleGetFunction(&f, mod, name), 0) << name;
+    ASSERT_EQ(gpu().d->cuLaunchKernel(f, gx, gy, 1, block, 1, 1, 0, nullptr, const_cast<void**>(args.begin()), nullptr), 0) << name;
+    ASSERT_EQ(gpu().d->cuStreamSynchronize(nullptr), 0) << name;
 }
 
 double rel(const std::vector<float>& a, const std::vector<float>& b) { return g4test::rel_l2(a.data(), b.data(), b.size()); }
@@ -696,12 +723,22 @@ TEST_P(Attention, MatchesReference) {
     AttnDev a      = attn_dev(dev, c, in);
     CUdeviceptr gy = dev.alloc(want.size() * 4);
     if (c.rows == 1) {
+        // The generic kernel, then (where this group size is one) the kernel specialised for it.
         int splits = cuda::decode_attention_splits(span);
         CUdeviceptr part = dev.alloc((size_t)a.heads * splits * (a.dim + 2) * 4);
-        launch(a.kvdt ? "g4_attn_decode_bf16" : "g4_attn_decode", a.kvh, splits, 256,
-               {&a.step, &a.q, &a.kc, &a.vc, &a.heads, &a.kvh, &a.dim, &a.slots, &a.window, &a.scale, &splits, &part, &a.kvdt});
-        launch("g4_attention_merge", a.heads, (a.dim + 63) / 64, cuda_rt::merge_threads(true),
-               {&a.step, &part, &a.heads, &a.dim, &splits, &gy, &a.ld, &a.window});
+        for (cu::CUmodule mod : {gpu().mod, spec_module(c.heads / c.kvh)}) {
+            if (!mod) continue;
+            gpu().d->cuMemsetD8(gy, 0xff, want.size() * 4);   // NaN: a kernel that writes nothing fails
+            launch_in(mod, a.kvdt ? "g4_attn_decode_bf16" : "g4_attn_decode", a.kvh, splits, 256,
+                      {&a.step, &a.q, &a.kc, &a.vc, &a.heads, &a.kvh, &a.dim, &a.slots, &a.window, &a.scale, &splits, &part, &a.kvdt});
+            launch("g4_attention_merge", a.heads, (a.dim + 63) / 64, cuda_rt::merge_threads(true),
+                   {&a.step, &part, &a.heads, &a.dim, &splits, &gy, &a.ld, &a.window});
+            const double e = rel(dev.down<float>(gy, want.size()), want);
+            std::printf("Attention %d/%d x %d slots %d window %d pos %d %s cache, %s kernel: rel %.2e\n", c.heads, c.kvh, c.dim, c.slots,
+                        c.window, c.pos, dt_name(c.dt), mod == gpu().mod ? "generic" : "specialised", e);
+            EXPECT_LT(e, 1e-5) << (mod == gpu().mod ? "generic" : "specialised") << " kernel";
+        }
+        return;
     } else {
         int splits = std::max(1, std::min(32, (span + 63) / 64)), max_span = span;
         CUdeviceptr part = dev.alloc((size_t)c.rows * a.heads * splits * (a.dim + 2) * 4);
@@ -770,18 +807,28 @@ TEST_P(QkvAttn, MatchesUnfusedReference) {
     int splits = cuda::decode_attention_splits(span);
     CUdeviceptr part = dev.alloc((size_t)a.heads * splits * (a.dim + 2) * 4), gy = dev.alloc(want.size() * 4);
     cuda_rt::AttnPostH pa{kv ? dev.up(k) : 0, kv ? dev.up(v) : 0, dev.up(qnb), dev.up(knb), dev.up(inv), 1, 1e-6f};
-    launch(a.kvdt ? "g4_attn_decode_post_bf16" : "g4_attn_decode_post", a.kvh, splits, 256,
-           {&a.step, &a.q, &a.kc, &a.vc, &a.heads, &a.kvh, &a.dim, &a.slots, &a.window, &a.scale, &splits, &part, &a.kvdt, &pa});
-    launch("g4_attention_merge", a.heads, (a.dim + 63) / 64, cuda_rt::merge_threads(true), {&a.step, &part, &a.heads, &a.dim, &splits, &gy, &a.ld, &a.window});
-    const double e = rel(dev.down<float>(gy, want.size()), want);
-    const double ek = rel(rkc.down(dev, a.kc), rkc.values()), ev = rel(rvc.down(dev, a.vc), rvc.values());
-    std::printf("QkvAttn %d/%d x %d slots %d window %d pos %d %s cache%s: out %.2e, caches k %.2e v %.2e\n", c.heads, c.kvh, c.dim, c.slots,
-                c.window, c.pos, dt_name(c.dt), kv ? "" : " (q only)", e, ek, ev);
-    // bf16: a new k/v element on a rounding boundary may round the other way (one bf16 step).
-    EXPECT_LT(e, c.dt == DType::BF16 ? 1e-4 : 1e-5);
-    EXPECT_LT(ek, c.dt == DType::BF16 ? 1e-4 : 1e-6);
-    EXPECT_LT(ev, c.dt == DType::BF16 ? 1e-4 : 1e-6);
-    if (!kv) EXPECT_EQ(ek + ev, 0.0) << "a q-only launch wrote the caches";
+    // The generic kernel, then (where this group size is one) the kernel specialised for it, each on
+    // fresh copies of the caches.
+    for (cu::CUmodule mod : {gpu().mod, spec_module(c.heads / c.kvh)}) {
+        if (!mod) continue;
+        const char* kind = mod == gpu().mod ? "generic" : "specialised";
+        if (mod != gpu().mod) a.kc = in.kc.up(dev), a.vc = in.vc.up(dev);
+        gpu().d->cuMemsetD8(gy, 0xff, want.size() * 4);
+        launch_in(mod, a.kvdt ? "g4_attn_decode_post_bf16" : "g4_attn_decode_post", a.kvh, splits, 256,
+                  {&a.step, &a.q, &a.kc, &a.vc, &a.heads, &a.kvh, &a.dim, &a.slots, &a.window, &a.scale, &splits, &part, &a.kvdt, &pa});
+        launch("g4_attention_merge", a.heads, (a.dim + 63) / 64, cuda_rt::merge_threads(true), {&a.step, &part, &a.heads, &a.dim, &splits, &gy, &a.ld, &a.window});
+        const double e = rel(dev.down<float>(gy, want.size()), want);
+        const double ek = rel(rkc.down(dev, a.kc), rkc.values()), ev = rel(rvc.down(dev, a.vc), rvc.values());
+        std::printf("QkvAttn %d/%d x %d slots %d window %d pos %d %s cache%s, %s kernel: out %.2e, caches k %.2e v %.2e\n", c.heads, c.kvh,
+                    c.dim, c.slots, c.window, c.pos, dt_name(c.dt), kv ? "" : " (q only)", kind, e, ek, ev);
+        // bf16: a new k/v element on a rounding boundary may round the other way (one bf16 step).
+        EXPECT_LT(e, c.dt == DType::BF16 ? 1e-4 : 1e-5) << kind;
+        EXPECT_LT(ek, c.dt == DType::BF16 ? 1e-4 : 1e-6) << kind;
+        EXPECT_LT(ev, c.dt == DType::BF16 ? 1e-4 : 1e-6) << kind;
+        if (!kv) {
+            EXPECT_EQ(ek + ev, 0.0) << "a q-only launch wrote the caches (" << kind << ")";
+        }
+    }
 }
 INSTANTIATE_TEST_SUITE_P(RealShapes, QkvAttn,
                          ::testing::Values(QkvAttnCase{{8, 1, 256, 767, 512, 0, 1}, true}, QkvAttnCase{{8, 1, 256, 767, 512, 5000, 1}, true},

@@ -137,6 +137,9 @@ TEST(BadInput, CudaPlanWithoutGpu) {
     ASSERT_EQ(c.exit_code, 0) << c.err;
     CmdResult i = run_g4("inspect '" + plan + "'");
     EXPECT_NE(i.out.find("device cuda"), std::string::npos);
+    // The fixture has 4 query heads on one KV head: the decode attention kernels are compiled for that.
+    EXPECT_NE(i.out.find("CUDA kernels: sm_86 cubin + PTX; decode attention specialised for 4 heads per KV group"), std::string::npos)
+        << i.out;
     // Every residual/norm chain (3 per layer, 10 layers) becomes one ResNorm launch of the decode schedule.
     EXPECT_NE(i.out.find(", 30 ResNorm"), std::string::npos) << i.out;
     // The sliding layers' q/k/v post-projection runs in their decode attention kernel (QkvAttn, KV-shared

@@ -29,6 +29,32 @@ TEST(CudaCompile, AllKernelsForAllTargets) {
     }
 }
 
+// The kernels a plan compiles for its model's heads per KV group (-DG4_AD_HPG): one size for all
+// layers, a power of two <= 16; anything else keeps the generic kernels.
+TEST(CudaCompile, KernelSpecialisation) {
+    EXPECT_EQ(g4::cuda::kernel_spec({8, 8, 8}).attn_hpg, 8);
+    EXPECT_EQ(g4::cuda::kernel_spec({1}).attn_hpg, 1);
+    EXPECT_EQ(g4::cuda::kernel_spec({16, 16}).attn_hpg, 16);
+    EXPECT_EQ(g4::cuda::kernel_spec({8, 4}).attn_hpg, 0);
+    EXPECT_EQ(g4::cuda::kernel_spec({6}).attn_hpg, 0);
+    EXPECT_EQ(g4::cuda::kernel_spec({32}).attn_hpg, 0);
+    EXPECT_EQ(g4::cuda::kernel_spec({0, 0}).attn_hpg, 0);
+    EXPECT_EQ(g4::cuda::kernel_spec({}).attn_hpg, 0);
+    if (!g4::cuda::nvrtc_available()) GTEST_SKIP() << "built without the CUDA toolkit";
+    // One head a group (the CUDA plan tests compile the fixtures' 4, the GPU kernel tests 8, 4 and 2).
+    for (int hpg : {1}) {
+        g4::cuda::KernelSpec s;
+        s.attn_hpg = hpg;
+        const g4::cuda::KernelBinary kb = g4::cuda::compile_kernels("sm_90", s, false);
+        const std::string cubin(kb.cubin.begin(), kb.cubin.end());
+        EXPECT_NE(cubin.find("g4_attn_decode_post_bf16"), std::string::npos) << hpg;
+        EXPECT_TRUE(kb.ptx.empty());
+    }
+    g4::cuda::KernelSpec bad;
+    bad.attn_hpg = 3;
+    EXPECT_THROW(g4::cuda::compile_kernels("sm_90", bad, false), g4::CompileError);
+}
+
 // The timeline lab's kernels (G4_KERNEL_TRACE=1, bench/trace_lab.sh) still compile and keep the trace
 // buffer (ordinary plans do not: AllKernelsForAllTargets).
 TEST(CudaCompile, TraceLabKernels) {

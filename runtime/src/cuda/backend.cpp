@@ -621,9 +621,11 @@ int64_t ld_of(const plan::Plan& p, int32_t idx) { return idx >= 0 && p.tensor(id
 int dt_code(const plan::Plan& p, int32_t t) { return t >= 0 && p.tensor(t).dtype == (uint8_t)DType::BF16 ? 1 : 0; }
 
 // Whether a decode row of attention op `op` (cache dtype kvdt) runs g4_attn_decode: one block per (kv
-// head, split) for all heads of the group.
-bool decode_attention_fits(const PlanOp& op, int kvdt) {
+// head, split) for all heads of the group; with kernels specialised for a group size (the plan's
+// cuda.attn_hpg), only layers of that size.
+bool decode_attention_fits(const plan::Plan& p, const PlanOp& op, int kvdt) {
     const int heads = op.ip[0], kvh = op.ip[1], dim = op.ip[2], dsp = op.ip[6], hpg = kvh > 0 ? heads / kvh : 0;
+    if (p.cuda_attn_hpg() != 0 && (hpg != p.cuda_attn_hpg() || hpg * kvh != heads)) return false;
     return dsp >= 1 && dsp <= 1024 && hpg >= 1 && hpg <= 16 && hpg * dim <= 4096 && dim <= 512 && (kvdt == 0 || dim % 8 == 0);
 }
 
@@ -764,7 +766,7 @@ g4_status launch_op(g4_session* s, size_t i, int rows, int out_rows, std::string
         int sp = st->splits[i];
         int max_span = window > 0 ? std::min(window, info.max_context) : info.max_context;
         CUdeviceptr part = ln.part, scores = ln.scores;
-        if (n == 1 && decode_attention_fits(op, kvdt)) {
+        if (n == 1 && decode_attention_fits(p, op, kvdt)) {
             r = launch_decode_attention(st, p, op, step, in0, nullptr);
             break;
         }
@@ -825,7 +827,7 @@ g4_status launch_fused(g4_session* s, const CudaLaunch& l, std::string* err) {
         int kvdt  = dt_code(p, l.t[6]);
         float eps = l.fp[0];
         const size_t ai = attn ? (size_t)l.op + l.count - 1 : 0;   // the attention op
-        if (attn && decode_attention_fits(p.op(ai), dt_code(p, p.op(ai).in[1]))) {
+        if (attn && decode_attention_fits(p, p.op(ai), dt_code(p, p.op(ai).in[1]))) {
             const AttnPostH pa{post == 6 ? k : 0, post == 6 ? v : 0, qw, kw, invf, wdt, eps};
             r = launch_decode_attention(st, p, p.op(ai), step, q, &pa);
             break;

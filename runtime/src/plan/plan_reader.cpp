@@ -134,6 +134,7 @@ g4_status Plan::load(const std::string& path, bool verify_weights, std::string* 
         if (j.contains("cuda")) {
             cuda_target_ = j["cuda"].at("target").get<std::string>();
             cuda_device_ = j["cuda"].value("device_index", 0);
+            cuda_attn_hpg_ = j["cuda"].value("attn_hpg", 0);
         }
         if (j.contains("placement")) ple_on_host_ = j["placement"].value("ple", "device") == "host";
         const auto& p       = j.at("program");

@@ -102,6 +102,8 @@ public:
     const std::string& device() const { return device_; }
     const std::string& cuda_target() const { return cuda_target_; }
     int cuda_device() const { return cuda_device_; }
+    // Heads per KV group the plan's decode attention kernels were compiled for (G4_AD_HPG), 0 = any.
+    int cuda_attn_hpg() const { return cuda_attn_hpg_; }
     std::string_view cubin() const { return cubin_; }
     std::string_view ptx() const { return ptx_; }
     // META placement.ple == "host" (--place ple=host, or chosen by the budget check): the PLE table
@@ -144,6 +146,7 @@ private:
     size_t n_launches_ = 0;
     std::string device_ = "cpu", cuda_target_;
     int cuda_device_ = 0;
+    int cuda_attn_hpg_ = 0;
     bool ple_on_host_ = false;
     const uint8_t* weights_ = nullptr;
     uint64_t weights_size_ = 0;

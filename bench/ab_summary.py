@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Medians per test and side of an A/B run log (bench/ab_patch.sh, bench/ab_env.sh): blocks of
-'## round N S [label]' (the label optional) followed by one `g4 bench --json` array."""
+'## round N S [label]' (the label optional) followed by one `g4 bench --json` array (lines between
+them, such as a switch's note on stderr, are skipped)."""
 import json
 import re
 import statistics as st
@@ -8,7 +9,7 @@ import sys
 
 txt = open(sys.argv[1]).read()
 rows, names = {}, {}
-for m in re.finditer(r"## round (\d+) (\w)(?: \[(.*?)\])?\n(\[.*?\])\n", txt, re.S):
+for m in re.finditer(r"## round (\d+) (\w)(?: \[([^\n]*)\])?\n(?:(?!\[|## )[^\n]*\n)*(\[[^\n]*\])\n", txt):
     if m.group(3) is not None:
         names[m.group(2)] = m.group(3) or "(defaults)"
     for d in json.loads(m.group(4)):

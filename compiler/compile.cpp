@@ -181,13 +181,14 @@ json hparams_json(const gemma4::TextHParams& hp) {
 
 // Everything decided once per compile and shared by the plan and the fidelity reference plan.
 struct Inputs {
+    Inputs(const CompileOptions& o, ModelConfig m) : opt(o), mc(std::move(m)) {}
     const CompileOptions& opt;
     ModelConfig mc;
     std::unique_ptr<st::Checkpoint> ckpt;
     std::unique_ptr<lora::Adapter> adapter;
     int max_context = 0;
     bool prequantized = false;          // base checkpoint is bitsandbytes 4-bit
-    json provenance;
+    json provenance = json::object();
     std::string tokenizer_json;         // embedded verbatim as the TOKENIZER section ("" = none)
     json tokenizer_meta = json::object();
     int cuda_index = -1;                // CUDA plans: device index, target and kernels
@@ -817,7 +818,7 @@ void compile_plan(const CompileOptions& opt, std::ostream& log) {
         throw CompileError("unsupported --target '" + opt.cuda_target + "': expected sm_80, sm_86, sm_89 or sm_90");
     const placement::Request place_req = placement::parse_request(opt.gpu_mem, opt.cpu_mem, opt.place);
 
-    Inputs in{opt, load_model_config(opt.model_dir), nullptr, nullptr, 0, false, json::object(), "", json::object()};
+    Inputs in(opt, load_model_config(opt.model_dir));
     // KV cache: 16-bit on GPUs (as Hugging Face's bf16 run, llama.cpp and TensorRT-LLM); CPU plans stay the fp32 reference.
     const std::string kv_dtype = !opt.kv_dtype.empty() ? opt.kv_dtype : cuda_index >= 0 ? "bf16" : "f32";
     in.kv_dtype                = kv_dtype == "bf16" ? DType::BF16 : DType::F32;

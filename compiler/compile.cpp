@@ -196,6 +196,7 @@ struct Inputs {
     cuda::KernelSpec cuda_spec;         // the model constants the kernels are compiled for
     std::vector<char> cubin;
     std::string ptx;
+    bool kernels_cached = false;        // cubin and PTX came from the kernel cache (cuda_compile.h)
     json placement_meta = json::object();   // META "placement" and "memory" (compiler/placement.h)
     bool size_only      = false;            // write_plan stops after the memory plan
     DType kv_dtype      = DType::F32;       // KV cache storage (the fidelity reference plan keeps f32)
@@ -1177,6 +1178,7 @@ void compile_plan(const CompileOptions& opt, std::ostream& log) {
         cuda::KernelBinary kb = cuda::compile_kernels(in.cuda_target, in.cuda_spec);
         in.cubin              = std::move(kb.cubin);
         in.ptx                = std::move(kb.ptx);
+        in.kernels_cached     = kb.cached;
     }
 
     // Provenance: digests of every input file.
@@ -1233,6 +1235,10 @@ void compile_plan(const CompileOptions& opt, std::ostream& log) {
         << (opt.quantize_regex.empty() ? "" : ", --quantize " + opt.quantize_regex)
         << (opt.keep_regex.empty() ? "" : ", --keep " + opt.keep_regex) << "; KV cache " << kv_dtype << "\n";
     print_groups(log, rep);
+    if (in.cuda_index >= 0)
+        log << "  CUDA kernels: " << in.cuda_target << " cubin + PTX"
+            << (in.cuda_spec.attn_hpg ? ", decode attention for " + std::to_string(in.cuda_spec.attn_hpg) + " heads per KV group" : "")
+            << (in.kernels_cached ? " (from the kernel cache)" : " (NVRTC)") << "\n";
     if (in.adapter) {
         log << "  adapter " << opt.adapter_dir << ": " << rep.merged.size() << " weights merged in fp32\n";
         for (const auto& m : in.adapter->merges()) {

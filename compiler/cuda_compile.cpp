@@ -3,7 +3,13 @@
 #include "compiler/error.h"
 
 #include <algorithm>
+#include <cstdint>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <unistd.h>
 
 #ifdef G4_HAVE_NVRTC
 #include <nvrtc.h>
@@ -28,13 +34,83 @@ const std::vector<std::string>& supported_targets() {
     return t;
 }
 
+std::string kernel_cache_dir() {
+    if (const char* e = std::getenv("G4_KERNEL_CACHE")) {
+        const std::string v = e;
+        return v.empty() || v == "off" || v == "0" ? std::string() : v;
+    }
+    if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return std::string(x) + "/g4/kernels";
+    if (const char* h = std::getenv("HOME"); h && *h) return std::string(h) + "/.cache/g4/kernels";
+    return "";
+}
+
 #ifdef G4_HAVE_NVRTC
 bool nvrtc_available() { return true; }
 
-static std::string compile_one(const std::string& arch, const KernelSpec& spec, bool cubin, std::vector<char>* bin, std::string* log) {
-    nvrtcProgram prog;
-    if (nvrtcCreateProgram(&prog, kKernelSource, "g4_kernels.cu", 0, nullptr, nullptr) != NVRTC_SUCCESS)
-        throw CompileError("NVRTC: cannot create program");
+namespace {
+
+uint64_t fnv1a(const void* p, size_t n, uint64_t h = 1469598103934665603ull) {
+    for (size_t i = 0; i < n; ++i) h = (h ^ ((const unsigned char*)p)[i]) * 1099511628211ull;
+    return h;
+}
+std::string hex64(uint64_t v) {
+    char b[17];
+    std::snprintf(b, sizeof b, "%016llx", (unsigned long long)v);
+    return b;
+}
+
+// A cache entry: "G4KC1\n", the key text, '\0', the output's size (u64), the output, its FNV-1a (u64).
+// The file is named by the key's hash; a read checks the whole key, the size and the checksum, so a
+// stale, foreign or truncated file is a miss (and is rewritten).
+constexpr char kCacheMagic[] = "G4KC1\n";
+
+bool cache_read(const std::string& path, const std::string& key, std::string* out) {
+    std::ifstream f(path, std::ios::binary);
+    if (!f) return false;
+    std::string data((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    const size_t head = sizeof kCacheMagic - 1 + key.size() + 1;
+    if (data.size() < head + 16 || data.compare(0, sizeof kCacheMagic - 1, kCacheMagic) != 0 ||
+        data.compare(sizeof kCacheMagic - 1, key.size(), key) != 0 || data[head - 1] != '\0')
+        return false;
+    uint64_t n = 0, sum = 0;
+    std::memcpy(&n, data.data() + head, 8);
+    if (n != data.size() - head - 16) return false;
+    std::memcpy(&sum, data.data() + head + 8 + n, 8);
+    if (sum != fnv1a(data.data() + head + 8, n)) return false;
+    out->assign(data, head + 8, n);
+    return true;
+}
+
+// Written under a temporary name and renamed into place, so concurrent compiles never see half a file.
+// A cache that cannot be written is skipped.
+void cache_write(const std::string& dir, const std::string& path, const std::string& key, const std::string& bytes) {
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    if (ec) return;
+    const std::string tmp = path + ".tmp" + std::to_string((long)getpid());
+    {
+        std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+        if (!f) return;
+        const uint64_t n = bytes.size(), sum = fnv1a(bytes.data(), bytes.size());
+        f.write(kCacheMagic, sizeof kCacheMagic - 1);
+        f.write(key.c_str(), (std::streamsize)key.size() + 1);
+        f.write((const char*)&n, 8);
+        f.write(bytes.data(), (std::streamsize)bytes.size());
+        f.write((const char*)&sum, 8);
+        if (!f.flush()) {
+            f.close();
+            std::filesystem::remove(tmp, ec);
+            return;
+        }
+    }
+    std::filesystem::rename(tmp, path, ec);
+    if (ec) std::filesystem::remove(tmp, ec);
+}
+
+} // namespace
+
+static std::string compile_one(const std::string& arch, const KernelSpec& spec, bool cubin, std::vector<char>* bin, std::string* log,
+                               bool* cached) {
     std::string a = (cubin ? "--gpu-architecture=sm_" : "--gpu-architecture=compute_") + arch.substr(3);
     // G4_KERNEL_TRACE=1: the timeline lab's kernels (kernels.cu G4_TRACE; bench/trace_lab.sh), never for
     // plans that are meant to be used.
@@ -43,6 +119,25 @@ static std::string compile_one(const std::string& arch, const KernelSpec& spec, 
     std::vector<const char*> opts = {a.c_str(), "--std=c++17", "-default-device", "-lineinfo"};
     if (spec.attn_hpg > 0) opts.push_back(hpg.c_str());
     if (trace && *trace == '1') opts.push_back("-DG4_TRACE");
+    // Cache key: NVRTC's version, the output kind, every option and the source text.
+    int major = 0, minor = 0;
+    nvrtcVersion(&major, &minor);
+    const size_t src_n = std::strlen(kKernelSource);
+    std::string key = "nvrtc " + std::to_string(major) + "." + std::to_string(minor) + (cubin ? " cubin" : " ptx");
+    for (const char* o : opts) key += std::string(" ") + o;
+    key += " source " + std::to_string(src_n) + " " + hex64(fnv1a(kKernelSource, src_n)) + " " + hex64(fnv1a(kKernelSource, src_n, 0x84222325cbf29ce4ull));
+    const std::string dir = kernel_cache_dir();
+    const std::string path = dir.empty() ? "" : dir + "/" + arch + (cubin ? "-cubin-" : "-ptx-") + hex64(fnv1a(key.data(), key.size())) + ".bin";
+    std::string hit;
+    if (!path.empty() && cache_read(path, key, &hit)) {
+        *cached = true;
+        if (cubin) bin->assign(hit.begin(), hit.end());
+        return cubin ? std::string() : hit;
+    }
+    *cached = false;
+    nvrtcProgram prog;
+    if (nvrtcCreateProgram(&prog, kKernelSource, "g4_kernels.cu", 0, nullptr, nullptr) != NVRTC_SUCCESS)
+        throw CompileError("NVRTC: cannot create program");
     nvrtcResult r = nvrtcCompileProgram(prog, (int)opts.size(), opts.data());
     size_t n = 0;
     nvrtcGetProgramLogSize(prog, &n);
@@ -66,6 +161,7 @@ static std::string compile_one(const std::string& arch, const KernelSpec& spec, 
         while (!ptx.empty() && ptx.back() == '\0') ptx.pop_back();
     }
     nvrtcDestroyProgram(&prog);
+    if (!path.empty()) cache_write(dir, path, key, cubin ? std::string(bin->begin(), bin->end()) : ptx);
     return ptx;
 }
 
@@ -77,8 +173,10 @@ KernelBinary compile_kernels(const std::string& target, const KernelSpec& spec, 
     kb.target = target;
     if (spec.attn_hpg != 0 && kernel_spec({spec.attn_hpg}).attn_hpg != spec.attn_hpg)
         throw CompileError("kernel specialisation: " + std::to_string(spec.attn_hpg) + " heads per KV group is not a power of two <= 16");
-    compile_one(target, spec, true, &kb.cubin, &kb.log);
-    if (with_ptx) kb.ptx = compile_one(target, spec, false, nullptr, &kb.log);
+    bool hit_cubin = false, hit_ptx = true;
+    compile_one(target, spec, true, &kb.cubin, &kb.log, &hit_cubin);
+    if (with_ptx) kb.ptx = compile_one(target, spec, false, nullptr, &kb.log, &hit_ptx);
+    kb.cached = hit_cubin && hit_ptx;
     return kb;
 }
 #else

@@ -11,7 +11,8 @@ struct KernelBinary {
     std::string target;            // "sm_90"
     std::vector<char> cubin;
     std::string ptx;
-    std::string log;               // NVRTC log (warnings)
+    std::string log;               // NVRTC log (warnings; empty when the kernels came from the cache)
+    bool cached = false;           // every part came from the kernel cache
 };
 
 bool nvrtc_available();            // false when g4 was built without the CUDA toolkit
@@ -27,7 +28,13 @@ KernelSpec kernel_spec(const std::vector<int>& heads_per_group);
 
 // Targets g4 supports: sm_80, sm_86, sm_89, sm_90. Throws g4::CompileError on a bad target or a
 // compile failure (with NVRTC's log). with_ptx = false leaves ptx empty (tests that load the cubin).
+// Kernel cache: each NVRTC output is kept in a folder (G4_KERNEL_CACHE; default $XDG_CACHE_HOME/g4/kernels
+// or ~/.cache/g4/kernels; G4_KERNEL_CACHE=off: none) under a key of NVRTC's version, the options and the
+// kernel source, and reused when all of them match (checked in full, with a checksum), so compiling
+// plans again for the same target and model shape skips NVRTC. A cache that cannot be written is skipped.
 KernelBinary compile_kernels(const std::string& target, const KernelSpec& spec = {}, bool with_ptx = true);
 const std::vector<std::string>& supported_targets();
+// The kernel cache's folder from the environment ("" = no cache); the folder is made on first use.
+std::string kernel_cache_dir();
 
 } // namespace g4::cuda

@@ -1,15 +1,40 @@
-// Every CUDA kernel compiles through NVRTC for every supported target (runs without a GPU: CI).
+// Every CUDA kernel compiles through NVRTC for every supported target (runs without a GPU: CI), and
+// the kernel cache returns exactly what NVRTC made.
 #include "compiler/cuda_compile.h"
 #include "compiler/error.h"
 
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <unistd.h>
 
 namespace {
 
+namespace fs = std::filesystem;
+
+// Sets an environment variable for a scope and restores what was there.
+class ScopedEnv {
+  public:
+    ScopedEnv(const char* name, const std::string& value) : name_(name) {
+        if (const char* v = std::getenv(name)) old_ = v;
+        setenv(name, value.c_str(), 1);
+    }
+    ~ScopedEnv() {
+        if (old_) setenv(name_, old_->c_str(), 1);
+        else unsetenv(name_);
+    }
+
+  private:
+    const char* name_;
+    std::optional<std::string> old_;
+};
+
 TEST(CudaCompile, AllKernelsForAllTargets) {
     if (!g4::cuda::nvrtc_available()) GTEST_SKIP() << "built without the CUDA toolkit";
+    const ScopedEnv no_cache("G4_KERNEL_CACHE", "off");   // NVRTC itself, every time
     for (const auto& t : g4::cuda::supported_targets()) {
         g4::cuda::KernelBinary kb = g4::cuda::compile_kernels(t);
         EXPECT_GT(kb.cubin.size(), 1000u) << t;
@@ -70,6 +95,68 @@ TEST(CudaCompile, TraceLabKernels) {
     unsetenv("G4_KERNEL_TRACE");
     EXPECT_NE(traced.ptx.find("g4_trace_buf"), std::string::npos);
     EXPECT_NE(traced.ptx.find("%globaltimer"), std::string::npos);
+}
+
+// Where the kernel cache lives: G4_KERNEL_CACHE (off / 0 / empty: none), else XDG_CACHE_HOME, else HOME.
+TEST(CudaCompile, KernelCacheFolder) {
+    const ScopedEnv xdg("XDG_CACHE_HOME", "/x/cache"), home("HOME", "/home/u");
+    {
+        const ScopedEnv c("G4_KERNEL_CACHE", "/tmp/kc");
+        EXPECT_EQ(g4::cuda::kernel_cache_dir(), "/tmp/kc");
+    }
+    for (const char* off : {"off", "0", ""}) {
+        const ScopedEnv c("G4_KERNEL_CACHE", off);
+        EXPECT_EQ(g4::cuda::kernel_cache_dir(), "") << off;
+    }
+    const std::optional<std::string> kc = std::getenv("G4_KERNEL_CACHE") ? std::optional<std::string>(std::getenv("G4_KERNEL_CACHE")) : std::nullopt;
+    unsetenv("G4_KERNEL_CACHE");
+    EXPECT_EQ(g4::cuda::kernel_cache_dir(), "/x/cache/g4/kernels");
+    unsetenv("XDG_CACHE_HOME");
+    EXPECT_EQ(g4::cuda::kernel_cache_dir(), "/home/u/.cache/g4/kernels");
+    if (kc) setenv("G4_KERNEL_CACHE", kc->c_str(), 1);
+}
+
+// A second compile comes from the cache with NVRTC's exact bytes; a damaged entry is a miss that NVRTC
+// redoes and rewrites; a cache folder that cannot be made is skipped, not an error.
+TEST(CudaCompile, KernelCacheReturnsWhatNvrtcMade) {
+    if (!g4::cuda::nvrtc_available()) GTEST_SKIP() << "built without the CUDA toolkit";
+    const fs::path dir = fs::path(testing::TempDir()) / ("g4_kernel_cache_" + std::to_string(getpid()));
+    fs::remove_all(dir);
+    const ScopedEnv cache("G4_KERNEL_CACHE", dir.string());
+    const g4::cuda::KernelBinary a = g4::cuda::compile_kernels("sm_80", {}, false);
+    EXPECT_FALSE(a.cached);
+    std::vector<fs::path> files;
+    for (const auto& e : fs::directory_iterator(dir)) files.push_back(e.path());
+    ASSERT_EQ(files.size(), 1u);
+    EXPECT_NE(files[0].filename().string().find("sm_80-cubin-"), std::string::npos) << files[0];
+
+    const g4::cuda::KernelBinary b = g4::cuda::compile_kernels("sm_80", {}, false);
+    EXPECT_TRUE(b.cached);
+    EXPECT_EQ(b.cubin, a.cubin);
+
+    {   // one byte of the stored cubin flipped
+        std::fstream f(files[0], std::ios::in | std::ios::out | std::ios::binary);
+        f.seekg((std::streamoff)(fs::file_size(files[0]) / 2));
+        char c = 0;
+        f.read(&c, 1);
+        f.seekp((std::streamoff)(fs::file_size(files[0]) / 2));
+        c = (char)(c ^ 0x5a);
+        f.write(&c, 1);
+    }
+    const g4::cuda::KernelBinary c = g4::cuda::compile_kernels("sm_80", {}, false);
+    EXPECT_FALSE(c.cached);
+    EXPECT_EQ(c.cubin, a.cubin);
+    const g4::cuda::KernelBinary d = g4::cuda::compile_kernels("sm_80", {}, false);   // rewritten
+    EXPECT_TRUE(d.cached);
+    EXPECT_EQ(d.cubin, a.cubin);
+
+    {   // a regular file where the folder should be
+        const ScopedEnv blocked("G4_KERNEL_CACHE", (files[0] / "sub").string());
+        const g4::cuda::KernelBinary e = g4::cuda::compile_kernels("sm_80", {}, false);
+        EXPECT_FALSE(e.cached);
+        EXPECT_EQ(e.cubin, a.cubin);
+    }
+    fs::remove_all(dir);
 }
 
 TEST(CudaCompile, UnknownTargetIsAnError) {

@@ -63,6 +63,7 @@ std::string hex64(uint64_t v) {
 // The file is named by the key's hash; a read checks the whole key, the size and the checksum, so a
 // stale, foreign or truncated file is a miss (and is rewritten).
 constexpr char kCacheMagic[] = "G4KC1\n";
+constexpr size_t kCacheEntries = 32;
 
 bool cache_read(const std::string& path, const std::string& key, std::string* out) {
     std::ifstream f(path, std::ios::binary);
@@ -104,7 +105,20 @@ void cache_write(const std::string& dir, const std::string& path, const std::str
         }
     }
     std::filesystem::rename(tmp, path, ec);
-    if (ec) std::filesystem::remove(tmp, ec);
+    if (ec) {
+        std::filesystem::remove(tmp, ec);
+        return;
+    }
+    // At most kCacheEntries outputs (~7 MB each) stay: the least recently used go (a hit refreshes its time).
+    std::vector<std::pair<std::filesystem::file_time_type, std::filesystem::path>> entries;
+    for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+        std::error_code tec;
+        const auto t = e.last_write_time(tec);
+        if (!tec && e.path().extension() == ".bin" && e.path() != path) entries.emplace_back(t, e.path());
+    }
+    if (entries.size() + 1 <= kCacheEntries) return;
+    std::sort(entries.begin(), entries.end());
+    for (size_t i = 0; i + kCacheEntries < entries.size() + 1; ++i) std::filesystem::remove(entries[i].second, ec);
 }
 
 } // namespace
@@ -131,6 +145,8 @@ static std::string compile_one(const std::string& arch, const KernelSpec& spec, 
     std::string hit;
     if (!path.empty() && cache_read(path, key, &hit)) {
         *cached = true;
+        std::error_code ec;
+        std::filesystem::last_write_time(path, std::filesystem::file_time_type::clock::now(), ec);
         if (cubin) bin->assign(hit.begin(), hit.end());
         return cubin ? std::string() : hit;
     }

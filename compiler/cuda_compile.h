@@ -31,7 +31,8 @@ KernelSpec kernel_spec(const std::vector<int>& heads_per_group);
 // Kernel cache: each NVRTC output is kept in a folder (G4_KERNEL_CACHE; default $XDG_CACHE_HOME/g4/kernels
 // or ~/.cache/g4/kernels; G4_KERNEL_CACHE=off: none) under a key of NVRTC's version, the options and the
 // kernel source, and reused when all of them match (checked in full, with a checksum), so compiling
-// plans again for the same target and model shape skips NVRTC. A cache that cannot be written is skipped.
+// plans again for the same target and model shape skips NVRTC. A cache that cannot be written is skipped;
+// it keeps the 32 most recently used outputs.
 KernelBinary compile_kernels(const std::string& target, const KernelSpec& spec = {}, bool with_ptx = true);
 const std::vector<std::string>& supported_targets();
 // The kernel cache's folder from the environment ("" = no cache); the folder is made on first use.

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -123,10 +124,23 @@ TEST(CudaCompile, KernelCacheReturnsWhatNvrtcMade) {
     const fs::path dir = fs::path(testing::TempDir()) / ("g4_kernel_cache_" + std::to_string(getpid()));
     fs::remove_all(dir);
     const ScopedEnv cache("G4_KERNEL_CACHE", dir.string());
+    // 40 older entries: the cache keeps the 32 most recent, the new one among them.
+    fs::create_directories(dir);
+    for (int i = 0; i < 40; ++i) {
+        const fs::path old = dir / ("sm_80-cubin-old" + std::to_string(i) + ".bin");
+        std::ofstream(old) << "not an entry";
+        fs::last_write_time(old, fs::file_time_type::clock::now() - std::chrono::hours(100 - i));
+    }
     const g4::cuda::KernelBinary a = g4::cuda::compile_kernels("sm_80", {}, false);
     EXPECT_FALSE(a.cached);
     std::vector<fs::path> files;
-    for (const auto& e : fs::directory_iterator(dir)) files.push_back(e.path());
+    int olds = 0;
+    for (const auto& e : fs::directory_iterator(dir))
+        if (e.path().filename().string().find("-old") == std::string::npos) files.push_back(e.path());
+        else ++olds;
+    EXPECT_EQ(olds, 31);
+    EXPECT_FALSE(fs::exists(dir / "sm_80-cubin-old8.bin"));   // the oldest nine went
+    EXPECT_TRUE(fs::exists(dir / "sm_80-cubin-old9.bin"));
     ASSERT_EQ(files.size(), 1u);
     EXPECT_NE(files[0].filename().string().find("sm_80-cubin-"), std::string::npos) << files[0];
 

@@ -110,15 +110,18 @@ void cache_write(const std::string& dir, const std::string& path, const std::str
         return;
     }
     // At most kCacheEntries outputs (~7 MB each) stay: the least recently used go (a hit refreshes its time).
-    std::vector<std::pair<std::filesystem::file_time_type, std::filesystem::path>> entries;
-    for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
-        std::error_code tec;
-        const auto t = e.last_write_time(tec);
-        if (!tec && e.path().extension() == ".bin" && e.path() != path) entries.emplace_back(t, e.path());
+    try {
+        std::vector<std::pair<std::filesystem::file_time_type, std::filesystem::path>> entries;
+        for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+            std::error_code tec;
+            const auto t = e.last_write_time(tec);
+            if (!tec && e.path().extension() == ".bin" && e.path() != path) entries.emplace_back(t, e.path());
+        }
+        if (entries.size() + 1 <= kCacheEntries) return;
+        std::sort(entries.begin(), entries.end());
+        for (size_t i = 0; i + kCacheEntries < entries.size() + 1; ++i) std::filesystem::remove(entries[i].second, ec);
+    } catch (const std::filesystem::filesystem_error&) {   // a folder changing under us: prune next time
     }
-    if (entries.size() + 1 <= kCacheEntries) return;
-    std::sort(entries.begin(), entries.end());
-    for (size_t i = 0; i + kCacheEntries < entries.size() + 1; ++i) std::filesystem::remove(entries[i].second, ec);
 }
 
 } // namespace

@@ -136,13 +136,17 @@ static std::string compile_one(const std::string& arch, const KernelSpec& spec, 
     std::vector<const char*> opts = {a.c_str(), "--std=c++17", "-default-device", "-lineinfo"};
     if (spec.attn_hpg > 0) opts.push_back(hpg.c_str());
     if (trace && *trace == '1') opts.push_back("-DG4_TRACE");
-    // Cache key: NVRTC's version, the output kind, every option and the source text.
+    // Cache key: NVRTC's version, the output kind, every option and the source text (its length and two
+    // hashes, made once).
+    static const std::string source_key = [] {
+        const size_t n = std::strlen(kKernelSource);
+        return " source " + std::to_string(n) + " " + hex64(fnv1a(kKernelSource, n)) + " " + hex64(fnv1a(kKernelSource, n, 0x84222325cbf29ce4ull));
+    }();
     int major = 0, minor = 0;
     nvrtcVersion(&major, &minor);
-    const size_t src_n = std::strlen(kKernelSource);
     std::string key = "nvrtc " + std::to_string(major) + "." + std::to_string(minor) + (cubin ? " cubin" : " ptx");
     for (const char* o : opts) key += std::string(" ") + o;
-    key += " source " + std::to_string(src_n) + " " + hex64(fnv1a(kKernelSource, src_n)) + " " + hex64(fnv1a(kKernelSource, src_n, 0x84222325cbf29ce4ull));
+    key += source_key;
     const std::string dir = kernel_cache_dir();
     const std::string path = dir.empty() ? "" : dir + "/" + arch + (cubin ? "-cubin-" : "-ptx-") + hex64(fnv1a(key.data(), key.size())) + ".bin";
     std::string hit;

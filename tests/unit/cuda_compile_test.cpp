@@ -2,6 +2,7 @@
 // the kernel cache returns exactly what NVRTC made.
 #include "compiler/cuda_compile.h"
 #include "compiler/error.h"
+#include "test_util.h"
 
 #include <gtest/gtest.h>
 
@@ -10,18 +11,18 @@
 #include <filesystem>
 #include <fstream>
 #include <optional>
-#include <unistd.h>
 
 namespace {
 
 namespace fs = std::filesystem;
 
-// Sets an environment variable for a scope and restores what was there.
+// Sets (or, given nullopt, unsets) an environment variable for a scope and restores what was there.
 class ScopedEnv {
   public:
-    ScopedEnv(const char* name, const std::string& value) : name_(name) {
+    ScopedEnv(const char* name, const std::optional<std::string>& value) : name_(name) {
         if (const char* v = std::getenv(name)) old_ = v;
-        setenv(name, value.c_str(), 1);
+        if (value) setenv(name, value->c_str(), 1);
+        else unsetenv(name);
     }
     ~ScopedEnv() {
         if (old_) setenv(name_, old_->c_str(), 1);
@@ -85,15 +86,8 @@ TEST(CudaCompile, KernelSpecialisation) {
 // buffer (ordinary plans do not: AllKernelsForAllTargets).
 TEST(CudaCompile, TraceLabKernels) {
     if (!g4::cuda::nvrtc_available()) GTEST_SKIP() << "built without the CUDA toolkit";
-    setenv("G4_KERNEL_TRACE", "1", 1);
-    g4::cuda::KernelBinary traced;
-    try {
-        traced = g4::cuda::compile_kernels("sm_90");
-    } catch (...) {
-        unsetenv("G4_KERNEL_TRACE");
-        throw;
-    }
-    unsetenv("G4_KERNEL_TRACE");
+    const ScopedEnv trace("G4_KERNEL_TRACE", "1");
+    const g4::cuda::KernelBinary traced = g4::cuda::compile_kernels("sm_90");
     EXPECT_NE(traced.ptx.find("g4_trace_buf"), std::string::npos);
     EXPECT_NE(traced.ptx.find("%globaltimer"), std::string::npos);
 }
@@ -109,20 +103,18 @@ TEST(CudaCompile, KernelCacheFolder) {
         const ScopedEnv c("G4_KERNEL_CACHE", off);
         EXPECT_EQ(g4::cuda::kernel_cache_dir(), "") << off;
     }
-    const std::optional<std::string> kc = std::getenv("G4_KERNEL_CACHE") ? std::optional<std::string>(std::getenv("G4_KERNEL_CACHE")) : std::nullopt;
-    unsetenv("G4_KERNEL_CACHE");
+    const ScopedEnv no_var("G4_KERNEL_CACHE", std::nullopt);
     EXPECT_EQ(g4::cuda::kernel_cache_dir(), "/x/cache/g4/kernels");
-    unsetenv("XDG_CACHE_HOME");
+    const ScopedEnv no_xdg("XDG_CACHE_HOME", std::nullopt);
     EXPECT_EQ(g4::cuda::kernel_cache_dir(), "/home/u/.cache/g4/kernels");
-    if (kc) setenv("G4_KERNEL_CACHE", kc->c_str(), 1);
 }
 
 // A second compile comes from the cache with NVRTC's exact bytes; a damaged entry is a miss that NVRTC
 // redoes and rewrites; a cache folder that cannot be made is skipped, not an error.
 TEST(CudaCompile, KernelCacheReturnsWhatNvrtcMade) {
     if (!g4::cuda::nvrtc_available()) GTEST_SKIP() << "built without the CUDA toolkit";
-    const fs::path dir = fs::path(testing::TempDir()) / ("g4_kernel_cache_" + std::to_string(getpid()));
-    fs::remove_all(dir);
+    const g4test::TempDir tmp;
+    const fs::path dir = fs::path(tmp.path) / "kernels";
     const ScopedEnv cache("G4_KERNEL_CACHE", dir.string());
     // 40 older entries: the cache keeps the 32 most recent, the new one among them.
     fs::create_directories(dir);
@@ -170,7 +162,6 @@ TEST(CudaCompile, KernelCacheReturnsWhatNvrtcMade) {
         EXPECT_FALSE(e.cached);
         EXPECT_EQ(e.cubin, a.cubin);
     }
-    fs::remove_all(dir);
 }
 
 TEST(CudaCompile, UnknownTargetIsAnError) {

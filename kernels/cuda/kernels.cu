@@ -1245,6 +1245,7 @@ template <bool W, int B> __device__ __forceinline__ u32 nf4_lookup_off(u32 w, u3
 // wide table (W) x lives in its unused half rows: float4 v of chunk c at byte c * 256 + 128 + 16 (v ^ (c & 7)),
 // the xor keeping 8 consecutive chunks on distinct banks.
 #define GV_XS_MAX 2560
+#define GV_XS_WIDE_MAX 8192   // the wide table's 256 unused half rows hold 256 chunks
 template <bool W> __device__ __forceinline__ int xs_slot(int c, int v) { return W ? c * 16 + 8 + (v ^ (c & 7)) : c * 9 + v; }
 // G: weight rows per lane group; B: threads a block (the kernels launch 128; bench/gemv_bench.cu's lab
 // variants also take other values of both).
@@ -1359,7 +1360,15 @@ __device__ __forceinline__ void gemv_body(const GemvArgs& a, float2* tab, float4
     pdl_begin();
     if (XS) {
         const float4* x4 = (const float4*)a.x;
-        for (int i = threadIdx.x; i < K / 4; i += blockDim.x) xs[xs_slot<W>(i >> 3, i & 7)] = x4[i];
+        for (int i0 = threadIdx.x; i0 < K / 4; i0 += 4 * B) {   // four loads in flight a thread
+            float4 t[4];
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+                if (i0 + j * B < K / 4) t[j] = x4[i0 + j * B];
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+                if (i0 + j * B < K / 4) xs[xs_slot<W>((i0 + j * B) >> 3, (i0 + j * B) & 7)] = t[j];
+        }
         __syncthreads();
     }
     G4_TRACE_MARK(0);
@@ -1430,7 +1439,7 @@ __device__ __forceinline__ void gemv_body(const GemvArgs& a, float2* tab, float4
     extern "C" __global__ void __launch_bounds__(128, M == 2 ? 4 : 3) NAME(const GemvArgs a) {                \
         if (NF4 && GV_WIDE) {                                                                                  \
             extern __shared__ float4 gv_wide[];                                                                \
-            if (a.k <= GV_XS_MAX) gemv_body<NF4, L, M, GV_OUT, true, 128, true>(a, (float2*)gv_wide, gv_wide); \
+            if (a.k <= GV_XS_WIDE_MAX) gemv_body<NF4, L, M, GV_OUT, true, 128, true>(a, (float2*)gv_wide, gv_wide); \
             else gemv_body<NF4, L, M, GV_OUT, false, 128, true>(a, (float2*)gv_wide);                          \
         } else {                                                                                               \
             __shared__ float4 xs[NF4 ? GV_XS_MAX / 32 * 9 : 1];                                                \

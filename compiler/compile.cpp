@@ -700,9 +700,10 @@ void write_plan(const Inputs& in, const std::string& out_path, Mode mode, Report
             gr.before += src->nbytes;
             gr.tensors++;
         }
-        // Convert to the stored dtype.
+        // Convert to the stored dtype (a bf16 tensor stored as it is in the checkpoint is written from the
+        // mapped file: the PLE table is 4.7 GB at E2B).
         if (raw_copy) {
-            buf.assign(src->data, src->data + src->nbytes);
+            buf.clear();
         } else if (d.dtype == DType::NF4) {
             buf = nf4::quantize(f32.data(), n, dq);
         } else if (d.dtype == DType::F32) {
@@ -713,17 +714,19 @@ void write_plan(const Inputs& in, const std::string& out_path, Mode mode, Report
             uint16_t* o = (uint16_t*)buf.data();
             for (int64_t i = 0; i < n; ++i) o[i] = f32_to_bf16(f32[i]);
         }
-        if (buf.size() != nbytes[t]) throw CompileError("internal: size of " + d.name + " disagrees with the layout");
-        if (d.role != WeightRole::Constant && d.role != WeightRole::LoraBias) rep->groups[group].after += buf.size();
+        const uint8_t* bytes = raw_copy ? src->data : buf.data();
+        const uint64_t size  = raw_copy ? src->nbytes : buf.size();
+        if (size != nbytes[t]) throw CompileError("internal: size of " + d.name + " disagrees with the layout");
+        if (d.role != WeightRole::Constant && d.role != WeightRole::LoraBias) rep->groups[group].after += size;
         rep->tensor_dtype[d.name] = dtype_str(d.dtype);
         if (off[t] > wpos) {   // alignment padding, part of the checksum
             wsum = plan::fnv1a64(zeros, off[t] - wpos, wsum);
             out.write_at(wbase + wpos, zeros, off[t] - wpos);
             wpos = off[t];
         }
-        out.write_at(wbase + wpos, buf.data(), buf.size());
-        wsum = plan::fnv1a64(buf.data(), buf.size(), wsum);
-        wpos += buf.size();
+        out.write_at(wbase + wpos, bytes, size);
+        wsum = plan::fnv1a64(bytes, size, wsum);
+        wpos += size;
     }
     // LoRA biases must precede nothing: the graph places them after their weight, so they were filled.
     table[nsec - 1]          = {(uint32_t)plan::SectionKind::Weights, 0, wbase, weights_size, wsum};

@@ -3,16 +3,34 @@
 #include "compiler/nf4_quant.h"
 
 #include "compiler/error.h"
+#include "kernels/cpu/thread_pool.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <memory>
+#include <mutex>
 #include <nlohmann/json.hpp>
 
 namespace g4::nf4 {
 
 namespace {
+
+// Runs f(i, thread) for i in [0, n): on a pool of cpu::default_thread_count() threads made at the first
+// call that has more than one chunk, or on the caller's thread while another caller holds the pool.
+template <class F> void with_pool(int64_t n, F& f) {
+    static std::mutex mu;
+    static std::unique_ptr<cpu::ThreadPool> pool;
+    std::unique_lock<std::mutex> lk(mu, std::try_to_lock);
+    if (n <= 1 || !lk.owns_lock()) {
+        for (int64_t i = 0; i < n; ++i) f(i, 0);
+        return;
+    }
+    if (!pool) pool = std::make_unique<cpu::ThreadPool>(cpu::default_thread_count());
+    F g = f;   // parallel_for takes its callable by value type
+    pool->parallel_for(n, std::move(g));
+}
 
 // torch clamp(min=1e-38) on float32: the scalar rounded to fp32 (a subnormal).
 const float kClampMin = static_cast<float>(1e-38);
@@ -187,16 +205,26 @@ std::vector<uint8_t> quantize(const float* w, int64_t n, bool double_quant) {
     std::vector<uint8_t> blob(l.total, 0);
     const std::vector<float> b15 = midpoints(kCodebook, 16);
     std::vector<float> absmax((size_t)l.nblocks);
-    float scaled[kBlock];
-    uint8_t q[kBlock + 1];
     uint8_t* packed = blob.data() + l.codes_off;
-    for (int64_t b = 0; b < l.nblocks; ++b) {
-        const int64_t lo = b * kBlock, len = std::min<int64_t>(kBlock, n - lo);
-        absmax[b] = scale_block(w + lo, len, len == kBlock, scaled);
-        for (int64_t i = 0; i < len; ++i) q[i] = bucketize_nf4(scaled[i], b15.data());
-        q[len] = 7;   // odd tail: bitsandbytes pads with 0.0, whose code is 7 (blocks are even otherwise)
-        for (int64_t i = 0; i < len; i += 2) packed[(lo + i) / 2] = (uint8_t)((q[i] << 4) | q[i + 1]);
-    }
+    // Blocks [c * kChunk, (c + 1) * kChunk): each writes only its own codes and absmax, so chunks run on the
+    // compiler's thread pool in any order with the same bytes.
+    constexpr int64_t kChunk = 4096;
+    float* am = absmax.data();
+    const int64_t nblocks = l.nblocks;
+    auto chunk = [=](int64_t c, int) {
+        float bounds[15], scaled[kBlock];
+        uint8_t q[kBlock + 1];
+        std::copy(b15.begin(), b15.end(), bounds);
+        for (int64_t b = c * kChunk; b < std::min(nblocks, (c + 1) * kChunk); ++b) {
+            const int64_t lo = b * kBlock, len = std::min<int64_t>(kBlock, n - lo);
+            am[b] = scale_block(w + lo, len, len == kBlock, scaled);
+            for (int64_t i = 0; i < len; ++i) q[i] = bucketize_nf4(scaled[i], bounds);
+            q[len] = 7;   // odd tail: bitsandbytes pads with 0.0, whose code is 7 (blocks are even otherwise)
+            for (int64_t i = 0; i < len; i += 2) packed[(lo + i) / 2] = (uint8_t)((q[i] << 4) | q[i + 1]);
+        }
+    };
+    const int64_t nchunks = (l.nblocks + kChunk - 1) / kChunk;
+    with_pool(nchunks, chunk);
     if (!double_quant) {
         std::memcpy(blob.data() + l.absmax_off, absmax.data(), 4 * absmax.size());
         return blob;

@@ -182,6 +182,36 @@ TEST(Nf4Quantize, BitExactAgainstReference) {
     EXPECT_EQ(checked, 20);
 }
 
+// quantize() spreads blocks over the compiler's thread pool in chunks of 4096 blocks: every chunk of a
+// large array gets the bytes the same values get quantized alone (no double quant, whose offset is the
+// whole array's mean), the odd tail included.
+TEST(Nf4Quantize, ChunksOnThreadsGiveTheSameBytes) {
+    constexpr int64_t kChunkValues = 4096 * 64;
+    const int64_t n = 3 * kChunkValues + 1000 * 64 + 37;
+    std::vector<float> x(n);
+    uint32_t st = 12345;
+    for (float& v : x) {
+        st = st * 1664525u + 1013904223u;
+        v  = ((int32_t)st >> 8) * 1e-8f;
+    }
+    for (int64_t i = 0; i < 64; ++i) x[kChunkValues + i] = 0.0f;   // an all-zero block inside a chunk
+    const std::vector<uint8_t> all = nf4::quantize(x.data(), n, false);
+    const nf4::Layout la           = nf4::layout(n, false);
+    for (int64_t lo = 0; lo < n; lo += kChunkValues) {
+        const int64_t m = std::min(kChunkValues, n - lo);
+        const std::vector<uint8_t> part = nf4::quantize(x.data() + lo, m, false);
+        const nf4::Layout lp            = nf4::layout(m, false);
+        SCOPED_TRACE("chunk at " + std::to_string(lo));
+        EXPECT_EQ(first_diff(all.data() + la.codes_off + lo / 2, part.data() + lp.codes_off, lp.codes_bytes), -1) << "codes";
+        EXPECT_EQ(first_diff((const float*)(all.data() + la.absmax_off) + lo / 64, (const float*)(part.data() + lp.absmax_off),
+                             lp.nblocks),
+                  -1)
+            << "absmax";
+    }
+    // The double-quant blob is deterministic too (its serial second stage reads the chunks' absmax).
+    EXPECT_EQ(nf4::quantize(x.data(), n, true), nf4::quantize(x.data(), n, true));
+}
+
 TEST(Nf4Quantize, ZeroBlocksAndTiesFollowBitsandbytes) {
     // An all-zero 64-block stores absmax 0 and code 7 (0.0); a zero tail block stores the clamped 1e-38f.
     std::vector<float> x(64 + 10, 0.0f);

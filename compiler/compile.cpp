@@ -32,6 +32,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <future>
 #include <map>
 #include <optional>
 #include <nlohmann/json.hpp>
@@ -660,14 +661,19 @@ void write_plan(const Inputs& in, const std::string& out_path, Mode mode, Report
         cursor = align_up(cursor + small[i].size, plan::kSectionAlign);
     }
 
-    // Weights: one tensor at a time (read, merge, convert, append), so memory stays at one tensor.
+    // Weights: one tensor at a time (read, merge, convert), so memory stays at about two tensors: tensor t
+    // is written and added to the checksum (FNV-1a, ~1.4 ns a byte, serial) on a second thread while t + 1
+    // is read and converted, into the other of two buffers.
     const uint64_t wbase = cursor;
     uint64_t wsum = plan::fnv1a64(nullptr, 0), wpos = 0;
-    std::vector<uint8_t> buf;
+    std::vector<uint8_t> bufs[2];
+    int cur = 0;
     std::vector<float> f32;
+    std::future<void> pending;   // declared after the buffers: its destructor waits before they go
     std::map<std::string, std::vector<float>> biases;   // weight name -> LoRA bias
     static const uint8_t zeros[plan::kTensorAlign] = {};
     for (size_t t : worder) {
+        std::vector<uint8_t>& buf = bufs[cur];
         const TensorDesc& d = prog.tensors[t];
         const int64_t n = numel(d.dims);
         std::string hf  = source_of(d);
@@ -719,15 +725,20 @@ void write_plan(const Inputs& in, const std::string& out_path, Mode mode, Report
         if (size != nbytes[t]) throw CompileError("internal: size of " + d.name + " disagrees with the layout");
         if (d.role != WeightRole::Constant && d.role != WeightRole::LoraBias) rep->groups[group].after += size;
         rep->tensor_dtype[d.name] = dtype_str(d.dtype);
-        if (off[t] > wpos) {   // alignment padding, part of the checksum
-            wsum = plan::fnv1a64(zeros, off[t] - wpos, wsum);
-            out.write_at(wbase + wpos, zeros, off[t] - wpos);
-            wpos = off[t];
-        }
-        out.write_at(wbase + wpos, bytes, size);
-        wsum = plan::fnv1a64(bytes, size, wsum);
-        wpos += size;
+        if (pending.valid()) pending.get();   // tensor t - 1 written (its error, if any, thrown here)
+        const uint64_t pad = off[t] > wpos ? off[t] - wpos : 0, at = wpos;
+        pending = std::async(std::launch::async, [&out, &wsum, wbase, at, pad, bytes, size] {
+            if (pad) {   // alignment padding, part of the checksum
+                wsum = plan::fnv1a64(zeros, pad, wsum);
+                out.write_at(wbase + at, zeros, pad);
+            }
+            out.write_at(wbase + at + pad, bytes, size);
+            wsum = plan::fnv1a64(bytes, size, wsum);
+        });
+        wpos = at + pad + size;
+        cur ^= 1;
     }
+    if (pending.valid()) pending.get();
     // LoRA biases must precede nothing: the graph places them after their weight, so they were filled.
     table[nsec - 1]          = {(uint32_t)plan::SectionKind::Weights, 0, wbase, weights_size, wsum};
     const uint64_t file_size = wbase + weights_size;

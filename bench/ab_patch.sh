@@ -4,7 +4,9 @@
 # plan), runs the patched builds' CUDA kernel tests, then alternates `g4 bench` on the plans ROUNDS times.
 # Usage (repo root, $OUT set): [MODEL=e2b] [ROUNDS=3] [DEPTHS=16,4096,32000] [KV=bf16] [KT=0] bash bench/ab_patch.sh PATCH [PATCH...]
 # KT=0 skips the kernel tests (and their build): one patch then fits one 10-minute device call;
-# KT_FILTER='*Gemv*' runs only the matching kernel tests (a gtest filter), which also fits.
+# KT_FILTER='*Gemv*' runs only the matching kernel tests (a gtest filter), which also fits (the whole
+# suite does not: its flash-attention CPU references take minutes). The checkpoint is made while the
+# sides build, and the sides' plans compile side by side.
 # Writes $OUT/ab_<model>.txt (every bench JSON, the sides interleaved) and $OUT/ab_kt_<side>.txt.
 set -u
 PATCHES=()
@@ -34,6 +36,11 @@ for s in $SIDES; do
     (cd $B && patch -p1 -s < ${PATCHES[$i]}) || { echo "patch ${PATCHES[$i]} does not apply"; exit 1; }
     i=$((i + 1))
 done
+source bench/lab_common.sh
+# The checkpoint (~3 min on a fresh machine: Python, the GPU, the disk) is made while the sides build.
+(lab_checkpoint $MODEL $OUT/ab_ckpt.txt) > /dev/null 2>&1 &
+CKPT=$!
+trap 'pkill -P $CKPT 2> /dev/null' EXIT   # a failed build does not leave it running
 PIDS=()
 for s in $SIDES; do build $(dir $s) & PIDS+=($!); done
 for s in $SIDES; do
@@ -48,9 +55,12 @@ if [ "$KT" != 0 ]; then
         echo "kernel tests $s: $(grep -E "FAILED|PASSED" $OUT/ab_kt_$s.txt | head -20)"
     done
 fi
-source bench/lab_common.sh
-lab_checkpoint $MODEL $OUT/ab_ckpt.txt
-for s in $SIDES; do lab_plan $(dir $s)/build-dev/tools/g4 $MODEL $KV /tmp/ab_$s.g4plan; done
+wait $CKPT || { echo "making the checkpoint failed:"; tail $OUT/ab_ckpt.txt; exit 1; }
+echo "checkpoint: ${SECONDS}s"
+# One plan a side, compiled side by side (each its own NVRTC run).
+PIDS=()
+for s in $SIDES; do (lab_plan $(dir $s)/build-dev/tools/g4 $MODEL $KV /tmp/ab_$s.g4plan) & PIDS+=($!); done
+for p in "${PIDS[@]}"; do wait $p || exit 1; done
 echo "checkpoint and plans: ${SECONDS}s"
 R=$OUT/ab_$MODEL.txt
 : > $R

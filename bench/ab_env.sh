@@ -11,9 +11,10 @@ ROUNDS=${ROUNDS:-3}
 DEPTHS=${DEPTHS:-16,4096}
 KV=${KV:-bf16}
 source bench/lab_common.sh
+lab_checkpoint_start $MODEL $OUT/ab_ckpt.txt
 lab_build ab_env
 echo "built: ${SECONDS}s"
-lab_checkpoint $MODEL $OUT/ab_ckpt.txt
+lab_checkpoint_wait $OUT/ab_ckpt.txt
 PLAN=/tmp/ab_env_$MODEL.g4plan
 lab_plan build-dev/tools/g4 $MODEL $KV $PLAN
 build-dev/tools/g4 inspect $PLAN | grep "CUDA decode schedule"

@@ -37,10 +37,7 @@ for s in $SIDES; do
     i=$((i + 1))
 done
 source bench/lab_common.sh
-# The checkpoint (~3 min on a fresh machine: Python, the GPU, the disk) is made while the sides build.
-(lab_checkpoint $MODEL $OUT/ab_ckpt.txt) > /dev/null 2>&1 &
-CKPT=$!
-trap 'pkill -P $CKPT 2> /dev/null' EXIT   # a failed build does not leave it running
+lab_checkpoint_start $MODEL $OUT/ab_ckpt.txt
 PIDS=()
 for s in $SIDES; do build $(dir $s) & PIDS+=($!); done
 for s in $SIDES; do
@@ -55,7 +52,7 @@ if [ "$KT" != 0 ]; then
         echo "kernel tests $s: $(grep -E "FAILED|PASSED" $OUT/ab_kt_$s.txt | head -20)"
     done
 fi
-wait $CKPT || { echo "making the checkpoint failed:"; tail $OUT/ab_ckpt.txt; exit 1; }
+lab_checkpoint_wait $OUT/ab_ckpt.txt
 echo "checkpoint: ${SECONDS}s"
 # One plan a side, compiled side by side (each its own NVRTC run).
 PIDS=()

@@ -16,6 +16,18 @@ lab_checkpoint() {
     PYTHONPATH=$PWD/.bnb python3 bench/e2e_bench.py build-dev/tools/g4 --model $1 --checkpoint-only > $2 2>&1 || { tail $2; exit 1; }
 }
 
+# lab_checkpoint_start MODEL LOG / lab_checkpoint_wait LOG: lab_checkpoint in the background (while the
+# build runs: ~3 min of Python, GPU and disk on a fresh machine), then waiting for it; a failure prints LOG
+# and exits. An exit in between (a failed build) stops it.
+lab_checkpoint_start() {
+    (lab_checkpoint $1 $2) > /dev/null 2>&1 &
+    LAB_CKPT=$!
+    trap 'pkill -P $LAB_CKPT 2> /dev/null' EXIT
+}
+lab_checkpoint_wait() {
+    wait $LAB_CKPT || { echo "making the checkpoint failed:"; tail $1; exit 1; }
+}
+
 # lab_plan G4 MODEL KV PLAN: the decode labs' plan (NF4, cache dtype KV, chunk 1024, 32K context); the
 # compiler's log goes to PLAN.log.
 lab_plan() {

@@ -12,8 +12,11 @@ MODELS=${MODELS:-e2b}
 DEPTH=${DEPTH:-16}
 KV=${KV:-bf16}
 source bench/lab_common.sh
+FIRST=${MODELS%%,*}
+lab_checkpoint_start $FIRST $OUT/trace_ckpt_$FIRST.txt
 lab_build trace
 echo "built: ${SECONDS}s"
+lab_checkpoint_wait $OUT/trace_ckpt_$FIRST.txt
 for MODEL in ${MODELS//,/ }; do
     lab_checkpoint $MODEL $OUT/trace_ckpt_$MODEL.txt
     for t in 0 1; do

@@ -1,6 +1,7 @@
 // NVRTC compilation of the embedded kernel source (see cuda_compile.h).
 #include "compiler/cuda_compile.h"
 #include "compiler/error.h"
+#include "runtime/src/plan/plan_format.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -49,10 +50,7 @@ bool nvrtc_available() { return true; }
 
 namespace {
 
-uint64_t fnv1a(const void* p, size_t n, uint64_t h = 1469598103934665603ull) {
-    for (size_t i = 0; i < n; ++i) h = (h ^ ((const unsigned char*)p)[i]) * 1099511628211ull;
-    return h;
-}
+using plan::fnv1a64;
 std::string hex64(uint64_t v) {
     char b[17];
     std::snprintf(b, sizeof b, "%016llx", (unsigned long long)v);
@@ -77,7 +75,7 @@ bool cache_read(const std::string& path, const std::string& key, std::string* ou
     std::memcpy(&n, data.data() + head, 8);
     if (n != data.size() - head - 16) return false;
     std::memcpy(&sum, data.data() + head + 8 + n, 8);
-    if (sum != fnv1a(data.data() + head + 8, n)) return false;
+    if (sum != fnv1a64(data.data() + head + 8, n)) return false;
     out->assign(data, head + 8, n);
     return true;
 }
@@ -92,7 +90,7 @@ void cache_write(const std::string& dir, const std::string& path, const std::str
     {
         std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
         if (!f) return;
-        const uint64_t n = bytes.size(), sum = fnv1a(bytes.data(), bytes.size());
+        const uint64_t n = bytes.size(), sum = fnv1a64(bytes.data(), bytes.size());
         f.write(kCacheMagic, sizeof kCacheMagic - 1);
         f.write(key.c_str(), (std::streamsize)key.size() + 1);
         f.write((const char*)&n, 8);
@@ -140,7 +138,7 @@ static std::string compile_one(const std::string& arch, const KernelSpec& spec, 
     // hashes, made once).
     static const std::string source_key = [] {
         const size_t n = std::strlen(kKernelSource);
-        return " source " + std::to_string(n) + " " + hex64(fnv1a(kKernelSource, n)) + " " + hex64(fnv1a(kKernelSource, n, 0x84222325cbf29ce4ull));
+        return " source " + std::to_string(n) + " " + hex64(fnv1a64(kKernelSource, n)) + " " + hex64(fnv1a64(kKernelSource, n, 0x84222325cbf29ce4ull));
     }();
     int major = 0, minor = 0;
     nvrtcVersion(&major, &minor);
@@ -148,7 +146,7 @@ static std::string compile_one(const std::string& arch, const KernelSpec& spec, 
     for (const char* o : opts) key += std::string(" ") + o;
     key += source_key;
     const std::string dir = kernel_cache_dir();
-    const std::string path = dir.empty() ? "" : dir + "/" + arch + (cubin ? "-cubin-" : "-ptx-") + hex64(fnv1a(key.data(), key.size())) + ".bin";
+    const std::string path = dir.empty() ? "" : dir + "/" + arch + (cubin ? "-cubin-" : "-ptx-") + hex64(fnv1a64(key.data(), key.size())) + ".bin";
     std::string hit;
     if (!path.empty() && cache_read(path, key, &hit)) {
         *cached = true;

@@ -14,7 +14,7 @@
 
 #include "compiler/error.h"
 #include "compiler/safetensors.h"
-#include "kernels/cpu/thread_pool.h"
+#include "compiler/workers.h"
 
 #include <Eigen/Core>
 #include <nlohmann/json.hpp>
@@ -123,9 +123,8 @@ struct Adapter::Impl {
     std::map<std::string, Replacement> repl;   // by adapter tensor name
     std::vector<std::pair<std::string, std::string>> aliases;
 
-    mutable std::mutex mu;   // guards the consumed sets and the pool
+    mutable std::mutex mu;   // guards the consumed sets
     mutable std::set<std::string> used_modules, used_repl;
-    mutable std::unique_ptr<cpu::ThreadPool> pool;
 
     void parse_config(const ojson& cfg, bool& use_rslora, bool& use_dora, bool& lora_bias, int& r, double& alpha,
                       std::vector<Pattern>& rank_pat, std::vector<Pattern>& alpha_pat) const;
@@ -468,10 +467,7 @@ void Adapter::Impl::merge(const Module& m, float* w, const std::string& tensor_n
     if (flops < (1 << 20) || nblk == 1) {
         for (int64_t b = 0; b < nblk; ++b) block(b, 0);
     } else {
-        std::lock_guard<std::mutex> lk(mu);
-        if (!pool) pool = std::make_unique<cpu::ThreadPool>(cpu::default_thread_count());
-        auto fn = block;   // parallel_for takes its callable by value type
-        pool->parallel_for(nblk, std::move(fn));
+        compiler::parallel_for(nblk, block);
     }
     if (!finite)
         fail(st_path + ": merging module " + m.info.module + " into " + tensor_name +

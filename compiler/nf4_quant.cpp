@@ -3,34 +3,17 @@
 #include "compiler/nf4_quant.h"
 
 #include "compiler/error.h"
-#include "kernels/cpu/thread_pool.h"
+#include "compiler/workers.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
-#include <memory>
-#include <mutex>
 #include <nlohmann/json.hpp>
 
 namespace g4::nf4 {
 
 namespace {
-
-// Runs f(i, thread) for i in [0, n): on a pool of cpu::default_thread_count() threads made at the first
-// call that has more than one chunk, or on the caller's thread while another caller holds the pool.
-template <class F> void with_pool(int64_t n, F& f) {
-    static std::mutex mu;
-    static std::unique_ptr<cpu::ThreadPool> pool;
-    std::unique_lock<std::mutex> lk(mu, std::try_to_lock);
-    if (n <= 1 || !lk.owns_lock()) {
-        for (int64_t i = 0; i < n; ++i) f(i, 0);
-        return;
-    }
-    if (!pool) pool = std::make_unique<cpu::ThreadPool>(cpu::default_thread_count());
-    F g = f;   // parallel_for takes its callable by value type
-    pool->parallel_for(n, std::move(g));
-}
 
 // torch clamp(min=1e-38) on float32: the scalar rounded to fp32 (a subnormal).
 const float kClampMin = static_cast<float>(1e-38);
@@ -224,7 +207,7 @@ std::vector<uint8_t> quantize(const float* w, int64_t n, bool double_quant) {
         }
     };
     const int64_t nchunks = (l.nblocks + kChunk - 1) / kChunk;
-    with_pool(nchunks, chunk);
+    compiler::parallel_for(nchunks, chunk);
     if (!double_quant) {
         std::memcpy(blob.data() + l.absmax_off, absmax.data(), 4 * absmax.size());
         return blob;

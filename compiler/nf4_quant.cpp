@@ -193,11 +193,11 @@ std::vector<uint8_t> quantize(const float* w, int64_t n, bool double_quant) {
     // compiler's thread pool in any order with the same bytes.
     constexpr int64_t kChunk = 4096;
     float* am = absmax.data();
+    const float* bounds   = b15.data();
     const int64_t nblocks = l.nblocks;
     auto chunk = [=](int64_t c, int) {
-        float bounds[15], scaled[kBlock];
+        float scaled[kBlock];
         uint8_t q[kBlock + 1];
-        std::copy(b15.begin(), b15.end(), bounds);
         for (int64_t b = c * kChunk; b < std::min(nblocks, (c + 1) * kChunk); ++b) {
             const int64_t lo = b * kBlock, len = std::min<int64_t>(kBlock, n - lo);
             am[b] = scale_block(w + lo, len, len == kBlock, scaled);

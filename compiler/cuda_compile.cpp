@@ -128,12 +128,13 @@ static std::string compile_one(const std::string& arch, const KernelSpec& spec, 
                                bool* cached) {
     std::string a = (cubin ? "--gpu-architecture=sm_" : "--gpu-architecture=compute_") + arch.substr(3);
     // G4_KERNEL_TRACE=1: the timeline lab's kernels (kernels.cu G4_TRACE; bench/trace_lab.sh), never for
-    // plans that are meant to be used.
+    // plans that are meant to be used; =2: every block of a launch records (G4_TRACE_ALL, bench/trace_blocks.py).
     const char* trace = std::getenv("G4_KERNEL_TRACE");
     const std::string hpg = "-DG4_AD_HPG=" + std::to_string(spec.attn_hpg);
     std::vector<const char*> opts = {a.c_str(), "--std=c++17", "-default-device", "-lineinfo"};
     if (spec.attn_hpg > 0) opts.push_back(hpg.c_str());
-    if (trace && *trace == '1') opts.push_back("-DG4_TRACE");
+    if (trace && (*trace == '1' || *trace == '2')) opts.push_back("-DG4_TRACE");
+    if (trace && *trace == '2') opts.push_back("-DG4_TRACE_ALL");
     // Cache key: NVRTC's version, the output kind, every option and the source text (its length and two
     // hashes, made once).
     static const std::string source_key = [] {

@@ -30,12 +30,18 @@ struct Step {
 // block of every traced kernel record, from thread 0, the global timer at entry, after the wait and at
 // exit, with a tag (the kernel and its variant; bench/trace_summary.py name_of decodes it) and a key (a
 // weight or output pointer) saying which launch it was; the runtime writes the records out when the
-// engine closes (G4_TRACE_OUT). Not compiled into ordinary plans.
+// engine closes (G4_TRACE_OUT). Not compiled into ordinary plans. With G4_TRACE_ALL (G4_KERNEL_TRACE=2)
+// every block records, its linear index in bits 8..30 of smid (bench/trace_blocks.py reads those), into a
+// ring that keeps the last G4_TRACE_CAP records (the end of the run: decode).
 #ifdef G4_TRACE
+#ifdef G4_TRACE_ALL
+#define G4_TRACE_CAP (1 << 21)
+#else
 #define G4_TRACE_CAP (1 << 19)
+#endif
 struct TraceRec {
     unsigned long long key, t0, t1, t2;   // ns: entry, after the wait, exit
-    unsigned int tag, blocks, smid;       // smid: bit 31 set for the last block
+    unsigned int tag, blocks, smid;       // smid: bit 31 the last block (ALL: 8..30 its index)
     unsigned int cycles;                  // SM clocks from after the wait to exit
     unsigned int mark[4];                 // ns after the wait at the kernel's G4_TRACE_MARK(0..3), or 0
 };
@@ -55,8 +61,13 @@ struct TraceScope {
     __device__ TraceScope(unsigned int tag_, const void* k) {
         blocks = gridDim.x * gridDim.y * gridDim.z;
         const unsigned int lin = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
-        on = threadIdx.x == 0 && (lin == 0 || lin == blocks - 1);
+#ifdef G4_TRACE_ALL
+        on   = threadIdx.x == 0;
+        last = (lin == blocks - 1 && lin != 0 ? 1u : 0u) | lin << 8;
+#else
+        on   = threadIdx.x == 0 && (lin == 0 || lin == blocks - 1);
         last = lin != 0;
+#endif
         if (on) t0 = g4_gtimer(), key = (unsigned long long)k, tag = tag_;
         if (threadIdx.x == 0) g4_trace_tw = 0, g4_trace_mk[0] = g4_trace_mk[1] = g4_trace_mk[2] = g4_trace_mk[3] = 0;
     }
@@ -65,9 +76,13 @@ struct TraceScope {
         const unsigned long long t2 = g4_gtimer(), c2 = clock64();
         unsigned int sm;
         asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+#ifdef G4_TRACE_ALL
+        const unsigned int i = atomicAdd(&g4_trace_n, 1u) & (G4_TRACE_CAP - 1);   // a ring: the last records
+#else
         const unsigned int i = atomicAdd(&g4_trace_n, 1u);
+#endif
         if (i < G4_TRACE_CAP)
-            g4_trace_buf[i] = TraceRec{key, t0, g4_trace_tw, t2, tag, blocks, sm | (last ? 0x80000000u : 0u), (unsigned int)(c2 - g4_trace_cw), {g4_trace_mk[0], g4_trace_mk[1], g4_trace_mk[2], g4_trace_mk[3]}};
+            g4_trace_buf[i] = TraceRec{key, t0, g4_trace_tw, t2, tag, blocks, sm | (last & 1u ? 0x80000000u : 0u) | (last >> 8) << 8, (unsigned int)(c2 - g4_trace_cw), {g4_trace_mk[0], g4_trace_mk[1], g4_trace_mk[2], g4_trace_mk[3]}};
     }
 };
 #define G4_TRACE_SCOPE(tag, key) TraceScope g4_trace_scope_((tag), (key))

@@ -1,0 +1,144 @@
+#!/usr/bin/env python3
+"""Every block of every decode launch, from a kernel trace made with G4_KERNEL_TRACE=2 (kernels.cu
+G4_TRACE_ALL; bench/trace_lab.sh ALL=1): when each launch's blocks became resident, were released and
+exited, so that a launch's share of the critical path splits into
+
+  run    its release (the earliest block past its wait) to its last block's exit,
+  gap    that exit to the next launch's release (the grid's completion reaching the next kernel),
+  tail   its last block's exit after the second-to-last one's (a block that works alone at the end),
+  late   blocks that became resident only after the release (their pre-wait work on the critical path).
+
+Usage: trace_blocks.py TRACE [--skip N] [--csv FILE]
+"""
+import argparse
+import bisect
+import collections
+import statistics
+import struct
+import sys
+
+from trace_summary import FIELDS, REC, name_of
+
+
+def launches_of(recs):
+    """Groups the records into launches: block 0 of each names one; every other block joins the launch of
+    its (tag, key) whose block 0 was released nearest to it."""
+    heads = collections.defaultdict(list)
+    for x in recs:
+        if x["lin"] == 0:
+            heads[(x["tag"], x["key"])].append(x)
+    for k in heads:
+        heads[k].sort(key=lambda x: x["t1"])
+    blocks = {id(h): [h] for hs in heads.values() for h in hs}
+    lost = 0
+    for x in recs:
+        if x["lin"] == 0:
+            continue
+        hs = heads.get((x["tag"], x["key"]))
+        if not hs:
+            lost += 1
+            continue
+        t1s = [h["t1"] for h in hs]   # small lists: one launch of a (tag, key) a step
+        j = bisect.bisect_left(t1s, x["t1"])
+        best = min((h for h in hs[max(0, j - 1):j + 1]), key=lambda h: abs(h["t1"] - x["t1"]))
+        if abs(best["t1"] - x["t1"]) > 100000:
+            lost += 1
+            continue
+        blocks[id(best)].append(x)
+    out = []
+    for hs in heads.values():
+        for h in hs:
+            bl = blocks[id(h)]
+            t2s = sorted(b["t2"] for b in bl)
+            R = min(b["t1"] for b in bl)
+            lastb = max(bl, key=lambda b: b["t2"])
+            out.append({
+                "tag": h["tag"], "grid": h["blocks"], "seen": len(bl), "R": R, "E0": min(b["t0"] for b in bl),
+                "Emax": max(b["t0"] for b in bl), "X": t2s[-1], "X2": t2s[-2] if len(t2s) > 1 else t2s[-1],
+                "late": sum(1 for b in bl if b["t0"] > R), "maxrun": max(b["t2"] - b["t1"] for b in bl),
+                "lastrun": lastb["t2"] - lastb["t1"], "lastrel": lastb["t1"] - R,
+            })
+    out.sort(key=lambda l: l["R"])
+    return out, lost
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("trace")
+    ap.add_argument("--skip", type=int, default=2)
+    ap.add_argument("--csv")
+    a = ap.parse_args()
+    raw = open(a.trace, "rb").read()
+    n = struct.unpack_from("<I", raw)[0]
+    recs = [dict(zip(FIELDS, x)) for x in REC.iter_unpack(raw[4:4 + n * REC.size])]
+    for x in recs:
+        x["lin"] = (x["smid"] & 0x7FFFFFFF) >> 8
+    L, lost = launches_of(recs)
+    print(f"{n} records, {len(L)} launches, {lost} records matched to no launch")
+    cuts = [i for i, l in enumerate(L) if l["tag"] & 15 == 6]
+    segs = [(cuts[i] + 1, cuts[i + 1] + 1) for i in range(len(cuts) - 1)]
+    sig = lambda s: tuple(l["tag"] for l in L[s[0]:s[1]])
+    common = collections.Counter(sig(s) for s in segs).most_common(1)
+    if not common:
+        sys.exit("no decode steps found (no two argmax launches)")
+    want = common[0][0]
+    steps = [s for s in segs if sig(s) == want][a.skip:]
+    P = len(want)
+    print(f"{len(segs)} steps, {len(steps)} used ({P} launches a step)")
+    cols = collections.defaultdict(lambda: collections.defaultdict(list))
+    tok = []
+    for (b, e) in steps:
+        if e < len(L):
+            tok.append(L[e]["R"] - L[b]["R"])
+        for i in range(P):
+            l = L[b + i]
+            c = cols[i]
+            if b + i + 1 < len(L):
+                nx = L[b + i + 1]
+                c["step"].append(nx["R"] - l["R"])
+                c["gap"].append(nx["R"] - l["X"])
+            c["run"].append(l["X"] - l["R"])
+            c["tail"].append(l["X"] - l["X2"])
+            c["late"].append(l["late"])
+            c["pre"].append(l["R"] - l["E0"])
+            c["emax"].append(l["Emax"] - l["R"])
+            c["maxrun"].append(l["maxrun"])
+            c["lastrun"].append(l["lastrun"])
+            c["lastrel"].append(l["lastrel"])
+            c["seen"].append(l["seen"])
+    us = lambda v: statistics.fmean(v) / 1000 if v else float("nan")
+    cnt = lambda v: statistics.fmean(v) if v else float("nan")
+    print(f"token (release to release): median {statistics.median(tok) / 1000:.1f} us" if tok else "")
+    print("per launch, means over steps, us: step = release to the next release; run = release to the last exit;\n"
+          "gap = last exit to the next release; tail = last exit after the second-to-last; pre = first entry to the release;\n"
+          "emax = last block's entry after the release; late = blocks entering after the release; maxrun = the longest\n"
+          "block, release-to-exit; lastrun / lastrel = the last-exiting block's own wait-to-exit and its release after R")
+    hdr = ("i", "launch", "grid", "seen", "step", "run", "gap", "tail", "pre", "emax", "late", "maxrun", "lastrun", "lastrel")
+    print(f"{hdr[0]:>4} {hdr[1]:<28} " + " ".join(f"{h:>7}" for h in hdr[2:]))
+    rows = []
+    for i in range(P):
+        c = cols[i]
+        row = (i, name_of(want[i]), L[steps[0][0] + i]["grid"], cnt(c["seen"]), us(c["step"]), us(c["run"]), us(c["gap"]),
+               us(c["tail"]), us(c["pre"]), us(c["emax"]), cnt(c["late"]), us(c["maxrun"]), us(c["lastrun"]), us(c["lastrel"]))
+        rows.append(row)
+        print(f"{row[0]:>4} {row[1]:<28} " + " ".join(f"{x:7.2f}" if isinstance(x, float) else f"{x:>7}" for x in row[2:]))
+    agg = collections.OrderedDict()
+    for row in rows:
+        s = agg.setdefault(row[1], [0] + [0.0] * 10)
+        s[0] += 1
+        for j, x in enumerate(row[4:14]):
+            s[1 + j] += 0.0 if x != x else x
+    tot = sum(s[1] for s in agg.values())
+    print(f"\nby launch kind (sum of steps {tot:.1f} us), means a launch:")
+    print(f"{'launch':<28} {'n':>4} {'us/token':>9} {'share':>6} " + " ".join(f"{h:>7}" for h in hdr[4:]))
+    for k, s in sorted(agg.items(), key=lambda kv: -kv[1][1]):
+        print(f"{k:<28} {s[0]:>4} {s[1]:9.1f} {100 * s[1] / tot:5.1f}% " + " ".join(f"{x / s[0]:7.2f}" for x in s[1:]))
+    if a.csv:
+        with open(a.csv, "w") as f:
+            f.write(",".join(hdr) + "\n")
+            for row in rows:
+                f.write(",".join(str(x) for x in row) + "\n")
+
+
+if __name__ == "__main__":
+    main()

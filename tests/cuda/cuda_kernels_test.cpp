@@ -513,6 +513,33 @@ TEST_P(ResNorm, MatchesUnfusedOps) {
     EXPECT_LT(e1, 1e-6);
     EXPECT_LT(e2, 1e-6);
 }
+// x nearly cancelling the normalised residual branch: x_out is 3-50x smaller than x, the kernel's one-reduction
+// form of sum(x_out^2) rounds relative to sum(x^2) (alpha 0.7: kept; 0.98: below its threshold, the second
+// reduction). Both outputs carry the cancellation's own amplification of the inputs' rounding.
+TEST_P(ResNorm, CancellingResidual) {
+    NEED_GPU();
+    const int H = GetParam();
+    for (float alpha : {0.7f, 0.98f}) {
+        Dev dev;
+        std::vector<float> d = randn(H, 12), pw = randn(H, 13), prew = randn(H, 14), noise = randn(H, 15);
+        auto pwb = to_bf16(pw), prewb = to_bf16(prew);
+        std::vector<float> dr = d, x(H), xo(H), xn(H);
+        ref::rms_norm({dr.data(), H, pwb.data(), DType::BF16, dr.data(), H, 1, H, H, 1e-6f});
+        for (int i = 0; i < H; ++i) x[i] = -alpha * dr[i] + 0.01f * noise[i];
+        ref::add({x.data(), H, dr.data(), H, xo.data(), H, 1, H});
+        ref::rms_norm({xo.data(), H, prewb.data(), DType::BF16, xn.data(), H, 1, H, H, 1e-6f});
+        CUdeviceptr gx = dev.up(x), gd = dev.up(d), gpw = dev.up(pwb), gxo = dev.alloc(H * 4), gprew = dev.up(prewb), gxn = dev.alloc(H * 4);
+        CUdeviceptr gsc = 0;
+        int one = 1;
+        float f = 1.0f, eps = 1e-6f;
+        int h = H;
+        launch("g4_resnorm", 1, 1, 512, {&gx, &gd, &gpw, &one, &gsc, &one, &f, &gxo, &gprew, &one, &gxn, &h, &eps});
+        double e1 = rel(dev.down<float>(gxo, H), xo), e2 = rel(dev.down<float>(gxn, H), xn);
+        std::printf("ResNorm H=%d, x = -%.2f rms(d) pw + noise: x_out %.2e, xn %.2e\n", H, alpha, e1, e2);
+        EXPECT_LT(e1, 1e-5) << alpha;
+        EXPECT_LT(e2, 1e-5) << alpha;
+    }
+}
 INSTANTIATE_TEST_SUITE_P(RealShapes, ResNorm, ::testing::Values(1536, 2560));
 
 // A KV cache in a plan dtype: its elements (f32, or bf16 bits) and, for make_cache, the values as the

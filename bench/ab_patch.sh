@@ -9,10 +9,6 @@
 # sides build, and the sides' plans compile side by side.
 # Writes $OUT/ab_<model>.txt (every bench JSON, the sides interleaved) and $OUT/ab_kt_<side>.txt.
 set -u
-PATCHES=()
-for p in "$@"; do PATCHES+=("$(realpath "$p")"); done
-SIDES="A"
-for i in "${!PATCHES[@]}"; do SIDES="$SIDES $(printf "\\x$(printf %x $((66 + i)))")"; done
 MODEL=${MODEL:-e2b}
 ROUNDS=${ROUNDS:-3}
 DEPTHS=${DEPTHS:-16,4096,32000}
@@ -20,35 +16,15 @@ KV=${KV:-bf16}
 KT=${KT:-1}
 TARGETS="g4"
 [ "$KT" = 0 ] || TARGETS="cuda_kernels_test g4"
-A=$PWD
-dir() { if [ $1 = A ]; then echo $A; else echo /tmp/ab_$1; fi; }
-build() {   # $1 = source dir
-    cmake -S $1 -B $1/build-dev -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$A/.deps/usr" -DG4_BUILD_TESTS=ON > $1/cmake.log 2>&1 &&
-        cmake --build $1/build-dev -j8 --target $TARGETS > $1/build.log 2>&1
-}
-i=0
-for s in $SIDES; do
-    [ $s = A ] && continue
-    B=$(dir $s)
-    rm -rf $B && mkdir -p $B
-    tar --exclude='./build*' --exclude=./.deps --exclude=./.bnb -cf - . | tar -xf - -C $B
-    ln -s $A/.deps $B/.deps
-    (cd $B && patch -p1 -s < ${PATCHES[$i]}) || { echo "patch ${PATCHES[$i]} does not apply"; exit 1; }
-    i=$((i + 1))
-done
 source bench/lab_common.sh
+lab_sides ab "$@"
 lab_checkpoint_start $MODEL $OUT/ab_ckpt.txt
-PIDS=()
-for s in $SIDES; do build $(dir $s) & PIDS+=($!); done
-for s in $SIDES; do
-    wait ${PIDS[0]} || { tail -30 $(dir $s)/build.log; exit 1; }
-    PIDS=("${PIDS[@]:1}")
-done
+lab_build_sides ON $TARGETS
 echo "built: ${SECONDS}s"
 if [ "$KT" != 0 ]; then
     for s in $SIDES; do
         [ $s = A ] && continue
-        $(dir $s)/build-dev/tests/cuda_kernels_test --gtest_filter="${KT_FILTER:-*}" > $OUT/ab_kt_$s.txt 2>&1
+        $(lab_dir $s)/build-dev/tests/cuda_kernels_test --gtest_filter="${KT_FILTER:-*}" > $OUT/ab_kt_$s.txt 2>&1
         echo "kernel tests $s: $(grep -E "FAILED|PASSED" $OUT/ab_kt_$s.txt | head -20)"
     done
 fi
@@ -56,14 +32,14 @@ lab_checkpoint_wait $OUT/ab_ckpt.txt
 echo "checkpoint: ${SECONDS}s"
 # One plan a side, compiled side by side (each its own NVRTC run).
 PIDS=()
-for s in $SIDES; do (lab_plan $(dir $s)/build-dev/tools/g4 $MODEL $KV /tmp/ab_$s.g4plan) & PIDS+=($!); done
+for s in $SIDES; do (lab_plan $(lab_dir $s)/build-dev/tools/g4 $MODEL $KV /tmp/ab_$s.g4plan) & PIDS+=($!); done
 for p in "${PIDS[@]}"; do wait $p || exit 1; done
 echo "checkpoint and plans: ${SECONDS}s"
 R=$OUT/ab_$MODEL.txt
 : > $R
 for r in $(seq $ROUNDS); do
     for s in $SIDES; do
-        d=$(dir $s)
+        d=$(lab_dir $s)
         echo "## round $r $s" >> $R
         $d/build-dev/tools/g4 bench /tmp/ab_$s.g4plan -p 512 -n 128 -d $DEPTHS -r 3 --json >> $R 2>&1
     done

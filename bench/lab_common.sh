@@ -34,3 +34,40 @@ lab_plan() {
     $1 compile --model /tmp/g4bench/$2 --device cuda --weights nf4 --kv-dtype $3 --chunk 1024 --max-context 32768 --no-fidelity \
         -o $4 2> $4.log || { tail $4.log; exit 1; }
 }
+
+# lab_sides PREFIX PATCH...: the sides of an A/B lab. A is this tree; B, C, ... are copies of it in
+# /tmp/PREFIX_<side> (build folders and carried dependencies left out, .deps linked) with each PATCH
+# applied. Sets SIDES; lab_dir SIDE prints a side's folder.
+lab_sides() {
+    local i=0 s d p
+    LAB_PREFIX=$1 LAB_ROOT=$PWD SIDES="A"
+    shift
+    for p in "$@"; do
+        p=$(realpath "$p")
+        s=$(printf "\\x$(printf %x $((66 + i)))")
+        SIDES="$SIDES $s"
+        d=/tmp/${LAB_PREFIX}_$s
+        rm -rf $d && mkdir -p $d
+        tar --exclude='./build*' --exclude=./.deps --exclude=./.bnb -cf - . | tar -xf - -C $d
+        ln -s $LAB_ROOT/.deps $d/.deps
+        (cd $d && patch -p1 -s < "$p") || { echo "patch $p does not apply"; exit 1; }
+        i=$((i + 1))
+    done
+}
+lab_dir() { if [ $1 = A ]; then echo $LAB_ROOT; else echo /tmp/${LAB_PREFIX}_$1; fi; }
+
+# lab_build_sides TESTS TARGETS...: every side's build-dev (G4_BUILD_TESTS=TESTS), built side by side.
+lab_build_sides() {
+    local tests=$1 s d pids=()
+    shift
+    for s in $SIDES; do
+        d=$(lab_dir $s)
+        (cmake -S $d -B $d/build-dev -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$LAB_ROOT/.deps/usr" -DG4_BUILD_TESTS=$tests > $d/cmake.log 2>&1 &&
+            cmake --build $d/build-dev -j8 --target "$@" > $d/build.log 2>&1) &
+        pids+=($!)
+    done
+    for s in $SIDES; do
+        wait ${pids[0]} || { tail -30 $(lab_dir $s)/build.log; exit 1; }
+        pids=("${pids[@]:1}")
+    done
+}

@@ -10,14 +10,11 @@ exited, so that a launch's share of the critical path splits into
 
 Usage: trace_blocks.py TRACE [--skip N] [--csv FILE]
 """
-import argparse
 import bisect
 import collections
 import statistics
-import struct
-import sys
 
-from trace_summary import FIELDS, REC, name_of
+from trace_summary import decode_steps, name_of, read_trace
 
 
 def launches_of(recs):
@@ -63,28 +60,13 @@ def launches_of(recs):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("trace")
-    ap.add_argument("--skip", type=int, default=2)
-    ap.add_argument("--csv")
-    a = ap.parse_args()
-    raw = open(a.trace, "rb").read()
-    n = struct.unpack_from("<I", raw)[0]
-    recs = [dict(zip(FIELDS, x)) for x in REC.iter_unpack(raw[4:4 + n * REC.size])]
+    a, n, recs = read_trace()
     for x in recs:
         x["lin"] = (x["smid"] & 0x7FFFFFFF) >> 8
     L, lost = launches_of(recs)
     print(f"{n} records, {len(L)} launches, {lost} records matched to no launch")
-    cuts = [i for i, l in enumerate(L) if l["tag"] & 15 == 6]
-    segs = [(cuts[i] + 1, cuts[i + 1] + 1) for i in range(len(cuts) - 1)]
-    sig = lambda s: tuple(l["tag"] for l in L[s[0]:s[1]])
-    common = collections.Counter(sig(s) for s in segs).most_common(1)
-    if not common:
-        sys.exit("no decode steps found (no two argmax launches)")
-    want = common[0][0]
-    steps = [s for s in segs if sig(s) == want][a.skip:]
+    steps, want = decode_steps(L, a.skip)
     P = len(want)
-    print(f"{len(segs)} steps, {len(steps)} used ({P} launches a step)")
     cols = collections.defaultdict(lambda: collections.defaultdict(list))
     tok = []
     for (b, e) in steps:

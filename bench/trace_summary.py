@@ -37,7 +37,23 @@ def name_of(tag):
             11: "rope", 12: "kv_store"}.get(kind, f"tag{tag}")
 
 
-def main():
+def decode_steps(launches, skip):
+    """Decode steps end with the argmax: the (begin, end) index ranges of the steps whose launch sequence
+    (tags) is the commonest one, less the first `skip`, and that sequence."""
+    cuts = [i for i, x in enumerate(launches) if x["tag"] & 15 == 6]
+    segs = [(cuts[i] + 1, cuts[i + 1] + 1) for i in range(len(cuts) - 1)]
+    sig = lambda s: tuple(x["tag"] for x in launches[s[0]:s[1]])
+    common = collections.Counter(sig(s) for s in segs).most_common(1)
+    if not common:
+        sys.exit("no decode steps found (no two argmax launches)")
+    want = common[0][0]
+    steps = [s for s in segs if sig(s) == want][skip:]
+    print(f"{len(segs)} steps, {len(steps)} used ({len(want)} traced launches a step)")
+    return steps, want
+
+
+def read_trace():
+    """The command line (TRACE [--skip N] [--csv FILE]) and the trace's records, as dicts of FIELDS."""
     ap = argparse.ArgumentParser()
     ap.add_argument("trace")
     ap.add_argument("--skip", type=int, default=2)
@@ -45,7 +61,11 @@ def main():
     a = ap.parse_args()
     raw = open(a.trace, "rb").read()
     n = struct.unpack_from("<I", raw)[0]
-    r = [dict(zip(FIELDS, x)) for x in REC.iter_unpack(raw[4:4 + n * REC.size])]
+    return a, n, [dict(zip(FIELDS, x)) for x in REC.iter_unpack(raw[4:4 + n * REC.size])]
+
+
+def main():
+    a, n, r = read_trace()
     for x in r:
         x["last"] = x["smid"] >> 31
     first = sorted((x for x in r if x["last"] == 0), key=lambda x: x["t1"])
@@ -61,17 +81,8 @@ def main():
         q = lambda f: ghz[int(f * (len(ghz) - 1))]
         print(f"SM clock from release to exit (first blocks, > 2 us): median {q(0.5):.3f} GHz (10% {q(0.1):.3f}, 90% {q(0.9):.3f})")
 
-    # Decode steps end with the argmax; keep the steps whose launch sequence is the commonest one.
-    cuts = [i for i, x in enumerate(first) if x["tag"] & 15 == 6]
-    segs = [(cuts[i] + 1, cuts[i + 1] + 1) for i in range(len(cuts) - 1)]
-    sig = lambda s: tuple(x["tag"] for x in first[s[0]:s[1]])
-    common = collections.Counter(sig(s) for s in segs).most_common(1)
-    if not common:
-        sys.exit("no decode steps found (no two argmax launches)")
-    want = common[0][0]
-    steps = [s for s in segs if sig(s) == want][a.skip:]
+    steps, want = decode_steps(first, a.skip)
     P = len(want)
-    print(f"{len(segs)} steps, {len(steps)} used ({P} traced launches a step)")
 
     by_key = collections.defaultdict(list)
     for x in lastr:

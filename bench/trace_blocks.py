@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Every block of every decode launch, from a kernel trace made with G4_KERNEL_TRACE=2 (kernels.cu
-G4_TRACE_ALL; bench/trace_lab.sh ALL=1): when each launch's blocks became resident, were released and
+G4_TRACE_ALL; bench/trace_ab.sh): when each launch's blocks became resident, were released and
 exited, so that a launch's share of the critical path splits into
 
   run    its release (the earliest block past its wait) to its last block's exit,
@@ -26,6 +26,7 @@ def launches_of(recs):
             heads[(x["tag"], x["key"])].append(x)
     for k in heads:
         heads[k].sort(key=lambda x: x["t1"])
+    t1s = {k: [h["t1"] for h in hs] for k, hs in heads.items()}
     blocks = {id(h): [h] for hs in heads.values() for h in hs}
     lost = 0
     for x in recs:
@@ -35,8 +36,7 @@ def launches_of(recs):
         if not hs:
             lost += 1
             continue
-        t1s = [h["t1"] for h in hs]   # small lists: one launch of a (tag, key) a step
-        j = bisect.bisect_left(t1s, x["t1"])
+        j = bisect.bisect_left(t1s[(x["tag"], x["key"])], x["t1"])
         best = min((h for h in hs[max(0, j - 1):j + 1]), key=lambda h: abs(h["t1"] - x["t1"]))
         if abs(best["t1"] - x["t1"]) > 100000:
             lost += 1

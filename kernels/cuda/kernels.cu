@@ -56,17 +56,19 @@ __device__ __forceinline__ unsigned long long g4_gtimer() {
 }
 struct TraceScope {
     unsigned long long key, t0;
-    unsigned int tag, blocks, last;
+    unsigned int tag, blocks, last, idx;   // idx: G4_TRACE_ALL, the block's index << 8, else 0
     bool on;
     __device__ TraceScope(unsigned int tag_, const void* k) {
         blocks = gridDim.x * gridDim.y * gridDim.z;
         const unsigned int lin = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
 #ifdef G4_TRACE_ALL
         on   = threadIdx.x == 0;
-        last = (lin == blocks - 1 && lin != 0 ? 1u : 0u) | lin << 8;
+        last = lin == blocks - 1 && lin != 0;
+        idx  = lin << 8;
 #else
         on   = threadIdx.x == 0 && (lin == 0 || lin == blocks - 1);
         last = lin != 0;
+        idx  = 0;
 #endif
         if (on) t0 = g4_gtimer(), key = (unsigned long long)k, tag = tag_;
         if (threadIdx.x == 0) g4_trace_tw = 0, g4_trace_mk[0] = g4_trace_mk[1] = g4_trace_mk[2] = g4_trace_mk[3] = 0;
@@ -82,7 +84,7 @@ struct TraceScope {
         const unsigned int i = atomicAdd(&g4_trace_n, 1u);
 #endif
         if (i < G4_TRACE_CAP)
-            g4_trace_buf[i] = TraceRec{key, t0, g4_trace_tw, t2, tag, blocks, sm | (last & 1u ? 0x80000000u : 0u) | (last >> 8) << 8, (unsigned int)(c2 - g4_trace_cw), {g4_trace_mk[0], g4_trace_mk[1], g4_trace_mk[2], g4_trace_mk[3]}};
+            g4_trace_buf[i] = TraceRec{key, t0, g4_trace_tw, t2, tag, blocks, sm | (last ? 0x80000000u : 0u) | idx, (unsigned int)(c2 - g4_trace_cw), {g4_trace_mk[0], g4_trace_mk[1], g4_trace_mk[2], g4_trace_mk[3]}};
     }
 };
 #define G4_TRACE_SCOPE(tag, key) TraceScope g4_trace_scope_((tag), (key))

@@ -1093,7 +1093,13 @@ __device__ void argmax_block(float* bv, int* bi, float best, int idx) {
         __syncthreads();
     }
 }
-extern "C" __global__ void g4_argmax(const float* logits, int vocab, int* ws) {
+// The decode step's greedy token (lowest index among equal maxima) in ws[0]; ws[1] is the blocks'
+// counter, reset for the next call. Feed (step non-null): the token also goes to the host-mapped slot
+// host_tok[step->pos0 & 1], becomes the next step's id (ids[0]; an id the embedding cannot take,
+// >= limit, as 0: such a step is only ever a speculative one the host discards), and the step's
+// position advances, so the next decode step can run before the host has read the token.
+extern "C" __global__ void g4_argmax(const float* logits, int vocab, int* ws, Step* step, int* ids, volatile int* host_tok,
+                                     int limit) {
     G4_TRACE_SCOPE(6, logits);
     pdl_begin();
     __shared__ float bv[1024];
@@ -1116,7 +1122,14 @@ extern "C" __global__ void g4_argmax(const float* logits, int vocab, int* ws) {
     for (int b = threadIdx.x; b < gridDim.x; b += blockDim.x)
         argmax_pick(best, idx, __int_as_float(__ldcg(&ws[2 + 2 * b])), __ldcg(&ws[3 + 2 * b]));
     argmax_block(bv, bi, best, idx);
-    if (threadIdx.x == 0) ws[0] = bi[0], ws[1] = 0;
+    if (threadIdx.x == 0) {
+        ws[0] = bi[0], ws[1] = 0;
+        if (step) {
+            host_tok[step->pos0 & 1] = bi[0];
+            ids[0] = bi[0] < limit ? bi[0] : 0;
+            step->pos0 += 1;
+        }
+    }
 }
 
 // ---- sampling on the GPU (outside the decode graph; the host draws from the candidates).

@@ -298,6 +298,7 @@ g4_status g4_session_reset(g4_session* s) {
     s->cancel      = false;
     s->stats       = {};
     g4::rt::media_clear(s);
+    if (s->cuda) g4::cuda_rt::session_reset(s);
     return G4_OK;
 }
 
@@ -349,7 +350,7 @@ g4_status g4_session_append_tokens(g4_session* s, const int32_t* ids, size_t n, 
         std::memcpy(s->ids, ids + done, sizeof(int32_t) * rows);
         g4::rt::media_prepare_step(s, ids + done, rows);
         bool on_device = false;
-        st = s->cuda ? g4::cuda_rt::run_step(s, rows, s->position, outr, &on_device, &err)
+        st = s->cuda ? g4::cuda_rt::run_step(s, rows, s->position, outr, out_logits == nullptr, &on_device, &err)
                      : g4::rt::run_step(s, rows, s->position, outr, &err);
         g4::rt::media_end_step(s, st == G4_OK);
         if (st == G4_OK && on_device && out_logits) {

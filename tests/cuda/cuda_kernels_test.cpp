@@ -286,7 +286,8 @@ INSTANTIATE_TEST_SUITE_P(
                       GemvCase{"lanes128_nf4_aux", NF, {333}, 1536, 2, 128, false, true}),
     [](const ::testing::TestParamInfo<GemvCase>& i) { return std::string(i.param.name); });
 
-// ---- greedy sampling: multi-block argmax, ties to the lowest index, counter reset for the next call
+// ---- greedy sampling: multi-block argmax, ties to the lowest index, counter reset for the next call;
+// with a step, the feed of the next decode step (its id, its position, the host slot of this one)
 TEST(Argmax, MatchesHostAcrossCalls) {
     NEED_GPU();
     Dev dev;
@@ -298,12 +299,28 @@ TEST(Argmax, MatchesHostAcrossCalls) {
         if (trial == 1) l[want + 1000] = 9.0f;   // a tie: the lower index wins
         if (trial == 2) l[vocab - 1] = 9.0f;
         CUdeviceptr gl = dev.up(l), ws = dev.alloc((2 + 2 * 128) * 4);
+        CUdeviceptr none = 0;
         for (int rep = 0; rep < 2; ++rep) {   // the second call reuses the counter the first one reset
-            int v = vocab;
-            launch("g4_argmax", 128, 1, 1024, {&gl, &v, &ws});
+            int v = vocab, limit = 0;
+            launch("g4_argmax", 128, 1, 1024, {&gl, &v, &ws, &none, &none, &none, &limit});
             auto got = dev.down<int>(ws, 2);
             EXPECT_EQ(got[0], want) << "trial " << trial;
             EXPECT_EQ(got[1], 0);
+        }
+        // Feeding: slot pos & 1 of the (here device) token buffer, ids[0] (0 past the limit), pos + 1.
+        for (int limit : {vocab, want}) {
+            const int pos = 7 + trial;
+            CUdeviceptr step = dev.step(1, pos, 1), ids = dev.up(std::vector<int>{-1, -1}), slots = dev.up(std::vector<int>{-1, -1});
+            int v = vocab;
+            launch("g4_argmax", 128, 1, 1024, {&gl, &v, &ws, &step, &ids, &slots, &limit});
+            auto st = dev.down<int>(step, 4), id = dev.down<int>(ids, 2), sl = dev.down<int>(slots, 2);
+            EXPECT_EQ(sl[pos & 1], want) << "trial " << trial;
+            EXPECT_EQ(sl[(pos + 1) & 1], -1);
+            EXPECT_EQ(id[0], want < limit ? want : 0) << "limit " << limit;
+            EXPECT_EQ(id[1], -1);
+            EXPECT_EQ(st[1], pos + 1);
+            EXPECT_EQ(st[0], 1);
+            EXPECT_EQ(st[2], 1);
         }
     }
 }
@@ -484,6 +501,82 @@ TEST(CudaPlan, Bf16KvCacheMatchesTheCpuPlan) {
         while (agree < tokens[0].size() && agree < tokens[1].size() && tokens[0][agree] == tokens[1][agree]) ++agree;
         std::printf("CUDA plan %s bf16 KV: 200-token greedy decode, first %zu tokens equal the CPU plan's\n", fx.c_str(), agree);
         EXPECT_GE(agree, 64u) << fx;
+    }
+}
+
+// ---- decoding ahead (run_step): greedy tokens fed on the device while the host reads the last one.
+// One script of calls on two sessions of one NF4 CUDA plan, G4_DECODE_AHEAD=0 on the first: greedy
+// steps, logits read after a step run ahead, a token that is not the argmax, a top-k draw, a reset and
+// a second prompt. Every token and logits row must be the plain session's, and the second session
+// must have used steps it ran ahead.
+TEST(CudaPlan, DecodeAheadMatchesPlainSteps) {
+    NEED_GPU();
+    g4test::TempDir td;
+    const std::string plan = td.file("e2b-nf4-cuda.g4plan");
+    g4test::CmdResult c = g4test::run_g4("compile --model '" + g4test::fixture("e2b_tiny") + "' --weights nf4 --no-fidelity --device cuda -o '" +
+                                         plan + "'");
+    ASSERT_EQ(c.exit_code, 0) << c.err;
+    const auto ref = nlohmann::json::parse(g4test::read_file(g4test::fixture("e2b_tiny/reference/reference.json")));
+    const auto prompt = ref["prompts"].back()["ids"].get<std::vector<int32_t>>();
+    g4_engine* e = nullptr;
+    ASSERT_EQ(g4_engine_open(plan.c_str(), nullptr, &e), G4_OK) << g4_last_error_message();
+    g4_engine_info info{};
+    ASSERT_EQ(g4_engine_get_info(e, &info), G4_OK);
+    struct Run {
+        std::vector<int32_t> tokens;
+        std::vector<std::vector<float>> logits;
+        std::vector<int64_t> ahead;   // stats.decode_ahead at the end of each round
+    };
+    auto script = [&](bool ahead) {
+        Run r;
+        if (!ahead) setenv("G4_DECODE_AHEAD", "0", 1);
+        g4_session* s = nullptr;
+        EXPECT_EQ(g4_session_create(e, nullptr, &s), G4_OK) << g4_last_error_message();
+        unsetenv("G4_DECODE_AHEAD");
+        if (!s) return r;
+        auto keep_logits = [&] {
+            const float* l = nullptr;
+            int32_t v      = 0;
+            EXPECT_EQ(g4_session_get_logits(s, &l, &v), G4_OK) << g4_last_error_message();
+            if (l) r.logits.emplace_back(l, l + v);
+        };
+        g4_sampling_params topk = g4_sampling_params_default();
+        topk.temperature = 0.8f, topk.top_k = 8, topk.seed = 5;
+        for (int round = 0; round < 2; ++round) {
+            EXPECT_EQ(g4_session_append_tokens(s, prompt.data(), prompt.size() - round, nullptr, 0), G4_OK) << g4_last_error_message();
+            for (int i = 0; i < 48; ++i) {
+                int32_t tok = 0;
+                EXPECT_EQ(g4_session_sample(s, i == 30 ? &topk : nullptr, &tok), G4_OK) << g4_last_error_message();
+                if (i == 20) tok = (tok + 1) % info.vocab_size;   // not the argmax: the step run ahead is not this one
+                r.tokens.push_back(tok);
+                EXPECT_EQ(g4_session_append_tokens(s, &tok, 1, nullptr, 0), G4_OK) << g4_last_error_message();
+                if (round == 1 && (i == 10 || i == 47)) keep_logits();   // after a step run ahead
+            }
+            g4_session_stats st{};
+            EXPECT_EQ(g4_session_get_stats(s, &st), G4_OK);
+            r.ahead.push_back(st.decode_ahead);
+            if (round == 0) {
+                keep_logits();
+                EXPECT_EQ(g4_session_reset(s), G4_OK);
+            }
+        }
+        g4_session_destroy(s);
+        return r;
+    };
+    const Run plain = script(false), ahead = script(true);
+    g4_engine_close(e);
+    // Step i's sample (i = 0 is the prefill's row, sampled on the host) lets step i's append run step
+    // i + 1 ahead. Round 0: used at steps 2-19 and 21-29 (20 fed another token, which still ran 21
+    // ahead; the top-k draw at 30 needs step 29's logits: run again, no more ahead this round). Round
+    // 1, after the reset: steps 2-10, then the logits read after step 10 ends it.
+    EXPECT_EQ(plain.ahead, (std::vector<int64_t>{0, 0}));
+    EXPECT_EQ(ahead.ahead, (std::vector<int64_t>{27, 9}));
+    EXPECT_EQ(ahead.tokens, plain.tokens);
+    ASSERT_EQ(ahead.logits.size(), 3u);
+    ASSERT_EQ(plain.logits.size(), 3u);
+    for (size_t i = 0; i < 3; ++i) {
+        ASSERT_EQ(ahead.logits[i].size(), plain.logits[i].size());
+        EXPECT_EQ(rel(ahead.logits[i], plain.logits[i]), 0.0) << "logits read " << i;
     }
 }
 

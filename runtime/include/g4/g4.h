@@ -133,7 +133,12 @@ G4_API int32_t g4_session_position(const g4_session* session);
  * [n, vocab_size] float32; |out_logits_capacity| is its size in floats and must be >= n*vocab.
  * Errors: G4_ERR_INVALID_ARGUMENT for an id outside the vocabulary (nothing is fed),
  * G4_ERR_CONTEXT_FULL if position + n > max_context (nothing is fed), G4_ERR_CANCELLED if
- * cancelled between chunks (the tokens of completed chunks stay fed; position says how many). */
+ * cancelled between chunks (the tokens of completed chunks stay fed; position says how many).
+ * CUDA plans, one token without |out_logits| right after a greedy g4_session_sample: the GPU starts
+ * the following decode step before this returns, fed with this step's greedy token, and the next
+ * call uses it if it feeds that token (G4_DECODE_AHEAD=0 turns this off). Reading logits after such a
+ * step (g4_session_get_logits, a non-greedy sample) runs the step again once and ends it for the
+ * session until g4_session_reset. */
 G4_API g4_status g4_session_append_tokens(g4_session* session, const int32_t* ids, size_t n, float* out_logits,
                                           size_t out_logits_capacity);
 
@@ -183,6 +188,9 @@ typedef struct g4_session_stats {
     int64_t image_tokens;       /* soft tokens those calls produced */
     double audio_ms;            /* time spent in g4_session_add_audio (features + audio tower) */
     int64_t audio_tokens;
+    int64_t decode_ahead;       /* decode steps a CUDA plan ran ahead of the host (the greedy token fed
+                                   on the GPU, the step enqueued before the host read it) and the next
+                                   g4_session_append_tokens used */
 } g4_session_stats;
 
 /* Called by g4_session_generate for each generated token, with the UTF-8 text it completes

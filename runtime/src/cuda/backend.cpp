@@ -72,6 +72,7 @@ void TowerRun::start(CUdeviceptr step_dev, const int (&steps)[8]) {
     Lane& ln        = st->lanes[0];
     r               = d->cuCtxSetCurrent(ln.g->ctx);
     st->cur         = &ln;
+    st->ahead_pos   = -1;   // the sync below waits for a step run ahead; the tower may reuse its buffers
     if (r == 0) r = d->cuStreamSynchronize(ln.stream);
     if (r == 0) r = d->cuMemcpyHtoDAsync(step_dev, steps, sizeof steps, ln.stream);
 }
@@ -455,7 +456,9 @@ g4_status session_create(g4_session* s, std::string* err) {
     CU_TRY(d->cuMemAlloc(&st->soft, cuda_ws::kSoftmaxBlocks * 16), "allocating the sampler's softmax partials");
     CU_TRY(d->cuMemAllocHost((void**)&st->host_soft, cuda_ws::kSoftmaxBlocks * 16), "allocating pinned memory");
     CU_TRY(d->cuMemAllocHost((void**)&st->host_step, 64), "allocating pinned memory");
-    CU_TRY(d->cuMemAllocHost((void**)&st->host_tok, 64), "allocating pinned memory");
+    CU_TRY(d->cuMemHostAlloc((void**)&st->host_tok, 64, kHostAllocPortable | kHostAllocDeviceMap), "allocating pinned memory");
+    CU_TRY(d->cuMemHostGetDevicePointer(&st->host_tok_dev, st->host_tok, 0), "mapping the greedy token's host slots");
+    std::memset(st->host_tok, 0, 64);
     CU_TRY(d->cuMemAlloc(&st->tok, kArgmaxBytes), "allocating the argmax buffer");
     CU_TRY(d->cuMemsetD8(st->tok, 0, kArgmaxBytes), "clearing the argmax buffer");
     CU_TRY(d->cuMemAllocHost((void**)&st->host_ids, (size_t)in.max_rows * 4), "allocating pinned memory");
@@ -516,6 +519,12 @@ g4_status session_create(g4_session* s, std::string* err) {
         }
         st->ev_label.push_back("argmax");
     }
+    // Decoding ahead: the captured graph on one GPU, all of it on the GPU, with events to wait on.
+    const char* ahead = std::getenv("G4_DECODE_AHEAD");
+    st->ahead_ok      = st->lanes.size() == 1 && !p.has_cpu_layers() && p.n_launches() && d->cuEventCreate &&
+                   d->cuEventRecord && d->cuEventSynchronize && st->ev.empty() && !st->profile && !(ahead && *ahead == '0');
+    if (st->ahead_ok)
+        for (CUevent& ev : st->tok_ev) CU_TRY(d->cuEventCreate(&ev, kEventDisableTiming), "cuEventCreate");
     s->cuda.reset(st.release());
     return G4_OK;
 }
@@ -546,7 +555,10 @@ void session_destroy(SessionState* st) {
         }
         std::fprintf(stderr, "  %ld launches per decode step\n", per_step);
     }
+    if (st->ahead_pos >= 0) d->cuStreamSynchronize(st->lanes[0].stream);   // a step run ahead still uses the buffers
     for (CUevent ev : st->ev)
+        if (ev) d->cuEventDestroy(ev);
+    for (CUevent ev : st->tok_ev)
         if (ev) d->cuEventDestroy(ev);
     if (st->exec) d->cuGraphExecDestroy(st->exec);
     if (st->graph) d->cuGraphDestroy(st->graph);
@@ -983,9 +995,14 @@ g4_status launch_step(g4_session* s, int rows, int out_rows, std::string* err) {
         // Greedy token on the device: the host copies 4 bytes instead of the logits row.
         g4_status g = use_lane(st, 0, err);
         if (g != G4_OK) return g;
-        CUdeviceptr logits = st->lanes[0].act + p.tensor(p.info().logits_tensor).offset;
+        const Lane& l0     = st->lanes[0];
+        CUdeviceptr logits = l0.act + p.tensor(p.info().logits_tensor).offset;
+        CUdeviceptr ids    = l0.act + p.tensor(p.info().ids_tensor).offset;
         int vocab          = p.info().vocab_size;
-        CUresult r = launch(st, st->lanes[0].g->k.argmax, kArgmaxBlocks, 1, 1024, const_cast<void**>(std::initializer_list<void*>{&logits, &vocab, &st->tok}.begin()));
+        int limit          = p.info().embed_vocab_limit;
+        CUresult r = launch(st, l0.g->k.argmax, kArgmaxBlocks, 1, 1024,
+                            const_cast<void**>(std::initializer_list<void*>{&logits, &vocab, &st->tok, const_cast<CUdeviceptr*>(&l0.step), &ids,
+                                                                            &st->host_tok_dev, &limit}.begin()));
         if (r != 0) {
             *err = "CUDA error " + error_name(r) + " launching the device argmax";
             return G4_ERR_INTERNAL;
@@ -1037,11 +1054,45 @@ void collect_events(SessionState* st) {
 
 } // namespace
 
+namespace {
+
+// Waits for a step run ahead that will not be claimed; its logits stay in the device row
+// (logits_ahead). The other entry points call this before they use the stream or the step buffers.
+g4_status ahead_end(SessionState* st, std::string* err) {
+    if (st->ahead_pos < 0) return G4_OK;
+    st->ahead_pos = -1;
+    const Driver* d = st->e->d;
+    CU_TRY(d->cuCtxSetCurrent(st->lanes[0].g->ctx), "cuCtxSetCurrent");
+    CUresult r = d->cuStreamSynchronize(st->lanes[0].stream);
+    if (r != 0) {
+        *err = "CUDA error " + error_name(r) + " while running a decode step";
+        return G4_ERR_INTERNAL;
+    }
+    return G4_OK;
+}
+
+// The device logits row is a step run ahead: run the session's last step (a decode step, its token
+// in the history) again so the row is its own, and stop running ahead in this session.
+g4_status logits_back(g4_session* s, std::string* err) {
+    SessionState* st = s->cuda.get();
+    g4_status g      = ahead_end(st, err);
+    if (g != G4_OK || !st->logits_ahead) return g;
+    st->ahead_off    = true;
+    const int32_t p0 = s->position - 1;
+    s->ids[0]        = s->history[p0];
+    bool on_device   = false;
+    return run_step(s, 1, p0, 1, false, &on_device, err);
+}
+
+} // namespace
+
 g4_status fetch_logits(g4_session* s, std::string* err) {
     SessionState* st    = s->cuda.get();
     const plan::Plan& p = s->engine->plan;
     const Driver* d     = st->e->d;
     const Lane& l0      = st->lanes[0];
+    st->ahead_greedy    = false;
+    if (g4_status g = logits_back(s, err); g != G4_OK) return g;
     CU_TRY(d->cuCtxSetCurrent(l0.g->ctx), "cuCtxSetCurrent");
     CU_TRY(d->cuMemcpyDtoHAsync(st->host_logits, l0.act + p.tensor(p.info().logits_tensor).offset, (size_t)p.info().vocab_size * 4,
                                 l0.stream),
@@ -1050,7 +1101,10 @@ g4_status fetch_logits(g4_session* s, std::string* err) {
     return G4_OK;
 }
 
-int32_t device_argmax(const g4_session* s) { return *s->cuda->host_tok; }
+int32_t device_argmax(const g4_session* s) {
+    s->cuda->ahead_greedy = true;
+    return s->cuda->host_tok[(s->position - 1) & 1];
+}
 
 g4_status device_topk(g4_session* s, int32_t k, float temperature, float penalty, const int32_t* tokens, int32_t n_tokens,
                       const float** values, const int32_t** indices, RowNorm* norm, std::string* err) {
@@ -1063,6 +1117,8 @@ g4_status device_topk(g4_session* s, int32_t k, float temperature, float penalty
         *err = "internal: device top-k with k " + std::to_string(k) + " over " + std::to_string(n_tokens) + " history tokens";
         return G4_ERR_INTERNAL;
     }
+    st->ahead_greedy = false;
+    if (g4_status g = logits_back(s, err); g != G4_OK) return g;
     st->cur         = &st->lanes[0];
     const Lane& l0  = st->lanes[0];
     const Kernels& K = l0.g->k;
@@ -1118,29 +1174,40 @@ g4_status device_topk(g4_session* s, int32_t k, float temperature, float penalty
     return G4_OK;
 }
 
-g4_status run_step(g4_session* s, int32_t rows, int32_t pos0, int32_t out_rows, bool* logits_on_device, std::string* err) {
+g4_status run_step(g4_session* s, int32_t rows, int32_t pos0, int32_t out_rows, bool ahead, bool* logits_on_device, std::string* err) {
     SessionState* st    = s->cuda.get();
     const plan::Plan& p = s->engine->plan;
     const Driver* d     = st->e->d;
     const auto& info    = p.info();
     Lane& l0            = st->lanes[0];
-    *st->host_step = {rows, pos0, out_rows, 0};
-    // The other GPUs' step buffers first; the plan's GPU's stream waits for them, so the step (and a
-    // decode graph launched on that stream) starts after every GPU has its copy.
-    for (size_t g = 1; g < st->lanes.size(); ++g) {
-        Lane& ln = st->lanes[g];
-        CU_TRY(d->cuCtxSetCurrent(ln.g->ctx), "cuCtxSetCurrent");
-        CU_TRY(d->cuMemcpyHtoDAsync(ln.step, st->host_step, sizeof(SessionState::Step), ln.stream), "copying the step");
-        CU_TRY(d->cuEventRecord(ln.done, ln.stream), "recording a cross-GPU event");
-        CU_TRY(d->cuStreamWaitEvent(l0.stream, ln.done, 0), "waiting for another GPU's step copy");
+    const bool media = s->media && s->media->step_n > 0;
+    bool decode      = rows == 1 && out_rows == 1 && !media;
+    // A step run ahead at this position, fed the token the host now feeds, is this step.
+    bool claimed = false;
+    if (st->ahead_pos >= 0) {
+        claimed = decode && st->exec && pos0 == st->ahead_pos && s->ids[0] == st->host_tok[(pos0 - 1) & 1];
+        if (claimed) st->ahead_pos = -1, s->stats.decode_ahead++;
+        else if (g4_status g = ahead_end(st, err); g != G4_OK) return g;
+    }
+    if (!claimed) {
+        *st->host_step = {rows, pos0, out_rows, 0};
+        // The other GPUs' step buffers first; the plan's GPU's stream waits for them, so the step (and a
+        // decode graph launched on that stream) starts after every GPU has its copy.
+        for (size_t g = 1; g < st->lanes.size(); ++g) {
+            Lane& ln = st->lanes[g];
+            CU_TRY(d->cuCtxSetCurrent(ln.g->ctx), "cuCtxSetCurrent");
+            CU_TRY(d->cuMemcpyHtoDAsync(ln.step, st->host_step, sizeof(SessionState::Step), ln.stream), "copying the step");
+            CU_TRY(d->cuEventRecord(ln.done, ln.stream), "recording a cross-GPU event");
+            CU_TRY(d->cuStreamWaitEvent(l0.stream, ln.done, 0), "waiting for another GPU's step copy");
+        }
     }
     st->cur = &l0;
     CU_TRY(d->cuCtxSetCurrent(l0.g->ctx), "cuCtxSetCurrent");
-    CU_TRY(d->cuMemcpyHtoDAsync(l0.step, st->host_step, sizeof(SessionState::Step), l0.stream), "copying the step");
-    CU_TRY(d->cuMemcpyHtoDAsync(l0.act + p.tensor(info.ids_tensor).offset, st->host_ids, (size_t)rows * 4, l0.stream),
-           "copying token ids");
-    const bool media = s->media && s->media->step_n > 0;
-    bool decode      = rows == 1 && out_rows == 1 && !media;
+    if (!claimed) {
+        CU_TRY(d->cuMemcpyHtoDAsync(l0.step, st->host_step, sizeof(SessionState::Step), l0.stream), "copying the step");
+        CU_TRY(d->cuMemcpyHtoDAsync(l0.act + p.tensor(info.ids_tensor).offset, st->host_ids, (size_t)rows * 4, l0.stream),
+               "copying token ids");
+    }
     if (st->profile && !(decode && !st->ev.empty())) {
         CU_TRY(d->cuStreamSynchronize(l0.stream), "sync");
         st->prof_t = std::chrono::steady_clock::now();
@@ -1182,21 +1249,31 @@ g4_status run_step(g4_session* s, int32_t rows, int32_t pos0, int32_t out_rows, 
                      st->graph_error.c_str());
         st->graph_noted = true;
     }
-    if (decode && st->exec) {
+    const bool replay = decode && st->exec;
+    const bool waits  = replay && st->ahead_ok;   // waits on tok_ev, not the whole stream
+    if (replay && !claimed) {
         CU_TRY(d->cuGraphLaunch(st->exec, l0.stream), "replaying the decode graph");
-    } else {
+        if (waits) CU_TRY(d->cuEventRecord(st->tok_ev[pos0 & 1], l0.stream), "recording the decode step's event");
+    } else if (!replay) {
         g4_status ls = launch_step(s, rows, out_rows, err);
         if (ls != G4_OK) return ls;
     }
+    // Run the next step ahead when the host feeds greedy tokens: the graph's argmax has fed it its
+    // token and position, and the host reads this step's token while it runs.
+    const bool next = ahead && waits && st->ahead_greedy && !st->ahead_off && pos0 + 1 < info.max_context;
+    if (next) {
+        CU_TRY(d->cuGraphLaunch(st->exec, l0.stream), "replaying the decode graph ahead");
+        CU_TRY(d->cuEventRecord(st->tok_ev[(pos0 + 1) & 1], l0.stream), "recording the decode step's event");
+        st->ahead_pos = pos0 + 1;
+    }
+    st->logits_ahead     = next;
     const bool on_device = rows == 1 && out_rows == 1 && p.n_launches() && !media;
     *logits_on_device    = on_device;
-    if (on_device)
-        CU_TRY(d->cuMemcpyDtoHAsync(st->host_tok, st->tok, 4, l0.stream), "copying the greedy token");
-    else if (out_rows > 0)
+    if (!on_device && out_rows > 0)
         CU_TRY(d->cuMemcpyDtoHAsync(st->host_logits, l0.act + p.tensor(info.logits_tensor).offset,
                                     (size_t)out_rows * info.vocab_size * 4, l0.stream),
                "copying logits");
-    CUresult r = d->cuStreamSynchronize(l0.stream);
+    CUresult r = waits ? d->cuEventSynchronize(st->tok_ev[pos0 & 1]) : d->cuStreamSynchronize(l0.stream);
     if (r != 0) {
         *err = "CUDA error " + error_name(r) + " while running a " + (decode ? "decode" : "prefill") + " step";
         return G4_ERR_INTERNAL;
@@ -1208,6 +1285,12 @@ g4_status run_step(g4_session* s, int32_t rows, int32_t pos0, int32_t out_rows, 
     }
     if (decode && st->exec && !st->ev.empty()) collect_events(st);
     return G4_OK;
+}
+
+void session_reset(g4_session* s) {
+    SessionState* st = s->cuda.get();
+    st->ahead_greedy = false;
+    st->ahead_off    = false;
 }
 
 } // namespace g4::cuda_rt

@@ -34,10 +34,18 @@ void session_destroy(SessionState* st);
 // Decode steps (1 row, 1 logits row) leave the logits on the device and copy only their argmax
 // (computed in the decode graph): *logits_on_device is set, and fetch_logits() copies the row when
 // the caller needs it (non-greedy sampling, g4_session_get_logits).
-g4_status run_step(g4_session* s, int32_t rows, int32_t pos0, int32_t out_rows, bool* logits_on_device, std::string* err);
+// ahead: the caller wants no logits rows besides the last (it may let a greedy decode step run the
+// next step ahead: after a g4_session_sample that took the device argmax, the next decode step is
+// enqueued, fed on the device, before this returns; run_step claims it when the host feeds that token
+// at that position, and any other call waits for it first. Its KV row is the next position's, which
+// the step that really runs there rewrites before anything reads it).
+g4_status run_step(g4_session* s, int32_t rows, int32_t pos0, int32_t out_rows, bool ahead, bool* logits_on_device, std::string* err);
+// g4_session_reset: a new conversation may run ahead again.
+void session_reset(g4_session* s);
 // Copies the last decode step's logits row to the host buffer behind s->logits.
 g4_status fetch_logits(g4_session* s, std::string* err);
 // The greedy token of the last decode step (lowest index among equal maxima, as the CPU sampler).
+// Marks the session as feeding greedy tokens (run_step may run ahead).
 int32_t device_argmax(const g4_session* s);
 // The k (1..cuda_ws::kTopkMax) best candidates of the last decode step's logits row, on the GPU:
 // logits repetition-penalised for `tokens` (penalty != 1), divided by `temperature` (> 0; 0: not

@@ -86,8 +86,20 @@ struct SessionState {
     const cublas::Lib* blas = nullptr;
     struct Step { int rows, pos0, out_rows, pad; };
     Step* host_step  = nullptr;   // pinned
-    int32_t* host_tok = nullptr;  // pinned: the decode step's argmax
+    int32_t* host_tok = nullptr;  // pinned, mapped [2]: the argmax of the decode step at position p in [p & 1]
+    CUdeviceptr host_tok_dev = 0; // host_tok as the plan's GPU addresses it (g4_argmax writes it)
     CUdeviceptr tok   = 0;        // device: the decode step's argmax (+ its block partials and counter)
+    // Decoding ahead (run_step): after a greedy token the graph's argmax feeds its token and position to
+    // the next step, which is enqueued before the host has read the token. ahead_pos: the position of
+    // such a step not yet claimed by run_step (-1: none); logits_ahead: the device logits row is a step
+    // run ahead, not the session's last step (fetch_logits / device_topk run that step again);
+    // tok_ev[p & 1]: recorded after the decode step at position p.
+    int32_t ahead_pos  = -1;
+    bool logits_ahead  = false;
+    bool ahead_ok      = false;   // one GPU, no CPU layers, events, no profiling; G4_DECODE_AHEAD=0 turns it off
+    bool ahead_greedy  = false;   // the last g4_session_sample took the device argmax
+    bool ahead_off     = false;   // the session needed a run-ahead step's logits once: no more until reset
+    CUevent tok_ev[2]  = {nullptr, nullptr};
     int32_t* host_ids = nullptr;  // pinned [max_rows]
     float* host_logits = nullptr; // pinned [logits_rows, vocab]
     // GPU sampling (device_topk): penalised logits [vocab], two round buffers of candidates (values

@@ -155,7 +155,7 @@ inline uint64_t schema_hash() {
         "gelu_mul9(ip0:cols),softcap10(ip0:cols;fp0:cap),copy11(in:x;out:x;ip0:cols,ip1:dst_device,ip2:src_device(-1=host));"
         "meta:program.layer_devices,gpus(index,weights,kv),kv_host_begin;towers(weights,max_media_tokens,vision,audio;flags:tower9,tower_scalar10);"
         "dtypes:f32=0,bf16=1,f16=2,i32=3,nf4=4(blob:codes,absmax|dq);kinds:weight0,act1,kv2(dtype:f32|bf16,rne on store),input3;"
-        "rowmode:all0,tailin1,outrows2";
+        "rowmode:all0,tailin1,outrows2;argmax(logits,vocab,ws,step,ids,host_tok,limit)";
     return fnv1a64(kSchema, sizeof(kSchema) - 1);
 }
 

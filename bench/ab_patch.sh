@@ -5,7 +5,7 @@
 # Usage (repo root, $OUT set): [MODEL=e2b] [ROUNDS=3] [DEPTHS=16,4096,32000] [KV=bf16] [KT=0] bash bench/ab_patch.sh PATCH [PATCH...]
 # KT=0 skips the kernel tests (and their build): one patch then fits one 10-minute device call;
 # KT_FILTER='*Gemv*' runs only the matching kernel tests (a gtest filter), which also fits (the whole
-# suite does not: its flash-attention CPU references take minutes). The checkpoint is made while the
+# suite does not: its flash-attention CPU references take minutes); KT_A=1 runs them on this tree (A) too. The checkpoint is made while the
 # sides build, and the sides' plans compile side by side.
 # Writes $OUT/ab_<model>.txt (every bench JSON, the sides interleaved) and $OUT/ab_kt_<side>.txt.
 set -u
@@ -23,7 +23,7 @@ lab_build_sides ON $TARGETS
 echo "built: ${SECONDS}s"
 if [ "$KT" != 0 ]; then
     for s in $SIDES; do
-        [ $s = A ] && continue
+        [ $s = A ] && [ "${KT_A:-0}" = 0 ] && continue
         $(lab_dir $s)/build-dev/tests/cuda_kernels_test --gtest_filter="${KT_FILTER:-*}" > $OUT/ab_kt_$s.txt 2>&1
         echo "kernel tests $s: $(grep -E "FAILED|PASSED" $OUT/ab_kt_$s.txt | head -20)"
     done

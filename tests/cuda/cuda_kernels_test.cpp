@@ -584,27 +584,37 @@ TEST(CudaPlan, DecodeAheadMatchesPlainSteps) {
 class ResNorm : public ::testing::TestWithParam<int> {};
 TEST_P(ResNorm, MatchesUnfusedOps) {
     NEED_GPU();
-    const int H = GetParam();
+    const int H = GetParam();   // 1534: not a multiple of 4, the scalar path
     Dev dev;
     std::vector<float> x = randn(H, 1), d = randn(H, 2), pw = randn(H, 3), prew = randn(H, 4);
     auto pwb = to_bf16(pw), prewb = to_bf16(prew);
     std::vector<uint16_t> sc = {f32_to_bf16(0.37f)};
-    // Reference: d = rms(d) * pw; x_out = (x + d) * 1 * s; xn = rms(x_out) * prew.
-    std::vector<float> dr = d, xo(H), xn(H);
-    ref::rms_norm({dr.data(), H, pwb.data(), DType::BF16, dr.data(), H, 1, H, H, 1e-6f});
-    ref::add({x.data(), H, dr.data(), H, xo.data(), H, 1, H});
-    ref::scale({xo.data(), H, xo.data(), H, 1, H, 1.0f, sc.data(), DType::BF16, 0.0f});
-    ref::rms_norm({xo.data(), H, prewb.data(), DType::BF16, xn.data(), H, 1, H, H, 1e-6f});
     CUdeviceptr gx = dev.up(x), gd = dev.up(d), gpw = dev.up(pwb), gsc = dev.up(sc), gxo = dev.alloc(H * 4), gprew = dev.up(prewb),
                 gxn = dev.alloc(H * 4);
-    int one = 1;
-    float f = 1.0f, eps = 1e-6f;
-    int h = H;
-    launch("g4_resnorm", 1, 1, 512, {&gx, &gd, &gpw, &one, &gsc, &one, &f, &gxo, &gprew, &one, &gxn, &h, &eps});
-    double e1 = rel(dev.down<float>(gxo, H), xo), e2 = rel(dev.down<float>(gxn, H), xn);
-    std::printf("ResNorm H=%d: x_out %.2e, xn %.2e\n", H, e1, e2);
-    EXPECT_LT(e1, 1e-6);
-    EXPECT_LT(e2, 1e-6);
+    // mode 0: d = rms(d) * pw; x_out = (x + d) * 1 * s; xn = rms(x_out) * prew. 1: no residual branch
+    // (x_out = x * s). 2: no xn. Each at 512 threads and at the fewest the kernel takes (H / 8).
+    for (int mode = 0; mode < 3; ++mode)
+        for (unsigned block : {512u, (unsigned)(H / 8 + 31) / 32 * 32}) {
+            std::vector<float> dr = d, xo(H), xn(H);
+            if (mode == 1) xo = x;
+            else {
+                ref::rms_norm({dr.data(), H, pwb.data(), DType::BF16, dr.data(), H, 1, H, H, 1e-6f});
+                ref::add({x.data(), H, dr.data(), H, xo.data(), H, 1, H});
+            }
+            ref::scale({xo.data(), H, xo.data(), H, 1, H, 1.0f, sc.data(), DType::BF16, 0.0f});
+            ref::rms_norm({xo.data(), H, prewb.data(), DType::BF16, xn.data(), H, 1, H, H, 1e-6f});
+            CUdeviceptr dd = mode == 1 ? 0 : gd, xnp = mode == 2 ? 0 : gxn;
+            int one = 1;
+            float f = 1.0f, eps = 1e-6f;
+            int h = H;
+            gpu().d->cuMemsetD8(gxn, 0xff, H * 4);
+            launch("g4_resnorm", 1, 1, block, {&gx, &dd, &gpw, &one, &gsc, &one, &f, &gxo, &gprew, &one, &xnp, &h, &eps});
+            double e1 = rel(dev.down<float>(gxo, H), xo), e2 = mode == 2 ? 0.0 : rel(dev.down<float>(gxn, H), xn);
+            std::printf("ResNorm H=%d mode %d block %u: x_out %.2e, xn %.2e\n", H, mode, block, e1, e2);
+            EXPECT_LT(e1, 1e-6) << "mode " << mode << " block " << block;
+            EXPECT_LT(e2, 1e-6) << "mode " << mode << " block " << block;
+            if (mode == 2) EXPECT_EQ(dev.down<uint32_t>(gxn, 1)[0], 0xffffffffu) << "xn written without being asked for";
+        }
 }
 // x nearly cancelling the normalised residual branch (x_out 3-50x smaller than x): where a faster ResNorm
 // would take sum(x_out^2) from sums over x and d (bench/results/session23/rn.patch), it rounds relative to
@@ -633,7 +643,7 @@ TEST_P(ResNorm, CancellingResidual) {
         EXPECT_LT(e2, 1e-5) << alpha;
     }
 }
-INSTANTIATE_TEST_SUITE_P(RealShapes, ResNorm, ::testing::Values(1536, 2560));
+INSTANTIATE_TEST_SUITE_P(RealShapes, ResNorm, ::testing::Values(1536, 2560, 1534));
 
 // A KV cache in a plan dtype: its elements (f32, or bf16 bits) and, for make_cache, the values as the
 // reference reads them (bf16 widened) in f32.

@@ -2,7 +2,8 @@
 # A/B of runtime switches on the GPU machine, side by side in one run: one build, one plan, `g4 bench`
 # alternated between environment settings (e.g. G4_PLE_BLOCK=0 against the default), so the sides
 # differ only in what the switch changes.
-# Usage (repo root, $OUT set): [MODEL=e2b] [ROUNDS=3] [DEPTHS=16,4096] [KV=bf16] bash bench/ab_env.sh 'A_ENV' 'B_ENV' ...
+# Usage (repo root, $OUT set): [MODEL=e2b] [ROUNDS=3] [DEPTHS=16,4096] [KV=bf16] [KT_FILTER=...] bash bench/ab_env.sh 'A_ENV' 'B_ENV' ...
+#   KT_FILTER: build the tests too and run the CUDA kernel tests it matches (a gtest filter) first
 #   each argument: space-separated VAR=value settings for one side ('' = the defaults)
 # Writes $OUT/ab_env_<model>.txt (every bench JSON, the sides interleaved) and prints the medians.
 set -u
@@ -12,8 +13,15 @@ DEPTHS=${DEPTHS:-16,4096}
 KV=${KV:-bf16}
 source bench/lab_common.sh
 lab_checkpoint_start $MODEL $OUT/ab_ckpt.txt
-lab_build ab_env
-echo "built: ${SECONDS}s"
+if [ -n "${KT_FILTER:-}" ]; then   # the kernel tests matching KT_FILTER first, in $OUT/ab_env_kt.txt
+    LAB_ROOT=$PWD SIDES=A lab_build_sides ON cuda_kernels_test g4
+    echo "built: ${SECONDS}s"
+    build-dev/tests/cuda_kernels_test --gtest_filter="$KT_FILTER" > $OUT/ab_env_kt.txt 2>&1
+    echo "kernel tests: $(grep -E "FAILED|PASSED" $OUT/ab_env_kt.txt | head -20) (${SECONDS}s)"
+else
+    lab_build ab_env
+    echo "built: ${SECONDS}s"
+fi
 lab_checkpoint_wait $OUT/ab_ckpt.txt
 PLAN=/tmp/ab_env_$MODEL.g4plan
 lab_plan build-dev/tools/g4 $MODEL $KV $PLAN

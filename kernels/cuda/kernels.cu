@@ -1387,6 +1387,12 @@ __device__ __forceinline__ void gemv_body(const GemvArgs& a, float2* tab, float4
         else nf4_pair_table(tab);
         __syncthreads();
     }
+    // bf16 (the per-layer-input gate): epilogue 2's multiplier, the per-layer input written at the start
+    // of the step, many launches before this one (complete once the previous kernel passed its wait), is
+    // loaded before the wait too, so the epilogue has no dependent load. (NF4 kernels: registers.)
+    float auxv[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) auxv[r] = !kIsNf4 && a.epi == 2 && gl == 0 && o0 + r < n_out ? __ldcg(a.aux + o0 + r) : 0.0f;
     pdl_begin();
     if (XS) {
         const float4* x4 = (const float4*)a.x;
@@ -1451,7 +1457,7 @@ __device__ __forceinline__ void gemv_body(const GemvArgs& a, float2* tab, float4
             const GemvMat& m = mi[r] == 0 ? a.m[0] : mi[r] == 1 ? a.m[1] : a.m[2];
             float v = acc[r] + (m.bias ? m.bias[ln[r]] : 0.0f);
             if (a.epi == 0) m.y[ln[r]] = v;
-            else if (a.epi == 2) a.out[o] = gelu_tanh(v) * a.aux[o];
+            else if (a.epi == 2) a.out[o] = gelu_tanh(v) * (kIsNf4 ? a.aux[o] : auxv[r]);
             else m.y[ln[r]] = a.cap * tanhf(v / a.cap);
         }
     }
@@ -1554,10 +1560,10 @@ __device__ __forceinline__ void resnorm_scalar(const float* x, const float* d, c
     }
 }
 // float4 q = threadIdx.x + j * blockDim.x holds elements 4q..4q+3 (two a thread: H <= 8 * blockDim.x).
+template <int RV>
 __device__ __forceinline__ void resnorm_vec4(const float* x, const float* d, const void* pw, int pwdt, const void* sc, int sdt,
                                              float f, float* xout, const void* prew, int prewdt, float* xn, int H, float eps,
                                              float* red) {
-    constexpr int RV = 2;
     float4 xv[RV], dv[RV];
     float pwv[RV * 4], prv[RV * 4];
     const int Q = H / 4;
@@ -1621,14 +1627,16 @@ __device__ __forceinline__ void resnorm_vec4(const float* x, const float* d, con
                                            xv[j].w * r2 * prv[4 * j + 3]);
     }
 }
-extern "C" __global__ void __launch_bounds__(512) g4_resnorm(const float* x, const float* d, const void* pw, int pwdt,
+extern "C" __global__ void __launch_bounds__(1024) g4_resnorm(const float* x, const float* d, const void* pw, int pwdt,
                                                              const void* sc, int sdt, float f, float* xout, const void* prew,
                                                              int prewdt, float* xn, int H, float eps) {
     G4_TRACE_SCOPE(2, pw ? pw : prew);
     __shared__ float red[32];
     const unsigned long long at = (unsigned long long)x | (unsigned long long)d | (unsigned long long)xout | (unsigned long long)xn;
-    if ((H & 3) == 0 && (at & 15) == 0 && H <= 8 * (int)blockDim.x)
-        resnorm_vec4(x, d, pw, pwdt, sc, sdt, f, xout, prew, prewdt, xn, H, eps, red);
+    if ((H & 3) == 0 && (at & 15) == 0 && H <= 4 * (int)blockDim.x)
+        resnorm_vec4<1>(x, d, pw, pwdt, sc, sdt, f, xout, prew, prewdt, xn, H, eps, red);
+    else if ((H & 3) == 0 && (at & 15) == 0 && H <= 8 * (int)blockDim.x)
+        resnorm_vec4<2>(x, d, pw, pwdt, sc, sdt, f, xout, prew, prewdt, xn, H, eps, red);
     else
         resnorm_scalar(x, d, pw, pwdt, sc, sdt, f, xout, prew, prewdt, xn, H, eps, red);
 }

@@ -283,7 +283,8 @@ INSTANTIATE_TEST_SUITE_P(
                       GemvCase{"lanes32_bf16_pairs", BF, {1000, 1000}, 1536, 1, 32, false, true},
                       GemvCase{"lanes64_nf4", NF, {900, 100}, 2560, 0, 64, true, true},
                       GemvCase{"lanes128_bf16_pairs", BF, {600, 600}, 2560, 1, 128, false, false},
-                      GemvCase{"lanes128_nf4_aux", NF, {333}, 1536, 2, 128, false, true}),
+                      GemvCase{"lanes128_nf4_aux", NF, {333}, 1536, 2, 128, false, true},
+                      GemvCase{"lanes32_bf16_aux", BF, {333}, 1536, 2, 32, false, true}),
     [](const ::testing::TestParamInfo<GemvCase>& i) { return std::string(i.param.name); });
 
 // ---- greedy sampling: multi-block argmax, ties to the lowest index, counter reset for the next call;

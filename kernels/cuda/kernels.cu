@@ -1509,8 +1509,8 @@ G4_GEMV(g4_gemv_bf16_l128_m2, false, 128, 2)
 // d null: no residual branch (x_out = x * f * s); x_out null: not written; xn null: not computed.
 // Same operation order as the unfused RmsNorm / Add / Scale / RmsNorm ops. One block: its cost is
 // latency, so every load is issued up front (the weights before the wait on the previous kernel) and
-// the two reductions are the only round trips. grid 1, block 512 (or fewer, >= H / 8, a multiple of 32),
-// H <= 4096. Rows of H % 4 == 0 at 16-byte aligned addresses (every plan's hidden size) take the float4
+// the two reductions are the only round trips. grid 1, block a multiple of 32 from H / 8 to 1024 (the
+// runtime: 512, 1024 for H > 2048), H <= 8 x block. Rows of H % 4 == 0 at 16-byte aligned addresses (every plan's hidden size) take the float4
 // path: one or two 16-byte loads a thread and a vector, after the wait, instead of eight
 // branch-guarded scalar loads (E2B decode +4% on the H200, session 24).
 __device__ __forceinline__ void resnorm_scalar(const float* x, const float* d, const void* pw, int pwdt, const void* sc, int sdt,

@@ -593,9 +593,10 @@ TEST_P(ResNorm, MatchesUnfusedOps) {
     CUdeviceptr gx = dev.up(x), gd = dev.up(d), gpw = dev.up(pwb), gsc = dev.up(sc), gxo = dev.alloc(H * 4), gprew = dev.up(prewb),
                 gxn = dev.alloc(H * 4);
     // mode 0: d = rms(d) * pw; x_out = (x + d) * 1 * s; xn = rms(x_out) * prew. 1: no residual branch
-    // (x_out = x * s). 2: no xn. Each at 512 threads and at the fewest the kernel takes (H / 8).
+    // (x_out = x * s). 2: no xn. Each at 512 threads, at the fewest the kernel takes (H / 8) and at 1024
+    // (the runtime's launch for H > 2048): one or two float4 a thread, or the scalar path.
     for (int mode = 0; mode < 3; ++mode)
-        for (unsigned block : {512u, (unsigned)(H / 8 + 31) / 32 * 32}) {
+        for (unsigned block : {512u, (unsigned)(H / 8 + 31) / 32 * 32, 1024u}) {
             std::vector<float> dr = d, xo(H), xn(H);
             if (mode == 1) xo = x;
             else {

@@ -132,9 +132,10 @@ template <bool kMax> __device__ float block_reduce(float v, float* red) {
     __syncthreads();
     if (lane == 0) red[w] = v;
     __syncthreads();
-    float t = kMax ? NEG_INF : 0.0f;
-    for (int i = 0; i < nw; ++i) t = kMax ? fmaxf(t, red[i]) : t + red[i];
-    return t;
+    // Second level in registers: lane i takes warp i's value; the xor butterfly pairs the same values in
+    // every lane, so every thread returns the same total.
+    float t = lane < nw ? red[lane] : (kMax ? NEG_INF : 0.0f);
+    return kMax ? warp_max(t) : warp_sum(t);
 }
 __device__ float block_sum(float v, float* red) { return block_reduce<false>(v, red); }
 __device__ float block_max(float v, float* red) { return block_reduce<true>(v, red); }
@@ -1595,7 +1596,7 @@ __device__ __forceinline__ void resnorm_vec4(const float* x, const float* d, con
         ss += dv[j].x * dv[j].x + dv[j].y * dv[j].y + dv[j].z * dv[j].z + dv[j].w * dv[j].w;
     }
     G4_TRACE_MARK(0);
-    const float r1 = d ? powf(block_sum(ss, red) / (float)H + eps, -0.5f) : 0.0f;
+    const float r1 = d ? rsqrtf(block_sum(ss, red) / (float)H + eps) : 0.0f;
     G4_TRACE_MARK(1);
     float ss2 = 0.0f;
 #pragma unroll
@@ -1617,7 +1618,7 @@ __device__ __forceinline__ void resnorm_vec4(const float* x, const float* d, con
     }
     G4_TRACE_MARK(2);
     if (!xn) return;
-    const float r2 = powf(block_sum(ss2, red) / (float)H + eps, -0.5f);
+    const float r2 = rsqrtf(block_sum(ss2, red) / (float)H + eps);
     G4_TRACE_MARK(3);
 #pragma unroll
     for (int j = 0; j < RV; ++j) {

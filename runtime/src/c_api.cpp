@@ -6,6 +6,7 @@
 #include "runtime/src/sampler.h"
 #include "runtime/src/cuda/workspace.h"
 #include "runtime/src/chat_template.h"
+#include "runtime/src/text_stream.h"
 #include "models/gemma4/graph.h"
 
 #include <algorithm>
@@ -520,23 +521,6 @@ g4_status need_tokenizer(const g4_engine* e, const char* fn) {
     return G4_OK;
 }
 
-bool is_byte_token(const g4::Tokenizer& tk, int32_t id) {
-    std::string_view p = tk.token_to_piece(id);
-    return p.size() == 6 && p.substr(0, 3) == "<0x" && p[5] == '>';
-}
-
-// Length of the longest suffix of `text` that is a proper prefix of some stop string.
-size_t stop_holdback(const std::string& text, const std::vector<std::string>& stops) {
-    size_t best = 0;
-    for (const auto& st : stops)
-        for (size_t k = std::min(st.size() - 1, text.size()); k > best; --k)
-            if (text.compare(text.size() - k, k, st, 0, k) == 0) {
-                best = k;
-                break;
-            }
-    return best;
-}
-
 } // namespace
 
 extern "C" {
@@ -609,9 +593,7 @@ g4_status g4_session_generate(g4_session* s, const g4_sampling_params* sampling,
     const g4_engine* e  = s->engine;
     const auto& info    = e->plan.info();
     auto t0             = s->prefill_start.time_since_epoch().count() ? s->prefill_start : g4_clock::now();
-    std::vector<int32_t> gen;
-    std::string text;          // decoded text of `gen`
-    size_t emitted = 0;        // bytes of `text` already delivered
+    g4::TextStream stream(e->tokenizer ? e->tokenizer.get() : nullptr, stops);
     g4_status st   = G4_OK;
     int32_t n_done = 0;
     for (int32_t i = 0; i < gp.max_tokens; ++i) {
@@ -624,45 +606,18 @@ g4_status g4_session_generate(g4_session* s, const g4_sampling_params* sampling,
         }
         if ((st = g4_session_append_tokens(s, &tok, 1, nullptr, 0)) != G4_OK) break;
         if (n_done == 0) s->stats.ttft_ms = std::chrono::duration<double, std::milli>(g4_clock::now() - t0).count();
-        gen.push_back(tok);
         ++n_done;
-        // Deliver the newly completed text: hold back an incomplete UTF-8 tail (U+FFFD at the end)
-        // and anything that could still become a stop string.
-        size_t ready = 0;
-        bool stop    = false;
-        if (e->tokenizer) {
-            // A run of byte-fallback tokens decodes as a unit (invalid UTF-8 becomes one U+FFFD per
-            // byte), so text is final only up to the last token that is not a byte token.
-            size_t final_n = gen.size();
-            while (final_n > 0 && is_byte_token(*e->tokenizer, gen[final_n - 1])) --final_n;
-            e->tokenizer->decode(gen.data(), gen.size(), true, &text);
-            std::string settled;
-            e->tokenizer->decode(gen.data(), final_n, true, &settled);
-            size_t hit = std::string::npos;
-            for (const auto& sp : stops) {
-                size_t at = text.find(sp, emitted > sp.size() ? emitted - sp.size() : 0);
-                if (at != std::string::npos && at < hit) hit = at;
-            }
-            if (hit != std::string::npos) {
-                ready = std::max(hit, emitted);
-                stop  = true;
-            } else {
-                ready = settled.size();
-                ready = std::max(emitted, ready - std::min(ready, stop_holdback(settled, stops)));
-            }
-        }
-        const char* piece = text.data() + emitted;
-        size_t piece_len  = ready - emitted;
-        emitted           = ready;
-        if (cb && cb(user, tok, piece, piece_len)) break;
+        // Deliver the newly completed text (text_stream.h): an incomplete UTF-8 tail and anything that
+        // could still become a stop string are held back.
+        bool stop              = false;
+        std::string_view piece = stream.push(tok, &stop);
+        if (cb && cb(user, tok, piece.data(), piece.size())) break;
         if (stop) break;
     }
     // Flush text held back at the end (an incomplete character or a partial stop string).
-    if (e->tokenizer && emitted < text.size() && st == G4_OK && cb) {
-        bool stopped = false;
-        for (const auto& sp : stops)
-            if (text.find(sp) != std::string::npos) stopped = true;
-        if (!stopped) cb(user, -1, text.data() + emitted, text.size() - emitted);
+    if (st == G4_OK && cb) {
+        std::string_view rest = stream.flush();
+        if (!rest.empty()) cb(user, -1, rest.data(), rest.size());
     }
     if (out_n) *out_n = n_done;
     return st;

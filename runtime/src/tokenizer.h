@@ -51,6 +51,10 @@ public:
                 std::string* err = nullptr) const;
     // *out is replaced by the decoded text. skip_special drops tokens marked special.
     bool decode(const int32_t* ids, size_t n, bool skip_special, std::string* out) const;
+    // True when decoding concatenates: decode(a ++ b) == decode(a) + decode(b) whenever a's last token
+    // is one the decoding keeps and is not a byte-fallback token (decoders of Replace, ByteFallback and
+    // Fuse steps, as Gemma's; not with Strip, or without a decoder, which joins tokens with spaces).
+    bool decode_concatenates() const;
 
     // The raw vocabulary string of `id` (e.g. "▁the", "<0x0A>", "<bos>"); empty if id is unknown.
     std::string_view token_to_piece(int32_t id) const;

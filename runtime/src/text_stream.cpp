@@ -42,13 +42,15 @@ std::string_view TextStream::push(int32_t tok, bool* stop) {
         --final_n;
     std::string_view settled;
     if (concat_) {
-        tk.decode(gen_.data() + base_tok_, gen_.size() - base_tok_, true, &tail_);
+        // final_n is base_tok_ or just after a kept token that is not a byte, so the text splits there:
+        // the newly settled tokens and the still open ones decode apart, each once.
         tk.decode(gen_.data() + base_tok_, final_n - base_tok_, true, &tail_settled_);
+        tk.decode(gen_.data() + final_n, gen_.size() - final_n, true, &tail_);
         text_.resize(base_len_);
+        text_ += tail_settled_;
+        base_tok_ = final_n, base_len_ = text_.size();
         text_ += tail_;
-        const size_t settled_len = std::min(base_len_ + tail_settled_.size(), text_.size());
-        base_tok_ = final_n, base_len_ = settled_len;
-        settled = std::string_view(text_).substr(0, settled_len);
+        settled = std::string_view(text_).substr(0, base_len_);
     } else {
         tk.decode(gen_.data(), gen_.size(), true, &text_);
         tk.decode(gen_.data(), final_n, true, &tail_settled_);

@@ -1071,10 +1071,12 @@ g4_status ahead_end(SessionState* st, std::string* err) {
     return G4_OK;
 }
 
-// The device logits row is a step run ahead: run the session's last step (a decode step, its token
-// in the history) again so the row is its own, and stop running ahead in this session.
+// The caller reads the last step's logits (the host is not feeding greedy tokens). If the device
+// logits row is a step run ahead: run the session's last step (a decode step, its token in the
+// history) again so the row is its own, and stop running ahead in this session.
 g4_status logits_back(g4_session* s, std::string* err) {
     SessionState* st = s->cuda.get();
+    st->ahead_greedy = false;
     g4_status g      = ahead_end(st, err);
     if (g != G4_OK || !st->logits_ahead) return g;
     st->ahead_off    = true;
@@ -1091,7 +1093,6 @@ g4_status fetch_logits(g4_session* s, std::string* err) {
     const plan::Plan& p = s->engine->plan;
     const Driver* d     = st->e->d;
     const Lane& l0      = st->lanes[0];
-    st->ahead_greedy    = false;
     if (g4_status g = logits_back(s, err); g != G4_OK) return g;
     CU_TRY(d->cuCtxSetCurrent(l0.g->ctx), "cuCtxSetCurrent");
     CU_TRY(d->cuMemcpyDtoHAsync(st->host_logits, l0.act + p.tensor(p.info().logits_tensor).offset, (size_t)p.info().vocab_size * 4,
@@ -1117,7 +1118,6 @@ g4_status device_topk(g4_session* s, int32_t k, float temperature, float penalty
         *err = "internal: device top-k with k " + std::to_string(k) + " over " + std::to_string(n_tokens) + " history tokens";
         return G4_ERR_INTERNAL;
     }
-    st->ahead_greedy = false;
     if (g4_status g = logits_back(s, err); g != G4_OK) return g;
     st->cur         = &st->lanes[0];
     const Lane& l0  = st->lanes[0];

@@ -3,32 +3,19 @@
 // whole-generation decodes (the path before session 24), alternated; the median time of the 64 pushes
 // before 1K, 4K and 16K tokens, per side.
 // Usage: text_stream_bench [tokenizer.json] (default ../shared/tokenizers/gemma3/tokenizer.json)
+#include "bench/bench_tokenizer.h"
 #include "runtime/src/text_stream.h"
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <fstream>
 #include <random>
-#include <sstream>
 #include <string>
 #include <vector>
 
 int main(int argc, char** argv) {
-    std::string path = argc > 1 ? argv[1] : std::string(G4_SOURCE_DIR) + "/../shared/tokenizers/gemma3/tokenizer.json";
-    std::ifstream f(path, std::ios::binary);
-    if (!f) {
-        std::fprintf(stderr, "text_stream_bench: cannot read %s\n", path.c_str());
-        return 1;
-    }
-    std::stringstream ss;
-    ss << f.rdbuf();
     g4::Tokenizer tk;
-    std::string err;
-    if (!g4::Tokenizer::load_from_json(ss.str(), &tk, &err)) {
-        std::fprintf(stderr, "text_stream_bench: %s\n", err.c_str());
-        return 1;
-    }
+    if (!load_bench_tokenizer(argc, argv, "text_stream_bench", &tk)) return 1;
     const int marks[] = {1024, 4096, 16384};
     std::mt19937 rng(1);
     std::vector<int32_t> ids(16384);

@@ -1,33 +1,18 @@
 // Tokenizer throughput: encode ~1 MB of mixed text (English, code, CJK, emoji, whitespace runs)
 // with the real 262k-token Gemma tokenizer on one core; reports the median of 5 runs.
 // Usage: tokenizer_bench [tokenizer.json] (default ../shared/tokenizers/gemma3/tokenizer.json)
-#include "runtime/src/tokenizer.h"
+#include "bench/bench_tokenizer.h"
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
 int main(int argc, char** argv) {
-    std::string path = argc > 1 ? argv[1] : std::string(G4_SOURCE_DIR) + "/../shared/tokenizers/gemma3/tokenizer.json";
-    std::ifstream f(path, std::ios::binary);
-    if (!f) {
-        std::fprintf(stderr, "tokenizer_bench: cannot read %s\n", path.c_str());
-        return 1;
-    }
-    std::stringstream ss;
-    ss << f.rdbuf();
-    auto t0 = std::chrono::steady_clock::now();
     g4::Tokenizer tk;
-    std::string err;
-    if (!g4::Tokenizer::load_from_json(ss.str(), &tk, &err)) {
-        std::fprintf(stderr, "tokenizer_bench: %s\n", err.c_str());
-        return 1;
-    }
-    double load_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    double load_ms = 0;
+    if (!load_bench_tokenizer(argc, argv, "tokenizer_bench", &tk, &load_ms)) return 1;
 
     const char* pieces[] = {
         "The quick brown fox jumps over the lazy dog. ", "int main(int argc, char** argv) { return 0; }\n",

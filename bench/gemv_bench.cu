@@ -7,7 +7,7 @@
 // Build on a GPU machine (repo root):
 //   nvcc -O3 -std=c++17 -arch=sm_90 -I. -o build-dev/gemv_bench bench/gemv_bench.cu
 //   [-DG4_KERNELS='"path/to/other/kernels.cu"' to time another version of the kernels]
-// Usage: gemv_bench [reps [lab]]  (one line per shape and lane count; '*' marks the compiler's choice;
+// Usage: [G4_GEMV_L2=1] gemv_bench [reps [lab]]  (one line per shape and lane count; '*' marks the compiler's choice;
 //        lab: also the variants of kVariants, named in the last column; -DG4_LAB='"file"' replaces
 //        that list with one of your own, e.g. copies of gemv_body with a step removed)
 #ifndef G4_KERNELS
@@ -218,7 +218,11 @@ int main(int argc, char** argv) {
     std::printf("%-22s %6s %5s %10s %9s %8s\n", "shape", "MB", "lanes", "us/launch", "GB/s", "of peak");
     for (const Case& c : cases) {
         Mats first = make(c, rng);
-        const int copies = (int)std::max<size_t>(2, (size_t)(256u << 20) / first.bytes + 1);
+        // G4_GEMV_L2=1: one weight set, so it stays in L2 between launches (what the decode graph's
+        // kernels see after loading their weights before the wait: the arithmetic, not DRAM).
+        const bool l2 = std::getenv("G4_GEMV_L2") && std::atoi(std::getenv("G4_GEMV_L2"));
+        const int copies = l2 ? 1 : (int)std::max<size_t>(2, (size_t)(256u << 20) / first.bytes + 1);
+        const int launches = l2 ? 32 : copies;   // a sample's back-to-back launches
         std::vector<Mats> sets{first};
         for (int i = 1; i < copies; ++i) sets.push_back(make(c, rng));
         int n_out = c.pairs ? c.n[0] : 0;
@@ -264,14 +268,18 @@ int main(int argc, char** argv) {
             const long vgroups = c.pairs ? (n_out + G / 2 - 1) / (G / 2) : (n_out + G - 1) / G;
             long threads   = var && var->per_block ? vgroups * B : vgroups * L;
             unsigned grid  = (unsigned)((threads + B - 1) / B);
+#ifdef G4_LAB_SMEM
+            const unsigned smem = var ? (unsigned)G4_LAB_SMEM : kernel_smem(c.nf4, (const void*)fn, sm);   // the lab's dynamic shared memory
+#else
             const unsigned smem = var ? 0u : kernel_smem(c.nf4, (const void*)fn, sm);
+#endif
             std::vector<float> t;
             // Each sample: one launch per weight set, back to back (no event between launches).
             for (int r = 0; r < reps + 2; ++r) {
                 CK(cudaEventRecord(e0, st));
-                for (int si = 0; si < copies; ++si) {
+                for (int si = 0; si < launches; ++si) {
                     GemvArgs a{};
-                    const Mats& s = sets[si];
+                    const Mats& s = sets[si % copies];
                     for (size_t m = 0, off = 0; m < s.m.size(); off += s.m[m].n, ++m) {
                         a.m[m]   = s.m[m];
                         a.m[m].y = y + off;
@@ -284,7 +292,7 @@ int main(int argc, char** argv) {
                 CK(cudaGetLastError());
                 float ms;
                 CK(cudaEventElapsedTime(&ms, e0, e1));
-                if (r >= 2) t.push_back(ms * 1e3f / copies);
+                if (r >= 2) t.push_back(ms * 1e3f / launches);
             }
             float us = median(t);
             float gbs = first.bytes / (us * 1e-6f) / 1e9f;

@@ -291,11 +291,11 @@ void print_stats(g4_session* s, const g4_engine* e, const g4_engine_info& info) 
     check(g4_session_get_stats(s, &st));
     std::fprintf(stderr,
                  "g4: load %.1f ms; prefill %lld tokens in %.2f ms (%.1f tok/s); time to first token %.2f ms; "
-                 "decode %lld tokens in %.2f ms (%.1f tok/s, %lld run ahead on the GPU); sampling %lld calls in %.2f ms (%.1f us each)\n",
+                 "decode %lld tokens in %.2f ms (%.1f tok/s, %lld run ahead on the GPU, %lld of them with the LM head screened); sampling %lld calls in %.2f ms (%.1f us each)\n",
                  info.load_ms, (long long)st.prefill_tokens, st.prefill_ms,
                  st.prefill_ms > 0 ? st.prefill_tokens * 1000.0 / st.prefill_ms : 0.0, st.ttft_ms, (long long)st.decode_tokens,
                  st.decode_ms, st.decode_ms > 0 ? st.decode_tokens * 1000.0 / st.decode_ms : 0.0, (long long)st.decode_ahead,
-                 (long long)st.sample_calls,
+                 (long long)st.lm_screened, (long long)st.sample_calls,
                  st.sample_ms, st.sample_calls ? 1000.0 * st.sample_ms / st.sample_calls : 0.0);
     if (st.image_tokens || st.audio_tokens) {
         g4_media_info mi{};

@@ -326,6 +326,118 @@ TEST(Argmax, MatchesHostAcrossCalls) {
     }
 }
 
+// ---- LM-head screening (g4_lm_screen_build, g4_lm_screen, g4_lm_exact_l*): every logit between its
+// bounds, the rows computed bit-equal to the head GEMV's, the greedy token equal to g4_argmax's over the
+// whole head (ties to the lowest index), the feed of the next step as g4_argmax makes it.
+struct LmCase {
+    const char* name;
+    int v, k, lanes;   // lanes 0: as the compiler chooses
+};
+class LmScreen : public ::testing::TestWithParam<LmCase> {};
+TEST_P(LmScreen, ExactRowsAndTokenMatchFullHead) {
+    NEED_GPU();
+    const LmCase c = GetParam();
+    Dev dev;
+    Weight w = make_weight(dev, DType::BF16, c.v, c.k, 500 + c.k);
+    // Exact ties: rows copied over others, the lower index first; one of them the top row below.
+    const uint16_t* wb = (const uint16_t*)w.blob.data();
+    auto copy_row = [&](int from, int to) {
+        std::memcpy(w.blob.data() + (size_t)to * c.k * 2, wb + (size_t)from * c.k, (size_t)c.k * 2);
+        ASSERT_EQ(gpu().d->cuMemcpyHtoD(w.dev + (uint64_t)to * c.k * 2, wb + (size_t)to * c.k, (size_t)c.k * 2), 0);
+    };
+    auto bf16_f = [](uint16_t h) {
+        const uint32_t u = (uint32_t)h << 16;
+        float f;
+        std::memcpy(&f, &u, 4);
+        return f;
+    };
+    const int lanes = c.lanes ? c.lanes : cuda::gemv_lanes(c.k, false, (c.v + 3) / 4);
+    int sms = 0;
+    gpu().d->cuDeviceGetAttribute(&sms, cu::kAttrSmCount, gpu().dev);
+    const unsigned nb1 = (unsigned)sms * 4;
+    CUdeviceptr q = dev.alloc((size_t)c.v * c.k), sc = dev.alloc((size_t)c.v * 4), bd = dev.alloc((size_t)c.v * 4);
+    int V = c.v, K = c.k;
+    for (int trial = 0; trial < 3; ++trial) {
+        std::vector<float> x = randn((size_t)c.k, 60 + trial);
+        if (trial == 2)   // logits past 4 x the cap: every row is computed
+            for (float& v : x) v *= 400.0f;
+        // The head as the decode step runs it: pre-softcap values (epilogue 0) and softcapped (3).
+        CUdeviceptr gx = dev.up(x), pre = dev.alloc((size_t)c.v * 4), full = dev.alloc((size_t)c.v * 4);
+        cuda_rt::GemvArgsH a{};
+        a.m[0] = w.mat(pre), a.x = gx, a.nmat = 1, a.k = c.k, a.epi = 0, a.cap = 30.0f;
+        run_gemv(a, false, lanes, false, c.v);
+        std::vector<float> pre_h = dev.down<float>(pre, c.v);
+        int top = -1;
+        if (trial == 1) {   // the top row tied by a copy at a lower and a higher index
+            top = (int)(std::max_element(pre_h.begin(), pre_h.end()) - pre_h.begin());
+            copy_row(top, top / 2);
+            copy_row(top, std::min(c.v - 1, top + 3));
+            run_gemv(a, false, lanes, false, c.v);
+            pre_h = dev.down<float>(pre, c.v);
+        }
+        a.m[0].y = full, a.epi = 3;
+        run_gemv(a, false, lanes, false, c.v);
+        const std::vector<float> full_h = dev.down<float>(full, c.v);
+        CUdeviceptr ws = dev.alloc((2 + 2 * 128) * 4), none = 0;
+        int zero = 0;
+        launch("g4_argmax", 128, 1, 1024, {&full, &V, &ws, &none, &none, &none, &zero});
+        const int want = dev.down<int>(ws, 1)[0];
+
+        launch("g4_lm_screen_build", (unsigned)(c.v + 7) / 8, 1, 256, {&w.dev, &V, &K, &q, &sc, &bd});
+        if (trial == 0) {   // the stored bound covers each row's rounding error
+            const auto qh = dev.down<uint8_t>(q, (size_t)c.v * c.k);
+            const auto sh = dev.down<float>(sc, c.v), bh = dev.down<float>(bd, c.v);
+            for (int r = 0; r < c.v; r += 997) {
+                double e2 = 0;
+                for (int i = 0; i < c.k; ++i) {
+                    const double d = (double)bf16_f(wb[(size_t)r * c.k + i]) - (double)sh[r] * ((int)qh[(size_t)r * c.k + i] - 128);
+                    e2 += d * d;
+                }
+                ASSERT_GE((double)bh[r], std::sqrt(e2)) << "row " << r;
+                ASSERT_LE((double)bh[r], std::sqrt(e2) * 1.001 + 1e-30) << "row " << r;
+            }
+        }
+        CUdeviceptr lohi = dev.alloc((size_t)(c.v + 1) * 8), tmax = dev.alloc(4);
+        launch("g4_lm_screen", nb1, 1, 256, {&gx, &q, &sc, &bd, &V, &K, &lohi, &tmax});
+        const auto lh = dev.down<float>(lohi, (size_t)c.v * 2);
+        for (int r = 0; r < c.v; ++r) {
+            ASSERT_LE(lh[2 * r], pre_h[r]) << "row " << r;
+            ASSERT_GE(lh[2 * r + 1], pre_h[r]) << "row " << r;
+        }
+        // The exact pass into a row of NaNs: computed rows bit-equal, the token and the feed.
+        std::vector<float> nans(c.v, std::nanf(""));
+        CUdeviceptr part = dev.up(nans);
+        a.m[0].y = part;
+        const int pos = 11 + trial;
+        CUdeviceptr step = dev.step(1, pos, 1), ids = dev.up(std::vector<int>{-1, -1}), slots = dev.up(std::vector<int>{-1, -1});
+        int limit = c.v;
+        const std::string ex = "g4_lm_exact_l" + std::to_string(lanes);
+        launch(ex.c_str(), 128, 1, 128, {&a, &lohi, &tmax, &ws, &step, &ids, &slots, &limit});
+        EXPECT_EQ(dev.down<uint32_t>(tmax, 1)[0], 0u) << "the largest lower bound is reset for the next step";
+        const auto got = dev.down<float>(part, c.v);
+        int computed = 0;
+        for (int r = 0; r < c.v; ++r) {
+            if (std::isnan(got[r])) continue;
+            ++computed;
+            ASSERT_EQ(std::memcmp(&got[r], &full_h[r], 4), 0) << "row " << r << ": " << got[r] << " vs " << full_h[r];
+        }
+        const auto sl = dev.down<int>(slots, 2), id = dev.down<int>(ids, 2), st = dev.down<int>(step, 4), w0 = dev.down<int>(ws, 2);
+        EXPECT_EQ(w0[0], want) << c.name << " trial " << trial;
+        EXPECT_EQ(w0[1], 0);
+        EXPECT_EQ(sl[pos & 1], want);
+        EXPECT_EQ(id[0], want);
+        EXPECT_EQ(st[1], pos + 1);
+        EXPECT_FALSE(std::isnan(got[want]));
+        if (trial == 1 && top > 1) EXPECT_EQ(want, top / 2);
+        if (trial == 2) EXPECT_EQ(computed, c.v);
+        std::printf("LM screen %s trial %d: token %d, %d of %d rows computed\n", c.name, trial, want, computed, c.v);
+    }
+}
+INSTANTIATE_TEST_SUITE_P(Shapes, LmScreen,
+                         ::testing::Values(LmCase{"e2b", 262144, 1536, 0}, LmCase{"e4b", 262144, 2560, 0}, LmCase{"odd_l8", 1003, 256, 8},
+                                           LmCase{"odd_l16", 2051, 512, 16}, LmCase{"odd_l32", 4099, 640, 32}),
+                         [](const ::testing::TestParamInfo<LmCase>& i) { return std::string(i.param.name); });
+
 // ---- sampling on the GPU: repetition penalty and top-k rounds against the CPU sampler's arithmetic
 // and order (value descending, ties to the lower index), at Gemma's vocabulary.
 struct TopkCase {
@@ -509,7 +621,8 @@ TEST(CudaPlan, Bf16KvCacheMatchesTheCpuPlan) {
 // One script of calls on two sessions of one NF4 CUDA plan, G4_DECODE_AHEAD=0 on the first: greedy
 // steps, logits read after a step run ahead, a token that is not the argmax, a top-k draw, a reset and
 // a second prompt. Every token and logits row must be the plain session's, and the second session
-// must have used steps it ran ahead.
+// must have used steps it ran ahead, each with its LM head screened (kernels.cu g4_lm_screen); a third,
+// on an engine opened with G4_LM_SCREEN=0, runs ahead without screening.
 TEST(CudaPlan, DecodeAheadMatchesPlainSteps) {
     NEED_GPU();
     g4test::TempDir td;
@@ -519,20 +632,24 @@ TEST(CudaPlan, DecodeAheadMatchesPlainSteps) {
     ASSERT_EQ(c.exit_code, 0) << c.err;
     const auto ref = nlohmann::json::parse(g4test::read_file(g4test::fixture("e2b_tiny/reference/reference.json")));
     const auto prompt = ref["prompts"].back()["ids"].get<std::vector<int32_t>>();
-    g4_engine* e = nullptr;
+    g4_engine *e = nullptr, *e_full = nullptr;
     ASSERT_EQ(g4_engine_open(plan.c_str(), nullptr, &e), G4_OK) << g4_last_error_message();
+    setenv("G4_LM_SCREEN", "0", 1);
+    ASSERT_EQ(g4_engine_open(plan.c_str(), nullptr, &e_full), G4_OK) << g4_last_error_message();
+    unsetenv("G4_LM_SCREEN");
     g4_engine_info info{};
     ASSERT_EQ(g4_engine_get_info(e, &info), G4_OK);
     struct Run {
         std::vector<int32_t> tokens;
         std::vector<std::vector<float>> logits;
         std::vector<int64_t> ahead;   // stats.decode_ahead at the end of each round
+        std::vector<int64_t> screened;   // stats.lm_screened
     };
-    auto script = [&](bool ahead) {
+    auto script = [&](bool ahead, g4_engine* eng) {
         Run r;
         if (!ahead) setenv("G4_DECODE_AHEAD", "0", 1);
         g4_session* s = nullptr;
-        EXPECT_EQ(g4_session_create(e, nullptr, &s), G4_OK) << g4_last_error_message();
+        EXPECT_EQ(g4_session_create(eng, nullptr, &s), G4_OK) << g4_last_error_message();
         unsetenv("G4_DECODE_AHEAD");
         if (!s) return r;
         auto keep_logits = [&] {
@@ -556,6 +673,7 @@ TEST(CudaPlan, DecodeAheadMatchesPlainSteps) {
             g4_session_stats st{};
             EXPECT_EQ(g4_session_get_stats(s, &st), G4_OK);
             r.ahead.push_back(st.decode_ahead);
+            r.screened.push_back(st.lm_screened);
             if (round == 0) {
                 keep_logits();
                 EXPECT_EQ(g4_session_reset(s), G4_OK);
@@ -564,14 +682,22 @@ TEST(CudaPlan, DecodeAheadMatchesPlainSteps) {
         g4_session_destroy(s);
         return r;
     };
-    const Run plain = script(false), ahead = script(true);
+    const Run plain = script(false, e), ahead = script(true, e), unscreened = script(true, e_full);
     g4_engine_close(e);
+    g4_engine_close(e_full);
     // Step i's sample (i = 0 is the prefill's row, sampled on the host) lets step i's append run step
     // i + 1 ahead. Round 0: used at steps 2-19 and 21-29 (20 fed another token, which still ran 21
     // ahead; the top-k draw at 30 needs step 29's logits: run again, no more ahead this round). Round
     // 1, after the reset: steps 2-10, then the logits read after step 10 ends it.
     EXPECT_EQ(plain.ahead, (std::vector<int64_t>{0, 0}));
     EXPECT_EQ(ahead.ahead, (std::vector<int64_t>{27, 9}));
+    EXPECT_EQ(ahead.screened, (std::vector<int64_t>{27, 9}));
+    EXPECT_EQ(plain.screened, (std::vector<int64_t>{0, 0}));
+    EXPECT_EQ(unscreened.ahead, (std::vector<int64_t>{27, 9}));
+    EXPECT_EQ(unscreened.screened, (std::vector<int64_t>{0, 0}));
+    EXPECT_EQ(unscreened.tokens, plain.tokens);
+    ASSERT_EQ(unscreened.logits.size(), 3u);
+    for (size_t i = 0; i < 3; ++i) EXPECT_EQ(rel(unscreened.logits[i], plain.logits[i]), 0.0) << "logits read " << i;
     EXPECT_EQ(ahead.tokens, plain.tokens);
     ASSERT_EQ(ahead.logits.size(), 3u);
     ASSERT_EQ(plain.logits.size(), 3u);

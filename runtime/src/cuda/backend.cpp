@@ -153,6 +153,12 @@ g4_status open_gpu(const plan::Plan& p, EngineState* st, Gpu& g, const plan::Pro
         {&k.add_bias, "g4_add_bias"}, {&k.copy_f32, "g4_copy_f32"}, {&k.penalize, "g4_penalize"},
         {&k.topk_round, "g4_topk_round"}, {&k.softmax_partial, "g4_softmax_partial"}};
     for (auto& f : fns) CU_TRY(d->cuModuleGetFunction(f.f, g.mod, f.n), std::string("kernel ") + f.n);
+    // LM-head screening: kernels of plans compiled since session 25 (without them, no screening).
+    if (d->cuModuleGetFunction(&k.lm_build, g.mod, "g4_lm_screen_build") != 0 || d->cuModuleGetFunction(&k.lm_screen, g.mod, "g4_lm_screen") != 0)
+        k.lm_build = k.lm_screen = nullptr;
+    for (int l = 0; l < 5 && k.lm_screen; ++l)
+        if (d->cuModuleGetFunction(&k.lm_exact[l], g.mod, ("g4_lm_exact_l" + std::to_string(kGemvLanes[l])).c_str()) != 0)
+            k.lm_build = k.lm_screen = nullptr;
     if (p.info().vision_gpu && g.index == p.cuda_device()) {
         struct { CUfunction* f; const char* n; } vt[] = {{&k.vt_pixels, "g4_vt_pixels"}, {&k.vt_posemb, "g4_vt_posemb"},
                                                          {&k.vt_clamp, "g4_vt_clamp"},   {&k.vt_rope2d, "g4_vt_rope2d"},
@@ -191,6 +197,57 @@ g4_status open_gpu(const plan::Plan& p, EngineState* st, Gpu& g, const plan::Pro
            "allocating " + std::to_string(g.weights_bytes >> 20) + " MiB of weights on GPU " + std::to_string(g.index));
     for (const Gpu::Seg& sg : g.segs)
         CU_TRY(d->cuMemcpyHtoD(g.weights + sg.at, p.weights_base() + sg.begin, sg.end - sg.begin), "uploading weights to GPU " + std::to_string(g.index));
+    return G4_OK;
+}
+
+// LM-head screening (kernels.cu g4_lm_screen): where the plan runs on one GPU without CPU layers and its
+// decode schedule ends in a bf16 head GEMV the kernels take, builds the int8 copy and its row bounds on the
+// GPU. Skipped (decode steps compute every logit, as before) when G4_LM_SCREEN=0 or when the GPU lacks the
+// memory for it beside the weights and a session with ~256 MiB to spare.
+g4_status lm_screen_setup(const plan::Plan& p, EngineState* st, std::string* err) {
+    const Driver* d = st->d;
+    const auto& in  = p.info();
+    Gpu& g          = st->gpus[0];
+    const char* env = std::getenv("G4_LM_SCREEN");
+    if ((env && *env == '0') || in.gpus.size() != 1 || p.has_cpu_layers() || !p.n_launches() || !g.k.lm_screen) return G4_OK;
+    int li = -1;
+    for (size_t i = 0; i < p.n_launches(); ++i) {
+        const CudaLaunch& l = p.launch(i);
+        if (l.kind == (uint16_t)LaunchKind::Gemv && (int)p.op(l.ip[0]).out[0] == in.logits_tensor) li = (int)i;
+    }
+    if (li < 0) return G4_OK;
+    const CudaLaunch& l = p.launch(li);
+    const PlanOp& op    = p.op(l.ip[0]);
+    const PlanTensor& w = p.tensor(op.in[1]);
+    const int lanes_i = gemv_lanes_index(l.ip[5]), V = (int)w.dims[0], K = (int)w.dims[1];
+    if (l.ip[3] != 1 || (l.ip[4] != 0 && l.ip[4] != 3) || w.dtype != (uint8_t)DType::BF16 || lanes_i < 0 || K % 16 || K > 4096 ||
+        (long)ceil_div(V, 128 / l.ip[5] * 4) > (long)kArgmaxBlocks * 1024)
+        return G4_OK;
+    CUdeviceptr wd = 0;
+    for (const Gpu::Seg& sg : g.segs)
+        if (w.offset >= sg.begin && w.offset < sg.end) wd = g.weights + sg.at + (w.offset - sg.begin);
+    if (!wd) return G4_OK;
+    const uint64_t scale_at = ((uint64_t)V * K + 255) / 256 * 256, bytes = scale_at + (uint64_t)V * 8;
+    CU_TRY(d->cuCtxSetCurrent(g.ctx), "cuCtxSetCurrent");
+    size_t free_b = 0, total_b = 0;
+    CU_TRY(d->cuMemGetInfo(&free_b, &total_b), "cuMemGetInfo");
+    const uint64_t session = in.act_arena_bytes + in.gpus[0].kv_end - in.gpus[0].kv_begin + (in.vision_gpu ? in.vision_gpu_bytes : 0) +
+                             (in.audio_gpu ? in.audio_gpu_bytes : 0) + in.vision_end - in.vision_begin + in.audio_end - in.audio_begin;
+    if (free_b < bytes + session + (256ull << 20)) return G4_OK;
+    CU_TRY(d->cuMemAlloc(&st->lm_q, bytes), "allocating the LM head's screening copy");
+    st->lm_bytes = bytes, st->lm_scale_at = scale_at;
+    CUdeviceptr q = st->lm_q, sc = st->lm_q + scale_at, bd = sc + (uint64_t)V * 4;
+    void* args[] = {&wd, (void*)&V, (void*)&K, &q, &sc, &bd};
+    CUresult r = d->cuLaunchKernel(g.k.lm_build, (unsigned)ceil_div(V, 8), 1, 1, 256, 1, 1, 0, nullptr, args, nullptr);
+    if (r == 0) r = d->cuStreamSynchronize(nullptr);
+    if (r != 0) {
+        *err = "CUDA error " + error_name(r) + " building the LM head's screening copy on GPU " + std::to_string(g.index);
+        return G4_ERR_INTERNAL;
+    }
+    int sms = 0;
+    d->cuDeviceGetAttribute(&sms, kAttrSmCount, g.dev);
+    st->lm_blocks = (unsigned)std::max(1, sms) * 4;
+    st->lm_launch = li;
     return G4_OK;
 }
 
@@ -263,6 +320,7 @@ g4_status engine_open(g4_engine* e, std::string* err) {
             d->cuCtxSetCurrent(a.ctx);
             d->cuCtxEnablePeerAccess(b.ctx, 0);   // CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED is fine
         }
+    if (g4_status r = lm_screen_setup(p, st.get(), err); r != G4_OK) return r;
     if (st->ple_tensor >= 0) {
         const PlanTensor& t = p.tensor(st->ple_tensor);
         CU_TRY(d->cuCtxSetCurrent(st->gpus[0].ctx), "cuCtxSetCurrent");
@@ -315,6 +373,7 @@ void engine_close(EngineState* st) {
             if (g.weights) st->d->cuMemFree(g.weights);
             if (&g == &st->gpus[0] && st->vision_w) st->d->cuMemFree(st->vision_w);
             if (&g == &st->gpus[0] && st->audio_w) st->d->cuMemFree(st->audio_w);
+            if (&g == &st->gpus[0] && st->lm_q) st->d->cuMemFree(st->lm_q);
             if (g.mod) st->d->cuModuleUnload(g.mod);
         }
         if (st->ple_host) st->d->cuMemFreeHost(st->ple_host);
@@ -328,7 +387,7 @@ uint64_t engine_device_bytes(const EngineState* st) {
     uint64_t b = 0;
     if (st)
         for (const Gpu& g : st->gpus) b += g.weights_bytes;
-    return b + (st ? st->vision_bytes + st->audio_bytes : 0);
+    return b + (st ? st->vision_bytes + st->audio_bytes + st->lm_bytes : 0);
 }
 
 g4_status session_create(g4_session* s, std::string* err) {
@@ -459,6 +518,11 @@ g4_status session_create(g4_session* s, std::string* err) {
     CU_TRY(d->cuMemHostAlloc((void**)&st->host_tok, 64, kHostAllocPortable | kHostAllocDeviceMap), "allocating pinned memory");
     CU_TRY(d->cuMemHostGetDevicePointer(&st->host_tok_dev, st->host_tok, 0), "mapping the greedy token's host slots");
     std::memset(st->host_tok, 0, 64);
+    if (e->lm_launch >= 0) {
+        CU_TRY(d->cuMemAlloc(&st->lm_lohi, (size_t)(in.vocab_size + 1) * 8), "allocating the LM head's screening bounds");
+        CU_TRY(d->cuMemAlloc(&st->lm_tmax, 4), "allocating the LM head's screening bounds");
+        CU_TRY(d->cuMemsetD8(st->lm_tmax, 0, 4), "clearing the LM head's screening bounds");
+    }
     CU_TRY(d->cuMemAlloc(&st->tok, kArgmaxBytes), "allocating the argmax buffer");
     CU_TRY(d->cuMemsetD8(st->tok, 0, kArgmaxBytes), "clearing the argmax buffer");
     CU_TRY(d->cuMemAllocHost((void**)&st->host_ids, (size_t)in.max_rows * 4), "allocating pinned memory");
@@ -562,8 +626,10 @@ void session_destroy(SessionState* st) {
         if (ev) d->cuEventDestroy(ev);
     if (st->exec) d->cuGraphExecDestroy(st->exec);
     if (st->graph) d->cuGraphDestroy(st->graph);
+    if (st->exec_screen) d->cuGraphExecDestroy(st->exec_screen);
+    if (st->graph_screen) d->cuGraphDestroy(st->graph_screen);
     for (CUdeviceptr ptr : {st->tok, st->cand[0], st->cand[1], st->samp_logits, st->samp_hist, st->soft,
-                            st->vision_buf, st->audio_buf})
+                            st->vision_buf, st->audio_buf, st->lm_lohi, st->lm_tmax})
         if (ptr) d->cuMemFree(ptr);
     for (Lane& ln : st->lanes) {
         d->cuCtxSetCurrent(ln.g->ctx);
@@ -811,6 +877,40 @@ g4_status launch_op(g4_session* s, size_t i, int rows, int out_rows, std::string
     return G4_OK;
 }
 
+// The arguments of Gemv launch record `l` on the current lane; returns the threads it launches.
+long gemv_args(const SessionState* st, const plan::Plan& p, const CudaLaunch& l, GemvArgsH* out, bool* is_nf4) {
+    GemvArgsH& a = *out;
+    std::memset(&a, 0, sizeof a);
+    const int nmat = l.ip[3], epi = l.ip[4], pairs = epi == 1 ? 1 : 0;
+    bool nf4 = false;
+    int n_out = 0, K_ = 0;
+    for (int m = 0; m < nmat; ++m) {
+        const PlanOp& op    = p.op(l.ip[m]);
+        const PlanTensor& w = p.tensor(op.in[1]);
+        CUdeviceptr base    = addr(st, p, op.in[1], 0);
+        GemvMatH& g         = a.m[m];
+        nf4                 = w.dtype == (uint8_t)DType::NF4;
+        K_                  = (int)w.dims[1];
+        g.n                 = (int)w.dims[0];
+        g.bias              = addr(st, p, op.in[2], op.in_col[2]);
+        g.y                 = addr(st, p, op.out[0], op.out_col[0]);
+        if (nf4) {
+            Nf4Ptrs q = nf4_ptrs(base, w);
+            g.w = q.codes, g.absmax = q.absmax, g.absmax2 = q.absmax2, g.offset = q.offset, g.code2 = q.code2;
+        } else {
+            g.w = base;
+        }
+        if (m == 0) a.x = addr(st, p, op.in[0], op.in_col[0]);
+        n_out += g.n;
+    }
+    if (pairs) n_out = a.m[0].n;
+    a.nmat = nmat, a.k = K_, a.epi = epi, a.cap = l.fp[0];
+    a.out = addr(st, p, l.t[1], 0);
+    a.aux = addr(st, p, l.t[0], l.ip[6]);
+    *is_nf4 = nf4;
+    return gemv_threads(n_out, l.ip[5], pairs);
+}
+
 // Launches record `li` of the decode schedule (one row).
 g4_status launch_fused(g4_session* s, const CudaLaunch& l, std::string* err) {
     SessionState* st    = s->cuda.get();
@@ -851,36 +951,10 @@ g4_status launch_fused(g4_session* s, const CudaLaunch& l, std::string* err) {
     }
     case LaunchKind::Gemv: {
         GemvArgsH a;
-        std::memset(&a, 0, sizeof a);
-        const int nmat = l.ip[3], epi = l.ip[4], pairs = epi == 1 ? 1 : 0;
-        bool nf4 = false;
-        int n_out = 0, K_ = 0;
-        for (int m = 0; m < nmat; ++m) {
-            const PlanOp& op    = p.op(l.ip[m]);
-            const PlanTensor& w = p.tensor(op.in[1]);
-            CUdeviceptr base    = addr(st, p, op.in[1], 0);
-            GemvMatH& g         = a.m[m];
-            nf4                 = w.dtype == (uint8_t)DType::NF4;
-            K_                  = (int)w.dims[1];
-            g.n                 = (int)w.dims[0];
-            g.bias              = addr(st, p, op.in[2], op.in_col[2]);
-            g.y                 = addr(st, p, op.out[0], op.out_col[0]);
-            if (nf4) {
-                Nf4Ptrs q = nf4_ptrs(base, w);
-                g.w = q.codes, g.absmax = q.absmax, g.absmax2 = q.absmax2, g.offset = q.offset, g.code2 = q.code2;
-            } else {
-                g.w = base;
-            }
-            if (m == 0) a.x = addr(st, p, op.in[0], op.in_col[0]);
-            n_out += g.n;
-        }
-        if (pairs) n_out = a.m[0].n;
-        a.nmat = nmat, a.k = K_, a.epi = epi, a.cap = l.fp[0];
-        a.out = addr(st, p, l.t[1], 0);
-        a.aux = addr(st, p, l.t[0], l.ip[6]);
-        int lpr_i = gemv_lanes_index(l.ip[5]);
-        long threads = gemv_threads(n_out, l.ip[5], pairs);
-        r = go(K.gemv[nf4][lpr_i][pairs], (unsigned)ceil_div(threads, 128), 128, {&a}, gemv_smem(nf4, st->cur->g->sm));
+        bool nf4    = false;
+        long threads = gemv_args(st, p, l, &a, &nf4);
+        const int pairs = l.ip[4] == 1 ? 1 : 0;
+        r = go(K.gemv[nf4][gemv_lanes_index(l.ip[5])][pairs], (unsigned)ceil_div(threads, 128), 128, {&a}, gemv_smem(nf4, st->cur->g->sm));
         break;
     }
     default: *err = "internal: bad launch kind"; return G4_ERR_INTERNAL;
@@ -976,6 +1050,20 @@ g4_status launch_step(g4_session* s, int rows, int out_rows, std::string* err) {
         for (size_t li = 0; li < p.n_launches(); ++li) {
             const CudaLaunch& l = p.launch(li);
             if (!st->skip.empty() && st->skip[li]) continue;
+            if (st->screen_now && (int)li == st->e->lm_launch) {   // the int8 pass; g4_lm_exact below
+                GemvArgsH a;
+                bool nf4 = false;
+                gemv_args(st, p, l, &a, &nf4);
+                CUdeviceptr q = st->e->lm_q, sc = q + st->e->lm_scale_at, bd = sc + (uint64_t)a.m[0].n * 4;
+                CUresult r = launch(st, st->cur->g->k.lm_screen, st->e->lm_blocks, 1, 256,
+                                    const_cast<void**>(std::initializer_list<void*>{&a.x, &q, &sc, &bd, &a.m[0].n, &a.k, &st->lm_lohi,
+                                                                                    &st->lm_tmax}.begin()));
+                if (r != 0) {
+                    *err = "CUDA error " + error_name(r) + " launching the LM head's screening pass";
+                    return G4_ERR_INTERNAL;
+                }
+                continue;
+            }
             bool handled = false;
             g4_status cg = l.kind == (uint16_t)LaunchKind::Op ? cross_device_op(s, (size_t)l.op, rows, &handled, err)
                            : p.hybrid()                       ? use_lane(st, st->lane_of[l.op], err)
@@ -1000,9 +1088,21 @@ g4_status launch_step(g4_session* s, int rows, int out_rows, std::string* err) {
         CUdeviceptr ids    = l0.act + p.tensor(p.info().ids_tensor).offset;
         int vocab          = p.info().vocab_size;
         int limit          = p.info().embed_vocab_limit;
-        CUresult r = launch(st, l0.g->k.argmax, kArgmaxBlocks, 1, 1024,
-                            const_cast<void**>(std::initializer_list<void*>{&logits, &vocab, &st->tok, const_cast<CUdeviceptr*>(&l0.step), &ids,
-                                                                            &st->host_tok_dev, &limit}.begin()));
+        CUresult r         = 0;
+        if (st->screen_now) {   // the rows that can hold the greedy token, exactly, and their argmax
+            const CudaLaunch& lh = p.launch(st->e->lm_launch);
+            GemvArgsH a;
+            bool nf4 = false;
+            gemv_args(st, p, lh, &a, &nf4);
+            r = launch(st, l0.g->k.lm_exact[gemv_lanes_index(lh.ip[5])], kArgmaxBlocks, 1, 128,
+                       const_cast<void**>(std::initializer_list<void*>{&a, &st->lm_lohi, &st->lm_tmax, &st->tok,
+                                                                       const_cast<CUdeviceptr*>(&l0.step), &ids, &st->host_tok_dev, &limit}
+                                              .begin()));
+        } else {
+            r = launch(st, l0.g->k.argmax, kArgmaxBlocks, 1, 1024,
+                       const_cast<void**>(std::initializer_list<void*>{&logits, &vocab, &st->tok, const_cast<CUdeviceptr*>(&l0.step), &ids,
+                                                                       &st->host_tok_dev, &limit}.begin()));
+        }
         if (r != 0) {
             *err = "CUDA error " + error_name(r) + " launching the device argmax";
             return G4_ERR_INTERNAL;
@@ -1078,9 +1178,11 @@ g4_status logits_back(g4_session* s, std::string* err) {
     SessionState* st = s->cuda.get();
     st->ahead_greedy = false;
     g4_status g      = ahead_end(st, err);
-    if (g != G4_OK || !st->logits_ahead) return g;
-    st->ahead_off    = true;
     const int32_t p0 = s->position - 1;
+    // The row holds a later step's logits, or this step's screened ones (only the rows that could be its
+    // greedy token): run this step again, whole.
+    if (g != G4_OK || !(st->logits_ahead || (st->screened_pos >= 0 && st->screened_pos == p0))) return g;
+    st->ahead_off    = true;
     s->ids[0]        = s->history[p0];
     bool on_device   = false;
     return run_step(s, 1, p0, 1, false, &on_device, err);
@@ -1186,7 +1288,7 @@ g4_status run_step(g4_session* s, int32_t rows, int32_t pos0, int32_t out_rows, 
     bool claimed = false;
     if (st->ahead_pos >= 0) {
         claimed = decode && st->exec && pos0 == st->ahead_pos && s->ids[0] == st->host_tok[(pos0 - 1) & 1];
-        if (claimed) st->ahead_pos = -1, s->stats.decode_ahead++;
+        if (claimed) st->ahead_pos = -1, s->stats.decode_ahead++, s->stats.lm_screened += st->screened_pos == pos0;
         else if (g4_status g = ahead_end(st, err); g != G4_OK) return g;
     }
     if (!claimed) {
@@ -1244,6 +1346,24 @@ g4_status run_step(g4_session* s, int32_t rows, int32_t pos0, int32_t out_rows, 
             st->graph_error = error_name(r);
         }
     }
+    // The screened decode graph (steps run ahead of greedy tokens), captured the same way once the plain one
+    // exists; if it cannot be, steps run ahead replay the plain graph.
+    if (decode && st->exec && !st->screen_tried && st->ahead_ok && st->e->lm_launch >= 0) {
+        st->screen_tried = true;
+        st->pdl_now = st->pdl_ok, st->screen_now = true;
+        CUresult r   = d->cuStreamBeginCapture(l0.stream, 2 /* relaxed */);
+        g4_status ls = G4_OK;
+        if (r == 0) {
+            ls      = launch_step(s, 1, 1, err);
+            st->cur = &l0;
+            CU_TRY(d->cuCtxSetCurrent(l0.g->ctx), "cuCtxSetCurrent");
+            r = d->cuStreamEndCapture(l0.stream, &st->graph_screen);
+        }
+        st->pdl_now = false, st->screen_now = false;
+        if (ls != G4_OK) err->clear();
+        if (r == 0 && ls == G4_OK && st->graph_screen && d->cuGraphInstantiateWithFlags(&st->exec_screen, st->graph_screen, 0) != 0)
+            st->exec_screen = nullptr;
+    }
     if (decode && !st->exec && !st->graph_error.empty() && !st->graph_noted) {
         std::fprintf(stderr, "g4: note: decode steps run without a CUDA graph (capturing one failed: %s); tokens are slower\n",
                      st->graph_error.c_str());
@@ -1251,6 +1371,7 @@ g4_status run_step(g4_session* s, int32_t rows, int32_t pos0, int32_t out_rows, 
     }
     const bool replay = decode && st->exec;
     const bool waits  = replay && st->ahead_ok;   // waits on tok_ev, not the whole stream
+    if (!claimed) st->screened_pos = -1;   // this step writes the whole logits row
     if (replay && !claimed) {
         CU_TRY(d->cuGraphLaunch(st->exec, l0.stream), "replaying the decode graph");
         if (waits) CU_TRY(d->cuEventRecord(st->tok_ev[pos0 & 1], l0.stream), "recording the decode step's event");
@@ -1262,9 +1383,10 @@ g4_status run_step(g4_session* s, int32_t rows, int32_t pos0, int32_t out_rows, 
     // token and position, and the host reads this step's token while it runs.
     const bool next = ahead && waits && st->ahead_greedy && !st->ahead_off && pos0 + 1 < info.max_context;
     if (next) {
-        CU_TRY(d->cuGraphLaunch(st->exec, l0.stream), "replaying the decode graph ahead");
+        CU_TRY(d->cuGraphLaunch(st->exec_screen ? st->exec_screen : st->exec, l0.stream), "replaying the decode graph ahead");
         CU_TRY(d->cuEventRecord(st->tok_ev[(pos0 + 1) & 1], l0.stream), "recording the decode step's event");
-        st->ahead_pos = pos0 + 1;
+        st->ahead_pos    = pos0 + 1;
+        st->screened_pos = st->exec_screen ? pos0 + 1 : -1;
     }
     st->logits_ahead     = next;
     const bool on_device = rows == 1 && out_rows == 1 && p.n_launches() && !media;

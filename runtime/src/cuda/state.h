@@ -24,6 +24,9 @@ struct Kernels {
     CUfunction gemv[2][5][2];   // [nf4][lanes per row 8..128][pairs]
     CUfunction resnorm, qkv_post, attn_decode, attn_decode_bf16, attn_decode_post, attn_decode_post_bf16, nf4_to_bf16, f32_to_bf16, add_bias;
     CUfunction copy_f32, penalize, topk_round, softmax_partial;   // GPU sampling
+    // LM-head screening (plans whose module has them; null otherwise): g4_lm_screen_build, g4_lm_screen,
+    // g4_lm_exact_l{8..128}.
+    CUfunction lm_build, lm_screen, lm_exact[5];
     CUfunction flash[6];        // g4_attn_flash_d<kFlashDims[i]>
     // The vision tower (runtime/src/cuda/vision.cpp); loaded only for plans with the tower on the GPU.
     CUfunction vt_pixels, vt_posemb, vt_clamp, vt_rope2d, vt_pool;
@@ -63,6 +66,14 @@ struct EngineState {
     // Audio tower on the plan's GPU: plan weight bytes [info().audio_begin, audio_end) live at audio_w.
     CUdeviceptr audio_w  = 0;
     uint64_t audio_bytes = 0;
+    // LM-head screening for greedy decode steps (kernels.cu g4_lm_screen): on the plan's GPU, at lm_q the
+    // int8 head (bytes q + 128) [V, K], then per-row scales [V] at lm_q + lm_scale_at and error bounds [V]
+    // after them; lm_launch: the head's GEMV in the decode schedule (-1: no screening: G4_LM_SCREEN=0, a plan
+    // on several GPUs or with CPU layers, a head the kernels do not take, or too little free memory).
+    CUdeviceptr lm_q     = 0;
+    uint64_t lm_bytes    = 0, lm_scale_at = 0;
+    int32_t lm_launch    = -1;
+    unsigned lm_blocks   = 0;   // g4_lm_screen's grid
 };
 
 // One GPU's part of a session: its stream and device memory (a whole activation arena, its part of
@@ -100,6 +111,15 @@ struct SessionState {
     bool ahead_greedy  = false;   // the last g4_session_sample took the device argmax
     bool ahead_off     = false;   // the session needed a run-ahead step's logits once: no more until reset
     CUevent tok_ev[2]  = {nullptr, nullptr};
+    // Steps run ahead replay exec_screen where the engine screens the LM head: only the rows that can hold
+    // the greedy token get their logits. screened_pos: the position of the last step launched that way
+    // while the logits row is still its (-1: the row is whole); reading logits there runs the step again.
+    CUgraph graph_screen        = nullptr;
+    CUgraphExec exec_screen     = nullptr;
+    bool screen_now             = false;   // capturing exec_screen
+    bool screen_tried           = false;   // exec_screen captured, or it could not be
+    int32_t screened_pos        = -1;
+    CUdeviceptr lm_lohi = 0, lm_tmax = 0;  // g4_lm_screen's bounds [V + 1] (float2) and the largest lower bound (u32 key)
     int32_t* host_ids = nullptr;  // pinned [max_rows]
     float* host_logits = nullptr; // pinned [logits_rows, vocab]
     // GPU sampling (device_topk): penalised logits [vocab], two round buffers of candidates (values

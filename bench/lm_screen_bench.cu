@@ -123,7 +123,7 @@ int main(int argc, char** argv) {
             const int nb1 = prop.multiProcessorCount * ps;
             char name[64];
             std::snprintf(name, sizeof name, "g4_lm_screen (%d blocks)", nb1);
-            const float scr = time(name, [&] { g4_lm_screen<<<nb1, 256, 0, st>>>(dx, q, sc, bd, V, K, lohi, tmax); });
+            const float scr = time(name, [&] { g4_lm_screen<<<nb1, 256, 0, st>>>(dx, q, sc, bd, nullptr, V, K, lohi, tmax); });
             std::printf("K=%d   screen reads %.0f MB: %.0f GB/s (the head GEMV %.0f GB/s)\n", K, (double)V * K / 1e6, (double)V * K / scr / 1e3,
                         (double)V * K * 2 / head / 1e3);
             {   // rows the exact pass computes (into a row of NaNs), and the pass alone (the bound restored first)
@@ -132,7 +132,7 @@ int main(int argc, char** argv) {
                 CK(cudaMemset(part, 0xff, (size_t)V * 4));
                 GemvArgs b = a;
                 b.m[0].y   = part;
-                g4_lm_screen<<<nb1, 256, 0, st>>>(dx, q, sc, bd, V, K, lohi, tmax);
+                g4_lm_screen<<<nb1, 256, 0, st>>>(dx, q, sc, bd, nullptr, V, K, lohi, tmax);
                 u32 key = 0;
                 CK(cudaMemcpyAsync(&key, tmax, 4, cudaMemcpyDeviceToHost, st));
                 kExact[li]<<<128, 128, 0, st>>>(b, lohi, tmax, ws, nullptr, ids, slots, V);
@@ -164,7 +164,7 @@ int main(int argc, char** argv) {
                 cudaFree(part), cudaFree(keyd);
             }
             const float both = time("g4_lm_screen + g4_lm_exact", [&] {
-                g4_lm_screen<<<nb1, 256, 0, st>>>(dx, q, sc, bd, V, K, lohi, tmax);
+                g4_lm_screen<<<nb1, 256, 0, st>>>(dx, q, sc, bd, nullptr, V, K, lohi, tmax);
                 kExact[li]<<<128, 128, 0, st>>>(a, lohi, tmax, ws, nullptr, ids, slots, V);
             });
             std::printf("K=%d   screened / full: %.2f us / %.2f us (saves %.1f us a token)\n", K, both, full, full - both);

@@ -1515,7 +1515,8 @@ G4_GEMV(g4_gemv_bf16_l128_m2, false, 128, 2)
 // ---- LM-head screening for greedy decode steps (runtime/src/cuda/backend.cpp: the decode graph replayed
 // ahead of a greedy token). At engine open the bf16 head W [V, K] gets an int8 copy q (bytes q + 128), per
 // row s_r = max|w_r| / 127 and d_r >= ||w_r - s_r q_r||_2 (g4_lm_screen_build). g4_lm_screen bounds every
-// logit before its softcap: |w_r . x - s_r (q_r . x)| <= d_r ||x||_2, plus both fp32 dot products' rounding
+// logit before its softcap (and after the head's LoRA bias, if any): |w_r . x - s_r (q_r . x)| <= d_r ||x||_2,
+// plus both fp32 dot products' rounding
 // (each <= gamma_K sum |w_i x_i| <= gamma_K 128 s_r ||x||_1), so lo_r <= logit_r <= hi_r, reading one byte a
 // weight instead of two. g4_lm_exact then runs the head GEMV's own code
 // (gemv_body, the same lanes and order: bit-equal logits) on every block of rows holding a row with
@@ -1558,8 +1559,8 @@ __device__ __forceinline__ u32 lm_key(float f) {   // unsigned order = float ord
     return (b & 0x80000000u) ? ~b : b | 0x80000000u;
 }
 __device__ __forceinline__ float lm_unkey(u32 k) { return __uint_as_float((k & 0x80000000u) ? k & 0x7fffffffu : ~k); }
-extern "C" __global__ void __launch_bounds__(256) g4_lm_screen(const float* x, const u8* q, const float* scale, const float* bnd, int V,
-                                                               int K, float2* lohi, u32* tmax) {
+extern "C" __global__ void __launch_bounds__(256) g4_lm_screen(const float* x, const u8* q, const float* scale, const float* bnd,
+                                                               const float* bias, int V, int K, float2* lohi, u32* tmax) {
     __shared__ float4 xs[LM_KMAX / 4];
     __shared__ float red[32];
     const int lane = threadIdx.x & 31, gw = (int)((blockIdx.x * (long)blockDim.x + threadIdx.x) >> 5);
@@ -1576,8 +1577,8 @@ extern "C" __global__ void __launch_bounds__(256) g4_lm_screen(const float* x, c
     }
     s1 = block_sum(s1, red);   // its barriers also publish xs
     s2 = block_sum(s2, red);
-    // ||x||_1, ||x||_2 and gamma_K (K u / (1 - K u), u = 2^-24), each rounded up generously.
-    const float xl1 = s1 * 1.0001f, xl2 = sqrtf(s2) * 1.0001f, gam = (float)(K + 8) * 6.0e-8f;
+    // gamma_K (K u / (1 - K u), u = 2^-24) rounded up; ||x||_1 and ||x||_2 less their own rounding.
+    const float gam = (float)(K + 8) * 6.0e-8f, xl1 = s1 * (1.0f + 2.0f * gam), xl2 = sqrtf(s2) * (1.0f + 2.0f * gam);
     float best = NEG_INF;
     for (int r0 = 4 * gw; r0 < V; r0 += 4 * nw) {
         float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -1606,8 +1607,9 @@ extern "C" __global__ void __launch_bounds__(256) g4_lm_screen(const float* x, c
         const float mine = lane == 0 ? acc[0] : lane == 1 ? acc[1] : lane == 2 ? acc[2] : acc[3];
         const int r      = r0 + lane;
         if (lane < 4 && r < V) {
-            const float sr = scale[r], a = sr * mine;
-            const float B  = (bnd[r] * xl2 + 2.0f * gam * 128.0f * sr * xl1 + 4.0e-7f * fabsf(a)) * 1.0001f + 1e-30f;
+            // + the LoRA bias, added after the dot product as the head GEMV does (one more rounding).
+            const float sr = scale[r], b = bias ? bias[r] : 0.0f, a = sr * mine + b;
+            const float B  = (bnd[r] * xl2 + 2.0f * gam * 128.0f * sr * xl1 + 4.0e-7f * (fabsf(a) + fabsf(b))) * 1.0001f + 1e-30f;
             lohi[r]        = make_float2(a - B, a + B);
             best           = fmaxf(best, a - B);
         }

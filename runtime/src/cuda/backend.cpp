@@ -1056,8 +1056,8 @@ g4_status launch_step(g4_session* s, int rows, int out_rows, std::string* err) {
                 gemv_args(st, p, l, &a, &nf4);
                 CUdeviceptr q = st->e->lm_q, sc = q + st->e->lm_scale_at, bd = sc + (uint64_t)a.m[0].n * 4;
                 CUresult r = launch(st, st->cur->g->k.lm_screen, st->e->lm_blocks, 1, 256,
-                                    const_cast<void**>(std::initializer_list<void*>{&a.x, &q, &sc, &bd, &a.m[0].n, &a.k, &st->lm_lohi,
-                                                                                    &st->lm_tmax}.begin()));
+                                    const_cast<void**>(std::initializer_list<void*>{&a.x, &q, &sc, &bd, &a.m[0].bias, &a.m[0].n, &a.k,
+                                                                                    &st->lm_lohi, &st->lm_tmax}.begin()));
                 if (r != 0) {
                     *err = "CUDA error " + error_name(r) + " launching the LM head's screening pass";
                     return G4_ERR_INTERNAL;

@@ -63,7 +63,7 @@ inline int gemv_lanes(int64_t K, bool nf4, int64_t groups) {
 //   Matmul gate + Matmul up + GeluMul                                     -> Gemv (gate/up pairs)
 //   Matmul + GeluMul(y, aux) / Matmul + Softcap                           -> Gemv (epilogue 2 / 3)
 //   q_norm + q_rope [+ k_norm + k_rope + v_norm + kv_store]               -> QkvPost
-//   the same + a sliding, one-kv-head Attention op reading q and the caches -> QkvAttn (the runtime falls
+//   the same + a sliding Attention op with one or two kv heads reading q and the caches -> QkvAttn (the runtime falls
 //     back to QkvPost + the attention op where the decode kernel does not fit the shape)
 // A fusion is taken only when the intermediates it skips writing are read by no later op and all its
 // ops run on one device. device: per op, the CUDA index it runs on or -1 for the CPU (cross-device

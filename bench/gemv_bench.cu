@@ -26,14 +26,7 @@ static_assert(GV_XS_MAX == g4::cuda::kGemvXsMax, "kernels.cu and cuda_schedule.h
 #include <string>
 #include <vector>
 
-#define CK(x)                                                                                                       \
-    do {                                                                                                            \
-        cudaError_t e_ = (x);                                                                                       \
-        if (e_ != cudaSuccess) {                                                                                    \
-            std::fprintf(stderr, "gemv_bench: %s: %s\n", #x, cudaGetErrorString(e_));                               \
-            std::exit(1);                                                                                           \
-        }                                                                                                           \
-    } while (0)
+#include "bench/bench_cuda.h"
 
 typedef void (*GemvFn)(const GemvArgs);
 static const GemvFn kGemvNf4[2][5] = {

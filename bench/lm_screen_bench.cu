@@ -16,14 +16,7 @@
 #include <string>
 #include <vector>
 
-#define CK(x)                                                                                    \
-    do {                                                                                         \
-        cudaError_t e_ = (x);                                                                    \
-        if (e_ != cudaSuccess) {                                                                 \
-            std::fprintf(stderr, "lm_screen_bench: %s: %s\n", #x, cudaGetErrorString(e_));       \
-            std::exit(1);                                                                        \
-        }                                                                                        \
-    } while (0)
+#include "bench/bench_cuda.h"
 
 typedef void (*GemvFn)(const GemvArgs);
 typedef void (*ExactFn)(const GemvArgs, const float2*, u32*, int*, Step*, int*, volatile int*, int);

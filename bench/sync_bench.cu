@@ -10,14 +10,7 @@
 #include <cuda_runtime.h>
 #include <vector>
 
-#define CK(x)                                                                                                       \
-    do {                                                                                                            \
-        cudaError_t e_ = (x);                                                                                       \
-        if (e_ != cudaSuccess) {                                                                                    \
-            std::fprintf(stderr, "sync_bench: %s: %s\n", #x, cudaGetErrorString(e_));                               \
-            std::exit(1);                                                                                           \
-        }                                                                                                           \
-    } while (0)
+#include "bench/bench_cuda.h"
 
 constexpr int H = 1536, STEPS = 400, THREADS = 128;
 

@@ -1356,8 +1356,9 @@ g4_status run_step(g4_session* s, int32_t rows, int32_t pos0, int32_t out_rows, 
         if (r == 0) {
             ls      = launch_step(s, 1, 1, err);
             st->cur = &l0;
-            CU_TRY(d->cuCtxSetCurrent(l0.g->ctx), "cuCtxSetCurrent");
-            r = d->cuStreamEndCapture(l0.stream, &st->graph_screen);
+            r       = d->cuCtxSetCurrent(l0.g->ctx);
+            CUresult re = d->cuStreamEndCapture(l0.stream, &st->graph_screen);
+            if (r == 0) r = re;
         }
         st->pdl_now = false, st->screen_now = false;
         if (ls != G4_OK) err->clear();

@@ -1516,10 +1516,9 @@ G4_GEMV(g4_gemv_bf16_l128_m2, false, 128, 2)
 // ahead of a greedy token). At engine open the bf16 head W [V, K] gets an int8 copy q (bytes q + 128), per
 // row s_r = max|w_r| / 127 and d_r >= ||w_r - s_r q_r||_2 (g4_lm_screen_build). g4_lm_screen bounds every
 // logit before its softcap (and after the head's LoRA bias, if any): |w_r . x - s_r (q_r . x)| <= d_r ||x||_2,
-// plus both fp32 dot products' rounding
-// (each <= gamma_K sum |w_i x_i| <= gamma_K 128 s_r ||x||_1), so lo_r <= logit_r <= hi_r, reading one byte a
-// weight instead of two. g4_lm_exact then runs the head GEMV's own code
-// (gemv_body, the same lanes and order: bit-equal logits) on every block of rows holding a row with
+// plus both fp32 dot products' rounding (each <= gamma_K sum |w_i x_i| <= gamma_K 128 s_r ||x||_1), so
+// lo_r <= logit_r <= hi_r, reading one byte a weight instead of two. g4_lm_exact then runs the head GEMV's
+// own code (gemv_body, the same lanes and order: bit-equal logits) on every block of rows holding a row with
 // hi_r >= max_j lo_j - margin, and takes the argmax of the rows it computed. The full head's argmax (the
 // lowest index among equal maxima) is among them: its logit is >= max lo, and the margin (0.05 + 1e-4|T|,
 // every row when |T| > 4 cap) keeps rows left out strictly below it after the softcap, whose slope is

@@ -1,9 +1,11 @@
-// CK(call): the CUDA runtime benchmarks' error check (bench/*.cu): on failure prints the program, the call
-// and the error, and exits 1.
+// Helpers of the CUDA benchmarks (bench/*.cu). CK(call): on failure prints the file, the call and the
+// error, and exits 1. median(samples): the middle sample (the upper one of an even count).
 #pragma once
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cuda_runtime.h>
+#include <vector>
 
 #define CK(x)                                                                                        \
     do {                                                                                             \
@@ -13,3 +15,8 @@
             std::exit(1);                                                                            \
         }                                                                                            \
     } while (0)
+
+static inline float median(std::vector<float> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+}

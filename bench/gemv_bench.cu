@@ -149,11 +149,6 @@ static unsigned kernel_smem(bool nf4, const void* fn, int sm) {
     return 0;
 }
 
-static float median(std::vector<float> v) {
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
-}
-
 int main(int argc, char** argv) {
     const int reps = argc > 1 ? std::atoi(argv[1]) : 20;
     const bool lab = argc > 2 && std::string(argv[2]) == "lab";   // also time the variants above

@@ -23,11 +23,6 @@ typedef void (*ExactFn)(const GemvArgs, const float2*, u32*, int*, Step*, int*, 
 static const GemvFn kHead[5]   = {g4_gemv_bf16_l8_m1, g4_gemv_bf16_l16_m1, g4_gemv_bf16_l32_m1, g4_gemv_bf16_l64_m1, g4_gemv_bf16_l128_m1};
 static const ExactFn kExact[5] = {g4_lm_exact_l8, g4_lm_exact_l16, g4_lm_exact_l32, g4_lm_exact_l64, g4_lm_exact_l128};
 
-static float median(std::vector<float> v) {
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
-}
-
 int main(int argc, char** argv) {
     const int reps = argc > 1 ? std::atoi(argv[1]) : 20;
     std::vector<int> per_sm = {4};

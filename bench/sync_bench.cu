@@ -62,11 +62,6 @@ __global__ void __launch_bounds__(THREADS) k_persistent(float* buf, unsigned* co
     }
 }
 
-static float median(std::vector<float> v) {
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
-}
-
 int main() {
     cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));

@@ -200,6 +200,13 @@ g4_status open_gpu(const plan::Plan& p, EngineState* st, Gpu& g, const plan::Pro
     return G4_OK;
 }
 
+// Device bytes a session allocates on the plan's GPU `g` (index into in.gpus): the activation arena, its
+// part of the KV arena and, on the plan's GPU, the towers' buffers where they run there.
+uint64_t session_device_bytes(const plan::ProgramInfo& in, size_t g) {
+    return in.act_arena_bytes + in.gpus[g].kv_end - in.gpus[g].kv_begin + (g == 0 && in.vision_gpu ? in.vision_gpu_bytes : 0) +
+           (g == 0 && in.audio_gpu ? in.audio_gpu_bytes : 0);
+}
+
 // LM-head screening (kernels.cu g4_lm_screen): where the plan runs on one GPU without CPU layers and its
 // decode schedule ends in a bf16 head GEMV the kernels take, builds the int8 copy and its row bounds on the
 // GPU. Skipped (decode steps compute every logit, as before) when G4_LM_SCREEN=0 or when the GPU lacks the
@@ -231,9 +238,7 @@ g4_status lm_screen_setup(const plan::Plan& p, EngineState* st, std::string* err
     CU_TRY(d->cuCtxSetCurrent(g.ctx), "cuCtxSetCurrent");
     size_t free_b = 0, total_b = 0;
     CU_TRY(d->cuMemGetInfo(&free_b, &total_b), "cuMemGetInfo");
-    const uint64_t session = in.act_arena_bytes + in.gpus[0].kv_end - in.gpus[0].kv_begin + (in.vision_gpu ? in.vision_gpu_bytes : 0) +
-                             (in.audio_gpu ? in.audio_gpu_bytes : 0) + in.vision_end - in.vision_begin + in.audio_end - in.audio_begin;
-    if (free_b < bytes + session + (256ull << 20)) return G4_OK;
+    if (free_b < bytes + session_device_bytes(in, 0) + (256ull << 20)) return G4_OK;   // the towers' weights are already up
     CU_TRY(d->cuMemAlloc(&st->lm_q, bytes), "allocating the LM head's screening copy");
     st->lm_bytes = bytes, st->lm_scale_at = scale_at;
     CUdeviceptr q = st->lm_q, sc = st->lm_q + scale_at, bd = sc + (uint64_t)V * 4;
@@ -285,13 +290,9 @@ g4_status engine_open(g4_engine* e, std::string* err) {
     st->gpus.resize(in.gpus.size());
     for (size_t g = 0; g < in.gpus.size(); ++g) {
         st->gpus[g].index = in.gpus[g].index;
-        // The plan's GPU also holds the towers' weights and a session's buffers for them, if placed there.
-        const uint64_t vision = g == 0 && in.vision_gpu ? in.vision_end - in.vision_begin + in.vision_gpu_bytes : 0;
-        const uint64_t audio =
-            g == 0 && in.audio_gpu ? in.audio_end - in.audio_begin + in.audio_gpu_bytes : 0;
-        g4_status r =
-            open_gpu(p, st.get(), st->gpus[g], in.gpus[g],
-                     in.act_arena_bytes + in.gpus[g].kv_end - in.gpus[g].kv_begin + vision + audio, err);
+        // The plan's GPU also holds the towers' weights, if placed there.
+        const uint64_t towers = g == 0 ? (in.vision_gpu ? in.vision_end - in.vision_begin : 0) + (in.audio_gpu ? in.audio_end - in.audio_begin : 0) : 0;
+        g4_status r = open_gpu(p, st.get(), st->gpus[g], in.gpus[g], session_device_bytes(in, g) + towers, err);
         if (r != G4_OK) return r;
     }
     if (in.vision_gpu) {

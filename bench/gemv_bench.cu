@@ -138,14 +138,19 @@ __global__ void read_kernel(const float4* p, size_t n, float* out) {
 
 // Dynamic shared memory the timed kernels take on a GPU of compute capability sm (the wide NF4 pair
 // table on sm_90; kernels.cu versions without it take none).
-static unsigned kernel_smem(bool nf4, const void* fn, int sm) {
+static unsigned kernel_smem(bool nf4, const void* fn, int sm, int k) {
 #ifdef GV_WIDE_BYTES
     if (nf4 && sm >= 90) {
-        CK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, GV_WIDE_BYTES));
-        return GV_WIDE_BYTES;
+#ifdef GV_XS_EXT_MAX   // x past the table's 256 chunks (kernel_args.h gemv_smem)
+        const unsigned bytes = GV_WIDE_BYTES + (k > GV_XS_WIDE_MAX && k <= GV_XS_EXT_MAX ? (unsigned)(k / 32 - 256) * 128u : 0u);
+#else
+        const unsigned bytes = GV_WIDE_BYTES;
+#endif
+        CK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+        return bytes;
     }
 #endif
-    (void)nf4, (void)fn, (void)sm;
+    (void)nf4, (void)fn, (void)sm, (void)k;
     return 0;
 }
 
@@ -244,7 +249,7 @@ int main(int argc, char** argv) {
         const GemvFn pick_fn = (c.nf4 ? kGemvNf4 : kGemvBf16)[c.pairs][pli];
         const std::vector<float> ref =
             once(pick_fn, (unsigned)(((c.pairs ? (n_out + 1) / 2 : (n_out + 3) / 4) * pick + 127) / 128), 128,
-                 kernel_smem(c.nf4, (const void*)pick_fn, sm));
+                 kernel_smem(c.nf4, (const void*)pick_fn, sm, c.k));
         for (int vi = -1; vi < (lab ? (int)(sizeof kVariants / sizeof kVariants[0]) : 0); ++vi)
         for (int li = 0; li < 5; ++li) {
             const int L = 8 << li;
@@ -257,9 +262,9 @@ int main(int argc, char** argv) {
             long threads   = var && var->per_block ? vgroups * B : vgroups * L;
             unsigned grid  = (unsigned)((threads + B - 1) / B);
 #ifdef G4_LAB_SMEM
-            const unsigned smem = var ? (unsigned)G4_LAB_SMEM : kernel_smem(c.nf4, (const void*)fn, sm);   // the lab's dynamic shared memory
+            const unsigned smem = var ? (unsigned)G4_LAB_SMEM : kernel_smem(c.nf4, (const void*)fn, sm, c.k);   // the lab's dynamic shared memory
 #else
-            const unsigned smem = var ? 0u : kernel_smem(c.nf4, (const void*)fn, sm);
+            const unsigned smem = var ? 0u : kernel_smem(c.nf4, (const void*)fn, sm, c.k);
 #endif
             std::vector<float> t;
             // Each sample: one launch per weight set, back to back (no event between launches).

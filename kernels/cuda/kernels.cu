@@ -1280,8 +1280,14 @@ template <bool W, int B> __device__ __forceinline__ u32 nf4_lookup_off(u32 w, u3
 // wide table (W) x lives in its unused half rows: float4 v of chunk c at byte c * 256 + 128 + 16 (v ^ (c & 7)),
 // the xor keeping 8 consecutive chunks on distinct banks.
 #define GV_XS_MAX 2560
+// Chunks past the 256th (K > GV_XS_WIDE_MAX, up to GV_XS_EXT_MAX) follow the table: float4 v of chunk c at
+// byte GV_WIDE_BYTES + (c - 256) * 128 + 16 (v ^ (c & 7)); the launch passes (K / 32 - 256) * 128 bytes
+// more dynamic shared memory (cuda_rt::gemv_smem; 72 KiB at K = 10240 still fits three blocks an SM).
 #define GV_XS_WIDE_MAX 8192   // the wide table's 256 unused half rows hold 256 chunks
-template <bool W> __device__ __forceinline__ int xs_slot(int c, int v) { return W ? c * 16 + 8 + (v ^ (c & 7)) : c * 9 + v; }
+#define GV_XS_EXT_MAX 10240
+template <bool W> __device__ __forceinline__ int xs_slot(int c, int v) {
+    return W ? (c < 256 ? c * 16 + 8 : c * 8 + 2048) + (v ^ (c & 7)) : c * 9 + v;
+}
 // G: weight rows per lane group; B: threads a block (the kernels launch 128; bench/gemv_bench.cu's lab
 // variants also take other values of both).
 template <bool kIsNf4, int L, int M, int G = GV_OUT, bool XS = false, int B = 128, bool W = false>
@@ -1482,7 +1488,7 @@ __device__ __forceinline__ void gemv_body(const GemvArgs& a, float2* tab, float4
     extern "C" __global__ void __launch_bounds__(128, M == 2 ? 4 : 3) NAME(const GemvArgs a) {                \
         if (NF4 && GV_WIDE) {                                                                                  \
             extern __shared__ float4 gv_wide[];                                                                \
-            if (a.k <= GV_XS_WIDE_MAX) gemv_body<NF4, L, M, GV_OUT, true, 128, true>(a, (float2*)gv_wide, gv_wide); \
+            if (a.k <= GV_XS_EXT_MAX) gemv_body<NF4, L, M, GV_OUT, true, 128, true>(a, (float2*)gv_wide, gv_wide);  \
             else gemv_body<NF4, L, M, GV_OUT, false, 128, true>(a, (float2*)gv_wide);                          \
         } else {                                                                                               \
             __shared__ float4 xs[NF4 ? GV_XS_MAX / 32 * 9 : 1];                                                \

@@ -187,11 +187,11 @@ Weight make_weight(Dev& dev, DType dt, int64_t n, int64_t k, uint32_t seed, bool
 void run_gemv(cuda_rt::GemvArgsH& a, bool nf4, int lanes, bool pairs, int n_out) {
     long threads = cuda_rt::gemv_threads(n_out, lanes, pairs);
     const std::string name = cuda_rt::gemv_kernel_name(nf4, lanes, pairs);
-    const unsigned smem    = cuda_rt::gemv_smem(nf4, gpu().sm);
+    const unsigned smem    = cuda_rt::gemv_smem(nf4, gpu().sm, a.k);
     if (smem) {
         cu::CUfunction f = nullptr;
         ASSERT_EQ(gpu().d->cuModuleGetFunction(&f, gpu().mod, name.c_str()), 0) << name;
-        ASSERT_EQ(gpu().d->cuFuncSetAttribute(f, cu::kFuncAttrMaxDynamicSmem, (int)smem), 0) << name;
+        ASSERT_EQ(gpu().d->cuFuncSetAttribute(f, cu::kFuncAttrMaxDynamicSmem, (int)cuda_rt::kGemvSmemMax), 0) << name;
     }
     launch_smem(name.c_str(), (unsigned)((threads + 127) / 128), 1, 128, smem, {&a});
 }
@@ -267,6 +267,9 @@ INSTANTIATE_TEST_SUITE_P(
                       GemvCase{"e2b_down", NF, {1536}, 6144, 0, 0, false, false},
                       GemvCase{"e2b_down_wide_dq", NF, {1536}, 12288, 0, 0, true, false},
                       GemvCase{"e4b_down", NF, {2560}, 10240, 0, 0, false, false},
+                      GemvCase{"e4b_down_l16_dq", NF, {2560}, 10240, 0, 16, true, true},
+                      GemvCase{"k8256_l32_nf4", NF, {100}, 8256, 0, 32, false, false},
+                      GemvCase{"k10304_l64_nf4", NF, {64}, 10304, 0, 64, false, false},
                       GemvCase{"e2b_o_full", NF, {1536}, 4096, 0, 0, false, false},
                       GemvCase{"e2b_ple_gate_nf4", NF, {256}, 1536, 2, 0, false, false},
                       GemvCase{"e2b_ple_gate_bf16", BF, {256}, 1536, 2, 0, false, false},

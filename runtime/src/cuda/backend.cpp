@@ -189,8 +189,8 @@ g4_status open_gpu(const plan::Plan& p, EngineState* st, Gpu& g, const plan::Pro
             for (int m = 0; m < 2; ++m) {
                 std::string n = gemv_kernel_name(q, kGemvLanes[l], m);
                 CU_TRY(d->cuModuleGetFunction(&k.gemv[q][l][m], g.mod, n.c_str()), "kernel " + n);
-                if (gemv_smem(q, g.sm))
-                    CU_TRY(d->cuFuncSetAttribute(k.gemv[q][l][m], kFuncAttrMaxDynamicSmem, (int)gemv_smem(q, g.sm)),
+                if (gemv_smem(q, g.sm, 0))
+                    CU_TRY(d->cuFuncSetAttribute(k.gemv[q][l][m], kFuncAttrMaxDynamicSmem, (int)kGemvSmemMax),
                            "kernel " + n + ": shared memory size");
             }
     CU_TRY(d->cuMemAlloc(&g.weights, std::max<uint64_t>(64, g.weights_bytes)),
@@ -955,7 +955,7 @@ g4_status launch_fused(g4_session* s, const CudaLaunch& l, std::string* err) {
         bool nf4    = false;
         long threads = gemv_args(st, p, l, &a, &nf4);
         const int pairs = l.ip[4] == 1 ? 1 : 0;
-        r = go(K.gemv[nf4][gemv_lanes_index(l.ip[5])][pairs], (unsigned)ceil_div(threads, 128), 128, {&a}, gemv_smem(nf4, st->cur->g->sm));
+        r = go(K.gemv[nf4][gemv_lanes_index(l.ip[5])][pairs], (unsigned)ceil_div(threads, 128), 128, {&a}, gemv_smem(nf4, st->cur->g->sm, a.k));
         break;
     }
     default: *err = "internal: bad launch kind"; return G4_ERR_INTERNAL;

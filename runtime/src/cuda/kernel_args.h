@@ -33,10 +33,16 @@ inline int gemv_lanes_index(int lanes) { return lanes == 8 ? 0 : lanes == 16 ? 1
 inline std::string gemv_kernel_name(bool nf4, int lanes, bool pairs) {
     return std::string("g4_gemv_") + (nf4 ? "nf4" : "bf16") + "_l" + std::to_string(lanes) + (pairs ? "_m2" : "_m1");
 }
-// Dynamic shared memory a GEMV launch passes: the NF4 kernels compiled for sm_90+ keep their wide pair
-// table (and x) there (GV_WIDE_BYTES in kernels.cu); every other GEMV kernel uses static memory only.
+// Dynamic shared memory a GEMV launch of K columns passes: the NF4 kernels compiled for sm_90+ keep their
+// wide pair table and x there (GV_WIDE_BYTES in kernels.cu; x past 8192 columns, up to 10240, in 128 bytes
+// a 32-column chunk after the table: GV_XS_EXT_MAX); every other GEMV kernel uses static memory only.
+// kGemvSmemMax: the most any launch passes (the kernels' attribute).
 inline constexpr unsigned kGemvWideSmem = 65536;
-inline unsigned gemv_smem(bool nf4, int sm) { return nf4 && sm >= 90 ? kGemvWideSmem : 0u; }
+inline constexpr unsigned kGemvSmemMax  = kGemvWideSmem + (10240 / 32 - 256) * 128;
+inline unsigned gemv_smem(bool nf4, int sm, int k) {
+    if (!nf4 || sm < 90) return 0u;
+    return kGemvWideSmem + (k > 8192 && k <= 10240 ? (unsigned)(k / 32 - 256) * 128u : 0u);
+}
 // Threads (128 per block) a GEMV launch needs for n_out outputs.
 inline long gemv_threads(int n_out, int lanes, bool pairs) { return (long)((n_out + (pairs ? 2 : 4) - 1) / (pairs ? 2 : 4)) * lanes; }
 

@@ -1477,8 +1477,9 @@ __device__ __forceinline__ void gemv_body(const GemvArgs& a, float2* tab, float4
 }
 
 // NF4 with K <= GV_XS_MAX stages x in shared memory (the compiler's lane choice assumes it). On sm_90
-// the NF4 kernels take the wide pair table in GV_WIDE_BYTES of dynamic shared memory (the launch passes
-// that size: cuda_rt::gemv_smem); elsewhere the 32 KiB table is static (3-4 blocks an SM of 100 KiB).
+// the NF4 kernels take the wide pair table in GV_WIDE_BYTES of dynamic shared memory, and x up to
+// GV_XS_EXT_MAX columns (the launch passes the size for its K: cuda_rt::gemv_smem); elsewhere the 32 KiB
+// table is static (3-4 blocks an SM of 100 KiB).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define GV_WIDE 1
 #else

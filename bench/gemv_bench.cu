@@ -15,6 +15,7 @@
 #endif
 #include G4_KERNELS
 #include "compiler/cuda_schedule.h"
+#include "runtime/src/cuda/kernel_args.h"
 static_assert(GV_XS_MAX == g4::cuda::kGemvXsMax, "kernels.cu and cuda_schedule.h disagree on the x-in-shared-memory limit");
 
 #include <algorithm>
@@ -141,11 +142,8 @@ __global__ void read_kernel(const float4* p, size_t n, float* out) {
 static unsigned kernel_smem(bool nf4, const void* fn, int sm, int k) {
 #ifdef GV_WIDE_BYTES
     if (nf4 && sm >= 90) {
-#ifdef GV_XS_EXT_MAX   // x past the table's 256 chunks (kernel_args.h gemv_smem)
-        const unsigned bytes = GV_WIDE_BYTES + (k > GV_XS_WIDE_MAX && k <= GV_XS_EXT_MAX ? (unsigned)(k / 32 - 256) * 128u : 0u);
-#else
-        const unsigned bytes = GV_WIDE_BYTES;
-#endif
+        // The runtime's size for K (x past the table's 256 chunks too); more than an older kernels.cu uses.
+        const unsigned bytes = g4::cuda_rt::gemv_smem(nf4, sm, k);
         CK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
         return bytes;
     }

@@ -1280,11 +1280,12 @@ template <bool W, int B> __device__ __forceinline__ u32 nf4_lookup_off(u32 w, u3
 // wide table (W) x lives in its unused half rows: float4 v of chunk c at byte c * 256 + 128 + 16 (v ^ (c & 7)),
 // the xor keeping 8 consecutive chunks on distinct banks.
 #define GV_XS_MAX 2560
-// Chunks past the 256th (K > GV_XS_WIDE_MAX, up to GV_XS_EXT_MAX) follow the table: float4 v of chunk c at
-// byte GV_WIDE_BYTES + (c - 256) * 128 + 16 (v ^ (c & 7)); the launch passes (K / 32 - 256) * 128 bytes
-// more dynamic shared memory (cuda_rt::gemv_smem; 72 KiB at K = 10240 still fits three blocks an SM).
+// Chunks 256..GV_XS_EXT_CHUNKS - 1 (K > GV_XS_WIDE_MAX) follow the table: float4 v of chunk c at byte
+// GV_WIDE_BYTES + (c - 256) * 128 + 16 (v ^ (c & 7)); the launch passes (min(K / 32, GV_XS_EXT_CHUNKS) - 256)
+// * 128 bytes more dynamic shared memory (cuda_rt::gemv_smem; 72 KiB still fits three blocks an SM). Chunks
+// past those (E2B's K = 12288) are read from global memory (a multiple of 32 chunks: warp-uniform).
 #define GV_XS_WIDE_MAX 8192   // the wide table's 256 unused half rows hold 256 chunks
-#define GV_XS_EXT_MAX 10240
+#define GV_XS_EXT_CHUNKS 320
 template <bool W> __device__ __forceinline__ int xs_slot(int c, int v) {
     return W ? (c < 256 ? c * 16 + 8 : c * 8 + 2048) + (v ^ (c & 7)) : c * 9 + v;
 }
@@ -1343,7 +1344,7 @@ __device__ __forceinline__ void gemv_body(const GemvArgs& a, float2* tab, float4
         float xv[PER];
 #pragma unroll
         for (int v = 0; v < PER / 4; ++v) {
-            float4 t = XS ? xs[xs_slot<W>(c, v)] : ((const float4*)(a.x + (long)c * PER))[v];
+            float4 t = XS && (!W || c < GV_XS_EXT_CHUNKS) ? xs[xs_slot<W>(c, v)] : ((const float4*)(a.x + (long)c * PER))[v];
             xv[4 * v] = t.x, xv[4 * v + 1] = t.y, xv[4 * v + 2] = t.z, xv[4 * v + 3] = t.w;
         }
 #pragma unroll
@@ -1409,14 +1410,15 @@ __device__ __forceinline__ void gemv_body(const GemvArgs& a, float2* tab, float4
     pdl_begin();
     if (XS) {
         const float4* x4 = (const float4*)a.x;
-        for (int i0 = threadIdx.x; i0 < K / 4; i0 += 4 * B) {   // four loads in flight a thread
+        const int n4     = W ? min(K / 4, GV_XS_EXT_CHUNKS * 8) : K / 4;   // float4s staged
+        for (int i0 = threadIdx.x; i0 < n4; i0 += 4 * B) {   // four loads in flight a thread
             float4 t[4];
 #pragma unroll
             for (int j = 0; j < 4; ++j)
-                if (i0 + j * B < K / 4) t[j] = x4[i0 + j * B];
+                if (i0 + j * B < n4) t[j] = x4[i0 + j * B];
 #pragma unroll
             for (int j = 0; j < 4; ++j)
-                if (i0 + j * B < K / 4) xs[xs_slot<W>((i0 + j * B) >> 3, (i0 + j * B) & 7)] = t[j];
+                if (i0 + j * B < n4) xs[xs_slot<W>((i0 + j * B) >> 3, (i0 + j * B) & 7)] = t[j];
         }
         __syncthreads();
     }
@@ -1477,8 +1479,8 @@ __device__ __forceinline__ void gemv_body(const GemvArgs& a, float2* tab, float4
 }
 
 // NF4 with K <= GV_XS_MAX stages x in shared memory (the compiler's lane choice assumes it). On sm_90
-// the NF4 kernels take the wide pair table in GV_WIDE_BYTES of dynamic shared memory, and x up to
-// GV_XS_EXT_MAX columns (the launch passes the size for its K: cuda_rt::gemv_smem); elsewhere the 32 KiB
+// the NF4 kernels take the wide pair table in GV_WIDE_BYTES of dynamic shared memory, and the first
+// GV_XS_EXT_CHUNKS chunks of x (the launch passes the size for its K: cuda_rt::gemv_smem); elsewhere the 32 KiB
 // table is static (3-4 blocks an SM of 100 KiB).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define GV_WIDE 1
@@ -1489,8 +1491,7 @@ __device__ __forceinline__ void gemv_body(const GemvArgs& a, float2* tab, float4
     extern "C" __global__ void __launch_bounds__(128, M == 2 ? 4 : 3) NAME(const GemvArgs a) {                \
         if (NF4 && GV_WIDE) {                                                                                  \
             extern __shared__ float4 gv_wide[];                                                                \
-            if (a.k <= GV_XS_EXT_MAX) gemv_body<NF4, L, M, GV_OUT, true, 128, true>(a, (float2*)gv_wide, gv_wide);  \
-            else gemv_body<NF4, L, M, GV_OUT, false, 128, true>(a, (float2*)gv_wide);                          \
+            gemv_body<NF4, L, M, GV_OUT, true, 128, true>(a, (float2*)gv_wide, gv_wide);                        \
         } else {                                                                                               \
             __shared__ float4 xs[NF4 ? GV_XS_MAX / 32 * 9 : 1];                                                \
             __shared__ float2 tab[NF4 && !GV_WIDE ? NF4_PAIRS : 1];                                            \

@@ -35,17 +35,18 @@ inline std::string gemv_kernel_name(bool nf4, int lanes, bool pairs) {
 }
 // Dynamic shared memory a GEMV launch of K columns passes: the NF4 kernels compiled for sm_90+ keep their
 // wide pair table and x there (GV_WIDE_BYTES in kernels.cu; x past 8192 columns, up to 10240, in 128 bytes
-// a 32-column chunk after the table: GV_XS_EXT_MAX); every other GEMV kernel uses static memory only.
+// a 32-column chunk after the table: GV_XS_EXT_CHUNKS; columns past 10240 are read from global memory);
+// every other GEMV kernel uses static memory only.
 // kGemvSmemMax: the most any launch passes (the kernels' attribute).
 inline constexpr unsigned kGemvWideSmem = 65536;
-inline constexpr int kGemvXsWideMax = 8192, kGemvXsExtMax = 10240;   // GV_XS_WIDE_MAX, GV_XS_EXT_MAX
+inline constexpr int kGemvXsWideMax = 8192, kGemvXsExtMax = 10240;   // GV_XS_WIDE_MAX, GV_XS_EXT_CHUNKS * 32
 inline constexpr unsigned gemv_smem(bool nf4, int sm, int k) {
     if (!nf4 || sm < 90) return 0u;
-    return kGemvWideSmem + (k > kGemvXsWideMax && k <= kGemvXsExtMax ? (unsigned)(k - kGemvXsWideMax) / 32u * 128u : 0u);
+    return kGemvWideSmem + (k > kGemvXsWideMax ? (unsigned)((k < kGemvXsExtMax ? k : kGemvXsExtMax) - kGemvXsWideMax) / 32u * 128u : 0u);
 }
 inline constexpr unsigned kGemvSmemMax = gemv_smem(true, 90, kGemvXsExtMax);
 static_assert(kGemvSmemMax == 73728 && gemv_smem(true, 90, 8192) == 65536 && gemv_smem(true, 90, 8256) == 65792 &&
-                  gemv_smem(true, 90, 10304) == 65536 && gemv_smem(true, 89, 10240) == 0 && gemv_smem(false, 90, 10240) == 0,
+                  gemv_smem(true, 90, 10304) == 73728 && gemv_smem(true, 89, 10240) == 0 && gemv_smem(false, 90, 10240) == 0,
               "GEMV shared memory sizes");
 // Threads (128 per block) a GEMV launch needs for n_out outputs.
 inline long gemv_threads(int n_out, int lanes, bool pairs) { return (long)((n_out + (pairs ? 2 : 4) - 1) / (pairs ? 2 : 4)) * lanes; }

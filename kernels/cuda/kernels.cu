@@ -1378,8 +1378,9 @@ __device__ __forceinline__ void gemv_body(const GemvArgs& a, float2* tab, float4
     };
     // The lane's first FC chunks of every row (codes and scales) are loaded into registers before the
     // wait on the previous kernel: weights never depend on it, so their DRAM latency overlaps its tail
-    // (and the pair table's set-up). The compiler picks L so an NF4 row needs no more chunks than that;
-    // later chunks (the bf16 LM head) are pulled into L2 now and loaded in the loop below.
+    // (and the pair table's set-up). Later chunks (E2B's wide and E4B's gate/up: 3 and 7 a lane; bf16 rows
+    // of more than FC * L chunks) are pulled into L2, bf16 now and NF4 after the wait, and loaded in the
+    // loop below one chunk ahead of the multiply.
     constexpr int FC = 3;
     uint4 pk0[FC][G];
     u32 raw0[FC][G];
@@ -1393,9 +1394,10 @@ __device__ __forceinline__ void gemv_body(const GemvArgs& a, float2* tab, float4
                 raw0[i][q] = kIsNf4 ? raw_scale(q, c) : 0u;
             }
     }
-    for (int c = gl + FC * L; c < C; c += L)
+    if (!kIsNf4)
+        for (int c = gl + FC * L; c < C; c += L)
 #pragma unroll
-        for (int q = 0; q < G; ++q) prefetch_l2(wrow[q] + c);
+            for (int q = 0; q < G; ++q) prefetch_l2(wrow[q] + c);
     if (kIsNf4) {
         if (W) nf4_pair_table_wide(tab);
         else nf4_pair_table(tab);
@@ -1408,6 +1410,12 @@ __device__ __forceinline__ void gemv_body(const GemvArgs& a, float2* tab, float4
 #pragma unroll
     for (int r = 0; r < R; ++r) auxv[r] = !kIsNf4 && a.epi == 2 && gl == 0 && o0 + r < n_out ? __ldcg(a.aux + o0 + r) : 0.0f;
     pdl_begin();
+    // NF4: the chunks past the registers' go into L2 after the wait. Pulled before it (E4B's gate/up: 18 MB)
+    // they slowed the previous kernel, the ResNorm before the gate/up (bench/README.md, session 27).
+    if (kIsNf4)
+        for (int c = gl + FC * L; c < C; c += L)
+#pragma unroll
+            for (int q = 0; q < G; ++q) prefetch_l2(wrow[q] + c);
     if (XS) {
         const float4* x4 = (const float4*)a.x;
         const int n4     = W ? min(K / 4, GV_XS_EXT_CHUNKS * 8) : K / 4;   // float4s staged
@@ -1428,15 +1436,27 @@ __device__ __forceinline__ void gemv_body(const GemvArgs& a, float2* tab, float4
     for (int i = 0; i < FC; ++i)
         if (gl + i * L < C) accumulate(gl + i * L, pk0[i], raw0[i], acc);
     G4_TRACE_MARK(1);
-    for (int c = gl + FC * L; c < C; c += L) {
+    if (gl + FC * L < C) {   // the next chunk's codes and scales load while this one's multiply runs
         uint4 pk[G];
         u32 raw[G];
 #pragma unroll
         for (int q = 0; q < G; ++q) {
-            pk[q]  = __ldcs(wrow[q] + c);
-            raw[q] = kIsNf4 ? raw_scale(q, c) : 0u;
+            pk[q]  = __ldcs(wrow[q] + gl + FC * L);
+            raw[q] = kIsNf4 ? raw_scale(q, gl + FC * L) : 0u;
         }
-        accumulate(c, pk, raw, acc);
+        for (int c = gl + FC * L; c < C; c += L) {
+            uint4 pn[G];
+            u32 rn[G];
+            const int cn = c + L < C ? c + L : c;
+#pragma unroll
+            for (int q = 0; q < G; ++q) {
+                pn[q] = __ldcs(wrow[q] + cn);
+                rn[q] = kIsNf4 ? raw_scale(q, cn) : 0u;
+            }
+            accumulate(c, pk, raw, acc);
+#pragma unroll
+            for (int q = 0; q < G; ++q) pk[q] = pn[q], raw[q] = rn[q];
+        }
     }
 #pragma unroll
     for (int q = 0; q < G; ++q)

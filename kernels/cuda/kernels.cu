@@ -1394,10 +1394,12 @@ __device__ __forceinline__ void gemv_body(const GemvArgs& a, float2* tab, float4
                 raw0[i][q] = kIsNf4 ? raw_scale(q, c) : 0u;
             }
     }
-    if (!kIsNf4)
+    auto prefetch_rest = [&] {   // the chunks past the registers' into L2
         for (int c = gl + FC * L; c < C; c += L)
 #pragma unroll
             for (int q = 0; q < G; ++q) prefetch_l2(wrow[q] + c);
+    };
+    if (!kIsNf4) prefetch_rest();
     if (kIsNf4) {
         if (W) nf4_pair_table_wide(tab);
         else nf4_pair_table(tab);
@@ -1412,10 +1414,7 @@ __device__ __forceinline__ void gemv_body(const GemvArgs& a, float2* tab, float4
     pdl_begin();
     // NF4: the chunks past the registers' go into L2 after the wait. Pulled before it (E4B's gate/up: 18 MB)
     // they slowed the previous kernel, the ResNorm before the gate/up (bench/README.md, session 27).
-    if (kIsNf4)
-        for (int c = gl + FC * L; c < C; c += L)
-#pragma unroll
-            for (int q = 0; q < G; ++q) prefetch_l2(wrow[q] + c);
+    if (kIsNf4) prefetch_rest();
     if (XS) {
         const float4* x4 = (const float4*)a.x;
         const int n4     = W ? min(K / 4, GV_XS_EXT_CHUNKS * 8) : K / 4;   // float4s staged

@@ -3,6 +3,7 @@
 #pragma once
 #include "runtime/src/cuda/driver.h"
 
+#include <algorithm>
 #include <string>
 
 namespace g4::cuda_rt {
@@ -42,7 +43,7 @@ inline constexpr unsigned kGemvWideSmem = 65536;
 inline constexpr int kGemvXsWideMax = 8192, kGemvXsExtMax = 10240;   // GV_XS_WIDE_MAX, GV_XS_EXT_CHUNKS * 32
 inline constexpr unsigned gemv_smem(bool nf4, int sm, int k) {
     if (!nf4 || sm < 90) return 0u;
-    return kGemvWideSmem + (k > kGemvXsWideMax ? (unsigned)((k < kGemvXsExtMax ? k : kGemvXsExtMax) - kGemvXsWideMax) / 32u * 128u : 0u);
+    return kGemvWideSmem + (k > kGemvXsWideMax ? (unsigned)(std::min(k, kGemvXsExtMax) - kGemvXsWideMax) / 32u * 128u : 0u);
 }
 inline constexpr unsigned kGemvSmemMax = gemv_smem(true, 90, kGemvXsExtMax);
 static_assert(kGemvSmemMax == 73728 && gemv_smem(true, 90, 8192) == 65536 && gemv_smem(true, 90, 8256) == 65792 &&

@@ -1291,7 +1291,7 @@ template <bool W> __device__ __forceinline__ int xs_slot(int c, int v) {
 }
 // G: weight rows per lane group; B: threads a block (the kernels launch 128; bench/gemv_bench.cu's lab
 // variants also take other values of both).
-template <bool kIsNf4, int L, int M, int G = GV_OUT, bool XS = false, int B = 128, bool W = false, int FC = 3>
+template <bool kIsNf4, int L, int M, int G = GV_OUT, bool XS = false, int B = 128, bool W = false>
 __device__ __forceinline__ void gemv_body(const GemvArgs& a, float2* tab, float4* xs = nullptr, int vblock = -1) {
     G4_TRACE_SCOPE(1u | (kIsNf4 ? 16u : 0u) | (u32)M << 5 | (u32)L << 8 | (u32)a.epi << 16 | (u32)a.nmat << 20, a.m[0].w);
     constexpr int R  = G / M;          // outputs per lane group
@@ -1378,9 +1378,12 @@ __device__ __forceinline__ void gemv_body(const GemvArgs& a, float2* tab, float4
     };
     // The lane's first FC chunks of every row (codes and scales) are loaded into registers before the
     // wait on the previous kernel: weights never depend on it, so their DRAM latency overlaps its tail
-    // (and the pair table's set-up). Later chunks (E2B's wide and E4B's gate/up: 4 and 8 a lane on sm_90;
-    // bf16 rows of more than FC * L chunks) are pulled into L2, bf16 now and NF4 after the wait, and loaded
-    // in the loop below one chunk ahead of the multiply.
+    // (and the pair table's set-up). Two, not three: the kernel waited on runs faster under less DRAM
+    // traffic from its dependent's loads (H100, session 28: E2B +2.4%, E4B +3% tok/s against three). Later
+    // chunks (E2B's wide and E4B's gate/up: 4 and 8 a lane on sm_90; bf16 rows of more than FC * L chunks)
+    // are pulled into L2, bf16 now and NF4 after the wait, and loaded in the loop below one chunk ahead of
+    // the multiply.
+    constexpr int FC = 2;
     uint4 pk0[FC][G];
     u32 raw0[FC][G];
 #pragma unroll
@@ -1499,9 +1502,7 @@ __device__ __forceinline__ void gemv_body(const GemvArgs& a, float2* tab, float4
 // NF4 with K <= GV_XS_MAX stages x in shared memory (the compiler's lane choice assumes it). On sm_90
 // the NF4 kernels take the wide pair table in GV_WIDE_BYTES of dynamic shared memory, and the first
 // GV_XS_EXT_CHUNKS chunks of x (the launch passes the size for its K: cuda_rt::gemv_smem); elsewhere the 32 KiB
-// table is static (3-4 blocks an SM of 100 KiB). The sm_90 NF4 pair kernels of 8 and 16 lanes (the gate/ups)
-// hold two chunks a row in registers before the wait, not three: the ResNorm they wait on runs faster
-// under less DRAM traffic (H100, session 28: E4B +1.2%, E2B +0.7% tok/s).
+// table is static (3-4 blocks an SM of 100 KiB).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define GV_WIDE 1
 #else
@@ -1511,7 +1512,7 @@ __device__ __forceinline__ void gemv_body(const GemvArgs& a, float2* tab, float4
     extern "C" __global__ void __launch_bounds__(128, M == 2 ? 4 : 3) NAME(const GemvArgs a) {                \
         if (NF4 && GV_WIDE) {                                                                                  \
             extern __shared__ float4 gv_wide[];                                                                \
-            gemv_body<NF4, L, M, GV_OUT, true, 128, true, M == 2 && L <= 16 ? 2 : 3>(a, (float2*)gv_wide, gv_wide); \
+            gemv_body<NF4, L, M, GV_OUT, true, 128, true>(a, (float2*)gv_wide, gv_wide);                        \
         } else {                                                                                               \
             __shared__ float4 xs[NF4 ? GV_XS_MAX / 32 * 9 : 1];                                                \
             __shared__ float2 tab[NF4 && !GV_WIDE ? NF4_PAIRS : 1];                                            \

@@ -22,20 +22,22 @@ void choose_variants(std::vector<plan::PlanOp>& ops, const std::vector<plan::Pla
 int decode_attention_splits(int64_t span);
 
 // Lanes that share one weight row in the decode GEMV (8..128); K is read in 16-byte chunks (32 NF4 or
-// 8 bf16 values). A lane loads its first kGemvFrontChunks chunks of each of its rows before waiting on
-// the previous kernel (g4_gemv_*'s FC); later chunks are loaded after it. bf16: each lane takes up to
-// four chunks of a row, unless the matrix has too few groups of 4 weight rows to give the GPU about 64K
-// threads: then more lanes share a row, up to one per chunk; and at least enough lanes that a row's chunks
-// all come before the wait (the LM head and the PLE context projection: E2B 32 -> 64 lanes, E4B 32 -> 128;
-// session 17 on an H200: +1.2% E2B and +1.6% E4B decode, the LM head's isolated optima in
-// bench/gemv_bench.cu; in bf16-weight plans also the gate/up pairs, not timed). NF4 with K <= kGemvXsMax
+// 8 bf16 values). A lane loads its first two chunks of each of its rows before waiting on the previous
+// kernel (g4_gemv_*'s FC); later chunks are loaded after it. bf16: each lane takes up to four chunks of a
+// row, unless the matrix has too few groups of 4 weight rows to give the GPU about 64K threads: then more
+// lanes share a row, up to one per chunk; and at least enough lanes that a lane takes at most
+// kGemvLaneChunks chunks of a row (the LM head and the PLE context projection: E2B 32 -> 64 lanes, E4B 32 ->
+// 128; session 17 on an H200, when all three came before the wait: +1.2% E2B and +1.6% E4B decode, the LM
+// head's isolated optima in bench/gemv_bench.cu; in bf16-weight plans also the gate/up pairs, not timed;
+// session 28 on an H100 with two before the wait: two chunks a lane, E2B's LM head at 128 lanes, +0.3% /
+// +0.1%, noise, not taken). NF4 with K <= kGemvXsMax
 // (x staged in shared memory, GV_XS_MAX in kernels.cu): the fewest lanes that give about 40K threads, at
 // most C / 2 (at least two chunks a lane), or C when a row has 64 chunks or more and that stays within 40K
 // threads. Other NF4 (the down projections): the fewest lanes giving about 40K threads. Measured on an
 // H200 (session 15, bench/gemv_bench.cu and end to end): E2B attn_o 32 -> 64 and down 64 -> 128 lanes
 // +2.7% E2B decode; E4B down 128 -> 64 lanes +1.7% E4B decode (E4B q/k/v at 64 lanes lost 1.4%).
 // Inline so bench/gemv_bench.cu, built alone with nvcc, marks the same choice.
-inline constexpr int kGemvFrontChunks = 3;
+inline constexpr int kGemvLaneChunks = 3;
 inline constexpr int kGemvXsMax       = 2560;
 inline int gemv_lanes(int64_t K, bool nf4, int64_t groups) {
     const int64_t C = K / (nf4 ? 32 : 8);   // 16-byte chunks per row
@@ -52,8 +54,8 @@ inline int gemv_lanes(int64_t K, bool nf4, int64_t groups) {
     }
     while (L < 32 && (int64_t)L * 4 < C) L *= 2;
     while (L < 128 && L < C && groups * L < 65536) L *= 2;
-    // Enough lanes that a row's chunks all come before the wait (the LM head, the PLE context projection).
-    while (L < 128 && (int64_t)L * kGemvFrontChunks < C) L *= 2;
+    // Enough lanes for at most kGemvLaneChunks chunks a lane (the LM head, the PLE context projection).
+    while (L < 128 && (int64_t)L * kGemvLaneChunks < C) L *= 2;
     return L;
 }
 

@@ -30,10 +30,10 @@ int decode_attention_splits(int64_t span);
 // 128; session 17 on an H200, when all three came before the wait: +1.2% E2B and +1.6% E4B decode, the LM
 // head's isolated optima in bench/gemv_bench.cu; in bf16-weight plans also the gate/up pairs, not timed;
 // session 28 on an H100 with two before the wait: two chunks a lane, E2B's LM head at 128 lanes, +0.3% /
-// +0.1%, noise, not taken). NF4 with K <= kGemvXsMax
-// (x staged in shared memory, GV_XS_MAX in kernels.cu): the fewest lanes that give about 40K threads, at
-// most C / 2 (at least two chunks a lane), or C when a row has 64 chunks or more and that stays within 40K
-// threads. Other NF4 (the down projections): the fewest lanes giving about 40K threads. Measured on an
+// +0.1%, noise, not taken). NF4 with K <= kGemvXsMax (x staged in shared memory, GV_XS_MAX in
+// kernels.cu): the fewest lanes that give about 40K threads, at most C / 2 (at least two chunks a lane),
+// or C when a row has 64 chunks or more and that stays within 40K threads. Other NF4 (the down
+// projections): the fewest lanes giving about 40K threads. Measured on an
 // H200 (session 15, bench/gemv_bench.cu and end to end): E2B attn_o 32 -> 64 and down 64 -> 128 lanes
 // +2.7% E2B decode; E4B down 128 -> 64 lanes +1.7% E4B decode (E4B q/k/v at 64 lanes lost 1.4%).
 // Inline so bench/gemv_bench.cu, built alone with nvcc, marks the same choice.

@@ -1380,9 +1380,9 @@ __device__ __forceinline__ void gemv_body(const GemvArgs& a, float2* tab, float4
     // wait on the previous kernel: weights never depend on it, so their DRAM latency overlaps its tail
     // (and the pair table's set-up). Two, not three: the kernel waited on runs faster under less DRAM
     // traffic from its dependent's loads (H100, session 28: E2B +2.3%, E4B +3.4% tok/s against three).
-    // Later chunks (E2B's wide and E4B's gate/up: 4 and 8 a lane on sm_90; bf16 rows of more than FC * L
-    // chunks) are pulled into L2, bf16 now and NF4 after the wait, and loaded in the loop below one chunk
-    // ahead of the multiply.
+    // Later chunks (E2B's wide and E4B's gate/up: 4 and 8 a lane on sm_90, E4B's down 3; bf16 rows of more
+    // than FC * L chunks) are pulled into L2, bf16 now and NF4 after the wait, and loaded in the loop below
+    // one chunk ahead of the multiply.
     constexpr int FC = 2;
     uint4 pk0[FC][G];
     u32 raw0[FC][G];

@@ -1381,8 +1381,10 @@ __device__ __forceinline__ void gemv_body(const GemvArgs& a, float2* tab, float4
     // (and the pair table's set-up). Two, not three: the kernel waited on runs faster under less DRAM
     // traffic from its dependent's loads (H100, session 28: E2B +2.3%, E4B +3.4% tok/s against three).
     // Later chunks (E2B's wide and E4B's gate/up: 4 and 8 a lane on sm_90, E4B's down 3; bf16 rows of more
-    // than FC * L chunks) are pulled into L2, bf16 now and NF4 after the wait, and loaded in the loop below
-    // one chunk ahead of the multiply.
+    // than FC * L chunks) are loaded in the loop below, one chunk ahead of the multiply. bf16 rows' later
+    // chunks are also pulled into L2 before the wait; NF4 rows' are not: the post-wait prefetch of the whole
+    // rest of the matrix (E4B's gate/up: 24 MB at once) cost more than it saved once the loop loaded a chunk
+    // ahead (H100, session 29: without it E4B +3.0%, E2B +0.3% tok/s).
     constexpr int FC = 2;
     uint4 pk0[FC][G];
     u32 raw0[FC][G];
@@ -1396,12 +1398,10 @@ __device__ __forceinline__ void gemv_body(const GemvArgs& a, float2* tab, float4
                 raw0[i][q] = kIsNf4 ? raw_scale(q, c) : 0u;
             }
     }
-    auto prefetch_rest = [&] {   // the chunks past the registers' into L2
+    if (!kIsNf4)   // bf16: the chunks past the registers' into L2
         for (int c = gl + FC * L; c < C; c += L)
 #pragma unroll
             for (int q = 0; q < G; ++q) prefetch_l2(wrow[q] + c);
-    };
-    if (!kIsNf4) prefetch_rest();
     if (kIsNf4) {
         if (W) nf4_pair_table_wide(tab);
         else nf4_pair_table(tab);
@@ -1414,9 +1414,6 @@ __device__ __forceinline__ void gemv_body(const GemvArgs& a, float2* tab, float4
 #pragma unroll
     for (int r = 0; r < R; ++r) auxv[r] = !kIsNf4 && a.epi == 2 && gl == 0 && o0 + r < n_out ? __ldcg(a.aux + o0 + r) : 0.0f;
     pdl_begin();
-    // NF4: the chunks past the registers' go into L2 after the wait. Pulled before it (E4B's gate/up: 18 MB)
-    // they slowed the previous kernel, the ResNorm before the gate/up (bench/README.md, session 27).
-    if (kIsNf4) prefetch_rest();
     if (XS) {
         const float4* x4 = (const float4*)a.x;
         const int n4     = W ? min(K / 4, GV_XS_EXT_CHUNKS * 8) : K / 4;   // float4s staged

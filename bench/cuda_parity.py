@@ -9,7 +9,10 @@ L2 logit error of CUDA vs the HF float32 reference (f32/bf16 plans) and CUDA vs 
 greedy tokens agree, plus a 200-token decode (CUDA graph replay, ring wrap) vs CPU. Plans: "cuda" is
 the strict path (fp32 prefill, fp32 KV cache) against the fp32 CPU plan; "cuda-kvbf16" (fp32 prefill,
 bf16 KV cache) against the CPU plan with a bf16 cache; "cuda-bf16" is the default CUDA plan (bf16
-prefill, bf16 KV cache) against HF's own bf16 error. Exits non-zero if any check fails.
+prefill, bf16 KV cache) against HF's own bf16 error; "cuda-bf16-det" the same compiled with --deterministic
+(on sm_90 without the fused MLP, whose atomic adds vary in order): the default plan's 16 greedy tokens must
+be its own, and a 200-token decode must agree for at least 64 tokens (near-ties may part later).
+Exits non-zero if any check fails.
 """
 import json, os, subprocess, sys, tempfile
 
@@ -69,7 +72,7 @@ for fixture in ["e2b_tiny", "e4b_tiny"]:
         flags = {"cpu": ["--device", "cpu"], "cpu-kvbf16": ["--device", "cpu", "--kv-dtype", "bf16"],
                  "cuda": ["--device", "cuda", "--prefill-precision", "fp32", "--kv-dtype", "f32"],
                  "cuda-kvbf16": ["--device", "cuda", "--prefill-precision", "fp32", "--kv-dtype", "bf16"],
-                 "cuda-bf16": ["--device", "cuda"]}
+                 "cuda-bf16": ["--device", "cuda"], "cuda-bf16-det": ["--device", "cuda", "--deterministic"]}
         for dev, extra in flags.items():
             plans[dev] = os.path.join(tmp, f"{fixture}-{w}-{dev}.g4plan")
             sh([g4, "compile", "--model", os.path.join(fx, fixture), "--weights", w, *extra, "--no-fidelity", "-o", plans[dev]])
@@ -85,6 +88,9 @@ for fixture in ["e2b_tiny", "e4b_tiny"]:
             ok &= row["cuda_kvbf16_vs_cpu_kvbf16"] <= 5e-3 and gkg == gkc
             lb, gb = run(plans["cuda-bf16"], p["ids"], 16)
             row["cuda_bf16_prefill_vs_cpu"] = rel(lb, lc)
+            _, gbd = run(plans["cuda-bf16-det"], p["ids"], 16)
+            row["greedy_cuda_bf16_eq_deterministic"] = gb == gbd
+            ok &= gb == gbd
             if w != "nf4":
                 row["cuda_bf16_prefill_vs_hf"] = rel(lb, hf)
                 row["hf_bf16_vs_hf_f32"] = hf_bf16_err(fixture, p)
@@ -110,6 +116,12 @@ for fixture in ["e2b_tiny", "e4b_tiny"]:
         _, gkg = run(plans["cuda-kvbf16"], ids, 200)
         agree = next((i for i, (a, b) in enumerate(zip(gkc, gkg)) if a != b), len(gkc))
         rows.append({"fixture": fixture, "weights": w, "prompt": "decode200_kvbf16", "tokens_agree": agree, "of": len(gkc)})
+        ok &= agree >= 64
+        # The default plan (fused MLP on sm_90) against the same plan compiled --deterministic.
+        _, gb = run(plans["cuda-bf16"], ids, 200)
+        _, gbd = run(plans["cuda-bf16-det"], ids, 200)
+        agree = next((i for i, (a, b) in enumerate(zip(gbd, gb)) if a != b), len(gbd))
+        rows.append({"fixture": fixture, "weights": w, "prompt": "decode200_fused_vs_deterministic", "tokens_agree": agree, "of": len(gbd)})
         ok &= agree >= 64
 
 for r in rows:

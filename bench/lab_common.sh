@@ -30,9 +30,9 @@ lab_checkpoint_wait() {
 
 # lab_plan G4 MODEL KV PLAN: the decode labs' plan (NF4, cache dtype KV, chunk 1024, 32K context); the
 # compiler's log goes to PLAN.log.
-lab_plan() {
+lab_plan() {   # G4 MODEL KV PLAN [EXTRA_FLAGS]
     $1 compile --model /tmp/g4bench/$2 --device cuda --weights nf4 --kv-dtype $3 --chunk 1024 --max-context 32768 --no-fidelity \
-        -o $4 2> $4.log || { tail $4.log; exit 1; }
+        ${5:-} -o $4 2> $4.log || { tail $4.log; exit 1; }
 }
 
 # lab_sides PREFIX PATCH...: the sides of an A/B lab. A is this tree; B, C, ... are copies of it in

@@ -100,6 +100,23 @@ uint64_t plan_activations(Program& p, std::vector<uint64_t>& offset) {
             for (int t : p.ops[i].op.in)
                 if (t >= 0 && r > last[t]) last[t] = r;
         }
+    // The fused decode MLP (g4_mlp_nf4, sm_90 plans) still reads the gate/up input while it adds into the
+    // down projection's output: that input lives until the down's output is consumed.
+    auto first_reader = [&](int t, int after) {
+        for (int j = after + 1; j < (int)p.ops.size(); ++j)
+            for (int x : p.ops[j].op.in)
+                if (x == t) return j;
+        return -1;
+    };
+    for (int k = 0; k < (int)p.ops.size(); ++k) {
+        if (p.ops[k].op.code != (uint16_t)OpCode::GeluMul) continue;
+        const int m = first_reader(p.ops[k].op.out[0], k);
+        if (m < 0 || p.ops[m].op.code != (uint16_t)OpCode::Matmul) continue;
+        const int r = std::max(m, first_reader(p.ops[m].op.out[0], m));
+        for (int pi = k - 1; pi >= 0 && pi >= k - 2; --pi)
+            if (p.ops[pi].op.code == (uint16_t)OpCode::Matmul && p.ops[pi].op.in[0] >= 0)
+                last[p.ops[pi].op.in[0]] = std::max(last[p.ops[pi].op.in[0]], r);
+    }
     // Inputs and logits live for the whole step (written before / read after the program).
     const int n_ops = (int)p.ops.size();
     if (p.ids >= 0) first[p.ids] = 0, last[p.ids] = n_ops;
@@ -543,10 +560,17 @@ void write_plan(const Inputs& in, const std::string& out_path, Mode mode, Report
     // Ahead-of-time kernel choices for CUDA from the real shapes (the runtime keeps no heuristics).
     cuda::choose_variants(ops, tensors, in.max_context, in.opt.prefill_precision);
     std::vector<plan::CudaLaunch> schedule;
-    if (in.cuda_index >= 0 && mode == Mode::Plan) schedule = cuda::decode_schedule(ops, tensors, op_dev);
+    if (in.cuda_index >= 0 && mode == Mode::Plan) {
+        // sm_90: the decode MLP in one kernel (fp32 atomic adds; --deterministic keeps the two GEMVs).
+        const bool fuse_mlp = in.cuda_target == "sm_90" && !opt.deterministic;
+        schedule = cuda::decode_schedule(ops, tensors, op_dev, fuse_mlp);
+        for (const plan::CudaLaunch& l : schedule)
+            if (l.kind == (uint16_t)plan::LaunchKind::Mlp) tensors[ops[l.ip[3]].in[1]].quant_flags |= plan::kQuantTiled32;
+    }
 
     json policy = {{"weights", opt.weights}, {"double_quant", dq}, {"quantize", opt.quantize_regex}, {"keep", opt.keep_regex},
                    {"nf4_blocksize", nf4::kBlock}, {"kv_dtype", dtype_str(bo.kv_dtype)}};
+    if (in.cuda_index >= 0) policy["deterministic"] = opt.deterministic;
     if (in.cuda_index >= 0) policy["prefill_precision"] = opt.prefill_precision;
     json meta;
     meta["format"]        = "g4plan";
@@ -712,6 +736,7 @@ void write_plan(const Inputs& in, const std::string& out_path, Mode mode, Report
             buf.clear();
         } else if (d.dtype == DType::NF4) {
             buf = nf4::quantize(f32.data(), n, dq);
+            if (tensors[t].quant_flags & plan::kQuantTiled32) buf = nf4::tile32(buf, d.dims[0], d.dims[1], dq);
         } else if (d.dtype == DType::F32) {
             buf.resize((size_t)n * 4);
             std::memcpy(buf.data(), f32.data(), buf.size());

@@ -187,6 +187,31 @@ struct Matcher {
                wa.dtype == wb.dtype && wa.dims[1] == wb.dims[1] && wa.quant_flags == wb.quant_flags;
     }
 
+    // gate + up + GeluMul + down (NF4, the gate/up pair's input xn made by the ResNorm launch `prev`) -> Mlp.
+    // The down's prefill variant must be Cublas: the runtime dequantizes its tiled weight to the bf16
+    // scratch matrix that tier allocates (runtime/src/cuda/backend.cpp).
+    bool mlp(size_t i, const CudaLaunch* prev, CudaLaunch* out) const {
+        if (!prev || prev->kind != (uint16_t)LaunchKind::ResNorm || prev->t[7] >= 0) return false;
+        for (size_t k = i; k < i + 4; ++k)
+            if (k >= ops.size() || (!device.empty() && device[k] != device[prev->op])) return false;
+        if (!gemv_ok(i) || !gemv_ok(i + 1) || !same_input(i, i + 1) || !is(i + 2, OpCode::GeluMul) || !gemv_ok(i + 3)) return false;
+        const PlanOp &ga = ops[i], &up = ops[i + 1], &g = ops[i + 2], &dn = ops[i + 3];
+        const PlanTensor &wg = tensors[ga.in[1]], &wu = tensors[up.in[1]], &wd = tensors[dn.in[1]];
+        const int64_t H = wg.dims[1], I = wg.dims[0];
+        const int32_t xn = ga.in[0], y = dn.out[0];
+        const bool nf4 = wg.dtype == (uint8_t)DType::NF4 && wd.dtype == (uint8_t)DType::NF4 && wd.quant_flags == wg.quant_flags;
+        const bool ok = nf4 && prev->t[6] == xn && !ga.in_col[0] && wu.dims[0] == I && wd.dims[0] == H && wd.dims[1] == I &&
+                        H % 4 == 0 && I % 64 == 0 && g.in[0] == ga.out[0] && g.in[1] == up.out[0] && !g.in_col[0] && !g.in_col[1] &&
+                        !g.out_col[0] && g.ip[0] == I && dn.in[0] == g.out[0] && !dn.in_col[0] && dn.row_mode == ga.row_mode &&
+                        dn.ip[6] == (int32_t)MatmulVariant::Cublas && unread_after(ga.out[0], i + 2) &&
+                        unread_after(up.out[0], i + 2) && unread_after(g.out[0], i + 3) && disjoint(y, xn) && disjoint(y, prev->t[4]);
+        if (!ok) return false;
+        CudaLaunch l = record(LaunchKind::Mlp, i, 4);
+        l.ip[0] = (int32_t)i, l.ip[1] = (int32_t)(i + 1), l.ip[3] = (int32_t)(i + 3), l.t[0] = y;
+        *out = l;
+        return true;
+    }
+
     bool gemv(size_t i, CudaLaunch* out) const {
         if (!gemv_ok(i)) return false;
         const PlanTensor& w = tensors[ops[i].in[1]];
@@ -240,11 +265,17 @@ struct Matcher {
 } // namespace
 
 std::vector<CudaLaunch> decode_schedule(const std::vector<PlanOp>& ops, const std::vector<PlanTensor>& tensors,
-                                        const std::vector<int>& device) {
+                                        const std::vector<int>& device, bool fuse_mlp) {
     Matcher m(ops, tensors, device);
     std::vector<CudaLaunch> out;
     for (size_t i = 0; i < ops.size();) {
         CudaLaunch l;
+        if (fuse_mlp && !out.empty() && m.mlp(i, &out.back(), &l)) {
+            out.back().t[7] = l.t[0];   // the ResNorm before zeroes the MLP's output
+            out.push_back(l);
+            i += l.count;
+            continue;
+        }
         if (!m.resnorm(i, &l) && !m.qkv_post(i, &l) && !m.gemv(i, &l)) l = Matcher::record(LaunchKind::Op, i, 1);
         for (size_t j = i + 1; j < i + l.count && !device.empty(); ++j)
             if (device[j] != device[i]) l = Matcher::record(LaunchKind::Op, i, 1);   // a fusion never spans devices

@@ -67,11 +67,13 @@ inline int gemv_lanes(int64_t K, bool nf4, int64_t groups) {
 //   q_norm + q_rope [+ k_norm + k_rope + v_norm + kv_store]               -> QkvPost
 //   the same + a sliding Attention op with one or two kv heads reading q and the caches -> QkvAttn (the runtime falls
 //     back to QkvPost + the attention op where the decode kernel does not fit the shape)
+//   fuse_mlp (sm_90 plans): Matmul gate + Matmul up + GeluMul + Matmul down, NF4, after a ResNorm that
+//     makes their input -> Mlp (g4_mlp_nf4; the compiler stores those down weights kQuantTiled32)
 // A fusion is taken only when the intermediates it skips writing are read by no later op and all its
 // ops run on one device. device: per op, the CUDA index it runs on or -1 for the CPU (cross-device
 // plans; empty: all on one GPU). CPU ops and copy steps are never fused: each is one Op record, which
 // the runtime runs on the CPU or as a copy.
 std::vector<plan::CudaLaunch> decode_schedule(const std::vector<plan::PlanOp>& ops, const std::vector<plan::PlanTensor>& tensors,
-                                              const std::vector<int>& device = {});
+                                              const std::vector<int>& device = {}, bool fuse_mlp = false);
 
 } // namespace g4::cuda

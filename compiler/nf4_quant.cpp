@@ -334,4 +334,21 @@ std::vector<uint8_t> blob_from_bnb(const BnbNf4& t, bool* double_quant, std::vec
     return blob;
 }
 
+std::vector<uint8_t> tile32(const std::vector<uint8_t>& blob, int64_t rows, int64_t cols, bool double_quant) {
+    const Layout l = layout(rows * cols, double_quant);
+    if (cols % 64 != 0 || blob.size() != l.total)
+        throw CompileError("internal: NF4 tile32 of a [" + std::to_string(rows) + ", " + std::to_string(cols) + "] blob of " +
+                           std::to_string(blob.size()) + " bytes");
+    std::vector<uint8_t> out(blob);
+    const int64_t slices = cols / 32, blocks = cols / 64, absmax_bytes = double_quant ? 1 : 4;
+    for (int64_t j = 0; j < slices; ++j)
+        for (int64_t r = 0; r < rows; ++r)
+            std::memcpy(&out[l.codes_off + (j * rows + r) * 16], &blob[l.codes_off + (r * cols + j * 32) / 2], 16);
+    for (int64_t b = 0; b < blocks; ++b)
+        for (int64_t r = 0; r < rows; ++r)
+            std::memcpy(&out[l.absmax_off + (b * rows + r) * absmax_bytes], &blob[l.absmax_off + (r * blocks + b) * absmax_bytes],
+                        absmax_bytes);
+    return out;
+}
+
 } // namespace g4::nf4

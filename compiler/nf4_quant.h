@@ -27,6 +27,10 @@ namespace g4::nf4 {
 // NF4 blob (kernels/nf4.h layout, nf4::layout(n, double_quant).total bytes) of n float32 values.
 std::vector<uint8_t> quantize(const float* w, int64_t n, bool double_quant);
 
+// The blob of an NF4 [rows, cols] matrix laid out for the fused decode MLP (plan kQuantTiled32): codes as
+// [cols / 32][rows][16 bytes], absmax as [cols / 64][rows]; absmax2, offset and code2 unchanged. cols % 64 == 0.
+std::vector<uint8_t> tile32(const std::vector<uint8_t>& blob, int64_t rows, int64_t cols, bool double_quant);
+
 // bitsandbytes.functional.create_dynamic_map(signed=True, max_exponent_bits=7, total_bits=8), ascending,
 // reproduced exactly as torch evaluates it (linspace in fp32 fused multiply-add form).
 const std::array<float, 256>& dynamic_map();

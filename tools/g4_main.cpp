@@ -46,6 +46,7 @@ const char* kUsage =
     "usage:\n"
     "  g4 compile --model DIR [--adapter DIR] [--weights nf4|bf16|f32] [--device cpu|cuda[:N]] [--target sm_XX]\n"
     "             [--quantize REGEX] [--keep REGEX] [--double-quant] [--no-fidelity] [--prefill-precision bf16|fp32] [--dry-run]\n"
+    "             [--deterministic]   (CUDA: decode sums in a fixed order, bit-identical runs; sm_90 decode is ~5% slower)\n"
     "             [--kv-dtype bf16|f32] [--max-context N] [--chunk N] [--logits-rows N] [--gpu-mem [IDX:]SIZE]... [--cpu-mem SIZE]\n"
     "             [--place COMPONENT=TARGET,...] [--no-vision] [--no-audio] [--image-tokens 70|140|280|560|1120]\n"
     "             [--max-image-pixels N] [--max-audio-seconds S] [--max-media-tokens N] [--tower-precision fp32|bf16] -o PLAN\n"
@@ -177,7 +178,7 @@ std::string read_whole_file(const std::string& path, const char* what) {
 int cmd_compile(int argc, char** argv) {
     Args a(argc, argv, 2, {"--model", "--adapter", "--weights", "--device", "-o", "--max-context", "--chunk", "--logits-rows", "--quantize", "--keep", "--tokenizer", "--target", "--prefill-precision", "--kv-dtype", "--gpu-mem", "--cpu-mem", "--place",
                               "--image-tokens", "--max-image-pixels", "--max-audio-seconds", "--max-media-tokens", "--tower-precision"},
-           {"--double-quant", "--no-fidelity", "--dry-run", "--no-vision", "--no-audio"});
+           {"--double-quant", "--no-fidelity", "--dry-run", "--no-vision", "--no-audio", "--deterministic"});
     if (!a.pos.empty()) throw UsageError("unexpected argument '" + a.pos[0] + "'");
     if (!a.has("--model")) throw UsageError("missing --model DIR");
     if (!a.has("-o") && !a.flag.count("--dry-run")) throw UsageError("missing -o PLAN");
@@ -202,6 +203,7 @@ int cmd_compile(int argc, char** argv) {
     o.dry_run        = a.flag.count("--dry-run") > 0;
     o.cuda_target    = a.get("--target");
     o.prefill_precision = a.get("--prefill-precision", o.prefill_precision);
+    o.deterministic     = a.flag.count("--deterministic") > 0;
     o.kv_dtype          = a.get("--kv-dtype");
     if (a.has("--kv-dtype") && o.kv_dtype.empty()) throw UsageError("--kv-dtype needs a value: bf16 or f32");
     if (a.multi.count("--gpu-mem")) o.gpu_mem = a.multi.at("--gpu-mem");
@@ -909,11 +911,11 @@ int cmd_inspect(int argc, char** argv) {
                     hpg ? ("specialised for " + std::to_string(hpg) + " heads per KV group").c_str() : "generic (any group size <= 16)");
     }
     if (p.n_launches()) {
-        int kinds_n[5] = {};
-        for (size_t i = 0; i < p.n_launches(); ++i) kinds_n[std::min<int>(p.launch(i).kind, 4)]++;
+        int kinds_n[6] = {};
+        for (size_t i = 0; i < p.n_launches(); ++i) kinds_n[std::min<int>(p.launch(i).kind, 5)]++;
         std::printf("CUDA decode schedule: %zu fused launches and %d single ops per token: %d GEMV, %d QkvPost, %d QkvPost+attention, "
-                    "%d ResNorm\n",
-                    p.n_launches() - kinds_n[0], kinds_n[0], kinds_n[2], kinds_n[3], kinds_n[4], kinds_n[1]);
+                    "%d ResNorm, %d MLP (gate/up + down in one kernel)\n",
+                    p.n_launches() - kinds_n[0], kinds_n[0], kinds_n[2], kinds_n[3], kinds_n[4], kinds_n[1], kinds_n[5]);
         // Prefill kernel variants the compiler recorded (runtime/src/plan/plan_format.h).
         int flash = 0, split = 0, mm[5] = {};
         for (size_t i = 0; i < p.n_ops(); ++i) {

@@ -1538,6 +1538,95 @@ G4_GEMV(g4_gemv_bf16_l32_m2, false, 32, 2)
 G4_GEMV(g4_gemv_bf16_l64_m2, false, 64, 2)
 G4_GEMV(g4_gemv_bf16_l128_m2, false, 128, 2)
 
+// ---- The decode MLP in one kernel (sm_90): gate/up pairs, GeluMul and the down projection. Block j
+// computes act[32j, 32j + 32) = gelu(gate . x) * (up . x) with the gate/up GEMV's own body (8 lanes a
+// group, 16 groups: 32 outputs) into shared memory, then the down projection's K-slice j for every output
+// row r, part[r] = sum_c D[r, 32j + c] act[32j + c], which it adds into y with red.global.add.v4.f32: no
+// block waits for another, and the down's weights stream while other blocks still do the gate/up (the
+// two-kernel path stages all of act in every down block after a grid-wide wait). y must be zero at the
+// wait: the ResNorm before zeroes it (g4_resnorm's zero). The order of the adds varies, so y may differ
+// in its last bits from run to run. The down matrix is stored tiled (plan kQuantTiled32): codes
+// [I / 32][H][16 bytes], each slice contiguous, absmax [I / 64][H] (double quant: absmax2 still indexed by
+// the row-major block r * I / 64 + c / 64). bench/mlp_lab.cu (H100, session 30): E2B 15.7 -> 12.8 us,
+// E2B wide 22.0 -> 19.1, E4B 28.5 -> 25.5 against the gate/up + down GEMVs in a graph.
+// grid I / 32, block 128, dynamic shared memory cuda_rt::gemv_smem(true, 90, H). H % 4 == 0, I % 64 == 0.
+struct MlpArgs {
+    GemvArgs gu;            // gate (m[0]) and up (m[1]), x, k = H, epi 1
+    const u8* codes;        // down, tiled
+    const void* absmax;     // [I / 64][H]: u8 (double quant) or f32
+    const float* absmax2;
+    const float* offset;
+    const float* code2;
+    const float* bias;      // down's LoRA bias [H] or null (block 0 adds it)
+    float* y;               // [H], zero at the wait
+    int H, I;
+};
+#define MLP_S 32
+__device__ __forceinline__ void red_add_v4(float* p, float4 v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(p), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w) : "memory");
+#else
+    atomicAdd(p, v.x), atomicAdd(p + 1, v.y), atomicAdd(p + 2, v.z), atomicAdd(p + 3, v.w);
+#endif
+}
+extern "C" __global__ void __launch_bounds__(128, 3) g4_mlp_nf4(const MlpArgs a) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    extern __shared__ float4 mlp_wide[];
+    __shared__ float s_act[MLP_S];
+    const int j = blockIdx.x, H = a.H, I = a.I;
+    GemvArgs g = a.gu;
+    g.out      = s_act - j * MLP_S;   // gemv_body stores output o at out[o]: this block's 32
+    gemv_body<true, 8, 2, GV_OUT, true, 128, true>(g, (float2*)mlp_wide, mlp_wide);
+    __syncthreads();
+    float av[MLP_S];
+#pragma unroll
+    for (int c = 0; c < MLP_S; ++c) av[c] = s_act[c];
+    const u32 lane_off = (threadIdx.x & 15) * 8;
+    const char* tb     = (const char*)mlp_wide;   // the pair table, still in place
+    const u8* tile     = a.codes + (long)j * H * (MLP_S / 2);
+    const int c64      = j / 2;
+    for (int r0 = 4 * threadIdx.x; r0 < H; r0 += 512) {   // rows r0 .. r0 + 3
+        uint4 pk[4];
+        u32 raw[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) pk[k] = __ldcs((const uint4*)(tile + (long)(r0 + k) * (MLP_S / 2)));
+        if (a.absmax2) {
+            const u32 r4 = __ldcs((const u32*)((const u8*)a.absmax + (long)c64 * H + r0));
+#pragma unroll
+            for (int k = 0; k < 4; ++k) raw[k] = (r4 >> (8 * k)) & 0xffu;
+        } else {
+            const uint4 r4 = __ldcs((const uint4*)((const float*)a.absmax + (long)c64 * H + r0));
+            raw[0] = r4.x, raw[1] = r4.y, raw[2] = r4.z, raw[3] = r4.w;
+        }
+        float out[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const u32 words[4] = {pk[k].x, pk[k].y, pk[k].z, pk[k].w};
+            float s0 = 0.0f, s1 = 0.0f;
+#pragma unroll
+            for (int wd = 0; wd < 4; ++wd) {
+                const u32 w     = words[wd];
+                const float2 p0 = *(const float2*)(tb + nf4_pair_off_wide<0>(w, lane_off));
+                const float2 p1 = *(const float2*)(tb + nf4_pair_off_wide<1>(w, lane_off));
+                const float2 p2 = *(const float2*)(tb + nf4_pair_off_wide<2>(w, lane_off));
+                const float2 p3 = *(const float2*)(tb + nf4_pair_off_wide<3>(w, lane_off));
+                const float* xw = av + wd * 8;
+                s0 = fmaf(p0.x, xw[0], s0), s1 = fmaf(p0.y, xw[1], s1);
+                s0 = fmaf(p1.x, xw[2], s0), s1 = fmaf(p1.y, xw[3], s1);
+                s0 = fmaf(p2.x, xw[4], s0), s1 = fmaf(p2.y, xw[5], s1);
+                s0 = fmaf(p3.x, xw[6], s0), s1 = fmaf(p3.y, xw[7], s1);
+            }
+            const long b = (long)(r0 + k) * (I / 64) + c64;   // the row-major block (absmax2's index)
+            out[k]       = (s0 + s1) * nf4_absmax_value(raw[k], a.absmax2, a.offset, a.code2, b);
+            if (a.bias && j == 0) out[k] += a.bias[r0 + k];
+        }
+        red_add_v4(a.y + r0, make_float4(out[0], out[1], out[2], out[3]));
+    }
+#else
+    __trap();   // the compiler schedules this kernel on sm_90 plans only
+#endif
+}
+
 // ---- LM-head screening for greedy decode steps (runtime/src/cuda/backend.cpp: the decode graph replayed
 // ahead of a greedy token). At engine open the bf16 head W [V, K] gets an int8 copy q (bytes q + 128), per
 // row s_r = max|w_r| / 127 and d_r >= ||w_r - s_r q_r||_2 (g4_lm_screen_build). g4_lm_screen bounds every
@@ -1840,7 +1929,7 @@ __device__ __forceinline__ void resnorm_vec4(const float* x, const float* d, con
 }
 extern "C" __global__ void __launch_bounds__(1024) g4_resnorm(const float* x, const float* d, const void* pw, int pwdt,
                                                              const void* sc, int sdt, float f, float* xout, const void* prew,
-                                                             int prewdt, float* xn, int H, float eps) {
+                                                             int prewdt, float* xn, int H, float eps, float* zero) {
     G4_TRACE_SCOPE(2, pw ? pw : prew);
     __shared__ float red[32];
     const unsigned long long at = (unsigned long long)x | (unsigned long long)d | (unsigned long long)xout | (unsigned long long)xn;
@@ -1850,6 +1939,10 @@ extern "C" __global__ void __launch_bounds__(1024) g4_resnorm(const float* x, co
         resnorm_vec4<2>(x, d, pw, pwdt, sc, sdt, f, xout, prew, prewdt, xn, H, eps, red);
     else
         resnorm_scalar(x, d, pw, pwdt, sc, sdt, f, xout, prew, prewdt, xn, H, eps, red);
+    if (zero) {   // the next kernel's output (g4_mlp_nf4 adds into it), after every read above (it may alias d)
+        __syncthreads();
+        for (int i = threadIdx.x; i < H; i += blockDim.x) zero[i] = 0.0f;
+    }
 }
 
 // ---- q/k/v after the projections (decode row): q head: rms * q_norm, RoPE, in place; k head: rms *
@@ -2221,14 +2314,23 @@ G4_ATTN_DECODE_POST(g4_attn_decode_post_bf16, true)
 // kernel), fp32 activations -> bf16, and a bias row added after the GEMM.
 // grid ceil(n / 32 / 256), block 256: one 16-byte chunk (32 values, half an NF4 block) per thread.
 extern "C" __global__ void g4_nf4_to_bf16(const u8* codes, const void* absmax, const float* absmax2, const float* offset,
-                                          const float* code2, long n, u16* out) {
+                                          const float* code2, long n, u16* out, int tiled_rows) {
     __shared__ float cb[16];
     nf4_codebook(cb);
     pdl_begin();
     long c = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (c * 32 >= n) return;
-    uint4 pk   = *(const uint4*)(codes + c * 16);
-    float am   = nf4_absmax(absmax, absmax2, offset, code2, (c * 32) >> 6);
+    // tiled_rows = H > 0: a kQuantTiled32 matrix [H, I] (g4_mlp_nf4): thread c still writes output chunk
+    // c (row r = c / (I / 32), columns 32 jj ..: coalesced stores), whose codes sit at chunk jj * H + r and
+    // absmax at (jj / 2) * H + r.
+    long blk = (c * 32) >> 6, stored = blk, src = c;   // blk: the row-major block (absmax2's index)
+    if (tiled_rows > 0) {
+        const long H = tiled_rows, I = n / H, r = c / (I / 32), jj = c % (I / 32);
+        src    = jj * H + r;
+        stored = (jj / 2) * H + r;
+    }
+    uint4 pk   = *(const uint4*)(codes + src * 16);
+    float am   = nf4_absmax_value(nf4_absmax_raw(absmax, absmax2, stored), absmax2, offset, code2, blk);
     u32 words[4] = {pk.x, pk.y, pk.z, pk.w}, o[16];
 #pragma unroll
     for (int wd = 0; wd < 4; ++wd)

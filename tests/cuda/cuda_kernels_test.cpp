@@ -290,6 +290,51 @@ INSTANTIATE_TEST_SUITE_P(
                       GemvCase{"lanes32_bf16_aux", BF, {333}, 1536, 2, 32, false, true}),
     [](const ::testing::TestParamInfo<GemvCase>& i) { return std::string(i.param.name); });
 
+// ---- the decode MLP in one kernel (g4_mlp_nf4, sm_90): gate/up pairs, GeluMul and the down projection
+// (its weight tiled, kQuantTiled32) adding into a zeroed y, against the unfused reference.
+struct MlpCase {
+    const char* name;
+    int64_t H, I;
+    bool dq, bias;
+};
+class Mlp : public ::testing::TestWithParam<MlpCase> {};
+TEST_P(Mlp, MatchesUnfusedReference) {
+    NEED_GPU();
+    if (gpu().sm < 90) GTEST_SKIP() << "g4_mlp_nf4 is scheduled on sm_90 plans only";
+    const MlpCase& c = GetParam();
+    Dev dev;
+    std::vector<float> x = randn((size_t)c.H, 7);
+    Weight g = make_weight(dev, DType::NF4, c.I, c.H, 31, c.dq), u = make_weight(dev, DType::NF4, c.I, c.H, 32, c.dq);
+    Weight d = make_weight(dev, DType::NF4, c.H, c.I, 33, c.dq);
+    std::vector<float> bg = c.bias ? randn(c.I, 41) : std::vector<float>(c.I, 0.0f), bu = c.bias ? randn(c.I, 42) : std::vector<float>(c.I, 0.0f);
+    std::vector<float> bd = c.bias ? randn(c.H, 43) : std::vector<float>(c.H, 0.0f);
+    std::vector<float> rg = g.ref(x), ru = u.ref(x), act(c.I);
+    for (int64_t i = 0; i < c.I; ++i) act[i] = ref::gelu_tanh(rg[i] + bg[i]) * (ru[i] + bu[i]);
+    std::vector<float> want = d.ref(act);
+    for (int64_t i = 0; i < c.H; ++i) want[i] += bd[i];
+
+    nf4::Layout l = nf4::layout(c.H * c.I, c.dq);
+    CUdeviceptr t = dev.up(nf4::tile32(d.blob, c.H, c.I, c.dq)), y = dev.alloc(c.H * 4);
+    cuda_rt::MlpArgsH a{};
+    a.gu.m[0] = g.mat(0, c.bias ? dev.up(bg) : 0), a.gu.m[1] = u.mat(0, c.bias ? dev.up(bu) : 0);
+    a.gu.x = dev.up(x), a.gu.nmat = 2, a.gu.k = (int)c.H, a.gu.epi = 1;
+    a.codes = t + l.codes_off, a.absmax = t + l.absmax_off;
+    if (c.dq) a.absmax2 = t + l.absmax2_off, a.offset = t + l.offset_off, a.code2 = t + l.code2_off;
+    a.bias = c.bias ? dev.up(bd) : 0, a.y = y, a.H = (int)c.H, a.I = (int)c.I;
+    cu::CUfunction f = nullptr;
+    ASSERT_EQ(gpu().d->cuModuleGetFunction(&f, gpu().mod, "g4_mlp_nf4"), 0);
+    ASSERT_EQ(gpu().d->cuFuncSetAttribute(f, cu::kFuncAttrMaxDynamicSmem, (int)cuda_rt::kGemvSmemMax), 0);
+    launch_smem("g4_mlp_nf4", (unsigned)(c.I / 32), 1, 128, cuda_rt::gemv_smem(true, gpu().sm, (int)c.H), {&a});
+    const double e = rel(dev.down<float>(y, c.H), want);
+    std::printf("MLP %s: rel %.2e\n", c.name, e);
+    EXPECT_LT(e, 2e-5) << c.name;
+}
+INSTANTIATE_TEST_SUITE_P(RealShapes, Mlp,
+                         ::testing::Values(MlpCase{"e2b", 1536, 6144, false, false}, MlpCase{"e2b_wide_dq_bias", 1536, 12288, true, true},
+                                           MlpCase{"e4b", 2560, 10240, false, true}, MlpCase{"e4b_dq", 2560, 10240, true, false},
+                                           MlpCase{"tiny_e2b", 64, 128, true, true}, MlpCase{"tiny_e4b", 96, 192, false, false}),
+                         [](const ::testing::TestParamInfo<MlpCase>& i) { return std::string(i.param.name); });
+
 // ---- greedy sampling: multi-block argmax, ties to the lowest index, counter reset for the next call;
 // with a step, the feed of the next decode step (its id, its position, the host slot of this one)
 TEST(Argmax, MatchesHostAcrossCalls) {
@@ -629,13 +674,14 @@ TEST(CudaPlan, Bf16KvCacheMatchesTheCpuPlan) {
 // steps, logits read after a step run ahead, a token that is not the argmax, a top-k draw, a reset and
 // a second prompt. Every token and logits row must be the plain session's, and the second session
 // must have used steps it ran ahead, each with its LM head screened (kernels.cu g4_lm_screen); a third,
-// on an engine opened with G4_LM_SCREEN=0, runs ahead without screening.
+// on an engine opened with G4_LM_SCREEN=0, runs ahead without screening. --deterministic: on sm_90 the
+// default plan's fused MLP adds in a varying order, so two runs may differ in the last bits.
 TEST(CudaPlan, DecodeAheadMatchesPlainSteps) {
     NEED_GPU();
     g4test::TempDir td;
     const std::string plan = td.file("e2b-nf4-cuda.g4plan");
-    g4test::CmdResult c = g4test::run_g4("compile --model '" + g4test::fixture("e2b_tiny") + "' --weights nf4 --no-fidelity --device cuda -o '" +
-                                         plan + "'");
+    g4test::CmdResult c = g4test::run_g4("compile --model '" + g4test::fixture("e2b_tiny") +
+                                         "' --weights nf4 --no-fidelity --device cuda --deterministic -o '" + plan + "'");
     ASSERT_EQ(c.exit_code, 0) << c.err;
     const auto ref = nlohmann::json::parse(g4test::read_file(g4test::fixture("e2b_tiny/reference/reference.json")));
     const auto prompt = ref["prompts"].back()["ids"].get<std::vector<int32_t>>();
@@ -743,7 +789,14 @@ TEST_P(ResNorm, MatchesUnfusedOps) {
             float f = 1.0f, eps = 1e-6f;
             int h = H;
             gpu().d->cuMemsetD8(gxn, 0xff, H * 4);
-            launch("g4_resnorm", 1, 1, block, {&gx, &dd, &gpw, &one, &gsc, &one, &f, &gxo, &gprew, &one, &xnp, &h, &eps});
+            // mode 0 also zeroes a buffer after its reads (the next g4_mlp_nf4's output), here d itself.
+            CUdeviceptr gdz = mode == 0 ? dev.up(d) : 0, zero = gdz;
+            if (mode == 0) dd = gdz;
+            launch("g4_resnorm", 1, 1, block, {&gx, &dd, &gpw, &one, &gsc, &one, &f, &gxo, &gprew, &one, &xnp, &h, &eps, &zero});
+            if (mode == 0) {
+                const std::vector<float> z = dev.down<float>(gdz, H);
+                EXPECT_EQ(std::count(z.begin(), z.end(), 0.0f), H) << "the zeroed buffer, block " << block;
+            }
             double e1 = rel(dev.down<float>(gxo, H), xo), e2 = mode == 2 ? 0.0 : rel(dev.down<float>(gxn, H), xn);
             std::printf("ResNorm H=%d mode %d block %u: x_out %.2e, xn %.2e\n", H, mode, block, e1, e2);
             EXPECT_LT(e1, 1e-6) << "mode " << mode << " block " << block;
@@ -771,7 +824,8 @@ TEST_P(ResNorm, CancellingResidual) {
         int one = 1;
         float f = 1.0f, eps = 1e-6f;
         int h = H;
-        launch("g4_resnorm", 1, 1, 512, {&gx, &gd, &gpw, &one, &gsc, &one, &f, &gxo, &gprew, &one, &gxn, &h, &eps});
+        CUdeviceptr no_zero = 0;
+        launch("g4_resnorm", 1, 1, 512, {&gx, &gd, &gpw, &one, &gsc, &one, &f, &gxo, &gprew, &one, &gxn, &h, &eps, &no_zero});
         double e1 = rel(dev.down<float>(gxo, H), xo), e2 = rel(dev.down<float>(gxn, H), xn);
         std::printf("ResNorm H=%d, x = -%.2f rms(d) pw + noise: x_out %.2e, xn %.2e\n", H, alpha, e1, e2);
         EXPECT_LT(e1, 1e-5) << alpha;
@@ -1213,13 +1267,21 @@ TEST(PrefillGemm, Nf4ToBf16IsExact) {
         long n        = w.n * w.k;
         CUdeviceptr out = dev.alloc(n * 2), codes = w.dev + l.codes_off, am = w.dev + l.absmax_off;
         CUdeviceptr am2 = dq ? w.dev + l.absmax2_off : 0, off = dq ? w.dev + l.offset_off : 0, c2 = dq ? w.dev + l.code2_off : 0;
-        launch("g4_nf4_to_bf16", (unsigned)((n / 32 + 255) / 256), 1, 256, {&codes, &am, &am2, &off, &c2, &n, &out});
+        int row_major = 0;
+        launch("g4_nf4_to_bf16", (unsigned)((n / 32 + 255) / 256), 1, 256, {&codes, &am, &am2, &off, &c2, &n, &out, &row_major});
         std::vector<float> f(n);
         nf4::dequantize(w.blob.data(), l, 0, n, f.data());
         std::vector<uint16_t> got = dev.down<uint16_t>(out, n);
         size_t bad = 0;
         for (long i = 0; i < n; ++i) bad += got[i] != f32_to_bf16(f[i]);
         EXPECT_EQ(bad, 0u) << "double quant " << dq;
+        // The same matrix tiled for g4_mlp_nf4 (plan kQuantTiled32) dequantizes to the same row-major bf16.
+        CUdeviceptr t = dev.up(nf4::tile32(w.blob, w.n, w.k, dq)), tout = dev.alloc(n * 2);
+        CUdeviceptr tc = t + l.codes_off, ta = t + l.absmax_off, ta2 = dq ? t + l.absmax2_off : 0, toff = dq ? t + l.offset_off : 0,
+                    tc2 = dq ? t + l.code2_off : 0;
+        int rows = (int)w.n;
+        launch("g4_nf4_to_bf16", (unsigned)((n / 32 + 255) / 256), 1, 256, {&tc, &ta, &ta2, &toff, &tc2, &n, &tout, &rows});
+        EXPECT_EQ(dev.down<uint16_t>(tout, n), got) << "tiled, double quant " << dq;
     }
 }
 
@@ -1257,7 +1319,8 @@ TEST(PrefillGemm, CublasAndTensorCoreMatchBf16Reference) {
     CUdeviceptr xs = dev.alloc((size_t)T * K * 2), ws = dev.alloc((size_t)N * K * 2);
     long numel = (long)N * K;
     launch("g4_f32_to_bf16", T, (K + 1023) / 1024, 256, {&step, &gx, &ldx, &xs, &k});
-    launch("g4_nf4_to_bf16", (unsigned)((numel / 32 + 255) / 256), 1, 256, {&codes, &am, &z, &z, &z, &numel, &ws});
+    int row_major = 0;
+    launch("g4_nf4_to_bf16", (unsigned)((numel / 32 + 255) / 256), 1, 256, {&codes, &am, &z, &z, &z, &numel, &ws, &row_major});
     const float one = 1.0f, zero = 0.0f;
     ASSERT_EQ(b->gemm_ex(h, cublas::kOpT, cublas::kOpN, N, T, K, &one, (const void*)ws, cublas::kR16BF, K, (const void*)xs, cublas::kR16BF,
                          K, &zero, (void*)gy, cublas::kR32F, N, cublas::kCompute32F, cublas::kGemmDefault),

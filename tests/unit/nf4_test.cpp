@@ -251,6 +251,30 @@ TEST(Nf4Quantize, BlockwiseDynamicMapTies) {
 
 // ---- dequantize --------------------------------------------------------------------------------------------
 
+// The fused decode MLP's layout (plan kQuantTiled32): a permutation of the codes and absmax, nothing
+// requantized. Element (r, c) read through the tiled addresses equals the row-major blob's element.
+TEST(Nf4Tile32, PermutesCodesAndAbsmaxExactly) {
+    for (bool dq : {false, true}) {
+        const int64_t rows = 12, cols = 192;   // 3 quant blocks and 6 slices a row; absmax2 spans 256 blocks only when dq
+        std::vector<float> w = randn((size_t)(rows * cols), 5, 0.1f);
+        const std::vector<uint8_t> blob = nf4::quantize(w.data(), rows * cols, dq), t = nf4::tile32(blob, rows, cols, dq);
+        const nf4::Layout l = nf4::layout(rows * cols, dq);
+        ASSERT_EQ(t.size(), blob.size());
+        for (int64_t r = 0; r < rows; ++r)
+            for (int64_t c = 0; c < cols; ++c) {
+                const uint8_t byte = t[l.codes_off + ((c / 32) * rows + r) * 16 + (c % 32) / 2];
+                const int code     = c % 2 ? byte & 15 : byte >> 4;
+                const int64_t b = r * (cols / 64) + c / 64, stored = (c / 64) * rows + r;
+                float am;
+                if (dq) am = nf4::mul_then_add(((const float*)&t[l.code2_off])[t[l.absmax_off + stored]], ((const float*)&t[l.absmax2_off])[b / 256],
+                                               *(const float*)&t[l.offset_off]);
+                else std::memcpy(&am, &t[l.absmax_off + stored * 4], 4);
+                ASSERT_EQ(nf4::kCodebook[code] * am, nf4::element(blob.data(), l, r * cols + c)) << "dq " << dq << " (" << r << ", " << c << ")";
+            }
+    }
+    EXPECT_THROW(nf4::tile32(std::vector<uint8_t>(100), 4, 96, false), CompileError);
+}
+
 TEST(Nf4Dequantize, ReproducesReferenceValuesExactly) {
     std::mt19937 rng(7);
     for (const json& c : fx().index["quant"]) {

@@ -150,7 +150,7 @@ g4_status open_gpu(const plan::Plan& p, EngineState* st, Gpu& g, const plan::Pro
         {&k.attn_merge, "g4_attention_merge"}, {&k.argmax, "g4_argmax"},
         {&k.resnorm, "g4_resnorm"}, {&k.qkv_post, "g4_qkv_post"},
         {&k.attn_decode, "g4_attn_decode"}, {&k.attn_decode_bf16, "g4_attn_decode_bf16"}, {&k.attn_decode_post, "g4_attn_decode_post"}, {&k.attn_decode_post_bf16, "g4_attn_decode_post_bf16"}, {&k.nf4_to_bf16, "g4_nf4_to_bf16"}, {&k.f32_to_bf16, "g4_f32_to_bf16"},
-        {&k.add_bias, "g4_add_bias"}, {&k.copy_f32, "g4_copy_f32"}, {&k.penalize, "g4_penalize"},
+        {&k.add_bias, "g4_add_bias"}, {&k.copy_f32, "g4_copy_f32"}, {&k.penalize, "g4_penalize"}, {&k.mlp, "g4_mlp_nf4"},
         {&k.topk_round, "g4_topk_round"}, {&k.softmax_partial, "g4_softmax_partial"}};
     for (auto& f : fns) CU_TRY(d->cuModuleGetFunction(f.f, g.mod, f.n), std::string("kernel ") + f.n);
     // LM-head screening: kernels of plans compiled since session 25 (without them, no screening).
@@ -193,6 +193,8 @@ g4_status open_gpu(const plan::Plan& p, EngineState* st, Gpu& g, const plan::Pro
                     CU_TRY(d->cuFuncSetAttribute(k.gemv[q][l][m], kFuncAttrMaxDynamicSmem, (int)kGemvSmemMax),
                            "kernel " + n + ": shared memory size");
             }
+    if (gemv_smem(true, g.sm, 0))
+        CU_TRY(d->cuFuncSetAttribute(k.mlp, kFuncAttrMaxDynamicSmem, (int)kGemvSmemMax), "kernel g4_mlp_nf4: shared memory size");
     CU_TRY(d->cuMemAlloc(&g.weights, std::max<uint64_t>(64, g.weights_bytes)),
            "allocating " + std::to_string(g.weights_bytes >> 20) + " MiB of weights on GPU " + std::to_string(g.index));
     for (const Gpu::Seg& sg : g.segs)
@@ -443,6 +445,8 @@ g4_status session_create(g4_session* s, std::string* err) {
         if (ws.xscratch) {
             std::string why;
             if (!st->blas) st->blas = cublas::lib(&why);   // absent: the tensor-core kernel takes these matmuls
+            if (!st->blas && ws.tiled)   // the tiled down projections' prefill still dequantizes to it
+                CU_TRY(d->cuMemAlloc(&ln.wscratch, std::max<size_t>(256, ws.wscratch)), "allocating the NF4 weight scratch" + on);
             if (st->blas) {
                 CU_TRY(d->cuMemAlloc(&ln.wscratch, std::max<size_t>(256, ws.wscratch)), "allocating the cuBLAS weight scratch" + on);
                 CU_TRY(d->cuMemAlloc(&ln.xscratch, ws.xscratch), "allocating the cuBLAS activation scratch" + on);
@@ -551,6 +555,7 @@ g4_status session_create(g4_session* s, std::string* err) {
             if (l.kind == (uint16_t)LaunchKind::ResNorm) cls = "resnorm";
             else if (l.kind == (uint16_t)LaunchKind::QkvPost) cls = "qkv_post";
             else if (l.kind == (uint16_t)LaunchKind::QkvAttn) cls = "qkv_attn";
+            else if (l.kind == (uint16_t)LaunchKind::Mlp) cls = "mlp";
             else if (l.kind == (uint16_t)LaunchKind::Gemv)
                 cls = (int)op.out[0] == p.info().logits_tensor ? "lm_head"
                       : p.tensor(op.in[1]).dtype == (uint8_t)DType::NF4 ? "gemv_nf4" : "gemv_bf16";
@@ -572,7 +577,7 @@ g4_status session_create(g4_session* s, std::string* err) {
         st->pdl_ok = false;   // events between launches would cut the programmatic edges
         st->ev.resize(p.n_launches() + 2);
         for (CUevent& ev : st->ev) CU_TRY(d->cuEventCreate(&ev, 0), "cuEventCreate");
-        static const char* kinds[] = {"", "resnorm", "gemv", "qkv_post", "qkv_attn"};
+        static const char* kinds[] = {"", "resnorm", "gemv", "qkv_post", "qkv_attn", "mlp"};
         for (size_t li = 0; li < p.n_launches(); ++li) {
             const CudaLaunch& l = p.launch(li);
             const PlanOp& op    = p.op(l.op);
@@ -598,8 +603,8 @@ void session_destroy(SessionState* st) {
     if (!st) return;
     if (st->profile) {
         std::fprintf(stderr, "g4 cuda profile (ms total / calls; per-op sync timing includes ~launch latency):\n");
-        static const char* fused[] = {"resnorm*", "gemv*", "qkv_post*", "qkv_attn*"};
-        for (int c = 0; c < 21; ++c)
+        static const char* fused[] = {"resnorm*", "gemv*", "qkv_post*", "qkv_attn*", "mlp*"};
+        for (int c = 0; c < 22; ++c)
             for (int m = 0; m < 2; ++m)
                 if (st->prof_n[c][m])
                     std::fprintf(stderr, "  %-10s %-8s %10.3f ms %8ld calls %8.1f us/call\n", c >= 16 ? fused[c - 17] : op_name((OpCode)c), m ? "prefill" : "decode",
@@ -771,6 +776,33 @@ g4_status launch_op(g4_session* s, size_t i, int rows, int out_rows, std::string
         // tiled GEMM), decode rows outside the fused schedule to the 4-rows-per-warp GEMV, the rest one
         // warp per row.
         const bool is_nf4 = w.dtype == (uint8_t)DType::NF4;
+        if (is_nf4 && (w.quant_flags & plan::kQuantTiled32)) {
+            // A down projection the decode schedule runs in g4_mlp_nf4 (tiled for it): every other use
+            // (prefill) dequantizes it to the bf16 scratch matrix, then cuBLAS or the bf16 kernels.
+            Nf4Ptrs q  = nf4_ptrs(in1, w);
+            long numel = (long)N * Kd;
+            int rows_t = N;
+            r = go(K.nf4_to_bf16, (unsigned)ceil_div(numel / 32, 256), 1, 256,
+                   {&q.codes, &q.absmax, &q.absmax2, &q.offset, &q.code2, &numel, &ln.wscratch, &rows_t});
+            if (r == 0 && n > 8 && ln.blas_h) {
+                if (!st->reuse_x[i]) r = go(K.f32_to_bf16, n, (unsigned)ceil_div(Kd, 1024), 256, {&step, &in0, &ld0, &ln.xscratch, &Kd});
+                const float one = 1.0f, zero = 0.0f;
+                int bs = r == 0 ? st->blas->gemm_ex(ln.blas_h, cublas::kOpT, cublas::kOpN, N, n, Kd, &one, (const void*)ln.wscratch,
+                                                    cublas::kR16BF, Kd, (const void*)ln.xscratch, cublas::kR16BF, Kd, &zero, (void*)out0,
+                                                    cublas::kR32F, (int)ldo, cublas::kCompute32F, cublas::kGemmDefault)
+                                : 0;
+                if (bs != 0) {
+                    *err = "cuBLAS error " + std::to_string(bs) + " in op '" + p.str(op.name) + "'";
+                    return G4_ERR_INTERNAL;
+                }
+                if (r == 0 && in2) r = go(K.add_bias, n, (unsigned)ceil_div(N, 256), 256, {&step, &out0, &ldo, &in2, &N});
+            } else if (r == 0) {
+                const bool tc = n > 8;
+                r = go(tc ? K.tc_bf16 : K.mm_bf16, tc ? (unsigned)ceil_div(N, 64) : (unsigned)ceil_div(N, 8), tc ? (unsigned)ceil_div(n, 64) : 1,
+                       tc ? 128 : 256, {&step, &mode, &in0, &ld0, &ln.wscratch, &N, &Kd, &out0, &ldo, &in2});
+            }
+            break;
+        }
         if (n > 8 && op.ip[6] == (int32_t)plan::MatmulVariant::Cublas && ln.blas_h) {
             // cuBLAS tier: x -> bf16 scratch, NF4 -> bf16 scratch, y = x . W^T with fp32 accumulate.
             CUdeviceptr wb = in1;
@@ -779,7 +811,9 @@ g4_status launch_op(g4_session* s, size_t i, int rows, int out_rows, std::string
                 Nf4Ptrs q  = nf4_ptrs(in1, w);
                 long numel = (long)N * Kd;
                 wb         = ln.wscratch;
-                r = go(K.nf4_to_bf16, (unsigned)ceil_div(numel / 32, 256), 1, 256, {&q.codes, &q.absmax, &q.absmax2, &q.offset, &q.code2, &numel, &wb});
+                int row_major = 0;
+                r = go(K.nf4_to_bf16, (unsigned)ceil_div(numel / 32, 256), 1, 256,
+                       {&q.codes, &q.absmax, &q.absmax2, &q.offset, &q.code2, &numel, &wb, &row_major});
             }
             if (r == 0) {
                 const float one = 1.0f, zero = 0.0f;
@@ -925,10 +959,10 @@ g4_status launch_fused(g4_session* s, const CudaLaunch& l, std::string* err) {
     };
     switch ((LaunchKind)l.kind) {
     case LaunchKind::ResNorm: {
-        CUdeviceptr x = T(0), dd = T(1), pw = T(2), sc = T(3), xo = T(4), prew = T(5), xn = T(6);
+        CUdeviceptr x = T(0), dd = T(1), pw = T(2), sc = T(3), xo = T(4), prew = T(5), xn = T(6), zero = T(7);
         int pwdt = dt_code(p, l.t[2]), sdt = dt_code(p, l.t[3]), prewdt = dt_code(p, l.t[5]), H = l.ip[0];
         float f = l.fp[1], eps = l.fp[0];
-        r = go(K.resnorm, 1, H <= 2048 ? 512 : 1024, {&x, &dd, &pw, &pwdt, &sc, &sdt, &f, &xo, &prew, &prewdt, &xn, &H, &eps});
+        r = go(K.resnorm, 1, H <= 2048 ? 512 : 1024, {&x, &dd, &pw, &pwdt, &sc, &sdt, &f, &xo, &prew, &prewdt, &xn, &H, &eps, &zero});
         break;
     }
     case LaunchKind::QkvPost:
@@ -956,6 +990,23 @@ g4_status launch_fused(g4_session* s, const CudaLaunch& l, std::string* err) {
         long threads = gemv_args(st, p, l, &a, &nf4);
         const int pairs = l.ip[4] == 1 ? 1 : 0;
         r = go(K.gemv[nf4][gemv_lanes_index(l.ip[5])][pairs], (unsigned)ceil_div(threads, 128), 128, {&a}, gemv_smem(nf4, st->cur->g->sm, a.k));
+        break;
+    }
+    case LaunchKind::Mlp: {
+        MlpArgsH a;
+        std::memset(&a, 0, sizeof a);
+        CudaLaunch gu = l;   // the gate/up pair as a Gemv record: its weights and input
+        gu.ip[3] = 2, gu.ip[4] = 1, gu.ip[5] = 8, gu.t[0] = gu.t[1] = -1;
+        bool nf4 = false;
+        gemv_args(st, p, gu, &a.gu, &nf4);
+        const PlanOp& dn    = p.op(l.ip[3]);
+        const PlanTensor& w = p.tensor(dn.in[1]);
+        const Nf4Ptrs q     = nf4_ptrs(addr(st, p, dn.in[1], 0), w);
+        a.codes = q.codes, a.absmax = q.absmax, a.absmax2 = q.absmax2, a.offset = q.offset, a.code2 = q.code2;
+        a.bias = addr(st, p, dn.in[2], dn.in_col[2]);
+        a.y    = addr(st, p, dn.out[0], dn.out_col[0]);
+        a.H = (int)w.dims[0], a.I = (int)w.dims[1];
+        r = go(K.mlp, (unsigned)(a.I / 32), 128, {&a}, gemv_smem(true, st->cur->g->sm, a.H));
         break;
     }
     default: *err = "internal: bad launch kind"; return G4_ERR_INTERNAL;

@@ -19,6 +19,13 @@ struct GemvArgsH {
     float cap;
 };
 static_assert(sizeof(GemvMatH) == 64 && sizeof(GemvArgsH) == 232, "GemvArgs layout");
+// g4_mlp_nf4's arguments (MlpArgs): the gate/up pair, then the tiled down matrix's parts and output.
+struct MlpArgsH {
+    GemvArgsH gu;
+    cu::CUdeviceptr codes, absmax, absmax2, offset, code2, bias, y;
+    int H, I;
+};
+static_assert(sizeof(MlpArgsH) == 296, "MlpArgs layout");
 
 // g4_attn_decode_post's q/k/v post-projection arguments (AttnPost).
 struct AttnPostH {

@@ -33,6 +33,7 @@ struct Workspace {
     uint64_t part = 16, scores = 16;      // floats: attention partials (prefill and decode), split-over-keys scores
     uint64_t wscratch = 0, xscratch = 0;  // bytes: the cuBLAS tier's bf16 weights and activations (0: no tier)
     uint64_t cublas = 0;                  // bytes: cuBLAS workspace (with the tier)
+    bool tiled = false;                   // kQuantTiled32 weights: wscratch is needed even without cuBLAS
     uint64_t candidates = 0;              // (value, index) pairs in each of the sampler's two round buffers
     uint64_t vocab = 0;                   // floats: the repetition-penalised copy of the logits
     uint64_t history = 0;                 // ints: the penalised tokens (up to max_context)
@@ -64,6 +65,7 @@ inline Workspace workspace(const plan::PlanOp* ops, size_t n_ops, const plan::Pl
         if (op.code == (uint16_t)OpCode::Matmul && op.ip[6] == (int32_t)plan::MatmulVariant::Cublas) {
             const plan::PlanTensor& t = tensors[op.in[1]];
             if (t.dtype == (uint8_t)DType::NF4) w.wscratch = std::max<uint64_t>(w.wscratch, (uint64_t)t.dims[0] * t.dims[1] * 2);
+            if (t.dtype == (uint8_t)DType::NF4 && (t.quant_flags & plan::kQuantTiled32)) w.tiled = true;
             w.xscratch = std::max<uint64_t>(w.xscratch, (uint64_t)max_rows * t.dims[1] * 2);
         }
         if (op.code != (uint16_t)OpCode::Attention) continue;

@@ -69,6 +69,11 @@ struct PlanTensor {
 static_assert(sizeof(PlanTensor) == 64);
 
 inline constexpr uint32_t kQuantDoubleQuant = 1;
+// NF4 [H, I] stored tiled for the fused decode MLP (LaunchKind::Mlp, CUDA sm_90 plans): the same blob parts,
+// codes as [I / 32][H][16 bytes] (slice j holds columns 32j..32j+31 of every row) and absmax as [I / 64][H];
+// absmax2 (double quant) keeps the row-major block index r * I / 64 + c / 64. The CUDA runtime dequantizes
+// it to bf16 for every other use (prefill); CPU kernels never see it.
+inline constexpr uint32_t kQuantTiled32 = 2;
 // PlanTensor.flags of weights holds the compiler's weight role; the runtime reads these two: a vision/audio
 // tower weight (read by runtime/src/towers on the CPU, never uploaded), and a tower's 0-d tensor stored as [1].
 inline constexpr uint8_t kRoleTower = 9, kRoleTowerScalar = 10;
@@ -113,13 +118,17 @@ enum class MatmulVariant : int32_t {
 enum class LaunchKind : uint16_t {
     Op      = 0,   // op `op` with its own kernel
     ResNorm = 1,   // x_out = (x + rms(d) * post_w) * fp1 * scalar; xn = rms(x_out) * pre_w
-                   //   t: 0 x, 1 d, 2 post_w, 3 scalar, 4 x_out, 5 pre_w, 6 xn; ip0 cols; fp0 eps
+                   //   t: 0 x, 1 d, 2 post_w, 3 scalar, 4 x_out, 5 pre_w, 6 xn, 7 zeroed after (the next
+                   //   Mlp's y, or -1); ip0 cols; fp0 eps
     Gemv    = 2,   // ip0..2 matmul ops sharing x (ip3 of them); ip4 epilogue (0 store, 1 gelu(gate) * up,
                    //   2 gelu(y) * aux, 3 softcap); ip5 lanes per weight row (8..128); t0 aux, ip6 aux
                    //   column, t1 epilogue output; fp0 softcap
     QkvPost = 3,   // q_norm, q_rope [, k_norm, k_rope, v_norm, kv_store] (count 2 or 6) in one kernel
     QkvAttn = 4,   // QkvPost's ops and the decode Attention op after them (count 3 or 7) in the attention
                    //   kernel; QkvPost's fields, ip4 the number of QkvPost ops (2 or 6)
+    Mlp     = 5,   // gate, up, GeluMul, down (count 4) in g4_mlp_nf4 (sm_90; the down weight kQuantTiled32);
+                   //   ip0 gate op, ip1 up op, ip3 down op; adds into the down's output, which the ResNorm
+                   //   launch before it zeroes (its t7)
 };
 struct CudaLaunch {
     uint16_t kind;                 // LaunchKind
@@ -147,14 +156,14 @@ inline uint64_t fnv1a64(const void* data, size_t n, uint64_t h = 146959810393466
 // record layouts, op codes and their parameter conventions (bump the string when they change).
 inline uint64_t schema_hash() {
     static const char kSchema[] =
-        "g4plan-v1;header64;section32;tensor64(quant_flags);op104;launch80(op0,resnorm1,gemv2,qkvpost3,qkvattn4(ip4:post_ops));matmul_variant(cublas4);"
+        "g4plan-v1;header64;section32;tensor64(quant_flags);op104;launch80(op0,resnorm1(t7:zero),gemv2,qkvpost3,qkvattn4(ip4:post_ops),mlp5(ip0:gate,ip1:up,ip3:down));matmul_variant(cublas4);"
         "ops:embed1(in:ids,table;fp0:scale),matmul2(in:x,w,bias?;ip5:decode_variant,ip6:prefill_variant),rms_norm3(in:x,w?;ip0:cols,ip1:dim;fp0:eps),"
         "add4(ip0:cols),scale5(in:x,s?;ip0:cols;fp0:s),rope6(in:x,inv_freq;ip0:heads,ip1:dim),"
         "kv_store7(in:k,v;out:kc,vc;ip0:width,ip1:slots),"
         "attention8(in:q,kc,vc;ip0:heads,ip1:kv_heads,ip2:dim,ip3:slots,ip4:window,ip5:prefill_splits(0=flash),ip6:decode_splits;fp0:scale),"
         "gelu_mul9(ip0:cols),softcap10(ip0:cols;fp0:cap),copy11(in:x;out:x;ip0:cols,ip1:dst_device,ip2:src_device(-1=host));"
         "meta:program.layer_devices,gpus(index,weights,kv),kv_host_begin;towers(weights,max_media_tokens,vision,audio;flags:tower9,tower_scalar10);"
-        "dtypes:f32=0,bf16=1,f16=2,i32=3,nf4=4(blob:codes,absmax|dq);kinds:weight0,act1,kv2(dtype:f32|bf16,rne on store),input3;"
+        "dtypes:f32=0,bf16=1,f16=2,i32=3,nf4=4(blob:codes,absmax|dq;quant_flags:dq1,tiled32_2);kinds:weight0,act1,kv2(dtype:f32|bf16,rne on store),input3;"
         "rowmode:all0,tailin1,outrows2;argmax(logits,vocab,ws,step,ids,host_tok,limit)";
     return fnv1a64(kSchema, sizeof(kSchema) - 1);
 }

@@ -312,7 +312,7 @@ g4_status Plan::validate_records(std::string* err) {
     for (size_t i = 0; i < n_launches_; ++i) {
         const CudaLaunch& l = launches_[i];
         std::string what    = "CUDA schedule record " + std::to_string(i);
-        if (l.kind > (uint16_t)LaunchKind::QkvAttn || l.count < 1 || l.op != (int32_t)next || next + l.count > n_ops_)
+        if (l.kind > (uint16_t)LaunchKind::Mlp || l.count < 1 || l.op != (int32_t)next || next + l.count > n_ops_)
             return fail(CORRUPT, what + ": bad kind or op range", err);
         if (l.kind == (uint16_t)LaunchKind::QkvAttn &&
             ((l.ip[4] != 2 && l.ip[4] != 6) || l.count != l.ip[4] + 1 || ops_[l.op + l.count - 1].code != (uint16_t)OpCode::Attention))
@@ -325,6 +325,16 @@ g4_status Plan::validate_records(std::string* err) {
             for (int m = 0; m < l.ip[3]; ++m)
                 if (l.ip[m] < l.op || l.ip[m] >= l.op + l.count || ops_[l.ip[m]].code != (uint16_t)OpCode::Matmul)
                     return fail(CORRUPT, what + ": GEMV operand is not a matmul it covers", err);
+        }
+        if (l.kind == (uint16_t)LaunchKind::Mlp) {
+            const bool ops_ok = l.count == 4 && l.ip[0] == l.op && l.ip[1] == l.op + 1 && l.ip[3] == l.op + 3 &&
+                                ops_[l.op].code == (uint16_t)OpCode::Matmul && ops_[l.op + 1].code == (uint16_t)OpCode::Matmul &&
+                                ops_[l.op + 2].code == (uint16_t)OpCode::GeluMul && ops_[l.op + 3].code == (uint16_t)OpCode::Matmul;
+            if (!ops_ok || i == 0 || launches_[i - 1].kind != (uint16_t)LaunchKind::ResNorm || launches_[i - 1].t[7] != ops_[l.op + 3].out[0])
+                return fail(CORRUPT, what + ": bad MLP record (gate, up, GeluMul, down after a ResNorm that zeroes its output)", err);
+            const PlanTensor& w = tensors_[ops_[l.op + 3].in[1]];
+            if (w.dtype != (uint8_t)DType::NF4 || !(w.quant_flags & kQuantTiled32) || w.dims[1] % 64 != 0 || w.dims[0] % 4 != 0)
+                return fail(CORRUPT, what + ": the MLP's down weight is not a tiled NF4 matrix", err);
         }
         next += l.count;
     }

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# A/B of compile options on the GPU machine, side by side in one run: one build, one plan per side
+# (`g4 compile` with that side's extra flags), `g4 bench` alternated between the plans, so the sides
+# differ only in what the flags change (e.g. '' against '--deterministic').
+# Usage (repo root, $OUT set): [MODEL=e2b] [ROUNDS=3] [DEPTHS=16,4096] [KV=bf16] bash bench/ab_plans.sh 'A_FLAGS' 'B_FLAGS' ...
+# Writes $OUT/ab_plans_<model>.txt (every bench JSON, the sides interleaved) and prints the medians.
+set -u
+MODEL=${MODEL:-e2b}
+ROUNDS=${ROUNDS:-3}
+DEPTHS=${DEPTHS:-16,4096}
+KV=${KV:-bf16}
+source bench/lab_common.sh
+lab_checkpoint_start $MODEL $OUT/ab_ckpt.txt
+lab_build ab_plans
+echo "built: ${SECONDS}s"
+lab_checkpoint_wait $OUT/ab_ckpt.txt
+s=0
+for f in "$@"; do
+    PLAN=/tmp/ab_plans_${MODEL}_$s.g4plan
+    lab_plan build-dev/tools/g4 $MODEL $KV $PLAN "$f"
+    echo "side $s [$f]: $(build-dev/tools/g4 inspect $PLAN | grep 'CUDA decode schedule')"
+    s=$((s + 1))
+done
+echo "checkpoint and plans: ${SECONDS}s"
+R=$OUT/ab_plans_$MODEL.txt
+: > $R
+for r in $(seq $ROUNDS); do
+    s=0
+    for f in "$@"; do
+        side=$(printf "\\x$(printf %x $((65 + s)))")
+        echo "## round $r $side [$f]" >> $R
+        build-dev/tools/g4 bench /tmp/ab_plans_${MODEL}_$s.g4plan -p 512 -n 128 -d $DEPTHS -r 3 --json >> $R 2>&1
+        s=$((s + 1))
+    done
+done
+python3 bench/ab_summary.py "$R"

@@ -1545,9 +1545,9 @@ G4_GEMV(g4_gemv_bf16_l128_m2, false, 128, 2)
 // block waits for another, and the down's weights stream while other blocks still do the gate/up (the
 // two-kernel path stages all of act in every down block after a grid-wide wait). y must be zero at the
 // wait: the ResNorm before zeroes it (g4_resnorm's zero). The order of the adds varies, so y may differ
-// in its last bits from run to run. The down matrix is stored tiled (plan kQuantTiled32): codes
-// [I / 32][H][16 bytes], each slice contiguous, absmax [I / 64][H] (double quant: absmax2 still indexed by
-// the row-major block r * I / 64 + c / 64). bench/mlp_lab.cu (H100, session 30): E2B 15.7 -> 12.8 us,
+// in its last bits from run to run (g4 compile --deterministic keeps the two GEMVs). The down matrix is
+// stored tiled (plan kQuantTiled32): codes [I / 32][H][16 bytes], each slice contiguous, absmax [I / 64][H]
+// (double quant: absmax2 still indexed by the row-major block r * I / 64 + c / 64). bench/mlp_lab.cu (H100, session 30): E2B 15.7 -> 12.8 us,
 // E2B wide 22.0 -> 19.1, E4B 28.5 -> 25.5 against the gate/up + down GEMVs in a graph.
 // grid I / 32, block 128, dynamic shared memory cuda_rt::gemv_smem(true, 90, H). H % 4 == 0, I % 64 == 0.
 struct MlpArgs {
@@ -2314,23 +2314,14 @@ G4_ATTN_DECODE_POST(g4_attn_decode_post_bf16, true)
 // kernel), fp32 activations -> bf16, and a bias row added after the GEMM.
 // grid ceil(n / 32 / 256), block 256: one 16-byte chunk (32 values, half an NF4 block) per thread.
 extern "C" __global__ void g4_nf4_to_bf16(const u8* codes, const void* absmax, const float* absmax2, const float* offset,
-                                          const float* code2, long n, u16* out, int tiled_rows) {
+                                          const float* code2, long n, u16* out) {
     __shared__ float cb[16];
     nf4_codebook(cb);
     pdl_begin();
     long c = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (c * 32 >= n) return;
-    // tiled_rows = H > 0: a kQuantTiled32 matrix [H, I] (g4_mlp_nf4): thread c still writes output chunk
-    // c (row r = c / (I / 32), columns 32 jj ..: coalesced stores), whose codes sit at chunk jj * H + r and
-    // absmax at (jj / 2) * H + r.
-    long blk = (c * 32) >> 6, stored = blk, src = c;   // blk: the row-major block (absmax2's index)
-    if (tiled_rows > 0) {
-        const long H = tiled_rows, I = n / H, r = c / (I / 32), jj = c % (I / 32);
-        src    = jj * H + r;
-        stored = (jj / 2) * H + r;
-    }
-    uint4 pk   = *(const uint4*)(codes + src * 16);
-    float am   = nf4_absmax_value(nf4_absmax_raw(absmax, absmax2, stored), absmax2, offset, code2, blk);
+    uint4 pk   = *(const uint4*)(codes + c * 16);
+    float am   = nf4_absmax(absmax, absmax2, offset, code2, (c * 32) >> 6);
     u32 words[4] = {pk.x, pk.y, pk.z, pk.w}, o[16];
 #pragma unroll
     for (int wd = 0; wd < 4; ++wd)
@@ -2342,6 +2333,23 @@ extern "C" __global__ void g4_nf4_to_bf16(const u8* codes, const void* absmax, c
     uint4* dst = (uint4*)(out + c * 32);
 #pragma unroll
     for (int v = 0; v < 4; ++v) dst[v] = make_uint4(o[4 * v], o[4 * v + 1], o[4 * v + 2], o[4 * v + 3]);
+}
+
+// A kQuantTiled32 matrix [H, I] (g4_mlp_nf4's down projection) back in the row-major layout, codes and
+// absmax (u8 when dq, else f32) into scratch copies, for every other use of it (prefill): the NF4 kernels
+// then run exactly as on an untiled plan. grid ceil(H * I / 32 / 256), block 256: output chunk c (row
+// c / (I / 32), columns 32 jj ..) per thread, coalesced stores; its codes sit at chunk jj * H + r.
+extern "C" __global__ void g4_nf4_untile32(const u8* codes_t, const void* absmax_t, int dq, int H, int I, u8* codes, void* absmax) {
+    pdl_begin();
+    const long c = (long)blockIdx.x * blockDim.x + threadIdx.x, per_row = I / 32;
+    if (c >= (long)H * per_row) return;
+    const long r = c / per_row, jj = c % per_row;
+    ((uint4*)codes)[c] = ((const uint4*)codes_t)[jj * H + r];
+    if (jj % 2 == 0) {
+        const long to = r * (I / 64) + jj / 2, from = (jj / 2) * H + r;
+        if (dq) ((u8*)absmax)[to] = ((const u8*)absmax_t)[from];
+        else ((float*)absmax)[to] = ((const float*)absmax_t)[from];
+    }
 }
 
 // grid (max_rows, ceil(cols / 1024)), block 256: 4 consecutive values per thread. cols % 4 == 0.

@@ -1267,21 +1267,24 @@ TEST(PrefillGemm, Nf4ToBf16IsExact) {
         long n        = w.n * w.k;
         CUdeviceptr out = dev.alloc(n * 2), codes = w.dev + l.codes_off, am = w.dev + l.absmax_off;
         CUdeviceptr am2 = dq ? w.dev + l.absmax2_off : 0, off = dq ? w.dev + l.offset_off : 0, c2 = dq ? w.dev + l.code2_off : 0;
-        int row_major = 0;
-        launch("g4_nf4_to_bf16", (unsigned)((n / 32 + 255) / 256), 1, 256, {&codes, &am, &am2, &off, &c2, &n, &out, &row_major});
+        launch("g4_nf4_to_bf16", (unsigned)((n / 32 + 255) / 256), 1, 256, {&codes, &am, &am2, &off, &c2, &n, &out});
         std::vector<float> f(n);
         nf4::dequantize(w.blob.data(), l, 0, n, f.data());
         std::vector<uint16_t> got = dev.down<uint16_t>(out, n);
         size_t bad = 0;
         for (long i = 0; i < n; ++i) bad += got[i] != f32_to_bf16(f[i]);
         EXPECT_EQ(bad, 0u) << "double quant " << dq;
-        // The same matrix tiled for g4_mlp_nf4 (plan kQuantTiled32) dequantizes to the same row-major bf16.
-        CUdeviceptr t = dev.up(nf4::tile32(w.blob, w.n, w.k, dq)), tout = dev.alloc(n * 2);
-        CUdeviceptr tc = t + l.codes_off, ta = t + l.absmax_off, ta2 = dq ? t + l.absmax2_off : 0, toff = dq ? t + l.offset_off : 0,
-                    tc2 = dq ? t + l.code2_off : 0;
-        int rows = (int)w.n;
-        launch("g4_nf4_to_bf16", (unsigned)((n / 32 + 255) / 256), 1, 256, {&tc, &ta, &ta2, &toff, &tc2, &n, &tout, &rows});
-        EXPECT_EQ(dev.down<uint16_t>(tout, n), got) << "tiled, double quant " << dq;
+        // The same matrix tiled for g4_mlp_nf4 (plan kQuantTiled32) untiles to the row-major codes and absmax.
+        const std::vector<uint8_t> tb = nf4::tile32(w.blob, w.n, w.k, dq);
+        CUdeviceptr t = dev.up(tb), tc = t + l.codes_off, ta = t + l.absmax_off, uc = dev.alloc(l.codes_bytes),
+                    ua = dev.alloc((size_t)(n / 64) * (dq ? 1 : 4));
+        int idq = dq, H = (int)w.n, I = (int)w.k;
+        launch("g4_nf4_untile32", (unsigned)((n / 32 + 255) / 256), 1, 256, {&tc, &ta, &idq, &H, &I, &uc, &ua});
+        EXPECT_EQ(dev.down<uint8_t>(uc, l.codes_bytes), std::vector<uint8_t>(w.blob.begin() + l.codes_off, w.blob.begin() + l.codes_off + l.codes_bytes))
+            << "codes, double quant " << dq;
+        const size_t ab = (size_t)(n / 64) * (dq ? 1 : 4);
+        EXPECT_EQ(dev.down<uint8_t>(ua, ab), std::vector<uint8_t>(w.blob.begin() + l.absmax_off, w.blob.begin() + l.absmax_off + ab))
+            << "absmax, double quant " << dq;
     }
 }
 
@@ -1319,8 +1322,7 @@ TEST(PrefillGemm, CublasAndTensorCoreMatchBf16Reference) {
     CUdeviceptr xs = dev.alloc((size_t)T * K * 2), ws = dev.alloc((size_t)N * K * 2);
     long numel = (long)N * K;
     launch("g4_f32_to_bf16", T, (K + 1023) / 1024, 256, {&step, &gx, &ldx, &xs, &k});
-    int row_major = 0;
-    launch("g4_nf4_to_bf16", (unsigned)((numel / 32 + 255) / 256), 1, 256, {&codes, &am, &z, &z, &z, &numel, &ws, &row_major});
+    launch("g4_nf4_to_bf16", (unsigned)((numel / 32 + 255) / 256), 1, 256, {&codes, &am, &z, &z, &z, &numel, &ws});
     const float one = 1.0f, zero = 0.0f;
     ASSERT_EQ(b->gemm_ex(h, cublas::kOpT, cublas::kOpN, N, T, K, &one, (const void*)ws, cublas::kR16BF, K, (const void*)xs, cublas::kR16BF,
                          K, &zero, (void*)gy, cublas::kR32F, N, cublas::kCompute32F, cublas::kGemmDefault),

@@ -149,7 +149,7 @@ g4_status open_gpu(const plan::Plan& p, EngineState* st, Gpu& g, const plan::Pro
         {&k.rope, "g4_rope"},         {&k.kv, "g4_kv_store"},               {&k.attn_part, "g4_attention_partial"},
         {&k.attn_merge, "g4_attention_merge"}, {&k.argmax, "g4_argmax"},
         {&k.resnorm, "g4_resnorm"}, {&k.qkv_post, "g4_qkv_post"},
-        {&k.attn_decode, "g4_attn_decode"}, {&k.attn_decode_bf16, "g4_attn_decode_bf16"}, {&k.attn_decode_post, "g4_attn_decode_post"}, {&k.attn_decode_post_bf16, "g4_attn_decode_post_bf16"}, {&k.nf4_to_bf16, "g4_nf4_to_bf16"}, {&k.f32_to_bf16, "g4_f32_to_bf16"},
+        {&k.attn_decode, "g4_attn_decode"}, {&k.attn_decode_bf16, "g4_attn_decode_bf16"}, {&k.attn_decode_post, "g4_attn_decode_post"}, {&k.attn_decode_post_bf16, "g4_attn_decode_post_bf16"}, {&k.nf4_to_bf16, "g4_nf4_to_bf16"}, {&k.nf4_untile32, "g4_nf4_untile32"}, {&k.f32_to_bf16, "g4_f32_to_bf16"},
         {&k.add_bias, "g4_add_bias"}, {&k.copy_f32, "g4_copy_f32"}, {&k.penalize, "g4_penalize"}, {&k.mlp, "g4_mlp_nf4"},
         {&k.topk_round, "g4_topk_round"}, {&k.softmax_partial, "g4_softmax_partial"}};
     for (auto& f : fns) CU_TRY(d->cuModuleGetFunction(f.f, g.mod, f.n), std::string("kernel ") + f.n);
@@ -445,7 +445,7 @@ g4_status session_create(g4_session* s, std::string* err) {
         if (ws.xscratch) {
             std::string why;
             if (!st->blas) st->blas = cublas::lib(&why);   // absent: the tensor-core kernel takes these matmuls
-            if (!st->blas && ws.tiled)   // the tiled down projections' prefill still dequantizes to it
+            if (!st->blas && ws.tiled)   // the tiled down projections' prefill still untiles into it
                 CU_TRY(d->cuMemAlloc(&ln.wscratch, std::max<size_t>(256, ws.wscratch)), "allocating the NF4 weight scratch" + on);
             if (st->blas) {
                 CU_TRY(d->cuMemAlloc(&ln.wscratch, std::max<size_t>(256, ws.wscratch)), "allocating the cuBLAS weight scratch" + on);
@@ -776,44 +776,27 @@ g4_status launch_op(g4_session* s, size_t i, int rows, int out_rows, std::string
         // tiled GEMM), decode rows outside the fused schedule to the 4-rows-per-warp GEMV, the rest one
         // warp per row.
         const bool is_nf4 = w.dtype == (uint8_t)DType::NF4;
+        // A down projection the decode schedule runs in g4_mlp_nf4 (stored tiled for it): every other
+        // use (prefill) first puts its codes and absmax back in the row-major layout, after the bf16
+        // scratch matrix (cuda_ws::workspace sizes wscratch for both), then runs as on an untiled plan.
+        Nf4Ptrs q{};
+        if (is_nf4) q = nf4_ptrs(in1, w);
         if (is_nf4 && (w.quant_flags & plan::kQuantTiled32)) {
-            // A down projection the decode schedule runs in g4_mlp_nf4 (tiled for it): every other use
-            // (prefill) dequantizes it to the bf16 scratch matrix, then cuBLAS or the bf16 kernels.
-            Nf4Ptrs q  = nf4_ptrs(in1, w);
-            long numel = (long)N * Kd;
-            int rows_t = N;
-            r = go(K.nf4_to_bf16, (unsigned)ceil_div(numel / 32, 256), 1, 256,
-                   {&q.codes, &q.absmax, &q.absmax2, &q.offset, &q.code2, &numel, &ln.wscratch, &rows_t});
-            if (r == 0 && n > 8 && ln.blas_h) {
-                if (!st->reuse_x[i]) r = go(K.f32_to_bf16, n, (unsigned)ceil_div(Kd, 1024), 256, {&step, &in0, &ld0, &ln.xscratch, &Kd});
-                const float one = 1.0f, zero = 0.0f;
-                int bs = r == 0 ? st->blas->gemm_ex(ln.blas_h, cublas::kOpT, cublas::kOpN, N, n, Kd, &one, (const void*)ln.wscratch,
-                                                    cublas::kR16BF, Kd, (const void*)ln.xscratch, cublas::kR16BF, Kd, &zero, (void*)out0,
-                                                    cublas::kR32F, (int)ldo, cublas::kCompute32F, cublas::kGemmDefault)
-                                : 0;
-                if (bs != 0) {
-                    *err = "cuBLAS error " + std::to_string(bs) + " in op '" + p.str(op.name) + "'";
-                    return G4_ERR_INTERNAL;
-                }
-                if (r == 0 && in2) r = go(K.add_bias, n, (unsigned)ceil_div(N, 256), 256, {&step, &out0, &ldo, &in2, &N});
-            } else if (r == 0) {
-                const bool tc = n > 8;
-                r = go(tc ? K.tc_bf16 : K.mm_bf16, tc ? (unsigned)ceil_div(N, 64) : (unsigned)ceil_div(N, 8), tc ? (unsigned)ceil_div(n, 64) : 1,
-                       tc ? 128 : 256, {&step, &mode, &in0, &ld0, &ln.wscratch, &N, &Kd, &out0, &ldo, &in2});
-            }
-            break;
+            const nf4::Layout lo = nf4::layout((int64_t)N * Kd, q.absmax2 != 0);
+            CUdeviceptr codes = ln.wscratch + cuda_ws::align256((uint64_t)N * Kd * 2), am = codes + lo.absmax_off;
+            int dq = q.absmax2 != 0;
+            r = go(K.nf4_untile32, (unsigned)ceil_div((long)N * Kd / 32, 256), 1, 256, {&q.codes, &q.absmax, &dq, &N, &Kd, &codes, &am});
+            if (r != 0) break;
+            q.codes = codes, q.absmax = am;
         }
         if (n > 8 && op.ip[6] == (int32_t)plan::MatmulVariant::Cublas && ln.blas_h) {
             // cuBLAS tier: x -> bf16 scratch, NF4 -> bf16 scratch, y = x . W^T with fp32 accumulate.
             CUdeviceptr wb = in1;
             if (!st->reuse_x[i]) r = go(K.f32_to_bf16, n, (unsigned)ceil_div(Kd, 1024), 256, {&step, &in0, &ld0, &ln.xscratch, &Kd});
             if (r == 0 && is_nf4) {
-                Nf4Ptrs q  = nf4_ptrs(in1, w);
                 long numel = (long)N * Kd;
                 wb         = ln.wscratch;
-                int row_major = 0;
-                r = go(K.nf4_to_bf16, (unsigned)ceil_div(numel / 32, 256), 1, 256,
-                       {&q.codes, &q.absmax, &q.absmax2, &q.offset, &q.code2, &numel, &wb, &row_major});
+                r = go(K.nf4_to_bf16, (unsigned)ceil_div(numel / 32, 256), 1, 256, {&q.codes, &q.absmax, &q.absmax2, &q.offset, &q.code2, &numel, &wb});
             }
             if (r == 0) {
                 const float one = 1.0f, zero = 0.0f;
@@ -834,7 +817,6 @@ g4_status launch_op(g4_session* s, size_t i, int rows, int out_rows, std::string
         unsigned gx = gemv ? (unsigned)ceil_div(N, 32) : tiled ? (unsigned)ceil_div(N, 64) : (unsigned)ceil_div(N, 8);
         unsigned gy = tiled ? (unsigned)ceil_div(n, 64) : 1;
         if (is_nf4) {
-            Nf4Ptrs q    = nf4_ptrs(in1, w);
             CUfunction f = gemv ? K.gemv_nf4 : tc ? K.tc_nf4 : tiled ? K.gemm_nf4 : K.mm_nf4;
             r = go(f, gx, gy, tc ? 128 : 256,
                    {&step, &mode, &in0, &ld0, &q.codes, &q.absmax, &q.absmax2, &q.offset, &q.code2, &N, &Kd, &out0, &ldo, &in2});

@@ -2,6 +2,7 @@
 // one definition behind the compiler's memory plan (compiler/compile.cpp) and the runtime's
 // allocations at session create (runtime/src/cuda/backend.cpp). Header-only; no CUDA dependency.
 #pragma once
+#include "kernels/nf4.h"
 #include "runtime/src/plan/plan_format.h"
 
 #include <algorithm>
@@ -65,7 +66,11 @@ inline Workspace workspace(const plan::PlanOp* ops, size_t n_ops, const plan::Pl
         if (op.code == (uint16_t)OpCode::Matmul && op.ip[6] == (int32_t)plan::MatmulVariant::Cublas) {
             const plan::PlanTensor& t = tensors[op.in[1]];
             if (t.dtype == (uint8_t)DType::NF4) w.wscratch = std::max<uint64_t>(w.wscratch, (uint64_t)t.dims[0] * t.dims[1] * 2);
-            if (t.dtype == (uint8_t)DType::NF4 && (t.quant_flags & plan::kQuantTiled32)) w.tiled = true;
+            if (t.dtype == (uint8_t)DType::NF4 && (t.quant_flags & plan::kQuantTiled32)) {   // + its row-major codes and absmax
+                const nf4::Layout l = nf4::layout(t.dims[0] * t.dims[1], t.quant_flags & plan::kQuantDoubleQuant);
+                w.wscratch = std::max<uint64_t>(w.wscratch, align256((uint64_t)t.dims[0] * t.dims[1] * 2) + (l.double_quant ? l.absmax2_off : l.total));
+                w.tiled    = true;
+            }
             w.xscratch = std::max<uint64_t>(w.xscratch, (uint64_t)max_rows * t.dims[1] * 2);
         }
         if (op.code != (uint16_t)OpCode::Attention) continue;

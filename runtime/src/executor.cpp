@@ -276,6 +276,11 @@ g4_status run_ops(g4_session* s, size_t first, size_t end, int32_t rows, int32_t
         }
         case OpCode::Matmul: {
             const PlanTensor& w = p.tensor(op.in[1]);
+            if (w.quant_flags & plan::kQuantTiled32) {   // the GPU's fused-MLP layout: CPU kernels read row-major
+                *err = "op '" + std::string(p.str(op.name)) + "': its NF4 weight is stored tiled for the GPU's fused MLP (sm_90 plans); "
+                       "the CPU kernels cannot read it (compile with --deterministic for a plan whose layers may run on the CPU)";
+                return G4_ERR_INTERNAL;
+            }
             MatmulArgs ma{I(0), b.in_ld[0], b.in[1], b.in_dt[1], w.dims[0], w.dims[1], O(0), b.out_ld[0], n};
             ma.nf4_double_quant = (w.quant_flags & plan::kQuantDoubleQuant) != 0;
             cpu::matmul(ctx, ma);

@@ -93,7 +93,9 @@ void expect_same_logits(const std::vector<std::vector<float>>& got, const std::v
 
 std::string compile(const TempDir& d, const std::string& name, const std::string& place) {
     const std::string plan = d.file(name + ".g4plan");
-    CmdResult r = run_g4("compile --model '" + fixture("e2b_tiny_text") + "' --device cuda --target sm_90 --chunk 8 --no-fidelity " +
+    // --deterministic: the CPU kernels standing in for the GPU read row-major NF4, not the fused MLP's tiled
+    // down weights (an sm_90 plan's default).
+    CmdResult r = run_g4("compile --model '" + fixture("e2b_tiny_text") + "' --device cuda --target sm_90 --deterministic --chunk 8 --no-fidelity " +
                          (place.empty() ? "" : "--place " + place + " ") + "-o '" + plan + "'");
     EXPECT_EQ(r.exit_code, 0) << r.err;
     if (!place.empty()) EXPECT_NE(r.err.find("cross-device:"), std::string::npos) << r.err;

@@ -27,15 +27,5 @@ PLAN=/tmp/ab_env_$MODEL.g4plan
 lab_plan build-dev/tools/g4 $MODEL $KV $PLAN
 build-dev/tools/g4 inspect $PLAN | grep "CUDA decode schedule"
 echo "checkpoint and plan: ${SECONDS}s"
-R=$OUT/ab_env_$MODEL.txt
-: > $R
-for r in $(seq $ROUNDS); do
-    s=0
-    for e in "$@"; do
-        side=$(printf "\\x$(printf %x $((65 + s)))")
-        echo "## round $r $side [$e]" >> $R
-        env $e build-dev/tools/g4 bench $PLAN -p 512 -n 128 -d $DEPTHS -r 3 --json >> $R 2>&1
-        s=$((s + 1))
-    done
-done
-python3 bench/ab_summary.py "$R"
+env_side() { echo "env $2 build-dev/tools/g4 bench $PLAN"; }
+lab_rounds $OUT/ab_env_$MODEL.txt env_side "$@"

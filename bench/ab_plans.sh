@@ -22,15 +22,5 @@ for f in "$@"; do
     s=$((s + 1))
 done
 echo "checkpoint and plans: ${SECONDS}s"
-R=$OUT/ab_plans_$MODEL.txt
-: > $R
-for r in $(seq $ROUNDS); do
-    s=0
-    for f in "$@"; do
-        side=$(printf "\\x$(printf %x $((65 + s)))")
-        echo "## round $r $side [$f]" >> $R
-        build-dev/tools/g4 bench /tmp/ab_plans_${MODEL}_$s.g4plan -p 512 -n 128 -d $DEPTHS -r 3 --json >> $R 2>&1
-        s=$((s + 1))
-    done
-done
-python3 bench/ab_summary.py "$R"
+plan_side() { echo "build-dev/tools/g4 bench /tmp/ab_plans_${MODEL}_$1.g4plan"; }
+lab_rounds $OUT/ab_plans_$MODEL.txt plan_side "$@"

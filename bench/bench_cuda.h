@@ -20,3 +20,20 @@ static inline float median(std::vector<float> v) {
     std::sort(v.begin(), v.end());
     return v[v.size() / 2];
 }
+
+// GPU 0's properties (its name and SM count printed), a stream and two timing events: the CUDA
+// benchmarks' common start.
+struct BenchGpu {
+    cudaDeviceProp prop;
+    cudaStream_t st;
+    cudaEvent_t e0, e1;
+};
+static inline BenchGpu bench_gpu() {
+    BenchGpu g;
+    CK(cudaGetDeviceProperties(&g.prop, 0));
+    std::printf("%s, %d SMs\n", g.prop.name, g.prop.multiProcessorCount);
+    CK(cudaStreamCreate(&g.st));
+    CK(cudaEventCreate(&g.e0));
+    CK(cudaEventCreate(&g.e1));
+    return g;
+}

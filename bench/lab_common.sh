@@ -71,3 +71,22 @@ lab_build_sides() {
         pids=("${pids[@]:1}")
     done
 }
+
+# lab_rounds RESULT FN ARG...: ROUNDS rounds of `g4 bench` (-p 512 -n 128 -d $DEPTHS) on each side in turn;
+# side s (A, B, ...) is ARG s, and FN S_INDEX ARG prints the command prefix that runs g4 bench for it (its
+# plan last). Appends '## round N S [ARG]' and the JSON to RESULT, then prints the medians.
+lab_rounds() {
+    local R=$1 fn=$2 r s side a
+    shift 2
+    : > $R
+    for r in $(seq $ROUNDS); do
+        s=0
+        for a in "$@"; do
+            side=$(printf "\\x$(printf %x $((65 + s)))")
+            echo "## round $r $side [$a]" >> $R
+            $($fn $s "$a") -p 512 -n 128 -d $DEPTHS -r 3 --json >> $R 2>&1
+            s=$((s + 1))
+        done
+    done
+    python3 bench/ab_summary.py "$R"
+}

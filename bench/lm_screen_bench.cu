@@ -34,14 +34,10 @@ int main(int argc, char** argv) {
             s = c == std::string::npos ? "" : s.substr(c + 1);
         }
     }
-    cudaDeviceProp prop;
-    CK(cudaGetDeviceProperties(&prop, 0));
-    std::printf("%s, %d SMs\n", prop.name, prop.multiProcessorCount);
-    cudaStream_t st;
-    CK(cudaStreamCreate(&st));
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
+    const BenchGpu gpu = bench_gpu();
+    const cudaDeviceProp& prop = gpu.prop;
+    cudaStream_t st = gpu.st;
+    cudaEvent_t e0 = gpu.e0, e1 = gpu.e1;
     std::mt19937 rng(3);
     std::normal_distribution<float> nd(0.0f, 0.05f);
     for (int K : {1536, 2560}) {

@@ -10,14 +10,14 @@
 // variant's largest difference from the two-kernel output, relative to its largest |output|.
 // Build on a GPU machine (repo root):
 //   nvcc -O3 -std=c++17 -arch=sm_90 -I. -o build-dev/mlp_lab bench/mlp_lab.cu && build-dev/mlp_lab [reps]
-#include "kernels/cuda/kernels.cu"
 #include "compiler/cuda_schedule.h"
+#include "kernels/cuda/kernels.cu"
 #include "runtime/src/cuda/kernel_args.h"
 
 #include <cmath>
-#include <cstring>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <cuda_runtime.h>
 #include <random>
 #include <string>
@@ -26,54 +26,55 @@
 #include "bench/bench_cuda.h"
 
 struct MlpDown {
-    const u8* codes;        // [I / S][H][S / 2]
-    const u8* absmax;       // [I / 64][H] (double quant codes)
-    const float* absmax2;   // [H * I / 64 / 256], indexed by the original flat block (r * I / 64 + c / 64)
+    const u8* codes;      // [I / S][H][S / 2]
+    const u8* absmax;     // [I / 64][H] (double quant codes)
+    const float* absmax2; // [H * I / 64 / 256], indexed by the original flat block (r * I / 64 + c / 64)
     const float* offset;
     const float* code2;
-    float* y;               // [H], accumulated into (RED 3: written)
-    float* part;            // RED 3: [I / S][H] partials
-    const u8* codes_std;    // the standard layout ([H][I / 2] codes, [H][I / 64] absmax): T = false
+    float* y;            // [H], accumulated into (RED 3: written)
+    float* part;         // RED 3: [I / S][H] partials
+    const u8* codes_std; // the standard layout ([H][I / 2] codes, [H][I / 64] absmax): T = false
     const u8* absmax_std;
-    unsigned* cnt;          // RED 3: two zeroed counters, zeroed again at exit
+    unsigned* cnt; // RED 3: two zeroed counters, zeroed again at exit
     int H, I;
 };
 
-__device__ __forceinline__ void red_add_v4(float* p, float4 v) {
-    asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(p), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w) : "memory");
-}
-
-// S: outputs a block (gate/up rows pairs); L: gate/up lanes (128 / L groups of 2 outputs: S = 256 / L);
-// RED: 0 f32 adds, 2 u64 fixed-point adds (s32: 35-51% slower than the two kernels, session 30), 3 partials
-// to global memory, summed in block order by the last 64 blocks to finish theirs (deterministic); PF: 1 the down slice is pulled into L2 before the wait, 2 after
-// the gate/up, 0 not at all. (Session 30's first run also summed over clusters of 8 blocks through
-// distributed shared memory before adding: 3-31% slower than the two kernels.)
+// S: outputs a block (gate/up row pairs; S = 2 B / L, a multiple of 32); L: gate/up lanes; B: threads;
+// RED: 0 f32 adds (kernels.cu's red_add_v4), 2 u64 fixed-point adds (s32: 35-51% slower than the two kernels,
+// session 30), 3 partials to global memory, summed in block order by the last 64 blocks to finish theirs
+// (deterministic); PF: 1 the down slice pulled into L2 before the wait, 2 after the gate/up, 0 not at all;
+// T: the down weight tiled (else row-major). (Session 30's first run also summed over clusters of 8 blocks
+// through distributed shared memory before adding: 3-31% slower than the two kernels.)
 template <int S, int L, int B, int RED, int PF, bool T = true>
 __device__ __forceinline__ void mlp_body(const GemvArgs& gu, const MlpDown& d) {
-    static_assert(S == 2 * B / L, "B threads, groups of L lanes, 2 outputs a group");
+    static_assert(S == 2 * B / L && S % 32 == 0,
+                  "B threads, groups of L lanes, 2 outputs a group; whole 16-byte chunks");
     extern __shared__ float4 ml_wide[];
     float4* gv_wide = ml_wide;
     __shared__ float s_act[S];
     const int j = blockIdx.x, H = d.H, I = d.I;
-    const u8* tile = T ? d.codes + (long)j * H * (S / 2) : d.codes_std + (long)j * (S / 2);
-    const long rstride = T ? S / 2 : I / 2;   // bytes between rows of the slice
+    const u8* tile     = T ? d.codes + (long)j * H * (S / 2) : d.codes_std + (long)j * (S / 2);
+    const long rstride = T ? S / 2 : I / 2; // bytes between rows of the slice
     if (PF == 1 && T)
-        for (int i = threadIdx.x; i < H * (S / 2) / 128; i += B) prefetch_l2(tile + i * 128);
+        for (int i = threadIdx.x; i < H * (S / 2) / 128; i += B)
+            prefetch_l2(tile + i * 128);
     GemvArgs a = gu;
     a.out      = s_act - j * S;
     gemv_body<true, L, 2, GV_OUT, true, B, true>(a, (float2*)gv_wide, gv_wide);
     if (PF == 2 && T)
-        for (int i = threadIdx.x; i < H * (S / 2) / 128; i += B) prefetch_l2(tile + i * 128);
+        for (int i = threadIdx.x; i < H * (S / 2) / 128; i += B)
+            prefetch_l2(tile + i * 128);
     __syncthreads();
     float av[S];
 #pragma unroll
-    for (int c = 0; c < S; ++c) av[c] = s_act[c];
+    for (int c = 0; c < S; ++c)
+        av[c] = s_act[c];
     const u32 lane_off = (threadIdx.x & 15) * 8;
     const char* tb     = (const char*)gv_wide;
     const int c64      = j * S / 64;
     // Thread t: rows 4 (t + B i) .. + 3.
     for (int r0 = 4 * threadIdx.x; r0 < H; r0 += 4 * B) {
-        constexpr int W = S / 8;   // code words a row
+        constexpr int W = S / 8; // code words a row
         u32 wv[4][W];
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
@@ -82,51 +83,44 @@ __device__ __forceinline__ void mlp_body(const GemvArgs& gu, const MlpDown& d) {
                 uint4 t0 = __ldcs(p), t1 = __ldcs(p + 1);
                 const u32 v[8] = {t0.x, t0.y, t0.z, t0.w, t1.x, t1.y, t1.z, t1.w};
 #pragma unroll
-                for (int q = 0; q < W; ++q) wv[k][q] = v[q];
-            } else if (W == 2) {
-                uint2 t = __ldcs((const uint2*)(tile + (long)(r0 + k) * rstride));
-                wv[k][0] = t.x, wv[k][1] = t.y;
+                for (int q = 0; q < W; ++q)
+                    wv[k][q] = v[q];
             } else {
-                uint4 t = __ldcs((const uint4*)(tile + (long)(r0 + k) * rstride));
+                uint4 t  = __ldcs((const uint4*)(tile + (long)(r0 + k) * rstride));
                 wv[k][0] = t.x, wv[k][1] = t.y, wv[k][2] = t.z, wv[k][3] = t.w;
             }
         }
         u32 raw4;
-        if (T) raw4 = __ldcs((const u32*)(d.absmax + (long)c64 * H + r0));
+        if (T)
+            raw4 = __ldcs((const u32*)(d.absmax + (long)c64 * H + r0));
         else {
             raw4 = 0;
 #pragma unroll
-            for (int k = 0; k < 4; ++k) raw4 |= (u32)__ldg(d.absmax_std + (long)(r0 + k) * (I / 64) + c64) << (8 * k);
+            for (int k = 0; k < 4; ++k)
+                raw4 |= (u32)__ldg(d.absmax_std + (long)(r0 + k) * (I / 64) + c64) << (8 * k);
         }
         float out[4];
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
-            float s0 = 0.0f, s1 = 0.0f;
+            float dot = 0.0f;
 #pragma unroll
-            for (int wd = 0; wd < W; ++wd) {
-                const u32 w     = wv[k][wd];
-                const float2 p0 = *(const float2*)(tb + nf4_pair_off_wide<0>(w, lane_off));
-                const float2 p1 = *(const float2*)(tb + nf4_pair_off_wide<1>(w, lane_off));
-                const float2 p2 = *(const float2*)(tb + nf4_pair_off_wide<2>(w, lane_off));
-                const float2 p3 = *(const float2*)(tb + nf4_pair_off_wide<3>(w, lane_off));
-                const float* xw = av + wd * 8;
-                s0 = fmaf(p0.x, xw[0], s0), s1 = fmaf(p0.y, xw[1], s1);
-                s0 = fmaf(p1.x, xw[2], s0), s1 = fmaf(p1.y, xw[3], s1);
-                s0 = fmaf(p2.x, xw[4], s0), s1 = fmaf(p2.y, xw[5], s1);
-                s0 = fmaf(p3.x, xw[6], s0), s1 = fmaf(p3.y, xw[7], s1);
-            }
-            const long b  = (long)(r0 + k) * (I / 64) + c64;
+            for (int ch = 0; ch < W / 4; ++ch)
+                dot += nf4_chunk_dot<true>(wv[k] + 4 * ch, av + 32 * ch, tb, lane_off);
+            const long b   = (long)(r0 + k) * (I / 64) + c64;
             const float sc = nf4_absmax_value((raw4 >> (8 * k)) & 0xffu, d.absmax2, d.offset, d.code2, b);
-            out[k]         = (s0 + s1) * sc;
+            out[k]         = dot * sc;
         }
         const float4 o = make_float4(out[0], out[1], out[2], out[3]);
-        if (RED == 0) red_add_v4(d.y + r0, o);
-        else if (RED == 3) __stcg((float4*)(d.part + (long)j * H + r0), o);
+        if (RED == 0)
+            red_add_v4(d.y + r0, o);
+        else if (RED == 3)
+            __stcg((float4*)(d.part + (long)j * H + r0), o);
         else if (RED == 2) {
 #pragma unroll
             for (int k = 0; k < 4; ++k) {
-                const long long q = __float2ll_rn(out[k] * 68719476736.0f);   // 2^36
-                asm volatile("red.global.add.u64 [%0], %1;" ::"l"((unsigned long long*)d.y + r0 + k), "l"(q) : "memory");
+                const long long q = __float2ll_rn(out[k] * 68719476736.0f); // 2^36
+                asm volatile("red.global.add.u64 [%0], %1;" ::"l"((unsigned long long*)d.y + r0 + k), "l"(q)
+                             : "memory");
             }
         }
     }
@@ -143,18 +137,20 @@ __device__ __forceinline__ void mlp_body(const GemvArgs& gu, const MlpDown& d) {
         if (q < 0) return;
         if (threadIdx.x == 0) {
             unsigned v;
-            do asm volatile("ld.acquire.gpu.u32 %0, [%1];" : "=r"(v) : "l"(d.cnt) : "memory");
+            do
+                asm volatile("ld.acquire.gpu.u32 %0, [%1];" : "=r"(v) : "l"(d.cnt) : "memory");
             while (v < (unsigned)NB);
         }
         __syncthreads();
-        const int cols4 = H / R / 4, P = B / cols4;   // P threads a float4 column group, strided over blocks
+        const int cols4 = H / R / 4, P = B / cols4; // P threads a float4 column group, strided over blocks
         const int g = threadIdx.x % cols4, sl = threadIdx.x / cols4;
-        float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-        constexpr int MAXL = 32;   // every load in flight at once, then summed in block order
+        float4 acc         = make_float4(0.f, 0.f, 0.f, 0.f);
+        constexpr int MAXL = 32; // every load in flight at once, then summed in block order
         float4 v[MAXL];
 #pragma unroll
         for (int k = 0; k < MAXL; ++k)
-            if (sl < P && sl + k * P < NB) v[k] = __ldcg((const float4*)(d.part + (long)(sl + k * P) * H + q * (H / R)) + g);
+            if (sl < P && sl + k * P < NB)
+                v[k] = __ldcg((const float4*)(d.part + (long)(sl + k * P) * H + q * (H / R)) + g);
 #pragma unroll
         for (int k = 0; k < MAXL; ++k)
             if (sl < P && sl + k * P < NB) acc.x += v[k].x, acc.y += v[k].y, acc.z += v[k].z, acc.w += v[k].w;
@@ -173,8 +169,10 @@ __device__ __forceinline__ void mlp_body(const GemvArgs& gu, const MlpDown& d) {
     }
 }
 
-#define ML_KERNEL(NAME, S, L, B, RED, PF, T)                                                                      \
-    __global__ void __launch_bounds__(B, B == 128 ? 3 : 2) NAME(const GemvArgs gu, const MlpDown d) { mlp_body<S, L, B, RED, PF, T>(gu, d); }
+#define ML_KERNEL(NAME, S, L, B, RED, PF, T)                                                                 \
+    __global__ void __launch_bounds__(B, B == 128 ? 3 : 2) NAME(const GemvArgs gu, const MlpDown d) {        \
+        mlp_body<S, L, B, RED, PF, T>(gu, d);                                                                \
+    }
 ML_KERNEL(ml_s32_f_p0, 32, 8, 128, 0, 0, true)
 ML_KERNEL(ml_s32_f_std, 32, 8, 128, 0, 0, false)
 ML_KERNEL(ml_s32b256_f_std, 32, 16, 256, 0, 0, false)
@@ -210,10 +208,13 @@ static Nf4 make_nf4(int n, int k, std::mt19937& rng, const float* code2_dev, con
     Nf4 m;
     size_t elems = (size_t)n * k, blocks = elems / 64;
     m.codes.resize(elems / 2), m.aq.resize(blocks), m.a2.assign((blocks + 255) / 256, 0.02f);
-    for (auto& b : m.codes) b = (u8)rng();
-    for (auto& b : m.aq) b = (u8)rng();
+    for (auto& b : m.codes)
+        b = (u8)rng();
+    for (auto& b : m.aq)
+        b = (u8)rng();
     m.dev.w = up(m.codes.data(), m.codes.size()), m.dev.absmax = up(m.aq.data(), m.aq.size());
-    m.dev.absmax2 = (const float*)up(m.a2.data(), m.a2.size() * 4), m.dev.offset = off_dev, m.dev.code2 = code2_dev, m.dev.n = n;
+    m.dev.absmax2 = (const float*)up(m.a2.data(), m.a2.size() * 4), m.dev.offset = off_dev,
+    m.dev.code2 = code2_dev, m.dev.n = n;
     return m;
 }
 struct Set {
@@ -221,7 +222,8 @@ struct Set {
     const u8 *tcodes16, *tcodes32, *tcodes64, *tabs;
 };
 
-static void launch(const void* fn, unsigned grid, unsigned block, unsigned smem, cudaStream_t st, void** args) {
+static void launch(const void* fn, unsigned grid, unsigned block, unsigned smem, cudaStream_t st,
+                   void** args) {
     cudaLaunchConfig_t cfg{};
     cfg.gridDim = dim3(grid), cfg.blockDim = dim3(block), cfg.dynamicSmemBytes = smem, cfg.stream = st;
     cudaLaunchAttribute at[1];
@@ -232,29 +234,26 @@ static void launch(const void* fn, unsigned grid, unsigned block, unsigned smem,
 }
 
 int main(int argc, char** argv) {
-    const int reps = argc > 1 ? std::atoi(argv[1]) : 15;
-    cudaDeviceProp prop;
-    CK(cudaGetDeviceProperties(&prop, 0));
-    std::printf("%s, %d SMs\n", prop.name, prop.multiProcessorCount);
-    cudaStream_t st;
-    CK(cudaStreamCreate(&st));
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
+    const int reps     = argc > 1 ? std::atoi(argv[1]) : 15;
+    const BenchGpu gpu = bench_gpu();
+    cudaStream_t st    = gpu.st;
+    cudaEvent_t e0 = gpu.e0, e1 = gpu.e1;
     std::vector<float> code2(256);
-    for (int i = 0; i < 256; ++i) code2[i] = (i - 128) / 128.0f;
+    for (int i = 0; i < 256; ++i)
+        code2[i] = (i - 128) / 128.0f;
     const float* code2_dev = (const float*)up(code2.data(), 1024);
     const float* off_dev   = (const float*)up(&g_off, 4);
     struct Shape {
         const char* name;
         int H, I;
     };
-    const Shape shapes[] = {{"e2b mlp", 1536, 6144}, {"e2b mlp (wide)", 1536, 12288}, {"e4b mlp", 2560, 10240}};
+    const Shape shapes[] = {
+        {"e2b mlp", 1536, 6144}, {"e2b mlp (wide)", 1536, 12288}, {"e4b mlp", 2560, 10240}};
     std::mt19937 rng(7);
     for (const Shape& sh : shapes) {
         const int H = sh.H, I = sh.I;
         const size_t mlp_bytes = (size_t)3 * H * I / 2 + (size_t)3 * H * I / 64;
-        const int copies = (int)std::max<size_t>(2, (size_t)(384u << 20) / mlp_bytes + 1);
+        const int copies       = (int)std::max<size_t>(2, (size_t)(384u << 20) / mlp_bytes + 1);
         std::vector<Set> sets(copies);
         for (auto& s : sets) {
             s.gate = make_nf4(I, H, rng, code2_dev, off_dev);
@@ -264,12 +263,16 @@ int main(int argc, char** argv) {
                 std::vector<u8> t((size_t)H * I / 2);
                 for (int jj = 0; jj < I / S; ++jj)
                     for (int r = 0; r < H; ++r)
-                        std::memcpy(&t[((size_t)jj * H + r) * (S / 2)], &s.down.codes[((size_t)r * I + (size_t)jj * S) / 2], S / 2);
-                (S == 16 ? s.tcodes16 : S == 32 ? s.tcodes32 : s.tcodes64) = (const u8*)up(t.data(), t.size());
+                        std::memcpy(&t[((size_t)jj * H + r) * (S / 2)],
+                                    &s.down.codes[((size_t)r * I + (size_t)jj * S) / 2], S / 2);
+                (S == 16   ? s.tcodes16
+                 : S == 32 ? s.tcodes32
+                           : s.tcodes64) = (const u8*)up(t.data(), t.size());
             }
             std::vector<u8> ta((size_t)H * I / 64);
             for (int c = 0; c < I / 64; ++c)
-                for (int r = 0; r < H; ++r) ta[(size_t)c * H + r] = s.down.aq[(size_t)r * (I / 64) + c];
+                for (int r = 0; r < H; ++r)
+                    ta[(size_t)c * H + r] = s.down.aq[(size_t)r * (I / 64) + c];
             s.tabs = (const u8*)up(ta.data(), ta.size());
         }
         float *x, *act, *y;
@@ -282,21 +285,28 @@ int main(int argc, char** argv) {
         CK(cudaMalloc(&cnt, 8));
         CK(cudaMemset(cnt, 0, 8));
         std::vector<float> hx(H);
-        for (auto& v : hx) v = (float)(rng() % 1000) / 1000.0f - 0.5f;
+        for (auto& v : hx)
+            v = (float)(rng() % 1000) / 1000.0f - 0.5f;
         CK(cudaMemcpy(x, hx.data(), H * 4, cudaMemcpyHostToDevice));
         const int lgu = g4::cuda::gemv_lanes(H, true, I), ldn = g4::cuda::gemv_lanes(I, true, (H + 3) / 4);
         int li_gu = 0, li_dn = 0;
-        while ((8 << li_gu) != lgu) ++li_gu;
-        while ((8 << li_dn) != ldn) ++li_dn;
-        const void* gu_fn[5] = {(void*)g4_gemv_nf4_l8_m2, (void*)g4_gemv_nf4_l16_m2, (void*)g4_gemv_nf4_l32_m2, (void*)g4_gemv_nf4_l64_m2,
-                                (void*)g4_gemv_nf4_l128_m2};
-        const void* dn_fn[5] = {(void*)g4_gemv_nf4_l8_m1, (void*)g4_gemv_nf4_l16_m1, (void*)g4_gemv_nf4_l32_m1, (void*)g4_gemv_nf4_l64_m1,
-                                (void*)g4_gemv_nf4_l128_m1};
-        const unsigned smem_gu = g4::cuda_rt::gemv_smem(true, 90, H), smem_dn = g4::cuda_rt::gemv_smem(true, 90, I);
+        while ((8 << li_gu) != lgu)
+            ++li_gu;
+        while ((8 << li_dn) != ldn)
+            ++li_dn;
+        const void* gu_fn[5]   = {(void*)g4_gemv_nf4_l8_m2, (void*)g4_gemv_nf4_l16_m2,
+                                  (void*)g4_gemv_nf4_l32_m2, (void*)g4_gemv_nf4_l64_m2,
+                                  (void*)g4_gemv_nf4_l128_m2};
+        const void* dn_fn[5]   = {(void*)g4_gemv_nf4_l8_m1, (void*)g4_gemv_nf4_l16_m1,
+                                  (void*)g4_gemv_nf4_l32_m1, (void*)g4_gemv_nf4_l64_m1,
+                                  (void*)g4_gemv_nf4_l128_m1};
+        const unsigned smem_gu = g4::cuda_rt::gemv_smem(true, 90, H),
+                       smem_dn = g4::cuda_rt::gemv_smem(true, 90, I);
         CK(cudaFuncSetAttribute(gu_fn[li_gu], cudaFuncAttributeMaxDynamicSharedMemorySize, smem_gu));
         CK(cudaFuncSetAttribute(dn_fn[li_dn], cudaFuncAttributeMaxDynamicSharedMemorySize, smem_dn));
-        const unsigned grid_gu = (unsigned)(((long)(I + 1) / 2 * lgu + 127) / 128), grid_dn = (unsigned)(((long)(H + 3) / 4 * ldn + 127) / 128);
-        auto gu_args = [&](const Set& s, float* out) {
+        const unsigned grid_gu = (unsigned)(((long)(I + 1) / 2 * lgu + 127) / 128),
+                       grid_dn = (unsigned)(((long)(H + 3) / 4 * ldn + 127) / 128);
+        auto gu_args           = [&](const Set& s, float* out) {
             GemvArgs a{};
             a.m[0] = s.gate.dev, a.m[1] = s.up.dev;
             a.x = x, a.out = out, a.nmat = 2, a.k = H, a.epi = 1;
@@ -309,7 +319,20 @@ int main(int argc, char** argv) {
             return a;
         };
         auto ml_args = [&](const Set& s, int S) {
-            MlpDown d{S == 16 ? s.tcodes16 : S == 32 ? s.tcodes32 : s.tcodes64, s.tabs, s.down.dev.absmax2, off_dev, code2_dev, y, part, (const u8*)s.down.dev.w, (const u8*)s.down.dev.absmax, cnt, H, I};
+            MlpDown d{S == 16   ? s.tcodes16
+                      : S == 32 ? s.tcodes32
+                                : s.tcodes64,
+                      s.tabs,
+                      s.down.dev.absmax2,
+                      off_dev,
+                      code2_dev,
+                      y,
+                      part,
+                      (const u8*)s.down.dev.w,
+                      (const u8*)s.down.dev.absmax,
+                      cnt,
+                      H,
+                      I};
             return d;
         };
         // variant -1: the two kernels; returns µs per MLP.
@@ -327,7 +350,8 @@ int main(int argc, char** argv) {
                 launch((const void*)kMl[vi].fn, (unsigned)(I / kMl[vi].S), kMl[vi].B, smem_gu, st, pa);
             }
         };
-        for (const auto& v : kMl) CK(cudaFuncSetAttribute((const void*)v.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_gu));
+        for (const auto& v : kMl)
+            CK(cudaFuncSetAttribute((const void*)v.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_gu));
         auto result = [&](int vi) {
             CK(cudaMemset(y, 0, H * 8));
             enqueue(vi, sets[0]);
@@ -337,14 +361,16 @@ int main(int argc, char** argv) {
             if (vi >= 0 && kMl[vi].red == 2) {
                 std::vector<long long> q(H);
                 CK(cudaMemcpy(q.data(), y, H * 8, cudaMemcpyDeviceToHost));
-                for (int i = 0; i < H; ++i) h[i] = (float)((double)q[i] / 68719476736.0);
+                for (int i = 0; i < H; ++i)
+                    h[i] = (float)((double)q[i] / 68719476736.0);
             } else
                 CK(cudaMemcpy(h.data(), y, H * 4, cudaMemcpyDeviceToHost));
             return h;
         };
         const std::vector<float> ref = result(-1);
-        std::printf("%s: H %d I %d, %.1f MB a set, %d sets; two kernels: gate/up L%d %u blocks, down L%d %u blocks\n", sh.name, H, I,
-                    mlp_bytes / 1e6, copies, lgu, grid_gu, ldn, grid_dn);
+        std::printf(
+            "%s: H %d I %d, %.1f MB a set, %d sets; two kernels: gate/up L%d %u blocks, down L%d %u blocks\n",
+            sh.name, H, I, mlp_bytes / 1e6, copies, lgu, grid_gu, ldn, grid_dn);
         const int nv = (int)(sizeof kMl / sizeof kMl[0]);
         // Alternate the variants within each round so drift hits all alike.
         std::vector<std::vector<float>> t(nv + 1);
@@ -353,7 +379,8 @@ int main(int argc, char** argv) {
             cudaGraph_t g;
             CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
             for (int rep = 0; rep < 2; ++rep)
-                for (int si = 0; si < copies; ++si) enqueue(vi, sets[si]);
+                for (int si = 0; si < copies; ++si)
+                    enqueue(vi, sets[si]);
             CK(cudaStreamEndCapture(st, &g));
             CK(cudaGraphInstantiate(&ex[vi + 1], g, 0));
             CK(cudaGraphDestroy(g));
@@ -373,11 +400,15 @@ int main(int argc, char** argv) {
         for (int vi = 0; vi < nv; ++vi) {
             const std::vector<float> got = result(vi);
             double dmax = 0, rmax = 0;
-            for (int i = 0; i < H; ++i) dmax = std::max(dmax, (double)std::fabs(got[i] - ref[i])), rmax = std::max(rmax, (double)std::fabs(ref[i]));
+            for (int i = 0; i < H; ++i)
+                dmax = std::max(dmax, (double)std::fabs(got[i] - ref[i])),
+                rmax = std::max(rmax, (double)std::fabs(ref[i]));
             const float us = median(t[vi + 1]);
-            std::printf("  %-24s %8.2f us  %+6.1f%%  err %.1e\n", kMl[vi].name, us, 100.0f * (base / us - 1.0f), dmax / rmax);
+            std::printf("  %-24s %8.2f us  %+6.1f%%  err %.1e\n", kMl[vi].name, us,
+                        100.0f * (base / us - 1.0f), dmax / rmax);
         }
-        for (auto e : ex) cudaGraphExecDestroy(e);
+        for (auto e : ex)
+            cudaGraphExecDestroy(e);
     }
     return 0;
 }

@@ -1275,6 +1275,25 @@ template <int B> __device__ __forceinline__ u32 nf4_pair_off_wide(u32 w, u32 lan
 template <bool W, int B> __device__ __forceinline__ u32 nf4_lookup_off(u32 w, u32 lane_off) {
     return W ? nf4_pair_off_wide<B>(w, lane_off) : nf4_pair_off<B>(w, lane_off);
 }
+// One 16-byte NF4 chunk (code words w[0..3], 32 weights) . x[0..31] through the pair table tb (W: the wide
+// one), in two FMA chains (half the dependent latency), unscaled.
+template <bool W> __device__ __forceinline__ float nf4_chunk_dot(const u32* words, const float* xv, const char* tb, u32 lane_off) {
+    float s0 = 0.0f, s1 = 0.0f;
+#pragma unroll
+    for (int wd = 0; wd < 4; ++wd) {
+        const u32 w     = words[wd];
+        const float2 p0 = *(const float2*)(tb + nf4_lookup_off<W, 0>(w, lane_off));
+        const float2 p1 = *(const float2*)(tb + nf4_lookup_off<W, 1>(w, lane_off));
+        const float2 p2 = *(const float2*)(tb + nf4_lookup_off<W, 2>(w, lane_off));
+        const float2 p3 = *(const float2*)(tb + nf4_lookup_off<W, 3>(w, lane_off));
+        const float* xw = xv + wd * 8;
+        s0 = fmaf(p0.x, xw[0], s0), s1 = fmaf(p0.y, xw[1], s1);
+        s0 = fmaf(p1.x, xw[2], s0), s1 = fmaf(p1.y, xw[3], s1);
+        s0 = fmaf(p2.x, xw[4], s0), s1 = fmaf(p2.y, xw[5], s1);
+        s0 = fmaf(p3.x, xw[6], s0), s1 = fmaf(p3.y, xw[7], s1);
+    }
+    return s0 + s1;
+}
 // x staged in shared memory (XS): 8 float4 of chunk c at xs[9c..], one float4 of padding per chunk so
 // the 16-byte loads of 8 lanes reading 8 consecutive chunks hit distinct banks. K <= GV_XS_MAX. With the
 // wide table (W) x lives in its unused half rows: float4 v of chunk c at byte c * 256 + 128 + 16 (v ^ (c & 7)),
@@ -1351,22 +1370,7 @@ __device__ __forceinline__ void gemv_body(const GemvArgs& a, float2* tab, float4
         for (int q = 0; q < G; ++q) {
             u32 words[4] = {pk[q].x, pk[q].y, pk[q].z, pk[q].w};
             if (kIsNf4) {
-                const char* tb = (const char*)tab;
-                float s0 = 0.0f, s1 = 0.0f;   // two chains: half the dependent FMA latency
-#pragma unroll
-                for (int wd = 0; wd < 4; ++wd) {
-                    const u32 w     = words[wd];
-                    const float2 p0 = *(const float2*)(tb + nf4_lookup_off<W, 0>(w, lane_off));
-                    const float2 p1 = *(const float2*)(tb + nf4_lookup_off<W, 1>(w, lane_off));
-                    const float2 p2 = *(const float2*)(tb + nf4_lookup_off<W, 2>(w, lane_off));
-                    const float2 p3 = *(const float2*)(tb + nf4_lookup_off<W, 3>(w, lane_off));
-                    const float* xw = xv + wd * 8;
-                    s0 = fmaf(p0.x, xw[0], s0), s1 = fmaf(p0.y, xw[1], s1);
-                    s0 = fmaf(p1.x, xw[2], s0), s1 = fmaf(p1.y, xw[3], s1);
-                    s0 = fmaf(p2.x, xw[4], s0), s1 = fmaf(p2.y, xw[5], s1);
-                    s0 = fmaf(p3.x, xw[6], s0), s1 = fmaf(p3.y, xw[7], s1);
-                }
-                acc[q] += (s0 + s1) * scale[q];
+                acc[q] += nf4_chunk_dot<W>(words, xv, (const char*)tab, lane_off) * scale[q];
             } else {
                 float sum = 0.0f;
 #pragma unroll
@@ -1602,7 +1606,7 @@ extern "C" __global__ void __launch_bounds__(128, 3) g4_mlp_nf4(const MlpArgs a)
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
             const u32 words[4] = {pk[k].x, pk[k].y, pk[k].z, pk[k].w};
-            float s0 = 0.0f, s1 = 0.0f;
+            float s0 = 0.0f, s1 = 0.0f;   // nf4_chunk_dot's body, kept inline: the SASS measured in session 30
 #pragma unroll
             for (int wd = 0; wd < 4; ++wd) {
                 const u32 w     = words[wd];

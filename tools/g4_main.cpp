@@ -46,7 +46,7 @@ const char* kUsage =
     "usage:\n"
     "  g4 compile --model DIR [--adapter DIR] [--weights nf4|bf16|f32] [--device cpu|cuda[:N]] [--target sm_XX]\n"
     "             [--quantize REGEX] [--keep REGEX] [--double-quant] [--no-fidelity] [--prefill-precision bf16|fp32] [--dry-run]\n"
-    "             [--deterministic]   (CUDA: decode sums in a fixed order, bit-identical runs; sm_90 decode is ~5% slower)\n"
+    "             [--deterministic]   (CUDA: decode sums in a fixed order, bit-identical runs; sm_90 decode ~3-4% slower)\n"
     "             [--kv-dtype bf16|f32] [--max-context N] [--chunk N] [--logits-rows N] [--gpu-mem [IDX:]SIZE]... [--cpu-mem SIZE]\n"
     "             [--place COMPONENT=TARGET,...] [--no-vision] [--no-audio] [--image-tokens 70|140|280|560|1120]\n"
     "             [--max-image-pixels N] [--max-audio-seconds S] [--max-media-tokens N] [--tower-precision fp32|bf16] -o PLAN\n"

@@ -188,8 +188,8 @@ struct Matcher {
     }
 
     // gate + up + GeluMul + down (NF4, the gate/up pair's input xn made by the ResNorm launch `prev`) -> Mlp.
-    // The down's prefill variant must be Cublas: the runtime dequantizes its tiled weight to the bf16
-    // scratch matrix that tier allocates (runtime/src/cuda/backend.cpp).
+    // The down's prefill variant must be Cublas: the runtime untiles its weight for prefill into the
+    // scratch that tier sizes (cuda_ws::workspace, runtime/src/cuda/backend.cpp).
     bool mlp(size_t i, const CudaLaunch* prev, CudaLaunch* out) const {
         if (!prev || prev->kind != (uint16_t)LaunchKind::ResNorm || prev->t[7] >= 0) return false;
         for (size_t k = i; k < i + 4; ++k)

@@ -1551,8 +1551,9 @@ G4_GEMV(g4_gemv_bf16_l128_m2, false, 128, 2)
 // wait: the ResNorm before zeroes it (g4_resnorm's zero). The order of the adds varies, so y may differ
 // in its last bits from run to run (g4 compile --deterministic keeps the two GEMVs). The down matrix is
 // stored tiled (plan kQuantTiled32): codes [I / 32][H][16 bytes], each slice contiguous, absmax [I / 64][H]
-// (double quant: absmax2 still indexed by the row-major block r * I / 64 + c / 64). bench/mlp_lab.cu (H100, session 30): E2B 15.7 -> 12.8 us,
-// E2B wide 22.0 -> 19.1, E4B 28.5 -> 25.5 against the gate/up + down GEMVs in a graph.
+// (double quant: absmax2 still indexed by the row-major block r * I / 64 + c / 64). bench/mlp_lab.cu (H100,
+// session 30): E2B 15.7 -> 12.8 us, E2B wide 22.0 -> 19.1, E4B 28.5 -> 25.5 against the gate/up + down
+// GEMVs in a graph.
 // grid I / 32, block 128, dynamic shared memory cuda_rt::gemv_smem(true, 90, H). H % 4 == 0, I % 64 == 0.
 struct MlpArgs {
     GemvArgs gu;            // gate (m[0]) and up (m[1]), x, k = H, epi 1

@@ -445,10 +445,9 @@ g4_status session_create(g4_session* s, std::string* err) {
         if (ws.xscratch) {
             std::string why;
             if (!st->blas) st->blas = cublas::lib(&why);   // absent: the tensor-core kernel takes these matmuls
-            if (!st->blas && ws.tiled)   // the tiled down projections' prefill still untiles into it
+            if (st->blas || ws.tiled)   // without cuBLAS, the tiled down projections' prefill still untiles into it
                 CU_TRY(d->cuMemAlloc(&ln.wscratch, std::max<size_t>(256, ws.wscratch)), "allocating the NF4 weight scratch" + on);
             if (st->blas) {
-                CU_TRY(d->cuMemAlloc(&ln.wscratch, std::max<size_t>(256, ws.wscratch)), "allocating the cuBLAS weight scratch" + on);
                 CU_TRY(d->cuMemAlloc(&ln.xscratch, ws.xscratch), "allocating the cuBLAS activation scratch" + on);
                 CU_TRY(d->cuMemAlloc(&ln.cublas_ws, ws.cublas), "allocating the cuBLAS workspace" + on);
                 if (st->blas->create(&ln.blas_h) != 0 || st->blas->set_stream(ln.blas_h, ln.stream) != 0 ||

@@ -11,7 +11,8 @@ the strict path (fp32 prefill, fp32 KV cache) against the fp32 CPU plan; "cuda-k
 bf16 KV cache) against the CPU plan with a bf16 cache; "cuda-bf16" is the default CUDA plan (bf16
 prefill, bf16 KV cache) against HF's own bf16 error; "cuda-bf16-det" the same compiled with --deterministic
 (on sm_90 without the fused MLP, whose atomic adds vary in order): the default plan's 16 greedy tokens must
-be its own, and a 200-token decode must agree for at least 64 tokens (near-ties may part later).
+be its own, and in a 200-token decode every step's logits up to the one where the two part (if they do) must
+be within 5e-3 (relative L2) of the deterministic plan's.
 Exits non-zero if any check fails.
 """
 import json, os, subprocess, sys, tempfile
@@ -117,12 +118,26 @@ for fixture in ["e2b_tiny", "e4b_tiny"]:
         agree = next((i for i, (a, b) in enumerate(zip(gkc, gkg)) if a != b), len(gkc))
         rows.append({"fixture": fixture, "weights": w, "prompt": "decode200_kvbf16", "tokens_agree": agree, "of": len(gkc)})
         ok &= agree >= 64
-        # The default plan (fused MLP on sm_90) against the same plan compiled --deterministic.
-        _, gb = run(plans["cuda-bf16"], ids, 200)
-        _, gbd = run(plans["cuda-bf16-det"], ids, 200)
+        # The default plan (fused MLP on sm_90) against the same plan compiled --deterministic, with the
+        # logits of every decode step: up to and including the step where they part, both saw the same
+        # tokens, so their rows differ by arithmetic alone (the atomic adds' order, then bf16 roundings
+        # that it tips). They must stay within the bf16 cache's drift, and part only where the
+        # deterministic plan's top two logits are that close.
+        db, dbd = os.path.join(tmp, "d.f32"), os.path.join(tmp, "dd.f32")
+        _, gb = run(plans["cuda-bf16"], ids, 200, ["--dump-decode-logits", db])
+        _, gbd = run(plans["cuda-bf16-det"], ids, 200, ["--dump-decode-logits", dbd])
+        lb, lbd = np.fromfile(db, dtype="<f4").reshape(len(gb), -1), np.fromfile(dbd, dtype="<f4").reshape(len(gbd), -1)
         agree = next((i for i, (a, b) in enumerate(zip(gbd, gb)) if a != b), len(gbd))
-        rows.append({"fixture": fixture, "weights": w, "prompt": "decode200_fused_vs_deterministic", "tokens_agree": agree, "of": len(gbd)})
-        ok &= agree >= 64
+        shared = range(min(agree + 1, len(gbd)))
+        steps = [rel(lb[i], lbd[i]) for i in shared]
+        row = {"fixture": fixture, "weights": w, "prompt": "decode200_fused_vs_deterministic", "tokens_agree": agree, "of": len(gbd),
+               "step_logits_rel_max": max(steps), "step_logits_rel_median": float(np.median(steps))}
+        if agree < len(gbd):
+            top = np.sort(lbd[agree])[-2:]
+            row["deterministic_top2_gap_at_part"] = float(top[1] - top[0])
+            row["max_abs_logit_diff_at_part"] = float(np.abs(lb[agree] - lbd[agree]).max())
+        rows.append(row)
+        ok &= max(steps) <= 5e-3
 
 for r in rows:
     print(json.dumps(r))

@@ -207,7 +207,7 @@ struct Matcher {
                         unread_after(up.out[0], i + 2) && unread_after(g.out[0], i + 3) && disjoint(y, xn) && disjoint(y, prev->t[4]);
         if (!ok) return false;
         CudaLaunch l = record(LaunchKind::Mlp, i, 4);
-        l.ip[0] = (int32_t)i, l.ip[1] = (int32_t)(i + 1), l.ip[3] = (int32_t)(i + 3), l.t[0] = y;
+        l.ip[0] = (int32_t)i, l.ip[1] = (int32_t)(i + 1), l.ip[3] = (int32_t)(i + 3), l.ip[5] = mlp_threads(I), l.t[0] = y;
         *out = l;
         return true;
     }

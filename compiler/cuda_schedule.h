@@ -59,6 +59,12 @@ inline int gemv_lanes(int64_t K, bool nf4, int64_t groups) {
     return L;
 }
 
+// Threads a block of the fused decode MLP (g4_mlp_nf4[_b256], I / 32 blocks): 256 (two blocks an SM) when
+// the grid is at most 192 blocks, else 128 (three). bench/mlp_lab.cu on an H100 (session 30), gate/up +
+// down of E2B's narrow layers (I = 6144, 192 blocks): 12.7 us at 128 threads, 11.0 at 256; E2B's wide
+// layers (384 blocks) 18.9 / 21.4, E4B (320) 25.5 / 29.0.
+inline int mlp_threads(int64_t I) { return I / 32 <= 192 ? 256 : 128; }
+
 // The launches of one decode step, covering every op exactly once, in order. Fusions:
 //   RmsNorm(d, in place) + Add(x, d) [+ Scale] [+ RmsNorm(x_out)]         -> ResNorm
 //   Matmul x1..3 sharing x (q, k, v)                                      -> Gemv (epilogue 0)

@@ -54,7 +54,9 @@ const char* kUsage =
     "              host (ple only); layers=0-29:gpu0,30-34:cpu gives ranges; sizes: 12GiB, 4GB, 512MiB, 3.5GiB)\n"
     "  g4 run PLAN (-p TEXT | --tokens 2,17,99 | --tokens @FILE) [-n N] [--temp T] [--top-k K] [--top-p P] [--min-p P]\n"
     "             [--repeat-penalty R] [--repeat-last-n N] [--seed S] [--stop STR]... [--ignore-eos]\n"
-    "             [--print-ids] [--dump-logits FILE] [--truncate] [--threads N] [--stats]\n"
+    "             [--print-ids] [--dump-logits FILE] [--dump-decode-logits FILE] [--truncate] [--threads N] [--stats]\n"
+    "             (--dump-logits: the prompt's logits [prompt, vocab] f32; --dump-decode-logits: the logits each\n"
+    "              generated token was chosen from [generated, vocab] f32; it turns off CUDA decode-ahead)\n"
     "             [--image FILE]... [--audio FILE.wav]...   (plans with the vision / audio tower; with -p each goes at the\n"
     "              next <|image|> / <|audio|> of the text, else after <bos>)\n"
     "  g4 chat PLAN [--system TEXT] [-n N] [sampling options as for run] [--print-ids] [--stats] [--image FILE]...\n"
@@ -275,11 +277,27 @@ struct StreamState {
     std::vector<int32_t> ids;
     std::string text;
     bool echo = true;
+    g4_session* session = nullptr;   // set: each token's step logits are appended to decode_logits
+    std::vector<float> decode_logits;
+    g4_status logits_status = G4_OK;
 };
+
+// Appends the logits of the session's last fed token (the row the next token is chosen from).
+g4_status append_last_logits(g4_session* s, std::vector<float>* out) {
+    const float* l = nullptr;
+    int32_t v      = 0;
+    g4_status st   = g4_session_get_logits(s, &l, &v);
+    if (st == G4_OK) out->insert(out->end(), l, l + v);
+    return st;
+}
 
 int32_t on_token(void* user, int32_t token, const char* text, size_t len) {
     auto* st = static_cast<StreamState*>(user);
     if (token >= 0) st->ids.push_back(token);
+    if (token >= 0 && st->session && st->logits_status == G4_OK) {
+        st->logits_status = append_last_logits(st->session, &st->decode_logits);
+        if (st->logits_status != G4_OK) return 1;   // stop generating; reported after g4_session_generate
+    }
     st->text.append(text, len);
     if (st->echo && len) {
         std::fwrite(text, 1, len, stdout);
@@ -384,7 +402,7 @@ void add_media(const Args& a, g4_engine* e, g4_session* s, std::vector<int32_t>*
 
 int cmd_run(int argc, char** argv) {
     std::vector<std::string> with_value = kSamplingOpts;
-    with_value.insert(with_value.end(), {"--tokens", "-p", "--dump-logits", "--image", "--audio"});
+    with_value.insert(with_value.end(), {"--tokens", "-p", "--dump-logits", "--dump-decode-logits", "--image", "--audio"});
     Args a(argc, argv, 2, with_value, {"--ignore-eos", "--print-ids", "--stats", "--truncate"});
     if (a.pos.size() != 1) throw UsageError("expected exactly one PLAN argument");
     if (a.has("--tokens") == a.has("-p")) throw UsageError("give the prompt as -p TEXT or as --tokens ID,ID,...");
@@ -437,10 +455,21 @@ int cmd_run(int argc, char** argv) {
     gp.n_stop = stops.size();
     StreamState ss;
     ss.echo = a.has("-p") && !a.flag.count("--print-ids") && e.info.has_tokenizer;
+    if (a.has("--dump-decode-logits")) {   // row 0: the prompt's last token's logits, then one a token fed
+        ss.session = s.s;
+        check(append_last_logits(s.s, &ss.decode_logits));
+    }
     int32_t n_gen = 0;
     g4_status st  = g4_session_generate(s.s, &sp, &gp, on_token, &ss, &n_gen);
+    check(ss.logits_status);
     if (st == G4_ERR_CONTEXT_FULL) std::fprintf(stderr, "\ng4 run: note: %s; stopping\n", g4_last_error_message());
     else check(st);
+    if (ss.session) {   // the row after the last token chose nothing: [generated, vocab]
+        ss.decode_logits.resize(ss.ids.size() * (size_t)e.info.vocab_size);
+        std::string err;
+        if (!write_file_atomic(a.get("--dump-decode-logits"), ss.decode_logits.data(), ss.decode_logits.size() * sizeof(float), &err))
+            throw RunError(err);
+    }
     if (ss.echo) {
         std::printf("\n");
     } else {

@@ -1554,7 +1554,9 @@ G4_GEMV(g4_gemv_bf16_l128_m2, false, 128, 2)
 // (double quant: absmax2 still indexed by the row-major block r * I / 64 + c / 64). bench/mlp_lab.cu (H100,
 // session 30): E2B 15.7 -> 12.8 us, E2B wide 22.0 -> 19.1, E4B 28.5 -> 25.5 against the gate/up + down
 // GEMVs in a graph.
-// grid I / 32, block 128, dynamic shared memory cuda_rt::gemv_smem(true, 90, H). H % 4 == 0, I % 64 == 0.
+// grid I / 32, block 128 (g4_mlp_nf4) or 256 (g4_mlp_nf4_b256: the gate/up at 16 lanes, two blocks an SM;
+// bench/mlp_lab.cu: E2B 12.7 -> 11.0 us, but slower at 384 and 320 blocks), dynamic shared memory
+// cuda_rt::gemv_smem(true, 90, H). H % 4 == 0, I % 64 == 0.
 struct MlpArgs {
     GemvArgs gu;            // gate (m[0]) and up (m[1]), x, k = H, epi 1
     const u8* codes;        // down, tiled
@@ -1574,14 +1576,14 @@ __device__ __forceinline__ void red_add_v4(float* p, float4 v) {
     atomicAdd(p, v.x), atomicAdd(p + 1, v.y), atomicAdd(p + 2, v.z), atomicAdd(p + 3, v.w);
 #endif
 }
-extern "C" __global__ void __launch_bounds__(128, 3) g4_mlp_nf4(const MlpArgs a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    extern __shared__ float4 mlp_wide[];
+// B threads a block: 128 (three blocks an SM) or 256 (two), the gate/up at 2 B / 32 lanes a group.
+template <int B> __device__ __forceinline__ void mlp_body(const MlpArgs& a, float4* mlp_wide) {
     __shared__ float s_act[MLP_S];
     const int j = blockIdx.x, H = a.H, I = a.I;
     GemvArgs g = a.gu;
     g.out      = s_act - j * MLP_S;   // gemv_body stores output o at out[o]: this block's 32
-    gemv_body<true, 8, 2, GV_OUT, true, 128, true>(g, (float2*)mlp_wide, mlp_wide);
+    gemv_body<true, 2 * B / MLP_S, 2, GV_OUT, true, B, true>(g, (float2*)mlp_wide, mlp_wide);
     __syncthreads();
     float av[MLP_S];
 #pragma unroll
@@ -1590,7 +1592,7 @@ extern "C" __global__ void __launch_bounds__(128, 3) g4_mlp_nf4(const MlpArgs a)
     const char* tb     = (const char*)mlp_wide;   // the pair table, still in place
     const u8* tile     = a.codes + (long)j * H * (MLP_S / 2);
     const int c64      = j / 2;
-    for (int r0 = 4 * threadIdx.x; r0 < H; r0 += 512) {   // rows r0 .. r0 + 3
+    for (int r0 = 4 * threadIdx.x; r0 < H; r0 += 4 * B) {   // rows r0 .. r0 + 3
         uint4 pk[4];
         u32 raw[4];
 #pragma unroll
@@ -1627,10 +1629,18 @@ extern "C" __global__ void __launch_bounds__(128, 3) g4_mlp_nf4(const MlpArgs a)
         }
         red_add_v4(a.y + r0, make_float4(out[0], out[1], out[2], out[3]));
     }
-#else
-    __trap();   // the compiler schedules this kernel on sm_90 plans only
-#endif
 }
+#define G4_MLP(NAME, B)                                                                        \
+    extern "C" __global__ void __launch_bounds__(B, B == 128 ? 3 : 2) NAME(const MlpArgs a) { \
+        extern __shared__ float4 mlp_wide[];                                                   \
+        mlp_body<B>(a, mlp_wide);                                                              \
+    }
+#else
+#define G4_MLP(NAME, B) \
+    extern "C" __global__ void NAME(const MlpArgs a) { __trap(); }   // scheduled on sm_90 plans only
+#endif
+G4_MLP(g4_mlp_nf4, 128)
+G4_MLP(g4_mlp_nf4_b256, 256)
 
 // ---- LM-head screening for greedy decode steps (runtime/src/cuda/backend.cpp: the decode graph replayed
 // ahead of a greedy token). At engine open the bf16 head W [V, K] gets an int8 copy q (bytes q + 128), per

@@ -321,13 +321,17 @@ TEST_P(Mlp, MatchesUnfusedReference) {
     a.codes = t + l.codes_off, a.absmax = t + l.absmax_off;
     if (c.dq) a.absmax2 = t + l.absmax2_off, a.offset = t + l.offset_off, a.code2 = t + l.code2_off;
     a.bias = c.bias ? dev.up(bd) : 0, a.y = y, a.H = (int)c.H, a.I = (int)c.I;
-    cu::CUfunction f = nullptr;
-    ASSERT_EQ(gpu().d->cuModuleGetFunction(&f, gpu().mod, "g4_mlp_nf4"), 0);
-    ASSERT_EQ(gpu().d->cuFuncSetAttribute(f, cu::kFuncAttrMaxDynamicSmem, (int)cuda_rt::kGemvSmemMax), 0);
-    launch_smem("g4_mlp_nf4", (unsigned)(c.I / 32), 1, 128, cuda_rt::gemv_smem(true, gpu().sm, (int)c.H), {&a});
-    const double e = rel(dev.down<float>(y, c.H), want);
-    std::printf("MLP %s: rel %.2e\n", c.name, e);
-    EXPECT_LT(e, 2e-5) << c.name;
+    for (int threads : {128, 256}) {   // g4_mlp_nf4, g4_mlp_nf4_b256 (cuda::mlp_threads picks one per I)
+        const char* name = threads == 128 ? "g4_mlp_nf4" : "g4_mlp_nf4_b256";
+        cu::CUfunction f = nullptr;
+        ASSERT_EQ(gpu().d->cuModuleGetFunction(&f, gpu().mod, name), 0);
+        ASSERT_EQ(gpu().d->cuFuncSetAttribute(f, cu::kFuncAttrMaxDynamicSmem, (int)cuda_rt::kGemvSmemMax), 0);
+        gpu().d->cuMemsetD8(y, 0, c.H * 4);
+        launch_smem(name, (unsigned)(c.I / 32), 1, threads, cuda_rt::gemv_smem(true, gpu().sm, (int)c.H), {&a});
+        const double e = rel(dev.down<float>(y, c.H), want);
+        std::printf("MLP %s, %d threads%s: rel %.2e\n", c.name, threads, threads == cuda::mlp_threads(c.I) ? " (the compiler's)" : "", e);
+        EXPECT_LT(e, 2e-5) << c.name << ", " << threads << " threads";
+    }
 }
 INSTANTIATE_TEST_SUITE_P(RealShapes, Mlp,
                          ::testing::Values(MlpCase{"e2b", 1536, 6144, false, false}, MlpCase{"e2b_wide_dq_bias", 1536, 12288, true, true},

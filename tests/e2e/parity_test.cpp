@@ -194,6 +194,35 @@ TEST(Parity, SmallPrefillChunksAndLogitRows) {
     }
 }
 
+// `g4 run --dump-decode-logits`: one row a generated token, the row it was chosen from (row 0 the prompt's
+// last row, as --dump-logits has it; each greedy token the argmax of its row; rows 1.. the decode steps',
+// within HF parity of a prefill of the same tokens).
+TEST(Parity, DecodeLogitsDumpHasEachTokensRow) {
+    std::string plan = Plans::get("e2b_tiny", "--weights bf16");
+    Prompt p         = load_reference("e2b_tiny").back();
+    TempDir td;
+    const int n = 8;
+    CmdResult r = run_g4("run '" + plan + "' --tokens " + csv(p.ids) + " -n " + std::to_string(n) +
+                         " --temp 0 --ignore-eos --print-ids --dump-logits '" + td.file("p") + "' --dump-decode-logits '" + td.file("d") + "'");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    std::vector<int32_t> ids = parse_ids(r.out);
+    ASSERT_EQ(ids.size(), (size_t)n);
+    std::vector<float> prompt = read_f32(td.file("p")), dec = read_f32(td.file("d"));
+    const size_t V            = (size_t)p.vocab;
+    ASSERT_EQ(dec.size(), n * V);
+    EXPECT_TRUE(std::equal(dec.begin(), dec.begin() + V, prompt.end() - V));
+    std::vector<int32_t> seq = p.ids;
+    seq.insert(seq.end(), ids.begin(), ids.end() - 1);
+    ASSERT_EQ(run_g4("run '" + plan + "' --tokens " + csv(seq) + " -n 1 --dump-logits '" + td.file("f") + "'").exit_code, 0);
+    std::vector<float> full = read_f32(td.file("f"));
+    ASSERT_EQ(full.size(), seq.size() * V);
+    for (int i = 0; i < n; ++i) {
+        const float* row = dec.data() + i * V;
+        EXPECT_EQ(std::max_element(row, row + V) - row, ids[i]) << "row " << i;
+        EXPECT_LE(rel_l2(row, full.data() + (p.ids.size() - 1 + i) * V, V), 1e-4) << "row " << i;
+    }
+}
+
 // The released (global_head_dim, unused shared-layer k/v present) and re-saved (per_layer_config,
 // no unused tensors, text-only prefix) forms of the same weights compile to the same model.
 TEST(Parity, ConfigAndCheckpointFormsAgree) {

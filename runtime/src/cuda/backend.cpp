@@ -150,7 +150,7 @@ g4_status open_gpu(const plan::Plan& p, EngineState* st, Gpu& g, const plan::Pro
         {&k.attn_merge, "g4_attention_merge"}, {&k.argmax, "g4_argmax"},
         {&k.resnorm, "g4_resnorm"}, {&k.qkv_post, "g4_qkv_post"},
         {&k.attn_decode, "g4_attn_decode"}, {&k.attn_decode_bf16, "g4_attn_decode_bf16"}, {&k.attn_decode_post, "g4_attn_decode_post"}, {&k.attn_decode_post_bf16, "g4_attn_decode_post_bf16"}, {&k.nf4_to_bf16, "g4_nf4_to_bf16"}, {&k.nf4_untile32, "g4_nf4_untile32"}, {&k.f32_to_bf16, "g4_f32_to_bf16"},
-        {&k.add_bias, "g4_add_bias"}, {&k.copy_f32, "g4_copy_f32"}, {&k.penalize, "g4_penalize"}, {&k.mlp, "g4_mlp_nf4"},
+        {&k.add_bias, "g4_add_bias"}, {&k.copy_f32, "g4_copy_f32"}, {&k.penalize, "g4_penalize"}, {&k.mlp[0], "g4_mlp_nf4"}, {&k.mlp[1], "g4_mlp_nf4_b256"},
         {&k.topk_round, "g4_topk_round"}, {&k.softmax_partial, "g4_softmax_partial"}};
     for (auto& f : fns) CU_TRY(d->cuModuleGetFunction(f.f, g.mod, f.n), std::string("kernel ") + f.n);
     // LM-head screening: kernels of plans compiled since session 25 (without them, no screening).
@@ -194,7 +194,7 @@ g4_status open_gpu(const plan::Plan& p, EngineState* st, Gpu& g, const plan::Pro
                            "kernel " + n + ": shared memory size");
             }
     if (gemv_smem(true, g.sm, 0))
-        CU_TRY(d->cuFuncSetAttribute(k.mlp, kFuncAttrMaxDynamicSmem, (int)kGemvSmemMax), "kernel g4_mlp_nf4: shared memory size");
+        for (CUfunction f : k.mlp) CU_TRY(d->cuFuncSetAttribute(f, kFuncAttrMaxDynamicSmem, (int)kGemvSmemMax), "kernel g4_mlp_nf4: shared memory size");
     CU_TRY(d->cuMemAlloc(&g.weights, std::max<uint64_t>(64, g.weights_bytes)),
            "allocating " + std::to_string(g.weights_bytes >> 20) + " MiB of weights on GPU " + std::to_string(g.index));
     for (const Gpu::Seg& sg : g.segs)
@@ -987,7 +987,7 @@ g4_status launch_fused(g4_session* s, const CudaLaunch& l, std::string* err) {
         a.bias = addr(st, p, dn.in[2], dn.in_col[2]);
         a.y    = addr(st, p, dn.out[0], dn.out_col[0]);
         a.H = (int)w.dims[0], a.I = (int)w.dims[1];
-        r = go(K.mlp, (unsigned)(a.I / 32), 128, {&a}, gemv_smem(true, st->cur->g->sm, a.H));
+        r = go(K.mlp[l.ip[5] == 256], (unsigned)(a.I / 32), (unsigned)l.ip[5], {&a}, gemv_smem(true, st->cur->g->sm, a.H));
         break;
     }
     default: *err = "internal: bad launch kind"; return G4_ERR_INTERNAL;

@@ -327,7 +327,7 @@ g4_status Plan::validate_records(std::string* err) {
                     return fail(CORRUPT, what + ": GEMV operand is not a matmul it covers", err);
         }
         if (l.kind == (uint16_t)LaunchKind::Mlp) {
-            const bool ops_ok = l.count == 4 && l.ip[0] == l.op && l.ip[1] == l.op + 1 && l.ip[3] == l.op + 3 &&
+            const bool ops_ok = l.count == 4 && (l.ip[5] == 128 || l.ip[5] == 256) && l.ip[0] == l.op && l.ip[1] == l.op + 1 && l.ip[3] == l.op + 3 &&
                                 ops_[l.op].code == (uint16_t)OpCode::Matmul && ops_[l.op + 1].code == (uint16_t)OpCode::Matmul &&
                                 ops_[l.op + 2].code == (uint16_t)OpCode::GeluMul && ops_[l.op + 3].code == (uint16_t)OpCode::Matmul;
             if (!ops_ok || i == 0 || launches_[i - 1].kind != (uint16_t)LaunchKind::ResNorm || launches_[i - 1].t[7] != ops_[l.op + 3].out[0])

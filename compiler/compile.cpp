@@ -117,6 +117,15 @@ uint64_t plan_activations(Program& p, std::vector<uint64_t>& offset) {
             if (p.ops[pi].op.code == (uint16_t)OpCode::Matmul && p.ops[pi].op.in[0] >= 0)
                 last[p.ops[pi].op.in[0]] = std::max(last[p.ops[pi].op.in[0]], r);
     }
+    // The decode attention's merge + o projection (g4_attn_o_nf4, sm_90 plans) adds into the o output, which
+    // the ResNorm making the layer's q/k/v input zeroes: the o output lives from that input's making on.
+    for (int a = 0; a < (int)p.ops.size(); ++a) {
+        if (p.ops[a].op.code != (uint16_t)OpCode::Attention || p.ops[a].op.in[0] < 0) continue;
+        const int m = first_reader(p.ops[a].op.out[0], a), qm = first[p.ops[a].op.in[0]];
+        if (m < 0 || p.ops[m].op.code != (uint16_t)OpCode::Matmul || qm < 0 || p.ops[qm].op.code != (uint16_t)OpCode::Matmul) continue;
+        const int y = p.ops[m].op.out[0], xn = p.ops[qm].op.in[0];
+        if (y >= 0 && xn >= 0 && first[xn] >= 0 && first[y] >= 0) first[y] = std::min(first[y], first[xn]);
+    }
     // Inputs and logits live for the whole step (written before / read after the program).
     const int n_ops = (int)p.ops.size();
     if (p.ids >= 0) first[p.ids] = 0, last[p.ids] = n_ops;
@@ -562,10 +571,14 @@ void write_plan(const Inputs& in, const std::string& out_path, Mode mode, Report
     std::vector<plan::CudaLaunch> schedule;
     if (in.cuda_index >= 0 && mode == Mode::Plan) {
         // sm_90: the decode MLP in one kernel (fp32 atomic adds; --deterministic keeps the two GEMVs).
-        const bool fuse_mlp = in.cuda_target == "sm_90" && !opt.deterministic;
-        schedule = cuda::decode_schedule(ops, tensors, op_dev, fuse_mlp);
-        for (const plan::CudaLaunch& l : schedule)
+        // sm_90: the decode MLP in one kernel, the attention's merge in the o projection's (fp32 atomic adds;
+        // --deterministic keeps the separate kernels).
+        const bool fuse = in.cuda_target == "sm_90" && !opt.deterministic;
+        schedule = cuda::decode_schedule(ops, tensors, op_dev, fuse, fuse, in.cuda_spec.attn_hpg);
+        for (const plan::CudaLaunch& l : schedule) {
             if (l.kind == (uint16_t)plan::LaunchKind::Mlp) tensors[ops[l.ip[3]].in[1]].quant_flags |= plan::kQuantTiled32;
+            if (l.kind == (uint16_t)plan::LaunchKind::AttnO) tensors[ops[l.op].in[1]].quant_flags |= plan::kQuantTiled32;
+        }
     }
 
     json policy = {{"weights", opt.weights}, {"double_quant", dq}, {"quantize", opt.quantize_regex}, {"keep", opt.keep_regex},

@@ -1,6 +1,8 @@
 // CUDA kernel variants and the fused decode schedule (see cuda_schedule.h).
 #include "compiler/cuda_schedule.h"
 
+#include "runtime/src/cuda/kernel_args.h"
+
 #include <algorithm>
 #include <cstring>
 
@@ -212,6 +214,48 @@ struct Matcher {
         return true;
     }
 
+    // The o projection (NF4) of the decode attention op that ends the last launch in `out` -> AttnO: the
+    // merge of the attention's split partials and the o GEMV in one kernel, adding into y, which the
+    // ResNorm launch that makes the layer's q/k/v input zeroes (*zeroer: its index in out). The attention
+    // must take g4_attn_decode (its partials' layout): decode_attention_fits as the runtime decides it. y
+    // shares no bytes with anything the launches in between touch (compile.cpp keeps it live from that
+    // ResNorm on). The o's prefill variant must be Cublas (the runtime untiles its weight into that tier's
+    // scratch).
+    bool attn_o(size_t i, const std::vector<CudaLaunch>& out, int attn_hpg, CudaLaunch* res, size_t* zeroer) const {
+        if (out.empty() || !gemv_ok(i)) return false;
+        const CudaLaunch& prev = out.back();
+        const size_t a         = (size_t)prev.op + prev.count - 1;
+        if (a + 1 != i || !is(a, OpCode::Attention) || (!device.empty() && device[a] != device[i])) return false;
+        const PlanOp &at = ops[a], &o = ops[i];
+        const PlanTensor& w = tensors[o.in[1]];
+        const int heads = at.ip[0], kvh = at.ip[1], dim = at.ip[2];
+        const int64_t H = w.dims[0], K = w.dims[1];
+        const int32_t y = o.out[0];
+        const bool kvbf16 = tensors[at.in[1]].dtype == (uint8_t)DType::BF16;
+        if (w.dtype != (uint8_t)DType::NF4 || o.in[0] != at.out[0] || o.in_col[0] || at.out_col[0] || o.out_col[0] || K != (int64_t)heads * dim ||
+            K % 64 || H % 4 || H > 4096 || dim % 32 || o.ip[6] != (int32_t)MatmulVariant::Cublas || !unread_after(at.out[0], i) ||
+            tensors[y].dims[1] != H || !cuda_rt::decode_attention_fits(heads, kvh, dim, at.ip[6], kvbf16, attn_hpg))
+            return false;
+        size_t k = out.size();
+        while (k > 0 && out.size() - k < 4 && out[k - 1].kind != (uint16_t)LaunchKind::ResNorm) --k;
+        if (k == 0 || out[k - 1].kind != (uint16_t)LaunchKind::ResNorm) return false;
+        const CudaLaunch& rn = out[k - 1];
+        if (rn.t[7] >= 0 || rn.t[6] < 0 || rn.ip[0] != H || (!device.empty() && device[rn.op] != device[i]) || !disjoint(y, rn.t[4]) ||
+            !disjoint(y, rn.t[6]))
+            return false;
+        for (size_t j = (size_t)rn.op + rn.count; j < i; ++j) {
+            for (int32_t t : ops[j].in)
+                if (t >= 0 && !disjoint(y, t)) return false;
+            for (int32_t t : ops[j].out)
+                if (t >= 0 && !disjoint(y, t)) return false;
+        }
+        CudaLaunch l = record(LaunchKind::AttnO, i, 1);
+        l.ip[0] = (int32_t)i, l.ip[1] = (int32_t)a, l.t[0] = y;
+        *res    = l;
+        *zeroer = k - 1;
+        return true;
+    }
+
     bool gemv(size_t i, CudaLaunch* out) const {
         if (!gemv_ok(i)) return false;
         const PlanTensor& w = tensors[ops[i].in[1]];
@@ -265,11 +309,18 @@ struct Matcher {
 } // namespace
 
 std::vector<CudaLaunch> decode_schedule(const std::vector<PlanOp>& ops, const std::vector<PlanTensor>& tensors,
-                                        const std::vector<int>& device, bool fuse_mlp) {
+                                        const std::vector<int>& device, bool fuse_mlp, bool fuse_attn_o, int attn_hpg) {
     Matcher m(ops, tensors, device);
     std::vector<CudaLaunch> out;
     for (size_t i = 0; i < ops.size();) {
         CudaLaunch l;
+        size_t zeroer = 0;
+        if (fuse_attn_o && m.attn_o(i, out, attn_hpg, &l, &zeroer)) {
+            out[zeroer].t[7] = l.t[0];   // the ResNorm before the layer's q/k/v zeroes the o output
+            out.push_back(l);
+            i += l.count;
+            continue;
+        }
         if (fuse_mlp && !out.empty() && m.mlp(i, &out.back(), &l)) {
             out.back().t[7] = l.t[0];   // the ResNorm before zeroes the MLP's output
             out.push_back(l);

@@ -75,11 +75,15 @@ inline int mlp_threads(int64_t I) { return I / 32 <= 192 ? 256 : 128; }
 //     back to QkvPost + the attention op where the decode kernel does not fit the shape)
 //   fuse_mlp (sm_90 plans): Matmul gate + Matmul up + GeluMul + Matmul down, NF4, after a ResNorm that
 //     makes their input -> Mlp (g4_mlp_nf4; the compiler stores those down weights kQuantTiled32)
+//   fuse_attn_o (sm_90 plans): the NF4 o Matmul right after a decode Attention op that takes g4_attn_decode
+//     (attn_hpg: the plan's cuda.attn_hpg) -> AttnO (the attention's merge in g4_attn_o_nf4; the o weights
+//     stored kQuantTiled32; the ResNorm making the layer's q/k/v input zeroes the o output)
 // A fusion is taken only when the intermediates it skips writing are read by no later op and all its
 // ops run on one device. device: per op, the CUDA index it runs on or -1 for the CPU (cross-device
 // plans; empty: all on one GPU). CPU ops and copy steps are never fused: each is one Op record, which
 // the runtime runs on the CPU or as a copy.
 std::vector<plan::CudaLaunch> decode_schedule(const std::vector<plan::PlanOp>& ops, const std::vector<plan::PlanTensor>& tensors,
-                                              const std::vector<int>& device = {}, bool fuse_mlp = false);
+                                              const std::vector<int>& device = {}, bool fuse_mlp = false, bool fuse_attn_o = false,
+                                              int attn_hpg = 0);
 
 } // namespace g4::cuda

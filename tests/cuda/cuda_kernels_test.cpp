@@ -1095,6 +1095,65 @@ INSTANTIATE_TEST_SUITE_P(RealShapesBf16Cache, Attention,
                                            AttnCase{6, 1, 40, 100, 16, 90, 1, KB}, AttnCase{4, 1, 24, 50, 0, 45, 7, KB}),
                          attn_case_name);
 
+// ---- the decode attention's merge and the o projection in one kernel (g4_attn_o_nf4_g*, sm_90): the
+// partials of g4_attn_decode merged 32 columns a block and multiplied by the tiled o weight (kQuantTiled32)
+// into a zeroed y, against the reference attention and the o GEMV's reference.
+struct AttnOCase {
+    const char* name;
+    AttnCase a;
+    int64_t H;
+    bool dq, bias;
+};
+class AttnO : public ::testing::TestWithParam<AttnOCase> {};
+TEST_P(AttnO, MatchesUnfusedReference) {
+    NEED_GPU();
+    if (gpu().sm < 90) GTEST_SKIP() << "g4_attn_o_nf4 is scheduled on sm_90 plans only";
+    const AttnOCase& o = GetParam();
+    const AttnCase& c  = o.a;
+    const int64_t K    = (int64_t)c.heads * c.dim;
+    Dev dev;
+    const AttnData in  = attn_data(c);
+    AttnDev ad         = attn_dev(dev, c, in);
+    Weight w           = make_weight(dev, DType::NF4, o.H, K, 61, o.dq);
+    std::vector<float> bias = o.bias ? randn(o.H, 62) : std::vector<float>(o.H, 0.0f);
+    std::vector<float> want = w.ref(attn_ref(c, in.q, in.kc, in.vc));
+    for (int64_t i = 0; i < o.H; ++i) want[i] += bias[i];
+    int splits       = cuda::decode_attention_splits(c.window > 0 ? std::min(c.window, c.slots) : c.slots);
+    CUdeviceptr part = dev.alloc((size_t)c.heads * splits * (c.dim + 2) * 4);
+    launch(ad.kvdt ? "g4_attn_decode_bf16" : "g4_attn_decode", c.kvh, splits, 256,
+           {&ad.step, &ad.q, &ad.kc, &ad.vc, &ad.heads, &ad.kvh, &ad.dim, &ad.slots, &ad.window, &ad.scale, &splits, &part, &ad.kvdt});
+    nf4::Layout l = nf4::layout(o.H * K, o.dq);
+    CUdeviceptr t = dev.up(nf4::tile32(w.blob, o.H, K, o.dq)), y = dev.alloc(o.H * 4);
+    cuda_rt::AttnOArgsH a{};
+    a.step = ad.step, a.part = part, a.codes = t + l.codes_off, a.absmax = t + l.absmax_off;
+    if (o.dq) a.absmax2 = t + l.absmax2_off, a.offset = t + l.offset_off, a.code2 = t + l.code2_off;
+    a.bias = o.bias ? dev.up(bias) : 0, a.y = y;
+    a.H = (int)o.H, a.K = (int)K, a.dim = c.dim, a.splits = splits, a.window = c.window;
+    const std::string name = "g4_attn_o_nf4_g" + std::to_string(cuda_rt::attn_o_groups(o.H));
+    cu::CUfunction f       = nullptr;
+    ASSERT_EQ(gpu().d->cuModuleGetFunction(&f, gpu().mod, name.c_str()), 0);
+    ASSERT_EQ(gpu().d->cuFuncSetAttribute(f, cu::kFuncAttrMaxDynamicSmem, (int)cuda_rt::kGemvWideSmem), 0);
+    for (int rep = 0; rep < 2; ++rep) {   // y zeroed before each launch, as the ResNorm does
+        gpu().d->cuMemsetD8(y, 0, o.H * 4);
+        launch_smem(name.c_str(), (unsigned)(K / 32), 1, cuda_rt::kAttnOThreads, cuda_rt::kGemvWideSmem, {&a});
+        const double e = rel(dev.down<float>(y, o.H), want);
+        std::printf("AttnO %s (%s, %d splits): rel %.2e\n", o.name, name.c_str(), splits, e);
+        EXPECT_LT(e, 2e-5) << o.name;
+    }
+}
+INSTANTIATE_TEST_SUITE_P(
+    RealShapes, AttnO,
+    ::testing::Values(AttnOCase{"e2b_sliding_pos5", {8, 1, 256, 767, 512, 5, 1, KB}, 1536, false, false},
+                      AttnOCase{"e2b_sliding_pos5000_dq_bias", {8, 1, 256, 767, 512, 5000, 1, KB}, 1536, true, true},
+                      AttnOCase{"e2b_full_pos4000", {8, 1, 512, 32912, 0, 4000, 1, KB}, 1536, false, false},
+                      AttnOCase{"e2b_full_pos0_f32_cache", {8, 1, 512, 8192, 0, 0, 1}, 1536, false, true},
+                      AttnOCase{"e4b_sliding_pos3000", {8, 2, 256, 767, 512, 3000, 1, KB}, 2560, false, false},
+                      AttnOCase{"e4b_full_pos8000_dq", {8, 2, 512, 8192, 0, 8000, 1, KB}, 2560, true, false},
+                      AttnOCase{"tiny_full", {4, 1, 32, 100, 0, 60, 1, KB}, 64, true, true},
+                      AttnOCase{"tiny_e4b_g2", {4, 2, 32, 100, 0, 99, 1}, 96, false, false},
+                      AttnOCase{"h4096_g4", {8, 1, 512, 300, 0, 200, 1, KB}, 4096, false, true}),
+    [](const ::testing::TestParamInfo<AttnOCase>& i) { return std::string(i.param.name); });
+
 // ---- decode attention with the q/k/v post-projection folded in (g4_attn_decode_post, the schedule's
 // QkvAttn) against the CPU reference of the unfused ops: q/k norms, RoPE, v norm, the cache store, then
 // attention over the updated caches. kv = false: a KV-shared layer (q only; the caches are read as they are).

@@ -154,7 +154,7 @@ TEST(BadInput, CudaPlanWithoutGpu) {
     CmdResult i32 = run_g4("inspect '" + plan32 + "'");
     EXPECT_NE(i32.out.find("attention 0 flash (tensor cores), 10 split"), std::string::npos) << i32.out;
     // sm_90: each layer's gate/up + down becomes one MLP launch (10 layers), its down weight stored tiled;
-    // --deterministic keeps the two GEMVs.
+    // --deterministic keeps the two GEMVs (and the attention merge kernel).
     for (bool det : {false, true}) {
         std::string p90 = td.file(det ? "det90.g4plan" : "cuda90.g4plan");
         CmdResult c90 = run_g4("compile --model '" + fixture("e2b_tiny") + "' --device cuda --target sm_90 --no-fidelity" +
@@ -162,8 +162,12 @@ TEST(BadInput, CudaPlanWithoutGpu) {
         ASSERT_EQ(c90.exit_code, 0) << c90.err;
         CmdResult i90 = run_g4("inspect '" + p90 + "'");
         EXPECT_NE(i90.out.find(det ? "30 ResNorm, 0 MLP" : "30 ResNorm, 10 MLP"), std::string::npos) << i90.out;
+        // The full-attention layers' o projection takes the attention's merge (the sliding layers' head dim
+        // 16 is not a multiple of the kernel's 32 columns a block).
+        EXPECT_NE(i90.out.find(det ? "one kernel), 0 attention-o" : "one kernel), 2 attention-o"), std::string::npos) << i90.out;
     }
     EXPECT_NE(i.out.find("30 ResNorm, 0 MLP"), std::string::npos) << "sm_86 keeps the two GEMVs: " << i.out;
+    EXPECT_NE(i.out.find("one kernel), 0 attention-o"), std::string::npos) << "sm_86 keeps the merge kernel: " << i.out;
     CmdResult r = run_g4("run '" + plan + "' --tokens 2,3 -n 2");
     if (r.exit_code == 0) GTEST_SKIP() << "this machine has a GPU";
     EXPECT_EQ(r.exit_code, 1);

@@ -151,6 +151,7 @@ g4_status open_gpu(const plan::Plan& p, EngineState* st, Gpu& g, const plan::Pro
         {&k.resnorm, "g4_resnorm"}, {&k.qkv_post, "g4_qkv_post"},
         {&k.attn_decode, "g4_attn_decode"}, {&k.attn_decode_bf16, "g4_attn_decode_bf16"}, {&k.attn_decode_post, "g4_attn_decode_post"}, {&k.attn_decode_post_bf16, "g4_attn_decode_post_bf16"}, {&k.nf4_to_bf16, "g4_nf4_to_bf16"}, {&k.nf4_untile32, "g4_nf4_untile32"}, {&k.f32_to_bf16, "g4_f32_to_bf16"},
         {&k.add_bias, "g4_add_bias"}, {&k.copy_f32, "g4_copy_f32"}, {&k.penalize, "g4_penalize"}, {&k.mlp[0], "g4_mlp_nf4"}, {&k.mlp[1], "g4_mlp_nf4_b256"},
+        {&k.attn_o[0], "g4_attn_o_nf4_g1"}, {&k.attn_o[1], "g4_attn_o_nf4_g2"}, {&k.attn_o[2], "g4_attn_o_nf4_g3"}, {&k.attn_o[3], "g4_attn_o_nf4_g4"},
         {&k.topk_round, "g4_topk_round"}, {&k.softmax_partial, "g4_softmax_partial"}};
     for (auto& f : fns) CU_TRY(d->cuModuleGetFunction(f.f, g.mod, f.n), std::string("kernel ") + f.n);
     // LM-head screening: kernels of plans compiled since session 25 (without them, no screening).
@@ -194,7 +195,10 @@ g4_status open_gpu(const plan::Plan& p, EngineState* st, Gpu& g, const plan::Pro
                            "kernel " + n + ": shared memory size");
             }
     if (gemv_smem(true, g.sm, 0))
+    {
         for (CUfunction f : k.mlp) CU_TRY(d->cuFuncSetAttribute(f, kFuncAttrMaxDynamicSmem, (int)kGemvSmemMax), "kernel g4_mlp_nf4: shared memory size");
+        for (CUfunction f : k.attn_o) CU_TRY(d->cuFuncSetAttribute(f, kFuncAttrMaxDynamicSmem, (int)kGemvWideSmem), "kernel g4_attn_o_nf4: shared memory size");
+    }
     CU_TRY(d->cuMemAlloc(&g.weights, std::max<uint64_t>(64, g.weights_bytes)),
            "allocating " + std::to_string(g.weights_bytes >> 20) + " MiB of weights on GPU " + std::to_string(g.index));
     for (const Gpu::Seg& sg : g.segs)
@@ -555,6 +559,7 @@ g4_status session_create(g4_session* s, std::string* err) {
             else if (l.kind == (uint16_t)LaunchKind::QkvPost) cls = "qkv_post";
             else if (l.kind == (uint16_t)LaunchKind::QkvAttn) cls = "qkv_attn";
             else if (l.kind == (uint16_t)LaunchKind::Mlp) cls = "mlp";
+            else if (l.kind == (uint16_t)LaunchKind::AttnO) cls = "attn_o";
             else if (l.kind == (uint16_t)LaunchKind::Gemv)
                 cls = (int)op.out[0] == p.info().logits_tensor ? "lm_head"
                       : p.tensor(op.in[1]).dtype == (uint8_t)DType::NF4 ? "gemv_nf4" : "gemv_bf16";
@@ -576,7 +581,7 @@ g4_status session_create(g4_session* s, std::string* err) {
         st->pdl_ok = false;   // events between launches would cut the programmatic edges
         st->ev.resize(p.n_launches() + 2);
         for (CUevent& ev : st->ev) CU_TRY(d->cuEventCreate(&ev, 0), "cuEventCreate");
-        static const char* kinds[] = {"", "resnorm", "gemv", "qkv_post", "qkv_attn", "mlp"};
+        static const char* kinds[] = {"", "resnorm", "gemv", "qkv_post", "qkv_attn", "mlp", "attn_o"};
         for (size_t li = 0; li < p.n_launches(); ++li) {
             const CudaLaunch& l = p.launch(li);
             const PlanOp& op    = p.op(l.op);
@@ -707,9 +712,7 @@ int dt_code(const plan::Plan& p, int32_t t) { return t >= 0 && p.tensor(t).dtype
 // head, split) for all heads of the group; with kernels specialised for a group size (the plan's
 // cuda.attn_hpg), only layers of that size.
 bool decode_attention_fits(const plan::Plan& p, const PlanOp& op, int kvdt) {
-    const int heads = op.ip[0], kvh = op.ip[1], dim = op.ip[2], dsp = op.ip[6], hpg = kvh > 0 ? heads / kvh : 0;
-    if (p.cuda_attn_hpg() != 0 && (hpg != p.cuda_attn_hpg() || hpg * kvh != heads)) return false;
-    return dsp >= 1 && dsp <= 1024 && hpg >= 1 && hpg <= 16 && hpg * dim <= 4096 && dim <= 512 && (kvdt == 0 || dim % 8 == 0);
+    return cuda_rt::decode_attention_fits(op.ip[0], op.ip[1], op.ip[2], op.ip[6], kvdt != 0, p.cuda_attn_hpg());
 }
 
 // A decode row of attention op `at` (decode_attention_fits): g4_attn_decode[_bf16], one block per (kv
@@ -727,7 +730,7 @@ CUresult launch_decode_attention(SessionState* st, const plan::Plan& p, const Pl
     void* args[] = {&step, &q, &kc, &vc, &heads, &kvh, &dim, &slots, &window, &scale, &dsp, &part, &kvdt, &pa};   // pa: post only
     CUfunction f = post ? (kvdt ? K.attn_decode_post_bf16 : K.attn_decode_post) : (kvdt ? K.attn_decode_bf16 : K.attn_decode);
     CUresult r = launch(st, f, (unsigned)kvh, (unsigned)dsp, 256, args);
-    if (r != 0 || st->skip_merge) return r;
+    if (r != 0 || st->skip_merge || st->merge_in_next) return r;   // merge_in_next: the AttnO launch merges
     void* margs[] = {&step, &part, &heads, &dim, &dsp, &y, &ldy, &window};
     return launch(st, K.attn_merge, (unsigned)heads, (unsigned)(dim + 63) / 64, merge_threads(true), margs);
 }
@@ -864,6 +867,11 @@ g4_status launch_op(g4_session* s, size_t i, int rows, int out_rows, std::string
             r = launch_decode_attention(st, p, op, step, in0, nullptr);
             break;
         }
+        if (st->merge_in_next) {   // the compiler fuses the merge only where the decode kernel runs
+            *err = "op " + std::string(p.str(op.name)) + ": the plan merges this attention in the o projection's kernel, but its decode row "
+                   "does not fit g4_attn_decode (recompile the plan with this g4)";
+            return G4_ERR_UNSUPPORTED;
+        }
         if (sp == 0) {   // the compiler chose the tensor-core flash kernel (bf16 plans, dim a power of two 16..512)
             int di = 0;
             while (di < 6 && kFlashDims[di] != dim) ++di;
@@ -990,6 +998,20 @@ g4_status launch_fused(g4_session* s, const CudaLaunch& l, std::string* err) {
         r = go(K.mlp[l.ip[5] == 256], (unsigned)(a.I / 32), (unsigned)l.ip[5], {&a}, gemv_smem(true, st->cur->g->sm, a.H));
         break;
     }
+    case LaunchKind::AttnO: {
+        AttnOArgsH a;
+        std::memset(&a, 0, sizeof a);
+        const PlanOp &o = p.op(l.op), &at = p.op(l.ip[1]);
+        const PlanTensor& w = p.tensor(o.in[1]);
+        const Nf4Ptrs q     = nf4_ptrs(addr(st, p, o.in[1], 0), w);
+        a.step = step, a.part = st->cur->part;
+        a.codes = q.codes, a.absmax = q.absmax, a.absmax2 = q.absmax2, a.offset = q.offset, a.code2 = q.code2;
+        a.bias = addr(st, p, o.in[2], o.in_col[2]);
+        a.y    = addr(st, p, o.out[0], o.out_col[0]);
+        a.H = (int)w.dims[0], a.K = (int)w.dims[1], a.dim = at.ip[2], a.splits = at.ip[6], a.window = at.ip[4];
+        r = go(K.attn_o[attn_o_groups(a.H) - 1], (unsigned)(a.K / 32), kAttnOThreads, {&a}, kGemvWideSmem);
+        break;
+    }
     default: *err = "internal: bad launch kind"; return G4_ERR_INTERNAL;
     }
     if (r != 0) {
@@ -1097,6 +1119,7 @@ g4_status launch_step(g4_session* s, int rows, int out_rows, std::string* err) {
                 }
                 continue;
             }
+            st->merge_in_next = li + 1 < p.n_launches() && p.launch(li + 1).kind == (uint16_t)LaunchKind::AttnO;
             bool handled = false;
             g4_status cg = l.kind == (uint16_t)LaunchKind::Op ? cross_device_op(s, (size_t)l.op, rows, &handled, err)
                            : p.hybrid()                       ? use_lane(st, st->lane_of[l.op], err)
@@ -1113,6 +1136,7 @@ g4_status launch_step(g4_session* s, int rows, int out_rows, std::string* err) {
                 if (g != G4_OK) return g;
             }
         }
+        st->merge_in_next = false;
         // Greedy token on the device: the host copies 4 bytes instead of the logits row.
         g4_status g = use_lane(st, 0, err);
         if (g != G4_OK) return g;

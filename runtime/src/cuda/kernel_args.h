@@ -26,6 +26,25 @@ struct MlpArgsH {
     int H, I;
 };
 static_assert(sizeof(MlpArgsH) == 296, "MlpArgs layout");
+// g4_attn_o_nf4_g*'s arguments (AttnOArgs): the decode attention's partials, the tiled o matrix, y.
+struct AttnOArgsH {
+    cu::CUdeviceptr step, part, codes, absmax, absmax2, offset, code2, bias, y;
+    int H, K, dim, splits, window;
+};
+static_assert(sizeof(AttnOArgsH) == 96, "AttnOArgs layout");
+// Threads a block of g4_attn_o_nf4_g* (AO_B) and its kernel for H output rows (G groups of 4 rows a thread).
+inline constexpr int kAttnOThreads = 256;
+inline int attn_o_groups(int64_t H) { return (int)((H + 4 * kAttnOThreads - 1) / (4 * kAttnOThreads)); }
+
+// Whether a decode row of an attention op runs g4_attn_decode (one block per (kv head, split) for all heads
+// of the group) rather than the prefill kernels; with kernels specialised for a group size (the plan's
+// cuda.attn_hpg, 0: none), only layers of that size. heads, kvh, dim, dsp: the op's ip[0], ip[1], ip[2],
+// ip[6]; kvdt: the cache is bf16.
+inline bool decode_attention_fits(int heads, int kvh, int dim, int dsp, bool kvdt, int attn_hpg) {
+    const int hpg = kvh > 0 ? heads / kvh : 0;
+    if (attn_hpg != 0 && (hpg != attn_hpg || hpg * kvh != heads)) return false;
+    return dsp >= 1 && dsp <= 1024 && hpg >= 1 && hpg <= 16 && hpg * dim <= 4096 && dim <= 512 && (!kvdt || dim % 8 == 0);
+}
 
 // g4_attn_decode_post's q/k/v post-projection arguments (AttnPost).
 struct AttnPostH {

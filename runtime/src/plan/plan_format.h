@@ -131,6 +131,10 @@ enum class LaunchKind : uint16_t {
                    //   ip0 gate op, ip1 up op, ip3 down op, ip5 threads a block (128 | 256: g4_mlp_nf4_b256);
                    //   adds into the down's output, which the ResNorm
                    //   launch before it zeroes (its t7)
+    AttnO   = 6,   // the o projection (count 1, an NF4 Matmul of the attention's output, weight kQuantTiled32) in
+                   //   g4_attn_o_nf4_g* with the decode attention's merge (sm_90): ip1 the Attention op (run by the
+                   //   launch before, which then leaves its partials unmerged); adds into the o output, which the
+                   //   ResNorm launch before the layer's q/k/v projection zeroes (its t7)
 };
 struct CudaLaunch {
     uint16_t kind;                 // LaunchKind

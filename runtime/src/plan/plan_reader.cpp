@@ -312,7 +312,7 @@ g4_status Plan::validate_records(std::string* err) {
     for (size_t i = 0; i < n_launches_; ++i) {
         const CudaLaunch& l = launches_[i];
         std::string what    = "CUDA schedule record " + std::to_string(i);
-        if (l.kind > (uint16_t)LaunchKind::Mlp || l.count < 1 || l.op != (int32_t)next || next + l.count > n_ops_)
+        if (l.kind > (uint16_t)LaunchKind::AttnO || l.count < 1 || l.op != (int32_t)next || next + l.count > n_ops_)
             return fail(CORRUPT, what + ": bad kind or op range", err);
         if (l.kind == (uint16_t)LaunchKind::QkvAttn &&
             ((l.ip[4] != 2 && l.ip[4] != 6) || l.count != l.ip[4] + 1 || ops_[l.op + l.count - 1].code != (uint16_t)OpCode::Attention))
@@ -335,6 +335,21 @@ g4_status Plan::validate_records(std::string* err) {
             const PlanTensor& w = tensors_[ops_[l.op + 3].in[1]];
             if (w.dtype != (uint8_t)DType::NF4 || !(w.quant_flags & kQuantTiled32) || w.dims[1] % 64 != 0 || w.dims[0] % 4 != 0)
                 return fail(CORRUPT, what + ": the MLP's down weight is not a tiled NF4 matrix", err);
+        }
+        if (l.kind == (uint16_t)LaunchKind::AttnO) {
+            const PlanOp& o = ops_[l.op];
+            bool ok         = l.count == 1 && o.code == (uint16_t)OpCode::Matmul && i > 0 && l.ip[1] == l.op - 1 &&
+                      ops_[l.ip[1]].code == (uint16_t)OpCode::Attention && o.in[0] == ops_[l.ip[1]].out[0] && o.in[1] >= 0;
+            bool zeroed = false;   // by a ResNorm launch before the attention's
+            for (size_t k = i; ok && k-- > 0 && !zeroed;)
+                zeroed = launches_[k].kind == (uint16_t)LaunchKind::ResNorm && launches_[k].t[7] == o.out[0];
+            if (!ok || !zeroed)
+                return fail(CORRUPT, what + ": bad attention-o record (the o matmul after an attention op, its output zeroed by a ResNorm before)", err);
+            const PlanOp& at    = ops_[l.ip[1]];
+            const PlanTensor& w = tensors_[o.in[1]];
+            if (w.dtype != (uint8_t)DType::NF4 || !(w.quant_flags & kQuantTiled32) || w.dims[1] != (int64_t)at.ip[0] * at.ip[2] ||
+                w.dims[1] % 64 != 0 || w.dims[0] % 4 != 0 || w.dims[0] > 4096 || at.ip[2] % 32 != 0 || at.ip[6] < 1 || at.ip[6] > 1024)
+                return fail(CORRUPT, what + ": the attention-o record's weight is not a tiled NF4 [<= 4096, heads x dim] matrix", err);
         }
         next += l.count;
     }

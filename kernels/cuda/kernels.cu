@@ -2450,14 +2450,23 @@ G4_ATTN_DECODE_POST(g4_attn_decode_post_bf16, true)
 // kernel), fp32 activations -> bf16, and a bias row added after the GEMM.
 // grid ceil(n / 32 / 256), block 256: one 16-byte chunk (32 values, half an NF4 block) per thread.
 extern "C" __global__ void g4_nf4_to_bf16(const u8* codes, const void* absmax, const float* absmax2, const float* offset,
-                                          const float* code2, long n, u16* out) {
+                                          const float* code2, long n, u16* out, int tiled_rows) {
     __shared__ float cb[16];
     nf4_codebook(cb);
     pdl_begin();
     long c = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (c * 32 >= n) return;
-    uint4 pk   = *(const uint4*)(codes + c * 16);
-    float am   = nf4_absmax(absmax, absmax2, offset, code2, (c * 32) >> 6);
+    // tiled_rows = H > 0: a kQuantTiled32 matrix [H, I] (the fused decode MLP's down or attention-o projection), read in place: thread
+    // c still writes output chunk c (row r = c / (I / 32), columns 32 jj ..: coalesced stores), whose codes
+    // sit at chunk jj * H + r and absmax at (jj / 2) * H + r. The same values as after g4_nf4_untile32.
+    long blk = (c * 32) >> 6, stored = blk, src = c;   // blk: the row-major block (absmax2's index)
+    if (tiled_rows > 0) {
+        const long H = tiled_rows, I = n / H, r = c / (I / 32), jj = c % (I / 32);
+        src    = jj * H + r;
+        stored = (jj / 2) * H + r;
+    }
+    uint4 pk   = *(const uint4*)(codes + src * 16);
+    float am   = nf4_absmax_value(nf4_absmax_raw(absmax, absmax2, stored), absmax2, offset, code2, blk);
     u32 words[4] = {pk.x, pk.y, pk.z, pk.w}, o[16];
 #pragma unroll
     for (int wd = 0; wd < 4; ++wd)

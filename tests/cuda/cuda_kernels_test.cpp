@@ -1330,7 +1330,8 @@ TEST(PrefillGemm, Nf4ToBf16IsExact) {
         long n        = w.n * w.k;
         CUdeviceptr out = dev.alloc(n * 2), codes = w.dev + l.codes_off, am = w.dev + l.absmax_off;
         CUdeviceptr am2 = dq ? w.dev + l.absmax2_off : 0, off = dq ? w.dev + l.offset_off : 0, c2 = dq ? w.dev + l.code2_off : 0;
-        launch("g4_nf4_to_bf16", (unsigned)((n / 32 + 255) / 256), 1, 256, {&codes, &am, &am2, &off, &c2, &n, &out});
+        int row_major = 0;
+        launch("g4_nf4_to_bf16", (unsigned)((n / 32 + 255) / 256), 1, 256, {&codes, &am, &am2, &off, &c2, &n, &out, &row_major});
         std::vector<float> f(n);
         nf4::dequantize(w.blob.data(), l, 0, n, f.data());
         std::vector<uint16_t> got = dev.down<uint16_t>(out, n);
@@ -1348,6 +1349,10 @@ TEST(PrefillGemm, Nf4ToBf16IsExact) {
         const size_t ab = (size_t)(n / 64) * (dq ? 1 : 4);
         EXPECT_EQ(dev.down<uint8_t>(ua, ab), std::vector<uint8_t>(w.blob.begin() + l.absmax_off, w.blob.begin() + l.absmax_off + ab))
             << "absmax, double quant " << dq;
+        // ... and dequantizes in place to the same bf16 matrix (the cuBLAS tier's path for it).
+        CUdeviceptr tout = dev.alloc(n * 2), ta2 = dq ? t + l.absmax2_off : 0, toff = dq ? t + l.offset_off : 0, tc2 = dq ? t + l.code2_off : 0;
+        launch("g4_nf4_to_bf16", (unsigned)((n / 32 + 255) / 256), 1, 256, {&tc, &ta, &ta2, &toff, &tc2, &n, &tout, &H});
+        EXPECT_EQ(dev.down<uint16_t>(tout, n), got) << "tiled, double quant " << dq;
     }
 }
 
@@ -1385,7 +1390,8 @@ TEST(PrefillGemm, CublasAndTensorCoreMatchBf16Reference) {
     CUdeviceptr xs = dev.alloc((size_t)T * K * 2), ws = dev.alloc((size_t)N * K * 2);
     long numel = (long)N * K;
     launch("g4_f32_to_bf16", T, (K + 1023) / 1024, 256, {&step, &gx, &ldx, &xs, &k});
-    launch("g4_nf4_to_bf16", (unsigned)((numel / 32 + 255) / 256), 1, 256, {&codes, &am, &z, &z, &z, &numel, &ws});
+    int row_major = 0;
+    launch("g4_nf4_to_bf16", (unsigned)((numel / 32 + 255) / 256), 1, 256, {&codes, &am, &z, &z, &z, &numel, &ws, &row_major});
     const float one = 1.0f, zero = 0.0f;
     ASSERT_EQ(b->gemm_ex(h, cublas::kOpT, cublas::kOpN, N, T, K, &one, (const void*)ws, cublas::kR16BF, K, (const void*)xs, cublas::kR16BF,
                          K, &zero, (void*)gy, cublas::kR32F, N, cublas::kCompute32F, cublas::kGemmDefault),

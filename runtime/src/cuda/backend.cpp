@@ -778,12 +778,16 @@ g4_status launch_op(g4_session* s, size_t i, int rows, int out_rows, std::string
         // tiled GEMM), decode rows outside the fused schedule to the 4-rows-per-warp GEMV, the rest one
         // warp per row.
         const bool is_nf4 = w.dtype == (uint8_t)DType::NF4;
-        // A down projection the decode schedule runs in g4_mlp_nf4 (stored tiled for it): every other
-        // use (prefill) first puts its codes and absmax back in the row-major layout, after the bf16
-        // scratch matrix (cuda_ws::workspace sizes wscratch for both), then runs as on an untiled plan.
+        // A down or o projection the decode schedule runs in g4_mlp_nf4 / g4_attn_o_nf4 (stored tiled for it): the cuBLAS tier
+        // dequantizes it to bf16 in place (g4_nf4_to_bf16's tiled_rows); every other use first puts its codes
+        // and absmax back in the row-major layout, after the bf16 scratch matrix (cuda_ws::workspace sizes
+        // wscratch for both), then runs as on an untiled plan.
         Nf4Ptrs q{};
         if (is_nf4) q = nf4_ptrs(in1, w);
-        if (is_nf4 && (w.quant_flags & plan::kQuantTiled32)) {
+        const bool tiled_w = is_nf4 && (w.quant_flags & plan::kQuantTiled32);
+        int tiled_rows = 0;
+        if (tiled_w && n > 8 && op.ip[6] == (int32_t)plan::MatmulVariant::Cublas && ln.blas_h) tiled_rows = N;
+        else if (tiled_w) {
             const nf4::Layout lo = nf4::layout((int64_t)N * Kd, q.absmax2 != 0);
             CUdeviceptr codes = ln.wscratch + cuda_ws::align256((uint64_t)N * Kd * 2), am = codes + lo.absmax_off;
             int dq = q.absmax2 != 0;
@@ -798,7 +802,8 @@ g4_status launch_op(g4_session* s, size_t i, int rows, int out_rows, std::string
             if (r == 0 && is_nf4) {
                 long numel = (long)N * Kd;
                 wb         = ln.wscratch;
-                r = go(K.nf4_to_bf16, (unsigned)ceil_div(numel / 32, 256), 1, 256, {&q.codes, &q.absmax, &q.absmax2, &q.offset, &q.code2, &numel, &wb});
+                r = go(K.nf4_to_bf16, (unsigned)ceil_div(numel / 32, 256), 1, 256,
+                       {&q.codes, &q.absmax, &q.absmax2, &q.offset, &q.code2, &numel, &wb, &tiled_rows});
             }
             if (r == 0) {
                 const float one = 1.0f, zero = 0.0f;

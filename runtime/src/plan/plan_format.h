@@ -69,11 +69,11 @@ struct PlanTensor {
 static_assert(sizeof(PlanTensor) == 64);
 
 inline constexpr uint32_t kQuantDoubleQuant = 1;
-// NF4 [H, I] stored tiled for the fused decode MLP (LaunchKind::Mlp, CUDA sm_90 plans): the same blob parts,
+// NF4 [H, I] stored tiled for the fused decode MLP and attention-o (LaunchKind::Mlp / AttnO, CUDA sm_90 plans): the same blob parts,
 // codes as [I / 32][H][16 bytes] (slice j holds columns 32j..32j+31 of every row) and absmax as [I / 64][H];
 // absmax2 (double quant) keeps the row-major block index r * I / 64 + c / 64. For every other use (prefill)
-// the CUDA runtime first puts codes and absmax back in row-major order (g4_nf4_untile32, into scratch);
-// CPU kernels never see it.
+// the CUDA runtime dequantizes it to bf16 in place (the cuBLAS tier) or first puts codes and absmax back in
+// row-major order (g4_nf4_untile32, into scratch); CPU kernels refuse it.
 inline constexpr uint32_t kQuantTiled32 = 2;
 // PlanTensor.flags of weights holds the compiler's weight role; the runtime reads these two: a vision/audio
 // tower weight (read by runtime/src/towers on the CPU, never uploaded), and a tower's 0-d tensor stored as [1].

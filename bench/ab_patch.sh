@@ -2,7 +2,7 @@
 # A/B of kernel changes on the GPU machine, side by side in one run: builds this tree (A) and this tree
 # with each PATCH applied (B, C, ...), compiles one E2B/E4B plan with each build (kernels live in the
 # plan), runs the patched builds' CUDA kernel tests, then alternates `g4 bench` on the plans ROUNDS times.
-# Usage (repo root, $OUT set): [MODEL=e2b] [ROUNDS=3] [DEPTHS=16,4096,32000] [KV=bf16] [KT=0] bash bench/ab_patch.sh PATCH [PATCH...]
+# Usage (repo root, $OUT set): [MODEL=e2b] [ROUNDS=3] [DEPTHS=16,4096,32000] [KV=bf16] [KT=0] [PARITY=1] bash bench/ab_patch.sh PATCH [PATCH...]
 # KT=0 skips the kernel tests (and their build): one patch then fits one 10-minute device call;
 # KT_FILTER='*Gemv*' runs only the matching kernel tests (a gtest filter), which also fits (the whole
 # suite does not: its flash-attention CPU references take minutes); KT_A=1 runs them on this tree (A) too. The checkpoint is made while the
@@ -45,3 +45,13 @@ for r in $(seq $ROUNDS); do
     done
 done
 python3 bench/ab_summary.py "$R"
+# PARITY=1: bench/cuda_parity.py with each patched side's build after the benches (~2 min a side), so one call
+# can measure and check a patch; $OUT/parity_<side>.txt.
+if [ "${PARITY:-0}" = 1 ]; then
+    for s in $SIDES; do
+        [ $s = A ] && continue
+        d=$(lab_dir $s)
+        (cd $d && python3 bench/cuda_parity.py build-dev/tools/g4) > $OUT/parity_$s.txt 2>&1
+        echo "parity $s: $(tail -1 $OUT/parity_$s.txt)"
+    done
+fi

@@ -63,12 +63,16 @@ TEST(CudaSchedule, ZeroedOutputsStayUntouchedUntilTheirKernel) {
                 for (int32_t t : p.op(j).in) EXPECT_FALSE(overlap(p, y, t)) << fx << " launch " << li << " op " << p.str(p.op(j).name);
                 for (int32_t t : p.op(j).out) EXPECT_FALSE(overlap(p, y, t)) << fx << " launch " << li << " op " << p.str(p.op(j).name);
             }
-            if (mlp) EXPECT_FALSE(overlap(p, y, p.op(l.ip[0]).in[0])) << fx << " launch " << li;
+            if (mlp) {
+                EXPECT_FALSE(overlap(p, y, p.op(l.ip[0]).in[0])) << fx << " launch " << li;
+            }
         }
         EXPECT_GT(fused[0], 0) << fx;
         EXPECT_GT(fused[1], 0) << fx;
         for (size_t t = 0; t < p.n_tensors(); ++t)
-            if (p.tensor(t).quant_flags & g4::plan::kQuantTiled32) EXPECT_TRUE(tiled.count((int32_t)t)) << fx << " " << p.str(p.tensor(t).name);
+            if (p.tensor(t).quant_flags & g4::plan::kQuantTiled32) {
+                EXPECT_TRUE(tiled.count((int32_t)t)) << fx << " " << p.str(p.tensor(t).name);
+            }
 
         g4::plan::Plan d;
         compile_sm90(td, fx, "--deterministic", &d);

@@ -1105,6 +1105,7 @@ g4_status launch_step(g4_session* s, int rows, int out_rows, std::string* err) {
     const bool media    = s->media && s->media->step_n > 0;   // image/audio rows: op by op, never the graph
     const bool decode   = rows == 1 && out_rows == 1 && !media;
     const bool events   = decode && !st->ev.empty();   // profiling the captured decode graph
+    st->merge_in_next   = false;   // set per launch below; never left over from a step that failed midway
     if (decode && p.n_launches()) {
         if (events) st->e->d->cuEventRecordWithFlags(st->ev[0], st->cur->stream, 1);
         for (size_t li = 0; li < p.n_launches(); ++li) {

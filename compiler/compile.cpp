@@ -570,7 +570,6 @@ void write_plan(const Inputs& in, const std::string& out_path, Mode mode, Report
     cuda::choose_variants(ops, tensors, in.max_context, in.opt.prefill_precision);
     std::vector<plan::CudaLaunch> schedule;
     if (in.cuda_index >= 0 && mode == Mode::Plan) {
-        // sm_90: the decode MLP in one kernel (fp32 atomic adds; --deterministic keeps the two GEMVs).
         // sm_90: the decode MLP in one kernel, the attention's merge in the o projection's (fp32 atomic adds;
         // --deterministic keeps the separate kernels).
         const bool fuse = in.cuda_target == "sm_90" && !opt.deterministic;

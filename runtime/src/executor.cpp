@@ -276,8 +276,8 @@ g4_status run_ops(g4_session* s, size_t first, size_t end, int32_t rows, int32_t
         }
         case OpCode::Matmul: {
             const PlanTensor& w = p.tensor(op.in[1]);
-            if (w.quant_flags & plan::kQuantTiled32) {   // the GPU's fused-MLP layout: CPU kernels read row-major
-                *err = "op '" + std::string(p.str(op.name)) + "': its NF4 weight is stored tiled for the GPU's fused MLP (sm_90 plans); "
+            if (w.quant_flags & plan::kQuantTiled32) {   // the GPU's fused decode kernels' layout: CPU kernels read row-major
+                *err = "op '" + std::string(p.str(op.name)) + "': its NF4 weight is stored tiled for the GPU's fused MLP / attention-o kernels (sm_90 plans); "
                        "the CPU kernels cannot read it (compile with --deterministic for a plan whose layers may run on the CPU)";
                 return G4_ERR_INTERNAL;
             }

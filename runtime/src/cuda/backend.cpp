@@ -194,8 +194,7 @@ g4_status open_gpu(const plan::Plan& p, EngineState* st, Gpu& g, const plan::Pro
                     CU_TRY(d->cuFuncSetAttribute(k.gemv[q][l][m], kFuncAttrMaxDynamicSmem, (int)kGemvSmemMax),
                            "kernel " + n + ": shared memory size");
             }
-    if (gemv_smem(true, g.sm, 0))
-    {
+    if (gemv_smem(true, g.sm, 0)) {
         for (CUfunction f : k.mlp) CU_TRY(d->cuFuncSetAttribute(f, kFuncAttrMaxDynamicSmem, (int)kGemvSmemMax), "kernel g4_mlp_nf4: shared memory size");
         for (CUfunction f : k.attn_o) CU_TRY(d->cuFuncSetAttribute(f, kFuncAttrMaxDynamicSmem, (int)kGemvWideSmem), "kernel g4_attn_o_nf4: shared memory size");
     }
@@ -778,10 +777,10 @@ g4_status launch_op(g4_session* s, size_t i, int rows, int out_rows, std::string
         // tiled GEMM), decode rows outside the fused schedule to the 4-rows-per-warp GEMV, the rest one
         // warp per row.
         const bool is_nf4 = w.dtype == (uint8_t)DType::NF4;
-        // A down or o projection the decode schedule runs in g4_mlp_nf4 / g4_attn_o_nf4 (stored tiled for it): the cuBLAS tier
-        // dequantizes it to bf16 in place (g4_nf4_to_bf16's tiled_rows); every other use first puts its codes
-        // and absmax back in the row-major layout, after the bf16 scratch matrix (cuda_ws::workspace sizes
-        // wscratch for both), then runs as on an untiled plan.
+        // A down or o projection the decode schedule runs in g4_mlp_nf4 / g4_attn_o_nf4 (stored tiled for
+        // it): the cuBLAS tier dequantizes it to bf16 in place (g4_nf4_to_bf16's tiled_rows); every other use
+        // first puts its codes and absmax back in the row-major layout, after the bf16 scratch matrix
+        // (cuda_ws::workspace sizes wscratch for both), then runs as on an untiled plan.
         Nf4Ptrs q{};
         if (is_nf4) q = nf4_ptrs(in1, w);
         const bool tiled_w = is_nf4 && (w.quant_flags & plan::kQuantTiled32);
@@ -1105,7 +1104,7 @@ g4_status launch_step(g4_session* s, int rows, int out_rows, std::string* err) {
     const bool media    = s->media && s->media->step_n > 0;   // image/audio rows: op by op, never the graph
     const bool decode   = rows == 1 && out_rows == 1 && !media;
     const bool events   = decode && !st->ev.empty();   // profiling the captured decode graph
-    st->merge_in_next   = false;   // set per launch below; never left over from a step that failed midway
+    st->merge_in_next   = false;   // set per launch below; cleared here for the op-by-op path and after a failed step
     if (decode && p.n_launches()) {
         if (events) st->e->d->cuEventRecordWithFlags(st->ev[0], st->cur->stream, 1);
         for (size_t li = 0; li < p.n_launches(); ++li) {
@@ -1142,7 +1141,6 @@ g4_status launch_step(g4_session* s, int rows, int out_rows, std::string* err) {
                 if (g != G4_OK) return g;
             }
         }
-        st->merge_in_next = false;
         // Greedy token on the device: the host copies 4 bytes instead of the logits row.
         g4_status g = use_lane(st, 0, err);
         if (g != G4_OK) return g;

@@ -69,8 +69,8 @@ struct PlanTensor {
 static_assert(sizeof(PlanTensor) == 64);
 
 inline constexpr uint32_t kQuantDoubleQuant = 1;
-// NF4 [H, I] stored tiled for the fused decode MLP and attention-o (LaunchKind::Mlp / AttnO, CUDA sm_90 plans): the same blob parts,
-// codes as [I / 32][H][16 bytes] (slice j holds columns 32j..32j+31 of every row) and absmax as [I / 64][H];
+// NF4 [H, I] stored tiled for the fused decode MLP and attention-o (LaunchKind::Mlp / AttnO, CUDA sm_90
+// plans): the same blob parts, codes as [I / 32][H][16 bytes] (slice j holds columns 32j..32j+31 of every row) and absmax as [I / 64][H];
 // absmax2 (double quant) keeps the row-major block index r * I / 64 + c / 64. For every other use (prefill)
 // the CUDA runtime dequantizes it to bf16 in place (the cuBLAS tier) or first puts codes and absmax back in
 // row-major order (g4_nf4_untile32, into scratch); CPU kernels refuse it.
@@ -129,8 +129,7 @@ enum class LaunchKind : uint16_t {
                    //   kernel; QkvPost's fields, ip4 the number of QkvPost ops (2 or 6)
     Mlp     = 5,   // gate, up, GeluMul, down (count 4) in g4_mlp_nf4 (sm_90; the down weight kQuantTiled32);
                    //   ip0 gate op, ip1 up op, ip3 down op, ip5 threads a block (128 | 256: g4_mlp_nf4_b256);
-                   //   adds into the down's output, which the ResNorm
-                   //   launch before it zeroes (its t7)
+                   //   adds into the down's output, which the ResNorm launch before it zeroes (its t7)
     AttnO   = 6,   // the o projection (count 1, an NF4 Matmul of the attention's output, weight kQuantTiled32) in
                    //   g4_attn_o_nf4_g* with the decode attention's merge (sm_90): ip1 the Attention op (run by the
                    //   launch before, which then leaves its partials unmerged); adds into the o output, which the

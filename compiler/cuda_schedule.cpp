@@ -256,6 +256,31 @@ struct Matcher {
         return true;
     }
 
+    // Per-layer-input gate (bf16 [P, H]) + GeluMul(aux) + projection (bf16 [H, P]) after the ResNorm `prev`
+    // that makes the gate's input -> Ple (g4_ple_bf16_g*, adding into the projection's output y, which
+    // prev zeroes). Nothing runs between them, so y only has to be apart from what the kernel reads.
+    bool ple(size_t i, const CudaLaunch* prev, CudaLaunch* out) const {
+        if (!prev || prev->kind != (uint16_t)LaunchKind::ResNorm || prev->t[7] >= 0) return false;
+        for (size_t k = i; k < i + 3; ++k)
+            if (k >= ops.size() || (!device.empty() && device[k] != device[prev->op])) return false;
+        if (!is(i, OpCode::Matmul) || !is(i + 1, OpCode::GeluMul) || !is(i + 2, OpCode::Matmul)) return false;
+        const PlanOp &g = ops[i], &gm = ops[i + 1], &pr = ops[i + 2];
+        const PlanTensor &wg = tensors[g.in[1]], &wp = tensors[pr.in[1]];
+        const int64_t P = wg.dims[0], H = wg.dims[1];
+        const int32_t y = pr.out[0], x = g.in[0];
+        const bool ok = wg.dtype == (uint8_t)DType::BF16 && wp.dtype == (uint8_t)DType::BF16 && wp.dims[0] == H && wp.dims[1] == P &&
+                        H % 8 == 0 && H <= 4096 && P % 8 == 0 && (x == prev->t[4] || x == prev->t[6]) && !g.in_col[0] && !g.out_col[0] &&
+                        gm.in[0] == g.out[0] && !gm.in_col[0] && gm.in[1] >= 0 && gm.in[1] != g.out[0] && gm.in_col[1] % 4 == 0 &&
+                        !gm.out_col[0] && gm.ip[0] == P && pr.in[0] == gm.out[0] && !pr.in_col[0] && !pr.out_col[0] &&
+                        tensors[y].dims[1] == H && prev->ip[0] == H && unread_after(g.out[0], i + 1) && unread_after(gm.out[0], i + 2) &&
+                        disjoint(y, x) && disjoint(y, gm.in[1]) && disjoint(y, prev->t[4]) && (prev->t[6] < 0 || disjoint(y, prev->t[6]));
+        if (!ok) return false;
+        CudaLaunch l = record(LaunchKind::Ple, i, 3);
+        l.t[0]       = y;
+        *out         = l;
+        return true;
+    }
+
     bool gemv(size_t i, CudaLaunch* out) const {
         if (!gemv_ok(i)) return false;
         const PlanTensor& w = tensors[ops[i].in[1]];
@@ -321,7 +346,7 @@ std::vector<CudaLaunch> decode_schedule(const std::vector<PlanOp>& ops, const st
             i += l.count;
             continue;
         }
-        if (fuse_mlp && !out.empty() && m.mlp(i, &out.back(), &l)) {
+        if (fuse_mlp && !out.empty() && (m.mlp(i, &out.back(), &l) || m.ple(i, &out.back(), &l))) {
             out.back().t[7] = l.t[0];   // the ResNorm before zeroes the MLP's output
             out.push_back(l);
             i += l.count;

@@ -1700,23 +1700,49 @@ template <int G> __device__ __forceinline__ void attn_o_body(const AttnOArgs& a,
     const int ks  = min(a.splits, (span + per - 1) / per);   // splits that may hold keys
     const int h = j * 32 / dim, c0 = j * 32 % dim;
     const float* p = a.part + (long)h * a.splits * D2;
-    float M = NEG_INF;
-    for (int k = threadIdx.x; k < ks; k += AO_B)
-        if (p[k * D2 + dim + 1] > 0.0f) M = fmaxf(M, p[k * D2 + dim]);
-    M = block_max(M, red);
-    float Lp = 0.0f, last = 0.0f;
-    for (int k = threadIdx.x; k < ks; k += AO_B) {
-        const float l = p[k * D2 + dim + 1], wk = l > 0.0f ? __expf(p[k * D2 + dim] - M) : 0.0f;
-        wsplit[k] = wk;
-        Lp += wk * l;
-        if (l > 0.0f) last = (float)(k + 1);
+    float L;
+    int nact;
+    if (ks <= 32) {   // a short span: one warp, one barrier (g4_attention_merge's fast path)
+        if (threadIdx.x < 32) {
+            const int k  = threadIdx.x;
+            const float l = k < ks ? p[k * D2 + dim + 1] : 0.0f, m = l > 0.0f ? p[k * D2 + dim] : NEG_INF;
+            const float M = warp_max(m), wk = l > 0.0f ? __expf(m - M) : 0.0f;
+            wsplit[k]     = wk;
+            const float Ls = warp_sum(wk * l), last = warp_max(l > 0.0f ? (float)(k + 1) : 0.0f);
+            if (k == 0) red[0] = Ls, red[1] = last;
+        }
+        __syncthreads();
+        L = red[0], nact = (int)red[1];
+    } else {
+        float M = NEG_INF;
+        for (int k = threadIdx.x; k < ks; k += AO_B)
+            if (p[k * D2 + dim + 1] > 0.0f) M = fmaxf(M, p[k * D2 + dim]);
+        M = block_max(M, red);
+        float Lp = 0.0f, last = 0.0f;
+        for (int k = threadIdx.x; k < ks; k += AO_B) {
+            const float l = p[k * D2 + dim + 1], wk = l > 0.0f ? __expf(p[k * D2 + dim] - M) : 0.0f;
+            wsplit[k] = wk;
+            Lp += wk * l;
+            if (l > 0.0f) last = (float)(k + 1);
+        }
+        L    = block_sum(Lp, red);
+        nact = (int)block_max(last, red);
+        __syncthreads();
     }
-    const float L  = block_sum(Lp, red);
-    const int nact = (int)block_max(last, red);
-    __syncthreads();
+    constexpr int NG = AO_B / 32;
     const int grp = threadIdx.x >> 5, cl = threadIdx.x & 31;
     float acc = 0.0f;
-    for (int k = grp; k < nact; k += AO_B / 32) {
+    int k     = grp;
+    for (; k + 3 * NG < nact; k += 4 * NG) {   // four loads in flight, added in split order
+        const float v0 = p[k * D2 + c0 + cl], v1 = p[(k + NG) * D2 + c0 + cl];
+        const float v2 = p[(k + 2 * NG) * D2 + c0 + cl], v3 = p[(k + 3 * NG) * D2 + c0 + cl];
+        const float w0 = wsplit[k], w1 = wsplit[k + NG], w2 = wsplit[k + 2 * NG], w3 = wsplit[k + 3 * NG];
+        acc += w0 > 0.0f ? w0 * v0 : 0.0f;
+        acc += w1 > 0.0f ? w1 * v1 : 0.0f;
+        acc += w2 > 0.0f ? w2 * v2 : 0.0f;
+        acc += w3 > 0.0f ? w3 * v3 : 0.0f;
+    }
+    for (; k < nact; k += NG) {
         const float w = wsplit[k];
         if (w > 0.0f) acc += w * p[k * D2 + c0 + cl];
     }
@@ -1762,6 +1788,92 @@ G4_ATTN_O(1)
 G4_ATTN_O(2)
 G4_ATTN_O(3)
 G4_ATTN_O(4)
+
+// ---- the per-layer-input gate and projection in one kernel (sm_90; schedule record Ple) ----
+// Block j takes gate rows 8j .. 8j + 7, one a warp: act = gelu(W_g x + b_g) * aux, then the projection's
+// columns 8j .. 8j + 7 for every output row, added into y with red.global.add.v4.f32 (zeroed by the ResNorm
+// before, as for g4_mlp_nf4). Both bf16 slices stay row-major (a projection row's 8 columns are one 16-byte
+// load) and are loaded before the programmatic wait, with aux (written at the start of the step); only x
+// is read after it. grid P / 8, block 256, G = ceil(H / 1024) (g4_ple_bf16_g1..4). H % 8 == 0, P % 8 == 0.
+struct PleArgs {
+    const float* x;         // [H]
+    const u16* wg;          // gate [P, H] bf16
+    const float* bg;        // gate bias [P] or null
+    const float* aux;       // [P]: the layer's per-layer input
+    const u16* wp;          // projection [H, P] bf16
+    const float* bp;        // projection bias [H] or null (block 0 adds it)
+    float* y;               // [H], zero at the wait
+    int H, P;
+};
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+template <int G> __device__ __forceinline__ void ple_body(const PleArgs& a) {
+    constexpr int GC = 4 * G;   // gate chunks (8 values) a lane: H / 256 <= 4 G
+    __shared__ float s_act[8];
+    const int j = blockIdx.x, H = a.H, P = a.P, lane = threadIdx.x & 31, w = threadIdx.x >> 5, row = 8 * j + w;
+    const uint4* grow = (const uint4*)(a.wg + (long)row * H);
+    uint4 gk[GC];
+#pragma unroll
+    for (int i = 0; i < GC; ++i)
+        if ((lane + 32 * i) * 8 < H) gk[i] = __ldcs(grow + lane + 32 * i);
+    uint4 pk[G][4];
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+        const int r0 = 4 * (threadIdx.x + g * 256);
+        if (r0 >= H) break;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) pk[g][k] = __ldcs((const uint4*)(a.wp + (long)(r0 + k) * P + 8 * j));
+    }
+    const float auxv = lane == 0 ? __ldcg(a.aux + row) : 0.0f;
+    pdl_begin();
+    float s = 0.0f;
+#pragma unroll
+    for (int i = 0; i < GC; ++i) {
+        const int c = (lane + 32 * i) * 8;
+        if (c >= H) break;
+        const float4 x0 = *(const float4*)(a.x + c), x1 = *(const float4*)(a.x + c + 4);
+        const u32 wv[4] = {gk[i].x, gk[i].y, gk[i].z, gk[i].w};
+        const float xv[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            s = fmaf(__uint_as_float(wv[q] << 16), xv[2 * q], s);
+            s = fmaf(__uint_as_float(wv[q] & 0xffff0000u), xv[2 * q + 1], s);
+        }
+    }
+    s = warp_sum(s);
+    if (lane == 0) s_act[w] = gelu_tanh(s + (a.bg ? a.bg[row] : 0.0f)) * auxv;
+    __syncthreads();
+    float av[8];
+#pragma unroll
+    for (int c = 0; c < 8; ++c) av[c] = s_act[c];
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+        const int r0 = 4 * (threadIdx.x + g * 256);
+        if (r0 >= H) break;
+        float out[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const u32 wv[4] = {pk[g][k].x, pk[g][k].y, pk[g][k].z, pk[g][k].w};
+            float o = 0.0f;
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+                o = fmaf(__uint_as_float(wv[q] << 16), av[2 * q], o);
+                o = fmaf(__uint_as_float(wv[q] & 0xffff0000u), av[2 * q + 1], o);
+            }
+            out[k] = o + (a.bp && j == 0 ? a.bp[r0 + k] : 0.0f);
+        }
+        red_add_v4(a.y + r0, make_float4(out[0], out[1], out[2], out[3]));
+    }
+}
+#define G4_PLE(G) \
+    extern "C" __global__ void __launch_bounds__(256) g4_ple_bf16_g##G(const PleArgs a) { ple_body<G>(a); }
+#else
+#define G4_PLE(G) \
+    extern "C" __global__ void g4_ple_bf16_g##G(const PleArgs a) { __trap(); }   // scheduled on sm_90 plans only
+#endif
+G4_PLE(1)
+G4_PLE(2)
+G4_PLE(3)
+G4_PLE(4)
 
 // ---- LM-head screening for greedy decode steps (runtime/src/cuda/backend.cpp: the decode graph replayed
 // ahead of a greedy token). At engine open the bf16 head W [V, K] gets an int8 copy q (bytes q + 128), per

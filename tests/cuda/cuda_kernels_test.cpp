@@ -339,6 +339,45 @@ INSTANTIATE_TEST_SUITE_P(RealShapes, Mlp,
                                            MlpCase{"tiny_e2b", 64, 128, true, true}, MlpCase{"tiny_e4b", 96, 192, false, false}),
                          [](const ::testing::TestParamInfo<MlpCase>& i) { return std::string(i.param.name); });
 
+// ---- the per-layer-input gate and projection in one kernel (g4_ple_bf16_g*, sm_90): gelu(W_g x + b_g) * aux,
+// then the projection (its bf16 [H, P] row-major) adding into a zeroed y, against the unfused reference.
+struct PleCase {
+    const char* name;
+    int64_t H, P;
+    bool bias;
+};
+class PleFused : public ::testing::TestWithParam<PleCase> {};
+TEST_P(PleFused, MatchesUnfusedReference) {
+    NEED_GPU();
+    if (gpu().sm < 90) GTEST_SKIP() << "g4_ple_bf16 is scheduled on sm_90 plans only";
+    const PleCase& c = GetParam();
+    Dev dev;
+    std::vector<float> x = randn((size_t)c.H, 7), aux = randn((size_t)c.P, 73);
+    Weight g = make_weight(dev, DType::BF16, c.P, c.H, 71), w = make_weight(dev, DType::BF16, c.H, c.P, 72);
+    std::vector<float> bg = c.bias ? randn(c.P, 74) : std::vector<float>(c.P, 0.0f), bp = c.bias ? randn(c.H, 75) : std::vector<float>(c.H, 0.0f);
+    std::vector<float> rg = g.ref(x), act(c.P);
+    for (int64_t i = 0; i < c.P; ++i) act[i] = ref::gelu_tanh(rg[i] + bg[i]) * aux[i];
+    std::vector<float> want = w.ref(act);
+    for (int64_t i = 0; i < c.H; ++i) want[i] += bp[i];
+    CUdeviceptr y = dev.alloc(c.H * 4);
+    cuda_rt::PleArgsH a{};
+    a.x = dev.up(x), a.wg = g.dev, a.bg = c.bias ? dev.up(bg) : 0, a.aux = dev.up(aux), a.wp = w.dev, a.bp = c.bias ? dev.up(bp) : 0;
+    a.y = y, a.H = (int)c.H, a.P = (int)c.P;
+    const std::string name = "g4_ple_bf16_g" + std::to_string(cuda_rt::attn_o_groups(c.H));
+    for (int rep = 0; rep < 2; ++rep) {
+        gpu().d->cuMemsetD8(y, 0, c.H * 4);
+        launch(name.c_str(), (unsigned)(c.P / 8), 1, 256, {&a});
+        const double e = rel(dev.down<float>(y, c.H), want);
+        std::printf("PLE %s (%s): rel %.2e\n", c.name, name.c_str(), e);
+        EXPECT_LT(e, 2e-5) << c.name;
+    }
+}
+INSTANTIATE_TEST_SUITE_P(RealShapes, PleFused,
+                         ::testing::Values(PleCase{"e2b", 1536, 256, false}, PleCase{"e4b_bias", 2560, 256, true},
+                                           PleCase{"tiny_e2b_bias", 64, 16, true}, PleCase{"tiny_e4b", 96, 16, false},
+                                           PleCase{"h4096_bias", 4096, 256, true}),
+                         [](const ::testing::TestParamInfo<PleCase>& i) { return std::string(i.param.name); });
+
 // ---- greedy sampling: multi-block argmax, ties to the lowest index, counter reset for the next call;
 // with a step, the feed of the next decode step (its id, its position, the host slot of this one)
 TEST(Argmax, MatchesHostAcrossCalls) {
@@ -482,8 +521,8 @@ TEST_P(LmScreen, ExactRowsAndTokenMatchFullHead) {
         EXPECT_EQ(id[0], want);
         EXPECT_EQ(st[1], pos + 1);
         EXPECT_FALSE(std::isnan(got[want]));
-        if (trial == 1 && top > 1 && !c.bias) EXPECT_EQ(want, top / 2);   // (a bias breaks the copies' ties)
-        if (trial == 2) EXPECT_EQ(computed, c.v);
+        if (trial == 1 && top > 1 && !c.bias) { EXPECT_EQ(want, top / 2); }   // (a bias breaks the copies' ties)
+        if (trial == 2) { EXPECT_EQ(computed, c.v); }
         std::printf("LM screen %s trial %d: token %d, %d of %d rows computed\n", c.name, trial, want, computed, c.v);
     }
 }
@@ -805,7 +844,7 @@ TEST_P(ResNorm, MatchesUnfusedOps) {
             std::printf("ResNorm H=%d mode %d block %u: x_out %.2e, xn %.2e\n", H, mode, block, e1, e2);
             EXPECT_LT(e1, 1e-6) << "mode " << mode << " block " << block;
             EXPECT_LT(e2, 1e-6) << "mode " << mode << " block " << block;
-            if (mode == 2) EXPECT_EQ(dev.down<uint32_t>(gxn, 1)[0], 0xffffffffu) << "xn written without being asked for";
+            if (mode == 2) { EXPECT_EQ(dev.down<uint32_t>(gxn, 1)[0], 0xffffffffu) << "xn written without being asked for"; }
         }
 }
 // x nearly cancelling the normalised residual branch (x_out 3-50x smaller than x): where a faster ResNorm

@@ -165,6 +165,7 @@ TEST(BadInput, CudaPlanWithoutGpu) {
         // The full-attention layers' o projection takes the attention's merge (the sliding layers' head dim
         // 16 is not a multiple of the kernel's 32 columns a block).
         EXPECT_NE(i90.out.find(det ? "one kernel), 0 attention-o" : "one kernel), 2 attention-o"), std::string::npos) << i90.out;
+        EXPECT_NE(i90.out.find(det ? "one kernel), 0 PLE" : "one kernel), 10 PLE"), std::string::npos) << i90.out;
     }
     EXPECT_NE(i.out.find("30 ResNorm, 0 MLP"), std::string::npos) << "sm_86 keeps the two GEMVs: " << i.out;
     EXPECT_NE(i.out.find("one kernel), 0 attention-o"), std::string::npos) << "sm_86 keeps the merge kernel: " << i.out;

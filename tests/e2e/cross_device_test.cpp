@@ -98,7 +98,7 @@ std::string compile(const TempDir& d, const std::string& name, const std::string
     CmdResult r = run_g4("compile --model '" + fixture("e2b_tiny_text") + "' --device cuda --target sm_90 --deterministic --chunk 8 --no-fidelity " +
                          (place.empty() ? "" : "--place " + place + " ") + "-o '" + plan + "'");
     EXPECT_EQ(r.exit_code, 0) << r.err;
-    if (!place.empty()) EXPECT_NE(r.err.find("cross-device:"), std::string::npos) << r.err;
+    if (!place.empty()) { EXPECT_NE(r.err.find("cross-device:"), std::string::npos) << r.err; }
     return plan;
 }
 

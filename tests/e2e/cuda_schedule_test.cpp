@@ -41,16 +41,17 @@ TEST(CudaSchedule, ZeroedOutputsStayUntouchedUntilTheirKernel) {
         g4::plan::Plan p;
         compile_sm90(td, fx, "", &p);
         ASSERT_GT(p.n_launches(), 0u) << fx;
-        int fused[2] = {0, 0};   // Mlp, AttnO
+        int fused[3] = {0, 0, 0};   // Mlp, AttnO, Ple
         std::set<int32_t> tiled;  // the weights the fused kernels read tiled
         for (size_t li = 0; li < p.n_launches(); ++li) {
             const CudaLaunch& l = p.launch(li);
             const bool mlp = l.kind == (uint16_t)LaunchKind::Mlp, ao = l.kind == (uint16_t)LaunchKind::AttnO;
-            if (!mlp && !ao) continue;
-            ++fused[ao];
-            const int32_t wop = mlp ? l.ip[3] : l.op, y = p.op(wop).out[0];
-            tiled.insert(p.op(wop).in[1]);
-            EXPECT_TRUE(p.tensor(p.op(wop).in[1]).quant_flags & g4::plan::kQuantTiled32) << fx << " launch " << li;
+            const bool ple = l.kind == (uint16_t)LaunchKind::Ple;
+            if (!mlp && !ao && !ple) continue;
+            ++fused[ple ? 2 : ao];
+            const int32_t wop = mlp ? l.ip[3] : ple ? l.op + 2 : l.op, y = p.op(wop).out[0];
+            if (!ple) tiled.insert(p.op(wop).in[1]);
+            EXPECT_EQ(!ple, (p.tensor(p.op(wop).in[1]).quant_flags & g4::plan::kQuantTiled32) != 0) << fx << " launch " << li;
             size_t z = li;   // the ResNorm launch that zeroes y
             while (z-- > 0 && !(p.launch(z).kind == (uint16_t)LaunchKind::ResNorm && p.launch(z).t[7] == y)) {}
             ASSERT_LT(z, li) << fx << " launch " << li << ": no ResNorm zeroes its output";
@@ -66,9 +67,14 @@ TEST(CudaSchedule, ZeroedOutputsStayUntouchedUntilTheirKernel) {
             if (mlp) {
                 EXPECT_FALSE(overlap(p, y, p.op(l.ip[0]).in[0])) << fx << " launch " << li;
             }
+            if (ple) {   // the gate's input and the per-layer input
+                EXPECT_FALSE(overlap(p, y, p.op(l.op).in[0])) << fx << " launch " << li;
+                EXPECT_FALSE(overlap(p, y, p.op(l.op + 1).in[1])) << fx << " launch " << li;
+            }
         }
         EXPECT_GT(fused[0], 0) << fx;
         EXPECT_GT(fused[1], 0) << fx;
+        EXPECT_GT(fused[2], 0) << fx;
         for (size_t t = 0; t < p.n_tensors(); ++t)
             if (p.tensor(t).quant_flags & g4::plan::kQuantTiled32) {
                 EXPECT_TRUE(tiled.count((int32_t)t)) << fx << " " << p.str(p.tensor(t).name);
@@ -77,7 +83,9 @@ TEST(CudaSchedule, ZeroedOutputsStayUntouchedUntilTheirKernel) {
         g4::plan::Plan d;
         compile_sm90(td, fx, "--deterministic", &d);
         for (size_t li = 0; li < d.n_launches(); ++li)
-            EXPECT_TRUE(d.launch(li).kind != (uint16_t)LaunchKind::Mlp && d.launch(li).kind != (uint16_t)LaunchKind::AttnO) << fx;
+            EXPECT_TRUE(d.launch(li).kind != (uint16_t)LaunchKind::Mlp && d.launch(li).kind != (uint16_t)LaunchKind::AttnO &&
+                        d.launch(li).kind != (uint16_t)LaunchKind::Ple)
+                << fx;
         for (size_t t = 0; t < d.n_tensors(); ++t) EXPECT_FALSE(d.tensor(t).quant_flags & g4::plan::kQuantTiled32) << fx;
     }
 }

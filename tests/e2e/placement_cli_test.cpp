@@ -95,7 +95,7 @@ TEST(PlacementCli, LayersSplitAcrossBudgetedGpusWhenOneDoesNotFit) {
     EXPECT_TRUE(std::is_sorted(ld.begin(), ld.end()));   // one contiguous range per GPU, the plan's GPU first
     ASSERT_EQ(p.info().gpus.size(), 2u);
     for (const auto& dev : nlohmann::json::parse(p.meta_json())["memory"])
-        if (dev["device"] == "cuda:0") EXPECT_LE(dev["total"].get<uint64_t>(), ple_host_min - 1);
+        if (dev["device"] == "cuda:0") { EXPECT_LE(dev["total"].get<uint64_t>(), ple_host_min - 1); }
 }
 
 TEST(PlacementCli, SmallerMaxContextNamedByTheRefusalFits) {

@@ -152,6 +152,7 @@ g4_status open_gpu(const plan::Plan& p, EngineState* st, Gpu& g, const plan::Pro
         {&k.attn_decode, "g4_attn_decode"}, {&k.attn_decode_bf16, "g4_attn_decode_bf16"}, {&k.attn_decode_post, "g4_attn_decode_post"}, {&k.attn_decode_post_bf16, "g4_attn_decode_post_bf16"}, {&k.nf4_to_bf16, "g4_nf4_to_bf16"}, {&k.nf4_untile32, "g4_nf4_untile32"}, {&k.f32_to_bf16, "g4_f32_to_bf16"},
         {&k.add_bias, "g4_add_bias"}, {&k.copy_f32, "g4_copy_f32"}, {&k.penalize, "g4_penalize"}, {&k.mlp[0], "g4_mlp_nf4"}, {&k.mlp[1], "g4_mlp_nf4_b256"},
         {&k.attn_o[0], "g4_attn_o_nf4_g1"}, {&k.attn_o[1], "g4_attn_o_nf4_g2"}, {&k.attn_o[2], "g4_attn_o_nf4_g3"}, {&k.attn_o[3], "g4_attn_o_nf4_g4"},
+        {&k.ple[0], "g4_ple_bf16_g1"}, {&k.ple[1], "g4_ple_bf16_g2"}, {&k.ple[2], "g4_ple_bf16_g3"}, {&k.ple[3], "g4_ple_bf16_g4"},
         {&k.topk_round, "g4_topk_round"}, {&k.softmax_partial, "g4_softmax_partial"}};
     for (auto& f : fns) CU_TRY(d->cuModuleGetFunction(f.f, g.mod, f.n), std::string("kernel ") + f.n);
     // LM-head screening: kernels of plans compiled since session 25 (without them, no screening).
@@ -559,6 +560,7 @@ g4_status session_create(g4_session* s, std::string* err) {
             else if (l.kind == (uint16_t)LaunchKind::QkvAttn) cls = "qkv_attn";
             else if (l.kind == (uint16_t)LaunchKind::Mlp) cls = "mlp";
             else if (l.kind == (uint16_t)LaunchKind::AttnO) cls = "attn_o";
+            else if (l.kind == (uint16_t)LaunchKind::Ple) cls = "ple";
             else if (l.kind == (uint16_t)LaunchKind::Gemv)
                 cls = (int)op.out[0] == p.info().logits_tensor ? "lm_head"
                       : p.tensor(op.in[1]).dtype == (uint8_t)DType::NF4 ? "gemv_nf4" : "gemv_bf16";
@@ -580,7 +582,7 @@ g4_status session_create(g4_session* s, std::string* err) {
         st->pdl_ok = false;   // events between launches would cut the programmatic edges
         st->ev.resize(p.n_launches() + 2);
         for (CUevent& ev : st->ev) CU_TRY(d->cuEventCreate(&ev, 0), "cuEventCreate");
-        static const char* kinds[] = {"", "resnorm", "gemv", "qkv_post", "qkv_attn", "mlp", "attn_o"};
+        static const char* kinds[] = {"", "resnorm", "gemv", "qkv_post", "qkv_attn", "mlp", "attn_o", "ple"};
         for (size_t li = 0; li < p.n_launches(); ++li) {
             const CudaLaunch& l = p.launch(li);
             const PlanOp& op    = p.op(l.op);
@@ -1014,6 +1016,17 @@ g4_status launch_fused(g4_session* s, const CudaLaunch& l, std::string* err) {
         a.y    = addr(st, p, o.out[0], o.out_col[0]);
         a.H = (int)w.dims[0], a.K = (int)w.dims[1], a.dim = at.ip[2], a.splits = at.ip[6], a.window = at.ip[4];
         r = go(K.attn_o[attn_o_groups(a.H) - 1], (unsigned)(a.K / 32), kAttnOThreads, {&a}, kGemvWideSmem);
+        break;
+    }
+    case LaunchKind::Ple: {
+        PleArgsH a;
+        std::memset(&a, 0, sizeof a);
+        const PlanOp &g = p.op(l.op), &gm = p.op(l.op + 1), &pr = p.op(l.op + 2);
+        a.x = addr(st, p, g.in[0], g.in_col[0]), a.wg = addr(st, p, g.in[1], 0), a.bg = addr(st, p, g.in[2], g.in_col[2]);
+        a.aux = addr(st, p, gm.in[1], gm.in_col[1]);
+        a.wp = addr(st, p, pr.in[1], 0), a.bp = addr(st, p, pr.in[2], pr.in_col[2]), a.y = addr(st, p, pr.out[0], pr.out_col[0]);
+        a.H = (int)p.tensor(pr.in[1]).dims[0], a.P = (int)p.tensor(pr.in[1]).dims[1];
+        r = go(K.ple[attn_o_groups(a.H) - 1], (unsigned)(a.P / 8), 256, {&a});
         break;
     }
     default: *err = "internal: bad launch kind"; return G4_ERR_INTERNAL;

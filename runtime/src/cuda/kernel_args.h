@@ -32,6 +32,13 @@ struct AttnOArgsH {
     int H, K, dim, splits, window;
 };
 static_assert(sizeof(AttnOArgsH) == 96, "AttnOArgs layout");
+// g4_ple_bf16_g*'s arguments (PleArgs): x, the gate (bf16 [P, H]) and its bias, the per-layer input, the
+// projection (bf16 [H, P]) and its bias, y; grid P / 8 blocks of 256, G = attn_o_groups(H).
+struct PleArgsH {
+    cu::CUdeviceptr x, wg, bg, aux, wp, bp, y;
+    int H, P;
+};
+static_assert(sizeof(PleArgsH) == 64, "PleArgs layout");
 // Threads a block of g4_attn_o_nf4_g* (AO_B) and its kernel for H output rows (G groups of 4 rows a thread).
 inline constexpr int kAttnOThreads = 256;
 inline int attn_o_groups(int64_t H) { return (int)((H + 4 * kAttnOThreads - 1) / (4 * kAttnOThreads)); }

@@ -134,6 +134,9 @@ enum class LaunchKind : uint16_t {
                    //   g4_attn_o_nf4_g* with the decode attention's merge (sm_90): ip1 the Attention op (run by the
                    //   launch before, which then leaves its partials unmerged); adds into the o output, which the
                    //   ResNorm launch before the layer's q/k/v projection zeroes (its t7)
+    Ple     = 7,   // the per-layer-input gate (bf16 Matmul), GeluMul with the per-layer input, projection (bf16
+                   //   Matmul) (count 3) in g4_ple_bf16_g* (sm_90); adds into the projection's output, which the
+                   //   ResNorm launch before it zeroes (its t7)
 };
 struct CudaLaunch {
     uint16_t kind;                 // LaunchKind
@@ -161,7 +164,7 @@ inline uint64_t fnv1a64(const void* data, size_t n, uint64_t h = 146959810393466
 // record layouts, op codes and their parameter conventions (bump the string when they change).
 inline uint64_t schema_hash() {
     static const char kSchema[] =
-        "g4plan-v1;header64;section32;tensor64(quant_flags);op104;launch80(op0,resnorm1(t7:zero),gemv2,qkvpost3,qkvattn4(ip4:post_ops),mlp5(ip0:gate,ip1:up,ip3:down,ip5:threads),attn_o6(op:o,ip1:attention(its merge here),t0:y));matmul_variant(cublas4);"
+        "g4plan-v1;header64;section32;tensor64(quant_flags);op104;launch80(op0,resnorm1(t7:zero),gemv2,qkvpost3,qkvattn4(ip4:post_ops),mlp5(ip0:gate,ip1:up,ip3:down,ip5:threads),attn_o6(op:o,ip1:attention(its merge here),t0:y),ple7(ops:gate,gelu_mul,proj;t0:y));matmul_variant(cublas4);"
         "ops:embed1(in:ids,table;fp0:scale),matmul2(in:x,w,bias?;ip5:decode_variant,ip6:prefill_variant),rms_norm3(in:x,w?;ip0:cols,ip1:dim;fp0:eps),"
         "add4(ip0:cols),scale5(in:x,s?;ip0:cols;fp0:s),rope6(in:x,inv_freq;ip0:heads,ip1:dim),"
         "kv_store7(in:k,v;out:kc,vc;ip0:width,ip1:slots),"

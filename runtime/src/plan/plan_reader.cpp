@@ -312,7 +312,7 @@ g4_status Plan::validate_records(std::string* err) {
     for (size_t i = 0; i < n_launches_; ++i) {
         const CudaLaunch& l = launches_[i];
         std::string what    = "CUDA schedule record " + std::to_string(i);
-        if (l.kind > (uint16_t)LaunchKind::AttnO || l.count < 1 || l.op != (int32_t)next || next + l.count > n_ops_)
+        if (l.kind > (uint16_t)LaunchKind::Ple || l.count < 1 || l.op != (int32_t)next || next + l.count > n_ops_)
             return fail(CORRUPT, what + ": bad kind or op range", err);
         if (l.kind == (uint16_t)LaunchKind::QkvAttn &&
             ((l.ip[4] != 2 && l.ip[4] != 6) || l.count != l.ip[4] + 1 || ops_[l.op + l.count - 1].code != (uint16_t)OpCode::Attention))
@@ -335,6 +335,16 @@ g4_status Plan::validate_records(std::string* err) {
             const PlanTensor& w = tensors_[ops_[l.op + 3].in[1]];
             if (w.dtype != (uint8_t)DType::NF4 || !(w.quant_flags & kQuantTiled32) || w.dims[1] % 64 != 0 || w.dims[0] % 4 != 0)
                 return fail(CORRUPT, what + ": the MLP's down weight is not a tiled NF4 matrix", err);
+        }
+        if (l.kind == (uint16_t)LaunchKind::Ple) {
+            const bool ok = l.count == 3 && ops_[l.op].code == (uint16_t)OpCode::Matmul && ops_[l.op + 1].code == (uint16_t)OpCode::GeluMul &&
+                            ops_[l.op + 2].code == (uint16_t)OpCode::Matmul && i > 0 && launches_[i - 1].kind == (uint16_t)LaunchKind::ResNorm &&
+                            launches_[i - 1].t[7] == ops_[l.op + 2].out[0];
+            if (!ok) return fail(CORRUPT, what + ": bad per-layer-input record (gate, GeluMul, projection after a ResNorm that zeroes its output)", err);
+            const PlanTensor &g = tensors_[ops_[l.op].in[1]], &w = tensors_[ops_[l.op + 2].in[1]];
+            if (g.dtype != (uint8_t)DType::BF16 || w.dtype != (uint8_t)DType::BF16 || g.dims[0] != w.dims[1] || g.dims[1] != w.dims[0] ||
+                w.dims[0] % 8 != 0 || w.dims[0] > 4096 || w.dims[1] % 8 != 0)
+                return fail(CORRUPT, what + ": the per-layer-input record's weights are not bf16 [P, H] and [H, P] (H, P multiples of 8, H <= 4096)", err);
         }
         if (l.kind == (uint16_t)LaunchKind::AttnO) {
             const PlanOp& o = ops_[l.op];

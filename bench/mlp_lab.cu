@@ -45,7 +45,9 @@ struct MlpDown {
 // (deterministic); PF: 1 the down slice pulled into L2 before the wait, 2 after the gate/up, 0 not at all;
 // T: the down weight tiled (else row-major). (Session 30's first run also summed over clusters of 8 blocks
 // through distributed shared memory before adding: 3-31% slower than the two kernels.)
-template <int S, int L, int B, int RED, int PF, bool T = true>
+// DB > 0 (f32 adds, tiled, S = 32): the down half issues the code and scale loads of up to DB of its
+// row groups (4 rows each, B * 4 rows apart) before the first multiply, rather than one group at a time.
+template <int S, int L, int B, int RED, int PF, bool T = true, int DB = 0>
 __device__ __forceinline__ void mlp_body(const GemvArgs& gu, const MlpDown& d) {
     static_assert(S == 2 * B / L && S % 32 == 0,
                   "B threads, groups of L lanes, 2 outputs a group; whole 16-byte chunks");
@@ -72,8 +74,37 @@ __device__ __forceinline__ void mlp_body(const GemvArgs& gu, const MlpDown& d) {
     const u32 lane_off = (threadIdx.x & 15) * 8;
     const char* tb     = (const char*)gv_wide;
     const int c64      = j * S / 64;
+    int r_start = 4 * threadIdx.x;
+    if constexpr (DB > 0 && T && RED == 0 && S == 32) {
+        uint4 pk[DB][4];
+        u32 r4[DB];
+#pragma unroll
+        for (int g = 0; g < DB; ++g) {
+            const int r0 = 4 * (threadIdx.x + g * B);
+            if (r0 < H) {
+#pragma unroll
+                for (int k = 0; k < 4; ++k) pk[g][k] = __ldcs((const uint4*)(tile + (long)(r0 + k) * 16));
+                r4[g] = __ldcs((const u32*)(d.absmax + (long)c64 * H + r0));
+            }
+        }
+#pragma unroll
+        for (int g = 0; g < DB; ++g) {
+            const int r0 = 4 * (threadIdx.x + g * B);
+            if (r0 >= H) break;
+            float out[4];
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                const u32 words[4] = {pk[g][k].x, pk[g][k].y, pk[g][k].z, pk[g][k].w};
+                const float dot = nf4_chunk_dot<true>(words, av, tb, lane_off);
+                const long b = (long)(r0 + k) * (I / 64) + c64;
+                out[k] = dot * nf4_absmax_value((r4[g] >> (8 * k)) & 0xffu, d.absmax2, d.offset, d.code2, b);
+            }
+            red_add_v4(d.y + r0, make_float4(out[0], out[1], out[2], out[3]));
+        }
+        r_start = 4 * (threadIdx.x + DB * B);
+    }
     // Thread t: rows 4 (t + B i) .. + 3.
-    for (int r0 = 4 * threadIdx.x; r0 < H; r0 += 4 * B) {
+    for (int r0 = r_start; r0 < H; r0 += 4 * B) {
         constexpr int W = S / 8; // code words a row
         u32 wv[4][W];
 #pragma unroll
@@ -169,13 +200,18 @@ __device__ __forceinline__ void mlp_body(const GemvArgs& gu, const MlpDown& d) {
     }
 }
 
-#define ML_KERNEL(NAME, S, L, B, RED, PF, T)                                                                 \
+#define ML_KERNEL(NAME, S, L, B, RED, PF, T, ...)                                                            \
     __global__ void __launch_bounds__(B, B == 128 ? 3 : 2) NAME(const GemvArgs gu, const MlpDown d) {        \
-        mlp_body<S, L, B, RED, PF, T>(gu, d);                                                                \
+        mlp_body<S, L, B, RED, PF, T __VA_OPT__(,) __VA_ARGS__>(gu, d);                                      \
     }
 ML_KERNEL(ml_s32_f_p0, 32, 8, 128, 0, 0, true)
 ML_KERNEL(ml_s32_f_std, 32, 8, 128, 0, 0, false)
 ML_KERNEL(ml_s32b256_f_std, 32, 16, 256, 0, 0, false)
+ML_KERNEL(ml_s32b256_f_p0, 32, 16, 256, 0, 0, true)
+ML_KERNEL(ml_s32_f_db3, 32, 8, 128, 0, 0, true, 3)
+ML_KERNEL(ml_s32_f_db5, 32, 8, 128, 0, 0, true, 5)
+ML_KERNEL(ml_s32b256_f_db2, 32, 16, 256, 0, 0, true, 2)
+ML_KERNEL(ml_s32b256_f_db3, 32, 16, 256, 0, 0, true, 3)
 ML_KERNEL(ml_s32_t_p0, 32, 8, 128, 3, 0, true)
 ML_KERNEL(ml_s32_t_std, 32, 8, 128, 3, 0, false)
 ML_KERNEL(ml_s32b256_t_std, 32, 16, 256, 3, 0, false)
@@ -186,7 +222,10 @@ struct MlVariant {
     int S, B, red;
 };
 static const MlVariant kMl[] = {
-    {"s32 f32 tiled", ml_s32_f_p0, 32, 128, 0},         {"s32 f32 std", ml_s32_f_std, 32, 128, 0},
+    {"s32 f32 tiled", ml_s32_f_p0, 32, 128, 0},         {"s32 b256 f32 tiled", ml_s32b256_f_p0, 32, 256, 0},
+    {"s32 tiled down x3", ml_s32_f_db3, 32, 128, 0},    {"s32 tiled down x5", ml_s32_f_db5, 32, 128, 0},
+    {"s32 b256 tiled down x2", ml_s32b256_f_db2, 32, 256, 0}, {"s32 b256 tiled down x3", ml_s32b256_f_db3, 32, 256, 0},
+    {"s32 f32 std", ml_s32_f_std, 32, 128, 0},
     {"s32 b256 f32 std", ml_s32b256_f_std, 32, 256, 0}, {"s32 ticket tiled", ml_s32_t_p0, 32, 128, 3},
     {"s32 ticket std", ml_s32_t_std, 32, 128, 3},       {"s32 b256 ticket std", ml_s32b256_t_std, 32, 256, 3},
 };

@@ -34,7 +34,7 @@ def name_of(tag):
     if kind == 9:
         return ["add", "gelu_mul", "scale", "softcap"][min((tag >> 8) & 255, 3)]
     return {2: "resnorm", 4: "merge", 5: "qkv_post", 6: "argmax", 7: "embed", 8: "rms_norm", 10: "matmul_bf16",
-            11: "rope", 12: "kv_store"}.get(kind, f"tag{tag}")
+            11: "rope", 12: "kv_store", 13: "attn_o", 14: "ple"}.get(kind, f"tag{tag}")
 
 
 def decode_steps(launches, skip):

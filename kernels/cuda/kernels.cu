@@ -1671,6 +1671,7 @@ template <int G> __device__ __forceinline__ void attn_o_body(const AttnOArgs& a,
     __shared__ float accs[AO_B / 32][32];
     __shared__ float red[32];
     __shared__ float s_act[32];
+    G4_TRACE_SCOPE(13, a.y);
     const int j = blockIdx.x, H = a.H, K = a.K;
     const u8* tile = a.codes + (long)j * H * 16;
     const int c64  = j / 2;
@@ -1809,6 +1810,7 @@ struct PleArgs {
 template <int G> __device__ __forceinline__ void ple_body(const PleArgs& a) {
     constexpr int GC = 4 * G;   // gate chunks (8 values) a lane: H / 256 <= 4 G
     __shared__ float s_act[8];
+    G4_TRACE_SCOPE(14, a.y);
     const int j = blockIdx.x, H = a.H, P = a.P, lane = threadIdx.x & 31, w = threadIdx.x >> 5, row = 8 * j + w;
     const uint4* grow = (const uint4*)(a.wg + (long)row * H);
     uint4 gk[GC];

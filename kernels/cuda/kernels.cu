@@ -1001,6 +1001,40 @@ G4_FLASH(512)
 // g4_attn_decode (the layer's window, 0 = none), whose splits past the span's last hold nothing and are
 // not read; -1: every split is read (prefill).
 #define AD_MIN 8   // g4_attn_decode: keys a split at least
+// The decode attention merge's split weights (g4_attention_merge, g4_attn_o_nf4): over a head's partials p
+// ([ks][dim + 2]: acc, max, sum), wsplit[k] = exp(max_k - M) for the splits holding keys (0 for the rest),
+// *L = sum_k wsplit[k] sum_k, *nact = 1 + the last split holding keys. Up to 32 splits with keys (a short
+// span) take one warp and one barrier; more, the whole block in parallel. red: 32 floats.
+__device__ __forceinline__ void merge_split_weights(const float* p, int dim, int ks, float* wsplit, float* red, float* L, int* nact) {
+    const int D2 = dim + 2;
+    if (ks <= 32) {
+        if (threadIdx.x < 32) {
+            const int k   = threadIdx.x;
+            const float l = k < ks ? p[k * D2 + dim + 1] : 0.0f, m = l > 0.0f ? p[k * D2 + dim] : NEG_INF;
+            const float M = warp_max(m), wk = l > 0.0f ? __expf(m - M) : 0.0f;
+            wsplit[k]     = wk;
+            const float Ls = warp_sum(wk * l), last = warp_max(l > 0.0f ? (float)(k + 1) : 0.0f);
+            if (k == 0) red[0] = Ls, red[1] = last;
+        }
+        __syncthreads();
+        *L = red[0], *nact = (int)red[1];
+    } else {
+        float M = NEG_INF;
+        for (int k = threadIdx.x; k < ks; k += blockDim.x)
+            if (p[k * D2 + dim + 1] > 0.0f) M = fmaxf(M, p[k * D2 + dim]);
+        M = block_max(M, red);
+        float Lp = 0.0f, last = 0.0f;
+        for (int k = threadIdx.x; k < ks; k += blockDim.x) {
+            const float l = p[k * D2 + dim + 1], wk = l > 0.0f ? __expf(p[k * D2 + dim] - M) : 0.0f;
+            wsplit[k] = wk;
+            Lp += wk * l;
+            if (l > 0.0f) last = (float)(k + 1);
+        }
+        *L    = block_sum(Lp, red);
+        *nact = (int)block_max(last, red);
+        __syncthreads();
+    }
+}
 extern "C" __global__ void __launch_bounds__(1024) g4_attention_merge(const Step* s, const float* part, int heads, int dim, int splits,
                                                                      float* y, long ldy, int window) {
     G4_TRACE_SCOPE(4, y);
@@ -1017,39 +1051,9 @@ extern "C" __global__ void __launch_bounds__(1024) g4_attention_merge(const Step
     int t = blockIdx.x / heads, h = blockIdx.x % heads;
     if (t >= s->rows) return;
     const float* p = part + (long)blockIdx.x * splits * (dim + 2);
-    // Global max and normaliser over the splits, in parallel; then each split's weight once. Up to 32
-    // splits with keys (a short span) take one warp and one barrier; more, the whole block.
     float L;
     int nact;   // splits past the last non-empty one are skipped
-    if (ks <= 32) {
-        if (threadIdx.x < 32) {
-            const int k = threadIdx.x;
-            const float l = k < ks ? p[k * (dim + 2) + dim + 1] : 0.0f, m = l > 0.0f ? p[k * (dim + 2) + dim] : NEG_INF;
-            const float M = warp_max(m);
-            const float wk = l > 0.0f ? __expf(m - M) : 0.0f;
-            wsplit[k] = wk;
-            const float Ls = warp_sum(wk * l), last = warp_max(l > 0.0f ? (float)(k + 1) : 0.0f);
-            if (k == 0) red[0] = Ls, red[1] = last;
-        }
-        __syncthreads();
-        L = red[0], nact = (int)red[1];
-    } else {
-        float M = NEG_INF;
-        for (int k = threadIdx.x; k < ks; k += blockDim.x)
-            if (p[k * (dim + 2) + dim + 1] > 0.0f) M = fmaxf(M, p[k * (dim + 2) + dim]);
-        M = block_max(M, red);
-        float Lp = 0.0f, last = 0.0f;
-        for (int k = threadIdx.x; k < ks; k += blockDim.x) {
-            float l = p[k * (dim + 2) + dim + 1];
-            float wk = l > 0.0f ? __expf(p[k * (dim + 2) + dim] - M) : 0.0f;
-            wsplit[k] = wk;
-            Lp += wk * l;
-            if (l > 0.0f) last = (float)(k + 1);
-        }
-        L = block_sum(Lp, red);
-        nact = (int)block_max(last, red);
-        __syncthreads();
-    }
+    merge_split_weights(p, dim, ks, wsplit, red, &L, &nact);
     const int NG = blockDim.x >> 6, g = threadIdx.x >> 6, cl = threadIdx.x & 63, c = blockIdx.y * 64 + cl;
     float acc = 0.0f;
     if (c < dim) {
@@ -1703,33 +1707,7 @@ template <int G> __device__ __forceinline__ void attn_o_body(const AttnOArgs& a,
     const float* p = a.part + (long)h * a.splits * D2;
     float L;
     int nact;
-    if (ks <= 32) {   // a short span: one warp, one barrier (g4_attention_merge's fast path)
-        if (threadIdx.x < 32) {
-            const int k  = threadIdx.x;
-            const float l = k < ks ? p[k * D2 + dim + 1] : 0.0f, m = l > 0.0f ? p[k * D2 + dim] : NEG_INF;
-            const float M = warp_max(m), wk = l > 0.0f ? __expf(m - M) : 0.0f;
-            wsplit[k]     = wk;
-            const float Ls = warp_sum(wk * l), last = warp_max(l > 0.0f ? (float)(k + 1) : 0.0f);
-            if (k == 0) red[0] = Ls, red[1] = last;
-        }
-        __syncthreads();
-        L = red[0], nact = (int)red[1];
-    } else {
-        float M = NEG_INF;
-        for (int k = threadIdx.x; k < ks; k += AO_B)
-            if (p[k * D2 + dim + 1] > 0.0f) M = fmaxf(M, p[k * D2 + dim]);
-        M = block_max(M, red);
-        float Lp = 0.0f, last = 0.0f;
-        for (int k = threadIdx.x; k < ks; k += AO_B) {
-            const float l = p[k * D2 + dim + 1], wk = l > 0.0f ? __expf(p[k * D2 + dim] - M) : 0.0f;
-            wsplit[k] = wk;
-            Lp += wk * l;
-            if (l > 0.0f) last = (float)(k + 1);
-        }
-        L    = block_sum(Lp, red);
-        nact = (int)block_max(last, red);
-        __syncthreads();
-    }
+    merge_split_weights(p, dim, ks, wsplit, red, &L, &nact);
     constexpr int NG = AO_B / 32;
     const int grp = threadIdx.x >> 5, cl = threadIdx.x & 31;
     float acc = 0.0f;

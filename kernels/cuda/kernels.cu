@@ -1004,7 +1004,9 @@ G4_FLASH(512)
 // The decode attention merge's split weights (g4_attention_merge, g4_attn_o_nf4): over a head's partials p
 // ([ks][dim + 2]: acc, max, sum), wsplit[k] = exp(max_k - M) for the splits holding keys (0 for the rest),
 // *L = sum_k wsplit[k] sum_k, *nact = 1 + the last split holding keys. Up to 32 splits with keys (a short
-// span) take one warp and one barrier; more, the whole block in parallel. red: 32 floats.
+// span) take one warp and one barrier; more, the whole block in parallel (B: its threads, 0 = blockDim.x).
+// red: 32 floats.
+template <int B = 0>
 __device__ __forceinline__ void merge_split_weights(const float* p, int dim, int ks, float* wsplit, float* red, float* L, int* nact) {
     const int D2 = dim + 2;
     if (ks <= 32) {
@@ -1020,11 +1022,15 @@ __device__ __forceinline__ void merge_split_weights(const float* p, int dim, int
         *L = red[0], *nact = (int)red[1];
     } else {
         float M = NEG_INF;
-        for (int k = threadIdx.x; k < ks; k += blockDim.x)
+        const auto nt = [] {   // as the kernels had it: int B, or unsigned blockDim.x
+            if constexpr (B != 0) return B;
+            else return blockDim.x;
+        }();
+        for (int k = threadIdx.x; k < ks; k += nt)
             if (p[k * D2 + dim + 1] > 0.0f) M = fmaxf(M, p[k * D2 + dim]);
         M = block_max(M, red);
         float Lp = 0.0f, last = 0.0f;
-        for (int k = threadIdx.x; k < ks; k += blockDim.x) {
+        for (int k = threadIdx.x; k < ks; k += nt) {
             const float l = p[k * D2 + dim + 1], wk = l > 0.0f ? __expf(p[k * D2 + dim] - M) : 0.0f;
             wsplit[k] = wk;
             Lp += wk * l;
@@ -1707,7 +1713,7 @@ template <int G> __device__ __forceinline__ void attn_o_body(const AttnOArgs& a,
     const float* p = a.part + (long)h * a.splits * D2;
     float L;
     int nact;
-    merge_split_weights(p, dim, ks, wsplit, red, &L, &nact);
+    merge_split_weights<AO_B>(p, dim, ks, wsplit, red, &L, &nact);
     constexpr int NG = AO_B / 32;
     const int grp = threadIdx.x >> 5, cl = threadIdx.x & 31;
     float acc = 0.0f;

@@ -1567,13 +1567,30 @@ G4_GEMV(g4_gemv_bf16_l128_m2, false, 128, 2)
 // grid I / 32, block 128 (g4_mlp_nf4) or 256 (g4_mlp_nf4_b256: the gate/up at 16 lanes, two blocks an SM;
 // bench/mlp_lab.cu: E2B 12.7 -> 11.0 us, but slower at 384 and 320 blocks), dynamic shared memory
 // cuda_rt::gemv_smem(true, 90, H). H % 4 == 0, I % 64 == 0.
-struct MlpArgs {
-    GemvArgs gu;            // gate (m[0]) and up (m[1]), x, k = H, epi 1
-    const u8* codes;        // down, tiled
-    const void* absmax;     // [I / 64][H]: u8 (double quant) or f32
+// A tiled NF4 matrix [H, K] (plan kQuantTiled32) as the fused kernels read it: codes [K / 32][H][16 bytes],
+// absmax [K / 64][H] (double quant: absmax2 still indexed by the row-major block r * K / 64 + c / 64).
+struct Nf4Tiled {
+    const u8* codes;
+    const void* absmax;     // u8 (double quant) or f32
     const float* absmax2;
     const float* offset;
     const float* code2;
+    // The raw block scales of rows r0 .. r0 + 3 in 64-column block c64.
+    __device__ __forceinline__ void raw4(int c64, int H, int r0, u32* raw) const {
+        if (absmax2) {
+            const u32 r4 = __ldcs((const u32*)((const u8*)absmax + (long)c64 * H + r0));
+#pragma unroll
+            for (int k = 0; k < 4; ++k) raw[k] = (r4 >> (8 * k)) & 0xffu;
+        } else {
+            const uint4 r4 = __ldcs((const uint4*)((const float*)absmax + (long)c64 * H + r0));
+            raw[0] = r4.x, raw[1] = r4.y, raw[2] = r4.z, raw[3] = r4.w;
+        }
+    }
+    __device__ __forceinline__ float scale(u32 raw, long b) const { return nf4_absmax_value(raw, absmax2, offset, code2, b); }
+};
+struct MlpArgs {
+    GemvArgs gu;            // gate (m[0]) and up (m[1]), x, k = H, epi 1
+    Nf4Tiled dn;            // down, tiled [H, I]
     const float* bias;      // down's LoRA bias [H] or null (block 0 adds it)
     float* y;               // [H], zero at the wait
     int H, I;
@@ -1600,21 +1617,14 @@ template <int B> __device__ __forceinline__ void mlp_body(const MlpArgs& a, floa
     for (int c = 0; c < MLP_S; ++c) av[c] = s_act[c];
     const u32 lane_off = (threadIdx.x & 15) * 8;
     const char* tb     = (const char*)mlp_wide;   // the pair table, still in place
-    const u8* tile     = a.codes + (long)j * H * (MLP_S / 2);
+    const u8* tile     = a.dn.codes + (long)j * H * (MLP_S / 2);
     const int c64      = j / 2;
     for (int r0 = 4 * threadIdx.x; r0 < H; r0 += 4 * B) {   // rows r0 .. r0 + 3
         uint4 pk[4];
         u32 raw[4];
 #pragma unroll
         for (int k = 0; k < 4; ++k) pk[k] = __ldcs((const uint4*)(tile + (long)(r0 + k) * (MLP_S / 2)));
-        if (a.absmax2) {
-            const u32 r4 = __ldcs((const u32*)((const u8*)a.absmax + (long)c64 * H + r0));
-#pragma unroll
-            for (int k = 0; k < 4; ++k) raw[k] = (r4 >> (8 * k)) & 0xffu;
-        } else {
-            const uint4 r4 = __ldcs((const uint4*)((const float*)a.absmax + (long)c64 * H + r0));
-            raw[0] = r4.x, raw[1] = r4.y, raw[2] = r4.z, raw[3] = r4.w;
-        }
+        a.dn.raw4(c64, H, r0, raw);
         float out[4];
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
@@ -1634,7 +1644,7 @@ template <int B> __device__ __forceinline__ void mlp_body(const MlpArgs& a, floa
                 s0 = fmaf(p3.x, xw[6], s0), s1 = fmaf(p3.y, xw[7], s1);
             }
             const long b = (long)(r0 + k) * (I / 64) + c64;   // the row-major block (absmax2's index)
-            out[k]       = (s0 + s1) * nf4_absmax_value(raw[k], a.absmax2, a.offset, a.code2, b);
+            out[k]       = (s0 + s1) * a.dn.scale(raw[k], b);
             if (a.bias && j == 0) out[k] += a.bias[r0 + k];
         }
         red_add_v4(a.y + r0, make_float4(out[0], out[1], out[2], out[3]));
@@ -1665,11 +1675,7 @@ G4_MLP(g4_mlp_nf4_b256, 256)
 struct AttnOArgs {
     const Step* s;
     const float* part;      // [heads][splits][dim + 2]: acc[dim], max, sum of each split
-    const u8* codes;        // o weight [H, K = heads * dim], tiled
-    const void* absmax;     // [K / 64][H]: u8 (double quant) or f32
-    const float* absmax2;
-    const float* offset;
-    const float* code2;
+    Nf4Tiled o;             // o weight [H, K = heads * dim], tiled
     const float* bias;      // o's LoRA bias [H] or null (block 0 adds it)
     float* y;               // [H], zero at the wait
     int H, K, dim, splits, window;
@@ -1683,7 +1689,7 @@ template <int G> __device__ __forceinline__ void attn_o_body(const AttnOArgs& a,
     __shared__ float s_act[32];
     G4_TRACE_SCOPE(13, a.y);
     const int j = blockIdx.x, H = a.H, K = a.K;
-    const u8* tile = a.codes + (long)j * H * 16;
+    const u8* tile = a.o.codes + (long)j * H * 16;
     const int c64  = j / 2;
     uint4 pk[G][4];   // rows 4 (tid + g AO_B) .. + 3 of the slice
     u32 raw[G][4];
@@ -1693,14 +1699,7 @@ template <int G> __device__ __forceinline__ void attn_o_body(const AttnOArgs& a,
         if (r0 >= H) break;
 #pragma unroll
         for (int k = 0; k < 4; ++k) pk[g][k] = __ldcs((const uint4*)(tile + (long)(r0 + k) * 16));
-        if (a.absmax2) {
-            const u32 r4 = __ldcs((const u32*)((const u8*)a.absmax + (long)c64 * H + r0));
-#pragma unroll
-            for (int k = 0; k < 4; ++k) raw[g][k] = (r4 >> (8 * k)) & 0xffu;
-        } else {
-            const uint4 r4 = __ldcs((const uint4*)((const float*)a.absmax + (long)c64 * H + r0));
-            raw[g][0] = r4.x, raw[g][1] = r4.y, raw[g][2] = r4.z, raw[g][3] = r4.w;
-        }
+        a.o.raw4(c64, H, r0, raw[g]);
     }
     nf4_pair_table_wide(tab);
     pdl_begin();
@@ -1754,7 +1753,7 @@ template <int G> __device__ __forceinline__ void attn_o_body(const AttnOArgs& a,
         for (int k = 0; k < 4; ++k) {
             const u32 words[4] = {pk[g][k].x, pk[g][k].y, pk[g][k].z, pk[g][k].w};
             const long b       = (long)(r0 + k) * (K / 64) + c64;   // the row-major block (absmax2's index)
-            out[k] = nf4_chunk_dot<true>(words, av, tb, lane_off) * nf4_absmax_value(raw[g][k], a.absmax2, a.offset, a.code2, b);
+            out[k] = nf4_chunk_dot<true>(words, av, tb, lane_off) * a.o.scale(raw[g][k], b);
             if (a.bias && j == 0) out[k] += a.bias[r0 + k];
         }
         red_add_v4(a.y + r0, make_float4(out[0], out[1], out[2], out[3]));

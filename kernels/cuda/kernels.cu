@@ -1552,23 +1552,9 @@ G4_GEMV(g4_gemv_bf16_l32_m2, false, 32, 2)
 G4_GEMV(g4_gemv_bf16_l64_m2, false, 64, 2)
 G4_GEMV(g4_gemv_bf16_l128_m2, false, 128, 2)
 
-// ---- The decode MLP in one kernel (sm_90): gate/up pairs, GeluMul and the down projection. Block j
-// computes act[32j, 32j + 32) = gelu(gate . x) * (up . x) with the gate/up GEMV's own body (8 lanes a
-// group, 16 groups: 32 outputs) into shared memory, then the down projection's K-slice j for every output
-// row r, part[r] = sum_c D[r, 32j + c] act[32j + c], which it adds into y with red.global.add.v4.f32: no
-// block waits for another, and the down's weights stream while other blocks still do the gate/up (the
-// two-kernel path stages all of act in every down block after a grid-wide wait). y must be zero at the
-// wait: the ResNorm before zeroes it (g4_resnorm's zero). The order of the adds varies, so y may differ
-// in its last bits from run to run (g4 compile --deterministic keeps the two GEMVs). The down matrix is
-// stored tiled (plan kQuantTiled32): codes [I / 32][H][16 bytes], each slice contiguous, absmax [I / 64][H]
-// (double quant: absmax2 still indexed by the row-major block r * I / 64 + c / 64). bench/mlp_lab.cu (H100,
-// session 30): E2B 15.7 -> 12.8 us, E2B wide 22.0 -> 19.1, E4B 28.5 -> 25.5 against the gate/up + down
-// GEMVs in a graph.
-// grid I / 32, block 128 (g4_mlp_nf4) or 256 (g4_mlp_nf4_b256: the gate/up at 16 lanes, two blocks an SM;
-// bench/mlp_lab.cu: E2B 12.7 -> 11.0 us, but slower at 384 and 320 blocks), dynamic shared memory
-// cuda_rt::gemv_smem(true, 90, H). H % 4 == 0, I % 64 == 0.
-// A tiled NF4 matrix [H, K] (plan kQuantTiled32) as the fused kernels read it: codes [K / 32][H][16 bytes],
-// absmax [K / 64][H] (double quant: absmax2 still indexed by the row-major block r * K / 64 + c / 64).
+// A tiled NF4 matrix [H, K] (plan kQuantTiled32) as the fused decode kernels (g4_mlp_nf4's down,
+// g4_attn_o_nf4's o) read it: codes [K / 32][H][16 bytes], each 32-column slice contiguous, absmax [K / 64][H]
+// (double quant: absmax2 still indexed by the row-major block r * K / 64 + c / 64).
 struct Nf4Tiled {
     const u8* codes;
     const void* absmax;     // u8 (double quant) or f32
@@ -1588,6 +1574,20 @@ struct Nf4Tiled {
     }
     __device__ __forceinline__ float scale(u32 raw, long b) const { return nf4_absmax_value(raw, absmax2, offset, code2, b); }
 };
+
+// ---- The decode MLP in one kernel (sm_90): gate/up pairs, GeluMul and the down projection. Block j
+// computes act[32j, 32j + 32) = gelu(gate . x) * (up . x) with the gate/up GEMV's own body (8 lanes a
+// group, 16 groups: 32 outputs) into shared memory, then the down projection's K-slice j for every output
+// row r, part[r] = sum_c D[r, 32j + c] act[32j + c], which it adds into y with red.global.add.v4.f32: no
+// block waits for another, and the down's weights stream while other blocks still do the gate/up (the
+// two-kernel path stages all of act in every down block after a grid-wide wait). y must be zero at the
+// wait: the ResNorm before zeroes it (g4_resnorm's zero). The order of the adds varies, so y may differ
+// in its last bits from run to run (g4 compile --deterministic keeps the two GEMVs). The down matrix is
+// stored tiled (Nf4Tiled). bench/mlp_lab.cu (H100, session 30): E2B 15.7 -> 12.8 us, E2B wide 22.0 -> 19.1,
+// E4B 28.5 -> 25.5 against the gate/up + down GEMVs in a graph.
+// grid I / 32, block 128 (g4_mlp_nf4) or 256 (g4_mlp_nf4_b256: the gate/up at 16 lanes, two blocks an SM;
+// bench/mlp_lab.cu: E2B 12.7 -> 11.0 us, but slower at 384 and 320 blocks), dynamic shared memory
+// cuda_rt::gemv_smem(true, 90, H). H % 4 == 0, I % 64 == 0.
 struct MlpArgs {
     GemvArgs gu;            // gate (m[0]) and up (m[1]), x, k = H, epi 1
     Nf4Tiled dn;            // down, tiled [H, I]
@@ -1669,9 +1669,9 @@ G4_MLP(g4_mlp_nf4_b256, 256)
 // The slice's codes and scales (H x 16 bytes) are loaded before the programmatic wait: they do not depend on
 // the attention, which then runs beside them. y must be zero at the wait (the ResNorm before the layer's
 // q/k/v projection zeroes it); the adds land in a varying order (g4 compile --deterministic keeps the merge
-// kernel and the o GEMV). The o weight is stored tiled (kQuantTiled32): codes [K / 32][H][16 bytes],
-// absmax [K / 64][H]. grid K / 32, block AO_B, dynamic shared memory GV_WIDE_BYTES (the wide pair table);
-// G = ceil(H / (4 AO_B)) groups of 4 rows a thread (g4_attn_o_nf4_g1..4). H % 4 == 0, K % 64 == 0.
+// kernel and the o GEMV). The o weight is stored tiled (Nf4Tiled). grid K / 32, block AO_B, dynamic shared
+// memory GV_WIDE_BYTES (the wide pair table); G = ceil(H / (4 AO_B)) groups of 4 rows a thread
+// (g4_attn_o_nf4_g1..4). H % 4 == 0, K % 64 == 0.
 struct AttnOArgs {
     const Step* s;
     const float* part;      // [heads][splits][dim + 2]: acc[dim], max, sum of each split
@@ -2553,9 +2553,10 @@ extern "C" __global__ void g4_nf4_to_bf16(const u8* codes, const void* absmax, c
     pdl_begin();
     long c = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (c * 32 >= n) return;
-    // tiled_rows = H > 0: a kQuantTiled32 matrix [H, I] (the fused decode MLP's down or attention-o projection), read in place: thread
-    // c still writes output chunk c (row r = c / (I / 32), columns 32 jj ..: coalesced stores), whose codes
-    // sit at chunk jj * H + r and absmax at (jj / 2) * H + r. The same values as after g4_nf4_untile32.
+    // tiled_rows = H > 0: a kQuantTiled32 matrix [H, I] (the fused decode MLP's down or attention-o
+    // projection), read in place: thread c still writes output chunk c (row r = c / (I / 32), columns 32 jj ..:
+    // coalesced stores), whose codes sit at chunk jj * H + r and absmax at (jj / 2) * H + r. The same values as
+    // after g4_nf4_untile32.
     long blk = (c * 32) >> 6, stored = blk, src = c;   // blk: the row-major block (absmax2's index)
     if (tiled_rows > 0) {
         const long H = tiled_rows, I = n / H, r = c / (I / 32), jj = c % (I / 32);

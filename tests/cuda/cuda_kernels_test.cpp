@@ -363,7 +363,7 @@ TEST_P(PleFused, MatchesUnfusedReference) {
     cuda_rt::PleArgsH a{};
     a.x = dev.up(x), a.wg = g.dev, a.bg = c.bias ? dev.up(bg) : 0, a.aux = dev.up(aux), a.wp = w.dev, a.bp = c.bias ? dev.up(bp) : 0;
     a.y = y, a.H = (int)c.H, a.P = (int)c.P;
-    const std::string name = "g4_ple_bf16_g" + std::to_string(cuda_rt::attn_o_groups(c.H));
+    const std::string name = "g4_ple_bf16_g" + std::to_string(cuda_rt::slice_row_groups(c.H));
     for (int rep = 0; rep < 2; ++rep) {
         gpu().d->cuMemsetD8(y, 0, c.H * 4);
         launch(name.c_str(), (unsigned)(c.P / 8), 1, 256, {&a});
@@ -1168,13 +1168,13 @@ TEST_P(AttnO, MatchesUnfusedReference) {
     if (o.dq) a.absmax2 = t + l.absmax2_off, a.offset = t + l.offset_off, a.code2 = t + l.code2_off;
     a.bias = o.bias ? dev.up(bias) : 0, a.y = y;
     a.H = (int)o.H, a.K = (int)K, a.dim = c.dim, a.splits = splits, a.window = c.window;
-    const std::string name = "g4_attn_o_nf4_g" + std::to_string(cuda_rt::attn_o_groups(o.H));
+    const std::string name = "g4_attn_o_nf4_g" + std::to_string(cuda_rt::slice_row_groups(o.H));
     cu::CUfunction f       = nullptr;
     ASSERT_EQ(gpu().d->cuModuleGetFunction(&f, gpu().mod, name.c_str()), 0);
     ASSERT_EQ(gpu().d->cuFuncSetAttribute(f, cu::kFuncAttrMaxDynamicSmem, (int)cuda_rt::kGemvWideSmem), 0);
     for (int rep = 0; rep < 2; ++rep) {   // y zeroed before each launch, as the ResNorm does
         gpu().d->cuMemsetD8(y, 0, o.H * 4);
-        launch_smem(name.c_str(), (unsigned)(K / 32), 1, cuda_rt::kAttnOThreads, cuda_rt::kGemvWideSmem, {&a});
+        launch_smem(name.c_str(), (unsigned)(K / 32), 1, cuda_rt::kSliceThreads, cuda_rt::kGemvWideSmem, {&a});
         const double e = rel(dev.down<float>(y, o.H), want);
         std::printf("AttnO %s (%s, %d splits): rel %.2e\n", o.name, name.c_str(), splits, e);
         EXPECT_LT(e, 2e-5) << o.name;

@@ -1015,7 +1015,7 @@ g4_status launch_fused(g4_session* s, const CudaLaunch& l, std::string* err) {
         a.bias = addr(st, p, o.in[2], o.in_col[2]);
         a.y    = addr(st, p, o.out[0], o.out_col[0]);
         a.H = (int)w.dims[0], a.K = (int)w.dims[1], a.dim = at.ip[2], a.splits = at.ip[6], a.window = at.ip[4];
-        r = go(K.attn_o[attn_o_groups(a.H) - 1], (unsigned)(a.K / 32), kAttnOThreads, {&a}, kGemvWideSmem);
+        r = go(K.attn_o[slice_row_groups(a.H) - 1], (unsigned)(a.K / 32), kSliceThreads, {&a}, kGemvWideSmem);
         break;
     }
     case LaunchKind::Ple: {
@@ -1026,7 +1026,7 @@ g4_status launch_fused(g4_session* s, const CudaLaunch& l, std::string* err) {
         a.aux = addr(st, p, gm.in[1], gm.in_col[1]);
         a.wp = addr(st, p, pr.in[1], 0), a.bp = addr(st, p, pr.in[2], pr.in_col[2]), a.y = addr(st, p, pr.out[0], pr.out_col[0]);
         a.H = (int)p.tensor(pr.in[1]).dims[0], a.P = (int)p.tensor(pr.in[1]).dims[1];
-        r = go(K.ple[attn_o_groups(a.H) - 1], (unsigned)(a.P / 8), 256, {&a});
+        r = go(K.ple[slice_row_groups(a.H) - 1], (unsigned)(a.P / 8), kSliceThreads, {&a});
         break;
     }
     default: *err = "internal: bad launch kind"; return G4_ERR_INTERNAL;

@@ -33,15 +33,16 @@ struct AttnOArgsH {
 };
 static_assert(sizeof(AttnOArgsH) == 96, "AttnOArgs layout");
 // g4_ple_bf16_g*'s arguments (PleArgs): x, the gate (bf16 [P, H]) and its bias, the per-layer input, the
-// projection (bf16 [H, P]) and its bias, y; grid P / 8 blocks of 256, G = attn_o_groups(H).
+// projection (bf16 [H, P]) and its bias, y; grid P / 8 blocks of kSliceThreads, G = slice_row_groups(H).
 struct PleArgsH {
     cu::CUdeviceptr x, wg, bg, aux, wp, bp, y;
     int H, P;
 };
 static_assert(sizeof(PleArgsH) == 64, "PleArgs layout");
-// Threads a block of g4_attn_o_nf4_g* (AO_B) and its kernel for H output rows (G groups of 4 rows a thread).
-inline constexpr int kAttnOThreads = 256;
-inline int attn_o_groups(int64_t H) { return (int)((H + 4 * kAttnOThreads - 1) / (4 * kAttnOThreads)); }
+// Threads a block of the kernels that add one K-slice into all H output rows (g4_attn_o_nf4_g*: AO_B,
+// g4_ple_bf16_g*), and which of their kernels (_gG) takes H: G groups of 4 rows a thread.
+inline constexpr int kSliceThreads = 256;
+inline int slice_row_groups(int64_t H) { return (int)((H + 4 * kSliceThreads - 1) / (4 * kSliceThreads)); }
 
 // Whether a decode row of an attention op runs g4_attn_decode (one block per (kv head, split) for all heads
 // of the group) rather than the prefill kernels; with kernels specialised for a group size (the plan's

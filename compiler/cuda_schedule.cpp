@@ -347,7 +347,7 @@ std::vector<CudaLaunch> decode_schedule(const std::vector<PlanOp>& ops, const st
             continue;
         }
         if (fuse_mlp && !out.empty() && (m.mlp(i, &out.back(), &l) || m.ple(i, &out.back(), &l))) {
-            out.back().t[7] = l.t[0];   // the ResNorm before zeroes the MLP's output
+            out.back().t[7] = l.t[0];   // the ResNorm before zeroes the MLP's / PLE's output
             out.push_back(l);
             i += l.count;
             continue;

@@ -74,7 +74,9 @@ inline int mlp_threads(int64_t I) { return I / 32 <= 192 ? 256 : 128; }
 //   the same + a sliding Attention op with one or two kv heads reading q and the caches -> QkvAttn (the runtime falls
 //     back to QkvPost + the attention op where the decode kernel does not fit the shape)
 //   fuse_mlp (sm_90 plans): Matmul gate + Matmul up + GeluMul + Matmul down, NF4, after a ResNorm that
-//     makes their input -> Mlp (g4_mlp_nf4; the compiler stores those down weights kQuantTiled32)
+//     makes their input -> Mlp (g4_mlp_nf4; the compiler stores those down weights kQuantTiled32); and
+//     Matmul gate (bf16) + GeluMul(aux) + Matmul projection (bf16) after a ResNorm that makes the gate's
+//     input -> Ple (g4_ple_bf16); the ResNorm zeroes the fused kernel's output
 //   fuse_attn_o (sm_90 plans): the NF4 o Matmul right after a decode Attention op that takes g4_attn_decode
 //     (attn_hpg: the plan's cuda.attn_hpg) -> AttnO (the attention's merge in g4_attn_o_nf4; the o weights
 //     stored kQuantTiled32; the ResNorm making the layer's q/k/v input zeroes the o output)

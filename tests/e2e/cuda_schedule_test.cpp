@@ -1,7 +1,8 @@
 // The fused decode schedule of sm_90 plans (compiler/cuda_schedule.cpp), checked from the compiled plan
-// itself (no GPU needed): each kernel that adds into an output it does not zero itself (Mlp, AttnO) has a
-// ResNorm launch before it that zeroes exactly that output, no launch in between touches the output's
-// arena bytes, its weight is stored tiled, and no other weight is; --deterministic plans fuse neither.
+// itself (no GPU needed): each kernel that adds into an output it does not zero itself (Mlp, AttnO, Ple) has
+// a ResNorm launch before it that zeroes exactly that output, no launch in between touches the output's
+// arena bytes, the Mlp and AttnO weights are stored tiled and no other weight is; --deterministic plans
+// fuse none of them.
 #include "runtime/src/plan/plan_reader.h"
 #include "test_util.h"
 

@@ -262,6 +262,12 @@ g4_status lm_screen_setup(const plan::Plan& p, EngineState* st, std::string* err
     return G4_OK;
 }
 
+// A fused launch kind's name in G4_DECODE_SKIP / G4_DECODE_TWICE classes and the decode event profile.
+const char* launch_kind_name(uint16_t kind) {
+    static const char* kNames[] = {"op", "resnorm", "gemv", "qkv_post", "qkv_attn", "mlp", "attn_o", "ple"};
+    return kind < sizeof kNames / sizeof kNames[0] ? kNames[kind] : "?";
+}
+
 } // namespace
 
 g4_status engine_open(g4_engine* e, std::string* err) {
@@ -555,15 +561,10 @@ g4_status session_create(g4_session* s, std::string* err) {
             const CudaLaunch& l = p.launch(li);
             const PlanOp& op    = p.op(l.op);
             std::string cls;
-            if (l.kind == (uint16_t)LaunchKind::ResNorm) cls = "resnorm";
-            else if (l.kind == (uint16_t)LaunchKind::QkvPost) cls = "qkv_post";
-            else if (l.kind == (uint16_t)LaunchKind::QkvAttn) cls = "qkv_attn";
-            else if (l.kind == (uint16_t)LaunchKind::Mlp) cls = "mlp";
-            else if (l.kind == (uint16_t)LaunchKind::AttnO) cls = "attn_o";
-            else if (l.kind == (uint16_t)LaunchKind::Ple) cls = "ple";
-            else if (l.kind == (uint16_t)LaunchKind::Gemv)
+            if (l.kind == (uint16_t)LaunchKind::Gemv)
                 cls = (int)op.out[0] == p.info().logits_tensor ? "lm_head"
                       : p.tensor(op.in[1]).dtype == (uint8_t)DType::NF4 ? "gemv_nf4" : "gemv_bf16";
+            else if (l.kind != (uint16_t)LaunchKind::Op) cls = launch_kind_name(l.kind);
             else if (op.code == (uint16_t)OpCode::Attention) cls = op.ip[4] > 0 ? "attention_sliding" : "attention_full";
             else cls = op_name((OpCode)op.code);
             if (cls.rfind("attention", 0) == 0 && list.find(",attention,") != std::string::npos) cls = "attention";
@@ -582,7 +583,6 @@ g4_status session_create(g4_session* s, std::string* err) {
         st->pdl_ok = false;   // events between launches would cut the programmatic edges
         st->ev.resize(p.n_launches() + 2);
         for (CUevent& ev : st->ev) CU_TRY(d->cuEventCreate(&ev, 0), "cuEventCreate");
-        static const char* kinds[] = {"", "resnorm", "gemv", "qkv_post", "qkv_attn", "mlp", "attn_o", "ple"};
         for (size_t li = 0; li < p.n_launches(); ++li) {
             const CudaLaunch& l = p.launch(li);
             const PlanOp& op    = p.op(l.op);
@@ -590,7 +590,7 @@ g4_status session_create(g4_session* s, std::string* err) {
             const std::string suffix = "-" + std::to_string(op.layer);
             if (op.layer != 0xFFFF && name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0)
                 name.resize(name.size() - suffix.size());
-            st->ev_label.push_back(std::string(l.kind == (uint16_t)LaunchKind::Op ? op_name((OpCode)op.code) : kinds[l.kind]) + " " + name);
+            st->ev_label.push_back(std::string(l.kind == (uint16_t)LaunchKind::Op ? op_name((OpCode)op.code) : launch_kind_name(l.kind)) + " " + name);
         }
         st->ev_label.push_back("argmax");
     }

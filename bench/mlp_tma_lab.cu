@@ -1,0 +1,660 @@
+// Decode MLP lab, TMA-staged variants (sm_90; session 33): the fused MLP of kernels.cu (g4_mlp_nf4: 3 blocks
+// an SM, each with its own 64 KiB pair table, weights loaded into registers one chunk ahead) against one
+// block an SM whose weights stream by bulk copies (cp.async.bulk + mbarriers) into a ring of shared-memory
+// stages while the block computes from them. A stage is one 32-row segment: the gate rows, the up rows or the
+// down tile of a 32-column slice, with its block scales; the ring is filled before the programmatic wait
+// (weights never depend on the kernel before), so ~80-130 KB an SM is in flight instead of ~24 KB of
+// register loads.
+//   g4_mlp_tma<EF, CT, MODE>: a producer warp and CT consumer threads; EF: the copies' L2 policy
+//     evict-first; MODE 1 loads only (no arithmetic), 2 arithmetic only (no loads: stale stages). The two
+//     lab modes split the kernel's time into its memory and its compute.
+//   g4_mlp_tma2<XC>: 256 threads, no producer warp (thread 0 refills stages at the block's barriers), x of
+//     each thread's chunks held in registers for the whole kernel (XC = H / 512).
+// What it found (bench/results/session33/mlp_tma_lab_v*.txt, ncu_mlp_wide_h200.txt; H200): the decode MLP is
+// bound by its arithmetic, not by the weights' DRAM traffic. E2B wide, back to back: loads alone 8.7 us,
+// arithmetic alone 16.7 us, both 18.9 us; g4_mlp_nf4 19.2 us from DRAM and 17.4 us with the weights in L2.
+// Nsight Compute on g4_mlp_nf4: L1/shared throughput 74.5% (the pair-table lookups), 4.0 instructions a
+// weight, issue slots 35% busy. The staged kernels tie or lose; x in registers (2 warps a scheduler) is
+// twice as slow.
+// Graph modes: MLPs back to back; with a one-block ResNorm-like kernel between them (the decode graph's
+// order); back to back on one weight set (L2-resident). G4_LAB_PROFILE=<shape index>: each variant once,
+// no timing (for ncu --kernel-name regex:g4_mlp).
+// Build on a GPU machine (repo root):
+//   nvcc -O3 -std=c++17 -arch=sm_90 -I. -o build-dev/mlp_tma_lab bench/mlp_tma_lab.cu &&
+//   build-dev/mlp_tma_lab [reps]
+#include "kernels/cuda/kernels.cu"
+#include "runtime/src/cuda/kernel_args.h"
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <cuda_runtime.h>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "bench/bench_cuda.h"
+
+// ---------------------------------------------------------------------------------------------------
+__device__ __forceinline__ u32 smem_u32(const void* p) {
+    return (u32)__cvta_generic_to_shared(p);
+}
+__device__ __forceinline__ void mbar_init(u32 bar, u32 count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(u32 bar, u32 bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(u32 bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
+    u32 ok;
+    do {
+        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 "
+                     "%0, 1, 0, p;\n}\n"
+                     : "=r"(ok)
+                     : "r"(bar), "r"(parity)
+                     : "memory");
+    } while (!ok);
+}
+// bytes (a multiple of 16) from global src (16-byte aligned) into shared dst, completing on bar.
+template <bool EF>
+__device__ __forceinline__ void bulk_g2s(u32 dst, const void* src, u32 bytes, u32 bar,
+                                         unsigned long long pol) {
+    if (EF)
+        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], "
+                     "[%1], %2, [%3], %4;" ::"r"(dst),
+                     "l"(src), "r"(bytes), "r"(bar), "l"(pol)
+                     : "memory");
+    else
+        asm volatile(
+            "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                dst),
+            "l"(src), "r"(bytes), "r"(bar)
+            : "memory");
+}
+__device__ __forceinline__ void red_add_v2(float* p, float a, float b) {
+    asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(p), "f"(a), "f"(b) : "memory");
+}
+
+#define MT_MAX_STAGES 8
+// Bytes of one stage for rows of H: 16 H of codes (32 rows of H / 2, or the tile's H rows of 16), then
+// the block scales (H / 2 or H of them, u8 with double quant, else f32), rounded to 128.
+__host__ __device__ inline u32 mlp_tma_stage_bytes(int H, bool dq) {
+    return (u32)((16 * H + (dq ? H : 4 * H) + 127) / 128 * 128);
+}
+
+// CT consumer threads (256: a 16-lane group owns 2 outputs of the slice; 512: one), warp 0 produces.
+// The down rows a thread owns (2 c + 2 CT m, + 1) stay the same over the block's slices, so their sums
+// stay in registers and go to y once, at the end (one red.add.v2 a row pair a block). H % (2 CT) == 0,
+// H % 64 == 0, H <= 8192 (x in the wide table's spare half rows).
+// grid: blocks take slices j = blockIdx.x, + gridDim.x, ...; block CT + 32; dynamic shared memory
+// GV_WIDE_BYTES + NS * mlp_tma_stage_bytes(H, dq) (NS >= 3 stages, from the launch's size).
+template <bool EF, int CT, int MODE = 0>
+__device__ __forceinline__ void mlp_tma_body(const MlpArgs& a, float4* sm) {
+    constexpr int OPG  = 512 / CT;                                    // outputs a group
+    constexpr int NQ   = 2 * OPG;                                     // rows a group: gate, up (, gate, up)
+    constexpr int RMAX = 8192 / (2 * CT);                             // row pairs a thread at most
+    __shared__ alignas(8) unsigned long long bars[2 * MT_MAX_STAGES]; // full[s], empty[s]
+    __shared__ float s_act[2][MLP_S];
+    const int H = a.H, I = a.I, C = H / 32, nslices = I / MLP_S;
+    const bool dq = a.dn.absmax2 != nullptr;
+    const u32 SB  = mlp_tma_stage_bytes(H, dq);
+    u32 dyn;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
+    const int NS   = min((int)((dyn - GV_WIDE_BYTES) / SB), MT_MAX_STAGES);
+    char* stages   = (char*)sm + GV_WIDE_BYTES;
+    const u32 bar0 = smem_u32(bars);
+    auto full      = [&](int s) { return bar0 + 8u * (u32)s; };
+    auto empty     = [&](int s) { return bar0 + 8u * (u32)(MT_MAX_STAGES + s); };
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < NS; ++s)
+            mbar_init(full(s), 1), mbar_init(empty(s), CT / 32);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    }
+    __syncthreads();
+    const int sb = dq ? 1 : 4; // bytes a block scale
+    if (threadIdx.x < 32) {    // producer: segments G, U, D of each of the block's slices, in order
+        if (threadIdx.x == 0) {
+            unsigned long long pol = 0;
+            if (EF) asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+            int k = 0;
+            for (int j = blockIdx.x; j < nslices; j += gridDim.x)
+                for (int seg = 0; seg < 3; ++seg, ++k) {
+                    const int s = k % NS, use = k / NS;
+                    if (use > 0) mbar_wait(empty(s), (u32)(use - 1) & 1u);
+                    const u32 dst = smem_u32(stages + (long)s * SB);
+                    const void *codes, *scales;
+                    u32 scale_bytes;
+                    if (seg < 2) { // 32 rows of gate (m[0]) or up (m[1]) from row 32j, and their scales
+                        const GemvMat& m = a.gu.m[seg];
+                        codes            = (const char*)m.w + (long)j * MLP_S * (H / 2);
+                        scales           = (const char*)m.absmax + (long)j * (MLP_S * H / 64) * sb;
+                        scale_bytes      = (u32)(MLP_S * H / 64 * sb);
+                    } else { // the down tile of slice j and the scales of its 64-column block
+                        codes       = a.dn.codes + (long)j * H * (MLP_S / 2);
+                        scales      = (const char*)a.dn.absmax + (long)(j / 2) * H * sb;
+                        scale_bytes = (u32)(H * sb);
+                    }
+                    if (MODE == 2) { // lab: compute only
+                        mbar_arrive(full(s));
+                        continue;
+                    }
+                    mbar_expect_tx(full(s), (u32)(16 * H) + scale_bytes);
+                    bulk_g2s<EF>(dst, codes, (u32)(16 * H), full(s), pol);
+                    bulk_g2s<EF>(dst + 16u * H, scales, scale_bytes, full(s), pol);
+                }
+        }
+        return;
+    }
+    const int c = threadIdx.x - 32, g = c >> 4, gl = c & 15;
+    const u32 lane_off = (threadIdx.x & 15) * 8;
+    const char* tb     = (const char*)sm;
+    for (int i = c; i < NF4_PAIRS; i += CT)
+        ((float2*)sm)[(i >> 4) * 32 + (i & 15)] = make_float2(kNf4[i >> 8], kNf4[(i >> 4) & 15]);
+    pdl_begin();
+    { // x into the table's unused half rows (xs_slot<true>)
+        const float4* x4 = (const float4*)a.gu.x;
+        for (int i = c; i < H / 4; i += CT)
+            sm[xs_slot<true>(i >> 3, i & 7)] = x4[i];
+    }
+    asm volatile("bar.sync 1, %0;" ::"n"(CT) : "memory");
+    float dacc[RMAX][2];
+#pragma unroll
+    for (int m = 0; m < RMAX; ++m)
+        dacc[m][0] = dacc[m][1] = 0.0f;
+    bool has0 = false;
+    int k = 0, it = 0;
+    for (int j = blockIdx.x; j < nslices; j += gridDim.x, ++it) {
+        has0 |= j == 0;
+        // gate/up: stages k (gate), k + 1 (up)
+        const int sg = k % NS, su = (k + 1) % NS;
+        mbar_wait(full(sg), (u32)(k / NS) & 1u);
+        mbar_wait(full(su), (u32)((k + 1) / NS) & 1u);
+        const char* G = stages + (long)sg * SB;
+        const char* U = stages + (long)su * SB;
+        float acc[NQ];
+#pragma unroll
+        for (int q = 0; q < NQ; ++q)
+            acc[q] = 0.0f;
+        auto chunk = [&](int ch, const float* xv) {
+#pragma unroll
+            for (int q = 0; q < NQ; ++q) {
+                const char* S      = (q & 1) ? U : G;
+                const int row      = OPG * g + (q >> 1); // row of the segment
+                const uint4 pk     = *(const uint4*)(S + (long)row * (H / 2) + ch * 16);
+                const int bl       = row * (H / 64) + (ch >> 1); // block of the segment
+                const u32 raw      = dq ? (u32)((const u8*)(S + 16 * H))[bl] : ((const u32*)(S + 16 * H))[bl];
+                const GemvMat& m   = (q & 1) ? a.gu.m[1] : a.gu.m[0];
+                const long b       = (long)j * (MLP_S * H / 64) + bl; // the matrix's block
+                const u32 words[4] = {pk.x, pk.y, pk.z, pk.w};
+                acc[q] += nf4_chunk_dot<true>(words, xv, tb, lane_off) *
+                          nf4_absmax_value(raw, m.absmax2, m.offset, m.code2, b);
+            }
+        };
+        for (int ch = gl; ch < (MODE == 1 ? 0 : C); ch += 16) {
+            float xv[32];
+#pragma unroll
+            for (int v = 0; v < 8; ++v) {
+                const float4 t = sm[xs_slot<true>(ch, v)];
+                xv[4 * v] = t.x, xv[4 * v + 1] = t.y, xv[4 * v + 2] = t.z, xv[4 * v + 3] = t.w;
+            }
+            chunk(ch, xv);
+        }
+        __syncwarp();
+        if ((threadIdx.x & 31) == 0) mbar_arrive(empty(sg)), mbar_arrive(empty(su));
+#pragma unroll
+        for (int q = 0; q < NQ; ++q)
+#pragma unroll
+            for (int o = 8; o > 0; o >>= 1)
+                acc[q] += __shfl_xor_sync(0xffffffffu, acc[q], o);
+        if (gl == 0) {
+#pragma unroll
+            for (int r = 0; r < OPG; ++r) {
+                const int o                = j * MLP_S + OPG * g + r;
+                const float gv             = acc[2 * r] + (a.gu.m[0].bias ? a.gu.m[0].bias[o] : 0.0f);
+                const float uv             = acc[2 * r + 1] + (a.gu.m[1].bias ? a.gu.m[1].bias[o] : 0.0f);
+                s_act[it & 1][OPG * g + r] = gelu_tanh(gv) * uv;
+            }
+        }
+        asm volatile("bar.sync 1, %0;" ::"n"(CT) : "memory");
+        float av[MLP_S];
+#pragma unroll
+        for (int q = 0; q < MLP_S; ++q)
+            av[q] = s_act[it & 1][q];
+        // down: stage k + 2
+        const int sd = (k + 2) % NS;
+        mbar_wait(full(sd), (u32)((k + 2) / NS) & 1u);
+        const char* D = stages + (long)sd * SB;
+        const int c64 = j / 2;
+#pragma unroll
+        for (int m = 0; m < RMAX; ++m) {
+            const int r = 2 * c + 2 * CT * m;
+            if (r >= H || MODE == 1) break;
+            const uint4 p0 = *(const uint4*)(D + (long)r * 16), p1 = *(const uint4*)(D + (long)(r + 1) * 16);
+            const u32 raw0  = dq ? (u32)((const u8*)(D + 16 * H))[r] : ((const u32*)(D + 16 * H))[r];
+            const u32 raw1  = dq ? (u32)((const u8*)(D + 16 * H))[r + 1] : ((const u32*)(D + 16 * H))[r + 1];
+            const u32 w0[4] = {p0.x, p0.y, p0.z, p0.w}, w1[4] = {p1.x, p1.y, p1.z, p1.w};
+            dacc[m][0] +=
+                nf4_chunk_dot<true>(w0, av, tb, lane_off) * a.dn.scale(raw0, (long)r * (I / 64) + c64);
+            dacc[m][1] +=
+                nf4_chunk_dot<true>(w1, av, tb, lane_off) * a.dn.scale(raw1, (long)(r + 1) * (I / 64) + c64);
+        }
+        __syncwarp();
+        if ((threadIdx.x & 31) == 0) mbar_arrive(empty(sd));
+        k += 3;
+    }
+#pragma unroll
+    for (int m = 0; m < RMAX; ++m) {
+        const int r = 2 * c + 2 * CT * m;
+        if (r >= H) break;
+        if (a.bias && has0) dacc[m][0] += a.bias[r], dacc[m][1] += a.bias[r + 1];
+        red_add_v2(a.y + r, dacc[m][0], dacc[m][1]);
+    }
+}
+template <bool EF, int CT, int MODE = 0>
+__global__ void __launch_bounds__(CT + 32, 1) g4_mlp_tma(const MlpArgs a) {
+    extern __shared__ float4 mt_smem[];
+    mlp_tma_body<EF, CT, MODE>(a, mt_smem);
+}
+
+// v2: 256 threads, no producer warp (2 warps a scheduler: up to 255 registers). Thread 0 issues the first
+// NS segments before the wait and refills stages at the two consumer barriers of each slice (after the
+// gate/up reads, after the down reads); x of each thread's chunks in registers (XC = C / 16).
+template <int XC> __device__ __forceinline__ void mlp_tma2_body(const MlpArgs& a, float4* sm) {
+    constexpr int CT = 256, NQ = 4;
+    __shared__ alignas(8) unsigned long long bars[MT_MAX_STAGES];
+    __shared__ float s_act[MLP_S];
+    const int H = a.H, I = a.I, C = H / 32, nslices = I / MLP_S;
+    const bool dq = a.dn.absmax2 != nullptr;
+    const u32 SB  = mlp_tma_stage_bytes(H, dq);
+    u32 dyn;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
+    const int NS   = min((int)((dyn - GV_WIDE_BYTES) / SB), MT_MAX_STAGES);
+    char* stages   = (char*)sm + GV_WIDE_BYTES;
+    const u32 bar0 = smem_u32(bars);
+    auto full      = [&](int s) { return bar0 + 8u * (u32)s; };
+    const int sb   = dq ? 1 : 4;
+    const int mine =
+        (nslices - (int)blockIdx.x + (int)gridDim.x - 1) / (int)gridDim.x; // slices of this block
+    const int total        = 3 * mine;
+    int kp                 = 0; // next segment to issue (thread 0)
+    unsigned long long pol = 0;
+    auto issue             = [&](int upto) { // thread 0: segments kp .. upto - 1
+        for (; kp < upto && kp < total; ++kp) {
+                        const int j = (int)blockIdx.x + (kp / 3) * (int)gridDim.x, seg = kp % 3, s = kp % NS;
+                        const u32 dst = smem_u32(stages + (long)s * SB);
+                        const void *codes, *scales;
+                        u32 scale_bytes;
+                        if (seg < 2) {
+                            const GemvMat& m = a.gu.m[seg];
+                            codes            = (const char*)m.w + (long)j * MLP_S * (H / 2);
+                            scales           = (const char*)m.absmax + (long)j * (MLP_S * H / 64) * sb;
+                            scale_bytes      = (u32)(MLP_S * H / 64 * sb);
+            } else {
+                            codes       = a.dn.codes + (long)j * H * (MLP_S / 2);
+                            scales      = (const char*)a.dn.absmax + (long)(j / 2) * H * sb;
+                            scale_bytes = (u32)(H * sb);
+            }
+                        mbar_expect_tx(full(s), (u32)(16 * H) + scale_bytes);
+                        bulk_g2s<true>(dst, codes, (u32)(16 * H), full(s), pol);
+                        bulk_g2s<true>(dst + 16u * H, scales, scale_bytes, full(s), pol);
+        }
+    };
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < NS; ++s)
+            mbar_init(full(s), 1);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+        issue(NS);
+    }
+    const int c = threadIdx.x, g = c >> 4, gl = c & 15;
+    const u32 lane_off = (threadIdx.x & 15) * 8;
+    const char* tb     = (const char*)sm;
+    for (int i = c; i < NF4_PAIRS; i += CT)
+        ((float2*)sm)[(i >> 4) * 32 + (i & 15)] = make_float2(kNf4[i >> 8], kNf4[(i >> 4) & 15]);
+    pdl_begin();
+    float xr[XC][32];
+    {
+        const float4* x4 = (const float4*)a.gu.x;
+#pragma unroll
+        for (int i = 0; i < XC; ++i) {
+            const int ch = min(gl + 16 * i, C - 1);
+#pragma unroll
+            for (int v = 0; v < 8; ++v) {
+                const float4 t = __ldcg(x4 + ch * 8 + v);
+                xr[i][4 * v] = t.x, xr[i][4 * v + 1] = t.y, xr[i][4 * v + 2] = t.z, xr[i][4 * v + 3] = t.w;
+            }
+        }
+    }
+    __syncthreads(); // the table
+    float dacc[XC][2];
+#pragma unroll
+    for (int m = 0; m < XC; ++m)
+        dacc[m][0] = dacc[m][1] = 0.0f;
+    bool has0 = false;
+    for (int it = 0; it < mine; ++it) {
+        const int j = (int)blockIdx.x + it * (int)gridDim.x, k = 3 * it;
+        has0 |= j == 0;
+        const int sg = k % NS, su = (k + 1) % NS, sd = (k + 2) % NS;
+        mbar_wait(full(sg), (u32)(k / NS) & 1u);
+        mbar_wait(full(su), (u32)((k + 1) / NS) & 1u);
+        const char* G = stages + (long)sg * SB;
+        const char* U = stages + (long)su * SB;
+        float acc[NQ] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int i = 0; i < XC; ++i) {
+            const int ch = gl + 16 * i;
+            if (ch < C)
+#pragma unroll
+                for (int q = 0; q < NQ; ++q) {
+                    const char* S  = (q & 1) ? U : G;
+                    const int row  = 2 * g + (q >> 1);
+                    const uint4 pk = *(const uint4*)(S + (long)row * (H / 2) + ch * 16);
+                    const int bl   = row * (H / 64) + (ch >> 1);
+                    const u32 raw  = dq ? (u32)((const u8*)(S + 16 * H))[bl] : ((const u32*)(S + 16 * H))[bl];
+                    const GemvMat& m   = (q & 1) ? a.gu.m[1] : a.gu.m[0];
+                    const long b       = (long)j * (MLP_S * H / 64) + bl;
+                    const u32 words[4] = {pk.x, pk.y, pk.z, pk.w};
+                    acc[q] += nf4_chunk_dot<true>(words, xr[i], tb, lane_off) *
+                              nf4_absmax_value(raw, m.absmax2, m.offset, m.code2, b);
+                }
+        }
+#pragma unroll
+        for (int q = 0; q < NQ; ++q)
+#pragma unroll
+            for (int o = 8; o > 0; o >>= 1)
+                acc[q] += __shfl_xor_sync(0xffffffffu, acc[q], o);
+        if (gl == 0) {
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                const int o      = j * MLP_S + 2 * g + r;
+                const float gv   = acc[2 * r] + (a.gu.m[0].bias ? a.gu.m[0].bias[o] : 0.0f);
+                const float uv   = acc[2 * r + 1] + (a.gu.m[1].bias ? a.gu.m[1].bias[o] : 0.0f);
+                s_act[2 * g + r] = gelu_tanh(gv) * uv;
+            }
+        }
+        __syncthreads(); // act ready; G, U read by every thread
+        if (threadIdx.x == 0) {
+            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+            issue(k + 2 + NS); // segments up to the NS after D_it; G and U of this slice are free
+        }
+        float av[MLP_S];
+#pragma unroll
+        for (int q = 0; q < MLP_S; ++q)
+            av[q] = s_act[q];
+        mbar_wait(full(sd), (u32)((k + 2) / NS) & 1u);
+        const char* D = stages + (long)sd * SB;
+        const int c64 = j / 2;
+#pragma unroll
+        for (int m = 0; m < XC; ++m) {
+            const int r = 2 * c + 2 * CT * m;
+            if (r >= H) break;
+            const uint4 p0 = *(const uint4*)(D + (long)r * 16), p1 = *(const uint4*)(D + (long)(r + 1) * 16);
+            const u32 raw0  = dq ? (u32)((const u8*)(D + 16 * H))[r] : ((const u32*)(D + 16 * H))[r];
+            const u32 raw1  = dq ? (u32)((const u8*)(D + 16 * H))[r + 1] : ((const u32*)(D + 16 * H))[r + 1];
+            const u32 w0[4] = {p0.x, p0.y, p0.z, p0.w}, w1[4] = {p1.x, p1.y, p1.z, p1.w};
+            dacc[m][0] +=
+                nf4_chunk_dot<true>(w0, av, tb, lane_off) * a.dn.scale(raw0, (long)r * (I / 64) + c64);
+            dacc[m][1] +=
+                nf4_chunk_dot<true>(w1, av, tb, lane_off) * a.dn.scale(raw1, (long)(r + 1) * (I / 64) + c64);
+        }
+        __syncthreads(); // D read by every thread; s_act free
+        if (threadIdx.x == 0) {
+            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+            issue(k + 3 + NS);
+        }
+    }
+#pragma unroll
+    for (int m = 0; m < XC; ++m) {
+        const int r = 2 * c + 2 * CT * m;
+        if (r >= H) break;
+        if (a.bias && has0) dacc[m][0] += a.bias[r], dacc[m][1] += a.bias[r + 1];
+        red_add_v2(a.y + r, dacc[m][0], dacc[m][1]);
+    }
+}
+template <int XC> __global__ void __launch_bounds__(256, 1) g4_mlp_tma2(const MlpArgs a) {
+    extern __shared__ float4 mt_smem[];
+    mlp_tma2_body<XC>(a, mt_smem);
+}
+
+// A one-block stand-in for the ResNorm between MLPs: reads y, reduces it, writes xo, zeroes y.
+__global__ void __launch_bounds__(512) fake_resnorm(float* y, float* xo, int H) {
+    __shared__ float red[32];
+    pdl_begin();
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < H; i += blockDim.x)
+        ss += y[i] * y[i];
+    const float r = rsqrtf(block_sum(ss, red) / H + 1e-6f);
+    __syncthreads();
+    for (int i = threadIdx.x; i < H; i += blockDim.x)
+        xo[i] = y[i] * r, y[i] = 0.0f;
+}
+
+// ---------------------------------------------------------------------------------------------------
+struct Nf4 {
+    std::vector<u8> codes, aq;
+    GemvMat dev{};
+};
+static float g_off = 0.01f;
+static void* up(const void* h, size_t n) {
+    void* d;
+    CK(cudaMalloc(&d, n));
+    CK(cudaMemcpy(d, h, n, cudaMemcpyHostToDevice));
+    return d;
+}
+static Nf4 make_nf4(int n, int k, std::mt19937& rng, const float* code2_dev, const float* off_dev) {
+    Nf4 m;
+    size_t elems = (size_t)n * k, blocks = elems / 64;
+    m.codes.resize(elems / 2), m.aq.resize(blocks);
+    std::vector<float> a2((blocks + 255) / 256);
+    for (auto& b : m.codes)
+        b = (u8)rng();
+    for (auto& b : m.aq)
+        b = (u8)rng();
+    for (auto& v : a2)
+        v = 0.01f + (float)(rng() % 1000) * 2e-5f;
+    m.dev.w = up(m.codes.data(), m.codes.size()), m.dev.absmax = up(m.aq.data(), m.aq.size());
+    m.dev.absmax2 = (const float*)up(a2.data(), a2.size() * 4), m.dev.offset = off_dev,
+    m.dev.code2 = code2_dev, m.dev.n = n;
+    return m;
+}
+static void launch(const void* fn, unsigned grid, unsigned block, unsigned smem, cudaStream_t st,
+                   void** args) {
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(grid), cfg.blockDim = dim3(block), cfg.dynamicSmemBytes = smem, cfg.stream = st;
+    cudaLaunchAttribute at[1];
+    at[0].id                                         = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at, cfg.numAttrs = 1;
+    CK(cudaLaunchKernelExC(&cfg, fn, args));
+}
+
+int main(int argc, char** argv) {
+    const int reps     = argc > 1 ? std::atoi(argv[1]) : 15;
+    const BenchGpu gpu = bench_gpu();
+    const int nsm      = gpu.prop.multiProcessorCount;
+    cudaStream_t st    = gpu.st;
+    std::vector<float> code2(256);
+    for (int i = 0; i < 256; ++i)
+        code2[i] = (i - 128) / 128.0f;
+    const float* code2_dev = (const float*)up(code2.data(), 1024);
+    const float* off_dev   = (const float*)up(&g_off, 4);
+    struct Shape {
+        const char* name;
+        int H, I;
+    };
+    const Shape shapes[] = {
+        {"e2b mlp", 1536, 6144}, {"e2b mlp (wide)", 1536, 12288}, {"e4b mlp", 2560, 10240}};
+    std::mt19937 rng(7);
+    if (std::getenv("G4_LAB_PROFILE"))
+        std::printf("profile mode: shape %s, each variant once\n", std::getenv("G4_LAB_PROFILE"));
+    CK(cudaFuncSetAttribute((const void*)g4_mlp_nf4, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                            g4::cuda_rt::gemv_smem(true, 90, 2560)));
+    CK(cudaFuncSetAttribute((const void*)g4_mlp_nf4_b256, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                            g4::cuda_rt::gemv_smem(true, 90, 2560)));
+    const int smax           = (int)gpu.prop.sharedMemPerBlockOptin - 1024;
+    const void* tma_fn[4][2] = {
+        {(const void*)g4_mlp_tma<false, 256>, (const void*)g4_mlp_tma<true, 256>},
+        {(const void*)g4_mlp_tma<false, 512>, (const void*)g4_mlp_tma<true, 512>},
+        {(const void*)g4_mlp_tma<false, 256, 1>, (const void*)g4_mlp_tma<true, 256, 1>},
+        {(const void*)g4_mlp_tma<false, 256, 2>, (const void*)g4_mlp_tma<true, 256, 2>}};
+    for (auto& row : tma_fn)
+        for (const void* f : row)
+            CK(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, smax));
+    CK(cudaFuncSetAttribute((const void*)g4_mlp_tma2<3>, cudaFuncAttributeMaxDynamicSharedMemorySize, smax));
+    CK(cudaFuncSetAttribute((const void*)g4_mlp_tma2<5>, cudaFuncAttributeMaxDynamicSharedMemorySize, smax));
+    const char* prof =
+        std::getenv("G4_LAB_PROFILE"); // shape index: each variant launched once, no timing (for ncu)
+    for (const Shape& sh : shapes) {
+        if (prof && &sh - shapes != std::atoi(prof)) continue;
+        const int H = sh.H, I = sh.I, nslices = I / MLP_S;
+        const size_t mlp_bytes = (size_t)3 * H * I / 2 + (size_t)3 * H * I / 64;
+        const int copies       = (int)std::max<size_t>(2, (size_t)(384u << 20) / mlp_bytes + 1);
+        struct Set {
+            Nf4 gate, up, down;
+            const u8 *tcodes, *tabs;
+        };
+        std::vector<Set> sets(copies);
+        for (auto& s : sets) {
+            s.gate = make_nf4(I, H, rng, code2_dev, off_dev);
+            s.up   = make_nf4(I, H, rng, code2_dev, off_dev);
+            s.down = make_nf4(H, I, rng, code2_dev, off_dev);
+            std::vector<u8> t((size_t)H * I / 2);
+            for (int jj = 0; jj < I / 32; ++jj)
+                for (int r = 0; r < H; ++r)
+                    std::memcpy(&t[((size_t)jj * H + r) * 16],
+                                &s.down.codes[((size_t)r * I + (size_t)jj * 32) / 2], 16);
+            s.tcodes = (const u8*)up(t.data(), t.size());
+            std::vector<u8> ta((size_t)H * I / 64);
+            for (int cc = 0; cc < I / 64; ++cc)
+                for (int r = 0; r < H; ++r)
+                    ta[(size_t)cc * H + r] = s.down.aq[(size_t)r * (I / 64) + cc];
+            s.tabs = (const u8*)up(ta.data(), ta.size());
+        }
+        float *x, *y, *xo;
+        CK(cudaMalloc(&x, H * 4));
+        CK(cudaMalloc(&y, H * 4));
+        CK(cudaMalloc(&xo, H * 4));
+        std::vector<float> hx(H);
+        for (auto& v : hx)
+            v = (float)(rng() % 1000) / 1000.0f - 0.5f;
+        CK(cudaMemcpy(x, hx.data(), H * 4, cudaMemcpyHostToDevice));
+        auto args = [&](const Set& s) {
+            MlpArgs a{};
+            a.gu.m[0] = s.gate.dev, a.gu.m[1] = s.up.dev;
+            a.gu.x = x, a.gu.nmat = 2, a.gu.k = H, a.gu.epi = 1;
+            a.dn   = Nf4Tiled{s.tcodes, s.tabs, s.down.dev.absmax2, off_dev, code2_dev};
+            a.bias = nullptr, a.y = y, a.H = H, a.I = I;
+            return a;
+        };
+        const u32 SB      = mlp_tma_stage_bytes(H, true);
+        const int per     = (nslices + nsm - 1) / nsm;
+        const unsigned tg = (unsigned)((nslices + per - 1) / per);
+        struct V {
+            std::string name;
+            int kind; // 0 g4_mlp_nf4, 1 b256, 2 tma
+            int ns;
+            unsigned grid;
+            int ef, ct512;
+        };
+        std::vector<V> vs = {{"g4_mlp_nf4 (128 thr)", 0, 0, (unsigned)nslices, 0, 0},
+                             {"g4_mlp_nf4_b256", 1, 0, (unsigned)nslices, 0, 0}};
+        vs.push_back({"tma ns3 c256 ef", 2, 3, tg, 1, 0});
+        vs.push_back({"tma ns3 c256 ef, loads only", 2, 3, tg, 1, 2});
+        vs.push_back({"tma ns3 c256 ef, compute only", 2, 3, tg, 1, 3});
+        vs.push_back({"tma ns3 c256 ef grid " + std::to_string(std::min(nsm, nslices)), 2, 3,
+                      (unsigned)std::min(nsm, nslices), 1, 0});
+        for (int ns : {3, 4, 5, 6})
+            if (GV_WIDE_BYTES + ns * SB <= (u32)smax) {
+                vs.push_back({"tma2 (x in regs) ns" + std::to_string(ns), 3, ns, tg, 1, 0});
+                vs.push_back({"  same, grid " + std::to_string(std::min(nsm, nslices)), 3, ns,
+                              (unsigned)std::min(nsm, nslices), 1, 0});
+            }
+        vs.push_back({"  same, loads only", 2, 3, (unsigned)std::min(nsm, nslices), 1, 2});
+        vs.push_back({"  same, compute only", 2, 3, (unsigned)std::min(nsm, nslices), 1, 3});
+        auto enqueue = [&](const V& v, const Set& s, bool rn) {
+            MlpArgs a  = args(s);
+            void* pa[] = {&a};
+            if (v.kind == 0)
+                launch((const void*)g4_mlp_nf4, nslices, 128, g4::cuda_rt::gemv_smem(true, 90, H), st, pa);
+            else if (v.kind == 1)
+                launch((const void*)g4_mlp_nf4_b256, nslices, 256, g4::cuda_rt::gemv_smem(true, 90, H), st,
+                       pa);
+            else if (v.kind == 3)
+                launch(H / 512 == 3 ? (const void*)g4_mlp_tma2<3> : (const void*)g4_mlp_tma2<5>, v.grid, 256,
+                       GV_WIDE_BYTES + v.ns * SB, st, pa);
+            else
+                launch(tma_fn[v.ct512][v.ef], v.grid, v.ct512 == 1 ? 544 : 288, GV_WIDE_BYTES + v.ns * SB, st,
+                       pa);
+            if (rn) {
+                int h      = H;
+                void* pr[] = {&y, &xo, &h};
+                launch((const void*)fake_resnorm, 1, 512, 0, st, pr);
+            }
+        };
+        auto result = [&](const V& v) {
+            CK(cudaMemset(y, 0, H * 4));
+            enqueue(v, sets[0], false);
+            CK(cudaStreamSynchronize(st));
+            CK(cudaGetLastError());
+            std::vector<float> h(H);
+            CK(cudaMemcpy(h.data(), y, H * 4, cudaMemcpyDeviceToHost));
+            return h;
+        };
+        const std::vector<float> ref = result(vs[0]);
+        if (prof) {
+            for (const V& v : vs)
+                result(v);
+            continue;
+        }
+        std::printf("%s: H %d I %d, %.1f MB a set, %d sets, stage %u B, tma grid %u (%d slices a block)\n",
+                    sh.name, H, I, mlp_bytes / 1e6, copies, SB, tg, per);
+        for (int rn = 0; rn < 3; ++rn) { // 2: back to back, one weight set (L2-resident)
+            const int nsets = rn == 2 ? 1 : copies;
+            std::vector<std::vector<float>> t(vs.size());
+            std::vector<cudaGraphExec_t> ex(vs.size());
+            for (size_t vi = 0; vi < vs.size(); ++vi) {
+                cudaGraph_t gr;
+                CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+                for (int rep = 0; rep < 2; ++rep)
+                    for (int si = 0; si < copies; ++si)
+                        enqueue(vs[vi], sets[si % nsets], rn == 1);
+                CK(cudaStreamEndCapture(st, &gr));
+                CK(cudaGraphInstantiate(&ex[vi], gr, 0));
+                CK(cudaGraphDestroy(gr));
+            }
+            for (int r = 0; r < reps + 2; ++r)
+                for (size_t vi = 0; vi < vs.size(); ++vi) {
+                    CK(cudaEventRecord(gpu.e0, st));
+                    CK(cudaGraphLaunch(ex[vi], st));
+                    CK(cudaEventRecord(gpu.e1, st));
+                    CK(cudaEventSynchronize(gpu.e1));
+                    float ms;
+                    CK(cudaEventElapsedTime(&ms, gpu.e0, gpu.e1));
+                    if (r >= 2) t[vi].push_back(ms * 1e3f / (2 * copies));
+                }
+            std::printf("  %s\n", rn == 1   ? "MLP + one-block ResNorm stand-in, us a pair"
+                                  : rn == 2 ? "MLPs back to back, one weight set (L2), us an MLP"
+                                            : "MLPs back to back, us an MLP");
+            const float base = median(t[0]);
+            for (size_t vi = 0; vi < vs.size(); ++vi) {
+                const std::vector<float> got = result(vs[vi]);
+                double dmax = 0, rmax = 0;
+                for (int i = 0; i < H; ++i)
+                    dmax = std::max(dmax, (double)std::fabs(got[i] - ref[i])),
+                    rmax = std::max(rmax, (double)std::fabs(ref[i]));
+                const float us = median(t[vi]);
+                std::printf("    %-28s %8.2f us  %+6.1f%%  %6.2f TB/s  err %.1e\n", vs[vi].name.c_str(), us,
+                            100.0f * (base / us - 1.0f), mlp_bytes / (us * 1e-6) / 1e12, dmax / rmax);
+            }
+            for (auto e : ex)
+                cudaGraphExecDestroy(e);
+        }
+    }
+    return 0;
+}

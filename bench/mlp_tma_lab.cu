@@ -10,16 +10,17 @@
 //     lab modes split the kernel's time into its memory and its compute.
 //   g4_mlp_tma2<XC>: 256 threads, no producer warp (thread 0 refills stages at the block's barriers), x of
 //     each thread's chunks held in registers for the whole kernel (XC = H / 512).
-// What it found (bench/results/session33/mlp_tma_lab_v*.txt, ncu_mlp_wide_h200.txt; H200): the decode MLP is
-// bound by its arithmetic, not by the weights' DRAM traffic. E2B wide, back to back: loads alone 8.7 us,
-// arithmetic alone 16.7 us, both 18.9 us; g4_mlp_nf4 19.2 us from DRAM and 17.4 us with the weights in L2.
-// Nsight Compute on g4_mlp_nf4: L1/shared throughput 74.5% (the pair-table lookups), 4.0 instructions a
-// weight, issue slots 35% busy. The staged kernels tie or lose; x in registers (2 warps a scheduler) is
-// twice as slow.
-// Graph modes: MLPs back to back; with a one-block ResNorm-like kernel between them (the decode graph's
-// order); back to back on one weight set (L2-resident). G4_LAB_PROFILE=<shape index>: each variant once,
-// no timing (for ncu --kernel-name regex:g4_mlp).
-// Build on a GPU machine (repo root):
+// What it found (bench/results/session33/mlp_tma_lab_*.txt, ncu_mlp_wide_h200.txt; H200): the decode MLP is
+// bound by its arithmetic, not by the weights' DRAM traffic. E2B wide, f32 scales, back to back: loads alone
+// 9.0 us, arithmetic alone 15.6 us, both 18.0 us; g4_mlp_nf4 18.1 us from DRAM and 15.8 us with the weights
+// in L2. Nsight Compute on g4_mlp_nf4: L1/shared throughput 74.5% (the pair-table lookups), 4.0
+// instructions a weight, issue slots 35% busy. The staged kernels tie or lose; x in registers (2 warps a
+// scheduler) is twice as slow.
+// G4_LAB_F32=1: block scales as f32 absmax (g4 compile's default), else double quant. G4_LAB_BASE_ONLY=1:
+// kernels.cu's two kernels only. Graph modes: MLPs back to back; with a one-block ResNorm-like kernel between
+// them (the decode graph's order); back to back on one weight set (L2-resident). G4_LAB_PROFILE=<shape
+// index>: each variant once, no timing (for ncu --kernel-name regex:g4_mlp). Build on a GPU machine (repo
+// root):
 //   nvcc -O3 -std=c++17 -arch=sm_90 -I. -o build-dev/mlp_tma_lab bench/mlp_tma_lab.cu &&
 //   build-dev/mlp_tma_lab [reps]
 #include "kernels/cuda/kernels.cu"
@@ -438,9 +439,12 @@ __global__ void __launch_bounds__(512) fake_resnorm(float* y, float* xo, int H) 
 // ---------------------------------------------------------------------------------------------------
 struct Nf4 {
     std::vector<u8> codes, aq;
+    std::vector<float>
+        af; // G4_LAB_F32: the block scales dequantized (f32 absmax, as g4 compile makes by default)
     GemvMat dev{};
 };
-static float g_off = 0.01f;
+static float g_off      = 0.01f;
+static const bool g_f32 = std::getenv("G4_LAB_F32") != nullptr;
 static void* up(const void* h, size_t n) {
     void* d;
     CK(cudaMalloc(&d, n));
@@ -461,6 +465,13 @@ static Nf4 make_nf4(int n, int k, std::mt19937& rng, const float* code2_dev, con
     m.dev.w = up(m.codes.data(), m.codes.size()), m.dev.absmax = up(m.aq.data(), m.aq.size());
     m.dev.absmax2 = (const float*)up(a2.data(), a2.size() * 4), m.dev.offset = off_dev,
     m.dev.code2 = code2_dev, m.dev.n = n;
+    if (g_f32) {
+        m.af.resize(blocks);
+        for (size_t b = 0; b < blocks; ++b)
+            m.af[b] = (m.aq[b] - 128) / 128.0f * a2[b / 256] + g_off;
+        m.dev.absmax = up(m.af.data(), blocks * 4), m.dev.absmax2 = nullptr, m.dev.offset = nullptr,
+        m.dev.code2 = nullptr;
+    }
     return m;
 }
 static void launch(const void* fn, unsigned grid, unsigned block, unsigned smem, cudaStream_t st,
@@ -491,6 +502,8 @@ int main(int argc, char** argv) {
     const Shape shapes[] = {
         {"e2b mlp", 1536, 6144}, {"e2b mlp (wide)", 1536, 12288}, {"e4b mlp", 2560, 10240}};
     std::mt19937 rng(7);
+    if (g_f32)
+        std::printf("G4_LAB_F32: block scales as f32 absmax (g4 compile's default), not double quant\n");
     if (std::getenv("G4_LAB_PROFILE"))
         std::printf("profile mode: shape %s, each variant once\n", std::getenv("G4_LAB_PROFILE"));
     CK(cudaFuncSetAttribute((const void*)g4_mlp_nf4, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -531,10 +544,13 @@ int main(int argc, char** argv) {
                                 &s.down.codes[((size_t)r * I + (size_t)jj * 32) / 2], 16);
             s.tcodes = (const u8*)up(t.data(), t.size());
             std::vector<u8> ta((size_t)H * I / 64);
+            std::vector<float> tf(g_f32 ? (size_t)H * I / 64 : 0);
             for (int cc = 0; cc < I / 64; ++cc)
-                for (int r = 0; r < H; ++r)
+                for (int r = 0; r < H; ++r) {
                     ta[(size_t)cc * H + r] = s.down.aq[(size_t)r * (I / 64) + cc];
-            s.tabs = (const u8*)up(ta.data(), ta.size());
+                    if (g_f32) tf[(size_t)cc * H + r] = s.down.af[(size_t)r * (I / 64) + cc];
+                }
+            s.tabs = g_f32 ? (const u8*)up(tf.data(), tf.size() * 4) : (const u8*)up(ta.data(), ta.size());
         }
         float *x, *y, *xo;
         CK(cudaMalloc(&x, H * 4));
@@ -548,11 +564,11 @@ int main(int argc, char** argv) {
             MlpArgs a{};
             a.gu.m[0] = s.gate.dev, a.gu.m[1] = s.up.dev;
             a.gu.x = x, a.gu.nmat = 2, a.gu.k = H, a.gu.epi = 1;
-            a.dn   = Nf4Tiled{s.tcodes, s.tabs, s.down.dev.absmax2, off_dev, code2_dev};
+            a.dn   = Nf4Tiled{s.tcodes, s.tabs, s.down.dev.absmax2, s.down.dev.offset, s.down.dev.code2};
             a.bias = nullptr, a.y = y, a.H = H, a.I = I;
             return a;
         };
-        const u32 SB      = mlp_tma_stage_bytes(H, true);
+        const u32 SB      = mlp_tma_stage_bytes(H, !g_f32);
         const int per     = (nslices + nsm - 1) / nsm;
         const unsigned tg = (unsigned)((nslices + per - 1) / per);
         struct V {
@@ -564,19 +580,20 @@ int main(int argc, char** argv) {
         };
         std::vector<V> vs = {{"g4_mlp_nf4 (128 thr)", 0, 0, (unsigned)nslices, 0, 0},
                              {"g4_mlp_nf4_b256", 1, 0, (unsigned)nslices, 0, 0}};
-        vs.push_back({"tma ns3 c256 ef", 2, 3, tg, 1, 0});
-        vs.push_back({"tma ns3 c256 ef, loads only", 2, 3, tg, 1, 2});
-        vs.push_back({"tma ns3 c256 ef, compute only", 2, 3, tg, 1, 3});
-        vs.push_back({"tma ns3 c256 ef grid " + std::to_string(std::min(nsm, nslices)), 2, 3,
-                      (unsigned)std::min(nsm, nslices), 1, 0});
-        for (int ns : {3, 4, 5, 6})
-            if (GV_WIDE_BYTES + ns * SB <= (u32)smax) {
-                vs.push_back({"tma2 (x in regs) ns" + std::to_string(ns), 3, ns, tg, 1, 0});
-                vs.push_back({"  same, grid " + std::to_string(std::min(nsm, nslices)), 3, ns,
-                              (unsigned)std::min(nsm, nslices), 1, 0});
-            }
-        vs.push_back({"  same, loads only", 2, 3, (unsigned)std::min(nsm, nslices), 1, 2});
-        vs.push_back({"  same, compute only", 2, 3, (unsigned)std::min(nsm, nslices), 1, 3});
+        if (!std::getenv("G4_LAB_BASE_ONLY")) { // G4_LAB_BASE_ONLY: kernels.cu's two kernels only
+            const unsigned g2 = (unsigned)std::min(nsm, nslices);
+            vs.push_back({"tma ns3 c256 ef", 2, 3, tg, 1, 0});
+            vs.push_back({"tma ns3 c256 ef, loads only", 2, 3, tg, 1, 2});
+            vs.push_back({"tma ns3 c256 ef, compute only", 2, 3, tg, 1, 3});
+            vs.push_back({"tma ns3 c256 ef grid " + std::to_string(g2), 2, 3, g2, 1, 0});
+            vs.push_back({"  same, loads only", 2, 3, g2, 1, 2});
+            vs.push_back({"  same, compute only", 2, 3, g2, 1, 3});
+            for (int ns : {3, 4, 5, 6})
+                if (GV_WIDE_BYTES + ns * SB <= (u32)smax) {
+                    vs.push_back({"tma2 (x in regs) ns" + std::to_string(ns), 3, ns, tg, 1, 0});
+                    vs.push_back({"  same, grid " + std::to_string(g2), 3, ns, g2, 1, 0});
+                }
+        }
         auto enqueue = [&](const V& v, const Set& s, bool rn) {
             MlpArgs a  = args(s);
             void* pa[] = {&a};

@@ -1623,18 +1623,40 @@ __device__ __forceinline__ void red_add_v4(float* p, float4 v) {
 // loaded a scale (with double quant also its code and second-level scale) from global memory. The same
 // values, so the same results. Half rows: x's H / 32, then the gate/up's H / 32 + 4, the down's H / 32.
 template <int B> __device__ __forceinline__ void mlp_stage_scales(const MlpArgs& a, float4* tab) {
-    const int j = blockIdx.x, H = a.H, I = a.I, nb = H / 64, h0 = 2 * (H / 32) + 4;
-    for (int e = threadIdx.x; e < 64 * nb; e += B) {
-        const int lr = e / nb, c64 = e - lr * nb;
+    // Every raw scale a thread stages is loaded before the first value is made and stored (one DRAM round
+    // trip; double quant adds one for its code book and second-level scales).
+    constexpr int MAXE = (64 * (2688 / 64 + 2) + B - 1) / B, MAXR = (2688 + B - 1) / B;   // H <= 2688
+    const int j = blockIdx.x, H = a.H, I = a.I, nb = H / 64, h0 = 2 * (H / 32) + 4, c64 = j / 2;
+    u32 re[MAXE], rr[MAXR];   // the raw scales first (f32 bits, or double quant's u8 codes), all in flight
+#pragma unroll
+    for (int t = 0; t < MAXE; ++t) {
+        const int e = threadIdx.x + t * B, lr = e / nb;
         const GemvMat& m = a.gu.m[lr & 1];
-        *wide_spare(tab, H / 32, lr * (nb + 2) + c64) = nf4_absmax(m.absmax, m.absmax2, m.offset, m.code2, (long)(j * MLP_S + (lr >> 1)) * nb + c64);
+        re[t] = e < 64 * nb ? nf4_absmax_raw(m.absmax, m.absmax2, (long)(j * MLP_S + (lr >> 1)) * nb + (e - lr * nb)) : 0u;
     }
-    const int c64 = j / 2;
-    for (int r = threadIdx.x; r < H; r += B) {
+#pragma unroll
+    for (int t = 0; t < MAXR; ++t) {
+        const int r = threadIdx.x + t * B;
         const long i = (long)c64 * H + r;
-        const u32 raw = a.dn.absmax2 ? (u32)((const u8*)a.dn.absmax)[i] : ((const u32*)a.dn.absmax)[i];
-        *wide_spare(tab, h0, r) = a.dn.scale(raw, (long)r * (I / 64) + c64);
+        rr[t] = r >= H ? 0u : a.dn.absmax2 ? (u32)((const u8*)a.dn.absmax)[i] : ((const u32*)a.dn.absmax)[i];
     }
+    float ve[MAXE], vr[MAXR];
+#pragma unroll
+    for (int t = 0; t < MAXE; ++t) {
+        const int e = threadIdx.x + t * B, lr = e / nb;
+        const GemvMat& m = a.gu.m[lr & 1];
+        ve[t] = nf4_absmax_value(re[t], m.absmax2, m.offset, m.code2, (long)(j * MLP_S + (lr >> 1)) * nb + (e - lr * nb));
+    }
+#pragma unroll
+    for (int t = 0; t < MAXR; ++t) vr[t] = a.dn.scale(rr[t], (long)(threadIdx.x + t * B) * (I / 64) + c64);
+#pragma unroll
+    for (int t = 0; t < MAXE; ++t) {
+        const int e = threadIdx.x + t * B, lr = e / nb;
+        if (e < 64 * nb) *wide_spare(tab, H / 32, lr * (nb + 2) + (e - lr * nb)) = ve[t];
+    }
+#pragma unroll
+    for (int t = 0; t < MAXR; ++t)
+        if (threadIdx.x + t * B < H) *wide_spare(tab, h0, threadIdx.x + t * B) = vr[t];
 }
 // B threads a block: 128 (three blocks an SM) or 256 (two), the gate/up at 2 B / 32 lanes a group; SS: the
 // block scales staged (mlp_stage_scales).

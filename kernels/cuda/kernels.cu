@@ -1318,16 +1318,9 @@ template <bool W> __device__ __forceinline__ float nf4_chunk_dot(const u32* word
 template <bool W> __device__ __forceinline__ int xs_slot(int c, int v) {
     return W ? (c < 256 ? c * 16 + 8 : c * 8 + 2048) + (v ^ (c & 7)) : c * 9 + v;
 }
-// Float f of the f32 values kept in the wide table's spare half rows from half row h0 on (32 a half row,
-// at byte 128 of each 256-byte row, past x's chunks: g4_mlp_nf4_s's dequantized block scales).
-__device__ __forceinline__ float* wide_spare(void* tab, int h0, int f) { return (float*)((char*)tab + (h0 + (f >> 5)) * 256 + 128) + (f & 31); }
-// The gate/up block scales of g4_mlp_nf4_s: local row lr (2 * output + gate/up) at stride K / 64 + 2 floats
-// (the four lane groups of a warp, 4 rows apart, then read distinct banks), from half row K / 32 on.
-__device__ __forceinline__ int mlp_gu_scale_slot(int K, int lr, int c) { return lr * (K / 64 + 2) + (c >> 1); }
 // G: weight rows per lane group; B: threads a block (the kernels launch 128; bench/gemv_bench.cu's lab
-// variants also take other values of both). SS (the fused MLP, W): the block's 64 rows' scales are staged
-// already (mlp_stage_scales), none are loaded here.
-template <bool kIsNf4, int L, int M, int G = GV_OUT, bool XS = false, int B = 128, bool W = false, bool SS = false>
+// variants also take other values of both).
+template <bool kIsNf4, int L, int M, int G = GV_OUT, bool XS = false, int B = 128, bool W = false>
 __device__ __forceinline__ void gemv_body(const GemvArgs& a, float2* tab, float4* xs = nullptr, int vblock = -1) {
     G4_TRACE_SCOPE(1u | (kIsNf4 ? 16u : 0u) | (u32)M << 5 | (u32)L << 8 | (u32)a.epi << 16 | (u32)a.nmat << 20, a.m[0].w);
     constexpr int R  = G / M;          // outputs per lane group
@@ -1369,14 +1362,8 @@ __device__ __forceinline__ void gemv_body(const GemvArgs& a, float2* tab, float4
     const int C       = K / PER;
     const u32 lane_off = (threadIdx.x & 15) * 8;
     // NF4 block scale of chunk c of row q, in two steps (the load is issued with the codes).
-    // SS: row q's local row in the block (2 * output + gate/up).
-    int lrow[G];
-#pragma unroll
-    for (int q = 0; q < G; ++q) lrow[q] = SS ? 2 * (ln[q] - (int)blockIdx.x * (B / L) * R) + mi[q] : 0;
-    auto raw_scale = [&](int q, int c) { return SS ? 0u : nf4_absmax_raw(amp[q], am2p[q], (blk0[q] + c) >> 1); };
-    auto scale_of  = [&](int q, int c, u32 raw) {
-        return SS ? *wide_spare(tab, K / 32, mlp_gu_scale_slot(K, lrow[q], c)) : nf4_absmax_value(raw, am2p[q], offp[q], c2p[q], (blk0[q] + c) >> 1);
-    };
+    auto raw_scale = [&](int q, int c) { return nf4_absmax_raw(amp[q], am2p[q], (blk0[q] + c) >> 1); };
+    auto scale_of  = [&](int q, int c, u32 raw) { return nf4_absmax_value(raw, am2p[q], offp[q], c2p[q], (blk0[q] + c) >> 1); };
     // acc[q] += row q's chunk c (codes pk[q]) . x[c * PER ...].
     auto accumulate = [&](int c, const uint4* pk, const u32* raw, float* acc) {
         float scale[G];
@@ -1617,56 +1604,13 @@ __device__ __forceinline__ void red_add_v4(float* p, float4 v) {
 #endif
 }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-// g4_mlp_nf4_s, g4_mlp_nf4_b256_s (the runtime's choice where cuda_rt::mlp_scales_staged(H)): before the
-// programmatic wait the block dequantizes its 64 gate/up rows' block scales and its down slice's H scales into
-// the wide table's spare half rows (wide_spare), so the loops read one f32 from shared memory where they
-// loaded a scale (with double quant also its code and second-level scale) from global memory. The same
-// values, so the same results. Half rows: x's H / 32, then the gate/up's H / 32 + 4, the down's H / 32.
-template <int B> __device__ __forceinline__ void mlp_stage_scales(const MlpArgs& a, float4* tab) {
-    // Every raw scale a thread stages is loaded before the first value is made and stored (one DRAM round
-    // trip; double quant adds one for its code book and second-level scales).
-    constexpr int MAXE = (64 * (2688 / 64 + 2) + B - 1) / B, MAXR = (2688 + B - 1) / B;   // H <= 2688
-    const int j = blockIdx.x, H = a.H, I = a.I, nb = H / 64, h0 = 2 * (H / 32) + 4, c64 = j / 2;
-    u32 re[MAXE], rr[MAXR];   // the raw scales first (f32 bits, or double quant's u8 codes), all in flight
-#pragma unroll
-    for (int t = 0; t < MAXE; ++t) {
-        const int e = threadIdx.x + t * B, lr = e / nb;
-        const GemvMat& m = a.gu.m[lr & 1];
-        re[t] = e < 64 * nb ? nf4_absmax_raw(m.absmax, m.absmax2, (long)(j * MLP_S + (lr >> 1)) * nb + (e - lr * nb)) : 0u;
-    }
-#pragma unroll
-    for (int t = 0; t < MAXR; ++t) {
-        const int r = threadIdx.x + t * B;
-        const long i = (long)c64 * H + r;
-        rr[t] = r >= H ? 0u : a.dn.absmax2 ? (u32)((const u8*)a.dn.absmax)[i] : ((const u32*)a.dn.absmax)[i];
-    }
-    float ve[MAXE], vr[MAXR];
-#pragma unroll
-    for (int t = 0; t < MAXE; ++t) {
-        const int e = threadIdx.x + t * B, lr = e / nb;
-        const GemvMat& m = a.gu.m[lr & 1];
-        ve[t] = nf4_absmax_value(re[t], m.absmax2, m.offset, m.code2, (long)(j * MLP_S + (lr >> 1)) * nb + (e - lr * nb));
-    }
-#pragma unroll
-    for (int t = 0; t < MAXR; ++t) vr[t] = a.dn.scale(rr[t], (long)(threadIdx.x + t * B) * (I / 64) + c64);
-#pragma unroll
-    for (int t = 0; t < MAXE; ++t) {
-        const int e = threadIdx.x + t * B, lr = e / nb;
-        if (e < 64 * nb) *wide_spare(tab, H / 32, lr * (nb + 2) + (e - lr * nb)) = ve[t];
-    }
-#pragma unroll
-    for (int t = 0; t < MAXR; ++t)
-        if (threadIdx.x + t * B < H) *wide_spare(tab, h0, threadIdx.x + t * B) = vr[t];
-}
-// B threads a block: 128 (three blocks an SM) or 256 (two), the gate/up at 2 B / 32 lanes a group; SS: the
-// block scales staged (mlp_stage_scales).
-template <int B, bool SS = false> __device__ __forceinline__ void mlp_body(const MlpArgs& a, float4* mlp_wide) {
+// B threads a block: 128 (three blocks an SM) or 256 (two), the gate/up at 2 B / 32 lanes a group.
+template <int B> __device__ __forceinline__ void mlp_body(const MlpArgs& a, float4* mlp_wide) {
     __shared__ float s_act[MLP_S];
     const int j = blockIdx.x, H = a.H, I = a.I;
-    if (SS) mlp_stage_scales<B>(a, mlp_wide);   // published by gemv_body's barrier after its table
     GemvArgs g = a.gu;
     g.out      = s_act - j * MLP_S;   // gemv_body stores output o at out[o]: this block's 32
-    gemv_body<true, 2 * B / MLP_S, 2, GV_OUT, true, B, true, SS>(g, (float2*)mlp_wide, mlp_wide);
+    gemv_body<true, 2 * B / MLP_S, 2, GV_OUT, true, B, true>(g, (float2*)mlp_wide, mlp_wide);
     __syncthreads();
     float av[MLP_S];
 #pragma unroll
@@ -1675,16 +1619,12 @@ template <int B, bool SS = false> __device__ __forceinline__ void mlp_body(const
     const char* tb     = (const char*)mlp_wide;   // the pair table, still in place
     const u8* tile     = a.dn.codes + (long)j * H * (MLP_S / 2);
     const int c64      = j / 2;
-    const int h0dn = 2 * (H / 32) + 4;   // SS: the down's scales (mlp_stage_scales)
     for (int r0 = 4 * threadIdx.x; r0 < H; r0 += 4 * B) {   // rows r0 .. r0 + 3
         uint4 pk[4];
         u32 raw[4];
-        float4 sc4;
 #pragma unroll
         for (int k = 0; k < 4; ++k) pk[k] = __ldcs((const uint4*)(tile + (long)(r0 + k) * (MLP_S / 2)));
-        if (SS) sc4 = *(const float4*)wide_spare(mlp_wide, h0dn, r0);
-        else a.dn.raw4(c64, H, r0, raw);
-        const float scs[4] = {sc4.x, sc4.y, sc4.z, sc4.w};
+        a.dn.raw4(c64, H, r0, raw);
         float out[4];
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
@@ -1704,25 +1644,23 @@ template <int B, bool SS = false> __device__ __forceinline__ void mlp_body(const
                 s0 = fmaf(p3.x, xw[6], s0), s1 = fmaf(p3.y, xw[7], s1);
             }
             const long b = (long)(r0 + k) * (I / 64) + c64;   // the row-major block (absmax2's index)
-            out[k]       = (s0 + s1) * (SS ? scs[k] : a.dn.scale(raw[k], b));
+            out[k]       = (s0 + s1) * a.dn.scale(raw[k], b);
             if (a.bias && j == 0) out[k] += a.bias[r0 + k];
         }
         red_add_v4(a.y + r0, make_float4(out[0], out[1], out[2], out[3]));
     }
 }
-#define G4_MLP(NAME, B, SS)                                                                    \
+#define G4_MLP(NAME, B)                                                                        \
     extern "C" __global__ void __launch_bounds__(B, B == 128 ? 3 : 2) NAME(const MlpArgs a) { \
         extern __shared__ float4 mlp_wide[];                                                   \
-        mlp_body<B, SS>(a, mlp_wide);                                                          \
+        mlp_body<B>(a, mlp_wide);                                                              \
     }
 #else
-#define G4_MLP(NAME, B, SS) \
+#define G4_MLP(NAME, B) \
     extern "C" __global__ void NAME(const MlpArgs a) { __trap(); }   // scheduled on sm_90 plans only
 #endif
-G4_MLP(g4_mlp_nf4, 128, false)
-G4_MLP(g4_mlp_nf4_b256, 256, false)
-G4_MLP(g4_mlp_nf4_s, 128, true)
-G4_MLP(g4_mlp_nf4_b256_s, 256, true)
+G4_MLP(g4_mlp_nf4, 128)
+G4_MLP(g4_mlp_nf4_b256, 256)
 
 // ---- the decode attention's merge and the o projection in one kernel (sm_90; schedule record AttnO) ----
 // Block j takes columns 32j .. 32j + 31 of the attention output (one head's: dim % 32 == 0): it merges them

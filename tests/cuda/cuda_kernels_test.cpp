@@ -321,21 +321,17 @@ TEST_P(Mlp, MatchesUnfusedReference) {
     a.codes = t + l.codes_off, a.absmax = t + l.absmax_off;
     if (c.dq) a.absmax2 = t + l.absmax2_off, a.offset = t + l.offset_off, a.code2 = t + l.code2_off;
     a.bias = c.bias ? dev.up(bd) : 0, a.y = y, a.H = (int)c.H, a.I = (int)c.I;
-    // g4_mlp_nf4, g4_mlp_nf4_b256 (cuda::mlp_threads picks one per I), and their _s variants with the block
-    // scales staged in shared memory where cuda_rt::mlp_scales_staged(H) (the runtime then takes them).
-    for (int staged : {0, 1})
-        for (int threads : {128, 256}) {
-            if (staged && !cuda_rt::mlp_scales_staged((int)c.H)) continue;
-            const std::string name = std::string(threads == 128 ? "g4_mlp_nf4" : "g4_mlp_nf4_b256") + (staged ? "_s" : "");
-            cu::CUfunction f = nullptr;
-            ASSERT_EQ(gpu().d->cuModuleGetFunction(&f, gpu().mod, name.c_str()), 0);
-            ASSERT_EQ(gpu().d->cuFuncSetAttribute(f, cu::kFuncAttrMaxDynamicSmem, (int)cuda_rt::kGemvSmemMax), 0);
-            gpu().d->cuMemsetD8(y, 0, c.H * 4);
-            launch_smem(name.c_str(), (unsigned)(c.I / 32), 1, threads, cuda_rt::gemv_smem(true, gpu().sm, (int)c.H), {&a});
-            const double e = rel(dev.down<float>(y, c.H), want);
-            std::printf("MLP %s, %s: rel %.2e%s\n", c.name, name.c_str(), e, threads == cuda::mlp_threads(c.I) ? " (the compiler's threads)" : "");
-            EXPECT_LT(e, 2e-5) << c.name << ", " << name;
-        }
+    for (int threads : {128, 256}) {   // g4_mlp_nf4, g4_mlp_nf4_b256 (cuda::mlp_threads picks one per I)
+        const char* name = threads == 128 ? "g4_mlp_nf4" : "g4_mlp_nf4_b256";
+        cu::CUfunction f = nullptr;
+        ASSERT_EQ(gpu().d->cuModuleGetFunction(&f, gpu().mod, name), 0);
+        ASSERT_EQ(gpu().d->cuFuncSetAttribute(f, cu::kFuncAttrMaxDynamicSmem, (int)cuda_rt::kGemvSmemMax), 0);
+        gpu().d->cuMemsetD8(y, 0, c.H * 4);
+        launch_smem(name, (unsigned)(c.I / 32), 1, threads, cuda_rt::gemv_smem(true, gpu().sm, (int)c.H), {&a});
+        const double e = rel(dev.down<float>(y, c.H), want);
+        std::printf("MLP %s, %d threads%s: rel %.2e\n", c.name, threads, threads == cuda::mlp_threads(c.I) ? " (the compiler's)" : "", e);
+        EXPECT_LT(e, 2e-5) << c.name << ", " << threads << " threads";
+    }
 }
 INSTANTIATE_TEST_SUITE_P(RealShapes, Mlp,
                          ::testing::Values(MlpCase{"e2b", 1536, 6144, false, false}, MlpCase{"e2b_wide_dq_bias", 1536, 12288, true, true},

@@ -155,12 +155,6 @@ g4_status open_gpu(const plan::Plan& p, EngineState* st, Gpu& g, const plan::Pro
         {&k.ple[0], "g4_ple_bf16_g1"}, {&k.ple[1], "g4_ple_bf16_g2"}, {&k.ple[2], "g4_ple_bf16_g3"}, {&k.ple[3], "g4_ple_bf16_g4"},
         {&k.topk_round, "g4_topk_round"}, {&k.softmax_partial, "g4_softmax_partial"}};
     for (auto& f : fns) CU_TRY(d->cuModuleGetFunction(f.f, g.mod, f.n), std::string("kernel ") + f.n);
-    // The fused MLP with staged block scales: plans compiled since session 33 (without them, or with
-    // G4_MLP_STAGED=0, the unstaged kernels; the same results).
-    const char* ms = std::getenv("G4_MLP_STAGED");
-    if ((ms && *ms == '0') || d->cuModuleGetFunction(&k.mlp_s[0], g.mod, "g4_mlp_nf4_s") != 0 ||
-        d->cuModuleGetFunction(&k.mlp_s[1], g.mod, "g4_mlp_nf4_b256_s") != 0)
-        k.mlp_s[0] = k.mlp_s[1] = nullptr;
     // LM-head screening: kernels of plans compiled since session 25 (without them, no screening).
     if (d->cuModuleGetFunction(&k.lm_build, g.mod, "g4_lm_screen_build") != 0 || d->cuModuleGetFunction(&k.lm_screen, g.mod, "g4_lm_screen") != 0)
         k.lm_build = k.lm_screen = nullptr;
@@ -203,8 +197,6 @@ g4_status open_gpu(const plan::Plan& p, EngineState* st, Gpu& g, const plan::Pro
             }
     if (gemv_smem(true, g.sm, 0)) {
         for (CUfunction f : k.mlp) CU_TRY(d->cuFuncSetAttribute(f, kFuncAttrMaxDynamicSmem, (int)kGemvSmemMax), "kernel g4_mlp_nf4: shared memory size");
-        for (CUfunction f : k.mlp_s)
-            if (f) CU_TRY(d->cuFuncSetAttribute(f, kFuncAttrMaxDynamicSmem, (int)kGemvSmemMax), "kernel g4_mlp_nf4_s: shared memory size");
         for (CUfunction f : k.attn_o) CU_TRY(d->cuFuncSetAttribute(f, kFuncAttrMaxDynamicSmem, (int)kGemvWideSmem), "kernel g4_attn_o_nf4: shared memory size");
     }
     CU_TRY(d->cuMemAlloc(&g.weights, std::max<uint64_t>(64, g.weights_bytes)),
@@ -1009,9 +1001,7 @@ g4_status launch_fused(g4_session* s, const CudaLaunch& l, std::string* err) {
         a.bias = addr(st, p, dn.in[2], dn.in_col[2]);
         a.y    = addr(st, p, dn.out[0], dn.out_col[0]);
         a.H = (int)w.dims[0], a.I = (int)w.dims[1];
-        const int bi = l.ip[5] == 256;
-        r = go(K.mlp_s[bi] && mlp_scales_staged(a.H) ? K.mlp_s[bi] : K.mlp[bi], (unsigned)(a.I / 32), (unsigned)l.ip[5], {&a},
-               gemv_smem(true, st->cur->g->sm, a.H));
+        r = go(K.mlp[l.ip[5] == 256], (unsigned)(a.I / 32), (unsigned)l.ip[5], {&a}, gemv_smem(true, st->cur->g->sm, a.H));
         break;
     }
     case LaunchKind::AttnO: {

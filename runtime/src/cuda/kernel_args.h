@@ -83,12 +83,6 @@ inline constexpr unsigned kGemvSmemMax = gemv_smem(true, 90, kGemvXsExtMax);
 static_assert(kGemvSmemMax == 73728 && gemv_smem(true, 90, 8192) == 65536 && gemv_smem(true, 90, 8256) == 65792 &&
                   gemv_smem(true, 90, 10304) == 73728 && gemv_smem(true, 89, 10240) == 0 && gemv_smem(false, 90, 10240) == 0,
               "GEMV shared memory sizes");
-// Whether the fused MLP of hidden size H can stage its block scales (g4_mlp_nf4_s, kernels.cu mlp_stage_scales):
-// rows on 64-element block boundaries, and x's, the gate/up scales' and the down scales' half rows of the wide
-// pair table (H / 32, H / 32 + 4, H / 32) within its 256.
-inline constexpr bool mlp_scales_staged(int H) { return H % 64 == 0 && 3 * (H / 32) + 4 <= 256; }
-static_assert(mlp_scales_staged(1536) && mlp_scales_staged(2560) && mlp_scales_staged(64) && !mlp_scales_staged(96) && !mlp_scales_staged(4096),
-              "staged MLP scales: E2B, E4B and e2b_tiny, not e4b_tiny or H = 4096");
 // Threads (128 per block) a GEMV launch needs for n_out outputs.
 inline long gemv_threads(int n_out, int lanes, bool pairs) { return (long)((n_out + (pairs ? 2 : 4) - 1) / (pairs ? 2 : 4)) * lanes; }
 

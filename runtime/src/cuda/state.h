@@ -23,7 +23,8 @@ struct Kernels {
     CUfunction embed, mm_bf16, mm_f32, mm_nf4, gemm_bf16, gemm_nf4, gemv_bf16, gemv_nf4, tc_bf16, tc_nf4, rms, elem, rope, kv, attn_part, attn_merge, argmax;
     CUfunction gemv[2][5][2];   // [nf4][lanes per row 8..128][pairs]
     CUfunction resnorm, qkv_post, attn_decode, attn_decode_bf16, attn_decode_post, attn_decode_post_bf16, nf4_to_bf16, f32_to_bf16, add_bias;
-    CUfunction attn_o[4], ple[4];     // + g4_ple_bf16_g1..4 (sm_90 plans only): the per-layer-input gate + projection              // g4_attn_o_nf4_g1..4 (sm_90 plans only): the decode merge + o projection
+    CUfunction attn_o[4];   // g4_attn_o_nf4_g1..4 (sm_90 plans only): the decode merge + o projection
+    CUfunction ple[4];      // g4_ple_bf16_g1..4 (sm_90 plans only): the per-layer-input gate + projection
     CUfunction mlp[2], nf4_untile32;   // g4_mlp_nf4[_b256] (sm_90 plans only; 128 / 256 threads), its weights' prefill
     CUfunction copy_f32, penalize, topk_round, softmax_partial;   // GPU sampling
     // LM-head screening (plans whose module has them; null otherwise): g4_lm_screen_build, g4_lm_screen,

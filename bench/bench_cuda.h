@@ -21,6 +21,19 @@ static inline float median(std::vector<float> v) {
     return v[v.size() / 2];
 }
 
+// Launches fn (args as cudaLaunchKernelExC takes them) on st with programmatic dependent launch, as the
+// decode graph's kernels are launched.
+static inline void launch_pdl(const void* fn, unsigned grid, unsigned block, unsigned smem, cudaStream_t st,
+                              void** args) {
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(grid), cfg.blockDim = dim3(block), cfg.dynamicSmemBytes = smem, cfg.stream = st;
+    cudaLaunchAttribute at[1];
+    at[0].id                                         = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at, cfg.numAttrs = 1;
+    CK(cudaLaunchKernelExC(&cfg, fn, args));
+}
+
 // GPU 0's properties (its name and SM count printed), a stream and two timing events: the CUDA
 // benchmarks' common start.
 struct BenchGpu {

@@ -261,17 +261,6 @@ struct Set {
     const u8 *tcodes16, *tcodes32, *tcodes64, *tabs;
 };
 
-static void launch(const void* fn, unsigned grid, unsigned block, unsigned smem, cudaStream_t st,
-                   void** args) {
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(grid), cfg.blockDim = dim3(block), cfg.dynamicSmemBytes = smem, cfg.stream = st;
-    cudaLaunchAttribute at[1];
-    at[0].id                                         = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = at, cfg.numAttrs = 1;
-    CK(cudaLaunchKernelExC(&cfg, fn, args));
-}
-
 int main(int argc, char** argv) {
     const int reps     = argc > 1 ? std::atoi(argv[1]) : 15;
     const BenchGpu gpu = bench_gpu();
@@ -379,14 +368,14 @@ int main(int argc, char** argv) {
             if (vi < 0) {
                 GemvArgs a = gu_args(s, act), b = dn_args(s);
                 void* pa[] = {&a};
-                launch(gu_fn[li_gu], grid_gu, 128, smem_gu, st, pa);
+                launch_pdl(gu_fn[li_gu], grid_gu, 128, smem_gu, st, pa);
                 void* pb[] = {&b};
-                launch(dn_fn[li_dn], grid_dn, 128, smem_dn, st, pb);
+                launch_pdl(dn_fn[li_dn], grid_dn, 128, smem_dn, st, pb);
             } else {
                 GemvArgs a = gu_args(s, nullptr);
                 MlpDown d  = ml_args(s, kMl[vi].S);
                 void* pa[] = {&a, &d};
-                launch((const void*)kMl[vi].fn, (unsigned)(I / kMl[vi].S), kMl[vi].B, smem_gu, st, pa);
+                launch_pdl((const void*)kMl[vi].fn, (unsigned)(I / kMl[vi].S), kMl[vi].B, smem_gu, st, pa);
             }
         };
         for (const auto& v : kMl)

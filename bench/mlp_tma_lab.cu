@@ -86,6 +86,43 @@ __device__ __forceinline__ void red_add_v2(float* p, float a, float b) {
 __host__ __device__ inline u32 mlp_tma_stage_bytes(int H, bool dq) {
     return (u32)((16 * H + (dq ? H : 4 * H) + 127) / 128 * 128);
 }
+// A block's ring of stages after the wide pair table: NS stages of SB bytes (NS from the launch's dynamic
+// shared memory), full[s] at bars[s]; a segment (slice j, seg 0 gate / 1 up / 2 down) copied into a stage.
+struct MtRing {
+    int H, I, nslices, sb, NS; // sb: bytes a block scale
+    u32 SB, bar0;
+    char* stages;
+    __device__ MtRing(const MlpArgs& a, float4* sm, unsigned long long* bars) {
+        H = a.H, I = a.I, nslices = I / MLP_S, sb = a.dn.absmax2 ? 1 : 4;
+        SB = mlp_tma_stage_bytes(H, a.dn.absmax2 != nullptr);
+        u32 dyn;
+        asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
+        NS = min((int)((dyn - GV_WIDE_BYTES) / SB), MT_MAX_STAGES), stages = (char*)sm + GV_WIDE_BYTES,
+        bar0 = smem_u32(bars);
+    }
+    __device__ u32 full(int s) const { return bar0 + 8u * (u32)s; }
+    __device__ const char* stage(int s) const { return stages + (long)s * SB; }
+    // Expects the segment's bytes on full(s) and starts its two bulk copies (codes, then scales).
+    template <bool EF>
+    __device__ void issue(const MlpArgs& a, int j, int seg, int s, unsigned long long pol) const {
+        const void *codes, *scales;
+        u32 scale_bytes;
+        if (seg < 2) { // 32 rows of gate (m[0]) or up (m[1]) from row 32j, and their scales
+            const GemvMat& m = a.gu.m[seg];
+            codes            = (const char*)m.w + (long)j * MLP_S * (H / 2),
+            scales           = (const char*)m.absmax + (long)j * (MLP_S * H / 64) * sb;
+            scale_bytes      = (u32)(MLP_S * H / 64 * sb);
+        } else { // the down tile of slice j and the scales of its 64-column block
+            codes       = a.dn.codes + (long)j * H * (MLP_S / 2),
+            scales      = (const char*)a.dn.absmax + (long)(j / 2) * H * sb;
+            scale_bytes = (u32)(H * sb);
+        }
+        const u32 dst = smem_u32(stage(s));
+        mbar_expect_tx(full(s), (u32)(16 * H) + scale_bytes);
+        bulk_g2s<EF>(dst, codes, (u32)(16 * H), full(s), pol);
+        bulk_g2s<EF>(dst + 16u * H, scales, scale_bytes, full(s), pol);
+    }
+};
 
 // CT consumer threads (256: a 16-lane group owns 2 outputs of the slice; 512: one), warp 0 produces.
 // The down rows a thread owns (2 c + 2 CT m, + 1) stay the same over the block's slices, so their sums
@@ -100,16 +137,11 @@ __device__ __forceinline__ void mlp_tma_body(const MlpArgs& a, float4* sm) {
     constexpr int RMAX = 8192 / (2 * CT);                             // row pairs a thread at most
     __shared__ alignas(8) unsigned long long bars[2 * MT_MAX_STAGES]; // full[s], empty[s]
     __shared__ float s_act[2][MLP_S];
-    const int H = a.H, I = a.I, C = H / 32, nslices = I / MLP_S;
+    const MtRing ring(a, sm, bars);
+    const int H = a.H, I = a.I, C = H / 32, nslices = ring.nslices, NS = ring.NS;
     const bool dq = a.dn.absmax2 != nullptr;
-    const u32 SB  = mlp_tma_stage_bytes(H, dq);
-    u32 dyn;
-    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
-    const int NS   = min((int)((dyn - GV_WIDE_BYTES) / SB), MT_MAX_STAGES);
-    char* stages   = (char*)sm + GV_WIDE_BYTES;
-    const u32 bar0 = smem_u32(bars);
-    auto full      = [&](int s) { return bar0 + 8u * (u32)s; };
-    auto empty     = [&](int s) { return bar0 + 8u * (u32)(MT_MAX_STAGES + s); };
+    auto full     = [&](int s) { return ring.full(s); };
+    auto empty    = [&](int s) { return ring.bar0 + 8u * (u32)(MT_MAX_STAGES + s); };
     if (threadIdx.x == 0) {
         for (int s = 0; s < NS; ++s)
             mbar_init(full(s), 1), mbar_init(empty(s), CT / 32);
@@ -117,8 +149,7 @@ __device__ __forceinline__ void mlp_tma_body(const MlpArgs& a, float4* sm) {
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
     }
     __syncthreads();
-    const int sb = dq ? 1 : 4; // bytes a block scale
-    if (threadIdx.x < 32) {    // producer: segments G, U, D of each of the block's slices, in order
+    if (threadIdx.x < 32) { // producer: segments G, U, D of each of the block's slices, in order
         if (threadIdx.x == 0) {
             unsigned long long pol = 0;
             if (EF) asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
@@ -127,26 +158,10 @@ __device__ __forceinline__ void mlp_tma_body(const MlpArgs& a, float4* sm) {
                 for (int seg = 0; seg < 3; ++seg, ++k) {
                     const int s = k % NS, use = k / NS;
                     if (use > 0) mbar_wait(empty(s), (u32)(use - 1) & 1u);
-                    const u32 dst = smem_u32(stages + (long)s * SB);
-                    const void *codes, *scales;
-                    u32 scale_bytes;
-                    if (seg < 2) { // 32 rows of gate (m[0]) or up (m[1]) from row 32j, and their scales
-                        const GemvMat& m = a.gu.m[seg];
-                        codes            = (const char*)m.w + (long)j * MLP_S * (H / 2);
-                        scales           = (const char*)m.absmax + (long)j * (MLP_S * H / 64) * sb;
-                        scale_bytes      = (u32)(MLP_S * H / 64 * sb);
-                    } else { // the down tile of slice j and the scales of its 64-column block
-                        codes       = a.dn.codes + (long)j * H * (MLP_S / 2);
-                        scales      = (const char*)a.dn.absmax + (long)(j / 2) * H * sb;
-                        scale_bytes = (u32)(H * sb);
-                    }
-                    if (MODE == 2) { // lab: compute only
-                        mbar_arrive(full(s));
-                        continue;
-                    }
-                    mbar_expect_tx(full(s), (u32)(16 * H) + scale_bytes);
-                    bulk_g2s<EF>(dst, codes, (u32)(16 * H), full(s), pol);
-                    bulk_g2s<EF>(dst + 16u * H, scales, scale_bytes, full(s), pol);
+                    if (MODE == 2)
+                        mbar_arrive(full(s)); // lab: compute only
+                    else
+                        ring.issue<EF>(a, j, seg, s, pol);
                 }
         }
         return;
@@ -175,8 +190,8 @@ __device__ __forceinline__ void mlp_tma_body(const MlpArgs& a, float4* sm) {
         const int sg = k % NS, su = (k + 1) % NS;
         mbar_wait(full(sg), (u32)(k / NS) & 1u);
         mbar_wait(full(su), (u32)((k + 1) / NS) & 1u);
-        const char* G = stages + (long)sg * SB;
-        const char* U = stages + (long)su * SB;
+        const char* G = ring.stage(sg);
+        const char* U = ring.stage(su);
         float acc[NQ];
 #pragma unroll
         for (int q = 0; q < NQ; ++q)
@@ -229,7 +244,7 @@ __device__ __forceinline__ void mlp_tma_body(const MlpArgs& a, float4* sm) {
         // down: stage k + 2
         const int sd = (k + 2) % NS;
         mbar_wait(full(sd), (u32)((k + 2) / NS) & 1u);
-        const char* D = stages + (long)sd * SB;
+        const char* D = ring.stage(sd);
         const int c64 = j / 2;
 #pragma unroll
         for (int m = 0; m < RMAX; ++m) {
@@ -269,41 +284,18 @@ template <int XC> __device__ __forceinline__ void mlp_tma2_body(const MlpArgs& a
     constexpr int CT = 256, NQ = 4;
     __shared__ alignas(8) unsigned long long bars[MT_MAX_STAGES];
     __shared__ float s_act[MLP_S];
-    const int H = a.H, I = a.I, C = H / 32, nslices = I / MLP_S;
+    const MtRing ring(a, sm, bars);
+    const int H = a.H, I = a.I, C = H / 32, nslices = ring.nslices, NS = ring.NS;
     const bool dq = a.dn.absmax2 != nullptr;
-    const u32 SB  = mlp_tma_stage_bytes(H, dq);
-    u32 dyn;
-    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
-    const int NS   = min((int)((dyn - GV_WIDE_BYTES) / SB), MT_MAX_STAGES);
-    char* stages   = (char*)sm + GV_WIDE_BYTES;
-    const u32 bar0 = smem_u32(bars);
-    auto full      = [&](int s) { return bar0 + 8u * (u32)s; };
-    const int sb   = dq ? 1 : 4;
+    auto full     = [&](int s) { return ring.full(s); };
     const int mine =
         (nslices - (int)blockIdx.x + (int)gridDim.x - 1) / (int)gridDim.x; // slices of this block
     const int total        = 3 * mine;
     int kp                 = 0; // next segment to issue (thread 0)
     unsigned long long pol = 0;
     auto issue             = [&](int upto) { // thread 0: segments kp .. upto - 1
-        for (; kp < upto && kp < total; ++kp) {
-                        const int j = (int)blockIdx.x + (kp / 3) * (int)gridDim.x, seg = kp % 3, s = kp % NS;
-                        const u32 dst = smem_u32(stages + (long)s * SB);
-                        const void *codes, *scales;
-                        u32 scale_bytes;
-                        if (seg < 2) {
-                            const GemvMat& m = a.gu.m[seg];
-                            codes            = (const char*)m.w + (long)j * MLP_S * (H / 2);
-                            scales           = (const char*)m.absmax + (long)j * (MLP_S * H / 64) * sb;
-                            scale_bytes      = (u32)(MLP_S * H / 64 * sb);
-            } else {
-                            codes       = a.dn.codes + (long)j * H * (MLP_S / 2);
-                            scales      = (const char*)a.dn.absmax + (long)(j / 2) * H * sb;
-                            scale_bytes = (u32)(H * sb);
-            }
-                        mbar_expect_tx(full(s), (u32)(16 * H) + scale_bytes);
-                        bulk_g2s<true>(dst, codes, (u32)(16 * H), full(s), pol);
-                        bulk_g2s<true>(dst + 16u * H, scales, scale_bytes, full(s), pol);
-        }
+        for (; kp < upto && kp < total; ++kp)
+            ring.issue<true>(a, (int)blockIdx.x + (kp / 3) * (int)gridDim.x, kp % 3, kp % NS, pol);
     };
     if (threadIdx.x == 0) {
         for (int s = 0; s < NS; ++s)
@@ -344,8 +336,8 @@ template <int XC> __device__ __forceinline__ void mlp_tma2_body(const MlpArgs& a
         const int sg = k % NS, su = (k + 1) % NS, sd = (k + 2) % NS;
         mbar_wait(full(sg), (u32)(k / NS) & 1u);
         mbar_wait(full(su), (u32)((k + 1) / NS) & 1u);
-        const char* G = stages + (long)sg * SB;
-        const char* U = stages + (long)su * SB;
+        const char* G = ring.stage(sg);
+        const char* U = ring.stage(su);
         float acc[NQ] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
         for (int i = 0; i < XC; ++i) {
@@ -389,7 +381,7 @@ template <int XC> __device__ __forceinline__ void mlp_tma2_body(const MlpArgs& a
         for (int q = 0; q < MLP_S; ++q)
             av[q] = s_act[q];
         mbar_wait(full(sd), (u32)((k + 2) / NS) & 1u);
-        const char* D = stages + (long)sd * SB;
+        const char* D = ring.stage(sd);
         const int c64 = j / 2;
 #pragma unroll
         for (int m = 0; m < XC; ++m) {
@@ -473,16 +465,6 @@ static Nf4 make_nf4(int n, int k, std::mt19937& rng, const float* code2_dev, con
         m.dev.code2 = nullptr;
     }
     return m;
-}
-static void launch(const void* fn, unsigned grid, unsigned block, unsigned smem, cudaStream_t st,
-                   void** args) {
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(grid), cfg.blockDim = dim3(block), cfg.dynamicSmemBytes = smem, cfg.stream = st;
-    cudaLaunchAttribute at[1];
-    at[0].id                                         = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = at, cfg.numAttrs = 1;
-    CK(cudaLaunchKernelExC(&cfg, fn, args));
 }
 
 int main(int argc, char** argv) {
@@ -598,20 +580,21 @@ int main(int argc, char** argv) {
             MlpArgs a  = args(s);
             void* pa[] = {&a};
             if (v.kind == 0)
-                launch((const void*)g4_mlp_nf4, nslices, 128, g4::cuda_rt::gemv_smem(true, 90, H), st, pa);
+                launch_pdl((const void*)g4_mlp_nf4, nslices, 128, g4::cuda_rt::gemv_smem(true, 90, H), st,
+                           pa);
             else if (v.kind == 1)
-                launch((const void*)g4_mlp_nf4_b256, nslices, 256, g4::cuda_rt::gemv_smem(true, 90, H), st,
-                       pa);
+                launch_pdl((const void*)g4_mlp_nf4_b256, nslices, 256, g4::cuda_rt::gemv_smem(true, 90, H),
+                           st, pa);
             else if (v.kind == 3)
-                launch(H / 512 == 3 ? (const void*)g4_mlp_tma2<3> : (const void*)g4_mlp_tma2<5>, v.grid, 256,
-                       GV_WIDE_BYTES + v.ns * SB, st, pa);
+                launch_pdl(H / 512 == 3 ? (const void*)g4_mlp_tma2<3> : (const void*)g4_mlp_tma2<5>, v.grid,
+                           256, GV_WIDE_BYTES + v.ns * SB, st, pa);
             else
-                launch(tma_fn[v.ct512][v.ef], v.grid, v.ct512 == 1 ? 544 : 288, GV_WIDE_BYTES + v.ns * SB, st,
-                       pa);
+                launch_pdl(tma_fn[v.ct512][v.ef], v.grid, v.ct512 == 1 ? 544 : 288, GV_WIDE_BYTES + v.ns * SB,
+                           st, pa);
             if (rn) {
                 int h      = H;
                 void* pr[] = {&y, &xo, &h};
-                launch((const void*)fake_resnorm, 1, 512, 0, st, pr);
+                launch_pdl((const void*)fake_resnorm, 1, 512, 0, st, pr);
             }
         };
         auto result = [&](const V& v) {

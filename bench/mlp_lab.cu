@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "bench/bench_cuda.h"
+#include "bench/mlp_lab.h"
 
 struct MlpDown {
     const u8* codes;      // [I / S][H][S / 2]
@@ -236,13 +237,6 @@ struct Nf4 {
     std::vector<float> a2;
     GemvMat dev{};
 };
-static float g_off = 0.01f;
-static void* up(const void* h, size_t n) {
-    void* d;
-    CK(cudaMalloc(&d, n));
-    CK(cudaMemcpy(d, h, n, cudaMemcpyHostToDevice));
-    return d;
-}
 static Nf4 make_nf4(int n, int k, std::mt19937& rng, const float* code2_dev, const float* off_dev) {
     Nf4 m;
     size_t elems = (size_t)n * k, blocks = elems / 64;
@@ -266,19 +260,11 @@ int main(int argc, char** argv) {
     const BenchGpu gpu = bench_gpu();
     cudaStream_t st    = gpu.st;
     cudaEvent_t e0 = gpu.e0, e1 = gpu.e1;
-    std::vector<float> code2(256);
-    for (int i = 0; i < 256; ++i)
-        code2[i] = (i - 128) / 128.0f;
-    const float* code2_dev = (const float*)up(code2.data(), 1024);
-    const float* off_dev   = (const float*)up(&g_off, 4);
-    struct Shape {
-        const char* name;
-        int H, I;
-    };
-    const Shape shapes[] = {
-        {"e2b mlp", 1536, 6144}, {"e2b mlp (wide)", 1536, 12288}, {"e4b mlp", 2560, 10240}};
+    const DqTables dq     = dq_tables();
+    const float* code2_dev = dq.code2;
+    const float* off_dev   = dq.offset;
     std::mt19937 rng(7);
-    for (const Shape& sh : shapes) {
+    for (const MlpShape& sh : kMlpShapes) {
         const int H = sh.H, I = sh.I;
         const size_t mlp_bytes = (size_t)3 * H * I / 2 + (size_t)3 * H * I / 64;
         const int copies       = (int)std::max<size_t>(2, (size_t)(384u << 20) / mlp_bytes + 1);

@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "bench/bench_cuda.h"
+#include "bench/mlp_lab.h"
 
 // ---------------------------------------------------------------------------------------------------
 __device__ __forceinline__ u32 smem_u32(const void* p) {
@@ -124,6 +125,59 @@ struct MtRing {
     }
 };
 
+// Chunk ch (16 bytes of codes a row) of the slice's gate (G) and up (U) stages for NQ rows of a lane group:
+// rows r0, r0 + 1, ... (q: gate for even q, up for odd q, row r0 + q / 2), times x's chunk xv, into acc.
+template <int NQ>
+__device__ __forceinline__ void mt_gate_up_chunk(const MlpArgs& a, const char* G, const char* U, int j,
+                                                 int r0, int ch, const float* xv, const char* tb,
+                                                 u32 lane_off, float* acc) {
+    const int H   = a.H;
+    const bool dq = a.dn.absmax2 != nullptr;
+#pragma unroll
+    for (int q = 0; q < NQ; ++q) {
+        const char* S      = (q & 1) ? U : G;
+        const int row      = r0 + (q >> 1); // row of the segment
+        const uint4 pk     = *(const uint4*)(S + (long)row * (H / 2) + ch * 16);
+        const int bl       = row * (H / 64) + (ch >> 1); // block of the segment
+        const u32 raw      = dq ? (u32)((const u8*)(S + 16 * H))[bl] : ((const u32*)(S + 16 * H))[bl];
+        const GemvMat& m   = (q & 1) ? a.gu.m[1] : a.gu.m[0];
+        const long b       = (long)j * (MLP_S * H / 64) + bl; // the matrix's block
+        const u32 words[4] = {pk.x, pk.y, pk.z, pk.w};
+        acc[q] += nf4_chunk_dot<true>(words, xv, tb, lane_off) *
+                  nf4_absmax_value(raw, m.absmax2, m.offset, m.code2, b);
+    }
+}
+// The 16-lane group's sums of its OPG outputs' gate and up rows (acc: gate, up, gate, up ...), then
+// act[OPG g + r] = gelu(gate + bias) * (up + bias) by the group's first lane.
+template <int OPG>
+__device__ __forceinline__ void mt_act(const MlpArgs& a, int j, int g, int gl, float* acc, float* act) {
+#pragma unroll
+    for (int q = 0; q < 2 * OPG; ++q)
+#pragma unroll
+        for (int o = 8; o > 0; o >>= 1)
+            acc[q] += __shfl_xor_sync(0xffffffffu, acc[q], o);
+    if (gl != 0) return;
+#pragma unroll
+    for (int r = 0; r < OPG; ++r) {
+        const int o      = j * MLP_S + OPG * g + r;
+        const float gv   = acc[2 * r] + (a.gu.m[0].bias ? a.gu.m[0].bias[o] : 0.0f);
+        const float uv   = acc[2 * r + 1] + (a.gu.m[1].bias ? a.gu.m[1].bias[o] : 0.0f);
+        act[OPG * g + r] = gelu_tanh(gv) * uv;
+    }
+}
+// Rows r, r + 1 of the slice's down stage D (64-column block c64) times act av, added to d0, d1.
+__device__ __forceinline__ void mt_down_pair(const MlpArgs& a, const char* D, int r, int c64, const float* av,
+                                             const char* tb, u32 lane_off, float& d0, float& d1) {
+    const int H = a.H, I = a.I;
+    const bool dq  = a.dn.absmax2 != nullptr;
+    const uint4 p0 = *(const uint4*)(D + (long)r * 16), p1 = *(const uint4*)(D + (long)(r + 1) * 16);
+    const u32 raw0  = dq ? (u32)((const u8*)(D + 16 * H))[r] : ((const u32*)(D + 16 * H))[r];
+    const u32 raw1  = dq ? (u32)((const u8*)(D + 16 * H))[r + 1] : ((const u32*)(D + 16 * H))[r + 1];
+    const u32 w0[4] = {p0.x, p0.y, p0.z, p0.w}, w1[4] = {p1.x, p1.y, p1.z, p1.w};
+    d0 += nf4_chunk_dot<true>(w0, av, tb, lane_off) * a.dn.scale(raw0, (long)r * (I / 64) + c64);
+    d1 += nf4_chunk_dot<true>(w1, av, tb, lane_off) * a.dn.scale(raw1, (long)(r + 1) * (I / 64) + c64);
+}
+
 // CT consumer threads (256: a 16-lane group owns 2 outputs of the slice; 512: one), warp 0 produces.
 // The down rows a thread owns (2 c + 2 CT m, + 1) stay the same over the block's slices, so their sums
 // stay in registers and go to y once, at the end (one red.add.v2 a row pair a block). H % (2 CT) == 0,
@@ -138,10 +192,9 @@ __device__ __forceinline__ void mlp_tma_body(const MlpArgs& a, float4* sm) {
     __shared__ alignas(8) unsigned long long bars[2 * MT_MAX_STAGES]; // full[s], empty[s]
     __shared__ float s_act[2][MLP_S];
     const MtRing ring(a, sm, bars);
-    const int H = a.H, I = a.I, C = H / 32, nslices = ring.nslices, NS = ring.NS;
-    const bool dq = a.dn.absmax2 != nullptr;
-    auto full     = [&](int s) { return ring.full(s); };
-    auto empty    = [&](int s) { return ring.bar0 + 8u * (u32)(MT_MAX_STAGES + s); };
+    const int H = a.H, C = H / 32, nslices = ring.nslices, NS = ring.NS;
+    auto full  = [&](int s) { return ring.full(s); };
+    auto empty = [&](int s) { return ring.bar0 + 8u * (u32)(MT_MAX_STAGES + s); };
     if (threadIdx.x == 0) {
         for (int s = 0; s < NS; ++s)
             mbar_init(full(s), 1), mbar_init(empty(s), CT / 32);
@@ -196,21 +249,6 @@ __device__ __forceinline__ void mlp_tma_body(const MlpArgs& a, float4* sm) {
 #pragma unroll
         for (int q = 0; q < NQ; ++q)
             acc[q] = 0.0f;
-        auto chunk = [&](int ch, const float* xv) {
-#pragma unroll
-            for (int q = 0; q < NQ; ++q) {
-                const char* S      = (q & 1) ? U : G;
-                const int row      = OPG * g + (q >> 1); // row of the segment
-                const uint4 pk     = *(const uint4*)(S + (long)row * (H / 2) + ch * 16);
-                const int bl       = row * (H / 64) + (ch >> 1); // block of the segment
-                const u32 raw      = dq ? (u32)((const u8*)(S + 16 * H))[bl] : ((const u32*)(S + 16 * H))[bl];
-                const GemvMat& m   = (q & 1) ? a.gu.m[1] : a.gu.m[0];
-                const long b       = (long)j * (MLP_S * H / 64) + bl; // the matrix's block
-                const u32 words[4] = {pk.x, pk.y, pk.z, pk.w};
-                acc[q] += nf4_chunk_dot<true>(words, xv, tb, lane_off) *
-                          nf4_absmax_value(raw, m.absmax2, m.offset, m.code2, b);
-            }
-        };
         for (int ch = gl; ch < (MODE == 1 ? 0 : C); ch += 16) {
             float xv[32];
 #pragma unroll
@@ -218,24 +256,11 @@ __device__ __forceinline__ void mlp_tma_body(const MlpArgs& a, float4* sm) {
                 const float4 t = sm[xs_slot<true>(ch, v)];
                 xv[4 * v] = t.x, xv[4 * v + 1] = t.y, xv[4 * v + 2] = t.z, xv[4 * v + 3] = t.w;
             }
-            chunk(ch, xv);
+            mt_gate_up_chunk<NQ>(a, G, U, j, OPG * g, ch, xv, tb, lane_off, acc);
         }
         __syncwarp();
         if ((threadIdx.x & 31) == 0) mbar_arrive(empty(sg)), mbar_arrive(empty(su));
-#pragma unroll
-        for (int q = 0; q < NQ; ++q)
-#pragma unroll
-            for (int o = 8; o > 0; o >>= 1)
-                acc[q] += __shfl_xor_sync(0xffffffffu, acc[q], o);
-        if (gl == 0) {
-#pragma unroll
-            for (int r = 0; r < OPG; ++r) {
-                const int o                = j * MLP_S + OPG * g + r;
-                const float gv             = acc[2 * r] + (a.gu.m[0].bias ? a.gu.m[0].bias[o] : 0.0f);
-                const float uv             = acc[2 * r + 1] + (a.gu.m[1].bias ? a.gu.m[1].bias[o] : 0.0f);
-                s_act[it & 1][OPG * g + r] = gelu_tanh(gv) * uv;
-            }
-        }
+        mt_act<OPG>(a, j, g, gl, acc, s_act[it & 1]);
         asm volatile("bar.sync 1, %0;" ::"n"(CT) : "memory");
         float av[MLP_S];
 #pragma unroll
@@ -250,14 +275,7 @@ __device__ __forceinline__ void mlp_tma_body(const MlpArgs& a, float4* sm) {
         for (int m = 0; m < RMAX; ++m) {
             const int r = 2 * c + 2 * CT * m;
             if (r >= H || MODE == 1) break;
-            const uint4 p0 = *(const uint4*)(D + (long)r * 16), p1 = *(const uint4*)(D + (long)(r + 1) * 16);
-            const u32 raw0  = dq ? (u32)((const u8*)(D + 16 * H))[r] : ((const u32*)(D + 16 * H))[r];
-            const u32 raw1  = dq ? (u32)((const u8*)(D + 16 * H))[r + 1] : ((const u32*)(D + 16 * H))[r + 1];
-            const u32 w0[4] = {p0.x, p0.y, p0.z, p0.w}, w1[4] = {p1.x, p1.y, p1.z, p1.w};
-            dacc[m][0] +=
-                nf4_chunk_dot<true>(w0, av, tb, lane_off) * a.dn.scale(raw0, (long)r * (I / 64) + c64);
-            dacc[m][1] +=
-                nf4_chunk_dot<true>(w1, av, tb, lane_off) * a.dn.scale(raw1, (long)(r + 1) * (I / 64) + c64);
+            mt_down_pair(a, D, r, c64, av, tb, lane_off, dacc[m][0], dacc[m][1]);
         }
         __syncwarp();
         if ((threadIdx.x & 31) == 0) mbar_arrive(empty(sd));
@@ -285,9 +303,8 @@ template <int XC> __device__ __forceinline__ void mlp_tma2_body(const MlpArgs& a
     __shared__ alignas(8) unsigned long long bars[MT_MAX_STAGES];
     __shared__ float s_act[MLP_S];
     const MtRing ring(a, sm, bars);
-    const int H = a.H, I = a.I, C = H / 32, nslices = ring.nslices, NS = ring.NS;
-    const bool dq = a.dn.absmax2 != nullptr;
-    auto full     = [&](int s) { return ring.full(s); };
+    const int H = a.H, C = H / 32, nslices = ring.nslices, NS = ring.NS;
+    auto full = [&](int s) { return ring.full(s); };
     const int mine =
         (nslices - (int)blockIdx.x + (int)gridDim.x - 1) / (int)gridDim.x; // slices of this block
     const int total        = 3 * mine;
@@ -342,35 +359,9 @@ template <int XC> __device__ __forceinline__ void mlp_tma2_body(const MlpArgs& a
 #pragma unroll
         for (int i = 0; i < XC; ++i) {
             const int ch = gl + 16 * i;
-            if (ch < C)
-#pragma unroll
-                for (int q = 0; q < NQ; ++q) {
-                    const char* S  = (q & 1) ? U : G;
-                    const int row  = 2 * g + (q >> 1);
-                    const uint4 pk = *(const uint4*)(S + (long)row * (H / 2) + ch * 16);
-                    const int bl   = row * (H / 64) + (ch >> 1);
-                    const u32 raw  = dq ? (u32)((const u8*)(S + 16 * H))[bl] : ((const u32*)(S + 16 * H))[bl];
-                    const GemvMat& m   = (q & 1) ? a.gu.m[1] : a.gu.m[0];
-                    const long b       = (long)j * (MLP_S * H / 64) + bl;
-                    const u32 words[4] = {pk.x, pk.y, pk.z, pk.w};
-                    acc[q] += nf4_chunk_dot<true>(words, xr[i], tb, lane_off) *
-                              nf4_absmax_value(raw, m.absmax2, m.offset, m.code2, b);
-                }
+            if (ch < C) mt_gate_up_chunk<NQ>(a, G, U, j, 2 * g, ch, xr[i], tb, lane_off, acc);
         }
-#pragma unroll
-        for (int q = 0; q < NQ; ++q)
-#pragma unroll
-            for (int o = 8; o > 0; o >>= 1)
-                acc[q] += __shfl_xor_sync(0xffffffffu, acc[q], o);
-        if (gl == 0) {
-#pragma unroll
-            for (int r = 0; r < 2; ++r) {
-                const int o      = j * MLP_S + 2 * g + r;
-                const float gv   = acc[2 * r] + (a.gu.m[0].bias ? a.gu.m[0].bias[o] : 0.0f);
-                const float uv   = acc[2 * r + 1] + (a.gu.m[1].bias ? a.gu.m[1].bias[o] : 0.0f);
-                s_act[2 * g + r] = gelu_tanh(gv) * uv;
-            }
-        }
+        mt_act<2>(a, j, g, gl, acc, s_act);
         __syncthreads(); // act ready; G, U read by every thread
         if (threadIdx.x == 0) {
             asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
@@ -387,14 +378,7 @@ template <int XC> __device__ __forceinline__ void mlp_tma2_body(const MlpArgs& a
         for (int m = 0; m < XC; ++m) {
             const int r = 2 * c + 2 * CT * m;
             if (r >= H) break;
-            const uint4 p0 = *(const uint4*)(D + (long)r * 16), p1 = *(const uint4*)(D + (long)(r + 1) * 16);
-            const u32 raw0  = dq ? (u32)((const u8*)(D + 16 * H))[r] : ((const u32*)(D + 16 * H))[r];
-            const u32 raw1  = dq ? (u32)((const u8*)(D + 16 * H))[r + 1] : ((const u32*)(D + 16 * H))[r + 1];
-            const u32 w0[4] = {p0.x, p0.y, p0.z, p0.w}, w1[4] = {p1.x, p1.y, p1.z, p1.w};
-            dacc[m][0] +=
-                nf4_chunk_dot<true>(w0, av, tb, lane_off) * a.dn.scale(raw0, (long)r * (I / 64) + c64);
-            dacc[m][1] +=
-                nf4_chunk_dot<true>(w1, av, tb, lane_off) * a.dn.scale(raw1, (long)(r + 1) * (I / 64) + c64);
+            mt_down_pair(a, D, r, c64, av, tb, lane_off, dacc[m][0], dacc[m][1]);
         }
         __syncthreads(); // D read by every thread; s_act free
         if (threadIdx.x == 0) {
@@ -435,14 +419,7 @@ struct Nf4 {
         af; // G4_LAB_F32: the block scales dequantized (f32 absmax, as g4 compile makes by default)
     GemvMat dev{};
 };
-static float g_off      = 0.01f;
 static const bool g_f32 = std::getenv("G4_LAB_F32") != nullptr;
-static void* up(const void* h, size_t n) {
-    void* d;
-    CK(cudaMalloc(&d, n));
-    CK(cudaMemcpy(d, h, n, cudaMemcpyHostToDevice));
-    return d;
-}
 static Nf4 make_nf4(int n, int k, std::mt19937& rng, const float* code2_dev, const float* off_dev) {
     Nf4 m;
     size_t elems = (size_t)n * k, blocks = elems / 64;
@@ -468,21 +445,13 @@ static Nf4 make_nf4(int n, int k, std::mt19937& rng, const float* code2_dev, con
 }
 
 int main(int argc, char** argv) {
-    const int reps     = argc > 1 ? std::atoi(argv[1]) : 15;
-    const BenchGpu gpu = bench_gpu();
-    const int nsm      = gpu.prop.multiProcessorCount;
-    cudaStream_t st    = gpu.st;
-    std::vector<float> code2(256);
-    for (int i = 0; i < 256; ++i)
-        code2[i] = (i - 128) / 128.0f;
-    const float* code2_dev = (const float*)up(code2.data(), 1024);
-    const float* off_dev   = (const float*)up(&g_off, 4);
-    struct Shape {
-        const char* name;
-        int H, I;
-    };
-    const Shape shapes[] = {
-        {"e2b mlp", 1536, 6144}, {"e2b mlp (wide)", 1536, 12288}, {"e4b mlp", 2560, 10240}};
+    const int reps         = argc > 1 ? std::atoi(argv[1]) : 15;
+    const BenchGpu gpu     = bench_gpu();
+    const int nsm          = gpu.prop.multiProcessorCount;
+    cudaStream_t st        = gpu.st;
+    const DqTables dq      = dq_tables();
+    const float* code2_dev = dq.code2;
+    const float* off_dev   = dq.offset;
     std::mt19937 rng(7);
     if (g_f32)
         std::printf("G4_LAB_F32: block scales as f32 absmax (g4 compile's default), not double quant\n");
@@ -505,8 +474,8 @@ int main(int argc, char** argv) {
     CK(cudaFuncSetAttribute((const void*)g4_mlp_tma2<5>, cudaFuncAttributeMaxDynamicSharedMemorySize, smax));
     const char* prof =
         std::getenv("G4_LAB_PROFILE"); // shape index: each variant launched once, no timing (for ncu)
-    for (const Shape& sh : shapes) {
-        if (prof && &sh - shapes != std::atoi(prof)) continue;
+    for (const MlpShape& sh : kMlpShapes) {
+        if (prof && &sh - kMlpShapes != std::atoi(prof)) continue;
         const int H = sh.H, I = sh.I, nslices = I / MLP_S;
         const size_t mlp_bytes = (size_t)3 * H * I / 2 + (size_t)3 * H * I / 64;
         const int copies       = (int)std::max<size_t>(2, (size_t)(384u << 20) / mlp_bytes + 1);

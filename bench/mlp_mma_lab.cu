@@ -23,7 +23,8 @@
 // against 13.83, but b256's 11.39). The pair-table lookup a byte stays; the mmas replace only the FFMAs.
 // Graph modes as bench/mlp_tma_lab.cu: MLPs back to back; with a one-block ResNorm stand-in between them;
 // back to back on one weight set (L2-resident). G4_LAB_F32=1: block scales as f32 absmax (g4 compile's
-// default), else double quant. G4_LAB_PROFILE=<shape index>: each variant once, no timing (for ncu
+// default), else double quant. G4_LAB_BASE_ONLY=1: kernels.cu's kernels only (and their form before session 34). G4_LAB_SHAPES="H:I,...": other
+// shapes. G4_LAB_PROFILE=<shape index>: each variant once, no timing (for ncu
 // --kernel-name regex:g4_mlp). Build on a GPU machine (repo root):
 //   nvcc -O3 -std=c++17 -arch=sm_90 -I. -o build-dev/mlp_mma_lab bench/mlp_mma_lab.cu &&
 //   build-dev/mlp_mma_lab [reps]
@@ -292,6 +293,15 @@ __global__ void __launch_bounds__(128 * KS, KS == 1 ? 3 : 2) g4_mlp_mma(const Ml
     mlp_mma_body<LO, DQ, D, D2, KS, NA>(a, (char*)mm_smem);
 }
 
+// kernels.cu's fused MLP as it was before session 34: one kernel for either scale format (decided per block
+// at run time, both paths in the loops) and a global-memory path for x in the gate/up loop.
+template <int B> __global__ void __launch_bounds__(B, B == 128 ? 3 : 2) g4_mlp_any(const MlpArgs a) {
+#ifdef __CUDA_ARCH__ // mlp_body exists in sm_90 device code only
+    extern __shared__ float4 mlp_wide[];
+    mlp_body<B, NF4_SCALES_ANY, false>(a, mlp_wide);
+#endif
+}
+
 int main(int argc, char** argv) {
     const int reps     = argc > 1 ? std::atoi(argv[1]) : 15;
     const BenchGpu gpu = bench_gpu();
@@ -309,9 +319,11 @@ int main(int argc, char** argv) {
 #define MMA_FN(LO, D, D2, KS, NA)                                                                            \
     (dqs ? (const void*)g4_mlp_mma<LO, true, D, D2, KS, NA>                                                  \
          : (const void*)g4_mlp_mma<LO, false, D, D2, KS, NA>)
-    const std::vector<V> vs = {
-        {"g4_mlp_nf4 (128 thr)", (const void*)g4_mlp_nf4, 128},
-        {"g4_mlp_nf4_b256", (const void*)g4_mlp_nf4_b256, 256},
+    std::vector<V> vs = {
+        {"g4_mlp_nf4 (128 thr)", mlp_kernel(128), 128},
+        {"g4_mlp_nf4_b256", mlp_kernel(256), 256},
+        {"  before session 34 (128 thr)", (const void*)g4_mlp_any<128>, 128},
+        {"  before session 34 (b256)", (const void*)g4_mlp_any<256>, 256},
         {"mma hi+lo D4 D2 4", MMA_FN(true, 4, 4, 1, 1), 128},
         {"mma hi+lo D4 D2 4 NA2", MMA_FN(true, 4, 4, 1, 2), 128},
         {"mma hi+lo KS2 D4 D2 2", MMA_FN(true, 4, 2, 2, 1), 256},
@@ -320,12 +332,33 @@ int main(int argc, char** argv) {
         {"mma f16 codes D4 D2 4 NA2", MMA_FN(false, 4, 4, 1, 2), 128},
         {"mma f16 codes KS2 D4 D2 2", MMA_FN(false, 4, 2, 2, 1), 256},
     };
+    if (std::getenv("G4_LAB_BASE_ONLY")) vs.resize(4); // kernels.cu's kernels only (and their earlier form)
     for (const V& v : vs)
         CK(cudaFuncSetAttribute(v.fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 g4::cuda_rt::gemv_smem(true, 90, 2560)));
     const char* prof = std::getenv("G4_LAB_PROFILE"); // shape index: each variant once, no timing (ncu)
-    for (const MlpShape& sh : kMlpShapes) {
-        if (prof && &sh - kMlpShapes != std::atoi(prof)) continue;
+    // G4_LAB_SHAPES="H:I,H:I,...": these shapes instead of the real ones (e.g. I a multiple of the SMs' block
+    // slots, to see what the real grids' uneven blocks an SM cost).
+    std::vector<MlpShape> shapes(std::begin(kMlpShapes), std::end(kMlpShapes));
+    std::vector<std::string> names;
+    if (const char* e = std::getenv("G4_LAB_SHAPES")) {
+        shapes.clear();
+        for (const char* p = e; *p;) {
+            int h = 0, i = 0, n = 0;
+            if (std::sscanf(p, "%d:%d%n", &h, &i, &n) != 2 || h % 512 || i % 64) {
+                std::fprintf(stderr, "G4_LAB_SHAPES: want H:I pairs, H %% 512 == 0, I %% 64 == 0, at '%s'\n", p);
+                return 2;
+            }
+            names.push_back("H " + std::to_string(h) + " I " + std::to_string(i));
+            shapes.push_back({nullptr, h, i});
+            p += n;
+            if (*p == ',') ++p;
+        }
+        for (size_t k = 0; k < shapes.size(); ++k)
+            shapes[k].name = names[k].c_str();
+    }
+    for (const MlpShape& sh : shapes) {
+        if (prof && &sh - shapes.data() != std::atoi(prof)) continue;
         const int H = sh.H, I = sh.I, nslices = I / MLP_S;
         const size_t mlp_bytes = (size_t)3 * H * I / 2 + (size_t)3 * H * I / 64;
         const int copies       = (int)std::max<size_t>(2, (size_t)(384u << 20) / mlp_bytes + 1);

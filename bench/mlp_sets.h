@@ -78,3 +78,8 @@ static MlpSet make_mlp_set(int H, int I, std::mt19937& rng, const float* code2_d
     s.tabs = g_f32 ? (const u8*)up(tf.data(), tf.size() * 4) : (const u8*)up(ta.data(), ta.size());
     return s;
 }
+// kernels.cu's fused MLP for the sets' scale format (G4_LAB_F32: f32, else double quant), 128 or 256 threads.
+static const void* mlp_kernel(int threads) {
+    if (g_f32) return threads == 128 ? (const void*)g4_mlp_nf4 : (const void*)g4_mlp_nf4_b256;
+    return threads == 128 ? (const void*)g4_mlp_nf4_dq : (const void*)g4_mlp_nf4_b256_dq;
+}

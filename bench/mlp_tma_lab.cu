@@ -413,9 +413,9 @@ int main(int argc, char** argv) {
         std::printf("G4_LAB_F32: block scales as f32 absmax (g4 compile's default), not double quant\n");
     if (std::getenv("G4_LAB_PROFILE"))
         std::printf("profile mode: shape %s, each variant once\n", std::getenv("G4_LAB_PROFILE"));
-    CK(cudaFuncSetAttribute((const void*)g4_mlp_nf4, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    CK(cudaFuncSetAttribute(mlp_kernel(128), cudaFuncAttributeMaxDynamicSharedMemorySize,
                             g4::cuda_rt::gemv_smem(true, 90, 2560)));
-    CK(cudaFuncSetAttribute((const void*)g4_mlp_nf4_b256, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    CK(cudaFuncSetAttribute(mlp_kernel(256), cudaFuncAttributeMaxDynamicSharedMemorySize,
                             g4::cuda_rt::gemv_smem(true, 90, 2560)));
     const int smax           = (int)gpu.prop.sharedMemPerBlockOptin - 1024;
     const void* tma_fn[4][2] = {
@@ -484,10 +484,10 @@ int main(int argc, char** argv) {
             MlpArgs a  = args(s);
             void* pa[] = {&a};
             if (v.kind == 0)
-                launch_pdl((const void*)g4_mlp_nf4, nslices, 128, g4::cuda_rt::gemv_smem(true, 90, H), st,
+                launch_pdl(mlp_kernel(128), nslices, 128, g4::cuda_rt::gemv_smem(true, 90, H), st,
                            pa);
             else if (v.kind == 1)
-                launch_pdl((const void*)g4_mlp_nf4_b256, nslices, 256, g4::cuda_rt::gemv_smem(true, 90, H),
+                launch_pdl(mlp_kernel(256), nslices, 256, g4::cuda_rt::gemv_smem(true, 90, H),
                            st, pa);
             else if (v.kind == 3)
                 launch_pdl(H / 512 == 3 ? (const void*)g4_mlp_tma2<3> : (const void*)g4_mlp_tma2<5>, v.grid,

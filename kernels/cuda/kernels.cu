@@ -253,6 +253,24 @@ __device__ __forceinline__ float nf4_absmax(const void* absmax, const float* abs
                                             long b) {
     return nf4_absmax_value(nf4_absmax_raw(absmax, absmax2, b), absmax2, offset, code2, b);
 }
+// The same two steps for a kernel specialised for one scale format (SM): NF4_SCALES_ANY decides by absmax2
+// at run time (both paths in the machine code, one predicated off), NF4_SCALES_F32 / NF4_SCALES_DQ take
+// the f32 table / the double quant only. A GEMV loop issues the predicated-off path too, so the decode MLP
+// has a kernel for each format (g4_mlp_nf4[_b256] f32, _dq double quant).
+#define NF4_SCALES_ANY 0
+#define NF4_SCALES_F32 1
+#define NF4_SCALES_DQ 2
+template <int SM> __device__ __forceinline__ u32 nf4_raw(const void* absmax, const float* absmax2, long b) {
+    if (SM == NF4_SCALES_F32) return __float_as_uint(((const float*)absmax)[b]);
+    if (SM == NF4_SCALES_DQ) return (u32)((const u8*)absmax)[b];
+    return nf4_absmax_raw(absmax, absmax2, b);
+}
+template <int SM>
+__device__ __forceinline__ float nf4_value(u32 raw, const float* absmax2, const float* offset, const float* code2, long b) {
+    if (SM == NF4_SCALES_F32) return __uint_as_float(raw);
+    if (SM == NF4_SCALES_DQ) return __fadd_rn(__fmul_rn(code2[raw], absmax2[b >> 8]), *offset);
+    return nf4_absmax_value(raw, absmax2, offset, code2, b);
+}
 
 // NF4 weights (kernels/nf4.h blob, pointers to its parts). Elements of row n start at n*K; blocks of
 // 64 over the flattened array. Fast path when K % 64 == 0: each lane takes 16 elements (8 bytes)
@@ -1319,8 +1337,10 @@ template <bool W> __device__ __forceinline__ int xs_slot(int c, int v) {
     return W ? (c < 256 ? c * 16 + 8 : c * 8 + 2048) + (v ^ (c & 7)) : c * 9 + v;
 }
 // G: weight rows per lane group; B: threads a block (the kernels launch 128; bench/gemv_bench.cu's lab
-// variants also take other values of both).
-template <bool kIsNf4, int L, int M, int G = GV_OUT, bool XS = false, int B = 128, bool W = false>
+// variants also take other values of both). SM: the NF4 scale format (NF4_SCALES_*); XA: every chunk of x
+// is staged (K <= 32 GV_XS_EXT_CHUNKS with the wide table), so the loop has no global-memory path for x.
+template <bool kIsNf4, int L, int M, int G = GV_OUT, bool XS = false, int B = 128, bool W = false, int SM = NF4_SCALES_ANY,
+          bool XA = false>
 __device__ __forceinline__ void gemv_body(const GemvArgs& a, float2* tab, float4* xs = nullptr, int vblock = -1) {
     G4_TRACE_SCOPE(1u | (kIsNf4 ? 16u : 0u) | (u32)M << 5 | (u32)L << 8 | (u32)a.epi << 16 | (u32)a.nmat << 20, a.m[0].w);
     constexpr int R  = G / M;          // outputs per lane group
@@ -1362,8 +1382,8 @@ __device__ __forceinline__ void gemv_body(const GemvArgs& a, float2* tab, float4
     const int C       = K / PER;
     const u32 lane_off = (threadIdx.x & 15) * 8;
     // NF4 block scale of chunk c of row q, in two steps (the load is issued with the codes).
-    auto raw_scale = [&](int q, int c) { return nf4_absmax_raw(amp[q], am2p[q], (blk0[q] + c) >> 1); };
-    auto scale_of  = [&](int q, int c, u32 raw) { return nf4_absmax_value(raw, am2p[q], offp[q], c2p[q], (blk0[q] + c) >> 1); };
+    auto raw_scale = [&](int q, int c) { return nf4_raw<SM>(amp[q], am2p[q], (blk0[q] + c) >> 1); };
+    auto scale_of  = [&](int q, int c, u32 raw) { return nf4_value<SM>(raw, am2p[q], offp[q], c2p[q], (blk0[q] + c) >> 1); };
     // acc[q] += row q's chunk c (codes pk[q]) . x[c * PER ...].
     auto accumulate = [&](int c, const uint4* pk, const u32* raw, float* acc) {
         float scale[G];
@@ -1373,7 +1393,7 @@ __device__ __forceinline__ void gemv_body(const GemvArgs& a, float2* tab, float4
         float xv[PER];
 #pragma unroll
         for (int v = 0; v < PER / 4; ++v) {
-            float4 t = XS && (!W || c < GV_XS_EXT_CHUNKS) ? xs[xs_slot<W>(c, v)] : ((const float4*)(a.x + (long)c * PER))[v];
+            float4 t = XS && (XA || !W || c < GV_XS_EXT_CHUNKS) ? xs[xs_slot<W>(c, v)] : ((const float4*)(a.x + (long)c * PER))[v];
             xv[4 * v] = t.x, xv[4 * v + 1] = t.y, xv[4 * v + 2] = t.z, xv[4 * v + 3] = t.w;
         }
 #pragma unroll
@@ -1561,9 +1581,9 @@ struct Nf4Tiled {
     const float* absmax2;
     const float* offset;
     const float* code2;
-    // The raw block scales of rows r0 .. r0 + 3 in 64-column block c64.
-    __device__ __forceinline__ void raw4(int c64, int H, int r0, u32* raw) const {
-        if (absmax2) {
+    // The raw block scales of rows r0 .. r0 + 3 in 64-column block c64 (SM: the scale format, NF4_SCALES_*).
+    template <int SM = NF4_SCALES_ANY> __device__ __forceinline__ void raw4(int c64, int H, int r0, u32* raw) const {
+        if (SM == NF4_SCALES_DQ || (SM == NF4_SCALES_ANY && absmax2)) {
             const u32 r4 = __ldcs((const u32*)((const u8*)absmax + (long)c64 * H + r0));
 #pragma unroll
             for (int k = 0; k < 4; ++k) raw[k] = (r4 >> (8 * k)) & 0xffu;
@@ -1572,7 +1592,9 @@ struct Nf4Tiled {
             raw[0] = r4.x, raw[1] = r4.y, raw[2] = r4.z, raw[3] = r4.w;
         }
     }
-    __device__ __forceinline__ float scale(u32 raw, long b) const { return nf4_absmax_value(raw, absmax2, offset, code2, b); }
+    template <int SM = NF4_SCALES_ANY> __device__ __forceinline__ float scale(u32 raw, long b) const {
+        return nf4_value<SM>(raw, absmax2, offset, code2, b);
+    }
 };
 
 // ---- The decode MLP in one kernel (sm_90): gate/up pairs, GeluMul and the down projection. Block j
@@ -1604,13 +1626,16 @@ __device__ __forceinline__ void red_add_v4(float* p, float4 v) {
 #endif
 }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-// B threads a block: 128 (three blocks an SM) or 256 (two), the gate/up at 2 B / 32 lanes a group.
-template <int B> __device__ __forceinline__ void mlp_body(const MlpArgs& a, float4* mlp_wide) {
+// B threads a block: 128 (three blocks an SM) or 256 (two), the gate/up at 2 B / 32 lanes a group; SM the
+// scale format of all three matrices (NF4_SCALES_F32 or _DQ; the runtime picks the kernel by the plan's). XA
+// false: the gate/up loop keeps a global-memory path for x (bench/mlp_mma_lab.cu's copy of the kernels before
+// session 34, with SM NF4_SCALES_ANY).
+template <int B, int SM, bool XA = true> __device__ __forceinline__ void mlp_body(const MlpArgs& a, float4* mlp_wide) {
     __shared__ float s_act[MLP_S];
     const int j = blockIdx.x, H = a.H, I = a.I;
     GemvArgs g = a.gu;
     g.out      = s_act - j * MLP_S;   // gemv_body stores output o at out[o]: this block's 32
-    gemv_body<true, 2 * B / MLP_S, 2, GV_OUT, true, B, true>(g, (float2*)mlp_wide, mlp_wide);
+    gemv_body<true, 2 * B / MLP_S, 2, GV_OUT, true, B, true, SM, XA>(g, (float2*)mlp_wide, mlp_wide);
     __syncthreads();
     float av[MLP_S];
 #pragma unroll
@@ -1624,7 +1649,7 @@ template <int B> __device__ __forceinline__ void mlp_body(const MlpArgs& a, floa
         u32 raw[4];
 #pragma unroll
         for (int k = 0; k < 4; ++k) pk[k] = __ldcs((const uint4*)(tile + (long)(r0 + k) * (MLP_S / 2)));
-        a.dn.raw4(c64, H, r0, raw);
+        a.dn.raw4<SM>(c64, H, r0, raw);
         float out[4];
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
@@ -1644,23 +1669,25 @@ template <int B> __device__ __forceinline__ void mlp_body(const MlpArgs& a, floa
                 s0 = fmaf(p3.x, xw[6], s0), s1 = fmaf(p3.y, xw[7], s1);
             }
             const long b = (long)(r0 + k) * (I / 64) + c64;   // the row-major block (absmax2's index)
-            out[k]       = (s0 + s1) * a.dn.scale(raw[k], b);
+            out[k]       = (s0 + s1) * a.dn.scale<SM>(raw[k], b);
             if (a.bias && j == 0) out[k] += a.bias[r0 + k];
         }
         red_add_v4(a.y + r0, make_float4(out[0], out[1], out[2], out[3]));
     }
 }
-#define G4_MLP(NAME, B)                                                                        \
+#define G4_MLP(NAME, B, SM)                                                                    \
     extern "C" __global__ void __launch_bounds__(B, B == 128 ? 3 : 2) NAME(const MlpArgs a) { \
         extern __shared__ float4 mlp_wide[];                                                   \
-        mlp_body<B>(a, mlp_wide);                                                              \
+        mlp_body<B, SM>(a, mlp_wide);                                                          \
     }
 #else
-#define G4_MLP(NAME, B) \
+#define G4_MLP(NAME, B, SM) \
     extern "C" __global__ void NAME(const MlpArgs a) { __trap(); }   // scheduled on sm_90 plans only
 #endif
-G4_MLP(g4_mlp_nf4, 128)
-G4_MLP(g4_mlp_nf4_b256, 256)
+G4_MLP(g4_mlp_nf4, 128, NF4_SCALES_F32)
+G4_MLP(g4_mlp_nf4_b256, 256, NF4_SCALES_F32)
+G4_MLP(g4_mlp_nf4_dq, 128, NF4_SCALES_DQ)
+G4_MLP(g4_mlp_nf4_b256_dq, 256, NF4_SCALES_DQ)
 
 // ---- the decode attention's merge and the o projection in one kernel (sm_90; schedule record AttnO) ----
 // Block j takes columns 32j .. 32j + 31 of the attention output (one head's: dim % 32 == 0): it merges them

@@ -290,7 +290,7 @@ INSTANTIATE_TEST_SUITE_P(
                       GemvCase{"lanes32_bf16_aux", BF, {333}, 1536, 2, 32, false, true}),
     [](const ::testing::TestParamInfo<GemvCase>& i) { return std::string(i.param.name); });
 
-// ---- the decode MLP in one kernel (g4_mlp_nf4, sm_90): gate/up pairs, GeluMul and the down projection
+// ---- the decode MLP in one kernel (g4_mlp_nf4[_b256][_dq], sm_90): gate/up pairs, GeluMul and the down projection
 // (its weight tiled, kQuantTiled32) adding into a zeroed y, against the unfused reference.
 struct MlpCase {
     const char* name;
@@ -321,8 +321,9 @@ TEST_P(Mlp, MatchesUnfusedReference) {
     a.codes = t + l.codes_off, a.absmax = t + l.absmax_off;
     if (c.dq) a.absmax2 = t + l.absmax2_off, a.offset = t + l.offset_off, a.code2 = t + l.code2_off;
     a.bias = c.bias ? dev.up(bd) : 0, a.y = y, a.H = (int)c.H, a.I = (int)c.I;
-    for (int threads : {128, 256}) {   // g4_mlp_nf4, g4_mlp_nf4_b256 (cuda::mlp_threads picks one per I)
-        const char* name = threads == 128 ? "g4_mlp_nf4" : "g4_mlp_nf4_b256";
+    for (int threads : {128, 256}) {   // g4_mlp_nf4, g4_mlp_nf4_b256 (cuda::mlp_threads picks one per I); _dq: double quant
+        const std::string kn = std::string(threads == 128 ? "g4_mlp_nf4" : "g4_mlp_nf4_b256") + (c.dq ? "_dq" : "");
+        const char* name = kn.c_str();
         cu::CUfunction f = nullptr;
         ASSERT_EQ(gpu().d->cuModuleGetFunction(&f, gpu().mod, name), 0);
         ASSERT_EQ(gpu().d->cuFuncSetAttribute(f, cu::kFuncAttrMaxDynamicSmem, (int)cuda_rt::kGemvSmemMax), 0);

@@ -155,6 +155,10 @@ g4_status open_gpu(const plan::Plan& p, EngineState* st, Gpu& g, const plan::Pro
         {&k.ple[0], "g4_ple_bf16_g1"}, {&k.ple[1], "g4_ple_bf16_g2"}, {&k.ple[2], "g4_ple_bf16_g3"}, {&k.ple[3], "g4_ple_bf16_g4"},
         {&k.topk_round, "g4_topk_round"}, {&k.softmax_partial, "g4_softmax_partial"}};
     for (auto& f : fns) CU_TRY(d->cuModuleGetFunction(f.f, g.mod, f.n), std::string("kernel ") + f.n);
+    // The decode MLP for double-quant scales: plans compiled before session 34 have one MLP kernel a block size
+    // for both formats.
+    if (d->cuModuleGetFunction(&k.mlp[2], g.mod, "g4_mlp_nf4_dq") != 0 || d->cuModuleGetFunction(&k.mlp[3], g.mod, "g4_mlp_nf4_b256_dq") != 0)
+        k.mlp[2] = k.mlp[0], k.mlp[3] = k.mlp[1];
     // LM-head screening: kernels of plans compiled since session 25 (without them, no screening).
     if (d->cuModuleGetFunction(&k.lm_build, g.mod, "g4_lm_screen_build") != 0 || d->cuModuleGetFunction(&k.lm_screen, g.mod, "g4_lm_screen") != 0)
         k.lm_build = k.lm_screen = nullptr;
@@ -1001,7 +1005,10 @@ g4_status launch_fused(g4_session* s, const CudaLaunch& l, std::string* err) {
         a.bias = addr(st, p, dn.in[2], dn.in_col[2]);
         a.y    = addr(st, p, dn.out[0], dn.out_col[0]);
         a.H = (int)w.dims[0], a.I = (int)w.dims[1];
-        r = go(K.mlp[l.ip[5] == 256], (unsigned)(a.I / 32), (unsigned)l.ip[5], {&a}, gemv_smem(true, st->cur->g->sm, a.H));
+        // The compiler fuses only gate, up and down of one scale format (cuda_schedule.cpp mlp): the down's picks
+        // the kernel.
+        r = go(K.mlp[(l.ip[5] == 256 ? 1 : 0) + (q.absmax2 ? 2 : 0)], (unsigned)(a.I / 32), (unsigned)l.ip[5], {&a},
+               gemv_smem(true, st->cur->g->sm, a.H));
         break;
     }
     case LaunchKind::AttnO: {

@@ -25,7 +25,10 @@ struct Kernels {
     CUfunction resnorm, qkv_post, attn_decode, attn_decode_bf16, attn_decode_post, attn_decode_post_bf16, nf4_to_bf16, f32_to_bf16, add_bias;
     CUfunction attn_o[4];   // g4_attn_o_nf4_g1..4 (sm_90 plans only): the decode merge + o projection
     CUfunction ple[4];      // g4_ple_bf16_g1..4 (sm_90 plans only): the per-layer-input gate + projection
-    CUfunction mlp[2], nf4_untile32;   // g4_mlp_nf4[_b256] (sm_90 plans only; 128 / 256 threads), its weights' prefill
+    // g4_mlp_nf4[_b256] with f32 block scales, then g4_mlp_nf4[_b256]_dq with double quant (sm_90 plans only;
+    // 128 / 256 threads; plans compiled before session 34 have no _dq kernels: their g4_mlp_nf4[_b256] read
+    // either format and take both slots); nf4_untile32: the MLP's down weight for prefill
+    CUfunction mlp[4], nf4_untile32;
     CUfunction copy_f32, penalize, topk_round, softmax_partial;   // GPU sampling
     // LM-head screening (plans whose module has them; null otherwise): g4_lm_screen_build, g4_lm_screen,
     // g4_lm_exact_l{8..128}.

@@ -1609,7 +1609,9 @@ struct Nf4Tiled {
 // E4B 28.5 -> 25.5 against the gate/up + down GEMVs in a graph.
 // grid I / 32, block 128 (g4_mlp_nf4) or 256 (g4_mlp_nf4_b256: the gate/up at 16 lanes, two blocks an SM;
 // bench/mlp_lab.cu: E2B 12.7 -> 11.0 us, but slower at 384 and 320 blocks), dynamic shared memory
-// cuda_rt::gemv_smem(true, 90, H). H % 4 == 0, I % 64 == 0.
+// cuda_rt::gemv_smem(true, 90, H). H % 4 == 0, I % 64 == 0. One kernel a scale format (_dq: double quant), so
+// the loops carry no predicated-off path for the other (bench/README session 34: 9-11% a kernel, E2B +3.3%,
+// E4B +4.5% decode on an H100).
 struct MlpArgs {
     GemvArgs gu;            // gate (m[0]) and up (m[1]), x, k = H, epi 1
     Nf4Tiled dn;            // down, tiled [H, I]

@@ -23,8 +23,9 @@
 // against 13.83, but b256's 11.39). The pair-table lookup a byte stays; the mmas replace only the FFMAs.
 // Graph modes as bench/mlp_tma_lab.cu: MLPs back to back; with a one-block ResNorm stand-in between them;
 // back to back on one weight set (L2-resident). G4_LAB_F32=1: block scales as f32 absmax (g4 compile's
-// default), else double quant. G4_LAB_BASE_ONLY=1: kernels.cu's kernels only (and their form before session 34). G4_LAB_SHAPES="H:I,...": other
-// shapes. G4_LAB_PROFILE=<shape index>: each variant once, no timing (for ncu
+// default), else double quant. G4_LAB_BASE_ONLY=1: kernels.cu's kernels only (and their form before session
+// 34). G4_LAB_SHAPES="H:I,...": other shapes. G4_LAB_PROFILE=<shape index>: each variant once, no timing (for
+// ncu
 // --kernel-name regex:g4_mlp). Build on a GPU machine (repo root):
 //   nvcc -O3 -std=c++17 -arch=sm_90 -I. -o build-dev/mlp_mma_lab bench/mlp_mma_lab.cu &&
 //   build-dev/mlp_mma_lab [reps]
@@ -297,8 +298,8 @@ __global__ void __launch_bounds__(128 * KS, KS == 1 ? 3 : 2) g4_mlp_mma(const Ml
 // at run time, both paths in the loops) and a global-memory path for x in the gate/up loop.
 template <int B> __global__ void __launch_bounds__(B, B == 128 ? 3 : 2) g4_mlp_any(const MlpArgs a) {
 #ifdef __CUDA_ARCH__ // mlp_body exists in sm_90 device code only
-    extern __shared__ float4 mlp_wide[];
-    mlp_body<B, NF4_SCALES_ANY, false>(a, mlp_wide);
+    extern __shared__ float4 any_wide[];
+    mlp_body<B, NF4_SCALES_ANY, false>(a, any_wide);
 #endif
 }
 
@@ -346,7 +347,8 @@ int main(int argc, char** argv) {
         for (const char* p = e; *p;) {
             int h = 0, i = 0, n = 0;
             if (std::sscanf(p, "%d:%d%n", &h, &i, &n) != 2 || h % 512 || i % 64) {
-                std::fprintf(stderr, "G4_LAB_SHAPES: want H:I pairs, H %% 512 == 0, I %% 64 == 0, at '%s'\n", p);
+                std::fprintf(stderr, "G4_LAB_SHAPES: want H:I pairs, H %% 512 == 0, I %% 64 == 0, at '%s'\n",
+                             p);
                 return 2;
             }
             names.push_back("H " + std::to_string(h) + " I " + std::to_string(i));
@@ -360,94 +362,26 @@ int main(int argc, char** argv) {
     for (const MlpShape& sh : shapes) {
         if (prof && &sh - shapes.data() != std::atoi(prof)) continue;
         const int H = sh.H, I = sh.I, nslices = I / MLP_S;
-        const size_t mlp_bytes = (size_t)3 * H * I / 2 + (size_t)3 * H * I / 64;
-        const int copies       = (int)std::max<size_t>(2, (size_t)(384u << 20) / mlp_bytes + 1);
-        std::vector<MlpSet> sets(copies);
-        for (auto& s : sets)
-            s = make_mlp_set(H, I, rng, dq.code2, dq.offset);
-        float *x, *y, *xo;
-        CK(cudaMalloc(&x, H * 4));
-        CK(cudaMalloc(&y, H * 4));
-        CK(cudaMalloc(&xo, H * 4));
-        std::vector<float> hx(H);
-        for (auto& v : hx)
-            v = (float)(rng() % 1000) / 1000.0f - 0.5f;
-        CK(cudaMemcpy(x, hx.data(), H * 4, cudaMemcpyHostToDevice));
-        auto enqueue = [&](const V& v, const MlpSet& s, bool rn) {
-            MlpArgs a{};
-            a.gu.m[0] = s.gate.dev, a.gu.m[1] = s.up.dev;
-            a.gu.x = x, a.gu.nmat = 2, a.gu.k = H, a.gu.epi = 1;
-            a.dn   = Nf4Tiled{s.tcodes, s.tabs, s.down.dev.absmax2, s.down.dev.offset, s.down.dev.code2};
-            a.bias = nullptr, a.y = y, a.H = H, a.I = I;
+        const MlpLab L(H, I, rng, dq.code2, dq.offset);
+        const std::vector<MlpSet>& sets = L.sets;
+        float *y = L.y, *xo = L.xo;
+        const size_t mlp_bytes = L.mlp_bytes;
+        const int copies       = L.copies;
+        auto enqueue           = [&](const V& v, const MlpSet& s, bool rn) {
+            MlpArgs a  = L.args(s);
             void* pa[] = {&a};
             launch_pdl(v.fn, nslices, v.block, g4::cuda_rt::gemv_smem(true, 90, H), st, pa);
-            if (rn) {
-                int h      = H;
-                void* pr[] = {&y, &xo, &h};
-                launch_pdl((const void*)fake_resnorm, 1, 512, 0, st, pr);
-            }
+            if (rn) launch_stand_in(st, y, xo, H);
         };
-        auto result = [&](const V& v) {
-            CK(cudaMemset(y, 0, H * 4));
-            enqueue(v, sets[0], false);
-            CK(cudaStreamSynchronize(st));
-            CK(cudaGetLastError());
-            std::vector<float> h(H);
-            CK(cudaMemcpy(h.data(), y, H * 4, cudaMemcpyDeviceToHost));
-            return h;
-        };
-        const std::vector<float> ref = result(vs[0]);
-        if (prof) {
-            for (const V& v : vs)
-                result(v);
-            continue;
-        }
+        auto result = [&](const V& v) { return mlp_result(st, y, H, [&] { enqueue(v, sets[0], false); }); };
+        const std::vector<double> err = mlp_errors(vs, result); // G4_LAB_PROFILE: these runs only
+        if (prof) continue;
         std::printf("%s: H %d I %d, %.1f MB a set, %d sets\n", sh.name, H, I, mlp_bytes / 1e6, copies);
-        std::vector<double> err(vs.size());
-        for (size_t vi = 0; vi < vs.size(); ++vi) {
-            const std::vector<float> got = result(vs[vi]);
-            double dmax = 0, rmax = 0;
-            for (int i = 0; i < H; ++i)
-                dmax = std::max(dmax, (double)std::fabs(got[i] - ref[i])),
-                rmax = std::max(rmax, (double)std::fabs(ref[i]));
-            err[vi] = dmax / rmax;
-        }
-        for (int rn = 0; rn < 3; ++rn) { // 2: back to back, one weight set (L2-resident)
-            const int nsets = rn == 2 ? 1 : copies;
-            std::vector<std::vector<float>> t(vs.size());
-            std::vector<cudaGraphExec_t> ex(vs.size());
-            for (size_t vi = 0; vi < vs.size(); ++vi) {
-                cudaGraph_t gr;
-                CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-                for (int rep = 0; rep < 2; ++rep)
-                    for (int si = 0; si < copies; ++si)
-                        enqueue(vs[vi], sets[si % nsets], rn == 1);
-                CK(cudaStreamEndCapture(st, &gr));
-                CK(cudaGraphInstantiate(&ex[vi], gr, 0));
-                CK(cudaGraphDestroy(gr));
-            }
-            for (int r = 0; r < reps + 2; ++r)
-                for (size_t vi = 0; vi < vs.size(); ++vi) {
-                    CK(cudaEventRecord(gpu.e0, st));
-                    CK(cudaGraphLaunch(ex[vi], st));
-                    CK(cudaEventRecord(gpu.e1, st));
-                    CK(cudaEventSynchronize(gpu.e1));
-                    float ms;
-                    CK(cudaEventElapsedTime(&ms, gpu.e0, gpu.e1));
-                    if (r >= 2) t[vi].push_back(ms * 1e3f / (2 * copies));
-                }
-            std::printf("  %s\n", rn == 1   ? "MLP + one-block ResNorm stand-in, us a pair"
-                                  : rn == 2 ? "MLPs back to back, one weight set (L2), us an MLP"
-                                            : "MLPs back to back, us an MLP");
-            const float base = median(t[0]);
-            for (size_t vi = 0; vi < vs.size(); ++vi) {
-                const float us = median(t[vi]);
-                std::printf("    %-28s %8.2f us  %+6.1f%%  %6.2f TB/s  err %.1e\n", vs[vi].name.c_str(), us,
-                            100.0f * (base / us - 1.0f), mlp_bytes / (us * 1e-6) / 1e12, err[vi]);
-            }
-            for (auto e : ex)
-                cudaGraphExecDestroy(e);
-        }
+        std::vector<std::string> vnames;
+        for (const V& v : vs)
+            vnames.push_back(v.name);
+        mlp_time_modes(gpu, reps, copies, mlp_bytes, vnames, err, sets,
+                       [&](size_t vi, const MlpSet& set, bool rn) { enqueue(vs[vi], set, rn); });
     }
     return 0;
 }

@@ -3,9 +3,13 @@
 // quant or (G4_LAB_F32=1, g4 compile's default) f32; and a one-block ResNorm stand-in to launch between
 // MLPs. Include after kernels/cuda/kernels.cu, bench_cuda.h and mlp_lab.h.
 #pragma once
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 // A one-block stand-in for the ResNorm between MLPs: reads y, reduces it, writes xo, zeroes y.
@@ -52,6 +56,11 @@ static Nf4 make_nf4(int n, int k, std::mt19937& rng, const float* code2_dev, con
     return m;
 }
 
+// The stand-in after an MLP that writes y (H floats): reads y, writes xo, zeroes y.
+static void launch_stand_in(cudaStream_t st, float* y, float* xo, int H) {
+    void* pr[] = {&y, &xo, &H};
+    launch_pdl((const void*)fake_resnorm, 1, 512, 0, st, pr);
+}
 // One MLP's weights; tcodes / tabs: the down matrix tiled ([I / 32][H][16 bytes], scales [I / 64][H]).
 struct MlpSet {
     Nf4 gate, up, down;
@@ -78,8 +87,115 @@ static MlpSet make_mlp_set(int H, int I, std::mt19937& rng, const float* code2_d
     s.tabs = g_f32 ? (const u8*)up(tf.data(), tf.size() * 4) : (const u8*)up(ta.data(), ta.size());
     return s;
 }
+
+// One shape's lab state: enough weight sets to pass 384 MB (each MLP of a graph reads its weights from DRAM),
+// x (random in [-0.5, 0.5)), the output y and the stand-in's output xo.
+struct MlpLab {
+    int H, I, copies;
+    size_t mlp_bytes; // an MLP's codes and f32 scales
+    std::vector<MlpSet> sets;
+    float *x, *y, *xo;
+    MlpLab(int H_, int I_, std::mt19937& rng, const float* code2_dev, const float* off_dev) : H(H_), I(I_) {
+        mlp_bytes = (size_t)3 * H * I / 2 + (size_t)3 * H * I / 64;
+        copies    = (int)std::max<size_t>(2, (size_t)(384u << 20) / mlp_bytes + 1);
+        sets.resize(copies);
+        for (auto& s : sets)
+            s = make_mlp_set(H, I, rng, code2_dev, off_dev);
+        CK(cudaMalloc(&x, H * 4));
+        CK(cudaMalloc(&y, H * 4));
+        CK(cudaMalloc(&xo, H * 4));
+        std::vector<float> hx(H);
+        for (auto& v : hx)
+            v = (float)(rng() % 1000) / 1000.0f - 0.5f;
+        CK(cudaMemcpy(x, hx.data(), H * 4, cudaMemcpyHostToDevice));
+    }
+    // The fused MLP's arguments for set s.
+    MlpArgs args(const MlpSet& s) const {
+        MlpArgs a{};
+        a.gu.m[0] = s.gate.dev, a.gu.m[1] = s.up.dev;
+        a.gu.x = x, a.gu.nmat = 2, a.gu.k = H, a.gu.epi = 1;
+        a.dn   = Nf4Tiled{s.tcodes, s.tabs, s.down.dev.absmax2, s.down.dev.offset, s.down.dev.code2};
+        a.bias = nullptr, a.y = y, a.H = H, a.I = I;
+        return a;
+    }
+};
 // kernels.cu's fused MLP for the sets' scale format (G4_LAB_F32: f32, else double quant), 128 or 256 threads.
 static const void* mlp_kernel(int threads) {
     if (g_f32) return threads == 128 ? (const void*)g4_mlp_nf4 : (const void*)g4_mlp_nf4_b256;
     return threads == 128 ? (const void*)g4_mlp_nf4_dq : (const void*)g4_mlp_nf4_b256_dq;
+}
+
+// The labs' three graph modes: each variant's graph of 2 x copies MLPs (enqueue(vi, set, stand_in)) timed
+// reps times after two warm-ups, back to back; with the one-block ResNorm stand-in after each MLP (the decode
+// graph's order); back to back on one weight set (L2-resident). Prints us an MLP (a pair with the stand-in),
+// the change against variant 0, TB/s of mlp_bytes, and err[vi].
+template <class Enqueue>
+static void mlp_time_modes(const BenchGpu& gpu, int reps, int copies, size_t mlp_bytes,
+                           const std::vector<std::string>& names, const std::vector<double>& err,
+                           const std::vector<MlpSet>& sets, Enqueue enqueue) {
+    const size_t nv = names.size();
+    for (int rn = 0; rn < 3; ++rn) { // 2: back to back, one weight set (L2-resident)
+        const int nsets = rn == 2 ? 1 : copies;
+        std::vector<std::vector<float>> t(nv);
+        std::vector<cudaGraphExec_t> ex(nv);
+        for (size_t vi = 0; vi < nv; ++vi) {
+            cudaGraph_t gr;
+            CK(cudaStreamBeginCapture(gpu.st, cudaStreamCaptureModeGlobal));
+            for (int rep = 0; rep < 2; ++rep)
+                for (int si = 0; si < copies; ++si)
+                    enqueue(vi, sets[si % nsets], rn == 1);
+            CK(cudaStreamEndCapture(gpu.st, &gr));
+            CK(cudaGraphInstantiate(&ex[vi], gr, 0));
+            CK(cudaGraphDestroy(gr));
+        }
+        for (int r = 0; r < reps + 2; ++r)
+            for (size_t vi = 0; vi < nv; ++vi) {
+                CK(cudaEventRecord(gpu.e0, gpu.st));
+                CK(cudaGraphLaunch(ex[vi], gpu.st));
+                CK(cudaEventRecord(gpu.e1, gpu.st));
+                CK(cudaEventSynchronize(gpu.e1));
+                float ms;
+                CK(cudaEventElapsedTime(&ms, gpu.e0, gpu.e1));
+                if (r >= 2) t[vi].push_back(ms * 1e3f / (2 * copies));
+            }
+        std::printf("  %s\n", rn == 1   ? "MLP + one-block ResNorm stand-in, us a pair"
+                              : rn == 2 ? "MLPs back to back, one weight set (L2), us an MLP"
+                                        : "MLPs back to back, us an MLP");
+        const float base = median(t[0]);
+        for (size_t vi = 0; vi < nv; ++vi) {
+            const float us = median(t[vi]);
+            std::printf("    %-28s %8.2f us  %+6.1f%%  %6.2f TB/s  err %.1e\n", names[vi].c_str(), us,
+                        100.0f * (base / us - 1.0f), mlp_bytes / (us * 1e-6) / 1e12, err[vi]);
+        }
+        for (auto e : ex)
+            cudaGraphExecDestroy(e);
+    }
+}
+
+// What one MLP leaves in y (H floats, zeroed first): run(), launched on st, then a sync.
+template <class Run> static std::vector<float> mlp_result(cudaStream_t st, float* y, int H, Run run) {
+    CK(cudaMemset(y, 0, H * 4));
+    run();
+    CK(cudaStreamSynchronize(st));
+    CK(cudaGetLastError());
+    std::vector<float> h(H);
+    CK(cudaMemcpy(h.data(), y, H * 4, cudaMemcpyDeviceToHost));
+    return h;
+}
+// The largest difference over the largest reference value.
+static double mlp_rel_err(const std::vector<float>& got, const std::vector<float>& ref) {
+    double dmax = 0, rmax = 0;
+    for (size_t i = 0; i < ref.size(); ++i)
+        dmax = std::max(dmax, (double)std::fabs(got[i] - ref[i])),
+        rmax = std::max(rmax, (double)std::fabs(ref[i]));
+    return dmax / rmax;
+}
+// Each variant's output (result(v)) against variant 0's: the err column of mlp_time_modes.
+template <class V, class Result>
+static std::vector<double> mlp_errors(const std::vector<V>& vs, Result result) {
+    const std::vector<float> ref = result(vs[0]);
+    std::vector<double> err;
+    for (const V& v : vs)
+        err.push_back(mlp_rel_err(result(v), ref));
+    return err;
 }

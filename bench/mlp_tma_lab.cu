@@ -433,30 +433,15 @@ int main(int argc, char** argv) {
     for (const MlpShape& sh : kMlpShapes) {
         if (prof && &sh - kMlpShapes != std::atoi(prof)) continue;
         const int H = sh.H, I = sh.I, nslices = I / MLP_S;
-        const size_t mlp_bytes = (size_t)3 * H * I / 2 + (size_t)3 * H * I / 64;
-        const int copies       = (int)std::max<size_t>(2, (size_t)(384u << 20) / mlp_bytes + 1);
-        std::vector<MlpSet> sets(copies);
-        for (auto& s : sets)
-            s = make_mlp_set(H, I, rng, code2_dev, off_dev);
-        float *x, *y, *xo;
-        CK(cudaMalloc(&x, H * 4));
-        CK(cudaMalloc(&y, H * 4));
-        CK(cudaMalloc(&xo, H * 4));
-        std::vector<float> hx(H);
-        for (auto& v : hx)
-            v = (float)(rng() % 1000) / 1000.0f - 0.5f;
-        CK(cudaMemcpy(x, hx.data(), H * 4, cudaMemcpyHostToDevice));
-        auto args = [&](const MlpSet& s) {
-            MlpArgs a{};
-            a.gu.m[0] = s.gate.dev, a.gu.m[1] = s.up.dev;
-            a.gu.x = x, a.gu.nmat = 2, a.gu.k = H, a.gu.epi = 1;
-            a.dn   = Nf4Tiled{s.tcodes, s.tabs, s.down.dev.absmax2, s.down.dev.offset, s.down.dev.code2};
-            a.bias = nullptr, a.y = y, a.H = H, a.I = I;
-            return a;
-        };
-        const u32 SB      = mlp_tma_stage_bytes(H, !g_f32);
-        const int per     = (nslices + nsm - 1) / nsm;
-        const unsigned tg = (unsigned)((nslices + per - 1) / per);
+        const MlpLab L(H, I, rng, code2_dev, off_dev);
+        const std::vector<MlpSet>& sets = L.sets;
+        float *y = L.y, *xo = L.xo;
+        const size_t mlp_bytes = L.mlp_bytes;
+        const int copies       = L.copies;
+        auto args              = [&](const MlpSet& s) { return L.args(s); };
+        const u32 SB           = mlp_tma_stage_bytes(H, !g_f32);
+        const int per          = (nslices + nsm - 1) / nsm;
+        const unsigned tg      = (unsigned)((nslices + per - 1) / per);
         struct V {
             std::string name;
             int kind; // 0 g4_mlp_nf4, 1 b256, 2 tma
@@ -484,81 +469,27 @@ int main(int argc, char** argv) {
             MlpArgs a  = args(s);
             void* pa[] = {&a};
             if (v.kind == 0)
-                launch_pdl(mlp_kernel(128), nslices, 128, g4::cuda_rt::gemv_smem(true, 90, H), st,
-                           pa);
+                launch_pdl(mlp_kernel(128), nslices, 128, g4::cuda_rt::gemv_smem(true, 90, H), st, pa);
             else if (v.kind == 1)
-                launch_pdl(mlp_kernel(256), nslices, 256, g4::cuda_rt::gemv_smem(true, 90, H),
-                           st, pa);
+                launch_pdl(mlp_kernel(256), nslices, 256, g4::cuda_rt::gemv_smem(true, 90, H), st, pa);
             else if (v.kind == 3)
                 launch_pdl(H / 512 == 3 ? (const void*)g4_mlp_tma2<3> : (const void*)g4_mlp_tma2<5>, v.grid,
                            256, GV_WIDE_BYTES + v.ns * SB, st, pa);
             else
                 launch_pdl(tma_fn[v.ct512][v.ef], v.grid, v.ct512 == 1 ? 544 : 288, GV_WIDE_BYTES + v.ns * SB,
                            st, pa);
-            if (rn) {
-                int h      = H;
-                void* pr[] = {&y, &xo, &h};
-                launch_pdl((const void*)fake_resnorm, 1, 512, 0, st, pr);
-            }
+            if (rn) launch_stand_in(st, y, xo, H);
         };
-        auto result = [&](const V& v) {
-            CK(cudaMemset(y, 0, H * 4));
-            enqueue(v, sets[0], false);
-            CK(cudaStreamSynchronize(st));
-            CK(cudaGetLastError());
-            std::vector<float> h(H);
-            CK(cudaMemcpy(h.data(), y, H * 4, cudaMemcpyDeviceToHost));
-            return h;
-        };
-        const std::vector<float> ref = result(vs[0]);
-        if (prof) {
-            for (const V& v : vs)
-                result(v);
-            continue;
-        }
+        auto result = [&](const V& v) { return mlp_result(st, y, H, [&] { enqueue(v, sets[0], false); }); };
+        const std::vector<double> err = mlp_errors(vs, result); // G4_LAB_PROFILE: these runs only
+        if (prof) continue;
         std::printf("%s: H %d I %d, %.1f MB a set, %d sets, stage %u B, tma grid %u (%d slices a block)\n",
                     sh.name, H, I, mlp_bytes / 1e6, copies, SB, tg, per);
-        for (int rn = 0; rn < 3; ++rn) { // 2: back to back, one weight set (L2-resident)
-            const int nsets = rn == 2 ? 1 : copies;
-            std::vector<std::vector<float>> t(vs.size());
-            std::vector<cudaGraphExec_t> ex(vs.size());
-            for (size_t vi = 0; vi < vs.size(); ++vi) {
-                cudaGraph_t gr;
-                CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-                for (int rep = 0; rep < 2; ++rep)
-                    for (int si = 0; si < copies; ++si)
-                        enqueue(vs[vi], sets[si % nsets], rn == 1);
-                CK(cudaStreamEndCapture(st, &gr));
-                CK(cudaGraphInstantiate(&ex[vi], gr, 0));
-                CK(cudaGraphDestroy(gr));
-            }
-            for (int r = 0; r < reps + 2; ++r)
-                for (size_t vi = 0; vi < vs.size(); ++vi) {
-                    CK(cudaEventRecord(gpu.e0, st));
-                    CK(cudaGraphLaunch(ex[vi], st));
-                    CK(cudaEventRecord(gpu.e1, st));
-                    CK(cudaEventSynchronize(gpu.e1));
-                    float ms;
-                    CK(cudaEventElapsedTime(&ms, gpu.e0, gpu.e1));
-                    if (r >= 2) t[vi].push_back(ms * 1e3f / (2 * copies));
-                }
-            std::printf("  %s\n", rn == 1   ? "MLP + one-block ResNorm stand-in, us a pair"
-                                  : rn == 2 ? "MLPs back to back, one weight set (L2), us an MLP"
-                                            : "MLPs back to back, us an MLP");
-            const float base = median(t[0]);
-            for (size_t vi = 0; vi < vs.size(); ++vi) {
-                const std::vector<float> got = result(vs[vi]);
-                double dmax = 0, rmax = 0;
-                for (int i = 0; i < H; ++i)
-                    dmax = std::max(dmax, (double)std::fabs(got[i] - ref[i])),
-                    rmax = std::max(rmax, (double)std::fabs(ref[i]));
-                const float us = median(t[vi]);
-                std::printf("    %-28s %8.2f us  %+6.1f%%  %6.2f TB/s  err %.1e\n", vs[vi].name.c_str(), us,
-                            100.0f * (base / us - 1.0f), mlp_bytes / (us * 1e-6) / 1e12, dmax / rmax);
-            }
-            for (auto e : ex)
-                cudaGraphExecDestroy(e);
-        }
+        std::vector<std::string> names;
+        for (const V& v : vs)
+            names.push_back(v.name);
+        mlp_time_modes(gpu, reps, copies, mlp_bytes, names, err, sets,
+                       [&](size_t vi, const MlpSet& set, bool rn) { enqueue(vs[vi], set, rn); });
     }
     return 0;
 }

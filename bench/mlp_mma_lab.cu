@@ -116,13 +116,8 @@ __device__ __forceinline__ void tile_step(float* acc, const char* tb, u32 w, u32
         mma16816(acc, p.x, p2.x, q.x, q2.x, b0, b1);
     }
 }
-// A block scale: f32 absmax (DQ false) or the double quant's.
-template <bool DQ> __device__ __forceinline__ u32 raw_of(const void* absmax, long b) {
-    return DQ ? (u32)((const u8*)absmax)[b] : __float_as_uint(((const float*)absmax)[b]);
-}
-template <bool DQ> __device__ __forceinline__ float scale_of(const GemvMat& m, u32 raw, long b) {
-    return DQ ? __fadd_rn(__fmul_rn(m.code2[raw], m.absmax2[b >> 8]), *m.offset) : __uint_as_float(raw);
-}
+// kernels.cu's scale format for the gate/up blocks: double quant (DQ) or f32.
+template <bool DQ> constexpr int kScales = DQ ? NF4_SCALES_DQ : NF4_SCALES_F32;
 
 // KS warps a tile (each a 1 / KS share of the 64-column blocks), NA accumulators a matrix (the 16-column
 // steps alternate between them: shorter mma chains). H % (64 KS D) == 0, H % (128 KS D2) == 0.
@@ -145,7 +140,8 @@ __device__ __forceinline__ void mlp_mma_body(const MlpArgs& a, char* sm) {
     u32 rg[D], ru[D];
     auto load_gu = [&](int d, int b) {
         cg[d] = __ldcs((const uint2*)(gp + 32 * b)), cu[d] = __ldcs((const uint2*)(upp + 32 * b));
-        rg[d] = raw_of<DQ>(G.absmax, blk0 + b), ru[d] = raw_of<DQ>(U.absmax, blk0 + b);
+        rg[d] = nf4_raw<kScales<DQ>>(G.absmax, G.absmax2, blk0 + b);
+        ru[d] = nf4_raw<kScales<DQ>>(U.absmax, U.absmax2, blk0 + b);
     };
 #pragma unroll
     for (int d = 0; d < D; ++d)
@@ -209,8 +205,10 @@ __device__ __forceinline__ void mlp_mma_body(const MlpArgs& a, char* sm) {
 #pragma unroll
                     for (int q = 0; q < 4; ++q)
                         tg[q] += tg2[q], tu[q] += tu2[q];
-                accg += (tg[0] + tg[1] + (tg[2] + tg[3])) * scale_of<DQ>(G, rg[d], blk0 + b);
-                accu += (tu[0] + tu[1] + (tu[2] + tu[3])) * scale_of<DQ>(U, ru[d], blk0 + b);
+                accg += (tg[0] + tg[1] + (tg[2] + tg[3])) *
+                        nf4_value<kScales<DQ>>(rg[d], G.absmax2, G.offset, G.code2, blk0 + b);
+                accu += (tu[0] + tu[1] + (tu[2] + tu[3])) *
+                        nf4_value<kScales<DQ>>(ru[d], U.absmax2, U.offset, U.code2, blk0 + b);
             } else { // rows g: gate, g + 8: up
                 tile_step<LO, 0>(tg, tb, cg[d].x, cu[d].x, lane_off, x0.x, x0.y);
                 tile_step<LO, 1>(tgb, tb, cg[d].x, cu[d].x, lane_off, x0.z, x0.w);
@@ -220,8 +218,10 @@ __device__ __forceinline__ void mlp_mma_body(const MlpArgs& a, char* sm) {
 #pragma unroll
                     for (int q = 0; q < 4; ++q)
                         tg[q] += tg2[q];
-                accg += (tg[0] + tg[1]) * scale_of<DQ>(G, rg[d], blk0 + b);
-                accu += (tg[2] + tg[3]) * scale_of<DQ>(U, ru[d], blk0 + b);
+                accg +=
+                    (tg[0] + tg[1]) * nf4_value<kScales<DQ>>(rg[d], G.absmax2, G.offset, G.code2, blk0 + b);
+                accu +=
+                    (tg[2] + tg[3]) * nf4_value<kScales<DQ>>(ru[d], U.absmax2, U.offset, U.code2, blk0 + b);
             }
             load_gu(d, min(b + D, bend - 1)); // past the end: the last block again, unused
         }

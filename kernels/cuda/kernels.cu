@@ -242,34 +242,40 @@ __device__ __forceinline__ void nf4_codebook(float* cb) {
 
 // absmax of 64-element block b: f32 table, or double quant code2[q[b]] * absmax2[b/256] + offset.
 // In two steps for kernels that issue the load early: the raw word (f32 bits, or the u8 code q[b]),
-// then its value.
-__device__ __forceinline__ u32 nf4_absmax_raw(const void* absmax, const float* absmax2, long b) {
-    return absmax2 ? (u32)((const u8*)absmax)[b] : __float_as_uint(((const float*)absmax)[b]);
-}
-__device__ __forceinline__ float nf4_absmax_value(u32 raw, const float* absmax2, const float* offset, const float* code2, long b) {
-    return absmax2 ? __fadd_rn(__fmul_rn(code2[raw], absmax2[b >> 8]), *offset) : __uint_as_float(raw);
-}
-__device__ __forceinline__ float nf4_absmax(const void* absmax, const float* absmax2, const float* offset, const float* code2,
-                                            long b) {
-    return nf4_absmax_value(nf4_absmax_raw(absmax, absmax2, b), absmax2, offset, code2, b);
-}
-// The same two steps for a kernel specialised for one scale format (SM): NF4_SCALES_ANY decides by absmax2
-// at run time (both paths in the machine code, one predicated off), NF4_SCALES_F32 / NF4_SCALES_DQ take
-// the f32 table / the double quant only. A GEMV loop issues the predicated-off path too, so the decode MLP
-// has a kernel for each format (g4_mlp_nf4[_b256] f32, _dq double quant).
+// then its value. SM: the scale format a kernel is specialised for. NF4_SCALES_F32 / NF4_SCALES_DQ take the
+// f32 table / the double quant only; NF4_SCALES_ANY decides by absmax2 at run time (both paths in the machine
+// code, one predicated off). A GEMV loop issues the predicated-off path too, so the decode MLP has a kernel
+// for each format (g4_mlp_nf4[_b256] f32, _dq double quant).
 #define NF4_SCALES_ANY 0
 #define NF4_SCALES_F32 1
 #define NF4_SCALES_DQ 2
 template <int SM> __device__ __forceinline__ u32 nf4_raw(const void* absmax, const float* absmax2, long b) {
-    if (SM == NF4_SCALES_F32) return __float_as_uint(((const float*)absmax)[b]);
-    if (SM == NF4_SCALES_DQ) return (u32)((const u8*)absmax)[b];
-    return nf4_absmax_raw(absmax, absmax2, b);
+    if constexpr (SM == NF4_SCALES_ANY)
+        return absmax2 ? nf4_raw<NF4_SCALES_DQ>(absmax, absmax2, b) : nf4_raw<NF4_SCALES_F32>(absmax, absmax2, b);
+    else if constexpr (SM == NF4_SCALES_DQ)
+        return (u32)((const u8*)absmax)[b];
+    else
+        return __float_as_uint(((const float*)absmax)[b]);
 }
 template <int SM>
 __device__ __forceinline__ float nf4_value(u32 raw, const float* absmax2, const float* offset, const float* code2, long b) {
-    if (SM == NF4_SCALES_F32) return __uint_as_float(raw);
-    if (SM == NF4_SCALES_DQ) return __fadd_rn(__fmul_rn(code2[raw], absmax2[b >> 8]), *offset);
-    return nf4_absmax_value(raw, absmax2, offset, code2, b);
+    if constexpr (SM == NF4_SCALES_ANY)
+        return absmax2 ? nf4_value<NF4_SCALES_DQ>(raw, absmax2, offset, code2, b)
+                       : nf4_value<NF4_SCALES_F32>(raw, absmax2, offset, code2, b);
+    else if constexpr (SM == NF4_SCALES_DQ)
+        return __fadd_rn(__fmul_rn(code2[raw], absmax2[b >> 8]), *offset);
+    else
+        return __uint_as_float(raw);
+}
+__device__ __forceinline__ u32 nf4_absmax_raw(const void* absmax, const float* absmax2, long b) {
+    return nf4_raw<NF4_SCALES_ANY>(absmax, absmax2, b);
+}
+__device__ __forceinline__ float nf4_absmax_value(u32 raw, const float* absmax2, const float* offset, const float* code2, long b) {
+    return nf4_value<NF4_SCALES_ANY>(raw, absmax2, offset, code2, b);
+}
+__device__ __forceinline__ float nf4_absmax(const void* absmax, const float* absmax2, const float* offset, const float* code2,
+                                            long b) {
+    return nf4_absmax_value(nf4_absmax_raw(absmax, absmax2, b), absmax2, offset, code2, b);
 }
 
 // NF4 weights (kernels/nf4.h blob, pointers to its parts). Elements of row n start at n*K; blocks of

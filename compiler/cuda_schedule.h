@@ -32,7 +32,10 @@ int decode_attention_splits(int64_t span);
 // session 28 on an H100 with two before the wait: two chunks a lane, E2B's LM head at 128 lanes, +0.3% /
 // +0.1%, noise, not taken). NF4 with K <= kGemvXsMax (x staged in shared memory, GV_XS_MAX in
 // kernels.cu): the fewest lanes that give about 40K threads, at most C / 2 (at least two chunks a lane),
-// or C when a row has 64 chunks or more and that stays within 40K threads. Other NF4 (the down
+// or C when a row has 64 chunks or more and that stays within 40K threads; then up to 32 lanes so that
+// every chunk comes before the wait (E2B's q/k/v, C = 48: 16 -> 32 lanes, +1.1% E2B decode on an H100,
+// session 35; E4B's q/k/v, C = 80, at 64 lanes, two warps a row reduced through shared memory, lost
+// 1.2%). Other NF4 (the down
 // projections): the fewest lanes giving about 40K threads. Measured on an
 // H200 (session 15, bench/gemv_bench.cu and end to end): E2B attn_o 32 -> 64 and down 64 -> 128 lanes
 // +2.7% E2B decode; E4B down 128 -> 64 lanes +1.7% E4B decode (E4B q/k/v at 64 lanes lost 1.4%).
@@ -46,6 +49,7 @@ inline int gemv_lanes(int64_t K, bool nf4, int64_t groups) {
         while (L < 128 && groups * L < 40960 &&
                ((int64_t)L * 4 <= C || (C >= 64 && (int64_t)L * 2 <= C && groups * L * 2 <= 40960)))
             L *= 2;
+        while (L < 32 && (int64_t)L * 2 < C) L *= 2;   // every chunk before the wait, within one warp
         return L;
     }
     if (nf4) {

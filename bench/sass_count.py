@@ -5,8 +5,8 @@
 # Needs nvcc and nvdisasm (CUDA toolkit; or `pip download nvidia-cuda-nvdisasm`, its wheel unzipped, with
 # NVDISASM=path). No GPU.
 #   python3 bench/sass_count.py [--arch sm_90] [-D G4_AD_HPG=8 ...] [--patch FILE] [--filter REGEX] [--loops]
-# --patch applies FILE to a copy of kernels.cu first (git apply on a temporary worktree of this tree), so a
-# patch's kernels and this tree's can be compared in two runs.
+# --patch applies FILE's kernels/ hunks to a temporary copy of kernels/ first (git apply), so a patch's
+# kernels and this tree's can be compared in two runs.
 import argparse
 import os
 import re
@@ -59,12 +59,13 @@ def functions(sass):
 
 def loops(body, labels):
     # A branch to a lower address closes a loop: (instructions from its target to it, target, branch).
+    index = {a: i for i, (a, _) in enumerate(body)}
     out = []
-    for addr, ins in body:
+    for i, (addr, ins) in enumerate(body):
         m = re.search(r"\bBRA\b.*\((\.L_x_\d+)\)", ins)
         target = labels.get(m.group(1)) if m else None
         if target is not None and target < addr:
-            out.append((sum(1 for a, _ in body if target <= a <= addr), target, addr))
+            out.append((i - index[target] + 1, target, addr))
     return out
 
 

@@ -1344,9 +1344,11 @@ template <bool W> __device__ __forceinline__ int xs_slot(int c, int v) {
 }
 // G: weight rows per lane group; B: threads a block (the kernels launch 128; bench/gemv_bench.cu's lab
 // variants also take other values of both). SM: the NF4 scale format (NF4_SCALES_*); XA: every chunk of x
-// is staged (K <= 32 GV_XS_EXT_CHUNKS with the wide table), so the loop has no global-memory path for x.
+// is staged (K <= 32 GV_XS_EXT_CHUNKS with the wide table), so the loop has no global-memory path for x; U2:
+// the loop over the chunks past the front ones is unrolled by two, its two register sets of codes and scales
+// taking turns (no copy of the next chunk's registers an iteration; the body's code twice).
 template <bool kIsNf4, int L, int M, int G = GV_OUT, bool XS = false, int B = 128, bool W = false, int SM = NF4_SCALES_ANY,
-          bool XA = false>
+          bool XA = false, bool U2 = false>
 __device__ __forceinline__ void gemv_body(const GemvArgs& a, float2* tab, float4* xs = nullptr, int vblock = -1) {
     G4_TRACE_SCOPE(1u | (kIsNf4 ? 16u : 0u) | (u32)M << 5 | (u32)L << 8 | (u32)a.epi << 16 | (u32)a.nmat << 20, a.m[0].w);
     constexpr int R  = G / M;          // outputs per lane group
@@ -1474,7 +1476,26 @@ __device__ __forceinline__ void gemv_body(const GemvArgs& a, float2* tab, float4
     for (int i = 0; i < FC; ++i)
         if (gl + i * L < C) accumulate(gl + i * L, pk0[i], raw0[i], acc);
     G4_TRACE_MARK(1);
-    if (gl + FC * L < C) {   // the next chunk's codes and scales load while this one's multiply runs
+    if (U2 && gl + FC * L < C) {   // the next chunk's codes and scales load while this one's multiply runs
+        uint4 pa[G], pb[G];
+        u32 ra[G], rb[G];
+        auto load = [&](int c, uint4* pk, u32* raw) {
+#pragma unroll
+            for (int q = 0; q < G; ++q) {
+                pk[q]  = __ldcs(wrow[q] + c);
+                raw[q] = kIsNf4 ? raw_scale(q, c) : 0u;
+            }
+        };
+        load(gl + FC * L, pa, ra);
+        for (int c = gl + FC * L;; c += 2 * L) {   // chunk c in pa / ra, c + L in pb / rb
+            if (c + L < C) load(c + L, pb, rb);
+            accumulate(c, pa, ra, acc);
+            if (c + L >= C) break;
+            if (c + 2 * L < C) load(c + 2 * L, pa, ra);
+            accumulate(c + L, pb, rb, acc);
+            if (c + 2 * L >= C) break;
+        }
+    } else if (gl + FC * L < C) {
         uint4 pk[G];
         u32 raw[G];
 #pragma unroll
@@ -1643,21 +1664,27 @@ template <int B, int SM, bool XA = true> __device__ __forceinline__ void mlp_bod
     const int j = blockIdx.x, H = a.H, I = a.I;
     GemvArgs g = a.gu;
     g.out      = s_act - j * MLP_S;   // gemv_body stores output o at out[o]: this block's 32
-    gemv_body<true, 2 * B / MLP_S, 2, GV_OUT, true, B, true, SM, XA>(g, (float2*)mlp_wide, mlp_wide);
+    gemv_body<true, 2 * B / MLP_S, 2, GV_OUT, true, B, true, SM, XA, true>(g, (float2*)mlp_wide, mlp_wide);
+    // The down slice: rows r0 .. r0 + 3 for r0 = 4 tid + 4 B i. Each iteration's codes and scales are loaded
+    // while the one before multiplies (the first before the barrier, while other warps finish the gate/up),
+    // in two register sets taking turns.
+    const u8* tile = a.dn.codes + (long)j * H * (MLP_S / 2);
+    const int c64  = j / 2;
+    uint4 pa[4], pb[4];
+    u32 ra[4], rb[4];
+    auto load = [&](int r0, uint4* pk, u32* raw) {
+#pragma unroll
+        for (int k = 0; k < 4; ++k) pk[k] = __ldcs((const uint4*)(tile + (long)(r0 + k) * (MLP_S / 2)));
+        a.dn.raw4<SM>(c64, H, r0, raw);
+    };
+    if (4 * (int)threadIdx.x < H) load(4 * threadIdx.x, pa, ra);
     __syncthreads();
     float av[MLP_S];
 #pragma unroll
     for (int c = 0; c < MLP_S; ++c) av[c] = s_act[c];
     const u32 lane_off = (threadIdx.x & 15) * 8;
     const char* tb     = (const char*)mlp_wide;   // the pair table, still in place
-    const u8* tile     = a.dn.codes + (long)j * H * (MLP_S / 2);
-    const int c64      = j / 2;
-    for (int r0 = 4 * threadIdx.x; r0 < H; r0 += 4 * B) {   // rows r0 .. r0 + 3
-        uint4 pk[4];
-        u32 raw[4];
-#pragma unroll
-        for (int k = 0; k < 4; ++k) pk[k] = __ldcs((const uint4*)(tile + (long)(r0 + k) * (MLP_S / 2)));
-        a.dn.raw4<SM>(c64, H, r0, raw);
+    auto down = [&](int r0, const uint4* pk, const u32* raw) {
         float out[4];
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
@@ -1681,6 +1708,13 @@ template <int B, int SM, bool XA = true> __device__ __forceinline__ void mlp_bod
             if (a.bias && j == 0) out[k] += a.bias[r0 + k];
         }
         red_add_v4(a.y + r0, make_float4(out[0], out[1], out[2], out[3]));
+    };
+    for (int r0 = 4 * threadIdx.x; r0 < H; r0 += 8 * B) {   // rows r0 (pa / ra) and r0 + 4 B (pb / rb)
+        if (r0 + 4 * B < H) load(r0 + 4 * B, pb, rb);
+        down(r0, pa, ra);
+        if (r0 + 4 * B >= H) break;
+        if (r0 + 8 * B < H) load(r0 + 8 * B, pa, ra);
+        down(r0 + 4 * B, pb, rb);
     }
 }
 #define G4_MLP(NAME, B, SM)                                                                    \
@@ -2128,10 +2162,13 @@ __device__ __forceinline__ void resnorm_scalar(const float* x, const float* d, c
     }
 }
 // float4 q = threadIdx.x + j * blockDim.x holds elements 4q..4q+3 (RV a thread: H <= 4 * RV * blockDim.x).
+// zero (16-byte aligned, or null): the next kernel's output, zeroed float4 by float4 by the thread that owns
+// it right after its loads of x and d, which may alias it (each element is read by its owner only): no
+// barrier before the zeroing, and no store loop after the norm.
 template <int RV>
 __device__ __forceinline__ void resnorm_vec4(const float* x, const float* d, const void* pw, int pwdt, const void* sc, int sdt,
                                              float f, float* xout, const void* prew, int prewdt, float* xn, int H, float eps,
-                                             float* red) {
+                                             float* red, float* zero) {
     float4 xv[RV], dv[RV];
     float pwv[RV * 4], prv[RV * 4];
     const int Q = H / 4;
@@ -2154,6 +2191,10 @@ __device__ __forceinline__ void resnorm_vec4(const float* x, const float* d, con
         xv[j]       = __ldcg(x4 + q);
         dv[j]       = __ldcg(d4 + q);
     }
+    if (zero)
+#pragma unroll
+        for (int j = 0; j < RV; ++j)
+            if (threadIdx.x + j * blockDim.x < Q) ((float4*)zero)[threadIdx.x + j * blockDim.x] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     float ss = 0.0f;
 #pragma unroll
     for (int j = 0; j < RV; ++j) {
@@ -2200,13 +2241,13 @@ extern "C" __global__ void __launch_bounds__(1024) g4_resnorm(const float* x, co
                                                              int prewdt, float* xn, int H, float eps, float* zero) {
     G4_TRACE_SCOPE(2, pw ? pw : prew);
     __shared__ float red[32];
-    const unsigned long long at = (unsigned long long)x | (unsigned long long)d | (unsigned long long)xout | (unsigned long long)xn;
+    const unsigned long long at =
+        (unsigned long long)x | (unsigned long long)d | (unsigned long long)xout | (unsigned long long)xn | (unsigned long long)zero;
     if ((H & 3) == 0 && (at & 15) == 0 && H <= 4 * (int)blockDim.x)
-        resnorm_vec4<1>(x, d, pw, pwdt, sc, sdt, f, xout, prew, prewdt, xn, H, eps, red);
-    else if ((H & 3) == 0 && (at & 15) == 0 && H <= 8 * (int)blockDim.x)
-        resnorm_vec4<2>(x, d, pw, pwdt, sc, sdt, f, xout, prew, prewdt, xn, H, eps, red);
-    else
-        resnorm_scalar(x, d, pw, pwdt, sc, sdt, f, xout, prew, prewdt, xn, H, eps, red);
+        return resnorm_vec4<1>(x, d, pw, pwdt, sc, sdt, f, xout, prew, prewdt, xn, H, eps, red, zero);
+    if ((H & 3) == 0 && (at & 15) == 0 && H <= 8 * (int)blockDim.x)
+        return resnorm_vec4<2>(x, d, pw, pwdt, sc, sdt, f, xout, prew, prewdt, xn, H, eps, red, zero);
+    resnorm_scalar(x, d, pw, pwdt, sc, sdt, f, xout, prew, prewdt, xn, H, eps, red);
     if (zero) {   // the next kernel's output (g4_mlp_nf4 adds into it), after every read above (it may alias d)
         __syncthreads();
         for (int i = threadIdx.x; i < H; i += blockDim.x) zero[i] = 0.0f;
@@ -2365,12 +2406,14 @@ __device__ __forceinline__ void attn_pv(const void* vc, const float* pst, float 
         if (threadIdx.x == 0) out[dim] = mh[h], out[dim + 1] = lh[h];
     }
 }
-template <bool kBf16, bool kPost = false>
+// DIMC: the head dim as a compile-time constant (the _d256 / _d512 kernels), or 0 (dim_ at run time).
+template <bool kBf16, bool kPost = false, int DIMC = 0>
 __device__ __forceinline__ void attn_decode_body(const Step* s, const float* q, const void* kc, const void* vc, int heads, int kvh,
-                                                 int dim, int slots, int window, float scale, int splits, float* part, float* qs,
+                                                 int dim_, int slots, int window, float scale, int splits, float* part, float* qs,
                                                  float (*sc)[AD_KEYS], float* mh, float* lh, const AttnPost& pa = AttnPost{},
                                                  float* pst = nullptr) {
     G4_TRACE_SCOPE(3u | (kPost ? 16u : 0u) | (kBf16 ? 32u : 0u) | (u32)(window > 0) << 6, kc);
+    const int dim = DIMC ? DIMC : dim_;
     constexpr int HS = AD_HS;   // head slots a group
     const int g = blockIdx.x, hpg = AD_FIXED ? AD_HS : heads / kvh, width = kvh * dim;
     const int pos = s->pos0;
@@ -2378,6 +2421,10 @@ __device__ __forceinline__ void attn_decode_body(const Step* s, const float* q, 
     const int span = pos - lo + 1;
     const int per  = max(AD_MIN, (span + splits - 1) / splits);
     const int j0 = blockIdx.y * per, j1 = min(span, j0 + per);
+    // No keys in this split (blockIdx.y >= ceil(span / per)): nothing to do, and nothing to write either, since
+    // both merges (g4_attention_merge with window >= 0, g4_attn_o_nf4) read only the splits that may hold keys.
+    // Leaving before the wait frees the block's slot at once (a full layer's 1024 splits at a short depth).
+    if (j0 >= j1) return;
     const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
     constexpr int ES = kBf16 ? 2 : 4;   // bytes per cache element
     // Ring slot of key j (0 <= j < span <= slots): one division here instead of one a key (a runtime
@@ -2404,13 +2451,6 @@ __device__ __forceinline__ void attn_decode_body(const Step* s, const float* q, 
         __syncthreads();
     }
     pdl_begin();
-    if (j0 >= j1) {   // no keys in this split: an empty partial
-        if (threadIdx.x < hpg) {
-            float* out = part + ((long)(g * hpg + threadIdx.x) * splits + blockIdx.y) * (dim + 2);
-            out[dim] = NEG_INF, out[dim + 1] = 0.0f;
-        }
-        return;
-    }
     if (!kPost) {
         for (int e = threadIdx.x; e < hpg * dim; e += blockDim.x) qs[e] = q[(long)g * hpg * dim + e];
     } else {   // one warp a row (the group's q heads, then k and v), its rows' loads issued together;
@@ -2547,17 +2587,17 @@ __device__ __forceinline__ void attn_decode_body(const Step* s, const float* q, 
 }
 // One kernel per cache dtype (kvdt must match the name): on sm_90 the fp32 body needs 96 registers, the
 // bf16 one 80, and a kernel holding both runs at the larger count (2 blocks per SM instead of 3).
-#define G4_ATTN_DECODE(NAME, BF16)                                                                                          \
+#define G4_ATTN_DECODE(NAME, BF16, DIMC)                                                                                    \
     extern "C" __global__ void __launch_bounds__(256) NAME(const Step* s, const float* q, const void* kc, const void* vc,   \
                                                            int heads, int kvh, int dim, int slots, int window, float scale, \
                                                            int splits, float* part, int kvdt) {                             \
         __shared__ __align__(16) float qs[4096];                                                                            \
         __shared__ __align__(16) float sc[16][AD_KEYS];                                                                                \
         __shared__ float mh[16], lh[16];                                                                                    \
-        attn_decode_body<BF16>(s, q, kc, vc, heads, kvh, dim, slots, window, scale, splits, part, qs, sc, mh, lh);        \
+        attn_decode_body<BF16, false, DIMC>(s, q, kc, vc, heads, kvh, dim, slots, window, scale, splits, part, qs, sc, mh, lh); \
     }
-G4_ATTN_DECODE(g4_attn_decode, false)
-G4_ATTN_DECODE(g4_attn_decode_bf16, true)
+G4_ATTN_DECODE(g4_attn_decode, false, 0)
+G4_ATTN_DECODE(g4_attn_decode_bf16, true, 0)
 // The same with the q/k/v post-projection folded in (q: the raw projection; AttnPost above). 3 blocks an
 // SM on sm_90 (80 registers, no spills); elsewhere 43 KiB of shared memory allows 2 of 100 KiB anyway.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -2565,7 +2605,7 @@ G4_ATTN_DECODE(g4_attn_decode_bf16, true)
 #else
 #define AD_POST_BLOCKS 2
 #endif
-#define G4_ATTN_DECODE_POST(NAME, BF16)                                                                                     \
+#define G4_ATTN_DECODE_POST(NAME, BF16, DIMC)                                                                               \
     extern "C" __global__ void __launch_bounds__(256, AD_POST_BLOCKS) NAME(const Step* s, const float* q, const void* kc, const void* vc,   \
                                                            int heads, int kvh, int dim, int slots, int window, float scale, \
                                                            int splits, float* part, int kvdt, const AttnPost pa) {          \
@@ -2573,10 +2613,26 @@ G4_ATTN_DECODE(g4_attn_decode_bf16, true)
         __shared__ __align__(16) float sc[16][AD_KEYS];                                                                                \
         __shared__ float mh[16], lh[16];                                                                                    \
         __shared__ __align__(16) float pst[2560];                                                                           \
-        attn_decode_body<BF16, true>(s, q, kc, vc, heads, kvh, dim, slots, window, scale, splits, part, qs, sc, mh, lh, pa, pst); \
+        attn_decode_body<BF16, true, DIMC>(s, q, kc, vc, heads, kvh, dim, slots, window, scale, splits, part, qs, sc, mh, lh, pa, pst); \
     }
-G4_ATTN_DECODE_POST(g4_attn_decode_post, false)
-G4_ATTN_DECODE_POST(g4_attn_decode_post_bf16, true)
+G4_ATTN_DECODE_POST(g4_attn_decode_post, false, 0)
+G4_ATTN_DECODE_POST(g4_attn_decode_post_bf16, true, 0)
+// With the group size fixed (G4_AD_HPG), the same four kernels also for Gemma 4's two head dims as constants
+// (_d256: sliding layers, _d512: full ones): the post-projection's and the scores' element loops then hold only
+// the real elements (no predicated-off loads) and P.V one column layout. The runtime takes them for layers of
+// that dim when the plan has them (older plans and the generic module do not). Only for groups of 8 (E2B):
+// at E4B's group of 4 they were faster at depth 16 but 0.3-1.0% slower a token at depth 4096 on an H200
+// (bench/README, session 36), so its plans keep the kernels above.
+#if defined(G4_AD_HPG) && G4_AD_HPG >= 8
+G4_ATTN_DECODE(g4_attn_decode_d256, false, 256)
+G4_ATTN_DECODE(g4_attn_decode_bf16_d256, true, 256)
+G4_ATTN_DECODE(g4_attn_decode_d512, false, 512)
+G4_ATTN_DECODE(g4_attn_decode_bf16_d512, true, 512)
+G4_ATTN_DECODE_POST(g4_attn_decode_post_d256, false, 256)
+G4_ATTN_DECODE_POST(g4_attn_decode_post_bf16_d256, true, 256)
+G4_ATTN_DECODE_POST(g4_attn_decode_post_d512, false, 512)
+G4_ATTN_DECODE_POST(g4_attn_decode_post_bf16_d512, true, 512)
+#endif
 
 // ---- prefill helpers for the cuBLAS tier: NF4 blob -> bf16 matrix (same rounding as the tensor-core
 // kernel), fp32 activations -> bf16, and a bias row added after the GEMM.

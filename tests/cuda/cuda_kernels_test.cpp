@@ -1043,6 +1043,17 @@ std::string attn_case_name(const ::testing::TestParamInfo<AttnCase>& i) {
     return "h" + std::to_string(c.heads) + "kv" + std::to_string(c.kvh) + "d" + std::to_string(c.dim) + "w" + std::to_string(c.window) +
            "pos" + std::to_string(c.pos) + "rows" + std::to_string(c.rows) + (c.dt == DType::BF16 ? "_bf16" : "");
 }
+// The decode attention kernels a case runs (base name `base`): the generic module's, then, where the case's
+// group size has a specialised module, its kernel and (head dim 256 or 512, groups of 8 or more: kernels.cu
+// compiles the _d kernels only there) its kernel for that dim.
+std::vector<std::pair<cu::CUmodule, std::string>> decode_attention_kernels(const AttnCase& c, const std::string& base) {
+    std::vector<std::pair<cu::CUmodule, std::string>> ks{{gpu().mod, base}};
+    if (cu::CUmodule spec = spec_module(c.heads / c.kvh)) {
+        ks.push_back({spec, base});
+        if ((c.dim == 256 || c.dim == 512) && c.heads / c.kvh >= 8) ks.push_back({spec, base + "_d" + std::to_string(c.dim)});
+    }
+    return ks;
+}
 // Inputs of a case: q [rows, heads*dim] (rows ending at position pos), K/V caches [slots, kv_heads*dim].
 struct AttnData {
     int qw, pos0;
@@ -1086,20 +1097,20 @@ TEST_P(Attention, MatchesReference) {
     AttnDev a      = attn_dev(dev, c, in);
     CUdeviceptr gy = dev.alloc(want.size() * 4);
     if (c.rows == 1) {
-        // The generic kernel, then (where this group size is one) the kernel specialised for it.
+        // The generic kernel, then (where this group size is one) the kernel specialised for it, and for it
+        // and the head dim (256, 512).
         int splits = cuda::decode_attention_splits(span);
         CUdeviceptr part = dev.alloc((size_t)a.heads * splits * (a.dim + 2) * 4);
-        for (cu::CUmodule mod : {gpu().mod, spec_module(c.heads / c.kvh)}) {
-            if (!mod) continue;
+        for (const auto& [mod, name] : decode_attention_kernels(c, a.kvdt ? "g4_attn_decode_bf16" : "g4_attn_decode")) {
             gpu().d->cuMemsetD8(gy, 0xff, want.size() * 4);   // NaN: a kernel that writes nothing fails
-            launch_in(mod, a.kvdt ? "g4_attn_decode_bf16" : "g4_attn_decode", a.kvh, splits, 256,
+            launch_in(mod, name.c_str(), a.kvh, splits, 256,
                       {&a.step, &a.q, &a.kc, &a.vc, &a.heads, &a.kvh, &a.dim, &a.slots, &a.window, &a.scale, &splits, &part, &a.kvdt});
             launch("g4_attention_merge", a.heads, (a.dim + 63) / 64, cuda_rt::merge_threads(true),
                    {&a.step, &part, &a.heads, &a.dim, &splits, &gy, &a.ld, &a.window});
             const double e = rel(dev.down<float>(gy, want.size()), want);
-            std::printf("Attention %d/%d x %d slots %d window %d pos %d %s cache, %s kernel: rel %.2e\n", c.heads, c.kvh, c.dim, c.slots,
-                        c.window, c.pos, dt_name(c.dt), mod == gpu().mod ? "generic" : "specialised", e);
-            EXPECT_LT(e, 1e-5) << (mod == gpu().mod ? "generic" : "specialised") << " kernel";
+            std::printf("Attention %d/%d x %d slots %d window %d pos %d %s cache, %s (%s): rel %.2e\n", c.heads, c.kvh, c.dim, c.slots,
+                        c.window, c.pos, dt_name(c.dt), name.c_str(), mod == gpu().mod ? "generic" : "specialised", e);
+            EXPECT_LT(e, 1e-5) << name << (mod == gpu().mod ? " generic" : " specialised");
         }
         return;
     } else {
@@ -1229,20 +1240,19 @@ TEST_P(QkvAttn, MatchesUnfusedReference) {
     int splits = cuda::decode_attention_splits(span);
     CUdeviceptr part = dev.alloc((size_t)a.heads * splits * (a.dim + 2) * 4), gy = dev.alloc(want.size() * 4);
     cuda_rt::AttnPostH pa{kv ? dev.up(k) : 0, kv ? dev.up(v) : 0, dev.up(qnb), dev.up(knb), dev.up(inv), 1, 1e-6f};
-    // The generic kernel, then (where this group size is one) the kernel specialised for it, each on
-    // fresh copies of the caches.
-    for (cu::CUmodule mod : {gpu().mod, spec_module(c.heads / c.kvh)}) {
-        if (!mod) continue;
-        const char* kind = mod == gpu().mod ? "generic" : "specialised";
+    // The generic kernel, then (where this group size is one) the kernel specialised for it, and for it and
+    // the head dim (256, 512), each on fresh copies of the caches.
+    for (const auto& [mod, name] : decode_attention_kernels(c, a.kvdt ? "g4_attn_decode_post_bf16" : "g4_attn_decode_post")) {
+        const std::string kind = name + (mod == gpu().mod ? " generic" : " specialised");
         if (mod != gpu().mod) a.kc = in.kc.up(dev), a.vc = in.vc.up(dev);
         gpu().d->cuMemsetD8(gy, 0xff, want.size() * 4);
-        launch_in(mod, a.kvdt ? "g4_attn_decode_post_bf16" : "g4_attn_decode_post", a.kvh, splits, 256,
+        launch_in(mod, name.c_str(), a.kvh, splits, 256,
                   {&a.step, &a.q, &a.kc, &a.vc, &a.heads, &a.kvh, &a.dim, &a.slots, &a.window, &a.scale, &splits, &part, &a.kvdt, &pa});
         launch("g4_attention_merge", a.heads, (a.dim + 63) / 64, cuda_rt::merge_threads(true), {&a.step, &part, &a.heads, &a.dim, &splits, &gy, &a.ld, &a.window});
         const double e = rel(dev.down<float>(gy, want.size()), want);
         const double ek = rel(rkc.down(dev, a.kc), rkc.values()), ev = rel(rvc.down(dev, a.vc), rvc.values());
-        std::printf("QkvAttn %d/%d x %d slots %d window %d pos %d %s cache%s, %s kernel: out %.2e, caches k %.2e v %.2e\n", c.heads, c.kvh,
-                    c.dim, c.slots, c.window, c.pos, dt_name(c.dt), kv ? "" : " (q only)", kind, e, ek, ev);
+        std::printf("QkvAttn %d/%d x %d slots %d window %d pos %d %s cache%s, %s: out %.2e, caches k %.2e v %.2e\n", c.heads, c.kvh,
+                    c.dim, c.slots, c.window, c.pos, dt_name(c.dt), kv ? "" : " (q only)", kind.c_str(), e, ek, ev);
         // bf16: a new k/v element on a rounding boundary may round the other way (one bf16 step).
         EXPECT_LT(e, c.dt == DType::BF16 ? 1e-4 : 1e-5) << kind;
         EXPECT_LT(ek, c.dt == DType::BF16 ? 1e-4 : 1e-6) << kind;

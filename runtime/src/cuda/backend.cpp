@@ -159,6 +159,12 @@ g4_status open_gpu(const plan::Plan& p, EngineState* st, Gpu& g, const plan::Pro
     // for both formats.
     if (d->cuModuleGetFunction(&k.mlp[2], g.mod, "g4_mlp_nf4_dq") != 0 || d->cuModuleGetFunction(&k.mlp[3], g.mod, "g4_mlp_nf4_b256_dq") != 0)
         k.mlp[2] = k.mlp[0], k.mlp[3] = k.mlp[1];
+    for (int di = 0; di < 2; ++di) {
+        const std::string sfx = di ? "_d512" : "_d256";
+        const char* base[4] = {"g4_attn_decode", "g4_attn_decode_bf16", "g4_attn_decode_post", "g4_attn_decode_post_bf16"};
+        for (int v = 0; v < 4; ++v)
+            if (d->cuModuleGetFunction(&k.attn_dim[di][v], g.mod, (base[v] + sfx).c_str()) != 0) k.attn_dim[di][v] = nullptr;
+    }
     // LM-head screening: kernels of plans compiled since session 25 (without them, no screening).
     if (d->cuModuleGetFunction(&k.lm_build, g.mod, "g4_lm_screen_build") != 0 || d->cuModuleGetFunction(&k.lm_screen, g.mod, "g4_lm_screen") != 0)
         k.lm_build = k.lm_screen = nullptr;
@@ -734,6 +740,8 @@ CUresult launch_decode_attention(SessionState* st, const plan::Plan& p, const Pl
     AttnPostH pa = post ? *post : AttnPostH{};
     void* args[] = {&step, &q, &kc, &vc, &heads, &kvh, &dim, &slots, &window, &scale, &dsp, &part, &kvdt, &pa};   // pa: post only
     CUfunction f = post ? (kvdt ? K.attn_decode_post_bf16 : K.attn_decode_post) : (kvdt ? K.attn_decode_bf16 : K.attn_decode);
+    if ((dim == 256 || dim == 512) && K.attn_dim[dim == 512][(post ? 2 : 0) + (kvdt ? 1 : 0)])   // the head dim compiled in
+        f = K.attn_dim[dim == 512][(post ? 2 : 0) + (kvdt ? 1 : 0)];
     CUresult r = launch(st, f, (unsigned)kvh, (unsigned)dsp, 256, args);
     if (r != 0 || st->skip_merge || st->merge_in_next) return r;   // merge_in_next: the AttnO launch merges
     void* margs[] = {&step, &part, &heads, &dim, &dsp, &y, &ldy, &window};

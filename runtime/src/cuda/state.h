@@ -23,6 +23,10 @@ struct Kernels {
     CUfunction embed, mm_bf16, mm_f32, mm_nf4, gemm_bf16, gemm_nf4, gemv_bf16, gemv_nf4, tc_bf16, tc_nf4, rms, elem, rope, kv, attn_part, attn_merge, argmax;
     CUfunction gemv[2][5][2];   // [nf4][lanes per row 8..128][pairs]
     CUfunction resnorm, qkv_post, attn_decode, attn_decode_bf16, attn_decode_post, attn_decode_post_bf16, nf4_to_bf16, f32_to_bf16, add_bias;
+    // The four decode attention kernels above compiled for head dim 256 / 512 ([0] / [1]; order attn_decode,
+    // _bf16, _post, _post_bf16): only in modules specialised for a group size (cuda.attn_hpg) of 8 or more,
+    // in plans compiled since session 36; null otherwise.
+    CUfunction attn_dim[2][4];
     CUfunction attn_o[4];   // g4_attn_o_nf4_g1..4 (sm_90 plans only): the decode merge + o projection
     CUfunction ple[4];      // g4_ple_bf16_g1..4 (sm_90 plans only): the per-layer-input gate + projection
     // g4_mlp_nf4[_b256] with f32 block scales, then g4_mlp_nf4[_b256]_dq with double quant (sm_90 plans only;

@@ -151,6 +151,21 @@ def main():
     print(f"{'launch':<28} {'n':>4} {'us/token':>9} {'share':>6} {'us/launch':>9} {'post/launch':>11} {'lastE/launch':>12}")
     for k, s in sorted(agg.items(), key=lambda kv: -kv[1][1]):
         print(f"{k:<28} {s[0]:>4} {s[1]:9.1f} {100 * s[1] / tot:5.1f}% {s[1] / s[0]:9.2f} {s[2] / s[0]:11.2f} {s[3] / s[0]:12.2f}")
+    # Hand-offs: a launch's step less its first block's post (release to exit), by the launch and the one after
+    # it: how long after that block's exit the next launch is released (for one-block launches, the kernel
+    # boundary; larger when the next launch's pre-wait work or dispatch finishes later than the wait would).
+    hand = collections.OrderedDict()
+    for r0, r1 in zip(rows, rows[1:]):
+        if math.isnan(r0[3]) or math.isnan(r0[5]):
+            continue
+        h = hand.setdefault((r0[1], r1[1]), [0, 0.0, 0.0])
+        h[0] += 1
+        h[1] += r0[3] - r0[5]
+        h[2] += r1[4]
+    print("\nhand-offs, us a launch (step - post of the first, then the next launch's pre):")
+    print(f"{'launch -> next':<58} {'n':>4} {'step-post':>9} {'next pre':>9}")
+    for (k0, k1), h in sorted(hand.items(), key=lambda kv: -kv[1][1]):
+        print(f"{k0 + ' -> ' + k1:<58} {h[0]:>4} {h[1] / h[0]:9.2f} {h[2] / h[0]:9.2f}")
     if a.csv:
         with open(a.csv, "w") as f:
             f.write("i,launch,blocks,step_us,pre_us,post_us,last_start_us,last_end_us,start_minus_prev_release_us,m0_us,m1_us,m2_us,m3_us\n")

@@ -740,8 +740,8 @@ CUresult launch_decode_attention(SessionState* st, const plan::Plan& p, const Pl
     AttnPostH pa = post ? *post : AttnPostH{};
     void* args[] = {&step, &q, &kc, &vc, &heads, &kvh, &dim, &slots, &window, &scale, &dsp, &part, &kvdt, &pa};   // pa: post only
     CUfunction f = post ? (kvdt ? K.attn_decode_post_bf16 : K.attn_decode_post) : (kvdt ? K.attn_decode_bf16 : K.attn_decode);
-    if ((dim == 256 || dim == 512) && K.attn_dim[dim == 512][(post ? 2 : 0) + (kvdt ? 1 : 0)])   // the head dim compiled in
-        f = K.attn_dim[dim == 512][(post ? 2 : 0) + (kvdt ? 1 : 0)];
+    if (dim == 256 || dim == 512)   // the same kernel with the head dim compiled in, where the module has it
+        if (CUfunction fd = K.attn_dim[dim == 512][(post ? 2 : 0) + (kvdt ? 1 : 0)]) f = fd;
     CUresult r = launch(st, f, (unsigned)kvh, (unsigned)dsp, 256, args);
     if (r != 0 || st->skip_merge || st->merge_in_next) return r;   // merge_in_next: the AttnO launch merges
     void* margs[] = {&step, &part, &heads, &dim, &dsp, &y, &ldy, &window};

@@ -1303,6 +1303,31 @@ template <int B> __device__ __forceinline__ u32 nf4_pair_off(u32 w, u32 lane_off
 __device__ __forceinline__ void nf4_pair_table_wide(float2* tab) {
     for (int i = threadIdx.x; i < NF4_PAIRS; i += blockDim.x) tab[(i >> 4) * 32 + (i & 15)] = make_float2(kNf4[i >> 8], kNf4[(i >> 4) & 15]);
 }
+// Either pair table (W: the wide one) by a block of B threads (blockDim.x == B), B a multiple of 128: float4 f
+// = tid + B k holds copies 2 (f & 7) and 2 (f & 7) + 1 of entry e = f >> 3, whose values (cb[e >> 4], cb[e &
+// 15]) are cb[(B / 128) k + (tid >> 7)] and cb[(tid >> 3) & 15]. Unrolled: 4096 / (2 B) 16-byte stores a
+// thread and a constant load each, independent of one another, against the loops above (32 iterations at
+// 128 threads of two dependent indexed constant loads and an 8-byte store: 15 SASS instructions each). The
+// tables are built before the programmatic wait, so this is on the critical path whenever the kernel
+// waited on finishes first. Other B: the loops above.
+template <int B, bool W> __device__ __forceinline__ void nf4_pair_table_b(float2* tab) {
+    if constexpr (B % 128 == 0 && B <= 2048) {
+        const int t    = threadIdx.x;
+        const float lo = kNf4[(t >> 3) & 15];
+        const float* hc = kNf4 + (t >> 7);
+        float4* t4      = (float4*)tab;
+#pragma unroll
+        for (int k = 0; k < NF4_PAIRS / 2 / B; ++k) {
+            const int f = t + B * k, e = f >> 3;
+            const float hi = hc[(B / 128) * k];
+            t4[W ? e * 16 + (f & 7) : f] = make_float4(hi, lo, hi, lo);
+        }
+    } else if constexpr (W) {
+        nf4_pair_table_wide(tab);
+    } else {
+        nf4_pair_table(tab);
+    }
+}
 template <int B> __device__ __forceinline__ u32 nf4_pair_off_wide(u32 w, u32 lane_off) {
     return __byte_perm(w, lane_off, 0x5504u | (B << 4));
 }
@@ -1445,8 +1470,7 @@ __device__ __forceinline__ void gemv_body(const GemvArgs& a, float2* tab, float4
 #pragma unroll
             for (int q = 0; q < G; ++q) prefetch_l2(wrow[q] + c);
     if (kIsNf4) {
-        if (W) nf4_pair_table_wide(tab);
-        else nf4_pair_table(tab);
+        nf4_pair_table_b<B, W>(tab);
         __syncthreads();
     }
     // bf16 (the per-layer-input gate): epilogue 2's multiplier, the per-layer input written at the start
@@ -1770,7 +1794,7 @@ template <int G> __device__ __forceinline__ void attn_o_body(const AttnOArgs& a,
         for (int k = 0; k < 4; ++k) pk[g][k] = __ldcs((const uint4*)(tile + (long)(r0 + k) * 16));
         a.o.raw4(c64, H, r0, raw[g]);
     }
-    nf4_pair_table_wide(tab);
+    nf4_pair_table_b<AO_B, true>(tab);
     pdl_begin();
     // The merge of this block's 32 columns (g4_attention_merge's arithmetic for a decode row).
     const int dim = a.dim, D2 = dim + 2, pos = a.s->pos0;

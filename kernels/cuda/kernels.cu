@@ -1447,12 +1447,15 @@ __device__ __forceinline__ void gemv_body(const GemvArgs& a, float2* tab, float4
     // wait on the previous kernel: weights never depend on it, so their DRAM latency overlaps its tail
     // (and the pair table's set-up). Two, not three: the kernel waited on runs faster under less DRAM
     // traffic from its dependent's loads (H100, session 28: E2B +2.3%, E4B +3.4% tok/s against three).
+    // The fused MLP (U2) loads one: it follows a one-block ResNorm, and its 192-384 blocks' front loads
+    // (megabytes) delayed that ResNorm's exit and the MLP's release (H200, session 37: E2B +0.8% / +0.9%,
+    // E4B +0.2% / +0.3% tok/s at depth 16 / 4096 against two).
     // Later chunks (E2B's wide and E4B's gate/up: 4 and 8 a lane on sm_90, E4B's down 3; bf16 rows of more
     // than FC * L chunks) are loaded in the loop below, one chunk ahead of the multiply. bf16 rows' later
     // chunks are also pulled into L2 before the wait; NF4 rows' are not: the post-wait prefetch of the whole
     // rest of the matrix (E4B's gate/up: 24 MB at once) cost more than it saved once the loop loaded a chunk
     // ahead (H100, session 29: without it E4B +3.0%, E2B +0.3% tok/s).
-    constexpr int FC = 2;
+    constexpr int FC = U2 ? 1 : 2;
     uint4 pk0[FC][G];
     u32 raw0[FC][G];
 #pragma unroll

@@ -97,9 +97,13 @@ def main():
             mid = (lo + hi) // 2
             if lst[mid]["t0"] < f["t0"]: lo = mid + 1
             else: hi = mid
-        if lo < len(lst) and lst[lo]["t0"] - f["t0"] < 200000:
-            return lst[lo]
-        return None
+        # The nearest in time either way: the last block may enter before the first (then the next
+        # record of the same tag and key is a later launch's, e.g. the next layer's PLE, 30-80 us on).
+        near = [lst[j] for j in (lo - 1, lo) if 0 <= j < len(lst)]
+        if not near:
+            return None
+        l = min(near, key=lambda x: abs(x["t0"] - f["t0"]))
+        return l if abs(l["t0"] - f["t0"]) < 20000 else None
 
     cols = collections.defaultdict(lambda: collections.defaultdict(list))
     tok = []

@@ -1371,9 +1371,10 @@ template <bool W> __device__ __forceinline__ int xs_slot(int c, int v) {
 // variants also take other values of both). SM: the NF4 scale format (NF4_SCALES_*); XA: every chunk of x
 // is staged (K <= 32 GV_XS_EXT_CHUNKS with the wide table), so the loop has no global-memory path for x; U2:
 // the loop over the chunks past the front ones is unrolled by two, its two register sets of codes and scales
-// taking turns (no copy of the next chunk's registers an iteration; the body's code twice).
+// taking turns (no copy of the next chunk's registers an iteration; the body's code twice); FC: the chunks a
+// lane loads before the programmatic wait (below).
 template <bool kIsNf4, int L, int M, int G = GV_OUT, bool XS = false, int B = 128, bool W = false, int SM = NF4_SCALES_ANY,
-          bool XA = false, bool U2 = false>
+          bool XA = false, bool U2 = false, int FC = 2>
 __device__ __forceinline__ void gemv_body(const GemvArgs& a, float2* tab, float4* xs = nullptr, int vblock = -1) {
     G4_TRACE_SCOPE(1u | (kIsNf4 ? 16u : 0u) | (u32)M << 5 | (u32)L << 8 | (u32)a.epi << 16 | (u32)a.nmat << 20, a.m[0].w);
     constexpr int R  = G / M;          // outputs per lane group
@@ -1447,7 +1448,7 @@ __device__ __forceinline__ void gemv_body(const GemvArgs& a, float2* tab, float4
     // wait on the previous kernel: weights never depend on it, so their DRAM latency overlaps its tail
     // (and the pair table's set-up). Two, not three: the kernel waited on runs faster under less DRAM
     // traffic from its dependent's loads (H100, session 28: E2B +2.3%, E4B +3.4% tok/s against three).
-    // The fused MLP (U2) loads one: it follows a one-block ResNorm, and its 192-384 blocks' front loads
+    // The fused MLP loads one: it follows a one-block ResNorm, and its 192-384 blocks' front loads
     // (megabytes) delayed that ResNorm's exit and the MLP's release (H200, session 37: E2B +0.8% / +0.9%,
     // E4B +0.2% / +0.3% tok/s at depth 16 / 4096 against two).
     // Later chunks (E2B's wide and E4B's gate/up: 4 and 8 a lane on sm_90, E4B's down 3; bf16 rows of more
@@ -1455,7 +1456,6 @@ __device__ __forceinline__ void gemv_body(const GemvArgs& a, float2* tab, float4
     // chunks are also pulled into L2 before the wait; NF4 rows' are not: the post-wait prefetch of the whole
     // rest of the matrix (E4B's gate/up: 24 MB at once) cost more than it saved once the loop loaded a chunk
     // ahead (H100, session 29: without it E4B +3.0%, E2B +0.3% tok/s).
-    constexpr int FC = U2 ? 1 : 2;
     uint4 pk0[FC][G];
     u32 raw0[FC][G];
 #pragma unroll
@@ -1691,7 +1691,7 @@ template <int B, int SM, bool XA = true> __device__ __forceinline__ void mlp_bod
     const int j = blockIdx.x, H = a.H, I = a.I;
     GemvArgs g = a.gu;
     g.out      = s_act - j * MLP_S;   // gemv_body stores output o at out[o]: this block's 32
-    gemv_body<true, 2 * B / MLP_S, 2, GV_OUT, true, B, true, SM, XA, true>(g, (float2*)mlp_wide, mlp_wide);
+    gemv_body<true, 2 * B / MLP_S, 2, GV_OUT, true, B, true, SM, XA, true, 1>(g, (float2*)mlp_wide, mlp_wide);
     // The down slice: rows r0 .. r0 + 3 for r0 = 4 tid + 4 B i. Each iteration's codes and scales are loaded
     // while the one before multiplies (the first before the barrier, while other warps finish the gate/up),
     // in two register sets taking turns.

@@ -28,18 +28,18 @@ def launches_of(recs):
         heads[k].sort(key=lambda x: x["t1"])
     t1s = {k: [h["t1"] for h in hs] for k, hs in heads.items()}
     blocks = {id(h): [h] for hs in heads.values() for h in hs}
-    lost = 0
+    lost = collections.Counter()
     for x in recs:
         if x["lin"] == 0:
             continue
         hs = heads.get((x["tag"], x["key"]))
         if not hs:
-            lost += 1
+            lost[name_of(x["tag"])] += 1
             continue
         j = bisect.bisect_left(t1s[(x["tag"], x["key"])], x["t1"])
         best = min((h for h in hs[max(0, j - 1):j + 1]), key=lambda h: abs(h["t1"] - x["t1"]))
         if abs(best["t1"] - x["t1"]) > 100000:
-            lost += 1
+            lost[name_of(x["tag"])] += 1
             continue
         blocks[id(best)].append(x)
     out = []
@@ -64,8 +64,16 @@ def main():
     for x in recs:
         x["lin"] = (x["smid"] & 0x7FFFFFFF) >> 8
     L, lost = launches_of(recs)
-    print(f"{n} records, {len(L)} launches, {lost} records matched to no launch")
+    print(f"{n} records, {len(L)} launches, {sum(lost.values())} records matched to no launch "
+          f"({', '.join(f'{k} {c}' for k, c in lost.most_common(6))})")
+    kinds = collections.Counter(name_of(l["tag"]) for l in L)
+    print("launches by kind: " + ", ".join(f"{k} {c}" for k, c in kinds.most_common()))
+    if L:
+        print(f"span {(L[-1]['R'] - L[0]['R']) / 1e6:.2f} ms")
     steps, want = decode_steps(L, a.skip)
+    if len(want) < 50:   # not a whole decode step: show what follows the last embedding, to fix decode_steps
+        j = max(i for i, l in enumerate(L) if l["tag"] & 15 == 7)
+        print("after the last embedding: " + ", ".join(name_of(l["tag"]) for l in L[j:j + 60]))
     P = len(want)
     cols = collections.defaultdict(lambda: collections.defaultdict(list))
     tok = []

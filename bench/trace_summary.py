@@ -31,6 +31,8 @@ def name_of(tag):
     if kind == 3:
         post, bf16, sliding = (tag >> 4) & 1, (tag >> 5) & 1, (tag >> 6) & 1
         return f"attn_{'sliding' if sliding else 'full'}{'+post' if post else ''}"
+    if kind == 15:   # the fused MLP; its mark 0: the gate/up done (the down projection follows)
+        return f"mlp b{256 if (tag >> 4) & 1 else 128}"
     if kind == 9:
         return ["add", "gelu_mul", "scale", "softcap"][min((tag >> 8) & 255, 3)]
     return {2: "resnorm", 4: "merge", 5: "qkv_post", 6: "argmax", 7: "embed", 8: "rms_norm", 10: "matmul_bf16",
@@ -38,14 +40,16 @@ def name_of(tag):
 
 
 def decode_steps(launches, skip):
-    """Decode steps end with the argmax: the (begin, end) index ranges of the steps whose launch sequence
-    (tags) is the commonest one, less the first `skip`, and that sequence."""
-    cuts = [i for i, x in enumerate(launches) if x["tag"] & 15 == 6]
-    segs = [(cuts[i] + 1, cuts[i + 1] + 1) for i in range(len(cuts) - 1)]
+    """Decode steps begin with the embeddings (the greedy step's LM-head screen and argmax are not traced):
+    the (begin, end) index ranges of the steps whose launch sequence (tags) is the commonest one, less the
+    first `skip`, and that sequence. Prefill chunks begin with an embedding too; their sequences differ."""
+    emb  = lambda i: launches[i]["tag"] & 15 == 7
+    cuts = [i for i in range(len(launches)) if emb(i) and (i == 0 or not emb(i - 1))]   # a step's first embedding
+    segs = [(cuts[i], cuts[i + 1]) for i in range(len(cuts) - 1)]
     sig = lambda s: tuple(x["tag"] for x in launches[s[0]:s[1]])
     common = collections.Counter(sig(s) for s in segs).most_common(1)
     if not common:
-        sys.exit("no decode steps found (no two argmax launches)")
+        sys.exit("no decode steps found (fewer than two embedding launches)")
     want = common[0][0]
     steps = [s for s in segs if sig(s) == want][skip:]
     print(f"{len(segs)} steps, {len(steps)} used ({len(want)} traced launches a step)")

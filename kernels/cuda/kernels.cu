@@ -58,20 +58,20 @@ struct TraceScope {
     unsigned long long key, t0;
     unsigned int tag, blocks, last, idx;   // idx: G4_TRACE_ALL, the block's index << 8, else 0
     bool on;
-    __device__ TraceScope(unsigned int tag_, const void* k) {
+    __device__ TraceScope(unsigned int tag_, const void* k, bool enable = true) {   // enable false: records nothing
         blocks = gridDim.x * gridDim.y * gridDim.z;
         const unsigned int lin = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
 #ifdef G4_TRACE_ALL
-        on   = threadIdx.x == 0;
+        on   = enable && threadIdx.x == 0;
         last = lin == blocks - 1 && lin != 0;
         idx  = lin << 8;
 #else
-        on   = threadIdx.x == 0 && (lin == 0 || lin == blocks - 1);
+        on   = enable && threadIdx.x == 0 && (lin == 0 || lin == blocks - 1);
         last = lin != 0;
         idx  = 0;
 #endif
         if (on) t0 = g4_gtimer(), key = (unsigned long long)k, tag = tag_;
-        if (threadIdx.x == 0) g4_trace_tw = 0, g4_trace_mk[0] = g4_trace_mk[1] = g4_trace_mk[2] = g4_trace_mk[3] = 0;
+        if (enable && threadIdx.x == 0) g4_trace_tw = 0, g4_trace_mk[0] = g4_trace_mk[1] = g4_trace_mk[2] = g4_trace_mk[3] = 0;
     }
     __device__ ~TraceScope() {
         if (!on) return;
@@ -88,12 +88,14 @@ struct TraceScope {
     }
 };
 #define G4_TRACE_SCOPE(tag, key) TraceScope g4_trace_scope_((tag), (key))
+#define G4_TRACE_SCOPE_IF(on, tag, key) TraceScope g4_trace_scope_((tag), (key), (on))
 #define G4_TRACE_MARK(k)                                                                \
     do {                                                                                \
         if (threadIdx.x == 0) g4_trace_mk[k] = (unsigned int)(g4_gtimer() - g4_trace_tw); \
     } while (0)
 #else
 #define G4_TRACE_SCOPE(tag, key)
+#define G4_TRACE_SCOPE_IF(on, tag, key)
 #define G4_TRACE_MARK(k) \
     do {                 \
     } while (0)
@@ -1372,11 +1374,12 @@ template <bool W> __device__ __forceinline__ int xs_slot(int c, int v) {
 // is staged (K <= 32 GV_XS_EXT_CHUNKS with the wide table), so the loop has no global-memory path for x; U2:
 // the loop over the chunks past the front ones is unrolled by two, its two register sets of codes and scales
 // taking turns (no copy of the next chunk's registers an iteration; the body's code twice); FC: the chunks a
-// lane loads before the programmatic wait (below).
+// lane loads before the programmatic wait (below); TR: the timeline lab's record (false inside a kernel that
+// keeps its own, the fused MLP).
 template <bool kIsNf4, int L, int M, int G = GV_OUT, bool XS = false, int B = 128, bool W = false, int SM = NF4_SCALES_ANY,
-          bool XA = false, bool U2 = false, int FC = 2>
+          bool XA = false, bool U2 = false, int FC = 2, bool TR = true>
 __device__ __forceinline__ void gemv_body(const GemvArgs& a, float2* tab, float4* xs = nullptr, int vblock = -1) {
-    G4_TRACE_SCOPE(1u | (kIsNf4 ? 16u : 0u) | (u32)M << 5 | (u32)L << 8 | (u32)a.epi << 16 | (u32)a.nmat << 20, a.m[0].w);
+    G4_TRACE_SCOPE_IF(TR, 1u | (kIsNf4 ? 16u : 0u) | (u32)M << 5 | (u32)L << 8 | (u32)a.epi << 16 | (u32)a.nmat << 20, a.m[0].w);
     constexpr int R  = G / M;          // outputs per lane group
     constexpr int LW = L < 32 ? L : 32;     // lanes of the group in one warp
     constexpr int KS = L / LW;              // warps per group
@@ -1688,10 +1691,11 @@ __device__ __forceinline__ void red_add_v4(float* p, float4 v) {
 // session 34, with SM NF4_SCALES_ANY).
 template <int B, int SM, bool XA = true> __device__ __forceinline__ void mlp_body(const MlpArgs& a, float4* mlp_wide) {
     __shared__ float s_act[MLP_S];
+    G4_TRACE_SCOPE(15u | (B == 256 ? 16u : 0u), a.y);   // the whole kernel; mark 0: the gate/up done
     const int j = blockIdx.x, H = a.H, I = a.I;
     GemvArgs g = a.gu;
     g.out      = s_act - j * MLP_S;   // gemv_body stores output o at out[o]: this block's 32
-    gemv_body<true, 2 * B / MLP_S, 2, GV_OUT, true, B, true, SM, XA, true, 1>(g, (float2*)mlp_wide, mlp_wide);
+    gemv_body<true, 2 * B / MLP_S, 2, GV_OUT, true, B, true, SM, XA, true, 1, false>(g, (float2*)mlp_wide, mlp_wide);
     // The down slice: rows r0 .. r0 + 3 for r0 = 4 tid + 4 B i. Each iteration's codes and scales are loaded
     // while the one before multiplies (the first before the barrier, while other warps finish the gate/up),
     // in two register sets taking turns.
@@ -1706,6 +1710,7 @@ template <int B, int SM, bool XA = true> __device__ __forceinline__ void mlp_bod
     };
     if (4 * (int)threadIdx.x < H) load(4 * threadIdx.x, pa, ra);
     __syncthreads();
+    G4_TRACE_MARK(0);
     float av[MLP_S];
 #pragma unroll
     for (int c = 0; c < MLP_S; ++c) av[c] = s_act[c];

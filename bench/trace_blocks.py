@@ -53,10 +53,46 @@ def launches_of(recs):
                 "tag": h["tag"], "grid": h["blocks"], "seen": len(bl), "R": R, "E0": min(b["t0"] for b in bl),
                 "Emax": max(b["t0"] for b in bl), "X": t2s[-1], "X2": t2s[-2] if len(t2s) > 1 else t2s[-1],
                 "late": sum(1 for b in bl if b["t0"] > R), "maxrun": max(b["t2"] - b["t1"] for b in bl),
-                "lastrun": lastb["t2"] - lastb["t1"], "lastrel": lastb["t1"] - R,
+                "lastrun": lastb["t2"] - lastb["t1"], "lastrel": lastb["t1"] - R, "bl": bl,
             })
     out.sort(key=lambda l: l["R"])
     return out, lost
+
+
+def sm_loads(L, steps, want):
+    """The fused MLP's blocks by SM: how many SMs a launch used and the most blocks one held, and each block's
+    wait-to-exit time (its gate/up to mark 0, then the down projection) by how many of the launch's blocks
+    its SM held, means over steps per launch position."""
+    pos = [i for i, t in enumerate(want) if t & 15 == 15]
+    if not pos:
+        return
+    print("\nfused MLP blocks by SM load, means over steps (us; k = the launch's blocks on the block's SM):")
+    print(f"{'i':>4} {'launch':<12} {'step':>6} {'SMs':>5} {'max k':>5} {'SMs@max':>7}   " +
+          "  ".join(f"k={k}: n  run  g/u  down" for k in (1, 2, 3)))
+    for i in pos:
+        acc = collections.defaultdict(list)
+        for (b, e) in steps:
+            l = L[b + i]
+            per = collections.Counter(x["smid"] & 0xFF for x in l["bl"])
+            acc["sms"].append(len(per))
+            acc["kmax"].append(max(per.values()))
+            acc["atmax"].append(sum(1 for v in per.values() if v == max(per.values())))
+            if b + i + 1 < len(L):
+                acc["step"].append(L[b + i + 1]["R"] - l["R"])
+            for x in l["bl"]:
+                k = per[x["smid"] & 0xFF]
+                acc[f"n{k}"].append(1)
+                acc[f"run{k}"].append(x["t2"] - x["t1"])
+                if x["m0"]:
+                    acc[f"gu{k}"].append(x["m0"])
+                    acc[f"dn{k}"].append(x["t2"] - x["t1"] - x["m0"])
+        m = lambda v: statistics.fmean(v) if v else float("nan")
+        cols = []
+        for k in (1, 2, 3):
+            n = len(acc[f"n{k}"]) / max(1, len(steps))
+            cols.append(f"{n:5.0f} {m(acc[f'run{k}']) / 1e3:5.2f} {m(acc[f'gu{k}']) / 1e3:4.2f} {m(acc[f'dn{k}']) / 1e3:5.2f}")
+        print(f"{i:>4} {name_of(want[i]):<12} {m(acc['step']) / 1e3:6.2f} {m(acc['sms']):5.1f} {m(acc['kmax']):5.1f} "
+              f"{m(acc['atmax']):7.1f}   " + "  ".join(cols))
 
 
 def main():
@@ -123,6 +159,7 @@ def main():
     print(f"{'launch':<28} {'n':>4} {'us/token':>9} {'share':>6} " + " ".join(f"{h:>7}" for h in hdr[4:]))
     for k, s in sorted(agg.items(), key=lambda kv: -kv[1][1]):
         print(f"{k:<28} {s[0]:>4} {s[1]:9.1f} {100 * s[1] / tot:5.1f}% " + " ".join(f"{x / s[0]:7.2f}" for x in s[1:]))
+    sm_loads(L, steps, want)
     if a.csv:
         with open(a.csv, "w") as f:
             f.write(",".join(hdr) + "\n")

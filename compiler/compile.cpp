@@ -505,15 +505,16 @@ void write_plan(const Inputs& in, const std::string& out_path, Mode mode, Report
         if (d.kind == TensorKind::Weight && d.dims.size() == 2 && t < n_text_tensors) max_k = std::max(max_k, d.dims[1]);
         if (d.kind != TensorKind::Weight && d.kind != TensorKind::KvCache) off[t] = act_off[t];
     }
-    // Lays out the tensors of `kind` group by group, each 64-byte aligned, in `order`; returns where
-    // each group starts (and, last, the end).
+    // Lays out the tensors of `kind` group by group, each aligned (weights plan::kWeightAlign, caches
+    // kTensorAlign), in `order`; returns where each group starts (and, last, the end).
     auto lay_out = [&](TensorKind kind, uint64_t& size, std::vector<size_t>& order) {
+        const uint64_t align = kind == TensorKind::Weight ? plan::kWeightAlign : plan::kTensorAlign;
         std::vector<uint64_t> starts;
         for (int g = 0; g <= towers_group; ++g) {
             starts.push_back(size);
             for (size_t t = 0; t < prog.tensors.size(); ++t) {
                 if (prog.tensors[t].kind != kind || group[t] != g) continue;
-                size   = align_up(size, plan::kTensorAlign);
+                size   = align_up(size, align);
                 off[t] = size;
                 size += nbytes[t];
                 order.push_back(t);
@@ -707,7 +708,7 @@ void write_plan(const Inputs& in, const std::string& out_path, Mode mode, Report
     std::vector<float> f32;
     std::future<void> pending;   // declared after the buffers: its destructor waits before they go
     std::map<std::string, std::vector<float>> biases;   // weight name -> LoRA bias
-    static const uint8_t zeros[plan::kTensorAlign] = {};
+    static const uint8_t zeros[plan::kWeightAlign] = {};
     for (size_t t : worder) {
         std::vector<uint8_t>& buf = bufs[cur];
         const TensorDesc& d = prog.tensors[t];

@@ -490,8 +490,10 @@ std::vector<DeviceMemory> memory_plan(const Figures& f, const Placement& p, bool
     }
     std::map<int, DeviceMemory> gpu;
     DeviceMemory& g = gpu[p.cuda_index];
-    // Moved from the host to the plan's GPU.
-    const uint64_t on_gpu = (p.vision_gpu ? f.vision_weights : 0) + (p.audio_gpu ? f.audio_weights : 0);
+    // Moved from the host to the plan's GPU; with both towers there, the alignment padding between their
+    // ranges goes too (no host part is left).
+    const uint64_t on_gpu = p.vision_gpu && p.audio_gpu ? f.tower_weights
+                                                        : (p.vision_gpu ? f.vision_weights : 0) + (p.audio_gpu ? f.audio_weights : 0);
     if (f.gpus.empty()) {
         g.parts = {{"weights", f.weights - f.host_weights - f.tower_weights - (ple_host ? f.ple_table : 0)},
                    {"activations", f.activations},

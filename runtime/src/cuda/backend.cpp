@@ -121,10 +121,14 @@ g4_status open_gpu(const plan::Plan& p, EngineState* st, Gpu& g, const plan::Pro
         const PlanTensor& t = p.tensor(st->ple_tensor);
         ple_b = t.offset, ple_e = (t.offset + t.nbytes + plan::kTensorAlign - 1) / plan::kTensorAlign * plan::kTensorAlign;
     }
+    // Each segment at an offset congruent to its plan offset modulo plan::kWeightAlign (cuMemAlloc's base is
+    // at least 256-byte aligned), so the device copy keeps the alignment the compiler gave the weights.
     uint64_t at = 0;
     for (auto [b, e] : part.weights) {
         auto add = [&](uint64_t x, uint64_t y) {
-            if (y > x) g.segs.push_back({x, y, at}), at += y - x;
+            if (y <= x) return;
+            at += (x - at) & (plan::kWeightAlign - 1);
+            g.segs.push_back({x, y, at}), at += y - x;
         };
         if (ple_e > b && ple_b < e) add(b, ple_b), add(std::min(e, ple_e), e);
         else add(b, e);

@@ -5,7 +5,7 @@
 //   STRINGS  NUL-terminated names referenced by tensors and ops
 //   TENSORS  PlanTensor records: weights (in WEIGHTS), activations (arena offsets), KV caches, inputs
 //   OPS      PlanOp records: the program the runtime replays, in order
-//   WEIGHTS  tensor bytes, each 64-byte aligned, used in place from the mmap (CPU) or uploaded (CUDA)
+//   WEIGHTS  tensor bytes, each 256-byte aligned (plans before session 38: 64), used in place from the mmap (CPU) or uploaded (CUDA)
 //   TOKENIZER tokenizer.json text; CUBIN/PTX the CUDA kernels compiled for the plan's target
 //   CUDA_SCHEDULE CudaLaunch records: the launches of one decode step (fused kernels), CUDA plans only
 //
@@ -23,7 +23,12 @@ inline constexpr char kMagic[8]        = {'G', '4', 'P', 'L', 'A', 'N', 0, 0};
 inline constexpr uint16_t kFormatMajor = 1;
 inline constexpr uint16_t kFormatMinor = 0;
 inline constexpr uint64_t kSectionAlign = 4096;
-inline constexpr uint64_t kTensorAlign  = 64;
+inline constexpr uint64_t kTensorAlign  = 64;    // what the reader requires of every tensor's offset
+// What the compiler gives each weight (in WEIGHTS; a GPU's copy keeps offsets modulo it, cuda/backend.cpp):
+// at 64 bytes, each text layer's tensors took up an odd number of 64-byte units (its one-float layer
+// scalar), so every other layer's matrices started half a 128-byte line off, and the fused decode MLP,
+// whose 8-lane groups read 128 bytes of a row at a time, ran 1.5-4.6% slower on those layers (session 38).
+inline constexpr uint64_t kWeightAlign  = 256;
 
 enum class SectionKind : uint32_t { Meta = 1, Strings = 2, Tensors = 3, Ops = 4, Weights = 5, Tokenizer = 6, Cubin = 7, Ptx = 8, CudaSchedule = 9 };
 

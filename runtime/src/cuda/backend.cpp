@@ -121,19 +121,8 @@ g4_status open_gpu(const plan::Plan& p, EngineState* st, Gpu& g, const plan::Pro
         const PlanTensor& t = p.tensor(st->ple_tensor);
         ple_b = t.offset, ple_e = (t.offset + t.nbytes + plan::kTensorAlign - 1) / plan::kTensorAlign * plan::kTensorAlign;
     }
-    // Each segment at an offset congruent to its plan offset modulo plan::kWeightAlign (cuMemAlloc's base is
-    // at least 256-byte aligned), so the device copy keeps the alignment the compiler gave the weights.
-    uint64_t at = 0;
-    for (auto [b, e] : part.weights) {
-        auto add = [&](uint64_t x, uint64_t y) {
-            if (y <= x) return;
-            at += (x - at) & (plan::kWeightAlign - 1);
-            g.segs.push_back({x, y, at}), at += y - x;
-        };
-        if (ple_e > b && ple_b < e) add(b, ple_b), add(std::min(e, ple_e), e);
-        else add(b, e);
-    }
-    g.weights_bytes = at;
+    // Each segment at an offset congruent to its plan offset modulo plan::kWeightAlign (weight_segments.h).
+    g.weights_bytes = place_weight_segments(part.weights, ple_b, ple_e, &g.segs);
     size_t free_b = 0, total_b = 0;
     CU_TRY(d->cuMemGetInfo(&free_b, &total_b), "cuMemGetInfo");
     const uint64_t need = g.weights_bytes + need_extra;

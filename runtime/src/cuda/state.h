@@ -4,6 +4,7 @@
 #pragma once
 #include "runtime/src/cuda/cublas.h"
 #include "runtime/src/cuda/driver.h"
+#include "runtime/src/cuda/weight_segments.h"
 #include "g4/g4.h"
 
 #include <atomic>
@@ -57,7 +58,7 @@ struct Gpu {
     uint64_t weights_bytes = 0;   // on the device
     // Plan weight bytes [begin, end) live at weights + at: the plan's ranges for this GPU, less the
     // PLE table with ple=host.
-    struct Seg { uint64_t begin, end, at; };
+    using Seg = WeightSeg;
     std::vector<Seg> segs;
     std::string name;
     int sm = 0;

@@ -74,9 +74,10 @@ def sm_loads(L, steps, want):
         for (b, e) in steps:
             l = L[b + i]
             per = collections.Counter(x["smid"] & 0xFF for x in l["bl"])
+            kmax = max(per.values())
             acc["sms"].append(len(per))
-            acc["kmax"].append(max(per.values()))
-            acc["atmax"].append(sum(1 for v in per.values() if v == max(per.values())))
+            acc["kmax"].append(kmax)
+            acc["atmax"].append(sum(1 for v in per.values() if v == kmax))
             if b + i + 1 < len(L):
                 acc["step"].append(L[b + i + 1]["R"] - l["R"])
             for x in l["bl"]:
@@ -107,9 +108,6 @@ def main():
     if L:
         print(f"span {(L[-1]['R'] - L[0]['R']) / 1e6:.2f} ms")
     steps, want = decode_steps(L, a.skip)
-    if len(want) < 50:   # not a whole decode step: show what follows the last embedding, to fix decode_steps
-        j = max(i for i, l in enumerate(L) if l["tag"] & 15 == 7)
-        print("after the last embedding: " + ", ".join(name_of(l["tag"]) for l in L[j:j + 60]))
     P = len(want)
     cols = collections.defaultdict(lambda: collections.defaultdict(list))
     tok = []

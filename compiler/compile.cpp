@@ -30,6 +30,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <future>
@@ -574,7 +575,18 @@ void write_plan(const Inputs& in, const std::string& out_path, Mode mode, Report
         // sm_90: the decode MLP in one kernel, the attention's merge in the o projection's (fp32 atomic adds;
         // --deterministic keeps the separate kernels).
         const bool fuse = in.cuda_target == "sm_90" && !opt.deterministic;
-        schedule = cuda::decode_schedule(ops, tensors, op_dev, fuse, fuse, in.cuda_spec.attn_hpg);
+        // G4_MLP_REPLICAS=R (1..4; labs and tests): every fused MLP followed by its ResNorm gets R output
+        // replicas instead of cuda::mlp_replicas' choice.
+        int mlp_reps = 0;
+        if (const char* e = std::getenv("G4_MLP_REPLICAS"); e && *e) {
+            char* end   = nullptr;
+            const long r = std::strtol(e, &end, 10);
+            if (*end || r < 1 || r > plan::kMlpReplicasMax)
+                throw CompileError("G4_MLP_REPLICAS='" + std::string(e) + "': expected a number of output replicas from 1 to " +
+                                   std::to_string(plan::kMlpReplicasMax) + " (or unset it)");
+            mlp_reps = (int)r;
+        }
+        schedule = cuda::decode_schedule(ops, tensors, op_dev, fuse, fuse, in.cuda_spec.attn_hpg, mlp_reps);
         for (const plan::CudaLaunch& l : schedule) {
             if (l.kind == (uint16_t)plan::LaunchKind::Mlp) tensors[ops[l.ip[3]].in[1]].quant_flags |= plan::kQuantTiled32;
             if (l.kind == (uint16_t)plan::LaunchKind::AttnO) tensors[ops[l.op].in[1]].quant_flags |= plan::kQuantTiled32;
@@ -640,11 +652,14 @@ void write_plan(const Inputs& in, const std::string& out_path, Mode mode, Report
     // Session memory beyond the arenas: CUDA workspaces (runtime/src/cuda/workspace.h, which the
     // runtime allocates from), CPU per-thread scratch.
     {
-        rep->cuda_workspace = cuda_ws::workspace(ops.data(), ops.size(), tensors.data(), opt.max_rows, in.max_context, hp.vocab_size).device_bytes();
+        rep->cuda_workspace =
+            cuda_ws::workspace(ops.data(), ops.size(), tensors.data(), opt.max_rows, in.max_context, hp.vocab_size, true, nullptr, 0,
+                               schedule.data(), schedule.size())
+                .device_bytes();
         for (size_t g = 0; g < gpus.size(); ++g) {
             auto& f     = rep->gpus[gpus[g]];
             f.workspace = cuda_ws::workspace(ops.data(), ops.size(), tensors.data(), opt.max_rows, in.max_context, hp.vocab_size, g == 0,
-                                             op_dev.data(), gpus[g])
+                                             op_dev.data(), gpus[g], schedule.data(), schedule.size())
                               .device_bytes();
             f.weights = (wstart[1] - wstart[0]) + (wstart[2 + g] - wstart[1 + g]);
             f.kv      = kstart[2 + g] - kstart[1 + g];

@@ -334,7 +334,8 @@ struct Matcher {
 } // namespace
 
 std::vector<CudaLaunch> decode_schedule(const std::vector<PlanOp>& ops, const std::vector<PlanTensor>& tensors,
-                                        const std::vector<int>& device, bool fuse_mlp, bool fuse_attn_o, int attn_hpg) {
+                                        const std::vector<int>& device, bool fuse_mlp, bool fuse_attn_o, int attn_hpg,
+                                        int mlp_replicas_all) {
     Matcher m(ops, tensors, device);
     std::vector<CudaLaunch> out;
     for (size_t i = 0; i < ops.size();) {
@@ -366,6 +367,15 @@ std::vector<CudaLaunch> decode_schedule(const std::vector<PlanOp>& ops, const st
         for (int k = 0; k < l.ip[3]; ++k) n_out += tensors[ops[l.ip[k]].in[1]].dims[0];
         const int64_t groups = l.ip[4] == 1 ? (w.dims[0] + 1) / 2 : (n_out + 3) / 4;
         l.ip[5] = gemv_lanes(w.dims[1], w.dtype == (uint8_t)DType::NF4, groups);
+    }
+    // The MLPs' output replicas: only where the next launch is the ResNorm summing them (its d).
+    for (size_t li = 0; li < out.size(); ++li) {
+        CudaLaunch& l = out[li];
+        if (l.kind != (uint16_t)LaunchKind::Mlp) continue;
+        const CudaLaunch* n = li + 1 < out.size() ? &out[li + 1] : nullptr;
+        const bool ok = n && n->kind == (uint16_t)LaunchKind::ResNorm && n->t[1] == l.t[0] && (device.empty() || device[n->op] == device[l.op]);
+        const int64_t I = tensors[ops[l.ip[0]].in[1]].dims[0];
+        l.ip[6] = !ok ? 1 : mlp_replicas_all > 0 ? std::min(mlp_replicas_all, plan::kMlpReplicasMax) : mlp_replicas(I);
     }
     return out;
 }

@@ -69,6 +69,14 @@ inline int gemv_lanes(int64_t K, bool nf4, int64_t groups) {
 // layers (384 blocks) 18.9 / 21.4, E4B (320) 25.5 / 29.0.
 inline int mlp_threads(int64_t I) { return I / 32 <= 192 ? 256 : 128; }
 
+// Output replicas of the fused decode MLP (CudaLaunch ip6): kMlpReplicasMax when the grid is at least 384
+// blocks, else 1. Its blocks' fp32 atomic adds into the [H] output contend at the wide grids; with R
+// replicas, R times fewer meet at each address and the ResNorm after sums them. H100 (sessions 38-39,
+// bench/results/session39): R = 4 on E2B's 20 wide layers (I = 12288, 384 blocks) alone, decode +1.5% at
+// depth 16 (about 1.1 us a layer); on its 15 narrow layers (192 blocks) too, only +1.1%; on E4B (320
+// blocks) -0.4%.
+inline int mlp_replicas(int64_t I) { return I / 32 >= 384 ? plan::kMlpReplicasMax : 1; }
+
 // The launches of one decode step, covering every op exactly once, in order. Fusions:
 //   RmsNorm(d, in place) + Add(x, d) [+ Scale] [+ RmsNorm(x_out)]         -> ResNorm
 //   Matmul x1..3 sharing x (q, k, v)                                      -> Gemv (epilogue 0)
@@ -84,12 +92,15 @@ inline int mlp_threads(int64_t I) { return I / 32 <= 192 ? 256 : 128; }
 //   fuse_attn_o (sm_90 plans): the NF4 o Matmul right after a decode Attention op that takes g4_attn_decode
 //     (attn_hpg: the plan's cuda.attn_hpg) -> AttnO (the attention's merge in g4_attn_o_nf4; the o weights
 //     stored kQuantTiled32; the ResNorm making the layer's q/k/v input zeroes the o output)
+//   An Mlp launch followed by the ResNorm that reads its output as d, on the same device, gets mlp_replicas(I)
+//   output replicas (ip6; mlp_replicas_all > 0: that many for every such launch, a lab and test switch); any
+//   other Mlp launch gets 1.
 // A fusion is taken only when the intermediates it skips writing are read by no later op and all its
 // ops run on one device. device: per op, the CUDA index it runs on or -1 for the CPU (cross-device
 // plans; empty: all on one GPU). CPU ops and copy steps are never fused: each is one Op record, which
 // the runtime runs on the CPU or as a copy.
 std::vector<plan::CudaLaunch> decode_schedule(const std::vector<plan::PlanOp>& ops, const std::vector<plan::PlanTensor>& tensors,
                                               const std::vector<int>& device = {}, bool fuse_mlp = false, bool fuse_attn_o = false,
-                                              int attn_hpg = 0);
+                                              int attn_hpg = 0, int mlp_replicas_all = 0);
 
 } // namespace g4::cuda

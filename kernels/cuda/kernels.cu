@@ -1668,14 +1668,20 @@ struct Nf4Tiled {
 // bench/mlp_lab.cu: E2B 12.7 -> 11.0 us, but slower at 384 and 320 blocks), dynamic shared memory
 // cuda_rt::gemv_smem(true, 90, H). H % 4 == 0, I % 64 == 0. One kernel a scale format (_dq: double quant), so
 // the loops carry no predicated-off path for the other (bench/README session 34: 9-11% a kernel, E2B +3.3%,
-// E4B +4.5% decode on an H100).
+// E4B +4.5% decode on an H100). The _rep kernels add into output replicas (MlpArgs::nrep; the plan's ip6).
 struct MlpArgs {
     GemvArgs gu;            // gate (m[0]) and up (m[1]), x, k = H, epi 1
     Nf4Tiled dn;            // down, tiled [H, I]
     const float* bias;      // down's LoRA bias [H] or null (block 0 adds it)
     float* y;               // [H], zero at the wait
     int H, I;
+    // nrep > 0: block j adds into replica j % (nrep + 1) of y: y itself (0) or yr + (j % (nrep + 1) - 1) H
+    // (yr [nrep, H], zero at the wait; the ResNorm after sums and re-zeroes them), so nrep + 1 times fewer
+    // atomic adds meet at each address (the plan's CudaLaunch ip6 = nrep + 1, chosen by the compiler).
+    float* yr;
+    int nrep;
 };
+static_assert(sizeof(MlpArgs) == 312, "cuda_rt::MlpArgsH");
 #define MLP_S 32
 __device__ __forceinline__ void red_add_v4(float* p, float4 v) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -1689,7 +1695,8 @@ __device__ __forceinline__ void red_add_v4(float* p, float4 v) {
 // scale format of all three matrices (NF4_SCALES_F32 or _DQ; the runtime picks the kernel by the plan's). XA
 // false: the gate/up loop keeps a global-memory path for x (bench/mlp_mma_lab.cu's copy of the kernels before
 // session 34, with SM NF4_SCALES_ANY).
-template <int B, int SM, bool XA = true> __device__ __forceinline__ void mlp_body(const MlpArgs& a, float4* mlp_wide) {
+// REP: adds into the output replicas (a.nrep; the _rep kernels); without it the kernel reads neither field.
+template <int B, int SM, bool REP, bool XA = true> __device__ __forceinline__ void mlp_body(const MlpArgs& a, float4* mlp_wide) {
     __shared__ float s_act[MLP_S];
     G4_TRACE_SCOPE(15u | (B == 256 ? 16u : 0u), a.y);   // the whole kernel; mark 0: the gate/up done
     const int j = blockIdx.x, H = a.H, I = a.I;
@@ -1716,6 +1723,8 @@ template <int B, int SM, bool XA = true> __device__ __forceinline__ void mlp_bod
     for (int c = 0; c < MLP_S; ++c) av[c] = s_act[c];
     const u32 lane_off = (threadIdx.x & 15) * 8;
     const char* tb     = (const char*)mlp_wide;   // the pair table, still in place
+    const int rep      = REP && a.nrep > 0 ? j % (a.nrep + 1) : 0;
+    float* yt          = REP && rep ? a.yr + (long)(rep - 1) * H : a.y;
     auto down = [&](int r0, const uint4* pk, const u32* raw) {
         float out[4];
 #pragma unroll
@@ -1739,7 +1748,7 @@ template <int B, int SM, bool XA = true> __device__ __forceinline__ void mlp_bod
             out[k]       = (s0 + s1) * a.dn.scale<SM>(raw[k], b);
             if (a.bias && j == 0) out[k] += a.bias[r0 + k];
         }
-        red_add_v4(a.y + r0, make_float4(out[0], out[1], out[2], out[3]));
+        red_add_v4(yt + r0, make_float4(out[0], out[1], out[2], out[3]));
     };
     for (int r0 = 4 * threadIdx.x; r0 < H; r0 += 8 * B) {   // rows r0 (pa / ra) and r0 + 4 B (pb / rb)
         if (r0 + 4 * B < H) load(r0 + 4 * B, pb, rb);
@@ -1749,19 +1758,23 @@ template <int B, int SM, bool XA = true> __device__ __forceinline__ void mlp_bod
         down(r0 + 4 * B, pb, rb);
     }
 }
-#define G4_MLP(NAME, B, SM)                                                                    \
+#define G4_MLP(NAME, B, SM, REP)                                                               \
     extern "C" __global__ void __launch_bounds__(B, B == 128 ? 3 : 2) NAME(const MlpArgs a) { \
         extern __shared__ float4 mlp_wide[];                                                   \
-        mlp_body<B, SM>(a, mlp_wide);                                                          \
+        mlp_body<B, SM, REP>(a, mlp_wide);                                                     \
     }
 #else
-#define G4_MLP(NAME, B, SM) \
+#define G4_MLP(NAME, B, SM, REP) \
     extern "C" __global__ void NAME(const MlpArgs a) { __trap(); }   // scheduled on sm_90 plans only
 #endif
-G4_MLP(g4_mlp_nf4, 128, NF4_SCALES_F32)
-G4_MLP(g4_mlp_nf4_b256, 256, NF4_SCALES_F32)
-G4_MLP(g4_mlp_nf4_dq, 128, NF4_SCALES_DQ)
-G4_MLP(g4_mlp_nf4_b256_dq, 256, NF4_SCALES_DQ)
+G4_MLP(g4_mlp_nf4, 128, NF4_SCALES_F32, false)
+G4_MLP(g4_mlp_nf4_b256, 256, NF4_SCALES_F32, false)
+G4_MLP(g4_mlp_nf4_dq, 128, NF4_SCALES_DQ, false)
+G4_MLP(g4_mlp_nf4_b256_dq, 256, NF4_SCALES_DQ, false)
+G4_MLP(g4_mlp_nf4_rep, 128, NF4_SCALES_F32, true)
+G4_MLP(g4_mlp_nf4_b256_rep, 256, NF4_SCALES_F32, true)
+G4_MLP(g4_mlp_nf4_dq_rep, 128, NF4_SCALES_DQ, true)
+G4_MLP(g4_mlp_nf4_b256_dq_rep, 256, NF4_SCALES_DQ, true)
 
 // ---- the decode attention's merge and the o projection in one kernel (sm_90; schedule record AttnO) ----
 // Block j takes columns 32j .. 32j + 31 of the attention output (one head's: dim % 32 == 0): it merges them
@@ -2147,9 +2160,12 @@ G4_LM_EXACT(128)
 // (every plan's hidden size) take the float4 path: one or two 16-byte loads of x and of d a thread after
 // the wait, instead of up to eight branch-guarded scalar loads of each (E2B decode +4.7%, E4B +6.9% on
 // an H200, session 24); the scalar path takes the rest.
+// dr (or null): nrep replicas [nrep, H] of d (g4_mlp_nf4's nrep, at most RN_MAX), added to it in replica order and
+// zeroed by the thread that read them.
+#define RN_MAX 3   // plan::kMlpReplicasMax - 1
 __device__ __forceinline__ void resnorm_scalar(const float* x, const float* d, const void* pw, int pwdt, const void* sc, int sdt,
                                                float f, float* xout, const void* prew, int prewdt, float* xn, int H, float eps,
-                                               float* red) {
+                                               float* red, float* dr, int nrep) {
     float xv[8], dv[8], pwv[8], prv[8];
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
@@ -2165,6 +2181,11 @@ __device__ __forceinline__ void resnorm_scalar(const float* x, const float* d, c
         int i = threadIdx.x + j * blockDim.x;
         xv[j] = i < H ? x[i] : 0.0f;
         dv[j] = d && i < H ? d[i] : 0.0f;
+        if (d && dr && i < H)
+            for (int r = 0; r < nrep; ++r) {
+                dv[j] += dr[(long)r * H + i];
+                dr[(long)r * H + i] = 0.0f;
+            }
         ss += dv[j] * dv[j];
     }
     G4_TRACE_MARK(0);
@@ -2200,7 +2221,7 @@ __device__ __forceinline__ void resnorm_scalar(const float* x, const float* d, c
 template <int RV>
 __device__ __forceinline__ void resnorm_vec4(const float* x, const float* d, const void* pw, int pwdt, const void* sc, int sdt,
                                              float f, float* xout, const void* prew, int prewdt, float* xn, int H, float eps,
-                                             float* red, float* zero) {
+                                             float* red, float* zero, float* dr, int nrep) {
     float4 xv[RV], dv[RV];
     float pwv[RV * 4], prv[RV * 4];
     const int Q = H / 4;
@@ -2222,6 +2243,30 @@ __device__ __forceinline__ void resnorm_vec4(const float* x, const float* d, con
         const int q = min((int)(threadIdx.x + j * blockDim.x), Q - 1);
         xv[j]       = __ldcg(x4 + q);
         dv[j]       = __ldcg(d4 + q);
+    }
+    if (d && dr) {   // d's replicas (g4_mlp_nf4's nrep), added in replica order and zeroed by their reader
+        // RV 1 (every plan's launch): all loads out before the first add (one round trip); RV 2: as registers allow.
+        constexpr int RB = RV == 1 ? RN_MAX : 1;
+        for (int r0 = 0; r0 < nrep; r0 += RB) {
+            float4 t[RB][RV];
+#pragma unroll
+            for (int r = 0; r < RB; ++r)
+#pragma unroll
+                for (int j = 0; j < RV; ++j)
+                    t[r][j] = r0 + r < nrep ? __ldcg((const float4*)dr + (long)(r0 + r) * Q + min((int)(threadIdx.x + j * blockDim.x), Q - 1))
+                                            : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+            for (int r = 0; r < RB; ++r)
+#pragma unroll
+                for (int j = 0; j < RV; ++j)
+                    if (r0 + r < nrep) dv[j].x += t[r][j].x, dv[j].y += t[r][j].y, dv[j].z += t[r][j].z, dv[j].w += t[r][j].w;
+        }
+#pragma unroll
+        for (int r = 0; r < RN_MAX; ++r)
+            if (r < nrep)
+#pragma unroll
+                for (int j = 0; j < RV; ++j)
+                    if (threadIdx.x + j * blockDim.x < Q) ((float4*)dr)[(long)r * Q + threadIdx.x + j * blockDim.x] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
     if (zero)
 #pragma unroll
@@ -2268,22 +2313,38 @@ __device__ __forceinline__ void resnorm_vec4(const float* x, const float* d, con
                                            xv[j].w * r2 * prv[4 * j + 3]);
     }
 }
-extern "C" __global__ void __launch_bounds__(1024) g4_resnorm(const float* x, const float* d, const void* pw, int pwdt,
-                                                             const void* sc, int sdt, float f, float* xout, const void* prew,
-                                                             int prewdt, float* xn, int H, float eps, float* zero) {
+// REP: dr / nrep are read (g4_resnorm_rep, after an MLP with output replicas); g4_resnorm compiles without
+// them (their code measured 56 -> 64 registers and a stack frame in the one kernel).
+template <bool REP>
+__device__ __forceinline__ void resnorm_entry(const float* x, const float* d, const void* pw, int pwdt, const void* sc, int sdt, float f,
+                                              float* xout, const void* prew, int prewdt, float* xn, int H, float eps, float* zero,
+                                              float* dr, int nrep) {
     G4_TRACE_SCOPE(2, pw ? pw : prew);
     __shared__ float red[32];
+    if (!REP) dr = nullptr, nrep = 0;
     const unsigned long long at =
-        (unsigned long long)x | (unsigned long long)d | (unsigned long long)xout | (unsigned long long)xn | (unsigned long long)zero;
+        (unsigned long long)x | (unsigned long long)d | (unsigned long long)xout | (unsigned long long)xn | (unsigned long long)zero |
+        (unsigned long long)dr;
     if ((H & 3) == 0 && (at & 15) == 0 && H <= 4 * (int)blockDim.x)
-        return resnorm_vec4<1>(x, d, pw, pwdt, sc, sdt, f, xout, prew, prewdt, xn, H, eps, red, zero);
+        return resnorm_vec4<1>(x, d, pw, pwdt, sc, sdt, f, xout, prew, prewdt, xn, H, eps, red, zero, dr, nrep);
     if ((H & 3) == 0 && (at & 15) == 0 && H <= 8 * (int)blockDim.x)
-        return resnorm_vec4<2>(x, d, pw, pwdt, sc, sdt, f, xout, prew, prewdt, xn, H, eps, red, zero);
-    resnorm_scalar(x, d, pw, pwdt, sc, sdt, f, xout, prew, prewdt, xn, H, eps, red);
+        return resnorm_vec4<2>(x, d, pw, pwdt, sc, sdt, f, xout, prew, prewdt, xn, H, eps, red, zero, dr, nrep);
+    resnorm_scalar(x, d, pw, pwdt, sc, sdt, f, xout, prew, prewdt, xn, H, eps, red, dr, nrep);
     if (zero) {   // the next kernel's output (g4_mlp_nf4 adds into it), after every read above (it may alias d)
         __syncthreads();
         for (int i = threadIdx.x; i < H; i += blockDim.x) zero[i] = 0.0f;
     }
+}
+extern "C" __global__ void __launch_bounds__(1024) g4_resnorm(const float* x, const float* d, const void* pw, int pwdt,
+                                                             const void* sc, int sdt, float f, float* xout, const void* prew,
+                                                             int prewdt, float* xn, int H, float eps, float* zero) {
+    resnorm_entry<false>(x, d, pw, pwdt, sc, sdt, f, xout, prew, prewdt, xn, H, eps, zero, nullptr, 0);
+}
+extern "C" __global__ void __launch_bounds__(1024) g4_resnorm_rep(const float* x, const float* d, const void* pw, int pwdt,
+                                                                 const void* sc, int sdt, float f, float* xout, const void* prew,
+                                                                 int prewdt, float* xn, int H, float eps, float* zero, float* dr,
+                                                                 int nrep) {
+    resnorm_entry<true>(x, d, pw, pwdt, sc, sdt, f, xout, prew, prewdt, xn, H, eps, zero, dr, nrep);
 }
 
 // ---- q/k/v after the projections (decode row): q head: rms * q_norm, RoPE, in place; k head: rms *

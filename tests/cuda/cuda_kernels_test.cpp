@@ -11,6 +11,7 @@
 #include "runtime/src/cuda/driver.h"
 #include "runtime/src/cuda/kernel_args.h"
 #include "runtime/src/cuda/workspace.h"
+#include "runtime/src/plan/plan_reader.h"
 #include "runtime/src/sampler.h"
 #include "g4/g4.h"
 #include "test_util.h"
@@ -322,16 +323,31 @@ TEST_P(Mlp, MatchesUnfusedReference) {
     if (c.dq) a.absmax2 = t + l.absmax2_off, a.offset = t + l.offset_off, a.code2 = t + l.code2_off;
     a.bias = c.bias ? dev.up(bd) : 0, a.y = y, a.H = (int)c.H, a.I = (int)c.I;
     for (int threads : {128, 256}) {   // g4_mlp_nf4, g4_mlp_nf4_b256 (cuda::mlp_threads picks one per I); _dq: double quant
-        const std::string kn = std::string(threads == 128 ? "g4_mlp_nf4" : "g4_mlp_nf4_b256") + (c.dq ? "_dq" : "");
-        const char* name = kn.c_str();
-        cu::CUfunction f = nullptr;
-        ASSERT_EQ(gpu().d->cuModuleGetFunction(&f, gpu().mod, name), 0);
-        ASSERT_EQ(gpu().d->cuFuncSetAttribute(f, cu::kFuncAttrMaxDynamicSmem, (int)cuda_rt::kGemvSmemMax), 0);
-        gpu().d->cuMemsetD8(y, 0, c.H * 4);
-        launch_smem(name, (unsigned)(c.I / 32), 1, threads, cuda_rt::gemv_smem(true, gpu().sm, (int)c.H), {&a});
-        const double e = rel(dev.down<float>(y, c.H), want);
-        std::printf("MLP %s, %d threads%s: rel %.2e\n", c.name, threads, threads == cuda::mlp_threads(c.I) ? " (the compiler's)" : "", e);
-        EXPECT_LT(e, 2e-5) << c.name << ", " << threads << " threads";
+        // nrep 0, then 3 output replicas (a plan's ip6 = 4, the _rep kernel): block j adds into replica j % 4;
+        // their sum is y.
+        for (int nrep : {0, 3}) {
+            const std::string kn = std::string(threads == 128 ? "g4_mlp_nf4" : "g4_mlp_nf4_b256") + (c.dq ? "_dq" : "") + (nrep ? "_rep" : "");
+            const char* name = kn.c_str();
+            cu::CUfunction f = nullptr;
+            ASSERT_EQ(gpu().d->cuModuleGetFunction(&f, gpu().mod, name), 0) << name;
+            ASSERT_EQ(gpu().d->cuFuncSetAttribute(f, cu::kFuncAttrMaxDynamicSmem, (int)cuda_rt::kGemvSmemMax), 0);
+            CUdeviceptr yr = nrep ? dev.alloc((size_t)nrep * c.H * 4) : 0;
+            if (nrep) gpu().d->cuMemsetD8(yr, 0, (size_t)nrep * c.H * 4);
+            a.yr = yr, a.nrep = nrep;
+            gpu().d->cuMemsetD8(y, 0, c.H * 4);
+            launch_smem(name, (unsigned)(c.I / 32), 1, threads, cuda_rt::gemv_smem(true, gpu().sm, (int)c.H), {&a});
+            std::vector<float> got = dev.down<float>(y, c.H);
+            if (nrep) {
+                const std::vector<float> r = dev.down<float>(yr, (size_t)nrep * c.H);
+                for (int k = 0; k < nrep; ++k)
+                    for (int64_t i = 0; i < c.H; ++i) got[i] += r[(size_t)k * c.H + i];
+            }
+            const double e = rel(got, want);
+            std::printf("MLP %s, %d threads%s, %d replicas: rel %.2e\n", c.name, threads, threads == cuda::mlp_threads(c.I) ? " (the compiler's)" : "",
+                        nrep + 1, e);
+            EXPECT_LT(e, 2e-5) << c.name << ", " << threads << " threads, " << nrep + 1 << " replicas";
+        }
+        a.yr = 0, a.nrep = 0;
     }
 }
 INSTANTIATE_TEST_SUITE_P(RealShapes, Mlp,
@@ -713,6 +729,57 @@ TEST(CudaPlan, Bf16KvCacheMatchesTheCpuPlan) {
     }
 }
 
+// ---- the fused MLP's output replicas (CudaLaunch ip6, chosen by the compiler; G4_MLP_REPLICAS=R at compile
+// time forces R): each decode MLP adds into R buffers and the ResNorm after it sums them and zeroes them
+// again. The tiny fixtures' MLPs get 1 by their shape; plans forced to 2 and 4 (the most) record them and,
+// against the plan with 1, every decode step's logits agree to the adds' order (the fused MLP's order
+// varies anyway) and the greedy tokens are equal. The activations are rounded to bf16 between kernels,
+// so another fp32 order can flip one rounding (2^-8 of an element) that later steps carry: measured 2.5e-5
+// (e2b_tiny) and 1.0e-4 (e4b_tiny) at R = 4 over 24 steps, hence 1e-3, the level of this file's
+// plan-against-plan checks.
+TEST(CudaPlan, MlpReplicasMatchOneOutput) {
+    NEED_GPU();
+    if (gpu().sm < 90) GTEST_SKIP() << "the fused MLP is scheduled on sm_90 plans only";
+    g4test::TempDir td;
+    for (const std::string fx : {"e2b_tiny", "e4b_tiny"}) {
+        const auto ref = nlohmann::json::parse(g4test::read_file(g4test::fixture(fx + "/reference/reference.json")));
+        std::string ids;
+        for (int32_t t : ref["prompts"].back()["ids"].get<std::vector<int32_t>>()) ids += (ids.empty() ? "" : ",") + std::to_string(t);
+        std::vector<float> logits[3];
+        std::vector<int32_t> tokens[3];
+        const int reps[3] = {0, 2, 4};   // 0: the compiler's choice
+        for (int k = 0; k < 3; ++k) {
+            const std::string plan = td.file(fx + "-nf4-cuda-r" + std::to_string(reps[k]) + ".g4plan");
+            if (reps[k]) setenv("G4_MLP_REPLICAS", std::to_string(reps[k]).c_str(), 1);
+            g4test::CmdResult c = g4test::run_g4("compile --model '" + g4test::fixture(fx) + "' --weights nf4 --no-fidelity --device cuda -o '" + plan + "'");
+            unsetenv("G4_MLP_REPLICAS");
+            ASSERT_EQ(c.exit_code, 0) << c.err;
+            g4::plan::Plan pl;
+            std::string err;
+            ASSERT_EQ(pl.load(plan, false, &err), G4_OK) << err;
+            int mlps = 0;
+            for (size_t li = 0; li < pl.n_launches(); ++li)
+                if (pl.launch(li).kind == (uint16_t)g4::plan::LaunchKind::Mlp) {
+                    ++mlps;
+                    EXPECT_EQ(pl.launch(li).ip[6], reps[k] ? reps[k] : 1) << fx << " launch " << li;
+                }
+            ASSERT_GT(mlps, 0) << fx;
+            const std::string dump = td.file(fx + "-decode" + std::to_string(k));
+            g4test::CmdResult r = g4test::run_g4("run '" + plan + "' --tokens " + ids + " -n 24 --temp 0 --ignore-eos --print-ids --dump-decode-logits '" + dump + "'");
+            ASSERT_EQ(r.exit_code, 0) << r.err;
+            logits[k] = g4test::read_f32(dump);
+            tokens[k] = g4test::parse_ids(r.out);
+        }
+        for (int k = 1; k < 3; ++k) {
+            ASSERT_EQ(logits[k].size(), logits[0].size());
+            const double e = rel(logits[k], logits[0]);
+            std::printf("CUDA plan %s, %d MLP output replicas: decode logits rel %.2e against one\n", fx.c_str(), reps[k], e);
+            EXPECT_LT(e, 1e-3) << fx << ", " << reps[k] << " replicas";
+            EXPECT_EQ(tokens[k], tokens[0]) << fx << ", " << reps[k] << " replicas";
+        }
+    }
+}
+
 // ---- decoding ahead (run_step): greedy tokens fed on the device while the host reads the last one.
 // One script of calls on two sessions of one NF4 CUDA plan, G4_DECODE_AHEAD=0 on the first: greedy
 // steps, logits read after a step run ahead, a token that is not the argmax, a top-k draw, a reset and
@@ -816,11 +883,19 @@ TEST_P(ResNorm, MatchesUnfusedOps) {
     CUdeviceptr gx = dev.up(x), gd = dev.up(d), gpw = dev.up(pwb), gsc = dev.up(sc), gxo = dev.alloc(H * 4), gprew = dev.up(prewb),
                 gxn = dev.alloc(H * 4);
     // mode 0: d = rms(d) * pw; x_out = (x + d) * 1 * s; xn = rms(x_out) * prew. 1: no residual branch
-    // (x_out = x * s). 2: no xn. Each at 512 threads, at the fewest the kernel takes (H / 8) and at 1024
-    // (the runtime's launch for H > 2048): one or two float4 a thread, or the scalar path.
-    for (int mode = 0; mode < 3; ++mode)
+    // (x_out = x * s). 2: no xn. 3: mode 0 with d given as d0 and three replicas (g4_resnorm_rep; g4_mlp_nf4_rep's nrep), summed
+    // in replica order, which the kernel zeroes. Each at 512 threads, at the fewest the kernel takes (H / 8)
+    // and at 1024 (the runtime's launch for H > 2048): one or two float4 a thread, or the scalar path.
+    const int kRep = 3;
+    std::vector<float> d0 = randn(H, 5), reps = randn((size_t)kRep * H, 6), dsum(H);
+    for (int i = 0; i < H; ++i) {
+        dsum[i] = d0[i];
+        for (int r = 0; r < kRep; ++r) dsum[i] += reps[(size_t)r * H + i];
+    }
+    CUdeviceptr gd0 = dev.up(d0);
+    for (int mode = 0; mode < 4; ++mode)
         for (unsigned block : {512u, (unsigned)(H / 8 + 31) / 32 * 32, 1024u}) {
-            std::vector<float> dr = d, xo(H), xn(H);
+            std::vector<float> dr = mode == 3 ? dsum : d, xo(H), xn(H);
             if (mode == 1) xo = x;
             else {
                 ref::rms_norm({dr.data(), H, pwb.data(), DType::BF16, dr.data(), H, 1, H, H, 1e-6f});
@@ -836,10 +911,20 @@ TEST_P(ResNorm, MatchesUnfusedOps) {
             // mode 0 also zeroes a buffer after its reads (the next g4_mlp_nf4's output), here d itself.
             CUdeviceptr gdz = mode == 0 ? dev.up(d) : 0, zero = gdz;
             if (mode == 0) dd = gdz;
-            launch("g4_resnorm", 1, 1, block, {&gx, &dd, &gpw, &one, &gsc, &one, &f, &gxo, &gprew, &one, &xnp, &h, &eps, &zero});
+            if (mode == 3) dd = gd0;
+            CUdeviceptr grep = mode == 3 ? dev.up(reps) : 0;
+            int nrep = mode == 3 ? kRep : 0;
+            if (mode == 3)
+                launch("g4_resnorm_rep", 1, 1, block, {&gx, &dd, &gpw, &one, &gsc, &one, &f, &gxo, &gprew, &one, &xnp, &h, &eps, &zero, &grep, &nrep});
+            else
+                launch("g4_resnorm", 1, 1, block, {&gx, &dd, &gpw, &one, &gsc, &one, &f, &gxo, &gprew, &one, &xnp, &h, &eps, &zero});
             if (mode == 0) {
                 const std::vector<float> z = dev.down<float>(gdz, H);
                 EXPECT_EQ(std::count(z.begin(), z.end(), 0.0f), H) << "the zeroed buffer, block " << block;
+            }
+            if (mode == 3) {
+                const std::vector<float> z = dev.down<float>(grep, (size_t)kRep * H);
+                EXPECT_EQ(std::count(z.begin(), z.end(), 0.0f), (long)kRep * H) << "the replicas, zeroed after their reads, block " << block;
             }
             double e1 = rel(dev.down<float>(gxo, H), xo), e2 = mode == 2 ? 0.0 : rel(dev.down<float>(gxn, H), xn);
             std::printf("ResNorm H=%d mode %d block %u: x_out %.2e, xn %.2e\n", H, mode, block, e1, e2);

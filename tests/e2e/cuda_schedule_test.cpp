@@ -2,10 +2,16 @@
 // itself (no GPU needed): each kernel that adds into an output it does not zero itself (Mlp, AttnO, Ple) has
 // a ResNorm launch before it that zeroes exactly that output, no launch in between touches the output's
 // arena bytes, the Mlp and AttnO weights are stored tiled and no other weight is; --deterministic plans
-// fuse none of them.
+// fuse none of them. The fused MLPs' output replicas: the compiler's choice by shape, the G4_MLP_REPLICAS
+// switch, the reader's checks and the workspace they take.
+#include "compiler/cuda_schedule.h"
+#include "runtime/src/cuda/workspace.h"
 #include "runtime/src/plan/plan_reader.h"
 #include "test_util.h"
 
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
 #include <gtest/gtest.h>
 #include <set>
 
@@ -88,6 +94,121 @@ TEST(CudaSchedule, ZeroedOutputsStayUntouchedUntilTheirKernel) {
                         d.launch(li).kind != (uint16_t)LaunchKind::Ple)
                 << fx;
         for (size_t t = 0; t < d.n_tensors(); ++t) EXPECT_FALSE(d.tensor(t).quant_flags & g4::plan::kQuantTiled32) << fx;
+    }
+}
+
+// Output replicas by shape: 4 at E2B's wide MLPs (I = 12288, 384 blocks), 1 at its narrow ones (6144) and
+// at E4B's (10240), where they were measured slower; a launch's workspace is (R - 1) x H floats, counted on
+// the GPU that runs it.
+TEST(CudaSchedule, MlpReplicasByShapeAndTheirWorkspace) {
+    EXPECT_EQ(g4::cuda::mlp_replicas(12288), g4::plan::kMlpReplicasMax);
+    EXPECT_EQ(g4::cuda::mlp_replicas(6144), 1);
+    EXPECT_EQ(g4::cuda::mlp_replicas(10240), 1);
+    EXPECT_EQ(g4::cuda::mlp_replicas(192), 1);
+
+    std::vector<PlanTensor> tensors(1);
+    std::memset(tensors.data(), 0, sizeof(PlanTensor));
+    tensors[0].dims[0] = 1536, tensors[0].dims[1] = 12288;   // the down [H, I]
+    std::vector<g4::plan::PlanOp> ops(4);
+    for (auto& o : ops) {
+        std::memset(&o, 0, sizeof o);
+        std::fill(std::begin(o.in), std::end(o.in), -1);
+        std::fill(std::begin(o.out), std::end(o.out), -1);
+    }
+    ops[3].in[1] = 0;
+    CudaLaunch l;
+    std::memset(&l, 0, sizeof l);
+    l.kind = (uint16_t)LaunchKind::Mlp, l.count = 4, l.ip[3] = 3, l.ip[6] = 4;
+    const auto none = g4::cuda_ws::workspace(ops.data(), ops.size(), tensors.data(), 16, 1024, 256);
+    const auto with = g4::cuda_ws::workspace(ops.data(), ops.size(), tensors.data(), 16, 1024, 256, true, nullptr, 0, &l, 1);
+    EXPECT_EQ(none.mlp_rep, 0u);
+    EXPECT_EQ(with.mlp_rep, 3u * 1536);
+    EXPECT_EQ(with.device_bytes() - none.device_bytes(), 3u * 1536 * 4);
+    const int on_gpu1[4] = {1, 1, 1, 1};
+    EXPECT_EQ(g4::cuda_ws::workspace(ops.data(), ops.size(), tensors.data(), 16, 1024, 256, true, on_gpu1, 0, &l, 1).mlp_rep, 0u);
+    l.ip[6] = 1;
+    EXPECT_EQ(g4::cuda_ws::workspace(ops.data(), ops.size(), tensors.data(), 16, 1024, 256, true, nullptr, 0, &l, 1).mlp_rep, 0u);
+}
+
+// The tiny fixtures' MLPs (a few blocks) get 1 replica; G4_MLP_REPLICAS=4 at compile time gives every fused
+// MLP 4, each followed by the ResNorm that reads its output. A value outside 1..4 is refused with the
+// variable's name and leaves no plan. A plan whose record says 5 replicas, or 4 with no ResNorm summing them
+// after it, is refused at load as corrupt.
+TEST(CudaSchedule, MlpReplicasInThePlan) {
+    TempDir td;
+    for (const std::string fx : {"e2b_tiny", "e4b_tiny"}) {
+        g4::plan::Plan p;
+        compile_sm90(td, fx, "", &p);
+        for (size_t li = 0; li < p.n_launches(); ++li)
+            if (p.launch(li).kind == (uint16_t)LaunchKind::Mlp) {
+                EXPECT_EQ(p.launch(li).ip[6], 1) << fx << " launch " << li;
+            }
+
+        const std::string path = td.file(fx + "_r4.g4plan");
+        setenv("G4_MLP_REPLICAS", "4", 1);
+        CmdResult r = run_g4("compile --model '" + fixture(fx) + "' --device cuda --target sm_90 --weights nf4 --no-fidelity -o '" + path + "'");
+        unsetenv("G4_MLP_REPLICAS");
+        ASSERT_EQ(r.exit_code, 0) << r.err;
+        g4::plan::Plan q;
+        std::string err;
+        ASSERT_EQ(q.load(path, false, &err), G4_OK) << err;
+        size_t mlp = 0;
+        int mlps   = 0;
+        for (size_t li = 0; li < q.n_launches(); ++li) {
+            const CudaLaunch& l = q.launch(li);
+            if (l.kind != (uint16_t)LaunchKind::Mlp) continue;
+            mlp = li, ++mlps;
+            EXPECT_EQ(l.ip[6], 4) << fx << " launch " << li;
+            ASSERT_LT(li + 1, q.n_launches());
+            EXPECT_EQ(q.launch(li + 1).kind, (uint16_t)LaunchKind::ResNorm) << fx << " launch " << li;
+            EXPECT_EQ(q.launch(li + 1).t[1], q.op(l.ip[3]).out[0]) << fx << " launch " << li;
+        }
+        ASSERT_GT(mlps, 0) << fx;
+
+        // Corrupt copies: the schedule section edited and its checksum recomputed, so only the record is wrong.
+        const std::string bytes = read_file(path);
+        g4::plan::PlanHeader h;
+        std::memcpy(&h, bytes.data(), sizeof h);
+        g4::plan::PlanSection sched{};
+        for (uint32_t k = 0; k < h.section_count; ++k) {
+            g4::plan::PlanSection sec;
+            std::memcpy(&sec, bytes.data() + h.section_table_offset + k * sizeof sec, sizeof sec);
+            if (sec.kind == (uint32_t)g4::plan::SectionKind::CudaSchedule) sched = sec;
+        }
+        ASSERT_GT(sched.size, 0u) << fx;
+        auto corrupt = [&](const std::string& name, auto edit, const std::string& want) {
+            std::string b = bytes;
+            CudaLaunch* recs = reinterpret_cast<CudaLaunch*>(b.data() + sched.offset);
+            edit(recs);
+            for (uint32_t k = 0; k < h.section_count; ++k) {
+                g4::plan::PlanSection sec;
+                char* at = b.data() + h.section_table_offset + k * sizeof sec;
+                std::memcpy(&sec, at, sizeof sec);
+                if (sec.kind != (uint32_t)g4::plan::SectionKind::CudaSchedule) continue;
+                sec.checksum = g4::plan::fnv1a64(b.data() + sec.offset, sec.size);
+                std::memcpy(at, &sec, sizeof sec);
+            }
+            const std::string bad = td.file(fx + "_" + name + ".g4plan");
+            write_file(bad, b);
+            g4::plan::Plan c;
+            std::string e;
+            EXPECT_NE(c.load(bad, false, &e), G4_OK) << fx << " " << name;
+            EXPECT_NE(e.find(want), std::string::npos) << fx << " " << name << ": " << e;
+        };
+        corrupt("r5", [&](CudaLaunch* recs) { recs[mlp].ip[6] = 5; }, "MLP output replicas 5");
+        corrupt("r0", [&](CudaLaunch* recs) { recs[mlp].ip[6] = 0; }, "MLP output replicas 0");
+        corrupt("no_sum", [&](CudaLaunch* recs) { recs[mlp + 1].t[1] = recs[mlp + 1].t[0]; }, "not followed by the ResNorm that sums them");
+    }
+
+    const std::string path = td.file("bad_replicas.g4plan");
+    for (const char* v : {"5", "0", "two"}) {
+        setenv("G4_MLP_REPLICAS", v, 1);
+        CmdResult r = run_g4("compile --model '" + fixture("e2b_tiny") + "' --device cuda --target sm_90 --weights nf4 --no-fidelity -o '" + path + "'");
+        unsetenv("G4_MLP_REPLICAS");
+        EXPECT_NE(r.exit_code, 0) << v;
+        EXPECT_NE(r.err.find("G4_MLP_REPLICAS='" + std::string(v) + "'"), std::string::npos) << r.err;
+        EXPECT_NE(r.err.find("from 1 to 4"), std::string::npos) << r.err;
+        EXPECT_FALSE(std::filesystem::exists(path)) << v;
     }
 }
 

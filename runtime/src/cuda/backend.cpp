@@ -144,14 +144,12 @@ g4_status open_gpu(const plan::Plan& p, EngineState* st, Gpu& g, const plan::Pro
         {&k.resnorm, "g4_resnorm"}, {&k.qkv_post, "g4_qkv_post"},
         {&k.attn_decode, "g4_attn_decode"}, {&k.attn_decode_bf16, "g4_attn_decode_bf16"}, {&k.attn_decode_post, "g4_attn_decode_post"}, {&k.attn_decode_post_bf16, "g4_attn_decode_post_bf16"}, {&k.nf4_to_bf16, "g4_nf4_to_bf16"}, {&k.nf4_untile32, "g4_nf4_untile32"}, {&k.f32_to_bf16, "g4_f32_to_bf16"},
         {&k.add_bias, "g4_add_bias"}, {&k.copy_f32, "g4_copy_f32"}, {&k.penalize, "g4_penalize"}, {&k.mlp[0], "g4_mlp_nf4"}, {&k.mlp[1], "g4_mlp_nf4_b256"},
+        {&k.mlp[2], "g4_mlp_nf4_dq"}, {&k.mlp[3], "g4_mlp_nf4_b256_dq"}, {&k.mlp[4], "g4_mlp_nf4_rep"}, {&k.mlp[5], "g4_mlp_nf4_b256_rep"},
+        {&k.mlp[6], "g4_mlp_nf4_dq_rep"}, {&k.mlp[7], "g4_mlp_nf4_b256_dq_rep"}, {&k.resnorm_rep, "g4_resnorm_rep"},
         {&k.attn_o[0], "g4_attn_o_nf4_g1"}, {&k.attn_o[1], "g4_attn_o_nf4_g2"}, {&k.attn_o[2], "g4_attn_o_nf4_g3"}, {&k.attn_o[3], "g4_attn_o_nf4_g4"},
         {&k.ple[0], "g4_ple_bf16_g1"}, {&k.ple[1], "g4_ple_bf16_g2"}, {&k.ple[2], "g4_ple_bf16_g3"}, {&k.ple[3], "g4_ple_bf16_g4"},
         {&k.topk_round, "g4_topk_round"}, {&k.softmax_partial, "g4_softmax_partial"}};
     for (auto& f : fns) CU_TRY(d->cuModuleGetFunction(f.f, g.mod, f.n), std::string("kernel ") + f.n);
-    // The decode MLP for double-quant scales: plans compiled before session 34 have one MLP kernel a block size
-    // for both formats.
-    if (d->cuModuleGetFunction(&k.mlp[2], g.mod, "g4_mlp_nf4_dq") != 0 || d->cuModuleGetFunction(&k.mlp[3], g.mod, "g4_mlp_nf4_b256_dq") != 0)
-        k.mlp[2] = k.mlp[0], k.mlp[3] = k.mlp[1];
     for (int di = 0; di < 2; ++di) {
         const std::string sfx = di ? "_d512" : "_d256";
         const char* base[4] = {"g4_attn_decode", "g4_attn_decode_bf16", "g4_attn_decode_post", "g4_attn_decode_post_bf16"};
@@ -453,7 +451,7 @@ g4_status session_create(g4_session* s, std::string* err) {
         CU_TRY(d->cuStreamCreate(&ln.stream, 1 /* non-blocking */), "cuStreamCreate");
         if (e->gpus.size() > 1) CU_TRY(d->cuEventCreate(&ln.done, kEventDisableTiming), "cuEventCreate");
         const cuda_ws::Workspace ws = cuda_ws::workspace(&p.op(0), p.n_ops(), &p.tensor(0), in.max_rows, in.max_context, in.vocab_size, g == 0,
-                                                         st->lane_of.data(), (int)g);
+                                                         st->lane_of.data(), (int)g, p.n_launches() ? &p.launch(0) : nullptr, p.n_launches());
         if (g == 0) ws0 = ws;
         if (ws.xscratch) {
             std::string why;
@@ -478,6 +476,10 @@ g4_status session_create(g4_session* s, std::string* err) {
         CU_TRY(d->cuMemAlloc(&ln.step, 64), "allocating the step buffer" + on);
         CU_TRY(d->cuMemAlloc(&ln.part, ws.part * 4), "allocating the attention workspace" + on);
         CU_TRY(d->cuMemAlloc(&ln.scores, ws.scores * 4), "allocating the attention workspace" + on);
+        if (ws.mlp_rep) {   // zero between steps: each MLP's ResNorm re-zeroes what it sums
+            CU_TRY(d->cuMemAlloc(&ln.mlp_rep, ws.mlp_rep * 4), "allocating the MLPs' output replicas" + on);
+            CU_TRY(d->cuMemsetD8(ln.mlp_rep, 0, ws.mlp_rep * 4), "clearing the MLPs' output replicas" + on);
+        }
     }
     st->cur  = &st->lanes[0];
     Lane& l0 = st->lanes[0];
@@ -650,7 +652,7 @@ void session_destroy(SessionState* st) {
         if (ln.blas_h) st->blas->destroy(ln.blas_h);
         if (ln.done) d->cuEventDestroy(ln.done);
         if (ln.stream) d->cuStreamDestroy(ln.stream);
-        for (CUdeviceptr ptr : {ln.act, ln.kv, ln.step, ln.part, ln.scores, ln.wscratch, ln.xscratch, ln.cublas_ws})
+        for (CUdeviceptr ptr : {ln.act, ln.kv, ln.step, ln.part, ln.scores, ln.wscratch, ln.xscratch, ln.cublas_ws, ln.mlp_rep})
             if (ptr) d->cuMemFree(ptr);
     }
     if (!st->lanes.empty()) d->cuCtxSetCurrent(st->lanes[0].g->ctx);
@@ -962,7 +964,10 @@ g4_status launch_fused(g4_session* s, const CudaLaunch& l, std::string* err) {
         CUdeviceptr x = T(0), dd = T(1), pw = T(2), sc = T(3), xo = T(4), prew = T(5), xn = T(6), zero = T(7);
         int pwdt = dt_code(p, l.t[2]), sdt = dt_code(p, l.t[3]), prewdt = dt_code(p, l.t[5]), H = l.ip[0];
         float f = l.fp[1], eps = l.fp[0];
-        r = go(K.resnorm, 1, H <= 2048 ? 512 : 1024, {&x, &dd, &pw, &pwdt, &sc, &sdt, &f, &xo, &prew, &prewdt, &xn, &H, &eps, &zero});
+        CUdeviceptr dr = st->cur->mlp_rep;
+        int nrep       = st->rep_in;
+        r = nrep ? go(K.resnorm_rep, 1, H <= 2048 ? 512 : 1024, {&x, &dd, &pw, &pwdt, &sc, &sdt, &f, &xo, &prew, &prewdt, &xn, &H, &eps, &zero, &dr, &nrep})
+                 : go(K.resnorm, 1, H <= 2048 ? 512 : 1024, {&x, &dd, &pw, &pwdt, &sc, &sdt, &f, &xo, &prew, &prewdt, &xn, &H, &eps, &zero});
         break;
     }
     case LaunchKind::QkvPost:
@@ -1006,9 +1011,10 @@ g4_status launch_fused(g4_session* s, const CudaLaunch& l, std::string* err) {
         a.bias = addr(st, p, dn.in[2], dn.in_col[2]);
         a.y    = addr(st, p, dn.out[0], dn.out_col[0]);
         a.H = (int)w.dims[0], a.I = (int)w.dims[1];
+        if (st->rep_out) a.yr = st->cur->mlp_rep, a.nrep = st->rep_out;
         // The compiler fuses only gate, up and down of one scale format (cuda_schedule.cpp mlp): the down's picks
         // the kernel.
-        r = go(K.mlp[(l.ip[5] == 256 ? 1 : 0) + (q.absmax2 ? 2 : 0)], (unsigned)(a.I / 32), (unsigned)l.ip[5], {&a},
+        r = go(K.mlp[(l.ip[5] == 256 ? 1 : 0) + (q.absmax2 ? 2 : 0) + (st->rep_out ? 4 : 0)], (unsigned)(a.I / 32), (unsigned)l.ip[5], {&a},
                gemv_smem(true, st->cur->g->sm, a.H));
         break;
     }
@@ -1126,6 +1132,7 @@ g4_status launch_step(g4_session* s, int rows, int out_rows, std::string* err) {
     const bool decode   = rows == 1 && out_rows == 1 && !media;
     const bool events   = decode && !st->ev.empty();   // profiling the captured decode graph
     st->merge_in_next   = false;   // set per launch below; cleared here for the op-by-op path and after a failed step
+    st->rep_out = st->rep_in = 0;
     if (decode && p.n_launches()) {
         if (events) st->e->d->cuEventRecordWithFlags(st->ev[0], st->cur->stream, 1);
         for (size_t li = 0; li < p.n_launches(); ++li) {
@@ -1146,6 +1153,11 @@ g4_status launch_step(g4_session* s, int rows, int out_rows, std::string* err) {
                 continue;
             }
             st->merge_in_next = li + 1 < p.n_launches() && p.launch(li + 1).kind == (uint16_t)LaunchKind::AttnO;
+            // Output replicas (the plan's ip6 > 1, the reader checked the ResNorm after): the MLP adds into them
+            // and that ResNorm sums them and zeroes them again, so they are zero outside the pair. A lab skipping
+            // the ResNorm (G4_DECODE_SKIP) keeps the MLP on its output alone.
+            st->rep_in  = st->rep_out;
+            st->rep_out = cuda_ws::mlp_replicas(l) > 1 && (st->skip.empty() || !st->skip[li + 1]) ? cuda_ws::mlp_replicas(l) - 1 : 0;
             bool handled = false;
             g4_status cg = l.kind == (uint16_t)LaunchKind::Op ? cross_device_op(s, (size_t)l.op, rows, &handled, err)
                            : p.hybrid()                       ? use_lane(st, st->lane_of[l.op], err)

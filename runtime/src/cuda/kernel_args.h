@@ -24,8 +24,10 @@ struct MlpArgsH {
     GemvArgsH gu;
     cu::CUdeviceptr codes, absmax, absmax2, offset, code2, bias, y;
     int H, I;
+    cu::CUdeviceptr yr;   // y's replicas [nrep, H] (nrep = the launch's ip6 - 1; 0: none)
+    int nrep, pad;
 };
-static_assert(sizeof(MlpArgsH) == 296, "MlpArgs layout");
+static_assert(sizeof(MlpArgsH) == 312, "MlpArgs layout");
 // g4_attn_o_nf4_g*'s arguments (AttnOArgs): the decode attention's partials, the tiled o matrix, y.
 struct AttnOArgsH {
     cu::CUdeviceptr step, part, codes, absmax, absmax2, offset, code2, bias, y;

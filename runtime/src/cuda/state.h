@@ -23,7 +23,7 @@ using namespace g4::cu;
 struct Kernels {
     CUfunction embed, mm_bf16, mm_f32, mm_nf4, gemm_bf16, gemm_nf4, gemv_bf16, gemv_nf4, tc_bf16, tc_nf4, rms, elem, rope, kv, attn_part, attn_merge, argmax;
     CUfunction gemv[2][5][2];   // [nf4][lanes per row 8..128][pairs]
-    CUfunction resnorm, qkv_post, attn_decode, attn_decode_bf16, attn_decode_post, attn_decode_post_bf16, nf4_to_bf16, f32_to_bf16, add_bias;
+    CUfunction resnorm, resnorm_rep, qkv_post, attn_decode, attn_decode_bf16, attn_decode_post, attn_decode_post_bf16, nf4_to_bf16, f32_to_bf16, add_bias;
     // The four decode attention kernels above compiled for head dim 256 / 512 ([0] / [1]; order attn_decode,
     // _bf16, _post, _post_bf16): only in modules specialised for a group size (cuda.attn_hpg) of 8 or more,
     // in plans compiled since session 36; null otherwise.
@@ -33,7 +33,7 @@ struct Kernels {
     // g4_mlp_nf4[_b256] with f32 block scales, then g4_mlp_nf4[_b256]_dq with double quant (sm_90 plans only;
     // 128 / 256 threads; plans compiled before session 34 have no _dq kernels: their g4_mlp_nf4[_b256] read
     // either format and take both slots); nf4_untile32: the MLP's down weight for prefill
-    CUfunction mlp[4], nf4_untile32;
+    CUfunction mlp[8], nf4_untile32;   // mlp: g4_mlp_nf4 [+1 _b256] [+2 _dq] [+4 _rep]
     CUfunction copy_f32, penalize, topk_round, softmax_partial;   // GPU sampling
     // LM-head screening (plans whose module has them; null otherwise): g4_lm_screen_build, g4_lm_screen,
     // g4_lm_exact_l{8..128}.
@@ -97,6 +97,7 @@ struct Lane {
     cublas::Handle blas_h = nullptr;
     uint64_t kv_begin = 0;                                   // plan KV offset of kv
     CUevent done      = nullptr;                             // recorded where the step moves on to another GPU
+    CUdeviceptr mlp_rep = 0;                                 // the fused MLPs' output replicas [Workspace::mlp_rep], zero between steps
 };
 
 struct SessionState {
@@ -170,6 +171,8 @@ struct SessionState {
     // kernel. Per launch of the schedule: skipped or not.
     std::vector<bool> skip;
     bool skip_merge = false;
+    // launch_step: the replicas (Lane::mlp_rep) this Mlp launch adds into / this ResNorm sums (the MLP's ip6 - 1; 0: none)
+    int rep_out = 0, rep_in = 0;
     bool merge_in_next = false;   // launch_step: the next decode launch is AttnO, which merges the attention's partials
     std::vector<bool> twice;   // G4_DECODE_TWICE: launches made twice in a row (timing lab, bench/trace_lab.sh)
     double prof_ms[22][2] = {};   // per op code; 16.. fused launch kinds

@@ -38,13 +38,14 @@ struct Workspace {
     uint64_t candidates = 0;              // (value, index) pairs in each of the sampler's two round buffers
     uint64_t vocab = 0;                   // floats: the repetition-penalised copy of the logits
     uint64_t history = 0;                 // ints: the penalised tokens (up to max_context)
+    uint64_t mlp_rep = 0;                 // floats: the fused decode MLPs' output replicas [R - 1, H], the most any needs
     bool primary = true;                  // the plan's GPU: also the argmax and sampler buffers
 
     // Device bytes of everything a session allocates on one GPU besides the arenas (each allocation
-    // rounded to 256 bytes, as cuMemAlloc aligns them): attention, cuBLAS and step buffers, and on the
-    // plan's GPU the argmax and sampler buffers.
+    // rounded to 256 bytes, as cuMemAlloc aligns them): attention, cuBLAS, step and MLP replica buffers,
+    // and on the plan's GPU the argmax and sampler buffers.
     uint64_t device_bytes() const {
-        uint64_t b = align256(part * 4) + align256(scores * 4) + align256(64);
+        uint64_t b = align256(part * 4) + align256(scores * 4) + align256(64) + (mlp_rep ? align256(mlp_rep * 4) : 0);
         if (xscratch) b += align256(std::max<uint64_t>(256, wscratch)) + align256(xscratch) + align256(cublas);
         if (primary)
             b += align256(kArgmaxBytes) + 2 * align256(candidates * 8) + align256(vocab * 4) + align256(history * 4) +
@@ -53,13 +54,25 @@ struct Workspace {
     }
 };
 
+// Output replicas of a decode launch: its ip6 for a fused MLP (1..kMlpReplicasMax), else 1.
+inline int mlp_replicas(const plan::CudaLaunch& l) {
+    return l.kind == (uint16_t)plan::LaunchKind::Mlp ? std::clamp(l.ip[6], 1, plan::kMlpReplicasMax) : 1;
+}
+
 // ops/tensors: the plan's records; max_rows: prefill chunk; vocab: the LM head's rows; primary: the
-// plan's GPU. Cross-device plans size each GPU by the ops it runs: those with op_gpu[i] == gpu
-// (op_gpu null: every op).
+// plan's GPU; launches: the CUDA decode schedule (null: none). Cross-device plans size each GPU by the
+// ops it runs: those with op_gpu[i] == gpu (op_gpu null: every op).
 inline Workspace workspace(const plan::PlanOp* ops, size_t n_ops, const plan::PlanTensor* tensors, int64_t max_rows, int64_t max_context,
-                           int64_t vocab, bool primary = true, const int* op_gpu = nullptr, int gpu = 0) {
+                           int64_t vocab, bool primary = true, const int* op_gpu = nullptr, int gpu = 0,
+                           const plan::CudaLaunch* launches = nullptr, size_t n_launches = 0) {
     Workspace w;
     w.primary = primary;
+    for (size_t li = 0; li < n_launches; ++li) {
+        const plan::CudaLaunch& l = launches[li];
+        if (mlp_replicas(l) < 2 || (op_gpu && op_gpu[l.op] != gpu)) continue;
+        const uint64_t H = (uint64_t)tensors[ops[l.ip[3]].in[1]].dims[0];   // the down's rows
+        w.mlp_rep = std::max<uint64_t>(w.mlp_rep, (uint64_t)(mlp_replicas(l) - 1) * H);
+    }
     for (size_t i = 0; i < n_ops; ++i) {
         if (op_gpu && op_gpu[i] != gpu) continue;
         const plan::PlanOp& op = ops[i];

@@ -135,7 +135,10 @@ enum class LaunchKind : uint16_t {
                    //   kernel; QkvPost's fields, ip4 the number of QkvPost ops (2 or 6)
     Mlp     = 5,   // gate, up, GeluMul, down (count 4) in g4_mlp_nf4 (sm_90; the down weight kQuantTiled32);
                    //   ip0 gate op, ip1 up op, ip3 down op, ip5 threads a block (128 | 256: g4_mlp_nf4_b256);
-                   //   adds into the down's output, which the ResNorm launch before it zeroes (its t7)
+                   //   adds into the down's output, which the ResNorm launch before it zeroes (its t7);
+                   //   ip6 output replicas R (1..kMlpReplicasMax): R > 1, block j adds into replica j % R
+                   //   (0: the output itself, r > 0: the session's replica buffer [R - 1, H]) and the next
+                   //   launch is the ResNorm whose d (t1) is that output, which sums and re-zeroes them
     AttnO   = 6,   // the o projection (count 1, an NF4 Matmul of the attention's output, weight kQuantTiled32) in
                    //   g4_attn_o_nf4_g* with the decode attention's merge (sm_90): ip1 the Attention op (run by the
                    //   launch before, which then leaves its partials unmerged); adds into the o output, which the
@@ -153,6 +156,8 @@ struct CudaLaunch {
     float fp[2];
 };
 static_assert(sizeof(CudaLaunch) == 80);
+// Most output replicas of a fused decode MLP (CudaLaunch ip6; kernels.cu RN_MAX is one less).
+inline constexpr int kMlpReplicasMax = 4;
 
 // cuBLAS workspace a CUDA session preallocates when the plan has Cublas matmuls (NVIDIA's advice for Hopper).
 inline constexpr uint64_t kCublasWorkspaceBytes = 32ull << 20;
@@ -167,10 +172,12 @@ inline uint64_t fnv1a64(const void* data, size_t n, uint64_t h = 146959810393466
 }
 
 // Hash of everything whose drift between compiler and runtime would silently change meaning:
-// record layouts, op codes and their parameter conventions (bump the string when they change).
+// record layouts, op codes and their parameter conventions, and the arguments the runtime passes to the
+// plan's own kernels (kargs: a plan's CUBIN/PTX came from the compiler's kernels.cu) (bump the string when
+// they change).
 inline uint64_t schema_hash() {
     static const char kSchema[] =
-        "g4plan-v1;header64;section32;tensor64(quant_flags);op104;launch80(op0,resnorm1(t7:zero),gemv2,qkvpost3,qkvattn4(ip4:post_ops),mlp5(ip0:gate,ip1:up,ip3:down,ip5:threads),attn_o6(op:o,ip1:attention(its merge here),t0:y),ple7(ops:gate,gelu_mul,proj;t0:y));matmul_variant(cublas4);"
+        "g4plan-v1;header64;section32;tensor64(quant_flags);op104;launch80(op0,resnorm1(t7:zero),gemv2,qkvpost3,qkvattn4(ip4:post_ops),mlp5(ip0:gate,ip1:up,ip3:down,ip5:threads,ip6:replicas),attn_o6(op:o,ip1:attention(its merge here),t0:y),ple7(ops:gate,gelu_mul,proj;t0:y));matmul_variant(cublas4);"
         "ops:embed1(in:ids,table;fp0:scale),matmul2(in:x,w,bias?;ip5:decode_variant,ip6:prefill_variant),rms_norm3(in:x,w?;ip0:cols,ip1:dim;fp0:eps),"
         "add4(ip0:cols),scale5(in:x,s?;ip0:cols;fp0:s),rope6(in:x,inv_freq;ip0:heads,ip1:dim),"
         "kv_store7(in:k,v;out:kc,vc;ip0:width,ip1:slots),"
@@ -178,7 +185,8 @@ inline uint64_t schema_hash() {
         "gelu_mul9(ip0:cols),softcap10(ip0:cols;fp0:cap),copy11(in:x;out:x;ip0:cols,ip1:dst_device,ip2:src_device(-1=host));"
         "meta:program.layer_devices,gpus(index,weights,kv),kv_host_begin;towers(weights,max_media_tokens,vision,audio;flags:tower9,tower_scalar10);"
         "dtypes:f32=0,bf16=1,f16=2,i32=3,nf4=4(blob:codes,absmax|dq;quant_flags:dq1,tiled32_2);kinds:weight0,act1,kv2(dtype:f32|bf16,rne on store),input3;"
-        "rowmode:all0,tailin1,outrows2;argmax(logits,vocab,ws,step,ids,host_tok,limit)";
+        "rowmode:all0,tailin1,outrows2;argmax(logits,vocab,ws,step,ids,host_tok,limit);"
+        "kargs:resnorm14(..,zero),resnorm_rep16(..,zero,rep,nrep),mlp312(..,yr,nrep),mlp_rep";
     return fnv1a64(kSchema, sizeof(kSchema) - 1);
 }
 

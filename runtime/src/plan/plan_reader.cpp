@@ -335,6 +335,11 @@ g4_status Plan::validate_records(std::string* err) {
             const PlanTensor& w = tensors_[ops_[l.op + 3].in[1]];
             if (w.dtype != (uint8_t)DType::NF4 || !(w.quant_flags & kQuantTiled32) || w.dims[1] % 64 != 0 || w.dims[0] % 4 != 0)
                 return fail(CORRUPT, what + ": the MLP's down weight is not a tiled NF4 matrix", err);
+            if (l.ip[6] < 1 || l.ip[6] > kMlpReplicasMax)
+                return fail(CORRUPT, what + ": MLP output replicas " + std::to_string(l.ip[6]) + " (1 to " + std::to_string(kMlpReplicasMax) + ")", err);
+            if (l.ip[6] > 1 && (i + 1 >= n_launches_ || launches_[i + 1].kind != (uint16_t)LaunchKind::ResNorm ||
+                                launches_[i + 1].t[1] != ops_[l.op + 3].out[0]))
+                return fail(CORRUPT, what + ": an MLP with output replicas is not followed by the ResNorm that sums them", err);
         }
         if (l.kind == (uint16_t)LaunchKind::Ple) {
             const bool ok = l.count == 3 && ops_[l.op].code == (uint16_t)OpCode::Matmul && ops_[l.op + 1].code == (uint16_t)OpCode::GeluMul &&

@@ -884,8 +884,10 @@ TEST_P(ResNorm, MatchesUnfusedOps) {
                 gxn = dev.alloc(H * 4);
     // mode 0: d = rms(d) * pw; x_out = (x + d) * 1 * s; xn = rms(x_out) * prew. 1: no residual branch
     // (x_out = x * s). 2: no xn. 3: mode 0 with d given as d0 and three replicas (g4_resnorm_rep; g4_mlp_nf4_rep's nrep), summed
-    // in replica order, which the kernel zeroes. Each at 512 threads, at the fewest the kernel takes (H / 8)
-    // and at 1024 (the runtime's launch for H > 2048): one or two float4 a thread, or the scalar path.
+    // in replica order, which the kernel zeroes. 4: a lone RmsNorm (the first layer's input norm: no d, no
+    // scalar, no x_out; xn = rms(x) * prew, against the reference RmsNorm of x). Each at 512 threads, at the
+    // fewest the kernel takes (H / 8) and at 1024 (the runtime's launch for H > 2048): one or two float4 a
+    // thread, or the scalar path.
     const int kRep = 3;
     std::vector<float> d0 = randn(H, 5), reps = randn((size_t)kRep * H, 6), dsum(H);
     for (int i = 0; i < H; ++i) {
@@ -893,17 +895,19 @@ TEST_P(ResNorm, MatchesUnfusedOps) {
         for (int r = 0; r < kRep; ++r) dsum[i] += reps[(size_t)r * H + i];
     }
     CUdeviceptr gd0 = dev.up(d0);
-    for (int mode = 0; mode < 4; ++mode)
+    for (int mode = 0; mode < 5; ++mode)
         for (unsigned block : {512u, (unsigned)(H / 8 + 31) / 32 * 32, 1024u}) {
             std::vector<float> dr = mode == 3 ? dsum : d, xo(H), xn(H);
-            if (mode == 1) xo = x;
+            if (mode == 1 || mode == 4) xo = x;
             else {
                 ref::rms_norm({dr.data(), H, pwb.data(), DType::BF16, dr.data(), H, 1, H, H, 1e-6f});
                 ref::add({x.data(), H, dr.data(), H, xo.data(), H, 1, H});
             }
-            ref::scale({xo.data(), H, xo.data(), H, 1, H, 1.0f, sc.data(), DType::BF16, 0.0f});
+            if (mode != 4) ref::scale({xo.data(), H, xo.data(), H, 1, H, 1.0f, sc.data(), DType::BF16, 0.0f});
             ref::rms_norm({xo.data(), H, prewb.data(), DType::BF16, xn.data(), H, 1, H, H, 1e-6f});
-            CUdeviceptr dd = mode == 1 ? 0 : gd, xnp = mode == 2 ? 0 : gxn;
+            CUdeviceptr dd = mode == 1 || mode == 4 ? 0 : gd, xnp = mode == 2 ? 0 : gxn;
+            CUdeviceptr scp = mode == 4 ? 0 : gsc, xop = mode == 4 ? 0 : gxo;
+            gpu().d->cuMemsetD8(gxo, 0xff, H * 4);
             int one = 1;
             float f = 1.0f, eps = 1e-6f;
             int h = H;
@@ -917,7 +921,7 @@ TEST_P(ResNorm, MatchesUnfusedOps) {
             if (mode == 3)
                 launch("g4_resnorm_rep", 1, 1, block, {&gx, &dd, &gpw, &one, &gsc, &one, &f, &gxo, &gprew, &one, &xnp, &h, &eps, &zero, &grep, &nrep});
             else
-                launch("g4_resnorm", 1, 1, block, {&gx, &dd, &gpw, &one, &gsc, &one, &f, &gxo, &gprew, &one, &xnp, &h, &eps, &zero});
+                launch("g4_resnorm", 1, 1, block, {&gx, &dd, &gpw, &one, &scp, &one, &f, &xop, &gprew, &one, &xnp, &h, &eps, &zero});
             if (mode == 0) {
                 const std::vector<float> z = dev.down<float>(gdz, H);
                 EXPECT_EQ(std::count(z.begin(), z.end(), 0.0f), H) << "the zeroed buffer, block " << block;
@@ -926,7 +930,8 @@ TEST_P(ResNorm, MatchesUnfusedOps) {
                 const std::vector<float> z = dev.down<float>(grep, (size_t)kRep * H);
                 EXPECT_EQ(std::count(z.begin(), z.end(), 0.0f), (long)kRep * H) << "the replicas, zeroed after their reads, block " << block;
             }
-            double e1 = rel(dev.down<float>(gxo, H), xo), e2 = mode == 2 ? 0.0 : rel(dev.down<float>(gxn, H), xn);
+            if (mode == 4) { EXPECT_EQ(dev.down<uint32_t>(gxo, 1)[0], 0xffffffffu) << "x_out written without being asked for"; }
+            double e1 = mode == 4 ? 0.0 : rel(dev.down<float>(gxo, H), xo), e2 = mode == 2 ? 0.0 : rel(dev.down<float>(gxn, H), xn);
             std::printf("ResNorm H=%d mode %d block %u: x_out %.2e, xn %.2e\n", H, mode, block, e1, e2);
             EXPECT_LT(e1, 1e-6) << "mode " << mode << " block " << block;
             EXPECT_LT(e2, 1e-6) << "mode " << mode << " block " << block;

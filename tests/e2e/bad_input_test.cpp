@@ -140,8 +140,9 @@ TEST(BadInput, CudaPlanWithoutGpu) {
     // The fixture has 4 query heads on one KV head: the decode attention kernels are compiled for that.
     EXPECT_NE(i.out.find("CUDA kernels: sm_86 cubin + PTX; decode attention specialised for 4 heads per KV group"), std::string::npos)
         << i.out;
-    // Every residual/norm chain (3 per layer, 10 layers) becomes one ResNorm launch of the decode schedule.
-    EXPECT_NE(i.out.find(", 30 ResNorm"), std::string::npos) << i.out;
+    // Every residual/norm chain (3 per layer, 10 layers) becomes one ResNorm launch of the decode schedule,
+    // and so does the first layer's input norm, which no residual add precedes.
+    EXPECT_NE(i.out.find(", 31 ResNorm"), std::string::npos) << i.out;
     // The sliding layers' q/k/v post-projection runs in their decode attention kernel (QkvAttn, KV-shared
     // layers too); the 2 full-attention layers keep QkvPost.
     EXPECT_NE(i.out.find("2 QkvPost, 8 QkvPost+attention"), std::string::npos) << i.out;
@@ -161,13 +162,13 @@ TEST(BadInput, CudaPlanWithoutGpu) {
                                (det ? " --deterministic" : "") + " -o '" + p90 + "'");
         ASSERT_EQ(c90.exit_code, 0) << c90.err;
         CmdResult i90 = run_g4("inspect '" + p90 + "'");
-        EXPECT_NE(i90.out.find(det ? "30 ResNorm, 0 MLP" : "30 ResNorm, 10 MLP"), std::string::npos) << i90.out;
+        EXPECT_NE(i90.out.find(det ? "31 ResNorm, 0 MLP" : "31 ResNorm, 10 MLP"), std::string::npos) << i90.out;
         // The full-attention layers' o projection takes the attention's merge (the sliding layers' head dim
         // 16 is not a multiple of the kernel's 32 columns a block).
         EXPECT_NE(i90.out.find(det ? "one kernel), 0 attention-o" : "one kernel), 2 attention-o"), std::string::npos) << i90.out;
         EXPECT_NE(i90.out.find(det ? "one kernel), 0 PLE" : "one kernel), 10 PLE"), std::string::npos) << i90.out;
     }
-    EXPECT_NE(i.out.find("30 ResNorm, 0 MLP"), std::string::npos) << "sm_86 keeps the two GEMVs: " << i.out;
+    EXPECT_NE(i.out.find("31 ResNorm, 0 MLP"), std::string::npos) << "sm_86 keeps the two GEMVs: " << i.out;
     EXPECT_NE(i.out.find("one kernel), 0 attention-o"), std::string::npos) << "sm_86 keeps the merge kernel: " << i.out;
     CmdResult r = run_g4("run '" + plan + "' --tokens 2,3 -n 2");
     if (r.exit_code == 0) GTEST_SKIP() << "this machine has a GPU";

@@ -97,6 +97,36 @@ TEST(CudaSchedule, ZeroedOutputsStayUntouchedUntilTheirKernel) {
     }
 }
 
+// The first layer's input norm (no residual add before it) is a ResNorm launch without the residual branch:
+// x and the weight in, xn out, nothing else; it is the only such launch, the first after the step's
+// preamble, and the CPU ops' norm it covers is that layer's.
+TEST(CudaSchedule, FirstInputNormIsAResNorm) {
+    TempDir td;
+    for (const std::string fx : {"e2b_tiny", "e4b_tiny"}) {
+        g4::plan::Plan p;
+        compile_sm90(td, fx, "", &p);
+        int lone = 0;
+        for (size_t li = 0; li < p.n_launches(); ++li) {
+            const CudaLaunch& l = p.launch(li);
+            if (l.kind != (uint16_t)LaunchKind::ResNorm || l.t[1] >= 0) continue;
+            ++lone;
+            EXPECT_EQ(l.count, 1) << fx;
+            EXPECT_EQ(p.op(l.op).code, (uint16_t)g4::OpCode::RmsNorm) << fx;
+            EXPECT_EQ(p.op(l.op).layer, 0) << fx;
+            EXPECT_EQ(l.t[0], p.op(l.op).in[0]) << fx;
+            EXPECT_EQ(l.t[5], p.op(l.op).in[1]) << fx;
+            EXPECT_EQ(l.t[6], p.op(l.op).out[0]) << fx;
+            EXPECT_EQ(l.t[2], -1) << fx;
+            EXPECT_EQ(l.t[3], -1) << fx;
+            EXPECT_EQ(l.t[4], -1) << fx;
+            EXPECT_EQ(l.fp[1], 1.0f) << fx;
+            EXPECT_EQ(l.ip[0], p.op(l.op).ip[0]) << fx;
+            for (size_t k = 0; k < li; ++k) EXPECT_NE(p.launch(k).kind, (uint16_t)LaunchKind::ResNorm) << fx << " launch " << k;
+        }
+        EXPECT_EQ(lone, 1) << fx;
+    }
+}
+
 // Output replicas by shape: 4 at E2B's wide MLPs (I = 12288, 384 blocks), 1 at its narrow ones (6144) and
 // at E4B's (10240), where they were measured slower; a launch's workspace is (R - 1) x H floats, counted on
 // the GPU that runs it.

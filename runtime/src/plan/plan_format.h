@@ -125,8 +125,9 @@ enum class MatmulVariant : int32_t {
 enum class LaunchKind : uint16_t {
     Op      = 0,   // op `op` with its own kernel
     ResNorm = 1,   // x_out = (x + rms(d) * post_w) * fp1 * scalar; xn = rms(x_out) * pre_w
-                   //   t: 0 x, 1 d, 2 post_w, 3 scalar, 4 x_out, 5 pre_w, 6 xn, 7 zeroed after (the next
-                   //   Mlp's y, or -1); ip0 cols; fp0 eps
+                   //   t: 0 x, 1 d (-1: no residual branch, x_out = x * fp1 * scalar), 2 post_w, 3 scalar,
+                   //   4 x_out (-1: not written), 5 pre_w, 6 xn (-1: not computed), 7 zeroed after (the
+                   //   next Mlp's y, or -1); ip0 cols; fp0 eps
     Gemv    = 2,   // ip0..2 matmul ops sharing x (ip3 of them); ip4 epilogue (0 store, 1 gelu(gate) * up,
                    //   2 gelu(y) * aux, 3 softcap); ip5 lanes per weight row (8..128); t0 aux, ip6 aux
                    //   column, t1 epilogue output; fp0 softcap
@@ -177,7 +178,7 @@ inline uint64_t fnv1a64(const void* data, size_t n, uint64_t h = 146959810393466
 // they change).
 inline uint64_t schema_hash() {
     static const char kSchema[] =
-        "g4plan-v1;header64;section32;tensor64(quant_flags);op104;launch80(op0,resnorm1(t7:zero),gemv2,qkvpost3,qkvattn4(ip4:post_ops),mlp5(ip0:gate,ip1:up,ip3:down,ip5:threads,ip6:replicas),attn_o6(op:o,ip1:attention(its merge here),t0:y),ple7(ops:gate,gelu_mul,proj;t0:y));matmul_variant(cublas4);"
+        "g4plan-v1;header64;section32;tensor64(quant_flags);op104;launch80(op0,resnorm1(t1|t4|t6:-1=none,t7:zero),gemv2,qkvpost3,qkvattn4(ip4:post_ops),mlp5(ip0:gate,ip1:up,ip3:down,ip5:threads,ip6:replicas),attn_o6(op:o,ip1:attention(its merge here),t0:y),ple7(ops:gate,gelu_mul,proj;t0:y));matmul_variant(cublas4);"
         "ops:embed1(in:ids,table;fp0:scale),matmul2(in:x,w,bias?;ip5:decode_variant,ip6:prefill_variant),rms_norm3(in:x,w?;ip0:cols,ip1:dim;fp0:eps),"
         "add4(ip0:cols),scale5(in:x,s?;ip0:cols;fp0:s),rope6(in:x,inv_freq;ip0:heads,ip1:dim),"
         "kv_store7(in:k,v;out:kc,vc;ip0:width,ip1:slots),"

@@ -613,12 +613,13 @@ void session_destroy(SessionState* st) {
     if (!st) return;
     if (st->profile) {
         std::fprintf(stderr, "g4 cuda profile (ms total / calls; per-op sync timing includes ~launch latency):\n");
-        static const char* fused[] = {"resnorm*", "gemv*", "qkv_post*", "qkv_attn*", "mlp*"};
-        for (int c = 0; c < 22; ++c)
+        for (int c = 0; c < SessionState::kProfCats; ++c)
             for (int m = 0; m < 2; ++m)
-                if (st->prof_n[c][m])
-                    std::fprintf(stderr, "  %-10s %-8s %10.3f ms %8ld calls %8.1f us/call\n", c >= 16 ? fused[c - 17] : op_name((OpCode)c), m ? "prefill" : "decode",
+                if (st->prof_n[c][m]) {
+                    const std::string name = c >= 16 ? std::string(launch_kind_name((uint16_t)(c - 16))) + "*" : op_name((OpCode)c);
+                    std::fprintf(stderr, "  %-10s %-8s %10.3f ms %8ld calls %8.1f us/call\n", name.c_str(), m ? "prefill" : "decode",
                                  st->prof_ms[c][m], st->prof_n[c][m], 1000 * st->prof_ms[c][m] / st->prof_n[c][m]);
+                }
     }
     const Driver* d = st->e->d;
     if (!st->lanes.empty()) d->cuCtxSetCurrent(st->lanes[0].g->ctx);

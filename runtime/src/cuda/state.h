@@ -175,8 +175,10 @@ struct SessionState {
     int rep_out = 0, rep_in = 0;
     bool merge_in_next = false;   // launch_step: the next decode launch is AttnO, which merges the attention's partials
     std::vector<bool> twice;   // G4_DECODE_TWICE: launches made twice in a row (timing lab, bench/trace_lab.sh)
-    double prof_ms[22][2] = {};   // per op code; 16.. fused launch kinds
-    long prof_n[22][2] = {};
+    // G4_CUDA_PROFILE totals [decode, prefill]: per op code (0..15), then 16 + each fused launch kind
+    static constexpr int kProfCats = 16 + (int)plan::LaunchKind::Ple + 1;
+    double prof_ms[kProfCats][2] = {};
+    long prof_n[kProfCats][2] = {};
     std::chrono::steady_clock::time_point prof_t;
     // G4_CUDA_PROFILE=1, decode: an event after every launch of the captured graph; GPU time per
     // launch label (kind and op name without the layer), summed over replays.

@@ -1157,8 +1157,9 @@ g4_status launch_step(g4_session* s, int rows, int out_rows, std::string* err) {
             // Output replicas (the plan's ip6 > 1, the reader checked the ResNorm after): the MLP adds into them
             // and that ResNorm sums them and zeroes them again, so they are zero outside the pair. A lab skipping
             // the ResNorm (G4_DECODE_SKIP) keeps the MLP on its output alone.
-            st->rep_in  = st->rep_out;
-            st->rep_out = cuda_ws::mlp_replicas(l) > 1 && (st->skip.empty() || !st->skip[li + 1]) ? cuda_ws::mlp_replicas(l) - 1 : 0;
+            const int reps = cuda_ws::mlp_replicas(l);
+            st->rep_in     = st->rep_out;
+            st->rep_out    = reps > 1 && (st->skip.empty() || !st->skip[li + 1]) ? reps - 1 : 0;
             bool handled = false;
             g4_status cg = l.kind == (uint16_t)LaunchKind::Op ? cross_device_op(s, (size_t)l.op, rows, &handled, err)
                            : p.hybrid()                       ? use_lane(st, st->lane_of[l.op], err)

@@ -5,7 +5,7 @@
 //   STRINGS  NUL-terminated names referenced by tensors and ops
 //   TENSORS  PlanTensor records: weights (in WEIGHTS), activations (arena offsets), KV caches, inputs
 //   OPS      PlanOp records: the program the runtime replays, in order
-//   WEIGHTS  tensor bytes, each 256-byte aligned (plans before session 38: 64), used in place from the mmap (CPU) or uploaded (CUDA)
+//   WEIGHTS  tensor bytes, each kWeightAlign (256) aligned (the reader requires kTensorAlign), used in place from the mmap (CPU) or uploaded (CUDA)
 //   TOKENIZER tokenizer.json text; CUBIN/PTX the CUDA kernels compiled for the plan's target
 //   CUDA_SCHEDULE CudaLaunch records: the launches of one decode step (fused kernels), CUDA plans only
 //

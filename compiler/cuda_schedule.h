@@ -80,6 +80,7 @@ inline int mlp_replicas(int64_t I) { return I / 32 >= 384 ? plan::kMlpReplicasMa
 // The launches of one decode step, covering every op exactly once, in order. Fusions:
 //   RmsNorm(d, in place) + Add(x, d) [+ Scale] [+ RmsNorm(x_out)]         -> ResNorm
 //   a lone full-row RmsNorm(x) -> y with a weight                          -> ResNorm (no residual: t0 x, t5, t6)
+//   Scale(ctx) + RmsNorm(ctx, groups) + Add(ctx, tok) + Scale             -> PleIn (the per-layer inputs)
 //   Matmul x1..3 sharing x (q, k, v)                                      -> Gemv (epilogue 0)
 //   Matmul gate + Matmul up + GeluMul                                     -> Gemv (gate/up pairs)
 //   Matmul + GeluMul(y, aux) / Matmul + Softcap                           -> Gemv (epilogue 2 / 3)

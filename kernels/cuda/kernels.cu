@@ -692,6 +692,23 @@ extern "C" __global__ void g4_elementwise(const Step* s, int mode, int op, const
     y[(long)t * ldy + i] = out;
 }
 
+// The per-layer inputs of a decode row (schedule record PleIn): ctx = ctx * s1; ctx = rms(ctx) * w over each
+// group of P; out = (ctx + tok) * s2, the Scale, RmsNorm, Add and Scale ops in one kernel with their operation
+// order (the generic kernels': powf for the norm). ctx [N], tok [N], out [N] (N = groups x P, row 0);
+// w [P] (f32 or bf16). grid N / P (one group a block), block P rounded up to 32 (P <= 1024).
+extern "C" __global__ void g4_ple_in(const float* ctx, const void* w, int wdt, const float* tok, float* out, int P, float s1, float eps,
+                                     float s2) {
+    G4_TRACE_SCOPE(9 | 4 << 8, out);
+    __shared__ float red[32];
+    const int i   = threadIdx.x;
+    const long at = (long)blockIdx.x * P + i;
+    const float wv = i < P ? loadw(w, wdt, i) : 0.0f;
+    pdl_begin();
+    const float c = i < P ? ctx[at] * s1 : 0.0f, t = i < P ? tok[at] : 0.0f;
+    const float r = powf(block_sum(c * c, red) / (float)P + eps, -0.5f);
+    if (i < P) out[at] = (c * r * wv + t) * s2;
+}
+
 // RoPE in place (rotate-half pairing). grid (max_rows, heads), block half = dim/2 (<= 1024).
 extern "C" __global__ void g4_rope(const Step* s, float* x, long ldx, const float* inv_freq, int dim) {
     G4_TRACE_SCOPE(11, x);

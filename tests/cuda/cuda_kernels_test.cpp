@@ -968,6 +968,36 @@ TEST_P(ResNorm, CancellingResidual) {
 }
 INSTANTIATE_TEST_SUITE_P(RealShapes, ResNorm, ::testing::Values(1536, 2560, 1534));
 
+// ---- the per-layer inputs' combination (schedule record PleIn): g4_ple_in against the four reference
+// ops it replaces (Scale, RmsNorm over groups of P, Add, Scale), E2B's 35 and E4B's 42 groups of 256 and
+// the tiny fixtures' 16, with f32 and bf16 norm weights. Same operation order (powf for the norm): exact
+// but for the warp-shuffle sum's order.
+TEST(PleIn, MatchesUnfusedOps) {
+    NEED_GPU();
+    Dev dev;
+    struct Case { int groups, P; };
+    for (Case c : {Case{35, 256}, Case{42, 256}, Case{10, 16}, Case{3, 40}})
+        for (int wdt : {0, 1}) {
+            const int N = c.groups * c.P;
+            std::vector<float> ctx = randn(N, 11), tok = randn(N, 12), w = randn(c.P, 13), want(N);
+            const float s1 = 0.0255f, s2 = 0.7071f, eps = 1e-6f;
+            std::vector<uint16_t> wb = to_bf16(w);
+            std::vector<float> v = ctx;
+            ref::scale({v.data(), N, v.data(), N, 1, N, s1, nullptr, DType::F32, 0.0f});
+            ref::rms_norm({v.data(), N, wdt ? (const void*)wb.data() : (const void*)w.data(), wdt ? DType::BF16 : DType::F32, v.data(), N, 1, N,
+                           c.P, eps});
+            ref::add({v.data(), N, tok.data(), N, want.data(), N, 1, N});
+            ref::scale({want.data(), N, want.data(), N, 1, N, s2, nullptr, DType::F32, 0.0f});
+            CUdeviceptr gc = dev.up(ctx), gt = dev.up(tok), gw = wdt ? dev.up(wb) : dev.up(w), go = dev.alloc((size_t)N * 4);
+            int P = c.P;
+            float a = s1, e = eps, b = s2;
+            launch("g4_ple_in", (unsigned)c.groups, 1, (unsigned)(P + 31) / 32 * 32, {&gc, &gw, &wdt, &gt, &go, &P, &a, &e, &b});
+            const double err = rel(dev.down<float>(go, N), want);
+            std::printf("PleIn %d x %d, %s weight: rel %.2e\n", c.groups, c.P, wdt ? "bf16" : "f32", err);
+            EXPECT_LT(err, 1e-6) << c.groups << " x " << c.P << " wdt " << wdt;
+        }
+}
+
 // A KV cache in a plan dtype: its elements (f32, or bf16 bits) and, for make_cache, the values as the
 // reference reads them (bf16 widened) in f32.
 struct Cache {

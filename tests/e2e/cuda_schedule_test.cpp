@@ -42,6 +42,33 @@ void compile_sm90(TempDir& td, const std::string& fx, const std::string& flags, 
     ASSERT_EQ(p->load(path, false, &err), G4_OK) << err;
 }
 
+// A copy of the plan at `path` whose CUDA schedule records `edit` changes, with the section's checksum
+// recomputed so that only the records are wrong: loading it must fail with `want` in the message.
+template <class Edit>
+void expect_corrupt(TempDir& td, const std::string& path, const std::string& name, Edit edit, const std::string& want) {
+    std::string b = read_file(path);
+    g4::plan::PlanHeader h;
+    std::memcpy(&h, b.data(), sizeof h);
+    bool found = false;
+    for (uint32_t k = 0; k < h.section_count; ++k) {
+        g4::plan::PlanSection sec;
+        char* at = b.data() + h.section_table_offset + k * sizeof sec;
+        std::memcpy(&sec, at, sizeof sec);
+        if (sec.kind != (uint32_t)g4::plan::SectionKind::CudaSchedule) continue;
+        edit(reinterpret_cast<CudaLaunch*>(b.data() + sec.offset));
+        sec.checksum = g4::plan::fnv1a64(b.data() + sec.offset, sec.size);
+        std::memcpy(at, &sec, sizeof sec);
+        found = true;
+    }
+    ASSERT_TRUE(found) << name << ": no CUDA schedule section";
+    const std::string bad = td.file(name + ".g4plan");
+    write_file(bad, b);
+    g4::plan::Plan c;
+    std::string e;
+    EXPECT_NE(c.load(bad, false, &e), G4_OK) << name;
+    EXPECT_NE(e.find(want), std::string::npos) << name << ": " << e;
+}
+
 TEST(CudaSchedule, ZeroedOutputsStayUntouchedUntilTheirKernel) {
     TempDir td;
     for (const std::string fx : {"e2b_tiny", "e4b_tiny"}) {
@@ -127,6 +154,38 @@ TEST(CudaSchedule, FirstInputNormIsAResNorm) {
     }
 }
 
+// The per-layer inputs' combination (scale, grouped norm, add, scale) is one PleIn launch on every CUDA
+// target: the four ops, in order, with their tensors; a record with a group size that does not divide N is
+// refused at load.
+TEST(CudaSchedule, PerLayerInputsInOneLaunch) {
+    TempDir td;
+    for (const std::string fx : {"e2b_tiny", "e4b_tiny"}) {
+        g4::plan::Plan p;
+        compile_sm90(td, fx, "", &p);
+        size_t at = 0;
+        int n     = 0;
+        for (size_t li = 0; li < p.n_launches(); ++li)
+            if (p.launch(li).kind == (uint16_t)LaunchKind::PleIn) at = li, ++n;
+        ASSERT_EQ(n, 1) << fx;
+        const CudaLaunch& l = p.launch(at);
+        ASSERT_EQ(l.count, 4) << fx;
+        const g4::plan::PlanOp &s1 = p.op(l.op), &nm = p.op(l.op + 1), &ad = p.op(l.op + 2), &s2 = p.op(l.op + 3);
+        EXPECT_EQ(s1.code, (uint16_t)g4::OpCode::Scale) << fx;
+        EXPECT_EQ(nm.code, (uint16_t)g4::OpCode::RmsNorm) << fx;
+        EXPECT_EQ(ad.code, (uint16_t)g4::OpCode::Add) << fx;
+        EXPECT_EQ(s2.code, (uint16_t)g4::OpCode::Scale) << fx;
+        EXPECT_EQ(l.t[0], s1.in[0]) << fx;
+        EXPECT_EQ(l.t[1], nm.in[1]) << fx;
+        EXPECT_EQ(l.t[2], ad.in[0] == l.t[0] ? ad.in[1] : ad.in[0]) << fx;
+        EXPECT_EQ(l.t[3], s2.out[0]) << fx;
+        EXPECT_EQ(l.ip[0], s1.ip[0]) << fx;
+        EXPECT_EQ(l.ip[1], nm.ip[1]) << fx;
+        EXPECT_EQ(l.ip[0] % l.ip[1], 0) << fx;
+        expect_corrupt(td, td.file(fx + ".g4plan"), fx + "_ple_in", [&](CudaLaunch* recs) { recs[at].ip[1] = l.ip[0] + 1; },
+                       "bad per-layer-input combination record");
+    }
+}
+
 // Output replicas by shape: 4 at E2B's wide MLPs (I = 12288, 384 blocks), 1 at its narrow ones (6144) and
 // at E4B's (10240), where they were measured slower; a launch's workspace is (R - 1) x H floats, counted on
 // the GPU that runs it.
@@ -195,39 +254,10 @@ TEST(CudaSchedule, MlpReplicasInThePlan) {
         }
         ASSERT_GT(mlps, 0) << fx;
 
-        // Corrupt copies: the schedule section edited and its checksum recomputed, so only the record is wrong.
-        const std::string bytes = read_file(path);
-        g4::plan::PlanHeader h;
-        std::memcpy(&h, bytes.data(), sizeof h);
-        g4::plan::PlanSection sched{};
-        for (uint32_t k = 0; k < h.section_count; ++k) {
-            g4::plan::PlanSection sec;
-            std::memcpy(&sec, bytes.data() + h.section_table_offset + k * sizeof sec, sizeof sec);
-            if (sec.kind == (uint32_t)g4::plan::SectionKind::CudaSchedule) sched = sec;
-        }
-        ASSERT_GT(sched.size, 0u) << fx;
-        auto corrupt = [&](const std::string& name, auto edit, const std::string& want) {
-            std::string b = bytes;
-            CudaLaunch* recs = reinterpret_cast<CudaLaunch*>(b.data() + sched.offset);
-            edit(recs);
-            for (uint32_t k = 0; k < h.section_count; ++k) {
-                g4::plan::PlanSection sec;
-                char* at = b.data() + h.section_table_offset + k * sizeof sec;
-                std::memcpy(&sec, at, sizeof sec);
-                if (sec.kind != (uint32_t)g4::plan::SectionKind::CudaSchedule) continue;
-                sec.checksum = g4::plan::fnv1a64(b.data() + sec.offset, sec.size);
-                std::memcpy(at, &sec, sizeof sec);
-            }
-            const std::string bad = td.file(fx + "_" + name + ".g4plan");
-            write_file(bad, b);
-            g4::plan::Plan c;
-            std::string e;
-            EXPECT_NE(c.load(bad, false, &e), G4_OK) << fx << " " << name;
-            EXPECT_NE(e.find(want), std::string::npos) << fx << " " << name << ": " << e;
-        };
-        corrupt("r5", [&](CudaLaunch* recs) { recs[mlp].ip[6] = 5; }, "MLP output replicas 5");
-        corrupt("r0", [&](CudaLaunch* recs) { recs[mlp].ip[6] = 0; }, "MLP output replicas 0");
-        corrupt("no_sum", [&](CudaLaunch* recs) { recs[mlp + 1].t[1] = recs[mlp + 1].t[0]; }, "not followed by the ResNorm that sums them");
+        expect_corrupt(td, path, fx + "_r5", [&](CudaLaunch* recs) { recs[mlp].ip[6] = 5; }, "MLP output replicas 5");
+        expect_corrupt(td, path, fx + "_r0", [&](CudaLaunch* recs) { recs[mlp].ip[6] = 0; }, "MLP output replicas 0");
+        expect_corrupt(td, path, fx + "_no_sum", [&](CudaLaunch* recs) { recs[mlp + 1].t[1] = recs[mlp + 1].t[0]; },
+                       "not followed by the ResNorm that sums them");
     }
 
     const std::string path = td.file("bad_replicas.g4plan");

@@ -145,7 +145,7 @@ g4_status open_gpu(const plan::Plan& p, EngineState* st, Gpu& g, const plan::Pro
         {&k.attn_decode, "g4_attn_decode"}, {&k.attn_decode_bf16, "g4_attn_decode_bf16"}, {&k.attn_decode_post, "g4_attn_decode_post"}, {&k.attn_decode_post_bf16, "g4_attn_decode_post_bf16"}, {&k.nf4_to_bf16, "g4_nf4_to_bf16"}, {&k.nf4_untile32, "g4_nf4_untile32"}, {&k.f32_to_bf16, "g4_f32_to_bf16"},
         {&k.add_bias, "g4_add_bias"}, {&k.copy_f32, "g4_copy_f32"}, {&k.penalize, "g4_penalize"}, {&k.mlp[0], "g4_mlp_nf4"}, {&k.mlp[1], "g4_mlp_nf4_b256"},
         {&k.mlp[2], "g4_mlp_nf4_dq"}, {&k.mlp[3], "g4_mlp_nf4_b256_dq"}, {&k.mlp[4], "g4_mlp_nf4_rep"}, {&k.mlp[5], "g4_mlp_nf4_b256_rep"},
-        {&k.mlp[6], "g4_mlp_nf4_dq_rep"}, {&k.mlp[7], "g4_mlp_nf4_b256_dq_rep"}, {&k.resnorm_rep, "g4_resnorm_rep"},
+        {&k.mlp[6], "g4_mlp_nf4_dq_rep"}, {&k.mlp[7], "g4_mlp_nf4_b256_dq_rep"}, {&k.resnorm_rep, "g4_resnorm_rep"}, {&k.ple_in, "g4_ple_in"},
         {&k.attn_o[0], "g4_attn_o_nf4_g1"}, {&k.attn_o[1], "g4_attn_o_nf4_g2"}, {&k.attn_o[2], "g4_attn_o_nf4_g3"}, {&k.attn_o[3], "g4_attn_o_nf4_g4"},
         {&k.ple[0], "g4_ple_bf16_g1"}, {&k.ple[1], "g4_ple_bf16_g2"}, {&k.ple[2], "g4_ple_bf16_g3"}, {&k.ple[3], "g4_ple_bf16_g4"},
         {&k.topk_round, "g4_topk_round"}, {&k.softmax_partial, "g4_softmax_partial"}};
@@ -265,7 +265,7 @@ g4_status lm_screen_setup(const plan::Plan& p, EngineState* st, std::string* err
 
 // A fused launch kind's name in G4_DECODE_SKIP / G4_DECODE_TWICE classes and the decode event profile.
 const char* launch_kind_name(uint16_t kind) {
-    static const char* kNames[] = {"op", "resnorm", "gemv", "qkv_post", "qkv_attn", "mlp", "attn_o", "ple"};
+    static const char* kNames[] = {"op", "resnorm", "gemv", "qkv_post", "qkv_attn", "mlp", "attn_o", "ple", "ple_in"};
     return kind < sizeof kNames / sizeof kNames[0] ? kNames[kind] : "?";
 }
 
@@ -969,6 +969,13 @@ g4_status launch_fused(g4_session* s, const CudaLaunch& l, std::string* err) {
         int nrep       = st->rep_in;
         r = nrep ? go(K.resnorm_rep, 1, H <= 2048 ? 512 : 1024, {&x, &dd, &pw, &pwdt, &sc, &sdt, &f, &xo, &prew, &prewdt, &xn, &H, &eps, &zero, &dr, &nrep})
                  : go(K.resnorm, 1, H <= 2048 ? 512 : 1024, {&x, &dd, &pw, &pwdt, &sc, &sdt, &f, &xo, &prew, &prewdt, &xn, &H, &eps, &zero});
+        break;
+    }
+    case LaunchKind::PleIn: {
+        CUdeviceptr ctx = T(0), w = T(1), tok = T(2), out = T(3);
+        int wdt = dt_code(p, l.t[1]), P = l.ip[1];
+        float s1 = p.op(l.op).fp[0], eps = p.op(l.op + 1).fp[0], s2 = p.op(l.op + 3).fp[0];
+        r = go(K.ple_in, (unsigned)(l.ip[0] / P), (unsigned)((P + 31) / 32 * 32), {&ctx, &w, &wdt, &tok, &out, &P, &s1, &eps, &s2});
         break;
     }
     case LaunchKind::QkvPost:

@@ -23,7 +23,7 @@ using namespace g4::cu;
 struct Kernels {
     CUfunction embed, mm_bf16, mm_f32, mm_nf4, gemm_bf16, gemm_nf4, gemv_bf16, gemv_nf4, tc_bf16, tc_nf4, rms, elem, rope, kv, attn_part, attn_merge, argmax;
     CUfunction gemv[2][5][2];   // [nf4][lanes per row 8..128][pairs]
-    CUfunction resnorm, resnorm_rep, qkv_post, attn_decode, attn_decode_bf16, attn_decode_post, attn_decode_post_bf16, nf4_to_bf16, f32_to_bf16, add_bias;
+    CUfunction resnorm, resnorm_rep, ple_in, qkv_post, attn_decode, attn_decode_bf16, attn_decode_post, attn_decode_post_bf16, nf4_to_bf16, f32_to_bf16, add_bias;
     // The four decode attention kernels above compiled for head dim 256 / 512 ([0] / [1]; order attn_decode,
     // _bf16, _post, _post_bf16): only in modules specialised for a group size (cuda.attn_hpg) of 8 or more,
     // in plans compiled since session 36; null otherwise.
@@ -175,7 +175,7 @@ struct SessionState {
     bool merge_in_next = false;   // launch_step: the next decode launch is AttnO, which merges the attention's partials
     std::vector<bool> twice;   // G4_DECODE_TWICE: launches made twice in a row (timing lab, bench/trace_lab.sh)
     // G4_CUDA_PROFILE totals [decode, prefill]: per op code (0..15), then 16 + each fused launch kind
-    static constexpr int kProfCats = 16 + (int)plan::LaunchKind::Ple + 1;
+    static constexpr int kProfCats = 16 + (int)plan::LaunchKind::PleIn + 1;
     double prof_ms[kProfCats][2] = {};
     long prof_n[kProfCats][2] = {};
     std::chrono::steady_clock::time_point prof_t;

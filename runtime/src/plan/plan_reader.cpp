@@ -312,7 +312,7 @@ g4_status Plan::validate_records(std::string* err) {
     for (size_t i = 0; i < n_launches_; ++i) {
         const CudaLaunch& l = launches_[i];
         std::string what    = "CUDA schedule record " + std::to_string(i);
-        if (l.kind > (uint16_t)LaunchKind::Ple || l.count < 1 || l.op != (int32_t)next || next + l.count > n_ops_)
+        if (l.kind > (uint16_t)LaunchKind::PleIn || l.count < 1 || l.op != (int32_t)next || next + l.count > n_ops_)
             return fail(CORRUPT, what + ": bad kind or op range", err);
         if (l.kind == (uint16_t)LaunchKind::QkvAttn &&
             ((l.ip[4] != 2 && l.ip[4] != 6) || l.count != l.ip[4] + 1 || ops_[l.op + l.count - 1].code != (uint16_t)OpCode::Attention))
@@ -350,6 +350,15 @@ g4_status Plan::validate_records(std::string* err) {
             if (g.dtype != (uint8_t)DType::BF16 || w.dtype != (uint8_t)DType::BF16 || g.dims[0] != w.dims[1] || g.dims[1] != w.dims[0] ||
                 w.dims[0] % 8 != 0 || w.dims[0] > 4096 || w.dims[1] % 8 != 0)
                 return fail(CORRUPT, what + ": the per-layer-input record's weights are not bf16 [P, H] and [H, P] (H, P multiples of 8, H <= 4096)", err);
+        }
+        if (l.kind == (uint16_t)LaunchKind::PleIn) {
+            const bool ok = l.count == 4 && ops_[l.op].code == (uint16_t)OpCode::Scale && ops_[l.op + 1].code == (uint16_t)OpCode::RmsNorm &&
+                            ops_[l.op + 2].code == (uint16_t)OpCode::Add && ops_[l.op + 3].code == (uint16_t)OpCode::Scale &&
+                            l.ip[1] > 0 && l.ip[1] <= 1024 && l.ip[0] > 0 && l.ip[0] % l.ip[1] == 0 && l.t[0] >= 0 && l.t[1] >= 0 &&
+                            l.t[2] >= 0 && l.t[3] >= 0 && tensors_[l.t[1]].dims[0] * (tensors_[l.t[1]].ndim > 1 ? tensors_[l.t[1]].dims[1] : 1) >= l.ip[1];
+            const auto cols = [&](int32_t t) { return tensors_[t].ndim > 1 ? tensors_[t].dims[1] : tensors_[t].dims[0]; };
+            if (!ok || cols(l.t[0]) < l.ip[0] || cols(l.t[2]) < l.ip[0] || cols(l.t[3]) < l.ip[0])
+                return fail(CORRUPT, what + ": bad per-layer-input combination record (scale, grouped norm, add, scale over N = groups x P <= 1024)", err);
         }
         if (l.kind == (uint16_t)LaunchKind::AttnO) {
             const PlanOp& o = ops_[l.op];

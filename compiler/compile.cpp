@@ -586,7 +586,9 @@ void write_plan(const Inputs& in, const std::string& out_path, Mode mode, Report
                                    std::to_string(plan::kMlpReplicasMax) + " (or unset it)");
             mlp_reps = (int)r;
         }
-        schedule = cuda::decode_schedule(ops, tensors, op_dev, fuse, fuse, in.cuda_spec.attn_hpg, mlp_reps);
+        // --mlp-precision f16 (default): the fused MLPs' products in packed f16 (g4_mlp_nf4*_h2) wherever the
+        // weights allow (cuda::mlp_f16); f32: g4_mlp_nf4*.
+        schedule = cuda::decode_schedule(ops, tensors, op_dev, fuse, fuse, in.cuda_spec.attn_hpg, mlp_reps, opt.mlp_precision == "f16");
         for (const plan::CudaLaunch& l : schedule) {
             if (l.kind == (uint16_t)plan::LaunchKind::Mlp) tensors[ops[l.ip[3]].in[1]].quant_flags |= plan::kQuantTiled32;
             if (l.kind == (uint16_t)plan::LaunchKind::AttnO) tensors[ops[l.op].in[1]].quant_flags |= plan::kQuantTiled32;
@@ -597,6 +599,7 @@ void write_plan(const Inputs& in, const std::string& out_path, Mode mode, Report
                    {"nf4_blocksize", nf4::kBlock}, {"kv_dtype", dtype_str(bo.kv_dtype)}};
     if (in.cuda_index >= 0) policy["deterministic"] = opt.deterministic;
     if (in.cuda_index >= 0) policy["prefill_precision"] = opt.prefill_precision;
+    if (in.cuda_index >= 0) policy["mlp_precision"] = opt.mlp_precision;
     json meta;
     meta["format"]        = "g4plan";
     meta["g4_version"]    = G4_VERSION_STRING;
@@ -875,6 +878,8 @@ void compile_plan(const CompileOptions& opt, std::ostream& log) {
     if (cuda_index < 0 && !opt.cuda_target.empty()) throw CompileError("--target applies to --device cuda only");
     if (opt.prefill_precision != "bf16" && opt.prefill_precision != "fp32")
         throw CompileError("unknown --prefill-precision '" + opt.prefill_precision + "': expected bf16 or fp32");
+    if (opt.mlp_precision != "f16" && opt.mlp_precision != "f32")
+        throw CompileError("unknown --mlp-precision '" + opt.mlp_precision + "': expected f16 or f32");
     if (!opt.kv_dtype.empty() && opt.kv_dtype != "bf16" && opt.kv_dtype != "f32")
         throw CompileError("unknown --kv-dtype '" + opt.kv_dtype + "': expected bf16 or f32");
     if (opt.out_path.empty() && !opt.dry_run) throw CompileError("missing -o PLAN: the output plan path");

@@ -24,6 +24,7 @@ struct CompileOptions {
     std::string cuda_target;          // sm_80 | sm_86 | sm_89 | sm_90; default: the GPU present
     std::string prefill_precision = "bf16";   // CUDA prefill matmuls: bf16 (tensor cores) | fp32 (exact SIMT)
     bool deterministic  = false;      // CUDA decode sums in a fixed order (sm_90: no fused MLP, whose atomic adds vary)
+    std::string mlp_precision = "f16";    // sm_90 fused decode MLP products: f16 (packed, where the weights allow) | f32
     std::string kv_dtype;             // KV cache storage: bf16 | f32; empty: bf16 for CUDA plans, f32 for CPU plans
     std::string tokenizer_path;       // tokenizer.json to embed (default: MODEL/tokenizer.json if present)
     int max_context     = 0;          // 0: min(4096, max_position_embeddings)

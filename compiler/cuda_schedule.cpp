@@ -377,7 +377,7 @@ struct Matcher {
 
 std::vector<CudaLaunch> decode_schedule(const std::vector<PlanOp>& ops, const std::vector<PlanTensor>& tensors,
                                         const std::vector<int>& device, bool fuse_mlp, bool fuse_attn_o, int attn_hpg,
-                                        int mlp_replicas_all) {
+                                        int mlp_replicas_all, bool mlp_f16_on) {
     Matcher m(ops, tensors, device);
     std::vector<CudaLaunch> out;
     for (size_t i = 0; i < ops.size();) {
@@ -419,6 +419,9 @@ std::vector<CudaLaunch> decode_schedule(const std::vector<PlanOp>& ops, const st
         const bool ok = n && n->kind == (uint16_t)LaunchKind::ResNorm && n->t[1] == l.t[0] && (device.empty() || device[n->op] == device[l.op]);
         const int64_t I = tensors[ops[l.ip[0]].in[1]].dims[0];
         l.ip[6] = !ok ? 1 : mlp_replicas_all > 0 ? std::min(mlp_replicas_all, plan::kMlpReplicasMax) : mlp_replicas(I);
+        const PlanTensor& wg = tensors[ops[l.ip[0]].in[1]];
+        l.ip[7] = mlp_f16(mlp_f16_on, wg.dims[1], (wg.quant_flags & plan::kQuantDoubleQuant) != 0) ? 1 : 0;
+        if (l.ip[7]) l.ip[5] = mlp_threads_f16(I);
     }
     return out;
 }

@@ -77,6 +77,19 @@ inline int mlp_threads(int64_t I) { return I / 32 <= 192 ? 256 : 128; }
 // blocks) -0.4%.
 inline int mlp_replicas(int64_t I) { return I / 32 >= 384 ? plan::kMlpReplicasMax : 1; }
 
+// The fused decode MLP's arithmetic (CudaLaunch ip7, g4 compile --mlp-precision f16|f32): packed f16
+// products (g4_mlp_nf4*_h2: one PRMT, one 32-bit lookup and one HFMA2 a code byte; x and act scaled into f16
+// by powers of two; ~1e-3 relative error an MLP against ~5e-7) wherever the weights allow them: f32 block
+// scales (not double quant), H % 32 == 0, H <= kMlpF16MaxH. H200, session 40 (bench/README): E2B decode
+// 743.9 -> 785.4 tok/s at depth 16 against f32 (680.0 -> 709.3 at 4096); in bench/mlp_h2_lab.cu, an MLP and
+// a one-block ResNorm: E2B's narrow layers 12.00 -> 10.98 us, E4B 25.59 -> 23.47.
+inline constexpr int64_t kMlpF16MaxH = 10240;   // GV_XS_EXT_CHUNKS * 32: the chunks' powers of two
+inline bool mlp_f16(bool f16, int64_t H, bool double_quant) { return f16 && !double_quant && H % 32 == 0 && H <= kMlpF16MaxH; }
+// Threads a block of the f16 kernels: 256 (two blocks an SM) up to 320 blocks (E2B's narrow layers, E4B), else
+// 128 (E2B's wide layers, 384 blocks). bench/mlp_h2_lab.cu (H200, session 40), with the ResNorm stand-in:
+// E4B 25.04 us at 128 threads, 23.47 at 256; E2B wide 18.79 / 18.95.
+inline int mlp_threads_f16(int64_t I) { return I / 32 <= 320 ? 256 : 128; }
+
 // The launches of one decode step, covering every op exactly once, in order. Fusions:
 //   RmsNorm(d, in place) + Add(x, d) [+ Scale] [+ RmsNorm(x_out)]         -> ResNorm
 //   a lone full-row RmsNorm(x) -> y with a weight                          -> ResNorm (no residual: t0 x, t5, t6)
@@ -96,13 +109,13 @@ inline int mlp_replicas(int64_t I) { return I / 32 >= 384 ? plan::kMlpReplicasMa
 //     stored kQuantTiled32; the ResNorm making the layer's q/k/v input zeroes the o output)
 //   An Mlp launch followed by the ResNorm that reads its output as d, on the same device, gets mlp_replicas(I)
 //   output replicas (ip6; mlp_replicas_all > 0: that many for every such launch, a lab and test switch); any
-//   other Mlp launch gets 1.
+//   other Mlp launch gets 1. mlp_f16 picks each Mlp launch's arithmetic (ip7, and its threads, ip5).
 // A fusion is taken only when the intermediates it skips writing are read by no later op and all its
 // ops run on one device. device: per op, the CUDA index it runs on or -1 for the CPU (cross-device
 // plans; empty: all on one GPU). CPU ops and copy steps are never fused: each is one Op record, which
 // the runtime runs on the CPU or as a copy.
 std::vector<plan::CudaLaunch> decode_schedule(const std::vector<plan::PlanOp>& ops, const std::vector<plan::PlanTensor>& tensors,
                                               const std::vector<int>& device = {}, bool fuse_mlp = false, bool fuse_attn_o = false,
-                                              int attn_hpg = 0, int mlp_replicas_all = 0);
+                                              int attn_hpg = 0, int mlp_replicas_all = 0, bool mlp_f16 = false);
 
 } // namespace g4::cuda

@@ -1793,6 +1793,212 @@ G4_MLP(g4_mlp_nf4_b256_rep, 256, NF4_SCALES_F32, true)
 G4_MLP(g4_mlp_nf4_dq_rep, 128, NF4_SCALES_DQ, true)
 G4_MLP(g4_mlp_nf4_b256_dq_rep, 256, NF4_SCALES_DQ, true)
 
+// ---- The decode MLP with packed-f16 products (sm_90, f32 block scales; schedule record Mlp ip7 = 1) ----
+// g4_mlp_nf4's work with the multiplies as HFMA2: a code byte is one PRMT, one 32-bit lookup and one HFMA2
+// (two weights) against a PRMT, a 64-bit lookup and two FFMAs, and x's shared-memory loads halve. The pair
+// table holds f16 pairs (cb[e >> 4] low, cb[e & 15] high: the code book rounded to f16, <= 2.4e-4 of a code
+// away) in 32 copies, copy s at e * 256 + 4 s, so a warp's lookups hit 32 banks whatever the bytes are. x is
+// staged as f16 scaled by a power of two a 32-element chunk (|x| < 2, so each row-chunk's two chains of 8
+// half products stay below 16) in the table rows' unused halves: chunk c's 16-byte piece p at byte
+// (c >> 1) * 256 + 128 + (c & 1) * 64 + 16 (p ^ ((c >> 1) & 3)), 8 consecutive chunks on 8 bank groups. A
+// row-chunk's chains are summed in f32 and scaled by its block scale times the chunk's power of two; the down
+// half scales act by a power of two over the block's 32 values the same way. Relative error of an MLP output
+// ~1e-3 (the f32 kernels': ~5e-7), below bf16's rounding (3.9e-3). bench/mlp_h2_lab.cu (H200, session 40, with
+// a one-block ResNorm between MLPs): E2B 12.00 -> 10.98 us (b256), E4B 25.59 -> 23.47 (b256 against
+// g4_mlp_nf4's 128 threads), E2B wide unchanged. grid I / 32, block B (128 or 256), dynamic shared memory
+// GV_WIDE_BYTES; H % 32 == 0, H <= 32 GV_XS_EXT_CHUNKS, I % 64 == 0.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+__device__ __forceinline__ u32 hfma2_u(u32 a, u32 b, u32 c) {
+    u32 d;
+    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+// (lo, hi) rounded to f16 and packed, lo in the low half.
+__device__ __forceinline__ u32 pack_h2(float lo, float hi) {
+    u32 d;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+    return d;
+}
+// 2^floor(log2 m) for m >= 0 (1 for zero or subnormal m), and its reciprocal (exact: a power of two).
+__device__ __forceinline__ float pow2_floor(float m) {
+    const u32 e = __float_as_uint(m) & 0x7f800000u;
+    return e ? __uint_as_float(e) : 1.0f;
+}
+__device__ __forceinline__ float pow2_recip(float e) { return __uint_as_float(0x7f000000u - __float_as_uint(e)); }
+// One 16-byte chunk of codes (words, 32 weights) . xh (16 f16 pairs) through the f16 pair table tb: two
+// chains of 8 HFMA2, summed in f32.
+__device__ __forceinline__ float h2_chunk_dot(const u32* words, const u32* xh, const char* tb, u32 lane_off) {
+    u32 s0 = 0u, s1 = 0u;
+#pragma unroll
+    for (int wd = 0; wd < 4; ++wd) {
+        const u32 w = words[wd];
+        s0 = hfma2_u(*(const u32*)(tb + nf4_pair_off_wide<0>(w, lane_off)), xh[4 * wd], s0);
+        s1 = hfma2_u(*(const u32*)(tb + nf4_pair_off_wide<1>(w, lane_off)), xh[4 * wd + 1], s1);
+        s0 = hfma2_u(*(const u32*)(tb + nf4_pair_off_wide<2>(w, lane_off)), xh[4 * wd + 2], s0);
+        s1 = hfma2_u(*(const u32*)(tb + nf4_pair_off_wide<3>(w, lane_off)), xh[4 * wd + 3], s1);
+    }
+    unsigned short a0, a1, b0, b1;
+    asm("mov.b32 {%0, %1}, %2;" : "=h"(a0), "=h"(a1) : "r"(s0));
+    asm("mov.b32 {%0, %1}, %2;" : "=h"(b0), "=h"(b1) : "r"(s1));
+    float f0, f1, f2, f3;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f0) : "h"(a0));
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f1) : "h"(a1));
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f2) : "h"(b0));
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f3) : "h"(b1));
+    return (f0 + f1) + (f2 + f3);
+}
+__device__ __forceinline__ int h2_xpiece(int c, int p) { return (c >> 1) * 256 + 128 + (c & 1) * 64 + 16 * (p ^ ((c >> 1) & 3)); }
+template <int B, bool REP> __device__ __forceinline__ void mlp_h2_body(const MlpArgs& a, float4* mlp_wide) {
+    __shared__ float s_act[MLP_S];
+    __shared__ float s_xe[GV_XS_EXT_CHUNKS];   // chunk c of x: its power of two
+    G4_TRACE_SCOPE(15u | (B == 256 ? 16u : 0u), a.y);
+    char* sm          = (char*)mlp_wide;
+    constexpr int L   = 2 * B / MLP_S;   // lanes a group; 16 groups of 2 outputs (a gate and an up row each)
+    const int j = blockIdx.x, H = a.H, I = a.I, C = H / 32;
+    const int gl = threadIdx.x % L, o0 = MLP_S * j + 2 * (threadIdx.x / L);
+    // Rows q: gate o0, up o0, gate o0 + 1, up o0 + 1.
+    const uint4* wrow[4];
+    const float* srow[4];
+    long blk0[4];   // the row's first element / 32
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+        const GemvMat& m = a.gu.m[q & 1];
+        const long row   = o0 + (q >> 1);
+        wrow[q] = (const uint4*)((const u8*)m.w + row * H / 2), srow[q] = (const float*)m.absmax, blk0[q] = row * H / 32;
+    }
+    uint4 pa[4], pb[4];
+    float ra[4], rb[4];
+    auto load = [&](int c, uint4* pk, float* r) {
+#pragma unroll
+        for (int q = 0; q < 4; ++q) pk[q] = __ldcs(wrow[q] + c), r[q] = __ldcs(srow[q] + ((blk0[q] + c) >> 1));
+    };
+    if (gl < C) load(gl, pa, ra);   // the front chunk, before the wait
+    {   // the f16 pair table (as nf4_pair_table_b: warp-uniform constant loads but one)
+        const int t       = threadIdx.x;
+        const float second = kNf4[(t >> 3) & 15];
+        const float* fc   = kNf4 + (t >> 7);
+        uint4* t4         = (uint4*)sm;
+#pragma unroll
+        for (int k = 0; k < NF4_PAIRS / 2 / B; ++k) {
+            const int f = t + B * k;
+            const u32 v = pack_h2(fc[(B / 128) * k], second);
+            t4[(f >> 3) * 16 + (f & 7)] = make_uint4(v, v, v, v);
+        }
+    }
+    pdl_begin();
+    {   // x as f16 by chunk: a chunk's 8 float4 are 8 consecutive threads' (every lane of a warp takes part)
+        const float4* x4 = (const float4*)a.gu.x;
+        const int n4 = H / 4, n4w = (n4 + 31) & ~31;
+        for (int i = threadIdx.x; i < n4w; i += B) {
+            const float4 t = i < n4 ? x4[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            float m = fmaxf(fmaxf(fabsf(t.x), fabsf(t.y)), fmaxf(fabsf(t.z), fabsf(t.w)));
+            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 4));
+            if (i < n4) {
+                const float e = pow2_floor(m), ie = pow2_recip(e);
+                const int c = i >> 3, v = i & 7;
+                *(uint2*)(sm + h2_xpiece(c, v >> 1) + 8 * (v & 1)) = make_uint2(pack_h2(t.x * ie, t.y * ie), pack_h2(t.z * ie, t.w * ie));
+                if (v == 0) s_xe[c] = e;
+            }
+        }
+    }
+    __syncthreads();
+    const u32 lane_off = (threadIdx.x & 31) * 4;
+    float acc[4] = {};
+    auto accumulate = [&](int c, const uint4* pk, const float* r) {
+        u32 xh[16];
+#pragma unroll
+        for (int p = 0; p < 4; ++p) {
+            const uint4 t = *(const uint4*)(sm + h2_xpiece(c, p));
+            xh[4 * p] = t.x, xh[4 * p + 1] = t.y, xh[4 * p + 2] = t.z, xh[4 * p + 3] = t.w;
+        }
+        const float e = s_xe[c];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            const u32 words[4] = {pk[q].x, pk[q].y, pk[q].z, pk[q].w};
+            acc[q] += h2_chunk_dot(words, xh, sm, lane_off) * (r[q] * e);
+        }
+    };
+    if (gl < C)
+        for (int c = gl;; c += 2 * L) {   // chunk c in pa / ra, c + L in pb / rb
+            if (c + L < C) load(c + L, pb, rb);
+            accumulate(c, pa, ra);
+            if (c + L >= C) break;
+            if (c + 2 * L < C) load(c + 2 * L, pa, ra);
+            accumulate(c + L, pb, rb);
+            if (c + 2 * L >= C) break;
+        }
+#pragma unroll
+    for (int q = 0; q < 4; ++q)
+#pragma unroll
+        for (int o = L / 2; o > 0; o >>= 1) acc[q] += __shfl_xor_sync(0xffffffffu, acc[q], o);
+    if (gl == 0)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const int o   = o0 + r;
+            const float g = acc[2 * r] + (a.gu.m[0].bias ? a.gu.m[0].bias[o] : 0.0f);
+            const float u = acc[2 * r + 1] + (a.gu.m[1].bias ? a.gu.m[1].bias[o] : 0.0f);
+            s_act[o - MLP_S * j] = gelu_tanh(g) * u;
+        }
+    // The down slice, as mlp_body's, with act as f16 pairs scaled by a power of two.
+    const u8* tile = a.dn.codes + (long)j * H * (MLP_S / 2);
+    const int c64  = j / 2;
+    uint4 qa[4], qb[4];
+    u32 sa[4], sb[4];
+    auto dload = [&](int r0, uint4* pk, u32* raw) {
+#pragma unroll
+        for (int k = 0; k < 4; ++k) pk[k] = __ldcs((const uint4*)(tile + (long)(r0 + k) * (MLP_S / 2)));
+        a.dn.raw4<NF4_SCALES_F32>(c64, H, r0, raw);
+    };
+    if (4 * (int)threadIdx.x < H) dload(4 * threadIdx.x, qa, sa);
+    __syncthreads();
+    u32 ah[MLP_S / 2];
+    float ae;
+    {
+        float av[MLP_S], m = 0.0f;
+#pragma unroll
+        for (int c = 0; c < MLP_S; ++c) av[c] = s_act[c], m = fmaxf(m, fabsf(av[c]));
+        ae = pow2_floor(m);
+        const float ie = pow2_recip(ae);
+#pragma unroll
+        for (int c = 0; c < MLP_S / 2; ++c) ah[c] = pack_h2(av[2 * c] * ie, av[2 * c + 1] * ie);
+    }
+    const int rep = REP && a.nrep > 0 ? j % (a.nrep + 1) : 0;
+    float* yt     = REP && rep ? a.yr + (long)(rep - 1) * H : a.y;
+    auto down = [&](int r0, const uint4* pk, const u32* raw) {
+        float out[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const u32 words[4] = {pk[k].x, pk[k].y, pk[k].z, pk[k].w};
+            const long b       = (long)(r0 + k) * (I / 64) + c64;
+            out[k]             = h2_chunk_dot(words, ah, sm, lane_off) * (ae * a.dn.scale<NF4_SCALES_F32>(raw[k], b));
+            if (a.bias && j == 0) out[k] += a.bias[r0 + k];
+        }
+        red_add_v4(yt + r0, make_float4(out[0], out[1], out[2], out[3]));
+    };
+    for (int r0 = 4 * threadIdx.x; r0 < H; r0 += 8 * B) {   // rows r0 (qa / sa) and r0 + 4 B (qb / sb)
+        if (r0 + 4 * B < H) dload(r0 + 4 * B, qb, sb);
+        down(r0, qa, sa);
+        if (r0 + 4 * B >= H) break;
+        if (r0 + 8 * B < H) dload(r0 + 8 * B, qa, sa);
+        down(r0 + 4 * B, qb, sb);
+    }
+}
+#define G4_MLP_H2(NAME, B, REP)                                                                \
+    extern "C" __global__ void __launch_bounds__(B, B == 128 ? 3 : 2) NAME(const MlpArgs a) { \
+        extern __shared__ float4 mlp_wide[];                                                   \
+        mlp_h2_body<B, REP>(a, mlp_wide);                                                      \
+    }
+#else
+#define G4_MLP_H2(NAME, B, REP) \
+    extern "C" __global__ void NAME(const MlpArgs a) { __trap(); }   // scheduled on sm_90 plans only
+#endif
+G4_MLP_H2(g4_mlp_nf4_h2, 128, false)
+G4_MLP_H2(g4_mlp_nf4_b256_h2, 256, false)
+G4_MLP_H2(g4_mlp_nf4_h2_rep, 128, true)
+G4_MLP_H2(g4_mlp_nf4_b256_h2_rep, 256, true)
+
 // ---- the decode attention's merge and the o projection in one kernel (sm_90; schedule record AttnO) ----
 // Block j takes columns 32j .. 32j + 31 of the attention output (one head's: dim % 32 == 0): it merges them
 // from g4_attn_decode's split partials as g4_attention_merge does, multiplies the o weight's K-slice j for

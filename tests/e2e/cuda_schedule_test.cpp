@@ -3,7 +3,7 @@
 // a ResNorm launch before it that zeroes exactly that output, no launch in between touches the output's
 // arena bytes, the Mlp and AttnO weights are stored tiled and no other weight is; --deterministic plans
 // fuse none of them. The fused MLPs' output replicas: the compiler's choice by shape, the G4_MLP_REPLICAS
-// switch, the reader's checks and the workspace they take.
+// switch, the reader's checks and the workspace they take. Their arithmetic (--mlp-precision).
 #include "compiler/cuda_schedule.h"
 #include "runtime/src/cuda/workspace.h"
 #include "runtime/src/plan/plan_reader.h"
@@ -270,6 +270,62 @@ TEST(CudaSchedule, MlpReplicasInThePlan) {
         EXPECT_NE(r.err.find("from 1 to 4"), std::string::npos) << r.err;
         EXPECT_FALSE(std::filesystem::exists(path)) << v;
     }
+}
+
+// The fused MLP's arithmetic (ip7, g4 compile --mlp-precision): packed f16 by default wherever the weights
+// allow it (never with double-quant block scales), at 256 threads up to 320 blocks; f32 with --mlp-precision
+// f32. A bad value is refused with no plan left behind; a record with another arithmetic, or packed f16 over
+// double-quant scales, is refused at load.
+TEST(CudaSchedule, MlpPrecision) {
+    EXPECT_TRUE(g4::cuda::mlp_f16(true, 1536, false));
+    EXPECT_TRUE(g4::cuda::mlp_f16(true, 2560, false));
+    EXPECT_FALSE(g4::cuda::mlp_f16(true, 1536, true));    // double quant
+    EXPECT_FALSE(g4::cuda::mlp_f16(false, 1536, false));
+    EXPECT_FALSE(g4::cuda::mlp_f16(true, 1540, false));   // H % 32
+    EXPECT_FALSE(g4::cuda::mlp_f16(true, 10272, false));  // H > 10240
+    EXPECT_EQ(g4::cuda::mlp_threads_f16(6144), 256);
+    EXPECT_EQ(g4::cuda::mlp_threads_f16(10240), 256);
+    EXPECT_EQ(g4::cuda::mlp_threads_f16(12288), 128);
+
+    TempDir td;
+    for (const std::string fx : {"e2b_tiny", "e4b_tiny"}) {
+        auto mlps = [&](const std::string& flags, const std::string& name, g4::plan::Plan* q) {
+            const std::string path = td.file(fx + "_" + name + ".g4plan");
+            CmdResult r = run_g4("compile --model '" + fixture(fx) + "' --device cuda --target sm_90 --weights nf4 --no-fidelity " + flags +
+                                 " -o '" + path + "'");
+            EXPECT_EQ(r.exit_code, 0) << r.err;
+            std::string err;
+            EXPECT_EQ(q->load(path, false, &err), G4_OK) << err;
+            std::vector<CudaLaunch> out;
+            for (size_t li = 0; li < q->n_launches(); ++li)
+                if (q->launch(li).kind == (uint16_t)LaunchKind::Mlp) out.push_back(q->launch(li));
+            EXPECT_FALSE(out.empty()) << fx << " " << name;
+            return out;
+        };
+        g4::plan::Plan a, b, c, d;
+        for (const CudaLaunch& l : mlps("", "auto", &a)) EXPECT_TRUE(l.ip[7] == 1 && l.ip[5] == 256) << fx;
+        for (const CudaLaunch& l : mlps("--mlp-precision f16", "f16", &b)) EXPECT_TRUE(l.ip[7] == 1 && l.ip[5] == 256) << fx;
+        for (const CudaLaunch& l : mlps("--mlp-precision f32", "f32", &c)) {
+            EXPECT_EQ(l.ip[7], 0) << fx;
+            EXPECT_EQ(l.ip[5], g4::cuda::mlp_threads(c.tensor(c.op(l.ip[0]).in[1]).dims[0])) << fx;
+        }
+        size_t mlp = 0;
+        for (const CudaLaunch& l : mlps("--double-quant", "dq", &d)) EXPECT_EQ(l.ip[7], 0) << fx;
+        for (size_t li = 0; li < d.n_launches(); ++li)
+            if (d.launch(li).kind == (uint16_t)LaunchKind::Mlp) mlp = li;
+        expect_corrupt(td, td.file(fx + "_auto.g4plan"), fx + "_arith2", [&](CudaLaunch* recs) {
+            for (size_t li = 0; li < a.n_launches(); ++li)
+                if (recs[li].kind == (uint16_t)LaunchKind::Mlp) recs[li].ip[7] = 2;
+        }, "MLP arithmetic 2");
+        expect_corrupt(td, td.file(fx + "_dq.g4plan"), fx + "_dq_f16", [&](CudaLaunch* recs) { recs[mlp].ip[7] = 1; },
+                       "a packed-f16 MLP needs f32 block scales");
+    }
+    const std::string path = td.file("bad_precision.g4plan");
+    CmdResult r = run_g4("compile --model '" + fixture("e2b_tiny") + "' --device cuda --target sm_90 --weights nf4 --no-fidelity --mlp-precision f8 -o '" +
+                         path + "'");
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.err.find("unknown --mlp-precision 'f8': expected f16 or f32"), std::string::npos) << r.err;
+    EXPECT_FALSE(std::filesystem::exists(path));
 }
 
 } // namespace

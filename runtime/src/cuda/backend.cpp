@@ -145,7 +145,8 @@ g4_status open_gpu(const plan::Plan& p, EngineState* st, Gpu& g, const plan::Pro
         {&k.attn_decode, "g4_attn_decode"}, {&k.attn_decode_bf16, "g4_attn_decode_bf16"}, {&k.attn_decode_post, "g4_attn_decode_post"}, {&k.attn_decode_post_bf16, "g4_attn_decode_post_bf16"}, {&k.nf4_to_bf16, "g4_nf4_to_bf16"}, {&k.nf4_untile32, "g4_nf4_untile32"}, {&k.f32_to_bf16, "g4_f32_to_bf16"},
         {&k.add_bias, "g4_add_bias"}, {&k.copy_f32, "g4_copy_f32"}, {&k.penalize, "g4_penalize"}, {&k.mlp[0], "g4_mlp_nf4"}, {&k.mlp[1], "g4_mlp_nf4_b256"},
         {&k.mlp[2], "g4_mlp_nf4_dq"}, {&k.mlp[3], "g4_mlp_nf4_b256_dq"}, {&k.mlp[4], "g4_mlp_nf4_rep"}, {&k.mlp[5], "g4_mlp_nf4_b256_rep"},
-        {&k.mlp[6], "g4_mlp_nf4_dq_rep"}, {&k.mlp[7], "g4_mlp_nf4_b256_dq_rep"}, {&k.resnorm_rep, "g4_resnorm_rep"}, {&k.ple_in, "g4_ple_in"},
+        {&k.mlp[6], "g4_mlp_nf4_dq_rep"}, {&k.mlp[7], "g4_mlp_nf4_b256_dq_rep"}, {&k.resnorm_rep, "g4_resnorm_rep"},
+        {&k.mlp[8], "g4_mlp_nf4_h2"}, {&k.mlp[9], "g4_mlp_nf4_b256_h2"}, {&k.mlp[10], "g4_mlp_nf4_h2_rep"}, {&k.mlp[11], "g4_mlp_nf4_b256_h2_rep"}, {&k.ple_in, "g4_ple_in"},
         {&k.attn_o[0], "g4_attn_o_nf4_g1"}, {&k.attn_o[1], "g4_attn_o_nf4_g2"}, {&k.attn_o[2], "g4_attn_o_nf4_g3"}, {&k.attn_o[3], "g4_attn_o_nf4_g4"},
         {&k.ple[0], "g4_ple_bf16_g1"}, {&k.ple[1], "g4_ple_bf16_g2"}, {&k.ple[2], "g4_ple_bf16_g3"}, {&k.ple[3], "g4_ple_bf16_g4"},
         {&k.topk_round, "g4_topk_round"}, {&k.softmax_partial, "g4_softmax_partial"}};
@@ -1022,7 +1023,9 @@ g4_status launch_fused(g4_session* s, const CudaLaunch& l, std::string* err) {
         if (st->rep_out) a.yr = st->cur->mlp_rep, a.nrep = st->rep_out;
         // The compiler fuses only gate, up and down of one scale format (cuda_schedule.cpp mlp): the down's picks
         // the kernel.
-        r = go(K.mlp[(l.ip[5] == 256 ? 1 : 0) + (q.absmax2 ? 2 : 0) + (st->rep_out ? 4 : 0)], (unsigned)(a.I / 32), (unsigned)l.ip[5], {&a},
+        // ip7 1: the packed-f16 kernels (f32 scales only: the reader checks).
+        const int kf = l.ip[7] ? 8 + (l.ip[5] == 256 ? 1 : 0) + (st->rep_out ? 2 : 0) : (l.ip[5] == 256 ? 1 : 0) + (q.absmax2 ? 2 : 0) + (st->rep_out ? 4 : 0);
+        r = go(K.mlp[kf], (unsigned)(a.I / 32), (unsigned)l.ip[5], {&a},
                gemv_smem(true, st->cur->g->sm, a.H));
         break;
     }

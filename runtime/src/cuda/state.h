@@ -31,8 +31,9 @@ struct Kernels {
     CUfunction attn_o[4];   // g4_attn_o_nf4_g1..4 (sm_90 plans only): the decode merge + o projection
     CUfunction ple[4];      // g4_ple_bf16_g1..4 (sm_90 plans only): the per-layer-input gate + projection
     // The fused decode MLP (sm_90 plans only), indexed [+1 _b256: 256 threads, else 128] [+2 _dq: double-quant
-    // block scales, else f32] [+4 _rep: adds into output replicas]; nf4_untile32: the MLP's down weight for prefill
-    CUfunction mlp[8], nf4_untile32;
+    // block scales, else f32] [+4 _rep: adds into output replicas]; 8.. the packed-f16 kernels (plan ip7 = 1, f32
+    // scales only) [+1 _b256] [+2 _rep]; nf4_untile32: the MLP's down weight for prefill
+    CUfunction mlp[12], nf4_untile32;
     CUfunction copy_f32, penalize, topk_round, softmax_partial;   // GPU sampling
     // LM-head screening (plans whose module has them; null otherwise): g4_lm_screen_build, g4_lm_screen,
     // g4_lm_exact_l{8..128}.

@@ -140,6 +140,8 @@ enum class LaunchKind : uint16_t {
                    //   ip6 output replicas R (1..kMlpReplicasMax): R > 1, block j adds into replica j % R
                    //   (0: the output itself, r > 0: the session's replica buffer [R - 1, H]) and the next
                    //   launch is the ResNorm whose d (t1) is that output, which sums and re-zeroes them
+                   //   ip7 arithmetic: 0 f32 (g4_mlp_nf4*), 1 packed f16 products (g4_mlp_nf4*_h2: f32 block
+                   //   scales only, H % 32 == 0)
     AttnO   = 6,   // the o projection (count 1, an NF4 Matmul of the attention's output, weight kQuantTiled32) in
                    //   g4_attn_o_nf4_g* with the decode attention's merge (sm_90): ip1 the Attention op (run by the
                    //   launch before, which then leaves its partials unmerged); adds into the o output, which the
@@ -181,7 +183,7 @@ inline uint64_t fnv1a64(const void* data, size_t n, uint64_t h = 146959810393466
 // they change).
 inline uint64_t schema_hash() {
     static const char kSchema[] =
-        "g4plan-v1;header64;section32;tensor64(quant_flags);op104;launch80(op0,resnorm1(t1|t4|t6:-1=none,t7:zero),gemv2,qkvpost3,qkvattn4(ip4:post_ops),mlp5(ip0:gate,ip1:up,ip3:down,ip5:threads,ip6:replicas),attn_o6(op:o,ip1:attention(its merge here),t0:y),ple7(ops:gate,gelu_mul,proj;t0:y),ple_in8(t0:ctx,t1:w,t2:tok,t3:out;ip0:N,ip1:P));matmul_variant(cublas4);"
+        "g4plan-v1;header64;section32;tensor64(quant_flags);op104;launch80(op0,resnorm1(t1|t4|t6:-1=none,t7:zero),gemv2,qkvpost3,qkvattn4(ip4:post_ops),mlp5(ip0:gate,ip1:up,ip3:down,ip5:threads,ip6:replicas,ip7:f16x2),attn_o6(op:o,ip1:attention(its merge here),t0:y),ple7(ops:gate,gelu_mul,proj;t0:y),ple_in8(t0:ctx,t1:w,t2:tok,t3:out;ip0:N,ip1:P));matmul_variant(cublas4);"
         "ops:embed1(in:ids,table;fp0:scale),matmul2(in:x,w,bias?;ip5:decode_variant,ip6:prefill_variant),rms_norm3(in:x,w?;ip0:cols,ip1:dim;fp0:eps),"
         "add4(ip0:cols),scale5(in:x,s?;ip0:cols;fp0:s),rope6(in:x,inv_freq;ip0:heads,ip1:dim),"
         "kv_store7(in:k,v;out:kc,vc;ip0:width,ip1:slots),"
@@ -190,7 +192,7 @@ inline uint64_t schema_hash() {
         "meta:program.layer_devices,gpus(index,weights,kv),kv_host_begin;towers(weights,max_media_tokens,vision,audio;flags:tower9,tower_scalar10);"
         "dtypes:f32=0,bf16=1,f16=2,i32=3,nf4=4(blob:codes,absmax|dq;quant_flags:dq1,tiled32_2);kinds:weight0,act1,kv2(dtype:f32|bf16,rne on store),input3;"
         "rowmode:all0,tailin1,outrows2;argmax(logits,vocab,ws,step,ids,host_tok,limit);"
-        "kargs:ple_in9,resnorm14(..,zero),resnorm_rep16(..,zero,rep,nrep),mlp312(..,yr,nrep),mlp_rep";
+        "kargs:ple_in9,resnorm14(..,zero),resnorm_rep16(..,zero,rep,nrep),mlp312(..,yr,nrep),mlp_rep,mlp_h2";
     return fnv1a64(kSchema, sizeof(kSchema) - 1);
 }
 

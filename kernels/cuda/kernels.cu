@@ -1803,9 +1803,9 @@ G4_MLP(g4_mlp_nf4_b256_dq_rep, 256, NF4_SCALES_DQ, true)
 // (c >> 1) * 256 + 128 + (c & 1) * 64 + 16 (p ^ ((c >> 1) & 3)), 8 consecutive chunks on 8 bank groups. A
 // row-chunk's chains are summed in f32 and scaled by its block scale times the chunk's power of two; the down
 // half scales act by a power of two over the block's 32 values the same way. Relative error of an MLP output
-// ~1e-3 (the f32 kernels': ~5e-7), below bf16's rounding (3.9e-3). bench/mlp_h2_lab.cu (H200, session 40, with
-// a one-block ResNorm between MLPs): E2B 12.00 -> 10.98 us (b256), E4B 25.59 -> 23.47 (b256 against
-// g4_mlp_nf4's 128 threads), E2B wide unchanged. grid I / 32, block B (128 or 256), dynamic shared memory
+// ~1e-3 (the f32 kernels': ~5e-7), below bf16's rounding (3.9e-3). H200, session 40 (bench/README): E2B decode
+// +5.6% / +4.3% at depth 16 / 4096, E4B +6.6% / +5.9%; the down loop repeats mlp_body's (a shared helper changed
+// the f32 kernels' SASS, so it stays apart). grid I / 32, block B (128 or 256), dynamic shared memory
 // GV_WIDE_BYTES; H % 32 == 0, H <= 32 GV_XS_EXT_CHUNKS, I % 64 == 0.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 __device__ __forceinline__ u32 hfma2_u(u32 a, u32 b, u32 c) {

@@ -309,6 +309,15 @@ TEST(CudaSchedule, MlpPrecision) {
             EXPECT_EQ(l.ip[7], 0) << fx;
             EXPECT_EQ(l.ip[5], g4::cuda::mlp_threads(c.tensor(c.op(l.ip[0]).in[1]).dims[0])) << fx;
         }
+        for (const auto& [name, plan] : {std::pair<std::string, g4::plan::Plan*>{"auto", &a}, {"f32", &c}}) {
+            CmdResult r = run_g4("inspect '" + td.file(fx + "_" + name + ".g4plan") + "'");
+            ASSERT_EQ(r.exit_code, 0) << r.err;
+            int n = 0;
+            for (size_t li = 0; li < plan->n_launches(); ++li) n += plan->launch(li).kind == (uint16_t)LaunchKind::Mlp;
+            const std::string want = std::to_string(n) + " MLP (gate/up + down in one kernel; " + (name == "f32" ? "0" : std::to_string(n)) +
+                                     " with packed-f16 products)";
+            EXPECT_NE(r.out.find(want), std::string::npos) << fx << " " << name << ": " << r.out;
+        }
         size_t mlp = 0;
         for (const CudaLaunch& l : mlps("--double-quant", "dq", &d)) EXPECT_EQ(l.ip[7], 0) << fx;
         for (size_t li = 0; li < d.n_launches(); ++li)

@@ -80,11 +80,10 @@ inline int mlp_replicas(int64_t I) { return I / 32 >= 384 ? plan::kMlpReplicasMa
 // The fused decode MLP's arithmetic (CudaLaunch ip7, g4 compile --mlp-precision f16|f32): packed f16
 // products (g4_mlp_nf4*_h2: one PRMT, one 32-bit lookup and one HFMA2 a code byte; x and act scaled into f16
 // by powers of two; ~1e-3 relative error an MLP against ~5e-7) wherever the weights allow them: f32 block
-// scales (not double quant), H % 32 == 0, H <= kMlpF16MaxH. H200, session 40 (bench/README): E2B decode
+// scales (not double quant), H % 32 == 0, H <= plan::kMlpF16MaxH. H200, session 40 (bench/README): E2B decode
 // 743.9 -> 785.4 tok/s at depth 16 against f32 (680.0 -> 709.3 at 4096); in bench/mlp_h2_lab.cu, an MLP and
 // a one-block ResNorm: E2B's narrow layers 12.00 -> 10.98 us, E4B 25.59 -> 23.47.
-inline constexpr int64_t kMlpF16MaxH = 10240;   // GV_XS_EXT_CHUNKS * 32: the chunks' powers of two
-inline bool mlp_f16(bool f16, int64_t H, bool double_quant) { return f16 && !double_quant && H % 32 == 0 && H <= kMlpF16MaxH; }
+inline bool mlp_f16(bool f16, int64_t H, bool double_quant) { return f16 && !double_quant && H % 32 == 0 && H <= plan::kMlpF16MaxH; }
 // Threads a block of the f16 kernels: 256 (two blocks an SM) up to 320 blocks (E2B's narrow layers, E4B), else
 // 128 (E2B's wide layers, 384 blocks). bench/mlp_h2_lab.cu (H200, session 40), with the ResNorm stand-in:
 // E4B 25.04 us at 128 threads, 23.47 at 256; E2B wide 18.79 / 18.95.

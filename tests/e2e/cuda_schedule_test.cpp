@@ -327,7 +327,7 @@ TEST(CudaSchedule, MlpPrecision) {
                 if (recs[li].kind == (uint16_t)LaunchKind::Mlp) recs[li].ip[7] = 2;
         }, "MLP arithmetic 2");
         expect_corrupt(td, td.file(fx + "_dq.g4plan"), fx + "_dq_f16", [&](CudaLaunch* recs) { recs[mlp].ip[7] = 1; },
-                       "a packed-f16 MLP needs f32 block scales");
+                       "a packed-f16 MLP needs NF4 gate and up weights with f32 block scales");
     }
     const std::string path = td.file("bad_precision.g4plan");
     CmdResult r = run_g4("compile --model '" + fixture("e2b_tiny") + "' --device cuda --target sm_90 --weights nf4 --no-fidelity --mlp-precision f8 -o '" +

@@ -141,7 +141,7 @@ enum class LaunchKind : uint16_t {
                    //   (0: the output itself, r > 0: the session's replica buffer [R - 1, H]) and the next
                    //   launch is the ResNorm whose d (t1) is that output, which sums and re-zeroes them
                    //   ip7 arithmetic: 0 f32 (g4_mlp_nf4*), 1 packed f16 products (g4_mlp_nf4*_h2: f32 block
-                   //   scales only, H % 32 == 0)
+                   //   scales only, H % 32 == 0, H <= kMlpF16MaxH)
     AttnO   = 6,   // the o projection (count 1, an NF4 Matmul of the attention's output, weight kQuantTiled32) in
                    //   g4_attn_o_nf4_g* with the decode attention's merge (sm_90): ip1 the Attention op (run by the
                    //   launch before, which then leaves its partials unmerged); adds into the o output, which the
@@ -164,6 +164,8 @@ struct CudaLaunch {
 static_assert(sizeof(CudaLaunch) == 80);
 // Most output replicas of a fused decode MLP (CudaLaunch ip6; kernels.cu RN_MAX is one less).
 inline constexpr int kMlpReplicasMax = 4;
+// The packed-f16 MLP (Mlp ip7 = 1): H at most this (kernels.cu GV_XS_EXT_CHUNKS * 32: the x chunks' powers of two).
+inline constexpr int64_t kMlpF16MaxH = 10240;
 
 // cuBLAS workspace a CUDA session preallocates when the plan has Cublas matmuls (NVIDIA's advice for Hopper).
 inline constexpr uint64_t kCublasWorkspaceBytes = 32ull << 20;

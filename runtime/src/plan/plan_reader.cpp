@@ -340,12 +340,14 @@ g4_status Plan::validate_records(std::string* err) {
             if (l.ip[6] > 1 && (i + 1 >= n_launches_ || launches_[i + 1].kind != (uint16_t)LaunchKind::ResNorm ||
                                 launches_[i + 1].t[1] != ops_[l.op + 3].out[0]))
                 return fail(CORRUPT, what + ": an MLP with output replicas is not followed by the ResNorm that sums them", err);
-            const PlanTensor& wg = tensors_[ops_[l.op].in[1]];
+            const PlanTensor &wg = tensors_[ops_[l.op].in[1]], &wu = tensors_[ops_[l.op + 1].in[1]];
             if (l.ip[7] != 0 && l.ip[7] != 1)
                 return fail(CORRUPT, what + ": MLP arithmetic " + std::to_string(l.ip[7]) + " (0 f32, 1 packed f16)", err);
-            if (l.ip[7] == 1 && ((w.quant_flags & kQuantDoubleQuant) || (wg.quant_flags & kQuantDoubleQuant) || wg.dims[1] % 32 != 0 ||
-                                 wg.dims[1] > 10240))
-                return fail(CORRUPT, what + ": a packed-f16 MLP needs f32 block scales and a width that is a multiple of 32 up to 10240", err);
+            const bool dq = ((w.quant_flags | wg.quant_flags | wu.quant_flags) & kQuantDoubleQuant) != 0;
+            if (l.ip[7] == 1 && (dq || wg.dtype != (uint8_t)DType::NF4 || wu.dtype != (uint8_t)DType::NF4 || wg.dims[1] % 32 != 0 ||
+                                 wg.dims[1] > kMlpF16MaxH))
+                return fail(CORRUPT, what + ": a packed-f16 MLP needs NF4 gate and up weights with f32 block scales and a width that is a multiple of 32 up to " +
+                                         std::to_string(kMlpF16MaxH), err);
         }
         if (l.kind == (uint16_t)LaunchKind::Ple) {
             const bool ok = l.count == 3 && ops_[l.op].code == (uint16_t)OpCode::Matmul && ops_[l.op + 1].code == (uint16_t)OpCode::GeluMul &&

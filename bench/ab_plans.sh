@@ -3,6 +3,8 @@
 # (`g4 compile` with that side's extra flags), `g4 bench` alternated between the plans, so the sides
 # differ only in what the flags change (e.g. '' against '--deterministic').
 # Usage (repo root, $OUT set): [MODEL=e2b] [ROUNDS=3] [DEPTHS=16,4096] [KV=bf16] bash bench/ab_plans.sh 'A_FLAGS' 'B_FLAGS' ...
+# A side's leading NAME=VALUE words are set in the environment of its `g4 compile` only (the compiler's lab
+# switches: 'G4_MLP_REPLICAS=1', 'G4_MLP_REPLICAS=4 --mlp-precision f32').
 # Writes $OUT/ab_plans_<model>.txt (every bench JSON, the sides interleaved) and prints the medians.
 set -u
 MODEL=${MODEL:-e2b}
@@ -17,7 +19,11 @@ lab_checkpoint_wait $OUT/ab_ckpt.txt
 s=0
 for f in "$@"; do
     PLAN=/tmp/ab_plans_${MODEL}_$s.g4plan
-    lab_plan build-dev/tools/g4 $MODEL $KV $PLAN "$f"
+    envs=() flags=()
+    for w in $f; do
+        if [ ${#flags[@]} = 0 ] && [[ $w =~ ^[A-Z_][A-Z0-9_]*= ]]; then envs+=("$w"); else flags+=("$w"); fi
+    done
+    (for e in "${envs[@]}"; do export "$e"; done; lab_plan build-dev/tools/g4 $MODEL $KV $PLAN "${flags[*]}") || exit 1
     echo "side $s [$f]: $(build-dev/tools/g4 inspect $PLAN | grep 'CUDA decode schedule')"
     s=$((s + 1))
 done

@@ -137,8 +137,6 @@ struct Matcher {
     // of both before it writes the same group of out). H200, session 39: three launches fewer a step.
     bool ple_in(size_t i, CudaLaunch* out) const {
         if (!is(i, OpCode::Scale) || !is(i + 1, OpCode::RmsNorm) || !is(i + 2, OpCode::Add) || !is(i + 3, OpCode::Scale)) return false;
-        for (size_t k = i + 1; k < i + 4 && !device.empty(); ++k)
-            if (device[k] != device[i]) return false;
         const PlanOp &s1 = ops[i], &n = ops[i + 1], &a = ops[i + 2], &s2 = ops[i + 3];
         const int32_t c = s1.in[0], N = s1.ip[0], P = n.ip[1];
         const int32_t tok = a.in[0] == c ? a.in[1] : a.in[1] == c ? a.in[0] : -1, o = a.out[0];
@@ -417,9 +415,9 @@ std::vector<CudaLaunch> decode_schedule(const std::vector<PlanOp>& ops, const st
         if (l.kind != (uint16_t)LaunchKind::Mlp) continue;
         const CudaLaunch* n = li + 1 < out.size() ? &out[li + 1] : nullptr;
         const bool ok = n && n->kind == (uint16_t)LaunchKind::ResNorm && n->t[1] == l.t[0] && (device.empty() || device[n->op] == device[l.op]);
-        const int64_t I = tensors[ops[l.ip[0]].in[1]].dims[0];
+        const PlanTensor& wg = tensors[ops[l.ip[0]].in[1]];   // the gate [I, H]
+        const int64_t I      = wg.dims[0];
         l.ip[6] = !ok ? 1 : mlp_replicas_all > 0 ? std::min(mlp_replicas_all, plan::kMlpReplicasMax) : mlp_replicas(I);
-        const PlanTensor& wg = tensors[ops[l.ip[0]].in[1]];
         l.ip[7] = mlp_f16(mlp_f16_on, wg.dims[1], (wg.quant_flags & plan::kQuantDoubleQuant) != 0) ? 1 : 0;
         if (l.ip[7]) l.ip[5] = mlp_threads_f16(I);
     }

@@ -83,7 +83,7 @@ inline int mlp_replicas(int64_t I) { return I / 32 >= 384 ? plan::kMlpReplicasMa
 // scales (not double quant), H % 32 == 0, H <= plan::kMlpF16MaxH. H200, session 40 (bench/README): E2B decode
 // 743.9 -> 785.4 tok/s at depth 16 against f32 (680.0 -> 709.3 at 4096); in bench/mlp_h2_lab.cu, an MLP and
 // a one-block ResNorm: E2B's narrow layers 12.00 -> 10.98 us, E4B 25.59 -> 23.47.
-inline bool mlp_f16(bool f16, int64_t H, bool double_quant) { return f16 && !double_quant && H % 32 == 0 && H <= plan::kMlpF16MaxH; }
+inline bool mlp_f16(bool f16, int64_t H, bool double_quant) { return f16 && !double_quant && plan::mlp_f16_width_ok(H); }
 // Threads a block of the f16 kernels: 256 (two blocks an SM) up to 320 blocks (E2B's narrow layers, E4B), else
 // 128 (E2B's wide layers, 384 blocks). bench/mlp_h2_lab.cu (H200, session 40), with the ResNorm stand-in:
 // E4B 25.04 us at 128 threads, 23.47 at 256; E2B wide 18.79 / 18.95.

@@ -966,10 +966,11 @@ g4_status launch_fused(g4_session* s, const CudaLaunch& l, std::string* err) {
         CUdeviceptr x = T(0), dd = T(1), pw = T(2), sc = T(3), xo = T(4), prew = T(5), xn = T(6), zero = T(7);
         int pwdt = dt_code(p, l.t[2]), sdt = dt_code(p, l.t[3]), prewdt = dt_code(p, l.t[5]), H = l.ip[0];
         float f = l.fp[1], eps = l.fp[0];
-        CUdeviceptr dr = st->cur->mlp_rep;
-        int nrep       = st->rep_in;
-        r = nrep ? go(K.resnorm_rep, 1, H <= 2048 ? 512 : 1024, {&x, &dd, &pw, &pwdt, &sc, &sdt, &f, &xo, &prew, &prewdt, &xn, &H, &eps, &zero, &dr, &nrep})
-                 : go(K.resnorm, 1, H <= 2048 ? 512 : 1024, {&x, &dd, &pw, &pwdt, &sc, &sdt, &f, &xo, &prew, &prewdt, &xn, &H, &eps, &zero});
+        CUdeviceptr dr    = st->cur->mlp_rep;
+        int nrep          = st->rep_in;
+        const unsigned nt = H <= 2048 ? 512 : 1024;
+        r = nrep ? go(K.resnorm_rep, 1, nt, {&x, &dd, &pw, &pwdt, &sc, &sdt, &f, &xo, &prew, &prewdt, &xn, &H, &eps, &zero, &dr, &nrep})
+                 : go(K.resnorm, 1, nt, {&x, &dd, &pw, &pwdt, &sc, &sdt, &f, &xo, &prew, &prewdt, &xn, &H, &eps, &zero});
         break;
     }
     case LaunchKind::PleIn: {

@@ -69,9 +69,10 @@ inline Workspace workspace(const plan::PlanOp* ops, size_t n_ops, const plan::Pl
     w.primary = primary;
     for (size_t li = 0; li < n_launches; ++li) {
         const plan::CudaLaunch& l = launches[li];
-        if (mlp_replicas(l) < 2 || (op_gpu && op_gpu[l.op] != gpu)) continue;
+        const int reps            = mlp_replicas(l);
+        if (reps < 2 || (op_gpu && op_gpu[l.op] != gpu)) continue;
         const uint64_t H = (uint64_t)tensors[ops[l.ip[3]].in[1]].dims[0];   // the down's rows
-        w.mlp_rep = std::max<uint64_t>(w.mlp_rep, (uint64_t)(mlp_replicas(l) - 1) * H);
+        w.mlp_rep = std::max<uint64_t>(w.mlp_rep, (uint64_t)(reps - 1) * H);
     }
     for (size_t i = 0; i < n_ops; ++i) {
         if (op_gpu && op_gpu[i] != gpu) continue;

@@ -166,6 +166,7 @@ static_assert(sizeof(CudaLaunch) == 80);
 inline constexpr int kMlpReplicasMax = 4;
 // The packed-f16 MLP (Mlp ip7 = 1): H at most this (kernels.cu GV_XS_EXT_CHUNKS * 32: the x chunks' powers of two).
 inline constexpr int64_t kMlpF16MaxH = 10240;
+inline bool mlp_f16_width_ok(int64_t H) { return H % 32 == 0 && H <= kMlpF16MaxH; }
 
 // cuBLAS workspace a CUDA session preallocates when the plan has Cublas matmuls (NVIDIA's advice for Hopper).
 inline constexpr uint64_t kCublasWorkspaceBytes = 32ull << 20;

@@ -344,8 +344,7 @@ g4_status Plan::validate_records(std::string* err) {
             if (l.ip[7] != 0 && l.ip[7] != 1)
                 return fail(CORRUPT, what + ": MLP arithmetic " + std::to_string(l.ip[7]) + " (0 f32, 1 packed f16)", err);
             const bool dq = ((w.quant_flags | wg.quant_flags | wu.quant_flags) & kQuantDoubleQuant) != 0;
-            if (l.ip[7] == 1 && (dq || wg.dtype != (uint8_t)DType::NF4 || wu.dtype != (uint8_t)DType::NF4 || wg.dims[1] % 32 != 0 ||
-                                 wg.dims[1] > kMlpF16MaxH))
+            if (l.ip[7] == 1 && (dq || wg.dtype != (uint8_t)DType::NF4 || wu.dtype != (uint8_t)DType::NF4 || !mlp_f16_width_ok(wg.dims[1])))
                 return fail(CORRUPT, what + ": a packed-f16 MLP needs NF4 gate and up weights with f32 block scales and a width that is a multiple of 32 up to " +
                                          std::to_string(kMlpF16MaxH), err);
         }

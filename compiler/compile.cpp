@@ -127,6 +127,35 @@ uint64_t plan_activations(Program& p, std::vector<uint64_t>& offset) {
         const int y = p.ops[m].op.out[0], xn = p.ops[qm].op.in[0];
         if (y >= 0 && xn >= 0 && first[xn] >= 0 && first[y] >= 0) first[y] = std::min(first[y], first[xn]);
     }
+    // The per-layer-input projection after a ResNorm folded into its kernel (cuda_schedule.cpp ple_fold): the MLP
+    // before zeroes its output y while blocks still read the MLP's input xn, and the projection adds into y while
+    // its blocks read the residual and the MLP's output: y lives from xn's making on. Chain: xn -> gate/up
+    // Matmul -> GeluMul -> down Matmul -> d [in-place RmsNorm] -> Add -> PLE gate Matmul -> GeluMul -> projection.
+    auto code     = [&](int j) { return (OpCode)p.ops[j].op.code; };
+    auto producer = [&](int t, int before) {
+        for (int j = before - 1; j >= 0; --j)
+            for (int o : p.ops[j].op.out)
+                if (o == t) return j;
+        return -1;
+    };
+    for (int k = 0; k < (int)p.ops.size(); ++k) {
+        if (code(k) != OpCode::GeluMul) continue;
+        const int pr = first_reader(p.ops[k].op.out[0], k), g = producer(p.ops[k].op.in[0], k);
+        if (pr < 0 || code(pr) != OpCode::Matmul || g < 0 || code(g) != OpCode::Matmul) continue;
+        const int a = producer(p.ops[g].op.in[0], g);
+        if (a < 0 || code(a) != OpCode::Add) continue;
+        for (int d : {p.ops[a].op.in[0], p.ops[a].op.in[1]}) {
+            int dn = producer(d, a);
+            if (dn >= 0 && code(dn) == OpCode::RmsNorm && p.ops[dn].op.in[0] == d && p.ops[dn].op.out[0] == d) dn = producer(d, dn);
+            if (dn < 0 || code(dn) != OpCode::Matmul) continue;
+            const int u = producer(p.ops[dn].op.in[0], dn);
+            if (u < 0 || code(u) != OpCode::GeluMul) continue;
+            const int ga = producer(p.ops[u].op.in[0], u);
+            if (ga < 0 || code(ga) != OpCode::Matmul) continue;
+            const int y = p.ops[pr].op.out[0], xn = p.ops[ga].op.in[0];
+            if (y >= 0 && xn >= 0 && first[xn] >= 0 && first[y] >= 0) first[y] = std::min(first[y], first[xn]);
+        }
+    }
     // Inputs and logits live for the whole step (written before / read after the program).
     const int n_ops = (int)p.ops.size();
     if (p.ids >= 0) first[p.ids] = 0, last[p.ids] = n_ops;
@@ -588,7 +617,15 @@ void write_plan(const Inputs& in, const std::string& out_path, Mode mode, Report
         }
         // --mlp-precision f16 (default): the fused MLPs' products in packed f16 (g4_mlp_nf4*_h2) wherever the
         // weights allow (cuda::mlp_f16); f32: g4_mlp_nf4*.
-        schedule = cuda::decode_schedule(ops, tensors, op_dev, fuse, fuse, in.cuda_spec.attn_hpg, mlp_reps, opt.mlp_precision == "f16");
+        // The ResNorm between an MLP and its PLE in the PLE's kernel where cuda::ple_fold_after takes the MLP;
+        // G4_PLE_FOLD=0 (a lab and test switch): never.
+        bool fold_ple = true;
+        if (const char* e = std::getenv("G4_PLE_FOLD"); e && *e) {
+            if (std::string(e) != "0" && std::string(e) != "1")
+                throw CompileError("G4_PLE_FOLD='" + std::string(e) + "': expected 0 (the ResNorm before each PLE a launch of its own) or 1 (the default), or unset it");
+            fold_ple = *e == '1';
+        }
+        schedule = cuda::decode_schedule(ops, tensors, op_dev, fuse, fuse, in.cuda_spec.attn_hpg, mlp_reps, opt.mlp_precision == "f16", fold_ple);
         for (const plan::CudaLaunch& l : schedule) {
             if (l.kind == (uint16_t)plan::LaunchKind::Mlp) tensors[ops[l.ip[3]].in[1]].quant_flags |= plan::kQuantTiled32;
             if (l.kind == (uint16_t)plan::LaunchKind::AttnO) tensors[ops[l.op].in[1]].quant_flags |= plan::kQuantTiled32;

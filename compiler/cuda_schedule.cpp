@@ -321,6 +321,24 @@ struct Matcher {
         return true;
     }
 
+    // The ResNorm out.back() (x + rms(d) * w -> xo, no scale, no second norm) between an Mlp launch making d and
+    // the Ple launch `ple` reading xo, folded into that launch (g4_ple_res: every block recomputes it; block 0
+    // writes xo): the ResNorm record gets ip1 = 1 and the MLP zeroes the Ple's output y at its end. y must be
+    // apart from what the MLP reads and what the Ple kernel reads or writes besides it (compile.cpp keeps y live
+    // from the MLP's input on), and xo apart from the residual, d and the per-layer input (block 0 writes xo
+    // while other blocks read them). H200, session 41 (bench/README): one launch fewer a layer.
+    bool ple_fold(const std::vector<CudaLaunch>& out, const CudaLaunch& ple) const {
+        if (out.size() < 2 || ple.kind != (uint16_t)LaunchKind::Ple) return false;
+        const CudaLaunch &rn = out.back(), &mlp = out[out.size() - 2];
+        if (rn.kind != (uint16_t)LaunchKind::ResNorm || mlp.kind != (uint16_t)LaunchKind::Mlp) return false;
+        if (!device.empty() && (device[mlp.op] != device[rn.op] || device[rn.op] != device[ple.op])) return false;
+        const int32_t y = ple.t[0], xo = rn.t[4], xn = ops[mlp.ip[0]].in[0], aux = ops[ple.op + 1].in[1];
+        return rn.t[1] >= 0 && rn.t[1] == mlp.t[0] && rn.t[0] >= 0 && rn.t[2] >= 0 && xo >= 0 && rn.t[3] < 0 && rn.fp[1] == 1.0f &&
+               rn.t[5] < 0 && rn.t[6] < 0 && ops[ple.op].in[0] == xo && rn.ip[0] % 4 == 0 && rn.ip[0] <= 4096 && disjoint(y, rn.t[0]) &&
+               disjoint(y, rn.t[1]) && disjoint(y, xo) && disjoint(y, xn) && disjoint(xo, rn.t[0]) && disjoint(xo, rn.t[1]) &&
+               disjoint(xo, aux);
+    }
+
     bool gemv(size_t i, CudaLaunch* out) const {
         if (!gemv_ok(i)) return false;
         const PlanTensor& w = tensors[ops[i].in[1]];
@@ -375,7 +393,7 @@ struct Matcher {
 
 std::vector<CudaLaunch> decode_schedule(const std::vector<PlanOp>& ops, const std::vector<PlanTensor>& tensors,
                                         const std::vector<int>& device, bool fuse_mlp, bool fuse_attn_o, int attn_hpg,
-                                        int mlp_replicas_all, bool mlp_f16_on) {
+                                        int mlp_replicas_all, bool mlp_f16_on, bool fold_ple) {
     Matcher m(ops, tensors, device);
     std::vector<CudaLaunch> out;
     for (size_t i = 0; i < ops.size();) {
@@ -389,6 +407,7 @@ std::vector<CudaLaunch> decode_schedule(const std::vector<PlanOp>& ops, const st
         }
         if (fuse_mlp && !out.empty() && (m.mlp(i, &out.back(), &l) || m.ple(i, &out.back(), &l))) {
             out.back().t[7] = l.t[0];   // the ResNorm before zeroes the MLP's / PLE's output
+            if (fold_ple && m.ple_fold(out, l)) out.back().ip[1] = 1;   // kept below where ple_fold_after takes the MLP   // the Ple runs it, the MLP zeroes the output
             out.push_back(l);
             i += l.count;
             continue;
@@ -420,6 +439,7 @@ std::vector<CudaLaunch> decode_schedule(const std::vector<PlanOp>& ops, const st
         l.ip[6] = !ok ? 1 : mlp_replicas_all > 0 ? std::min(mlp_replicas_all, plan::kMlpReplicasMax) : mlp_replicas(I);
         l.ip[7] = mlp_f16(mlp_f16_on, wg.dims[1], (wg.quant_flags & plan::kQuantDoubleQuant) != 0) ? 1 : 0;
         if (l.ip[7]) l.ip[5] = mlp_threads_f16(I);
+        if (ok && n->ip[1] == 1 && !ple_fold_after(I, l.ip[5], l.ip[6])) out[li + 1].ip[1] = 0;
     }
     return out;
 }

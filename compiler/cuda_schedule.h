@@ -89,6 +89,15 @@ inline bool mlp_f16(bool f16, int64_t H, bool double_quant) { return f16 && !dou
 // E4B 25.04 us at 128 threads, 23.47 at 256; E2B wide 18.79 / 18.95.
 inline int mlp_threads_f16(int64_t I) { return I / 32 <= 320 ? 256 : 128; }
 
+// Whether the ResNorm between a fused MLP (I, threads a block, output replicas) and the PLE after it runs in the
+// PLE's kernel (g4_ple_res). The PLE's 32 blocks (256 threads, ~120 registers at H 1536) are launched while the
+// MLP runs and wait beside its blocks: where the MLP leaves an SM with room for one (up to 192 blocks of 256
+// threads: one a block on most of 132 SMs) the fold saves the ResNorm's launch; where it does not (E2B's wide
+// layers: 384 blocks of 128 threads, three an SM) that MLP ran 2.3 us longer. H200, session 41 (bench/README):
+// E2B decode 782.1 -> 796.5 tok/s folding its 15 narrow layers, 775.0 folding all 35. One output (no replicas:
+// the PLE reads the MLP's output alone).
+inline bool ple_fold_after(int64_t I, int mlp_threads, int replicas) { return mlp_threads == 256 && I / 32 <= 192 && replicas == 1; }
+
 // The launches of one decode step, covering every op exactly once, in order. Fusions:
 //   RmsNorm(d, in place) + Add(x, d) [+ Scale] [+ RmsNorm(x_out)]         -> ResNorm
 //   a lone full-row RmsNorm(x) -> y with a weight                          -> ResNorm (no residual: t0 x, t5, t6)
@@ -109,12 +118,15 @@ inline int mlp_threads_f16(int64_t I) { return I / 32 <= 320 ? 256 : 128; }
 //   An Mlp launch followed by the ResNorm that reads its output as d, on the same device, gets mlp_replicas(I)
 //   output replicas (ip6; mlp_replicas_all > 0: that many for every such launch, a lab and test switch); any
 //   other Mlp launch gets 1. mlp_f16 picks each Mlp launch's arithmetic (ip7, and its threads, ip5).
+//   fold_ple (with fuse_mlp): a ResNorm between an Mlp launch and the Ple launch reading its output is run by
+//   that Ple launch (ResNorm ip1 = 1; g4_ple_res) where the tensors allow it (Matcher::ple_fold) and
+//   ple_fold_after takes the MLP (its final threads and replicas).
 // A fusion is taken only when the intermediates it skips writing are read by no later op and all its
 // ops run on one device. device: per op, the CUDA index it runs on or -1 for the CPU (cross-device
 // plans; empty: all on one GPU). CPU ops and copy steps are never fused: each is one Op record, which
 // the runtime runs on the CPU or as a copy.
 std::vector<plan::CudaLaunch> decode_schedule(const std::vector<plan::PlanOp>& ops, const std::vector<plan::PlanTensor>& tensors,
                                               const std::vector<int>& device = {}, bool fuse_mlp = false, bool fuse_attn_o = false,
-                                              int attn_hpg = 0, int mlp_replicas_all = 0, bool mlp_f16 = false);
+                                              int attn_hpg = 0, int mlp_replicas_all = 0, bool mlp_f16 = false, bool fold_ple = false);
 
 } // namespace g4::cuda

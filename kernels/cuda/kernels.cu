@@ -1697,9 +1697,17 @@ struct MlpArgs {
     // atomic adds meet at each address (the plan's CudaLaunch ip6 = nrep + 1, chosen by the compiler).
     float* yr;
     int nrep;
+    float* zero;            // [H] (the _z kernels): block 0 zeroes it at its end (the output of the g4_ple_res launch after)
 };
-static_assert(sizeof(MlpArgs) == 312, "cuda_rt::MlpArgsH");
+static_assert(sizeof(MlpArgs) == 320, "cuda_rt::MlpArgsH");
+// Z kernels (g4_mlp_nf4_b256*_z): block 0 zeroes a.zero (H % 4 == 0) after its own work, when every block is
+// past the wait. Kernels of their own: the zeroing changed the other kernels' register allocation.
+template <int B> __device__ __forceinline__ void mlp_zero_next(const MlpArgs& a) {
+    if (a.zero && blockIdx.x == 0)
+        for (int i = threadIdx.x; i < a.H / 4; i += B) ((float4*)a.zero)[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+}
 #define MLP_S 32
+#define RN_MAX 3   // plan::kMlpReplicasMax - 1: most output replicas a reader adds
 __device__ __forceinline__ void red_add_v4(float* p, float4 v) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(p), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w) : "memory");
@@ -1713,7 +1721,7 @@ __device__ __forceinline__ void red_add_v4(float* p, float4 v) {
 // false: the gate/up loop keeps a global-memory path for x (bench/mlp_mma_lab.cu's copy of the kernels before
 // session 34, with SM NF4_SCALES_ANY).
 // REP: adds into the output replicas (a.nrep; the _rep kernels); without it the kernel reads neither field.
-template <int B, int SM, bool REP, bool XA = true> __device__ __forceinline__ void mlp_body(const MlpArgs& a, float4* mlp_wide) {
+template <int B, int SM, bool REP, bool XA = true, bool Z = false> __device__ __forceinline__ void mlp_body(const MlpArgs& a, float4* mlp_wide) {
     __shared__ float s_act[MLP_S];
     G4_TRACE_SCOPE(15u | (B == 256 ? 16u : 0u), a.y);   // the whole kernel; mark 0: the gate/up done
     const int j = blockIdx.x, H = a.H, I = a.I;
@@ -1774,24 +1782,27 @@ template <int B, int SM, bool REP, bool XA = true> __device__ __forceinline__ vo
         if (r0 + 8 * B < H) load(r0 + 8 * B, pa, ra);
         down(r0 + 4 * B, pb, rb);
     }
+    if constexpr (Z) mlp_zero_next<B>(a);
 }
-#define G4_MLP(NAME, B, SM, REP)                                                               \
+#define G4_MLP(NAME, B, SM, REP, Z)                                                            \
     extern "C" __global__ void __launch_bounds__(B, B == 128 ? 3 : 2) NAME(const MlpArgs a) { \
         extern __shared__ float4 mlp_wide[];                                                   \
-        mlp_body<B, SM, REP>(a, mlp_wide);                                                     \
+        mlp_body<B, SM, REP, true, Z>(a, mlp_wide);                                            \
     }
 #else
-#define G4_MLP(NAME, B, SM, REP) \
+#define G4_MLP(NAME, B, SM, REP, Z) \
     extern "C" __global__ void NAME(const MlpArgs a) { __trap(); }   // scheduled on sm_90 plans only
 #endif
-G4_MLP(g4_mlp_nf4, 128, NF4_SCALES_F32, false)
-G4_MLP(g4_mlp_nf4_b256, 256, NF4_SCALES_F32, false)
-G4_MLP(g4_mlp_nf4_dq, 128, NF4_SCALES_DQ, false)
-G4_MLP(g4_mlp_nf4_b256_dq, 256, NF4_SCALES_DQ, false)
-G4_MLP(g4_mlp_nf4_rep, 128, NF4_SCALES_F32, true)
-G4_MLP(g4_mlp_nf4_b256_rep, 256, NF4_SCALES_F32, true)
-G4_MLP(g4_mlp_nf4_dq_rep, 128, NF4_SCALES_DQ, true)
-G4_MLP(g4_mlp_nf4_b256_dq_rep, 256, NF4_SCALES_DQ, true)
+G4_MLP(g4_mlp_nf4, 128, NF4_SCALES_F32, false, false)
+G4_MLP(g4_mlp_nf4_b256, 256, NF4_SCALES_F32, false, false)
+G4_MLP(g4_mlp_nf4_dq, 128, NF4_SCALES_DQ, false, false)
+G4_MLP(g4_mlp_nf4_b256_dq, 256, NF4_SCALES_DQ, false, false)
+G4_MLP(g4_mlp_nf4_rep, 128, NF4_SCALES_F32, true, false)
+G4_MLP(g4_mlp_nf4_b256_rep, 256, NF4_SCALES_F32, true, false)
+G4_MLP(g4_mlp_nf4_dq_rep, 128, NF4_SCALES_DQ, true, false)
+G4_MLP(g4_mlp_nf4_b256_dq_rep, 256, NF4_SCALES_DQ, true, false)
+G4_MLP(g4_mlp_nf4_b256_z, 256, NF4_SCALES_F32, false, true)
+G4_MLP(g4_mlp_nf4_b256_dq_z, 256, NF4_SCALES_DQ, false, true)
 
 // ---- The decode MLP with packed-f16 products (sm_90, f32 block scales; schedule record Mlp ip7 = 1) ----
 // g4_mlp_nf4's work with the multiplies as HFMA2: a code byte is one PRMT, one 32-bit lookup and one HFMA2
@@ -1848,7 +1859,7 @@ __device__ __forceinline__ float h2_chunk_dot(const u32* words, const u32* xh, c
     return (f0 + f1) + (f2 + f3);
 }
 __device__ __forceinline__ int h2_xpiece(int c, int p) { return (c >> 1) * 256 + 128 + (c & 1) * 64 + 16 * (p ^ ((c >> 1) & 3)); }
-template <int B, bool REP> __device__ __forceinline__ void mlp_h2_body(const MlpArgs& a, float4* mlp_wide) {
+template <int B, bool REP, bool Z = false> __device__ __forceinline__ void mlp_h2_body(const MlpArgs& a, float4* mlp_wide) {
     __shared__ float s_act[MLP_S];
     __shared__ float s_xe[GV_XS_EXT_CHUNKS];   // chunk c of x: its power of two
     G4_TRACE_SCOPE(15u | (B == 256 ? 16u : 0u), a.y);
@@ -1984,20 +1995,22 @@ template <int B, bool REP> __device__ __forceinline__ void mlp_h2_body(const Mlp
         if (r0 + 8 * B < H) dload(r0 + 8 * B, qa, sa);
         down(r0 + 4 * B, qb, sb);
     }
+    if constexpr (Z) mlp_zero_next<B>(a);
 }
-#define G4_MLP_H2(NAME, B, REP)                                                                \
+#define G4_MLP_H2(NAME, B, REP, Z)                                                             \
     extern "C" __global__ void __launch_bounds__(B, B == 128 ? 3 : 2) NAME(const MlpArgs a) { \
         extern __shared__ float4 mlp_wide[];                                                   \
-        mlp_h2_body<B, REP>(a, mlp_wide);                                                      \
+        mlp_h2_body<B, REP, Z>(a, mlp_wide);                                                   \
     }
 #else
-#define G4_MLP_H2(NAME, B, REP) \
+#define G4_MLP_H2(NAME, B, REP, Z) \
     extern "C" __global__ void NAME(const MlpArgs a) { __trap(); }   // scheduled on sm_90 plans only
 #endif
-G4_MLP_H2(g4_mlp_nf4_h2, 128, false)
-G4_MLP_H2(g4_mlp_nf4_b256_h2, 256, false)
-G4_MLP_H2(g4_mlp_nf4_h2_rep, 128, true)
-G4_MLP_H2(g4_mlp_nf4_b256_h2_rep, 256, true)
+G4_MLP_H2(g4_mlp_nf4_h2, 128, false, false)
+G4_MLP_H2(g4_mlp_nf4_b256_h2, 256, false, false)
+G4_MLP_H2(g4_mlp_nf4_h2_rep, 128, true, false)
+G4_MLP_H2(g4_mlp_nf4_b256_h2_rep, 256, true, false)
+G4_MLP_H2(g4_mlp_nf4_b256_h2_z, 256, false, true)
 
 // ---- the decode attention's merge and the o projection in one kernel (sm_90; schedule record AttnO) ----
 // Block j takes columns 32j .. 32j + 31 of the attention output (one head's: dim % 32 == 0): it merges them
@@ -2116,6 +2129,9 @@ G4_ATTN_O(4)
 // before, as for g4_mlp_nf4). Both bf16 slices stay row-major (a projection row's 8 columns are one 16-byte
 // load) and are loaded before the programmatic wait, with aux (written at the start of the step); only x
 // is read after it. grid P / 8, block 256, G = ceil(H / 1024) (g4_ple_bf16_g1..4). H % 8 == 0, P % 8 == 0.
+// g4_ple_res_bf16_g1..4 also run the ResNorm before (x = residual + rms(MLP output) * weight) in every block,
+// its loads in this kernel's one L2 round trip after the wait: one launch fewer a layer. y is then zeroed by
+// the MLP before (MlpArgs zero).
 struct PleArgs {
     const float* x;         // [H]
     const u16* wg;          // gate [P, H] bf16
@@ -2125,11 +2141,52 @@ struct PleArgs {
     const float* bp;        // projection bias [H] or null (block 0 adds it)
     float* y;               // [H], zero at the wait
     int H, P;
+    // g4_ple_res_bf16_g* only (the ResNorm before folded in; plan ResNorm record ip1 = 1): every block makes its
+    // input x = rx + rms(rd) * rpw and block 0 writes it to xo (x above is unused).
+    const float* rx;        // [H] the residual
+    const float* rd;        // [H] the MLP's output (one output: the fold takes MLPs without replicas)
+    const void* rpw;        // [H] post-norm weight (rpwdt)
+    float* xo;              // [H]
+    int rpwdt;
+    float eps;
 };
+static_assert(sizeof(PleArgs) == 104, "cuda_rt::PleArgsH");
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-template <int G> __device__ __forceinline__ void ple_body(const PleArgs& a) {
+// RES: the residual norm before (PleArgs' r* fields) in every block, its result staged in shared memory.
+template <int G> __device__ __forceinline__ void ple_res_prologue(const PleArgs& a, const float* pwv, float* s_x, float* red) {
+    const int H = a.H, Q = H / 4;
+    const float4* x4 = (const float4*)a.rx;
+    const float4* d4 = (const float4*)a.rd;
+    float4 xv[G], dv[G];
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+        const int q = min((int)threadIdx.x + 256 * g, Q - 1);
+        xv[g]       = __ldcg(x4 + q);
+        dv[g]       = __ldcg(d4 + q);
+    }
+    float ss = 0.0f;
+#pragma unroll
+    for (int g = 0; g < G; ++g)
+        if ((int)threadIdx.x + 256 * g < Q) ss += dv[g].x * dv[g].x + dv[g].y * dv[g].y + dv[g].z * dv[g].z + dv[g].w * dv[g].w;
+    const float r1 = rsqrtf(block_sum(ss, red) / (float)H + a.eps);
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+        const int q = threadIdx.x + 256 * g;
+        if (q >= Q) break;
+        float* v        = &xv[g].x;
+        const float* dd = &dv[g].x;
+#pragma unroll
+        for (int c = 0; c < 4; ++c) v[c] = v[c] + dd[c] * r1 * pwv[4 * g + c];
+        ((float4*)s_x)[q] = xv[g];
+        if (blockIdx.x == 0) ((float4*)a.xo)[q] = xv[g];
+    }
+    __syncthreads();
+}
+template <int G, bool RES> __device__ __forceinline__ void ple_body(const PleArgs& a) {
     constexpr int GC = 4 * G;   // gate chunks (8 values) a lane: H / 256 <= 4 G
     __shared__ float s_act[8];
+    __shared__ __align__(16) float s_x[RES ? 1024 * G : 4];
+    __shared__ float red[32];
     G4_TRACE_SCOPE(14, a.y);
     const int j = blockIdx.x, H = a.H, P = a.P, lane = threadIdx.x & 31, w = threadIdx.x >> 5, row = 8 * j + w;
     const uint4* grow = (const uint4*)(a.wg + (long)row * H);
@@ -2146,13 +2203,22 @@ template <int G> __device__ __forceinline__ void ple_body(const PleArgs& a) {
         for (int k = 0; k < 4; ++k) pk[g][k] = __ldcs((const uint4*)(a.wp + (long)(r0 + k) * P + 8 * j));
     }
     const float auxv = lane == 0 ? __ldcg(a.aux + row) : 0.0f;
+    float pwv[RES ? 4 * G : 1];
+    if constexpr (RES)
+#pragma unroll
+        for (int k = 0; k < 4 * G; ++k) {
+            const int i = 4 * (threadIdx.x + 256 * (k / 4)) + k % 4;
+            pwv[k]      = i < H ? loadw(a.rpw, a.rpwdt, i) : 0.0f;
+        }
     pdl_begin();
+    const float* xs = a.x;
+    if constexpr (RES) ple_res_prologue<G>(a, pwv, s_x, red), xs = s_x;
     float s = 0.0f;
 #pragma unroll
     for (int i = 0; i < GC; ++i) {
         const int c = (lane + 32 * i) * 8;
         if (c >= H) break;
-        const float4 x0 = *(const float4*)(a.x + c), x1 = *(const float4*)(a.x + c + 4);
+        const float4 x0 = *(const float4*)(xs + c), x1 = *(const float4*)(xs + c + 4);
         const u32 wv[4] = {gk[i].x, gk[i].y, gk[i].z, gk[i].w};
         const float xv[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
 #pragma unroll
@@ -2186,11 +2252,13 @@ template <int G> __device__ __forceinline__ void ple_body(const PleArgs& a) {
         red_add_v4(a.y + r0, make_float4(out[0], out[1], out[2], out[3]));
     }
 }
-#define G4_PLE(G) \
-    extern "C" __global__ void __launch_bounds__(256) g4_ple_bf16_g##G(const PleArgs a) { ple_body<G>(a); }
+#define G4_PLE(G)                                                                                          \
+    extern "C" __global__ void __launch_bounds__(256) g4_ple_bf16_g##G(const PleArgs a) { ple_body<G, false>(a); } \
+    extern "C" __global__ void __launch_bounds__(256) g4_ple_res_bf16_g##G(const PleArgs a) { ple_body<G, true>(a); }
 #else
-#define G4_PLE(G) \
-    extern "C" __global__ void g4_ple_bf16_g##G(const PleArgs a) { __trap(); }   // scheduled on sm_90 plans only
+#define G4_PLE(G)                                                                                        \
+    extern "C" __global__ void g4_ple_bf16_g##G(const PleArgs a) { __trap(); } /* sm_90 plans only */     \
+    extern "C" __global__ void g4_ple_res_bf16_g##G(const PleArgs a) { __trap(); }
 #endif
 G4_PLE(1)
 G4_PLE(2)
@@ -2385,7 +2453,6 @@ G4_LM_EXACT(128)
 // an H200, session 24); the scalar path takes the rest.
 // dr (or null): nrep replicas [nrep, H] of d (g4_mlp_nf4's nrep, at most RN_MAX), added to it in replica order and
 // zeroed by the thread that read them.
-#define RN_MAX 3   // plan::kMlpReplicasMax - 1
 __device__ __forceinline__ void resnorm_scalar(const float* x, const float* d, const void* pw, int pwdt, const void* sc, int sdt,
                                                float f, float* xout, const void* prew, int prewdt, float* xn, int H, float eps,
                                                float* red, float* dr, int nrep) {

@@ -331,9 +331,13 @@ TEST_P(Mlp, MatchesUnfusedReference) {
             for (int threads : {128, 256}) {   // g4_mlp_nf4, g4_mlp_nf4_b256 (cuda::mlp_threads picks one per I); _dq: double quant
                 // nrep 0, then 3 output replicas (a plan's ip6 = 4, the _rep kernel): block j adds into replica j % 4;
                 // their sum is y.
-                for (int nrep : {0, 3}) {
+                // _z (256 threads, one output; before a ResNorm folded into the PLE): also zeroes a.zero at its end.
+                for (int v : {0, 3, -1}) {
+                    const int nrep = v < 0 ? 0 : v;
+                    const bool z   = v < 0;
+                    if (z && threads != 256) continue;
                     const std::string kn = std::string(threads == 128 ? "g4_mlp_nf4" : "g4_mlp_nf4_b256") + (c.dq ? "_dq" : "") + (h2 ? "_h2" : "") +
-                                           (nrep ? "_rep" : "");
+                                           (nrep ? "_rep" : "") + (z ? "_z" : "");
                     const char* name = kn.c_str();
                     cu::CUfunction f = nullptr;
                     ASSERT_EQ(gpu().d->cuModuleGetFunction(&f, gpu().mod, name), 0) << name;
@@ -342,7 +346,16 @@ TEST_P(Mlp, MatchesUnfusedReference) {
                     if (nrep) gpu().d->cuMemsetD8(yr, 0, (size_t)nrep * c.H * 4);
                     a.yr = yr, a.nrep = nrep;
                     gpu().d->cuMemsetD8(y, 0, c.H * 4);
+                    // a.zero (_z): the output of the g4_ple_res launch after (a folded ResNorm), zeroed by block 0 at its end.
+                    CUdeviceptr zero = z ? dev.alloc(c.H * 4) : 0;
+                    if (zero) gpu().d->cuMemsetD8(zero, 0x7f, c.H * 4);
+                    a.zero = zero;
                     launch_smem(name, (unsigned)(c.I / 32), 1, threads, cuda_rt::gemv_smem(true, gpu().sm, (int)c.H), {&a});
+                    if (zero) {
+                        const std::vector<float> z = dev.down<float>(zero, c.H);
+                        EXPECT_EQ(std::count(z.begin(), z.end(), 0.0f), (long)c.H) << kn << ": the next launch's output, zeroed";
+                    }
+                    a.zero = 0;
                     std::vector<float> got = dev.down<float>(y, c.H);
                     if (nrep) {
                         const std::vector<float> r = dev.down<float>(yr, (size_t)nrep * c.H);
@@ -350,9 +363,9 @@ TEST_P(Mlp, MatchesUnfusedReference) {
                             for (int64_t i = 0; i < c.H; ++i) got[i] += r[(size_t)k * c.H + i];
                     }
                     const double e = rel(got, want);
-                    std::printf("MLP %s, %s, %d threads%s, %d replicas, x scale %g: rel %.2e\n", c.name, h2 ? "packed f16" : "f32", threads,
+                    std::printf("MLP %s, %s, %d threads%s, %d replicas%s, x scale %g: rel %.2e\n", c.name, h2 ? "packed f16" : "f32", threads,
                                 threads == (h2 ? cuda::mlp_threads_f16(c.I) : cuda::mlp_threads(c.I)) ? " (the compiler's)" : "", nrep + 1,
-                                (double)xscale, e);
+                                z ? " (_z)" : "", (double)xscale, e);
                     EXPECT_LT(e, h2 ? 3e-3 : 2e-5) << kn << ", " << c.name << ", x scale " << xscale;
                 }
                 a.yr = 0, a.nrep = 0;
@@ -397,6 +410,42 @@ TEST_P(PleFused, MatchesUnfusedReference) {
         const double e = rel(dev.down<float>(y, c.H), want);
         std::printf("PLE %s (%s): rel %.2e\n", c.name, name.c_str(), e);
         EXPECT_LT(e, 2e-5) << c.name;
+    }
+}
+// g4_ple_res_bf16_g*: the ResNorm before folded in (a plan's ResNorm record with ip1 = 1). Every block makes
+// x = rx + rms(rd) * pw and block 0 writes it to xo; y as the unfused ResNorm then PLE.
+TEST_P(PleFused, ResNormBeforeFoldedIn) {
+    NEED_GPU();
+    if (gpu().sm < 90) GTEST_SKIP() << "g4_ple_res_bf16 is scheduled on sm_90 plans only";
+    const PleCase& c = GetParam();
+    const int H = (int)c.H;
+    Dev dev;
+    std::vector<float> rx = randn(H, 11), d0 = randn(H, 12), pw = randn(H, 13), aux = randn((size_t)c.P, 73);
+    for (float& v : d0) v *= 40.0f;   // rms(d) far from 1: a skipped norm cannot pass
+    const auto pwb = to_bf16(pw);
+    Weight g = make_weight(dev, DType::BF16, c.P, H, 71), w = make_weight(dev, DType::BF16, H, c.P, 72);
+    std::vector<float> bg = c.bias ? randn(c.P, 74) : std::vector<float>(c.P, 0.0f), bp = c.bias ? randn(H, 75) : std::vector<float>(H, 0.0f);
+    std::vector<float> d = d0, x(H);
+    ref::rms_norm({d.data(), H, pwb.data(), DType::BF16, d.data(), H, 1, H, H, 1e-6f});
+    ref::add({rx.data(), H, d.data(), H, x.data(), H, 1, H});
+    std::vector<float> rg = g.ref(x), act(c.P);
+    for (int64_t i = 0; i < c.P; ++i) act[i] = ref::gelu_tanh(rg[i] + bg[i]) * aux[i];
+    std::vector<float> want = w.ref(act);
+    for (int i = 0; i < H; ++i) want[i] += bp[i];
+    CUdeviceptr y = dev.alloc(H * 4), xo = dev.alloc(H * 4);
+    cuda_rt::PleArgsH a{};
+    a.x = 0, a.wg = g.dev, a.bg = c.bias ? dev.up(bg) : 0, a.aux = dev.up(aux), a.wp = w.dev, a.bp = c.bias ? dev.up(bp) : 0;
+    a.y = y, a.H = H, a.P = (int)c.P;
+    a.rx = dev.up(rx), a.rd = dev.up(d0), a.rpw = dev.up(pwb), a.rpwdt = 1, a.xo = xo, a.eps = 1e-6f;
+    const std::string name = "g4_ple_res_bf16_g" + std::to_string(cuda_rt::slice_row_groups(c.H));
+    for (int rep = 0; rep < 2; ++rep) {
+        gpu().d->cuMemsetD8(y, 0, H * 4);
+        gpu().d->cuMemsetD8(xo, 0xff, H * 4);
+        launch(name.c_str(), (unsigned)(c.P / 8), 1, 256, {&a});
+        const double ex = rel(dev.down<float>(xo, H), x), ey = rel(dev.down<float>(y, H), want);
+        std::printf("PLE + ResNorm %s (%s): xo %.2e, y %.2e\n", c.name, name.c_str(), ex, ey);
+        EXPECT_LT(ex, 1e-6) << c.name;
+        EXPECT_LT(ey, 2e-5) << c.name;
     }
 }
 INSTANTIATE_TEST_SUITE_P(RealShapes, PleFused,
@@ -817,6 +866,40 @@ TEST(CudaPlan, MlpF16MatchesF32) {
         std::printf("CUDA plan %s, packed-f16 MLPs: decode logits rel %.2e against f32\n", fx.c_str(), e);
         EXPECT_LT(e, 1e-2) << fx;
         EXPECT_EQ(f16.tokens, f32.tokens) << fx;
+    }
+}
+
+// The ResNorm between each MLP and PLE run by the PLE launch (ResNorm record ip1 = 1, g4_ple_res, the MLP
+// before it a _z kernel; default plans) against plans compiled with G4_PLE_FOLD=0, with f32 MLP arithmetic:
+// every layer's ResNorm folds in the tiny fixtures; 24 greedy steps give the same tokens, the logits agree to
+// the adds' order (1e-3, as MlpReplicasMatchOneOutput).
+TEST(CudaPlan, PleFoldMatchesUnfolded) {
+    NEED_GPU();
+    if (gpu().sm < 90) GTEST_SKIP() << "the fused PLE is scheduled on sm_90 plans only";
+    g4test::TempDir td;
+    for (const std::string fx : {"e2b_tiny", "e4b_tiny"}) {
+        MlpPlanRun runs[2];
+        for (int fold : {0, 1}) {
+            const std::string name = "fold" + std::to_string(fold);
+            setenv("G4_PLE_FOLD", fold ? "1" : "0", 1);
+            ASSERT_NO_FATAL_FAILURE(mlp_plan_run(td, fx, name, "--mlp-precision f32", 0, &runs[fold]));
+            unsetenv("G4_PLE_FOLD");
+            g4::plan::Plan pl;
+            std::string err;
+            ASSERT_EQ(pl.load(td.file(fx + "-" + name + ".g4plan"), false, &err), G4_OK) << err;
+            int folded = 0, ples = 0;
+            for (size_t li = 0; li < pl.n_launches(); ++li) {
+                folded += pl.launch(li).kind == (uint16_t)g4::plan::LaunchKind::ResNorm && pl.launch(li).ip[1] == 1;
+                ples += pl.launch(li).kind == (uint16_t)g4::plan::LaunchKind::Ple;
+            }
+            EXPECT_GT(ples, 0) << fx;
+            EXPECT_EQ(folded, fold ? ples : 0) << fx;
+        }
+        ASSERT_EQ(runs[1].logits.size(), runs[0].logits.size());
+        const double e = rel(runs[1].logits, runs[0].logits);
+        std::printf("CUDA plan %s, ResNorm folded into the PLE: decode logits rel %.2e against unfolded\n", fx.c_str(), e);
+        EXPECT_LT(e, 1e-3) << fx;
+        EXPECT_EQ(runs[1].tokens, runs[0].tokens) << fx;
     }
 }
 

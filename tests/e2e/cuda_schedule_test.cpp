@@ -272,6 +272,91 @@ TEST(CudaSchedule, MlpReplicasInThePlan) {
     }
 }
 
+// The ResNorm between each MLP and the PLE reading its output runs in the PLE's kernel (ResNorm ip1 = 1,
+// g4_ple_res) in default sm_90 plans where cuda::ple_fold_after takes the MLP (256 threads, at most 192 blocks,
+// one output: every layer of the tiny fixtures, E2B's narrow layers), in none with G4_PLE_FOLD=0 or with 4 MLP
+// output replicas (a bad value is refused, no plan left). The MLP before then zeroes the PLE's output, so that
+// output shares no bytes with the MLP's input, its output or the residual; the ResNorm's output (block 0 writes
+// it while the other blocks read) none with the residual, the MLP's output or the per-layer input. Records
+// that fold a ResNorm elsewhere, with another flag, after a 128-thread MLP or with a second norm are refused
+// at load.
+TEST(CudaSchedule, ResNormFoldedIntoThePle) {
+    TempDir td;
+    for (const std::string fx : {"e2b_tiny", "e4b_tiny"}) {
+        g4::plan::Plan p;
+        compile_sm90(td, fx, "", &p);
+        int ples = 0, folded = 0;
+        size_t first_fold = 0, pre_mlp = 0;
+        for (size_t li = 0; li < p.n_launches(); ++li) {
+            const CudaLaunch& l = p.launch(li);
+            if (l.kind == (uint16_t)LaunchKind::Mlp && li > 0) pre_mlp = li - 1;
+            if (l.kind == (uint16_t)LaunchKind::ResNorm) EXPECT_TRUE(l.ip[1] == 0 || l.ip[1] == 1) << fx << " launch " << li;
+            if (l.kind != (uint16_t)LaunchKind::Ple) continue;
+            ++ples;
+            ASSERT_GE(li, 2u);
+            const CudaLaunch &rn = p.launch(li - 1), &mlp = p.launch(li - 2);
+            if (rn.ip[1] != 1) continue;
+            if (!folded++) first_fold = li - 1;
+            ASSERT_EQ(mlp.kind, (uint16_t)LaunchKind::Mlp) << fx << " launch " << li;
+            EXPECT_EQ(rn.t[1], mlp.t[0]) << fx << " launch " << li;
+            EXPECT_EQ(p.op(l.op).in[0], rn.t[4]) << fx << " launch " << li;
+            EXPECT_TRUE(rn.t[3] < 0 && rn.t[5] < 0 && rn.t[6] < 0) << fx << " launch " << li;
+            const int32_t y = l.t[0], xo = rn.t[4];
+            for (int32_t t : {p.op(mlp.ip[0]).in[0], rn.t[0], rn.t[1], xo}) EXPECT_FALSE(overlap(p, y, t)) << fx << " launch " << li;
+            for (int32_t t : {rn.t[0], rn.t[1], p.op(l.op + 1).in[1]}) EXPECT_FALSE(overlap(p, xo, t)) << fx << " launch " << li;
+        }
+        EXPECT_GT(ples, 0) << fx;
+        EXPECT_EQ(folded, ples) << fx;
+
+        const std::string path = td.file(fx + "_nofold.g4plan");
+        setenv("G4_PLE_FOLD", "0", 1);
+        CmdResult r = run_g4("compile --model '" + fixture(fx) + "' --device cuda --target sm_90 --weights nf4 --no-fidelity -o '" + path + "'");
+        unsetenv("G4_PLE_FOLD");
+        ASSERT_EQ(r.exit_code, 0) << r.err;
+        g4::plan::Plan q;
+        std::string err;
+        ASSERT_EQ(q.load(path, false, &err), G4_OK) << err;
+        for (size_t li = 0; li < q.n_launches(); ++li)
+            if (q.launch(li).kind == (uint16_t)LaunchKind::ResNorm) EXPECT_EQ(q.launch(li).ip[1], 0) << fx << " launch " << li;
+        CmdResult i = run_g4("inspect '" + path + "'");
+        EXPECT_NE(i.out.find(std::to_string(ples) + " PLE (gate + projection in one kernel; 0 with the ResNorm before"), std::string::npos) << i.out;
+
+        const std::string folded_plan = td.file(fx + ".g4plan");
+        CmdResult i2 = run_g4("inspect '" + folded_plan + "'");
+        EXPECT_NE(i2.out.find(std::to_string(ples) + " PLE (gate + projection in one kernel; " + std::to_string(ples) + " with the ResNorm before"),
+                  std::string::npos)
+            << i2.out;
+        expect_corrupt(td, folded_plan, fx + "_fold2", [&](CudaLaunch* recs) { recs[first_fold].ip[1] = 2; }, "bad folded ResNorm (ip1 2");
+        expect_corrupt(td, folded_plan, fx + "_fold_pre_mlp", [&](CudaLaunch* recs) { recs[pre_mlp].ip[1] = 1; }, "bad folded ResNorm (ip1 1");
+        expect_corrupt(td, folded_plan, fx + "_fold_norm2", [&](CudaLaunch* recs) { recs[first_fold].t[5] = recs[first_fold].t[2]; },
+                       "bad folded ResNorm (ip1 1");
+        expect_corrupt(td, folded_plan, fx + "_fold_b128", [&](CudaLaunch* recs) { recs[first_fold - 1].ip[5] = 128; }, "bad folded ResNorm (ip1 1");
+
+        const std::string r4 = td.file(fx + "_fold_r4.g4plan");
+        setenv("G4_MLP_REPLICAS", "4", 1);
+        CmdResult c4 = run_g4("compile --model '" + fixture(fx) + "' --device cuda --target sm_90 --weights nf4 --no-fidelity -o '" + r4 + "'");
+        unsetenv("G4_MLP_REPLICAS");
+        ASSERT_EQ(c4.exit_code, 0) << c4.err;
+        g4::plan::Plan p4;
+        ASSERT_EQ(p4.load(r4, false, &err), G4_OK) << err;
+        for (size_t li = 0; li < p4.n_launches(); ++li)
+            if (p4.launch(li).kind == (uint16_t)LaunchKind::ResNorm) EXPECT_EQ(p4.launch(li).ip[1], 0) << fx << " with replicas, launch " << li;
+    }
+    // By shape: E2B's narrow layers (6144, 256 threads) fold; its wide ones (12288, 128 threads, 4 replicas) and
+    // E4B's (10240: 320 blocks of 256 threads) do not.
+    EXPECT_TRUE(g4::cuda::ple_fold_after(6144, 256, 1));
+    EXPECT_FALSE(g4::cuda::ple_fold_after(12288, 128, 4));
+    EXPECT_FALSE(g4::cuda::ple_fold_after(10240, 256, 1));
+    EXPECT_FALSE(g4::cuda::ple_fold_after(6144, 256, 2));
+    const std::string path = td.file("bad_fold.g4plan");
+    setenv("G4_PLE_FOLD", "yes", 1);
+    CmdResult r = run_g4("compile --model '" + fixture("e2b_tiny") + "' --device cuda --target sm_90 --weights nf4 --no-fidelity -o '" + path + "'");
+    unsetenv("G4_PLE_FOLD");
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.err.find("G4_PLE_FOLD='yes'"), std::string::npos) << r.err;
+    EXPECT_FALSE(std::filesystem::exists(path));
+}
+
 // The fused MLP's arithmetic (ip7, g4 compile --mlp-precision): packed f16 by default wherever the weights
 // allow it (never with double-quant block scales), at 256 threads up to 320 blocks; f32 with --mlp-precision
 // f32. A bad value is refused with no plan left behind; a record with another arithmetic, or packed f16 over

@@ -145,10 +145,13 @@ g4_status open_gpu(const plan::Plan& p, EngineState* st, Gpu& g, const plan::Pro
         {&k.attn_decode, "g4_attn_decode"}, {&k.attn_decode_bf16, "g4_attn_decode_bf16"}, {&k.attn_decode_post, "g4_attn_decode_post"}, {&k.attn_decode_post_bf16, "g4_attn_decode_post_bf16"}, {&k.nf4_to_bf16, "g4_nf4_to_bf16"}, {&k.nf4_untile32, "g4_nf4_untile32"}, {&k.f32_to_bf16, "g4_f32_to_bf16"},
         {&k.add_bias, "g4_add_bias"}, {&k.copy_f32, "g4_copy_f32"}, {&k.penalize, "g4_penalize"}, {&k.mlp[0], "g4_mlp_nf4"}, {&k.mlp[1], "g4_mlp_nf4_b256"},
         {&k.mlp[2], "g4_mlp_nf4_dq"}, {&k.mlp[3], "g4_mlp_nf4_b256_dq"}, {&k.mlp[4], "g4_mlp_nf4_rep"}, {&k.mlp[5], "g4_mlp_nf4_b256_rep"},
+        {&k.mlp_z[0], "g4_mlp_nf4_b256_z"}, {&k.mlp_z[1], "g4_mlp_nf4_b256_dq_z"}, {&k.mlp_z[2], "g4_mlp_nf4_b256_h2_z"},
         {&k.mlp[6], "g4_mlp_nf4_dq_rep"}, {&k.mlp[7], "g4_mlp_nf4_b256_dq_rep"}, {&k.resnorm_rep, "g4_resnorm_rep"},
         {&k.mlp[8], "g4_mlp_nf4_h2"}, {&k.mlp[9], "g4_mlp_nf4_b256_h2"}, {&k.mlp[10], "g4_mlp_nf4_h2_rep"}, {&k.mlp[11], "g4_mlp_nf4_b256_h2_rep"}, {&k.ple_in, "g4_ple_in"},
         {&k.attn_o[0], "g4_attn_o_nf4_g1"}, {&k.attn_o[1], "g4_attn_o_nf4_g2"}, {&k.attn_o[2], "g4_attn_o_nf4_g3"}, {&k.attn_o[3], "g4_attn_o_nf4_g4"},
         {&k.ple[0], "g4_ple_bf16_g1"}, {&k.ple[1], "g4_ple_bf16_g2"}, {&k.ple[2], "g4_ple_bf16_g3"}, {&k.ple[3], "g4_ple_bf16_g4"},
+        {&k.ple_res[0], "g4_ple_res_bf16_g1"}, {&k.ple_res[1], "g4_ple_res_bf16_g2"}, {&k.ple_res[2], "g4_ple_res_bf16_g3"},
+        {&k.ple_res[3], "g4_ple_res_bf16_g4"},
         {&k.topk_round, "g4_topk_round"}, {&k.softmax_partial, "g4_softmax_partial"}};
     for (auto& f : fns) CU_TRY(d->cuModuleGetFunction(f.f, g.mod, f.n), std::string("kernel ") + f.n);
     for (int di = 0; di < 2; ++di) {
@@ -963,6 +966,7 @@ g4_status launch_fused(g4_session* s, const CudaLaunch& l, std::string* err) {
     };
     switch ((LaunchKind)l.kind) {
     case LaunchKind::ResNorm: {
+        if (l.ip[1] == 1) break;   // folded: the Ple launch after runs it (g4_ple_res), the MLP before zeroes its t7
         CUdeviceptr x = T(0), dd = T(1), pw = T(2), sc = T(3), xo = T(4), prew = T(5), xn = T(6), zero = T(7);
         int pwdt = dt_code(p, l.t[2]), sdt = dt_code(p, l.t[3]), prewdt = dt_code(p, l.t[5]), H = l.ip[0];
         float f = l.fp[1], eps = l.fp[0];
@@ -1026,7 +1030,9 @@ g4_status launch_fused(g4_session* s, const CudaLaunch& l, std::string* err) {
         // the kernel.
         // ip7 1: the packed-f16 kernels (f32 scales only: the reader checks).
         const int kf = l.ip[7] ? 8 + (l.ip[5] == 256 ? 1 : 0) + (st->rep_out ? 2 : 0) : (l.ip[5] == 256 ? 1 : 0) + (q.absmax2 ? 2 : 0) + (st->rep_out ? 4 : 0);
-        r = go(K.mlp[kf], (unsigned)(a.I / 32), (unsigned)l.ip[5], {&a},
+        // Before a folded ResNorm (the reader checked: 256 threads, one output): the _z kernel zeroes the Ple's output.
+        if (st->fold_next) a.zero = addr(st, p, st->fold_next->t[7], 0);
+        r = go(st->fold_next ? K.mlp_z[l.ip[7] ? 2 : q.absmax2 ? 1 : 0] : K.mlp[kf], (unsigned)(a.I / 32), (unsigned)l.ip[5], {&a},
                gemv_smem(true, st->cur->g->sm, a.H));
         break;
     }
@@ -1052,7 +1058,11 @@ g4_status launch_fused(g4_session* s, const CudaLaunch& l, std::string* err) {
         a.aux = addr(st, p, gm.in[1], gm.in_col[1]);
         a.wp = addr(st, p, pr.in[1], 0), a.bp = addr(st, p, pr.in[2], pr.in_col[2]), a.y = addr(st, p, pr.out[0], pr.out_col[0]);
         a.H = (int)p.tensor(pr.in[1]).dims[0], a.P = (int)p.tensor(pr.in[1]).dims[1];
-        r = go(K.ple[slice_row_groups(a.H) - 1], (unsigned)(a.P / 8), kSliceThreads, {&a});
+        if (const CudaLaunch* rn = st->fold_prev) {   // the ResNorm before, folded in (the reader checked its fields)
+            a.rx = addr(st, p, rn->t[0], 0), a.rd = addr(st, p, rn->t[1], 0), a.rpw = addr(st, p, rn->t[2], 0), a.xo = addr(st, p, rn->t[4], 0);
+            a.rpwdt = dt_code(p, rn->t[2]), a.eps = rn->fp[0];
+        }
+        r = go((st->fold_prev ? K.ple_res : K.ple)[slice_row_groups(a.H) - 1], (unsigned)(a.P / 8), kSliceThreads, {&a});
         break;
     }
     default: *err = "internal: bad launch kind"; return G4_ERR_INTERNAL;
@@ -1145,6 +1155,7 @@ g4_status launch_step(g4_session* s, int rows, int out_rows, std::string* err) {
     const bool events   = decode && !st->ev.empty();   // profiling the captured decode graph
     st->merge_in_next   = false;   // set per launch below; cleared here for the op-by-op path and after a failed step
     st->rep_out = st->rep_in = 0;
+    st->fold_prev = st->fold_next = nullptr;
     if (decode && p.n_launches()) {
         if (events) st->e->d->cuEventRecordWithFlags(st->ev[0], st->cur->stream, 1);
         for (size_t li = 0; li < p.n_launches(); ++li) {
@@ -1168,6 +1179,11 @@ g4_status launch_step(g4_session* s, int rows, int out_rows, std::string* err) {
             // Output replicas (the plan's ip6 > 1, the reader checked the ResNorm after): the MLP adds into them
             // and that ResNorm sums them and zeroes them again, so they are zero outside the pair. A lab skipping
             // the ResNorm (G4_DECODE_SKIP) keeps the MLP on its output alone.
+            // A folded ResNorm (ip1 = 1) launches nothing: the Ple launch after it runs it, the MLP before it zeroes
+            // the Ple's output.
+            auto folded   = [&](size_t k) { return k < p.n_launches() && p.launch(k).kind == (uint16_t)LaunchKind::ResNorm && p.launch(k).ip[1] == 1; };
+            st->fold_prev = li > 0 && folded(li - 1) && l.kind == (uint16_t)LaunchKind::Ple ? &p.launch(li - 1) : nullptr;
+            st->fold_next = folded(li + 1) && l.kind == (uint16_t)LaunchKind::Mlp ? &p.launch(li + 1) : nullptr;
             const int reps = cuda_ws::mlp_replicas(l);
             st->rep_in     = st->rep_out;
             st->rep_out    = reps > 1 && (st->skip.empty() || !st->skip[li + 1]) ? reps - 1 : 0;

@@ -30,10 +30,12 @@ struct Kernels {
     CUfunction attn_dim[2][4];
     CUfunction attn_o[4];   // g4_attn_o_nf4_g1..4 (sm_90 plans only): the decode merge + o projection
     CUfunction ple[4];      // g4_ple_bf16_g1..4 (sm_90 plans only): the per-layer-input gate + projection
+    CUfunction ple_res[4];  // g4_ple_res_bf16_g1..4: the same with the ResNorm before in its prologue
     // The fused decode MLP (sm_90 plans only), indexed [+1 _b256: 256 threads, else 128] [+2 _dq: double-quant
     // block scales, else f32] [+4 _rep: adds into output replicas]; 8.. the packed-f16 kernels (plan ip7 = 1, f32
     // scales only) [+1 _b256] [+2 _rep]; nf4_untile32: the MLP's down weight for prefill
     CUfunction mlp[12], nf4_untile32;
+    CUfunction mlp_z[3];   // g4_mlp_nf4_b256_z, _b256_dq_z, _b256_h2_z: before a folded ResNorm (zero the Ple's output)
     CUfunction copy_f32, penalize, topk_round, softmax_partial;   // GPU sampling
     // LM-head screening (plans whose module has them; null otherwise): g4_lm_screen_build, g4_lm_screen,
     // g4_lm_exact_l{8..128}.
@@ -173,6 +175,10 @@ struct SessionState {
     bool skip_merge = false;
     // launch_step: the replicas (Lane::mlp_rep) this Mlp launch adds into / this ResNorm sums (the MLP's ip6 - 1; 0: none)
     int rep_out = 0, rep_in = 0;
+    // A ResNorm record with ip1 = 1 is folded into the Ple launch after it (g4_ple_res). fold_prev: the folded
+    // ResNorm before this launch (a Ple), fold_next: after it (an Mlp, which zeroes the ResNorm's t7: _z kernels).
+    const plan::CudaLaunch* fold_prev = nullptr;
+    const plan::CudaLaunch* fold_next = nullptr;
     bool merge_in_next = false;   // launch_step: the next decode launch is AttnO, which merges the attention's partials
     std::vector<bool> twice;   // G4_DECODE_TWICE: launches made twice in a row (timing lab, bench/trace_lab.sh)
     // G4_CUDA_PROFILE totals [decode, prefill]: per op code (0..15), then 16 + each fused launch kind

@@ -127,7 +127,9 @@ enum class LaunchKind : uint16_t {
     ResNorm = 1,   // x_out = (x + rms(d) * post_w) * fp1 * scalar; xn = rms(x_out) * pre_w
                    //   t: 0 x, 1 d (-1: no residual branch, x_out = x * fp1 * scalar), 2 post_w, 3 scalar,
                    //   4 x_out (-1: not written), 5 pre_w, 6 xn (-1: not computed), 7 zeroed after (the
-                   //   next Mlp's y, or -1); ip0 cols; fp0 eps
+                   //   next Mlp's y, or -1); ip0 cols; fp0 eps; ip1 1: folded into the Ple launch after it
+                   //   (g4_ple_res runs it; nothing launched here; the Mlp before it, 256 threads and one
+                   //   output, runs its _z kernel, which zeroes t7; no t3, t5, t6)
     Gemv    = 2,   // ip0..2 matmul ops sharing x (ip3 of them); ip4 epilogue (0 store, 1 gelu(gate) * up,
                    //   2 gelu(y) * aux, 3 softcap); ip5 lanes per weight row (8..128); t0 aux, ip6 aux
                    //   column, t1 epilogue output; fp0 softcap
@@ -148,7 +150,8 @@ enum class LaunchKind : uint16_t {
                    //   ResNorm launch before the layer's q/k/v projection zeroes (its t7)
     Ple     = 7,   // the per-layer-input gate (bf16 Matmul), GeluMul with the per-layer input, projection (bf16
                    //   Matmul) (count 3) in g4_ple_bf16_g* (sm_90); adds into the projection's output, which the
-                   //   ResNorm launch before it zeroes (its t7)
+                   //   ResNorm launch before it zeroes (its t7; when that ResNorm is folded in, ip1 = 1:
+                   //   g4_ple_res_bf16_g*, and the Mlp before zeroes it)
     PleIn   = 8,   // Scale(ctx), RmsNorm(ctx, groups of ip1 = P, weight t1), Add(ctx, tok t2) -> out t3, Scale(out)
                    //   (count 4; the scales' fp0 and the norm's eps read from the ops) in g4_ple_in; t0 ctx;
                    //   ip0 N (a multiple of P <= 1024)
@@ -186,7 +189,7 @@ inline uint64_t fnv1a64(const void* data, size_t n, uint64_t h = 146959810393466
 // they change).
 inline uint64_t schema_hash() {
     static const char kSchema[] =
-        "g4plan-v1;header64;section32;tensor64(quant_flags);op104;launch80(op0,resnorm1(t1|t4|t6:-1=none,t7:zero),gemv2,qkvpost3,qkvattn4(ip4:post_ops),mlp5(ip0:gate,ip1:up,ip3:down,ip5:threads,ip6:replicas,ip7:f16x2),attn_o6(op:o,ip1:attention(its merge here),t0:y),ple7(ops:gate,gelu_mul,proj;t0:y),ple_in8(t0:ctx,t1:w,t2:tok,t3:out;ip0:N,ip1:P));matmul_variant(cublas4);"
+        "g4plan-v1;header64;section32;tensor64(quant_flags);op104;launch80(op0,resnorm1(t1|t4|t6:-1=none,t7:zero,ip1:folded_into_ple),gemv2,qkvpost3,qkvattn4(ip4:post_ops),mlp5(ip0:gate,ip1:up,ip3:down,ip5:threads,ip6:replicas,ip7:f16x2),attn_o6(op:o,ip1:attention(its merge here),t0:y),ple7(ops:gate,gelu_mul,proj;t0:y),ple_in8(t0:ctx,t1:w,t2:tok,t3:out;ip0:N,ip1:P));matmul_variant(cublas4);"
         "ops:embed1(in:ids,table;fp0:scale),matmul2(in:x,w,bias?;ip5:decode_variant,ip6:prefill_variant),rms_norm3(in:x,w?;ip0:cols,ip1:dim;fp0:eps),"
         "add4(ip0:cols),scale5(in:x,s?;ip0:cols;fp0:s),rope6(in:x,inv_freq;ip0:heads,ip1:dim),"
         "kv_store7(in:k,v;out:kc,vc;ip0:width,ip1:slots),"
@@ -195,7 +198,7 @@ inline uint64_t schema_hash() {
         "meta:program.layer_devices,gpus(index,weights,kv),kv_host_begin;towers(weights,max_media_tokens,vision,audio;flags:tower9,tower_scalar10);"
         "dtypes:f32=0,bf16=1,f16=2,i32=3,nf4=4(blob:codes,absmax|dq;quant_flags:dq1,tiled32_2);kinds:weight0,act1,kv2(dtype:f32|bf16,rne on store),input3;"
         "rowmode:all0,tailin1,outrows2;argmax(logits,vocab,ws,step,ids,host_tok,limit);"
-        "kargs:ple_in9,resnorm14(..,zero),resnorm_rep16(..,zero,rep,nrep),mlp312(..,yr,nrep),mlp_rep,mlp_h2";
+        "kargs:ple_in9,resnorm14(..,zero),resnorm_rep16(..,zero,rep,nrep),mlp320(..,yr,nrep,zero),mlp_rep,mlp_h2,mlp_z,ple104(..,rx,rd,rpw,xo,rpwdt,eps),ple_res";
     return fnv1a64(kSchema, sizeof(kSchema) - 1);
 }
 

@@ -348,6 +348,18 @@ g4_status Plan::validate_records(std::string* err) {
                 return fail(CORRUPT, what + ": a packed-f16 MLP needs NF4 gate and up weights with f32 block scales and a width that is a multiple of 32 up to " +
                                          std::to_string(kMlpF16MaxH), err);
         }
+        if (l.kind == (uint16_t)LaunchKind::ResNorm && l.ip[1] != 0) {
+            // ip1 = 1: run by the Ple launch after it (g4_ple_res); the MLP before it zeroes that launch's output.
+            const CudaLaunch* mlp = i > 0 ? &launches_[i - 1] : nullptr;
+            const CudaLaunch* ple = i + 1 < n_launches_ ? &launches_[i + 1] : nullptr;
+            const bool ok = l.ip[1] == 1 && mlp && mlp->kind == (uint16_t)LaunchKind::Mlp && mlp->t[0] == l.t[1] && mlp->ip[5] == 256 && mlp->ip[6] == 1 && ple &&
+                            ple->kind == (uint16_t)LaunchKind::Ple && ple->op == l.op + l.count && l.op + l.count < (int32_t)n_ops_ &&
+                            ops_[l.op + l.count].in[0] == l.t[4] && l.t[0] >= 0 && l.t[1] >= 0 && l.t[2] >= 0 && l.t[4] >= 0 &&
+                            l.t[3] < 0 && l.t[5] < 0 && l.t[6] < 0 && l.fp[1] == 1.0f && l.ip[0] > 0 && l.ip[0] % 4 == 0;
+            if (!ok)
+                return fail(CORRUPT, what + ": bad folded ResNorm (ip1 " + std::to_string(l.ip[1]) +
+                                         "; 1 needs an MLP of 256 threads and one output before it, a PLE after it reading its output, and no scale or second norm)", err);
+        }
         if (l.kind == (uint16_t)LaunchKind::Ple) {
             const bool ok = l.count == 3 && ops_[l.op].code == (uint16_t)OpCode::Matmul && ops_[l.op + 1].code == (uint16_t)OpCode::GeluMul &&
                             ops_[l.op + 2].code == (uint16_t)OpCode::Matmul && i > 0 && launches_[i - 1].kind == (uint16_t)LaunchKind::ResNorm &&
@@ -357,6 +369,10 @@ g4_status Plan::validate_records(std::string* err) {
             if (g.dtype != (uint8_t)DType::BF16 || w.dtype != (uint8_t)DType::BF16 || g.dims[0] != w.dims[1] || g.dims[1] != w.dims[0] ||
                 w.dims[0] % 8 != 0 || w.dims[0] > 4096 || w.dims[1] % 8 != 0)
                 return fail(CORRUPT, what + ": the per-layer-input record's weights are not bf16 [P, H] and [H, P] (H, P multiples of 8, H <= 4096)", err);
+            const CudaLaunch& rn = launches_[i - 1];
+            const auto cols      = [&](int32_t t) { return tensors_[t].ndim > 1 ? tensors_[t].dims[1] : tensors_[t].dims[0]; };
+            if (rn.ip[1] == 1 && (rn.ip[0] != w.dims[0] || cols(rn.t[0]) < rn.ip[0] || cols(rn.t[1]) < rn.ip[0] || cols(rn.t[4]) < rn.ip[0]))
+                return fail(CORRUPT, what + ": the ResNorm folded into this per-layer-input record has another width", err);
         }
         if (l.kind == (uint16_t)LaunchKind::PleIn) {
             const bool ok = l.count == 4 && ops_[l.op].code == (uint16_t)OpCode::Scale && ops_[l.op + 1].code == (uint16_t)OpCode::RmsNorm &&

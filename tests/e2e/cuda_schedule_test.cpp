@@ -42,6 +42,19 @@ void compile_sm90(TempDir& td, const std::string& fx, const std::string& flags, 
     ASSERT_EQ(p->load(path, false, &err), G4_OK) << err;
 }
 
+// The sm_90 plan of fixture fx compiled to td's `name`.g4plan with the compiler lab switch var=val set, loaded
+// into p; returns its path.
+std::string compile_sm90_env(TempDir& td, const std::string& fx, const std::string& name, const char* var, const char* val, g4::plan::Plan* p) {
+    const std::string path = td.file(name + ".g4plan");
+    setenv(var, val, 1);
+    CmdResult r = run_g4("compile --model '" + fixture(fx) + "' --device cuda --target sm_90 --weights nf4 --no-fidelity -o '" + path + "'");
+    unsetenv(var);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    std::string err;
+    EXPECT_EQ(p->load(path, false, &err), G4_OK) << err;
+    return path;
+}
+
 // A copy of the plan at `path` whose CUDA schedule records `edit` changes, with the section's checksum
 // recomputed so that only the records are wrong: loading it must fail with `want` in the message.
 template <class Edit>
@@ -233,14 +246,9 @@ TEST(CudaSchedule, MlpReplicasInThePlan) {
                 EXPECT_EQ(p.launch(li).ip[6], 1) << fx << " launch " << li;
             }
 
-        const std::string path = td.file(fx + "_r4.g4plan");
-        setenv("G4_MLP_REPLICAS", "4", 1);
-        CmdResult r = run_g4("compile --model '" + fixture(fx) + "' --device cuda --target sm_90 --weights nf4 --no-fidelity -o '" + path + "'");
-        unsetenv("G4_MLP_REPLICAS");
-        ASSERT_EQ(r.exit_code, 0) << r.err;
         g4::plan::Plan q;
-        std::string err;
-        ASSERT_EQ(q.load(path, false, &err), G4_OK) << err;
+        const std::string path = compile_sm90_env(td, fx, fx + "_r4", "G4_MLP_REPLICAS", "4", &q);
+        ASSERT_GT(q.n_launches(), 0u) << fx;
         size_t mlp = 0;
         int mlps   = 0;
         for (size_t li = 0; li < q.n_launches(); ++li) {
@@ -308,14 +316,9 @@ TEST(CudaSchedule, ResNormFoldedIntoThePle) {
         EXPECT_GT(ples, 0) << fx;
         EXPECT_EQ(folded, ples) << fx;
 
-        const std::string path = td.file(fx + "_nofold.g4plan");
-        setenv("G4_PLE_FOLD", "0", 1);
-        CmdResult r = run_g4("compile --model '" + fixture(fx) + "' --device cuda --target sm_90 --weights nf4 --no-fidelity -o '" + path + "'");
-        unsetenv("G4_PLE_FOLD");
-        ASSERT_EQ(r.exit_code, 0) << r.err;
         g4::plan::Plan q;
-        std::string err;
-        ASSERT_EQ(q.load(path, false, &err), G4_OK) << err;
+        const std::string path = compile_sm90_env(td, fx, fx + "_nofold", "G4_PLE_FOLD", "0", &q);
+        ASSERT_GT(q.n_launches(), 0u) << fx;
         for (size_t li = 0; li < q.n_launches(); ++li)
             if (q.launch(li).kind == (uint16_t)LaunchKind::ResNorm) EXPECT_EQ(q.launch(li).ip[1], 0) << fx << " launch " << li;
         CmdResult i = run_g4("inspect '" + path + "'");
@@ -332,13 +335,9 @@ TEST(CudaSchedule, ResNormFoldedIntoThePle) {
                        "bad folded ResNorm (ip1 1");
         expect_corrupt(td, folded_plan, fx + "_fold_b128", [&](CudaLaunch* recs) { recs[first_fold - 1].ip[5] = 128; }, "bad folded ResNorm (ip1 1");
 
-        const std::string r4 = td.file(fx + "_fold_r4.g4plan");
-        setenv("G4_MLP_REPLICAS", "4", 1);
-        CmdResult c4 = run_g4("compile --model '" + fixture(fx) + "' --device cuda --target sm_90 --weights nf4 --no-fidelity -o '" + r4 + "'");
-        unsetenv("G4_MLP_REPLICAS");
-        ASSERT_EQ(c4.exit_code, 0) << c4.err;
         g4::plan::Plan p4;
-        ASSERT_EQ(p4.load(r4, false, &err), G4_OK) << err;
+        compile_sm90_env(td, fx, fx + "_fold_r4", "G4_MLP_REPLICAS", "4", &p4);
+        ASSERT_GT(p4.n_launches(), 0u) << fx;
         for (size_t li = 0; li < p4.n_launches(); ++li)
             if (p4.launch(li).kind == (uint16_t)LaunchKind::ResNorm) EXPECT_EQ(p4.launch(li).ip[1], 0) << fx << " with replicas, launch " << li;
     }

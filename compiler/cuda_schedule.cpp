@@ -321,16 +321,14 @@ struct Matcher {
         return true;
     }
 
-    // The ResNorm out.back() (x + rms(d) * w -> xo, no scale, no second norm) between an Mlp launch making d and
-    // the Ple launch `ple` reading xo, folded into that launch (g4_ple_res: every block recomputes it; block 0
-    // writes xo): the ResNorm record gets ip1 = 1 and the MLP zeroes the Ple's output y at its end. y must be
+    // The ResNorm rn (x + rms(d) * w -> xo, no scale, no second norm) between the Mlp launch making d and the Ple
+    // launch `ple` reading xo can be folded into that launch (g4_ple_res: every block recomputes it; block 0
+    // writes xo; the ResNorm record gets ip1 = 1 and the MLP zeroes the Ple's output y at its end). y must be
     // apart from what the MLP reads and what the Ple kernel reads or writes besides it (compile.cpp keeps y live
     // from the MLP's input on), and xo apart from the residual, d and the per-layer input (block 0 writes xo
     // while other blocks read them). H200, session 41 (bench/README): one launch fewer a layer.
-    bool ple_fold(const std::vector<CudaLaunch>& out, const CudaLaunch& ple) const {
-        if (out.size() < 2 || ple.kind != (uint16_t)LaunchKind::Ple) return false;
-        const CudaLaunch &rn = out.back(), &mlp = out[out.size() - 2];
-        if (rn.kind != (uint16_t)LaunchKind::ResNorm || mlp.kind != (uint16_t)LaunchKind::Mlp) return false;
+    bool ple_fold(const CudaLaunch& mlp, const CudaLaunch& rn, const CudaLaunch& ple) const {
+        if (mlp.kind != (uint16_t)LaunchKind::Mlp || rn.kind != (uint16_t)LaunchKind::ResNorm || ple.kind != (uint16_t)LaunchKind::Ple) return false;
         if (!device.empty() && (device[mlp.op] != device[rn.op] || device[rn.op] != device[ple.op])) return false;
         const int32_t y = ple.t[0], xo = rn.t[4], xn = ops[mlp.ip[0]].in[0], aux = ops[ple.op + 1].in[1];
         return rn.t[1] >= 0 && rn.t[1] == mlp.t[0] && rn.t[0] >= 0 && rn.t[2] >= 0 && xo >= 0 && rn.t[3] < 0 && rn.fp[1] == 1.0f &&
@@ -407,7 +405,6 @@ std::vector<CudaLaunch> decode_schedule(const std::vector<PlanOp>& ops, const st
         }
         if (fuse_mlp && !out.empty() && (m.mlp(i, &out.back(), &l) || m.ple(i, &out.back(), &l))) {
             out.back().t[7] = l.t[0];   // the ResNorm before zeroes the MLP's / PLE's output
-            if (fold_ple && m.ple_fold(out, l)) out.back().ip[1] = 1;   // kept below where ple_fold_after takes the MLP   // the Ple runs it, the MLP zeroes the output
             out.push_back(l);
             i += l.count;
             continue;
@@ -428,7 +425,8 @@ std::vector<CudaLaunch> decode_schedule(const std::vector<PlanOp>& ops, const st
         const int64_t groups = l.ip[4] == 1 ? (w.dims[0] + 1) / 2 : (n_out + 3) / 4;
         l.ip[5] = gemv_lanes(w.dims[1], w.dtype == (uint8_t)DType::NF4, groups);
     }
-    // The MLPs' output replicas: only where the next launch is the ResNorm summing them (its d).
+    // The MLPs' output replicas: only where the next launch is the ResNorm summing them (its d). Then, with their
+    // threads and replicas final, the ResNorm after each MLP that ple_fold_after takes is folded into the Ple.
     for (size_t li = 0; li < out.size(); ++li) {
         CudaLaunch& l = out[li];
         if (l.kind != (uint16_t)LaunchKind::Mlp) continue;
@@ -439,7 +437,8 @@ std::vector<CudaLaunch> decode_schedule(const std::vector<PlanOp>& ops, const st
         l.ip[6] = !ok ? 1 : mlp_replicas_all > 0 ? std::min(mlp_replicas_all, plan::kMlpReplicasMax) : mlp_replicas(I);
         l.ip[7] = mlp_f16(mlp_f16_on, wg.dims[1], (wg.quant_flags & plan::kQuantDoubleQuant) != 0) ? 1 : 0;
         if (l.ip[7]) l.ip[5] = mlp_threads_f16(I);
-        if (ok && n->ip[1] == 1 && !ple_fold_after(I, l.ip[5], l.ip[6])) out[li + 1].ip[1] = 0;
+        if (fold_ple && ok && li + 2 < out.size() && ple_fold_after(I, l.ip[5], l.ip[6]) && m.ple_fold(l, out[li + 1], out[li + 2]))
+            out[li + 1].ip[1] = 1;   // the Ple runs it, the MLP zeroes the Ple's output
     }
     return out;
 }

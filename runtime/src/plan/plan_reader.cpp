@@ -309,6 +309,7 @@ g4_status Plan::validate_records(std::string* err) {
     }
     // The CUDA schedule covers ops 0..n-1 in order, each exactly once; its operands are in range.
     size_t next = 0;
+    const auto cols = [&](int32_t t) { return tensors_[t].ndim > 1 ? tensors_[t].dims[1] : tensors_[t].dims[0]; };   // a row's width
     for (size_t i = 0; i < n_launches_; ++i) {
         const CudaLaunch& l = launches_[i];
         std::string what    = "CUDA schedule record " + std::to_string(i);
@@ -370,7 +371,6 @@ g4_status Plan::validate_records(std::string* err) {
                 w.dims[0] % 8 != 0 || w.dims[0] > 4096 || w.dims[1] % 8 != 0)
                 return fail(CORRUPT, what + ": the per-layer-input record's weights are not bf16 [P, H] and [H, P] (H, P multiples of 8, H <= 4096)", err);
             const CudaLaunch& rn = launches_[i - 1];
-            const auto cols      = [&](int32_t t) { return tensors_[t].ndim > 1 ? tensors_[t].dims[1] : tensors_[t].dims[0]; };
             if (rn.ip[1] == 1 && (rn.ip[0] != w.dims[0] || cols(rn.t[0]) < rn.ip[0] || cols(rn.t[1]) < rn.ip[0] || cols(rn.t[4]) < rn.ip[0]))
                 return fail(CORRUPT, what + ": the ResNorm folded into this per-layer-input record has another width", err);
         }
@@ -379,7 +379,6 @@ g4_status Plan::validate_records(std::string* err) {
                             ops_[l.op + 2].code == (uint16_t)OpCode::Add && ops_[l.op + 3].code == (uint16_t)OpCode::Scale &&
                             l.ip[1] > 0 && l.ip[1] <= 1024 && l.ip[0] > 0 && l.ip[0] % l.ip[1] == 0 && l.t[0] >= 0 && l.t[1] >= 0 &&
                             l.t[2] >= 0 && l.t[3] >= 0 && tensors_[l.t[1]].dims[0] * (tensors_[l.t[1]].ndim > 1 ? tensors_[l.t[1]].dims[1] : 1) >= l.ip[1];
-            const auto cols = [&](int32_t t) { return tensors_[t].ndim > 1 ? tensors_[t].dims[1] : tensors_[t].dims[0]; };
             if (!ok || cols(l.t[0]) < l.ip[0] || cols(l.t[2]) < l.ip[0] || cols(l.t[3]) < l.ip[0])
                 return fail(CORRUPT, what + ": bad per-layer-input combination record (scale, grouped norm, add, scale over N = groups x P <= 1024)", err);
         }

@@ -202,6 +202,7 @@ g4_status open_gpu(const plan::Plan& p, EngineState* st, Gpu& g, const plan::Pro
             }
     if (gemv_smem(true, g.sm, 0)) {
         for (CUfunction f : k.mlp) CU_TRY(d->cuFuncSetAttribute(f, kFuncAttrMaxDynamicSmem, (int)kGemvSmemMax), "kernel g4_mlp_nf4: shared memory size");
+        for (CUfunction f : k.mlp_z) CU_TRY(d->cuFuncSetAttribute(f, kFuncAttrMaxDynamicSmem, (int)kGemvSmemMax), "kernel g4_mlp_nf4_b256*_z: shared memory size");
         for (CUfunction f : k.attn_o) CU_TRY(d->cuFuncSetAttribute(f, kFuncAttrMaxDynamicSmem, (int)kGemvWideSmem), "kernel g4_attn_o_nf4: shared memory size");
     }
     CU_TRY(d->cuMemAlloc(&g.weights, std::max<uint64_t>(64, g.weights_bytes)),

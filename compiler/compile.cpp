@@ -156,6 +156,32 @@ uint64_t plan_activations(Program& p, std::vector<uint64_t>& offset) {
             if (y >= 0 && xn >= 0 && first[xn] >= 0 && first[y] >= 0) first[y] = std::min(first[y], first[xn]);
         }
     }
+    // The fused MLP running the ResNorm before it (cuda_schedule.cpp mlp_fold): every block reads that ResNorm's
+    // residual x and attention output d while block 0 writes x1 and the blocks add into the MLP's output y, which
+    // the ResNorm making the layer's q/k/v input zeroes. So x and d live until y is consumed, and y lives from the
+    // residual add before the layer's q/k/v input on. Chain: x, d -> Add -> x1 -> RmsNorm -> xn -> gate Matmul ->
+    // GeluMul -> down Matmul -> y; the layer's Attention op reads q, made by a Matmul of the q/k/v input.
+    for (int k = 0; k < (int)p.ops.size(); ++k) {
+        if (code(k) != OpCode::GeluMul) continue;
+        const int dn = first_reader(p.ops[k].op.out[0], k), ga = producer(p.ops[k].op.in[0], k);
+        if (dn < 0 || code(dn) != OpCode::Matmul || ga < 0 || code(ga) != OpCode::Matmul) continue;
+        const int y = p.ops[dn].op.out[0], pn = producer(p.ops[ga].op.in[0], ga);
+        if (y < 0 || first[y] < 0 || pn < 0 || code(pn) != OpCode::RmsNorm) continue;
+        const int ad = producer(p.ops[pn].op.in[0], pn);
+        if (ad < 0 || code(ad) != OpCode::Add) continue;
+        const int r = std::max(dn, first_reader(y, dn));
+        for (int t : {p.ops[ad].op.in[0], p.ops[ad].op.in[1]})
+            if (t >= 0) last[t] = std::max(last[t], r);
+        for (int a = ad - 1; a >= 0; --a) {
+            if (code(a) != OpCode::Attention || p.ops[a].op.layer != p.ops[dn].op.layer) continue;
+            const int q = p.ops[a].op.in[0], qm = q >= 0 ? first[q] : -1;
+            if (qm < 0 || code(qm) != OpCode::Matmul || p.ops[qm].op.in[0] < 0) break;
+            const int qn = producer(p.ops[qm].op.in[0], qm);
+            const int x2 = qn >= 0 && code(qn) == OpCode::RmsNorm ? p.ops[qn].op.in[0] : p.ops[qm].op.in[0];
+            if (x2 >= 0 && first[x2] >= 0) first[y] = std::min(first[y], first[x2]);
+            break;
+        }
+    }
     // Inputs and logits live for the whole step (written before / read after the program).
     const int n_ops = (int)p.ops.size();
     if (p.ids >= 0) first[p.ids] = 0, last[p.ids] = n_ops;
@@ -625,7 +651,18 @@ void write_plan(const Inputs& in, const std::string& out_path, Mode mode, Report
                 throw CompileError("G4_PLE_FOLD='" + std::string(e) + "': expected 0 (the ResNorm before each PLE a launch of its own) or 1 (the default), or unset it");
             fold_ple = *e == '1';
         }
-        schedule = cuda::decode_schedule(ops, tensors, op_dev, fuse, fuse, in.cuda_spec.attn_hpg, mlp_reps, opt.mlp_precision == "f16", fold_ple);
+        // The ResNorm making a packed-f16 MLP's input in the MLP's kernel where Matcher::mlp_fold takes it and
+        // cuda::mlp_fold_one_wave the MLP's grid; G4_MLP_FOLD (a lab and test switch): 0 never, all whatever the grid.
+        int fold_mlp = 1;
+        if (const char* e = std::getenv("G4_MLP_FOLD"); e && *e) {
+            const std::string v = e;
+            if (v != "0" && v != "1" && v != "all")
+                throw CompileError("G4_MLP_FOLD='" + v + "': expected 0 (the ResNorm before each MLP a launch of its own), 1 (the default: "
+                                   "folded where the MLP's blocks run in one wave) or all, or unset it");
+            fold_mlp = v == "all" ? 2 : v == "1" ? 1 : 0;
+        }
+        schedule = cuda::decode_schedule(ops, tensors, op_dev, fuse, fuse, in.cuda_spec.attn_hpg, mlp_reps, opt.mlp_precision == "f16", fold_ple,
+                                         fold_mlp);
         for (const plan::CudaLaunch& l : schedule) {
             if (l.kind == (uint16_t)plan::LaunchKind::Mlp) tensors[ops[l.ip[3]].in[1]].quant_flags |= plan::kQuantTiled32;
             if (l.kind == (uint16_t)plan::LaunchKind::AttnO) tensors[ops[l.op].in[1]].quant_flags |= plan::kQuantTiled32;

@@ -337,6 +337,46 @@ struct Matcher {
                disjoint(xo, aux);
     }
 
+    // The ResNorm rn (x + rms(d) * w -> x1, then rms(x1) * w2 -> xn; no scale) at out[r] before the packed-f16 Mlp
+    // launch reading xn can run in every block of that launch (the _r kernels; block 0 writes x1), where an earlier
+    // ResNorm launch out[z] (not folded, not after output replicas, no second zero yet) zeroes the MLP's output y
+    // instead (its ip2). y shares no bytes with what z reads or writes nor with what the launches between z and the
+    // MLP touch (compile.cpp keeps y live from z's residual add on); x1 and y share none with x and d, which every
+    // block reads while block 0 writes x1 (compile.cpp keeps x and d live to the MLP's end); nor the output the
+    // MLP zeroes (a folded PLE's). H200, session 42 (bench/README): one launch fewer a layer.
+    bool mlp_fold(const std::vector<CudaLaunch>& out, size_t r, size_t* zeroer) const {
+        const CudaLaunch &rn = out[r], &mlp = out[r + 1];
+        if (rn.kind != (uint16_t)LaunchKind::ResNorm || mlp.kind != (uint16_t)LaunchKind::Mlp || mlp.ip[7] != 1 || rn.ip[1] != 0) return false;
+        const int32_t x = rn.t[0], d = rn.t[1], x1 = rn.t[4], xn = rn.t[6], y = mlp.t[0];
+        if (x < 0 || d < 0 || rn.t[2] < 0 || rn.t[3] >= 0 || rn.fp[1] != 1.0f || x1 < 0 || rn.t[5] < 0 || xn < 0 || rn.t[7] != y ||
+            ops[mlp.ip[0]].in[0] != xn || !plan::mlp_res_fits(rn.ip[0], mlp.ip[5]) || rn.ip[2] != 0)
+            return false;
+        if (!device.empty() && device[rn.op] != device[mlp.op]) return false;
+        if (!disjoint(x1, x) || !disjoint(x1, d) || !disjoint(y, x) || !disjoint(y, d) || !disjoint(y, x1)) return false;
+        if (r + 3 < out.size() && out[r + 2].kind == (uint16_t)LaunchKind::ResNorm && out[r + 2].ip[1] == 1) {
+            const int32_t p = out[r + 3].t[0];   // the Ple's output, which the MLP zeroes at its end
+            if (!disjoint(p, x) || !disjoint(p, d) || !disjoint(p, x1)) return false;
+        }
+        size_t z = r;
+        while (z > 0 && r - z < 8 && out[z - 1].kind != (uint16_t)LaunchKind::ResNorm) --z;
+        if (z == 0 || out[z - 1].kind != (uint16_t)LaunchKind::ResNorm) return false;
+        --z;
+        const CudaLaunch& zr = out[z];
+        if (zr.ip[1] != 0 || zr.ip[2] != 0 || zr.t[7] == y || (z > 0 && out[z - 1].kind == (uint16_t)LaunchKind::Mlp && out[z - 1].ip[6] > 1) ||
+            (!device.empty() && device[zr.op] != device[mlp.op]))
+            return false;
+        for (int k : {0, 1, 3, 4, 6, 7})
+            if (!disjoint(y, zr.t[k])) return false;
+        for (size_t j = (size_t)zr.op + zr.count; j < (size_t)rn.op + rn.count; ++j) {
+            for (int32_t t : ops[j].in)
+                if (t >= 0 && !disjoint(y, t)) return false;
+            for (int32_t t : ops[j].out)
+                if (t >= 0 && !disjoint(y, t)) return false;
+        }
+        *zeroer = z;
+        return true;
+    }
+
     bool gemv(size_t i, CudaLaunch* out) const {
         if (!gemv_ok(i)) return false;
         const PlanTensor& w = tensors[ops[i].in[1]];
@@ -391,7 +431,7 @@ struct Matcher {
 
 std::vector<CudaLaunch> decode_schedule(const std::vector<PlanOp>& ops, const std::vector<PlanTensor>& tensors,
                                         const std::vector<int>& device, bool fuse_mlp, bool fuse_attn_o, int attn_hpg,
-                                        int mlp_replicas_all, bool mlp_f16_on, bool fold_ple) {
+                                        int mlp_replicas_all, bool mlp_f16_on, bool fold_ple, int fold_mlp) {
     Matcher m(ops, tensors, device);
     std::vector<CudaLaunch> out;
     for (size_t i = 0; i < ops.size();) {
@@ -439,6 +479,15 @@ std::vector<CudaLaunch> decode_schedule(const std::vector<PlanOp>& ops, const st
         if (l.ip[7]) l.ip[5] = mlp_threads_f16(I);
         if (fold_ple && ok && li + 2 < out.size() && ple_fold_after(I, l.ip[5], l.ip[6]) && m.ple_fold(l, out[li + 1], out[li + 2]))
             out[li + 1].ip[1] = 1;   // the Ple runs it, the MLP zeroes the Ple's output
+    }
+    // With the PLE folds final, the ResNorm before each packed-f16 MLP that mlp_fold takes is run by the MLP.
+    for (size_t li = 1; fold_mlp && li < out.size(); ++li) {
+        size_t z = 0;
+        if (out[li].kind != (uint16_t)LaunchKind::Mlp) continue;
+        const int64_t I = tensors[ops[out[li].ip[0]].in[1]].dims[0];
+        if ((fold_mlp == 1 && !mlp_fold_one_wave(I, out[li].ip[5])) || !m.mlp_fold(out, li - 1, &z)) continue;
+        out[li - 1].ip[1] = 2;                 // the MLP runs it
+        out[z].ip[2]      = out[li].t[0] + 1;  // and that earlier ResNorm zeroes the MLP's output
     }
     return out;
 }

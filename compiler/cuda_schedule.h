@@ -98,6 +98,14 @@ inline int mlp_threads_f16(int64_t I) { return I / 32 <= 320 ? 256 : 128; }
 // the PLE reads the MLP's output alone).
 inline bool ple_fold_after(int64_t I, int mlp_threads, int replicas) { return mlp_threads == 256 && I / 32 <= 192 && replicas == 1; }
 
+// Whether the ResNorm before a packed-f16 MLP (I, threads a block) runs in the MLP's kernel by default: where its
+// grid is one wave on a 132-SM Hopper (2 blocks an SM at 256 threads, 3 at 128). Every block then pays the
+// ResNorm's loads and block reduction after the wait, ~1 us, in place of the one-block launch's ~1.5 us step plus
+// its hand-off; blocks of a second wave would pay it again after the first. H200, session 42 (bench/README): E2B
+// (192 and 384 blocks) decode 810.4 -> 819.1 tok/s. E4B's 320 blocks of 256 threads take two waves: not measured,
+// not folded (G4_MLP_FOLD=all folds them).
+inline bool mlp_fold_one_wave(int64_t I, int threads) { return I / 32 <= (threads == 256 ? 2 : 3) * 132; }
+
 // The launches of one decode step, covering every op exactly once, in order. Fusions:
 //   RmsNorm(d, in place) + Add(x, d) [+ Scale] [+ RmsNorm(x_out)]         -> ResNorm
 //   a lone full-row RmsNorm(x) -> y with a weight                          -> ResNorm (no residual: t0 x, t5, t6)
@@ -121,12 +129,17 @@ inline bool ple_fold_after(int64_t I, int mlp_threads, int replicas) { return ml
 //   fold_ple (with fuse_mlp): a ResNorm between an Mlp launch and the Ple launch reading its output is run by
 //   that Ple launch (ResNorm ip1 = 1; g4_ple_res) where the tensors allow it (Matcher::ple_fold) and
 //   ple_fold_after takes the MLP (its final threads and replicas).
+//   fold_mlp (with fuse_mlp): the ResNorm making a packed-f16 Mlp launch's input is run by that launch (ResNorm
+//   ip1 = 2; the _r kernels) where plan::mlp_res_fits takes its width and the tensors allow it
+//   (Matcher::mlp_fold); the MLP's output is then zeroed by the ResNorm launch before (its ip2 = y + 1). fold_mlp
+//   0: never, 1: where mlp_fold_one_wave takes the MLP's grid, 2: whatever the grid (a lab switch).
 // A fusion is taken only when the intermediates it skips writing are read by no later op and all its
 // ops run on one device. device: per op, the CUDA index it runs on or -1 for the CPU (cross-device
 // plans; empty: all on one GPU). CPU ops and copy steps are never fused: each is one Op record, which
 // the runtime runs on the CPU or as a copy.
 std::vector<plan::CudaLaunch> decode_schedule(const std::vector<plan::PlanOp>& ops, const std::vector<plan::PlanTensor>& tensors,
                                               const std::vector<int>& device = {}, bool fuse_mlp = false, bool fuse_attn_o = false,
-                                              int attn_hpg = 0, int mlp_replicas_all = 0, bool mlp_f16 = false, bool fold_ple = false);
+                                              int attn_hpg = 0, int mlp_replicas_all = 0, bool mlp_f16 = false, bool fold_ple = false,
+                                              int fold_mlp = 0);
 
 } // namespace g4::cuda

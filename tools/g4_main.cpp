@@ -943,17 +943,18 @@ int cmd_inspect(int argc, char** argv) {
                     hpg ? ("specialised for " + std::to_string(hpg) + " heads per KV group").c_str() : "generic (any group size <= 16)");
     }
     if (p.n_launches()) {
-        int kinds_n[9] = {}, mlp_f16 = 0, ple_fold = 0;
+        int kinds_n[9] = {}, mlp_f16 = 0, ple_fold = 0, mlp_fold = 0;
         for (size_t i = 0; i < p.n_launches(); ++i) {
             kinds_n[std::min<int>(p.launch(i).kind, 8)]++;
             if (p.launch(i).kind == (uint16_t)g4::plan::LaunchKind::Mlp && p.launch(i).ip[7] == 1) ++mlp_f16;
             if (p.launch(i).kind == (uint16_t)g4::plan::LaunchKind::ResNorm && p.launch(i).ip[1] == 1) ++ple_fold;
+            if (p.launch(i).kind == (uint16_t)g4::plan::LaunchKind::ResNorm && p.launch(i).ip[1] == 2) ++mlp_fold;
         }
         std::printf("CUDA decode schedule: %zu fused launches and %d single ops per token: %d GEMV, %d QkvPost, %d QkvPost+attention, "
-                    "%d ResNorm, %d MLP (gate/up + down in one kernel; %d with packed-f16 products), %d attention-o (the attention's merge + o "
+                    "%d ResNorm, %d MLP (gate/up + down in one kernel; %d with packed-f16 products, %d with the ResNorm before, which is then not launched), %d attention-o (the attention's merge + o "
                     "in one kernel), %d PLE (gate + projection in one kernel; %d with the ResNorm before, which is then not launched), %d PLE "
                     "input (scale, norm, add, scale in one kernel)\n",
-                    p.n_launches() - kinds_n[0], kinds_n[0], kinds_n[2], kinds_n[3], kinds_n[4], kinds_n[1], kinds_n[5], mlp_f16, kinds_n[6],
+                    p.n_launches() - kinds_n[0], kinds_n[0], kinds_n[2], kinds_n[3], kinds_n[4], kinds_n[1], kinds_n[5], mlp_f16, mlp_fold, kinds_n[6],
                     kinds_n[7], ple_fold, kinds_n[8]);
         // Prefill kernel variants the compiler recorded (runtime/src/plan/plan_format.h).
         int flash = 0, split = 0, mm[5] = {};

@@ -1698,8 +1698,18 @@ struct MlpArgs {
     float* yr;
     int nrep;
     float* zero;            // [H] (the _z kernels): block 0 zeroes it at its end (the output of the g4_ple_res launch after)
+    // The _r kernels (g4_mlp_nf4*_h2*_r; the ResNorm before folded in: plan ResNorm record ip1 = 2): every block
+    // makes its input xn = rms(x1) * rprew from x1 = rx + rms(rd) * rpw itself (gu.x is unused), block 0 writes
+    // x1 to xo.
+    const float* rx;        // [H] the residual
+    const float* rd;        // [H] the attention's o output
+    const void* rpw;        // [H] the norm weight on rd (rpwdt)
+    const void* rprew;      // [H] the norm weight making xn (rprewdt)
+    float* xo;              // [H] x1
+    int rpwdt, rprewdt;
+    float eps;
 };
-static_assert(sizeof(MlpArgs) == 320, "cuda_rt::MlpArgsH");
+static_assert(sizeof(MlpArgs) == 376, "cuda_rt::MlpArgsH");
 // Z kernels (g4_mlp_nf4_b256*_z): block 0 zeroes a.zero (H % 4 == 0) after its own work, when every block is
 // past the wait. Kernels of their own: the zeroing changed the other kernels' register allocation.
 template <int B> __device__ __forceinline__ void mlp_zero_next(const MlpArgs& a) {
@@ -1859,7 +1869,58 @@ __device__ __forceinline__ float h2_chunk_dot(const u32* words, const u32* xh, c
     return (f0 + f1) + (f2 + f3);
 }
 __device__ __forceinline__ int h2_xpiece(int c, int p) { return (c >> 1) * 256 + 128 + (c & 1) * 64 + 16 * (p ^ ((c >> 1) & 3)); }
-template <int B, bool REP, bool Z = false> __device__ __forceinline__ void mlp_h2_body(const MlpArgs& a, float4* mlp_wide) {
+// The _r kernels' input (MlpArgs r*): per thread its float4s q = tid + B k (k < MLP_RV) of xn. One block reduction
+// of four sums gives both norms: with w = rd * rpw, x1 = rx + r1 w and sum x1^2 = sum rx^2 + 2 r1 sum rx w +
+// r1^2 sum w^2 (g4_resnorm reduces twice, one block for the whole row; here every block pays it after the wait).
+template <int B> __host__ __device__ constexpr int mlp_rv() { return B == 128 ? 5 : 3; }   // H <= 4 B MLP_RV (cuda_rt::mlp_res_fold_ok)
+template <int B> __device__ __forceinline__ void mlp_res_input(const MlpArgs& a, float4* xr) {
+    constexpr int RV = mlp_rv<B>();
+    __shared__ float4 s_red4[B / 32];
+    const int H = a.H, Q = H / 4, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    float4 xv[RV], wv[RV];
+    float pw[4 * RV], pr[4 * RV];
+    // Every load before any use (one round trip; clamped indices, no branch around a load).
+#pragma unroll
+    for (int k = 0; k < RV; ++k) {
+        const int q = min((int)threadIdx.x + B * k, Q - 1);
+        xv[k] = __ldcg((const float4*)a.rx + q), wv[k] = __ldcg((const float4*)a.rd + q);
+#pragma unroll
+        for (int c = 0; c < 4; ++c) pw[4 * k + c] = loadw(a.rpw, a.rpwdt, 4 * q + c), pr[4 * k + c] = loadw(a.rprew, a.rprewdt, 4 * q + c);
+    }
+    float sd = 0.0f, sx = 0.0f, sxw = 0.0f, sw = 0.0f;
+#pragma unroll
+    for (int k = 0; k < RV; ++k) {
+        const bool in = (int)threadIdx.x + B * k < Q;
+        float* xx = &xv[k].x;
+        float* ww = &wv[k].x;
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+            if (!in) xx[c] = 0.0f, ww[c] = 0.0f;
+            sd += ww[c] * ww[c];
+            ww[c] *= pw[4 * k + c];
+            sx += xx[c] * xx[c], sxw += xx[c] * ww[c], sw += ww[c] * ww[c];
+        }
+    }
+    sd = warp_sum(sd), sx = warp_sum(sx), sxw = warp_sum(sxw), sw = warp_sum(sw);
+    if (lane == 0) s_red4[w] = make_float4(sd, sx, sxw, sw);
+    __syncthreads();
+    float4 t = s_red4[0];
+#pragma unroll
+    for (int i = 1; i < B / 32; ++i) {
+        const float4 u = s_red4[i];
+        t.x += u.x, t.y += u.y, t.z += u.z, t.w += u.w;
+    }
+    const float r1 = rsqrtf(t.x / (float)H + a.eps);
+    const float r2 = rsqrtf(fmaxf(t.y + 2.0f * r1 * t.z + r1 * r1 * t.w, 0.0f) / (float)H + a.eps);
+#pragma unroll
+    for (int k = 0; k < RV; ++k) {
+        const int q = (int)threadIdx.x + B * k;
+        float4 x1 = make_float4(fmaf(r1, wv[k].x, xv[k].x), fmaf(r1, wv[k].y, xv[k].y), fmaf(r1, wv[k].z, xv[k].z), fmaf(r1, wv[k].w, xv[k].w));
+        if (blockIdx.x == 0 && q < Q) ((float4*)a.xo)[q] = x1;
+        xr[k] = make_float4(x1.x * r2 * pr[4 * k], x1.y * r2 * pr[4 * k + 1], x1.z * r2 * pr[4 * k + 2], x1.w * r2 * pr[4 * k + 3]);
+    }
+}
+template <int B, bool REP, bool Z = false, bool R = false> __device__ __forceinline__ void mlp_h2_body(const MlpArgs& a, float4* mlp_wide) {
     __shared__ float s_act[MLP_S];
     __shared__ float s_xe[GV_XS_EXT_CHUNKS];   // chunk c of x: its power of two
     G4_TRACE_SCOPE(15u | (B == 256 ? 16u : 0u), a.y);
@@ -1900,19 +1961,34 @@ template <int B, bool REP, bool Z = false> __device__ __forceinline__ void mlp_h
     {   // x as f16 by chunk: a chunk's 8 float4 are 8 consecutive threads' (every lane of a warp takes part)
         const float4* x4 = (const float4*)a.gu.x;
         const int n4 = H / 4, n4w = (n4 + 31) & ~31;
-        for (int i = threadIdx.x; i < n4w; i += B) {
-            const float4 t = i < n4 ? x4[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            float m = fmaxf(fmaxf(fabsf(t.x), fabsf(t.y)), fmaxf(fabsf(t.z), fabsf(t.w)));
-            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
-            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
-            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 4));
-            if (i < n4) {
-                const float e = pow2_floor(m), ie = pow2_recip(e);
-                const int c = i >> 3, v = i & 7;
-                *(uint2*)(sm + h2_xpiece(c, v >> 1) + 8 * (v & 1)) = make_uint2(pack_h2(t.x * ie, t.y * ie), pack_h2(t.z * ie, t.w * ie));
-                if (v == 0) s_xe[c] = e;
+#define G4_MLP_H2_STAGE_X                                                                                                          \
+    float m = fmaxf(fmaxf(fabsf(t.x), fabsf(t.y)), fmaxf(fabsf(t.z), fabsf(t.w)));                                                \
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));                                                                            \
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));                                                                            \
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 4));                                                                            \
+    if (i < n4) {                                                                                                                \
+        const float e = pow2_floor(m), ie = pow2_recip(e);                                                                       \
+        const int c = i >> 3, v = i & 7;                                                                                         \
+        *(uint2*)(sm + h2_xpiece(c, v >> 1) + 8 * (v & 1)) = make_uint2(pack_h2(t.x * ie, t.y * ie), pack_h2(t.z * ie, t.w * ie)); \
+        if (v == 0) s_xe[c] = e;                                                                                                 \
+    }
+        if constexpr (R) {   // xn made here (the ResNorm before folded in), one float4 a thread and k in registers
+            float4 xr[mlp_rv<B>()];
+            mlp_res_input<B>(a, xr);
+#pragma unroll
+            for (int k = 0; k < mlp_rv<B>(); ++k) {
+                const int i = threadIdx.x + B * k;
+                if (i >= n4w) break;
+                const float4 t = i < n4 ? xr[k] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                G4_MLP_H2_STAGE_X
+            }
+        } else {
+            for (int i = threadIdx.x; i < n4w; i += B) {
+                const float4 t = i < n4 ? x4[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                G4_MLP_H2_STAGE_X
             }
         }
+#undef G4_MLP_H2_STAGE_X
     }
     __syncthreads();
     const u32 lane_off = (threadIdx.x & 31) * 4;
@@ -1997,20 +2073,26 @@ template <int B, bool REP, bool Z = false> __device__ __forceinline__ void mlp_h
     }
     if constexpr (Z) mlp_zero_next<B>(a);
 }
-#define G4_MLP_H2(NAME, B, REP, Z)                                                             \
+#define G4_MLP_H2(NAME, B, REP, Z, R)                                                          \
     extern "C" __global__ void __launch_bounds__(B, B == 128 ? 3 : 2) NAME(const MlpArgs a) { \
         extern __shared__ float4 mlp_wide[];                                                   \
-        mlp_h2_body<B, REP, Z>(a, mlp_wide);                                                   \
+        mlp_h2_body<B, REP, Z, R>(a, mlp_wide);                                                \
     }
 #else
-#define G4_MLP_H2(NAME, B, REP, Z) \
+#define G4_MLP_H2(NAME, B, REP, Z, R) \
     extern "C" __global__ void NAME(const MlpArgs a) { __trap(); }   // scheduled on sm_90 plans only
 #endif
-G4_MLP_H2(g4_mlp_nf4_h2, 128, false, false)
-G4_MLP_H2(g4_mlp_nf4_b256_h2, 256, false, false)
-G4_MLP_H2(g4_mlp_nf4_h2_rep, 128, true, false)
-G4_MLP_H2(g4_mlp_nf4_b256_h2_rep, 256, true, false)
-G4_MLP_H2(g4_mlp_nf4_b256_h2_z, 256, false, true)
+G4_MLP_H2(g4_mlp_nf4_h2, 128, false, false, false)
+G4_MLP_H2(g4_mlp_nf4_b256_h2, 256, false, false, false)
+G4_MLP_H2(g4_mlp_nf4_h2_rep, 128, true, false, false)
+G4_MLP_H2(g4_mlp_nf4_b256_h2_rep, 256, true, false, false)
+G4_MLP_H2(g4_mlp_nf4_b256_h2_z, 256, false, true, false)
+// The ResNorm before folded in (MlpArgs r*; plan ResNorm record ip1 = 2): _r.
+G4_MLP_H2(g4_mlp_nf4_h2_r, 128, false, false, true)
+G4_MLP_H2(g4_mlp_nf4_b256_h2_r, 256, false, false, true)
+G4_MLP_H2(g4_mlp_nf4_h2_rep_r, 128, true, false, true)
+G4_MLP_H2(g4_mlp_nf4_b256_h2_rep_r, 256, true, false, true)
+G4_MLP_H2(g4_mlp_nf4_b256_h2_z_r, 256, false, true, true)
 
 // ---- the decode attention's merge and the o projection in one kernel (sm_90; schedule record AttnO) ----
 // Block j takes columns 32j .. 32j + 31 of the attention output (one head's: dim % 32 == 0): it merges them
@@ -2635,6 +2717,18 @@ extern "C" __global__ void __launch_bounds__(1024) g4_resnorm_rep(const float* x
                                                                  int prewdt, float* xn, int H, float eps, float* zero, float* dr,
                                                                  int nrep) {
     resnorm_entry<true>(x, d, pw, pwdt, sc, sdt, f, xout, prew, prewdt, xn, H, eps, zero, dr, nrep);
+}
+// g4_resnorm with a second buffer zeroed at its end: zero2 [H], the output of a fused MLP that runs its own
+// ResNorm (the _r kernels; plan ResNorm record ip2 = zero2's tensor + 1). zero2 shares no bytes with what this
+// kernel reads or writes, nor with what the launches between it and that MLP touch (the compiler checks).
+extern "C" __global__ void __launch_bounds__(1024) g4_resnorm_z2(const float* x, const float* d, const void* pw, int pwdt,
+                                                                const void* sc, int sdt, float f, float* xout, const void* prew,
+                                                                int prewdt, float* xn, int H, float eps, float* zero, float* zero2) {
+    resnorm_entry<false>(x, d, pw, pwdt, sc, sdt, f, xout, prew, prewdt, xn, H, eps, zero, nullptr, 0);
+    if ((H & 3) == 0 && ((unsigned long long)zero2 & 15) == 0)
+        for (int i = threadIdx.x; i < H / 4; i += blockDim.x) ((float4*)zero2)[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    else
+        for (int i = threadIdx.x; i < H; i += blockDim.x) zero2[i] = 0.0f;
 }
 
 // ---- q/k/v after the projections (decode row): q head: rms * q_norm, RoPE, in place; k head: rms *

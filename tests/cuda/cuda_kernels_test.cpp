@@ -373,6 +373,81 @@ TEST_P(Mlp, MatchesUnfusedReference) {
         }
     }
 }
+// The packed-f16 kernels that run the ResNorm before them (_r; plan ResNorm ip1 = 2): every block makes its input
+// xn = rms(x1) * prew from x1 = rx + rms(rd) * pw (gu.x is NaN: unused), block 0 writes x1. Against the reference
+// RmsNorm, Add, RmsNorm and the unfused MLP, at every thread count whose registers take the width, with one output,
+// 3 replicas and _z. rd is 40 times the residual's scale and the norm weights are not 1, so a skipped norm fails.
+TEST_P(Mlp, ResNormBeforeFoldedIn) {
+    NEED_GPU();
+    if (gpu().sm < 90) GTEST_SKIP() << "g4_mlp_nf4*_h2*_r are scheduled on sm_90 plans only";
+    const MlpCase& c = GetParam();
+    if (c.dq) GTEST_SKIP() << "the packed-f16 kernels take f32 block scales only";
+    Dev dev;
+    const int64_t H = c.H;
+    Weight g = make_weight(dev, DType::NF4, c.I, H, 31, false), u = make_weight(dev, DType::NF4, c.I, H, 32, false);
+    Weight d = make_weight(dev, DType::NF4, H, c.I, 33, false);
+    std::vector<float> bd = c.bias ? randn(H, 43) : std::vector<float>(H, 0.0f);
+    nf4::Layout l = nf4::layout(H * c.I, false);
+    CUdeviceptr t = dev.up(nf4::tile32(d.blob, H, c.I, false)), y = dev.alloc(H * 4), xo = dev.alloc(H * 4);
+    std::vector<float> rx = randn(H, 11), rd = randn(H, 12), pw = randn(H, 13), prew = randn(H, 14);
+    for (float& v : rd) v *= 40.0f;
+    for (float& v : pw) v = 1.0f + 0.5f * v;
+    for (float& v : prew) v = 1.0f + 0.5f * v;
+    const auto prewb = to_bf16(prew);
+    std::vector<float> dn = rd, x1(H), xn(H);
+    ref::rms_norm({dn.data(), H, pw.data(), DType::F32, dn.data(), H, 1, H, H, 1e-6f});
+    ref::add({rx.data(), H, dn.data(), H, x1.data(), H, 1, H});
+    ref::rms_norm({x1.data(), H, prewb.data(), DType::BF16, xn.data(), H, 1, H, H, 1e-6f});
+    std::vector<float> rg = g.ref(xn), ru = u.ref(xn), act(c.I);
+    for (int64_t i = 0; i < c.I; ++i) act[i] = ref::gelu_tanh(rg[i]) * ru[i];
+    std::vector<float> want = d.ref(act);
+    for (int64_t i = 0; i < H; ++i) want[i] += bd[i];
+    cuda_rt::MlpArgsH a{};
+    a.gu.m[0] = g.mat(0, 0), a.gu.m[1] = u.mat(0, 0);
+    a.gu.nmat = 2, a.gu.k = (int)H, a.gu.epi = 1;
+    a.gu.x = dev.up(std::vector<float>(H, std::nanf("")));
+    a.codes = t + l.codes_off, a.absmax = t + l.absmax_off;
+    a.bias = c.bias ? dev.up(bd) : 0, a.y = y, a.H = (int)H, a.I = (int)c.I;
+    a.rx = dev.up(rx), a.rd = dev.up(rd), a.rpw = dev.up(pw), a.rpwdt = 0, a.rprew = dev.up(prewb), a.rprewdt = 1, a.xo = xo, a.eps = 1e-6f;
+    int runs = 0;
+    for (int threads : {128, 256}) {
+        if (!g4::plan::mlp_res_fits(H, threads)) continue;
+        for (int v : {0, 3, -1}) {
+            const int nrep = v < 0 ? 0 : v;
+            const bool z   = v < 0;
+            if (z && threads != 256) continue;
+            const std::string kn = std::string(threads == 128 ? "g4_mlp_nf4_h2" : "g4_mlp_nf4_b256_h2") + (nrep ? "_rep" : "") + (z ? "_z" : "") + "_r";
+            cu::CUfunction f = nullptr;
+            ASSERT_EQ(gpu().d->cuModuleGetFunction(&f, gpu().mod, kn.c_str()), 0) << kn;
+            ASSERT_EQ(gpu().d->cuFuncSetAttribute(f, cu::kFuncAttrMaxDynamicSmem, (int)cuda_rt::kGemvSmemMax), 0);
+            CUdeviceptr yr = nrep ? dev.alloc((size_t)nrep * H * 4) : 0;
+            if (nrep) gpu().d->cuMemsetD8(yr, 0, (size_t)nrep * H * 4);
+            CUdeviceptr zero = z ? dev.alloc(H * 4) : 0;
+            if (zero) gpu().d->cuMemsetD8(zero, 0x7f, H * 4);
+            a.yr = yr, a.nrep = nrep, a.zero = zero;
+            gpu().d->cuMemsetD8(y, 0, H * 4);
+            gpu().d->cuMemsetD8(xo, 0xff, H * 4);
+            launch_smem(kn.c_str(), (unsigned)(c.I / 32), 1, threads, cuda_rt::gemv_smem(true, gpu().sm, (int)H), {&a});
+            std::vector<float> got = dev.down<float>(y, H);
+            if (nrep) {
+                const std::vector<float> r = dev.down<float>(yr, (size_t)nrep * H);
+                for (int k = 0; k < nrep; ++k)
+                    for (int64_t i = 0; i < H; ++i) got[i] += r[(size_t)k * H + i];
+            }
+            if (zero) {
+                const std::vector<float> zz = dev.down<float>(zero, H);
+                EXPECT_EQ(std::count(zz.begin(), zz.end(), 0.0f), (long)H) << kn << ": the next launch's output, zeroed";
+            }
+            const double ex = rel(dev.down<float>(xo, H), x1), ey = rel(got, want);
+            std::printf("MLP %s, %s: x1 rel %.2e, y rel %.2e\n", c.name, kn.c_str(), ex, ey);
+            EXPECT_LT(ex, 1e-6) << kn << ", " << c.name;
+            EXPECT_LT(ey, 3e-3) << kn << ", " << c.name;
+            ++runs;
+        }
+        a.yr = 0, a.nrep = 0, a.zero = 0;
+    }
+    EXPECT_GT(runs, 0) << c.name << ": no _r kernel takes H " << H;
+}
 INSTANTIATE_TEST_SUITE_P(RealShapes, Mlp,
                          ::testing::Values(MlpCase{"e2b", 1536, 6144, false, false}, MlpCase{"e2b_wide_dq_bias", 1536, 12288, true, true},
                                            MlpCase{"e4b", 2560, 10240, false, true}, MlpCase{"e4b_dq", 2560, 10240, true, false},
@@ -900,6 +975,47 @@ TEST(CudaPlan, PleFoldMatchesUnfolded) {
         std::printf("CUDA plan %s, ResNorm folded into the PLE: decode logits rel %.2e against unfolded\n", fx.c_str(), e);
         EXPECT_LT(e, 1e-3) << fx;
         EXPECT_EQ(runs[1].tokens, runs[0].tokens) << fx;
+    }
+}
+
+// The ResNorm making each packed-f16 MLP's input run by the MLP launch (ResNorm record ip1 = 2, the _r kernels; an
+// earlier ResNorm zeroes the MLP's output, its ip2) against plans compiled with G4_MLP_FOLD=0: every MLP of the tiny
+// fixtures folds, with one output (then _z_r: the PLE's ResNorm is folded too) and with 4 replicas (_rep_r); 24 greedy
+// steps give the same tokens and the logits agree within 5e-3 (the folded kernel takes both norms from one pass of
+// four sums, and x is rounded to f16: one flipped rounding is carried by later steps, as in MlpF16MatchesF32).
+TEST(CudaPlan, MlpFoldMatchesUnfolded) {
+    NEED_GPU();
+    if (gpu().sm < 90) GTEST_SKIP() << "the fused MLP is scheduled on sm_90 plans only";
+    g4test::TempDir td;
+    for (const std::string fx : {"e2b_tiny", "e4b_tiny"}) {
+        for (int reps : {0, 4}) {
+            MlpPlanRun runs[2];
+            for (int fold : {0, 1}) {
+                const std::string name = "mfold" + std::to_string(fold) + "r" + std::to_string(reps);
+                setenv("G4_MLP_FOLD", fold ? "1" : "0", 1);
+                ASSERT_NO_FATAL_FAILURE(mlp_plan_run(td, fx, name, "", reps, &runs[fold]));
+                unsetenv("G4_MLP_FOLD");
+                g4::plan::Plan pl;
+                std::string err;
+                ASSERT_EQ(pl.load(td.file(fx + "-" + name + ".g4plan"), false, &err), G4_OK) << err;
+                int folded = 0, zeroers = 0, mlps = 0;
+                for (size_t li = 0; li < pl.n_launches(); ++li) {
+                    const g4::plan::CudaLaunch& l = pl.launch(li);
+                    folded += l.kind == (uint16_t)g4::plan::LaunchKind::ResNorm && l.ip[1] == 2;
+                    zeroers += l.kind == (uint16_t)g4::plan::LaunchKind::ResNorm && l.ip[2] > 0;
+                    mlps += l.kind == (uint16_t)g4::plan::LaunchKind::Mlp;
+                }
+                EXPECT_GT(mlps, 0) << fx;
+                EXPECT_EQ(folded, fold ? mlps : 0) << fx << " replicas " << reps;
+                EXPECT_EQ(zeroers, folded) << fx << " replicas " << reps;
+            }
+            ASSERT_EQ(runs[1].logits.size(), runs[0].logits.size());
+            const double e = rel(runs[1].logits, runs[0].logits);
+            std::printf("CUDA plan %s, %d MLP replicas, ResNorm folded into the MLP: decode logits rel %.2e against unfolded\n", fx.c_str(),
+                        reps ? reps : 1, e);
+            EXPECT_LT(e, 5e-3) << fx << " replicas " << reps;
+            EXPECT_EQ(runs[1].tokens, runs[0].tokens) << fx << " replicas " << reps;
+        }
     }
 }
 

@@ -165,15 +165,17 @@ TEST(BadInput, CudaPlanWithoutGpu) {
         EXPECT_NE(i90.out.find(det ? "31 ResNorm, 0 MLP" : "31 ResNorm, 10 MLP"), std::string::npos) << i90.out;
         // The full-attention layers' o projection takes the attention's merge (the sliding layers' head dim
         // 16 is not a multiple of the kernel's 32 columns a block).
-        // Their products are packed f16 (the default --mlp-precision).
-        EXPECT_NE(i90.out.find(det ? "0 MLP (gate/up + down in one kernel; 0 with packed-f16 products), 0 attention-o"
-                                   : "10 MLP (gate/up + down in one kernel; 10 with packed-f16 products), 2 attention-o"),
+        // Their products are packed f16 (the default --mlp-precision), and they run the ResNorm before them.
+        EXPECT_NE(i90.out.find(det ? "0 MLP (gate/up + down in one kernel; 0 with packed-f16 products, 0 with the ResNorm before, which is "
+                                     "then not launched), 0 attention-o"
+                                   : "10 MLP (gate/up + down in one kernel; 10 with packed-f16 products, 10 with the ResNorm before, which "
+                                     "is then not launched), 2 attention-o"),
                   std::string::npos)
             << i90.out;
         EXPECT_NE(i90.out.find(det ? "one kernel), 0 PLE" : "one kernel), 10 PLE"), std::string::npos) << i90.out;
     }
     EXPECT_NE(i.out.find("31 ResNorm, 0 MLP"), std::string::npos) << "sm_86 keeps the two GEMVs: " << i.out;
-    EXPECT_NE(i.out.find("0 with packed-f16 products), 0 attention-o"), std::string::npos) << "sm_86 keeps the merge kernel: " << i.out;
+    EXPECT_NE(i.out.find("0 with packed-f16 products, 0 with the ResNorm before, which is then not launched), 0 attention-o"), std::string::npos) << "sm_86 keeps the merge kernel: " << i.out;
     CmdResult r = run_g4("run '" + plan + "' --tokens 2,3 -n 2");
     if (r.exit_code == 0) GTEST_SKIP() << "this machine has a GPU";
     EXPECT_EQ(r.exit_code, 1);

@@ -298,7 +298,7 @@ TEST(CudaSchedule, ResNormFoldedIntoThePle) {
         for (size_t li = 0; li < p.n_launches(); ++li) {
             const CudaLaunch& l = p.launch(li);
             if (l.kind == (uint16_t)LaunchKind::Mlp && li > 0) pre_mlp = li - 1;
-            if (l.kind == (uint16_t)LaunchKind::ResNorm) EXPECT_TRUE(l.ip[1] == 0 || l.ip[1] == 1) << fx << " launch " << li;
+            if (l.kind == (uint16_t)LaunchKind::ResNorm) EXPECT_TRUE(l.ip[1] >= 0 && l.ip[1] <= 2) << fx << " launch " << li;
             if (l.kind != (uint16_t)LaunchKind::Ple) continue;
             ++ples;
             ASSERT_GE(li, 2u);
@@ -320,7 +320,7 @@ TEST(CudaSchedule, ResNormFoldedIntoThePle) {
         const std::string path = compile_sm90_env(td, fx, fx + "_nofold", "G4_PLE_FOLD", "0", &q);
         ASSERT_GT(q.n_launches(), 0u) << fx;
         for (size_t li = 0; li < q.n_launches(); ++li)
-            if (q.launch(li).kind == (uint16_t)LaunchKind::ResNorm) EXPECT_EQ(q.launch(li).ip[1], 0) << fx << " launch " << li;
+            if (q.launch(li).kind == (uint16_t)LaunchKind::ResNorm) EXPECT_NE(q.launch(li).ip[1], 1) << fx << " launch " << li;
         CmdResult i = run_g4("inspect '" + path + "'");
         EXPECT_NE(i.out.find(std::to_string(ples) + " PLE (gate + projection in one kernel; 0 with the ResNorm before"), std::string::npos) << i.out;
 
@@ -339,7 +339,7 @@ TEST(CudaSchedule, ResNormFoldedIntoThePle) {
         compile_sm90_env(td, fx, fx + "_fold_r4", "G4_MLP_REPLICAS", "4", &p4);
         ASSERT_GT(p4.n_launches(), 0u) << fx;
         for (size_t li = 0; li < p4.n_launches(); ++li)
-            if (p4.launch(li).kind == (uint16_t)LaunchKind::ResNorm) EXPECT_EQ(p4.launch(li).ip[1], 0) << fx << " with replicas, launch " << li;
+            if (p4.launch(li).kind == (uint16_t)LaunchKind::ResNorm) EXPECT_NE(p4.launch(li).ip[1], 1) << fx << " with replicas, launch " << li;
     }
     // By shape: E2B's narrow layers (6144, 256 threads) fold; its wide ones (12288, 128 threads, 4 replicas) and
     // E4B's (10240: 320 blocks of 256 threads) do not.
@@ -353,6 +353,102 @@ TEST(CudaSchedule, ResNormFoldedIntoThePle) {
     unsetenv("G4_PLE_FOLD");
     EXPECT_NE(r.exit_code, 0);
     EXPECT_NE(r.err.find("G4_PLE_FOLD='yes'"), std::string::npos) << r.err;
+    EXPECT_FALSE(std::filesystem::exists(path));
+}
+
+// The ResNorm making each packed-f16 MLP's input runs in the MLP's kernel (ResNorm ip1 = 2, the _r kernels) in
+// default sm_90 plans: every MLP of the tiny fixtures. An earlier ResNorm (launched, not after output replicas)
+// zeroes the MLP's output instead (its ip2 = y + 1), so y shares no bytes with what that ResNorm touches or with
+// any op between it and the MLP; y and x1 (block 0 writes it while every block reads) none with the residual and
+// the attention's output. G4_MLP_FOLD=0: none; all: every one (as by default here); f32 MLPs never; a bad value
+// is refused, no plan left. Corrupt records are refused at load. By shape (mlp_fold_one_wave): E2B's MLPs fold by
+// default, E4B's (two waves) do not.
+TEST(CudaSchedule, ResNormFoldedIntoTheMlp) {
+    TempDir td;
+    for (const std::string fx : {"e2b_tiny", "e4b_tiny"}) {
+        g4::plan::Plan p;
+        compile_sm90(td, fx, "", &p);
+        int mlps = 0, folded = 0, zeroers = 0;
+        size_t first_rn = 0, first_z = 0;
+        for (size_t li = 0; li < p.n_launches(); ++li) {
+            const CudaLaunch& l = p.launch(li);
+            if (l.kind == (uint16_t)LaunchKind::ResNorm && l.ip[2] > 0) ++zeroers;
+            if (l.kind != (uint16_t)LaunchKind::Mlp) continue;
+            ++mlps;
+            ASSERT_GE(li, 1u);
+            const CudaLaunch& rn = p.launch(li - 1);
+            if (rn.ip[1] != 2) continue;
+            const int32_t y = l.t[0], x = rn.t[0], d = rn.t[1], x1 = rn.t[4];
+            EXPECT_EQ(l.ip[7], 1) << fx << " launch " << li;
+            EXPECT_EQ(p.op(l.ip[0]).in[0], rn.t[6]) << fx << " launch " << li;
+            EXPECT_EQ(rn.t[7], y) << fx << " launch " << li;
+            EXPECT_LT(rn.t[3], 0) << fx << " launch " << li;
+            for (int32_t t : {x, d, x1}) EXPECT_FALSE(overlap(p, y, t)) << fx << " launch " << li;
+            for (int32_t t : {x, d}) EXPECT_FALSE(overlap(p, x1, t)) << fx << " launch " << li;
+            size_t z = li - 1;
+            while (z-- > 0)
+                if (p.launch(z).kind == (uint16_t)LaunchKind::ResNorm && p.launch(z).ip[2] == y + 1) break;
+            ASSERT_LT(z, li) << fx << " launch " << li << ": no ResNorm zeroes the MLP's output";
+            EXPECT_EQ(p.launch(z).ip[1], 0) << fx << " launch " << li;
+            for (size_t j = p.launch(z).op; j < (size_t)l.op; ++j) {
+                for (int32_t t : p.op(j).in) EXPECT_FALSE(overlap(p, y, t)) << fx << " op " << j;
+                for (int32_t t : p.op(j).out) EXPECT_FALSE(overlap(p, y, t)) << fx << " op " << j;
+            }
+            if (!folded++) first_rn = li - 1, first_z = z;
+        }
+        EXPECT_GT(mlps, 0) << fx;
+        EXPECT_EQ(folded, mlps) << fx;
+        EXPECT_EQ(zeroers, folded) << fx;
+
+        const std::string path = td.file(fx + ".g4plan");
+        expect_corrupt(td, path, fx + "_mfold_nozero", [&](CudaLaunch* recs) { recs[first_z].ip[2] = 0; }, "bad folded ResNorm (ip1 2");
+        expect_corrupt(td, path, fx + "_mfold_f32", [&](CudaLaunch* recs) { recs[first_rn + 1].ip[7] = 0; }, "bad folded ResNorm (ip1 2");
+        expect_corrupt(td, path, fx + "_mfold_scale", [&](CudaLaunch* recs) { recs[first_rn].t[3] = recs[first_rn].t[2]; },
+                       "bad folded ResNorm (ip1 2");
+        expect_corrupt(td, path, fx + "_mfold_no_mlp", [&](CudaLaunch* recs) { recs[first_z].ip[1] = 2; }, "ip1 2 needs the MLP launch");
+        expect_corrupt(td, path, fx + "_zero2_range", [&](CudaLaunch* recs) { recs[first_z].ip[2] = 1 << 30; }, "bad second zeroed buffer");
+        expect_corrupt(td, path, fx + "_zero2_folded", [&](CudaLaunch* recs) { recs[first_rn].ip[2] = recs[first_rn].t[7] + 1; },
+                       "bad second zeroed buffer");
+
+        for (const char* v : {"0", "all"}) {
+            g4::plan::Plan q;
+            compile_sm90_env(td, fx, fx + "_mfold" + v, "G4_MLP_FOLD", v, &q);
+            int f = 0, z = 0;
+            for (size_t li = 0; li < q.n_launches(); ++li) {
+                f += q.launch(li).kind == (uint16_t)LaunchKind::ResNorm && q.launch(li).ip[1] == 2;
+                z += q.launch(li).kind == (uint16_t)LaunchKind::ResNorm && q.launch(li).ip[2] > 0;
+            }
+            EXPECT_EQ(f, std::string(v) == "0" ? 0 : mlps) << fx << " G4_MLP_FOLD=" << v;
+            EXPECT_EQ(z, f) << fx << " G4_MLP_FOLD=" << v;
+        }
+        g4::plan::Plan c;
+        const std::string fpath = td.file(fx + "_mfold_f32.g4plan");
+        CmdResult r = run_g4("compile --model '" + fixture(fx) + "' --device cuda --target sm_90 --weights nf4 --no-fidelity --mlp-precision f32 -o '" +
+                             fpath + "'");
+        ASSERT_EQ(r.exit_code, 0) << r.err;
+        std::string err;
+        ASSERT_EQ(c.load(fpath, false, &err), G4_OK) << err;
+        for (size_t li = 0; li < c.n_launches(); ++li)
+            if (c.launch(li).kind == (uint16_t)LaunchKind::ResNorm) EXPECT_NE(c.launch(li).ip[1], 2) << fx << " f32 MLPs, launch " << li;
+    }
+    // By width: E2B (1536) at both thread counts, E4B (2560) at both; wider rows do not fit the registers.
+    EXPECT_TRUE(g4::plan::mlp_res_fits(1536, 128));
+    EXPECT_TRUE(g4::plan::mlp_res_fits(2560, 128));
+    EXPECT_TRUE(g4::plan::mlp_res_fits(3072, 256));
+    EXPECT_FALSE(g4::plan::mlp_res_fits(3072, 128));
+    EXPECT_FALSE(g4::plan::mlp_res_fits(3200, 256));
+    EXPECT_FALSE(g4::plan::mlp_res_fits(1536, 64));
+    EXPECT_FALSE(g4::plan::mlp_res_fits(1538, 256));
+    EXPECT_TRUE(g4::cuda::mlp_fold_one_wave(6144, 256));
+    EXPECT_TRUE(g4::cuda::mlp_fold_one_wave(12288, 128));
+    EXPECT_FALSE(g4::cuda::mlp_fold_one_wave(10240, 256));
+    EXPECT_FALSE(g4::cuda::mlp_fold_one_wave(16384, 128));
+    const std::string path = td.file("bad_mfold.g4plan");
+    setenv("G4_MLP_FOLD", "yes", 1);
+    CmdResult r = run_g4("compile --model '" + fixture("e2b_tiny") + "' --device cuda --target sm_90 --weights nf4 --no-fidelity -o '" + path + "'");
+    unsetenv("G4_MLP_FOLD");
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.err.find("G4_MLP_FOLD='yes'"), std::string::npos) << r.err;
     EXPECT_FALSE(std::filesystem::exists(path));
 }
 
@@ -399,7 +495,7 @@ TEST(CudaSchedule, MlpPrecision) {
             int n = 0;
             for (size_t li = 0; li < plan->n_launches(); ++li) n += plan->launch(li).kind == (uint16_t)LaunchKind::Mlp;
             const std::string want = std::to_string(n) + " MLP (gate/up + down in one kernel; " + (name == "f32" ? "0" : std::to_string(n)) +
-                                     " with packed-f16 products)";
+                                     " with packed-f16 products, ";
             EXPECT_NE(r.out.find(want), std::string::npos) << fx << " " << name << ": " << r.out;
         }
         size_t mlp = 0;

@@ -146,7 +146,9 @@ g4_status open_gpu(const plan::Plan& p, EngineState* st, Gpu& g, const plan::Pro
         {&k.add_bias, "g4_add_bias"}, {&k.copy_f32, "g4_copy_f32"}, {&k.penalize, "g4_penalize"}, {&k.mlp[0], "g4_mlp_nf4"}, {&k.mlp[1], "g4_mlp_nf4_b256"},
         {&k.mlp[2], "g4_mlp_nf4_dq"}, {&k.mlp[3], "g4_mlp_nf4_b256_dq"}, {&k.mlp[4], "g4_mlp_nf4_rep"}, {&k.mlp[5], "g4_mlp_nf4_b256_rep"},
         {&k.mlp_z[0], "g4_mlp_nf4_b256_z"}, {&k.mlp_z[1], "g4_mlp_nf4_b256_dq_z"}, {&k.mlp_z[2], "g4_mlp_nf4_b256_h2_z"},
-        {&k.mlp[6], "g4_mlp_nf4_dq_rep"}, {&k.mlp[7], "g4_mlp_nf4_b256_dq_rep"}, {&k.resnorm_rep, "g4_resnorm_rep"},
+        {&k.mlp[6], "g4_mlp_nf4_dq_rep"}, {&k.mlp[7], "g4_mlp_nf4_b256_dq_rep"}, {&k.resnorm_rep, "g4_resnorm_rep"}, {&k.resnorm_z2, "g4_resnorm_z2"},
+        {&k.mlp_r[0], "g4_mlp_nf4_h2_r"}, {&k.mlp_r[1], "g4_mlp_nf4_b256_h2_r"}, {&k.mlp_r[2], "g4_mlp_nf4_h2_rep_r"},
+        {&k.mlp_r[3], "g4_mlp_nf4_b256_h2_rep_r"}, {&k.mlp_r[4], "g4_mlp_nf4_b256_h2_z_r"},
         {&k.mlp[8], "g4_mlp_nf4_h2"}, {&k.mlp[9], "g4_mlp_nf4_b256_h2"}, {&k.mlp[10], "g4_mlp_nf4_h2_rep"}, {&k.mlp[11], "g4_mlp_nf4_b256_h2_rep"}, {&k.ple_in, "g4_ple_in"},
         {&k.attn_o[0], "g4_attn_o_nf4_g1"}, {&k.attn_o[1], "g4_attn_o_nf4_g2"}, {&k.attn_o[2], "g4_attn_o_nf4_g3"}, {&k.attn_o[3], "g4_attn_o_nf4_g4"},
         {&k.ple[0], "g4_ple_bf16_g1"}, {&k.ple[1], "g4_ple_bf16_g2"}, {&k.ple[2], "g4_ple_bf16_g3"}, {&k.ple[3], "g4_ple_bf16_g4"},
@@ -203,6 +205,7 @@ g4_status open_gpu(const plan::Plan& p, EngineState* st, Gpu& g, const plan::Pro
     if (gemv_smem(true, g.sm, 0)) {
         for (CUfunction f : k.mlp) CU_TRY(d->cuFuncSetAttribute(f, kFuncAttrMaxDynamicSmem, (int)kGemvSmemMax), "kernel g4_mlp_nf4: shared memory size");
         for (CUfunction f : k.mlp_z) CU_TRY(d->cuFuncSetAttribute(f, kFuncAttrMaxDynamicSmem, (int)kGemvSmemMax), "kernel g4_mlp_nf4_b256*_z: shared memory size");
+        for (CUfunction f : k.mlp_r) CU_TRY(d->cuFuncSetAttribute(f, kFuncAttrMaxDynamicSmem, (int)kGemvSmemMax), "kernel g4_mlp_nf4*_h2*_r: shared memory size");
         for (CUfunction f : k.attn_o) CU_TRY(d->cuFuncSetAttribute(f, kFuncAttrMaxDynamicSmem, (int)kGemvWideSmem), "kernel g4_attn_o_nf4: shared memory size");
     }
     CU_TRY(d->cuMemAlloc(&g.weights, std::max<uint64_t>(64, g.weights_bytes)),
@@ -961,21 +964,26 @@ g4_status launch_fused(g4_session* s, const CudaLaunch& l, std::string* err) {
     const Kernels& K    = st->cur->g->k;
     CUdeviceptr step    = st->cur->step;
     auto T              = [&](int j) { return addr(st, p, l.t[j], 0); };
+    auto T2             = [&](const CudaLaunch* o, int j) { return addr(st, p, o->t[j], 0); };
     CUresult r          = 0;
     auto go = [&](CUfunction f, unsigned gx, unsigned bx, std::initializer_list<void*> args, unsigned smem = 0) {
         return launch(st, f, gx, 1, bx, const_cast<void**>(args.begin()), 1, smem);
     };
     switch ((LaunchKind)l.kind) {
     case LaunchKind::ResNorm: {
-        if (l.ip[1] == 1) break;   // folded: the Ple launch after runs it (g4_ple_res), the MLP before zeroes its t7
+        // Folded: ip1 1, the Ple launch after runs it (g4_ple_res), the MLP before zeroes its t7; ip1 2, the Mlp
+        // launch after runs it (its _r kernel), an earlier ResNorm zeroes its t7 (that one's ip2).
+        if (l.ip[1] == 1 || l.ip[1] == 2) break;
         CUdeviceptr x = T(0), dd = T(1), pw = T(2), sc = T(3), xo = T(4), prew = T(5), xn = T(6), zero = T(7);
         int pwdt = dt_code(p, l.t[2]), sdt = dt_code(p, l.t[3]), prewdt = dt_code(p, l.t[5]), H = l.ip[0];
         float f = l.fp[1], eps = l.fp[0];
         CUdeviceptr dr    = st->cur->mlp_rep;
         int nrep          = st->rep_in;
         const unsigned nt = H <= 2048 ? 512 : 1024;
-        r = nrep ? go(K.resnorm_rep, 1, nt, {&x, &dd, &pw, &pwdt, &sc, &sdt, &f, &xo, &prew, &prewdt, &xn, &H, &eps, &zero, &dr, &nrep})
-                 : go(K.resnorm, 1, nt, {&x, &dd, &pw, &pwdt, &sc, &sdt, &f, &xo, &prew, &prewdt, &xn, &H, &eps, &zero});
+        CUdeviceptr zero2 = l.ip[2] > 0 ? addr(st, p, l.ip[2] - 1, 0) : 0;   // the reader checked: not after replicas
+        r = nrep    ? go(K.resnorm_rep, 1, nt, {&x, &dd, &pw, &pwdt, &sc, &sdt, &f, &xo, &prew, &prewdt, &xn, &H, &eps, &zero, &dr, &nrep})
+            : zero2 ? go(K.resnorm_z2, 1, nt, {&x, &dd, &pw, &pwdt, &sc, &sdt, &f, &xo, &prew, &prewdt, &xn, &H, &eps, &zero, &zero2})
+                    : go(K.resnorm, 1, nt, {&x, &dd, &pw, &pwdt, &sc, &sdt, &f, &xo, &prew, &prewdt, &xn, &H, &eps, &zero});
         break;
     }
     case LaunchKind::PleIn: {
@@ -1033,8 +1041,14 @@ g4_status launch_fused(g4_session* s, const CudaLaunch& l, std::string* err) {
         const int kf = l.ip[7] ? 8 + (l.ip[5] == 256 ? 1 : 0) + (st->rep_out ? 2 : 0) : (l.ip[5] == 256 ? 1 : 0) + (q.absmax2 ? 2 : 0) + (st->rep_out ? 4 : 0);
         // Before a folded ResNorm (the reader checked: 256 threads, one output): the _z kernel zeroes the Ple's output.
         if (st->fold_next) a.zero = addr(st, p, st->fold_next->t[7], 0);
-        r = go(st->fold_next ? K.mlp_z[l.ip[7] ? 2 : q.absmax2 ? 1 : 0] : K.mlp[kf], (unsigned)(a.I / 32), (unsigned)l.ip[5], {&a},
-               gemv_smem(true, st->cur->g->sm, a.H));
+        CUfunction f = st->fold_next ? K.mlp_z[l.ip[7] ? 2 : q.absmax2 ? 1 : 0] : K.mlp[kf];
+        // After a ResNorm folded in (the reader checked: packed f16, mlp_res_fits, no scale): the _r kernel runs it.
+        if (const CudaLaunch* rn = st->mlp_res) {
+            a.rx = T2(rn, 0), a.rd = T2(rn, 1), a.rpw = T2(rn, 2), a.xo = T2(rn, 4), a.rprew = T2(rn, 5);
+            a.rpwdt = dt_code(p, rn->t[2]), a.rprewdt = dt_code(p, rn->t[5]), a.eps = rn->fp[0];
+            f = K.mlp_r[st->fold_next ? 4 : (l.ip[5] == 256 ? 1 : 0) + (st->rep_out ? 2 : 0)];
+        }
+        r = go(f, (unsigned)(a.I / 32), (unsigned)l.ip[5], {&a}, gemv_smem(true, st->cur->g->sm, a.H));
         break;
     }
     case LaunchKind::AttnO: {
@@ -1156,7 +1170,7 @@ g4_status launch_step(g4_session* s, int rows, int out_rows, std::string* err) {
     const bool events   = decode && !st->ev.empty();   // profiling the captured decode graph
     st->merge_in_next   = false;   // set per launch below; cleared here for the op-by-op path and after a failed step
     st->rep_out = st->rep_in = 0;
-    st->fold_prev = st->fold_next = nullptr;
+    st->fold_prev = st->fold_next = st->mlp_res = nullptr;
     if (decode && p.n_launches()) {
         if (events) st->e->d->cuEventRecordWithFlags(st->ev[0], st->cur->stream, 1);
         for (size_t li = 0; li < p.n_launches(); ++li) {
@@ -1185,6 +1199,10 @@ g4_status launch_step(g4_session* s, int rows, int out_rows, std::string* err) {
             auto folded   = [&](size_t k) { return k < p.n_launches() && p.launch(k).kind == (uint16_t)LaunchKind::ResNorm && p.launch(k).ip[1] == 1; };
             st->fold_prev = li > 0 && folded(li - 1) && l.kind == (uint16_t)LaunchKind::Ple ? &p.launch(li - 1) : nullptr;
             st->fold_next = folded(li + 1) && l.kind == (uint16_t)LaunchKind::Mlp ? &p.launch(li + 1) : nullptr;
+            st->mlp_res   = li > 0 && l.kind == (uint16_t)LaunchKind::Mlp && p.launch(li - 1).kind == (uint16_t)LaunchKind::ResNorm &&
+                                  p.launch(li - 1).ip[1] == 2
+                              ? &p.launch(li - 1)
+                              : nullptr;
             const int reps = cuda_ws::mlp_replicas(l);
             st->rep_in     = st->rep_out;
             st->rep_out    = reps > 1 && (st->skip.empty() || !st->skip[li + 1]) ? reps - 1 : 0;

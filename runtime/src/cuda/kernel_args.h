@@ -27,8 +27,14 @@ struct MlpArgsH {
     cu::CUdeviceptr yr;   // y's replicas [nrep, H] (nrep = the launch's ip6 - 1; 0: none)
     int nrep, pad;
     cu::CUdeviceptr zero;   // [H] (the _z kernels, before a folded ResNorm): block 0 zeroes it at its end (the Ple's output)
+    // The _r kernels (after a ResNorm record with ip1 = 2, which the runtime does not launch): its residual rx,
+    // attention output rd, norm weights rpw (on rd) and rprew (making the MLP's input), eps; block 0 writes x1 to xo.
+    cu::CUdeviceptr rx, rd, rpw, rprew, xo;
+    int rpwdt, rprewdt;
+    float eps;
+    int pad2;
 };
-static_assert(sizeof(MlpArgsH) == 320, "MlpArgs layout");
+static_assert(sizeof(MlpArgsH) == 376, "MlpArgs layout");
 // g4_attn_o_nf4_g*'s arguments (AttnOArgs): the decode attention's partials, the tiled o matrix, y.
 struct AttnOArgsH {
     cu::CUdeviceptr step, part, codes, absmax, absmax2, offset, code2, bias, y;

@@ -23,7 +23,7 @@ using namespace g4::cu;
 struct Kernels {
     CUfunction embed, mm_bf16, mm_f32, mm_nf4, gemm_bf16, gemm_nf4, gemv_bf16, gemv_nf4, tc_bf16, tc_nf4, rms, elem, rope, kv, attn_part, attn_merge, argmax;
     CUfunction gemv[2][5][2];   // [nf4][lanes per row 8..128][pairs]
-    CUfunction resnorm, resnorm_rep, ple_in, qkv_post, attn_decode, attn_decode_bf16, attn_decode_post, attn_decode_post_bf16, nf4_to_bf16, f32_to_bf16, add_bias;
+    CUfunction resnorm, resnorm_rep, resnorm_z2, ple_in, qkv_post, attn_decode, attn_decode_bf16, attn_decode_post, attn_decode_post_bf16, nf4_to_bf16, f32_to_bf16, add_bias;
     // The four decode attention kernels above compiled for head dim 256 / 512 ([0] / [1]; order attn_decode,
     // _bf16, _post, _post_bf16): only in modules specialised for a group size (cuda.attn_hpg) of 8 or more,
     // in plans compiled since session 36; null otherwise.
@@ -35,6 +35,7 @@ struct Kernels {
     // block scales, else f32] [+4 _rep: adds into output replicas]; 8.. the packed-f16 kernels (plan ip7 = 1, f32
     // scales only) [+1 _b256] [+2 _rep]; nf4_untile32: the MLP's down weight for prefill
     CUfunction mlp[12], nf4_untile32;
+    CUfunction mlp_r[5];   // g4_mlp_nf4_h2_r, _b256_h2_r, _h2_rep_r, _b256_h2_rep_r, _b256_h2_z_r: after a ResNorm with ip1 = 2
     CUfunction mlp_z[3];   // g4_mlp_nf4_b256_z, _b256_dq_z, _b256_h2_z: before a folded ResNorm (zero the Ple's output)
     CUfunction copy_f32, penalize, topk_round, softmax_partial;   // GPU sampling
     // LM-head screening (plans whose module has them; null otherwise): g4_lm_screen_build, g4_lm_screen,
@@ -178,6 +179,9 @@ struct SessionState {
     // A ResNorm record with ip1 = 1 is folded into the Ple launch after it (g4_ple_res). fold_prev: the folded
     // ResNorm before this launch (a Ple), fold_next: after it (an Mlp, which zeroes the ResNorm's t7: _z kernels).
     const plan::CudaLaunch* fold_prev = nullptr;
+    // A ResNorm record with ip1 = 2 is folded into the Mlp launch after it (the _r kernels): mlp_res, that ResNorm
+    // while the launch is its Mlp.
+    const plan::CudaLaunch* mlp_res = nullptr;
     const plan::CudaLaunch* fold_next = nullptr;
     bool merge_in_next = false;   // launch_step: the next decode launch is AttnO, which merges the attention's partials
     std::vector<bool> twice;   // G4_DECODE_TWICE: launches made twice in a row (timing lab, bench/trace_lab.sh)

@@ -129,7 +129,11 @@ enum class LaunchKind : uint16_t {
                    //   4 x_out (-1: not written), 5 pre_w, 6 xn (-1: not computed), 7 zeroed after (the
                    //   next Mlp's y, or -1); ip0 cols; fp0 eps; ip1 1: folded into the Ple launch after it
                    //   (g4_ple_res runs it; nothing launched here; the Mlp before it, 256 threads and one
-                   //   output, runs its _z kernel, which zeroes t7; no t3, t5, t6)
+                   //   output, runs its _z kernel, which zeroes t7; no t3, t5, t6); ip1 2: folded into the
+                   //   packed-f16 Mlp launch after it, whose input is t6 (its _r kernel runs it; nothing launched
+                   //   here; t7 is that Mlp's output; no t3; mlp_res_fits); ip2 the tensor + 1 of a second
+                   //   buffer zeroed (g4_resnorm_z2; 0: none): the output of an Mlp after it whose ResNorm
+                   //   has ip1 2 (not on a ResNorm summing output replicas)
     Gemv    = 2,   // ip0..2 matmul ops sharing x (ip3 of them); ip4 epilogue (0 store, 1 gelu(gate) * up,
                    //   2 gelu(y) * aux, 3 softcap); ip5 lanes per weight row (8..128); t0 aux, ip6 aux
                    //   column, t1 epilogue output; fp0 softcap
@@ -170,6 +174,13 @@ inline constexpr int kMlpReplicasMax = 4;
 // The packed-f16 MLP (Mlp ip7 = 1): H at most this (kernels.cu GV_XS_EXT_CHUNKS * 32: the x chunks' powers of two).
 inline constexpr int64_t kMlpF16MaxH = 10240;
 inline bool mlp_f16_width_ok(int64_t H) { return H % 32 == 0 && H <= kMlpF16MaxH; }
+// Whether the packed-f16 MLP kernels of `threads` a block can run the ResNorm before them (ResNorm ip1 = 2, the
+// _r kernels: each thread keeps up to kernels.cu mlp_rv float4s of the input in registers, 5 at 128 threads, 3 at
+// 256): H <= 2560 at 128 threads, 3072 at 256.
+inline bool mlp_res_fits(int64_t H, int threads) {
+    const int rv = threads == 128 ? 5 : threads == 256 ? 3 : 0;
+    return H > 0 && H % 4 == 0 && (H / 4 + 31) / 32 * 32 <= (int64_t)threads * rv;
+}
 
 // cuBLAS workspace a CUDA session preallocates when the plan has Cublas matmuls (NVIDIA's advice for Hopper).
 inline constexpr uint64_t kCublasWorkspaceBytes = 32ull << 20;
@@ -189,7 +200,7 @@ inline uint64_t fnv1a64(const void* data, size_t n, uint64_t h = 146959810393466
 // they change).
 inline uint64_t schema_hash() {
     static const char kSchema[] =
-        "g4plan-v1;header64;section32;tensor64(quant_flags);op104;launch80(op0,resnorm1(t1|t4|t6:-1=none,t7:zero,ip1:folded_into_ple),gemv2,qkvpost3,qkvattn4(ip4:post_ops),mlp5(ip0:gate,ip1:up,ip3:down,ip5:threads,ip6:replicas,ip7:f16x2),attn_o6(op:o,ip1:attention(its merge here),t0:y),ple7(ops:gate,gelu_mul,proj;t0:y),ple_in8(t0:ctx,t1:w,t2:tok,t3:out;ip0:N,ip1:P));matmul_variant(cublas4);"
+        "g4plan-v1;header64;section32;tensor64(quant_flags);op104;launch80(op0,resnorm1(t1|t4|t6:-1=none,t7:zero,ip1:folded_into_ple|mlp,ip2:zero2+1),gemv2,qkvpost3,qkvattn4(ip4:post_ops),mlp5(ip0:gate,ip1:up,ip3:down,ip5:threads,ip6:replicas,ip7:f16x2),attn_o6(op:o,ip1:attention(its merge here),t0:y),ple7(ops:gate,gelu_mul,proj;t0:y),ple_in8(t0:ctx,t1:w,t2:tok,t3:out;ip0:N,ip1:P));matmul_variant(cublas4);"
         "ops:embed1(in:ids,table;fp0:scale),matmul2(in:x,w,bias?;ip5:decode_variant,ip6:prefill_variant),rms_norm3(in:x,w?;ip0:cols,ip1:dim;fp0:eps),"
         "add4(ip0:cols),scale5(in:x,s?;ip0:cols;fp0:s),rope6(in:x,inv_freq;ip0:heads,ip1:dim),"
         "kv_store7(in:k,v;out:kc,vc;ip0:width,ip1:slots),"
@@ -198,7 +209,7 @@ inline uint64_t schema_hash() {
         "meta:program.layer_devices,gpus(index,weights,kv),kv_host_begin;towers(weights,max_media_tokens,vision,audio;flags:tower9,tower_scalar10);"
         "dtypes:f32=0,bf16=1,f16=2,i32=3,nf4=4(blob:codes,absmax|dq;quant_flags:dq1,tiled32_2);kinds:weight0,act1,kv2(dtype:f32|bf16,rne on store),input3;"
         "rowmode:all0,tailin1,outrows2;argmax(logits,vocab,ws,step,ids,host_tok,limit);"
-        "kargs:ple_in9,resnorm14(..,zero),resnorm_rep16(..,zero,rep,nrep),mlp320(..,yr,nrep,zero),mlp_rep,mlp_h2,mlp_z,ple104(..,rx,rd,rpw,xo,rpwdt,eps),ple_res";
+        "kargs:ple_in9,resnorm14(..,zero),resnorm_rep16(..,zero,rep,nrep),mlp376(..,yr,nrep,zero,rx,rd,rpw,rprew,xo,rpwdt,rprewdt,eps),mlp_rep,mlp_h2,mlp_z,mlp_r,resnorm_z2,ple104(..,rx,rd,rpw,xo,rpwdt,eps),ple_res";
     return fnv1a64(kSchema, sizeof(kSchema) - 1);
 }
 

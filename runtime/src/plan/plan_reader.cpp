@@ -348,8 +348,30 @@ g4_status Plan::validate_records(std::string* err) {
             if (l.ip[7] == 1 && (dq || wg.dtype != (uint8_t)DType::NF4 || wu.dtype != (uint8_t)DType::NF4 || !mlp_f16_width_ok(wg.dims[1])))
                 return fail(CORRUPT, what + ": a packed-f16 MLP needs NF4 gate and up weights with f32 block scales and a width that is a multiple of 32 up to " +
                                          std::to_string(kMlpF16MaxH), err);
+            if (launches_[i - 1].ip[1] == 2) {   // the ResNorm before, run by this launch's _r kernel
+                const CudaLaunch& rn = launches_[i - 1];
+                bool zeroed          = false;   // by an earlier ResNorm (ip2)
+                for (size_t k = i - 1; k-- > 0 && !zeroed;)
+                    zeroed = launches_[k].kind == (uint16_t)LaunchKind::ResNorm && launches_[k].ip[2] == rn.t[7] + 1;
+                const bool ok = l.ip[7] == 1 && ops_[l.op].in[0] == rn.t[6] && rn.t[0] >= 0 && rn.t[1] >= 0 && rn.t[2] >= 0 && rn.t[4] >= 0 &&
+                                rn.t[5] >= 0 && rn.t[6] >= 0 && rn.t[3] < 0 && rn.fp[1] == 1.0f && rn.ip[2] == 0 && mlp_res_fits(rn.ip[0], l.ip[5]) &&
+                                rn.ip[0] == w.dims[0] && cols(rn.t[0]) >= rn.ip[0] && cols(rn.t[1]) >= rn.ip[0] && cols(rn.t[4]) >= rn.ip[0] && zeroed;
+                if (!ok)
+                    return fail(CORRUPT, "CUDA schedule record " + std::to_string(i - 1) +
+                                             ": bad folded ResNorm (ip1 2 needs a packed-f16 MLP after it reading its output, no scale, a width the "
+                                             "MLP kernel takes, and an earlier ResNorm zeroing the MLP's output)", err);
+            }
         }
-        if (l.kind == (uint16_t)LaunchKind::ResNorm && l.ip[1] != 0) {
+        if (l.kind == (uint16_t)LaunchKind::ResNorm && l.ip[1] == 2 && (i + 1 >= n_launches_ || launches_[i + 1].kind != (uint16_t)LaunchKind::Mlp))
+            return fail(CORRUPT, what + ": bad folded ResNorm (ip1 2 needs the MLP launch that runs it after it)", err);
+        if (l.kind == (uint16_t)LaunchKind::ResNorm && l.ip[2] != 0) {
+            const int32_t z = l.ip[2] - 1;
+            const bool after_reps = i > 0 && launches_[i - 1].kind == (uint16_t)LaunchKind::Mlp && launches_[i - 1].ip[6] > 1;
+            if (z < 0 || z >= (int32_t)n_tensors_ || tensors_[z].kind != (uint8_t)TensorKind::Activation || cols(z) < l.ip[0] || l.ip[1] != 0 || after_reps)
+                return fail(CORRUPT, what + ": bad second zeroed buffer (ip2 " + std::to_string(l.ip[2]) +
+                                         ": an activation tensor + 1 at least the row wide, on a ResNorm that is launched and sums no replicas)", err);
+        }
+        if (l.kind == (uint16_t)LaunchKind::ResNorm && l.ip[1] != 0 && l.ip[1] != 2) {
             // ip1 = 1: run by the Ple launch after it (g4_ple_res); the MLP before it zeroes that launch's output.
             const CudaLaunch* mlp = i > 0 ? &launches_[i - 1] : nullptr;
             const CudaLaunch* ple = i + 1 < n_launches_ ? &launches_[i + 1] : nullptr;

@@ -55,6 +55,19 @@ std::string compile_sm90_env(TempDir& td, const std::string& fx, const std::stri
     return path;
 }
 
+// Compiling e2b_tiny for sm_90 with the lab switch var=val set must fail, name the switch and its value, and leave no
+// plan; returns the compiler's error.
+std::string expect_switch_refused(TempDir& td, const char* var, const std::string& val) {
+    const std::string path = td.file(std::string("bad_") + var + ".g4plan");
+    setenv(var, val.c_str(), 1);
+    CmdResult r = run_g4("compile --model '" + fixture("e2b_tiny") + "' --device cuda --target sm_90 --weights nf4 --no-fidelity -o '" + path + "'");
+    unsetenv(var);
+    EXPECT_NE(r.exit_code, 0) << var << "=" << val;
+    EXPECT_NE(r.err.find(std::string(var) + "='" + val + "'"), std::string::npos) << r.err;
+    EXPECT_FALSE(std::filesystem::exists(path)) << var << "=" << val;
+    return r.err;
+}
+
 // A copy of the plan at `path` whose CUDA schedule records `edit` changes, with the section's checksum
 // recomputed so that only the records are wrong: loading it must fail with `want` in the message.
 template <class Edit>
@@ -268,15 +281,9 @@ TEST(CudaSchedule, MlpReplicasInThePlan) {
                        "not followed by the ResNorm that sums them");
     }
 
-    const std::string path = td.file("bad_replicas.g4plan");
     for (const char* v : {"5", "0", "two"}) {
-        setenv("G4_MLP_REPLICAS", v, 1);
-        CmdResult r = run_g4("compile --model '" + fixture("e2b_tiny") + "' --device cuda --target sm_90 --weights nf4 --no-fidelity -o '" + path + "'");
-        unsetenv("G4_MLP_REPLICAS");
-        EXPECT_NE(r.exit_code, 0) << v;
-        EXPECT_NE(r.err.find("G4_MLP_REPLICAS='" + std::string(v) + "'"), std::string::npos) << r.err;
-        EXPECT_NE(r.err.find("from 1 to 4"), std::string::npos) << r.err;
-        EXPECT_FALSE(std::filesystem::exists(path)) << v;
+        const std::string err = expect_switch_refused(td, "G4_MLP_REPLICAS", v);
+        EXPECT_NE(err.find("from 1 to 4"), std::string::npos) << err;
     }
 }
 
@@ -298,7 +305,9 @@ TEST(CudaSchedule, ResNormFoldedIntoThePle) {
         for (size_t li = 0; li < p.n_launches(); ++li) {
             const CudaLaunch& l = p.launch(li);
             if (l.kind == (uint16_t)LaunchKind::Mlp && li > 0) pre_mlp = li - 1;
-            if (l.kind == (uint16_t)LaunchKind::ResNorm) EXPECT_TRUE(l.ip[1] >= 0 && l.ip[1] <= 2) << fx << " launch " << li;
+            if (l.kind == (uint16_t)LaunchKind::ResNorm) {
+                EXPECT_TRUE(l.ip[1] >= 0 && l.ip[1] <= 2) << fx << " launch " << li;
+            }
             if (l.kind != (uint16_t)LaunchKind::Ple) continue;
             ++ples;
             ASSERT_GE(li, 2u);
@@ -320,7 +329,9 @@ TEST(CudaSchedule, ResNormFoldedIntoThePle) {
         const std::string path = compile_sm90_env(td, fx, fx + "_nofold", "G4_PLE_FOLD", "0", &q);
         ASSERT_GT(q.n_launches(), 0u) << fx;
         for (size_t li = 0; li < q.n_launches(); ++li)
-            if (q.launch(li).kind == (uint16_t)LaunchKind::ResNorm) EXPECT_NE(q.launch(li).ip[1], 1) << fx << " launch " << li;
+            if (q.launch(li).kind == (uint16_t)LaunchKind::ResNorm) {
+                EXPECT_NE(q.launch(li).ip[1], 1) << fx << " launch " << li;
+            }
         CmdResult i = run_g4("inspect '" + path + "'");
         EXPECT_NE(i.out.find(std::to_string(ples) + " PLE (gate + projection in one kernel; 0 with the ResNorm before"), std::string::npos) << i.out;
 
@@ -339,7 +350,9 @@ TEST(CudaSchedule, ResNormFoldedIntoThePle) {
         compile_sm90_env(td, fx, fx + "_fold_r4", "G4_MLP_REPLICAS", "4", &p4);
         ASSERT_GT(p4.n_launches(), 0u) << fx;
         for (size_t li = 0; li < p4.n_launches(); ++li)
-            if (p4.launch(li).kind == (uint16_t)LaunchKind::ResNorm) EXPECT_NE(p4.launch(li).ip[1], 1) << fx << " with replicas, launch " << li;
+            if (p4.launch(li).kind == (uint16_t)LaunchKind::ResNorm) {
+                EXPECT_NE(p4.launch(li).ip[1], 1) << fx << " with replicas, launch " << li;
+            }
     }
     // By shape: E2B's narrow layers (6144, 256 threads) fold; its wide ones (12288, 128 threads, 4 replicas) and
     // E4B's (10240: 320 blocks of 256 threads) do not.
@@ -347,13 +360,7 @@ TEST(CudaSchedule, ResNormFoldedIntoThePle) {
     EXPECT_FALSE(g4::cuda::ple_fold_after(12288, 128, 4));
     EXPECT_FALSE(g4::cuda::ple_fold_after(10240, 256, 1));
     EXPECT_FALSE(g4::cuda::ple_fold_after(6144, 256, 2));
-    const std::string path = td.file("bad_fold.g4plan");
-    setenv("G4_PLE_FOLD", "yes", 1);
-    CmdResult r = run_g4("compile --model '" + fixture("e2b_tiny") + "' --device cuda --target sm_90 --weights nf4 --no-fidelity -o '" + path + "'");
-    unsetenv("G4_PLE_FOLD");
-    EXPECT_NE(r.exit_code, 0);
-    EXPECT_NE(r.err.find("G4_PLE_FOLD='yes'"), std::string::npos) << r.err;
-    EXPECT_FALSE(std::filesystem::exists(path));
+    expect_switch_refused(td, "G4_PLE_FOLD", "yes");
 }
 
 // The ResNorm making each packed-f16 MLP's input runs in the MLP's kernel (ResNorm ip1 = 2, the _r kernels) in
@@ -429,7 +436,9 @@ TEST(CudaSchedule, ResNormFoldedIntoTheMlp) {
         std::string err;
         ASSERT_EQ(c.load(fpath, false, &err), G4_OK) << err;
         for (size_t li = 0; li < c.n_launches(); ++li)
-            if (c.launch(li).kind == (uint16_t)LaunchKind::ResNorm) EXPECT_NE(c.launch(li).ip[1], 2) << fx << " f32 MLPs, launch " << li;
+            if (c.launch(li).kind == (uint16_t)LaunchKind::ResNorm) {
+                EXPECT_NE(c.launch(li).ip[1], 2) << fx << " f32 MLPs, launch " << li;
+            }
     }
     // By width: E2B (1536) at both thread counts, E4B (2560) at both; wider rows do not fit the registers.
     EXPECT_TRUE(g4::plan::mlp_res_fits(1536, 128));
@@ -443,13 +452,7 @@ TEST(CudaSchedule, ResNormFoldedIntoTheMlp) {
     EXPECT_TRUE(g4::cuda::mlp_fold_one_wave(12288, 128));
     EXPECT_FALSE(g4::cuda::mlp_fold_one_wave(10240, 256));
     EXPECT_FALSE(g4::cuda::mlp_fold_one_wave(16384, 128));
-    const std::string path = td.file("bad_mfold.g4plan");
-    setenv("G4_MLP_FOLD", "yes", 1);
-    CmdResult r = run_g4("compile --model '" + fixture("e2b_tiny") + "' --device cuda --target sm_90 --weights nf4 --no-fidelity -o '" + path + "'");
-    unsetenv("G4_MLP_FOLD");
-    EXPECT_NE(r.exit_code, 0);
-    EXPECT_NE(r.err.find("G4_MLP_FOLD='yes'"), std::string::npos) << r.err;
-    EXPECT_FALSE(std::filesystem::exists(path));
+    expect_switch_refused(td, "G4_MLP_FOLD", "yes");
 }
 
 // The fused MLP's arithmetic (ip7, g4 compile --mlp-precision): packed f16 by default wherever the weights

@@ -409,6 +409,7 @@ TEST(CudaSchedule, ResNormFoldedIntoTheMlp) {
 
         const std::string path = td.file(fx + ".g4plan");
         expect_corrupt(td, path, fx + "_mfold_nozero", [&](CudaLaunch* recs) { recs[first_z].ip[2] = 0; }, "bad folded ResNorm (ip1 2");
+        expect_corrupt(td, path, fx + "_mfold_no_t7", [&](CudaLaunch* recs) { recs[first_rn].t[7] = -1; }, "bad MLP record");
         expect_corrupt(td, path, fx + "_mfold_f32", [&](CudaLaunch* recs) { recs[first_rn + 1].ip[7] = 0; }, "bad folded ResNorm (ip1 2");
         expect_corrupt(td, path, fx + "_mfold_scale", [&](CudaLaunch* recs) { recs[first_rn].t[3] = recs[first_rn].t[2]; },
                        "bad folded ResNorm (ip1 2");

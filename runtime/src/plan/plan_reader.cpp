@@ -351,7 +351,7 @@ g4_status Plan::validate_records(std::string* err) {
             if (launches_[i - 1].ip[1] == 2) {   // the ResNorm before, run by this launch's _r kernel
                 const CudaLaunch& rn = launches_[i - 1];
                 bool zeroed          = false;   // by an earlier ResNorm (ip2)
-                for (size_t k = i - 1; k-- > 0 && !zeroed;)
+                for (size_t k = i - 1; rn.t[7] >= 0 && k-- > 0 && !zeroed;)
                     zeroed = launches_[k].kind == (uint16_t)LaunchKind::ResNorm && launches_[k].ip[2] == rn.t[7] + 1;
                 const bool ok = l.ip[7] == 1 && ops_[l.op].in[0] == rn.t[6] && rn.t[0] >= 0 && rn.t[1] >= 0 && rn.t[2] >= 0 && rn.t[4] >= 0 &&
                                 rn.t[5] >= 0 && rn.t[6] >= 0 && rn.t[3] < 0 && rn.fp[1] == 1.0f && rn.ip[2] == 0 && mlp_res_fits(rn.ip[0], l.ip[5]) &&

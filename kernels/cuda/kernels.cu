@@ -1869,10 +1869,10 @@ __device__ __forceinline__ float h2_chunk_dot(const u32* words, const u32* xh, c
     return (f0 + f1) + (f2 + f3);
 }
 __device__ __forceinline__ int h2_xpiece(int c, int p) { return (c >> 1) * 256 + 128 + (c & 1) * 64 + 16 * (p ^ ((c >> 1) & 3)); }
-// The _r kernels' input (MlpArgs r*): per thread its float4s q = tid + B k (k < MLP_RV) of xn. One block reduction
+// The _r kernels' input (MlpArgs r*): per thread its float4s q = tid + B k (k < mlp_rv) of xn. One block reduction
 // of four sums gives both norms: with w = rd * rpw, x1 = rx + r1 w and sum x1^2 = sum rx^2 + 2 r1 sum rx w +
 // r1^2 sum w^2 (g4_resnorm reduces twice, one block for the whole row; here every block pays it after the wait).
-template <int B> __host__ __device__ constexpr int mlp_rv() { return B == 128 ? 5 : 3; }   // H <= 4 B MLP_RV (cuda_rt::mlp_res_fold_ok)
+template <int B> __host__ __device__ constexpr int mlp_rv() { return B == 128 ? 5 : 3; }   // H / 4 rounded up to 32 <= B mlp_rv (plan::mlp_res_fits)
 template <int B> __device__ __forceinline__ void mlp_res_input(const MlpArgs& a, float4* xr) {
     constexpr int RV = mlp_rv<B>();
     __shared__ float4 s_red4[B / 32];

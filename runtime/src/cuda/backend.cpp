@@ -203,9 +203,11 @@ g4_status open_gpu(const plan::Plan& p, EngineState* st, Gpu& g, const plan::Pro
                            "kernel " + n + ": shared memory size");
             }
     if (gemv_smem(true, g.sm, 0)) {
-        for (CUfunction f : k.mlp) CU_TRY(d->cuFuncSetAttribute(f, kFuncAttrMaxDynamicSmem, (int)kGemvSmemMax), "kernel g4_mlp_nf4: shared memory size");
-        for (CUfunction f : k.mlp_z) CU_TRY(d->cuFuncSetAttribute(f, kFuncAttrMaxDynamicSmem, (int)kGemvSmemMax), "kernel g4_mlp_nf4_b256*_z: shared memory size");
-        for (CUfunction f : k.mlp_r) CU_TRY(d->cuFuncSetAttribute(f, kFuncAttrMaxDynamicSmem, (int)kGemvSmemMax), "kernel g4_mlp_nf4*_h2*_r: shared memory size");
+        // Every fused-MLP kernel (g4_mlp_nf4*: k.mlp, mlp_z, mlp_r) stages its tables in this dynamic shared memory:
+        // one rule by name, so a new family of them cannot miss it (session 41's _z kernels did).
+        for (auto& f : fns)
+            if (std::strncmp(f.n, "g4_mlp_nf4", 10) == 0)
+                CU_TRY(d->cuFuncSetAttribute(*f.f, kFuncAttrMaxDynamicSmem, (int)kGemvSmemMax), std::string("kernel ") + f.n + ": shared memory size");
         for (CUfunction f : k.attn_o) CU_TRY(d->cuFuncSetAttribute(f, kFuncAttrMaxDynamicSmem, (int)kGemvWideSmem), "kernel g4_attn_o_nf4: shared memory size");
     }
     CU_TRY(d->cuMemAlloc(&g.weights, std::max<uint64_t>(64, g.weights_bytes)),
@@ -1074,7 +1076,7 @@ g4_status launch_fused(g4_session* s, const CudaLaunch& l, std::string* err) {
         a.wp = addr(st, p, pr.in[1], 0), a.bp = addr(st, p, pr.in[2], pr.in_col[2]), a.y = addr(st, p, pr.out[0], pr.out_col[0]);
         a.H = (int)p.tensor(pr.in[1]).dims[0], a.P = (int)p.tensor(pr.in[1]).dims[1];
         if (const CudaLaunch* rn = st->fold_prev) {   // the ResNorm before, folded in (the reader checked its fields)
-            a.rx = addr(st, p, rn->t[0], 0), a.rd = addr(st, p, rn->t[1], 0), a.rpw = addr(st, p, rn->t[2], 0), a.xo = addr(st, p, rn->t[4], 0);
+            a.rx = T2(rn, 0), a.rd = T2(rn, 1), a.rpw = T2(rn, 2), a.xo = T2(rn, 4);
             a.rpwdt = dt_code(p, rn->t[2]), a.eps = rn->fp[0];
         }
         r = go((st->fold_prev ? K.ple_res : K.ple)[slice_row_groups(a.H) - 1], (unsigned)(a.P / 8), kSliceThreads, {&a});
@@ -1194,15 +1196,16 @@ g4_status launch_step(g4_session* s, int rows, int out_rows, std::string* err) {
             // Output replicas (the plan's ip6 > 1, the reader checked the ResNorm after): the MLP adds into them
             // and that ResNorm sums them and zeroes them again, so they are zero outside the pair. A lab skipping
             // the ResNorm (G4_DECODE_SKIP) keeps the MLP on its output alone.
-            // A folded ResNorm (ip1 = 1) launches nothing: the Ple launch after it runs it, the MLP before it zeroes
-            // the Ple's output.
-            auto folded   = [&](size_t k) { return k < p.n_launches() && p.launch(k).kind == (uint16_t)LaunchKind::ResNorm && p.launch(k).ip[1] == 1; };
-            st->fold_prev = li > 0 && folded(li - 1) && l.kind == (uint16_t)LaunchKind::Ple ? &p.launch(li - 1) : nullptr;
-            st->fold_next = folded(li + 1) && l.kind == (uint16_t)LaunchKind::Mlp ? &p.launch(li + 1) : nullptr;
-            st->mlp_res   = li > 0 && l.kind == (uint16_t)LaunchKind::Mlp && p.launch(li - 1).kind == (uint16_t)LaunchKind::ResNorm &&
-                                  p.launch(li - 1).ip[1] == 2
-                              ? &p.launch(li - 1)
-                              : nullptr;
+            // A folded ResNorm launches nothing: with ip1 = 1 the Ple launch after it runs it and the MLP before it
+            // zeroes the Ple's output; with ip1 = 2 the Mlp launch after it runs it.
+            auto folded = [&](size_t k, int into) -> const CudaLaunch* {
+                const bool f = k < p.n_launches() && p.launch(k).kind == (uint16_t)LaunchKind::ResNorm && p.launch(k).ip[1] == into;
+                return f ? &p.launch(k) : nullptr;
+            };
+            const bool mlp = l.kind == (uint16_t)LaunchKind::Mlp;
+            st->fold_prev  = li > 0 && l.kind == (uint16_t)LaunchKind::Ple ? folded(li - 1, 1) : nullptr;
+            st->fold_next  = mlp ? folded(li + 1, 1) : nullptr;
+            st->mlp_res    = li > 0 && mlp ? folded(li - 1, 2) : nullptr;
             const int reps = cuda_ws::mlp_replicas(l);
             st->rep_in     = st->rep_out;
             st->rep_out    = reps > 1 && (st->skip.empty() || !st->skip[li + 1]) ? reps - 1 : 0;

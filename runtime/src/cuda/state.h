@@ -179,10 +179,10 @@ struct SessionState {
     // A ResNorm record with ip1 = 1 is folded into the Ple launch after it (g4_ple_res). fold_prev: the folded
     // ResNorm before this launch (a Ple), fold_next: after it (an Mlp, which zeroes the ResNorm's t7: _z kernels).
     const plan::CudaLaunch* fold_prev = nullptr;
+    const plan::CudaLaunch* fold_next = nullptr;
     // A ResNorm record with ip1 = 2 is folded into the Mlp launch after it (the _r kernels): mlp_res, that ResNorm
     // while the launch is its Mlp.
     const plan::CudaLaunch* mlp_res = nullptr;
-    const plan::CudaLaunch* fold_next = nullptr;
     bool merge_in_next = false;   // launch_step: the next decode launch is AttnO, which merges the attention's partials
     std::vector<bool> twice;   // G4_DECODE_TWICE: launches made twice in a row (timing lab, bench/trace_lab.sh)
     // G4_CUDA_PROFILE totals [decode, prefill]: per op code (0..15), then 16 + each fused launch kind

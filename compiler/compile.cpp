@@ -101,22 +101,48 @@ uint64_t plan_activations(Program& p, std::vector<uint64_t>& offset) {
             for (int t : p.ops[i].op.in)
                 if (t >= 0 && r > last[t]) last[t] = r;
         }
-    // The fused decode MLP (g4_mlp_nf4, sm_90 plans) still reads the gate/up input while it adds into the
-    // down projection's output: that input lives until the down's output is consumed.
     auto first_reader = [&](int t, int after) {
         for (int j = after + 1; j < (int)p.ops.size(); ++j)
             for (int x : p.ops[j].op.in)
                 if (x == t) return j;
         return -1;
     };
+    auto code     = [&](int j) { return (OpCode)p.ops[j].op.code; };
+    auto producer = [&](int t, int before) {
+        for (int j = before - 1; j >= 0; --j)
+            for (int o : p.ops[j].op.out)
+                if (o == t) return j;
+        return -1;
+    };
+    // The fused decode MLP (g4_mlp_nf4, sm_90 plans) still reads the gate/up input while it adds into the
+    // down projection's output: that input lives until the down's output is consumed.
+    // Where it runs the ResNorm before it (cuda_schedule.cpp mlp_fold), every block reads that ResNorm's residual x
+    // and attention output d while block 0 writes x1 and the blocks add into the MLP's output y, which the ResNorm
+    // making the layer's q/k/v input zeroes. So x and d live until y is consumed too, and y lives from the residual
+    // add before the layer's q/k/v input on. Chain: x, d -> Add -> x1 -> RmsNorm -> xn -> gate Matmul -> GeluMul ->
+    // down Matmul -> y; the layer's Attention op reads q, made by a Matmul of the q/k/v input.
     for (int k = 0; k < (int)p.ops.size(); ++k) {
-        if (p.ops[k].op.code != (uint16_t)OpCode::GeluMul) continue;
+        if (code(k) != OpCode::GeluMul) continue;
         const int m = first_reader(p.ops[k].op.out[0], k);
-        if (m < 0 || p.ops[m].op.code != (uint16_t)OpCode::Matmul) continue;
+        if (m < 0 || code(m) != OpCode::Matmul) continue;
         const int r = std::max(m, first_reader(p.ops[m].op.out[0], m));
         for (int pi = k - 1; pi >= 0 && pi >= k - 2; --pi)
-            if (p.ops[pi].op.code == (uint16_t)OpCode::Matmul && p.ops[pi].op.in[0] >= 0)
-                last[p.ops[pi].op.in[0]] = std::max(last[p.ops[pi].op.in[0]], r);
+            if (code(pi) == OpCode::Matmul && p.ops[pi].op.in[0] >= 0) last[p.ops[pi].op.in[0]] = std::max(last[p.ops[pi].op.in[0]], r);
+        const int ga = producer(p.ops[k].op.in[0], k), y = p.ops[m].op.out[0];
+        if (ga < 0 || code(ga) != OpCode::Matmul || y < 0 || first[y] < 0) continue;
+        const int pn = producer(p.ops[ga].op.in[0], ga), ad = pn >= 0 && code(pn) == OpCode::RmsNorm ? producer(p.ops[pn].op.in[0], pn) : -1;
+        if (ad < 0 || code(ad) != OpCode::Add) continue;
+        for (int t : {p.ops[ad].op.in[0], p.ops[ad].op.in[1]})
+            if (t >= 0) last[t] = std::max(last[t], r);
+        for (int a = ad - 1; a >= 0; --a) {
+            if (code(a) != OpCode::Attention || p.ops[a].op.layer != p.ops[m].op.layer) continue;
+            const int q = p.ops[a].op.in[0], qm = q >= 0 ? first[q] : -1;
+            if (qm < 0 || code(qm) != OpCode::Matmul || p.ops[qm].op.in[0] < 0) break;
+            const int qn = producer(p.ops[qm].op.in[0], qm);
+            const int x2 = qn >= 0 && code(qn) == OpCode::RmsNorm ? p.ops[qn].op.in[0] : p.ops[qm].op.in[0];
+            if (x2 >= 0 && first[x2] >= 0) first[y] = std::min(first[y], first[x2]);
+            break;
+        }
     }
     // The decode attention's merge + o projection (g4_attn_o_nf4, sm_90 plans) adds into the o output, which
     // the ResNorm making the layer's q/k/v input zeroes: the o output lives from that input's making on.
@@ -131,13 +157,6 @@ uint64_t plan_activations(Program& p, std::vector<uint64_t>& offset) {
     // before zeroes its output y while blocks still read the MLP's input xn, and the projection adds into y while
     // its blocks read the residual and the MLP's output: y lives from xn's making on. Chain: xn -> gate/up
     // Matmul -> GeluMul -> down Matmul -> d [in-place RmsNorm] -> Add -> PLE gate Matmul -> GeluMul -> projection.
-    auto code     = [&](int j) { return (OpCode)p.ops[j].op.code; };
-    auto producer = [&](int t, int before) {
-        for (int j = before - 1; j >= 0; --j)
-            for (int o : p.ops[j].op.out)
-                if (o == t) return j;
-        return -1;
-    };
     for (int k = 0; k < (int)p.ops.size(); ++k) {
         if (code(k) != OpCode::GeluMul) continue;
         const int pr = first_reader(p.ops[k].op.out[0], k), g = producer(p.ops[k].op.in[0], k);
@@ -154,32 +173,6 @@ uint64_t plan_activations(Program& p, std::vector<uint64_t>& offset) {
             if (ga < 0 || code(ga) != OpCode::Matmul) continue;
             const int y = p.ops[pr].op.out[0], xn = p.ops[ga].op.in[0];
             if (y >= 0 && xn >= 0 && first[xn] >= 0 && first[y] >= 0) first[y] = std::min(first[y], first[xn]);
-        }
-    }
-    // The fused MLP running the ResNorm before it (cuda_schedule.cpp mlp_fold): every block reads that ResNorm's
-    // residual x and attention output d while block 0 writes x1 and the blocks add into the MLP's output y, which
-    // the ResNorm making the layer's q/k/v input zeroes. So x and d live until y is consumed, and y lives from the
-    // residual add before the layer's q/k/v input on. Chain: x, d -> Add -> x1 -> RmsNorm -> xn -> gate Matmul ->
-    // GeluMul -> down Matmul -> y; the layer's Attention op reads q, made by a Matmul of the q/k/v input.
-    for (int k = 0; k < (int)p.ops.size(); ++k) {
-        if (code(k) != OpCode::GeluMul) continue;
-        const int dn = first_reader(p.ops[k].op.out[0], k), ga = producer(p.ops[k].op.in[0], k);
-        if (dn < 0 || code(dn) != OpCode::Matmul || ga < 0 || code(ga) != OpCode::Matmul) continue;
-        const int y = p.ops[dn].op.out[0], pn = producer(p.ops[ga].op.in[0], ga);
-        if (y < 0 || first[y] < 0 || pn < 0 || code(pn) != OpCode::RmsNorm) continue;
-        const int ad = producer(p.ops[pn].op.in[0], pn);
-        if (ad < 0 || code(ad) != OpCode::Add) continue;
-        const int r = std::max(dn, first_reader(y, dn));
-        for (int t : {p.ops[ad].op.in[0], p.ops[ad].op.in[1]})
-            if (t >= 0) last[t] = std::max(last[t], r);
-        for (int a = ad - 1; a >= 0; --a) {
-            if (code(a) != OpCode::Attention || p.ops[a].op.layer != p.ops[dn].op.layer) continue;
-            const int q = p.ops[a].op.in[0], qm = q >= 0 ? first[q] : -1;
-            if (qm < 0 || code(qm) != OpCode::Matmul || p.ops[qm].op.in[0] < 0) break;
-            const int qn = producer(p.ops[qm].op.in[0], qm);
-            const int x2 = qn >= 0 && code(qn) == OpCode::RmsNorm ? p.ops[qn].op.in[0] : p.ops[qm].op.in[0];
-            if (x2 >= 0 && first[x2] >= 0) first[y] = std::min(first[y], first[x2]);
-            break;
         }
     }
     // Inputs and logits live for the whole step (written before / read after the program).

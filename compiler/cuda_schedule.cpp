@@ -466,7 +466,8 @@ std::vector<CudaLaunch> decode_schedule(const std::vector<PlanOp>& ops, const st
         l.ip[5] = gemv_lanes(w.dims[1], w.dtype == (uint8_t)DType::NF4, groups);
     }
     // The MLPs' output replicas: only where the next launch is the ResNorm summing them (its d). Then, with their
-    // threads and replicas final, the ResNorm after each MLP that ple_fold_after takes is folded into the Ple.
+    // threads, replicas and arithmetic final, the ResNorm after each MLP that ple_fold_after takes is folded into the
+    // Ple, and the one before it into the MLP.
     for (size_t li = 0; li < out.size(); ++li) {
         CudaLaunch& l = out[li];
         if (l.kind != (uint16_t)LaunchKind::Mlp) continue;
@@ -479,15 +480,11 @@ std::vector<CudaLaunch> decode_schedule(const std::vector<PlanOp>& ops, const st
         if (l.ip[7]) l.ip[5] = mlp_threads_f16(I);
         if (fold_ple && ok && li + 2 < out.size() && ple_fold_after(I, l.ip[5], l.ip[6]) && m.ple_fold(l, out[li + 1], out[li + 2]))
             out[li + 1].ip[1] = 1;   // the Ple runs it, the MLP zeroes the Ple's output
-    }
-    // With the PLE folds final, the ResNorm before each packed-f16 MLP that mlp_fold takes is run by the MLP.
-    for (size_t li = 1; fold_mlp && li < out.size(); ++li) {
+        // The ResNorm before a packed-f16 MLP that mlp_fold takes (and, by default, mlp_fold_one_wave): the MLP runs
+        // it, an earlier ResNorm zeroes the MLP's output.
         size_t z = 0;
-        if (out[li].kind != (uint16_t)LaunchKind::Mlp) continue;
-        const int64_t I = tensors[ops[out[li].ip[0]].in[1]].dims[0];
-        if ((fold_mlp == 1 && !mlp_fold_one_wave(I, out[li].ip[5])) || !m.mlp_fold(out, li - 1, &z)) continue;
-        out[li - 1].ip[1] = 2;                 // the MLP runs it
-        out[z].ip[2]      = out[li].t[0] + 1;  // and that earlier ResNorm zeroes the MLP's output
+        if (fold_mlp && li > 0 && (fold_mlp == 2 || mlp_fold_one_wave(I, l.ip[5])) && m.mlp_fold(out, li - 1, &z))
+            out[li - 1].ip[1] = 2, out[z].ip[2] = l.t[0] + 1;
     }
     return out;
 }

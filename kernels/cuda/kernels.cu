@@ -1961,6 +1961,8 @@ template <int B, bool REP, bool Z = false, bool R = false> __device__ __forceinl
     {   // x as f16 by chunk: a chunk's 8 float4 are 8 consecutive threads' (every lane of a warp takes part)
         const float4* x4 = (const float4*)a.gu.x;
         const int n4 = H / 4, n4w = (n4 + 31) & ~31;
+        // One float4 t of x at index i, staged; a macro for the two loops below (a lambda changed the existing
+        // kernels' sm_90 SASS).
 #define G4_MLP_H2_STAGE_X                                                                                                          \
     float m = fmaxf(fmaxf(fabsf(t.x), fabsf(t.y)), fmaxf(fabsf(t.z), fabsf(t.w)));                                                \
     m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));                                                                            \

@@ -141,7 +141,7 @@ def g4_run(n_prompt, n_new, env=None):
         raise SystemExit(r.stderr)
     line = [l for l in r.stderr.splitlines() if l.startswith("g4: load")][-1]
     num = lambda pat: float(re.search(pat, line).group(1))
-    return {"ttft_ms": num(r"time to first token ([\d.]+) ms"), "decode_tok_s": num(r"\(([\d.]+) tok/s\)$"),
+    return {"ttft_ms": num(r"time to first token ([\d.]+) ms"), "decode_tok_s": num(r"decode \d+ tokens in [\d.]+ ms \(([\d.]+) tok/s"),
             "peak_mib": pk.peak, "line": line}
 
 

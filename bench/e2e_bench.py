@@ -179,7 +179,7 @@ r = subprocess.run([args.g4, "compile", "--model", ckpt, "--adapter", adapter, "
     if not args.quick else subprocess.CompletedProcess([], 1, "", "skipped (--quick)")
 if r.returncode == 0:
     plan_dev, plan = plan, plan_host
-    hrow = g4_bench(plan_host, [512], [0, 4096])
+    hrow = g4_bench(plan_host, [512, 4096], depths)
     hrow["peak_gpu_mib"] = hrow.pop("peak_mib")
     hrow["planned_gpu_mib"] = planned_gpu_mib(r.stderr)
     ids_run = lambda pl: subprocess.run([args.g4, "run", pl, "--tokens", ",".join(map(str, ids_of(64))), "-n", "16", "--temp", "0",
@@ -281,7 +281,7 @@ base = Gemma4ForCausalLM.from_pretrained(ckpt, dtype=torch.bfloat16, attn_implem
 hf_measure(base, "transformers bf16", depths)
 from peft import PeftModel
 pm = PeftModel.from_pretrained(base, adapter).eval()
-hf_measure(pm, "transformers bf16 + PEFT (unmerged)", [d for d in depths if d <= 4096])
+hf_measure(pm, "transformers bf16 + PEFT (unmerged)", depths)
 del pm, base
 torch.cuda.empty_cache()
 try:
@@ -291,7 +291,7 @@ try:
     qm = Gemma4ForCausalLM.from_pretrained(ckpt, quantization_config=q, dtype=torch.bfloat16, device_map={"": 0},
                                            attn_implementation="sdpa").eval()
     qm = PeftModel.from_pretrained(qm, adapter).eval()
-    hf_measure(qm, "transformers + bitsandbytes NF4 + PEFT", [d for d in depths if d <= 4096])
+    hf_measure(qm, "transformers + bitsandbytes NF4 + PEFT", depths)
     del qm
 except Exception as e:  # record why the row could not run
     res["rows"]["transformers + bitsandbytes NF4 + PEFT"] = {"not_run": f"{type(e).__name__}: {str(e)[:300]}"}

@@ -11,7 +11,7 @@
 //        lab: also the variants of kVariants, named in the last column; -DG4_LAB='"file"' replaces
 //        that list with one of your own, e.g. copies of gemv_body with a step removed)
 #ifndef G4_KERNELS
-#define G4_KERNELS "../kernels/cuda/kernels.cu"
+#define G4_KERNELS "kernels/cuda/kernels.cu"
 #endif
 #include G4_KERNELS
 #include "compiler/cuda_schedule.h"

@@ -321,12 +321,12 @@ struct Matcher {
         return true;
     }
 
-    // The ResNorm rn (x + rms(d) * w -> xo, no scale, no second norm) between the Mlp launch making d and the Ple
-    // launch `ple` reading xo can be folded into that launch (g4_ple_res: every block recomputes it; block 0
-    // writes xo; the ResNorm record gets ip1 = 1 and the MLP zeroes the Ple's output y at its end). y must be
-    // apart from what the MLP reads and what the Ple kernel reads or writes besides it (compile.cpp keeps y live
-    // from the MLP's input on), and xo apart from the residual, d and the per-layer input (block 0 writes xo
-    // while other blocks read them). One launch fewer a layer.
+    // The ResNorm rn (x + rms(d) * w -> xo, no scale, no second norm) between the Mlp launch making d and the
+    // Ple launch `ple` reading xo can be folded into that launch (g4_ple_res: every block recomputes it;
+    // block 0 writes xo; the ResNorm record gets ip1 = 1 and the MLP zeroes the Ple's output y at its end). y
+    // must be apart from what the MLP reads and what the Ple kernel reads or writes besides it (compile.cpp
+    // keeps y live from the MLP's input on), and xo apart from the residual, d and the per-layer input (block
+    // 0 writes xo while other blocks read them). One launch fewer a layer.
     bool ple_fold(const CudaLaunch& mlp, const CudaLaunch& rn, const CudaLaunch& ple) const {
         if (mlp.kind != (uint16_t)LaunchKind::Mlp || rn.kind != (uint16_t)LaunchKind::ResNorm || ple.kind != (uint16_t)LaunchKind::Ple) return false;
         if (!device.empty() && (device[mlp.op] != device[rn.op] || device[rn.op] != device[ple.op])) return false;
@@ -337,13 +337,13 @@ struct Matcher {
                disjoint(xo, aux);
     }
 
-    // The ResNorm rn (x + rms(d) * w -> x1, then rms(x1) * w2 -> xn; no scale) at out[r] before the packed-f16 Mlp
-    // launch reading xn can run in every block of that launch (the _r kernels; block 0 writes x1), where an earlier
-    // ResNorm launch out[z] (not folded, not after output replicas, no second zero yet) zeroes the MLP's output y
-    // instead (its ip2). y shares no bytes with what z reads or writes nor with what the launches between z and the
-    // MLP touch (compile.cpp keeps y live from z's residual add on); x1 and y share none with x and d, which every
-    // block reads while block 0 writes x1 (compile.cpp keeps x and d live to the MLP's end); nor the output the
-    // MLP zeroes (a folded PLE's). One launch fewer a layer.
+    // The ResNorm rn (x + rms(d) * w -> x1, then rms(x1) * w2 -> xn; no scale) at out[r] before the
+    // packed-f16 Mlp launch reading xn can run in every block of that launch (the _r kernels; block 0 writes
+    // x1), where an earlier ResNorm launch out[z] (not folded, not after output replicas, no second zero yet)
+    // zeroes the MLP's output y instead (its ip2). y shares no bytes with what z reads or writes nor with
+    // what the launches between z and the MLP touch (compile.cpp keeps y live from z's residual add on); x1
+    // and y share none with x and d, which every block reads while block 0 writes x1 (compile.cpp keeps x and
+    // d live to the MLP's end); nor the output the MLP zeroes (a folded PLE's). One launch fewer a layer.
     bool mlp_fold(const std::vector<CudaLaunch>& out, size_t r, size_t* zeroer) const {
         const CudaLaunch &rn = out[r], &mlp = out[r + 1];
         if (rn.kind != (uint16_t)LaunchKind::ResNorm || mlp.kind != (uint16_t)LaunchKind::Mlp || mlp.ip[7] != 1 || rn.ip[1] != 0) return false;

@@ -80,30 +80,30 @@ inline int mlp_replicas(int64_t I) { return I / 32 >= 384 ? plan::kMlpReplicasMa
 // The fused decode MLP's arithmetic (CudaLaunch ip7, g4 compile --mlp-precision f16|f32): packed f16
 // products (g4_mlp_nf4*_h2: one PRMT, one 32-bit lookup and one HFMA2 a code byte; x and act scaled into f16
 // by powers of two; ~1e-3 relative error an MLP against ~5e-7) wherever the weights allow them: f32 block
-// scales (not double quant), H % 32 == 0, H <= plan::kMlpF16MaxH. On an H200 (`g4 bench`): E2B decode
+// scales (not double quant), H % 32 == 0, H <= plan::kMlpF16MaxH. On an H200 (g4 bench): E2B decode
 // 743.9 -> 785.4 tok/s at depth 16 against f32 (680.0 -> 709.3 at 4096); in bench/mlp_h2_lab.cu, an MLP and
 // a one-block ResNorm: E2B's narrow layers 12.00 -> 10.98 us, E4B 25.59 -> 23.47.
 inline bool mlp_f16(bool f16, int64_t H, bool double_quant) { return f16 && !double_quant && plan::mlp_f16_width_ok(H); }
-// Threads a block of the f16 kernels: 256 (two blocks an SM) up to 320 blocks (E2B's narrow layers, E4B), else
-// 128 (E2B's wide layers, 384 blocks). bench/mlp_h2_lab.cu (H200), with the ResNorm stand-in:
-// E4B 25.04 us at 128 threads, 23.47 at 256; E2B wide 18.79 / 18.95.
+// Threads a block of the f16 kernels: 256 (two blocks an SM) up to 320 blocks (E2B's narrow layers, E4B),
+// else 128 (E2B's wide layers, 384 blocks). bench/mlp_h2_lab.cu (H200), with the ResNorm stand-in: E4B 25.04
+// us at 128 threads, 23.47 at 256; E2B wide 18.79 / 18.95.
 inline int mlp_threads_f16(int64_t I) { return I / 32 <= 320 ? 256 : 128; }
 
-// Whether the ResNorm between a fused MLP (I, threads a block, output replicas) and the PLE after it runs in the
-// PLE's kernel (g4_ple_res). The PLE's 32 blocks (256 threads, ~120 registers at H 1536) are launched while the
-// MLP runs and wait beside its blocks: where the MLP leaves an SM with room for one (up to 192 blocks of 256
-// threads: one a block on most of 132 SMs) the fold saves the ResNorm's launch; where it does not (E2B's wide
-// layers: 384 blocks of 128 threads, three an SM) that MLP ran 2.3 us longer. On an H200 (`g4 bench`):
-// E2B decode 782.1 -> 796.5 tok/s folding its 15 narrow layers, 775.0 folding all 35. One output (no replicas:
-// the PLE reads the MLP's output alone).
+// Whether the ResNorm between a fused MLP (I, threads a block, output replicas) and the PLE after it runs in
+// the PLE's kernel (g4_ple_res). The PLE's 32 blocks (256 threads, ~120 registers at H 1536) are launched
+// while the MLP runs and wait beside its blocks: where the MLP leaves an SM with room for one (up to 192
+// blocks of 256 threads: one a block on most of 132 SMs) the fold saves the ResNorm's launch; where it does
+// not (E2B's wide layers: 384 blocks of 128 threads, three an SM) that MLP ran 2.3 us longer. On an H200 (g4
+// bench): E2B decode 782.1 -> 796.5 tok/s folding its 15 narrow layers, 775.0 folding all 35. One output (no
+// replicas: the PLE reads the MLP's output alone).
 inline bool ple_fold_after(int64_t I, int mlp_threads, int replicas) { return mlp_threads == 256 && I / 32 <= 192 && replicas == 1; }
 
-// Whether the ResNorm before a packed-f16 MLP (I, threads a block) runs in the MLP's kernel by default: where its
-// grid is one wave on a 132-SM Hopper (2 blocks an SM at 256 threads, 3 at 128). Every block then pays the
-// ResNorm's loads and block reduction after the wait, ~1 us, in place of the one-block launch's ~1.5 us step plus
-// its hand-off; blocks of a second wave would pay it again after the first. On an H200 (`g4 bench`): E2B
-// (192 and 384 blocks) decode 810.4 -> 819.1 tok/s. E4B's 320 blocks of 256 threads take two waves: not measured,
-// not folded (G4_MLP_FOLD=all folds them).
+// Whether the ResNorm before a packed-f16 MLP (I, threads a block) runs in the MLP's kernel by default: where
+// its grid is one wave on a 132-SM Hopper (2 blocks an SM at 256 threads, 3 at 128). Every block then pays
+// the ResNorm's loads and block reduction after the wait, ~1 us, in place of the one-block launch's ~1.5 us
+// step plus its hand-off; blocks of a second wave would pay it again after the first. On an H200 (g4
+// bench): E2B (192 and 384 blocks) decode 810.4 -> 819.1 tok/s. E4B's 320 blocks of 256 threads take two
+// waves: not measured, not folded (G4_MLP_FOLD=all folds them).
 inline bool mlp_fold_one_wave(int64_t I, int threads) { return I / 32 <= (threads == 256 ? 2 : 3) * 132; }
 
 // The launches of one decode step, covering every op exactly once, in order. Fusions:

@@ -176,8 +176,8 @@ Program build_text_program(const TextHParams& hp, const BuildOptions& opt) {
         op.fp[0]   = embed_scale(hp, false);
     }
 
-    // Per-layer embeddings: ple[T, L*P] = (norm_P(inp_embd . W_plp^T * H^-1/2) + E_pl[ids] * sqrt(P)) * 2^-1/2
-    // (docs/gemma4.md "Per-layer embeddings").
+    // Per-layer embeddings: ple[T, L*P] = (norm_P(inp_embd . W_plp^T * H^-1/2) + E_pl[ids] * sqrt(P)) *
+    // 2^-1/2 (docs/gemma4.md "Per-layer embeddings").
     int ple = -1;
     if (P > 0) {
         const int w_ple_table = b.weight("embed_tokens_per_layer.weight", {hp.ple_vocab_size, L * P}, WeightRole::PleTable);

@@ -898,10 +898,11 @@ void mlp_plan_run(g4test::TempDir& td, const std::string& fx, const std::string&
 // again. The tiny fixtures' MLPs get 1 by their shape; plans forced to 2 and 4 (the most) record them and,
 // against the plan with 1, every decode step's logits agree to the adds' order (the fused MLP's order
 // varies anyway) and the greedy tokens are equal. The activations are rounded to bf16 between kernels,
-// so another fp32 order can flip one rounding (2^-8 of an element) that carries into later steps: measured 2.5e-5
-// (e2b_tiny) and 1.0e-4 (e4b_tiny) at R = 4 over 24 steps, hence 1e-3, the level of this file's
-// plan-against-plan checks. The plans keep the f32 MLP arithmetic (--mlp-precision f32): the packed-f16 one
-// rounds x to f16, so the adds' order flips more roundings (1.3e-3 at R = 2 on an H200; MlpF16MatchesF32).
+// so another fp32 order can flip one rounding (2^-8 of an element) that carries into later steps:
+// measured 2.5e-5 (e2b_tiny) and 1.0e-4 (e4b_tiny) at R = 4 over 24 steps, hence 1e-3, the level of this
+// file's plan-against-plan checks. The plans keep the f32 MLP arithmetic (--mlp-precision f32): the
+// packed-f16 one rounds x to f16, so the adds' order flips more roundings (1.3e-3 at R = 2 on an H200;
+// MlpF16MatchesF32).
 TEST(CudaPlan, MlpReplicasMatchOneOutput) {
     NEED_GPU();
     if (gpu().sm < 90) GTEST_SKIP() << "the fused MLP is scheduled on sm_90 plans only";

@@ -105,8 +105,9 @@ protected:
     }
     static void TearDownTestSuite() { tok_.reset(); }
     void SetUp() override {
-        ASSERT_TRUE(tok_) << "Gemma tokenizer not found at " << kGemmaPath
-                          << " (re-run cmake to extract tests/fixtures/tokenizer/gemma3/tokenizer.json.tar.xz)";
+        ASSERT_TRUE(tok_)
+            << "Gemma tokenizer not found at " << kGemmaPath
+            << " (re-run cmake to extract tests/fixtures/tokenizer/gemma3/tokenizer.json.tar.xz)";
     }
     static std::unique_ptr<g4::Tokenizer> tok_;
     static double load_s_;

@@ -203,8 +203,8 @@ g4_status open_gpu(const plan::Plan& p, EngineState* st, Gpu& g, const plan::Pro
                            "kernel " + n + ": shared memory size");
             }
     if (gemv_smem(true, g.sm, 0)) {
-        // Every fused-MLP kernel (g4_mlp_nf4*: k.mlp, mlp_z, mlp_r) stages its tables in this dynamic shared memory:
-        // one rule by name, so a new family of them cannot miss it (a per-family list once missed the _z kernels).
+        // Every fused-MLP kernel (g4_mlp_nf4*: k.mlp, mlp_z, mlp_r) stages its tables in this dynamic shared
+        // memory: one rule by name, so no family of them (_z, _r, ...) can be left out.
         for (auto& f : fns)
             if (std::strncmp(f.n, "g4_mlp_nf4", 10) == 0)
                 CU_TRY(d->cuFuncSetAttribute(*f.f, kFuncAttrMaxDynamicSmem, (int)kGemvSmemMax), std::string("kernel ") + f.n + ": shared memory size");

@@ -116,7 +116,7 @@ struct Matcher {
 
     // A lone full-row RmsNorm with a weight, x -> y (the first layer's input norm, which no residual add
     // precedes) -> ResNorm without the residual branch: xn = rms(x) * pre_w. The ResNorm kernel issues its
-    // loads before the wait and reduces with shuffles: H200, session 39, 1.0-1.5 us against the generic
+    // loads before the wait and reduces with shuffles: on an H200, 1.0-1.5 us against the generic
     // g4_rms_norm's 4.7 us at E2B; and with a ResNorm before its q/k/v, the first layer's o projection
     // takes the AttnO fusion too.
     bool norm(size_t i, CudaLaunch* out) const {
@@ -134,7 +134,7 @@ struct Matcher {
     // The per-layer inputs' combination: Scale(ctx) + RmsNorm(ctx, groups of P, weight) + Add(ctx, tok) ->
     // out + Scale(out), all in place but the add, no scalar tensors -> PleIn (g4_ple_in). ctx is read by
     // nothing after the add; out is ctx itself or shares no bytes with ctx or tok (a block reads its group
-    // of both before it writes the same group of out). H200, session 39: three launches fewer a step.
+    // of both before it writes the same group of out). Three launches fewer a decode step.
     bool ple_in(size_t i, CudaLaunch* out) const {
         if (!is(i, OpCode::Scale) || !is(i + 1, OpCode::RmsNorm) || !is(i + 2, OpCode::Add) || !is(i + 3, OpCode::Scale)) return false;
         const PlanOp &s1 = ops[i], &n = ops[i + 1], &a = ops[i + 2], &s2 = ops[i + 3];
@@ -181,14 +181,14 @@ struct Matcher {
             }
         }
         // The decode attention of a sliding-window layer with one kv head, reading q (and the caches just
-        // stored), runs the post-projection itself. Where measured (H200, bench/results/session16):
+        // stored), runs the post-projection itself. Where measured (H200, `g4 bench`):
         //   E2B (1 kv head), sliding layers: +1.0% decode at depth 16, even at 4096 and 32000;
         //   E2B with the full-attention layers too: +1.5% at 16 but -2.9% at 32000 (their hundreds of
         //     splits run in waves, and each block's set-up of norm weights and cos/sin is then exposed);
         //   E4B (2 kv heads), sliding layers: -1.1% at depth 16 (even after the attention kernel's head sums
         //     left local memory: -0.5% / +0.3% at 4096), so GQA layers kept QkvPost until the kernel was
-        //     specialised for the group size (session 19); measured again in session 25: +1.0% at depth 16,
-        //     +1.7% at 4096 (bench/results/session25/ab_qkv_attn_gqa2_e4b_h200.txt). Up to 2 kv heads fuse.
+        //     specialised for the group size; with that kernel, +1.0% at depth 16 and +1.7% at 4096. Up to
+        //     2 kv heads fuse.
         const size_t a = i + l.count;
         if (is(a, OpCode::Attention)) {
             const PlanOp& at = ops[a];
@@ -321,12 +321,12 @@ struct Matcher {
         return true;
     }
 
-    // The ResNorm rn (x + rms(d) * w -> xo, no scale, no second norm) between the Mlp launch making d and the Ple
-    // launch `ple` reading xo can be folded into that launch (g4_ple_res: every block recomputes it; block 0
-    // writes xo; the ResNorm record gets ip1 = 1 and the MLP zeroes the Ple's output y at its end). y must be
-    // apart from what the MLP reads and what the Ple kernel reads or writes besides it (compile.cpp keeps y live
-    // from the MLP's input on), and xo apart from the residual, d and the per-layer input (block 0 writes xo
-    // while other blocks read them). H200, session 41 (bench/README): one launch fewer a layer.
+    // The ResNorm rn (x + rms(d) * w -> xo, no scale, no second norm) between the Mlp launch making d and the
+    // Ple launch `ple` reading xo can be folded into that launch (g4_ple_res: every block recomputes it;
+    // block 0 writes xo; the ResNorm record gets ip1 = 1 and the MLP zeroes the Ple's output y at its end). y
+    // must be apart from what the MLP reads and what the Ple kernel reads or writes besides it (compile.cpp
+    // keeps y live from the MLP's input on), and xo apart from the residual, d and the per-layer input (block
+    // 0 writes xo while other blocks read them). One launch fewer a layer.
     bool ple_fold(const CudaLaunch& mlp, const CudaLaunch& rn, const CudaLaunch& ple) const {
         if (mlp.kind != (uint16_t)LaunchKind::Mlp || rn.kind != (uint16_t)LaunchKind::ResNorm || ple.kind != (uint16_t)LaunchKind::Ple) return false;
         if (!device.empty() && (device[mlp.op] != device[rn.op] || device[rn.op] != device[ple.op])) return false;
@@ -337,13 +337,13 @@ struct Matcher {
                disjoint(xo, aux);
     }
 
-    // The ResNorm rn (x + rms(d) * w -> x1, then rms(x1) * w2 -> xn; no scale) at out[r] before the packed-f16 Mlp
-    // launch reading xn can run in every block of that launch (the _r kernels; block 0 writes x1), where an earlier
-    // ResNorm launch out[z] (not folded, not after output replicas, no second zero yet) zeroes the MLP's output y
-    // instead (its ip2). y shares no bytes with what z reads or writes nor with what the launches between z and the
-    // MLP touch (compile.cpp keeps y live from z's residual add on); x1 and y share none with x and d, which every
-    // block reads while block 0 writes x1 (compile.cpp keeps x and d live to the MLP's end); nor the output the
-    // MLP zeroes (a folded PLE's). H200, session 42 (bench/README): one launch fewer a layer.
+    // The ResNorm rn (x + rms(d) * w -> x1, then rms(x1) * w2 -> xn; no scale) at out[r] before the
+    // packed-f16 Mlp launch reading xn can run in every block of that launch (the _r kernels; block 0 writes
+    // x1), where an earlier ResNorm launch out[z] (not folded, not after output replicas, no second zero yet)
+    // zeroes the MLP's output y instead (its ip2). y shares no bytes with what z reads or writes nor with
+    // what the launches between z and the MLP touch (compile.cpp keeps y live from z's residual add on); x1
+    // and y share none with x and d, which every block reads while block 0 writes x1 (compile.cpp keeps x and
+    // d live to the MLP's end); nor the output the MLP zeroes (a folded PLE's). One launch fewer a layer.
     bool mlp_fold(const std::vector<CudaLaunch>& out, size_t r, size_t* zeroer) const {
         const CudaLaunch &rn = out[r], &mlp = out[r + 1];
         if (rn.kind != (uint16_t)LaunchKind::ResNorm || mlp.kind != (uint16_t)LaunchKind::Mlp || mlp.ip[7] != 1 || rn.ip[1] != 0) return false;

@@ -27,17 +27,17 @@ int decode_attention_splits(int64_t span);
 // row, unless the matrix has too few groups of 4 weight rows to give the GPU about 64K threads: then more
 // lanes share a row, up to one per chunk; and at least enough lanes that a lane takes at most
 // kGemvLaneChunks chunks of a row (the LM head and the PLE context projection: E2B 32 -> 64 lanes, E4B 32 ->
-// 128; session 17 on an H200, when all three came before the wait: +1.2% E2B and +1.6% E4B decode, the LM
-// head's isolated optima in bench/gemv_bench.cu; in bf16-weight plans also the gate/up pairs, not timed;
-// session 28 on an H100 with two before the wait: two chunks a lane, E2B's LM head at 128 lanes, +0.3% /
-// +0.1%, noise, not taken). NF4 with K <= kGemvXsMax (x staged in shared memory, GV_XS_MAX in
+// 128; on an H200 with all three chunks before the wait: +1.2% E2B and +1.6% E4B decode, the LM head's
+// isolated optima in bench/gemv_bench.cu; in bf16-weight plans also the gate/up pairs, not timed; on an H100
+// with two before the wait, two chunks a lane, E2B's LM head at 128 lanes measured +0.3% / +0.1%, noise,
+// not taken). NF4 with K <= kGemvXsMax (x staged in shared memory, GV_XS_MAX in
 // kernels.cu): the fewest lanes that give about 40K threads, at most C / 2 (at least two chunks a lane),
 // or C when a row has 64 chunks or more and that stays within 40K threads; then up to 32 lanes so that
-// every chunk comes before the wait (E2B's q/k/v, C = 48: 16 -> 32 lanes, +1.1% E2B decode on an H100,
-// session 35; E4B's q/k/v, C = 80, at 64 lanes, two warps a row reduced through shared memory, lost
+// every chunk comes before the wait (E2B's q/k/v, C = 48: 16 -> 32 lanes, +1.1% E2B decode on an H100;
+// E4B's q/k/v, C = 80, at 64 lanes, two warps a row reduced through shared memory, lost
 // 1.2%). Other NF4 (the down
 // projections): the fewest lanes giving about 40K threads. Measured on an
-// H200 (session 15, bench/gemv_bench.cu and end to end): E2B attn_o 32 -> 64 and down 64 -> 128 lanes
+// H200 (bench/gemv_bench.cu and end to end with `g4 bench`): E2B attn_o 32 -> 64 and down 64 -> 128 lanes
 // +2.7% E2B decode; E4B down 128 -> 64 lanes +1.7% E4B decode (E4B q/k/v at 64 lanes lost 1.4%).
 // Inline so bench/gemv_bench.cu, built alone with nvcc, marks the same choice.
 inline constexpr int kGemvLaneChunks = 3;
@@ -64,15 +64,15 @@ inline int gemv_lanes(int64_t K, bool nf4, int64_t groups) {
 }
 
 // Threads a block of the fused decode MLP (g4_mlp_nf4[_b256], I / 32 blocks): 256 (two blocks an SM) when
-// the grid is at most 192 blocks, else 128 (three). bench/mlp_lab.cu on an H100 (session 30), gate/up +
+// the grid is at most 192 blocks, else 128 (three). bench/mlp_lab.cu on an H100, gate/up +
 // down of E2B's narrow layers (I = 6144, 192 blocks): 12.7 us at 128 threads, 11.0 at 256; E2B's wide
 // layers (384 blocks) 18.9 / 21.4, E4B (320) 25.5 / 29.0.
 inline int mlp_threads(int64_t I) { return I / 32 <= 192 ? 256 : 128; }
 
 // Output replicas of the fused decode MLP (CudaLaunch ip6): kMlpReplicasMax when the grid is at least 384
 // blocks, else 1. Its blocks' fp32 atomic adds into the [H] output contend at the wide grids; with R
-// replicas, R times fewer meet at each address and the ResNorm after sums them. H100 (sessions 38-39,
-// bench/results/session39): R = 4 on E2B's 20 wide layers (I = 12288, 384 blocks) alone, decode +1.5% at
+// replicas, R times fewer meet at each address and the ResNorm after sums them. On an H100 (`g4 bench`,
+// docs/performance.md): R = 4 on E2B's 20 wide layers (I = 12288, 384 blocks) alone, decode +1.5% at
 // depth 16 (about 1.1 us a layer); on its 15 narrow layers (192 blocks) too, only +1.1%; on E4B (320
 // blocks) -0.4%.
 inline int mlp_replicas(int64_t I) { return I / 32 >= 384 ? plan::kMlpReplicasMax : 1; }
@@ -80,30 +80,30 @@ inline int mlp_replicas(int64_t I) { return I / 32 >= 384 ? plan::kMlpReplicasMa
 // The fused decode MLP's arithmetic (CudaLaunch ip7, g4 compile --mlp-precision f16|f32): packed f16
 // products (g4_mlp_nf4*_h2: one PRMT, one 32-bit lookup and one HFMA2 a code byte; x and act scaled into f16
 // by powers of two; ~1e-3 relative error an MLP against ~5e-7) wherever the weights allow them: f32 block
-// scales (not double quant), H % 32 == 0, H <= plan::kMlpF16MaxH. H200, session 40 (bench/README): E2B decode
+// scales (not double quant), H % 32 == 0, H <= plan::kMlpF16MaxH. On an H200 (g4 bench): E2B decode
 // 743.9 -> 785.4 tok/s at depth 16 against f32 (680.0 -> 709.3 at 4096); in bench/mlp_h2_lab.cu, an MLP and
 // a one-block ResNorm: E2B's narrow layers 12.00 -> 10.98 us, E4B 25.59 -> 23.47.
 inline bool mlp_f16(bool f16, int64_t H, bool double_quant) { return f16 && !double_quant && plan::mlp_f16_width_ok(H); }
-// Threads a block of the f16 kernels: 256 (two blocks an SM) up to 320 blocks (E2B's narrow layers, E4B), else
-// 128 (E2B's wide layers, 384 blocks). bench/mlp_h2_lab.cu (H200, session 40), with the ResNorm stand-in:
-// E4B 25.04 us at 128 threads, 23.47 at 256; E2B wide 18.79 / 18.95.
+// Threads a block of the f16 kernels: 256 (two blocks an SM) up to 320 blocks (E2B's narrow layers, E4B),
+// else 128 (E2B's wide layers, 384 blocks). bench/mlp_h2_lab.cu (H200), with the ResNorm stand-in: E4B 25.04
+// us at 128 threads, 23.47 at 256; E2B wide 18.79 / 18.95.
 inline int mlp_threads_f16(int64_t I) { return I / 32 <= 320 ? 256 : 128; }
 
-// Whether the ResNorm between a fused MLP (I, threads a block, output replicas) and the PLE after it runs in the
-// PLE's kernel (g4_ple_res). The PLE's 32 blocks (256 threads, ~120 registers at H 1536) are launched while the
-// MLP runs and wait beside its blocks: where the MLP leaves an SM with room for one (up to 192 blocks of 256
-// threads: one a block on most of 132 SMs) the fold saves the ResNorm's launch; where it does not (E2B's wide
-// layers: 384 blocks of 128 threads, three an SM) that MLP ran 2.3 us longer. H200, session 41 (bench/README):
-// E2B decode 782.1 -> 796.5 tok/s folding its 15 narrow layers, 775.0 folding all 35. One output (no replicas:
-// the PLE reads the MLP's output alone).
+// Whether the ResNorm between a fused MLP (I, threads a block, output replicas) and the PLE after it runs in
+// the PLE's kernel (g4_ple_res). The PLE's 32 blocks (256 threads, ~120 registers at H 1536) are launched
+// while the MLP runs and wait beside its blocks: where the MLP leaves an SM with room for one (up to 192
+// blocks of 256 threads: one a block on most of 132 SMs) the fold saves the ResNorm's launch; where it does
+// not (E2B's wide layers: 384 blocks of 128 threads, three an SM) that MLP ran 2.3 us longer. On an H200 (g4
+// bench): E2B decode 782.1 -> 796.5 tok/s folding its 15 narrow layers, 775.0 folding all 35. One output (no
+// replicas: the PLE reads the MLP's output alone).
 inline bool ple_fold_after(int64_t I, int mlp_threads, int replicas) { return mlp_threads == 256 && I / 32 <= 192 && replicas == 1; }
 
-// Whether the ResNorm before a packed-f16 MLP (I, threads a block) runs in the MLP's kernel by default: where its
-// grid is one wave on a 132-SM Hopper (2 blocks an SM at 256 threads, 3 at 128). Every block then pays the
-// ResNorm's loads and block reduction after the wait, ~1 us, in place of the one-block launch's ~1.5 us step plus
-// its hand-off; blocks of a second wave would pay it again after the first. H200, session 42 (bench/README): E2B
-// (192 and 384 blocks) decode 810.4 -> 819.1 tok/s. E4B's 320 blocks of 256 threads take two waves: not measured,
-// not folded (G4_MLP_FOLD=all folds them).
+// Whether the ResNorm before a packed-f16 MLP (I, threads a block) runs in the MLP's kernel by default: where
+// its grid is one wave on a 132-SM Hopper (2 blocks an SM at 256 threads, 3 at 128). Every block then pays
+// the ResNorm's loads and block reduction after the wait, ~1 us, in place of the one-block launch's ~1.5 us
+// step plus its hand-off; blocks of a second wave would pay it again after the first. On an H200 (g4
+// bench): E2B (192 and 384 blocks) decode 810.4 -> 819.1 tok/s. E4B's 320 blocks of 256 threads take two
+// waves: not measured, not folded (G4_MLP_FOLD=all folds them).
 inline bool mlp_fold_one_wave(int64_t I, int threads) { return I / 32 <= (threads == 256 ? 2 : 3) * 132; }
 
 // The launches of one decode step, covering every op exactly once, in order. Fusions:

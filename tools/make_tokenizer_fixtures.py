@@ -5,8 +5,8 @@ Reference implementation: Hugging Face `tokenizers` (and `transformers` + jinja2
 template). Needed only to regenerate the fixtures, never at run time or in tests.
 
 Outputs:
-  gemma3_cases.json   encode/decode cases for the real 262k Gemma tokenizer
-                      (../shared/tokenizers/gemma3/tokenizer.json beside the repo)
+  gemma3_cases.json   encode/decode cases for the real 262k Gemma tokenizer (--gemma: a tokenizer.json,
+                      or a .tar.xz holding one; default tests/fixtures/tokenizer/gemma3/tokenizer.json.tar.xz)
   tiny/               a 512-token BPE tokenizer with Gemma's structure, plus tokenizer_config.json,
                       generation_config.json and chat_template.jinja
   tiny_cases.json     encode/decode cases for the tiny tokenizer
@@ -19,12 +19,13 @@ import json
 import os
 import random
 import sys
+import tarfile
 import tempfile
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DEFAULT_GEMMA = os.path.join(REPO, "..", "shared", "tokenizers", "gemma3", "tokenizer.json")
+DEFAULT_GEMMA = os.path.join(REPO, "tests", "fixtures", "tokenizer", "gemma3", "tokenizer.json.tar.xz")
 DEFAULT_OUT = os.path.join(REPO, "tests", "fixtures", "tokenizer")
 
 # ---------------------------------------------------------------------------------------------
@@ -517,9 +518,22 @@ def tiny_variants(tiny_text):
     return out
 
 
+def load_gemma(path):
+    """The Gemma tokenizer from a tokenizer.json or from a .tar.xz archive whose tokenizer.json it reads."""
+    if not path.endswith(".tar.xz"):
+        return Tokenizer.from_file(path)
+    with tarfile.open(path, "r:xz") as tar:
+        try:
+            text = tar.extractfile("tokenizer.json").read().decode("utf-8")
+        except KeyError:
+            sys.exit(f"{path}: the archive holds no tokenizer.json")
+    return Tokenizer.from_str(text)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--gemma", default=DEFAULT_GEMMA)
+    ap.add_argument("--gemma", default=DEFAULT_GEMMA,
+                    help="the real Gemma tokenizer: tokenizer.json or a .tar.xz holding it (default: %(default)s)")
     ap.add_argument("--out", default=DEFAULT_OUT)
     args = ap.parse_args()
     out = args.out
@@ -532,7 +546,7 @@ def main():
 
     # Real Gemma tokenizer.
     rng = random.Random(1234)
-    gemma = Tokenizer.from_file(args.gemma)
+    gemma = load_gemma(args.gemma)
     texts = HANDWRITTEN + random_strings(rng) + long_strings(rng)
     assert len(set(texts)) == len(texts), "duplicate test strings"
     dump("gemma3_cases.json", {

@@ -1467,15 +1467,15 @@ __device__ __forceinline__ void gemv_body(const GemvArgs& a, float2* tab, float4
     // The lane's first FC chunks of every row (codes and scales) are loaded into registers before the
     // wait on the previous kernel: weights never depend on it, so their DRAM latency overlaps its tail
     // (and the pair table's set-up). Two, not three: the kernel waited on runs faster under less DRAM
-    // traffic from its dependent's loads (H100, session 28: E2B +2.3%, E4B +3.4% tok/s against three).
+    // traffic from its dependent's loads (on an H100: E2B +2.3%, E4B +3.4% tok/s against three).
     // The fused MLP loads one: it follows a one-block ResNorm, and its 192-384 blocks' front loads
-    // (megabytes) delayed that ResNorm's exit and the MLP's release (H200, session 37: E2B +0.8% / +0.9%,
+    // (megabytes) delayed that ResNorm's exit and the MLP's release (on an H200: E2B +0.8% / +0.9%,
     // E4B +0.2% / +0.3% tok/s at depth 16 / 4096 against two).
     // Later chunks (E2B's wide and E4B's gate/up: 4 and 8 a lane on sm_90, E4B's down 3; bf16 rows of more
     // than FC * L chunks) are loaded in the loop below, one chunk ahead of the multiply. bf16 rows' later
     // chunks are also pulled into L2 before the wait; NF4 rows' are not: the post-wait prefetch of the whole
     // rest of the matrix (E4B's gate/up: 24 MB at once) cost more than it saved once the loop loaded a chunk
-    // ahead (H100, session 29: without it E4B +3.0%, E2B +0.3% tok/s).
+    // ahead (on an H100: without it E4B +3.0%, E2B +0.3% tok/s).
     uint4 pk0[FC][G];
     u32 raw0[FC][G];
 #pragma unroll
@@ -1679,12 +1679,12 @@ struct Nf4Tiled {
 // two-kernel path stages all of act in every down block after a grid-wide wait). y must be zero at the
 // wait: the ResNorm before zeroes it (g4_resnorm's zero). The order of the adds varies, so y may differ
 // in its last bits from run to run (g4 compile --deterministic keeps the two GEMVs). The down matrix is
-// stored tiled (Nf4Tiled). bench/mlp_lab.cu (H100, session 30): E2B 15.7 -> 12.8 us, E2B wide 22.0 -> 19.1,
+// stored tiled (Nf4Tiled). bench/mlp_lab.cu (H100): E2B 15.7 -> 12.8 us, E2B wide 22.0 -> 19.1,
 // E4B 28.5 -> 25.5 against the gate/up + down GEMVs in a graph.
 // grid I / 32, block 128 (g4_mlp_nf4) or 256 (g4_mlp_nf4_b256: the gate/up at 16 lanes, two blocks an SM;
 // bench/mlp_lab.cu: E2B 12.7 -> 11.0 us, but slower at 384 and 320 blocks), dynamic shared memory
 // cuda_rt::gemv_smem(true, 90, H). H % 4 == 0, I % 64 == 0. One kernel a scale format (_dq: double quant), so
-// the loops carry no predicated-off path for the other (bench/README session 34: 9-11% a kernel, E2B +3.3%,
+// the loops carry no predicated-off path for the other (measured: 9-11% a kernel, E2B +3.3%,
 // E4B +4.5% decode on an H100). The _rep kernels add into output replicas (MlpArgs::nrep; the plan's ip6).
 struct MlpArgs {
     GemvArgs gu;            // gate (m[0]) and up (m[1]), x, k = H, epi 1
@@ -1728,8 +1728,8 @@ __device__ __forceinline__ void red_add_v4(float* p, float4 v) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 // B threads a block: 128 (three blocks an SM) or 256 (two), the gate/up at 2 B / 32 lanes a group; SM the
 // scale format of all three matrices (NF4_SCALES_F32 or _DQ; the runtime picks the kernel by the plan's). XA
-// false: the gate/up loop keeps a global-memory path for x (bench/mlp_mma_lab.cu's copy of the kernels before
-// session 34, with SM NF4_SCALES_ANY).
+// false: the gate/up loop keeps a global-memory path for x (bench/mlp_mma_lab.cu's copy of the kernels from
+// before the per-format split, with SM NF4_SCALES_ANY).
 // REP: adds into the output replicas (a.nrep; the _rep kernels); without it the kernel reads neither field.
 template <int B, int SM, bool REP, bool XA = true, bool Z = false> __device__ __forceinline__ void mlp_body(const MlpArgs& a, float4* mlp_wide) {
     __shared__ float s_act[MLP_S];
@@ -1765,7 +1765,7 @@ template <int B, int SM, bool REP, bool XA = true, bool Z = false> __device__ __
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
             const u32 words[4] = {pk[k].x, pk[k].y, pk[k].z, pk[k].w};
-            float s0 = 0.0f, s1 = 0.0f;   // nf4_chunk_dot's body, kept inline: the SASS measured in session 30
+            float s0 = 0.0f, s1 = 0.0f;   // nf4_chunk_dot's body, kept inline: the SASS bench/mlp_lab.cu measured
 #pragma unroll
             for (int wd = 0; wd < 4; ++wd) {
                 const u32 w     = words[wd];
@@ -1824,7 +1824,7 @@ G4_MLP(g4_mlp_nf4_b256_dq_z, 256, NF4_SCALES_DQ, false, true)
 // (c >> 1) * 256 + 128 + (c & 1) * 64 + 16 (p ^ ((c >> 1) & 3)), 8 consecutive chunks on 8 bank groups. A
 // row-chunk's chains are summed in f32 and scaled by its block scale times the chunk's power of two; the down
 // half scales act by a power of two over the block's 32 values the same way. Relative error of an MLP output
-// ~1e-3 (the f32 kernels': ~5e-7), below bf16's rounding (3.9e-3). H200, session 40 (bench/README): E2B decode
+// ~1e-3 (the f32 kernels': ~5e-7), below bf16's rounding (3.9e-3). On an H200 (`g4 bench`): E2B decode
 // +5.6% / +4.3% at depth 16 / 4096, E4B +6.6% / +5.9%; the down loop repeats mlp_body's (a shared helper changed
 // the f32 kernels' SASS, so it stays apart). grid I / 32, block B (128 or 256), dynamic shared memory
 // GV_WIDE_BYTES; H % 32 == 0, H <= 32 GV_XS_EXT_CHUNKS, I % 64 == 0.
@@ -2534,7 +2534,7 @@ G4_LM_EXACT(128)
 // runtime: 512, 1024 for H > 2048), H <= 8 x block. Rows of H % 4 == 0 at 16-byte aligned addresses
 // (every plan's hidden size) take the float4 path: one or two 16-byte loads of x and of d a thread after
 // the wait, instead of up to eight branch-guarded scalar loads of each (E2B decode +4.7%, E4B +6.9% on
-// an H200, session 24); the scalar path takes the rest.
+// an H200); the scalar path takes the rest.
 // dr (or null): nrep replicas [nrep, H] of d (g4_mlp_nf4's nrep, at most RN_MAX), added to it in replica order and
 // zeroed by the thread that read them.
 __device__ __forceinline__ void resnorm_scalar(const float* x, const float* d, const void* pw, int pwdt, const void* sc, int sdt,
@@ -3101,7 +3101,7 @@ G4_ATTN_DECODE_POST(g4_attn_decode_post_bf16, true, 0)
 // the real elements (no predicated-off loads) and P.V one column layout. The runtime takes them for layers of
 // that dim when the plan has them (older plans and the generic module do not). Only for groups of 8 (E2B):
 // at E4B's group of 4 they were faster at depth 16 but 0.3-1.0% slower a token at depth 4096 on an H200
-// (bench/README, session 36), so its plans keep the kernels above.
+// (`g4 bench -d 16,4096`), so its plans keep the kernels above.
 #if defined(G4_AD_HPG) && G4_AD_HPG >= 8
 G4_ATTN_DECODE(g4_attn_decode_d256, false, 256)
 G4_ATTN_DECODE(g4_attn_decode_bf16_d256, true, 256)

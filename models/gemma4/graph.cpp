@@ -1,5 +1,5 @@
-// Gemma 4 text decoder as straight-line graph code (transformers' Gemma4TextModel.forward,
-// ../shared/docs/gemma4-architecture.md §2). Each intermediate is named "<name>" or "<name>-<layer>".
+// Gemma 4 text decoder as straight-line graph code (transformers' Gemma4TextModel.forward; the model op
+// by op: docs/gemma4.md). Each intermediate is named "<name>" or "<name>-<layer>".
 #include "models/gemma4/graph.h"
 
 #include <cmath>
@@ -168,14 +168,16 @@ Program build_text_program(const TextHParams& hp, const BuildOptions& opt) {
     const int inv_freq_sliding = b.constant("rope_inv_freq.sliding", rope_inv_freq(hp, LayerType::Sliding));
     const int inv_freq_full    = b.constant("rope_inv_freq.full", rope_inv_freq(hp, LayerType::Full));
 
-    // inp_embd = embed_tokens[ids] * sqrt(H)   (HF casts the scale to the weight dtype; f32 here)
+    // inp_embd = embed_tokens[ids] * sqrt(H)   (HF casts the scale to the weight dtype; f32 here).
+    // docs/gemma4.md "Embeddings and scaling".
     int x = b.act("inp_embd", H);
     {
         PlanOp& op = b.emit(OpCode::Embed, "inp_embd", -1, {{prog.ids}, {w_embed}}, {{x}});
         op.fp[0]   = embed_scale(hp, false);
     }
 
-    // Per-layer embeddings: ple[T, L*P] = (norm_P(inp_embd . W_plp^T * H^-1/2) + E_pl[ids] * sqrt(P)) * 2^-1/2
+    // Per-layer embeddings: ple[T, L*P] = (norm_P(inp_embd . W_plp^T * H^-1/2) + E_pl[ids] * sqrt(P)) *
+    // 2^-1/2 (docs/gemma4.md "Per-layer embeddings").
     int ple = -1;
     if (P > 0) {
         const int w_ple_table = b.weight("embed_tokens_per_layer.weight", {hp.ple_vocab_size, L * P}, WeightRole::PleTable);
@@ -199,6 +201,7 @@ Program build_text_program(const TextHParams& hp, const BuildOptions& opt) {
         const int inv_freq = full ? inv_freq_full : inv_freq_sliding;
 
         // Attention block: x = x + post_attn_norm(o_proj(attn(rope(q_norm(q)), K, V)))
+        // (docs/gemma4.md "Attention", "RoPE").
         int w_in_norm = b.weight(lt(il, "input_layernorm.weight"), {H}, WeightRole::Norm);
         int attn_norm = b.norm_new(x, w_in_norm, "attn_norm", il);
         int w_q       = b.weight(lt(il, "self_attn.q_proj.weight"), {(int64_t)nh * d, H}, WeightRole::AttnProj);
@@ -225,7 +228,8 @@ Program build_text_program(const TextHParams& hp, const BuildOptions& opt) {
             op.ip[0]    = nkv * d;
             op.ip[1]    = slots[il];
         }
-        // KV-shared layers read the donor's cache: a static table, no copy, no memory of their own.
+        // KV-shared layers read the donor's cache: a static table, no copy, no memory of their own
+        // (docs/gemma4.md "KV sharing").
         const int src = li.kv_source;
         int attn      = b.act("attn-" + std::to_string(il), (int64_t)nh * d);
         {
@@ -272,7 +276,8 @@ Program build_text_program(const TextHParams& hp, const BuildOptions& opt) {
         b.scale(x, 1.0f, w_scalar, "layer_out", il);
     }
 
-    // Head: logits = softcap(norm(x[last rows]) . embed_tokens^T)  (tied LM head)
+    // Head: logits = softcap(norm(x[last rows]) . embed_tokens^T)  (tied LM head;
+    // docs/gemma4.md "Final norm, LM head and softcap").
     int w_norm = b.weight("norm.weight", {H}, WeightRole::Norm);
     int h      = b.act("result_norm", H, opt.logits_rows);
     b.rms_norm({x}, w_norm, H, (int)H, h, "result_norm", -1, RowMode::TailIn);

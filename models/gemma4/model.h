@@ -1,6 +1,6 @@
 // The one definition of the Gemma 4 text decoder shared by compiler and runtime: hyper-parameters,
 // per-layer roles (sliding/full, KV-shared, donor), derived shapes and Hugging Face tensor names.
-// Follows transformers' modeling_gemma4.py (see ../shared/docs/gemma4-architecture.md §1-§2).
+// Follows transformers' modeling_gemma4.py (docs/gemma4.md: "Shapes", "Configuration keys", "KV sharing").
 // Pure data and arithmetic: no I/O, no JSON, no exceptions.
 #pragma once
 #include <cstdint>
@@ -43,7 +43,8 @@ struct TextHParams {
     LayerType layer_types[kMaxLayers] = {};
 };
 
-// Role of one layer, derived from the hyper-parameters (HF Gemma4TextConfig.kv_sharing_modes).
+// Role of one layer, derived from the hyper-parameters (HF Gemma4TextConfig.kv_sharing_modes; docs/gemma4.md
+// "KV sharing").
 struct LayerInfo {
     LayerType type;
     int head_dim;        // 256/512
@@ -62,7 +63,7 @@ const char* layer_type_name(LayerType t);   // "sliding_attention" / "full_atten
 
 // RoPE inverse frequencies for one layer type, computed in float32 exactly as transformers does:
 // inv_freq[k] = 1 / theta ** (float(2k) / head_dim) for the rotated pairs, 0 for the pass-through tail
-// ("proportional" rope). Returns head_dim/2 values.
+// ("proportional" rope; docs/gemma4.md "RoPE"). Returns head_dim/2 values.
 std::vector<float> rope_inv_freq(const TextHParams& hp, LayerType t);
 
 // Embedding scale sqrt(H) as HF applies it: the fp32 buffer cast to the weight dtype

@@ -1,6 +1,6 @@
 // Every CUDA kernel of the decode schedule and the prefill tiers against the scalar reference
 // (kernels/ref) at Gemma 4's real E2B/E4B shapes. Needs an NVIDIA GPU: each test is skipped where no
-// driver or GPU is present (CI); on a GPU machine they run in full. Kernels are compiled with NVRTC for
+// driver or GPU is present (CI); with a GPU they run in full. Kernels are compiled with NVRTC for
 // the GPU present, exactly as `g4 compile --device cuda` does.
 #include "compiler/cuda_compile.h"
 #include "compiler/cuda_schedule.h"
@@ -898,10 +898,11 @@ void mlp_plan_run(g4test::TempDir& td, const std::string& fx, const std::string&
 // again. The tiny fixtures' MLPs get 1 by their shape; plans forced to 2 and 4 (the most) record them and,
 // against the plan with 1, every decode step's logits agree to the adds' order (the fused MLP's order
 // varies anyway) and the greedy tokens are equal. The activations are rounded to bf16 between kernels,
-// so another fp32 order can flip one rounding (2^-8 of an element) that later steps carry: measured 2.5e-5
-// (e2b_tiny) and 1.0e-4 (e4b_tiny) at R = 4 over 24 steps, hence 1e-3, the level of this file's
-// plan-against-plan checks. The plans keep the f32 MLP arithmetic (--mlp-precision f32): the packed-f16 one
-// rounds x to f16, so the adds' order flips more roundings (1.3e-3 at R = 2, H200, session 40; MlpF16MatchesF32).
+// so another fp32 order can flip one rounding (2^-8 of an element) that carries into later steps:
+// measured 2.5e-5 (e2b_tiny) and 1.0e-4 (e4b_tiny) at R = 4 over 24 steps, hence 1e-3, the level of this
+// file's plan-against-plan checks. The plans keep the f32 MLP arithmetic (--mlp-precision f32): the
+// packed-f16 one rounds x to f16, so the adds' order flips more roundings (1.3e-3 at R = 2 on an H200;
+// MlpF16MatchesF32).
 TEST(CudaPlan, MlpReplicasMatchOneOutput) {
     NEED_GPU();
     if (gpu().sm < 90) GTEST_SKIP() << "the fused MLP is scheduled on sm_90 plans only";
@@ -925,7 +926,7 @@ TEST(CudaPlan, MlpReplicasMatchOneOutput) {
 
 // The fused MLP's packed-f16 products (--mlp-precision, plan ip7): default plans take them; against plans
 // compiled --mlp-precision f32, 24 greedy decode steps give the same tokens and logits within 1e-2 (each MLP
-// output is ~1e-3 off, against bf16's 3.9e-3 rounding; measured 3.8e-3 / 3.6e-3 on an H200, session 40).
+// output is ~1e-3 off, against bf16's 3.9e-3 rounding; measured 3.8e-3 / 3.6e-3 on an H200).
 TEST(CudaPlan, MlpF16MatchesF32) {
     NEED_GPU();
     if (gpu().sm < 90) GTEST_SKIP() << "the fused MLP is scheduled on sm_90 plans only";
@@ -1177,9 +1178,9 @@ TEST_P(ResNorm, MatchesUnfusedOps) {
             if (mode == 2) { EXPECT_EQ(dev.down<uint32_t>(gxn, 1)[0], 0xffffffffu) << "xn written without being asked for"; }
         }
 }
-// x nearly cancelling the normalised residual branch (x_out 3-50x smaller than x): where a faster ResNorm
-// would take sum(x_out^2) from sums over x and d (bench/results/session23/rn.patch), it rounds relative to
-// sum(x^2). Both outputs carry the cancellation's own amplification of the inputs' rounding, hence 1e-5.
+// x nearly cancelling the normalised residual branch (x_out 3-50x smaller than x): a faster ResNorm that
+// took sum(x_out^2) from sums over x and d would round relative to sum(x^2), and fails here. Both
+// outputs carry the cancellation's own amplification of the inputs' rounding, hence 1e-5.
 TEST_P(ResNorm, CancellingResidual) {
     NEED_GPU();
     const int H = GetParam();

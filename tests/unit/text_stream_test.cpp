@@ -17,7 +17,8 @@
 
 namespace {
 
-const std::string kGemmaPath = std::string(G4_SOURCE_DIR) + "/../shared/tokenizers/gemma3/tokenizer.json";
+// Extracted at configure time from tests/fixtures/tokenizer/gemma3/tokenizer.json.tar.xz (CMakeLists.txt).
+const std::string kGemmaPath = G4_GEMMA_TOKENIZER;
 
 struct Streamed {
     std::vector<std::string> pieces;
@@ -117,7 +118,9 @@ void check_tokenizer(const g4::Tokenizer& tk, int32_t byte0, const std::vector<i
 TEST(TextStream, IncrementalMatchesWholeDecodesWithTheGemmaTokenizer) {
     auto tk = std::make_unique<g4::Tokenizer>();
     std::string err;
-    if (!std::ifstream(kGemmaPath)) GTEST_SKIP() << "Gemma tokenizer not found at " << kGemmaPath << " (needs ../shared beside the repo)";
+    ASSERT_TRUE(std::ifstream(kGemmaPath).good())
+        << "Gemma tokenizer not found at " << kGemmaPath
+        << " (re-run cmake to extract tests/fixtures/tokenizer/gemma3/tokenizer.json.tar.xz)";
     const std::string json = g4test::read_file(kGemmaPath);
     ASSERT_TRUE(g4::Tokenizer::load_from_json(json, tk.get(), &err)) << err;
     const int32_t byte0 = tk->id_of("<0x00>");

@@ -16,7 +16,8 @@ namespace {
 
 using json = nlohmann::json;
 
-const std::string kGemmaPath = std::string(G4_SOURCE_DIR) + "/../shared/tokenizers/gemma3/tokenizer.json";
+// Extracted at configure time from tests/fixtures/tokenizer/gemma3/tokenizer.json.tar.xz (CMakeLists.txt).
+const std::string kGemmaPath = G4_GEMMA_TOKENIZER;
 
 std::string from_hex(const std::string& hex) {
     std::string out;
@@ -104,9 +105,9 @@ protected:
     }
     static void TearDownTestSuite() { tok_.reset(); }
     void SetUp() override {
-        if (!tok_)
-            GTEST_SKIP() << "Gemma tokenizer not found at " << kGemmaPath
-                         << " (needs ../shared beside the repo)";
+        ASSERT_TRUE(tok_)
+            << "Gemma tokenizer not found at " << kGemmaPath
+            << " (re-run cmake to extract tests/fixtures/tokenizer/gemma3/tokenizer.json.tar.xz)";
     }
     static std::unique_ptr<g4::Tokenizer> tok_;
     static double load_s_;

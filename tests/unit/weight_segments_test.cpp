@@ -45,7 +45,7 @@ TEST(WeightSegments, KeepPlanOffsetsModuloTheAlignment) {
 }
 
 TEST(WeightSegments, AlignedPlansNeedNoPadding) {
-    // A plan whose ranges start at multiples of the alignment (g4 compile since session 38) and one hole
+    // A plan whose ranges start at multiples of the alignment (as g4 compile writes them) and one hole
     // ending at one: the device copy is exactly the plan's bytes.
     std::vector<WeightSeg> segs;
     const uint64_t a = g4::plan::kWeightAlign;

@@ -162,7 +162,7 @@ g4_status open_gpu(const plan::Plan& p, EngineState* st, Gpu& g, const plan::Pro
         for (int v = 0; v < 4; ++v)
             if (d->cuModuleGetFunction(&k.attn_dim[di][v], g.mod, (base[v] + sfx).c_str()) != 0) k.attn_dim[di][v] = nullptr;
     }
-    // LM-head screening: kernels of plans compiled since session 25 (without them, no screening).
+    // LM-head screening: a module without its kernels (a plan from an older g4) decodes without screening.
     if (d->cuModuleGetFunction(&k.lm_build, g.mod, "g4_lm_screen_build") != 0 || d->cuModuleGetFunction(&k.lm_screen, g.mod, "g4_lm_screen") != 0)
         k.lm_build = k.lm_screen = nullptr;
     for (int l = 0; l < 5 && k.lm_screen; ++l)
@@ -203,8 +203,8 @@ g4_status open_gpu(const plan::Plan& p, EngineState* st, Gpu& g, const plan::Pro
                            "kernel " + n + ": shared memory size");
             }
     if (gemv_smem(true, g.sm, 0)) {
-        // Every fused-MLP kernel (g4_mlp_nf4*: k.mlp, mlp_z, mlp_r) stages its tables in this dynamic shared memory:
-        // one rule by name, so a new family of them cannot miss it (session 41's _z kernels did).
+        // Every fused-MLP kernel (g4_mlp_nf4*: k.mlp, mlp_z, mlp_r) stages its tables in this dynamic shared
+        // memory: one rule by name, so no family of them (_z, _r, ...) can be left out.
         for (auto& f : fns)
             if (std::strncmp(f.n, "g4_mlp_nf4", 10) == 0)
                 CU_TRY(d->cuFuncSetAttribute(*f.f, kFuncAttrMaxDynamicSmem, (int)kGemvSmemMax), std::string("kernel ") + f.n + ": shared memory size");

@@ -26,7 +26,7 @@ struct Kernels {
     CUfunction resnorm, resnorm_rep, resnorm_z2, ple_in, qkv_post, attn_decode, attn_decode_bf16, attn_decode_post, attn_decode_post_bf16, nf4_to_bf16, f32_to_bf16, add_bias;
     // The four decode attention kernels above compiled for head dim 256 / 512 ([0] / [1]; order attn_decode,
     // _bf16, _post, _post_bf16): only in modules specialised for a group size (cuda.attn_hpg) of 8 or more,
-    // in plans compiled since session 36; null otherwise.
+    // when the plan's module has them; null otherwise.
     CUfunction attn_dim[2][4];
     CUfunction attn_o[4];   // g4_attn_o_nf4_g1..4 (sm_90 plans only): the decode merge + o projection
     CUfunction ple[4];      // g4_ple_bf16_g1..4 (sm_90 plans only): the per-layer-input gate + projection

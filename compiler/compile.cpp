@@ -648,7 +648,8 @@ void write_plan(const Inputs& in, const std::string& out_path, Mode mode, Report
     if (in.cuda_index >= 0) policy["prefill_precision"] = opt.prefill_precision;
     if (in.cuda_index >= 0) policy["mlp_precision"] = opt.mlp_precision;
     // The schedule choices for measurements, only where they are not the default.
-    if (in.cuda_index >= 0 && opt.mlp_replicas != "auto") policy["mlp_replicas"] = std::stoi(opt.mlp_replicas);
+    if (in.cuda_index >= 0 && opt.mlp_replicas != "auto")
+        policy["mlp_replicas"] = std::stoi(opt.mlp_replicas);
     if (in.cuda_index >= 0 && opt.ple_fold != "on") policy["ple_fold"] = opt.ple_fold;
     if (in.cuda_index >= 0 && opt.mlp_fold != "one-wave") policy["mlp_fold"] = opt.mlp_fold;
     json meta;
@@ -659,7 +660,8 @@ void write_plan(const Inputs& in, const std::string& out_path, Mode mode, Report
     meta["device"]        = in.cuda_index >= 0 && mode == Mode::Plan ? "cuda" : "cpu";
     if (in.cuda_index >= 0 && mode == Mode::Plan)
         meta["cuda"] = {{"target", in.cuda_target}, {"device_index", in.cuda_index}, {"attn_hpg", in.cuda_spec.attn_hpg}};
-    if (in.cuda_index >= 0 && mode == Mode::Plan && in.cuda_spec.trace) meta["cuda"]["kernel_trace"] = opt.kernel_trace;
+    if (in.cuda_index >= 0 && mode == Mode::Plan && in.cuda_spec.trace)
+        meta["cuda"]["kernel_trace"] = opt.kernel_trace;
     meta["weights_dtype"] = opt.weights;
     meta["policy"]        = policy;
     meta["reference_plan"] = mode == Mode::Reference;
@@ -934,16 +936,23 @@ void compile_plan(const CompileOptions& opt, std::ostream& log) {
         throw CompileError("unknown --mlp-precision '" + opt.mlp_precision + "': expected f16 or f32");
     const std::string& reps = opt.mlp_replicas;
     if (reps != "auto" && !(reps.size() == 1 && reps[0] >= '1' && reps[0] < '1' + plan::kMlpReplicasMax))
-        throw CompileError("unknown --mlp-replicas '" + reps + "': expected auto or a number of output replicas from 1 to " +
+        throw CompileError("unknown --mlp-replicas '" + reps +
+                           "': expected auto or a number of output replicas from 1 to " +
                            std::to_string(plan::kMlpReplicasMax));
-    if (opt.ple_fold != "on" && opt.ple_fold != "off") throw CompileError("unknown --ple-fold '" + opt.ple_fold + "': expected on or off");
+    if (opt.ple_fold != "on" && opt.ple_fold != "off")
+        throw CompileError("unknown --ple-fold '" + opt.ple_fold + "': expected on or off");
     if (opt.mlp_fold != "one-wave" && opt.mlp_fold != "all" && opt.mlp_fold != "off")
         throw CompileError("unknown --mlp-fold '" + opt.mlp_fold + "': expected one-wave, all or off");
     if (opt.kernel_trace != "off" && opt.kernel_trace != "launches" && opt.kernel_trace != "blocks")
-        throw CompileError("unknown --kernel-trace '" + opt.kernel_trace + "': expected off, launches or blocks");
-    const char* cuda_only = reps != "auto" ? "--mlp-replicas" : opt.ple_fold != "on" ? "--ple-fold" : opt.mlp_fold != "one-wave" ? "--mlp-fold"
-                            : opt.kernel_trace != "off" ? "--kernel-trace" : nullptr;
-    if (cuda_index < 0 && cuda_only) throw CompileError(std::string(cuda_only) + " applies to --device cuda only");
+        throw CompileError("unknown --kernel-trace '" + opt.kernel_trace +
+                           "': expected off, launches or blocks");
+    const char* cuda_only = reps != "auto"               ? "--mlp-replicas"
+                            : opt.ple_fold != "on"       ? "--ple-fold"
+                            : opt.mlp_fold != "one-wave" ? "--mlp-fold"
+                            : opt.kernel_trace != "off"  ? "--kernel-trace"
+                                                         : nullptr;
+    if (cuda_index < 0 && cuda_only)
+        throw CompileError(std::string(cuda_only) + " applies to --device cuda only");
     if (!opt.kv_dtype.empty() && opt.kv_dtype != "bf16" && opt.kv_dtype != "f32")
         throw CompileError("unknown --kv-dtype '" + opt.kv_dtype + "': expected bf16 or f32");
     if (opt.out_path.empty() && !opt.dry_run) throw CompileError("missing -o PLAN: the output plan path");

@@ -195,7 +195,8 @@ KernelBinary compile_kernels(const std::string& target, const KernelSpec& spec, 
     if (spec.attn_hpg != 0 && kernel_spec({spec.attn_hpg}).attn_hpg != spec.attn_hpg)
         throw CompileError("kernel specialisation: " + std::to_string(spec.attn_hpg) + " heads per KV group is not a power of two <= 16");
     if (spec.trace < 0 || spec.trace > 2)
-        throw CompileError("kernel trace mode " + std::to_string(spec.trace) + ": expected 0 (off), 1 (launches) or 2 (blocks)");
+        throw CompileError("kernel trace mode " + std::to_string(spec.trace) +
+                           ": expected 0 (off), 1 (launches) or 2 (blocks)");
     bool hit_cubin = false, hit_ptx = true;
     compile_one(target, spec, true, &kb.cubin, &kb.log, &hit_cubin);
     if (with_ptx) kb.ptx = compile_one(target, spec, false, nullptr, &kb.log, &hit_ptx);

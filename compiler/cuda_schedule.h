@@ -124,8 +124,8 @@ inline bool mlp_fold_one_wave(int64_t I, int threads) { return I / 32 <= (thread
 //     (attn_hpg: the plan's cuda.attn_hpg) -> AttnO (the attention's merge in g4_attn_o_nf4; the o weights
 //     stored kQuantTiled32; the ResNorm making the layer's q/k/v input zeroes the o output)
 //   An Mlp launch followed by the ResNorm that reads its output as d, on the same device, gets mlp_replicas(I)
-//   output replicas (ip6; mlp_replicas_all > 0: that many for every such launch, g4 compile --mlp-replicas); any
-//   other Mlp launch gets 1. mlp_f16 picks each Mlp launch's arithmetic (ip7, and its threads, ip5).
+//   output replicas (ip6; mlp_replicas_all > 0: that many for every such launch: --mlp-replicas); any other
+//   Mlp launch gets 1. mlp_f16 picks each Mlp launch's arithmetic (ip7, and its threads, ip5).
 //   fold_ple (with fuse_mlp): a ResNorm between an Mlp launch and the Ple launch reading its output is run by
 //   that Ple launch (ResNorm ip1 = 1; g4_ple_res) where the tensors allow it (Matcher::ple_fold) and
 //   ple_fold_after takes the MLP (its final threads and replicas).

@@ -456,7 +456,7 @@ g4_status g4_session_sample(g4_session* s, const g4_sampling_params* params, int
         // wider than that) copy the logits row and sample on the CPU.
         const int32_t vocab = (int32_t)s->last_logits.size();
         const int32_t k     = p.temperature == 0.0f ? 1 : p.top_k;
-        static const bool gpu_sampling = !g4::rt::env::gpu_sampling_off();   // G4_GPU_SAMPLING=0: always the CPU sampler
+        static const bool gpu_sampling = !g4::rt::env::gpu_sampling_off();   // G4_GPU_SAMPLING=0: CPU sampler
         if (gpu_sampling && k > 0 && k <= g4::cuda_ws::kTopkMax && k < vocab) {
             const float* values  = nullptr;
             const int32_t* ids   = nullptr;

@@ -878,7 +878,9 @@ void mlp_plan_run(g4test::TempDir& td, const std::string& fx, const std::string&
     const std::string plan = td.file(fx + "-" + name + ".g4plan");
     std::string all = flags;
     if (reps) all += " --mlp-replicas " + std::to_string(reps);
-    g4test::CmdResult c = g4test::run_g4("compile --model '" + g4test::fixture(fx) + "' --weights nf4 --no-fidelity --device cuda " + all + " -o '" + plan + "'");
+    g4test::CmdResult c =
+        g4test::run_g4("compile --model '" + g4test::fixture(fx) +
+                       "' --weights nf4 --no-fidelity --device cuda " + all + " -o '" + plan + "'");
     ASSERT_EQ(c.exit_code, 0) << c.err;
     g4::plan::Plan pl;
     std::string err;
@@ -956,7 +958,9 @@ TEST(CudaPlan, PleFoldMatchesUnfolded) {
         MlpPlanRun runs[2];
         for (int fold : {0, 1}) {
             const std::string name = "fold" + std::to_string(fold);
-            ASSERT_NO_FATAL_FAILURE(mlp_plan_run(td, fx, name, std::string("--mlp-precision f32 --ple-fold ") + (fold ? "on" : "off"), 0, &runs[fold]));
+            ASSERT_NO_FATAL_FAILURE(mlp_plan_run(
+                td, fx, name, std::string("--mlp-precision f32 --ple-fold ") + (fold ? "on" : "off"), 0,
+                &runs[fold]));
             g4::plan::Plan pl;
             std::string err;
             ASSERT_EQ(pl.load(td.file(fx + "-" + name + ".g4plan"), false, &err), G4_OK) << err;
@@ -990,7 +994,8 @@ TEST(CudaPlan, MlpFoldMatchesUnfolded) {
             MlpPlanRun runs[2];
             for (int fold : {0, 1}) {
                 const std::string name = "mfold" + std::to_string(fold) + "r" + std::to_string(reps);
-                ASSERT_NO_FATAL_FAILURE(mlp_plan_run(td, fx, name, fold ? "--mlp-fold one-wave" : "--mlp-fold off", reps, &runs[fold]));
+                ASSERT_NO_FATAL_FAILURE(mlp_plan_run(
+                    td, fx, name, fold ? "--mlp-fold one-wave" : "--mlp-fold off", reps, &runs[fold]));
                 g4::plan::Plan pl;
                 std::string err;
                 ASSERT_EQ(pl.load(td.file(fx + "-" + name + ".g4plan"), false, &err), G4_OK) << err;

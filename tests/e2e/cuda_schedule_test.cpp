@@ -44,10 +44,12 @@ void compile_sm90(TempDir& td, const std::string& fx, const std::string& flags, 
 
 // The sm_90 plan of fixture fx compiled to td's `name`.g4plan with the extra `g4 compile` flags, loaded into p;
 // returns its path.
-std::string compile_sm90_with(TempDir& td, const std::string& fx, const std::string& name, const std::string& flags, g4::plan::Plan* p) {
+std::string compile_sm90_with(TempDir& td, const std::string& fx, const std::string& name,
+                              const std::string& flags, g4::plan::Plan* p) {
     const std::string path = td.file(name + ".g4plan");
-    CmdResult r = run_g4("compile --model '" + fixture(fx) + "' --device cuda --target sm_90 --weights nf4 --no-fidelity " + flags + " -o '" +
-                         path + "'");
+    CmdResult r =
+        run_g4("compile --model '" + fixture(fx) +
+               "' --device cuda --target sm_90 --weights nf4 --no-fidelity " + flags + " -o '" + path + "'");
     EXPECT_EQ(r.exit_code, 0) << r.err;
     std::string err;
     EXPECT_EQ(p->load(path, false, &err), G4_OK) << err;
@@ -58,8 +60,9 @@ std::string compile_sm90_with(TempDir& td, const std::string& fx, const std::str
 // returns the compiler's error.
 std::string expect_option_refused(TempDir& td, const std::string& option, const std::string& val) {
     const std::string path = td.file("bad" + option + ".g4plan");
-    CmdResult r = run_g4("compile --model '" + fixture("e2b_tiny") + "' --device cuda --target sm_90 --weights nf4 --no-fidelity " + option +
-                         " '" + val + "' -o '" + path + "'");
+    CmdResult r = run_g4("compile --model '" + fixture("e2b_tiny") +
+                         "' --device cuda --target sm_90 --weights nf4 --no-fidelity " + option + " '" + val +
+                         "' -o '" + path + "'");
     EXPECT_NE(r.exit_code, 0) << option << " " << val;
     EXPECT_NE(r.err.find(option + " '" + val + "'"), std::string::npos) << r.err;
     EXPECT_FALSE(std::filesystem::exists(path)) << option << " " << val;
@@ -456,18 +459,20 @@ TEST(CudaSchedule, ResNormFoldedIntoTheMlp) {
 
 // The schedule options for measurements (--mlp-replicas, --ple-fold, --mlp-fold) and the kernel trace
 // (--kernel-trace) are recorded where they are not the default: the policy's mlp_replicas / ple_fold /
-// mlp_fold, META cuda.kernel_trace, both shown by `g4 inspect`; a default plan records none of them. CPU plans
-// refuse each with a one-line error and leave no plan; a bad trace mode is refused too.
+// mlp_fold, META cuda.kernel_trace, both shown by `g4 inspect`; a default plan records none of them. CPU
+// plans refuse each with a one-line error and leave no plan; a bad trace mode is refused too.
 TEST(CudaSchedule, ScheduleOptionsRecordedInThePlan) {
     TempDir td;
     g4::plan::Plan p, q;
     compile_sm90(td, "e2b_tiny", "", &p);
     const std::string def = run_g4("inspect '" + td.file("e2b_tiny.g4plan") + "'").out;
-    for (const char* k : {"\"mlp_replicas\"", "\"ple_fold\"", "\"mlp_fold\"", "timeline trace"}) EXPECT_EQ(def.find(k), std::string::npos) << k;
+    for (const char* k : {"\"mlp_replicas\"", "\"ple_fold\"", "\"mlp_fold\"", "timeline trace"})
+        EXPECT_EQ(def.find(k), std::string::npos) << k;
     EXPECT_NE(def.find("\"mlp_precision\":\"f16\""), std::string::npos) << def;
 
     const std::string path =
-        compile_sm90_with(td, "e2b_tiny", "e2b_opts", "--mlp-replicas 2 --ple-fold off --mlp-fold all --kernel-trace launches", &q);
+        compile_sm90_with(td, "e2b_tiny", "e2b_opts",
+                          "--mlp-replicas 2 --ple-fold off --mlp-fold all --kernel-trace launches", &q);
     int mlps = 0;
     for (size_t li = 0; li < q.n_launches(); ++li)
         if (q.launch(li).kind == (uint16_t)LaunchKind::Mlp) {
@@ -476,13 +481,17 @@ TEST(CudaSchedule, ScheduleOptionsRecordedInThePlan) {
         }
     EXPECT_GT(mlps, 0);
     const std::string out = run_g4("inspect '" + path + "'").out;
-    for (const char* k : {"\"mlp_replicas\":2", "\"ple_fold\":\"off\"", "\"mlp_fold\":\"all\"", "timeline trace of launches"})
+    for (const char* k :
+         {"\"mlp_replicas\":2", "\"ple_fold\":\"off\"", "\"mlp_fold\":\"all\"", "timeline trace of launches"})
         EXPECT_NE(out.find(k), std::string::npos) << k << "\n" << out;
 
-    for (const auto& [option, val] : {std::pair<std::string, std::string>{"--mlp-replicas", "2"}, {"--ple-fold", "off"}, {"--mlp-fold", "all"},
+    for (const auto& [option, val] : {std::pair<std::string, std::string>{"--mlp-replicas", "2"},
+                                      {"--ple-fold", "off"},
+                                      {"--mlp-fold", "all"},
                                       {"--kernel-trace", "launches"}}) {
         const std::string cpu = td.file("cpu" + option + ".g4plan");
-        CmdResult r = run_g4("compile --model '" + fixture("e2b_tiny") + "' --weights nf4 --no-fidelity " + option + " " + val + " -o '" + cpu + "'");
+        CmdResult r = run_g4("compile --model '" + fixture("e2b_tiny") + "' --weights nf4 --no-fidelity " +
+                             option + " " + val + " -o '" + cpu + "'");
         EXPECT_NE(r.exit_code, 0) << option;
         EXPECT_NE(r.err.find(option + " applies to --device cuda only"), std::string::npos) << r.err;
         EXPECT_FALSE(std::filesystem::exists(cpu)) << option;

@@ -84,9 +84,9 @@ TEST(CudaCompile, KernelSpecialisation) {
 
 // The timeline lab's kernels (KernelSpec::trace 1, g4 compile --kernel-trace launches, bench/trace_lab.sh; 2,
 // blocks: every block, bench/trace_ab.sh) still compile and keep the trace buffer, 2^19 and 2^21 records of
-// 64 bytes (ordinary plans do not: AllKernelsForAllTargets). A trace mode outside 0..2 is refused. Four heads a
-// group, as e2b_tiny's plans: CudaSchedule.ScheduleOptionsRecordedInThePlan's traced plan reuses these outputs
-// from the kernel cache.
+// 64 bytes (ordinary plans do not: AllKernelsForAllTargets). A trace mode outside 0..2 is refused. Four heads
+// a group, as e2b_tiny's plans: CudaSchedule.ScheduleOptionsRecordedInThePlan's traced plan reuses these
+// outputs from the kernel cache.
 TEST(CudaCompile, TraceLabKernels) {
     if (!g4::cuda::nvrtc_available()) GTEST_SKIP() << "built without the CUDA toolkit";
     for (const auto& [mode, bytes] : {std::pair<int, long>{1, 64l << 19}, {2, 64l << 21}}) {

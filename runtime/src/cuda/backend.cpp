@@ -233,7 +233,9 @@ g4_status lm_screen_setup(const plan::Plan& p, EngineState* st, std::string* err
     const Driver* d = st->d;
     const auto& in  = p.info();
     Gpu& g          = st->gpus[0];
-    if (rt::env::lm_screen_off() || in.gpus.size() != 1 || p.has_cpu_layers() || !p.n_launches() || !g.k.lm_screen) return G4_OK;
+    if (rt::env::lm_screen_off() || in.gpus.size() != 1 || p.has_cpu_layers() || !p.n_launches() ||
+        !g.k.lm_screen)
+        return G4_OK;
     int li = -1;
     for (size_t i = 0; i < p.n_launches(); ++i) {
         const CudaLaunch& l = p.launch(i);
@@ -273,7 +275,7 @@ g4_status lm_screen_setup(const plan::Plan& p, EngineState* st, std::string* err
     return G4_OK;
 }
 
-// A fused launch kind's name in G4_DECODE_SKIP / G4_DECODE_TWICE classes and the decode event profile.
+// A fused launch kind's name in the decode event profile.
 const char* launch_kind_name(uint16_t kind) {
     static const char* kNames[] = {"op", "resnorm", "gemv", "qkv_post", "qkv_attn", "mlp", "attn_o", "ple", "ple_in"};
     return kind < sizeof kNames / sizeof kNames[0] ? kNames[kind] : "?";
@@ -367,7 +369,8 @@ static void dump_trace(const Driver* d, const Gpu& g) {
     size_t n_size = 0, buf_size = 0;
     if (!d->cuModuleGetGlobal || d->cuModuleGetGlobal(&n_ptr, &n_size, g.mod, "g4_trace_n") != 0 ||
         d->cuModuleGetGlobal(&buf, &buf_size, g.mod, "g4_trace_buf") != 0) {
-        std::fprintf(stderr, "g4: G4_TRACE_OUT is set but this plan's kernels keep no trace (compile it with g4 compile --kernel-trace launches)\n");
+        std::fprintf(stderr, "g4: G4_TRACE_OUT is set but this plan's kernels keep no trace (compile it with "
+                             "g4 compile --kernel-trace launches)\n");
         return;
     }
     uint32_t n = 0;
@@ -559,8 +562,9 @@ g4_status session_create(g4_session* s, std::string* err) {
     s->ids    = st->host_ids;
     s->logits = st->host_logits;
     st->profile = rt::env::cuda_profile();
-    st->pdl_ok  = std::all_of(st->lanes.begin(), st->lanes.end(), [](const Lane& ln) { return ln.g->sm >= 90; }) && d->cuLaunchKernelEx &&
-                 !rt::env::pdl_off();
+    st->pdl_ok =
+        std::all_of(st->lanes.begin(), st->lanes.end(), [](const Lane& ln) { return ln.g->sm >= 90; }) &&
+        d->cuLaunchKernelEx && !rt::env::pdl_off();
     // Decode-graph event profiling times one stream; plans on several GPUs get the per-op timing only.
     if (st->profile && d->cuEventCreate && p.n_launches() && st->lanes.size() == 1) {
         st->pdl_ok = false;   // events between launches would cut the programmatic edges
@@ -578,8 +582,9 @@ g4_status session_create(g4_session* s, std::string* err) {
         st->ev_label.push_back("argmax");
     }
     // Decoding ahead: the captured graph on one GPU, all of it on the GPU, with events to wait on.
-    st->ahead_ok      = st->lanes.size() == 1 && !p.has_cpu_layers() && p.n_launches() && d->cuEventCreate &&
-                   d->cuEventRecord && d->cuEventSynchronize && st->ev.empty() && !st->profile && !rt::env::decode_ahead_off();
+    st->ahead_ok = st->lanes.size() == 1 && !p.has_cpu_layers() && p.n_launches() && d->cuEventCreate &&
+                   d->cuEventRecord && d->cuEventSynchronize && st->ev.empty() && !st->profile &&
+                   !rt::env::decode_ahead_off();
     if (st->ahead_ok)
         for (CUevent& ev : st->tok_ev) CU_TRY(d->cuEventCreate(&ev, kEventDisableTiming), "cuEventCreate");
     s->cuda.reset(st.release());

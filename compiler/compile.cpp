@@ -623,37 +623,17 @@ void write_plan(const Inputs& in, const std::string& out_path, Mode mode, Report
         // sm_90: the decode MLP in one kernel, the attention's merge in the o projection's (fp32 atomic adds;
         // --deterministic keeps the separate kernels).
         const bool fuse = in.cuda_target == "sm_90" && !opt.deterministic;
-        // G4_MLP_REPLICAS=R (1..4; labs and tests): every fused MLP followed by its ResNorm gets R output
-        // replicas instead of cuda::mlp_replicas' choice.
-        int mlp_reps = 0;
-        if (const char* e = std::getenv("G4_MLP_REPLICAS"); e && *e) {
-            char* end   = nullptr;
-            const long r = std::strtol(e, &end, 10);
-            if (*end || r < 1 || r > plan::kMlpReplicasMax)
-                throw CompileError("G4_MLP_REPLICAS='" + std::string(e) + "': expected a number of output replicas from 1 to " +
-                                   std::to_string(plan::kMlpReplicasMax) + " (or unset it)");
-            mlp_reps = (int)r;
-        }
+        // --mlp-replicas R: every fused MLP followed by its ResNorm gets R output replicas instead of
+        // cuda::mlp_replicas' choice (auto: 0).
+        const int mlp_reps = opt.mlp_replicas == "auto" ? 0 : std::stoi(opt.mlp_replicas);
         // --mlp-precision f16 (default): the fused MLPs' products in packed f16 (g4_mlp_nf4*_h2) wherever the
         // weights allow (cuda::mlp_f16); f32: g4_mlp_nf4*.
         // The ResNorm between an MLP and its PLE in the PLE's kernel where cuda::ple_fold_after takes the MLP;
-        // G4_PLE_FOLD=0 (a lab and test switch): never.
-        bool fold_ple = true;
-        if (const char* e = std::getenv("G4_PLE_FOLD"); e && *e) {
-            if (std::string(e) != "0" && std::string(e) != "1")
-                throw CompileError("G4_PLE_FOLD='" + std::string(e) + "': expected 0 (the ResNorm before each PLE a launch of its own) or 1 (the default), or unset it");
-            fold_ple = *e == '1';
-        }
+        // --ple-fold off: never.
+        const bool fold_ple = opt.ple_fold == "on";
         // The ResNorm making a packed-f16 MLP's input in the MLP's kernel where Matcher::mlp_fold takes it and
-        // cuda::mlp_fold_one_wave the MLP's grid; G4_MLP_FOLD (a lab and test switch): 0 never, all whatever the grid.
-        int fold_mlp = 1;
-        if (const char* e = std::getenv("G4_MLP_FOLD"); e && *e) {
-            const std::string v = e;
-            if (v != "0" && v != "1" && v != "all")
-                throw CompileError("G4_MLP_FOLD='" + v + "': expected 0 (the ResNorm before each MLP a launch of its own), 1 (the default: "
-                                   "folded where the MLP's blocks run in one wave) or all, or unset it");
-            fold_mlp = v == "all" ? 2 : v == "1" ? 1 : 0;
-        }
+        // cuda::mlp_fold_one_wave the MLP's grid; --mlp-fold off: never, all: whatever the grid.
+        const int fold_mlp = opt.mlp_fold == "all" ? 2 : opt.mlp_fold == "one-wave" ? 1 : 0;
         schedule = cuda::decode_schedule(ops, tensors, op_dev, fuse, fuse, in.cuda_spec.attn_hpg, mlp_reps, opt.mlp_precision == "f16", fold_ple,
                                          fold_mlp);
         for (const plan::CudaLaunch& l : schedule) {
@@ -667,6 +647,11 @@ void write_plan(const Inputs& in, const std::string& out_path, Mode mode, Report
     if (in.cuda_index >= 0) policy["deterministic"] = opt.deterministic;
     if (in.cuda_index >= 0) policy["prefill_precision"] = opt.prefill_precision;
     if (in.cuda_index >= 0) policy["mlp_precision"] = opt.mlp_precision;
+    // The schedule choices for measurements, only where they are not the default.
+    if (in.cuda_index >= 0 && opt.mlp_replicas != "auto")
+        policy["mlp_replicas"] = std::stoi(opt.mlp_replicas);
+    if (in.cuda_index >= 0 && opt.ple_fold != "on") policy["ple_fold"] = opt.ple_fold;
+    if (in.cuda_index >= 0 && opt.mlp_fold != "one-wave") policy["mlp_fold"] = opt.mlp_fold;
     json meta;
     meta["format"]        = "g4plan";
     meta["g4_version"]    = G4_VERSION_STRING;
@@ -675,6 +660,8 @@ void write_plan(const Inputs& in, const std::string& out_path, Mode mode, Report
     meta["device"]        = in.cuda_index >= 0 && mode == Mode::Plan ? "cuda" : "cpu";
     if (in.cuda_index >= 0 && mode == Mode::Plan)
         meta["cuda"] = {{"target", in.cuda_target}, {"device_index", in.cuda_index}, {"attn_hpg", in.cuda_spec.attn_hpg}};
+    if (in.cuda_index >= 0 && mode == Mode::Plan && in.cuda_spec.trace)
+        meta["cuda"]["kernel_trace"] = opt.kernel_trace;
     meta["weights_dtype"] = opt.weights;
     meta["policy"]        = policy;
     meta["reference_plan"] = mode == Mode::Reference;
@@ -947,6 +934,25 @@ void compile_plan(const CompileOptions& opt, std::ostream& log) {
         throw CompileError("unknown --prefill-precision '" + opt.prefill_precision + "': expected bf16 or fp32");
     if (opt.mlp_precision != "f16" && opt.mlp_precision != "f32")
         throw CompileError("unknown --mlp-precision '" + opt.mlp_precision + "': expected f16 or f32");
+    const std::string& reps = opt.mlp_replicas;
+    if (reps != "auto" && !(reps.size() == 1 && reps[0] >= '1' && reps[0] < '1' + plan::kMlpReplicasMax))
+        throw CompileError("unknown --mlp-replicas '" + reps +
+                           "': expected auto or a number of output replicas from 1 to " +
+                           std::to_string(plan::kMlpReplicasMax));
+    if (opt.ple_fold != "on" && opt.ple_fold != "off")
+        throw CompileError("unknown --ple-fold '" + opt.ple_fold + "': expected on or off");
+    if (opt.mlp_fold != "one-wave" && opt.mlp_fold != "all" && opt.mlp_fold != "off")
+        throw CompileError("unknown --mlp-fold '" + opt.mlp_fold + "': expected one-wave, all or off");
+    if (opt.kernel_trace != "off" && opt.kernel_trace != "launches" && opt.kernel_trace != "blocks")
+        throw CompileError("unknown --kernel-trace '" + opt.kernel_trace +
+                           "': expected off, launches or blocks");
+    const char* cuda_only = reps != "auto"               ? "--mlp-replicas"
+                            : opt.ple_fold != "on"       ? "--ple-fold"
+                            : opt.mlp_fold != "one-wave" ? "--mlp-fold"
+                            : opt.kernel_trace != "off"  ? "--kernel-trace"
+                                                         : nullptr;
+    if (cuda_index < 0 && cuda_only)
+        throw CompileError(std::string(cuda_only) + " applies to --device cuda only");
     if (!opt.kv_dtype.empty() && opt.kv_dtype != "bf16" && opt.kv_dtype != "f32")
         throw CompileError("unknown --kv-dtype '" + opt.kv_dtype + "': expected bf16 or f32");
     if (opt.out_path.empty() && !opt.dry_run) throw CompileError("missing -o PLAN: the output plan path");
@@ -1003,7 +1009,8 @@ void compile_plan(const CompileOptions& opt, std::ostream& log) {
             const int kvh = gemma4::layer_info(hp, l).num_kv_heads;
             hpg.push_back(kvh > 0 && hp.num_heads % kvh == 0 ? hp.num_heads / kvh : 0);
         }
-        in.cuda_spec = cuda::kernel_spec(hpg);
+        in.cuda_spec       = cuda::kernel_spec(hpg);
+        in.cuda_spec.trace = opt.kernel_trace == "blocks" ? 2 : opt.kernel_trace == "launches" ? 1 : 0;
     }
     in.max_context = opt.max_context > 0 ? opt.max_context : std::min(4096, hp.max_position_embeddings);
     if (in.max_context > hp.max_position_embeddings)

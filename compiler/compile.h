@@ -25,6 +25,15 @@ struct CompileOptions {
     std::string prefill_precision = "bf16";   // CUDA prefill matmuls: bf16 (tensor cores) | fp32 (exact SIMT)
     bool deterministic  = false;      // CUDA decode sums in a fixed order (sm_90: no fused MLP, whose atomic adds vary)
     std::string mlp_precision = "f16";    // sm_90 fused decode MLP products: f16 (packed, where the weights allow) | f32
+    // sm_90 decode schedule choices for measuring one form against another (recorded in the plan's policy
+    // when not the default): the fused MLP's output replicas (auto: cuda::mlp_replicas by shape | 1..4), the
+    // ResNorm before a PLE in the PLE's kernel (on: where cuda::ple_fold_after takes it | off), the ResNorm
+    // before a packed-f16 MLP in the MLP's kernel (one-wave: where cuda::mlp_fold_one_wave takes it | all |
+    // off).
+    std::string mlp_replicas = "auto";
+    std::string ple_fold     = "on";
+    std::string mlp_fold     = "one-wave";
+    std::string kernel_trace = "off";     // CUDA kernels with the timeline trace: off | launches | blocks
     std::string kv_dtype;             // KV cache storage: bf16 | f32; empty: bf16 for CUDA plans, f32 for CPU plans
     std::string tokenizer_path;       // tokenizer.json to embed (default: MODEL/tokenizer.json if present)
     int max_context     = 0;          // 0: min(4096, max_position_embeddings)

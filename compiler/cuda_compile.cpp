@@ -127,14 +127,13 @@ void cache_write(const std::string& dir, const std::string& path, const std::str
 static std::string compile_one(const std::string& arch, const KernelSpec& spec, bool cubin, std::vector<char>* bin, std::string* log,
                                bool* cached) {
     std::string a = (cubin ? "--gpu-architecture=sm_" : "--gpu-architecture=compute_") + arch.substr(3);
-    // G4_KERNEL_TRACE=1: the timeline lab's kernels (kernels.cu G4_TRACE; bench/trace_lab.sh), never for
-    // plans that are meant to be used; =2: every block of a launch records (G4_TRACE_ALL, bench/trace_blocks.py).
-    const char* trace = std::getenv("G4_KERNEL_TRACE");
+    // spec.trace 1: the timeline lab's kernels (kernels.cu G4_TRACE; bench/trace_lab.sh), never for plans
+    // that are meant to be used; 2: every block of a launch records (G4_TRACE_ALL, bench/trace_blocks.py).
     const std::string hpg = "-DG4_AD_HPG=" + std::to_string(spec.attn_hpg);
     std::vector<const char*> opts = {a.c_str(), "--std=c++17", "-default-device", "-lineinfo"};
     if (spec.attn_hpg > 0) opts.push_back(hpg.c_str());
-    if (trace && (*trace == '1' || *trace == '2')) opts.push_back("-DG4_TRACE");
-    if (trace && *trace == '2') opts.push_back("-DG4_TRACE_ALL");
+    if (spec.trace >= 1) opts.push_back("-DG4_TRACE");
+    if (spec.trace == 2) opts.push_back("-DG4_TRACE_ALL");
     // Cache key: NVRTC's version, the output kind, every option and the source text (its length and two
     // hashes, made once).
     static const std::string source_key = [] {
@@ -195,6 +194,9 @@ KernelBinary compile_kernels(const std::string& target, const KernelSpec& spec, 
     kb.target = target;
     if (spec.attn_hpg != 0 && kernel_spec({spec.attn_hpg}).attn_hpg != spec.attn_hpg)
         throw CompileError("kernel specialisation: " + std::to_string(spec.attn_hpg) + " heads per KV group is not a power of two <= 16");
+    if (spec.trace < 0 || spec.trace > 2)
+        throw CompileError("kernel trace mode " + std::to_string(spec.trace) +
+                           ": expected 0 (off), 1 (launches) or 2 (blocks)");
     bool hit_cubin = false, hit_ptx = true;
     compile_one(target, spec, true, &kb.cubin, &kb.log, &hit_cubin);
     if (with_ptx) kb.ptx = compile_one(target, spec, false, nullptr, &kb.log, &hit_ptx);

@@ -19,8 +19,11 @@ bool nvrtc_available();            // false when g4 was built without the CUDA t
 // The model's constants the kernels are specialised for (0 = not specialised: the generic kernel).
 // attn_hpg: query heads per KV head of every decode attention layer (a power of two <= 16), compiled in
 // as G4_AD_HPG; recorded in the plan's META (cuda.attn_hpg) so the runtime can check its layers match.
+// trace: the timeline lab's kernels (g4 compile --kernel-trace): 0 none, 1 the first and last block of each
+// decode launch record timers (G4_TRACE), 2 every block does (G4_TRACE_ALL); recorded as cuda.kernel_trace.
 struct KernelSpec {
     int attn_hpg = 0;
+    int trace    = 0;
 };
 // The KernelSpec for a model whose attention layers have these heads per KV group: one value that is a
 // power of two <= 16, else not specialised.

@@ -103,7 +103,7 @@ inline bool ple_fold_after(int64_t I, int mlp_threads, int replicas) { return ml
 // the ResNorm's loads and block reduction after the wait, ~1 us, in place of the one-block launch's ~1.5 us
 // step plus its hand-off; blocks of a second wave would pay it again after the first. On an H200 (g4
 // bench): E2B (192 and 384 blocks) decode 810.4 -> 819.1 tok/s. E4B's 320 blocks of 256 threads take two
-// waves: not measured, not folded (G4_MLP_FOLD=all folds them).
+// waves: not measured, not folded (g4 compile --mlp-fold all folds them).
 inline bool mlp_fold_one_wave(int64_t I, int threads) { return I / 32 <= (threads == 256 ? 2 : 3) * 132; }
 
 // The launches of one decode step, covering every op exactly once, in order. Fusions:
@@ -124,15 +124,15 @@ inline bool mlp_fold_one_wave(int64_t I, int threads) { return I / 32 <= (thread
 //     (attn_hpg: the plan's cuda.attn_hpg) -> AttnO (the attention's merge in g4_attn_o_nf4; the o weights
 //     stored kQuantTiled32; the ResNorm making the layer's q/k/v input zeroes the o output)
 //   An Mlp launch followed by the ResNorm that reads its output as d, on the same device, gets mlp_replicas(I)
-//   output replicas (ip6; mlp_replicas_all > 0: that many for every such launch, a lab and test switch); any
-//   other Mlp launch gets 1. mlp_f16 picks each Mlp launch's arithmetic (ip7, and its threads, ip5).
+//   output replicas (ip6; mlp_replicas_all > 0: that many for every such launch: --mlp-replicas); any other
+//   Mlp launch gets 1. mlp_f16 picks each Mlp launch's arithmetic (ip7, and its threads, ip5).
 //   fold_ple (with fuse_mlp): a ResNorm between an Mlp launch and the Ple launch reading its output is run by
 //   that Ple launch (ResNorm ip1 = 1; g4_ple_res) where the tensors allow it (Matcher::ple_fold) and
 //   ple_fold_after takes the MLP (its final threads and replicas).
 //   fold_mlp (with fuse_mlp): the ResNorm making a packed-f16 Mlp launch's input is run by that launch (ResNorm
 //   ip1 = 2; the _r kernels) where plan::mlp_res_fits takes its width and the tensors allow it
 //   (Matcher::mlp_fold); the MLP's output is then zeroed by the ResNorm launch before (its ip2 = y + 1). fold_mlp
-//   0: never, 1: where mlp_fold_one_wave takes the MLP's grid, 2: whatever the grid (a lab switch).
+//   0: never, 1: where mlp_fold_one_wave takes the MLP's grid, 2: whatever the grid (g4 compile --mlp-fold).
 // A fusion is taken only when the intermediates it skips writing are read by no later op and all its
 // ops run on one device. device: per op, the CUDA index it runs on or -1 for the CPU (cross-device
 // plans; empty: all on one GPU). CPU ops and copy steps are never fused: each is one Op record, which

@@ -49,6 +49,12 @@ const char* kUsage =
     "             [--deterministic]   (CUDA: decode sums in a fixed order, bit-identical runs; sm_90 decode ~3-4% slower)\n"
     "             [--mlp-precision f16|f32]   (sm_90 decode MLP products: packed f16 (default; ~1e-3 relative error an\n"
     "              MLP, E2B decode ~5% faster) or f32 (~5e-7))\n"
+    "             [--mlp-replicas auto|1|2|3|4] [--ple-fold on|off] [--mlp-fold one-wave|all|off]   (sm_90 decode schedule,\n"
+    "              for measuring one form against another: the fused MLP's output replicas (auto: by shape), the ResNorm\n"
+    "              before a PLE in the PLE's kernel, the one before a packed-f16 MLP in the MLP's kernel (one-wave: where\n"
+    "              the MLP's blocks run in one wave); the defaults are the fastest measured)\n"
+    "             [--kernel-trace off|launches|blocks]   (CUDA kernels that record timers for bench/trace_summary.py,\n"
+    "              G4_TRACE_OUT names the file; ~8% slower, never for use)\n"
     "             [--kv-dtype bf16|f32] [--max-context N] [--chunk N] [--logits-rows N] [--gpu-mem [IDX:]SIZE]... [--cpu-mem SIZE]\n"
     "             [--place COMPONENT=TARGET,...] [--no-vision] [--no-audio] [--image-tokens 70|140|280|560|1120]\n"
     "             [--max-image-pixels N] [--max-audio-seconds S] [--max-media-tokens N] [--tower-precision fp32|bf16] -o PLAN\n"
@@ -181,7 +187,8 @@ std::string read_whole_file(const std::string& path, const char* what) {
 
 int cmd_compile(int argc, char** argv) {
     Args a(argc, argv, 2, {"--model", "--adapter", "--weights", "--device", "-o", "--max-context", "--chunk", "--logits-rows", "--quantize", "--keep", "--tokenizer", "--target", "--prefill-precision", "--kv-dtype", "--gpu-mem", "--cpu-mem", "--place",
-                              "--image-tokens", "--max-image-pixels", "--max-audio-seconds", "--max-media-tokens", "--tower-precision", "--mlp-precision"},
+                              "--image-tokens", "--max-image-pixels", "--max-audio-seconds", "--max-media-tokens", "--tower-precision", "--mlp-precision",
+                              "--mlp-replicas", "--ple-fold", "--mlp-fold", "--kernel-trace"},
            {"--double-quant", "--no-fidelity", "--dry-run", "--no-vision", "--no-audio", "--deterministic"});
     if (!a.pos.empty()) throw UsageError("unexpected argument '" + a.pos[0] + "'");
     if (!a.has("--model")) throw UsageError("missing --model DIR");
@@ -209,6 +216,10 @@ int cmd_compile(int argc, char** argv) {
     o.prefill_precision = a.get("--prefill-precision", o.prefill_precision);
     o.deterministic     = a.flag.count("--deterministic") > 0;
     o.mlp_precision     = a.get("--mlp-precision", o.mlp_precision);
+    o.mlp_replicas      = a.get("--mlp-replicas", o.mlp_replicas);
+    o.ple_fold          = a.get("--ple-fold", o.ple_fold);
+    o.mlp_fold          = a.get("--mlp-fold", o.mlp_fold);
+    o.kernel_trace      = a.get("--kernel-trace", o.kernel_trace);
     o.kv_dtype          = a.get("--kv-dtype");
     if (a.has("--kv-dtype") && o.kv_dtype.empty()) throw UsageError("--kv-dtype needs a value: bf16 or f32");
     if (a.multi.count("--gpu-mem")) o.gpu_mem = a.multi.at("--gpu-mem");
@@ -939,8 +950,10 @@ int cmd_inspect(int argc, char** argv) {
     std::printf("tensors %zu, ops %zu\n", p.n_tensors(), p.n_ops());
     if (meta.contains("cuda")) {
         const int hpg = meta["cuda"].value("attn_hpg", 0);
-        std::printf("CUDA kernels: %s cubin + PTX; decode attention %s\n", meta["cuda"].value("target", "?").c_str(),
-                    hpg ? ("specialised for " + std::to_string(hpg) + " heads per KV group").c_str() : "generic (any group size <= 16)");
+        const std::string trace = meta["cuda"].value("kernel_trace", "off");
+        std::printf("CUDA kernels: %s cubin + PTX; decode attention %s%s\n", meta["cuda"].value("target", "?").c_str(),
+                    hpg ? ("specialised for " + std::to_string(hpg) + " heads per KV group").c_str() : "generic (any group size <= 16)",
+                    trace == "off" ? "" : ("; timeline trace of " + trace + " (G4_TRACE_OUT writes it; not for use)").c_str());
     }
     if (p.n_launches()) {
         int kinds_n[9] = {}, mlp_f16 = 0, ple_fold = 0, mlp_fold = 0;

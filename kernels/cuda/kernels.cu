@@ -26,11 +26,11 @@ struct Step {
 // the previous kernel has finished and its writes are visible; without the launch attribute it is a
 // no-op), then lets its successor launch. Only weight prefetches may come before it.
 //
-// Timeline lab (plans compiled with G4_KERNEL_TRACE=1, see bench/trace_lab.sh): the first and the last
+// Timeline lab (g4 compile --kernel-trace launches, see bench/trace_lab.sh): the first and the last
 // block of every traced kernel record, from thread 0, the global timer at entry, after the wait and at
 // exit, with a tag (the kernel and its variant; bench/trace_summary.py name_of decodes it) and a key (a
 // weight or output pointer) saying which launch it was; the runtime writes the records out when the
-// engine closes (G4_TRACE_OUT). Not compiled into ordinary plans. With G4_TRACE_ALL (G4_KERNEL_TRACE=2)
+// engine closes (G4_TRACE_OUT). Not compiled into ordinary plans. With G4_TRACE_ALL (--kernel-trace blocks)
 // every block records, its linear index in bits 8..30 of smid (bench/trace_blocks.py reads those), into a
 // ring that keeps the last G4_TRACE_CAP records (the end of the run: decode).
 #ifdef G4_TRACE

@@ -2,6 +2,7 @@
 // catches everything: no exception crosses the boundary.
 #include "g4/g4.h"
 #include "runtime/src/engine.h"
+#include "runtime/src/env.h"
 #include "runtime/src/executor.h"
 #include "runtime/src/sampler.h"
 #include "runtime/src/cuda/workspace.h"
@@ -455,10 +456,7 @@ g4_status g4_session_sample(g4_session* s, const g4_sampling_params* params, int
         // wider than that) copy the logits row and sample on the CPU.
         const int32_t vocab = (int32_t)s->last_logits.size();
         const int32_t k     = p.temperature == 0.0f ? 1 : p.top_k;
-        static const bool gpu_sampling = [] {   // G4_GPU_SAMPLING=0: always the CPU sampler (benchmarks)
-            const char* v = std::getenv("G4_GPU_SAMPLING");
-            return !(v && *v == '0');
-        }();
+        static const bool gpu_sampling = !g4::rt::env::gpu_sampling_off();   // G4_GPU_SAMPLING=0: CPU sampler
         if (gpu_sampling && k > 0 && k <= g4::cuda_ws::kTopkMax && k < vocab) {
             const float* values  = nullptr;
             const int32_t* ids   = nullptr;

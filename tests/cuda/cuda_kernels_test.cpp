@@ -863,7 +863,7 @@ TEST(CudaPlan, Bf16KvCacheMatchesTheCpuPlan) {
     }
 }
 
-// The tiny fixture fx's NF4 CUDA plan compiled with `flags` (and G4_MLP_REPLICAS=reps when reps > 0): its
+// The tiny fixture fx's NF4 CUDA plan compiled with `flags` (and --mlp-replicas reps when reps > 0): its
 // fused MLP records and a 24-step greedy decode of the fixture's last reference prompt (tokens and each step's
 // logits).
 struct MlpPlanRun {
@@ -876,9 +876,11 @@ void mlp_plan_run(g4test::TempDir& td, const std::string& fx, const std::string&
     std::string ids;
     for (int32_t t : ref["prompts"].back()["ids"].get<std::vector<int32_t>>()) ids += (ids.empty() ? "" : ",") + std::to_string(t);
     const std::string plan = td.file(fx + "-" + name + ".g4plan");
-    if (reps) setenv("G4_MLP_REPLICAS", std::to_string(reps).c_str(), 1);
-    g4test::CmdResult c = g4test::run_g4("compile --model '" + g4test::fixture(fx) + "' --weights nf4 --no-fidelity --device cuda " + flags + " -o '" + plan + "'");
-    unsetenv("G4_MLP_REPLICAS");
+    std::string all = flags;
+    if (reps) all += " --mlp-replicas " + std::to_string(reps);
+    g4test::CmdResult c =
+        g4test::run_g4("compile --model '" + g4test::fixture(fx) +
+                       "' --weights nf4 --no-fidelity --device cuda " + all + " -o '" + plan + "'");
     ASSERT_EQ(c.exit_code, 0) << c.err;
     g4::plan::Plan pl;
     std::string err;
@@ -893,8 +895,8 @@ void mlp_plan_run(g4test::TempDir& td, const std::string& fx, const std::string&
     out->tokens = g4test::parse_ids(r.out);
 }
 
-// ---- the fused MLP's output replicas (CudaLaunch ip6, chosen by the compiler; G4_MLP_REPLICAS=R at compile
-// time forces R): each decode MLP adds into R buffers and the ResNorm after it sums them and zeroes them
+// ---- the fused MLP's output replicas (CudaLaunch ip6, chosen by the compiler; g4 compile --mlp-replicas R
+// forces R): each decode MLP adds into R buffers and the ResNorm after it sums them and zeroes them
 // again. The tiny fixtures' MLPs get 1 by their shape; plans forced to 2 and 4 (the most) record them and,
 // against the plan with 1, every decode step's logits agree to the adds' order (the fused MLP's order
 // varies anyway) and the greedy tokens are equal. The activations are rounded to bf16 between kernels,
@@ -946,7 +948,7 @@ TEST(CudaPlan, MlpF16MatchesF32) {
 }
 
 // The ResNorm between each MLP and PLE run by the PLE launch (ResNorm record ip1 = 1, g4_ple_res, the MLP
-// before it a _z kernel; default plans) against plans compiled with G4_PLE_FOLD=0, with f32 MLP arithmetic:
+// before it a _z kernel; default plans) against plans compiled with --ple-fold off, with f32 MLP arithmetic:
 // every layer's ResNorm folds in the tiny fixtures; 24 greedy steps give the same tokens, the logits agree to
 // the adds' order (1e-3, as MlpReplicasMatchOneOutput).
 TEST(CudaPlan, PleFoldMatchesUnfolded) {
@@ -957,9 +959,9 @@ TEST(CudaPlan, PleFoldMatchesUnfolded) {
         MlpPlanRun runs[2];
         for (int fold : {0, 1}) {
             const std::string name = "fold" + std::to_string(fold);
-            setenv("G4_PLE_FOLD", fold ? "1" : "0", 1);
-            ASSERT_NO_FATAL_FAILURE(mlp_plan_run(td, fx, name, "--mlp-precision f32", 0, &runs[fold]));
-            unsetenv("G4_PLE_FOLD");
+            ASSERT_NO_FATAL_FAILURE(mlp_plan_run(
+                td, fx, name, std::string("--mlp-precision f32 --ple-fold ") + (fold ? "on" : "off"), 0,
+                &runs[fold]));
             g4::plan::Plan pl;
             std::string err;
             ASSERT_EQ(pl.load(td.file(fx + "-" + name + ".g4plan"), false, &err), G4_OK) << err;
@@ -980,7 +982,7 @@ TEST(CudaPlan, PleFoldMatchesUnfolded) {
 }
 
 // The ResNorm making each packed-f16 MLP's input run by the MLP launch (ResNorm record ip1 = 2, the _r kernels; an
-// earlier ResNorm zeroes the MLP's output, its ip2) against plans compiled with G4_MLP_FOLD=0: every MLP of the tiny
+// earlier ResNorm zeroes the MLP's output, its ip2) against plans compiled with --mlp-fold off: every MLP of the tiny
 // fixtures folds, with one output (then _z_r: the PLE's ResNorm is folded too) and with 4 replicas (_rep_r); 24 greedy
 // steps give the same tokens and the logits agree within 5e-3 (the folded kernel takes both norms from one pass of
 // four sums, and x is rounded to f16: one flipped rounding is carried by later steps, as in MlpF16MatchesF32).
@@ -993,9 +995,8 @@ TEST(CudaPlan, MlpFoldMatchesUnfolded) {
             MlpPlanRun runs[2];
             for (int fold : {0, 1}) {
                 const std::string name = "mfold" + std::to_string(fold) + "r" + std::to_string(reps);
-                setenv("G4_MLP_FOLD", fold ? "1" : "0", 1);
-                ASSERT_NO_FATAL_FAILURE(mlp_plan_run(td, fx, name, "", reps, &runs[fold]));
-                unsetenv("G4_MLP_FOLD");
+                ASSERT_NO_FATAL_FAILURE(mlp_plan_run(
+                    td, fx, name, fold ? "--mlp-fold one-wave" : "--mlp-fold off", reps, &runs[fold]));
                 g4::plan::Plan pl;
                 std::string err;
                 ASSERT_EQ(pl.load(td.file(fx + "-" + name + ".g4plan"), false, &err), G4_OK) << err;

@@ -2,8 +2,8 @@
 // itself (no GPU needed): each kernel that adds into an output it does not zero itself (Mlp, AttnO, Ple) has
 // a ResNorm launch before it that zeroes exactly that output, no launch in between touches the output's
 // arena bytes, the Mlp and AttnO weights are stored tiled and no other weight is; --deterministic plans
-// fuse none of them. The fused MLPs' output replicas: the compiler's choice by shape, the G4_MLP_REPLICAS
-// switch, the reader's checks and the workspace they take. Their arithmetic (--mlp-precision).
+// fuse none of them. The fused MLPs' output replicas: the compiler's choice by shape, the --mlp-replicas
+// option, the reader's checks and the workspace they take. Their arithmetic (--mlp-precision).
 #include "compiler/cuda_schedule.h"
 #include "runtime/src/cuda/workspace.h"
 #include "runtime/src/plan/plan_reader.h"
@@ -42,29 +42,30 @@ void compile_sm90(TempDir& td, const std::string& fx, const std::string& flags, 
     ASSERT_EQ(p->load(path, false, &err), G4_OK) << err;
 }
 
-// The sm_90 plan of fixture fx compiled to td's `name`.g4plan with the compiler lab switch var=val set, loaded
-// into p; returns its path.
-std::string compile_sm90_env(TempDir& td, const std::string& fx, const std::string& name, const char* var, const char* val, g4::plan::Plan* p) {
+// The sm_90 plan of fixture fx compiled to td's `name`.g4plan with the extra `g4 compile` flags, loaded into p;
+// returns its path.
+std::string compile_sm90_with(TempDir& td, const std::string& fx, const std::string& name,
+                              const std::string& flags, g4::plan::Plan* p) {
     const std::string path = td.file(name + ".g4plan");
-    setenv(var, val, 1);
-    CmdResult r = run_g4("compile --model '" + fixture(fx) + "' --device cuda --target sm_90 --weights nf4 --no-fidelity -o '" + path + "'");
-    unsetenv(var);
+    CmdResult r =
+        run_g4("compile --model '" + fixture(fx) +
+               "' --device cuda --target sm_90 --weights nf4 --no-fidelity " + flags + " -o '" + path + "'");
     EXPECT_EQ(r.exit_code, 0) << r.err;
     std::string err;
     EXPECT_EQ(p->load(path, false, &err), G4_OK) << err;
     return path;
 }
 
-// Compiling e2b_tiny for sm_90 with the lab switch var=val set must fail, name the switch and its value, and leave no
-// plan; returns the compiler's error.
-std::string expect_switch_refused(TempDir& td, const char* var, const std::string& val) {
-    const std::string path = td.file(std::string("bad_") + var + ".g4plan");
-    setenv(var, val.c_str(), 1);
-    CmdResult r = run_g4("compile --model '" + fixture("e2b_tiny") + "' --device cuda --target sm_90 --weights nf4 --no-fidelity -o '" + path + "'");
-    unsetenv(var);
-    EXPECT_NE(r.exit_code, 0) << var << "=" << val;
-    EXPECT_NE(r.err.find(std::string(var) + "='" + val + "'"), std::string::npos) << r.err;
-    EXPECT_FALSE(std::filesystem::exists(path)) << var << "=" << val;
+// Compiling e2b_tiny for sm_90 with `option val` must fail, name the option and its value, and leave no plan;
+// returns the compiler's error.
+std::string expect_option_refused(TempDir& td, const std::string& option, const std::string& val) {
+    const std::string path = td.file("bad" + option + ".g4plan");
+    CmdResult r = run_g4("compile --model '" + fixture("e2b_tiny") +
+                         "' --device cuda --target sm_90 --weights nf4 --no-fidelity " + option + " '" + val +
+                         "' -o '" + path + "'");
+    EXPECT_NE(r.exit_code, 0) << option << " " << val;
+    EXPECT_NE(r.err.find(option + " '" + val + "'"), std::string::npos) << r.err;
+    EXPECT_FALSE(std::filesystem::exists(path)) << option << " " << val;
     return r.err;
 }
 
@@ -245,9 +246,9 @@ TEST(CudaSchedule, MlpReplicasByShapeAndTheirWorkspace) {
     EXPECT_EQ(g4::cuda_ws::workspace(ops.data(), ops.size(), tensors.data(), 16, 1024, 256, true, nullptr, 0, &l, 1).mlp_rep, 0u);
 }
 
-// The tiny fixtures' MLPs (a few blocks) get 1 replica; G4_MLP_REPLICAS=4 at compile time gives every fused
+// The tiny fixtures' MLPs (a few blocks) get 1 replica; `g4 compile --mlp-replicas 4` gives every fused
 // MLP 4, each followed by the ResNorm that reads its output. A value outside 1..4 is refused with the
-// variable's name and leaves no plan. A plan whose record says 5 replicas, or 4 with no ResNorm summing them
+// option's name and leaves no plan. A plan whose record says 5 replicas, or 4 with no ResNorm summing them
 // after it, is refused at load as corrupt.
 TEST(CudaSchedule, MlpReplicasInThePlan) {
     TempDir td;
@@ -260,7 +261,7 @@ TEST(CudaSchedule, MlpReplicasInThePlan) {
             }
 
         g4::plan::Plan q;
-        const std::string path = compile_sm90_env(td, fx, fx + "_r4", "G4_MLP_REPLICAS", "4", &q);
+        const std::string path = compile_sm90_with(td, fx, fx + "_r4", "--mlp-replicas 4", &q);
         ASSERT_GT(q.n_launches(), 0u) << fx;
         size_t mlp = 0;
         int mlps   = 0;
@@ -282,14 +283,14 @@ TEST(CudaSchedule, MlpReplicasInThePlan) {
     }
 
     for (const char* v : {"5", "0", "two"}) {
-        const std::string err = expect_switch_refused(td, "G4_MLP_REPLICAS", v);
+        const std::string err = expect_option_refused(td, "--mlp-replicas", v);
         EXPECT_NE(err.find("from 1 to 4"), std::string::npos) << err;
     }
 }
 
 // The ResNorm between each MLP and the PLE reading its output runs in the PLE's kernel (ResNorm ip1 = 1,
 // g4_ple_res) in default sm_90 plans where cuda::ple_fold_after takes the MLP (256 threads, at most 192 blocks,
-// one output: every layer of the tiny fixtures, E2B's narrow layers), in none with G4_PLE_FOLD=0 or with 4 MLP
+// one output: every layer of the tiny fixtures, E2B's narrow layers), in none with --ple-fold off or with 4 MLP
 // output replicas (a bad value is refused, no plan left). The MLP before then zeroes the PLE's output, so that
 // output shares no bytes with the MLP's input, its output or the residual; the ResNorm's output (block 0 writes
 // it while the other blocks read) none with the residual, the MLP's output or the per-layer input. Records
@@ -326,7 +327,7 @@ TEST(CudaSchedule, ResNormFoldedIntoThePle) {
         EXPECT_EQ(folded, ples) << fx;
 
         g4::plan::Plan q;
-        const std::string path = compile_sm90_env(td, fx, fx + "_nofold", "G4_PLE_FOLD", "0", &q);
+        const std::string path = compile_sm90_with(td, fx, fx + "_nofold", "--ple-fold off", &q);
         ASSERT_GT(q.n_launches(), 0u) << fx;
         for (size_t li = 0; li < q.n_launches(); ++li)
             if (q.launch(li).kind == (uint16_t)LaunchKind::ResNorm) {
@@ -347,7 +348,7 @@ TEST(CudaSchedule, ResNormFoldedIntoThePle) {
         expect_corrupt(td, folded_plan, fx + "_fold_b128", [&](CudaLaunch* recs) { recs[first_fold - 1].ip[5] = 128; }, "bad folded ResNorm (ip1 1");
 
         g4::plan::Plan p4;
-        compile_sm90_env(td, fx, fx + "_fold_r4", "G4_MLP_REPLICAS", "4", &p4);
+        compile_sm90_with(td, fx, fx + "_fold_r4", "--mlp-replicas 4", &p4);
         ASSERT_GT(p4.n_launches(), 0u) << fx;
         for (size_t li = 0; li < p4.n_launches(); ++li)
             if (p4.launch(li).kind == (uint16_t)LaunchKind::ResNorm) {
@@ -360,14 +361,14 @@ TEST(CudaSchedule, ResNormFoldedIntoThePle) {
     EXPECT_FALSE(g4::cuda::ple_fold_after(12288, 128, 4));
     EXPECT_FALSE(g4::cuda::ple_fold_after(10240, 256, 1));
     EXPECT_FALSE(g4::cuda::ple_fold_after(6144, 256, 2));
-    expect_switch_refused(td, "G4_PLE_FOLD", "yes");
+    expect_option_refused(td, "--ple-fold", "yes");
 }
 
 // The ResNorm making each packed-f16 MLP's input runs in the MLP's kernel (ResNorm ip1 = 2, the _r kernels) in
 // default sm_90 plans: every MLP of the tiny fixtures. An earlier ResNorm (launched, not after output replicas)
 // zeroes the MLP's output instead (its ip2 = y + 1), so y shares no bytes with what that ResNorm touches or with
 // any op between it and the MLP; y and x1 (block 0 writes it while every block reads) none with the residual and
-// the attention's output. G4_MLP_FOLD=0: none; all: every one (as by default here); f32 MLPs never; a bad value
+// the attention's output. --mlp-fold off: none; all: every one (as by default here); f32 MLPs never; a bad value
 // is refused, no plan left. Corrupt records are refused at load. By shape (mlp_fold_one_wave): E2B's MLPs fold by
 // default, E4B's (two waves) do not.
 TEST(CudaSchedule, ResNormFoldedIntoTheMlp) {
@@ -418,16 +419,16 @@ TEST(CudaSchedule, ResNormFoldedIntoTheMlp) {
         expect_corrupt(td, path, fx + "_zero2_folded", [&](CudaLaunch* recs) { recs[first_rn].ip[2] = recs[first_rn].t[7] + 1; },
                        "bad second zeroed buffer");
 
-        for (const char* v : {"0", "all"}) {
+        for (const std::string v : {"off", "all"}) {
             g4::plan::Plan q;
-            compile_sm90_env(td, fx, fx + "_mfold" + v, "G4_MLP_FOLD", v, &q);
+            compile_sm90_with(td, fx, fx + "_mfold" + v, "--mlp-fold " + v, &q);
             int f = 0, z = 0;
             for (size_t li = 0; li < q.n_launches(); ++li) {
                 f += q.launch(li).kind == (uint16_t)LaunchKind::ResNorm && q.launch(li).ip[1] == 2;
                 z += q.launch(li).kind == (uint16_t)LaunchKind::ResNorm && q.launch(li).ip[2] > 0;
             }
-            EXPECT_EQ(f, std::string(v) == "0" ? 0 : mlps) << fx << " G4_MLP_FOLD=" << v;
-            EXPECT_EQ(z, f) << fx << " G4_MLP_FOLD=" << v;
+            EXPECT_EQ(f, v == "off" ? 0 : mlps) << fx << " --mlp-fold " << v;
+            EXPECT_EQ(z, f) << fx << " --mlp-fold " << v;
         }
         g4::plan::Plan c;
         const std::string fpath = td.file(fx + "_mfold_f32.g4plan");
@@ -453,7 +454,49 @@ TEST(CudaSchedule, ResNormFoldedIntoTheMlp) {
     EXPECT_TRUE(g4::cuda::mlp_fold_one_wave(12288, 128));
     EXPECT_FALSE(g4::cuda::mlp_fold_one_wave(10240, 256));
     EXPECT_FALSE(g4::cuda::mlp_fold_one_wave(16384, 128));
-    expect_switch_refused(td, "G4_MLP_FOLD", "yes");
+    expect_option_refused(td, "--mlp-fold", "yes");
+}
+
+// The schedule options for measurements (--mlp-replicas, --ple-fold, --mlp-fold) and the kernel trace
+// (--kernel-trace) are recorded where they are not the default: the policy's mlp_replicas / ple_fold /
+// mlp_fold, META cuda.kernel_trace, both shown by `g4 inspect`; a default plan records none of them. CPU
+// plans refuse each with a one-line error and leave no plan; a bad trace mode is refused too.
+TEST(CudaSchedule, ScheduleOptionsRecordedInThePlan) {
+    TempDir td;
+    g4::plan::Plan p, q;
+    compile_sm90(td, "e2b_tiny", "", &p);
+    const std::string def = run_g4("inspect '" + td.file("e2b_tiny.g4plan") + "'").out;
+    for (const char* k : {"\"mlp_replicas\"", "\"ple_fold\"", "\"mlp_fold\"", "timeline trace"})
+        EXPECT_EQ(def.find(k), std::string::npos) << k;
+    EXPECT_NE(def.find("\"mlp_precision\":\"f16\""), std::string::npos) << def;
+
+    const std::string path =
+        compile_sm90_with(td, "e2b_tiny", "e2b_opts",
+                          "--mlp-replicas 2 --ple-fold off --mlp-fold all --kernel-trace launches", &q);
+    int mlps = 0;
+    for (size_t li = 0; li < q.n_launches(); ++li)
+        if (q.launch(li).kind == (uint16_t)LaunchKind::Mlp) {
+            ++mlps;
+            EXPECT_EQ(q.launch(li).ip[6], 2) << "launch " << li;
+        }
+    EXPECT_GT(mlps, 0);
+    const std::string out = run_g4("inspect '" + path + "'").out;
+    for (const char* k :
+         {"\"mlp_replicas\":2", "\"ple_fold\":\"off\"", "\"mlp_fold\":\"all\"", "timeline trace of launches"})
+        EXPECT_NE(out.find(k), std::string::npos) << k << "\n" << out;
+
+    for (const auto& [option, val] : {std::pair<std::string, std::string>{"--mlp-replicas", "2"},
+                                      {"--ple-fold", "off"},
+                                      {"--mlp-fold", "all"},
+                                      {"--kernel-trace", "launches"}}) {
+        const std::string cpu = td.file("cpu" + option + ".g4plan");
+        CmdResult r = run_g4("compile --model '" + fixture("e2b_tiny") + "' --weights nf4 --no-fidelity " +
+                             option + " " + val + " -o '" + cpu + "'");
+        EXPECT_NE(r.exit_code, 0) << option;
+        EXPECT_NE(r.err.find(option + " applies to --device cuda only"), std::string::npos) << r.err;
+        EXPECT_FALSE(std::filesystem::exists(cpu)) << option;
+    }
+    expect_option_refused(td, "--kernel-trace", "yes");
 }
 
 // The fused MLP's arithmetic (ip7, g4 compile --mlp-precision): packed f16 by default wherever the weights

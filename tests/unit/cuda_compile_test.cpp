@@ -82,17 +82,24 @@ TEST(CudaCompile, KernelSpecialisation) {
     EXPECT_THROW(g4::cuda::compile_kernels("sm_90", bad, false), g4::CompileError);
 }
 
-// The timeline lab's kernels (G4_KERNEL_TRACE=1, bench/trace_lab.sh; =2, every block, bench/trace_ab.sh)
-// still compile and keep the trace buffer, 2^19 and 2^21 records of 64 bytes (ordinary plans do not:
-// AllKernelsForAllTargets).
+// The timeline lab's kernels (KernelSpec::trace 1, g4 compile --kernel-trace launches, bench/trace_lab.sh; 2,
+// blocks: every block, bench/trace_ab.sh) still compile and keep the trace buffer, 2^19 and 2^21 records of
+// 64 bytes (ordinary plans do not: AllKernelsForAllTargets). A trace mode outside 0..2 is refused. Four heads
+// a group, as e2b_tiny's plans: CudaSchedule.ScheduleOptionsRecordedInThePlan's traced plan reuses these
+// outputs from the kernel cache.
 TEST(CudaCompile, TraceLabKernels) {
     if (!g4::cuda::nvrtc_available()) GTEST_SKIP() << "built without the CUDA toolkit";
-    for (const auto& [mode, bytes] : {std::pair<const char*, long>{"1", 64l << 19}, {"2", 64l << 21}}) {
-        const ScopedEnv trace("G4_KERNEL_TRACE", mode);
-        const g4::cuda::KernelBinary traced = g4::cuda::compile_kernels("sm_90");
+    for (const auto& [mode, bytes] : {std::pair<int, long>{1, 64l << 19}, {2, 64l << 21}}) {
+        g4::cuda::KernelSpec spec;
+        spec.attn_hpg = 4;
+        spec.trace    = mode;
+        const g4::cuda::KernelBinary traced = g4::cuda::compile_kernels("sm_90", spec);
         EXPECT_NE(traced.ptx.find("g4_trace_buf[" + std::to_string(bytes) + "]"), std::string::npos) << mode;
         EXPECT_NE(traced.ptx.find("%globaltimer"), std::string::npos) << mode;
     }
+    g4::cuda::KernelSpec bad;
+    bad.trace = 3;
+    EXPECT_THROW(g4::cuda::compile_kernels("sm_90", bad, false), g4::CompileError);
 }
 
 // Where the kernel cache lives: G4_KERNEL_CACHE (off / 0 / empty: none), else XDG_CACHE_HOME, else HOME.

@@ -9,6 +9,7 @@
 #include "runtime/src/cuda/state.h"
 #include "runtime/src/cuda/workspace.h"
 #include "runtime/src/engine.h"
+#include "runtime/src/env.h"
 #include "runtime/src/executor.h"
 #include "models/gemma4/graph.h"
 
@@ -232,8 +233,9 @@ g4_status lm_screen_setup(const plan::Plan& p, EngineState* st, std::string* err
     const Driver* d = st->d;
     const auto& in  = p.info();
     Gpu& g          = st->gpus[0];
-    const char* env = std::getenv("G4_LM_SCREEN");
-    if ((env && *env == '0') || in.gpus.size() != 1 || p.has_cpu_layers() || !p.n_launches() || !g.k.lm_screen) return G4_OK;
+    if (rt::env::lm_screen_off() || in.gpus.size() != 1 || p.has_cpu_layers() || !p.n_launches() ||
+        !g.k.lm_screen)
+        return G4_OK;
     int li = -1;
     for (size_t i = 0; i < p.n_launches(); ++i) {
         const CudaLaunch& l = p.launch(i);
@@ -273,7 +275,7 @@ g4_status lm_screen_setup(const plan::Plan& p, EngineState* st, std::string* err
     return G4_OK;
 }
 
-// A fused launch kind's name in G4_DECODE_SKIP / G4_DECODE_TWICE classes and the decode event profile.
+// A fused launch kind's name in the decode event profile.
 const char* launch_kind_name(uint16_t kind) {
     static const char* kNames[] = {"op", "resnorm", "gemv", "qkv_post", "qkv_attn", "mlp", "attn_o", "ple", "ple_in"};
     return kind < sizeof kNames / sizeof kNames[0] ? kNames[kind] : "?";
@@ -357,17 +359,18 @@ g4_status engine_open(g4_engine* e, std::string* err) {
     return G4_OK;
 }
 
-// The timeline lab (bench/trace_lab.sh): a plan compiled with G4_KERNEL_TRACE=1 keeps per-launch records
+// The timeline lab (bench/trace_lab.sh): a plan compiled with --kernel-trace keeps per-launch records
 // in its module (kernels.cu G4_TRACE); with G4_TRACE_OUT=file they are written there when the engine
 // closes: u32 count, then count records of 64 bytes (u64 key, t0, t1, t2; u32 tag, blocks, smid, cycles, mark[4]).
 static void dump_trace(const Driver* d, const Gpu& g) {
-    const char* out = std::getenv("G4_TRACE_OUT");
-    if (!out || !*out) return;
+    const char* out = rt::env::trace_out();
+    if (!out) return;
     CUdeviceptr n_ptr = 0, buf = 0;
     size_t n_size = 0, buf_size = 0;
     if (!d->cuModuleGetGlobal || d->cuModuleGetGlobal(&n_ptr, &n_size, g.mod, "g4_trace_n") != 0 ||
         d->cuModuleGetGlobal(&buf, &buf_size, g.mod, "g4_trace_buf") != 0) {
-        std::fprintf(stderr, "g4: G4_TRACE_OUT is set but this plan's kernels keep no trace (compile it with G4_KERNEL_TRACE=1)\n");
+        std::fprintf(stderr, "g4: G4_TRACE_OUT is set but this plan's kernels keep no trace (compile it with "
+                             "g4 compile --kernel-trace launches)\n");
         return;
     }
     uint32_t n = 0;
@@ -558,41 +561,10 @@ g4_status session_create(g4_session* s, std::string* err) {
     CU_TRY(d->cuMemAllocHost((void**)&st->host_logits, (size_t)in.logits_rows * in.vocab_size * 4), "allocating pinned memory");
     s->ids    = st->host_ids;
     s->logits = st->host_logits;
-    const char* prof = std::getenv("G4_CUDA_PROFILE");
-    st->profile = prof && *prof == '1';
-    const char* pdl = std::getenv("G4_PDL");
-    st->pdl_ok  = std::all_of(st->lanes.begin(), st->lanes.end(), [](const Lane& ln) { return ln.g->sm >= 90; }) && d->cuLaunchKernelEx &&
-                 !(pdl && *pdl == '0');
-    for (const bool twice : {false, true}) {
-        const char* var = twice ? "G4_DECODE_TWICE" : "G4_DECODE_SKIP";
-        const char* sk  = std::getenv(var);
-        if (!sk || !*sk || !p.n_launches()) continue;
-        const std::string list = std::string(",") + sk + ",";
-        std::vector<bool>& pick = twice ? st->twice : st->skip;
-        pick.assign(p.n_launches(), false);
-        size_t n = 0;
-        std::map<std::string, int> classes;
-        for (size_t li = 0; li < p.n_launches(); ++li) {
-            const CudaLaunch& l = p.launch(li);
-            const PlanOp& op    = p.op(l.op);
-            std::string cls;
-            if (l.kind == (uint16_t)LaunchKind::Gemv)
-                cls = (int)op.out[0] == p.info().logits_tensor ? "lm_head"
-                      : p.tensor(op.in[1]).dtype == (uint8_t)DType::NF4 ? "gemv_nf4" : "gemv_bf16";
-            else if (l.kind != (uint16_t)LaunchKind::Op) cls = launch_kind_name(l.kind);
-            else if (op.code == (uint16_t)OpCode::Attention) cls = op.ip[4] > 0 ? "attention_sliding" : "attention_full";
-            else cls = op_name((OpCode)op.code);
-            if (cls.rfind("attention", 0) == 0 && list.find(",attention,") != std::string::npos) cls = "attention";
-            pick[li] = list.find("," + cls + ",") != std::string::npos;
-            n += pick[li];
-            ++classes[cls];
-        }
-        if (!twice) st->skip_merge = list.find(",merge,") != std::string::npos;
-        std::string all;
-        for (const auto& [c, k] : classes) all += " " + c + ":" + std::to_string(k);
-        std::fprintf(stderr, "g4: %s=%s: %zu of %zu decode launches %s (timing lab: the output is wrong); classes%s\n", var, sk, n,
-                     p.n_launches(), twice ? "made twice" : "skipped", all.c_str());
-    }
+    st->profile = rt::env::cuda_profile();
+    st->pdl_ok =
+        std::all_of(st->lanes.begin(), st->lanes.end(), [](const Lane& ln) { return ln.g->sm >= 90; }) &&
+        d->cuLaunchKernelEx && !rt::env::pdl_off();
     // Decode-graph event profiling times one stream; plans on several GPUs get the per-op timing only.
     if (st->profile && d->cuEventCreate && p.n_launches() && st->lanes.size() == 1) {
         st->pdl_ok = false;   // events between launches would cut the programmatic edges
@@ -610,9 +582,9 @@ g4_status session_create(g4_session* s, std::string* err) {
         st->ev_label.push_back("argmax");
     }
     // Decoding ahead: the captured graph on one GPU, all of it on the GPU, with events to wait on.
-    const char* ahead = std::getenv("G4_DECODE_AHEAD");
-    st->ahead_ok      = st->lanes.size() == 1 && !p.has_cpu_layers() && p.n_launches() && d->cuEventCreate &&
-                   d->cuEventRecord && d->cuEventSynchronize && st->ev.empty() && !st->profile && !(ahead && *ahead == '0');
+    st->ahead_ok = st->lanes.size() == 1 && !p.has_cpu_layers() && p.n_launches() && d->cuEventCreate &&
+                   d->cuEventRecord && d->cuEventSynchronize && st->ev.empty() && !st->profile &&
+                   !rt::env::decode_ahead_off();
     if (st->ahead_ok)
         for (CUevent& ev : st->tok_ev) CU_TRY(d->cuEventCreate(&ev, kEventDisableTiming), "cuEventCreate");
     s->cuda.reset(st.release());
@@ -749,7 +721,7 @@ CUresult launch_decode_attention(SessionState* st, const plan::Plan& p, const Pl
     if (dim == 256 || dim == 512)   // the same kernel with the head dim compiled in, where the module has it
         if (CUfunction fd = K.attn_dim[dim == 512][(post ? 2 : 0) + (kvdt ? 1 : 0)]) f = fd;
     CUresult r = launch(st, f, (unsigned)kvh, (unsigned)dsp, 256, args);
-    if (r != 0 || st->skip_merge || st->merge_in_next) return r;   // merge_in_next: the AttnO launch merges
+    if (r != 0 || st->merge_in_next) return r;   // merge_in_next: the AttnO launch merges
     void* margs[] = {&step, &part, &heads, &dim, &dsp, &y, &ldy, &window};
     return launch(st, K.attn_merge, (unsigned)heads, (unsigned)(dim + 63) / 64, merge_threads(true), margs);
 }
@@ -1177,7 +1149,6 @@ g4_status launch_step(g4_session* s, int rows, int out_rows, std::string* err) {
         if (events) st->e->d->cuEventRecordWithFlags(st->ev[0], st->cur->stream, 1);
         for (size_t li = 0; li < p.n_launches(); ++li) {
             const CudaLaunch& l = p.launch(li);
-            if (!st->skip.empty() && st->skip[li]) continue;
             if (st->screen_now && (int)li == st->e->lm_launch) {   // the int8 pass; g4_lm_exact below
                 GemvArgsH a;
                 bool nf4 = false;
@@ -1194,8 +1165,7 @@ g4_status launch_step(g4_session* s, int rows, int out_rows, std::string* err) {
             }
             st->merge_in_next = li + 1 < p.n_launches() && p.launch(li + 1).kind == (uint16_t)LaunchKind::AttnO;
             // Output replicas (the plan's ip6 > 1, the reader checked the ResNorm after): the MLP adds into them
-            // and that ResNorm sums them and zeroes them again, so they are zero outside the pair. A lab skipping
-            // the ResNorm (G4_DECODE_SKIP) keeps the MLP on its output alone.
+            // and that ResNorm sums them and zeroes them again, so they are zero outside the pair.
             // A folded ResNorm launches nothing: with ip1 = 1 the Ple launch after it runs it and the MLP before it
             // zeroes the Ple's output; with ip1 = 2 the Mlp launch after it runs it.
             auto folded = [&](size_t k, int into) -> const CudaLaunch* {
@@ -1208,14 +1178,13 @@ g4_status launch_step(g4_session* s, int rows, int out_rows, std::string* err) {
             st->mlp_res    = li > 0 && mlp ? folded(li - 1, 2) : nullptr;
             const int reps = cuda_ws::mlp_replicas(l);
             st->rep_in     = st->rep_out;
-            st->rep_out    = reps > 1 && (st->skip.empty() || !st->skip[li + 1]) ? reps - 1 : 0;
+            st->rep_out    = reps > 1 ? reps - 1 : 0;
             bool handled = false;
             g4_status cg = l.kind == (uint16_t)LaunchKind::Op ? cross_device_op(s, (size_t)l.op, rows, &handled, err)
                            : p.hybrid()                       ? use_lane(st, st->lane_of[l.op], err)
                                                               : G4_OK;
             if (cg != G4_OK) return cg;
             g4_status g = handled ? G4_OK : l.kind == (uint16_t)LaunchKind::Op ? launch_op(s, (size_t)l.op, rows, out_rows, err) : launch_fused(s, l, err);
-            if (g == G4_OK && !st->twice.empty() && st->twice[li] && l.kind != (uint16_t)LaunchKind::Op) g = launch_fused(s, l, err);
             if (g != G4_OK) return g;
             if (events) {
                 st->e->d->cuEventRecordWithFlags(st->ev[li + 1], st->cur->stream, 1);

@@ -1,5 +1,6 @@
 // dlopen-based cuBLAS loader (see cublas.h).
 #include "runtime/src/cuda/cublas.h"
+#include "runtime/src/env.h"
 
 #include <cstdlib>
 #include <dlfcn.h>
@@ -15,13 +16,13 @@ std::string g_why;
 std::once_flag g_once;
 
 void load() {
-    const char* env = std::getenv("G4_CUBLAS");
+    const char* env = rt::env::cublas();
     if (env && std::string(env) == "off") {
         g_why = "disabled by G4_CUBLAS=off";
         return;
     }
     std::vector<std::string> names;
-    if (env && *env) names.push_back(env);
+    if (env) names.push_back(env);
     for (const char* n : {"libcublas.so.13", "libcublas.so.12", "/usr/local/cuda/lib64/libcublas.so.13",
                           "/usr/local/cuda/lib64/libcublas.so.12", "libcublas.so"})
         names.push_back(n);

@@ -168,12 +168,6 @@ struct SessionState {
     std::atomic<bool> host_failed{false};
     std::string host_error;       // written by the host function that failed, read after the stream syncs
     bool profile = false;
-    // G4_DECODE_SKIP=a,b,...: a timing lab only (the tokens are wrong). Decode-schedule launches whose
-    // class is listed are not launched: resnorm, qkv_post, gemv_nf4, gemv_bf16, lm_head, or an op name
-    // (attention, attention_sliding, attention_full, embed, ...); "merge": the decode attention's merge
-    // kernel. Per launch of the schedule: skipped or not.
-    std::vector<bool> skip;
-    bool skip_merge = false;
     // launch_step: the replicas (Lane::mlp_rep) this Mlp launch adds into / this ResNorm sums (the MLP's ip6 - 1; 0: none)
     int rep_out = 0, rep_in = 0;
     // A ResNorm record with ip1 = 1 is folded into the Ple launch after it (g4_ple_res). fold_prev: the folded
@@ -184,7 +178,6 @@ struct SessionState {
     // while the launch is its Mlp.
     const plan::CudaLaunch* mlp_res = nullptr;
     bool merge_in_next = false;   // launch_step: the next decode launch is AttnO, which merges the attention's partials
-    std::vector<bool> twice;   // G4_DECODE_TWICE: launches made twice in a row (timing lab, bench/trace_lab.sh)
     // G4_CUDA_PROFILE totals [decode, prefill]: per op code (0..15), then 16 + each fused launch kind
     static constexpr int kProfCats = 16 + (int)plan::LaunchKind::PleIn + 1;
     double prof_ms[kProfCats][2] = {};

@@ -1,0 +1,25 @@
+// The runtime's environment variables, each read here and nowhere else in the runtime (the table of every
+// G4_* variable, with values and defaults, is docs/environment.md). Each call reads the variable anew and
+// allocates nothing.
+#pragma once
+
+namespace g4::rt::env {
+
+// G4_CUBLAS: a libcublas file to load first, or "off" (no cuBLAS tier); nullptr when unset or empty.
+const char* cublas();
+// G4_CUDA_PROFILE=1: sessions time every CUDA launch and print the totals when destroyed.
+bool cuda_profile();
+// G4_PDL=0: decode graphs without programmatic dependent launch.
+bool pdl_off();
+// G4_DECODE_AHEAD=0: sessions do not run greedy decode steps ahead.
+bool decode_ahead_off();
+// G4_LM_SCREEN=0: engines build no screening copy of the LM head.
+bool lm_screen_off();
+// G4_GPU_SAMPLING=0: CUDA sessions always sample on the CPU.
+bool gpu_sampling_off();
+// G4_TRACE_OUT: where a plan compiled with --kernel-trace writes its records; nullptr when unset or empty.
+const char* trace_out();
+// G4_DUMP_MEDIA: a file each image's and clip's soft tokens are appended to; nullptr when unset or empty.
+const char* dump_media();
+
+} // namespace g4::rt::env

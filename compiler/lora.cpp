@@ -245,8 +245,8 @@ void Adapter::Impl::parse_config(const ojson& cfg, bool& use_rslora, bool& use_d
             o.set_log_errors(false);
             auto re = std::make_shared<const RE2>("(.*\\.)?(" + key + ")", o);
             if (!re->ok())
-                fail(field_err(k, "has key '" + key + "', which is not a regular expression g4 can match (" + re->error() +
-                                      "; backreferences and lookaround are not supported)"));
+                fail(field_err(k, "has key '" + key + "', which is not a valid regular expression for g4's linear-time matcher (RE2: " +
+                                      re->error() + "; backreferences and lookaround are not supported)"));
             p.re = std::move(re);
             out.push_back(std::move(p));
         }

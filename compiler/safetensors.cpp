@@ -290,8 +290,6 @@ std::unique_ptr<File> File::open(const std::string& path) {
                           std::to_string(size - 8) + " bytes after the length prefix; the file is truncated");
 
     const std::string_view header_text((const char*)bytes + 8, header_len);
-    if (header_text.empty() || header_text[0] != '{')
-        corrupt(path, "the header does not start with '{' (not a safetensors file, or a wrong header length)");
     if (std::string e = json_depth_error(header_text); !e.empty()) corrupt(path, "header: " + e);
     json header;
     try {

@@ -148,7 +148,10 @@ TEST(BadInput, UnknownArchitecture) {
 TEST(BadInput, MissingTensor) {
     CheckpointCopy c;
     std::string victim = "model.language_model.layers.3.layer_scalar";
-    edit_header(c.st(), [&](json& h) { h.erase(victim); });
+    edit_header(c.st(), [&](json& h) {   // renamed: its bytes stay covered, as in a valid file
+        h["unrelated.scalar"] = h[victim];
+        h.erase(victim);
+    });
     expect_compile_error(c.dir, {"missing tensor", victim});
 }
 
@@ -296,9 +299,22 @@ TEST(BadInput, NonFiniteAdapter) {
             poke(dir + "/adapter_model.safetensors", a, i, 3e38f);
             poke(dir + "/adapter_model.safetensors", b, i, 3e38f);
         }
-        expect_compile_error(fixture("e2b_tiny"), {"model.language_model.layers.0.mlp.down_proj.weight", "after merging the adapter"},
+        expect_compile_error(fixture("e2b_tiny"), {"adapter_model.safetensors", "model.language_model.layers.0.mlp.down_proj", "non-finite"},
                              "--adapter '" + dir + "'");
     }
+}
+
+// Finite weights whose activations overflow: the fidelity figure is never printed as NaN, and no plan is kept.
+TEST(BadInput, FidelityNeverReportsNonFinite) {
+    CheckpointCopy c;
+    for (size_t i = 0; i < 64; ++i) poke(c.st(), "model.language_model.norm.weight", i, 3e38f);
+    TempDir out;
+    CmdResult r = run_g4("compile --model '" + c.dir + "' --weights nf4 -o '" + out.file("p.g4plan") + "'");
+    EXPECT_EQ(r.exit_code, 1) << r.err;
+    EXPECT_EQ(r.err.find("nan"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("fidelity check"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("not finite"), std::string::npos) << r.err;
+    EXPECT_TRUE(fs::is_empty(out.path));
 }
 
 TEST(BadInput, DeeplyNestedJson) {
@@ -429,15 +445,18 @@ TEST_F(RunBadInput, MediaFiles) {
     const auto t0 = std::chrono::steady_clock::now();
     expect_run_error(plan_, "--tokens 2,3 -n 1 --image '" + pgm + "'", {pgm, "20000x20000 pixels, more than the limit"});
     EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 5.0);
-    // A 16-bit PPM past 200x200 runs.
+    // A 16-bit PPM past 200x200 runs (on e2b_tiny_mm, whose image tokens are in its vocabulary).
+    const std::string mm = dir_->file("mm.g4plan");
+    CmdResult c = run_g4("compile --model '" + fixture("e2b_tiny_mm") + "' --weights f32 --image-tokens 70 -o '" + mm + "'");
+    ASSERT_EQ(c.exit_code, 0) << c.err;
     const std::string ppm = dir_->file("deep.ppm");
     std::string px = "P6 211 203 65535\n";
     for (int i = 0; i < 211 * 203 * 3; ++i) px += std::string{char((i * 7) & 255), char((i * 13) & 255)};
     write_file(ppm, px);
-    CmdResult ok = run_g4("run '" + plan_ + "' --tokens 2,3 -n 1 --temp 0 --image '" + ppm + "'");
+    CmdResult ok = run_g4("run '" + mm + "' --tokens 2,3 -n 1 --temp 0 --image '" + ppm + "'");
     EXPECT_EQ(ok.exit_code, 0) << ok.err;
     // g4 chat: the undecodable clip is reported, the conversation goes on.
-    CmdResult chat = run_cmd("(printf '/audio " + bad_wav + "\\nHi\\n/exit\\n' | '" + cli_path() + "' chat '" + plan_ + "' -n 4 --temp 0)");
+    CmdResult chat = run_cmd("(printf '/audio " + bad_wav + "\\nHi\\n/exit\\n' | '" + cli_path() + "' chat '" + mm + "' -n 4 --temp 0)");
     EXPECT_EQ(chat.exit_code, 0) << chat.err;
     EXPECT_NE(chat.err.find(bad_wav), std::string::npos) << chat.err;
     EXPECT_NE(chat.err.find("block size 0"), std::string::npos) << chat.err;
@@ -473,7 +492,7 @@ TEST_F(RunBadInput, WrongTypedMetaField) {
     EXPECT_EQ(r.exit_code, 1);
     EXPECT_NE(r.err.find("plan " + p + ": META field weights_dtype: expected a string, got 12345"), std::string::npos) << r.err;
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
-    p = rewrite("\"max_rows\": 64", "\"max_rows\": \"6\"");
+    p = rewrite("\"max_rows\": 64,", "\"max_rows\":\"6\",");
     expect_run_error(p, "--tokens 2,3", {p, "META field max_rows: expected an integer"});
 }
 

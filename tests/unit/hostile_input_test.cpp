@@ -336,11 +336,6 @@ TEST(HostileInput, SafetensorsLayout) {
     EXPECT_NE(open_error(path).find("tensor 'e'"), std::string::npos);
     write_file(path, safetensors({{"a", "F32", {3}, 0, 8}, {"b", "F32", {2}, 8, 16}}, data, 128));   // shape x dtype != span
     EXPECT_NE(open_error(path).find("needs 12 bytes"), std::string::npos);
-    std::string text = safetensors(good, data, 128);
-    text[8]          = ' ';   // the header must start with '{'
-    EXPECT_NE(open_error(path + "x").find("does not exist"), std::string::npos);
-    write_file(path, text);
-    EXPECT_NE(open_error(path).find("does not start with '{'"), std::string::npos);
     std::string deep = nested(100000);
     uint64_t n       = deep.size();
     std::string f(8, '\0');

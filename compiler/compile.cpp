@@ -327,7 +327,6 @@ struct CheckpointLookup {
     }
 };
 
-
 // Index of the first NaN or infinity among n floats (or bf16 words), or -1.
 int64_t first_non_finite(const float* p, int64_t n) {
     for (int64_t i = 0; i < n; ++i)
@@ -837,14 +836,17 @@ void write_plan(const Inputs& in, const std::string& out_path, Mode mode, Report
             bool merge = in.adapter && is_targeted(an);
             raw_copy   = !bnb && !merge && d.dtype == DType::BF16 && src->dtype == st::DType::BF16;
             // A NaN or infinity in a weight poisons every logit: refused, naming the tensor.
-            const std::string bad = "tensor '" + hf + "' in " + src->file + " holds a NaN or infinity at element ";
+            const std::string bad =
+                "tensor '" + hf + "' in " + src->file + " holds a NaN or infinity at element ";
             if (raw_copy) {
                 if (int64_t i = first_non_finite_bf16(src->data, n); i >= 0)
-                    throw CompileError(bad + std::to_string(i) + "; the checkpoint is corrupt (re-download or re-save it)");
+                    throw CompileError(bad + std::to_string(i) +
+                                       "; the checkpoint is corrupt (re-download or re-save it)");
             } else {
                 read_base_f32(in, hf, d.dims, f32);
                 if (int64_t i = first_non_finite(f32.data(), n); i >= 0)
-                    throw CompileError(bad + std::to_string(i) + "; the checkpoint is corrupt (re-download or re-save it)");
+                    throw CompileError(bad + std::to_string(i) +
+                                       "; the checkpoint is corrupt (re-download or re-save it)");
                 if (in.adapter) {
                     std::vector<float> bias(d.dims[0], 0.0f);
                     bool has_bias = false;
@@ -854,8 +856,9 @@ void write_plan(const Inputs& in, const std::string& out_path, Mode mode, Report
                         int64_t i = first_non_finite(f32.data(), n);
                         if (i < 0 && has_bias) i = first_non_finite(bias.data(), (int64_t)bias.size());
                         if (i >= 0)
-                            throw CompileError("tensor '" + hf + "' holds a NaN or infinity at element " + std::to_string(i) +
-                                               " after merging the adapter (" + an + "): the adapter's update overflows float32");
+                            throw CompileError("tensor '" + hf + "' holds a NaN or infinity at element " +
+                                               std::to_string(i) + " after merging the adapter (" + an +
+                                               "): the adapter's update overflows float32");
                     }
                 }
             }
@@ -1064,7 +1067,8 @@ void compile_plan(const CompileOptions& opt, std::ostream& log) {
         if (fs::exists(dir + "/tokenizer_config.json")) {
             try {
                 const std::string tc_text = read_text_file(dir + "/tokenizer_config.json");
-                if (std::string e = json_depth_error(tc_text); !e.empty()) throw CompileError(dir + "/tokenizer_config.json: " + e);
+                if (std::string e = json_depth_error(tc_text); !e.empty())
+                    throw CompileError(dir + "/tokenizer_config.json: " + e);
                 json tc = json::parse(tc_text);
                 if (tc.contains("add_bos_token") && tc["add_bos_token"].is_boolean()) add_bos = tc["add_bos_token"].get<bool>();
             } catch (const json::exception& e) {
@@ -1485,16 +1489,21 @@ void compile_plan(const CompileOptions& opt, std::ostream& log) {
             for (int i = 0; i < hp.vocab_size; ++i) num += ((double)x[i] - y[i]) * ((double)x[i] - y[i]), den += (double)y[i] * y[i];
         }
         const double rel = std::sqrt(num / std::max(den, 1e-300));
-        if (!std::isfinite(rel)) {   // never reported as a figure: the plan just written is unusable
+        if (!std::isfinite(rel)) { // never reported as a figure: the plan just written is unusable
             std::remove(opt.out_path.c_str());
-            throw CompileError("fidelity check: the " + std::string(std::isfinite(den) ? "plan's" : "full-precision model's") +
-                               " logits on the calibration prompt are not finite (NaN or infinity): the weights overflow "
-                               "float32; " + opt.out_path + " was not kept");
+            throw CompileError(
+                "fidelity check: the " +
+                std::string(std::isfinite(den) ? "plan's" : "full-precision model's") +
+                " logits on the calibration prompt are not finite (NaN or infinity): the weights overflow "
+                "float32; " +
+                opt.out_path + " was not kept");
         }
         char line[256];
         std::snprintf(line, sizeof line,
-                      "  fidelity: relative L2 logit error %.3e, top-1 agreement %d/%d, vs the full-precision merged model "
-                      "(%d-token calibration prompt, CPU)\n", rel, agree, n_tok, n_tok);
+                      "  fidelity: relative L2 logit error %.3e, top-1 agreement %d/%d, vs the "
+                      "full-precision merged model "
+                      "(%d-token calibration prompt, CPU)\n",
+                      rel, agree, n_tok, n_tok);
         log << line;
     }
 }

@@ -183,7 +183,8 @@ gemma4::TextHParams parse_text(const json& tc, const std::string& where, const j
 
 std::string read_text_file(const std::string& path) {
     std::error_code ec;
-    if (std::filesystem::is_directory(path, ec)) throw CompileError("cannot read " + path + ": it is a directory, not a file");
+    if (std::filesystem::is_directory(path, ec))
+        throw CompileError("cannot read " + path + ": it is a directory, not a file");
     std::ifstream f(path, std::ios::binary);
     if (!f) throw CompileError("cannot read " + path + ": file missing or unreadable");
     std::ostringstream ss;

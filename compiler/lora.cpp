@@ -120,8 +120,8 @@ std::vector<float> f32_of(const st::TensorView& t) {
     st::to_f32(t, v.data());
     for (size_t i = 0; i < v.size(); ++i)
         if (!std::isfinite(v[i]))
-            fail(t.file + ": tensor '" + t.name + "' holds a NaN or infinity at element " + std::to_string(i) +
-                 "; the adapter is corrupt (re-save it)");
+            fail(t.file + ": tensor '" + t.name + "' holds a NaN or infinity at element " +
+                 std::to_string(i) + "; the adapter is corrupt (re-save it)");
     return v;
 }
 
@@ -240,13 +240,17 @@ void Adapter::Impl::parse_config(const ojson& cfg, bool& use_rslora, bool& use_d
             Pattern p;
             p.key   = key;
             p.value = val.get<double>();
-            if (key.size() > 4096) fail(field_err(k, "has a key of " + std::to_string(key.size()) + " bytes; module patterns are short"));
+            if (key.size() > 4096)
+                fail(field_err(k, "has a key of " + std::to_string(key.size()) +
+                                      " bytes; module patterns are short"));
             RE2::Options o;
             o.set_log_errors(false);
             auto re = std::make_shared<const RE2>("(.*\\.)?(" + key + ")", o);
             if (!re->ok())
-                fail(field_err(k, "has key '" + key + "', which is not a valid regular expression for g4's linear-time matcher (RE2: " +
-                                      re->error() + "; backreferences and lookaround are not supported)"));
+                fail(field_err(
+                    k, "has key '" + key +
+                           "', which is not a valid regular expression for g4's linear-time matcher (RE2: " +
+                           re->error() + "; backreferences and lookaround are not supported)"));
             p.re = std::move(re);
             out.push_back(std::move(p));
         }

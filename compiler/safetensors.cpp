@@ -144,24 +144,26 @@ TensorView parse_entry(const std::string& path, const std::string& name, const j
 // tile the data section exactly (each begins where the one before ends, empty ones too, and the last ends
 // at the end of the file).
 void check_layout(const std::string& path, std::vector<Range>& ranges, uint64_t data_size) {
-    std::sort(ranges.begin(), ranges.end(),
-              [](const Range& a, const Range& b) { return a.begin != b.begin ? a.begin < b.begin : a.end < b.end; });
-    uint64_t at            = 0;
+    std::sort(ranges.begin(), ranges.end(), [](const Range& a, const Range& b) {
+        return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+    });
+    uint64_t at             = 0;
     const std::string* prev = nullptr;
     for (const Range& r : ranges) {
         const std::string span = "[" + std::to_string(r.begin) + ", " + std::to_string(r.end) + ")";
         if (r.begin < at)
-            corrupt(path, "tensor '" + *r.name + "' data_offsets " + span + " overlap tensor '" + *prev + "', which ends at " +
-                              std::to_string(at));
+            corrupt(path, "tensor '" + *r.name + "' data_offsets " + span + " overlap tensor '" + *prev +
+                              "', which ends at " + std::to_string(at));
         if (r.begin > at)
             corrupt(path, "bytes [" + std::to_string(at) + ", " + std::to_string(r.begin) +
-                              ") of the data section belong to no tensor (a gap before tensor '" + *r.name + "' " + span + ")");
+                              ") of the data section belong to no tensor (a gap before tensor '" + *r.name +
+                              "' " + span + ")");
         at   = r.end;
         prev = r.name;
     }
     if (at != data_size)
-        corrupt(path, "the data section after the header is " + std::to_string(data_size) + " bytes but its tensors cover " +
-                          std::to_string(at) +
+        corrupt(path, "the data section after the header is " + std::to_string(data_size) +
+                          " bytes but its tensors cover " + std::to_string(at) +
                           " (a wrong header length, or bytes appended to the file)");
 }
 

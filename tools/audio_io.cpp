@@ -31,7 +31,8 @@ std::string load_wav(const std::string& path, AudioPcm* out, int64_t max_frames)
     *out                    = AudioPcm{};
     std::vector<uint8_t> bytes;
     // RIFF sizes are 32-bit: a WAV file is at most 4 GiB and 8 bytes.
-    if (std::string err = read_file_bytes(path, "audio file", 0xFFFFFFFFull + 8, &bytes); !err.empty()) return err;
+    if (std::string err = read_file_bytes(path, "audio file", 0xFFFFFFFFull + 8, &bytes); !err.empty())
+        return err;
     const unsigned char* b = bytes.data();
     const size_t len       = bytes.size();
     if (len < 12 || std::memcmp(b, "RIFF", 4) != 0 || std::memcmp(b + 8, "WAVE", 4) != 0)
@@ -57,8 +58,9 @@ std::string load_wav(const std::string& path, AudioPcm* out, int64_t max_frames)
             data = b + pos, data_len = (size_t)size;
             break;
         }
-        if (size > avail) return where + "truncated: chunk '" + printable(id) + "' declares " +
-                                 std::to_string(size) + " bytes but only " + std::to_string(avail) + " are present";
+        if (size > avail)
+            return where + "truncated: chunk '" + printable(id) + "' declares " + std::to_string(size) +
+                   " bytes but only " + std::to_string(avail) + " are present";
         if (std::memcmp(id, "fmt ", 4) == 0) {
             if (have_fmt) return where + "two fmt chunks (corrupt file)";
             if (size < 16) return where + "fmt chunk too short (" + std::to_string(size) + " bytes; corrupt file)";
@@ -77,14 +79,17 @@ std::string load_wav(const std::string& path, AudioPcm* out, int64_t max_frames)
                 return where + "unsupported WAV encoding (format code " + std::to_string(format) +
                        "); g4 reads PCM 16/24/32-bit integer or 32-bit float, " + kConvert;
             if ((format == 1 && bits != 16 && bits != 24 && bits != 32) || (format == 3 && bits != 32))
-                return where + "unsupported sample size: " + std::to_string(bits) + "-bit " + (format == 3 ? "float" : "integer") +
+                return where + "unsupported sample size: " + std::to_string(bits) + "-bit " +
+                       (format == 3 ? "float" : "integer") +
                        "; g4 reads 16/24/32-bit integer or 32-bit float PCM, " + kConvert;
             if (channels < 1) return where + "fmt chunk says 0 channels (corrupt file)";
             if (block != channels * bits / 8)
-                return where + "fmt chunk block size " + std::to_string(block) + " does not match " + std::to_string(channels) +
-                       " channels x " + std::to_string(bits) + " bits (corrupt file)";
+                return where + "fmt chunk block size " + std::to_string(block) + " does not match " +
+                       std::to_string(channels) + " channels x " + std::to_string(bits) +
+                       " bits (corrupt file)";
             if (rate != 16000)
-                return where + "sample rate is " + std::to_string(rate) + " Hz; Gemma 4 audio needs 16000 Hz mono, " + kConvert;
+                return where + "sample rate is " + std::to_string(rate) +
+                       " Hz; Gemma 4 audio needs 16000 Hz mono, " + kConvert;
             have_fmt = true;
         }
         pos += (size_t)size + (size & 1);   // chunks are padded to an even size
@@ -98,7 +103,8 @@ std::string load_wav(const std::string& path, AudioPcm* out, int64_t max_frames)
     if (frames == 0) return where + "contains no audio samples";
     if (max_frames >= 0 && frames > (uint64_t)max_frames) {
         char buf[160];
-        std::snprintf(buf, sizeof buf, "%.2f s of audio but the plan takes at most %.2f s (g4 compile --max-audio-seconds)",
+        std::snprintf(buf, sizeof buf,
+                      "%.2f s of audio but the plan takes at most %.2f s (g4 compile --max-audio-seconds)",
                       (double)frames / rate, (double)max_frames / rate);
         return where + buf;
     }

@@ -172,7 +172,8 @@ struct RunError : std::runtime_error {
 
 std::string read_whole_file(const std::string& path, const char* what) {
     std::vector<uint8_t> bytes;
-    if (std::string err = g4::tools::read_file_bytes(path, what, uint64_t(1) << 32, &bytes); !err.empty()) throw RunError(err);
+    if (std::string err = g4::tools::read_file_bytes(path, what, uint64_t(1) << 32, &bytes); !err.empty())
+        throw RunError(err);
     return std::string(bytes.begin(), bytes.end());
 }
 
@@ -890,9 +891,12 @@ int inspect_plan(int argc, char** argv) {
     auto jv = [](const nlohmann::json& o, const char* k) { return jsonf::value<std::string>(o, k, "?"); };
     auto meta     = nlohmann::json::parse(p.meta_json());
     std::printf("plan %s: format %u.%u, %s, %llu bytes%s\n", a.pos[0].c_str(), h.format_major, h.format_minor,
-                jv(meta, "architecture").c_str(), (unsigned long long)p.file_size(), verify ? ", weights checksum ok" : "");
-    std::printf("g4 version %s, device %s, weights %s, KV cache %s\n", jv(meta, "g4_version").c_str(), jv(meta, "device").c_str(),
-                jv(meta, "weights_dtype").c_str(), jsonf::value<std::string>(meta.value("policy", nlohmann::json::object()), "kv_dtype", "f32").c_str());
+                jv(meta, "architecture").c_str(), (unsigned long long)p.file_size(),
+                verify ? ", weights checksum ok" : "");
+    std::printf(
+        "g4 version %s, device %s, weights %s, KV cache %s\n", jv(meta, "g4_version").c_str(),
+        jv(meta, "device").c_str(), jv(meta, "weights_dtype").c_str(),
+        jsonf::value<std::string>(meta.value("policy", nlohmann::json::object()), "kv_dtype", "f32").c_str());
     std::printf("hparams: %s\n", meta["hparams"].dump().c_str());
     std::printf("program: %s\n", meta["program"].dump().c_str());
     std::printf("generation: %s\n", meta["generation"].dump().c_str());
@@ -921,16 +925,22 @@ int inspect_plan(int argc, char** argv) {
             layers += (layers.empty() ? "" : ", ") + std::to_string(jsonf::value<int>(r, "first", 0)) + "-" +
                       std::to_string(jsonf::value<int>(r, "last", 0)) + " on " + jv(r, "device");
         std::string dev = jv(pl, "device");
-        std::string ple = jsonf::value<std::string>(pl, "ple", "device") == "host" ? "in pinned host memory (ple=host)" : "on " + dev;
-        std::printf("placement: text layers %s; embed on %s, lm_head on %s; PLE table %s%s; vision %s; audio %s\n", layers.c_str(),
-                    jv(pl, "embed").c_str(), jv(pl, "lm_head").c_str(), ple.c_str(),
-                    jsonf::value<bool>(pl, "ple_auto", false) ? " (decided by the budget check)" : "", jv(pl, "vision").c_str(),
-                    jv(pl, "audio").c_str());
+        std::string ple = jsonf::value<std::string>(pl, "ple", "device") == "host"
+                              ? "in pinned host memory (ple=host)"
+                              : "on " + dev;
+        std::printf(
+            "placement: text layers %s; embed on %s, lm_head on %s; PLE table %s%s; vision %s; audio %s\n",
+            layers.c_str(), jv(pl, "embed").c_str(), jv(pl, "lm_head").c_str(), ple.c_str(),
+            jsonf::value<bool>(pl, "ple_auto", false) ? " (decided by the budget check)" : "",
+            jv(pl, "vision").c_str(), jv(pl, "audio").c_str());
     }
     if (meta.contains("memory")) {
         std::ostringstream table;
         g4::placement::print_memory(table, g4::placement::memory_from_json(meta["memory"]), "  ");
-        std::printf("memory by device (exact bytes%s):\n%s", jsonf::value<std::string>(meta, "device", "cpu") == "cuda" ? "; CUDA context and allocator overhead not included" : "",
+        std::printf("memory by device (exact bytes%s):\n%s",
+                    jsonf::value<std::string>(meta, "device", "cpu") == "cuda"
+                        ? "; CUDA context and allocator overhead not included"
+                        : "",
                     table.str().c_str());
     } else {
         std::printf("memory by device:\n  cpu    weights %s (mapped from the plan), activations %s, KV cache %s\n",
@@ -940,7 +950,8 @@ int inspect_plan(int argc, char** argv) {
     if (meta.contains("cuda")) {
         const int hpg = jsonf::value<int>(meta["cuda"], "attn_hpg", 0);
         std::printf("CUDA kernels: %s cubin + PTX; decode attention %s\n", jv(meta["cuda"], "target").c_str(),
-                    hpg ? ("specialised for " + std::to_string(hpg) + " heads per KV group").c_str() : "generic (any group size <= 16)");
+                    hpg ? ("specialised for " + std::to_string(hpg) + " heads per KV group").c_str()
+                        : "generic (any group size <= 16)");
     }
     if (p.n_launches()) {
         int kinds_n[9] = {}, mlp_f16 = 0, ple_fold = 0, mlp_fold = 0;
@@ -1007,7 +1018,7 @@ int cmd_inspect(int argc, char** argv) {
         throw;
     } catch (const UsageError&) {
         throw;
-    } catch (const std::exception& e) {   // g4::jsonf's errors, and nlohmann's from placement::memory_from_json
+    } catch (const std::exception& e) { // g4::jsonf's errors, and nlohmann's from placement::memory_from_json
         const Args a(argc, argv, 2, {}, {"--verify", "--ops", "--tensors"});
         throw RunError("plan " + a.pos.at(0) + ": " + e.what() + "; re-run g4 compile to rebuild the plan");
     }

@@ -32,11 +32,14 @@ namespace g4::tools {
 namespace {
 
 std::string too_many_pixels(const std::string& what, int64_t w, int64_t h, int64_t max_pixels) {
-    return "image " + what + " is " + std::to_string(w) + "x" + std::to_string(h) + " pixels, more than the limit of " +
-           std::to_string(max_pixels) + " (downscale it; a plan's limit is g4 compile --max-image-pixels)";
+    return "image " + what + " is " + std::to_string(w) + "x" + std::to_string(h) +
+           " pixels, more than the limit of " + std::to_string(max_pixels) +
+           " (downscale it; a plan's limit is g4 compile --max-image-pixels)";
 }
 
-bool pnm_space(uint8_t c) { return c == ' ' || c == '\t' || c == '\n' || c == '\v' || c == '\f' || c == '\r'; }
+bool pnm_space(uint8_t c) {
+    return c == ' ' || c == '\t' || c == '\n' || c == '\v' || c == '\f' || c == '\r';
+}
 
 // Binary PGM (P5) and PPM (P6), 8 or 16 bits a sample, read as Pillow's PpmImagePlugin does: header tokens
 // separated by whitespace and '#' comments, one whitespace byte after maxval, then the samples (big-endian
@@ -44,7 +47,8 @@ bool pnm_space(uint8_t c) { return c == ' ' || c == '\t' || c == '\n' || c == '\
 // grey with maxval <= 255 the same; grey with maxval > 255 becomes Pillow's 32-bit mode "I" (v itself when
 // maxval is 65535, else round(v / maxval * 65535)), which convert("RGB") clips to 255 (so only values below
 // 256 / 65536 of maxval stay below white).
-std::string decode_pnm(const uint8_t* data, size_t size, const std::string& what, int64_t max_pixels, ImageRGB8* out) {
+std::string decode_pnm(const uint8_t* data, size_t size, const std::string& what, int64_t max_pixels,
+                       ImageRGB8* out) {
     const bool rgb = data[1] == '6';
     if (data[1] != '5' && data[1] != '6')
         return "image " + what + ": plain or bitmap PNM (P" + std::string(1, char(data[1])) +
@@ -61,33 +65,41 @@ std::string decode_pnm(const uint8_t* data, size_t size, const std::string& what
                 break;
             }
             if (c == '#') {
-                while (pos < size && data[pos] != '\n' && data[pos] != '\r') ++pos;
+                while (pos < size && data[pos] != '\n' && data[pos] != '\r')
+                    ++pos;
                 continue;
             }
             if (c < '0' || c > '9' || t.size() >= 10)
-                return "image " + what + ": PNM header field " + std::to_string(i + 1) + " is not a number of at most 10 digits";
+                return "image " + what + ": PNM header field " + std::to_string(i + 1) +
+                       " is not a number of at most 10 digits";
             t += char(c);
         }
-        if (t.empty()) return "image " + what + " is truncated: the PNM header ends before its width, height and maxval";
+        if (t.empty())
+            return "image " + what + " is truncated: the PNM header ends before its width, height and maxval";
         tok[i] = std::stoll(t);
     }
     const int64_t w = tok[0], h = tok[1], maxval = tok[2];
-    if (w < 1 || h < 1) return "image " + what + " has no pixels (" + std::to_string(w) + "x" + std::to_string(h) + ")";
+    if (w < 1 || h < 1)
+        return "image " + what + " has no pixels (" + std::to_string(w) + "x" + std::to_string(h) + ")";
     if (maxval < 1 || maxval > 65535)
-        return "image " + what + ": PNM maxval " + std::to_string(maxval) + " is outside 1..65535 (corrupt file)";
+        return "image " + what + ": PNM maxval " + std::to_string(maxval) +
+               " is outside 1..65535 (corrupt file)";
     if (w > max_pixels / h) return too_many_pixels(what, w, h, max_pixels);
     const int ch = rgb ? 3 : 1, bytes = maxval > 255 ? 2 : 1;
     const uint64_t need = uint64_t(w) * uint64_t(h) * ch * bytes;
     if (size - pos < need)
         return "image " + what + " is truncated: its " + std::to_string(w) + "x" + std::to_string(h) + " " +
-               (rgb ? "PPM" : "PGM") + " pixels need " + std::to_string(need) + " bytes but " + std::to_string(size - pos) +
-               " follow the header";
+               (rgb ? "PPM" : "PGM") + " pixels need " + std::to_string(need) + " bytes but " +
+               std::to_string(size - pos) + " follow the header";
     // One 8-bit value for every sample value.
     std::vector<uint8_t> lut(size_t(1) << (8 * bytes));
     for (size_t v = 0; v < lut.size(); ++v) {
         double x;
-        if (!rgb && maxval > 255) x = maxval == 65535 ? double(v) : std::min(65535.0, std::nearbyint(double(v) / double(maxval) * 65535.0));
-        else x = maxval == 255 ? double(v) : std::nearbyint(double(v) / double(maxval) * 255.0);
+        if (!rgb && maxval > 255)
+            x = maxval == 65535 ? double(v)
+                                : std::min(65535.0, std::nearbyint(double(v) / double(maxval) * 65535.0));
+        else
+            x = maxval == 255 ? double(v) : std::nearbyint(double(v) / double(maxval) * 255.0);
         lut[v] = uint8_t(std::min(255.0, x));
     }
     const uint8_t* p = data + pos;
@@ -95,8 +107,10 @@ std::string decode_pnm(const uint8_t* data, size_t size, const std::string& what
     out->rgb.resize(n * 3);
     for (size_t i = 0; i < n * ch; ++i) {
         const uint32_t v = bytes == 2 ? (uint32_t(p[2 * i]) << 8 | p[2 * i + 1]) : p[i];
-        if (rgb) out->rgb[i] = lut[v];
-        else out->rgb[3 * i] = out->rgb[3 * i + 1] = out->rgb[3 * i + 2] = lut[v];
+        if (rgb)
+            out->rgb[i] = lut[v];
+        else
+            out->rgb[3 * i] = out->rgb[3 * i + 1] = out->rgb[3 * i + 2] = lut[v];
     }
     out->width  = int(w);
     out->height = int(h);
@@ -105,7 +119,8 @@ std::string decode_pnm(const uint8_t* data, size_t size, const std::string& what
 
 } // namespace
 
-std::string decode_image(const uint8_t* data, size_t size, const std::string& what, ImageRGB8* out, int64_t max_pixels) {
+std::string decode_image(const uint8_t* data, size_t size, const std::string& what, ImageRGB8* out,
+                         int64_t max_pixels) {
     if (!out) return "decode_image: null output";
     *out = ImageRGB8{};
     if (!data || size == 0) return "image " + what + " is empty (0 bytes)";
@@ -121,7 +136,8 @@ std::string decode_image(const uint8_t* data, size_t size, const std::string& wh
     if (!stbi_info_from_memory(data, int(size), &w, &h, &ch))
         return "image " + what + ": unsupported or unrecognised format (" + stbi_failure_reason() +
                "); g4 reads PNG, JPEG, BMP, GIF and PPM/PGM";
-    if (w <= 0 || h <= 0) return "image " + what + " has no pixels (" + std::to_string(w) + "x" + std::to_string(h) + ")";
+    if (w <= 0 || h <= 0)
+        return "image " + what + " has no pixels (" + std::to_string(w) + "x" + std::to_string(h) + ")";
     if (int64_t(w) * h > max_pixels) return too_many_pixels(what, w, h, max_pixels);
     // Always decoded as RGBA (grey replicated, palette and tRNS expanded, alpha 255 where there is none):
     // compositing an opaque pixel over white leaves it unchanged.
@@ -130,8 +146,8 @@ std::string decode_image(const uint8_t* data, size_t size, const std::string& wh
     if (!px) return "image " + what + " is corrupt or truncated (" + std::string(stbi_failure_reason()) + ")";
     if (cw != w || chh != h) {
         stbi_image_free(px);
-        return "image " + what + " is corrupt: its header says " + std::to_string(w) + "x" + std::to_string(h) + " but it decodes to " +
-               std::to_string(cw) + "x" + std::to_string(chh);
+        return "image " + what + " is corrupt: its header says " + std::to_string(w) + "x" +
+               std::to_string(h) + " but it decodes to " + std::to_string(cw) + "x" + std::to_string(chh);
     }
     out->width = cw;
     out->height = chh;
@@ -149,7 +165,8 @@ std::string load_image(const std::string& path, ImageRGB8* out, int64_t max_pixe
     if (!out) return "load_image: null output";
     *out = ImageRGB8{};
     std::vector<uint8_t> bytes;
-    if (std::string err = read_file_bytes(path, "image", uint64_t(INT32_MAX), &bytes); !err.empty()) return err;
+    if (std::string err = read_file_bytes(path, "image", uint64_t(INT32_MAX), &bytes); !err.empty())
+        return err;
     return decode_image(bytes.data(), bytes.size(), "'" + path + "'", out, max_pixels);
 }
 

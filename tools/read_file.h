@@ -12,7 +12,8 @@
 namespace g4::tools {
 
 // Reads `path` into *out. Returns "" or "cannot open|read WHAT 'PATH': REASON".
-inline std::string read_file_bytes(const std::string& path, const char* what, uint64_t max_bytes, std::vector<uint8_t>* out) {
+inline std::string read_file_bytes(const std::string& path, const char* what, uint64_t max_bytes,
+                                   std::vector<uint8_t>* out) {
     out->clear();
     const std::string open_err = std::string("cannot open ") + what + " '" + path + "': ";
     const std::string where    = std::string("cannot read ") + what + " '" + path + "': ";
@@ -21,8 +22,8 @@ inline std::string read_file_bytes(const std::string& path, const char* what, ui
     if (S_ISDIR(st.st_mode)) return where + "it is a directory, not a file";
     if (!S_ISREG(st.st_mode)) return where + "not a regular file";
     if ((uint64_t)st.st_size > max_bytes)
-        return where + "the file is " + std::to_string((uint64_t)st.st_size) + " bytes, more than the " + std::to_string(max_bytes) +
-               " this input can take";
+        return where + "the file is " + std::to_string((uint64_t)st.st_size) + " bytes, more than the " +
+               std::to_string(max_bytes) + " this input can take";
     std::FILE* f = std::fopen(path.c_str(), "rb");
     if (!f) return open_err + std::strerror(errno);
     out->resize((size_t)st.st_size);

@@ -17,14 +17,18 @@ template <class T> struct is_vector : std::false_type {};
 template <class T> struct is_vector<std::vector<T>> : std::true_type {};
 
 template <class T> bool has_type(const nlohmann::json& v) {
-    if constexpr (std::is_same_v<T, std::string>) return v.is_string();
-    else if constexpr (std::is_same_v<T, bool>) return v.is_boolean();
-    else if constexpr (std::is_floating_point_v<T>) return v.is_number();
+    if constexpr (std::is_same_v<T, std::string>)
+        return v.is_string();
+    else if constexpr (std::is_same_v<T, bool>)
+        return v.is_boolean();
+    else if constexpr (std::is_floating_point_v<T>)
+        return v.is_number();
     else if constexpr (std::is_integral_v<T>) {
         if (v.is_number_unsigned()) return v.get<uint64_t>() <= uint64_t(std::numeric_limits<T>::max());
         if (!v.is_number_integer()) return false;
         const int64_t x = v.get<int64_t>();
-        return x >= int64_t(std::numeric_limits<T>::min()) && (x < 0 || uint64_t(x) <= uint64_t(std::numeric_limits<T>::max()));
+        return x >= int64_t(std::numeric_limits<T>::min()) &&
+               (x < 0 || uint64_t(x) <= uint64_t(std::numeric_limits<T>::max()));
     } else {
         static_assert(is_vector<T>::value, "string, bool, number or vector of those");
         if (!v.is_array()) return false;
@@ -35,12 +39,17 @@ template <class T> bool has_type(const nlohmann::json& v) {
 }
 
 template <class T> std::string type_name() {
-    if constexpr (std::is_same_v<T, std::string>) return "a string";
-    else if constexpr (std::is_same_v<T, bool>) return "true or false";
-    else if constexpr (std::is_floating_point_v<T>) return "a number";
+    if constexpr (std::is_same_v<T, std::string>)
+        return "a string";
+    else if constexpr (std::is_same_v<T, bool>)
+        return "true or false";
+    else if constexpr (std::is_floating_point_v<T>)
+        return "a number";
     else if constexpr (std::is_integral_v<T>)
-        return "an integer in [" + std::to_string(std::numeric_limits<T>::min()) + ", " + std::to_string(std::numeric_limits<T>::max()) + "]";
-    else return "an array of " + type_name<typename T::value_type>() + " values";
+        return "an integer in [" + std::to_string(std::numeric_limits<T>::min()) + ", " +
+               std::to_string(std::numeric_limits<T>::max()) + "]";
+    else
+        return "an array of " + type_name<typename T::value_type>() + " values";
 }
 
 // `v` (nullptr: absent) as T, or std::runtime_error("META field FIELD: ...").
@@ -56,13 +65,15 @@ template <class T> T checked(const nlohmann::json* v, const std::string& field) 
 
 // obj[key] as T; absent or of another type: an error naming key.
 template <class T> T get(const nlohmann::json& obj, const char* key) {
-    if (!obj.is_object()) throw std::runtime_error(std::string("META field ") + key + ": its parent is not an object");
+    if (!obj.is_object())
+        throw std::runtime_error(std::string("META field ") + key + ": its parent is not an object");
     auto it = obj.find(key);
     return checked<T>(it == obj.end() ? nullptr : &*it, key);
 }
 // arr[i] as T, named name[i] in errors.
 template <class T> T get(const nlohmann::json& arr, size_t i, const char* name) {
-    return checked<T>(arr.is_array() && i < arr.size() ? &arr[i] : nullptr, std::string(name) + "[" + std::to_string(i) + "]");
+    return checked<T>(arr.is_array() && i < arr.size() ? &arr[i] : nullptr,
+                      std::string(name) + "[" + std::to_string(i) + "]");
 }
 // obj[key] as T, or dflt when obj has no such key; present with another type: an error naming key.
 template <class T> T value(const nlohmann::json& obj, const char* key, const T& dflt) {

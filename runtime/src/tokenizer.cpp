@@ -460,13 +460,15 @@ bool Tokenizer::Impl::load_model(const json& m, std::string* err) {
     const int64_t n_vocab = static_cast<int64_t>(v.size());
     for (auto it = v.begin(); it != v.end(); ++it) {
         if (!it.value().is_number_integer())
-            return *err = "tokenizer.json: vocab id of '" + printable(it.key()) + "' is not an integer", false;
+            return *err = "tokenizer.json: vocab id of '" + printable(it.key()) + "' is not an integer",
+                   false;
         int64_t id = it.value().get<int64_t>();
-        if (it.value().is_number_unsigned() && it.value().get<uint64_t>() > uint64_t(INT64_MAX)) id = INT64_MAX;
+        if (it.value().is_number_unsigned() && it.value().get<uint64_t>() > uint64_t(INT64_MAX))
+            id = INT64_MAX;
         if (id < 0 || id >= n_vocab || id >= (int64_t{1} << 30))
-            return *err = "tokenizer.json: vocab id " + std::to_string(id) + " of '" + printable(it.key()) + "' is outside 0.." +
-                          std::to_string(n_vocab - 1) + " (the vocab has " + std::to_string(n_vocab) +
-                          " entries, so its ids must be 0..N-1 without gaps)",
+            return *err = "tokenizer.json: vocab id " + std::to_string(id) + " of '" + printable(it.key()) +
+                          "' is outside 0.." + std::to_string(n_vocab - 1) + " (the vocab has " +
+                          std::to_string(n_vocab) + " entries, so its ids must be 0..N-1 without gaps)",
                    false;
         max_id = std::max(max_id, id);
     }

@@ -49,7 +49,8 @@ void repad_header(const std::string& path, size_t pad, int64_t delta) {
     uint64_t n;
     std::memcpy(&n, b.data(), 8);
     std::string hs = b.substr(8, n);
-    while (!hs.empty() && hs.back() == ' ') hs.pop_back();
+    while (!hs.empty() && hs.back() == ' ')
+        hs.pop_back();
     hs.append(pad, ' ');
     uint64_t m = uint64_t(int64_t(hs.size()) + delta);
     std::string out(8, '\0');
@@ -62,9 +63,9 @@ void poke(const std::string& path, const std::string& name, size_t i, float v) {
     std::string b = read_file(path);
     uint64_t n;
     std::memcpy(&n, b.data(), 8);
-    json h            = json::parse(b.substr(8, n));
-    const json& e     = h.at(name);
-    const size_t at   = 8 + n + e["data_offsets"][0].get<size_t>();
+    json h          = json::parse(b.substr(8, n));
+    const json& e   = h.at(name);
+    const size_t at = 8 + n + e["data_offsets"][0].get<size_t>();
     if (e["dtype"] == "F32") {
         std::memcpy(&b[at + 4 * i], &v, 4);
     } else {
@@ -148,7 +149,7 @@ TEST(BadInput, UnknownArchitecture) {
 TEST(BadInput, MissingTensor) {
     CheckpointCopy c;
     std::string victim = "model.language_model.layers.3.layer_scalar";
-    edit_header(c.st(), [&](json& h) {   // renamed: its bytes stay covered, as in a valid file
+    edit_header(c.st(), [&](json& h) { // renamed: its bytes stay covered, as in a valid file
         h["unrelated.scalar"] = h[victim];
         h.erase(victim);
     });
@@ -223,7 +224,8 @@ TEST(BadInput, CudaPlanWithoutGpu) {
     expect_compile_error(fixture("e2b_tiny"), {"sm_75"}, "--device cuda --target sm_75");
 }
 
-// The safetensors library rejects a header length one short (padding absorbs it, the data start a byte early).
+// The safetensors library rejects a header length one short (padding absorbs it, the data start a byte
+// early).
 TEST(BadInput, HeaderLengthOffByOne) {
     CheckpointCopy c;
     repad_header(c.st(), 16, -1);
@@ -237,7 +239,8 @@ TEST(BadInput, UnalignedCheckpointCompilesTheSame) {
     uint64_t n;
     std::memcpy(&n, b.data(), 8);
     size_t pad = 0;
-    while ((8 + n + pad) % 8 != 1) ++pad;
+    while ((8 + n + pad) % 8 != 1)
+        ++pad;
     repad_header(c.st(), pad + (n - json::parse(b.substr(8, n)).dump().size()), 0);
     TempDir out;
     const std::string p1 = out.file("a.g4plan"), p2 = out.file("b.g4plan");
@@ -253,22 +256,26 @@ TEST(BadInput, UnalignedCheckpointCompilesTheSame) {
 }
 
 TEST(BadInput, NonFiniteBaseWeights) {
-    const std::string norm = "model.language_model.norm.weight", q = "model.language_model.layers.2.self_attn.q_proj.weight";
-    {   // stored as it is (bf16 to bf16)
+    const std::string norm = "model.language_model.norm.weight",
+                      q    = "model.language_model.layers.2.self_attn.q_proj.weight";
+    { // stored as it is (bf16 to bf16)
         CheckpointCopy c;
         poke(c.st(), norm, 5, std::nanf(""));
         expect_compile_error(c.dir, {norm, "NaN or infinity at element 5"});
     }
-    {   // converted (quantized to NF4)
+    { // converted (quantized to NF4)
         CheckpointCopy c;
         poke(c.st(), q, 7, INFINITY);
         TempDir out;
-        CmdResult r = run_g4("compile --model '" + c.dir + "' --weights nf4 -o '" + out.file("p.g4plan") + "'");
+        CmdResult r =
+            run_g4("compile --model '" + c.dir + "' --weights nf4 -o '" + out.file("p.g4plan") + "'");
         EXPECT_EQ(r.exit_code, 1) << r.err;
-        EXPECT_NE(r.err.find(q + "' in " + c.st() + " holds a NaN or infinity at element 7"), std::string::npos) << r.err;
+        EXPECT_NE(r.err.find(q + "' in " + c.st() + " holds a NaN or infinity at element 7"),
+                  std::string::npos)
+            << r.err;
         EXPECT_TRUE(fs::is_empty(out.path));
     }
-    {   // a vision tower weight
+    { // a vision tower weight
         CheckpointCopy c;
         const std::string v = "model.vision_tower.encoder.layers.0.self_attn.q_proj.linear.weight";
         poke(c.st(), v, 0, -INFINITY);
@@ -290,24 +297,30 @@ TEST(BadInput, NonFiniteAdapter) {
         TempDir td;
         std::string dir = adapter(td);
         poke(dir + "/adapter_model.safetensors", a, 3, std::nanf(""));
-        expect_compile_error(fixture("e2b_tiny"), {"adapter_model.safetensors", a, "NaN or infinity at element 3"}, "--adapter '" + dir + "'");
+        expect_compile_error(fixture("e2b_tiny"),
+                             {"adapter_model.safetensors", a, "NaN or infinity at element 3"},
+                             "--adapter '" + dir + "'");
     }
-    {   // finite factors whose product overflows float32 in the merge
+    { // finite factors whose product overflows float32 in the merge
         TempDir td;
         std::string dir = adapter(td);
         for (size_t i = 0; i < 64; ++i) {
             poke(dir + "/adapter_model.safetensors", a, i, 3e38f);
             poke(dir + "/adapter_model.safetensors", b, i, 3e38f);
         }
-        expect_compile_error(fixture("e2b_tiny"), {"adapter_model.safetensors", "model.language_model.layers.0.mlp.down_proj", "non-finite"},
-                             "--adapter '" + dir + "'");
+        expect_compile_error(
+            fixture("e2b_tiny"),
+            {"adapter_model.safetensors", "model.language_model.layers.0.mlp.down_proj", "non-finite"},
+            "--adapter '" + dir + "'");
     }
 }
 
-// Finite weights whose activations overflow: the fidelity figure is never printed as NaN, and no plan is kept.
+// Finite weights whose activations overflow: the fidelity figure is never printed as NaN, and no plan is
+// kept.
 TEST(BadInput, FidelityNeverReportsNonFinite) {
     CheckpointCopy c;
-    for (size_t i = 0; i < 64; ++i) poke(c.st(), "model.language_model.norm.weight", i, 3e38f);
+    for (size_t i = 0; i < 64; ++i)
+        poke(c.st(), "model.language_model.norm.weight", i, 3e38f);
     TempDir out;
     CmdResult r = run_g4("compile --model '" + c.dir + "' --weights nf4 -o '" + out.file("p.g4plan") + "'");
     EXPECT_EQ(r.exit_code, 1) << r.err;
@@ -321,9 +334,9 @@ TEST(BadInput, DeeplyNestedJson) {
     const std::string deep = std::string(70000, '[') + std::string(70000, ']');
     {
         CheckpointCopy c;
-        json cfg = json::parse(read_file(c.dir + "/config.json"));
+        json cfg                        = json::parse(read_file(c.dir + "/config.json"));
         cfg["vision_config"]["hostile"] = "X";
-        std::string t = cfg.dump();
+        std::string t                   = cfg.dump();
         t.replace(t.find("\"X\""), 3, deep);
         write_file(c.dir + "/config.json", t);
         expect_compile_error(c.dir, {"config.json", "JSON nests deeper than"});
@@ -344,7 +357,7 @@ TEST(BadInput, DeeplyNestedJson) {
 
 TEST(BadInput, TokenizerIdFarPastTheVocab) {
     CheckpointCopy c;
-    json t                       = json::parse(read_file(c.dir + "/tokenizer.json"));
+    json t                      = json::parse(read_file(c.dir + "/tokenizer.json"));
     t["model"]["vocab"]["zzzz"] = 1 << 28;
     write_file(c.dir + "/tokenizer.json", t.dump());
     const auto t0 = std::chrono::steady_clock::now();
@@ -424,7 +437,8 @@ TEST_F(RunBadInput, NotAPlan) {
     expect_run_error(dir_->file("missing.g4plan"), "--tokens 2", {"missing.g4plan"});
 }
 
-// Media files: every defect a one-line error naming the file, never a signal; `g4 chat` reports it and goes on.
+// Media files: every defect a one-line error naming the file, never a signal; `g4 chat` reports it and goes
+// on.
 TEST_F(RunBadInput, MediaFiles) {
     auto le16 = [](uint32_t v) { return std::string{char(v & 255), char(v >> 8)}; };
     auto le32 = [&](uint32_t v) { return le16(v & 0xFFFF) + le16(v >> 16); };
@@ -437,26 +451,32 @@ TEST_F(RunBadInput, MediaFiles) {
     expect_run_error(plan_, "--tokens 2,3 -n 1 --audio '" + bad_wav + "'", {bad_wav, "block size 0"});
     expect_run_error(plan_, "--tokens 2,3 -n 1 --audio '" + dir_->path + "'", {dir_->path, "is a directory"});
     expect_run_error(plan_, "--tokens 2,3 -n 1 --image '" + dir_->path + "'", {dir_->path, "is a directory"});
-    expect_run_error(plan_, "--tokens 2,3 -n 1 --image '" + dir_->file("none.png") + "'", {dir_->file("none.png"), "No such file"});
-    expect_run_error(plan_, "--tokens 2,3 -n 1 --audio '" + dir_->file("none.wav") + "'", {dir_->file("none.wav"), "No such file"});
+    expect_run_error(plan_, "--tokens 2,3 -n 1 --image '" + dir_->file("none.png") + "'",
+                     {dir_->file("none.png"), "No such file"});
+    expect_run_error(plan_, "--tokens 2,3 -n 1 --audio '" + dir_->file("none.wav") + "'",
+                     {dir_->file("none.wav"), "No such file"});
     // 275 bytes declaring 20000x20000: refused from the header, at once.
     const std::string pgm = dir_->file("huge.pgm");
     write_file(pgm, "P5 20000 20000 255\n" + std::string(256, '\x7f'));
     const auto t0 = std::chrono::steady_clock::now();
-    expect_run_error(plan_, "--tokens 2,3 -n 1 --image '" + pgm + "'", {pgm, "20000x20000 pixels, more than the limit"});
+    expect_run_error(plan_, "--tokens 2,3 -n 1 --image '" + pgm + "'",
+                     {pgm, "20000x20000 pixels, more than the limit"});
     EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 5.0);
     // A 16-bit PPM past 200x200 runs (on e2b_tiny_mm, whose image tokens are in its vocabulary).
     const std::string mm = dir_->file("mm.g4plan");
-    CmdResult c = run_g4("compile --model '" + fixture("e2b_tiny_mm") + "' --weights f32 --image-tokens 70 -o '" + mm + "'");
+    CmdResult c          = run_g4("compile --model '" + fixture("e2b_tiny_mm") +
+                                  "' --weights f32 --image-tokens 70 -o '" + mm + "'");
     ASSERT_EQ(c.exit_code, 0) << c.err;
     const std::string ppm = dir_->file("deep.ppm");
-    std::string px = "P6 211 203 65535\n";
-    for (int i = 0; i < 211 * 203 * 3; ++i) px += std::string{char((i * 7) & 255), char((i * 13) & 255)};
+    std::string px        = "P6 211 203 65535\n";
+    for (int i = 0; i < 211 * 203 * 3; ++i)
+        px += std::string{char((i * 7) & 255), char((i * 13) & 255)};
     write_file(ppm, px);
     CmdResult ok = run_g4("run '" + mm + "' --tokens 2,3 -n 1 --temp 0 --image '" + ppm + "'");
     EXPECT_EQ(ok.exit_code, 0) << ok.err;
     // g4 chat: the undecodable clip is reported, the conversation goes on.
-    CmdResult chat = run_cmd("(printf '/audio " + bad_wav + "\\nHi\\n/exit\\n' | '" + cli_path() + "' chat '" + mm + "' -n 4 --temp 0)");
+    CmdResult chat = run_cmd("(printf '/audio " + bad_wav + "\\nHi\\n/exit\\n' | '" + cli_path() +
+                             "' chat '" + mm + "' -n 4 --temp 0)");
     EXPECT_EQ(chat.exit_code, 0) << chat.err;
     EXPECT_NE(chat.err.find(bad_wav), std::string::npos) << chat.err;
     EXPECT_NE(chat.err.find("block size 0"), std::string::npos) << chat.err;
@@ -490,7 +510,9 @@ TEST_F(RunBadInput, WrongTypedMetaField) {
     std::string p = rewrite("\"weights_dtype\": \"nf4\"", "\"weights_dtype\": 12345");
     CmdResult r   = run_g4("inspect '" + p + "'");
     EXPECT_EQ(r.exit_code, 1);
-    EXPECT_NE(r.err.find("plan " + p + ": META field weights_dtype: expected a string, got 12345"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("plan " + p + ": META field weights_dtype: expected a string, got 12345"),
+              std::string::npos)
+        << r.err;
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
     p = rewrite("\"max_rows\": 64,", "\"max_rows\":\"6\",");
     expect_run_error(p, "--tokens 2,3", {p, "META field max_rows: expected an integer"});

@@ -27,42 +27,63 @@ namespace fs = std::filesystem;
 using json   = nlohmann::json;
 using Clock  = std::chrono::steady_clock;
 
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-
-bool one_line(const std::string& s) { return !s.empty() && s.find('\n') == std::string::npos; }
-
-std::string be16(uint32_t v) { return {char(v >> 8), char(v & 255)}; }
-std::string be32(uint32_t v) { return {char(v >> 24), char((v >> 16) & 255), char((v >> 8) & 255), char(v & 255)}; }
-std::string le16(uint32_t v) { return {char(v & 255), char(v >> 8)}; }
-std::string le32(uint32_t v) { return {char(v & 255), char((v >> 8) & 255), char((v >> 16) & 255), char(v >> 24)}; }
-
-std::string decode(const std::string& bytes, g4::tools::ImageRGB8* img, int64_t max_pixels = g4::tools::kMaxImagePixels) {
-    return g4::tools::decode_image(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), "'x.pnm'", img, max_pixels);
+double seconds_since(Clock::time_point t0) {
+    return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-// ---- 16-bit PPM / PGM: decoded as Pillow does (PpmImagePlugin), never read past the buffer --------------------
+bool one_line(const std::string& s) {
+    return !s.empty() && s.find('\n') == std::string::npos;
+}
+
+std::string be16(uint32_t v) {
+    return {char(v >> 8), char(v & 255)};
+}
+std::string be32(uint32_t v) {
+    return {char(v >> 24), char((v >> 16) & 255), char((v >> 8) & 255), char(v & 255)};
+}
+std::string le16(uint32_t v) {
+    return {char(v & 255), char(v >> 8)};
+}
+std::string le32(uint32_t v) {
+    return {char(v & 255), char((v >> 8) & 255), char((v >> 16) & 255), char(v >> 24)};
+}
+
+std::string decode(const std::string& bytes, g4::tools::ImageRGB8* img,
+                   int64_t max_pixels = g4::tools::kMaxImagePixels) {
+    return g4::tools::decode_image(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), "'x.pnm'",
+                                   img, max_pixels);
+}
+
+// ---- 16-bit PPM / PGM: decoded as Pillow does (PpmImagePlugin), never read past the buffer
+// --------------------
 
 // Pillow's 8-bit value of sample v: round(v / maxval * out_max) (Python's round: half to even), capped; grey
 // with maxval > 255 is mode "I" (v itself at 65535), which convert("RGB") clips to 255.
 uint8_t pillow_value(uint32_t v, uint32_t maxval, bool grey) {
     double x;
-    if (grey && maxval > 255) x = maxval == 65535 ? v : std::min(65535.0, std::nearbyint(double(v) / maxval * 65535.0));
-    else x = maxval == 255 ? v : std::nearbyint(double(v) / maxval * 255.0);
+    if (grey && maxval > 255)
+        x = maxval == 65535 ? v : std::min(65535.0, std::nearbyint(double(v) / maxval * 65535.0));
+    else
+        x = maxval == 255 ? v : std::nearbyint(double(v) / maxval * 255.0);
     return uint8_t(std::min(255.0, x));
 }
 
-std::string pnm(bool rgb, int w, int h, uint32_t maxval, const std::vector<uint32_t>& samples, const std::string& sep = " ") {
-    std::string s = std::string(rgb ? "P6" : "P5") + sep + std::to_string(w) + sep + std::to_string(h) + sep + std::to_string(maxval) + "\n";
-    for (uint32_t v : samples) s += maxval > 255 ? be16(v) : std::string(1, char(v));
+std::string pnm(bool rgb, int w, int h, uint32_t maxval, const std::vector<uint32_t>& samples,
+                const std::string& sep = " ") {
+    std::string s = std::string(rgb ? "P6" : "P5") + sep + std::to_string(w) + sep + std::to_string(h) + sep +
+                    std::to_string(maxval) + "\n";
+    for (uint32_t v : samples)
+        s += maxval > 255 ? be16(v) : std::string(1, char(v));
     return s;
 }
 
 TEST(HostileInput, Pnm16BitDecodesLikePillow) {
     for (bool rgb : {true, false}) {
         for (uint32_t maxval : {65535u, 1000u, 300u, 255u, 15u, 2u}) {
-            const int w = 211, h = 203;   // past the 200x200 where the 16-bit path used to crash
+            const int w = 211, h = 203; // past the 200x200 where the 16-bit path used to crash
             std::vector<uint32_t> v(size_t(w) * h * (rgb ? 3 : 1));
-            for (size_t i = 0; i < v.size(); ++i) v[i] = uint32_t((i * 2654435761u) % (maxval + 1));
+            for (size_t i = 0; i < v.size(); ++i)
+                v[i] = uint32_t((i * 2654435761u) % (maxval + 1));
             g4::tools::ImageRGB8 img;
             ASSERT_EQ(decode(pnm(rgb, w, h, maxval, v), &img), "") << rgb << " " << maxval;
             ASSERT_EQ(img.width, w);
@@ -70,10 +91,12 @@ TEST(HostileInput, Pnm16BitDecodesLikePillow) {
             ASSERT_EQ(img.rgb.size(), size_t(w) * h * 3);
             for (size_t p = 0; p < size_t(w) * h; ++p)
                 for (int c = 0; c < 3; ++c)
-                    ASSERT_EQ(img.rgb[3 * p + c], pillow_value(v[rgb ? 3 * p + c : p], maxval, !rgb)) << rgb << " " << maxval << " " << p;
+                    ASSERT_EQ(img.rgb[3 * p + c], pillow_value(v[rgb ? 3 * p + c : p], maxval, !rgb))
+                        << rgb << " " << maxval << " " << p;
         }
     }
-    // Values Pillow gives, worked by hand: half rounds to even (3 / 10 * 255 = 76.5 -> 76, 1 / 2 * 255 = 127.5
+    // Values Pillow gives, worked by hand: half rounds to even (3 / 10 * 255 = 76.5 -> 76, 1 / 2 * 255 =
+    // 127.5
     // -> 128); a 16-bit grey sample of 300 clips to white, 200 stays 200.
     g4::tools::ImageRGB8 img;
     ASSERT_EQ(decode(pnm(true, 1, 1, 10, {3, 10, 0}), &img), "");
@@ -99,7 +122,7 @@ TEST(HostileInput, PnmMalformed) {
         EXPECT_TRUE(img.rgb.empty());
     };
     std::vector<uint32_t> six(6, 1000);
-    err(pnm(true, 2, 1, 65535, six).substr(0, 20), "truncated");    // 16-bit samples cut short
+    err(pnm(true, 2, 1, 65535, six).substr(0, 20), "truncated"); // 16-bit samples cut short
     err(pnm(true, 2, 1, 255, {1, 2, 3, 4, 5}), "truncated");
     err("P6 2 1", "truncated");
     err("P6 2 1 0\n" + std::string(6, 'x'), "maxval");
@@ -110,24 +133,30 @@ TEST(HostileInput, PnmMalformed) {
     err("P3 1 1 255\n1 2 3\n", "not supported");
 }
 
-// ---- declared image size checked before decoding, for every format -------------------------------------------
+// ---- declared image size checked before decoding, for every format
+// -------------------------------------------
 
 TEST(HostileInput, ImageSizeCheckedBeforeDecoding) {
-    const uint32_t n = 10000;   // 10^8 pixels, more than the default limit
-    const std::string png = std::string("\x89PNG\r\n\x1a\n", 8) + be32(13) + "IHDR" + be32(n) + be32(n) + std::string("\x08\x02\x00\x00\x00", 5) +
-                            be32(0) + be32(0) + "IEND" + be32(0);
+    const uint32_t n      = 10000; // 10^8 pixels, more than the default limit
+    const std::string png = std::string("\x89PNG\r\n\x1a\n", 8) + be32(13) + "IHDR" + be32(n) + be32(n) +
+                            std::string("\x08\x02\x00\x00\x00", 5) + be32(0) + be32(0) + "IEND" + be32(0);
     const std::string jpeg = std::string("\xFF\xD8\xFF\xC0", 4) + be16(17) + "\x08" + be16(n) + be16(n) +
-                             std::string("\x03\x01\x11\x00\x02\x11\x00\x03\x11\x00", 10) + std::string(64, '\0');
-    const std::string bmp = "BM" + le32(54) + le32(0) + le32(54) + le32(40) + le32(n) + le32(n) + le16(1) + le16(24) + le32(0) + le32(0) +
-                      le32(0) + le32(0) + le32(0) + le32(0);
-    const std::string gif = "GIF89a" + le16(n) + le16(n) + std::string("\x00\x00\x00", 3) + std::string(16, '\0');
-    const std::string pgm = "P5 20000 20000 255\n" + std::string(256, '\x7f');   // 275 bytes declaring 4 * 10^8 pixels
+                             std::string("\x03\x01\x11\x00\x02\x11\x00\x03\x11\x00", 10) +
+                             std::string(64, '\0');
+    const std::string bmp = "BM" + le32(54) + le32(0) + le32(54) + le32(40) + le32(n) + le32(n) + le16(1) +
+                            le16(24) + le32(0) + le32(0) + le32(0) + le32(0) + le32(0) + le32(0);
+    const std::string gif =
+        "GIF89a" + le16(n) + le16(n) + std::string("\x00\x00\x00", 3) + std::string(16, '\0');
+    const std::string pgm =
+        "P5 20000 20000 255\n" + std::string(256, '\x7f'); // 275 bytes declaring 4 * 10^8 pixels
     for (const std::string* f : {&png, &jpeg, &bmp, &gif, &pgm}) {
         g4::tools::ImageRGB8 img;
         const auto t0 = Clock::now();
         std::string e = decode(*f, &img);
         EXPECT_LT(seconds_since(t0), 0.5);
-        EXPECT_NE(e.find("pixels, more than the limit of " + std::to_string(g4::tools::kMaxImagePixels)), std::string::npos) << e;
+        EXPECT_NE(e.find("pixels, more than the limit of " + std::to_string(g4::tools::kMaxImagePixels)),
+                  std::string::npos)
+            << e;
         EXPECT_TRUE(one_line(e)) << e;
         EXPECT_TRUE(img.rgb.empty());
     }
@@ -139,19 +168,22 @@ TEST(HostileInput, ImageSizeCheckedBeforeDecoding) {
     EXPECT_EQ(decode(pnm(false, 10, 10, 255, std::vector<uint32_t>(100, 7)), &img, 100), "");
 }
 
-// ---- WAV: every header field validated before it is used ------------------------------------------------------
+// ---- WAV: every header field validated before it is used
+// ------------------------------------------------------
 
-std::string wav(uint16_t format, uint16_t channels, uint32_t rate, uint16_t bits, uint16_t block, const std::string& data,
-                uint32_t data_size) {
-    std::string fmt = le16(format) + le16(channels) + le32(rate) + le32(rate * block) + le16(block) + le16(bits);
-    std::string body = "WAVE" + std::string("fmt ") + le32(uint32_t(fmt.size())) + fmt + "data" + le32(data_size) + data;
+std::string wav(uint16_t format, uint16_t channels, uint32_t rate, uint16_t bits, uint16_t block,
+                const std::string& data, uint32_t data_size) {
+    std::string fmt =
+        le16(format) + le16(channels) + le32(rate) + le32(rate * block) + le16(block) + le16(bits);
+    std::string body =
+        "WAVE" + std::string("fmt ") + le32(uint32_t(fmt.size())) + fmt + "data" + le32(data_size) + data;
     return "RIFF" + le32(uint32_t(body.size())) + body;
 }
 
 TEST(HostileInput, WavHeaderFields) {
     TempDir tmp;
     const std::string path = tmp.file("a.wav");
-    auto load = [&](const std::string& bytes, g4::tools::AudioPcm* a, int64_t max_frames = -1) {
+    auto load              = [&](const std::string& bytes, g4::tools::AudioPcm* a, int64_t max_frames = -1) {
         write_file(path, bytes);
         return g4::tools::load_wav(path, a, max_frames);
     };
@@ -175,10 +207,11 @@ TEST(HostileInput, WavHeaderFields) {
     err(wav(1, 1, 16000, 16, 2, std::string(8, '\0'), 100), "truncated");
     err(wav(1, 1, 16000, 16, 2, std::string(7, '\0'), 7), "whole number");
     float nan = std::nanf(""), one = 1.0f;
-    err(wav(3, 1, 16000, 32, 4, std::string((const char*)&one, 4) + std::string((const char*)&nan, 4), 8), "sample 1");
+    err(wav(3, 1, 16000, 32, 4, std::string((const char*)&one, 4) + std::string((const char*)&nan, 4), 8),
+        "sample 1");
     // A streamed size with a sound header reads the frames present.
     g4::tools::AudioPcm a;
-    std::string d = le16(16384) + le16(0xC000) + "\x01";   // 2 frames and a stray byte
+    std::string d = le16(16384) + le16(0xC000) + "\x01"; // 2 frames and a stray byte
     ASSERT_EQ(load(wav(1, 1, 16000, 16, 2, d, 0xFFFFFFFFu), &a), "");
     EXPECT_EQ(a.samples, (std::vector<float>{0.5f, -0.5f}));
     // The caller's bound is checked before the samples are converted.
@@ -187,7 +220,8 @@ TEST(HostileInput, WavHeaderFields) {
     EXPECT_TRUE(a.samples.empty());
 }
 
-// ---- file names in every read error ---------------------------------------------------------------------------
+// ---- file names in every read error
+// ---------------------------------------------------------------------------
 
 TEST(HostileInput, UnreadablePathsNamed) {
     TempDir tmp;
@@ -198,15 +232,19 @@ TEST(HostileInput, UnreadablePathsNamed) {
         EXPECT_NE(e.find("is a directory"), std::string::npos) << e;
         EXPECT_TRUE(one_line(e)) << e;
     }
-    for (const std::string& e : {g4::tools::load_wav(tmp.file("none.wav"), &a), g4::tools::load_image(tmp.file("none.png"), &img)}) {
+    for (const std::string& e :
+         {g4::tools::load_wav(tmp.file("none.wav"), &a), g4::tools::load_image(tmp.file("none.png"), &img)}) {
         EXPECT_NE(e.find(tmp.file("none.")), std::string::npos) << e;
         EXPECT_NE(e.find("No such file"), std::string::npos) << e;
     }
 }
 
-// ---- JSON nesting: bounded before any parser, copy or walk recurses -------------------------------------------
+// ---- JSON nesting: bounded before any parser, copy or walk recurses
+// -------------------------------------------
 
-std::string nested(int depth, const std::string& inner = "1") { return std::string(depth, '[') + inner + std::string(depth, ']'); }
+std::string nested(int depth, const std::string& inner = "1") {
+    return std::string(depth, '[') + inner + std::string(depth, ']');
+}
 
 TEST(HostileInput, JsonDepthBound) {
     EXPECT_EQ(g4::json_depth_error(nested(g4::kMaxJsonDepth)), "");
@@ -214,12 +252,15 @@ TEST(HostileInput, JsonDepthBound) {
     EXPECT_NE(e.find("deeper than 64"), std::string::npos) << e;
     EXPECT_NE(g4::json_depth_error(nested(70000)), "");
     // Brackets inside strings (escaped quotes too) do not count.
-    EXPECT_EQ(g4::json_depth_error("{\"a\": \"" + std::string(1000, '[') + "\\\"" + std::string(1000, '{') + "\"}"), "");
+    EXPECT_EQ(
+        g4::json_depth_error("{\"a\": \"" + std::string(1000, '[') + "\\\"" + std::string(1000, '{') + "\"}"),
+        "");
     EXPECT_NE(g4::json_depth_error("{\"a\\\\\": " + nested(100) + "}"), "");
 }
 
 std::string tiny_tokenizer(const std::string& vocab, const std::string& extra = "") {
-    return "{\"version\": \"1.0\", \"model\": {\"type\": \"BPE\", \"vocab\": " + vocab + ", \"merges\": []}" + extra + "}";
+    return "{\"version\": \"1.0\", \"model\": {\"type\": \"BPE\", \"vocab\": " + vocab + ", \"merges\": []}" +
+           extra + "}";
 }
 
 TEST(HostileInput, TokenizerNestingAndIds) {
@@ -229,22 +270,28 @@ TEST(HostileInput, TokenizerNestingAndIds) {
     // ~45,000 nested normalizer Sequences: refused by the depth bound, no stack overflow.
     std::string norm = "{\"type\": \"Replace\", \"pattern\": {\"String\": \"a\"}, \"content\": \"b\"}";
     std::string seq;
-    for (int i = 0; i < 45000; ++i) seq += "{\"type\": \"Sequence\", \"normalizers\": [";
+    for (int i = 0; i < 45000; ++i)
+        seq += "{\"type\": \"Sequence\", \"normalizers\": [";
     seq += norm;
-    for (int i = 0; i < 45000; ++i) seq += "]}";
+    for (int i = 0; i < 45000; ++i)
+        seq += "]}";
     g4::Tokenizer deep;
-    EXPECT_FALSE(g4::Tokenizer::load_from_json(tiny_tokenizer("{\"a\": 0, \"b\": 1}", ", \"normalizer\": " + seq), &deep, &err));
+    EXPECT_FALSE(g4::Tokenizer::load_from_json(
+        tiny_tokenizer("{\"a\": 0, \"b\": 1}", ", \"normalizer\": " + seq), &deep, &err));
     EXPECT_NE(err.find("tokenizer.json"), std::string::npos) << err;
     EXPECT_NE(err.find("deeper than"), std::string::npos) << err;
     // A nesting within the bound still loads.
     EXPECT_TRUE(g4::Tokenizer::load_from_json(
-        tiny_tokenizer("{\"a\": 0, \"b\": 1}", ", \"normalizer\": {\"type\": \"Sequence\", \"normalizers\": [{\"type\": \"Sequence\", "
-                                               "\"normalizers\": [" + norm + "]}]}"),
+        tiny_tokenizer(
+            "{\"a\": 0, \"b\": 1}",
+            ", \"normalizer\": {\"type\": \"Sequence\", \"normalizers\": [{\"type\": \"Sequence\", "
+            "\"normalizers\": [" +
+                norm + "]}]}"),
         &deep, &err))
         << err;
     // One id of 2^28 (1.6 GiB of tables before), a hole, a duplicate, a negative id.
-    for (const char* vocab : {"{\"a\": 0, \"b\": 268435456}", "{\"a\": 0, \"b\": 2}", "{\"b\": -1, \"a\": 0}", "{\"a\": 0, \"b\": 1e3}",
-                              "{\"a\": 0, \"b\": 18446744073709551615}"}) {
+    for (const char* vocab : {"{\"a\": 0, \"b\": 268435456}", "{\"a\": 0, \"b\": 2}", "{\"b\": -1, \"a\": 0}",
+                              "{\"a\": 0, \"b\": 1e3}", "{\"a\": 0, \"b\": 18446744073709551615}"}) {
         g4::Tokenizer bad;
         const auto t0 = Clock::now();
         EXPECT_FALSE(g4::Tokenizer::load_from_json(tiny_tokenizer(vocab), &bad, &err)) << vocab;
@@ -258,10 +305,11 @@ TEST(HostileInput, TokenizerNestingAndIds) {
     EXPECT_NE(err.find("share id 0"), std::string::npos) << err;
 }
 
-// ---- META fields: typed reads name the field -----------------------------------------------------------------
+// ---- META fields: typed reads name the field
+// -----------------------------------------------------------------
 
 TEST(HostileInput, TypedJsonFields) {
-    json j = json::parse(R"({"max_rows": "8", "big": 4294967296, "ok": 7, "ids": [1, "x"], "name": 3})");
+    json j    = json::parse(R"({"max_rows": "8", "big": 4294967296, "ok": 7, "ids": [1, "x"], "name": 3})");
     auto what = [&](auto f) {
         try {
             f();
@@ -273,14 +321,20 @@ TEST(HostileInput, TypedJsonFields) {
     EXPECT_EQ(g4::jsonf::get<int32_t>(j, "ok"), 7);
     EXPECT_EQ(what([&] { g4::jsonf::get<int32_t>(j, "max_rows"); }),
               "META field max_rows: expected an integer in [-2147483648, 2147483647], got \"8\"");
-    EXPECT_NE(what([&] { g4::jsonf::get<int32_t>(j, "big"); }).find("META field big: expected an integer"), std::string::npos);
+    EXPECT_NE(what([&] { g4::jsonf::get<int32_t>(j, "big"); }).find("META field big: expected an integer"),
+              std::string::npos);
     EXPECT_EQ(what([&] { g4::jsonf::get<int32_t>(j, "absent"); }), "META field absent is missing");
-    EXPECT_NE(what([&] { g4::jsonf::get<std::vector<int32_t>>(j, "ids"); }).find("META field ids: expected an array"), std::string::npos);
-    EXPECT_EQ(what([&] { g4::jsonf::value<std::string>(j, "name", "?"); }), "META field name: expected a string, got 3");
+    EXPECT_NE(what([&] {
+                  g4::jsonf::get<std::vector<int32_t>>(j, "ids");
+              }).find("META field ids: expected an array"),
+              std::string::npos);
+    EXPECT_EQ(what([&] { g4::jsonf::value<std::string>(j, "name", "?"); }),
+              "META field name: expected a string, got 3");
     EXPECT_EQ(g4::jsonf::value<std::string>(j, "absent", "?"), "?");
 }
 
-// ---- safetensors: validated as the safetensors library does ---------------------------------------------------
+// ---- safetensors: validated as the safetensors library does
+// ---------------------------------------------------
 
 struct StTensor {
     std::string name, dtype;
@@ -290,9 +344,11 @@ struct StTensor {
 
 // A safetensors file: the header padded with spaces to `header_len` bytes (at least its JSON), the length
 // prefix header_len + len_delta.
-std::string safetensors(const std::vector<StTensor>& ts, const std::string& data, size_t header_len = 0, int64_t len_delta = 0) {
+std::string safetensors(const std::vector<StTensor>& ts, const std::string& data, size_t header_len = 0,
+                        int64_t len_delta = 0) {
     json h = json::object();
-    for (const auto& t : ts) h[t.name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {t.begin, t.end}}};
+    for (const auto& t : ts)
+        h[t.name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {t.begin, t.end}}};
     std::string hs = h.dump();
     if (header_len > hs.size()) hs.append(header_len - hs.size(), ' ');
     const uint64_t n = uint64_t(int64_t(hs.size()) + len_delta);
@@ -318,29 +374,34 @@ TEST(HostileInput, SafetensorsLayout) {
     const std::vector<StTensor> good = {{"a", "F32", {2}, 0, 8}, {"b", "F32", {2}, 8, 16}};
     write_file(path, safetensors(good, data, 128));
     EXPECT_EQ(open_error(path), "");
-    // The off-by-one header length: padding absorbs it, the data start one byte early, the reference rejects it.
+    // The off-by-one header length: padding absorbs it, the data start one byte early, the reference rejects
+    // it.
     write_file(path, safetensors(good, data, 128, -1));
     std::string e = open_error(path);
     EXPECT_NE(e.find(path), std::string::npos) << e;
     EXPECT_NE(e.find("17 bytes but its tensors cover 16"), std::string::npos) << e;
     EXPECT_TRUE(one_line(e)) << e;
-    write_file(path, safetensors(good, data + "x", 64));   // trailing bytes
+    write_file(path, safetensors(good, data + "x", 64)); // trailing bytes
     EXPECT_NE(open_error(path).find("cover 16"), std::string::npos);
-    write_file(path, safetensors({{"a", "F32", {2}, 0, 8}, {"b", "F32", {1}, 12, 16}}, data, 128));   // a gap
+    write_file(path, safetensors({{"a", "F32", {2}, 0, 8}, {"b", "F32", {1}, 12, 16}}, data, 128)); // a gap
     e = open_error(path);
     EXPECT_NE(e.find("bytes [8, 12) of the data section belong to no tensor"), std::string::npos) << e;
-    write_file(path, safetensors({{"a", "F32", {2}, 0, 8}, {"b", "F32", {2}, 4, 12}, {"c", "F32", {1}, 12, 16}}, data, 128));
+    write_file(path,
+               safetensors({{"a", "F32", {2}, 0, 8}, {"b", "F32", {2}, 4, 12}, {"c", "F32", {1}, 12, 16}},
+                           data, 128));
     e = open_error(path);
     EXPECT_NE(e.find("tensor 'b' data_offsets [4, 12) overlap tensor 'a'"), std::string::npos) << e;
-    write_file(path, safetensors({{"a", "F32", {2}, 0, 8}, {"e", "F32", {0}, 4, 4}, {"b", "F32", {2}, 8, 16}}, data, 128));   // empty, misplaced
+    write_file(path, safetensors({{"a", "F32", {2}, 0, 8}, {"e", "F32", {0}, 4, 4}, {"b", "F32", {2}, 8, 16}},
+                                 data, 128)); // empty, misplaced
     EXPECT_NE(open_error(path).find("tensor 'e'"), std::string::npos);
-    write_file(path, safetensors({{"a", "F32", {3}, 0, 8}, {"b", "F32", {2}, 8, 16}}, data, 128));   // shape x dtype != span
+    write_file(path, safetensors({{"a", "F32", {3}, 0, 8}, {"b", "F32", {2}, 8, 16}}, data,
+                                 128)); // shape x dtype != span
     EXPECT_NE(open_error(path).find("needs 12 bytes"), std::string::npos);
     std::string deep = nested(100000);
     uint64_t n       = deep.size();
     std::string f(8, '\0');
     std::memcpy(f.data(), &n, 8);
-    deep[0] = '{';   // starts as a header does; nesting refused before parsing
+    deep[0] = '{'; // starts as a header does; nesting refused before parsing
     write_file(path, f + deep);
     EXPECT_NE(open_error(path).find("deeper than"), std::string::npos);
 }
@@ -350,14 +411,15 @@ TEST(HostileInput, SafetensorsUnalignedData) {
     TempDir tmp;
     const std::string path = tmp.file("odd.safetensors");
     const float vals[3]    = {1.5f, -2.0f, 3.25f};
-    const uint16_t bf[2]   = {0x3FC0, 0xC000};   // 1.5, -2.0
+    const uint16_t bf[2]   = {0x3FC0, 0xC000}; // 1.5, -2.0
     std::string data((const char*)vals, 12);
     data.append((const char*)bf, 4);
     const std::vector<StTensor> ts = {{"f", "F32", {3}, 0, 12}, {"h", "BF16", {2}, 12, 16}};
-    size_t len = 200;
-    while (len % 8 != 7) ++len;
+    size_t len                     = 200;
+    while (len % 8 != 7)
+        ++len;
     write_file(path, safetensors(ts, data, len));
-    auto f = g4::st::File::open(path);
+    auto f         = g4::st::File::open(path);
     const auto& tf = f->tensors().at("f");
     EXPECT_EQ(reinterpret_cast<uintptr_t>(tf.data) % 2, 1u);
     std::vector<float> out(3);
@@ -368,7 +430,8 @@ TEST(HostileInput, SafetensorsUnalignedData) {
     EXPECT_EQ(out, (std::vector<float>{1.5f, -2.0f}));
 }
 
-// ---- adapter patterns: linear-time matching ------------------------------------------------------------------
+// ---- adapter patterns: linear-time matching
+// ------------------------------------------------------------------
 
 std::string adapter_copy(const TempDir& tmp, const std::string& name) {
     const std::string dir = tmp.file(name);
@@ -380,19 +443,21 @@ std::string adapter_copy(const TempDir& tmp, const std::string& name) {
 
 TEST(HostileInput, AdapterPatternsMatchInLinearTime) {
     TempDir tmp;
-    const std::string dir = adapter_copy(tmp, "e2b_rslora_patterns");
+    const std::string dir      = adapter_copy(tmp, "e2b_rslora_patterns");
     nlohmann::ordered_json cfg = nlohmann::ordered_json::parse(read_file(dir + "/adapter_config.json"));
-    const auto reference      = g4::lora::Adapter::open(dir)->merges();
+    const auto reference       = g4::lora::Adapter::open(dir)->merges();
     // Keys on which a backtracking matcher takes exponential time in the module name's length; they match
     // no module, so every rank and alpha stays what the adapter's own patterns give.
     nlohmann::ordered_json rank = {{"(.*)*x", 3}, {"(a|aa|.)*(.*)*(.*)*y", 5}};
-    for (auto& [k, v] : cfg["rank_pattern"].items()) rank[k] = v;
+    for (auto& [k, v] : cfg["rank_pattern"].items())
+        rank[k] = v;
     nlohmann::ordered_json alpha = {{"((.+)+)+z", 1}};
-    for (auto& [k, v] : cfg["alpha_pattern"].items()) alpha[k] = v;
+    for (auto& [k, v] : cfg["alpha_pattern"].items())
+        alpha[k] = v;
     cfg["rank_pattern"]  = rank;
     cfg["alpha_pattern"] = alpha;
     write_file(dir + "/adapter_config.json", cfg.dump());
-    const auto t0 = Clock::now();
+    const auto t0  = Clock::now();
     const auto got = g4::lora::Adapter::open(dir)->merges();
     EXPECT_LT(seconds_since(t0), 5.0);
     ASSERT_EQ(got.size(), reference.size());
@@ -418,15 +483,17 @@ TEST(HostileInput, AdapterPatternsMatchInLinearTime) {
 TEST(HostileInput, AdapterConfigNesting) {
     TempDir tmp;
     const std::string dir = adapter_copy(tmp, "e2b_lora");
-    json cfg               = json::parse(read_file(dir + "/adapter_config.json"));
-    std::string text       = cfg.dump();
+    json cfg              = json::parse(read_file(dir + "/adapter_config.json"));
+    std::string text      = cfg.dump();
     text.insert(text.size() - 1, ", \"deep\": " + nested(70000));
     write_file(dir + "/adapter_config.json", text);
     try {
         g4::lora::Adapter::open(dir);
         ADD_FAILURE() << "accepted";
     } catch (const g4::CompileError& e) {
-        EXPECT_NE(std::string(e.what()).find("adapter_config.json: JSON nests deeper than"), std::string::npos) << e.what();
+        EXPECT_NE(std::string(e.what()).find("adapter_config.json: JSON nests deeper than"),
+                  std::string::npos)
+            << e.what();
     }
 }
 

@@ -130,55 +130,59 @@ g4_status Plan::load(const std::string& path, bool verify_weights, std::string* 
     weights_size_ = wts->size;
 
     try {
-        if (std::string e = json_depth_error(meta_); !e.empty()) return fail(CORRUPT, "META: " + e + recompile, err);
+        if (std::string e = json_depth_error(meta_); !e.empty())
+            return fail(CORRUPT, "META: " + e + recompile, err);
         auto j              = nlohmann::json::parse(meta_);
         arch_               = jsonf::get<std::string>(j, "architecture");
         device_             = jsonf::value<std::string>(j, "device", "cpu");
         if (j.contains("cuda")) {
-            cuda_target_ = jsonf::get<std::string>(j["cuda"], "target");
-            cuda_device_ = jsonf::value<int>(j["cuda"], "device_index", 0);
+            cuda_target_   = jsonf::get<std::string>(j["cuda"], "target");
+            cuda_device_   = jsonf::value<int>(j["cuda"], "device_index", 0);
             cuda_attn_hpg_ = jsonf::value<int>(j["cuda"], "attn_hpg", 0);
         }
-        if (j.contains("placement")) ple_on_host_ = jsonf::value<std::string>(j["placement"], "ple", "device") == "host";
+        if (j.contains("placement"))
+            ple_on_host_ = jsonf::value<std::string>(j["placement"], "ple", "device") == "host";
         const auto& p       = j.at("program");
-        info_.max_rows      = jsonf::get<int32_t>(p, "max_rows");
-        info_.max_context   = jsonf::get<int32_t>(p, "max_context");
-        info_.logits_rows   = jsonf::get<int32_t>(p, "logits_rows");
-        info_.sliding_slots = jsonf::get<int32_t>(p, "sliding_slots");
-        info_.act_arena_bytes = jsonf::get<uint64_t>(p, "act_arena_bytes");
-        info_.kv_arena_bytes  = jsonf::get<uint64_t>(p, "kv_arena_bytes");
-        info_.ids_tensor    = jsonf::get<int32_t>(p, "ids_tensor");
-        info_.logits_tensor = jsonf::get<int32_t>(p, "logits_tensor");
-        info_.max_k         = jsonf::get<int64_t>(p, "max_k");
-        info_.max_slots     = jsonf::get<int64_t>(p, "max_slots");
-        info_.vocab_size    = jsonf::get<int32_t>(p, "vocab_size");
+        info_.max_rows          = jsonf::get<int32_t>(p, "max_rows");
+        info_.max_context       = jsonf::get<int32_t>(p, "max_context");
+        info_.logits_rows       = jsonf::get<int32_t>(p, "logits_rows");
+        info_.sliding_slots     = jsonf::get<int32_t>(p, "sliding_slots");
+        info_.act_arena_bytes   = jsonf::get<uint64_t>(p, "act_arena_bytes");
+        info_.kv_arena_bytes    = jsonf::get<uint64_t>(p, "kv_arena_bytes");
+        info_.ids_tensor        = jsonf::get<int32_t>(p, "ids_tensor");
+        info_.logits_tensor     = jsonf::get<int32_t>(p, "logits_tensor");
+        info_.max_k             = jsonf::get<int64_t>(p, "max_k");
+        info_.max_slots         = jsonf::get<int64_t>(p, "max_slots");
+        info_.vocab_size        = jsonf::get<int32_t>(p, "vocab_size");
         info_.embed_vocab_limit = jsonf::get<int32_t>(p, "embed_vocab_limit");
         const auto& hp      = j.at("hparams");
-        info_.num_layers    = jsonf::get<int32_t>(hp, "num_hidden_layers");
-        info_.hidden_size   = jsonf::get<int32_t>(hp, "hidden_size");
+        info_.num_layers        = jsonf::get<int32_t>(hp, "num_hidden_layers");
+        info_.hidden_size       = jsonf::get<int32_t>(hp, "hidden_size");
         info_.kv_host_begin = info_.kv_arena_bytes;
         info_.towers_begin = info_.towers_end = weights_size_;
         if (j.contains("towers")) {
             const auto& tw = j.at("towers");
-            info_.towers_begin = jsonf::get<uint64_t>(tw.at("weights"), 0, "weights");
-            info_.towers_end   = jsonf::get<uint64_t>(tw.at("weights"), 1, "weights");
+            info_.towers_begin        = jsonf::get<uint64_t>(tw.at("weights"), 0, "weights");
+            info_.towers_end          = jsonf::get<uint64_t>(tw.at("weights"), 1, "weights");
             info_.max_media_tokens    = jsonf::get<int32_t>(tw, "max_media_tokens");
             info_.tower_thread_floats = jsonf::get<uint64_t>(tw, "thread_scratch_floats");
             info_.tower_session_bytes = jsonf::value<uint64_t>(tw, "session_bytes", 0);
-            const std::string prec    = jsonf::value<std::string>(tw, "precision", "fp32");   // absent in older plans
+            const std::string prec =
+                jsonf::value<std::string>(tw, "precision", "fp32"); // absent in older plans
             if (prec != "fp32" && prec != "bf16")
                 return fail(CORRUPT, "bad metadata: towers precision '" + prec + "'" + recompile, err);
             info_.tower_bf16 = prec == "bf16";
             if (tw.contains("vision")) {
                 const auto& v         = tw.at("vision");
                 info_.vision_config   = v.at("config").dump();
-                info_.image_tokens    = jsonf::get<int32_t>(v, "image_tokens");
-                info_.max_patches     = jsonf::get<int32_t>(v, "max_patches");
+                info_.image_tokens     = jsonf::get<int32_t>(v, "image_tokens");
+                info_.max_patches      = jsonf::get<int32_t>(v, "max_patches");
                 info_.max_image_pixels = jsonf::get<int64_t>(v, "max_image_pixels");
-                info_.image_token_id  = jsonf::get<int32_t>(v, "image_token_id");
-                info_.boi_token_id    = jsonf::get<int32_t>(v, "boi_token_id");
-                info_.eoi_token_id    = jsonf::get<int32_t>(v, "eoi_token_id");
-                const std::string dev = jsonf::value<std::string>(v, "device", "cpu");   // absent in older plans
+                info_.image_token_id   = jsonf::get<int32_t>(v, "image_token_id");
+                info_.boi_token_id     = jsonf::get<int32_t>(v, "boi_token_id");
+                info_.eoi_token_id     = jsonf::get<int32_t>(v, "eoi_token_id");
+                const std::string dev =
+                    jsonf::value<std::string>(v, "device", "cpu"); // absent in older plans
                 if (dev != "cpu") {
                     if (device_ != "cuda" || dev != "cuda:" + std::to_string(cuda_device_))
                         return fail(CORRUPT, "bad metadata: vision tower device '" + dev + "'" + recompile, err);
@@ -196,7 +200,8 @@ g4_status Plan::load(const std::string& path, bool verify_weights, std::string* 
                 info_.audio_token_id    = jsonf::get<int32_t>(a, "audio_token_id");
                 info_.boa_token_id      = jsonf::get<int32_t>(a, "boa_token_id");
                 info_.eoa_token_id      = jsonf::get<int32_t>(a, "eoa_token_id");
-                const std::string dev   = jsonf::value<std::string>(a, "device", "cpu"); // absent in older plans
+                const std::string dev =
+                    jsonf::value<std::string>(a, "device", "cpu"); // absent in older plans
                 if (dev != "cpu") {
                     if (device_ != "cuda" || dev != "cuda:" + std::to_string(cuda_device_))
                         return fail(CORRUPT, "bad metadata: audio tower device '" + dev + "'" + recompile,
@@ -226,7 +231,9 @@ g4_status Plan::load(const std::string& path, bool verify_weights, std::string* 
             for (const auto& g : p.at("gpus")) {
                 ProgramInfo::GpuPart part;
                 part.index = jsonf::get<int32_t>(g, "index");
-                for (const auto& r : g.at("weights")) part.weights.push_back({jsonf::get<uint64_t>(r, 0, "weights"), jsonf::get<uint64_t>(r, 1, "weights")});
+                for (const auto& r : g.at("weights"))
+                    part.weights.push_back(
+                        {jsonf::get<uint64_t>(r, 0, "weights"), jsonf::get<uint64_t>(r, 1, "weights")});
                 part.kv_begin = jsonf::get<uint64_t>(g.at("kv"), 0, "kv");
                 part.kv_end   = jsonf::get<uint64_t>(g.at("kv"), 1, "kv");
                 info_.gpus.push_back(part);
@@ -245,14 +252,14 @@ g4_status Plan::load(const std::string& path, bool verify_weights, std::string* 
             info_.gpus.push_back({cuda_device_, {{0, info_.towers_begin}}, 0, info_.kv_arena_bytes});
         }
         const auto& g       = j.at("generation");
-        info_.eos_token_ids = jsonf::get<std::vector<int32_t>>(g, "eos_token_ids");
-        info_.bos_token_id  = jsonf::get<int32_t>(g, "bos_token_id");
-        info_.pad_token_id  = jsonf::value<int32_t>(g, "pad_token_id", 0);
-        info_.do_sample     = jsonf::value<bool>(g, "do_sample", false);
-        info_.temperature   = jsonf::value<float>(g, "temperature", 1.0f);
-        info_.top_k         = jsonf::value<int32_t>(g, "top_k", 0);
-        info_.top_p         = jsonf::value<float>(g, "top_p", 1.0f);
-        info_.min_p         = jsonf::value<float>(g, "min_p", 0.0f);
+        info_.eos_token_ids      = jsonf::get<std::vector<int32_t>>(g, "eos_token_ids");
+        info_.bos_token_id       = jsonf::get<int32_t>(g, "bos_token_id");
+        info_.pad_token_id       = jsonf::value<int32_t>(g, "pad_token_id", 0);
+        info_.do_sample          = jsonf::value<bool>(g, "do_sample", false);
+        info_.temperature        = jsonf::value<float>(g, "temperature", 1.0f);
+        info_.top_k              = jsonf::value<int32_t>(g, "top_k", 0);
+        info_.top_p              = jsonf::value<float>(g, "top_p", 1.0f);
+        info_.min_p              = jsonf::value<float>(g, "min_p", 0.0f);
         info_.repetition_penalty = jsonf::value<float>(g, "repetition_penalty", 1.0f);
     } catch (const std::exception& e) {
         return fail(CORRUPT, std::string("bad metadata: ") + e.what() + recompile, err);

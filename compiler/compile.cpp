@@ -20,6 +20,7 @@
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/nf4.h"
 #include "models/gemma4/graph.h"
+#include "runtime/src/json_limits.h"
 #include "runtime/src/plan/plan_format.h"
 #include "runtime/src/tokenizer.h"
 #include "runtime/src/towers/audio.h"
@@ -290,7 +291,9 @@ std::string tower_group_name(const std::string& name) {
     return name.rfind("vision_tower.", 0) == 0 || name.rfind("embed_vision.", 0) == 0 ? "vision tower" : "audio tower";
 }
 
-// A checkpoint's tensors as the towers read them (runtime/src/towers/tower.h); f16 widened to f32.
+// A checkpoint's tensors as the towers read them (runtime/src/towers/tower.h); f16 widened to f32, and a
+// tensor that is not 4-byte aligned in the mapped file (a valid safetensors header may have any length)
+// copied to aligned storage, since the towers read floats and bf16 words in place.
 struct CheckpointLookup {
     const st::Checkpoint& ck;
     std::map<std::string, towers::Tensor> cache;
@@ -308,6 +311,11 @@ struct CheckpointLookup {
         if (v.dtype == st::DType::BF16 || v.dtype == st::DType::F32) {
             t.data  = v.data;
             t.dtype = v.dtype == st::DType::BF16 ? DType::BF16 : DType::F32;
+            if (reinterpret_cast<uintptr_t>(v.data) % alignof(float) != 0) {
+                widened.emplace_back((v.nbytes + 3) / 4);
+                std::memcpy(widened.back().data(), v.data, v.nbytes);
+                t.data = widened.back().data();
+            }
         } else if (v.dtype == st::DType::F16) {
             widened.emplace_back((size_t)t.numel());
             st::to_f32(v, widened.back().data());
@@ -319,6 +327,20 @@ struct CheckpointLookup {
     }
 };
 
+// Index of the first NaN or infinity among n floats (or bf16 words), or -1.
+int64_t first_non_finite(const float* p, int64_t n) {
+    for (int64_t i = 0; i < n; ++i)
+        if (!std::isfinite(p[i])) return i;
+    return -1;
+}
+int64_t first_non_finite_bf16(const uint8_t* p, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) {
+        uint16_t h;
+        std::memcpy(&h, p + 2 * i, 2);
+        if ((h & 0x7f80) == 0x7f80) return i;
+    }
+    return -1;
+}
 
 // Reads a base weight as fp32: plain floats, or a bitsandbytes NF4 tensor dequantized.
 void read_base_f32(const Inputs& in, const std::string& hf, const std::vector<int64_t>& shape, std::vector<float>& out) {
@@ -800,14 +822,30 @@ void write_plan(const Inputs& in, const std::string& out_path, Mode mode, Report
             bool bnb = in.ckpt->has(hf + ".quant_state.bitsandbytes__nf4");
             bool merge = in.adapter && is_targeted(an);
             raw_copy   = !bnb && !merge && d.dtype == DType::BF16 && src->dtype == st::DType::BF16;
-            if (!raw_copy) {
+            // A NaN or infinity in a weight poisons every logit: refused, naming the tensor.
+            const std::string bad =
+                "tensor '" + hf + "' in " + src->file + " holds a NaN or infinity at element ";
+            if (raw_copy) {
+                if (int64_t i = first_non_finite_bf16(src->data, n); i >= 0)
+                    throw CompileError(bad + std::to_string(i) +
+                                       "; the checkpoint is corrupt (re-download or re-save it)");
+            } else {
                 read_base_f32(in, hf, d.dims, f32);
+                if (int64_t i = first_non_finite(f32.data(), n); i >= 0)
+                    throw CompileError(bad + std::to_string(i) +
+                                       "; the checkpoint is corrupt (re-download or re-save it)");
                 if (in.adapter) {
                     std::vector<float> bias(d.dims[0], 0.0f);
                     bool has_bias = false;
                     if (in.adapter->apply(an, d.dims, f32.data(), &bias, &has_bias)) {
                         rep->merged.push_back(an);
                         if (has_bias) biases[hf] = bias;
+                        int64_t i = first_non_finite(f32.data(), n);
+                        if (i < 0 && has_bias) i = first_non_finite(bias.data(), (int64_t)bias.size());
+                        if (i >= 0)
+                            throw CompileError("tensor '" + hf + "' holds a NaN or infinity at element " +
+                                               std::to_string(i) + " after merging the adapter (" + an +
+                                               "): the adapter's update overflows float32");
                     }
                 }
             }
@@ -1035,7 +1073,10 @@ void compile_plan(const CompileOptions& opt, std::ostream& log) {
         bool add_bos        = true;
         if (fs::exists(dir + "/tokenizer_config.json")) {
             try {
-                json tc = json::parse(read_text_file(dir + "/tokenizer_config.json"));
+                const std::string tc_text = read_text_file(dir + "/tokenizer_config.json");
+                if (std::string e = json_depth_error(tc_text); !e.empty())
+                    throw CompileError(dir + "/tokenizer_config.json: " + e);
+                json tc = json::parse(tc_text);
                 if (tc.contains("add_bos_token") && tc["add_bos_token"].is_boolean()) add_bos = tc["add_bos_token"].get<bool>();
             } catch (const json::exception& e) {
                 throw CompileError(dir + "/tokenizer_config.json: corrupt JSON (" + std::string(e.what()) + ")");
@@ -1454,10 +1495,22 @@ void compile_plan(const CompileOptions& opt, std::ostream& log) {
             agree += std::max_element(x, x + hp.vocab_size) - x == std::max_element(y, y + hp.vocab_size) - y;
             for (int i = 0; i < hp.vocab_size; ++i) num += ((double)x[i] - y[i]) * ((double)x[i] - y[i]), den += (double)y[i] * y[i];
         }
+        const double rel = std::sqrt(num / std::max(den, 1e-300));
+        if (!std::isfinite(rel)) { // never reported as a figure: the plan just written is unusable
+            std::remove(opt.out_path.c_str());
+            throw CompileError(
+                "fidelity check: the " +
+                std::string(std::isfinite(den) ? "plan's" : "full-precision model's") +
+                " logits on the calibration prompt are not finite (NaN or infinity): the weights overflow "
+                "float32; " +
+                opt.out_path + " was not kept");
+        }
         char line[256];
         std::snprintf(line, sizeof line,
-                      "  fidelity: relative L2 logit error %.3e, top-1 agreement %d/%d, vs the full-precision merged model "
-                      "(%d-token calibration prompt, CPU)\n", std::sqrt(num / std::max(den, 1e-300)), agree, n_tok, n_tok);
+                      "  fidelity: relative L2 logit error %.3e, top-1 agreement %d/%d, vs the "
+                      "full-precision merged model "
+                      "(%d-token calibration prompt, CPU)\n",
+                      rel, agree, n_tok, n_tok);
         log << line;
     }
 }

@@ -1,6 +1,7 @@
 // Gemma 4 config.json parsing (see config.h). Field defaults mirror transformers' Gemma4TextConfig.
 #include "compiler/config.h"
 #include "compiler/error.h"
+#include "runtime/src/json_limits.h"
 
 #include <cstdlib>
 #include <filesystem>
@@ -181,15 +182,20 @@ gemma4::TextHParams parse_text(const json& tc, const std::string& where, const j
 } // namespace
 
 std::string read_text_file(const std::string& path) {
+    std::error_code ec;
+    if (std::filesystem::is_directory(path, ec))
+        throw CompileError("cannot read " + path + ": it is a directory, not a file");
     std::ifstream f(path, std::ios::binary);
     if (!f) throw CompileError("cannot read " + path + ": file missing or unreadable");
     std::ostringstream ss;
     ss << f.rdbuf();
+    if (f.bad()) throw CompileError("cannot read " + path + ": read error");
     return ss.str();
 }
 
 ModelConfig parse_model_config(const std::string& config_json, const std::string& generation_json,
                                const std::string& source) {
+    if (std::string e = json_depth_error(config_json); !e.empty()) throw CompileError(source + ": " + e);
     json j;
     try {
         j = json::parse(config_json);
@@ -235,6 +241,8 @@ ModelConfig parse_model_config(const std::string& config_json, const std::string
     if (j.contains("eos_token_id")) g.eos_token_ids = id_list(j["eos_token_id"]);
     if (g.eos_token_ids.empty() && tc.contains("eos_token_id")) g.eos_token_ids = id_list(tc["eos_token_id"]);
     if (!generation_json.empty()) {
+        if (std::string e = json_depth_error(generation_json); !e.empty())
+            throw CompileError(source + " (generation_config.json): " + e);
         json gj;
         try {
             gj = json::parse(generation_json);

@@ -4,7 +4,10 @@
 // Semantics follow PEFT 0.21 (huggingface/peft):
 //   - scale = lora_alpha / r, or lora_alpha / sqrt(r) with use_rslora; r and alpha per module from
 //     rank_pattern / alpha_pattern: the first key (in file order) with
-//     re.match(rf"(.*\.)?({key})$", module) wins (peft.utils.other.get_pattern_key).
+//     re.match(rf"(.*\.)?({key})$", module) wins (peft.utils.other.get_pattern_key). g4 matches these
+//     keys with RE2 (linear time in the module name whatever the key, where Python's backtracking `re`, and
+//     std::regex, can take exponential time on keys like "(.*)*x"); RE2 accepts Python's syntax except
+//     backreferences and lookaround, which no PEFT target pattern needs: such a key is refused by name.
 //   - LoRA merge (LoraLayer.get_delta_weight): delta = (B @ A) * scale, computed in fp32; W += delta.
 //   - DoRA merge (DoraLinearVariant.merge_*): norm = ||W + delta||_2 per output row (fp32, detached,
 //     delta already scaled), W' = (m / norm)[:, None] * (W + delta).
@@ -15,16 +18,18 @@
 #include "compiler/error.h"
 #include "compiler/safetensors.h"
 #include "compiler/workers.h"
+#include "runtime/src/json_limits.h"
 
 #include <Eigen/Core>
 #include <nlohmann/json.hpp>
+#include <re2/re2.h>
 
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <mutex>
-#include <regex>
 #include <set>
 #include <sstream>
 
@@ -80,10 +85,11 @@ bool truthy(const ojson& v) {
     return true;
 }
 
-// One pattern of rank_pattern / alpha_pattern, compiled as PEFT's re.match(rf"(.*\.)?({key})$").
+// One pattern of rank_pattern / alpha_pattern, compiled as PEFT's re.match(rf"(.*\.)?({key})$"): RE2's
+// full match of "(.*\.)?(key)" (module names hold no newline, the one place where `$` differs).
 struct Pattern {
     std::string key;
-    std::regex re;
+    std::shared_ptr<const RE2> re;
     double value;
 };
 
@@ -108,9 +114,14 @@ struct Parts {
     const st::TensorView* bias = nullptr;
 };
 
+// An adapter tensor as fp32; a NaN or infinity is refused, naming the tensor.
 std::vector<float> f32_of(const st::TensorView& t) {
     std::vector<float> v((size_t)t.numel());
     st::to_f32(t, v.data());
+    for (size_t i = 0; i < v.size(); ++i)
+        if (!std::isfinite(v[i]))
+            fail(t.file + ": tensor '" + t.name + "' holds a NaN or infinity at element " +
+                 std::to_string(i) + "; the adapter is corrupt (re-save it)");
     return v;
 }
 
@@ -229,11 +240,18 @@ void Adapter::Impl::parse_config(const ojson& cfg, bool& use_rslora, bool& use_d
             Pattern p;
             p.key   = key;
             p.value = val.get<double>();
-            try {
-                p.re = std::regex("(.*\\.)?(" + key + ")", std::regex::ECMAScript);
-            } catch (const std::regex_error& e) {
-                fail(field_err(k, "has key '" + key + "', which is not a valid regular expression (" + e.what() + ")"));
-            }
+            if (key.size() > 4096)
+                fail(field_err(k, "has a key of " + std::to_string(key.size()) +
+                                      " bytes; module patterns are short"));
+            RE2::Options o;
+            o.set_log_errors(false);
+            auto re = std::make_shared<const RE2>("(.*\\.)?(" + key + ")", o);
+            if (!re->ok())
+                fail(field_err(
+                    k, "has key '" + key +
+                           "', which is not a valid regular expression for g4's linear-time matcher (RE2: " +
+                           re->error() + "; backreferences and lookaround are not supported)"));
+            p.re = std::move(re);
             out.push_back(std::move(p));
         }
     };
@@ -267,8 +285,10 @@ std::unique_ptr<Adapter> Adapter::open(const std::string& dir) {
         if (!f) fail("cannot read " + I.cfg_path + ": check its permissions");
         std::stringstream ss;
         ss << f.rdbuf();
+        const std::string text = ss.str();
+        if (std::string e = json_depth_error(text); !e.empty()) fail(I.cfg_path + ": " + e);
         try {
-            cfg = ojson::parse(ss.str());
+            cfg = ojson::parse(text);
         } catch (const std::exception& e) {
             fail(I.cfg_path + " is not valid JSON (" + e.what() + "); fix the file or re-save the adapter with PEFT");
         }
@@ -369,13 +389,13 @@ std::unique_ptr<Adapter> Adapter::open(const std::string& dir) {
         int r         = r_cfg;
         double alpha  = alpha_cfg;
         for (const auto& pat : rank_pat)
-            if (std::regex_match(module, pat.re)) {
+            if (RE2::FullMatch(module, *pat.re)) {
                 r       = (int)pat.value;
                 m.r_key = pat.key;
                 break;
             }
         for (const auto& pat : alpha_pat)
-            if (std::regex_match(module, pat.re)) {
+            if (RE2::FullMatch(module, *pat.re)) {
                 alpha       = pat.value;
                 m.alpha_key = pat.key;
                 break;

@@ -4,6 +4,7 @@
 
 #include "compiler/error.h"
 #include "compiler/workers.h"
+#include "runtime/src/json_limits.h"
 
 #include <algorithm>
 #include <cmath>
@@ -229,6 +230,7 @@ std::vector<uint8_t> quantize(const float* w, int64_t n, bool double_quant) {
 BnbQuantState parse_bnb_quant_state(std::string_view text, const std::string& name) {
     using nlohmann::json;
     if (text.empty()) fail(name, "quant_state.bitsandbytes__nf4 is missing or empty");
+    if (std::string e = g4::json_depth_error(text); !e.empty()) fail(name, "quant_state: " + e);
     json j;
     try {
         j = json::parse(text.begin(), text.end());

@@ -2,6 +2,7 @@
 #include "compiler/placement.h"
 
 #include "compiler/error.h"
+#include "runtime/src/json_fields.h"
 
 #include <algorithm>
 #include <cctype>
@@ -867,11 +868,11 @@ std::vector<DeviceMemory> memory_from_json(const json& memory) {
     std::vector<DeviceMemory> out;
     for (const auto& e : memory) {
         DeviceMemory d;
-        d.device = e.at("device").get<std::string>();
+        d.device = jsonf::get<std::string>(e, "device");
         for (const auto& pr : e.at("parts"))
-            d.parts.push_back({pr.at("what").get<std::string>(), pr.at("bytes").get<uint64_t>()});
-        d.per_thread = e.value("scratch_per_thread", (uint64_t)0);
-        if (e.contains("budget")) d.budget = e["budget"].get<uint64_t>();
+            d.parts.push_back({jsonf::get<std::string>(pr, "what"), jsonf::get<uint64_t>(pr, "bytes")});
+        d.per_thread = jsonf::value<uint64_t>(e, "scratch_per_thread", 0);
+        if (e.contains("budget")) d.budget = jsonf::get<uint64_t>(e, "budget");
         out.push_back(d);
     }
     return out;

@@ -3,6 +3,7 @@
 #include "compiler/safetensors.h"
 
 #include "compiler/error.h"
+#include "runtime/src/json_limits.h"
 
 #include <algorithm>
 #include <bit>
@@ -139,17 +140,31 @@ TensorView parse_entry(const std::string& path, const std::string& name, const j
     return t;
 }
 
-void check_overlaps(const std::string& path, std::vector<Range>& ranges) {
-    std::erase_if(ranges, [](const Range& r) { return r.begin == r.end; });
-    std::sort(ranges.begin(), ranges.end(), [](const Range& a, const Range& b) { return a.begin < b.begin; });
-    for (size_t i = 1; i < ranges.size(); ++i) {
-        const Range& a = ranges[i - 1];
-        const Range& b = ranges[i];
-        if (b.begin < a.end)
-            corrupt(path, "tensors '" + *a.name + "' [" + std::to_string(a.begin) + ", " +
-                              std::to_string(a.end) + ") and '" + *b.name + "' [" + std::to_string(b.begin) +
-                              ", " + std::to_string(b.end) + ") overlap");
+// As the safetensors library's Metadata::validate and read_metadata: sorted by data_offsets, the tensors
+// tile the data section exactly (each begins where the one before ends, empty ones too, and the last ends
+// at the end of the file).
+void check_layout(const std::string& path, std::vector<Range>& ranges, uint64_t data_size) {
+    std::sort(ranges.begin(), ranges.end(), [](const Range& a, const Range& b) {
+        return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+    });
+    uint64_t at             = 0;
+    const std::string* prev = nullptr;
+    for (const Range& r : ranges) {
+        const std::string span = "[" + std::to_string(r.begin) + ", " + std::to_string(r.end) + ")";
+        if (r.begin < at)
+            corrupt(path, "tensor '" + *r.name + "' data_offsets " + span + " overlap tensor '" + *prev +
+                              "', which ends at " + std::to_string(at));
+        if (r.begin > at)
+            corrupt(path, "bytes [" + std::to_string(at) + ", " + std::to_string(r.begin) +
+                              ") of the data section belong to no tensor (a gap before tensor '" + *r.name +
+                              "' " + span + ")");
+        at   = r.end;
+        prev = r.name;
     }
+    if (at != data_size)
+        corrupt(path, "the data section after the header is " + std::to_string(data_size) +
+                          " bytes but its tensors cover " + std::to_string(at) +
+                          " (a wrong header length, or bytes appended to the file)");
 }
 
 json read_json_file(const std::string& path, const std::string& what_for) {
@@ -157,8 +172,10 @@ json read_json_file(const std::string& path, const std::string& what_for) {
     if (!f) fail("cannot read " + path + ": " + std::strerror(errno) + "; check the file's permissions");
     std::stringstream ss;
     ss << f.rdbuf();
+    const std::string text = ss.str();
+    if (std::string e = json_depth_error(text); !e.empty()) fail(path + ": " + what_for + ": " + e);
     try {
-        return json::parse(ss.str());
+        return json::parse(text);
     } catch (const json::exception& e) {
         fail(path + ": " + what_for + " is not valid JSON (" + e.what() + "); " + kRedownload);
     }
@@ -274,9 +291,11 @@ std::unique_ptr<File> File::open(const std::string& path) {
         corrupt(path, "header length " + std::to_string(header_len) + " exceeds the " +
                           std::to_string(size - 8) + " bytes after the length prefix; the file is truncated");
 
+    const std::string_view header_text((const char*)bytes + 8, header_len);
+    if (std::string e = json_depth_error(header_text); !e.empty()) corrupt(path, "header: " + e);
     json header;
     try {
-        header = json::parse(bytes + 8, bytes + 8 + header_len);
+        header = json::parse(header_text.begin(), header_text.end());
     } catch (const json::exception& e) {
         corrupt(path, std::string("header is not valid JSON (") + e.what() + ")");
     }
@@ -302,7 +321,7 @@ std::unique_ptr<File> File::open(const std::string& path) {
         r.name              = &it->first;
         ranges.push_back(r);
     }
-    check_overlaps(path, ranges);
+    check_layout(path, ranges, data_size);
     return f;
 }
 

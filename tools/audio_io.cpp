@@ -1,12 +1,12 @@
 // WAV (RIFF) reader of the g4 CLI (see audio_io.h). Walks the RIFF chunks ("fmt ", "data", anything else
 // skipped), checks every size against the bytes present, converts to float and averages the channels.
 #include "tools/audio_io.h"
+#include "tools/read_file.h"
 
-#include <cerrno>
+#include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
-#include <fstream>
-#include <iterator>
 
 namespace g4::tools {
 namespace {
@@ -16,16 +16,25 @@ constexpr const char* kConvert = "convert it with: ffmpeg -i in.wav -ar 16000 -a
 uint16_t le16(const unsigned char* p) { return (uint16_t)(p[0] | (p[1] << 8)); }
 uint32_t le32(const unsigned char* p) { return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24); }
 
+// A chunk id for a message: non-printable bytes as '?'.
+std::string printable(const unsigned char* id) {
+    std::string s((const char*)id, 4);
+    for (char& c : s)
+        if ((unsigned char)c < 0x20 || (unsigned char)c > 0x7e) c = '?';
+    return s;
+}
+
 } // namespace
 
-std::string load_wav(const std::string& path, AudioPcm* out) {
+std::string load_wav(const std::string& path, AudioPcm* out, int64_t max_frames) {
     const std::string where = "audio file " + path + ": ";
-    std::ifstream f(path, std::ios::binary);
-    if (!f) return where + "cannot open (" + std::strerror(errno) + ")";
-    std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-    if (f.bad()) return where + "read error";
-    const auto* b    = reinterpret_cast<const unsigned char*>(bytes.data());
-    const size_t len = bytes.size();
+    *out                    = AudioPcm{};
+    std::vector<uint8_t> bytes;
+    // RIFF sizes are 32-bit: a WAV file is at most 4 GiB and 8 bytes.
+    if (std::string err = read_file_bytes(path, "audio file", 0xFFFFFFFFull + 8, &bytes); !err.empty())
+        return err;
+    const unsigned char* b = bytes.data();
+    const size_t len       = bytes.size();
     if (len < 12 || std::memcmp(b, "RIFF", 4) != 0 || std::memcmp(b + 8, "WAVE", 4) != 0)
         return where + "not a WAV file (no RIFF/WAVE header); g4 reads 16 kHz WAV audio, " + kConvert;
 
@@ -49,9 +58,11 @@ std::string load_wav(const std::string& path, AudioPcm* out) {
             data = b + pos, data_len = (size_t)size;
             break;
         }
-        if (size > avail) return where + "truncated: chunk '" + std::string((const char*)id, 4) + "' declares " +
-                                 std::to_string(size) + " bytes but only " + std::to_string(avail) + " are present";
+        if (size > avail)
+            return where + "truncated: chunk '" + printable(id) + "' declares " + std::to_string(size) +
+                   " bytes but only " + std::to_string(avail) + " are present";
         if (std::memcmp(id, "fmt ", 4) == 0) {
+            if (have_fmt) return where + "two fmt chunks (corrupt file)";
             if (size < 16) return where + "fmt chunk too short (" + std::to_string(size) + " bytes; corrupt file)";
             const unsigned char* p = b + pos;
             format   = le16(p);
@@ -63,32 +74,42 @@ std::string load_wav(const std::string& path, AudioPcm* out) {
                 if (size < 40) return where + "extensible fmt chunk too short (corrupt file)";
                 format = le16(p + 24);
             }
+            // Every field is checked here, before the data chunk's size is interpreted in block units.
+            if (format != 1 && format != 3)
+                return where + "unsupported WAV encoding (format code " + std::to_string(format) +
+                       "); g4 reads PCM 16/24/32-bit integer or 32-bit float, " + kConvert;
+            if ((format == 1 && bits != 16 && bits != 24 && bits != 32) || (format == 3 && bits != 32))
+                return where + "unsupported sample size: " + std::to_string(bits) + "-bit " +
+                       (format == 3 ? "float" : "integer") +
+                       "; g4 reads 16/24/32-bit integer or 32-bit float PCM, " + kConvert;
+            if (channels < 1) return where + "fmt chunk says 0 channels (corrupt file)";
+            if (block != channels * bits / 8)
+                return where + "fmt chunk block size " + std::to_string(block) + " does not match " +
+                       std::to_string(channels) + " channels x " + std::to_string(bits) +
+                       " bits (corrupt file)";
+            if (rate != 16000)
+                return where + "sample rate is " + std::to_string(rate) +
+                       " Hz; Gemma 4 audio needs 16000 Hz mono, " + kConvert;
             have_fmt = true;
         }
         pos += (size_t)size + (size & 1);   // chunks are padded to an even size
     }
     if (!have_fmt) return where + "no fmt chunk (truncated or not a WAV file)";
     if (!data) return where + "no data chunk (truncated file?)";
-    if (format != 1 && format != 3)
-        return where + "unsupported WAV encoding (format code " + std::to_string(format) +
-               "); g4 reads PCM 16/24/32-bit integer or 32-bit float, " + kConvert;
-    if ((format == 1 && bits != 16 && bits != 24 && bits != 32) || (format == 3 && bits != 32))
-        return where + "unsupported sample size: " + std::to_string(bits) + "-bit " + (format == 3 ? "float" : "integer") +
-               "; g4 reads 16/24/32-bit integer or 32-bit float PCM, " + kConvert;
-    if (channels < 1) return where + "fmt chunk says 0 channels (corrupt file)";
-    if (block != channels * bits / 8)
-        return where + "fmt chunk block size " + std::to_string(block) + " does not match " + std::to_string(channels) +
-               " channels x " + std::to_string(bits) + " bits (corrupt file)";
-    if (rate != 16000)
-        return where + "sample rate is " + std::to_string(rate) + " Hz; Gemma 4 audio needs 16000 Hz mono, " + kConvert;
     if (data_len % (size_t)block != 0)
         return where + "truncated: the data chunk (" + std::to_string(data_len) + " bytes) is not a whole number of " +
                std::to_string(block) + "-byte sample frames";
     const size_t frames = data_len / (size_t)block;
     if (frames == 0) return where + "contains no audio samples";
+    if (max_frames >= 0 && frames > (uint64_t)max_frames) {
+        char buf[160];
+        std::snprintf(buf, sizeof buf,
+                      "%.2f s of audio but the plan takes at most %.2f s (g4 compile --max-audio-seconds)",
+                      (double)frames / rate, (double)max_frames / rate);
+        return where + buf;
+    }
 
-    out->sample_rate = (int)rate;
-    out->samples.assign(frames, 0.0f);
+    std::vector<float> samples(frames);
     const int bps = bits / 8;
     for (size_t i = 0; i < frames; ++i) {
         const unsigned char* fr = data + i * (size_t)block;
@@ -98,6 +119,9 @@ std::string load_wav(const std::string& path, AudioPcm* out) {
             if (format == 3) {
                 float v;
                 std::memcpy(&v, s, 4);
+                if (!std::isfinite(v))
+                    return where + "sample " + std::to_string(i) + " of channel " + std::to_string(c) +
+                           " is not a finite number (NaN or infinity; corrupt float WAV)";
                 acc += v;
             } else if (bits == 16) {
                 acc += (int16_t)le16(s) / 32768.0;
@@ -108,8 +132,10 @@ std::string load_wav(const std::string& path, AudioPcm* out) {
                 acc += (int32_t)le32(s) / 2147483648.0;
             }
         }
-        out->samples[i] = (float)(acc / channels);
+        samples[i] = (float)(acc / channels);
     }
+    out->sample_rate = (int)rate;
+    out->samples     = std::move(samples);
     return "";
 }
 

@@ -7,7 +7,9 @@
 #include "g4/g4.h"
 #include "tools/audio_io.h"
 #include "tools/image_io.h"
+#include "tools/read_file.h"
 #include "runtime/src/chat_template.h"
+#include "runtime/src/json_fields.h"
 #include "runtime/src/plan/plan_reader.h"
 #include "runtime/src/tokenizer.h"
 
@@ -175,14 +177,10 @@ struct RunError : std::runtime_error {
 };
 
 std::string read_whole_file(const std::string& path, const char* what) {
-    std::FILE* f = std::fopen(path.c_str(), "rb");
-    if (!f) throw RunError(std::string("cannot read ") + what + " " + path);
-    std::string text;
-    char buf[1 << 16];
-    size_t n;
-    while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) text.append(buf, n);
-    std::fclose(f);
-    return text;
+    std::vector<uint8_t> bytes;
+    if (std::string err = g4::tools::read_file_bytes(path, what, uint64_t(1) << 32, &bytes); !err.empty())
+        throw RunError(err);
+    return std::string(bytes.begin(), bytes.end());
 }
 
 int cmd_compile(int argc, char** argv) {
@@ -357,7 +355,7 @@ void add_media(const Args& a, g4_engine* e, g4_session* s, std::vector<int32_t>*
         if (!mi.has_vision) throw RunError("--image: the plan has no vision tower (compile a Gemma 4 checkpoint with vision_config, without --no-vision)");
         for (const auto& f : a.multi.at("--image")) {
             g4::tools::ImageRGB8 img;
-            std::string err = g4::tools::load_image(f, &img);
+            std::string err = g4::tools::load_image(f, &img, mi.max_image_pixels);
             if (!err.empty()) throw RunError(err);
             int32_t n = 0;
             if (g4_session_add_image(s, img.rgb.data(), img.width, img.height, &n) != G4_OK)
@@ -369,7 +367,7 @@ void add_media(const Args& a, g4_engine* e, g4_session* s, std::vector<int32_t>*
         if (!mi.has_audio) throw RunError("--audio: the plan has no audio tower (compile a Gemma 4 checkpoint with audio_config, without --no-audio)");
         for (const auto& f : a.multi.at("--audio")) {
             g4::tools::AudioPcm pcm;
-            std::string err = g4::tools::load_wav(f, &pcm);
+            std::string err = g4::tools::load_wav(f, &pcm, mi.max_audio_samples);
             if (!err.empty()) throw RunError(err);
             if (pcm.sample_rate != mi.audio_sample_rate)
                 throw RunError(f + ": " + std::to_string(pcm.sample_rate) + " Hz, but the audio tower takes " + std::to_string(mi.audio_sample_rate) +
@@ -626,14 +624,14 @@ struct Chat {
         std::string err;
         if (kind == g4::ChatMedia::Image) {
             if (!mi.has_vision) return what + " " + path + ": the plan has no vision tower (compiled with --no-vision, or from a checkpoint without vision_config)";
-            if (!(err = g4::tools::load_image(path, &a.image)).empty()) return err;
+            if (!(err = g4::tools::load_image(path, &a.image, mi.max_image_pixels)).empty()) return err;
             const int64_t px = (int64_t)a.image.width * a.image.height;
             if (px > mi.max_image_pixels)
                 return path + ": " + std::to_string(a.image.width) + "x" + std::to_string(a.image.height) + " is " + std::to_string(px) +
                        " pixels but the plan takes at most " + std::to_string(mi.max_image_pixels) + " (g4 compile --max-image-pixels)";
         } else {
             if (!mi.has_audio) return what + " " + path + ": the plan has no audio tower (compiled with --no-audio, or from a checkpoint without audio_config)";
-            if (!(err = g4::tools::load_wav(path, &a.audio)).empty()) return err;
+            if (!(err = g4::tools::load_wav(path, &a.audio, mi.max_audio_samples)).empty()) return err;
             if (a.audio.sample_rate != mi.audio_sample_rate)
                 return path + ": " + std::to_string(a.audio.sample_rate) + " Hz, but the audio tower takes " + std::to_string(mi.audio_sample_rate) + " Hz mono";
             if ((int64_t)a.audio.samples.size() > mi.max_audio_samples) {
@@ -891,7 +889,7 @@ std::string human(uint64_t b) {
     return buf;
 }
 
-int cmd_inspect(int argc, char** argv) {
+int inspect_plan(int argc, char** argv) {
     Args a(argc, argv, 2, {}, {"--verify", "--ops", "--tensors"});
     if (a.pos.size() != 1) throw UsageError("expected exactly one PLAN argument");
     bool verify = a.flag.count("--verify") > 0;
@@ -899,11 +897,17 @@ int cmd_inspect(int argc, char** argv) {
     std::string err;
     if (p.load(a.pos[0], verify, &err) != G4_OK) throw RunError(err);
     const auto& h = p.header();
+    namespace jsonf = g4::jsonf;
+    // META was parsed and depth-checked by p.load; a field of the wrong type is an error naming it.
+    auto jv = [](const nlohmann::json& o, const char* k) { return jsonf::value<std::string>(o, k, "?"); };
     auto meta     = nlohmann::json::parse(p.meta_json());
     std::printf("plan %s: format %u.%u, %s, %llu bytes%s\n", a.pos[0].c_str(), h.format_major, h.format_minor,
-                meta.value("architecture", "?").c_str(), (unsigned long long)p.file_size(), verify ? ", weights checksum ok" : "");
-    std::printf("g4 version %s, device %s, weights %s, KV cache %s\n", meta.value("g4_version", "?").c_str(), meta.value("device", "?").c_str(),
-                meta.value("weights_dtype", "?").c_str(), meta.value("policy", nlohmann::json::object()).value("kv_dtype", "f32").c_str());
+                jv(meta, "architecture").c_str(), (unsigned long long)p.file_size(),
+                verify ? ", weights checksum ok" : "");
+    std::printf(
+        "g4 version %s, device %s, weights %s, KV cache %s\n", jv(meta, "g4_version").c_str(),
+        jv(meta, "device").c_str(), jv(meta, "weights_dtype").c_str(),
+        jsonf::value<std::string>(meta.value("policy", nlohmann::json::object()), "kv_dtype", "f32").c_str());
     std::printf("hparams: %s\n", meta["hparams"].dump().c_str());
     std::printf("program: %s\n", meta["program"].dump().c_str());
     std::printf("generation: %s\n", meta["generation"].dump().c_str());
@@ -929,19 +933,25 @@ int cmd_inspect(int argc, char** argv) {
         const auto& pl = meta["placement"];
         std::string layers;
         for (const auto& r : pl.value("layers", nlohmann::json::array()))
-            layers += (layers.empty() ? "" : ", ") + std::to_string(r.value("first", 0)) + "-" + std::to_string(r.value("last", 0)) +
-                      " on " + r.value("device", "?");
-        std::string dev = pl.value("device", "?");
-        std::string ple = pl.value("ple", "device") == "host" ? "in pinned host memory (ple=host)" : "on " + dev;
-        std::printf("placement: text layers %s; embed on %s, lm_head on %s; PLE table %s%s; vision %s; audio %s\n", layers.c_str(),
-                    pl.value("embed", "?").c_str(), pl.value("lm_head", "?").c_str(), ple.c_str(),
-                    pl.value("ple_auto", false) ? " (decided by the budget check)" : "", pl.value("vision", "?").c_str(),
-                    pl.value("audio", "?").c_str());
+            layers += (layers.empty() ? "" : ", ") + std::to_string(jsonf::value<int>(r, "first", 0)) + "-" +
+                      std::to_string(jsonf::value<int>(r, "last", 0)) + " on " + jv(r, "device");
+        std::string dev = jv(pl, "device");
+        std::string ple = jsonf::value<std::string>(pl, "ple", "device") == "host"
+                              ? "in pinned host memory (ple=host)"
+                              : "on " + dev;
+        std::printf(
+            "placement: text layers %s; embed on %s, lm_head on %s; PLE table %s%s; vision %s; audio %s\n",
+            layers.c_str(), jv(pl, "embed").c_str(), jv(pl, "lm_head").c_str(), ple.c_str(),
+            jsonf::value<bool>(pl, "ple_auto", false) ? " (decided by the budget check)" : "",
+            jv(pl, "vision").c_str(), jv(pl, "audio").c_str());
     }
     if (meta.contains("memory")) {
         std::ostringstream table;
         g4::placement::print_memory(table, g4::placement::memory_from_json(meta["memory"]), "  ");
-        std::printf("memory by device (exact bytes%s):\n%s", meta.value("device", "cpu") == "cuda" ? "; CUDA context and allocator overhead not included" : "",
+        std::printf("memory by device (exact bytes%s):\n%s",
+                    jsonf::value<std::string>(meta, "device", "cpu") == "cuda"
+                        ? "; CUDA context and allocator overhead not included"
+                        : "",
                     table.str().c_str());
     } else {
         std::printf("memory by device:\n  cpu    weights %s (mapped from the plan), activations %s, KV cache %s\n",
@@ -949,10 +959,12 @@ int cmd_inspect(int argc, char** argv) {
     }
     std::printf("tensors %zu, ops %zu\n", p.n_tensors(), p.n_ops());
     if (meta.contains("cuda")) {
-        const int hpg = meta["cuda"].value("attn_hpg", 0);
-        const std::string trace = meta["cuda"].value("kernel_trace", "off");
-        std::printf("CUDA kernels: %s cubin + PTX; decode attention %s%s\n", meta["cuda"].value("target", "?").c_str(),
-                    hpg ? ("specialised for " + std::to_string(hpg) + " heads per KV group").c_str() : "generic (any group size <= 16)",
+        const int hpg           = jsonf::value<int>(meta["cuda"], "attn_hpg", 0);
+        const std::string trace = jsonf::value<std::string>(meta["cuda"], "kernel_trace", "off");
+        std::printf("CUDA kernels: %s cubin + PTX; decode attention %s%s
+", jv(meta["cuda"], "target").c_str(),
+                    hpg ? ("specialised for " + std::to_string(hpg) + " heads per KV group").c_str()
+                        : "generic (any group size <= 16)",
                     trace == "off" ? "" : ("; timeline trace of " + trace + " (G4_TRACE_OUT writes it; not for use)").c_str());
     }
     if (p.n_launches()) {
@@ -1010,6 +1022,20 @@ int cmd_inspect(int argc, char** argv) {
         }
     }
     return 0;
+}
+
+// `g4 inspect`: a META field of another type than g4 wrote is an error naming the plan and the field.
+int cmd_inspect(int argc, char** argv) {
+    try {
+        return inspect_plan(argc, argv);
+    } catch (const RunError&) {
+        throw;
+    } catch (const UsageError&) {
+        throw;
+    } catch (const std::exception& e) { // g4::jsonf's errors, and nlohmann's from placement::memory_from_json
+        const Args a(argc, argv, 2, {}, {"--verify", "--ops", "--tensors"});
+        throw RunError("plan " + a.pos.at(0) + ": " + e.what() + "; re-run g4 compile to rebuild the plan");
+    }
 }
 
 } // namespace

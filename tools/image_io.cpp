@@ -1,10 +1,11 @@
 // Image file decoding for the g4 CLI through stb_image (see image_io.h).
 #include "image_io.h"
+#include "read_file.h"
 
-#include <cerrno>
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <sys/stat.h>
 
 #define STB_IMAGE_STATIC
 #define STB_IMAGE_IMPLEMENTATION
@@ -12,7 +13,6 @@
 #define STBI_ONLY_JPEG
 #define STBI_ONLY_BMP
 #define STBI_ONLY_GIF
-#define STBI_ONLY_PNM
 #define STBI_NO_HDR
 #define STBI_NO_LINEAR
 #define STBI_FAILURE_USERMSG
@@ -29,24 +29,125 @@
 #endif
 
 namespace g4::tools {
+namespace {
 
-std::string decode_image(const uint8_t* data, size_t size, const std::string& what, ImageRGB8* out) {
+std::string too_many_pixels(const std::string& what, int64_t w, int64_t h, int64_t max_pixels) {
+    return "image " + what + " is " + std::to_string(w) + "x" + std::to_string(h) +
+           " pixels, more than the limit of " + std::to_string(max_pixels) +
+           " (downscale it; a plan's limit is g4 compile --max-image-pixels)";
+}
+
+bool pnm_space(uint8_t c) {
+    return c == ' ' || c == '\t' || c == '\n' || c == '\v' || c == '\f' || c == '\r';
+}
+
+// Binary PGM (P5) and PPM (P6), 8 or 16 bits a sample, read as Pillow's PpmImagePlugin does: header tokens
+// separated by whitespace and '#' comments, one whitespace byte after maxval, then the samples (big-endian
+// when maxval > 255). Samples scale to 8 bits as Pillow does: RGB round(v / maxval * 255) capped at 255;
+// grey with maxval <= 255 the same; grey with maxval > 255 becomes Pillow's 32-bit mode "I" (v itself when
+// maxval is 65535, else round(v / maxval * 65535)), which convert("RGB") clips to 255 (so only values below
+// 256 / 65536 of maxval stay below white).
+std::string decode_pnm(const uint8_t* data, size_t size, const std::string& what, int64_t max_pixels,
+                       ImageRGB8* out) {
+    const bool rgb = data[1] == '6';
+    if (data[1] != '5' && data[1] != '6')
+        return "image " + what + ": plain or bitmap PNM (P" + std::string(1, char(data[1])) +
+               ") is not supported; g4 reads binary PGM (P5) and PPM (P6): convert it to PNG";
+    size_t pos = 2;
+    int64_t tok[3];
+    for (int i = 0; i < 3; ++i) {
+        std::string t;
+        for (;;) {
+            if (pos >= size) break;
+            const uint8_t c = data[pos++];
+            if (pnm_space(c)) {
+                if (t.empty()) continue;
+                break;
+            }
+            if (c == '#') {
+                while (pos < size && data[pos] != '\n' && data[pos] != '\r')
+                    ++pos;
+                continue;
+            }
+            if (c < '0' || c > '9' || t.size() >= 10)
+                return "image " + what + ": PNM header field " + std::to_string(i + 1) +
+                       " is not a number of at most 10 digits";
+            t += char(c);
+        }
+        if (t.empty())
+            return "image " + what + " is truncated: the PNM header ends before its width, height and maxval";
+        tok[i] = std::stoll(t);
+    }
+    const int64_t w = tok[0], h = tok[1], maxval = tok[2];
+    if (w < 1 || h < 1)
+        return "image " + what + " has no pixels (" + std::to_string(w) + "x" + std::to_string(h) + ")";
+    if (maxval < 1 || maxval > 65535)
+        return "image " + what + ": PNM maxval " + std::to_string(maxval) +
+               " is outside 1..65535 (corrupt file)";
+    if (w > max_pixels / h) return too_many_pixels(what, w, h, max_pixels);
+    const int ch = rgb ? 3 : 1, bytes = maxval > 255 ? 2 : 1;
+    const uint64_t need = uint64_t(w) * uint64_t(h) * ch * bytes;
+    if (size - pos < need)
+        return "image " + what + " is truncated: its " + std::to_string(w) + "x" + std::to_string(h) + " " +
+               (rgb ? "PPM" : "PGM") + " pixels need " + std::to_string(need) + " bytes but " +
+               std::to_string(size - pos) + " follow the header";
+    // One 8-bit value for every sample value.
+    std::vector<uint8_t> lut(size_t(1) << (8 * bytes));
+    for (size_t v = 0; v < lut.size(); ++v) {
+        double x;
+        if (!rgb && maxval > 255)
+            x = maxval == 65535 ? double(v)
+                                : std::min(65535.0, std::nearbyint(double(v) / double(maxval) * 65535.0));
+        else
+            x = maxval == 255 ? double(v) : std::nearbyint(double(v) / double(maxval) * 255.0);
+        lut[v] = uint8_t(std::min(255.0, x));
+    }
+    const uint8_t* p = data + pos;
+    const size_t n   = size_t(w) * size_t(h);
+    out->rgb.resize(n * 3);
+    for (size_t i = 0; i < n * ch; ++i) {
+        const uint32_t v = bytes == 2 ? (uint32_t(p[2 * i]) << 8 | p[2 * i + 1]) : p[i];
+        if (rgb)
+            out->rgb[i] = lut[v];
+        else
+            out->rgb[3 * i] = out->rgb[3 * i + 1] = out->rgb[3 * i + 2] = lut[v];
+    }
+    out->width  = int(w);
+    out->height = int(h);
+    return "";
+}
+
+} // namespace
+
+std::string decode_image(const uint8_t* data, size_t size, const std::string& what, ImageRGB8* out,
+                         int64_t max_pixels) {
     if (!out) return "decode_image: null output";
     *out = ImageRGB8{};
     if (!data || size == 0) return "image " + what + " is empty (0 bytes)";
     if (size > size_t(INT32_MAX)) return "image " + what + " is too large (" + std::to_string(size) + " bytes)";
+    if (max_pixels < 1) max_pixels = kMaxImagePixels;
+    if (size >= 2 && data[0] == 'P' && data[1] >= '1' && data[1] <= '6') {
+        std::string err = decode_pnm(data, size, what, max_pixels, out);
+        if (!err.empty()) *out = ImageRGB8{};
+        return err;
+    }
+    // The declared size is checked before anything is decoded or allocated.
     int w = 0, h = 0, ch = 0;
     if (!stbi_info_from_memory(data, int(size), &w, &h, &ch))
         return "image " + what + ": unsupported or unrecognised format (" + stbi_failure_reason() +
                "); g4 reads PNG, JPEG, BMP, GIF and PPM/PGM";
+    if (w <= 0 || h <= 0)
+        return "image " + what + " has no pixels (" + std::to_string(w) + "x" + std::to_string(h) + ")";
+    if (int64_t(w) * h > max_pixels) return too_many_pixels(what, w, h, max_pixels);
     // Always decoded as RGBA (grey replicated, palette and tRNS expanded, alpha 255 where there is none):
     // compositing an opaque pixel over white leaves it unchanged.
     int cw = 0, chh = 0, got = 0;
     stbi_uc* px = stbi_load_from_memory(data, int(size), &cw, &chh, &got, 4);
     if (!px) return "image " + what + " is corrupt or truncated (" + std::string(stbi_failure_reason()) + ")";
-    if (cw <= 0 || chh <= 0) {
+    if (cw != w || chh != h) {
         stbi_image_free(px);
-        return "image " + what + " has no pixels (" + std::to_string(cw) + "x" + std::to_string(chh) + ")";
+        return "image " + what + " is corrupt: its header says " + std::to_string(w) + "x" +
+               std::to_string(h) + " but it decodes to " + std::to_string(cw) + "x" + std::to_string(chh);
     }
     out->width = cw;
     out->height = chh;
@@ -60,20 +161,13 @@ std::string decode_image(const uint8_t* data, size_t size, const std::string& wh
     return "";
 }
 
-std::string load_image(const std::string& path, ImageRGB8* out) {
+std::string load_image(const std::string& path, ImageRGB8* out, int64_t max_pixels) {
     if (!out) return "load_image: null output";
     *out = ImageRGB8{};
-    struct stat st {};
-    if (::stat(path.c_str(), &st) != 0) return "cannot open image '" + path + "': " + std::strerror(errno);
-    if (!S_ISREG(st.st_mode)) return "cannot read image '" + path + "': not a regular file";
-    std::FILE* f = std::fopen(path.c_str(), "rb");
-    if (!f) return "cannot open image '" + path + "': " + std::strerror(errno);
-    std::vector<uint8_t> bytes(size_t(st.st_size));
-    const size_t got = bytes.empty() ? 0 : std::fread(bytes.data(), 1, bytes.size(), f);
-    const bool failed = std::ferror(f) != 0;
-    std::fclose(f);
-    if (failed || got != bytes.size()) return "cannot read image '" + path + "': read error";
-    return decode_image(bytes.data(), bytes.size(), "'" + path + "'", out);
+    std::vector<uint8_t> bytes;
+    if (std::string err = read_file_bytes(path, "image", uint64_t(INT32_MAX), &bytes); !err.empty())
+        return err;
+    return decode_image(bytes.data(), bytes.size(), "'" + path + "'", out, max_pixels);
 }
 
 } // namespace g4::tools

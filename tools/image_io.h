@@ -1,6 +1,7 @@
-// Image file decoding for the g4 CLI (not the runtime): PNG, JPEG, BMP, GIF (first frame), PPM/PGM to RGB8
-// through stb_image (Debian package libstb-dev). Transparency is composited onto white exactly as Hugging
-// Face's convert_to_rgb does it (PIL alpha_composite over an opaque white background); grey is expanded to RGB.
+// Image file decoding for the g4 CLI (not the runtime): PNG, JPEG, BMP, GIF (first frame) to RGB8 through
+// stb_image (Debian package libstb-dev), binary PPM/PGM (8 or 16 bits a sample) by a reader of its own.
+// Transparency is composited onto white exactly as Hugging Face's convert_to_rgb does it (PIL alpha_composite
+// over an opaque white background); grey is expanded to RGB.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -13,11 +14,16 @@ struct ImageRGB8 {
     std::vector<uint8_t> rgb;   // [height, width, 3]
 };
 
-// Returns "" or an error naming the file and the reason (missing, unreadable, unsupported or corrupt).
-std::string load_image(const std::string& path, ImageRGB8* out);
+// Width x height an image may have when the caller gives no bound (max_pixels < 1).
+constexpr int64_t kMaxImagePixels = int64_t(1) << 26;
+
+// Returns "" or an error naming the file and the reason (missing, unreadable, unsupported, corrupt, or more
+// than max_pixels pixels: checked against the header's size before anything is decoded).
+std::string load_image(const std::string& path, ImageRGB8* out, int64_t max_pixels = kMaxImagePixels);
 
 // Decodes an in-memory file (the same formats); `what` names it in errors.
-std::string decode_image(const uint8_t* data, size_t size, const std::string& what, ImageRGB8* out);
+std::string decode_image(const uint8_t* data, size_t size, const std::string& what, ImageRGB8* out,
+                         int64_t max_pixels = kMaxImagePixels);
 
 // PIL's alpha_composite of one channel value v with alpha a over opaque white (255).
 inline uint8_t composite_over_white(uint8_t v, uint8_t a) {

@@ -1,6 +1,7 @@
 // Implementation of g4::Tokenizer (see tokenizer.h): tokenizer.json parsing, added-token matching,
 // normalization, pre-tokenization, BPE merging with byte fallback, and the decoder pipeline.
 #include "runtime/src/tokenizer.h"
+#include "runtime/src/json_limits.h"
 
 #include <nlohmann/json.hpp>
 
@@ -19,6 +20,21 @@ namespace {
 using json = nlohmann::json;
 
 constexpr std::string_view kReplacementChar = "\xEF\xBF\xBD"; // U+FFFD
+
+// A vocab string for a one-line message: control bytes as \xNN, at most 40 bytes.
+std::string printable(std::string_view s) {
+    std::string r;
+    for (unsigned char c : s.substr(0, 40)) {
+        if (c < 0x20 || c == 0x7f) {
+            char b[8];
+            std::snprintf(b, sizeof b, "\\x%02X", c);
+            r += b;
+        } else {
+            r += char(c);
+        }
+    }
+    return s.size() > 40 ? r + "..." : r;
+}
 
 // ---- UTF-8 helpers ---------------------------------------------------------------------------
 
@@ -375,6 +391,8 @@ struct Tokenizer::Impl {
 };
 
 bool Tokenizer::Impl::load(std::string_view text, std::string* err) {
+    // The depth bound also bounds the recursive walks of normalizer, pre_tokenizer and decoder Sequences.
+    if (std::string e = json_depth_error(text); !e.empty()) return *err = "tokenizer.json: " + e, false;
     json j = json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
     if (j.is_discarded()) return *err = "tokenizer.json is not valid JSON", false;
     if (!j.is_object()) return *err = "tokenizer.json: top level is not an object", false;
@@ -437,11 +455,21 @@ bool Tokenizer::Impl::load_model(const json& m, std::string* err) {
         return *err = "tokenizer.json: BPE vocab missing", false;
     const json& v  = m["vocab"];
     int64_t max_id = -1;
+    // Ids are 0..N-1 for N entries: an id past that leaves a hole (and would size the tables by a hostile
+    // number); one id twice is caught below.
+    const int64_t n_vocab = static_cast<int64_t>(v.size());
     for (auto it = v.begin(); it != v.end(); ++it) {
         if (!it.value().is_number_integer())
-            return *err = "tokenizer.json: vocab id is not an integer", false;
+            return *err = "tokenizer.json: vocab id of '" + printable(it.key()) + "' is not an integer",
+                   false;
         int64_t id = it.value().get<int64_t>();
-        if (id < 0 || id >= (int64_t{1} << 30)) return *err = "tokenizer.json: vocab id out of range", false;
+        if (it.value().is_number_unsigned() && it.value().get<uint64_t>() > uint64_t(INT64_MAX))
+            id = INT64_MAX;
+        if (id < 0 || id >= n_vocab || id >= (int64_t{1} << 30))
+            return *err = "tokenizer.json: vocab id " + std::to_string(id) + " of '" + printable(it.key()) +
+                          "' is outside 0.." + std::to_string(n_vocab - 1) + " (the vocab has " +
+                          std::to_string(n_vocab) + " entries, so its ids must be 0..N-1 without gaps)",
+                   false;
         max_id = std::max(max_id, id);
     }
     model_pieces.assign(static_cast<size_t>(max_id + 1), std::string());

@@ -321,13 +321,17 @@ TEST(SafetensorsFile, EmptyHeaderAndZeroSizeTensors) {
 TEST(SafetensorsFile, PaddedHeaderUnalignedDataAndGaps) {
     // Writers pad the header with spaces; an odd header length leaves the data unaligned.
     g4test::TempDir td;
-    const std::string hdr =
-        R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})" + std::string(3, ' ');
+    const std::string hdr = R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})" + std::string(3, ' ');
     ASSERT_NE(hdr.size() % 4, 0u);
-    g4test::write_file(td.file("m.safetensors"), st_file(hdr, "GAP!" + f32_bytes({1.25f, -8.0f})));
+    g4test::write_file(td.file("m.safetensors"), st_file(hdr, f32_bytes({1.25f, -8.0f})));
     auto f        = File::open(td.file("m.safetensors"));
     const auto& t = f->tensors().at("w");
     EXPECT_EQ(as_f32(t), (std::vector<float>{1.25f, -8.0f}));
+    // As the safetensors library: bytes that belong to no tensor make the file invalid.
+    const std::string gap = R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})";
+    g4test::write_file(td.file("g.safetensors"), st_file(gap, "GAP!" + f32_bytes({1.25f, -8.0f})));
+    EXPECT_COMPILE_ERROR(File::open(td.file("g.safetensors")), "g.safetensors",
+                         "bytes [0, 4) of the data section belong to no tensor");
 }
 
 TEST(SafetensorsFile, DataOutlivesCheckpointMoves) {

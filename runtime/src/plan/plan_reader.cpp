@@ -2,6 +2,8 @@
 #include "runtime/src/plan/plan_reader.h"
 
 #include "kernels/nf4.h"
+#include "runtime/src/json_fields.h"
+#include "runtime/src/json_limits.h"
 
 #include <cstring>
 #include <fcntl.h>
@@ -128,80 +130,86 @@ g4_status Plan::load(const std::string& path, bool verify_weights, std::string* 
     weights_size_ = wts->size;
 
     try {
+        if (std::string e = json_depth_error(meta_); !e.empty())
+            return fail(CORRUPT, "META: " + e + recompile, err);
         auto j              = nlohmann::json::parse(meta_);
-        arch_               = j.at("architecture").get<std::string>();
-        device_             = j.value("device", "cpu");
+        arch_               = jsonf::get<std::string>(j, "architecture");
+        device_             = jsonf::value<std::string>(j, "device", "cpu");
         if (j.contains("cuda")) {
-            cuda_target_ = j["cuda"].at("target").get<std::string>();
-            cuda_device_ = j["cuda"].value("device_index", 0);
-            cuda_attn_hpg_ = j["cuda"].value("attn_hpg", 0);
+            cuda_target_   = jsonf::get<std::string>(j["cuda"], "target");
+            cuda_device_   = jsonf::value<int>(j["cuda"], "device_index", 0);
+            cuda_attn_hpg_ = jsonf::value<int>(j["cuda"], "attn_hpg", 0);
         }
-        if (j.contains("placement")) ple_on_host_ = j["placement"].value("ple", "device") == "host";
+        if (j.contains("placement"))
+            ple_on_host_ = jsonf::value<std::string>(j["placement"], "ple", "device") == "host";
         const auto& p       = j.at("program");
-        info_.max_rows      = p.at("max_rows").get<int32_t>();
-        info_.max_context   = p.at("max_context").get<int32_t>();
-        info_.logits_rows   = p.at("logits_rows").get<int32_t>();
-        info_.sliding_slots = p.at("sliding_slots").get<int32_t>();
-        info_.act_arena_bytes = p.at("act_arena_bytes").get<uint64_t>();
-        info_.kv_arena_bytes  = p.at("kv_arena_bytes").get<uint64_t>();
-        info_.ids_tensor    = p.at("ids_tensor").get<int32_t>();
-        info_.logits_tensor = p.at("logits_tensor").get<int32_t>();
-        info_.max_k         = p.at("max_k").get<int64_t>();
-        info_.max_slots     = p.at("max_slots").get<int64_t>();
-        info_.vocab_size    = p.at("vocab_size").get<int32_t>();
-        info_.embed_vocab_limit = p.at("embed_vocab_limit").get<int32_t>();
+        info_.max_rows          = jsonf::get<int32_t>(p, "max_rows");
+        info_.max_context       = jsonf::get<int32_t>(p, "max_context");
+        info_.logits_rows       = jsonf::get<int32_t>(p, "logits_rows");
+        info_.sliding_slots     = jsonf::get<int32_t>(p, "sliding_slots");
+        info_.act_arena_bytes   = jsonf::get<uint64_t>(p, "act_arena_bytes");
+        info_.kv_arena_bytes    = jsonf::get<uint64_t>(p, "kv_arena_bytes");
+        info_.ids_tensor        = jsonf::get<int32_t>(p, "ids_tensor");
+        info_.logits_tensor     = jsonf::get<int32_t>(p, "logits_tensor");
+        info_.max_k             = jsonf::get<int64_t>(p, "max_k");
+        info_.max_slots         = jsonf::get<int64_t>(p, "max_slots");
+        info_.vocab_size        = jsonf::get<int32_t>(p, "vocab_size");
+        info_.embed_vocab_limit = jsonf::get<int32_t>(p, "embed_vocab_limit");
         const auto& hp      = j.at("hparams");
-        info_.num_layers    = hp.at("num_hidden_layers").get<int32_t>();
-        info_.hidden_size   = hp.at("hidden_size").get<int32_t>();
+        info_.num_layers        = jsonf::get<int32_t>(hp, "num_hidden_layers");
+        info_.hidden_size       = jsonf::get<int32_t>(hp, "hidden_size");
         info_.kv_host_begin = info_.kv_arena_bytes;
         info_.towers_begin = info_.towers_end = weights_size_;
         if (j.contains("towers")) {
             const auto& tw = j.at("towers");
-            info_.towers_begin = tw.at("weights").at(0).get<uint64_t>();
-            info_.towers_end   = tw.at("weights").at(1).get<uint64_t>();
-            info_.max_media_tokens    = tw.at("max_media_tokens").get<int32_t>();
-            info_.tower_thread_floats = tw.at("thread_scratch_floats").get<uint64_t>();
-            info_.tower_session_bytes = tw.value("session_bytes", (uint64_t)0);
-            const std::string prec    = tw.value("precision", std::string("fp32"));   // absent in older plans
+            info_.towers_begin        = jsonf::get<uint64_t>(tw.at("weights"), 0, "weights");
+            info_.towers_end          = jsonf::get<uint64_t>(tw.at("weights"), 1, "weights");
+            info_.max_media_tokens    = jsonf::get<int32_t>(tw, "max_media_tokens");
+            info_.tower_thread_floats = jsonf::get<uint64_t>(tw, "thread_scratch_floats");
+            info_.tower_session_bytes = jsonf::value<uint64_t>(tw, "session_bytes", 0);
+            const std::string prec =
+                jsonf::value<std::string>(tw, "precision", "fp32"); // absent in older plans
             if (prec != "fp32" && prec != "bf16")
                 return fail(CORRUPT, "bad metadata: towers precision '" + prec + "'" + recompile, err);
             info_.tower_bf16 = prec == "bf16";
             if (tw.contains("vision")) {
                 const auto& v         = tw.at("vision");
                 info_.vision_config   = v.at("config").dump();
-                info_.image_tokens    = v.at("image_tokens").get<int32_t>();
-                info_.max_patches     = v.at("max_patches").get<int32_t>();
-                info_.max_image_pixels = v.at("max_image_pixels").get<int64_t>();
-                info_.image_token_id  = v.at("image_token_id").get<int32_t>();
-                info_.boi_token_id    = v.at("boi_token_id").get<int32_t>();
-                info_.eoi_token_id    = v.at("eoi_token_id").get<int32_t>();
-                const std::string dev = v.value("device", std::string("cpu"));   // absent in older plans
+                info_.image_tokens     = jsonf::get<int32_t>(v, "image_tokens");
+                info_.max_patches      = jsonf::get<int32_t>(v, "max_patches");
+                info_.max_image_pixels = jsonf::get<int64_t>(v, "max_image_pixels");
+                info_.image_token_id   = jsonf::get<int32_t>(v, "image_token_id");
+                info_.boi_token_id     = jsonf::get<int32_t>(v, "boi_token_id");
+                info_.eoi_token_id     = jsonf::get<int32_t>(v, "eoi_token_id");
+                const std::string dev =
+                    jsonf::value<std::string>(v, "device", "cpu"); // absent in older plans
                 if (dev != "cpu") {
                     if (device_ != "cuda" || dev != "cuda:" + std::to_string(cuda_device_))
                         return fail(CORRUPT, "bad metadata: vision tower device '" + dev + "'" + recompile, err);
                     info_.vision_gpu       = true;
-                    info_.vision_begin     = v.at("weights").at(0).get<uint64_t>();
-                    info_.vision_end       = v.at("weights").at(1).get<uint64_t>();
-                    info_.vision_gpu_bytes = v.at("gpu_bytes").get<uint64_t>();
+                    info_.vision_begin     = jsonf::get<uint64_t>(v.at("weights"), 0, "weights");
+                    info_.vision_end       = jsonf::get<uint64_t>(v.at("weights"), 1, "weights");
+                    info_.vision_gpu_bytes = jsonf::get<uint64_t>(v, "gpu_bytes");
                 }
             }
             if (tw.contains("audio")) {
                 const auto& a           = tw.at("audio");
                 info_.audio_config      = a.at("config").dump();
-                info_.max_audio_samples = a.at("max_samples").get<int64_t>();
-                info_.audio_sample_rate = a.at("sample_rate").get<int32_t>();
-                info_.audio_token_id    = a.at("audio_token_id").get<int32_t>();
-                info_.boa_token_id      = a.at("boa_token_id").get<int32_t>();
-                info_.eoa_token_id      = a.at("eoa_token_id").get<int32_t>();
-                const std::string dev   = a.value("device", std::string("cpu")); // absent in older plans
+                info_.max_audio_samples = jsonf::get<int64_t>(a, "max_samples");
+                info_.audio_sample_rate = jsonf::get<int32_t>(a, "sample_rate");
+                info_.audio_token_id    = jsonf::get<int32_t>(a, "audio_token_id");
+                info_.boa_token_id      = jsonf::get<int32_t>(a, "boa_token_id");
+                info_.eoa_token_id      = jsonf::get<int32_t>(a, "eoa_token_id");
+                const std::string dev =
+                    jsonf::value<std::string>(a, "device", "cpu"); // absent in older plans
                 if (dev != "cpu") {
                     if (device_ != "cuda" || dev != "cuda:" + std::to_string(cuda_device_))
                         return fail(CORRUPT, "bad metadata: audio tower device '" + dev + "'" + recompile,
                                     err);
                     info_.audio_gpu       = true;
-                    info_.audio_begin     = a.at("weights").at(0).get<uint64_t>();
-                    info_.audio_end       = a.at("weights").at(1).get<uint64_t>();
-                    info_.audio_gpu_bytes = a.at("gpu_bytes").get<uint64_t>();
+                    info_.audio_begin     = jsonf::get<uint64_t>(a.at("weights"), 0, "weights");
+                    info_.audio_end       = jsonf::get<uint64_t>(a.at("weights"), 1, "weights");
+                    info_.audio_gpu_bytes = jsonf::get<uint64_t>(a, "gpu_bytes");
                 }
             }
             if (info_.towers_begin > info_.towers_end || info_.towers_end != weights_size_ ||
@@ -218,14 +226,16 @@ g4_status Plan::load(const std::string& path, bool verify_weights, std::string* 
         }
         if (p.contains("layer_devices")) {
             if (device_ != "cuda") return fail(CORRUPT, "bad metadata: layer_devices in a CPU plan" + recompile, err);
-            info_.layer_device  = p["layer_devices"].get<std::vector<int32_t>>();
-            info_.kv_host_begin = p.at("kv_host_begin").get<uint64_t>();
+            info_.layer_device  = jsonf::get<std::vector<int32_t>>(p, "layer_devices");
+            info_.kv_host_begin = jsonf::get<uint64_t>(p, "kv_host_begin");
             for (const auto& g : p.at("gpus")) {
                 ProgramInfo::GpuPart part;
-                part.index = g.at("index").get<int32_t>();
-                for (const auto& r : g.at("weights")) part.weights.push_back({r.at(0).get<uint64_t>(), r.at(1).get<uint64_t>()});
-                part.kv_begin = g.at("kv").at(0).get<uint64_t>();
-                part.kv_end   = g.at("kv").at(1).get<uint64_t>();
+                part.index = jsonf::get<int32_t>(g, "index");
+                for (const auto& r : g.at("weights"))
+                    part.weights.push_back(
+                        {jsonf::get<uint64_t>(r, 0, "weights"), jsonf::get<uint64_t>(r, 1, "weights")});
+                part.kv_begin = jsonf::get<uint64_t>(g.at("kv"), 0, "kv");
+                part.kv_end   = jsonf::get<uint64_t>(g.at("kv"), 1, "kv");
                 info_.gpus.push_back(part);
             }
             bool ok = (int32_t)info_.layer_device.size() == info_.num_layers && !info_.gpus.empty() &&
@@ -242,15 +252,15 @@ g4_status Plan::load(const std::string& path, bool verify_weights, std::string* 
             info_.gpus.push_back({cuda_device_, {{0, info_.towers_begin}}, 0, info_.kv_arena_bytes});
         }
         const auto& g       = j.at("generation");
-        info_.eos_token_ids = g.at("eos_token_ids").get<std::vector<int32_t>>();
-        info_.bos_token_id  = g.at("bos_token_id").get<int32_t>();
-        info_.pad_token_id  = g.value("pad_token_id", 0);
-        info_.do_sample     = g.value("do_sample", false);
-        info_.temperature   = g.value("temperature", 1.0f);
-        info_.top_k         = g.value("top_k", 0);
-        info_.top_p         = g.value("top_p", 1.0f);
-        info_.min_p         = g.value("min_p", 0.0f);
-        info_.repetition_penalty = g.value("repetition_penalty", 1.0f);
+        info_.eos_token_ids      = jsonf::get<std::vector<int32_t>>(g, "eos_token_ids");
+        info_.bos_token_id       = jsonf::get<int32_t>(g, "bos_token_id");
+        info_.pad_token_id       = jsonf::value<int32_t>(g, "pad_token_id", 0);
+        info_.do_sample          = jsonf::value<bool>(g, "do_sample", false);
+        info_.temperature        = jsonf::value<float>(g, "temperature", 1.0f);
+        info_.top_k              = jsonf::value<int32_t>(g, "top_k", 0);
+        info_.top_p              = jsonf::value<float>(g, "top_p", 1.0f);
+        info_.min_p              = jsonf::value<float>(g, "min_p", 0.0f);
+        info_.repetition_penalty = jsonf::value<float>(g, "repetition_penalty", 1.0f);
     } catch (const std::exception& e) {
         return fail(CORRUPT, std::string("bad metadata: ") + e.what() + recompile, err);
     }

@@ -6,6 +6,7 @@
 #include "kernels/ops.h"
 
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <string>
 
@@ -43,10 +44,16 @@ inline std::string parse_precision(const std::string& s, Precision* out) {
     return "";
 }
 
-// Reads element i of a weight as float32 (bf16 widened exactly).
+// Reads element i of a weight as float32 (bf16 widened exactly); well-defined at any alignment.
 inline float tensor_at(const Tensor& t, int64_t i) {
-    if (t.dtype == DType::BF16) return bf16_to_f32(static_cast<const uint16_t*>(t.data)[i]);
-    return static_cast<const float*>(t.data)[i];
+    if (t.dtype == DType::BF16) {
+        uint16_t h;
+        std::memcpy(&h, static_cast<const uint8_t*>(t.data) + 2 * i, 2);
+        return bf16_to_f32(h);
+    }
+    float f;
+    std::memcpy(&f, static_cast<const uint8_t*>(t.data) + 4 * i, 4);
+    return f;
 }
 
 } // namespace g4::towers

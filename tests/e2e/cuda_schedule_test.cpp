@@ -68,8 +68,8 @@ std::string expect_switch_refused(TempDir& td, const char* var, const std::strin
     return r.err;
 }
 
-// A copy of the plan at `path` whose CUDA schedule records `edit` changes, with the section's checksum
-// recomputed so that only the records are wrong: loading it must fail with `want` in the message.
+// A copy of the plan at `path` whose CUDA schedule records `edit` changes, with the checksums recomputed
+// (reseal_plan) so that only the records are wrong: loading it must fail with `want` in the message.
 template <class Edit>
 void expect_corrupt(TempDir& td, const std::string& path, const std::string& name, Edit edit, const std::string& want) {
     std::string b = read_file(path);
@@ -82,11 +82,10 @@ void expect_corrupt(TempDir& td, const std::string& path, const std::string& nam
         std::memcpy(&sec, at, sizeof sec);
         if (sec.kind != (uint32_t)g4::plan::SectionKind::CudaSchedule) continue;
         edit(reinterpret_cast<CudaLaunch*>(b.data() + sec.offset));
-        sec.checksum = g4::plan::fnv1a64(b.data() + sec.offset, sec.size);
-        std::memcpy(at, &sec, sizeof sec);
         found = true;
     }
     ASSERT_TRUE(found) << name << ": no CUDA schedule section";
+    reseal_plan(&b);
     const std::string bad = td.file(name + ".g4plan");
     write_file(bad, b);
     g4::plan::Plan c;

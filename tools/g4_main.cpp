@@ -69,7 +69,11 @@ const char* kUsage =
     "             (warm, one process: prompt processing of each -p length, then -n greedy decode steps after a\n"
     "              prompt of each -d depth; medians of -r repetitions after one warm-up of each)\n"
     "  g4 tokenize --tokenizer FILE|PLAN [--add-special] -- TEXT\n"
-    "  g4 inspect PLAN [--verify] [--ops] [--tensors]\n";
+    "  g4 inspect PLAN [--verify] [--ops] [--tensors]   (--verify: the weights' checksum too; every other section's\n"
+    "              checksum and every record are checked whenever a plan is opened)\n"
+    "outputs (-o, --dump-logits, --dump-decode-logits): written to a temporary file beside the target, then renamed\n"
+    "  over it; a symbolic link is followed (the file it names is replaced, the link stays); a directory, device\n"
+    "  (/dev/null too), FIFO or socket is refused. A failing command leaves an existing target as it was.\n";
 
 // Minimal flag parser: flags with values, boolean flags, positionals.
 struct Args {

@@ -480,21 +480,22 @@ g4_status Plan::validate_records(std::string* err) {
         if ((TensorKind)t.kind == TensorKind::KvCache && (t.ndim != 2 || (t.dtype != (uint8_t)DType::F32 && t.dtype != (uint8_t)DType::BF16)))
             return fail(CORRUPT, what + ": KV caches must be 2-D f32 or bf16", err);
     }
-    // The arenas a session allocates hold their tensors and no more (the compiler packs them: at most the
-    // last tensor's end, rounded up to kTensorAlign).
-    uint64_t act_end = 0, kv_end = 0;
+    // The arenas a session allocates are no larger than their tensors laid end to end (each rounded up to
+    // kTensorAlign), the most any packing of them takes; max_k (per-thread scratch) no larger than a weight's K.
+    uint64_t act_sum = 0, kv_sum = 0;
     int64_t widest_k = 1;
     for (size_t i = 0; i < n_tensors_; ++i) {
         const PlanTensor& t = tensors_[i];
-        const uint64_t e    = (t.offset + t.nbytes + kTensorAlign - 1) / kTensorAlign * kTensorAlign;
-        if (t.kind == (uint8_t)TensorKind::Activation || t.kind == (uint8_t)TensorKind::Input) act_end = std::max(act_end, e);
-        if (t.kind == (uint8_t)TensorKind::KvCache) kv_end = std::max(kv_end, e);
+        const uint64_t size = (t.nbytes + kTensorAlign - 1) / kTensorAlign * kTensorAlign;
+        if (t.kind == (uint8_t)TensorKind::Activation || t.kind == (uint8_t)TensorKind::Input) act_sum += size;
+        if (t.kind == (uint8_t)TensorKind::KvCache) kv_sum += size;
         if (t.kind == (uint8_t)TensorKind::Weight && t.ndim == 2) widest_k = std::max(widest_k, t.dims[1]);
     }
-    if (in.act_arena_bytes > act_end || in.kv_arena_bytes > kv_end || in.max_k > widest_k)
-        return fail(CORRUPT, "bad metadata: activation arena " + std::to_string(in.act_arena_bytes) + " bytes (its tensors end at " +
-                                 std::to_string(act_end) + "), KV arena " + std::to_string(in.kv_arena_bytes) + " (" +
-                                 std::to_string(kv_end) + "), max_k " + std::to_string(in.max_k) + " (" + std::to_string(widest_k) + ")" + recompile,
+    if (in.act_arena_bytes > act_sum || in.kv_arena_bytes > kv_sum || in.max_k > widest_k)
+        return fail(CORRUPT, "bad metadata: activation arena " + std::to_string(in.act_arena_bytes) + " bytes (its tensors take " +
+                                 std::to_string(act_sum) + "), KV arena " + std::to_string(in.kv_arena_bytes) + " (" +
+                                 std::to_string(kv_sum) + "), max_k " + std::to_string(in.max_k) + " (widest weight " +
+                                 std::to_string(widest_k) + ")" + recompile,
                     err);
     auto is = [&](int32_t idx, TensorKind k) { return idx >= 0 && (size_t)idx < n_tensors_ && tensors_[idx].kind == (uint8_t)k; };
     if (!is(in.ids_tensor, TensorKind::Input) || tensors_[in.ids_tensor].dims[0] < in.max_rows ||

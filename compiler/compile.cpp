@@ -1434,7 +1434,8 @@ void compile_plan(const CompileOptions& opt, std::ostream& log) {
             write_plan(in, &*twin, Mode::CpuTwin, &twin_rep);
             measured = twin->f.temp_path();
         }
-        auto a = calibration_logits(measured, hp.vocab_size, n_tok), b = calibration_logits(ref.f.temp_path(), hp.vocab_size, n_tok);
+        auto a = calibration_logits(measured, hp.vocab_size, n_tok);
+        auto b = calibration_logits(ref.f.temp_path(), hp.vocab_size, n_tok);
         double num = 0, den = 0;
         int agree  = 0;
         for (int r = 0; r < n_tok; ++r) {

@@ -253,7 +253,8 @@ ModelConfig parse_model_config(const std::string& config_json, const std::string
             const double v = gr.number(k, def);
             const float f  = (float)v;
             if (!std::isfinite(f) || (lo_open ? !(f > lo) : !(f >= lo)) || f > hi)
-                gr.fail(k, "= " + gj[k].dump() + " is out of range " + (lo_open ? "(" : "[") + json(lo).dump() + ", " +
+                gr.fail(k, "= " + gj[k].dump() + " is out of range " + (lo_open ? "(" : "[") +
+                               json(lo).dump() + ", " +
                                (std::isinf(hi) ? std::string("inf)") : json(hi).dump() + "]") +
                                "; fix or remove it in generation_config.json");
             return f;
@@ -269,8 +270,9 @@ ModelConfig parse_model_config(const std::string& config_json, const std::string
     // Token ids the runtime looks up must be in the vocabulary (the plan reader refuses others).
     auto check_id = [&](const char* what, int id) {
         if (id < 0 || id >= mc.text.vocab_size)
-            throw CompileError(source + ": " + what + " " + std::to_string(id) + " is outside the vocabulary of " +
-                               std::to_string(mc.text.vocab_size) + " (config.json / generation_config.json)");
+            throw CompileError(source + ": " + what + " " + std::to_string(id) +
+                               " is outside the vocabulary of " + std::to_string(mc.text.vocab_size) +
+                               " (config.json / generation_config.json)");
     };
     check_id("bos_token_id", g.bos_token_id);
     check_id("pad_token_id", g.pad_token_id);

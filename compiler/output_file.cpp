@@ -41,16 +41,16 @@ std::string output_target(const std::string& path, std::string* err) {
     }
     std::string p = path;
     for (int hops = 0; hops < 40; ++hops) {
-        struct stat st{};
+        struct stat st {};
         if (::lstat(p.c_str(), &st) != 0) {
-            if (errno == ENOENT) return p;   // a new file (its folder is checked when the temporary is created)
+            if (errno == ENOENT) return p; // a new file (its folder is checked when the temporary is created)
             *err = "cannot check output path " + p + " (" + std::strerror(errno) + ")";
             return "";
         }
         if (S_ISREG(st.st_mode)) return p;
         if (!S_ISLNK(st.st_mode)) {
-            *err = path + (p == path ? "" : " (through a symbolic link, " + p + ")") + " exists and is " + file_type(st.st_mode) +
-                   "; g4 writes only regular files (give a file path)";
+            *err = path + (p == path ? "" : " (through a symbolic link, " + p + ")") + " exists and is " +
+                   file_type(st.st_mode) + "; g4 writes only regular files (give a file path)";
             return "";
         }
         char buf[PATH_MAX];
@@ -77,8 +77,9 @@ bool OutputFile::open(const std::string& path, std::string* err) {
     if (target_.empty()) return false;
     static std::atomic<unsigned> counter{0};
     for (int attempt = 0; attempt < 100; ++attempt) {
-        tmp_ = dir_of(target_) + "/." + base_of(target_) + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++);
-        fd_  = ::open(tmp_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+        tmp_ = dir_of(target_) + "/." + base_of(target_) + ".tmp." + std::to_string(::getpid()) + "." +
+               std::to_string(counter++);
+        fd_ = ::open(tmp_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
         if (fd_ >= 0) return true;
         if (errno != EEXIST) break;
     }
@@ -94,7 +95,8 @@ bool OutputFile::write_at(uint64_t offset, const void* data, size_t n, std::stri
         const ssize_t w = ::pwrite(fd_, p, n, (off_t)offset);
         if (w < 0 && errno == EINTR) continue;
         if (w <= 0) {
-            *err = "write failed on " + tmp_ + " (" + (w < 0 ? std::strerror(errno) : "no progress") + "; disk full?)";
+            *err = "write failed on " + tmp_ + " (" + (w < 0 ? std::strerror(errno) : "no progress") +
+                   "; disk full?)";
             return false;
         }
         p += w, n -= (size_t)w, offset += (uint64_t)w;
@@ -120,9 +122,9 @@ bool OutputFile::commit(std::string* err) {
         *err = "cannot rename " + tmp_ + " to " + target_ + " (" + std::strerror(errno) + ")";
         return false;
     }
-    committed_ = true;
+    committed_    = true;
     const int dfd = ::open(dir_of(target_).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd >= 0) {   // the rename itself on disk; best effort (some file systems refuse fsync on folders)
+    if (dfd >= 0) { // the rename itself on disk; best effort (some file systems refuse fsync on folders)
         ::fsync(dfd);
         ::close(dfd);
     }

@@ -22,7 +22,7 @@ std::string output_target(const std::string& path, std::string* err);
 class OutputFile {
 public:
     OutputFile() = default;
-    ~OutputFile();   // removes the temporary file unless committed
+    ~OutputFile(); // removes the temporary file unless committed
     OutputFile(const OutputFile&)            = delete;
     OutputFile& operator=(const OutputFile&) = delete;
 

@@ -69,11 +69,13 @@ const char* kUsage =
     "             (warm, one process: prompt processing of each -p length, then -n greedy decode steps after a\n"
     "              prompt of each -d depth; medians of -r repetitions after one warm-up of each)\n"
     "  g4 tokenize --tokenizer FILE|PLAN [--add-special] -- TEXT\n"
-    "  g4 inspect PLAN [--verify] [--ops] [--tensors]   (--verify: the weights' checksum too; every other section's\n"
-    "              checksum and every record are checked whenever a plan is opened)\n"
-    "outputs (-o, --dump-logits, --dump-decode-logits): written to a temporary file beside the target, then renamed\n"
-    "  over it; a symbolic link is followed (the file it names is replaced, the link stays); a directory, device\n"
-    "  (/dev/null too), FIFO or socket is refused. A failing command leaves an existing target as it was.\n";
+    "  g4 inspect PLAN [--verify] [--ops] [--tensors]\n"
+    "             (--verify: the weights' checksum too; every other section's checksum and every\n"
+    "              record are checked whenever a plan is opened)\n"
+    "outputs (-o, --dump-logits, --dump-decode-logits): written to a temporary file beside the target,\n"
+    "  then renamed over it; a symbolic link is followed (the file it names is replaced, the link stays);\n"
+    "  a directory, device (/dev/null too), FIFO or socket is refused. A failing command leaves an\n"
+    "  existing target as it was.\n";
 
 // Minimal flag parser: flags with values, boolean flags, positionals.
 struct Args {
@@ -248,9 +250,10 @@ g4_sampling_params sampling_from_args(const Args& a, g4_engine* eng) {
     // Checked here, before any prompt runs or output is written (the plan's own defaults were checked when
     // it was opened, so a bad value came from an option).
     if (g4_sampling_params_check(&sp) != G4_OK) {
-        static const std::pair<const char*, const char*> kFlag[] = {{"temperature", "--temp"},       {"top_k", "--top-k"},
-                                                                    {"top_p", "--top-p"},            {"min_p", "--min-p"},
-                                                                    {"repeat_penalty", "--repeat-penalty"}, {"repeat_last_n", "--repeat-last-n"}};
+        static const std::pair<const char*, const char*> kFlag[] = {
+            {"temperature", "--temp"}, {"top_k", "--top-k"},
+            {"top_p", "--top-p"},      {"min_p", "--min-p"},
+            {"repeat_penalty", "--repeat-penalty"}, {"repeat_last_n", "--repeat-last-n"}};
         const std::string msg = g4_last_error_message();
         for (const auto& [field, flag] : kFlag)
             if (msg.find(std::string(": ") + field + " ") != std::string::npos && a.has(flag))
@@ -264,7 +267,8 @@ g4_sampling_params sampling_from_args(const Args& a, g4_engine* eng) {
 void check_output_paths(const Args& a, std::initializer_list<const char*> opts) {
     for (const char* o : opts) {
         std::string err;
-        if (a.has(o) && g4::output_target(a.get(o), &err).empty()) throw UsageError(std::string(o) + " " + err);
+        if (a.has(o) && g4::output_target(a.get(o), &err).empty())
+            throw UsageError(std::string(o) + " " + err);
     }
 }
 
@@ -453,7 +457,8 @@ int cmd_run(int argc, char** argv) {
     check(g4_session_append_tokens(s.s, prompt.data(), prompt.size(), dump, logits.size()));
     if (dump) {
         std::string err;
-        if (!g4::write_output_file(a.get("--dump-logits"), logits.data(), logits.size() * sizeof(float), &err)) throw RunError(err);
+        if (!g4::write_output_file(a.get("--dump-logits"), logits.data(), logits.size() * sizeof(float), &err))
+            throw RunError(err);
     }
 
     g4_generate_params gp = g4_generate_params_default();
@@ -478,7 +483,8 @@ int cmd_run(int argc, char** argv) {
     if (ss.session) {   // the row after the last token chose nothing: [generated, vocab]
         ss.decode_logits.resize(ss.ids.size() * (size_t)e.info.vocab_size);
         std::string err;
-        if (!g4::write_output_file(a.get("--dump-decode-logits"), ss.decode_logits.data(), ss.decode_logits.size() * sizeof(float), &err))
+        if (!g4::write_output_file(a.get("--dump-decode-logits"), ss.decode_logits.data(),
+                                   ss.decode_logits.size() * sizeof(float), &err))
             throw RunError(err);
     }
     if (ss.echo) {

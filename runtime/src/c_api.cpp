@@ -585,7 +585,8 @@ g4_status g4_session_generate(g4_session* s, const g4_sampling_params* sampling,
     g4_generate_params gp = params ? *params : g4_generate_params_default();
     if (gp.max_tokens < 0) return set_error(G4_ERR_INVALID_ARGUMENT, "max_tokens must be >= 0");
     if (gp.n_stop && !gp.stop) return set_error(G4_ERR_INVALID_ARGUMENT, "stop is NULL but n_stop > 0");
-    if (sampling && g4_sampling_params_check(sampling) != G4_OK) return G4_ERR_INVALID_ARGUMENT;   // before any work
+    // Checked before any work (the first sample would, after max_tokens steps of nothing).
+    if (sampling && g4_sampling_params_check(sampling) != G4_OK) return G4_ERR_INVALID_ARGUMENT;
     std::vector<std::string> stops;
     for (size_t i = 0; i < gp.n_stop; ++i) {
         if (!gp.stop[i] || !*gp.stop[i]) return set_error(G4_ERR_INVALID_ARGUMENT, "stop strings must be non-empty");

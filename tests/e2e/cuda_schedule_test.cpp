@@ -163,7 +163,9 @@ TEST(CudaSchedule, LaunchOperandsAreTheirOpsTensors) {
     int qkv = -1, rn = -1, gemv = -1, pin = -1;
     for (size_t i = 0; i < p.n_launches(); ++i) {
         const CudaLaunch& l = p.launch(i);
-        if (qkv < 0 && (l.kind == (uint16_t)LaunchKind::QkvPost || l.kind == (uint16_t)LaunchKind::QkvAttn) && l.t[6] >= 0) qkv = (int)i;
+        if (qkv < 0 && (l.kind == (uint16_t)LaunchKind::QkvPost || l.kind == (uint16_t)LaunchKind::QkvAttn) &&
+            l.t[6] >= 0)
+            qkv = (int)i;
         if (rn < 0 && l.kind == (uint16_t)LaunchKind::ResNorm && l.t[1] >= 0 && l.t[7] >= 0) rn = (int)i;
         if (gemv < 0 && l.kind == (uint16_t)LaunchKind::Gemv && l.ip[4] != 0) gemv = (int)i;
         if (pin < 0 && l.kind == (uint16_t)LaunchKind::PleIn) pin = (int)i;
@@ -172,7 +174,7 @@ TEST(CudaSchedule, LaunchOperandsAreTheirOpsTensors) {
     ASSERT_GE(rn, 0);
     ASSERT_GE(gemv, 0);
     ASSERT_GE(pin, 0);
-    int32_t other_cache = -1, weight = -1;   // a cache the record's store does not write; a weight
+    int32_t other_cache = -1, weight = -1; // a cache the record's store does not write; a weight
     for (size_t t = 0; t < p.n_tensors(); ++t) {
         if (p.tensor(t).kind == (uint8_t)g4::plan::TensorKind::KvCache && (int32_t)t != p.launch(qkv).t[6] &&
             (int32_t)t != p.launch(qkv).t[7] && other_cache < 0)
@@ -181,13 +183,24 @@ TEST(CudaSchedule, LaunchOperandsAreTheirOpsTensors) {
     }
     ASSERT_GE(other_cache, 0);
     const std::string rec = "CUDA schedule record ";
-    expect_corrupt(td, path, "qkv_cache", [&](CudaLaunch* r) { r[qkv].t[6] = other_cache; }, rec + std::to_string(qkv) + ": the k/v norms");
-    expect_corrupt(td, path, "qkv_q", [&](CudaLaunch* r) { r[qkv].t[0] = r[qkv].t[3]; }, rec + std::to_string(qkv) + ": the q norm");
-    expect_corrupt(td, path, "qkv_slots", [&](CudaLaunch* r) { r[qkv].ip[3] += 7; }, rec + std::to_string(qkv));
-    expect_corrupt(td, path, "rn_zero", [&](CudaLaunch* r) { r[rn].t[7] = weight; }, rec + std::to_string(rn) + ": the buffer it zeroes");
-    expect_corrupt(td, path, "rn_x", [&](CudaLaunch* r) { r[rn].t[4] = weight; }, rec + std::to_string(rn));
-    expect_corrupt(td, path, "gemv_out", [&](CudaLaunch* r) { r[gemv].t[1] = weight; }, rec + std::to_string(gemv));
-    expect_corrupt(td, path, "ple_in_out", [&](CudaLaunch* r) { r[pin].t[3] = r[pin].t[2]; }, rec + std::to_string(pin) + ": the per-layer-input");
+    expect_corrupt(
+        td, path, "qkv_cache", [&](CudaLaunch* r) { r[qkv].t[6] = other_cache; },
+        rec + std::to_string(qkv) + ": the k/v norms");
+    expect_corrupt(
+        td, path, "qkv_q", [&](CudaLaunch* r) { r[qkv].t[0] = r[qkv].t[3]; },
+        rec + std::to_string(qkv) + ": the q norm");
+    expect_corrupt(
+        td, path, "qkv_slots", [&](CudaLaunch* r) { r[qkv].ip[3] += 7; }, rec + std::to_string(qkv));
+    expect_corrupt(
+        td, path, "rn_zero", [&](CudaLaunch* r) { r[rn].t[7] = weight; },
+        rec + std::to_string(rn) + ": the buffer it zeroes");
+    expect_corrupt(
+        td, path, "rn_x", [&](CudaLaunch* r) { r[rn].t[4] = weight; }, rec + std::to_string(rn));
+    expect_corrupt(
+        td, path, "gemv_out", [&](CudaLaunch* r) { r[gemv].t[1] = weight; }, rec + std::to_string(gemv));
+    expect_corrupt(
+        td, path, "ple_in_out", [&](CudaLaunch* r) { r[pin].t[3] = r[pin].t[2]; },
+        rec + std::to_string(pin) + ": the per-layer-input");
 }
 
 TEST(CudaSchedule, FirstInputNormIsAResNorm) {

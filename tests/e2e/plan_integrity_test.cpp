@@ -28,7 +28,8 @@ protected:
     static void SetUpTestSuite() {
         dir_  = new TempDir();
         plan_ = dir_->file("good.g4plan");
-        CmdResult r = run_g4("compile --model '" + fixture("e2b_tiny") + "' --no-fidelity -o '" + plan_ + "'");
+        CmdResult r =
+            run_g4("compile --model '" + fixture("e2b_tiny") + "' --no-fidelity -o '" + plan_ + "'");
         ASSERT_EQ(r.exit_code, 0) << r.err;
     }
     static void TearDownTestSuite() { delete dir_; }
@@ -53,7 +54,8 @@ protected:
         return 0;
     }
     // A copy of the good plan with one record patched by `edit` and every checksum recomputed.
-    template <class T, class Edit> static std::string patched(const std::string& name, SectionKind kind, size_t index, Edit edit) {
+    template <class T, class Edit>
+    static std::string patched(const std::string& name, SectionKind kind, size_t index, Edit edit) {
         std::string b          = read_file(plan_);
         const auto [off, size] = plan_section(b, (uint32_t)kind);
         EXPECT_LT((index + 1) * sizeof(T), size + 1);
@@ -66,18 +68,21 @@ protected:
         write_file(path, b);
         return path;
     }
-    // The patched plan is refused by the reader, by `g4 inspect --verify` and by `g4 run`, each naming `want`.
+    // The patched plan is refused by the reader, by `g4 inspect --verify` and by `g4 run`, each naming
+    // `want`.
     static void expect_refused(const std::string& path, const std::vector<std::string>& want) {
         g4::plan::Plan p;
         std::string err;
         EXPECT_EQ(p.load(path, false, &err), G4_ERR_PLAN_CORRUPT) << path;
-        for (const auto& w : want) EXPECT_NE(err.find(w), std::string::npos) << "expected '" << w << "' in: " << err;
+        for (const auto& w : want)
+            EXPECT_NE(err.find(w), std::string::npos) << "expected '" << w << "' in: " << err;
         EXPECT_NE(err.find("re-run g4 compile"), std::string::npos) << err;
         CmdResult r = run_g4("inspect '" + path + "' --verify");
         EXPECT_EQ(r.exit_code, 1) << r.out;
-        for (const auto& w : want) EXPECT_NE(r.err.find(w), std::string::npos) << r.err;
+        for (const auto& w : want)
+            EXPECT_NE(r.err.find(w), std::string::npos) << r.err;
         r = run_g4("run '" + path + "' --tokens 2,17,99 -n 2");
-        EXPECT_EQ(r.exit_code, 1) << r.err;   // refused, not a crash (128 + signal)
+        EXPECT_EQ(r.exit_code, 1) << r.err; // refused, not a crash (128 + signal)
         EXPECT_NE(r.err.find(path), std::string::npos) << r.err;
         EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
     }
@@ -88,18 +93,22 @@ TempDir* PlanIntegrity::dir_ = nullptr;
 std::string PlanIntegrity::plan_;
 
 TEST_F(PlanIntegrity, KvStoreCacheColumnOutsideTheRow) {
-    const size_t i = op_index("kv_store-4");   // the full-attention layer: cache rows of 32
+    const size_t i = op_index("kv_store-4"); // the full-attention layer: cache rows of 32
     for (int o = 0; o < 2; ++o) {
-        std::string p = patched<PlanOp>("kv_col" + std::to_string(o), SectionKind::Ops, i, [&](PlanOp& op) { op.out_col[o] = 16; });
-        expect_refused(p, {"op " + std::to_string(i) + " 'kv_store-4'", std::string(o ? "v" : "k") + " cache column 16+32 exceeds the row of 32"});
+        std::string p = patched<PlanOp>("kv_col" + std::to_string(o), SectionKind::Ops, i,
+                                        [&](PlanOp& op) { op.out_col[o] = 16; });
+        expect_refused(p, {"op " + std::to_string(i) + " 'kv_store-4'",
+                           std::string(o ? "v" : "k") + " cache column 16+32 exceeds the row of 32"});
     }
 }
 
 TEST_F(PlanIntegrity, AttentionCacheColumnOutsideTheRow) {
     const size_t i = op_index("attn-4");
     for (int k = 1; k < 3; ++k) {
-        std::string p = patched<PlanOp>("attn_col" + std::to_string(k), SectionKind::Ops, i, [&](PlanOp& op) { op.in_col[k] = 8; });
-        expect_refused(p, {"op " + std::to_string(i) + " 'attn-4'", "cache column 8+32 exceeds the row of 32"});
+        std::string p = patched<PlanOp>("attn_col" + std::to_string(k), SectionKind::Ops, i,
+                                        [&](PlanOp& op) { op.in_col[k] = 8; });
+        expect_refused(p,
+                       {"op " + std::to_string(i) + " 'attn-4'", "cache column 8+32 exceeds the row of 32"});
     }
 }
 
@@ -109,7 +118,8 @@ TEST_F(PlanIntegrity, IdsInputOverActivations) {
     std::string err;
     ASSERT_EQ(good.load(plan_, false, &err), G4_OK) << err;
     const uint64_t at = good.tensor(act).offset;
-    std::string p     = patched<PlanTensor>("ids_over", SectionKind::Tensors, ids, [&](PlanTensor& t) { t.offset = at; });
+    std::string p =
+        patched<PlanTensor>("ids_over", SectionKind::Tensors, ids, [&](PlanTensor& t) { t.offset = at; });
     expect_refused(p, {"input 'ids'", "overlaps activation"});
 }
 
@@ -117,13 +127,15 @@ TEST_F(PlanIntegrity, WeightViewedFromAColumnAndOpLayerOutOfRange) {
     const size_t i = op_index("q-0");
     expect_refused(patched<PlanOp>("w_col", SectionKind::Ops, i, [](PlanOp& op) { op.in_col[1] = 4; }),
                    {"'q-0'", "viewed from column 4"});
-    expect_refused(patched<PlanOp>("layer", SectionKind::Ops, i, [](PlanOp& op) { op.layer = 77; }), {"layer 77"});
+    expect_refused(patched<PlanOp>("layer", SectionKind::Ops, i, [](PlanOp& op) { op.layer = 77; }),
+                   {"layer 77"});
 }
 
 TEST_F(PlanIntegrity, EmbedReadingAnotherTensor) {
     const size_t i = op_index("inp_embd"), other = tensor_index("q-0");
-    expect_refused(patched<PlanOp>("embed_in", SectionKind::Ops, i, [&](PlanOp& op) { op.in[0] = (int32_t)other; }),
-                   {"'inp_embd'", "ids input"});
+    expect_refused(
+        patched<PlanOp>("embed_in", SectionKind::Ops, i, [&](PlanOp& op) { op.in[0] = (int32_t)other; }),
+        {"'inp_embd'", "ids input"});
 }
 
 TEST_F(PlanIntegrity, MetadataSizesAndGenerationDefaults) {
@@ -150,7 +162,7 @@ TEST_F(PlanIntegrity, MetadataSizesAndGenerationDefaults) {
 
 TEST_F(PlanIntegrity, DamagedSectionIsNamed) {
     const std::string b = read_file(plan_);
-    auto damaged = [&](const std::string& name, SectionKind kind, size_t delta) {
+    auto damaged        = [&](const std::string& name, SectionKind kind, size_t delta) {
         std::string c          = b;
         const auto [off, size] = plan_section(c, (uint32_t)kind);
         EXPECT_GT(size, delta);
@@ -159,11 +171,12 @@ TEST_F(PlanIntegrity, DamagedSectionIsNamed) {
         write_file(path, c);
         return path;
     };
-    const std::pair<SectionKind, const char*> cases[] = {{SectionKind::Meta, "metadata (META) section"},
-                                                         {SectionKind::Strings, "string table (STRINGS) section"},
-                                                         {SectionKind::Tensors, "tensor table (TENSORS) section"},
-                                                         {SectionKind::Ops, "op table (OPS) section"},
-                                                         {SectionKind::Tokenizer, "tokenizer (TOKENIZER) section"}};
+    const std::pair<SectionKind, const char*> cases[] = {
+        {SectionKind::Meta, "metadata (META) section"},
+        {SectionKind::Strings, "string table (STRINGS) section"},
+        {SectionKind::Tensors, "tensor table (TENSORS) section"},
+        {SectionKind::Ops, "op table (OPS) section"},
+        {SectionKind::Tokenizer, "tokenizer (TOKENIZER) section"}};
     for (const auto& [kind, want] : cases) {
         const std::string p = damaged(want, kind, 5);
         CmdResult r         = run_g4("inspect '" + p + "' --verify");
@@ -225,21 +238,23 @@ TEST_F(PlanIntegrity, OutputsThatAreNotRegularFilesAreRefused) {
             EXPECT_TRUE(r.out.empty()) << r.out;
         }
     }
-    struct stat st{};
+    struct stat st {};
     ASSERT_EQ(::stat(fifo.c_str(), &st), 0);
     EXPECT_TRUE(S_ISFIFO(st.st_mode));
     ASSERT_EQ(::stat("/dev/null", &st), 0);
     EXPECT_TRUE(S_ISCHR(st.st_mode));
     // Nothing but the FIFO was left in the folder.
     size_t n = 0;
-    for (auto& e : fs::directory_iterator(td.path)) n += e.path() != fifo;
+    for (auto& e : fs::directory_iterator(td.path))
+        n += e.path() != fifo;
     EXPECT_EQ(n, 0u);
 }
 
 TEST_F(PlanIntegrity, SymlinkOutputsReplaceTheirTargetAtomically) {
     TempDir td;
     fs::create_directory(td.file("real"));
-    const std::string target = td.file("real/p.g4plan"), link = td.file("link.g4plan"), logits = td.file("real/l.f32");
+    const std::string target = td.file("real/p.g4plan"), link = td.file("link.g4plan"),
+                      logits = td.file("real/l.f32");
     write_file(target, "old");
     fs::create_symlink("real/p.g4plan", link);
     CmdResult r = run_g4("compile --model '" + fixture("e2b_tiny") + "' --no-fidelity -o '" + link + "'");
@@ -254,7 +269,8 @@ TEST_F(PlanIntegrity, SymlinkOutputsReplaceTheirTargetAtomically) {
     EXPECT_EQ(fs::file_size(logits), 3u * 512 * 4);
     // No temporary file anywhere.
     for (const auto& d : {td.path, td.file("real")})
-        for (auto& e : fs::directory_iterator(d)) EXPECT_EQ(e.path().filename().string().find(".tmp."), std::string::npos) << e.path();
+        for (auto& e : fs::directory_iterator(d))
+            EXPECT_EQ(e.path().filename().string().find(".tmp."), std::string::npos) << e.path();
 }
 
 // A writable copy of a fixture checkpoint (or adapter) folder.
@@ -284,13 +300,16 @@ TEST_F(PlanIntegrity, FailingCompileLeavesThePreviousPlanUntouched) {
     const std::string bad_a = copy_dir(td, fixture("adapters/e2b_lora"), "bad_a");
     {
         std::string b         = read_file(bad_a + "/adapter_model.safetensors");
-        const std::string key = "language_model.layers.0.mlp.down_proj", to = "language_model.layers.0.mlp.zzzz_proj";
-        for (size_t at = b.find(key); at != std::string::npos; at = b.find(key, at)) b.replace(at, key.size(), to);
+        const std::string key = "language_model.layers.0.mlp.down_proj",
+                          to  = "language_model.layers.0.mlp.zzzz_proj";
+        for (size_t at = b.find(key); at != std::string::npos; at = b.find(key, at))
+            b.replace(at, key.size(), to);
         write_file(bad_a + "/adapter_model.safetensors", b);
     }
     // bad generation_config.json
     const std::string bad_g = copy_dir(td, good, "bad_g");
-    write_file(bad_g + "/generation_config.json", R"({"do_sample": true, "temperature": -0.5, "top_p": 0.9})");
+    write_file(bad_g + "/generation_config.json",
+               R"({"do_sample": true, "temperature": -0.5, "top_p": 0.9})");
     struct Case {
         std::string args, want;
     };
@@ -326,7 +345,8 @@ TEST_F(PlanIntegrity, SlidingWindowAboveTheContextIsClamped) {
     // e2b_tiny's sliding window is 8: at --max-context 6 it hides no key, as HF's mask then masks none.
     TempDir td;
     const std::string small = td.file("ctx6.g4plan"), ref = td.file("ref.g4plan");
-    CmdResult r = run_g4("compile --model '" + fixture("e2b_tiny") + "' --weights bf16 --no-fidelity --max-context 6 -o '" + small + "'");
+    CmdResult r = run_g4("compile --model '" + fixture("e2b_tiny") +
+                         "' --weights bf16 --no-fidelity --max-context 6 -o '" + small + "'");
     ASSERT_EQ(r.exit_code, 0) << r.err;
     r = run_g4("compile --model '" + fixture("e2b_tiny") + "' --weights bf16 --no-fidelity -o '" + ref + "'");
     ASSERT_EQ(r.exit_code, 0) << r.err;
@@ -340,11 +360,12 @@ TEST_F(PlanIntegrity, SlidingWindowAboveTheContextIsClamped) {
     ASSERT_EQ(a.size(), b.size());
     EXPECT_LT(rel_l2(a.data(), b.data(), a.size()), 1e-6);
     // The same through config.json: a sliding_window above the context.
-    const std::string m = copy_dir(td, fixture("e2b_tiny"), "wide");
-    nlohmann::json cfg  = nlohmann::json::parse(read_file(m + "/config.json"));
+    const std::string m                  = copy_dir(td, fixture("e2b_tiny"), "wide");
+    nlohmann::json cfg                   = nlohmann::json::parse(read_file(m + "/config.json"));
     cfg["text_config"]["sliding_window"] = 100000;
     write_file(m + "/config.json", cfg.dump());
-    r = run_g4("compile --model '" + m + "' --weights bf16 --no-fidelity --max-context 64 -o '" + td.file("wide.g4plan") + "'");
+    r = run_g4("compile --model '" + m + "' --weights bf16 --no-fidelity --max-context 64 -o '" +
+               td.file("wide.g4plan") + "'");
     ASSERT_EQ(r.exit_code, 0) << r.err;
     r = run_g4("run '" + td.file("wide.g4plan") + "' --tokens 2,17,99 -n 3 --print-ids");
     EXPECT_EQ(r.exit_code, 0) << r.err;
@@ -352,11 +373,14 @@ TEST_F(PlanIntegrity, SlidingWindowAboveTheContextIsClamped) {
 
 TEST_F(PlanIntegrity, GenerationConfigOutOfRangeIsRefusedAtCompile) {
     TempDir td;
-    const std::string m = copy_dir(td, fixture("e2b_tiny"), "m");
+    const std::string m                                          = copy_dir(td, fixture("e2b_tiny"), "m");
     const std::vector<std::pair<std::string, std::string>> cases = {
-        {R"({"temperature": -1})", "'temperature' = -1"}, {R"({"top_p": 0})", "'top_p' = 0"},
-        {R"({"top_p": 1.5})", "'top_p' = 1.5"},         {R"({"top_k": -3})", "'top_k' = -3"},
-        {R"({"min_p": 2})", "'min_p' = 2"},             {R"({"repetition_penalty": 0})", "'repetition_penalty' = 0"},
+        {R"({"temperature": -1})", "'temperature' = -1"},
+        {R"({"top_p": 0})", "'top_p' = 0"},
+        {R"({"top_p": 1.5})", "'top_p' = 1.5"},
+        {R"({"top_k": -3})", "'top_k' = -3"},
+        {R"({"min_p": 2})", "'min_p' = 2"},
+        {R"({"repetition_penalty": 0})", "'repetition_penalty' = 0"},
     };
     for (const auto& [gen, want] : cases) {
         write_file(m + "/generation_config.json", gen);
@@ -374,13 +398,16 @@ TEST_F(PlanIntegrity, GenerationConfigOutOfRangeIsRefusedAtCompile) {
 TEST_F(PlanIntegrity, BadSamplingOptionsWriteNothing) {
     TempDir td;
     const std::vector<std::pair<std::string, std::string>> cases = {
-        {"--repeat-penalty 0", "--repeat-penalty 0: repeat_penalty"}, {"--temp -1", "--temp -1: temperature"},
-        {"--top-p 0", "--top-p 0: top_p"},                           {"--min-p 1.5", "--min-p 1.5: min_p"},
+        {"--repeat-penalty 0", "--repeat-penalty 0: repeat_penalty"},
+        {"--temp -1", "--temp -1: temperature"},
+        {"--top-p 0", "--top-p 0: top_p"},
+        {"--min-p 1.5", "--min-p 1.5: min_p"},
         {"--temp nan", "--temp nan: temperature"},
     };
     for (const auto& [opt, want] : cases) {
         const std::string out = td.file("out.bin"), dec = td.file("dec.bin");
-        CmdResult r = run_g4("run '" + plan_ + "' --tokens 2,17,99 -n 2 " + opt + " --dump-logits '" + out + "' --dump-decode-logits '" + dec + "'");
+        CmdResult r = run_g4("run '" + plan_ + "' --tokens 2,17,99 -n 2 " + opt + " --dump-logits '" + out +
+                             "' --dump-decode-logits '" + dec + "'");
         EXPECT_EQ(r.exit_code, 2) << opt;
         EXPECT_NE(r.err.find(want), std::string::npos) << r.err;
         EXPECT_TRUE(r.out.empty()) << r.out;

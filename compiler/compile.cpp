@@ -12,6 +12,7 @@
 #include "runtime/src/cuda/workspace.h"
 #include "compiler/error.h"
 #include "compiler/lora.h"
+#include "compiler/output_file.h"
 #include "compiler/nf4_quant.h"
 #include "compiler/placement.h"
 #include "compiler/safetensors.h"
@@ -210,34 +211,22 @@ uint64_t plan_activations(Program& p, std::vector<uint64_t>& offset) {
     return arena;
 }
 
-// Output file that only appears under its final name once complete.
-class AtomicFile {
-public:
-    explicit AtomicFile(const std::string& path) : path_(path) {
-        tmp_ = path + ".tmp." + std::to_string(::getpid());
-        f_   = std::fopen(tmp_.c_str(), "wb+");
-        if (!f_) throw CompileError("cannot create output file " + tmp_ + ": check the directory exists and is writable");
-    }
-    ~AtomicFile() {
-        if (f_) std::fclose(f_);
-        if (!committed_) std::remove(tmp_.c_str());
+// A plan being written (compiler/output_file.h): write failures throw; it replaces its path only on
+// commit, and is deleted if never committed.
+struct PlanFile {
+    OutputFile f;
+    explicit PlanFile(const std::string& path) {
+        std::string err;
+        if (!f.open(path, &err)) throw CompileError(err);
     }
     void write_at(uint64_t off, const void* data, size_t n) {
-        if (fseeko(f_, (off_t)off, SEEK_SET) != 0 || std::fwrite(data, 1, n, f_) != n)
-            throw CompileError("write failed on " + tmp_ + " (disk full?)");
+        std::string err;
+        if (!f.write_at(off, data, n, &err)) throw CompileError(err);
     }
     void commit() {
-        if (std::fflush(f_) != 0 || ::fsync(fileno(f_)) != 0) throw CompileError("flush failed on " + tmp_);
-        std::fclose(f_);
-        f_ = nullptr;
-        if (std::rename(tmp_.c_str(), path_.c_str()) != 0) throw CompileError("cannot rename " + tmp_ + " to " + path_);
-        committed_ = true;
+        std::string err;
+        if (!f.commit(&err)) throw CompileError(err);
     }
-
-private:
-    std::string path_, tmp_;
-    std::FILE* f_   = nullptr;
-    bool committed_ = false;
 };
 
 json hparams_json(const gemma4::TextHParams& hp) {
@@ -398,7 +387,7 @@ enum class Mode { Plan, Reference, CpuTwin };   // CpuTwin: the plan's weights, 
 
 // Builds and writes one plan. Mode::Reference stores every quantized or merged weight as f32
 // (the full-precision model the fidelity figure compares against).
-void write_plan(const Inputs& in, const std::string& out_path, Mode mode, Report* rep) {
+void write_plan(const Inputs& in, PlanFile* out_file, Mode mode, Report* rep) {
     const CompileOptions& opt = in.opt;
     const auto& hp            = in.mc.text;
     const DType rest_dt       = opt.weights == "f32" ? DType::F32 : DType::BF16;
@@ -785,7 +774,8 @@ void write_plan(const Inputs& in, const std::string& out_path, Mode mode, Report
     const uint32_t nsec = (uint32_t)small.size() + 1;
     std::vector<plan::PlanSection> table(nsec);
     uint64_t cursor = align_up(sizeof(plan::PlanHeader) + nsec * sizeof(plan::PlanSection), plan::kSectionAlign);
-    AtomicFile out(out_path);
+    if (!out_file) throw CompileError("internal: no output file for the plan");
+    PlanFile& out = *out_file;
     for (uint32_t i = 0; i < small.size(); ++i) {
         table[i] = {(uint32_t)small[i].kind, 0, cursor, small[i].size, plan::fnv1a64(small[i].data, small[i].size)};
         out.write_at(cursor, small[i].data, small[i].size);
@@ -901,10 +891,10 @@ void write_plan(const Inputs& in, const std::string& out_path, Mode mode, Report
     h.section_table_offset = sizeof(plan::PlanHeader);
     h.section_count        = nsec;
     h.schema_hash          = plan::schema_hash();
+    h.reserved0            = plan::fnv1a64(table.data(), table.size() * sizeof(plan::PlanSection));
     h.header_checksum      = (uint32_t)plan::fnv1a64(&h, sizeof h);
     out.write_at(0, &h, sizeof h);
     out.write_at(sizeof h, table.data(), table.size() * sizeof(plan::PlanSection));
-    out.commit();
 }
 
 // The compile report's bytes per tensor group, before (checkpoint) and after (plan).
@@ -994,6 +984,10 @@ void compile_plan(const CompileOptions& opt, std::ostream& log) {
     if (!opt.kv_dtype.empty() && opt.kv_dtype != "bf16" && opt.kv_dtype != "f32")
         throw CompileError("unknown --kv-dtype '" + opt.kv_dtype + "': expected bf16 or f32");
     if (opt.out_path.empty() && !opt.dry_run) throw CompileError("missing -o PLAN: the output plan path");
+    if (!opt.dry_run) {   // refused before any work: -o naming a device, FIFO or directory (output_file.h)
+        std::string err;
+        if (output_target(opt.out_path, &err).empty()) throw CompileError("-o " + err);
+    }
     if (opt.max_rows < 1 || opt.max_rows > 8192) throw CompileError("--chunk must be in 1..8192");
     if (opt.logits_rows < 1 || opt.logits_rows > opt.max_rows)
         throw CompileError("--logits-rows must be in 1..chunk (" + std::to_string(opt.max_rows) + ")");
@@ -1266,7 +1260,7 @@ void compile_plan(const CompileOptions& opt, std::ostream& log) {
     // The exact memory plan (no weight read yet), the placement it fits, the budget check.
     in.size_only = true;
     Report rep;
-    write_plan(in, opt.out_path, Mode::Plan, &rep);
+    write_plan(in, nullptr, Mode::Plan, &rep);
     auto figures_of = [&](const Report& r) {
         placement::Figures f;
         f.weights             = r.weights_bytes;
@@ -1304,7 +1298,7 @@ void compile_plan(const CompileOptions& opt, std::ostream& log) {
         in.max_context         = max_context;
         in.layer_device        = layer_device;
         Report r;
-        write_plan(in, opt.out_path, Mode::Plan, &r);
+        write_plan(in, nullptr, Mode::Plan, &r);
         in.max_context  = keep_context;
         in.layer_device = keep_layers;
         return figures_of(r);
@@ -1328,7 +1322,7 @@ void compile_plan(const CompileOptions& opt, std::ostream& log) {
         place           = *split;
         in.layer_device = place.layer_device;
         rep             = Report();
-        write_plan(in, opt.out_path, Mode::Plan, &rep);
+        write_plan(in, nullptr, Mode::Plan, &rep);
         decided = placement::decide(place, figures_of(rep), in.max_context, figures_at, threads);
     }
     { // META and the report: where each tower runs, its buffers
@@ -1384,8 +1378,11 @@ void compile_plan(const CompileOptions& opt, std::ostream& log) {
     }
     in.provenance["g4_version"] = G4_VERSION_STRING;
 
+    // The plan goes to a temporary file beside -o and replaces it only once every check below has passed:
+    // a failing compile leaves the previous plan at -o as it was.
     rep = Report();
-    write_plan(in, opt.out_path, Mode::Plan, &rep);
+    PlanFile out(opt.out_path);
+    write_plan(in, &out, Mode::Plan, &rep);
 
     // Adapter modules that matched nothing in the compiled model.
     std::vector<std::string> dropped_shared, dropped_tower;
@@ -1410,7 +1407,6 @@ void compile_plan(const CompileOptions& opt, std::ostream& log) {
                        (!in.mc.has_audio || !opt.audio)) {
                 dropped_tower.push_back(m);
             } else {
-                std::remove(opt.out_path.c_str());
                 throw CompileError("adapter " + opt.adapter_dir + " targets '" + m + "', which is not in this model; is the adapter for another model?");
             }
         }
@@ -1473,20 +1469,21 @@ void compile_plan(const CompileOptions& opt, std::ostream& log) {
     // Fidelity: logits of the plan vs the full-precision (fp32-merged, unquantized) model.
     bool lossy = in.adapter || opt.weights == "nf4" || !opt.quantize_regex.empty();
     if (opt.fidelity && lossy) {
-        std::string ref = opt.out_path + ".fidelity-ref." + std::to_string(::getpid());
-        struct Cleanup { std::string p; ~Cleanup() { std::remove(p.c_str()); } } cleanup{ref};
+        // The reference plan and the CPU twin are temporary files beside the plan, never committed.
+        PlanFile ref(opt.out_path);
         Report ref_rep;
-        write_plan(in, ref, Mode::Reference, &ref_rep);
+        write_plan(in, &ref, Mode::Reference, &ref_rep);
         const int n_tok = std::min(32, in.max_context);
-        std::string measured = opt.out_path;
-        std::string twin     = opt.out_path + ".fidelity-cpu." + std::to_string(::getpid());
-        struct Cleanup2 { std::string p; ~Cleanup2() { std::remove(p.c_str()); } } cleanup2{twin};
+        std::string measured = out.f.temp_path();
+        std::optional<PlanFile> twin;
         if (in.cuda_index >= 0) {   // measured on the CPU path: a CPU twin with the same weights
             Report twin_rep;
-            write_plan(in, twin, Mode::CpuTwin, &twin_rep);
-            measured = twin;
+            twin.emplace(opt.out_path);
+            write_plan(in, &*twin, Mode::CpuTwin, &twin_rep);
+            measured = twin->f.temp_path();
         }
-        auto a = calibration_logits(measured, hp.vocab_size, n_tok), b = calibration_logits(ref, hp.vocab_size, n_tok);
+        auto a = calibration_logits(measured, hp.vocab_size, n_tok);
+        auto b = calibration_logits(ref.f.temp_path(), hp.vocab_size, n_tok);
         double num = 0, den = 0;
         int agree  = 0;
         for (int r = 0; r < n_tok; ++r) {
@@ -1513,6 +1510,7 @@ void compile_plan(const CompileOptions& opt, std::ostream& log) {
                       rel, agree, n_tok, n_tok);
         log << line;
     }
+    out.commit();
 }
 
 } // namespace g4

@@ -3,6 +3,7 @@
 #include "compiler/error.h"
 #include "runtime/src/json_limits.h"
 
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <map>
@@ -254,14 +255,37 @@ ModelConfig parse_model_config(const std::string& config_json, const std::string
             auto ids = id_list(gj["eos_token_id"]);
             if (!ids.empty()) g.eos_token_ids = ids;
         }
-        g.do_sample   = gr.boolean("do_sample", false);
-        g.temperature = (float)gr.number("temperature", 1.0);
-        g.top_k       = (int)gr.integer("top_k", 0);
-        g.top_p       = (float)gr.number("top_p", 1.0);
-        g.min_p       = (float)gr.number("min_p", 0.0);
-        g.repetition_penalty = (float)gr.number("repetition_penalty", 1.0);
+        // The sampler's ranges (runtime/src/sampler.cpp check_sampling): a plan with defaults outside them
+        // could never sample, so the compile refuses them.
+        auto in_range = [&](const char* k, double def, double lo, bool lo_open, double hi) {
+            const double v = gr.number(k, def);
+            const float f  = (float)v;
+            if (!std::isfinite(f) || (lo_open ? !(f > lo) : !(f >= lo)) || f > hi)
+                gr.fail(k, "= " + gj[k].dump() + " is out of range " + (lo_open ? "(" : "[") +
+                               json(lo).dump() + ", " +
+                               (std::isinf(hi) ? std::string("inf)") : json(hi).dump() + "]") +
+                               "; fix or remove it in generation_config.json");
+            return f;
+        };
+        g.do_sample          = gr.boolean("do_sample", false);
+        g.temperature        = in_range("temperature", 1.0, 0.0, false, INFINITY);
+        g.top_k              = gr.int32("top_k", 0, 0, 1 << 30);
+        g.top_p              = in_range("top_p", 1.0, 0.0, true, 1.0);
+        g.min_p              = in_range("min_p", 0.0, 0.0, false, 1.0);
+        g.repetition_penalty = in_range("repetition_penalty", 1.0, 0.0, true, INFINITY);
     }
     if (g.eos_token_ids.empty()) g.eos_token_ids.push_back(1);
+    // Token ids the runtime looks up must be in the vocabulary (the plan reader refuses others).
+    auto check_id = [&](const char* what, int id) {
+        if (id < 0 || id >= mc.text.vocab_size)
+            throw CompileError(source + ": " + what + " " + std::to_string(id) +
+                               " is outside the vocabulary of " + std::to_string(mc.text.vocab_size) +
+                               " (config.json / generation_config.json)");
+    };
+    check_id("bos_token_id", g.bos_token_id);
+    check_id("pad_token_id", g.pad_token_id);
+    for (int id : g.eos_token_ids) check_id("eos_token_id", id);
+    if (g.eos_token_ids.size() > 64) throw CompileError(source + ": more than 64 eos_token_id entries");
     return mc;
 }
 

@@ -1,6 +1,7 @@
 // Implementation of the shared test helpers (see test_util.h).
 #include "test_util.h"
 #include "kernels/ops.h"
+#include "runtime/src/plan/plan_format.h"
 
 #include <cmath>
 #include <cstring>
@@ -110,6 +111,34 @@ std::vector<uint16_t> to_bf16(const std::vector<float>& v) {
     std::vector<uint16_t> o(v.size());
     for (size_t i = 0; i < v.size(); ++i) o[i] = g4::f32_to_bf16(v[i]);
     return o;
+}
+
+std::pair<uint64_t, uint64_t> plan_section(const std::string& plan, uint32_t kind) {
+    g4::plan::PlanHeader h;
+    std::memcpy(&h, plan.data(), sizeof h);
+    for (uint32_t k = 0; k < h.section_count; ++k) {
+        g4::plan::PlanSection sec;
+        std::memcpy(&sec, plan.data() + h.section_table_offset + k * sizeof sec, sizeof sec);
+        if (sec.kind == kind) return {sec.offset, sec.size};
+    }
+    return {0, 0};
+}
+
+void reseal_plan(std::string* plan) {
+    std::string& b = *plan;
+    g4::plan::PlanHeader h;
+    std::memcpy(&h, b.data(), sizeof h);
+    char* table = b.data() + h.section_table_offset;
+    for (uint32_t k = 0; k < h.section_count; ++k) {
+        g4::plan::PlanSection sec;
+        std::memcpy(&sec, table + k * sizeof sec, sizeof sec);
+        sec.checksum = g4::plan::fnv1a64(b.data() + sec.offset, sec.size);
+        std::memcpy(table + k * sizeof sec, &sec, sizeof sec);
+    }
+    h.reserved0       = g4::plan::fnv1a64(table, h.section_count * sizeof(g4::plan::PlanSection));
+    h.header_checksum = 0;
+    h.header_checksum = (uint32_t)g4::plan::fnv1a64(&h, sizeof h);
+    std::memcpy(b.data(), &h, sizeof h);
 }
 
 } // namespace g4test

@@ -2,6 +2,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace g4test {
@@ -36,6 +37,12 @@ CmdResult run_g4(const std::string& args);
 // n samples of N(0, sd^2) from a fixed seed (std::mt19937), and their bf16 bits (round to nearest even).
 std::vector<float> randn(size_t n, uint32_t seed, float sd = 1.0f);
 std::vector<uint16_t> to_bf16(const std::vector<float>& v);
+
+// Plan files (runtime/src/plan/plan_format.h) patched in place by tests: the [offset, size) of the first
+// section of `kind` ({0, 0} if none), and every checksum (sections, section table, header) recomputed so a
+// patched record passes the integrity checks and only the plan validation can refuse it.
+std::pair<uint64_t, uint64_t> plan_section(const std::string& plan, uint32_t kind);
+void reseal_plan(std::string* plan);
 
 // Relative L2 error ||a-b|| / ||b||, in double precision.
 double rel_l2(const float* a, const float* b, size_t n);

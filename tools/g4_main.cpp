@@ -3,6 +3,7 @@
 // Every failure prints one line "g4 <command>: error: ..." on stderr and exits non-zero.
 #include "compiler/compile.h"
 #include "compiler/error.h"
+#include "compiler/output_file.h"
 #include "compiler/placement.h"
 #include "g4/g4.h"
 #include "tools/audio_io.h"
@@ -76,7 +77,13 @@ const char* kUsage =
     "             (warm, one process: prompt processing of each -p length, then -n greedy decode steps after a\n"
     "              prompt of each -d depth; medians of -r repetitions after one warm-up of each)\n"
     "  g4 tokenize --tokenizer FILE|PLAN [--add-special] -- TEXT\n"
-    "  g4 inspect PLAN [--verify] [--ops] [--tensors]\n";
+    "  g4 inspect PLAN [--verify] [--ops] [--tensors]\n"
+    "             (--verify: the weights' checksum too; every other section's checksum and every\n"
+    "              record are checked whenever a plan is opened)\n"
+    "outputs (-o, --dump-logits, --dump-decode-logits): written to a temporary file beside the target,\n"
+    "  then renamed over it; a symbolic link is followed (the file it names is replaced, the link stays);\n"
+    "  a directory, device (/dev/null too), FIFO or socket is refused. A failing command leaves an\n"
+    "  existing target as it was.\n";
 
 // Minimal flag parser: flags with values, boolean flags, positionals.
 struct Args {
@@ -152,24 +159,6 @@ std::vector<int32_t> parse_tokens(const std::string& s) {
         i = j + 1;
     }
     return ids;
-}
-
-// Writes a file under a temporary name and renames it into place.
-bool write_file_atomic(const std::string& path, const void* data, size_t n, std::string* err) {
-    std::string tmp = path + ".tmp." + std::to_string(::getpid());
-    std::FILE* f    = std::fopen(tmp.c_str(), "wb");
-    if (!f) {
-        *err = "cannot create " + tmp + " (" + std::strerror(errno) + ")";
-        return false;
-    }
-    bool ok = std::fwrite(data, 1, n, f) == n;
-    ok      = (std::fclose(f) == 0) && ok;
-    if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
-        std::remove(tmp.c_str());
-        *err = "cannot write " + path;
-        return false;
-    }
-    return true;
 }
 
 struct RunError : std::runtime_error {
@@ -267,7 +256,29 @@ g4_sampling_params sampling_from_args(const Args& a, g4_engine* eng) {
     if (a.has("--repeat-penalty")) sp.repeat_penalty = (float)parse_float("--repeat-penalty", a.get("--repeat-penalty"));
     if (a.has("--repeat-last-n")) sp.repeat_last_n = (int32_t)parse_int("--repeat-last-n", a.get("--repeat-last-n"), -1, 1 << 30);
     if (a.has("--seed")) sp.seed = (uint64_t)parse_int("--seed", a.get("--seed"), 0, (long long)9e18);
+    // Checked here, before any prompt runs or output is written (the plan's own defaults were checked when
+    // it was opened, so a bad value came from an option).
+    if (g4_sampling_params_check(&sp) != G4_OK) {
+        static const std::pair<const char*, const char*> kFlag[] = {
+            {"temperature", "--temp"}, {"top_k", "--top-k"},
+            {"top_p", "--top-p"},      {"min_p", "--min-p"},
+            {"repeat_penalty", "--repeat-penalty"}, {"repeat_last_n", "--repeat-last-n"}};
+        const std::string msg = g4_last_error_message();
+        for (const auto& [field, flag] : kFlag)
+            if (msg.find(std::string(": ") + field + " ") != std::string::npos && a.has(flag))
+                throw UsageError(std::string(flag) + " " + a.get(flag) + ": " + msg.substr(msg.find(field)));
+        throw UsageError(msg);
+    }
     return sp;
+}
+
+// Refuses, before any work, an output option naming something g4 does not replace (compiler/output_file.h).
+void check_output_paths(const Args& a, std::initializer_list<const char*> opts) {
+    for (const char* o : opts) {
+        std::string err;
+        if (a.has(o) && g4::output_target(a.get(o), &err).empty())
+            throw UsageError(std::string(o) + " " + err);
+    }
 }
 
 void create_session(const Args& a, g4_engine* eng, Session* s) {
@@ -419,6 +430,7 @@ int cmd_run(int argc, char** argv) {
     if (a.pos.size() != 1) throw UsageError("expected exactly one PLAN argument");
     if (a.has("--tokens") == a.has("-p")) throw UsageError("give the prompt as -p TEXT or as --tokens ID,ID,...");
     int n_predict = (int)parse_int("-n", a.get("-n", "32"), 0, 1 << 30);
+    check_output_paths(a, {"--dump-logits", "--dump-decode-logits"});
 
     Engine e;
     open_engine(a.pos[0], &e);
@@ -454,7 +466,8 @@ int cmd_run(int argc, char** argv) {
     check(g4_session_append_tokens(s.s, prompt.data(), prompt.size(), dump, logits.size()));
     if (dump) {
         std::string err;
-        if (!write_file_atomic(a.get("--dump-logits"), logits.data(), logits.size() * sizeof(float), &err)) throw RunError(err);
+        if (!g4::write_output_file(a.get("--dump-logits"), logits.data(), logits.size() * sizeof(float), &err))
+            throw RunError(err);
     }
 
     g4_generate_params gp = g4_generate_params_default();
@@ -479,7 +492,8 @@ int cmd_run(int argc, char** argv) {
     if (ss.session) {   // the row after the last token chose nothing: [generated, vocab]
         ss.decode_logits.resize(ss.ids.size() * (size_t)e.info.vocab_size);
         std::string err;
-        if (!write_file_atomic(a.get("--dump-decode-logits"), ss.decode_logits.data(), ss.decode_logits.size() * sizeof(float), &err))
+        if (!g4::write_output_file(a.get("--dump-decode-logits"), ss.decode_logits.data(),
+                                   ss.decode_logits.size() * sizeof(float), &err))
             throw RunError(err);
     }
     if (ss.echo) {

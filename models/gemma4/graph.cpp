@@ -238,7 +238,9 @@ Program build_text_program(const TextHParams& hp, const BuildOptions& opt) {
             op.ip[1]   = nkv;
             op.ip[2]   = d;
             op.ip[3]   = slots[src];
-            op.ip[4]   = full ? 0 : hp.sliding_window;
+            // A window of max_context or more hides no key any position can have (HF's mask then masks
+            // nothing either): clamped, the plan's caches and the runtime's checks see a window that fits.
+            op.ip[4] = full ? 0 : std::min(hp.sliding_window, opt.max_context);
             op.fp[0]   = 1.0f;   // Gemma 4: q/k norms replace 1/sqrt(d)
         }
         int w_o         = b.weight(lt(il, "self_attn.o_proj.weight"), {H, (int64_t)nh * d}, WeightRole::AttnProj);

@@ -121,14 +121,7 @@ g4_status g4_engine_open(const char* path, const g4_engine_params* params, g4_en
     g4_engine_params prm = params ? *params : g4_engine_params_default();
     auto* e              = new g4_engine();
     std::string err;
-    g4_status st = e->plan.load(path, prm.verify_weights != 0, &err);
-    if (st == G4_OK) {
-        std::string bad = g4::rt::check_ops(e->plan);
-        if (!bad.empty()) {
-            st  = G4_ERR_PLAN_CORRUPT;
-            err = std::string(path) + ": " + bad + "; re-run g4 compile to rebuild the plan";
-        }
-    }
+    g4_status st = e->plan.load(path, prm.verify_weights != 0, &err);   // validates every record
     if (st != G4_OK) {
         delete e;
         return set_error(st, err);
@@ -424,6 +417,13 @@ g4_status g4_sampling_params_from_plan(const g4_engine* e, g4_sampling_params* o
     return G4_OK;
 }
 
+g4_status g4_sampling_params_check(const g4_sampling_params* params) {
+    if (!params) return set_error(G4_ERR_INVALID_ARGUMENT, "g4_sampling_params_check: NULL params");
+    const std::string bad = g4::rt::check_sampling(*params);
+    if (!bad.empty()) return set_error(G4_ERR_INVALID_ARGUMENT, "sampling: " + bad);
+    return G4_OK;
+}
+
 g4_status g4_session_sample(g4_session* s, const g4_sampling_params* params, int32_t* out_token) {
     G4_GUARD_BEGIN
     if (!session_ok(s) || !out_token) return set_error(G4_ERR_INVALID_ARGUMENT, "g4_session_sample: invalid session or NULL output");
@@ -583,6 +583,8 @@ g4_status g4_session_generate(g4_session* s, const g4_sampling_params* sampling,
     g4_generate_params gp = params ? *params : g4_generate_params_default();
     if (gp.max_tokens < 0) return set_error(G4_ERR_INVALID_ARGUMENT, "max_tokens must be >= 0");
     if (gp.n_stop && !gp.stop) return set_error(G4_ERR_INVALID_ARGUMENT, "stop is NULL but n_stop > 0");
+    // Checked before any work (the first sample would, after max_tokens steps of nothing).
+    if (sampling && g4_sampling_params_check(sampling) != G4_OK) return G4_ERR_INVALID_ARGUMENT;
     std::vector<std::string> stops;
     for (size_t i = 0; i < gp.n_stop; ++i) {
         if (!gp.stop[i] || !*gp.stop[i]) return set_error(G4_ERR_INVALID_ARGUMENT, "stop strings must be non-empty");

@@ -69,8 +69,8 @@ std::string expect_option_refused(TempDir& td, const std::string& option, const 
     return r.err;
 }
 
-// A copy of the plan at `path` whose CUDA schedule records `edit` changes, with the section's checksum
-// recomputed so that only the records are wrong: loading it must fail with `want` in the message.
+// A copy of the plan at `path` whose CUDA schedule records `edit` changes, with the checksums recomputed
+// (reseal_plan) so that only the records are wrong: loading it must fail with `want` in the message.
 template <class Edit>
 void expect_corrupt(TempDir& td, const std::string& path, const std::string& name, Edit edit, const std::string& want) {
     std::string b = read_file(path);
@@ -83,11 +83,10 @@ void expect_corrupt(TempDir& td, const std::string& path, const std::string& nam
         std::memcpy(&sec, at, sizeof sec);
         if (sec.kind != (uint32_t)g4::plan::SectionKind::CudaSchedule) continue;
         edit(reinterpret_cast<CudaLaunch*>(b.data() + sec.offset));
-        sec.checksum = g4::plan::fnv1a64(b.data() + sec.offset, sec.size);
-        std::memcpy(at, &sec, sizeof sec);
         found = true;
     }
     ASSERT_TRUE(found) << name << ": no CUDA schedule section";
+    reseal_plan(&b);
     const std::string bad = td.file(name + ".g4plan");
     write_file(bad, b);
     g4::plan::Plan c;
@@ -154,6 +153,57 @@ TEST(CudaSchedule, ZeroedOutputsStayUntouchedUntilTheirKernel) {
 // The first layer's input norm (no residual add before it) is a ResNorm launch without the residual branch:
 // x and the weight in, xn out, nothing else; it is the only such launch, the first after the step's
 // preamble, and the CPU ops' norm it covers is that layer's.
+// A fused launch names the tensors of the ops it covers, where its kernel reads them: a record naming other
+// tensors (here a cache, a zeroed buffer, an epilogue output, a q/k/v operand) is refused at open, before a
+// kernel could write through it.
+TEST(CudaSchedule, LaunchOperandsAreTheirOpsTensors) {
+    TempDir td;
+    g4::plan::Plan p;
+    compile_sm90(td, "e2b_tiny", "", &p);
+    const std::string path = td.file("e2b_tiny.g4plan");
+    int qkv = -1, rn = -1, gemv = -1, pin = -1;
+    for (size_t i = 0; i < p.n_launches(); ++i) {
+        const CudaLaunch& l = p.launch(i);
+        if (qkv < 0 && (l.kind == (uint16_t)LaunchKind::QkvPost || l.kind == (uint16_t)LaunchKind::QkvAttn) &&
+            l.t[6] >= 0)
+            qkv = (int)i;
+        if (rn < 0 && l.kind == (uint16_t)LaunchKind::ResNorm && l.t[1] >= 0 && l.t[7] >= 0) rn = (int)i;
+        if (gemv < 0 && l.kind == (uint16_t)LaunchKind::Gemv && l.ip[4] != 0) gemv = (int)i;
+        if (pin < 0 && l.kind == (uint16_t)LaunchKind::PleIn) pin = (int)i;
+    }
+    ASSERT_GE(qkv, 0);
+    ASSERT_GE(rn, 0);
+    ASSERT_GE(gemv, 0);
+    ASSERT_GE(pin, 0);
+    int32_t other_cache = -1, weight = -1; // a cache the record's store does not write; a weight
+    for (size_t t = 0; t < p.n_tensors(); ++t) {
+        if (p.tensor(t).kind == (uint8_t)g4::plan::TensorKind::KvCache && (int32_t)t != p.launch(qkv).t[6] &&
+            (int32_t)t != p.launch(qkv).t[7] && other_cache < 0)
+            other_cache = (int32_t)t;
+        if (p.tensor(t).kind == (uint8_t)g4::plan::TensorKind::Weight && weight < 0) weight = (int32_t)t;
+    }
+    ASSERT_GE(other_cache, 0);
+    const std::string rec = "CUDA schedule record ";
+    expect_corrupt(
+        td, path, "qkv_cache", [&](CudaLaunch* r) { r[qkv].t[6] = other_cache; },
+        rec + std::to_string(qkv) + ": the k/v norms");
+    expect_corrupt(
+        td, path, "qkv_q", [&](CudaLaunch* r) { r[qkv].t[0] = r[qkv].t[3]; },
+        rec + std::to_string(qkv) + ": the q norm");
+    expect_corrupt(
+        td, path, "qkv_slots", [&](CudaLaunch* r) { r[qkv].ip[3] += 7; }, rec + std::to_string(qkv));
+    expect_corrupt(
+        td, path, "rn_zero", [&](CudaLaunch* r) { r[rn].t[7] = weight; },
+        rec + std::to_string(rn) + ": the buffer it zeroes");
+    expect_corrupt(
+        td, path, "rn_x", [&](CudaLaunch* r) { r[rn].t[4] = weight; }, rec + std::to_string(rn));
+    expect_corrupt(
+        td, path, "gemv_out", [&](CudaLaunch* r) { r[gemv].t[1] = weight; }, rec + std::to_string(gemv));
+    expect_corrupt(
+        td, path, "ple_in_out", [&](CudaLaunch* r) { r[pin].t[3] = r[pin].t[2]; },
+        rec + std::to_string(pin) + ": the per-layer-input");
+}
+
 TEST(CudaSchedule, FirstInputNormIsAResNorm) {
     TempDir td;
     for (const std::string fx : {"e2b_tiny", "e4b_tiny"}) {

@@ -161,6 +161,12 @@ typedef struct g4_sampling_params {
 G4_API g4_sampling_params g4_sampling_params_default(void);
 G4_API g4_status g4_sampling_params_from_plan(const g4_engine* engine, g4_sampling_params* out_params);
 
+/* G4_OK if |params| are in range (temperature >= 0 and finite, top_k >= 0, top_p in (0, 1], min_p in
+ * [0, 1], repeat_penalty > 0 and finite, repeat_last_n >= -1), else G4_ERR_INVALID_ARGUMENT with the
+ * first bad field in g4_last_error_message. g4_session_sample and g4_session_generate check the same
+ * before any work; callers check here before feeding a prompt. */
+G4_API g4_status g4_sampling_params_check(const g4_sampling_params* params);
+
 /* Chooses the next token from the current logits with |params| (NULL: greedy) and writes it to
  * |*out_token|. Does not feed it: call g4_session_append_tokens with it to continue.
  * The sampler's random state lives in the session and is seeded by the first call after create or

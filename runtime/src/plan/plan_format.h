@@ -1,4 +1,4 @@
-// The g4 plan file, format v1: the only contract between compiler and runtime. Little-endian POD.
+// The g4 plan file, format v1.1: the only contract between compiler and runtime. Little-endian POD.
 //
 //   [PlanHeader 64 B][PlanSection x section_count][sections, each 4096-aligned]
 //   META     JSON: hyper-parameters, program sizes, generation defaults, provenance
@@ -9,8 +9,11 @@
 //   TOKENIZER tokenizer.json text; CUBIN/PTX the CUDA kernels compiled for the plan's target
 //   CUDA_SCHEDULE CudaLaunch records: the launches of one decode step (fused kernels), CUDA plans only
 //
-// Section checksums are FNV-1a 64; META/STRINGS/TENSORS/OPS are verified at every load, WEIGHTS
-// on request (g4 inspect --verify). A major-version or schema-hash mismatch refuses the plan.
+// Every section has its FNV-1a 64 checksum in the section table, and (from format 1.1) the table has its
+// own in the header's reserved0. The header, the table and every section but WEIGHTS are verified at every
+// load; WEIGHTS, gigabytes used in place from the mapping, on request (g4 inspect --verify,
+// g4_engine_params.verify_weights). A 1.0 plan (no table checksum) still loads. A major-version or
+// schema-hash mismatch refuses the plan.
 #pragma once
 #include "kernels/ops.h"
 
@@ -21,7 +24,7 @@ namespace g4::plan {
 
 inline constexpr char kMagic[8]        = {'G', '4', 'P', 'L', 'A', 'N', 0, 0};
 inline constexpr uint16_t kFormatMajor = 1;
-inline constexpr uint16_t kFormatMinor = 0;
+inline constexpr uint16_t kFormatMinor = 1;
 inline constexpr uint64_t kSectionAlign = 4096;
 inline constexpr uint64_t kTensorAlign  = 64;    // what the reader requires of every tensor's offset
 // What the compiler gives each weight (in WEIGHTS; a GPU's copy keeps offsets modulo it, cuda/backend.cpp).
@@ -43,7 +46,7 @@ struct PlanHeader {
     uint32_t section_count;
     uint32_t flags;
     uint64_t schema_hash;          // schema_hash() of the writer
-    uint64_t reserved0;
+    uint64_t reserved0;            // format >= 1.1: FNV-1a 64 of the section table (0 in 1.0 plans)
     uint32_t reserved1;
     uint32_t header_checksum;      // low 32 bits of FNV-1a over the header with this field zeroed
 };

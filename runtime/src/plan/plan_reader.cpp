@@ -4,7 +4,9 @@
 #include "kernels/nf4.h"
 #include "runtime/src/json_fields.h"
 #include "runtime/src/json_limits.h"
+#include "runtime/src/sampler.h"
 
+#include <algorithm>
 #include <cstring>
 #include <fcntl.h>
 #include <nlohmann/json.hpp>
@@ -19,8 +21,32 @@ Plan::~Plan() {
 }
 
 g4_status Plan::fail(g4_status st, const std::string& msg, std::string* err) const {
-    if (err) *err = path_ + ": " + msg;
+    if (err) *err = "plan " + path_ + ": " + msg;
     return st;
+}
+
+const char* section_name(uint32_t kind) {
+    switch ((SectionKind)kind) {
+    case SectionKind::Meta:
+        return "metadata (META)";
+    case SectionKind::Strings:
+        return "string table (STRINGS)";
+    case SectionKind::Tensors:
+        return "tensor table (TENSORS)";
+    case SectionKind::Ops:
+        return "op table (OPS)";
+    case SectionKind::Weights:
+        return "weights (WEIGHTS)";
+    case SectionKind::Tokenizer:
+        return "tokenizer (TOKENIZER)";
+    case SectionKind::Cubin:
+        return "CUDA kernels (CUBIN)";
+    case SectionKind::Ptx:
+        return "CUDA kernels (PTX)";
+    case SectionKind::CudaSchedule:
+        return "CUDA schedule (CUDA_SCHEDULE)";
+    }
+    return "unknown";
 }
 
 static bool dims_ok(const PlanTensor& t) {
@@ -88,12 +114,39 @@ g4_status Plan::load(const std::string& path, bool verify_weights, std::string* 
         return fail(CORRUPT, "truncated or extended plan: header says " + std::to_string(header_->file_size) +
                     " bytes, file has " + std::to_string(size_) + recompile, err);
     uint64_t tab = header_->section_table_offset, n = header_->section_count;
-    if (n == 0 || n > 64 || tab + n * sizeof(PlanSection) > size_) return fail(CORRUPT, "section table out of bounds" + recompile, err);
+    if (header_->header_size != sizeof(PlanHeader) || tab < sizeof(PlanHeader) || tab % 8)
+        return fail(CORRUPT,
+                    "bad header (header size " + std::to_string(header_->header_size) +
+                        ", section table at " + std::to_string(tab) + ")" + recompile,
+                    err);
+    if (n == 0 || n > 64 || tab > size_ || n * sizeof(PlanSection) > size_ - tab)
+        return fail(CORRUPT,
+                    "section table out of bounds (" + std::to_string(n) + " sections at " +
+                        std::to_string(tab) + ")" + recompile,
+                    err);
+    // Format 1.1 on: the section table's checksum (FNV-1a 64) in the header's reserved0; 1.0 plans have none.
+    if (header_->format_minor >= 1 && fnv1a64(base + tab, n * sizeof(PlanSection)) != header_->reserved0)
+        return fail(CORRUPT, "checksum mismatch in the section table" + recompile, err);
     sections_.assign((const PlanSection*)(base + tab), (const PlanSection*)(base + tab) + n);
+    const uint64_t table_end = tab + n * sizeof(PlanSection);
 
     const PlanSection *meta = nullptr, *strs = nullptr, *tens = nullptr, *ops = nullptr, *wts = nullptr;
-    for (const PlanSection& s : sections_) {
-        if (s.offset > size_ || s.size > size_ - s.offset) return fail(CORRUPT, "section " + std::to_string(s.kind) + " out of bounds" + recompile, err);
+    for (size_t k = 0; k < sections_.size(); ++k) {
+        const PlanSection& s = sections_[k];
+        const std::string what =
+            std::string(section_name(s.kind)) + " section (kind " + std::to_string(s.kind) + ")";
+        if (s.offset > size_ || s.size > size_ - s.offset || s.offset < table_end || s.offset % kSectionAlign)
+            return fail(CORRUPT,
+                        what + " out of bounds or misaligned (bytes " + std::to_string(s.offset) + "+" +
+                            std::to_string(s.size) + " of " + std::to_string(size_) + ")" + recompile,
+                        err);
+        for (size_t o = 0; o < k; ++o) {
+            const PlanSection& t = sections_[o];
+            if (t.kind == s.kind) return fail(CORRUPT, "duplicate " + what + recompile, err);
+            if (s.offset < t.offset + t.size && t.offset < s.offset + s.size)
+                return fail(CORRUPT, what + " overlaps the " + section_name(t.kind) + " section" + recompile,
+                            err);
+        }
         switch ((SectionKind)s.kind) {
         case SectionKind::Meta: meta = &s; break;
         case SectionKind::Strings: strs = &s; break;
@@ -112,8 +165,8 @@ g4_status Plan::load(const std::string& path, bool verify_weights, std::string* 
         }
         bool small = (SectionKind)s.kind != SectionKind::Weights;
         if ((small || verify_weights) && fnv1a64(base + s.offset, s.size) != s.checksum)
-            return fail(CORRUPT, std::string("checksum mismatch in the ") + (small ? "metadata" : "weights") + " section (kind " +
-                        std::to_string(s.kind) + ")" + recompile, err);
+            return fail(CORRUPT, "checksum mismatch in the " + what + ": the plan is damaged" + recompile,
+                        err);
     }
     if (!meta || !strs || !tens || !ops || !wts) return fail(CORRUPT, "missing a required section" + recompile, err);
     if (tens->size % sizeof(PlanTensor) || ops->size % sizeof(PlanOp) || tens->offset % 8 || ops->offset % 8)
@@ -264,15 +317,201 @@ g4_status Plan::load(const std::string& path, bool verify_weights, std::string* 
     } catch (const std::exception& e) {
         return fail(CORRUPT, std::string("bad metadata: ") + e.what() + recompile, err);
     }
-    return validate_records(err);
+    const g4_status bad = validate_records(err);
+    if (bad != G4_OK && err && err->find("re-run g4 compile") == std::string::npos) *err += recompile;
+    return bad;
+}
+
+// The tensors a fused launch record names are those of the ops it covers, in the places the kernels
+// read them (cuda/backend.cpp launch_fused): the ops' own checks (check_program) then bound every access.
+// "" when they are, else what is wrong. The record's op range was checked before.
+std::string Plan::launch_operands(const CudaLaunch& l) const {
+    const auto code  = [&](int32_t i, OpCode c) { return ops_[i].code == (uint16_t)c; };
+    const auto whole = [&](const PlanOp& o) {
+        return !o.in_col[0] && !o.in_col[1] && !o.out_col[0] && !o.out_col[1];
+    };
+    const auto act_cols = [&](int32_t t, int64_t w) {
+        return t >= 0 && tensors_[t].kind == (uint8_t)TensorKind::Activation && tensors_[t].ndim == 2 &&
+               tensors_[t].dims[1] >= w;
+    };
+    const PlanOp& o0 = ops_[l.op];
+    switch ((LaunchKind)l.kind) {
+    case LaunchKind::Op:
+        return l.count == 1 ? "" : "a single-op record covers " + std::to_string(l.count) + " ops";
+    case LaunchKind::ResNorm: {
+        const int32_t H = l.ip[0];
+        if (H <= 0 || H > 4096 || !code(l.op, OpCode::RmsNorm) || o0.ip[0] != H || o0.ip[1] != H ||
+            !whole(o0))
+            return "the ResNorm's first op is not a full-row RmsNorm of its width " + std::to_string(H);
+        if (l.t[7] >= 0 && !act_cols(l.t[7], H))
+            return "the buffer it zeroes is not an activation of at least " + std::to_string(H) + " columns";
+        if (l.t[1] < 0) { // the lone norm: xn = rms(x) * pre_w
+            if (l.count != 1 || o0.in[0] != l.t[0] || o0.in[1] != l.t[5] || o0.out[0] != l.t[6] ||
+                l.t[5] < 0 || l.t[2] >= 0 || l.t[3] >= 0 || l.t[4] >= 0)
+                return "the lone-norm ResNorm's tensors are not its RmsNorm's";
+            return "";
+        }
+        if (l.count < 2 || o0.in[0] != l.t[1] || o0.out[0] != l.t[1] || o0.in[1] != l.t[2] || l.t[2] < 0)
+            return "the ResNorm's norm is not d -> d with post_w";
+        const PlanOp& add = ops_[l.op + 1];
+        if (!code(l.op + 1, OpCode::Add) || add.ip[0] != H || !whole(add) || add.out[0] != l.t[4] ||
+            l.t[4] < 0 ||
+            !((add.in[0] == l.t[0] && add.in[1] == l.t[1]) || (add.in[1] == l.t[0] && add.in[0] == l.t[1])))
+            return "the ResNorm's add is not x + d -> x_out of its width";
+        int32_t j         = l.op + 2;
+        const int32_t end = l.op + l.count;
+        if (l.t[3] >= 0) {
+            if (j >= end || !code(j, OpCode::Scale) || ops_[j].in[0] != l.t[4] || ops_[j].out[0] != l.t[4] ||
+                ops_[j].in[1] != l.t[3] || ops_[j].ip[0] != H || !whole(ops_[j]))
+                return "the ResNorm's scale is not x_out * scalar in place";
+            ++j;
+        }
+        if (l.t[6] >= 0) {
+            if (j >= end || !code(j, OpCode::RmsNorm) || ops_[j].in[0] != l.t[4] ||
+                ops_[j].out[0] != l.t[6] || ops_[j].in[1] != l.t[5] || l.t[5] < 0 || ops_[j].ip[0] != H ||
+                ops_[j].ip[1] != H || !whole(ops_[j]))
+                return "the ResNorm's second norm is not x_out -> xn of its width with pre_w";
+            ++j;
+        } else if (l.t[5] >= 0) {
+            return "the ResNorm has a pre-norm weight but no output for it";
+        }
+        return j == end ? "" : "the ResNorm covers ops it does not run";
+    }
+    case LaunchKind::QkvPost:
+    case LaunchKind::QkvAttn: {
+        const int post = l.kind == (uint16_t)LaunchKind::QkvAttn ? l.ip[4] : l.count;
+        if ((post != 2 && post != 6) || l.count != post + (l.kind == (uint16_t)LaunchKind::QkvAttn ? 1 : 0))
+            return "a q/k/v record covers 2 or 6 ops (and the attention)";
+        const PlanOp &qn = o0, &qr = ops_[l.op + 1];
+        const int32_t heads = l.ip[0], dim = l.ip[2];
+        if (!code(l.op, OpCode::RmsNorm) || !code(l.op + 1, OpCode::Rope) || qn.in[0] != l.t[0] ||
+            qn.out[0] != l.t[0] || qr.in[0] != l.t[0] || qn.in[1] != l.t[1] || l.t[1] < 0 ||
+            qr.in[1] != l.t[2] || qr.ip[0] != heads || qr.ip[1] != dim || qn.ip[1] != dim ||
+            (int64_t)heads * dim != qn.ip[0] || dim <= 0 || dim > 2048 || !whole(qn) || !whole(qr))
+            return "the q norm and rope are not the record's q, weights, heads and dim";
+        if (post == 6) {
+            const PlanOp &kn = ops_[l.op + 2], &kr = ops_[l.op + 3], &vn = ops_[l.op + 4],
+                         &st  = ops_[l.op + 5];
+            const int32_t kvh = l.ip[1];
+            if (!code(l.op + 2, OpCode::RmsNorm) || !code(l.op + 3, OpCode::Rope) ||
+                !code(l.op + 4, OpCode::RmsNorm) || !code(l.op + 5, OpCode::KvStore) || kvh <= 0 ||
+                kn.in[0] != l.t[3] || kn.out[0] != l.t[3] || kr.in[0] != l.t[3] || kn.in[1] != l.t[4] ||
+                l.t[4] < 0 || kr.in[1] != l.t[2] || vn.in[0] != l.t[5] || vn.out[0] != l.t[5] ||
+                st.in[0] != l.t[3] || st.in[1] != l.t[5] || st.out[0] != l.t[6] || st.out[1] != l.t[7] ||
+                kr.ip[0] != kvh || kr.ip[1] != dim || kn.ip[1] != dim || vn.ip[1] != dim ||
+                (int64_t)kvh * dim != kn.ip[0] || vn.ip[0] != kn.ip[0] || st.ip[0] != kn.ip[0] ||
+                st.ip[1] != l.ip[3] || !whole(kn) || !whole(kr) || !whole(vn) || !whole(st) ||
+                heads % kvh != 0 || (l.t[4] >= 0 && tensors_[l.t[4]].dtype != tensors_[l.t[1]].dtype))
+                return "the k/v norms, rope and store are not the record's k, v, caches, kv heads and slots";
+        } else if (l.t[3] >= 0 || l.t[4] >= 0 || l.t[5] >= 0 || l.t[6] >= 0 || l.t[7] >= 0) {
+            return "a q-only record names k/v tensors";
+        }
+        if (l.kind == (uint16_t)LaunchKind::QkvAttn) {
+            const PlanOp& at = ops_[l.op + post];
+            if (at.in[0] != l.t[0] || at.ip[0] != heads || at.ip[2] != dim || at.in_col[0] || at.out_col[0] ||
+                (post == 6 &&
+                 (at.in[1] != l.t[6] || at.in[2] != l.t[7] || at.ip[1] != l.ip[1] || at.ip[3] != l.ip[3])))
+                return "the attention is not over the record's q and caches";
+        }
+        return "";
+    }
+    case LaunchKind::Gemv: {
+        const int nmat = l.ip[3], epi = l.ip[4];
+        const PlanTensor& w0 = tensors_[o0.in[1]];
+        for (int m = 0; m < nmat; ++m) {
+            const PlanOp& mm    = ops_[l.ip[m]];
+            const PlanTensor& w = tensors_[mm.in[1]];
+            if (l.ip[m] != l.op + m || mm.in[0] != o0.in[0] || mm.in_col[0] != o0.in_col[0] ||
+                w.dtype != w0.dtype || w.dims[1] != w0.dims[1])
+                return "the GEMV's matmuls are not consecutive matmuls of one input, K and dtype";
+        }
+        const int32_t y0 = o0.out[0];
+        if (epi == 0) {
+            if (l.count != nmat || l.t[0] >= 0 || l.t[1] >= 0) return "a plain GEMV covers its matmuls only";
+        } else if (epi == 1) {
+            const PlanOp& g = ops_[l.op + 2];
+            if (nmat != 2 || l.count != 3 || !code(l.op + 2, OpCode::GeluMul) || g.in[0] != y0 ||
+                g.in[1] != ops_[l.op + 1].out[0] || g.out[0] != l.t[1] || g.ip[0] != w0.dims[0] ||
+                tensors_[ops_[l.op + 1].in[1]].dims[0] != w0.dims[0] || !whole(g) || l.t[0] >= 0)
+                return "the GEMV pair's GeluMul is not gelu(gate) * up -> its output";
+        } else if (epi == 2) {
+            const PlanOp& g = ops_[l.op + 1];
+            if (nmat != 1 || l.count != 2 || !code(l.op + 1, OpCode::GeluMul) || g.in[0] != y0 ||
+                g.in[1] != l.t[0] || g.in_col[1] != l.ip[6] || g.out[0] != l.t[1] || g.ip[0] != w0.dims[0] ||
+                g.in_col[0] || g.out_col[0])
+                return "the GEMV's GeluMul is not gelu(y) * aux -> its output";
+        } else {
+            const PlanOp& c = ops_[l.op + 1];
+            if (nmat != 1 || l.count != 2 || !code(l.op + 1, OpCode::Softcap) || c.in[0] != y0 ||
+                c.out[0] != y0 || !whole(c) || c.ip[0] != w0.dims[0] || l.t[0] >= 0 || l.t[1] >= 0 ||
+                !(l.fp[0] > 0))
+                return "the GEMV's softcap is not in place over its output";
+        }
+        return "";
+    }
+    case LaunchKind::Mlp: {
+        const PlanOp &g = o0, &u = ops_[l.op + 1], &gm = ops_[l.op + 2], &dn = ops_[l.op + 3];
+        const PlanTensor &wg = tensors_[g.in[1]], &wu = tensors_[u.in[1]], &wd = tensors_[dn.in[1]];
+        if (u.in[0] != g.in[0] || u.in_col[0] != g.in_col[0] || gm.in[0] != g.out[0] ||
+            gm.in[1] != u.out[0] || dn.in[0] != gm.out[0] || !whole(gm) || dn.in_col[0] ||
+            wg.dims[0] != wu.dims[0] || wg.dims[1] != wu.dims[1] || wg.dtype != wu.dtype ||
+            wd.dims[1] != wg.dims[0] || wd.dims[0] != wg.dims[1] || gm.ip[0] != wg.dims[0] ||
+            wd.dims[1] % 32 != 0)
+            return "the MLP's gate, up, GeluMul and down do not chain (x -> [I, H] gate and up -> [H, I] "
+                   "down)";
+        return "";
+    }
+    case LaunchKind::PleIn: {
+        const PlanOp &s1 = o0, &n = ops_[l.op + 1], &a = ops_[l.op + 2], &s2 = ops_[l.op + 3];
+        const int32_t N = l.ip[0], P = l.ip[1];
+        if (s1.in[0] != l.t[0] || s1.out[0] != l.t[0] || s1.in[1] >= 0 || s1.ip[0] != N || !whole(s1) ||
+            n.in[0] != l.t[0] || n.out[0] != l.t[0] || n.in[1] != l.t[1] || n.ip[0] != N || n.ip[1] != P ||
+            !whole(n) || a.ip[0] != N || !whole(a) || a.out[0] != l.t[3] ||
+            !((a.in[0] == l.t[0] && a.in[1] == l.t[2]) || (a.in[1] == l.t[0] && a.in[0] == l.t[2])) ||
+            s2.in[0] != l.t[3] || s2.out[0] != l.t[3] || s2.in[1] >= 0 || s2.ip[0] != N || !whole(s2))
+            return "the per-layer-input ops are not the record's ctx, norm weight, tok and output";
+        return "";
+    }
+    case LaunchKind::AttnO:
+    case LaunchKind::Ple:
+        return ""; // checked with their kinds above
+    }
+    return "unknown launch kind";
 }
 
 g4_status Plan::validate_records(std::string* err) {
     const g4_status CORRUPT = G4_ERR_PLAN_CORRUPT;
     const ProgramInfo& in   = info_;
-    if (in.max_rows < 1 || in.max_context < 1 || in.logits_rows < 1 || in.logits_rows > in.max_rows || in.vocab_size < 1 ||
-        in.embed_vocab_limit < 1 || in.embed_vocab_limit > in.vocab_size || in.max_k < 1 || in.max_slots < 1)
-        return fail(CORRUPT, "inconsistent program sizes in metadata", err);
+    const std::string recompile = "; re-run g4 compile to rebuild the plan";
+    // Sizes a session allocates from: bounded here (the arenas below, by the tensors they hold).
+    if (in.max_rows < 1 || in.max_rows > 8192 || in.max_context < 1 || in.max_context > (1 << 24) ||
+        in.logits_rows < 1 || in.logits_rows > in.max_rows || in.vocab_size < 1 ||
+        in.vocab_size > (1 << 24) || in.embed_vocab_limit < 1 || in.embed_vocab_limit > in.vocab_size ||
+        in.max_k < 1 || in.max_k > (1 << 20) || in.max_slots < 1 || in.max_slots > in.max_context ||
+        in.num_layers < 1 || in.num_layers > 4096 || in.hidden_size < 1 || in.eos_token_ids.size() > 64 ||
+        in.tower_thread_floats > (1ull << 32) || in.tower_session_bytes > (1ull << 40) ||
+        in.vision_gpu_bytes > (1ull << 40) || in.audio_gpu_bytes > (1ull << 40))
+        return fail(CORRUPT, "inconsistent program sizes in metadata" + recompile, err);
+    auto token_ok  = [&](int32_t id) { return id >= 0 && id < in.vocab_size; };
+    bool tokens_ok = token_ok(in.bos_token_id) && token_ok(in.pad_token_id);
+    for (int32_t id : in.eos_token_ids)
+        tokens_ok = tokens_ok && token_ok(id);
+    // (The media placeholders may lie beyond the text vocabulary: the session looks them up as pad_token_id.)
+    if (!in.vision_config.empty())
+        tokens_ok = tokens_ok && in.image_token_id >= 0 && in.boi_token_id >= 0 && in.eoi_token_id >= 0;
+    if (!in.audio_config.empty())
+        tokens_ok = tokens_ok && in.audio_token_id >= 0 && in.boa_token_id >= 0 && in.eoa_token_id >= 0;
+    if (!tokens_ok)
+        return fail(CORRUPT,
+                    "bad metadata: a special token id outside the vocabulary of " +
+                        std::to_string(in.vocab_size) + recompile,
+                    err);
+    // The generation defaults are what g4_sampling_params_from_plan hands out: the sampler's ranges.
+    g4_sampling_params gen = g4_sampling_params_default();
+    gen.temperature = in.temperature, gen.top_k = in.top_k, gen.top_p = in.top_p, gen.min_p = in.min_p;
+    gen.repeat_penalty = in.repetition_penalty;
+    if (const std::string bad = rt::check_sampling(gen); !bad.empty())
+        return fail(CORRUPT, "bad metadata: generation defaults: " + bad + recompile, err);
     for (size_t i = 0; i < n_tensors_; ++i) {
         const PlanTensor& t = tensors_[i];
         std::string what    = "tensor " + std::to_string(i);
@@ -299,6 +538,27 @@ g4_status Plan::validate_records(std::string* err) {
         if ((TensorKind)t.kind == TensorKind::KvCache && (t.ndim != 2 || (t.dtype != (uint8_t)DType::F32 && t.dtype != (uint8_t)DType::BF16)))
             return fail(CORRUPT, what + ": KV caches must be 2-D f32 or bf16", err);
     }
+    // The arenas a session allocates are no larger than their tensors laid end to end (each rounded up to
+    // kTensorAlign), the most any packing of them takes; max_k (per-thread scratch) no larger than a weight's
+    // K.
+    uint64_t act_sum = 0, kv_sum = 0;
+    int64_t widest_k = 1;
+    for (size_t i = 0; i < n_tensors_; ++i) {
+        const PlanTensor& t = tensors_[i];
+        const uint64_t size = (t.nbytes + kTensorAlign - 1) / kTensorAlign * kTensorAlign;
+        if (t.kind == (uint8_t)TensorKind::Activation || t.kind == (uint8_t)TensorKind::Input)
+            act_sum += size;
+        if (t.kind == (uint8_t)TensorKind::KvCache) kv_sum += size;
+        if (t.kind == (uint8_t)TensorKind::Weight && t.ndim == 2) widest_k = std::max(widest_k, t.dims[1]);
+    }
+    if (in.act_arena_bytes > act_sum || in.kv_arena_bytes > kv_sum || in.max_k > widest_k)
+        return fail(CORRUPT,
+                    "bad metadata: activation arena " + std::to_string(in.act_arena_bytes) +
+                        " bytes (its tensors take " + std::to_string(act_sum) + "), KV arena " +
+                        std::to_string(in.kv_arena_bytes) + " (" + std::to_string(kv_sum) + "), max_k " +
+                        std::to_string(in.max_k) + " (widest weight " + std::to_string(widest_k) + ")" +
+                        recompile,
+                    err);
     auto is = [&](int32_t idx, TensorKind k) { return idx >= 0 && (size_t)idx < n_tensors_ && tensors_[idx].kind == (uint8_t)k; };
     if (!is(in.ids_tensor, TensorKind::Input) || tensors_[in.ids_tensor].dims[0] < in.max_rows ||
         tensors_[in.ids_tensor].dtype != (uint8_t)DType::I32)
@@ -312,11 +572,18 @@ g4_status Plan::validate_records(std::string* err) {
         if (op.name >= strings_size_) return fail(CORRUPT, what + ": name out of bounds", err);
         if (op.code < (uint16_t)OpCode::Embed || op.code > (uint16_t)OpCode::Copy) return fail(CORRUPT, what + ": unknown op code", err);
         if (op.row_mode < 0 || op.row_mode > 2) return fail(CORRUPT, what + ": bad row mode", err);
+        if (op.layer != kNoLayer && op.layer >= in.num_layers)
+            return fail(CORRUPT,
+                        what + ": layer " + std::to_string(op.layer) + " of a model of " +
+                            std::to_string(in.num_layers) + recompile,
+                        err);
         for (int32_t t : op.in)
             if (t < -1 || t >= (int32_t)n_tensors_) return fail(CORRUPT, what + ": input tensor index out of range", err);
         for (int32_t t : op.out)
             if (t < -1 || t >= (int32_t)n_tensors_) return fail(CORRUPT, what + ": output tensor index out of range", err);
     }
+    // Every op against the tensors it names (its indices are in range: checked above).
+    if (const std::string bad = check_program(*this); !bad.empty()) return fail(CORRUPT, bad, err);
     // The CUDA schedule covers ops 0..n-1 in order, each exactly once; its operands are in range.
     size_t next = 0;
     const auto cols = [&](int32_t t) { return tensors_[t].ndim > 1 ? tensors_[t].dims[1] : tensors_[t].dims[0]; };   // a row's width
@@ -429,6 +696,8 @@ g4_status Plan::validate_records(std::string* err) {
                 w.dims[1] % 64 != 0 || w.dims[0] % 4 != 0 || w.dims[0] > 4096 || at.ip[2] % 32 != 0 || at.ip[6] < 1 || at.ip[6] > 1024)
                 return fail(CORRUPT, what + ": the attention-o record's weight is not a tiled NF4 [<= 4096, heads x dim] matrix", err);
         }
+        if (const std::string bad = launch_operands(l); !bad.empty())
+            return fail(CORRUPT, what + ": " + bad, err);
         next += l.count;
     }
     if (n_launches_ && next != n_ops_) return fail(CORRUPT, "CUDA schedule does not cover every op", err);

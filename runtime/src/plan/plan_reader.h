@@ -68,6 +68,15 @@ struct ProgramInfo {
     uint64_t audio_begin = 0, audio_end = 0, audio_gpu_bytes = 0;
 };
 
+// "metadata (META)", "weights (WEIGHTS)", ...: a section kind as messages name it.
+const char* section_name(uint32_t kind);
+
+class Plan;
+// Every op's operands, column views, shapes, dtypes and parameters against the tensor table, and the
+// tensors' placement in the arenas; "" when valid, else the first defect ("op 12 'name' (kind): ...").
+// Plan::load runs it; the records it reads were range-checked there first.
+std::string check_program(const Plan& p);
+
 class Plan {
 public:
     Plan() = default;
@@ -128,6 +137,7 @@ public:
 private:
     g4_status fail(g4_status st, const std::string& msg, std::string* err) const;
     g4_status validate_records(std::string* err);
+    std::string launch_operands(const CudaLaunch& l) const;
 
     std::string path_;
     void* map_ = nullptr;

@@ -1,10 +1,12 @@
 // Image file decoding for the g4 CLI through stb_image (see image_io.h).
 #include "image_io.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <sys/stat.h>
+#include <vector>
 
 #define STB_IMAGE_STATIC
 #define STB_IMAGE_IMPLEMENTATION
@@ -29,6 +31,38 @@
 #endif
 
 namespace g4::tools {
+namespace {
+
+// stb_image as packaged by Debian (git 2022-09-08) builds a JPEG Huffman table from the 16 code counts of
+// a DHT segment without checking that they add up to at most 256, the size of its symbol arrays: larger
+// sums write past them (fixed upstream in 2.28 by rejecting n > 256). Any FF C4 pair may be where stb
+// reads such a segment (its marker search skips fill bytes and stray data), so each is checked: its tables,
+// read as stb reads them (17 bytes of header and counts, then n symbols; bytes past the end read as 0, as
+// stbi__get8 returns them), must all count at most 256 codes. True if one does not.
+// Linear time: bad[q] is the distance from a table starting at q to the first oversized table of the chain
+// it begins (saturated at 65535, past any segment's length), computed once from the end of the file.
+bool jpeg_has_oversized_huffman_table(const uint8_t* data, size_t size) {
+    if (size < 4 || data[0] != 0xFF || data[1] != 0xD8) return false; // not a JPEG
+    if (!std::memchr(data, 0xC4, size)) return false;
+    auto byte = [&](size_t i) -> unsigned { return i < size ? data[i] : 0u; };
+    std::vector<uint16_t> bad(size + 1, 0xFFFF); // tables starting at or past the end count 0 codes
+    for (size_t q = size; q-- > 0;) {
+        unsigned n = 0;
+        for (size_t i = q + 1; i <= q + 16; ++i)
+            n += byte(i);
+        const size_t next = q + 17 + n;
+        bad[q] =
+            n > 256 ? 0 : uint16_t(std::min<size_t>(0xFFFF, 17 + n + (next < size ? bad[next] : 0xFFFF)));
+    }
+    for (size_t p = 2; p + 1 < size; ++p) {
+        if (data[p] != 0xFF || data[p + 1] != 0xC4 || p + 4 >= size) continue;
+        const unsigned len = (byte(p + 2) << 8 | byte(p + 3)); // the segment's tables start at p + 4
+        if (len > 2 && bad[p + 4] < len - 2) return true;
+    }
+    return false;
+}
+
+} // namespace
 
 std::string decode_image(const uint8_t* data, size_t size, const std::string& what, ImageRGB8* out) {
     if (!out) return "decode_image: null output";
@@ -39,6 +73,8 @@ std::string decode_image(const uint8_t* data, size_t size, const std::string& wh
     if (!stbi_info_from_memory(data, int(size), &w, &h, &ch))
         return "image " + what + ": unsupported or unrecognised format (" + stbi_failure_reason() +
                "); g4 reads PNG, JPEG, BMP, GIF and PPM/PGM";
+    if (jpeg_has_oversized_huffman_table(data, size))
+        return "image " + what + " is corrupt (a JPEG Huffman table declares more than 256 codes)";
     // Always decoded as RGBA (grey replicated, palette and tRNS expanded, alpha 255 where there is none):
     // compositing an opaque pixel over white leaves it unchanged.
     int cw = 0, chh = 0, got = 0;

@@ -15,7 +15,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         g4::ChatMessage m;
         m.role    = roles[(h & 7) % 6];
         m.content = p.substr(1);
-        for (int i = 0; i < ((h >> 3) & 3); ++i) m.media.push_back((h >> (5 + i)) & 1 ? g4::ChatMedia::Audio : g4::ChatMedia::Image);
+        for (int i = 0; i < ((h >> 3) & 3); ++i)
+            m.media.push_back((h >> (5 + i)) & 1 ? g4::ChatMedia::Audio : g4::ChatMedia::Image);
         msgs.push_back(std::move(m));
     }
     std::string out, err;
@@ -25,9 +26,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         o.add_generation_prompt = gen;
         if (g4::render_chat(msgs, o, &out, &err, &marks))
             for (const auto& mk : marks)
-                if (mk.offset > out.size() || mk.message >= msgs.size() || mk.item >= msgs[mk.message].media.size())
-                    __builtin_trap();   // a mark must point into the output and at a media item
+                if (mk.offset > out.size() || mk.message >= msgs.size() ||
+                    mk.item >= msgs[mk.message].media.size())
+                    __builtin_trap(); // a mark must point into the output and at a media item
     }
-    for (const auto& m : msgs) (void)g4::strip_python_whitespace(m.content);
+    for (const auto& m : msgs)
+        (void)g4::strip_python_whitespace(m.content);
     return 0;
 }

@@ -9,7 +9,8 @@
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     auto parts = g4fuzz::split_nul(data, size, 2);
     try {
-        g4::ModelConfig mc = g4::parse_model_config(parts[0], parts.size() > 1 ? parts[1] : "", "fuzz/config.json");
+        g4::ModelConfig mc =
+            g4::parse_model_config(parts[0], parts.size() > 1 ? parts[1] : "", "fuzz/config.json");
         if (!mc.vision_config_json.empty()) {
             g4::towers::VisionHParams vh;
             (void)g4::towers::parse_vision_hparams(mc.vision_config_json, mc.text.hidden_size, &vh);

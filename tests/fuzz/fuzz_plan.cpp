@@ -27,7 +27,9 @@ void fix_checksums(std::vector<uint8_t>& f) {
             PlanSection s;
             uint8_t* at = f.data() + h.section_table_offset + i * sizeof s;
             std::memcpy(&s, at, sizeof s);
-            if (s.kind == (uint32_t)SectionKind::Weights || s.offset > f.size() || s.size > f.size() - s.offset) continue;
+            if (s.kind == (uint32_t)SectionKind::Weights || s.offset > f.size() ||
+                s.size > f.size() - s.offset)
+                continue;
             s.checksum = fnv1a64(f.data() + s.offset, s.size);
             std::memcpy(at, &s, sizeof s);
         }
@@ -64,10 +66,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         char out[512];
         g4_chat_render(e, msgs, 2, 1, out, sizeof out, &n);
     }
-    g4_session* s = nullptr;
+    g4_session* s         = nullptr;
     g4_session_params prm = g4_session_params_default();
     prm.n_threads         = 1;
-    if (info.session_bytes <= kMaxSessionBytes && info.vocab_size > 0 && g4_session_create(e, &prm, &s) == G4_OK) {
+    if (info.session_bytes <= kMaxSessionBytes && info.vocab_size > 0 &&
+        g4_session_create(e, &prm, &s) == G4_OK) {
         if (media.has_vision) {
             std::vector<uint8_t> rgb(16 * 16 * 3, 128);
             g4_session_add_image(s, rgb.data(), 16, 16, nullptr);
@@ -76,11 +79,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
             std::vector<float> pcm(1600, 0.25f);
             g4_session_add_audio(s, pcm.data(), (int64_t)pcm.size(), nullptr);
         }
-        const int32_t bos = info.bos_token_id >= 0 && info.bos_token_id < info.vocab_size ? info.bos_token_id : 0;
-        int32_t ids[2]    = {bos, 1 % info.vocab_size};
-        int32_t tok       = 0;
-        if (g4_session_append_tokens(s, ids, 2, nullptr, 0) == G4_OK && g4_session_sample(s, nullptr, &tok) == G4_OK) {
-            if (tok < 0 || tok >= info.vocab_size) __builtin_trap();   // a sampled id is always in the vocabulary
+        const int32_t bos =
+            info.bos_token_id >= 0 && info.bos_token_id < info.vocab_size ? info.bos_token_id : 0;
+        int32_t ids[2] = {bos, 1 % info.vocab_size};
+        int32_t tok    = 0;
+        if (g4_session_append_tokens(s, ids, 2, nullptr, 0) == G4_OK &&
+            g4_session_sample(s, nullptr, &tok) == G4_OK) {
+            if (tok < 0 || tok >= info.vocab_size)
+                __builtin_trap(); // a sampled id is always in the vocabulary
             g4_session_append_tokens(s, &tok, 1, nullptr, 0);
         }
         g4_session_destroy(s);

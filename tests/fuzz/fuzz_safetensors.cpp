@@ -12,10 +12,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         auto f = g4::st::File::open(path);
         std::vector<float> buf;
         for (const auto& [name, t] : f->tensors()) {
-            if (t.dtype != g4::st::DType::F32 && t.dtype != g4::st::DType::F16 && t.dtype != g4::st::DType::BF16 &&
-                t.dtype != g4::st::DType::F64)
+            if (t.dtype != g4::st::DType::F32 && t.dtype != g4::st::DType::F16 &&
+                t.dtype != g4::st::DType::BF16 && t.dtype != g4::st::DType::F64)
                 continue;
-            buf.resize((size_t)t.numel());   // bounded: the header's byte range lies inside the file
+            buf.resize((size_t)t.numel()); // bounded: the header's byte range lies inside the file
             g4::st::to_f32(t, buf.data());
         }
     } catch (const g4::CompileError&) {

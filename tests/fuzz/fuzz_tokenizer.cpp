@@ -10,7 +10,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     g4::Tokenizer tok;
     std::string err;
     if (!g4::Tokenizer::load_from_json(parts[0], &tok, &err)) return 0;
-    const std::string text = parts.size() > 1 ? parts[1] : "The capital of France is Paris.\n<bos> caf\xc3\xa9 \xff";
+    const std::string text =
+        parts.size() > 1 ? parts[1] : "The capital of France is Paris.\n<bos> caf\xc3\xa9 \xff";
     std::vector<int32_t> ids;
     std::string out;
     for (bool special : {false, true})
@@ -19,7 +20,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
             tok.decode(ids.data(), ids.size(), true, &out);
         }
     // Ids around the vocabulary's ends, and negative ones, are skipped, never read out of bounds.
-    const int32_t v      = tok.vocab_size();
+    const int32_t v     = tok.vocab_size();
     const int32_t odd[] = {-1, 0, v - 1, v, v + 1, INT32_MAX, INT32_MIN};
     tok.decode(odd, sizeof odd / sizeof odd[0], false, &out);
     for (int32_t id : odd) {

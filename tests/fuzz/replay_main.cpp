@@ -1,6 +1,7 @@
 // Replays fuzz inputs without libFuzzer: feeds every file named on the command line (directories are
-// walked recursively) to the target's LLVMFuzzerTestOneInput. ctest runs it on tests/fuzz/regressions/<target>
-// and the seed corpus, so every build checks that known crashers stay fixed. Exits 1 if no input was found.
+// walked recursively) to the target's LLVMFuzzerTestOneInput. ctest runs it on
+// tests/fuzz/regressions/<target> and the seed corpus, so every build checks that known crashers stay fixed.
+// Exits 1 if no input was found.
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -24,7 +25,8 @@ int main(int argc, char** argv) {
         } else if (fs::is_regular_file(p, ec)) {
             files.push_back(p);
         } else {
-            std::fprintf(stderr, "replay: %s does not exist (skipped)\n", argv[i]);   // a target without regressions yet
+            std::fprintf(stderr, "replay: %s does not exist (skipped)\n",
+                         argv[i]); // a target without regressions yet
         }
     }
     std::sort(files.begin(), files.end());

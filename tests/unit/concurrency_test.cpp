@@ -25,8 +25,8 @@ protected:
         dir_  = new TempDir();
         plan_ = dir_->file("mm.g4plan");
         // f32 weights: the float32 model Hugging Face's reference logits come from.
-        CmdResult r = run_g4("compile --model '" + fixture("e2b_tiny") + "' --weights f32 --image-tokens 70 --chunk 8 -o '" +
-                             plan_ + "'");
+        CmdResult r = run_g4("compile --model '" + fixture("e2b_tiny") +
+                             "' --weights f32 --image-tokens 70 --chunk 8 -o '" + plan_ + "'");
         ASSERT_EQ(r.exit_code, 0) << r.err;
         ASSERT_EQ(g4_engine_open(plan_.c_str(), nullptr, &engine_), G4_OK) << g4_last_error_message();
     }
@@ -49,7 +49,8 @@ protected:
         bool ok = g4_session_append_tokens(s, prompt.data(), prompt.size(), nullptr, 0) == G4_OK;
         for (int i = 0; ok && i < n; ++i) {
             int32_t t = -1;
-            ok        = g4_session_sample(s, nullptr, &t) == G4_OK && g4_session_append_tokens(s, &t, 1, nullptr, 0) == G4_OK;
+            ok        = g4_session_sample(s, nullptr, &t) == G4_OK &&
+                 g4_session_append_tokens(s, &t, 1, nullptr, 0) == G4_OK;
             if (ok) out.push_back(t);
         }
         g4_session_destroy(s);
@@ -76,9 +77,11 @@ TEST_F(Concurrency, FourSessionsOnFourThreadsGiveTheSingleThreadTokens) {
             // The engine's text functions are shared by every thread.
             int32_t ids[64];
             size_t n = 0;
-            if (g4_tokenize(engine_, "the cat sat", 11, 1, ids, 64, &n) == G4_OK) toks[i].assign(ids, ids + n);
+            if (g4_tokenize(engine_, "the cat sat", 11, 1, ids, 64, &n) == G4_OK)
+                toks[i].assign(ids, ids + n);
         });
-    for (auto& t : th) t.join();
+    for (auto& t : th)
+        t.join();
     for (int i = 0; i < 4; ++i) {
         EXPECT_EQ(got[i], ref) << "thread " << i;
         EXPECT_EQ(toks[i], toks[0]) << "thread " << i;
@@ -96,13 +99,14 @@ TEST_F(Concurrency, SessionsCreatedAndDestroyedConcurrently) {
                 if (!s) continue;
                 const int32_t ids[3] = {2, 20 + i, 30 + k};
                 int32_t t            = -1;
-                if (g4_session_append_tokens(s, ids, 3, nullptr, 0) == G4_OK && g4_session_sample(s, nullptr, &t) == G4_OK &&
-                    t >= 0 && t < 512)
+                if (g4_session_append_tokens(s, ids, 3, nullptr, 0) == G4_OK &&
+                    g4_session_sample(s, nullptr, &t) == G4_OK && t >= 0 && t < 512)
                     ok++;
                 g4_session_destroy(s);
             }
         });
-    for (auto& t : th) t.join();
+    for (auto& t : th)
+        t.join();
     EXPECT_EQ(ok.load(), 16);
 }
 
@@ -124,7 +128,7 @@ TEST_F(Concurrency, CancelFromAnotherThread) {
         const g4_status st = g4_session_append_tokens(s, ids.data(), ids.size(), nullptr, 0);
         EXPECT_TRUE(st == G4_OK || st == G4_ERR_CANCELLED) << g4_status_string(st);
         if (st == G4_ERR_CANCELLED) cancelled++;
-        EXPECT_EQ(g4_session_position(s) % 8, 0) << "stopped inside a chunk";   // --chunk 8
+        EXPECT_EQ(g4_session_position(s) % 8, 0) << "stopped inside a chunk"; // --chunk 8
     }
     stop = true;
     canceller.join();
@@ -132,8 +136,9 @@ TEST_F(Concurrency, CancelFromAnotherThread) {
     // At most one request is still pending; after it the session runs to the end.
     ASSERT_EQ(g4_session_reset(s), G4_OK);
     g4_status st = g4_session_append_tokens(s, ids.data(), ids.size(), nullptr, 0);
-    if (st == G4_ERR_CANCELLED) st = g4_session_append_tokens(s, ids.data() + g4_session_position(s),
-                                                              ids.size() - g4_session_position(s), nullptr, 0);
+    if (st == G4_ERR_CANCELLED)
+        st = g4_session_append_tokens(s, ids.data() + g4_session_position(s),
+                                      ids.size() - g4_session_position(s), nullptr, 0);
     EXPECT_EQ(st, G4_OK);
     EXPECT_EQ(g4_session_position(s), (int32_t)ids.size());
     g4_session_destroy(s);
@@ -165,7 +170,8 @@ TEST_F(Concurrency, VisionAndAudioTowersInSeveralSessionsAtOnce) {
     int w = 0, h = 0;
     const std::vector<uint8_t> rgb = vision_image(vmeta, &w, &h);
     const auto vids                = vmeta.at("e2e").at("ids").get<std::vector<int32_t>>();
-    const auto vref = read_f32(fixture("towers/vision/" + vmeta.at("e2e").at("logits").at("file").get<std::string>()));
+    const auto vref =
+        read_f32(fixture("towers/vision/" + vmeta.at("e2e").at("logits").at("file").get<std::string>()));
     const json& ae  = ameta.at("e2e");
     const auto pcm  = read_f32(fixture("towers/audio/" + ae.at("clip").get<std::string>() + ".pcm.f32"));
     const auto aids = ae.at("ids").get<std::vector<int32_t>>();
@@ -190,7 +196,8 @@ TEST_F(Concurrency, VisionAndAudioTowersInSeveralSessionsAtOnce) {
             if (st == G4_OK) err[i] = rel_l2(got.data(), (image ? vref : aref).data(), got.size());
             g4_session_destroy(s);
         });
-    for (auto& t : th) t.join();
+    for (auto& t : th)
+        t.join();
     for (int i = 0; i < 5; ++i) {
         EXPECT_GE(err[i], 0.0) << "thread " << i << " failed";
         EXPECT_LT(err[i], 1e-4) << "thread " << i << " logits vs HF float32";

@@ -69,12 +69,12 @@ std::string decode_image(const uint8_t* data, size_t size, const std::string& wh
     *out = ImageRGB8{};
     if (!data || size == 0) return "image " + what + " is empty (0 bytes)";
     if (size > size_t(INT32_MAX)) return "image " + what + " is too large (" + std::to_string(size) + " bytes)";
+    if (jpeg_has_oversized_huffman_table(data, size))
+        return "image " + what + " is corrupt (a JPEG Huffman table declares more than 256 codes)";
     int w = 0, h = 0, ch = 0;
     if (!stbi_info_from_memory(data, int(size), &w, &h, &ch))
         return "image " + what + ": unsupported or unrecognised format (" + stbi_failure_reason() +
                "); g4 reads PNG, JPEG, BMP, GIF and PPM/PGM";
-    if (jpeg_has_oversized_huffman_table(data, size))
-        return "image " + what + " is corrupt (a JPEG Huffman table declares more than 256 codes)";
     // Always decoded as RGBA (grey replicated, palette and tRNS expanded, alpha 255 where there is none):
     // compositing an opaque pixel over white leaves it unchanged.
     int cw = 0, chh = 0, got = 0;

@@ -62,6 +62,25 @@ bool jpeg_has_oversized_huffman_table(const uint8_t* data, size_t size) {
     return false;
 }
 
+// stb_image reserves a PNG IDAT chunk's declared length before it reads the chunk, so a file of a few bytes
+// can ask for gigabytes. Every chunk must fit in the file (stb fails on one that does not anyway): returns
+// "" or what is wrong. Chunks are walked as stb walks them, up to IEND's header.
+std::string png_chunk_overrun(const uint8_t* data, size_t size) {
+    static const uint8_t sig[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1A, '\n'};
+    if (size < 8 || std::memcmp(data, sig, 8) != 0) return "";
+    for (size_t pos = 8; pos + 8 <= size;) {
+        const uint64_t len =
+            uint64_t(data[pos]) << 24 | data[pos + 1] << 16 | data[pos + 2] << 8 | data[pos + 3];
+        const std::string type(reinterpret_cast<const char*>(data) + pos + 4, 4);
+        if (type == "IEND") break; // stb stops at its header
+        if (len + 12 > size - pos)
+            return "PNG chunk '" + type + "' declares " + std::to_string(len) + " bytes but only " +
+                   std::to_string(size - pos < 12 ? 0 : size - pos - 12) + " remain";
+        pos += 12 + len;
+    }
+    return "";
+}
+
 } // namespace
 
 std::string decode_image(const uint8_t* data, size_t size, const std::string& what, ImageRGB8* out) {
@@ -71,6 +90,8 @@ std::string decode_image(const uint8_t* data, size_t size, const std::string& wh
     if (size > size_t(INT32_MAX)) return "image " + what + " is too large (" + std::to_string(size) + " bytes)";
     if (jpeg_has_oversized_huffman_table(data, size))
         return "image " + what + " is corrupt (a JPEG Huffman table declares more than 256 codes)";
+    if (std::string e = png_chunk_overrun(data, size); !e.empty())
+        return "image " + what + " is corrupt or truncated (" + e + ")";
     int w = 0, h = 0, ch = 0;
     if (!stbi_info_from_memory(data, int(size), &w, &h, &ch))
         return "image " + what + ": unsupported or unrecognised format (" + stbi_failure_reason() +

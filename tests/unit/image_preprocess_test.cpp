@@ -317,3 +317,18 @@ TEST(ImageIo, JpegHuffmanTableOverflowIsRefused) {
     EXPECT_EQ(img.width, 5);
     EXPECT_EQ(img.height, 3);
 }
+
+// A 77-byte PNG whose IDAT chunk declares 1.3 GB (found by tests/fuzz/fuzz_image): stb_image would reserve
+// that much before finding the bytes missing; decode_image refuses it first, naming the chunk.
+TEST(ImageIo, PngChunkPastTheEndIsRefusedBeforeAllocating) {
+    std::string bad = g4test::read_file(std::string(G4_SOURCE_DIR) +
+                                        "/tests/fuzz/regressions/image/png_idat_length_past_end.png");
+    ImageRGB8 img;
+    std::string e =
+        g4::tools::decode_image(reinterpret_cast<const uint8_t*>(bad.data()), bad.size(), "bad.png", &img);
+    EXPECT_NE(e.find("PNG chunk 'IDAT' declares"), std::string::npos) << e;
+    EXPECT_NE(e.find("truncated"), std::string::npos) << e;
+    // Every fixture PNG (chunks that fit, IEND last) still decodes.
+    ASSERT_EQ(load_image(dir() + "/rgb_37x53.png", &img), "");
+    EXPECT_EQ(img.width, 37);
+}

@@ -42,7 +42,10 @@ namespace {
 // Linear time: bad[q] is the distance from a table starting at q to the first oversized table of the chain
 // it begins (saturated at 65535, past any segment's length), computed once from the end of the file.
 bool jpeg_has_oversized_huffman_table(const uint8_t* data, size_t size) {
-    if (size < 4 || data[0] != 0xFF || data[1] != 0xD8) return false; // not a JPEG
+    size_t soi = 1; // stb finds SOI as it finds every marker: after any number of FF fill bytes
+    while (soi < size && data[soi] == 0xFF)
+        ++soi;
+    if (data[0] != 0xFF || soi >= size || data[soi] != 0xD8) return false; // not a JPEG
     if (!std::memchr(data, 0xC4, size)) return false;
     auto byte = [&](size_t i) -> unsigned { return i < size ? data[i] : 0u; };
     std::vector<uint16_t> bad(size + 1, 0xFFFF); // tables starting at or past the end count 0 codes
@@ -54,7 +57,7 @@ bool jpeg_has_oversized_huffman_table(const uint8_t* data, size_t size) {
         bad[q] =
             n > 256 ? 0 : uint16_t(std::min<size_t>(0xFFFF, 17 + n + (next < size ? bad[next] : 0xFFFF)));
     }
-    for (size_t p = 2; p + 1 < size; ++p) {
+    for (size_t p = 0; p + 1 < size; ++p) {
         if (data[p] != 0xFF || data[p + 1] != 0xC4 || p + 4 >= size) continue;
         const unsigned len = (byte(p + 2) << 8 | byte(p + 3)); // the segment's tables start at p + 4
         if (len > 2 && bad[p + 4] < len - 2) return true;

@@ -299,8 +299,10 @@ TEST(ImagePreprocess, ImageOnTheGridIsOnlyPatchified) {
 // A JPEG whose Huffman table declares more than 256 codes (found by tests/fuzz/fuzz_image): the stb_image
 // Debian ships would write past its symbol arrays; decode_image refuses it. A well-formed JPEG still decodes.
 TEST(ImageIo, JpegHuffmanTableOverflowIsRefused) {
-    // Read by stbi_load (the header's table) and by stbi_info (a table before the frame header).
-    for (const char* name : {"jpeg_dht_over_256_codes.jpg", "jpeg_dht_over_256_codes_in_info.jpg"}) {
+    // Read by stbi_load (the header's table), by stbi_info (a table before the frame header), and after FF
+    // fill bytes before SOI.
+    for (const char* name : {"jpeg_dht_over_256_codes.jpg", "jpeg_dht_over_256_codes_in_info.jpg",
+                             "jpeg_dht_over_256_codes_after_fill_bytes.jpg"}) {
         std::string bad =
             g4test::read_file(std::string(G4_SOURCE_DIR) + "/tests/fuzz/regressions/image/" + name);
         ImageRGB8 img;

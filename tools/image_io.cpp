@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <sys/stat.h>
@@ -84,6 +85,28 @@ std::string png_chunk_overrun(const uint8_t* data, size_t size) {
     return "";
 }
 
+// stb_image parses a PPM/PGM header's width, height and maximum value into an int without a bound, so more
+// than ten digits overflow it (undefined behaviour; upstream 2.28 rejects them). The header is read here as
+// stb reads it (whitespace and # comments between the numbers); true if a number would exceed INT_MAX.
+bool pnm_header_number_overflows(const uint8_t* data, size_t size) {
+    if (size < 2 || data[0] != 'P' || (data[1] != '5' && data[1] != '6')) return false;
+    auto space = [](uint8_t c) { return c == ' ' || (c >= '\t' && c <= '\r'); };
+    size_t pos = 2;
+    for (int field = 0; field < 3; ++field) {
+        while (pos < size && (space(data[pos]) || data[pos] == '#')) {
+            while (pos < size && space(data[pos]))
+                ++pos;
+            if (pos < size && data[pos] == '#')
+                while (pos < size && data[pos] != '\n' && data[pos] != '\r')
+                    ++pos;
+        }
+        int64_t value = 0;
+        for (; pos < size && data[pos] >= '0' && data[pos] <= '9'; ++pos)
+            if ((value = value * 10 + (data[pos] - '0')) > INT32_MAX) return true;
+    }
+    return false;
+}
+
 } // namespace
 
 std::string decode_image(const uint8_t* data, size_t size, const std::string& what, ImageRGB8* out) {
@@ -93,6 +116,8 @@ std::string decode_image(const uint8_t* data, size_t size, const std::string& wh
     if (size > size_t(INT32_MAX)) return "image " + what + " is too large (" + std::to_string(size) + " bytes)";
     if (jpeg_has_oversized_huffman_table(data, size))
         return "image " + what + " is corrupt (a JPEG Huffman table declares more than 256 codes)";
+    if (pnm_header_number_overflows(data, size))
+        return "image " + what + " is corrupt (a PPM/PGM header number exceeds 2147483647)";
     if (std::string e = png_chunk_overrun(data, size); !e.empty())
         return "image " + what + " is corrupt or truncated (" + e + ")";
     int w = 0, h = 0, ch = 0;

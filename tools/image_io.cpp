@@ -3,9 +3,13 @@
 #include "read_file.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <sys/stat.h>
+#include <vector>
 
 #define STB_IMAGE_STATIC
 #define STB_IMAGE_IMPLEMENTATION
@@ -30,6 +34,58 @@
 
 namespace g4::tools {
 namespace {
+
+// stb_image as packaged by Debian (git 2022-09-08) builds a JPEG Huffman table from the 16 code counts of
+// a DHT segment without checking that they add up to at most 256, the size of its symbol arrays: larger
+// sums write past them (fixed upstream in 2.28 by rejecting n > 256). Any FF C4 pair may be where stb
+// reads such a segment (its marker search skips fill bytes and stray data), so each is checked: its tables,
+// read as stb reads them (17 bytes of header and counts, then n symbols; bytes past the end read as 0, as
+// stbi__get8 returns them), must all count at most 256 codes. True if one does not.
+// Linear time: bad[q] is the distance from a table starting at q to the first oversized table of the chain
+// it begins (saturated at 65535, past any segment's length), computed once from the end of the file.
+bool jpeg_has_oversized_huffman_table(const uint8_t* data, size_t size) {
+    size_t soi = 1; // stb finds SOI as it finds every marker: after any number of FF fill bytes
+    while (soi < size && data[soi] == 0xFF)
+        ++soi;
+    if (data[0] != 0xFF || soi >= size || data[soi] != 0xD8) return false; // not a JPEG
+    if (!std::memchr(data, 0xC4, size)) return false;
+    auto byte = [&](size_t i) -> unsigned { return i < size ? data[i] : 0u; };
+    std::vector<uint16_t> bad(size + 1, 0xFFFF); // tables starting at or past the end count 0 codes
+    for (size_t q = size; q-- > 0;) {
+        unsigned n = 0;
+        for (size_t i = q + 1; i <= q + 16; ++i)
+            n += byte(i);
+        const size_t next = q + 17 + n;
+        bad[q] =
+            n > 256 ? 0 : uint16_t(std::min<size_t>(0xFFFF, 17 + n + (next < size ? bad[next] : 0xFFFF)));
+    }
+    for (size_t p = 0; p + 1 < size; ++p) {
+        if (data[p] != 0xFF || data[p + 1] != 0xC4 || p + 4 >= size) continue;
+        const unsigned len = (byte(p + 2) << 8 | byte(p + 3)); // the segment's tables start at p + 4
+        if (len > 2 && bad[p + 4] < len - 2) return true;
+    }
+    return false;
+}
+
+// stb_image reserves a PNG IDAT chunk's declared length before it reads the chunk, so a file of a few bytes
+// can ask for gigabytes. Every chunk must fit in the file (stb fails on one that does not anyway): returns
+// "" or what is wrong. Chunks are walked as stb walks them, up to IEND's header.
+std::string png_chunk_overrun(const uint8_t* data, size_t size) {
+    static const uint8_t sig[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1A, '\n'};
+    if (size < 8 || std::memcmp(data, sig, 8) != 0) return "";
+    for (size_t pos = 8; pos + 8 <= size;) {
+        const uint64_t len =
+            uint64_t(data[pos]) << 24 | data[pos + 1] << 16 | data[pos + 2] << 8 | data[pos + 3];
+        const std::string type(reinterpret_cast<const char*>(data) + pos + 4, 4);
+        if (type == "IEND") break; // stb stops at its header
+        if (len + 12 > size - pos)
+            return "PNG chunk '" + type + "' declares " + std::to_string(len) + " bytes but only " +
+                   std::to_string(size - pos < 12 ? 0 : size - pos - 12) + " remain";
+        pos += 12 + len;
+    }
+    return "";
+}
+
 
 std::string too_many_pixels(const std::string& what, int64_t w, int64_t h, int64_t max_pixels) {
     return "image " + what + " is " + std::to_string(w) + "x" + std::to_string(h) +
@@ -131,6 +187,10 @@ std::string decode_image(const uint8_t* data, size_t size, const std::string& wh
         if (!err.empty()) *out = ImageRGB8{};
         return err;
     }
+    if (jpeg_has_oversized_huffman_table(data, size))
+        return "image " + what + " is corrupt (a JPEG Huffman table declares more than 256 codes)";
+    if (std::string e = png_chunk_overrun(data, size); !e.empty())
+        return "image " + what + " is corrupt or truncated (" + e + ")";
     // The declared size is checked before anything is decoded or allocated.
     int w = 0, h = 0, ch = 0;
     if (!stbi_info_from_memory(data, int(size), &w, &h, &ch))

@@ -17,6 +17,9 @@ if [ ${#need[@]} -gt 0 ]; then
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
 fi
 
+# G4_SETUP_SKIP_BUILD=1: install the packages only (tools/sanitize.sh makes its own build folders).
+[ "${G4_SETUP_SKIP_BUILD:-0}" = 1 ] && exit 0
+
 echo "== building ($BUILD_DIR)"
 cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build "$BUILD_DIR" -j"$(nproc)"

@@ -295,3 +295,61 @@ TEST(ImagePreprocess, ImageOnTheGridIsOnlyPatchified) {
                 }
     }
 }
+
+// A JPEG whose Huffman table declares more than 256 codes (found by tests/fuzz/fuzz_image): the stb_image
+// Debian ships would write past its symbol arrays; decode_image refuses it. A well-formed JPEG still decodes.
+TEST(ImageIo, JpegHuffmanTableOverflowIsRefused) {
+    // Read by stbi_load (the header's table), by stbi_info (a table before the frame header), and after FF
+    // fill bytes before SOI.
+    for (const char* name : {"jpeg_dht_over_256_codes.jpg", "jpeg_dht_over_256_codes_in_info.jpg",
+                             "jpeg_dht_over_256_codes_after_fill_bytes.jpg"}) {
+        std::string bad =
+            g4test::read_file(std::string(G4_SOURCE_DIR) + "/tests/fuzz/regressions/image/" + name);
+        ImageRGB8 img;
+        std::string e = g4::tools::decode_image(reinterpret_cast<const uint8_t*>(bad.data()), bad.size(),
+                                                "bad.jpg", &img);
+        EXPECT_NE(e.find("more than 256 codes"), std::string::npos) << name << ": " << e;
+        EXPECT_EQ(img.width, 0);
+    }
+    ImageRGB8 img;
+    std::string good = g4test::read_file(std::string(G4_SOURCE_DIR) + "/tests/fuzz/seeds/image/rgb_5x3.jpg");
+    ASSERT_EQ(
+        g4::tools::decode_image(reinterpret_cast<const uint8_t*>(good.data()), good.size(), "good.jpg", &img),
+        "");
+    EXPECT_EQ(img.width, 5);
+    EXPECT_EQ(img.height, 3);
+}
+
+// A 77-byte PNG whose IDAT chunk declares 1.3 GB (found by tests/fuzz/fuzz_image): stb_image would reserve
+// that much before finding the bytes missing; decode_image refuses it first, naming the chunk.
+TEST(ImageIo, PngChunkPastTheEndIsRefusedBeforeAllocating) {
+    std::string bad = g4test::read_file(std::string(G4_SOURCE_DIR) +
+                                        "/tests/fuzz/regressions/image/png_idat_length_past_end.png");
+    ImageRGB8 img;
+    std::string e =
+        g4::tools::decode_image(reinterpret_cast<const uint8_t*>(bad.data()), bad.size(), "bad.png", &img);
+    EXPECT_NE(e.find("PNG chunk 'IDAT' declares"), std::string::npos) << e;
+    EXPECT_NE(e.find("truncated"), std::string::npos) << e;
+    // Every fixture PNG (chunks that fit, IEND last) still decodes.
+    ASSERT_EQ(load_image(dir() + "/rgb_37x53.png", &img), "");
+    EXPECT_EQ(img.width * img.height, 37 * 53);
+}
+
+// A PGM whose header's width has more digits than an int holds (found by tests/fuzz/fuzz_image): stb_image's
+// parse would overflow; decode_image refuses it. The largest value an int holds still reaches stb (which
+// refuses it as too large an image).
+TEST(ImageIo, PnmHeaderNumberOverflowIsRefused) {
+    std::string bad = g4test::read_file(std::string(G4_SOURCE_DIR) +
+                                        "/tests/fuzz/regressions/image/pgm_width_overflows_int.pgm");
+    ImageRGB8 img;
+    std::string e =
+        g4::tools::decode_image(reinterpret_cast<const uint8_t*>(bad.data()), bad.size(), "bad.pgm", &img);
+    EXPECT_NE(e.find("exceeds 2147483647"), std::string::npos) << e;
+    const std::string edge = "P5\n# c\n2147483647 1\n255\n";
+    e = g4::tools::decode_image(reinterpret_cast<const uint8_t*>(edge.data()), edge.size(), "edge.pgm", &img);
+    EXPECT_FALSE(e.empty());
+    EXPECT_EQ(e.find("exceeds 2147483647"), std::string::npos) << e;
+    const std::string over = "P6 2147483648 1 255 ";
+    e = g4::tools::decode_image(reinterpret_cast<const uint8_t*>(over.data()), over.size(), "over.ppm", &img);
+    EXPECT_NE(e.find("exceeds 2147483647"), std::string::npos) << e;
+}

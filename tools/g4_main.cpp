@@ -975,8 +975,7 @@ int inspect_plan(int argc, char** argv) {
     if (meta.contains("cuda")) {
         const int hpg           = jsonf::value<int>(meta["cuda"], "attn_hpg", 0);
         const std::string trace = jsonf::value<std::string>(meta["cuda"], "kernel_trace", "off");
-        std::printf("CUDA kernels: %s cubin + PTX; decode attention %s%s
-", jv(meta["cuda"], "target").c_str(),
+        std::printf("CUDA kernels: %s cubin + PTX; decode attention %s%s\n", jv(meta["cuda"], "target").c_str(),
                     hpg ? ("specialised for " + std::to_string(hpg) + " heads per KV group").c_str()
                         : "generic (any group size <= 16)",
                     trace == "off" ? "" : ("; timeline trace of " + trace + " (G4_TRACE_OUT writes it; not for use)").c_str());

@@ -462,8 +462,10 @@ TEST(CudaSchedule, ResNormFoldedIntoTheMlp) {
         expect_corrupt(td, path, fx + "_mfold_nozero", [&](CudaLaunch* recs) { recs[first_z].ip[2] = 0; }, "bad folded ResNorm (ip1 2");
         expect_corrupt(td, path, fx + "_mfold_no_t7", [&](CudaLaunch* recs) { recs[first_rn].t[7] = -1; }, "bad MLP record");
         expect_corrupt(td, path, fx + "_mfold_f32", [&](CudaLaunch* recs) { recs[first_rn + 1].ip[7] = 0; }, "bad folded ResNorm (ip1 2");
+        // A scale the record's ops do not have: refused as a record whose tensors are not its ops' (plan_reader.cpp
+        // launch_operands), before the folding rule is reached.
         expect_corrupt(td, path, fx + "_mfold_scale", [&](CudaLaunch* recs) { recs[first_rn].t[3] = recs[first_rn].t[2]; },
-                       "bad folded ResNorm (ip1 2");
+                       "the ResNorm's scale is not x_out * scalar in place");
         expect_corrupt(td, path, fx + "_mfold_no_mlp", [&](CudaLaunch* recs) { recs[first_z].ip[1] = 2; }, "ip1 2 needs the MLP launch");
         expect_corrupt(td, path, fx + "_zero2_range", [&](CudaLaunch* recs) { recs[first_z].ip[2] = 1 << 30; }, "bad second zeroed buffer");
         expect_corrupt(td, path, fx + "_zero2_folded", [&](CudaLaunch* recs) { recs[first_rn].ip[2] = recs[first_rn].t[7] + 1; },

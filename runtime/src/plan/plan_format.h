@@ -31,7 +31,7 @@ inline constexpr uint64_t kTensorAlign  = 64;    // what the reader requires of 
 // At 64 bytes each text layer's tensors took up an odd number of 64-byte units (its one-float layer
 // scalar), so every other layer's matrices started half a 128-byte line off; the fused decode MLP, whose
 // 8-lane groups read 128 bytes of a row at a time, ran 2.4-4.6% slower on exactly those layers (on an
-// H100, traced with bench/trace_lab.sh).
+// H100, traced with bench/scripts/trace_lab.sh).
 inline constexpr uint64_t kWeightAlign  = 256;
 
 enum class SectionKind : uint32_t { Meta = 1, Strings = 2, Tensors = 3, Ops = 4, Weights = 5, Tokenizer = 6, Cubin = 7, Ptx = 8, CudaSchedule = 9 };

@@ -16,7 +16,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         std::vector<float> w, bias;
         for (const auto& m : a->merges()) {
             // The product's size comes from two tensor shapes, each bounded by the file, not their product.
-            if (m.out <= 0 || m.in <= 0 || m.out * m.in > (1 << 22)) continue;
+            if (m.out <= 0 || m.in <= 0 || m.out * m.in > (1 << 18)) continue;
             w.assign((size_t)(m.out * m.in), 0.5f);
             bias.assign((size_t)m.out, 0.0f);
             bool has_bias = false;

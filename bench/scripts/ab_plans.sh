@@ -4,8 +4,8 @@
 # the plans, so the sides differ only in what the flags change. Medians per side.
 # Usage (repo root): [MODEL=e2b] [ROUNDS=3] [DEPTHS=16,4096] [KV=bf16] bash bench/scripts/ab_plans.sh 'A_FLAGS' 'B_FLAGS' ...
 #   e.g. bash bench/scripts/ab_plans.sh '--mlp-precision f32' '--mlp-precision f16'
-# A side's leading NAME=VALUE words are set in the environment of its `g4 compile` only (the compiler's
-# schedule switches: 'G4_MLP_FOLD=0', 'G4_PLE_FOLD=0', 'G4_MLP_REPLICAS=1').
+# A side's leading NAME=VALUE words are set in the environment of its `g4 compile` only; the schedule's
+# options are plain flags ('--mlp-fold off', '--ple-fold off', '--mlp-replicas 1').
 # BUILD, CMAKE_ARGS, WORK, OUT: see lab_common.sh.
 # Writes $OUT/ab_plans_<model>.txt (every bench JSON, the sides interleaved) and prints the medians.
 set -u

@@ -1,4 +1,4 @@
-# Steps shared by the decode labs (ab_env.sh, ab_plans.sh, skip_lab.sh, trace_lab.sh, trace_ab.sh and
+# Steps shared by the decode labs (ab_env.sh, ab_plans.sh, trace_lab.sh, trace_ab.sh and
 # bench/e2e/e2e_run.sh): source it from the repository root. Settings, all optional:
 #   BUILD       the build folder the labs configure and build (default build-bench)
 #   CMAKE_ARGS  extra arguments for its cmake configure (e.g. -DCMAKE_PREFIX_PATH=DIR for the header-only deps)

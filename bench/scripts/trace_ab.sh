@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every block's timeline of the decode step on a CUDA GPU, for this tree (A) and optionally this tree with
 # each PATCH (a diff) applied (B, C, ...), in one run: one real-shape NF4 plan a side compiled with
-# G4_KERNEL_TRACE=2 (every block of every decode launch records entry, release and exit; ~9% slower),
+# `g4 compile --kernel-trace blocks` (every block of every decode launch records entry, release and exit; ~9% slower),
 # `g4 bench -p $P -n $N` on each, then bench/scripts/trace_blocks.py (each launch's share of a token).
 # Usage (repo root): [MODEL=e2b] [DEPTH=16] [KV=bf16] [P=16] [N=20] bash bench/scripts/trace_ab.sh [PATCH...]
 # BUILD, CMAKE_ARGS, WORK, OUT: see lab_common.sh.
@@ -19,7 +19,7 @@ lab_build_sides OFF g4
 echo "built: ${SECONDS}s"
 lab_checkpoint_wait $OUT/tb_ckpt.txt
 PIDS=()
-for s in $SIDES; do (G4_KERNEL_TRACE=2 lab_plan $(lab_dir $s)/$BUILD/tools/g4 $MODEL $KV $WORK/tb_$s.g4plan) & PIDS+=($!); done
+for s in $SIDES; do (lab_plan $(lab_dir $s)/$BUILD/tools/g4 $MODEL $KV $WORK/tb_$s.g4plan "--kernel-trace blocks") & PIDS+=($!); done
 for p in "${PIDS[@]}"; do wait $p || exit 1; done
 echo "checkpoint and plans: ${SECONDS}s"
 for s in $SIDES; do

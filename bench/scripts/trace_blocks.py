@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Every block of every decode launch, from a kernel trace made with G4_KERNEL_TRACE=2 (kernels.cu
+"""Every block of every decode launch, from a kernel trace made with `g4 compile --kernel-trace blocks` (kernels.cu
 G4_TRACE_ALL; bench/scripts/trace_ab.sh): when each launch's blocks became resident, were released and
 exited, so that a launch's share of the critical path splits into
 

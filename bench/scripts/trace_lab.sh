@@ -1,14 +1,12 @@
 #!/usr/bin/env bash
 # The decode step's timeline on a CUDA GPU: one real-shape NF4 plan compiled twice, as is and with
-# the kernel trace (G4_KERNEL_TRACE=1: the first and last block of every decode kernel record the global
+# the kernel trace (`g4 compile --kernel-trace launches`: the first and last block of every decode kernel record the global
 # timer at entry, after the programmatic wait and at exit), `g4 bench` on both (the trace's cost), then
 # bench/scripts/trace_summary.py: each launch's share of the critical path (release to release).
-# Usage (repo root): [MODELS=e2b] [DEPTH=16] [KV=bf16] [TWICE=qkv_attn,gemv_nf4] bash bench/scripts/trace_lab.sh
+# Usage (repo root): [MODELS=e2b] [DEPTH=16] [KV=bf16] bash bench/scripts/trace_lab.sh
 # BUILD, CMAKE_ARGS, WORK, OUT: see lab_common.sh.
 # MODELS=e2b,e4b: both, the second's checkpoint made while the first's plans compile.
-# Writes $OUT/trace_<model>.bin, $OUT/trace_<model>.txt (the summary), $OUT/trace_<model>.csv. TWICE: one more
-# traced run with G4_DECODE_TWICE=$TWICE (those launch classes made twice in a row, so the second runs
-# with warm caches; the output is wrong), trace_<model>_twice.*.
+# Writes $OUT/trace_<model>.bin, $OUT/trace_<model>.txt (the summary), $OUT/trace_<model>.csv.
 set -u
 MODELS=${MODELS:-e2b}
 DEPTH=${DEPTH:-16}
@@ -25,7 +23,8 @@ for MODEL in ${MODELS//,/ }; do
     # benches below run alone.
     PIDS=()
     for t in 0 1; do
-        [ -f $WORK/trace_${MODEL}_$t.g4plan ] || (G4_KERNEL_TRACE=$t lab_plan $BUILD/tools/g4 $MODEL $KV $WORK/trace_${MODEL}_$t.g4plan) &
+        TR=off; [ $t = 1 ] && TR=launches
+        [ -f $WORK/trace_${MODEL}_$t.g4plan ] || (lab_plan $BUILD/tools/g4 $MODEL $KV $WORK/trace_${MODEL}_$t.g4plan "--kernel-trace $TR") &
         PIDS+=($!)
     done
     NEXT=$(echo ",$MODELS," | sed -n "s/.*,$MODEL,\([^,]*\),.*/\1/p")
@@ -39,12 +38,5 @@ for MODEL in ${MODELS//,/ }; do
         G4_TRACE_OUT=$OUT/trace_$MODEL.bin $BUILD/tools/g4 bench $WORK/trace_${MODEL}_$t.g4plan -p 512 -n 128 -d $DEPTH -r 2 >> $R 2>&1
     done
     python3 bench/scripts/trace_summary.py $OUT/trace_$MODEL.bin --csv $OUT/trace_$MODEL.csv >> $R 2>&1
-    if [ -n "${TWICE:-}" ]; then
-        R=$OUT/trace_${MODEL}_twice.txt
-        echo "## plan traced=1, G4_DECODE_TWICE=$TWICE: g4 bench -p 512 -n 128 -d $DEPTH -r 2" > $R
-        G4_DECODE_TWICE=$TWICE G4_TRACE_OUT=$OUT/trace_${MODEL}_twice.bin $BUILD/tools/g4 bench $WORK/trace_${MODEL}_1.g4plan -p 512 -n 128 \
-            -d $DEPTH -r 2 >> $R 2>&1
-        python3 bench/scripts/trace_summary.py $OUT/trace_${MODEL}_twice.bin --csv $OUT/trace_${MODEL}_twice.csv >> $R 2>&1
-    fi
     echo "$MODEL traced: ${SECONDS}s"
 done

@@ -134,6 +134,15 @@ g4_status open_gpu(const plan::Plan& p, EngineState* st, Gpu& g, const plan::Pro
     }
     // Exact architecture: the cubin; a newer GPU: the PTX, compiled by the driver at load.
     std::string ptx(p.ptx());
+    // Optional kernels are looked up only where the plan's PTX defines them, so that opening a plan raises
+    // no CUDA API error (a failed cuModuleGetFunction is one, and drowns real ones under compute-sanitizer).
+    auto has_kernel = [&ptx](const std::string& name) {
+        for (size_t at = ptx.find(".entry " + name); at != std::string::npos; at = ptx.find(".entry " + name, at + 1)) {
+            const char c = at + 7 + name.size() < ptx.size() ? ptx[at + 7 + name.size()] : '\0';
+            if (c == '(' || c == ' ' || c == '\n' || c == '\r' || c == '\t') return true;
+        }
+        return false;
+    };
     const void* image = g.sm == target ? (const void*)p.cubin().data() : (const void*)ptx.c_str();
     CU_TRY(d->cuModuleLoadData(&g.mod, image), "loading the plan's CUDA kernels on GPU " + std::to_string(g.index));
     Kernels& k = g.k;
@@ -161,13 +170,17 @@ g4_status open_gpu(const plan::Plan& p, EngineState* st, Gpu& g, const plan::Pro
         const std::string sfx = di ? "_d512" : "_d256";
         const char* base[4] = {"g4_attn_decode", "g4_attn_decode_bf16", "g4_attn_decode_post", "g4_attn_decode_post_bf16"};
         for (int v = 0; v < 4; ++v)
-            if (d->cuModuleGetFunction(&k.attn_dim[di][v], g.mod, (base[v] + sfx).c_str()) != 0) k.attn_dim[di][v] = nullptr;
+            if (!has_kernel(base[v] + sfx) || d->cuModuleGetFunction(&k.attn_dim[di][v], g.mod, (base[v] + sfx).c_str()) != 0)
+                k.attn_dim[di][v] = nullptr;
     }
     // LM-head screening: a module without its kernels (a plan from an older g4) decodes without screening.
-    if (d->cuModuleGetFunction(&k.lm_build, g.mod, "g4_lm_screen_build") != 0 || d->cuModuleGetFunction(&k.lm_screen, g.mod, "g4_lm_screen") != 0)
+    if (!has_kernel("g4_lm_screen_build") || !has_kernel("g4_lm_screen") ||
+        d->cuModuleGetFunction(&k.lm_build, g.mod, "g4_lm_screen_build") != 0 ||
+        d->cuModuleGetFunction(&k.lm_screen, g.mod, "g4_lm_screen") != 0)
         k.lm_build = k.lm_screen = nullptr;
     for (int l = 0; l < 5 && k.lm_screen; ++l)
-        if (d->cuModuleGetFunction(&k.lm_exact[l], g.mod, ("g4_lm_exact_l" + std::to_string(kGemvLanes[l])).c_str()) != 0)
+        if (const std::string n = "g4_lm_exact_l" + std::to_string(kGemvLanes[l]);
+            !has_kernel(n) || d->cuModuleGetFunction(&k.lm_exact[l], g.mod, n.c_str()) != 0)
             k.lm_build = k.lm_screen = nullptr;
     if (p.info().vision_gpu && g.index == p.cuda_device()) {
         struct { CUfunction* f; const char* n; } vt[] = {{&k.vt_pixels, "g4_vt_pixels"}, {&k.vt_posemb, "g4_vt_posemb"},
@@ -359,7 +372,7 @@ g4_status engine_open(g4_engine* e, std::string* err) {
     return G4_OK;
 }
 
-// The timeline lab (bench/trace_lab.sh): a plan compiled with --kernel-trace keeps per-launch records
+// The timeline lab (bench/scripts/trace_lab.sh): a plan compiled with --kernel-trace keeps per-launch records
 // in its module (kernels.cu G4_TRACE); with G4_TRACE_OUT=file they are written there when the engine
 // closes: u32 count, then count records of 64 bytes (u64 key, t0, t1, t2; u32 tag, blocks, smid, cycles, mark[4]).
 static void dump_trace(const Driver* d, const Gpu& g) {

@@ -500,9 +500,8 @@ TEST_F(RunBadInput, WrongTypedMetaField) {
             EXPECT_EQ(from.size(), to.size());
             meta.replace(k, from.size(), to);
             b.replace(sec.offset, sec.size, meta);
-            sec.checksum = g4::plan::fnv1a64(meta.data(), meta.size());
-            std::memcpy(b.data() + at, &sec, sizeof sec);
         }
+        reseal_plan(&b);
         const std::string p = dir_->file("meta.g4plan");
         write_file(p, b);
         return p;

@@ -28,7 +28,7 @@ int decode_attention_splits(int64_t span);
 // lanes share a row, up to one per chunk; and at least enough lanes that a lane takes at most
 // kGemvLaneChunks chunks of a row (the LM head and the PLE context projection: E2B 32 -> 64 lanes, E4B 32 ->
 // 128; on an H200 with all three chunks before the wait: +1.2% E2B and +1.6% E4B decode, the LM head's
-// isolated optima in bench/gemv_bench.cu; in bf16-weight plans also the gate/up pairs, not timed; on an H100
+// isolated optima in bench/labs/gemv_bench.cu; in bf16-weight plans also the gate/up pairs, not timed; on an H100
 // with two before the wait, two chunks a lane, E2B's LM head at 128 lanes measured +0.3% / +0.1%, noise,
 // not taken). NF4 with K <= kGemvXsMax (x staged in shared memory, GV_XS_MAX in
 // kernels.cu): the fewest lanes that give about 40K threads, at most C / 2 (at least two chunks a lane),
@@ -37,9 +37,9 @@ int decode_attention_splits(int64_t span);
 // E4B's q/k/v, C = 80, at 64 lanes, two warps a row reduced through shared memory, lost
 // 1.2%). Other NF4 (the down
 // projections): the fewest lanes giving about 40K threads. Measured on an
-// H200 (bench/gemv_bench.cu and end to end with `g4 bench`): E2B attn_o 32 -> 64 and down 64 -> 128 lanes
+// H200 (bench/labs/gemv_bench.cu and end to end with `g4 bench`): E2B attn_o 32 -> 64 and down 64 -> 128 lanes
 // +2.7% E2B decode; E4B down 128 -> 64 lanes +1.7% E4B decode (E4B q/k/v at 64 lanes lost 1.4%).
-// Inline so bench/gemv_bench.cu, built alone with nvcc, marks the same choice.
+// Inline so bench/labs/gemv_bench.cu, built alone with nvcc, marks the same choice.
 inline constexpr int kGemvLaneChunks = 3;
 inline constexpr int kGemvXsMax       = 2560;
 inline int gemv_lanes(int64_t K, bool nf4, int64_t groups) {
@@ -64,7 +64,7 @@ inline int gemv_lanes(int64_t K, bool nf4, int64_t groups) {
 }
 
 // Threads a block of the fused decode MLP (g4_mlp_nf4[_b256], I / 32 blocks): 256 (two blocks an SM) when
-// the grid is at most 192 blocks, else 128 (three). bench/mlp_lab.cu on an H100, gate/up +
+// the grid is at most 192 blocks, else 128 (three). bench/labs/mlp_lab.cu on an H100, gate/up +
 // down of E2B's narrow layers (I = 6144, 192 blocks): 12.7 us at 128 threads, 11.0 at 256; E2B's wide
 // layers (384 blocks) 18.9 / 21.4, E4B (320) 25.5 / 29.0.
 inline int mlp_threads(int64_t I) { return I / 32 <= 192 ? 256 : 128; }
@@ -81,11 +81,11 @@ inline int mlp_replicas(int64_t I) { return I / 32 >= 384 ? plan::kMlpReplicasMa
 // products (g4_mlp_nf4*_h2: one PRMT, one 32-bit lookup and one HFMA2 a code byte; x and act scaled into f16
 // by powers of two; ~1e-3 relative error an MLP against ~5e-7) wherever the weights allow them: f32 block
 // scales (not double quant), H % 32 == 0, H <= plan::kMlpF16MaxH. On an H200 (g4 bench): E2B decode
-// 743.9 -> 785.4 tok/s at depth 16 against f32 (680.0 -> 709.3 at 4096); in bench/mlp_h2_lab.cu, an MLP and
+// 743.9 -> 785.4 tok/s at depth 16 against f32 (680.0 -> 709.3 at 4096); in bench/labs/mlp_h2_lab.cu, an MLP and
 // a one-block ResNorm: E2B's narrow layers 12.00 -> 10.98 us, E4B 25.59 -> 23.47.
 inline bool mlp_f16(bool f16, int64_t H, bool double_quant) { return f16 && !double_quant && plan::mlp_f16_width_ok(H); }
 // Threads a block of the f16 kernels: 256 (two blocks an SM) up to 320 blocks (E2B's narrow layers, E4B),
-// else 128 (E2B's wide layers, 384 blocks). bench/mlp_h2_lab.cu (H200), with the ResNorm stand-in: E4B 25.04
+// else 128 (E2B's wide layers, 384 blocks). bench/labs/mlp_h2_lab.cu (H200), with the ResNorm stand-in: E4B 25.04
 // us at 128 threads, 23.47 at 256; E2B wide 18.79 / 18.95.
 inline int mlp_threads_f16(int64_t I) { return I / 32 <= 320 ? 256 : 128; }
 

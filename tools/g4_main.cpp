@@ -56,7 +56,7 @@ const char* kUsage =
     "              for measuring one form against another: the fused MLP's output replicas (auto: by shape), the ResNorm\n"
     "              before a PLE in the PLE's kernel, the one before a packed-f16 MLP in the MLP's kernel (one-wave: where\n"
     "              the MLP's blocks run in one wave); the defaults are the fastest measured)\n"
-    "             [--kernel-trace off|launches|blocks]   (CUDA kernels that record timers for bench/trace_summary.py,\n"
+    "             [--kernel-trace off|launches|blocks]   (CUDA kernels that record timers for bench/scripts/trace_summary.py,\n"
     "              G4_TRACE_OUT names the file; ~8% slower, never for use)\n"
     "             [--kv-dtype bf16|f32] [--max-context N] [--chunk N] [--logits-rows N] [--gpu-mem [IDX:]SIZE]... [--cpu-mem SIZE]\n"
     "             [--place COMPONENT=TARGET,...] [--no-vision] [--no-audio] [--image-tokens 70|140|280|560|1120]\n"

@@ -1,5 +1,5 @@
 """gemma4_shapes.py - the real Gemma 4 E2B / E4B text-decoder shapes as a transformers config (shared by
-bench/e2e_bench.py and tools/shape_checkpoint.py)."""
+bench/e2e/e2e_bench.py and tools/shape_checkpoint.py)."""
 from transformers import Gemma4TextConfig
 
 SHAPES = {

@@ -26,12 +26,12 @@ struct Step {
 // the previous kernel has finished and its writes are visible; without the launch attribute it is a
 // no-op), then lets its successor launch. Only weight prefetches may come before it.
 //
-// Timeline lab (g4 compile --kernel-trace launches, see bench/trace_lab.sh): the first and the last
+// Timeline lab (g4 compile --kernel-trace launches, see bench/scripts/trace_lab.sh): the first and the last
 // block of every traced kernel record, from thread 0, the global timer at entry, after the wait and at
-// exit, with a tag (the kernel and its variant; bench/trace_summary.py name_of decodes it) and a key (a
+// exit, with a tag (the kernel and its variant; bench/scripts/trace_summary.py name_of decodes it) and a key (a
 // weight or output pointer) saying which launch it was; the runtime writes the records out when the
 // engine closes (G4_TRACE_OUT). Not compiled into ordinary plans. With G4_TRACE_ALL (--kernel-trace blocks)
-// every block records, its linear index in bits 8..30 of smid (bench/trace_blocks.py reads those), into a
+// every block records, its linear index in bits 8..30 of smid (bench/scripts/trace_blocks.py reads those), into a
 // ring that keeps the last G4_TRACE_CAP records (the end of the run: decode).
 #ifdef G4_TRACE
 #ifdef G4_TRACE_ALL
@@ -1278,7 +1278,7 @@ __device__ __forceinline__ float gelu_tanh(float a) {
 // before the wait on the previous kernel; the compiler picks L (compiler/cuda_schedule.h gemv_lanes).
 // NF4 rows of K <= GV_XS_MAX read x from a padded copy in shared memory, written once per block after
 // the wait: straight from global memory, the 16-byte x loads of a warp's lanes fall 128 bytes apart
-// (one chunk each) and cost L1 wavefronts like the code-book lookups do (bench/gemv_bench.cu lab:
+// (one chunk each) and cost L1 wavefronts like the code-book lookups do (bench/labs/gemv_bench.cu lab:
 // E2B gate/up 17.6 -> 13.7 us, E4B 38.5 -> 27.1 us on an H100).
 // Epilogues: 0 y_m[n] = v (+bias); 1 out[n] = gelu(v_gate) * v_up; 2 out[n] = gelu(v) * aux[n];
 // 3 y_0[n] = cap * tanh(v / cap). grid ceil(rows / (GV_OUT / M) * L / 128), block 128.
@@ -1386,7 +1386,7 @@ template <bool W> __device__ __forceinline__ float nf4_chunk_dot(const u32* word
 template <bool W> __device__ __forceinline__ int xs_slot(int c, int v) {
     return W ? (c < 256 ? c * 16 + 8 : c * 8 + 2048) + (v ^ (c & 7)) : c * 9 + v;
 }
-// G: weight rows per lane group; B: threads a block (the kernels launch 128; bench/gemv_bench.cu's lab
+// G: weight rows per lane group; B: threads a block (the kernels launch 128; bench/labs/gemv_bench.cu's lab
 // variants also take other values of both). SM: the NF4 scale format (NF4_SCALES_*); XA: every chunk of x
 // is staged (K <= 32 GV_XS_EXT_CHUNKS with the wide table), so the loop has no global-memory path for x; U2:
 // the loop over the chunks past the front ones is unrolled by two, its two register sets of codes and scales
@@ -1679,10 +1679,10 @@ struct Nf4Tiled {
 // two-kernel path stages all of act in every down block after a grid-wide wait). y must be zero at the
 // wait: the ResNorm before zeroes it (g4_resnorm's zero). The order of the adds varies, so y may differ
 // in its last bits from run to run (g4 compile --deterministic keeps the two GEMVs). The down matrix is
-// stored tiled (Nf4Tiled). bench/mlp_lab.cu (H100): E2B 15.7 -> 12.8 us, E2B wide 22.0 -> 19.1,
+// stored tiled (Nf4Tiled). bench/labs/mlp_lab.cu (H100): E2B 15.7 -> 12.8 us, E2B wide 22.0 -> 19.1,
 // E4B 28.5 -> 25.5 against the gate/up + down GEMVs in a graph.
 // grid I / 32, block 128 (g4_mlp_nf4) or 256 (g4_mlp_nf4_b256: the gate/up at 16 lanes, two blocks an SM;
-// bench/mlp_lab.cu: E2B 12.7 -> 11.0 us, but slower at 384 and 320 blocks), dynamic shared memory
+// bench/labs/mlp_lab.cu: E2B 12.7 -> 11.0 us, but slower at 384 and 320 blocks), dynamic shared memory
 // cuda_rt::gemv_smem(true, 90, H). H % 4 == 0, I % 64 == 0. One kernel a scale format (_dq: double quant), so
 // the loops carry no predicated-off path for the other (measured: 9-11% a kernel, E2B +3.3%,
 // E4B +4.5% decode on an H100). The _rep kernels add into output replicas (MlpArgs::nrep; the plan's ip6).
@@ -1728,7 +1728,7 @@ __device__ __forceinline__ void red_add_v4(float* p, float4 v) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 // B threads a block: 128 (three blocks an SM) or 256 (two), the gate/up at 2 B / 32 lanes a group; SM the
 // scale format of all three matrices (NF4_SCALES_F32 or _DQ; the runtime picks the kernel by the plan's). XA
-// false: the gate/up loop keeps a global-memory path for x (bench/mlp_mma_lab.cu's copy of the kernels from
+// false: the gate/up loop keeps a global-memory path for x (bench/labs/mlp_mma_lab.cu's copy of the kernels from
 // before the per-format split, with SM NF4_SCALES_ANY).
 // REP: adds into the output replicas (a.nrep; the _rep kernels); without it the kernel reads neither field.
 template <int B, int SM, bool REP, bool XA = true, bool Z = false> __device__ __forceinline__ void mlp_body(const MlpArgs& a, float4* mlp_wide) {
@@ -1765,7 +1765,7 @@ template <int B, int SM, bool REP, bool XA = true, bool Z = false> __device__ __
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
             const u32 words[4] = {pk[k].x, pk[k].y, pk[k].z, pk[k].w};
-            float s0 = 0.0f, s1 = 0.0f;   // nf4_chunk_dot's body, kept inline: the SASS bench/mlp_lab.cu measured
+            float s0 = 0.0f, s1 = 0.0f;   // nf4_chunk_dot's body, kept inline: the SASS bench/labs/mlp_lab.cu measured
 #pragma unroll
             for (int wd = 0; wd < 4; ++wd) {
                 const u32 w     = words[wd];

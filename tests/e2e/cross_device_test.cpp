@@ -4,7 +4,7 @@
 // GPU's memory replaced by a separate host arena (rt::run_step_split). Any value a copy step fails to
 // bring over is stale there, so the logits must equal, bit for bit, those of the same plan compiled
 // without --place, run the same way, over a chunked prompt past the sliding window and greedy decode
-// steps. The real GPU runs of these plans are bench/cross_device_bench.sh (H100/H200, one or two GPUs).
+// steps. The real GPU runs of these plans are bench/e2e/cross_device_bench.sh (H100/H200, one or two GPUs).
 #include "runtime/src/engine.h"
 #include "runtime/src/executor.h"
 #include "test_util.h"

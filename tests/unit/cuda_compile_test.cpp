@@ -82,8 +82,8 @@ TEST(CudaCompile, KernelSpecialisation) {
     EXPECT_THROW(g4::cuda::compile_kernels("sm_90", bad, false), g4::CompileError);
 }
 
-// The timeline lab's kernels (KernelSpec::trace 1, g4 compile --kernel-trace launches, bench/trace_lab.sh; 2,
-// blocks: every block, bench/trace_ab.sh) still compile and keep the trace buffer, 2^19 and 2^21 records of
+// The timeline lab's kernels (KernelSpec::trace 1, g4 compile --kernel-trace launches, bench/scripts/trace_lab.sh; 2,
+// blocks: every block, bench/scripts/trace_ab.sh) still compile and keep the trace buffer, 2^19 and 2^21 records of
 // 64 bytes (ordinary plans do not: AllKernelsForAllTargets). A trace mode outside 0..2 is refused. Four heads
 // a group, as e2b_tiny's plans: CudaSchedule.ScheduleOptionsRecordedInThePlan's traced plan reuses these
 // outputs from the kernel cache.

@@ -168,7 +168,7 @@ g4_status media_create(g4_session* s, std::string* err) {
 
 static g4_status enqueue(g4_session* s, MediaQueue& q, int32_t n, const char* what, std::string* err) {
     MediaState* m = s->media.get();
-    if (const char* dump = rt::env::dump_media()) {   // debugging, bench/tower_bench.py: the rows, f32 [n, H]
+    if (const char* dump = rt::env::dump_media()) {   // debugging, bench/e2e/tower_bench.py: the rows, f32 [n, H]
         if (FILE* f = std::fopen(dump, "ab")) {
             std::fwrite(m->soft, sizeof(float), (size_t)n * m->H, f);
             std::fclose(f);

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Runs the CUDA kernel and plan tests (tests/cuda/cuda_kernels_test.cpp: every kernel at the E2B and E4B
+# shapes, and the CudaPlan decode tests of whole plans) under compute-sanitizer's memcheck, racecheck,
+# initcheck and synccheck, on a machine with an NVIDIA GPU and compute-sanitizer on its PATH. A tool passes
+# when it reports 0 errors and the tests pass under it. Not part of ctest (it needs a GPU).
+#
+# Usage (repository root, after building build/tests/cuda_kernels_test):
+#   bash tests/gpu/compute_sanitizer.sh [BUILD_DIR] [OUT_DIR]
+# Environment: TOOLS (default "memcheck racecheck initcheck synccheck"), FILTER (a gtest filter, default
+# every test), LIMIT (seconds a tool may run, default 900).
+# Writes OUT_DIR/<tool>.log (default OUT_DIR: sanitizer-out) and prints one summary line a tool.
+set -u
+BUILD=${1:-build}
+OUT=${2:-sanitizer-out}
+TOOLS=${TOOLS:-memcheck racecheck initcheck synccheck}
+FILTER=${FILTER:-*}
+LIMIT=${LIMIT:-900}
+TEST=$BUILD/tests/cuda_kernels_test
+command -v compute-sanitizer >/dev/null || { echo "compute_sanitizer.sh: compute-sanitizer is not on PATH" >&2; exit 2; }
+[ -x "$TEST" ] || { echo "compute_sanitizer.sh: $TEST not built (cmake --build $BUILD --target cuda_kernels_test)" >&2; exit 2; }
+mkdir -p "$OUT"
+fail=0
+for tool in $TOOLS; do
+    log=$OUT/$tool.log
+    start=$SECONDS
+    # Launches of every kernel are checked; CUDA API errors are reported too (the default), so a failed
+    # lookup or allocation counts as an error.
+    timeout "$LIMIT" compute-sanitizer --tool "$tool" --error-exitcode 86 --print-limit 20 --target-processes all \
+        "$TEST" --gtest_filter="$FILTER" > "$log" 2>&1
+    rc=$?
+    secs=$((SECONDS - start))
+    summary=$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | tail -1)
+    tests=$(grep -E '^\[  (PASSED|FAILED)  \]' "$log" | tr '\n' ' ')
+    echo "$tool: rc $rc, ${secs} s, ${summary:-no summary} | $tests"
+    [ "$rc" = 0 ] || fail=1
+done
+exit $fail

@@ -2461,7 +2461,7 @@ extern "C" __global__ void __launch_bounds__(256) g4_lm_screen(const float* x, c
 template <int L>
 __device__ __forceinline__ void lm_exact(const GemvArgs& a, const float2* lohi, u32* tmax, int* ws, Step* step, int* ids,
                                          volatile int* host_tok, int limit) {
-    __shared__ u8 flag[LM_VB_MAX];
+    __shared__ int flag[LM_VB_MAX];
     __shared__ int list[LM_VB_MAX];
     __shared__ int wcount[4];
     __shared__ float bv[128];
@@ -2470,6 +2470,7 @@ __device__ __forceinline__ void lm_exact(const GemvArgs& a, const float2* lohi, 
     const int V = a.m[0].n, nvb = (V + RPV - 1) / RPV, per = (nvb + gridDim.x - 1) / gridDim.x;
     const int vb0 = blockIdx.x * per, vb1 = min(nvb, vb0 + per), r0 = vb0 * RPV, r1 = min(V, vb1 * RPV);
     for (int v = threadIdx.x; v < per; v += blockDim.x) flag[v] = 0;
+    __syncthreads();   // every flag zeroed before any thread sets one
     pdl_begin();
     const float T = lm_unkey(__ldcg(tmax));
     float thr     = T - (0.05f + 1e-4f * fabsf(T));
@@ -2481,8 +2482,9 @@ __device__ __forceinline__ void lm_exact(const GemvArgs& a, const float2* lohi, 
     for (int i = threadIdx.x; i < n2; i += blockDim.x) {
         const float4 t = __ldcg(lh4 + i);
         const int r    = r0 + 2 * i;
-        if (!(t.y < thr)) flag[(r - r0) / RPV] = 1;   // hi >= thr, or NaN
-        if (r + 1 < r1 && !(t.w < thr)) flag[(r + 1 - r0) / RPV] = 1;
+        // Several threads may flag one block: atomic, so that no write races another.
+        if (!(t.y < thr)) atomicOr(&flag[(r - r0) / RPV], 1);   // hi >= thr, or NaN
+        if (r + 1 < r1 && !(t.w < thr)) atomicOr(&flag[(r + 1 - r0) / RPV], 1);
     }
     __syncthreads();
     // The flagged blocks in order, compacted (a ballot per warp, 128 flags a pass).

@@ -155,7 +155,7 @@ TEST_F(PlanIntegrity, MetadataSizesAndGenerationDefaults) {
         return path;
     };
     expect_refused(with_meta("arena", "\"act_arena_bytes\": 336128", "\"act_arena_bytes\": 9.9e15"),
-                   {"activation arena 9900000000000000 bytes"});
+                   {"META field act_arena_bytes: expected an integer", "9.9e+15"});
     expect_refused(with_meta("topp", "\"top_p\": 0.9", "\"top_p\": 9.9"), {"generation defaults", "top_p"});
     expect_refused(with_meta("eos", "   106\n", "   906\n"), {"outside the vocabulary"});
 }

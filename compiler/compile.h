@@ -3,8 +3,8 @@
 // weight against the checkpoint, convert to the plan dtype, plan activation/KV memory, then write
 // the plan to a temporary name and rename it into place (never a half-written output file).
 #pragma once
-#include <iosfwd>
 #include <cstdint>
+#include <iosfwd>
 #include <string>
 #include <vector>
 
@@ -12,19 +12,21 @@ namespace g4 {
 
 struct CompileOptions {
     std::string model_dir;
-    std::string adapter_dir;          // PEFT adapter (not supported yet)
+    std::string adapter_dir; // PEFT adapter (not supported yet)
     std::string out_path;
-    std::string weights = "nf4";      // nf4 (NF4 projections, bf16 rest) | bf16 | f32
-    std::string device  = "cpu";      // cpu | cuda[:N]
-    std::string quantize_regex;       // NF4 for matmul weights whose HF name matches (replaces the default set)
-    std::string keep_regex;           // never quantize weights whose HF name matches
-    bool double_quant   = false;      // bitsandbytes double quantization of the NF4 absmax
-    bool fidelity       = true;       // measure logits vs the full-precision model when lossy
-    bool dry_run        = false;      // validate and print the memory plan; write nothing
-    std::string cuda_target;          // sm_80 | sm_86 | sm_89 | sm_90; default: the GPU present
-    std::string prefill_precision = "bf16";   // CUDA prefill matmuls: bf16 (tensor cores) | fp32 (exact SIMT)
-    bool deterministic  = false;      // CUDA decode sums in a fixed order (sm_90: no fused MLP, whose atomic adds vary)
-    std::string mlp_precision = "f16";    // sm_90 fused decode MLP products: f16 (packed, where the weights allow) | f32
+    std::string weights = "nf4"; // nf4 (NF4 projections, bf16 rest) | bf16 | f32
+    std::string device  = "cpu"; // cpu | cuda[:N]
+    std::string quantize_regex;  // NF4 for matmul weights whose HF name matches (replaces the default set)
+    std::string keep_regex;      // never quantize weights whose HF name matches
+    bool double_quant = false;   // bitsandbytes double quantization of the NF4 absmax
+    bool fidelity     = true;    // measure logits vs the full-precision model when lossy
+    bool dry_run      = false;   // validate and print the memory plan; write nothing
+    std::string cuda_target;     // sm_80 | sm_86 | sm_89 | sm_90; default: the GPU present
+    std::string prefill_precision = "bf16"; // CUDA prefill matmuls: bf16 (tensor cores) | fp32 (exact SIMT)
+    bool deterministic =
+        false; // CUDA decode sums in a fixed order (sm_90: no fused MLP, whose atomic adds vary)
+    std::string mlp_precision =
+        "f16"; // sm_90 fused decode MLP products: f16 (packed, where the weights allow) | f32
     // sm_90 decode schedule choices for measuring one form against another (recorded in the plan's policy
     // when not the default): the fused MLP's output replicas (auto: cuda::mlp_replicas by shape | 1..4), the
     // ResNorm before a PLE in the PLE's kernel (on: where cuda::ple_fold_after takes it | off), the ResNorm
@@ -33,22 +35,25 @@ struct CompileOptions {
     std::string mlp_replicas = "auto";
     std::string ple_fold     = "on";
     std::string mlp_fold     = "one-wave";
-    std::string kernel_trace = "off";     // CUDA kernels with the timeline trace: off | launches | blocks
-    std::string kv_dtype;             // KV cache storage: bf16 | f32; empty: bf16 for CUDA plans, f32 for CPU plans
-    std::string tokenizer_path;       // tokenizer.json to embed (default: MODEL/tokenizer.json if present)
-    int max_context     = 0;          // 0: min(4096, max_position_embeddings)
-    int max_rows        = 64;         // prefill chunk (tokens per step); `g4 compile --device cuda`: 1024
-    int logits_rows     = 16;         // logits rows one step can produce
+    std::string kernel_trace = "off"; // CUDA kernels with the timeline trace: off | launches | blocks
+    std::string kv_dtype;       // KV cache storage: bf16 | f32; empty: bf16 for CUDA plans, f32 for CPU plans
+    std::string tokenizer_path; // tokenizer.json to embed (default: MODEL/tokenizer.json if present)
+    int max_context = 0;        // 0: min(4096, max_position_embeddings)
+    int max_rows    = 64;       // prefill chunk (tokens per step); `g4 compile --device cuda`: 1024
+    int logits_rows = 16;       // logits rows one step can produce
     std::vector<std::string> gpu_mem; // --gpu-mem [IDX:]SIZE, one per GPU (compiler/placement.h)
     std::string cpu_mem;              // --cpu-mem SIZE: host memory budget
     std::string place;                // --place LIST: component=target items
     bool vision = true, audio = true; // compile the towers the checkpoint has (--no-vision / --no-audio)
-    int image_tokens = 280;           // --image-tokens: soft tokens an image gives at most (70|140|280|560|1120)
-    int64_t max_image_pixels = 16ll << 20;   // --max-image-pixels: largest input image (width * height) a session takes
-    double max_audio_seconds = 30;    // --max-audio-seconds: longest clip (Hugging Face's processor keeps 30 s)
-    std::string tower_precision;      // --tower-precision: towers' matmuls fp32 (HF float32) | bf16 (faster, ~3e-3 off); "" = fp32,
-                                      // and an explicit fp32 also keeps the vision tower off the GPU
-    int max_media_tokens = 0;         // --max-media-tokens: soft tokens a session holds queued; 0: max(2048, one image/clip)
+    int image_tokens = 280; // --image-tokens: soft tokens an image gives at most (70|140|280|560|1120)
+    int64_t max_image_pixels =
+        16ll << 20;                // --max-image-pixels: largest input image (width * height) a session takes
+    double max_audio_seconds = 30; // --max-audio-seconds: longest clip (Hugging Face's processor keeps 30 s)
+    std::string
+        tower_precision; // --tower-precision: towers' matmuls fp32 (HF float32) | bf16 (faster, ~3e-3 off);
+                         // "" = fp32, and an explicit fp32 also keeps the vision tower off the GPU
+    int max_media_tokens =
+        0; // --max-media-tokens: soft tokens a session holds queued; 0: max(2048, one image/clip)
 };
 
 // Throws g4::CompileError. Progress and the compile report go to `log`.

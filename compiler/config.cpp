@@ -6,8 +6,8 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
-#include <map>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -46,14 +46,17 @@ struct Reader {
     }
     int32_t int32(const char* k, int64_t def, int64_t lo, int64_t hi) const {
         int64_t v = integer(k, def);
-        if (v < lo || v > hi) fail(k, "= " + std::to_string(v) + " is out of range " + std::to_string(lo) + ".." + std::to_string(hi));
+        if (v < lo || v > hi)
+            fail(k, "= " + std::to_string(v) + " is out of range " + std::to_string(lo) + ".." +
+                        std::to_string(hi));
         return (int32_t)v;
     }
 };
 
 std::vector<int> id_list(const json& v) {
     std::vector<int> ids;
-    if (v.is_number_integer()) ids.push_back(v.get<int>());
+    if (v.is_number_integer())
+        ids.push_back(v.get<int>());
     else if (v.is_array())
         for (auto& e : v)
             if (e.is_number_integer()) ids.push_back(e.get<int>());
@@ -61,7 +64,7 @@ std::vector<int> id_list(const json& v) {
 }
 
 void parse_rope(const Reader& r, gemma4::TextHParams& hp) {
-    if (!r.has("rope_parameters")) return;   // HF defaults already in hp
+    if (!r.has("rope_parameters")) return; // HF defaults already in hp
     const json& rp = r.j["rope_parameters"];
     if (!rp.is_object()) r.fail("rope_parameters", "must be an object");
     for (const char* type : {"sliding_attention", "full_attention"}) {
@@ -69,11 +72,12 @@ void parse_rope(const Reader& r, gemma4::TextHParams& hp) {
         Reader t{rp[type], r.where + ": rope_parameters." + type};
         std::string rope_type = t.string("rope_type", "default");
         if (rope_type != "default" && rope_type != "proportional")
-            t.fail("rope_type", "= '" + rope_type + "' is not supported (g4 supports default and proportional)");
+            t.fail("rope_type",
+                   "= '" + rope_type + "' is not supported (g4 supports default and proportional)");
         if (t.has("factor") && t.number("factor", 1.0) != 1.0) t.fail("factor", "!= 1 is not supported");
-        bool full    = std::string(type) == "full_attention";
-        float theta  = (float)t.number("rope_theta", full ? 1e6 : 1e4);
-        float part   = (float)t.number("partial_rotary_factor", 1.0);
+        bool full   = std::string(type) == "full_attention";
+        float theta = (float)t.number("rope_theta", full ? 1e6 : 1e4);
+        float part  = (float)t.number("partial_rotary_factor", 1.0);
         if (full) {
             hp.rope_theta_full        = theta;
             hp.partial_rotary_full    = part;
@@ -89,27 +93,30 @@ void parse_rope(const Reader& r, gemma4::TextHParams& hp) {
 gemma4::TextHParams parse_text(const json& tc, const std::string& where, const json* top, std::string* form) {
     Reader r{tc, where};
     gemma4::TextHParams hp;
-    hp.vocab_size        = r.int32("vocab_size", 262144, 1, 1 << 24);
-    hp.hidden_size       = r.int32("hidden_size", 2304, 1, 1 << 16);
-    hp.intermediate_size = r.int32("intermediate_size", 9216, 1, 1 << 20);
-    hp.num_layers        = r.int32("num_hidden_layers", 30, 1, gemma4::kMaxLayers);
-    hp.num_heads         = r.int32("num_attention_heads", 8, 1, 1024);
-    hp.num_kv_heads      = r.int32("num_key_value_heads", 4, 1, 1024);
-    hp.head_dim          = r.int32("head_dim", 256, 2, 4096);
-    hp.sliding_window    = r.int32("sliding_window", 512, 1, 1 << 24);
-    hp.num_kv_shared_layers = r.int32("num_kv_shared_layers", 0, 0, gemma4::kMaxLayers);
-    hp.use_double_wide_mlp  = r.boolean("use_double_wide_mlp", false);
-    hp.ple_dim           = r.int32("hidden_size_per_layer_input", 256, 0, 1 << 16);
-    hp.ple_vocab_size    = r.int32("vocab_size_per_layer_input", 262144, 0, 1 << 24);
+    hp.vocab_size              = r.int32("vocab_size", 262144, 1, 1 << 24);
+    hp.hidden_size             = r.int32("hidden_size", 2304, 1, 1 << 16);
+    hp.intermediate_size       = r.int32("intermediate_size", 9216, 1, 1 << 20);
+    hp.num_layers              = r.int32("num_hidden_layers", 30, 1, gemma4::kMaxLayers);
+    hp.num_heads               = r.int32("num_attention_heads", 8, 1, 1024);
+    hp.num_kv_heads            = r.int32("num_key_value_heads", 4, 1, 1024);
+    hp.head_dim                = r.int32("head_dim", 256, 2, 4096);
+    hp.sliding_window          = r.int32("sliding_window", 512, 1, 1 << 24);
+    hp.num_kv_shared_layers    = r.int32("num_kv_shared_layers", 0, 0, gemma4::kMaxLayers);
+    hp.use_double_wide_mlp     = r.boolean("use_double_wide_mlp", false);
+    hp.ple_dim                 = r.int32("hidden_size_per_layer_input", 256, 0, 1 << 16);
+    hp.ple_vocab_size          = r.int32("vocab_size_per_layer_input", 262144, 0, 1 << 24);
     hp.max_position_embeddings = r.int32("max_position_embeddings", 131072, 1, 1 << 30);
-    hp.rms_norm_eps      = (float)r.number("rms_norm_eps", 1e-6);
-    hp.final_logit_softcap = (float)r.number("final_logit_softcapping", 0.0);
-    hp.bos_token_id      = (int32_t)r.integer("bos_token_id", 2);
-    hp.pad_token_id      = (int32_t)r.integer("pad_token_id", 0);
-    std::string act      = r.string("hidden_activation", "gelu_pytorch_tanh");
-    if (act != "gelu_pytorch_tanh") r.fail("hidden_activation", "= '" + act + "' is not supported (expected gelu_pytorch_tanh)");
-    if (r.boolean("enable_moe_block", false)) r.fail("enable_moe_block", "= true (MoE Gemma 4) is not supported by g4");
-    if (r.boolean("attention_k_eq_v", false)) r.fail("attention_k_eq_v", "= true is not supported by g4 (E2B/E4B use false)");
+    hp.rms_norm_eps            = (float)r.number("rms_norm_eps", 1e-6);
+    hp.final_logit_softcap     = (float)r.number("final_logit_softcapping", 0.0);
+    hp.bos_token_id            = (int32_t)r.integer("bos_token_id", 2);
+    hp.pad_token_id            = (int32_t)r.integer("pad_token_id", 0);
+    std::string act            = r.string("hidden_activation", "gelu_pytorch_tanh");
+    if (act != "gelu_pytorch_tanh")
+        r.fail("hidden_activation", "= '" + act + "' is not supported (expected gelu_pytorch_tanh)");
+    if (r.boolean("enable_moe_block", false))
+        r.fail("enable_moe_block", "= true (MoE Gemma 4) is not supported by g4");
+    if (r.boolean("attention_k_eq_v", false))
+        r.fail("attention_k_eq_v", "= true is not supported by g4 (E2B/E4B use false)");
     if (r.boolean("attention_bias", false)) r.fail("attention_bias", "= true is not supported by g4");
     std::string bidir = r.string("use_bidirectional_attention", "");
     if (bidir == "all") r.fail("use_bidirectional_attention", "= 'all' is not supported by g4");
@@ -118,12 +125,17 @@ gemma4::TextHParams parse_text(const json& tc, const std::string& where, const j
     if (r.has("layer_types")) {
         const json& lt = tc["layer_types"];
         if (!lt.is_array() || (int)lt.size() != hp.num_layers)
-            r.fail("layer_types", "must be a list of num_hidden_layers (" + std::to_string(hp.num_layers) + ") strings");
+            r.fail("layer_types",
+                   "must be a list of num_hidden_layers (" + std::to_string(hp.num_layers) + ") strings");
         for (int i = 0; i < hp.num_layers; ++i) {
             std::string s = lt[i].is_string() ? lt[i].get<std::string>() : "";
-            if (s == "sliding_attention") hp.layer_types[i] = gemma4::LayerType::Sliding;
-            else if (s == "full_attention") hp.layer_types[i] = gemma4::LayerType::Full;
-            else r.fail("layer_types", "entry " + std::to_string(i) + " must be sliding_attention or full_attention");
+            if (s == "sliding_attention")
+                hp.layer_types[i] = gemma4::LayerType::Sliding;
+            else if (s == "full_attention")
+                hp.layer_types[i] = gemma4::LayerType::Full;
+            else
+                r.fail("layer_types",
+                       "entry " + std::to_string(i) + " must be sliding_attention or full_attention");
         }
     } else {
         for (int i = 0; i < hp.num_layers; ++i)
@@ -136,7 +148,7 @@ gemma4::TextHParams parse_text(const json& tc, const std::string& where, const j
     hp.head_dim_full     = hp.head_dim;
     hp.num_kv_heads_full = hp.num_kv_heads;
     if (r.has("per_layer_config")) {
-        *form = "per_layer_config";
+        *form           = "per_layer_config";
         const json& plc = tc["per_layer_config"];
         if (!plc.is_object()) r.fail("per_layer_config", "must be an object keyed by layer index");
         // Keys are layer indices as strings, zero-padded by transformers when there are >= 10 layers ("05").
@@ -146,7 +158,8 @@ gemma4::TextHParams parse_text(const json& tc, const std::string& where, const j
             char* end              = nullptr;
             long idx               = std::strtol(key.c_str(), &end, 10);
             if (key.empty() || *end || idx < 0 || idx >= hp.num_layers)
-                r.fail("per_layer_config", "has key '" + key + "', which is not a layer index 0.." + std::to_string(hp.num_layers - 1));
+                r.fail("per_layer_config", "has key '" + key + "', which is not a layer index 0.." +
+                                               std::to_string(hp.num_layers - 1));
             if (!it.value().is_object()) r.fail("per_layer_config", "entry '" + key + "' must be an object");
             by_layer[(int)idx] = &it.value();
         }
@@ -164,15 +177,17 @@ gemma4::TextHParams parse_text(const json& tc, const std::string& where, const j
                 r.fail("per_layer_config", "overrides sliding layer " + key + ", which g4 does not support");
             if (full) {
                 if (full_hd >= 0 && (hd != full_hd || kv != full_kv))
-                    r.fail("per_layer_config", "gives full-attention layers different head sizes; g4 needs one");
+                    r.fail("per_layer_config",
+                           "gives full-attention layers different head sizes; g4 needs one");
                 full_hd = hd, full_kv = kv;
             }
         }
         if (full_hd > 0) hp.head_dim_full = full_hd, hp.num_kv_heads_full = full_kv;
     } else {
-        *form             = "global_head_dim";
-        hp.head_dim_full  = r.int32("global_head_dim", 512, 2, 4096);
-        if (r.has("num_global_key_value_heads")) hp.num_kv_heads_full = r.int32("num_global_key_value_heads", 0, 1, 1024);
+        *form            = "global_head_dim";
+        hp.head_dim_full = r.int32("global_head_dim", 512, 2, 4096);
+        if (r.has("num_global_key_value_heads"))
+            hp.num_kv_heads_full = r.int32("num_global_key_value_heads", 0, 1, 1024);
     }
     (void)top;
     std::string err = gemma4::validate(hp);
@@ -201,7 +216,8 @@ ModelConfig parse_model_config(const std::string& config_json, const std::string
     try {
         j = json::parse(config_json);
     } catch (const std::exception& e) {
-        throw CompileError(source + ": corrupt JSON (" + std::string(e.what()) + "); re-download or re-save config.json");
+        throw CompileError(source + ": corrupt JSON (" + std::string(e.what()) +
+                           "); re-download or re-save config.json");
     }
     if (!j.is_object()) throw CompileError(source + ": corrupt JSON: top level must be an object");
     ModelConfig mc;
@@ -248,7 +264,8 @@ ModelConfig parse_model_config(const std::string& config_json, const std::string
         try {
             gj = json::parse(generation_json);
         } catch (const std::exception& e) {
-            throw CompileError(source + " (generation_config.json): corrupt JSON (" + std::string(e.what()) + ")");
+            throw CompileError(source + " (generation_config.json): corrupt JSON (" + std::string(e.what()) +
+                               ")");
         }
         Reader gr{gj, "generation_config.json"};
         if (gj.contains("eos_token_id")) {
@@ -284,7 +301,8 @@ ModelConfig parse_model_config(const std::string& config_json, const std::string
     };
     check_id("bos_token_id", g.bos_token_id);
     check_id("pad_token_id", g.pad_token_id);
-    for (int id : g.eos_token_ids) check_id("eos_token_id", id);
+    for (int id : g.eos_token_ids)
+        check_id("eos_token_id", id);
     if (g.eos_token_ids.size() > 64) throw CompileError(source + ": more than 64 eos_token_id entries");
     return mc;
 }
@@ -293,7 +311,8 @@ ModelConfig load_model_config(const std::string& dir) {
     namespace fs = std::filesystem;
     if (!fs::is_directory(dir)) throw CompileError("model directory " + dir + " does not exist");
     std::string cfg = dir + "/config.json";
-    if (!fs::exists(cfg)) throw CompileError(cfg + " not found: --model must be a Hugging Face checkpoint directory");
+    if (!fs::exists(cfg))
+        throw CompileError(cfg + " not found: --model must be a Hugging Face checkpoint directory");
     std::string gen_path = dir + "/generation_config.json";
     std::string gen      = fs::exists(gen_path) ? read_text_file(gen_path) : "";
     return parse_model_config(read_text_file(cfg), gen, cfg);

@@ -11,21 +11,21 @@
 namespace g4 {
 
 struct GenerationDefaults {
-    std::vector<int> eos_token_ids;   // generation stops at any of these
-    int bos_token_id    = 2;
-    int pad_token_id    = 0;
-    bool do_sample      = false;
-    float temperature   = 1.0f;
-    int top_k           = 0;
-    float top_p         = 1.0f;
-    float min_p         = 0.0f;
+    std::vector<int> eos_token_ids; // generation stops at any of these
+    int bos_token_id         = 2;
+    int pad_token_id         = 0;
+    bool do_sample           = false;
+    float temperature        = 1.0f;
+    int top_k                = 0;
+    float top_p              = 1.0f;
+    float min_p              = 0.0f;
     float repetition_penalty = 1.0f;
 };
 
 struct ModelConfig {
-    std::string model_type;           // "gemma4" or "gemma4_text"
-    std::string tensor_prefix;        // "model.language_model." or "model."
-    std::string head_dim_form;        // "global_head_dim" or "per_layer_config"
+    std::string model_type;    // "gemma4" or "gemma4_text"
+    std::string tensor_prefix; // "model.language_model." or "model."
+    std::string head_dim_form; // "global_head_dim" or "per_layer_config"
     gemma4::TextHParams text;
     GenerationDefaults generation;
     bool has_vision = false, has_audio = false;

@@ -34,8 +34,10 @@ struct Cols {
         std::sort(iv.begin(), iv.end());
         std::vector<std::pair<int64_t, int64_t>> m;
         for (auto x : iv)
-            if (!m.empty() && x.first <= m.back().second) m.back().second = std::max(m.back().second, x.second);
-            else m.push_back(x);
+            if (!m.empty() && x.first <= m.back().second)
+                m.back().second = std::max(m.back().second, x.second);
+            else
+                m.push_back(x);
         iv = std::move(m);
     }
     void remove(int64_t a, int64_t b) {
@@ -55,47 +57,62 @@ struct Cols {
 // Columns op reads from input k / writes to output k (0 when the operand is not an activation view).
 int64_t in_cols(const Program& p, const PlanOp& op, int k) {
     switch ((OpCode)op.code) {
-    case OpCode::Matmul: return k == 0 ? p.tensors[op.in[1]].dims[1] : 0;
+    case OpCode::Matmul:
+        return k == 0 ? p.tensors[op.in[1]].dims[1] : 0;
     case OpCode::RmsNorm:
     case OpCode::Scale:
-    case OpCode::Softcap: return k == 0 ? op.ip[0] : 0;
+    case OpCode::Softcap:
+        return k == 0 ? op.ip[0] : 0;
     case OpCode::Add:
     case OpCode::GeluMul:
-    case OpCode::KvStore: return k < 2 ? op.ip[0] : 0;
-    case OpCode::Rope: return k == 0 ? (int64_t)op.ip[0] * op.ip[1] : 0;
-    case OpCode::Attention: return k == 0 ? (int64_t)op.ip[0] * op.ip[2] : 0;
-    default: return 0;   // Embed reads ids and a table
+    case OpCode::KvStore:
+        return k < 2 ? op.ip[0] : 0;
+    case OpCode::Rope:
+        return k == 0 ? (int64_t)op.ip[0] * op.ip[1] : 0;
+    case OpCode::Attention:
+        return k == 0 ? (int64_t)op.ip[0] * op.ip[2] : 0;
+    default:
+        return 0; // Embed reads ids and a table
     }
 }
 int64_t out_cols(const Program& p, const PlanOp& op) {
     switch ((OpCode)op.code) {
-    case OpCode::Embed: return p.tensors[op.in[1]].dims[1];
-    case OpCode::Matmul: return p.tensors[op.in[1]].dims[0];
-    case OpCode::Attention: return (int64_t)op.ip[0] * op.ip[2];
-    case OpCode::KvStore: return 0;   // caches: mirrored, not copied
-    default: return in_cols(p, op, 0);
+    case OpCode::Embed:
+        return p.tensors[op.in[1]].dims[1];
+    case OpCode::Matmul:
+        return p.tensors[op.in[1]].dims[0];
+    case OpCode::Attention:
+        return (int64_t)op.ip[0] * op.ip[2];
+    case OpCode::KvStore:
+        return 0; // caches: mirrored, not copied
+    default:
+        return in_cols(p, op, 0);
     }
 }
 
 } // namespace
 
-static std::string device_suffix(int dev) { return dev == kHost ? "@cpu" : "@cuda" + std::to_string(dev); }
+static std::string device_suffix(int dev) {
+    return dev == kHost ? "@cpu" : "@cuda" + std::to_string(dev);
+}
 
 Stats split(Program& p, const std::vector<int>& layer_device, int primary) {
     Stats st;
     auto dev_of = [&](const OpDesc& d) { return op_device(d.op, layer_device, primary); };
 
     // 1. KV caches read across devices: mirrors on the reader's device.
-    std::map<int, size_t> writer;   // cache tensor -> its KvStore op
+    std::map<int, size_t> writer; // cache tensor -> its KvStore op
     for (size_t i = 0; i < p.ops.size(); ++i)
         if (p.ops[i].op.code == (uint16_t)OpCode::KvStore) writer[p.ops[i].op.out[0]] = i;
-    std::map<std::pair<int, int>, std::pair<int, int>> mirror;   // (donor k cache, reader device) -> mirror k, v caches
+    std::map<std::pair<int, int>, std::pair<int, int>>
+        mirror; // (donor k cache, reader device) -> mirror k, v caches
     std::vector<OpDesc> ops;
     for (size_t i = 0; i < p.ops.size(); ++i) {
         OpDesc d = p.ops[i];
         if (d.op.code == (uint16_t)OpCode::Attention) {
             auto w = writer.find(d.op.in[1]);
-            if (w == writer.end()) throw CompileError("internal: attention '" + d.name + "' reads a cache no op writes");
+            if (w == writer.end())
+                throw CompileError("internal: attention '" + d.name + "' reads a cache no op writes");
             const OpDesc& store = p.ops[w->second];
             if (dev_of(store) != dev_of(d)) {
                 auto key = std::make_pair(store.op.out[0], dev_of(d));
@@ -108,11 +125,11 @@ Stats split(Program& p, const std::vector<int>& layer_device, int primary) {
                         p.tensors.push_back(t);
                         kv[c] = (int)p.tensors.size() - 1;
                     }
-                    OpDesc ms     = store;
-                    ms.op.layer   = d.op.layer;   // runs where its readers run
-                    ms.op.out[0]  = kv[0];
-                    ms.op.out[1]  = kv[1];
-                    ms.name       = store.name + "@" + std::to_string(d.op.layer);
+                    OpDesc ms    = store;
+                    ms.op.layer  = d.op.layer; // runs where its readers run
+                    ms.op.out[0] = kv[0];
+                    ms.op.out[1] = kv[1];
+                    ms.name      = store.name + "@" + std::to_string(d.op.layer);
                     ops.push_back(ms);
                     m = mirror.emplace(key, std::make_pair(kv[0], kv[1])).first;
                     st.mirrors++;
@@ -125,40 +142,42 @@ Stats split(Program& p, const std::vector<int>& layer_device, int primary) {
     }
 
     // 2. Copy steps: track which columns of each activation each device holds.
-    std::map<int, std::map<int, Cols>> held;   // device -> tensor -> columns
+    std::map<int, std::map<int, Cols>> held; // device -> tensor -> columns
     std::vector<OpDesc> out;
     out.reserve(ops.size() + 64);
     for (OpDesc& d : ops) {
         const int dev = dev_of(d);
         for (int k = 0; k < 4; ++k) {
-            const int t = d.op.in[k];
+            const int t     = d.op.in[k];
             const int64_t n = in_cols(p, d.op, k);
             if (t < 0 || n == 0 || p.tensors[t].kind != TensorKind::Activation) continue;
             const int64_t a = d.op.in_col[k], b = a + n;
             if (held[dev][t].has(a, b)) continue;
             int src = dev;
-            for (auto& [o, cols] : held)   // any holder has the writer's values; a GPU is preferred to the host
+            for (auto& [o, cols] : held) // any holder has the writer's values; a GPU is preferred to the host
                 if (o != dev && cols[t].has(a, b) && (src == dev || src == kHost)) src = o;
             if (src == dev)
-                throw CompileError("internal: op '" + d.name + "' reads columns " + std::to_string(a) + ".." + std::to_string(b) + " of '" +
-                                   p.tensors[t].name + "', which no device holds");
+                throw CompileError("internal: op '" + d.name + "' reads columns " + std::to_string(a) + ".." +
+                                   std::to_string(b) + " of '" + p.tensors[t].name +
+                                   "', which no device holds");
             OpDesc c{};
             c.op.code  = (uint16_t)OpCode::Copy;
             c.op.layer = plan::kNoLayer;
-            for (int j = 0; j < 4; ++j) c.op.in[j] = -1;
-            c.op.out[1]   = -1;
-            c.op.in[0]    = c.op.out[0] = t;
+            for (int j = 0; j < 4; ++j)
+                c.op.in[j] = -1;
+            c.op.out[1] = -1;
+            c.op.in[0] = c.op.out[0] = t;
             c.op.in_col[0] = c.op.out_col[0] = (int32_t)a;
-            c.op.ip[0]    = (int32_t)n;
-            c.op.ip[1]    = dev;
-            c.op.ip[2]    = src;
-            c.op.row_mode = (int32_t)plan::RowMode::All;
-            c.name        = p.tensors[t].name + device_suffix(dev);
+            c.op.ip[0]                       = (int32_t)n;
+            c.op.ip[1]                       = dev;
+            c.op.ip[2]                       = src;
+            c.op.row_mode                    = (int32_t)plan::RowMode::All;
+            c.name                           = p.tensors[t].name + device_suffix(dev);
             out.push_back(c);
             (dev == kHost ? st.copies_to_host : src == kHost ? st.copies_to_device : st.copies_peer)++;
             held[dev][t].add(a, b);
         }
-        const int o = d.op.out[0];
+        const int o     = d.op.out[0];
         const int64_t n = out_cols(p, d.op);
         if (o >= 0 && n > 0 && p.tensors[o].kind == TensorKind::Activation) {
             const int64_t a = d.op.out_col[0];
@@ -174,18 +193,20 @@ Stats split(Program& p, const std::vector<int>& layer_device, int primary) {
     for (size_t j = 0; j < out.size(); ++j) {
         if (out[j].op.code != (uint16_t)OpCode::Copy) continue;
         const int dst = out[j].op.ip[1], src = out[j].op.ip[2];
-        const int t   = out[j].op.in[0];
+        const int t     = out[j].op.in[0];
         const int64_t a = out[j].op.in_col[0], b = a + out[j].op.ip[0];
-        size_t i          = j;
+        size_t i = j;
         while (i > 0) {
             const OpDesc& prev   = out[i - 1];
             const bool prev_copy = prev.op.code == (uint16_t)OpCode::Copy;
             if (!prev_copy && dev_of(prev) != dst) break;
             bool touches = false;
-            for (int x : prev.op.out) touches |= x == t;
+            for (int x : prev.op.out)
+                touches |= x == t;
             for (int k = 0; k < 4; ++k) {
                 if (prev.op.in[k] != t) continue;
-                const int64_t pa = prev.op.in_col[k], pb = pa + (prev_copy ? prev.op.ip[0] : in_cols(p, prev.op, k));
+                const int64_t pa = prev.op.in_col[k],
+                              pb = pa + (prev_copy ? prev.op.ip[0] : in_cols(p, prev.op, k));
                 touches |= prev_copy || (pa < b && a < pb);
             }
             if (touches) break;
@@ -194,11 +215,12 @@ Stats split(Program& p, const std::vector<int>& layer_device, int primary) {
         }
         if (i == 0) continue;
         OpDesc& prev = out[i - 1];
-        if (prev.op.code == (uint16_t)OpCode::Copy && prev.op.in[0] == t && prev.op.ip[1] == dst && prev.op.ip[2] == src) {
+        if (prev.op.code == (uint16_t)OpCode::Copy && prev.op.in[0] == t && prev.op.ip[1] == dst &&
+            prev.op.ip[2] == src) {
             const int64_t pa = prev.op.in_col[0], pb = pa + prev.op.ip[0];
             if (pa <= b && a <= pb) {
                 prev.op.in_col[0] = prev.op.out_col[0] = (int32_t)std::min(a, pa);
-                prev.op.ip[0]     = (int32_t)(std::max(b, pb) - std::min(a, pa));
+                prev.op.ip[0]                          = (int32_t)(std::max(b, pb) - std::min(a, pa));
                 out.erase(out.begin() + (std::ptrdiff_t)i);
                 (dst == kHost ? st.copies_to_host : src == kHost ? st.copies_to_device : st.copies_peer)--;
                 j = i - 1;

@@ -8,15 +8,15 @@
 
 namespace g4::cross_device {
 
-inline constexpr int kHost = -1;   // device code of the CPU / host memory; GPUs are their CUDA index
+inline constexpr int kHost = -1; // device code of the CPU / host memory; GPUs are their CUDA index
 
 // Where an op runs: layer_device[layer] (kHost or a CUDA index); everything without a layer
 // (embeddings, PLE projection, final norm, LM head) runs on the plan's GPU, `primary`.
 int op_device(const plan::PlanOp& op, const std::vector<int>& layer_device, int primary);
 
 struct Stats {
-    int copies_to_host = 0, copies_to_device = 0, copies_peer = 0;   // copy steps inserted (peer: GPU to GPU)
-    int mirrors = 0;                                                 // caches mirrored onto another device
+    int copies_to_host = 0, copies_to_device = 0, copies_peer = 0; // copy steps inserted (peer: GPU to GPU)
+    int mirrors = 0;                                               // caches mirrored onto another device
 };
 
 // Rewrites `p` in place:

@@ -18,7 +18,7 @@
 
 namespace g4::cuda {
 
-extern const char* const kKernelSource;   // generated from kernels/cuda/kernels.cu
+extern const char* const kKernelSource; // generated from kernels/cuda/kernels.cu
 
 KernelSpec kernel_spec(const std::vector<int>& heads_per_group) {
     KernelSpec s;
@@ -46,7 +46,9 @@ std::string kernel_cache_dir() {
 }
 
 #ifdef G4_HAVE_NVRTC
-bool nvrtc_available() { return true; }
+bool nvrtc_available() {
+    return true;
+}
 
 namespace {
 
@@ -60,7 +62,7 @@ std::string hex64(uint64_t v) {
 // A cache entry: "G4KC1\n", the key text, '\0', the output's size (u64), the output, its FNV-1a (u64).
 // The file is named by the key's hash; a read checks the whole key, the size and the checksum, so a
 // stale, foreign or truncated file is a miss (and is rewritten).
-constexpr char kCacheMagic[] = "G4KC1\n";
+constexpr char kCacheMagic[]   = "G4KC1\n";
 constexpr size_t kCacheEntries = 32;
 
 bool cache_read(const std::string& path, const std::string& key, std::string* out) {
@@ -82,7 +84,8 @@ bool cache_read(const std::string& path, const std::string& key, std::string* ou
 
 // Written under a temporary name and renamed into place, so concurrent compiles never see half a file.
 // A cache that cannot be written is skipped.
-void cache_write(const std::string& dir, const std::string& path, const std::string& key, const std::string& bytes) {
+void cache_write(const std::string& dir, const std::string& path, const std::string& key,
+                 const std::string& bytes) {
     std::error_code ec;
     std::filesystem::create_directories(dir, ec);
     if (ec) return;
@@ -117,19 +120,21 @@ void cache_write(const std::string& dir, const std::string& path, const std::str
         }
         if (entries.size() + 1 <= kCacheEntries) return;
         std::sort(entries.begin(), entries.end());
-        for (size_t i = 0; i + kCacheEntries < entries.size() + 1; ++i) std::filesystem::remove(entries[i].second, ec);
-    } catch (const std::filesystem::filesystem_error&) {   // a folder changing under us: prune next time
+        for (size_t i = 0; i + kCacheEntries < entries.size() + 1; ++i)
+            std::filesystem::remove(entries[i].second, ec);
+    } catch (const std::filesystem::filesystem_error&) { // a folder changing under us: prune next time
     }
 }
 
 } // namespace
 
-static std::string compile_one(const std::string& arch, const KernelSpec& spec, bool cubin, std::vector<char>* bin, std::string* log,
-                               bool* cached) {
+static std::string compile_one(const std::string& arch, const KernelSpec& spec, bool cubin,
+                               std::vector<char>* bin, std::string* log, bool* cached) {
     std::string a = (cubin ? "--gpu-architecture=sm_" : "--gpu-architecture=compute_") + arch.substr(3);
-    // spec.trace 1: the timeline lab's kernels (kernels.cu G4_TRACE; bench/scripts/trace_lab.sh), never for plans
-    // that are meant to be used; 2: every block of a launch records (G4_TRACE_ALL, bench/scripts/trace_blocks.py).
-    const std::string hpg = "-DG4_AD_HPG=" + std::to_string(spec.attn_hpg);
+    // spec.trace 1: the timeline lab's kernels (kernels.cu G4_TRACE; bench/scripts/trace_lab.sh), never for
+    // plans that are meant to be used; 2: every block of a launch records (G4_TRACE_ALL,
+    // bench/scripts/trace_blocks.py).
+    const std::string hpg         = "-DG4_AD_HPG=" + std::to_string(spec.attn_hpg);
     std::vector<const char*> opts = {a.c_str(), "--std=c++17", "-default-device", "-lineinfo"};
     if (spec.attn_hpg > 0) opts.push_back(hpg.c_str());
     if (spec.trace >= 1) opts.push_back("-DG4_TRACE");
@@ -138,15 +143,20 @@ static std::string compile_one(const std::string& arch, const KernelSpec& spec, 
     // hashes, made once).
     static const std::string source_key = [] {
         const size_t n = std::strlen(kKernelSource);
-        return " source " + std::to_string(n) + " " + hex64(fnv1a64(kKernelSource, n)) + " " + hex64(fnv1a64(kKernelSource, n, 0x84222325cbf29ce4ull));
+        return " source " + std::to_string(n) + " " + hex64(fnv1a64(kKernelSource, n)) + " " +
+               hex64(fnv1a64(kKernelSource, n, 0x84222325cbf29ce4ull));
     }();
     int major = 0, minor = 0;
     nvrtcVersion(&major, &minor);
-    std::string key = "nvrtc " + std::to_string(major) + "." + std::to_string(minor) + (cubin ? " cubin" : " ptx");
-    for (const char* o : opts) key += std::string(" ") + o;
+    std::string key =
+        "nvrtc " + std::to_string(major) + "." + std::to_string(minor) + (cubin ? " cubin" : " ptx");
+    for (const char* o : opts)
+        key += std::string(" ") + o;
     key += source_key;
-    const std::string dir = kernel_cache_dir();
-    const std::string path = dir.empty() ? "" : dir + "/" + arch + (cubin ? "-cubin-" : "-ptx-") + hex64(fnv1a64(key.data(), key.size())) + ".bin";
+    const std::string dir  = kernel_cache_dir();
+    const std::string path = dir.empty() ? ""
+                                         : dir + "/" + arch + (cubin ? "-cubin-" : "-ptx-") +
+                                               hex64(fnv1a64(key.data(), key.size())) + ".bin";
     std::string hit;
     if (!path.empty() && cache_read(path, key, &hit)) {
         *cached = true;
@@ -160,11 +170,12 @@ static std::string compile_one(const std::string& arch, const KernelSpec& spec, 
     if (nvrtcCreateProgram(&prog, kKernelSource, "g4_kernels.cu", 0, nullptr, nullptr) != NVRTC_SUCCESS)
         throw CompileError("NVRTC: cannot create program");
     nvrtcResult r = nvrtcCompileProgram(prog, (int)opts.size(), opts.data());
-    size_t n = 0;
+    size_t n      = 0;
     nvrtcGetProgramLogSize(prog, &n);
     std::string l(n, '\0');
     if (n) nvrtcGetProgramLog(prog, l.data());
-    while (!l.empty() && (l.back() == '\0' || l.back() == '\n')) l.pop_back();
+    while (!l.empty() && (l.back() == '\0' || l.back() == '\n'))
+        l.pop_back();
     if (r != NVRTC_SUCCESS) {
         nvrtcDestroyProgram(&prog);
         throw CompileError("NVRTC failed to compile the CUDA kernels for " + arch + ": " + l);
@@ -179,7 +190,8 @@ static std::string compile_one(const std::string& arch, const KernelSpec& spec, 
         nvrtcGetPTXSize(prog, &n);
         ptx.resize(n);
         nvrtcGetPTX(prog, ptx.data());
-        while (!ptx.empty() && ptx.back() == '\0') ptx.pop_back();
+        while (!ptx.empty() && ptx.back() == '\0')
+            ptx.pop_back();
     }
     nvrtcDestroyProgram(&prog);
     if (!path.empty()) cache_write(dir, path, key, cubin ? std::string(bin->begin(), bin->end()) : ptx);
@@ -193,7 +205,8 @@ KernelBinary compile_kernels(const std::string& target, const KernelSpec& spec, 
     KernelBinary kb;
     kb.target = target;
     if (spec.attn_hpg != 0 && kernel_spec({spec.attn_hpg}).attn_hpg != spec.attn_hpg)
-        throw CompileError("kernel specialisation: " + std::to_string(spec.attn_hpg) + " heads per KV group is not a power of two <= 16");
+        throw CompileError("kernel specialisation: " + std::to_string(spec.attn_hpg) +
+                           " heads per KV group is not a power of two <= 16");
     if (spec.trace < 0 || spec.trace > 2)
         throw CompileError("kernel trace mode " + std::to_string(spec.trace) +
                            ": expected 0 (off), 1 (launches) or 2 (blocks)");
@@ -204,10 +217,13 @@ KernelBinary compile_kernels(const std::string& target, const KernelSpec& spec, 
     return kb;
 }
 #else
-bool nvrtc_available() { return false; }
+bool nvrtc_available() {
+    return false;
+}
 KernelBinary compile_kernels(const std::string& target, const KernelSpec&, bool) {
-    throw CompileError("this g4 was built without the CUDA toolkit (NVRTC), so it cannot compile --device cuda plans; "
-                       "install nvidia-cuda-toolkit and rebuild");
+    throw CompileError(
+        "this g4 was built without the CUDA toolkit (NVRTC), so it cannot compile --device cuda plans; "
+        "install nvidia-cuda-toolkit and rebuild");
 }
 #endif
 

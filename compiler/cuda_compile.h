@@ -8,14 +8,14 @@
 namespace g4::cuda {
 
 struct KernelBinary {
-    std::string target;            // "sm_90"
+    std::string target; // "sm_90"
     std::vector<char> cubin;
     std::string ptx;
-    std::string log;               // NVRTC log (warnings; empty when the kernels came from the cache)
-    bool cached = false;           // every part came from the kernel cache
+    std::string log;     // NVRTC log (warnings; empty when the kernels came from the cache)
+    bool cached = false; // every part came from the kernel cache
 };
 
-bool nvrtc_available();            // false when g4 was built without the CUDA toolkit
+bool nvrtc_available(); // false when g4 was built without the CUDA toolkit
 // The model's constants the kernels are specialised for (0 = not specialised: the generic kernel).
 // attn_hpg: query heads per KV head of every decode attention layer (a power of two <= 16), compiled in
 // as G4_AD_HPG; recorded in the plan's META (cuda.attn_hpg) so the runtime can check its layers match.

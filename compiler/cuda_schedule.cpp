@@ -23,38 +23,44 @@ void choose_variants(std::vector<PlanOp>& ops, const std::vector<PlanTensor>& te
             const bool nf4 = w.dtype == (uint8_t)DType::NF4, bf16 = w.dtype == (uint8_t)DType::BF16;
             const bool gemv  = (nf4 && K % 512 == 0) || (bf16 && K % 256 == 0);
             const bool tiled = K % 32 == 0 && (nf4 || bf16);
-            op.ip[5] = (int32_t)(gemv ? MatmulVariant::Gemv4 : MatmulVariant::PerRow);
+            op.ip[5]         = (int32_t)(gemv ? MatmulVariant::Gemv4 : MatmulVariant::PerRow);
             // Prefill: whole chunks of rows go to cuBLAS (bf16 operands, NF4 dequantized per call);
             // the logits rows (a handful) to the in-house tensor-core kernel.
             MatmulVariant pre = MatmulVariant::PerRow;
-            if (tiled && prefill_precision == "fp32") pre = MatmulVariant::Tiled64;
+            if (tiled && prefill_precision == "fp32")
+                pre = MatmulVariant::Tiled64;
             else if (tiled) {
-                const bool aligned = op.in_col[0] % 4 == 0 && tensors[op.in[0]].dims[1] % 4 == 0 && op.out_col[0] == 0;
-                pre = op.row_mode == (int32_t)plan::RowMode::All && aligned ? MatmulVariant::Cublas : MatmulVariant::TensorCore;
+                const bool aligned =
+                    op.in_col[0] % 4 == 0 && tensors[op.in[0]].dims[1] % 4 == 0 && op.out_col[0] == 0;
+                pre = op.row_mode == (int32_t)plan::RowMode::All && aligned ? MatmulVariant::Cublas
+                                                                            : MatmulVariant::TensorCore;
             }
             op.ip[6] = (int32_t)pre;
         } else if (op.code == (uint16_t)OpCode::Attention) {
             int64_t span = op.ip[4] > 0 ? std::min<int64_t>(op.ip[4], max_context) : max_context;
-            // Prefill: bf16 plans take the tensor-core flash kernel (ip5 = 0) where it has an instance for the
-            // head dim; fp32 plans (and other dims) one block per row and head, >= 64 keys a block, <= 32
+            // Prefill: bf16 plans take the tensor-core flash kernel (ip5 = 0) where it has an instance for
+            // the head dim; fp32 plans (and other dims) one block per row and head, >= 64 keys a block, <= 32
             // partials to merge.
             const int64_t dim = op.ip[2];
-            const bool flash  = prefill_precision == "bf16" && dim >= 16 && dim <= 512 && (dim & (dim - 1)) == 0;
+            const bool flash =
+                prefill_precision == "bf16" && dim >= 16 && dim <= 512 && (dim & (dim - 1)) == 0;
             op.ip[5] = flash ? 0 : (int32_t)std::max<int64_t>(1, std::min<int64_t>(32, (span + 63) / 64));
             op.ip[6] = decode_attention_splits(span);
         }
     }
 }
 
-int decode_attention_splits(int64_t span) { return (int)std::max<int64_t>(1, std::min<int64_t>(1024, (span + 7) / 8)); }
+int decode_attention_splits(int64_t span) {
+    return (int)std::max<int64_t>(1, std::min<int64_t>(1024, (span + 7) / 8));
+}
 
 namespace {
 
 struct Matcher {
     const std::vector<PlanOp>& ops;
     const std::vector<PlanTensor>& tensors;
-    const std::vector<int>& device;   // per op (empty: one GPU); CPU ops (-1) are never fused
-    std::vector<int64_t> last_read;   // per tensor: the last op index that reads it
+    const std::vector<int>& device; // per op (empty: one GPU); CPU ops (-1) are never fused
+    std::vector<int64_t> last_read; // per tensor: the last op index that reads it
 
     Matcher(const std::vector<PlanOp>& o, const std::vector<PlanTensor>& t, const std::vector<int>& d)
         : ops(o), tensors(t), device(d), last_read(t.size(), -1) {
@@ -62,7 +68,9 @@ struct Matcher {
             for (int32_t x : ops[i].in)
                 if (x >= 0) last_read[x] = std::max<int64_t>(last_read[x], (int64_t)i);
     }
-    bool is(size_t i, OpCode c) const { return i < ops.size() && ops[i].code == (uint16_t)c && !(i < device.size() && device[i] < 0); }
+    bool is(size_t i, OpCode c) const {
+        return i < ops.size() && ops[i].code == (uint16_t)c && !(i < device.size() && device[i] < 0);
+    }
     bool unread_after(int32_t t, size_t i) const { return t < 0 || last_read[t] <= (int64_t)i; }
     int64_t cols(int32_t t) const { return tensors[t].dims[1]; }
     // An in-place full-row RmsNorm of `t` (or of anything, t = -1) with weight.
@@ -78,7 +86,8 @@ struct Matcher {
         l.kind  = (uint16_t)k;
         l.op    = (int32_t)op;
         l.count = (uint16_t)count;
-        for (int32_t& t : l.t) t = -1;
+        for (int32_t& t : l.t)
+            t = -1;
         return l;
     }
 
@@ -88,21 +97,24 @@ struct Matcher {
         const int32_t d = norm.in[0], H = norm.ip[0];
         if (!is(i + 1, OpCode::Add)) return false;
         const PlanOp& add = ops[i + 1];
-        if (add.ip[0] != H || add.in_col[0] || add.in_col[1] || add.out_col[0] || add.out[0] == d) return false;
+        if (add.ip[0] != H || add.in_col[0] || add.in_col[1] || add.out_col[0] || add.out[0] == d)
+            return false;
         int32_t x = add.in[0] == d ? add.in[1] : add.in[1] == d ? add.in[0] : -1;
         if (x < 0 || x == add.out[0]) return false;
         const int32_t y = add.out[0];
-        size_t j = i + 2;
-        CudaLaunch l = record(LaunchKind::ResNorm, i, 0);
-        l.fp[0] = norm.fp[0];
-        l.fp[1] = 1.0f;
-        l.ip[0] = H;
-        if (is(j, OpCode::Scale) && ops[j].in[0] == y && ops[j].out[0] == y && !ops[j].in_col[0] && ops[j].ip[0] == H) {
+        size_t j        = i + 2;
+        CudaLaunch l    = record(LaunchKind::ResNorm, i, 0);
+        l.fp[0]         = norm.fp[0];
+        l.fp[1]         = 1.0f;
+        l.ip[0]         = H;
+        if (is(j, OpCode::Scale) && ops[j].in[0] == y && ops[j].out[0] == y && !ops[j].in_col[0] &&
+            ops[j].ip[0] == H) {
             l.t[3]  = ops[j].in[1];
             l.fp[1] = ops[j].fp[0];
             ++j;
         }
-        if (full_norm(j) && ops[j].in[0] == y && ops[j].out[0] != y && ops[j].ip[0] == H && ops[j].fp[0] == norm.fp[0]) {
+        if (full_norm(j) && ops[j].in[0] == y && ops[j].out[0] != y && ops[j].ip[0] == H &&
+            ops[j].fp[0] == norm.fp[0]) {
             l.t[5] = ops[j].in[1];
             l.t[6] = ops[j].out[0];
             ++j;
@@ -123,9 +135,9 @@ struct Matcher {
         if (!full_norm(i) || ops[i].in[1] < 0 || ops[i].in[0] == ops[i].out[0]) return false;
         const PlanOp& n = ops[i];
         CudaLaunch l    = record(LaunchKind::ResNorm, i, 1);
-        l.fp[0] = n.fp[0];
-        l.fp[1] = 1.0f;
-        l.ip[0] = n.ip[0];
+        l.fp[0]         = n.fp[0];
+        l.fp[1]         = 1.0f;
+        l.ip[0]         = n.ip[0];
         l.t[0] = n.in[0], l.t[5] = n.in[1], l.t[6] = n.out[0];
         *out = l;
         return true;
@@ -136,14 +148,17 @@ struct Matcher {
     // nothing after the add; out is ctx itself or shares no bytes with ctx or tok (a block reads its group
     // of both before it writes the same group of out). Three launches fewer a decode step.
     bool ple_in(size_t i, CudaLaunch* out) const {
-        if (!is(i, OpCode::Scale) || !is(i + 1, OpCode::RmsNorm) || !is(i + 2, OpCode::Add) || !is(i + 3, OpCode::Scale)) return false;
+        if (!is(i, OpCode::Scale) || !is(i + 1, OpCode::RmsNorm) || !is(i + 2, OpCode::Add) ||
+            !is(i + 3, OpCode::Scale))
+            return false;
         const PlanOp &s1 = ops[i], &n = ops[i + 1], &a = ops[i + 2], &s2 = ops[i + 3];
         const int32_t c = s1.in[0], N = s1.ip[0], P = n.ip[1];
         const int32_t tok = a.in[0] == c ? a.in[1] : a.in[1] == c ? a.in[0] : -1, o = a.out[0];
-        auto whole = [&](const PlanOp& op) { return !op.in_col[0] && !op.in_col[1] && !op.out_col[0]; };
-        const bool ok = tok >= 0 && tok != c && s1.out[0] == c && s1.in[1] < 0 && whole(s1) && n.in[0] == c && n.out[0] == c &&
-                        n.in[1] >= 0 && whole(n) && n.ip[0] == N && P > 0 && P <= 1024 && N % P == 0 && a.ip[0] == N && whole(a) &&
-                        s2.in[0] == o && s2.out[0] == o && s2.in[1] < 0 && whole(s2) && s2.ip[0] == N && o != tok &&
+        auto whole    = [&](const PlanOp& op) { return !op.in_col[0] && !op.in_col[1] && !op.out_col[0]; };
+        const bool ok = tok >= 0 && tok != c && s1.out[0] == c && s1.in[1] < 0 && whole(s1) && n.in[0] == c &&
+                        n.out[0] == c && n.in[1] >= 0 && whole(n) && n.ip[0] == N && P > 0 && P <= 1024 &&
+                        N % P == 0 && a.ip[0] == N && whole(a) && s2.in[0] == o && s2.out[0] == o &&
+                        s2.in[1] < 0 && whole(s2) && s2.ip[0] == N && o != tok &&
                         (o == c || disjoint(o, c)) && disjoint(o, tok) && unread_after(c, i + 2);
         if (!ok) return false;
         CudaLaunch l = record(LaunchKind::PleIn, i, 4);
@@ -157,23 +172,27 @@ struct Matcher {
         if (!is(i, OpCode::RmsNorm) || !is(i + 1, OpCode::Rope)) return false;
         const PlanOp &qn = ops[i], &qr = ops[i + 1];
         const int32_t q = qn.in[0], dim = qn.ip[1];
-        if (qn.out[0] != q || qn.in[1] < 0 || qn.in_col[0] || qn.out_col[0] || qr.in[0] != q || qr.out[0] != q || qr.in_col[0] ||
-            qr.ip[1] != dim || (int64_t)qr.ip[0] * dim != qn.ip[0] || dim % 2 || dim > 2048)
+        if (qn.out[0] != q || qn.in[1] < 0 || qn.in_col[0] || qn.out_col[0] || qr.in[0] != q ||
+            qr.out[0] != q || qr.in_col[0] || qr.ip[1] != dim || (int64_t)qr.ip[0] * dim != qn.ip[0] ||
+            dim % 2 || dim > 2048)
             return false;
         CudaLaunch l = record(LaunchKind::QkvPost, i, 2);
         l.t[0] = q, l.t[1] = qn.in[1], l.t[2] = qr.in[1];
         l.ip[0] = qr.ip[0], l.ip[2] = dim;
         l.fp[0] = qn.fp[0];
         // k: norm + rope, v: norm, store; all into the cache directly.
-        if (is(i + 2, OpCode::RmsNorm) && is(i + 3, OpCode::Rope) && is(i + 4, OpCode::RmsNorm) && is(i + 5, OpCode::KvStore)) {
+        if (is(i + 2, OpCode::RmsNorm) && is(i + 3, OpCode::Rope) && is(i + 4, OpCode::RmsNorm) &&
+            is(i + 5, OpCode::KvStore)) {
             const PlanOp &kn = ops[i + 2], &kr = ops[i + 3], &vn = ops[i + 4], &st = ops[i + 5];
             const int32_t k = kn.in[0], v = vn.in[0], kvh = kr.ip[0];
-            bool ok = kn.out[0] == k && kn.in[1] >= 0 && kr.in[0] == k && kr.out[0] == k && kr.in[1] == qr.in[1] && kr.ip[1] == dim &&
-                      kn.ip[1] == dim && (int64_t)kvh * dim == kn.ip[0] && vn.out[0] == v && vn.in[1] < 0 && vn.ip[1] == dim &&
-                      vn.ip[0] == kn.ip[0] && st.in[0] == k && st.in[1] == v && st.ip[0] == kn.ip[0] && kn.fp[0] == qn.fp[0] &&
-                      vn.fp[0] == qn.fp[0] && tensors[kn.in[1]].dtype == tensors[qn.in[1]].dtype && !kn.in_col[0] &&
-                      !vn.in_col[0] && !st.in_col[0] && !st.in_col[1] && !st.out_col[0] && !st.out_col[1] && unread_after(k, i + 5) &&
-                      unread_after(v, i + 5) && qr.ip[0] % kvh == 0;
+            bool ok = kn.out[0] == k && kn.in[1] >= 0 && kr.in[0] == k && kr.out[0] == k &&
+                      kr.in[1] == qr.in[1] && kr.ip[1] == dim && kn.ip[1] == dim &&
+                      (int64_t)kvh * dim == kn.ip[0] && vn.out[0] == v && vn.in[1] < 0 && vn.ip[1] == dim &&
+                      vn.ip[0] == kn.ip[0] && st.in[0] == k && st.in[1] == v && st.ip[0] == kn.ip[0] &&
+                      kn.fp[0] == qn.fp[0] && vn.fp[0] == qn.fp[0] &&
+                      tensors[kn.in[1]].dtype == tensors[qn.in[1]].dtype && !kn.in_col[0] && !vn.in_col[0] &&
+                      !st.in_col[0] && !st.in_col[1] && !st.out_col[0] && !st.out_col[1] &&
+                      unread_after(k, i + 5) && unread_after(v, i + 5) && qr.ip[0] % kvh == 0;
             if (ok) {
                 l.count = 6;
                 l.t[3] = k, l.t[4] = kn.in[1], l.t[5] = v, l.t[6] = st.out[0], l.t[7] = st.out[1];
@@ -192,11 +211,11 @@ struct Matcher {
         const size_t a = i + l.count;
         if (is(a, OpCode::Attention)) {
             const PlanOp& at = ops[a];
-            bool ok = at.ip[4] > 0 && at.ip[1] <= 2 && at.in[0] == q && !at.in_col[0] && !at.out_col[0] && at.ip[0] == qr.ip[0] && at.ip[2] == dim && unread_after(q, a) &&
-                      disjoint(at.out[0], q);
+            bool ok = at.ip[4] > 0 && at.ip[1] <= 2 && at.in[0] == q && !at.in_col[0] && !at.out_col[0] &&
+                      at.ip[0] == qr.ip[0] && at.ip[2] == dim && unread_after(q, a) && disjoint(at.out[0], q);
             if (l.count == 6)
-                ok = ok && at.in[1] == l.t[6] && at.in[2] == l.t[7] && at.ip[1] == l.ip[1] && at.ip[3] == l.ip[3] &&
-                     unread_after(l.t[3], a) && unread_after(l.t[5], a);
+                ok = ok && at.in[1] == l.t[6] && at.in[2] == l.t[7] && at.ip[1] == l.ip[1] &&
+                     at.ip[3] == l.ip[3] && unread_after(l.t[3], a) && unread_after(l.t[5], a);
             if (ok) {
                 l.kind  = (uint16_t)LaunchKind::QkvAttn;
                 l.ip[4] = l.count;
@@ -225,8 +244,9 @@ struct Matcher {
     }
     bool same_input(size_t a, size_t b) const {
         const PlanTensor &wa = tensors[ops[a].in[1]], &wb = tensors[ops[b].in[1]];
-        return ops[a].in[0] == ops[b].in[0] && ops[a].in_col[0] == ops[b].in_col[0] && ops[a].row_mode == ops[b].row_mode &&
-               wa.dtype == wb.dtype && wa.dims[1] == wb.dims[1] && wa.quant_flags == wb.quant_flags;
+        return ops[a].in[0] == ops[b].in[0] && ops[a].in_col[0] == ops[b].in_col[0] &&
+               ops[a].row_mode == ops[b].row_mode && wa.dtype == wb.dtype && wa.dims[1] == wb.dims[1] &&
+               wa.quant_flags == wb.quant_flags;
     }
 
     // gate + up + GeluMul + down (NF4, the gate/up pair's input xn made by the ResNorm launch `prev`) -> Mlp.
@@ -236,20 +256,26 @@ struct Matcher {
         if (!prev || prev->kind != (uint16_t)LaunchKind::ResNorm || prev->t[7] >= 0) return false;
         for (size_t k = i; k < i + 4; ++k)
             if (k >= ops.size() || (!device.empty() && device[k] != device[prev->op])) return false;
-        if (!gemv_ok(i) || !gemv_ok(i + 1) || !same_input(i, i + 1) || !is(i + 2, OpCode::GeluMul) || !gemv_ok(i + 3)) return false;
+        if (!gemv_ok(i) || !gemv_ok(i + 1) || !same_input(i, i + 1) || !is(i + 2, OpCode::GeluMul) ||
+            !gemv_ok(i + 3))
+            return false;
         const PlanOp &ga = ops[i], &up = ops[i + 1], &g = ops[i + 2], &dn = ops[i + 3];
         const PlanTensor &wg = tensors[ga.in[1]], &wu = tensors[up.in[1]], &wd = tensors[dn.in[1]];
         const int64_t H = wg.dims[1], I = wg.dims[0];
         const int32_t xn = ga.in[0], y = dn.out[0];
-        const bool nf4 = wg.dtype == (uint8_t)DType::NF4 && wd.dtype == (uint8_t)DType::NF4 && wd.quant_flags == wg.quant_flags;
-        const bool ok = nf4 && prev->t[6] == xn && !ga.in_col[0] && wu.dims[0] == I && wd.dims[0] == H && wd.dims[1] == I &&
-                        H % 4 == 0 && I % 64 == 0 && g.in[0] == ga.out[0] && g.in[1] == up.out[0] && !g.in_col[0] && !g.in_col[1] &&
-                        !g.out_col[0] && g.ip[0] == I && dn.in[0] == g.out[0] && !dn.in_col[0] && dn.row_mode == ga.row_mode &&
+        const bool nf4 = wg.dtype == (uint8_t)DType::NF4 && wd.dtype == (uint8_t)DType::NF4 &&
+                         wd.quant_flags == wg.quant_flags;
+        const bool ok = nf4 && prev->t[6] == xn && !ga.in_col[0] && wu.dims[0] == I && wd.dims[0] == H &&
+                        wd.dims[1] == I && H % 4 == 0 && I % 64 == 0 && g.in[0] == ga.out[0] &&
+                        g.in[1] == up.out[0] && !g.in_col[0] && !g.in_col[1] && !g.out_col[0] &&
+                        g.ip[0] == I && dn.in[0] == g.out[0] && !dn.in_col[0] && dn.row_mode == ga.row_mode &&
                         dn.ip[6] == (int32_t)MatmulVariant::Cublas && unread_after(ga.out[0], i + 2) &&
-                        unread_after(up.out[0], i + 2) && unread_after(g.out[0], i + 3) && disjoint(y, xn) && disjoint(y, prev->t[4]);
+                        unread_after(up.out[0], i + 2) && unread_after(g.out[0], i + 3) && disjoint(y, xn) &&
+                        disjoint(y, prev->t[4]);
         if (!ok) return false;
         CudaLaunch l = record(LaunchKind::Mlp, i, 4);
-        l.ip[0] = (int32_t)i, l.ip[1] = (int32_t)(i + 1), l.ip[3] = (int32_t)(i + 3), l.ip[5] = mlp_threads(I), l.t[0] = y;
+        l.ip[0] = (int32_t)i, l.ip[1] = (int32_t)(i + 1), l.ip[3] = (int32_t)(i + 3),
+        l.ip[5] = mlp_threads(I), l.t[0] = y;
         *out = l;
         return true;
     }
@@ -261,27 +287,32 @@ struct Matcher {
     // shares no bytes with anything the launches in between touch (compile.cpp keeps it live from that
     // ResNorm on). The o's prefill variant must be Cublas (the runtime untiles its weight into that tier's
     // scratch).
-    bool attn_o(size_t i, const std::vector<CudaLaunch>& out, int attn_hpg, CudaLaunch* res, size_t* zeroer) const {
+    bool attn_o(size_t i, const std::vector<CudaLaunch>& out, int attn_hpg, CudaLaunch* res,
+                size_t* zeroer) const {
         if (out.empty() || !gemv_ok(i)) return false;
         const CudaLaunch& prev = out.back();
         const size_t a         = (size_t)prev.op + prev.count - 1;
-        if (a + 1 != i || !is(a, OpCode::Attention) || (!device.empty() && device[a] != device[i])) return false;
+        if (a + 1 != i || !is(a, OpCode::Attention) || (!device.empty() && device[a] != device[i]))
+            return false;
         const PlanOp &at = ops[a], &o = ops[i];
         const PlanTensor& w = tensors[o.in[1]];
         const int heads = at.ip[0], kvh = at.ip[1], dim = at.ip[2];
         const int64_t H = w.dims[0], K = w.dims[1];
-        const int32_t y = o.out[0];
+        const int32_t y   = o.out[0];
         const bool kvbf16 = tensors[at.in[1]].dtype == (uint8_t)DType::BF16;
-        if (w.dtype != (uint8_t)DType::NF4 || o.in[0] != at.out[0] || o.in_col[0] || at.out_col[0] || o.out_col[0] || K != (int64_t)heads * dim ||
-            K % 64 || H % 4 || H > 4096 || dim % 32 || o.ip[6] != (int32_t)MatmulVariant::Cublas || !unread_after(at.out[0], i) ||
-            tensors[y].dims[1] != H || !cuda_rt::decode_attention_fits(heads, kvh, dim, at.ip[6], kvbf16, attn_hpg))
+        if (w.dtype != (uint8_t)DType::NF4 || o.in[0] != at.out[0] || o.in_col[0] || at.out_col[0] ||
+            o.out_col[0] || K != (int64_t)heads * dim || K % 64 || H % 4 || H > 4096 || dim % 32 ||
+            o.ip[6] != (int32_t)MatmulVariant::Cublas || !unread_after(at.out[0], i) ||
+            tensors[y].dims[1] != H ||
+            !cuda_rt::decode_attention_fits(heads, kvh, dim, at.ip[6], kvbf16, attn_hpg))
             return false;
         size_t k = out.size();
-        while (k > 0 && out.size() - k < 4 && out[k - 1].kind != (uint16_t)LaunchKind::ResNorm) --k;
+        while (k > 0 && out.size() - k < 4 && out[k - 1].kind != (uint16_t)LaunchKind::ResNorm)
+            --k;
         if (k == 0 || out[k - 1].kind != (uint16_t)LaunchKind::ResNorm) return false;
         const CudaLaunch& rn = out[k - 1];
-        if (rn.t[7] >= 0 || rn.t[6] < 0 || rn.ip[0] != H || (!device.empty() && device[rn.op] != device[i]) || !disjoint(y, rn.t[4]) ||
-            !disjoint(y, rn.t[6]))
+        if (rn.t[7] >= 0 || rn.t[6] < 0 || rn.ip[0] != H || (!device.empty() && device[rn.op] != device[i]) ||
+            !disjoint(y, rn.t[4]) || !disjoint(y, rn.t[6]))
             return false;
         for (size_t j = (size_t)rn.op + rn.count; j < i; ++j) {
             for (int32_t t : ops[j].in)
@@ -308,12 +339,15 @@ struct Matcher {
         const PlanTensor &wg = tensors[g.in[1]], &wp = tensors[pr.in[1]];
         const int64_t P = wg.dims[0], H = wg.dims[1];
         const int32_t y = pr.out[0], x = g.in[0];
-        const bool ok = wg.dtype == (uint8_t)DType::BF16 && wp.dtype == (uint8_t)DType::BF16 && wp.dims[0] == H && wp.dims[1] == P &&
-                        H % 8 == 0 && H <= 4096 && P % 8 == 0 && (x == prev->t[4] || x == prev->t[6]) && !g.in_col[0] && !g.out_col[0] &&
-                        gm.in[0] == g.out[0] && !gm.in_col[0] && gm.in[1] >= 0 && gm.in[1] != g.out[0] && gm.in_col[1] % 4 == 0 &&
-                        !gm.out_col[0] && gm.ip[0] == P && pr.in[0] == gm.out[0] && !pr.in_col[0] && !pr.out_col[0] &&
-                        tensors[y].dims[1] == H && prev->ip[0] == H && unread_after(g.out[0], i + 1) && unread_after(gm.out[0], i + 2) &&
-                        disjoint(y, x) && disjoint(y, gm.in[1]) && disjoint(y, prev->t[4]) && (prev->t[6] < 0 || disjoint(y, prev->t[6]));
+        const bool ok = wg.dtype == (uint8_t)DType::BF16 && wp.dtype == (uint8_t)DType::BF16 &&
+                        wp.dims[0] == H && wp.dims[1] == P && H % 8 == 0 && H <= 4096 && P % 8 == 0 &&
+                        (x == prev->t[4] || x == prev->t[6]) && !g.in_col[0] && !g.out_col[0] &&
+                        gm.in[0] == g.out[0] && !gm.in_col[0] && gm.in[1] >= 0 && gm.in[1] != g.out[0] &&
+                        gm.in_col[1] % 4 == 0 && !gm.out_col[0] && gm.ip[0] == P && pr.in[0] == gm.out[0] &&
+                        !pr.in_col[0] && !pr.out_col[0] && tensors[y].dims[1] == H && prev->ip[0] == H &&
+                        unread_after(g.out[0], i + 1) && unread_after(gm.out[0], i + 2) && disjoint(y, x) &&
+                        disjoint(y, gm.in[1]) && disjoint(y, prev->t[4]) &&
+                        (prev->t[6] < 0 || disjoint(y, prev->t[6]));
         if (!ok) return false;
         CudaLaunch l = record(LaunchKind::Ple, i, 3);
         l.t[0]       = y;
@@ -328,12 +362,16 @@ struct Matcher {
     // keeps y live from the MLP's input on), and xo apart from the residual, d and the per-layer input (block
     // 0 writes xo while other blocks read them). One launch fewer a layer.
     bool ple_fold(const CudaLaunch& mlp, const CudaLaunch& rn, const CudaLaunch& ple) const {
-        if (mlp.kind != (uint16_t)LaunchKind::Mlp || rn.kind != (uint16_t)LaunchKind::ResNorm || ple.kind != (uint16_t)LaunchKind::Ple) return false;
-        if (!device.empty() && (device[mlp.op] != device[rn.op] || device[rn.op] != device[ple.op])) return false;
+        if (mlp.kind != (uint16_t)LaunchKind::Mlp || rn.kind != (uint16_t)LaunchKind::ResNorm ||
+            ple.kind != (uint16_t)LaunchKind::Ple)
+            return false;
+        if (!device.empty() && (device[mlp.op] != device[rn.op] || device[rn.op] != device[ple.op]))
+            return false;
         const int32_t y = ple.t[0], xo = rn.t[4], xn = ops[mlp.ip[0]].in[0], aux = ops[ple.op + 1].in[1];
-        return rn.t[1] >= 0 && rn.t[1] == mlp.t[0] && rn.t[0] >= 0 && rn.t[2] >= 0 && xo >= 0 && rn.t[3] < 0 && rn.fp[1] == 1.0f &&
-               rn.t[5] < 0 && rn.t[6] < 0 && ops[ple.op].in[0] == xo && rn.ip[0] % 4 == 0 && rn.ip[0] <= 4096 && disjoint(y, rn.t[0]) &&
-               disjoint(y, rn.t[1]) && disjoint(y, xo) && disjoint(y, xn) && disjoint(xo, rn.t[0]) && disjoint(xo, rn.t[1]) &&
+        return rn.t[1] >= 0 && rn.t[1] == mlp.t[0] && rn.t[0] >= 0 && rn.t[2] >= 0 && xo >= 0 &&
+               rn.t[3] < 0 && rn.fp[1] == 1.0f && rn.t[5] < 0 && rn.t[6] < 0 && ops[ple.op].in[0] == xo &&
+               rn.ip[0] % 4 == 0 && rn.ip[0] <= 4096 && disjoint(y, rn.t[0]) && disjoint(y, rn.t[1]) &&
+               disjoint(y, xo) && disjoint(y, xn) && disjoint(xo, rn.t[0]) && disjoint(xo, rn.t[1]) &&
                disjoint(xo, aux);
     }
 
@@ -346,23 +384,29 @@ struct Matcher {
     // d live to the MLP's end); nor the output the MLP zeroes (a folded PLE's). One launch fewer a layer.
     bool mlp_fold(const std::vector<CudaLaunch>& out, size_t r, size_t* zeroer) const {
         const CudaLaunch &rn = out[r], &mlp = out[r + 1];
-        if (rn.kind != (uint16_t)LaunchKind::ResNorm || mlp.kind != (uint16_t)LaunchKind::Mlp || mlp.ip[7] != 1 || rn.ip[1] != 0) return false;
+        if (rn.kind != (uint16_t)LaunchKind::ResNorm || mlp.kind != (uint16_t)LaunchKind::Mlp ||
+            mlp.ip[7] != 1 || rn.ip[1] != 0)
+            return false;
         const int32_t x = rn.t[0], d = rn.t[1], x1 = rn.t[4], xn = rn.t[6], y = mlp.t[0];
-        if (x < 0 || d < 0 || rn.t[2] < 0 || rn.t[3] >= 0 || rn.fp[1] != 1.0f || x1 < 0 || rn.t[5] < 0 || xn < 0 || rn.t[7] != y ||
-            ops[mlp.ip[0]].in[0] != xn || !plan::mlp_res_fits(rn.ip[0], mlp.ip[5]) || rn.ip[2] != 0)
+        if (x < 0 || d < 0 || rn.t[2] < 0 || rn.t[3] >= 0 || rn.fp[1] != 1.0f || x1 < 0 || rn.t[5] < 0 ||
+            xn < 0 || rn.t[7] != y || ops[mlp.ip[0]].in[0] != xn ||
+            !plan::mlp_res_fits(rn.ip[0], mlp.ip[5]) || rn.ip[2] != 0)
             return false;
         if (!device.empty() && device[rn.op] != device[mlp.op]) return false;
-        if (!disjoint(x1, x) || !disjoint(x1, d) || !disjoint(y, x) || !disjoint(y, d) || !disjoint(y, x1)) return false;
+        if (!disjoint(x1, x) || !disjoint(x1, d) || !disjoint(y, x) || !disjoint(y, d) || !disjoint(y, x1))
+            return false;
         if (r + 3 < out.size() && out[r + 2].kind == (uint16_t)LaunchKind::ResNorm && out[r + 2].ip[1] == 1) {
-            const int32_t p = out[r + 3].t[0];   // the Ple's output, which the MLP zeroes at its end
+            const int32_t p = out[r + 3].t[0]; // the Ple's output, which the MLP zeroes at its end
             if (!disjoint(p, x) || !disjoint(p, d) || !disjoint(p, x1)) return false;
         }
         size_t z = r;
-        while (z > 0 && r - z < 8 && out[z - 1].kind != (uint16_t)LaunchKind::ResNorm) --z;
+        while (z > 0 && r - z < 8 && out[z - 1].kind != (uint16_t)LaunchKind::ResNorm)
+            --z;
         if (z == 0 || out[z - 1].kind != (uint16_t)LaunchKind::ResNorm) return false;
         --z;
         const CudaLaunch& zr = out[z];
-        if (zr.ip[1] != 0 || zr.ip[2] != 0 || zr.t[7] == y || (z > 0 && out[z - 1].kind == (uint16_t)LaunchKind::Mlp && out[z - 1].ip[6] > 1) ||
+        if (zr.ip[1] != 0 || zr.ip[2] != 0 || zr.t[7] == y ||
+            (z > 0 && out[z - 1].kind == (uint16_t)LaunchKind::Mlp && out[z - 1].ip[6] > 1) ||
             (!device.empty() && device[zr.op] != device[mlp.op]))
             return false;
         for (int k : {0, 1, 3, 4, 6, 7})
@@ -380,7 +424,7 @@ struct Matcher {
     bool gemv(size_t i, CudaLaunch* out) const {
         if (!gemv_ok(i)) return false;
         const PlanTensor& w = tensors[ops[i].in[1]];
-        CudaLaunch l = record(LaunchKind::Gemv, i, 1);
+        CudaLaunch l        = record(LaunchKind::Gemv, i, 1);
         l.ip[0] = (int32_t)i, l.ip[3] = 1;
         const int32_t y0 = ops[i].out[0];
         const int64_t N0 = w.dims[0];
@@ -388,9 +432,10 @@ struct Matcher {
         if (gemv_ok(i + 1) && same_input(i, i + 1) && is(i + 2, OpCode::GeluMul)) {
             const PlanOp& g  = ops[i + 2];
             const int32_t y1 = ops[i + 1].out[0];
-            if (g.in[0] == y0 && g.in[1] == y1 && !g.in_col[0] && !g.in_col[1] && !g.out_col[0] && g.ip[0] == N0 &&
-                disjoint(g.out[0], ops[i].in[0]) &&
-                tensors[ops[i + 1].in[1]].dims[0] == N0 && unread_after(y0, i + 2) && unread_after(y1, i + 2)) {
+            if (g.in[0] == y0 && g.in[1] == y1 && !g.in_col[0] && !g.in_col[1] && !g.out_col[0] &&
+                g.ip[0] == N0 && disjoint(g.out[0], ops[i].in[0]) &&
+                tensors[ops[i + 1].in[1]].dims[0] == N0 && unread_after(y0, i + 2) &&
+                unread_after(y1, i + 2)) {
                 l.ip[1] = (int32_t)(i + 1), l.ip[3] = 2, l.ip[4] = 1, l.t[1] = g.out[0], l.count = 3;
                 *out = l;
                 return true;
@@ -399,9 +444,8 @@ struct Matcher {
         // Matmul + GeluMul(y, aux)
         if (is(i + 1, OpCode::GeluMul)) {
             const PlanOp& g = ops[i + 1];
-            if (g.in[0] == y0 && !g.in_col[0] && !g.out_col[0] && g.ip[0] == N0 && g.in[1] != y0 && disjoint(g.out[0], ops[i].in[0]) &&
-                disjoint(g.out[0], g.in[1]) &&
-                unread_after(y0, i + 1)) {
+            if (g.in[0] == y0 && !g.in_col[0] && !g.out_col[0] && g.ip[0] == N0 && g.in[1] != y0 &&
+                disjoint(g.out[0], ops[i].in[0]) && disjoint(g.out[0], g.in[1]) && unread_after(y0, i + 1)) {
                 l.ip[4] = 2, l.t[0] = g.in[1], l.ip[6] = g.in_col[1], l.t[1] = g.out[0], l.count = 2;
                 *out = l;
                 return true;
@@ -418,8 +462,10 @@ struct Matcher {
         }
         // Up to 3 consecutive matmuls sharing x (q, k, v)
         size_t j = i + 1;
-        while (j < ops.size() && j < i + 3 && gemv_ok(j) && same_input(i, j)) ++j;
-        for (size_t m = i + 1; m < j; ++m) l.ip[m - i] = (int32_t)m;
+        while (j < ops.size() && j < i + 3 && gemv_ok(j) && same_input(i, j))
+            ++j;
+        for (size_t m = i + 1; m < j; ++m)
+            l.ip[m - i] = (int32_t)m;
         l.ip[3] = (int32_t)(j - i);
         l.count = (uint16_t)(j - i);
         *out    = l;
@@ -429,22 +475,24 @@ struct Matcher {
 
 } // namespace
 
-std::vector<CudaLaunch> decode_schedule(const std::vector<PlanOp>& ops, const std::vector<PlanTensor>& tensors,
-                                        const std::vector<int>& device, bool fuse_mlp, bool fuse_attn_o, int attn_hpg,
-                                        int mlp_replicas_all, bool mlp_f16_on, bool fold_ple, int fold_mlp) {
+std::vector<CudaLaunch> decode_schedule(const std::vector<PlanOp>& ops,
+                                        const std::vector<PlanTensor>& tensors,
+                                        const std::vector<int>& device, bool fuse_mlp, bool fuse_attn_o,
+                                        int attn_hpg, int mlp_replicas_all, bool mlp_f16_on, bool fold_ple,
+                                        int fold_mlp) {
     Matcher m(ops, tensors, device);
     std::vector<CudaLaunch> out;
     for (size_t i = 0; i < ops.size();) {
         CudaLaunch l;
         size_t zeroer = 0;
         if (fuse_attn_o && m.attn_o(i, out, attn_hpg, &l, &zeroer)) {
-            out[zeroer].t[7] = l.t[0];   // the ResNorm before the layer's q/k/v zeroes the o output
+            out[zeroer].t[7] = l.t[0]; // the ResNorm before the layer's q/k/v zeroes the o output
             out.push_back(l);
             i += l.count;
             continue;
         }
         if (fuse_mlp && !out.empty() && (m.mlp(i, &out.back(), &l) || m.ple(i, &out.back(), &l))) {
-            out.back().t[7] = l.t[0];   // the ResNorm before zeroes the MLP's / PLE's output
+            out.back().t[7] = l.t[0]; // the ResNorm before zeroes the MLP's / PLE's output
             out.push_back(l);
             i += l.count;
             continue;
@@ -452,7 +500,8 @@ std::vector<CudaLaunch> decode_schedule(const std::vector<PlanOp>& ops, const st
         if (!m.resnorm(i, &l) && !m.norm(i, &l) && !m.ple_in(i, &l) && !m.qkv_post(i, &l) && !m.gemv(i, &l))
             l = Matcher::record(LaunchKind::Op, i, 1);
         for (size_t j = i + 1; j < i + l.count && !device.empty(); ++j)
-            if (device[j] != device[i]) l = Matcher::record(LaunchKind::Op, i, 1);   // a fusion never spans devices
+            if (device[j] != device[i])
+                l = Matcher::record(LaunchKind::Op, i, 1); // a fusion never spans devices
         out.push_back(l);
         i += l.count;
     }
@@ -460,30 +509,36 @@ std::vector<CudaLaunch> decode_schedule(const std::vector<PlanOp>& ops, const st
     for (CudaLaunch& l : out) {
         if (l.kind != (uint16_t)LaunchKind::Gemv) continue;
         const PlanTensor& w = tensors[ops[l.ip[0]].in[1]];
-        int64_t n_out = 0;
-        for (int k = 0; k < l.ip[3]; ++k) n_out += tensors[ops[l.ip[k]].in[1]].dims[0];
+        int64_t n_out       = 0;
+        for (int k = 0; k < l.ip[3]; ++k)
+            n_out += tensors[ops[l.ip[k]].in[1]].dims[0];
         const int64_t groups = l.ip[4] == 1 ? (w.dims[0] + 1) / 2 : (n_out + 3) / 4;
-        l.ip[5] = gemv_lanes(w.dims[1], w.dtype == (uint8_t)DType::NF4, groups);
+        l.ip[5]              = gemv_lanes(w.dims[1], w.dtype == (uint8_t)DType::NF4, groups);
     }
-    // The MLPs' output replicas: only where the next launch is the ResNorm summing them (its d). Then, with their
-    // threads, replicas and arithmetic final, the ResNorm after each MLP that ple_fold_after takes is folded into the
-    // Ple, and the one before it into the MLP.
+    // The MLPs' output replicas: only where the next launch is the ResNorm summing them (its d). Then, with
+    // their threads, replicas and arithmetic final, the ResNorm after each MLP that ple_fold_after takes is
+    // folded into the Ple, and the one before it into the MLP.
     for (size_t li = 0; li < out.size(); ++li) {
         CudaLaunch& l = out[li];
         if (l.kind != (uint16_t)LaunchKind::Mlp) continue;
         const CudaLaunch* n = li + 1 < out.size() ? &out[li + 1] : nullptr;
-        const bool ok = n && n->kind == (uint16_t)LaunchKind::ResNorm && n->t[1] == l.t[0] && (device.empty() || device[n->op] == device[l.op]);
-        const PlanTensor& wg = tensors[ops[l.ip[0]].in[1]];   // the gate [I, H]
+        const bool ok       = n && n->kind == (uint16_t)LaunchKind::ResNorm && n->t[1] == l.t[0] &&
+                        (device.empty() || device[n->op] == device[l.op]);
+        const PlanTensor& wg = tensors[ops[l.ip[0]].in[1]]; // the gate [I, H]
         const int64_t I      = wg.dims[0];
-        l.ip[6] = !ok ? 1 : mlp_replicas_all > 0 ? std::min(mlp_replicas_all, plan::kMlpReplicasMax) : mlp_replicas(I);
+        l.ip[6]              = !ok                    ? 1
+                               : mlp_replicas_all > 0 ? std::min(mlp_replicas_all, plan::kMlpReplicasMax)
+                                                      : mlp_replicas(I);
         l.ip[7] = mlp_f16(mlp_f16_on, wg.dims[1], (wg.quant_flags & plan::kQuantDoubleQuant) != 0) ? 1 : 0;
         if (l.ip[7]) l.ip[5] = mlp_threads_f16(I);
-        if (fold_ple && ok && li + 2 < out.size() && ple_fold_after(I, l.ip[5], l.ip[6]) && m.ple_fold(l, out[li + 1], out[li + 2]))
-            out[li + 1].ip[1] = 1;   // the Ple runs it, the MLP zeroes the Ple's output
-        // The ResNorm before a packed-f16 MLP that mlp_fold takes (and, by default, mlp_fold_one_wave): the MLP runs
-        // it, an earlier ResNorm zeroes the MLP's output.
+        if (fold_ple && ok && li + 2 < out.size() && ple_fold_after(I, l.ip[5], l.ip[6]) &&
+            m.ple_fold(l, out[li + 1], out[li + 2]))
+            out[li + 1].ip[1] = 1; // the Ple runs it, the MLP zeroes the Ple's output
+        // The ResNorm before a packed-f16 MLP that mlp_fold takes (and, by default, mlp_fold_one_wave): the
+        // MLP runs it, an earlier ResNorm zeroes the MLP's output.
         size_t z = 0;
-        if (fold_mlp && li > 0 && (fold_mlp == 2 || mlp_fold_one_wave(I, l.ip[5])) && m.mlp_fold(out, li - 1, &z))
+        if (fold_mlp && li > 0 && (fold_mlp == 2 || mlp_fold_one_wave(I, l.ip[5])) &&
+            m.mlp_fold(out, li - 1, &z))
             out[li - 1].ip[1] = 2, out[z].ip[2] = l.t[0] + 1;
     }
     return out;

@@ -35,7 +35,7 @@
 
 namespace g4::lora {
 namespace fs = std::filesystem;
-using ojson = nlohmann::ordered_json;   // rank_pattern / alpha_pattern: first key in file order wins
+using ojson  = nlohmann::ordered_json; // rank_pattern / alpha_pattern: first key in file order wins
 
 namespace {
 
@@ -49,7 +49,8 @@ const std::string kPrefix = "base_model.model.";
 
 std::string shape_str(const std::vector<int64_t>& s) {
     std::string r = "[";
-    for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
+    for (size_t i = 0; i < s.size(); ++i)
+        r += (i ? ", " : "") + std::to_string(s[i]);
     return r + "]";
 }
 
@@ -67,11 +68,14 @@ std::vector<std::string> split(const std::string& s, char sep) {
 
 std::string join(const std::vector<std::string>& v, size_t b, size_t e) {
     std::string r;
-    for (size_t i = b; i < e; ++i) r += (i > b ? "." : "") + v[i];
+    for (size_t i = b; i < e; ++i)
+        r += (i > b ? "." : "") + v[i];
     return r;
 }
 
-bool starts_with(const std::string& s, const std::string& p) { return s.rfind(p, 0) == 0; }
+bool starts_with(const std::string& s, const std::string& p) {
+    return s.rfind(p, 0) == 0;
+}
 bool ends_with(const std::string& s, const std::string& p) {
     return s.size() >= p.size() && s.compare(s.size() - p.size(), p.size(), p) == 0;
 }
@@ -95,10 +99,10 @@ struct Pattern {
 
 struct Module {
     ModuleMerge info;
-    std::vector<float> A, B;   // [r, in], [out, r]
-    std::vector<float> mag;    // DoRA magnitude [out]
-    std::vector<float> bias;   // lora_B.bias [out]
-    std::string r_key, alpha_key;   // pattern keys that set r / alpha ("" = config default)
+    std::vector<float> A, B;      // [r, in], [out, r]
+    std::vector<float> mag;       // DoRA magnitude [out]
+    std::vector<float> bias;      // lora_B.bias [out]
+    std::string r_key, alpha_key; // pattern keys that set r / alpha ("" = config default)
 };
 
 struct Replacement {
@@ -108,9 +112,9 @@ struct Replacement {
 
 // Parts of one adapter tensor while collecting.
 struct Parts {
-    const st::TensorView* A = nullptr;
-    const st::TensorView* B = nullptr;
-    const st::TensorView* mag = nullptr;
+    const st::TensorView* A    = nullptr;
+    const st::TensorView* B    = nullptr;
+    const st::TensorView* mag  = nullptr;
     const st::TensorView* bias = nullptr;
 };
 
@@ -129,26 +133,31 @@ std::vector<float> f32_of(const st::TensorView& t) {
 
 struct Adapter::Impl {
     std::string dir, cfg_path, st_path;
-    std::vector<ModuleMerge> merges;           // sorted by module
-    std::map<std::string, Module> modules;     // by adapter module name
-    std::map<std::string, Replacement> repl;   // by adapter tensor name
+    std::vector<ModuleMerge> merges;         // sorted by module
+    std::map<std::string, Module> modules;   // by adapter module name
+    std::map<std::string, Replacement> repl; // by adapter tensor name
     std::vector<std::pair<std::string, std::string>> aliases;
 
-    mutable std::mutex mu;   // guards the consumed sets
+    mutable std::mutex mu; // guards the consumed sets
     mutable std::set<std::string> used_modules, used_repl;
 
-    void parse_config(const ojson& cfg, bool& use_rslora, bool& use_dora, bool& lora_bias, int& r, double& alpha,
-                      std::vector<Pattern>& rank_pat, std::vector<Pattern>& alpha_pat) const;
+    void parse_config(const ojson& cfg, bool& use_rslora, bool& use_dora, bool& lora_bias, int& r,
+                      double& alpha, std::vector<Pattern>& rank_pat, std::vector<Pattern>& alpha_pat) const;
     void merge(const Module& m, float* w, const std::string& tensor_name) const;
 };
 
 Adapter::~Adapter() = default;
-const std::string& Adapter::dir() const { return impl_->dir; }
-const std::vector<ModuleMerge>& Adapter::merges() const { return impl_->merges; }
+const std::string& Adapter::dir() const {
+    return impl_->dir;
+}
+const std::vector<ModuleMerge>& Adapter::merges() const {
+    return impl_->merges;
+}
 
 std::vector<std::string> Adapter::replacements() const {
     std::vector<std::string> out;
-    for (const auto& [k, v] : impl_->repl) out.push_back(k);
+    for (const auto& [k, v] : impl_->repl)
+        out.push_back(k);
     return out;
 }
 
@@ -156,13 +165,15 @@ void Adapter::set_name_alias(const std::string& adapter_prefix, const std::strin
     impl_->aliases.emplace_back(adapter_prefix, checkpoint_prefix);
 }
 
-void Adapter::Impl::parse_config(const ojson& cfg, bool& use_rslora, bool& use_dora, bool& lora_bias, int& r, double& alpha,
-                                 std::vector<Pattern>& rank_pat, std::vector<Pattern>& alpha_pat) const {
+void Adapter::Impl::parse_config(const ojson& cfg, bool& use_rslora, bool& use_dora, bool& lora_bias, int& r,
+                                 double& alpha, std::vector<Pattern>& rank_pat,
+                                 std::vector<Pattern>& alpha_pat) const {
     const std::string& P = cfg_path;
     if (!cfg.is_object()) fail(P + ": expected a JSON object; re-save the adapter with PEFT save_pretrained");
 
     auto field_err = [&](const std::string& k, const std::string& what) -> std::string {
-        return P + ": field '" + k + "' " + what + "; fix adapter_config.json or re-save the adapter with PEFT";
+        return P + ": field '" + k + "' " + what +
+               "; fix adapter_config.json or re-save the adapter with PEFT";
     };
     auto get_bool = [&](const char* k, bool def) {
         if (!cfg.contains(k) || cfg[k].is_null()) return def;
@@ -175,31 +186,38 @@ void Adapter::Impl::parse_config(const ojson& cfg, bool& use_rslora, bool& use_d
         return cfg[k].get<double>();
     };
 
-    if (!cfg.contains("peft_type")) fail(P + ": no 'peft_type'; not a PEFT adapter config (expected peft_type \"LORA\")");
+    if (!cfg.contains("peft_type"))
+        fail(P + ": no 'peft_type'; not a PEFT adapter config (expected peft_type \"LORA\")");
     if (!cfg["peft_type"].is_string())
         fail(P + ": 'peft_type' must be a string, got " + cfg["peft_type"].dump());
     std::string pt = cfg["peft_type"].get<std::string>();
     if (pt != "LORA")
-        fail(P + ": peft_type \"" + pt + "\" is not supported; only LoRA adapters (peft_type \"LORA\") can be merged");
+        fail(P + ": peft_type \"" + pt +
+             "\" is not supported; only LoRA adapters (peft_type \"LORA\") can be merged");
 
     if (get_bool("fan_in_fan_out", false))
-        fail(P + ": fan_in_fan_out is true (weights stored transposed, GPT-2 Conv1D style); Gemma 4 uses nn.Linear, so this adapter "
+        fail(P + ": fan_in_fan_out is true (weights stored transposed, GPT-2 Conv1D style); Gemma 4 uses "
+                 "nn.Linear, so this adapter "
                  "was made for another model");
 
     if (cfg.contains("init_lora_weights")) {
         const auto& v = cfg["init_lora_weights"];
         if (v.is_string()) {
             std::string s = v.get<std::string>(), low = s;
-            std::transform(low.begin(), low.end(), low.begin(), [](unsigned char c) { return (char)std::tolower(c); });
-            bool modifies = starts_with(low, "pissa") || starts_with(low, "corda") || low == "olora" || low == "loftq" ||
-                            starts_with(low, "lora_ga");
+            std::transform(low.begin(), low.end(), low.begin(),
+                           [](unsigned char c) { return (char)std::tolower(c); });
+            bool modifies = starts_with(low, "pissa") || starts_with(low, "corda") || low == "olora" ||
+                            low == "loftq" || starts_with(low, "lora_ga");
             if (modifies)
                 fail(P + ": adapter initialised with " + s +
-                     " changes the base weights; it cannot be merged onto the original base (convert it first with PEFT "
+                     " changes the base weights; it cannot be merged onto the original base (convert it "
+                     "first with PEFT "
                      "save_pretrained(..., path_initial_model_for_weight_conversion=...))");
-            if (low != "gaussian" && low != "eva" && low != "orthogonal" && low != "mica" && low != "true" && low != "false")
+            if (low != "gaussian" && low != "eva" && low != "orthogonal" && low != "mica" && low != "true" &&
+                low != "false")
                 fail(P + ": unknown init_lora_weights \"" + s +
-                     "\"; g4 cannot tell whether it changed the base weights (supported: true, false, gaussian, eva, orthogonal)");
+                     "\"; g4 cannot tell whether it changed the base weights (supported: true, false, "
+                     "gaussian, eva, orthogonal)");
         } else if (!v.is_boolean() && !v.is_null()) {
             fail(field_err("init_lora_weights", "must be a boolean or a string, got " + v.dump()));
         }
@@ -207,7 +225,8 @@ void Adapter::Impl::parse_config(const ojson& cfg, bool& use_rslora, bool& use_d
 
     // Variants whose merged form is not W + scale * B @ A.
     static const std::pair<const char*, const char*> unsupported[] = {
-        {"alora_invocation_tokens", "activated LoRA (alora_invocation_tokens) only applies after its invocation tokens"},
+        {"alora_invocation_tokens",
+         "activated LoRA (alora_invocation_tokens) only applies after its invocation tokens"},
         {"use_qalora", "QA-LoRA (use_qalora) pools the input"},
         {"velora_config", "VeLoRA (velora_config)"},
         {"monteclora_config", "MonteCLoRA (monteclora_config)"},
@@ -220,21 +239,25 @@ void Adapter::Impl::parse_config(const ojson& cfg, bool& use_rslora, bool& use_d
     };
     for (const auto& [k, what] : unsupported)
         if (cfg.contains(k) && truthy(cfg[k]))
-            fail(P + ": " + what + "; this adapter cannot be merged as W + scale*B@A, which is all g4 supports");
+            fail(P + ": " + what +
+                 "; this adapter cannot be merged as W + scale*B@A, which is all g4 supports");
 
     use_rslora = get_bool("use_rslora", false);
     use_dora   = get_bool("use_dora", false);
     lora_bias  = get_bool("lora_bias", false);
     double rr  = get_num("r", 8);
-    if (rr < 1 || rr != std::floor(rr)) fail(field_err("r", "must be a positive integer, got " + cfg["r"].dump()));
+    if (rr < 1 || rr != std::floor(rr))
+        fail(field_err("r", "must be a positive integer, got " + cfg["r"].dump()));
     r     = (int)rr;
     alpha = get_num("lora_alpha", 8);
 
     auto patterns = [&](const char* k, std::vector<Pattern>& out, bool integer) {
         if (!cfg.contains(k) || cfg[k].is_null()) return;
-        if (!cfg[k].is_object()) fail(field_err(k, "must be an object {pattern: value}, got " + cfg[k].dump()));
+        if (!cfg[k].is_object())
+            fail(field_err(k, "must be an object {pattern: value}, got " + cfg[k].dump()));
         for (const auto& [key, val] : cfg[k].items()) {
-            if (!val.is_number() || (integer && (val.get<double>() < 1 || val.get<double>() != std::floor(val.get<double>()))))
+            if (!val.is_number() ||
+                (integer && (val.get<double>() < 1 || val.get<double>() != std::floor(val.get<double>()))))
                 fail(field_err(k, "has value " + val.dump() + " for '" + key + "', expected a " +
                                       (integer ? "positive integer" : "number")));
             Pattern p;
@@ -261,22 +284,25 @@ void Adapter::Impl::parse_config(const ojson& cfg, bool& use_rslora, bool& use_d
 
 std::unique_ptr<Adapter> Adapter::open(const std::string& dir) {
     std::unique_ptr<Adapter> a(new Adapter());
-    a->impl_  = std::make_unique<Impl>();
-    Impl& I   = *a->impl_;
-    I.dir     = dir;
+    a->impl_   = std::make_unique<Impl>();
+    Impl& I    = *a->impl_;
+    I.dir      = dir;
     I.cfg_path = (fs::path(dir) / "adapter_config.json").string();
     I.st_path  = (fs::path(dir) / "adapter_model.safetensors").string();
 
     std::error_code ec;
     if (!fs::exists(dir, ec))
-        fail("LoRA adapter directory " + dir + " does not exist; pass the directory written by PEFT save_pretrained "
+        fail("LoRA adapter directory " + dir +
+             " does not exist; pass the directory written by PEFT save_pretrained "
              "(adapter_config.json + adapter_model.safetensors)");
     if (!fs::is_directory(dir, ec))
-        fail("LoRA adapter " + dir + " is not a directory; pass the directory written by PEFT save_pretrained "
+        fail("LoRA adapter " + dir +
+             " is not a directory; pass the directory written by PEFT save_pretrained "
              "(adapter_config.json + adapter_model.safetensors)");
     if (!fs::exists(I.cfg_path, ec))
         fail(I.cfg_path + " not found: " + dir +
-             " is not a PEFT adapter directory (expected adapter_config.json + adapter_model.safetensors from save_pretrained)");
+             " is not a PEFT adapter directory (expected adapter_config.json + adapter_model.safetensors "
+             "from save_pretrained)");
 
     // ---- adapter_config.json
     ojson cfg;
@@ -290,11 +316,12 @@ std::unique_ptr<Adapter> Adapter::open(const std::string& dir) {
         try {
             cfg = ojson::parse(text);
         } catch (const std::exception& e) {
-            fail(I.cfg_path + " is not valid JSON (" + e.what() + "); fix the file or re-save the adapter with PEFT");
+            fail(I.cfg_path + " is not valid JSON (" + e.what() +
+                 "); fix the file or re-save the adapter with PEFT");
         }
     }
     bool use_rslora = false, use_dora = false, lora_bias = false;
-    int r_cfg = 8;
+    int r_cfg        = 8;
     double alpha_cfg = 8;
     std::vector<Pattern> rank_pat, alpha_pat;
     I.parse_config(cfg, use_rslora, use_dora, lora_bias, r_cfg, alpha_cfg, rank_pat, alpha_pat);
@@ -318,7 +345,7 @@ std::unique_ptr<Adapter> Adapter::open(const std::string& dir) {
     for (const auto& [key, tv] : file->tensors()) {
         if (!starts_with(key, kPrefix)) bad_key(key, "does not start with 'base_model.model.'");
         std::vector<std::string> c = split(key.substr(kPrefix.size()), '.');
-        size_t i = 0;
+        size_t i                   = 0;
         for (; i < c.size(); ++i)
             if (starts_with(c[i], "lora_") || c[i] == "modules_to_save" || c[i] == "trainable_tokens_delta" ||
                 c[i] == "token_adapter")
@@ -340,12 +367,13 @@ std::unique_ptr<Adapter> Adapter::open(const std::string& dir) {
             continue;
         }
         const std::string kind = c[i];
-        std::string module      = join(c, 0, i);
+        std::string module     = join(c, 0, i);
         if (module.empty()) bad_key(key, "names no module");
         std::vector<std::string> tail(c.begin() + i + 1, c.end());
         if (kind == "lora_embedding_A" || kind == "lora_embedding_B")
             fail(I.st_path + ": module " + module +
-                 " is an embedding with LoRA (lora_embedding_A/B); g4 merges LoRA on linear layers only (retrain without "
+                 " is an embedding with LoRA (lora_embedding_A/B); g4 merges LoRA on linear layers only "
+                 "(retrain without "
                  "targeting the embedding, or put it in modules_to_save)");
         Parts& p = parts[module];
         std::string leaf;
@@ -353,12 +381,17 @@ std::unique_ptr<Adapter> Adapter::open(const std::string& dir) {
             if (tail.size() == 2) adapter_names.insert(tail[0]);
             if (tail.empty() || tail.size() > 2) bad_key(key, "has an unexpected layout");
             leaf = tail.back();
-            if (leaf == "weight") (kind == "lora_A" ? p.A : p.B) = &tv;
-            else if (leaf == "bias" && kind == "lora_B") p.bias = &tv;
-            else bad_key(key, "has an unexpected layout");
+            if (leaf == "weight")
+                (kind == "lora_A" ? p.A : p.B) = &tv;
+            else if (leaf == "bias" && kind == "lora_B")
+                p.bias = &tv;
+            else
+                bad_key(key, "has an unexpected layout");
         } else if (kind == "lora_magnitude_vector") {
-            // ...lora_magnitude_vector, ...lora_magnitude_vector.weight, or with an adapter name before .weight
-            if (tail.size() > 2 || (tail.size() == 2 && tail[1] != "weight")) bad_key(key, "has an unexpected layout");
+            // ...lora_magnitude_vector, ...lora_magnitude_vector.weight, or with an adapter name before
+            // .weight
+            if (tail.size() > 2 || (tail.size() == 2 && tail[1] != "weight"))
+                bad_key(key, "has an unexpected layout");
             if (!tail.empty() && tail[0] != "weight") adapter_names.insert(tail[0]);
             p.mag = &tv;
         } else {
@@ -367,7 +400,8 @@ std::unique_ptr<Adapter> Adapter::open(const std::string& dir) {
     }
     if (adapter_names.size() > 1) {
         std::string names;
-        for (const auto& n : adapter_names) names += (names.empty() ? "" : ", ") + n;
+        for (const auto& n : adapter_names)
+            names += (names.empty() ? "" : ", ") + n;
         fail(I.st_path + ": holds several adapters (" + names + "); save one adapter per directory");
     }
 
@@ -375,7 +409,10 @@ std::unique_ptr<Adapter> Adapter::open(const std::string& dir) {
     for (const auto& [module, p] : parts) {
         const std::string where = I.st_path + ": module " + module;
         if (!p.A || !p.B)
-            fail(where + " has " + (p.A ? "lora_A but no lora_B" : p.B ? "lora_B but no lora_A" : "a magnitude/bias but no lora_A/lora_B") +
+            fail(where + " has " +
+                 (p.A   ? "lora_A but no lora_B"
+                  : p.B ? "lora_B but no lora_A"
+                        : "a magnitude/bias but no lora_A/lora_B") +
                  "; the adapter file is incomplete (re-save it)");
         if (p.A->shape.size() != 2 || p.B->shape.size() != 2)
             fail(where + ": lora_A " + shape_str(p.A->shape) + " and lora_B " + shape_str(p.B->shape) +
@@ -401,8 +438,9 @@ std::unique_ptr<Adapter> Adapter::open(const std::string& dir) {
                 break;
             }
         if (rank != r)
-            fail(where + ": lora_A " + shape_str(p.A->shape) + " has rank " + std::to_string(rank) + " but adapter_config.json says r=" +
-                 std::to_string(r) + (m.r_key.empty() ? "" : " (rank_pattern '" + m.r_key + "')") +
+            fail(where + ": lora_A " + shape_str(p.A->shape) + " has rank " + std::to_string(rank) +
+                 " but adapter_config.json says r=" + std::to_string(r) +
+                 (m.r_key.empty() ? "" : " (rank_pattern '" + m.r_key + "')") +
                  "; the config and the weights disagree (was the adapter saved with this config?)");
         m.info.r     = r;
         m.info.alpha = (float)alpha;
@@ -413,22 +451,25 @@ std::unique_ptr<Adapter> Adapter::open(const std::string& dir) {
         m.B          = f32_of(*p.B);
         if (p.mag) {
             if (!use_dora)
-                fail(where + " has a DoRA magnitude vector but use_dora is false in adapter_config.json; fix the config or re-save the adapter");
+                fail(where + " has a DoRA magnitude vector but use_dora is false in adapter_config.json; fix "
+                             "the config or re-save the adapter");
             if (p.mag->shape != std::vector<int64_t>{out} && p.mag->shape != std::vector<int64_t>{1, out} &&
                 p.mag->shape != std::vector<int64_t>{out, 1})
-                fail(where + ": DoRA magnitude " + shape_str(p.mag->shape) + " does not match lora_B " + shape_str(p.B->shape) +
-                     "; the adapter file is corrupt (re-save it)");
+                fail(where + ": DoRA magnitude " + shape_str(p.mag->shape) + " does not match lora_B " +
+                     shape_str(p.B->shape) + "; the adapter file is corrupt (re-save it)");
             m.mag       = f32_of(*p.mag);
             m.info.dora = true;
         } else if (use_dora) {
-            fail(where + " has no lora_magnitude_vector but use_dora is true; the adapter file is incomplete (re-save it)");
+            fail(where + " has no lora_magnitude_vector but use_dora is true; the adapter file is incomplete "
+                         "(re-save it)");
         }
         if (p.bias) {
             if (!lora_bias)
-                fail(where + " has lora_B.bias but lora_bias is false in adapter_config.json; fix the config or re-save the adapter");
+                fail(where + " has lora_B.bias but lora_bias is false in adapter_config.json; fix the config "
+                             "or re-save the adapter");
             if (p.bias->shape != std::vector<int64_t>{out})
-                fail(where + ": lora_B.bias " + shape_str(p.bias->shape) + " does not match lora_B " + shape_str(p.B->shape) +
-                     "; the adapter file is corrupt (re-save it)");
+                fail(where + ": lora_B.bias " + shape_str(p.bias->shape) + " does not match lora_B " +
+                     shape_str(p.B->shape) + "; the adapter file is corrupt (re-save it)");
             m.bias          = f32_of(*p.bias);
             m.info.has_bias = true;
         }
@@ -437,42 +478,46 @@ std::unique_ptr<Adapter> Adapter::open(const std::string& dir) {
     }
     for (const auto& [name, tv] : repl_src) {
         if (ends_with(name, ".weight") && I.modules.count(name.substr(0, name.size() - 7)))
-            fail(I.st_path + ": " + name + " is both replaced (modules_to_save) and LoRA-targeted; g4 cannot tell which applies");
+            fail(I.st_path + ": " + name +
+                 " is both replaced (modules_to_save) and LoRA-targeted; g4 cannot tell which applies");
         Replacement rp;
         rp.shape = tv->shape;
         rp.data  = f32_of(*tv);
         I.repl.emplace(name, std::move(rp));
     }
     if (I.modules.empty() && I.repl.empty()) fail(I.st_path + " holds no LoRA tensors; nothing to merge");
-    std::sort(I.merges.begin(), I.merges.end(), [](const ModuleMerge& x, const ModuleMerge& y) { return x.module < y.module; });
+    std::sort(I.merges.begin(), I.merges.end(),
+              [](const ModuleMerge& x, const ModuleMerge& y) { return x.module < y.module; });
     return a;
 }
 
-// W[out, in] += scale * B @ A (DoRA: W = m / ||W + scale B A||_row * (W + scale B A)), in fp32, rows in parallel.
+// W[out, in] += scale * B @ A (DoRA: W = m / ||W + scale B A||_row * (W + scale B A)), in fp32, rows in
+// parallel.
 void Adapter::Impl::merge(const Module& m, float* w, const std::string& tensor_name) const {
-    using RM            = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-    const int64_t out   = m.info.out, in = m.info.in, r = m.info.r;
-    const float scale   = m.info.scale;
-    const bool dora     = m.info.dora;
+    using RM          = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+    const int64_t out = m.info.out, in = m.info.in, r = m.info.r;
+    const float scale = m.info.scale;
+    const bool dora   = m.info.dora;
     Eigen::Map<const RM> A(m.A.data(), r, in), B(m.B.data(), out, r);
     Eigen::Map<RM> W(w, out, in);
-    const int64_t rows  = std::max<int64_t>(1, std::min<int64_t>(64, (1 << 16) / std::max<int64_t>(1, in)));
-    const int64_t nblk  = (out + rows - 1) / rows;
-    bool finite         = true;
+    const int64_t rows = std::max<int64_t>(1, std::min<int64_t>(64, (1 << 16) / std::max<int64_t>(1, in)));
+    const int64_t nblk = (out + rows - 1) / rows;
+    bool finite        = true;
     std::mutex fin_mu;
 
     auto block = [&](int64_t b, int) {
         const int64_t r0 = b * rows, n = std::min(rows, out - r0);
-        RM D = B.middleRows(r0, n) * A;   // B @ A, then * scale (PEFT's get_delta_weight order)
+        RM D = B.middleRows(r0, n) * A; // B @ A, then * scale (PEFT's get_delta_weight order)
         D *= scale;
         auto Wb = W.middleRows(r0, n);
         if (!dora) {
             Wb += D;
         } else {
-            D += Wb;   // V = W + delta
+            D += Wb; // V = W + delta
             for (int64_t i = 0; i < n; ++i) {
                 double ss = 0;
-                for (int64_t j = 0; j < in; ++j) ss += (double)D(i, j) * (double)D(i, j);
+                for (int64_t j = 0; j < in; ++j)
+                    ss += (double)D(i, j) * (double)D(i, j);
                 const float norm   = (float)std::sqrt(ss);
                 const float factor = m.mag[r0 + i] / norm;
                 Wb.row(i)          = D.row(i) * factor;
@@ -485,7 +530,8 @@ void Adapter::Impl::merge(const Module& m, float* w, const std::string& tensor_n
     };
     const double flops = (double)out * (double)in * (double)r;
     if (flops < (1 << 20) || nblk == 1) {
-        for (int64_t b = 0; b < nblk; ++b) block(b, 0);
+        for (int64_t b = 0; b < nblk; ++b)
+            block(b, 0);
     } else {
         compiler::parallel_for(nblk, block);
     }
@@ -494,8 +540,8 @@ void Adapter::Impl::merge(const Module& m, float* w, const std::string& tensor_n
              " gives non-finite values; the adapter (or the base weight) is broken");
 }
 
-bool Adapter::apply(const std::string& tensor_name, const std::vector<int64_t>& shape, float* w, std::vector<float>* bias,
-                    bool* has_bias) const {
+bool Adapter::apply(const std::string& tensor_name, const std::vector<int64_t>& shape, float* w,
+                    std::vector<float>* bias, bool* has_bias) const {
     Impl& I = *impl_;
     if (has_bias) *has_bias = false;
     std::vector<std::string> cands{tensor_name};
@@ -507,9 +553,9 @@ bool Adapter::apply(const std::string& tensor_name, const std::vector<int64_t>& 
         if (rit != I.repl.end()) {
             const Replacement& rp = rit->second;
             if (rp.shape != shape)
-                fail("adapter does not fit this model: modules_to_save tensor " + name + " is " + shape_str(rp.shape) +
-                     " but the base tensor " + tensor_name + " is " + shape_str(shape) + " (" + I.st_path +
-                     "); use an adapter made for this model");
+                fail("adapter does not fit this model: modules_to_save tensor " + name + " is " +
+                     shape_str(rp.shape) + " but the base tensor " + tensor_name + " is " + shape_str(shape) +
+                     " (" + I.st_path + "); use an adapter made for this model");
             std::copy(rp.data.begin(), rp.data.end(), w);
             std::lock_guard<std::mutex> lk(I.mu);
             I.used_repl.insert(name);
@@ -523,14 +569,17 @@ bool Adapter::apply(const std::string& tensor_name, const std::vector<int64_t>& 
         const Module& m = mit->second;
         if (shape.size() != 2 || shape[0] != m.info.out || shape[1] != m.info.in)
             fail("adapter does not fit this model: module " + m.info.module + " has lora_B " +
-                 shape_str({m.info.out, (int64_t)m.info.r}) + " / lora_A " + shape_str({(int64_t)m.info.r, m.info.in}) +
-                 " but the base weight is " + shape_str(shape) + " (" + I.st_path + "); use an adapter made for this model");
+                 shape_str({m.info.out, (int64_t)m.info.r}) + " / lora_A " +
+                 shape_str({(int64_t)m.info.r, m.info.in}) + " but the base weight is " + shape_str(shape) +
+                 " (" + I.st_path + "); use an adapter made for this model");
         I.merge(m, w, tensor_name);
         if (m.info.has_bias) {
             if (!bias || !has_bias)
-                fail("internal: module " + m.info.module + " has a LoRA bias but the caller passed no bias buffer");
+                fail("internal: module " + m.info.module +
+                     " has a LoRA bias but the caller passed no bias buffer");
             if ((int64_t)bias->size() != m.info.out) bias->assign((size_t)m.info.out, 0.0f);
-            for (int64_t i = 0; i < m.info.out; ++i) (*bias)[i] += m.info.scale * m.bias[i];
+            for (int64_t i = 0; i < m.info.out; ++i)
+                (*bias)[i] += m.info.scale * m.bias[i];
             *has_bias = true;
         }
         std::lock_guard<std::mutex> lk(I.mu);

@@ -11,13 +11,14 @@
 namespace g4::lora {
 
 struct ModuleMerge {
-    std::string module;          // module path as in the adapter keys, e.g. model.language_model.layers.3.self_attn.q_proj
-    int r = 0;
-    float alpha = 0;
-    float scale = 0;             // alpha / r, or alpha / sqrt(r) with use_rslora
-    bool dora = false;
-    bool has_bias = false;       // lora_bias: lora_B.bias present
-    int64_t out = 0, in = 0;     // from lora_B / lora_A shapes
+    std::string
+        module; // module path as in the adapter keys, e.g. model.language_model.layers.3.self_attn.q_proj
+    int r         = 0;
+    float alpha   = 0;
+    float scale   = 0; // alpha / r, or alpha / sqrt(r) with use_rslora
+    bool dora     = false;
+    bool has_bias = false;   // lora_bias: lora_B.bias present
+    int64_t out = 0, in = 0; // from lora_B / lora_A shapes
 };
 
 class Adapter {
@@ -28,8 +29,9 @@ public:
     ~Adapter();
 
     const std::string& dir() const;
-    const std::vector<ModuleMerge>& merges() const;                     // sorted by module
-    // Names of base tensors fully replaced through modules_to_save (e.g. "model.language_model.embed_tokens.weight").
+    const std::vector<ModuleMerge>& merges() const; // sorted by module
+    // Names of base tensors fully replaced through modules_to_save (e.g.
+    // "model.language_model.embed_tokens.weight").
     std::vector<std::string> replacements() const;
 
     // Base tensor `tensor_name` (e.g. "model.language_model.layers.3.self_attn.q_proj.weight"), shape
@@ -39,8 +41,8 @@ public:
     // Throws on a shape mismatch, naming the module and both shapes.
     // `alias_prefixes`: pairs (adapter prefix, checkpoint prefix) tried when names differ, e.g.
     // {"model.language_model.", "model."} for a text-only checkpoint.
-    bool apply(const std::string& tensor_name, const std::vector<int64_t>& shape, float* w, std::vector<float>* bias,
-               bool* has_bias) const;
+    bool apply(const std::string& tensor_name, const std::vector<int64_t>& shape, float* w,
+               std::vector<float>* bias, bool* has_bias) const;
 
     // Modules/replacements that apply() never consumed (for the compile log and errors).
     std::vector<std::string> unconsumed() const;

@@ -28,7 +28,8 @@ namespace g4::nf4 {
 std::vector<uint8_t> quantize(const float* w, int64_t n, bool double_quant);
 
 // The blob of an NF4 [rows, cols] matrix laid out for the fused decode MLP (plan kQuantTiled32): codes as
-// [cols / 32][rows][16 bytes], absmax as [cols / 64][rows]; absmax2, offset and code2 unchanged. cols % 64 == 0.
+// [cols / 32][rows][16 bytes], absmax as [cols / 64][rows]; absmax2, offset and code2 unchanged. cols % 64 ==
+// 0.
 std::vector<uint8_t> tile32(const std::vector<uint8_t>& blob, int64_t rows, int64_t cols, bool double_quant);
 
 // bitsandbytes.functional.create_dynamic_map(signed=True, max_exponent_bits=7, total_bits=8), ascending,
@@ -37,13 +38,13 @@ const std::array<float, 256>& dynamic_map();
 
 // bitsandbytes' reference quantize_blockwise(x, code, blocksize) for an ascending `code` of ncode <= 256
 // values: codes[n] (indices into code) and absmax[ceil(n / blocksize)].
-void quantize_blockwise(const float* x, int64_t n, int64_t blocksize, const float* code, int ncode, uint8_t* codes,
-                        float* absmax);
+void quantize_blockwise(const float* x, int64_t n, int64_t blocksize, const float* code, int ncode,
+                        uint8_t* codes, float* absmax);
 
 // --- pre-quantized bitsandbytes checkpoints ----------------------------------------------------------------
 struct ByteView {
     const uint8_t* data = nullptr;
-    size_t size = 0;
+    size_t size         = 0;
 };
 
 // The serialized entries of one bnb Linear4bit weight at prefix P (transformers / bitsandbytes
@@ -51,23 +52,23 @@ struct ByteView {
 // one is not checked. `name` (e.g. "model.layers.0.mlp.up_proj.weight") only labels error messages.
 struct BnbNf4 {
     std::string name;
-    ByteView weight;                 // P.weight: packed codes, ceil(n/2) bytes (any quant_storage dtype)
-    ByteView absmax;                 // P.weight.absmax: u8[nblocks] if nested, else f32[nblocks]
+    ByteView weight; // P.weight: packed codes, ceil(n/2) bytes (any quant_storage dtype)
+    ByteView absmax; // P.weight.absmax: u8[nblocks] if nested, else f32[nblocks]
     std::string absmax_dtype;
-    ByteView quant_map;              // P.weight.quant_map: f32[16], must be the NF4 table
-    ByteView nested_absmax;          // P.weight.nested_absmax: f32[ceil(nblocks / nested_blocksize)] (nested)
-    ByteView nested_quant_map;       // P.weight.nested_quant_map: f32[256] (nested)
-    std::string_view quant_state;    // bytes of P.weight.quant_state.bitsandbytes__nf4 (UTF-8 JSON)
-    std::string quant_state_key;     // optional: the key's last component, e.g. "bitsandbytes__nf4"
+    ByteView quant_map;           // P.weight.quant_map: f32[16], must be the NF4 table
+    ByteView nested_absmax;       // P.weight.nested_absmax: f32[ceil(nblocks / nested_blocksize)] (nested)
+    ByteView nested_quant_map;    // P.weight.nested_quant_map: f32[256] (nested)
+    std::string_view quant_state; // bytes of P.weight.quant_state.bitsandbytes__nf4 (UTF-8 JSON)
+    std::string quant_state_key;  // optional: the key's last component, e.g. "bitsandbytes__nf4"
 };
 
 // Parsed P.weight.quant_state JSON.
 struct BnbQuantState {
-    std::string quant_type;          // "nf4"
+    std::string quant_type; // "nf4"
     int64_t blocksize = 0;
-    std::string dtype;               // e.g. "bfloat16": what bitsandbytes casts the dequantized weight to
+    std::string dtype; // e.g. "bfloat16": what bitsandbytes casts the dequantized weight to
     std::vector<int64_t> shape;
-    bool nested = false;
+    bool nested              = false;
     int64_t nested_blocksize = 0;
     std::string nested_dtype;
     float nested_offset = 0;
@@ -85,6 +86,7 @@ std::vector<float> dequantize_bnb(const BnbNf4& t, std::vector<int64_t>* shape =
 // The same tensor re-laid out, without requantizing, as a g4 NF4 blob (kernels/nf4.h), when its geometry
 // matches g4's (blocksize 64; nested_blocksize 256 when nested). *double_quant tells which variant it is.
 // Throws g4::CompileError otherwise (callers then dequantize_bnb() and quantize()).
-std::vector<uint8_t> blob_from_bnb(const BnbNf4& t, bool* double_quant, std::vector<int64_t>* shape = nullptr);
+std::vector<uint8_t> blob_from_bnb(const BnbNf4& t, bool* double_quant,
+                                   std::vector<int64_t>* shape = nullptr);
 
 } // namespace g4::nf4

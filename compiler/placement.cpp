@@ -369,13 +369,15 @@ Placement resolve(const Request& req, int num_layers, int cuda_index, int gpu_co
     if (layer_devices.size() > 1) {
         p.layer_device.assign(num_layers, cuda_index);
         for (const auto& r : ranges)
-            for (int l = r.first; l <= r.last; ++l) p.layer_device[l] = device_of(r.target, layers_item);
+            for (int l = r.first; l <= r.last; ++l)
+                p.layer_device[l] = device_of(r.target, layers_item);
     } else {
         const int layers_on = *layer_devices.begin();
         if (layers_on != cuda_index) {
             if (layers_on < 0)
-                throw CompileError("--place " + layers_item + " puts the text layers on the CPU, but --device " +
-                                   plan_gpu + " compiles a CUDA plan; use --device cpu to run them on the CPU");
+                throw CompileError("--place " + layers_item +
+                                   " puts the text layers on the CPU, but --device " + plan_gpu +
+                                   " compiles a CUDA plan; use --device cpu to run them on the CPU");
             throw CompileError("--place " + layers_item + " puts the text layers on " + cuda(layers_on) +
                                ", but the plan's GPU is " + plan_gpu + "; use --device " + cuda(layers_on) +
                                " (the plan's GPU also runs the embeddings and the LM head)");
@@ -434,7 +436,8 @@ Placement resolve(const Request& req, int num_layers, int cuda_index, int gpu_co
                                "=gpu or " + c + "=cpu)");
         p.towers[c] = it->second.text;
         if (d >= 0) (std::string(c) == "vision" ? p.vision_gpu : p.audio_gpu) = true;
-        p.notes.push_back(item + ": the " + c + " tower runs on " + (d >= 0 ? plan_gpu : std::string("the CPU")));
+        p.notes.push_back(item + ": the " + c + " tower runs on " +
+                          (d >= 0 ? plan_gpu : std::string("the CPU")));
     }
     p.vision_auto = cuda_index >= 0 && !req.place.components.count("vision");
     p.audio_auto  = cuda_index >= 0 && !req.place.components.count("audio");
@@ -476,14 +479,17 @@ uint64_t DeviceMemory::need() const {
 std::vector<DeviceMemory> memory_plan(const Figures& f, const Placement& p, bool ple_host, int threads) {
     std::vector<DeviceMemory> out;
     const std::string kv = f.kv_dtype.empty() ? "KV cache" : "KV cache (" + f.kv_dtype + ")";
-    auto cpu_budget = [&](DeviceMemory& d) {
+    auto cpu_budget      = [&](DeviceMemory& d) {
         if (p.cpu_budget) d.budget = p.cpu_budget, d.budget_flag = "--cpu-mem " + p.cpu_budget_arg;
     };
     if (p.cuda_index < 0) {
         DeviceMemory c;
-        c.device     = "cpu";
-        c.parts      = {{"weights", f.weights - f.tower_weights}, {"activations", f.activations}, {kv, f.kv_cache}};
-        if (f.tower_weights) c.parts.push_back({"towers' weights", f.tower_weights}), c.parts.push_back({"towers' buffers", f.tower_buffers});
+        c.device = "cpu";
+        c.parts  = {
+             {"weights", f.weights - f.tower_weights}, {"activations", f.activations}, {kv, f.kv_cache}};
+        if (f.tower_weights)
+            c.parts.push_back({"towers' weights", f.tower_weights}),
+                c.parts.push_back({"towers' buffers", f.tower_buffers});
         c.per_thread = f.scratch_per_thread;
         c.threads    = threads;
         cpu_budget(c);
@@ -493,8 +499,9 @@ std::vector<DeviceMemory> memory_plan(const Figures& f, const Placement& p, bool
     DeviceMemory& g = gpu[p.cuda_index];
     // Moved from the host to the plan's GPU; with both towers there, the alignment padding between their
     // ranges goes too (no host part is left).
-    const uint64_t on_gpu = p.vision_gpu && p.audio_gpu ? f.tower_weights
-                                                        : (p.vision_gpu ? f.vision_weights : 0) + (p.audio_gpu ? f.audio_weights : 0);
+    const uint64_t on_gpu = p.vision_gpu && p.audio_gpu
+                                ? f.tower_weights
+                                : (p.vision_gpu ? f.vision_weights : 0) + (p.audio_gpu ? f.audio_weights : 0);
     if (f.gpus.empty()) {
         g.parts = {{"weights", f.weights - f.host_weights - f.tower_weights - (ple_host ? f.ple_table : 0)},
                    {"activations", f.activations},
@@ -507,7 +514,8 @@ std::vector<DeviceMemory> memory_plan(const Figures& f, const Placement& p, bool
                             {kv, x.kv},
                             {"workspaces", x.workspace}};
     }
-    if (p.vision_gpu) gpu[p.cuda_index].parts.push_back({"vision tower", f.vision_weights + f.vision_gpu_buffers});
+    if (p.vision_gpu)
+        gpu[p.cuda_index].parts.push_back({"vision tower", f.vision_weights + f.vision_gpu_buffers});
     if (p.audio_gpu)
         gpu[p.cuda_index].parts.push_back({"audio tower", f.audio_weights + f.audio_gpu_buffers});
     DeviceMemory h;
@@ -532,7 +540,8 @@ std::vector<DeviceMemory> memory_plan(const Figures& f, const Placement& p, bool
         gpu[i].budget      = b.bytes;
         gpu[i].budget_flag = "--gpu-mem " + b.arg;
     }
-    for (auto& [i, d] : gpu) d.device = cuda(i);
+    for (auto& [i, d] : gpu)
+        d.device = cuda(i);
     out.push_back(gpu[p.cuda_index]);
     for (const auto& [i, d] : gpu)
         if (i != p.cuda_index) out.push_back(d);
@@ -541,17 +550,18 @@ std::vector<DeviceMemory> memory_plan(const Figures& f, const Placement& p, bool
 }
 
 namespace {
-struct NoFit {};   // decide_fixed(quick): the placement does not fit (no message built)
+struct NoFit {}; // decide_fixed(quick): the placement does not fit (no message built)
 
-Decision decide_fixed(const Placement& p, const Figures& f, int max_context, const std::function<Figures(int)>& figures_at,
-                      int threads, bool quick);
+Decision decide_fixed(const Placement& p, const Figures& f, int max_context,
+                      const std::function<Figures(int)>& figures_at, int threads, bool quick);
 } // namespace
 
 // With vision_auto / audio_auto, a tower goes on the GPU when it fits there. The PLE table on the GPU comes
 // first (it is read every token, a tower once an image or clip), then the vision tower, then the audio tower:
 // the tower placements are tried in the order both, vision alone, audio alone, neither (varying only the
 // automatic towers), first with the PLE table on the GPU, then with it in host memory.
-Decision decide(const Placement& p, const Figures& f, int max_context, const std::function<Figures(int)>& figures_at, int threads) {
+Decision decide(const Placement& p, const Figures& f, int max_context,
+                const std::function<Figures(int)>& figures_at, int threads) {
     if (!p.vision_auto && !p.audio_auto) return decide_fixed(p, f, max_context, figures_at, threads, false);
     std::vector<Placement> tries;
     for (bool v : p.vision_auto ? std::vector<bool>{true, false} : std::vector<bool>{p.vision_gpu})
@@ -606,8 +616,8 @@ Decision decide(const Placement& p, const Figures& f, int max_context, const std
 }
 
 namespace {
-Decision decide_fixed(const Placement& p, const Figures& f, int max_context, const std::function<Figures(int)>& figures_at,
-                      int threads, bool quick) {
+Decision decide_fixed(const Placement& p, const Figures& f, int max_context,
+                      const std::function<Figures(int)>& figures_at, int threads, bool quick) {
     const std::vector<bool> tries =
         p.ple_auto ? std::vector<bool>{false, true} : std::vector<bool>{p.ple_host};
     std::vector<std::vector<DeviceMemory>> tried;
@@ -710,17 +720,21 @@ Decision decide_fixed(const Placement& p, const Figures& f, int max_context, con
 }
 } // namespace
 
-bool layers_placed(const Request& req) { return !req.place.layers.empty() || req.place.layers_all.has_value(); }
+bool layers_placed(const Request& req) {
+    return !req.place.layers.empty() || req.place.layers_all.has_value();
+}
 
-std::optional<Placement> split_layers(const Placement& p, const std::function<Figures(const std::vector<int>&)>& figures_for,
+std::optional<Placement> split_layers(const Placement& p,
+                                      const std::function<Figures(const std::vector<int>&)>& figures_for,
                                       int threads) {
     std::vector<int> gpus{p.cuda_index};
     for (const auto& [i, b] : p.gpu_budgets)
         if (i != p.cuda_index) gpus.push_back(i);
-    if (p.cuda_index < 0 || p.hybrid() || gpus.size() < 2 || !p.gpu_budgets.count(p.cuda_index)) return std::nullopt;
+    if (p.cuda_index < 0 || p.hybrid() || gpus.size() < 2 || !p.gpu_budgets.count(p.cuda_index))
+        return std::nullopt;
     const int n = p.num_layers;
     for (bool ph : p.ple_auto ? std::vector<bool>{false, true} : std::vector<bool>{p.ple_host}) {
-        auto fits = [&](const std::vector<int>& layer_device, int gpu) {   // gpu: one GPU, or -2 every device
+        auto fits = [&](const std::vector<int>& layer_device, int gpu) { // gpu: one GPU, or -2 every device
             Placement q    = p;
             q.layer_device = layer_device;
             for (const DeviceMemory& d : memory_plan(figures_for(layer_device), q, ph, threads))
@@ -734,18 +748,21 @@ std::optional<Placement> split_layers(const Placement& p, const std::function<Fi
             // The most layers [first, k) GPU g holds with the rest on the next GPU.
             auto with = [&](int k) {
                 std::vector<int> v = ld;
-                for (int l = first; l < n; ++l) v[l] = l < k ? gpus[g] : gpus[g + 1];
+                for (int l = first; l < n; ++l)
+                    v[l] = l < k ? gpus[g] : gpus[g + 1];
                 return v;
             };
             if (!fits(with(first), gpus[g])) {
                 ok = false;
                 break;
             }
-            int lo = first, hi = n - 1;   // with(lo) fits gpus[g]; at least one layer moves on
+            int lo = first, hi = n - 1; // with(lo) fits gpus[g]; at least one layer moves on
             while (lo < hi) {
                 const int mid = lo + (hi - lo + 1) / 2;
-                if (fits(with(mid), gpus[g])) lo = mid;
-                else hi = mid - 1;
+                if (fits(with(mid), gpus[g]))
+                    lo = mid;
+                else
+                    hi = mid - 1;
             }
             ld    = with(lo);
             first = lo;
@@ -758,11 +775,12 @@ std::optional<Placement> split_layers(const Placement& p, const std::function<Fi
             std::string r;
             for (int l = 0; l < n;) {
                 int e = l;
-                while (e + 1 < n && ld[e + 1] == ld[l]) ++e;
+                while (e + 1 < n && ld[e + 1] == ld[l])
+                    ++e;
                 r += (r.empty() ? "" : ",") + span(l, e) + ":gpu" + std::to_string(ld[l]);
                 l = e + 1;
             }
-            for (std::string& note : q.notes) {   // the GPUs that now hold layers are no longer unused
+            for (std::string& note : q.notes) { // the GPUs that now hold layers are no longer unused
                 const size_t a = note.find("; nothing is placed on cuda:");
                 if (a == std::string::npos) continue;
                 const size_t b = note.find("; GPU indices", a);
@@ -773,9 +791,11 @@ std::optional<Placement> split_layers(const Placement& p, const std::function<Fi
                 note = note.substr(0, a) + (unused.empty() ? "" : "; nothing is placed on " + unused) +
                        (b == std::string::npos ? "" : note.substr(b));
             }
-            q.notes.push_back("the plan does not fit " + cuda(p.cuda_index) + "'s budget" + (ph ? " even with ple=host" : "") +
-                              ", so its text layers are split across the budgeted GPUs (as --place layers=" + r +
-                              (ph ? ",ple=host" : "") + "; the split costs a few percent of decode speed)");
+            q.notes.push_back(
+                "the plan does not fit " + cuda(p.cuda_index) + "'s budget" +
+                (ph ? " even with ple=host" : "") +
+                ", so its text layers are split across the budgeted GPUs (as --place layers=" + r +
+                (ph ? ",ple=host" : "") + "; the split costs a few percent of decode speed)");
             return q;
         }
     }
@@ -790,10 +810,15 @@ json Decision::meta() const {
         towers[c] = p.tower_where.count(c) ? p.tower_where.at(c) : "not compiled";
     json layers = json::array();
     auto on     = [&](int l) { return !p.hybrid() ? p.cuda_index : p.layer_device[l]; };
-    for (int l = 0; l < p.num_layers;) {   // maximal ranges of one device
+    for (int l = 0; l < p.num_layers;) { // maximal ranges of one device
         int e = l;
-        while (e + 1 < p.num_layers && on(e + 1) == on(l)) ++e;
-        layers.push_back({{"first", l}, {"last", e}, {"device", p.cuda_index < 0 ? "cpu" : on(l) < 0 ? "cpu" : cuda(on(l))}});
+        while (e + 1 < p.num_layers && on(e + 1) == on(l))
+            ++e;
+        layers.push_back({{"first", l},
+                          {"last", e},
+                          {"device", p.cuda_index < 0 ? "cpu"
+                                     : on(l) < 0      ? "cpu"
+                                                      : cuda(on(l))}});
         l = e + 1;
     }
     json pl  = {{"device", dev},
@@ -827,26 +852,31 @@ std::string Decision::placement_line() const {
     } else {
         const std::string dev = cuda(p.cuda_index);
         if (p.hybrid()) {
-            std::map<int, std::string> by;   // device -> its layer ranges
+            std::map<int, std::string> by; // device -> its layer ranges
             for (int l = 0; l < p.num_layers;) {
                 int e = l;
-                while (e + 1 < p.num_layers && p.layer_device[e + 1] == p.layer_device[l]) ++e;
+                while (e + 1 < p.num_layers && p.layer_device[e + 1] == p.layer_device[l])
+                    ++e;
                 std::string& to = by[p.layer_device[l]];
                 to += (to.empty() ? "" : ",") + span(l, e);
                 l = e + 1;
             }
             layers.clear();
-            for (const auto& [d, r] : by)   // GPUs in index order, then the CPU
-                if (d >= 0) layers += (layers.empty() ? "" : ", ") + std::string("text layers ") + r + " on " + cuda(d);
+            for (const auto& [d, r] : by) // GPUs in index order, then the CPU
+                if (d >= 0)
+                    layers +=
+                        (layers.empty() ? "" : ", ") + std::string("text layers ") + r + " on " + cuda(d);
             if (by.count(-1)) layers += ", text layers " + by[-1] + " on the CPU";
             layers += " (copy steps between them)";
         }
-        s                     = layers + ", embed and lm_head on " + dev + "; PLE table " +
+        s = layers + ", embed and lm_head on " + dev + "; PLE table " +
             (p.ple_host
                  ? "in pinned host memory (ple=host" + (p.ple_why.empty() ? "" : ", " + p.ple_why) + ")"
                  : "on " + dev + (p.ple_auto ? " (chosen automatically: it fits the budget)" : ""));
     }
-    auto where = [&](const char* c) { return p.tower_where.count(c) ? p.tower_where.at(c) : std::string("not compiled"); };
+    auto where = [&](const char* c) {
+        return p.tower_where.count(c) ? p.tower_where.at(c) : std::string("not compiled");
+    };
     return s + "; vision tower: " + where("vision") + ", audio tower: " + where("audio");
 }
 

@@ -82,8 +82,8 @@ struct Placement {
     bool ple_auto = false;                     // ple not placed by --place: the budget check decides
     std::string ple_why;                       // why ple_host was chosen automatically
     std::map<std::string, std::string> towers; // vision/audio -> what --place asked for
-    // vision/audio -> where the compiled plan has it: "cpu", "not in the checkpoint", "left out (--no-vision)"
-    // (set by the compiler once it knows the checkpoint; META placement and the report line)
+    // vision/audio -> where the compiled plan has it: "cpu", "not in the checkpoint", "left out
+    // (--no-vision)" (set by the compiler once it knows the checkpoint; META placement and the report line)
     std::map<std::string, std::string> tower_where;
     // The vision / audio tower on the plan's GPU (CUDA plans): *_gpu where it is (--place vision=gpu, or
     // decided by decide()), *_auto: decide() puts it there when it fits beside everything else (no vision= /
@@ -100,8 +100,8 @@ struct Placement {
     bool hybrid() const { return !layer_device.empty(); }
     bool layer_on_cpu(int l) const { return hybrid() && layer_device[l] < 0; }
     bool has_cpu_layers() const;
-    std::vector<int> gpus() const;             // GPUs that run something, the plan's GPU first
-    std::vector<std::string> notes;            // report lines
+    std::vector<int> gpus() const;  // GPUs that run something, the plan's GPU first
+    std::vector<std::string> notes; // report lines
 };
 // gpu_count: GPUs on this machine, or -1 when they cannot be (or are not to be) queried.
 Placement resolve(const Request& req, int num_layers, int cuda_index, int gpu_count);
@@ -164,9 +164,10 @@ Decision decide(const Placement& p, const Figures& f, int max_context,
 // many layers as fit in its budget (the PLE table on the GPU, else with ple_auto in host memory).
 // figures_for(layer_device): the plan's figures with that split. Returns the placement (layer_device
 // set, an unsplit result never) or nothing when no such split fits.
-std::optional<Placement> split_layers(const Placement& p, const std::function<Figures(const std::vector<int>&)>& figures_for,
+std::optional<Placement> split_layers(const Placement& p,
+                                      const std::function<Figures(const std::vector<int>&)>& figures_for,
                                       int threads);
-bool layers_placed(const Request& req);   // --place names the text layers
+bool layers_placed(const Request& req); // --place names the text layers
 
 // The per-device table (compile report, --dry-run, g4 inspect).
 void print_memory(std::ostream& out, const std::vector<DeviceMemory>& mem, const std::string& indent);

@@ -14,16 +14,16 @@ namespace g4::st {
 
 enum class DType { F32, F16, BF16, F64, I64, I32, I16, I8, U8, BOOL };
 
-const char* dtype_name(DType d);     // "F32", "BF16", ... as spelled in safetensors headers
-size_t dtype_size(DType d);          // bytes per element
+const char* dtype_name(DType d); // "F32", "BF16", ... as spelled in safetensors headers
+size_t dtype_size(DType d);      // bytes per element
 
 struct TensorView {
     std::string name;
     DType dtype;
-    std::vector<int64_t> shape;      // as in the header, row-major
-    const uint8_t* data = nullptr;   // points into the mmap; valid while the owning File lives
-    size_t nbytes = 0;
-    std::string file;                // path of the shard holding it (for error messages)
+    std::vector<int64_t> shape;    // as in the header, row-major
+    const uint8_t* data = nullptr; // points into the mmap; valid while the owning File lives
+    size_t nbytes       = 0;
+    std::string file; // path of the shard holding it (for error messages)
     int64_t numel() const;
 };
 
@@ -35,13 +35,13 @@ public:
     const std::map<std::string, TensorView>& tensors() const { return tensors_; }
     const std::map<std::string, std::string>& metadata() const { return metadata_; }
     const std::string& path() const { return path_; }
-    File(const File&) = delete;
+    File(const File&)            = delete;
     File& operator=(const File&) = delete;
 
 private:
     File() = default;
     std::string path_;
-    void* map_ = nullptr;
+    void* map_       = nullptr;
     size_t map_size_ = 0;
     std::map<std::string, TensorView> tensors_;
     std::map<std::string, std::string> metadata_;
@@ -51,12 +51,12 @@ private:
 // Every tensor listed in the index must be present in the shard it names.
 class Checkpoint {
 public:
-    static Checkpoint open(const std::string& dir);   // throws g4::CompileError
+    static Checkpoint open(const std::string& dir); // throws g4::CompileError
     bool has(const std::string& name) const;
-    const TensorView& get(const std::string& name) const;   // throws "missing tensor NAME in DIR"
-    std::vector<std::string> names() const;                  // sorted
+    const TensorView& get(const std::string& name) const; // throws "missing tensor NAME in DIR"
+    std::vector<std::string> names() const;               // sorted
     const std::string& dir() const { return dir_; }
-    std::vector<std::string> files() const;                  // shard paths, sorted
+    std::vector<std::string> files() const; // shard paths, sorted
 
 private:
     std::string dir_;

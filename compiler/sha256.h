@@ -10,7 +10,7 @@ class Sha256 {
 public:
     Sha256();
     void update(const void* data, size_t n);
-    std::string hex();   // finalises; lowercase hex digest
+    std::string hex(); // finalises; lowercase hex digest
 
 private:
     void block(const uint8_t* p);

@@ -13,7 +13,8 @@ using WorkFn = void (*)(void* ctx, int64_t index, int thread);
 void run_parallel(int64_t n, WorkFn fn, void* ctx);
 
 template <class F> void parallel_for(int64_t n, F& f) {
-    run_parallel(n, [](void* c, int64_t i, int th) { (*static_cast<F*>(c))(i, th); }, &f);
+    run_parallel(
+        n, [](void* c, int64_t i, int th) { (*static_cast<F*>(c))(i, th); }, &f);
 }
 
 } // namespace g4::compiler

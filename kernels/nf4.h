@@ -19,20 +19,32 @@ inline constexpr int kBlock  = 64;
 inline constexpr int kBlock2 = 256;
 
 // bitsandbytes get_4bit_type("nf4"), index 0..15.
-inline constexpr float kCodebook[16] = {
-    -1.0f, -0.6961928009986877f, -0.5250730514526367f, -0.39491748809814453f, -0.28444138169288635f,
-    -0.18477343022823334f, -0.09105003625154495f, 0.0f, 0.07958029955625534f, 0.16093020141124725f,
-    0.24611230194568634f, 0.33791524171829224f, 0.44070982933044434f, 0.5626170039176941f, 0.7229568362236023f, 1.0f};
+inline constexpr float kCodebook[16] = {-1.0f,
+                                        -0.6961928009986877f,
+                                        -0.5250730514526367f,
+                                        -0.39491748809814453f,
+                                        -0.28444138169288635f,
+                                        -0.18477343022823334f,
+                                        -0.09105003625154495f,
+                                        0.0f,
+                                        0.07958029955625534f,
+                                        0.16093020141124725f,
+                                        0.24611230194568634f,
+                                        0.33791524171829224f,
+                                        0.44070982933044434f,
+                                        0.5626170039176941f,
+                                        0.7229568362236023f,
+                                        1.0f};
 
 struct Layout {
     int64_t n = 0, nblocks = 0, nblocks2 = 0;
-    bool double_quant = false;
+    bool double_quant  = false;
     uint64_t codes_off = 0, codes_bytes = 0;
-    uint64_t absmax_off = 0;     // f32[nblocks] or u8[nblocks]
-    uint64_t absmax2_off = 0;    // double quant: f32[nblocks2]
-    uint64_t offset_off = 0;     // double quant: f32
-    uint64_t code2_off = 0;      // double quant: f32[256]
-    uint64_t total = 0;          // blob bytes
+    uint64_t absmax_off  = 0; // f32[nblocks] or u8[nblocks]
+    uint64_t absmax2_off = 0; // double quant: f32[nblocks2]
+    uint64_t offset_off  = 0; // double quant: f32
+    uint64_t code2_off   = 0; // double quant: f32[256]
+    uint64_t total       = 0; // blob bytes
 };
 
 Layout layout(int64_t n, bool double_quant);

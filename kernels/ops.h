@@ -18,121 +18,121 @@ size_t dtype_bytes(DType d, int64_t n);
 
 // Op codes stored in plans. Values are part of the plan format: append only.
 enum class OpCode : uint16_t {
-    Embed     = 1,   // y[t,:] = table[ids[t],:] * scale
-    Matmul    = 2,   // y[T,N] = x[T,K] . W[N,K]^T
-    RmsNorm   = 3,   // per group of D: y = x * (mean(x^2)+eps)^-1/2 * w
-    Add       = 4,   // y = a + b
-    Scale     = 5,   // y = x * s * (scalar tensor, if any)
-    Rope      = 6,   // in place, NeoX rotate-half pairing (k, k + D/2)
-    KvStore   = 7,   // write k, v rows into the ring/linear KV cache of one layer
-    Attention = 8,   // softmax(q.K^T * scale + mask) . V over the cache, GQA
-    GeluMul   = 9,   // y = gelu_tanh(a) * b
-    Softcap   = 10,  // y = cap * tanh(x / cap)
-    Copy      = 11,  // cross-device step of a CUDA plan with CPU-placed layers: rows of an activation view
-                     // from the GPU to host memory (ip1 = 0) or back (ip1 = 1); ip0 = columns
+    Embed     = 1,  // y[t,:] = table[ids[t],:] * scale
+    Matmul    = 2,  // y[T,N] = x[T,K] . W[N,K]^T
+    RmsNorm   = 3,  // per group of D: y = x * (mean(x^2)+eps)^-1/2 * w
+    Add       = 4,  // y = a + b
+    Scale     = 5,  // y = x * s * (scalar tensor, if any)
+    Rope      = 6,  // in place, NeoX rotate-half pairing (k, k + D/2)
+    KvStore   = 7,  // write k, v rows into the ring/linear KV cache of one layer
+    Attention = 8,  // softmax(q.K^T * scale + mask) . V over the cache, GQA
+    GeluMul   = 9,  // y = gelu_tanh(a) * b
+    Softcap   = 10, // y = cap * tanh(x / cap)
+    Copy      = 11, // cross-device step of a CUDA plan with CPU-placed layers: rows of an activation view
+                    // from the GPU to host memory (ip1 = 0) or back (ip1 = 1); ip0 = columns
 };
 const char* op_name(OpCode op);
 
 // Per-step values read by every op: rows in this step and the absolute position of row 0.
 struct StepState {
-    int32_t rows;      // T: tokens in this step (1 for decode)
-    int32_t pos0;      // position of row 0
-    int32_t out_rows;  // rows whose logits are produced (the last out_rows of the step)
+    int32_t rows;     // T: tokens in this step (1 for decode)
+    int32_t pos0;     // position of row 0
+    int32_t out_rows; // rows whose logits are produced (the last out_rows of the step)
 };
 
 float bf16_to_f32(uint16_t h);
-uint16_t f32_to_bf16(float f);   // round to nearest even
+uint16_t f32_to_bf16(float f); // round to nearest even
 
 struct EmbedArgs {
-    const int32_t* ids;   // [T]
-    const void* table;    // [V, N], dtype `dt`
+    const int32_t* ids; // [T]
+    const void* table;  // [V, N], dtype `dt`
     DType dt;
     int64_t vocab, n;
     float scale;
-    float* y;             // [T, ldy]
+    float* y; // [T, ldy]
     int64_t ldy;
     int32_t rows;
 };
 
 struct MatmulArgs {
-    const float* x;       // [T, ldx], first K columns used
+    const float* x; // [T, ldx], first K columns used
     int64_t ldx;
-    const void* w;        // [N, K] row-major, dtype `dt`
+    const void* w; // [N, K] row-major, dtype `dt`
     DType dt;
     int64_t n, k;
-    float* y;             // [T, ldy], first N columns written
+    float* y; // [T, ldy], first N columns written
     int64_t ldy;
     int32_t rows;
-    bool nf4_double_quant = false;   // dt == NF4: w is one kernels/nf4.h blob of N*K elements; true if it
-                                     // stores double-quantized absmax (absmax_q/absmax2/offset/code2)
+    bool nf4_double_quant = false; // dt == NF4: w is one kernels/nf4.h blob of N*K elements; true if it
+                                   // stores double-quantized absmax (absmax_q/absmax2/offset/code2)
 };
 
 struct RmsNormArgs {
-    const float* x;       // [T, ldx] viewed as groups of `dim` columns; `cols` columns per row
+    const float* x; // [T, ldx] viewed as groups of `dim` columns; `cols` columns per row
     int64_t ldx;
-    const void* w;        // [dim] weight or nullptr (no scale)
+    const void* w; // [dim] weight or nullptr (no scale)
     DType wdt;
-    float* y;             // [T, ldy] (may alias x)
+    float* y; // [T, ldy] (may alias x)
     int64_t ldy;
     int32_t rows, cols, dim;
     float eps;
 };
 
-struct BinaryArgs {       // Add and GeluMul
-    const float* a;       // [T, lda]
+struct BinaryArgs { // Add and GeluMul
+    const float* a; // [T, lda]
     int64_t lda;
-    const float* b;       // [T, ldb]
+    const float* b; // [T, ldb]
     int64_t ldb;
-    float* y;             // [T, ldy] (may alias a or b)
+    float* y; // [T, ldy] (may alias a or b)
     int64_t ldy;
     int32_t rows, cols;
 };
 
 struct ScaleArgs {
-    const float* x;       // [T, ldx]
+    const float* x; // [T, ldx]
     int64_t ldx;
-    float* y;             // [T, ldy] (may alias x)
+    float* y; // [T, ldy] (may alias x)
     int64_t ldy;
     int32_t rows, cols;
     float s;              // multiplier
     const void* s_tensor; // optional scalar weight [1] multiplied in, dtype s_dt
     DType s_dt;
-    float cap;            // Softcap only
+    float cap; // Softcap only
 };
 
 struct RopeArgs {
-    float* x;             // [T, ldx] = heads x D, rotated in place
+    float* x; // [T, ldx] = heads x D, rotated in place
     int64_t ldx;
-    const float* inv_freq;// [D/2]
+    const float* inv_freq; // [D/2]
     int32_t rows, heads, dim;
-    int32_t pos0;         // position of row 0
+    int32_t pos0; // position of row 0
 };
 
 struct KvStoreArgs {
-    const float* k;       // [T, ldk] = n_kv x D
+    const float* k; // [T, ldk] = n_kv x D
     int64_t ldk;
-    const float* v;       // [T, ldv]
+    const float* v; // [T, ldv]
     int64_t ldv;
-    void* k_cache;        // [slots, n_kv*D], dtype cache_dt
-    void* v_cache;        // [slots, n_kv*D], dtype cache_dt
-    int32_t rows, width, slots;   // width = n_kv * D
+    void* k_cache;              // [slots, n_kv*D], dtype cache_dt
+    void* v_cache;              // [slots, n_kv*D], dtype cache_dt
+    int32_t rows, width, slots; // width = n_kv * D
     int32_t pos0;
-    DType cache_dt = DType::F32;  // F32 or BF16
+    DType cache_dt = DType::F32; // F32 or BF16
 };
 
 struct AttentionArgs {
-    const float* q;       // [T, ldq] = heads x D
+    const float* q; // [T, ldq] = heads x D
     int64_t ldq;
-    const void* k_cache;  // [slots, n_kv*D], dtype cache_dt; position p lives in slot p % slots
+    const void* k_cache; // [slots, n_kv*D], dtype cache_dt; position p lives in slot p % slots
     const void* v_cache;
-    float* y;             // [T, ldy] = heads x D
+    float* y; // [T, ldy] = heads x D
     int64_t ldy;
     int32_t rows, heads, kv_heads, dim, slots;
-    int32_t window;       // 0: causal over all positions; else keys p-window+1..p
+    int32_t window; // 0: causal over all positions; else keys p-window+1..p
     int32_t pos0;
     float scale;
-    float* scratch;       // >= attention_scratch_floats(...) floats, owned by the caller
-    DType cache_dt = DType::F32;  // F32 or BF16
+    float* scratch;              // >= attention_scratch_floats(...) floats, owned by the caller
+    DType cache_dt = DType::F32; // F32 or BF16
 };
 
 } // namespace g4

@@ -4,9 +4,9 @@
 #include "runtime/src/plan/plan_format.h"
 
 #include <cmath>
-#include <cstring>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -34,9 +34,15 @@ TempDir::~TempDir() {
     fs::remove_all(path, ec);
 }
 
-std::string fixtures_dir() { return G4_FIXTURES_DIR; }
-std::string fixture(const std::string& rel) { return fixtures_dir() + "/" + rel; }
-std::string cli_path() { return G4_CLI_PATH; }
+std::string fixtures_dir() {
+    return G4_FIXTURES_DIR;
+}
+std::string fixture(const std::string& rel) {
+    return fixtures_dir() + "/" + rel;
+}
+std::string cli_path() {
+    return G4_CLI_PATH;
+}
 
 std::string read_file(const std::string& path) {
     std::ifstream f(path, std::ios::binary);
@@ -52,7 +58,9 @@ void write_file(const std::string& path, const std::string& bytes) {
     f.write(bytes.data(), (std::streamsize)bytes.size());
 }
 
-bool file_exists(const std::string& path) { return fs::exists(path); }
+bool file_exists(const std::string& path) {
+    return fs::exists(path);
+}
 
 std::vector<float> read_f32(const std::string& path) {
     std::string b = read_file(path);
@@ -65,17 +73,22 @@ CmdResult run_cmd(const std::string& cmd) {
     TempDir td;
     std::string out = td.file("out"), err = td.file("err");
     std::string full = cmd + " >" + out + " 2>" + err + " </dev/null";
-    int st = std::system(full.c_str());
+    int st           = std::system(full.c_str());
     CmdResult r;
-    if (st == -1) r.exit_code = -1;
-    else if (WIFEXITED(st)) r.exit_code = WEXITSTATUS(st);
-    else if (WIFSIGNALED(st)) r.exit_code = 128 + WTERMSIG(st);
+    if (st == -1)
+        r.exit_code = -1;
+    else if (WIFEXITED(st))
+        r.exit_code = WEXITSTATUS(st);
+    else if (WIFSIGNALED(st))
+        r.exit_code = 128 + WTERMSIG(st);
     r.out = file_exists(out) ? read_file(out) : "";
     r.err = file_exists(err) ? read_file(err) : "";
     return r;
 }
 
-CmdResult run_g4(const std::string& args) { return run_cmd("'" + cli_path() + "' " + args); }
+CmdResult run_g4(const std::string& args) {
+    return run_cmd("'" + cli_path() + "' " + args);
+}
 
 double rel_l2(const float* a, const float* b, size_t n) {
     double num = 0, den = 0;
@@ -103,13 +116,15 @@ std::vector<float> randn(size_t n, uint32_t seed, float sd) {
     std::mt19937 g(seed);
     std::normal_distribution<float> d(0.0f, sd);
     std::vector<float> v(n);
-    for (auto& x : v) x = d(g);
+    for (auto& x : v)
+        x = d(g);
     return v;
 }
 
 std::vector<uint16_t> to_bf16(const std::vector<float>& v) {
     std::vector<uint16_t> o(v.size());
-    for (size_t i = 0; i < v.size(); ++i) o[i] = g4::f32_to_bf16(v[i]);
+    for (size_t i = 0; i < v.size(); ++i)
+        o[i] = g4::f32_to_bf16(v[i]);
     return o;
 }
 

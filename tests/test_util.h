@@ -15,19 +15,19 @@ struct TempDir {
     std::string file(const std::string& name) const { return path + "/" + name; }
 };
 
-std::string fixtures_dir();                       // tests/fixtures in the source tree
-std::string fixture(const std::string& rel);      // fixtures_dir() + "/" + rel
-std::string cli_path();                           // the built g4 binary
+std::string fixtures_dir();                  // tests/fixtures in the source tree
+std::string fixture(const std::string& rel); // fixtures_dir() + "/" + rel
+std::string cli_path();                      // the built g4 binary
 
-std::string read_file(const std::string& path);   // throws std::runtime_error if unreadable
+std::string read_file(const std::string& path); // throws std::runtime_error if unreadable
 void write_file(const std::string& path, const std::string& bytes);
 bool file_exists(const std::string& path);
-std::vector<float> read_f32(const std::string& path);   // raw little-endian float32
+std::vector<float> read_f32(const std::string& path); // raw little-endian float32
 
 struct CmdResult {
-    int exit_code = -1;      // the process exit status; 128+signal if killed by a signal
-    std::string out;         // stdout
-    std::string err;         // stderr
+    int exit_code = -1; // the process exit status; 128+signal if killed by a signal
+    std::string out;    // stdout
+    std::string err;    // stderr
 };
 // Runs `cmd` through /bin/sh with stdout and stderr captured separately.
 CmdResult run_cmd(const std::string& cmd);
@@ -46,6 +46,6 @@ void reseal_plan(std::string* plan);
 
 // Relative L2 error ||a-b|| / ||b||, in double precision.
 double rel_l2(const float* a, const float* b, size_t n);
-std::vector<int32_t> parse_ids(const std::string& csv);   // "1,2,3" -> {1,2,3}
+std::vector<int32_t> parse_ids(const std::string& csv); // "1,2,3" -> {1,2,3}
 
 } // namespace g4test

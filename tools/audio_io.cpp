@@ -13,8 +13,12 @@ namespace {
 
 constexpr const char* kConvert = "convert it with: ffmpeg -i in.wav -ar 16000 -ac 1 -c:a pcm_s16le out.wav";
 
-uint16_t le16(const unsigned char* p) { return (uint16_t)(p[0] | (p[1] << 8)); }
-uint32_t le32(const unsigned char* p) { return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24); }
+uint16_t le16(const unsigned char* p) {
+    return (uint16_t)(p[0] | (p[1] << 8));
+}
+uint32_t le32(const unsigned char* p) {
+    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
+}
 
 // A chunk id for a message: non-printable bytes as '?'.
 std::string printable(const unsigned char* id) {
@@ -40,10 +44,10 @@ std::string load_wav(const std::string& path, AudioPcm* out, int64_t max_frames)
 
     bool have_fmt = false;
     int format = 0, channels = 0, bits = 0, block = 0;
-    uint32_t rate = 0;
+    uint32_t rate             = 0;
     const unsigned char* data = nullptr;
-    size_t data_len = 0;
-    size_t pos = 12;
+    size_t data_len           = 0;
+    size_t pos                = 12;
     while (pos + 8 <= len) {
         const unsigned char* id = b + pos;
         uint64_t size           = le32(b + pos + 4);
@@ -51,10 +55,10 @@ std::string load_wav(const std::string& path, AudioPcm* out, int64_t max_frames)
         const size_t avail = len - pos;
         if (std::memcmp(id, "data", 4) == 0) {
             if (!have_fmt) return where + "the data chunk comes before the fmt chunk (corrupt file)";
-            if (size == 0xFFFFFFFFu) size = avail - avail % (size_t)block;   // streamed writer: size unknown
+            if (size == 0xFFFFFFFFu) size = avail - avail % (size_t)block; // streamed writer: size unknown
             if (size > avail)
-                return where + "truncated: the data chunk declares " + std::to_string(size) + " bytes but only " +
-                       std::to_string(avail) + " are present";
+                return where + "truncated: the data chunk declares " + std::to_string(size) +
+                       " bytes but only " + std::to_string(avail) + " are present";
             data = b + pos, data_len = (size_t)size;
             break;
         }
@@ -63,14 +67,15 @@ std::string load_wav(const std::string& path, AudioPcm* out, int64_t max_frames)
                    " bytes but only " + std::to_string(avail) + " are present";
         if (std::memcmp(id, "fmt ", 4) == 0) {
             if (have_fmt) return where + "two fmt chunks (corrupt file)";
-            if (size < 16) return where + "fmt chunk too short (" + std::to_string(size) + " bytes; corrupt file)";
+            if (size < 16)
+                return where + "fmt chunk too short (" + std::to_string(size) + " bytes; corrupt file)";
             const unsigned char* p = b + pos;
-            format   = le16(p);
-            channels = le16(p + 2);
-            rate     = le32(p + 4);
-            block    = le16(p + 12);
-            bits     = le16(p + 14);
-            if (format == 0xFFFE) {   // WAVE_FORMAT_EXTENSIBLE: the sub-format GUID starts with the format code
+            format                 = le16(p);
+            channels               = le16(p + 2);
+            rate                   = le32(p + 4);
+            block                  = le16(p + 12);
+            bits                   = le16(p + 14);
+            if (format == 0xFFFE) { // WAVE_FORMAT_EXTENSIBLE: the sub-format GUID starts with the format code
                 if (size < 40) return where + "extensible fmt chunk too short (corrupt file)";
                 format = le16(p + 24);
             }
@@ -92,13 +97,13 @@ std::string load_wav(const std::string& path, AudioPcm* out, int64_t max_frames)
                        " Hz; Gemma 4 audio needs 16000 Hz mono, " + kConvert;
             have_fmt = true;
         }
-        pos += (size_t)size + (size & 1);   // chunks are padded to an even size
+        pos += (size_t)size + (size & 1); // chunks are padded to an even size
     }
     if (!have_fmt) return where + "no fmt chunk (truncated or not a WAV file)";
     if (!data) return where + "no data chunk (truncated file?)";
     if (data_len % (size_t)block != 0)
-        return where + "truncated: the data chunk (" + std::to_string(data_len) + " bytes) is not a whole number of " +
-               std::to_string(block) + "-byte sample frames";
+        return where + "truncated: the data chunk (" + std::to_string(data_len) +
+               " bytes) is not a whole number of " + std::to_string(block) + "-byte sample frames";
     const size_t frames = data_len / (size_t)block;
     if (frames == 0) return where + "contains no audio samples";
     if (max_frames >= 0 && frames > (uint64_t)max_frames) {

@@ -7,7 +7,10 @@
 
 namespace g4::tools {
 
-struct AudioPcm { int sample_rate = 0; std::vector<float> samples; };   // mono, [-1, 1]
+struct AudioPcm {
+    int sample_rate = 0;
+    std::vector<float> samples;
+}; // mono, [-1, 1]
 
 // Returns "" or an error naming the file and the reason (other sample rates: how to convert with ffmpeg).
 // max_frames >= 0: a longer clip is rejected before its samples are converted.

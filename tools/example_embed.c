@@ -15,11 +15,11 @@ int main(int argc, char** argv) {
         fprintf(stderr, "usage: %s PLAN PROMPT\n", argv[0]);
         return 2;
     }
-    g4_engine* engine = NULL;
+    g4_engine* engine   = NULL;
     g4_session* session = NULL;
     int32_t ids[4096];
     size_t n_ids = 0;
-    int rc = 1;
+    int rc       = 1;
 
     if (g4_engine_open(argv[1], NULL, &engine) != G4_OK) goto fail;
     if (g4_session_create(engine, NULL, &session) != G4_OK) goto fail;
@@ -27,9 +27,9 @@ int main(int argc, char** argv) {
     if (g4_session_append_tokens(session, ids, n_ids, NULL, 0) != G4_OK) goto fail;
 
     g4_sampling_params sampling = g4_sampling_params_default(); /* greedy */
-    g4_generate_params gen = g4_generate_params_default();
-    gen.max_tokens = 16;
-    int32_t n_generated = 0;
+    g4_generate_params gen      = g4_generate_params_default();
+    gen.max_tokens              = 16;
+    int32_t n_generated         = 0;
     if (g4_session_generate(session, &sampling, &gen, print_piece, NULL, &n_generated) != G4_OK) goto fail;
     printf("\n[%d tokens]\n", n_generated);
     rc = 0;

@@ -6,13 +6,13 @@
 #include "compiler/output_file.h"
 #include "compiler/placement.h"
 #include "g4/g4.h"
-#include "tools/audio_io.h"
-#include "tools/image_io.h"
-#include "tools/read_file.h"
 #include "runtime/src/chat_template.h"
 #include "runtime/src/json_fields.h"
 #include "runtime/src/plan/plan_reader.h"
 #include "runtime/src/tokenizer.h"
+#include "tools/audio_io.h"
+#include "tools/image_io.h"
+#include "tools/read_file.h"
 
 #include <algorithm>
 
@@ -47,34 +47,54 @@ struct UsageError : std::runtime_error {
 
 const char* kUsage =
     "usage:\n"
-    "  g4 compile --model DIR [--adapter DIR] [--weights nf4|bf16|f32] [--device cpu|cuda[:N]] [--target sm_XX]\n"
-    "             [--quantize REGEX] [--keep REGEX] [--double-quant] [--no-fidelity] [--prefill-precision bf16|fp32] [--dry-run]\n"
-    "             [--deterministic]   (CUDA: decode sums in a fixed order, bit-identical runs; sm_90 decode ~3-4% slower)\n"
-    "             [--mlp-precision f16|f32]   (sm_90 decode MLP products: packed f16 (default; ~1e-3 relative error an\n"
+    "  g4 compile --model DIR [--adapter DIR] [--weights nf4|bf16|f32] [--device cpu|cuda[:N]] [--target "
+    "sm_XX]\n"
+    "             [--quantize REGEX] [--keep REGEX] [--double-quant] [--no-fidelity] [--prefill-precision "
+    "bf16|fp32] [--dry-run]\n"
+    "             [--deterministic]   (CUDA: decode sums in a fixed order, bit-identical runs; sm_90 decode "
+    "~3-4% slower)\n"
+    "             [--mlp-precision f16|f32]   (sm_90 decode MLP products: packed f16 (default; ~1e-3 "
+    "relative error an\n"
     "              MLP, E2B decode ~5% faster) or f32 (~5e-7))\n"
-    "             [--mlp-replicas auto|1|2|3|4] [--ple-fold on|off] [--mlp-fold one-wave|all|off]   (sm_90 decode schedule,\n"
-    "              for measuring one form against another: the fused MLP's output replicas (auto: by shape), the ResNorm\n"
-    "              before a PLE in the PLE's kernel, the one before a packed-f16 MLP in the MLP's kernel (one-wave: where\n"
+    "             [--mlp-replicas auto|1|2|3|4] [--ple-fold on|off] [--mlp-fold one-wave|all|off]   (sm_90 "
+    "decode schedule,\n"
+    "              for measuring one form against another: the fused MLP's output replicas (auto: by shape), "
+    "the ResNorm\n"
+    "              before a PLE in the PLE's kernel, the one before a packed-f16 MLP in the MLP's kernel "
+    "(one-wave: where\n"
     "              the MLP's blocks run in one wave); the defaults are the fastest measured)\n"
-    "             [--kernel-trace off|launches|blocks]   (CUDA kernels that record timers for bench/scripts/trace_summary.py,\n"
+    "             [--kernel-trace off|launches|blocks]   (CUDA kernels that record timers for "
+    "bench/scripts/trace_summary.py,\n"
     "              G4_TRACE_OUT names the file; ~8% slower, never for use)\n"
-    "             [--kv-dtype bf16|f32] [--max-context N] [--chunk N] [--logits-rows N] [--gpu-mem [IDX:]SIZE]... [--cpu-mem SIZE]\n"
-    "             [--place COMPONENT=TARGET,...] [--no-vision] [--no-audio] [--image-tokens 70|140|280|560|1120]\n"
-    "             [--max-image-pixels N] [--max-audio-seconds S] [--max-media-tokens N] [--tower-precision fp32|bf16] -o PLAN\n"
-    "             (--place components: vision, audio, ple, embed, lm_head, layers; targets: cpu, gpu, gpuN, cuda:N,\n"
-    "              host (ple only); layers=0-29:gpu0,30-34:cpu gives ranges; sizes: 12GiB, 4GB, 512MiB, 3.5GiB)\n"
-    "  g4 run PLAN (-p TEXT | --tokens 2,17,99 | --tokens @FILE) [-n N] [--temp T] [--top-k K] [--top-p P] [--min-p P]\n"
+    "             [--kv-dtype bf16|f32] [--max-context N] [--chunk N] [--logits-rows N] [--gpu-mem "
+    "[IDX:]SIZE]... [--cpu-mem SIZE]\n"
+    "             [--place COMPONENT=TARGET,...] [--no-vision] [--no-audio] [--image-tokens "
+    "70|140|280|560|1120]\n"
+    "             [--max-image-pixels N] [--max-audio-seconds S] [--max-media-tokens N] [--tower-precision "
+    "fp32|bf16] -o PLAN\n"
+    "             (--place components: vision, audio, ple, embed, lm_head, layers; targets: cpu, gpu, gpuN, "
+    "cuda:N,\n"
+    "              host (ple only); layers=0-29:gpu0,30-34:cpu gives ranges; sizes: 12GiB, 4GB, 512MiB, "
+    "3.5GiB)\n"
+    "  g4 run PLAN (-p TEXT | --tokens 2,17,99 | --tokens @FILE) [-n N] [--temp T] [--top-k K] [--top-p P] "
+    "[--min-p P]\n"
     "             [--repeat-penalty R] [--repeat-last-n N] [--seed S] [--stop STR]... [--ignore-eos]\n"
-    "             [--print-ids] [--dump-logits FILE] [--dump-decode-logits FILE] [--truncate] [--threads N] [--stats]\n"
-    "             (--dump-logits: the prompt's logits [prompt, vocab] f32; --dump-decode-logits: the logits each\n"
+    "             [--print-ids] [--dump-logits FILE] [--dump-decode-logits FILE] [--truncate] [--threads N] "
+    "[--stats]\n"
+    "             (--dump-logits: the prompt's logits [prompt, vocab] f32; --dump-decode-logits: the logits "
+    "each\n"
     "              generated token was chosen from [generated, vocab] f32; it turns off CUDA decode-ahead)\n"
-    "             [--image FILE]... [--audio FILE.wav]...   (plans with the vision / audio tower; with -p each goes at the\n"
+    "             [--image FILE]... [--audio FILE.wav]...   (plans with the vision / audio tower; with -p "
+    "each goes at the\n"
     "              next <|image|> / <|audio|> of the text, else after <bos>)\n"
-    "  g4 chat PLAN [--system TEXT] [-n N] [sampling options as for run] [--print-ids] [--stats] [--image FILE]...\n"
-    "             [--audio FILE.wav]...   (--image / --audio go with the first message; typed commands: /image FILE and\n"
+    "  g4 chat PLAN [--system TEXT] [-n N] [sampling options as for run] [--print-ids] [--stats] [--image "
+    "FILE]...\n"
+    "             [--audio FILE.wav]...   (--image / --audio go with the first message; typed commands: "
+    "/image FILE and\n"
     "              /audio FILE.wav attach a file to the next message, /reset starts over, /exit quits)\n"
     "  g4 bench PLAN [-p 512,4096] [-n 128] [-d 0,4096] [-r 3] [--threads N] [--json]\n"
-    "             (warm, one process: prompt processing of each -p length, then -n greedy decode steps after a\n"
+    "             (warm, one process: prompt processing of each -p length, then -n greedy decode steps after "
+    "a\n"
     "              prompt of each -d depth; medians of -r repetitions after one warm-up of each)\n"
     "  g4 tokenize --tokenizer FILE|PLAN [--add-special] -- TEXT\n"
     "  g4 inspect PLAN [--verify] [--ops] [--tensors]\n"
@@ -90,9 +110,10 @@ struct Args {
     std::vector<std::string> pos;
     std::map<std::string, std::string> val;
     std::map<std::string, bool> flag;
-    std::map<std::string, std::vector<std::string>> multi;   // every value of a repeated option
+    std::map<std::string, std::vector<std::string>> multi; // every value of a repeated option
 
-    Args(int argc, char** argv, int first, const std::vector<std::string>& with_value, const std::vector<std::string>& bools) {
+    Args(int argc, char** argv, int first, const std::vector<std::string>& with_value,
+         const std::vector<std::string>& bools) {
         auto is = [](const std::vector<std::string>& v, const std::string& s) {
             for (auto& x : v)
                 if (x == s) return true;
@@ -100,19 +121,23 @@ struct Args {
         };
         for (int i = first; i < argc; ++i) {
             std::string a = argv[i];
-            if (a == "--") {   // everything after is positional
-                for (++i; i < argc; ++i) pos.push_back(argv[i]);
+            if (a == "--") { // everything after is positional
+                for (++i; i < argc; ++i)
+                    pos.push_back(argv[i]);
                 break;
             }
             if (a.size() > 1 && a[0] == '-') {
                 std::string v;
-                size_t eq = a.find('=');
-                bool inline_val = eq != std::string::npos && a.rfind("--", 0) == 0;
+                size_t eq        = a.find('=');
+                bool inline_val  = eq != std::string::npos && a.rfind("--", 0) == 0;
                 std::string name = inline_val ? a.substr(0, eq) : a;
                 if (is(with_value, name)) {
-                    if (inline_val) v = a.substr(eq + 1);
-                    else if (i + 1 < argc) v = argv[++i];
-                    else throw UsageError("option " + name + " needs a value");
+                    if (inline_val)
+                        v = a.substr(eq + 1);
+                    else if (i + 1 < argc)
+                        v = argv[++i];
+                    else
+                        throw UsageError("option " + name + " needs a value");
                     val[name] = v;
                     multi[name].push_back(v);
                 } else if (is(bools, name) && !inline_val) {
@@ -126,15 +151,18 @@ struct Args {
         }
     }
     bool has(const std::string& k) const { return val.count(k) > 0; }
-    std::string get(const std::string& k, const std::string& def = "") const { return has(k) ? val.at(k) : def; }
+    std::string get(const std::string& k, const std::string& def = "") const {
+        return has(k) ? val.at(k) : def;
+    }
 };
 
 long long parse_int(const std::string& name, const std::string& s, long long lo, long long hi) {
-    char* end = nullptr;
-    errno     = 0;
+    char* end   = nullptr;
+    errno       = 0;
     long long v = std::strtoll(s.c_str(), &end, 10);
     if (s.empty() || *end || errno || v < lo || v > hi)
-        throw UsageError(name + " must be an integer in " + std::to_string(lo) + ".." + std::to_string(hi) + " (got '" + s + "')");
+        throw UsageError(name + " must be an integer in " + std::to_string(lo) + ".." + std::to_string(hi) +
+                         " (got '" + s + "')");
     return v;
 }
 
@@ -152,9 +180,13 @@ std::vector<int32_t> parse_tokens(const std::string& s) {
         size_t j = s.find(',', i);
         if (j == std::string::npos) j = s.size();
         std::string t = s.substr(i, j - i);
-        while (!t.empty() && t.front() == ' ') t.erase(t.begin());
-        while (!t.empty() && t.back() == ' ') t.pop_back();
-        if (t.empty()) throw UsageError("--tokens: empty entry in '" + s + "' (expected comma-separated ids like 2,17,99)");
+        while (!t.empty() && t.front() == ' ')
+            t.erase(t.begin());
+        while (!t.empty() && t.back() == ' ')
+            t.pop_back();
+        if (t.empty())
+            throw UsageError("--tokens: empty entry in '" + s +
+                             "' (expected comma-separated ids like 2,17,99)");
         ids.push_back((int32_t)parse_int("--tokens entry", t, 0, 0x7FFFFFFF));
         i = j + 1;
     }
@@ -173,9 +205,34 @@ std::string read_whole_file(const std::string& path, const char* what) {
 }
 
 int cmd_compile(int argc, char** argv) {
-    Args a(argc, argv, 2, {"--model", "--adapter", "--weights", "--device", "-o", "--max-context", "--chunk", "--logits-rows", "--quantize", "--keep", "--tokenizer", "--target", "--prefill-precision", "--kv-dtype", "--gpu-mem", "--cpu-mem", "--place",
-                              "--image-tokens", "--max-image-pixels", "--max-audio-seconds", "--max-media-tokens", "--tower-precision", "--mlp-precision",
-                              "--mlp-replicas", "--ple-fold", "--mlp-fold", "--kernel-trace"},
+    Args a(argc, argv, 2,
+           {"--model",
+            "--adapter",
+            "--weights",
+            "--device",
+            "-o",
+            "--max-context",
+            "--chunk",
+            "--logits-rows",
+            "--quantize",
+            "--keep",
+            "--tokenizer",
+            "--target",
+            "--prefill-precision",
+            "--kv-dtype",
+            "--gpu-mem",
+            "--cpu-mem",
+            "--place",
+            "--image-tokens",
+            "--max-image-pixels",
+            "--max-audio-seconds",
+            "--max-media-tokens",
+            "--tower-precision",
+            "--mlp-precision",
+            "--mlp-replicas",
+            "--ple-fold",
+            "--mlp-fold",
+            "--kernel-trace"},
            {"--double-quant", "--no-fidelity", "--dry-run", "--no-vision", "--no-audio", "--deterministic"});
     if (!a.pos.empty()) throw UsageError("unexpected argument '" + a.pos[0] + "'");
     if (!a.has("--model")) throw UsageError("missing --model DIR");
@@ -186,20 +243,22 @@ int cmd_compile(int argc, char** argv) {
     o.out_path    = a.get("-o");
     o.weights     = a.get("--weights", o.weights);
     o.device      = a.get("--device", o.device);
-    if (a.has("--max-context")) o.max_context = (int)parse_int("--max-context", a.get("--max-context"), 1, 1 << 30);
+    if (a.has("--max-context"))
+        o.max_context = (int)parse_int("--max-context", a.get("--max-context"), 1, 1 << 30);
     // Prefill chunk: 64 rows on the CPU; 1024 on a GPU, where tensor cores and the per-chunk NF4
     // dequantisation want long chunks (E2B/E4B activations at 1024 rows: ~190 MiB).
     if (o.device.rfind("cuda", 0) == 0) o.max_rows = 1024;
     if (a.has("--chunk")) o.max_rows = (int)parse_int("--chunk", a.get("--chunk"), 1, 8192);
-    if (a.has("--logits-rows")) o.logits_rows = (int)parse_int("--logits-rows", a.get("--logits-rows"), 1, 8192);
+    if (a.has("--logits-rows"))
+        o.logits_rows = (int)parse_int("--logits-rows", a.get("--logits-rows"), 1, 8192);
     if (o.logits_rows > o.max_rows) o.logits_rows = o.max_rows;
-    o.quantize_regex = a.get("--quantize");
-    o.keep_regex     = a.get("--keep");
-    o.double_quant   = a.flag.count("--double-quant") > 0;
-    o.fidelity       = a.flag.count("--no-fidelity") == 0;
-    o.tokenizer_path = a.get("--tokenizer");
-    o.dry_run        = a.flag.count("--dry-run") > 0;
-    o.cuda_target    = a.get("--target");
+    o.quantize_regex    = a.get("--quantize");
+    o.keep_regex        = a.get("--keep");
+    o.double_quant      = a.flag.count("--double-quant") > 0;
+    o.fidelity          = a.flag.count("--no-fidelity") == 0;
+    o.tokenizer_path    = a.get("--tokenizer");
+    o.dry_run           = a.flag.count("--dry-run") > 0;
+    o.cuda_target       = a.get("--target");
     o.prefill_precision = a.get("--prefill-precision", o.prefill_precision);
     o.deterministic     = a.flag.count("--deterministic") > 0;
     o.mlp_precision     = a.get("--mlp-precision", o.mlp_precision);
@@ -212,14 +271,19 @@ int cmd_compile(int argc, char** argv) {
     if (a.multi.count("--gpu-mem")) o.gpu_mem = a.multi.at("--gpu-mem");
     o.cpu_mem = a.get("--cpu-mem");
     if (a.multi.count("--place"))
-        for (const auto& p : a.multi.at("--place")) o.place += (o.place.empty() ? "" : ",") + p;
+        for (const auto& p : a.multi.at("--place"))
+            o.place += (o.place.empty() ? "" : ",") + p;
     o.vision = a.flag.count("--no-vision") == 0;
     o.audio  = a.flag.count("--no-audio") == 0;
-    if (a.has("--image-tokens")) o.image_tokens = (int)parse_int("--image-tokens", a.get("--image-tokens"), 1, 1 << 20);
-    if (a.has("--max-image-pixels")) o.max_image_pixels = parse_int("--max-image-pixels", a.get("--max-image-pixels"), 1, 1ll << 32);
-    if (a.has("--max-audio-seconds")) o.max_audio_seconds = parse_float("--max-audio-seconds", a.get("--max-audio-seconds"));
+    if (a.has("--image-tokens"))
+        o.image_tokens = (int)parse_int("--image-tokens", a.get("--image-tokens"), 1, 1 << 20);
+    if (a.has("--max-image-pixels"))
+        o.max_image_pixels = parse_int("--max-image-pixels", a.get("--max-image-pixels"), 1, 1ll << 32);
+    if (a.has("--max-audio-seconds"))
+        o.max_audio_seconds = parse_float("--max-audio-seconds", a.get("--max-audio-seconds"));
     o.tower_precision = a.get("--tower-precision", o.tower_precision);
-    if (a.has("--max-media-tokens")) o.max_media_tokens = (int)parse_int("--max-media-tokens", a.get("--max-media-tokens"), 1, 1 << 30);
+    if (a.has("--max-media-tokens"))
+        o.max_media_tokens = (int)parse_int("--max-media-tokens", a.get("--max-media-tokens"), 1, 1 << 30);
     g4::compile_plan(o, std::cerr);
     return 0;
 }
@@ -238,8 +302,9 @@ struct Session {
     ~Session() { g4_session_destroy(s); }
 };
 
-const std::vector<std::string> kSamplingOpts = {"-n", "--temp", "--top-k", "--top-p", "--min-p", "--repeat-penalty",
-                                                "--repeat-last-n", "--seed", "--threads", "--stop"};
+const std::vector<std::string> kSamplingOpts = {
+    "-n",     "--temp",    "--top-k", "--top-p", "--min-p", "--repeat-penalty", "--repeat-last-n",
+    "--seed", "--threads", "--stop"};
 
 void open_engine(const std::string& path, Engine* e) {
     check(g4_engine_open(path.c_str(), nullptr, &e->e));
@@ -253,17 +318,21 @@ g4_sampling_params sampling_from_args(const Args& a, g4_engine* eng) {
     if (a.has("--top-k")) sp.top_k = (int32_t)parse_int("--top-k", a.get("--top-k"), 0, 1 << 30);
     if (a.has("--top-p")) sp.top_p = (float)parse_float("--top-p", a.get("--top-p"));
     if (a.has("--min-p")) sp.min_p = (float)parse_float("--min-p", a.get("--min-p"));
-    if (a.has("--repeat-penalty")) sp.repeat_penalty = (float)parse_float("--repeat-penalty", a.get("--repeat-penalty"));
-    if (a.has("--repeat-last-n")) sp.repeat_last_n = (int32_t)parse_int("--repeat-last-n", a.get("--repeat-last-n"), -1, 1 << 30);
+    if (a.has("--repeat-penalty"))
+        sp.repeat_penalty = (float)parse_float("--repeat-penalty", a.get("--repeat-penalty"));
+    if (a.has("--repeat-last-n"))
+        sp.repeat_last_n = (int32_t)parse_int("--repeat-last-n", a.get("--repeat-last-n"), -1, 1 << 30);
     if (a.has("--seed")) sp.seed = (uint64_t)parse_int("--seed", a.get("--seed"), 0, (long long)9e18);
     // Checked here, before any prompt runs or output is written (the plan's own defaults were checked when
     // it was opened, so a bad value came from an option).
     if (g4_sampling_params_check(&sp) != G4_OK) {
-        static const std::pair<const char*, const char*> kFlag[] = {
-            {"temperature", "--temp"}, {"top_k", "--top-k"},
-            {"top_p", "--top-p"},      {"min_p", "--min-p"},
-            {"repeat_penalty", "--repeat-penalty"}, {"repeat_last_n", "--repeat-last-n"}};
-        const std::string msg = g4_last_error_message();
+        static const std::pair<const char*, const char*> kFlag[] = {{"temperature", "--temp"},
+                                                                    {"top_k", "--top-k"},
+                                                                    {"top_p", "--top-p"},
+                                                                    {"min_p", "--min-p"},
+                                                                    {"repeat_penalty", "--repeat-penalty"},
+                                                                    {"repeat_last_n", "--repeat-last-n"}};
+        const std::string msg                                    = g4_last_error_message();
         for (const auto& [field, flag] : kFlag)
             if (msg.find(std::string(": ") + field + " ") != std::string::npos && a.has(flag))
                 throw UsageError(std::string(flag) + " " + a.get(flag) + ": " + msg.substr(msg.find(field)));
@@ -288,7 +357,7 @@ void create_session(const Args& a, g4_engine* eng, Session* s) {
 }
 
 std::vector<int32_t> tokenize(g4_engine* eng, const std::string& text, bool add_special) {
-    size_t n = 0;
+    size_t n     = 0;
     g4_status st = g4_tokenize(eng, text.data(), text.size(), add_special, nullptr, 0, &n);
     if (st != G4_OK && st != G4_ERR_BUFFER_TOO_SMALL) check(st);
     std::vector<int32_t> ids(n);
@@ -299,8 +368,8 @@ std::vector<int32_t> tokenize(g4_engine* eng, const std::string& text, bool add_
 struct StreamState {
     std::vector<int32_t> ids;
     std::string text;
-    bool echo = true;
-    g4_session* session = nullptr;   // set: each token's step logits are appended to decode_logits
+    bool echo           = true;
+    g4_session* session = nullptr; // set: each token's step logits are appended to decode_logits
     std::vector<float> decode_logits;
     g4_status logits_status = G4_OK;
 };
@@ -319,7 +388,7 @@ int32_t on_token(void* user, int32_t token, const char* text, size_t len) {
     if (token >= 0) st->ids.push_back(token);
     if (token >= 0 && st->session && st->logits_status == G4_OK) {
         st->logits_status = append_last_logits(st->session, &st->decode_logits);
-        if (st->logits_status != G4_OK) return 1;   // stop generating; reported after g4_session_generate
+        if (st->logits_status != G4_OK) return 1; // stop generating; reported after g4_session_generate
     }
     st->text.append(text, len);
     if (st->echo && len) {
@@ -332,14 +401,17 @@ int32_t on_token(void* user, int32_t token, const char* text, size_t len) {
 void print_stats(g4_session* s, const g4_engine* e, const g4_engine_info& info) {
     g4_session_stats st;
     check(g4_session_get_stats(s, &st));
-    std::fprintf(stderr,
-                 "g4: load %.1f ms; prefill %lld tokens in %.2f ms (%.1f tok/s); time to first token %.2f ms; "
-                 "decode %lld tokens in %.2f ms (%.1f tok/s, %lld run ahead on the GPU, %lld of them with the LM head screened); sampling %lld calls in %.2f ms (%.1f us each)\n",
-                 info.load_ms, (long long)st.prefill_tokens, st.prefill_ms,
-                 st.prefill_ms > 0 ? st.prefill_tokens * 1000.0 / st.prefill_ms : 0.0, st.ttft_ms, (long long)st.decode_tokens,
-                 st.decode_ms, st.decode_ms > 0 ? st.decode_tokens * 1000.0 / st.decode_ms : 0.0, (long long)st.decode_ahead,
-                 (long long)st.lm_screened, (long long)st.sample_calls,
-                 st.sample_ms, st.sample_calls ? 1000.0 * st.sample_ms / st.sample_calls : 0.0);
+    std::fprintf(
+        stderr,
+        "g4: load %.1f ms; prefill %lld tokens in %.2f ms (%.1f tok/s); time to first token %.2f ms; "
+        "decode %lld tokens in %.2f ms (%.1f tok/s, %lld run ahead on the GPU, %lld of them with the LM head "
+        "screened); sampling %lld calls in %.2f ms (%.1f us each)\n",
+        info.load_ms, (long long)st.prefill_tokens, st.prefill_ms,
+        st.prefill_ms > 0 ? st.prefill_tokens * 1000.0 / st.prefill_ms : 0.0, st.ttft_ms,
+        (long long)st.decode_tokens, st.decode_ms,
+        st.decode_ms > 0 ? st.decode_tokens * 1000.0 / st.decode_ms : 0.0, (long long)st.decode_ahead,
+        (long long)st.lm_screened, (long long)st.sample_calls, st.sample_ms,
+        st.sample_calls ? 1000.0 * st.sample_ms / st.sample_calls : 0.0);
     if (st.image_tokens || st.audio_tokens) {
         g4_media_info mi{};
         check(g4_engine_get_media_info(e, &mi));
@@ -361,9 +433,11 @@ void add_media(const Args& a, g4_engine* e, g4_session* s, std::vector<int32_t>*
     if (!has_img && !has_aud) return;
     g4_media_info mi{};
     check(g4_engine_get_media_info(e, &mi));
-    std::vector<int32_t> n_img, n_aud;   // soft tokens of each file, in order
+    std::vector<int32_t> n_img, n_aud; // soft tokens of each file, in order
     if (has_img) {
-        if (!mi.has_vision) throw RunError("--image: the plan has no vision tower (compile a Gemma 4 checkpoint with vision_config, without --no-vision)");
+        if (!mi.has_vision)
+            throw RunError("--image: the plan has no vision tower (compile a Gemma 4 checkpoint with "
+                           "vision_config, without --no-vision)");
         for (const auto& f : a.multi.at("--image")) {
             g4::tools::ImageRGB8 img;
             std::string err = g4::tools::load_image(f, &img, mi.max_image_pixels);
@@ -375,14 +449,18 @@ void add_media(const Args& a, g4_engine* e, g4_session* s, std::vector<int32_t>*
         }
     }
     if (has_aud) {
-        if (!mi.has_audio) throw RunError("--audio: the plan has no audio tower (compile a Gemma 4 checkpoint with audio_config, without --no-audio)");
+        if (!mi.has_audio)
+            throw RunError("--audio: the plan has no audio tower (compile a Gemma 4 checkpoint with "
+                           "audio_config, without --no-audio)");
         for (const auto& f : a.multi.at("--audio")) {
             g4::tools::AudioPcm pcm;
             std::string err = g4::tools::load_wav(f, &pcm, mi.max_audio_samples);
             if (!err.empty()) throw RunError(err);
             if (pcm.sample_rate != mi.audio_sample_rate)
-                throw RunError(f + ": " + std::to_string(pcm.sample_rate) + " Hz, but the audio tower takes " + std::to_string(mi.audio_sample_rate) +
-                               " Hz mono (convert it: ffmpeg -i " + f + " -ar " + std::to_string(mi.audio_sample_rate) + " -ac 1 out.wav)");
+                throw RunError(f + ": " + std::to_string(pcm.sample_rate) +
+                               " Hz, but the audio tower takes " + std::to_string(mi.audio_sample_rate) +
+                               " Hz mono (convert it: ffmpeg -i " + f + " -ar " +
+                               std::to_string(mi.audio_sample_rate) + " -ac 1 out.wav)");
             int32_t n = 0;
             if (g4_session_add_audio(s, pcm.samples.data(), (int64_t)pcm.samples.size(), &n) != G4_OK)
                 throw RunError(f + ": " + g4_last_error_message());
@@ -394,17 +472,21 @@ void add_media(const Args& a, g4_engine* e, g4_session* s, std::vector<int32_t>*
     std::vector<int32_t>& p = *prompt;
     size_t insert_at        = !p.empty() && p[0] == info.bos_token_id ? 1 : 0;
     auto count              = [&](int32_t ph) { return (int64_t)std::count(p.begin(), p.end(), ph); };
-    auto place              = [&](const std::vector<int32_t>& ns, int32_t open, int32_t ph, int32_t close, const char* what) {
+    auto place              = [&](const std::vector<int32_t>& ns, int32_t open, int32_t ph, int32_t close,
+                     const char* what) {
         int64_t need = 0;
-        for (int32_t n : ns) need += n;
+        for (int32_t n : ns)
+            need += n;
         const int64_t given = count(ph);
         if (ns.empty() || (a.has("--tokens") && given == need)) return;
         for (int32_t n : ns) {
             std::vector<int32_t> block = {open};
             block.insert(block.end(), (size_t)n, ph);
             block.push_back(close);
-            size_t i = 0;   // the next lone placeholder
-            while (i < p.size() && !(p[i] == ph && (i == 0 || p[i - 1] != open) && (i + 1 == p.size() || p[i + 1] != ph))) ++i;
+            size_t i = 0; // the next lone placeholder
+            while (i < p.size() &&
+                   !(p[i] == ph && (i == 0 || p[i - 1] != open) && (i + 1 == p.size() || p[i + 1] != ph)))
+                ++i;
             if (i < p.size()) {
                 p.erase(p.begin() + (long)i);
                 p.insert(p.begin() + (long)i, block.begin(), block.end());
@@ -414,10 +496,13 @@ void add_media(const Args& a, g4_engine* e, g4_session* s, std::vector<int32_t>*
             }
         }
         if (count(ph) != need)
-            throw RunError("the prompt has " + std::to_string(given) + " " + what + " placeholders (id " +
-                           std::to_string(ph) + ") but the " + what + " files give " + std::to_string(need) + " soft tokens: in --tokens put one lone " +
-                           std::to_string(ph) + " where each file goes, or none (each then follows <bos>), or write them all out (" +
-                           std::to_string(open) + ", the file's soft tokens x " + std::to_string(ph) + ", " + std::to_string(close) + ")");
+            throw RunError(
+                             "the prompt has " + std::to_string(given) + " " + what + " placeholders (id " +
+                             std::to_string(ph) + ") but the " + what + " files give " + std::to_string(need) +
+                             " soft tokens: in --tokens put one lone " + std::to_string(ph) +
+                             " where each file goes, or none (each then follows <bos>), or write them all out (" +
+                             std::to_string(open) + ", the file's soft tokens x " + std::to_string(ph) + ", " +
+                             std::to_string(close) + ")");
     };
     place(n_img, mi.boi_token_id, mi.image_token_id, mi.eoi_token_id, "image");
     place(n_aud, mi.boa_token_id, mi.audio_token_id, mi.eoa_token_id, "audio");
@@ -425,32 +510,39 @@ void add_media(const Args& a, g4_engine* e, g4_session* s, std::vector<int32_t>*
 
 int cmd_run(int argc, char** argv) {
     std::vector<std::string> with_value = kSamplingOpts;
-    with_value.insert(with_value.end(), {"--tokens", "-p", "--dump-logits", "--dump-decode-logits", "--image", "--audio"});
+    with_value.insert(with_value.end(),
+                      {"--tokens", "-p", "--dump-logits", "--dump-decode-logits", "--image", "--audio"});
     Args a(argc, argv, 2, with_value, {"--ignore-eos", "--print-ids", "--stats", "--truncate"});
     if (a.pos.size() != 1) throw UsageError("expected exactly one PLAN argument");
-    if (a.has("--tokens") == a.has("-p")) throw UsageError("give the prompt as -p TEXT or as --tokens ID,ID,...");
+    if (a.has("--tokens") == a.has("-p"))
+        throw UsageError("give the prompt as -p TEXT or as --tokens ID,ID,...");
     int n_predict = (int)parse_int("-n", a.get("-n", "32"), 0, 1 << 30);
     check_output_paths(a, {"--dump-logits", "--dump-decode-logits"});
 
     Engine e;
     open_engine(a.pos[0], &e);
     g4_sampling_params sp = sampling_from_args(a, e.e);
-    std::string tok_arg = a.get("--tokens");
-    if (!tok_arg.empty() && tok_arg[0] == '@') {   // --tokens @FILE: ids from a file (long prompts)
+    std::string tok_arg   = a.get("--tokens");
+    if (!tok_arg.empty() && tok_arg[0] == '@') { // --tokens @FILE: ids from a file (long prompts)
         std::string text = read_whole_file(tok_arg.substr(1), "token file");
-        while (!text.empty() && (text.back() == '\n' || text.back() == ' ' || text.back() == '\r')) text.pop_back();
+        while (!text.empty() && (text.back() == '\n' || text.back() == ' ' || text.back() == '\r'))
+            text.pop_back();
         tok_arg = text;
     }
     std::vector<int32_t> prompt = a.has("-p") ? tokenize(e.e, a.get("-p"), true) : parse_tokens(tok_arg);
     if (prompt.empty()) throw UsageError("the prompt is empty");
     if ((int64_t)prompt.size() >= e.info.max_context) {
         if (!a.flag.count("--truncate"))
-            throw RunError("the prompt has " + std::to_string(prompt.size()) + " tokens but the plan's max context is " +
-                           std::to_string(e.info.max_context) + " (use --truncate to keep the last tokens, or recompile with a larger --max-context)");
-        size_t keep = (size_t)std::max(1, e.info.max_context - std::max(1, std::min(n_predict, e.info.max_context / 2)));
+            throw RunError(
+                "the prompt has " + std::to_string(prompt.size()) + " tokens but the plan's max context is " +
+                std::to_string(e.info.max_context) +
+                " (use --truncate to keep the last tokens, or recompile with a larger --max-context)");
+        size_t keep = (size_t)std::max(1, e.info.max_context -
+                                              std::max(1, std::min(n_predict, e.info.max_context / 2)));
         std::vector<int32_t> cut(prompt.end() - (keep - 1), prompt.end());
-        cut.insert(cut.begin(), prompt.front());   // keep <bos>
-        std::fprintf(stderr, "g4 run: note: prompt truncated from %zu to %zu tokens\n", prompt.size(), cut.size());
+        cut.insert(cut.begin(), prompt.front()); // keep <bos>
+        std::fprintf(stderr, "g4 run: note: prompt truncated from %zu to %zu tokens\n", prompt.size(),
+                     cut.size());
         prompt = cut;
     }
 
@@ -466,7 +558,8 @@ int cmd_run(int argc, char** argv) {
     check(g4_session_append_tokens(s.s, prompt.data(), prompt.size(), dump, logits.size()));
     if (dump) {
         std::string err;
-        if (!g4::write_output_file(a.get("--dump-logits"), logits.data(), logits.size() * sizeof(float), &err))
+        if (!g4::write_output_file(a.get("--dump-logits"), logits.data(), logits.size() * sizeof(float),
+                                   &err))
             throw RunError(err);
     }
 
@@ -475,21 +568,24 @@ int cmd_run(int argc, char** argv) {
     gp.ignore_eos         = a.flag.count("--ignore-eos") > 0;
     std::vector<const char*> stops;
     if (a.multi.count("--stop"))
-        for (auto& v : a.multi.at("--stop")) stops.push_back(v.c_str());
+        for (auto& v : a.multi.at("--stop"))
+            stops.push_back(v.c_str());
     gp.stop   = stops.empty() ? nullptr : stops.data();
     gp.n_stop = stops.size();
     StreamState ss;
     ss.echo = a.has("-p") && !a.flag.count("--print-ids") && e.info.has_tokenizer;
-    if (a.has("--dump-decode-logits")) {   // row 0: the prompt's last token's logits, then one a token fed
+    if (a.has("--dump-decode-logits")) { // row 0: the prompt's last token's logits, then one a token fed
         ss.session = s.s;
         check(append_last_logits(s.s, &ss.decode_logits));
     }
     int32_t n_gen = 0;
     g4_status st  = g4_session_generate(s.s, &sp, &gp, on_token, &ss, &n_gen);
     check(ss.logits_status);
-    if (st == G4_ERR_CONTEXT_FULL) std::fprintf(stderr, "\ng4 run: note: %s; stopping\n", g4_last_error_message());
-    else check(st);
-    if (ss.session) {   // the row after the last token chose nothing: [generated, vocab]
+    if (st == G4_ERR_CONTEXT_FULL)
+        std::fprintf(stderr, "\ng4 run: note: %s; stopping\n", g4_last_error_message());
+    else
+        check(st);
+    if (ss.session) { // the row after the last token chose nothing: [generated, vocab]
         ss.decode_logits.resize(ss.ids.size() * (size_t)e.info.vocab_size);
         std::string err;
         if (!g4::write_output_file(a.get("--dump-decode-logits"), ss.decode_logits.data(),
@@ -509,7 +605,8 @@ std::vector<int> parse_int_list(const std::string& opt, const std::string& v, lo
     std::vector<int> out;
     std::stringstream ss(v);
     std::string t;
-    while (std::getline(ss, t, ',')) out.push_back((int)parse_int(opt, t, lo, hi));
+    while (std::getline(ss, t, ','))
+        out.push_back((int)parse_int(opt, t, lo, hi));
     if (out.empty()) throw UsageError(opt + ": expected a comma-separated list of numbers");
     return out;
 }
@@ -522,27 +619,33 @@ int cmd_bench(int argc, char** argv) {
     if (a.pos.size() != 1) throw UsageError("expected exactly one PLAN argument");
     Engine e;
     open_engine(a.pos[0], &e);
-    const int maxc = e.info.max_context;
+    const int maxc      = e.info.max_context;
     std::vector<int> pp = parse_int_list("-p", a.get("-p", "512"), 1, 1 << 30);
     std::vector<int> dd = parse_int_list("-d", a.get("-d", "0"), 0, 1 << 30);
-    const int n = (int)parse_int("-n", a.get("-n", "128"), 0, 1 << 30);
-    const int reps = (int)parse_int("-r", a.get("-r", "3"), 1, 1000);
+    const int n         = (int)parse_int("-n", a.get("-n", "128"), 0, 1 << 30);
+    const int reps      = (int)parse_int("-r", a.get("-r", "3"), 1, 1000);
     for (int p : pp)
-        if (p >= maxc) throw RunError("-p " + std::to_string(p) + " does not fit the plan's max context " + std::to_string(maxc));
+        if (p >= maxc)
+            throw RunError("-p " + std::to_string(p) + " does not fit the plan's max context " +
+                           std::to_string(maxc));
     for (int d : dd)
         if (std::max(d, 1) + n > maxc)
-            throw RunError("-d " + std::to_string(d) + " plus -n " + std::to_string(n) + " does not fit the plan's max context " +
-                           std::to_string(maxc) + " (recompile with a larger --max-context)");
+            throw RunError("-d " + std::to_string(d) + " plus -n " + std::to_string(n) +
+                           " does not fit the plan's max context " + std::to_string(maxc) +
+                           " (recompile with a larger --max-context)");
     Session s;
     create_session(a, e.e, &s);
     auto ids_of = [&](int len) {
         std::vector<int32_t> ids(len);
-        for (int i = 0; i < len; ++i) ids[i] = (int32_t)(((long long)i * 7919 + 13) % (e.info.vocab_size - 1) + 1);
+        for (int i = 0; i < len; ++i)
+            ids[i] = (int32_t)(((long long)i * 7919 + 13) % (e.info.vocab_size - 1) + 1);
         if (e.info.bos_token_id >= 0) ids[0] = e.info.bos_token_id;
         return ids;
     };
-    using clk = std::chrono::steady_clock;
-    auto ms_since = [](clk::time_point t0) { return std::chrono::duration<double, std::milli>(clk::now() - t0).count(); };
+    using clk     = std::chrono::steady_clock;
+    auto ms_since = [](clk::time_point t0) {
+        return std::chrono::duration<double, std::milli>(clk::now() - t0).count();
+    };
     auto median = [](std::vector<double> v) {
         std::sort(v.begin(), v.end());
         return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
@@ -555,7 +658,7 @@ int cmd_bench(int argc, char** argv) {
     };
     std::vector<Row> rows;
     int32_t tok = 0;
-    for (int p : pp) {   // prompt processing: time to the first token of a fresh P-token prompt
+    for (int p : pp) { // prompt processing: time to the first token of a fresh P-token prompt
         std::vector<int32_t> ids = ids_of(p);
         std::vector<double> t;
         for (int r = 0; r <= reps; ++r) {
@@ -569,7 +672,7 @@ int cmd_bench(int argc, char** argv) {
         rows.push_back({"pp" + std::to_string(p), p, 0, m, p * 1000.0 / m, t});
     }
     if (n > 0)
-        for (int d : dd) {   // decode: N greedy steps after a D-token prompt
+        for (int d : dd) { // decode: N greedy steps after a D-token prompt
             std::vector<int32_t> ids = ids_of(std::max(d, 1));
             std::vector<double> t;
             for (int r = 0; r <= reps; ++r) {
@@ -588,12 +691,19 @@ int cmd_bench(int argc, char** argv) {
         }
     if (a.flag.count("--json")) {
         nlohmann::json j = nlohmann::json::array();
-        for (const Row& r : rows) j.push_back({{"test", r.test}, {"tokens", r.tokens}, {"depth", r.depth}, {"median_ms", r.ms}, {"tok_s", r.tok_s}, {"ms", r.all}});
+        for (const Row& r : rows)
+            j.push_back({{"test", r.test},
+                         {"tokens", r.tokens},
+                         {"depth", r.depth},
+                         {"median_ms", r.ms},
+                         {"tok_s", r.tok_s},
+                         {"ms", r.all}});
         std::printf("%s\n", j.dump().c_str());
         return 0;
     }
     std::printf("%-14s %8s %8s %12s %12s\n", "test", "tokens", "depth", "median ms", "tok/s");
-    for (const Row& r : rows) std::printf("%-14s %8d %8d %12.2f %12.1f\n", r.test.c_str(), r.tokens, r.depth, r.ms, r.tok_s);
+    for (const Row& r : rows)
+        std::printf("%-14s %8d %8d %12.2f %12.1f\n", r.test.c_str(), r.tokens, r.depth, r.ms, r.tok_s);
     return 0;
 }
 
@@ -604,54 +714,69 @@ struct ChatAttachment {
     std::string path;
     g4::tools::ImageRGB8 image;
     g4::tools::AudioPcm audio;
-    int32_t n = -1;   // soft tokens, once encoded
+    int32_t n = -1; // soft tokens, once encoded
 };
 
 struct ChatTurn {
     std::string role, text;
-    std::vector<ChatAttachment> media;   // before the text, as content [{"type": "image"}, ..., {"type": "text"}]
+    std::vector<ChatAttachment>
+        media; // before the text, as content [{"type": "image"}, ..., {"type": "text"}]
 };
 
 // A multi-turn conversation on one session: re-rendered each turn (the chat template, then each media
 // marker replaced by <boi>/<boa>, n placeholders, <eoi>/<eoa>) and only the tokens the session does not
 // already hold are fed, so an earlier image stays in the KV cache and its tower does not run again.
 struct Chat {
-    g4_engine* e = nullptr;
+    g4_engine* e  = nullptr;
     g4_session* s = nullptr;
     g4_engine_info info{};
     g4_media_info mi{};
-    std::vector<ChatTurn> turns;            // (the system turn first, if any)
-    std::vector<ChatAttachment> pending;    // for the next user message
-    std::vector<int32_t> fed;               // tokens the session holds
+    std::vector<ChatTurn> turns;         // (the system turn first, if any)
+    std::vector<ChatAttachment> pending; // for the next user message
+    std::vector<int32_t> fed;            // tokens the session holds
 
     struct Prompt {
         std::vector<int32_t> ids;
-        struct Block { size_t begin, end, turn, item; };   // ids [begin, end) hold turns[turn].media[item]
+        struct Block {
+            size_t begin, end, turn, item;
+        }; // ids [begin, end) hold turns[turn].media[item]
         std::vector<Block> blocks;
     };
 
-    // Decodes a file for the next message; "" or why it cannot be attached (`what`: "/image", "--audio", ...).
+    // Decodes a file for the next message; "" or why it cannot be attached (`what`: "/image", "--audio",
+    // ...).
     std::string attach(g4::ChatMedia kind, const std::string& path, const std::string& what) {
         ChatAttachment a;
         a.kind = kind;
         a.path = path;
         std::string err;
         if (kind == g4::ChatMedia::Image) {
-            if (!mi.has_vision) return what + " " + path + ": the plan has no vision tower (compiled with --no-vision, or from a checkpoint without vision_config)";
+            if (!mi.has_vision)
+                return what + " " + path +
+                       ": the plan has no vision tower (compiled with --no-vision, or from a checkpoint "
+                       "without vision_config)";
             if (!(err = g4::tools::load_image(path, &a.image, mi.max_image_pixels)).empty()) return err;
             const int64_t px = (int64_t)a.image.width * a.image.height;
             if (px > mi.max_image_pixels)
-                return path + ": " + std::to_string(a.image.width) + "x" + std::to_string(a.image.height) + " is " + std::to_string(px) +
-                       " pixels but the plan takes at most " + std::to_string(mi.max_image_pixels) + " (g4 compile --max-image-pixels)";
+                return path + ": " + std::to_string(a.image.width) + "x" + std::to_string(a.image.height) +
+                       " is " + std::to_string(px) + " pixels but the plan takes at most " +
+                       std::to_string(mi.max_image_pixels) + " (g4 compile --max-image-pixels)";
         } else {
-            if (!mi.has_audio) return what + " " + path + ": the plan has no audio tower (compiled with --no-audio, or from a checkpoint without audio_config)";
+            if (!mi.has_audio)
+                return what + " " + path +
+                       ": the plan has no audio tower (compiled with --no-audio, or from a checkpoint "
+                       "without audio_config)";
             if (!(err = g4::tools::load_wav(path, &a.audio, mi.max_audio_samples)).empty()) return err;
             if (a.audio.sample_rate != mi.audio_sample_rate)
-                return path + ": " + std::to_string(a.audio.sample_rate) + " Hz, but the audio tower takes " + std::to_string(mi.audio_sample_rate) + " Hz mono";
+                return path + ": " + std::to_string(a.audio.sample_rate) + " Hz, but the audio tower takes " +
+                       std::to_string(mi.audio_sample_rate) + " Hz mono";
             if ((int64_t)a.audio.samples.size() > mi.max_audio_samples) {
                 char buf[160];
-                std::snprintf(buf, sizeof buf, ": %.2f s of audio but the plan takes at most %.2f s (g4 compile --max-audio-seconds)",
-                              (double)a.audio.samples.size() / mi.audio_sample_rate, (double)mi.max_audio_samples / mi.audio_sample_rate);
+                std::snprintf(
+                    buf, sizeof buf,
+                    ": %.2f s of audio but the plan takes at most %.2f s (g4 compile --max-audio-seconds)",
+                    (double)a.audio.samples.size() / mi.audio_sample_rate,
+                    (double)mi.max_audio_samples / mi.audio_sample_rate);
                 return path + buf;
             }
         }
@@ -666,7 +791,8 @@ struct Chat {
 
     // Starts over: only the system turn stays; pending attachments are dropped.
     void reset() {
-        turns.erase(std::remove_if(turns.begin(), turns.end(), [](auto& t) { return t.role != "system"; }), turns.end());
+        turns.erase(std::remove_if(turns.begin(), turns.end(), [](auto& t) { return t.role != "system"; }),
+                    turns.end());
         pending.clear();
         restart();
     }
@@ -675,13 +801,14 @@ struct Chat {
         std::vector<g4::ChatMessage> msgs;
         for (const ChatTurn& t : turns) {
             msgs.push_back({t.role, t.text, {}});
-            for (const ChatAttachment& a : t.media) msgs.back().media.push_back(a.kind);
+            for (const ChatAttachment& a : t.media)
+                msgs.back().media.push_back(a.kind);
         }
         std::string text, err;
         std::vector<g4::ChatMediaMark> marks;
         if (!g4::render_chat(msgs, g4::ChatOptions{}, &text, &err, &marks)) throw RunError(err);
         Prompt p;
-        size_t at = 0;
+        size_t at     = 0;
         auto add_text = [&](size_t end) {
             if (end == at) return;
             std::vector<int32_t> ids = tokenize(e, text.substr(at, end - at), false);
@@ -693,7 +820,8 @@ struct Chat {
             const bool image        = a.kind == g4::ChatMedia::Image;
             const size_t begin      = p.ids.size();
             p.ids.push_back(image ? mi.boi_token_id : mi.boa_token_id);
-            p.ids.insert(p.ids.end(), (size_t)std::max(a.n, 0), image ? mi.image_token_id : mi.audio_token_id);
+            p.ids.insert(p.ids.end(), (size_t)std::max(a.n, 0),
+                         image ? mi.image_token_id : mi.audio_token_id);
             p.ids.push_back(image ? mi.eoi_token_id : mi.eoa_token_id);
             p.blocks.push_back({begin, p.ids.size(), m.message, m.item});
             at = m.offset + (image ? g4::kChatImageMarker : g4::kChatAudioMarker).size();
@@ -705,18 +833,21 @@ struct Chat {
     // Runs a's tower; its soft tokens wait in the session's queue for the placeholders.
     void encode(ChatAttachment& a) {
         int32_t n = 0;
-        const g4_status st = a.kind == g4::ChatMedia::Image
-                                 ? g4_session_add_image(s, a.image.rgb.data(), a.image.width, a.image.height, &n)
-                                 : g4_session_add_audio(s, a.audio.samples.data(), (int64_t)a.audio.samples.size(), &n);
+        const g4_status st =
+            a.kind == g4::ChatMedia::Image
+                ? g4_session_add_image(s, a.image.rgb.data(), a.image.width, a.image.height, &n)
+                : g4_session_add_audio(s, a.audio.samples.data(), (int64_t)a.audio.samples.size(), &n);
         if (st != G4_OK) throw RunError(a.path + ": " + g4_last_error_message());
         if (a.n >= 0 && n != a.n)
-            throw RunError(a.path + ": encoded again it gives " + std::to_string(n) + " soft tokens, not " + std::to_string(a.n));
+            throw RunError(a.path + ": encoded again it gives " + std::to_string(n) + " soft tokens, not " +
+                           std::to_string(a.n));
         a.n = n;
     }
 
     // Feeds p.ids [fed.size(), end); fed is a prefix of p.ids.
     void feed(const Prompt& p, size_t end) {
-        if (end > fed.size()) check(g4_session_append_tokens(s, p.ids.data() + fed.size(), end - fed.size(), nullptr, 0));
+        if (end > fed.size())
+            check(g4_session_append_tokens(s, p.ids.data() + fed.size(), end - fed.size(), nullptr, 0));
         fed.assign(p.ids.begin(), p.ids.begin() + (long)end);
     }
 
@@ -724,14 +855,14 @@ struct Chat {
     bool fits(const Prompt& p) {
         if (p.ids.size() + 1 < (size_t)info.max_context) return true;
         size_t soft   = 0;
-        bool at_least = false;   // media not encoded yet count no soft token
+        bool at_least = false; // media not encoded yet count no soft token
         for (const auto& b : p.blocks) {
             soft += b.end - b.begin - 2;
             at_least |= turns[b.turn].media[b.item].n < 0;
         }
         std::string of = soft ? " (" + std::to_string(soft) + " of them image and audio soft tokens)" : "";
-        std::printf("[this turn does not fit: %s%zu prompt tokens%s, max context %d; conversation reset]\n", at_least ? "at least " : "",
-                    p.ids.size(), of.c_str(), info.max_context);
+        std::printf("[this turn does not fit: %s%zu prompt tokens%s, max context %d; conversation reset]\n",
+                    at_least ? "at least " : "", p.ids.size(), of.c_str(), info.max_context);
         std::fflush(stdout);
         reset();
         return false;
@@ -744,15 +875,18 @@ struct Chat {
         turns.push_back({"user", text, std::move(pending)});
         pending.clear();
         try {
-            Prompt p = render();   // the new media without their placeholders yet
+            Prompt p = render(); // the new media without their placeholders yet
             if (!fits(p)) return false;
             size_t common = 0;
-            while (common < fed.size() && common < p.ids.size() && fed[common] == p.ids[common]) ++common;
+            while (common < fed.size() && common < p.ids.size() && fed[common] == p.ids[common])
+                ++common;
             for (const auto& b : p.blocks)
                 if (b.begin < common && common < b.end) common = 0;
-            if (common < fed.size()) restart();   // history changed (e.g. a reply re-tokenized): start from scratch
-            // Each image or clip the session lacks is encoded just before its placeholders are fed (the session
-            // queues a bounded number of soft tokens): the new ones, and after a restart the earlier ones again.
+            if (common < fed.size())
+                restart(); // history changed (e.g. a reply re-tokenized): start from scratch
+            // Each image or clip the session lacks is encoded just before its placeholders are fed (the
+            // session queues a bounded number of soft tokens): the new ones, and after a restart the earlier
+            // ones again.
             for (size_t k = 0; k < p.blocks.size(); ++k) {
                 if (p.blocks[k].begin < fed.size()) continue;
                 ChatAttachment& a = turns[p.blocks[k].turn].media[p.blocks[k].item];
@@ -781,7 +915,9 @@ int cmd_chat(int argc, char** argv) {
     if (a.pos.size() != 1) throw UsageError("expected exactly one PLAN argument");
     Engine e;
     open_engine(a.pos[0], &e);
-    if (!e.info.has_tokenizer) throw RunError(a.pos[0] + ": the plan has no tokenizer; chat needs one (compile with tokenizer.json)");
+    if (!e.info.has_tokenizer)
+        throw RunError(a.pos[0] +
+                       ": the plan has no tokenizer; chat needs one (compile with tokenizer.json)");
     g4_sampling_params sp = sampling_from_args(a, e.e);
     int n_predict         = (int)parse_int("-n", a.get("-n", "512"), 1, 1 << 30);
     const bool print_ids  = a.flag.count("--print-ids") > 0;
@@ -793,22 +929,28 @@ int cmd_chat(int argc, char** argv) {
     chat.info = e.info;
     check(g4_engine_get_media_info(e.e, &chat.mi));
     if (a.has("--system")) chat.turns.push_back({"system", a.get("--system"), {}});
-    for (auto [opt, kind] : {std::pair{"--image", g4::ChatMedia::Image}, std::pair{"--audio", g4::ChatMedia::Audio}})
+    for (auto [opt, kind] :
+         {std::pair{"--image", g4::ChatMedia::Image}, std::pair{"--audio", g4::ChatMedia::Audio}})
         if (a.multi.count(opt))
             for (const auto& f : a.multi.at(opt))
                 if (std::string err = chat.attach(kind, f, opt); !err.empty()) throw RunError(err);
 
     const bool tty = ::isatty(0);
     if (tty) {
-        std::string media = std::string(chat.mi.has_vision ? "/image FILE" : "") + (chat.mi.has_vision && chat.mi.has_audio ? " and " : "") +
+        std::string media = std::string(chat.mi.has_vision ? "/image FILE" : "") +
+                            (chat.mi.has_vision && chat.mi.has_audio ? " and " : "") +
                             (chat.mi.has_audio ? "/audio FILE.wav" : "");
-        std::fprintf(stderr, "g4 chat: %s%s/reset starts over, /exit quits\n", media.c_str(), media.empty() ? "" : " attach a file to the next message, ");
+        std::fprintf(stderr, "g4 chat: %s%s/reset starts over, /exit quits\n", media.c_str(),
+                     media.empty() ? "" : " attach a file to the next message, ");
     }
     // "/image PATH" (PATH may be quoted) -> PATH; nullopt when line is not that command.
     auto command_arg = [](const std::string& line, const std::string& cmd) -> std::optional<std::string> {
-        if (line.rfind(cmd, 0) != 0 || (line.size() > cmd.size() && line[cmd.size()] != ' ' && line[cmd.size()] != '\t')) return std::nullopt;
+        if (line.rfind(cmd, 0) != 0 ||
+            (line.size() > cmd.size() && line[cmd.size()] != ' ' && line[cmd.size()] != '\t'))
+            return std::nullopt;
         std::string arg(g4::strip_python_whitespace(std::string_view(line).substr(cmd.size())));
-        if (arg.size() >= 2 && (arg[0] == '\'' || arg[0] == '"') && arg.back() == arg[0]) arg = arg.substr(1, arg.size() - 2);
+        if (arg.size() >= 2 && (arg[0] == '\'' || arg[0] == '"') && arg.back() == arg[0])
+            arg = arg.substr(1, arg.size() - 2);
         return arg;
     };
     std::string line;
@@ -822,16 +964,19 @@ int cmd_chat(int argc, char** argv) {
             std::fflush(stdout);
             continue;
         }
-        std::optional<std::string> img = command_arg(line, "/image"), aud = img ? std::nullopt : command_arg(line, "/audio");
+        std::optional<std::string> img = command_arg(line, "/image"),
+                                   aud = img ? std::nullopt : command_arg(line, "/audio");
         if (img || aud) {
             const std::string what = img ? "/image" : "/audio", path = img ? *img : *aud;
-            std::string err = path.empty() ? what + " needs a file: " + what + (img ? " photo.png" : " clip.wav")
-                                           : chat.attach(img ? g4::ChatMedia::Image : g4::ChatMedia::Audio, path, what);
+            std::string err =
+                path.empty() ? what + " needs a file: " + what + (img ? " photo.png" : " clip.wav")
+                             : chat.attach(img ? g4::ChatMedia::Image : g4::ChatMedia::Audio, path, what);
             if (!err.empty()) {
                 std::fprintf(stderr, "g4 chat: error: %s\n", err.c_str());
             } else if (img) {
                 const auto& im = chat.pending.back().image;
-                std::fprintf(stderr, "[image %s attached to the next message: %dx%d]\n", path.c_str(), im.width, im.height);
+                std::fprintf(stderr, "[image %s attached to the next message: %dx%d]\n", path.c_str(),
+                             im.width, im.height);
             } else {
                 std::fprintf(stderr, "[audio %s attached to the next message: %.2f s]\n", path.c_str(),
                              (double)chat.pending.back().audio.samples.size() / chat.mi.audio_sample_rate);
@@ -896,10 +1041,14 @@ int cmd_tokenize(int argc, char** argv) {
 
 std::string human(uint64_t b) {
     char buf[64];
-    if (b >= (1ull << 30)) std::snprintf(buf, sizeof buf, "%.2f GiB", b / 1073741824.0);
-    else if (b >= (1ull << 20)) std::snprintf(buf, sizeof buf, "%.2f MiB", b / 1048576.0);
-    else if (b >= 1024) std::snprintf(buf, sizeof buf, "%.1f KiB", b / 1024.0);
-    else std::snprintf(buf, sizeof buf, "%llu B", (unsigned long long)b);
+    if (b >= (1ull << 30))
+        std::snprintf(buf, sizeof buf, "%.2f GiB", b / 1073741824.0);
+    else if (b >= (1ull << 20))
+        std::snprintf(buf, sizeof buf, "%.2f MiB", b / 1048576.0);
+    else if (b >= 1024)
+        std::snprintf(buf, sizeof buf, "%.1f KiB", b / 1024.0);
+    else
+        std::snprintf(buf, sizeof buf, "%llu B", (unsigned long long)b);
     return buf;
 }
 
@@ -910,11 +1059,11 @@ int inspect_plan(int argc, char** argv) {
     g4::plan::Plan p;
     std::string err;
     if (p.load(a.pos[0], verify, &err) != G4_OK) throw RunError(err);
-    const auto& h = p.header();
+    const auto& h   = p.header();
     namespace jsonf = g4::jsonf;
     // META was parsed and depth-checked by p.load; a field of the wrong type is an error naming it.
-    auto jv = [](const nlohmann::json& o, const char* k) { return jsonf::value<std::string>(o, k, "?"); };
-    auto meta     = nlohmann::json::parse(p.meta_json());
+    auto jv   = [](const nlohmann::json& o, const char* k) { return jsonf::value<std::string>(o, k, "?"); };
+    auto meta = nlohmann::json::parse(p.meta_json());
     std::printf("plan %s: format %u.%u, %s, %llu bytes%s\n", a.pos[0].c_str(), h.format_major, h.format_minor,
                 jv(meta, "architecture").c_str(), (unsigned long long)p.file_size(),
                 verify ? ", weights checksum ok" : "");
@@ -941,7 +1090,8 @@ int inspect_plan(int argc, char** argv) {
         k.first += t.nbytes, k.second++;
     }
     std::printf("weights by dtype:\n");
-    for (auto& [k, v] : by_dtype) std::printf("  %-6s %5d tensors %12s\n", k.c_str(), v.second, human(v.first).c_str());
+    for (auto& [k, v] : by_dtype)
+        std::printf("  %-6s %5d tensors %12s\n", k.c_str(), v.second, human(v.first).c_str());
     const auto& in = p.info();
     if (meta.contains("placement")) {
         const auto& pl = meta["placement"];
@@ -968,32 +1118,43 @@ int inspect_plan(int argc, char** argv) {
                         : "",
                     table.str().c_str());
     } else {
-        std::printf("memory by device:\n  cpu    weights %s (mapped from the plan), activations %s, KV cache %s\n",
-                    human(p.weights_bytes()).c_str(), human(in.act_arena_bytes).c_str(), human(in.kv_arena_bytes).c_str());
+        std::printf(
+            "memory by device:\n  cpu    weights %s (mapped from the plan), activations %s, KV cache %s\n",
+            human(p.weights_bytes()).c_str(), human(in.act_arena_bytes).c_str(),
+            human(in.kv_arena_bytes).c_str());
     }
     std::printf("tensors %zu, ops %zu\n", p.n_tensors(), p.n_ops());
     if (meta.contains("cuda")) {
         const int hpg           = jsonf::value<int>(meta["cuda"], "attn_hpg", 0);
         const std::string trace = jsonf::value<std::string>(meta["cuda"], "kernel_trace", "off");
-        std::printf("CUDA kernels: %s cubin + PTX; decode attention %s%s\n", jv(meta["cuda"], "target").c_str(),
-                    hpg ? ("specialised for " + std::to_string(hpg) + " heads per KV group").c_str()
-                        : "generic (any group size <= 16)",
-                    trace == "off" ? "" : ("; timeline trace of " + trace + " (G4_TRACE_OUT writes it; not for use)").c_str());
+        std::printf(
+            "CUDA kernels: %s cubin + PTX; decode attention %s%s\n", jv(meta["cuda"], "target").c_str(),
+            hpg ? ("specialised for " + std::to_string(hpg) + " heads per KV group").c_str()
+                : "generic (any group size <= 16)",
+            trace == "off"
+                ? ""
+                : ("; timeline trace of " + trace + " (G4_TRACE_OUT writes it; not for use)").c_str());
     }
     if (p.n_launches()) {
         int kinds_n[9] = {}, mlp_f16 = 0, ple_fold = 0, mlp_fold = 0;
         for (size_t i = 0; i < p.n_launches(); ++i) {
             kinds_n[std::min<int>(p.launch(i).kind, 8)]++;
             if (p.launch(i).kind == (uint16_t)g4::plan::LaunchKind::Mlp && p.launch(i).ip[7] == 1) ++mlp_f16;
-            if (p.launch(i).kind == (uint16_t)g4::plan::LaunchKind::ResNorm && p.launch(i).ip[1] == 1) ++ple_fold;
-            if (p.launch(i).kind == (uint16_t)g4::plan::LaunchKind::ResNorm && p.launch(i).ip[1] == 2) ++mlp_fold;
+            if (p.launch(i).kind == (uint16_t)g4::plan::LaunchKind::ResNorm && p.launch(i).ip[1] == 1)
+                ++ple_fold;
+            if (p.launch(i).kind == (uint16_t)g4::plan::LaunchKind::ResNorm && p.launch(i).ip[1] == 2)
+                ++mlp_fold;
         }
-        std::printf("CUDA decode schedule: %zu fused launches and %d single ops per token: %d GEMV, %d QkvPost, %d QkvPost+attention, "
-                    "%d ResNorm, %d MLP (gate/up + down in one kernel; %d with packed-f16 products, %d with the ResNorm before, which is then not launched), %d attention-o (the attention's merge + o "
-                    "in one kernel), %d PLE (gate + projection in one kernel; %d with the ResNorm before, which is then not launched), %d PLE "
-                    "input (scale, norm, add, scale in one kernel)\n",
-                    p.n_launches() - kinds_n[0], kinds_n[0], kinds_n[2], kinds_n[3], kinds_n[4], kinds_n[1], kinds_n[5], mlp_f16, mlp_fold, kinds_n[6],
-                    kinds_n[7], ple_fold, kinds_n[8]);
+        std::printf(
+            "CUDA decode schedule: %zu fused launches and %d single ops per token: %d GEMV, %d QkvPost, %d "
+            "QkvPost+attention, "
+            "%d ResNorm, %d MLP (gate/up + down in one kernel; %d with packed-f16 products, %d with the "
+            "ResNorm before, which is then not launched), %d attention-o (the attention's merge + o "
+            "in one kernel), %d PLE (gate + projection in one kernel; %d with the ResNorm before, which is "
+            "then not launched), %d PLE "
+            "input (scale, norm, add, scale in one kernel)\n",
+            p.n_launches() - kinds_n[0], kinds_n[0], kinds_n[2], kinds_n[3], kinds_n[4], kinds_n[1],
+            kinds_n[5], mlp_f16, mlp_fold, kinds_n[6], kinds_n[7], ple_fold, kinds_n[8]);
         // Prefill kernel variants the compiler recorded (runtime/src/plan/plan_format.h).
         int flash = 0, split = 0, mm[5] = {};
         for (size_t i = 0; i < p.n_ops(); ++i) {
@@ -1001,10 +1162,12 @@ int inspect_plan(int argc, char** argv) {
             if (op.code == (uint16_t)g4::OpCode::Attention) (op.ip[5] == 0 ? flash : split)++;
             if (op.code == (uint16_t)g4::OpCode::Matmul && op.ip[6] >= 0 && op.ip[6] < 5) mm[op.ip[6]]++;
         }
-        std::printf("CUDA prefill: attention %d flash (tensor cores), %d split over keys (fp32); matmul %d cuBLAS tier, "
+        std::printf("CUDA prefill: attention %d flash (tensor cores), %d split over keys (fp32); matmul %d "
+                    "cuBLAS tier, "
                     "%d tensor-core, %d tiled fp32, %d per-row\n",
-                    flash, split, mm[(int)g4::plan::MatmulVariant::Cublas], mm[(int)g4::plan::MatmulVariant::TensorCore],
-                    mm[(int)g4::plan::MatmulVariant::Tiled64], mm[(int)g4::plan::MatmulVariant::PerRow]);
+                    flash, split, mm[(int)g4::plan::MatmulVariant::Cublas],
+                    mm[(int)g4::plan::MatmulVariant::TensorCore], mm[(int)g4::plan::MatmulVariant::Tiled64],
+                    mm[(int)g4::plan::MatmulVariant::PerRow]);
     }
     bool all = !a.flag.count("--ops") && !a.flag.count("--tensors");
     if (all || a.flag.count("--tensors")) {
@@ -1017,9 +1180,10 @@ int inspect_plan(int argc, char** argv) {
                 shape.append(std::to_string(t.dims[d]));
             }
             std::string dt = g4::dtype_str((g4::DType)t.dtype);
-            if (t.dtype == (uint8_t)g4::DType::NF4 && (t.quant_flags & g4::plan::kQuantDoubleQuant)) dt += "-dq";
-            std::printf("  %4zu %-10s %-14s %10s  %-6s %s\n", i, kinds[t.kind], shape.c_str(), human(t.nbytes).c_str(), dt.c_str(),
-                        p.str(t.name));
+            if (t.dtype == (uint8_t)g4::DType::NF4 && (t.quant_flags & g4::plan::kQuantDoubleQuant))
+                dt += "-dq";
+            std::printf("  %4zu %-10s %-14s %10s  %-6s %s\n", i, kinds[t.kind], shape.c_str(),
+                        human(t.nbytes).c_str(), dt.c_str(), p.str(t.name));
         }
     }
     if (all || a.flag.count("--ops")) {
@@ -1031,7 +1195,8 @@ int inspect_plan(int argc, char** argv) {
                 if (t >= 0) ins += std::string(ins.empty() ? "" : ", ") + p.str(p.tensor(t).name);
             for (int32_t t : op.out)
                 if (t >= 0) outs += std::string(outs.empty() ? "" : ", ") + p.str(p.tensor(t).name);
-            std::printf("  %4zu %-10s %-22s (%s) -> %s\n", i, g4::op_name((g4::OpCode)op.code), p.str(op.name), ins.c_str(), outs.c_str());
+            std::printf("  %4zu %-10s %-22s (%s) -> %s\n", i, g4::op_name((g4::OpCode)op.code),
+                        p.str(op.name), ins.c_str(), outs.c_str());
         }
     }
     return 0;

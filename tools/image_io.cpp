@@ -86,7 +86,6 @@ std::string png_chunk_overrun(const uint8_t* data, size_t size) {
     return "";
 }
 
-
 std::string too_many_pixels(const std::string& what, int64_t w, int64_t h, int64_t max_pixels) {
     return "image " + what + " is " + std::to_string(w) + "x" + std::to_string(h) +
            " pixels, more than the limit of " + std::to_string(max_pixels) +
@@ -180,7 +179,8 @@ std::string decode_image(const uint8_t* data, size_t size, const std::string& wh
     if (!out) return "decode_image: null output";
     *out = ImageRGB8{};
     if (!data || size == 0) return "image " + what + " is empty (0 bytes)";
-    if (size > size_t(INT32_MAX)) return "image " + what + " is too large (" + std::to_string(size) + " bytes)";
+    if (size > size_t(INT32_MAX))
+        return "image " + what + " is too large (" + std::to_string(size) + " bytes)";
     if (max_pixels < 1) max_pixels = kMaxImagePixels;
     if (size >= 2 && data[0] == 'P' && data[1] >= '1' && data[1] <= '6') {
         std::string err = decode_pnm(data, size, what, max_pixels, out);
@@ -209,13 +209,14 @@ std::string decode_image(const uint8_t* data, size_t size, const std::string& wh
         return "image " + what + " is corrupt: its header says " + std::to_string(w) + "x" +
                std::to_string(h) + " but it decodes to " + std::to_string(cw) + "x" + std::to_string(chh);
     }
-    out->width = cw;
-    out->height = chh;
+    out->width     = cw;
+    out->height    = chh;
     const size_t n = size_t(cw) * size_t(chh);
     out->rgb.resize(n * 3);
     for (size_t i = 0; i < n; ++i) {
         const uint8_t a = px[4 * i + 3];
-        for (int c = 0; c < 3; ++c) out->rgb[3 * i + c] = composite_over_white(px[4 * i + c], a);
+        for (int c = 0; c < 3; ++c)
+            out->rgb[3 * i + c] = composite_over_white(px[4 * i + c], a);
     }
     stbi_image_free(px);
     return "";

@@ -11,7 +11,7 @@ namespace g4::tools {
 
 struct ImageRGB8 {
     int width = 0, height = 0;
-    std::vector<uint8_t> rgb;   // [height, width, 3]
+    std::vector<uint8_t> rgb; // [height, width, 3]
 };
 
 // Width x height an image may have when the caller gives no bound (max_pixels < 1).

@@ -7,13 +7,13 @@
 #include <cuda_runtime.h>
 #include <vector>
 
-#define CK(x)                                                                                        \
-    do {                                                                                             \
-        cudaError_t e_ = (x);                                                                        \
-        if (e_ != cudaSuccess) {                                                                     \
-            std::fprintf(stderr, "%s: %s: %s\n", __FILE__, #x, cudaGetErrorString(e_));              \
-            std::exit(1);                                                                            \
-        }                                                                                            \
+#define CK(x)                                                                                                \
+    do {                                                                                                     \
+        cudaError_t e_ = (x);                                                                                \
+        if (e_ != cudaSuccess) {                                                                             \
+            std::fprintf(stderr, "%s: %s: %s\n", __FILE__, #x, cudaGetErrorString(e_));                      \
+            std::exit(1);                                                                                    \
+        }                                                                                                    \
     } while (0)
 
 static inline float median(std::vector<float> v) {

@@ -7,7 +7,8 @@
 // Build with the CUDA toolkit from the repo root (an sm_90 GPU runs it):
 //   nvcc -O3 -std=c++17 -arch=sm_90 -I. -o build/gemv_bench bench/labs/gemv_bench.cu
 //   [-DG4_KERNELS='"path/to/other/kernels.cu"' to time another version of the kernels]
-// Usage: [G4_GEMV_L2=1] gemv_bench [reps [lab]]  (one line per shape and lane count; '*' marks the compiler's choice;
+// Usage: [G4_GEMV_L2=1] gemv_bench [reps [lab]]  (one line per shape and lane count; '*' marks the compiler's
+// choice;
 //        lab: also the variants of kVariants, named in the last column; -DG4_LAB='"file"' replaces
 //        that list with one of your own, e.g. copies of gemv_body with a step removed)
 #ifndef G4_KERNELS
@@ -16,7 +17,8 @@
 #include G4_KERNELS
 #include "compiler/cuda_schedule.h"
 #include "runtime/src/cuda/kernel_args.h"
-static_assert(GV_XS_MAX == g4::cuda::kGemvXsMax, "kernels.cu and cuda_schedule.h disagree on the x-in-shared-memory limit");
+static_assert(GV_XS_MAX == g4::cuda::kGemvXsMax,
+              "kernels.cu and cuda_schedule.h disagree on the x-in-shared-memory limit");
 
 #include <algorithm>
 #include <cmath>
@@ -35,7 +37,8 @@ static const GemvFn kGemvNf4[2][5] = {
     {g4_gemv_nf4_l8_m2, g4_gemv_nf4_l16_m2, g4_gemv_nf4_l32_m2, g4_gemv_nf4_l64_m2, g4_gemv_nf4_l128_m2}};
 static const GemvFn kGemvBf16[2][5] = {
     {g4_gemv_bf16_l8_m1, g4_gemv_bf16_l16_m1, g4_gemv_bf16_l32_m1, g4_gemv_bf16_l64_m1, g4_gemv_bf16_l128_m1},
-    {g4_gemv_bf16_l8_m2, g4_gemv_bf16_l16_m2, g4_gemv_bf16_l32_m2, g4_gemv_bf16_l64_m2, g4_gemv_bf16_l128_m2}};
+    {g4_gemv_bf16_l8_m2, g4_gemv_bf16_l16_m2, g4_gemv_bf16_l32_m2, g4_gemv_bf16_l64_m2,
+     g4_gemv_bf16_l128_m2}};
 
 // Variants of the body as it was before x went to shared memory (the kernels stage x for NF4 with
 // K <= GV_XS_MAX): G weight rows per lane group (the kernels use GV_OUT), B threads a block.
@@ -46,28 +49,49 @@ __global__ void __launch_bounds__(B, (M == 2 ? 512 : 384) / B) lab_gemv(const Ge
 }
 template <bool NF4, int M, int G, int B> static GemvFn lab_fn(int li) {
     switch (li) {
-    case 0: return lab_gemv<NF4, 8, M, G, B>;
-    case 1: return lab_gemv<NF4, 16, M, G, B>;
-    case 2: return lab_gemv<NF4, 32, M, G, B>;
-    case 3: return lab_gemv<NF4, 64, M, G, B>;
-    default: return lab_gemv<NF4, 128, M, G, B>;
+    case 0:
+        return lab_gemv<NF4, 8, M, G, B>;
+    case 1:
+        return lab_gemv<NF4, 16, M, G, B>;
+    case 2:
+        return lab_gemv<NF4, 32, M, G, B>;
+    case 3:
+        return lab_gemv<NF4, 64, M, G, B>;
+    default:
+        return lab_gemv<NF4, 128, M, G, B>;
     }
 }
 struct Variant {
     const char* name;
     int g, b;
-    GemvFn (*fn[2][2])(int);   // [nf4][pairs]
-    int kmax;                  // largest K it takes (0: any)
-    bool per_block = false;    // one group of g rows a block of b threads (no lane count to sweep)
+    GemvFn (*fn[2][2])(int); // [nf4][pairs]
+    int kmax;                // largest K it takes (0: any)
+    bool per_block = false;  // one group of g rows a block of b threads (no lane count to sweep)
 };
 #ifdef G4_LAB
 #include G4_LAB
 #else
 static const Variant kVariants[] = {
-    {"g4b128", 4, 128, {{lab_fn<false, 1, 4, 128>, lab_fn<false, 2, 4, 128>}, {lab_fn<true, 1, 4, 128>, lab_fn<true, 2, 4, 128>}}},
-    {"g2b128", 2, 128, {{lab_fn<false, 1, 2, 128>, lab_fn<false, 2, 2, 128>}, {lab_fn<true, 1, 2, 128>, lab_fn<true, 2, 2, 128>}}},
-    {"g2b256", 2, 256, {{lab_fn<false, 1, 2, 256>, lab_fn<false, 2, 2, 256>}, {lab_fn<true, 1, 2, 256>, lab_fn<true, 2, 2, 256>}}},
-    {"g4b256", 4, 256, {{lab_fn<false, 1, 4, 256>, lab_fn<false, 2, 4, 256>}, {lab_fn<true, 1, 4, 256>, lab_fn<true, 2, 4, 256>}}},
+    {"g4b128",
+     4,
+     128,
+     {{lab_fn<false, 1, 4, 128>, lab_fn<false, 2, 4, 128>},
+      {lab_fn<true, 1, 4, 128>, lab_fn<true, 2, 4, 128>}}},
+    {"g2b128",
+     2,
+     128,
+     {{lab_fn<false, 1, 2, 128>, lab_fn<false, 2, 2, 128>},
+      {lab_fn<true, 1, 2, 128>, lab_fn<true, 2, 2, 128>}}},
+    {"g2b256",
+     2,
+     256,
+     {{lab_fn<false, 1, 2, 256>, lab_fn<false, 2, 2, 256>},
+      {lab_fn<true, 1, 2, 256>, lab_fn<true, 2, 2, 256>}}},
+    {"g4b256",
+     4,
+     256,
+     {{lab_fn<false, 1, 4, 256>, lab_fn<false, 2, 4, 256>},
+      {lab_fn<true, 1, 4, 256>, lab_fn<true, 2, 4, 256>}}},
     {"g1b128", 1, 128, {{lab_fn<false, 1, 1, 128>, nullptr}, {lab_fn<true, 1, 1, 128>, nullptr}}},
 };
 #endif
@@ -75,7 +99,7 @@ static const Variant kVariants[] = {
 struct Case {
     const char* name;
     bool nf4;
-    std::vector<int> n;   // matrices sharing x; pairs: two equal halves (gate, up)
+    std::vector<int> n; // matrices sharing x; pairs: two equal halves (gate, up)
     int k;
     bool pairs;
 };
@@ -95,10 +119,13 @@ static Mats make(const Case& c, std::mt19937& rng) {
         if (c.nf4) {
             size_t blocks = elems / 64, blocks2 = (blocks + 255) / 256;
             std::vector<unsigned char> codes(elems / 2), aq(blocks);
-            for (auto& b : codes) b = (unsigned char)rng();
-            for (auto& b : aq) b = (unsigned char)rng();
+            for (auto& b : codes)
+                b = (unsigned char)rng();
+            for (auto& b : aq)
+                b = (unsigned char)rng();
             std::vector<float> a2(blocks2, 0.02f), code2(256);
-            for (int i = 0; i < 256; ++i) code2[i] = (i - 128) / 128.0f;
+            for (int i = 0; i < 256; ++i)
+                code2[i] = (i - 128) / 128.0f;
             float off = 0.01f;
             void *dc, *da, *da2, *doff, *dcode2;
             CK(cudaMalloc(&dc, codes.size()));
@@ -111,11 +138,13 @@ static Mats make(const Case& c, std::mt19937& rng) {
             CK(cudaMemcpy(da2, a2.data(), a2.size() * 4, cudaMemcpyHostToDevice));
             CK(cudaMemcpy(doff, &off, 4, cudaMemcpyHostToDevice));
             CK(cudaMemcpy(dcode2, code2.data(), 1024, cudaMemcpyHostToDevice));
-            g.w = dc, g.absmax = da, g.absmax2 = (const float*)da2, g.offset = (const float*)doff, g.code2 = (const float*)dcode2;
+            g.w = dc, g.absmax = da, g.absmax2 = (const float*)da2, g.offset = (const float*)doff,
+            g.code2 = (const float*)dcode2;
             r.bytes += codes.size() + aq.size() + a2.size() * 4;
         } else {
             std::vector<unsigned short> w(elems);
-            for (auto& v : w) v = (unsigned short)(0x3c00 + (rng() & 0x3ff));
+            for (auto& v : w)
+                v = (unsigned short)(0x3c00 + (rng() & 0x3ff));
             void* dw;
             CK(cudaMalloc(&dw, elems * 2));
             CK(cudaMemcpy(dw, w.data(), elems * 2, cudaMemcpyHostToDevice));
@@ -130,7 +159,8 @@ static Mats make(const Case& c, std::mt19937& rng) {
 // Read bandwidth: each thread sums float4s of a buffer far larger than L2.
 __global__ void read_kernel(const float4* p, size_t n, float* out) {
     float s = 0.0f;
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
         float4 v = __ldcs(p + i);
         s += v.x + v.y + v.z + v.w;
     }
@@ -154,7 +184,7 @@ static unsigned kernel_smem(bool nf4, const void* fn, int sm, int k) {
 
 int main(int argc, char** argv) {
     const int reps = argc > 1 ? std::atoi(argv[1]) : 20;
-    const bool lab = argc > 2 && std::string(argv[2]) == "lab";   // also time the variants above
+    const bool lab = argc > 2 && std::string(argv[2]) == "lab"; // also time the variants above
     cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
     cudaStream_t st;
@@ -211,28 +241,33 @@ int main(int argc, char** argv) {
         Mats first = make(c, rng);
         // G4_GEMV_L2=1: one weight set, so it stays in L2 between launches (what the decode graph's
         // kernels see after loading their weights before the wait: the arithmetic, not DRAM).
-        const bool l2 = std::getenv("G4_GEMV_L2") && std::atoi(std::getenv("G4_GEMV_L2"));
-        const int copies = l2 ? 1 : (int)std::max<size_t>(2, (size_t)(256u << 20) / first.bytes + 1);
-        const int launches = l2 ? 32 : copies;   // a sample's back-to-back launches
+        const bool l2      = std::getenv("G4_GEMV_L2") && std::atoi(std::getenv("G4_GEMV_L2"));
+        const int copies   = l2 ? 1 : (int)std::max<size_t>(2, (size_t)(256u << 20) / first.bytes + 1);
+        const int launches = l2 ? 32 : copies; // a sample's back-to-back launches
         std::vector<Mats> sets{first};
-        for (int i = 1; i < copies; ++i) sets.push_back(make(c, rng));
+        for (int i = 1; i < copies; ++i)
+            sets.push_back(make(c, rng));
         int n_out = c.pairs ? c.n[0] : 0;
         if (!c.pairs)
-            for (int n : c.n) n_out += n;
+            for (int n : c.n)
+                n_out += n;
         float *x, *out, *y;
         CK(cudaMalloc(&x, c.k * 4));
         CK(cudaMalloc(&out, (size_t)n_out * 4));
         CK(cudaMalloc(&y, (size_t)n_out * 4));
         std::vector<float> hx(c.k);
-        for (auto& v : hx) v = (float)(rng() % 1000) / 1000.0f - 0.5f;
+        for (auto& v : hx)
+            v = (float)(rng() % 1000) / 1000.0f - 0.5f;
         CK(cudaMemcpy(x, hx.data(), c.k * 4, cudaMemcpyHostToDevice));
         const long groups = c.pairs ? (n_out + 1) / 2 : (n_out + 3) / 4;
-        const int pick     = g4::cuda::gemv_lanes(c.k, c.nf4, groups);
+        const int pick    = g4::cuda::gemv_lanes(c.k, c.nf4, groups);
         // One launch on weight set 0; returns the outputs (out for pairs, y otherwise).
         auto once = [&](GemvFn fn, unsigned grid, int B, unsigned smem) {
             GemvArgs a{};
-            for (size_t m = 0, off = 0; m < first.m.size(); off += first.m[m].n, ++m) a.m[m] = first.m[m], a.m[m].y = y + off;
-            a.x = x, a.out = out, a.aux = y, a.nmat = (int)first.m.size(), a.k = c.k, a.epi = c.pairs ? 1 : 0, a.cap = 30.0f;
+            for (size_t m = 0, off = 0; m < first.m.size(); off += first.m[m].n, ++m)
+                a.m[m] = first.m[m], a.m[m].y = y + off;
+            a.x = x, a.out = out, a.aux = y, a.nmat = (int)first.m.size(), a.k = c.k, a.epi = c.pairs ? 1 : 0,
+            a.cap = 30.0f;
             CK(cudaMemset(out, 0, (size_t)n_out * 4));
             CK(cudaMemset(y, 0, (size_t)n_out * 4));
             fn<<<grid, B, smem, st>>>(a);
@@ -243,62 +278,70 @@ int main(int argc, char** argv) {
             return h;
         };
         int pli = 0;
-        while ((8 << pli) != pick) ++pli;
+        while ((8 << pli) != pick)
+            ++pli;
         const GemvFn pick_fn = (c.nf4 ? kGemvNf4 : kGemvBf16)[c.pairs][pli];
         const std::vector<float> ref =
             once(pick_fn, (unsigned)(((c.pairs ? (n_out + 1) / 2 : (n_out + 3) / 4) * pick + 127) / 128), 128,
                  kernel_smem(c.nf4, (const void*)pick_fn, sm, c.k));
         for (int vi = -1; vi < (lab ? (int)(sizeof kVariants / sizeof kVariants[0]) : 0); ++vi)
-        for (int li = 0; li < 5; ++li) {
-            const int L = 8 << li;
-            const Variant* var = vi < 0 ? nullptr : &kVariants[vi];
-            if (var && var->per_block ? li != 0 : L > c.k / (c.nf4 ? 32 : 8)) continue;
-            if (var && (!var->fn[c.nf4][c.pairs] || (var->kmax && c.k > var->kmax))) continue;
-            GemvFn fn      = var ? var->fn[c.nf4][c.pairs](li) : (c.nf4 ? kGemvNf4 : kGemvBf16)[c.pairs][li];
-            const int G    = var ? var->g : GV_OUT, B = var ? var->b : 128;
-            const long vgroups = c.pairs ? (n_out + G / 2 - 1) / (G / 2) : (n_out + G - 1) / G;
-            long threads   = var && var->per_block ? vgroups * B : vgroups * L;
-            unsigned grid  = (unsigned)((threads + B - 1) / B);
+            for (int li = 0; li < 5; ++li) {
+                const int L        = 8 << li;
+                const Variant* var = vi < 0 ? nullptr : &kVariants[vi];
+                if (var && var->per_block ? li != 0 : L > c.k / (c.nf4 ? 32 : 8)) continue;
+                if (var && (!var->fn[c.nf4][c.pairs] || (var->kmax && c.k > var->kmax))) continue;
+                GemvFn fn   = var ? var->fn[c.nf4][c.pairs](li) : (c.nf4 ? kGemvNf4 : kGemvBf16)[c.pairs][li];
+                const int G = var ? var->g : GV_OUT, B = var ? var->b : 128;
+                const long vgroups = c.pairs ? (n_out + G / 2 - 1) / (G / 2) : (n_out + G - 1) / G;
+                long threads       = var && var->per_block ? vgroups * B : vgroups * L;
+                unsigned grid      = (unsigned)((threads + B - 1) / B);
 #ifdef G4_LAB_SMEM
-            const unsigned smem = var ? (unsigned)G4_LAB_SMEM : kernel_smem(c.nf4, (const void*)fn, sm, c.k);   // the lab's dynamic shared memory
+                const unsigned smem =
+                    var ? (unsigned)G4_LAB_SMEM
+                        : kernel_smem(c.nf4, (const void*)fn, sm, c.k); // the lab's dynamic shared memory
 #else
-            const unsigned smem = var ? 0u : kernel_smem(c.nf4, (const void*)fn, sm, c.k);
+                const unsigned smem = var ? 0u : kernel_smem(c.nf4, (const void*)fn, sm, c.k);
 #endif
-            std::vector<float> t;
-            // Each sample: one launch per weight set, back to back (no event between launches).
-            for (int r = 0; r < reps + 2; ++r) {
-                CK(cudaEventRecord(e0, st));
-                for (int si = 0; si < launches; ++si) {
-                    GemvArgs a{};
-                    const Mats& s = sets[si % copies];
-                    for (size_t m = 0, off = 0; m < s.m.size(); off += s.m[m].n, ++m) {
-                        a.m[m]   = s.m[m];
-                        a.m[m].y = y + off;
+                std::vector<float> t;
+                // Each sample: one launch per weight set, back to back (no event between launches).
+                for (int r = 0; r < reps + 2; ++r) {
+                    CK(cudaEventRecord(e0, st));
+                    for (int si = 0; si < launches; ++si) {
+                        GemvArgs a{};
+                        const Mats& s = sets[si % copies];
+                        for (size_t m = 0, off = 0; m < s.m.size(); off += s.m[m].n, ++m) {
+                            a.m[m]   = s.m[m];
+                            a.m[m].y = y + off;
+                        }
+                        a.x = x, a.out = out, a.aux = y, a.nmat = (int)s.m.size(), a.k = c.k,
+                        a.epi = c.pairs ? 1 : 0, a.cap = 30.0f;
+                        fn<<<grid, B, smem, st>>>(a);
                     }
-                    a.x = x, a.out = out, a.aux = y, a.nmat = (int)s.m.size(), a.k = c.k, a.epi = c.pairs ? 1 : 0, a.cap = 30.0f;
-                    fn<<<grid, B, smem, st>>>(a);
+                    CK(cudaEventRecord(e1, st));
+                    CK(cudaEventSynchronize(e1));
+                    CK(cudaGetLastError());
+                    float ms;
+                    CK(cudaEventElapsedTime(&ms, e0, e1));
+                    if (r >= 2) t.push_back(ms * 1e3f / launches);
                 }
-                CK(cudaEventRecord(e1, st));
-                CK(cudaEventSynchronize(e1));
-                CK(cudaGetLastError());
-                float ms;
-                CK(cudaEventElapsedTime(&ms, e0, e1));
-                if (r >= 2) t.push_back(ms * 1e3f / launches);
+                float us  = median(t);
+                float gbs = first.bytes / (us * 1e-6f) / 1e9f;
+                // Max |difference| from the compiler's choice, relative to the largest |reference| output.
+                const std::vector<float> got = once(fn, grid, B, smem);
+                double dmax = 0, rmax = 0;
+                for (int i = 0; i < n_out; ++i)
+                    dmax = std::max(dmax, (double)std::fabs(got[i] - ref[i])),
+                    rmax = std::max(rmax, (double)std::fabs(ref[i]));
+                std::printf("%-22s %6.2f %4d%s %10.2f %9.0f %7.1f%%  err %.1e %s\n", c.name,
+                            first.bytes / 1e6, var && var->per_block ? B : L, !var && L == pick ? "*" : " ",
+                            us, gbs, 100.0f * gbs / peak, dmax / rmax, var ? var->name : "");
             }
-            float us = median(t);
-            float gbs = first.bytes / (us * 1e-6f) / 1e9f;
-            // Max |difference| from the compiler's choice, relative to the largest |reference| output.
-            const std::vector<float> got = once(fn, grid, B, smem);
-            double dmax = 0, rmax = 0;
-            for (int i = 0; i < n_out; ++i) dmax = std::max(dmax, (double)std::fabs(got[i] - ref[i])), rmax = std::max(rmax, (double)std::fabs(ref[i]));
-            std::printf("%-22s %6.2f %4d%s %10.2f %9.0f %7.1f%%  err %.1e %s\n", c.name, first.bytes / 1e6,
-                        var && var->per_block ? B : L, !var && L == pick ? "*" : " ", us, gbs, 100.0f * gbs / peak, dmax / rmax,
-                        var ? var->name : "");
-        }
         for (auto& s : sets)
             for (auto& m : s.m) {
                 cudaFree((void*)m.w);
-                if (c.nf4) cudaFree((void*)m.absmax), cudaFree((void*)m.absmax2), cudaFree((void*)m.offset), cudaFree((void*)m.code2);
+                if (c.nf4)
+                    cudaFree((void*)m.absmax), cudaFree((void*)m.absmax2), cudaFree((void*)m.offset),
+                        cudaFree((void*)m.code2);
             }
         cudaFree(x), cudaFree(out), cudaFree(y);
     }

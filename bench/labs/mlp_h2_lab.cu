@@ -2,8 +2,9 @@
 // code byte is one 64-bit lookup of an f32 pair and two FFMAs) against the packed-f16 kernels
 // (g4_mlp_nf4[_b256]_h2: one 32-bit lookup of an f16 pair and one HFMA2; the plans' default), at 128 and 256
 // threads, f32 block scales (G4_LAB_F32=1). This form times kernels.cu's kernels; it compiles but has not yet
-// been run on a GPU (a prototype with its own copy of the f16 kernel measured the results in docs/performance.md).
-// Graph modes as bench/labs/mlp_tma_lab.cu. Build with the CUDA toolkit from the repo root (an sm_90 GPU runs it):
+// been run on a GPU (a prototype with its own copy of the f16 kernel measured the results in
+// docs/performance.md). Graph modes as bench/labs/mlp_tma_lab.cu. Build with the CUDA toolkit from the repo
+// root (an sm_90 GPU runs it):
 //   nvcc -O3 -std=c++17 -arch=sm_90 -I. -o build/mlp_h2_lab bench/labs/mlp_h2_lab.cu &&
 //   G4_LAB_F32=1 build/mlp_h2_lab [reps]
 #include "kernels/cuda/kernels.cu"
@@ -21,7 +22,8 @@ int main(int argc, char** argv) {
     const DqTables dq  = dq_tables();
     std::mt19937 rng(7);
     if (!g_f32) {
-        std::fprintf(stderr, "mlp_h2_lab: run with G4_LAB_F32=1 (the f16 kernels take f32 block scales only)\n");
+        std::fprintf(stderr,
+                     "mlp_h2_lab: run with G4_LAB_F32=1 (the f16 kernels take f32 block scales only)\n");
         return 2;
     }
     const std::vector<std::pair<std::string, const void*>> vs = {
@@ -33,7 +35,8 @@ int main(int argc, char** argv) {
     std::vector<std::string> names;
     for (const auto& v : vs) {
         names.push_back(v.first);
-        CK(cudaFuncSetAttribute(v.second, cudaFuncAttributeMaxDynamicSharedMemorySize, g4::cuda_rt::kGemvSmemMax));
+        CK(cudaFuncSetAttribute(v.second, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                g4::cuda_rt::kGemvSmemMax));
     }
     for (const MlpShape& sh : kMlpShapes) {
         const MlpLab L(sh.H, sh.I, rng, dq.code2, dq.offset);
@@ -50,7 +53,8 @@ int main(int argc, char** argv) {
         const std::vector<double> err = mlp_errors(idx, [&](size_t vi) {
             return mlp_result(gpu.st, L.y, sh.H, [&] { enqueue(vi, L.sets[0], false); });
         });
-        std::printf("%s: H %d I %d, %.1f MB a set, %d sets\n", sh.name, sh.H, sh.I, L.mlp_bytes / 1e6, L.copies);
+        std::printf("%s: H %d I %d, %.1f MB a set, %d sets\n", sh.name, sh.H, sh.I, L.mlp_bytes / 1e6,
+                    L.copies);
         mlp_time_modes(gpu, reps, L.copies, L.mlp_bytes, names, err, L.sets, enqueue);
     }
     return 0;

@@ -75,7 +75,7 @@ __device__ __forceinline__ void mlp_body(const GemvArgs& gu, const MlpDown& d) {
     const u32 lane_off = (threadIdx.x & 15) * 8;
     const char* tb     = (const char*)gv_wide;
     const int c64      = j * S / 64;
-    int r_start = 4 * threadIdx.x;
+    int r_start        = 4 * threadIdx.x;
     if constexpr (DB > 0 && T && RED == 0 && S == 32) {
         uint4 pk[DB][4];
         u32 r4[DB];
@@ -84,7 +84,8 @@ __device__ __forceinline__ void mlp_body(const GemvArgs& gu, const MlpDown& d) {
             const int r0 = 4 * (threadIdx.x + g * B);
             if (r0 < H) {
 #pragma unroll
-                for (int k = 0; k < 4; ++k) pk[g][k] = __ldcs((const uint4*)(tile + (long)(r0 + k) * 16));
+                for (int k = 0; k < 4; ++k)
+                    pk[g][k] = __ldcs((const uint4*)(tile + (long)(r0 + k) * 16));
                 r4[g] = __ldcs((const u32*)(d.absmax + (long)c64 * H + r0));
             }
         }
@@ -96,8 +97,8 @@ __device__ __forceinline__ void mlp_body(const GemvArgs& gu, const MlpDown& d) {
 #pragma unroll
             for (int k = 0; k < 4; ++k) {
                 const u32 words[4] = {pk[g][k].x, pk[g][k].y, pk[g][k].z, pk[g][k].w};
-                const float dot = nf4_chunk_dot<true>(words, av, tb, lane_off);
-                const long b = (long)(r0 + k) * (I / 64) + c64;
+                const float dot    = nf4_chunk_dot<true>(words, av, tb, lane_off);
+                const long b       = (long)(r0 + k) * (I / 64) + c64;
                 out[k] = dot * nf4_absmax_value((r4[g] >> (8 * k)) & 0xffu, d.absmax2, d.offset, d.code2, b);
             }
             red_add_v4(d.y + r0, make_float4(out[0], out[1], out[2], out[3]));
@@ -203,7 +204,7 @@ __device__ __forceinline__ void mlp_body(const GemvArgs& gu, const MlpDown& d) {
 
 #define ML_KERNEL(NAME, S, L, B, RED, PF, T, ...)                                                            \
     __global__ void __launch_bounds__(B, B == 128 ? 3 : 2) NAME(const GemvArgs gu, const MlpDown d) {        \
-        mlp_body<S, L, B, RED, PF, T __VA_OPT__(,) __VA_ARGS__>(gu, d);                                      \
+        mlp_body<S, L, B, RED, PF, T __VA_OPT__(, ) __VA_ARGS__>(gu, d);                                     \
     }
 ML_KERNEL(ml_s32_f_p0, 32, 8, 128, 0, 0, true)
 ML_KERNEL(ml_s32_f_std, 32, 8, 128, 0, 0, false)
@@ -223,12 +224,17 @@ struct MlVariant {
     int S, B, red;
 };
 static const MlVariant kMl[] = {
-    {"s32 f32 tiled", ml_s32_f_p0, 32, 128, 0},         {"s32 b256 f32 tiled", ml_s32b256_f_p0, 32, 256, 0},
-    {"s32 tiled down x3", ml_s32_f_db3, 32, 128, 0},    {"s32 tiled down x5", ml_s32_f_db5, 32, 128, 0},
-    {"s32 b256 tiled down x2", ml_s32b256_f_db2, 32, 256, 0}, {"s32 b256 tiled down x3", ml_s32b256_f_db3, 32, 256, 0},
+    {"s32 f32 tiled", ml_s32_f_p0, 32, 128, 0},
+    {"s32 b256 f32 tiled", ml_s32b256_f_p0, 32, 256, 0},
+    {"s32 tiled down x3", ml_s32_f_db3, 32, 128, 0},
+    {"s32 tiled down x5", ml_s32_f_db5, 32, 128, 0},
+    {"s32 b256 tiled down x2", ml_s32b256_f_db2, 32, 256, 0},
+    {"s32 b256 tiled down x3", ml_s32b256_f_db3, 32, 256, 0},
     {"s32 f32 std", ml_s32_f_std, 32, 128, 0},
-    {"s32 b256 f32 std", ml_s32b256_f_std, 32, 256, 0}, {"s32 ticket tiled", ml_s32_t_p0, 32, 128, 3},
-    {"s32 ticket std", ml_s32_t_std, 32, 128, 3},       {"s32 b256 ticket std", ml_s32b256_t_std, 32, 256, 3},
+    {"s32 b256 f32 std", ml_s32b256_f_std, 32, 256, 0},
+    {"s32 ticket tiled", ml_s32_t_p0, 32, 128, 3},
+    {"s32 ticket std", ml_s32_t_std, 32, 128, 3},
+    {"s32 b256 ticket std", ml_s32b256_t_std, 32, 256, 3},
 };
 
 // One NF4 matrix [n, k] (double quant), standard layout, random bytes; host copies kept for re-tiling.
@@ -260,7 +266,7 @@ int main(int argc, char** argv) {
     const BenchGpu gpu = bench_gpu();
     cudaStream_t st    = gpu.st;
     cudaEvent_t e0 = gpu.e0, e1 = gpu.e1;
-    const DqTables dq     = dq_tables();
+    const DqTables dq      = dq_tables();
     const float* code2_dev = dq.code2;
     const float* off_dev   = dq.offset;
     std::mt19937 rng(7);

@@ -1,5 +1,6 @@
-// Shared set-up of the decode-MLP labs (bench/labs/mlp_lab.cu, bench/labs/mlp_tma_lab.cu, bench/labs/mlp_mma_lab.cu): the
-// real MLP shapes, device uploads and the double-quant code book. Include after bench_cuda.h.
+// Shared set-up of the decode-MLP labs (bench/labs/mlp_lab.cu, bench/labs/mlp_tma_lab.cu,
+// bench/labs/mlp_mma_lab.cu): the real MLP shapes, device uploads and the double-quant code book. Include
+// after bench_cuda.h.
 #pragma once
 #include <cuda_runtime.h>
 #include <vector>

@@ -21,11 +21,11 @@
 // <= 1.1e-6) and slower at every shape (E2B wide 24.8-26.9 us against g4_mlp_nf4's 19.8; E4B 36.0-40.2
 // against 26.0); the f16 code book (err 2.8e-4) also loses except E2B narrow at two warps a tile (13.46
 // against 13.83, but b256's 11.39). The pair-table lookup a byte stays; the mmas replace only the FFMAs.
-// Graph modes as bench/labs/mlp_tma_lab.cu: MLPs back to back; with a one-block ResNorm stand-in between them;
-// back to back on one weight set (L2-resident). G4_LAB_F32=1: block scales as f32 absmax (g4 compile's
+// Graph modes as bench/labs/mlp_tma_lab.cu: MLPs back to back; with a one-block ResNorm stand-in between
+// them; back to back on one weight set (L2-resident). G4_LAB_F32=1: block scales as f32 absmax (g4 compile's
 // default), else double quant. G4_LAB_BASE_ONLY=1: kernels.cu's kernels only (and their earlier form
-// that read either scale format). G4_LAB_SHAPES="H:I,...": other shapes. G4_LAB_PROFILE=<shape index>: each variant once, no timing (for
-// ncu
+// that read either scale format). G4_LAB_SHAPES="H:I,...": other shapes. G4_LAB_PROFILE=<shape index>: each
+// variant once, no timing (for ncu
 // --kernel-name regex:g4_mlp). Build with the CUDA toolkit from the repo root (an sm_90 GPU runs it):
 //   nvcc -O3 -std=c++17 -arch=sm_90 -I. -o build/mlp_mma_lab bench/labs/mlp_mma_lab.cu &&
 //   build/mlp_mma_lab [reps]

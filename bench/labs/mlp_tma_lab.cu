@@ -19,8 +19,8 @@
 // G4_LAB_F32=1: block scales as f32 absmax (g4 compile's default), else double quant. G4_LAB_BASE_ONLY=1:
 // kernels.cu's two kernels only. Graph modes: MLPs back to back; with a one-block ResNorm-like kernel between
 // them (the decode graph's order); back to back on one weight set (L2-resident). G4_LAB_PROFILE=<shape
-// index>: each variant once, no timing (for ncu --kernel-name regex:g4_mlp). Build with the CUDA toolkit from the repo
-// root (an sm_90 GPU runs it):
+// index>: each variant once, no timing (for ncu --kernel-name regex:g4_mlp). Build with the CUDA toolkit from
+// the repo root (an sm_90 GPU runs it):
 //   nvcc -O3 -std=c++17 -arch=sm_90 -I. -o build/mlp_tma_lab bench/labs/mlp_tma_lab.cu &&
 //   build/mlp_tma_lab [reps]
 #include "kernels/cuda/kernels.cu"

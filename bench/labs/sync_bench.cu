@@ -3,7 +3,8 @@
 // programmatic launch, (c) a grid-wide barrier inside one persistent kernel (a persistent decode
 // kernel's step boundary). Every step reads the previous step's 1536-float vector and writes the next
 // one, so each boundary is a true dependency. Prints µs per step, median of 15 replays.
-// Build with the CUDA toolkit from the repo root (an sm_90 GPU runs it): nvcc -O3 -std=c++17 -arch=sm_90 -I. -o build/sync_bench bench/labs/sync_bench.cu
+// Build with the CUDA toolkit from the repo root (an sm_90 GPU runs it): nvcc -O3 -std=c++17 -arch=sm_90 -I.
+// -o build/sync_bench bench/labs/sync_bench.cu
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -26,12 +27,15 @@ __device__ __forceinline__ void pdl_begin() {
 __device__ __forceinline__ void step_body(const float* x, float* y, int blk, int nblk) {
     __shared__ float red[THREADS / 32];
     float s = 0.0f;
-    for (int i = threadIdx.x; i < H; i += THREADS) s += x[i];
-    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    for (int i = threadIdx.x; i < H; i += THREADS)
+        s += x[i];
+    for (int o = 16; o > 0; o >>= 1)
+        s += __shfl_xor_sync(0xffffffffu, s, o);
     if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = s;
     __syncthreads();
     const float t = (red[0] + red[1] + red[2] + red[3]) * (1.0f / H);
-    for (int i = blk * THREADS + threadIdx.x; i < H; i += nblk * THREADS) y[i] = x[i] * 0.5f + t * 1e-3f;
+    for (int i = blk * THREADS + threadIdx.x; i < H; i += nblk * THREADS)
+        y[i] = x[i] * 0.5f + t * 1e-3f;
     __syncthreads();
 }
 
@@ -86,10 +90,11 @@ int main() {
                 cudaLaunchConfig_t cfg = {};
                 cfg.gridDim = grid, cfg.blockDim = THREADS, cfg.stream = s;
                 cudaLaunchAttribute at[1];
-                at[0].id                                         = cudaLaunchAttributeProgrammaticStreamSerialization;
+                at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
                 at[0].val.programmaticStreamSerializationAllowed = 1;
                 cfg.attrs = at, cfg.numAttrs = pdl;
-                CK(cudaLaunchKernelEx(&cfg, k_step, (const float*)(buf + (p & 1) * H), buf + ((p + 1) & 1) * H));
+                CK(cudaLaunchKernelEx(&cfg, k_step, (const float*)(buf + (p & 1) * H),
+                                      buf + ((p + 1) & 1) * H));
             }
             CK(cudaStreamEndCapture(s, &g));
             CK(cudaGraphInstantiate(&ge, g, 0));
@@ -103,7 +108,8 @@ int main() {
                 CK(cudaEventElapsedTime(&ms, e0, e1));
                 if (r) t.push_back(ms * 1000.0f / STEPS);
             }
-            std::printf("graph of kernels, grid %4d, %-22s %6.2f us a step\n", grid, pdl ? "programmatic launch:" : "plain:", median(t));
+            std::printf("graph of kernels, grid %4d, %-22s %6.2f us a step\n", grid,
+                        pdl ? "programmatic launch:" : "plain:", median(t));
             CK(cudaGraphExecDestroy(ge));
             CK(cudaGraphDestroy(g));
         }

@@ -11,14 +11,18 @@
 #include <sstream>
 #include <string>
 
-inline bool load_bench_tokenizer(int argc, char** argv, const char* prog, g4::Tokenizer* tk, double* load_ms = nullptr) {
+inline bool load_bench_tokenizer(int argc, char** argv, const char* prog, g4::Tokenizer* tk,
+                                 double* load_ms = nullptr) {
 #ifdef G4_GEMMA_TOKENIZER
     const std::string path = argc > 1 ? argv[1] : std::string(G4_GEMMA_TOKENIZER);
 #else
     const std::string path = argc > 1 ? argv[1] : std::string();
 #endif
     if (path.empty()) {
-        std::fprintf(stderr, "%s: no tokenizer: pass a Gemma tokenizer.json or configure with -DG4_GEMMA_TOKENIZER_JSON=FILE\n", prog);
+        std::fprintf(stderr,
+                     "%s: no tokenizer: pass a Gemma tokenizer.json or configure with "
+                     "-DG4_GEMMA_TOKENIZER_JSON=FILE\n",
+                     prog);
         return false;
     }
     std::ifstream f(path, std::ios::binary);
@@ -34,6 +38,7 @@ inline bool load_bench_tokenizer(int argc, char** argv, const char* prog, g4::To
         std::fprintf(stderr, "%s: %s\n", prog, err.c_str());
         return false;
     }
-    if (load_ms) *load_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    if (load_ms)
+        *load_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     return true;
 }

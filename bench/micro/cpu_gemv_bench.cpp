@@ -34,10 +34,11 @@ struct Weights {
         std::mt19937 gen(1);
         std::normal_distribution<float> nd(0.0f, 0.02f);
         std::vector<float> w((size_t)(n * k));
-        for (float& v : w) v = nd(gen);
+        for (float& v : w)
+            v = nd(gen);
         std::vector<uint8_t> blob = nf4::quantize(w.data(), n * k, dq);
-        bytes = blob.size();
-        size_t count = hot ? 1 : std::max<size_t>(2, ((size_t)128 << 20) / blob.size() + 1);
+        bytes                     = blob.size();
+        size_t count              = hot ? 1 : std::max<size_t>(2, ((size_t)128 << 20) / blob.size() + 1);
         copies.assign(count, blob);
     }
 };
@@ -56,18 +57,19 @@ Cell time_both(const Shape& s, int rows, bool dq, const Weights& w, cpu::Context
     std::mt19937 gen(2);
     std::normal_distribution<float> nd(0.0f, 1.0f);
     std::vector<float> x((size_t)rows * s.k), y((size_t)rows * s.n);
-    for (float& v : x) v = nd(gen);
+    for (float& v : x)
+        v = nd(gen);
     MatmulArgs a{x.data(), s.k, nullptr, DType::NF4, s.n, s.k, y.data(), s.n, rows};
     a.nf4_double_quant = dq;
     std::vector<double> t_old, t_new;
     size_t next = 0;
-    auto timed = [&](auto&& f) {
-        a.w = w.copies[next++ % w.copies.size()].data();
+    auto timed  = [&](auto&& f) {
+        a.w     = w.copies[next++ % w.copies.size()].data();
         auto t0 = std::chrono::steady_clock::now();
         f();
         return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
     };
-    for (int i = 0; i < 3; ++i) {   // warm-up
+    for (int i = 0; i < 3; ++i) { // warm-up
         timed([&] { cpu::matmul_tiled(ctx, a); });
         timed([&] { cpu::matmul_nf4_gemv(ctx, a); });
     }
@@ -101,11 +103,12 @@ int main(int argc, char** argv) {
         {"E4B kv      512x2560", 512, 2560},    {"E4B o      2560x2048", 2560, 2048},
         {"E4B up    10240x2560", 10240, 2560},  {"E4B down  2560x10240", 2560, 10240},
     };
-    const Shape sweep[] = {{"E2B up     6144x1536", 6144, 1536}, {"E2B down   1536x6144", 1536, 6144}};
+    const Shape sweep[]    = {{"E2B up     6144x1536", 6144, 1536}, {"E2B down   1536x6144", 1536, 6144}};
     const int sweep_rows[] = {1, 2, 3, 4, 5, 8, 16};
 
     int64_t max_k = 0;
-    for (const Shape& s : decode) max_k = std::max(max_k, s.k);
+    for (const Shape& s : decode)
+        max_k = std::max(max_k, s.k);
     cpu::ThreadPool pools[2] = {cpu::ThreadPool(1), cpu::ThreadPool(2)};
     std::vector<float> scratch[2];
     cpu::Context ctx[2];
@@ -115,10 +118,11 @@ int main(int argc, char** argv) {
         ctx[p] = {&pools[p], scratch[p].data(), stride};
     }
 
-    std::printf("NF4 %s quant, %s, median of %d calls; old = dequantize tile + Eigen GEMM, new = fused GEMV\n",
-                dq ? "double" : "single", hot ? "one weight copy" : "weights rotated over >= 128 MiB", calls);
-    std::printf("%-22s %4s | %-40s | %-40s\n", "shape (N x K)", "rows", "1 thread: old / new us (GB/s), speed-up",
-                "2 threads: old / new us (GB/s), speed-up");
+    std::printf(
+        "NF4 %s quant, %s, median of %d calls; old = dequantize tile + Eigen GEMM, new = fused GEMV\n",
+        dq ? "double" : "single", hot ? "one weight copy" : "weights rotated over >= 128 MiB", calls);
+    std::printf("%-22s %4s | %-40s | %-40s\n", "shape (N x K)", "rows",
+                "1 thread: old / new us (GB/s), speed-up", "2 threads: old / new us (GB/s), speed-up");
     auto row = [&](const Shape& s, int rows) {
         Weights w(s.n, s.k, dq, hot);
         std::printf("%-22s %4d", s.name, rows);
@@ -135,9 +139,11 @@ int main(int argc, char** argv) {
     };
     if (row_sweep) {
         for (const Shape& s : sweep)
-            for (int r : sweep_rows) row(s, r);
+            for (int r : sweep_rows)
+                row(s, r);
     } else {
-        for (const Shape& s : decode) row(s, 1);
+        for (const Shape& s : decode)
+            row(s, 1);
     }
     return 0;
 }

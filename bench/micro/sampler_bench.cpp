@@ -19,13 +19,16 @@ double ms_since(std::chrono::steady_clock::time_point t) {
 }
 
 // The whole-row sort: temperature, sort every token, then the same cut and draw work.
-int32_t whole_row_sort(const std::vector<float>& logits, const g4_sampling_params& p, std::vector<float>& v, std::vector<int32_t>& idx,
-                       std::mt19937_64& rng) {
-    for (size_t i = 0; i < v.size(); ++i) v[i] = logits[i] / p.temperature, idx[i] = (int32_t)i;
-    std::sort(idx.begin(), idx.end(), [&](int32_t a, int32_t b) { return v[a] > v[b] || (v[a] == v[b] && a < b); });
+int32_t whole_row_sort(const std::vector<float>& logits, const g4_sampling_params& p, std::vector<float>& v,
+                       std::vector<int32_t>& idx, std::mt19937_64& rng) {
+    for (size_t i = 0; i < v.size(); ++i)
+        v[i] = logits[i] / p.temperature, idx[i] = (int32_t)i;
+    std::sort(idx.begin(), idx.end(),
+              [&](int32_t a, int32_t b) { return v[a] > v[b] || (v[a] == v[b] && a < b); });
     const double mx = v[idx[0]];
-    double sum = 0;
-    for (int32_t t : idx) sum += std::exp(v[t] - mx);
+    double sum      = 0;
+    for (int32_t t : idx)
+        sum += std::exp(v[t] - mx);
     double cum = 0, r = std::uniform_real_distribution<double>(0.0, p.top_p)(rng);
     for (int32_t t : idx)
         if ((cum += std::exp(v[t] - mx) / sum) >= r) return t;
@@ -38,7 +41,7 @@ int main() {
     const int vocab = 262144;
     struct Setting {
         const char* name;
-        float spread;   // logits ~ N(0, spread); peaked: 32 tokens raised by 12 (a nucleus of tens of tokens)
+        float spread; // logits ~ N(0, spread); peaked: 32 tokens raised by 12 (a nucleus of tens of tokens)
         bool peaked;
         g4_sampling_params p;
     };
@@ -55,14 +58,17 @@ int main() {
         std::normal_distribution<float> nd(0.0f, s.spread);
         std::vector<float> logits(vocab), buf(vocab), v(vocab);
         std::vector<int32_t> idx(vocab), idx2(vocab), tmp(vocab);
-        for (float& x : logits) x = nd(gen);
+        for (float& x : logits)
+            x = nd(gen);
         if (s.peaked)
-            for (int i = 0; i < 32; ++i) logits[(size_t)i * 8191] += 12.0f;
+            for (int i = 0; i < 32; ++i)
+                logits[(size_t)i * 8191] += 12.0f;
         std::mt19937_64 rng(1), rng2(1);
         std::vector<double> a, b;
         for (int r = 0; r < 15; ++r) {
             auto t = std::chrono::steady_clock::now();
-            g4::rt::sample_token(logits.data(), vocab, s.p, nullptr, 0, buf.data(), idx.data(), tmp.data(), rng);
+            g4::rt::sample_token(logits.data(), vocab, s.p, nullptr, 0, buf.data(), idx.data(), tmp.data(),
+                                 rng);
             a.push_back(ms_since(t));
             t = std::chrono::steady_clock::now();
             whole_row_sort(logits, s.p, v, idx2, rng2);

@@ -19,18 +19,20 @@ int main(int argc, char** argv) {
     const int marks[] = {1024, 4096, 16384};
     std::mt19937 rng(1);
     std::vector<int32_t> ids(16384);
-    for (auto& i : ids) i = 1000 + (int32_t)(rng() % 200000);
+    for (auto& i : ids)
+        i = 1000 + (int32_t)(rng() % 200000);
     std::printf("%-22s %14s %14s %14s\n", "us a token at", "1K tokens", "4K tokens", "16K tokens");
     for (bool incremental : {true, false}) {
         g4::TextStream ts(&tk, {"<end_of_turn>"}, incremental);
         std::vector<double> window;
         double med[3] = {};
-        int m = 0;
+        int m         = 0;
         for (int i = 0; i < (int)ids.size(); ++i) {
             bool stop = false;
             auto t0   = std::chrono::steady_clock::now();
             ts.push(ids[i], &stop);
-            const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+            const double us =
+                std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
             if (i >= marks[m] - 64) window.push_back(us);
             if (i == marks[m] - 1) {
                 std::nth_element(window.begin(), window.begin() + window.size() / 2, window.end());
@@ -39,7 +41,8 @@ int main(int argc, char** argv) {
                 if (m == 3) break;
             }
         }
-        std::printf("%-22s %14.1f %14.1f %14.1f\n", incremental ? "incremental" : "whole decodes", med[0], med[1], med[2]);
+        std::printf("%-22s %14.1f %14.1f %14.1f\n", incremental ? "incremental" : "whole decodes", med[0],
+                    med[1], med[2]);
     }
     return 0;
 }

@@ -16,12 +16,20 @@ int main(int argc, char** argv) {
     if (!load_bench_tokenizer(argc, argv, "tokenizer_bench", &tk, &load_ms)) return 1;
 
     const char* pieces[] = {
-        "The quick brown fox jumps over the lazy dog. ", "int main(int argc, char** argv) { return 0; }\n",
-        "東京は日本の首都です。", "Привет, как дела? ", "مرحبا بالعالم ", "👩‍👩‍👧‍👦 👍🏽 🇯🇵 ", "    \t\t\n\n  ",
-        "https://example.com/path?query=1&x=2 ", "Supercalifragilisticexpialidocious ", "1234567890 3.14159 ",
+        "The quick brown fox jumps over the lazy dog. ",
+        "int main(int argc, char** argv) { return 0; }\n",
+        "東京は日本の首都です。",
+        "Привет, как дела? ",
+        "مرحبا بالعالم ",
+        "👩‍👩‍👧‍👦 👍🏽 🇯🇵 ",
+        "    \t\t\n\n  ",
+        "https://example.com/path?query=1&x=2 ",
+        "Supercalifragilisticexpialidocious ",
+        "1234567890 3.14159 ",
     };
     std::string text;
-    for (size_t i = 0; text.size() < (1u << 20); ++i) text += pieces[(i * 7) % 10];
+    for (size_t i = 0; text.size() < (1u << 20); ++i)
+        text += pieces[(i * 7) % 10];
     std::vector<double> ms;
     std::vector<int32_t> ids;
     for (int r = 0; r < 5; ++r) {
@@ -34,8 +42,10 @@ int main(int argc, char** argv) {
     auto d0 = std::chrono::steady_clock::now();
     tk.decode(ids.data(), ids.size(), false, &back);
     double dec_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - d0).count();
-    std::printf("tokenizer_bench: load %.0f ms; encode %.2f MB -> %zu ids: median %.1f ms (%.1f MB/s, 1 core); decode %.1f ms; "
-                "round trip %s\n", load_ms, text.size() / 1048576.0, ids.size(), ms[2], text.size() / 1048576.0 / (ms[2] / 1000.0),
-                dec_ms, back == text ? "exact" : "DIFFERS");
+    std::printf("tokenizer_bench: load %.0f ms; encode %.2f MB -> %zu ids: median %.1f ms (%.1f MB/s, 1 "
+                "core); decode %.1f ms; "
+                "round trip %s\n",
+                load_ms, text.size() / 1048576.0, ids.size(), ms[2],
+                text.size() / 1048576.0 / (ms[2] / 1000.0), dec_ms, back == text ? "exact" : "DIFFERS");
     return back == text ? 0 : 1;
 }

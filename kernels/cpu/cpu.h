@@ -11,19 +11,19 @@ namespace g4::cpu {
 
 struct Context {
     ThreadPool* pool      = nullptr;
-    float* scratch        = nullptr;   // pool->size() * scratch_stride floats
-    size_t scratch_stride = 0;         // floats per thread
+    float* scratch        = nullptr; // pool->size() * scratch_stride floats
+    size_t scratch_stride = 0;       // floats per thread
     float* thread_scratch(int thread) const { return scratch + (size_t)thread * scratch_stride; }
 };
 
-constexpr int kMatmulTileRows = 32;   // weight rows dequantized per task
-constexpr int kNf4GemvMaxRows = 8;    // NF4 matmuls with at most this many rows skip the fp32 tile
+constexpr int kMatmulTileRows = 32; // weight rows dequantized per task
+constexpr int kNf4GemvMaxRows = 8;  // NF4 matmuls with at most this many rows skip the fp32 tile
 
 // Per-thread scratch needed for matmuls with inner dimension <= max_k and attention over <= max_slots.
 size_t scratch_floats_per_thread(int64_t max_k, int64_t max_slots);
 
 void embed(const Context& c, const EmbedArgs& a);
-void matmul(const Context& c, const MatmulArgs& a);   // matmul_nf4_gemv or matmul_tiled
+void matmul(const Context& c, const MatmulArgs& a); // matmul_nf4_gemv or matmul_tiled
 // Any dtype and row count: kMatmulTileRows weight rows widened to fp32 scratch, then an Eigen GEMM.
 void matmul_tiled(const Context& c, const MatmulArgs& a);
 // NF4, 1 <= rows <= kNf4GemvMaxRows: each output element is one dot product over the packed codes (no
@@ -35,18 +35,18 @@ void matmul_nf4_gemv(const Context& c, const MatmulArgs& a);
 // kGemmKc x kGemmNr weight panels (gemm_scratch_floats() per thread) and an AVX-512 register-blocked kernel;
 // other dtypes, or a Context with less scratch, go to matmul. Each output is one fp32 sum in k order,
 // independent of the thread count. Without AVX-512 it is matmul.
-constexpr int kGemmMr = 12;    // rows of y per register block
-constexpr int kGemmNr = 32;    // columns of y per register block (= weight rows per panel)
-constexpr int kGemmKc = 512;   // k per packed panel
+constexpr int kGemmMr = 12;  // rows of y per register block
+constexpr int kGemmNr = 32;  // columns of y per register block (= weight rows per panel)
+constexpr int kGemmKc = 512; // k per packed panel
 size_t gemm_scratch_floats();
 void matmul_gemm(const Context& c, const MatmulArgs& a);
 // Single-threaded strided block on the calling thread: c[rows, cols] (+)= a[rows, k] . b[k, cols] with
 // a[i * lda + p], b[p * ldb + j], c[i * ldc + j] (accumulate: add to c instead of overwriting it).
-void gemm_block(int rows, int cols, int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb, float* c,
-                int64_t ldc, bool accumulate);
+void gemm_block(int rows, int cols, int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb,
+                float* c, int64_t ldc, bool accumulate);
 // What gemm_block is in a build without AVX-512 (Eigen), compiled everywhere so tests cover it.
-void gemm_block_portable(int rows, int cols, int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb, float* c,
-                         int64_t ldc, bool accumulate);
+void gemm_block_portable(int rows, int cols, int64_t k, const float* a, int64_t lda, const float* b,
+                         int64_t ldb, float* c, int64_t ldc, bool accumulate);
 // True when matmul_gemm / gemm_block use the AVX-512 kernel (else they are matmul / gemm_block_portable).
 bool gemm_has_avx512();
 // bf16 GEMM (the towers' opt-in bf16 precision): y = bf16(x) . bf16(W)^T, bf16() rounding to nearest even as
@@ -54,12 +54,12 @@ bool gemm_has_avx512();
 // F32/BF16 weights and a Context with gemm_bf16_scratch_floats() per thread (else it is matmul, fp32).
 // With AVX-512 BF16 (_mm512_dpbf16_ps, which flushes bf16 denormals to zero) the sum order is pairs of k
 // in increasing order; otherwise it is matmul_gemm_bf16_portable. Independent of the thread count.
-constexpr int kGemmBf16Group = 4;   // kGemmNr-column weight panels packed per task (AVX-512 BF16 path)
+constexpr int kGemmBf16Group = 4; // kGemmNr-column weight panels packed per task (AVX-512 BF16 path)
 size_t gemm_bf16_scratch_floats();
 void matmul_gemm_bf16(const Context& c, const MatmulArgs& a);
 // Same definition on any machine: bf16-valued fp32 operands through gemm_block_portable (Eigen).
 void matmul_gemm_bf16_portable(const Context& c, const MatmulArgs& a);
-bool gemm_has_avx512_bf16();   // true when matmul_gemm_bf16 uses _mm512_dpbf16_ps
+bool gemm_has_avx512_bf16(); // true when matmul_gemm_bf16 uses _mm512_dpbf16_ps
 void rms_norm(const Context& c, const RmsNormArgs& a);
 void add(const Context& c, const BinaryArgs& a);
 void gelu_mul(const Context& c, const BinaryArgs& a);
@@ -67,6 +67,6 @@ void scale(const Context& c, const ScaleArgs& a);
 void softcap(const Context& c, const ScaleArgs& a);
 void rope(const Context& c, const RopeArgs& a);
 void kv_store(const Context& c, const KvStoreArgs& a);
-void attention(const Context& c, const AttentionArgs& a);   // ignores a.scratch; uses Context scratch
+void attention(const Context& c, const AttentionArgs& a); // ignores a.scratch; uses Context scratch
 
 } // namespace g4::cpu

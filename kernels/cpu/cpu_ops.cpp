@@ -16,27 +16,29 @@
 
 namespace g4::cpu {
 
-using RowMat   = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-using MapRM    = Eigen::Map<RowMat, 0, Eigen::OuterStride<>>;
-using MapRMc   = Eigen::Map<const RowMat, 0, Eigen::OuterStride<>>;
-using VecMap   = Eigen::Map<Eigen::VectorXf>;
-using VecMapC  = Eigen::Map<const Eigen::VectorXf>;
+using RowMat  = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+using MapRM   = Eigen::Map<RowMat, 0, Eigen::OuterStride<>>;
+using MapRMc  = Eigen::Map<const RowMat, 0, Eigen::OuterStride<>>;
+using VecMap  = Eigen::Map<Eigen::VectorXf>;
+using VecMapC = Eigen::Map<const Eigen::VectorXf>;
 
 size_t scratch_floats_per_thread(int64_t max_k, int64_t max_slots) {
     size_t a = (size_t)kMatmulTileRows * (size_t)max_k;
     size_t b = (size_t)max_slots + 64;
-    return ((std::max(a, b) + 15) / 16) * 16;   // keep each thread's slice 64-byte aligned
+    return ((std::max(a, b) + 15) / 16) * 16; // keep each thread's slice 64-byte aligned
 }
 
 static void widen(const void* src, DType dt, int64_t n, float* dst) {
     if (dt == DType::BF16) {
         const uint16_t* s = (const uint16_t*)src;
         uint32_t* d       = (uint32_t*)dst;
-        for (int64_t i = 0; i < n; ++i) d[i] = (uint32_t)s[i] << 16;
+        for (int64_t i = 0; i < n; ++i)
+            d[i] = (uint32_t)s[i] << 16;
     } else if (dt == DType::F32) {
         std::memcpy(dst, src, sizeof(float) * n);
     } else {
-        for (int64_t i = 0; i < n; ++i) dst[i] = ref::load_weight(src, dt, i);
+        for (int64_t i = 0; i < n; ++i)
+            dst[i] = ref::load_weight(src, dt, i);
     }
 }
 
@@ -45,7 +47,8 @@ static constexpr int64_t kInlineElems = 1 << 14;
 
 template <class F> static void for_rows(const Context& c, int rows, int64_t cols, F&& f) {
     if ((int64_t)rows * cols < kInlineElems || c.pool->size() == 1 || rows == 1) {
-        for (int t = 0; t < rows; ++t) f(t);
+        for (int t = 0; t < rows; ++t)
+            f(t);
         return;
     }
     c.pool->parallel_for(rows, [&](int64_t t, int) { f((int)t); });
@@ -60,9 +63,9 @@ void embed(const Context& c, const EmbedArgs& a) {
 }
 
 void matmul_tiled(const Context& c, const MatmulArgs& a) {
-    const int64_t tiles = (a.n + kMatmulTileRows - 1) / kMatmulTileRows;
+    const int64_t tiles     = (a.n + kMatmulTileRows - 1) / kMatmulTileRows;
     constexpr int kRowBlock = 64;
-    const nf4::Layout nf4l = a.dt == DType::NF4 ? nf4::layout(a.n * a.k, a.nf4_double_quant) : nf4::Layout{};
+    const nf4::Layout nf4l  = a.dt == DType::NF4 ? nf4::layout(a.n * a.k, a.nf4_double_quant) : nf4::Layout{};
     c.pool->parallel_for(tiles, [&](int64_t tile, int th) {
         int64_t n0 = tile * kMatmulTileRows, nt = std::min<int64_t>(kMatmulTileRows, a.n - n0);
         const float* wt;
@@ -70,7 +73,7 @@ void matmul_tiled(const Context& c, const MatmulArgs& a) {
             wt = (const float*)a.w + n0 * a.k;
         } else {
             float* buf = c.thread_scratch(th);
-            if (a.dt == DType::NF4)   // elements [n0*K, (n0+nt)*K) of the blob; blocks may straddle rows
+            if (a.dt == DType::NF4) // elements [n0*K, (n0+nt)*K) of the blob; blocks may straddle rows
                 nf4::dequantize((const uint8_t*)a.w, nf4l, n0 * a.k, nt * a.k, buf);
             else
                 widen((const uint8_t*)a.w + dtype_bytes(a.dt, n0 * a.k), a.dt, nt * a.k, buf);
@@ -102,9 +105,9 @@ void matmul_tiled(const Context& c, const MatmulArgs& a) {
 
 namespace {
 
-constexpr int kGemvTileRows  = 16;     // output columns (rows of W) per task
-constexpr int kGemvGroupRows = 4;      // rows of x per pass over a row of W
-constexpr int kPrefetchBytes = 2048;   // codes are prefetched this far ahead of the block being read
+constexpr int kGemvTileRows  = 16;   // output columns (rows of W) per task
+constexpr int kGemvGroupRows = 4;    // rows of x per pass over a row of W
+constexpr int kPrefetchBytes = 2048; // codes are prefetched this far ahead of the block being read
 // Smaller matmuls (E2B's k/v projections: 256 x 1536) run on the calling thread: waking the pool costs
 // more than it saves.
 constexpr int64_t kGemvInlineElems = 1 << 19;
@@ -131,7 +134,7 @@ inline float load_f32(const uint8_t* p) {
 // Block scales of one NF4 blob, inlined (nf4::block_absmax is out of line and runs once per 64 weights).
 struct Nf4Blob {
     const uint8_t* codes;
-    const uint8_t* absmax;   // f32[nblocks] or u8[nblocks]
+    const uint8_t* absmax; // f32[nblocks] or u8[nblocks]
     const uint8_t* absmax2;
     const uint8_t* code2;
     float offset = 0.0f;
@@ -143,7 +146,7 @@ struct Nf4Blob {
     template <bool DQ> float scale(int64_t b) const {
         if constexpr (DQ)
             return nf4::mul_then_add(load_f32(code2 + 4 * (size_t)absmax[b]),
-                                load_f32(absmax2 + 4 * (size_t)(b / nf4::kBlock2)), offset);
+                                     load_f32(absmax2 + 4 * (size_t)(b / nf4::kBlock2)), offset);
         else
             return load_f32(absmax + 4 * (size_t)b);
     }
@@ -154,7 +157,8 @@ void reorder_x(const MatmulArgs& a, float* xp) {
         const float* x = a.x + t * a.ldx;
         float* o       = xp + t * a.k;
         for (int64_t j = 0; j < a.k; j += nf4::kBlock, x += nf4::kBlock, o += nf4::kBlock)
-            for (int i = 0; i < nf4::kBlock; ++i) o[i] = x[kXOrder.e[i]];
+            for (int i = 0; i < nf4::kBlock; ++i)
+                o[i] = x[kXOrder.e[i]];
     }
 }
 
@@ -169,31 +173,34 @@ void gemv_blocks(const Nf4Blob& w, int64_t b0, int64_t nb, const float* xp, int6
         shift[q] = _mm512_inserti64x4(_mm512_set1_epi32(8 * q), _mm256_set1_epi32(8 * q + 4), 1);
     __m512 acc[R][4];
     for (int t = 0; t < R; ++t)
-        for (int q = 0; q < 4; ++q) acc[t][q] = _mm512_setzero_ps();
+        for (int q = 0; q < 4; ++q)
+            acc[t][q] = _mm512_setzero_ps();
     for (int64_t i = 0; i < nb; ++i, codes += 32) {
         if ((i & 1) == 0) _mm_prefetch((const char*)codes + kPrefetchBytes, _MM_HINT_T0);
         const __m512 lut = _mm512_mul_ps(cb, _mm512_set1_ps(w.scale<DQ>(b0 + i)));
         const __m512i v  = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i*)codes));
-        for (int q = 0; q < 4; ++q) {   // permutexvar reads index bits 0..3
+        for (int q = 0; q < 4; ++q) { // permutexvar reads index bits 0..3
             const __m512 wq = _mm512_permutexvar_ps(_mm512_srlv_epi32(v, shift[q]), lut);
             for (int t = 0; t < R; ++t)
                 acc[t][q] = _mm512_fmadd_ps(_mm512_loadu_ps(xp + t * k + 64 * i + 16 * q), wq, acc[t][q]);
         }
     }
     for (int t = 0; t < R; ++t) {
-        const __m512 s = _mm512_add_ps(_mm512_add_ps(acc[t][0], acc[t][1]), _mm512_add_ps(acc[t][2], acc[t][3]));
-        out[t]         = _mm512_reduce_add_ps(s);
+        const __m512 s =
+            _mm512_add_ps(_mm512_add_ps(acc[t][0], acc[t][1]), _mm512_add_ps(acc[t][2], acc[t][3]));
+        out[t] = _mm512_reduce_add_ps(s);
     }
 #elif defined(__AVX2__)
     const __m256 cb0 = _mm256_loadu_ps(nf4::kCodebook), cb1 = _mm256_loadu_ps(nf4::kCodebook + 8);
     __m256 acc[R][2];
-    for (int t = 0; t < R; ++t) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
+    for (int t = 0; t < R; ++t)
+        acc[t][0] = acc[t][1] = _mm256_setzero_ps();
     for (int64_t i = 0; i < nb; ++i, codes += 32) {
         if ((i & 1) == 0) _mm_prefetch((const char*)codes + kPrefetchBytes, _MM_HINT_T0);
         const __m256 s    = _mm256_set1_ps(w.scale<DQ>(b0 + i));
         const __m256 lut0 = _mm256_mul_ps(cb0, s), lut1 = _mm256_mul_ps(cb1, s);
-        const __m256i v   = _mm256_loadu_si256((const __m256i*)codes);
-        for (int m = 0; m < 8; ++m) {   // nibble m of the 8 words: index bits 0..2, bit 3 moved to the sign
+        const __m256i v = _mm256_loadu_si256((const __m256i*)codes);
+        for (int m = 0; m < 8; ++m) { // nibble m of the 8 words: index bits 0..2, bit 3 moved to the sign
             const __m256i idx = _mm256_srl_epi32(v, _mm_cvtsi32_si128(4 * m));
             const __m256i sel = _mm256_sll_epi32(v, _mm_cvtsi32_si128(28 - 4 * m));
             const __m256 wm   = _mm256_blendv_ps(_mm256_permutevar8x32_ps(lut0, idx),
@@ -214,16 +221,19 @@ void gemv_blocks(const Nf4Blob& w, int64_t b0, int64_t nb, const float* xp, int6
     for (int64_t i = 0; i < nb; ++i, codes += 32) {
         const float s = w.scale<DQ>(b0 + i);
         float lut[16];
-        for (int c = 0; c < 16; ++c) lut[c] = nf4::kCodebook[c] * s;
+        for (int c = 0; c < 16; ++c)
+            lut[c] = nf4::kCodebook[c] * s;
         for (int j = 0; j < nf4::kBlock; ++j) {
             const int e    = kXOrder.e[j];
             const float wv = lut[(e & 1) ? (codes[e >> 1] & 15) : (codes[e >> 1] >> 4)];
-            for (int t = 0; t < R; ++t) acc[t][j % 16] += xp[t * k + 64 * i + j] * wv;
+            for (int t = 0; t < R; ++t)
+                acc[t][j % 16] += xp[t * k + 64 * i + j] * wv;
         }
     }
     for (int t = 0; t < R; ++t) {
         for (int h = 8; h > 0; h /= 2)
-            for (int l = 0; l < h; ++l) acc[t][l] += acc[t][l + h];
+            for (int l = 0; l < h; ++l)
+                acc[t][l] += acc[t][l + h];
         out[t] = acc[t][0];
     }
 #endif
@@ -235,18 +245,20 @@ template <bool DQ>
 void gemv_elements(const Nf4Blob& w, int64_t n, int64_t k, const float* x, int64_t ldx, int rows,
                    float* out) {
     float acc[kNf4GemvMaxRows][8] = {};
-    const int64_t e0 = n * k;
+    const int64_t e0              = n * k;
     for (int64_t j = 0; j < k;) {
         const int64_t b   = (e0 + j) / nf4::kBlock;
         const int64_t end = std::min<int64_t>(k, (b + 1) * nf4::kBlock - e0);
         const float s     = w.scale<DQ>(b);
         float lut[16];
-        for (int c = 0; c < 16; ++c) lut[c] = nf4::kCodebook[c] * s;
+        for (int c = 0; c < 16; ++c)
+            lut[c] = nf4::kCodebook[c] * s;
         for (; j < end; ++j) {
             const int64_t e    = e0 + j;
             const uint8_t byte = w.codes[e >> 1];
             const float wv     = lut[(e & 1) ? (byte & 15) : (byte >> 4)];
-            for (int t = 0; t < rows; ++t) acc[t][j & 7] += x[t * ldx + j] * wv;
+            for (int t = 0; t < rows; ++t)
+                acc[t][j & 7] += x[t * ldx + j] * wv;
         }
     }
     for (int t = 0; t < rows; ++t) {
@@ -267,14 +279,23 @@ void gemv_columns(const MatmulArgs& a, const Nf4Blob& w, const float* xp, int64_
             for (int r0 = 0; r0 < a.rows; r0 += kGemvGroupRows) {
                 const float* x = xp + r0 * a.k;
                 switch (std::min(kGemvGroupRows, a.rows - r0)) {
-                case 1: gemv_blocks<1, DQ>(w, b0, nb, x, a.k, out + r0); break;
-                case 2: gemv_blocks<2, DQ>(w, b0, nb, x, a.k, out + r0); break;
-                case 3: gemv_blocks<3, DQ>(w, b0, nb, x, a.k, out + r0); break;
-                default: gemv_blocks<4, DQ>(w, b0, nb, x, a.k, out + r0); break;
+                case 1:
+                    gemv_blocks<1, DQ>(w, b0, nb, x, a.k, out + r0);
+                    break;
+                case 2:
+                    gemv_blocks<2, DQ>(w, b0, nb, x, a.k, out + r0);
+                    break;
+                case 3:
+                    gemv_blocks<3, DQ>(w, b0, nb, x, a.k, out + r0);
+                    break;
+                default:
+                    gemv_blocks<4, DQ>(w, b0, nb, x, a.k, out + r0);
+                    break;
                 }
             }
         }
-        for (int t = 0; t < a.rows; ++t) a.y[t * a.ldy + n] = out[t];
+        for (int t = 0; t < a.rows; ++t)
+            a.y[t * a.ldy + n] = out[t];
     }
 }
 
@@ -289,7 +310,7 @@ void matmul_nf4_gemv(const Context& c, const MatmulArgs& a) {
         reorder_x(a, xp);
     }
     const int64_t tiles = (a.n + kGemvTileRows - 1) / kGemvTileRows;
-    auto tile = [&](int64_t t, int) {
+    auto tile           = [&](int64_t t, int) {
         const int64_t n0 = t * kGemvTileRows, n1 = std::min<int64_t>(a.n, n0 + kGemvTileRows);
         if (l.double_quant)
             gemv_columns<true>(a, w, xp, n0, n1);
@@ -297,7 +318,8 @@ void matmul_nf4_gemv(const Context& c, const MatmulArgs& a) {
             gemv_columns<false>(a, w, xp, n0, n1);
     };
     if (a.n * a.k < kGemvInlineElems)
-        for (int64_t t = 0; t < tiles; ++t) tile(t, 0);
+        for (int64_t t = 0; t < tiles; ++t)
+            tile(t, 0);
     else
         c.pool->parallel_for(tiles, [&](int64_t t, int th) { tile(t, th); });
 }
@@ -324,7 +346,8 @@ void rms_norm(const Context& c, const RmsNormArgs& a) {
             } else if (a.wdt == DType::F32) {
                 y = (x * r).cwiseProduct(VecMapC((const float*)a.w, a.dim));
             } else {
-                for (int i = 0; i < a.dim; ++i) y[i] = x[i] * r * ref::load_weight(a.w, a.wdt, i);
+                for (int i = 0; i < a.dim; ++i)
+                    y[i] = x[i] * r * ref::load_weight(a.w, a.wdt, i);
             }
         }
     });
@@ -351,7 +374,8 @@ void gelu_mul(const Context& c, const BinaryArgs& a) {
 
 void scale(const Context& c, const ScaleArgs& a) {
     float s = a.s * (a.s_tensor ? ref::load_weight(a.s_tensor, a.s_dt, 0) : 1.0f);
-    for_rows(c, a.rows, a.cols, [&](int t) { VecMap(a.y + t * a.ldy, a.cols) = VecMapC(a.x + t * a.ldx, a.cols) * s; });
+    for_rows(c, a.rows, a.cols,
+             [&](int t) { VecMap(a.y + t * a.ldy, a.cols) = VecMapC(a.x + t * a.ldx, a.cols) * s; });
 }
 
 void softcap(const Context& c, const ScaleArgs& a) {
@@ -359,7 +383,8 @@ void softcap(const Context& c, const ScaleArgs& a) {
     for_rows(c, a.rows, a.cols, [&](int t) {
         const float* x = a.x + t * a.ldx;
         float* y       = a.y + t * a.ldy;
-        for (int i = 0; i < a.cols; ++i) y[i] = a.cap * std::tanh(x[i] * inv);
+        for (int i = 0; i < a.cols; ++i)
+            y[i] = a.cap * std::tanh(x[i] * inv);
     });
 }
 
@@ -371,7 +396,7 @@ void rope(const Context& c, const RopeArgs& a) {
             float ang = pos * a.inv_freq[k];
             float cs = std::cos(ang), sn = std::sin(ang);
             for (int h = 0; h < a.heads; ++h) {
-                float* x  = a.x + t * a.ldx + (int64_t)h * a.dim;
+                float* x = a.x + t * a.ldx + (int64_t)h * a.dim;
                 float x0 = x[k], x1 = x[k + half];
                 x[k]        = x0 * cs - x1 * sn;
                 x[k + half] = x1 * cs + x0 * sn;
@@ -380,7 +405,9 @@ void rope(const Context& c, const RopeArgs& a) {
     });
 }
 
-void kv_store(const Context& c, const KvStoreArgs& a) { ref::kv_store(a); }
+void kv_store(const Context& c, const KvStoreArgs& a) {
+    ref::kv_store(a);
+}
 
 // Attention over a cache read through row(cache, offset, n, buf): n float32 values from element offset,
 // the cache's own memory (f32) or buf after widening (bf16). Rows are taken in pieces of kAttnPiece
@@ -391,10 +418,10 @@ template <class Row> static void attention_rows(const Context& c, const Attentio
     const int64_t width = (int64_t)a.kv_heads * a.dim;
     c.pool->parallel_for((int64_t)a.rows * a.heads, [&](int64_t task, int th) {
         int t = (int)(task / a.heads), h = (int)(task % a.heads);
-        int pos = a.pos0 + t;
-        int lo  = a.window > 0 ? std::max(0, pos - a.window + 1) : 0;
-        int n   = pos - lo + 1;
-        int kvh = h / group;
+        int pos  = a.pos0 + t;
+        int lo   = a.window > 0 ? std::max(0, pos - a.window + 1) : 0;
+        int n    = pos - lo + 1;
+        int kvh  = h / group;
         float* p = c.thread_scratch(th);
         alignas(64) float buf[kAttnPiece];
         VecMapC q(a.q + t * a.ldq + (int64_t)h * a.dim, a.dim);
@@ -410,7 +437,8 @@ template <class Row> static void attention_rows(const Context& c, const Attentio
             mx   = std::max(mx, p[j]);
         }
         float sum = 0;
-        for (int j = 0; j < n; ++j) sum += (p[j] = std::exp(p[j] - mx));
+        for (int j = 0; j < n; ++j)
+            sum += (p[j] = std::exp(p[j] - mx));
         VecMap y(a.y + t * a.ldy + (int64_t)h * a.dim, a.dim);
         y.setZero();
         for (int j = 0; j < n; ++j)
@@ -429,7 +457,8 @@ void attention(const Context& c, const AttentionArgs& a) {
             return (const float*)buf;
         });
     else
-        attention_rows(c, a, [](const void* cache, int64_t o, int, float*) { return (const float*)cache + o; });
+        attention_rows(c, a,
+                       [](const void* cache, int64_t o, int, float*) { return (const float*)cache + o; });
 }
 
 } // namespace g4::cpu

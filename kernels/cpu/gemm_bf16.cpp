@@ -1,7 +1,7 @@
 // bf16 GEMM for the towers' opt-in bf16 precision (see cpu.h): y = bf16(x) . bf16(W)^T with every product
 // exact in fp32 and summed in fp32. With AVX-512 BF16 the weights are packed as k-pairs into
-// kGemmBf16Group panels of kGemmKc x kGemmNr bf16, each kGemmMr-row block of x is rounded once per panel group,
-// and _mm512_dpbf16_ps accumulates in registers; the portable path rounds both operands to bf16-valued
+// kGemmBf16Group panels of kGemmKc x kGemmNr bf16, each kGemmMr-row block of x is rounded once per panel
+// group, and _mm512_dpbf16_ps accumulates in registers; the portable path rounds both operands to bf16-valued
 // floats and runs the Eigen block GEMM.
 #include "kernels/cpu/cpu.h"
 
@@ -27,17 +27,19 @@ namespace {
 
 constexpr int kGroup = kGemmBf16Group;
 
-inline float bf16_round(float f) { return bf16_to_f32(f32_to_bf16(f)); }
+inline float bf16_round(float f) {
+    return bf16_to_f32(f32_to_bf16(f));
+}
 
 inline uint16_t weight_bf16(const MatmulArgs& a, int64_t off) {
     return a.dt == DType::BF16 ? ((const uint16_t*)a.w)[off] : f32_to_bf16(((const float*)a.w)[off]);
 }
 
 // Splits a.rows into chunks so that groups * chunks tasks balance the pool (as matmul_gemm does).
-template <typename Task>
-void for_tasks(const Context& c, const MatmulArgs& a, int64_t groups, Task&& task) {
-    const int64_t want   = 4LL * c.pool->size();
-    const int chunks     = (int)std::clamp<int64_t>((want + groups - 1) / groups, 1, std::max(1, a.rows / (8 * kGemmMr)));
+template <typename Task> void for_tasks(const Context& c, const MatmulArgs& a, int64_t groups, Task&& task) {
+    const int64_t want = 4LL * c.pool->size();
+    const int chunks =
+        (int)std::clamp<int64_t>((want + groups - 1) / groups, 1, std::max(1, a.rows / (8 * kGemmMr)));
     const int chunk_rows = ((a.rows + chunks - 1) / chunks + kGemmMr - 1) / kGemmMr * kGemmMr;
     c.pool->parallel_for(groups * chunks, [&](int64_t t, int th) {
         const int64_t g = t % groups;
@@ -52,11 +54,12 @@ constexpr int kNv = kGemmNr / 16;
 
 // 16 floats -> 16 bf16, round to nearest even exactly as f32_to_bf16 (denormals kept, NaN quieted).
 inline __m256i to_bf16x16(__m512 x) {
-    const __m512i u    = _mm512_castps_si512(x);
-    const __m512i lsb  = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-    __m512i r          = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF))), 16);
-    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFFFF)), _mm512_set1_epi32(0x7F800000));
-    r = _mm512_mask_or_epi32(r, nan, _mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+    const __m512i u   = _mm512_castps_si512(x);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF))), 16);
+    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFFFF)),
+                                                  _mm512_set1_epi32(0x7F800000));
+    r                   = _mm512_mask_or_epi32(r, nan, _mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
     return _mm512_cvtepi32_epi16(r);
 }
 
@@ -66,7 +69,8 @@ void round_rows(int rows, int kc, const float* x, int64_t ldx, uint16_t* xs, int
         const float* s = x + (int64_t)i * ldx;
         uint16_t* d    = xs + (size_t)i * 2 * kp;
         int p          = 0;
-        for (; p + 16 <= kc; p += 16) _mm256_storeu_si256((__m256i*)(d + p), to_bf16x16(_mm512_loadu_ps(s + p)));
+        for (; p + 16 <= kc; p += 16)
+            _mm256_storeu_si256((__m256i*)(d + p), to_bf16x16(_mm512_loadu_ps(s + p)));
         if (p < kc) {
             const __mmask16 m = (__mmask16)((1u << (kc - p)) - 1u);
             _mm256_mask_storeu_epi16(d + p, m, to_bf16x16(_mm512_maskz_loadu_ps(m, s + p)));
@@ -78,23 +82,28 @@ void round_rows(int rows, int kc, const float* x, int64_t ldx, uint16_t* xs, int
 // c[MR, cols] (+)= a . b over kp k-pairs: a[i * lda + q] = (x[i][2q], x[i][2q+1]) as bf16 pairs,
 // b[q * kGemmNr + j] = (w[j][2q], w[j][2q+1]) (zero past cols).
 template <int MR>
-void micro(int64_t kp, const uint32_t* a, int64_t lda, const uint32_t* b, float* c, int64_t ldc, int cols, bool accumulate) {
+void micro(int64_t kp, const uint32_t* a, int64_t lda, const uint32_t* b, float* c, int64_t ldc, int cols,
+           bool accumulate) {
     __mmask16 m[kNv];
-    for (int v = 0; v < kNv; ++v) m[v] = (__mmask16)((1u << std::clamp(cols - 16 * v, 0, 16)) - 1u);
+    for (int v = 0; v < kNv; ++v)
+        m[v] = (__mmask16)((1u << std::clamp(cols - 16 * v, 0, 16)) - 1u);
     __m512 acc[MR][kNv];
     for (int i = 0; i < MR; ++i)
         for (int v = 0; v < kNv; ++v)
             acc[i][v] = accumulate ? _mm512_maskz_loadu_ps(m[v], c + i * ldc + 16 * v) : _mm512_setzero_ps();
     for (int64_t q = 0; q < kp; ++q) {
         __m512bh bv[kNv];
-        for (int v = 0; v < kNv; ++v) bv[v] = (__m512bh)_mm512_loadu_si512(b + q * kGemmNr + 16 * v);
+        for (int v = 0; v < kNv; ++v)
+            bv[v] = (__m512bh)_mm512_loadu_si512(b + q * kGemmNr + 16 * v);
         for (int i = 0; i < MR; ++i) {
             const __m512bh av = (__m512bh)_mm512_set1_epi32((int)a[i * lda + q]);
-            for (int v = 0; v < kNv; ++v) acc[i][v] = _mm512_dpbf16_ps(acc[i][v], av, bv[v]);
+            for (int v = 0; v < kNv; ++v)
+                acc[i][v] = _mm512_dpbf16_ps(acc[i][v], av, bv[v]);
         }
     }
     for (int i = 0; i < MR; ++i)
-        for (int v = 0; v < kNv; ++v) _mm512_mask_storeu_ps(c + i * ldc + 16 * v, m[v], acc[i][v]);
+        for (int v = 0; v < kNv; ++v)
+            _mm512_mask_storeu_ps(c + i * ldc + 16 * v, m[v], acc[i][v]);
 }
 
 using MicroFn = void (*)(int64_t, const uint32_t*, int64_t, const uint32_t*, float*, int64_t, int, bool);
@@ -112,9 +121,11 @@ void pack_w(const MatmulArgs& a, int64_t n0, int nt, int64_t k0, int kc, uint16_
         uint16_t* d       = p + 2 * j;
         if (a.dt == DType::BF16) {
             const uint16_t* s = (const uint16_t*)a.w + off;
-            for (int q = 0; q < kc; ++q) d[(size_t)(q >> 1) * 2 * kGemmNr + (q & 1)] = s[q];
+            for (int q = 0; q < kc; ++q)
+                d[(size_t)(q >> 1) * 2 * kGemmNr + (q & 1)] = s[q];
         } else {
-            for (int q = 0; q < kc; ++q) d[(size_t)(q >> 1) * 2 * kGemmNr + (q & 1)] = weight_bf16(a, off + q);
+            for (int q = 0; q < kc; ++q)
+                d[(size_t)(q >> 1) * 2 * kGemmNr + (q & 1)] = weight_bf16(a, off + q);
         }
     }
 }
@@ -138,7 +149,8 @@ bool gemm_has_avx512_bf16() {
 }
 
 void matmul_gemm_bf16_portable(const Context& c, const MatmulArgs& a) {
-    if ((a.dt != DType::BF16 && a.dt != DType::F32) || c.scratch_stride < gemm_bf16_scratch_floats() || a.rows < 1) {
+    if ((a.dt != DType::BF16 && a.dt != DType::F32) || c.scratch_stride < gemm_bf16_scratch_floats() ||
+        a.rows < 1) {
         matmul(c, a);
         return;
     }
@@ -146,17 +158,20 @@ void matmul_gemm_bf16_portable(const Context& c, const MatmulArgs& a) {
     for_tasks(c, a, strips, [&](int64_t s, int r0, int r1, int th) {
         const int64_t n0 = s * kGemmNr;
         const int nt     = (int)std::min<int64_t>(kGemmNr, a.n - n0);
-        float* p         = c.thread_scratch(th);                  // [kc][kGemmNr] bf16-valued weights
-        float* xs        = p + (size_t)kGemmKc * kGemmNr;         // [kGemmMr][kc] bf16-valued activations
+        float* p         = c.thread_scratch(th);          // [kc][kGemmNr] bf16-valued weights
+        float* xs        = p + (size_t)kGemmKc * kGemmNr; // [kGemmMr][kc] bf16-valued activations
         for (int64_t k0 = 0; k0 < a.k; k0 += kGemmKc) {
             const int kc = (int)std::min<int64_t>(kGemmKc, a.k - k0);
             for (int j = 0; j < nt; ++j)
-                for (int q = 0; q < kc; ++q) p[(size_t)q * kGemmNr + j] = bf16_to_f32(weight_bf16(a, (n0 + j) * a.k + k0 + q));
+                for (int q = 0; q < kc; ++q)
+                    p[(size_t)q * kGemmNr + j] = bf16_to_f32(weight_bf16(a, (n0 + j) * a.k + k0 + q));
             for (int r = r0; r < r1; r += kGemmMr) {
                 const int rows = std::min(kGemmMr, r1 - r);
                 for (int i = 0; i < rows; ++i)
-                    for (int q = 0; q < kc; ++q) xs[(size_t)i * kc + q] = bf16_round(a.x[(int64_t)(r + i) * a.ldx + k0 + q]);
-                gemm_block_portable(rows, nt, kc, xs, kc, p, kGemmNr, a.y + (int64_t)r * a.ldy + n0, a.ldy, k0 > 0);
+                    for (int q = 0; q < kc; ++q)
+                        xs[(size_t)i * kc + q] = bf16_round(a.x[(int64_t)(r + i) * a.ldx + k0 + q]);
+                gemm_block_portable(rows, nt, kc, xs, kc, p, kGemmNr, a.y + (int64_t)r * a.ldy + n0, a.ldy,
+                                    k0 > 0);
             }
         }
     });
@@ -164,7 +179,8 @@ void matmul_gemm_bf16_portable(const Context& c, const MatmulArgs& a) {
 
 void matmul_gemm_bf16(const Context& c, const MatmulArgs& a) {
 #if G4_GEMM_BF16_NATIVE
-    if ((a.dt != DType::BF16 && a.dt != DType::F32) || c.scratch_stride < gemm_bf16_scratch_floats() || a.rows < 1) {
+    if ((a.dt != DType::BF16 && a.dt != DType::F32) || c.scratch_stride < gemm_bf16_scratch_floats() ||
+        a.rows < 1) {
         matmul(c, a);
         return;
     }
@@ -172,13 +188,14 @@ void matmul_gemm_bf16(const Context& c, const MatmulArgs& a) {
     const int64_t groups = (strips + kGroup - 1) / kGroup;
     for_tasks(c, a, groups, [&](int64_t g, int r0, int r1, int th) {
         const int s0 = (int)(g * kGroup), ns = (int)std::min<int64_t>(kGroup, strips - s0);
-        uint16_t* panels = (uint16_t*)c.thread_scratch(th);                          // [ns][kGemmKc/2][kGemmNr] pairs
-        uint16_t* xs     = panels + (size_t)kGroup * kGemmKc * kGemmNr;             // [kGemmMr][kGemmKc/2] pairs
+        uint16_t* panels = (uint16_t*)c.thread_scratch(th);             // [ns][kGemmKc/2][kGemmNr] pairs
+        uint16_t* xs     = panels + (size_t)kGroup * kGemmKc * kGemmNr; // [kGemmMr][kGemmKc/2] pairs
         for (int64_t k0 = 0; k0 < a.k; k0 += kGemmKc) {
             const int kc = (int)std::min<int64_t>(kGemmKc, a.k - k0), kp = (kc + 1) / 2;
             for (int s = 0; s < ns; ++s) {
                 const int64_t n0 = (int64_t)(s0 + s) * kGemmNr;
-                pack_w(a, n0, (int)std::min<int64_t>(kGemmNr, a.n - n0), k0, kc, panels + (size_t)s * 2 * kp * kGemmNr);
+                pack_w(a, n0, (int)std::min<int64_t>(kGemmNr, a.n - n0), k0, kc,
+                       panels + (size_t)s * 2 * kp * kGemmNr);
             }
             for (int r = r0; r < r1; r += kGemmMr) {
                 const int rows = std::min(kGemmMr, r1 - r);
@@ -186,7 +203,8 @@ void matmul_gemm_bf16(const Context& c, const MatmulArgs& a) {
                 for (int s = 0; s < ns; ++s) {
                     const int64_t n0 = (int64_t)(s0 + s) * kGemmNr;
                     const int nt     = (int)std::min<int64_t>(kGemmNr, a.n - n0);
-                    kMicro[rows - 1](kp, (const uint32_t*)xs, kp, (const uint32_t*)(panels + (size_t)s * 2 * kp * kGemmNr),
+                    kMicro[rows - 1](kp, (const uint32_t*)xs, kp,
+                                     (const uint32_t*)(panels + (size_t)s * 2 * kp * kGemmNr),
                                      a.y + (int64_t)r * a.ldy + n0, a.ldy, nt, k0 > 0);
                 }
             }

@@ -7,7 +7,8 @@ namespace g4::cpu {
 
 ThreadPool::ThreadPool(int threads) : n_threads_(threads < 1 ? 1 : threads) {
     threads_.reserve(n_threads_ - 1);
-    for (int i = 1; i < n_threads_; ++i) threads_.emplace_back(&ThreadPool::worker, this, i);
+    for (int i = 1; i < n_threads_; ++i)
+        threads_.emplace_back(&ThreadPool::worker, this, i);
 }
 
 ThreadPool::~ThreadPool() {
@@ -17,11 +18,13 @@ ThreadPool::~ThreadPool() {
         ++generation_;
     }
     cv_start_.notify_all();
-    for (auto& t : threads_) t.join();
+    for (auto& t : threads_)
+        t.join();
 }
 
 void ThreadPool::work(int id) {
-    for (int64_t i; (i = next_.fetch_add(1, std::memory_order_relaxed)) < n_;) fn_(ctx_, i, id);
+    for (int64_t i; (i = next_.fetch_add(1, std::memory_order_relaxed)) < n_;)
+        fn_(ctx_, i, id);
 }
 
 void ThreadPool::worker(int id) {
@@ -42,12 +45,13 @@ void ThreadPool::worker(int id) {
 void ThreadPool::run(int64_t n, Fn fn, void* ctx) {
     if (n <= 0) return;
     if (n_threads_ == 1 || n == 1) {
-        for (int64_t i = 0; i < n; ++i) fn(ctx, i, 0);
+        for (int64_t i = 0; i < n; ++i)
+            fn(ctx, i, 0);
         return;
     }
     {
         std::lock_guard<std::mutex> lk(mu_);
-        fn_ = fn;
+        fn_  = fn;
         ctx_ = ctx;
         n_   = n;
         next_.store(0);

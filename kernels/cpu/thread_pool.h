@@ -14,9 +14,9 @@ namespace g4::cpu {
 class ThreadPool {
 public:
     using Fn = void (*)(void* ctx, int64_t index, int thread);
-    explicit ThreadPool(int threads);   // threads >= 1; the caller's thread is worker 0
+    explicit ThreadPool(int threads); // threads >= 1; the caller's thread is worker 0
     ~ThreadPool();
-    ThreadPool(const ThreadPool&) = delete;
+    ThreadPool(const ThreadPool&)            = delete;
     ThreadPool& operator=(const ThreadPool&) = delete;
     int size() const { return n_threads_; }
 
@@ -44,6 +44,6 @@ private:
     std::atomic<int64_t> next_{0};
 };
 
-int default_thread_count();   // G4_THREADS env var, else hardware concurrency
+int default_thread_count(); // G4_THREADS env var, else hardware concurrency
 
 } // namespace g4::cpu

@@ -20,7 +20,9 @@ namespace g4::nf4 {
 
 namespace {
 
-constexpr uint64_t align16(uint64_t v) { return (v + 15) & ~uint64_t(15); }
+constexpr uint64_t align16(uint64_t v) {
+    return (v + 15) & ~uint64_t(15);
+}
 
 inline float load_f32(const uint8_t* p) {
     float f;
@@ -48,7 +50,7 @@ inline void decode_block_bytes(const uint8_t* src, int64_t nbytes, float s, floa
     }
     for (; i + 8 <= nbytes; i += 8) {
         __m128i b = _mm_loadl_epi64((const __m128i*)(src + i));
-        b         = _mm_unpacklo_epi8(b, b);   // b0 b0 b1 b1 ... b7 b7
+        b         = _mm_unpacklo_epi8(b, b); // b0 b0 b1 b1 ... b7 b7
         __m512i v = _mm512_and_si512(_mm512_srlv_epi32(_mm512_cvtepu8_epi32(b), sh), mask);
         _mm512_storeu_ps(out + 2 * i, _mm512_permutexvar_ps(v, lut));
     }
@@ -61,22 +63,23 @@ inline void decode_block_bytes(const uint8_t* src, int64_t nbytes, float s, floa
     for (; i + 4 <= nbytes; i += 4) {
         int32_t w;
         std::memcpy(&w, src + i, 4);
-        __m128i b = _mm_cvtsi32_si128(w);
-        b         = _mm_unpacklo_epi8(b, b);
-        __m256i v = _mm256_and_si256(_mm256_srlv_epi32(_mm256_cvtepu8_epi32(b), sh), mask);
-        __m256 lo = _mm256_permutevar8x32_ps(lut0, v);   // uses index bits 0..2
-        __m256 hi = _mm256_permutevar8x32_ps(lut1, v);
-        __m256 sel = _mm256_castsi256_ps(_mm256_slli_epi32(v, 28));   // index bit 3 -> sign bit
+        __m128i b  = _mm_cvtsi32_si128(w);
+        b          = _mm_unpacklo_epi8(b, b);
+        __m256i v  = _mm256_and_si256(_mm256_srlv_epi32(_mm256_cvtepu8_epi32(b), sh), mask);
+        __m256 lo  = _mm256_permutevar8x32_ps(lut0, v); // uses index bits 0..2
+        __m256 hi  = _mm256_permutevar8x32_ps(lut1, v);
+        __m256 sel = _mm256_castsi256_ps(_mm256_slli_epi32(v, 28)); // index bit 3 -> sign bit
         _mm256_storeu_ps(out + 2 * i, _mm256_blendv_ps(lo, hi, sel));
     }
 #endif
     if (i < nbytes) {
         float lut[16];
-        for (int c = 0; c < 16; ++c) lut[c] = kCodebook[c] * s;
+        for (int c = 0; c < 16; ++c)
+            lut[c] = kCodebook[c] * s;
         for (; i < nbytes; ++i) {
-            uint8_t b        = src[i];
-            out[2 * i]       = lut[b >> 4];
-            out[2 * i + 1]   = lut[b & 15];
+            uint8_t b      = src[i];
+            out[2 * i]     = lut[b >> 4];
+            out[2 * i + 1] = lut[b & 15];
         }
     }
 }
@@ -108,7 +111,8 @@ float block_absmax(const uint8_t* blob, const Layout& l, int64_t b) {
     if (!l.double_quant) return load_f32(blob + l.absmax_off + 4 * (uint64_t)b);
     uint8_t q = blob[l.absmax_off + (uint64_t)b];
     return mul_then_add(load_f32(blob + l.code2_off + 4 * (uint64_t)q),
-                        load_f32(blob + l.absmax2_off + 4 * (uint64_t)(b / kBlock2)), load_f32(blob + l.offset_off));
+                        load_f32(blob + l.absmax2_off + 4 * (uint64_t)(b / kBlock2)),
+                        load_f32(blob + l.offset_off));
 }
 
 float element(const uint8_t* blob, const Layout& l, int64_t i) {
@@ -124,7 +128,7 @@ void dequantize(const uint8_t* blob, const Layout& l, int64_t start, int64_t cou
         int64_t b    = i / kBlock;
         int64_t bend = std::min<int64_t>(end, (b + 1) * kBlock);
         float s      = block_absmax(blob, l, b);
-        if (i & 1) {   // only possible at the start of the range: blocks start on even elements
+        if (i & 1) { // only possible at the start of the range: blocks start on even elements
             *out++ = kCodebook[codes[i >> 1] & 15] * s;
             ++i;
         }
@@ -132,7 +136,7 @@ void dequantize(const uint8_t* blob, const Layout& l, int64_t start, int64_t cou
         decode_block_bytes(codes + (i >> 1), nbytes, s, out);
         out += 2 * nbytes;
         i += 2 * nbytes;
-        if (i < bend) {   // odd end of the range (or of an odd-length tensor)
+        if (i < bend) { // odd end of the range (or of an odd-length tensor)
             *out++ = kCodebook[codes[i >> 1] >> 4] * s;
             ++i;
         }

@@ -7,39 +7,60 @@ namespace g4 {
 
 const char* dtype_str(DType d) {
     switch (d) {
-    case DType::F32: return "f32";
-    case DType::BF16: return "bf16";
-    case DType::F16: return "f16";
-    case DType::I32: return "i32";
-    case DType::NF4: return "nf4";
+    case DType::F32:
+        return "f32";
+    case DType::BF16:
+        return "bf16";
+    case DType::F16:
+        return "f16";
+    case DType::I32:
+        return "i32";
+    case DType::NF4:
+        return "nf4";
     }
     return "?";
 }
 
 size_t dtype_bytes(DType d, int64_t n) {
     switch (d) {
-    case DType::F32: return (size_t)n * 4;
-    case DType::BF16: return (size_t)n * 2;
-    case DType::F16: return (size_t)n * 2;
-    case DType::I32: return (size_t)n * 4;
-    case DType::NF4: return (size_t)(n + 1) / 2;
+    case DType::F32:
+        return (size_t)n * 4;
+    case DType::BF16:
+        return (size_t)n * 2;
+    case DType::F16:
+        return (size_t)n * 2;
+    case DType::I32:
+        return (size_t)n * 4;
+    case DType::NF4:
+        return (size_t)(n + 1) / 2;
     }
     return 0;
 }
 
 const char* op_name(OpCode op) {
     switch (op) {
-    case OpCode::Embed: return "embed";
-    case OpCode::Matmul: return "matmul";
-    case OpCode::RmsNorm: return "rms_norm";
-    case OpCode::Add: return "add";
-    case OpCode::Scale: return "scale";
-    case OpCode::Rope: return "rope";
-    case OpCode::KvStore: return "kv_store";
-    case OpCode::Attention: return "attention";
-    case OpCode::GeluMul: return "gelu_mul";
-    case OpCode::Softcap: return "softcap";
-    case OpCode::Copy: return "copy";
+    case OpCode::Embed:
+        return "embed";
+    case OpCode::Matmul:
+        return "matmul";
+    case OpCode::RmsNorm:
+        return "rms_norm";
+    case OpCode::Add:
+        return "add";
+    case OpCode::Scale:
+        return "scale";
+    case OpCode::Rope:
+        return "rope";
+    case OpCode::KvStore:
+        return "kv_store";
+    case OpCode::Attention:
+        return "attention";
+    case OpCode::GeluMul:
+        return "gelu_mul";
+    case OpCode::Softcap:
+        return "softcap";
+    case OpCode::Copy:
+        return "copy";
     }
     return "unknown";
 }
@@ -54,7 +75,7 @@ float bf16_to_f32(uint16_t h) {
 uint16_t f32_to_bf16(float f) {
     uint32_t u;
     std::memcpy(&u, &f, 4);
-    if ((u & 0x7F800000u) == 0x7F800000u && (u & 0x007FFFFFu)) return (uint16_t)((u >> 16) | 0x40);   // NaN
+    if ((u & 0x7F800000u) == 0x7F800000u && (u & 0x007FFFFFu)) return (uint16_t)((u >> 16) | 0x40); // NaN
     u += 0x7FFFu + ((u >> 16) & 1u);
     return (uint16_t)(u >> 16);
 }

@@ -12,14 +12,17 @@ namespace g4::ref {
 static float half_to_f32(uint16_t h) {
     uint32_t sign = (uint32_t)(h >> 15) << 31, exp = (h >> 10) & 0x1F, man = h & 0x3FF, u;
     if (exp == 0) {
-        if (man == 0) u = sign;
+        if (man == 0)
+            u = sign;
         else {
             float f = std::ldexp((float)man, -24);
             std::memcpy(&u, &f, 4);
             u |= sign;
         }
-    } else if (exp == 31) u = sign | 0x7F800000u | (man << 13);
-    else u = sign | ((exp + 112) << 23) | (man << 13);
+    } else if (exp == 31)
+        u = sign | 0x7F800000u | (man << 13);
+    else
+        u = sign | ((exp + 112) << 23) | (man << 13);
     float f;
     std::memcpy(&f, &u, 4);
     return f;
@@ -27,16 +30,20 @@ static float half_to_f32(uint16_t h) {
 
 float load_weight(const void* w, DType dt, int64_t i) {
     switch (dt) {
-    case DType::F32: return ((const float*)w)[i];
-    case DType::BF16: return bf16_to_f32(((const uint16_t*)w)[i]);
-    case DType::F16: return half_to_f32(((const uint16_t*)w)[i]);
-    default: return NAN;
+    case DType::F32:
+        return ((const float*)w)[i];
+    case DType::BF16:
+        return bf16_to_f32(((const uint16_t*)w)[i]);
+    case DType::F16:
+        return half_to_f32(((const uint16_t*)w)[i]);
+    default:
+        return NAN;
     }
 }
 
 float gelu_tanh(float x) {
-    const double c = 0.7978845608028654;   // sqrt(2/pi)
-    double xd = x;
+    const double c = 0.7978845608028654; // sqrt(2/pi)
+    double xd      = x;
     return (float)(0.5 * xd * (1.0 + std::tanh(c * (xd + 0.044715 * xd * xd * xd))));
 }
 
@@ -47,14 +54,16 @@ void embed(const EmbedArgs& a) {
 }
 
 void matmul(const MatmulArgs& a) {
-    if (a.dt == DType::NF4) {   // element by element from the blob (load_weight has no NF4 layout)
+    if (a.dt == DType::NF4) { // element by element from the blob (load_weight has no NF4 layout)
         const nf4::Layout l = nf4::layout(a.n * a.k, a.nf4_double_quant);
         std::vector<float> row(a.k);
         for (int64_t n = 0; n < a.n; ++n) {
-            for (int64_t k = 0; k < a.k; ++k) row[k] = nf4::element((const uint8_t*)a.w, l, n * a.k + k);
+            for (int64_t k = 0; k < a.k; ++k)
+                row[k] = nf4::element((const uint8_t*)a.w, l, n * a.k + k);
             for (int t = 0; t < a.rows; ++t) {
                 double acc = 0;
-                for (int64_t k = 0; k < a.k; ++k) acc += (double)a.x[t * a.ldx + k] * row[k];
+                for (int64_t k = 0; k < a.k; ++k)
+                    acc += (double)a.x[t * a.ldx + k] * row[k];
                 a.y[t * a.ldy + n] = (float)acc;
             }
         }
@@ -63,7 +72,8 @@ void matmul(const MatmulArgs& a) {
     for (int t = 0; t < a.rows; ++t)
         for (int64_t n = 0; n < a.n; ++n) {
             double acc = 0;
-            for (int64_t k = 0; k < a.k; ++k) acc += (double)a.x[t * a.ldx + k] * load_weight(a.w, a.dt, n * a.k + k);
+            for (int64_t k = 0; k < a.k; ++k)
+                acc += (double)a.x[t * a.ldx + k] * load_weight(a.w, a.dt, n * a.k + k);
             a.y[t * a.ldy + n] = (float)acc;
         }
 }
@@ -74,26 +84,31 @@ void rms_norm(const RmsNormArgs& a) {
             const float* x = a.x + t * a.ldx + (int64_t)g * a.dim;
             float* y       = a.y + t * a.ldy + (int64_t)g * a.dim;
             double ss      = 0;
-            for (int i = 0; i < a.dim; ++i) ss += (double)x[i] * x[i];
+            for (int i = 0; i < a.dim; ++i)
+                ss += (double)x[i] * x[i];
             double r = std::pow(ss / a.dim + a.eps, -0.5);
-            for (int i = 0; i < a.dim; ++i) y[i] = (float)(x[i] * r * (a.w ? load_weight(a.w, a.wdt, i) : 1.0f));
+            for (int i = 0; i < a.dim; ++i)
+                y[i] = (float)(x[i] * r * (a.w ? load_weight(a.w, a.wdt, i) : 1.0f));
         }
 }
 
 void add(const BinaryArgs& a) {
     for (int t = 0; t < a.rows; ++t)
-        for (int i = 0; i < a.cols; ++i) a.y[t * a.ldy + i] = a.a[t * a.lda + i] + a.b[t * a.ldb + i];
+        for (int i = 0; i < a.cols; ++i)
+            a.y[t * a.ldy + i] = a.a[t * a.lda + i] + a.b[t * a.ldb + i];
 }
 
 void gelu_mul(const BinaryArgs& a) {
     for (int t = 0; t < a.rows; ++t)
-        for (int i = 0; i < a.cols; ++i) a.y[t * a.ldy + i] = gelu_tanh(a.a[t * a.lda + i]) * a.b[t * a.ldb + i];
+        for (int i = 0; i < a.cols; ++i)
+            a.y[t * a.ldy + i] = gelu_tanh(a.a[t * a.lda + i]) * a.b[t * a.ldb + i];
 }
 
 void scale(const ScaleArgs& a) {
     float s = a.s * (a.s_tensor ? load_weight(a.s_tensor, a.s_dt, 0) : 1.0f);
     for (int t = 0; t < a.rows; ++t)
-        for (int i = 0; i < a.cols; ++i) a.y[t * a.ldy + i] = a.x[t * a.ldx + i] * s;
+        for (int i = 0; i < a.cols; ++i)
+            a.y[t * a.ldy + i] = a.x[t * a.ldx + i] * s;
 }
 
 void softcap(const ScaleArgs& a) {
@@ -109,7 +124,7 @@ void rope(const RopeArgs& a) {
         for (int h = 0; h < a.heads; ++h) {
             float* x = a.x + t * a.ldx + (int64_t)h * a.dim;
             for (int k = 0; k < half; ++k) {
-                float ang = pos * a.inv_freq[k];   // fp32 product, as torch computes it
+                float ang = pos * a.inv_freq[k]; // fp32 product, as torch computes it
                 double c = std::cos((double)ang), s = std::sin((double)ang);
                 double x0 = x[k], x1 = x[k + half];
                 x[k]        = (float)(x0 * c - x1 * s);
@@ -121,13 +136,14 @@ void rope(const RopeArgs& a) {
 
 void kv_store(const KvStoreArgs& a) {
     for (int t = 0; t < a.rows; ++t) {
-        int64_t slot = (a.pos0 + t) % a.slots;
+        int64_t slot   = (a.pos0 + t) % a.slots;
         const float* k = a.k + t * a.ldk;
         const float* v = a.v + t * a.ldv;
         if (a.cache_dt == DType::BF16) {
             uint16_t* kc = (uint16_t*)a.k_cache + slot * a.width;
             uint16_t* vc = (uint16_t*)a.v_cache + slot * a.width;
-            for (int i = 0; i < a.width; ++i) kc[i] = f32_to_bf16(k[i]), vc[i] = f32_to_bf16(v[i]);
+            for (int i = 0; i < a.width; ++i)
+                kc[i] = f32_to_bf16(k[i]), vc[i] = f32_to_bf16(v[i]);
         } else {
             std::memcpy((float*)a.k_cache + slot * a.width, k, sizeof(float) * a.width);
             std::memcpy((float*)a.v_cache + slot * a.width, v, sizeof(float) * a.width);
@@ -150,17 +166,20 @@ void attention(const AttentionArgs& a) {
             for (int j = lo; j <= pos; ++j) {
                 const int64_t k0 = (int64_t)(j % a.slots) * width + (int64_t)kvh * a.dim;
                 double s         = 0;
-                for (int d = 0; d < a.dim; ++d) s += (double)q[d] * load_weight(a.k_cache, a.cache_dt, k0 + d);
+                for (int d = 0; d < a.dim; ++d)
+                    s += (double)q[d] * load_weight(a.k_cache, a.cache_dt, k0 + d);
                 p[j - lo] = s * a.scale;
                 mx        = std::max(mx, p[j - lo]);
             }
             double sum = 0;
-            for (double& v : p) sum += (v = std::exp(v - mx));
+            for (double& v : p)
+                sum += (v = std::exp(v - mx));
             float* y = a.y + t * a.ldy + (int64_t)h * a.dim;
             for (int d = 0; d < a.dim; ++d) {
                 double acc = 0;
                 for (int j = lo; j <= pos; ++j)
-                    acc += p[j - lo] * load_weight(a.v_cache, a.cache_dt, (int64_t)(j % a.slots) * width + (int64_t)kvh * a.dim + d);
+                    acc += p[j - lo] * load_weight(a.v_cache, a.cache_dt,
+                                                   (int64_t)(j % a.slots) * width + (int64_t)kvh * a.dim + d);
                 y[d] = (float)(acc / sum);
             }
         }

@@ -5,7 +5,7 @@
 
 namespace g4::ref {
 
-float load_weight(const void* w, DType dt, int64_t i);   // element i of a dense F32/BF16/F16 tensor
+float load_weight(const void* w, DType dt, int64_t i); // element i of a dense F32/BF16/F16 tensor
 
 void embed(const EmbedArgs& a);
 void matmul(const MatmulArgs& a);
@@ -16,7 +16,7 @@ void scale(const ScaleArgs& a);
 void softcap(const ScaleArgs& a);
 void rope(const RopeArgs& a);
 void kv_store(const KvStoreArgs& a);
-void attention(const AttentionArgs& a);   // uses a.scratch for at least `slots` floats
+void attention(const AttentionArgs& a); // uses a.scratch for at least `slots` floats
 
 float gelu_tanh(float x);
 

@@ -8,17 +8,28 @@ namespace g4::gemma4 {
 
 const char* weight_role_name(WeightRole r) {
     switch (r) {
-    case WeightRole::AttnProj: return "attn_proj";
-    case WeightRole::MlpProj: return "mlp_proj";
-    case WeightRole::Embedding: return "embedding";
-    case WeightRole::PleTable: return "ple_table";
-    case WeightRole::PleProj: return "ple_proj";
-    case WeightRole::Norm: return "norm";
-    case WeightRole::Scalar: return "scalar";
-    case WeightRole::Constant: return "constant";
-    case WeightRole::LoraBias: return "lora_bias";
-    case WeightRole::Tower: return "tower";
-    case WeightRole::TowerScalar: return "tower_scalar";
+    case WeightRole::AttnProj:
+        return "attn_proj";
+    case WeightRole::MlpProj:
+        return "mlp_proj";
+    case WeightRole::Embedding:
+        return "embedding";
+    case WeightRole::PleTable:
+        return "ple_table";
+    case WeightRole::PleProj:
+        return "ple_proj";
+    case WeightRole::Norm:
+        return "norm";
+    case WeightRole::Scalar:
+        return "scalar";
+    case WeightRole::Constant:
+        return "constant";
+    case WeightRole::LoraBias:
+        return "lora_bias";
+    case WeightRole::Tower:
+        return "tower";
+    case WeightRole::TowerScalar:
+        return "tower_scalar";
     }
     return "?";
 }
@@ -49,7 +60,7 @@ public:
         return (int)p.tensors.size() - 1;
     }
     int constant(const std::string& name, std::vector<float> data) {
-        int t                = weight(name, {(int64_t)data.size()}, WeightRole::Constant);
+        int t                 = weight(name, {(int64_t)data.size()}, WeightRole::Constant);
         p.tensors[t].constant = std::move(data);
         return t;
     }
@@ -77,12 +88,16 @@ public:
         OpDesc d{};
         d.op.code  = (uint16_t)code;
         d.op.layer = layer < 0 ? plan::kNoLayer : (uint16_t)layer;
-        for (int i = 0; i < 4; ++i) d.op.in[i] = -1;
-        for (int i = 0; i < 2; ++i) d.op.out[i] = -1;
+        for (int i = 0; i < 4; ++i)
+            d.op.in[i] = -1;
+        for (int i = 0; i < 2; ++i)
+            d.op.out[i] = -1;
         int i = 0;
-        for (View v : in) d.op.in[i] = v.t, d.op.in_col[i++] = v.col;
+        for (View v : in)
+            d.op.in[i] = v.t, d.op.in_col[i++] = v.col;
         i = 0;
-        for (View v : out) d.op.out[i] = v.t, d.op.out_col[i++] = v.col;
+        for (View v : out)
+            d.op.out[i] = v.t, d.op.out_col[i++] = v.col;
         d.op.row_mode = (int32_t)rm;
         d.name        = layer < 0 ? name : name + "-" + std::to_string(layer);
         p.ops.push_back(d);
@@ -90,11 +105,12 @@ public:
     }
 
     // y = x . W^T  (x: [T, K] activation, W: [N, K] weight)
-    int matmul(View x, int w, const std::string& name, int layer, RowMode rm = RowMode::All, int64_t rows = -1) {
-        int y = act(layer < 0 ? name : name + "-" + std::to_string(layer), p.tensors[w].dims[0], rows);
+    int matmul(View x, int w, const std::string& name, int layer, RowMode rm = RowMode::All,
+               int64_t rows = -1) {
+        int y    = act(layer < 0 ? name : name + "-" + std::to_string(layer), p.tensors[w].dims[0], rows);
         int bias = -1;
         if (o.biased.count(p.tensors[w].name)) {
-            bias                   = weight(p.tensors[w].name + ".lora_bias", {p.tensors[w].dims[0]}, WeightRole::LoraBias);
+            bias = weight(p.tensors[w].name + ".lora_bias", {p.tensors[w].dims[0]}, WeightRole::LoraBias);
             p.tensors[bias].bias_of = p.tensors[w].name;
         }
         emit(OpCode::Matmul, name, layer, {x, {w}, {bias}}, {{y}}, rm);
@@ -142,7 +158,9 @@ public:
     Program& p;
 };
 
-std::string lt(int il, const char* s) { return layer_tensor(il, s); }
+std::string lt(int il, const char* s) {
+    return layer_tensor(il, s);
+}
 
 } // namespace
 
@@ -150,7 +168,7 @@ Program build_text_program(const TextHParams& hp, const BuildOptions& opt) {
     Program prog;
     Builder b(hp, opt, prog);
     const int64_t H = hp.hidden_size, V = hp.vocab_size, L = hp.num_layers, P = hp.ple_dim;
-    const int nh    = hp.num_heads;
+    const int nh = hp.num_heads;
     // Sliding caches hold the window plus one chunk, so a chunk never overwrites keys its first row needs.
     prog.sliding_slots = std::min(opt.max_context, hp.sliding_window + opt.max_rows - 1);
 
@@ -164,7 +182,7 @@ Program build_text_program(const TextHParams& hp, const BuildOptions& opt) {
         prog.tensors.push_back(ids);
         prog.ids = (int)prog.tensors.size() - 1;
     }
-    const int w_embed = b.weight("embed_tokens.weight", {V, H}, WeightRole::Embedding);
+    const int w_embed          = b.weight("embed_tokens.weight", {V, H}, WeightRole::Embedding);
     const int inv_freq_sliding = b.constant("rope_inv_freq.sliding", rope_inv_freq(hp, LayerType::Sliding));
     const int inv_freq_full    = b.constant("rope_inv_freq.full", rope_inv_freq(hp, LayerType::Full));
 
@@ -180,13 +198,14 @@ Program build_text_program(const TextHParams& hp, const BuildOptions& opt) {
     // 2^-1/2 (docs/gemma4.md "Per-layer embeddings").
     int ple = -1;
     if (P > 0) {
-        const int w_ple_table = b.weight("embed_tokens_per_layer.weight", {hp.ple_vocab_size, L * P}, WeightRole::PleTable);
-        const int w_ple_proj  = b.weight("per_layer_model_projection.weight", {L * P, H}, WeightRole::PleProj);
-        const int w_ple_norm  = b.weight("per_layer_projection_norm.weight", {P}, WeightRole::Norm);
-        int ple_tok           = b.act("ple_tok", L * P);
-        PlanOp& op            = b.emit(OpCode::Embed, "ple_tok", -1, {{prog.ids}, {w_ple_table}}, {{ple_tok}});
-        op.fp[0]              = std::sqrt((float)P);
-        int ple_ctx           = b.matmul({x}, w_ple_proj, "ple_ctx", -1);
+        const int w_ple_table =
+            b.weight("embed_tokens_per_layer.weight", {hp.ple_vocab_size, L * P}, WeightRole::PleTable);
+        const int w_ple_proj = b.weight("per_layer_model_projection.weight", {L * P, H}, WeightRole::PleProj);
+        const int w_ple_norm = b.weight("per_layer_projection_norm.weight", {P}, WeightRole::Norm);
+        int ple_tok          = b.act("ple_tok", L * P);
+        PlanOp& op           = b.emit(OpCode::Embed, "ple_tok", -1, {{prog.ids}, {w_ple_table}}, {{ple_tok}});
+        op.fp[0]             = std::sqrt((float)P);
+        int ple_ctx          = b.matmul({x}, w_ple_proj, "ple_ctx", -1);
         b.scale(ple_ctx, (float)(1.0 / std::sqrt((double)H)), -1, "ple_ctx_scaled", -1);
         b.rms_norm({ple_ctx}, w_ple_norm, L * P, (int)P, ple_ctx, "ple_ctx_norm", -1);
         ple = b.add(ple_ctx, ple_tok, "ple", -1);
@@ -197,20 +216,22 @@ Program build_text_program(const TextHParams& hp, const BuildOptions& opt) {
     for (int il = 0; il < L; ++il) {
         const LayerInfo li = layer_info(hp, il);
         const int d = li.head_dim, nkv = li.num_kv_heads;
-        const bool full = li.type == LayerType::Full;
+        const bool full    = li.type == LayerType::Full;
         const int inv_freq = full ? inv_freq_full : inv_freq_sliding;
 
         // Attention block: x = x + post_attn_norm(o_proj(attn(rope(q_norm(q)), K, V)))
         // (docs/gemma4.md "Attention", "RoPE").
         int w_in_norm = b.weight(lt(il, "input_layernorm.weight"), {H}, WeightRole::Norm);
         int attn_norm = b.norm_new(x, w_in_norm, "attn_norm", il);
-        int w_q       = b.weight(lt(il, "self_attn.q_proj.weight"), {(int64_t)nh * d, H}, WeightRole::AttnProj);
-        int w_q_norm  = b.weight(lt(il, "self_attn.q_norm.weight"), {d}, WeightRole::Norm);
+        int w_q = b.weight(lt(il, "self_attn.q_proj.weight"), {(int64_t)nh * d, H}, WeightRole::AttnProj);
+        int w_q_norm = b.weight(lt(il, "self_attn.q_norm.weight"), {d}, WeightRole::Norm);
         // q, k, v projections first (one grouped launch on CUDA), then their norms, RoPE and the cache store.
         int q = b.matmul({attn_norm}, w_q, "q", il), k = -1, v = -1, w_k_norm = -1;
         if (!li.kv_shared) {
-            int w_k  = b.weight(lt(il, "self_attn.k_proj.weight"), {(int64_t)nkv * d, H}, WeightRole::AttnProj);
-            int w_v  = b.weight(lt(il, "self_attn.v_proj.weight"), {(int64_t)nkv * d, H}, WeightRole::AttnProj);
+            int w_k =
+                b.weight(lt(il, "self_attn.k_proj.weight"), {(int64_t)nkv * d, H}, WeightRole::AttnProj);
+            int w_v =
+                b.weight(lt(il, "self_attn.v_proj.weight"), {(int64_t)nkv * d, H}, WeightRole::AttnProj);
             w_k_norm = b.weight(lt(il, "self_attn.k_norm.weight"), {d}, WeightRole::Norm);
             k        = b.matmul({attn_norm}, w_k, "k", il);
             v        = b.matmul({attn_norm}, w_v, "v", il);
@@ -233,17 +254,18 @@ Program build_text_program(const TextHParams& hp, const BuildOptions& opt) {
         const int src = li.kv_source;
         int attn      = b.act("attn-" + std::to_string(il), (int64_t)nh * d);
         {
-            PlanOp& op = b.emit(OpCode::Attention, "attn", il, {{q}, {k_cache[src]}, {v_cache[src]}}, {{attn}});
-            op.ip[0]   = nh;
-            op.ip[1]   = nkv;
-            op.ip[2]   = d;
-            op.ip[3]   = slots[src];
+            PlanOp& op =
+                b.emit(OpCode::Attention, "attn", il, {{q}, {k_cache[src]}, {v_cache[src]}}, {{attn}});
+            op.ip[0] = nh;
+            op.ip[1] = nkv;
+            op.ip[2] = d;
+            op.ip[3] = slots[src];
             // A window of max_context or more hides no key any position can have (HF's mask then masks
             // nothing either): clamped, the plan's caches and the runtime's checks see a window that fits.
             op.ip[4] = full ? 0 : std::min(hp.sliding_window, opt.max_context);
-            op.fp[0]   = 1.0f;   // Gemma 4: q/k norms replace 1/sqrt(d)
+            op.fp[0] = 1.0f; // Gemma 4: q/k norms replace 1/sqrt(d)
         }
-        int w_o         = b.weight(lt(il, "self_attn.o_proj.weight"), {H, (int64_t)nh * d}, WeightRole::AttnProj);
+        int w_o = b.weight(lt(il, "self_attn.o_proj.weight"), {H, (int64_t)nh * d}, WeightRole::AttnProj);
         int w_post_attn = b.weight(lt(il, "post_attention_layernorm.weight"), {H}, WeightRole::Norm);
         int attn_o      = b.matmul({attn}, w_o, "attn_o", il);
         b.rms_norm({attn_o}, w_post_attn, H, (int)H, attn_o, "attn_post_norm", il);
@@ -283,12 +305,14 @@ Program build_text_program(const TextHParams& hp, const BuildOptions& opt) {
     int w_norm = b.weight("norm.weight", {H}, WeightRole::Norm);
     int h      = b.act("result_norm", H, opt.logits_rows);
     b.rms_norm({x}, w_norm, H, (int)H, h, "result_norm", -1, RowMode::TailIn);
-    const int w_head = opt.separate_lm_head ? b.weight("lm_head.weight", {V, H}, WeightRole::Embedding) : w_embed;
-    prog.logits      = b.matmul({h}, w_head, "result_output", -1, RowMode::OutRows, opt.logits_rows);
+    const int w_head =
+        opt.separate_lm_head ? b.weight("lm_head.weight", {V, H}, WeightRole::Embedding) : w_embed;
+    prog.logits = b.matmul({h}, w_head, "result_output", -1, RowMode::OutRows, opt.logits_rows);
     if (hp.final_logit_softcap > 0) {
-        PlanOp& op = b.emit(OpCode::Softcap, "result_softcap", -1, {{prog.logits}}, {{prog.logits}}, RowMode::OutRows);
-        op.ip[0]   = (int32_t)V;
-        op.fp[0]   = hp.final_logit_softcap;
+        PlanOp& op =
+            b.emit(OpCode::Softcap, "result_softcap", -1, {{prog.logits}}, {{prog.logits}}, RowMode::OutRows);
+        op.ip[0] = (int32_t)V;
+        op.fp[0] = hp.final_logit_softcap;
     }
     return prog;
 }

@@ -14,51 +14,52 @@ namespace g4::gemma4 {
 
 // What a weight is, so the compiler's dtype/quantization policy can decide per tensor.
 enum class WeightRole : uint8_t {
-    AttnProj,        // q/k/v/o projections of the text decoder
-    MlpProj,         // gate/up/down
-    Embedding,       // embed_tokens (also the tied LM head)
-    PleTable,        // embed_tokens_per_layer
-    PleProj,         // per_layer_model_projection, per_layer_input_gate, per_layer_projection
-    Norm,            // RMSNorm weights
-    Scalar,          // layer_scalar
-    Constant,        // computed by the compiler (RoPE inverse frequencies), always f32
-    LoraBias,        // bias added by a LoRA adapter (lora_bias), f32 [N]
-    Tower,           // vision/audio tower and its embedder (read by runtime/src/towers on the CPU, no ops)
-    TowerScalar,     // a tower's 0-d tensor (ClippableLinear bounds), stored as [1]
+    AttnProj,    // q/k/v/o projections of the text decoder
+    MlpProj,     // gate/up/down
+    Embedding,   // embed_tokens (also the tied LM head)
+    PleTable,    // embed_tokens_per_layer
+    PleProj,     // per_layer_model_projection, per_layer_input_gate, per_layer_projection
+    Norm,        // RMSNorm weights
+    Scalar,      // layer_scalar
+    Constant,    // computed by the compiler (RoPE inverse frequencies), always f32
+    LoraBias,    // bias added by a LoRA adapter (lora_bias), f32 [N]
+    Tower,       // vision/audio tower and its embedder (read by runtime/src/towers on the CPU, no ops)
+    TowerScalar, // a tower's 0-d tensor (ClippableLinear bounds), stored as [1]
 };
 const char* weight_role_name(WeightRole r);
 
 struct TensorDesc {
-    std::string name;                  // plan name; for checkpoint weights the HF name (relative)
+    std::string name; // plan name; for checkpoint weights the HF name (relative)
     plan::TensorKind kind;
-    DType dtype = DType::F32;          // activations f32; KV caches BuildOptions::kv_dtype; weights decided by the compiler
+    DType dtype =
+        DType::F32; // activations f32; KV caches BuildOptions::kv_dtype; weights decided by the compiler
     std::vector<int64_t> dims;
     WeightRole role = WeightRole::Constant;
-    std::vector<float> constant;       // data of Constant weights
-    std::string bias_of;               // LoraBias: the weight whose matmul it follows
+    std::vector<float> constant; // data of Constant weights
+    std::string bias_of;         // LoraBias: the weight whose matmul it follows
 };
 
 struct OpDesc {
-    plan::PlanOp op;                   // name field unused here; `name` below
+    plan::PlanOp op; // name field unused here; `name` below
     std::string name;
 };
 
 struct BuildOptions {
-    int max_rows     = 64;             // tokens per step (prefill chunk)
-    int max_context  = 4096;           // positions held by full-attention caches
-    int logits_rows  = 16;             // rows of logits one step can produce
-    DType kv_dtype   = DType::F32;     // KV cache storage: F32 or BF16
-    std::set<std::string> biased;      // weights (relative HF names) whose matmul gets a LoRA bias
-    bool separate_lm_head = false;     // LM head as its own tensor "lm_head.weight" (untied from the input
-                                       // embedding, e.g. when an adapter replaces embed_tokens)
+    int max_rows    = 64;          // tokens per step (prefill chunk)
+    int max_context = 4096;        // positions held by full-attention caches
+    int logits_rows = 16;          // rows of logits one step can produce
+    DType kv_dtype  = DType::F32;  // KV cache storage: F32 or BF16
+    std::set<std::string> biased;  // weights (relative HF names) whose matmul gets a LoRA bias
+    bool separate_lm_head = false; // LM head as its own tensor "lm_head.weight" (untied from the input
+                                   // embedding, e.g. when an adapter replaces embed_tokens)
 };
 
 struct Program {
     std::vector<TensorDesc> tensors;
     std::vector<OpDesc> ops;
-    int ids = -1;                      // Input tensor [max_rows] i32
-    int logits = -1;                   // Activation [logits_rows, V]
-    int sliding_slots = 0;             // ring size of sliding-layer caches
+    int ids           = -1; // Input tensor [max_rows] i32
+    int logits        = -1; // Activation [logits_rows, V]
+    int sliding_slots = 0;  // ring size of sliding-layer caches
 };
 
 // Builds the full prefill/decode program. hp must pass validate().

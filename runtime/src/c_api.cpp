@@ -1,14 +1,14 @@
 // The C API (runtime/include/g4/g4.h) over the plan reader and CPU executor. Every entry point
 // catches everything: no exception crosses the boundary.
 #include "g4/g4.h"
+#include "models/gemma4/graph.h"
+#include "runtime/src/chat_template.h"
+#include "runtime/src/cuda/workspace.h"
 #include "runtime/src/engine.h"
 #include "runtime/src/env.h"
 #include "runtime/src/executor.h"
 #include "runtime/src/sampler.h"
-#include "runtime/src/cuda/workspace.h"
-#include "runtime/src/chat_template.h"
 #include "runtime/src/text_stream.h"
-#include "models/gemma4/graph.h"
 
 #include <algorithm>
 #include <chrono>
@@ -16,8 +16,8 @@
 #include <cstring>
 #include <mutex>
 #include <new>
-#include <unordered_set>
 #include <string>
+#include <unordered_set>
 
 using g4_clock = std::chrono::steady_clock;
 
@@ -45,20 +45,24 @@ bool handle_live(const void* h) {
     std::lock_guard<std::mutex> lk(g_handles_mu);
     return h && g_handles.count(h) > 0;
 }
-bool engine_ok(const g4_engine* e) { return handle_live(e) && e->magic == 0x67346531; }
-bool session_ok(const g4_session* s) { return handle_live(s) && s->magic == 0x67347331; }
+bool engine_ok(const g4_engine* e) {
+    return handle_live(e) && e->magic == 0x67346531;
+}
+bool session_ok(const g4_session* s) {
+    return handle_live(s) && s->magic == 0x67347331;
+}
 
 #define G4_GUARD_BEGIN try {
-#define G4_GUARD_END                                                                         \
-    }                                                                                        \
-    catch (const std::bad_alloc&) {                                                          \
-        return set_error(G4_ERR_OUT_OF_MEMORY, "out of memory");                            \
-    }                                                                                        \
-    catch (const std::exception& ex) {                                                       \
-        return set_error(G4_ERR_INTERNAL, std::string("internal error: ") + ex.what());     \
-    }                                                                                        \
-    catch (...) {                                                                            \
-        return set_error(G4_ERR_INTERNAL, "internal error");                                \
+#define G4_GUARD_END                                                                                         \
+    }                                                                                                        \
+    catch (const std::bad_alloc&) {                                                                          \
+        return set_error(G4_ERR_OUT_OF_MEMORY, "out of memory");                                             \
+    }                                                                                                        \
+    catch (const std::exception& ex) {                                                                       \
+        return set_error(G4_ERR_INTERNAL, std::string("internal error: ") + ex.what());                      \
+    }                                                                                                        \
+    catch (...) {                                                                                            \
+        return set_error(G4_ERR_INTERNAL, "internal error");                                                 \
     }
 
 void* aligned_zalloc(size_t n) {
@@ -85,27 +89,43 @@ template <class F> static g4_status media_call(double* ms, int64_t* tokens, int3
 
 extern "C" {
 
-const char* g4_runtime_version(void) { return G4_VERSION_STRING; }
+const char* g4_runtime_version(void) {
+    return G4_VERSION_STRING;
+}
 
 const char* g4_status_string(g4_status s) {
     switch (s) {
-    case G4_OK: return "ok";
-    case G4_ERR_INVALID_ARGUMENT: return "invalid argument";
-    case G4_ERR_IO: return "i/o error";
-    case G4_ERR_PLAN_VERSION: return "incompatible plan version";
-    case G4_ERR_PLAN_CORRUPT: return "corrupt plan";
-    case G4_ERR_OUT_OF_MEMORY: return "out of memory";
-    case G4_ERR_CONTEXT_FULL: return "context full";
-    case G4_ERR_CANCELLED: return "cancelled";
-    case G4_ERR_UNSUPPORTED: return "unsupported";
-    case G4_ERR_INTERNAL: return "internal error";
-    case G4_ERR_BUFFER_TOO_SMALL: return "buffer too small";
-    case G4_ERR_NO_TOKENIZER: return "no tokenizer in plan";
+    case G4_OK:
+        return "ok";
+    case G4_ERR_INVALID_ARGUMENT:
+        return "invalid argument";
+    case G4_ERR_IO:
+        return "i/o error";
+    case G4_ERR_PLAN_VERSION:
+        return "incompatible plan version";
+    case G4_ERR_PLAN_CORRUPT:
+        return "corrupt plan";
+    case G4_ERR_OUT_OF_MEMORY:
+        return "out of memory";
+    case G4_ERR_CONTEXT_FULL:
+        return "context full";
+    case G4_ERR_CANCELLED:
+        return "cancelled";
+    case G4_ERR_UNSUPPORTED:
+        return "unsupported";
+    case G4_ERR_INTERNAL:
+        return "internal error";
+    case G4_ERR_BUFFER_TOO_SMALL:
+        return "buffer too small";
+    case G4_ERR_NO_TOKENIZER:
+        return "no tokenizer in plan";
     }
     return "unknown status";
 }
 
-const char* g4_last_error_message(void) { return t_last_error.c_str(); }
+const char* g4_last_error_message(void) {
+    return t_last_error.c_str();
+}
 
 g4_engine_params g4_engine_params_default(void) {
     g4_engine_params p;
@@ -115,13 +135,14 @@ g4_engine_params g4_engine_params_default(void) {
 
 g4_status g4_engine_open(const char* path, const g4_engine_params* params, g4_engine** out_engine) {
     G4_GUARD_BEGIN
-    if (!path || !out_engine) return set_error(G4_ERR_INVALID_ARGUMENT, "g4_engine_open: path and out_engine must not be NULL");
-    *out_engine = nullptr;
-    auto t_open = g4_clock::now();
+    if (!path || !out_engine)
+        return set_error(G4_ERR_INVALID_ARGUMENT, "g4_engine_open: path and out_engine must not be NULL");
+    *out_engine          = nullptr;
+    auto t_open          = g4_clock::now();
     g4_engine_params prm = params ? *params : g4_engine_params_default();
     auto* e              = new g4_engine();
     std::string err;
-    g4_status st = e->plan.load(path, prm.verify_weights != 0, &err);   // validates every record
+    g4_status st = e->plan.load(path, prm.verify_weights != 0, &err); // validates every record
     if (st != G4_OK) {
         delete e;
         return set_error(st, err);
@@ -135,7 +156,8 @@ g4_status g4_engine_open(const char* path, const g4_engine_params* params, g4_en
         }
     } else if (e->plan.device() != "cpu") {
         delete e;
-        return set_error(G4_ERR_UNSUPPORTED, std::string(path) + ": plan for unknown device '" + e->plan.device() + "'");
+        return set_error(G4_ERR_UNSUPPORTED,
+                         std::string(path) + ": plan for unknown device '" + e->plan.device() + "'");
     } else {
         // A step gathers one row of the per-layer-embedding table per token: read-ahead around those
         // faults would make megabytes of the table resident for each token seen.
@@ -149,7 +171,8 @@ g4_status g4_engine_open(const char* path, const g4_engine_params* params, g4_en
         std::string terr;
         if (!g4::Tokenizer::load_from_json(e->plan.tokenizer_json(), e->tokenizer.get(), &terr)) {
             delete e;
-            return set_error(G4_ERR_PLAN_CORRUPT, std::string(path) + ": embedded tokenizer: " + terr + "; re-run g4 compile");
+            return set_error(G4_ERR_PLAN_CORRUPT,
+                             std::string(path) + ": embedded tokenizer: " + terr + "; re-run g4 compile");
         }
     }
     const auto& in   = e->plan.info();
@@ -158,7 +181,9 @@ g4_status g4_engine_open(const char* path, const g4_engine_params* params, g4_en
                        (uint64_t)threads * g4::cpu::scratch_floats_per_thread(in.max_k, in.max_slots) * 4 +
                        (uint64_t)in.vocab_size * 12 + (uint64_t)in.max_context * 4;
     if (!in.vision_config.empty() || !in.audio_config.empty())
-        e->session_bytes += in.tower_session_bytes + g4::rt::media_block({.thread_floats = in.tower_thread_floats, .threads = threads}).total();
+        e->session_bytes +=
+            in.tower_session_bytes +
+            g4::rt::media_block({.thread_floats = in.tower_thread_floats, .threads = threads}).total();
     e->load_ms = std::chrono::duration<double, std::milli>(g4_clock::now() - t_open).count();
     handle_add(e);
     *out_engine = e;
@@ -174,17 +199,19 @@ void g4_engine_close(g4_engine* engine) {
 }
 
 g4_status g4_engine_get_info(const g4_engine* e, g4_engine_info* out) {
-    if (!engine_ok(e) || !out) return set_error(G4_ERR_INVALID_ARGUMENT, "g4_engine_get_info: invalid engine or NULL output");
+    if (!engine_ok(e) || !out)
+        return set_error(G4_ERR_INVALID_ARGUMENT, "g4_engine_get_info: invalid engine or NULL output");
     const auto& in = e->plan.info();
     std::memset(out, 0, sizeof *out);
-    out->vocab_size   = in.vocab_size;
-    out->max_context  = in.max_context;
-    out->max_chunk    = in.max_rows;
-    out->num_layers   = in.num_layers;
-    out->hidden_size  = in.hidden_size;
-    out->bos_token_id = in.bos_token_id;
+    out->vocab_size      = in.vocab_size;
+    out->max_context     = in.max_context;
+    out->max_chunk       = in.max_rows;
+    out->num_layers      = in.num_layers;
+    out->hidden_size     = in.hidden_size;
+    out->bos_token_id    = in.bos_token_id;
     out->n_eos_token_ids = (int32_t)std::min<size_t>(8, in.eos_token_ids.size());
-    for (int i = 0; i < out->n_eos_token_ids; ++i) out->eos_token_ids[i] = in.eos_token_ids[i];
+    for (int i = 0; i < out->n_eos_token_ids; ++i)
+        out->eos_token_ids[i] = in.eos_token_ids[i];
     out->weights_bytes = e->plan.weights_bytes();
     out->session_bytes = e->session_bytes;
     out->architecture  = e->plan.architecture().c_str();
@@ -212,9 +239,11 @@ g4_status g4_session_create(g4_engine* e, const g4_session_params* params, g4_se
     G4_GUARD_BEGIN
     if (!out) return set_error(G4_ERR_INVALID_ARGUMENT, "g4_session_create: out_session must not be NULL");
     *out = nullptr;
-    if (!engine_ok(e)) return set_error(G4_ERR_INVALID_ARGUMENT, "g4_session_create: invalid or closed engine");
+    if (!engine_ok(e))
+        return set_error(G4_ERR_INVALID_ARGUMENT, "g4_session_create: invalid or closed engine");
     g4_session_params prm = params ? *params : g4_session_params_default();
-    if (prm.n_threads < 0 || prm.n_threads > 1024) return set_error(G4_ERR_INVALID_ARGUMENT, "n_threads must be in 0..1024");
+    if (prm.n_threads < 0 || prm.n_threads > 1024)
+        return set_error(G4_ERR_INVALID_ARGUMENT, "n_threads must be in 0..1024");
     const auto& in = e->plan.info();
     auto* s        = new g4_session();
     s->engine      = e;
@@ -227,16 +256,17 @@ g4_status g4_session_create(g4_engine* e, const g4_session_params* params, g4_se
             return set_error(cst, cerr);
         }
     } else {
-        int threads    = prm.n_threads > 0 ? prm.n_threads : g4::cpu::default_thread_count();
-        s->pool        = std::make_unique<g4::cpu::ThreadPool>(threads);
-        size_t stride  = g4::cpu::scratch_floats_per_thread(in.max_k, in.max_slots);
-        s->scratch     = (float*)aligned_zalloc(stride * threads * sizeof(float));
-        s->act         = (uint8_t*)aligned_zalloc(in.act_arena_bytes);
-        s->kv          = (uint8_t*)aligned_zalloc(in.kv_arena_bytes);
+        int threads   = prm.n_threads > 0 ? prm.n_threads : g4::cpu::default_thread_count();
+        s->pool       = std::make_unique<g4::cpu::ThreadPool>(threads);
+        size_t stride = g4::cpu::scratch_floats_per_thread(in.max_k, in.max_slots);
+        s->scratch    = (float*)aligned_zalloc(stride * threads * sizeof(float));
+        s->act        = (uint8_t*)aligned_zalloc(in.act_arena_bytes);
+        s->kv         = (uint8_t*)aligned_zalloc(in.kv_arena_bytes);
         if (!s->scratch || !s->act || !s->kv) {
             std::free(s->scratch), std::free(s->act), std::free(s->kv);
             delete s;
-            return set_error(G4_ERR_OUT_OF_MEMORY, "cannot allocate " + std::to_string(e->session_bytes) + " bytes for the session");
+            return set_error(G4_ERR_OUT_OF_MEMORY, "cannot allocate " + std::to_string(e->session_bytes) +
+                                                       " bytes for the session");
         }
         s->ctx = {s->pool.get(), s->scratch, stride};
         g4::rt::bind_ops(s);
@@ -251,7 +281,8 @@ g4_status g4_session_create(g4_engine* e, const g4_session_params* params, g4_se
             return set_error(mst, merr);
         }
         for (size_t i = 0; i < e->plan.n_ops(); ++i)
-            if (e->plan.op(i).code == (uint16_t)g4::OpCode::Embed && std::strcmp(e->plan.str(e->plan.op(i).name), "inp_embd") == 0)
+            if (e->plan.op(i).code == (uint16_t)g4::OpCode::Embed &&
+                std::strcmp(e->plan.str(e->plan.op(i).name), "inp_embd") == 0)
                 s->embed_op = (int32_t)i;
     }
     s->last_logits.assign(in.vocab_size, 0.0f);
@@ -268,7 +299,7 @@ g4_status g4_session_create(g4_engine* e, const g4_session_params* params, g4_se
 
 // Frees a session's memory (registered or not).
 static void g4_session_destroy_unregistered(g4_session* s) {
-    if (!s->cuda) {   // a CUDA session's host arenas (CPU-placed layers) belong to its SessionState
+    if (!s->cuda) { // a CUDA session's host arenas (CPU-placed layers) belong to its SessionState
         std::free(s->scratch);
         std::free(s->act);
         std::free(s->kv);
@@ -285,39 +316,47 @@ void g4_session_destroy(g4_session* s) {
 }
 
 g4_status g4_session_reset(g4_session* s) {
-    if (!session_ok(s)) return set_error(G4_ERR_INVALID_ARGUMENT, "g4_session_reset: invalid or destroyed session");
-    s->position    = 0;
-    s->have_logits = false;
+    if (!session_ok(s))
+        return set_error(G4_ERR_INVALID_ARGUMENT, "g4_session_reset: invalid or destroyed session");
+    s->position         = 0;
+    s->have_logits      = false;
     s->logits_on_device = false;
-    s->rng_seeded  = false;
-    s->cancel      = false;
-    s->stats       = {};
+    s->rng_seeded       = false;
+    s->cancel           = false;
+    s->stats            = {};
     g4::rt::media_clear(s);
     if (s->cuda) g4::cuda_rt::session_reset(s);
     return G4_OK;
 }
 
-int32_t g4_session_position(const g4_session* s) { return session_ok(s) ? s->position : 0; }
+int32_t g4_session_position(const g4_session* s) {
+    return session_ok(s) ? s->position : 0;
+}
 
 void g4_session_cancel(g4_session* s) {
     if (session_ok(s)) s->cancel.store(true);
 }
 
-g4_status g4_session_append_tokens(g4_session* s, const int32_t* ids, size_t n, float* out_logits, size_t cap) {
+g4_status g4_session_append_tokens(g4_session* s, const int32_t* ids, size_t n, float* out_logits,
+                                   size_t cap) {
     G4_GUARD_BEGIN
-    if (!session_ok(s)) return set_error(G4_ERR_INVALID_ARGUMENT, "g4_session_append_tokens: invalid or destroyed session");
+    if (!session_ok(s))
+        return set_error(G4_ERR_INVALID_ARGUMENT, "g4_session_append_tokens: invalid or destroyed session");
     if (n == 0) return G4_OK;
     if (!ids) return set_error(G4_ERR_INVALID_ARGUMENT, "g4_session_append_tokens: ids is NULL");
-    const auto& in = s->engine->plan.info();
+    const auto& in  = s->engine->plan.info();
     const int32_t V = in.vocab_size;
     for (size_t i = 0; i < n; ++i)
         if ((ids[i] < 0 || ids[i] >= in.embed_vocab_limit) && !g4::rt::media_is_placeholder(s, ids[i]))
-            return set_error(G4_ERR_INVALID_ARGUMENT, "token id " + std::to_string(ids[i]) + " at index " + std::to_string(i) +
-                                                          " is outside the vocabulary (0.." + std::to_string(in.embed_vocab_limit - 1) + ")");
+            return set_error(G4_ERR_INVALID_ARGUMENT, "token id " + std::to_string(ids[i]) + " at index " +
+                                                          std::to_string(i) +
+                                                          " is outside the vocabulary (0.." +
+                                                          std::to_string(in.embed_vocab_limit - 1) + ")");
     if ((uint64_t)s->position + n > (uint64_t)in.max_context)
-        return set_error(G4_ERR_CONTEXT_FULL, "the context would hold " + std::to_string((uint64_t)s->position + n) +
-                                                  " tokens but the plan's max context is " + std::to_string(in.max_context) +
-                                                  " (recompile with a larger --max-context)");
+        return set_error(G4_ERR_CONTEXT_FULL,
+                         "the context would hold " + std::to_string((uint64_t)s->position + n) +
+                             " tokens but the plan's max context is " + std::to_string(in.max_context) +
+                             " (recompile with a larger --max-context)");
     if (out_logits && cap < n * (size_t)V)
         return set_error(G4_ERR_INVALID_ARGUMENT, "out_logits holds " + std::to_string(cap) + " floats; " +
                                                       std::to_string(n * (size_t)V) + " needed");
@@ -345,28 +384,35 @@ g4_status g4_session_append_tokens(g4_session* s, const int32_t* ids, size_t n, 
         std::memcpy(s->ids, ids + done, sizeof(int32_t) * rows);
         g4::rt::media_prepare_step(s, ids + done, rows);
         bool on_device = false;
-        st = s->cuda ? g4::cuda_rt::run_step(s, rows, s->position, outr, out_logits == nullptr, &on_device, &err)
-                     : g4::rt::run_step(s, rows, s->position, outr, &err);
+        st             = s->cuda
+                             ? g4::cuda_rt::run_step(s, rows, s->position, outr, out_logits == nullptr, &on_device, &err)
+                             : g4::rt::run_step(s, rows, s->position, outr, &err);
         g4::rt::media_end_step(s, st == G4_OK);
         if (st == G4_OK && on_device && out_logits) {
             st        = g4::cuda_rt::fetch_logits(s, &err);
             on_device = false;
         }
         if (st != G4_OK) break;
-        for (int32_t r = 0; r < rows; ++r) s->history[s->position + r] = ids[done + r] < V ? ids[done + r] : in.pad_token_id;
+        for (int32_t r = 0; r < rows; ++r)
+            s->history[s->position + r] = ids[done + r] < V ? ids[done + r] : in.pad_token_id;
         s->position += rows;
         if (out_logits) std::memcpy(out_logits + done * V, s->logits, sizeof(float) * (size_t)rows * V);
         s->logits_on_device = on_device;
-        if (outr > 0 && !on_device) std::memcpy(s->last_logits.data(), s->logits + (size_t)(outr - 1) * V, sizeof(float) * V);
+        if (outr > 0 && !on_device)
+            std::memcpy(s->last_logits.data(), s->logits + (size_t)(outr - 1) * V, sizeof(float) * V);
         s->have_logits = outr > 0;
         done += rows;
     }
     double ms = std::chrono::duration<double, std::milli>(g4_clock::now() - t0).count();
-    if (n == 1) s->stats.decode_ms += ms, s->stats.decode_tokens += (int64_t)done;
-    else s->stats.prefill_ms += ms, s->stats.prefill_tokens += (int64_t)done;
-    if (st == G4_ERR_CANCELLED) s->cancel.store(false);   // a cancellation is reported once
-    if (st != G4_OK) return set_error(st, st == G4_ERR_CANCELLED ? "cancelled after " + std::to_string(done) + " of " +
-                                                                       std::to_string(n) + " tokens" : err);
+    if (n == 1)
+        s->stats.decode_ms += ms, s->stats.decode_tokens += (int64_t)done;
+    else
+        s->stats.prefill_ms += ms, s->stats.prefill_tokens += (int64_t)done;
+    if (st == G4_ERR_CANCELLED) s->cancel.store(false); // a cancellation is reported once
+    if (st != G4_OK)
+        return set_error(st, st == G4_ERR_CANCELLED ? "cancelled after " + std::to_string(done) + " of " +
+                                                          std::to_string(n) + " tokens"
+                                                    : err);
     return G4_OK;
     G4_GUARD_END
 }
@@ -382,7 +428,8 @@ static g4_status fetch_device_logits(g4_session* s) {
 }
 
 g4_status g4_session_get_logits(const g4_session* s, const float** out, int32_t* out_vocab) {
-    if (!session_ok(s) || !out) return set_error(G4_ERR_INVALID_ARGUMENT, "g4_session_get_logits: invalid session or NULL output");
+    if (!session_ok(s) || !out)
+        return set_error(G4_ERR_INVALID_ARGUMENT, "g4_session_get_logits: invalid session or NULL output");
     if (!s->have_logits) return set_error(G4_ERR_INVALID_ARGUMENT, "no logits: feed tokens first");
     if (s->logits_on_device) {
         g4_status st = fetch_device_logits(const_cast<g4_session*>(s));
@@ -406,13 +453,15 @@ g4_sampling_params g4_sampling_params_default(void) {
 }
 
 g4_status g4_sampling_params_from_plan(const g4_engine* e, g4_sampling_params* out) {
-    if (!engine_ok(e) || !out) return set_error(G4_ERR_INVALID_ARGUMENT, "g4_sampling_params_from_plan: invalid engine or NULL output");
-    const auto& in   = e->plan.info();
-    *out             = g4_sampling_params_default();
-    out->temperature = in.do_sample ? in.temperature : 0.0f;
-    out->top_k       = in.top_k;
-    out->top_p       = in.top_p;
-    out->min_p       = in.min_p;
+    if (!engine_ok(e) || !out)
+        return set_error(G4_ERR_INVALID_ARGUMENT,
+                         "g4_sampling_params_from_plan: invalid engine or NULL output");
+    const auto& in      = e->plan.info();
+    *out                = g4_sampling_params_default();
+    out->temperature    = in.do_sample ? in.temperature : 0.0f;
+    out->top_k          = in.top_k;
+    out->top_p          = in.top_p;
+    out->min_p          = in.min_p;
     out->repeat_penalty = in.repetition_penalty;
     return G4_OK;
 }
@@ -426,12 +475,14 @@ g4_status g4_sampling_params_check(const g4_sampling_params* params) {
 
 g4_status g4_session_sample(g4_session* s, const g4_sampling_params* params, int32_t* out_token) {
     G4_GUARD_BEGIN
-    if (!session_ok(s) || !out_token) return set_error(G4_ERR_INVALID_ARGUMENT, "g4_session_sample: invalid session or NULL output");
-    if (!s->have_logits) return set_error(G4_ERR_INVALID_ARGUMENT, "g4_session_sample: no logits: feed tokens first");
+    if (!session_ok(s) || !out_token)
+        return set_error(G4_ERR_INVALID_ARGUMENT, "g4_session_sample: invalid session or NULL output");
+    if (!s->have_logits)
+        return set_error(G4_ERR_INVALID_ARGUMENT, "g4_session_sample: no logits: feed tokens first");
     g4_sampling_params p = params ? *params : g4_sampling_params_default();
     std::string bad      = g4::rt::check_sampling(p);
     if (!bad.empty()) return set_error(G4_ERR_INVALID_ARGUMENT, "sampling: " + bad);
-    struct Timer {   // sample_ms / sample_calls of every sampled token
+    struct Timer { // sample_ms / sample_calls of every sampled token
         g4_session* s;
         g4_clock::time_point t0 = g4_clock::now();
         ~Timer() {
@@ -454,27 +505,29 @@ g4_status g4_session_sample(g4_session* s, const g4_sampling_params* params, int
         // only they cross to the host. Top-p / min-p without top-k: the best kTopkMax with the row's
         // softmax normalizer, enough whenever the nucleus ends among them. Other settings (or a nucleus
         // wider than that) copy the logits row and sample on the CPU.
-        const int32_t vocab = (int32_t)s->last_logits.size();
-        const int32_t k     = p.temperature == 0.0f ? 1 : p.top_k;
-        static const bool gpu_sampling = !g4::rt::env::gpu_sampling_off();   // G4_GPU_SAMPLING=0: CPU sampler
+        const int32_t vocab            = (int32_t)s->last_logits.size();
+        const int32_t k                = p.temperature == 0.0f ? 1 : p.top_k;
+        static const bool gpu_sampling = !g4::rt::env::gpu_sampling_off(); // G4_GPU_SAMPLING=0: CPU sampler
         if (gpu_sampling && k > 0 && k <= g4::cuda_ws::kTopkMax && k < vocab) {
-            const float* values  = nullptr;
-            const int32_t* ids   = nullptr;
+            const float* values = nullptr;
+            const int32_t* ids  = nullptr;
             std::string err;
             g4_status st = g4::cuda_rt::device_topk(s, k, p.temperature, n_hist ? p.repeat_penalty : 1.0f,
-                                                    s->history.data() + (s->position - n_hist), n_hist, &values, &ids, nullptr, &err);
+                                                    s->history.data() + (s->position - n_hist), n_hist,
+                                                    &values, &ids, nullptr, &err);
             if (st != G4_OK) return set_error(st, err);
             *out_token = p.temperature == 0.0f ? ids[0] : g4::rt::sample_sorted(values, ids, k, p, s->rng);
             return G4_OK;
         }
         if (gpu_sampling && (p.top_k == 0 || p.top_k >= vocab) && (p.top_p < 1.0f || p.min_p > 0.0f)) {
-            const int32_t kn     = std::min<int32_t>(g4::cuda_ws::kTopkMax, vocab);
-            const float* values  = nullptr;
-            const int32_t* ids   = nullptr;
+            const int32_t kn    = std::min<int32_t>(g4::cuda_ws::kTopkMax, vocab);
+            const float* values = nullptr;
+            const int32_t* ids  = nullptr;
             g4::cuda_rt::RowNorm z{};
             std::string err;
             g4_status st = g4::cuda_rt::device_topk(s, kn, p.temperature, n_hist ? p.repeat_penalty : 1.0f,
-                                                    s->history.data() + (s->position - n_hist), n_hist, &values, &ids, &z, &err);
+                                                    s->history.data() + (s->position - n_hist), n_hist,
+                                                    &values, &ids, &z, &err);
             if (st != G4_OK) return set_error(st, err);
             const int32_t tok = g4::rt::sample_prefix(values, ids, kn, vocab, z.max, z.sum, p, s->rng);
             if (tok >= 0) {
@@ -485,14 +538,16 @@ g4_status g4_session_sample(g4_session* s, const g4_sampling_params* params, int
         g4_status st = fetch_device_logits(s);
         if (st != G4_OK) return st;
     }
-    *out_token = g4::rt::sample_token(s->last_logits.data(), (int32_t)s->last_logits.size(), p, s->history.data(), s->position,
-                                      s->sample_buf.data(), s->sample_idx.data(), s->sample_tmp.data(), s->rng);
+    *out_token = g4::rt::sample_token(s->last_logits.data(), (int32_t)s->last_logits.size(), p,
+                                      s->history.data(), s->position, s->sample_buf.data(),
+                                      s->sample_idx.data(), s->sample_tmp.data(), s->rng);
     return G4_OK;
     G4_GUARD_END
 }
 
 g4_status g4_session_get_stats(const g4_session* s, g4_session_stats* out) {
-    if (!session_ok(s) || !out) return set_error(G4_ERR_INVALID_ARGUMENT, "g4_session_get_stats: invalid session or NULL output");
+    if (!session_ok(s) || !out)
+        return set_error(G4_ERR_INVALID_ARGUMENT, "g4_session_get_stats: invalid session or NULL output");
     *out = s->stats;
     return G4_OK;
 }
@@ -505,17 +560,20 @@ namespace {
 
 template <class T> g4_status deliver(const T* data, size_t n, T* out, size_t cap, size_t* out_n) {
     if (out_n) *out_n = n;
-    if (cap < n || (n > 0 && !out)) return set_error(G4_ERR_BUFFER_TOO_SMALL, "output buffer holds " + std::to_string(cap) +
-                                                                                  " elements; " + std::to_string(n) + " needed");
+    if (cap < n || (n > 0 && !out))
+        return set_error(G4_ERR_BUFFER_TOO_SMALL, "output buffer holds " + std::to_string(cap) +
+                                                      " elements; " + std::to_string(n) + " needed");
     if (n) std::memcpy(out, data, n * sizeof(T));
     return G4_OK;
 }
 
 g4_status need_tokenizer(const g4_engine* e, const char* fn) {
-    if (!engine_ok(e)) return set_error(G4_ERR_INVALID_ARGUMENT, std::string(fn) + ": invalid or closed engine");
+    if (!engine_ok(e))
+        return set_error(G4_ERR_INVALID_ARGUMENT, std::string(fn) + ": invalid or closed engine");
     if (!e->tokenizer)
-        return set_error(G4_ERR_NO_TOKENIZER, std::string(fn) + ": the plan has no tokenizer (compile a checkpoint that has "
-                                                                 "tokenizer.json, or pass --tokenizer FILE to g4 compile)");
+        return set_error(G4_ERR_NO_TOKENIZER,
+                         std::string(fn) + ": the plan has no tokenizer (compile a checkpoint that has "
+                                           "tokenizer.json, or pass --tokenizer FILE to g4 compile)");
     return G4_OK;
 }
 
@@ -523,8 +581,8 @@ g4_status need_tokenizer(const g4_engine* e, const char* fn) {
 
 extern "C" {
 
-g4_status g4_tokenize(const g4_engine* e, const char* text, size_t len, int32_t add_special, int32_t* out_ids, size_t cap,
-                      size_t* out_n) {
+g4_status g4_tokenize(const g4_engine* e, const char* text, size_t len, int32_t add_special, int32_t* out_ids,
+                      size_t cap, size_t* out_n) {
     G4_GUARD_BEGIN
     if (g4_status st = need_tokenizer(e, "g4_tokenize")) return st;
     if (!text && len) return set_error(G4_ERR_INVALID_ARGUMENT, "g4_tokenize: text is NULL");
@@ -536,32 +594,35 @@ g4_status g4_tokenize(const g4_engine* e, const char* text, size_t len, int32_t 
     G4_GUARD_END
 }
 
-g4_status g4_detokenize(const g4_engine* e, const int32_t* ids, size_t n, int32_t skip_special, char* out, size_t cap,
-                        size_t* out_n) {
+g4_status g4_detokenize(const g4_engine* e, const int32_t* ids, size_t n, int32_t skip_special, char* out,
+                        size_t cap, size_t* out_n) {
     G4_GUARD_BEGIN
     if (g4_status st = need_tokenizer(e, "g4_detokenize")) return st;
     if (!ids && n) return set_error(G4_ERR_INVALID_ARGUMENT, "g4_detokenize: ids is NULL");
     std::string text;
-    if (!e->tokenizer->decode(ids, n, skip_special != 0, &text)) return set_error(G4_ERR_INVALID_ARGUMENT, "g4_detokenize failed");
+    if (!e->tokenizer->decode(ids, n, skip_special != 0, &text))
+        return set_error(G4_ERR_INVALID_ARGUMENT, "g4_detokenize failed");
     return deliver(text.data(), text.size(), out, cap, out_n);
     G4_GUARD_END
 }
 
-g4_status g4_chat_render(const g4_engine* e, const g4_chat_message* msgs, size_t n, int32_t add_generation_prompt, char* out,
-                         size_t cap, size_t* out_n) {
+g4_status g4_chat_render(const g4_engine* e, const g4_chat_message* msgs, size_t n,
+                         int32_t add_generation_prompt, char* out, size_t cap, size_t* out_n) {
     G4_GUARD_BEGIN
     if (g4_status st = need_tokenizer(e, "g4_chat_render")) return st;
     if (!msgs && n) return set_error(G4_ERR_INVALID_ARGUMENT, "g4_chat_render: messages is NULL");
     std::vector<g4::ChatMessage> v;
     for (size_t i = 0; i < n; ++i) {
         if (!msgs[i].role || !msgs[i].content)
-            return set_error(G4_ERR_INVALID_ARGUMENT, "g4_chat_render: message " + std::to_string(i) + " has a NULL role or content");
+            return set_error(G4_ERR_INVALID_ARGUMENT,
+                             "g4_chat_render: message " + std::to_string(i) + " has a NULL role or content");
         v.push_back({msgs[i].role, msgs[i].content});
     }
     g4::ChatOptions opt;
     opt.add_generation_prompt = add_generation_prompt != 0;
     std::string text, err;
-    if (!g4::render_chat(v, opt, &text, &err)) return set_error(G4_ERR_INVALID_ARGUMENT, "g4_chat_render: " + err);
+    if (!g4::render_chat(v, opt, &text, &err))
+        return set_error(G4_ERR_INVALID_ARGUMENT, "g4_chat_render: " + err);
     return deliver(text.data(), text.size(), out, cap, out_n);
     G4_GUARD_END
 }
@@ -575,11 +636,13 @@ g4_generate_params g4_generate_params_default(void) {
     return p;
 }
 
-g4_status g4_session_generate(g4_session* s, const g4_sampling_params* sampling, const g4_generate_params* params,
-                              g4_token_callback cb, void* user, int32_t* out_n) {
+g4_status g4_session_generate(g4_session* s, const g4_sampling_params* sampling,
+                              const g4_generate_params* params, g4_token_callback cb, void* user,
+                              int32_t* out_n) {
     G4_GUARD_BEGIN
     if (out_n) *out_n = 0;
-    if (!session_ok(s)) return set_error(G4_ERR_INVALID_ARGUMENT, "g4_session_generate: invalid or destroyed session");
+    if (!session_ok(s))
+        return set_error(G4_ERR_INVALID_ARGUMENT, "g4_session_generate: invalid or destroyed session");
     g4_generate_params gp = params ? *params : g4_generate_params_default();
     if (gp.max_tokens < 0) return set_error(G4_ERR_INVALID_ARGUMENT, "max_tokens must be >= 0");
     if (gp.n_stop && !gp.stop) return set_error(G4_ERR_INVALID_ARGUMENT, "stop is NULL but n_stop > 0");
@@ -587,12 +650,13 @@ g4_status g4_session_generate(g4_session* s, const g4_sampling_params* sampling,
     if (sampling && g4_sampling_params_check(sampling) != G4_OK) return G4_ERR_INVALID_ARGUMENT;
     std::vector<std::string> stops;
     for (size_t i = 0; i < gp.n_stop; ++i) {
-        if (!gp.stop[i] || !*gp.stop[i]) return set_error(G4_ERR_INVALID_ARGUMENT, "stop strings must be non-empty");
+        if (!gp.stop[i] || !*gp.stop[i])
+            return set_error(G4_ERR_INVALID_ARGUMENT, "stop strings must be non-empty");
         stops.emplace_back(gp.stop[i]);
     }
-    const g4_engine* e  = s->engine;
-    const auto& info    = e->plan.info();
-    auto t0             = s->prefill_start.time_since_epoch().count() ? s->prefill_start : g4_clock::now();
+    const g4_engine* e = s->engine;
+    const auto& info   = e->plan.info();
+    auto t0            = s->prefill_start.time_since_epoch().count() ? s->prefill_start : g4_clock::now();
     g4::TextStream stream(e->tokenizer ? e->tokenizer.get() : nullptr, stops);
     g4_status st   = G4_OK;
     int32_t n_done = 0;
@@ -601,11 +665,13 @@ g4_status g4_session_generate(g4_session* s, const g4_sampling_params* sampling,
         if ((st = g4_session_sample(s, sampling, &tok)) != G4_OK) break;
         if (!gp.ignore_eos && g4_engine_is_eos(e, tok)) break;
         if (s->position >= info.max_context) {
-            st = set_error(G4_ERR_CONTEXT_FULL, "context full: the plan's max context is " + std::to_string(info.max_context) + " tokens");
+            st = set_error(G4_ERR_CONTEXT_FULL, "context full: the plan's max context is " +
+                                                    std::to_string(info.max_context) + " tokens");
             break;
         }
         if ((st = g4_session_append_tokens(s, &tok, 1, nullptr, 0)) != G4_OK) break;
-        if (n_done == 0) s->stats.ttft_ms = std::chrono::duration<double, std::milli>(g4_clock::now() - t0).count();
+        if (n_done == 0)
+            s->stats.ttft_ms = std::chrono::duration<double, std::milli>(g4_clock::now() - t0).count();
         ++n_done;
         // Deliver the newly completed text (text_stream.h): an incomplete UTF-8 tail and anything that
         // could still become a stop string are held back.
@@ -625,7 +691,8 @@ g4_status g4_session_generate(g4_session* s, const g4_sampling_params* sampling,
 }
 
 g4_status g4_engine_get_media_info(const g4_engine* e, g4_media_info* out) {
-    if (!engine_ok(e) || !out) return set_error(G4_ERR_INVALID_ARGUMENT, "g4_engine_get_media_info: invalid engine or NULL out");
+    if (!engine_ok(e) || !out)
+        return set_error(G4_ERR_INVALID_ARGUMENT, "g4_engine_get_media_info: invalid engine or NULL out");
     const auto& in = e->plan.info();
     g4_media_info m{};
     m.has_vision        = !in.vision_config.empty();
@@ -643,28 +710,35 @@ g4_status g4_engine_get_media_info(const g4_engine* e, g4_media_info* out) {
     m.max_queued_tokens = in.max_media_tokens;
     m.vision_device     = in.vision_gpu ? e->plan.cuda_device() : -1;
     m.audio_device      = in.audio_gpu ? e->plan.cuda_device() : -1;
-    *out = m;
+    *out                = m;
     return G4_OK;
 }
 
-g4_status g4_session_add_image(g4_session* s, const uint8_t* rgb, int32_t width, int32_t height, int32_t* out_n_tokens) {
+g4_status g4_session_add_image(g4_session* s, const uint8_t* rgb, int32_t width, int32_t height,
+                               int32_t* out_n_tokens) {
     G4_GUARD_BEGIN
-    if (!session_ok(s)) return set_error(G4_ERR_INVALID_ARGUMENT, "g4_session_add_image: invalid or destroyed session");
-    return media_call(&s->stats.image_ms, &s->stats.image_tokens, out_n_tokens,
-                      [&](int32_t* n, std::string* err) { return g4::rt::media_add_image(s, rgb, width, height, n, err); });
+    if (!session_ok(s))
+        return set_error(G4_ERR_INVALID_ARGUMENT, "g4_session_add_image: invalid or destroyed session");
+    return media_call(
+        &s->stats.image_ms, &s->stats.image_tokens, out_n_tokens,
+        [&](int32_t* n, std::string* err) { return g4::rt::media_add_image(s, rgb, width, height, n, err); });
     G4_GUARD_END
 }
 
-g4_status g4_session_add_audio(g4_session* s, const float* samples, int64_t n_samples, int32_t* out_n_tokens) {
+g4_status g4_session_add_audio(g4_session* s, const float* samples, int64_t n_samples,
+                               int32_t* out_n_tokens) {
     G4_GUARD_BEGIN
-    if (!session_ok(s)) return set_error(G4_ERR_INVALID_ARGUMENT, "g4_session_add_audio: invalid or destroyed session");
-    return media_call(&s->stats.audio_ms, &s->stats.audio_tokens, out_n_tokens,
-                      [&](int32_t* n, std::string* err) { return g4::rt::media_add_audio(s, samples, n_samples, n, err); });
+    if (!session_ok(s))
+        return set_error(G4_ERR_INVALID_ARGUMENT, "g4_session_add_audio: invalid or destroyed session");
+    return media_call(
+        &s->stats.audio_ms, &s->stats.audio_tokens, out_n_tokens,
+        [&](int32_t* n, std::string* err) { return g4::rt::media_add_audio(s, samples, n_samples, n, err); });
     G4_GUARD_END
 }
 
 g4_status g4_session_clear_media(g4_session* s) {
-    if (!session_ok(s)) return set_error(G4_ERR_INVALID_ARGUMENT, "g4_session_clear_media: invalid or destroyed session");
+    if (!session_ok(s))
+        return set_error(G4_ERR_INVALID_ARGUMENT, "g4_session_clear_media: invalid or destroyed session");
     g4::rt::media_clear(s);
     return G4_OK;
 }

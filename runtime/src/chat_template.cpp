@@ -84,7 +84,8 @@ bool render_chat(const std::vector<ChatMessage>& messages, const ChatOptions& op
         if (messages[0].role == "system" || messages[0].role == "developer") {
             if (!messages[0].media.empty()) {
                 out->clear();
-                if (err) *err = "chat template: the " + messages[0].role + " message cannot hold images or audio";
+                if (err)
+                    *err = "chat template: the " + messages[0].role + " message cannot hold images or audio";
                 return false;
             }
             out->append("<|turn>system\n");

@@ -17,13 +17,13 @@
 #include <vector>
 
 struct g4_engine {
-    uint32_t magic = 0x67346531;   // "g4e1"; cleared on close to catch use after close
+    uint32_t magic = 0x67346531; // "g4e1"; cleared on close to catch use after close
     g4::plan::Plan plan;
     uint64_t session_bytes = 0;
     std::atomic<int> live_sessions{0};
-    std::unique_ptr<g4::Tokenizer> tokenizer;   // null if the plan has none
+    std::unique_ptr<g4::Tokenizer> tokenizer; // null if the plan has none
     double load_ms = 0;
-    std::unique_ptr<g4::cuda_rt::EngineState, g4::cuda_rt::EngineDeleter> cuda;   // CUDA plans only
+    std::unique_ptr<g4::cuda_rt::EngineState, g4::cuda_rt::EngineDeleter> cuda; // CUDA plans only
 };
 
 namespace g4::rt {
@@ -31,13 +31,13 @@ namespace g4::rt {
 // One op with its tensors resolved to addresses of the session's arenas and the plan's weights.
 struct BoundOp {
     const plan::PlanOp* op;
-    void* in[4];         // row 0 of each input view (column offset applied), nullptr if unused
-    int64_t in_ld[4];    // leading dimension (elements) of each input
+    void* in[4];      // row 0 of each input view (column offset applied), nullptr if unused
+    int64_t in_ld[4]; // leading dimension (elements) of each input
     DType in_dt[4];
     void* out[2];
     int64_t out_ld[2];
-    int64_t in_cols[4];  // columns in the viewed tensor after the column offset
-    int64_t in_rows[4];  // capacity in rows of each input tensor
+    int64_t in_cols[4]; // columns in the viewed tensor after the column offset
+    int64_t in_rows[4]; // capacity in rows of each input tensor
     int64_t out_cols[2];
     int64_t out_rows[2];
 };
@@ -48,31 +48,31 @@ std::string check_ops(const plan::Plan& p);
 } // namespace g4::rt
 
 struct g4_session {
-    uint32_t magic = 0x67347331;   // "g4s1"
+    uint32_t magic    = 0x67347331; // "g4s1"
     g4_engine* engine = nullptr;
     std::unique_ptr<g4::cpu::ThreadPool> pool;
     g4::cpu::Context ctx;
     float* scratch = nullptr;
-    uint8_t* act = nullptr;        // activation arena
-    uint8_t* kv  = nullptr;        // KV cache arena (hybrid CUDA plans: its host part, from plan offset kv_offset0)
+    uint8_t* act   = nullptr; // activation arena
+    uint8_t* kv = nullptr; // KV cache arena (hybrid CUDA plans: its host part, from plan offset kv_offset0)
     uint64_t kv_offset0 = 0;
     std::vector<g4::rt::BoundOp> ops;
-    int32_t* ids = nullptr;        // [max_rows] input of the program
-    const float* logits = nullptr; // [logits_rows, vocab] output of the program
-    int32_t position = 0;
-    bool have_logits = false;
-    bool logits_on_device = false;           // CUDA decode step: last_logits not filled yet (fetched on demand)
-    std::vector<float> last_logits;          // [vocab]
-    std::vector<int32_t> history;            // [max_context] tokens fed so far
-    std::vector<float> sample_buf;           // [vocab]
-    std::vector<int32_t> sample_idx;         // [vocab]
-    std::vector<int32_t> sample_tmp;         // [vocab]
+    int32_t* ids          = nullptr; // [max_rows] input of the program
+    const float* logits   = nullptr; // [logits_rows, vocab] output of the program
+    int32_t position      = 0;
+    bool have_logits      = false;
+    bool logits_on_device = false;   // CUDA decode step: last_logits not filled yet (fetched on demand)
+    std::vector<float> last_logits;  // [vocab]
+    std::vector<int32_t> history;    // [max_context] tokens fed so far
+    std::vector<float> sample_buf;   // [vocab]
+    std::vector<int32_t> sample_idx; // [vocab]
+    std::vector<int32_t> sample_tmp; // [vocab]
     std::mt19937_64 rng;
     bool rng_seeded = false;
     std::atomic<bool> cancel{false};
     g4_session_stats stats{};
     std::chrono::steady_clock::time_point prefill_start{};
-    std::unique_ptr<g4::cuda_rt::SessionState, g4::cuda_rt::SessionDeleter> cuda;   // CUDA plans only
-    std::unique_ptr<g4::rt::MediaState> media;   // plans with a vision/audio tower only
-    int32_t embed_op = -1;                       // the op computing inp_embd (placeholder rows are replaced after it)
+    std::unique_ptr<g4::cuda_rt::SessionState, g4::cuda_rt::SessionDeleter> cuda; // CUDA plans only
+    std::unique_ptr<g4::rt::MediaState> media; // plans with a vision/audio tower only
+    int32_t embed_op = -1; // the op computing inp_embd (placeholder rows are replaced after it)
 };

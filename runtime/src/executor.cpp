@@ -12,7 +12,9 @@ using plan::PlanTensor;
 using plan::RowMode;
 using plan::TensorKind;
 
-std::string check_ops(const plan::Plan& p) { return plan::check_program(p); }
+std::string check_ops(const plan::Plan& p) {
+    return plan::check_program(p);
+}
 
 namespace {
 constexpr int kAllDevices = -2;
@@ -26,9 +28,13 @@ void bind_with(g4_session* s, uint8_t* act, uint8_t* kv, uint64_t kv0, int dev) 
         *ld                 = t.ndim == 2 ? t.dims[1] : 0;
         uint8_t* base;
         switch ((TensorKind)t.kind) {
-        case TensorKind::Weight: return (void*)p.weight_data(t);
-        case TensorKind::KvCache: return kv + (t.offset - kv0) + dtype_bytes((DType)t.dtype, col);
-        default: base = act; break;
+        case TensorKind::Weight:
+            return (void*)p.weight_data(t);
+        case TensorKind::KvCache:
+            return kv + (t.offset - kv0) + dtype_bytes((DType)t.dtype, col);
+        default:
+            base = act;
+            break;
         }
         return base + t.offset + dtype_bytes((DType)t.dtype, col);
     };
@@ -41,12 +47,15 @@ void bind_with(g4_session* s, uint8_t* act, uint8_t* kv, uint64_t kv0, int dev) 
             b.in[k] = addr(b.op->in[k], b.op->in_col[k], &b.in_ld[k]);
             if (b.op->in[k] >= 0) b.in_dt[k] = (DType)p.tensor(b.op->in[k]).dtype;
         }
-        for (int k = 0; k < 2; ++k) b.out[k] = addr(b.op->out[k], b.op->out_col[k], &b.out_ld[k]);
+        for (int k = 0; k < 2; ++k)
+            b.out[k] = addr(b.op->out[k], b.op->out_col[k], &b.out_ld[k]);
     }
 }
 } // namespace
 
-void bind_ops(g4_session* s) { bind_with(s, s->act, s->kv, s->kv_offset0, s->engine->plan.hybrid() ? -1 : kAllDevices); }
+void bind_ops(g4_session* s) {
+    bind_with(s, s->act, s->kv, s->kv_offset0, s->engine->plan.hybrid() ? -1 : kAllDevices);
+}
 
 g4_status run_step(g4_session* s, int32_t rows, int32_t pos0, int32_t out_rows, std::string* err) {
     return run_ops(s, 0, s->ops.size(), rows, pos0, out_rows, err);
@@ -57,8 +66,8 @@ void bind_gpu_ops(g4_session* s, int gpu, uint8_t* gpu_act, uint8_t* gpu_kv) {
     bind_with(s, gpu_act, gpu_kv, g.kv_begin, gpu);
 }
 
-g4_status run_step_split(g4_session* s, const std::map<int, uint8_t*>& gpu_act, int32_t rows, int32_t pos0, int32_t out_rows,
-                         std::string* err) {
+g4_status run_step_split(g4_session* s, const std::map<int, uint8_t*>& gpu_act, int32_t rows, int32_t pos0,
+                         int32_t out_rows, std::string* err) {
     const plan::Plan& p = s->engine->plan;
     for (size_t i = 0; i < p.n_ops(); ++i) {
         const PlanOp& op = p.op(i);
@@ -71,14 +80,16 @@ g4_status run_step_split(g4_session* s, const std::map<int, uint8_t*>& gpu_act, 
         const uint64_t off = t.offset + (uint64_t)op.in_col[0] * 4, pitch = (uint64_t)t.dims[1] * 4;
         uint8_t* dst       = op.ip[1] < 0 ? s->act : gpu_act.at(op.ip[1]);
         const uint8_t* src = op.ip[2] < 0 ? s->act : gpu_act.at(op.ip[2]);
-        for (int32_t r = 0; r < rows; ++r) std::memcpy(dst + off + r * pitch, src + off + r * pitch, (size_t)op.ip[0] * 4);
+        for (int32_t r = 0; r < rows; ++r)
+            std::memcpy(dst + off + r * pitch, src + off + r * pitch, (size_t)op.ip[0] * 4);
     }
     return G4_OK;
 }
 
-g4_status run_ops(g4_session* s, size_t first, size_t end, int32_t rows, int32_t pos0, int32_t out_rows, std::string* err) {
-    const plan::Plan& p      = s->engine->plan;
-    const cpu::Context& ctx  = s->ctx;
+g4_status run_ops(g4_session* s, size_t first, size_t end, int32_t rows, int32_t pos0, int32_t out_rows,
+                  std::string* err) {
+    const plan::Plan& p     = s->engine->plan;
+    const cpu::Context& ctx = s->ctx;
     for (size_t i = first; i < end; ++i) {
         const BoundOp& b = s->ops[i];
         if (s->cancel.load(std::memory_order_relaxed)) {
@@ -89,55 +100,71 @@ g4_status run_ops(g4_session* s, size_t first, size_t end, int32_t rows, int32_t
         RowMode rm       = (RowMode)op.row_mode;
         int32_t n        = rm == RowMode::All ? rows : out_rows;
         if (n <= 0) continue;
-        int64_t in_row0  = rm == RowMode::TailIn ? rows - out_rows : 0;
-        auto I           = [&](int k) { return (float*)b.in[k] + in_row0 * b.in_ld[k]; };
-        auto O           = [&](int k) { return (float*)b.out[k]; };
+        int64_t in_row0 = rm == RowMode::TailIn ? rows - out_rows : 0;
+        auto I          = [&](int k) { return (float*)b.in[k] + in_row0 * b.in_ld[k]; };
+        auto O          = [&](int k) { return (float*)b.out[k]; };
         switch ((OpCode)op.code) {
         case OpCode::Embed: {
             const PlanTensor& tab = p.tensor(op.in[1]);
-            cpu::embed(ctx, {s->ids, b.in[1], b.in_dt[1], tab.dims[0], tab.dims[1], op.fp[0], O(0), b.out_ld[0], n});
-            if ((int32_t)i == s->embed_op && s->media)   // image/audio placeholders: the tower's rows, unscaled
+            cpu::embed(
+                ctx, {s->ids, b.in[1], b.in_dt[1], tab.dims[0], tab.dims[1], op.fp[0], O(0), b.out_ld[0], n});
+            if ((int32_t)i == s->embed_op && s->media) // image/audio placeholders: the tower's rows, unscaled
                 for (int32_t k = 0; k < s->media->step_n; ++k)
-                    std::memcpy(O(0) + (int64_t)s->media->step_row[k] * b.out_ld[0], s->media->step_src[k], sizeof(float) * tab.dims[1]);
+                    std::memcpy(O(0) + (int64_t)s->media->step_row[k] * b.out_ld[0], s->media->step_src[k],
+                                sizeof(float) * tab.dims[1]);
             break;
         }
         case OpCode::Matmul: {
             const PlanTensor& w = p.tensor(op.in[1]);
-            if (w.quant_flags & plan::kQuantTiled32) {   // the GPU's fused decode kernels' layout: CPU kernels read row-major
-                *err = "op '" + std::string(p.str(op.name)) + "': its NF4 weight is stored tiled for the GPU's fused MLP / attention-o kernels (sm_90 plans); "
-                       "the CPU kernels cannot read it (compile with --deterministic for a plan whose layers may run on the CPU)";
+            if (w.quant_flags &
+                plan::kQuantTiled32) { // the GPU's fused decode kernels' layout: CPU kernels read row-major
+                *err = "op '" + std::string(p.str(op.name)) +
+                       "': its NF4 weight is stored tiled for the GPU's fused MLP / attention-o kernels "
+                       "(sm_90 plans); "
+                       "the CPU kernels cannot read it (compile with --deterministic for a plan whose layers "
+                       "may run on the CPU)";
                 return G4_ERR_INTERNAL;
             }
             MatmulArgs ma{I(0), b.in_ld[0], b.in[1], b.in_dt[1], w.dims[0], w.dims[1], O(0), b.out_ld[0], n};
             ma.nf4_double_quant = (w.quant_flags & plan::kQuantDoubleQuant) != 0;
             cpu::matmul(ctx, ma);
-            if (b.in[2])   // LoRA bias, broadcast over rows
-                cpu::add(ctx, {O(0), b.out_ld[0], (const float*)b.in[2], 0, O(0), b.out_ld[0], n, (int32_t)w.dims[0]});
+            if (b.in[2]) // LoRA bias, broadcast over rows
+                cpu::add(ctx, {O(0), b.out_ld[0], (const float*)b.in[2], 0, O(0), b.out_ld[0], n,
+                               (int32_t)w.dims[0]});
             break;
         }
         case OpCode::RmsNorm:
-            cpu::rms_norm(ctx, {I(0), b.in_ld[0], b.in[1], b.in_dt[1], O(0), b.out_ld[0], n, op.ip[0], op.ip[1], op.fp[0]});
+            cpu::rms_norm(ctx, {I(0), b.in_ld[0], b.in[1], b.in_dt[1], O(0), b.out_ld[0], n, op.ip[0],
+                                op.ip[1], op.fp[0]});
             break;
-        case OpCode::Add: cpu::add(ctx, {I(0), b.in_ld[0], I(1), b.in_ld[1], O(0), b.out_ld[0], n, op.ip[0]}); break;
-        case OpCode::GeluMul: cpu::gelu_mul(ctx, {I(0), b.in_ld[0], I(1), b.in_ld[1], O(0), b.out_ld[0], n, op.ip[0]}); break;
+        case OpCode::Add:
+            cpu::add(ctx, {I(0), b.in_ld[0], I(1), b.in_ld[1], O(0), b.out_ld[0], n, op.ip[0]});
+            break;
+        case OpCode::GeluMul:
+            cpu::gelu_mul(ctx, {I(0), b.in_ld[0], I(1), b.in_ld[1], O(0), b.out_ld[0], n, op.ip[0]});
+            break;
         case OpCode::Scale:
-            cpu::scale(ctx, {I(0), b.in_ld[0], O(0), b.out_ld[0], n, op.ip[0], op.fp[0], b.in[1], b.in_dt[1], 0.0f});
+            cpu::scale(
+                ctx, {I(0), b.in_ld[0], O(0), b.out_ld[0], n, op.ip[0], op.fp[0], b.in[1], b.in_dt[1], 0.0f});
             break;
         case OpCode::Softcap:
-            cpu::softcap(ctx, {I(0), b.in_ld[0], O(0), b.out_ld[0], n, op.ip[0], 1.0f, nullptr, DType::F32, op.fp[0]});
+            cpu::softcap(
+                ctx, {I(0), b.in_ld[0], O(0), b.out_ld[0], n, op.ip[0], 1.0f, nullptr, DType::F32, op.fp[0]});
             break;
         case OpCode::Rope:
             cpu::rope(ctx, {I(0), b.in_ld[0], (const float*)b.in[1], n, op.ip[0], op.ip[1], pos0});
             break;
         case OpCode::KvStore:
-            cpu::kv_store(ctx, {I(0), b.in_ld[0], I(1), b.in_ld[1], b.out[0], b.out[1], n, op.ip[0], op.ip[1], pos0,
-                                (DType)p.tensor(op.out[0]).dtype});
+            cpu::kv_store(ctx, {I(0), b.in_ld[0], I(1), b.in_ld[1], b.out[0], b.out[1], n, op.ip[0], op.ip[1],
+                                pos0, (DType)p.tensor(op.out[0]).dtype});
             break;
         case OpCode::Attention:
-            cpu::attention(ctx, {I(0), b.in_ld[0], b.in[1], b.in[2], O(0), b.out_ld[0], n, op.ip[0], op.ip[1], op.ip[2], op.ip[3],
-                                 op.ip[4], pos0, op.fp[0], nullptr, b.in_dt[1]});
+            cpu::attention(ctx, {I(0), b.in_ld[0], b.in[1], b.in[2], O(0), b.out_ld[0], n, op.ip[0], op.ip[1],
+                                 op.ip[2], op.ip[3], op.ip[4], pos0, op.fp[0], nullptr, b.in_dt[1]});
             break;
-        default: *err = "internal: unknown op"; return G4_ERR_INTERNAL;
+        default:
+            *err = "internal: unknown op";
+            return G4_ERR_INTERNAL;
         }
     }
     return G4_OK;

@@ -14,7 +14,8 @@ g4_status run_step(g4_session* s, int32_t rows, int32_t pos0, int32_t out_rows, 
 // Runs ops first..end-1 of such a step (bound by bind_ops): a CPU plan's whole program, or a run of
 // CPU-placed ops of a hybrid CUDA plan (called on the CUDA stream's host-function thread). Not
 // reentrant for one session.
-g4_status run_ops(g4_session* s, size_t first, size_t end, int32_t rows, int32_t pos0, int32_t out_rows, std::string* err);
+g4_status run_ops(g4_session* s, size_t first, size_t end, int32_t rows, int32_t pos0, int32_t out_rows,
+                  std::string* err);
 
 // Reference execution of a cross-device CUDA plan on the CPU alone, for tests of the cross-device
 // rewrite: each GPU's ops run on the CPU kernels against a stand-in of that GPU's memory (gpu_act
@@ -25,7 +26,7 @@ g4_status run_ops(g4_session* s, size_t first, size_t end, int32_t rows, int32_t
 // GPU only if its copy steps and KV mirrors are complete. bind_gpu_ops binds GPU `gpu`'s ops once;
 // the buffers outlive the session's use. gpu_act: CUDA index -> that GPU's stand-in arena.
 void bind_gpu_ops(g4_session* s, int gpu, uint8_t* gpu_act, uint8_t* gpu_kv);
-g4_status run_step_split(g4_session* s, const std::map<int, uint8_t*>& gpu_act, int32_t rows, int32_t pos0, int32_t out_rows,
-                         std::string* err);
+g4_status run_step_split(g4_session* s, const std::map<int, uint8_t*>& gpu_act, int32_t rows, int32_t pos0,
+                         int32_t out_rows, std::string* err);
 
 } // namespace g4::rt

@@ -18,8 +18,10 @@ struct Norm {
 };
 template <class Value> Norm normalizer(int32_t n, Value value) {
     Norm z{-INFINITY, 0.0};
-    for (int32_t i = 0; i < n; ++i) z.mx = std::max(z.mx, value(i));
-    for (int32_t i = 0; i < n; ++i) z.sum += std::exp((double)value(i) - z.mx);
+    for (int32_t i = 0; i < n; ++i)
+        z.mx = std::max(z.mx, value(i));
+    for (int32_t i = 0; i < n; ++i)
+        z.sum += std::exp((double)value(i) - z.mx);
     return z;
 }
 
@@ -28,12 +30,13 @@ template <class Value> Norm normalizer(int32_t n, Value value) {
 // penalty and temperature; token(i): its id. z: the softmax's normalizer; by default over the n
 // candidates (after top-k), given when the candidates are a prefix of a longer row.
 template <class Value, class Token>
-int32_t draw(int32_t n, Value value, Token token, const g4_sampling_params& p, std::mt19937_64& rng, const Norm* z = nullptr) {
+int32_t draw(int32_t n, Value value, Token token, const g4_sampling_params& p, std::mt19937_64& rng,
+             const Norm* z = nullptr) {
     const Norm zn = z ? *z : normalizer(n, value);
     auto prob     = [&](int32_t i) { return zn.prob(value(i)); };
-    double total = -1;   // the mass of candidates 0..n-1 once known: top-p's sum is that very sum
+    double total  = -1; // the mass of candidates 0..n-1 once known: top-p's sum is that very sum
     if (p.top_p < 1.0f) {
-        double cum = 0;
+        double cum   = 0;
         int32_t keep = n;
         for (int32_t i = 0; i < n; ++i) {
             cum += prob(i);
@@ -46,15 +49,17 @@ int32_t draw(int32_t n, Value value, Token token, const g4_sampling_params& p, s
         n = std::max<int32_t>(1, keep);
     }
     if (p.min_p > 0.0f) {
-        double top = prob(0);
+        double top   = prob(0);
         int32_t keep = 1;
-        while (keep < n && prob(keep) >= p.min_p * top) ++keep;
+        while (keep < n && prob(keep) >= p.min_p * top)
+            ++keep;
         if (keep != n) total = -1;
         n = keep;
     }
     if (total < 0) {
         total = 0;
-        for (int32_t i = 0; i < n; ++i) total += prob(i);
+        for (int32_t i = 0; i < n; ++i)
+            total += prob(i);
     }
     double r = std::uniform_real_distribution<double>(0.0, total)(rng);
     for (int32_t i = 0; i < n; ++i) {
@@ -77,26 +82,31 @@ void radix_sort_by_logit(int32_t* first, int32_t n, const float* buf, int32_t* t
     int32_t *src = first, *dst = tmp;
     auto pass = [&](auto digit) {
         std::memset(count, 0, sizeof count);
-        for (int32_t i = 0; i < n; ++i) ++count[digit(src[i])];
+        for (int32_t i = 0; i < n; ++i)
+            ++count[digit(src[i])];
         uint32_t sum = 0;
         for (uint32_t& c : count) {
             const uint32_t t = c;
-            c = sum, sum += t;
+            c                = sum, sum += t;
         }
-        for (int32_t i = 0; i < n; ++i) dst[count[digit(src[i])]++] = src[i];
+        for (int32_t i = 0; i < n; ++i)
+            dst[count[digit(src[i])]++] = src[i];
         std::swap(src, dst);
     };
     int id_bits = 1;
-    while (id_bits < 31 && (int64_t(1) << id_bits) < vocab) ++id_bits;
-    for (int shift = 0; shift < id_bits; shift += kBits) pass([shift](int32_t t) { return ((uint32_t)t >> shift) & (kBuckets - 1); });
-    auto key = [buf](int32_t t) {   // descending value order as an ascending unsigned key
+    while (id_bits < 31 && (int64_t(1) << id_bits) < vocab)
+        ++id_bits;
+    for (int shift = 0; shift < id_bits; shift += kBits)
+        pass([shift](int32_t t) { return ((uint32_t)t >> shift) & (kBuckets - 1); });
+    auto key = [buf](int32_t t) { // descending value order as an ascending unsigned key
         uint32_t u;
         std::memcpy(&u, &buf[t], 4);
-        if (u == 0x80000000u) u = 0;   // -0.0 == 0.0
+        if (u == 0x80000000u) u = 0; // -0.0 == 0.0
         const uint32_t asc = u & 0x80000000u ? ~u : u | 0x80000000u;
         return ~asc;
     };
-    for (int shift = 0; shift < 32; shift += kBits) pass([&key, shift](int32_t t) { return (key(t) >> shift) & (kBuckets - 1); });
+    for (int shift = 0; shift < 32; shift += kBits)
+        pass([&key, shift](int32_t t) { return (key(t) >> shift) & (kBuckets - 1); });
     if (src != first) std::memcpy(first, src, sizeof(int32_t) * n);
 }
 
@@ -131,9 +141,11 @@ int32_t sample_token(const float* logits, int32_t vocab, const g4_sampling_param
             if (buf[i] > buf[best]) best = i;
         return best;
     }
-    for (int32_t i = 0; i < vocab; ++i) buf[i] /= p.temperature;
-    for (int32_t i = 0; i < vocab; ++i) idx[i] = i;
-    int32_t n   = vocab;
+    for (int32_t i = 0; i < vocab; ++i)
+        buf[i] /= p.temperature;
+    for (int32_t i = 0; i < vocab; ++i)
+        idx[i] = i;
+    int32_t n     = vocab;
     auto by_logit = [&](int32_t a, int32_t b) { return buf[a] > buf[b] || (buf[a] == buf[b] && a < b); };
     auto value    = [&](int32_t i) { return buf[idx[i]]; };
     auto token    = [&](int32_t i) { return idx[i]; };
@@ -153,7 +165,7 @@ int32_t sample_token(const float* logits, int32_t vocab, const g4_sampling_param
     // would have.
     const Norm z = normalizer(n, value);
     if (p.min_p > 0.0f) {
-        const double floor = p.min_p * (1.0 / z.sum);   // min_p * prob(top), prob(top) = exp(0) / sum
+        const double floor = p.min_p * (1.0 / z.sum); // min_p * prob(top), prob(top) = exp(0) / sum
         n = (int32_t)(std::partition(idx, idx + n, [&](int32_t t) { return z.prob(buf[t]) >= floor; }) - idx);
     }
     int32_t keep = n;
@@ -162,14 +174,15 @@ int32_t sample_token(const float* logits, int32_t vocab, const g4_sampling_param
         int32_t done = 0;
         double cum   = 0;
         for (int32_t k = std::min(n, 1024);; k = k >= n / 8 ? n : k * 8) {
-            if (k - done > kRadixMin || (done > 0 && cum < p.top_p / 4)) {   // a long nucleus ahead
+            if (k - done > kRadixMin || (done > 0 && cum < p.top_p / 4)) { // a long nucleus ahead
                 radix_sort_by_logit(idx + done, n - done, buf, tmp, vocab);
                 k = n;
             } else {
                 if (k < n) std::nth_element(idx + done, idx + k, idx + n, by_logit);
                 std::sort(idx + done, idx + k, by_logit);
             }
-            while (done < k && cum < p.top_p) cum += z.prob(buf[idx[done++]]);
+            while (done < k && cum < p.top_p)
+                cum += z.prob(buf[idx[done++]]);
             if (cum >= p.top_p || k == n) {
                 keep = done;
                 break;
@@ -183,24 +196,29 @@ int32_t sample_token(const float* logits, int32_t vocab, const g4_sampling_param
     return draw(std::max<int32_t>(1, keep), value, token, p, rng, &z);
 }
 
-int32_t sample_sorted(const float* values, const int32_t* tokens, int32_t n, const g4_sampling_params& p, std::mt19937_64& rng) {
-    return draw(n, [&](int32_t i) { return values[i]; }, [&](int32_t i) { return tokens[i]; }, p, rng);
+int32_t sample_sorted(const float* values, const int32_t* tokens, int32_t n, const g4_sampling_params& p,
+                      std::mt19937_64& rng) {
+    return draw(
+        n, [&](int32_t i) { return values[i]; }, [&](int32_t i) { return tokens[i]; }, p, rng);
 }
 
-int32_t sample_prefix(const float* values, const int32_t* tokens, int32_t n, int32_t vocab, float mx, double sum,
-                      const g4_sampling_params& p, std::mt19937_64& rng) {
-    if (p.temperature == 0.0f || (p.top_k > 0 && p.top_k < vocab) || (p.top_p >= 1.0f && p.min_p <= 0.0f) || n < 1 ||
-        !(sum > 0) || values[0] != mx)
+int32_t sample_prefix(const float* values, const int32_t* tokens, int32_t n, int32_t vocab, float mx,
+                      double sum, const g4_sampling_params& p, std::mt19937_64& rng) {
+    if (p.temperature == 0.0f || (p.top_k > 0 && p.top_k < vocab) || (p.top_p >= 1.0f && p.min_p <= 0.0f) ||
+        n < 1 || !(sum > 0) || values[0] != mx)
         return -1;
     const Norm z{mx, sum};
     bool covered = n >= vocab;
-    if (!covered && p.top_p < 1.0f) {   // the nucleus ends within the n tokens
+    if (!covered && p.top_p < 1.0f) { // the nucleus ends within the n tokens
         double cum = 0;
-        for (int32_t i = 0; i < n && !covered; ++i) covered = (cum += z.prob(values[i])) >= p.top_p;
+        for (int32_t i = 0; i < n && !covered; ++i)
+            covered = (cum += z.prob(values[i])) >= p.top_p;
     }
-    if (!covered && p.min_p > 0.0f) covered = z.prob(values[n - 1]) < p.min_p * z.prob(values[0]);   // min-p ends within them
+    if (!covered && p.min_p > 0.0f)
+        covered = z.prob(values[n - 1]) < p.min_p * z.prob(values[0]); // min-p ends within them
     if (!covered) return -1;
-    return draw(n, [&](int32_t i) { return values[i]; }, [&](int32_t i) { return tokens[i]; }, p, rng, &z);
+    return draw(
+        n, [&](int32_t i) { return values[i]; }, [&](int32_t i) { return tokens[i]; }, p, rng, &z);
 }
 
 } // namespace g4::rt

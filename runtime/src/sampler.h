@@ -27,7 +27,8 @@ void radix_sort_by_logit(int32_t* first, int32_t n, const float* buf, int32_t* t
 // The same draw from candidates already penalised, divided by the temperature and cut to top-k:
 // values [n] sorted descending with ties to the lower token, tokens [n] (the GPU top-k path, which
 // gives exactly the candidates and order sample_token's partial sort does).
-int32_t sample_sorted(const float* values, const int32_t* tokens, int32_t n, const g4_sampling_params& p, std::mt19937_64& rng);
+int32_t sample_sorted(const float* values, const int32_t* tokens, int32_t n, const g4_sampling_params& p,
+                      std::mt19937_64& rng);
 
 // What sample_token draws when top-k is off and top-p and/or min-p apply, from the row's best n tokens
 // (values [n] penalised, divided by the temperature, sorted descending with ties to the lower token;
@@ -35,7 +36,7 @@ int32_t sample_sorted(const float* values, const int32_t* tokens, int32_t n, con
 // GPU path, which sends only those across. Returns -1 with rng untouched when the cut may reach past
 // the n tokens (their mass is below top_p and the n-th still passes min-p) or these settings are not
 // that case; the caller then samples the whole row.
-int32_t sample_prefix(const float* values, const int32_t* tokens, int32_t n, int32_t vocab, float mx, double sum,
-                      const g4_sampling_params& p, std::mt19937_64& rng);
+int32_t sample_prefix(const float* values, const int32_t* tokens, int32_t n, int32_t vocab, float mx,
+                      double sum, const g4_sampling_params& p, std::mt19937_64& rng);
 
 } // namespace g4::rt

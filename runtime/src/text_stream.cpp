@@ -70,7 +70,7 @@ std::string_view TextStream::push(int32_t tok, bool* stop) {
         ready = std::max(emitted_, ready - std::min(ready, stop_holdback(settled, stops_)));
     }
     std::string_view piece = std::string_view(text_).substr(emitted_, ready - emitted_);
-    emitted_ = ready;
+    emitted_               = ready;
     return piece;
 }
 

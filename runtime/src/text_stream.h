@@ -32,7 +32,7 @@ private:
     bool concat_;
     std::vector<int32_t> gen_;
     std::string text_, tail_, tail_settled_;
-    size_t emitted_ = 0;                 // bytes of text_ already delivered
+    size_t emitted_  = 0;                // bytes of text_ already delivered
     size_t base_tok_ = 0, base_len_ = 0; // concat_: gen_[0, base_tok_) decodes to text_[0, base_len_)
 };
 

@@ -1145,7 +1145,8 @@ bool Tokenizer::decode(const int32_t* ids, size_t n, bool skip_special, std::str
 
 bool Tokenizer::decode_concatenates() const {
     return impl_ && impl_->has_decoder &&
-           std::none_of(impl_->decoder.begin(), impl_->decoder.end(), [](const DecodeStep& d) { return d.kind == DecodeStep::Strip; });
+           std::none_of(impl_->decoder.begin(), impl_->decoder.end(),
+                        [](const DecodeStep& d) { return d.kind == DecodeStep::Strip; });
 }
 
 std::string_view Tokenizer::token_to_piece(int32_t id) const {

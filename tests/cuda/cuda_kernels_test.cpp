@@ -5,6 +5,7 @@
 #include "compiler/cuda_compile.h"
 #include "compiler/cuda_schedule.h"
 #include "compiler/nf4_quant.h"
+#include "g4/g4.h"
 #include "kernels/nf4.h"
 #include "kernels/ref/ref.h"
 #include "runtime/src/cuda/cublas.h"
@@ -13,11 +14,10 @@
 #include "runtime/src/cuda/workspace.h"
 #include "runtime/src/plan/plan_reader.h"
 #include "runtime/src/sampler.h"
-#include "g4/g4.h"
 #include "test_util.h"
 
-#include <cmath>
 #include <algorithm>
+#include <cmath>
 #include <gtest/gtest.h>
 #include <initializer_list>
 #include <map>
@@ -29,16 +29,16 @@
 namespace {
 
 using namespace g4;
+using cu::CUdeviceptr;
 using g4test::randn;
 using g4test::to_bf16;
-using cu::CUdeviceptr;
 
 struct Gpu {
     const cu::Driver* d = nullptr;
     cu::CUdevice dev    = 0;
     cu::CUcontext ctx   = nullptr;
     cu::CUmodule mod    = nullptr;
-    int sm              = 0;   // the target the kernels were compiled for
+    int sm              = 0; // the target the kernels were compiled for
     std::string why;
 };
 
@@ -46,8 +46,8 @@ Gpu& gpu() {
     static Gpu g;
     static bool tried = false;
     if (tried) return g;
-    tried = true;
-    g.d = cu::driver(&g.why);
+    tried     = true;
+    g.d       = cu::driver(&g.why);
     int count = 0;
     if (!g.d || g.d->cuDeviceGetCount(&count) != 0 || count == 0) {
         if (g.d) g.why = "no CUDA device";
@@ -60,26 +60,28 @@ Gpu& gpu() {
     int major = 0, minor = 0;
     g.d->cuDeviceGetAttribute(&major, cu::kAttrComputeMajor, g.dev);
     g.d->cuDeviceGetAttribute(&minor, cu::kAttrComputeMinor, g.dev);
-    int sm = g.sm = std::min(90, major * 10 + minor);
+    int sm = g.sm         = std::min(90, major * 10 + minor);
     cuda::KernelBinary kb = cuda::compile_kernels("sm_" + std::to_string(sm));
-    std::string ptx = kb.ptx;
-    if (g.d->cuModuleLoadData(&g.mod, major * 10 + minor == sm ? (const void*)kb.cubin.data() : (const void*)ptx.c_str()) != 0) {
+    std::string ptx       = kb.ptx;
+    if (g.d->cuModuleLoadData(&g.mod, major * 10 + minor == sm ? (const void*)kb.cubin.data()
+                                                               : (const void*)ptx.c_str()) != 0) {
         g.why = "module load failed";
         g.d   = nullptr;
     }
     return g;
 }
 
-#define NEED_GPU()                                                        \
-    do {                                                                  \
-        if (!gpu().d) GTEST_SKIP() << "no NVIDIA GPU here: " << gpu().why; \
+#define NEED_GPU()                                                                                           \
+    do {                                                                                                     \
+        if (!gpu().d) GTEST_SKIP() << "no NVIDIA GPU here: " << gpu().why;                                   \
     } while (0)
 
 // Device buffers freed at scope end.
 struct Dev {
     std::vector<CUdeviceptr> owned;
     ~Dev() {
-        for (CUdeviceptr p : owned) gpu().d->cuMemFree(p);
+        for (CUdeviceptr p : owned)
+            gpu().d->cuMemFree(p);
     }
     CUdeviceptr alloc(size_t bytes) {
         CUdeviceptr p = 0;
@@ -99,7 +101,9 @@ struct Dev {
         EXPECT_EQ(gpu().d->cuStreamSynchronize(nullptr), 0);
         return v;
     }
-    CUdeviceptr step(int rows, int pos0, int out_rows) { return up(std::vector<int>{rows, pos0, out_rows, 0}); }
+    CUdeviceptr step(int rows, int pos0, int out_rows) {
+        return up(std::vector<int>{rows, pos0, out_rows, 0});
+    }
 };
 
 // A kernel that takes `smem` bytes of dynamic shared memory (its attribute already raised where needed).
@@ -129,21 +133,27 @@ cu::CUmodule spec_module(int hpg) {
     cu::CUmodule m = nullptr;
     if (major * 10 + minor == gpu().sm) {
         cuda::KernelSpec spec;
-        spec.attn_hpg = hpg;
+        spec.attn_hpg               = hpg;
         const cuda::KernelBinary kb = cuda::compile_kernels("sm_" + std::to_string(gpu().sm), spec, false);
         EXPECT_EQ(gpu().d->cuModuleLoadData(&m, kb.cubin.data()), 0);
     }
     return mods[hpg] = m;
 }
 // launch() from module `mod`.
-void launch_in(cu::CUmodule mod, const char* name, unsigned gx, unsigned gy, unsigned block, std::initializer_list<void*> args) {
+void launch_in(cu::CUmodule mod, const char* name, unsigned gx, unsigned gy, unsigned block,
+               std::initializer_list<void*> args) {
     cu::CUfunction f = nullptr;
     ASSERT_EQ(gpu().d->cuModuleGetFunction(&f, mod, name), 0) << name;
-    ASSERT_EQ(gpu().d->cuLaunchKernel(f, gx, gy, 1, block, 1, 1, 0, nullptr, const_cast<void**>(args.begin()), nullptr), 0) << name;
+    ASSERT_EQ(gpu().d->cuLaunchKernel(f, gx, gy, 1, block, 1, 1, 0, nullptr, const_cast<void**>(args.begin()),
+                                      nullptr),
+              0)
+        << name;
     ASSERT_EQ(gpu().d->cuStreamSynchronize(nullptr), 0) << name;
 }
 
-double rel(const std::vector<float>& a, const std::vector<float>& b) { return g4test::rel_l2(a.data(), b.data(), b.size()); }
+double rel(const std::vector<float>& a, const std::vector<float>& b) {
+    return g4test::rel_l2(a.data(), b.data(), b.size());
+}
 
 // A weight matrix in a plan dtype: host blob for the reference, device copy for the kernels.
 struct Weight {
@@ -158,7 +168,8 @@ struct Weight {
         if (dt == DType::NF4) {
             nf4::Layout l = nf4::layout(n * k, dq);
             m.w = dev + l.codes_off, m.absmax = dev + l.absmax_off;
-            if (dq) m.absmax2 = dev + l.absmax2_off, m.offset = dev + l.offset_off, m.code2 = dev + l.code2_off;
+            if (dq)
+                m.absmax2 = dev + l.absmax2_off, m.offset = dev + l.offset_off, m.code2 = dev + l.code2_off;
         } else {
             m.w = dev;
         }
@@ -186,13 +197,14 @@ Weight make_weight(Dev& dev, DType dt, int64_t n, int64_t k, uint32_t seed, bool
 }
 
 void run_gemv(cuda_rt::GemvArgsH& a, bool nf4, int lanes, bool pairs, int n_out) {
-    long threads = cuda_rt::gemv_threads(n_out, lanes, pairs);
+    long threads           = cuda_rt::gemv_threads(n_out, lanes, pairs);
     const std::string name = cuda_rt::gemv_kernel_name(nf4, lanes, pairs);
     const unsigned smem    = cuda_rt::gemv_smem(nf4, gpu().sm, a.k);
     if (smem) {
         cu::CUfunction f = nullptr;
         ASSERT_EQ(gpu().d->cuModuleGetFunction(&f, gpu().mod, name.c_str()), 0) << name;
-        ASSERT_EQ(gpu().d->cuFuncSetAttribute(f, cu::kFuncAttrMaxDynamicSmem, (int)cuda_rt::kGemvSmemMax), 0) << name;
+        ASSERT_EQ(gpu().d->cuFuncSetAttribute(f, cu::kFuncAttrMaxDynamicSmem, (int)cuda_rt::kGemvSmemMax), 0)
+            << name;
     }
     launch_smem(name.c_str(), (unsigned)((threads + 127) / 128), 1, 128, smem, {&a});
 }
@@ -201,10 +213,10 @@ void run_gemv(cuda_rt::GemvArgsH& a, bool nf4, int lanes, bool pairs, int n_out)
 struct GemvCase {
     const char* name;
     DType dt;
-    std::vector<int64_t> n;   // one to three matrices
+    std::vector<int64_t> n; // one to three matrices
     int64_t k;
-    int epi;                  // 0 store, 1 pairs, 2 gelu*aux, 3 softcap
-    int lanes;                // 0: as the compiler chooses
+    int epi;   // 0 store, 1 pairs, 2 gelu*aux, 3 softcap
+    int lanes; // 0: as the compiler chooses
     bool dq, bias;
 };
 class Gemv : public ::testing::TestWithParam<GemvCase> {};
@@ -227,7 +239,8 @@ TEST_P(Gemv, MatchesReference) {
     const bool pairs = c.epi == 1, nf4 = c.dt == DType::NF4;
     int n_out = pairs ? (int)c.n[0] : 0;
     if (!pairs)
-        for (int64_t n : c.n) n_out += (int)n;
+        for (int64_t n : c.n)
+            n_out += (int)n;
     std::vector<float> aux = randn(n_out, 9);
     a.x = dev.up(x), a.out = dev.alloc(n_out * 4), a.aux = dev.up(aux);
     a.nmat = (int)c.n.size(), a.k = (int)c.k, a.epi = c.epi, a.cap = 30.0f;
@@ -237,11 +250,13 @@ TEST_P(Gemv, MatchesReference) {
     std::vector<std::vector<float>> ref;
     for (size_t m = 0; m < c.n.size(); ++m) {
         ref.push_back(ws[m].ref(x));
-        for (int64_t i = 0; i < c.n[m]; ++i) ref[m][i] += biases[m][i];
+        for (int64_t i = 0; i < c.n[m]; ++i)
+            ref[m][i] += biases[m][i];
     }
     if (c.epi == 1 || c.epi == 2) {
         std::vector<float> want(n_out);
-        for (int i = 0; i < n_out; ++i) want[i] = ref::gelu_tanh(ref[0][i]) * (c.epi == 1 ? ref[1][i] : aux[i]);
+        for (int i = 0; i < n_out; ++i)
+            want[i] = ref::gelu_tanh(ref[0][i]) * (c.epi == 1 ? ref[1][i] : aux[i]);
         double e = rel(dev.down<float>(a.out, n_out), want);
         std::printf("GEMV %s lanes %d: rel %.2e\n", c.name, lanes, e);
         EXPECT_LT(e, 2e-5) << c.name;
@@ -249,7 +264,8 @@ TEST_P(Gemv, MatchesReference) {
     }
     for (size_t m = 0; m < c.n.size(); ++m) {
         if (c.epi == 3)
-            for (auto& v : ref[m]) v = 30.0f * std::tanh(v / 30.0f);
+            for (auto& v : ref[m])
+                v = 30.0f * std::tanh(v / 30.0f);
         double e = rel(dev.down<float>(ys[m], c.n[m]), ref[m]);
         std::printf("GEMV %s matrix %zu lanes %d: rel %.2e\n", c.name, m, lanes, e);
         EXPECT_LT(e, 2e-5) << c.name << " matrix " << m;
@@ -293,8 +309,8 @@ INSTANTIATE_TEST_SUITE_P(
 
 // ---- the decode MLP in one kernel (g4_mlp_nf4[_b256][_dq][_h2], sm_90): gate/up pairs, GeluMul and the down
 // projection (its weight tiled, kQuantTiled32) adding into a zeroed y, against the unfused reference. The
-// packed-f16 kernels (_h2, f32 scales only) within 3e-3 (bf16's rounding is 3.9e-3; measured ~1e-3), also with
-// x 8192 times larger (its chunks' powers of two keep the half products in range).
+// packed-f16 kernels (_h2, f32 scales only) within 3e-3 (bf16's rounding is 3.9e-3; measured ~1e-3), also
+// with x 8192 times larger (its chunks' powers of two keep the half products in range).
 struct MlpCase {
     const char* name;
     int64_t H, I;
@@ -306,11 +322,13 @@ TEST_P(Mlp, MatchesUnfusedReference) {
     if (gpu().sm < 90) GTEST_SKIP() << "g4_mlp_nf4 is scheduled on sm_90 plans only";
     const MlpCase& c = GetParam();
     Dev dev;
-    Weight g = make_weight(dev, DType::NF4, c.I, c.H, 31, c.dq), u = make_weight(dev, DType::NF4, c.I, c.H, 32, c.dq);
-    Weight d = make_weight(dev, DType::NF4, c.H, c.I, 33, c.dq);
-    std::vector<float> bg = c.bias ? randn(c.I, 41) : std::vector<float>(c.I, 0.0f), bu = c.bias ? randn(c.I, 42) : std::vector<float>(c.I, 0.0f);
+    Weight g              = make_weight(dev, DType::NF4, c.I, c.H, 31, c.dq),
+           u              = make_weight(dev, DType::NF4, c.I, c.H, 32, c.dq);
+    Weight d              = make_weight(dev, DType::NF4, c.H, c.I, 33, c.dq);
+    std::vector<float> bg = c.bias ? randn(c.I, 41) : std::vector<float>(c.I, 0.0f),
+                       bu = c.bias ? randn(c.I, 42) : std::vector<float>(c.I, 0.0f);
     std::vector<float> bd = c.bias ? randn(c.H, 43) : std::vector<float>(c.H, 0.0f);
-    nf4::Layout l = nf4::layout(c.H * c.I, c.dq);
+    nf4::Layout l         = nf4::layout(c.H * c.I, c.dq);
     CUdeviceptr t = dev.up(nf4::tile32(d.blob, c.H, c.I, c.dq)), y = dev.alloc(c.H * 4);
     cuda_rt::MlpArgsH a{};
     a.gu.m[0] = g.mat(0, c.bias ? dev.up(bg) : 0), a.gu.m[1] = u.mat(0, c.bias ? dev.up(bu) : 0);
@@ -320,52 +338,66 @@ TEST_P(Mlp, MatchesUnfusedReference) {
     a.bias = c.bias ? dev.up(bd) : 0, a.y = y, a.H = (int)c.H, a.I = (int)c.I;
     for (float xscale : {1.0f, 8192.0f}) {
         std::vector<float> x = randn((size_t)c.H, 7);
-        for (float& v : x) v *= xscale;
+        for (float& v : x)
+            v *= xscale;
         std::vector<float> rg = g.ref(x), ru = u.ref(x), act(c.I);
-        for (int64_t i = 0; i < c.I; ++i) act[i] = ref::gelu_tanh(rg[i] + bg[i]) * (ru[i] + bu[i]);
+        for (int64_t i = 0; i < c.I; ++i)
+            act[i] = ref::gelu_tanh(rg[i] + bg[i]) * (ru[i] + bu[i]);
         std::vector<float> want = d.ref(act);
-        for (int64_t i = 0; i < c.H; ++i) want[i] += bd[i];
+        for (int64_t i = 0; i < c.H; ++i)
+            want[i] += bd[i];
         a.gu.x = dev.up(x);
-        for (int h2 : {0, 1}) {   // _h2: the packed-f16 kernels (a plan's ip7 = 1)
+        for (int h2 : {0, 1}) { // _h2: the packed-f16 kernels (a plan's ip7 = 1)
             if ((h2 && c.dq) || (!h2 && xscale != 1.0f)) continue;
-            for (int threads : {128, 256}) {   // g4_mlp_nf4, g4_mlp_nf4_b256 (cuda::mlp_threads picks one per I); _dq: double quant
-                // nrep 0, then 3 output replicas (a plan's ip6 = 4, the _rep kernel): block j adds into replica j % 4;
-                // their sum is y.
-                // _z (256 threads, one output; before a ResNorm folded into the PLE): also zeroes a.zero at its end.
+            for (int threads : {128, 256}) { // g4_mlp_nf4, g4_mlp_nf4_b256 (cuda::mlp_threads picks one per
+                                             // I); _dq: double quant
+                // nrep 0, then 3 output replicas (a plan's ip6 = 4, the _rep kernel): block j adds into
+                // replica j % 4; their sum is y. _z (256 threads, one output; before a ResNorm folded into
+                // the PLE): also zeroes a.zero at its end.
                 for (int v : {0, 3, -1}) {
                     const int nrep = v < 0 ? 0 : v;
                     const bool z   = v < 0;
                     if (z && threads != 256) continue;
-                    const std::string kn = std::string(threads == 128 ? "g4_mlp_nf4" : "g4_mlp_nf4_b256") + (c.dq ? "_dq" : "") + (h2 ? "_h2" : "") +
-                                           (nrep ? "_rep" : "") + (z ? "_z" : "");
+                    const std::string kn = std::string(threads == 128 ? "g4_mlp_nf4" : "g4_mlp_nf4_b256") +
+                                           (c.dq ? "_dq" : "") + (h2 ? "_h2" : "") + (nrep ? "_rep" : "") +
+                                           (z ? "_z" : "");
                     const char* name = kn.c_str();
                     cu::CUfunction f = nullptr;
                     ASSERT_EQ(gpu().d->cuModuleGetFunction(&f, gpu().mod, name), 0) << name;
-                    ASSERT_EQ(gpu().d->cuFuncSetAttribute(f, cu::kFuncAttrMaxDynamicSmem, (int)cuda_rt::kGemvSmemMax), 0);
+                    ASSERT_EQ(gpu().d->cuFuncSetAttribute(f, cu::kFuncAttrMaxDynamicSmem,
+                                                          (int)cuda_rt::kGemvSmemMax),
+                              0);
                     CUdeviceptr yr = nrep ? dev.alloc((size_t)nrep * c.H * 4) : 0;
                     if (nrep) gpu().d->cuMemsetD8(yr, 0, (size_t)nrep * c.H * 4);
                     a.yr = yr, a.nrep = nrep;
                     gpu().d->cuMemsetD8(y, 0, c.H * 4);
-                    // a.zero (_z): the output of the g4_ple_res launch after (a folded ResNorm), zeroed by block 0 at its end.
+                    // a.zero (_z): the output of the g4_ple_res launch after (a folded ResNorm), zeroed by
+                    // block 0 at its end.
                     CUdeviceptr zero = z ? dev.alloc(c.H * 4) : 0;
                     if (zero) gpu().d->cuMemsetD8(zero, 0x7f, c.H * 4);
                     a.zero = zero;
-                    launch_smem(name, (unsigned)(c.I / 32), 1, threads, cuda_rt::gemv_smem(true, gpu().sm, (int)c.H), {&a});
+                    launch_smem(name, (unsigned)(c.I / 32), 1, threads,
+                                cuda_rt::gemv_smem(true, gpu().sm, (int)c.H), {&a});
                     if (zero) {
                         const std::vector<float> z = dev.down<float>(zero, c.H);
-                        EXPECT_EQ(std::count(z.begin(), z.end(), 0.0f), (long)c.H) << kn << ": the next launch's output, zeroed";
+                        EXPECT_EQ(std::count(z.begin(), z.end(), 0.0f), (long)c.H)
+                            << kn << ": the next launch's output, zeroed";
                     }
-                    a.zero = 0;
+                    a.zero                 = 0;
                     std::vector<float> got = dev.down<float>(y, c.H);
                     if (nrep) {
                         const std::vector<float> r = dev.down<float>(yr, (size_t)nrep * c.H);
                         for (int k = 0; k < nrep; ++k)
-                            for (int64_t i = 0; i < c.H; ++i) got[i] += r[(size_t)k * c.H + i];
+                            for (int64_t i = 0; i < c.H; ++i)
+                                got[i] += r[(size_t)k * c.H + i];
                     }
                     const double e = rel(got, want);
-                    std::printf("MLP %s, %s, %d threads%s, %d replicas%s, x scale %g: rel %.2e\n", c.name, h2 ? "packed f16" : "f32", threads,
-                                threads == (h2 ? cuda::mlp_threads_f16(c.I) : cuda::mlp_threads(c.I)) ? " (the compiler's)" : "", nrep + 1,
-                                z ? " (_z)" : "", (double)xscale, e);
+                    std::printf("MLP %s, %s, %d threads%s, %d replicas%s, x scale %g: rel %.2e\n", c.name,
+                                h2 ? "packed f16" : "f32", threads,
+                                threads == (h2 ? cuda::mlp_threads_f16(c.I) : cuda::mlp_threads(c.I))
+                                    ? " (the compiler's)"
+                                    : "",
+                                nrep + 1, z ? " (_z)" : "", (double)xscale, e);
                     EXPECT_LT(e, h2 ? 3e-3 : 2e-5) << kn << ", " << c.name << ", x scale " << xscale;
                 }
                 a.yr = 0, a.nrep = 0;
@@ -373,42 +405,50 @@ TEST_P(Mlp, MatchesUnfusedReference) {
         }
     }
 }
-// The packed-f16 kernels that run the ResNorm before them (_r; plan ResNorm ip1 = 2): every block makes its input
-// xn = rms(x1) * prew from x1 = rx + rms(rd) * pw (gu.x is NaN: unused), block 0 writes x1. Against the reference
-// RmsNorm, Add, RmsNorm and the unfused MLP, at every thread count whose registers take the width, with one output,
-// 3 replicas and _z. rd is 40 times the residual's scale and the norm weights are not 1, so a skipped norm fails.
+// The packed-f16 kernels that run the ResNorm before them (_r; plan ResNorm ip1 = 2): every block makes its
+// input xn = rms(x1) * prew from x1 = rx + rms(rd) * pw (gu.x is NaN: unused), block 0 writes x1. Against the
+// reference RmsNorm, Add, RmsNorm and the unfused MLP, at every thread count whose registers take the width,
+// with one output, 3 replicas and _z. rd is 40 times the residual's scale and the norm weights are not 1, so
+// a skipped norm fails.
 TEST_P(Mlp, ResNormBeforeFoldedIn) {
     NEED_GPU();
     if (gpu().sm < 90) GTEST_SKIP() << "g4_mlp_nf4*_h2*_r are scheduled on sm_90 plans only";
     const MlpCase& c = GetParam();
     if (c.dq) GTEST_SKIP() << "the packed-f16 kernels take f32 block scales only";
     Dev dev;
-    const int64_t H = c.H;
-    Weight g = make_weight(dev, DType::NF4, c.I, H, 31, false), u = make_weight(dev, DType::NF4, c.I, H, 32, false);
-    Weight d = make_weight(dev, DType::NF4, H, c.I, 33, false);
+    const int64_t H       = c.H;
+    Weight g              = make_weight(dev, DType::NF4, c.I, H, 31, false),
+           u              = make_weight(dev, DType::NF4, c.I, H, 32, false);
+    Weight d              = make_weight(dev, DType::NF4, H, c.I, 33, false);
     std::vector<float> bd = c.bias ? randn(H, 43) : std::vector<float>(H, 0.0f);
-    nf4::Layout l = nf4::layout(H * c.I, false);
+    nf4::Layout l         = nf4::layout(H * c.I, false);
     CUdeviceptr t = dev.up(nf4::tile32(d.blob, H, c.I, false)), y = dev.alloc(H * 4), xo = dev.alloc(H * 4);
     std::vector<float> rx = randn(H, 11), rd = randn(H, 12), pw = randn(H, 13), prew = randn(H, 14);
-    for (float& v : rd) v *= 40.0f;
-    for (float& v : pw) v = 1.0f + 0.5f * v;
-    for (float& v : prew) v = 1.0f + 0.5f * v;
-    const auto prewb = to_bf16(prew);
+    for (float& v : rd)
+        v *= 40.0f;
+    for (float& v : pw)
+        v = 1.0f + 0.5f * v;
+    for (float& v : prew)
+        v = 1.0f + 0.5f * v;
+    const auto prewb      = to_bf16(prew);
     std::vector<float> dn = rd, x1(H), xn(H);
     ref::rms_norm({dn.data(), H, pw.data(), DType::F32, dn.data(), H, 1, H, H, 1e-6f});
     ref::add({rx.data(), H, dn.data(), H, x1.data(), H, 1, H});
     ref::rms_norm({x1.data(), H, prewb.data(), DType::BF16, xn.data(), H, 1, H, H, 1e-6f});
     std::vector<float> rg = g.ref(xn), ru = u.ref(xn), act(c.I);
-    for (int64_t i = 0; i < c.I; ++i) act[i] = ref::gelu_tanh(rg[i]) * ru[i];
+    for (int64_t i = 0; i < c.I; ++i)
+        act[i] = ref::gelu_tanh(rg[i]) * ru[i];
     std::vector<float> want = d.ref(act);
-    for (int64_t i = 0; i < H; ++i) want[i] += bd[i];
+    for (int64_t i = 0; i < H; ++i)
+        want[i] += bd[i];
     cuda_rt::MlpArgsH a{};
     a.gu.m[0] = g.mat(0, 0), a.gu.m[1] = u.mat(0, 0);
     a.gu.nmat = 2, a.gu.k = (int)H, a.gu.epi = 1;
-    a.gu.x = dev.up(std::vector<float>(H, std::nanf("")));
+    a.gu.x  = dev.up(std::vector<float>(H, std::nanf("")));
     a.codes = t + l.codes_off, a.absmax = t + l.absmax_off;
     a.bias = c.bias ? dev.up(bd) : 0, a.y = y, a.H = (int)H, a.I = (int)c.I;
-    a.rx = dev.up(rx), a.rd = dev.up(rd), a.rpw = dev.up(pw), a.rpwdt = 0, a.rprew = dev.up(prewb), a.rprewdt = 1, a.xo = xo, a.eps = 1e-6f;
+    a.rx = dev.up(rx), a.rd = dev.up(rd), a.rpw = dev.up(pw), a.rpwdt = 0, a.rprew = dev.up(prewb),
+    a.rprewdt = 1, a.xo = xo, a.eps = 1e-6f;
     int runs = 0;
     for (int threads : {128, 256}) {
         if (!g4::plan::mlp_res_fits(H, threads)) continue;
@@ -416,10 +456,12 @@ TEST_P(Mlp, ResNormBeforeFoldedIn) {
             const int nrep = v < 0 ? 0 : v;
             const bool z   = v < 0;
             if (z && threads != 256) continue;
-            const std::string kn = std::string(threads == 128 ? "g4_mlp_nf4_h2" : "g4_mlp_nf4_b256_h2") + (nrep ? "_rep" : "") + (z ? "_z" : "") + "_r";
+            const std::string kn = std::string(threads == 128 ? "g4_mlp_nf4_h2" : "g4_mlp_nf4_b256_h2") +
+                                   (nrep ? "_rep" : "") + (z ? "_z" : "") + "_r";
             cu::CUfunction f = nullptr;
             ASSERT_EQ(gpu().d->cuModuleGetFunction(&f, gpu().mod, kn.c_str()), 0) << kn;
-            ASSERT_EQ(gpu().d->cuFuncSetAttribute(f, cu::kFuncAttrMaxDynamicSmem, (int)cuda_rt::kGemvSmemMax), 0);
+            ASSERT_EQ(gpu().d->cuFuncSetAttribute(f, cu::kFuncAttrMaxDynamicSmem, (int)cuda_rt::kGemvSmemMax),
+                      0);
             CUdeviceptr yr = nrep ? dev.alloc((size_t)nrep * H * 4) : 0;
             if (nrep) gpu().d->cuMemsetD8(yr, 0, (size_t)nrep * H * 4);
             CUdeviceptr zero = z ? dev.alloc(H * 4) : 0;
@@ -427,16 +469,19 @@ TEST_P(Mlp, ResNormBeforeFoldedIn) {
             a.yr = yr, a.nrep = nrep, a.zero = zero;
             gpu().d->cuMemsetD8(y, 0, H * 4);
             gpu().d->cuMemsetD8(xo, 0xff, H * 4);
-            launch_smem(kn.c_str(), (unsigned)(c.I / 32), 1, threads, cuda_rt::gemv_smem(true, gpu().sm, (int)H), {&a});
+            launch_smem(kn.c_str(), (unsigned)(c.I / 32), 1, threads,
+                        cuda_rt::gemv_smem(true, gpu().sm, (int)H), {&a});
             std::vector<float> got = dev.down<float>(y, H);
             if (nrep) {
                 const std::vector<float> r = dev.down<float>(yr, (size_t)nrep * H);
                 for (int k = 0; k < nrep; ++k)
-                    for (int64_t i = 0; i < H; ++i) got[i] += r[(size_t)k * H + i];
+                    for (int64_t i = 0; i < H; ++i)
+                        got[i] += r[(size_t)k * H + i];
             }
             if (zero) {
                 const std::vector<float> zz = dev.down<float>(zero, H);
-                EXPECT_EQ(std::count(zz.begin(), zz.end(), 0.0f), (long)H) << kn << ": the next launch's output, zeroed";
+                EXPECT_EQ(std::count(zz.begin(), zz.end(), 0.0f), (long)H)
+                    << kn << ": the next launch's output, zeroed";
             }
             const double ex = rel(dev.down<float>(xo, H), x1), ey = rel(got, want);
             std::printf("MLP %s, %s: x1 rel %.2e, y rel %.2e\n", c.name, kn.c_str(), ex, ey);
@@ -448,14 +493,16 @@ TEST_P(Mlp, ResNormBeforeFoldedIn) {
     }
     EXPECT_GT(runs, 0) << c.name << ": no _r kernel takes H " << H;
 }
-INSTANTIATE_TEST_SUITE_P(RealShapes, Mlp,
-                         ::testing::Values(MlpCase{"e2b", 1536, 6144, false, false}, MlpCase{"e2b_wide_dq_bias", 1536, 12288, true, true},
-                                           MlpCase{"e4b", 2560, 10240, false, true}, MlpCase{"e4b_dq", 2560, 10240, true, false},
-                                           MlpCase{"tiny_e2b", 64, 128, true, true}, MlpCase{"tiny_e4b", 96, 192, false, false}),
-                         [](const ::testing::TestParamInfo<MlpCase>& i) { return std::string(i.param.name); });
+INSTANTIATE_TEST_SUITE_P(
+    RealShapes, Mlp,
+    ::testing::Values(MlpCase{"e2b", 1536, 6144, false, false},
+                      MlpCase{"e2b_wide_dq_bias", 1536, 12288, true, true},
+                      MlpCase{"e4b", 2560, 10240, false, true}, MlpCase{"e4b_dq", 2560, 10240, true, false},
+                      MlpCase{"tiny_e2b", 64, 128, true, true}, MlpCase{"tiny_e4b", 96, 192, false, false}),
+    [](const ::testing::TestParamInfo<MlpCase>& i) { return std::string(i.param.name); });
 
-// ---- the per-layer-input gate and projection in one kernel (g4_ple_bf16_g*, sm_90): gelu(W_g x + b_g) * aux,
-// then the projection (its bf16 [H, P] row-major) adding into a zeroed y, against the unfused reference.
+// ---- the per-layer-input gate and projection in one kernel (g4_ple_bf16_g*, sm_90): gelu(W_g x + b_g) *
+// aux, then the projection (its bf16 [H, P] row-major) adding into a zeroed y, against the unfused reference.
 struct PleCase {
     const char* name;
     int64_t H, P;
@@ -469,14 +516,18 @@ TEST_P(PleFused, MatchesUnfusedReference) {
     Dev dev;
     std::vector<float> x = randn((size_t)c.H, 7), aux = randn((size_t)c.P, 73);
     Weight g = make_weight(dev, DType::BF16, c.P, c.H, 71), w = make_weight(dev, DType::BF16, c.H, c.P, 72);
-    std::vector<float> bg = c.bias ? randn(c.P, 74) : std::vector<float>(c.P, 0.0f), bp = c.bias ? randn(c.H, 75) : std::vector<float>(c.H, 0.0f);
+    std::vector<float> bg = c.bias ? randn(c.P, 74) : std::vector<float>(c.P, 0.0f),
+                       bp = c.bias ? randn(c.H, 75) : std::vector<float>(c.H, 0.0f);
     std::vector<float> rg = g.ref(x), act(c.P);
-    for (int64_t i = 0; i < c.P; ++i) act[i] = ref::gelu_tanh(rg[i] + bg[i]) * aux[i];
+    for (int64_t i = 0; i < c.P; ++i)
+        act[i] = ref::gelu_tanh(rg[i] + bg[i]) * aux[i];
     std::vector<float> want = w.ref(act);
-    for (int64_t i = 0; i < c.H; ++i) want[i] += bp[i];
+    for (int64_t i = 0; i < c.H; ++i)
+        want[i] += bp[i];
     CUdeviceptr y = dev.alloc(c.H * 4);
     cuda_rt::PleArgsH a{};
-    a.x = dev.up(x), a.wg = g.dev, a.bg = c.bias ? dev.up(bg) : 0, a.aux = dev.up(aux), a.wp = w.dev, a.bp = c.bias ? dev.up(bp) : 0;
+    a.x = dev.up(x), a.wg = g.dev, a.bg = c.bias ? dev.up(bg) : 0, a.aux = dev.up(aux), a.wp = w.dev,
+    a.bp = c.bias ? dev.up(bp) : 0;
     a.y = y, a.H = (int)c.H, a.P = (int)c.P;
     const std::string name = "g4_ple_bf16_g" + std::to_string(cuda_rt::slice_row_groups(c.H));
     for (int rep = 0; rep < 2; ++rep) {
@@ -493,23 +544,28 @@ TEST_P(PleFused, ResNormBeforeFoldedIn) {
     NEED_GPU();
     if (gpu().sm < 90) GTEST_SKIP() << "g4_ple_res_bf16 is scheduled on sm_90 plans only";
     const PleCase& c = GetParam();
-    const int H = (int)c.H;
+    const int H      = (int)c.H;
     Dev dev;
     std::vector<float> rx = randn(H, 11), d0 = randn(H, 12), pw = randn(H, 13), aux = randn((size_t)c.P, 73);
-    for (float& v : d0) v *= 40.0f;   // rms(d) far from 1: a skipped norm cannot pass
+    for (float& v : d0)
+        v *= 40.0f; // rms(d) far from 1: a skipped norm cannot pass
     const auto pwb = to_bf16(pw);
     Weight g = make_weight(dev, DType::BF16, c.P, H, 71), w = make_weight(dev, DType::BF16, H, c.P, 72);
-    std::vector<float> bg = c.bias ? randn(c.P, 74) : std::vector<float>(c.P, 0.0f), bp = c.bias ? randn(H, 75) : std::vector<float>(H, 0.0f);
-    std::vector<float> d = d0, x(H);
+    std::vector<float> bg = c.bias ? randn(c.P, 74) : std::vector<float>(c.P, 0.0f),
+                       bp = c.bias ? randn(H, 75) : std::vector<float>(H, 0.0f);
+    std::vector<float> d  = d0, x(H);
     ref::rms_norm({d.data(), H, pwb.data(), DType::BF16, d.data(), H, 1, H, H, 1e-6f});
     ref::add({rx.data(), H, d.data(), H, x.data(), H, 1, H});
     std::vector<float> rg = g.ref(x), act(c.P);
-    for (int64_t i = 0; i < c.P; ++i) act[i] = ref::gelu_tanh(rg[i] + bg[i]) * aux[i];
+    for (int64_t i = 0; i < c.P; ++i)
+        act[i] = ref::gelu_tanh(rg[i] + bg[i]) * aux[i];
     std::vector<float> want = w.ref(act);
-    for (int i = 0; i < H; ++i) want[i] += bp[i];
+    for (int i = 0; i < H; ++i)
+        want[i] += bp[i];
     CUdeviceptr y = dev.alloc(H * 4), xo = dev.alloc(H * 4);
     cuda_rt::PleArgsH a{};
-    a.x = 0, a.wg = g.dev, a.bg = c.bias ? dev.up(bg) : 0, a.aux = dev.up(aux), a.wp = w.dev, a.bp = c.bias ? dev.up(bp) : 0;
+    a.x = 0, a.wg = g.dev, a.bg = c.bias ? dev.up(bg) : 0, a.aux = dev.up(aux), a.wp = w.dev,
+    a.bp = c.bias ? dev.up(bp) : 0;
     a.y = y, a.H = H, a.P = (int)c.P;
     a.rx = dev.up(rx), a.rd = dev.up(d0), a.rpw = dev.up(pwb), a.rpwdt = 1, a.xo = xo, a.eps = 1e-6f;
     const std::string name = "g4_ple_res_bf16_g" + std::to_string(cuda_rt::slice_row_groups(c.H));
@@ -523,11 +579,12 @@ TEST_P(PleFused, ResNormBeforeFoldedIn) {
         EXPECT_LT(ey, 2e-5) << c.name;
     }
 }
-INSTANTIATE_TEST_SUITE_P(RealShapes, PleFused,
-                         ::testing::Values(PleCase{"e2b", 1536, 256, false}, PleCase{"e4b_bias", 2560, 256, true},
-                                           PleCase{"tiny_e2b_bias", 64, 16, true}, PleCase{"tiny_e4b", 96, 16, false},
-                                           PleCase{"h4096_bias", 4096, 256, true}),
-                         [](const ::testing::TestParamInfo<PleCase>& i) { return std::string(i.param.name); });
+INSTANTIATE_TEST_SUITE_P(
+    RealShapes, PleFused,
+    ::testing::Values(PleCase{"e2b", 1536, 256, false}, PleCase{"e4b_bias", 2560, 256, true},
+                      PleCase{"tiny_e2b_bias", 64, 16, true}, PleCase{"tiny_e4b", 96, 16, false},
+                      PleCase{"h4096_bias", 4096, 256, true}),
+    [](const ::testing::TestParamInfo<PleCase>& i) { return std::string(i.param.name); });
 
 // ---- greedy sampling: multi-block argmax, ties to the lowest index, counter reset for the next call;
 // with a step, the feed of the next decode step (its id, its position, the host slot of this one)
@@ -537,13 +594,13 @@ TEST(Argmax, MatchesHostAcrossCalls) {
     const int vocab = 262144;
     for (int trial = 0; trial < 3; ++trial) {
         std::vector<float> l = randn(vocab, 30 + trial);
-        int want = trial == 2 ? 5 : 200000 - trial * 77777;
-        l[want] = 9.0f;
-        if (trial == 1) l[want + 1000] = 9.0f;   // a tie: the lower index wins
+        int want             = trial == 2 ? 5 : 200000 - trial * 77777;
+        l[want]              = 9.0f;
+        if (trial == 1) l[want + 1000] = 9.0f; // a tie: the lower index wins
         if (trial == 2) l[vocab - 1] = 9.0f;
         CUdeviceptr gl = dev.up(l), ws = dev.alloc((2 + 2 * 128) * 4);
         CUdeviceptr none = 0;
-        for (int rep = 0; rep < 2; ++rep) {   // the second call reuses the counter the first one reset
+        for (int rep = 0; rep < 2; ++rep) { // the second call reuses the counter the first one reset
             int v = vocab, limit = 0;
             launch("g4_argmax", 128, 1, 1024, {&gl, &v, &ws, &none, &none, &none, &limit});
             auto got = dev.down<int>(ws, 2);
@@ -552,9 +609,10 @@ TEST(Argmax, MatchesHostAcrossCalls) {
         }
         // Feeding: slot pos & 1 of the (here device) token buffer, ids[0] (0 past the limit), pos + 1.
         for (int limit : {vocab, want}) {
-            const int pos = 7 + trial;
-            CUdeviceptr step = dev.step(1, pos, 1), ids = dev.up(std::vector<int>{-1, -1}), slots = dev.up(std::vector<int>{-1, -1});
-            int v = vocab;
+            const int pos    = 7 + trial;
+            CUdeviceptr step = dev.step(1, pos, 1), ids = dev.up(std::vector<int>{-1, -1}),
+                        slots = dev.up(std::vector<int>{-1, -1});
+            int v             = vocab;
             launch("g4_argmax", 128, 1, 1024, {&gl, &v, &ws, &step, &ids, &slots, &limit});
             auto st = dev.down<int>(step, 4), id = dev.down<int>(ids, 2), sl = dev.down<int>(slots, 2);
             EXPECT_EQ(sl[pos & 1], want) << "trial " << trial;
@@ -573,8 +631,8 @@ TEST(Argmax, MatchesHostAcrossCalls) {
 // whole head (ties to the lowest index), the feed of the next step as g4_argmax makes it.
 struct LmCase {
     const char* name;
-    int v, k, lanes;   // lanes 0: as the compiler chooses
-    bool bias;         // a LoRA bias on the head
+    int v, k, lanes; // lanes 0: as the compiler chooses
+    bool bias;       // a LoRA bias on the head
 };
 class LmScreen : public ::testing::TestWithParam<LmCase> {};
 TEST_P(LmScreen, ExactRowsAndTokenMatchFullHead) {
@@ -584,9 +642,10 @@ TEST_P(LmScreen, ExactRowsAndTokenMatchFullHead) {
     Weight w = make_weight(dev, DType::BF16, c.v, c.k, 500 + c.k);
     // Exact ties: rows copied over others, the lower index first; one of them the top row below.
     const uint16_t* wb = (const uint16_t*)w.blob.data();
-    auto copy_row = [&](int from, int to) {
+    auto copy_row      = [&](int from, int to) {
         std::memcpy(w.blob.data() + (size_t)to * c.k * 2, wb + (size_t)from * c.k, (size_t)c.k * 2);
-        ASSERT_EQ(gpu().d->cuMemcpyHtoD(w.dev + (uint64_t)to * c.k * 2, wb + (size_t)to * c.k, (size_t)c.k * 2), 0);
+        ASSERT_EQ(
+                 gpu().d->cuMemcpyHtoD(w.dev + (uint64_t)to * c.k * 2, wb + (size_t)to * c.k, (size_t)c.k * 2), 0);
     };
     auto bf16_f = [](uint16_t h) {
         const uint32_t u = (uint32_t)h << 16;
@@ -595,15 +654,17 @@ TEST_P(LmScreen, ExactRowsAndTokenMatchFullHead) {
         return f;
     };
     const int lanes = c.lanes ? c.lanes : cuda::gemv_lanes(c.k, false, (c.v + 3) / 4);
-    int sms = 0;
+    int sms         = 0;
     gpu().d->cuDeviceGetAttribute(&sms, cu::kAttrSmCount, gpu().dev);
     const unsigned nb1 = (unsigned)sms * 4;
-    CUdeviceptr q = dev.alloc((size_t)c.v * c.k), sc = dev.alloc((size_t)c.v * 4), bd = dev.alloc((size_t)c.v * 4);
+    CUdeviceptr q = dev.alloc((size_t)c.v * c.k), sc = dev.alloc((size_t)c.v * 4),
+                bd = dev.alloc((size_t)c.v * 4);
     int V = c.v, K = c.k;
     for (int trial = 0; trial < 3; ++trial) {
         std::vector<float> x = randn((size_t)c.k, 60 + trial);
-        if (trial == 2)   // logits past 4 x the cap: every row is computed
-            for (float& v : x) v *= 400.0f;
+        if (trial == 2) // logits past 4 x the cap: every row is computed
+            for (float& v : x)
+                v *= 400.0f;
         // The head as the decode step runs it: pre-softcap values (epilogue 0) and softcapped (3).
         CUdeviceptr gx = dev.up(x), pre = dev.alloc((size_t)c.v * 4), full = dev.alloc((size_t)c.v * 4);
         CUdeviceptr bias = c.bias ? dev.up(randn((size_t)c.v, 70 + trial, 2.0f)) : 0;
@@ -611,8 +672,8 @@ TEST_P(LmScreen, ExactRowsAndTokenMatchFullHead) {
         a.m[0] = w.mat(pre, bias), a.x = gx, a.nmat = 1, a.k = c.k, a.epi = 0, a.cap = 30.0f;
         run_gemv(a, false, lanes, false, c.v);
         std::vector<float> pre_h = dev.down<float>(pre, c.v);
-        int top = -1;
-        if (trial == 1) {   // the top row tied by a copy at a lower and a higher index
+        int top                  = -1;
+        if (trial == 1) { // the top row tied by a copy at a lower and a higher index
             top = (int)(std::max_element(pre_h.begin(), pre_h.end()) - pre_h.begin());
             copy_row(top, top / 2);
             copy_row(top, std::min(c.v - 1, top + 3));
@@ -628,13 +689,14 @@ TEST_P(LmScreen, ExactRowsAndTokenMatchFullHead) {
         const int want = dev.down<int>(ws, 1)[0];
 
         launch("g4_lm_screen_build", (unsigned)(c.v + 7) / 8, 1, 256, {&w.dev, &V, &K, &q, &sc, &bd});
-        if (trial == 0) {   // the stored bound covers each row's rounding error
+        if (trial == 0) { // the stored bound covers each row's rounding error
             const auto qh = dev.down<uint8_t>(q, (size_t)c.v * c.k);
             const auto sh = dev.down<float>(sc, c.v), bh = dev.down<float>(bd, c.v);
             for (int r = 0; r < c.v; r += 997) {
                 double e2 = 0;
                 for (int i = 0; i < c.k; ++i) {
-                    const double d = (double)bf16_f(wb[(size_t)r * c.k + i]) - (double)sh[r] * ((int)qh[(size_t)r * c.k + i] - 128);
+                    const double d = (double)bf16_f(wb[(size_t)r * c.k + i]) -
+                                     (double)sh[r] * ((int)qh[(size_t)r * c.k + i] - 128);
                     e2 += d * d;
                 }
                 ASSERT_GE((double)bh[r], std::sqrt(e2)) << "row " << r;
@@ -651,38 +713,47 @@ TEST_P(LmScreen, ExactRowsAndTokenMatchFullHead) {
         // The exact pass into a row of NaNs: computed rows bit-equal, the token and the feed.
         std::vector<float> nans(c.v, std::nanf(""));
         CUdeviceptr part = dev.up(nans);
-        a.m[0].y = part;
-        const int pos = 11 + trial;
-        CUdeviceptr step = dev.step(1, pos, 1), ids = dev.up(std::vector<int>{-1, -1}), slots = dev.up(std::vector<int>{-1, -1});
-        int limit = c.v;
+        a.m[0].y         = part;
+        const int pos    = 11 + trial;
+        CUdeviceptr step = dev.step(1, pos, 1), ids = dev.up(std::vector<int>{-1, -1}),
+                    slots    = dev.up(std::vector<int>{-1, -1});
+        int limit            = c.v;
         const std::string ex = "g4_lm_exact_l" + std::to_string(lanes);
         launch(ex.c_str(), 128, 1, 128, {&a, &lohi, &tmax, &ws, &step, &ids, &slots, &limit});
         EXPECT_EQ(dev.down<uint32_t>(tmax, 1)[0], 0u) << "the largest lower bound is reset for the next step";
         const auto got = dev.down<float>(part, c.v);
-        int computed = 0;
+        int computed   = 0;
         for (int r = 0; r < c.v; ++r) {
             if (std::isnan(got[r])) continue;
             ++computed;
-            ASSERT_EQ(std::memcmp(&got[r], &full_h[r], 4), 0) << "row " << r << ": " << got[r] << " vs " << full_h[r];
+            ASSERT_EQ(std::memcmp(&got[r], &full_h[r], 4), 0)
+                << "row " << r << ": " << got[r] << " vs " << full_h[r];
         }
-        const auto sl = dev.down<int>(slots, 2), id = dev.down<int>(ids, 2), st = dev.down<int>(step, 4), w0 = dev.down<int>(ws, 2);
+        const auto sl = dev.down<int>(slots, 2), id = dev.down<int>(ids, 2), st = dev.down<int>(step, 4),
+                   w0 = dev.down<int>(ws, 2);
         EXPECT_EQ(w0[0], want) << c.name << " trial " << trial;
         EXPECT_EQ(w0[1], 0);
         EXPECT_EQ(sl[pos & 1], want);
         EXPECT_EQ(id[0], want);
         EXPECT_EQ(st[1], pos + 1);
         EXPECT_FALSE(std::isnan(got[want]));
-        if (trial == 1 && top > 1 && !c.bias) { EXPECT_EQ(want, top / 2); }   // (a bias breaks the copies' ties)
-        if (trial == 2) { EXPECT_EQ(computed, c.v); }
-        std::printf("LM screen %s trial %d: token %d, %d of %d rows computed\n", c.name, trial, want, computed, c.v);
+        if (trial == 1 && top > 1 && !c.bias) {
+            EXPECT_EQ(want, top / 2);
+        } // (a bias breaks the copies' ties)
+        if (trial == 2) {
+            EXPECT_EQ(computed, c.v);
+        }
+        std::printf("LM screen %s trial %d: token %d, %d of %d rows computed\n", c.name, trial, want,
+                    computed, c.v);
     }
 }
-INSTANTIATE_TEST_SUITE_P(Shapes, LmScreen,
-                         ::testing::Values(LmCase{"e2b", 262144, 1536, 0, false}, LmCase{"e4b", 262144, 2560, 0, false},
-                                           LmCase{"e2b_bias", 262144, 1536, 0, true}, LmCase{"odd_l8", 1003, 256, 8, false},
-                                           LmCase{"odd_l16_bias", 2051, 512, 16, true}, LmCase{"odd_l32", 4099, 640, 32, false},
-                                           LmCase{"k4096_l128", 3001, 4096, 128, false}),
-                         [](const ::testing::TestParamInfo<LmCase>& i) { return std::string(i.param.name); });
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, LmScreen,
+    ::testing::Values(LmCase{"e2b", 262144, 1536, 0, false}, LmCase{"e4b", 262144, 2560, 0, false},
+                      LmCase{"e2b_bias", 262144, 1536, 0, true}, LmCase{"odd_l8", 1003, 256, 8, false},
+                      LmCase{"odd_l16_bias", 2051, 512, 16, true}, LmCase{"odd_l32", 4099, 640, 32, false},
+                      LmCase{"k4096_l128", 3001, 4096, 128, false}),
+    [](const ::testing::TestParamInfo<LmCase>& i) { return std::string(i.param.name); });
 
 // ---- sampling on the GPU: repetition penalty and top-k rounds against the CPU sampler's arithmetic
 // and order (value descending, ties to the lower index), at Gemma's vocabulary.
@@ -697,18 +768,23 @@ TEST_P(TopK, RoundsMatchHostPartialSort) {
     const int vocab  = 262144;
     Dev dev;
     std::vector<float> l = randn(vocab, 41);
-    for (int i = 0; i < 3000; ++i) l[(i * 7919 + 13) % vocab] = l[(i * 104729 + 5) % vocab];   // ties
-    l[262000] = l[5] = 6.5f;                                                                  // a tie at the top
+    for (int i = 0; i < 3000; ++i)
+        l[(i * 7919 + 13) % vocab] = l[(i * 104729 + 5) % vocab]; // ties
+    l[262000] = l[5]      = 6.5f;                                 // a tie at the top
     std::vector<int> hist = {5, 17, 5, 262143, 100000, 17, 99};
     // Host: the CPU sampler's penalty, temperature and partial sort.
     std::vector<float> buf = l;
     if (c.penalty != 1.0f)
-        for (int t : hist) buf[t] = l[t] < 0 ? l[t] * c.penalty : l[t] / c.penalty;
+        for (int t : hist)
+            buf[t] = l[t] < 0 ? l[t] * c.penalty : l[t] / c.penalty;
     if (c.temp > 0)
-        for (float& v : buf) v /= c.temp;
+        for (float& v : buf)
+            v /= c.temp;
     std::vector<int> idx(vocab);
-    for (int i = 0; i < vocab; ++i) idx[i] = i;
-    std::partial_sort(idx.begin(), idx.begin() + c.k, idx.end(), [&](int a, int b) { return buf[a] > buf[b] || (buf[a] == buf[b] && a < b); });
+    for (int i = 0; i < vocab; ++i)
+        idx[i] = i;
+    std::partial_sort(idx.begin(), idx.begin() + c.k, idx.end(),
+                      [&](int a, int b) { return buf[a] > buf[b] || (buf[a] == buf[b] && a < b); });
 
     CUdeviceptr gl = dev.up(l), src = gl;
     if (c.penalty != 1.0f) {
@@ -720,9 +796,9 @@ TEST_P(TopK, RoundsMatchHostPartialSort) {
         launch("g4_penalize", 1, 1, 256, {&gl, &pen, &gh, &nh, &v, &pe});
         src = pen;
     }
-    const uint64_t cap = cuda_ws::topk_candidates(vocab);
+    const uint64_t cap  = cuda_ws::topk_candidates(vocab);
     CUdeviceptr bufs[2] = {dev.alloc(cap * 8), dev.alloc(cap * 8)}, vals = src, ids = 0;
-    long n = vocab;
+    long n     = vocab;
     float temp = c.temp;
     int k = c.k, rounds = 0;
     for (;; ++rounds) {
@@ -735,15 +811,21 @@ TEST_P(TopK, RoundsMatchHostPartialSort) {
     auto gv = dev.down<float>(vals, c.k);
     auto gi = dev.down<int>(ids, c.k);
     int bad = 0;
-    for (int i = 0; i < c.k; ++i) bad += gi[i] != idx[i] || gv[i] != buf[idx[i]];
-    std::printf("top-%d temp %.2f penalty %.2f: %d rounds, %d mismatches\n", c.k, c.temp, c.penalty, rounds + 1, bad);
+    for (int i = 0; i < c.k; ++i)
+        bad += gi[i] != idx[i] || gv[i] != buf[idx[i]];
+    std::printf("top-%d temp %.2f penalty %.2f: %d rounds, %d mismatches\n", c.k, c.temp, c.penalty,
+                rounds + 1, bad);
     EXPECT_EQ(bad, 0);
-    EXPECT_EQ(gi[0], c.penalty != 1.0f ? 262000 : 5);   // 5 is penalised; else the tie goes to the lower index
+    EXPECT_EQ(gi[0], c.penalty != 1.0f ? 262000 : 5); // 5 is penalised; else the tie goes to the lower index
 }
 INSTANTIATE_TEST_SUITE_P(GemmaVocab, TopK,
-                         ::testing::Values(TopkCase{1, 0.0f, 1.3f}, TopkCase{40, 0.7f, 1.0f}, TopkCase{64, 1.0f, 1.3f},
-                                           TopkCase{1024, 0.8f, 1.1f}, TopkCase{777, 1.7f, 1.0f}),
-                         [](const ::testing::TestParamInfo<TopkCase>& i) { return "k" + std::to_string(i.param.k) + (i.param.penalty != 1.0f ? "_penalty" : ""); });
+                         ::testing::Values(TopkCase{1, 0.0f, 1.3f}, TopkCase{40, 0.7f, 1.0f},
+                                           TopkCase{64, 1.0f, 1.3f}, TopkCase{1024, 0.8f, 1.1f},
+                                           TopkCase{777, 1.7f, 1.0f}),
+                         [](const ::testing::TestParamInfo<TopkCase>& i) {
+                             return "k" + std::to_string(i.param.k) +
+                                    (i.param.penalty != 1.0f ? "_penalty" : "");
+                         });
 
 // Through the C API on a CUDA plan: every token g4_session_sample draws from the GPU's candidates
 // equals the CPU sampler's draw from the same logits with the same seed.
@@ -751,18 +833,20 @@ TEST(GpuSampling, SameTokensAsTheCpuSampler) {
     NEED_GPU();
     g4test::TempDir td;
     const std::string plan = td.file("tiny.g4plan");
-    g4test::CmdResult r = g4test::run_g4("compile --model '" + g4test::fixture("e2b_tiny") + "' --device cuda --no-fidelity -o '" + plan + "'");
+    g4test::CmdResult r    = g4test::run_g4("compile --model '" + g4test::fixture("e2b_tiny") +
+                                            "' --device cuda --no-fidelity -o '" + plan + "'");
     ASSERT_EQ(r.exit_code, 0) << r.err;
     g4_engine* e = nullptr;
     ASSERT_EQ(g4_engine_open(plan.c_str(), nullptr, &e), G4_OK) << g4_last_error_message();
     std::vector<g4_sampling_params> sets(5, g4_sampling_params_default());
-    sets[0].temperature = 0.8f, sets[0].top_k = 40, sets[0].top_p = 0.9f, sets[0].min_p = 0.02f, sets[0].repeat_penalty = 1.3f,
-    sets[0].repeat_last_n = 16, sets[0].seed = 11;
-    sets[1].repeat_penalty = 1.5f, sets[1].repeat_last_n = -1;   // greedy with a penalty: top-1 on the GPU
+    sets[0].temperature = 0.8f, sets[0].top_k = 40, sets[0].top_p = 0.9f, sets[0].min_p = 0.02f,
+    sets[0].repeat_penalty = 1.3f, sets[0].repeat_last_n = 16, sets[0].seed = 11;
+    sets[1].repeat_penalty = 1.5f, sets[1].repeat_last_n = -1; // greedy with a penalty: top-1 on the GPU
     sets[2].temperature = 1.2f, sets[2].top_k = 300, sets[2].seed = 5;
     // No top-k: top-p / min-p from the GPU's best candidates with the row's normalizer (sample_prefix).
     sets[3].temperature = 1.0f, sets[3].top_k = 0, sets[3].top_p = 0.9f, sets[3].seed = 21;
-    sets[4].temperature = 0.8f, sets[4].top_k = 0, sets[4].min_p = 0.05f, sets[4].repeat_penalty = 1.3f, sets[4].repeat_last_n = -1, sets[4].seed = 4;
+    sets[4].temperature = 0.8f, sets[4].top_k = 0, sets[4].min_p = 0.05f, sets[4].repeat_penalty = 1.3f,
+    sets[4].repeat_last_n = -1, sets[4].seed = 4;
     for (const g4_sampling_params& p : sets) {
         g4_session* s = nullptr;
         ASSERT_EQ(g4_session_create(e, nullptr, &s), G4_OK) << g4_last_error_message();
@@ -777,7 +861,8 @@ TEST(GpuSampling, SameTokensAsTheCpuSampler) {
             const float* logits = nullptr;
             ASSERT_EQ(g4_session_get_logits(s, &logits, &vocab), G4_OK);
             ASSERT_EQ(vocab, 512);
-            const int32_t want = rt::sample_token(logits, vocab, p, fed.data(), (int32_t)fed.size(), buf.data(), idx.data(), tmp.data(), rng);
+            const int32_t want = rt::sample_token(logits, vocab, p, fed.data(), (int32_t)fed.size(),
+                                                  buf.data(), idx.data(), tmp.data(), rng);
             EXPECT_EQ(tok, want) << "step " << step << ", temperature " << p.temperature;
             fed.push_back(tok);
             ASSERT_EQ(g4_session_append_tokens(s, &tok, 1, nullptr, 0), G4_OK);
@@ -800,11 +885,15 @@ TEST(GpuSampling, SoftmaxPartialsGiveTheRowNormalizer) {
         launch("g4_softmax_partial", cuda_ws::kSoftmaxBlocks, 1, 256, {&gl, &n, &temp, &out});
         auto part = dev.down<double>(out, 2 * cuda_ws::kSoftmaxBlocks);
         double mx = -INFINITY, sum = 0, want = 0;
-        for (int b = 0; b < cuda_ws::kSoftmaxBlocks; ++b) mx = std::max(mx, part[2 * b]);
-        for (int b = 0; b < cuda_ws::kSoftmaxBlocks; ++b) sum += part[2 * b + 1] * std::exp(part[2 * b] - mx);
+        for (int b = 0; b < cuda_ws::kSoftmaxBlocks; ++b)
+            mx = std::max(mx, part[2 * b]);
+        for (int b = 0; b < cuda_ws::kSoftmaxBlocks; ++b)
+            sum += part[2 * b + 1] * std::exp(part[2 * b] - mx);
         float hmx = -INFINITY;
-        for (float v : l) hmx = std::max(hmx, v / temp);
-        for (float v : l) want += std::exp((double)(v / temp) - hmx);
+        for (float v : l)
+            hmx = std::max(hmx, v / temp);
+        for (float v : l)
+            want += std::exp((double)(v / temp) - hmx);
         EXPECT_EQ((float)mx, hmx) << "temperature " << temp;
         EXPECT_NEAR(sum / want, 1.0, 1e-12) << "temperature " << temp;
     }
@@ -820,63 +909,74 @@ TEST(CudaPlan, Bf16KvCacheMatchesTheCpuPlan) {
     for (const std::string fx : {"e2b_tiny", "e4b_tiny"}) {
         const std::string gpu_plan = td.file(fx + "-cuda.g4plan"), cpu_plan = td.file(fx + "-cpu.g4plan");
         const std::string model = " --model '" + g4test::fixture(fx) + "' --weights bf16 --no-fidelity";
-        g4test::CmdResult c = g4test::run_g4("compile" + model + " --device cuda --prefill-precision fp32 -o '" + gpu_plan + "'");
+        g4test::CmdResult c     = g4test::run_g4("compile" + model +
+                                                 " --device cuda --prefill-precision fp32 -o '" + gpu_plan + "'");
         ASSERT_EQ(c.exit_code, 0) << c.err;
         EXPECT_NE(c.err.find("KV cache bf16"), std::string::npos) << c.err;
         c = g4test::run_g4("compile" + model + " --kv-dtype bf16 -o '" + cpu_plan + "'");
         ASSERT_EQ(c.exit_code, 0) << c.err;
-        const auto ref = nlohmann::json::parse(g4test::read_file(g4test::fixture(fx + "/reference/reference.json")));
+        const auto ref =
+            nlohmann::json::parse(g4test::read_file(g4test::fixture(fx + "/reference/reference.json")));
         for (const auto& p : ref["prompts"]) {
             std::string ids;
-            for (int32_t t : p["ids"].get<std::vector<int32_t>>()) ids += (ids.empty() ? "" : ",") + std::to_string(t);
+            for (int32_t t : p["ids"].get<std::vector<int32_t>>())
+                ids += (ids.empty() ? "" : ",") + std::to_string(t);
             std::vector<float> logits[2];
             std::vector<int32_t> greedy[2];
             for (int d = 0; d < 2; ++d) {
                 const std::string dump = td.file("l" + std::to_string(d));
-                g4test::CmdResult r = g4test::run_g4("run '" + (d ? gpu_plan : cpu_plan) + "' --tokens " + ids +
-                                                     " -n 16 --temp 0 --ignore-eos --print-ids --dump-logits '" + dump + "'");
+                g4test::CmdResult r =
+                    g4test::run_g4("run '" + (d ? gpu_plan : cpu_plan) + "' --tokens " + ids +
+                                   " -n 16 --temp 0 --ignore-eos --print-ids --dump-logits '" + dump + "'");
                 ASSERT_EQ(r.exit_code, 0) << r.err;
                 logits[d] = g4test::read_f32(dump);
                 greedy[d] = g4test::parse_ids(r.out);
             }
             ASSERT_EQ(logits[0].size(), logits[1].size());
             const double e = rel(logits[1], logits[0]);
-            std::printf("CUDA plan %s bf16 KV, prompt %s: prefill logits rel %.2e vs the CPU plan\n", fx.c_str(),
-                        p["name"].get<std::string>().c_str(), e);
+            std::printf("CUDA plan %s bf16 KV, prompt %s: prefill logits rel %.2e vs the CPU plan\n",
+                        fx.c_str(), p["name"].get<std::string>().c_str(), e);
             EXPECT_LT(e, 5e-3) << fx;
             EXPECT_EQ(greedy[1], greedy[0]) << fx;
             EXPECT_EQ(greedy[1], p["greedy"].get<std::vector<int32_t>>()) << fx;
         }
         // A long decode through the captured graph: the sliding ring wraps many times.
         std::string ids;
-        for (int32_t t : ref["prompts"].back()["ids"].get<std::vector<int32_t>>()) ids += (ids.empty() ? "" : ",") + std::to_string(t);
+        for (int32_t t : ref["prompts"].back()["ids"].get<std::vector<int32_t>>())
+            ids += (ids.empty() ? "" : ",") + std::to_string(t);
         std::vector<int32_t> tokens[2];
         for (int d = 0; d < 2; ++d) {
-            g4test::CmdResult r = g4test::run_g4("run '" + (d ? gpu_plan : cpu_plan) + "' --tokens " + ids + " -n 200 --temp 0 --ignore-eos --print-ids");
+            g4test::CmdResult r = g4test::run_g4("run '" + (d ? gpu_plan : cpu_plan) + "' --tokens " + ids +
+                                                 " -n 200 --temp 0 --ignore-eos --print-ids");
             ASSERT_EQ(r.exit_code, 0) << r.err;
             tokens[d] = g4test::parse_ids(r.out);
         }
         size_t agree = 0;
-        while (agree < tokens[0].size() && agree < tokens[1].size() && tokens[0][agree] == tokens[1][agree]) ++agree;
-        std::printf("CUDA plan %s bf16 KV: 200-token greedy decode, first %zu tokens equal the CPU plan's\n", fx.c_str(), agree);
+        while (agree < tokens[0].size() && agree < tokens[1].size() && tokens[0][agree] == tokens[1][agree])
+            ++agree;
+        std::printf("CUDA plan %s bf16 KV: 200-token greedy decode, first %zu tokens equal the CPU plan's\n",
+                    fx.c_str(), agree);
         EXPECT_GE(agree, 64u) << fx;
     }
 }
 
 // The tiny fixture fx's NF4 CUDA plan compiled with `flags` (and --mlp-replicas reps when reps > 0): its
-// fused MLP records and a 24-step greedy decode of the fixture's last reference prompt (tokens and each step's
-// logits).
+// fused MLP records and a 24-step greedy decode of the fixture's last reference prompt (tokens and each
+// step's logits).
 struct MlpPlanRun {
     std::vector<g4::plan::CudaLaunch> mlps;
     std::vector<float> logits;
     std::vector<int32_t> tokens;
 };
-void mlp_plan_run(g4test::TempDir& td, const std::string& fx, const std::string& name, const std::string& flags, int reps, MlpPlanRun* out) {
-    const auto ref = nlohmann::json::parse(g4test::read_file(g4test::fixture(fx + "/reference/reference.json")));
+void mlp_plan_run(g4test::TempDir& td, const std::string& fx, const std::string& name,
+                  const std::string& flags, int reps, MlpPlanRun* out) {
+    const auto ref =
+        nlohmann::json::parse(g4test::read_file(g4test::fixture(fx + "/reference/reference.json")));
     std::string ids;
-    for (int32_t t : ref["prompts"].back()["ids"].get<std::vector<int32_t>>()) ids += (ids.empty() ? "" : ",") + std::to_string(t);
+    for (int32_t t : ref["prompts"].back()["ids"].get<std::vector<int32_t>>())
+        ids += (ids.empty() ? "" : ",") + std::to_string(t);
     const std::string plan = td.file(fx + "-" + name + ".g4plan");
-    std::string all = flags;
+    std::string all        = flags;
     if (reps) all += " --mlp-replicas " + std::to_string(reps);
     g4test::CmdResult c =
         g4test::run_g4("compile --model '" + g4test::fixture(fx) +
@@ -889,7 +989,9 @@ void mlp_plan_run(g4test::TempDir& td, const std::string& fx, const std::string&
         if (pl.launch(li).kind == (uint16_t)g4::plan::LaunchKind::Mlp) out->mlps.push_back(pl.launch(li));
     ASSERT_FALSE(out->mlps.empty()) << fx;
     const std::string dump = td.file(fx + "-" + name + "-decode");
-    g4test::CmdResult r = g4test::run_g4("run '" + plan + "' --tokens " + ids + " -n 24 --temp 0 --ignore-eos --print-ids --dump-decode-logits '" + dump + "'");
+    g4test::CmdResult r =
+        g4test::run_g4("run '" + plan + "' --tokens " + ids +
+                       " -n 24 --temp 0 --ignore-eos --print-ids --dump-decode-logits '" + dump + "'");
     ASSERT_EQ(r.exit_code, 0) << r.err;
     out->logits = g4test::read_f32(dump);
     out->tokens = g4test::parse_ids(r.out);
@@ -911,15 +1013,18 @@ TEST(CudaPlan, MlpReplicasMatchOneOutput) {
     g4test::TempDir td;
     for (const std::string fx : {"e2b_tiny", "e4b_tiny"}) {
         MlpPlanRun runs[3];
-        const int reps[3] = {0, 2, 4};   // 0: the compiler's choice
+        const int reps[3] = {0, 2, 4}; // 0: the compiler's choice
         for (int k = 0; k < 3; ++k) {
-            ASSERT_NO_FATAL_FAILURE(mlp_plan_run(td, fx, "r" + std::to_string(reps[k]), "--mlp-precision f32", reps[k], &runs[k]));
-            for (const g4::plan::CudaLaunch& l : runs[k].mlps) EXPECT_EQ(l.ip[6], reps[k] ? reps[k] : 1) << fx;
+            ASSERT_NO_FATAL_FAILURE(mlp_plan_run(td, fx, "r" + std::to_string(reps[k]), "--mlp-precision f32",
+                                                 reps[k], &runs[k]));
+            for (const g4::plan::CudaLaunch& l : runs[k].mlps)
+                EXPECT_EQ(l.ip[6], reps[k] ? reps[k] : 1) << fx;
         }
         for (int k = 1; k < 3; ++k) {
             ASSERT_EQ(runs[k].logits.size(), runs[0].logits.size());
             const double e = rel(runs[k].logits, runs[0].logits);
-            std::printf("CUDA plan %s, %d MLP output replicas: decode logits rel %.2e against one\n", fx.c_str(), reps[k], e);
+            std::printf("CUDA plan %s, %d MLP output replicas: decode logits rel %.2e against one\n",
+                        fx.c_str(), reps[k], e);
             EXPECT_LT(e, 1e-3) << fx << ", " << reps[k] << " replicas";
             EXPECT_EQ(runs[k].tokens, runs[0].tokens) << fx << ", " << reps[k] << " replicas";
         }
@@ -937,8 +1042,10 @@ TEST(CudaPlan, MlpF16MatchesF32) {
         MlpPlanRun f32, f16;
         ASSERT_NO_FATAL_FAILURE(mlp_plan_run(td, fx, "mlp-f32", "--mlp-precision f32", 0, &f32));
         ASSERT_NO_FATAL_FAILURE(mlp_plan_run(td, fx, "mlp-default", "", 0, &f16));
-        for (const g4::plan::CudaLaunch& l : f32.mlps) EXPECT_EQ(l.ip[7], 0) << fx;
-        for (const g4::plan::CudaLaunch& l : f16.mlps) EXPECT_EQ(l.ip[7], 1) << fx;
+        for (const g4::plan::CudaLaunch& l : f32.mlps)
+            EXPECT_EQ(l.ip[7], 0) << fx;
+        for (const g4::plan::CudaLaunch& l : f16.mlps)
+            EXPECT_EQ(l.ip[7], 1) << fx;
         ASSERT_EQ(f16.logits.size(), f32.logits.size());
         const double e = rel(f16.logits, f32.logits);
         std::printf("CUDA plan %s, packed-f16 MLPs: decode logits rel %.2e against f32\n", fx.c_str(), e);
@@ -967,7 +1074,8 @@ TEST(CudaPlan, PleFoldMatchesUnfolded) {
             ASSERT_EQ(pl.load(td.file(fx + "-" + name + ".g4plan"), false, &err), G4_OK) << err;
             int folded = 0, ples = 0;
             for (size_t li = 0; li < pl.n_launches(); ++li) {
-                folded += pl.launch(li).kind == (uint16_t)g4::plan::LaunchKind::ResNorm && pl.launch(li).ip[1] == 1;
+                folded +=
+                    pl.launch(li).kind == (uint16_t)g4::plan::LaunchKind::ResNorm && pl.launch(li).ip[1] == 1;
                 ples += pl.launch(li).kind == (uint16_t)g4::plan::LaunchKind::Ple;
             }
             EXPECT_GT(ples, 0) << fx;
@@ -975,17 +1083,19 @@ TEST(CudaPlan, PleFoldMatchesUnfolded) {
         }
         ASSERT_EQ(runs[1].logits.size(), runs[0].logits.size());
         const double e = rel(runs[1].logits, runs[0].logits);
-        std::printf("CUDA plan %s, ResNorm folded into the PLE: decode logits rel %.2e against unfolded\n", fx.c_str(), e);
+        std::printf("CUDA plan %s, ResNorm folded into the PLE: decode logits rel %.2e against unfolded\n",
+                    fx.c_str(), e);
         EXPECT_LT(e, 1e-3) << fx;
         EXPECT_EQ(runs[1].tokens, runs[0].tokens) << fx;
     }
 }
 
-// The ResNorm making each packed-f16 MLP's input run by the MLP launch (ResNorm record ip1 = 2, the _r kernels; an
-// earlier ResNorm zeroes the MLP's output, its ip2) against plans compiled with --mlp-fold off: every MLP of the tiny
-// fixtures folds, with one output (then _z_r: the PLE's ResNorm is folded too) and with 4 replicas (_rep_r); 24 greedy
-// steps give the same tokens and the logits agree within 5e-3 (the folded kernel takes both norms from one pass of
-// four sums, and x is rounded to f16: one flipped rounding is carried by later steps, as in MlpF16MatchesF32).
+// The ResNorm making each packed-f16 MLP's input run by the MLP launch (ResNorm record ip1 = 2, the _r
+// kernels; an earlier ResNorm zeroes the MLP's output, its ip2) against plans compiled with --mlp-fold off:
+// every MLP of the tiny fixtures folds, with one output (then _z_r: the PLE's ResNorm is folded too) and with
+// 4 replicas (_rep_r); 24 greedy steps give the same tokens and the logits agree within 5e-3 (the folded
+// kernel takes both norms from one pass of four sums, and x is rounded to f16: one flipped rounding is
+// carried by later steps, as in MlpF16MatchesF32).
 TEST(CudaPlan, MlpFoldMatchesUnfolded) {
     NEED_GPU();
     if (gpu().sm < 90) GTEST_SKIP() << "the fused MLP is scheduled on sm_90 plans only";
@@ -1013,8 +1123,9 @@ TEST(CudaPlan, MlpFoldMatchesUnfolded) {
             }
             ASSERT_EQ(runs[1].logits.size(), runs[0].logits.size());
             const double e = rel(runs[1].logits, runs[0].logits);
-            std::printf("CUDA plan %s, %d MLP replicas, ResNorm folded into the MLP: decode logits rel %.2e against unfolded\n", fx.c_str(),
-                        reps ? reps : 1, e);
+            std::printf("CUDA plan %s, %d MLP replicas, ResNorm folded into the MLP: decode logits rel %.2e "
+                        "against unfolded\n",
+                        fx.c_str(), reps ? reps : 1, e);
             EXPECT_LT(e, 5e-3) << fx << " replicas " << reps;
             EXPECT_EQ(runs[1].tokens, runs[0].tokens) << fx << " replicas " << reps;
         }
@@ -1032,10 +1143,12 @@ TEST(CudaPlan, DecodeAheadMatchesPlainSteps) {
     NEED_GPU();
     g4test::TempDir td;
     const std::string plan = td.file("e2b-nf4-cuda.g4plan");
-    g4test::CmdResult c = g4test::run_g4("compile --model '" + g4test::fixture("e2b_tiny") +
-                                         "' --weights nf4 --no-fidelity --device cuda --deterministic -o '" + plan + "'");
+    g4test::CmdResult c =
+        g4test::run_g4("compile --model '" + g4test::fixture("e2b_tiny") +
+                       "' --weights nf4 --no-fidelity --device cuda --deterministic -o '" + plan + "'");
     ASSERT_EQ(c.exit_code, 0) << c.err;
-    const auto ref = nlohmann::json::parse(g4test::read_file(g4test::fixture("e2b_tiny/reference/reference.json")));
+    const auto ref =
+        nlohmann::json::parse(g4test::read_file(g4test::fixture("e2b_tiny/reference/reference.json")));
     const auto prompt = ref["prompts"].back()["ids"].get<std::vector<int32_t>>();
     g4_engine *e = nullptr, *e_full = nullptr;
     ASSERT_EQ(g4_engine_open(plan.c_str(), nullptr, &e), G4_OK) << g4_last_error_message();
@@ -1047,8 +1160,8 @@ TEST(CudaPlan, DecodeAheadMatchesPlainSteps) {
     struct Run {
         std::vector<int32_t> tokens;
         std::vector<std::vector<float>> logits;
-        std::vector<int64_t> ahead;   // stats.decode_ahead at the end of each round
-        std::vector<int64_t> screened;   // stats.lm_screened
+        std::vector<int64_t> ahead;    // stats.decode_ahead at the end of each round
+        std::vector<int64_t> screened; // stats.lm_screened
     };
     auto script = [&](bool ahead, g4_engine* eng) {
         Run r;
@@ -1066,14 +1179,17 @@ TEST(CudaPlan, DecodeAheadMatchesPlainSteps) {
         g4_sampling_params topk = g4_sampling_params_default();
         topk.temperature = 0.8f, topk.top_k = 8, topk.seed = 5;
         for (int round = 0; round < 2; ++round) {
-            EXPECT_EQ(g4_session_append_tokens(s, prompt.data(), prompt.size() - round, nullptr, 0), G4_OK) << g4_last_error_message();
+            EXPECT_EQ(g4_session_append_tokens(s, prompt.data(), prompt.size() - round, nullptr, 0), G4_OK)
+                << g4_last_error_message();
             for (int i = 0; i < 48; ++i) {
                 int32_t tok = 0;
-                EXPECT_EQ(g4_session_sample(s, i == 30 ? &topk : nullptr, &tok), G4_OK) << g4_last_error_message();
-                if (i == 20) tok = (tok + 1) % info.vocab_size;   // not the argmax: the step run ahead is not this one
+                EXPECT_EQ(g4_session_sample(s, i == 30 ? &topk : nullptr, &tok), G4_OK)
+                    << g4_last_error_message();
+                if (i == 20)
+                    tok = (tok + 1) % info.vocab_size; // not the argmax: the step run ahead is not this one
                 r.tokens.push_back(tok);
                 EXPECT_EQ(g4_session_append_tokens(s, &tok, 1, nullptr, 0), G4_OK) << g4_last_error_message();
-                if (round == 1 && (i == 10 || i == 47)) keep_logits();   // after a step run ahead
+                if (round == 1 && (i == 10 || i == 47)) keep_logits(); // after a step run ahead
             }
             g4_session_stats st{};
             EXPECT_EQ(g4_session_get_stats(s, &st), G4_OK);
@@ -1102,7 +1218,8 @@ TEST(CudaPlan, DecodeAheadMatchesPlainSteps) {
     EXPECT_EQ(unscreened.screened, (std::vector<int64_t>{0, 0}));
     EXPECT_EQ(unscreened.tokens, plain.tokens);
     ASSERT_EQ(unscreened.logits.size(), 3u);
-    for (size_t i = 0; i < 3; ++i) EXPECT_EQ(rel(unscreened.logits[i], plain.logits[i]), 0.0) << "logits read " << i;
+    for (size_t i = 0; i < 3; ++i)
+        EXPECT_EQ(rel(unscreened.logits[i], plain.logits[i]), 0.0) << "logits read " << i;
     EXPECT_EQ(ahead.tokens, plain.tokens);
     ASSERT_EQ(ahead.logits.size(), 3u);
     ASSERT_EQ(plain.logits.size(), 3u);
@@ -1116,30 +1233,32 @@ TEST(CudaPlan, DecodeAheadMatchesPlainSteps) {
 class ResNorm : public ::testing::TestWithParam<int> {};
 TEST_P(ResNorm, MatchesUnfusedOps) {
     NEED_GPU();
-    const int H = GetParam();   // 1534: not a multiple of 4, the scalar path
+    const int H = GetParam(); // 1534: not a multiple of 4, the scalar path
     Dev dev;
     std::vector<float> x = randn(H, 1), d = randn(H, 2), pw = randn(H, 3), prew = randn(H, 4);
     auto pwb = to_bf16(pw), prewb = to_bf16(prew);
     std::vector<uint16_t> sc = {f32_to_bf16(0.37f)};
-    CUdeviceptr gx = dev.up(x), gd = dev.up(d), gpw = dev.up(pwb), gsc = dev.up(sc), gxo = dev.alloc(H * 4), gprew = dev.up(prewb),
-                gxn = dev.alloc(H * 4);
+    CUdeviceptr gx = dev.up(x), gd = dev.up(d), gpw = dev.up(pwb), gsc = dev.up(sc), gxo = dev.alloc(H * 4),
+                gprew = dev.up(prewb), gxn = dev.alloc(H * 4);
     // mode 0: d = rms(d) * pw; x_out = (x + d) * 1 * s; xn = rms(x_out) * prew. 1: no residual branch
-    // (x_out = x * s). 2: no xn. 3: mode 0 with d given as d0 and three replicas (g4_resnorm_rep; g4_mlp_nf4_rep's nrep), summed
-    // in replica order, which the kernel zeroes. 4: a lone RmsNorm (the first layer's input norm: no d, no
-    // scalar, no x_out; xn = rms(x) * prew, against the reference RmsNorm of x). Each at 512 threads, at the
-    // fewest the kernel takes (H / 8) and at 1024 (the runtime's launch for H > 2048): one or two float4 a
-    // thread, or the scalar path.
-    const int kRep = 3;
+    // (x_out = x * s). 2: no xn. 3: mode 0 with d given as d0 and three replicas (g4_resnorm_rep;
+    // g4_mlp_nf4_rep's nrep), summed in replica order, which the kernel zeroes. 4: a lone RmsNorm (the first
+    // layer's input norm: no d, no scalar, no x_out; xn = rms(x) * prew, against the reference RmsNorm of x).
+    // Each at 512 threads, at the fewest the kernel takes (H / 8) and at 1024 (the runtime's launch for H >
+    // 2048): one or two float4 a thread, or the scalar path.
+    const int kRep        = 3;
     std::vector<float> d0 = randn(H, 5), reps = randn((size_t)kRep * H, 6), dsum(H);
     for (int i = 0; i < H; ++i) {
         dsum[i] = d0[i];
-        for (int r = 0; r < kRep; ++r) dsum[i] += reps[(size_t)r * H + i];
+        for (int r = 0; r < kRep; ++r)
+            dsum[i] += reps[(size_t)r * H + i];
     }
     CUdeviceptr gd0 = dev.up(d0);
     for (int mode = 0; mode < 5; ++mode)
         for (unsigned block : {512u, (unsigned)(H / 8 + 31) / 32 * 32, 1024u}) {
             std::vector<float> dr = mode == 3 ? dsum : d, xo(H), xn(H);
-            if (mode == 1 || mode == 4) xo = x;
+            if (mode == 1 || mode == 4)
+                xo = x;
             else {
                 ref::rms_norm({dr.data(), H, pwb.data(), DType::BF16, dr.data(), H, 1, H, H, 1e-6f});
                 ref::add({x.data(), H, dr.data(), H, xo.data(), H, 1, H});
@@ -1158,25 +1277,35 @@ TEST_P(ResNorm, MatchesUnfusedOps) {
             if (mode == 0) dd = gdz;
             if (mode == 3) dd = gd0;
             CUdeviceptr grep = mode == 3 ? dev.up(reps) : 0;
-            int nrep = mode == 3 ? kRep : 0;
+            int nrep         = mode == 3 ? kRep : 0;
             if (mode == 3)
-                launch("g4_resnorm_rep", 1, 1, block, {&gx, &dd, &gpw, &one, &gsc, &one, &f, &gxo, &gprew, &one, &xnp, &h, &eps, &zero, &grep, &nrep});
+                launch("g4_resnorm_rep", 1, 1, block,
+                       {&gx, &dd, &gpw, &one, &gsc, &one, &f, &gxo, &gprew, &one, &xnp, &h, &eps, &zero,
+                        &grep, &nrep});
             else
-                launch("g4_resnorm", 1, 1, block, {&gx, &dd, &gpw, &one, &scp, &one, &f, &xop, &gprew, &one, &xnp, &h, &eps, &zero});
+                launch("g4_resnorm", 1, 1, block,
+                       {&gx, &dd, &gpw, &one, &scp, &one, &f, &xop, &gprew, &one, &xnp, &h, &eps, &zero});
             if (mode == 0) {
                 const std::vector<float> z = dev.down<float>(gdz, H);
                 EXPECT_EQ(std::count(z.begin(), z.end(), 0.0f), H) << "the zeroed buffer, block " << block;
             }
             if (mode == 3) {
                 const std::vector<float> z = dev.down<float>(grep, (size_t)kRep * H);
-                EXPECT_EQ(std::count(z.begin(), z.end(), 0.0f), (long)kRep * H) << "the replicas, zeroed after their reads, block " << block;
+                EXPECT_EQ(std::count(z.begin(), z.end(), 0.0f), (long)kRep * H)
+                    << "the replicas, zeroed after their reads, block " << block;
             }
-            if (mode == 4) { EXPECT_EQ(dev.down<uint32_t>(gxo, 1)[0], 0xffffffffu) << "x_out written without being asked for"; }
-            double e1 = mode == 4 ? 0.0 : rel(dev.down<float>(gxo, H), xo), e2 = mode == 2 ? 0.0 : rel(dev.down<float>(gxn, H), xn);
+            if (mode == 4) {
+                EXPECT_EQ(dev.down<uint32_t>(gxo, 1)[0], 0xffffffffu)
+                    << "x_out written without being asked for";
+            }
+            double e1 = mode == 4 ? 0.0 : rel(dev.down<float>(gxo, H), xo),
+                   e2 = mode == 2 ? 0.0 : rel(dev.down<float>(gxn, H), xn);
             std::printf("ResNorm H=%d mode %d block %u: x_out %.2e, xn %.2e\n", H, mode, block, e1, e2);
             EXPECT_LT(e1, 1e-6) << "mode " << mode << " block " << block;
             EXPECT_LT(e2, 1e-6) << "mode " << mode << " block " << block;
-            if (mode == 2) { EXPECT_EQ(dev.down<uint32_t>(gxn, 1)[0], 0xffffffffu) << "xn written without being asked for"; }
+            if (mode == 2) {
+                EXPECT_EQ(dev.down<uint32_t>(gxn, 1)[0], 0xffffffffu) << "xn written without being asked for";
+            }
         }
 }
 // x nearly cancelling the normalised residual branch (x_out 3-50x smaller than x): a faster ResNorm that
@@ -1191,16 +1320,19 @@ TEST_P(ResNorm, CancellingResidual) {
         auto pwb = to_bf16(pw), prewb = to_bf16(prew);
         std::vector<float> dr = d, x(H), xo(H), xn(H);
         ref::rms_norm({dr.data(), H, pwb.data(), DType::BF16, dr.data(), H, 1, H, H, 1e-6f});
-        for (int i = 0; i < H; ++i) x[i] = -alpha * dr[i] + 0.01f * noise[i];
+        for (int i = 0; i < H; ++i)
+            x[i] = -alpha * dr[i] + 0.01f * noise[i];
         ref::add({x.data(), H, dr.data(), H, xo.data(), H, 1, H});
         ref::rms_norm({xo.data(), H, prewb.data(), DType::BF16, xn.data(), H, 1, H, H, 1e-6f});
-        CUdeviceptr gx = dev.up(x), gd = dev.up(d), gpw = dev.up(pwb), gxo = dev.alloc(H * 4), gprew = dev.up(prewb), gxn = dev.alloc(H * 4);
+        CUdeviceptr gx = dev.up(x), gd = dev.up(d), gpw = dev.up(pwb), gxo = dev.alloc(H * 4),
+                    gprew = dev.up(prewb), gxn = dev.alloc(H * 4);
         CUdeviceptr gsc = 0;
-        int one = 1;
+        int one         = 1;
         float f = 1.0f, eps = 1e-6f;
-        int h = H;
+        int h               = H;
         CUdeviceptr no_zero = 0;
-        launch("g4_resnorm", 1, 1, 512, {&gx, &gd, &gpw, &one, &gsc, &one, &f, &gxo, &gprew, &one, &gxn, &h, &eps, &no_zero});
+        launch("g4_resnorm", 1, 1, 512,
+               {&gx, &gd, &gpw, &one, &gsc, &one, &f, &gxo, &gprew, &one, &gxn, &h, &eps, &no_zero});
         double e1 = rel(dev.down<float>(gxo, H), xo), e2 = rel(dev.down<float>(gxn, H), xn);
         std::printf("ResNorm H=%d, x = -%.2f rms(d) pw + noise: x_out %.2e, xn %.2e\n", H, alpha, e1, e2);
         EXPECT_LT(e1, 1e-5) << alpha;
@@ -1216,23 +1348,27 @@ INSTANTIATE_TEST_SUITE_P(RealShapes, ResNorm, ::testing::Values(1536, 2560, 1534
 TEST(PleIn, MatchesUnfusedOps) {
     NEED_GPU();
     Dev dev;
-    struct Case { int groups, P; };
+    struct Case {
+        int groups, P;
+    };
     for (Case c : {Case{35, 256}, Case{42, 256}, Case{10, 16}, Case{3, 40}})
         for (int wdt : {0, 1}) {
-            const int N = c.groups * c.P;
+            const int N            = c.groups * c.P;
             std::vector<float> ctx = randn(N, 11), tok = randn(N, 12), w = randn(c.P, 13), want(N);
             const float s1 = 0.0255f, s2 = 0.7071f, eps = 1e-6f;
             std::vector<uint16_t> wb = to_bf16(w);
-            std::vector<float> v = ctx;
+            std::vector<float> v     = ctx;
             ref::scale({v.data(), N, v.data(), N, 1, N, s1, nullptr, DType::F32, 0.0f});
-            ref::rms_norm({v.data(), N, wdt ? (const void*)wb.data() : (const void*)w.data(), wdt ? DType::BF16 : DType::F32, v.data(), N, 1, N,
-                           c.P, eps});
+            ref::rms_norm({v.data(), N, wdt ? (const void*)wb.data() : (const void*)w.data(),
+                           wdt ? DType::BF16 : DType::F32, v.data(), N, 1, N, c.P, eps});
             ref::add({v.data(), N, tok.data(), N, want.data(), N, 1, N});
             ref::scale({want.data(), N, want.data(), N, 1, N, s2, nullptr, DType::F32, 0.0f});
-            CUdeviceptr gc = dev.up(ctx), gt = dev.up(tok), gw = wdt ? dev.up(wb) : dev.up(w), go = dev.alloc((size_t)N * 4);
-            int P = c.P;
+            CUdeviceptr gc = dev.up(ctx), gt = dev.up(tok), gw = wdt ? dev.up(wb) : dev.up(w),
+                        go = dev.alloc((size_t)N * 4);
+            int P          = c.P;
             float a = s1, e = eps, b = s2;
-            launch("g4_ple_in", (unsigned)c.groups, 1, (unsigned)(P + 31) / 32 * 32, {&gc, &gw, &wdt, &gt, &go, &P, &a, &e, &b});
+            launch("g4_ple_in", (unsigned)c.groups, 1, (unsigned)(P + 31) / 32 * 32,
+                   {&gc, &gw, &wdt, &gt, &go, &P, &a, &e, &b});
             const double err = rel(dev.down<float>(go, N), want);
             std::printf("PleIn %d x %d, %s weight: rel %.2e\n", c.groups, c.P, wdt ? "bf16" : "f32", err);
             EXPECT_LT(err, 1e-6) << c.groups << " x " << c.P << " wdt " << wdt;
@@ -1245,12 +1381,15 @@ struct Cache {
     DType dt;
     std::vector<float> f32;
     std::vector<uint16_t> bf16;
-    const void* data() const { return dt == DType::BF16 ? (const void*)bf16.data() : (const void*)f32.data(); }
+    const void* data() const {
+        return dt == DType::BF16 ? (const void*)bf16.data() : (const void*)f32.data();
+    }
     void* data() { return dt == DType::BF16 ? (void*)bf16.data() : (void*)f32.data(); }
     std::vector<float> values() const {
         if (dt == DType::F32) return f32;
         std::vector<float> f(bf16.size());
-        for (size_t i = 0; i < bf16.size(); ++i) f[i] = bf16_to_f32(bf16[i]);
+        for (size_t i = 0; i < bf16.size(); ++i)
+            f[i] = bf16_to_f32(bf16[i]);
         return f;
     }
     size_t bytes() const { return dt == DType::BF16 ? bf16.size() * 2 : f32.size() * 4; }
@@ -1265,16 +1404,22 @@ Cache make_cache(DType dt, std::vector<float> v) {
     Cache c{dt, std::move(v), {}};
     if (dt == DType::BF16) {
         c.bf16 = to_bf16(c.f32);
-        for (size_t i = 0; i < c.f32.size(); ++i) c.f32[i] = bf16_to_f32(c.bf16[i]);
+        for (size_t i = 0; i < c.f32.size(); ++i)
+            c.f32[i] = bf16_to_f32(c.bf16[i]);
     }
     return c;
 }
-int kvdt_arg(DType dt) { return dt == DType::BF16 ? 1 : 0; }
-const char* dt_name(DType dt) { return dt == DType::BF16 ? "bf16" : "f32"; }
+int kvdt_arg(DType dt) {
+    return dt == DType::BF16 ? 1 : 0;
+}
+const char* dt_name(DType dt) {
+    return dt == DType::BF16 ? "bf16" : "f32";
+}
 // Elements whose bits differ between two bf16 caches (the kernels round as f32_to_bf16 does).
 size_t bf16_mismatches(const std::vector<uint16_t>& a, const std::vector<uint16_t>& b) {
     size_t n = 0;
-    for (size_t i = 0; i < a.size(); ++i) n += a[i] != b[i];
+    for (size_t i = 0; i < a.size(); ++i)
+        n += a[i] != b[i];
     return n;
 }
 
@@ -1291,27 +1436,34 @@ TEST_P(Embed, MatchesGatherBitForBit) {
     Dev dev;
     const std::vector<uint16_t> table = to_bf16(randn((size_t)c.vocab * c.cols, 31));
     std::vector<int> ids(c.rows);
-    for (int t = 0; t < c.rows; ++t) ids[t] = (t * 7919 + 13) % c.vocab;
+    for (int t = 0; t < c.rows; ++t)
+        ids[t] = (t * 7919 + 13) % c.vocab;
     const float scale = 39.19183588f;
-    long ldy = c.cols + 32;
+    long ldy          = c.cols + 32;
     std::vector<float> want((size_t)c.rows * ldy, -7.0f);
     for (int t = 0; t < c.rows; ++t)
-        for (long j = 0; j < c.cols; ++j) want[(size_t)t * ldy + j] = bf16_to_f32(table[(size_t)ids[t] * c.cols + j]) * scale;
-    CUdeviceptr step = dev.step(c.rows, 0, 1), gids = dev.up(ids), gtab = dev.up(table), gy = dev.up(std::vector<float>(want.size(), -7.0f));
-    int dt = 1;
-    long n = c.cols;
-    float sc = scale;
-    launch("g4_embed", c.rows, (unsigned)((c.cols + 2047) / 2048), 256, {&step, &gids, &gtab, &dt, &n, &sc, &gy, &ldy});
+        for (long j = 0; j < c.cols; ++j)
+            want[(size_t)t * ldy + j] = bf16_to_f32(table[(size_t)ids[t] * c.cols + j]) * scale;
+    CUdeviceptr step = dev.step(c.rows, 0, 1), gids = dev.up(ids), gtab = dev.up(table),
+                gy = dev.up(std::vector<float>(want.size(), -7.0f));
+    int dt         = 1;
+    long n         = c.cols;
+    float sc       = scale;
+    launch("g4_embed", c.rows, (unsigned)((c.cols + 2047) / 2048), 256,
+           {&step, &gids, &gtab, &dt, &n, &sc, &gy, &ldy});
     EXPECT_EQ(dev.down<float>(gy, want.size()), want);
 }
 INSTANTIATE_TEST_SUITE_P(RealShapes, Embed,
-                         ::testing::Values(EmbedCase{1, 1000, 1536}, EmbedCase{1, 300, 35 * 256}, EmbedCase{5, 300, 42 * 256},
-                                           EmbedCase{3, 1000, 2560}, EmbedCase{2, 100, 2047}),
+                         ::testing::Values(EmbedCase{1, 1000, 1536}, EmbedCase{1, 300, 35 * 256},
+                                           EmbedCase{5, 300, 42 * 256}, EmbedCase{3, 1000, 2560},
+                                           EmbedCase{2, 100, 2047}),
                          [](const ::testing::TestParamInfo<EmbedCase>& i) {
-                             return "rows" + std::to_string(i.param.rows) + "cols" + std::to_string(i.param.cols);
+                             return "rows" + std::to_string(i.param.rows) + "cols" +
+                                    std::to_string(i.param.cols);
                          });
 
-// ---- KV store (prefill chunks): rows into the ring, f32 copied, bf16 rounded to nearest even as the reference
+// ---- KV store (prefill chunks): rows into the ring, f32 copied, bf16 rounded to nearest even as the
+// reference
 struct KvCase {
     int rows, width, slots, pos0;
     DType dt;
@@ -1321,11 +1473,12 @@ TEST_P(KvStore, MatchesReferenceBitForBit) {
     NEED_GPU();
     const KvCase c = GetParam();
     Dev dev;
-    const long ld = c.width + 64;   // a view into a wider activation
+    const long ld        = c.width + 64; // a view into a wider activation
     std::vector<float> k = randn((size_t)c.rows * ld, 21), v = randn((size_t)c.rows * ld, 22);
     Cache rk = make_cache(c.dt, std::vector<float>((size_t)c.slots * c.width, 0.0f)), rv = rk;
     ref::kv_store({k.data(), ld, v.data(), ld, rk.data(), rv.data(), c.rows, c.width, c.slots, c.pos0, c.dt});
-    CUdeviceptr step = dev.step(c.rows, c.pos0, 1), gk = dev.up(k), gv = dev.up(v), gkc = dev.alloc(rk.bytes()), gvc = dev.alloc(rv.bytes());
+    CUdeviceptr step = dev.step(c.rows, c.pos0, 1), gk = dev.up(k), gv = dev.up(v),
+                gkc = dev.alloc(rk.bytes()), gvc = dev.alloc(rv.bytes());
     int width = c.width, slots = c.slots, kvdt = kvdt_arg(c.dt);
     long ldk = ld;
     launch("g4_kv_store", c.rows, 1, 256, {&step, &gk, &ldk, &gv, &ldk, &gkc, &gvc, &width, &slots, &kvdt});
@@ -1337,20 +1490,21 @@ TEST_P(KvStore, MatchesReferenceBitForBit) {
         EXPECT_EQ(dev.down<float>(gvc, rv.f32.size()), rv.f32);
     }
 }
-INSTANTIATE_TEST_SUITE_P(RealShapes, KvStore,
-                         ::testing::Values(KvCase{1024, 256, 1535, 1000, DType::BF16}, KvCase{1024, 512, 4096, 3500, DType::BF16},
-                                           KvCase{300, 1024, 8192, 100, DType::BF16}, KvCase{1, 512, 32912, 32911, DType::BF16},
-                                           KvCase{1024, 256, 1535, 1000, DType::F32}, KvCase{300, 1024, 8192, 100, DType::F32}),
-                         [](const ::testing::TestParamInfo<KvCase>& i) {
-                             const KvCase& c = i.param;
-                             return "rows" + std::to_string(c.rows) + "w" + std::to_string(c.width) + "slots" + std::to_string(c.slots) +
-                                    "pos" + std::to_string(c.pos0) + "_" + dt_name(c.dt);
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    RealShapes, KvStore,
+    ::testing::Values(KvCase{1024, 256, 1535, 1000, DType::BF16}, KvCase{1024, 512, 4096, 3500, DType::BF16},
+                      KvCase{300, 1024, 8192, 100, DType::BF16}, KvCase{1, 512, 32912, 32911, DType::BF16},
+                      KvCase{1024, 256, 1535, 1000, DType::F32}, KvCase{300, 1024, 8192, 100, DType::F32}),
+    [](const ::testing::TestParamInfo<KvCase>& i) {
+        const KvCase& c = i.param;
+        return "rows" + std::to_string(c.rows) + "w" + std::to_string(c.width) + "slots" +
+               std::to_string(c.slots) + "pos" + std::to_string(c.pos0) + "_" + dt_name(c.dt);
+    });
 
 // ---- q/k/v post-projection: norms, RoPE, cache store
 struct QkvCase {
     int heads, kvh, dim, slots, pos;
-    DType dt = DType::F32;   // cache
+    DType dt = DType::F32; // cache
 };
 class QkvPost : public ::testing::TestWithParam<QkvCase> {};
 TEST_P(QkvPost, MatchesUnfusedOps) {
@@ -1358,10 +1512,12 @@ TEST_P(QkvPost, MatchesUnfusedOps) {
     const QkvCase c = GetParam();
     Dev dev;
     const int qw = c.heads * c.dim, kw = c.kvh * c.dim;
-    std::vector<float> q = randn(qw, 1), k = randn(kw, 2), v = randn(kw, 3), qn = randn(c.dim, 4), kn = randn(c.dim, 5);
+    std::vector<float> q = randn(qw, 1), k = randn(kw, 2), v = randn(kw, 3), qn = randn(c.dim, 4),
+                       kn = randn(c.dim, 5);
     auto qnb = to_bf16(qn), knb = to_bf16(kn);
     std::vector<float> inv(c.dim / 2);
-    for (int i = 0; i < c.dim / 2; ++i) inv[i] = i < c.dim / 8 ? std::pow(10000.0f, -2.0f * i / c.dim) : 0.0f;
+    for (int i = 0; i < c.dim / 2; ++i)
+        inv[i] = i < c.dim / 8 ? std::pow(10000.0f, -2.0f * i / c.dim) : 0.0f;
     Cache rkc = make_cache(c.dt, std::vector<float>((size_t)c.slots * kw, 0.0f)), rvc = rkc;
     std::vector<float> rq = q, rk = k, rv = v;
     ref::rms_norm({rq.data(), qw, qnb.data(), DType::BF16, rq.data(), qw, 1, qw, c.dim, 1e-6f});
@@ -1370,48 +1526,59 @@ TEST_P(QkvPost, MatchesUnfusedOps) {
     ref::rope({rk.data(), kw, inv.data(), 1, c.kvh, c.dim, c.pos});
     ref::rms_norm({rv.data(), kw, nullptr, DType::F32, rv.data(), kw, 1, kw, c.dim, 1e-6f});
     ref::kv_store({rk.data(), kw, rv.data(), kw, rkc.data(), rvc.data(), 1, kw, c.slots, c.pos, c.dt});
-    CUdeviceptr step = dev.step(1, c.pos, 1), gq = dev.up(q), gqn = dev.up(qnb), gk = dev.up(k), gkn = dev.up(knb), gv = dev.up(v),
-                ginv = dev.up(inv), gkc = dev.alloc(rkc.bytes()), gvc = dev.alloc(rvc.bytes());
+    CUdeviceptr step = dev.step(1, c.pos, 1), gq = dev.up(q), gqn = dev.up(qnb), gk = dev.up(k),
+                gkn = dev.up(knb), gv = dev.up(v), ginv = dev.up(inv), gkc = dev.alloc(rkc.bytes()),
+                gvc = dev.alloc(rvc.bytes());
     int wdt = 1, heads = c.heads, kvh = c.kvh, dim = c.dim, slots = c.slots, kvdt = kvdt_arg(c.dt);
     float eps = 1e-6f;
-    launch("g4_qkv_post", heads + 2 * kvh, 1, std::max(32, dim / 2),
-           {&step, &gq, &gqn, &gk, &gkn, &gv, &wdt, &ginv, &gkc, &gvc, &heads, &kvh, &dim, &slots, &eps, &kvdt});
-    double eq = rel(dev.down<float>(gq, qw), rq), ek = rel(rkc.down(dev, gkc), rkc.values()), ev = rel(rvc.down(dev, gvc), rvc.values());
-    std::printf("QkvPost %d/%d x %d pos %d %s cache: q %.2e k %.2e v %.2e\n", c.heads, c.kvh, c.dim, c.pos, dt_name(c.dt), eq, ek, ev);
+    launch(
+        "g4_qkv_post", heads + 2 * kvh, 1, std::max(32, dim / 2),
+        {&step, &gq, &gqn, &gk, &gkn, &gv, &wdt, &ginv, &gkc, &gvc, &heads, &kvh, &dim, &slots, &eps, &kvdt});
+    double eq = rel(dev.down<float>(gq, qw), rq), ek = rel(rkc.down(dev, gkc), rkc.values()),
+           ev = rel(rvc.down(dev, gvc), rvc.values());
+    std::printf("QkvPost %d/%d x %d pos %d %s cache: q %.2e k %.2e v %.2e\n", c.heads, c.kvh, c.dim, c.pos,
+                dt_name(c.dt), eq, ek, ev);
     EXPECT_LT(eq, 1e-5);
-    // bf16: the fp32 values agree to ~1e-6, so at most an element whose value sits on a rounding boundary differs by one bf16 step.
+    // bf16: the fp32 values agree to ~1e-6, so at most an element whose value sits on a rounding boundary
+    // differs by one bf16 step.
     EXPECT_LT(ek, c.dt == DType::BF16 ? 1e-3 : 1e-5);
     EXPECT_LT(ev, c.dt == DType::BF16 ? 1e-3 : 1e-6);
 }
 INSTANTIATE_TEST_SUITE_P(RealShapes, QkvPost,
-                         ::testing::Values(QkvCase{8, 1, 256, 767, 5000}, QkvCase{8, 1, 512, 8192, 4100}, QkvCase{8, 2, 256, 767, 3},
-                                           QkvCase{8, 2, 512, 32912, 32000}, QkvCase{8, 1, 256, 767, 5000, DType::BF16},
-                                           QkvCase{8, 1, 512, 8192, 4100, DType::BF16}, QkvCase{8, 2, 256, 767, 3, DType::BF16},
+                         ::testing::Values(QkvCase{8, 1, 256, 767, 5000}, QkvCase{8, 1, 512, 8192, 4100},
+                                           QkvCase{8, 2, 256, 767, 3}, QkvCase{8, 2, 512, 32912, 32000},
+                                           QkvCase{8, 1, 256, 767, 5000, DType::BF16},
+                                           QkvCase{8, 1, 512, 8192, 4100, DType::BF16},
+                                           QkvCase{8, 2, 256, 767, 3, DType::BF16},
                                            QkvCase{8, 2, 512, 32912, 32000, DType::BF16}),
                          [](const ::testing::TestParamInfo<QkvCase>& i) {
                              const QkvCase& c = i.param;
-                             return "h" + std::to_string(c.heads) + "kv" + std::to_string(c.kvh) + "d" + std::to_string(c.dim) + "pos" +
-                                    std::to_string(c.pos) + (c.dt == DType::BF16 ? "_bf16" : "");
+                             return "h" + std::to_string(c.heads) + "kv" + std::to_string(c.kvh) + "d" +
+                                    std::to_string(c.dim) + "pos" + std::to_string(c.pos) +
+                                    (c.dt == DType::BF16 ? "_bf16" : "");
                          });
 
 // ---- decode attention (split over keys, grouped by kv head) + merge, and the prefill kernels
 struct AttnCase {
     int heads, kvh, dim, slots, window, pos, rows;
-    DType dt = DType::F32;   // cache
+    DType dt = DType::F32; // cache
 };
 std::string attn_case_name(const ::testing::TestParamInfo<AttnCase>& i) {
     const AttnCase& c = i.param;
-    return "h" + std::to_string(c.heads) + "kv" + std::to_string(c.kvh) + "d" + std::to_string(c.dim) + "w" + std::to_string(c.window) +
-           "pos" + std::to_string(c.pos) + "rows" + std::to_string(c.rows) + (c.dt == DType::BF16 ? "_bf16" : "");
+    return "h" + std::to_string(c.heads) + "kv" + std::to_string(c.kvh) + "d" + std::to_string(c.dim) + "w" +
+           std::to_string(c.window) + "pos" + std::to_string(c.pos) + "rows" + std::to_string(c.rows) +
+           (c.dt == DType::BF16 ? "_bf16" : "");
 }
 // The decode attention kernels a case runs (base name `base`): the generic module's, then, where the case's
 // group size has a specialised module, its kernel and (head dim 256 or 512, groups of 8 or more: kernels.cu
 // compiles the _d kernels only there) its kernel for that dim.
-std::vector<std::pair<cu::CUmodule, std::string>> decode_attention_kernels(const AttnCase& c, const std::string& base) {
+std::vector<std::pair<cu::CUmodule, std::string>> decode_attention_kernels(const AttnCase& c,
+                                                                           const std::string& base) {
     std::vector<std::pair<cu::CUmodule, std::string>> ks{{gpu().mod, base}};
     if (cu::CUmodule spec = spec_module(c.heads / c.kvh)) {
         ks.push_back({spec, base});
-        if ((c.dim == 256 || c.dim == 512) && c.heads / c.kvh >= 8) ks.push_back({spec, base + "_d" + std::to_string(c.dim)});
+        if ((c.dim == 256 || c.dim == 512) && c.heads / c.kvh >= 8)
+            ks.push_back({spec, base + "_d" + std::to_string(c.dim)});
     }
     return ks;
 }
@@ -1423,7 +1590,8 @@ struct AttnData {
 };
 AttnData attn_data(const AttnCase& c) {
     const int qw = c.heads * c.dim, kw = c.kvh * c.dim;
-    return {qw, c.pos - c.rows + 1, randn((size_t)c.rows * qw, 1, 0.2f), make_cache(c.dt, randn((size_t)c.slots * kw, 2)),
+    return {qw, c.pos - c.rows + 1, randn((size_t)c.rows * qw, 1, 0.2f),
+            make_cache(c.dt, randn((size_t)c.slots * kw, 2)),
             make_cache(c.dt, randn((size_t)c.slots * kw, 3))};
 }
 // The inputs on the device and the kernels' scalar arguments (scale 1, row stride heads * dim).
@@ -1435,15 +1603,26 @@ struct AttnDev {
     int kvdt;
 };
 AttnDev attn_dev(Dev& dev, const AttnCase& c, const AttnData& in) {
-    return {dev.step(c.rows, in.pos0, c.rows), dev.up(in.q), in.kc.up(dev), in.vc.up(dev), c.heads, c.kvh, c.dim, c.slots, c.window, 1.0f,
-            in.qw, kvdt_arg(c.dt)};
+    return {dev.step(c.rows, in.pos0, c.rows),
+            dev.up(in.q),
+            in.kc.up(dev),
+            in.vc.up(dev),
+            c.heads,
+            c.kvh,
+            c.dim,
+            c.slots,
+            c.window,
+            1.0f,
+            in.qw,
+            kvdt_arg(c.dt)};
 }
 // The scalar reference on the given inputs (scale 1): [rows, heads*dim].
-std::vector<float> attn_ref(const AttnCase& c, const std::vector<float>& q, const Cache& kc, const Cache& vc) {
+std::vector<float> attn_ref(const AttnCase& c, const std::vector<float>& q, const Cache& kc,
+                            const Cache& vc) {
     const int qw = c.heads * c.dim;
     std::vector<float> out((size_t)c.rows * qw), scratch(c.slots + 64);
-    ref::attention({q.data(), qw, kc.data(), vc.data(), out.data(), qw, c.rows, c.heads, c.kvh, c.dim, c.slots, c.window,
-                    c.pos - c.rows + 1, 1.0f, scratch.data(), kc.dt});
+    ref::attention({q.data(), qw, kc.data(), vc.data(), out.data(), qw, c.rows, c.heads, c.kvh, c.dim,
+                    c.slots, c.window, c.pos - c.rows + 1, 1.0f, scratch.data(), kc.dt});
     return out;
 }
 
@@ -1452,60 +1631,68 @@ TEST_P(Attention, MatchesReference) {
     NEED_GPU();
     const AttnCase c = GetParam();
     Dev dev;
-    const AttnData in = attn_data(c);
+    const AttnData in             = attn_data(c);
     const std::vector<float> want = attn_ref(c, in.q, in.kc, in.vc);
-    const int span = c.window > 0 ? std::min(c.window, c.slots) : c.slots;
-    AttnDev a      = attn_dev(dev, c, in);
-    CUdeviceptr gy = dev.alloc(want.size() * 4);
+    const int span                = c.window > 0 ? std::min(c.window, c.slots) : c.slots;
+    AttnDev a                     = attn_dev(dev, c, in);
+    CUdeviceptr gy                = dev.alloc(want.size() * 4);
     if (c.rows == 1) {
         // The generic kernel, then (where this group size is one) the kernel specialised for it, and for it
         // and the head dim (256, 512).
-        int splits = cuda::decode_attention_splits(span);
+        int splits       = cuda::decode_attention_splits(span);
         CUdeviceptr part = dev.alloc((size_t)a.heads * splits * (a.dim + 2) * 4);
-        for (const auto& [mod, name] : decode_attention_kernels(c, a.kvdt ? "g4_attn_decode_bf16" : "g4_attn_decode")) {
-            gpu().d->cuMemsetD8(gy, 0xff, want.size() * 4);   // NaN: a kernel that writes nothing fails
+        for (const auto& [mod, name] :
+             decode_attention_kernels(c, a.kvdt ? "g4_attn_decode_bf16" : "g4_attn_decode")) {
+            gpu().d->cuMemsetD8(gy, 0xff, want.size() * 4); // NaN: a kernel that writes nothing fails
             launch_in(mod, name.c_str(), a.kvh, splits, 256,
-                      {&a.step, &a.q, &a.kc, &a.vc, &a.heads, &a.kvh, &a.dim, &a.slots, &a.window, &a.scale, &splits, &part, &a.kvdt});
+                      {&a.step, &a.q, &a.kc, &a.vc, &a.heads, &a.kvh, &a.dim, &a.slots, &a.window, &a.scale,
+                       &splits, &part, &a.kvdt});
             launch("g4_attention_merge", a.heads, (a.dim + 63) / 64, cuda_rt::merge_threads(true),
                    {&a.step, &part, &a.heads, &a.dim, &splits, &gy, &a.ld, &a.window});
             const double e = rel(dev.down<float>(gy, want.size()), want);
-            std::printf("Attention %d/%d x %d slots %d window %d pos %d %s cache, %s (%s): rel %.2e\n", c.heads, c.kvh, c.dim, c.slots,
-                        c.window, c.pos, dt_name(c.dt), name.c_str(), mod == gpu().mod ? "generic" : "specialised", e);
+            std::printf("Attention %d/%d x %d slots %d window %d pos %d %s cache, %s (%s): rel %.2e\n",
+                        c.heads, c.kvh, c.dim, c.slots, c.window, c.pos, dt_name(c.dt), name.c_str(),
+                        mod == gpu().mod ? "generic" : "specialised", e);
             EXPECT_LT(e, 1e-5) << name << (mod == gpu().mod ? " generic" : " specialised");
         }
         return;
     } else {
         int splits = std::max(1, std::min(32, (span + 63) / 64)), max_span = span;
         CUdeviceptr part = dev.alloc((size_t)c.rows * a.heads * splits * (a.dim + 2) * 4);
-        CUdeviceptr sc   = dev.alloc((size_t)c.rows * a.heads * splits * ((span + splits - 1) / splits + 1) * 4);
+        CUdeviceptr sc =
+            dev.alloc((size_t)c.rows * a.heads * splits * ((span + splits - 1) / splits + 1) * 4);
         launch("g4_attention_partial", c.rows * a.heads, splits, 256,
-               {&a.step, &a.q, &a.ld, &a.kc, &a.vc, &a.heads, &a.kvh, &a.dim, &a.slots, &a.window, &a.scale, &splits, &part, &sc, &max_span,
-                &a.kvdt});
+               {&a.step, &a.q, &a.ld, &a.kc, &a.vc, &a.heads, &a.kvh, &a.dim, &a.slots, &a.window, &a.scale,
+                &splits, &part, &sc, &max_span, &a.kvdt});
         int all = -1;
-        launch("g4_attention_merge", c.rows * a.heads, (a.dim + 63) / 64, 256, {&a.step, &part, &a.heads, &a.dim, &splits, &gy, &a.ld, &all});
+        launch("g4_attention_merge", c.rows * a.heads, (a.dim + 63) / 64, 256,
+               {&a.step, &part, &a.heads, &a.dim, &splits, &gy, &a.ld, &all});
     }
     double e = rel(dev.down<float>(gy, want.size()), want);
-    std::printf("Attention %d/%d x %d slots %d window %d pos %d rows %d %s cache: rel %.2e\n", c.heads, c.kvh, c.dim, c.slots, c.window,
-                c.pos, c.rows, dt_name(c.dt), e);
+    std::printf("Attention %d/%d x %d slots %d window %d pos %d rows %d %s cache: rel %.2e\n", c.heads, c.kvh,
+                c.dim, c.slots, c.window, c.pos, c.rows, dt_name(c.dt), e);
     EXPECT_LT(e, 1e-5);
 }
 const DType KB = DType::BF16;
-INSTANTIATE_TEST_SUITE_P(RealShapes, Attention,
-                         ::testing::Values(AttnCase{8, 1, 256, 767, 512, 0, 1}, AttnCase{8, 1, 256, 767, 512, 100, 1},
-                                           AttnCase{8, 1, 256, 767, 512, 5000, 1}, AttnCase{8, 1, 512, 32912, 0, 4000, 1},
-                                           AttnCase{8, 1, 512, 32912, 0, 32000, 1}, AttnCase{8, 2, 256, 767, 512, 3000, 1},
-                                           AttnCase{8, 2, 512, 8192, 0, 8000, 1}, AttnCase{8, 1, 256, 767, 512, 700, 64},
-                                           AttnCase{8, 2, 512, 4096, 0, 2000, 64}),
-                         attn_case_name);
+INSTANTIATE_TEST_SUITE_P(
+    RealShapes, Attention,
+    ::testing::Values(AttnCase{8, 1, 256, 767, 512, 0, 1}, AttnCase{8, 1, 256, 767, 512, 100, 1},
+                      AttnCase{8, 1, 256, 767, 512, 5000, 1}, AttnCase{8, 1, 512, 32912, 0, 4000, 1},
+                      AttnCase{8, 1, 512, 32912, 0, 32000, 1}, AttnCase{8, 2, 256, 767, 512, 3000, 1},
+                      AttnCase{8, 2, 512, 8192, 0, 8000, 1}, AttnCase{8, 1, 256, 767, 512, 700, 64},
+                      AttnCase{8, 2, 512, 4096, 0, 2000, 64}),
+    attn_case_name);
 // The same shapes on a bf16 cache (E2B sliding/full, E4B GQA), plus dims the real models do not use.
-INSTANTIATE_TEST_SUITE_P(RealShapesBf16Cache, Attention,
-                         ::testing::Values(AttnCase{8, 1, 256, 767, 512, 0, 1, KB}, AttnCase{8, 1, 256, 767, 512, 100, 1, KB},
-                                           AttnCase{8, 1, 256, 767, 512, 5000, 1, KB}, AttnCase{8, 1, 512, 32912, 0, 4000, 1, KB},
-                                           AttnCase{8, 1, 512, 131072, 0, 131071, 1, KB}, AttnCase{8, 2, 256, 767, 512, 3000, 1, KB},
-                                           AttnCase{8, 2, 512, 8192, 0, 8000, 1, KB}, AttnCase{8, 1, 256, 767, 512, 700, 64, KB},
-                                           AttnCase{8, 2, 512, 4096, 0, 2000, 64, KB}, AttnCase{4, 2, 16, 40, 0, 39, 1, KB},
-                                           AttnCase{6, 1, 40, 100, 16, 90, 1, KB}, AttnCase{4, 1, 24, 50, 0, 45, 7, KB}),
-                         attn_case_name);
+INSTANTIATE_TEST_SUITE_P(
+    RealShapesBf16Cache, Attention,
+    ::testing::Values(AttnCase{8, 1, 256, 767, 512, 0, 1, KB}, AttnCase{8, 1, 256, 767, 512, 100, 1, KB},
+                      AttnCase{8, 1, 256, 767, 512, 5000, 1, KB}, AttnCase{8, 1, 512, 32912, 0, 4000, 1, KB},
+                      AttnCase{8, 1, 512, 131072, 0, 131071, 1, KB},
+                      AttnCase{8, 2, 256, 767, 512, 3000, 1, KB}, AttnCase{8, 2, 512, 8192, 0, 8000, 1, KB},
+                      AttnCase{8, 1, 256, 767, 512, 700, 64, KB}, AttnCase{8, 2, 512, 4096, 0, 2000, 64, KB},
+                      AttnCase{4, 2, 16, 40, 0, 39, 1, KB}, AttnCase{6, 1, 40, 100, 16, 90, 1, KB},
+                      AttnCase{4, 1, 24, 50, 0, 45, 7, KB}),
+    attn_case_name);
 
 // ---- the decode attention's merge and the o projection in one kernel (g4_attn_o_nf4_g*, sm_90): the
 // partials of g4_attn_decode merged 32 columns a block and multiplied by the tiled o weight (kQuantTiled32)
@@ -1524,16 +1711,18 @@ TEST_P(AttnO, MatchesUnfusedReference) {
     const AttnCase& c  = o.a;
     const int64_t K    = (int64_t)c.heads * c.dim;
     Dev dev;
-    const AttnData in  = attn_data(c);
-    AttnDev ad         = attn_dev(dev, c, in);
-    Weight w           = make_weight(dev, DType::NF4, o.H, K, 61, o.dq);
+    const AttnData in       = attn_data(c);
+    AttnDev ad              = attn_dev(dev, c, in);
+    Weight w                = make_weight(dev, DType::NF4, o.H, K, 61, o.dq);
     std::vector<float> bias = o.bias ? randn(o.H, 62) : std::vector<float>(o.H, 0.0f);
     std::vector<float> want = w.ref(attn_ref(c, in.q, in.kc, in.vc));
-    for (int64_t i = 0; i < o.H; ++i) want[i] += bias[i];
+    for (int64_t i = 0; i < o.H; ++i)
+        want[i] += bias[i];
     int splits       = cuda::decode_attention_splits(c.window > 0 ? std::min(c.window, c.slots) : c.slots);
     CUdeviceptr part = dev.alloc((size_t)c.heads * splits * (c.dim + 2) * 4);
     launch(ad.kvdt ? "g4_attn_decode_bf16" : "g4_attn_decode", c.kvh, splits, 256,
-           {&ad.step, &ad.q, &ad.kc, &ad.vc, &ad.heads, &ad.kvh, &ad.dim, &ad.slots, &ad.window, &ad.scale, &splits, &part, &ad.kvdt});
+           {&ad.step, &ad.q, &ad.kc, &ad.vc, &ad.heads, &ad.kvh, &ad.dim, &ad.slots, &ad.window, &ad.scale,
+            &splits, &part, &ad.kvdt});
     nf4::Layout l = nf4::layout(o.H * K, o.dq);
     CUdeviceptr t = dev.up(nf4::tile32(w.blob, o.H, K, o.dq)), y = dev.alloc(o.H * 4);
     cuda_rt::AttnOArgsH a{};
@@ -1545,9 +1734,10 @@ TEST_P(AttnO, MatchesUnfusedReference) {
     cu::CUfunction f       = nullptr;
     ASSERT_EQ(gpu().d->cuModuleGetFunction(&f, gpu().mod, name.c_str()), 0);
     ASSERT_EQ(gpu().d->cuFuncSetAttribute(f, cu::kFuncAttrMaxDynamicSmem, (int)cuda_rt::kGemvWideSmem), 0);
-    for (int rep = 0; rep < 2; ++rep) {   // y zeroed before each launch, as the ResNorm does
+    for (int rep = 0; rep < 2; ++rep) { // y zeroed before each launch, as the ResNorm does
         gpu().d->cuMemsetD8(y, 0, o.H * 4);
-        launch_smem(name.c_str(), (unsigned)(K / 32), 1, cuda_rt::kSliceThreads, cuda_rt::kGemvWideSmem, {&a});
+        launch_smem(name.c_str(), (unsigned)(K / 32), 1, cuda_rt::kSliceThreads, cuda_rt::kGemvWideSmem,
+                    {&a});
         const double e = rel(dev.down<float>(y, o.H), want);
         std::printf("AttnO %s (%s, %d splits): rel %.2e\n", o.name, name.c_str(), splits, e);
         EXPECT_LT(e, 2e-5) << o.name;
@@ -1555,15 +1745,16 @@ TEST_P(AttnO, MatchesUnfusedReference) {
 }
 INSTANTIATE_TEST_SUITE_P(
     RealShapes, AttnO,
-    ::testing::Values(AttnOCase{"e2b_sliding_pos5", {8, 1, 256, 767, 512, 5, 1, KB}, 1536, false, false},
-                      AttnOCase{"e2b_sliding_pos5000_dq_bias", {8, 1, 256, 767, 512, 5000, 1, KB}, 1536, true, true},
-                      AttnOCase{"e2b_full_pos4000", {8, 1, 512, 32912, 0, 4000, 1, KB}, 1536, false, false},
-                      AttnOCase{"e2b_full_pos0_f32_cache", {8, 1, 512, 8192, 0, 0, 1}, 1536, false, true},
-                      AttnOCase{"e4b_sliding_pos3000", {8, 2, 256, 767, 512, 3000, 1, KB}, 2560, false, false},
-                      AttnOCase{"e4b_full_pos8000_dq", {8, 2, 512, 8192, 0, 8000, 1, KB}, 2560, true, false},
-                      AttnOCase{"tiny_full", {4, 1, 32, 100, 0, 60, 1, KB}, 64, true, true},
-                      AttnOCase{"tiny_e4b_g2", {4, 2, 32, 100, 0, 99, 1}, 96, false, false},
-                      AttnOCase{"h4096_g4", {8, 1, 512, 300, 0, 200, 1, KB}, 4096, false, true}),
+    ::testing::Values(
+        AttnOCase{"e2b_sliding_pos5", {8, 1, 256, 767, 512, 5, 1, KB}, 1536, false, false},
+        AttnOCase{"e2b_sliding_pos5000_dq_bias", {8, 1, 256, 767, 512, 5000, 1, KB}, 1536, true, true},
+        AttnOCase{"e2b_full_pos4000", {8, 1, 512, 32912, 0, 4000, 1, KB}, 1536, false, false},
+        AttnOCase{"e2b_full_pos0_f32_cache", {8, 1, 512, 8192, 0, 0, 1}, 1536, false, true},
+        AttnOCase{"e4b_sliding_pos3000", {8, 2, 256, 767, 512, 3000, 1, KB}, 2560, false, false},
+        AttnOCase{"e4b_full_pos8000_dq", {8, 2, 512, 8192, 0, 8000, 1, KB}, 2560, true, false},
+        AttnOCase{"tiny_full", {4, 1, 32, 100, 0, 60, 1, KB}, 64, true, true},
+        AttnOCase{"tiny_e4b_g2", {4, 2, 32, 100, 0, 99, 1}, 96, false, false},
+        AttnOCase{"h4096_g4", {8, 1, 512, 300, 0, 200, 1, KB}, 4096, false, true}),
     [](const ::testing::TestParamInfo<AttnOCase>& i) { return std::string(i.param.name); });
 
 // ---- decode attention with the q/k/v post-projection folded in (g4_attn_decode_post, the schedule's
@@ -1579,12 +1770,13 @@ TEST_P(QkvAttn, MatchesUnfusedReference) {
     const AttnCase c = GetParam().a;
     const bool kv    = GetParam().kv;
     Dev dev;
-    AttnData in = attn_data(c);
+    AttnData in  = attn_data(c);
     const int qw = c.heads * c.dim, kw = c.kvh * c.dim;
     std::vector<float> k = randn(kw, 12), v = randn(kw, 13), qn = randn(c.dim, 14), kn = randn(c.dim, 15);
     auto qnb = to_bf16(qn), knb = to_bf16(kn);
     std::vector<float> inv(c.dim / 2);
-    for (int i = 0; i < c.dim / 2; ++i) inv[i] = i < c.dim / 8 ? std::pow(10000.0f, -2.0f * i / c.dim) : 0.0f;   // partial rotary
+    for (int i = 0; i < c.dim / 2; ++i)
+        inv[i] = i < c.dim / 8 ? std::pow(10000.0f, -2.0f * i / c.dim) : 0.0f; // partial rotary
     std::vector<float> rq = in.q, rk = k, rv = v;
     Cache rkc = in.kc, rvc = in.vc;
     ref::rms_norm({rq.data(), qw, qnb.data(), DType::BF16, rq.data(), qw, 1, qw, c.dim, 1e-6f});
@@ -1596,24 +1788,30 @@ TEST_P(QkvAttn, MatchesUnfusedReference) {
         ref::kv_store({rk.data(), kw, rv.data(), kw, rkc.data(), rvc.data(), 1, kw, c.slots, c.pos, c.dt});
     }
     const std::vector<float> want = attn_ref(c, rq, rkc, rvc);
-    AttnDev a = attn_dev(dev, c, in);
-    const int span = c.window > 0 ? std::min(c.window, c.slots) : c.slots;
-    int splits = cuda::decode_attention_splits(span);
+    AttnDev a                     = attn_dev(dev, c, in);
+    const int span                = c.window > 0 ? std::min(c.window, c.slots) : c.slots;
+    int splits                    = cuda::decode_attention_splits(span);
     CUdeviceptr part = dev.alloc((size_t)a.heads * splits * (a.dim + 2) * 4), gy = dev.alloc(want.size() * 4);
-    cuda_rt::AttnPostH pa{kv ? dev.up(k) : 0, kv ? dev.up(v) : 0, dev.up(qnb), dev.up(knb), dev.up(inv), 1, 1e-6f};
+    cuda_rt::AttnPostH pa{
+        kv ? dev.up(k) : 0, kv ? dev.up(v) : 0, dev.up(qnb), dev.up(knb), dev.up(inv), 1, 1e-6f};
     // The generic kernel, then (where this group size is one) the kernel specialised for it, and for it and
     // the head dim (256, 512), each on fresh copies of the caches.
-    for (const auto& [mod, name] : decode_attention_kernels(c, a.kvdt ? "g4_attn_decode_post_bf16" : "g4_attn_decode_post")) {
+    for (const auto& [mod, name] :
+         decode_attention_kernels(c, a.kvdt ? "g4_attn_decode_post_bf16" : "g4_attn_decode_post")) {
         const std::string kind = name + (mod == gpu().mod ? " generic" : " specialised");
         if (mod != gpu().mod) a.kc = in.kc.up(dev), a.vc = in.vc.up(dev);
         gpu().d->cuMemsetD8(gy, 0xff, want.size() * 4);
         launch_in(mod, name.c_str(), a.kvh, splits, 256,
-                  {&a.step, &a.q, &a.kc, &a.vc, &a.heads, &a.kvh, &a.dim, &a.slots, &a.window, &a.scale, &splits, &part, &a.kvdt, &pa});
-        launch("g4_attention_merge", a.heads, (a.dim + 63) / 64, cuda_rt::merge_threads(true), {&a.step, &part, &a.heads, &a.dim, &splits, &gy, &a.ld, &a.window});
-        const double e = rel(dev.down<float>(gy, want.size()), want);
+                  {&a.step, &a.q, &a.kc, &a.vc, &a.heads, &a.kvh, &a.dim, &a.slots, &a.window, &a.scale,
+                   &splits, &part, &a.kvdt, &pa});
+        launch("g4_attention_merge", a.heads, (a.dim + 63) / 64, cuda_rt::merge_threads(true),
+               {&a.step, &part, &a.heads, &a.dim, &splits, &gy, &a.ld, &a.window});
+        const double e  = rel(dev.down<float>(gy, want.size()), want);
         const double ek = rel(rkc.down(dev, a.kc), rkc.values()), ev = rel(rvc.down(dev, a.vc), rvc.values());
-        std::printf("QkvAttn %d/%d x %d slots %d window %d pos %d %s cache%s, %s: out %.2e, caches k %.2e v %.2e\n", c.heads, c.kvh,
-                    c.dim, c.slots, c.window, c.pos, dt_name(c.dt), kv ? "" : " (q only)", kind.c_str(), e, ek, ev);
+        std::printf(
+            "QkvAttn %d/%d x %d slots %d window %d pos %d %s cache%s, %s: out %.2e, caches k %.2e v %.2e\n",
+            c.heads, c.kvh, c.dim, c.slots, c.window, c.pos, dt_name(c.dt), kv ? "" : " (q only)",
+            kind.c_str(), e, ek, ev);
         // bf16: a new k/v element on a rounding boundary may round the other way (one bf16 step).
         EXPECT_LT(e, c.dt == DType::BF16 ? 1e-4 : 1e-5) << kind;
         EXPECT_LT(ek, c.dt == DType::BF16 ? 1e-4 : 1e-6) << kind;
@@ -1624,13 +1822,20 @@ TEST_P(QkvAttn, MatchesUnfusedReference) {
     }
 }
 INSTANTIATE_TEST_SUITE_P(RealShapes, QkvAttn,
-                         ::testing::Values(QkvAttnCase{{8, 1, 256, 767, 512, 0, 1}, true}, QkvAttnCase{{8, 1, 256, 767, 512, 5000, 1}, true},
-                                           QkvAttnCase{{8, 1, 512, 32912, 0, 4000, 1}, true}, QkvAttnCase{{8, 2, 256, 767, 512, 3000, 1}, true},
-                                           QkvAttnCase{{8, 2, 512, 8192, 0, 8000, 1}, true}, QkvAttnCase{{8, 1, 256, 767, 512, 700, 1}, false},
-                                           QkvAttnCase{{8, 1, 256, 767, 512, 100, 1, KB}, true}, QkvAttnCase{{8, 1, 256, 767, 512, 5000, 1, KB}, true},
-                                           QkvAttnCase{{8, 1, 512, 32912, 0, 32000, 1, KB}, true}, QkvAttnCase{{8, 2, 256, 767, 512, 3000, 1, KB}, true},
+                         ::testing::Values(QkvAttnCase{{8, 1, 256, 767, 512, 0, 1}, true},
+                                           QkvAttnCase{{8, 1, 256, 767, 512, 5000, 1}, true},
+                                           QkvAttnCase{{8, 1, 512, 32912, 0, 4000, 1}, true},
+                                           QkvAttnCase{{8, 2, 256, 767, 512, 3000, 1}, true},
+                                           QkvAttnCase{{8, 2, 512, 8192, 0, 8000, 1}, true},
+                                           QkvAttnCase{{8, 1, 256, 767, 512, 700, 1}, false},
+                                           QkvAttnCase{{8, 1, 256, 767, 512, 100, 1, KB}, true},
+                                           QkvAttnCase{{8, 1, 256, 767, 512, 5000, 1, KB}, true},
+                                           QkvAttnCase{{8, 1, 512, 32912, 0, 32000, 1, KB}, true},
+                                           QkvAttnCase{{8, 2, 256, 767, 512, 3000, 1, KB}, true},
                                            QkvAttnCase{{8, 1, 512, 32912, 0, 4000, 1, KB}, false},
-                                           QkvAttnCase{{8, 1, 256, 767, 512, 700, 1, KB}, false}, QkvAttnCase{{8, 1, 256, 767, 512, 3, 1, KB}, false}, QkvAttnCase{{4, 2, 16, 40, 0, 39, 1, KB}, true},
+                                           QkvAttnCase{{8, 1, 256, 767, 512, 700, 1, KB}, false},
+                                           QkvAttnCase{{8, 1, 256, 767, 512, 3, 1, KB}, false},
+                                           QkvAttnCase{{4, 2, 16, 40, 0, 39, 1, KB}, true},
                                            QkvAttnCase{{6, 1, 40, 100, 16, 90, 1, KB}, true}),
                          [](const ::testing::TestParamInfo<QkvAttnCase>& i) {
                              return attn_case_name({i.param.a, i.index}) + (i.param.kv ? "" : "_qonly");
@@ -1642,14 +1847,16 @@ INSTANTIATE_TEST_SUITE_P(RealShapes, QkvAttn,
 // fp32 cache of the same values.
 class FlashAttention : public ::testing::TestWithParam<AttnCase> {};
 std::vector<float> run_flash(Dev& dev, const AttnCase& c, const AttnDev& a0) {
-    AttnDev a = a0;
-    CUdeviceptr gy = dev.up(std::vector<float>((size_t)c.rows * a.heads * a.dim, 7.0f));
+    AttnDev a               = a0;
+    CUdeviceptr gy          = dev.up(std::vector<float>((size_t)c.rows * a.heads * a.dim, 7.0f));
     cuda_rt::FlashLaunch fl = cuda_rt::flash_launch(c.rows, a.heads, a.kvh, c.dim);
-    cu::CUfunction f = nullptr;
+    cu::CUfunction f        = nullptr;
     EXPECT_EQ(gpu().d->cuModuleGetFunction(&f, gpu().mod, cuda_rt::flash_kernel_name(c.dim).c_str()), 0);
     EXPECT_EQ(gpu().d->cuFuncSetAttribute(f, cu::kFuncAttrMaxDynamicSmem, (int)fl.smem), 0);
-    void* args[] = {&a.step, &a.q, &a.ld, &a.kc, &a.vc, &a.heads, &a.kvh, &a.slots, &a.window, &a.scale, &gy, &a.ld, &a.kvdt};
-    EXPECT_EQ(gpu().d->cuLaunchKernel(f, fl.gx, fl.gy, 1, fl.block, 1, 1, fl.smem, nullptr, args, nullptr), 0);
+    void* args[] = {&a.step,  &a.q,      &a.ld,    &a.kc, &a.vc, &a.heads, &a.kvh,
+                    &a.slots, &a.window, &a.scale, &gy,   &a.ld, &a.kvdt};
+    EXPECT_EQ(gpu().d->cuLaunchKernel(f, fl.gx, fl.gy, 1, fl.block, 1, 1, fl.smem, nullptr, args, nullptr),
+              0);
     EXPECT_EQ(gpu().d->cuStreamSynchronize(nullptr), 0);
     return dev.down<float>(gy, (size_t)c.rows * a.heads * a.dim);
 }
@@ -1658,22 +1865,24 @@ TEST_P(FlashAttention, MatchesReference) {
     const AttnCase c = GetParam();
     Dev dev;
     const AttnData in = attn_data(c);
-    auto round = [](std::vector<float> v) {
-        for (float& x : v) x = bf16_to_f32(f32_to_bf16(x));
+    auto round        = [](std::vector<float> v) {
+        for (float& x : v)
+            x = bf16_to_f32(f32_to_bf16(x));
         return v;
     };
     const Cache rk = make_cache(DType::BF16, in.kc.f32), rv = make_cache(DType::BF16, in.vc.f32);
     const std::vector<float> want = attn_ref(c, round(in.q), rk, rv), exact = attn_ref(c, in.q, in.kc, in.vc);
     std::vector<float> got = run_flash(dev, c, attn_dev(dev, c, in));
     double e = rel(got, want), e32 = rel(got, exact), base = rel(want, exact);
-    std::printf("FlashAttention %d/%d x %d slots %d window %d pos %d rows %d %s cache: rel %.2e vs bf16-input reference, %.2e vs "
+    std::printf("FlashAttention %d/%d x %d slots %d window %d pos %d rows %d %s cache: rel %.2e vs "
+                "bf16-input reference, %.2e vs "
                 "fp32 (inputs alone: %.2e)\n",
                 c.heads, c.kvh, c.dim, c.slots, c.window, c.pos, c.rows, dt_name(c.dt), e, e32, base);
     EXPECT_LT(e, 4e-3);
     EXPECT_LT(e32, 2 * base + 4e-3);
-    if (c.dt == DType::BF16) {   // the same values from an fp32 cache: identical output
-        AttnCase c32 = c;
-        c32.dt       = DType::F32;
+    if (c.dt == DType::BF16) { // the same values from an fp32 cache: identical output
+        AttnCase c32  = c;
+        c32.dt        = DType::F32;
         AttnData in32 = in;
         in32.kc = make_cache(DType::F32, in.kc.f32), in32.vc = make_cache(DType::F32, in.vc.f32);
         EXPECT_EQ(run_flash(dev, c32, attn_dev(dev, c32, in32)), got);
@@ -1690,8 +1899,9 @@ TEST_P(FlashBidirectional, MatchesReference) {
     Dev dev;
     c.slots = c.rows, c.pos = c.rows - 1;
     const AttnData in = attn_data(c);
-    auto round = [](std::vector<float> v) {
-        for (float& x : v) x = bf16_to_f32(f32_to_bf16(x));
+    auto round        = [](std::vector<float> v) {
+        for (float& x : v)
+            x = bf16_to_f32(f32_to_bf16(x));
         return v;
     };
     const std::vector<float> q = round(in.q);
@@ -1699,35 +1909,43 @@ TEST_P(FlashBidirectional, MatchesReference) {
     const int qw = c.heads * c.dim;
     std::vector<float> want((size_t)c.rows * qw), scratch(c.slots + 64);
     for (int t = 0; t < c.rows; ++t)
-        ref::attention({q.data() + (size_t)t * qw, qw, rk.data(), rv.data(), want.data() + (size_t)t * qw, qw, 1, c.heads, c.kvh, c.dim,
-                        c.slots, 0, c.rows - 1, 1.0f, scratch.data(), rk.dt});
-    AttnDev a = attn_dev(dev, c, in);
-    a.step    = dev.step(c.rows, 0, c.rows);
-    a.window  = -1;
+        ref::attention({q.data() + (size_t)t * qw, qw, rk.data(), rv.data(), want.data() + (size_t)t * qw, qw,
+                        1, c.heads, c.kvh, c.dim, c.slots, 0, c.rows - 1, 1.0f, scratch.data(), rk.dt});
+    AttnDev a                    = attn_dev(dev, c, in);
+    a.step                       = dev.step(c.rows, 0, c.rows);
+    a.window                     = -1;
     const std::vector<float> got = run_flash(dev, c, a);
-    const double e = rel(got, want);
-    std::printf("FlashBidirectional %d/%d x %d rows %d: rel %.2e vs the bf16-input reference\n", c.heads, c.kvh, c.dim, c.rows, e);
+    const double e               = rel(got, want);
+    std::printf("FlashBidirectional %d/%d x %d rows %d: rel %.2e vs the bf16-input reference\n", c.heads,
+                c.kvh, c.dim, c.rows, e);
     EXPECT_LT(e, 4e-3);
 }
 INSTANTIATE_TEST_SUITE_P(VisionShapes, FlashBidirectional,
-                         ::testing::Values(AttnCase{12, 12, 64, 0, -1, 0, 2520}, AttnCase{12, 12, 64, 0, -1, 0, 630},
-                                           AttnCase{2, 2, 16, 0, -1, 0, 576}, AttnCase{4, 2, 32, 0, -1, 0, 37}),
+                         ::testing::Values(AttnCase{12, 12, 64, 0, -1, 0, 2520},
+                                           AttnCase{12, 12, 64, 0, -1, 0, 630},
+                                           AttnCase{2, 2, 16, 0, -1, 0, 576},
+                                           AttnCase{4, 2, 32, 0, -1, 0, 37}),
                          [](const ::testing::TestParamInfo<AttnCase>& i) {
-                             return "h" + std::to_string(i.param.heads) + "kv" + std::to_string(i.param.kvh) + "d" + std::to_string(i.param.dim) +
-                                    "rows" + std::to_string(i.param.rows);
+                             return "h" + std::to_string(i.param.heads) + "kv" + std::to_string(i.param.kvh) +
+                                    "d" + std::to_string(i.param.dim) + "rows" + std::to_string(i.param.rows);
                          });
-INSTANTIATE_TEST_SUITE_P(RealShapes, FlashAttention,
-                         ::testing::Values(AttnCase{8, 1, 256, 767, 512, 700, 256}, AttnCase{8, 1, 256, 767, 512, 255, 256},
-                                           AttnCase{8, 1, 512, 4096, 0, 2047, 256}, AttnCase{8, 2, 256, 1535, 512, 3000, 1024},
-                                           AttnCase{8, 2, 512, 8192, 0, 4095, 300}, AttnCase{4, 1, 16, 71, 8, 70, 64},
-                                           AttnCase{4, 2, 32, 300, 0, 200, 37}, AttnCase{3, 1, 64, 200, 40, 150, 100},
-                                           AttnCase{8, 8, 128, 300, 0, 299, 90}),
-                         attn_case_name);
+INSTANTIATE_TEST_SUITE_P(
+    RealShapes, FlashAttention,
+    ::testing::Values(AttnCase{8, 1, 256, 767, 512, 700, 256}, AttnCase{8, 1, 256, 767, 512, 255, 256},
+                      AttnCase{8, 1, 512, 4096, 0, 2047, 256}, AttnCase{8, 2, 256, 1535, 512, 3000, 1024},
+                      AttnCase{8, 2, 512, 8192, 0, 4095, 300}, AttnCase{4, 1, 16, 71, 8, 70, 64},
+                      AttnCase{4, 2, 32, 300, 0, 200, 37}, AttnCase{3, 1, 64, 200, 40, 150, 100},
+                      AttnCase{8, 8, 128, 300, 0, 299, 90}),
+    attn_case_name);
 INSTANTIATE_TEST_SUITE_P(RealShapesBf16Cache, FlashAttention,
-                         ::testing::Values(AttnCase{8, 1, 256, 767, 512, 700, 256, KB}, AttnCase{8, 1, 256, 767, 512, 255, 256, KB},
-                                           AttnCase{8, 1, 512, 4096, 0, 2047, 256, KB}, AttnCase{8, 2, 256, 1535, 512, 3000, 1024, KB},
-                                           AttnCase{8, 2, 512, 8192, 0, 4095, 300, KB}, AttnCase{4, 1, 16, 71, 8, 70, 64, KB},
-                                           AttnCase{4, 2, 32, 300, 0, 200, 37, KB}, AttnCase{3, 1, 64, 200, 40, 150, 100, KB},
+                         ::testing::Values(AttnCase{8, 1, 256, 767, 512, 700, 256, KB},
+                                           AttnCase{8, 1, 256, 767, 512, 255, 256, KB},
+                                           AttnCase{8, 1, 512, 4096, 0, 2047, 256, KB},
+                                           AttnCase{8, 2, 256, 1535, 512, 3000, 1024, KB},
+                                           AttnCase{8, 2, 512, 8192, 0, 4095, 300, KB},
+                                           AttnCase{4, 1, 16, 71, 8, 70, 64, KB},
+                                           AttnCase{4, 2, 32, 300, 0, 200, 37, KB},
+                                           AttnCase{3, 1, 64, 200, 40, 150, 100, KB},
                                            AttnCase{8, 8, 128, 300, 0, 299, 90, KB}),
                          attn_case_name);
 
@@ -1736,33 +1954,43 @@ TEST(PrefillGemm, Nf4ToBf16IsExact) {
     NEED_GPU();
     Dev dev;
     for (bool dq : {false, true}) {
-        Weight w = make_weight(dev, DType::NF4, 2048, 1536, 11, dq);
-        nf4::Layout l = nf4::layout(w.n * w.k, dq);
-        long n        = w.n * w.k;
+        Weight w        = make_weight(dev, DType::NF4, 2048, 1536, 11, dq);
+        nf4::Layout l   = nf4::layout(w.n * w.k, dq);
+        long n          = w.n * w.k;
         CUdeviceptr out = dev.alloc(n * 2), codes = w.dev + l.codes_off, am = w.dev + l.absmax_off;
-        CUdeviceptr am2 = dq ? w.dev + l.absmax2_off : 0, off = dq ? w.dev + l.offset_off : 0, c2 = dq ? w.dev + l.code2_off : 0;
-        int row_major = 0;
-        launch("g4_nf4_to_bf16", (unsigned)((n / 32 + 255) / 256), 1, 256, {&codes, &am, &am2, &off, &c2, &n, &out, &row_major});
+        CUdeviceptr am2 = dq ? w.dev + l.absmax2_off : 0, off = dq ? w.dev + l.offset_off : 0,
+                    c2 = dq ? w.dev + l.code2_off : 0;
+        int row_major  = 0;
+        launch("g4_nf4_to_bf16", (unsigned)((n / 32 + 255) / 256), 1, 256,
+               {&codes, &am, &am2, &off, &c2, &n, &out, &row_major});
         std::vector<float> f(n);
         nf4::dequantize(w.blob.data(), l, 0, n, f.data());
         std::vector<uint16_t> got = dev.down<uint16_t>(out, n);
-        size_t bad = 0;
-        for (long i = 0; i < n; ++i) bad += got[i] != f32_to_bf16(f[i]);
+        size_t bad                = 0;
+        for (long i = 0; i < n; ++i)
+            bad += got[i] != f32_to_bf16(f[i]);
         EXPECT_EQ(bad, 0u) << "double quant " << dq;
-        // The same matrix tiled for g4_mlp_nf4 (plan kQuantTiled32) untiles to the row-major codes and absmax.
+        // The same matrix tiled for g4_mlp_nf4 (plan kQuantTiled32) untiles to the row-major codes and
+        // absmax.
         const std::vector<uint8_t> tb = nf4::tile32(w.blob, w.n, w.k, dq);
-        CUdeviceptr t = dev.up(tb), tc = t + l.codes_off, ta = t + l.absmax_off, uc = dev.alloc(l.codes_bytes),
-                    ua = dev.alloc((size_t)(n / 64) * (dq ? 1 : 4));
+        CUdeviceptr t = dev.up(tb), tc = t + l.codes_off, ta = t + l.absmax_off,
+                    uc = dev.alloc(l.codes_bytes), ua = dev.alloc((size_t)(n / 64) * (dq ? 1 : 4));
         int idq = dq, H = (int)w.n, I = (int)w.k;
-        launch("g4_nf4_untile32", (unsigned)((n / 32 + 255) / 256), 1, 256, {&tc, &ta, &idq, &H, &I, &uc, &ua});
-        EXPECT_EQ(dev.down<uint8_t>(uc, l.codes_bytes), std::vector<uint8_t>(w.blob.begin() + l.codes_off, w.blob.begin() + l.codes_off + l.codes_bytes))
+        launch("g4_nf4_untile32", (unsigned)((n / 32 + 255) / 256), 1, 256,
+               {&tc, &ta, &idq, &H, &I, &uc, &ua});
+        EXPECT_EQ(
+            dev.down<uint8_t>(uc, l.codes_bytes),
+            std::vector<uint8_t>(w.blob.begin() + l.codes_off, w.blob.begin() + l.codes_off + l.codes_bytes))
             << "codes, double quant " << dq;
         const size_t ab = (size_t)(n / 64) * (dq ? 1 : 4);
-        EXPECT_EQ(dev.down<uint8_t>(ua, ab), std::vector<uint8_t>(w.blob.begin() + l.absmax_off, w.blob.begin() + l.absmax_off + ab))
+        EXPECT_EQ(dev.down<uint8_t>(ua, ab),
+                  std::vector<uint8_t>(w.blob.begin() + l.absmax_off, w.blob.begin() + l.absmax_off + ab))
             << "absmax, double quant " << dq;
         // ... and dequantizes in place to the same bf16 matrix (the cuBLAS tier's path for it).
-        CUdeviceptr tout = dev.alloc(n * 2), ta2 = dq ? t + l.absmax2_off : 0, toff = dq ? t + l.offset_off : 0, tc2 = dq ? t + l.code2_off : 0;
-        launch("g4_nf4_to_bf16", (unsigned)((n / 32 + 255) / 256), 1, 256, {&tc, &ta, &ta2, &toff, &tc2, &n, &tout, &H});
+        CUdeviceptr tout = dev.alloc(n * 2), ta2 = dq ? t + l.absmax2_off : 0,
+                    toff = dq ? t + l.offset_off : 0, tc2 = dq ? t + l.code2_off : 0;
+        launch("g4_nf4_to_bf16", (unsigned)((n / 32 + 255) / 256), 1, 256,
+               {&tc, &ta, &ta2, &toff, &tc2, &n, &tout, &H});
         EXPECT_EQ(dev.down<uint16_t>(tout, n), got) << "tiled, double quant " << dq;
     }
 }
@@ -1771,21 +1999,23 @@ TEST(PrefillGemm, CublasAndTensorCoreMatchBf16Reference) {
     NEED_GPU();
     Dev dev;
     const int T = 200, N = 2048, K = 1536;
-    Weight w = make_weight(dev, DType::NF4, N, K, 12);
+    Weight w             = make_weight(dev, DType::NF4, N, K, 12);
     std::vector<float> x = randn((size_t)T * K, 13);
     // Reference: bf16-rounded operands, fp32 products.
     std::vector<float> wf((size_t)N * K), xr(x.size());
     nf4::dequantize(w.blob.data(), nf4::layout((int64_t)N * K, false), 0, (int64_t)N * K, wf.data());
     std::vector<uint16_t> wb = to_bf16(wf);
-    for (size_t i = 0; i < x.size(); ++i) xr[i] = bf16_to_f32(f32_to_bf16(x[i]));
+    for (size_t i = 0; i < x.size(); ++i)
+        xr[i] = bf16_to_f32(f32_to_bf16(x[i]));
     std::vector<float> want((size_t)T * N);
     ref::matmul({xr.data(), K, wb.data(), DType::BF16, N, K, want.data(), N, T});
     CUdeviceptr step = dev.step(T, 0, 1), gx = dev.up(x), gy = dev.alloc(want.size() * 4);
-    nf4::Layout l = nf4::layout((int64_t)N * K, false);
+    nf4::Layout l     = nf4::layout((int64_t)N * K, false);
     CUdeviceptr codes = w.dev + l.codes_off, am = w.dev + l.absmax_off, z = 0;
     int mode = 0, n = N, k = K;
     long ldx = K, ldy = N;
-    launch("g4_tc_gemm_nf4", N / 64, (T + 63) / 64, 128, {&step, &mode, &gx, &ldx, &codes, &am, &z, &z, &z, &n, &k, &gy, &ldy, &z});
+    launch("g4_tc_gemm_nf4", N / 64, (T + 63) / 64, 128,
+           {&step, &mode, &gx, &ldx, &codes, &am, &z, &z, &z, &n, &k, &gy, &ldy, &z});
     double e_tc = rel(dev.down<float>(gy, want.size()), want);
     std::printf("tensor-core NF4 GEMM %dx%dx%d: rel %.2e\n", T, N, K, e_tc);
     EXPECT_LT(e_tc, 1e-5);
@@ -1802,10 +2032,12 @@ TEST(PrefillGemm, CublasAndTensorCoreMatchBf16Reference) {
     long numel = (long)N * K;
     launch("g4_f32_to_bf16", T, (K + 1023) / 1024, 256, {&step, &gx, &ldx, &xs, &k});
     int row_major = 0;
-    launch("g4_nf4_to_bf16", (unsigned)((numel / 32 + 255) / 256), 1, 256, {&codes, &am, &z, &z, &z, &numel, &ws, &row_major});
+    launch("g4_nf4_to_bf16", (unsigned)((numel / 32 + 255) / 256), 1, 256,
+           {&codes, &am, &z, &z, &z, &numel, &ws, &row_major});
     const float one = 1.0f, zero = 0.0f;
-    ASSERT_EQ(b->gemm_ex(h, cublas::kOpT, cublas::kOpN, N, T, K, &one, (const void*)ws, cublas::kR16BF, K, (const void*)xs, cublas::kR16BF,
-                         K, &zero, (void*)gy, cublas::kR32F, N, cublas::kCompute32F, cublas::kGemmDefault),
+    ASSERT_EQ(b->gemm_ex(h, cublas::kOpT, cublas::kOpN, N, T, K, &one, (const void*)ws, cublas::kR16BF, K,
+                         (const void*)xs, cublas::kR16BF, K, &zero, (void*)gy, cublas::kR32F, N,
+                         cublas::kCompute32F, cublas::kGemmDefault),
               0);
     ASSERT_EQ(gpu().d->cuStreamSynchronize(nullptr), 0);
     double e_bl = rel(dev.down<float>(gy, want.size()), want);

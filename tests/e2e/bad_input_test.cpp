@@ -78,13 +78,16 @@ void poke(const std::string& path, const std::string& name, size_t i, float v) {
 }
 
 // Runs `g4 compile` expecting failure; checks the message and that no plan (or temp file) remains.
-void expect_compile_error(const std::string& model_dir, const std::vector<std::string>& needles, const std::string& extra = "") {
+void expect_compile_error(const std::string& model_dir, const std::vector<std::string>& needles,
+                          const std::string& extra = "") {
     TempDir out;
     std::string plan = out.file("p.g4plan");
-    CmdResult r      = run_g4("compile --model '" + model_dir + "' --weights bf16 " + extra + " -o '" + plan + "'");
+    CmdResult r =
+        run_g4("compile --model '" + model_dir + "' --weights bf16 " + extra + " -o '" + plan + "'");
     EXPECT_EQ(r.exit_code, 1) << r.err;
     EXPECT_NE(r.err.find("error:"), std::string::npos) << r.err;
-    for (auto& n : needles) EXPECT_NE(r.err.find(n), std::string::npos) << "expected '" << n << "' in: " << r.err;
+    for (auto& n : needles)
+        EXPECT_NE(r.err.find(n), std::string::npos) << "expected '" << n << "' in: " << r.err;
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << "not one line: " << r.err;
     EXPECT_TRUE(fs::is_empty(out.path)) << "compile left files behind";
 }
@@ -95,7 +98,9 @@ TEST(BadInput, MissingSafetensors) {
     expect_compile_error(c.dir, {"model.safetensors", c.dir});
 }
 
-TEST(BadInput, MissingModelDirectory) { expect_compile_error("/nonexistent/g4/model", {"/nonexistent/g4/model"}); }
+TEST(BadInput, MissingModelDirectory) {
+    expect_compile_error("/nonexistent/g4/model", {"/nonexistent/g4/model"});
+}
 
 TEST(BadInput, TruncatedSafetensors) {
     CheckpointCopy c;
@@ -126,7 +131,7 @@ TEST(BadInput, TensorOffsetOutsideFile) {
 
 TEST(BadInput, ShapeDisagreesWithConfig) {
     CheckpointCopy c;
-    json cfg = json::parse(read_file(c.dir + "/config.json"));
+    json cfg                                = json::parse(read_file(c.dir + "/config.json"));
     cfg["text_config"]["intermediate_size"] = 100;
     write_file(c.dir + "/config.json", cfg.dump());
     expect_compile_error(c.dir, {"mlp.gate_proj.weight", "config.json"});
@@ -162,9 +167,12 @@ TEST(BadInput, BadOptions) {
     expect_compile_error(fixture("e2b_tiny"), {"--target", "--device cuda"}, "--target sm_90");
     expect_compile_error(fixture("e2b_tiny"), {"--weights", "int8"}, "--weights int8");
     expect_compile_error(fixture("e2b_tiny"), {"--quantize", "regular expression"}, "--quantize '('");
-    expect_compile_error(fixture("e2b_tiny"), {"embed_tokens", "embedding lookup"}, "--quantize embed_tokens");
-    expect_compile_error(fixture("e2b_tiny"), {"--max-context", "max_position_embeddings"}, "--max-context 99999999");
-    expect_compile_error(fixture("e2b_tiny"), {"unknown --kv-dtype 'f16'", "expected bf16 or f32"}, "--kv-dtype f16");
+    expect_compile_error(fixture("e2b_tiny"), {"embed_tokens", "embedding lookup"},
+                         "--quantize embed_tokens");
+    expect_compile_error(fixture("e2b_tiny"), {"--max-context", "max_position_embeddings"},
+                         "--max-context 99999999");
+    expect_compile_error(fixture("e2b_tiny"), {"unknown --kv-dtype 'f16'", "expected bf16 or f32"},
+                         "--kv-dtype f16");
 }
 
 // CUDA plans compile anywhere the CUDA toolkit's NVRTC is (CI too); without a GPU, running one is a
@@ -172,13 +180,17 @@ TEST(BadInput, BadOptions) {
 TEST(BadInput, CudaPlanWithoutGpu) {
     TempDir td;
     std::string plan = td.file("cuda.g4plan");
-    CmdResult c = run_g4("compile --model '" + fixture("e2b_tiny") + "' --device cuda --target sm_86 --no-fidelity -o '" + plan + "'");
-    if (c.exit_code != 0 && c.err.find("without the CUDA toolkit") != std::string::npos) GTEST_SKIP() << "built without NVRTC";
+    CmdResult c      = run_g4("compile --model '" + fixture("e2b_tiny") +
+                              "' --device cuda --target sm_86 --no-fidelity -o '" + plan + "'");
+    if (c.exit_code != 0 && c.err.find("without the CUDA toolkit") != std::string::npos)
+        GTEST_SKIP() << "built without NVRTC";
     ASSERT_EQ(c.exit_code, 0) << c.err;
     CmdResult i = run_g4("inspect '" + plan + "'");
     EXPECT_NE(i.out.find("device cuda"), std::string::npos);
     // The fixture has 4 query heads on one KV head: the decode attention kernels are compiled for that.
-    EXPECT_NE(i.out.find("CUDA kernels: sm_86 cubin + PTX; decode attention specialised for 4 heads per KV group"), std::string::npos)
+    EXPECT_NE(
+        i.out.find("CUDA kernels: sm_86 cubin + PTX; decode attention specialised for 4 heads per KV group"),
+        std::string::npos)
         << i.out;
     // Every residual/norm chain (3 per layer, 10 layers) becomes one ResNorm launch of the decode schedule,
     // and so does the first layer's input norm, which no residual add precedes.
@@ -190,7 +202,9 @@ TEST(BadInput, CudaPlanWithoutGpu) {
     // keeps the exact split-over-keys kernel, whose scores workspace grows with chunk x context.
     EXPECT_NE(i.out.find("attention 10 flash (tensor cores), 0 split"), std::string::npos) << i.out;
     std::string plan32 = td.file("cuda32.g4plan");
-    CmdResult c32 = run_g4("compile --model '" + fixture("e2b_tiny") + "' --device cuda --target sm_86 --no-fidelity --prefill-precision fp32 -o '" + plan32 + "'");
+    CmdResult c32 =
+        run_g4("compile --model '" + fixture("e2b_tiny") +
+               "' --device cuda --target sm_86 --no-fidelity --prefill-precision fp32 -o '" + plan32 + "'");
     ASSERT_EQ(c32.exit_code, 0) << c32.err;
     CmdResult i32 = run_g4("inspect '" + plan32 + "'");
     EXPECT_NE(i32.out.find("attention 0 flash (tensor cores), 10 split"), std::string::npos) << i32.out;
@@ -198,24 +212,32 @@ TEST(BadInput, CudaPlanWithoutGpu) {
     // --deterministic keeps the two GEMVs (and the attention merge kernel).
     for (bool det : {false, true}) {
         std::string p90 = td.file(det ? "det90.g4plan" : "cuda90.g4plan");
-        CmdResult c90 = run_g4("compile --model '" + fixture("e2b_tiny") + "' --device cuda --target sm_90 --no-fidelity" +
-                               (det ? " --deterministic" : "") + " -o '" + p90 + "'");
+        CmdResult c90   = run_g4("compile --model '" + fixture("e2b_tiny") +
+                                 "' --device cuda --target sm_90 --no-fidelity" +
+                                 (det ? " --deterministic" : "") + " -o '" + p90 + "'");
         ASSERT_EQ(c90.exit_code, 0) << c90.err;
         CmdResult i90 = run_g4("inspect '" + p90 + "'");
-        EXPECT_NE(i90.out.find(det ? "31 ResNorm, 0 MLP" : "31 ResNorm, 10 MLP"), std::string::npos) << i90.out;
+        EXPECT_NE(i90.out.find(det ? "31 ResNorm, 0 MLP" : "31 ResNorm, 10 MLP"), std::string::npos)
+            << i90.out;
         // The full-attention layers' o projection takes the attention's merge (the sliding layers' head dim
         // 16 is not a multiple of the kernel's 32 columns a block).
         // Their products are packed f16 (the default --mlp-precision), and they run the ResNorm before them.
-        EXPECT_NE(i90.out.find(det ? "0 MLP (gate/up + down in one kernel; 0 with packed-f16 products, 0 with the ResNorm before, which is "
+        EXPECT_NE(i90.out.find(det ? "0 MLP (gate/up + down in one kernel; 0 with packed-f16 products, 0 "
+                                     "with the ResNorm before, which is "
                                      "then not launched), 0 attention-o"
-                                   : "10 MLP (gate/up + down in one kernel; 10 with packed-f16 products, 10 with the ResNorm before, which "
+                                   : "10 MLP (gate/up + down in one kernel; 10 with packed-f16 products, 10 "
+                                     "with the ResNorm before, which "
                                      "is then not launched), 2 attention-o"),
                   std::string::npos)
             << i90.out;
-        EXPECT_NE(i90.out.find(det ? "one kernel), 0 PLE" : "one kernel), 10 PLE"), std::string::npos) << i90.out;
+        EXPECT_NE(i90.out.find(det ? "one kernel), 0 PLE" : "one kernel), 10 PLE"), std::string::npos)
+            << i90.out;
     }
     EXPECT_NE(i.out.find("31 ResNorm, 0 MLP"), std::string::npos) << "sm_86 keeps the two GEMVs: " << i.out;
-    EXPECT_NE(i.out.find("0 with packed-f16 products, 0 with the ResNorm before, which is then not launched), 0 attention-o"), std::string::npos) << "sm_86 keeps the merge kernel: " << i.out;
+    EXPECT_NE(i.out.find("0 with packed-f16 products, 0 with the ResNorm before, which is then not "
+                         "launched), 0 attention-o"),
+              std::string::npos)
+        << "sm_86 keeps the merge kernel: " << i.out;
     CmdResult r = run_g4("run '" + plan + "' --tokens 2,3 -n 2");
     if (r.exit_code == 0) GTEST_SKIP() << "this machine has a GPU";
     EXPECT_EQ(r.exit_code, 1);
@@ -374,17 +396,18 @@ TEST(BadInput, NoPartialPlanWhenOutputDirectoryMissing) {
 class RunBadInput : public ::testing::Test {
 protected:
     static void SetUpTestSuite() {
-        dir_  = new TempDir();
-        plan_ = dir_->file("good.g4plan");
+        dir_        = new TempDir();
+        plan_       = dir_->file("good.g4plan");
         CmdResult r = run_g4("compile --model '" + fixture("e2b_tiny") + "' -o '" + plan_ + "'");
         ASSERT_EQ(r.exit_code, 0) << r.err;
     }
     static void TearDownTestSuite() { delete dir_; }
-    static void expect_run_error(const std::string& plan, const std::string& args, const std::vector<std::string>& needles,
-                                 int code = 1) {
+    static void expect_run_error(const std::string& plan, const std::string& args,
+                                 const std::vector<std::string>& needles, int code = 1) {
         CmdResult r = run_g4("run '" + plan + "' " + args);
         EXPECT_EQ(r.exit_code, code) << r.err;
-        for (auto& n : needles) EXPECT_NE(r.err.find(n), std::string::npos) << "expected '" << n << "' in: " << r.err;
+        for (auto& n : needles)
+            EXPECT_NE(r.err.find(n), std::string::npos) << "expected '" << n << "' in: " << r.err;
         EXPECT_TRUE(r.out.empty()) << r.out;
     }
     static TempDir* dir_;
@@ -393,7 +416,9 @@ protected:
 TempDir* RunBadInput::dir_ = nullptr;
 std::string RunBadInput::plan_;
 
-TEST_F(RunBadInput, TokenIdOutsideVocabulary) { expect_run_error(plan_, "--tokens 2,512", {"512", "vocabulary"}); }
+TEST_F(RunBadInput, TokenIdOutsideVocabulary) {
+    expect_run_error(plan_, "--tokens 2,512", {"512", "vocabulary"});
+}
 
 TEST_F(RunBadInput, MalformedTokens) {
     expect_run_error(plan_, "--tokens 2,,3", {"--tokens"}, 2);

@@ -27,7 +27,8 @@ bool overlap(const g4::plan::Plan& p, int32_t a, int32_t b) {
     if (a < 0 || b < 0) return false;
     const PlanTensor &x = p.tensor(a), &y = p.tensor(b);
     auto arena = [](const PlanTensor& t) {
-        return t.kind == (uint8_t)g4::plan::TensorKind::Activation || t.kind == (uint8_t)g4::plan::TensorKind::Input;
+        return t.kind == (uint8_t)g4::plan::TensorKind::Activation ||
+               t.kind == (uint8_t)g4::plan::TensorKind::Input;
     };
     if (!arena(x) || !arena(y)) return false;
     return x.offset < y.offset + y.nbytes && y.offset < x.offset + x.nbytes;
@@ -35,15 +36,16 @@ bool overlap(const g4::plan::Plan& p, int32_t a, int32_t b) {
 
 void compile_sm90(TempDir& td, const std::string& fx, const std::string& flags, g4::plan::Plan* p) {
     std::string path = td.file(fx + (flags.empty() ? "" : "_det") + ".g4plan");
-    CmdResult r = run_g4("compile --model '" + fixture(fx) + "' --device cuda --target sm_90 --weights nf4 --no-fidelity " + flags + " -o '" +
-                         path + "'");
+    CmdResult r =
+        run_g4("compile --model '" + fixture(fx) +
+               "' --device cuda --target sm_90 --weights nf4 --no-fidelity " + flags + " -o '" + path + "'");
     ASSERT_EQ(r.exit_code, 0) << r.err;
     std::string err;
     ASSERT_EQ(p->load(path, false, &err), G4_OK) << err;
 }
 
-// The sm_90 plan of fixture fx compiled to td's `name`.g4plan with the extra `g4 compile` flags, loaded into p;
-// returns its path.
+// The sm_90 plan of fixture fx compiled to td's `name`.g4plan with the extra `g4 compile` flags, loaded into
+// p; returns its path.
 std::string compile_sm90_with(TempDir& td, const std::string& fx, const std::string& name,
                               const std::string& flags, g4::plan::Plan* p) {
     const std::string path = td.file(name + ".g4plan");
@@ -60,9 +62,9 @@ std::string compile_sm90_with(TempDir& td, const std::string& fx, const std::str
 // returns the compiler's error.
 std::string expect_option_refused(TempDir& td, const std::string& option, const std::string& val) {
     const std::string path = td.file("bad" + option + ".g4plan");
-    CmdResult r = run_g4("compile --model '" + fixture("e2b_tiny") +
-                         "' --device cuda --target sm_90 --weights nf4 --no-fidelity " + option + " '" + val +
-                         "' -o '" + path + "'");
+    CmdResult r            = run_g4("compile --model '" + fixture("e2b_tiny") +
+                                    "' --device cuda --target sm_90 --weights nf4 --no-fidelity " + option + " '" + val +
+                                    "' -o '" + path + "'");
     EXPECT_NE(r.exit_code, 0) << option << " " << val;
     EXPECT_NE(r.err.find(option + " '" + val + "'"), std::string::npos) << r.err;
     EXPECT_FALSE(std::filesystem::exists(path)) << option << " " << val;
@@ -72,7 +74,8 @@ std::string expect_option_refused(TempDir& td, const std::string& option, const 
 // A copy of the plan at `path` whose CUDA schedule records `edit` changes, with the checksums recomputed
 // (reseal_plan) so that only the records are wrong: loading it must fail with `want` in the message.
 template <class Edit>
-void expect_corrupt(TempDir& td, const std::string& path, const std::string& name, Edit edit, const std::string& want) {
+void expect_corrupt(TempDir& td, const std::string& path, const std::string& name, Edit edit,
+                    const std::string& want) {
     std::string b = read_file(path);
     g4::plan::PlanHeader h;
     std::memcpy(&h, b.data(), sizeof h);
@@ -101,7 +104,7 @@ TEST(CudaSchedule, ZeroedOutputsStayUntouchedUntilTheirKernel) {
         g4::plan::Plan p;
         compile_sm90(td, fx, "", &p);
         ASSERT_GT(p.n_launches(), 0u) << fx;
-        int fused[3] = {0, 0, 0};   // Mlp, AttnO, Ple
+        int fused[3] = {0, 0, 0}; // Mlp, AttnO, Ple
         std::set<int32_t> tiled;  // the weights the fused kernels read tiled
         for (size_t li = 0; li < p.n_launches(); ++li) {
             const CudaLaunch& l = p.launch(li);
@@ -111,23 +114,27 @@ TEST(CudaSchedule, ZeroedOutputsStayUntouchedUntilTheirKernel) {
             ++fused[ple ? 2 : ao];
             const int32_t wop = mlp ? l.ip[3] : ple ? l.op + 2 : l.op, y = p.op(wop).out[0];
             if (!ple) tiled.insert(p.op(wop).in[1]);
-            EXPECT_EQ(!ple, (p.tensor(p.op(wop).in[1]).quant_flags & g4::plan::kQuantTiled32) != 0) << fx << " launch " << li;
-            size_t z = li;   // the ResNorm launch that zeroes y
-            while (z-- > 0 && !(p.launch(z).kind == (uint16_t)LaunchKind::ResNorm && p.launch(z).t[7] == y)) {}
+            EXPECT_EQ(!ple, (p.tensor(p.op(wop).in[1]).quant_flags & g4::plan::kQuantTiled32) != 0)
+                << fx << " launch " << li;
+            size_t z = li; // the ResNorm launch that zeroes y
+            while (z-- > 0 && !(p.launch(z).kind == (uint16_t)LaunchKind::ResNorm && p.launch(z).t[7] == y)) {
+            }
             ASSERT_LT(z, li) << fx << " launch " << li << ": no ResNorm zeroes its output";
             const CudaLaunch& rn = p.launch(z);
             EXPECT_FALSE(overlap(p, y, rn.t[4])) << fx << " launch " << li;
             EXPECT_FALSE(overlap(p, y, rn.t[6])) << fx << " launch " << li;
-            // Every op between the ResNorm and the fused kernel, and the input the fused MLP still reads while
-            // it adds (its intermediates are never written).
+            // Every op between the ResNorm and the fused kernel, and the input the fused MLP still reads
+            // while it adds (its intermediates are never written).
             for (int32_t j = rn.op + rn.count; j < l.op; ++j) {
-                for (int32_t t : p.op(j).in) EXPECT_FALSE(overlap(p, y, t)) << fx << " launch " << li << " op " << p.str(p.op(j).name);
-                for (int32_t t : p.op(j).out) EXPECT_FALSE(overlap(p, y, t)) << fx << " launch " << li << " op " << p.str(p.op(j).name);
+                for (int32_t t : p.op(j).in)
+                    EXPECT_FALSE(overlap(p, y, t)) << fx << " launch " << li << " op " << p.str(p.op(j).name);
+                for (int32_t t : p.op(j).out)
+                    EXPECT_FALSE(overlap(p, y, t)) << fx << " launch " << li << " op " << p.str(p.op(j).name);
             }
             if (mlp) {
                 EXPECT_FALSE(overlap(p, y, p.op(l.ip[0]).in[0])) << fx << " launch " << li;
             }
-            if (ple) {   // the gate's input and the per-layer input
+            if (ple) { // the gate's input and the per-layer input
                 EXPECT_FALSE(overlap(p, y, p.op(l.op).in[0])) << fx << " launch " << li;
                 EXPECT_FALSE(overlap(p, y, p.op(l.op + 1).in[1])) << fx << " launch " << li;
             }
@@ -143,10 +150,12 @@ TEST(CudaSchedule, ZeroedOutputsStayUntouchedUntilTheirKernel) {
         g4::plan::Plan d;
         compile_sm90(td, fx, "--deterministic", &d);
         for (size_t li = 0; li < d.n_launches(); ++li)
-            EXPECT_TRUE(d.launch(li).kind != (uint16_t)LaunchKind::Mlp && d.launch(li).kind != (uint16_t)LaunchKind::AttnO &&
+            EXPECT_TRUE(d.launch(li).kind != (uint16_t)LaunchKind::Mlp &&
+                        d.launch(li).kind != (uint16_t)LaunchKind::AttnO &&
                         d.launch(li).kind != (uint16_t)LaunchKind::Ple)
                 << fx;
-        for (size_t t = 0; t < d.n_tensors(); ++t) EXPECT_FALSE(d.tensor(t).quant_flags & g4::plan::kQuantTiled32) << fx;
+        for (size_t t = 0; t < d.n_tensors(); ++t)
+            EXPECT_FALSE(d.tensor(t).quant_flags & g4::plan::kQuantTiled32) << fx;
     }
 }
 
@@ -225,7 +234,8 @@ TEST(CudaSchedule, FirstInputNormIsAResNorm) {
             EXPECT_EQ(l.t[4], -1) << fx;
             EXPECT_EQ(l.fp[1], 1.0f) << fx;
             EXPECT_EQ(l.ip[0], p.op(l.op).ip[0]) << fx;
-            for (size_t k = 0; k < li; ++k) EXPECT_NE(p.launch(k).kind, (uint16_t)LaunchKind::ResNorm) << fx << " launch " << k;
+            for (size_t k = 0; k < li; ++k)
+                EXPECT_NE(p.launch(k).kind, (uint16_t)LaunchKind::ResNorm) << fx << " launch " << k;
         }
         EXPECT_EQ(lone, 1) << fx;
     }
@@ -246,7 +256,8 @@ TEST(CudaSchedule, PerLayerInputsInOneLaunch) {
         ASSERT_EQ(n, 1) << fx;
         const CudaLaunch& l = p.launch(at);
         ASSERT_EQ(l.count, 4) << fx;
-        const g4::plan::PlanOp &s1 = p.op(l.op), &nm = p.op(l.op + 1), &ad = p.op(l.op + 2), &s2 = p.op(l.op + 3);
+        const g4::plan::PlanOp &s1 = p.op(l.op), &nm = p.op(l.op + 1), &ad = p.op(l.op + 2),
+                               &s2 = p.op(l.op + 3);
         EXPECT_EQ(s1.code, (uint16_t)g4::OpCode::Scale) << fx;
         EXPECT_EQ(nm.code, (uint16_t)g4::OpCode::RmsNorm) << fx;
         EXPECT_EQ(ad.code, (uint16_t)g4::OpCode::Add) << fx;
@@ -258,8 +269,10 @@ TEST(CudaSchedule, PerLayerInputsInOneLaunch) {
         EXPECT_EQ(l.ip[0], s1.ip[0]) << fx;
         EXPECT_EQ(l.ip[1], nm.ip[1]) << fx;
         EXPECT_EQ(l.ip[0] % l.ip[1], 0) << fx;
-        expect_corrupt(td, td.file(fx + ".g4plan"), fx + "_ple_in", [&](CudaLaunch* recs) { recs[at].ip[1] = l.ip[0] + 1; },
-                       "bad per-layer-input combination record");
+        expect_corrupt(
+            td, td.file(fx + ".g4plan"), fx + "_ple_in",
+            [&](CudaLaunch* recs) { recs[at].ip[1] = l.ip[0] + 1; },
+            "bad per-layer-input combination record");
     }
 }
 
@@ -274,7 +287,7 @@ TEST(CudaSchedule, MlpReplicasByShapeAndTheirWorkspace) {
 
     std::vector<PlanTensor> tensors(1);
     std::memset(tensors.data(), 0, sizeof(PlanTensor));
-    tensors[0].dims[0] = 1536, tensors[0].dims[1] = 12288;   // the down [H, I]
+    tensors[0].dims[0] = 1536, tensors[0].dims[1] = 12288; // the down [H, I]
     std::vector<g4::plan::PlanOp> ops(4);
     for (auto& o : ops) {
         std::memset(&o, 0, sizeof o);
@@ -286,14 +299,21 @@ TEST(CudaSchedule, MlpReplicasByShapeAndTheirWorkspace) {
     std::memset(&l, 0, sizeof l);
     l.kind = (uint16_t)LaunchKind::Mlp, l.count = 4, l.ip[3] = 3, l.ip[6] = 4;
     const auto none = g4::cuda_ws::workspace(ops.data(), ops.size(), tensors.data(), 16, 1024, 256);
-    const auto with = g4::cuda_ws::workspace(ops.data(), ops.size(), tensors.data(), 16, 1024, 256, true, nullptr, 0, &l, 1);
+    const auto with = g4::cuda_ws::workspace(ops.data(), ops.size(), tensors.data(), 16, 1024, 256, true,
+                                             nullptr, 0, &l, 1);
     EXPECT_EQ(none.mlp_rep, 0u);
     EXPECT_EQ(with.mlp_rep, 3u * 1536);
     EXPECT_EQ(with.device_bytes() - none.device_bytes(), 3u * 1536 * 4);
     const int on_gpu1[4] = {1, 1, 1, 1};
-    EXPECT_EQ(g4::cuda_ws::workspace(ops.data(), ops.size(), tensors.data(), 16, 1024, 256, true, on_gpu1, 0, &l, 1).mlp_rep, 0u);
+    EXPECT_EQ(
+        g4::cuda_ws::workspace(ops.data(), ops.size(), tensors.data(), 16, 1024, 256, true, on_gpu1, 0, &l, 1)
+            .mlp_rep,
+        0u);
     l.ip[6] = 1;
-    EXPECT_EQ(g4::cuda_ws::workspace(ops.data(), ops.size(), tensors.data(), 16, 1024, 256, true, nullptr, 0, &l, 1).mlp_rep, 0u);
+    EXPECT_EQ(
+        g4::cuda_ws::workspace(ops.data(), ops.size(), tensors.data(), 16, 1024, 256, true, nullptr, 0, &l, 1)
+            .mlp_rep,
+        0u);
 }
 
 // The tiny fixtures' MLPs (a few blocks) get 1 replica; `g4 compile --mlp-replicas 4` gives every fused
@@ -326,10 +346,13 @@ TEST(CudaSchedule, MlpReplicasInThePlan) {
         }
         ASSERT_GT(mlps, 0) << fx;
 
-        expect_corrupt(td, path, fx + "_r5", [&](CudaLaunch* recs) { recs[mlp].ip[6] = 5; }, "MLP output replicas 5");
-        expect_corrupt(td, path, fx + "_r0", [&](CudaLaunch* recs) { recs[mlp].ip[6] = 0; }, "MLP output replicas 0");
-        expect_corrupt(td, path, fx + "_no_sum", [&](CudaLaunch* recs) { recs[mlp + 1].t[1] = recs[mlp + 1].t[0]; },
-                       "not followed by the ResNorm that sums them");
+        expect_corrupt(
+            td, path, fx + "_r5", [&](CudaLaunch* recs) { recs[mlp].ip[6] = 5; }, "MLP output replicas 5");
+        expect_corrupt(
+            td, path, fx + "_r0", [&](CudaLaunch* recs) { recs[mlp].ip[6] = 0; }, "MLP output replicas 0");
+        expect_corrupt(
+            td, path, fx + "_no_sum", [&](CudaLaunch* recs) { recs[mlp + 1].t[1] = recs[mlp + 1].t[0]; },
+            "not followed by the ResNorm that sums them");
     }
 
     for (const char* v : {"5", "0", "two"}) {
@@ -339,13 +362,13 @@ TEST(CudaSchedule, MlpReplicasInThePlan) {
 }
 
 // The ResNorm between each MLP and the PLE reading its output runs in the PLE's kernel (ResNorm ip1 = 1,
-// g4_ple_res) in default sm_90 plans where cuda::ple_fold_after takes the MLP (256 threads, at most 192 blocks,
-// one output: every layer of the tiny fixtures, E2B's narrow layers), in none with --ple-fold off or with 4 MLP
-// output replicas (a bad value is refused, no plan left). The MLP before then zeroes the PLE's output, so that
-// output shares no bytes with the MLP's input, its output or the residual; the ResNorm's output (block 0 writes
-// it while the other blocks read) none with the residual, the MLP's output or the per-layer input. Records
-// that fold a ResNorm elsewhere, with another flag, after a 128-thread MLP or with a second norm are refused
-// at load.
+// g4_ple_res) in default sm_90 plans where cuda::ple_fold_after takes the MLP (256 threads, at most 192
+// blocks, one output: every layer of the tiny fixtures, E2B's narrow layers), in none with --ple-fold off or
+// with 4 MLP output replicas (a bad value is refused, no plan left). The MLP before then zeroes the PLE's
+// output, so that output shares no bytes with the MLP's input, its output or the residual; the ResNorm's
+// output (block 0 writes it while the other blocks read) none with the residual, the MLP's output or the
+// per-layer input. Records that fold a ResNorm elsewhere, with another flag, after a 128-thread MLP or with a
+// second norm are refused at load.
 TEST(CudaSchedule, ResNormFoldedIntoThePle) {
     TempDir td;
     for (const std::string fx : {"e2b_tiny", "e4b_tiny"}) {
@@ -370,8 +393,10 @@ TEST(CudaSchedule, ResNormFoldedIntoThePle) {
             EXPECT_EQ(p.op(l.op).in[0], rn.t[4]) << fx << " launch " << li;
             EXPECT_TRUE(rn.t[3] < 0 && rn.t[5] < 0 && rn.t[6] < 0) << fx << " launch " << li;
             const int32_t y = l.t[0], xo = rn.t[4];
-            for (int32_t t : {p.op(mlp.ip[0]).in[0], rn.t[0], rn.t[1], xo}) EXPECT_FALSE(overlap(p, y, t)) << fx << " launch " << li;
-            for (int32_t t : {rn.t[0], rn.t[1], p.op(l.op + 1).in[1]}) EXPECT_FALSE(overlap(p, xo, t)) << fx << " launch " << li;
+            for (int32_t t : {p.op(mlp.ip[0]).in[0], rn.t[0], rn.t[1], xo})
+                EXPECT_FALSE(overlap(p, y, t)) << fx << " launch " << li;
+            for (int32_t t : {rn.t[0], rn.t[1], p.op(l.op + 1).in[1]})
+                EXPECT_FALSE(overlap(p, xo, t)) << fx << " launch " << li;
         }
         EXPECT_GT(ples, 0) << fx;
         EXPECT_EQ(folded, ples) << fx;
@@ -384,18 +409,30 @@ TEST(CudaSchedule, ResNormFoldedIntoThePle) {
                 EXPECT_NE(q.launch(li).ip[1], 1) << fx << " launch " << li;
             }
         CmdResult i = run_g4("inspect '" + path + "'");
-        EXPECT_NE(i.out.find(std::to_string(ples) + " PLE (gate + projection in one kernel; 0 with the ResNorm before"), std::string::npos) << i.out;
+        EXPECT_NE(i.out.find(std::to_string(ples) +
+                             " PLE (gate + projection in one kernel; 0 with the ResNorm before"),
+                  std::string::npos)
+            << i.out;
 
         const std::string folded_plan = td.file(fx + ".g4plan");
-        CmdResult i2 = run_g4("inspect '" + folded_plan + "'");
-        EXPECT_NE(i2.out.find(std::to_string(ples) + " PLE (gate + projection in one kernel; " + std::to_string(ples) + " with the ResNorm before"),
+        CmdResult i2                  = run_g4("inspect '" + folded_plan + "'");
+        EXPECT_NE(i2.out.find(std::to_string(ples) + " PLE (gate + projection in one kernel; " +
+                              std::to_string(ples) + " with the ResNorm before"),
                   std::string::npos)
             << i2.out;
-        expect_corrupt(td, folded_plan, fx + "_fold2", [&](CudaLaunch* recs) { recs[first_fold].ip[1] = 2; }, "bad folded ResNorm (ip1 2");
-        expect_corrupt(td, folded_plan, fx + "_fold_pre_mlp", [&](CudaLaunch* recs) { recs[pre_mlp].ip[1] = 1; }, "bad folded ResNorm (ip1 1");
-        expect_corrupt(td, folded_plan, fx + "_fold_norm2", [&](CudaLaunch* recs) { recs[first_fold].t[5] = recs[first_fold].t[2]; },
-                       "bad folded ResNorm (ip1 1");
-        expect_corrupt(td, folded_plan, fx + "_fold_b128", [&](CudaLaunch* recs) { recs[first_fold - 1].ip[5] = 128; }, "bad folded ResNorm (ip1 1");
+        expect_corrupt(
+            td, folded_plan, fx + "_fold2", [&](CudaLaunch* recs) { recs[first_fold].ip[1] = 2; },
+            "bad folded ResNorm (ip1 2");
+        expect_corrupt(
+            td, folded_plan, fx + "_fold_pre_mlp", [&](CudaLaunch* recs) { recs[pre_mlp].ip[1] = 1; },
+            "bad folded ResNorm (ip1 1");
+        expect_corrupt(
+            td, folded_plan, fx + "_fold_norm2",
+            [&](CudaLaunch* recs) { recs[first_fold].t[5] = recs[first_fold].t[2]; },
+            "bad folded ResNorm (ip1 1");
+        expect_corrupt(
+            td, folded_plan, fx + "_fold_b128", [&](CudaLaunch* recs) { recs[first_fold - 1].ip[5] = 128; },
+            "bad folded ResNorm (ip1 1");
 
         g4::plan::Plan p4;
         compile_sm90_with(td, fx, fx + "_fold_r4", "--mlp-replicas 4", &p4);
@@ -405,8 +442,8 @@ TEST(CudaSchedule, ResNormFoldedIntoThePle) {
                 EXPECT_NE(p4.launch(li).ip[1], 1) << fx << " with replicas, launch " << li;
             }
     }
-    // By shape: E2B's narrow layers (6144, 256 threads) fold; its wide ones (12288, 128 threads, 4 replicas) and
-    // E4B's (10240: 320 blocks of 256 threads) do not.
+    // By shape: E2B's narrow layers (6144, 256 threads) fold; its wide ones (12288, 128 threads, 4 replicas)
+    // and E4B's (10240: 320 blocks of 256 threads) do not.
     EXPECT_TRUE(g4::cuda::ple_fold_after(6144, 256, 1));
     EXPECT_FALSE(g4::cuda::ple_fold_after(12288, 128, 4));
     EXPECT_FALSE(g4::cuda::ple_fold_after(10240, 256, 1));
@@ -414,13 +451,13 @@ TEST(CudaSchedule, ResNormFoldedIntoThePle) {
     expect_option_refused(td, "--ple-fold", "yes");
 }
 
-// The ResNorm making each packed-f16 MLP's input runs in the MLP's kernel (ResNorm ip1 = 2, the _r kernels) in
-// default sm_90 plans: every MLP of the tiny fixtures. An earlier ResNorm (launched, not after output replicas)
-// zeroes the MLP's output instead (its ip2 = y + 1), so y shares no bytes with what that ResNorm touches or with
-// any op between it and the MLP; y and x1 (block 0 writes it while every block reads) none with the residual and
-// the attention's output. --mlp-fold off: none; all: every one (as by default here); f32 MLPs never; a bad value
-// is refused, no plan left. Corrupt records are refused at load. By shape (mlp_fold_one_wave): E2B's MLPs fold by
-// default, E4B's (two waves) do not.
+// The ResNorm making each packed-f16 MLP's input runs in the MLP's kernel (ResNorm ip1 = 2, the _r kernels)
+// in default sm_90 plans: every MLP of the tiny fixtures. An earlier ResNorm (launched, not after output
+// replicas) zeroes the MLP's output instead (its ip2 = y + 1), so y shares no bytes with what that ResNorm
+// touches or with any op between it and the MLP; y and x1 (block 0 writes it while every block reads) none
+// with the residual and the attention's output. --mlp-fold off: none; all: every one (as by default here);
+// f32 MLPs never; a bad value is refused, no plan left. Corrupt records are refused at load. By shape
+// (mlp_fold_one_wave): E2B's MLPs fold by default, E4B's (two waves) do not.
 TEST(CudaSchedule, ResNormFoldedIntoTheMlp) {
     TempDir td;
     for (const std::string fx : {"e2b_tiny", "e4b_tiny"}) {
@@ -441,16 +478,20 @@ TEST(CudaSchedule, ResNormFoldedIntoTheMlp) {
             EXPECT_EQ(p.op(l.ip[0]).in[0], rn.t[6]) << fx << " launch " << li;
             EXPECT_EQ(rn.t[7], y) << fx << " launch " << li;
             EXPECT_LT(rn.t[3], 0) << fx << " launch " << li;
-            for (int32_t t : {x, d, x1}) EXPECT_FALSE(overlap(p, y, t)) << fx << " launch " << li;
-            for (int32_t t : {x, d}) EXPECT_FALSE(overlap(p, x1, t)) << fx << " launch " << li;
+            for (int32_t t : {x, d, x1})
+                EXPECT_FALSE(overlap(p, y, t)) << fx << " launch " << li;
+            for (int32_t t : {x, d})
+                EXPECT_FALSE(overlap(p, x1, t)) << fx << " launch " << li;
             size_t z = li - 1;
             while (z-- > 0)
                 if (p.launch(z).kind == (uint16_t)LaunchKind::ResNorm && p.launch(z).ip[2] == y + 1) break;
             ASSERT_LT(z, li) << fx << " launch " << li << ": no ResNorm zeroes the MLP's output";
             EXPECT_EQ(p.launch(z).ip[1], 0) << fx << " launch " << li;
             for (size_t j = p.launch(z).op; j < (size_t)l.op; ++j) {
-                for (int32_t t : p.op(j).in) EXPECT_FALSE(overlap(p, y, t)) << fx << " op " << j;
-                for (int32_t t : p.op(j).out) EXPECT_FALSE(overlap(p, y, t)) << fx << " op " << j;
+                for (int32_t t : p.op(j).in)
+                    EXPECT_FALSE(overlap(p, y, t)) << fx << " op " << j;
+                for (int32_t t : p.op(j).out)
+                    EXPECT_FALSE(overlap(p, y, t)) << fx << " op " << j;
             }
             if (!folded++) first_rn = li - 1, first_z = z;
         }
@@ -459,17 +500,31 @@ TEST(CudaSchedule, ResNormFoldedIntoTheMlp) {
         EXPECT_EQ(zeroers, folded) << fx;
 
         const std::string path = td.file(fx + ".g4plan");
-        expect_corrupt(td, path, fx + "_mfold_nozero", [&](CudaLaunch* recs) { recs[first_z].ip[2] = 0; }, "bad folded ResNorm (ip1 2");
-        expect_corrupt(td, path, fx + "_mfold_no_t7", [&](CudaLaunch* recs) { recs[first_rn].t[7] = -1; }, "bad MLP record");
-        expect_corrupt(td, path, fx + "_mfold_f32", [&](CudaLaunch* recs) { recs[first_rn + 1].ip[7] = 0; }, "bad folded ResNorm (ip1 2");
-        // A scale the record's ops do not have: refused as a record whose tensors are not its ops' (plan_reader.cpp
-        // launch_operands), before the folding rule is reached.
-        expect_corrupt(td, path, fx + "_mfold_scale", [&](CudaLaunch* recs) { recs[first_rn].t[3] = recs[first_rn].t[2]; },
-                       "the ResNorm's scale is not x_out * scalar in place");
-        expect_corrupt(td, path, fx + "_mfold_no_mlp", [&](CudaLaunch* recs) { recs[first_z].ip[1] = 2; }, "ip1 2 needs the MLP launch");
-        expect_corrupt(td, path, fx + "_zero2_range", [&](CudaLaunch* recs) { recs[first_z].ip[2] = 1 << 30; }, "bad second zeroed buffer");
-        expect_corrupt(td, path, fx + "_zero2_folded", [&](CudaLaunch* recs) { recs[first_rn].ip[2] = recs[first_rn].t[7] + 1; },
-                       "bad second zeroed buffer");
+        expect_corrupt(
+            td, path, fx + "_mfold_nozero", [&](CudaLaunch* recs) { recs[first_z].ip[2] = 0; },
+            "bad folded ResNorm (ip1 2");
+        expect_corrupt(
+            td, path, fx + "_mfold_no_t7", [&](CudaLaunch* recs) { recs[first_rn].t[7] = -1; },
+            "bad MLP record");
+        expect_corrupt(
+            td, path, fx + "_mfold_f32", [&](CudaLaunch* recs) { recs[first_rn + 1].ip[7] = 0; },
+            "bad folded ResNorm (ip1 2");
+        // A scale the record's ops do not have: refused as a record whose tensors are not its ops'
+        // (plan_reader.cpp launch_operands), before the folding rule is reached.
+        expect_corrupt(
+            td, path, fx + "_mfold_scale",
+            [&](CudaLaunch* recs) { recs[first_rn].t[3] = recs[first_rn].t[2]; },
+            "the ResNorm's scale is not x_out * scalar in place");
+        expect_corrupt(
+            td, path, fx + "_mfold_no_mlp", [&](CudaLaunch* recs) { recs[first_z].ip[1] = 2; },
+            "ip1 2 needs the MLP launch");
+        expect_corrupt(
+            td, path, fx + "_zero2_range", [&](CudaLaunch* recs) { recs[first_z].ip[2] = 1 << 30; },
+            "bad second zeroed buffer");
+        expect_corrupt(
+            td, path, fx + "_zero2_folded",
+            [&](CudaLaunch* recs) { recs[first_rn].ip[2] = recs[first_rn].t[7] + 1; },
+            "bad second zeroed buffer");
 
         for (const std::string v : {"off", "all"}) {
             g4::plan::Plan q;
@@ -484,8 +539,10 @@ TEST(CudaSchedule, ResNormFoldedIntoTheMlp) {
         }
         g4::plan::Plan c;
         const std::string fpath = td.file(fx + "_mfold_f32.g4plan");
-        CmdResult r = run_g4("compile --model '" + fixture(fx) + "' --device cuda --target sm_90 --weights nf4 --no-fidelity --mlp-precision f32 -o '" +
-                             fpath + "'");
+        CmdResult r =
+            run_g4("compile --model '" + fixture(fx) +
+                   "' --device cuda --target sm_90 --weights nf4 --no-fidelity --mlp-precision f32 -o '" +
+                   fpath + "'");
         ASSERT_EQ(r.exit_code, 0) << r.err;
         std::string err;
         ASSERT_EQ(c.load(fpath, false, &err), G4_OK) << err;
@@ -558,10 +615,10 @@ TEST(CudaSchedule, ScheduleOptionsRecordedInThePlan) {
 TEST(CudaSchedule, MlpPrecision) {
     EXPECT_TRUE(g4::cuda::mlp_f16(true, 1536, false));
     EXPECT_TRUE(g4::cuda::mlp_f16(true, 2560, false));
-    EXPECT_FALSE(g4::cuda::mlp_f16(true, 1536, true));    // double quant
+    EXPECT_FALSE(g4::cuda::mlp_f16(true, 1536, true)); // double quant
     EXPECT_FALSE(g4::cuda::mlp_f16(false, 1536, false));
-    EXPECT_FALSE(g4::cuda::mlp_f16(true, 1540, false));   // H % 32
-    EXPECT_FALSE(g4::cuda::mlp_f16(true, 10272, false));  // H > 10240
+    EXPECT_FALSE(g4::cuda::mlp_f16(true, 1540, false));  // H % 32
+    EXPECT_FALSE(g4::cuda::mlp_f16(true, 10272, false)); // H > 10240
     EXPECT_EQ(g4::cuda::mlp_threads_f16(6144), 256);
     EXPECT_EQ(g4::cuda::mlp_threads_f16(10240), 256);
     EXPECT_EQ(g4::cuda::mlp_threads_f16(12288), 128);
@@ -570,8 +627,9 @@ TEST(CudaSchedule, MlpPrecision) {
     for (const std::string fx : {"e2b_tiny", "e4b_tiny"}) {
         auto mlps = [&](const std::string& flags, const std::string& name, g4::plan::Plan* q) {
             const std::string path = td.file(fx + "_" + name + ".g4plan");
-            CmdResult r = run_g4("compile --model '" + fixture(fx) + "' --device cuda --target sm_90 --weights nf4 --no-fidelity " + flags +
-                                 " -o '" + path + "'");
+            CmdResult r            = run_g4("compile --model '" + fixture(fx) +
+                                            "' --device cuda --target sm_90 --weights nf4 --no-fidelity " + flags +
+                                            " -o '" + path + "'");
             EXPECT_EQ(r.exit_code, 0) << r.err;
             std::string err;
             EXPECT_EQ(q->load(path, false, &err), G4_OK) << err;
@@ -582,8 +640,10 @@ TEST(CudaSchedule, MlpPrecision) {
             return out;
         };
         g4::plan::Plan a, b, c, d;
-        for (const CudaLaunch& l : mlps("", "auto", &a)) EXPECT_TRUE(l.ip[7] == 1 && l.ip[5] == 256) << fx;
-        for (const CudaLaunch& l : mlps("--mlp-precision f16", "f16", &b)) EXPECT_TRUE(l.ip[7] == 1 && l.ip[5] == 256) << fx;
+        for (const CudaLaunch& l : mlps("", "auto", &a))
+            EXPECT_TRUE(l.ip[7] == 1 && l.ip[5] == 256) << fx;
+        for (const CudaLaunch& l : mlps("--mlp-precision f16", "f16", &b))
+            EXPECT_TRUE(l.ip[7] == 1 && l.ip[5] == 256) << fx;
         for (const CudaLaunch& l : mlps("--mlp-precision f32", "f32", &c)) {
             EXPECT_EQ(l.ip[7], 0) << fx;
             EXPECT_EQ(l.ip[5], g4::cuda::mlp_threads(c.tensor(c.op(l.ip[0]).in[1]).dims[0])) << fx;
@@ -592,25 +652,33 @@ TEST(CudaSchedule, MlpPrecision) {
             CmdResult r = run_g4("inspect '" + td.file(fx + "_" + name + ".g4plan") + "'");
             ASSERT_EQ(r.exit_code, 0) << r.err;
             int n = 0;
-            for (size_t li = 0; li < plan->n_launches(); ++li) n += plan->launch(li).kind == (uint16_t)LaunchKind::Mlp;
-            const std::string want = std::to_string(n) + " MLP (gate/up + down in one kernel; " + (name == "f32" ? "0" : std::to_string(n)) +
+            for (size_t li = 0; li < plan->n_launches(); ++li)
+                n += plan->launch(li).kind == (uint16_t)LaunchKind::Mlp;
+            const std::string want = std::to_string(n) + " MLP (gate/up + down in one kernel; " +
+                                     (name == "f32" ? "0" : std::to_string(n)) +
                                      " with packed-f16 products, ";
             EXPECT_NE(r.out.find(want), std::string::npos) << fx << " " << name << ": " << r.out;
         }
         size_t mlp = 0;
-        for (const CudaLaunch& l : mlps("--double-quant", "dq", &d)) EXPECT_EQ(l.ip[7], 0) << fx;
+        for (const CudaLaunch& l : mlps("--double-quant", "dq", &d))
+            EXPECT_EQ(l.ip[7], 0) << fx;
         for (size_t li = 0; li < d.n_launches(); ++li)
             if (d.launch(li).kind == (uint16_t)LaunchKind::Mlp) mlp = li;
-        expect_corrupt(td, td.file(fx + "_auto.g4plan"), fx + "_arith2", [&](CudaLaunch* recs) {
-            for (size_t li = 0; li < a.n_launches(); ++li)
-                if (recs[li].kind == (uint16_t)LaunchKind::Mlp) recs[li].ip[7] = 2;
-        }, "MLP arithmetic 2");
-        expect_corrupt(td, td.file(fx + "_dq.g4plan"), fx + "_dq_f16", [&](CudaLaunch* recs) { recs[mlp].ip[7] = 1; },
-                       "a packed-f16 MLP needs NF4 gate and up weights with f32 block scales");
+        expect_corrupt(
+            td, td.file(fx + "_auto.g4plan"), fx + "_arith2",
+            [&](CudaLaunch* recs) {
+                for (size_t li = 0; li < a.n_launches(); ++li)
+                    if (recs[li].kind == (uint16_t)LaunchKind::Mlp) recs[li].ip[7] = 2;
+            },
+            "MLP arithmetic 2");
+        expect_corrupt(
+            td, td.file(fx + "_dq.g4plan"), fx + "_dq_f16", [&](CudaLaunch* recs) { recs[mlp].ip[7] = 1; },
+            "a packed-f16 MLP needs NF4 gate and up weights with f32 block scales");
     }
     const std::string path = td.file("bad_precision.g4plan");
-    CmdResult r = run_g4("compile --model '" + fixture("e2b_tiny") + "' --device cuda --target sm_90 --weights nf4 --no-fidelity --mlp-precision f8 -o '" +
-                         path + "'");
+    CmdResult r            = run_g4(
+                   "compile --model '" + fixture("e2b_tiny") +
+                   "' --device cuda --target sm_90 --weights nf4 --no-fidelity --mlp-precision f8 -o '" + path + "'");
     EXPECT_NE(r.exit_code, 0);
     EXPECT_NE(r.err.find("unknown --mlp-precision 'f8': expected f16 or f32"), std::string::npos) << r.err;
     EXPECT_FALSE(std::filesystem::exists(path));

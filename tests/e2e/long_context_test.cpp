@@ -22,26 +22,29 @@ TEST(LongContext, Prompt8200TokensMatchesHF) {
     fs::create_directory(model);
     for (auto& e : fs::directory_iterator(fixture("e2b_tiny")))
         if (e.is_regular_file()) fs::copy_file(e.path(), model + "/" + e.path().filename().string());
-    json cfg = json::parse(read_file(model + "/config.json"));
+    json cfg                                      = json::parse(read_file(model + "/config.json"));
     cfg["text_config"]["max_position_embeddings"] = 16384;
     write_file(model + "/config.json", cfg.dump());
 
     std::string plan = td.file("long.g4plan");
-    CmdResult c = run_g4("compile --model '" + model + "' --weights f32 --max-context 8300 --chunk 64 -o '" + plan + "'");
+    CmdResult c = run_g4("compile --model '" + model + "' --weights f32 --max-context 8300 --chunk 64 -o '" +
+                         plan + "'");
     ASSERT_EQ(c.exit_code, 0) << c.err;
     auto ids = ref.at("prompt").get<std::vector<int32_t>>();
     std::string csv;
-    for (size_t i = 0; i < ids.size(); ++i) csv += (i ? "," : "") + std::to_string(ids[i]);
+    for (size_t i = 0; i < ids.size(); ++i)
+        csv += (i ? "," : "") + std::to_string(ids[i]);
     write_file(td.file("prompt.txt"), csv);
-    CmdResult r = run_g4("run '" + plan + "' --tokens @'" + td.file("prompt.txt") + "' -n 8 --temp 0 --ignore-eos --print-ids --dump-logits '" +
-                         td.file("l.f32") + "'");
+    CmdResult r = run_g4("run '" + plan + "' --tokens @'" + td.file("prompt.txt") +
+                         "' -n 8 --temp 0 --ignore-eos --print-ids --dump-logits '" + td.file("l.f32") + "'");
     ASSERT_EQ(r.exit_code, 0) << r.err;
-    auto got = read_f32(td.file("l.f32"));
+    auto got       = read_f32(td.file("l.f32"));
     const size_t V = 512, T = ids.size();
     ASSERT_EQ(got.size(), T * V);
     std::vector<float> want;
     for (auto& row : ref.at("last_logits"))
-        for (auto& v : row) want.push_back(v.get<float>());
+        for (auto& v : row)
+            want.push_back(v.get<float>());
     double err = rel_l2(got.data() + (T - 8) * V, want.data(), want.size());
     std::printf("LONGCTX tokens=%zu last8 rel_l2=%.3e\n", T, err);
     EXPECT_LE(err, 1e-4);

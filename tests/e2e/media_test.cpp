@@ -31,7 +31,9 @@ std::vector<float> prompt_logits(g4_session* s, const std::vector<int32_t>& ids)
     return st == G4_OK ? got : std::vector<float>();
 }
 
-bool on_cuda() { return std::getenv("G4_TEST_CUDA") && std::string(std::getenv("G4_TEST_CUDA")) == "1"; }
+bool on_cuda() {
+    return std::getenv("G4_TEST_CUDA") && std::string(std::getenv("G4_TEST_CUDA")) == "1";
+}
 
 std::vector<int32_t> read_i32(const std::string& path) {
     std::string b = read_file(path);
@@ -46,8 +48,10 @@ protected:
         dir_  = new TempDir();
         plan_ = dir_->file("mm.g4plan");
         // f32 weights and cache: the plan is the float32 model HF's reference ran.
-        std::string dev = on_cuda() ? " --device cuda --kv-dtype f32 --prefill-precision fp32 --no-fidelity" : "";
-        CmdResult r     = run_g4("compile --model '" + fixture("e2b_tiny") + "' --weights f32 --image-tokens 70" + dev + " -o '" + plan_ + "'");
+        std::string dev =
+            on_cuda() ? " --device cuda --kv-dtype f32 --prefill-precision fp32 --no-fidelity" : "";
+        CmdResult r = run_g4("compile --model '" + fixture("e2b_tiny") + "' --weights f32 --image-tokens 70" +
+                             dev + " -o '" + plan_ + "'");
         ASSERT_EQ(r.exit_code, 0) << r.err;
         report_ = r.err;
         ASSERT_EQ(g4_engine_open(plan_.c_str(), nullptr, &engine_), G4_OK) << g4_last_error_message();
@@ -64,12 +68,12 @@ protected:
     void TearDown() override { g4_session_destroy(s_); }
     // The vision fixture's first image (384x384: no resize at 70 soft tokens) rebuilt from its patches.
     static std::vector<uint8_t> vision_image(const json& meta, int* w, int* h) {
-        const json& im  = meta.at("images").at(0);
-        *h              = im.at("image_hw").at(0).get<int>();
-        *w              = im.at("image_hw").at(1).get<int>();
-        std::string px  = read_file(fixture("towers/vision/" + im.at("pixels").at("file").get<std::string>()));
-        auto pos        = read_i32(fixture("towers/vision/" + im.at("pos").at("file").get<std::string>()));
-        const int n     = im.at("n_patches").get<int>();
+        const json& im = meta.at("images").at(0);
+        *h             = im.at("image_hw").at(0).get<int>();
+        *w             = im.at("image_hw").at(1).get<int>();
+        std::string px = read_file(fixture("towers/vision/" + im.at("pixels").at("file").get<std::string>()));
+        auto pos       = read_i32(fixture("towers/vision/" + im.at("pos").at("file").get<std::string>()));
+        const int n    = im.at("n_patches").get<int>();
         std::vector<uint8_t> rgb((size_t)*w * *h * 3, 0);
         for (int p = 0; p < n; ++p)
             for (int py = 0; py < 16; ++py)
@@ -104,10 +108,13 @@ TEST_F(Media, PlanCarriesBothTowers) {
     EXPECT_NE(report_.find("towers on the CPU"), std::string::npos) << report_;
     // The compiler's figure for the towers' session buffers (META towers.session_bytes, per-thread scratch
     // apart) is what the session allocated.
-    json meta = json::parse(engine_->plan.meta_json());
+    json meta      = json::parse(engine_->plan.meta_json());
     const auto& tw = meta.at("towers");
-    EXPECT_EQ(s_->media->block_bytes, tw.at("session_bytes").get<uint64_t>() +
-                                          g4::rt::media_block({.thread_floats = tw.at("thread_scratch_floats").get<size_t>(), .threads = s_->media->ctx.pool->size()}).total());
+    EXPECT_EQ(s_->media->block_bytes,
+              tw.at("session_bytes").get<uint64_t>() +
+                  g4::rt::media_block({.thread_floats = tw.at("thread_scratch_floats").get<size_t>(),
+                                       .threads       = s_->media->ctx.pool->size()})
+                      .total());
     CmdResult r = run_g4("inspect '" + plan_ + "'");
     EXPECT_EQ(r.exit_code, 0) << r.err;
 }
@@ -121,7 +128,8 @@ TEST_F(Media, ImagePromptMatchesHF) {
     const json& e2e = meta.at("e2e");
     EXPECT_EQ(n, e2e.at("n_soft").get<int>());
     auto ids = e2e.at("ids").get<std::vector<int32_t>>();
-    std::vector<float> ref = read_f32(fixture("towers/vision/" + e2e.at("logits").at("file").get<std::string>()));
+    std::vector<float> ref =
+        read_f32(fixture("towers/vision/" + e2e.at("logits").at("file").get<std::string>()));
     const size_t V = 512;
     ASSERT_EQ(ref.size(), ids.size() * V);
     std::vector<float> got = prompt_logits(s_, ids);
@@ -134,11 +142,13 @@ TEST_F(Media, ImagePromptMatchesHF) {
 TEST_F(Media, AudioPromptMatchesHF) {
     json meta       = json::parse(read_file(fixture("towers/audio/audio.json")));
     const json& e2e = meta.at("e2e");
-    std::vector<float> pcm = read_f32(fixture("towers/audio/" + e2e.at("clip").get<std::string>() + ".pcm.f32"));
-    int32_t n              = 0;
-    ASSERT_EQ(g4_session_add_audio(s_, pcm.data(), (int64_t)pcm.size(), &n), G4_OK) << g4_last_error_message();
+    std::vector<float> pcm =
+        read_f32(fixture("towers/audio/" + e2e.at("clip").get<std::string>() + ".pcm.f32"));
+    int32_t n = 0;
+    ASSERT_EQ(g4_session_add_audio(s_, pcm.data(), (int64_t)pcm.size(), &n), G4_OK)
+        << g4_last_error_message();
     EXPECT_EQ(n, e2e.at("n_soft").get<int>());
-    auto ids = e2e.at("ids").get<std::vector<int32_t>>();
+    auto ids               = e2e.at("ids").get<std::vector<int32_t>>();
     std::vector<float> ref = read_f32(fixture("towers/audio/" + e2e.at("logits").get<std::string>()));
     ASSERT_EQ(ref.size(), ids.size() * 512);
     std::vector<float> got = prompt_logits(s_, ids);
@@ -155,25 +165,27 @@ TEST_F(Media, AudioPromptMatchesHF) {
 TEST_F(Media, TowerLoraMatchesPeft) {
     std::string dev  = on_cuda() ? " --device cuda --kv-dtype f32 --prefill-precision fp32" : "";
     std::string plan = dir_->file("lora.g4plan");
-    CmdResult c = run_g4("compile --model '" + fixture("e2b_tiny") + "' --adapter '" + fixture("adapters/e2b_tower_linear") +
-                         "' --weights f32 --image-tokens 70 --no-fidelity" + dev + " -o '" + plan + "'");
+    CmdResult c      = run_g4("compile --model '" + fixture("e2b_tiny") + "' --adapter '" +
+                              fixture("adapters/e2b_tower_linear") +
+                              "' --weights f32 --image-tokens 70 --no-fidelity" + dev + " -o '" + plan + "'");
     ASSERT_EQ(c.exit_code, 0) << c.err;
-    EXPECT_NE(c.err.find("model.vision_tower.encoder.layers.1.self_attn.q_proj.linear"), std::string::npos) << c.err;
+    EXPECT_NE(c.err.find("model.vision_tower.encoder.layers.1.self_attn.q_proj.linear"), std::string::npos)
+        << c.err;
     EXPECT_EQ(c.err.find("not compiled"), std::string::npos) << c.err;
     json meta = json::parse(read_file(fixture("towers/vision/meta.json")));
     json lora = json::parse(read_file(fixture("towers/vision/e2e_tower_lora.json")));
     ASSERT_GT(lora.at("tower_lora_effect_rel_l2").get<double>(), 0.05);
     g4_engine* e = nullptr;
     ASSERT_EQ(g4_engine_open(plan.c_str(), nullptr, &e), G4_OK) << g4_last_error_message();
-    g4_session* s = nullptr;
+    g4_session* s        = nullptr;
     g4_session_params sp = g4_session_params_default();
     sp.n_threads         = 2;
     ASSERT_EQ(g4_session_create(e, &sp, &s), G4_OK);
     int w = 0, h = 0;
     std::vector<uint8_t> rgb = vision_image(meta, &w, &h);
-    int32_t n = 0;
+    int32_t n                = 0;
     ASSERT_EQ(g4_session_add_image(s, rgb.data(), w, h, &n), G4_OK) << g4_last_error_message();
-    auto ids = meta.at("e2e").at("ids").get<std::vector<int32_t>>();
+    auto ids               = meta.at("e2e").at("ids").get<std::vector<int32_t>>();
     std::vector<float> ref = read_f32(fixture("towers/vision/" + lora.at("logits").get<std::string>()));
     ASSERT_EQ(ref.size(), ids.size() * 512);
     std::vector<float> got = prompt_logits(s, ids);
@@ -185,19 +197,23 @@ TEST_F(Media, TowerLoraMatchesPeft) {
     g4_engine_close(e);
 }
 
-// --tower-precision bf16: both towers' matmuls in bf16 (cpu::matmul_gemm_bf16); the prompts' logits against HF
-// float32 with a loose bound (the towers' outputs move ~3e-3, see the tower tests; measured on the logits: image
-// 6.6e-3, audio 3.9e-3), and visibly not the fp32 plan's logits. An unknown value is a compile error naming the accepted ones.
+// --tower-precision bf16: both towers' matmuls in bf16 (cpu::matmul_gemm_bf16); the prompts' logits against
+// HF float32 with a loose bound (the towers' outputs move ~3e-3, see the tower tests; measured on the logits:
+// image 6.6e-3, audio 3.9e-3), and visibly not the fp32 plan's logits. An unknown value is a compile error
+// naming the accepted ones.
 TEST_F(Media, Bf16TowersStayCloseToHF) {
     if (on_cuda()) GTEST_SKIP() << "CPU plan check";
-    CmdResult bad = run_g4("compile --model '" + fixture("e2b_tiny") + "' --weights f32 --tower-precision fp16 -o '" + dir_->file("bad.g4plan") + "'");
+    CmdResult bad = run_g4("compile --model '" + fixture("e2b_tiny") +
+                           "' --weights f32 --tower-precision fp16 -o '" + dir_->file("bad.g4plan") + "'");
     EXPECT_NE(bad.exit_code, 0);
     EXPECT_NE(bad.err.find("--tower-precision"), std::string::npos) << bad.err;
     EXPECT_NE(bad.err.find("expected fp32 or bf16"), std::string::npos) << bad.err;
-    EXPECT_NE(read_file(plan_).find("\"precision\": \"fp32\""), std::string::npos) << "the default plan records fp32 towers";
+    EXPECT_NE(read_file(plan_).find("\"precision\": \"fp32\""), std::string::npos)
+        << "the default plan records fp32 towers";
 
     std::string plan = dir_->file("bf16.g4plan");
-    CmdResult c = run_g4("compile --model '" + fixture("e2b_tiny") + "' --weights f32 --image-tokens 70 --tower-precision bf16 -o '" + plan + "'");
+    CmdResult c      = run_g4("compile --model '" + fixture("e2b_tiny") +
+                              "' --weights f32 --image-tokens 70 --tower-precision bf16 -o '" + plan + "'");
     ASSERT_EQ(c.exit_code, 0) << c.err;
     EXPECT_NE(read_file(plan).find("\"precision\": \"bf16\""), std::string::npos);
     g4_engine* e = nullptr;
@@ -211,14 +227,17 @@ TEST_F(Media, Bf16TowersStayCloseToHF) {
     int w = 0, h = 0;
     std::vector<uint8_t> rgb = vision_image(meta, &w, &h);
     auto ids                 = meta.at("e2e").at("ids").get<std::vector<int32_t>>();
-    std::vector<float> ref   = read_f32(fixture("towers/vision/" + meta.at("e2e").at("logits").at("file").get<std::string>()));
+    std::vector<float> ref =
+        read_f32(fixture("towers/vision/" + meta.at("e2e").at("logits").at("file").get<std::string>()));
     std::vector<float> got(ref.size()), f32(ref.size());
     int32_t n = 0;
     ASSERT_EQ(g4_session_add_image(s, rgb.data(), w, h, &n), G4_OK) << g4_last_error_message();
-    ASSERT_EQ(g4_session_append_tokens(s, ids.data(), ids.size(), got.data(), got.size()), G4_OK) << g4_last_error_message();
+    ASSERT_EQ(g4_session_append_tokens(s, ids.data(), ids.size(), got.data(), got.size()), G4_OK)
+        << g4_last_error_message();
     ASSERT_EQ(g4_session_add_image(s_, rgb.data(), w, h, &n), G4_OK) << g4_last_error_message();
-    ASSERT_EQ(g4_session_append_tokens(s_, ids.data(), ids.size(), f32.data(), f32.size()), G4_OK) << g4_last_error_message();
-    double err = rel_l2(got.data(), ref.data(), got.size());
+    ASSERT_EQ(g4_session_append_tokens(s_, ids.data(), ids.size(), f32.data(), f32.size()), G4_OK)
+        << g4_last_error_message();
+    double err         = rel_l2(got.data(), ref.data(), got.size());
     const double moved = rel_l2(got.data(), f32.data(), got.size());
     std::printf("image prompt, bf16 towers: rel L2 vs HF float32 %.3e (vs the fp32 plan %.3e)\n", err, moved);
     EXPECT_LT(err, 2e-2);
@@ -226,9 +245,10 @@ TEST_F(Media, Bf16TowersStayCloseToHF) {
     // The audio prompt, on a fresh session.
     g4_session_destroy(s);
     ASSERT_EQ(g4_session_create(e, &sp, &s), G4_OK) << g4_last_error_message();
-    json am      = json::parse(read_file(fixture("towers/audio/audio.json")));
+    json am        = json::parse(read_file(fixture("towers/audio/audio.json")));
     const json& ae = am.at("e2e");
-    std::vector<float> pcm = read_f32(fixture("towers/audio/" + ae.at("clip").get<std::string>() + ".pcm.f32"));
+    std::vector<float> pcm =
+        read_f32(fixture("towers/audio/" + ae.at("clip").get<std::string>() + ".pcm.f32"));
     ASSERT_EQ(g4_session_add_audio(s, pcm.data(), (int64_t)pcm.size(), &n), G4_OK) << g4_last_error_message();
     auto aids               = ae.at("ids").get<std::vector<int32_t>>();
     std::vector<float> aref = read_f32(fixture("towers/audio/" + ae.at("logits").get<std::string>()));
@@ -247,7 +267,8 @@ TEST_F(Media, PlaceholdersNeedQueuedRows) {
     auto ids  = meta.at("e2e").at("ids").get<std::vector<int32_t>>();
     // Nothing queued: refused before anything is fed.
     EXPECT_EQ(g4_session_append_tokens(s_, ids.data(), ids.size(), nullptr, 0), G4_ERR_INVALID_ARGUMENT);
-    EXPECT_NE(std::string(g4_last_error_message()).find("image placeholders"), std::string::npos) << g4_last_error_message();
+    EXPECT_NE(std::string(g4_last_error_message()).find("image placeholders"), std::string::npos)
+        << g4_last_error_message();
     EXPECT_EQ(g4_session_position(s_), 0);
     // Queued, then dropped by reset.
     int w = 0, h = 0;
@@ -259,7 +280,8 @@ TEST_F(Media, PlaceholdersNeedQueuedRows) {
     // One image, prompt split across two calls at a point inside the placeholders: the same logits.
     ASSERT_EQ(g4_session_add_image(s_, rgb.data(), w, h, &n), G4_OK);
     std::vector<float> whole(512), split(512);
-    ASSERT_EQ(g4_session_append_tokens(s_, ids.data(), ids.size(), nullptr, 0), G4_OK) << g4_last_error_message();
+    ASSERT_EQ(g4_session_append_tokens(s_, ids.data(), ids.size(), nullptr, 0), G4_OK)
+        << g4_last_error_message();
     const float* lg = nullptr;
     int32_t V       = 0;
     ASSERT_EQ(g4_session_get_logits(s_, &lg, &V), G4_OK);
@@ -267,7 +289,8 @@ TEST_F(Media, PlaceholdersNeedQueuedRows) {
     ASSERT_EQ(g4_session_reset(s_), G4_OK);
     ASSERT_EQ(g4_session_add_image(s_, rgb.data(), w, h, &n), G4_OK);
     ASSERT_EQ(g4_session_append_tokens(s_, ids.data(), 20, nullptr, 0), G4_OK) << g4_last_error_message();
-    ASSERT_EQ(g4_session_append_tokens(s_, ids.data() + 20, ids.size() - 20, nullptr, 0), G4_OK) << g4_last_error_message();
+    ASSERT_EQ(g4_session_append_tokens(s_, ids.data() + 20, ids.size() - 20, nullptr, 0), G4_OK)
+        << g4_last_error_message();
     ASSERT_EQ(g4_session_get_logits(s_, &lg, &V), G4_OK);
     std::copy(lg, lg + 512, split.begin());
     EXPECT_LT(rel_l2(split.data(), whole.data(), 512), 1e-5);
@@ -280,18 +303,23 @@ TEST_F(Media, BadImagesAndClipsAreRefused) {
     EXPECT_EQ(g4_session_add_image(s_, nullptr, 4, 4, &n), G4_ERR_INVALID_ARGUMENT);
     g4_media_info mi{};
     ASSERT_EQ(g4_engine_get_media_info(engine_, &mi), G4_OK);
-    EXPECT_EQ(g4_session_add_image(s_, px.data(), (int32_t)(mi.max_image_pixels / 2 + 1), 4, &n), G4_ERR_INVALID_ARGUMENT);
-    EXPECT_NE(std::string(g4_last_error_message()).find("--max-image-pixels"), std::string::npos) << g4_last_error_message();
+    EXPECT_EQ(g4_session_add_image(s_, px.data(), (int32_t)(mi.max_image_pixels / 2 + 1), 4, &n),
+              G4_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(g4_last_error_message()).find("--max-image-pixels"), std::string::npos)
+        << g4_last_error_message();
     std::vector<float> long_clip((size_t)mi.max_audio_samples + 1, 0.0f);
-    EXPECT_EQ(g4_session_add_audio(s_, long_clip.data(), (int64_t)long_clip.size(), &n), G4_ERR_INVALID_ARGUMENT);
-    EXPECT_NE(std::string(g4_last_error_message()).find("--max-audio-seconds"), std::string::npos) << g4_last_error_message();
+    EXPECT_EQ(g4_session_add_audio(s_, long_clip.data(), (int64_t)long_clip.size(), &n),
+              G4_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(g4_last_error_message()).find("--max-audio-seconds"), std::string::npos)
+        << g4_last_error_message();
     EXPECT_EQ(g4_session_add_audio(s_, long_clip.data(), 0, &n), G4_ERR_INVALID_ARGUMENT);
 }
 
 TEST_F(Media, TextOnlyPlanRefusesImages) {
     if (on_cuda()) GTEST_SKIP() << "CPU plan check";
     std::string plan = dir_->file("text.g4plan");
-    CmdResult r      = run_g4("compile --model '" + fixture("e2b_tiny") + "' --weights bf16 --no-vision --no-audio -o '" + plan + "'");
+    CmdResult r      = run_g4("compile --model '" + fixture("e2b_tiny") +
+                              "' --weights bf16 --no-vision --no-audio -o '" + plan + "'");
     ASSERT_EQ(r.exit_code, 0) << r.err;
     g4_engine* e = nullptr;
     ASSERT_EQ(g4_engine_open(plan.c_str(), nullptr, &e), G4_OK);
@@ -308,7 +336,8 @@ TEST_F(Media, TextOnlyPlanRefusesImages) {
     g4_session_destroy(s);
     g4_engine_close(e);
     // The text part of the plan does not depend on the towers.
-    CmdResult run = run_g4("run '" + plan + "' --image '" + fixture("towers/image/rgb_37x53.png") + "' --tokens 2,17 -n 1");
+    CmdResult run = run_g4("run '" + plan + "' --image '" + fixture("towers/image/rgb_37x53.png") +
+                           "' --tokens 2,17 -n 1");
     EXPECT_NE(run.exit_code, 0);
     EXPECT_NE(run.err.find("no vision tower"), std::string::npos) << run.err;
 }
@@ -318,7 +347,8 @@ TEST_F(Media, TextOnlyPlanRefusesImages) {
 // vision=gpu where it cannot is refused with the reason.
 TEST_F(Media, VisionTowerPlacement) {
     if (on_cuda()) GTEST_SKIP() << "CPU-side compile check";
-    const std::string base = "compile --model '" + fixture("e2b_tiny") + "' --device cuda --target sm_86 --image-tokens 70 --no-fidelity ";
+    const std::string base = "compile --model '" + fixture("e2b_tiny") +
+                             "' --device cuda --target sm_86 --image-tokens 70 --no-fidelity ";
     // Default (nf4 text weights, bf16 tower weights): on cuda:0, its weights and buffer in the GPU's figure.
     std::string plan = dir_->file("vgpu.g4plan");
     CmdResult r      = run_g4(base + "-o '" + plan + "'");
@@ -327,13 +357,15 @@ TEST_F(Media, VisionTowerPlacement) {
     EXPECT_NE(r.err.find("+ vision tower "), std::string::npos) << r.err;
     g4::plan::Plan pl;
     std::string perr;
-    ASSERT_EQ(pl.load(plan, false, &perr), G4_OK) << perr;   // a CUDA plan loads without a GPU (it is not opened)
+    ASSERT_EQ(pl.load(plan, false, &perr), G4_OK)
+        << perr; // a CUDA plan loads without a GPU (it is not opened)
     json tw = json::parse(pl.meta_json()).at("towers");
     EXPECT_TRUE(pl.info().vision_gpu);
     EXPECT_EQ(pl.info().vision_gpu_bytes, tw.at("vision").at("gpu_bytes").get<uint64_t>());
     EXPECT_EQ(tw.at("vision").at("device"), "cuda:0");
     const auto w = tw.at("vision").at("weights").get<std::vector<uint64_t>>();
-    EXPECT_TRUE(w.size() == 2 && w[0] >= tw.at("weights").at(0).get<uint64_t>() && w[1] > w[0] && w[1] <= tw.at("weights").at(1).get<uint64_t>());
+    EXPECT_TRUE(w.size() == 2 && w[0] >= tw.at("weights").at(0).get<uint64_t>() && w[1] > w[0] &&
+                w[1] <= tw.at("weights").at(1).get<uint64_t>());
     EXPECT_GT(tw.at("vision").at("gpu_bytes").get<uint64_t>(), 0u);
     // Asked for the CPU, or a budget that only fits without it: on the CPU (the latter says why).
     r = run_g4(base + "--place vision=cpu --dry-run");
@@ -349,10 +381,12 @@ TEST_F(Media, VisionTowerPlacement) {
     EXPECT_NE(r.err.find("the smallest budget that fits"), std::string::npos) << r.err;
     // Where the GPU tower cannot run: f32 tower weights, fp32 tower matmuls asked for.
     r = run_g4(base + "--weights f32 --dry-run");
-    EXPECT_NE(r.err.find("vision tower: cpu (the GPU vision tower needs bf16 weights"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("vision tower: cpu (the GPU vision tower needs bf16 weights"), std::string::npos)
+        << r.err;
     r = run_g4(base + "--weights f32 --place vision=gpu --dry-run");
     EXPECT_NE(r.exit_code, 0);
-    EXPECT_NE(r.err.find("--place vision=gpu: the GPU vision tower needs bf16 weights"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("--place vision=gpu: the GPU vision tower needs bf16 weights"), std::string::npos)
+        << r.err;
     r = run_g4(base + "--tower-precision fp32 --dry-run");
     EXPECT_NE(r.err.find("vision tower: cpu (--tower-precision fp32"), std::string::npos) << r.err;
     r = run_g4(base + "--no-vision --place vision=gpu --dry-run");
@@ -369,7 +403,8 @@ TEST_F(Media, VisionTowerPlacement) {
 TEST_F(Media, VisionTowerOnGpuMatchesHF) {
     if (!on_cuda()) GTEST_SKIP() << "needs a GPU (G4_TEST_CUDA=1)";
     std::string plan = dir_->file("vgpu_run.g4plan");
-    CmdResult c = run_g4("compile --model '" + fixture("e2b_tiny") + "' --device cuda --weights bf16 --image-tokens 70 --no-fidelity -o '" + plan + "'");
+    CmdResult c      = run_g4("compile --model '" + fixture("e2b_tiny") +
+                              "' --device cuda --weights bf16 --image-tokens 70 --no-fidelity -o '" + plan + "'");
     ASSERT_EQ(c.exit_code, 0) << c.err;
     ASSERT_NE(c.err.find("vision tower: cuda:0"), std::string::npos) << c.err;
     g4_engine* e = nullptr;
@@ -381,22 +416,24 @@ TEST_F(Media, VisionTowerOnGpuMatchesHF) {
     std::vector<uint8_t> rgb = vision_image(meta, &w, &h);
     const std::string dump   = dir_->file("soft.f32");
     setenv("G4_DUMP_MEDIA", dump.c_str(), 1);
-    int32_t n = 0;
+    int32_t n          = 0;
     const g4_status st = g4_session_add_image(s, rgb.data(), w, h, &n);
     unsetenv("G4_DUMP_MEDIA");
     ASSERT_EQ(st, G4_OK) << g4_last_error_message();
-    std::vector<float> ref = read_f32(fixture("towers/vision/" + meta.at("images").at(0).at("out").at("file").get<std::string>()));
+    std::vector<float> ref =
+        read_f32(fixture("towers/vision/" + meta.at("images").at(0).at("out").at("file").get<std::string>()));
     std::vector<float> got = read_f32(dump);
     ASSERT_EQ(n, 64);
     ASSERT_EQ(got.size(), ref.size());
     const double err = rel_l2(got.data(), ref.data(), got.size());
     std::printf("vision tower on the GPU: soft tokens rel L2 vs HF float32 %.3e\n", err);
     EXPECT_LT(err, 2e-2);
-    EXPECT_GT(err, 0.0);   // bf16 operands: not bit-equal to float32
+    EXPECT_GT(err, 0.0); // bf16 operands: not bit-equal to float32
     // The image prompt end to end (bf16 text weights, bf16 prefill): logits near HF float32's.
     const json& e2e = meta.at("e2e");
     auto ids        = e2e.at("ids").get<std::vector<int32_t>>();
-    std::vector<float> lref = read_f32(fixture("towers/vision/" + e2e.at("logits").at("file").get<std::string>()));
+    std::vector<float> lref =
+        read_f32(fixture("towers/vision/" + e2e.at("logits").at("file").get<std::string>()));
     std::vector<float> lgot = prompt_logits(s, ids);
     ASSERT_EQ(lgot.size(), lref.size());
     const double lerr = rel_l2(lgot.data(), lref.data(), lgot.size());
@@ -624,11 +661,13 @@ TEST_F(Media, CliRunsAnImageFile) {
     g4::tools::ImageRGB8 img;
     ASSERT_EQ(g4::tools::load_image(png, &img), "");
     int32_t n = 0;
-    ASSERT_EQ(g4_session_add_image(s_, img.rgb.data(), img.width, img.height, &n), G4_OK) << g4_last_error_message();
+    ASSERT_EQ(g4_session_add_image(s_, img.rgb.data(), img.width, img.height, &n), G4_OK)
+        << g4_last_error_message();
     std::vector<int32_t> ids = {2, 17, 300};
     ids.insert(ids.end(), (size_t)n, 258880);
     ids.insert(ids.end(), {301, 77});
-    ASSERT_EQ(g4_session_append_tokens(s_, ids.data(), ids.size(), nullptr, 0), G4_OK) << g4_last_error_message();
+    ASSERT_EQ(g4_session_append_tokens(s_, ids.data(), ids.size(), nullptr, 0), G4_OK)
+        << g4_last_error_message();
     std::string expect;
     for (int i = 0; i < 4; ++i) {
         int32_t t = 0;
@@ -637,14 +676,18 @@ TEST_F(Media, CliRunsAnImageFile) {
         expect += (expect.empty() ? "" : ",") + std::to_string(t);
     }
     std::string csv;
-    for (int32_t id : ids) csv += (csv.empty() ? "" : ",") + std::to_string(id);
-    CmdResult r = run_g4("run '" + plan_ + "' --image '" + png + "' --tokens " + csv + " -n 4 --temp 0 --ignore-eos --threads 2");
+    for (int32_t id : ids)
+        csv += (csv.empty() ? "" : ",") + std::to_string(id);
+    CmdResult r = run_g4("run '" + plan_ + "' --image '" + png + "' --tokens " + csv +
+                         " -n 4 --temp 0 --ignore-eos --threads 2");
     ASSERT_EQ(r.exit_code, 0) << r.err;
     EXPECT_NE(r.out.find(expect), std::string::npos) << r.out << " vs " << expect;
     // Any other count of placeholders is refused (an image never goes silently unused).
-    CmdResult short_ = run_g4("run '" + plan_ + "' --image '" + png + "' --tokens " + csv.substr(0, csv.rfind(",258880")) + ",301,77 -n 1");
+    CmdResult short_ = run_g4("run '" + plan_ + "' --image '" + png + "' --tokens " +
+                              csv.substr(0, csv.rfind(",258880")) + ",301,77 -n 1");
     EXPECT_EQ(short_.exit_code, 1);
-    EXPECT_NE(short_.err.find("the prompt has " + std::to_string(n - 1) + " image placeholders (id 258880) but the image files give " +
+    EXPECT_NE(short_.err.find("the prompt has " + std::to_string(n - 1) +
+                              " image placeholders (id 258880) but the image files give " +
                               std::to_string(n) + " soft tokens"),
               std::string::npos)
         << short_.err;
@@ -655,24 +698,27 @@ TEST_F(Media, CliRunsAnImageFile) {
 
 // `g4 run -p TEXT --image F --audio W`: without <|image|> / <|audio|> in the text (the tiny tokenizer has
 // neither) each goes right after <bos> as <boi> n x placeholder <eoi>, in order; the prompt's logits equal
-// those of that id sequence fed through the C API. --tokens lists place them the same way. e2b_tiny_mm has in-vocabulary <boi>/<eoi>/<boa>/<eoa>.
+// those of that id sequence fed through the C API. --tokens lists place them the same way. e2b_tiny_mm has
+// in-vocabulary <boi>/<eoi>/<boa>/<eoa>.
 TEST_F(Media, CliPutsTheMediaAfterBos) {
     if (on_cuda()) GTEST_SKIP() << "CPU plan check";
     std::string plan = dir_->file("mm_ids.g4plan");
-    CmdResult c      = run_g4("compile --model '" + fixture("e2b_tiny_mm") + "' --weights f32 --image-tokens 70 -o '" + plan + "'");
+    CmdResult c      = run_g4("compile --model '" + fixture("e2b_tiny_mm") +
+                              "' --weights f32 --image-tokens 70 -o '" + plan + "'");
     ASSERT_EQ(c.exit_code, 0) << c.err;
     std::string png = fixture("towers/image/rgb_37x53.png"), wav = fixture("towers/audio/clip0.wav");
     std::string dump = dir_->file("logits.f32");
-    CmdResult r = run_g4("run '" + plan + "' -p 'the cat' --image '" + png + "' --audio '" + wav + "' -n 1 --temp 0 --threads 2 --stats --dump-logits '" +
-                         dump + "'");
+    CmdResult r      = run_g4("run '" + plan + "' -p 'the cat' --image '" + png + "' --audio '" + wav +
+                              "' -n 1 --temp 0 --threads 2 --stats --dump-logits '" + dump + "'");
     ASSERT_EQ(r.exit_code, 0) << r.err;
-    EXPECT_NE(r.err.find("(CPU); audio 33 soft tokens in "), std::string::npos) << r.err;   // where each tower ran
+    EXPECT_NE(r.err.find("(CPU); audio 33 soft tokens in "), std::string::npos)
+        << r.err; // where each tower ran
     EXPECT_NE(r.err.find(" ms (CPU)\n"), std::string::npos) << r.err;
     std::vector<float> cli = read_f32(dump);
 
     g4_engine* e = nullptr;
     ASSERT_EQ(g4_engine_open(plan.c_str(), nullptr, &e), G4_OK);
-    g4_session* s = nullptr;
+    g4_session* s        = nullptr;
     g4_session_params sp = g4_session_params_default();
     sp.n_threads         = 2;
     ASSERT_EQ(g4_session_create(e, &sp, &s), G4_OK);
@@ -682,8 +728,10 @@ TEST_F(Media, CliPutsTheMediaAfterBos) {
     g4::tools::AudioPcm wav_pcm;
     ASSERT_EQ(g4::tools::load_wav(wav, &wav_pcm), "");
     int32_t ni = 0, na = 0;
-    ASSERT_EQ(g4_session_add_image(s, img.rgb.data(), img.width, img.height, &ni), G4_OK) << g4_last_error_message();
-    ASSERT_EQ(g4_session_add_audio(s, wav_pcm.samples.data(), (int64_t)wav_pcm.samples.size(), &na), G4_OK) << g4_last_error_message();
+    ASSERT_EQ(g4_session_add_image(s, img.rgb.data(), img.width, img.height, &ni), G4_OK)
+        << g4_last_error_message();
+    ASSERT_EQ(g4_session_add_audio(s, wav_pcm.samples.data(), (int64_t)wav_pcm.samples.size(), &na), G4_OK)
+        << g4_last_error_message();
     std::string text = "the cat";
     size_t n         = 0;
     g4_tokenize(e, text.data(), text.size(), 1, nullptr, 0, &n);
@@ -703,11 +751,12 @@ TEST_F(Media, CliPutsTheMediaAfterBos) {
     // --tokens: a lone placeholder marks where each file goes, and without one it follows <bos>; both give
     // the same prompt as -p here.
     std::string text_ids;
-    for (size_t i = 1; i < t.size(); ++i) text_ids += "," + std::to_string(t[i]);
+    for (size_t i = 1; i < t.size(); ++i)
+        text_ids += "," + std::to_string(t[i]);
     for (std::string list : {"2,258880,258881" + text_ids, "2" + text_ids}) {
         std::string dump2 = dir_->file("logits2.f32");
-        CmdResult r2 = run_g4("run '" + plan + "' --tokens " + list + " --image '" + png + "' --audio '" + wav +
-                              "' -n 1 --temp 0 --threads 2 --dump-logits '" + dump2 + "'");
+        CmdResult r2 = run_g4("run '" + plan + "' --tokens " + list + " --image '" + png + "' --audio '" +
+                              wav + "' -n 1 --temp 0 --threads 2 --dump-logits '" + dump2 + "'");
         ASSERT_EQ(r2.exit_code, 0) << list << ": " << r2.err;
         std::vector<float> tok = read_f32(dump2);
         ASSERT_EQ(tok.size(), api.size()) << list;

@@ -24,7 +24,7 @@ using namespace g4test;
 struct Prompt {
     std::string name;
     std::vector<int32_t> ids, greedy;
-    std::vector<float> logits;   // [ids, vocab]
+    std::vector<float> logits; // [ids, vocab]
     int vocab = 0;
 };
 
@@ -47,7 +47,8 @@ std::vector<Prompt> load_reference(const std::string& fixture_name) {
 
 std::string csv(const std::vector<int32_t>& v) {
     std::string s;
-    for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
+    for (size_t i = 0; i < v.size(); ++i)
+        s += (i ? "," : "") + std::to_string(v[i]);
     return s;
 }
 
@@ -61,7 +62,8 @@ public:
         auto it         = cache.find(key);
         if (it != cache.end()) return it->second;
         std::string path = dir.file("plan" + std::to_string(cache.size()) + ".g4plan");
-        CmdResult r = run_g4("compile --model '" + fixture(fixture_name) + "' " + flags + " -o '" + path + "'");
+        CmdResult r =
+            run_g4("compile --model '" + fixture(fixture_name) + "' " + flags + " -o '" + path + "'");
         EXPECT_EQ(r.exit_code, 0) << r.err;
         cache[key] = path;
         return path;
@@ -80,7 +82,8 @@ struct PromptRun {
 };
 PromptRun run_prompt(const std::string& plan, const Prompt& p, const std::string& dump) {
     PromptRun out;
-    CmdResult r = run_g4("run '" + plan + "' --tokens " + csv(p.ids) + " -n 16 --temp 0 --ignore-eos --print-ids --dump-logits '" + dump + "'");
+    CmdResult r = run_g4("run '" + plan + "' --tokens " + csv(p.ids) +
+                         " -n 16 --temp 0 --ignore-eos --print-ids --dump-logits '" + dump + "'");
     EXPECT_EQ(r.exit_code, 0) << r.err;
     if (r.exit_code != 0) return out;
     out.logits = read_f32(dump);
@@ -100,8 +103,8 @@ TEST_P(ParityTest, PrefillLogitsAndGreedyMatchHF) {
         PromptRun got = run_prompt(plan, p, td.file(p.name + ".f32"));
         ASSERT_TRUE(got.ok);
         double err = rel_l2(got.logits.data(), p.logits.data(), got.logits.size());
-        std::printf("PARITY fixture=%s weights=%s prompt=%s tokens=%zu rel_l2=%.3e\n", c.fixture.c_str(), c.weights.c_str(),
-                    p.name.c_str(), p.ids.size(), err);
+        std::printf("PARITY fixture=%s weights=%s prompt=%s tokens=%zu rel_l2=%.3e\n", c.fixture.c_str(),
+                    c.weights.c_str(), p.name.c_str(), p.ids.size(), err);
         RecordProperty(p.name + "_rel_l2", std::to_string(err));
         EXPECT_LE(err, 1e-4) << c.fixture << " " << p.name;
         EXPECT_EQ(got.ids, p.greedy) << c.fixture << " " << p.name;
@@ -109,8 +112,9 @@ TEST_P(ParityTest, PrefillLogitsAndGreedyMatchHF) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, ParityTest,
-                         ::testing::Values(Case{"e2b_tiny", "f32"}, Case{"e2b_tiny", "bf16"}, Case{"e4b_tiny", "f32"},
-                                           Case{"e4b_tiny", "bf16"}, Case{"e2b_tiny_text", "bf16"}),
+                         ::testing::Values(Case{"e2b_tiny", "f32"}, Case{"e2b_tiny", "bf16"},
+                                           Case{"e4b_tiny", "f32"}, Case{"e4b_tiny", "bf16"},
+                                           Case{"e2b_tiny_text", "bf16"}),
                          [](const auto& info) { return info.param.fixture + "_" + info.param.weights; });
 
 // A bf16 KV cache rounds every stored key and value (relative error <= 2^-9), which the attention
@@ -134,16 +138,20 @@ TEST_P(Bf16KvParityTest, LogitsWithinBf16DriftAndGreedyMatchHF) {
         PromptRun got = run_prompt(plan, p, td.file(p.name + ".f32"));
         ASSERT_TRUE(got.ok);
         double err = rel_l2(got.logits.data(), p.logits.data(), got.logits.size());
-        std::printf("PARITY fixture=%s weights=bf16 kv=bf16 prompt=%s tokens=%zu rel_l2=%.3e\n", fx.c_str(), p.name.c_str(), p.ids.size(), err);
+        std::printf("PARITY fixture=%s weights=bf16 kv=bf16 prompt=%s tokens=%zu rel_l2=%.3e\n", fx.c_str(),
+                    p.name.c_str(), p.ids.size(), err);
         RecordProperty(p.name + "_rel_l2", std::to_string(err));
         EXPECT_LE(err, kBf16KvTolerance) << fx << " " << p.name;
         EXPECT_GT(err, 1e-5) << "the cache was not rounded: " << fx << " " << p.name;
         EXPECT_EQ(got.ids, p.greedy) << fx << " " << p.name;
-        // Small chunks (the sliding ring wraps every few tokens) store and read the same rounded values, up to
-        // the boundary cases of kBf16KvFlips.
-        PromptRun chunked = run_prompt(Plans::get(fx, "--weights bf16 --kv-dtype bf16 --chunk 3 --logits-rows 2"), p, td.file(p.name + ".chunked.f32"));
+        // Small chunks (the sliding ring wraps every few tokens) store and read the same rounded values, up
+        // to the boundary cases of kBf16KvFlips.
+        PromptRun chunked =
+            run_prompt(Plans::get(fx, "--weights bf16 --kv-dtype bf16 --chunk 3 --logits-rows 2"), p,
+                       td.file(p.name + ".chunked.f32"));
         ASSERT_TRUE(chunked.ok);
-        EXPECT_LE(rel_l2(chunked.logits.data(), got.logits.data(), got.logits.size()), kBf16KvFlips) << fx << " " << p.name;
+        EXPECT_LE(rel_l2(chunked.logits.data(), got.logits.data(), got.logits.size()), kBf16KvFlips)
+            << fx << " " << p.name;
         EXPECT_EQ(chunked.ids, p.greedy) << fx << " " << p.name;
     }
 }
@@ -159,7 +167,7 @@ TEST(Parity, Bf16KvPlanHalvesTheCacheAndRecordsIt) {
     EXPECT_EQ(json::parse(f32.meta_json())["policy"]["kv_dtype"], "f32");
     EXPECT_EQ(json::parse(bf16.meta_json())["policy"]["kv_dtype"], "bf16");
     uint64_t bytes[2] = {0, 0};
-    int caches = 0;
+    int caches        = 0;
     for (const g4::plan::Plan* p : {&f32, &bf16})
         for (size_t t = 0; t < p->n_tensors(); ++t) {
             const g4::plan::PlanTensor& x = p->tensor(t);
@@ -185,7 +193,8 @@ TEST(Parity, SmallPrefillChunksAndLogitRows) {
     TempDir td;
     for (const Prompt& p : load_reference("e4b_tiny")) {
         std::string dump = td.file("x.f32");
-        CmdResult r = run_g4("run '" + plan + "' --tokens " + csv(p.ids) + " -n 16 --temp 0 --ignore-eos --dump-logits '" + dump + "'");
+        CmdResult r      = run_g4("run '" + plan + "' --tokens " + csv(p.ids) +
+                                  " -n 16 --temp 0 --ignore-eos --dump-logits '" + dump + "'");
         ASSERT_EQ(r.exit_code, 0) << r.err;
         std::vector<float> got = read_f32(dump);
         ASSERT_EQ(got.size(), p.logits.size());
@@ -203,17 +212,20 @@ TEST(Parity, DecodeLogitsDumpHasEachTokensRow) {
     TempDir td;
     const int n = 8;
     CmdResult r = run_g4("run '" + plan + "' --tokens " + csv(p.ids) + " -n " + std::to_string(n) +
-                         " --temp 0 --ignore-eos --print-ids --dump-logits '" + td.file("p") + "' --dump-decode-logits '" + td.file("d") + "'");
+                         " --temp 0 --ignore-eos --print-ids --dump-logits '" + td.file("p") +
+                         "' --dump-decode-logits '" + td.file("d") + "'");
     ASSERT_EQ(r.exit_code, 0) << r.err;
     std::vector<int32_t> ids = parse_ids(r.out);
     ASSERT_EQ(ids.size(), (size_t)n);
     std::vector<float> prompt = read_f32(td.file("p")), dec = read_f32(td.file("d"));
-    const size_t V            = (size_t)p.vocab;
+    const size_t V = (size_t)p.vocab;
     ASSERT_EQ(dec.size(), n * V);
     EXPECT_TRUE(std::equal(dec.begin(), dec.begin() + V, prompt.end() - V));
     std::vector<int32_t> seq = p.ids;
     seq.insert(seq.end(), ids.begin(), ids.end() - 1);
-    ASSERT_EQ(run_g4("run '" + plan + "' --tokens " + csv(seq) + " -n 1 --dump-logits '" + td.file("f") + "'").exit_code, 0);
+    ASSERT_EQ(run_g4("run '" + plan + "' --tokens " + csv(seq) + " -n 1 --dump-logits '" + td.file("f") + "'")
+                  .exit_code,
+              0);
     std::vector<float> full = read_f32(td.file("f"));
     ASSERT_EQ(full.size(), seq.size() * V);
     for (int i = 0; i < n; ++i) {
@@ -229,15 +241,23 @@ TEST(Parity, ConfigAndCheckpointFormsAgree) {
     std::string a = Plans::get("e2b_tiny", "--weights f32"), b = Plans::get("e2b_tiny_text", "--weights f32");
     Prompt p = load_reference("e2b_tiny").back();
     TempDir td;
-    ASSERT_EQ(run_g4("run '" + a + "' --tokens " + csv(p.ids) + " -n 1 --dump-logits '" + td.file("a") + "'").exit_code, 0);
-    ASSERT_EQ(run_g4("run '" + b + "' --tokens " + csv(p.ids) + " -n 1 --dump-logits '" + td.file("b") + "'").exit_code, 0);
+    ASSERT_EQ(run_g4("run '" + a + "' --tokens " + csv(p.ids) + " -n 1 --dump-logits '" + td.file("a") + "'")
+                  .exit_code,
+              0);
+    ASSERT_EQ(run_g4("run '" + b + "' --tokens " + csv(p.ids) + " -n 1 --dump-logits '" + td.file("b") + "'")
+                  .exit_code,
+              0);
     auto la = read_f32(td.file("a")), lb = read_f32(td.file("b"));
     ASSERT_EQ(la.size(), lb.size());
     EXPECT_LE(rel_l2(la.data(), lb.data(), la.size()), 1e-6);
 }
 
-struct EngineDeleter { void operator()(g4_engine* e) const { g4_engine_close(e); } };
-struct SessionDeleter { void operator()(g4_session* s) const { g4_session_destroy(s); } };
+struct EngineDeleter {
+    void operator()(g4_engine* e) const { g4_engine_close(e); }
+};
+struct SessionDeleter {
+    void operator()(g4_session* s) const { g4_session_destroy(s); }
+};
 
 // Token-by-token decode through the KV cache (ring wrap-around included) equals recomputing the
 // whole sequence in one prefill, with either cache dtype (prefill rows attend to their own rounded K/V).
@@ -248,12 +268,12 @@ TEST(Parity, IncrementalDecodeEqualsFullRecompute) {
                                                         {"e4b_tiny", "--weights bf16 --kv-dtype bf16"}};
     for (const auto& [fx, flags] : runs) {
         std::string plan = Plans::get(fx, flags);
-        g4_engine* e = nullptr;
+        g4_engine* e     = nullptr;
         ASSERT_EQ(g4_engine_open(plan.c_str(), nullptr, &e), G4_OK) << g4_last_error_message();
         std::unique_ptr<g4_engine, EngineDeleter> eg(e);
         g4_engine_info info;
         ASSERT_EQ(g4_engine_get_info(e, &info), G4_OK);
-        Prompt p = load_reference(fx).back();
+        Prompt p                 = load_reference(fx).back();
         std::vector<int32_t> seq = p.ids;
         seq.insert(seq.end(), p.greedy.begin(), p.greedy.end());
         const size_t V = info.vocab_size;
@@ -274,7 +294,8 @@ TEST(Parity, IncrementalDecodeEqualsFullRecompute) {
         const double worst = *std::max_element(err.begin(), err.end());
         std::nth_element(err.begin(), err.begin() + err.size() / 2, err.end());
         const double median = err[err.size() / 2];
-        std::printf("DECODE fixture=%s %s tokens=%zu worst_rel_l2=%.3e median=%.3e\n", fx.c_str(), flags.c_str(), seq.size(), worst, median);
+        std::printf("DECODE fixture=%s %s tokens=%zu worst_rel_l2=%.3e median=%.3e\n", fx.c_str(),
+                    flags.c_str(), seq.size(), worst, median);
         if (flags.find("--kv-dtype bf16") != std::string::npos) {
             EXPECT_LE(worst, kBf16KvFlips) << fx << " " << flags;
         } else {

@@ -78,11 +78,13 @@ TEST(PlacementCli, LayersSplitAcrossBudgetedGpusWhenOneDoesNotFit) {
         std::stoull(match(run_g4(cuda_dry("--place ple=host --gpu-mem 1KiB")).err, "\\(([0-9]+) bytes\\)"));
     const std::string b0 = std::to_string(ple_host_min - 1);
     expect_refused(run_g4(cuda_dry("--gpu-mem 0:" + b0 + " --gpu-mem 1:1KiB")),
-                   {"ple=host, tried automatically", "splitting the text layers across the GPUs with a --gpu-mem budget does not fit either"});
+                   {"ple=host, tried automatically",
+                    "splitting the text layers across the GPUs with a --gpu-mem budget does not fit either"});
     TempDir d;
     const std::string plan = d.file("split.g4plan");
-    CmdResult r = run_g4("compile --model '" + fixture("e2b_tiny") + "' --device cuda --target sm_90 --no-fidelity --gpu-mem 0:" + b0 +
-                         " --gpu-mem 1:1GiB -o '" + plan + "'");
+    CmdResult r            = run_g4("compile --model '" + fixture("e2b_tiny") +
+                                    "' --device cuda --target sm_90 --no-fidelity --gpu-mem 0:" + b0 +
+                                    " --gpu-mem 1:1GiB -o '" + plan + "'");
     ASSERT_EQ(r.exit_code, 0) << r.err;
     EXPECT_NE(r.err.find("its text layers are split across the budgeted GPUs"), std::string::npos) << r.err;
     g4::plan::Plan p;
@@ -92,10 +94,12 @@ TEST(PlacementCli, LayersSplitAcrossBudgetedGpusWhenOneDoesNotFit) {
     ASSERT_EQ((int)ld.size(), p.info().num_layers);
     EXPECT_EQ(ld.front(), 0);
     EXPECT_EQ(ld.back(), 1);
-    EXPECT_TRUE(std::is_sorted(ld.begin(), ld.end()));   // one contiguous range per GPU, the plan's GPU first
+    EXPECT_TRUE(std::is_sorted(ld.begin(), ld.end())); // one contiguous range per GPU, the plan's GPU first
     ASSERT_EQ(p.info().gpus.size(), 2u);
     for (const auto& dev : nlohmann::json::parse(p.meta_json())["memory"])
-        if (dev["device"] == "cuda:0") { EXPECT_LE(dev["total"].get<uint64_t>(), ple_host_min - 1); }
+        if (dev["device"] == "cuda:0") {
+            EXPECT_LE(dev["total"].get<uint64_t>(), ple_host_min - 1);
+        }
 }
 
 TEST(PlacementCli, SmallerMaxContextNamedByTheRefusalFits) {
@@ -124,8 +128,10 @@ TEST(PlacementCli, BadOptionsExitNonZeroWithTheReason) {
         {"--place layers=0-4:gpu,6-9:gpu", {"layer(s) 5 have no target"}},
         {"--place layers=0-5:gpu,5-9:gpu", {"overlap"}},
         {"--place layers=0-10:gpu", {"goes past", "10 layers, 0-9"}},
-        {"--place layers=0-4:gpu0,5-9:gpu1 --gpu-mem 0:1GiB", {"cuda:1", "no --gpu-mem budget", "--gpu-mem 1:SIZE"}},
-        {"--place layers=0-4:gpu0,5-9:gpu1 --gpu-mem 0:1GiB --gpu-mem 1:1MiB", {"cuda:1 needs", "--gpu-mem 1:1MiB was given", "--gpu-mem 1:"}},
+        {"--place layers=0-4:gpu0,5-9:gpu1 --gpu-mem 0:1GiB",
+         {"cuda:1", "no --gpu-mem budget", "--gpu-mem 1:SIZE"}},
+        {"--place layers=0-4:gpu0,5-9:gpu1 --gpu-mem 0:1GiB --gpu-mem 1:1MiB",
+         {"cuda:1 needs", "--gpu-mem 1:1MiB was given", "--gpu-mem 1:"}},
         {"--gpu-mem 1:1GiB", {"nothing ever lands on a GPU that was not given a budget", "--gpu-mem 0:SIZE"}},
         {"--max-context 99999999", {"--max-context", "max_position_embeddings"}},
         {"--kv-dtype f16", {"unknown --kv-dtype 'f16'", "expected bf16 or f32"}},
@@ -143,18 +149,21 @@ std::pair<uint64_t, std::string> kv_part(const std::string& plan) {
     EXPECT_EQ(p.load(plan, false, &err), G4_OK) << err;
     const nlohmann::json meta = nlohmann::json::parse(p.meta_json());
     for (const auto& part : meta["memory"][0]["parts"])
-        if (part["what"].get<std::string>().rfind("KV cache", 0) == 0) return {part["bytes"].get<uint64_t>(), part["what"].get<std::string>()};
+        if (part["what"].get<std::string>().rfind("KV cache", 0) == 0)
+            return {part["bytes"].get<uint64_t>(), part["what"].get<std::string>()};
     ADD_FAILURE() << "no KV cache in the memory plan of " << plan;
     return {0, ""};
 }
 
 TEST(PlacementCli, KvDtypeBf16HalvesTheKvCache) {
     TempDir td;
-    // --chunk 57: sliding rings of 64 slots, so no cache tensor needs alignment padding and bf16 is exactly half.
+    // --chunk 57: sliding rings of 64 slots, so no cache tensor needs alignment padding and bf16 is exactly
+    // half.
     std::map<std::string, std::pair<uint64_t, std::string>> kv;
     for (const std::string dt : {"f32", "bf16"}) {
         const std::string plan = td.file(dt + ".g4plan");
-        CmdResult r = run_g4("compile --model '" + fixture("e2b_tiny") + "' --no-fidelity --chunk 57 --kv-dtype " + dt + " -o '" + plan + "'");
+        CmdResult r            = run_g4("compile --model '" + fixture("e2b_tiny") +
+                                        "' --no-fidelity --chunk 57 --kv-dtype " + dt + " -o '" + plan + "'");
         ASSERT_EQ(r.exit_code, 0) << r.err;
         EXPECT_NE(r.err.find("KV cache (" + dt + ")"), std::string::npos) << r.err;
         kv[dt] = kv_part(plan);
@@ -166,16 +175,19 @@ TEST(PlacementCli, KvDtypeBf16HalvesTheKvCache) {
     EXPECT_EQ(kv["f32"].first, 2 * kv["bf16"].first);
     // Defaults: bf16 for CUDA plans, f32 for CPU plans.
     EXPECT_NE(run_g4(cuda_dry("")).err.find("KV cache: bf16"), std::string::npos);
-    EXPECT_NE(run_g4("compile --model '" + fixture("e2b_tiny") + "' --dry-run").err.find("KV cache: f32"), std::string::npos);
+    EXPECT_NE(run_g4("compile --model '" + fixture("e2b_tiny") + "' --dry-run").err.find("KV cache: f32"),
+              std::string::npos);
 }
 
 TEST(PlacementCli, BudgetCheckCountsTheKvDtype) {
     auto need = [](const std::string& dt) {
-        return std::stoull(match(run_g4(cuda_dry("--kv-dtype " + dt + " --place ple=gpu --gpu-mem 1KiB")).err, "\\(([0-9]+) bytes\\)"));
+        return std::stoull(match(run_g4(cuda_dry("--kv-dtype " + dt + " --place ple=gpu --gpu-mem 1KiB")).err,
+                                 "\\(([0-9]+) bytes\\)"));
     };
     const uint64_t n32 = need("f32"), n16 = need("bf16");
     ASSERT_LT(n16, n32);
-    // A budget that holds the bf16 plan: it fits; the f32 plan is refused and told a smaller --max-context that fits.
+    // A budget that holds the bf16 plan: it fits; the f32 plan is refused and told a smaller --max-context
+    // that fits.
     const std::string budget = " --place ple=gpu --gpu-mem " + std::to_string(n16);
     EXPECT_EQ(run_g4(cuda_dry("--kv-dtype bf16" + budget)).exit_code, 0);
     CmdResult r = run_g4(cuda_dry("--kv-dtype f32" + budget));
@@ -244,11 +256,13 @@ TEST(PlacementCli, CudaPlanWithThePleTableOnTheHost) {
     EXPECT_EQ(meta["memory"][1]["parts"][2]["what"], "towers' weights");
     EXPECT_EQ(meta["memory"][1]["parts"][2]["bytes"], towers);
     // A host budget below the towers' share names it and the smallest budget that fits.
-    CmdResult small = run_g4("compile --model '" + fixture("e2b_tiny") + "' --device cuda --target sm_86 --no-fidelity --place ple=host " +
+    CmdResult small = run_g4("compile --model '" + fixture("e2b_tiny") +
+                             "' --device cuda --target sm_86 --no-fidelity --place ple=host " +
                              "--gpu-mem 0:1GiB --cpu-mem 1MiB -o '" + td.file("d.g4plan") + "'");
     EXPECT_NE(small.exit_code, 0);
     EXPECT_NE(small.err.find("towers' buffers"), std::string::npos) << small.err;
-    EXPECT_NE(small.err.find("the smallest budget that fits this plan is --cpu-mem"), std::string::npos) << small.err;
+    EXPECT_NE(small.err.find("the smallest budget that fits this plan is --cpu-mem"), std::string::npos)
+        << small.err;
     CmdResult i = run_g4("inspect '" + plan + "' --ops");
     EXPECT_NE(i.out.find("PLE table in pinned host memory (ple=host)"), std::string::npos) << i.out;
 }

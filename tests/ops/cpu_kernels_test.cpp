@@ -31,9 +31,14 @@ struct Fixture {
     }
 };
 
-double max_rel(const std::vector<float>& a, const std::vector<float>& b) { return g4test::rel_l2(a.data(), b.data(), a.size()); }
+double max_rel(const std::vector<float>& a, const std::vector<float>& b) {
+    return g4test::rel_l2(a.data(), b.data(), a.size());
+}
 
-struct MatShape { int rows; int64_t n, k; };
+struct MatShape {
+    int rows;
+    int64_t n, k;
+};
 
 class MatmulTest : public ::testing::TestWithParam<MatShape> {};
 
@@ -57,14 +62,17 @@ TEST_P(MatmulTest, Bf16AndF32MatchReference) {
 
 // Decode (1 row), a partial tile, and prefill chunks at E2B/E4B projection shapes.
 INSTANTIATE_TEST_SUITE_P(GemmaShapes, MatmulTest,
-                         ::testing::Values(MatShape{1, 2048, 1536}, MatShape{1, 1536, 12288}, MatShape{3, 4096, 1536},
-                                           MatShape{1, 512, 2560}, MatShape{5, 2560, 10240}, MatShape{17, 8960, 1536},
+                         ::testing::Values(MatShape{1, 2048, 1536}, MatShape{1, 1536, 12288},
+                                           MatShape{3, 4096, 1536}, MatShape{1, 512, 2560},
+                                           MatShape{5, 2560, 10240}, MatShape{17, 8960, 1536},
                                            MatShape{70, 256, 1536}, MatShape{2, 1537, 257}));
 
 // matmul_gemm (the towers' many-row path) against the reference: partial register blocks in rows, columns and
-// k (kGemmMr x kGemmNr blocks, kGemmKc-deep panels), strided views left untouched outside, the same bits with 1 and 2 threads.
+// k (kGemmMr x kGemmNr blocks, kGemmKc-deep panels), strided views left untouched outside, the same bits with
+// 1 and 2 threads.
 TEST(CpuKernels, MatmulGemmMatchesReference) {
-    const MatShape shapes[] = {{1, 5, 3}, {13, 31, 7}, {15, 33, 513}, {29, 64, 1024}, {266, 1536, 768}, {100, 97, 1100}};
+    const MatShape shapes[] = {{1, 5, 3},      {13, 31, 7},      {15, 33, 513},
+                               {29, 64, 1024}, {266, 1536, 768}, {100, 97, 1100}};
     for (const MatShape& s : shapes) {
         const int64_t ldx = s.k + 3, ldy = s.n + 5;
         auto x  = randn((size_t)s.rows * ldx, 11);
@@ -75,7 +83,8 @@ TEST(CpuKernels, MatmulGemmMatchesReference) {
             std::vector<float> y_ref((size_t)s.rows * ldy, -7.0f), y1(y_ref), y2(y_ref);
             MatmulArgs a{x.data(), ldx, w, dt, s.n, s.k, y_ref.data(), ldy, s.rows};
             ref::matmul(a);
-            const size_t stride = std::max(cpu::scratch_floats_per_thread(s.k, 0), cpu::gemm_scratch_floats());
+            const size_t stride =
+                std::max(cpu::scratch_floats_per_thread(s.k, 0), cpu::gemm_scratch_floats());
             for (int threads : {1, 2}) {
                 cpu::ThreadPool pool(threads);
                 std::vector<float> scratch(stride * threads);
@@ -83,10 +92,12 @@ TEST(CpuKernels, MatmulGemmMatchesReference) {
                 a.y = threads == 1 ? y1.data() : y2.data();
                 cpu::matmul_gemm(ctx, a);
             }
-            EXPECT_LT(max_rel(y1, y_ref), 1e-5) << dtype_str(dt) << " rows " << s.rows << " n " << s.n << " k " << s.k;
+            EXPECT_LT(max_rel(y1, y_ref), 1e-5)
+                << dtype_str(dt) << " rows " << s.rows << " n " << s.n << " k " << s.k;
             EXPECT_EQ(std::memcmp(y1.data(), y2.data(), sizeof(float) * y1.size()), 0);
             for (int r = 0; r < s.rows; ++r)
-                for (int64_t j = s.n; j < ldy; ++j) ASSERT_EQ(y1[r * ldy + j], -7.0f);
+                for (int64_t j = s.n; j < ldy; ++j)
+                    ASSERT_EQ(y1[r * ldy + j], -7.0f);
         }
     }
 }
@@ -94,45 +105,56 @@ TEST(CpuKernels, MatmulGemmMatchesReference) {
 // Both gemm_block versions: this build's (AVX-512 where the CPU has it) and the portable one a build
 // without AVX-512 uses, so CI covers both whatever machine it runs on.
 TEST(CpuKernels, GemmBlockAccumulates) {
-    std::printf("gemm_block: AVX-512 kernel %s in this build\n", cpu::gemm_has_avx512() ? "present" : "absent");
+    std::printf("gemm_block: AVX-512 kernel %s in this build\n",
+                cpu::gemm_has_avx512() ? "present" : "absent");
     for (int portable = 0; portable < 2; ++portable) {
-    const int rows = 17, cols = 45, k = 70, lda = 80, ldb = 50, ldc = 48;
-    auto a = randn(rows * lda, 21), b = randn(k * ldb, 22), c0 = randn(rows * ldc, 23);
-    std::vector<float> c = c0;
-    (portable ? cpu::gemm_block_portable : cpu::gemm_block)(rows, cols, k, a.data(), lda, b.data(), ldb, c.data(), ldc, true);
-    double num = 0, den = 0;
-    for (int i = 0; i < rows; ++i)
-        for (int j = 0; j < ldc; ++j) {
-            double want = c0[i * ldc + j];
-            if (j < cols)
-                for (int p = 0; p < k; ++p) want += (double)a[i * lda + p] * b[p * ldb + j];
-            else
-                ASSERT_EQ(c[i * ldc + j], c0[i * ldc + j]);
-            num += (c[i * ldc + j] - want) * (c[i * ldc + j] - want), den += want * want;
-        }
-    EXPECT_LT(std::sqrt(num / den), 1e-6) << (portable ? "portable" : "this build's");
+        const int rows = 17, cols = 45, k = 70, lda = 80, ldb = 50, ldc = 48;
+        auto a = randn(rows * lda, 21), b = randn(k * ldb, 22), c0 = randn(rows * ldc, 23);
+        std::vector<float> c = c0;
+        (portable ? cpu::gemm_block_portable : cpu::gemm_block)(rows, cols, k, a.data(), lda, b.data(), ldb,
+                                                                c.data(), ldc, true);
+        double num = 0, den = 0;
+        for (int i = 0; i < rows; ++i)
+            for (int j = 0; j < ldc; ++j) {
+                double want = c0[i * ldc + j];
+                if (j < cols)
+                    for (int p = 0; p < k; ++p)
+                        want += (double)a[i * lda + p] * b[p * ldb + j];
+                else
+                    ASSERT_EQ(c[i * ldc + j], c0[i * ldc + j]);
+                num += (c[i * ldc + j] - want) * (c[i * ldc + j] - want), den += want * want;
+            }
+        EXPECT_LT(std::sqrt(num / den), 1e-6) << (portable ? "portable" : "this build's");
     }
 }
 
 // bf16 GEMM against a double-precision reference on bf16-rounded operands: only the fp32 summation differs.
 TEST(CpuKernels, MatmulGemmBf16MatchesRoundedReference) {
-    std::printf("matmul_gemm_bf16: AVX-512 BF16 kernel %s in this build\n", cpu::gemm_has_avx512_bf16() ? "present" : "absent");
+    std::printf("matmul_gemm_bf16: AVX-512 BF16 kernel %s in this build\n",
+                cpu::gemm_has_avx512_bf16() ? "present" : "absent");
     cpu::ThreadPool pool{2};
     std::vector<float> scratch(cpu::gemm_bf16_scratch_floats() * pool.size());
     cpu::Context ctx{&pool, scratch.data(), cpu::gemm_bf16_scratch_floats()};
-    struct Case { int rows; int64_t n, k; DType dt; };
+    struct Case {
+        int rows;
+        int64_t n, k;
+        DType dt;
+    };
     // Tails in every dimension: rows not a multiple of kGemmMr, n past a panel group, k odd and past kGemmKc.
-    for (const Case& cs : {Case{37, 150, 1031, DType::BF16}, Case{5, 32, 64, DType::F32}, Case{100, 97, 7, DType::BF16},
-                           Case{1, 300, 513, DType::F32}})
+    for (const Case& cs : {Case{37, 150, 1031, DType::BF16}, Case{5, 32, 64, DType::F32},
+                           Case{100, 97, 7, DType::BF16}, Case{1, 300, 513, DType::F32}})
         for (int portable = 0; portable < 2; ++portable) {
             const int64_t ldx = cs.k + 3, ldy = cs.n + 5;
             auto x  = randn((size_t)cs.rows * ldx, 31);
             auto wf = randn((size_t)cs.n * cs.k, 32);
             std::vector<uint16_t> wb(wf.size());
-            for (size_t i = 0; i < wf.size(); ++i) wb[i] = f32_to_bf16(wf[i]);
+            for (size_t i = 0; i < wf.size(); ++i)
+                wb[i] = f32_to_bf16(wf[i]);
             std::vector<float> y((size_t)cs.rows * ldy, -7.0f);
-            MatmulArgs a{x.data(), ldx, cs.dt == DType::BF16 ? (const void*)wb.data() : (const void*)wf.data(), cs.dt,
-                         cs.n, cs.k, y.data(), ldy, cs.rows};
+            MatmulArgs a{
+                x.data(), ldx,  cs.dt == DType::BF16 ? (const void*)wb.data() : (const void*)wf.data(),
+                cs.dt,    cs.n, cs.k,
+                y.data(), ldy,  cs.rows};
             (portable ? cpu::matmul_gemm_bf16_portable : cpu::matmul_gemm_bf16)(ctx, a);
             double num = 0, den = 0, num_f = 0;
             for (int i = 0; i < cs.rows; ++i)
@@ -144,13 +166,16 @@ TEST(CpuKernels, MatmulGemmBf16MatchesRoundedReference) {
                     }
                     double want = 0, want_f = 0;
                     for (int64_t p = 0; p < cs.k; ++p) {
-                        want += (double)bf16_to_f32(f32_to_bf16(x[i * ldx + p])) * bf16_to_f32(wb[j * cs.k + p]);
+                        want +=
+                            (double)bf16_to_f32(f32_to_bf16(x[i * ldx + p])) * bf16_to_f32(wb[j * cs.k + p]);
                         want_f += (double)x[i * ldx + p] * wf[j * cs.k + p];
                     }
-                    num += (got - want) * (got - want), den += want * want, num_f += (got - want_f) * (got - want_f);
+                    num += (got - want) * (got - want), den += want * want,
+                        num_f += (got - want_f) * (got - want_f);
                 }
             const double err = std::sqrt(num / den), err_f = std::sqrt(num_f / den);
-            EXPECT_LT(err, 1e-6) << (portable ? "portable" : "this build's") << " rows " << cs.rows << " n " << cs.n << " k " << cs.k;
+            EXPECT_LT(err, 1e-6) << (portable ? "portable" : "this build's") << " rows " << cs.rows << " n "
+                                 << cs.n << " k " << cs.k;
             // And it really is bf16: against unrounded fp32 operands the error is bf16-sized.
             EXPECT_GT(err_f, 1e-4);
             EXPECT_LT(err_f, 1e-2);
@@ -168,21 +193,24 @@ TEST(CpuKernels, MatmulHandlesStridedViews) {
     a.y = y_cpu.data() + 10;
     cpu::matmul(f.ctx, a);
     EXPECT_LT(max_rel(y_cpu, y_ref), 1e-6);
-    EXPECT_EQ(y_cpu[0], -7.0f);   // untouched outside the view
+    EXPECT_EQ(y_cpu[0], -7.0f); // untouched outside the view
 }
 
 // ---- NF4 GEMV (1..8 rows) --------------------------------------------------------------------------------
 
-struct Nf4Shape { int rows; int64_t n, k; };
+struct Nf4Shape {
+    int rows;
+    int64_t n, k;
+};
 
 struct Nf4Case {
     std::vector<float> x;
     std::vector<uint8_t> blob;
     MatmulArgs a;
     Nf4Case(const Nf4Shape& s, bool dq, int64_t ldx, int64_t ldy, std::vector<float>& y) {
-        x    = randn((size_t)s.rows * ldx, 21, 1.0f);
+        x      = randn((size_t)s.rows * ldx, 21, 1.0f);
         auto w = randn((size_t)(s.n * s.k), 22, 0.02f);
-        blob = nf4::quantize(w.data(), s.n * s.k, dq);
+        blob   = nf4::quantize(w.data(), s.n * s.k, dq);
         y.assign((size_t)s.rows * ldy, -7.0f);
         a = MatmulArgs{x.data(), ldx, blob.data(), DType::NF4, s.n, s.k, y.data(), ldy, s.rows};
         a.nf4_double_quant = dq;
@@ -226,8 +254,8 @@ INSTANTIATE_TEST_SUITE_P(
                       Nf4Shape{2, 2048, 1536}, Nf4Shape{3, 256, 1536}, Nf4Shape{4, 1536, 6144},
                       Nf4Shape{5, 512, 2560}, Nf4Shape{6, 2560, 2048}, Nf4Shape{7, 1536, 2048},
                       Nf4Shape{8, 6144, 1536}, Nf4Shape{1, 40, 100}, Nf4Shape{7, 33, 75}, Nf4Shape{8, 17, 96},
-                      Nf4Shape{2, 1537, 257}, Nf4Shape{3, 2111, 257}, Nf4Shape{3, 19, 64}, Nf4Shape{5, 45, 128},
-                      Nf4Shape{4, 5, 33}, Nf4Shape{1, 3, 1}, Nf4Shape{6, 64, 6143}),
+                      Nf4Shape{2, 1537, 257}, Nf4Shape{3, 2111, 257}, Nf4Shape{3, 19, 64},
+                      Nf4Shape{5, 45, 128}, Nf4Shape{4, 5, 33}, Nf4Shape{1, 3, 1}, Nf4Shape{6, 64, 6143}),
     [](const auto& i) {
         return "rows" + std::to_string(i.param.rows) + "_n" + std::to_string(i.param.n) + "_k" +
                std::to_string(i.param.k);
@@ -244,7 +272,8 @@ TEST(Nf4Gemv, StridedViews) {
                 std::vector<float> y_ref, y_cpu;
                 Nf4Case c({rows, n, k}, dq, ldx, ldy, y_ref);
                 for (int t = 0; t < rows; ++t)
-                    for (int64_t j = k; j < ldx; ++j) c.x[t * ldx + j] = NAN;   // never read
+                    for (int64_t j = k; j < ldx; ++j)
+                        c.x[t * ldx + j] = NAN; // never read
                 ref::matmul(c.a);
                 y_cpu.assign(y_ref.size(), -7.0f);
                 c.a.y = y_cpu.data();
@@ -273,7 +302,8 @@ TEST(Nf4Gemv, OneHotRowsGiveExactWeights) {
             Nf4Case c({rows, n, k}, dq, k, n, y);
             std::fill(c.x.begin(), c.x.end(), 0.0f);
             int64_t col[rows];
-            for (int t = 0; t < rows; ++t) col[t] = (t * 37 + 5) % k, c.x[t * k + col[t]] = 1.0f;
+            for (int t = 0; t < rows; ++t)
+                col[t] = (t * 37 + 5) % k, c.x[t * k + col[t]] = 1.0f;
             cpu::matmul_nf4_gemv(f.ctx, c.a);
             const nf4::Layout l = nf4::layout(n * k, dq);
             for (int t = 0; t < rows; ++t)
@@ -289,7 +319,7 @@ TEST(Nf4Gemv, OneHotRowsGiveExactWeights) {
 TEST(Nf4Gemv, DeterministicAcrossThreadsAndRowCounts) {
     for (int64_t k : {1536, 257}) {
         const int64_t n = 2111;
-        const int rows = cpu::kNf4GemvMaxRows;
+        const int rows  = cpu::kNf4GemvMaxRows;
         for (bool dq : {false, true}) {
             SCOPED_TRACE("k " + std::to_string(k) + (dq ? " dq" : ""));
             std::vector<float> y;
@@ -325,12 +355,15 @@ TEST(CpuKernels, RmsNormGroupsWithAndWithoutWeight) {
     Fixture f(16, 16);
     for (int dim : {256, 512, 1536}) {
         const int rows = 3, cols = dim == 1536 ? 1536 : dim * 8;
-        auto x = randn(rows * cols, 5, 3.0f);
-        auto w = randn(dim, 6);
+        auto x  = randn(rows * cols, 5, 3.0f);
+        auto w  = randn(dim, 6);
         auto wb = to_bf16(w);
         for (bool with_w : {true, false}) {
             std::vector<float> r(rows * cols), c(rows * cols);
-            RmsNormArgs a{x.data(), cols, with_w ? (const void*)wb.data() : nullptr, DType::BF16, r.data(), cols, rows, cols, dim, 1e-6f};
+            RmsNormArgs a{x.data(),    cols,     with_w ? (const void*)wb.data() : nullptr,
+                          DType::BF16, r.data(), cols,
+                          rows,        cols,     dim,
+                          1e-6f};
             ref::rms_norm(a);
             a.y = c.data();
             cpu::rms_norm(f.ctx, a);
@@ -342,7 +375,7 @@ TEST(CpuKernels, RmsNormGroupsWithAndWithoutWeight) {
 TEST(CpuKernels, EmbedScaleAndGather) {
     Fixture f(16, 16);
     const int64_t V = 1000, N = 8960;
-    auto tab = to_bf16(randn(V * N, 7));
+    auto tab                 = to_bf16(randn(V * N, 7));
     std::vector<int32_t> ids = {2, 999, 0, 17};
     std::vector<float> r(ids.size() * N), c(ids.size() * N);
     EmbedArgs a{ids.data(), tab.data(), DType::BF16, V, N, 16.0f, r.data(), N, (int)ids.size()};
@@ -388,10 +421,10 @@ TEST(CpuKernels, RopeBothVariants) {
     gemma4::TextHParams hp;
     hp.head_dim = 256, hp.head_dim_full = 512, hp.partial_rotary_full = 0.25f;
     for (auto t : {gemma4::LayerType::Sliding, gemma4::LayerType::Full}) {
-        int dim   = t == gemma4::LayerType::Full ? 512 : 256;
-        auto inv  = gemma4::rope_inv_freq(hp, t);
+        int dim        = t == gemma4::LayerType::Full ? 512 : 256;
+        auto inv       = gemma4::rope_inv_freq(hp, t);
         const int rows = 5, heads = 8;
-        auto x    = randn(rows * heads * dim, 11);
+        auto x = randn(rows * heads * dim, 11);
         auto r = x, c = x;
         RopeArgs a{r.data(), heads * dim, inv.data(), rows, heads, dim, 8190};
         ref::rope(a);
@@ -408,19 +441,22 @@ TEST(CpuKernels, RopeBothVariants) {
     }
 }
 
-struct AttnShape { int rows, heads, kv_heads, dim, slots, window, pos0; };
+struct AttnShape {
+    int rows, heads, kv_heads, dim, slots, window, pos0;
+};
 class AttentionTest : public ::testing::TestWithParam<AttnShape> {};
 
 TEST_P(AttentionTest, MatchesReference) {
     AttnShape s = GetParam();
     Fixture f(16, s.slots);
     const int width = s.kv_heads * s.dim;
-    auto q  = randn((size_t)s.rows * s.heads * s.dim, 12, 0.2f);
-    auto kc = randn((size_t)s.slots * width, 13);
-    auto vc = randn((size_t)s.slots * width, 14);
+    auto q          = randn((size_t)s.rows * s.heads * s.dim, 12, 0.2f);
+    auto kc         = randn((size_t)s.slots * width, 13);
+    auto vc         = randn((size_t)s.slots * width, 14);
     std::vector<float> r((size_t)s.rows * s.heads * s.dim), c(r.size()), scratch(s.slots + 64);
-    AttentionArgs a{q.data(), s.heads * s.dim, kc.data(), vc.data(), r.data(), s.heads * s.dim, s.rows, s.heads,
-                    s.kv_heads, s.dim, s.slots, s.window, s.pos0, 1.0f, scratch.data()};
+    AttentionArgs a{q.data(),        s.heads * s.dim, kc.data(), vc.data(),  r.data(),
+                    s.heads * s.dim, s.rows,          s.heads,   s.kv_heads, s.dim,
+                    s.slots,         s.window,        s.pos0,    1.0f,       scratch.data()};
     ref::attention(a);
     a.y = c.data();
     cpu::attention(f.ctx, a);
@@ -429,13 +465,16 @@ TEST_P(AttentionTest, MatchesReference) {
 
 // E2B sliding (MQA, d=256, 512-window ring wrapped), E2B full (d=512), E4B GQA 4:1, decode and chunks.
 INSTANTIATE_TEST_SUITE_P(GemmaShapes, AttentionTest,
-                         ::testing::Values(AttnShape{1, 8, 1, 256, 575, 512, 2000}, AttnShape{4, 8, 1, 512, 1024, 0, 700},
-                                           AttnShape{3, 8, 2, 256, 575, 512, 9}, AttnShape{1, 8, 2, 512, 4096, 0, 4095},
+                         ::testing::Values(AttnShape{1, 8, 1, 256, 575, 512, 2000},
+                                           AttnShape{4, 8, 1, 512, 1024, 0, 700},
+                                           AttnShape{3, 8, 2, 256, 575, 512, 9},
+                                           AttnShape{1, 8, 2, 512, 4096, 0, 4095},
                                            AttnShape{64, 8, 2, 256, 575, 512, 600}),
                          [](const auto& i) {
                              const AttnShape& a = i.param;
-                             return "rows" + std::to_string(a.rows) + "_kv" + std::to_string(a.kv_heads) + "_d" + std::to_string(a.dim) +
-                                    "_slots" + std::to_string(a.slots) + "_win" + std::to_string(a.window) + "_pos" + std::to_string(a.pos0);
+                             return "rows" + std::to_string(a.rows) + "_kv" + std::to_string(a.kv_heads) +
+                                    "_d" + std::to_string(a.dim) + "_slots" + std::to_string(a.slots) +
+                                    "_win" + std::to_string(a.window) + "_pos" + std::to_string(a.pos0);
                          });
 
 // A bf16 cache: chunk rows stored (rounded to nearest even) by the Eigen and the reference kv_store
@@ -444,12 +483,13 @@ TEST_P(AttentionTest, Bf16CacheMatchesReference) {
     AttnShape s = GetParam();
     Fixture f(16, s.slots);
     const int width = s.kv_heads * s.dim;
-    auto q  = randn((size_t)s.rows * s.heads * s.dim, 12, 0.2f);
-    auto kc = to_bf16(randn((size_t)s.slots * width, 13));
-    auto vc = to_bf16(randn((size_t)s.slots * width, 14));
+    auto q          = randn((size_t)s.rows * s.heads * s.dim, 12, 0.2f);
+    auto kc         = to_bf16(randn((size_t)s.slots * width, 13));
+    auto vc         = to_bf16(randn((size_t)s.slots * width, 14));
     auto k = randn((size_t)s.rows * (width + 8), 15), v = randn((size_t)s.rows * (width + 8), 16);
     auto kr = kc, vr = vc;
-    KvStoreArgs st{k.data(), width + 8, v.data(), width + 8, kr.data(), vr.data(), s.rows, width, s.slots, s.pos0, DType::BF16};
+    KvStoreArgs st{k.data(), width + 8, v.data(), width + 8, kr.data(),  vr.data(),
+                   s.rows,   width,     s.slots,  s.pos0,    DType::BF16};
     ref::kv_store(st);
     st.k_cache = kc.data(), st.v_cache = vc.data();
     cpu::kv_store(f.ctx, st);
@@ -462,15 +502,17 @@ TEST_P(AttentionTest, Bf16CacheMatchesReference) {
             EXPECT_EQ(vc[slot * width + i], f32_to_bf16(v[t * (width + 8) + i]));
         }
     std::vector<float> r((size_t)s.rows * s.heads * s.dim), c(r.size()), scratch(s.slots + 64);
-    AttentionArgs a{q.data(), s.heads * s.dim, kc.data(), vc.data(), r.data(), s.heads * s.dim, s.rows, s.heads, s.kv_heads, s.dim,
-                    s.slots, s.window, s.pos0, 1.0f, scratch.data(), DType::BF16};
+    AttentionArgs a{q.data(),       s.heads * s.dim, kc.data(), vc.data(), r.data(), s.heads * s.dim, s.rows,
+                    s.heads,        s.kv_heads,      s.dim,     s.slots,   s.window, s.pos0,          1.0f,
+                    scratch.data(), DType::BF16};
     ref::attention(a);
     a.y = c.data();
     cpu::attention(f.ctx, a);
     EXPECT_LT(max_rel(c, r), 1e-5);
     // The same values in an f32 cache give the same result: both are widened rows through one code path.
     std::vector<float> kf(kc.size()), vf(vc.size()), c32(r.size());
-    for (size_t i = 0; i < kc.size(); ++i) kf[i] = bf16_to_f32(kc[i]), vf[i] = bf16_to_f32(vc[i]);
+    for (size_t i = 0; i < kc.size(); ++i)
+        kf[i] = bf16_to_f32(kc[i]), vf[i] = bf16_to_f32(vc[i]);
     AttentionArgs a32 = a;
     a32.k_cache = kf.data(), a32.v_cache = vf.data(), a32.cache_dt = DType::F32, a32.y = c32.data();
     cpu::attention(f.ctx, a32);
@@ -482,19 +524,20 @@ TEST(CpuKernels, KvStoreWrapsRing) {
     auto k = randn(rows * width, 15), v = randn(rows * width, 16);
     std::vector<float> kc(slots * width, 0), vc(slots * width, 0);
     ref::kv_store({k.data(), width, v.data(), width, kc.data(), vc.data(), rows, width, slots, 4});
-    EXPECT_EQ(kc[4 * width], k[0]);            // position 4 -> slot 4
-    EXPECT_EQ(kc[0 * width], k[width]);        // position 5 -> slot 0
+    EXPECT_EQ(kc[4 * width], k[0]);     // position 4 -> slot 4
+    EXPECT_EQ(kc[0 * width], k[width]); // position 5 -> slot 0
     EXPECT_EQ(vc[1 * width + 3], v[2 * width + 3]);
     std::vector<uint16_t> kb(slots * width, 0), vb(slots * width, 0);
-    ref::kv_store({k.data(), width, v.data(), width, kb.data(), vb.data(), rows, width, slots, 4, DType::BF16});
+    ref::kv_store(
+        {k.data(), width, v.data(), width, kb.data(), vb.data(), rows, width, slots, 4, DType::BF16});
     EXPECT_EQ(kb[0 * width + 5], f32_to_bf16(k[width + 5]));
     EXPECT_EQ(vb[1 * width + 3], f32_to_bf16(v[2 * width + 3]));
 }
 
 TEST(CpuKernels, Bf16RoundingIsNearestEven) {
     // Halfway cases round to the even neighbour; just above halfway rounds up; NaN stays a NaN.
-    EXPECT_EQ(f32_to_bf16(1.0f + 0.5f / 128), 0x3F80);                   // 1 + 2^-8: halfway, 0x3F80 is even
-    EXPECT_EQ(f32_to_bf16(1.0f + 1.5f / 128), 0x3F82);                   // 1 + 3 * 2^-8: halfway, up to the even 0x3F82
+    EXPECT_EQ(f32_to_bf16(1.0f + 0.5f / 128), 0x3F80); // 1 + 2^-8: halfway, 0x3F80 is even
+    EXPECT_EQ(f32_to_bf16(1.0f + 1.5f / 128), 0x3F82); // 1 + 3 * 2^-8: halfway, up to the even 0x3F82
     EXPECT_EQ(f32_to_bf16(std::nextafter(1.0f + 0.5f / 128, 2.0f)), 0x3F81);
     EXPECT_TRUE(std::isnan(bf16_to_f32(f32_to_bf16(NAN))));
 }

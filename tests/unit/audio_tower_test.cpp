@@ -1,6 +1,6 @@
 // The CPU audio tower (runtime/src/towers/audio.*) against Hugging Face float32 numbers from
-// tools/make_audio_fixtures.py (tests/fixtures/towers/audio, tiny checkpoint tests/fixtures/e2b_tiny), and the
-// CLI's WAV reader (tools/audio_io.*).
+// tools/make_audio_fixtures.py (tests/fixtures/towers/audio, tiny checkpoint tests/fixtures/e2b_tiny), and
+// the CLI's WAV reader (tools/audio_io.*).
 #include "compiler/safetensors.h"
 #include "kernels/cpu/cpu.h"
 #include "runtime/src/towers/audio.h"
@@ -20,8 +20,12 @@ using namespace g4;
 
 namespace {
 
-std::string dir() { return g4test::fixture("towers/audio"); }
-json meta() { return json::parse(g4test::read_file(dir() + "/audio.json")); }
+std::string dir() {
+    return g4test::fixture("towers/audio");
+}
+json meta() {
+    return json::parse(g4test::read_file(dir() + "/audio.json"));
+}
 
 std::vector<int32_t> read_i32(const std::string& path) {
     std::string b = g4test::read_file(path);
@@ -34,17 +38,20 @@ std::vector<int32_t> read_i32(const std::string& path) {
 struct Weights {
     st::Checkpoint ck;
     std::map<std::string, towers::Tensor> map;
-    std::set<std::string> hide;                      // names reported missing
-    std::map<std::string, std::vector<int64_t>> reshape;   // names reported with another shape
-    explicit Weights(const std::string& ckpt_dir = g4test::fixture("e2b_tiny")) : ck(st::Checkpoint::open(ckpt_dir)) {
+    std::set<std::string> hide;                          // names reported missing
+    std::map<std::string, std::vector<int64_t>> reshape; // names reported with another shape
+    explicit Weights(const std::string& ckpt_dir = g4test::fixture("e2b_tiny"))
+        : ck(st::Checkpoint::open(ckpt_dir)) {
         for (const auto& name : ck.names()) {
             const st::TensorView& v = ck.get(name);
             towers::Tensor t;
             t.data  = v.data;
             t.dtype = v.dtype == st::DType::BF16 ? DType::BF16 : DType::F32;
             t.ndim  = (int)v.shape.size();
-            for (int i = 0; i < t.ndim; ++i) t.dims[i] = v.shape[i];
-            if (v.dtype == st::DType::BF16 || v.dtype == st::DType::F32) map[name.substr(6)] = t;   // drop "model."
+            for (int i = 0; i < t.ndim; ++i)
+                t.dims[i] = v.shape[i];
+            if (v.dtype == st::DType::BF16 || v.dtype == st::DType::F32)
+                map[name.substr(6)] = t; // drop "model."
         }
     }
     towers::Lookup lookup() {
@@ -56,7 +63,8 @@ struct Weights {
                 static thread_local towers::Tensor t;
                 t      = it->second;
                 t.ndim = (int)r->second.size();
-                for (int i = 0; i < t.ndim; ++i) t.dims[i] = r->second[i];
+                for (int i = 0; i < t.ndim; ++i)
+                    t.dims[i] = r->second[i];
                 return &t;
             }
             return &it->second;
@@ -67,7 +75,8 @@ struct Weights {
 towers::AudioHParams tiny_hparams() {
     json cfg = json::parse(g4test::read_file(g4test::fixture("e2b_tiny/config.json")));
     towers::AudioHParams hp{};
-    std::string err = towers::parse_audio_hparams(cfg["audio_config"].dump(), cfg["text_config"]["hidden_size"], &hp);
+    std::string err =
+        towers::parse_audio_hparams(cfg["audio_config"].dump(), cfg["text_config"]["hidden_size"], &hp);
     EXPECT_EQ(err, "");
     return hp;
 }
@@ -79,7 +88,7 @@ struct Runner {
     float* scratch = nullptr;
     cpu::Context ctx;
     Runner(const towers::AudioTower& tower, int threads) {
-        pool = std::make_unique<cpu::ThreadPool>(threads);
+        pool               = std::make_unique<cpu::ThreadPool>(threads);
         ctx.pool           = pool.get();
         ctx.scratch_stride = tower.thread_scratch_floats();
         thread_scratch.resize(ctx.scratch_stride * threads + 16);
@@ -91,7 +100,8 @@ struct Runner {
 
 double max_abs_diff(const float* a, const float* b, size_t n) {
     double m = 0;
-    for (size_t i = 0; i < n; ++i) m = std::max(m, (double)std::fabs(a[i] - b[i]));
+    for (size_t i = 0; i < n; ++i)
+        m = std::max(m, (double)std::fabs(a[i] - b[i]));
     return m;
 }
 
@@ -108,12 +118,13 @@ TEST(AudioTower, ParsesHParamsAndNamesEveryWeight) {
     EXPECT_EQ(hp.output_proj_dims, 32);
     EXPECT_EQ(hp.text_hidden_size, 64);
     EXPECT_TRUE(hp.use_clipped_linears);
-    EXPECT_EQ(hp.mel_bins, meta()["mel_bins"].get<int>());   // 8: what HF builds input_proj_linear for
+    EXPECT_EQ(hp.mel_bins, meta()["mel_bins"].get<int>()); // 8: what HF builds input_proj_linear for
 
     Weights w;
     std::set<std::string> expected;
     for (const auto& n : w.map)
-        if (n.first.rfind("audio_tower.", 0) == 0 || n.first.rfind("embed_audio.", 0) == 0) expected.insert(n.first);
+        if (n.first.rfind("audio_tower.", 0) == 0 || n.first.rfind("embed_audio.", 0) == 0)
+            expected.insert(n.first);
     auto names = towers::audio_weight_names(hp);
     EXPECT_EQ(std::set<std::string>(names.begin(), names.end()), expected);
     EXPECT_EQ(names.size(), expected.size());
@@ -143,24 +154,30 @@ TEST(AudioTower, FeaturesMatchHf) {
     Runner r(tower, 2);
     const json m = meta();
     for (const auto& c : m["clips"]) {
-        auto pcm   = g4test::read_f32(dir() + "/" + c["pcm"].get<std::string>());
-        auto ref   = g4test::read_f32(dir() + "/" + c["features"].get<std::string>());
-        auto mask  = read_i32(dir() + "/" + c["mask"].get<std::string>());
+        auto pcm    = g4test::read_f32(dir() + "/" + c["pcm"].get<std::string>());
+        auto ref    = g4test::read_f32(dir() + "/" + c["features"].get<std::string>());
+        auto mask   = read_i32(dir() + "/" + c["mask"].get<std::string>());
         const int M = hp.mel_bins;
         ASSERT_EQ(pcm.size(), c["n_samples"].get<size_t>());
         ASSERT_EQ(ref.size(), mask.size() * M);
         int valid = 0;
         for (size_t f = 0; f < mask.size(); ++f) {
-            if (mask[f]) { EXPECT_EQ((int)f, valid); ++valid; }   // the valid frames are a prefix
-            else for (int m = 0; m < M; ++m) EXPECT_EQ(ref[f * M + m], 0.0f);
+            if (mask[f]) {
+                EXPECT_EQ((int)f, valid);
+                ++valid;
+            } // the valid frames are a prefix
+            else
+                for (int m = 0; m < M; ++m)
+                    EXPECT_EQ(ref[f * M + m], 0.0f);
         }
         std::vector<float> feat((size_t)towers::AudioTower::valid_frames((int64_t)pcm.size()) * M);
         int nf = 0;
         ASSERT_EQ(tower.features(r.ctx, pcm.data(), (int64_t)pcm.size(), feat.data(), &nf), "");
         ASSERT_EQ(nf, valid);
-        double e = g4test::rel_l2(feat.data(), ref.data(), (size_t)nf * M);
+        double e  = g4test::rel_l2(feat.data(), ref.data(), (size_t)nf * M);
         double mx = max_abs_diff(feat.data(), ref.data(), (size_t)nf * M);
-        std::printf("%s features: %d frames, rel L2 %.3g, max abs %.3g\n", c["name"].get<std::string>().c_str(), nf, e, mx);
+        std::printf("%s features: %d frames, rel L2 %.3g, max abs %.3g\n",
+                    c["name"].get<std::string>().c_str(), nf, e, mx);
         EXPECT_LT(e, 2e-6);
         EXPECT_LT(mx, 2e-4);
     }
@@ -174,8 +191,8 @@ TEST(AudioTower, OutputMatchesHf) {
     Runner r(tower, 2);
     const json m = meta();
     for (const auto& c : m["clips"]) {
-        auto pcm = g4test::read_f32(dir() + "/" + c["pcm"].get<std::string>());
-        auto ref = g4test::read_f32(dir() + "/" + c["tower"].get<std::string>());
+        auto pcm             = g4test::read_f32(dir() + "/" + c["pcm"].get<std::string>());
+        auto ref             = g4test::read_f32(dir() + "/" + c["tower"].get<std::string>());
         const int n_soft_ref = c["n_soft"];
         ASSERT_EQ(ref.size(), (size_t)n_soft_ref * hp.text_hidden_size);
         EXPECT_EQ(towers::audio_soft_tokens(hp, (int64_t)pcm.size()), n_soft_ref);
@@ -183,15 +200,17 @@ TEST(AudioTower, OutputMatchesHf) {
         int n_soft = -1;
         ASSERT_EQ(tower.forward(r.ctx, pcm.data(), (int64_t)pcm.size(), r.scratch, out.data(), &n_soft), "");
         ASSERT_EQ(n_soft, n_soft_ref);
-        double e = g4test::rel_l2(out.data(), ref.data(), out.size());
+        double e  = g4test::rel_l2(out.data(), ref.data(), out.size());
         double mx = max_abs_diff(out.data(), ref.data(), out.size());
-        std::printf("%s tower: %d soft tokens, rel L2 %.3g, max abs %.3g\n", c["name"].get<std::string>().c_str(), n_soft, e, mx);
+        std::printf("%s tower: %d soft tokens, rel L2 %.3g, max abs %.3g\n",
+                    c["name"].get<std::string>().c_str(), n_soft, e, mx);
         EXPECT_LT(e, 1e-5);
     }
 }
 
-// Opt-in bf16 matmuls against the same HF float32 numbers (loose bound: bf16-rounded matmul operands, measured
-// 3.9e-3 / 3.8e-3; HF's own bf16 run is ~1e-2 off its float32; the lower bound shows the bf16 path ran).
+// Opt-in bf16 matmuls against the same HF float32 numbers (loose bound: bf16-rounded matmul operands,
+// measured 3.9e-3 / 3.8e-3; HF's own bf16 run is ~1e-2 off its float32; the lower bound shows the bf16 path
+// ran).
 TEST(AudioTower, Bf16MatmulsStayCloseToHf) {
     towers::AudioHParams hp = tiny_hparams();
     hp.precision            = towers::Precision::BF16;
@@ -210,7 +229,8 @@ TEST(AudioTower, Bf16MatmulsStayCloseToHf) {
         ASSERT_EQ(tower.forward(r.ctx, pcm.data(), (int64_t)pcm.size(), r.scratch, out.data(), &n_soft), "");
         ASSERT_EQ((size_t)n_soft * hp.text_hidden_size, ref.size());
         const double e = g4test::rel_l2(out.data(), ref.data(), out.size());
-        std::printf("%s tower, bf16 matmuls: rel L2 vs HF float32 %.3g\n", c["name"].get<std::string>().c_str(), e);
+        std::printf("%s tower, bf16 matmuls: rel L2 vs HF float32 %.3g\n",
+                    c["name"].get<std::string>().c_str(), e);
         EXPECT_LT(e, 1e-2);
         EXPECT_GT(e, 1e-5);
     }
@@ -222,7 +242,8 @@ TEST(AudioTower, ReleasedFrontEndMatchesHf) {
     const json& c = m["mid"];
     json cfg      = json::parse(g4test::read_file(dir() + "/mid/config.json"));
     towers::AudioHParams hp{};
-    ASSERT_EQ(towers::parse_audio_hparams(cfg["audio_config"].dump(), cfg["text_config"]["hidden_size"], &hp), "");
+    ASSERT_EQ(towers::parse_audio_hparams(cfg["audio_config"].dump(), cfg["text_config"]["hidden_size"], &hp),
+              "");
     ASSERT_EQ(hp.mel_bins, 128);
     Weights w(dir() + "/mid");
     towers::AudioTower tower;
@@ -230,7 +251,7 @@ TEST(AudioTower, ReleasedFrontEndMatchesHf) {
     Runner r(tower, 2);
     auto pcm = g4test::read_f32(dir() + "/clip0.pcm.f32");
 
-    auto ref_f = g4test::read_f32(dir() + "/" + c["features"].get<std::string>());
+    auto ref_f   = g4test::read_f32(dir() + "/" + c["features"].get<std::string>());
     const int nv = c["n_valid_frames"];
     ASSERT_EQ(ref_f.size(), c["n_frames"].get<size_t>() * 128);
     std::vector<float> feat((size_t)nv * 128);
@@ -242,7 +263,7 @@ TEST(AudioTower, ReleasedFrontEndMatchesHf) {
                 max_abs_diff(feat.data(), ref_f.data(), feat.size()));
     EXPECT_LT(e, 2e-6);
 
-    auto ref = g4test::read_f32(dir() + "/" + c["tower"].get<std::string>());
+    auto ref             = g4test::read_f32(dir() + "/" + c["tower"].get<std::string>());
     const int n_soft_ref = c["n_soft"];
     ASSERT_EQ(ref.size(), (size_t)n_soft_ref * hp.text_hidden_size);
     std::vector<float> out(ref.size());
@@ -250,14 +271,15 @@ TEST(AudioTower, ReleasedFrontEndMatchesHf) {
     ASSERT_EQ(tower.forward(r.ctx, pcm.data(), (int64_t)pcm.size(), r.scratch, out.data(), &n_soft), "");
     ASSERT_EQ(n_soft, n_soft_ref);
     e = g4test::rel_l2(out.data(), ref.data(), out.size());
-    std::printf("mid tower: %d soft tokens, rel L2 %.3g, max abs %.3g\n", n_soft, e, max_abs_diff(out.data(), ref.data(), out.size()));
+    std::printf("mid tower: %d soft tokens, rel L2 %.3g, max abs %.3g\n", n_soft, e,
+                max_abs_diff(out.data(), ref.data(), out.size()));
     EXPECT_LT(e, 1e-5);
 }
 
 TEST(AudioTower, SoftTokenCountsMatchHf) {
     towers::AudioHParams hp = tiny_hparams();
-    int checked = 0;
-    const json m = meta();
+    int checked             = 0;
+    const json m            = meta();
     for (const auto& p : m["soft_tokens"]) {
         int64_t n = p[0];
         EXPECT_EQ(towers::audio_soft_tokens(hp, n), p[1].get<int>()) << n << " samples";
@@ -297,7 +319,7 @@ TEST(AudioTower, ThreadCountDoesNotChangeTheResult) {
     }
     ASSERT_EQ(na, nb);
     EXPECT_EQ(std::memcmp(a.data(), b.data(), sizeof(float) * (size_t)na * hp.text_hidden_size), 0);
-    {   // per-thread scratch that is only 4-byte aligned
+    { // per-thread scratch that is only 4-byte aligned
         Runner r(tower, 2);
         std::vector<float> ts(r.thread_scratch.size() + 1);
         r.ctx.scratch = ts.data() + ((uintptr_t)ts.data() % 8 == 0 ? 1 : 0);
@@ -315,7 +337,7 @@ TEST(AudioTower, BadInputIsAnError) {
     Runner r(tower, 2);
     auto pcm = g4test::randn(16001, 3, 0.1f);
     std::vector<float> out((size_t)200 * hp.text_hidden_size);
-    int n_soft = -1;
+    int n_soft    = -1;
     std::string e = tower.forward(r.ctx, pcm.data(), 16001, r.scratch, out.data(), &n_soft);
     EXPECT_NE(e.find("longer than"), std::string::npos) << e;
     e = tower.forward(r.ctx, pcm.data(), 0, r.scratch, out.data(), &n_soft);
@@ -325,12 +347,12 @@ TEST(AudioTower, BadInputIsAnError) {
     e = tower.forward(r.ctx, pcm.data(), 160, r.scratch, out.data(), &n_soft);
     EXPECT_NE(e.find("shorter than one"), std::string::npos) << e;
     pcm[500] = NAN;
-    e = tower.forward(r.ctx, pcm.data(), 1000, r.scratch, out.data(), &n_soft);
+    e        = tower.forward(r.ctx, pcm.data(), 1000, r.scratch, out.data(), &n_soft);
     EXPECT_NE(e.find("sample 500"), std::string::npos) << e;
-    pcm[500] = 0;
-    cpu::Context small = r.ctx;
+    pcm[500]             = 0;
+    cpu::Context small   = r.ctx;
     small.scratch_stride = tower.thread_scratch_floats() - 16;
-    e = tower.forward(small, pcm.data(), 1000, r.scratch, out.data(), &n_soft);
+    e                    = tower.forward(small, pcm.data(), 1000, r.scratch, out.data(), &n_soft);
     EXPECT_NE(e.find("scratch floats per thread"), std::string::npos) << e;
     EXPECT_EQ(n_soft, -1);
 
@@ -338,16 +360,20 @@ TEST(AudioTower, BadInputIsAnError) {
     towers::AudioTower t2;
     w.hide.insert("audio_tower.layers.1.self_attn.k_proj.output_max");
     e = t2.init(hp, w.lookup(), 16000);
-    EXPECT_NE(e.find("missing tensor model.audio_tower.layers.1.self_attn.k_proj.output_max"), std::string::npos) << e;
+    EXPECT_NE(e.find("missing tensor model.audio_tower.layers.1.self_attn.k_proj.output_max"),
+              std::string::npos)
+        << e;
     w.hide.clear();
     w.reshape["audio_tower.layers.0.lconv1d.depthwise_conv1d.weight"] = {32, 1, 4};
-    e = t2.init(hp, w.lookup(), 16000);
-    EXPECT_NE(e.find("model.audio_tower.layers.0.lconv1d.depthwise_conv1d.weight has shape [32, 1, 4], expected [32, 1, 5]"),
-              std::string::npos) << e;
+    e                                                                 = t2.init(hp, w.lookup(), 16000);
+    EXPECT_NE(e.find("model.audio_tower.layers.0.lconv1d.depthwise_conv1d.weight has shape [32, 1, 4], "
+                     "expected [32, 1, 5]"),
+              std::string::npos)
+        << e;
     w.reshape.clear();
     towers::AudioHParams hp128 = hp;
-    hp128.mel_bins = 128;
-    e = t2.init(hp128, w.lookup(), 16000);
+    hp128.mel_bins             = 128;
+    e                          = t2.init(hp128, w.lookup(), 16000);
     EXPECT_NE(e.find("mel_bins mismatch"), std::string::npos) << e;
     e = t2.forward(r.ctx, pcm.data(), 1000, r.scratch, out.data(), &n_soft);
     EXPECT_NE(e.find("init"), std::string::npos) << e;
@@ -357,10 +383,17 @@ TEST(AudioTower, BadInputIsAnError) {
 
 namespace {
 
-void put16(std::string& s, uint16_t v) { s += (char)(v & 255); s += (char)(v >> 8); }
-void put32(std::string& s, uint32_t v) { for (int i = 0; i < 4; ++i) s += (char)((v >> (8 * i)) & 255); }
+void put16(std::string& s, uint16_t v) {
+    s += (char)(v & 255);
+    s += (char)(v >> 8);
+}
+void put32(std::string& s, uint32_t v) {
+    for (int i = 0; i < 4; ++i)
+        s += (char)((v >> (8 * i)) & 255);
+}
 
-std::string make_wav(int format, int channels, uint32_t rate, int bits, const std::string& data, bool extensible = false) {
+std::string make_wav(int format, int channels, uint32_t rate, int bits, const std::string& data,
+                     bool extensible = false) {
     std::string fmt;
     put16(fmt, extensible ? 0xFFFE : format);
     put16(fmt, channels);
@@ -379,7 +412,7 @@ std::string make_wav(int format, int channels, uint32_t rate, int bits, const st
     body += "fmt ";
     put32(body, (uint32_t)fmt.size());
     body += fmt;
-    body += "LIST";   // an unrelated chunk of odd size, padded
+    body += "LIST"; // an unrelated chunk of odd size, padded
     put32(body, 3);
     body += std::string("abc\0", 4);
     body += "data";
@@ -404,11 +437,11 @@ TEST(AudioWav, FixtureWavEqualsThePcm) {
 TEST(AudioWav, FormatsAndChannels) {
     g4test::TempDir tmp;
     const std::vector<double> x = {0.0, 0.5, -0.5, 0.25, -1.0, 0.999};
-    auto load = [&](const std::string& bytes, tools::AudioPcm* a) {
+    auto load                   = [&](const std::string& bytes, tools::AudioPcm* a) {
         g4test::write_file(tmp.file("t.wav"), bytes);
         return tools::load_wav(tmp.file("t.wav"), a);
     };
-    {   // stereo 16-bit: left x, right -x/2 -> mono x/4
+    { // stereo 16-bit: left x, right -x/2 -> mono x/4
         std::string d;
         for (double v : x) {
             put16(d, (uint16_t)(int16_t)std::lround(std::min(v * 32768, 32767.0)));
@@ -417,27 +450,33 @@ TEST(AudioWav, FormatsAndChannels) {
         tools::AudioPcm a;
         ASSERT_EQ(load(make_wav(1, 2, 16000, 16, d), &a), "");
         ASSERT_EQ(a.samples.size(), x.size());
-        for (size_t i = 0; i < x.size(); ++i) EXPECT_NEAR(a.samples[i], x[i] / 4, 1.0 / 32768) << i;
+        for (size_t i = 0; i < x.size(); ++i)
+            EXPECT_NEAR(a.samples[i], x[i] / 4, 1.0 / 32768) << i;
     }
-    {   // 24-bit mono
+    { // 24-bit mono
         std::string d;
         for (double v : x) {
             int32_t s = (int32_t)std::lround(std::min(v * 8388608, 8388607.0));
-            d += (char)(s & 255); d += (char)((s >> 8) & 255); d += (char)((s >> 16) & 255);
+            d += (char)(s & 255);
+            d += (char)((s >> 8) & 255);
+            d += (char)((s >> 16) & 255);
         }
         tools::AudioPcm a;
         ASSERT_EQ(load(make_wav(1, 1, 16000, 24, d), &a), "");
-        for (size_t i = 0; i < x.size(); ++i) EXPECT_NEAR(a.samples[i], x[i], 1.0 / 8388608) << i;
+        for (size_t i = 0; i < x.size(); ++i)
+            EXPECT_NEAR(a.samples[i], x[i], 1.0 / 8388608) << i;
     }
-    {   // 32-bit integer, 3 channels (x, x, x)
+    { // 32-bit integer, 3 channels (x, x, x)
         std::string d;
         for (double v : x)
-            for (int c = 0; c < 3; ++c) put32(d, (uint32_t)(int32_t)std::llround(std::min(v * 2147483648.0, 2147483647.0)));
+            for (int c = 0; c < 3; ++c)
+                put32(d, (uint32_t)(int32_t)std::llround(std::min(v * 2147483648.0, 2147483647.0)));
         tools::AudioPcm a;
         ASSERT_EQ(load(make_wav(1, 3, 16000, 32, d), &a), "");
-        for (size_t i = 0; i < x.size(); ++i) EXPECT_NEAR(a.samples[i], x[i], 1e-7) << i;
+        for (size_t i = 0; i < x.size(); ++i)
+            EXPECT_NEAR(a.samples[i], x[i], 1e-7) << i;
     }
-    {   // 32-bit float stereo, WAVE_FORMAT_EXTENSIBLE
+    { // 32-bit float stereo, WAVE_FORMAT_EXTENSIBLE
         std::string d;
         for (double v : x) {
             float l = (float)v, r = (float)(v * 0.5);
@@ -446,14 +485,16 @@ TEST(AudioWav, FormatsAndChannels) {
         }
         tools::AudioPcm a;
         ASSERT_EQ(load(make_wav(3, 2, 16000, 32, d, true), &a), "");
-        for (size_t i = 0; i < x.size(); ++i) EXPECT_FLOAT_EQ(a.samples[i], (float)(((float)x[i] + (float)(x[i] * 0.5)) / 2.0)) << i;
+        for (size_t i = 0; i < x.size(); ++i)
+            EXPECT_FLOAT_EQ(a.samples[i], (float)(((float)x[i] + (float)(x[i] * 0.5)) / 2.0)) << i;
     }
 }
 
 TEST(AudioWav, BadFilesGiveClearErrors) {
     g4test::TempDir tmp;
     std::string d16;
-    for (int i = 0; i < 100; ++i) put16(d16, (uint16_t)(i * 100));
+    for (int i = 0; i < 100; ++i)
+        put16(d16, (uint16_t)(i * 100));
     auto err = [&](const std::string& bytes) {
         g4test::write_file(tmp.file("bad.wav"), bytes);
         tools::AudioPcm a;
@@ -465,7 +506,7 @@ TEST(AudioWav, BadFilesGiveClearErrors) {
     EXPECT_NE(e.find(tmp.file("bad.wav")), std::string::npos) << e;
 
     std::string full = g4test::read_file(dir() + "/clip0.wav");
-    e = err(full.substr(0, full.size() / 2));
+    e                = err(full.substr(0, full.size() / 2));
     EXPECT_NE(e.find("truncated"), std::string::npos) << e;
     e = err(full.substr(0, 30));
     EXPECT_NE(e.find("truncated"), std::string::npos) << e;
@@ -473,7 +514,7 @@ TEST(AudioWav, BadFilesGiveClearErrors) {
     EXPECT_NE(e.find("not a WAV file"), std::string::npos) << e;
     e = err(make_wav(1, 1, 16000, 8, d16));
     EXPECT_NE(e.find("8-bit"), std::string::npos) << e;
-    e = err(make_wav(2, 1, 16000, 16, d16));   // ADPCM
+    e = err(make_wav(2, 1, 16000, 16, d16)); // ADPCM
     EXPECT_NE(e.find("unsupported WAV encoding"), std::string::npos) << e;
     e = err(make_wav(1, 1, 16000, 16, ""));
     EXPECT_NE(e.find("no audio samples"), std::string::npos) << e;

@@ -72,15 +72,16 @@ TEST(ChatTemplate, ThinkingIsStrippedFromModelTurnsOnly) {
 }
 
 // Gemma 4's template writes a message with content [{"type": "image"}, {"type": "image"}, {"type": "audio"},
-// {"type": "text"}] as "\n\n<|image|>\n\n" per image and "<|audio|>" per clip before the trimmed text; the marks
-// name each marker's offset (a marker typed in the text is not one).
+// {"type": "text"}] as "\n\n<|image|>\n\n" per image and "<|audio|>" per clip before the trimmed text; the
+// marks name each marker's offset (a marker typed in the text is not one).
 TEST(ChatTemplate, MediaGoBeforeTheText) {
     using g4::ChatMedia;
-    std::vector<g4::ChatMessage> msgs = {{"system", "Sys"},
-                                         {"user", "  Describe <|image|> ", {ChatMedia::Image, ChatMedia::Image, ChatMedia::Audio}},
-                                         {"assistant", "Two cats."},
-                                         {"user", "", {ChatMedia::Audio}},
-                                         {"user", "\n", {ChatMedia::Image}}};
+    std::vector<g4::ChatMessage> msgs = {
+        {"system", "Sys"},
+        {"user", "  Describe <|image|> ", {ChatMedia::Image, ChatMedia::Image, ChatMedia::Audio}},
+        {"assistant", "Two cats."},
+        {"user", "", {ChatMedia::Audio}},
+        {"user", "\n", {ChatMedia::Image}}};
     std::string out, err;
     std::vector<g4::ChatMediaMark> marks;
     ASSERT_TRUE(g4::render_chat(msgs, {}, &out, &err, &marks)) << err;
@@ -92,14 +93,16 @@ TEST(ChatTemplate, MediaGoBeforeTheText) {
     ASSERT_EQ(marks.size(), 5u);
     const size_t msg[] = {1, 1, 1, 3, 4}, item[] = {0, 1, 2, 0, 0};
     for (size_t i = 0; i < marks.size(); ++i) {
-        const std::string_view want = marks[i].kind == ChatMedia::Image ? g4::kChatImageMarker : g4::kChatAudioMarker;
+        const std::string_view want =
+            marks[i].kind == ChatMedia::Image ? g4::kChatImageMarker : g4::kChatAudioMarker;
         EXPECT_EQ(out.substr(marks[i].offset, want.size()), want) << i;
         EXPECT_EQ(marks[i].message, msg[i]) << i;
         EXPECT_EQ(marks[i].item, item[i]) << i;
         EXPECT_EQ(marks[i].kind, msgs[msg[i]].media[item[i]]) << i;
     }
-    EXPECT_EQ(out.find("<|image|>", marks[1].offset + 1), out.find("<|image|><turn|>"));   // the typed one
-    EXPECT_FALSE(g4::render_chat({{"system", "x", {ChatMedia::Image}}, {"user", "y"}}, {}, &out, &err, &marks));
+    EXPECT_EQ(out.find("<|image|>", marks[1].offset + 1), out.find("<|image|><turn|>")); // the typed one
+    EXPECT_FALSE(
+        g4::render_chat({{"system", "x", {ChatMedia::Image}}, {"user", "y"}}, {}, &out, &err, &marks));
     EXPECT_NE(err.find("system"), std::string::npos) << err;
     EXPECT_TRUE(marks.empty());
 }

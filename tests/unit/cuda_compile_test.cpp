@@ -18,25 +18,29 @@ namespace fs = std::filesystem;
 
 // Sets (or, given nullopt, unsets) an environment variable for a scope and restores what was there.
 class ScopedEnv {
-  public:
+public:
     ScopedEnv(const char* name, const std::optional<std::string>& value) : name_(name) {
         if (const char* v = std::getenv(name)) old_ = v;
-        if (value) setenv(name, value->c_str(), 1);
-        else unsetenv(name);
+        if (value)
+            setenv(name, value->c_str(), 1);
+        else
+            unsetenv(name);
     }
     ~ScopedEnv() {
-        if (old_) setenv(name_, old_->c_str(), 1);
-        else unsetenv(name_);
+        if (old_)
+            setenv(name_, old_->c_str(), 1);
+        else
+            unsetenv(name_);
     }
 
-  private:
+private:
     const char* name_;
     std::optional<std::string> old_;
 };
 
 TEST(CudaCompile, AllKernelsForAllTargets) {
     if (!g4::cuda::nvrtc_available()) GTEST_SKIP() << "built without the CUDA toolkit";
-    const ScopedEnv no_cache("G4_KERNEL_CACHE", "off");   // NVRTC itself, every time
+    const ScopedEnv no_cache("G4_KERNEL_CACHE", "off"); // NVRTC itself, every time
     for (const auto& t : g4::cuda::supported_targets()) {
         g4::cuda::KernelBinary kb = g4::cuda::compile_kernels(t);
         EXPECT_GT(kb.cubin.size(), 1000u) << t;
@@ -50,9 +54,11 @@ TEST(CudaCompile, AllKernelsForAllTargets) {
               "g4_at_conv",      "g4_at_rms",      "g4_at_silu",           "g4_at_residual",
               "g4_at_bias",      "g4_at_qk_scale", "g4_at_attention",      "g4_at_glu",
               "g4_at_dwconv"})
-            EXPECT_NE(kb.ptx.find(std::string(".entry ") + k), std::string::npos) << k << " missing for " << t;
+            EXPECT_NE(kb.ptx.find(std::string(".entry ") + k), std::string::npos)
+                << k << " missing for " << t;
         EXPECT_NE(kb.ptx.find(".target sm_" + t.substr(3)), std::string::npos) << t;
-        EXPECT_EQ(kb.ptx.find("g4_trace_buf"), std::string::npos) << t << ": the timeline trace is compiled into ordinary plans";
+        EXPECT_EQ(kb.ptx.find("g4_trace_buf"), std::string::npos)
+            << t << ": the timeline trace is compiled into ordinary plans";
     }
 }
 
@@ -71,7 +77,7 @@ TEST(CudaCompile, KernelSpecialisation) {
     // One head a group (the CUDA plan tests compile the fixtures' 4, the GPU kernel tests 8, 4 and 2).
     for (int hpg : {1}) {
         g4::cuda::KernelSpec s;
-        s.attn_hpg = hpg;
+        s.attn_hpg                      = hpg;
         const g4::cuda::KernelBinary kb = g4::cuda::compile_kernels("sm_90", s, false);
         const std::string cubin(kb.cubin.begin(), kb.cubin.end());
         EXPECT_NE(cubin.find("g4_attn_decode_post_bf16"), std::string::npos) << hpg;
@@ -82,17 +88,17 @@ TEST(CudaCompile, KernelSpecialisation) {
     EXPECT_THROW(g4::cuda::compile_kernels("sm_90", bad, false), g4::CompileError);
 }
 
-// The timeline lab's kernels (KernelSpec::trace 1, g4 compile --kernel-trace launches, bench/scripts/trace_lab.sh; 2,
-// blocks: every block, bench/scripts/trace_ab.sh) still compile and keep the trace buffer, 2^19 and 2^21 records of
-// 64 bytes (ordinary plans do not: AllKernelsForAllTargets). A trace mode outside 0..2 is refused. Four heads
-// a group, as e2b_tiny's plans: CudaSchedule.ScheduleOptionsRecordedInThePlan's traced plan reuses these
-// outputs from the kernel cache.
+// The timeline lab's kernels (KernelSpec::trace 1, g4 compile --kernel-trace launches,
+// bench/scripts/trace_lab.sh; 2, blocks: every block, bench/scripts/trace_ab.sh) still compile and keep the
+// trace buffer, 2^19 and 2^21 records of 64 bytes (ordinary plans do not: AllKernelsForAllTargets). A trace
+// mode outside 0..2 is refused. Four heads a group, as e2b_tiny's plans:
+// CudaSchedule.ScheduleOptionsRecordedInThePlan's traced plan reuses these outputs from the kernel cache.
 TEST(CudaCompile, TraceLabKernels) {
     if (!g4::cuda::nvrtc_available()) GTEST_SKIP() << "built without the CUDA toolkit";
     for (const auto& [mode, bytes] : {std::pair<int, long>{1, 64l << 19}, {2, 64l << 21}}) {
         g4::cuda::KernelSpec spec;
-        spec.attn_hpg = 4;
-        spec.trace    = mode;
+        spec.attn_hpg                       = 4;
+        spec.trace                          = mode;
         const g4::cuda::KernelBinary traced = g4::cuda::compile_kernels("sm_90", spec);
         EXPECT_NE(traced.ptx.find("g4_trace_buf[" + std::to_string(bytes) + "]"), std::string::npos) << mode;
         EXPECT_NE(traced.ptx.find("%globaltimer"), std::string::npos) << mode;
@@ -138,10 +144,12 @@ TEST(CudaCompile, KernelCacheReturnsWhatNvrtcMade) {
     std::vector<fs::path> files;
     int olds = 0;
     for (const auto& e : fs::directory_iterator(dir))
-        if (e.path().filename().string().find("-old") == std::string::npos) files.push_back(e.path());
-        else ++olds;
+        if (e.path().filename().string().find("-old") == std::string::npos)
+            files.push_back(e.path());
+        else
+            ++olds;
     EXPECT_EQ(olds, 31);
-    EXPECT_FALSE(fs::exists(dir / "sm_80-cubin-old8.bin"));   // the oldest nine went
+    EXPECT_FALSE(fs::exists(dir / "sm_80-cubin-old8.bin")); // the oldest nine went
     EXPECT_TRUE(fs::exists(dir / "sm_80-cubin-old9.bin"));
     ASSERT_EQ(files.size(), 1u);
     EXPECT_NE(files[0].filename().string().find("sm_80-cubin-"), std::string::npos) << files[0];
@@ -150,7 +158,7 @@ TEST(CudaCompile, KernelCacheReturnsWhatNvrtcMade) {
     EXPECT_TRUE(b.cached);
     EXPECT_EQ(b.cubin, a.cubin);
 
-    {   // one byte of the stored cubin flipped
+    { // one byte of the stored cubin flipped
         std::fstream f(files[0], std::ios::in | std::ios::out | std::ios::binary);
         f.seekg((std::streamoff)(fs::file_size(files[0]) / 2));
         char c = 0;
@@ -162,11 +170,11 @@ TEST(CudaCompile, KernelCacheReturnsWhatNvrtcMade) {
     const g4::cuda::KernelBinary c = g4::cuda::compile_kernels("sm_80", {}, false);
     EXPECT_FALSE(c.cached);
     EXPECT_EQ(c.cubin, a.cubin);
-    const g4::cuda::KernelBinary d = g4::cuda::compile_kernels("sm_80", {}, false);   // rewritten
+    const g4::cuda::KernelBinary d = g4::cuda::compile_kernels("sm_80", {}, false); // rewritten
     EXPECT_TRUE(d.cached);
     EXPECT_EQ(d.cubin, a.cubin);
 
-    {   // a regular file where the folder should be
+    { // a regular file where the folder should be
         const ScopedEnv blocked("G4_KERNEL_CACHE", (files[0] / "sub").string());
         const g4::cuda::KernelBinary e = g4::cuda::compile_kernels("sm_80", {}, false);
         EXPECT_FALSE(e.cached);

@@ -14,8 +14,8 @@
 
 using g4::tools::ImageRGB8;
 using g4::tools::load_image;
-using g4::towers::ImageLayout;
 using g4::towers::image_layout;
+using g4::towers::ImageLayout;
 using g4::towers::preprocess_image;
 using g4::towers::preprocess_scratch_bytes;
 using g4::towers::preprocess_scratch_bytes_for;
@@ -24,9 +24,13 @@ namespace {
 
 constexpr int kPatch = 16, kPool = 3;
 
-std::string dir() { return g4test::fixture("towers/image"); }
+std::string dir() {
+    return g4test::fixture("towers/image");
+}
 
-nlohmann::json manifest() { return nlohmann::json::parse(g4test::read_file(dir() + "/manifest.json")); }
+nlohmann::json manifest() {
+    return nlohmann::json::parse(g4test::read_file(dir() + "/manifest.json"));
+}
 
 std::vector<int32_t> read_i32(const std::string& path) {
     const std::string b = g4test::read_file(path);
@@ -49,12 +53,12 @@ ImageRGB8 formula_image(int h, int w) {
 }
 
 struct Buffers {
-    std::vector<uint64_t> scratch;   // 8-byte aligned
+    std::vector<uint64_t> scratch; // 8-byte aligned
     std::vector<float> patches;
     std::vector<int32_t> pos;
-    Buffers(size_t scratch_bytes, int max_soft) :
-        scratch((scratch_bytes + 7) / 8), patches(size_t(max_soft) * kPool * kPool * 3 * kPatch * kPatch),
-        pos(size_t(max_soft) * kPool * kPool * 2) {}
+    Buffers(size_t scratch_bytes, int max_soft)
+        : scratch((scratch_bytes + 7) / 8), patches(size_t(max_soft) * kPool * kPool * 3 * kPatch * kPatch),
+          pos(size_t(max_soft) * kPool * kPool * 2) {}
 };
 
 } // namespace
@@ -67,7 +71,7 @@ TEST(ImagePreprocess, MatchesHuggingFace) {
     size_t total = 0, exact = 0;
     for (const auto& c : m["cases"]) {
         const std::string name = c["image"].get<std::string>();
-        const int tokens = c["max_soft_tokens"].get<int>();
+        const int tokens       = c["max_soft_tokens"].get<int>();
         SCOPED_TRACE(name + " @ " + std::to_string(tokens) + " soft tokens");
         ImageRGB8 img;
         if (name.rfind("formula_", 0) == 0)
@@ -77,14 +81,15 @@ TEST(ImagePreprocess, MatchesHuggingFace) {
         ASSERT_EQ(img.height, c["in_h"].get<int>());
         ASSERT_EQ(img.width, c["in_w"].get<int>());
 
-        const size_t need = preprocess_scratch_bytes_for(img.height, img.width, tokens, kPatch, kPool);
+        const size_t need  = preprocess_scratch_bytes_for(img.height, img.width, tokens, kPatch, kPool);
         const size_t bound = preprocess_scratch_bytes(int64_t(img.height) * img.width, tokens, kPatch, kPool);
         ASSERT_GT(need, 0u);
         EXPECT_LE(need, bound);
         Buffers buf(need, tokens);
         ImageLayout lay;
         ASSERT_EQ(preprocess_image(img.rgb.data(), img.height, img.width, tokens, kPatch, kPool,
-                                   buf.scratch.data(), need, buf.patches.data(), buf.pos.data(), &lay), "");
+                                   buf.scratch.data(), need, buf.patches.data(), buf.pos.data(), &lay),
+                  "");
         EXPECT_EQ(lay.out_h, c["out_h"].get<int>());
         EXPECT_EQ(lay.out_w, c["out_w"].get<int>());
         EXPECT_EQ(lay.grid_h, c["grid_h"].get<int>());
@@ -107,11 +112,13 @@ TEST(ImagePreprocess, MatchesHuggingFace) {
         for (int y = 0; y < lay.out_h; ++y)
             for (int x = 0; x < lay.out_w; ++x)
                 for (int ch = 0; ch < 3; ++ch) {
-                    const float hf = float(want.rgb[(size_t(y) * lay.out_w + x) * 3 + ch]) * inv255;
+                    const float hf   = float(want.rgb[(size_t(y) * lay.out_w + x) * 3 + ch]) * inv255;
                     const size_t idx = ((size_t(y / kPatch) * lay.grid_w + x / kPatch) * kPatch * kPatch +
-                                        size_t(y % kPatch) * kPatch + x % kPatch) * 3 + ch;
+                                        size_t(y % kPatch) * kPatch + x % kPatch) *
+                                           3 +
+                                       ch;
                     const float got = buf.patches[idx];
-                    max_abs = std::max(max_abs, std::abs(got - hf));
+                    max_abs         = std::max(max_abs, std::abs(got - hf));
                     n_exact += std::memcmp(&got, &hf, 4) == 0;
                     ++n;
                 }
@@ -127,10 +134,13 @@ TEST(ImagePreprocess, MatchesHuggingFace) {
             const g4::cpu::Context ctx{&tp, ts.data(), stride};
             Buffers par(need, tokens);
             ImageLayout lp;
-            ASSERT_EQ(preprocess_image(img.rgb.data(), img.height, img.width, tokens, kPatch, kPool, par.scratch.data(), need,
-                                       par.patches.data(), par.pos.data(), &lp, &ctx), "");
+            ASSERT_EQ(preprocess_image(img.rgb.data(), img.height, img.width, tokens, kPatch, kPool,
+                                       par.scratch.data(), need, par.patches.data(), par.pos.data(), &lp,
+                                       &ctx),
+                      "");
             const size_t vals = size_t(lay.n_patches) * kPatch * kPatch * 3;
-            EXPECT_EQ(std::memcmp(par.patches.data(), buf.patches.data(), vals * 4), 0) << threads << " threads";
+            EXPECT_EQ(std::memcmp(par.patches.data(), buf.patches.data(), vals * 4), 0)
+                << threads << " threads";
             EXPECT_EQ(std::memcmp(par.pos.data(), buf.pos.data(), size_t(lay.n_patches) * 8), 0);
         }
         EXPECT_LE(max_abs, 1.0f / 255.0f + 1e-7f);
@@ -168,9 +178,10 @@ TEST(ImageIo, AlphaAndGreyMatchPil) {
     ASSERT_EQ(got.height, 256);
     ASSERT_EQ(want.rgb.size(), got.rgb.size());
     size_t diff = 0;
-    for (size_t i = 0; i < got.rgb.size(); ++i) diff += got.rgb[i] != want.rgb[i];
+    for (size_t i = 0; i < got.rgb.size(); ++i)
+        diff += got.rgb[i] != want.rgb[i];
     EXPECT_EQ(diff, 0u);
-    EXPECT_EQ(got.rgb[0], 255);   // alpha 0: white
+    EXPECT_EQ(got.rgb[0], 255); // alpha 0: white
 
     ImageRGB8 grey;
     ASSERT_EQ(load_image(dir() + "/grey_50x90.png", &grey), "");
@@ -190,7 +201,8 @@ TEST(ImagePreprocess, ScratchBoundCoversEveryShape) {
             const size_t bound = preprocess_scratch_bytes(n, tokens, kPatch, kPool);
             ASSERT_GT(bound, 0u);
             std::vector<int64_t> hs = {1, 2, 3, 5, 12, 47, 48, 49, 100, 1000, n / 2, n};
-            for (int64_t h = 1; h * h <= n; h = h * 3 / 2 + 1) hs.push_back(h), hs.push_back(n / h);
+            for (int64_t h = 1; h * h <= n; h = h * 3 / 2 + 1)
+                hs.push_back(h), hs.push_back(n / h);
             for (int64_t h : hs) {
                 if (h < 1 || h > n) continue;
                 const int64_t w = n / h;
@@ -229,7 +241,7 @@ TEST(ImageIo, BadFiles) {
     e = load_image(tmp.file("empty.png"), &img);
     EXPECT_NE(e.find("empty"), std::string::npos) << e;
 
-    e = load_image(tmp.path, &img);   // a directory
+    e = load_image(tmp.path, &img); // a directory
     EXPECT_FALSE(e.empty());
 }
 
@@ -249,8 +261,8 @@ TEST(ImagePreprocess, BadInput) {
     EXPECT_EQ(preprocess_scratch_bytes(0, 70, kPatch, kPool), 0u);
 
     const size_t need = preprocess_scratch_bytes_for(64, 64, 70, kPatch, kPool);
-    e = preprocess_image(rgb.data(), 64, 64, 70, kPatch, kPool, buf.scratch.data(), need - 1, buf.patches.data(),
-                         buf.pos.data(), &lay);
+    e                 = preprocess_image(rgb.data(), 64, 64, 70, kPatch, kPool, buf.scratch.data(), need - 1,
+                                         buf.patches.data(), buf.pos.data(), &lay);
     EXPECT_NE(e.find("scratch too small"), std::string::npos) << e;
     e = preprocess_image(rgb.data(), 64, 64, 70, kPatch, kPool, nullptr, need, buf.patches.data(),
                          buf.pos.data(), &lay);
@@ -261,23 +273,27 @@ TEST(ImagePreprocess, BadInput) {
 
     // A flat image stays flat, whatever the resampling.
     ASSERT_EQ(preprocess_image(rgb.data(), 64, 64, 70, kPatch, kPool, buf.scratch.data(), need,
-                               buf.patches.data(), buf.pos.data(), &lay), "");
+                               buf.patches.data(), buf.pos.data(), &lay),
+              "");
     const float v = float(128) * float(1.0 / 255.0);
-    for (size_t i = 0; i < size_t(lay.n_patches) * 3 * kPatch * kPatch; ++i) ASSERT_EQ(buf.patches[i], v) << i;
+    for (size_t i = 0; i < size_t(lay.n_patches) * 3 * kPatch * kPatch; ++i)
+        ASSERT_EQ(buf.patches[i], v) << i;
 }
 
 // An image already at its target size is not resampled (HF returns it unchanged): patches are the input
 // pixels / 255 in HF's patch layout.
 TEST(ImagePreprocess, ImageOnTheGridIsOnlyPatchified) {
-    const int h = 48, w = 3360, tokens = 70;   // 48*3360 = 70 * 9 * 256 pixels exactly
+    const int h = 48, w = 3360, tokens = 70; // 48*3360 = 70 * 9 * 256 pixels exactly
     std::vector<uint8_t> rgb(size_t(h) * w * 3);
     uint32_t s = 12345;
-    for (auto& v : rgb) v = uint8_t((s = s * 1664525u + 1013904223u) >> 24);
+    for (auto& v : rgb)
+        v = uint8_t((s = s * 1664525u + 1013904223u) >> 24);
     const size_t need = preprocess_scratch_bytes_for(h, w, tokens, kPatch, kPool);
     Buffers buf(need, tokens);
     ImageLayout lay;
     ASSERT_EQ(preprocess_image(rgb.data(), h, w, tokens, kPatch, kPool, buf.scratch.data(), need,
-                               buf.patches.data(), buf.pos.data(), &lay), "");
+                               buf.patches.data(), buf.pos.data(), &lay),
+              "");
     ASSERT_EQ(lay.out_h, h);
     ASSERT_EQ(lay.out_w, w);
     ASSERT_EQ(lay.n_patches, 3 * 210);

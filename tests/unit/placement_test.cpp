@@ -168,7 +168,8 @@ TEST(Placement, ResolveChecksLayerRanges) {
 TEST(Placement, LayersSplitBetweenTheGpuAndTheCpu) {
     Placement p = resolve_str("layers=0-29:gpu0,30-34:cpu", {}, 35, 0);
     ASSERT_TRUE(p.hybrid());
-    for (int l = 0; l < 35; ++l) EXPECT_EQ(p.layer_on_cpu(l), l >= 30) << l;
+    for (int l = 0; l < 35; ++l)
+        EXPECT_EQ(p.layer_on_cpu(l), l >= 30) << l;
     EXPECT_TRUE(p.has_cpu_layers());
     EXPECT_EQ(p.gpus(), std::vector<int>{0});
     Placement q = resolve_str("layers=0-9:cpu,10-34:gpu", {}, 35, 0);
@@ -180,7 +181,8 @@ TEST(Placement, LayersSplitBetweenTheGpuAndTheCpu) {
 TEST(Placement, LayersSplitAcrossGpus) {
     Placement p = resolve_str("layers=0-17:gpu0,18-29:gpu1,30-34:cpu", {"0:8GiB", "1:4GiB"}, 35, 0);
     ASSERT_TRUE(p.hybrid());
-    for (int l = 0; l < 35; ++l) EXPECT_EQ(p.layer_device[l], l < 18 ? 0 : l < 30 ? 1 : -1) << l;
+    for (int l = 0; l < 35; ++l)
+        EXPECT_EQ(p.layer_device[l], l < 18 ? 0 : l < 30 ? 1 : -1) << l;
     EXPECT_EQ(p.gpus(), (std::vector<int>{0, 1}));
     // The plan's GPU comes first even when it runs no layer (it keeps the embeddings and the LM head).
     Placement q = resolve_str("layers=0-9:gpu2,10-34:gpu1", {}, 35, 0);
@@ -188,7 +190,8 @@ TEST(Placement, LayersSplitAcrossGpus) {
     EXPECT_FALSE(q.has_cpu_layers());
     expect_error(error_of([] { resolve_str("layers=0-29:gpu0,30-34:gpu1", {"0:8GiB"}, 35, 0); }),
                  {"layers=0-29:gpu0,30-34:gpu1", "cuda:1", "no --gpu-mem budget", "--gpu-mem 1:SIZE"});
-    expect_error(error_of([] { resolve_str("layers=0-29:gpu0,30-34:gpu3", {}, 35, 0, 2); }), {"no GPU 3", "2 CUDA device(s)"});
+    expect_error(error_of([] { resolve_str("layers=0-29:gpu0,30-34:gpu3", {}, 35, 0, 2); }),
+                 {"no GPU 3", "2 CUDA device(s)"});
 }
 
 TEST(Placement, ResolveRefusesWhatThisBuildCannotRun) {
@@ -254,9 +257,9 @@ TEST(Placement, ResolveDefaultsAndTowers) {
         notes += n + "\n";
     EXPECT_NE(notes.find("vision tower runs on the CPU"), std::string::npos) << notes;
     EXPECT_FALSE(c.vision_gpu);
-    EXPECT_FALSE(c.vision_auto);   // placed by --place: decide() does not move it
+    EXPECT_FALSE(c.vision_auto); // placed by --place: decide() does not move it
     EXPECT_FALSE(c.audio_auto);
-    EXPECT_TRUE(b.vision_auto);    // not placed: decide() puts it on the GPU when it fits
+    EXPECT_TRUE(b.vision_auto); // not placed: decide() puts it on the GPU when it fits
     EXPECT_TRUE(b.audio_auto);
     EXPECT_FALSE(d_cpu_plan_auto());
     // Either tower on the plan's GPU (CUDA plans, gpu / gpuN / cuda:N naming it); another GPU, host: refused.
@@ -271,14 +274,17 @@ TEST(Placement, ResolveDefaultsAndTowers) {
         EXPECT_FALSE(a.vision_gpu) << item;
         EXPECT_TRUE(a.vision_auto) << item;
     }
-    expect_error(error_of([] { resolve_str("vision=gpu1", {"0:6GiB", "1:4GiB"}, 35, 0, 2); }),
+    expect_error(error_of([] {
+                     resolve_str("vision=gpu1", {"0:6GiB", "1:4GiB"}, 35, 0, 2);
+                 }),
                  {"--place vision=gpu1", "the plan's GPU, cuda:0"});
     expect_error(error_of([] {
                      resolve_str("audio=gpu1", {"0:6GiB", "1:4GiB"}, 35, 0, 2);
                  }),
                  {"--place audio=gpu1",
                   "the audio tower runs on the plan's GPU, cuda:0, or on the CPU: audio=gpu or audio=cpu"});
-    expect_error(error_of([] { resolve_str("vision=host", {"6GiB"}, 35, 0); }), {"--place vision=host", "'host' applies to ple only"});
+    expect_error(error_of([] { resolve_str("vision=host", {"6GiB"}, 35, 0); }),
+                 {"--place vision=host", "'host' applies to ple only"});
     expect_error(error_of([] { resolve_str("audio=host", {"6GiB"}, 35, 0); }),
                  {"--place audio=host", "'host' applies to ple only"});
     expect_error(error_of([] { resolve_str("audio=gpu", {}, 35, -1); }), {"--place audio=gpu", "CPU plan"});

@@ -84,22 +84,24 @@ TEST(Runtime, NothingAllocatedAfterSessionCreate) {
     open_session(plan, &e, &s);
     ASSERT_TRUE(s.s);
     std::vector<int32_t> prompt(30);
-    for (int i = 0; i < 30; ++i) prompt[i] = 3 + (i * 37) % 500;
+    for (int i = 0; i < 30; ++i)
+        prompt[i] = 3 + (i * 37) % 500;
     std::vector<float> logits(30 * 512);
     g4_sampling_params greedy = g4_sampling_params_default();
     g4_sampling_params random = g4_sampling_params_default();
-    random.temperature = 0.8f, random.top_k = 40, random.top_p = 0.9f, random.min_p = 0.01f, random.repeat_penalty = 1.1f;
+    random.temperature = 0.8f, random.top_k = 40, random.top_p = 0.9f, random.min_p = 0.01f,
+    random.repeat_penalty = 1.1f;
 
     // The counter must see an allocation made from this binary, or a zero below proves nothing.
-    g_allocs   = 0;
-    g_counting = true;
+    g_allocs             = 0;
+    g_counting           = true;
     void* volatile probe = std::malloc(64);
-    g_counting = false;
+    g_counting           = false;
     std::free(probe);
     ASSERT_EQ(g_allocs.load(), 1);
 
-    g_allocs   = 0;
-    g_counting = true;
+    g_allocs      = 0;
+    g_counting    = true;
     g4_status st1 = g4_session_append_tokens(s.s, prompt.data(), prompt.size(), logits.data(), logits.size());
     int32_t tok   = 0;
     g4_status st2 = G4_OK;
@@ -131,9 +133,11 @@ TEST(Runtime, NothingAllocatedByImagesAndAudio) {
     ASSERT_EQ(g4_engine_get_media_info(e.e, &mi), G4_OK);
     ASSERT_TRUE(mi.has_vision && mi.has_audio);
     std::vector<uint8_t> rgb(200 * 150 * 3);
-    for (size_t i = 0; i < rgb.size(); ++i) rgb[i] = (uint8_t)(i * 7 % 251);
+    for (size_t i = 0; i < rgb.size(); ++i)
+        rgb[i] = (uint8_t)(i * 7 % 251);
     std::vector<float> pcm(16000);
-    for (size_t i = 0; i < pcm.size(); ++i) pcm[i] = 0.3f * std::sin(0.05f * (float)i);
+    for (size_t i = 0; i < pcm.size(); ++i)
+        pcm[i] = 0.3f * std::sin(0.05f * (float)i);
     std::vector<int32_t> ids(400, 0);
     g_allocs   = 0;
     g_counting = true;
@@ -144,10 +148,12 @@ TEST(Runtime, NothingAllocatedByImagesAndAudio) {
     if (st1 == G4_OK && st2 == G4_OK && ni + na + 6 <= 400) {
         ids[n++] = 2;
         ids[n++] = 300;
-        for (int i = 0; i < ni; ++i) ids[n++] = mi.image_token_id;
+        for (int i = 0; i < ni; ++i)
+            ids[n++] = mi.image_token_id;
         ids[n++] = 301;
         ids[n++] = 302;
-        for (int i = 0; i < na; ++i) ids[n++] = mi.audio_token_id;
+        for (int i = 0; i < na; ++i)
+            ids[n++] = mi.audio_token_id;
         ids[n++] = 303;
     }
     g4_status st3 = g4_session_append_tokens(s.s, ids.data(), n, nullptr, 0);
@@ -173,8 +179,9 @@ TEST(Runtime, InspectListsTensorsBytesAndOps) {
     std::string plan = compile_fixture(td, "e2b_tiny");
     CmdResult r      = run_g4("inspect '" + plan + "'");
     ASSERT_EQ(r.exit_code, 0) << r.err;
-    for (const char* s : {"weights by dtype", "bf16", "memory by device", "KV cache", "layers.9.mlp.down_proj.weight",
-                          "cache_k-5", "attention", "attn-9", "result_softcap", "sliding_attention"})
+    for (const char* s :
+         {"weights by dtype", "bf16", "memory by device", "KV cache", "layers.9.mlp.down_proj.weight",
+          "cache_k-5", "attention", "attn-9", "result_softcap", "sliding_attention"})
         EXPECT_NE(r.out.find(s), std::string::npos) << "missing '" << s << "'";
     // KV-shared layers 6..9 own no cache: only layers 0..5 have cache tensors.
     EXPECT_EQ(r.out.find("cache_k-6"), std::string::npos);
@@ -198,7 +205,7 @@ TEST(Runtime, CApiRejectsMisuse) {
     Session ss;
     ASSERT_EQ(g4_session_create(e.e, nullptr, &ss.s), G4_OK);
     int32_t tok;
-    EXPECT_EQ(g4_session_sample(ss.s, nullptr, &tok), G4_ERR_INVALID_ARGUMENT);   // no logits yet
+    EXPECT_EQ(g4_session_sample(ss.s, nullptr, &tok), G4_ERR_INVALID_ARGUMENT); // no logits yet
     std::vector<int32_t> ids(41, 5);
     EXPECT_EQ(g4_session_append_tokens(ss.s, ids.data(), 41, nullptr, 0), G4_ERR_CONTEXT_FULL);
     EXPECT_NE(std::string(g4_last_error_message()).find("40"), std::string::npos);
@@ -207,7 +214,8 @@ TEST(Runtime, CApiRejectsMisuse) {
     EXPECT_EQ(g4_session_append_tokens(ss.s, ids.data(), 1, nullptr, 0), G4_ERR_CONTEXT_FULL);
     std::vector<float> small(10);
     ASSERT_EQ(g4_session_reset(ss.s), G4_OK);
-    EXPECT_EQ(g4_session_append_tokens(ss.s, ids.data(), 2, small.data(), small.size()), G4_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(g4_session_append_tokens(ss.s, ids.data(), 2, small.data(), small.size()),
+              G4_ERR_INVALID_ARGUMENT);
     ids[1] = -3;
     EXPECT_EQ(g4_session_append_tokens(ss.s, ids.data(), 2, nullptr, 0), G4_ERR_INVALID_ARGUMENT);
     ids[1] = 5;
@@ -220,7 +228,7 @@ TEST(Runtime, CApiRejectsMisuse) {
     g4_sampling_params p = g4_sampling_params_default();
     p.top_p              = 1.5f;
     EXPECT_EQ(g4_session_sample(ss.s, &p, &tok), G4_ERR_INVALID_ARGUMENT);
-    p = g4_sampling_params_default();
+    p       = g4_sampling_params_default();
     p.min_p = -0.1f;
     EXPECT_EQ(g4_session_sample(ss.s, &p, &tok), G4_ERR_INVALID_ARGUMENT);
     EXPECT_EQ(g4_session_sample(ss.s, nullptr, &tok), G4_OK);
@@ -252,9 +260,10 @@ TEST(Runtime, CancelStopsPrefillAndIsConsumed) {
 TEST(Runtime, SeededSamplingIsReproducible) {
     TempDir td;
     std::string plan = compile_fixture(td, "e2b_tiny");
-    auto gen = [&](uint64_t seed) {
-        CmdResult r = run_g4("run '" + plan + "' --tokens 2,10,11,12 -n 12 --temp 1.0 --top-k 50 --top-p 0.95 --seed " +
-                             std::to_string(seed) + " --ignore-eos --print-ids");
+    auto gen         = [&](uint64_t seed) {
+        CmdResult r =
+            run_g4("run '" + plan + "' --tokens 2,10,11,12 -n 12 --temp 1.0 --top-k 50 --top-p 0.95 --seed " +
+                           std::to_string(seed) + " --ignore-eos --print-ids");
         EXPECT_EQ(r.exit_code, 0) << r.err;
         return r.out;
     };
@@ -268,16 +277,18 @@ namespace {
 
 TEST(Compile, DryRunPrintsTheMemoryPlanAndWritesNothing) {
     TempDir td;
-    CmdResult r = run_g4("compile --model '" + fixture("e2b_tiny") + "' --dry-run --max-context 1024 -o '" + td.file("p.g4plan") + "'");
+    CmdResult r = run_g4("compile --model '" + fixture("e2b_tiny") + "' --dry-run --max-context 1024 -o '" +
+                         td.file("p.g4plan") + "'");
     ASSERT_EQ(r.exit_code, 0) << r.err;
     for (const char* s : {"nothing written", "memory plan", "KV cache", "mlp_proj", "sliding ring 71 slots"})
         EXPECT_NE(r.err.find(s), std::string::npos) << "missing '" << s << "' in " << r.err;
     EXPECT_FALSE(file_exists(td.file("p.g4plan")));
     // The KV figure is the one the real compile allocates.
-    CmdResult real = run_g4("compile --model '" + fixture("e2b_tiny") + "' --max-context 1024 --no-fidelity -o '" + td.file("q.g4plan") + "'");
+    CmdResult real = run_g4("compile --model '" + fixture("e2b_tiny") +
+                            "' --max-context 1024 --no-fidelity -o '" + td.file("q.g4plan") + "'");
     ASSERT_EQ(real.exit_code, 0);
     auto kv = [](const std::string& s) {
-        const std::string key = "KV cache (f32) ";   // the memory table's part, "KV cache (f32) 1.04 MiB"
+        const std::string key = "KV cache (f32) "; // the memory table's part, "KV cache (f32) 1.04 MiB"
         size_t a              = s.find(key);
         if (a == std::string::npos) return std::string();
         a += key.size();

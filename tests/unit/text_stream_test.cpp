@@ -22,11 +22,12 @@ const std::string kGemmaPath = G4_GEMMA_TOKENIZER;
 
 struct Streamed {
     std::vector<std::string> pieces;
-    int stop_at = -1;   // push index that reported a stop
-    std::string rest;   // flush()
+    int stop_at = -1; // push index that reported a stop
+    std::string rest; // flush()
 };
 
-Streamed run(const g4::Tokenizer& tk, const std::vector<int32_t>& ids, const std::vector<std::string>& stops, bool incremental) {
+Streamed run(const g4::Tokenizer& tk, const std::vector<int32_t>& ids, const std::vector<std::string>& stops,
+             bool incremental) {
     g4::TextStream ts(&tk, stops, incremental);
     Streamed r;
     for (size_t i = 0; i < ids.size(); ++i) {
@@ -43,14 +44,15 @@ Streamed run(const g4::Tokenizer& tk, const std::vector<int32_t>& ids, const std
 
 // Random generations: mostly ordinary tokens, runs of byte tokens (valid UTF-8 sequences and broken
 // ones), special tokens (also between two bytes), ids the vocabulary does not have.
-std::vector<int32_t> random_ids(std::mt19937& rng, const g4::Tokenizer& tk, int n, int32_t byte0, const std::vector<int32_t>& specials) {
+std::vector<int32_t> random_ids(std::mt19937& rng, const g4::Tokenizer& tk, int n, int32_t byte0,
+                                const std::vector<int32_t>& specials) {
     std::vector<int32_t> ids;
     while ((int)ids.size() < n) {
         const int k = rng() % 10;
         if (k < 5) {
             ids.push_back(byte0 + 260 + (int32_t)(rng() % (uint32_t)(tk.vocab_size() - byte0 - 260)));
-        } else if (k < 7) {   // a UTF-8 sequence as byte tokens: 2-4 bytes, sometimes cut short
-            const int len = 2 + rng() % 3;
+        } else if (k < 7) { // a UTF-8 sequence as byte tokens: 2-4 bytes, sometimes cut short
+            const int len  = 2 + rng() % 3;
             const int lead = len == 2 ? 0xC3 : len == 3 ? 0xE4 : 0xF0;
             ids.push_back(byte0 + lead);
             for (int b = 1; b < len; ++b)
@@ -67,7 +69,8 @@ std::vector<int32_t> random_ids(std::mt19937& rng, const g4::Tokenizer& tk, int 
     return ids;
 }
 
-void check_tokenizer(const g4::Tokenizer& tk, int32_t byte0, const std::vector<int32_t>& specials, int trials, int len) {
+void check_tokenizer(const g4::Tokenizer& tk, int32_t byte0, const std::vector<int32_t>& specials, int trials,
+                     int len) {
     ASSERT_TRUE(tk.decode_concatenates());
     std::mt19937 rng(17);
     size_t stops_hit = 0, pieces = 0;
@@ -80,7 +83,8 @@ void check_tokenizer(const g4::Tokenizer& tk, int32_t byte0, const std::vector<i
         ASSERT_EQ(a.pieces, b.pieces) << "trial " << t;
         EXPECT_EQ(a.rest, b.rest);
         std::string joined;
-        for (const auto& p : a.pieces) joined += p;
+        for (const auto& p : a.pieces)
+            joined += p;
         EXPECT_EQ(joined + a.rest, whole) << "trial " << t;
         pieces += a.pieces.size();
         // Stop strings taken from the text (and one that never occurs): the same pieces and stop both
@@ -89,9 +93,10 @@ void check_tokenizer(const g4::Tokenizer& tk, int32_t byte0, const std::vector<i
         if (whole.size() < 8) continue;
         std::string stop0;
         for (int tries = 0; tries < 50 && stop0.empty(); ++tries) {
-            const size_t at = rng() % (whole.size() - 4);
+            const size_t at  = rng() % (whole.size() - 4);
             std::string cand = whole.substr(at, 1 + rng() % 4);
-            if (std::all_of(cand.begin(), cand.end(), [](char ch) { return (unsigned char)ch < 0x80; })) stop0 = cand;
+            if (std::all_of(cand.begin(), cand.end(), [](char ch) { return (unsigned char)ch < 0x80; }))
+                stop0 = cand;
         }
         if (stop0.empty()) continue;
         std::vector<std::string> stops = {stop0, "\x01never\x02"};
@@ -100,7 +105,8 @@ void check_tokenizer(const g4::Tokenizer& tk, int32_t byte0, const std::vector<i
         EXPECT_EQ(c.stop_at, d.stop_at);
         EXPECT_EQ(c.rest, d.rest);
         std::string got;
-        for (const auto& p : c.pieces) got += p;
+        for (const auto& p : c.pieces)
+            got += p;
         got += c.rest;
         const size_t first = whole.find(stops[0]);
         if (c.stop_at >= 0) {
@@ -131,7 +137,9 @@ TEST(TextStream, IncrementalMatchesWholeDecodesWithTheGemmaTokenizer) {
 TEST(TextStream, IncrementalMatchesWholeDecodesWithTheTinyTokenizer) {
     g4::Tokenizer tk;
     std::string err;
-    ASSERT_TRUE(g4::Tokenizer::load_from_json(g4test::read_file(g4test::fixture("tokenizer/tiny/tokenizer.json")), &tk, &err)) << err;
+    ASSERT_TRUE(g4::Tokenizer::load_from_json(
+        g4test::read_file(g4test::fixture("tokenizer/tiny/tokenizer.json")), &tk, &err))
+        << err;
     const int32_t byte0 = tk.id_of("<0x00>");
     ASSERT_EQ(byte0, 108);
     // The tiny vocabulary's ordinary tokens start after the bytes (108 + 256 = 364).

@@ -16,14 +16,16 @@ void check(const std::vector<std::pair<uint64_t, uint64_t>>& ranges, uint64_t ho
     uint64_t covered = 0, want = 0, prev_end = 0;
     for (auto [b, e] : ranges) {
         want += e - b;
-        if (hole_e > hole_b) want -= std::min(e, hole_e) > std::max(b, hole_b) ? std::min(e, hole_e) - std::max(b, hole_b) : 0;
+        if (hole_e > hole_b)
+            want -= std::min(e, hole_e) > std::max(b, hole_b) ? std::min(e, hole_e) - std::max(b, hole_b) : 0;
     }
     for (const WeightSeg& s : segs) {
         EXPECT_LT(s.begin, s.end);
-        EXPECT_EQ(s.at % g4::plan::kWeightAlign, s.begin % g4::plan::kWeightAlign) << "segment at plan offset " << s.begin;
-        EXPECT_GE(s.at, prev_end);                                         // in order, no overlap
-        EXPECT_LT(s.at - prev_end, g4::plan::kWeightAlign);                // at most the alignment's padding
-        EXPECT_TRUE(s.end <= hole_b || s.begin >= hole_e) << s.begin;       // nothing of the hole
+        EXPECT_EQ(s.at % g4::plan::kWeightAlign, s.begin % g4::plan::kWeightAlign)
+            << "segment at plan offset " << s.begin;
+        EXPECT_GE(s.at, prev_end);                                    // in order, no overlap
+        EXPECT_LT(s.at - prev_end, g4::plan::kWeightAlign);           // at most the alignment's padding
+        EXPECT_TRUE(s.end <= hole_b || s.begin >= hole_e) << s.begin; // nothing of the hole
         covered += s.end - s.begin, prev_end = s.at + (s.end - s.begin);
     }
     EXPECT_EQ(covered, want);
@@ -48,13 +50,13 @@ TEST(WeightSegments, AlignedPlansNeedNoPadding) {
     // A plan whose ranges start at multiples of the alignment (as g4 compile writes them) and one hole
     // ending at one: the device copy is exactly the plan's bytes.
     std::vector<WeightSeg> segs;
-    const uint64_t a = g4::plan::kWeightAlign;
+    const uint64_t a     = g4::plan::kWeightAlign;
     const uint64_t bytes = place_weight_segments({{0, 40 * a + 64}, {50 * a, 90 * a}}, 10 * a, 20 * a, &segs);
     ASSERT_EQ(segs.size(), 3u);
     EXPECT_EQ(segs[0].at, 0u);
     EXPECT_EQ(segs[1].at, 10 * a);
-    EXPECT_EQ(segs[2].at, 31 * a);   // after 30 a + 64 bytes, the next multiple of a
+    EXPECT_EQ(segs[2].at, 31 * a); // after 30 a + 64 bytes, the next multiple of a
     EXPECT_EQ(bytes, 71 * a);
 }
 
-}  // namespace
+} // namespace

@@ -29,17 +29,17 @@ extern "C" {
 
 typedef enum g4_status {
     G4_OK                   = 0,
-    G4_ERR_INVALID_ARGUMENT = 1,   /* NULL handle, out-of-range value, bad token id */
-    G4_ERR_IO               = 2,   /* file missing or unreadable */
-    G4_ERR_PLAN_VERSION     = 3,   /* plan written by an incompatible g4 (re-run g4 compile) */
-    G4_ERR_PLAN_CORRUPT     = 4,   /* truncated or damaged plan file */
+    G4_ERR_INVALID_ARGUMENT = 1, /* NULL handle, out-of-range value, bad token id */
+    G4_ERR_IO               = 2, /* file missing or unreadable */
+    G4_ERR_PLAN_VERSION     = 3, /* plan written by an incompatible g4 (re-run g4 compile) */
+    G4_ERR_PLAN_CORRUPT     = 4, /* truncated or damaged plan file */
     G4_ERR_OUT_OF_MEMORY    = 5,
-    G4_ERR_CONTEXT_FULL     = 6,   /* the tokens would exceed the plan's max context */
-    G4_ERR_CANCELLED        = 7,   /* g4_session_cancel was called */
-    G4_ERR_UNSUPPORTED      = 8,   /* the plan needs a device or feature this build lacks */
+    G4_ERR_CONTEXT_FULL     = 6, /* the tokens would exceed the plan's max context */
+    G4_ERR_CANCELLED        = 7, /* g4_session_cancel was called */
+    G4_ERR_UNSUPPORTED      = 8, /* the plan needs a device or feature this build lacks */
     G4_ERR_INTERNAL         = 9,
-    G4_ERR_BUFFER_TOO_SMALL = 10,  /* the output buffer is too small; the needed size was written */
-    G4_ERR_NO_TOKENIZER     = 11   /* the plan carries no tokenizer (compile with tokenizer.json) */
+    G4_ERR_BUFFER_TOO_SMALL = 10, /* the output buffer is too small; the needed size was written */
+    G4_ERR_NO_TOKENIZER     = 11  /* the plan carries no tokenizer (compile with tokenizer.json) */
 } g4_status;
 
 typedef struct g4_engine g4_engine;
@@ -55,7 +55,7 @@ G4_API const char* g4_last_error_message(void);
 /* ---- engine ------------------------------------------------------------------------------- */
 
 typedef struct g4_engine_params {
-    int32_t verify_weights;   /* non-zero: check the WEIGHTS checksum at open (reads every byte) */
+    int32_t verify_weights; /* non-zero: check the WEIGHTS checksum at open (reads every byte) */
 } g4_engine_params;
 
 G4_API g4_engine_params g4_engine_params_default(void);
@@ -69,18 +69,18 @@ G4_API void g4_engine_close(g4_engine* engine);
 
 typedef struct g4_engine_info {
     int32_t vocab_size;
-    int32_t max_context;        /* positions a session can hold */
-    int32_t max_chunk;          /* tokens processed per prefill step */
+    int32_t max_context; /* positions a session can hold */
+    int32_t max_chunk;   /* tokens processed per prefill step */
     int32_t num_layers;
     int32_t hidden_size;
     int32_t bos_token_id;
     int32_t n_eos_token_ids;
     int32_t eos_token_ids[8];
     uint64_t weights_bytes;
-    uint64_t session_bytes;     /* activation arena + KV cache + scratch a session allocates */
-    const char* architecture;   /* owned by the engine */
-    int32_t has_tokenizer;      /* non-zero if text functions (g4_tokenize, ...) are available */
-    double load_ms;             /* time g4_engine_open took */
+    uint64_t session_bytes;   /* activation arena + KV cache + scratch a session allocates */
+    const char* architecture; /* owned by the engine */
+    int32_t has_tokenizer;    /* non-zero if text functions (g4_tokenize, ...) are available */
+    double load_ms;           /* time g4_engine_open took */
 } g4_engine_info;
 
 /* ---- text (needs a plan compiled with a tokenizer) --------------------------------------- *
@@ -99,8 +99,8 @@ G4_API g4_status g4_detokenize(const g4_engine* engine, const int32_t* ids, size
                                char* out, size_t capacity, size_t* out_n);
 
 typedef struct g4_chat_message {
-    const char* role;           /* "system", "user", "assistant" (written "model") or "model" */
-    const char* content;        /* UTF-8, NUL-terminated */
+    const char* role;    /* "system", "user", "assistant" (written "model") or "model" */
+    const char* content; /* UTF-8, NUL-terminated */
 } g4_chat_message;
 
 /* Renders a conversation in Gemma 4's turn format (<bos><|turn>user\n...<turn|>\n...), with the
@@ -113,14 +113,15 @@ G4_API g4_status g4_engine_get_info(const g4_engine* engine, g4_engine_info* out
 /* ---- session ------------------------------------------------------------------------------ */
 
 typedef struct g4_session_params {
-    int32_t n_threads;          /* 0: G4_THREADS env var, else all hardware threads */
+    int32_t n_threads; /* 0: G4_THREADS env var, else all hardware threads */
 } g4_session_params;
 
 G4_API g4_session_params g4_session_params_default(void);
 
 /* Creates a session on |engine| and allocates all of its memory. |params| may be NULL. The engine
  * must outlive the session. Release with g4_session_destroy. */
-G4_API g4_status g4_session_create(g4_engine* engine, const g4_session_params* params, g4_session** out_session);
+G4_API g4_status g4_session_create(g4_engine* engine, const g4_session_params* params,
+                                   g4_session** out_session);
 /* Releases |session|; NULL is a no-op. */
 G4_API void g4_session_destroy(g4_session* session);
 /* Forgets all tokens (position 0, empty KV cache). */
@@ -139,19 +140,20 @@ G4_API int32_t g4_session_position(const g4_session* session);
  * call uses it if it feeds that token (G4_DECODE_AHEAD=0 turns this off). Reading logits after such a
  * step (g4_session_get_logits, a non-greedy sample) runs the step again once and ends it for the
  * session until g4_session_reset. */
-G4_API g4_status g4_session_append_tokens(g4_session* session, const int32_t* ids, size_t n, float* out_logits,
-                                          size_t out_logits_capacity);
+G4_API g4_status g4_session_append_tokens(g4_session* session, const int32_t* ids, size_t n,
+                                          float* out_logits, size_t out_logits_capacity);
 
 /* Borrowed pointer to the logits of the last fed token, [vocab_size] floats; valid until the next
  * call that feeds tokens or resets. G4_ERR_INVALID_ARGUMENT if no token has been fed. */
-G4_API g4_status g4_session_get_logits(const g4_session* session, const float** out_logits, int32_t* out_vocab);
+G4_API g4_status g4_session_get_logits(const g4_session* session, const float** out_logits,
+                                       int32_t* out_vocab);
 
 typedef struct g4_sampling_params {
-    float temperature;          /* 0: greedy (argmax) */
-    int32_t top_k;              /* 0: off */
-    float top_p;                /* 1: off */
-    float min_p;                /* 0: off */
-    float repeat_penalty;       /* 1: off; applied to tokens in the last repeat_last_n */
+    float temperature;    /* 0: greedy (argmax) */
+    int32_t top_k;        /* 0: off */
+    float top_p;          /* 1: off */
+    float min_p;          /* 0: off */
+    float repeat_penalty; /* 1: off; applied to tokens in the last repeat_last_n */
     int32_t repeat_last_n;
     uint64_t seed;
 } g4_sampling_params;
@@ -182,24 +184,24 @@ G4_API int32_t g4_engine_is_eos(const g4_engine* engine, int32_t token);
 G4_API void g4_session_cancel(g4_session* session);
 
 typedef struct g4_session_stats {
-    double prefill_ms;          /* time spent in g4_session_append_tokens with n > 1 */
+    double prefill_ms; /* time spent in g4_session_append_tokens with n > 1 */
     int64_t prefill_tokens;
-    double decode_ms;           /* time spent in g4_session_append_tokens with n == 1 */
+    double decode_ms; /* time spent in g4_session_append_tokens with n == 1 */
     int64_t decode_tokens;
-    double ttft_ms;             /* last g4_session_generate: start to first token produced */
-    double sample_ms;           /* time spent in g4_session_sample (on a CUDA plan: the GPU top-k and
-                                   the host's draw, or the logits copy and the CPU sampler) */
+    double ttft_ms;   /* last g4_session_generate: start to first token produced */
+    double sample_ms; /* time spent in g4_session_sample (on a CUDA plan: the GPU top-k and
+                         the host's draw, or the logits copy and the CPU sampler) */
     int64_t sample_calls;
-    double image_ms;            /* time spent in g4_session_add_image (preprocessing + vision tower) */
-    int64_t image_tokens;       /* soft tokens those calls produced */
-    double audio_ms;            /* time spent in g4_session_add_audio (features + audio tower) */
+    double image_ms;      /* time spent in g4_session_add_image (preprocessing + vision tower) */
+    int64_t image_tokens; /* soft tokens those calls produced */
+    double audio_ms;      /* time spent in g4_session_add_audio (features + audio tower) */
     int64_t audio_tokens;
-    int64_t decode_ahead;       /* decode steps a CUDA plan ran ahead of the host (the greedy token fed
-                                   on the GPU, the step enqueued before the host read it) and the next
-                                   g4_session_append_tokens used */
-    int64_t lm_screened;        /* of those, steps whose LM head was screened: an int8 pass bounding
-                                   every logit, then exact bf16 logits only for the rows that can hold
-                                   the greedy token (the same token; the other logits not computed) */
+    int64_t decode_ahead; /* decode steps a CUDA plan ran ahead of the host (the greedy token fed
+                             on the GPU, the step enqueued before the host read it) and the next
+                             g4_session_append_tokens used */
+    int64_t lm_screened;  /* of those, steps whose LM head was screened: an int8 pass bounding
+                             every logit, then exact bf16 logits only for the rows that can hold
+                             the greedy token (the same token; the other logits not computed) */
 } g4_session_stats;
 
 /* Called by g4_session_generate for each generated token, with the UTF-8 text it completes
@@ -209,10 +211,10 @@ typedef struct g4_session_stats {
 typedef int32_t (*g4_token_callback)(void* user_data, int32_t token, const char* text, size_t text_len);
 
 typedef struct g4_generate_params {
-    int32_t max_tokens;         /* tokens to generate at most */
-    int32_t ignore_eos;         /* non-zero: do not stop at the plan's end-of-generation ids */
-    const char* const* stop;    /* stop strings (NULL or n_stop entries); generation ends when the
-                                   text contains one; the text up to it is delivered, not the stop */
+    int32_t max_tokens;      /* tokens to generate at most */
+    int32_t ignore_eos;      /* non-zero: do not stop at the plan's end-of-generation ids */
+    const char* const* stop; /* stop strings (NULL or n_stop entries); generation ends when the
+                                text contains one; the text up to it is delivered, not the stop */
     size_t n_stop;
 } g4_generate_params;
 
@@ -225,8 +227,8 @@ G4_API g4_generate_params g4_generate_params_default(void);
  * stay fed), G4_ERR_CANCELLED if cancelled. Text streaming needs a tokenizer; without one the
  * callback receives empty text. */
 G4_API g4_status g4_session_generate(g4_session* session, const g4_sampling_params* sampling,
-                                     const g4_generate_params* params, g4_token_callback callback, void* user_data,
-                                     int32_t* out_n_generated);
+                                     const g4_generate_params* params, g4_token_callback callback,
+                                     void* user_data, int32_t* out_n_generated);
 
 G4_API g4_status g4_session_get_stats(const g4_session* session, g4_session_stats* out_stats);
 
@@ -242,15 +244,15 @@ G4_API g4_status g4_session_get_stats(const g4_session* session, g4_session_stat
  * g4_session_create; g4_session_reset and g4_session_clear_media drop queued rows. */
 typedef struct g4_media_info {
     int32_t has_vision, has_audio;
-    int32_t image_token_id, boi_token_id, eoi_token_id;   /* -1 when the plan has no vision tower */
-    int32_t audio_token_id, boa_token_id, eoa_token_id;   /* -1 when the plan has no audio tower */
-    int32_t max_image_tokens;    /* soft tokens an image gives at most (g4 compile --image-tokens) */
-    int64_t max_image_pixels;    /* width * height an image may have */
-    int32_t audio_sample_rate;   /* samples per second g4_session_add_audio expects (16000) */
-    int64_t max_audio_samples;   /* longest clip */
-    int32_t max_queued_tokens;   /* soft tokens (of each kind) a session holds queued at once */
-    int32_t vision_device;       /* where the vision tower runs: -1 the CPU, N CUDA device N */
-    int32_t audio_device;        /* where the audio tower runs: -1 the CPU, N CUDA device N */
+    int32_t image_token_id, boi_token_id, eoi_token_id; /* -1 when the plan has no vision tower */
+    int32_t audio_token_id, boa_token_id, eoa_token_id; /* -1 when the plan has no audio tower */
+    int32_t max_image_tokens;  /* soft tokens an image gives at most (g4 compile --image-tokens) */
+    int64_t max_image_pixels;  /* width * height an image may have */
+    int32_t audio_sample_rate; /* samples per second g4_session_add_audio expects (16000) */
+    int64_t max_audio_samples; /* longest clip */
+    int32_t max_queued_tokens; /* soft tokens (of each kind) a session holds queued at once */
+    int32_t vision_device;     /* where the vision tower runs: -1 the CPU, N CUDA device N */
+    int32_t audio_device;      /* where the audio tower runs: -1 the CPU, N CUDA device N */
 } g4_media_info;
 
 G4_API g4_status g4_engine_get_media_info(const g4_engine* engine, g4_media_info* out_info);
@@ -261,7 +263,8 @@ G4_API g4_status g4_engine_get_media_info(const g4_engine* engine, g4_media_info
 G4_API g4_status g4_session_add_image(g4_session* session, const uint8_t* rgb, int32_t width, int32_t height,
                                       int32_t* out_n_tokens);
 /* |samples|: mono, at audio_sample_rate, in [-1, 1]; borrowed for the call. |*out_n_tokens| as above. */
-G4_API g4_status g4_session_add_audio(g4_session* session, const float* samples, int64_t n_samples, int32_t* out_n_tokens);
+G4_API g4_status g4_session_add_audio(g4_session* session, const float* samples, int64_t n_samples,
+                                      int32_t* out_n_tokens);
 G4_API g4_status g4_session_clear_media(g4_session* session);
 
 #ifdef __cplusplus

@@ -39,7 +39,8 @@ void session_destroy(SessionState* st);
 // enqueued, fed on the device, before this returns; run_step claims it when the host feeds that token
 // at that position, and any other call waits for it first. Its KV row is the next position's, which
 // the step that really runs there rewrites before anything reads it).
-g4_status run_step(g4_session* s, int32_t rows, int32_t pos0, int32_t out_rows, bool ahead, bool* logits_on_device, std::string* err);
+g4_status run_step(g4_session* s, int32_t rows, int32_t pos0, int32_t out_rows, bool ahead,
+                   bool* logits_on_device, std::string* err);
 // g4_session_reset: a new conversation may run ahead again.
 void session_reset(g4_session* s);
 // Copies the last decode step's logits row to the host buffer behind s->logits.
@@ -57,15 +58,17 @@ struct RowNorm {
     float max;
     double sum;
 };
-g4_status device_topk(g4_session* s, int32_t k, float temperature, float penalty, const int32_t* tokens, int32_t n_tokens,
-                      const float** values, const int32_t** indices, RowNorm* norm, std::string* err);
+g4_status device_topk(g4_session* s, int32_t k, float temperature, float penalty, const int32_t* tokens,
+                      int32_t n_tokens, const float** values, const int32_t** indices, RowNorm* norm,
+                      std::string* err);
 
 // Runs the vision tower on the plan's GPU (plans with info().vision_gpu): patches [n_patches, 3*patch^2]
 // and pos [n_patches, 2] as for VisionTower::forward, host_scratch [2 * max_patches] int32; writes the
 // soft tokens out [*n_soft, text hidden] on the host. Blocks until they are there. Positions are checked
 // (G4_ERR_INVALID_ARGUMENT with the CPU tower's message); a CUDA error names the failing step.
-g4_status vision_forward(g4_session* s, const towers::VisionTower& vt, const float* patches, const int32_t* pos, int n_patches,
-                         int32_t* host_scratch, float* out, int* n_soft, std::string* err);
+g4_status vision_forward(g4_session* s, const towers::VisionTower& vt, const float* patches,
+                         const int32_t* pos, int n_patches, int32_t* host_scratch, float* out, int* n_soft,
+                         std::string* err);
 
 // Runs the audio tower on the plan's GPU (plans with info().audio_gpu): the log-mel features of pcm
 // [n_samples] on the CPU (ctx's threads; host_features [max frames, mel_bins] floats, the tower's
@@ -76,7 +79,11 @@ g4_status audio_forward(g4_session* s, const towers::AudioTower& at, const cpu::
                         const float* pcm, int64_t n_samples, float* host_features, float* out, int* n_soft,
                         std::string* err);
 
-struct EngineDeleter { void operator()(EngineState* p) const { engine_close(p); } };
-struct SessionDeleter { void operator()(SessionState* p) const { session_destroy(p); } };
+struct EngineDeleter {
+    void operator()(EngineState* p) const { engine_close(p); }
+};
+struct SessionDeleter {
+    void operator()(SessionState* p) const { session_destroy(p); }
+};
 
 } // namespace g4::cuda_rt

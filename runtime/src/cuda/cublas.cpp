@@ -30,8 +30,10 @@ void load() {
         void* h = dlopen(n.c_str(), RTLD_NOW | RTLD_LOCAL);
         if (!h) continue;
         Lib& l  = g_lib;
-        bool ok = cu::dl_symbol(h, "cublasCreate_v2", &l.create) && cu::dl_symbol(h, "cublasDestroy_v2", &l.destroy) &&
-                  cu::dl_symbol(h, "cublasSetStream_v2", &l.set_stream) && cu::dl_symbol(h, "cublasSetWorkspace_v2", &l.set_workspace) &&
+        bool ok = cu::dl_symbol(h, "cublasCreate_v2", &l.create) &&
+                  cu::dl_symbol(h, "cublasDestroy_v2", &l.destroy) &&
+                  cu::dl_symbol(h, "cublasSetStream_v2", &l.set_stream) &&
+                  cu::dl_symbol(h, "cublasSetWorkspace_v2", &l.set_workspace) &&
                   cu::dl_symbol(h, "cublasGemmEx", &l.gemm_ex);
         if (!ok) {
             dlclose(h);

@@ -9,19 +9,19 @@
 namespace g4::cublas {
 
 typedef struct cublasContext* Handle;
-constexpr int kOpN = 0, kOpT = 1;                 // cublasOperation_t
-constexpr int kR32F = 0, kR16BF = 14;             // cudaDataType
-constexpr int kCompute32F = 68;                   // cublasComputeType_t
-constexpr int kGemmDefault = -1;                  // cublasGemmAlgo_t
+constexpr int kOpN = 0, kOpT = 1;     // cublasOperation_t
+constexpr int kR32F = 0, kR16BF = 14; // cudaDataType
+constexpr int kCompute32F  = 68;      // cublasComputeType_t
+constexpr int kGemmDefault = -1;      // cublasGemmAlgo_t
 
 struct Lib {
     int (*create)(Handle*);
     int (*destroy)(Handle);
     int (*set_stream)(Handle, cu::CUstream);
     int (*set_workspace)(Handle, void*, size_t);
-    int (*gemm_ex)(Handle, int, int, int, int, int, const void*, const void*, int, int, const void*, int, int, const void*, void*,
-                   int, int, int, int);
-    std::string path;   // the library that was loaded
+    int (*gemm_ex)(Handle, int, int, int, int, int, const void*, const void*, int, int, const void*, int, int,
+                   const void*, void*, int, int, int, int);
+    std::string path; // the library that was loaded
 };
 
 // The loaded library or nullptr (*why says what was tried). G4_CUBLAS=PATH picks a file;

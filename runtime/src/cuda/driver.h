@@ -55,7 +55,7 @@ struct Memcpy2D {
 static_assert(sizeof(Memcpy2D) == 128, "cuda.h CUDA_MEMCPY2D");
 constexpr int kMemHost = 1, kMemDevice = 2, kMemUnified = 4;
 constexpr unsigned kEventDisableTiming = 2;
-using HostFn = void (*)(void*);
+using HostFn                           = void (*)(void*);
 
 constexpr int kFuncAttrMaxDynamicSmem = 8;
 constexpr int kAttrComputeMajor = 75, kAttrComputeMinor = 76, kAttrSmCount = 16;
@@ -75,7 +75,7 @@ struct Driver {
     CUresult (*cuMemFree)(CUdeviceptr);
     CUresult (*cuMemAllocHost)(void**, size_t);
     CUresult (*cuMemFreeHost)(void*);
-    CUresult (*cuMemHostAlloc)(void**, size_t, unsigned);             // flags: kHostAllocDeviceMap
+    CUresult (*cuMemHostAlloc)(void**, size_t, unsigned); // flags: kHostAllocDeviceMap
     CUresult (*cuMemHostGetDevicePointer)(CUdeviceptr*, void*, unsigned);
     CUresult (*cuMemcpyHtoD)(CUdeviceptr, const void*, size_t);
     CUresult (*cuMemcpyHtoDAsync)(CUdeviceptr, const void*, size_t, CUstream);
@@ -84,9 +84,9 @@ struct Driver {
     CUresult (*cuModuleLoadData)(CUmodule*, const void*);
     CUresult (*cuModuleUnload)(CUmodule);
     CUresult (*cuModuleGetFunction)(CUfunction*, CUmodule, const char*);
-    CUresult (*cuFuncSetAttribute)(CUfunction, int, int);   // kFuncAttrMaxDynamicSmem
-    CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream, void**,
-                               void**);
+    CUresult (*cuFuncSetAttribute)(CUfunction, int, int); // kFuncAttrMaxDynamicSmem
+    CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                               unsigned, CUstream, void**, void**);
     CUresult (*cuStreamCreate)(CUstream*, unsigned);
     CUresult (*cuStreamDestroy)(CUstream);
     CUresult (*cuStreamSynchronize)(CUstream);
@@ -102,10 +102,12 @@ struct Driver {
     CUresult (*cuLaunchKernelEx)(const LaunchConfig*, CUfunction, void**, void**);
     CUresult (*cuEventCreate)(CUevent*, unsigned);
     CUresult (*cuEventDestroy)(CUevent);
-    CUresult (*cuEventRecordWithFlags)(CUevent, CUstream, unsigned);   // 1 = external: a timing node in a captured graph
+    CUresult (*cuEventRecordWithFlags)(CUevent, CUstream,
+                                       unsigned); // 1 = external: a timing node in a captured graph
     CUresult (*cuEventSynchronize)(CUevent);
     CUresult (*cuEventElapsedTime)(float*, CUevent, CUevent);
-    // Optional: cross-device steps of plans with CPU-placed layers (a host function in the stream, 2-D copies).
+    // Optional: cross-device steps of plans with CPU-placed layers (a host function in the stream, 2-D
+    // copies).
     CUresult (*cuLaunchHostFunc)(CUstream, HostFn, void*);
     CUresult (*cuMemcpy2DAsync)(const Memcpy2D*, CUstream);
     // Optional: plans on several GPUs (one stream each, joined by events; direct peer copies where the

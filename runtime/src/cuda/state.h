@@ -2,10 +2,10 @@
 // kernels of the plan's module, each GPU's weights, each session's streams and device buffers. Internal to
 // the runtime; every buffer here is allocated at engine open or session creation and freed with them.
 #pragma once
+#include "g4/g4.h"
 #include "runtime/src/cuda/cublas.h"
 #include "runtime/src/cuda/driver.h"
 #include "runtime/src/cuda/weight_segments.h"
-#include "g4/g4.h"
 
 #include <atomic>
 #include <chrono>
@@ -21,27 +21,31 @@ namespace g4::cuda_rt {
 using namespace g4::cu;
 
 struct Kernels {
-    CUfunction embed, mm_bf16, mm_f32, mm_nf4, gemm_bf16, gemm_nf4, gemv_bf16, gemv_nf4, tc_bf16, tc_nf4, rms, elem, rope, kv, attn_part, attn_merge, argmax;
-    CUfunction gemv[2][5][2];   // [nf4][lanes per row 8..128][pairs]
-    CUfunction resnorm, resnorm_rep, resnorm_z2, ple_in, qkv_post, attn_decode, attn_decode_bf16, attn_decode_post, attn_decode_post_bf16, nf4_to_bf16, f32_to_bf16, add_bias;
+    CUfunction embed, mm_bf16, mm_f32, mm_nf4, gemm_bf16, gemm_nf4, gemv_bf16, gemv_nf4, tc_bf16, tc_nf4, rms,
+        elem, rope, kv, attn_part, attn_merge, argmax;
+    CUfunction gemv[2][5][2]; // [nf4][lanes per row 8..128][pairs]
+    CUfunction resnorm, resnorm_rep, resnorm_z2, ple_in, qkv_post, attn_decode, attn_decode_bf16,
+        attn_decode_post, attn_decode_post_bf16, nf4_to_bf16, f32_to_bf16, add_bias;
     // The four decode attention kernels above compiled for head dim 256 / 512 ([0] / [1]; order attn_decode,
     // _bf16, _post, _post_bf16): only in modules specialised for a group size (cuda.attn_hpg) of 8 or more,
     // when the plan's module has them; null otherwise.
     CUfunction attn_dim[2][4];
-    CUfunction attn_o[4];   // g4_attn_o_nf4_g1..4 (sm_90 plans only): the decode merge + o projection
-    CUfunction ple[4];      // g4_ple_bf16_g1..4 (sm_90 plans only): the per-layer-input gate + projection
-    CUfunction ple_res[4];  // g4_ple_res_bf16_g1..4: the same with the ResNorm before in its prologue
-    // The fused decode MLP (sm_90 plans only), indexed [+1 _b256: 256 threads, else 128] [+2 _dq: double-quant
-    // block scales, else f32] [+4 _rep: adds into output replicas]; 8.. the packed-f16 kernels (plan ip7 = 1, f32
-    // scales only) [+1 _b256] [+2 _rep]; nf4_untile32: the MLP's down weight for prefill
+    CUfunction attn_o[4];  // g4_attn_o_nf4_g1..4 (sm_90 plans only): the decode merge + o projection
+    CUfunction ple[4];     // g4_ple_bf16_g1..4 (sm_90 plans only): the per-layer-input gate + projection
+    CUfunction ple_res[4]; // g4_ple_res_bf16_g1..4: the same with the ResNorm before in its prologue
+    // The fused decode MLP (sm_90 plans only), indexed [+1 _b256: 256 threads, else 128] [+2 _dq:
+    // double-quant block scales, else f32] [+4 _rep: adds into output replicas]; 8.. the packed-f16 kernels
+    // (plan ip7 = 1, f32 scales only) [+1 _b256] [+2 _rep]; nf4_untile32: the MLP's down weight for prefill
     CUfunction mlp[12], nf4_untile32;
-    CUfunction mlp_r[5];   // g4_mlp_nf4_h2_r, _b256_h2_r, _h2_rep_r, _b256_h2_rep_r, _b256_h2_z_r: after a ResNorm with ip1 = 2
-    CUfunction mlp_z[3];   // g4_mlp_nf4_b256_z, _b256_dq_z, _b256_h2_z: before a folded ResNorm (zero the Ple's output)
-    CUfunction copy_f32, penalize, topk_round, softmax_partial;   // GPU sampling
+    CUfunction mlp_r[5]; // g4_mlp_nf4_h2_r, _b256_h2_r, _h2_rep_r, _b256_h2_rep_r, _b256_h2_z_r: after a
+                         // ResNorm with ip1 = 2
+    CUfunction mlp_z[3]; // g4_mlp_nf4_b256_z, _b256_dq_z, _b256_h2_z: before a folded ResNorm (zero the Ple's
+                         // output)
+    CUfunction copy_f32, penalize, topk_round, softmax_partial; // GPU sampling
     // LM-head screening (plans whose module has them; null otherwise): g4_lm_screen_build, g4_lm_screen,
     // g4_lm_exact_l{8..128}.
     CUfunction lm_build, lm_screen, lm_exact[5];
-    CUfunction flash[6];        // g4_attn_flash_d<kFlashDims[i]>
+    CUfunction flash[6]; // g4_attn_flash_d<kFlashDims[i]>
     // The vision tower (runtime/src/cuda/vision.cpp); loaded only for plans with the tower on the GPU.
     CUfunction vt_pixels, vt_posemb, vt_clamp, vt_rope2d, vt_pool;
     // The audio tower (runtime/src/cuda/audio.cpp, which also uses vt_clamp); loaded only for plans with the
@@ -52,13 +56,13 @@ struct Kernels {
 // One GPU of the plan (plan info().gpus; a plan whose layers span GPUs has several, the plan's GPU
 // first): its context, kernels and the weights it uploads.
 struct Gpu {
-    int index     = 0;   // CUDA device index
+    int index     = 0; // CUDA device index
     CUdevice dev  = 0;
     CUcontext ctx = nullptr;
     CUmodule mod  = nullptr;
     Kernels k{};
     CUdeviceptr weights    = 0;
-    uint64_t weights_bytes = 0;   // on the device
+    uint64_t weights_bytes = 0; // on the device
     // Plan weight bytes [begin, end) live at weights + at: the plan's ranges for this GPU, less the
     // PLE table with ple=host.
     using Seg = WeightSeg;
@@ -71,8 +75,8 @@ struct EngineState {
     const Driver* d = nullptr;
     std::vector<Gpu> gpus;
     // ple=host: the PLE table lives in pinned, device-mapped host memory, read by the plan's GPU.
-    int32_t ple_tensor = -1;
-    void* ple_host = nullptr;
+    int32_t ple_tensor  = -1;
+    void* ple_host      = nullptr;
     CUdeviceptr ple_dev = 0;
     // Vision tower on the plan's GPU: plan weight bytes [info().vision_begin, vision_end) live at vision_w.
     CUdeviceptr vision_w  = 0;
@@ -84,10 +88,10 @@ struct EngineState {
     // int8 head (bytes q + 128) [V, K], then per-row scales [V] at lm_q + lm_scale_at and error bounds [V]
     // after them; lm_launch: the head's GEMV in the decode schedule (-1: no screening: G4_LM_SCREEN=0, a plan
     // on several GPUs or with CPU layers, a head the kernels do not take, or too little free memory).
-    CUdeviceptr lm_q     = 0;
-    uint64_t lm_bytes    = 0, lm_scale_at = 0;
-    int32_t lm_launch    = -1;
-    unsigned lm_blocks   = 0;   // g4_lm_screen's grid
+    CUdeviceptr lm_q  = 0;
+    uint64_t lm_bytes = 0, lm_scale_at = 0;
+    int32_t lm_launch  = -1;
+    unsigned lm_blocks = 0; // g4_lm_screen's grid
 };
 
 // One GPU's part of a session: its stream and device memory (a whole activation arena, its part of
@@ -96,106 +100,116 @@ struct Lane {
     Gpu* g          = nullptr;
     CUstream stream = nullptr;
     CUdeviceptr act = 0, kv = 0, step = 0, part = 0, scores = 0;
-    CUdeviceptr wscratch = 0, xscratch = 0, cublas_ws = 0;   // cuBLAS tier: bf16 weights / activations, workspace
+    CUdeviceptr wscratch = 0, xscratch = 0,
+                cublas_ws = 0; // cuBLAS tier: bf16 weights / activations, workspace
     cublas::Handle blas_h = nullptr;
-    uint64_t kv_begin = 0;                                   // plan KV offset of kv
-    CUevent done      = nullptr;                             // recorded where the step moves on to another GPU
-    CUdeviceptr mlp_rep = 0;                                 // the fused MLPs' output replicas [Workspace::mlp_rep], zero between steps
+    uint64_t kv_begin     = 0;       // plan KV offset of kv
+    CUevent done          = nullptr; // recorded where the step moves on to another GPU
+    CUdeviceptr mlp_rep   = 0; // the fused MLPs' output replicas [Workspace::mlp_rep], zero between steps
 };
 
 struct SessionState {
     EngineState* e = nullptr;
-    std::vector<Lane> lanes;      // engine gpus order: lanes[0] is the plan's GPU (embeddings, LM head, sampling)
-    CUdeviceptr vision_buf = 0;   // the vision tower's buffers on lanes[0] (VisionTower::gpu_layout()), or 0
-    CUdeviceptr audio_buf  = 0;   // the audio tower's buffers on lanes[0] (AudioTower::gpu_layout()), or 0
-    Lane* cur = nullptr;          // the lane work is being enqueued on
+    std::vector<Lane> lanes; // engine gpus order: lanes[0] is the plan's GPU (embeddings, LM head, sampling)
+    CUdeviceptr vision_buf  = 0; // the vision tower's buffers on lanes[0] (VisionTower::gpu_layout()), or 0
+    CUdeviceptr audio_buf   = 0; // the audio tower's buffers on lanes[0] (AudioTower::gpu_layout()), or 0
+    Lane* cur               = nullptr; // the lane work is being enqueued on
     const cublas::Lib* blas = nullptr;
-    struct Step { int rows, pos0, out_rows, pad; };
-    Step* host_step  = nullptr;   // pinned
-    int32_t* host_tok = nullptr;  // pinned, mapped [2]: the argmax of the decode step at position p in [p & 1]
+    struct Step {
+        int rows, pos0, out_rows, pad;
+    };
+    Step* host_step   = nullptr; // pinned
+    int32_t* host_tok = nullptr; // pinned, mapped [2]: the argmax of the decode step at position p in [p & 1]
     CUdeviceptr host_tok_dev = 0; // host_tok as the plan's GPU addresses it (g4_argmax writes it)
-    CUdeviceptr tok   = 0;        // device: the decode step's argmax (+ its block partials and counter)
+    CUdeviceptr tok          = 0; // device: the decode step's argmax (+ its block partials and counter)
     // Decoding ahead (run_step): after a greedy token the graph's argmax feeds its token and position to
     // the next step, which is enqueued before the host has read the token. ahead_pos: the position of
     // such a step not yet claimed by run_step (-1: none); logits_ahead: the device logits row is a step
     // run ahead, not the session's last step (fetch_logits / device_topk run that step again);
     // tok_ev[p & 1]: recorded after the decode step at position p.
-    int32_t ahead_pos  = -1;
-    bool logits_ahead  = false;
-    bool ahead_ok      = false;   // one GPU, no CPU layers, events, no profiling; G4_DECODE_AHEAD=0 turns it off
-    bool ahead_greedy  = false;   // the last g4_session_sample took the device argmax
-    bool ahead_off     = false;   // the session needed a run-ahead step's logits once: no more until reset
-    CUevent tok_ev[2]  = {nullptr, nullptr};
+    int32_t ahead_pos = -1;
+    bool logits_ahead = false;
+    bool ahead_ok     = false; // one GPU, no CPU layers, events, no profiling; G4_DECODE_AHEAD=0 turns it off
+    bool ahead_greedy = false; // the last g4_session_sample took the device argmax
+    bool ahead_off    = false; // the session needed a run-ahead step's logits once: no more until reset
+    CUevent tok_ev[2] = {nullptr, nullptr};
     // Steps run ahead replay exec_screen where the engine screens the LM head: only the rows that can hold
     // the greedy token get their logits. screened_pos: the position of the last step launched that way
     // while the logits row is still its (-1: the row is whole); reading logits there runs the step again.
-    CUgraph graph_screen        = nullptr;
-    CUgraphExec exec_screen     = nullptr;
-    bool screen_now             = false;   // capturing exec_screen
-    bool screen_tried           = false;   // exec_screen captured, or it could not be
-    int32_t screened_pos        = -1;
-    CUdeviceptr lm_lohi = 0, lm_tmax = 0;  // g4_lm_screen's bounds [V + 1] (float2) and the largest lower bound (u32 key)
-    int32_t* host_ids = nullptr;  // pinned [max_rows]
-    float* host_logits = nullptr; // pinned [logits_rows, vocab]
+    CUgraph graph_screen    = nullptr;
+    CUgraphExec exec_screen = nullptr;
+    bool screen_now         = false; // capturing exec_screen
+    bool screen_tried       = false; // exec_screen captured, or it could not be
+    int32_t screened_pos    = -1;
+    CUdeviceptr lm_lohi     = 0,
+                lm_tmax = 0; // g4_lm_screen's bounds [V + 1] (float2) and the largest lower bound (u32 key)
+    int32_t* host_ids   = nullptr; // pinned [max_rows]
+    float* host_logits  = nullptr; // pinned [logits_rows, vocab]
     // GPU sampling (device_topk): penalised logits [vocab], two round buffers of candidates (values
     // [C] then indices [C] each, C = cuda_ws::topk_candidates), penalised tokens [max_context]; pinned
     // history [max_context] and result (values [kTopkMax], indices [kTopkMax]).
     CUdeviceptr samp_logits = 0, samp_hist = 0, cand[2] = {0, 0};
-    CUdeviceptr soft = 0;         // g4_softmax_partial's (max, sum) per block; pinned host copy host_soft
-    double* host_soft = nullptr;
-    uint64_t n_cand        = 0;
-    int32_t* host_hist     = nullptr;
-    float* host_cand       = nullptr;
-    std::vector<int> splits;      // per op (attention)
-    std::vector<char> reuse_x;    // per op: a cuBLAS-tier matmul whose bf16 input is already in xscratch
-    std::vector<int> lane_of;     // per op: its lane (-1: a CPU op or a copy step)
-    CUgraph graph = nullptr;
+    CUdeviceptr soft   = 0; // g4_softmax_partial's (max, sum) per block; pinned host copy host_soft
+    double* host_soft  = nullptr;
+    uint64_t n_cand    = 0;
+    int32_t* host_hist = nullptr;
+    float* host_cand   = nullptr;
+    std::vector<int> splits;   // per op (attention)
+    std::vector<char> reuse_x; // per op: a cuBLAS-tier matmul whose bf16 input is already in xscratch
+    std::vector<int> lane_of;  // per op: its lane (-1: a CPU op or a copy step)
+    CUgraph graph    = nullptr;
     CUgraphExec exec = nullptr;
-    std::string graph_error;      // why the decode graph could not be captured (then steps run eagerly)
-    bool graph_noted = false;     // graph_error reported on stderr once
-    bool pdl_ok = false;          // sm_90+ and the driver has cuLaunchKernelEx (G4_PDL=0 turns it off)
-    bool pdl_now = false;         // launches go out with programmatic stream serialization (decode capture)
-    mutable bool after_node = false;   // the last thing enqueued was a copy or host function: next launch plain
+    std::string graph_error;  // why the decode graph could not be captured (then steps run eagerly)
+    bool graph_noted = false; // graph_error reported on stderr once
+    bool pdl_ok      = false; // sm_90+ and the driver has cuLaunchKernelEx (G4_PDL=0 turns it off)
+    bool pdl_now     = false; // launches go out with programmatic stream serialization (decode capture)
+    mutable bool after_node = false; // the last thing enqueued was a copy or host function: next launch plain
     // Plans with CPU-placed layers: each maximal run of CPU ops is one host function in the stream
     // (runs[run_of[first op]]); the CPU ops work on a pinned host copy of the activation arena and a
     // host KV arena (the plan's KV offsets from kv_host_begin on).
-    struct HostRun { g4_session* s; size_t first, end; };
+    struct HostRun {
+        g4_session* s;
+        size_t first, end;
+    };
     std::vector<HostRun> runs;
-    std::vector<int> run_of;      // per op: index into runs, -1 if not the first op of a run
-    void* host_act = nullptr;     // pinned [act_arena_bytes]
-    void* host_kv  = nullptr;     // [kv_arena_bytes - kv_host_begin]
+    std::vector<int> run_of;       // per op: index into runs, -1 if not the first op of a run
+    void* host_act      = nullptr; // pinned [act_arena_bytes]
+    void* host_kv       = nullptr; // [kv_arena_bytes - kv_host_begin]
     float* host_scratch = nullptr;
     std::atomic<bool> host_failed{false};
-    std::string host_error;       // written by the host function that failed, read after the stream syncs
+    std::string host_error; // written by the host function that failed, read after the stream syncs
     bool profile = false;
-    // launch_step: the replicas (Lane::mlp_rep) this Mlp launch adds into / this ResNorm sums (the MLP's ip6 - 1; 0: none)
+    // launch_step: the replicas (Lane::mlp_rep) this Mlp launch adds into / this ResNorm sums (the MLP's ip6
+    // - 1; 0: none)
     int rep_out = 0, rep_in = 0;
-    // A ResNorm record with ip1 = 1 is folded into the Ple launch after it (g4_ple_res). fold_prev: the folded
-    // ResNorm before this launch (a Ple), fold_next: after it (an Mlp, which zeroes the ResNorm's t7: _z kernels).
+    // A ResNorm record with ip1 = 1 is folded into the Ple launch after it (g4_ple_res). fold_prev: the
+    // folded ResNorm before this launch (a Ple), fold_next: after it (an Mlp, which zeroes the ResNorm's t7:
+    // _z kernels).
     const plan::CudaLaunch* fold_prev = nullptr;
     const plan::CudaLaunch* fold_next = nullptr;
-    // A ResNorm record with ip1 = 2 is folded into the Mlp launch after it (the _r kernels): mlp_res, that ResNorm
-    // while the launch is its Mlp.
+    // A ResNorm record with ip1 = 2 is folded into the Mlp launch after it (the _r kernels): mlp_res, that
+    // ResNorm while the launch is its Mlp.
     const plan::CudaLaunch* mlp_res = nullptr;
-    bool merge_in_next = false;   // launch_step: the next decode launch is AttnO, which merges the attention's partials
+    bool merge_in_next =
+        false; // launch_step: the next decode launch is AttnO, which merges the attention's partials
     // G4_CUDA_PROFILE totals [decode, prefill]: per op code (0..15), then 16 + each fused launch kind
     static constexpr int kProfCats = 16 + (int)plan::LaunchKind::PleIn + 1;
-    double prof_ms[kProfCats][2] = {};
-    long prof_n[kProfCats][2] = {};
+    double prof_ms[kProfCats][2]   = {};
+    long prof_n[kProfCats][2]      = {};
     std::chrono::steady_clock::time_point prof_t;
     // G4_CUDA_PROFILE=1, decode: an event after every launch of the captured graph; GPU time per
     // launch label (kind and op name without the layer), summed over replays.
     std::vector<CUevent> ev;
     std::vector<std::string> ev_label;
     std::vector<std::pair<std::string, double>> ev_ms;
-    long ev_steps = 0;
+    long ev_steps      = 0;
     double ev_total_ms = 0;
 };
 
 // One kernel launch on the session's current lane; with programmatic dependent launch (decode graph,
 // sm_90+) the kernel may start while its predecessor drains.
-CUresult launch(const SessionState* st, CUfunction f, unsigned gx, unsigned gy, unsigned bx, void** args, unsigned gz = 1,
-                unsigned smem = 0);
+CUresult launch(const SessionState* st, CUfunction f, unsigned gx, unsigned gy, unsigned bx, void** args,
+                unsigned gz = 1, unsigned smem = 0);
 
 // One tower forward on the plan's GPU (vision.cpp, audio.cpp), on lanes[0]'s stream: its launches in order;
 // after the first CUDA error nothing more is launched and `what` names the failing step.
@@ -204,24 +218,25 @@ struct TowerRun {
     const Kernels& K;
     CUresult r       = 0;
     const char* what = "";
-    int mode         = 0;   // launch arguments passed by address
+    int mode         = 0; // launch arguments passed by address
     CUdeviceptr none = 0;
 
-    void go(const char* name, CUfunction f, unsigned gx, unsigned gy, unsigned bx, std::initializer_list<void*> args,
-            unsigned smem = 0) {
+    void go(const char* name, CUfunction f, unsigned gx, unsigned gy, unsigned bx,
+            std::initializer_list<void*> args, unsigned smem = 0) {
         if (r != 0) return;
         r    = launch(st, f, gx, gy, bx, const_cast<void**>(args.begin()), 1, smem);
         what = name;
     }
-    // y [rows, N] (ld ldy) = x [rows, Kd] . W^T, W bf16 [N, Kd] at wd: tensor cores where Kd % 32 == 0, else the
-    // warp-per-output matmul (any Kd; fp32 products of the widened weights).
-    void gemm(const char* name, CUdeviceptr& step, int rows, CUdeviceptr xin, long ldx, CUdeviceptr wd, int N, int Kd, CUdeviceptr y,
-              long ldy) {
+    // y [rows, N] (ld ldy) = x [rows, Kd] . W^T, W bf16 [N, Kd] at wd: tensor cores where Kd % 32 == 0, else
+    // the warp-per-output matmul (any Kd; fp32 products of the widened weights).
+    void gemm(const char* name, CUdeviceptr& step, int rows, CUdeviceptr xin, long ldx, CUdeviceptr wd, int N,
+              int Kd, CUdeviceptr y, long ldy) {
         if (Kd % 32 == 0)
             go(name, K.tc_bf16, (unsigned)((N + 63) / 64), (unsigned)((rows + 63) / 64), 128,
                {&step, &mode, &xin, &ldx, &wd, &N, &Kd, &y, &ldy, &none});
         else
-            go(name, K.mm_bf16, (unsigned)((N + 7) / 8), 1, 256, {&step, &mode, &xin, &ldx, &wd, &N, &Kd, &y, &ldy, &none});
+            go(name, K.mm_bf16, (unsigned)((N + 7) / 8), 1, 256,
+               {&step, &mode, &xin, &ldx, &wd, &N, &Kd, &y, &ldy, &none});
     }
     // Makes the plan's GPU (lane 0) current, waits for its stream (the tower's buffers may still be read by
     // the previous step) and uploads the two launch step records steps[0..3], steps[4..7] to step_dev.

@@ -13,20 +13,23 @@
 namespace g4::cuda_rt {
 
 namespace {
-unsigned cdiv(int64_t a, int64_t b) { return (unsigned)((a + b - 1) / b); }
+unsigned cdiv(int64_t a, int64_t b) {
+    return (unsigned)((a + b - 1) / b);
+}
 } // namespace
 
-g4_status vision_forward(g4_session* s, const towers::VisionTower& vt, const float* patches, const int32_t* pos, int n_patches,
-                         int32_t* host_scratch, float* out, int* n_soft, std::string* err) {
-    SessionState* st = s->cuda.get();
-    const Driver* d  = st->e->d;
-    Lane& ln         = st->lanes[0];
-    const Kernels& K = ln.g->k;
+g4_status vision_forward(g4_session* s, const towers::VisionTower& vt, const float* patches,
+                         const int32_t* pos, int n_patches, int32_t* host_scratch, float* out, int* n_soft,
+                         std::string* err) {
+    SessionState* st    = s->cuda.get();
+    const Driver* d     = st->e->d;
+    Lane& ln            = st->lanes[0];
+    const Kernels& K    = ln.g->k;
     const plan::Plan& p = s->engine->plan;
-    *n_soft = 0;
+    *n_soft             = 0;
 
-    int32_t* seen = host_scratch;                        // [max_patches]
-    int32_t* idx  = host_scratch + vt.max_patches();     // [cells, k^2]
+    int32_t* seen = host_scratch;                    // [max_patches]
+    int32_t* idx  = host_scratch + vt.max_patches(); // [cells, k^2]
     towers::VisionTower::Grid grid;
     if (std::string e = vt.check_grid(pos, n_patches, seen, &grid); !e.empty()) {
         *err = e;
@@ -38,16 +41,19 @@ g4_status vision_forward(g4_session* s, const towers::VisionTower& vt, const flo
     int k = hp.pooling_kernel_size, n = grid.n, cells = (grid.gw / k) * (grid.gh / k);
     int H = hp.hidden_size, D = hp.head_dim, I = hp.intermediate_size, heads = hp.num_attention_heads;
     int kvh = hp.num_key_value_heads, qw = heads * D, kvw = kvh * D, pin = 3 * hp.patch_size * hp.patch_size;
-    int TH = hp.text_hidden_size;
+    int TH          = hp.text_hidden_size;
     const float eps = hp.rms_norm_eps;
 
     const towers::VisionTower::GpuLayout& L = vt.gpu_layout();
-    const CUdeviceptr B = st->vision_buf;
+    const CUdeviceptr B                     = st->vision_buf;
     CUdeviceptr step_n = B + L.steps, step_c = B + L.steps + 16, dpos = B + L.pos, didx = B + L.idx;
-    CUdeviceptr x = B + L.x, z = B + L.z, a = B + L.a, t = B + L.t, c = B + L.c, q = B + L.q, kk = B + L.k, v = B + L.v;
+    CUdeviceptr x = B + L.x, z = B + L.z, a = B + L.a, t = B + L.t, c = B + L.c, q = B + L.q, kk = B + L.k,
+                v = B + L.v;
     CUdeviceptr o = B + L.o, g = B + L.g, u = B + L.u, dout = B + L.out;
     const uint8_t* wbase = p.weights_base() + p.info().vision_begin;
-    auto W = [&](const towers::Tensor* w) -> CUdeviceptr { return st->e->vision_w + (CUdeviceptr)((const uint8_t*)w->data - wbase); };
+    auto W               = [&](const towers::Tensor* w) -> CUdeviceptr {
+        return st->e->vision_w + (CUdeviceptr)((const uint8_t*)w->data - wbase);
+    };
 
     TowerRun run{st, K};
     CUresult& r       = run.r;
@@ -56,16 +62,20 @@ g4_status vision_forward(g4_session* s, const towers::VisionTower& vt, const flo
     if (r == 0) r = d->cuMemcpyHtoDAsync(dpos, pos, sizeof(int32_t) * 2 * n, sm);
     if (r == 0) r = d->cuMemcpyHtoDAsync(didx, idx, sizeof(int32_t) * cells * k * k, sm);
     if (r == 0) r = d->cuMemcpyHtoDAsync(x, patches, sizeof(float) * (size_t)n * pin, sm);
-    run.what = "uploading the image";
-    auto go  = [&](const char* name, CUfunction f, unsigned gx, unsigned gy, unsigned bx, std::initializer_list<void*> args,
+    run.what          = "uploading the image";
+    auto go           = [&](const char* name, CUfunction f, unsigned gx, unsigned gy, unsigned bx,
+                  std::initializer_list<void*> args,
                   unsigned smem = 0) { run.go(name, f, gx, gy, bx, args, smem); };
     int& mode         = run.mode;
     CUdeviceptr& none = run.none;
     // y [rows, N] (ld ldy) = x [rows, Kd] . W^T (TowerRun::gemm).
-    auto gemm = [&](const char* name, CUdeviceptr& step, int rows, CUdeviceptr xin, long ldx, const towers::Tensor* w, CUdeviceptr y,
-                    long ldy) { run.gemm(name, step, rows, xin, ldx, W(w), (int)w->dims[0], (int)w->dims[1], y, ldy); };
+    auto gemm = [&](const char* name, CUdeviceptr& step, int rows, CUdeviceptr xin, long ldx,
+                    const towers::Tensor* w, CUdeviceptr y, long ldy) {
+        run.gemm(name, step, rows, xin, ldx, W(w), (int)w->dims[0], (int)w->dims[1], y, ldy);
+    };
     // Gemma4ClippableLinear: y = clamp(clamp(x, in) . W^T, out), the clamped input in c.
-    auto linear = [&](const char* name, const towers::VisionTower::Linear& l, CUdeviceptr xin, long ldx, CUdeviceptr y, long ldy) {
+    auto linear = [&](const char* name, const towers::VisionTower::Linear& l, CUdeviceptr xin, long ldx,
+                      CUdeviceptr y, long ldy) {
         const int in = (int)l.w->dims[1], outw = (int)l.w->dims[0];
         long ldc = in;
         if (std::isfinite(l.in_min) || std::isfinite(l.in_max)) {
@@ -81,18 +91,21 @@ g4_status vision_forward(g4_session* s, const towers::VisionTower& vt, const flo
             go(name, K.vt_clamp, (unsigned)n, cdiv(outw, 256), 256, {&y, &ldy, &y, &ldy, &cols, &lo, &hi});
         }
     };
-    auto rms = [&](const char* name, CUdeviceptr& step, int rows, CUdeviceptr xin, long ldx, const towers::Tensor* w, CUdeviceptr y,
-                   long ldy, int cols, int dim) {
+    auto rms = [&](const char* name, CUdeviceptr& step, int rows, CUdeviceptr xin, long ldx,
+                   const towers::Tensor* w, CUdeviceptr y, long ldy, int cols, int dim) {
         CUdeviceptr wd = w ? W(w) : 0;
-        int wdt = w && w->dtype == DType::BF16 ? 1 : 0;
-        float e_ = eps;
-        go(name, K.rms, (unsigned)rows, (unsigned)(cols / dim), 256, {&step, &mode, &xin, &ldx, &wd, &wdt, &y, &ldy, &dim, &e_});
+        int wdt        = w && w->dtype == DType::BF16 ? 1 : 0;
+        float e_       = eps;
+        go(name, K.rms, (unsigned)rows, (unsigned)(cols / dim), 256,
+           {&step, &mode, &xin, &ldx, &wd, &wdt, &y, &ldy, &dim, &e_});
     };
     // y = a + b (kind 0) or gelu_tanh(a) * b (kind 1) over [n, cols].
-    auto elem = [&](const char* name, int kind, CUdeviceptr ea, long lda, CUdeviceptr eb, long ldb, CUdeviceptr y, long ldy, int cols) {
+    auto elem = [&](const char* name, int kind, CUdeviceptr ea, long lda, CUdeviceptr eb, long ldb,
+                    CUdeviceptr y, long ldy, int cols) {
         float f = 1.0f;
         int sdt = 0;
-        go(name, K.elem, (unsigned)n, cdiv(cols, 256), 256, {&step_n, &mode, &kind, &ea, &lda, &eb, &ldb, &y, &ldy, &cols, &f, &none, &sdt});
+        go(name, K.elem, (unsigned)n, cdiv(cols, 256), 256,
+           {&step_n, &mode, &kind, &ea, &lda, &eb, &ldb, &y, &ldy, &cols, &f, &none, &sdt});
     };
 
     // Patch embedder: input_proj(2 * (p - 0.5)) + (pos_x_emb + pos_y_emb).
@@ -102,12 +115,15 @@ g4_status vision_forward(g4_session* s, const towers::VisionTower& vt, const flo
     {
         CUdeviceptr tab = W(vt.pos_table());
         int tdt = vt.pos_table()->dtype == DType::BF16 ? 1 : 0, P = hp.position_embedding_size;
-        go("vision position embeddings", K.vt_posemb, (unsigned)n, cdiv(H, 256), 256, {&z, &dpos, &tab, &tdt, &H, &P});
+        go("vision position embeddings", K.vt_posemb, (unsigned)n, cdiv(H, 256), 256,
+           {&z, &dpos, &tab, &tdt, &H, &P});
     }
     int di = 0;
-    while (di < 6 && kFlashDims[di] != D) ++di;
+    while (di < 6 && kFlashDims[di] != D)
+        ++di;
     if (di == 6) {
-        *err = "vision tower on the GPU: no flash attention kernel for head_dim " + std::to_string(D) + " (recompile with --place vision=cpu)";
+        *err = "vision tower on the GPU: no flash attention kernel for head_dim " + std::to_string(D) +
+               " (recompile with --place vision=cpu)";
         return G4_ERR_UNSUPPORTED;
     }
     const FlashLaunch fl = flash_launch(n, heads, kvh, D);
@@ -121,13 +137,15 @@ g4_status vision_forward(g4_session* s, const towers::VisionTower& vt, const flo
         rms("vision k_norm", step_n, n, kk, ldkv, l.k_norm, kk, ldkv, kvw, D);
         rms("vision v_norm", step_n, n, v, ldkv, nullptr, v, ldkv, kvw, D);
         float theta = hp.rope_theta;
-        go("vision rope (q)", K.vt_rope2d, (unsigned)n, (unsigned)heads, (unsigned)std::max(32, D / 2), {&q, &ldq, &dpos, &D, &theta});
-        go("vision rope (k)", K.vt_rope2d, (unsigned)n, (unsigned)kvh, (unsigned)std::max(32, D / 2), {&kk, &ldkv, &dpos, &D, &theta});
+        go("vision rope (q)", K.vt_rope2d, (unsigned)n, (unsigned)heads, (unsigned)std::max(32, D / 2),
+           {&q, &ldq, &dpos, &D, &theta});
+        go("vision rope (k)", K.vt_rope2d, (unsigned)n, (unsigned)kvh, (unsigned)std::max(32, D / 2),
+           {&kk, &ldkv, &dpos, &D, &theta});
         {
             int hh = heads, kh = kvh, slots = n, window = -1, kvdt = 0;
             float scale = 1.0f;
-            go("vision attention", K.flash[di], fl.gx, fl.gy, fl.block, {&step_n, &q, &ldq, &kk, &v, &hh, &kh, &slots, &window, &scale, &o, &ldq, &kvdt},
-               fl.smem);
+            go("vision attention", K.flash[di], fl.gx, fl.gy, fl.block,
+               {&step_n, &q, &ldq, &kk, &v, &hh, &kh, &slots, &window, &scale, &o, &ldq, &kvdt}, fl.smem);
         }
         linear("vision o_proj", l.o, o, ldq, t, ldH);
         rms("vision post_attention_layernorm", step_n, n, t, ldH, l.ln_post_attn, t, ldH, H, H);
@@ -145,12 +163,15 @@ g4_status vision_forward(g4_session* s, const towers::VisionTower& vt, const flo
     {
         int kk2 = k * k;
         float w = 1.0f / (float)kk2, root = (float)std::sqrt((double)H);
-        go("vision pooling", K.vt_pool, (unsigned)cells, cdiv(H, 256), 256, {&z, &didx, &kk2, &H, &w, &root, &a});
+        go("vision pooling", K.vt_pool, (unsigned)cells, cdiv(H, 256), 256,
+           {&z, &didx, &kk2, &H, &w, &root, &a});
     }
     rms("embed_vision norm", step_c, cells, a, ldH, nullptr, t, ldH, H, H);
     long ldo = TH;
     gemm("embed_vision projection", step_c, cells, t, ldH, vt.embed_proj(), dout, ldo);
-    if (g4_status g = run.finish(out, dout, sizeof(float) * (size_t)cells * TH, "vision tower", err); g != G4_OK) return g;
+    if (g4_status g = run.finish(out, dout, sizeof(float) * (size_t)cells * TH, "vision tower", err);
+        g != G4_OK)
+        return g;
     *n_soft = cells;
     return G4_OK;
 }

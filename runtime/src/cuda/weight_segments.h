@@ -19,8 +19,8 @@ struct WeightSeg {
 // hole_e <= hole_b), packed in order, each segment at an offset congruent to its plan offset modulo
 // plan::kWeightAlign, so a device base aligned to it (cuMemAlloc's is at least 256 bytes) keeps the
 // alignment the compiler gave every weight. Appends to *segs; returns the bytes the allocation needs.
-inline uint64_t place_weight_segments(const std::vector<std::pair<uint64_t, uint64_t>>& ranges, uint64_t hole_b, uint64_t hole_e,
-                                      std::vector<WeightSeg>* segs) {
+inline uint64_t place_weight_segments(const std::vector<std::pair<uint64_t, uint64_t>>& ranges,
+                                      uint64_t hole_b, uint64_t hole_e, std::vector<WeightSeg>* segs) {
     uint64_t at = 0;
     auto add    = [&](uint64_t x, uint64_t y) {
         if (y <= x) return;
@@ -29,10 +29,12 @@ inline uint64_t place_weight_segments(const std::vector<std::pair<uint64_t, uint
         at += y - x;
     };
     for (auto [b, e] : ranges) {
-        if (hole_e > hole_b && hole_e > b && hole_b < e) add(b, hole_b), add(std::min(e, hole_e), e);
-        else add(b, e);
+        if (hole_e > hole_b && hole_e > b && hole_b < e)
+            add(b, hole_b), add(std::min(e, hole_e), e);
+        else
+            add(b, e);
     }
     return at;
 }
 
-}  // namespace g4::cuda_rt
+} // namespace g4::cuda_rt

@@ -11,10 +11,14 @@
 
 namespace g4::cuda_ws {
 
-inline uint64_t align256(uint64_t b) { return (b + 255) / 256 * 256; }
+inline uint64_t align256(uint64_t b) {
+    return (b + 255) / 256 * 256;
+}
 
 // Prefill key splits of an attention op as the runtime launches them (0: the flash kernel).
-inline int attention_splits(const plan::PlanOp& op) { return std::max(0, std::min(128, op.ip[5])); }
+inline int attention_splits(const plan::PlanOp& op) {
+    return std::max(0, std::min(128, op.ip[5]));
+}
 
 // g4_argmax: 2048 logits a block at Gemma's vocabulary; its buffer holds the token, a counter and
 // the per-block partials.
@@ -28,28 +32,33 @@ inline constexpr int kTopkMax   = 1024;
 // Top-p / min-p without top-k: g4_softmax_partial's blocks, each a (max, sum) pair of doubles.
 inline constexpr int kSoftmaxBlocks = 128;
 // Candidates of the first round (the largest): ceil(vocab / block) blocks x kTopkMax.
-inline uint64_t topk_candidates(int64_t vocab) { return (uint64_t)((vocab + kTopkBlock - 1) / kTopkBlock) * kTopkMax; }
+inline uint64_t topk_candidates(int64_t vocab) {
+    return (uint64_t)((vocab + kTopkBlock - 1) / kTopkBlock) * kTopkMax;
+}
 
 struct Workspace {
-    uint64_t part = 16, scores = 16;      // floats: attention partials (prefill and decode), split-over-keys scores
-    uint64_t wscratch = 0, xscratch = 0;  // bytes: the cuBLAS tier's bf16 weights and activations (0: no tier)
-    uint64_t cublas = 0;                  // bytes: cuBLAS workspace (with the tier)
-    bool tiled = false;                   // kQuantTiled32 weights: wscratch is needed even without cuBLAS
-    uint64_t candidates = 0;              // (value, index) pairs in each of the sampler's two round buffers
-    uint64_t vocab = 0;                   // floats: the repetition-penalised copy of the logits
-    uint64_t history = 0;                 // ints: the penalised tokens (up to max_context)
-    uint64_t mlp_rep = 0;                 // floats: the fused decode MLPs' output replicas [R - 1, H], the most any needs
-    bool primary = true;                  // the plan's GPU: also the argmax and sampler buffers
+    uint64_t part     = 16,
+             scores   = 16; // floats: attention partials (prefill and decode), split-over-keys scores
+    uint64_t wscratch = 0, xscratch = 0; // bytes: the cuBLAS tier's bf16 weights and activations (0: no tier)
+    uint64_t cublas     = 0;             // bytes: cuBLAS workspace (with the tier)
+    bool tiled          = false;         // kQuantTiled32 weights: wscratch is needed even without cuBLAS
+    uint64_t candidates = 0;             // (value, index) pairs in each of the sampler's two round buffers
+    uint64_t vocab      = 0;             // floats: the repetition-penalised copy of the logits
+    uint64_t history    = 0;             // ints: the penalised tokens (up to max_context)
+    uint64_t mlp_rep    = 0; // floats: the fused decode MLPs' output replicas [R - 1, H], the most any needs
+    bool primary        = true; // the plan's GPU: also the argmax and sampler buffers
 
     // Device bytes of everything a session allocates on one GPU besides the arenas (each allocation
     // rounded to 256 bytes, as cuMemAlloc aligns them): attention, cuBLAS, step and MLP replica buffers,
     // and on the plan's GPU the argmax and sampler buffers.
     uint64_t device_bytes() const {
-        uint64_t b = align256(part * 4) + align256(scores * 4) + align256(64) + (mlp_rep ? align256(mlp_rep * 4) : 0);
-        if (xscratch) b += align256(std::max<uint64_t>(256, wscratch)) + align256(xscratch) + align256(cublas);
+        uint64_t b =
+            align256(part * 4) + align256(scores * 4) + align256(64) + (mlp_rep ? align256(mlp_rep * 4) : 0);
+        if (xscratch)
+            b += align256(std::max<uint64_t>(256, wscratch)) + align256(xscratch) + align256(cublas);
         if (primary)
-            b += align256(kArgmaxBytes) + 2 * align256(candidates * 8) + align256(vocab * 4) + align256(history * 4) +
-                 align256(kSoftmaxBlocks * 16);
+            b += align256(kArgmaxBytes) + 2 * align256(candidates * 8) + align256(vocab * 4) +
+                 align256(history * 4) + align256(kSoftmaxBlocks * 16);
         return b;
     }
 };
@@ -62,8 +71,9 @@ inline int mlp_replicas(const plan::CudaLaunch& l) {
 // ops/tensors: the plan's records; max_rows: prefill chunk; vocab: the LM head's rows; primary: the
 // plan's GPU; launches: the CUDA decode schedule (null: none). Cross-device plans size each GPU by the
 // ops it runs: those with op_gpu[i] == gpu (op_gpu null: every op).
-inline Workspace workspace(const plan::PlanOp* ops, size_t n_ops, const plan::PlanTensor* tensors, int64_t max_rows, int64_t max_context,
-                           int64_t vocab, bool primary = true, const int* op_gpu = nullptr, int gpu = 0,
+inline Workspace workspace(const plan::PlanOp* ops, size_t n_ops, const plan::PlanTensor* tensors,
+                           int64_t max_rows, int64_t max_context, int64_t vocab, bool primary = true,
+                           const int* op_gpu = nullptr, int gpu = 0,
                            const plan::CudaLaunch* launches = nullptr, size_t n_launches = 0) {
     Workspace w;
     w.primary = primary;
@@ -71,28 +81,35 @@ inline Workspace workspace(const plan::PlanOp* ops, size_t n_ops, const plan::Pl
         const plan::CudaLaunch& l = launches[li];
         const int reps            = mlp_replicas(l);
         if (reps < 2 || (op_gpu && op_gpu[l.op] != gpu)) continue;
-        const uint64_t H = (uint64_t)tensors[ops[l.ip[3]].in[1]].dims[0];   // the down's rows
-        w.mlp_rep = std::max<uint64_t>(w.mlp_rep, (uint64_t)(reps - 1) * H);
+        const uint64_t H = (uint64_t)tensors[ops[l.ip[3]].in[1]].dims[0]; // the down's rows
+        w.mlp_rep        = std::max<uint64_t>(w.mlp_rep, (uint64_t)(reps - 1) * H);
     }
     for (size_t i = 0; i < n_ops; ++i) {
         if (op_gpu && op_gpu[i] != gpu) continue;
         const plan::PlanOp& op = ops[i];
         if (op.code == (uint16_t)OpCode::Matmul && op.ip[6] == (int32_t)plan::MatmulVariant::Cublas) {
             const plan::PlanTensor& t = tensors[op.in[1]];
-            if (t.dtype == (uint8_t)DType::NF4) w.wscratch = std::max<uint64_t>(w.wscratch, (uint64_t)t.dims[0] * t.dims[1] * 2);
-            if (t.dtype == (uint8_t)DType::NF4 && (t.quant_flags & plan::kQuantTiled32)) {   // + its row-major codes and absmax
-                const nf4::Layout l = nf4::layout(t.dims[0] * t.dims[1], t.quant_flags & plan::kQuantDoubleQuant);
-                w.wscratch = std::max<uint64_t>(w.wscratch, align256((uint64_t)t.dims[0] * t.dims[1] * 2) + (l.double_quant ? l.absmax2_off : l.total));
+            if (t.dtype == (uint8_t)DType::NF4)
+                w.wscratch = std::max<uint64_t>(w.wscratch, (uint64_t)t.dims[0] * t.dims[1] * 2);
+            if (t.dtype == (uint8_t)DType::NF4 &&
+                (t.quant_flags & plan::kQuantTiled32)) { // + its row-major codes and absmax
+                const nf4::Layout l =
+                    nf4::layout(t.dims[0] * t.dims[1], t.quant_flags & plan::kQuantDoubleQuant);
+                w.wscratch = std::max<uint64_t>(w.wscratch, align256((uint64_t)t.dims[0] * t.dims[1] * 2) +
+                                                                (l.double_quant ? l.absmax2_off : l.total));
                 w.tiled    = true;
             }
             w.xscratch = std::max<uint64_t>(w.xscratch, (uint64_t)max_rows * t.dims[1] * 2);
         }
         if (op.code != (uint16_t)OpCode::Attention) continue;
-        const uint64_t sp   = (uint64_t)attention_splits(op);
-        const uint64_t span = (uint64_t)(op.ip[4] > 0 ? std::min<int64_t>(op.ip[4], max_context) : max_context);
+        const uint64_t sp = (uint64_t)attention_splits(op);
+        const uint64_t span =
+            (uint64_t)(op.ip[4] > 0 ? std::min<int64_t>(op.ip[4], max_context) : max_context);
         w.part = std::max<uint64_t>(w.part, (uint64_t)max_rows * op.ip[0] * sp * (op.ip[2] + 2));
         w.part = std::max<uint64_t>(w.part, (uint64_t)op.ip[0] * std::max(1, op.ip[6]) * (op.ip[2] + 2));
-        if (sp) w.scores = std::max<uint64_t>(w.scores, (uint64_t)max_rows * op.ip[0] * sp * ((span + sp - 1) / sp + 1));
+        if (sp)
+            w.scores =
+                std::max<uint64_t>(w.scores, (uint64_t)max_rows * op.ip[0] * sp * ((span + sp - 1) / sp + 1));
     }
     if (w.xscratch) w.cublas = plan::kCublasWorkspaceBytes;
     w.candidates = topk_candidates(vocab);
@@ -105,8 +122,8 @@ inline Workspace workspace(const plan::PlanOp* ops, size_t n_ops, const plan::Pl
 // [logits_rows, vocab], the sampler's history [max_context], candidates [kTopkMax pairs] and
 // softmax partials [kSoftmaxBlocks pairs of doubles].
 inline uint64_t pinned_bytes(int64_t max_rows, int64_t logits_rows, int64_t vocab, int64_t max_context) {
-    return 64 + 64 + (uint64_t)max_rows * 4 + (uint64_t)logits_rows * vocab * 4 + (uint64_t)max_context * 4 + (uint64_t)kTopkMax * 8 +
-           (uint64_t)kSoftmaxBlocks * 16;
+    return 64 + 64 + (uint64_t)max_rows * 4 + (uint64_t)logits_rows * vocab * 4 + (uint64_t)max_context * 4 +
+           (uint64_t)kTopkMax * 8 + (uint64_t)kSoftmaxBlocks * 16;
 }
 
 } // namespace g4::cuda_ws

@@ -5,9 +5,10 @@
 //   STRINGS  NUL-terminated names referenced by tensors and ops
 //   TENSORS  PlanTensor records: weights (in WEIGHTS), activations (arena offsets), KV caches, inputs
 //   OPS      PlanOp records: the program the runtime replays, in order
-//   WEIGHTS  tensor bytes, each kWeightAlign (256) aligned (the reader requires kTensorAlign), used in place from the mmap (CPU) or uploaded (CUDA)
-//   TOKENIZER tokenizer.json text; CUBIN/PTX the CUDA kernels compiled for the plan's target
-//   CUDA_SCHEDULE CudaLaunch records: the launches of one decode step (fused kernels), CUDA plans only
+//   WEIGHTS  tensor bytes, each kWeightAlign (256) aligned (the reader requires kTensorAlign), used in place
+//   from the mmap (CPU) or uploaded (CUDA) TOKENIZER tokenizer.json text; CUBIN/PTX the CUDA kernels compiled
+//   for the plan's target CUDA_SCHEDULE CudaLaunch records: the launches of one decode step (fused kernels),
+//   CUDA plans only
 //
 // Every section has its FNV-1a 64 checksum in the section table, and (from format 1.1) the table has its
 // own in the header's reserved0. The header, the table and every section but WEIGHTS are verified at every
@@ -22,90 +23,102 @@
 
 namespace g4::plan {
 
-inline constexpr char kMagic[8]        = {'G', '4', 'P', 'L', 'A', 'N', 0, 0};
-inline constexpr uint16_t kFormatMajor = 1;
-inline constexpr uint16_t kFormatMinor = 1;
+inline constexpr char kMagic[8]         = {'G', '4', 'P', 'L', 'A', 'N', 0, 0};
+inline constexpr uint16_t kFormatMajor  = 1;
+inline constexpr uint16_t kFormatMinor  = 1;
 inline constexpr uint64_t kSectionAlign = 4096;
-inline constexpr uint64_t kTensorAlign  = 64;    // what the reader requires of every tensor's offset
+inline constexpr uint64_t kTensorAlign  = 64; // what the reader requires of every tensor's offset
 // What the compiler gives each weight (in WEIGHTS; a GPU's copy keeps offsets modulo it, cuda/backend.cpp).
 // At 64 bytes each text layer's tensors took up an odd number of 64-byte units (its one-float layer
 // scalar), so every other layer's matrices started half a 128-byte line off; the fused decode MLP, whose
 // 8-lane groups read 128 bytes of a row at a time, ran 2.4-4.6% slower on exactly those layers (on an
 // H100, traced with bench/scripts/trace_lab.sh).
-inline constexpr uint64_t kWeightAlign  = 256;
+inline constexpr uint64_t kWeightAlign = 256;
 
-enum class SectionKind : uint32_t { Meta = 1, Strings = 2, Tensors = 3, Ops = 4, Weights = 5, Tokenizer = 6, Cubin = 7, Ptx = 8, CudaSchedule = 9 };
+enum class SectionKind : uint32_t {
+    Meta         = 1,
+    Strings      = 2,
+    Tensors      = 3,
+    Ops          = 4,
+    Weights      = 5,
+    Tokenizer    = 6,
+    Cubin        = 7,
+    Ptx          = 8,
+    CudaSchedule = 9
+};
 
 struct PlanHeader {
     char magic[8];
     uint16_t format_major;
     uint16_t format_minor;
-    uint32_t header_size;          // sizeof(PlanHeader)
-    uint64_t file_size;            // whole file; a shorter file is truncated
+    uint32_t header_size; // sizeof(PlanHeader)
+    uint64_t file_size;   // whole file; a shorter file is truncated
     uint64_t section_table_offset;
     uint32_t section_count;
     uint32_t flags;
-    uint64_t schema_hash;          // schema_hash() of the writer
-    uint64_t reserved0;            // format >= 1.1: FNV-1a 64 of the section table (0 in 1.0 plans)
+    uint64_t schema_hash; // schema_hash() of the writer
+    uint64_t reserved0;   // format >= 1.1: FNV-1a 64 of the section table (0 in 1.0 plans)
     uint32_t reserved1;
-    uint32_t header_checksum;      // low 32 bits of FNV-1a over the header with this field zeroed
+    uint32_t header_checksum; // low 32 bits of FNV-1a over the header with this field zeroed
 };
 static_assert(sizeof(PlanHeader) == 64);
 
 struct PlanSection {
-    uint32_t kind;                 // SectionKind
+    uint32_t kind; // SectionKind
     uint32_t reserved;
-    uint64_t offset;               // from file start, kSectionAlign-aligned
+    uint64_t offset; // from file start, kSectionAlign-aligned
     uint64_t size;
-    uint64_t checksum;             // FNV-1a 64 of the section bytes
+    uint64_t checksum; // FNV-1a 64 of the section bytes
 };
 static_assert(sizeof(PlanSection) == 32);
 
 enum class TensorKind : uint8_t { Weight = 0, Activation = 1, KvCache = 2, Input = 3 };
 
 struct PlanTensor {
-    uint32_t name;                 // offset into STRINGS
-    uint8_t dtype;                 // g4::DType
-    uint8_t kind;                  // TensorKind
-    uint8_t ndim;                  // 1..4
+    uint32_t name; // offset into STRINGS
+    uint8_t dtype; // g4::DType
+    uint8_t kind;  // TensorKind
+    uint8_t ndim;  // 1..4
     uint8_t flags;
-    int64_t dims[4];               // Activation/Input: dims[0] = max rows of a step
-    uint64_t offset;               // Weight: in WEIGHTS; Activation/Input: in activation arena; KvCache (f32 or bf16): in KV arena
-    uint64_t nbytes;               // NF4: the whole blob (kernels/nf4.h)
-    uint32_t quant_flags;          // NF4: kQuantDoubleQuant
+    int64_t dims[4]; // Activation/Input: dims[0] = max rows of a step
+    uint64_t offset; // Weight: in WEIGHTS; Activation/Input: in activation arena; KvCache (f32 or bf16): in
+                     // KV arena
+    uint64_t nbytes; // NF4: the whole blob (kernels/nf4.h)
+    uint32_t quant_flags; // NF4: kQuantDoubleQuant
     uint32_t reserved;
 };
 static_assert(sizeof(PlanTensor) == 64);
 
 inline constexpr uint32_t kQuantDoubleQuant = 1;
 // NF4 [H, I] stored tiled for the fused decode MLP and attention-o (LaunchKind::Mlp / AttnO, CUDA sm_90
-// plans): the same blob parts, codes as [I / 32][H][16 bytes] (slice j holds columns 32j..32j+31 of every row) and absmax as [I / 64][H];
-// absmax2 (double quant) keeps the row-major block index r * I / 64 + c / 64. For every other use (prefill)
-// the CUDA runtime dequantizes it to bf16 in place (the cuBLAS tier) or first puts codes and absmax back in
-// row-major order (g4_nf4_untile32, into scratch); CPU kernels refuse it.
+// plans): the same blob parts, codes as [I / 32][H][16 bytes] (slice j holds columns 32j..32j+31 of every
+// row) and absmax as [I / 64][H]; absmax2 (double quant) keeps the row-major block index r * I / 64 + c / 64.
+// For every other use (prefill) the CUDA runtime dequantizes it to bf16 in place (the cuBLAS tier) or first
+// puts codes and absmax back in row-major order (g4_nf4_untile32, into scratch); CPU kernels refuse it.
 inline constexpr uint32_t kQuantTiled32 = 2;
 // PlanTensor.flags of weights holds the compiler's weight role; the runtime reads these two: a vision/audio
-// tower weight (read by runtime/src/towers on the CPU, never uploaded), and a tower's 0-d tensor stored as [1].
+// tower weight (read by runtime/src/towers on the CPU, never uploaded), and a tower's 0-d tensor stored as
+// [1].
 inline constexpr uint8_t kRoleTower = 9, kRoleTowerScalar = 10;
 
 // Which rows an op processes in a step of T rows with R = out_rows logits requested.
 enum class RowMode : int32_t {
-    All      = 0,   // rows 0..T-1
-    TailIn   = 1,   // inputs rows T-R..T-1, outputs rows 0..R-1 (final norm)
-    OutRows  = 2,   // rows 0..R-1 (LM head, softcap)
+    All     = 0, // rows 0..T-1
+    TailIn  = 1, // inputs rows T-R..T-1, outputs rows 0..R-1 (final norm)
+    OutRows = 2, // rows 0..R-1 (LM head, softcap)
 };
 
 struct PlanOp {
-    uint16_t code;                 // g4::OpCode
-    uint16_t layer;                // decoder layer, 0xFFFF for none
-    uint32_t name;                 // name of the op's result, offset into STRINGS
-    int32_t in[4];                 // tensor indices, -1 = unused
+    uint16_t code;  // g4::OpCode
+    uint16_t layer; // decoder layer, 0xFFFF for none
+    uint32_t name;  // name of the op's result, offset into STRINGS
+    int32_t in[4];  // tensor indices, -1 = unused
     int32_t out[2];
-    int32_t in_col[4];             // column offset of each input view
+    int32_t in_col[4]; // column offset of each input view
     int32_t out_col[2];
-    int32_t row_mode;              // RowMode
-    int32_t ip[7];                 // integer parameters (see compiler/graph and runtime/executor)
-    float fp[4];                   // float parameters
+    int32_t row_mode; // RowMode
+    int32_t ip[7];    // integer parameters (see compiler/graph and runtime/executor)
+    float fp[4];      // float parameters
 };
 static_assert(sizeof(PlanOp) == 104);
 
@@ -114,59 +127,61 @@ inline constexpr uint16_t kNoLayer = 0xFFFF;
 // CUDA kernel variants chosen by the compiler for a matmul (PlanOp.ip[5] for decode steps of one
 // row, ip[6] for prefill chunks); CPU plans ignore them.
 enum class MatmulVariant : int32_t {
-    PerRow      = 0,   // one warp per output row (any shape, fp32 arithmetic)
-    Gemv4       = 1,   // decode: 4 rows per warp (NF4 K % 512 == 0, bf16 K % 256 == 0)
-    Tiled64     = 2,   // prefill: 64x64 tiles, fp32 arithmetic (K % 32 == 0)
-    TensorCore  = 3,   // prefill: mma.sync bf16 operands, fp32 accumulate (K % 32 == 0)
-    Cublas      = 4,   // prefill: bf16 operands (NF4 dequantized to a scratch matrix), cuBLAS GEMM with
-                       // fp32 accumulate; the runtime falls back to TensorCore where libcublas is absent
+    PerRow     = 0, // one warp per output row (any shape, fp32 arithmetic)
+    Gemv4      = 1, // decode: 4 rows per warp (NF4 K % 512 == 0, bf16 K % 256 == 0)
+    Tiled64    = 2, // prefill: 64x64 tiles, fp32 arithmetic (K % 32 == 0)
+    TensorCore = 3, // prefill: mma.sync bf16 operands, fp32 accumulate (K % 32 == 0)
+    Cublas     = 4, // prefill: bf16 operands (NF4 dequantized to a scratch matrix), cuBLAS GEMM with
+                    // fp32 accumulate; the runtime falls back to TensorCore where libcublas is absent
 };
 
 // The CUDA decode schedule (section CUDA_SCHEDULE): what one decode step launches, in order. The
 // compiler (compiler/cuda_schedule.cpp) fuses op sequences into one kernel where it can; every op of
 // OPS is covered by exactly one record. t[] are tensor indices (-1 = none), per kind:
 enum class LaunchKind : uint16_t {
-    Op      = 0,   // op `op` with its own kernel
-    ResNorm = 1,   // x_out = (x + rms(d) * post_w) * fp1 * scalar; xn = rms(x_out) * pre_w
-                   //   t: 0 x, 1 d (-1: no residual branch, x_out = x * fp1 * scalar), 2 post_w, 3 scalar,
-                   //   4 x_out (-1: not written), 5 pre_w, 6 xn (-1: not computed), 7 zeroed after (the
-                   //   next Mlp's y, or -1); ip0 cols; fp0 eps; ip1 1: folded into the Ple launch after it
-                   //   (g4_ple_res runs it; nothing launched here; the Mlp before it, 256 threads and one
-                   //   output, runs its _z kernel, which zeroes t7; no t3, t5, t6); ip1 2: folded into the
-                   //   packed-f16 Mlp launch after it, whose input is t6 (its _r kernel runs it; nothing launched
-                   //   here; t7 is that Mlp's output; no t3; mlp_res_fits); ip2 the tensor + 1 of a second
-                   //   buffer zeroed (g4_resnorm_z2; 0: none): the output of an Mlp after it whose ResNorm
-                   //   has ip1 2 (not on a ResNorm summing output replicas)
-    Gemv    = 2,   // ip0..2 matmul ops sharing x (ip3 of them); ip4 epilogue (0 store, 1 gelu(gate) * up,
-                   //   2 gelu(y) * aux, 3 softcap); ip5 lanes per weight row (8..128); t0 aux, ip6 aux
-                   //   column, t1 epilogue output; fp0 softcap
-    QkvPost = 3,   // q_norm, q_rope [, k_norm, k_rope, v_norm, kv_store] (count 2 or 6) in one kernel
-    QkvAttn = 4,   // QkvPost's ops and the decode Attention op after them (count 3 or 7) in the attention
-                   //   kernel; QkvPost's fields, ip4 the number of QkvPost ops (2 or 6)
-    Mlp     = 5,   // gate, up, GeluMul, down (count 4) in g4_mlp_nf4 (sm_90; the down weight kQuantTiled32);
-                   //   ip0 gate op, ip1 up op, ip3 down op, ip5 threads a block (128 | 256: g4_mlp_nf4_b256);
-                   //   adds into the down's output, which the ResNorm launch before it zeroes (its t7);
-                   //   ip6 output replicas R (1..kMlpReplicasMax): R > 1, block j adds into replica j % R
-                   //   (0: the output itself, r > 0: the session's replica buffer [R - 1, H]) and the next
-                   //   launch is the ResNorm whose d (t1) is that output, which sums and re-zeroes them
-                   //   ip7 arithmetic: 0 f32 (g4_mlp_nf4*), 1 packed f16 products (g4_mlp_nf4*_h2: f32 block
-                   //   scales only, H % 32 == 0, H <= kMlpF16MaxH)
-    AttnO   = 6,   // the o projection (count 1, an NF4 Matmul of the attention's output, weight kQuantTiled32) in
-                   //   g4_attn_o_nf4_g* with the decode attention's merge (sm_90): ip1 the Attention op (run by the
-                   //   launch before, which then leaves its partials unmerged); adds into the o output, which the
-                   //   ResNorm launch before the layer's q/k/v projection zeroes (its t7)
-    Ple     = 7,   // the per-layer-input gate (bf16 Matmul), GeluMul with the per-layer input, projection (bf16
-                   //   Matmul) (count 3) in g4_ple_bf16_g* (sm_90); adds into the projection's output, which the
-                   //   ResNorm launch before it zeroes (its t7; when that ResNorm is folded in, ip1 = 1:
-                   //   g4_ple_res_bf16_g*, and the Mlp before zeroes it)
-    PleIn   = 8,   // Scale(ctx), RmsNorm(ctx, groups of ip1 = P, weight t1), Add(ctx, tok t2) -> out t3, Scale(out)
-                   //   (count 4; the scales' fp0 and the norm's eps read from the ops) in g4_ple_in; t0 ctx;
-                   //   ip0 N (a multiple of P <= 1024)
+    Op      = 0, // op `op` with its own kernel
+    ResNorm = 1, // x_out = (x + rms(d) * post_w) * fp1 * scalar; xn = rms(x_out) * pre_w
+                 //   t: 0 x, 1 d (-1: no residual branch, x_out = x * fp1 * scalar), 2 post_w, 3 scalar,
+                 //   4 x_out (-1: not written), 5 pre_w, 6 xn (-1: not computed), 7 zeroed after (the
+                 //   next Mlp's y, or -1); ip0 cols; fp0 eps; ip1 1: folded into the Ple launch after it
+                 //   (g4_ple_res runs it; nothing launched here; the Mlp before it, 256 threads and one
+                 //   output, runs its _z kernel, which zeroes t7; no t3, t5, t6); ip1 2: folded into the
+                 //   packed-f16 Mlp launch after it, whose input is t6 (its _r kernel runs it; nothing
+                 //   launched here; t7 is that Mlp's output; no t3; mlp_res_fits); ip2 the tensor + 1 of a
+                 //   second buffer zeroed (g4_resnorm_z2; 0: none): the output of an Mlp after it whose
+                 //   ResNorm has ip1 2 (not on a ResNorm summing output replicas)
+    Gemv = 2,    // ip0..2 matmul ops sharing x (ip3 of them); ip4 epilogue (0 store, 1 gelu(gate) * up,
+                 //   2 gelu(y) * aux, 3 softcap); ip5 lanes per weight row (8..128); t0 aux, ip6 aux
+                 //   column, t1 epilogue output; fp0 softcap
+    QkvPost = 3, // q_norm, q_rope [, k_norm, k_rope, v_norm, kv_store] (count 2 or 6) in one kernel
+    QkvAttn = 4, // QkvPost's ops and the decode Attention op after them (count 3 or 7) in the attention
+                 //   kernel; QkvPost's fields, ip4 the number of QkvPost ops (2 or 6)
+    Mlp = 5,     // gate, up, GeluMul, down (count 4) in g4_mlp_nf4 (sm_90; the down weight kQuantTiled32);
+                 //   ip0 gate op, ip1 up op, ip3 down op, ip5 threads a block (128 | 256: g4_mlp_nf4_b256);
+                 //   adds into the down's output, which the ResNorm launch before it zeroes (its t7);
+                 //   ip6 output replicas R (1..kMlpReplicasMax): R > 1, block j adds into replica j % R
+                 //   (0: the output itself, r > 0: the session's replica buffer [R - 1, H]) and the next
+                 //   launch is the ResNorm whose d (t1) is that output, which sums and re-zeroes them
+                 //   ip7 arithmetic: 0 f32 (g4_mlp_nf4*), 1 packed f16 products (g4_mlp_nf4*_h2: f32 block
+                 //   scales only, H % 32 == 0, H <= kMlpF16MaxH)
+    AttnO = 6, // the o projection (count 1, an NF4 Matmul of the attention's output, weight kQuantTiled32) in
+               //   g4_attn_o_nf4_g* with the decode attention's merge (sm_90): ip1 the Attention op (run by
+               //   the launch before, which then leaves its partials unmerged); adds into the o output, which
+               //   the ResNorm launch before the layer's q/k/v projection zeroes (its t7)
+    // the per-layer-input gate (bf16 Matmul), GeluMul with the per-layer input, projection (bf16 Matmul)
+    // (count 3) in g4_ple_bf16_g* (sm_90); adds into the projection's output, which the ResNorm launch before
+    // it zeroes (its t7; when that ResNorm is folded in, ip1 = 1: g4_ple_res_bf16_g*, and the Mlp before
+    // zeroes it)
+    Ple = 7,
+    // Scale(ctx), RmsNorm(ctx, groups of ip1 = P, weight t1), Add(ctx, tok t2) -> out t3, Scale(out) (count
+    // 4; the scales' fp0 and the norm's eps read from the ops) in g4_ple_in; t0 ctx; ip0 N (a multiple of P
+    // <= 1024)
+    PleIn = 8,
 };
 struct CudaLaunch {
-    uint16_t kind;                 // LaunchKind
-    uint16_t count;                // ops covered: op .. op + count - 1
-    int32_t op;                    // first op covered (its name and layer identify the launch in errors)
+    uint16_t kind;  // LaunchKind
+    uint16_t count; // ops covered: op .. op + count - 1
+    int32_t op;     // first op covered (its name and layer identify the launch in errors)
     int32_t t[8];
     int32_t ip[8];
     float fp[2];
@@ -174,12 +189,15 @@ struct CudaLaunch {
 static_assert(sizeof(CudaLaunch) == 80);
 // Most output replicas of a fused decode MLP (CudaLaunch ip6; kernels.cu RN_MAX is one less).
 inline constexpr int kMlpReplicasMax = 4;
-// The packed-f16 MLP (Mlp ip7 = 1): H at most this (kernels.cu GV_XS_EXT_CHUNKS * 32: the x chunks' powers of two).
+// The packed-f16 MLP (Mlp ip7 = 1): H at most this (kernels.cu GV_XS_EXT_CHUNKS * 32: the x chunks' powers of
+// two).
 inline constexpr int64_t kMlpF16MaxH = 10240;
-inline bool mlp_f16_width_ok(int64_t H) { return H % 32 == 0 && H <= kMlpF16MaxH; }
-// Whether the packed-f16 MLP kernels of `threads` a block can run the ResNorm before them (ResNorm ip1 = 2, the
-// _r kernels: each thread keeps up to kernels.cu mlp_rv float4s of the input in registers, 5 at 128 threads, 3 at
-// 256): H <= 2560 at 128 threads, 3072 at 256.
+inline bool mlp_f16_width_ok(int64_t H) {
+    return H % 32 == 0 && H <= kMlpF16MaxH;
+}
+// Whether the packed-f16 MLP kernels of `threads` a block can run the ResNorm before them (ResNorm ip1 = 2,
+// the _r kernels: each thread keeps up to kernels.cu mlp_rv float4s of the input in registers, 5 at 128
+// threads, 3 at 256): H <= 2560 at 128 threads, 3072 at 256.
 inline bool mlp_res_fits(int64_t H, int threads) {
     const int rv = threads == 128 ? 5 : threads == 256 ? 3 : 0;
     return H > 0 && H % 4 == 0 && (H / 4 + 31) / 32 * 32 <= (int64_t)threads * rv;
@@ -203,16 +221,27 @@ inline uint64_t fnv1a64(const void* data, size_t n, uint64_t h = 146959810393466
 // they change).
 inline uint64_t schema_hash() {
     static const char kSchema[] =
-        "g4plan-v1;header64;section32;tensor64(quant_flags);op104;launch80(op0,resnorm1(t1|t4|t6:-1=none,t7:zero,ip1:folded_into_ple|mlp,ip2:zero2+1),gemv2,qkvpost3,qkvattn4(ip4:post_ops),mlp5(ip0:gate,ip1:up,ip3:down,ip5:threads,ip6:replicas,ip7:f16x2),attn_o6(op:o,ip1:attention(its merge here),t0:y),ple7(ops:gate,gelu_mul,proj;t0:y),ple_in8(t0:ctx,t1:w,t2:tok,t3:out;ip0:N,ip1:P));matmul_variant(cublas4);"
-        "ops:embed1(in:ids,table;fp0:scale),matmul2(in:x,w,bias?;ip5:decode_variant,ip6:prefill_variant),rms_norm3(in:x,w?;ip0:cols,ip1:dim;fp0:eps),"
+        "g4plan-v1;header64;section32;tensor64(quant_flags);op104;launch80(op0,resnorm1(t1|t4|t6:-1=none,t7:"
+        "zero,ip1:folded_into_ple|mlp,ip2:zero2+1),gemv2,qkvpost3,qkvattn4(ip4:post_ops),mlp5(ip0:gate,ip1:"
+        "up,ip3:down,ip5:threads,ip6:replicas,ip7:f16x2),attn_o6(op:o,ip1:attention(its merge "
+        "here),t0:y),ple7(ops:gate,gelu_mul,proj;t0:y),ple_in8(t0:ctx,t1:w,t2:tok,t3:out;ip0:N,ip1:P));"
+        "matmul_variant(cublas4);"
+        "ops:embed1(in:ids,table;fp0:scale),matmul2(in:x,w,bias?;ip5:decode_variant,ip6:prefill_variant),rms_"
+        "norm3(in:x,w?;ip0:cols,ip1:dim;fp0:eps),"
         "add4(ip0:cols),scale5(in:x,s?;ip0:cols;fp0:s),rope6(in:x,inv_freq;ip0:heads,ip1:dim),"
         "kv_store7(in:k,v;out:kc,vc;ip0:width,ip1:slots),"
-        "attention8(in:q,kc,vc;ip0:heads,ip1:kv_heads,ip2:dim,ip3:slots,ip4:window,ip5:prefill_splits(0=flash),ip6:decode_splits;fp0:scale),"
-        "gelu_mul9(ip0:cols),softcap10(ip0:cols;fp0:cap),copy11(in:x;out:x;ip0:cols,ip1:dst_device,ip2:src_device(-1=host));"
-        "meta:program.layer_devices,gpus(index,weights,kv),kv_host_begin;towers(weights,max_media_tokens,vision,audio;flags:tower9,tower_scalar10);"
-        "dtypes:f32=0,bf16=1,f16=2,i32=3,nf4=4(blob:codes,absmax|dq;quant_flags:dq1,tiled32_2);kinds:weight0,act1,kv2(dtype:f32|bf16,rne on store),input3;"
+        "attention8(in:q,kc,vc;ip0:heads,ip1:kv_heads,ip2:dim,ip3:slots,ip4:window,ip5:prefill_splits(0="
+        "flash),ip6:decode_splits;fp0:scale),"
+        "gelu_mul9(ip0:cols),softcap10(ip0:cols;fp0:cap),copy11(in:x;out:x;ip0:cols,ip1:dst_device,ip2:src_"
+        "device(-1=host));"
+        "meta:program.layer_devices,gpus(index,weights,kv),kv_host_begin;towers(weights,max_media_tokens,"
+        "vision,audio;flags:tower9,tower_scalar10);"
+        "dtypes:f32=0,bf16=1,f16=2,i32=3,nf4=4(blob:codes,absmax|dq;quant_flags:dq1,tiled32_2);kinds:weight0,"
+        "act1,kv2(dtype:f32|bf16,rne on store),input3;"
         "rowmode:all0,tailin1,outrows2;argmax(logits,vocab,ws,step,ids,host_tok,limit);"
-        "kargs:ple_in9,resnorm14(..,zero),resnorm_rep16(..,zero,rep,nrep),mlp376(..,yr,nrep,zero,rx,rd,rpw,rprew,xo,rpwdt,rprewdt,eps),mlp_rep,mlp_h2,mlp_z,mlp_r,resnorm_z2,ple104(..,rx,rd,rpw,xo,rpwdt,eps),ple_res";
+        "kargs:ple_in9,resnorm14(..,zero),resnorm_rep16(..,zero,rep,nrep),mlp376(..,yr,nrep,zero,rx,rd,rpw,"
+        "rprew,xo,rpwdt,rprewdt,eps),mlp_rep,mlp_h2,mlp_z,mlp_r,resnorm_z2,ple104(..,rx,rd,rpw,xo,rpwdt,eps),"
+        "ple_res";
     return fnv1a64(kSchema, sizeof(kSchema) - 1);
 }
 

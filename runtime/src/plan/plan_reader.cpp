@@ -69,20 +69,21 @@ int Plan::gpu_slot(int index) const {
 }
 
 void Plan::advise_random(size_t t) const {
-    const PlanTensor& w = tensors_[t];
+    const PlanTensor& w  = tensors_[t];
     const uintptr_t page = (uintptr_t)::sysconf(_SC_PAGESIZE);
-    const uintptr_t a = (uintptr_t)(weights_ + w.offset) & ~(page - 1);
-    const uintptr_t b = ((uintptr_t)(weights_ + w.offset + w.nbytes) + page - 1) & ~(page - 1);
+    const uintptr_t a    = (uintptr_t)(weights_ + w.offset) & ~(page - 1);
+    const uintptr_t b    = ((uintptr_t)(weights_ + w.offset + w.nbytes) + page - 1) & ~(page - 1);
     ::madvise((void*)a, b - a, MADV_RANDOM);
 }
 
 g4_status Plan::load(const std::string& path, bool verify_weights, std::string* err) {
-    path_ = path;
-    const g4_status CORRUPT = G4_ERR_PLAN_CORRUPT;
+    path_                       = path;
+    const g4_status CORRUPT     = G4_ERR_PLAN_CORRUPT;
     const std::string recompile = "; re-run g4 compile to rebuild the plan";
-    int fd = ::open(path.c_str(), O_RDONLY);
-    if (fd < 0) return fail(G4_ERR_IO, "cannot open plan file (" + std::string(std::strerror(errno)) + ")", err);
-    struct stat st{};
+    int fd                      = ::open(path.c_str(), O_RDONLY);
+    if (fd < 0)
+        return fail(G4_ERR_IO, "cannot open plan file (" + std::string(std::strerror(errno)) + ")", err);
+    struct stat st {};
     if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
         ::close(fd);
         return fail(G4_ERR_IO, "not a regular file", err);
@@ -90,7 +91,10 @@ g4_status Plan::load(const std::string& path, bool verify_weights, std::string* 
     size_ = (uint64_t)st.st_size;
     if (size_ < sizeof(PlanHeader)) {
         ::close(fd);
-        return fail(CORRUPT, "truncated plan: " + std::to_string(size_) + " bytes is smaller than the header" + recompile, err);
+        return fail(CORRUPT,
+                    "truncated plan: " + std::to_string(size_) + " bytes is smaller than the header" +
+                        recompile,
+                    err);
     }
     map_ = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
     ::close(fd);
@@ -102,17 +106,24 @@ g4_status Plan::load(const std::string& path, bool verify_weights, std::string* 
     header_             = (const PlanHeader*)base;
     if (std::memcmp(header_->magic, kMagic, 8) != 0) return fail(CORRUPT, "not a g4 plan (bad magic)", err);
     if (header_->format_major != kFormatMajor)
-        return fail(G4_ERR_PLAN_VERSION, "plan format " + std::to_string(header_->format_major) + "." +
-                    std::to_string(header_->format_minor) + " but this runtime reads " + std::to_string(kFormatMajor) +
-                    ".x" + recompile, err);
-    PlanHeader h = *header_;
+        return fail(G4_ERR_PLAN_VERSION,
+                    "plan format " + std::to_string(header_->format_major) + "." +
+                        std::to_string(header_->format_minor) + " but this runtime reads " +
+                        std::to_string(kFormatMajor) + ".x" + recompile,
+                    err);
+    PlanHeader h      = *header_;
     h.header_checksum = 0;
-    if ((uint32_t)fnv1a64(&h, sizeof h) != header_->header_checksum) return fail(CORRUPT, "header checksum mismatch" + recompile, err);
+    if ((uint32_t)fnv1a64(&h, sizeof h) != header_->header_checksum)
+        return fail(CORRUPT, "header checksum mismatch" + recompile, err);
     if (header_->schema_hash != schema_hash())
-        return fail(G4_ERR_PLAN_VERSION, "plan schema differs from this runtime's (written by another g4 version)" + recompile, err);
+        return fail(G4_ERR_PLAN_VERSION,
+                    "plan schema differs from this runtime's (written by another g4 version)" + recompile,
+                    err);
     if (header_->file_size != size_)
-        return fail(CORRUPT, "truncated or extended plan: header says " + std::to_string(header_->file_size) +
-                    " bytes, file has " + std::to_string(size_) + recompile, err);
+        return fail(CORRUPT,
+                    "truncated or extended plan: header says " + std::to_string(header_->file_size) +
+                        " bytes, file has " + std::to_string(size_) + recompile,
+                    err);
     uint64_t tab = header_->section_table_offset, n = header_->section_count;
     if (header_->header_size != sizeof(PlanHeader) || tab < sizeof(PlanHeader) || tab % 8)
         return fail(CORRUPT,
@@ -148,33 +159,53 @@ g4_status Plan::load(const std::string& path, bool verify_weights, std::string* 
                             err);
         }
         switch ((SectionKind)s.kind) {
-        case SectionKind::Meta: meta = &s; break;
-        case SectionKind::Strings: strs = &s; break;
-        case SectionKind::Tensors: tens = &s; break;
-        case SectionKind::Ops: ops = &s; break;
-        case SectionKind::Weights: wts = &s; break;
-        case SectionKind::Tokenizer: tokenizer_ = std::string_view((const char*)base + s.offset, s.size); break;
-        case SectionKind::Cubin: cubin_ = std::string_view((const char*)base + s.offset, s.size); break;
-        case SectionKind::Ptx: ptx_ = std::string_view((const char*)base + s.offset, s.size); break;
+        case SectionKind::Meta:
+            meta = &s;
+            break;
+        case SectionKind::Strings:
+            strs = &s;
+            break;
+        case SectionKind::Tensors:
+            tens = &s;
+            break;
+        case SectionKind::Ops:
+            ops = &s;
+            break;
+        case SectionKind::Weights:
+            wts = &s;
+            break;
+        case SectionKind::Tokenizer:
+            tokenizer_ = std::string_view((const char*)base + s.offset, s.size);
+            break;
+        case SectionKind::Cubin:
+            cubin_ = std::string_view((const char*)base + s.offset, s.size);
+            break;
+        case SectionKind::Ptx:
+            ptx_ = std::string_view((const char*)base + s.offset, s.size);
+            break;
         case SectionKind::CudaSchedule:
-            if (s.size % sizeof(CudaLaunch) || s.offset % 8) return fail(CORRUPT, "malformed CUDA schedule" + recompile, err);
+            if (s.size % sizeof(CudaLaunch) || s.offset % 8)
+                return fail(CORRUPT, "malformed CUDA schedule" + recompile, err);
             launches_   = (const CudaLaunch*)(base + s.offset);
             n_launches_ = s.size / sizeof(CudaLaunch);
             break;
-        default: break;   // unknown kinds from a newer minor version are skipped
+        default:
+            break; // unknown kinds from a newer minor version are skipped
         }
         bool small = (SectionKind)s.kind != SectionKind::Weights;
         if ((small || verify_weights) && fnv1a64(base + s.offset, s.size) != s.checksum)
             return fail(CORRUPT, "checksum mismatch in the " + what + ": the plan is damaged" + recompile,
                         err);
     }
-    if (!meta || !strs || !tens || !ops || !wts) return fail(CORRUPT, "missing a required section" + recompile, err);
+    if (!meta || !strs || !tens || !ops || !wts)
+        return fail(CORRUPT, "missing a required section" + recompile, err);
     if (tens->size % sizeof(PlanTensor) || ops->size % sizeof(PlanOp) || tens->offset % 8 || ops->offset % 8)
         return fail(CORRUPT, "malformed tensor or op table" + recompile, err);
     meta_         = std::string((const char*)base + meta->offset, meta->size);
     strings_      = (const char*)base + strs->offset;
     strings_size_ = strs->size;
-    if (strings_size_ == 0 || strings_[strings_size_ - 1] != '\0') return fail(CORRUPT, "string table not terminated" + recompile, err);
+    if (strings_size_ == 0 || strings_[strings_size_ - 1] != '\0')
+        return fail(CORRUPT, "string table not terminated" + recompile, err);
     tensors_      = (const PlanTensor*)(base + tens->offset);
     n_tensors_    = tens->size / sizeof(PlanTensor);
     ops_          = (const PlanOp*)(base + ops->offset);
@@ -185,9 +216,9 @@ g4_status Plan::load(const std::string& path, bool verify_weights, std::string* 
     try {
         if (std::string e = json_depth_error(meta_); !e.empty())
             return fail(CORRUPT, "META: " + e + recompile, err);
-        auto j              = nlohmann::json::parse(meta_);
-        arch_               = jsonf::get<std::string>(j, "architecture");
-        device_             = jsonf::value<std::string>(j, "device", "cpu");
+        auto j  = nlohmann::json::parse(meta_);
+        arch_   = jsonf::get<std::string>(j, "architecture");
+        device_ = jsonf::value<std::string>(j, "device", "cpu");
         if (j.contains("cuda")) {
             cuda_target_   = jsonf::get<std::string>(j["cuda"], "target");
             cuda_device_   = jsonf::value<int>(j["cuda"], "device_index", 0);
@@ -195,7 +226,7 @@ g4_status Plan::load(const std::string& path, bool verify_weights, std::string* 
         }
         if (j.contains("placement"))
             ple_on_host_ = jsonf::value<std::string>(j["placement"], "ple", "device") == "host";
-        const auto& p       = j.at("program");
+        const auto& p           = j.at("program");
         info_.max_rows          = jsonf::get<int32_t>(p, "max_rows");
         info_.max_context       = jsonf::get<int32_t>(p, "max_context");
         info_.logits_rows       = jsonf::get<int32_t>(p, "logits_rows");
@@ -208,13 +239,13 @@ g4_status Plan::load(const std::string& path, bool verify_weights, std::string* 
         info_.max_slots         = jsonf::get<int64_t>(p, "max_slots");
         info_.vocab_size        = jsonf::get<int32_t>(p, "vocab_size");
         info_.embed_vocab_limit = jsonf::get<int32_t>(p, "embed_vocab_limit");
-        const auto& hp      = j.at("hparams");
+        const auto& hp          = j.at("hparams");
         info_.num_layers        = jsonf::get<int32_t>(hp, "num_hidden_layers");
         info_.hidden_size       = jsonf::get<int32_t>(hp, "hidden_size");
-        info_.kv_host_begin = info_.kv_arena_bytes;
+        info_.kv_host_begin     = info_.kv_arena_bytes;
         info_.towers_begin = info_.towers_end = weights_size_;
         if (j.contains("towers")) {
-            const auto& tw = j.at("towers");
+            const auto& tw            = j.at("towers");
             info_.towers_begin        = jsonf::get<uint64_t>(tw.at("weights"), 0, "weights");
             info_.towers_end          = jsonf::get<uint64_t>(tw.at("weights"), 1, "weights");
             info_.max_media_tokens    = jsonf::get<int32_t>(tw, "max_media_tokens");
@@ -226,8 +257,8 @@ g4_status Plan::load(const std::string& path, bool verify_weights, std::string* 
                 return fail(CORRUPT, "bad metadata: towers precision '" + prec + "'" + recompile, err);
             info_.tower_bf16 = prec == "bf16";
             if (tw.contains("vision")) {
-                const auto& v         = tw.at("vision");
-                info_.vision_config   = v.at("config").dump();
+                const auto& v          = tw.at("vision");
+                info_.vision_config    = v.at("config").dump();
                 info_.image_tokens     = jsonf::get<int32_t>(v, "image_tokens");
                 info_.max_patches      = jsonf::get<int32_t>(v, "max_patches");
                 info_.max_image_pixels = jsonf::get<int64_t>(v, "max_image_pixels");
@@ -238,7 +269,8 @@ g4_status Plan::load(const std::string& path, bool verify_weights, std::string* 
                     jsonf::value<std::string>(v, "device", "cpu"); // absent in older plans
                 if (dev != "cpu") {
                     if (device_ != "cuda" || dev != "cuda:" + std::to_string(cuda_device_))
-                        return fail(CORRUPT, "bad metadata: vision tower device '" + dev + "'" + recompile, err);
+                        return fail(CORRUPT, "bad metadata: vision tower device '" + dev + "'" + recompile,
+                                    err);
                     info_.vision_gpu       = true;
                     info_.vision_begin     = jsonf::get<uint64_t>(v.at("weights"), 0, "weights");
                     info_.vision_end       = jsonf::get<uint64_t>(v.at("weights"), 1, "weights");
@@ -278,7 +310,8 @@ g4_status Plan::load(const std::string& path, bool verify_weights, std::string* 
                 return fail(CORRUPT, "bad metadata: towers" + recompile, err);
         }
         if (p.contains("layer_devices")) {
-            if (device_ != "cuda") return fail(CORRUPT, "bad metadata: layer_devices in a CPU plan" + recompile, err);
+            if (device_ != "cuda")
+                return fail(CORRUPT, "bad metadata: layer_devices in a CPU plan" + recompile, err);
             info_.layer_device  = jsonf::get<std::vector<int32_t>>(p, "layer_devices");
             info_.kv_host_begin = jsonf::get<uint64_t>(p, "kv_host_begin");
             for (const auto& g : p.at("gpus")) {
@@ -295,16 +328,21 @@ g4_status Plan::load(const std::string& path, bool verify_weights, std::string* 
                       info_.gpus[0].index == cuda_device_ && info_.kv_host_begin <= info_.kv_arena_bytes;
             for (size_t a = 0; a < info_.gpus.size(); ++a) {
                 const auto& g = info_.gpus[a];
-                ok            = ok && g.index >= 0 && g.index < 4096 && g.kv_begin <= g.kv_end && g.kv_end <= info_.kv_host_begin;
-                for (const auto& [b, e] : g.weights) ok = ok && b <= e && e <= weights_size_;
-                for (size_t b = 0; b < a; ++b) ok = ok && info_.gpus[b].index != g.index;
+                ok            = ok && g.index >= 0 && g.index < 4096 && g.kv_begin <= g.kv_end &&
+                     g.kv_end <= info_.kv_host_begin;
+                for (const auto& [b, e] : g.weights)
+                    ok = ok && b <= e && e <= weights_size_;
+                for (size_t b = 0; b < a; ++b)
+                    ok = ok && info_.gpus[b].index != g.index;
             }
-            for (int32_t d : info_.layer_device) ok = ok && (d == -1 || (d >= 0 && gpu_slot(d) >= 0));
-            if (!ok) return fail(CORRUPT, "bad metadata: layer_devices / gpus / kv_host_begin" + recompile, err);
+            for (int32_t d : info_.layer_device)
+                ok = ok && (d == -1 || (d >= 0 && gpu_slot(d) >= 0));
+            if (!ok)
+                return fail(CORRUPT, "bad metadata: layer_devices / gpus / kv_host_begin" + recompile, err);
         } else if (device_ == "cuda") {
             info_.gpus.push_back({cuda_device_, {{0, info_.towers_begin}}, 0, info_.kv_arena_bytes});
         }
-        const auto& g       = j.at("generation");
+        const auto& g            = j.at("generation");
         info_.eos_token_ids      = jsonf::get<std::vector<int32_t>>(g, "eos_token_ids");
         info_.bos_token_id       = jsonf::get<int32_t>(g, "bos_token_id");
         info_.pad_token_id       = jsonf::value<int32_t>(g, "pad_token_id", 0);
@@ -480,8 +518,8 @@ std::string Plan::launch_operands(const CudaLaunch& l) const {
 }
 
 g4_status Plan::validate_records(std::string* err) {
-    const g4_status CORRUPT = G4_ERR_PLAN_CORRUPT;
-    const ProgramInfo& in   = info_;
+    const g4_status CORRUPT     = G4_ERR_PLAN_CORRUPT;
+    const ProgramInfo& in       = info_;
     const std::string recompile = "; re-run g4 compile to rebuild the plan";
     // Sizes a session allocates from: bounded here (the arenas below, by the tensors they hold).
     if (in.max_rows < 1 || in.max_rows > 8192 || in.max_context < 1 || in.max_context > (1 << 24) ||
@@ -520,22 +558,33 @@ g4_status Plan::validate_records(std::string* err) {
         if (!dims_ok(t) || t.dtype > (uint8_t)DType::NF4 || t.kind > (uint8_t)TensorKind::Input)
             return fail(CORRUPT, what + ": bad dtype, kind or shape", err);
         int64_t n = 1;
-        for (int d = 0; d < t.ndim; ++d) n *= t.dims[d];
-        uint64_t expect = t.dtype == (uint8_t)DType::NF4 ? nf4::layout(n, t.quant_flags & kQuantDoubleQuant).total
-                                                         : dtype_bytes((DType)t.dtype, n);
+        for (int d = 0; d < t.ndim; ++d)
+            n *= t.dims[d];
+        uint64_t expect = t.dtype == (uint8_t)DType::NF4
+                              ? nf4::layout(n, t.quant_flags & kQuantDoubleQuant).total
+                              : dtype_bytes((DType)t.dtype, n);
         if (t.nbytes != expect) return fail(CORRUPT, what + ": byte size disagrees with shape", err);
-        if (t.dtype == (uint8_t)DType::NF4 && t.kind != (uint8_t)TensorKind::Weight) return fail(CORRUPT, what + ": NF4 must be a weight", err);
+        if (t.dtype == (uint8_t)DType::NF4 && t.kind != (uint8_t)TensorKind::Weight)
+            return fail(CORRUPT, what + ": NF4 must be a weight", err);
         uint64_t limit = 0;
         switch ((TensorKind)t.kind) {
-        case TensorKind::Weight: limit = weights_size_; break;
-        case TensorKind::KvCache: limit = in.kv_arena_bytes; break;
-        default: limit = in.act_arena_bytes; break;
+        case TensorKind::Weight:
+            limit = weights_size_;
+            break;
+        case TensorKind::KvCache:
+            limit = in.kv_arena_bytes;
+            break;
+        default:
+            limit = in.act_arena_bytes;
+            break;
         }
-        if (t.offset > limit || t.nbytes > limit - t.offset) return fail(CORRUPT, what + ": data out of bounds", err);
+        if (t.offset > limit || t.nbytes > limit - t.offset)
+            return fail(CORRUPT, what + ": data out of bounds", err);
         if (t.offset % kTensorAlign) return fail(CORRUPT, what + ": misaligned", err);
         if ((TensorKind)t.kind == TensorKind::Activation && (t.ndim != 2 || t.dtype != (uint8_t)DType::F32))
             return fail(CORRUPT, what + ": activations must be 2-D f32", err);
-        if ((TensorKind)t.kind == TensorKind::KvCache && (t.ndim != 2 || (t.dtype != (uint8_t)DType::F32 && t.dtype != (uint8_t)DType::BF16)))
+        if ((TensorKind)t.kind == TensorKind::KvCache &&
+            (t.ndim != 2 || (t.dtype != (uint8_t)DType::F32 && t.dtype != (uint8_t)DType::BF16)))
             return fail(CORRUPT, what + ": KV caches must be 2-D f32 or bf16", err);
     }
     // The arenas a session allocates are no larger than their tensors laid end to end (each rounded up to
@@ -559,18 +608,22 @@ g4_status Plan::validate_records(std::string* err) {
                         std::to_string(in.max_k) + " (widest weight " + std::to_string(widest_k) + ")" +
                         recompile,
                     err);
-    auto is = [&](int32_t idx, TensorKind k) { return idx >= 0 && (size_t)idx < n_tensors_ && tensors_[idx].kind == (uint8_t)k; };
+    auto is = [&](int32_t idx, TensorKind k) {
+        return idx >= 0 && (size_t)idx < n_tensors_ && tensors_[idx].kind == (uint8_t)k;
+    };
     if (!is(in.ids_tensor, TensorKind::Input) || tensors_[in.ids_tensor].dims[0] < in.max_rows ||
         tensors_[in.ids_tensor].dtype != (uint8_t)DType::I32)
         return fail(CORRUPT, "bad ids tensor", err);
-    if (!is(in.logits_tensor, TensorKind::Activation) || tensors_[in.logits_tensor].dims[0] < in.logits_rows ||
+    if (!is(in.logits_tensor, TensorKind::Activation) ||
+        tensors_[in.logits_tensor].dims[0] < in.logits_rows ||
         tensors_[in.logits_tensor].dims[1] != in.vocab_size)
         return fail(CORRUPT, "bad logits tensor", err);
     for (size_t i = 0; i < n_ops_; ++i) {
         const PlanOp& op = ops_[i];
         std::string what = "op " + std::to_string(i);
         if (op.name >= strings_size_) return fail(CORRUPT, what + ": name out of bounds", err);
-        if (op.code < (uint16_t)OpCode::Embed || op.code > (uint16_t)OpCode::Copy) return fail(CORRUPT, what + ": unknown op code", err);
+        if (op.code < (uint16_t)OpCode::Embed || op.code > (uint16_t)OpCode::Copy)
+            return fail(CORRUPT, what + ": unknown op code", err);
         if (op.row_mode < 0 || op.row_mode > 2) return fail(CORRUPT, what + ": bad row mode", err);
         if (op.layer != kNoLayer && op.layer >= in.num_layers)
             return fail(CORRUPT,
@@ -578,123 +631,205 @@ g4_status Plan::validate_records(std::string* err) {
                             std::to_string(in.num_layers) + recompile,
                         err);
         for (int32_t t : op.in)
-            if (t < -1 || t >= (int32_t)n_tensors_) return fail(CORRUPT, what + ": input tensor index out of range", err);
+            if (t < -1 || t >= (int32_t)n_tensors_)
+                return fail(CORRUPT, what + ": input tensor index out of range", err);
         for (int32_t t : op.out)
-            if (t < -1 || t >= (int32_t)n_tensors_) return fail(CORRUPT, what + ": output tensor index out of range", err);
+            if (t < -1 || t >= (int32_t)n_tensors_)
+                return fail(CORRUPT, what + ": output tensor index out of range", err);
     }
     // Every op against the tensors it names (its indices are in range: checked above).
     if (const std::string bad = check_program(*this); !bad.empty()) return fail(CORRUPT, bad, err);
     // The CUDA schedule covers ops 0..n-1 in order, each exactly once; its operands are in range.
-    size_t next = 0;
-    const auto cols = [&](int32_t t) { return tensors_[t].ndim > 1 ? tensors_[t].dims[1] : tensors_[t].dims[0]; };   // a row's width
+    size_t next     = 0;
+    const auto cols = [&](int32_t t) {
+        return tensors_[t].ndim > 1 ? tensors_[t].dims[1] : tensors_[t].dims[0];
+    }; // a row's width
     for (size_t i = 0; i < n_launches_; ++i) {
         const CudaLaunch& l = launches_[i];
         std::string what    = "CUDA schedule record " + std::to_string(i);
-        if (l.kind > (uint16_t)LaunchKind::PleIn || l.count < 1 || l.op != (int32_t)next || next + l.count > n_ops_)
+        if (l.kind > (uint16_t)LaunchKind::PleIn || l.count < 1 || l.op != (int32_t)next ||
+            next + l.count > n_ops_)
             return fail(CORRUPT, what + ": bad kind or op range", err);
         if (l.kind == (uint16_t)LaunchKind::QkvAttn &&
-            ((l.ip[4] != 2 && l.ip[4] != 6) || l.count != l.ip[4] + 1 || ops_[l.op + l.count - 1].code != (uint16_t)OpCode::Attention))
+            ((l.ip[4] != 2 && l.ip[4] != 6) || l.count != l.ip[4] + 1 ||
+             ops_[l.op + l.count - 1].code != (uint16_t)OpCode::Attention))
             return fail(CORRUPT, what + ": q/k/v + attention record does not end in an attention op", err);
         for (int32_t t : l.t)
-            if (t < -1 || t >= (int32_t)n_tensors_) return fail(CORRUPT, what + ": tensor index out of range", err);
+            if (t < -1 || t >= (int32_t)n_tensors_)
+                return fail(CORRUPT, what + ": tensor index out of range", err);
         if (l.kind == (uint16_t)LaunchKind::Gemv) {
-            if (l.ip[3] < 1 || l.ip[3] > 3 || l.ip[4] < 0 || l.ip[4] > 3 || (l.ip[5] != 8 && l.ip[5] != 16 && l.ip[5] != 32 && l.ip[5] != 64 && l.ip[5] != 128))
+            if (l.ip[3] < 1 || l.ip[3] > 3 || l.ip[4] < 0 || l.ip[4] > 3 ||
+                (l.ip[5] != 8 && l.ip[5] != 16 && l.ip[5] != 32 && l.ip[5] != 64 && l.ip[5] != 128))
                 return fail(CORRUPT, what + ": bad GEMV parameters", err);
             for (int m = 0; m < l.ip[3]; ++m)
-                if (l.ip[m] < l.op || l.ip[m] >= l.op + l.count || ops_[l.ip[m]].code != (uint16_t)OpCode::Matmul)
+                if (l.ip[m] < l.op || l.ip[m] >= l.op + l.count ||
+                    ops_[l.ip[m]].code != (uint16_t)OpCode::Matmul)
                     return fail(CORRUPT, what + ": GEMV operand is not a matmul it covers", err);
         }
         if (l.kind == (uint16_t)LaunchKind::Mlp) {
-            const bool ops_ok = l.count == 4 && (l.ip[5] == 128 || l.ip[5] == 256) && l.ip[0] == l.op && l.ip[1] == l.op + 1 && l.ip[3] == l.op + 3 &&
-                                ops_[l.op].code == (uint16_t)OpCode::Matmul && ops_[l.op + 1].code == (uint16_t)OpCode::Matmul &&
-                                ops_[l.op + 2].code == (uint16_t)OpCode::GeluMul && ops_[l.op + 3].code == (uint16_t)OpCode::Matmul;
-            if (!ops_ok || i == 0 || launches_[i - 1].kind != (uint16_t)LaunchKind::ResNorm || launches_[i - 1].t[7] != ops_[l.op + 3].out[0])
-                return fail(CORRUPT, what + ": bad MLP record (gate, up, GeluMul, down after a ResNorm that zeroes its output)", err);
+            const bool ops_ok = l.count == 4 && (l.ip[5] == 128 || l.ip[5] == 256) && l.ip[0] == l.op &&
+                                l.ip[1] == l.op + 1 && l.ip[3] == l.op + 3 &&
+                                ops_[l.op].code == (uint16_t)OpCode::Matmul &&
+                                ops_[l.op + 1].code == (uint16_t)OpCode::Matmul &&
+                                ops_[l.op + 2].code == (uint16_t)OpCode::GeluMul &&
+                                ops_[l.op + 3].code == (uint16_t)OpCode::Matmul;
+            if (!ops_ok || i == 0 || launches_[i - 1].kind != (uint16_t)LaunchKind::ResNorm ||
+                launches_[i - 1].t[7] != ops_[l.op + 3].out[0])
+                return fail(
+                    CORRUPT,
+                    what +
+                        ": bad MLP record (gate, up, GeluMul, down after a ResNorm that zeroes its output)",
+                    err);
             const PlanTensor& w = tensors_[ops_[l.op + 3].in[1]];
-            if (w.dtype != (uint8_t)DType::NF4 || !(w.quant_flags & kQuantTiled32) || w.dims[1] % 64 != 0 || w.dims[0] % 4 != 0)
+            if (w.dtype != (uint8_t)DType::NF4 || !(w.quant_flags & kQuantTiled32) || w.dims[1] % 64 != 0 ||
+                w.dims[0] % 4 != 0)
                 return fail(CORRUPT, what + ": the MLP's down weight is not a tiled NF4 matrix", err);
             if (l.ip[6] < 1 || l.ip[6] > kMlpReplicasMax)
-                return fail(CORRUPT, what + ": MLP output replicas " + std::to_string(l.ip[6]) + " (1 to " + std::to_string(kMlpReplicasMax) + ")", err);
-            if (l.ip[6] > 1 && (i + 1 >= n_launches_ || launches_[i + 1].kind != (uint16_t)LaunchKind::ResNorm ||
-                                launches_[i + 1].t[1] != ops_[l.op + 3].out[0]))
-                return fail(CORRUPT, what + ": an MLP with output replicas is not followed by the ResNorm that sums them", err);
+                return fail(CORRUPT,
+                            what + ": MLP output replicas " + std::to_string(l.ip[6]) + " (1 to " +
+                                std::to_string(kMlpReplicasMax) + ")",
+                            err);
+            if (l.ip[6] > 1 &&
+                (i + 1 >= n_launches_ || launches_[i + 1].kind != (uint16_t)LaunchKind::ResNorm ||
+                 launches_[i + 1].t[1] != ops_[l.op + 3].out[0]))
+                return fail(CORRUPT,
+                            what +
+                                ": an MLP with output replicas is not followed by the ResNorm that sums them",
+                            err);
             const PlanTensor &wg = tensors_[ops_[l.op].in[1]], &wu = tensors_[ops_[l.op + 1].in[1]];
             if (l.ip[7] != 0 && l.ip[7] != 1)
-                return fail(CORRUPT, what + ": MLP arithmetic " + std::to_string(l.ip[7]) + " (0 f32, 1 packed f16)", err);
+                return fail(CORRUPT,
+                            what + ": MLP arithmetic " + std::to_string(l.ip[7]) + " (0 f32, 1 packed f16)",
+                            err);
             const bool dq = ((w.quant_flags | wg.quant_flags | wu.quant_flags) & kQuantDoubleQuant) != 0;
-            if (l.ip[7] == 1 && (dq || wg.dtype != (uint8_t)DType::NF4 || wu.dtype != (uint8_t)DType::NF4 || !mlp_f16_width_ok(wg.dims[1])))
-                return fail(CORRUPT, what + ": a packed-f16 MLP needs NF4 gate and up weights with f32 block scales and a width that is a multiple of 32 up to " +
-                                         std::to_string(kMlpF16MaxH), err);
-            if (launches_[i - 1].ip[1] == 2) {   // the ResNorm before, run by this launch's _r kernel
+            if (l.ip[7] == 1 && (dq || wg.dtype != (uint8_t)DType::NF4 || wu.dtype != (uint8_t)DType::NF4 ||
+                                 !mlp_f16_width_ok(wg.dims[1])))
+                return fail(CORRUPT,
+                            what +
+                                ": a packed-f16 MLP needs NF4 gate and up weights with f32 block scales and "
+                                "a width that is a multiple of 32 up to " +
+                                std::to_string(kMlpF16MaxH),
+                            err);
+            if (launches_[i - 1].ip[1] == 2) { // the ResNorm before, run by this launch's _r kernel
                 const CudaLaunch& rn = launches_[i - 1];
-                bool zeroed          = false;   // by an earlier ResNorm (ip2)
+                bool zeroed          = false; // by an earlier ResNorm (ip2)
                 for (size_t k = i - 1; rn.t[7] >= 0 && k-- > 0 && !zeroed;)
-                    zeroed = launches_[k].kind == (uint16_t)LaunchKind::ResNorm && launches_[k].ip[2] == rn.t[7] + 1;
-                const bool ok = l.ip[7] == 1 && ops_[l.op].in[0] == rn.t[6] && rn.t[0] >= 0 && rn.t[1] >= 0 && rn.t[2] >= 0 && rn.t[4] >= 0 &&
-                                rn.t[5] >= 0 && rn.t[6] >= 0 && rn.t[3] < 0 && rn.fp[1] == 1.0f && rn.ip[2] == 0 && mlp_res_fits(rn.ip[0], l.ip[5]) &&
-                                rn.ip[0] == w.dims[0] && cols(rn.t[0]) >= rn.ip[0] && cols(rn.t[1]) >= rn.ip[0] && cols(rn.t[4]) >= rn.ip[0] && zeroed;
+                    zeroed = launches_[k].kind == (uint16_t)LaunchKind::ResNorm &&
+                             launches_[k].ip[2] == rn.t[7] + 1;
+                const bool ok = l.ip[7] == 1 && ops_[l.op].in[0] == rn.t[6] && rn.t[0] >= 0 && rn.t[1] >= 0 &&
+                                rn.t[2] >= 0 && rn.t[4] >= 0 && rn.t[5] >= 0 && rn.t[6] >= 0 && rn.t[3] < 0 &&
+                                rn.fp[1] == 1.0f && rn.ip[2] == 0 && mlp_res_fits(rn.ip[0], l.ip[5]) &&
+                                rn.ip[0] == w.dims[0] && cols(rn.t[0]) >= rn.ip[0] &&
+                                cols(rn.t[1]) >= rn.ip[0] && cols(rn.t[4]) >= rn.ip[0] && zeroed;
                 if (!ok)
-                    return fail(CORRUPT, "CUDA schedule record " + std::to_string(i - 1) +
-                                             ": bad folded ResNorm (ip1 2 needs a packed-f16 MLP after it reading its output, no scale, a width the "
-                                             "MLP kernel takes, and an earlier ResNorm zeroing the MLP's output)", err);
+                    return fail(CORRUPT,
+                                "CUDA schedule record " + std::to_string(i - 1) +
+                                    ": bad folded ResNorm (ip1 2 needs a packed-f16 MLP after it reading its "
+                                    "output, no scale, a width the "
+                                    "MLP kernel takes, and an earlier ResNorm zeroing the MLP's output)",
+                                err);
             }
         }
-        if (l.kind == (uint16_t)LaunchKind::ResNorm && l.ip[1] == 2 && (i + 1 >= n_launches_ || launches_[i + 1].kind != (uint16_t)LaunchKind::Mlp))
-            return fail(CORRUPT, what + ": bad folded ResNorm (ip1 2 needs the MLP launch that runs it after it)", err);
+        if (l.kind == (uint16_t)LaunchKind::ResNorm && l.ip[1] == 2 &&
+            (i + 1 >= n_launches_ || launches_[i + 1].kind != (uint16_t)LaunchKind::Mlp))
+            return fail(CORRUPT,
+                        what + ": bad folded ResNorm (ip1 2 needs the MLP launch that runs it after it)",
+                        err);
         if (l.kind == (uint16_t)LaunchKind::ResNorm && l.ip[2] != 0) {
             const int32_t z = l.ip[2] - 1;
-            const bool after_reps = i > 0 && launches_[i - 1].kind == (uint16_t)LaunchKind::Mlp && launches_[i - 1].ip[6] > 1;
-            if (z < 0 || z >= (int32_t)n_tensors_ || tensors_[z].kind != (uint8_t)TensorKind::Activation || cols(z) < l.ip[0] || l.ip[1] != 0 || after_reps)
-                return fail(CORRUPT, what + ": bad second zeroed buffer (ip2 " + std::to_string(l.ip[2]) +
-                                         ": an activation tensor + 1 at least the row wide, on a ResNorm that is launched and sums no replicas)", err);
+            const bool after_reps =
+                i > 0 && launches_[i - 1].kind == (uint16_t)LaunchKind::Mlp && launches_[i - 1].ip[6] > 1;
+            if (z < 0 || z >= (int32_t)n_tensors_ || tensors_[z].kind != (uint8_t)TensorKind::Activation ||
+                cols(z) < l.ip[0] || l.ip[1] != 0 || after_reps)
+                return fail(CORRUPT,
+                            what + ": bad second zeroed buffer (ip2 " + std::to_string(l.ip[2]) +
+                                ": an activation tensor + 1 at least the row wide, on a ResNorm that is "
+                                "launched and sums no replicas)",
+                            err);
         }
         if (l.kind == (uint16_t)LaunchKind::ResNorm && l.ip[1] != 0 && l.ip[1] != 2) {
-            // ip1 = 1: run by the Ple launch after it (g4_ple_res); the MLP before it zeroes that launch's output.
+            // ip1 = 1: run by the Ple launch after it (g4_ple_res); the MLP before it zeroes that launch's
+            // output.
             const CudaLaunch* mlp = i > 0 ? &launches_[i - 1] : nullptr;
             const CudaLaunch* ple = i + 1 < n_launches_ ? &launches_[i + 1] : nullptr;
-            const bool ok = l.ip[1] == 1 && mlp && mlp->kind == (uint16_t)LaunchKind::Mlp && mlp->t[0] == l.t[1] && mlp->ip[5] == 256 && mlp->ip[6] == 1 && ple &&
-                            ple->kind == (uint16_t)LaunchKind::Ple && ple->op == l.op + l.count && l.op + l.count < (int32_t)n_ops_ &&
-                            ops_[l.op + l.count].in[0] == l.t[4] && l.t[0] >= 0 && l.t[1] >= 0 && l.t[2] >= 0 && l.t[4] >= 0 &&
-                            l.t[3] < 0 && l.t[5] < 0 && l.t[6] < 0 && l.fp[1] == 1.0f && l.ip[0] > 0 && l.ip[0] % 4 == 0;
+            const bool ok         = l.ip[1] == 1 && mlp && mlp->kind == (uint16_t)LaunchKind::Mlp &&
+                            mlp->t[0] == l.t[1] && mlp->ip[5] == 256 && mlp->ip[6] == 1 && ple &&
+                            ple->kind == (uint16_t)LaunchKind::Ple && ple->op == l.op + l.count &&
+                            l.op + l.count < (int32_t)n_ops_ && ops_[l.op + l.count].in[0] == l.t[4] &&
+                            l.t[0] >= 0 && l.t[1] >= 0 && l.t[2] >= 0 && l.t[4] >= 0 && l.t[3] < 0 &&
+                            l.t[5] < 0 && l.t[6] < 0 && l.fp[1] == 1.0f && l.ip[0] > 0 && l.ip[0] % 4 == 0;
             if (!ok)
-                return fail(CORRUPT, what + ": bad folded ResNorm (ip1 " + std::to_string(l.ip[1]) +
-                                         "; 1 needs an MLP of 256 threads and one output before it, a PLE after it reading its output, and no scale or second norm)", err);
+                return fail(CORRUPT,
+                            what + ": bad folded ResNorm (ip1 " + std::to_string(l.ip[1]) +
+                                "; 1 needs an MLP of 256 threads and one output before it, a PLE after it "
+                                "reading its output, and no scale or second norm)",
+                            err);
         }
         if (l.kind == (uint16_t)LaunchKind::Ple) {
-            const bool ok = l.count == 3 && ops_[l.op].code == (uint16_t)OpCode::Matmul && ops_[l.op + 1].code == (uint16_t)OpCode::GeluMul &&
-                            ops_[l.op + 2].code == (uint16_t)OpCode::Matmul && i > 0 && launches_[i - 1].kind == (uint16_t)LaunchKind::ResNorm &&
+            const bool ok = l.count == 3 && ops_[l.op].code == (uint16_t)OpCode::Matmul &&
+                            ops_[l.op + 1].code == (uint16_t)OpCode::GeluMul &&
+                            ops_[l.op + 2].code == (uint16_t)OpCode::Matmul && i > 0 &&
+                            launches_[i - 1].kind == (uint16_t)LaunchKind::ResNorm &&
                             launches_[i - 1].t[7] == ops_[l.op + 2].out[0];
-            if (!ok) return fail(CORRUPT, what + ": bad per-layer-input record (gate, GeluMul, projection after a ResNorm that zeroes its output)", err);
+            if (!ok)
+                return fail(CORRUPT,
+                            what + ": bad per-layer-input record (gate, GeluMul, projection after a ResNorm "
+                                   "that zeroes its output)",
+                            err);
             const PlanTensor &g = tensors_[ops_[l.op].in[1]], &w = tensors_[ops_[l.op + 2].in[1]];
-            if (g.dtype != (uint8_t)DType::BF16 || w.dtype != (uint8_t)DType::BF16 || g.dims[0] != w.dims[1] || g.dims[1] != w.dims[0] ||
-                w.dims[0] % 8 != 0 || w.dims[0] > 4096 || w.dims[1] % 8 != 0)
-                return fail(CORRUPT, what + ": the per-layer-input record's weights are not bf16 [P, H] and [H, P] (H, P multiples of 8, H <= 4096)", err);
+            if (g.dtype != (uint8_t)DType::BF16 || w.dtype != (uint8_t)DType::BF16 ||
+                g.dims[0] != w.dims[1] || g.dims[1] != w.dims[0] || w.dims[0] % 8 != 0 || w.dims[0] > 4096 ||
+                w.dims[1] % 8 != 0)
+                return fail(CORRUPT,
+                            what + ": the per-layer-input record's weights are not bf16 [P, H] and [H, P] "
+                                   "(H, P multiples of 8, H <= 4096)",
+                            err);
             const CudaLaunch& rn = launches_[i - 1];
-            if (rn.ip[1] == 1 && (rn.ip[0] != w.dims[0] || cols(rn.t[0]) < rn.ip[0] || cols(rn.t[1]) < rn.ip[0] || cols(rn.t[4]) < rn.ip[0]))
-                return fail(CORRUPT, what + ": the ResNorm folded into this per-layer-input record has another width", err);
+            if (rn.ip[1] == 1 && (rn.ip[0] != w.dims[0] || cols(rn.t[0]) < rn.ip[0] ||
+                                  cols(rn.t[1]) < rn.ip[0] || cols(rn.t[4]) < rn.ip[0]))
+                return fail(CORRUPT,
+                            what + ": the ResNorm folded into this per-layer-input record has another width",
+                            err);
         }
         if (l.kind == (uint16_t)LaunchKind::PleIn) {
-            const bool ok = l.count == 4 && ops_[l.op].code == (uint16_t)OpCode::Scale && ops_[l.op + 1].code == (uint16_t)OpCode::RmsNorm &&
-                            ops_[l.op + 2].code == (uint16_t)OpCode::Add && ops_[l.op + 3].code == (uint16_t)OpCode::Scale &&
-                            l.ip[1] > 0 && l.ip[1] <= 1024 && l.ip[0] > 0 && l.ip[0] % l.ip[1] == 0 && l.t[0] >= 0 && l.t[1] >= 0 &&
-                            l.t[2] >= 0 && l.t[3] >= 0 && tensors_[l.t[1]].dims[0] * (tensors_[l.t[1]].ndim > 1 ? tensors_[l.t[1]].dims[1] : 1) >= l.ip[1];
+            const bool ok =
+                l.count == 4 && ops_[l.op].code == (uint16_t)OpCode::Scale &&
+                ops_[l.op + 1].code == (uint16_t)OpCode::RmsNorm &&
+                ops_[l.op + 2].code == (uint16_t)OpCode::Add &&
+                ops_[l.op + 3].code == (uint16_t)OpCode::Scale && l.ip[1] > 0 && l.ip[1] <= 1024 &&
+                l.ip[0] > 0 && l.ip[0] % l.ip[1] == 0 && l.t[0] >= 0 && l.t[1] >= 0 && l.t[2] >= 0 &&
+                l.t[3] >= 0 &&
+                tensors_[l.t[1]].dims[0] * (tensors_[l.t[1]].ndim > 1 ? tensors_[l.t[1]].dims[1] : 1) >=
+                    l.ip[1];
             if (!ok || cols(l.t[0]) < l.ip[0] || cols(l.t[2]) < l.ip[0] || cols(l.t[3]) < l.ip[0])
-                return fail(CORRUPT, what + ": bad per-layer-input combination record (scale, grouped norm, add, scale over N = groups x P <= 1024)", err);
+                return fail(CORRUPT,
+                            what + ": bad per-layer-input combination record (scale, grouped norm, add, "
+                                   "scale over N = groups x P <= 1024)",
+                            err);
         }
         if (l.kind == (uint16_t)LaunchKind::AttnO) {
             const PlanOp& o = ops_[l.op];
-            bool ok         = l.count == 1 && o.code == (uint16_t)OpCode::Matmul && i > 0 && l.ip[1] == l.op - 1 &&
-                      ops_[l.ip[1]].code == (uint16_t)OpCode::Attention && o.in[0] == ops_[l.ip[1]].out[0] && o.in[1] >= 0;
-            bool zeroed = false;   // by a ResNorm launch before the attention's
+            bool ok = l.count == 1 && o.code == (uint16_t)OpCode::Matmul && i > 0 && l.ip[1] == l.op - 1 &&
+                      ops_[l.ip[1]].code == (uint16_t)OpCode::Attention && o.in[0] == ops_[l.ip[1]].out[0] &&
+                      o.in[1] >= 0;
+            bool zeroed = false; // by a ResNorm launch before the attention's
             for (size_t k = i; ok && k-- > 0 && !zeroed;)
                 zeroed = launches_[k].kind == (uint16_t)LaunchKind::ResNorm && launches_[k].t[7] == o.out[0];
             if (!ok || !zeroed)
-                return fail(CORRUPT, what + ": bad attention-o record (the o matmul after an attention op, its output zeroed by a ResNorm before)", err);
+                return fail(CORRUPT,
+                            what + ": bad attention-o record (the o matmul after an attention op, its output "
+                                   "zeroed by a ResNorm before)",
+                            err);
             const PlanOp& at    = ops_[l.ip[1]];
             const PlanTensor& w = tensors_[o.in[1]];
-            if (w.dtype != (uint8_t)DType::NF4 || !(w.quant_flags & kQuantTiled32) || w.dims[1] != (int64_t)at.ip[0] * at.ip[2] ||
-                w.dims[1] % 64 != 0 || w.dims[0] % 4 != 0 || w.dims[0] > 4096 || at.ip[2] % 32 != 0 || at.ip[6] < 1 || at.ip[6] > 1024)
-                return fail(CORRUPT, what + ": the attention-o record's weight is not a tiled NF4 [<= 4096, heads x dim] matrix", err);
+            if (w.dtype != (uint8_t)DType::NF4 || !(w.quant_flags & kQuantTiled32) ||
+                w.dims[1] != (int64_t)at.ip[0] * at.ip[2] || w.dims[1] % 64 != 0 || w.dims[0] % 4 != 0 ||
+                w.dims[0] > 4096 || at.ip[2] % 32 != 0 || at.ip[6] < 1 || at.ip[6] > 1024)
+                return fail(
+                    CORRUPT,
+                    what +
+                        ": the attention-o record's weight is not a tiled NF4 [<= 4096, heads x dim] matrix",
+                    err);
         }
         if (const std::string bad = launch_operands(l); !bad.empty())
             return fail(CORRUPT, what + ": " + bad, err);

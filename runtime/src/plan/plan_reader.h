@@ -20,10 +20,10 @@ struct ProgramInfo {
     int32_t vocab_size = 0, embed_vocab_limit = 0;
     int32_t num_layers = 0, hidden_size = 0;
     int32_t bos_token_id = 2;
-    int32_t pad_token_id = 0;   // placeholder tokens of images/audio are looked up as this id
+    int32_t pad_token_id = 0; // placeholder tokens of images/audio are looked up as this id
     std::vector<int32_t> eos_token_ids;
     // generation_config defaults
-    bool do_sample = false;
+    bool do_sample    = false;
     float temperature = 1, top_p = 1, min_p = 0, repetition_penalty = 1;
     int32_t top_k = 0;
     // Cross-device CUDA plans (--place layers=... naming the CPU or other GPUs): each text layer's
@@ -45,22 +45,23 @@ struct ProgramInfo {
     // = end of WEIGHTS without towers); a tower placed on the plan's GPU has its own range below. Config JSON
     // texts are parsed by runtime/src/towers; "" = no such tower.
     std::string vision_config, audio_config;
-    int32_t image_tokens = 0, max_patches = 0;     // soft tokens / patches of the largest image
-    int64_t max_image_pixels = 0;                  // input width * height a session takes
+    int32_t image_tokens = 0, max_patches = 0; // soft tokens / patches of the largest image
+    int64_t max_image_pixels = 0;              // input width * height a session takes
     int32_t image_token_id = -1, boi_token_id = -1, eoi_token_id = -1;
     int64_t max_audio_samples = 0;
     int32_t audio_sample_rate = 0;
     int32_t audio_token_id = -1, boa_token_id = -1, eoa_token_id = -1;
-    int32_t max_media_tokens = 0;                  // soft tokens a session holds queued
-    uint64_t tower_thread_floats = 0;              // per-thread scratch of the towers' CPU kernels
-    bool tower_bf16 = false;                       // towers' matmuls in bf16 (META towers "precision": "bf16")
-    uint64_t tower_session_bytes = 0;              // host bytes a session allocates for the towers, less their per-thread scratch
+    int32_t max_media_tokens     = 0;     // soft tokens a session holds queued
+    uint64_t tower_thread_floats = 0;     // per-thread scratch of the towers' CPU kernels
+    bool tower_bf16              = false; // towers' matmuls in bf16 (META towers "precision": "bf16")
+    uint64_t tower_session_bytes =
+        0; // host bytes a session allocates for the towers, less their per-thread scratch
     uint64_t towers_begin = 0, towers_end = 0;
     // CUDA plans may place the vision tower on the plan's GPU (META towers.vision "device": "cuda:N"):
     // the runtime uploads its weights [vision_begin, vision_end) of WEIGHTS there and runs it with the
     // CUDA kernels (bf16 tensor-core matmuls, fp32 accumulation); vision_gpu_bytes is the session's
     // device buffer for it (VisionTower::gpu_layout().total).
-    bool vision_gpu = false;
+    bool vision_gpu       = false;
     uint64_t vision_begin = 0, vision_end = 0, vision_gpu_bytes = 0;
     // Likewise the audio tower (META towers.audio "device"): weights [audio_begin, audio_end), the session's
     // device buffer audio_gpu_bytes (AudioTower::gpu_layout().total).
@@ -140,26 +141,26 @@ private:
     std::string launch_operands(const CudaLaunch& l) const;
 
     std::string path_;
-    void* map_ = nullptr;
-    uint64_t size_ = 0;
+    void* map_                = nullptr;
+    uint64_t size_            = 0;
     const PlanHeader* header_ = nullptr;
     std::vector<PlanSection> sections_;
     std::string meta_, arch_;
-    const char* strings_ = nullptr;
-    uint64_t strings_size_ = 0;
+    const char* strings_       = nullptr;
+    uint64_t strings_size_     = 0;
     const PlanTensor* tensors_ = nullptr;
-    size_t n_tensors_ = 0;
-    const PlanOp* ops_ = nullptr;
-    size_t n_ops_ = 0;
+    size_t n_tensors_          = 0;
+    const PlanOp* ops_         = nullptr;
+    size_t n_ops_              = 0;
     std::string_view tokenizer_, cubin_, ptx_;
     const CudaLaunch* launches_ = nullptr;
-    size_t n_launches_ = 0;
-    std::string device_ = "cpu", cuda_target_;
-    int cuda_device_ = 0;
-    int cuda_attn_hpg_ = 0;
-    bool ple_on_host_ = false;
-    const uint8_t* weights_ = nullptr;
-    uint64_t weights_size_ = 0;
+    size_t n_launches_          = 0;
+    std::string device_         = "cpu", cuda_target_;
+    int cuda_device_            = 0;
+    int cuda_attn_hpg_          = 0;
+    bool ple_on_host_           = false;
+    const uint8_t* weights_     = nullptr;
+    uint64_t weights_size_      = 0;
     ProgramInfo info_;
 };
 

@@ -22,30 +22,37 @@
 namespace g4::towers {
 namespace {
 
-constexpr int kFrameLen = 320;                // 20 ms at 16 kHz
-constexpr int kHop      = 160;                // 10 ms
-constexpr int kFft      = 512;
-constexpr int kBins     = kFft / 2 + 1;       // 257
-constexpr int64_t kHfMaxSamples = 480000;     // HF feature extractor max_length (30 s), truncation on
-constexpr int kHfMaxTokens      = 750;        // HF processor audio_seq_length
+constexpr int kFrameLen         = 320; // 20 ms at 16 kHz
+constexpr int kHop              = 160; // 10 ms
+constexpr int kFft              = 512;
+constexpr int kBins             = kFft / 2 + 1; // 257
+constexpr int64_t kHfMaxSamples = 480000;       // HF feature extractor max_length (30 s), truncation on
+constexpr int kHfMaxTokens      = 750;          // HF processor audio_seq_length
 constexpr double kMelFloor      = 1e-3;
 
-using RowMat  = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-using MapRM   = Eigen::Map<RowMat>;
-using MapRMc  = Eigen::Map<const RowMat>;
+using RowMat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+using MapRM  = Eigen::Map<RowMat>;
+using MapRMc = Eigen::Map<const RowMat>;
 
-size_t align16(size_t n) { return (n + 15) / 16 * 16; }
-int64_t ceil_half(int64_t n) { return (n + 1) / 2; }
+size_t align16(size_t n) {
+    return (n + 15) / 16 * 16;
+}
+int64_t ceil_half(int64_t n) {
+    return (n + 1) / 2;
+}
 
 template <class F> void for_rows(const cpu::Context& c, int rows, int64_t cols, F&& f) {
     if ((int64_t)rows * cols < (1 << 14) || c.pool->size() == 1 || rows == 1) {
-        for (int t = 0; t < rows; ++t) f(t);
+        for (int t = 0; t < rows; ++t)
+            f(t);
         return;
     }
     c.pool->parallel_for(rows, [&](int64_t t, int) { f((int)t); });
 }
 
-float clampf(float x, float lo, float hi) { return std::min(std::max(x, lo), hi); }   // torch.clamp order
+float clampf(float x, float lo, float hi) {
+    return std::min(std::max(x, lo), hi);
+} // torch.clamp order
 
 // y = x * (mean(x'^2) + eps)^-1/2 * w, x' = x clamped to +-clip when clip > 0 (HF clamps before the norm).
 void rms(const cpu::Context& c, const float* x, int64_t ldx, float* y, int64_t ldy, int rows, int dim,
@@ -66,10 +73,18 @@ void rms(const cpu::Context& c, const float* x, int64_t ldx, float* y, int64_t l
     });
 }
 
-void matmul(const cpu::Context& c, Precision prec, const float* x, int64_t ldx, const Tensor* w, float* y, int64_t ldy, int rows) {
+void matmul(const cpu::Context& c, Precision prec, const float* x, int64_t ldx, const Tensor* w, float* y,
+            int64_t ldy, int rows) {
     MatmulArgs a{};
-    a.x = x; a.ldx = ldx; a.w = w->data; a.dt = w->dtype; a.n = w->dims[0]; a.k = w->dims[1];
-    a.y = y; a.ldy = ldy; a.rows = rows;
+    a.x    = x;
+    a.ldx  = ldx;
+    a.w    = w->data;
+    a.dt   = w->dtype;
+    a.n    = w->dims[0];
+    a.k    = w->dims[1];
+    a.y    = y;
+    a.ldy  = ldy;
+    a.rows = rows;
     if (prec == Precision::BF16)
         cpu::matmul_gemm_bf16(c, a);
     else
@@ -78,7 +93,8 @@ void matmul(const cpu::Context& c, Precision prec, const float* x, int64_t ldx, 
 
 std::string shape_str(const int64_t* d, int n) {
     std::string s = "[";
-    for (int i = 0; i < n; ++i) s += (i ? ", " : "") + std::to_string(d[i]);
+    for (int i = 0; i < n; ++i)
+        s += (i ? ", " : "") + std::to_string(d[i]);
     return s + "]";
 }
 
@@ -86,39 +102,45 @@ std::string shape_str(const int64_t* d, int n) {
 
 // ---- hyper-parameters ----------------------------------------------------------------------------------
 
-std::string parse_audio_hparams(const std::string& audio_config_json, int text_hidden_size, AudioHParams* out) {
+std::string parse_audio_hparams(const std::string& audio_config_json, int text_hidden_size,
+                                AudioHParams* out) {
     nlohmann::json j = nlohmann::json::parse(audio_config_json, nullptr, false);
     if (j.is_discarded() || !j.is_object()) return "audio_config: not a JSON object";
     AudioHParams hp{};
     std::string err;
-    auto num = [&](const char* key, double def) -> double {   // HF Gemma4AudioConfig defaults when absent
+    auto num = [&](const char* key, double def) -> double { // HF Gemma4AudioConfig defaults when absent
         if (!j.contains(key) || j[key].is_null()) return def;
-        if (!j[key].is_number()) { if (err.empty()) err = std::string("audio_config.") + key + ": expected a number"; return def; }
+        if (!j[key].is_number()) {
+            if (err.empty()) err = std::string("audio_config.") + key + ": expected a number";
+            return def;
+        }
         return j[key].get<double>();
     };
     auto integer = [&](const char* key, int def, int min) -> int {
         double v = num(key, def);
         if (err.empty() && (v != std::floor(v) || v < min || v > 1e8))
-            err = std::string("audio_config.") + key + ": expected an integer >= " + std::to_string(min) + ", got " +
-                  std::to_string(v);
+            err = std::string("audio_config.") + key + ": expected an integer >= " + std::to_string(min) +
+                  ", got " + std::to_string(v);
         return (int)v;
     };
-    hp.hidden_size             = integer("hidden_size", 1024, 2);
-    hp.num_hidden_layers       = integer("num_hidden_layers", 12, 0);
-    hp.num_attention_heads     = integer("num_attention_heads", 8, 1);
-    hp.conv_kernel_size        = integer("conv_kernel_size", 5, 1);
-    hp.attention_chunk_size    = integer("attention_chunk_size", 12, 1);
-    hp.attention_context_left  = integer("attention_context_left", 13, 2);
-    hp.attention_context_right = integer("attention_context_right", 0, 0);
-    hp.output_proj_dims        = integer("output_proj_dims", 1536, 1);
+    hp.hidden_size                    = integer("hidden_size", 1024, 2);
+    hp.num_hidden_layers              = integer("num_hidden_layers", 12, 0);
+    hp.num_attention_heads            = integer("num_attention_heads", 8, 1);
+    hp.conv_kernel_size               = integer("conv_kernel_size", 5, 1);
+    hp.attention_chunk_size           = integer("attention_chunk_size", 12, 1);
+    hp.attention_context_left         = integer("attention_context_left", 13, 2);
+    hp.attention_context_right        = integer("attention_context_right", 0, 0);
+    hp.output_proj_dims               = integer("output_proj_dims", 1536, 1);
     hp.attention_logit_cap            = (float)num("attention_logit_cap", 50.0);
     hp.attention_invalid_logits_value = (float)num("attention_invalid_logits_value", -1e9);
     hp.residual_weight                = (float)num("residual_weight", 0.5);
     hp.rms_norm_eps                   = (float)num("rms_norm_eps", 1e-6);
-    hp.gradient_clipping              = (float)std::min(num("gradient_clipping", 1e10), (double)std::numeric_limits<float>::max());
-    hp.use_clipped_linears            = true;
+    hp.gradient_clipping =
+        (float)std::min(num("gradient_clipping", 1e10), (double)std::numeric_limits<float>::max());
+    hp.use_clipped_linears = true;
     if (j.contains("use_clipped_linears") && !j["use_clipped_linears"].is_null()) {
-        if (!j["use_clipped_linears"].is_boolean()) return "audio_config.use_clipped_linears: expected true or false";
+        if (!j["use_clipped_linears"].is_boolean())
+            return "audio_config.use_clipped_linears: expected true or false";
         hp.use_clipped_linears = j["use_clipped_linears"].get<bool>();
     }
     hp.subsampling_conv_channels[0] = 128;
@@ -135,16 +157,18 @@ std::string parse_audio_hparams(const std::string& audio_config_json, int text_h
     if (j.contains("hidden_act") && j["hidden_act"] != "silu")
         return "audio_config.hidden_act: only \"silu\" is supported (Gemma 4), got " + j["hidden_act"].dump();
     if (hp.hidden_size % hp.num_attention_heads != 0)
-        return "audio_config: hidden_size " + std::to_string(hp.hidden_size) + " is not a multiple of num_attention_heads " +
-               std::to_string(hp.num_attention_heads);
-    if (hp.hidden_size % 2 != 0) return "audio_config.hidden_size must be even (sin/cos relative position table)";
+        return "audio_config: hidden_size " + std::to_string(hp.hidden_size) +
+               " is not a multiple of num_attention_heads " + std::to_string(hp.num_attention_heads);
+    if (hp.hidden_size % 2 != 0)
+        return "audio_config.hidden_size must be even (sin/cos relative position table)";
     if (hp.attention_context_right != 0)
         return "audio_config.attention_context_right = " + std::to_string(hp.attention_context_right) +
                " is not supported (Gemma 4 audio attention looks only at past frames: 0)";
     if (!(hp.attention_logit_cap > 0)) return "audio_config.attention_logit_cap must be > 0";
     if (!(hp.rms_norm_eps > 0)) return "audio_config.rms_norm_eps must be > 0";
     if (!(hp.gradient_clipping > 0)) return "audio_config.gradient_clipping must be > 0";
-    if (text_hidden_size <= 0) return "audio tower: text hidden size must be > 0, got " + std::to_string(text_hidden_size);
+    if (text_hidden_size <= 0)
+        return "audio tower: text hidden size must be > 0, got " + std::to_string(text_hidden_size);
     hp.text_hidden_size = text_hidden_size;
     hp.sample_rate      = 16000;
     hp.mel_bins         = 4 * (hp.subsampling_conv_channels[0] / 4);
@@ -155,13 +179,14 @@ std::string parse_audio_hparams(const std::string& audio_config_json, int text_h
 std::vector<std::string> audio_weight_names(const AudioHParams& hp) {
     std::vector<std::string> v;
     const std::string s = "audio_tower.subsample_conv_projection.";
-    for (const char* n : {"layer0.conv.weight", "layer0.norm.weight", "layer1.conv.weight", "layer1.norm.weight",
-                          "input_proj_linear.weight"})
+    for (const char* n : {"layer0.conv.weight", "layer0.norm.weight", "layer1.conv.weight",
+                          "layer1.norm.weight", "input_proj_linear.weight"})
         v.push_back(s + n);
     auto clip = [&](const std::string& p) {
         v.push_back(p + ".linear.weight");
         if (hp.use_clipped_linears)
-            for (const char* b : {".input_min", ".input_max", ".output_min", ".output_max"}) v.push_back(p + b);
+            for (const char* b : {".input_min", ".input_max", ".output_min", ".output_max"})
+                v.push_back(p + b);
     };
     for (int l = 0; l < hp.num_hidden_layers; ++l) {
         const std::string p = "audio_tower.layers." + std::to_string(l) + ".";
@@ -171,7 +196,8 @@ std::vector<std::string> audio_weight_names(const AudioHParams& hp) {
             v.push_back(p + ff + ".pre_layer_norm.weight");
             v.push_back(p + ff + ".post_layer_norm.weight");
         }
-        for (const char* n : {"q_proj", "k_proj", "v_proj", "post"}) clip(p + "self_attn." + n);
+        for (const char* n : {"q_proj", "k_proj", "v_proj", "post"})
+            clip(p + "self_attn." + n);
         v.push_back(p + "self_attn.relative_k_proj.weight");
         v.push_back(p + "self_attn.per_dim_scale");
         clip(p + "lconv1d.linear_start");
@@ -179,7 +205,8 @@ std::vector<std::string> audio_weight_names(const AudioHParams& hp) {
         v.push_back(p + "lconv1d.depthwise_conv1d.weight");
         v.push_back(p + "lconv1d.pre_layer_norm.weight");
         v.push_back(p + "lconv1d.conv_norm.weight");
-        for (const char* n : {"norm_pre_attn", "norm_post_attn", "norm_out"}) v.push_back(p + n + ".weight");
+        for (const char* n : {"norm_pre_attn", "norm_post_attn", "norm_out"})
+            v.push_back(p + n + ".weight");
     }
     v.push_back("audio_tower.output_proj.weight");
     v.push_back("audio_tower.output_proj.bias");
@@ -188,8 +215,9 @@ std::vector<std::string> audio_weight_names(const AudioHParams& hp) {
 }
 
 int64_t AudioTower::valid_frames(int64_t n_samples) {
-    // Frame f covers padded samples [160 f, 160 f + 320] (160 zeros prepended); valid iff the last is real audio.
-    const int64_t first = kFrameLen + 1 - kFrameLen / 2;   // 161: the end of frame 0's window
+    // Frame f covers padded samples [160 f, 160 f + 320] (160 zeros prepended); valid iff the last is real
+    // audio.
+    const int64_t first = kFrameLen + 1 - kFrameLen / 2; // 161: the end of frame 0's window
     if (n_samples < first) return 0;
     return (n_samples - first) / kHop + 1;
 }
@@ -203,45 +231,56 @@ int audio_soft_tokens(const AudioHParams& hp, int64_t n_samples) {
 // ---- init ----------------------------------------------------------------------------------------------
 
 std::string AudioTower::init(const AudioHParams& hp, const Lookup& lookup, int64_t max_samples) {
-    ready_       = false;
-    hp_          = hp;
-    lay_         = Layout{};
+    ready_ = false;
+    hp_    = hp;
+    lay_   = Layout{};
     layers_.clear();
     if (max_samples <= 0) return "audio tower: max_samples must be > 0";
-    if (hp.sample_rate != 16000) return "audio tower: only 16000 Hz audio is supported, hparams say " + std::to_string(hp.sample_rate);
+    if (hp.sample_rate != 16000)
+        return "audio tower: only 16000 Hz audio is supported, hparams say " + std::to_string(hp.sample_rate);
     if (hp.mel_bins < 1) return "audio tower: mel_bins must be >= 1";
-    if (hp.hidden_size <= 0 || hp.num_attention_heads <= 0 || hp.hidden_size % hp.num_attention_heads || hp.hidden_size % 2 ||
-        hp.attention_context_right != 0 || hp.attention_context_left < 2 || hp.attention_chunk_size < 1 ||
-        hp.conv_kernel_size < 1 || hp.output_proj_dims < 1 || hp.text_hidden_size < 1 || hp.num_hidden_layers < 0 ||
-        hp.subsampling_conv_channels[0] < 1 || hp.subsampling_conv_channels[1] < 1)
+    if (hp.hidden_size <= 0 || hp.num_attention_heads <= 0 || hp.hidden_size % hp.num_attention_heads ||
+        hp.hidden_size % 2 || hp.attention_context_right != 0 || hp.attention_context_left < 2 ||
+        hp.attention_chunk_size < 1 || hp.conv_kernel_size < 1 || hp.output_proj_dims < 1 ||
+        hp.text_hidden_size < 1 || hp.num_hidden_layers < 0 || hp.subsampling_conv_channels[0] < 1 ||
+        hp.subsampling_conv_channels[1] < 1)
         return "audio tower: inconsistent hyper-parameters (use parse_audio_hparams)";
 
     const int H = hp.hidden_size, C0 = hp.subsampling_conv_channels[0], C1 = hp.subsampling_conv_channels[1];
-    const int P = hp.output_proj_dims;
-    head_dim_   = H / hp.num_attention_heads;
-    f1_         = (int)ceil_half(hp.mel_bins);
-    f2_         = (int)ceil_half(f1_);
+    const int P       = hp.output_proj_dims;
+    head_dim_         = H / hp.num_attention_heads;
+    f1_               = (int)ceil_half(hp.mel_bins);
+    f2_               = (int)ceil_half(f1_);
     const int context = hp.attention_chunk_size + hp.attention_context_left - 1 + hp.attention_context_right;
-    n_rel_      = context / 2 + 1;
+    n_rel_            = context / 2 + 1;
 
     std::string err;
     auto get = [&](const std::string& name, std::initializer_list<int64_t> dims) -> const Tensor* {
         if (!err.empty()) return nullptr;
-        const Tensor* t = lookup("audio_tower." + name);
+        const Tensor* t  = lookup("audio_tower." + name);
         std::string full = "model.audio_tower." + name;
-        if (name.rfind("embed_audio.", 0) == 0) { t = lookup(name); full = "model." + name; }
-        if (!t) { err = "audio tower: missing tensor " + full; return nullptr; }
+        if (name.rfind("embed_audio.", 0) == 0) {
+            t    = lookup(name);
+            full = "model." + name;
+        }
+        if (!t) {
+            err = "audio tower: missing tensor " + full;
+            return nullptr;
+        }
         if (t->dtype != DType::F32 && t->dtype != DType::BF16) {
-            err = "audio tower: tensor " + full + " has dtype " + dtype_str(t->dtype) + ", expected F32 or BF16";
+            err = "audio tower: tensor " + full + " has dtype " + dtype_str(t->dtype) +
+                  ", expected F32 or BF16";
             return nullptr;
         }
         bool ok = t->ndim == (int)dims.size() && t->data;
         int i   = 0;
-        for (int64_t d : dims) ok = ok && t->dims[i++] == d;
+        for (int64_t d : dims)
+            ok = ok && t->dims[i++] == d;
         if (!ok) {
             std::vector<int64_t> e(dims);
-            err = "audio tower: tensor " + full + " has shape " + shape_str(t->dims, t->ndim) + ", expected " +
-                  shape_str(e.data(), (int)e.size()) + " (audio_config and checkpoint disagree)";
+            err = "audio tower: tensor " + full + " has shape " + shape_str(t->dims, t->ndim) +
+                  ", expected " + shape_str(e.data(), (int)e.size()) +
+                  " (audio_config and checkpoint disagree)";
             return nullptr;
         }
         return t;
@@ -249,16 +288,20 @@ std::string AudioTower::init(const AudioHParams& hp, const Lookup& lookup, int64
     auto scalar = [&](const std::string& name, float* v) {
         if (!err.empty()) return;
         const Tensor* t = lookup("audio_tower." + name);
-        if (!t) { err = "audio tower: missing tensor model.audio_tower." + name; return; }
+        if (!t) {
+            err = "audio tower: missing tensor model.audio_tower." + name;
+            return;
+        }
         if ((t->dtype != DType::F32 && t->dtype != DType::BF16) || t->numel() != 1 || !t->data) {
-            err = "audio tower: tensor model.audio_tower." + name + " must be one F32/BF16 value (a 0-d clip bound)";
+            err = "audio tower: tensor model.audio_tower." + name +
+                  " must be one F32/BF16 value (a 0-d clip bound)";
             return;
         }
         *v = tensor_at(*t, 0);
     };
     auto clip = [&](const std::string& p, int64_t out, int64_t in) {
         Clip c;
-        c.w = get(p + ".linear.weight", {out, in});
+        c.w       = get(p + ".linear.weight", {out, in});
         c.clipped = hp.use_clipped_linears;
         if (c.clipped) {
             scalar(p + ".input_min", &c.in_min);
@@ -270,16 +313,17 @@ std::string AudioTower::init(const AudioHParams& hp, const Lookup& lookup, int64
     };
 
     const std::string s = "subsample_conv_projection.";
-    conv0_   = get(s + "layer0.conv.weight", {C0, 1, 3, 3});
-    norm0_   = get(s + "layer0.norm.weight", {C0});
-    conv1_   = get(s + "layer1.conv.weight", {C1, C0, 3, 3});
-    norm1_   = get(s + "layer1.norm.weight", {C1});
+    conv0_              = get(s + "layer0.conv.weight", {C0, 1, 3, 3});
+    norm0_              = get(s + "layer0.norm.weight", {C0});
+    conv1_              = get(s + "layer1.conv.weight", {C1, C0, 3, 3});
+    norm1_              = get(s + "layer1.norm.weight", {C1});
     if (err.empty()) {
         const Tensor* ip = lookup("audio_tower." + s + "input_proj_linear.weight");
         if (ip && ip->ndim == 2 && ip->dims[1] != (int64_t)f2_ * C1)
-            return "audio tower: model.audio_tower." + s + "input_proj_linear.weight takes " + std::to_string(ip->dims[1]) +
-                   " inputs but " + std::to_string(hp.mel_bins) + " mel bins give " + std::to_string(f2_) + " x " +
-                   std::to_string(C1) + " = " + std::to_string(f2_ * C1) + " after the two stride-2 convs (mel_bins mismatch)";
+            return "audio tower: model.audio_tower." + s + "input_proj_linear.weight takes " +
+                   std::to_string(ip->dims[1]) + " inputs but " + std::to_string(hp.mel_bins) +
+                   " mel bins give " + std::to_string(f2_) + " x " + std::to_string(C1) + " = " +
+                   std::to_string(f2_ * C1) + " after the two stride-2 convs (mel_bins mismatch)";
     }
     in_proj_ = get(s + "input_proj_linear.weight", {H, (int64_t)f2_ * C1});
     for (int l = 0; l < hp.num_hidden_layers && err.empty(); ++l) {
@@ -293,17 +337,17 @@ std::string AudioTower::init(const AudioHParams& hp, const Lookup& lookup, int64
             ffs[i]->pre  = get(p + ffn[i] + ".pre_layer_norm.weight", {H});
             ffs[i]->post = get(p + ffn[i] + ".post_layer_norm.weight", {H});
         }
-        L.q             = clip(p + "self_attn.q_proj", H, H);
-        L.k             = clip(p + "self_attn.k_proj", H, H);
-        L.v             = clip(p + "self_attn.v_proj", H, H);
-        L.post          = clip(p + "self_attn.post", H, H);
-        L.rel_k         = get(p + "self_attn.relative_k_proj.weight", {H, H});
-        L.per_dim_scale = get(p + "self_attn.per_dim_scale", {head_dim_});
-        L.lstart        = clip(p + "lconv1d.linear_start", 2 * (int64_t)H, H);
-        L.lend          = clip(p + "lconv1d.linear_end", H, H);
-        L.dwconv        = get(p + "lconv1d.depthwise_conv1d.weight", {H, 1, hp.conv_kernel_size});
-        L.lpre          = get(p + "lconv1d.pre_layer_norm.weight", {H});
-        L.conv_norm     = get(p + "lconv1d.conv_norm.weight", {H});
+        L.q              = clip(p + "self_attn.q_proj", H, H);
+        L.k              = clip(p + "self_attn.k_proj", H, H);
+        L.v              = clip(p + "self_attn.v_proj", H, H);
+        L.post           = clip(p + "self_attn.post", H, H);
+        L.rel_k          = get(p + "self_attn.relative_k_proj.weight", {H, H});
+        L.per_dim_scale  = get(p + "self_attn.per_dim_scale", {head_dim_});
+        L.lstart         = clip(p + "lconv1d.linear_start", 2 * (int64_t)H, H);
+        L.lend           = clip(p + "lconv1d.linear_end", H, H);
+        L.dwconv         = get(p + "lconv1d.depthwise_conv1d.weight", {H, 1, hp.conv_kernel_size});
+        L.lpre           = get(p + "lconv1d.pre_layer_norm.weight", {H});
+        L.conv_norm      = get(p + "lconv1d.conv_norm.weight", {H});
         L.norm_pre_attn  = get(p + "norm_pre_attn.weight", {H});
         L.norm_post_attn = get(p + "norm_post_attn.weight", {H});
         L.norm_out       = get(p + "norm_out.weight", {H});
@@ -318,20 +362,21 @@ std::string AudioTower::init(const AudioHParams& hp, const Lookup& lookup, int64
     }
 
     // Relative position sinusoids, as HF computes them in float32: positions context/2 .. 0.
-    const int half = H / 2;
+    const int half  = H / 2;
     const float inc = (float)(-std::log(10000.0) / std::max(half - 1, 1));
     pe_.assign((size_t)n_rel_ * H, 0.0f);
     for (int p = 0; p < n_rel_; ++p) {
         float pos = (float)(n_rel_ - 1 - p);
         for (int i = 0; i < half; ++i) {
-            float st               = pos * std::exp((float)i * inc);
+            float st                      = pos * std::exp((float)i * inc);
             pe_[(size_t)p * H + i]        = std::sin(st);
             pe_[(size_t)p * H + half + i] = std::cos(st);
         }
     }
     // Periodic Hann window (numpy hanning(321)[:320], cast to float32), FFT tables, HTK mel filters.
     window_.resize(kFrameLen);
-    for (int n = 0; n < kFrameLen; ++n) window_[n] = (float)(0.5 - 0.5 * std::cos(2.0 * M_PI * n / kFrameLen));
+    for (int n = 0; n < kFrameLen; ++n)
+        window_[n] = (float)(0.5 - 0.5 * std::cos(2.0 * M_PI * n / kFrameLen));
     twiddle_.resize(kFft);
     for (int k = 0; k < kFft / 2; ++k) {
         twiddle_[2 * k]     = std::cos(2.0 * M_PI * k / kFft);
@@ -340,12 +385,13 @@ std::string AudioTower::init(const AudioHParams& hp, const Lookup& lookup, int64
     bitrev_.resize(kFft);
     for (int i = 0; i < kFft; ++i) {
         int r = 0;
-        for (int b = 0; b < 9; ++b) r |= ((i >> b) & 1) << (8 - b);
+        for (int b = 0; b < 9; ++b)
+            r |= ((i >> b) & 1) << (8 - b);
         bitrev_[i] = r;
     }
-    const int M = hp.mel_bins;
-    auto hz_to_mel = [](double f) { return 2595.0 * std::log10(1.0 + f / 700.0); };
-    auto mel_to_hz = [](double m) { return 700.0 * (std::pow(10.0, m / 2595.0) - 1.0); };
+    const int M         = hp.mel_bins;
+    auto hz_to_mel      = [](double f) { return 2595.0 * std::log10(1.0 + f / 700.0); };
+    auto mel_to_hz      = [](double m) { return 700.0 * (std::pow(10.0, m / 2595.0) - 1.0); };
     const double mel_lo = hz_to_mel(0.0), mel_hi = hz_to_mel(hp.sample_rate / 2.0);
     std::vector<double> fpts(M + 2);
     for (int i = 0; i < M + 2; ++i)
@@ -356,56 +402,63 @@ std::string AudioTower::init(const AudioHParams& hp, const Lookup& lookup, int64
     for (int m = 0; m < M; ++m) {
         int lo = kBins, hi = 0;
         for (int k = 0; k < kBins; ++k) {
-            double f    = (double)(hp.sample_rate / 2) * k / (kBins - 1);
-            double down = (f - fpts[m]) / (fpts[m + 1] - fpts[m]);
-            double up   = (fpts[m + 2] - f) / (fpts[m + 2] - fpts[m + 1]);
-            double v    = std::max(0.0, std::min(down, up));
+            double f                    = (double)(hp.sample_rate / 2) * k / (kBins - 1);
+            double down                 = (f - fpts[m]) / (fpts[m + 1] - fpts[m]);
+            double up                   = (fpts[m + 2] - f) / (fpts[m + 2] - fpts[m + 1]);
+            double v                    = std::max(0.0, std::min(down, up));
             mel_[(size_t)m * kBins + k] = v;
-            if (v > 0) { lo = std::min(lo, k); hi = k + 1; }
+            if (v > 0) {
+                lo = std::min(lo, k);
+                hi = k + 1;
+            }
         }
         mel_lo_[m] = lo < hi ? lo : 0;
         mel_hi_[m] = lo < hi ? hi : 0;
     }
 
     // Scratch sized for the longest clip.
-    max_samples_ = max_samples;
-    max_frames_  = (int)valid_frames(max_samples);
+    max_samples_     = max_samples;
+    max_frames_      = (int)valid_frames(max_samples);
     const int64_t t1 = ceil_half(max_frames_);
     max_t_           = (int)ceil_half(t1);
     const size_t T   = (size_t)std::max(max_t_, 1);
     size_t o         = 0;
-    auto take        = [&](size_t n) { size_t at = o; o += align16(n); return at; };
-    lay_.x           = take(T * H);
-    lay_.u           = o;
+    auto take        = [&](size_t n) {
+        size_t at = o;
+        o += align16(n);
+        return at;
+    };
+    lay_.x = take(T * H);
+    lay_.u = o;
     // front end
-    lay_.feat = take((size_t)std::max(max_frames_, 1) * M);
-    lay_.l0   = take((size_t)std::max<int64_t>(t1, 1) * f1_ * C0);
-    lay_.l1   = take(T * f2_ * C1);
-    lay_.w0   = take((size_t)C0 * 9);
-    lay_.w1   = take((size_t)C1 * 9 * C0);
+    lay_.feat              = take((size_t)std::max(max_frames_, 1) * M);
+    lay_.l0                = take((size_t)std::max<int64_t>(t1, 1) * f1_ * C0);
+    lay_.l1                = take(T * f2_ * C1);
+    lay_.w0                = take((size_t)C0 * 9);
+    lay_.w1                = take((size_t)C1 * 9 * C0);
     const size_t front_end = o;
     // conformer (reuses the front end's memory)
-    o        = lay_.u;
-    lay_.n   = take(T * H);
-    lay_.big = take(T * std::max(4 * H, P));
-    lay_.q   = take(T * H);
-    lay_.k   = take(T * H);
-    lay_.v   = take(T * H);
-    lay_.o   = take(T * H);
-    lay_.rel = take((size_t)n_rel_ * H);
-    lay_.sp  = take((size_t)head_dim_);
-    lay_.proj = lay_.big;
+    o          = lay_.u;
+    lay_.n     = take(T * H);
+    lay_.big   = take(T * std::max(4 * H, P));
+    lay_.q     = take(T * H);
+    lay_.k     = take(T * H);
+    lay_.v     = take(T * H);
+    lay_.o     = take(T * H);
+    lay_.rel   = take((size_t)n_rel_ * H);
+    lay_.sp    = take((size_t)head_dim_);
+    lay_.proj  = lay_.big;
     lay_.total = std::max(front_end, o);
 
     const int64_t max_k = std::max<int64_t>({4 * (int64_t)H, (int64_t)f2_ * C1, P, H});
     size_t need         = std::max(cpu::scratch_floats_per_thread(max_k, 0), cpu::gemm_scratch_floats());
     if (hp.precision == Precision::BF16) need = std::max(need, cpu::gemm_bf16_scratch_floats());
-    feature_floats_     = align16((size_t)2 * (2 * kFft + kBins) + 16); // FFT in doubles
-    need                = std::max(need, feature_floats_);
-    need                = std::max(need, (size_t)f1_ * 9 * 1);                      // im2col, layer 0
-    need                = std::max(need, (size_t)f2_ * 9 * C0);                     // im2col, layer 1
-    need                = std::max(need, (size_t)hp.attention_context_left + 16);  // attention logits
-    thread_floats_      = align16(need);
+    feature_floats_ = align16((size_t)2 * (2 * kFft + kBins) + 16); // FFT in doubles
+    need            = std::max(need, feature_floats_);
+    need            = std::max(need, (size_t)f1_ * 9 * 1);                    // im2col, layer 0
+    need            = std::max(need, (size_t)f2_ * 9 * C0);                   // im2col, layer 1
+    need            = std::max(need, (size_t)hp.attention_context_left + 16); // attention logits
+    thread_floats_  = align16(need);
 
     size_t b   = 0;
     auto bytes = [&](size_t n4) { // n4 four-byte values, 256-byte aligned (cuMemAlloc's alignment)
@@ -439,28 +492,35 @@ size_t AudioTower::gpu_host_scratch_bytes() const {
     return (size_t)std::max(max_frames_, 1) * hp_.mel_bins * sizeof(float);
 }
 
-size_t AudioTower::scratch_bytes() const { return lay_.total * sizeof(float); }
-size_t AudioTower::thread_scratch_floats() const { return thread_floats_; }
+size_t AudioTower::scratch_bytes() const {
+    return lay_.total * sizeof(float);
+}
+size_t AudioTower::thread_scratch_floats() const {
+    return thread_floats_;
+}
 
 // ---- feature extraction ----------------------------------------------------------------------------------
 
-std::string AudioTower::features(const cpu::Context& ctx, const float* pcm, int64_t n_samples, float* features,
-                                 int* n_frames) const {
+std::string AudioTower::features(const cpu::Context& ctx, const float* pcm, int64_t n_samples,
+                                 float* features, int* n_frames) const {
     if (!ready_) return "audio tower: init() did not succeed";
     if (!pcm || n_samples <= 0) return "audio clip is empty (0 samples)";
     if (n_samples > max_samples_)
-        return "audio clip of " + std::to_string(n_samples) + " samples (" + std::to_string(n_samples / 16000.0) +
-               " s) is longer than the " + std::to_string(max_samples_) + " samples (" +
-               std::to_string(max_samples_ / 16000.0) + " s) this model accepts; trim or split it";
+        return "audio clip of " + std::to_string(n_samples) + " samples (" +
+               std::to_string(n_samples / 16000.0) + " s) is longer than the " +
+               std::to_string(max_samples_) + " samples (" + std::to_string(max_samples_ / 16000.0) +
+               " s) this model accepts; trim or split it";
     const int64_t nf = valid_frames(n_samples);
     if (nf == 0)
         return "audio clip of " + std::to_string(n_samples) +
-               " samples is shorter than one 20 ms analysis frame (161 samples at 16 kHz): it gives no audio tokens";
+               " samples is shorter than one 20 ms analysis frame (161 samples at 16 kHz): it gives no audio "
+               "tokens";
     if (!ctx.pool || !ctx.scratch || ctx.scratch_stride < feature_floats_)
         return "audio tower: the cpu::Context needs " + std::to_string(feature_floats_) +
                " scratch floats per thread";
     for (int64_t i = 0; i < n_samples; ++i)
-        if (!std::isfinite(pcm[i])) return "audio clip: sample " + std::to_string(i) + " is not a finite number";
+        if (!std::isfinite(pcm[i]))
+            return "audio clip: sample " + std::to_string(i) + " is not a finite number";
 
     const int M = hp_.mel_bins;
     ctx.pool->parallel_for(nf, [&](int64_t f, int th) {
@@ -468,9 +528,9 @@ std::string AudioTower::features(const cpu::Context& ctx, const float* pcm, int6
         double* buf = reinterpret_cast<double*>(((uintptr_t)ctx.thread_scratch(th) + 7) & ~(uintptr_t)7);
         double* mag = buf + 2 * kFft;
         for (int i = 0; i < kFft; ++i) {
-            int n        = bitrev_[i];
-            int64_t s    = f * kHop - kFrameLen / 2 + n;   // 160 zeros prepended (semicausal padding)
-            float v      = (n < kFrameLen && s >= 0) ? pcm[s] * window_[n] : 0.0f;
+            int n          = bitrev_[i];
+            int64_t s      = f * kHop - kFrameLen / 2 + n; // 160 zeros prepended (semicausal padding)
+            float v        = (n < kFrameLen && s >= 0) ? pcm[s] * window_[n] : 0.0f;
             buf[2 * i]     = v;
             buf[2 * i + 1] = 0.0;
         }
@@ -482,16 +542,20 @@ std::string AudioTower::features(const cpu::Context& ctx, const float* pcm, int6
                     double* a = buf + 2 * (b + j);
                     double* c = buf + 2 * (b + j + half);
                     double tr = c[0] * wr - c[1] * wi, ti = c[0] * wi + c[1] * wr;
-                    c[0] = a[0] - tr; c[1] = a[1] - ti;
-                    a[0] += tr;       a[1] += ti;
+                    c[0] = a[0] - tr;
+                    c[1] = a[1] - ti;
+                    a[0] += tr;
+                    a[1] += ti;
                 }
         }
-        for (int k = 0; k < kBins; ++k) mag[k] = std::hypot(buf[2 * k], buf[2 * k + 1]);
+        for (int k = 0; k < kBins; ++k)
+            mag[k] = std::hypot(buf[2 * k], buf[2 * k + 1]);
         float* out = features + f * M;
         for (int m = 0; m < M; ++m) {
             const double* w = mel_.data() + (size_t)m * kBins;
             double acc      = 0;
-            for (int k = mel_lo_[m]; k < mel_hi_[m]; ++k) acc += mag[k] * w[k];
+            for (int k = mel_lo_[m]; k < mel_hi_[m]; ++k)
+                acc += mag[k] * w[k];
             out[m] = (float)std::log(acc + kMelFloor);
         }
     });
@@ -505,10 +569,11 @@ std::string AudioTower::features(const cpu::Context& ctx, const float* pcm, int6
 // channels (weight, no bias), ReLU. in [t_in_valid, f_in, c_in] (rows past t_in_valid are zero, as HF's mask
 // makes them); w [c_out, 9 * c_in] ordered (kh, kw, c_in); out [t_out, f_out, c_out].
 void AudioTower::conv_layer(const cpu::Context& ctx, const float* in, int t_in_valid, int f_in, int c_in,
-                            const float* w, const Tensor* norm, float* out, int t_out, int f_out, int c_out) const {
+                            const float* w, const Tensor* norm, float* out, int t_out, int f_out,
+                            int c_out) const {
     const float eps = hp_.rms_norm_eps;
     ctx.pool->parallel_for(t_out, [&](int64_t t, int th) {
-        float* patch = ctx.thread_scratch(th);   // [f_out, 9 * c_in]
+        float* patch = ctx.thread_scratch(th); // [f_out, 9 * c_in]
         const int kc = 9 * c_in;
         for (int f = 0; f < f_out; ++f)
             for (int i = 0; i < 3; ++i)
@@ -526,26 +591,30 @@ void AudioTower::conv_layer(const cpu::Context& ctx, const float* in, int t_in_v
         for (int f = 0; f < f_out; ++f) {
             float* y    = out + ((size_t)t * f_out + f) * c_out;
             double mean = 0, var = 0;
-            for (int c = 0; c < c_out; ++c) mean += y[c];
+            for (int c = 0; c < c_out; ++c)
+                mean += y[c];
             mean /= c_out;
-            for (int c = 0; c < c_out; ++c) var += (y[c] - mean) * (y[c] - mean);
+            for (int c = 0; c < c_out; ++c)
+                var += (y[c] - mean) * (y[c] - mean);
             var /= c_out;
             const float r = (float)(1.0 / std::sqrt(var + eps));
-            for (int c = 0; c < c_out; ++c) y[c] = std::max(0.0f, ((y[c] - (float)mean) * r) * tensor_at(*norm, c));
+            for (int c = 0; c < c_out; ++c)
+                y[c] = std::max(0.0f, ((y[c] - (float)mean) * r) * tensor_at(*norm, c));
         }
     });
 }
 
 // ClippableLinear: y = clamp(clamp(x, in_min, in_max) W^T, out_min, out_max). xin receives the clamped input
 // (it may be x itself when x is a temporary).
-void AudioTower::run_clip(const cpu::Context& ctx, const Clip& c, const float* x, int64_t ldx, int rows, float* xin,
-                          float* y, int64_t ldy) const {
+void AudioTower::run_clip(const cpu::Context& ctx, const Clip& c, const float* x, int64_t ldx, int rows,
+                          float* xin, float* y, int64_t ldy) const {
     const int64_t K = c.w->dims[1], N = c.w->dims[0];
     if (c.clipped) {
         for_rows(ctx, rows, K, [&](int t) {
             const float* xr = x + (int64_t)t * ldx;
             float* dr       = xin + (int64_t)t * K;
-            for (int64_t i = 0; i < K; ++i) dr[i] = clampf(xr[i], c.in_min, c.in_max);
+            for (int64_t i = 0; i < K; ++i)
+                dr[i] = clampf(xr[i], c.in_min, c.in_max);
         });
         x = xin, ldx = K;
     }
@@ -553,21 +622,23 @@ void AudioTower::run_clip(const cpu::Context& ctx, const Clip& c, const float* x
     if (c.clipped)
         for_rows(ctx, rows, N, [&](int t) {
             float* yr = y + (int64_t)t * ldy;
-            for (int64_t i = 0; i < N; ++i) yr[i] = clampf(yr[i], c.out_min, c.out_max);
+            for (int64_t i = 0; i < N; ++i)
+                yr[i] = clampf(yr[i], c.out_min, c.out_max);
         });
 }
 
 // x += residual_weight * RMS(clip(W2 silu(W1 RMS(clip(x); pre))); post)
-void AudioTower::feed_forward(const cpu::Context& ctx, const FeedForward& f, float* x, int T, float* sc) const {
-    const int H = hp_.hidden_size;
+void AudioTower::feed_forward(const cpu::Context& ctx, const FeedForward& f, float* x, int T,
+                              float* sc) const {
+    const int H    = hp_.hidden_size;
     const float gc = hp_.gradient_clipping;
-    float* n   = sc + lay_.n;     // [T, H]
-    float* big = sc + lay_.big;   // [T, 4H]
+    float* n       = sc + lay_.n;   // [T, H]
+    float* big     = sc + lay_.big; // [T, 4H]
     rms(ctx, x, H, n, H, T, H, f.pre, kDefaultNormEps, gc);
     run_clip(ctx, f.w1, n, H, T, n, big, 4 * H);
     for_rows(ctx, T, 4 * H, [&](int t) {
         Eigen::Map<Eigen::ArrayXf> r(big + (int64_t)t * 4 * H, 4 * H);
-        r = r / (1.0f + (-r).exp());   // silu, vectorised
+        r = r / (1.0f + (-r).exp()); // silu, vectorised
     });
     run_clip(ctx, f.w2, big, 4 * H, T, big, n, H);
     rms(ctx, n, H, n, H, T, H, f.post, kDefaultNormEps, gc);
@@ -575,7 +646,8 @@ void AudioTower::feed_forward(const cpu::Context& ctx, const FeedForward& f, flo
     for_rows(ctx, T, H, [&](int t) {
         float* xr       = x + (int64_t)t * H;
         const float* nr = n + (int64_t)t * H;
-        for (int i = 0; i < H; ++i) xr[i] = nr[i] * rw + xr[i];
+        for (int i = 0; i < H; ++i)
+            xr[i] = nr[i] * rw + xr[i];
     });
 }
 
@@ -583,19 +655,20 @@ void AudioTower::feed_forward(const cpu::Context& ctx, const FeedForward& f, flo
 void AudioTower::attention(const cpu::Context& ctx, const Layer& L, float* x, int T, float* sc) const {
     const int H = hp_.hidden_size, D = head_dim_, NH = hp_.num_attention_heads;
     const float gc = hp_.gradient_clipping, cap = hp_.attention_logit_cap;
-    float *n = sc + lay_.n, *q = sc + lay_.q, *k = sc + lay_.k, *v = sc + lay_.v, *o = sc + lay_.o, *rel = sc + lay_.rel;
+    float *n = sc + lay_.n, *q = sc + lay_.q, *k = sc + lay_.k, *v = sc + lay_.v, *o = sc + lay_.o,
+          *rel = sc + lay_.rel;
     rms(ctx, x, H, n, H, T, H, L.norm_pre_attn, kDefaultNormEps, gc);
     run_clip(ctx, L.q, n, H, T, o, q, H);
     run_clip(ctx, L.k, n, H, T, o, k, H);
     run_clip(ctx, L.v, n, H, T, o, v, H);
-    matmul(ctx, hp_.precision, pe_.data(), H, L.rel_k, rel, H, n_rel_);   // [n_rel, H] relative keys
+    matmul(ctx, hp_.precision, pe_.data(), H, L.rel_k, rel, H, n_rel_); // [n_rel, H] relative keys
 
     const float q_scale = (float)(std::pow((double)D, -0.5) / std::log(2.0));
     const float k_scale = (float)(std::log1p(std::exp(1.0)) / std::log(2.0));
-    float* spd = sc + lay_.sp;   // [D] softplus(per_dim_scale)
+    float* spd          = sc + lay_.sp; // [D] softplus(per_dim_scale)
     for (int d = 0; d < D; ++d) {
         double p = tensor_at(*L.per_dim_scale, d);
-        spd[d]   = (float)(p > 20.0 ? p : std::log1p(std::exp(p)));   // torch softplus (threshold 20)
+        spd[d]   = (float)(p > 20.0 ? p : std::log1p(std::exp(p))); // torch softplus (threshold 20)
     }
     for_rows(ctx, T, H, [&](int t) {
         float* qr = q + (int64_t)t * H;
@@ -611,32 +684,37 @@ void AudioTower::attention(const cpu::Context& ctx, const Layer& L, float* x, in
     const int W = hp_.attention_context_left - 1;
     ctx.pool->parallel_for((int64_t)T * NH, [&](int64_t idx, int th) {
         const int t = (int)(idx / NH), h = (int)(idx % NH);
-        float* logit   = ctx.thread_scratch(th);
-        const int j0   = std::max(0, t - W + 1);
-        const int nk   = t - j0 + 1;
+        float* logit    = ctx.thread_scratch(th);
+        const int j0    = std::max(0, t - W + 1);
+        const int nk    = t - j0 + 1;
         const float* qh = q + (int64_t)t * H + h * D;
-        float mx = -std::numeric_limits<float>::infinity();
+        float mx        = -std::numeric_limits<float>::infinity();
         for (int j = j0; j <= t; ++j) {
             const float* kh = k + (int64_t)j * H + h * D;
             float ac = 0, bd = 0;
-            for (int d = 0; d < D; ++d) ac += qh[d] * kh[d];
+            for (int d = 0; d < D; ++d)
+                ac += qh[d] * kh[d];
             const int p = W - (t - j);
             if (p < n_rel_) {
                 const float* rh = rel + (int64_t)p * H + h * D;
-                for (int d = 0; d < D; ++d) bd += qh[d] * rh[d];
+                for (int d = 0; d < D; ++d)
+                    bd += qh[d] * rh[d];
             }
             float s       = std::tanh((ac + bd) / cap) * cap;
             logit[j - j0] = s;
             mx            = std::max(mx, s);
         }
         float sum = 0;
-        for (int i = 0; i < nk; ++i) sum += (logit[i] = std::exp(logit[i] - mx));
+        for (int i = 0; i < nk; ++i)
+            sum += (logit[i] = std::exp(logit[i] - mx));
         float* oh = o + (int64_t)t * H + h * D;
-        for (int d = 0; d < D; ++d) oh[d] = 0;
+        for (int d = 0; d < D; ++d)
+            oh[d] = 0;
         for (int j = j0; j <= t; ++j) {
             const float w   = logit[j - j0] / sum;
             const float* vh = v + (int64_t)j * H + h * D;
-            for (int d = 0; d < D; ++d) oh[d] += w * vh[d];
+            for (int d = 0; d < D; ++d)
+                oh[d] += w * vh[d];
         }
     });
     run_clip(ctx, L.post, o, H, T, o, n, H);
@@ -644,7 +722,8 @@ void AudioTower::attention(const cpu::Context& ctx, const Layer& L, float* x, in
     for_rows(ctx, T, H, [&](int t) {
         float* xr       = x + (int64_t)t * H;
         const float* nr = n + (int64_t)t * H;
-        for (int i = 0; i < H; ++i) xr[i] = nr[i] + xr[i];
+        for (int i = 0; i < H; ++i)
+            xr[i] = nr[i] + xr[i];
     });
 }
 
@@ -654,8 +733,8 @@ void AudioTower::light_conv(const cpu::Context& ctx, const Layer& L, float* x, i
     const float eps = hp_.rms_norm_eps, gc = hp_.gradient_clipping;
     float *n = sc + lay_.n, *big = sc + lay_.big, *g = sc + lay_.q, *c = sc + lay_.k;
     rms(ctx, x, H, n, H, T, H, L.lpre, eps, 0.0f);
-    run_clip(ctx, L.lstart, n, H, T, n, big, 2 * H);   // [T, 2H]
-    for_rows(ctx, T, H, [&](int t) {   // GLU: a * sigmoid(b), vectorised
+    run_clip(ctx, L.lstart, n, H, T, n, big, 2 * H); // [T, 2H]
+    for_rows(ctx, T, H, [&](int t) {                 // GLU: a * sigmoid(b), vectorised
         Eigen::Map<const Eigen::ArrayXf> a(big + (int64_t)t * 2 * H, H), b(big + (int64_t)t * 2 * H + H, H);
         Eigen::Map<Eigen::ArrayXf>(g + (int64_t)t * H, H) = a / (1.0f + (-b).exp());
     });
@@ -679,12 +758,13 @@ void AudioTower::light_conv(const cpu::Context& ctx, const Layer& L, float* x, i
     for_rows(ctx, T, H, [&](int t) {
         float* xr       = x + (int64_t)t * H;
         const float* nr = n + (int64_t)t * H;
-        for (int i = 0; i < H; ++i) xr[i] = nr[i] + xr[i];
+        for (int i = 0; i < H; ++i)
+            xr[i] = nr[i] + xr[i];
     });
 }
 
-std::string AudioTower::forward(const cpu::Context& ctx, const float* pcm, int64_t n_samples, void* scratch, float* out,
-                                int* n_soft) const {
+std::string AudioTower::forward(const cpu::Context& ctx, const float* pcm, int64_t n_samples, void* scratch,
+                                float* out, int* n_soft) const {
     if (!scratch || !out || !n_soft) return "audio tower: scratch, out and n_soft must not be null";
     if (ready_ && ctx.scratch_stride < thread_floats_)
         return "audio tower: the cpu::Context needs " + std::to_string(thread_floats_) +
@@ -692,21 +772,24 @@ std::string AudioTower::forward(const cpu::Context& ctx, const float* pcm, int64
     float* sc = static_cast<float*>(scratch);
     int V0    = 0;
     if (std::string e = features(ctx, pcm, n_samples, sc + lay_.feat, &V0); !e.empty()) return e;
-    const int H = hp_.hidden_size, C0 = hp_.subsampling_conv_channels[0], C1 = hp_.subsampling_conv_channels[1];
+    const int H = hp_.hidden_size, C0 = hp_.subsampling_conv_channels[0],
+              C1 = hp_.subsampling_conv_channels[1];
     const int P = hp_.output_proj_dims, M = hp_.mel_bins;
     const int V1 = (int)ceil_half(V0), T = (int)ceil_half(V1);
 
     // SSCP conv weights widened to f32 and reordered to (kh, kw, c_in) per output channel.
-    float* w0 = sc + lay_.w0;   // [C0, 9]
-    float* w1 = sc + lay_.w1;   // [C1, 9 * C0]
+    float* w0 = sc + lay_.w0; // [C0, 9]
+    float* w1 = sc + lay_.w1; // [C1, 9 * C0]
     for (int co = 0; co < C0; ++co)
-        for (int r = 0; r < 9; ++r) w0[co * 9 + r] = tensor_at(*conv0_, (int64_t)co * 9 + r);
+        for (int r = 0; r < 9; ++r)
+            w0[co * 9 + r] = tensor_at(*conv0_, (int64_t)co * 9 + r);
     for (int co = 0; co < C1; ++co)
         for (int ci = 0; ci < C0; ++ci)
-            for (int r = 0; r < 9; ++r) w1[((size_t)co * 9 + r) * C0 + ci] = tensor_at(*conv1_, ((int64_t)co * C0 + ci) * 9 + r);
-    conv_layer(ctx, sc + lay_.feat, V0, M, 1, w0, norm0_, sc + lay_.l0, V1, f1_, C0);    // [V1, F1, C0]
-    conv_layer(ctx, sc + lay_.l0, V1, f1_, C0, w1, norm1_, sc + lay_.l1, T, f2_, C1);   // [T, F2, C1]
-    float* x = sc + lay_.x;                                                              // [T, H]
+            for (int r = 0; r < 9; ++r)
+                w1[((size_t)co * 9 + r) * C0 + ci] = tensor_at(*conv1_, ((int64_t)co * C0 + ci) * 9 + r);
+    conv_layer(ctx, sc + lay_.feat, V0, M, 1, w0, norm0_, sc + lay_.l0, V1, f1_, C0); // [V1, F1, C0]
+    conv_layer(ctx, sc + lay_.l0, V1, f1_, C0, w1, norm1_, sc + lay_.l1, T, f2_, C1); // [T, F2, C1]
+    float* x = sc + lay_.x;                                                           // [T, H]
     matmul(ctx, hp_.precision, sc + lay_.l1, (int64_t)f2_ * C1, in_proj_, x, H, T);
 
     for (const Layer& L : layers_) {
@@ -717,14 +800,15 @@ std::string AudioTower::forward(const cpu::Context& ctx, const float* pcm, int64
         rms(ctx, x, H, x, H, T, H, L.norm_out, kDefaultNormEps, hp_.gradient_clipping);
     }
 
-    float* proj = sc + lay_.proj;   // [T, P]
+    float* proj = sc + lay_.proj; // [T, P]
     matmul(ctx, hp_.precision, x, H, out_proj_w_, proj, P, T);
     for_rows(ctx, T, P, [&](int t) {
         float* r = proj + (int64_t)t * P;
-        for (int i = 0; i < P; ++i) r[i] += tensor_at(*out_proj_b_, i);
+        for (int i = 0; i < P; ++i)
+            r[i] += tensor_at(*out_proj_b_, i);
     });
     rms(ctx, proj, P, proj, P, T, P, nullptr, hp_.rms_norm_eps, 0.0f);
-    matmul(ctx, hp_.precision, proj, P, embed_, out, hp_.text_hidden_size, T);   // [T, text_hidden]
+    matmul(ctx, hp_.precision, proj, P, embed_, out, hp_.text_hidden_size, T); // [T, text_hidden]
     *n_soft = T;
     return "";
 }

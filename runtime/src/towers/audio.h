@@ -12,26 +12,31 @@
 
 namespace g4::towers {
 
-struct AudioHParams {   // from config.json "audio_config" (+ the text hidden size); feature-extractor constants too
+struct AudioHParams { // from config.json "audio_config" (+ the text hidden size); feature-extractor constants
+                      // too
     int hidden_size, num_hidden_layers, num_attention_heads, conv_kernel_size, attention_chunk_size,
         attention_context_left, attention_context_right, output_proj_dims;
     int subsampling_conv_channels[2];
-    float attention_logit_cap, attention_invalid_logits_value, residual_weight, rms_norm_eps, gradient_clipping;
+    float attention_logit_cap, attention_invalid_logits_value, residual_weight, rms_norm_eps,
+        gradient_clipping;
     bool use_clipped_linears;
     int text_hidden_size;
-    int sample_rate = 16000, mel_bins = 128;   // feature extractor (HF Gemma4AudioFeatureExtractor defaults)
-    Precision precision = Precision::F32;      // not in config.json: set by the caller before init (plan META towers)
+    int sample_rate = 16000, mel_bins = 128; // feature extractor (HF Gemma4AudioFeatureExtractor defaults)
+    Precision precision =
+        Precision::F32; // not in config.json: set by the caller before init (plan META towers)
 };
 
 // Parses "audio_config". mel_bins: HF builds input_proj_linear for (subsampling_conv_channels[0] / 4)
 // frequency rows after the two stride-2 convs, i.e. for channels[0] mel bins; that is 128 (the feature
 // extractor's default) for the released models, and this value is what is set here (8 for the tiny test
 // checkpoint). Errors name the key; attention_context_right != 0 is refused (Gemma 4 uses 0).
-std::string parse_audio_hparams(const std::string& audio_config_json, int text_hidden_size, AudioHParams* out);
-std::vector<std::string> audio_weight_names(const AudioHParams& hp);   // relative to "model.", incl. embed_audio.*
+std::string parse_audio_hparams(const std::string& audio_config_json, int text_hidden_size,
+                                AudioHParams* out);
+std::vector<std::string>
+audio_weight_names(const AudioHParams& hp); // relative to "model.", incl. embed_audio.*
 // Soft tokens HF's processor inserts for a clip of n_samples (the valid frames after the two stride-2 convs,
-// capped as HF caps it: clips over 30 s are truncated to 480000 samples, 750 tokens); equals forward's *n_soft.
-// 0 for clips shorter than one frame (161 samples).
+// capped as HF caps it: clips over 30 s are truncated to 480000 samples, 750 tokens); equals forward's
+// *n_soft. 0 for clips shorter than one frame (161 samples).
 int audio_soft_tokens(const AudioHParams& hp, int64_t n_samples);
 
 class AudioTower {
@@ -39,15 +44,16 @@ public:
     // Resolves and shape-checks every weight (errors name the tensor); fixes the longest clip: max_samples
     // (HF: 30 s = 480000).
     std::string init(const AudioHParams& hp, const Lookup& lookup, int64_t max_samples);
-    size_t scratch_bytes() const;            // caller allocates once (64-byte aligned)
-    size_t thread_scratch_floats() const;    // per-thread floats needed in the cpu::Context
-    // pcm [n_samples] mono float at 16 kHz. Clips longer than max_samples, empty clips, clips shorter than one
-    // 20 ms frame (n_soft would be 0) and non-finite samples are errors (HF's extractor silently truncates past
-    // 30 s; g4 does not). out [n_soft, text_hidden_size] = HF get_audio_features().pooler_output for the valid
-    // frames; out must hold audio_soft_tokens(hp, n_samples) rows (at most max_soft_tokens()).
-    // ctx.scratch_stride >= thread_scratch_floats(); scratch holds scratch_bytes().
-    std::string forward(const cpu::Context& ctx, const float* pcm, int64_t n_samples, void* scratch, float* out,
-                        int* n_soft) const;
+    size_t scratch_bytes() const;         // caller allocates once (64-byte aligned)
+    size_t thread_scratch_floats() const; // per-thread floats needed in the cpu::Context
+    // pcm [n_samples] mono float at 16 kHz. Clips longer than max_samples, empty clips, clips shorter than
+    // one 20 ms frame (n_soft would be 0) and non-finite samples are errors (HF's extractor silently
+    // truncates past 30 s; g4 does not). out [n_soft, text_hidden_size] = HF
+    // get_audio_features().pooler_output for the valid frames; out must hold audio_soft_tokens(hp, n_samples)
+    // rows (at most max_soft_tokens()). ctx.scratch_stride >= thread_scratch_floats(); scratch holds
+    // scratch_bytes().
+    std::string forward(const cpu::Context& ctx, const float* pcm, int64_t n_samples, void* scratch,
+                        float* out, int* n_soft) const;
 
     // The feature extractor alone: features [n_frames, mel_bins] = HF input_features for the valid frames
     // (HF pads the batch to a multiple of 128 samples and zeroes the extra frames; those are not produced).
@@ -55,10 +61,10 @@ public:
     // Needs only the Context's per-thread scratch (gpu_thread_scratch_floats() floats a thread).
     std::string features(const cpu::Context& ctx, const float* pcm, int64_t n_samples, float* features,
                          int* n_frames) const;
-    static int64_t valid_frames(int64_t n_samples);   // valid log-mel frames of a clip (HF frame mask)
+    static int64_t valid_frames(int64_t n_samples); // valid log-mel frames of a clip (HF frame mask)
 
     const AudioHParams& hparams() const { return hp_; }
-    int max_soft_tokens() const { return max_t_; }   // soft tokens of a max_samples clip
+    int max_soft_tokens() const { return max_t_; } // soft tokens of a max_samples clip
 
     // The GPU forward (runtime/src/cuda/audio.cpp): the log-mel features stay on the CPU (features() into
     // gpu_host_scratch_bytes() of host memory, gpu_thread_scratch_floats() per thread), the rest runs from
@@ -74,12 +80,15 @@ public:
     size_t gpu_host_scratch_bytes() const;
     size_t gpu_thread_scratch_floats() const { return feature_floats_; }
 
-    struct Clip {   // ClippableLinear: weight [out, in] + optional activation bounds
+    struct Clip { // ClippableLinear: weight [out, in] + optional activation bounds
         const Tensor* w = nullptr;
         float in_min = 0, in_max = 0, out_min = 0, out_max = 0;
         bool clipped = false;
     };
-    struct FeedForward { Clip w1, w2; const Tensor *pre = nullptr, *post = nullptr; };
+    struct FeedForward {
+        Clip w1, w2;
+        const Tensor *pre = nullptr, *post = nullptr;
+    };
     struct Layer {
         FeedForward ff1, ff2;
         Clip q, k, v, post;
@@ -106,10 +115,10 @@ public:
     static constexpr float kDefaultNormEps = 1e-6f;
 
 private:
-    struct Layout {   // float offsets into the scratch (each 16-float aligned)
+    struct Layout { // float offsets into the scratch (each 16-float aligned)
         size_t x, u, total;
-        size_t feat, l0, l1, w0, w1;                   // front end (inside the union region u)
-        size_t n, big, q, k, v, o, rel, sp, proj;      // conformer (inside u)
+        size_t feat, l0, l1, w0, w1;              // front end (inside the union region u)
+        size_t n, big, q, k, v, o, rel, sp, proj; // conformer (inside u)
     };
 
     void run_clip(const cpu::Context& ctx, const Clip& c, const float* x, int64_t ldx, int rows, float* xin,
@@ -117,22 +126,23 @@ private:
     void feed_forward(const cpu::Context& ctx, const FeedForward& f, float* x, int T, float* sc) const;
     void attention(const cpu::Context& ctx, const Layer& L, float* x, int T, float* sc) const;
     void light_conv(const cpu::Context& ctx, const Layer& L, float* x, int T, float* sc) const;
-    void conv_layer(const cpu::Context& ctx, const float* in, int t_in_valid, int f_in, int c_in, const float* w,
-                    const Tensor* norm, float* out, int t_out, int f_out, int c_out) const;
+    void conv_layer(const cpu::Context& ctx, const float* in, int t_in_valid, int f_in, int c_in,
+                    const float* w, const Tensor* norm, float* out, int t_out, int f_out, int c_out) const;
 
     AudioHParams hp_{};
     bool ready_          = false;
     int64_t max_samples_ = 0;
     int max_t_ = 0, max_frames_ = 0, f1_ = 0, f2_ = 0, head_dim_ = 0, n_rel_ = 0;
-    const Tensor *conv0_ = nullptr, *norm0_ = nullptr, *conv1_ = nullptr, *norm1_ = nullptr, *in_proj_ = nullptr;
+    const Tensor *conv0_ = nullptr, *norm0_ = nullptr, *conv1_ = nullptr, *norm1_ = nullptr,
+                 *in_proj_    = nullptr;
     const Tensor *out_proj_w_ = nullptr, *out_proj_b_ = nullptr, *embed_ = nullptr;
     std::vector<Layer> layers_;
-    std::vector<float> pe_;                  // [n_rel, hidden] relative position sinusoids (HF float32 values)
-    std::vector<float> window_;              // [320] periodic Hann, float32 as HF casts it
-    std::vector<double> twiddle_;            // [256] complex e^{-2 pi i k / 512} (re, im)
-    std::vector<int> bitrev_;                // [512]
-    std::vector<double> mel_;                // [mel_bins, 257] triangular filters (HTK, no norm), row per mel bin
-    std::vector<int> mel_lo_, mel_hi_;       // non-zero bin range [lo, hi) of each filter
+    std::vector<float> pe_;            // [n_rel, hidden] relative position sinusoids (HF float32 values)
+    std::vector<float> window_;        // [320] periodic Hann, float32 as HF casts it
+    std::vector<double> twiddle_;      // [256] complex e^{-2 pi i k / 512} (re, im)
+    std::vector<int> bitrev_;          // [512]
+    std::vector<double> mel_;          // [mel_bins, 257] triangular filters (HTK, no norm), row per mel bin
+    std::vector<int> mel_lo_, mel_hi_; // non-zero bin range [lo, hi) of each filter
     Layout lay_{};
     GpuLayout gpu_{};
     size_t thread_floats_ = 0, feature_floats_ = 0;

@@ -13,10 +13,10 @@
 namespace g4::towers {
 
 struct ImageLayout {
-    int out_h = 0, out_w = 0;     // resized size in pixels (multiples of patch*pool)
-    int grid_h = 0, grid_w = 0;   // patches per column / row
-    int n_patches = 0;            // grid_h * grid_w
-    int n_soft = 0;               // soft tokens = (grid_h/pool) * (grid_w/pool)
+    int out_h = 0, out_w = 0;   // resized size in pixels (multiples of patch*pool)
+    int grid_h = 0, grid_w = 0; // patches per column / row
+    int n_patches = 0;          // grid_h * grid_w
+    int n_soft    = 0;          // soft tokens = (grid_h/pool) * (grid_w/pool)
 };
 
 // HF Gemma4 processor's target size for an in_h x in_w image with at most max_soft_tokens soft tokens
@@ -32,16 +32,16 @@ std::string image_layout(int in_h, int in_w, int max_soft_tokens, int patch, int
 size_t preprocess_scratch_bytes(int64_t max_in_pixels, int max_soft_tokens, int patch, int pool);
 // The exact scratch one in_h x in_w image needs (0 if the arguments are invalid).
 size_t preprocess_scratch_bytes_for(int in_h, int in_w, int max_soft_tokens, int patch, int pool);
-// What a session reserves for preprocess_image: preprocess_scratch_bytes, capped at kPreprocessReserveCap (8 MiB,
-// which covers every image up to 16M pixels with an aspect ratio below ~1:1500); an image that needs more
-// (preprocess_scratch_bytes_for) is refused by the session with both figures.
+// What a session reserves for preprocess_image: preprocess_scratch_bytes, capped at kPreprocessReserveCap (8
+// MiB, which covers every image up to 16M pixels with an aspect ratio below ~1:1500); an image that needs
+// more (preprocess_scratch_bytes_for) is refused by the session with both figures.
 constexpr size_t kPreprocessReserveCap = 8u << 20;
 size_t preprocess_reserve_bytes(int64_t max_in_pixels, int max_soft_tokens, int patch, int pool);
 
 // rgb [in_h, in_w, 3] uint8 (row-major, RGB). Writes patches [n_patches, 3*patch*patch] in HF's pixel_values
-// row layout (within a patch: row, column, channel) and pos [n_patches, 2] = (x, y) as HF's image_position_ids
-// (real patches only, no padding rows). patches must hold max_soft_tokens*pool^2*3*patch^2 floats (it is also
-// used as the int32 accumulator of the vertical pass); pos max_soft_tokens*pool^2*2 ints.
+// row layout (within a patch: row, column, channel) and pos [n_patches, 2] = (x, y) as HF's
+// image_position_ids (real patches only, no padding rows). patches must hold max_soft_tokens*pool^2*3*patch^2
+// floats (it is also used as the int32 accumulator of the vertical pass); pos max_soft_tokens*pool^2*2 ints.
 // Returns "" or an error (bad arguments, empty image, scratch too small). ctx (optional): blocks of output
 // rows run on its pool, each thread's row buffer in its per-thread scratch (at least
 // preprocess_thread_floats floats, else one thread does it all); bit-identical to the one-thread result.

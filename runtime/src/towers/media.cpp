@@ -17,7 +17,9 @@ namespace g4::rt {
 namespace {
 
 constexpr size_t kAlign = 64;
-size_t up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+size_t up(size_t n) {
+    return (n + kAlign - 1) / kAlign * kAlign;
+}
 
 // Makes room for n more rows at the tail of q (moving the queued rows to the front when needed).
 bool queue_reserve(MediaQueue& q, int32_t n, int32_t H) {
@@ -31,18 +33,21 @@ bool queue_reserve(MediaQueue& q, int32_t n, int32_t H) {
 
 } // namespace
 
-MediaState::~MediaState() { std::free(block); }
+MediaState::~MediaState() {
+    std::free(block);
+}
 
 size_t MediaBlock::total() const {
     size_t t = 0;
-    for (size_t b : bytes) t += b;
+    for (size_t b : bytes)
+        t += b;
     return t;
 }
 
 MediaBlock media_block(const MediaSizing& z) {
     MediaBlock b;
-    b.stride = std::max<size_t>(z.thread_floats, 64);
-    const size_t queue = (size_t)z.queue_rows * z.hidden * 4;
+    b.stride                           = std::max<size_t>(z.thread_floats, 64);
+    const size_t queue                 = (size_t)z.queue_rows * z.hidden * 4;
     b.bytes[MediaBlock::VisionScratch] = up(z.vision_scratch);
     b.bytes[MediaBlock::ResizeScratch] = up(z.resize_scratch);
     b.bytes[MediaBlock::Patches]       = up((size_t)z.patch_floats * 4);
@@ -57,7 +62,8 @@ MediaBlock media_block(const MediaSizing& z) {
     return b;
 }
 
-// The queue whose rows placeholder `id` takes, or null when `id` is not a placeholder of a tower the plan has.
+// The queue whose rows placeholder `id` takes, or null when `id` is not a placeholder of a tower the plan
+// has.
 static MediaQueue* queue_of(const g4_session* s, int32_t id) {
     MediaState* m  = s->media.get();
     const auto& in = s->engine->plan.info();
@@ -66,7 +72,9 @@ static MediaQueue* queue_of(const g4_session* s, int32_t id) {
     return nullptr;
 }
 
-bool media_is_placeholder(const g4_session* s, int32_t id) { return s->media && queue_of(s, id); }
+bool media_is_placeholder(const g4_session* s, int32_t id) {
+    return s->media && queue_of(s, id);
+}
 
 g4_status media_create(g4_session* s, std::string* err) {
     const plan::Plan& p = s->engine->plan;
@@ -76,12 +84,15 @@ g4_status media_create(g4_session* s, std::string* err) {
     m->H   = in.hidden_size;
     for (size_t i = 0; i < p.n_tensors(); ++i) {
         const plan::PlanTensor& t = p.tensor(i);
-        if (t.kind != (uint8_t)plan::TensorKind::Weight || (t.flags != plan::kRoleTower && t.flags != plan::kRoleTowerScalar)) continue;
+        if (t.kind != (uint8_t)plan::TensorKind::Weight ||
+            (t.flags != plan::kRoleTower && t.flags != plan::kRoleTowerScalar))
+            continue;
         towers::Tensor w;
         w.data  = p.weight_data(t);
         w.dtype = (DType)t.dtype;
         w.ndim  = t.flags == plan::kRoleTowerScalar ? 0 : t.ndim;
-        for (int d = 0; d < w.ndim; ++d) w.dims[d] = t.dims[d];
+        for (int d = 0; d < w.ndim; ++d)
+            w.dims[d] = t.dims[d];
         m->weights[p.str(t.name)] = w;
     }
     MediaState* mp        = m.get();
@@ -102,7 +113,8 @@ g4_status media_create(g4_session* s, std::string* err) {
         }
         z.vision         = true;
         z.vision_scratch = in.vision_gpu ? m->vision->gpu_host_scratch_bytes() : m->vision->scratch_bytes();
-        z.resize_scratch = towers::preprocess_reserve_bytes(in.max_image_pixels, in.image_tokens, hp.patch_size, hp.pooling_kernel_size);
+        z.resize_scratch = towers::preprocess_reserve_bytes(in.max_image_pixels, in.image_tokens,
+                                                            hp.patch_size, hp.pooling_kernel_size);
         z.patch_floats   = (int64_t)in.max_patches * 3 * hp.patch_size * hp.patch_size;
         z.max_patches    = in.max_patches;
         z.max_soft       = std::max(z.max_soft, in.image_tokens);
@@ -125,22 +137,24 @@ g4_status media_create(g4_session* s, std::string* err) {
     m->pre_bytes = z.resize_scratch;
     static std::atomic<bool> noted{false};
     if (in.tower_bf16 && !cpu::gemm_has_avx512_bf16() && !noted.exchange(true))
-        std::fprintf(stderr, "g4: note: this plan's towers use bf16 matmuls (--tower-precision bf16), which this build runs without "
-                             "AVX-512 BF16 instructions: slower than fp32 here; compile with --tower-precision fp32 for this machine\n");
+        std::fprintf(stderr, "g4: note: this plan's towers use bf16 matmuls (--tower-precision bf16), which "
+                             "this build runs without "
+                             "AVX-512 BF16 instructions: slower than fp32 here; compile with "
+                             "--tower-precision fp32 for this machine\n");
     // Threads: a CPU session's pool; a CUDA session (one-thread pool) gets its own for the towers.
     cpu::ThreadPool* pool = s->pool.get();
     if (!pool || pool->size() < 2) {
         m->own_pool = std::make_unique<cpu::ThreadPool>(cpu::default_thread_count());
         pool        = m->own_pool.get();
     }
-    z.queue_rows    = in.max_media_tokens;
-    z.hidden        = in.hidden_size;
-    z.max_rows      = in.max_rows;
-    z.thread_floats = in.tower_thread_floats;
-    z.threads       = pool->size();
+    z.queue_rows       = in.max_media_tokens;
+    z.hidden           = in.hidden_size;
+    z.max_rows         = in.max_rows;
+    z.thread_floats    = in.tower_thread_floats;
+    z.threads          = pool->size();
     const MediaBlock b = media_block(z);
     const size_t total = b.total();
-    m->block = std::aligned_alloc(kAlign, std::max<size_t>(total, kAlign));
+    m->block           = std::aligned_alloc(kAlign, std::max<size_t>(total, kAlign));
     if (!m->block) {
         *err = "cannot allocate " + std::to_string(total) + " bytes for the towers' buffers";
         return G4_ERR_OUT_OF_MEMORY;
@@ -149,7 +163,8 @@ g4_status media_create(g4_session* s, std::string* err) {
     m->block_bytes = total;
     uint8_t* parts[MediaBlock::kParts];
     uint8_t* at = (uint8_t*)m->block;
-    for (int i = 0; i < MediaBlock::kParts; ++i) parts[i] = at, at += b.bytes[i];
+    for (int i = 0; i < MediaBlock::kParts; ++i)
+        parts[i] = at, at += b.bytes[i];
     const int32_t Q   = in.max_media_tokens;
     m->vision_scratch = parts[MediaBlock::VisionScratch];
     m->pre_scratch    = parts[MediaBlock::ResizeScratch];
@@ -168,15 +183,18 @@ g4_status media_create(g4_session* s, std::string* err) {
 
 static g4_status enqueue(g4_session* s, MediaQueue& q, int32_t n, const char* what, std::string* err) {
     MediaState* m = s->media.get();
-    if (const char* dump = rt::env::dump_media()) {   // debugging, bench/e2e/tower_bench.py: the rows, f32 [n, H]
+    if (const char* dump =
+            rt::env::dump_media()) { // debugging, bench/e2e/tower_bench.py: the rows, f32 [n, H]
         if (FILE* f = std::fopen(dump, "ab")) {
             std::fwrite(m->soft, sizeof(float), (size_t)n * m->H, f);
             std::fclose(f);
         }
     }
     if (!queue_reserve(q, n, m->H)) {
-        *err = std::string("the ") + what + " gives " + std::to_string(n) + " soft tokens but " + std::to_string(q.queued()) + " of the session's " +
-               std::to_string(q.cap) + " are queued already (feed the prompt that uses them first, or recompile with a larger --max-media-tokens)";
+        *err = std::string("the ") + what + " gives " + std::to_string(n) + " soft tokens but " +
+               std::to_string(q.queued()) + " of the session's " + std::to_string(q.cap) +
+               " are queued already (feed the prompt that uses them first, or recompile with a larger "
+               "--max-media-tokens)";
         return G4_ERR_CONTEXT_FULL;
     }
     std::memcpy(q.rows + (size_t)q.tail * m->H, m->soft, sizeof(float) * (size_t)n * m->H);
@@ -184,10 +202,12 @@ static g4_status enqueue(g4_session* s, MediaQueue& q, int32_t n, const char* wh
     return G4_OK;
 }
 
-g4_status media_add_image(g4_session* s, const uint8_t* rgb, int32_t width, int32_t height, int32_t* n_tokens, std::string* err) {
+g4_status media_add_image(g4_session* s, const uint8_t* rgb, int32_t width, int32_t height, int32_t* n_tokens,
+                          std::string* err) {
     MediaState* m = s->media.get();
     if (!m || !m->vision) {
-        *err = "the plan has no vision tower (compile it from a Gemma 4 checkpoint with vision_config, without --no-vision)";
+        *err = "the plan has no vision tower (compile it from a Gemma 4 checkpoint with vision_config, "
+               "without --no-vision)";
         return G4_ERR_UNSUPPORTED;
     }
     const auto& in = s->engine->plan.info();
@@ -196,27 +216,33 @@ g4_status media_add_image(g4_session* s, const uint8_t* rgb, int32_t width, int3
         return G4_ERR_INVALID_ARGUMENT;
     }
     if ((int64_t)width * height > in.max_image_pixels) {
-        *err = "the image has " + std::to_string(width) + "x" + std::to_string(height) + " pixels but the plan takes at most " +
-               std::to_string(in.max_image_pixels) + " (downscale it, or recompile with a larger --max-image-pixels)";
+        *err = "the image has " + std::to_string(width) + "x" + std::to_string(height) +
+               " pixels but the plan takes at most " + std::to_string(in.max_image_pixels) +
+               " (downscale it, or recompile with a larger --max-image-pixels)";
         return G4_ERR_INVALID_ARGUMENT;
     }
     const towers::VisionHParams& hp = m->vision->hparams();
     towers::ImageLayout lay{};
-    const size_t need = towers::preprocess_scratch_bytes_for(height, width, in.image_tokens, hp.patch_size, hp.pooling_kernel_size);
+    const size_t need = towers::preprocess_scratch_bytes_for(height, width, in.image_tokens, hp.patch_size,
+                                                             hp.pooling_kernel_size);
     if (need > m->pre_bytes) {
-        *err = "the image is " + std::to_string(width) + "x" + std::to_string(height) + ": its aspect ratio needs " + std::to_string(need) +
-               " bytes of resize scratch but the session reserves " + std::to_string(m->pre_bytes) + " (crop or pad it to a less extreme shape)";
+        *err = "the image is " + std::to_string(width) + "x" + std::to_string(height) +
+               ": its aspect ratio needs " + std::to_string(need) +
+               " bytes of resize scratch but the session reserves " + std::to_string(m->pre_bytes) +
+               " (crop or pad it to a less extreme shape)";
         return G4_ERR_INVALID_ARGUMENT;
     }
-    std::string e = towers::preprocess_image(rgb, height, width, in.image_tokens, hp.patch_size, hp.pooling_kernel_size, m->pre_scratch,
-                                             m->pre_bytes, m->patches, m->pos, &lay, &m->ctx);
+    std::string e =
+        towers::preprocess_image(rgb, height, width, in.image_tokens, hp.patch_size, hp.pooling_kernel_size,
+                                 m->pre_scratch, m->pre_bytes, m->patches, m->pos, &lay, &m->ctx);
     if (!e.empty()) {
         *err = "image preprocessing: " + e;
         return G4_ERR_INVALID_ARGUMENT;
     }
     int n = 0;
     if (in.vision_gpu) {
-        g4_status st = cuda_rt::vision_forward(s, *m->vision, m->patches, m->pos, lay.n_patches, (int32_t*)m->vision_scratch, m->soft, &n, &e);
+        g4_status st = cuda_rt::vision_forward(s, *m->vision, m->patches, m->pos, lay.n_patches,
+                                               (int32_t*)m->vision_scratch, m->soft, &n, &e);
         if (st != G4_OK) {
             *err = "vision tower: " + e;
             return st;
@@ -233,10 +259,12 @@ g4_status media_add_image(g4_session* s, const uint8_t* rgb, int32_t width, int3
     return st;
 }
 
-g4_status media_add_audio(g4_session* s, const float* samples, int64_t n_samples, int32_t* n_tokens, std::string* err) {
+g4_status media_add_audio(g4_session* s, const float* samples, int64_t n_samples, int32_t* n_tokens,
+                          std::string* err) {
     MediaState* m = s->media.get();
     if (!m || !m->audio) {
-        *err = "the plan has no audio tower (compile it from a Gemma 4 checkpoint with audio_config, without --no-audio)";
+        *err = "the plan has no audio tower (compile it from a Gemma 4 checkpoint with audio_config, without "
+               "--no-audio)";
         return G4_ERR_UNSUPPORTED;
     }
     const auto& in = s->engine->plan.info();
@@ -245,8 +273,9 @@ g4_status media_add_audio(g4_session* s, const float* samples, int64_t n_samples
         return G4_ERR_INVALID_ARGUMENT;
     }
     if (n_samples > in.max_audio_samples) {
-        *err = "the audio clip has " + std::to_string(n_samples) + " samples (" + std::to_string((double)n_samples / in.audio_sample_rate) +
-               " s) but the plan takes at most " + std::to_string(in.max_audio_samples) +
+        *err = "the audio clip has " + std::to_string(n_samples) + " samples (" +
+               std::to_string((double)n_samples / in.audio_sample_rate) + " s) but the plan takes at most " +
+               std::to_string(in.max_audio_samples) +
                " (split it, or recompile with a larger --max-audio-seconds)";
         return G4_ERR_INVALID_ARGUMENT;
     }
@@ -279,14 +308,16 @@ g4_status media_check_tokens(const g4_session* s, const int32_t* ids, size_t n, 
     for (size_t i = 0; i < n; ++i)
         if (const MediaQueue* q = queue_of(s, ids[i])) (q == &m->image_q ? img : aud)++;
     if (img > m->image_q.queued()) {
-        *err = "the tokens hold " + std::to_string(img) + " image placeholders (id " + std::to_string(in.image_token_id) + ") but " +
-               std::to_string(m->image_q.queued()) + " image soft tokens are queued; add the images first (g4_session_add_image) "
+        *err = "the tokens hold " + std::to_string(img) + " image placeholders (id " +
+               std::to_string(in.image_token_id) + ") but " + std::to_string(m->image_q.queued()) +
+               " image soft tokens are queued; add the images first (g4_session_add_image) "
                "and put <boi>, one placeholder per soft token, <eoi> where each goes";
         return G4_ERR_INVALID_ARGUMENT;
     }
     if (aud > m->audio_q.queued()) {
-        *err = "the tokens hold " + std::to_string(aud) + " audio placeholders (id " + std::to_string(in.audio_token_id) + ") but " +
-               std::to_string(m->audio_q.queued()) + " audio soft tokens are queued; add the clips first (g4_session_add_audio)";
+        *err = "the tokens hold " + std::to_string(aud) + " audio placeholders (id " +
+               std::to_string(in.audio_token_id) + ") but " + std::to_string(m->audio_q.queued()) +
+               " audio soft tokens are queued; add the clips first (g4_session_add_audio)";
         return G4_ERR_INVALID_ARGUMENT;
     }
     return G4_OK;
@@ -299,7 +330,8 @@ void media_prepare_step(g4_session* s, const int32_t* ids, int32_t rows) {
     for (int32_t r = 0; r < rows; ++r) {
         MediaQueue* q = queue_of(s, ids[r]);
         if (!q) continue;
-        s->ids[r]                = s->engine->plan.info().pad_token_id;   // as Hugging Face: the pad row for the lookups (PLE included)
+        s->ids[r] = s->engine->plan.info()
+                        .pad_token_id; // as Hugging Face: the pad row for the lookups (PLE included)
         m->step_row[m->step_n]   = r;
         m->step_src[m->step_n++] = q->rows + (size_t)(q->head + q->taken++) * m->H;
     }
@@ -319,7 +351,8 @@ void media_end_step(g4_session* s, bool fed) {
 void media_clear(g4_session* s) {
     MediaState* m = s->media.get();
     if (!m) return;
-    for (MediaQueue* q : {&m->image_q, &m->audio_q}) q->head = q->tail = q->taken = 0;
+    for (MediaQueue* q : {&m->image_q, &m->audio_q})
+        q->head = q->tail = q->taken = 0;
     m->step_n = 0;
 }
 

@@ -18,53 +18,65 @@ namespace g4::rt {
 // Soft-token rows waiting for their placeholders: rows [head, tail) of rows [cap, H] are queued; the step
 // being run takes the first `taken` of them.
 struct MediaQueue {
-    float* rows  = nullptr;
-    int32_t cap  = 0, head = 0, tail = 0, taken = 0;
+    float* rows = nullptr;
+    int32_t cap = 0, head = 0, tail = 0, taken = 0;
     int32_t queued() const { return tail - head; }
 };
 
 struct MediaState {
     int32_t H = 0;
-    std::map<std::string, towers::Tensor> weights;   // the plan's tower weights by name (relative to "model.")
-    std::unique_ptr<towers::VisionTower> vision;     // null: the plan has no vision tower
+    std::map<std::string, towers::Tensor> weights; // the plan's tower weights by name (relative to "model.")
+    std::unique_ptr<towers::VisionTower> vision;   // null: the plan has no vision tower
     std::unique_ptr<towers::AudioTower> audio;
-    std::unique_ptr<cpu::ThreadPool> own_pool;       // CUDA sessions (whose pool is one thread)
-    cpu::Context ctx;                                // the towers' pool and per-thread scratch
-    void* block = nullptr;                           // one allocation behind every buffer below (media_block)
-    size_t block_bytes = 0;
+    std::unique_ptr<cpu::ThreadPool> own_pool; // CUDA sessions (whose pool is one thread)
+    cpu::Context ctx;                          // the towers' pool and per-thread scratch
+    void* block          = nullptr;            // one allocation behind every buffer below (media_block)
+    size_t block_bytes   = 0;
     void* vision_scratch = nullptr;
     void* pre_scratch    = nullptr;
     size_t pre_bytes     = 0;
-    float* patches       = nullptr;                  // [max_patches, 3 * patch^2]
-    int32_t* pos         = nullptr;                  // [max_patches, 2]
+    float* patches       = nullptr; // [max_patches, 3 * patch^2]
+    int32_t* pos         = nullptr; // [max_patches, 2]
     void* audio_scratch  = nullptr;
     MediaQueue image_q, audio_q;
-    float* soft          = nullptr;                  // [max_soft, H] one tower call's output before queueing
-    int32_t max_soft     = 0;
+    float* soft      = nullptr; // [max_soft, H] one tower call's output before queueing
+    int32_t max_soft = 0;
     // The step being run: rows of the ids whose embedding is replaced, and the queued rows replacing them.
-    int32_t step_n       = 0;
-    int32_t* step_row    = nullptr;                  // [max_rows]
-    const float** step_src = nullptr;                // [max_rows]
+    int32_t step_n         = 0;
+    int32_t* step_row      = nullptr; // [max_rows]
+    const float** step_src = nullptr; // [max_rows]
     ~MediaState();
 };
 
 // What the towers' buffers of a session are sized from (plan figures; threads: the towers' pool).
 struct MediaSizing {
     size_t vision_scratch = 0, resize_scratch = 0, audio_scratch = 0;
-    int64_t patch_floats  = 0;   // [max_patches, 3 * patch^2]
-    int32_t max_patches   = 0;
+    int64_t patch_floats = 0; // [max_patches, 3 * patch^2]
+    int32_t max_patches  = 0;
     bool vision = false, audio = false;
     int32_t queue_rows = 0, hidden = 0, max_soft = 0, max_rows = 0;
-    size_t thread_floats = 0;   // the towers' per-thread scratch (thread_scratch_floats)
+    size_t thread_floats = 0; // the towers' per-thread scratch (thread_scratch_floats)
     int threads          = 0;
 };
 // The one block media_create allocates: its parts in order, each rounded up to 64 bytes. The compiler's
 // memory plan (compiler/compile.cpp) sizes the towers' session buffers with the same function.
 struct MediaBlock {
-    enum Part { VisionScratch, ResizeScratch, Patches, Positions, AudioScratch, ImageQueue, AudioQueue, Soft, ThreadScratch,
-                StepRows, StepSources, kParts };
+    enum Part {
+        VisionScratch,
+        ResizeScratch,
+        Patches,
+        Positions,
+        AudioScratch,
+        ImageQueue,
+        AudioQueue,
+        Soft,
+        ThreadScratch,
+        StepRows,
+        StepSources,
+        kParts
+    };
     size_t bytes[kParts] = {};
-    size_t stride        = 0;   // floats of per-thread scratch
+    size_t stride        = 0; // floats of per-thread scratch
     size_t total() const;
 };
 MediaBlock media_block(const MediaSizing& z);
@@ -72,9 +84,11 @@ MediaBlock media_block(const MediaSizing& z);
 // Binds the plan's towers (if any) and allocates their buffers; s->media stays null for plans without towers.
 g4_status media_create(g4_session* s, std::string* err);
 // Runs the vision tower over rgb [height, width, 3] and queues its soft tokens (*n_tokens of them).
-g4_status media_add_image(g4_session* s, const uint8_t* rgb, int32_t width, int32_t height, int32_t* n_tokens, std::string* err);
+g4_status media_add_image(g4_session* s, const uint8_t* rgb, int32_t width, int32_t height, int32_t* n_tokens,
+                          std::string* err);
 // Runs the audio tower over mono samples at the plan's sample rate and queues its soft tokens.
-g4_status media_add_audio(g4_session* s, const float* samples, int64_t n, int32_t* n_tokens, std::string* err);
+g4_status media_add_audio(g4_session* s, const float* samples, int64_t n, int32_t* n_tokens,
+                          std::string* err);
 // Checks that ids[0..n) hold no more placeholders than are queued (placeholder ids may lie past the
 // embedding's vocabulary: they are never looked up).
 g4_status media_check_tokens(const g4_session* s, const int32_t* ids, size_t n, std::string* err);

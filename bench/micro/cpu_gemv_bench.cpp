@@ -5,7 +5,7 @@
 // model from memory. Prints the median over the calls, in microseconds, and GB/s of NF4 blob read.
 // Usage: cpu_gemv_bench [calls per cell, default 41] [--dq] [--rows] [--hot]   (--dq: double-quantized
 // absmax; --rows: the row sweep 1..16 at two shapes instead of the decode table; --hot: one copy, so
-// weights that fit stay in cache). Built with the project (build/bench/cpu_gemv_bench).
+// weights that fit stay in cache). Built with the project (build/bench/micro/cpu_gemv_bench).
 #include "compiler/nf4_quant.h"
 #include "kernels/cpu/cpu.h"
 #include "kernels/nf4.h"

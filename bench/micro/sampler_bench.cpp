@@ -1,7 +1,7 @@
 // Sampler microbenchmark: time a sampled token over Gemma's 262144-entry logits row on the CPU
 // (sample_token, which the CUDA path also uses for top-p / min-p without top-k), against a whole-row
 // sort, side by side in one run, for top-k + top-p, top-p over peaked / normal / nearly flat rows and min-p.
-// Medians of 15 draws. CPU only; built with the project (build/bench/sampler_bench).
+// Medians of 15 draws. CPU only; built with the project (build/bench/micro/sampler_bench).
 // Usage: sampler_bench
 #include "runtime/src/sampler.h"
 

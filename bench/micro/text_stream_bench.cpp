@@ -1,7 +1,7 @@
 // Streaming detokenization cost per generated token (g4_session_generate's TextStream): random ids
 // from the real 262k-token Gemma tokenizer pushed one at a time, with the incremental path and with
 // whole-generation decodes of every token so far, alternated; the median time of the 64 pushes before 1K, 4K
-// and 16K tokens, per side. CPU only; built with the project (build/bench/text_stream_bench).
+// and 16K tokens, per side. CPU only; built with the project (build/bench/micro/text_stream_bench).
 // Usage: text_stream_bench [tokenizer.json] (default: the build's G4_GEMMA_TOKENIZER_JSON)
 #include "bench/micro/bench_tokenizer.h"
 #include "runtime/src/text_stream.h"

@@ -1,6 +1,6 @@
 // Tokenizer throughput: encode ~1 MB of mixed text (English, code, CJK, emoji, whitespace runs)
 // with the real 262k-token Gemma tokenizer on one core; reports the median of 5 runs. Built with the project
-// (build/bench/tokenizer_bench).
+// (build/bench/micro/tokenizer_bench).
 // Usage: tokenizer_bench [tokenizer.json] (default: the build's G4_GEMMA_TOKENIZER_JSON)
 #include "bench/micro/bench_tokenizer.h"
 

@@ -1,7 +1,7 @@
 // tower_cpu_bench: the vision and audio towers' forward pass alone at their real E2B (= E4B) shapes, random
 // bf16 weights, no checkpoint or plan: one 2394-patch image (57 x 42 grid, 266 soft tokens, the 1024x768
 // image of bench/e2e/tower_bench.py) and one 30 s clip (750 soft tokens). Prints every rep and the median.
-// Built with the project (build/bench/tower_cpu_bench).
+// Built with the project (build/bench/micro/tower_cpu_bench).
 // Usage: tower_cpu_bench [vision|audio|both|gemm] [reps] [fp32|bf16|both]   (threads: G4_THREADS, else all
 // cores; towers in both precisions by default, fp32 then bf16)
 #include "kernels/cpu/cpu.h"

@@ -1039,18 +1039,7 @@ int cmd_tokenize(int argc, char** argv) {
     return 0;
 }
 
-std::string human(uint64_t b) {
-    char buf[64];
-    if (b >= (1ull << 30))
-        std::snprintf(buf, sizeof buf, "%.2f GiB", b / 1073741824.0);
-    else if (b >= (1ull << 20))
-        std::snprintf(buf, sizeof buf, "%.2f MiB", b / 1048576.0);
-    else if (b >= 1024)
-        std::snprintf(buf, sizeof buf, "%.1f KiB", b / 1024.0);
-    else
-        std::snprintf(buf, sizeof buf, "%llu B", (unsigned long long)b);
-    return buf;
-}
+using g4::placement::human;
 
 int inspect_plan(int argc, char** argv) {
     Args a(argc, argv, 2, {}, {"--verify", "--ops", "--tensors"});

@@ -333,11 +333,11 @@ int main(int argc, char** argv) {
         {"mma f16 codes D4 D2 4 NA2", MMA_FN(false, 4, 4, 1, 2), 128},
         {"mma f16 codes KS2 D4 D2 2", MMA_FN(false, 4, 2, 2, 1), 256},
     };
-    if (std::getenv("G4_LAB_BASE_ONLY")) vs.resize(4); // kernels.cu's kernels only (and their earlier form)
+    if (g_base_only) vs.resize(4); // kernels.cu's kernels only (and their earlier form)
     for (const V& v : vs)
         CK(cudaFuncSetAttribute(v.fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 g4::cuda_rt::gemv_smem(true, 90, 2560)));
-    const char* prof = std::getenv("G4_LAB_PROFILE"); // shape index: each variant once, no timing (ncu)
+    const char* prof = g_profile; // shape index: each variant once, no timing (ncu)
     // G4_LAB_SHAPES="H:I,H:I,...": these shapes instead of the real ones (e.g. I a multiple of the SMs' block
     // slots, to see what the real grids' uneven blocks an SM cost).
     std::vector<MlpShape> shapes(std::begin(kMlpShapes), std::end(kMlpShapes));

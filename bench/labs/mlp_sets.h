@@ -32,6 +32,10 @@ struct Nf4 {
     GemvMat dev{};
 };
 static const bool g_f32 = std::getenv("G4_LAB_F32") != nullptr;
+// G4_LAB_BASE_ONLY: kernels.cu's own MLP kernels only; G4_LAB_PROFILE=<shape index>: each variant launched
+// once at that shape, no timing (for Nsight Compute). Read here only (docs/environment.md).
+static const bool g_base_only      = std::getenv("G4_LAB_BASE_ONLY") != nullptr;
+static const char* const g_profile = std::getenv("G4_LAB_PROFILE");
 static Nf4 make_nf4(int n, int k, std::mt19937& rng, const float* code2_dev, const float* off_dev) {
     Nf4 m;
     size_t elems = (size_t)n * k, blocks = elems / 64;

@@ -411,8 +411,7 @@ int main(int argc, char** argv) {
     std::mt19937 rng(7);
     if (g_f32)
         std::printf("G4_LAB_F32: block scales as f32 absmax (g4 compile's default), not double quant\n");
-    if (std::getenv("G4_LAB_PROFILE"))
-        std::printf("profile mode: shape %s, each variant once\n", std::getenv("G4_LAB_PROFILE"));
+    if (g_profile) std::printf("profile mode: shape %s, each variant once\n", g_profile);
     CK(cudaFuncSetAttribute(mlp_kernel(128), cudaFuncAttributeMaxDynamicSharedMemorySize,
                             g4::cuda_rt::gemv_smem(true, 90, 2560)));
     CK(cudaFuncSetAttribute(mlp_kernel(256), cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -428,8 +427,7 @@ int main(int argc, char** argv) {
             CK(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, smax));
     CK(cudaFuncSetAttribute((const void*)g4_mlp_tma2<3>, cudaFuncAttributeMaxDynamicSharedMemorySize, smax));
     CK(cudaFuncSetAttribute((const void*)g4_mlp_tma2<5>, cudaFuncAttributeMaxDynamicSharedMemorySize, smax));
-    const char* prof =
-        std::getenv("G4_LAB_PROFILE"); // shape index: each variant launched once, no timing (for ncu)
+    const char* prof = g_profile; // shape index: each variant launched once, no timing (for ncu)
     for (const MlpShape& sh : kMlpShapes) {
         if (prof && &sh - kMlpShapes != std::atoi(prof)) continue;
         const int H = sh.H, I = sh.I, nslices = I / MLP_S;
@@ -451,7 +449,7 @@ int main(int argc, char** argv) {
         };
         std::vector<V> vs = {{"g4_mlp_nf4 (128 thr)", 0, 0, (unsigned)nslices, 0, 0},
                              {"g4_mlp_nf4_b256", 1, 0, (unsigned)nslices, 0, 0}};
-        if (!std::getenv("G4_LAB_BASE_ONLY")) { // G4_LAB_BASE_ONLY: kernels.cu's two kernels only
+        if (!g_base_only) { // G4_LAB_BASE_ONLY: kernels.cu's two kernels only
             const unsigned g2 = (unsigned)std::min(nsm, nslices);
             vs.push_back({"tma ns3 c256 ef", 2, 3, tg, 1, 0});
             vs.push_back({"tma ns3 c256 ef, loads only", 2, 3, tg, 1, 2});

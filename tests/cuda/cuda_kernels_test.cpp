@@ -432,9 +432,10 @@ TEST_P(Mlp, ResNormBeforeFoldedIn) {
         v = 1.0f + 0.5f * v;
     const auto prewb      = to_bf16(prew);
     std::vector<float> dn = rd, x1(H), xn(H);
-    ref::rms_norm({dn.data(), H, pw.data(), DType::F32, dn.data(), H, 1, H, H, 1e-6f});
-    ref::add({rx.data(), H, dn.data(), H, x1.data(), H, 1, H});
-    ref::rms_norm({x1.data(), H, prewb.data(), DType::BF16, xn.data(), H, 1, H, H, 1e-6f});
+    const int32_t h = (int32_t)H;
+    ref::rms_norm({dn.data(), H, pw.data(), DType::F32, dn.data(), H, 1, h, h, 1e-6f});
+    ref::add({rx.data(), H, dn.data(), H, x1.data(), H, 1, h});
+    ref::rms_norm({x1.data(), H, prewb.data(), DType::BF16, xn.data(), H, 1, h, h, 1e-6f});
     std::vector<float> rg = g.ref(xn), ru = u.ref(xn), act(c.I);
     for (int64_t i = 0; i < c.I; ++i)
         act[i] = ref::gelu_tanh(rg[i]) * ru[i];

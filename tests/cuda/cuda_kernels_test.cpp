@@ -432,7 +432,7 @@ TEST_P(Mlp, ResNormBeforeFoldedIn) {
         v = 1.0f + 0.5f * v;
     const auto prewb      = to_bf16(prew);
     std::vector<float> dn = rd, x1(H), xn(H);
-    const int32_t h = (int32_t)H;
+    const int32_t h       = (int32_t)H;
     ref::rms_norm({dn.data(), H, pw.data(), DType::F32, dn.data(), H, 1, h, h, 1e-6f});
     ref::add({rx.data(), H, dn.data(), H, x1.data(), H, 1, h});
     ref::rms_norm({x1.data(), H, prewb.data(), DType::BF16, xn.data(), H, 1, h, h, 1e-6f});

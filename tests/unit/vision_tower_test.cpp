@@ -270,7 +270,8 @@ TEST(VisionTower, SameBitsWithOneAndTwoThreads) {
     Weights w(false);
     Tower t(w);
     Runner r1(1, t.vt), r2(2, t.vt);
-    for (const auto& e : meta()["images"]) {
+    const nlohmann::json m = meta(); // the range below must not be a part of a temporary
+    for (const auto& e : m["images"]) {
         Image im = load_image(e);
         std::vector<float> o1, o2;
         int n1 = 0, n2 = 0;

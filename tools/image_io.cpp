@@ -175,8 +175,8 @@ std::string decode_pnm(const uint8_t* data, size_t size, const std::string& what
 // stb_image decodes a BMP or JPEG whose data ends early as if the missing bytes were zero, so a file of a
 // few bytes declaring millions of pixels costs a full decode. Each format's least possible data for its
 // declared size is checked first: returns "" or what is wrong.
-// - BMP without compression (BI_RGB, BI_BITFIELDS): the pixel rows at bfOffBits, each padded to 4 bytes
-//   (the last row's padding may be absent).
+// - BMP: stb reads every compression value but RLE's (1, 2) as raw rows: the pixel rows at bfOffBits, each
+//   padded to 4 bytes (the last row's padding may be absent).
 // - JPEG: some component has ceil(w/8) blocks a row and at least ceil(h/32) block rows (sampling factors are
 //   1-4), and every block's DC difference takes at least one bit of Huffman code: size >= pixels / 2048.
 std::string too_little_data(const uint8_t* data, size_t size, int w, int h) {
@@ -188,7 +188,7 @@ std::string too_little_data(const uint8_t* data, size_t size, int w, int h) {
     if (size >= 2 && data[0] == 'B' && data[1] == 'M') {
         const uint32_t offset = le32(10), header = le32(14);
         const uint32_t bpp = header == 12 ? le16(24) : le16(28), compression = header == 12 ? 0 : le32(30);
-        if (compression != 0 && compression != 3 && compression != 6) return "";
+        if (compression == 1 || compression == 2) return ""; // RLE: stb refuses it; other values read as raw
         const uint64_t stride = (uint64_t(w) * bpp + 31) / 32 * 4, last = (uint64_t(w) * bpp + 7) / 8;
         const uint64_t need = uint64_t(offset) + stride * uint64_t(h - 1) + last;
         if (need > size)

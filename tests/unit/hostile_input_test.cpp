@@ -178,7 +178,9 @@ TEST(HostileInput, ImageDataCheckedAgainstDeclaredSize) {
     const std::string jpeg = std::string("\xFF\xD8\xFF\xC0", 4) + be16(17) + "\x08" + be16(uint16_t(h)) +
                              be16(uint16_t(w)) + std::string("\x03\x01\x11\x00\x02\x11\x00\x03\x11\x00", 10) +
                              std::string(64, '\0');
-    for (const std::string* f : {&bmp, &jpeg}) {
+    std::string bmp_odd_compression = bmp; // stb reads compression values other than RLE's as raw rows
+    bmp_odd_compression.replace(30, 4, le32(0xFFFF0208u));
+    for (const std::string* f : {&bmp, &bmp_odd_compression, &jpeg}) {
         g4::tools::ImageRGB8 img;
         const auto t0 = Clock::now();
         std::string e = decode(*f, &img);

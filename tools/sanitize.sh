@@ -137,13 +137,14 @@ run_fuzz() {
     for t in "${targets[@]}"; do
         local corpus="$base/corpus/$t" art="$base/artifacts/$t" log="$base/logs/$t.log"
         mkdir -p "$corpus" "$art" "$base/logs"
-        local extra=()
-        [ -d "tests/fuzz/regressions/$t" ] && extra+=("tests/fuzz/regressions/$t")
-        [ -f "tests/fuzz/dict/$t.dict" ] && extra=(-dict="tests/fuzz/dict/$t.dict" "${extra[@]}")
+        # libFuzzer writes new inputs into the first directory: the corpus, never the tree's regressions.
+        local extra=() regress=()
+        [ -d "tests/fuzz/regressions/$t" ] && regress=("tests/fuzz/regressions/$t")
+        [ -f "tests/fuzz/dict/$t.dict" ] && extra=(-dict="tests/fuzz/dict/$t.dict")
         echo "== fuzz $t for ${seconds}s (log: $log)"
         if TMPDIR="$base" build-fuzz/tests/fuzz/fuzz_"$t" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
-            -malloc_limit_mb=1024 -print_final_stats=1 -artifact_prefix="$art/" "${extra[@]}" "$corpus" \
-            "$base/seeds/$t" >"$log" 2>&1; then
+            -malloc_limit_mb=1024 -print_final_stats=1 -artifact_prefix="$art/" "${extra[@]}" \
+            "$corpus" "${regress[@]}" "$base/seeds/$t" >"$log" 2>&1; then
             local execs
             execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
             summary+=("$t: ${execs:-?} runs in ${seconds}s ($(( ${execs:-0} / seconds ))/s), corpus $(ls "$corpus" | wc -l) inputs")

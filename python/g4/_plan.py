@@ -295,6 +295,7 @@ class Session:
         stops = [stop] if isinstance(stop, str) else [str(s) for s in stop]
         images, audio = list(images), list(audio)
         with self._using():
+            self._s.check_sampling(sampling)  # before the prompt is fed
             if prompt is not None:
                 ids = self._prompt_ids(prompt, images, audio)
                 self._s.append(np.asarray(ids, dtype=np.int32), False)

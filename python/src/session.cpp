@@ -270,6 +270,7 @@ void bind_session(nb::module_& m) {
         .def("append", &append, nb::arg("ids"), nb::arg("all_logits") = false)
         .def("logits", &logits)
         .def("sample", &sample, nb::arg("sampling"))
+        .def("check_sampling", [](const Session& s, const nb::dict& d) { sampling_from(s, d); }, nb::arg("sampling"))
         .def("generate", &generate, nb::arg("sampling"), nb::arg("max_tokens"), nb::arg("ignore_eos"),
              nb::arg("stop"), nb::arg("callback").none())
         .def("reset", [](Session& s) { check(g4_session_reset(s.s)); })

@@ -29,7 +29,7 @@ inline void check(g4_status st) {
 struct Engine {
     g4_engine* e = nullptr;
     std::string path;
-    Engine() = default;
+    Engine()                         = default;
     Engine(const Engine&)            = delete;
     Engine& operator=(const Engine&) = delete;
     ~Engine() { g4_engine_close(e); }

@@ -1,8 +1,8 @@
 // g4._g4.compile: g4::compile_plan (compiler/compile.h) with the options of `g4 compile` given as a dict
 // (python/g4/_compile.py builds it and documents each key), the GIL released while it runs, the compile
 // log sent line by line to an optional callback, and the report's figures returned as a dict.
-#include "binding.h"
 #include "compiler/compile.h"
+#include "binding.h"
 #include "compiler/error.h"
 
 #include <map>
@@ -82,12 +82,9 @@ g4::CompileOptions options_from(const nb::dict& d) {
                                                 {"logits_rows", &o.logits_rows},
                                                 {"image_tokens", &o.image_tokens},
                                                 {"max_media_tokens", &o.max_media_tokens}};
-    std::map<std::string, bool*> flags       = {{"double_quant", &o.double_quant},
-                                                {"fidelity", &o.fidelity},
-                                                {"dry_run", &o.dry_run},
-                                                {"deterministic", &o.deterministic},
-                                                {"vision", &o.vision},
-                                                {"audio", &o.audio}};
+    std::map<std::string, bool*> flags       = {
+              {"double_quant", &o.double_quant},   {"fidelity", &o.fidelity}, {"dry_run", &o.dry_run},
+              {"deterministic", &o.deterministic}, {"vision", &o.vision},     {"audio", &o.audio}};
     // As `g4 compile`: a CUDA plan's prefill chunk is 1024 rows unless given.
     if (d.contains("device") && nb::cast<std::string>(d["device"]).rfind("cuda", 0) == 0) o.max_rows = 1024;
     for (auto [k, v] : d) {
@@ -138,17 +135,17 @@ nb::dict compile(const nb::dict& opts, nb::object progress) {
     if (aborted) sink.error->restore(), throw nb::python_error();
     if (!error.empty()) throw Failure(kCompileFailed, error);
     nb::dict d;
-    d["out"]                       = o.out_path;
-    d["log"]                       = sink.log;
-    d["fidelity_measured"]         = rep.fidelity_measured;
-    d["fidelity_rel_l2"]           = rep.fidelity_rel_l2;
-    d["fidelity_top1_agree"]       = rep.fidelity_top1_agree;
+    d["out"]                         = o.out_path;
+    d["log"]                         = sink.log;
+    d["fidelity_measured"]           = rep.fidelity_measured;
+    d["fidelity_rel_l2"]             = rep.fidelity_rel_l2;
+    d["fidelity_top1_agree"]         = rep.fidelity_top1_agree;
     d["fidelity_calibration_tokens"] = rep.fidelity_tokens;
-    d["weights_bytes"]             = rep.weights_bytes;
-    d["activation_bytes"]          = rep.act_arena_bytes;
-    d["kv_cache_bytes"]            = rep.kv_arena_bytes;
-    d["max_context"]               = rep.max_context;
-    d["adapter_weights_merged"]    = rep.adapter_merged;
+    d["weights_bytes"]               = rep.weights_bytes;
+    d["activation_bytes"]            = rep.act_arena_bytes;
+    d["kv_cache_bytes"]              = rep.kv_arena_bytes;
+    d["max_context"]                 = rep.max_context;
+    d["adapter_weights_merged"]      = rep.adapter_merged;
     return d;
 }
 

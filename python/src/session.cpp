@@ -37,14 +37,22 @@ g4_sampling_params sampling_from(const Session& s, const nb::dict& d) {
     for (auto [k, v] : d) {
         if (v.is_none()) continue;
         const std::string key = nb::cast<std::string>(k);
-        if (key == "temperature") sp.temperature = nb::cast<float>(v);
-        else if (key == "top_k") sp.top_k = nb::cast<int32_t>(v);
-        else if (key == "top_p") sp.top_p = nb::cast<float>(v);
-        else if (key == "min_p") sp.min_p = nb::cast<float>(v);
-        else if (key == "repeat_penalty") sp.repeat_penalty = nb::cast<float>(v);
-        else if (key == "repeat_last_n") sp.repeat_last_n = nb::cast<int32_t>(v);
-        else if (key == "seed") sp.seed = nb::cast<uint64_t>(v);
-        else throw Failure(G4_ERR_INVALID_ARGUMENT, "sampling: unknown parameter '" + key + "'");
+        if (key == "temperature")
+            sp.temperature = nb::cast<float>(v);
+        else if (key == "top_k")
+            sp.top_k = nb::cast<int32_t>(v);
+        else if (key == "top_p")
+            sp.top_p = nb::cast<float>(v);
+        else if (key == "min_p")
+            sp.min_p = nb::cast<float>(v);
+        else if (key == "repeat_penalty")
+            sp.repeat_penalty = nb::cast<float>(v);
+        else if (key == "repeat_last_n")
+            sp.repeat_last_n = nb::cast<int32_t>(v);
+        else if (key == "seed")
+            sp.seed = nb::cast<uint64_t>(v);
+        else
+            throw Failure(G4_ERR_INVALID_ARGUMENT, "sampling: unknown parameter '" + key + "'");
     }
     check(g4_sampling_params_check(&sp));
     return sp;
@@ -76,9 +84,9 @@ std::optional<OutMatrix> append(Session& s, IdArray ids, bool all_logits) {
 }
 
 nb::ndarray<nb::numpy, const float, nb::ndim<1>> logits(nb::handle self) {
-    Session& s       = nb::cast<Session&>(self);
-    const float* l   = nullptr;
-    int32_t vocab    = 0;
+    Session& s     = nb::cast<Session&>(self);
+    const float* l = nullptr;
+    int32_t vocab  = 0;
     g4_status st;
     {
         nb::gil_scoped_release nogil; // a CUDA plan may finish a decode step here
@@ -125,9 +133,10 @@ int32_t on_token(void* user, int32_t token, const char* text, size_t len) {
 
 // Returns (text, ids, status, message): status G4_OK, G4_ERR_CONTEXT_FULL or G4_ERR_CANCELLED (the tokens
 // so far stay fed); other failures raise.
-std::tuple<nb::bytes, std::vector<int32_t>, int, std::string>
-generate(Session& s, const nb::dict& sampling, int32_t max_tokens, bool ignore_eos,
-         const std::vector<std::string>& stop, nb::object callback) {
+std::tuple<nb::bytes, std::vector<int32_t>, int, std::string> generate(Session& s, const nb::dict& sampling,
+                                                                       int32_t max_tokens, bool ignore_eos,
+                                                                       const std::vector<std::string>& stop,
+                                                                       nb::object callback) {
     g4_sampling_params sp = sampling_from(s, sampling);
     g4_generate_params gp = g4_generate_params_default();
     gp.max_tokens         = max_tokens;
@@ -183,8 +192,8 @@ int32_t add_image_file(Session& s, const std::string& path) {
     std::string err;
     {
         nb::gil_scoped_release nogil;
-        err = g4::tools::load_image(path, &img, mi.max_image_pixels > 0 ? mi.max_image_pixels
-                                                                        : g4::tools::kMaxImagePixels);
+        err = g4::tools::load_image(
+            path, &img, mi.max_image_pixels > 0 ? mi.max_image_pixels : g4::tools::kMaxImagePixels);
     }
     if (!err.empty()) throw Failure(G4_ERR_IO, err);
     return add_image_rgb(s, img.rgb.data(), img.width, img.height, path);
@@ -270,7 +279,9 @@ void bind_session(nb::module_& m) {
         .def("append", &append, nb::arg("ids"), nb::arg("all_logits") = false)
         .def("logits", &logits)
         .def("sample", &sample, nb::arg("sampling"))
-        .def("check_sampling", [](const Session& s, const nb::dict& d) { sampling_from(s, d); }, nb::arg("sampling"))
+        .def(
+            "check_sampling", [](const Session& s, const nb::dict& d) { sampling_from(s, d); },
+            nb::arg("sampling"))
         .def("generate", &generate, nb::arg("sampling"), nb::arg("max_tokens"), nb::arg("ignore_eos"),
              nb::arg("stop"), nb::arg("callback").none())
         .def("reset", [](Session& s) { check(g4_session_reset(s.s)); })

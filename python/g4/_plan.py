@@ -329,7 +329,7 @@ class Session:
 
         if not self._busy.acquire(blocking=False):
             raise InvalidArgumentError("the session is in use by another call (one thread at a time)")
-        worker = threading.Thread(target=run, daemon=True)
+        worker = threading.Thread(target=run, name="g4-generate")
         worker.start()
 
         def pieces() -> Iterator[str]:

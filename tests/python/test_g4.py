@@ -5,6 +5,8 @@ errors, and sessions on several threads."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -227,3 +229,15 @@ def test_sessions_on_threads(plans: dict[str, str]) -> None:
     for t in threads:
         t.join()
     assert not errors and all(results[i] == expected for i in range(4))
+
+
+def test_stream_left_open_at_exit(plans: dict[str, str]) -> None:
+    code = (
+        "import g4, sys\n"
+        f"s = g4.Plan({plans['text']!r}).session()\n"
+        "it = s.generate('hi', max_new_tokens=40, ignore_eos=True, stream=True)\n"
+        "next(it)\n"
+        "sys.exit(0)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "terminate" not in r.stderr, r.stderr

@@ -64,12 +64,15 @@ def run_parity(
     weights: str = "f32",
     new_tokens: int = 16,
     workdir: str | None = None,
+    fidelity: bool = True,
 ) -> dict[str, Any]:
     """Runs both and returns the figures (see the module docstring)."""
     import g4
 
     with tempfile.TemporaryDirectory(dir=workdir) as tmp:
-        plan_path, report = g4.compile(model_dir, adapter_dir, out=os.path.join(tmp, "parity.g4plan"), weights=weights)
+        plan_path, report = g4.compile(
+            model_dir, adapter_dir, out=os.path.join(tmp, "parity.g4plan"), weights=weights, fidelity=fidelity
+        )
         plan = g4.Plan(plan_path)
         ids = plan.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
         s = plan.session()
@@ -106,12 +109,15 @@ def main() -> int:
     ap.add_argument("--weights", default="f32", help="g4 plan weights: f32 | bf16 | nf4")
     ap.add_argument("--new-tokens", type=int, default=16, help="greedy tokens compared")
     ap.add_argument("--max-rel", type=float, help="largest relative L2 logit difference accepted")
+    ap.add_argument("--no-fidelity", action="store_true", help="skip g4's own fidelity measurement at compile")
     ap.add_argument("--json", help="also write the figures to this file")
     a = ap.parse_args()
     prompt: str | list[int] = a.prompt
     if all(p.strip().isdigit() for p in a.prompt.split(",")):
         prompt = [int(p) for p in a.prompt.split(",")]
-    r = run_parity(a.model, a.adapter, prompt, weights=a.weights, new_tokens=a.new_tokens)
+    r = run_parity(
+        a.model, a.adapter, prompt, weights=a.weights, new_tokens=a.new_tokens, fidelity=not a.no_fidelity
+    )
     print(
         f"{a.model}{' + ' + a.adapter if a.adapter else ''} ({a.weights} plan, {r['prompt_tokens']} prompt tokens): "
         f"logits rel L2 {r['rel_l2']:.3e}, max abs {r['max_abs']:.3e}, top-1 {r['top1_agree']}/{r['prompt_tokens']}; "

@@ -1060,7 +1060,7 @@ std::vector<float> calibration_logits(const std::string& plan, int vocab, int n_
 
 } // namespace
 
-void compile_plan(const CompileOptions& opt, std::ostream& log) {
+void compile_plan(const CompileOptions& opt, std::ostream& log, CompileReport* report) {
     // Options are checked before any heavy work.
     if (opt.weights != "f32" && opt.weights != "bf16" && opt.weights != "nf4")
         throw CompileError("unknown --weights '" + opt.weights + "': expected nf4, bf16 or f32");
@@ -1715,8 +1715,21 @@ void compile_plan(const CompileOptions& opt, std::ostream& log) {
                       "(%d-token calibration prompt, CPU)\n",
                       rel, agree, n_tok, n_tok);
         log << line;
+        if (report) {
+            report->fidelity_measured   = true;
+            report->fidelity_rel_l2     = rel;
+            report->fidelity_top1_agree = agree;
+            report->fidelity_tokens     = n_tok;
+        }
     }
     out.commit();
+    if (report) {
+        report->weights_bytes   = rep.weights_bytes;
+        report->act_arena_bytes = rep.act_arena;
+        report->kv_arena_bytes  = rep.kv_arena;
+        report->max_context     = in.max_context;
+        report->adapter_merged  = in.adapter ? (int)rep.merged.size() : 0;
+    }
 }
 
 } // namespace g4

@@ -56,7 +56,19 @@ struct CompileOptions {
         0; // --max-media-tokens: soft tokens a session holds queued; 0: max(2048, one image/clip)
 };
 
-// Throws g4::CompileError. Progress and the compile report go to `log`.
-void compile_plan(const CompileOptions& opt, std::ostream& log);
+// The figures of the compile report that callers may want as data (the Python package returns them).
+struct CompileReport {
+    bool fidelity_measured  = false; // false: a lossless plan, fidelity off, or a dry run
+    double fidelity_rel_l2  = 0;     // relative L2 logit error vs the full-precision merged model
+    int fidelity_top1_agree = 0;     // calibration positions whose argmax agrees
+    int fidelity_tokens     = 0;     // calibration prompt length
+    uint64_t weights_bytes = 0, act_arena_bytes = 0, kv_arena_bytes = 0;
+    int max_context    = 0;
+    int adapter_merged = 0; // weights the adapter changed
+};
+
+// Throws g4::CompileError. Progress and the compile report go to `log`; `report` (may be null) receives the
+// report's figures once the plan is written.
+void compile_plan(const CompileOptions& opt, std::ostream& log, CompileReport* report = nullptr);
 
 } // namespace g4

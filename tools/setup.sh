@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what is missing (Debian packages), builds g4, then runs the main job: compile the embedded
 # tiny Gemma 4 checkpoint (tests/fixtures/e2b_tiny) into a plan and generate from it on the CPU.
-# Usage: bash tools/setup.sh            (BUILD_DIR defaults to ./build)
+# Usage: bash tools/setup.sh            (BUILD_DIR defaults to ./build; G4_CMAKE_ARGS: extra configure options)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build}
@@ -21,7 +21,7 @@ fi
 [ "${G4_SETUP_SKIP_BUILD:-0}" = 1 ] && exit 0
 
 echo "== building ($BUILD_DIR)"
-cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release ${G4_CMAKE_ARGS:-} >/dev/null
 cmake --build "$BUILD_DIR" -j"$(nproc)"
 
 if [ "${G4_SETUP_SKIP_DEMO:-0}" != 1 ]; then

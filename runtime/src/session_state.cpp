@@ -86,8 +86,8 @@ template <class F> void for_each_cache(const g4::plan::Plan& p, F&& f) {
 }
 
 struct Layout {
-    int32_t n_caches = 0;
-    uint8_t kv_dtype = 0;
+    int32_t n_caches  = 0;
+    uint8_t kv_dtype  = 0;
     uint64_t kv_bytes = 0, total = 0;
 };
 
@@ -106,7 +106,8 @@ Layout state_layout(const g4_session* s, int32_t position, bool has_logits) {
 }
 
 // KV rows [0, rows) of cache c between the session and host memory.
-g4_status kv_rows(g4_session* s, const Cache& c, uint64_t bytes, uint8_t* host, bool to_host, std::string* err) {
+g4_status kv_rows(g4_session* s, const Cache& c, uint64_t bytes, uint8_t* host, bool to_host,
+                  std::string* err) {
     if (bytes == 0) return G4_OK;
     if (s->cuda) return g4::cuda_rt::kv_transfer(s, c.offset, host, bytes, to_host, err);
     uint8_t* kv = s->kv + (c.offset - s->kv_offset0);
@@ -139,8 +140,9 @@ g4_status save_into(g4_session* s, uint8_t* out, size_t cap, size_t* out_n) {
     const Layout l = state_layout(s, s->position, s->have_logits);
     if (out_n) *out_n = l.total;
     if (cap < l.total || !out)
-        return api_error(G4_ERR_BUFFER_TOO_SMALL, "g4_session_save_state: the buffer holds " + std::to_string(cap) +
-                                                      " bytes; the state needs " + std::to_string(l.total));
+        return api_error(G4_ERR_BUFFER_TOO_SMALL, "g4_session_save_state: the buffer holds " +
+                                                      std::to_string(cap) + " bytes; the state needs " +
+                                                      std::to_string(l.total));
     StateHeader h{};
     std::memcpy(h.magic, kStateMagic, 8);
     h.version     = kStateVersion;
@@ -191,8 +193,8 @@ std::string check_state(const g4_session* s, const uint8_t* data, size_t n, Stat
                std::to_string(kStateVersion) + " (save it again with this runtime)";
     if (h.header_size != sizeof h) return "bad header size " + std::to_string(h.header_size);
     if (h.total_size != n)
-        return "truncated or extended: the header says " + std::to_string(h.total_size) + " bytes, there are " +
-               std::to_string(n);
+        return "truncated or extended: the header says " + std::to_string(h.total_size) +
+               " bytes, there are " + std::to_string(n);
     // The header is a whole number of 64-bit words: the checksum runs on across it into the data.
     uint64_t sum = h.checksum;
     h.checksum   = 0;
@@ -299,7 +301,8 @@ g4_status g4_session_load_state(g4_session* s, const void* data, size_t n) {
 g4_status g4_session_save_state_file(g4_session* s, const char* path) {
     try {
         if (!api_session_ok(s) || !path)
-            return api_error(G4_ERR_INVALID_ARGUMENT, "g4_session_save_state_file: invalid session or NULL path");
+            return api_error(G4_ERR_INVALID_ARGUMENT,
+                             "g4_session_save_state_file: invalid session or NULL path");
         if (g4_status st = host_logits(s); st != G4_OK) return st;
         size_t n = state_layout(s, s->position, s->have_logits).total;
         std::vector<uint8_t> buf(n);
@@ -326,7 +329,8 @@ g4_status g4_session_save_state_file(g4_session* s, const char* path) {
 g4_status g4_session_load_state_file(g4_session* s, const char* path) {
     try {
         if (!api_session_ok(s) || !path)
-            return api_error(G4_ERR_INVALID_ARGUMENT, "g4_session_load_state_file: invalid session or NULL path");
+            return api_error(G4_ERR_INVALID_ARGUMENT,
+                             "g4_session_load_state_file: invalid session or NULL path");
         std::FILE* f = std::fopen(path, "rb");
         if (!f)
             return api_error(G4_ERR_IO, std::string(path) + ": cannot read the session state (" +
@@ -340,8 +344,9 @@ g4_status g4_session_load_state_file(g4_session* s, const char* path) {
         size_t got;
         while ((got = std::fread(chunk, 1, sizeof chunk, f)) > 0) {
             if (buf.size() + got > limit)
-                return api_error(G4_ERR_BAD_STATE, std::string(path) + ": session state: larger than any state of "
-                                                                       "this plan (" +
+                return api_error(G4_ERR_BAD_STATE, std::string(path) +
+                                                       ": session state: larger than any state of "
+                                                       "this plan (" +
                                                        std::to_string(limit) + " bytes at most)");
             buf.insert(buf.end(), chunk, chunk + got);
         }
@@ -362,15 +367,17 @@ g4_status g4_session_rewind(g4_session* s, int32_t position) {
         if (!api_session_ok(s))
             return api_error(G4_ERR_INVALID_ARGUMENT, "g4_session_rewind: invalid or destroyed session");
         if (position < 0 || position > s->position)
-            return api_error(G4_ERR_INVALID_ARGUMENT, "g4_session_rewind: position " + std::to_string(position) +
-                                                          " outside 0.." + std::to_string(s->position));
+            return api_error(G4_ERR_INVALID_ARGUMENT, "g4_session_rewind: position " +
+                                                          std::to_string(position) + " outside 0.." +
+                                                          std::to_string(s->position));
         if (position == s->position) return G4_OK;
         const int32_t lo = earliest_rewind(s);
         if (position < lo)
-            return api_error(G4_ERR_INVALID_ARGUMENT,
-                             "g4_session_rewind: the sliding-window caches no longer hold the tokens before " +
-                                 std::to_string(position) + " (later tokens overwrote them); rewind to " +
-                                 std::to_string(lo) + " or later, or reset and feed the tokens again");
+            return api_error(
+                G4_ERR_INVALID_ARGUMENT,
+                "g4_session_rewind: the sliding-window caches no longer hold the tokens before " +
+                    std::to_string(position) + " (later tokens overwrote them); rewind to " +
+                    std::to_string(lo) + " or later, or reset and feed the tokens again");
         s->position    = position;
         s->have_logits = false;
         return after_state_change(s);
@@ -396,7 +403,8 @@ g4_status g4_session_fork(g4_session* src, g4_session* dst) {
             if (src->cuda)
                 st = g4::cuda_rt::kv_copy(src, dst, c.offset, bytes, &err);
             else
-                std::memcpy(dst->kv + (c.offset - dst->kv_offset0), src->kv + (c.offset - src->kv_offset0), bytes);
+                std::memcpy(dst->kv + (c.offset - dst->kv_offset0), src->kv + (c.offset - src->kv_offset0),
+                            bytes);
         });
         if (st != G4_OK) {
             g4_session_reset(dst);
@@ -416,7 +424,8 @@ g4_status g4_session_fork(g4_session* src, g4_session* dst) {
 
 g4_status g4_session_set_progress_callback(g4_session* s, g4_progress_callback cb, void* user) {
     if (!api_session_ok(s))
-        return api_error(G4_ERR_INVALID_ARGUMENT, "g4_session_set_progress_callback: invalid or destroyed session");
+        return api_error(G4_ERR_INVALID_ARGUMENT,
+                         "g4_session_set_progress_callback: invalid or destroyed session");
     s->progress      = cb;
     s->progress_user = user;
     return G4_OK;

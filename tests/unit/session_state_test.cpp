@@ -94,11 +94,11 @@ void write_f32(const std::string& path, const std::vector<float>& v) {
 class SessionState : public ::testing::Test {
 protected:
     static void SetUpTestSuite() {
-        dir_               = new TempDir();
-        plan_              = dir_->file("tiny.g4plan");
+        dir_                  = new TempDir();
+        plan_                 = dir_->file("tiny.g4plan");
         const std::string dev = on_cuda() ? " --device cuda --kv-dtype bf16" : "";
-        CmdResult r = run_g4("compile --model '" + fixture("e2b_tiny") + "' --max-context 4096 --chunk 256" + dev +
-                             " --no-fidelity -o '" + plan_ + "'");
+        CmdResult r = run_g4("compile --model '" + fixture("e2b_tiny") + "' --max-context 4096 --chunk 256" +
+                             dev + " --no-fidelity -o '" + plan_ + "'");
         ASSERT_EQ(r.exit_code, 0) << r.err;
         other_ = dir_->file("other.g4plan");
         r      = run_g4("compile --model '" + fixture("e2b_tiny") + "' --max-context 4000 --chunk 256" + dev +
@@ -139,10 +139,12 @@ TEST_F(SessionState, SavedStateLoadsInANewProcess) {
     ASSERT_NO_FATAL_FAILURE(open_engine(plan_, &e));
     ASSERT_NO_FATAL_FAILURE(new_session(e, &s));
     std::vector<int32_t> ids = prompt_ids(kPrompt, 1);
-    ASSERT_EQ(g4_session_append_tokens(s.s, ids.data(), ids.size(), nullptr, 0), G4_OK) << g4_last_error_message();
+    ASSERT_EQ(g4_session_append_tokens(s.s, ids.data(), ids.size(), nullptr, 0), G4_OK)
+        << g4_last_error_message();
     TempDir td;
     ASSERT_EQ(symlink(plan_.c_str(), td.file("plan.g4plan").c_str()), 0);
-    ASSERT_EQ(g4_session_save_state_file(s.s, td.file("state.bin").c_str()), G4_OK) << g4_last_error_message();
+    ASSERT_EQ(g4_session_save_state_file(s.s, td.file("state.bin").c_str()), G4_OK)
+        << g4_last_error_message();
     size_t size = 0;
     ASSERT_EQ(g4_session_state_size(s.s, &size), G4_OK);
     EXPECT_EQ(read_file(td.file("state.bin")).size(), size);
@@ -291,7 +293,8 @@ TEST_F(SessionState, DamagedOrForeignStatesAreRefused) {
     b[good.size() - 1] ^= 0x40;
     write_file(td.file("bad.bin"), std::string(b.begin(), b.end()));
     EXPECT_EQ(g4_session_load_state_file(t.s, td.file("bad.bin").c_str()), G4_ERR_BAD_STATE);
-    EXPECT_NE(std::string(g4_last_error_message()).find("bad.bin: session state: checksum"), std::string::npos)
+    EXPECT_NE(std::string(g4_last_error_message()).find("bad.bin: session state: checksum"),
+              std::string::npos)
         << g4_last_error_message();
     EXPECT_EQ(g4_session_save_state_file(s.s, td.file("no/such/dir/x.bin").c_str()), G4_ERR_IO);
 }
@@ -346,15 +349,17 @@ TEST(CApi, ChatRenderIdsPlacesTheMedia) {
     g4_media_info mi;
     ASSERT_EQ(g4_engine_get_media_info(e.e, &mi), G4_OK);
     const g4_chat_media media[2]       = {{G4_MEDIA_IMAGE, 3}, {G4_MEDIA_AUDIO, 2}};
-    const g4_chat_media_message msgs[] = {
-        {"system", "be brief", nullptr, 0}, {"user", "what is this", media, 2}, {"assistant", "a cat", nullptr, 0}};
-    size_t n = 0;
+    const g4_chat_media_message msgs[] = {{"system", "be brief", nullptr, 0},
+                                          {"user", "what is this", media, 2},
+                                          {"assistant", "a cat", nullptr, 0}};
+    size_t n                           = 0;
     ASSERT_EQ(g4_chat_render_ids(e.e, msgs, 3, 1, nullptr, 0, &n), G4_ERR_BUFFER_TOO_SMALL);
     std::vector<int32_t> ids(n);
     ASSERT_EQ(g4_chat_render_ids(e.e, msgs, 3, 1, ids.data(), n, &n), G4_OK) << g4_last_error_message();
     // The same text rendered with the markers, tokenized piece by piece.
-    const std::string text = "<bos><|turn>system\nbe brief<turn|>\n<|turn>user\n\n\n<|image|>\n\n<|audio|>what "
-                             "is this<turn|>\n<|turn>model\na cat<turn|>\n<|turn>model\n";
+    const std::string text =
+        "<bos><|turn>system\nbe brief<turn|>\n<|turn>user\n\n\n<|image|>\n\n<|audio|>what "
+        "is this<turn|>\n<|turn>model\na cat<turn|>\n<|turn>model\n";
     auto tok = [&](const std::string& s) {
         size_t k = 0;
         g4_tokenize(e.e, s.data(), s.size(), 0, nullptr, 0, &k);
@@ -364,8 +369,8 @@ TEST(CApi, ChatRenderIdsPlacesTheMedia) {
     };
     const size_t im = text.find("<|image|>"), au = text.find("<|audio|>");
     std::vector<int32_t> want = tok(text.substr(0, im));
-    want.insert(want.end(), {mi.boi_token_id, mi.image_token_id, mi.image_token_id, mi.image_token_id,
-                             mi.eoi_token_id});
+    want.insert(want.end(),
+                {mi.boi_token_id, mi.image_token_id, mi.image_token_id, mi.image_token_id, mi.eoi_token_id});
     std::vector<int32_t> mid = tok(text.substr(im + 9, au - im - 9));
     want.insert(want.end(), mid.begin(), mid.end());
     want.insert(want.end(), {mi.boa_token_id, mi.audio_token_id, mi.audio_token_id, mi.eoa_token_id});
@@ -373,11 +378,11 @@ TEST(CApi, ChatRenderIdsPlacesTheMedia) {
     want.insert(want.end(), rest.begin(), rest.end());
     EXPECT_EQ(ids, want);
     // Media in the system turn, unknown kinds, negative counts.
-    const g4_chat_media bad_kind[1]      = {{7, 1}};
-    const g4_chat_media_message sys[]    = {{"system", "x", media, 1}};
-    const g4_chat_media_message badk[]   = {{"user", "x", bad_kind, 1}};
-    const g4_chat_media neg[1]           = {{G4_MEDIA_IMAGE, -1}};
-    const g4_chat_media_message negm[]   = {{"user", "x", neg, 1}};
+    const g4_chat_media bad_kind[1]    = {{7, 1}};
+    const g4_chat_media_message sys[]  = {{"system", "x", media, 1}};
+    const g4_chat_media_message badk[] = {{"user", "x", bad_kind, 1}};
+    const g4_chat_media neg[1]         = {{G4_MEDIA_IMAGE, -1}};
+    const g4_chat_media_message negm[] = {{"user", "x", neg, 1}};
     EXPECT_EQ(g4_chat_render_ids(e.e, sys, 1, 1, ids.data(), ids.size(), &n), G4_ERR_INVALID_ARGUMENT);
     EXPECT_EQ(g4_chat_render_ids(e.e, badk, 1, 1, ids.data(), ids.size(), &n), G4_ERR_INVALID_ARGUMENT);
     EXPECT_EQ(g4_chat_render_ids(e.e, negm, 1, 1, ids.data(), ids.size(), &n), G4_ERR_INVALID_ARGUMENT);

@@ -71,12 +71,12 @@ int main(int argc, char** argv) {
     ids[0] = info.bos_token_id;
     for (int i = 1; i < tokens; ++i)
         ids[i] = 3 + (int32_t)(rng() % (uint32_t)std::min(info.vocab_size - 3, 5000));
-    g4_session_params sp = g4_session_params_default();
-    sp.n_threads         = threads;
+    g4_session_params sp   = g4_session_params_default();
+    sp.n_threads           = threads;
     const std::string path = dir + "/state_bench.g4state";
     std::vector<double> prefill, save, load;
-    size_t bytes  = 0;
-    bool same     = true;
+    size_t bytes = 0;
+    bool same    = true;
     for (int r = 0; r < reps; ++r) {
         g4_session *a = nullptr, *b = nullptr;
         if (g4_session_create(e, &sp, &a) != G4_OK || g4_session_create(e, &sp, &b) != G4_OK)

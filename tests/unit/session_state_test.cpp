@@ -94,9 +94,11 @@ void write_f32(const std::string& path, const std::vector<float>& v) {
 class SessionState : public ::testing::Test {
 protected:
     static void SetUpTestSuite() {
-        dir_                  = new TempDir();
-        plan_                 = dir_->file("tiny.g4plan");
-        const std::string dev = on_cuda() ? " --device cuda --kv-dtype bf16" : "";
+        dir_  = new TempDir();
+        plan_ = dir_->file("tiny.g4plan");
+        // CUDA: --deterministic, as the fused decode MLP's atomic adds otherwise vary the logits' last bits
+        // from one run to the next, a state loaded or not.
+        const std::string dev = on_cuda() ? " --device cuda --kv-dtype bf16 --deterministic" : "";
         CmdResult r = run_g4("compile --model '" + fixture("e2b_tiny") + "' --max-context 4096 --chunk 256" +
                              dev + " --no-fidelity -o '" + plan_ + "'");
         ASSERT_EQ(r.exit_code, 0) << r.err;

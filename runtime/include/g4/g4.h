@@ -276,7 +276,8 @@ G4_API g4_status g4_session_get_stats(const g4_session* session, g4_session_stat
  * Queued media, statistics and the cancel request are not part of it. A state is tied to its plan: it
  * records the plan's identity (a hash of the plan's section table, which holds every section's
  * checksum) and is refused by a session of any other plan. Loading a state gives a session whose next
- * logits and samples are bit-identical to those of the session that saved it (same plan, same device).
+ * logits and samples are bit-identical to those of the session that saved it (same plan, same device;
+ * CUDA plans: compiled with --deterministic, else decode steps vary in their last bits run to run anyway).
  * The layout (magic "G4STATE", version, sizes, a checksum over everything) is in docs/runtime.md.
  *
  * Size of g4_session_save_state's output for the session's current position, in bytes (the KV rows of

@@ -290,7 +290,7 @@ G4_API g4_status g4_session_save_state(g4_session* session, void* out, size_t ca
 /* Replaces the session's state with the one in |data| (|n| bytes, as g4_session_save_state wrote them;
  * borrowed for the call). Validated before anything changes: magic, version, checksum, plan identity,
  * sizes (G4_ERR_BAD_STATE, the session unchanged, one line saying what is wrong). Queued media are
- * dropped. Thread-compatible; no allocation. */
+ * dropped. A CUDA copy that fails midway resets the session. Thread-compatible; no allocation. */
 G4_API g4_status g4_session_load_state(g4_session* session, const void* data, size_t n);
 /* The same through a file at |path| (written whole, then renamed into place; G4_ERR_IO when it cannot
  * be written or read). These two use a temporary heap buffer of the state's size. */
@@ -310,12 +310,14 @@ G4_API g4_status g4_session_rewind(g4_session* session, int32_t position);
 G4_API g4_status g4_session_fork(g4_session* src, g4_session* dst);
 
 /* ---- progress -------------------------------------------------------------------------------- *
- * Called by g4_session_append_tokens after each step of a prefill that takes more than one step (more
- * tokens than max_chunk), with the tokens done and the total of that call; on the calling thread. Return
+ * Called by g4_session_append_tokens after each step of a call that takes more than one step (more
+ * tokens than max_chunk; with out_logits, than the plan's logits rows), with the tokens done and the
+ * total of that call; on the calling thread. Return
  * non-zero to cancel: the call returns G4_ERR_CANCELLED with the completed steps fed, as
  * g4_session_cancel does. */
 typedef int32_t (*g4_progress_callback)(void* user_data, int64_t done, int64_t total);
-/* Sets (or with NULL clears) the session's progress callback. Thread-compatible; no allocation. */
+/* Sets (or with NULL clears) the session's progress callback; it stays set across g4_session_reset.
+ * |user_data| is passed through, never dereferenced. Thread-compatible; no allocation. */
 G4_API g4_status g4_session_set_progress_callback(g4_session* session, g4_progress_callback callback,
                                                   void* user_data);
 

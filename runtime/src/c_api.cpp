@@ -2,6 +2,7 @@
 // catches everything: no exception crosses the boundary.
 #include "g4/g4.h"
 #include "models/gemma4/graph.h"
+#include "runtime/src/api_util.h"
 #include "runtime/src/chat_template.h"
 #include "runtime/src/cuda/workspace.h"
 #include "runtime/src/engine.h"
@@ -74,6 +75,16 @@ void* aligned_zalloc(size_t n) {
 
 } // namespace
 
+g4_status g4::rt::api_error(g4_status st, const std::string& msg) {
+    return set_error(st, msg);
+}
+bool g4::rt::api_engine_ok(const g4_engine* e) {
+    return engine_ok(e);
+}
+bool g4::rt::api_session_ok(const g4_session* s) {
+    return session_ok(s);
+}
+
 // One tower call f(&n, &err): its time and soft tokens go to the session's stats.
 template <class F> static g4_status media_call(double* ms, int64_t* tokens, int32_t* out_n_tokens, F&& f) {
     std::string err;
@@ -91,6 +102,10 @@ extern "C" {
 
 const char* g4_runtime_version(void) {
     return G4_VERSION_STRING;
+}
+
+uint32_t g4_api_version(void) {
+    return G4_API_VERSION;
 }
 
 const char* g4_status_string(g4_status s) {
@@ -119,6 +134,8 @@ const char* g4_status_string(g4_status s) {
         return "buffer too small";
     case G4_ERR_NO_TOKENIZER:
         return "no tokenizer in plan";
+    case G4_ERR_BAD_STATE:
+        return "bad session state";
     }
     return "unknown status";
 }
@@ -402,6 +419,12 @@ g4_status g4_session_append_tokens(g4_session* s, const int32_t* ids, size_t n, 
             std::memcpy(s->last_logits.data(), s->logits + (size_t)(outr - 1) * V, sizeof(float) * V);
         s->have_logits = outr > 0;
         done += rows;
+        if (s->progress && n > (size_t)chunk && s->progress(s->progress_user, (int64_t)done, (int64_t)n) &&
+            done < n) {
+            st  = G4_ERR_CANCELLED;
+            err = "cancelled";
+            break;
+        }
     }
     double ms = std::chrono::duration<double, std::milli>(g4_clock::now() - t0).count();
     if (n == 1)
@@ -624,6 +647,64 @@ g4_status g4_chat_render(const g4_engine* e, const g4_chat_message* msgs, size_t
     if (!g4::render_chat(v, opt, &text, &err))
         return set_error(G4_ERR_INVALID_ARGUMENT, "g4_chat_render: " + err);
     return deliver(text.data(), text.size(), out, cap, out_n);
+    G4_GUARD_END
+}
+
+g4_status g4_chat_render_ids(const g4_engine* e, const g4_chat_media_message* msgs, size_t n,
+                             int32_t add_generation_prompt, int32_t* out_ids, size_t cap, size_t* out_n) {
+    G4_GUARD_BEGIN
+    if (g4_status st = need_tokenizer(e, "g4_chat_render_ids")) return st;
+    if (!msgs && n) return set_error(G4_ERR_INVALID_ARGUMENT, "g4_chat_render_ids: messages is NULL");
+    const auto& in = e->plan.info();
+    std::vector<g4::ChatMessage> v;
+    for (size_t i = 0; i < n; ++i) {
+        const g4_chat_media_message& m = msgs[i];
+        const std::string at           = "g4_chat_render_ids: message " + std::to_string(i);
+        if (!m.role || !m.content)
+            return set_error(G4_ERR_INVALID_ARGUMENT, at + " has a NULL role or content");
+        if (m.n_media && !m.media) return set_error(G4_ERR_INVALID_ARGUMENT, at + ": media is NULL");
+        v.push_back({m.role, m.content, {}});
+        for (size_t k = 0; k < m.n_media; ++k) {
+            const g4_chat_media& md = m.media[k];
+            const std::string item  = at + " media " + std::to_string(k);
+            if (md.kind != G4_MEDIA_IMAGE && md.kind != G4_MEDIA_AUDIO)
+                return set_error(G4_ERR_INVALID_ARGUMENT, item + ": kind " + std::to_string(md.kind) +
+                                                              " is not G4_MEDIA_IMAGE or _AUDIO");
+            if (md.n_tokens < 0) return set_error(G4_ERR_INVALID_ARGUMENT, item + ": n_tokens < 0");
+            const bool image = md.kind == G4_MEDIA_IMAGE;
+            if (image ? in.vision_config.empty() : in.audio_config.empty())
+                return set_error(G4_ERR_UNSUPPORTED,
+                                 item + ": the plan has no " + (image ? "vision" : "audio") + " tower");
+            v.back().media.push_back(image ? g4::ChatMedia::Image : g4::ChatMedia::Audio);
+        }
+    }
+    g4::ChatOptions opt;
+    opt.add_generation_prompt = add_generation_prompt != 0;
+    std::string text, err;
+    std::vector<g4::ChatMediaMark> marks;
+    if (!g4::render_chat(v, opt, &text, &err, &marks))
+        return set_error(G4_ERR_INVALID_ARGUMENT, "g4_chat_render_ids: " + err);
+    std::vector<int32_t> ids, part;
+    size_t at     = 0;
+    auto add_text = [&](size_t end) {
+        if (end == at) return true;
+        part.clear();
+        if (!e->tokenizer->encode(std::string_view(text).substr(at, end - at), false, &part, &err))
+            return false;
+        ids.insert(ids.end(), part.begin(), part.end());
+        return true;
+    };
+    for (const g4::ChatMediaMark& m : marks) {
+        if (!add_text(m.offset)) return set_error(G4_ERR_INVALID_ARGUMENT, "g4_chat_render_ids: " + err);
+        const bool image = m.kind == g4::ChatMedia::Image;
+        ids.push_back(image ? in.boi_token_id : in.boa_token_id);
+        ids.insert(ids.end(), (size_t)msgs[m.message].media[m.item].n_tokens,
+                   image ? in.image_token_id : in.audio_token_id);
+        ids.push_back(image ? in.eoi_token_id : in.eoa_token_id);
+        at = m.offset + (image ? g4::kChatImageMarker : g4::kChatAudioMarker).size();
+    }
+    if (!add_text(text.size())) return set_error(G4_ERR_INVALID_ARGUMENT, "g4_chat_render_ids: " + err);
+    return deliver(ids.data(), ids.size(), out_ids, cap, out_n);
     G4_GUARD_END
 }
 

@@ -74,5 +74,7 @@ struct g4_session {
     std::chrono::steady_clock::time_point prefill_start{};
     std::unique_ptr<g4::cuda_rt::SessionState, g4::cuda_rt::SessionDeleter> cuda; // CUDA plans only
     std::unique_ptr<g4::rt::MediaState> media; // plans with a vision/audio tower only
-    int32_t embed_op = -1; // the op computing inp_embd (placeholder rows are replaced after it)
+    int32_t embed_op              = -1; // the op computing inp_embd (placeholder rows are replaced after it)
+    g4_progress_callback progress = nullptr; // g4_session_set_progress_callback
+    void* progress_user           = nullptr;
 };

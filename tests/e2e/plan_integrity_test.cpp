@@ -6,6 +6,7 @@
 #include "runtime/src/plan/plan_reader.h"
 #include "test_util.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstring>
@@ -218,6 +219,35 @@ TEST_F(PlanIntegrity, FormatOnePointZeroPlansStillLoad) {
     CmdResult n = run_g4("run '" + plan_ + "' --tokens 2,17,99 -n 3 --print-ids");
     ASSERT_EQ(a.exit_code, 0) << a.err;
     EXPECT_EQ(a.out, n.out);
+}
+
+// Compatibility (docs/plan-format.md): a newer minor of this major, or a schema hash the runtime does not
+// know, is refused with one line saying what to do; the C API reports G4_ERR_PLAN_VERSION.
+TEST_F(PlanIntegrity, NewerMinorsAndUnknownSchemasAreRefused) {
+    const std::string b = read_file(plan_);
+    auto patched        = [&](const char* name, auto&& edit) {
+        std::string c = b;
+        g4::plan::PlanHeader h;
+        std::memcpy(&h, c.data(), sizeof h);
+        edit(h);
+        h.header_checksum = 0;
+        h.header_checksum = (uint32_t)g4::plan::fnv1a64(&h, sizeof h);
+        std::memcpy(c.data(), &h, sizeof h);
+        write_file(dir_->file(name), c);
+        return dir_->file(name);
+    };
+    const std::string newer = patched("v12.g4plan", [](g4::plan::PlanHeader& h) { h.format_minor = 2; });
+    CmdResult r             = run_g4("run '" + newer + "' --tokens 2,17 -n 1");
+    EXPECT_EQ(r.exit_code, 1);
+    EXPECT_NE(r.err.find("plan format 1.2 is newer than this runtime reads (1.0 to 1.1); update g4"),
+              std::string::npos)
+        << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    g4_engine* e = nullptr;
+    EXPECT_EQ(g4_engine_open(newer.c_str(), nullptr, &e), G4_ERR_PLAN_VERSION);
+    const std::string other = patched("schema.g4plan", [](g4::plan::PlanHeader& h) { h.schema_hash ^= 1; });
+    EXPECT_EQ(g4_engine_open(other.c_str(), nullptr, &e), G4_ERR_PLAN_VERSION);
+    EXPECT_NE(std::string(g4_last_error_message()).find("plan schema differs"), std::string::npos);
 }
 
 // --- outputs ---

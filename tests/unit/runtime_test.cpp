@@ -119,6 +119,43 @@ TEST(Runtime, NothingAllocatedAfterSessionCreate) {
     EXPECT_EQ(g_allocs.load(), 0) << "heap allocations during prefill/decode/sampling";
 }
 
+// The session-state calls on buffers (g4.h: only the file variants allocate) and the progress callback.
+TEST(Runtime, NothingAllocatedBySessionStateCalls) {
+#ifdef G4_SANITIZED
+    GTEST_SKIP() << "allocation counting needs glibc's malloc; a sanitizer replaces it";
+#endif
+    TempDir td;
+    std::string plan = compile_fixture(td, "e4b_tiny", "--chunk 8");
+    Engine e;
+    Session s, t;
+    open_session(plan, &e, &s);
+    ASSERT_TRUE(s.s);
+    g4_session_params sp = g4_session_params_default();
+    sp.n_threads         = 2;
+    ASSERT_EQ(g4_session_create(e.e, &sp, &t.s), G4_OK);
+    std::vector<int32_t> prompt(30);
+    for (int i = 0; i < 30; ++i)
+        prompt[i] = 3 + (i * 37) % 500;
+    size_t need = 0;
+    std::vector<uint8_t> buf(1 << 20);
+    auto cb    = [](void*, int64_t, int64_t) -> int32_t { return 0; };
+    g_allocs   = 0;
+    g_counting = true;
+    g4_status st[8];
+    st[0]      = g4_session_set_progress_callback(s.s, cb, nullptr);
+    st[1]      = g4_session_append_tokens(s.s, prompt.data(), prompt.size(), nullptr, 0);
+    st[2]      = g4_session_state_size(s.s, &need);
+    st[3]      = g4_session_save_state(s.s, buf.data(), buf.size(), &need);
+    st[4]      = g4_session_load_state(t.s, buf.data(), need);
+    st[5]      = g4_session_rewind(t.s, 28);
+    st[6]      = g4_session_fork(s.s, t.s);
+    st[7]      = g4_session_append_tokens(t.s, prompt.data(), 1, nullptr, 0);
+    g_counting = false;
+    for (int i = 0; i < 8; ++i)
+        EXPECT_EQ(st[i], G4_OK) << i << ": " << g4_last_error_message();
+    EXPECT_EQ(g_allocs.load(), 0) << "heap allocations in the session-state calls";
+}
+
 TEST(Runtime, NothingAllocatedByImagesAndAudio) {
 #ifdef G4_SANITIZED
     GTEST_SKIP() << "allocation counting needs glibc's malloc; a sanitizer replaces it";

@@ -27,6 +27,14 @@ extern "C" {
 #define G4_API
 #endif
 
+/* Version of this header's API. A new minor version only adds (functions, enum values, struct types);
+ * a new major version may change existing declarations. g4_api_version() is the library's
+ * (G4_API_VERSION_MAJOR << 16 | G4_API_VERSION_MINOR): a program built against this header runs with a
+ * library of the same major and an equal or higher minor. */
+#define G4_API_VERSION_MAJOR 1
+#define G4_API_VERSION_MINOR 1
+#define G4_API_VERSION ((G4_API_VERSION_MAJOR << 16) | G4_API_VERSION_MINOR)
+
 typedef enum g4_status {
     G4_OK                   = 0,
     G4_ERR_INVALID_ARGUMENT = 1, /* NULL handle, out-of-range value, bad token id */
@@ -39,7 +47,8 @@ typedef enum g4_status {
     G4_ERR_UNSUPPORTED      = 8, /* the plan needs a device or feature this build lacks */
     G4_ERR_INTERNAL         = 9,
     G4_ERR_BUFFER_TOO_SMALL = 10, /* the output buffer is too small; the needed size was written */
-    G4_ERR_NO_TOKENIZER     = 11  /* the plan carries no tokenizer (compile with tokenizer.json) */
+    G4_ERR_NO_TOKENIZER     = 11, /* the plan carries no tokenizer (compile with tokenizer.json) */
+    G4_ERR_BAD_STATE        = 12  /* a session state that is damaged or was saved on another plan */
 } g4_status;
 
 typedef struct g4_engine g4_engine;
@@ -47,6 +56,8 @@ typedef struct g4_session g4_session;
 
 /* Static strings; never NULL. */
 G4_API const char* g4_runtime_version(void);
+/* The library's G4_API_VERSION. Thread-safe, no allocation. */
+G4_API uint32_t g4_api_version(void);
 G4_API const char* g4_status_string(g4_status status);
 /* The last error message set on the calling thread ("" if none). Valid until the next g4 call on
  * this thread. */
@@ -109,6 +120,33 @@ G4_API g4_status g4_chat_render(const g4_engine* engine, const g4_chat_message* 
                                 int32_t add_generation_prompt, char* out, size_t capacity, size_t* out_n);
 
 G4_API g4_status g4_engine_get_info(const g4_engine* engine, g4_engine_info* out_info);
+
+/* A message with images and audio clips, for g4_chat_render_ids. */
+typedef enum g4_media_kind { G4_MEDIA_IMAGE = 0, G4_MEDIA_AUDIO = 1 } g4_media_kind;
+
+typedef struct g4_chat_media {
+    int32_t kind;     /* g4_media_kind */
+    int32_t n_tokens; /* soft tokens g4_session_add_image / g4_session_add_audio returned for it (>= 0) */
+} g4_chat_media;
+
+typedef struct g4_chat_media_message {
+    const char* role;           /* as in g4_chat_message */
+    const char* content;        /* UTF-8, NUL-terminated; may be "" */
+    const g4_chat_media* media; /* NULL or n_media items, rendered before the content, in order, as
+                                   Gemma 4's template renders a content list [media..., text] */
+    size_t n_media;
+} g4_chat_media_message;
+
+/* Renders a conversation with images and audio into token ids: the text of g4_chat_render, where each
+ * image becomes <boi>, n_tokens image placeholders, <eoi> (audio: <boa>, placeholders, <eoa>), the ids
+ * g4_engine_get_media_info reports. Feed the result with g4_session_append_tokens after queuing the media
+ * in the same order with g4_session_add_image / g4_session_add_audio. Size-query convention of the
+ * text functions (element count of ids). A system message cannot hold media (G4_ERR_INVALID_ARGUMENT);
+ * media of a kind the plan has no tower for are G4_ERR_UNSUPPORTED. Thread-safe on a shared engine;
+ * uses temporary heap memory. */
+G4_API g4_status g4_chat_render_ids(const g4_engine* engine, const g4_chat_media_message* messages,
+                                    size_t n_messages, int32_t add_generation_prompt, int32_t* out_ids,
+                                    size_t capacity, size_t* out_n);
 
 /* ---- session ------------------------------------------------------------------------------ */
 
@@ -231,6 +269,57 @@ G4_API g4_status g4_session_generate(g4_session* session, const g4_sampling_para
                                      void* user_data, int32_t* out_n_generated);
 
 G4_API g4_status g4_session_get_stats(const g4_session* session, g4_session_stats* out_stats);
+
+/* ---- session state: save, load, rewind, fork ------------------------------------------------ *
+ * A session's state is what decides its next logits and samples: the KV cache rows of the tokens fed,
+ * the position, the token history (repetition penalty), the last logits and the sampler's random state.
+ * Queued media, statistics and the cancel request are not part of it. A state is tied to its plan: it
+ * records the plan's identity (a hash of the plan's section table, which holds every section's
+ * checksum) and is refused by a session of any other plan. Loading a state gives a session whose next
+ * logits and samples are bit-identical to those of the session that saved it (same plan, same device;
+ * CUDA plans: compiled with --deterministic, else decode steps vary in their last bits run to run anyway).
+ * The layout (magic "G4STATE", version, sizes, a checksum over everything) is in docs/runtime.md.
+ *
+ * Size of g4_session_save_state's output for the session's current position, in bytes (the KV rows of
+ * position tokens: it grows with the position). Thread-compatible, no allocation. */
+G4_API g4_status g4_session_state_size(const g4_session* session, size_t* out_bytes);
+/* Writes the state into |out| (|capacity| bytes); |*out_n| receives the size (always; too small a
+ * capacity is G4_ERR_BUFFER_TOO_SMALL and nothing is written: pass 0 to query). CUDA plans: copies the
+ * KV rows from the GPU (waits for a step run ahead). Thread-compatible; no allocation. */
+G4_API g4_status g4_session_save_state(g4_session* session, void* out, size_t capacity, size_t* out_n);
+/* Replaces the session's state with the one in |data| (|n| bytes, as g4_session_save_state wrote them;
+ * borrowed for the call). Validated before anything changes: magic, version, checksum, plan identity,
+ * sizes (G4_ERR_BAD_STATE, the session unchanged, one line saying what is wrong). Queued media are
+ * dropped. A CUDA copy that fails midway resets the session. Thread-compatible; no allocation. */
+G4_API g4_status g4_session_load_state(g4_session* session, const void* data, size_t n);
+/* The same through a file at |path| (written whole, then renamed into place; G4_ERR_IO when it cannot
+ * be written or read). These two use a temporary heap buffer of the state's size. */
+G4_API g4_status g4_session_save_state_file(g4_session* session, const char* path);
+G4_API g4_status g4_session_load_state_file(g4_session* session, const char* path);
+/* Forgets the tokens from |position| on (0 <= position <= the current position), keeping the KV cache of
+ * the tokens before it, so that feeding other tokens from there costs only those. The session has no
+ * logits until a token is fed. A sliding-window layer's cache is a ring: once the tokens fed after
+ * |position| have overwritten rows the next tokens would read, the rewind is refused
+ * (G4_ERR_INVALID_ARGUMENT, naming the earliest position still reachable; reset and feed again instead).
+ * Queued media are dropped. Thread-compatible; no allocation. */
+G4_API g4_status g4_session_rewind(g4_session* session, int32_t position);
+/* Copies |src|'s state into |dst|, a session of the same engine or of another engine opened on the same
+ * plan (as a save and load would, without the bytes in between). |dst|'s queued media are dropped; |src|
+ * is unchanged (CUDA: a step it ran ahead is waited for). Neither session may be used by another thread
+ * during the call. No allocation. */
+G4_API g4_status g4_session_fork(g4_session* src, g4_session* dst);
+
+/* ---- progress -------------------------------------------------------------------------------- *
+ * Called by g4_session_append_tokens after each step of a call that takes more than one step (more
+ * tokens than max_chunk; with out_logits, than the plan's logits rows), with the tokens done and the
+ * total of that call; on the calling thread. Return
+ * non-zero to cancel: the call returns G4_ERR_CANCELLED with the completed steps fed, as
+ * g4_session_cancel does. */
+typedef int32_t (*g4_progress_callback)(void* user_data, int64_t done, int64_t total);
+/* Sets (or with NULL clears) the session's progress callback; it stays set across g4_session_reset.
+ * |user_data| is passed through, never dereferenced. Thread-compatible; no allocation. */
+G4_API g4_status g4_session_set_progress_callback(g4_session* session, g4_progress_callback callback,
+                                                  void* user_data);
 
 /* ---- images and audio (plans compiled from a checkpoint with the vision / audio tower) ------ *
  * In a prompt, an image is <boi> followed by n image placeholders and <eoi>; an audio clip is <boa>,

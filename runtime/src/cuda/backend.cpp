@@ -1787,4 +1787,91 @@ void session_reset(g4_session* s) {
     st->ahead_off    = false;
 }
 
+namespace {
+
+// Waits for all of the session's streams (nothing enqueued may still read or write the KV cache).
+g4_status sync_lanes(SessionState* st, std::string* err) {
+    if (g4_status g = ahead_end(st, err); g != G4_OK) return g;
+    const Driver* d = st->e->d;
+    for (Lane& ln : st->lanes) {
+        CU_TRY(d->cuCtxSetCurrent(ln.g->ctx), "cuCtxSetCurrent");
+        CU_TRY(d->cuStreamSynchronize(ln.stream), "waiting for the session's GPU work");
+    }
+    return G4_OK;
+}
+
+// The lane holding KV bytes [offset, offset + bytes), or -1 (the host part, or none).
+int kv_lane(const g4_session* s, uint64_t offset, size_t bytes) {
+    const auto& gpus = s->engine->plan.info().gpus;
+    for (size_t i = 0; i < gpus.size() && i < s->cuda->lanes.size(); ++i)
+        if (offset >= gpus[i].kv_begin && offset + bytes <= gpus[i].kv_end) return (int)i;
+    return -1;
+}
+
+} // namespace
+
+g4_status kv_transfer(g4_session* s, uint64_t offset, void* host, size_t bytes, bool to_host,
+                      std::string* err) {
+    SessionState* st = s->cuda.get();
+    const auto& in   = s->engine->plan.info();
+    if (g4_status g = sync_lanes(st, err); g != G4_OK) return g;
+    const int li = kv_lane(s, offset, bytes);
+    if (li < 0) {
+        if (!st->host_kv || offset < in.kv_host_begin || offset + bytes > in.kv_arena_bytes) {
+            *err = "internal: KV bytes at " + std::to_string(offset) + " are in no part of the session";
+            return G4_ERR_INTERNAL;
+        }
+        uint8_t* h = (uint8_t*)st->host_kv + (offset - in.kv_host_begin);
+        to_host ? std::memcpy(host, h, bytes) : std::memcpy(h, host, bytes);
+        return G4_OK;
+    }
+    const Driver* d       = st->e->d;
+    const Lane& ln        = st->lanes[li];
+    const CUdeviceptr dev = ln.kv + (offset - ln.kv_begin);
+    CU_TRY(d->cuCtxSetCurrent(ln.g->ctx), "cuCtxSetCurrent");
+    CU_TRY(to_host ? d->cuMemcpyDtoHAsync(host, dev, bytes, ln.stream)
+                   : d->cuMemcpyHtoDAsync(dev, host, bytes, ln.stream),
+           "copying the KV cache");
+    CU_TRY(d->cuStreamSynchronize(ln.stream), "copying the KV cache");
+    return G4_OK;
+}
+
+g4_status kv_copy(g4_session* src, g4_session* dst, uint64_t offset, size_t bytes, std::string* err) {
+    SessionState *a = src->cuda.get(), *b = dst->cuda.get();
+    const auto& in = src->engine->plan.info();
+    if (g4_status g = sync_lanes(a, err); g != G4_OK) return g;
+    if (g4_status g = sync_lanes(b, err); g != G4_OK) return g;
+    const int li = kv_lane(src, offset, bytes);
+    if (li < 0) {
+        if (!a->host_kv || !b->host_kv || offset < in.kv_host_begin || offset + bytes > in.kv_arena_bytes) {
+            *err = "internal: KV bytes at " + std::to_string(offset) + " are in no part of the session";
+            return G4_ERR_INTERNAL;
+        }
+        std::memcpy((uint8_t*)b->host_kv + (offset - in.kv_host_begin),
+                    (const uint8_t*)a->host_kv + (offset - in.kv_host_begin), bytes);
+        return G4_OK;
+    }
+    const Driver* d = a->e->d;
+    if (!d->cuMemcpyDtoDAsync) {
+        *err = "forking a CUDA session needs cuMemcpyDtoDAsync; the NVIDIA driver is too old";
+        return G4_ERR_UNSUPPORTED;
+    }
+    const Lane &la = a->lanes[li], &lb = b->lanes[li];
+    CU_TRY(d->cuCtxSetCurrent(lb.g->ctx), "cuCtxSetCurrent");
+    CU_TRY(d->cuMemcpyDtoDAsync(lb.kv + (offset - lb.kv_begin), la.kv + (offset - la.kv_begin), bytes,
+                                lb.stream),
+           "copying the KV cache");
+    CU_TRY(d->cuStreamSynchronize(lb.stream), "copying the KV cache");
+    return G4_OK;
+}
+
+g4_status state_changed(g4_session* s, std::string* err) {
+    SessionState* st = s->cuda.get();
+    if (g4_status g = sync_lanes(st, err); g != G4_OK) return g;
+    st->ahead_greedy = false;
+    st->logits_ahead = false;
+    st->screened_pos = -1;
+    return G4_OK;
+}
+
 } // namespace g4::cuda_rt

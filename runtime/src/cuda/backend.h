@@ -79,6 +79,17 @@ g4_status audio_forward(g4_session* s, const towers::AudioTower& at, const cpu::
                         const float* pcm, int64_t n_samples, float* host_features, float* out, int* n_soft,
                         std::string* err);
 
+// Session state (g4_session_save_state and the rest): waits for every lane's stream (a step run ahead
+// included), then copies `bytes` of the KV arena at plan offset `offset` (rows of one cache: inside one
+// GPU's part or the host part) to `host` (to_host) or from it. Blocks until the copy is done.
+g4_status kv_transfer(g4_session* s, uint64_t offset, void* host, size_t bytes, bool to_host,
+                      std::string* err);
+// The same rows copied from session src's KV arena to dst's (sessions of one plan), device to device.
+g4_status kv_copy(g4_session* src, g4_session* dst, uint64_t offset, size_t bytes, std::string* err);
+// The session's position or KV cache changed outside a step (state loaded, rewound, forked into): no
+// step run ahead or device logits row stays valid. Waits for a step run ahead.
+g4_status state_changed(g4_session* s, std::string* err);
+
 struct EngineDeleter {
     void operator()(EngineState* p) const { engine_close(p); }
 };

@@ -71,6 +71,7 @@ void load() {
     if (!dl_symbol(lib, "cuModuleGetGlobal_v2", &d.cuModuleGetGlobal) ||
         !dl_symbol(lib, "cuMemcpyDtoH_v2", &d.cuMemcpyDtoH))
         d.cuModuleGetGlobal = nullptr;
+    dl_symbol(lib, "cuMemcpyDtoDAsync_v2", &d.cuMemcpyDtoDAsync);
     if (!ok) {
         g_why = "the NVIDIA driver (libcuda.so.1) is too old: a required entry point is missing";
         return;

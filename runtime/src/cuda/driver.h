@@ -119,6 +119,8 @@ struct Driver {
     // Optional: the timeline lab (G4_TRACE_OUT) reads its records from a module global.
     CUresult (*cuModuleGetGlobal)(CUdeviceptr*, size_t*, CUmodule, const char*);
     CUresult (*cuMemcpyDtoH)(void*, CUdeviceptr, size_t);
+    // Optional: g4_session_fork of a CUDA session copies KV rows device to device.
+    CUresult (*cuMemcpyDtoDAsync)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
 };
 
 // dlsym into a typed function pointer; false if the library lacks the symbol. Shared by the driver

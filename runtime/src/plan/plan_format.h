@@ -13,11 +13,13 @@
 // Every section has its FNV-1a 64 checksum in the section table, and (from format 1.1) the table has its
 // own in the header's reserved0. The header, the table and every section but WEIGHTS are verified at every
 // load; WEIGHTS, gigabytes used in place from the mapping, on request (g4 inspect --verify,
-// g4_engine_params.verify_weights). A 1.0 plan (no table checksum) still loads. A major-version or
-// schema-hash mismatch refuses the plan.
+// g4_engine_params.verify_weights). A 1.0 plan (no table checksum) still loads. Compatibility
+// (docs/plan-format.md): plans of every minor version up to kFormatMinor of this major open; another major, a
+// newer minor or a schema hash neither current nor in kReadableSchemas refuses the plan.
 #pragma once
 #include "kernels/ops.h"
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 
@@ -243,6 +245,25 @@ inline uint64_t schema_hash() {
         "rprew,xo,rpwdt,rprewdt,eps),mlp_rep,mlp_h2,mlp_z,mlp_r,resnorm_z2,ple104(..,rx,rd,rpw,xo,rpwdt,eps),"
         "ple_res";
     return fnv1a64(kSchema, sizeof(kSchema) - 1);
+}
+
+// Schemas of earlier plans of this major that the reader still reads (docs/plan-format.md, "Compatibility"):
+// a change to the schema string above that the reader can handle for plans written before it bumps
+// kFormatMinor and appends the previous schema_hash() here with the minor that wrote it; a change it cannot
+// handle bumps kFormatMajor and empties the list. Plans of every minor up to kFormatMinor carry the current
+// hash until then.
+struct ReadableSchema {
+    uint16_t minor;
+    uint64_t hash;
+};
+inline constexpr std::array<ReadableSchema, 0> kReadableSchemas{}; // none yet
+
+// True if a plan of minor version `minor` (<= kFormatMinor) with schema hash `hash` can be read.
+inline bool schema_readable(uint64_t hash, uint16_t minor) {
+    if (hash == schema_hash()) return true;
+    for (const ReadableSchema& r : kReadableSchemas)
+        if (r.hash == hash && r.minor == minor) return true;
+    return false;
 }
 
 } // namespace g4::plan

@@ -115,7 +115,16 @@ g4_status Plan::load(const std::string& path, bool verify_weights, std::string* 
     h.header_checksum = 0;
     if ((uint32_t)fnv1a64(&h, sizeof h) != header_->header_checksum)
         return fail(CORRUPT, "header checksum mismatch" + recompile, err);
-    if (header_->schema_hash != schema_hash())
+    // Compatibility (docs/plan-format.md): older minors of this major open; a newer minor may hold what this
+    // runtime cannot read.
+    if (header_->format_minor > kFormatMinor)
+        return fail(G4_ERR_PLAN_VERSION,
+                    "plan format " + std::to_string(header_->format_major) + "." +
+                        std::to_string(header_->format_minor) + " is newer than this runtime reads (" +
+                        std::to_string(kFormatMajor) + ".0 to " + std::to_string(kFormatMajor) + "." +
+                        std::to_string(kFormatMinor) + "); update g4, or compile the plan with this g4",
+                    err);
+    if (!schema_readable(header_->schema_hash, header_->format_minor))
         return fail(G4_ERR_PLAN_VERSION,
                     "plan schema differs from this runtime's (written by another g4 version)" + recompile,
                     err);

@@ -31,6 +31,8 @@ void bind_with(g4_session* s, uint8_t* act, uint8_t* kv, uint64_t kv0, int dev) 
         case TensorKind::Weight:
             return (void*)p.weight_data(t);
         case TensorKind::KvCache:
+            // A cache below kv0 lives on another device: not addressable from this binding.
+            if (t.offset < kv0) return nullptr;
             return kv + (t.offset - kv0) + dtype_bytes((DType)t.dtype, col);
         default:
             base = act;

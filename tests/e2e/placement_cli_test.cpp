@@ -96,7 +96,8 @@ TEST(PlacementCli, LayersSplitAcrossBudgetedGpusWhenOneDoesNotFit) {
     EXPECT_EQ(ld.back(), 1);
     EXPECT_TRUE(std::is_sorted(ld.begin(), ld.end())); // one contiguous range per GPU, the plan's GPU first
     ASSERT_EQ(p.info().gpus.size(), 2u);
-    for (const auto& dev : nlohmann::json::parse(p.meta_json())["memory"])
+    const nlohmann::json meta = nlohmann::json::parse(p.meta_json()); // kept: the loop reads a part of it
+    for (const auto& dev : meta["memory"])
         if (dev["device"] == "cuda:0") {
             EXPECT_LE(dev["total"].get<uint64_t>(), ple_host_min - 1);
         }

@@ -178,8 +178,8 @@ TEST(HostileInput, ImageDataCheckedAgainstDeclaredSize) {
     const std::string jpeg = std::string("\xFF\xD8\xFF\xC0", 4) + be16(17) + "\x08" + be16(uint16_t(h)) +
                              be16(uint16_t(w)) + std::string("\x03\x01\x11\x00\x02\x11\x00\x03\x11\x00", 10) +
                              std::string(64, '\0');
-    std::string bmp_odd_compression = bmp; // stb reads compression values other than RLE's as raw rows
-    bmp_odd_compression.replace(30, 4, le32(0xFFFF0208u));
+    // stb reads compression values other than RLE's as raw rows.
+    const std::string bmp_odd_compression = bmp.substr(0, 30) + le32(0xFFFF0208u) + bmp.substr(34);
     for (const std::string* f : {&bmp, &bmp_odd_compression, &jpeg}) {
         g4::tools::ImageRGB8 img;
         const auto t0 = Clock::now();

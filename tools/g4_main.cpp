@@ -12,6 +12,7 @@
 #include "runtime/src/tokenizer.h"
 #include "tools/audio_io.h"
 #include "tools/image_io.h"
+#include "tools/prompt_media.h"
 #include "tools/read_file.h"
 
 #include <algorithm>
@@ -111,6 +112,7 @@ struct Args {
     std::map<std::string, std::string> val;
     std::map<std::string, bool> flag;
     std::map<std::string, std::vector<std::string>> multi; // every value of a repeated option
+    std::vector<std::pair<std::string, std::string>> seq;  // every valued option, in command-line order
 
     Args(int argc, char** argv, int first, const std::vector<std::string>& with_value,
          const std::vector<std::string>& bools) {
@@ -140,6 +142,7 @@ struct Args {
                         throw UsageError("option " + name + " needs a value");
                     val[name] = v;
                     multi[name].push_back(v);
+                    seq.emplace_back(name, v);
                 } else if (is(bools, name) && !inline_val) {
                     flag[name] = true;
                 } else {
@@ -424,88 +427,87 @@ void print_stats(g4_session* s, const g4_engine* e, const g4_engine_info& info) 
 }
 
 // --image / --audio: runs each file through its tower (queued in the session, in order) and puts its
-// soft-token placeholders into the prompt: at the next lone <|image|> / <|audio|> token, or after <bos> when
-// none is left. A --tokens list that already holds as many placeholders of a kind as the files give soft
-// tokens (<boi>, n placeholders, <eoi> written out) is fed as it is. Any other count is an error: an
-// image never goes silently unused.
+// block into the prompt (tools/prompt_media.h): at its marker (<|image|> / <|audio|> in -p text, a lone
+// placeholder id in --tokens), else after <bos> before the text, in command-line order. A --tokens list
+// holding every block written out is fed as it is; any other count is an error (an image never goes
+// silently unused).
 void add_media(const Args& a, g4_engine* e, g4_session* s, std::vector<int32_t>* prompt) {
-    const bool has_img = a.multi.count("--image") > 0, has_aud = a.multi.count("--audio") > 0;
-    if (!has_img && !has_aud) return;
+    std::vector<g4::tools::MediaBlock> blocks;
+    for (const auto& [opt, f] : a.seq)
+        if (opt == "--image" || opt == "--audio") {
+            blocks.emplace_back();
+            blocks.back().kind = opt == "--image" ? g4::tools::MediaKind::Image : g4::tools::MediaKind::Audio;
+            blocks.back().file = f;
+        }
     g4_media_info mi{};
     check(g4_engine_get_media_info(e, &mi));
-    std::vector<int32_t> n_img, n_aud; // soft tokens of each file, in order
-    if (has_img) {
-        if (!mi.has_vision)
-            throw RunError("--image: the plan has no vision tower (compile a Gemma 4 checkpoint with "
-                           "vision_config, without --no-vision)");
-        for (const auto& f : a.multi.at("--image")) {
+    for (g4::tools::MediaBlock& b : blocks) {
+        int32_t n = 0;
+        if (b.kind == g4::tools::MediaKind::Image) {
+            if (!mi.has_vision)
+                throw RunError("--image: the plan has no vision tower (compile a Gemma 4 checkpoint with "
+                               "vision_config, without --no-vision)");
             g4::tools::ImageRGB8 img;
-            std::string err = g4::tools::load_image(f, &img, mi.max_image_pixels);
+            std::string err = g4::tools::load_image(b.file, &img, mi.max_image_pixels);
             if (!err.empty()) throw RunError(err);
-            int32_t n = 0;
             if (g4_session_add_image(s, img.rgb.data(), img.width, img.height, &n) != G4_OK)
-                throw RunError(f + ": " + g4_last_error_message());
-            n_img.push_back(n);
-        }
-    }
-    if (has_aud) {
-        if (!mi.has_audio)
-            throw RunError("--audio: the plan has no audio tower (compile a Gemma 4 checkpoint with "
-                           "audio_config, without --no-audio)");
-        for (const auto& f : a.multi.at("--audio")) {
+                throw RunError(b.file + ": " + g4_last_error_message());
+        } else {
+            if (!mi.has_audio)
+                throw RunError("--audio: the plan has no audio tower (compile a Gemma 4 checkpoint with "
+                               "audio_config, without --no-audio)");
             g4::tools::AudioPcm pcm;
-            std::string err = g4::tools::load_wav(f, &pcm, mi.max_audio_samples);
+            std::string err = g4::tools::load_wav(b.file, &pcm, mi.max_audio_samples);
             if (!err.empty()) throw RunError(err);
             if (pcm.sample_rate != mi.audio_sample_rate)
-                throw RunError(f + ": " + std::to_string(pcm.sample_rate) +
+                throw RunError(b.file + ": " + std::to_string(pcm.sample_rate) +
                                " Hz, but the audio tower takes " + std::to_string(mi.audio_sample_rate) +
-                               " Hz mono (convert it: ffmpeg -i " + f + " -ar " +
+                               " Hz mono (convert it: ffmpeg -i " + b.file + " -ar " +
                                std::to_string(mi.audio_sample_rate) + " -ac 1 out.wav)");
-            int32_t n = 0;
             if (g4_session_add_audio(s, pcm.samples.data(), (int64_t)pcm.samples.size(), &n) != G4_OK)
-                throw RunError(f + ": " + g4_last_error_message());
-            n_aud.push_back(n);
+                throw RunError(b.file + ": " + g4_last_error_message());
         }
+        b.n = n;
     }
     g4_engine_info info{};
     check(g4_engine_get_info(e, &info));
-    std::vector<int32_t>& p = *prompt;
-    size_t insert_at        = !p.empty() && p[0] == info.bos_token_id ? 1 : 0;
-    auto count              = [&](int32_t ph) { return (int64_t)std::count(p.begin(), p.end(), ph); };
-    auto place              = [&](const std::vector<int32_t>& ns, int32_t open, int32_t ph, int32_t close,
-                     const char* what) {
-        int64_t need = 0;
-        for (int32_t n : ns)
-            need += n;
-        const int64_t given = count(ph);
-        if (ns.empty() || (a.has("--tokens") && given == need)) return;
-        for (int32_t n : ns) {
-            std::vector<int32_t> block = {open};
-            block.insert(block.end(), (size_t)n, ph);
-            block.push_back(close);
-            size_t i = 0; // the next lone placeholder
-            while (i < p.size() &&
-                   !(p[i] == ph && (i == 0 || p[i - 1] != open) && (i + 1 == p.size() || p[i + 1] != ph)))
-                ++i;
-            if (i < p.size()) {
-                p.erase(p.begin() + (long)i);
-                p.insert(p.begin() + (long)i, block.begin(), block.end());
-            } else {
-                p.insert(p.begin() + (long)insert_at, block.begin(), block.end());
-                insert_at += block.size();
-            }
-        }
-        if (count(ph) != need)
-            throw RunError(
-                             "the prompt has " + std::to_string(given) + " " + what + " placeholders (id " +
-                             std::to_string(ph) + ") but the " + what + " files give " + std::to_string(need) +
-                             " soft tokens: in --tokens put one lone " + std::to_string(ph) +
-                             " where each file goes, or none (each then follows <bos>), or write them all out (" +
-                             std::to_string(open) + ", the file's soft tokens x " + std::to_string(ph) + ", " +
-                             std::to_string(close) + ")");
-    };
-    place(n_img, mi.boi_token_id, mi.image_token_id, mi.eoi_token_id, "image");
-    place(n_aud, mi.boa_token_id, mi.audio_token_id, mi.eoa_token_id, "audio");
+    const g4::tools::MediaIds ids{.bos   = info.bos_token_id,
+                                  .boi   = mi.boi_token_id,
+                                  .image = mi.image_token_id,
+                                  .eoi   = mi.eoi_token_id,
+                                  .boa   = mi.boa_token_id,
+                                  .audio = mi.audio_token_id,
+                                  .eoa   = mi.eoa_token_id};
+    std::string err = g4::tools::place_media(prompt, blocks, ids, a.has("--tokens"));
+    if (!err.empty()) throw RunError(err);
+}
+
+// -p TEXT: its <|image|> / <|audio|> markers become lone placeholder ids (each then replaced by its file's
+// block, as Hugging Face's processor expands them), whether or not the tokenizer knows the marker strings.
+std::vector<int32_t> tokenize_prompt(g4_engine* e, const std::string& text) {
+    const g4::tools::MarkedText m = g4::tools::split_media_markers(text);
+    if (m.markers.empty()) return tokenize(e, text, true);
+    g4_media_info mi{};
+    check(g4_engine_get_media_info(e, &mi));
+    std::vector<int32_t> ids;
+    for (size_t i = 0; i < m.segments.size(); ++i) {
+        std::vector<int32_t> t = tokenize(e, m.segments[i], i == 0);
+        ids.insert(ids.end(), t.begin(), t.end());
+        if (i == m.markers.size()) break;
+        const g4::tools::MediaKind k = m.markers[i];
+        const int32_t ph             = k == g4::tools::MediaKind::Image   ? mi.image_token_id
+                                       : k == g4::tools::MediaKind::Audio ? mi.audio_token_id
+                                                                          : -1;
+        if (ph < 0)
+            throw RunError(std::string("-p: the text has <|") + g4::tools::media_kind_name(k) +
+                           "|> but the plan has no " +
+                           (k == g4::tools::MediaKind::Image   ? "vision tower"
+                            : k == g4::tools::MediaKind::Audio ? "audio tower"
+                                                               : "video support") +
+                           " to fill it");
+        ids.push_back(ph);
+    }
+    return ids;
 }
 
 int cmd_run(int argc, char** argv) {
@@ -529,7 +531,7 @@ int cmd_run(int argc, char** argv) {
             text.pop_back();
         tok_arg = text;
     }
-    std::vector<int32_t> prompt = a.has("-p") ? tokenize(e.e, a.get("-p"), true) : parse_tokens(tok_arg);
+    std::vector<int32_t> prompt = a.has("-p") ? tokenize_prompt(e.e, a.get("-p")) : parse_tokens(tok_arg);
     if (prompt.empty()) throw UsageError("the prompt is empty");
     if ((int64_t)prompt.size() >= e.info.max_context) {
         if (!a.flag.count("--truncate"))

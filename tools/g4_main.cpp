@@ -12,6 +12,7 @@
 #include "runtime/src/tokenizer.h"
 #include "tools/audio_io.h"
 #include "tools/image_io.h"
+#include "tools/media_decode.h"
 #include "tools/prompt_media.h"
 #include "tools/read_file.h"
 
@@ -85,14 +86,14 @@ const char* kUsage =
     "             (--dump-logits: the prompt's logits [prompt, vocab] f32; --dump-decode-logits: the logits "
     "each\n"
     "              generated token was chosen from [generated, vocab] f32; it turns off CUDA decode-ahead)\n"
-    "             [--image FILE]... [--audio FILE.wav]...   (plans with the vision / audio tower; with -p "
+    "             [--image FILE]... [--audio FILE]...   (plans with the vision / audio tower; with -p "
     "each goes at the\n"
     "              next <|image|> / <|audio|> of the text, else after <bos>)\n"
     "  g4 chat PLAN [--system TEXT] [-n N] [sampling options as for run] [--print-ids] [--stats] [--image "
     "FILE]...\n"
-    "             [--audio FILE.wav]...   (--image / --audio go with the first message; typed commands: "
+    "             [--audio FILE]...   (--image / --audio go with the first message; typed commands: "
     "/image FILE and\n"
-    "              /audio FILE.wav attach a file to the next message, /reset starts over, /exit quits)\n"
+    "              /audio FILE attach a file to the next message, /reset starts over, /exit quits)\n"
     "  g4 bench PLAN [-p 512,4096] [-n 128] [-d 0,4096] [-r 3] [--threads N] [--json]\n"
     "             (warm, one process: prompt processing of each -p length, then -n greedy decode steps after "
     "a\n"
@@ -457,13 +458,8 @@ void add_media(const Args& a, g4_engine* e, g4_session* s, std::vector<int32_t>*
                 throw RunError("--audio: the plan has no audio tower (compile a Gemma 4 checkpoint with "
                                "audio_config, without --no-audio)");
             g4::tools::AudioPcm pcm;
-            std::string err = g4::tools::load_wav(b.file, &pcm, mi.max_audio_samples);
+            std::string err = g4::tools::load_audio(b.file, mi.audio_sample_rate, mi.max_audio_samples, &pcm);
             if (!err.empty()) throw RunError(err);
-            if (pcm.sample_rate != mi.audio_sample_rate)
-                throw RunError(b.file + ": " + std::to_string(pcm.sample_rate) +
-                               " Hz, but the audio tower takes " + std::to_string(mi.audio_sample_rate) +
-                               " Hz mono (convert it: ffmpeg -i " + b.file + " -ar " +
-                               std::to_string(mi.audio_sample_rate) + " -ac 1 out.wav)");
             if (g4_session_add_audio(s, pcm.samples.data(), (int64_t)pcm.samples.size(), &n) != G4_OK)
                 throw RunError(b.file + ": " + g4_last_error_message());
         }
@@ -768,10 +764,9 @@ struct Chat {
                 return what + " " + path +
                        ": the plan has no audio tower (compiled with --no-audio, or from a checkpoint "
                        "without audio_config)";
-            if (!(err = g4::tools::load_wav(path, &a.audio, mi.max_audio_samples)).empty()) return err;
-            if (a.audio.sample_rate != mi.audio_sample_rate)
-                return path + ": " + std::to_string(a.audio.sample_rate) + " Hz, but the audio tower takes " +
-                       std::to_string(mi.audio_sample_rate) + " Hz mono";
+            if (!(err = g4::tools::load_audio(path, mi.audio_sample_rate, mi.max_audio_samples, &a.audio))
+                     .empty())
+                return err;
             if ((int64_t)a.audio.samples.size() > mi.max_audio_samples) {
                 char buf[160];
                 std::snprintf(
@@ -941,7 +936,7 @@ int cmd_chat(int argc, char** argv) {
     if (tty) {
         std::string media = std::string(chat.mi.has_vision ? "/image FILE" : "") +
                             (chat.mi.has_vision && chat.mi.has_audio ? " and " : "") +
-                            (chat.mi.has_audio ? "/audio FILE.wav" : "");
+                            (chat.mi.has_audio ? "/audio FILE" : "");
         std::fprintf(stderr, "g4 chat: %s%s/reset starts over, /exit quits\n", media.c_str(),
                      media.empty() ? "" : " attach a file to the next message, ");
     }

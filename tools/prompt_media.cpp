@@ -16,7 +16,9 @@ int32_t placeholder(MediaKind k, const MediaIds& ids) {
     return k == MediaKind::Image ? ids.image : k == MediaKind::Audio ? ids.audio : ids.video;
 }
 
-int32_t opener(MediaKind k, const MediaIds& ids) { return k == MediaKind::Audio ? ids.boa : ids.boi; }
+int32_t opener(MediaKind k, const MediaIds& ids) {
+    return k == MediaKind::Audio ? ids.boa : ids.boi;
+}
 
 constexpr std::array<std::pair<std::string_view, MediaKind>, 3> kMarkers = {
     std::pair{std::string_view("<|image|>"), MediaKind::Image},
@@ -84,7 +86,8 @@ std::string place_media(std::vector<int32_t>* prompt, const std::vector<MediaBlo
             return "the prompt has " + std::to_string(given) + " " + what + " placeholders (id " + id +
                    ") but " + std::to_string(n_files) + " " + what + " file" + (n_files == 1 ? "" : "s") +
                    " (" + std::to_string(need) + " soft tokens) were given: put one <|" + what +
-                   "|> (a lone " + id + " in --tokens) where each file goes, or none (the files then follow " +
+                   "|> (a lone " + id +
+                   " in --tokens) where each file goes, or none (the files then follow " +
                    "<bos>), or in --tokens write every block out (" + std::to_string(open) +
                    ", the file's soft tokens x " + id + ", " +
                    std::to_string(kind == MediaKind::Audio ? ids.eoa : ids.eoi) + ")";

@@ -16,9 +16,9 @@ enum class MediaKind { Image, Audio, Video };
 struct MediaBlock {
     MediaKind kind = MediaKind::Image;
     std::string file;
-    int32_t n = 0;                             // soft tokens (a video: per frame)
-    std::vector<std::vector<int32_t>> prefix;  // a video: one entry a frame (its "mm:ss " ids)
-    std::vector<int32_t> separator;            // a video: ids between two frames (" ")
+    int32_t n = 0;                            // soft tokens (a video: per frame)
+    std::vector<std::vector<int32_t>> prefix; // a video: one entry a frame (its "mm:ss " ids)
+    std::vector<int32_t> separator;           // a video: ids between two frames (" ")
 };
 
 struct MediaIds {

@@ -767,3 +767,148 @@ TEST_F(Media, CliPutsTheMediaAfterBos) {
 }
 
 } // namespace
+
+namespace {
+
+// Two images and a clip in one `g4 run` prompt, in every prompt form, on e2b_tiny_mm (in-vocabulary <boi>
+// 300, <eoi> 301, <boa> 500, <eoa> 501): the --tokens form with lone markers against Hugging Face float32
+// (tools/make_media_fixtures.py, e2e_multi), the others against that id sequence through the C API.
+class MediaCli : public ::testing::Test {
+protected:
+    static void SetUpTestSuite() {
+        dir_        = new TempDir();
+        plan_       = dir_->file("mm_cli.g4plan");
+        CmdResult c = run_g4("compile --model '" + fixture("e2b_tiny_mm") +
+                             "' --weights f32 --image-tokens 70 -o '" + plan_ + "'");
+        ASSERT_EQ(c.exit_code, 0) << c.err;
+    }
+    static void TearDownTestSuite() { delete dir_; }
+    // The prompt's logits of `g4 run ARGS`.
+    static std::vector<float> cli_logits(const std::string& args) {
+        const std::string dump = dir_->file("cli.f32");
+        std::remove(dump.c_str());
+        CmdResult r =
+            run_g4("run '" + plan_ + "' " + args + " -n 1 --temp 0 --threads 2 --dump-logits '" + dump + "'");
+        EXPECT_EQ(r.exit_code, 0) << args << ": " << r.err;
+        return r.exit_code == 0 ? read_f32(dump) : std::vector<float>();
+    }
+    static TempDir* dir_;
+    static std::string plan_;
+};
+TempDir* MediaCli::dir_ = nullptr;
+std::string MediaCli::plan_;
+
+TEST_F(MediaCli, TwoImagesAndAClipInEveryPromptForm) {
+    if (on_cuda()) GTEST_SKIP() << "CPU plan check";
+    const json m      = json::parse(read_file(fixture("towers/formats/formats.json"))).at("e2e_multi");
+    const auto hf_ids = m.at("ids").get<std::vector<int32_t>>();
+    const std::vector<float> hf = read_f32(fixture("towers/formats/" + m.at("logits").get<std::string>()));
+    const std::string A         = fixture("towers/image/" + m.at("images").at(0).get<std::string>()),
+                      B         = fixture("towers/image/" + m.at("images").at(1).get<std::string>()),
+                      C         = fixture("towers/audio/" + m.at("clip").get<std::string>());
+    const std::string files     = " --image '" + A + "' --audio '" + C + "' --image '" + B + "'";
+    const int nA = m.at("n_soft").at(0), nC = m.at("n_soft").at(1), nB = m.at("n_soft").at(2);
+
+    // The C API with the same files, for any id sequence.
+    g4_engine* e = nullptr;
+    ASSERT_EQ(g4_engine_open(plan_.c_str(), nullptr, &e), G4_OK);
+    auto api = [&](const std::vector<int32_t>& ids) {
+        g4_session* s        = nullptr;
+        g4_session_params sp = g4_session_params_default();
+        sp.n_threads         = 2;
+        EXPECT_EQ(g4_session_create(e, &sp, &s), G4_OK);
+        int32_t n[3] = {0, 0, 0};
+        for (int i : {0, 2}) {
+            g4::tools::ImageRGB8 img;
+            EXPECT_EQ(g4::tools::load_image(i == 0 ? A : B, &img), "");
+            EXPECT_EQ(g4_session_add_image(s, img.rgb.data(), img.width, img.height, &n[i]), G4_OK);
+        }
+        g4::tools::AudioPcm pcm;
+        EXPECT_EQ(g4::tools::load_wav(C, &pcm), "");
+        EXPECT_EQ(g4_session_add_audio(s, pcm.samples.data(), (int64_t)pcm.samples.size(), &n[1]), G4_OK);
+        EXPECT_EQ(n[0], nA);
+        EXPECT_EQ(n[1], nC);
+        EXPECT_EQ(n[2], nB);
+        std::vector<float> out = prompt_logits(s, ids);
+        g4_session_destroy(s);
+        return out;
+    };
+    auto tokens = [&](const std::string& text, bool bos) {
+        size_t n = 0;
+        g4_tokenize(e, text.data(), text.size(), bos, nullptr, 0, &n);
+        std::vector<int32_t> t(n);
+        EXPECT_EQ(g4_tokenize(e, text.data(), text.size(), bos, t.data(), t.size(), &n), G4_OK);
+        return t;
+    };
+    auto block = [](int32_t open, int32_t ph, int n, int32_t close) {
+        std::vector<int32_t> b = {open};
+        b.insert(b.end(), (size_t)n, ph);
+        b.push_back(close);
+        return b;
+    };
+    const auto bA = block(300, 258880, nA, 301), bC = block(500, 258881, nC, 501),
+               bB = block(300, 258880, nB, 301);
+    auto cat      = [](std::initializer_list<std::vector<int32_t>> parts) {
+        std::vector<int32_t> v;
+        for (const auto& p : parts)
+            v.insert(v.end(), p.begin(), p.end());
+        return v;
+    };
+
+    // --tokens with lone markers, and with every block written out: Hugging Face's own prompt.
+    ASSERT_EQ(hf_ids, cat({{2, 17}, bA, {18}, bC, {19}, bB, {20}}));
+    auto join = [](const std::vector<int32_t>& v) {
+        std::string s;
+        for (int32_t x : v)
+            s += (s.empty() ? "" : ",") + std::to_string(x);
+        return s;
+    };
+    for (const std::string& list : {std::string("2,17,258880,18,258881,19,258880,20"), join(hf_ids)}) {
+        std::vector<float> got = cli_logits("--tokens " + list + files);
+        ASSERT_EQ(got.size(), hf.size()) << list;
+        const double err = rel_l2(got.data(), hf.data(), hf.size());
+        std::printf("two images and a clip, --tokens: rel L2 vs HF %.3e over %zu positions\n", err,
+                    hf_ids.size());
+        EXPECT_LT(err, 1e-4);
+    }
+    // -p with markers: each at its marker; -p and --tokens without: all after <bos>, in command-line order.
+    const auto t0 = tokens("Look", true), t1 = tokens(" then", false), t2 = tokens(" and", false);
+    const auto text                                                       = tokens("the cat", true);
+    const std::vector<std::pair<std::string, std::vector<int32_t>>> forms = {
+        {"-p 'Look<|image|> then<|audio|> and<|image|>'", cat({t0, bA, t1, bC, t2, bB})},
+        {"-p 'the cat'", cat({{2}, bA, bC, bB, std::vector<int32_t>(text.begin() + 1, text.end())})},
+        {"--tokens 2,17,18", cat({{2}, bA, bC, bB, {17, 18}})},
+    };
+    for (const auto& [args, ids] : forms) {
+        std::vector<float> got = cli_logits(args + files), want = api(ids);
+        ASSERT_EQ(got.size(), want.size()) << args << ": the CLI's prompt has another length";
+        EXPECT_LT(rel_l2(got.data(), want.data(), want.size()), 1e-6) << args;
+    }
+    // A marker count that fits neither way is refused with both counts.
+    CmdResult bad = run_g4("run '" + plan_ + "' -p '<|image|> only one'" + files + " -n 1");
+    EXPECT_NE(bad.exit_code, 0);
+    EXPECT_NE(bad.err.find("the prompt has 1 image placeholders"), std::string::npos) << bad.err;
+    g4_engine_close(e);
+}
+
+// An RGBA PNG (partly transparent) as transformers 5.17 sees it (alpha dropped): the prompt's logits against
+// Hugging Face float32 with the processor's own pixel values.
+TEST_F(Media, RgbaImagePromptMatchesHF) {
+    const json m = json::parse(read_file(fixture("towers/formats/formats.json"))).at("e2e_rgba");
+    g4::tools::ImageRGB8 img;
+    ASSERT_EQ(g4::tools::load_image(fixture("towers/formats/" + m.at("image").get<std::string>()), &img), "");
+    int32_t n = 0;
+    ASSERT_EQ(g4_session_add_image(s_, img.rgb.data(), img.width, img.height, &n), G4_OK)
+        << g4_last_error_message();
+    EXPECT_EQ(n, m.at("n_soft").get<int>());
+    auto ids               = m.at("ids").get<std::vector<int32_t>>();
+    std::vector<float> ref = read_f32(fixture("towers/formats/" + m.at("logits").get<std::string>()));
+    ASSERT_EQ(ref.size(), ids.size() * 512);
+    std::vector<float> got = prompt_logits(s_, ids);
+    ASSERT_EQ(got.size(), ref.size());
+    const double err = rel_l2(got.data(), ref.data(), got.size());
+    EXPECT_LT(err, on_cuda() ? 2e-3 : 1e-4) << "logits vs HF float32";
+    std::printf("RGBA image prompt: rel L2 vs HF %.3e over %zu positions\n", err, ids.size());
+}
+
+} // namespace

@@ -5,13 +5,14 @@
 #include <cstdio>
 #include <cstring>
 
-#include <jpeglib.h>
 #include <jerror.h>
+#include <jpeglib.h>
 
 namespace g4::tools {
 namespace {
 
-constexpr int kMaxScans = 1000; // a progressive JPEG with more is treated as hostile (decoding time grows with it)
+constexpr int kMaxScans =
+    1000; // a progressive JPEG with more is treated as hostile (decoding time grows with it)
 
 struct ErrorMgr {
     jpeg_error_mgr pub;
@@ -42,7 +43,7 @@ void on_progress(j_common_ptr c) {
 // Pillow's cmyk2rgb (Convert.c): nk = 255 - k, each channel nk - nk * c / 255 rounded as MULDIV255.
 uint8_t cmyk_channel(unsigned c, unsigned k) {
     const unsigned nk = 255 - k, t = c * nk + 128;
-    const int v       = int(nk) - int(((t >> 8) + t) >> 8);
+    const int v = int(nk) - int(((t >> 8) + t) >> 8);
     return uint8_t(v < 0 ? 0 : v > 255 ? 255 : v);
 }
 
@@ -115,13 +116,27 @@ void apply_orientation(ImageRGB8* img, int orientation) {
         for (int x = 0; x < ow; ++x) {
             int sx = x, sy = y;
             switch (orientation) {
-            case 2: sx = w - 1 - x; break;                    // FLIP_LEFT_RIGHT
-            case 3: sx = w - 1 - x, sy = h - 1 - y; break;    // ROTATE_180
-            case 4: sy = h - 1 - y; break;                    // FLIP_TOP_BOTTOM
-            case 5: sx = y, sy = x; break;                    // TRANSPOSE
-            case 6: sx = y, sy = h - 1 - x; break;            // ROTATE_270
-            case 7: sx = w - 1 - y, sy = h - 1 - x; break;    // TRANSVERSE
-            case 8: sx = w - 1 - y, sy = x; break;            // ROTATE_90
+            case 2:
+                sx = w - 1 - x;
+                break; // FLIP_LEFT_RIGHT
+            case 3:
+                sx = w - 1 - x, sy = h - 1 - y;
+                break; // ROTATE_180
+            case 4:
+                sy = h - 1 - y;
+                break; // FLIP_TOP_BOTTOM
+            case 5:
+                sx = y, sy = x;
+                break; // TRANSPOSE
+            case 6:
+                sx = y, sy = h - 1 - x;
+                break; // ROTATE_270
+            case 7:
+                sx = w - 1 - y, sy = h - 1 - x;
+                break; // TRANSVERSE
+            case 8:
+                sx = w - 1 - y, sy = x;
+                break; // ROTATE_90
             }
             std::memcpy(&out[(size_t(y) * ow + x) * 3], &img->rgb[(size_t(sy) * w + sx) * 3], 3);
         }
@@ -138,9 +153,9 @@ std::string decode_jpeg(const uint8_t* data, size_t size, const std::string& wha
     jpeg_decompress_struct cinfo;
     ErrorMgr err;
     jpeg_progress_mgr progress{};
-    cinfo.err             = jpeg_std_error(&err.pub);
-    err.pub.error_exit    = on_error;
-    err.pub.emit_message  = on_message;
+    cinfo.err                 = jpeg_std_error(&err.pub);
+    err.pub.error_exit        = on_error;
+    err.pub.emit_message      = on_message;
     progress.progress_monitor = on_progress;
     std::vector<uint8_t> row;
     if (setjmp(err.jump)) {
@@ -166,8 +181,8 @@ std::string decode_jpeg(const uint8_t* data, size_t size, const std::string& wha
             orientation = exif_orientation(m->data + 6, m->data_length - 6);
             break;
         }
-    const bool cmyk = cinfo.jpeg_color_space == JCS_CMYK || cinfo.jpeg_color_space == JCS_YCCK;
-    const bool grey = cinfo.jpeg_color_space == JCS_GRAYSCALE;
+    const bool cmyk       = cinfo.jpeg_color_space == JCS_CMYK || cinfo.jpeg_color_space == JCS_YCCK;
+    const bool grey       = cinfo.jpeg_color_space == JCS_GRAYSCALE;
     cinfo.out_color_space = cmyk ? JCS_CMYK : grey ? JCS_GRAYSCALE : JCS_RGB;
     jpeg_start_decompress(&cinfo);
     const int ch = cinfo.output_components;
@@ -189,7 +204,7 @@ std::string decode_jpeg(const uint8_t* data, size_t size, const std::string& wha
             } else if (ch == 3) {
                 std::memcpy(o + 3 * x, p, 3);
             } else {
-                auto v    = [&](int i) { return inverted ? 255u - p[i] : unsigned(p[i]); };
+                auto v       = [&](int i) { return inverted ? 255u - p[i] : unsigned(p[i]); };
                 o[3 * x]     = cmyk_channel(v(0), v(3));
                 o[3 * x + 1] = cmyk_channel(v(1), v(3));
                 o[3 * x + 2] = cmyk_channel(v(2), v(3));

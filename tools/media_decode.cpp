@@ -68,7 +68,7 @@ bool have_ffmpeg() {
 std::string decode_audio_ffmpeg(const std::string& path, int rate, int64_t max_samples, AudioPcm* out) {
     *out                    = AudioPcm{};
     const std::string where = "audio file " + path + ": ";
-    struct stat st{};
+    struct stat st {};
     if (::stat(path.c_str(), &st) != 0) return where + "cannot be read (" + std::strerror(errno) + ")";
     if (!S_ISREG(st.st_mode)) return where + "not a regular file";
     if (st.st_size == 0) return where + "is empty (0 bytes)";
@@ -89,12 +89,15 @@ std::string decode_audio_ffmpeg(const std::string& path, int rate, int64_t max_s
     AVStream* s = d.fmt->streams[si];
     // The declared duration, where there is one, is checked before anything is decoded.
     double declared = -1;
-    if (s->duration > 0 && s->time_base.den > 0) declared = double(s->duration) * av_q2d(s->time_base);
-    else if (d.fmt->duration > 0) declared = double(d.fmt->duration) / AV_TIME_BASE;
+    if (s->duration > 0 && s->time_base.den > 0)
+        declared = double(s->duration) * av_q2d(s->time_base);
+    else if (d.fmt->duration > 0)
+        declared = double(d.fmt->duration) / AV_TIME_BASE;
     if (max_samples >= 0 && declared > double(max_samples) / rate + 1.0)
         return too_long(path, declared, max_samples, rate);
     if (!(d.dec = avcodec_alloc_context3(codec))) return where + "out of memory";
-    if ((r = avcodec_parameters_to_context(d.dec, s->codecpar)) < 0 || (r = avcodec_open2(d.dec, codec, nullptr)) < 0)
+    if ((r = avcodec_parameters_to_context(d.dec, s->codecpar)) < 0 ||
+        (r = avcodec_open2(d.dec, codec, nullptr)) < 0)
         return where + "cannot open its " + codec->name + " decoder (" + av_text(r) + ")";
     if (d.dec->sample_rate <= 0 || d.dec->sample_rate > 1000000 || d.dec->ch_layout.nb_channels <= 0 ||
         d.dec->ch_layout.nb_channels > 64)
@@ -132,7 +135,8 @@ std::string decode_audio_ffmpeg(const std::string& path, int rate, int64_t max_s
         const size_t at = o.size();
         o.resize(at + size_t(cap));
         uint8_t* dst = reinterpret_cast<uint8_t*>(o.data() + at);
-        const int n  = swr_convert(d.swr, &dst, cap, f ? const_cast<const uint8_t**>(f->extended_data) : nullptr, in_n);
+        const int n =
+            swr_convert(d.swr, &dst, cap, f ? const_cast<const uint8_t**>(f->extended_data) : nullptr, in_n);
         if (n < 0) {
             err = where + "cannot convert its samples (" + av_text(n) + ")";
             return false;
@@ -191,9 +195,11 @@ std::string decode_audio_ffmpeg(const std::string& path, int rate, int64_t max_s
 std::string decode_audio_ffmpeg(const std::string& path, int rate, int64_t, AudioPcm* out) {
     *out = AudioPcm{};
     return "audio file " + path +
-           ": this g4 was built without FFmpeg's libraries, so it reads only PCM WAV at " + std::to_string(rate) +
+           ": this g4 was built without FFmpeg's libraries, so it reads only PCM WAV at " +
+           std::to_string(rate) +
            " Hz (install libavformat-dev libavcodec-dev libswresample-dev libavutil-dev and rebuild, or "
-           "convert it: ffmpeg -i " + path + " -ar " + std::to_string(rate) + " -ac 1 out.wav)";
+           "convert it: ffmpeg -i " +
+           path + " -ar " + std::to_string(rate) + " -ac 1 out.wav)";
 }
 #endif
 

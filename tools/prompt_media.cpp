@@ -75,7 +75,9 @@ std::string place_media(std::vector<int32_t>* prompt, const std::vector<MediaBlo
                 written = written || (i > 0 && p[i - 1] == open);
             }
         const int64_t n_files = (int64_t)files[k].size();
-        if (written_out_ok && written && given == need)
+        // Blocks written out: as many placeholders as the files' soft tokens, the opener before them (or
+        // another opener id, as a stand-in, when the count cannot also mean one marker per file).
+        if (written_out_ok && given == need && (written || given != n_files))
             mode[k] = Keep;
         else if (given == n_files)
             mode[k] = Markers;

@@ -9,6 +9,7 @@
 #include "tools/audio_io.h"
 #include "tools/image_io.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -687,8 +688,8 @@ TEST_F(Media, CliRunsAnImageFile) {
                               csv.substr(0, csv.rfind(",258880")) + ",301,77 -n 1");
     EXPECT_EQ(short_.exit_code, 1);
     EXPECT_NE(short_.err.find("the prompt has " + std::to_string(n - 1) +
-                              " image placeholders (id 258880) but the image files give " +
-                              std::to_string(n) + " soft tokens"),
+                              " image placeholders (id 258880) but 1 image file (" + std::to_string(n) +
+                              " soft tokens)"),
               std::string::npos)
         << short_.err;
     CmdResult bad = run_g4("run '" + plan_ + "' --image '" + dir_->file("missing.png") + "' --tokens 2 -n 1");
@@ -863,12 +864,26 @@ TEST_F(MediaCli, TwoImagesAndAClipInEveryPromptForm) {
             s += (s.empty() ? "" : ",") + std::to_string(x);
         return s;
     };
+    // Hugging Face 5.17's audio tower differs from 5.23's (the audio fixtures' reference, which g4 follows)
+    // by 0.25 relative L2 on the same features, so HF 5.17's logits are compared up to the clip; the whole
+    // prompt equals the C API's on HF's ids.
+    const auto rows               = m.at("rows").get<std::vector<int>>();
+    const int clip_at             = (int)(std::find(hf_ids.begin(), hf_ids.end(), 258881) - hf_ids.begin());
+    const std::vector<float> want = api(hf_ids);
     for (const std::string& list : {std::string("2,17,258880,18,258881,19,258880,20"), join(hf_ids)}) {
-        std::vector<float> got = cli_logits("--tokens " + list + files);
-        ASSERT_EQ(got.size(), hf.size()) << list;
-        const double err = rel_l2(got.data(), hf.data(), hf.size());
-        std::printf("two images and a clip, --tokens: rel L2 vs HF %.3e over %zu positions\n", err,
-                    hf_ids.size());
+        const std::vector<float> all = cli_logits("--tokens " + list + files);
+        ASSERT_EQ(all.size(), hf_ids.size() * 512) << list;
+        ASSERT_EQ(want.size(), all.size());
+        EXPECT_LT(rel_l2(all.data(), want.data(), want.size()), 1e-6) << list;
+        std::vector<float> got, ref; // the rows the fixture keeps, before the clip
+        for (size_t k = 0; k < rows.size() && rows[k] < clip_at; ++k) {
+            got.insert(got.end(), all.begin() + (long)rows[k] * 512, all.begin() + (long)(rows[k] + 1) * 512);
+            ref.insert(ref.end(), hf.begin() + (long)k * 512, hf.begin() + (long)(k + 1) * 512);
+        }
+        ASSERT_FALSE(got.empty());
+        const double err = rel_l2(got.data(), ref.data(), ref.size());
+        std::printf("two images and a clip, --tokens: rel L2 vs HF %.3e over %zu positions before the clip\n",
+                    err, got.size() / 512);
         EXPECT_LT(err, 1e-4);
     }
     // -p with markers: each at its marker; -p and --tokens without: all after <bos>, in command-line order.

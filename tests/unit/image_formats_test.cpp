@@ -50,7 +50,8 @@ TEST(ImageFormats, RgbaPixelValuesEqualTheProcessor) {
     ASSERT_EQ(g4::tools::load_image(dir() + "/" + e2e["image"].get<std::string>(), &img), "");
     ASSERT_EQ(g4::tools::load_image(dir() + "/" + e2e["resized"].get<std::string>(), &want), "");
     constexpr int kPatch = 16, kPool = 3, kTokens = 70;
-    const size_t need = g4::towers::preprocess_scratch_bytes_for(img.height, img.width, kTokens, kPatch, kPool);
+    const size_t need =
+        g4::towers::preprocess_scratch_bytes_for(img.height, img.width, kTokens, kPatch, kPool);
     std::vector<uint64_t> scratch((need + 7) / 8);
     std::vector<float> patches(size_t(kTokens) * kPool * kPool * 3 * kPatch * kPatch);
     std::vector<int32_t> pos(size_t(kTokens) * kPool * kPool * 2);

@@ -1,8 +1,9 @@
 // Audio files through tools/media_decode (FFmpeg's libraries where the build has them): every format to
 // 16 kHz mono, libswresample's resampling measured against torchaudio's on the same samples, and bad files
-// refused with one line naming them (tests/fixtures/towers/audio_files, made by tools/make_media_fixtures.py).
-#include "tools/media_decode.h"
+// refused with one line naming them (tests/fixtures/towers/audio_files, made by
+// tools/make_media_fixtures.py).
 #include "test_util.h"
+#include "tools/media_decode.h"
 
 #include <gtest/gtest.h>
 
@@ -25,15 +26,16 @@ std::vector<float> read_f32(const std::string& path) {
 
 TEST(MediaDecode, EveryAudioFormatTo16kMono) {
     if (!g4::tools::have_ffmpeg()) GTEST_SKIP() << "built without FFmpeg";
-    for (const char* f : {"tones_44k1_stereo.wav", "tones_48k_stereo.flac", "tones.mp3", "tones.opus.ogg",
-                          "tones.m4a"}) {
+    for (const char* f :
+         {"tones_44k1_stereo.wav", "tones_48k_stereo.flac", "tones.mp3", "tones.opus.ogg", "tones.m4a"}) {
         g4::tools::AudioPcm pcm;
         ASSERT_EQ(g4::tools::load_audio(dir() + "/" + f, 16000, 480000, &pcm), "") << f;
         EXPECT_EQ(pcm.sample_rate, 16000);
         double ss = 0;
         for (float v : pcm.samples)
             ss += double(v) * v;
-        std::printf("  %-22s %zu samples, rms %.4f\n", f, pcm.samples.size(), std::sqrt(ss / pcm.samples.size()));
+        std::printf("  %-22s %zu samples, rms %.4f\n", f, pcm.samples.size(),
+                    std::sqrt(ss / pcm.samples.size()));
         // 0.9 s; lossy codecs add a little padding
         EXPECT_NEAR(double(pcm.samples.size()), 14400.0, 14400.0 * 0.08) << f;
     }
@@ -60,8 +62,9 @@ TEST(MediaDecode, ResamplingAgainstTorchaudio) {
         if (i >= 64 && i + 64 < n) e2_mid += d * d, r2_mid += double(ref[i]) * ref[i];
     }
     const double rel = std::sqrt(e2 / rr), rel_mid = std::sqrt(e2_mid / r2_mid);
-    std::printf("  swresample vs torchaudio: downmix scale %.6f, rel L2 %.3e (%.3e without 64 samples at each end)\n",
-                scale, rel, rel_mid);
+    std::printf(
+        "  swresample vs torchaudio: downmix scale %.6f, rel L2 %.3e (%.3e without 64 samples at each end)\n",
+        scale, rel, rel_mid);
     EXPECT_NEAR(scale, std::sqrt(2.0), 1e-2);
     EXPECT_LT(rel, 4e-2); // the filters differ (swresample: cutoff 0.97, torchaudio: rolloff 0.99)
 }
@@ -69,10 +72,11 @@ TEST(MediaDecode, ResamplingAgainstTorchaudio) {
 TEST(MediaDecode, SoundTrackOfAVideo) {
     if (!g4::tools::have_ffmpeg()) GTEST_SKIP() << "built without FFmpeg";
     g4::tools::AudioPcm pcm;
-    ASSERT_EQ(g4::tools::load_audio(g4test::fixture("towers/video/with_sound_22k.mp4"), 16000, 480000, &pcm), "");
+    ASSERT_EQ(g4::tools::load_audio(g4test::fixture("towers/video/with_sound_22k.mp4"), 16000, 480000, &pcm),
+              "");
     EXPECT_NEAR(double(pcm.samples.size()), 16000.0, 16000.0 * 0.08);
-    std::string e = g4::tools::load_audio(g4test::fixture("towers/video/pattern_97x61_12.5fps.mp4"), 16000, 480000,
-                                          &pcm);
+    std::string e =
+        g4::tools::load_audio(g4test::fixture("towers/video/pattern_97x61_12.5fps.mp4"), 16000, 480000, &pcm);
     EXPECT_NE(e.find("pattern_97x61_12.5fps.mp4: has no audio stream"), std::string::npos) << e;
 }
 
@@ -82,7 +86,7 @@ TEST(MediaDecode, BadFilesGiveOneLineNamingThem) {
         std::ofstream(tmp.file(name), std::ios::binary) << bytes;
         return tmp.file(name);
     };
-    const std::string mp3 = g4test::read_file(dir() + "/tones.mp3");
+    const std::string mp3                                        = g4test::read_file(dir() + "/tones.mp3");
     const std::vector<std::pair<std::string, std::string>> cases = {
         {write("empty.mp3", ""), "empty"},
         {write("noise.mp3", std::string(4000, '\x5a')), ""},

@@ -203,6 +203,40 @@ std::string decode_pnm(const uint8_t* data, size_t size, const std::string& what
     return "";
 }
 
+// stb_image decodes a BMP or JPEG whose data ends early as if the missing bytes were zero, so a file of a
+// few bytes declaring millions of pixels costs a full decode. Each format's least possible data for its
+// declared size is checked first: returns "" or what is wrong.
+// - BMP without compression (BI_RGB, BI_BITFIELDS): the pixel rows at bfOffBits, each padded to 4 bytes
+//   (the last row's padding may be absent).
+// - JPEG: some component has ceil(w/8) blocks a row and at least ceil(h/32) block rows (sampling factors are
+//   1-4), and every block's DC difference takes at least one bit of Huffman code: size >= pixels / 2048.
+std::string too_little_data(const uint8_t* data, size_t size, int w, int h) {
+    auto le16 = [&](size_t i) -> uint32_t {
+        return i + 2 <= size ? uint32_t(data[i] | data[i + 1] << 8) : 0;
+    };
+    auto le32 = [&](size_t i) -> uint32_t { return i + 4 <= size ? le16(i) | le16(i + 2) << 16 : 0; };
+    const uint64_t pixels = uint64_t(w) * uint64_t(h);
+    if (size >= 2 && data[0] == 'B' && data[1] == 'M') {
+        const uint32_t offset = le32(10), header = le32(14);
+        const uint32_t bpp = header == 12 ? le16(24) : le16(28), compression = header == 12 ? 0 : le32(30);
+        if (compression != 0 && compression != 3 && compression != 6) return "";
+        const uint64_t stride = (uint64_t(w) * bpp + 31) / 32 * 4, last = (uint64_t(w) * bpp + 7) / 8;
+        const uint64_t need = uint64_t(offset) + stride * uint64_t(h - 1) + last;
+        if (need > size)
+            return "BMP of " + std::to_string(w) + "x" + std::to_string(h) + " at " + std::to_string(bpp) +
+                   " bits a pixel needs " + std::to_string(need) + " bytes; the file has " +
+                   std::to_string(size);
+        return "";
+    }
+    size_t soi = 1; // after any FF fill bytes, as stb finds it
+    while (soi < size && data[soi] == 0xFF)
+        ++soi;
+    if (data[0] == 0xFF && soi < size && data[soi] == 0xD8 && uint64_t(size) * 2048 < pixels)
+        return "JPEG of " + std::to_string(w) + "x" + std::to_string(h) + " needs at least " +
+               std::to_string(pixels / 2048) + " bytes of coded data; the file has " + std::to_string(size);
+    return "";
+}
+
 } // namespace
 
 std::string decode_image(const uint8_t* data, size_t size, const std::string& what, ImageRGB8* out,
@@ -230,6 +264,8 @@ std::string decode_image(const uint8_t* data, size_t size, const std::string& wh
     if (w <= 0 || h <= 0)
         return "image " + what + " has no pixels (" + std::to_string(w) + "x" + std::to_string(h) + ")";
     if (int64_t(w) * h > max_pixels) return too_many_pixels(what, w, h, max_pixels);
+    if (std::string e = too_little_data(data, size, w, h); !e.empty())
+        return "image " + what + " is truncated (" + e + ")";
     // 16-bit grey PNG is Pillow's mode "I;16", which convert("RGB") clips to 255; every other PNG keeps
     // the high byte of 16-bit samples, as stb_image does.
     const PngInfo png = png_info(data, size);

@@ -150,6 +150,13 @@ std::string decode_jpeg(const uint8_t* data, size_t size, const std::string& wha
     int64_t dw = 0, dh = 0;
     if (jpeg_declared_size(data, size, &dw, &dh) && dh > 0 && dw > max_pixels / dh)
         return too_large(what, dw, dh, max_pixels);
+    // libjpeg-turbo decodes data that ends early as if the rest were zero, so a few bytes declaring millions
+    // of pixels would cost a full decode. Some component has at least pixels / 256 blocks (sampling factors
+    // 1-4) and each block's DC difference takes at least one bit: size >= pixels / 2048.
+    if (dw > 0 && dh > 0 && uint64_t(size) * 2048 < uint64_t(dw) * uint64_t(dh))
+        return "image " + what + " is truncated (JPEG of " + std::to_string(dw) + "x" + std::to_string(dh) +
+               " needs at least " + std::to_string(uint64_t(dw) * uint64_t(dh) / 2048) +
+               " bytes of coded data; the file has " + std::to_string(size) + ")";
     jpeg_decompress_struct cinfo;
     ErrorMgr err;
     jpeg_progress_mgr progress{};
@@ -174,6 +181,11 @@ std::string decode_jpeg(const uint8_t* data, size_t size, const std::string& wha
         if (w < 1 || h < 1)
             return "image " + what + " has no pixels (" + std::to_string(w) + "x" + std::to_string(h) + ")";
         return too_large(what, w, h, max_pixels);
+    }
+    if (uint64_t(size) * 2048 < uint64_t(w) * uint64_t(h)) {
+        jpeg_destroy_decompress(&cinfo);
+        return "image " + what + " is truncated (JPEG of " + std::to_string(w) + "x" + std::to_string(h) +
+               " has " + std::to_string(size) + " bytes, fewer than one bit a block)";
     }
     int orientation = 1;
     for (jpeg_saved_marker_ptr m = cinfo.marker_list; m; m = m->next)

@@ -118,9 +118,12 @@ std::string parse_audio_hparams(const std::string& audio_config_json, int text_h
     };
     auto integer = [&](const char* key, int def, int min) -> int {
         double v = num(key, def);
-        if (err.empty() && (v != std::floor(v) || v < min || v > 1e8))
-            err = std::string("audio_config.") + key + ": expected an integer >= " + std::to_string(min) +
-                  ", got " + std::to_string(v);
+        if (v != std::floor(v) || v < min || v > 1e8) { // NaN fails the first test
+            if (err.empty())
+                err = std::string("audio_config.") + key + ": expected an integer >= " + std::to_string(min) +
+                      ", got " + std::to_string(v);
+            return def; // never converted: the value may not fit an int
+        }
         return (int)v;
     };
     hp.hidden_size                    = integer("hidden_size", 1024, 2);
@@ -148,10 +151,12 @@ std::string parse_audio_hparams(const std::string& audio_config_json, int text_h
     if (j.contains("subsampling_conv_channels")) {
         const auto& c = j["subsampling_conv_channels"];
         if (!c.is_array() || c.size() != 2 || !c[0].is_number_integer() || !c[1].is_number_integer() ||
-            c[0].get<int>() < 4 || c[1].get<int>() < 1)
-            return "audio_config.subsampling_conv_channels: expected two integers [c0 >= 4, c1 >= 1]";
-        hp.subsampling_conv_channels[0] = c[0].get<int>();
-        hp.subsampling_conv_channels[1] = c[1].get<int>();
+            c[0].get<int64_t>() < 4 || c[1].get<int64_t>() < 1 || c[0].get<int64_t>() > (1 << 20) ||
+            c[1].get<int64_t>() > (1 << 20))
+            return "audio_config.subsampling_conv_channels: expected two integers [4 <= c0, 1 <= c1, both <= "
+                   "1048576]";
+        hp.subsampling_conv_channels[0] = int(c[0].get<int64_t>());
+        hp.subsampling_conv_channels[1] = int(c[1].get<int64_t>());
     }
     if (!err.empty()) return err;
     if (j.contains("hidden_act") && j["hidden_act"] != "silu")

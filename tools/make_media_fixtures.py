@@ -288,16 +288,29 @@ def video_probe(out):
         vp = vpm.Gemma4VideoProcessor()
         info["defaults"] = {k: (v if isinstance(v, (int, float, str, bool, type(None), list, dict)) else str(v))
                             for k, v in vp.to_dict().items()}
+        from transformers.video_utils import load_video
         for f in sorted(os.listdir(VID)):
+            if not f.endswith((".mp4", ".webm", ".mkv", ".mov")):
+                continue
             e = {}
             try:
-                r = vp(videos=[os.path.join(VID, f)], return_metadata=True, return_tensors="pt")
-                for k, v in r.items():
-                    e[k] = list(v.shape) if hasattr(v, "shape") else str(v)[:2000]
-                pv = r["pixel_values_videos"] if "pixel_values_videos" in r else None
-                if pv is not None:
-                    np.asarray(pv.float().numpy(), dtype="<f4").tofile(os.path.join(out, f + ".pv.f32"))
-            except Exception as ex:  # noqa: BLE001
+                # Every frame with its metadata (OpenCV's FFmpeg backend: this machine has no torchcodec, and
+                # 5.17's processor takes no backend argument), then the processor's own sampling and resizing.
+                frames, md = load_video(os.path.join(VID, f), backend="opencv",
+                                        sample_indices_fn=lambda metadata, **kw: np.arange(metadata.total_num_frames))
+                md.frames_indices = None
+                e["metadata"] = {k: getattr(md, k) for k in ("total_num_frames", "fps", "width", "height", "duration")}
+                for kw in ({"num_frames": 8}, {"fps": 2}, {}):
+                    tag = json.dumps(kw)
+                    try:
+                        r = vp(videos=[frames], video_metadata=[md], return_metadata=True, return_tensors="pt", **kw)
+                        m = r["video_metadata"][0]
+                        e[tag] = {"frames_indices": [int(i) for i in m.frames_indices], "timestamps": list(m.timestamps),
+                                  "shape": list(r["pixel_values_videos"].shape),
+                                  "n_soft": int(r["num_soft_tokens_per_video"][0])}
+                    except Exception as ex:  # noqa: BLE001
+                        e[tag] = {"error": str(ex)[:300]}
+            except Exception:  # noqa: BLE001
                 import traceback
                 e["error"] = traceback.format_exc()[-1500:]
             info[f] = e
@@ -313,5 +326,7 @@ if __name__ == "__main__":
         inputs()
     elif len(sys.argv) == 3 and sys.argv[1] == "reference":
         reference(sys.argv[2])
+    elif len(sys.argv) == 3 and sys.argv[1] == "video":
+        video_probe(sys.argv[2])
     else:
-        sys.exit("usage: make_media_fixtures.py inputs | reference OUT_DIR")
+        sys.exit("usage: make_media_fixtures.py inputs | reference OUT_DIR | video OUT_DIR")

@@ -15,6 +15,7 @@
 #include "tools/media_decode.h"
 #include "tools/prompt_media.h"
 #include "tools/read_file.h"
+#include "tools/video_decode.h"
 
 #include <algorithm>
 
@@ -86,9 +87,9 @@ const char* kUsage =
     "             (--dump-logits: the prompt's logits [prompt, vocab] f32; --dump-decode-logits: the logits "
     "each\n"
     "              generated token was chosen from [generated, vocab] f32; it turns off CUDA decode-ahead)\n"
-    "             [--image FILE]... [--audio FILE]...   (plans with the vision / audio tower; with -p "
-    "each goes at the\n"
-    "              next <|image|> / <|audio|> of the text, else after <bos>)\n"
+    "             [--image FILE]... [--audio FILE]... [--video FILE]...   (plans with the vision / audio "
+    "tower; with -p\n"
+    "              each goes at the next <|image|> / <|audio|> / <|video|> of the text, else after <bos>)\n"
     "  g4 chat PLAN [--system TEXT] [-n N] [sampling options as for run] [--print-ids] [--stats] [--image "
     "FILE]...\n"
     "             [--audio FILE]...   (--image / --audio go with the first message; typed commands: "
@@ -435,16 +436,34 @@ void print_stats(g4_session* s, const g4_engine* e, const g4_engine_info& info) 
 void add_media(const Args& a, g4_engine* e, g4_session* s, std::vector<int32_t>* prompt) {
     std::vector<g4::tools::MediaBlock> blocks;
     for (const auto& [opt, f] : a.seq)
-        if (opt == "--image" || opt == "--audio") {
+        if (opt == "--image" || opt == "--audio" || opt == "--video") {
             blocks.emplace_back();
-            blocks.back().kind = opt == "--image" ? g4::tools::MediaKind::Image : g4::tools::MediaKind::Audio;
+            blocks.back().kind = opt == "--image"   ? g4::tools::MediaKind::Image
+                                 : opt == "--audio" ? g4::tools::MediaKind::Audio
+                                                    : g4::tools::MediaKind::Video;
             blocks.back().file = f;
         }
     g4_media_info mi{};
     check(g4_engine_get_media_info(e, &mi));
     for (g4::tools::MediaBlock& b : blocks) {
         int32_t n = 0;
-        if (b.kind == g4::tools::MediaKind::Image) {
+        if (b.kind == g4::tools::MediaKind::Video) {
+            if (!mi.has_vision || mi.video_token_id < 0)
+                throw RunError(
+                    "--video: the plan has no vision tower or no video placeholder id (compile a Gemma 4 "
+                    "checkpoint with vision_config and video_token_id, without --no-vision)");
+            g4::tools::VideoFrames v;
+            std::string err = g4::tools::load_video(b.file, g4::tools::kVideoFrames, mi.max_image_pixels, &v);
+            if (!err.empty()) throw RunError(err);
+            for (size_t f = 0; f < v.frames.size(); ++f) {
+                const g4::tools::ImageRGB8& img = v.frames[f];
+                if (g4_session_add_video_frame(s, img.rgb.data(), img.width, img.height, &n) != G4_OK)
+                    throw RunError(b.file + ": frame " + std::to_string(v.indices[f]) + ": " +
+                                   g4_last_error_message());
+                // "mm:ss <boi>...<eoi> mm:ss <boi>...": the text between two blocks is one segment
+                b.prefix.push_back(tokenize(e, (f ? " " : "") + v.times[f] + " ", false));
+            }
+        } else if (b.kind == g4::tools::MediaKind::Image) {
             if (!mi.has_vision)
                 throw RunError("--image: the plan has no vision tower (compile a Gemma 4 checkpoint with "
                                "vision_config, without --no-vision)");
@@ -473,7 +492,8 @@ void add_media(const Args& a, g4_engine* e, g4_session* s, std::vector<int32_t>*
                                   .eoi   = mi.eoi_token_id,
                                   .boa   = mi.boa_token_id,
                                   .audio = mi.audio_token_id,
-                                  .eoa   = mi.eoa_token_id};
+                                  .eoa   = mi.eoa_token_id,
+                                  .video = mi.video_token_id};
     std::string err = g4::tools::place_media(prompt, blocks, ids, a.has("--tokens"));
     if (!err.empty()) throw RunError(err);
 }
@@ -493,7 +513,7 @@ std::vector<int32_t> tokenize_prompt(g4_engine* e, const std::string& text) {
         const g4::tools::MediaKind k = m.markers[i];
         const int32_t ph             = k == g4::tools::MediaKind::Image   ? mi.image_token_id
                                        : k == g4::tools::MediaKind::Audio ? mi.audio_token_id
-                                                                          : -1;
+                                                                          : mi.video_token_id;
         if (ph < 0)
             throw RunError(std::string("-p: the text has <|") + g4::tools::media_kind_name(k) +
                            "|> but the plan has no " +
@@ -508,8 +528,8 @@ std::vector<int32_t> tokenize_prompt(g4_engine* e, const std::string& text) {
 
 int cmd_run(int argc, char** argv) {
     std::vector<std::string> with_value = kSamplingOpts;
-    with_value.insert(with_value.end(),
-                      {"--tokens", "-p", "--dump-logits", "--dump-decode-logits", "--image", "--audio"});
+    with_value.insert(with_value.end(), {"--tokens", "-p", "--dump-logits", "--dump-decode-logits", "--image",
+                                         "--audio", "--video"});
     Args a(argc, argv, 2, with_value, {"--ignore-eos", "--print-ids", "--stats", "--truncate"});
     if (a.pos.size() != 1) throw UsageError("expected exactly one PLAN argument");
     if (a.has("--tokens") == a.has("-p"))

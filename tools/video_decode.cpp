@@ -105,8 +105,8 @@ std::string load_video(const std::string& path, int num_frames, int64_t max_pixe
         int si               = -1;
         const AVCodec* codec = nullptr;
         if (std::string e = open_video(path, where, &v, &si, &codec); !e.empty()) return e;
-        tb  = v.fmt->streams[si]->time_base;
-        avg = v.fmt->streams[si]->avg_frame_rate;
+        tb                          = v.fmt->streams[si]->time_base;
+        avg                         = v.fmt->streams[si]->avg_frame_rate;
         const AVCodecParameters* cp = v.fmt->streams[si]->codecpar;
         if (cp->width <= 0 || cp->height <= 0 || int64_t(cp->width) > max_pixels / cp->height)
             return where + "frames of " + std::to_string(cp->width) + "x" + std::to_string(cp->height) +
@@ -142,8 +142,8 @@ std::string load_video(const std::string& path, int num_frames, int64_t max_pixe
     if ((r = avcodec_parameters_to_context(v.dec, v.fmt->streams[si]->codecpar)) < 0 ||
         (r = avcodec_open2(v.dec, codec, nullptr)) < 0)
         return where + "cannot open its " + codec->name + " decoder (" + av_text(r) + ")";
-    int64_t k    = 0;
-    size_t next  = 0;
+    int64_t k   = 0;
+    size_t next = 0;
     std::string err;
     auto keep = [&](const AVFrame* f) -> bool {
         if (f->width <= 0 || f->height <= 0 || int64_t(f->width) > max_pixels / f->height) {
@@ -151,8 +151,8 @@ std::string load_video(const std::string& path, int num_frames, int64_t max_pixe
                   " pixels, outside 1.." + std::to_string(max_pixels);
             return false;
         }
-        v.sws = sws_getCachedContext(v.sws, f->width, f->height, AVPixelFormat(f->format), f->width, f->height,
-                                     AV_PIX_FMT_RGB24, SWS_BICUBIC, nullptr, nullptr, nullptr);
+        v.sws = sws_getCachedContext(v.sws, f->width, f->height, AVPixelFormat(f->format), f->width,
+                                     f->height, AV_PIX_FMT_RGB24, SWS_BICUBIC, nullptr, nullptr, nullptr);
         if (!v.sws) {
             err = where + "cannot convert its frames to RGB";
             return false;
@@ -199,8 +199,9 @@ std::string load_video(const std::string& path, int num_frames, int64_t max_pixe
     if (out->frames.size() != out->indices.size()) {
         const size_t got = out->frames.size();
         *out             = VideoFrames{};
-        return where + "decodes to " + std::to_string(k) + " frames, fewer than the " + std::to_string(total) +
-               " its packets declare (corrupt or truncated; " + std::to_string(got) + " of the sampled kept)";
+        return where + "decodes to " + std::to_string(k) + " frames, fewer than the " +
+               std::to_string(total) + " its packets declare (corrupt or truncated; " + std::to_string(got) +
+               " of the sampled kept)";
     }
     return "";
 }

@@ -1,6 +1,6 @@
 // Video files for the g4 CLI: the frames transformers 5.17's Gemma 4 video processor samples, decoded through
-// FFmpeg's libraries (libavformat/libavcodec; libswscale to RGB, bicubic chroma upsampling, as OpenCV's FFmpeg
-// backend converts), with the timestamps its prompt writes.
+// FFmpeg's libraries (libavformat/libavcodec; libswscale to RGB, bicubic chroma upsampling, as OpenCV's
+// FFmpeg backend converts), with the timestamps its prompt writes.
 #pragma once
 
 #include "tools/image_io.h"

@@ -8,6 +8,8 @@
 #include "test_util.h"
 #include "tools/audio_io.h"
 #include "tools/image_io.h"
+#include "tools/media_decode.h"
+#include "tools/video_decode.h"
 
 #include <algorithm>
 #include <cmath>
@@ -903,6 +905,105 @@ TEST_F(MediaCli, TwoImagesAndAClipInEveryPromptForm) {
     CmdResult bad = run_g4("run '" + plan_ + "' -p '<|image|> only one'" + files + " -n 1");
     EXPECT_NE(bad.exit_code, 0);
     EXPECT_NE(bad.err.find("the prompt has 1 image placeholders"), std::string::npos) << bad.err;
+    g4_engine_close(e);
+}
+
+// A video as transformers 5.17's Gemma 4 processor builds its prompt: the sampled frames (all 25 of this
+// clip, fewer than the processor's 32), each "mm:ss <boi> n x <|video|> <eoi>", frames joined by a space, the
+// vision tower on each frame at the video budget (70). A frame's soft tokens equal the same pixels'
+// as an image on this 70-token plan (Hugging Face's get_video_features is the vision tower and embed_vision
+// on each frame), and `g4 run --video` builds exactly that prompt, at a <|video|> marker or after <bos>.
+TEST_F(MediaCli, VideoPromptAsTheProcessorBuildsIt) {
+    if (on_cuda()) GTEST_SKIP() << "CPU plan check";
+    if (!g4::tools::have_ffmpeg()) GTEST_SKIP() << "built without FFmpeg";
+    const std::string V = fixture("towers/video/pattern_97x61_12.5fps.mp4");
+    g4::tools::VideoFrames v;
+    ASSERT_EQ(g4::tools::load_video(V, g4::tools::kVideoFrames, 0, &v), "");
+    ASSERT_EQ(v.frames.size(), 25u);
+    g4_engine* e = nullptr;
+    ASSERT_EQ(g4_engine_open(plan_.c_str(), nullptr, &e), G4_OK);
+    g4_media_info mi{};
+    ASSERT_EQ(g4_engine_get_media_info(e, &mi), G4_OK);
+    ASSERT_EQ(mi.video_token_id, 258884);
+    ASSERT_EQ(mi.max_video_frame_tokens, 70);
+    auto tokens = [&](const std::string& text, bool bos) {
+        size_t n = 0;
+        g4_tokenize(e, text.data(), text.size(), bos, nullptr, 0, &n);
+        std::vector<int32_t> t(n);
+        EXPECT_EQ(g4_tokenize(e, text.data(), text.size(), bos, t.data(), t.size(), &n), G4_OK);
+        return t;
+    };
+    // The frames through the C API, as video frames or as images, fed with `ids` (placeholder id ph).
+    auto api = [&](bool as_video, const std::vector<int32_t>& ids, int32_t* n_frame) {
+        g4_session* s        = nullptr;
+        g4_session_params sp = g4_session_params_default();
+        sp.n_threads         = 2;
+        EXPECT_EQ(g4_session_create(e, &sp, &s), G4_OK);
+        for (const g4::tools::ImageRGB8& f : v.frames) {
+            int32_t n = 0;
+            EXPECT_EQ(as_video ? g4_session_add_video_frame(s, f.rgb.data(), f.width, f.height, &n)
+                               : g4_session_add_image(s, f.rgb.data(), f.width, f.height, &n),
+                      G4_OK)
+                << g4_last_error_message();
+            *n_frame = n;
+        }
+        std::vector<float> out = prompt_logits(s, ids);
+        g4_session_destroy(s);
+        return out;
+    };
+    int32_t n = 0;
+    {
+        g4_session* s        = nullptr;
+        g4_session_params sp = g4_session_params_default();
+        ASSERT_EQ(g4_session_create(e, &sp, &s), G4_OK);
+        ASSERT_EQ(g4_session_add_video_frame(s, v.frames[0].rgb.data(), 97, 61, &n), G4_OK);
+        g4_session_destroy(s);
+    }
+    ASSERT_EQ(n, 60); // 97x61 resized to 480x288 within 70 x 9 patches: 30 x 18 patches, pooled by 3
+    auto video_ids = [&](int32_t ph) {
+        std::vector<int32_t> ids;
+        for (size_t f = 0; f < v.frames.size(); ++f) {
+            const auto t = tokens((f ? " " : "") + v.times[f] + " ", false);
+            ids.insert(ids.end(), t.begin(), t.end());
+            ids.push_back(300);
+            ids.insert(ids.end(), (size_t)n, ph);
+            ids.push_back(301);
+        }
+        return ids;
+    };
+    const std::vector<int32_t> block = video_ids(258884);
+    std::vector<int32_t> ids         = {2};
+    ids.insert(ids.end(), block.begin(), block.end());
+    ids.push_back(17);
+    int32_t nv = 0, ni = 0;
+    const std::vector<float> as_video = api(true, ids, &nv);
+    std::vector<int32_t> image_ids    = {2};
+    const std::vector<int32_t> iblock = video_ids(258880);
+    image_ids.insert(image_ids.end(), iblock.begin(), iblock.end());
+    image_ids.push_back(17);
+    const std::vector<float> as_image = api(false, image_ids, &ni);
+    ASSERT_EQ(nv, n);
+    ASSERT_EQ(ni, n);
+    ASSERT_EQ(as_video.size(), ids.size() * 512);
+    ASSERT_EQ(as_image.size(), as_video.size());
+    EXPECT_EQ(rel_l2(as_video.data(), as_image.data(), as_image.size()), 0.0);
+    // The CLI: after <bos> with no marker, and at a <|video|> marker of -p text.
+    std::vector<float> got = cli_logits("--tokens 2,17 --video '" + V + "'");
+    ASSERT_EQ(got.size(), as_video.size());
+    EXPECT_LT(rel_l2(got.data(), as_video.data(), got.size()), 1e-6);
+    std::vector<int32_t> marked = tokens("Watch", true);
+    marked.insert(marked.end(), block.begin(), block.end());
+    const auto tail = tokens(" now", false);
+    marked.insert(marked.end(), tail.begin(), tail.end());
+    got                          = cli_logits("-p 'Watch<|video|> now' --video '" + V + "'");
+    const std::vector<float> ref = api(true, marked, &nv);
+    ASSERT_EQ(got.size(), ref.size());
+    EXPECT_LT(rel_l2(got.data(), ref.data(), ref.size()), 1e-6);
+    // Not a video: one line naming the file.
+    CmdResult bad = run_g4("run '" + plan_ + "' --tokens 2 --video '" +
+                           fixture("towers/audio_files/tones.mp3") + "' -n 1");
+    EXPECT_NE(bad.exit_code, 0);
+    EXPECT_NE(bad.err.find("has no video stream"), std::string::npos) << bad.err;
     g4_engine_close(e);
 }
 

@@ -22,7 +22,7 @@ TEST(VideoDecode, SamplesAsTheProcessor) {
     // torch.arange(0, total, total / n).int()
     EXPECT_EQ(g4::tools::video_sample_indices(25, 8), (std::vector<int64_t>{0, 3, 6, 9, 12, 15, 18, 21}));
     EXPECT_EQ(g4::tools::video_sample_indices(100, 32).size(), 32u);
-    EXPECT_EQ(g4::tools::video_sample_indices(100, 32)[31], 96); // 31 * 3.125 = 96.875
+    EXPECT_EQ(g4::tools::video_sample_indices(100, 32)[31], 96);    // 31 * 3.125 = 96.875
     EXPECT_EQ(g4::tools::video_sample_indices(10, 32).size(), 10u); // fewer frames than asked: every frame
     EXPECT_TRUE(g4::tools::video_sample_indices(0, 32).empty());
     EXPECT_EQ(g4::tools::video_timestamp(21, 12.5), "00:01");

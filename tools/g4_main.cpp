@@ -452,17 +452,19 @@ void add_media(const Args& a, g4_engine* e, g4_session* s, std::vector<int32_t>*
                 throw RunError(
                     "--video: the plan has no vision tower or no video placeholder id (compile a Gemma 4 "
                     "checkpoint with vision_config and video_token_id, without --no-vision)");
+            // Each sampled frame goes through the tower as it is decoded (one frame's pixels held at a time).
             g4::tools::VideoFrames v;
-            std::string err = g4::tools::load_video(b.file, g4::tools::kVideoFrames, mi.max_image_pixels, &v);
+            std::string err = g4::tools::load_video(
+                b.file, g4::tools::kVideoFrames, mi.max_image_pixels, &v,
+                [&](size_t f, const g4::tools::ImageRGB8& img) -> std::string {
+                    if (g4_session_add_video_frame(s, img.rgb.data(), img.width, img.height, &n) != G4_OK)
+                        return b.file + ": frame " + std::to_string(v.indices[f]) + ": " +
+                               g4_last_error_message();
+                    // "mm:ss <boi>...<eoi> mm:ss <boi>...": the text between two blocks is one segment
+                    b.prefix.push_back(tokenize(e, (f ? " " : "") + v.times[f] + " ", false));
+                    return "";
+                });
             if (!err.empty()) throw RunError(err);
-            for (size_t f = 0; f < v.frames.size(); ++f) {
-                const g4::tools::ImageRGB8& img = v.frames[f];
-                if (g4_session_add_video_frame(s, img.rgb.data(), img.width, img.height, &n) != G4_OK)
-                    throw RunError(b.file + ": frame " + std::to_string(v.indices[f]) + ": " +
-                                   g4_last_error_message());
-                // "mm:ss <boi>...<eoi> mm:ss <boi>...": the text between two blocks is one segment
-                b.prefix.push_back(tokenize(e, (f ? " " : "") + v.times[f] + " ", false));
-            }
         } else if (b.kind == g4::tools::MediaKind::Image) {
             if (!mi.has_vision)
                 throw RunError("--image: the plan has no vision tower (compile a Gemma 4 checkpoint with "

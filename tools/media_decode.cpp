@@ -206,8 +206,15 @@ std::string decode_audio_ffmpeg(const std::string& path, int rate, int64_t, Audi
 std::string load_audio(const std::string& path, int rate, int64_t max_samples, AudioPcm* out) {
     std::string err = load_wav(path, out, max_samples);
     if (err.empty() && out->sample_rate == rate && (out->channels == 1 || !have_ffmpeg())) return "";
-    // A WAV too long for the plan is refused as it is; other WAVs and every other file go to FFmpeg.
-    if (err.find("(g4 compile --max-audio-seconds)") != std::string::npos) return err;
+    // FFmpeg gets what g4's reader does not handle: other files, other encodings, sizes and rates, and
+    // good WAVs to downmix. A file that cannot be read, a WAV too long for the plan or a corrupt WAV is
+    // refused with the reader's line.
+    const bool ffmpeg_may = err.empty() || err.find("not a WAV file") != std::string::npos ||
+                            err.find("unsupported WAV encoding") != std::string::npos ||
+                            err.find("unsupported sample size") != std::string::npos ||
+                            err.find("sample rate is") != std::string::npos;
+    struct stat st {};
+    if (!ffmpeg_may || ::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return err;
     return decode_audio_ffmpeg(path, rate, max_samples, out);
 }
 

@@ -84,7 +84,8 @@ std::string open_video(const std::string& path, const std::string& where, Video*
 
 } // namespace
 
-std::string load_video(const std::string& path, int num_frames, int64_t max_pixels, VideoFrames* out) {
+std::string load_video(const std::string& path, int num_frames, int64_t max_pixels, VideoFrames* out,
+                       const VideoFrameFn& on_frame) {
     *out                    = VideoFrames{};
     const std::string where = "video file " + path + ": ";
     struct stat st {};
@@ -167,8 +168,15 @@ std::string load_video(const std::string& path, int num_frames, int64_t max_pixe
         uint8_t* dst[1]     = {img.rgb.data()};
         const int stride[1] = {3 * f->width};
         sws_scale(v.sws, f->data, f->linesize, 0, f->height, dst, stride);
-        out->frames.push_back(std::move(img));
         out->times.push_back(video_timestamp(k, fps));
+        if (on_frame) {
+            if (std::string e = on_frame(out->times.size() - 1, img); !e.empty()) {
+                err = e;
+                return false;
+            }
+        } else {
+            out->frames.push_back(std::move(img));
+        }
         return true;
     };
     auto drain = [&]() {
@@ -196,8 +204,8 @@ std::string load_video(const std::string& path, int num_frames, int64_t max_pixe
         *out = VideoFrames{};
         return err;
     }
-    if (out->frames.size() != out->indices.size()) {
-        const size_t got = out->frames.size();
+    if (out->times.size() != out->indices.size()) {
+        const size_t got = out->times.size();
         *out             = VideoFrames{};
         return where + "decodes to " + std::to_string(k) + " frames, fewer than the " +
                std::to_string(total) + " its packets declare (corrupt or truncated; " + std::to_string(got) +
@@ -206,7 +214,7 @@ std::string load_video(const std::string& path, int num_frames, int64_t max_pixe
     return "";
 }
 #else
-std::string load_video(const std::string& path, int, int64_t, VideoFrames* out) {
+std::string load_video(const std::string& path, int, int64_t, VideoFrames* out, const VideoFrameFn&) {
     *out = VideoFrames{};
     return "video file " + path +
            ": this g4 was built without FFmpeg's libraries, so it cannot read video (install libavformat-dev "

@@ -64,6 +64,30 @@ TEST(VideoDecode, FramesMatchOpenCvsDecode) {
     }
 }
 
+TEST(VideoDecode, FramesOneAtATime) {
+    if (!g4::tools::have_ffmpeg()) GTEST_SKIP() << "built without FFmpeg";
+    const std::string f = dir() + "/pattern_97x61_12.5fps.webm";
+    g4::tools::VideoFrames all, one;
+    ASSERT_EQ(g4::tools::load_video(f, 8, 0, &all), "");
+    size_t seen = 0;
+    ASSERT_EQ(g4::tools::load_video(f, 8, 0, &one,
+                                    [&](size_t k, const g4::tools::ImageRGB8& img) {
+                                        EXPECT_EQ(k, seen++);
+                                        EXPECT_EQ(img.rgb, all.frames[k].rgb);
+                                        return std::string();
+                                    }),
+              "");
+    EXPECT_EQ(seen, 8u);
+    EXPECT_TRUE(one.frames.empty());
+    EXPECT_EQ(one.times, all.times);
+    // The callback's error ends the decode and is returned.
+    EXPECT_EQ(g4::tools::load_video(f, 8, 0, &one,
+                                    [](size_t k, const g4::tools::ImageRGB8&) {
+                                        return k == 2 ? std::string("stop at 2") : std::string();
+                                    }),
+              "stop at 2");
+}
+
 TEST(VideoDecode, BadFilesAreOneLine) {
     g4test::TempDir tmp;
     const std::string empty = tmp.file("empty.mp4"), junk = tmp.file("junk.mp4"), cut = tmp.file("cut.mp4");

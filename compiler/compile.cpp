@@ -1344,7 +1344,8 @@ void compile_plan(const CompileOptions& opt, std::ostream& log, CompileReport* r
                                         {"max_image_pixels", opt.max_image_pixels},
                                         {"image_token_id", in.mc.image_token_id},
                                         {"boi_token_id", in.mc.boi_token_id},
-                                        {"eoi_token_id", in.mc.eoi_token_id}};
+                                        {"eoi_token_id", in.mc.eoi_token_id},
+                                        {"video_token_id", in.mc.video_token_id}};
         }
         if (in.mc.has_audio && opt.audio) {
             towers::AudioHParams ah;

@@ -240,6 +240,7 @@ ModelConfig parse_model_config(const std::string& config_json, const std::string
         mc.image_token_id = id({"image_token_id", "image_token_index"});
         mc.boi_token_id   = id({"boi_token_id", "boi_token_index"});
         mc.eoi_token_id   = id({"eoi_token_id", "eoi_token_index"});
+        mc.video_token_id = id({"video_token_id", "video_token_index"});
         mc.audio_token_id = id({"audio_token_id", "audio_token_index"});
         mc.boa_token_id   = id({"boa_token_id", "boa_token_index"});
         mc.eoa_token_id   = id({"eoa_token_id", "eoa_token_index"});

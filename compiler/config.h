@@ -32,7 +32,7 @@ struct ModelConfig {
     // Multimodal checkpoints: the towers' config objects as JSON text (parsed by runtime/src/towers,
     // stored verbatim in the plan) and the prompt's special ids (-1 when config.json has none).
     std::string vision_config_json, audio_config_json;
-    int image_token_id = -1, boi_token_id = -1, eoi_token_id = -1;
+    int image_token_id = -1, boi_token_id = -1, eoi_token_id = -1, video_token_id = -1;
     int audio_token_id = -1, boa_token_id = -1, eoa_token_id = -1;
 };
 

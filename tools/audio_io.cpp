@@ -140,6 +140,7 @@ std::string load_wav(const std::string& path, AudioPcm* out, int64_t max_frames)
         samples[i] = (float)(acc / channels);
     }
     out->sample_rate = (int)rate;
+    out->channels    = channels;
     out->samples     = std::move(samples);
     return "";
 }

@@ -9,6 +9,7 @@ namespace g4::tools {
 
 struct AudioPcm {
     int sample_rate = 0;
+    int channels    = 1; // the file's (the samples are their average)
     std::vector<float> samples;
 }; // mono, [-1, 1]
 

@@ -12,7 +12,10 @@
 #include "runtime/src/tokenizer.h"
 #include "tools/audio_io.h"
 #include "tools/image_io.h"
+#include "tools/media_decode.h"
+#include "tools/prompt_media.h"
 #include "tools/read_file.h"
+#include "tools/video_decode.h"
 
 #include <algorithm>
 
@@ -84,14 +87,14 @@ const char* kUsage =
     "             (--dump-logits: the prompt's logits [prompt, vocab] f32; --dump-decode-logits: the logits "
     "each\n"
     "              generated token was chosen from [generated, vocab] f32; it turns off CUDA decode-ahead)\n"
-    "             [--image FILE]... [--audio FILE.wav]...   (plans with the vision / audio tower; with -p "
-    "each goes at the\n"
-    "              next <|image|> / <|audio|> of the text, else after <bos>)\n"
+    "             [--image FILE]... [--audio FILE]... [--video FILE]...   (plans with the vision / audio "
+    "tower; with -p\n"
+    "              each goes at the next <|image|> / <|audio|> / <|video|> of the text, else after <bos>)\n"
     "  g4 chat PLAN [--system TEXT] [-n N] [sampling options as for run] [--print-ids] [--stats] [--image "
     "FILE]...\n"
-    "             [--audio FILE.wav]...   (--image / --audio go with the first message; typed commands: "
+    "             [--audio FILE]...   (--image / --audio go with the first message; typed commands: "
     "/image FILE and\n"
-    "              /audio FILE.wav attach a file to the next message, /reset starts over, /exit quits)\n"
+    "              /audio FILE attach a file to the next message, /reset starts over, /exit quits)\n"
     "  g4 bench PLAN [-p 512,4096] [-n 128] [-d 0,4096] [-r 3] [--threads N] [--json]\n"
     "             (warm, one process: prompt processing of each -p length, then -n greedy decode steps after "
     "a\n"
@@ -111,6 +114,7 @@ struct Args {
     std::map<std::string, std::string> val;
     std::map<std::string, bool> flag;
     std::map<std::string, std::vector<std::string>> multi; // every value of a repeated option
+    std::vector<std::pair<std::string, std::string>> seq;  // every valued option, in command-line order
 
     Args(int argc, char** argv, int first, const std::vector<std::string>& with_value,
          const std::vector<std::string>& bools) {
@@ -140,6 +144,7 @@ struct Args {
                         throw UsageError("option " + name + " needs a value");
                     val[name] = v;
                     multi[name].push_back(v);
+                    seq.emplace_back(name, v);
                 } else if (is(bools, name) && !inline_val) {
                     flag[name] = true;
                 } else {
@@ -424,94 +429,109 @@ void print_stats(g4_session* s, const g4_engine* e, const g4_engine_info& info) 
 }
 
 // --image / --audio: runs each file through its tower (queued in the session, in order) and puts its
-// soft-token placeholders into the prompt: at the next lone <|image|> / <|audio|> token, or after <bos> when
-// none is left. A --tokens list that already holds as many placeholders of a kind as the files give soft
-// tokens (<boi>, n placeholders, <eoi> written out) is fed as it is. Any other count is an error: an
-// image never goes silently unused.
+// block into the prompt (tools/prompt_media.h): at its marker (<|image|> / <|audio|> in -p text, a lone
+// placeholder id in --tokens), else after <bos> before the text, in command-line order. A --tokens list
+// holding every block written out is fed as it is; any other count is an error (an image never goes
+// silently unused).
 void add_media(const Args& a, g4_engine* e, g4_session* s, std::vector<int32_t>* prompt) {
-    const bool has_img = a.multi.count("--image") > 0, has_aud = a.multi.count("--audio") > 0;
-    if (!has_img && !has_aud) return;
+    std::vector<g4::tools::MediaBlock> blocks;
+    for (const auto& [opt, f] : a.seq)
+        if (opt == "--image" || opt == "--audio" || opt == "--video") {
+            blocks.emplace_back();
+            blocks.back().kind = opt == "--image"   ? g4::tools::MediaKind::Image
+                                 : opt == "--audio" ? g4::tools::MediaKind::Audio
+                                                    : g4::tools::MediaKind::Video;
+            blocks.back().file = f;
+        }
     g4_media_info mi{};
     check(g4_engine_get_media_info(e, &mi));
-    std::vector<int32_t> n_img, n_aud; // soft tokens of each file, in order
-    if (has_img) {
-        if (!mi.has_vision)
-            throw RunError("--image: the plan has no vision tower (compile a Gemma 4 checkpoint with "
-                           "vision_config, without --no-vision)");
-        for (const auto& f : a.multi.at("--image")) {
+    for (g4::tools::MediaBlock& b : blocks) {
+        int32_t n = 0;
+        if (b.kind == g4::tools::MediaKind::Video) {
+            if (!mi.has_vision || mi.video_token_id < 0)
+                throw RunError(
+                    "--video: the plan has no vision tower or no video placeholder id (compile a Gemma 4 "
+                    "checkpoint with vision_config and video_token_id, without --no-vision)");
+            // Each sampled frame goes through the tower as it is decoded (one frame's pixels held at a time).
+            g4::tools::VideoFrames v;
+            std::string err = g4::tools::load_video(
+                b.file, g4::tools::kVideoFrames, mi.max_image_pixels, &v,
+                [&](size_t f, const g4::tools::ImageRGB8& img) -> std::string {
+                    if (g4_session_add_video_frame(s, img.rgb.data(), img.width, img.height, &n) != G4_OK)
+                        return b.file + ": frame " + std::to_string(v.indices[f]) + ": " +
+                               g4_last_error_message();
+                    // "mm:ss <boi>...<eoi> mm:ss <boi>...": the text between two blocks is one segment
+                    b.prefix.push_back(tokenize(e, (f ? " " : "") + v.times[f] + " ", false));
+                    return "";
+                });
+            if (!err.empty()) throw RunError(err);
+        } else if (b.kind == g4::tools::MediaKind::Image) {
+            if (!mi.has_vision)
+                throw RunError("--image: the plan has no vision tower (compile a Gemma 4 checkpoint with "
+                               "vision_config, without --no-vision)");
             g4::tools::ImageRGB8 img;
-            std::string err = g4::tools::load_image(f, &img, mi.max_image_pixels);
+            std::string err = g4::tools::load_image(b.file, &img, mi.max_image_pixels);
             if (!err.empty()) throw RunError(err);
-            int32_t n = 0;
             if (g4_session_add_image(s, img.rgb.data(), img.width, img.height, &n) != G4_OK)
-                throw RunError(f + ": " + g4_last_error_message());
-            n_img.push_back(n);
-        }
-    }
-    if (has_aud) {
-        if (!mi.has_audio)
-            throw RunError("--audio: the plan has no audio tower (compile a Gemma 4 checkpoint with "
-                           "audio_config, without --no-audio)");
-        for (const auto& f : a.multi.at("--audio")) {
+                throw RunError(b.file + ": " + g4_last_error_message());
+        } else {
+            if (!mi.has_audio)
+                throw RunError("--audio: the plan has no audio tower (compile a Gemma 4 checkpoint with "
+                               "audio_config, without --no-audio)");
             g4::tools::AudioPcm pcm;
-            std::string err = g4::tools::load_wav(f, &pcm, mi.max_audio_samples);
+            std::string err = g4::tools::load_audio(b.file, mi.audio_sample_rate, mi.max_audio_samples, &pcm);
             if (!err.empty()) throw RunError(err);
-            if (pcm.sample_rate != mi.audio_sample_rate)
-                throw RunError(f + ": " + std::to_string(pcm.sample_rate) +
-                               " Hz, but the audio tower takes " + std::to_string(mi.audio_sample_rate) +
-                               " Hz mono (convert it: ffmpeg -i " + f + " -ar " +
-                               std::to_string(mi.audio_sample_rate) + " -ac 1 out.wav)");
-            int32_t n = 0;
             if (g4_session_add_audio(s, pcm.samples.data(), (int64_t)pcm.samples.size(), &n) != G4_OK)
-                throw RunError(f + ": " + g4_last_error_message());
-            n_aud.push_back(n);
+                throw RunError(b.file + ": " + g4_last_error_message());
         }
+        b.n = n;
     }
     g4_engine_info info{};
     check(g4_engine_get_info(e, &info));
-    std::vector<int32_t>& p = *prompt;
-    size_t insert_at        = !p.empty() && p[0] == info.bos_token_id ? 1 : 0;
-    auto count              = [&](int32_t ph) { return (int64_t)std::count(p.begin(), p.end(), ph); };
-    auto place              = [&](const std::vector<int32_t>& ns, int32_t open, int32_t ph, int32_t close,
-                     const char* what) {
-        int64_t need = 0;
-        for (int32_t n : ns)
-            need += n;
-        const int64_t given = count(ph);
-        if (ns.empty() || (a.has("--tokens") && given == need)) return;
-        for (int32_t n : ns) {
-            std::vector<int32_t> block = {open};
-            block.insert(block.end(), (size_t)n, ph);
-            block.push_back(close);
-            size_t i = 0; // the next lone placeholder
-            while (i < p.size() &&
-                   !(p[i] == ph && (i == 0 || p[i - 1] != open) && (i + 1 == p.size() || p[i + 1] != ph)))
-                ++i;
-            if (i < p.size()) {
-                p.erase(p.begin() + (long)i);
-                p.insert(p.begin() + (long)i, block.begin(), block.end());
-            } else {
-                p.insert(p.begin() + (long)insert_at, block.begin(), block.end());
-                insert_at += block.size();
-            }
-        }
-        if (count(ph) != need)
-            throw RunError(
-                             "the prompt has " + std::to_string(given) + " " + what + " placeholders (id " +
-                             std::to_string(ph) + ") but the " + what + " files give " + std::to_string(need) +
-                             " soft tokens: in --tokens put one lone " + std::to_string(ph) +
-                             " where each file goes, or none (each then follows <bos>), or write them all out (" +
-                             std::to_string(open) + ", the file's soft tokens x " + std::to_string(ph) + ", " +
-                             std::to_string(close) + ")");
-    };
-    place(n_img, mi.boi_token_id, mi.image_token_id, mi.eoi_token_id, "image");
-    place(n_aud, mi.boa_token_id, mi.audio_token_id, mi.eoa_token_id, "audio");
+    const g4::tools::MediaIds ids{.bos   = info.bos_token_id,
+                                  .boi   = mi.boi_token_id,
+                                  .image = mi.image_token_id,
+                                  .eoi   = mi.eoi_token_id,
+                                  .boa   = mi.boa_token_id,
+                                  .audio = mi.audio_token_id,
+                                  .eoa   = mi.eoa_token_id,
+                                  .video = mi.video_token_id};
+    std::string err = g4::tools::place_media(prompt, blocks, ids, a.has("--tokens"));
+    if (!err.empty()) throw RunError(err);
+}
+
+// -p TEXT: its <|image|> / <|audio|> markers become lone placeholder ids (each then replaced by its file's
+// block, as Hugging Face's processor expands them), whether or not the tokenizer knows the marker strings.
+std::vector<int32_t> tokenize_prompt(g4_engine* e, const std::string& text) {
+    const g4::tools::MarkedText m = g4::tools::split_media_markers(text);
+    if (m.markers.empty()) return tokenize(e, text, true);
+    g4_media_info mi{};
+    check(g4_engine_get_media_info(e, &mi));
+    std::vector<int32_t> ids;
+    for (size_t i = 0; i < m.segments.size(); ++i) {
+        std::vector<int32_t> t = tokenize(e, m.segments[i], i == 0);
+        ids.insert(ids.end(), t.begin(), t.end());
+        if (i == m.markers.size()) break;
+        const g4::tools::MediaKind k = m.markers[i];
+        const int32_t ph             = k == g4::tools::MediaKind::Image   ? mi.image_token_id
+                                       : k == g4::tools::MediaKind::Audio ? mi.audio_token_id
+                                                                          : mi.video_token_id;
+        if (ph < 0)
+            throw RunError(std::string("-p: the text has <|") + g4::tools::media_kind_name(k) +
+                           "|> but the plan has no " +
+                           (k == g4::tools::MediaKind::Image   ? "vision tower"
+                            : k == g4::tools::MediaKind::Audio ? "audio tower"
+                                                               : "video support") +
+                           " to fill it");
+        ids.push_back(ph);
+    }
+    return ids;
 }
 
 int cmd_run(int argc, char** argv) {
     std::vector<std::string> with_value = kSamplingOpts;
-    with_value.insert(with_value.end(),
-                      {"--tokens", "-p", "--dump-logits", "--dump-decode-logits", "--image", "--audio"});
+    with_value.insert(with_value.end(), {"--tokens", "-p", "--dump-logits", "--dump-decode-logits", "--image",
+                                         "--audio", "--video"});
     Args a(argc, argv, 2, with_value, {"--ignore-eos", "--print-ids", "--stats", "--truncate"});
     if (a.pos.size() != 1) throw UsageError("expected exactly one PLAN argument");
     if (a.has("--tokens") == a.has("-p"))
@@ -529,7 +549,7 @@ int cmd_run(int argc, char** argv) {
             text.pop_back();
         tok_arg = text;
     }
-    std::vector<int32_t> prompt = a.has("-p") ? tokenize(e.e, a.get("-p"), true) : parse_tokens(tok_arg);
+    std::vector<int32_t> prompt = a.has("-p") ? tokenize_prompt(e.e, a.get("-p")) : parse_tokens(tok_arg);
     if (prompt.empty()) throw UsageError("the prompt is empty");
     if ((int64_t)prompt.size() >= e.info.max_context) {
         if (!a.flag.count("--truncate"))
@@ -766,10 +786,9 @@ struct Chat {
                 return what + " " + path +
                        ": the plan has no audio tower (compiled with --no-audio, or from a checkpoint "
                        "without audio_config)";
-            if (!(err = g4::tools::load_wav(path, &a.audio, mi.max_audio_samples)).empty()) return err;
-            if (a.audio.sample_rate != mi.audio_sample_rate)
-                return path + ": " + std::to_string(a.audio.sample_rate) + " Hz, but the audio tower takes " +
-                       std::to_string(mi.audio_sample_rate) + " Hz mono";
+            if (!(err = g4::tools::load_audio(path, mi.audio_sample_rate, mi.max_audio_samples, &a.audio))
+                     .empty())
+                return err;
             if ((int64_t)a.audio.samples.size() > mi.max_audio_samples) {
                 char buf[160];
                 std::snprintf(
@@ -939,7 +958,7 @@ int cmd_chat(int argc, char** argv) {
     if (tty) {
         std::string media = std::string(chat.mi.has_vision ? "/image FILE" : "") +
                             (chat.mi.has_vision && chat.mi.has_audio ? " and " : "") +
-                            (chat.mi.has_audio ? "/audio FILE.wav" : "");
+                            (chat.mi.has_audio ? "/audio FILE" : "");
         std::fprintf(stderr, "g4 chat: %s%s/reset starts over, /exit quits\n", media.c_str(),
                      media.empty() ? "" : " attach a file to the next message, ");
     }

@@ -14,7 +14,6 @@
 #define STB_IMAGE_STATIC
 #define STB_IMAGE_IMPLEMENTATION
 #define STBI_ONLY_PNG
-#define STBI_ONLY_JPEG
 #define STBI_ONLY_BMP
 #define STBI_ONLY_GIF
 #define STBI_NO_HDR
@@ -35,38 +34,6 @@
 namespace g4::tools {
 namespace {
 
-// stb_image as packaged by Debian (git 2022-09-08) builds a JPEG Huffman table from the 16 code counts of
-// a DHT segment without checking that they add up to at most 256, the size of its symbol arrays: larger
-// sums write past them (fixed upstream in 2.28 by rejecting n > 256). Any FF C4 pair may be where stb
-// reads such a segment (its marker search skips fill bytes and stray data), so each is checked: its tables,
-// read as stb reads them (17 bytes of header and counts, then n symbols; bytes past the end read as 0, as
-// stbi__get8 returns them), must all count at most 256 codes. True if one does not.
-// Linear time: bad[q] is the distance from a table starting at q to the first oversized table of the chain
-// it begins (saturated at 65535, past any segment's length), computed once from the end of the file.
-bool jpeg_has_oversized_huffman_table(const uint8_t* data, size_t size) {
-    size_t soi = 1; // stb finds SOI as it finds every marker: after any number of FF fill bytes
-    while (soi < size && data[soi] == 0xFF)
-        ++soi;
-    if (data[0] != 0xFF || soi >= size || data[soi] != 0xD8) return false; // not a JPEG
-    if (!std::memchr(data, 0xC4, size)) return false;
-    auto byte = [&](size_t i) -> unsigned { return i < size ? data[i] : 0u; };
-    std::vector<uint16_t> bad(size + 1, 0xFFFF); // tables starting at or past the end count 0 codes
-    for (size_t q = size; q-- > 0;) {
-        unsigned n = 0;
-        for (size_t i = q + 1; i <= q + 16; ++i)
-            n += byte(i);
-        const size_t next = q + 17 + n;
-        bad[q] =
-            n > 256 ? 0 : uint16_t(std::min<size_t>(0xFFFF, 17 + n + (next < size ? bad[next] : 0xFFFF)));
-    }
-    for (size_t p = 0; p + 1 < size; ++p) {
-        if (data[p] != 0xFF || data[p + 1] != 0xC4 || p + 4 >= size) continue;
-        const unsigned len = (byte(p + 2) << 8 | byte(p + 3)); // the segment's tables start at p + 4
-        if (len > 2 && bad[p + 4] < len - 2) return true;
-    }
-    return false;
-}
-
 // stb_image reserves a PNG IDAT chunk's declared length before it reads the chunk, so a file of a few bytes
 // can ask for gigabytes. Every chunk must fit in the file (stb fails on one that does not anyway): returns
 // "" or what is wrong. Chunks are walked as stb walks them, up to IEND's header.
@@ -84,6 +51,70 @@ std::string png_chunk_overrun(const uint8_t* data, size_t size) {
         pos += 12 + len;
     }
     return "";
+}
+
+struct PngInfo {
+    int bit_depth = 0, color_type = -1, orientation = 1;
+};
+
+// IHDR's depth and colour type, and the orientation of an eXIf chunk (Pillow applies it as it does a JPEG's).
+// The chunks were checked to fit in the file (png_chunk_overrun).
+PngInfo png_info(const uint8_t* data, size_t size) {
+    PngInfo info;
+    static const uint8_t sig[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1A, '\n'};
+    if (size < 33 || std::memcmp(data, sig, 8) != 0) return info;
+    info.bit_depth  = data[24];
+    info.color_type = data[25];
+    for (size_t pos = 8; pos + 12 <= size;) {
+        const size_t len = size_t(data[pos]) << 24 | data[pos + 1] << 16 | data[pos + 2] << 8 | data[pos + 3];
+        if (len > size - pos - 12) break;
+        if (std::memcmp(data + pos + 4, "eXIf", 4) == 0) {
+            info.orientation = exif_orientation(data + pos + 8, len);
+            break;
+        }
+        if (std::memcmp(data + pos + 4, "IEND", 4) == 0) break;
+        pos += 12 + len;
+    }
+    return info;
+}
+
+// A GIF's first frame: the colour of its transparent palette index, where it has one (Pillow keeps the
+// palette colour under transparent pixels; stb_image leaves them black). False when there is none.
+bool gif_transparent_colour(const uint8_t* d, size_t size, uint8_t rgb[3]) {
+    if (size < 13 || std::memcmp(d, "GIF8", 4) != 0) return false;
+    size_t pos           = 13;
+    const uint8_t* table = nullptr;
+    size_t entries       = 0;
+    if (d[10] & 0x80) {
+        entries = size_t(2) << (d[10] & 7);
+        if (pos + 3 * entries > size) return false;
+        table = d + pos;
+        pos += 3 * entries;
+    }
+    int transparent = -1;
+    while (pos < size) {
+        if (d[pos] == 0x21 && pos + 1 < size) { // extension: a graphic control one holds the index
+            const uint8_t label = d[pos + 1];
+            pos += 2;
+            if (label == 0xF9 && pos + 5 < size && d[pos] == 4)
+                transparent = (d[pos + 1] & 1) ? d[pos + 4] : -1;
+            while (pos < size && d[pos] != 0) // sub-blocks
+                pos += 1 + size_t(d[pos]);
+            ++pos;
+        } else if (d[pos] == 0x2C && pos + 10 <= size) { // the first image: its own table, if any
+            if (d[pos + 9] & 0x80) {
+                entries = size_t(2) << (d[pos + 9] & 7);
+                if (pos + 10 + 3 * entries > size) return false;
+                table = d + pos + 10;
+            }
+            break;
+        } else {
+            return false;
+        }
+    }
+    if (transparent < 0 || !table || size_t(transparent) >= entries) return false;
+    std::memcpy(rgb, table + 3 * transparent, 3);
+    return true;
 }
 
 std::string too_many_pixels(const std::string& what, int64_t w, int64_t h, int64_t max_pixels) {
@@ -221,8 +252,8 @@ std::string decode_image(const uint8_t* data, size_t size, const std::string& wh
         if (!err.empty()) *out = ImageRGB8{};
         return err;
     }
-    if (jpeg_has_oversized_huffman_table(data, size))
-        return "image " + what + " is corrupt (a JPEG Huffman table declares more than 256 codes)";
+    if (size >= 3 && data[0] == 0xFF && data[1] == 0xD8 && data[2] == 0xFF)
+        return decode_jpeg(data, size, what, max_pixels, out);
     if (std::string e = png_chunk_overrun(data, size); !e.empty())
         return "image " + what + " is corrupt or truncated (" + e + ")";
     // The declared size is checked before anything is decoded or allocated.
@@ -235,10 +266,13 @@ std::string decode_image(const uint8_t* data, size_t size, const std::string& wh
     if (int64_t(w) * h > max_pixels) return too_many_pixels(what, w, h, max_pixels);
     if (std::string e = too_little_data(data, size, w, h); !e.empty())
         return "image " + what + " is truncated (" + e + ")";
-    // Always decoded as RGBA (grey replicated, palette and tRNS expanded, alpha 255 where there is none):
-    // compositing an opaque pixel over white leaves it unchanged.
+    // 16-bit grey PNG is Pillow's mode "I;16", which convert("RGB") clips to 255; every other PNG keeps
+    // the high byte of 16-bit samples, as stb_image does.
+    const PngInfo png = png_info(data, size);
+    const bool grey16 = png.bit_depth == 16 && png.color_type == 0;
     int cw = 0, chh = 0, got = 0;
-    stbi_uc* px = stbi_load_from_memory(data, int(size), &cw, &chh, &got, 4);
+    void* px = grey16 ? (void*)stbi_load_16_from_memory(data, int(size), &cw, &chh, &got, 1)
+                      : (void*)stbi_load_from_memory(data, int(size), &cw, &chh, &got, 4);
     if (!px) return "image " + what + " is corrupt or truncated (" + std::string(stbi_failure_reason()) + ")";
     if (cw != w || chh != h) {
         stbi_image_free(px);
@@ -249,12 +283,21 @@ std::string decode_image(const uint8_t* data, size_t size, const std::string& wh
     out->height    = chh;
     const size_t n = size_t(cw) * size_t(chh);
     out->rgb.resize(n * 3);
+    uint8_t under[3];
+    const bool gif_trns = gif_transparent_colour(data, size, under);
     for (size_t i = 0; i < n; ++i) {
-        const uint8_t a = px[4 * i + 3];
-        for (int c = 0; c < 3; ++c)
-            out->rgb[3 * i + c] = composite_over_white(px[4 * i + c], a);
+        if (gif_trns && static_cast<const uint8_t*>(px)[4 * i + 3] == 0) {
+            std::memcpy(&out->rgb[3 * i], under, 3);
+        } else if (grey16) {
+            const uint16_t v    = static_cast<const uint16_t*>(px)[i];
+            out->rgb[3 * i]     = uint8_t(v > 255 ? 255 : v);
+            out->rgb[3 * i + 1] = out->rgb[3 * i + 2] = out->rgb[3 * i];
+        } else {
+            std::memcpy(&out->rgb[3 * i], static_cast<const uint8_t*>(px) + 4 * i, 3); // alpha dropped
+        }
     }
     stbi_image_free(px);
+    apply_orientation(out, png.orientation);
     return "";
 }
 

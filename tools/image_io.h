@@ -1,7 +1,9 @@
-// Image file decoding for the g4 CLI (not the runtime): PNG, JPEG, BMP, GIF (first frame) to RGB8 through
-// stb_image (Debian package libstb-dev), binary PPM/PGM (8 or 16 bits a sample) by a reader of its own.
-// Transparency is composited onto white exactly as Hugging Face's convert_to_rgb does it (PIL alpha_composite
-// over an opaque white background); grey is expanded to RGB.
+// Image file decoding for the g4 CLI (not the runtime) to the RGB8 pixels Hugging Face's load_image gives
+// (PIL.ImageOps.exif_transpose, then convert("RGB")): PNG, BMP, GIF (first frame) through stb_image (Debian
+// package libstb-dev), JPEG through libjpeg-turbo (as Pillow decodes it, CMYK converted as Pillow does),
+// binary PPM/PGM (8 or 16 bits a sample) by a reader of its own. Alpha is dropped (the colour under a
+// transparent pixel is kept), grey and palettes are expanded, 16-bit samples keep their high byte except
+// 16-bit grey, which Pillow clips to 255; the EXIF orientation of a JPEG (APP1) or PNG (eXIf) is applied.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -25,13 +27,12 @@ std::string load_image(const std::string& path, ImageRGB8* out, int64_t max_pixe
 std::string decode_image(const uint8_t* data, size_t size, const std::string& what, ImageRGB8* out,
                          int64_t max_pixels = kMaxImagePixels);
 
-// PIL's alpha_composite of one channel value v with alpha a over opaque white (255).
-inline uint8_t composite_over_white(uint8_t v, uint8_t a) {
-    if (a == 0) return 255;
-    // PIL: coef1 = a*255*255*128 / (a*255 + 255*(255-a)) = 128*a, coef2 = 255*128 - coef1
-    const uint32_t coef1 = 128u * a, coef2 = 255u * 128u - coef1;
-    const uint32_t t = uint32_t(v) * coef1 + 255u * coef2 + (0x80u << 7);
-    return uint8_t((((t >> 8) + t) >> 8) >> 7);
-}
+// The EXIF orientation (1..8, 1 when absent or unreadable) of a TIFF-structured EXIF block ("II"/"MM" ...).
+int exif_orientation(const uint8_t* tiff, size_t size);
+// Transposes *img as PIL.ImageOps.exif_transpose does for that orientation.
+void apply_orientation(ImageRGB8* img, int orientation);
+// A JPEG file (image_jpeg.cpp); the declared size is checked against max_pixels before decoding.
+std::string decode_jpeg(const uint8_t* data, size_t size, const std::string& what, int64_t max_pixels,
+                        ImageRGB8* out);
 
 } // namespace g4::tools

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 # Generates tests/fixtures/towers/image/: small PNG inputs and what Hugging Face's default Gemma 4 image
-# processor (transformers 5.23, torchvision backend, the one AutoImageProcessor picks when torchvision is
+# processor (transformers 5.17, torchvision backend, the one AutoImageProcessor picks when torchvision is
 # installed) makes of them, for tests/unit/image_preprocess_test.cpp. Deterministic (fixed numpy seeds).
 #
 # Needs torch, transformers, numpy, Pillow and torchvision (a torchvision wheel matching torch's minor
@@ -13,7 +13,7 @@
 #                                  generator asserts that pixel_values == float32(u8) * float32(1/255)
 #                                  bit for bit, so this PNG is a lossless encoding of HF's floats
 #   <name>_t<tokens>.pos.bin       HF's image_position_ids, real rows only: int32 [n_patches, 2] (x, y)
-#   alpha_table.png / alpha_table.expected.png   every (value, alpha) pair, and PIL's white composite
+#   alpha_table.png                every (value, alpha) pair (the processor drops alpha: convert("RGB"))
 #   manifest.json                  cases (layout, soft tokens) and the image_layout() table
 import json
 import math
@@ -24,7 +24,6 @@ import numpy as np
 import PIL.Image
 import torch
 
-from transformers.image_transforms import convert_to_rgb
 from transformers.models.gemma4.image_processing_gemma4 import (
     Gemma4ImageProcessor,
     get_aspect_ratio_preserving_size,
@@ -92,8 +91,6 @@ def main():
     table[:, :, 2] = (v[None, :] * 7) % 256
     table[:, :, 3] = v[:, None]
     save_png(table, os.path.join(OUT, "alpha_table.png"), "RGBA")
-    composite = convert_to_rgb(PIL.Image.open(os.path.join(OUT, "alpha_table.png")), return_numpy=True)
-    save_png(composite, os.path.join(OUT, "alpha_table.expected.png"), "RGB")
 
     scale = np.float32(1.0 / 255.0)
     cases = []
@@ -138,7 +135,9 @@ def main():
             oh, ow = get_aspect_ratio_preserving_size(h, w, PATCH, tokens * POOL * POOL, POOL)
             layouts.append(dict(in_h=h, in_w=w, max_soft_tokens=tokens, out_h=oh, out_w=ow))
 
-    manifest = dict(generator="tools/make_image_fixtures.py", patch=PATCH, pool=POOL,
+    import transformers
+    manifest = dict(generator="tools/make_image_fixtures.py", transformers=transformers.__version__,
+                    patch=PATCH, pool=POOL,
                     note="pixel_values are float32(u8) * float32(1/255) of the .resized.png images (asserted)",
                     cases=cases, layouts=layouts)
     with open(os.path.join(OUT, "manifest.json"), "w") as f:

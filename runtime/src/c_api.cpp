@@ -791,7 +791,10 @@ g4_status g4_engine_get_media_info(const g4_engine* e, g4_media_info* out) {
     m.max_queued_tokens = in.max_media_tokens;
     m.vision_device     = in.vision_gpu ? e->plan.cuda_device() : -1;
     m.audio_device      = in.audio_gpu ? e->plan.cuda_device() : -1;
-    *out                = m;
+    m.video_token_id    = m.has_vision ? in.video_token_id : -1;
+    m.max_video_frame_tokens =
+        m.video_token_id >= 0 ? std::min(g4::rt::kVideoFrameTokens, in.image_tokens) : 0;
+    *out = m;
     return G4_OK;
 }
 
@@ -803,6 +806,18 @@ g4_status g4_session_add_image(g4_session* s, const uint8_t* rgb, int32_t width,
     return media_call(
         &s->stats.image_ms, &s->stats.image_tokens, out_n_tokens,
         [&](int32_t* n, std::string* err) { return g4::rt::media_add_image(s, rgb, width, height, n, err); });
+    G4_GUARD_END
+}
+
+g4_status g4_session_add_video_frame(g4_session* s, const uint8_t* rgb, int32_t width, int32_t height,
+                                     int32_t* out_n_tokens) {
+    G4_GUARD_BEGIN
+    if (!session_ok(s))
+        return set_error(G4_ERR_INVALID_ARGUMENT, "g4_session_add_video_frame: invalid or destroyed session");
+    return media_call(&s->stats.image_ms, &s->stats.image_tokens, out_n_tokens,
+                      [&](int32_t* n, std::string* err) {
+                          return g4::rt::media_add_video_frame(s, rgb, width, height, n, err);
+                      });
     G4_GUARD_END
 }
 

@@ -1,4 +1,5 @@
-// Fuzz target: image decoding (tools/image_io.h: PNG, JPEG, BMP, GIF, PPM/PGM through stb_image).
+// Fuzz target: image decoding (tools/image_io.h: PNG, BMP, GIF through stb_image, JPEG through libjpeg-turbo,
+// PPM/PGM).
 #include "tools/image_io.h"
 
 #include <cstdlib>

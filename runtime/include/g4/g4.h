@@ -342,6 +342,9 @@ typedef struct g4_media_info {
     int32_t max_queued_tokens; /* soft tokens (of each kind) a session holds queued at once */
     int32_t vision_device;     /* where the vision tower runs: -1 the CPU, N CUDA device N */
     int32_t audio_device;      /* where the audio tower runs: -1 the CPU, N CUDA device N */
+    int32_t video_token_id;    /* placeholder of a video frame's soft tokens; -1: no video (no vision tower,
+                                  or a checkpoint or plan without video_token_id) */
+    int32_t max_video_frame_tokens; /* soft tokens a video frame gives at most (70, the video processor's) */
 } g4_media_info;
 
 G4_API g4_status g4_engine_get_media_info(const g4_engine* engine, g4_media_info* out_info);
@@ -351,6 +354,11 @@ G4_API g4_status g4_engine_get_media_info(const g4_engine* engine, g4_media_info
  * every session call. */
 G4_API g4_status g4_session_add_image(g4_session* session, const uint8_t* rgb, int32_t width, int32_t height,
                                       int32_t* out_n_tokens);
+/* One frame of a video, as g4_session_add_image but at the video processor's budget (max_video_frame_tokens)
+ * and queued for the video placeholders: the prompt holds, per frame, its "mm:ss " timestamp text, <boi>,
+ * n x video_token_id, <eoi>, the frames separated by a space (as Hugging Face's Gemma 4 processor writes). */
+G4_API g4_status g4_session_add_video_frame(g4_session* session, const uint8_t* rgb, int32_t width,
+                                            int32_t height, int32_t* out_n_tokens);
 /* |samples|: mono, at audio_sample_rate, in [-1, 1]; borrowed for the call. |*out_n_tokens| as above. */
 G4_API g4_status g4_session_add_audio(g4_session* session, const float* samples, int64_t n_samples,
                                       int32_t* out_n_tokens);

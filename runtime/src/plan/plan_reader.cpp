@@ -274,6 +274,8 @@ g4_status Plan::load(const std::string& path, bool verify_weights, std::string* 
                 info_.image_token_id   = jsonf::get<int32_t>(v, "image_token_id");
                 info_.boi_token_id     = jsonf::get<int32_t>(v, "boi_token_id");
                 info_.eoi_token_id     = jsonf::get<int32_t>(v, "eoi_token_id");
+                info_.video_token_id =
+                    jsonf::value<int32_t>(v, "video_token_id", -1); // absent in older plans
                 const std::string dev =
                     jsonf::value<std::string>(v, "device", "cpu"); // absent in older plans
                 if (dev != "cpu") {

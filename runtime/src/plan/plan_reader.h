@@ -48,6 +48,7 @@ struct ProgramInfo {
     int32_t image_tokens = 0, max_patches = 0; // soft tokens / patches of the largest image
     int64_t max_image_pixels = 0;              // input width * height a session takes
     int32_t image_token_id = -1, boi_token_id = -1, eoi_token_id = -1;
+    int32_t video_token_id    = -1; // -1: the checkpoint has none (or the plan predates video)
     int64_t max_audio_samples = 0;
     int32_t audio_sample_rate = 0;
     int32_t audio_token_id = -1, boa_token_id = -1, eoa_token_id = -1;

@@ -55,6 +55,7 @@ MediaBlock media_block(const MediaSizing& z) {
     b.bytes[MediaBlock::AudioScratch]  = up(z.audio_scratch);
     b.bytes[MediaBlock::ImageQueue]    = up(z.vision ? queue : 0);
     b.bytes[MediaBlock::AudioQueue]    = up(z.audio ? queue : 0);
+    b.bytes[MediaBlock::VideoQueue]    = up(z.vision ? queue : 0);
     b.bytes[MediaBlock::Soft]          = up((size_t)z.max_soft * z.hidden * 4);
     b.bytes[MediaBlock::ThreadScratch] = up(b.stride * z.threads * 4);
     b.bytes[MediaBlock::StepRows]      = up((size_t)z.max_rows * 4);
@@ -69,6 +70,7 @@ static MediaQueue* queue_of(const g4_session* s, int32_t id) {
     const auto& in = s->engine->plan.info();
     if (m->vision && id == in.image_token_id) return &m->image_q;
     if (m->audio && id == in.audio_token_id) return &m->audio_q;
+    if (m->vision && in.video_token_id >= 0 && id == in.video_token_id) return &m->video_q;
     return nullptr;
 }
 
@@ -173,6 +175,7 @@ g4_status media_create(g4_session* s, std::string* err) {
     m->audio_scratch  = parts[MediaBlock::AudioScratch];
     m->image_q        = {(float*)parts[MediaBlock::ImageQueue], z.vision ? Q : 0};
     m->audio_q        = {(float*)parts[MediaBlock::AudioQueue], z.audio ? Q : 0};
+    m->video_q        = {(float*)parts[MediaBlock::VideoQueue], z.vision ? Q : 0};
     m->soft           = (float*)parts[MediaBlock::Soft];
     m->ctx            = {pool, (float*)parts[MediaBlock::ThreadScratch], b.stride};
     m->step_row       = (int32_t*)parts[MediaBlock::StepRows];
@@ -202,8 +205,10 @@ static g4_status enqueue(g4_session* s, MediaQueue& q, int32_t n, const char* wh
     return G4_OK;
 }
 
-g4_status media_add_image(g4_session* s, const uint8_t* rgb, int32_t width, int32_t height, int32_t* n_tokens,
-                          std::string* err) {
+// One image (or video frame) at `budget` soft tokens at most through the vision tower into m->*queue.
+static g4_status add_vision(g4_session* s, const uint8_t* rgb, int32_t width, int32_t height, int32_t budget,
+                            MediaQueue MediaState::*queue, const char* what, int32_t* n_tokens,
+                            std::string* err) {
     MediaState* m = s->media.get();
     if (!m || !m->vision) {
         *err = "the plan has no vision tower (compile it from a Gemma 4 checkpoint with vision_config, "
@@ -223,8 +228,8 @@ g4_status media_add_image(g4_session* s, const uint8_t* rgb, int32_t width, int3
     }
     const towers::VisionHParams& hp = m->vision->hparams();
     towers::ImageLayout lay{};
-    const size_t need = towers::preprocess_scratch_bytes_for(height, width, in.image_tokens, hp.patch_size,
-                                                             hp.pooling_kernel_size);
+    const size_t need =
+        towers::preprocess_scratch_bytes_for(height, width, budget, hp.patch_size, hp.pooling_kernel_size);
     if (need > m->pre_bytes) {
         *err = "the image is " + std::to_string(width) + "x" + std::to_string(height) +
                ": its aspect ratio needs " + std::to_string(need) +
@@ -233,7 +238,7 @@ g4_status media_add_image(g4_session* s, const uint8_t* rgb, int32_t width, int3
         return G4_ERR_INVALID_ARGUMENT;
     }
     std::string e =
-        towers::preprocess_image(rgb, height, width, in.image_tokens, hp.patch_size, hp.pooling_kernel_size,
+        towers::preprocess_image(rgb, height, width, budget, hp.patch_size, hp.pooling_kernel_size,
                                  m->pre_scratch, m->pre_bytes, m->patches, m->pos, &lay, &m->ctx);
     if (!e.empty()) {
         *err = "image preprocessing: " + e;
@@ -254,9 +259,27 @@ g4_status media_add_image(g4_session* s, const uint8_t* rgb, int32_t width, int3
             return G4_ERR_INVALID_ARGUMENT;
         }
     }
-    g4_status st = enqueue(s, m->image_q, n, "image", err);
+    g4_status st = enqueue(s, m->*queue, n, what, err);
     if (st == G4_OK && n_tokens) *n_tokens = n;
     return st;
+}
+
+g4_status media_add_image(g4_session* s, const uint8_t* rgb, int32_t width, int32_t height, int32_t* n_tokens,
+                          std::string* err) {
+    return add_vision(s, rgb, width, height, s->engine->plan.info().image_tokens, &MediaState::image_q,
+                      "image", n_tokens, err);
+}
+
+g4_status media_add_video_frame(g4_session* s, const uint8_t* rgb, int32_t width, int32_t height,
+                                int32_t* n_tokens, std::string* err) {
+    MediaState* m = s->media.get();
+    if (m && m->vision && s->engine->plan.info().video_token_id < 0) {
+        *err = "the plan has no video placeholder id (its config.json has no video_token_id, or the plan was "
+               "compiled before video: recompile it)";
+        return G4_ERR_UNSUPPORTED;
+    }
+    return add_vision(s, rgb, width, height, std::min(kVideoFrameTokens, s->engine->plan.info().image_tokens),
+                      &MediaState::video_q, "video frame", n_tokens, err);
 }
 
 g4_status media_add_audio(g4_session* s, const float* samples, int64_t n_samples, int32_t* n_tokens,
@@ -304,9 +327,10 @@ g4_status media_check_tokens(const g4_session* s, const int32_t* ids, size_t n, 
     const MediaState* m = s->media.get();
     if (!m) return G4_OK;
     const auto& in = s->engine->plan.info();
-    int64_t img = 0, aud = 0;
+    int64_t img = 0, aud = 0, vid = 0;
     for (size_t i = 0; i < n; ++i)
-        if (const MediaQueue* q = queue_of(s, ids[i])) (q == &m->image_q ? img : aud)++;
+        if (const MediaQueue* q = queue_of(s, ids[i]))
+            (q == &m->image_q ? img : q == &m->audio_q ? aud : vid)++;
     if (img > m->image_q.queued()) {
         *err = "the tokens hold " + std::to_string(img) + " image placeholders (id " +
                std::to_string(in.image_token_id) + ") but " + std::to_string(m->image_q.queued()) +
@@ -318,6 +342,12 @@ g4_status media_check_tokens(const g4_session* s, const int32_t* ids, size_t n, 
         *err = "the tokens hold " + std::to_string(aud) + " audio placeholders (id " +
                std::to_string(in.audio_token_id) + ") but " + std::to_string(m->audio_q.queued()) +
                " audio soft tokens are queued; add the clips first (g4_session_add_audio)";
+        return G4_ERR_INVALID_ARGUMENT;
+    }
+    if (vid > m->video_q.queued()) {
+        *err = "the tokens hold " + std::to_string(vid) + " video placeholders (id " +
+               std::to_string(in.video_token_id) + ") but " + std::to_string(m->video_q.queued()) +
+               " video soft tokens are queued; add the frames first (g4_session_add_video_frame)";
         return G4_ERR_INVALID_ARGUMENT;
     }
     return G4_OK;
@@ -340,7 +370,7 @@ void media_prepare_step(g4_session* s, const int32_t* ids, int32_t rows) {
 void media_end_step(g4_session* s, bool fed) {
     MediaState* m = s->media.get();
     if (!m) return;
-    for (MediaQueue* q : {&m->image_q, &m->audio_q}) {
+    for (MediaQueue* q : {&m->image_q, &m->audio_q, &m->video_q}) {
         if (fed) q->head += q->taken;
         q->taken = 0;
         if (q->head == q->tail) q->head = q->tail = 0;
@@ -351,7 +381,7 @@ void media_end_step(g4_session* s, bool fed) {
 void media_clear(g4_session* s) {
     MediaState* m = s->media.get();
     if (!m) return;
-    for (MediaQueue* q : {&m->image_q, &m->audio_q})
+    for (MediaQueue* q : {&m->image_q, &m->audio_q, &m->video_q})
         q->head = q->tail = q->taken = 0;
     m->step_n = 0;
 }

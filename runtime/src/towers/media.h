@@ -15,6 +15,9 @@ struct g4_session;
 
 namespace g4::rt {
 
+// Soft tokens of a video frame at most: Gemma4VideoProcessor's max_soft_tokens default.
+constexpr int32_t kVideoFrameTokens = 70;
+
 // Soft-token rows waiting for their placeholders: rows [head, tail) of rows [cap, H] are queued; the step
 // being run takes the first `taken` of them.
 struct MediaQueue {
@@ -38,7 +41,7 @@ struct MediaState {
     float* patches       = nullptr; // [max_patches, 3 * patch^2]
     int32_t* pos         = nullptr; // [max_patches, 2]
     void* audio_scratch  = nullptr;
-    MediaQueue image_q, audio_q;
+    MediaQueue image_q, audio_q, video_q;
     float* soft      = nullptr; // [max_soft, H] one tower call's output before queueing
     int32_t max_soft = 0;
     // The step being run: rows of the ids whose embedding is replaced, and the queued rows replacing them.
@@ -69,6 +72,7 @@ struct MediaBlock {
         AudioScratch,
         ImageQueue,
         AudioQueue,
+        VideoQueue,
         Soft,
         ThreadScratch,
         StepRows,
@@ -86,6 +90,10 @@ g4_status media_create(g4_session* s, std::string* err);
 // Runs the vision tower over rgb [height, width, 3] and queues its soft tokens (*n_tokens of them).
 g4_status media_add_image(g4_session* s, const uint8_t* rgb, int32_t width, int32_t height, int32_t* n_tokens,
                           std::string* err);
+// Runs the vision tower over one video frame with the video processor's budget (kVideoFrameTokens) and
+// queues its soft tokens for the video placeholders.
+g4_status media_add_video_frame(g4_session* s, const uint8_t* rgb, int32_t width, int32_t height,
+                                int32_t* n_tokens, std::string* err);
 // Runs the audio tower over mono samples at the plan's sample rate and queues its soft tokens.
 g4_status media_add_audio(g4_session* s, const float* samples, int64_t n, int32_t* n_tokens,
                           std::string* err);

@@ -1,0 +1,120 @@
+// Audio files through tools/media_decode (FFmpeg's libraries where the build has them): every format to
+// 16 kHz mono, libswresample's resampling measured against torchaudio's on the same samples, and bad files
+// refused with one line naming them (tests/fixtures/towers/audio_files, made by
+// tools/make_media_fixtures.py).
+#include "test_util.h"
+#include "tools/media_decode.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <fstream>
+
+namespace {
+
+std::string dir() {
+    return g4test::fixture("towers/audio_files");
+}
+
+std::vector<float> read_f32(const std::string& path) {
+    const std::string b = g4test::read_file(path);
+    std::vector<float> v(b.size() / 4);
+    std::memcpy(v.data(), b.data(), v.size() * 4);
+    return v;
+}
+
+TEST(MediaDecode, EveryAudioFormatTo16kMono) {
+    if (!g4::tools::have_ffmpeg()) GTEST_SKIP() << "built without FFmpeg";
+    for (const char* f :
+         {"tones_44k1_stereo.wav", "tones_48k_stereo.flac", "tones.mp3", "tones.opus.ogg", "tones.m4a"}) {
+        g4::tools::AudioPcm pcm;
+        ASSERT_EQ(g4::tools::load_audio(dir() + "/" + f, 16000, 480000, &pcm), "") << f;
+        EXPECT_EQ(pcm.sample_rate, 16000);
+        double ss = 0;
+        for (float v : pcm.samples)
+            ss += double(v) * v;
+        std::printf("  %-22s %zu samples, rms %.4f\n", f, pcm.samples.size(),
+                    std::sqrt(ss / pcm.samples.size()));
+        // 0.9 s; lossy codecs add a little padding
+        EXPECT_NEAR(double(pcm.samples.size()), 14400.0, 14400.0 * 0.08) << f;
+    }
+}
+
+// libswresample (default settings, as torchcodec) against torchaudio.functional.resample on the mean of the
+// channels of the same 44.1 kHz int16 samples. The downmix is swresample's: (L + R) / sqrt(2) for float
+// output; the resampling alone is compared after undoing that scale.
+TEST(MediaDecode, ResamplingAgainstTorchaudio) {
+    if (!g4::tools::have_ffmpeg()) GTEST_SKIP() << "built without FFmpeg";
+    g4::tools::AudioPcm pcm;
+    ASSERT_EQ(g4::tools::load_audio(dir() + "/tones_44k1_stereo.wav", 16000, 480000, &pcm), "");
+    const std::vector<float> ref = read_f32(dir() + "/tones_44k1_stereo.wav.torchaudio16k.f32");
+    ASSERT_NEAR(double(pcm.samples.size()), double(ref.size()), 2.0);
+    const size_t n = std::min(pcm.samples.size(), ref.size());
+    double gr = 0, rr = 0;
+    for (size_t i = 0; i < n; ++i)
+        gr += double(pcm.samples[i]) * ref[i], rr += double(ref[i]) * ref[i];
+    const double scale = gr / rr; // least squares: g4 ~ scale * ref
+    double e2 = 0, e2_mid = 0, r2_mid = 0;
+    for (size_t i = 0; i < n; ++i) {
+        const double d = pcm.samples[i] / scale - ref[i];
+        e2 += d * d;
+        if (i >= 64 && i + 64 < n) e2_mid += d * d, r2_mid += double(ref[i]) * ref[i];
+    }
+    const double rel = std::sqrt(e2 / rr), rel_mid = std::sqrt(e2_mid / r2_mid);
+    std::printf(
+        "  swresample vs torchaudio: downmix scale %.6f, rel L2 %.3e (%.3e without 64 samples at each end)\n",
+        scale, rel, rel_mid);
+    EXPECT_NEAR(scale, std::sqrt(2.0), 1e-2);
+    EXPECT_LT(rel, 4e-2); // the filters differ (swresample: cutoff 0.97, torchaudio: rolloff 0.99)
+}
+
+TEST(MediaDecode, SoundTrackOfAVideo) {
+    if (!g4::tools::have_ffmpeg()) GTEST_SKIP() << "built without FFmpeg";
+    g4::tools::AudioPcm pcm;
+    ASSERT_EQ(g4::tools::load_audio(g4test::fixture("towers/video/with_sound_22k.mp4"), 16000, 480000, &pcm),
+              "");
+    EXPECT_NEAR(double(pcm.samples.size()), 16000.0, 16000.0 * 0.08);
+    std::string e =
+        g4::tools::load_audio(g4test::fixture("towers/video/pattern_97x61_12.5fps.mp4"), 16000, 480000, &pcm);
+    EXPECT_NE(e.find("pattern_97x61_12.5fps.mp4: has no audio stream"), std::string::npos) << e;
+}
+
+TEST(MediaDecode, BadFilesGiveOneLineNamingThem) {
+    g4test::TempDir tmp;
+    auto write = [&](const std::string& name, const std::string& bytes) {
+        std::ofstream(tmp.file(name), std::ios::binary) << bytes;
+        return tmp.file(name);
+    };
+    const std::string mp3                                        = g4test::read_file(dir() + "/tones.mp3");
+    const std::vector<std::pair<std::string, std::string>> cases = {
+        {write("empty.mp3", ""), "empty"},
+        {write("noise.mp3", std::string(4000, '\x5a')), ""},
+        {write("cut.m4a", g4test::read_file(dir() + "/tones.m4a").substr(0, 300)), ""},
+        {tmp.file("missing.flac"), ""},
+    };
+    for (const auto& [path, want] : cases) {
+        g4::tools::AudioPcm pcm;
+        const std::string e = g4::tools::load_audio(path, 16000, 480000, &pcm);
+        std::printf("  %s\n", e.c_str());
+        EXPECT_NE(e.find(path), std::string::npos) << e;
+        EXPECT_EQ(e.find('\n'), std::string::npos) << e;
+        EXPECT_NE(e.find(want), std::string::npos) << e;
+        EXPECT_TRUE(pcm.samples.empty());
+    }
+    if (!g4::tools::have_ffmpeg()) {
+        g4::tools::AudioPcm pcm;
+        const std::string e = g4::tools::load_audio(dir() + "/tones.mp3", 16000, 480000, &pcm);
+        EXPECT_NE(e.find("built without FFmpeg"), std::string::npos) << e;
+        return;
+    }
+    // longer than the plan takes: refused (0.9 s against 0.5 s)
+    for (const char* f : {"tones.mp3", "tones_44k1_stereo.wav", "tones_48k_stereo.flac"}) {
+        g4::tools::AudioPcm pcm;
+        const std::string e = g4::tools::load_audio(dir() + "/" + f, 16000, 8000, &pcm);
+        EXPECT_NE(e.find("of audio but the plan takes at most 0.50 s"), std::string::npos) << f << ": " << e;
+        EXPECT_TRUE(pcm.samples.empty());
+    }
+}
+
+} // namespace

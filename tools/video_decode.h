@@ -1,0 +1,41 @@
+// Video files for the g4 CLI: the frames transformers 5.17's Gemma 4 video processor samples, decoded through
+// FFmpeg's libraries (libavformat/libavcodec; libswscale to RGB, bicubic chroma upsampling, as OpenCV's
+// FFmpeg backend converts), with the timestamps its prompt writes.
+#pragma once
+
+#include "tools/image_io.h"
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace g4::tools {
+
+// The processor's default number of frames (Gemma4VideoProcessor.num_frames).
+constexpr int kVideoFrames = 32;
+
+struct VideoFrames {
+    int64_t total_frames = 0;       // frames in the stream (every packet counted, as torchcodec's exact mode)
+    double fps           = 0;       // total_frames / the stream's span, as torchcodec's average_fps
+    std::vector<int64_t> indices;   // the sampled frames' indices
+    std::vector<ImageRGB8> frames;  // the sampled frames, RGB8 (none when load_video is given on_frame)
+    std::vector<std::string> times; // "mm:ss" of each, as the processor writes them
+};
+
+// The indices the processor samples: torch.arange(0, total, total / n).int() with n = min(num_frames,
+// total) (transformers refuses n > total; g4 then takes every frame, what num_frames=total gives there).
+std::vector<int64_t> video_sample_indices(int64_t total, int num_frames);
+// "mm:ss" of index / fps, as Gemma4Processor.replace_video_token formats it.
+std::string video_timestamp(int64_t index, double fps);
+
+// Called with each sampled frame (k-th of out->indices) as it is decoded: "" to go on, or an error that
+// load_video returns. With it, frames are not kept: one frame's pixels are held at a time.
+using VideoFrameFn = std::function<std::string(size_t k, const ImageRGB8& frame)>;
+
+// Decodes the sampled frames of `path`'s first video stream. Frames over max_pixels, files over
+// kMaxMediaFileBytes, no video stream, corrupt data: "" or one line naming the file and the problem.
+std::string load_video(const std::string& path, int num_frames, int64_t max_pixels, VideoFrames* out,
+                       const VideoFrameFn& on_frame = nullptr);
+
+} // namespace g4::tools

@@ -93,8 +93,7 @@ Chat::Prompt Chat::render() const {
         const bool image        = a.kind == g4::ChatMedia::Image;
         const size_t begin      = p.ids.size();
         p.ids.push_back(image ? mi.boi_token_id : mi.boa_token_id);
-        p.ids.insert(p.ids.end(), (size_t)std::max(a.n, 0),
-                     image ? mi.image_token_id : mi.audio_token_id);
+        p.ids.insert(p.ids.end(), (size_t)std::max(a.n, 0), image ? mi.image_token_id : mi.audio_token_id);
         p.ids.push_back(image ? mi.eoi_token_id : mi.eoa_token_id);
         p.blocks.push_back({begin, p.ids.size(), m.message, m.item});
         at = m.offset + (image ? g4::kChatImageMarker : g4::kChatAudioMarker).size();
@@ -158,8 +157,7 @@ bool Chat::prepare(const std::string& text) {
             ++common;
         for (const auto& b : p.blocks)
             if (b.begin < common && common < b.end) common = 0;
-        if (common < fed.size())
-            restart(); // history changed (e.g. a reply re-tokenized): start from scratch
+        if (common < fed.size()) restart(); // history changed (e.g. a reply re-tokenized): start from scratch
         // Each image or clip the session lacks is encoded just before its placeholders are fed (the
         // session queues a bounded number of soft tokens): the new ones, and after a restart the earlier
         // ones again.
@@ -194,7 +192,9 @@ std::string Chat::save(const std::string& path) const {
         }
         msgs.push_back(std::move(m));
     }
-    const std::string text = nlohmann::json({{"messages", msgs}}).dump(2) + "\n";
+    const std::string text =
+        nlohmann::json({{"messages", msgs}}).dump(2, ' ', false, nlohmann::json::error_handler_t::replace) +
+        "\n";
     std::string err;
     if (!g4::write_output_file(path, text.data(), text.size(), &err)) return err;
     return "";
@@ -209,8 +209,9 @@ std::string Chat::load(const std::string& path) {
     }
     const std::string bad = path + ": not a conversation g4 chat saved (expected {\"messages\": [{\"role\": "
                                    "..., \"content\": ...}, ...]}";
-    nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
-    if (j.is_discarded() || !j.is_object() || !j.contains("messages") || !j["messages"].is_array()) return bad;
+    nlohmann::json j      = nlohmann::json::parse(text, nullptr, false);
+    if (j.is_discarded() || !j.is_object() || !j.contains("messages") || !j["messages"].is_array())
+        return bad;
     std::vector<ChatTurn> loaded;
     std::vector<ChatAttachment> keep = std::move(pending);
     pending.clear();

@@ -35,9 +35,9 @@ struct Chat {
     g4_session* s = nullptr;
     g4_engine_info info{};
     g4_media_info mi{};
-    std::vector<ChatTurn> turns;         // (the system turn first, if any)
-    std::vector<ChatAttachment> pending; // for the next user message
-    std::vector<int32_t> fed;            // tokens the session holds
+    std::vector<ChatTurn> turns;               // (the system turn first, if any)
+    std::vector<ChatAttachment> pending;       // for the next user message
+    std::vector<int32_t> fed;                  // tokens the session holds
     volatile const int* interrupted = nullptr; // non-zero after Ctrl-C (tools/cmd_chat.cpp)
 
     struct Prompt {

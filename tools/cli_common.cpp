@@ -18,7 +18,7 @@ namespace {
 // Writes `text` wrapped at `width` columns, every line indented by `indent` spaces.
 void print_wrapped(const std::string& text, size_t indent, size_t width) {
     std::string line;
-    size_t i = 0;
+    size_t i        = 0;
     auto flush_line = [&] {
         std::printf("%*s%s\n", (int)indent, "", line.c_str());
         line.clear();
@@ -179,8 +179,9 @@ std::vector<Option> sampling_options(const char* n_help) {
         {"--top-k", "K", "keep the K most likely tokens (0: all). Default: generation_config (Gemma 4: 64)"},
         {"--top-p", "P", "nucleus sampling mass in (0, 1]. Default: generation_config (Gemma 4: 0.95)"},
         {"--min-p", "P", "drop tokens below P times the top probability. Default: generation_config, else 0"},
-        {"--repeat-penalty", "R", "penalty on recently generated tokens (1: none). Default: generation_config, "
-                                  "else 1"},
+        {"--repeat-penalty", "R",
+         "penalty on recently generated tokens (1: none). Default: generation_config, "
+         "else 1"},
         {"--repeat-last-n", "N", "how many recent tokens the penalty looks at (-1: all). Default: 64"},
         {"--seed", "S", "random seed of the sampler. Default: the plan's (0)"},
         {"--stop", "STR", "stop when the generated text contains STR (repeatable; the STR is not printed)"},
@@ -236,14 +237,15 @@ void require_tokenizer(const g4_engine_info& info, const std::string& plan, cons
 }
 
 void check_media_ids(const g4_engine_info& info, const g4_media_info& mi, bool image) {
-    const int32_t open = image ? mi.boi_token_id : mi.boa_token_id, close = image ? mi.eoi_token_id
-                                                                                   : mi.eoa_token_id;
+    const int32_t open  = image ? mi.boi_token_id : mi.boa_token_id,
+                  close = image ? mi.eoi_token_id : mi.eoa_token_id;
     for (int32_t id : {open, close})
         if (id < 0 || id >= info.vocab_size)
             throw RunError(std::string("the plan's ") + (image ? "image" : "audio") + " marker token id " +
                            std::to_string(id) + " is outside its " + std::to_string(info.vocab_size) +
                            "-token vocabulary: the checkpoint's config.json (boi/eoi/boa/eoa_token_id) names "
-                           "ids its text model does not have, so no " + (image ? "image" : "audio") +
+                           "ids its text model does not have, so no " +
+                           (image ? "image" : "audio") +
                            " prompt can be built (the tiny demo model tests/fixtures/e2b_tiny is such a "
                            "checkpoint; tests/fixtures/e2b_tiny_mm has the same weights with ids that fit)");
 }

@@ -67,13 +67,13 @@ void check(g4_status st); // RunError with g4_last_error_message() unless G4_OK
 struct Engine {
     g4_engine* e = nullptr;
     g4_engine_info info{};
-    Engine() = default;
+    Engine()              = default;
     Engine(const Engine&) = delete;
     ~Engine() { g4_engine_close(e); }
 };
 struct Session {
-    g4_session* s = nullptr;
-    Session() = default;
+    g4_session* s           = nullptr;
+    Session()               = default;
     Session(const Session&) = delete;
     ~Session() { g4_session_destroy(s); }
 };
@@ -99,7 +99,7 @@ struct StreamState {
     bool echo           = true;
     g4_session* session = nullptr; // set: each token's step logits are appended to decode_logits
     std::vector<float> decode_logits;
-    g4_status logits_status = G4_OK;
+    g4_status logits_status       = G4_OK;
     volatile const int* stop_flag = nullptr; // non-zero: stop generating (chat's Ctrl-C)
 };
 int32_t on_token(void* user, int32_t token, const char* text, size_t len);
@@ -107,15 +107,15 @@ g4_status append_last_logits(g4_session* s, std::vector<float>* out);
 
 // Progress of a long stage on stderr: a bar on a terminal, a line every 10% otherwise.
 class Progress {
-  public:
+public:
     explicit Progress(std::string label);
     void update(double fraction); // 0..1
     void done();
 
-  private:
+private:
     std::string label_;
     bool tty_;
-    int last_ = -1;
+    int last_      = -1;
     bool finished_ = false;
 };
 

@@ -29,8 +29,10 @@ std::vector<int> parse_int_list(const std::string& opt, const std::string& v, lo
 const Command kBench = {
     "bench",
     "PLAN [options]",
-    "Measures like llama-bench, in one warm process: ppP feeds a fresh P-token prompt and picks the first token "
-    "(time to first token); tgN@dD times N greedy decode steps after a D-token prompt. Each test runs once to "
+    "Measures like llama-bench, in one warm process: ppP feeds a fresh P-token prompt and picks the first "
+    "token "
+    "(time to first token); tgN@dD times N greedy decode steps after a D-token prompt. Each test runs once "
+    "to "
     "warm up, then -r times; medians are printed. Prompt ids are synthetic and cycle through the vocabulary.",
     {{"-p", "P,P,...", "prompt lengths to measure. Default: 512"},
      {"-n", "N", "greedy decode steps of each tg test (0: none). Default: 128"},

@@ -4,6 +4,7 @@
 #include "tools/chat_state.h"
 #include "tools/cli_common.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
@@ -28,6 +29,8 @@ volatile std::sig_atomic_t g_interrupted = 0; // Ctrl-C seen, not yet handled
 volatile std::sig_atomic_t g_busy        = 0; // a message or reply is being computed
 volatile std::sig_atomic_t g_quit_on_int = 0; // at the prompt without readline: Ctrl-C quits as it always did
 sem_t g_wake;                                 // posted by the handler: the canceller thread calls the C API
+int g_wake_fd[2] = {-1,
+                    -1}; // written by the handler: wakes the prompt's select (any thread may take a signal)
 
 void on_sigint(int) {
     if (g_quit_on_int && !g_busy) {
@@ -36,14 +39,19 @@ void on_sigint(int) {
         return;
     }
     g_interrupted = 1;
+    if (g_wake_fd[1] >= 0) {
+        const ssize_t w = ::write(g_wake_fd[1], "x", 1);
+        (void)w;
+    }
     sem_post(&g_wake); // async-signal-safe; g4_session_cancel (it takes a lock) runs on the canceller thread
 }
 
 // Calls g4_session_cancel for each Ctrl-C while a message or reply is being computed.
 class Canceller {
-  public:
+public:
     explicit Canceller(g4_session* s) : s_(s) {
         sem_init(&g_wake, 0, 0);
+        if (::pipe(g_wake_fd) != 0) g_wake_fd[0] = g_wake_fd[1] = -1;
         thread_ = std::thread([this] {
             for (;;) {
                 while (sem_wait(&g_wake) != 0 && errno == EINTR) {
@@ -64,9 +72,13 @@ class Canceller {
         sem_post(&g_wake);
         thread_.join();
         sem_destroy(&g_wake);
+        for (int& fd : g_wake_fd) {
+            if (fd >= 0) ::close(fd);
+            fd = -1;
+        }
     }
 
-  private:
+private:
     g4_session* s_;
     std::thread thread_;
     volatile bool stop_ = false;
@@ -76,7 +88,7 @@ class Canceller {
 // One line of input at a time. False at the end: end of input, Ctrl-D, or Ctrl-C twice in a row at an empty
 // prompt (*streak counts the Ctrl-Cs in a row, the one that stopped a reply included).
 class LineReader {
-  public:
+public:
     explicit LineReader(bool tty) : tty_(tty) {
 #ifdef G4_HAVE_READLINE
         readline_ = tty;
@@ -96,7 +108,7 @@ class LineReader {
         return (bool)std::getline(std::cin, *line);
     }
 
-  private:
+private:
     bool tty_, readline_ = false;
 #ifdef G4_HAVE_READLINE
     static inline std::optional<std::string> got_;
@@ -116,7 +128,13 @@ class LineReader {
             fd_set fds;
             FD_ZERO(&fds);
             FD_SET(0, &fds);
-            const int r = select(1, &fds, nullptr, nullptr, nullptr);
+            if (g_wake_fd[0] >= 0) FD_SET(g_wake_fd[0], &fds);
+            const int r = select(std::max(0, g_wake_fd[0]) + 1, &fds, nullptr, nullptr, nullptr);
+            if (r > 0 && g_wake_fd[0] >= 0 && FD_ISSET(g_wake_fd[0], &fds)) {
+                char buf[64];
+                const ssize_t n = ::read(g_wake_fd[0], buf, sizeof buf);
+                (void)n;
+            }
             if (g_interrupted) {
                 g_interrupted    = 0;
                 const bool empty = rl_end == 0;
@@ -135,7 +153,7 @@ class LineReader {
                 rl_redisplay();
                 continue;
             }
-            if (r > 0) {
+            if (r > 0 && FD_ISSET(0, &fds)) {
                 rl_callback_read_char();
                 if (!done_ && rl_end > 0) *streak = 0;
             }
@@ -145,22 +163,26 @@ class LineReader {
             return false;
         }
         *line = *got_;
-        if (!line->empty()) add_history(line->c_str());
+        if (!line->empty()) {
+            add_history(line->c_str());
+            *streak = 0; // (readline may take a whole typed-ahead line in one call)
+        }
         return true;
     }
 #endif
 };
 
-const char* kChatHelp = "commands:\n"
-                        "  /image FILE      attach an image to the next message\n"
-                        "  /audio FILE.wav  attach a 16 kHz mono WAV clip to the next message\n"
-                        "  /save FILE       write the conversation to FILE (JSON messages)\n"
-                        "  /load FILE       replace the conversation with the one in FILE\n"
-                        "  /reset           start over (the --system text stays)\n"
-                        "  /exit, /quit     quit (Ctrl-D too)\n"
-                        "  /help            this list\n"
-                        "  //TEXT           send /TEXT as a message\n"
-                        "Ctrl-C stops a reply and keeps the conversation; Ctrl-C twice at an empty prompt quits.\n";
+const char* kChatHelp =
+    "commands:\n"
+    "  /image FILE      attach an image to the next message\n"
+    "  /audio FILE.wav  attach a 16 kHz mono WAV clip to the next message\n"
+    "  /save FILE       write the conversation to FILE (JSON messages)\n"
+    "  /load FILE       replace the conversation with the one in FILE\n"
+    "  /reset           start over (the --system text stays)\n"
+    "  /exit, /quit     quit (Ctrl-D too)\n"
+    "  /help            this list\n"
+    "  //TEXT           send /TEXT as a message\n"
+    "Ctrl-C stops a reply and keeps the conversation; Ctrl-C twice at an empty prompt quits.\n";
 
 // "/image PATH" (PATH may be quoted) -> PATH; nullopt when line is not that command.
 std::optional<std::string> command_arg(const std::string& line, const std::string& cmd) {
@@ -194,8 +216,8 @@ bool run_command(Chat& chat, const std::string& line) {
             } else if (std::string err = save ? chat.save(*path) : chat.load(*path); !err.empty()) {
                 std::fprintf(stderr, "g4 chat: error: %s\n", err.c_str());
             } else {
-                std::fprintf(stderr, "[conversation %s %s: %zu messages]\n", save ? "saved to" : "loaded from",
-                             path->c_str(), chat.turns.size());
+                std::fprintf(stderr, "[conversation %s %s: %zu messages]\n",
+                             save ? "saved to" : "loaded from", path->c_str(), chat.turns.size());
             }
             return true;
         }
@@ -203,13 +225,15 @@ bool run_command(Chat& chat, const std::string& line) {
                                aud = img ? std::nullopt : command_arg(line, "/audio");
     if (!img && !aud) {
         const std::string name = line.substr(0, line.find_first_of(" \t"));
-        std::fprintf(stderr, "g4 chat: unknown command %s (not sent; /help lists the commands, //TEXT sends /TEXT)\n",
+        std::fprintf(stderr,
+                     "g4 chat: unknown command %s (not sent; /help lists the commands, //TEXT sends /TEXT)\n",
                      name.c_str());
         return true;
     }
     const std::string what = img ? "/image" : "/audio", path = img ? *img : *aud;
-    std::string err = path.empty() ? what + " needs a file: " + what + (img ? " photo.png" : " clip.wav")
-                                   : chat.attach(img ? g4::ChatMedia::Image : g4::ChatMedia::Audio, path, what);
+    std::string err = path.empty()
+                          ? what + " needs a file: " + what + (img ? " photo.png" : " clip.wav")
+                          : chat.attach(img ? g4::ChatMedia::Image : g4::ChatMedia::Audio, path, what);
     if (!err.empty()) {
         std::fprintf(stderr, "g4 chat: error: %s\n", err.c_str());
     } else if (img) {
@@ -226,9 +250,9 @@ bool run_command(Chat& chat, const std::string& line) {
 } // namespace
 
 const Command kChat = {
-    "chat",
-    "PLAN [options]",
-    "An interactive conversation with a plan: one message a line, the replies streamed. Each turn is rendered "
+    "chat", "PLAN [options]",
+    "An interactive conversation with a plan: one message a line, the replies streamed. Each turn is "
+    "rendered "
     "with the plan's chat template; only the tokens the session does not hold yet are fed.",
     [] {
         std::vector<Option> o = {
@@ -236,7 +260,10 @@ const Command kChat = {
             {"--image", "FILE", "an image for the first message (repeatable)"},
             {"--audio", "FILE.wav", "a 16 kHz mono WAV clip for the first message (repeatable)"},
         };
-        for (Option s : sampling_options("tokens a reply has at most. Default: 512")) o.push_back(s);
+        for (Option s : sampling_options("tokens a reply has at most. Default: 512"))
+            o.push_back(s);
+        o.push_back(
+            {"--ignore-eos", nullptr, "do not end a reply at the plan's end-of-generation ids (-n ends it)"});
         o.push_back({"--print-ids", nullptr, "print each reply's token ids instead of its text"});
         o.push_back({"--stats", nullptr, "print timings on stderr after each reply"});
         return o;
@@ -291,6 +318,7 @@ int cmd_chat(int argc, char** argv) {
         }
         g4_generate_params gp = g4_generate_params_default();
         gp.max_tokens         = n_predict;
+        gp.ignore_eos         = a.on("--ignore-eos");
         StreamState ss;
         ss.echo      = !print_ids;
         ss.stop_flag = &g_interrupted;

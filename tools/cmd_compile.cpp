@@ -16,52 +16,69 @@ const Command kCompile = {
     "output of save_pretrained) into one plan file, optionally with a PEFT LoRA adapter merged in. The "
     "report on stderr gives the placement, the memory plan and, for lossy plans, the fidelity figure.",
     {
-        {"--model", "DIR", "the checkpoint directory (gemma4 or gemma4_text; single-file or sharded safetensors)"},
+        {"--model", "DIR",
+         "the checkpoint directory (gemma4 or gemma4_text; single-file or sharded safetensors)"},
         {"-o", "PLAN", "the plan file to write (atomically: a temporary file renamed over it)"},
-        {"--adapter", "DIR", "a PEFT LoRA adapter (adapter_config.json + adapter_model.safetensors), merged in "
-                             "fp32 before quantization"},
-        {"--tokenizer", "FILE", "the tokenizer.json to embed. Default: DIR/tokenizer.json; without one the plan "
-                                "takes token ids only (a warning says so)"},
-        {"--weights", "nf4|bf16|f32", "stored weight type: nf4 puts the text decoder's projections in NF4 and "
-                                     "the rest in bf16. Default: nf4"},
-        {"--quantize", "REGEX", "NF4 for the matmul weights whose Hugging Face name matches (replaces the "
-                                "default set)"},
+        {"--adapter", "DIR",
+         "a PEFT LoRA adapter (adapter_config.json + adapter_model.safetensors), merged in "
+         "fp32 before quantization"},
+        {"--tokenizer", "FILE",
+         "the tokenizer.json to embed. Default: DIR/tokenizer.json; without one the plan "
+         "takes token ids only (a warning says so)"},
+        {"--weights", "nf4|bf16|f32",
+         "stored weight type: nf4 puts the text decoder's projections in NF4 and "
+         "the rest in bf16. Default: nf4"},
+        {"--quantize", "REGEX",
+         "NF4 for the matmul weights whose Hugging Face name matches (replaces the "
+         "default set)"},
         {"--keep", "REGEX", "never quantize the weights whose Hugging Face name matches"},
-        {"--double-quant", nullptr, "8-bit NF4 absmax (bitsandbytes' double quantization). Default: fp32 absmax"},
-        {"--no-fidelity", nullptr, "skip the fidelity check of lossy plans (saves about 40% of an E2B "
-                                   "compile). Default: measured"},
+        {"--double-quant", nullptr,
+         "8-bit NF4 absmax (bitsandbytes' double quantization). Default: fp32 absmax"},
+        {"--no-fidelity", nullptr,
+         "skip the fidelity check of lossy plans (saves about 40% of an E2B "
+         "compile). Default: measured"},
         {"--device", "cpu|cuda[:N]", "where the text decoder runs. Default: cpu"},
         {"--target", "sm_XX", "CUDA architecture (sm_80, sm_86, sm_89, sm_90). Default: the GPU present"},
-        {"--prefill-precision", "bf16|fp32", "CUDA prefill matmuls: bf16 tensor cores or exact fp32. Default: bf16"},
-        {"--mlp-precision", "f16|f32", "sm_90 decode MLP products: packed f16 (~1e-3 relative error an MLP, "
-                                       "~5% faster) or f32. Default: f16"},
-        {"--deterministic", nullptr, "CUDA decode sums in a fixed order: bit-identical runs (sm_90 decode "
-                                     "~3-4% slower). Default: off"},
-        {"--mlp-replicas", "auto|1|2|3|4", "sm_90 fused MLP output replicas, for measurements. Default: auto"},
+        {"--prefill-precision", "bf16|fp32",
+         "CUDA prefill matmuls: bf16 tensor cores or exact fp32. Default: bf16"},
+        {"--mlp-precision", "f16|f32",
+         "sm_90 decode MLP products: packed f16 (~1e-3 relative error an MLP, "
+         "~5% faster) or f32. Default: f16"},
+        {"--deterministic", nullptr,
+         "CUDA decode sums in a fixed order: bit-identical runs (sm_90 decode "
+         "~3-4% slower). Default: off"},
+        {"--mlp-replicas", "auto|1|2|3|4",
+         "sm_90 fused MLP output replicas, for measurements. Default: auto"},
         {"--ple-fold", "on|off", "sm_90: the ResNorm before a PLE inside the PLE's kernel. Default: on"},
-        {"--mlp-fold", "one-wave|all|off", "sm_90: the ResNorm before a packed-f16 MLP inside the MLP's kernel. "
-                                           "Default: one-wave"},
-        {"--kernel-trace", "off|launches|blocks", "CUDA kernels that record timers (G4_TRACE_OUT names the "
-                                                  "file; ~8% slower, not for use). Default: off"},
+        {"--mlp-fold", "one-wave|all|off",
+         "sm_90: the ResNorm before a packed-f16 MLP inside the MLP's kernel. "
+         "Default: one-wave"},
+        {"--kernel-trace", "off|launches|blocks",
+         "CUDA kernels that record timers (G4_TRACE_OUT names the "
+         "file; ~8% slower, not for use). Default: off"},
         {"--kv-dtype", "bf16|f32", "KV cache element type. Default: bf16 for CUDA plans, f32 for CPU plans"},
         {"--max-context", "N", "positions a session holds. Default: min(4096, max_position_embeddings)"},
         {"--chunk", "N", "tokens per prefill step. Default: 64 (CPU plans), 1024 (CUDA plans)"},
         {"--logits-rows", "N", "logits rows one step can produce. Default: 16"},
-        {"--gpu-mem", "[IDX:]SIZE", "GPU memory budget (12GiB, 4GB, 512MiB; repeatable, one per GPU). "
-                                    "Default: none (nothing is placed on a GPU without one)"},
+        {"--gpu-mem", "[IDX:]SIZE",
+         "GPU memory budget (12GiB, 4GB, 512MiB; repeatable, one per GPU). "
+         "Default: none (nothing is placed on a GPU without one)"},
         {"--cpu-mem", "SIZE", "host memory budget. Default: none"},
-        {"--place", "LIST", "component=target items: components vision, audio, ple, embed, lm_head, layers; "
-                            "targets cpu, gpu, gpuN, cuda:N, host (ple only); layers=0-29:gpu0,30-34:cpu "
-                            "gives ranges (docs/placement.md)"},
+        {"--place", "LIST",
+         "component=target items: components vision, audio, ple, embed, lm_head, layers; "
+         "targets cpu, gpu, gpuN, cuda:N, host (ple only); layers=0-29:gpu0,30-34:cpu "
+         "gives ranges (docs/placement.md)"},
         {"--dry-run", nullptr, "validate and print the placement and memory plan; write nothing"},
         {"--no-vision", nullptr, "leave the vision tower out"},
         {"--no-audio", nullptr, "leave the audio tower out"},
         {"--image-tokens", "70|140|280|560|1120", "soft tokens an image gives at most. Default: 280"},
-        {"--max-image-pixels", "N", "largest input image (width x height) a session takes. Default: 16777216"},
+        {"--max-image-pixels", "N",
+         "largest input image (width x height) a session takes. Default: 16777216"},
         {"--max-audio-seconds", "S", "longest audio clip. Default: 30"},
         {"--max-media-tokens", "N", "soft tokens a session holds queued. Default: max(2048, one image/clip)"},
-        {"--tower-precision", "fp32|bf16", "towers' matmuls: fp32 (Hugging Face float32) or bf16 (faster, ~3e-3 "
-                                           "off). Default: fp32"},
+        {"--tower-precision", "fp32|bf16",
+         "towers' matmuls: fp32 (Hugging Face float32) or bf16 (faster, ~3e-3 "
+         "off). Default: fp32"},
     },
     "Fidelity (lossy plans: NF4 weights or an adapter): the plan and the full-precision (fp32, adapter "
     "merged, unquantized) model both run a 32-token calibration prompt on the CPU; the report gives the "
@@ -123,11 +140,12 @@ int cmd_compile(int argc, char** argv) {
         o.max_media_tokens = (int)parse_int("--max-media-tokens", a.get("--max-media-tokens"), 1, 1 << 30);
     namespace fs = std::filesystem;
     if (o.tokenizer_path.empty() && !fs::exists(fs::path(o.model_dir) / "tokenizer.json"))
-        std::fprintf(stderr,
-                     "g4 compile: warning: %s has no tokenizer.json: the plan will take token ids only (g4 run "
-                     "--tokens); -p TEXT and g4 chat need a tokenizer: copy the model's tokenizer.json into %s or "
-                     "pass --tokenizer FILE\n",
-                     o.model_dir.c_str(), o.model_dir.c_str());
+        std::fprintf(
+            stderr,
+            "g4 compile: warning: %s has no tokenizer.json: the plan will take token ids only (g4 run "
+            "--tokens); -p TEXT and g4 chat need a tokenizer: copy the model's tokenizer.json into %s or "
+            "pass --tokenizer FILE\n",
+            o.model_dir.c_str(), o.model_dir.c_str());
     std::unique_ptr<Progress> bar;
     std::string stage;
     o.progress = [&](const char* s, double f) {

@@ -20,7 +20,8 @@ const Command kInspect = {
     "tokenizer, provenance (the sha256 of every input file), weights by dtype, placement, memory by device, "
     "and the CUDA kernels and schedule of a CUDA plan.",
     {{"--verify", nullptr,
-      "also check the weights' checksum (every other section's checksum and every record are checked whenever "
+      "also check the weights' checksum (every other section's checksum and every record are checked "
+      "whenever "
       "a plan is opened)"},
      {"--tensors", nullptr, "also list every tensor: kind, shape, bytes, dtype, name"},
      {"--ops", nullptr, "also list every op of the program with its inputs and outputs"},
@@ -149,7 +150,8 @@ int inspect_plan(int argc, char** argv) {
     }
     const bool all = a.on("--all");
     if (!all && !a.on("--ops") && !a.on("--tensors"))
-        std::printf("(--tensors lists the %zu tensors, --ops the %zu ops, --all both)\n", p.n_tensors(), p.n_ops());
+        std::printf("(--tensors lists the %zu tensors, --ops the %zu ops, --all both)\n", p.n_tensors(),
+                    p.n_ops());
     if (all || a.flag.count("--tensors")) {
         std::printf("tensors:\n");
         for (size_t i = 0; i < p.n_tensors(); ++i) {

@@ -104,7 +104,8 @@ void add_media(const Args& a, g4_engine* e, g4_session* s, std::vector<int32_t>*
 // Feeds the prompt; a long one in pieces of whole prefill chunks (the same steps as one call) with a
 // progress bar on stderr.
 void feed_prompt(g4_session* s, const g4_engine_info& info, const std::vector<int32_t>& prompt, float* dump) {
-    const size_t step = (size_t)std::max(1, info.max_chunk) * std::max<size_t>(1, 512 / std::max(1, info.max_chunk));
+    const size_t step =
+        (size_t)std::max(1, info.max_chunk) * std::max<size_t>(1, 512 / std::max(1, info.max_chunk));
     if (prompt.size() < 4 * step) {
         check(g4_session_append_tokens(s, prompt.data(), prompt.size(), dump,
                                        dump ? prompt.size() * (size_t)info.vocab_size : 0));
@@ -131,8 +132,7 @@ std::vector<int32_t> text_prompt(const Args& a, g4_engine* e) {
 } // namespace
 
 const Command kRun = {
-    "run",
-    "PLAN (-p TEXT | --tokens IDS | --tokens @FILE) [options]",
+    "run", "PLAN (-p TEXT | --tokens IDS | --tokens @FILE) [options]",
     "Feeds a prompt to a compiled plan and prints what the model generates: the text with -p, the token ids "
     "with --tokens.",
     [] {
@@ -151,7 +151,8 @@ const Command kRun = {
                                          "on stderr says so. Default: 32"))
             o.push_back(s);
         for (Option s : std::vector<Option>{
-                 {"--ignore-eos", nullptr, "do not stop at the plan's end-of-generation ids (<turn|>, <eos>)"},
+                 {"--ignore-eos", nullptr,
+                  "do not stop at the plan's end-of-generation ids (<turn|>, <eos>)"},
                  {"--print-ids", nullptr, "with -p: print the generated token ids instead of the text"},
                  {"--image", "FILE",
                   "an image (PNG/JPEG/BMP/GIF/PPM) for a plan with the vision tower (repeatable): put at the "
@@ -180,12 +181,14 @@ const Command kRun = {
 int cmd_run(int argc, char** argv) {
     Args a(argc, argv, 2, kRun);
     if (a.pos.size() != 1) throw UsageError("expected exactly one PLAN argument");
-    if (a.has("--tokens") == a.has("-p")) throw UsageError("give the prompt as -p TEXT or as --tokens ID,ID,...");
+    if (a.has("--tokens") == a.has("-p"))
+        throw UsageError("give the prompt as -p TEXT or as --tokens ID,ID,...");
     if (a.on("--chat") && !a.has("-p")) throw UsageError("--chat applies the chat template to -p TEXT");
     int n_predict = (int)parse_int("-n", a.get("-n", "32"), 0, 1 << 30);
     for (const char* o : {"--dump-logits", "--dump-decode-logits"}) {
         std::string err;
-        if (a.has(o) && g4::output_target(a.get(o), &err).empty()) throw UsageError(std::string(o) + " " + err);
+        if (a.has(o) && g4::output_target(a.get(o), &err).empty())
+            throw UsageError(std::string(o) + " " + err);
     }
 
     Engine e;
@@ -224,7 +227,8 @@ int cmd_run(int argc, char** argv) {
     feed_prompt(s.s, e.info, prompt, logits.empty() ? nullptr : logits.data());
     if (!logits.empty()) {
         std::string err;
-        if (!g4::write_output_file(a.get("--dump-logits"), logits.data(), logits.size() * sizeof(float), &err))
+        if (!g4::write_output_file(a.get("--dump-logits"), logits.data(), logits.size() * sizeof(float),
+                                   &err))
             throw RunError(err);
     }
 
@@ -246,7 +250,7 @@ int cmd_run(int argc, char** argv) {
     int32_t n_gen = 0;
     g4_status st  = g4_session_generate(s.s, &sp, &gp, on_token, &ss, &n_gen);
     check(ss.logits_status);
-    bool context_full = st == G4_ERR_CONTEXT_FULL;
+    bool context_full    = st == G4_ERR_CONTEXT_FULL;
     std::string full_msg = context_full ? g4_last_error_message() : "";
     if (!context_full) check(st);
     if (ss.session) { // the row after the last token chose nothing: [generated, vocab]

@@ -11,7 +11,8 @@ const Command kTokenize = {
     "--tokenizer FILE|PLAN [--add-special] -- TEXT",
     "Prints the token ids of TEXT, comma-separated, as the model sees them.",
     {{"--tokenizer", "FILE|PLAN", "a Hugging Face tokenizer.json, or a plan (its embedded tokenizer)"},
-     {"--add-special", nullptr, "apply the tokenizer's template (Gemma: <bos> first). Default: the text alone"}},
+     {"--add-special", nullptr,
+      "apply the tokenizer's template (Gemma: <bos> first). Default: the text alone"}},
     "Put -- before TEXT so that a text starting with - is not read as an option."};
 
 int cmd_tokenize(int argc, char** argv) {

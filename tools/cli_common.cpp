@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -299,10 +300,25 @@ int32_t on_token(void* user, int32_t token, const char* text, size_t len) {
     return st->stop_flag && *st->stop_flag ? 1 : 0;
 }
 
-Progress::Progress(std::string label) : label_(std::move(label)), tty_(::isatty(2) != 0) {}
+namespace {
+double now_s() {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+} // namespace
+
+// G4_PROGRESS (docs/environment.md): "always" shows every stage from its start, "off" none.
+Progress::Progress(std::string label) : label_(std::move(label)), tty_(::isatty(2) != 0), start_(now_s()) {
+    const char* env = std::getenv("G4_PROGRESS");
+    if (env && !std::strcmp(env, "always")) start_ -= 1.0;
+    if (env && !std::strcmp(env, "off")) finished_ = true;
+}
+
+Progress::~Progress() {
+    if (tty_ && last_ >= 0 && !finished_) std::fprintf(stderr, "\n");
+}
 
 void Progress::update(double fraction) {
-    if (finished_) return;
+    if (finished_ || (last_ < 0 && now_s() - start_ < 1.0)) return;
     const int pct = (int)std::clamp(fraction * 100.0, 0.0, 100.0);
     if (tty_) {
         if (pct == last_) return;
@@ -310,7 +326,7 @@ void Progress::update(double fraction) {
         std::fprintf(stderr, "\r%s [%s%s] %3d%%", label_.c_str(), std::string((size_t)fill, '#').c_str(),
                      std::string((size_t)(width - fill), '.').c_str(), pct);
     } else {
-        if (pct / 10 == last_ / 10 && last_ >= 0) return;
+        if (last_ >= 0 && pct / 10 == last_ / 10) return;
         std::fprintf(stderr, "%s: %d%%\n", label_.c_str(), pct / 10 * 10);
     }
     std::fflush(stderr);
@@ -318,9 +334,11 @@ void Progress::update(double fraction) {
 }
 
 void Progress::done() {
-    if (finished_ || last_ < 0) return;
-    update(1.0);
-    if (tty_) std::fprintf(stderr, "\n");
+    if (finished_) return;
+    if (last_ >= 0) {
+        update(1.0);
+        if (tty_) std::fprintf(stderr, "\n");
+    }
     finished_ = true;
 }
 

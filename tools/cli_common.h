@@ -105,16 +105,20 @@ struct StreamState {
 int32_t on_token(void* user, int32_t token, const char* text, size_t len);
 g4_status append_last_logits(g4_session* s, std::vector<float>* out);
 
-// Progress of a long stage on stderr: a bar on a terminal, a line every 10% otherwise.
+// Progress of a long stage on stderr: a bar on a terminal, a line every 10% otherwise; nothing for a stage
+// that ends (or fails) within its first second, so quick commands and their one-line errors stay as they are.
 class Progress {
 public:
     explicit Progress(std::string label);
+    ~Progress(); // ends a bar's line (a failure's error then starts on a line of its own)
+    Progress(const Progress&) = delete;
     void update(double fraction); // 0..1
     void done();
 
 private:
     std::string label_;
     bool tty_;
+    double start_;
     int last_      = -1;
     bool finished_ = false;
 };

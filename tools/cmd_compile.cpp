@@ -139,7 +139,8 @@ int cmd_compile(int argc, char** argv) {
     if (a.has("--max-media-tokens"))
         o.max_media_tokens = (int)parse_int("--max-media-tokens", a.get("--max-media-tokens"), 1, 1 << 30);
     namespace fs = std::filesystem;
-    if (o.tokenizer_path.empty() && !fs::exists(fs::path(o.model_dir) / "tokenizer.json"))
+    if (o.tokenizer_path.empty() && fs::exists(fs::path(o.model_dir) / "config.json") &&
+        !fs::exists(fs::path(o.model_dir) / "tokenizer.json"))
         std::fprintf(
             stderr,
             "g4 compile: warning: %s has no tokenizer.json: the plan will take token ids only (g4 run "

@@ -21,16 +21,60 @@ size_t count_lines(const std::string& s) {
 // Every option each subcommand took before the option tables: --help must list all of them.
 const std::map<std::string, std::vector<std::string>> kOptions = {
     {"compile",
-     {"--model", "--adapter", "--weights", "--device", "-o", "--max-context", "--chunk", "--logits-rows",
-      "--quantize", "--keep", "--tokenizer", "--target", "--prefill-precision", "--kv-dtype", "--gpu-mem",
-      "--cpu-mem", "--place", "--image-tokens", "--max-image-pixels", "--max-audio-seconds",
-      "--max-media-tokens", "--tower-precision", "--mlp-precision", "--mlp-replicas", "--ple-fold", "--mlp-fold",
-      "--kernel-trace", "--double-quant", "--no-fidelity", "--dry-run", "--no-vision", "--no-audio",
+     {"--model",
+      "--adapter",
+      "--weights",
+      "--device",
+      "-o",
+      "--max-context",
+      "--chunk",
+      "--logits-rows",
+      "--quantize",
+      "--keep",
+      "--tokenizer",
+      "--target",
+      "--prefill-precision",
+      "--kv-dtype",
+      "--gpu-mem",
+      "--cpu-mem",
+      "--place",
+      "--image-tokens",
+      "--max-image-pixels",
+      "--max-audio-seconds",
+      "--max-media-tokens",
+      "--tower-precision",
+      "--mlp-precision",
+      "--mlp-replicas",
+      "--ple-fold",
+      "--mlp-fold",
+      "--kernel-trace",
+      "--double-quant",
+      "--no-fidelity",
+      "--dry-run",
+      "--no-vision",
+      "--no-audio",
       "--deterministic"}},
-    {"run",
-     {"-n", "--temp", "--top-k", "--top-p", "--min-p", "--repeat-penalty", "--repeat-last-n", "--seed",
-      "--threads", "--stop", "--tokens", "-p", "--dump-logits", "--dump-decode-logits", "--image", "--audio",
-      "--ignore-eos", "--print-ids", "--stats", "--truncate", "--chat"}},
+    {"run", {"-n",
+             "--temp",
+             "--top-k",
+             "--top-p",
+             "--min-p",
+             "--repeat-penalty",
+             "--repeat-last-n",
+             "--seed",
+             "--threads",
+             "--stop",
+             "--tokens",
+             "-p",
+             "--dump-logits",
+             "--dump-decode-logits",
+             "--image",
+             "--audio",
+             "--ignore-eos",
+             "--print-ids",
+             "--stats",
+             "--truncate",
+             "--chat"}},
     {"chat",
      {"-n", "--temp", "--top-k", "--top-p", "--min-p", "--repeat-penalty", "--repeat-last-n", "--seed",
       "--threads", "--stop", "--system", "--image", "--audio", "--stats", "--print-ids", "--ignore-eos"}},
@@ -47,7 +91,8 @@ TEST(Cli, HelpOfEverySubcommand) {
             EXPECT_EQ(r.out.rfind("usage: g4 " + cmd + " ", 0), 0u) << r.out;
             for (const std::string& o : opts) {
                 // "  --temp T" on its own line, then an indented description.
-                std::regex line("\n  " + std::regex_replace(o, std::regex("[-]"), "\\-") + "( [^\n]*)?\n      \\S");
+                std::regex line("\n  " + std::regex_replace(o, std::regex("[-]"), "\\-") +
+                                "( [^\n]*)?\n      \\S");
                 EXPECT_TRUE(std::regex_search(r.out, line)) << cmd << ": " << o << " missing in:\n" << r.out;
             }
         }
@@ -59,12 +104,14 @@ TEST(Cli, HelpOfEverySubcommand) {
     EXPECT_EQ(top.exit_code, 0);
     for (const auto& [cmd, opts] : kOptions)
         EXPECT_NE(top.out.find("  " + cmd + " "), std::string::npos) << top.out;
-    EXPECT_NE(run_g4("run --help").out.find("Default: 32"), std::string::npos);
+    const std::string run_help = std::regex_replace(run_g4("run --help").out, std::regex("\\s+"), " ");
+    EXPECT_NE(run_help.find("-n N tokens to generate at most"), std::string::npos) << run_help;
+    EXPECT_NE(run_help.find("Default: 32"), std::string::npos) << run_help;
 }
 
 TEST(Cli, UsageErrorsAreShort) {
     for (const std::string& args : {std::string("run plan.g4plan --bogus"), std::string("compile --model"),
-                                    std::string("run"), std::string("inspect a b"), std::string("bench p -r x")}) {
+                                    std::string("run"), std::string("inspect a b"), std::string("bench")}) {
         CmdResult r     = run_g4(args);
         std::string cmd = args.substr(0, args.find(' '));
         EXPECT_EQ(r.exit_code, 2) << args;
@@ -78,11 +125,12 @@ TEST(Cli, UsageErrorsAreShort) {
 }
 
 class CliPlan : public ::testing::Test {
-  protected:
+protected:
     static void SetUpTestSuite() {
-        dir_        = new TempDir();
-        plan_       = dir_->file("tiny.g4plan");
-        CmdResult r = run_g4("compile --model '" + fixture("e2b_tiny") + "' --weights f32 -o '" + plan_ + "'");
+        dir_  = new TempDir();
+        plan_ = dir_->file("tiny.g4plan");
+        CmdResult r =
+            run_g4("compile --model '" + fixture("e2b_tiny") + "' --weights f32 -o '" + plan_ + "'");
         ASSERT_EQ(r.exit_code, 0) << r.err;
     }
     static void TearDownTestSuite() { delete dir_; }
@@ -152,9 +200,11 @@ TEST_F(CliPlan, MediaIdsOutsideTheVocabularyAreExplained) {
 TEST(Cli, PlanWithoutTokenizer) {
     TempDir td;
     const std::string plan = td.file("notok.g4plan");
-    CmdResult c = run_g4("compile --model '" + fixture("e2b_tiny_text") + "' --weights f32 -o '" + plan + "'");
+    CmdResult c =
+        run_g4("compile --model '" + fixture("e2b_tiny_text") + "' --weights f32 -o '" + plan + "'");
     ASSERT_EQ(c.exit_code, 0) << c.err;
-    EXPECT_NE(c.err.find("warning: " + fixture("e2b_tiny_text") + " has no tokenizer.json"), std::string::npos)
+    EXPECT_NE(c.err.find("warning: " + fixture("e2b_tiny_text") + " has no tokenizer.json"),
+              std::string::npos)
         << c.err;
     CmdResult r = run_g4("run '" + plan + "' -p hello -n 2");
     EXPECT_EQ(r.exit_code, 1);
@@ -164,14 +214,20 @@ TEST(Cli, PlanWithoutTokenizer) {
     EXPECT_EQ(run_g4("run '" + plan + "' --tokens 2,3 -n 2").exit_code, 0);
 }
 
-// Off a terminal, the long stages of compile report percent lines on stderr; the fidelity figure is explained.
+// Off a terminal, the long stages of compile report percent lines on stderr (G4_PROGRESS=always: from their
+// start; unset, a stage as short as the tiny model's shows none); the fidelity figure is explained.
 TEST(Cli, CompileProgressAndFidelityExplained) {
     TempDir td;
-    CmdResult c = run_g4("compile --model '" + fixture("e2b_tiny") + "' -o '" + td.file("p.g4plan") + "'");
+    const std::string args = "compile --model '" + fixture("e2b_tiny") + "' -o '" + td.file("p.g4plan") + "'";
+    CmdResult c            = run_cmd("G4_PROGRESS=always '" + std::string(G4_CLI_PATH) + "' " + args);
     ASSERT_EQ(c.exit_code, 0) << c.err;
-    for (const char* s : {"g4 compile: weights: 0%\n", "g4 compile: weights: 100%\n", "g4 compile: fidelity: 100%\n",
-                          "fidelity: relative L2 logit error", "0 = identical"})
+    for (const char* s :
+         {"g4 compile: weights: 0%\n", "g4 compile: weights: 100%\n", "g4 compile: fidelity: 100%\n",
+          "fidelity: relative L2 logit error", "0 = identical"})
         EXPECT_NE(c.err.find(s), std::string::npos) << s << " missing in:\n" << c.err;
+    CmdResult quiet = run_cmd("G4_PROGRESS=off '" + std::string(G4_CLI_PATH) + "' " + args);
+    ASSERT_EQ(quiet.exit_code, 0) << quiet.err;
+    EXPECT_EQ(quiet.err.find("g4 compile: weights:"), std::string::npos) << quiet.err;
 }
 
 } // namespace

@@ -186,7 +186,7 @@ std::vector<Option> sampling_options(const char* n_help) {
         {"--repeat-last-n", "N", "how many recent tokens the penalty looks at (-1: all). Default: 64"},
         {"--seed", "S", "random seed of the sampler. Default: the plan's (0)"},
         {"--stop", "STR", "stop when the generated text contains STR (repeatable; the STR is not printed)"},
-        {"--threads", "N", "CPU worker threads. Default: the number of cores"},
+        {"--threads", "N", "CPU worker threads. Default: G4_THREADS, else every hardware thread"},
     };
 }
 

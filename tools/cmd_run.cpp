@@ -31,11 +31,12 @@ void add_media(const Args& a, g4_engine* e, g4_session* s, std::vector<int32_t>*
         if (!mi.has_vision)
             throw RunError("--image: the plan has no vision tower (compile a Gemma 4 checkpoint with "
                            "vision_config, without --no-vision)");
-        check_media_ids(info, mi, true);
         for (const auto& f : a.multi.at("--image")) {
             g4::tools::ImageRGB8 img;
             std::string err = g4::tools::load_image(f, &img, mi.max_image_pixels);
             if (!err.empty()) throw RunError(err);
+            if (!a.has("--tokens") || !std::count(prompt->begin(), prompt->end(), mi.image_token_id))
+                check_media_ids(info, mi, true); // g4 writes the markers: they must be token ids
             int32_t n = 0;
             if (g4_session_add_image(s, img.rgb.data(), img.width, img.height, &n) != G4_OK)
                 throw RunError(f + ": " + g4_last_error_message());
@@ -46,11 +47,12 @@ void add_media(const Args& a, g4_engine* e, g4_session* s, std::vector<int32_t>*
         if (!mi.has_audio)
             throw RunError("--audio: the plan has no audio tower (compile a Gemma 4 checkpoint with "
                            "audio_config, without --no-audio)");
-        check_media_ids(info, mi, false);
         for (const auto& f : a.multi.at("--audio")) {
             g4::tools::AudioPcm pcm;
             std::string err = g4::tools::load_wav(f, &pcm, mi.max_audio_samples);
             if (!err.empty()) throw RunError(err);
+            if (!a.has("--tokens") || !std::count(prompt->begin(), prompt->end(), mi.audio_token_id))
+                check_media_ids(info, mi, false);
             if (pcm.sample_rate != mi.audio_sample_rate)
                 throw RunError(f + ": " + std::to_string(pcm.sample_rate) +
                                " Hz, but the audio tower takes " + std::to_string(mi.audio_sample_rate) +

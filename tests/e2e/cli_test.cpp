@@ -3,6 +3,8 @@
 // and the media-id error of the setup demo's checkpoint.
 #include "test_util.h"
 
+#include <algorithm>
+#include <cstdio>
 #include <gtest/gtest.h>
 #include <map>
 #include <regex>
@@ -153,6 +155,26 @@ TEST_F(CliPlan, RunSaysWhenTheLimitStoppedIt) {
     // -n 0 generates nothing and has no note.
     CmdResult z = run_g4("run '" + plan_ + "' --tokens 2,17,99 -n 0");
     EXPECT_EQ(z.err.find("-n limit"), std::string::npos) << z.err;
+}
+
+// A long prompt is fed in whole prefill chunks with a progress display (G4_PROGRESS=always: from the start);
+// the ids generated are those of the same prompt without the display.
+TEST_F(CliPlan, LongPrefillShowsProgress) {
+    std::string ids = "2";
+    for (int i = 1; i < 2100; ++i)
+        ids += "," + std::to_string(3 + (i * 37) % 500);
+    const std::string file = dir_->file("long.ids");
+    std::FILE* f           = std::fopen(file.c_str(), "wb");
+    ASSERT_NE(f, nullptr);
+    std::fputs(ids.c_str(), f);
+    std::fclose(f);
+    const std::string args = " run '" + plan_ + "' --tokens @'" + file + "' -n 4 --temp 0";
+    CmdResult on           = run_cmd("G4_PROGRESS=always '" + std::string(G4_CLI_PATH) + "'" + args);
+    CmdResult off          = run_cmd("G4_PROGRESS=off '" + std::string(G4_CLI_PATH) + "'" + args);
+    ASSERT_EQ(on.exit_code, 0) << on.err;
+    EXPECT_NE(on.err.find("prefill 2100 tokens: 100%"), std::string::npos) << on.err;
+    EXPECT_EQ(off.err.find("prefill"), std::string::npos) << off.err;
+    EXPECT_EQ(on.out, off.out);
 }
 
 TEST_F(CliPlan, RunChatAppliesTheTemplate) {

@@ -35,10 +35,10 @@ struct Chat {
     g4_session* s = nullptr;
     g4_engine_info info{};
     g4_media_info mi{};
-    std::vector<ChatTurn> turns;               // (the system turn first, if any)
-    std::vector<ChatAttachment> pending;       // for the next user message
-    std::vector<int32_t> fed;                  // tokens the session holds
-    volatile const int* interrupted = nullptr; // non-zero after Ctrl-C (tools/cmd_chat.cpp)
+    std::vector<ChatTurn> turns;                   // (the system turn first, if any)
+    std::vector<ChatAttachment> pending;           // for the next user message
+    std::vector<int32_t> fed;                      // tokens the session holds
+    const std::atomic<int>* interrupted = nullptr; // non-zero after Ctrl-C (tools/cmd_chat.cpp)
 
     struct Prompt {
         std::vector<int32_t> ids;

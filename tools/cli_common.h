@@ -4,6 +4,7 @@
 #pragma once
 #include "g4/g4.h"
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <stdexcept>
@@ -99,8 +100,8 @@ struct StreamState {
     bool echo           = true;
     g4_session* session = nullptr; // set: each token's step logits are appended to decode_logits
     std::vector<float> decode_logits;
-    g4_status logits_status       = G4_OK;
-    volatile const int* stop_flag = nullptr; // non-zero: stop generating (chat's Ctrl-C)
+    g4_status logits_status           = G4_OK;
+    const std::atomic<int>* stop_flag = nullptr; // non-zero: stop generating (chat's Ctrl-C)
 };
 int32_t on_token(void* user, int32_t token, const char* text, size_t len);
 g4_status append_last_logits(g4_session* s, std::vector<float>* out);

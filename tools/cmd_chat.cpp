@@ -5,6 +5,7 @@
 #include "tools/cli_common.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
@@ -24,11 +25,12 @@ namespace g4::cli {
 
 namespace {
 
-static_assert(sizeof(std::sig_atomic_t) == sizeof(int), "the stop flag is read as an int");
-volatile std::sig_atomic_t g_interrupted = 0; // Ctrl-C seen, not yet handled
-volatile std::sig_atomic_t g_busy        = 0; // a message or reply is being computed
-volatile std::sig_atomic_t g_quit_on_int = 0; // at the prompt without readline: Ctrl-C quits as it always did
-sem_t g_wake;                                 // posted by the handler: the canceller thread calls the C API
+// Lock-free atomics: safe in the signal handler and between the threads (any thread may take the signal).
+static_assert(std::atomic<int>::is_always_lock_free);
+std::atomic<int> g_interrupted{0}; // Ctrl-C seen, not yet handled
+std::atomic<int> g_busy{0};        // a message or reply is being computed
+std::atomic<int> g_quit_on_int{0}; // at the prompt without readline: Ctrl-C quits as it always did
+sem_t g_wake;                      // posted by the handler: the canceller thread calls the C API
 int g_wake_fd[2] = {-1,
                     -1}; // written by the handler: wakes the prompt's select (any thread may take a signal)
 
@@ -81,7 +83,7 @@ public:
 private:
     g4_session* s_;
     std::thread thread_;
-    volatile bool stop_ = false;
+    std::atomic<bool> stop_{false};
     struct sigaction old_ {};
 };
 

@@ -899,7 +899,20 @@ void write_plan(const Inputs& in, PlanFile* out_file, Mode mode, Report* rep) {
     std::future<void> pending; // declared after the buffers: its destructor waits before they go
     std::map<std::string, std::vector<float>> biases; // weight name -> LoRA bias
     static const uint8_t zeros[plan::kWeightAlign] = {};
+    double total_elems = 0, done_elems = 0; // progress, by elements (the PLE table is most of E2B)
+    for (size_t t : worder)
+        total_elems += (double)numel(prog.tensors[t].dims);
     for (size_t t : worder) {
+        if (in.opt.progress) {
+            // The fidelity stage: its reference plan's weights are its first half (the CPU twin of a CUDA
+            // plan, when there is one, counts in the same half), the two logit runs the second.
+            const double f = done_elems / std::max(total_elems, 1.0);
+            if (mode == Mode::Plan)
+                in.opt.progress("weights", f);
+            else
+                in.opt.progress("fidelity", mode == Mode::Reference ? 0.25 * f : 0.25 + 0.25 * f);
+        }
+        done_elems += (double)numel(prog.tensors[t].dims);
         std::vector<uint8_t>& buf = bufs[cur];
         const TensorDesc& d       = prog.tensors[t];
         const int64_t n           = numel(d.dims);
@@ -1576,6 +1589,7 @@ void compile_plan(const CompileOptions& opt, std::ostream& log, CompileReport* r
     rep = Report();
     PlanFile out(opt.out_path);
     write_plan(in, &out, Mode::Plan, &rep);
+    if (opt.progress) opt.progress("weights", 1.0);
 
     // Adapter modules that matched nothing in the compiled model.
     std::vector<std::string> dropped_shared, dropped_tower;
@@ -1688,8 +1702,11 @@ void compile_plan(const CompileOptions& opt, std::ostream& log, CompileReport* r
             write_plan(in, &*twin, Mode::CpuTwin, &twin_rep);
             measured = twin->f.temp_path();
         }
-        auto a     = calibration_logits(measured, hp.vocab_size, n_tok);
-        auto b     = calibration_logits(ref.f.temp_path(), hp.vocab_size, n_tok);
+        if (opt.progress) opt.progress("fidelity", 0.5);
+        auto a = calibration_logits(measured, hp.vocab_size, n_tok);
+        if (opt.progress) opt.progress("fidelity", 0.75);
+        auto b = calibration_logits(ref.f.temp_path(), hp.vocab_size, n_tok);
+        if (opt.progress) opt.progress("fidelity", 1.0);
         double num = 0, den = 0;
         int agree = 0;
         for (int r = 0; r < n_tok; ++r) {
@@ -1715,7 +1732,17 @@ void compile_plan(const CompileOptions& opt, std::ostream& log, CompileReport* r
                       "full-precision merged model "
                       "(%d-token calibration prompt, CPU)\n",
                       rel, agree, n_tok, n_tok);
-        log << line;
+        log << line
+            << "    (the distance ||plan - reference|| / ||reference|| of the two models' logits, 0 = "
+               "identical;"
+               " top-1:\n"
+               "    positions where both pick the same next token. A low error and near-full agreement mean "
+               "the\n"
+               "    quantization kept the model's choices; an error near 1 means the logits changed about as "
+               "much\n"
+               "    as their size: expected for random-weight test checkpoints, on a trained model try "
+               "--weights bf16\n"
+               "    or --keep REGEX for the sensitive weights)\n";
         if (report) {
             report->fidelity_measured   = true;
             report->fidelity_rel_l2     = rel;

@@ -4,6 +4,7 @@
 // the plan to a temporary name and rename it into place (never a half-written output file).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <iosfwd>
 #include <string>
 #include <vector>
@@ -54,6 +55,10 @@ struct CompileOptions {
                          // "" = fp32, and an explicit fp32 also keeps the vision tower off the GPU
     int max_media_tokens =
         0; // --max-media-tokens: soft tokens a session holds queued; 0: max(2048, one image/clip)
+    // Progress of the long stages, called often (the caller rate-limits its output): "weights" (read,
+    // merge, quantize, write), then with the fidelity check "fidelity" (the reference model's weights and
+    // both logit runs); fraction 0..1 of that stage.
+    std::function<void(const char* stage, double fraction)> progress;
 };
 
 // The figures of the compile report that callers may want as data (the Python package returns them).

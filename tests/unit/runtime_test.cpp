@@ -214,7 +214,7 @@ TEST(Runtime, CompileIsDeterministic) {
 TEST(Runtime, InspectListsTensorsBytesAndOps) {
     TempDir td;
     std::string plan = compile_fixture(td, "e2b_tiny");
-    CmdResult r      = run_g4("inspect '" + plan + "'");
+    CmdResult r      = run_g4("inspect '" + plan + "' --all"); // (the default is the summary alone)
     ASSERT_EQ(r.exit_code, 0) << r.err;
     for (const char* s :
          {"weights by dtype", "bf16", "memory by device", "KV cache", "layers.9.mlp.down_proj.weight",

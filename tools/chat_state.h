@@ -1,0 +1,83 @@
+// g4 chat's conversation state (tools/cmd_chat.cpp): the turns, their images and clips, and the tokens the
+// session holds; saved to and loaded from a JSON file of messages.
+#pragma once
+#include "runtime/src/chat_template.h"
+#include "tools/audio_io.h"
+#include "tools/cli_common.h"
+#include "tools/image_io.h"
+
+#include <string>
+#include <vector>
+
+namespace g4::cli {
+
+// An image or clip attached to a chat message: decoded when attached, encoded by its tower when the message
+// is sent, and again only if the session has to be fed from the start (the history it holds changed).
+struct ChatAttachment {
+    g4::ChatMedia kind = g4::ChatMedia::Image;
+    std::string path;
+    g4::tools::ImageRGB8 image;
+    g4::tools::AudioPcm audio;
+    int32_t n = -1; // soft tokens, once encoded
+};
+
+struct ChatTurn {
+    std::string role, text;
+    std::vector<ChatAttachment>
+        media; // before the text, as content [{"type": "image"}, ..., {"type": "text"}]
+};
+
+// A multi-turn conversation on one session: re-rendered each turn (the chat template, then each media
+// marker replaced by <boi>/<boa>, n placeholders, <eoi>/<eoa>) and only the tokens the session does not
+// already hold are fed, so an earlier image stays in the KV cache and its tower does not run again.
+struct Chat {
+    g4_engine* e  = nullptr;
+    g4_session* s = nullptr;
+    g4_engine_info info{};
+    g4_media_info mi{};
+    std::vector<ChatTurn> turns;                   // (the system turn first, if any)
+    std::vector<ChatAttachment> pending;           // for the next user message
+    std::vector<int32_t> fed;                      // tokens the session holds
+    const std::atomic<int>* interrupted = nullptr; // non-zero after Ctrl-C (tools/cmd_chat.cpp)
+
+    struct Prompt {
+        std::vector<int32_t> ids;
+        struct Block {
+            size_t begin, end, turn, item;
+        }; // ids [begin, end) hold turns[turn].media[item]
+        std::vector<Block> blocks;
+    };
+
+    // Decodes a file for the next message; "" or why it cannot be attached (`what`: "/image", "--audio",
+    // ...).
+    std::string attach(g4::ChatMedia kind, const std::string& path, const std::string& what);
+
+    void restart();
+
+    // Starts over: only the system turn stays; pending attachments are dropped.
+    void reset();
+
+    Prompt render() const;
+
+    // Runs a's tower; its soft tokens wait in the session's queue for the placeholders.
+    void encode(ChatAttachment& a);
+
+    // Feeds p.ids [fed.size(), end); fed is a prefix of p.ids.
+    void feed(const Prompt& p, size_t end);
+
+    // False (conversation reset, as a turn that does not fit always did) when p leaves no room for a reply.
+    bool fits(const Prompt& p);
+
+    // Adds a user turn with the pending attachments and feeds what the session lacks. False when it was
+    // not sent (reported); the conversation is then as before.
+    bool prepare(const std::string& text);
+
+    // Writes the conversation as {"messages": [{"role", "content", "media": [{"type", "path"}]}]} (an
+    // atomic replace of `path`). "" or why not.
+    std::string save(const std::string& path) const;
+    // Replaces the conversation with the one in `path` (images and clips decoded again from their paths);
+    // the session is fed again with the next message. "" or why not (the conversation is then unchanged).
+    std::string load(const std::string& path);
+};
+
+} // namespace g4::cli

@@ -6,14 +6,14 @@
 namespace g4test {
 
 struct Engine {
-    g4_engine* e = nullptr;
+    g4_engine* e          = nullptr;
     Engine()              = default;
     Engine(const Engine&) = delete;
     ~Engine() { g4_engine_close(e); }
 };
 
 struct Session {
-    g4_session* s = nullptr;
+    g4_session* s           = nullptr;
     Session()               = default;
     Session(const Session&) = delete;
     ~Session() { g4_session_destroy(s); }

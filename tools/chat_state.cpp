@@ -41,7 +41,8 @@ std::string Chat::attach(g4::ChatMedia kind, const std::string& path, const std:
         } catch (const RunError& e) {
             return what + " " + path + ": " + e.what();
         }
-        if (!(err = g4::tools::load_audio(path, mi.audio_sample_rate, mi.max_audio_samples, &a.audio)).empty())
+        if (!(err = g4::tools::load_audio(path, mi.audio_sample_rate, mi.max_audio_samples, &a.audio))
+                 .empty())
             return err;
         if ((int64_t)a.audio.samples.size() > mi.max_audio_samples) {
             char buf[160];

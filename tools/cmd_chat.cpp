@@ -177,7 +177,8 @@ private:
 const char* kChatHelp =
     "commands:\n"
     "  /image FILE      attach an image to the next message\n"
-    "  /audio FILE      attach an audio clip (WAV, MP3, FLAC, Ogg, M4A, a video's sound) to the next message\n"
+    "  /audio FILE      attach an audio clip (WAV, MP3, FLAC, Ogg, M4A, a video's sound) to the next "
+    "message\n"
     "  /save FILE       write the conversation to FILE (JSON messages)\n"
     "  /load FILE       replace the conversation with the one in FILE\n"
     "  /reset           start over (the --system text stays)\n"
@@ -260,7 +261,8 @@ const Command kChat = {
         std::vector<Option> o = {
             {"--system", "TEXT", "a system turn before the conversation (kept by /reset)"},
             {"--image", "FILE", "an image for the first message (repeatable)"},
-            {"--audio", "FILE", "an audio clip (WAV, or any format FFmpeg decodes) for the first message (repeatable)"},
+            {"--audio", "FILE",
+             "an audio clip (WAV, or any format FFmpeg decodes) for the first message (repeatable)"},
         };
         for (Option s : sampling_options("tokens a reply has at most. Default: 512"))
             o.push_back(s);

@@ -38,7 +38,7 @@ void add_media(const Args& a, g4_engine* e, g4_session* s, std::vector<int32_t>*
     g4_engine_info info{};
     check(g4_engine_get_info(e, &info));
     for (g4::tools::MediaBlock& b : blocks) {
-        int32_t n = 0;
+        int32_t n        = 0;
         const int32_t ph = b.kind == g4::tools::MediaKind::Image   ? mi.image_token_id
                            : b.kind == g4::tools::MediaKind::Audio ? mi.audio_token_id
                                                                    : mi.video_token_id;

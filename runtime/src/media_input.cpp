@@ -34,7 +34,8 @@ g4_status media_limits(g4_session* s, const char* fn, const void* input, g4_medi
 std::string unreadable(const char* path, const char* what) {
     const std::string where = std::string("cannot read ") + what + " '" + path + "': ";
     struct stat st {};
-    if (::stat(path, &st) != 0) return std::string("cannot open ") + what + " '" + path + "': " + std::strerror(errno);
+    if (::stat(path, &st) != 0)
+        return std::string("cannot open ") + what + " '" + path + "': " + std::strerror(errno);
     if (S_ISDIR(st.st_mode)) return where + "it is a directory, not a file";
     if (!S_ISREG(st.st_mode)) return where + "not a regular file";
     if (::access(path, R_OK) != 0) return where + std::strerror(errno);
@@ -56,7 +57,8 @@ g4_status add_audio(g4_session* s, const g4::media::AudioPcm& pcm, const std::st
 
 // A plan without the tower: g4_session_add_image / _audio's own refusal, before anything is decoded.
 g4_status no_tower(g4_session* s, bool vision, const std::string& what, int32_t* n) {
-    const g4_status st = vision ? g4_session_add_image(s, nullptr, 0, 0, n) : g4_session_add_audio(s, nullptr, 0, n);
+    const g4_status st =
+        vision ? g4_session_add_image(s, nullptr, 0, 0, n) : g4_session_add_audio(s, nullptr, 0, n);
     return api_error(st, what + ": " + g4_last_error_message());
 }
 
@@ -83,11 +85,12 @@ g4_status g4_session_add_image_file(g4_session* s, const char* path, int32_t* ou
         const std::string what = std::string("image '") + path + "'";
         if (!info.has_vision) return no_tower(s, true, what, out_n_tokens);
         std::vector<uint8_t> bytes;
-        if (std::string err = g4::media::read_file_bytes(path, "image", uint64_t(INT32_MAX), &bytes); !err.empty())
+        if (std::string err = g4::media::read_file_bytes(path, "image", uint64_t(INT32_MAX), &bytes);
+            !err.empty())
             return api_error(G4_ERR_IO, err);
         g4::media::ImageRGB8 img;
-        std::string err =
-            g4::media::decode_image(bytes.data(), bytes.size(), "'" + std::string(path) + "'", &img, info.max_image_pixels);
+        std::string err = g4::media::decode_image(bytes.data(), bytes.size(), "'" + std::string(path) + "'",
+                                                  &img, info.max_image_pixels);
         if (!err.empty()) return api_error(G4_ERR_INVALID_ARGUMENT, err);
         return add_image(s, img, what, out_n_tokens);
     });
@@ -96,11 +99,13 @@ g4_status g4_session_add_image_file(g4_session* s, const char* path, int32_t* ou
 g4_status g4_session_add_image_encoded(g4_session* s, const void* bytes, size_t len, int32_t* out_n_tokens) {
     return guarded([&] {
         g4_media_info info{};
-        if (g4_status st = media_limits(s, "g4_session_add_image_encoded", bytes, &info); st != G4_OK) return st;
+        if (g4_status st = media_limits(s, "g4_session_add_image_encoded", bytes, &info); st != G4_OK)
+            return st;
         const std::string name = "(" + std::to_string(len) + " bytes given to g4_session_add_image_encoded)";
         if (!info.has_vision) return no_tower(s, true, "image " + name, out_n_tokens);
         g4::media::ImageRGB8 img;
-        std::string err = g4::media::decode_image((const uint8_t*)bytes, len, name, &img, info.max_image_pixels);
+        std::string err =
+            g4::media::decode_image((const uint8_t*)bytes, len, name, &img, info.max_image_pixels);
         if (!err.empty()) return api_error(G4_ERR_INVALID_ARGUMENT, err);
         return add_image(s, img, "image " + name, out_n_tokens);
     });
@@ -123,14 +128,18 @@ g4_status g4_session_add_audio_file(g4_session* s, const char* path, int32_t* ou
 g4_status g4_session_add_audio_encoded(g4_session* s, const void* bytes, size_t len, int32_t* out_n_tokens) {
     return guarded([&] {
         g4_media_info info{};
-        if (g4_status st = media_limits(s, "g4_session_add_audio_encoded", bytes, &info); st != G4_OK) return st;
-        const std::string what = "audio (" + std::to_string(len) + " bytes given to g4_session_add_audio_encoded)";
+        if (g4_status st = media_limits(s, "g4_session_add_audio_encoded", bytes, &info); st != G4_OK)
+            return st;
+        const std::string what =
+            "audio (" + std::to_string(len) + " bytes given to g4_session_add_audio_encoded)";
         if (!info.has_audio) return no_tower(s, false, what, out_n_tokens);
         g4::media::AudioPcm pcm;
-        std::string err = g4::media::decode_wav((const uint8_t*)bytes, len, what, &pcm, info.max_audio_samples);
+        std::string err =
+            g4::media::decode_wav((const uint8_t*)bytes, len, what, &pcm, info.max_audio_samples);
         if (err.empty() && pcm.sample_rate != info.audio_sample_rate)
             err = what + ": sample rate is " + std::to_string(pcm.sample_rate) + " Hz; the plan needs " +
-                  std::to_string(info.audio_sample_rate) + " Hz (resample it, or use g4_session_add_audio_file)";
+                  std::to_string(info.audio_sample_rate) +
+                  " Hz (resample it, or use g4_session_add_audio_file)";
         if (!err.empty()) return api_error(G4_ERR_INVALID_ARGUMENT, err);
         return add_audio(s, pcm, what, out_n_tokens);
     });

@@ -1,7 +1,7 @@
 // Images and audio from files and encoded bytes through the C API (g4_session_add_image_file, _encoded,
-// g4_session_add_audio_file, _encoded) on the tiny multimodal plan (e2b_tiny_mm): each gives exactly the soft tokens and
-// prompt logits of decoding the same input with runtime/src/media and feeding the pixels / samples, and bad
-// files or bytes are refused with the right status and one line naming the input.
+// g4_session_add_audio_file, _encoded) on the tiny multimodal plan (e2b_tiny_mm): each gives exactly the soft
+// tokens and prompt logits of decoding the same input with runtime/src/media and feeding the pixels /
+// samples, and bad files or bytes are refused with the right status and one line naming the input.
 #include "g4/g4.h"
 #include "runtime/src/media/audio_io.h"
 #include "runtime/src/media/image_io.h"
@@ -20,10 +20,10 @@ using namespace g4test;
 class MediaInput : public ::testing::Test {
 protected:
     static void SetUpTestSuite() {
-        dir_           = new TempDir();
-        const auto pl  = dir_->file("mm.g4plan");
-        CmdResult r    = run_g4("compile --model '" + fixture("e2b_tiny_mm") +
-                                "' --weights f32 --image-tokens 70 --no-fidelity -o '" + pl + "'");
+        dir_          = new TempDir();
+        const auto pl = dir_->file("mm.g4plan");
+        CmdResult r   = run_g4("compile --model '" + fixture("e2b_tiny_mm") +
+                               "' --weights f32 --image-tokens 70 --no-fidelity -o '" + pl + "'");
         ASSERT_EQ(r.exit_code, 0) << r.err;
         ASSERT_EQ(g4_engine_open(pl.c_str(), nullptr, &engine_), G4_OK) << g4_last_error_message();
         ASSERT_EQ(g4_engine_get_media_info(engine_, &mi_), G4_OK);
@@ -117,12 +117,12 @@ TEST_F(MediaInput, AudioFileAndWavBytesMatchSamples) {
 
 TEST_F(MediaInput, CompressedAudioFileMatchesDecoder) {
     const std::string mp3 = fixture("towers/audio_files/tones.mp3");
-    int32_t n = 0;
+    int32_t n             = 0;
     if (!g4::media::have_ffmpeg()) {
         expect_refused(g4_session_add_audio_file(s_, mp3.c_str(), &n), G4_ERR_INVALID_ARGUMENT, mp3, false);
         GTEST_SKIP() << "built without FFmpeg: compressed audio is refused (checked)";
     }
-    int32_t n_ref = 0;
+    int32_t n_ref                = 0;
     const std::vector<float> ref = audio_reference(mp3, &n_ref);
     ASSERT_GT(n_ref, 0);
     ASSERT_EQ(g4_session_add_audio_file(s_, mp3.c_str(), &n), G4_OK) << g4_last_error_message();
@@ -135,7 +135,7 @@ TEST_F(MediaInput, CompressedAudioFileMatchesDecoder) {
 }
 
 TEST_F(MediaInput, BadFilesAndBytesAreRefused) {
-    int32_t n = 0;
+    int32_t n                 = 0;
     const std::string missing = dir_->file("no_such.png");
     expect_refused(g4_session_add_image_file(s_, missing.c_str(), &n), G4_ERR_IO, missing, true);
     expect_refused(g4_session_add_audio_file(s_, missing.c_str(), &n), G4_ERR_IO, missing, false);
@@ -162,10 +162,11 @@ TEST_F(MediaInput, BadFilesAndBytesAreRefused) {
     expect_refused(g4_session_add_audio_encoded(s_, wav.data(), 40, &n), G4_ERR_INVALID_ARGUMENT, "40 bytes",
                    false);
     const uint32_t frames = (uint32_t)mi_.max_audio_samples + 1, data_bytes = frames * 2;
-    std::string longwav   = "RIFF" + std::string(4, '\0') + "WAVEfmt " + std::string(20, '\0') + "data" +
+    std::string longwav = "RIFF" + std::string(4, '\0') + "WAVEfmt " + std::string(20, '\0') + "data" +
                           std::string(4, '\0') + std::string(data_bytes, '\0');
     auto put = [&](size_t at, uint32_t v, int bytes) {
-        for (int i = 0; i < bytes; ++i) longwav[at + i] = char((v >> (8 * i)) & 0xff);
+        for (int i = 0; i < bytes; ++i)
+            longwav[at + i] = char((v >> (8 * i)) & 0xff);
     };
     put(4, (uint32_t)longwav.size() - 8, 4);
     put(16, 16, 4);    // fmt chunk size
@@ -176,11 +177,12 @@ TEST_F(MediaInput, BadFilesAndBytesAreRefused) {
     put(32, 2, 2);     // block
     put(34, 16, 2);    // bits
     put(40, data_bytes, 4);
-    expect_refused(g4_session_add_audio_encoded(s_, longwav.data(), longwav.size(), &n), G4_ERR_INVALID_ARGUMENT,
-                   "bytes given to g4_session_add_audio_encoded", false);
+    expect_refused(g4_session_add_audio_encoded(s_, longwav.data(), longwav.size(), &n),
+                   G4_ERR_INVALID_ARGUMENT, "bytes given to g4_session_add_audio_encoded", false);
     const std::string longpath = dir_->file("long.wav");
     write_file(longpath, longwav);
-    expect_refused(g4_session_add_audio_file(s_, longpath.c_str(), &n), G4_ERR_INVALID_ARGUMENT, longpath, false);
+    expect_refused(g4_session_add_audio_file(s_, longpath.c_str(), &n), G4_ERR_INVALID_ARGUMENT, longpath,
+                   false);
 
     // NULL arguments and handles.
     EXPECT_EQ(g4_session_add_image_file(s_, nullptr, &n), G4_ERR_INVALID_ARGUMENT);
@@ -191,8 +193,8 @@ TEST_F(MediaInput, BadFilesAndBytesAreRefused) {
 
 TEST_F(MediaInput, TextOnlyPlanRefusesBeforeDecoding) {
     const std::string plan = dir_->file("text.g4plan");
-    CmdResult r = run_g4("compile --model '" + fixture("e2b_tiny") + "' --no-vision --no-audio --no-fidelity -o '" +
-                         plan + "'");
+    CmdResult r            = run_g4("compile --model '" + fixture("e2b_tiny") +
+                                    "' --no-vision --no-audio --no-fidelity -o '" + plan + "'");
     ASSERT_EQ(r.exit_code, 0) << r.err;
     g4_engine* e = nullptr;
     ASSERT_EQ(g4_engine_open(plan.c_str(), nullptr, &e), G4_OK) << g4_last_error_message();

@@ -27,7 +27,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 JOBS=${JOBS:-$(nproc)}
-ALL_FUZZ_TARGETS=(safetensors config adapter tokenizer chat image wav plan)
+ALL_FUZZ_TARGETS=(safetensors config adapter tokenizer chat image wav media plan)
 # The ASan CI subset is the suite less these test suites (gtest suite names; parameterized ones match after '/').
 ASAN_EXCLUDE='(^|/)(Parity|ParityTest|Bf16KvParityTest|LongContext|CrossDevice|PlacementCli|CudaSchedule|CudaCompile|CudaPlan|Nf4Perf)\.'
 

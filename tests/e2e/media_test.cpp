@@ -38,6 +38,19 @@ bool on_cuda() {
     return std::getenv("G4_TEST_CUDA") && std::string(std::getenv("G4_TEST_CUDA")) == "1";
 }
 
+// Feeds the fixture's prompt ids to s (its media already queued) and checks every position's logits
+// against the reference file (float32 [ids, 512]) as Hugging Face computed them.
+void expect_prompt_logits_match(g4_session* s, const std::vector<int32_t>& ids, const std::string& ref_file,
+                                const char* what) {
+    std::vector<float> ref = read_f32(ref_file);
+    ASSERT_EQ(ref.size(), ids.size() * 512);
+    std::vector<float> got = prompt_logits(s, ids);
+    ASSERT_EQ(got.size(), ref.size());
+    const double err = rel_l2(got.data(), ref.data(), got.size());
+    EXPECT_LT(err, on_cuda() ? 2e-3 : 1e-4) << what << ": logits vs HF float32";
+    std::printf("%s: rel L2 vs HF %.3e over %zu positions\n", what, err, ids.size());
+}
+
 std::vector<int32_t> read_i32(const std::string& path) {
     std::string b = read_file(path);
     std::vector<int32_t> v(b.size() / 4);
@@ -130,16 +143,9 @@ TEST_F(Media, ImagePromptMatchesHF) {
     ASSERT_EQ(g4_session_add_image(s_, rgb.data(), w, h, &n), G4_OK) << g4_last_error_message();
     const json& e2e = meta.at("e2e");
     EXPECT_EQ(n, e2e.at("n_soft").get<int>());
-    auto ids = e2e.at("ids").get<std::vector<int32_t>>();
-    std::vector<float> ref =
-        read_f32(fixture("towers/vision/" + e2e.at("logits").at("file").get<std::string>()));
-    const size_t V = 512;
-    ASSERT_EQ(ref.size(), ids.size() * V);
-    std::vector<float> got = prompt_logits(s_, ids);
-    ASSERT_EQ(got.size(), ref.size());
-    const double err = rel_l2(got.data(), ref.data(), got.size());
-    EXPECT_LT(err, on_cuda() ? 2e-3 : 1e-4) << "logits vs HF float32";
-    std::printf("image prompt: rel L2 vs HF %.3e over %zu positions\n", err, ids.size());
+    expect_prompt_logits_match(s_, e2e.at("ids").get<std::vector<int32_t>>(),
+                               fixture("towers/vision/" + e2e.at("logits").at("file").get<std::string>()),
+                               "image prompt");
 }
 
 TEST_F(Media, AudioPromptMatchesHF) {
@@ -151,14 +157,9 @@ TEST_F(Media, AudioPromptMatchesHF) {
     ASSERT_EQ(g4_session_add_audio(s_, pcm.data(), (int64_t)pcm.size(), &n), G4_OK)
         << g4_last_error_message();
     EXPECT_EQ(n, e2e.at("n_soft").get<int>());
-    auto ids               = e2e.at("ids").get<std::vector<int32_t>>();
-    std::vector<float> ref = read_f32(fixture("towers/audio/" + e2e.at("logits").get<std::string>()));
-    ASSERT_EQ(ref.size(), ids.size() * 512);
-    std::vector<float> got = prompt_logits(s_, ids);
-    ASSERT_EQ(got.size(), ref.size());
-    const double err = rel_l2(got.data(), ref.data(), got.size());
-    EXPECT_LT(err, on_cuda() ? 2e-3 : 1e-4) << "logits vs HF float32";
-    std::printf("audio prompt: rel L2 vs HF %.3e over %zu positions\n", err, ids.size());
+    expect_prompt_logits_match(s_, e2e.at("ids").get<std::vector<int32_t>>(),
+                               fixture("towers/audio/" + e2e.at("logits").get<std::string>()),
+                               "audio prompt");
 }
 
 // A fine-tuned vision tower: PEFT LoRA on the tower's q_proj.linear (the nn.Linear inside
@@ -1017,14 +1018,9 @@ TEST_F(Media, RgbaImagePromptMatchesHF) {
     ASSERT_EQ(g4_session_add_image(s_, img.rgb.data(), img.width, img.height, &n), G4_OK)
         << g4_last_error_message();
     EXPECT_EQ(n, m.at("n_soft").get<int>());
-    auto ids               = m.at("ids").get<std::vector<int32_t>>();
-    std::vector<float> ref = read_f32(fixture("towers/formats/" + m.at("logits").get<std::string>()));
-    ASSERT_EQ(ref.size(), ids.size() * 512);
-    std::vector<float> got = prompt_logits(s_, ids);
-    ASSERT_EQ(got.size(), ref.size());
-    const double err = rel_l2(got.data(), ref.data(), got.size());
-    EXPECT_LT(err, on_cuda() ? 2e-3 : 1e-4) << "logits vs HF float32";
-    std::printf("RGBA image prompt: rel L2 vs HF %.3e over %zu positions\n", err, ids.size());
+    expect_prompt_logits_match(s_, m.at("ids").get<std::vector<int32_t>>(),
+                               fixture("towers/formats/" + m.at("logits").get<std::string>()),
+                               "RGBA image prompt");
 }
 
 } // namespace

@@ -19,8 +19,8 @@ if [ -n "$g4" ]; then
     exit 0
 fi
 
-for t in safetensors config adapter tokenizer chat image wav; do rm -rf "${out:?}/$t"; done
-mkdir -p "$out"/{safetensors,config,adapter,tokenizer,chat,image,wav}
+for t in safetensors config adapter tokenizer chat image wav media; do rm -rf "${out:?}/$t"; done
+mkdir -p "$out"/{safetensors,config,adapter,tokenizer,chat,image,wav,media}
 for t in chat image wav tokenizer; do cp "$src/tests/fuzz/seeds/$t/"* "$out/$t/"; done
 
 # safetensors: the small fixture files (the large checkpoints' headers have the same form).
@@ -53,5 +53,8 @@ done
 
 # wav: the fixture clips besides the committed seeds.
 cp "$fx"/towers/audio/*.wav "$out/wav/"
+
+# media: the compressed audio and video fixtures (FFmpeg's containers and codecs).
+for f in "$fx"/towers/audio_files/*.{m4a,mp3,ogg,wav,flac} "$fx"/towers/video/*.{mp4,webm}; do cp "$f" "$out/media/"; done
 
 touch "$out/stamp"

@@ -108,6 +108,21 @@ TEST(MediaDecode, BadFilesGiveOneLineNamingThem) {
         EXPECT_NE(e.find("built without FFmpeg"), std::string::npos) << e;
         return;
     }
+    // Files whose text names other files or URLs are refused: FFmpeg opens local files of plain containers
+    // only (an HLS playlist or a concat list would otherwise read the files it names).
+    const std::string wav_path = dir() + "/tones_44k1_stereo.wav";
+    for (const auto& [name, text] : std::vector<std::pair<std::string, std::string>>{
+             {"list.m3u8",
+              "#EXTM3U\n#EXT-X-TARGETDURATION:10\n#EXTINF:10.0,\n" + wav_path + "\n#EXT-X-ENDLIST\n"},
+             {"list.ffconcat", "ffconcat version 1.0\nfile '" + wav_path + "'\n"},
+             {"remote.m3u8", "#EXTM3U\n#EXTINF:10.0,\nhttp://127.0.0.1:9/a.wav\n#EXT-X-ENDLIST\n"}}) {
+        g4::media::AudioPcm pcm;
+        const std::string path = write(name, text);
+        const std::string e    = g4::media::load_audio(path, 16000, 480000, &pcm);
+        EXPECT_NE(e.find(path), std::string::npos) << e;
+        EXPECT_NE(e.find("not a media file FFmpeg recognises"), std::string::npos) << e;
+        EXPECT_TRUE(pcm.samples.empty());
+    }
     // longer than the plan takes: refused (0.9 s against 0.5 s)
     for (const char* f : {"tones.mp3", "tones_44k1_stereo.wav", "tones_48k_stereo.flac"}) {
         g4::media::AudioPcm pcm;

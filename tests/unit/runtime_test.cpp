@@ -1,6 +1,7 @@
 // Runtime contracts: no allocation after session creation, deterministic compiles, the C API's
 // handling of misuse (NULL handles, bad sampling values, context overflow, cancellation), and
 // `g4 inspect`.
+#include "capi_util.h"
 #include "g4/g4.h"
 #include "test_util.h"
 
@@ -48,15 +49,6 @@ extern "C" int posix_memalign(void** out, size_t a, size_t n) {
 namespace {
 
 using namespace g4test;
-
-struct Engine {
-    g4_engine* e = nullptr;
-    ~Engine() { g4_engine_close(e); }
-};
-struct Session {
-    g4_session* s = nullptr;
-    ~Session() { g4_session_destroy(s); }
-};
 
 std::string compile_fixture(const TempDir& td, const std::string& name, const std::string& flags = "") {
     std::string plan = td.file(name + ".g4plan");

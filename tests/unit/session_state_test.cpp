@@ -2,6 +2,7 @@
 // gives bit-identical logits and continuations; rewind and re-append equals the original; a fork continues
 // as its source; damaged or foreign states are refused; the prefill progress callback; the API version;
 // multimodal chat rendering into ids. On a CUDA machine (G4_TEST_CUDA=1) the same checks run on a CUDA plan.
+#include "capi_util.h"
 #include "g4/g4.h"
 #include "test_util.h"
 
@@ -22,14 +23,8 @@ bool on_cuda() {
     return v && std::strcmp(v, "1") == 0;
 }
 
-struct Engine {
-    g4_engine* e = nullptr;
-    ~Engine() { g4_engine_close(e); }
-};
-struct Session {
-    g4_session* s = nullptr;
-    ~Session() { g4_session_destroy(s); }
-};
+using g4test::Engine;
+using g4test::Session;
 
 void open_engine(const std::string& plan, Engine* e) {
     ASSERT_EQ(g4_engine_open(plan.c_str(), nullptr, &e->e), G4_OK) << g4_last_error_message();

@@ -65,6 +65,23 @@ bool have_ffmpeg() {
 }
 
 #if G4_HAVE_FFMPEG
+int open_media_input(AVFormatContext** fmt, const std::string& path) {
+    // Demuxer names as FFmpeg gives them (a name list such as "mov,mp4,m4a,..." matches any of its names).
+    static const char* kDemuxers =
+        "mov,matroska,webm,avi,wav,w64,mp3,flac,ogg,aac,asf,flv,mpegts,mpeg,aiff,caf,amr,"
+        "ac3,eac3,dts,truehd,wv,ape,tta,au,voc,rm,ivf,h264,hevc,m4v,mpegvideo,obu";
+    *fmt = avformat_alloc_context();
+    if (!*fmt) return AVERROR(ENOMEM);
+    (*fmt)->format_whitelist   = av_strdup(kDemuxers);
+    (*fmt)->protocol_whitelist = av_strdup("file");
+    if (!(*fmt)->format_whitelist || !(*fmt)->protocol_whitelist) {
+        avformat_free_context(*fmt);
+        *fmt = nullptr;
+        return AVERROR(ENOMEM);
+    }
+    return avformat_open_input(fmt, path.c_str(), nullptr, nullptr); // frees *fmt on failure
+}
+
 std::string decode_audio_ffmpeg(const std::string& path, int rate, int64_t max_samples, AudioPcm* out) {
     *out                    = AudioPcm{};
     const std::string where = "audio file " + path + ": ";
@@ -77,7 +94,7 @@ std::string decode_audio_ffmpeg(const std::string& path, int rate, int64_t max_s
                std::to_string(kMaxMediaFileBytes >> 20) + " MiB g4 opens";
     av_log_set_level(AV_LOG_QUIET);
     Decoder d;
-    int r = avformat_open_input(&d.fmt, path.c_str(), nullptr, nullptr);
+    int r = open_media_input(&d.fmt, path);
     if (r < 0) return where + "not a media file FFmpeg recognises (" + av_text(r) + ")";
     if ((r = avformat_find_stream_info(d.fmt, nullptr)) < 0)
         return where + "corrupt or truncated (" + av_text(r) + ")";

@@ -10,6 +10,8 @@
 #include <cstdint>
 #include <string>
 
+struct AVFormatContext;
+
 namespace g4::media {
 
 // Files larger than this are refused before they are opened (a clip of 30 s is far smaller in any codec).
@@ -22,6 +24,11 @@ bool have_ffmpeg();
 // duration before decoding where the container gives one, else as soon as decoding passes it). Returns "" or
 // one line naming the file and the problem.
 std::string load_audio(const std::string& path, int rate, int64_t max_samples, AudioPcm* out);
+
+// avformat_open_input of a local media file, fail-closed: the "file" protocol only, and only the demuxers of
+// plain audio and video containers (no playlists, concat lists or image sequences, which open the further
+// files or URLs their text names). FFmpeg builds only; returns FFmpeg's status (*fmt null on failure).
+int open_media_input(AVFormatContext** fmt, const std::string& path);
 
 // FFmpeg's decode of any audio file or sound track (load_audio's path for non-WAV files).
 std::string decode_audio_ffmpeg(const std::string& path, int rate, int64_t max_samples, AudioPcm* out);

@@ -68,7 +68,7 @@ struct Video {
 // Opens `path` and finds its video stream: "" or what is wrong.
 std::string open_video(const std::string& path, const std::string& where, Video* v, int* si,
                        const AVCodec** codec) {
-    int r = avformat_open_input(&v->fmt, path.c_str(), nullptr, nullptr);
+    int r = open_media_input(&v->fmt, path);
     if (r < 0) return where + "not a media file FFmpeg recognises (" + av_text(r) + ")";
     if ((r = avformat_find_stream_info(v->fmt, nullptr)) < 0)
         return where + "corrupt or truncated (" + av_text(r) + ")";

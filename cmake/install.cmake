@@ -40,6 +40,9 @@ install(FILES ${PROJECT_BINARY_DIR}/g4Config.cmake ${PROJECT_BINARY_DIR}/g4Confi
         DESTINATION ${G4_CMAKE_DIR})
 # The .pc files find the prefix from their own place (pkg-config's ${pcfiledir}): the tree may be installed
 # with cmake --install --prefix anywhere, or moved.
+# The media decoders' system libraries (libjpeg, FFmpeg's when the build uses them), for static linking.
+list(TRANSFORM G4_STATIC_EXTRA_LIBS PREPEND "-l" OUTPUT_VARIABLE G4_PC_EXTRA_LIBS)
+list(JOIN G4_PC_EXTRA_LIBS " " G4_PC_EXTRA_LIBS)
 file(RELATIVE_PATH G4_PC_UP /x/${CMAKE_INSTALL_LIBDIR}/pkgconfig /x)
 set(G4_PC_PREFIX "\${pcfiledir}/${G4_PC_UP}")
 foreach(pc g4 g4-static)

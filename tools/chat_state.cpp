@@ -1,6 +1,6 @@
 // g4 chat's conversation state (tools/chat_state.h): rendering, media encoding, feeding, save and load.
 #include "tools/chat_state.h"
-#include "tools/media_decode.h"
+#include "runtime/src/media/media_decode.h"
 
 #include "compiler/output_file.h"
 
@@ -25,7 +25,7 @@ std::string Chat::attach(g4::ChatMedia kind, const std::string& path, const std:
         } catch (const RunError& e) {
             return what + " " + path + ": " + e.what();
         }
-        if (!(err = g4::tools::load_image(path, &a.image, mi.max_image_pixels)).empty()) return err;
+        if (!(err = g4::media::load_image(path, &a.image, mi.max_image_pixels)).empty()) return err;
         const int64_t px = (int64_t)a.image.width * a.image.height;
         if (px > mi.max_image_pixels)
             return path + ": " + std::to_string(a.image.width) + "x" + std::to_string(a.image.height) +
@@ -41,7 +41,7 @@ std::string Chat::attach(g4::ChatMedia kind, const std::string& path, const std:
         } catch (const RunError& e) {
             return what + " " + path + ": " + e.what();
         }
-        if (!(err = g4::tools::load_audio(path, mi.audio_sample_rate, mi.max_audio_samples, &a.audio))
+        if (!(err = g4::media::load_audio(path, mi.audio_sample_rate, mi.max_audio_samples, &a.audio))
                  .empty())
             return err;
         if ((int64_t)a.audio.samples.size() > mi.max_audio_samples) {

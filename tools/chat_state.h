@@ -2,9 +2,9 @@
 // session holds; saved to and loaded from a JSON file of messages.
 #pragma once
 #include "runtime/src/chat_template.h"
-#include "tools/audio_io.h"
+#include "runtime/src/media/audio_io.h"
+#include "runtime/src/media/image_io.h"
 #include "tools/cli_common.h"
-#include "tools/image_io.h"
 
 #include <string>
 #include <vector>
@@ -16,8 +16,8 @@ namespace g4::cli {
 struct ChatAttachment {
     g4::ChatMedia kind = g4::ChatMedia::Image;
     std::string path;
-    g4::tools::ImageRGB8 image;
-    g4::tools::AudioPcm audio;
+    g4::media::ImageRGB8 image;
+    g4::media::AudioPcm audio;
     int32_t n = -1; // soft tokens, once encoded
 };
 

@@ -1,7 +1,7 @@
 // Shared pieces of the g4 CLI (tools/cli_common.h): help printing, argument parsing, C API helpers, progress.
 #include "tools/cli_common.h"
 
-#include "tools/read_file.h"
+#include "runtime/src/media/read_file.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -153,7 +153,7 @@ std::string join_ids(const std::vector<int32_t>& ids) {
 
 std::string read_whole_file(const std::string& path, const char* what) {
     std::vector<uint8_t> bytes;
-    if (std::string err = g4::tools::read_file_bytes(path, what, uint64_t(1) << 32, &bytes); !err.empty())
+    if (std::string err = g4::media::read_file_bytes(path, what, uint64_t(1) << 32, &bytes); !err.empty())
         throw RunError(err);
     return std::string(bytes.begin(), bytes.end());
 }

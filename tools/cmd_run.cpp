@@ -1,12 +1,12 @@
 // `g4 run`: feeds a prompt (text, ids, images, audio) to a plan through the C API and streams what it
 // generates.
 #include "runtime/src/chat_template.h"
-#include "tools/audio_io.h"
+#include "runtime/src/media/audio_io.h"
+#include "runtime/src/media/image_io.h"
+#include "runtime/src/media/media_decode.h"
+#include "runtime/src/media/video_decode.h"
 #include "tools/cli_common.h"
-#include "tools/image_io.h"
-#include "tools/media_decode.h"
 #include "tools/prompt_media.h"
-#include "tools/video_decode.h"
 
 #include "compiler/output_file.h"
 
@@ -51,10 +51,10 @@ void add_media(const Args& a, g4_engine* e, g4_session* s, std::vector<int32_t>*
                     "checkpoint with vision_config and video_token_id, without --no-vision)");
             if (g4_writes) check_media_ids(info, mi, true);
             // Each sampled frame goes through the tower as it is decoded (one frame's pixels held at a time).
-            g4::tools::VideoFrames v;
-            std::string err = g4::tools::load_video(
-                b.file, g4::tools::kVideoFrames, mi.max_image_pixels, &v,
-                [&](size_t f, const g4::tools::ImageRGB8& img) -> std::string {
+            g4::media::VideoFrames v;
+            std::string err = g4::media::load_video(
+                b.file, g4::media::kVideoFrames, mi.max_image_pixels, &v,
+                [&](size_t f, const g4::media::ImageRGB8& img) -> std::string {
                     if (g4_session_add_video_frame(s, img.rgb.data(), img.width, img.height, &n) != G4_OK)
                         return b.file + ": frame " + std::to_string(v.indices[f]) + ": " +
                                g4_last_error_message();
@@ -67,8 +67,8 @@ void add_media(const Args& a, g4_engine* e, g4_session* s, std::vector<int32_t>*
             if (!mi.has_vision)
                 throw RunError("--image: the plan has no vision tower (compile a Gemma 4 checkpoint with "
                                "vision_config, without --no-vision)");
-            g4::tools::ImageRGB8 img;
-            std::string err = g4::tools::load_image(b.file, &img, mi.max_image_pixels);
+            g4::media::ImageRGB8 img;
+            std::string err = g4::media::load_image(b.file, &img, mi.max_image_pixels);
             if (!err.empty()) throw RunError(err);
             if (g4_writes) check_media_ids(info, mi, true);
             if (g4_session_add_image(s, img.rgb.data(), img.width, img.height, &n) != G4_OK)
@@ -77,8 +77,8 @@ void add_media(const Args& a, g4_engine* e, g4_session* s, std::vector<int32_t>*
             if (!mi.has_audio)
                 throw RunError("--audio: the plan has no audio tower (compile a Gemma 4 checkpoint with "
                                "audio_config, without --no-audio)");
-            g4::tools::AudioPcm pcm;
-            std::string err = g4::tools::load_audio(b.file, mi.audio_sample_rate, mi.max_audio_samples, &pcm);
+            g4::media::AudioPcm pcm;
+            std::string err = g4::media::load_audio(b.file, mi.audio_sample_rate, mi.max_audio_samples, &pcm);
             if (!err.empty()) throw RunError(err);
             if (g4_writes) check_media_ids(info, mi, false);
             if (g4_session_add_audio(s, pcm.samples.data(), (int64_t)pcm.samples.size(), &n) != G4_OK)

@@ -1,8 +1,8 @@
 // g4._g4.Session: one g4_session (runtime/include/g4/g4.h). Every call that computes (prefill, decode,
 // towers) releases the GIL; logits() is a read-only NumPy view of the session's own buffer (no copy).
 #include "binding.h"
-#include "tools/audio_io.h"
-#include "tools/image_io.h"
+#include "runtime/src/media/audio_io.h"
+#include "runtime/src/media/image_io.h"
 
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
@@ -188,12 +188,12 @@ int32_t add_image(Session& s, RgbArray rgb) {
 
 int32_t add_image_file(Session& s, const std::string& path) {
     const g4_media_info mi = media(s);
-    g4::tools::ImageRGB8 img;
+    g4::media::ImageRGB8 img;
     std::string err;
     {
         nb::gil_scoped_release nogil;
-        err = g4::tools::load_image(
-            path, &img, mi.max_image_pixels > 0 ? mi.max_image_pixels : g4::tools::kMaxImagePixels);
+        err = g4::media::load_image(
+            path, &img, mi.max_image_pixels > 0 ? mi.max_image_pixels : g4::media::kMaxImagePixels);
     }
     if (!err.empty()) throw Failure(G4_ERR_IO, err);
     return add_image_rgb(s, img.rgb.data(), img.width, img.height, path);
@@ -214,11 +214,11 @@ int32_t add_audio_pcm(Session& s, const float* pcm, int64_t n, const std::string
 
 int32_t add_audio_file(Session& s, const std::string& path) {
     const g4_media_info mi = media(s);
-    g4::tools::AudioPcm pcm;
+    g4::media::AudioPcm pcm;
     std::string err;
     {
         nb::gil_scoped_release nogil;
-        err = g4::tools::load_wav(path, &pcm, mi.max_audio_samples);
+        err = g4::media::load_wav(path, &pcm, mi.max_audio_samples);
     }
     if (!err.empty()) throw Failure(G4_ERR_IO, err);
     if (mi.has_audio && pcm.sample_rate != mi.audio_sample_rate)

@@ -5,11 +5,11 @@
 // CUDA plan (text decoder on the GPU, towers on the CPU: f32 tower weights), and the towers on the GPU.
 #include "g4/g4.h"
 #include "runtime/src/engine.h"
+#include "runtime/src/media/audio_io.h"
+#include "runtime/src/media/image_io.h"
+#include "runtime/src/media/media_decode.h"
+#include "runtime/src/media/video_decode.h"
 #include "test_util.h"
-#include "tools/audio_io.h"
-#include "tools/image_io.h"
-#include "tools/media_decode.h"
-#include "tools/video_decode.h"
 
 #include <algorithm>
 #include <cmath>
@@ -662,8 +662,8 @@ TEST_F(Media, AudioTowerOnGpuMatchesHF) {
 TEST_F(Media, CliRunsAnImageFile) {
     // `g4 run --image`: the file decoded, preprocessed and encoded; with --tokens the ids go verbatim.
     std::string png = fixture("towers/image/rgb_37x53.png");
-    g4::tools::ImageRGB8 img;
-    ASSERT_EQ(g4::tools::load_image(png, &img), "");
+    g4::media::ImageRGB8 img;
+    ASSERT_EQ(g4::media::load_image(png, &img), "");
     int32_t n = 0;
     ASSERT_EQ(g4_session_add_image(s_, img.rgb.data(), img.width, img.height, &n), G4_OK)
         << g4_last_error_message();
@@ -726,11 +726,11 @@ TEST_F(Media, CliPutsTheMediaAfterBos) {
     g4_session_params sp = g4_session_params_default();
     sp.n_threads         = 2;
     ASSERT_EQ(g4_session_create(e, &sp, &s), G4_OK);
-    g4::tools::ImageRGB8 img;
-    ASSERT_EQ(g4::tools::load_image(png, &img), "");
+    g4::media::ImageRGB8 img;
+    ASSERT_EQ(g4::media::load_image(png, &img), "");
     // The WAV holds the clip as 16-bit PCM: the samples the CLI read.
-    g4::tools::AudioPcm wav_pcm;
-    ASSERT_EQ(g4::tools::load_wav(wav, &wav_pcm), "");
+    g4::media::AudioPcm wav_pcm;
+    ASSERT_EQ(g4::media::load_wav(wav, &wav_pcm), "");
     int32_t ni = 0, na = 0;
     ASSERT_EQ(g4_session_add_image(s, img.rgb.data(), img.width, img.height, &ni), G4_OK)
         << g4_last_error_message();
@@ -823,12 +823,12 @@ TEST_F(MediaCli, TwoImagesAndAClipInEveryPromptForm) {
         EXPECT_EQ(g4_session_create(e, &sp, &s), G4_OK);
         int32_t n[3] = {0, 0, 0};
         for (int i : {0, 2}) {
-            g4::tools::ImageRGB8 img;
-            EXPECT_EQ(g4::tools::load_image(i == 0 ? A : B, &img), "");
+            g4::media::ImageRGB8 img;
+            EXPECT_EQ(g4::media::load_image(i == 0 ? A : B, &img), "");
             EXPECT_EQ(g4_session_add_image(s, img.rgb.data(), img.width, img.height, &n[i]), G4_OK);
         }
-        g4::tools::AudioPcm pcm;
-        EXPECT_EQ(g4::tools::load_wav(C, &pcm), "");
+        g4::media::AudioPcm pcm;
+        EXPECT_EQ(g4::media::load_wav(C, &pcm), "");
         EXPECT_EQ(g4_session_add_audio(s, pcm.samples.data(), (int64_t)pcm.samples.size(), &n[1]), G4_OK);
         EXPECT_EQ(n[0], nA);
         EXPECT_EQ(n[1], nC);
@@ -916,10 +916,10 @@ TEST_F(MediaCli, TwoImagesAndAClipInEveryPromptForm) {
 // on each frame), and `g4 run --video` builds exactly that prompt, at a <|video|> marker or after <bos>.
 TEST_F(MediaCli, VideoPromptAsTheProcessorBuildsIt) {
     if (on_cuda()) GTEST_SKIP() << "CPU plan check";
-    if (!g4::tools::have_ffmpeg()) GTEST_SKIP() << "built without FFmpeg";
+    if (!g4::media::have_ffmpeg()) GTEST_SKIP() << "built without FFmpeg";
     const std::string V = fixture("towers/video/pattern_97x61_12.5fps.mp4");
-    g4::tools::VideoFrames v;
-    ASSERT_EQ(g4::tools::load_video(V, g4::tools::kVideoFrames, 0, &v), "");
+    g4::media::VideoFrames v;
+    ASSERT_EQ(g4::media::load_video(V, g4::media::kVideoFrames, 0, &v), "");
     ASSERT_EQ(v.frames.size(), 25u);
     g4_engine* e = nullptr;
     ASSERT_EQ(g4_engine_open(plan_.c_str(), nullptr, &e), G4_OK);
@@ -940,7 +940,7 @@ TEST_F(MediaCli, VideoPromptAsTheProcessorBuildsIt) {
         g4_session_params sp = g4_session_params_default();
         sp.n_threads         = 2;
         EXPECT_EQ(g4_session_create(e, &sp, &s), G4_OK);
-        for (const g4::tools::ImageRGB8& f : v.frames) {
+        for (const g4::media::ImageRGB8& f : v.frames) {
             int32_t n = 0;
             EXPECT_EQ(as_video ? g4_session_add_video_frame(s, f.rgb.data(), f.width, f.height, &n)
                                : g4_session_add_image(s, f.rgb.data(), f.width, f.height, &n),
@@ -1012,8 +1012,8 @@ TEST_F(MediaCli, VideoPromptAsTheProcessorBuildsIt) {
 // Hugging Face float32 with the processor's own pixel values.
 TEST_F(Media, RgbaImagePromptMatchesHF) {
     const json m = json::parse(read_file(fixture("towers/formats/formats.json"))).at("e2e_rgba");
-    g4::tools::ImageRGB8 img;
-    ASSERT_EQ(g4::tools::load_image(fixture("towers/formats/" + m.at("image").get<std::string>()), &img), "");
+    g4::media::ImageRGB8 img;
+    ASSERT_EQ(g4::media::load_image(fixture("towers/formats/" + m.at("image").get<std::string>()), &img), "");
     int32_t n = 0;
     ASSERT_EQ(g4_session_add_image(s_, img.rgb.data(), img.width, img.height, &n), G4_OK)
         << g4_last_error_message();

@@ -3,9 +3,9 @@
 // tiny model (tests/fixtures/e2b_tiny with its 512-token tokenizer).
 #include "g4/g4.h"
 #include "runtime/src/chat_template.h"
+#include "runtime/src/media/audio_io.h"
+#include "runtime/src/media/image_io.h"
 #include "test_util.h"
-#include "tools/audio_io.h"
-#include "tools/image_io.h"
 
 #include <algorithm>
 #include <gtest/gtest.h>
@@ -286,10 +286,10 @@ protected:
         sp.n_threads         = 2;
         g4_session* s        = nullptr;
         ASSERT_EQ(g4_session_create(engine_, &sp, &s), G4_OK);
-        g4::tools::ImageRGB8 img;
-        ASSERT_EQ(g4::tools::load_image(png(), &img), "");
-        g4::tools::AudioPcm pcm;
-        ASSERT_EQ(g4::tools::load_wav(wav(), &pcm), "");
+        g4::media::ImageRGB8 img;
+        ASSERT_EQ(g4::media::load_image(png(), &img), "");
+        g4::media::AudioPcm pcm;
+        ASSERT_EQ(g4::media::load_wav(wav(), &pcm), "");
         ASSERT_EQ(g4_session_add_image(s, img.rgb.data(), img.width, img.height, &n_img_), G4_OK)
             << g4_last_error_message();
         ASSERT_EQ(g4_session_add_audio(s, pcm.samples.data(), (int64_t)pcm.samples.size(), &n_aud_), G4_OK)

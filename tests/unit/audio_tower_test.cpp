@@ -1,11 +1,11 @@
 // The CPU audio tower (runtime/src/towers/audio.*) against Hugging Face float32 numbers from
 // tools/make_audio_fixtures.py (tests/fixtures/towers/audio, tiny checkpoint tests/fixtures/e2b_tiny), and
-// the CLI's WAV reader (tools/audio_io.*).
+// the WAV reader (runtime/src/media/audio_io.*).
 #include "compiler/safetensors.h"
 #include "kernels/cpu/cpu.h"
+#include "runtime/src/media/audio_io.h"
 #include "runtime/src/towers/audio.h"
 #include "test_util.h"
-#include "tools/audio_io.h"
 
 #include <cmath>
 #include <cstdlib>
@@ -433,8 +433,8 @@ std::string make_wav(int format, int channels, uint32_t rate, int bits, const st
 } // namespace
 
 TEST(AudioWav, FixtureWavEqualsThePcm) {
-    tools::AudioPcm a;
-    ASSERT_EQ(tools::load_wav(dir() + "/clip0.wav", &a), "");
+    media::AudioPcm a;
+    ASSERT_EQ(media::load_wav(dir() + "/clip0.wav", &a), "");
     auto pcm = g4test::read_f32(dir() + "/clip0.pcm.f32");
     EXPECT_EQ(a.sample_rate, 16000);
     ASSERT_EQ(a.samples.size(), pcm.size());
@@ -444,9 +444,9 @@ TEST(AudioWav, FixtureWavEqualsThePcm) {
 TEST(AudioWav, FormatsAndChannels) {
     g4test::TempDir tmp;
     const std::vector<double> x = {0.0, 0.5, -0.5, 0.25, -1.0, 0.999};
-    auto load                   = [&](const std::string& bytes, tools::AudioPcm* a) {
+    auto load                   = [&](const std::string& bytes, media::AudioPcm* a) {
         g4test::write_file(tmp.file("t.wav"), bytes);
-        return tools::load_wav(tmp.file("t.wav"), a);
+        return media::load_wav(tmp.file("t.wav"), a);
     };
     { // stereo 16-bit: left x, right -x/2 -> mono x/4
         std::string d;
@@ -454,7 +454,7 @@ TEST(AudioWav, FormatsAndChannels) {
             put16(d, (uint16_t)(int16_t)std::lround(std::min(v * 32768, 32767.0)));
             put16(d, (uint16_t)(int16_t)std::lround(-v * 16384));
         }
-        tools::AudioPcm a;
+        media::AudioPcm a;
         ASSERT_EQ(load(make_wav(1, 2, 16000, 16, d), &a), "");
         ASSERT_EQ(a.samples.size(), x.size());
         for (size_t i = 0; i < x.size(); ++i)
@@ -468,7 +468,7 @@ TEST(AudioWav, FormatsAndChannels) {
             d += (char)((s >> 8) & 255);
             d += (char)((s >> 16) & 255);
         }
-        tools::AudioPcm a;
+        media::AudioPcm a;
         ASSERT_EQ(load(make_wav(1, 1, 16000, 24, d), &a), "");
         for (size_t i = 0; i < x.size(); ++i)
             EXPECT_NEAR(a.samples[i], x[i], 1.0 / 8388608) << i;
@@ -478,7 +478,7 @@ TEST(AudioWav, FormatsAndChannels) {
         for (double v : x)
             for (int c = 0; c < 3; ++c)
                 put32(d, (uint32_t)(int32_t)std::llround(std::min(v * 2147483648.0, 2147483647.0)));
-        tools::AudioPcm a;
+        media::AudioPcm a;
         ASSERT_EQ(load(make_wav(1, 3, 16000, 32, d), &a), "");
         for (size_t i = 0; i < x.size(); ++i)
             EXPECT_NEAR(a.samples[i], x[i], 1e-7) << i;
@@ -490,7 +490,7 @@ TEST(AudioWav, FormatsAndChannels) {
             d.append((const char*)&l, 4);
             d.append((const char*)&r, 4);
         }
-        tools::AudioPcm a;
+        media::AudioPcm a;
         ASSERT_EQ(load(make_wav(3, 2, 16000, 32, d, true), &a), "");
         for (size_t i = 0; i < x.size(); ++i)
             EXPECT_FLOAT_EQ(a.samples[i], (float)(((float)x[i] + (float)(x[i] * 0.5)) / 2.0)) << i;
@@ -504,8 +504,8 @@ TEST(AudioWav, BadFilesGiveClearErrors) {
         put16(d16, (uint16_t)(i * 100));
     auto err = [&](const std::string& bytes) {
         g4test::write_file(tmp.file("bad.wav"), bytes);
-        tools::AudioPcm a;
-        return tools::load_wav(tmp.file("bad.wav"), &a);
+        media::AudioPcm a;
+        return media::load_wav(tmp.file("bad.wav"), &a);
     };
     std::string e = err(make_wav(1, 1, 44100, 16, d16));
     EXPECT_NE(e.find("44100 Hz"), std::string::npos) << e;
@@ -525,8 +525,8 @@ TEST(AudioWav, BadFilesGiveClearErrors) {
     EXPECT_NE(e.find("unsupported WAV encoding"), std::string::npos) << e;
     e = err(make_wav(1, 1, 16000, 16, ""));
     EXPECT_NE(e.find("no audio samples"), std::string::npos) << e;
-    tools::AudioPcm a;
-    e = tools::load_wav(tmp.file("does_not_exist.wav"), &a);
+    media::AudioPcm a;
+    e = media::load_wav(tmp.file("does_not_exist.wav"), &a);
     EXPECT_NE(e.find("does_not_exist.wav"), std::string::npos) << e;
     EXPECT_NE(e.find("cannot open"), std::string::npos) << e;
 }

@@ -6,10 +6,10 @@
 #include "compiler/safetensors.h"
 #include "runtime/src/json_fields.h"
 #include "runtime/src/json_limits.h"
+#include "runtime/src/media/audio_io.h"
+#include "runtime/src/media/image_io.h"
 #include "runtime/src/tokenizer.h"
 #include "test_util.h"
-#include "tools/audio_io.h"
-#include "tools/image_io.h"
 
 #include <chrono>
 #include <cmath>
@@ -48,9 +48,9 @@ std::string le32(uint32_t v) {
     return {char(v & 255), char((v >> 8) & 255), char((v >> 16) & 255), char(v >> 24)};
 }
 
-std::string decode(const std::string& bytes, g4::tools::ImageRGB8* img,
-                   int64_t max_pixels = g4::tools::kMaxImagePixels) {
-    return g4::tools::decode_image(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), "'x.pnm'",
+std::string decode(const std::string& bytes, g4::media::ImageRGB8* img,
+                   int64_t max_pixels = g4::media::kMaxImagePixels) {
+    return g4::media::decode_image(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), "'x.pnm'",
                                    img, max_pixels);
 }
 
@@ -84,7 +84,7 @@ TEST(HostileInput, Pnm16BitDecodesLikePillow) {
             std::vector<uint32_t> v(size_t(w) * h * (rgb ? 3 : 1));
             for (size_t i = 0; i < v.size(); ++i)
                 v[i] = uint32_t((i * 2654435761u) % (maxval + 1));
-            g4::tools::ImageRGB8 img;
+            g4::media::ImageRGB8 img;
             ASSERT_EQ(decode(pnm(rgb, w, h, maxval, v), &img), "") << rgb << " " << maxval;
             ASSERT_EQ(img.width, w);
             ASSERT_EQ(img.height, h);
@@ -98,7 +98,7 @@ TEST(HostileInput, Pnm16BitDecodesLikePillow) {
     // Values Pillow gives, worked by hand: half rounds to even (3 / 10 * 255 = 76.5 -> 76, 1 / 2 * 255 =
     // 127.5
     // -> 128); a 16-bit grey sample of 300 clips to white, 200 stays 200.
-    g4::tools::ImageRGB8 img;
+    g4::media::ImageRGB8 img;
     ASSERT_EQ(decode(pnm(true, 1, 1, 10, {3, 10, 0}), &img), "");
     EXPECT_EQ(img.rgb, (std::vector<uint8_t>{76, 255, 0}));
     ASSERT_EQ(decode(pnm(false, 2, 1, 2, {1, 2}), &img), "");
@@ -113,7 +113,7 @@ TEST(HostileInput, Pnm16BitDecodesLikePillow) {
 }
 
 TEST(HostileInput, PnmMalformed) {
-    g4::tools::ImageRGB8 img;
+    g4::media::ImageRGB8 img;
     auto err = [&](const std::string& bytes, const std::string& needle) {
         std::string e = decode(bytes, &img);
         EXPECT_NE(e.find(needle), std::string::npos) << e;
@@ -150,18 +150,18 @@ TEST(HostileInput, ImageSizeCheckedBeforeDecoding) {
     const std::string pgm =
         "P5 20000 20000 255\n" + std::string(256, '\x7f'); // 275 bytes declaring 4 * 10^8 pixels
     for (const std::string* f : {&png, &jpeg, &bmp, &gif, &pgm}) {
-        g4::tools::ImageRGB8 img;
+        g4::media::ImageRGB8 img;
         const auto t0 = Clock::now();
         std::string e = decode(*f, &img);
         EXPECT_LT(seconds_since(t0), 0.5);
-        EXPECT_NE(e.find("pixels, more than the limit of " + std::to_string(g4::tools::kMaxImagePixels)),
+        EXPECT_NE(e.find("pixels, more than the limit of " + std::to_string(g4::media::kMaxImagePixels)),
                   std::string::npos)
             << e;
         EXPECT_TRUE(one_line(e)) << e;
         EXPECT_TRUE(img.rgb.empty());
     }
     // The caller's bound (a plan's --max-image-pixels).
-    g4::tools::ImageRGB8 img;
+    g4::media::ImageRGB8 img;
     std::vector<uint32_t> px(11 * 10, 7);
     std::string e = decode(pnm(false, 11, 10, 255, px), &img, 100);
     EXPECT_NE(e.find("11x10 pixels, more than the limit of 100"), std::string::npos) << e;
@@ -181,7 +181,7 @@ TEST(HostileInput, ImageDataCheckedAgainstDeclaredSize) {
     // stb reads compression values other than RLE's as raw rows.
     const std::string bmp_odd_compression = bmp.substr(0, 30) + le32(0xFFFF0208u) + bmp.substr(34);
     for (const std::string* f : {&bmp, &bmp_odd_compression, &jpeg}) {
-        g4::tools::ImageRGB8 img;
+        g4::media::ImageRGB8 img;
         const auto t0 = Clock::now();
         std::string e = decode(*f, &img);
         EXPECT_LT(seconds_since(t0), 0.5);
@@ -198,7 +198,7 @@ TEST(HostileInput, ImageDataCheckedAgainstDeclaredSize) {
     const std::string small = "BM" + le32(54 + uint32_t(rows.size())) + le32(0) + le32(54) + le32(40) +
                               le32(sw) + le32(sh) + le16(1) + le16(24) + le32(0) + le32(0) + le32(0) +
                               le32(0) + le32(0) + le32(0) + rows;
-    g4::tools::ImageRGB8 img;
+    g4::media::ImageRGB8 img;
     ASSERT_EQ(decode(small, &img), "");
     EXPECT_EQ(img.width, int(sw));
     EXPECT_EQ(img.height, int(sh));
@@ -221,12 +221,12 @@ std::string wav(uint16_t format, uint16_t channels, uint32_t rate, uint16_t bits
 TEST(HostileInput, WavHeaderFields) {
     TempDir tmp;
     const std::string path = tmp.file("a.wav");
-    auto load              = [&](const std::string& bytes, g4::tools::AudioPcm* a, int64_t max_frames = -1) {
+    auto load              = [&](const std::string& bytes, g4::media::AudioPcm* a, int64_t max_frames = -1) {
         write_file(path, bytes);
-        return g4::tools::load_wav(path, a, max_frames);
+        return g4::media::load_wav(path, a, max_frames);
     };
     auto err = [&](const std::string& bytes, const std::string& needle) {
-        g4::tools::AudioPcm a;
+        g4::media::AudioPcm a;
         std::string e = load(bytes, &a);
         EXPECT_NE(e.find(needle), std::string::npos) << e;
         EXPECT_NE(e.find(path), std::string::npos) << e;
@@ -248,7 +248,7 @@ TEST(HostileInput, WavHeaderFields) {
     err(wav(3, 1, 16000, 32, 4, std::string((const char*)&one, 4) + std::string((const char*)&nan, 4), 8),
         "sample 1");
     // A streamed size with a sound header reads the frames present.
-    g4::tools::AudioPcm a;
+    g4::media::AudioPcm a;
     std::string d = le16(16384) + le16(0xC000) + "\x01"; // 2 frames and a stray byte
     ASSERT_EQ(load(wav(1, 1, 16000, 16, 2, d, 0xFFFFFFFFu), &a), "");
     EXPECT_EQ(a.samples, (std::vector<float>{0.5f, -0.5f}));
@@ -263,15 +263,15 @@ TEST(HostileInput, WavHeaderFields) {
 
 TEST(HostileInput, UnreadablePathsNamed) {
     TempDir tmp;
-    g4::tools::AudioPcm a;
-    g4::tools::ImageRGB8 img;
-    for (const std::string& e : {g4::tools::load_wav(tmp.path, &a), g4::tools::load_image(tmp.path, &img)}) {
+    g4::media::AudioPcm a;
+    g4::media::ImageRGB8 img;
+    for (const std::string& e : {g4::media::load_wav(tmp.path, &a), g4::media::load_image(tmp.path, &img)}) {
         EXPECT_NE(e.find("'" + tmp.path + "'"), std::string::npos) << e;
         EXPECT_NE(e.find("is a directory"), std::string::npos) << e;
         EXPECT_TRUE(one_line(e)) << e;
     }
     for (const std::string& e :
-         {g4::tools::load_wav(tmp.file("none.wav"), &a), g4::tools::load_image(tmp.file("none.png"), &img)}) {
+         {g4::media::load_wav(tmp.file("none.wav"), &a), g4::media::load_image(tmp.file("none.png"), &img)}) {
         EXPECT_NE(e.find(tmp.file("none.")), std::string::npos) << e;
         EXPECT_NE(e.find("No such file"), std::string::npos) << e;
     }

@@ -1,7 +1,7 @@
 // Every pixel format as Hugging Face sees it: g4's decoded RGB against transformers' load_image (EXIF
 // orientation applied, then PIL convert("RGB"): alpha dropped) on tests/fixtures/towers/formats (made by
 // tools/make_media_fixtures.py), and the RGBA image's pixel_values against Gemma4ImageProcessor's.
-#include "image_io.h"
+#include "runtime/src/media/image_io.h"
 #include "runtime/src/towers/image.h"
 #include "test_util.h"
 
@@ -22,9 +22,9 @@ TEST(ImageFormats, DecodedPixelsEqualTheReference) {
     for (const auto& c : m["images"]) {
         const std::string file = c["file"].get<std::string>();
         SCOPED_TRACE(file + " (PIL mode " + c["pil_mode"].get<std::string>() + ")");
-        g4::tools::ImageRGB8 got, want;
-        ASSERT_EQ(g4::tools::load_image(dir() + "/" + file, &got), "");
-        ASSERT_EQ(g4::tools::load_image(dir() + "/" + c["ref"].get<std::string>(), &want), "");
+        g4::media::ImageRGB8 got, want;
+        ASSERT_EQ(g4::media::load_image(dir() + "/" + file, &got), "");
+        ASSERT_EQ(g4::media::load_image(dir() + "/" + c["ref"].get<std::string>(), &want), "");
         if (got.width != c["size_wh"][0].get<int>() || got.height != c["size_wh"][1].get<int>() ||
             want.rgb.size() != got.rgb.size()) {
             ADD_FAILURE() << got.width << "x" << got.height << ", the reference " << c["size_wh"];
@@ -46,9 +46,9 @@ TEST(ImageFormats, DecodedPixelsEqualTheReference) {
 TEST(ImageFormats, RgbaPixelValuesEqualTheProcessor) {
     const auto m    = nlohmann::json::parse(g4test::read_file(dir() + "/formats.json"));
     const auto& e2e = m["e2e_rgba"];
-    g4::tools::ImageRGB8 img, want;
-    ASSERT_EQ(g4::tools::load_image(dir() + "/" + e2e["image"].get<std::string>(), &img), "");
-    ASSERT_EQ(g4::tools::load_image(dir() + "/" + e2e["resized"].get<std::string>(), &want), "");
+    g4::media::ImageRGB8 img, want;
+    ASSERT_EQ(g4::media::load_image(dir() + "/" + e2e["image"].get<std::string>(), &img), "");
+    ASSERT_EQ(g4::media::load_image(dir() + "/" + e2e["resized"].get<std::string>(), &want), "");
     constexpr int kPatch = 16, kPool = 3, kTokens = 70;
     const size_t need =
         g4::towers::preprocess_scratch_bytes_for(img.height, img.width, kTokens, kPatch, kPool);

@@ -1,7 +1,7 @@
 // Gemma 4 image loading and preprocessing against Hugging Face (tests/fixtures/towers/image, made by
 // tools/make_image_fixtures.py with transformers 5.23's default torchvision Gemma4ImageProcessor).
-#include "image_io.h"
 #include "kernels/cpu/thread_pool.h"
+#include "runtime/src/media/image_io.h"
 #include "runtime/src/towers/image.h"
 #include "test_util.h"
 
@@ -12,8 +12,8 @@
 #include <cstring>
 #include <fstream>
 
-using g4::tools::ImageRGB8;
-using g4::tools::load_image;
+using g4::media::ImageRGB8;
+using g4::media::load_image;
 using g4::towers::image_layout;
 using g4::towers::ImageLayout;
 using g4::towers::preprocess_image;
@@ -322,7 +322,7 @@ TEST(ImageIo, JpegHuffmanTableOverflowIsRefused) {
         std::string bad =
             g4test::read_file(std::string(G4_SOURCE_DIR) + "/tests/fuzz/regressions/image/" + name);
         ImageRGB8 img;
-        std::string e = g4::tools::decode_image(reinterpret_cast<const uint8_t*>(bad.data()), bad.size(),
+        std::string e = g4::media::decode_image(reinterpret_cast<const uint8_t*>(bad.data()), bad.size(),
                                                 "bad.jpg", &img);
         EXPECT_EQ(img.width, 0) << name;
         EXPECT_NE(e.find("image bad.jpg"), std::string::npos) << name << ": " << e;
@@ -330,7 +330,7 @@ TEST(ImageIo, JpegHuffmanTableOverflowIsRefused) {
     ImageRGB8 img;
     std::string good = g4test::read_file(std::string(G4_SOURCE_DIR) + "/tests/fuzz/seeds/image/rgb_5x3.jpg");
     ASSERT_EQ(
-        g4::tools::decode_image(reinterpret_cast<const uint8_t*>(good.data()), good.size(), "good.jpg", &img),
+        g4::media::decode_image(reinterpret_cast<const uint8_t*>(good.data()), good.size(), "good.jpg", &img),
         "");
     EXPECT_EQ(img.width, 5);
     EXPECT_EQ(img.height, 3);
@@ -343,7 +343,7 @@ TEST(ImageIo, PngChunkPastTheEndIsRefusedBeforeAllocating) {
                                         "/tests/fuzz/regressions/image/png_idat_length_past_end.png");
     ImageRGB8 img;
     std::string e =
-        g4::tools::decode_image(reinterpret_cast<const uint8_t*>(bad.data()), bad.size(), "bad.png", &img);
+        g4::media::decode_image(reinterpret_cast<const uint8_t*>(bad.data()), bad.size(), "bad.png", &img);
     EXPECT_NE(e.find("PNG chunk 'IDAT' declares"), std::string::npos) << e;
     EXPECT_NE(e.find("truncated"), std::string::npos) << e;
     // Every fixture PNG (chunks that fit, IEND last) still decodes.
@@ -359,12 +359,12 @@ TEST(ImageIo, PnmHeaderNumberOverflowIsRefused) {
                                         "/tests/fuzz/regressions/image/pgm_width_overflows_int.pgm");
     ImageRGB8 img;
     std::string e =
-        g4::tools::decode_image(reinterpret_cast<const uint8_t*>(bad.data()), bad.size(), "bad.pgm", &img);
+        g4::media::decode_image(reinterpret_cast<const uint8_t*>(bad.data()), bad.size(), "bad.pgm", &img);
     EXPECT_NE(e.find("is not a number of at most 10 digits"), std::string::npos) << e;
     const std::string edge = "P5\n# c\n2147483647 1\n255\n";
-    e = g4::tools::decode_image(reinterpret_cast<const uint8_t*>(edge.data()), edge.size(), "edge.pgm", &img);
+    e = g4::media::decode_image(reinterpret_cast<const uint8_t*>(edge.data()), edge.size(), "edge.pgm", &img);
     EXPECT_NE(e.find("more than the limit"), std::string::npos) << e;
     const std::string over = "P6 21474836480 1 255 ";
-    e = g4::tools::decode_image(reinterpret_cast<const uint8_t*>(over.data()), over.size(), "over.ppm", &img);
+    e = g4::media::decode_image(reinterpret_cast<const uint8_t*>(over.data()), over.size(), "over.ppm", &img);
     EXPECT_NE(e.find("is not a number of at most 10 digits"), std::string::npos) << e;
 }

@@ -1,9 +1,9 @@
-// Audio files through tools/media_decode (FFmpeg's libraries where the build has them): every format to
-// 16 kHz mono, libswresample's resampling measured against torchaudio's on the same samples, and bad files
-// refused with one line naming them (tests/fixtures/towers/audio_files, made by
+// Audio files through runtime/src/media/media_decode (FFmpeg's libraries where the build has them): every
+// format to 16 kHz mono, libswresample's resampling measured against torchaudio's on the same samples, and
+// bad files refused with one line naming them (tests/fixtures/towers/audio_files, made by
 // tools/make_media_fixtures.py).
+#include "runtime/src/media/media_decode.h"
 #include "test_util.h"
-#include "tools/media_decode.h"
 
 #include <gtest/gtest.h>
 
@@ -25,11 +25,11 @@ std::vector<float> read_f32(const std::string& path) {
 }
 
 TEST(MediaDecode, EveryAudioFormatTo16kMono) {
-    if (!g4::tools::have_ffmpeg()) GTEST_SKIP() << "built without FFmpeg";
+    if (!g4::media::have_ffmpeg()) GTEST_SKIP() << "built without FFmpeg";
     for (const char* f :
          {"tones_44k1_stereo.wav", "tones_48k_stereo.flac", "tones.mp3", "tones.opus.ogg", "tones.m4a"}) {
-        g4::tools::AudioPcm pcm;
-        ASSERT_EQ(g4::tools::load_audio(dir() + "/" + f, 16000, 480000, &pcm), "") << f;
+        g4::media::AudioPcm pcm;
+        ASSERT_EQ(g4::media::load_audio(dir() + "/" + f, 16000, 480000, &pcm), "") << f;
         EXPECT_EQ(pcm.sample_rate, 16000);
         double ss = 0;
         for (float v : pcm.samples)
@@ -45,9 +45,9 @@ TEST(MediaDecode, EveryAudioFormatTo16kMono) {
 // channels of the same 44.1 kHz int16 samples. The downmix is swresample's: (L + R) / sqrt(2) for float
 // output; the resampling alone is compared after undoing that scale.
 TEST(MediaDecode, ResamplingAgainstTorchaudio) {
-    if (!g4::tools::have_ffmpeg()) GTEST_SKIP() << "built without FFmpeg";
-    g4::tools::AudioPcm pcm;
-    ASSERT_EQ(g4::tools::load_audio(dir() + "/tones_44k1_stereo.wav", 16000, 480000, &pcm), "");
+    if (!g4::media::have_ffmpeg()) GTEST_SKIP() << "built without FFmpeg";
+    g4::media::AudioPcm pcm;
+    ASSERT_EQ(g4::media::load_audio(dir() + "/tones_44k1_stereo.wav", 16000, 480000, &pcm), "");
     const std::vector<float> ref = read_f32(dir() + "/tones_44k1_stereo.wav.torchaudio16k.f32");
     ASSERT_NEAR(double(pcm.samples.size()), double(ref.size()), 2.0);
     const size_t n = std::min(pcm.samples.size(), ref.size());
@@ -70,13 +70,13 @@ TEST(MediaDecode, ResamplingAgainstTorchaudio) {
 }
 
 TEST(MediaDecode, SoundTrackOfAVideo) {
-    if (!g4::tools::have_ffmpeg()) GTEST_SKIP() << "built without FFmpeg";
-    g4::tools::AudioPcm pcm;
-    ASSERT_EQ(g4::tools::load_audio(g4test::fixture("towers/video/with_sound_22k.mp4"), 16000, 480000, &pcm),
+    if (!g4::media::have_ffmpeg()) GTEST_SKIP() << "built without FFmpeg";
+    g4::media::AudioPcm pcm;
+    ASSERT_EQ(g4::media::load_audio(g4test::fixture("towers/video/with_sound_22k.mp4"), 16000, 480000, &pcm),
               "");
     EXPECT_NEAR(double(pcm.samples.size()), 16000.0, 16000.0 * 0.08);
     std::string e =
-        g4::tools::load_audio(g4test::fixture("towers/video/pattern_97x61_12.5fps.mp4"), 16000, 480000, &pcm);
+        g4::media::load_audio(g4test::fixture("towers/video/pattern_97x61_12.5fps.mp4"), 16000, 480000, &pcm);
     EXPECT_NE(e.find("pattern_97x61_12.5fps.mp4: has no audio stream"), std::string::npos) << e;
 }
 
@@ -94,17 +94,17 @@ TEST(MediaDecode, BadFilesGiveOneLineNamingThem) {
         {tmp.file("missing.flac"), ""},
     };
     for (const auto& [path, want] : cases) {
-        g4::tools::AudioPcm pcm;
-        const std::string e = g4::tools::load_audio(path, 16000, 480000, &pcm);
+        g4::media::AudioPcm pcm;
+        const std::string e = g4::media::load_audio(path, 16000, 480000, &pcm);
         std::printf("  %s\n", e.c_str());
         EXPECT_NE(e.find(path), std::string::npos) << e;
         EXPECT_EQ(e.find('\n'), std::string::npos) << e;
         EXPECT_NE(e.find(want), std::string::npos) << e;
         EXPECT_TRUE(pcm.samples.empty());
     }
-    if (!g4::tools::have_ffmpeg()) {
-        g4::tools::AudioPcm pcm;
-        const std::string e = g4::tools::load_audio(dir() + "/tones.mp3", 16000, 480000, &pcm);
+    if (!g4::media::have_ffmpeg()) {
+        g4::media::AudioPcm pcm;
+        const std::string e = g4::media::load_audio(dir() + "/tones.mp3", 16000, 480000, &pcm);
         EXPECT_NE(e.find("built without FFmpeg"), std::string::npos) << e;
         return;
     }
@@ -116,17 +116,17 @@ TEST(MediaDecode, BadFilesGiveOneLineNamingThem) {
               "#EXTM3U\n#EXT-X-TARGETDURATION:10\n#EXTINF:10.0,\n" + wav_path + "\n#EXT-X-ENDLIST\n"},
              {"list.ffconcat", "ffconcat version 1.0\nfile '" + wav_path + "'\n"},
              {"remote.m3u8", "#EXTM3U\n#EXTINF:10.0,\nhttp://127.0.0.1:9/a.wav\n#EXT-X-ENDLIST\n"}}) {
-        g4::tools::AudioPcm pcm;
+        g4::media::AudioPcm pcm;
         const std::string path = write(name, text);
-        const std::string e    = g4::tools::load_audio(path, 16000, 480000, &pcm);
+        const std::string e    = g4::media::load_audio(path, 16000, 480000, &pcm);
         EXPECT_NE(e.find(path), std::string::npos) << e;
         EXPECT_NE(e.find("not a media file FFmpeg recognises"), std::string::npos) << e;
         EXPECT_TRUE(pcm.samples.empty());
     }
     // longer than the plan takes: refused (0.9 s against 0.5 s)
     for (const char* f : {"tones.mp3", "tones_44k1_stereo.wav", "tones_48k_stereo.flac"}) {
-        g4::tools::AudioPcm pcm;
-        const std::string e = g4::tools::load_audio(dir() + "/" + f, 16000, 8000, &pcm);
+        g4::media::AudioPcm pcm;
+        const std::string e = g4::media::load_audio(dir() + "/" + f, 16000, 8000, &pcm);
         EXPECT_NE(e.find("of audio but the plan takes at most 0.50 s"), std::string::npos) << f << ": " << e;
         EXPECT_TRUE(pcm.samples.empty());
     }

@@ -32,7 +32,7 @@ extern "C" {
  * (G4_API_VERSION_MAJOR << 16 | G4_API_VERSION_MINOR): a program built against this header runs with a
  * library of the same major and an equal or higher minor. */
 #define G4_API_VERSION_MAJOR 1
-#define G4_API_VERSION_MINOR 1
+#define G4_API_VERSION_MINOR 2
 #define G4_API_VERSION ((G4_API_VERSION_MAJOR << 16) | G4_API_VERSION_MINOR)
 
 typedef enum g4_status {
@@ -362,6 +362,27 @@ G4_API g4_status g4_session_add_video_frame(g4_session* session, const uint8_t* 
 /* |samples|: mono, at audio_sample_rate, in [-1, 1]; borrowed for the call. |*out_n_tokens| as above. */
 G4_API g4_status g4_session_add_audio(g4_session* session, const float* samples, int64_t n_samples,
                                       int32_t* out_n_tokens);
+/* Images and audio from files or encoded bytes (API 1.2), decoded by the decoders the g4 CLI uses, then
+ * fed as g4_session_add_image / g4_session_add_audio (same soft tokens, same |*out_n_tokens|):
+ *   images: PNG, JPEG, BMP, GIF (first frame), binary PPM/PGM; RGB as Hugging Face's load_image gives it
+ *           (EXIF orientation applied, alpha dropped). The declared size is checked against
+ *           max_image_pixels before any pixel is decoded.
+ *   audio files: PCM WAV at audio_sample_rate by g4's reader; any other format, rate or channel count
+ *           through FFmpeg's libraries (mono, resampled to audio_sample_rate) when the library was built
+ *           with them, else refused with a line saying so. Longer than max_audio_samples: refused.
+ *   audio bytes: a WAV file in memory only (PCM 16/24/32-bit or float, any channels averaged to mono) at
+ *           audio_sample_rate; use g4_session_add_audio_file for other formats.
+ * |path| / |bytes| are borrowed for the call; nothing is kept. Errors: G4_ERR_IO for a file that cannot be
+ * opened or read, G4_ERR_INVALID_ARGUMENT for undecodable, unsupported or over-limit input, and the
+ * errors of g4_session_add_image / _add_audio (G4_ERR_UNSUPPORTED without the tower); the message is one
+ * line naming the file (or the byte count) and the problem, and nothing is queued. Thread-compatible, as
+ * every session call. */
+G4_API g4_status g4_session_add_image_file(g4_session* session, const char* path, int32_t* out_n_tokens);
+G4_API g4_status g4_session_add_image_encoded(g4_session* session, const void* bytes, size_t len,
+                                              int32_t* out_n_tokens);
+G4_API g4_status g4_session_add_audio_file(g4_session* session, const char* path, int32_t* out_n_tokens);
+G4_API g4_status g4_session_add_audio_encoded(g4_session* session, const void* bytes, size_t len,
+                                              int32_t* out_n_tokens);
 G4_API g4_status g4_session_clear_media(g4_session* session);
 
 #ifdef __cplusplus

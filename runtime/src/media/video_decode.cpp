@@ -1,7 +1,7 @@
 // Video frame sampling and decoding through FFmpeg's libraries (see video_decode.h).
-#include "tools/video_decode.h"
+#include "runtime/src/media/video_decode.h"
 
-#include "tools/media_decode.h"
+#include "runtime/src/media/media_decode.h"
 
 #include <sys/stat.h>
 
@@ -20,7 +20,7 @@ extern "C" {
 }
 #endif
 
-namespace g4::tools {
+namespace g4::media {
 
 std::vector<int64_t> video_sample_indices(int64_t total, int num_frames) {
     std::vector<int64_t> idx;
@@ -222,4 +222,4 @@ std::string load_video(const std::string& path, int, int64_t, VideoFrames* out, 
 }
 #endif
 
-} // namespace g4::tools
+} // namespace g4::media

@@ -1,5 +1,5 @@
 // JPEG decoding through libjpeg-turbo with Pillow's settings, and EXIF orientation (see image_io.h).
-#include "image_io.h"
+#include "runtime/src/media/image_io.h"
 
 #include <csetjmp>
 #include <cstdio>
@@ -8,7 +8,7 @@
 #include <jerror.h>
 #include <jpeglib.h>
 
-namespace g4::tools {
+namespace g4::media {
 namespace {
 
 constexpr int kMaxScans =
@@ -233,4 +233,4 @@ std::string decode_jpeg(const uint8_t* data, size_t size, const std::string& wha
     return "";
 }
 
-} // namespace g4::tools
+} // namespace g4::media

@@ -1,16 +1,17 @@
-// Video files for the g4 CLI: the frames transformers 5.17's Gemma 4 video processor samples, decoded through
-// FFmpeg's libraries (libavformat/libavcodec; libswscale to RGB, bicubic chroma upsampling, as OpenCV's
-// FFmpeg backend converts), with the timestamps its prompt writes.
+// Video files for the g4 CLI (runtime/src/media, beside the audio and image decoders): the frames
+// transformers 5.17's Gemma 4 video processor samples, decoded through FFmpeg's libraries
+// (libavformat/libavcodec; libswscale to RGB, bicubic chroma upsampling, as OpenCV's FFmpeg backend
+// converts), with the timestamps its prompt writes.
 #pragma once
 
-#include "tools/image_io.h"
+#include "runtime/src/media/image_io.h"
 
 #include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
 
-namespace g4::tools {
+namespace g4::media {
 
 // The processor's default number of frames (Gemma4VideoProcessor.num_frames).
 constexpr int kVideoFrames = 32;
@@ -38,4 +39,4 @@ using VideoFrameFn = std::function<std::string(size_t k, const ImageRGB8& frame)
 std::string load_video(const std::string& path, int num_frames, int64_t max_pixels, VideoFrames* out,
                        const VideoFrameFn& on_frame = nullptr);
 
-} // namespace g4::tools
+} // namespace g4::media

@@ -1,14 +1,14 @@
-// WAV (RIFF) reader of the g4 CLI (see audio_io.h). Walks the RIFF chunks ("fmt ", "data", anything else
+// WAV (RIFF) reader (see audio_io.h). Walks the RIFF chunks ("fmt ", "data", anything else
 // skipped), checks every size against the bytes present, converts to float and averages the channels.
-#include "tools/audio_io.h"
-#include "tools/read_file.h"
+#include "runtime/src/media/audio_io.h"
+#include "runtime/src/media/read_file.h"
 
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 
-namespace g4::tools {
+namespace g4::media {
 namespace {
 
 constexpr const char* kConvert = "convert it with: ffmpeg -i in.wav -ar 16000 -ac 1 -c:a pcm_s16le out.wav";
@@ -31,14 +31,20 @@ std::string printable(const unsigned char* id) {
 } // namespace
 
 std::string load_wav(const std::string& path, AudioPcm* out, int64_t max_frames) {
-    const std::string where = "audio file " + path + ": ";
-    *out                    = AudioPcm{};
+    *out = AudioPcm{};
     std::vector<uint8_t> bytes;
     // RIFF sizes are 32-bit: a WAV file is at most 4 GiB and 8 bytes.
     if (std::string err = read_file_bytes(path, "audio file", 0xFFFFFFFFull + 8, &bytes); !err.empty())
         return err;
-    const unsigned char* b = bytes.data();
-    const size_t len       = bytes.size();
+    return decode_wav(bytes.data(), bytes.size(), "audio file " + path, out, max_frames);
+}
+
+std::string decode_wav(const uint8_t* bytes, size_t size, const std::string& what, AudioPcm* out,
+                       int64_t max_frames) {
+    const std::string where = what + ": ";
+    *out                    = AudioPcm{};
+    const unsigned char* b  = bytes;
+    const size_t len        = bytes ? size : 0;
     if (len < 12 || std::memcmp(b, "RIFF", 4) != 0 || std::memcmp(b + 8, "WAVE", 4) != 0)
         return where + "not a WAV file (no RIFF/WAVE header); g4 reads 16 kHz WAV audio, " + kConvert;
 
@@ -145,4 +151,4 @@ std::string load_wav(const std::string& path, AudioPcm* out, int64_t max_frames)
     return "";
 }
 
-} // namespace g4::tools
+} // namespace g4::media

@@ -1,4 +1,4 @@
-// Whole-file reading for the CLI's input decoders (image_io, audio_io): one-line errors naming the path
+// Whole-file reading for the media decoders (image_io, audio_io): one-line errors naming the path
 // and the problem (missing, a directory, unreadable, larger than the caller's bound).
 #pragma once
 #include <cerrno>
@@ -9,7 +9,7 @@
 #include <sys/stat.h>
 #include <vector>
 
-namespace g4::tools {
+namespace g4::media {
 
 // Reads `path` into *out. Returns "" or "cannot open|read WHAT 'PATH': REASON".
 inline std::string read_file_bytes(const std::string& path, const char* what, uint64_t max_bytes,
@@ -36,4 +36,4 @@ inline std::string read_file_bytes(const std::string& path, const char* what, ui
     return "";
 }
 
-} // namespace g4::tools
+} // namespace g4::media

@@ -1,18 +1,18 @@
-// Audio (and, through FFmpeg, any container's sound track) for the g4 CLI: 16 kHz mono float samples as
-// transformers' load_audio gives them. PCM WAV at the target rate and mono is read by g4's own reader
-// (tools/audio_io.h); everything else goes through FFmpeg's libraries when the build has them
-// (G4_WITH_FFMPEG): libavformat/libavcodec decode, libswresample downmixes and resamples with its default
-// settings (what torchcodec's AudioDecoder(sample_rate=16000, num_channels=1) does).
+// Audio (and, through FFmpeg, any container's sound track) for the runtime and the CLI: 16 kHz mono float
+// samples as transformers' load_audio gives them. PCM WAV at the target rate and mono is read by g4's own
+// reader (runtime/src/media/audio_io.h); everything else goes through FFmpeg's libraries when the build has
+// them (G4_WITH_FFMPEG): libavformat/libavcodec decode, libswresample downmixes and resamples with its
+// default settings (what torchcodec's AudioDecoder(sample_rate=16000, num_channels=1) does).
 #pragma once
 
-#include "tools/audio_io.h"
+#include "runtime/src/media/audio_io.h"
 
 #include <cstdint>
 #include <string>
 
 struct AVFormatContext;
 
-namespace g4::tools {
+namespace g4::media {
 
 // Files larger than this are refused before they are opened (a clip of 30 s is far smaller in any codec).
 constexpr int64_t kMaxMediaFileBytes = int64_t(2) << 30;
@@ -33,4 +33,4 @@ int open_media_input(AVFormatContext** fmt, const std::string& path);
 // FFmpeg's decode of any audio file or sound track (load_audio's path for non-WAV files).
 std::string decode_audio_ffmpeg(const std::string& path, int rate, int64_t max_samples, AudioPcm* out);
 
-} // namespace g4::tools
+} // namespace g4::media

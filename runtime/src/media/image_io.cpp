@@ -1,6 +1,6 @@
-// Image file decoding for the g4 CLI through stb_image (see image_io.h).
-#include "image_io.h"
-#include "read_file.h"
+// Image file decoding through stb_image (see image_io.h).
+#include "runtime/src/media/image_io.h"
+#include "runtime/src/media/read_file.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -31,7 +31,7 @@
 #pragma GCC diagnostic pop
 #endif
 
-namespace g4::tools {
+namespace g4::media {
 namespace {
 
 // stb_image reserves a PNG IDAT chunk's declared length before it reads the chunk, so a file of a few bytes
@@ -310,4 +310,4 @@ std::string load_image(const std::string& path, ImageRGB8* out, int64_t max_pixe
     return decode_image(bytes.data(), bytes.size(), "'" + path + "'", out, max_pixels);
 }
 
-} // namespace g4::tools
+} // namespace g4::media

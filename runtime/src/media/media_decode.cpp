@@ -1,5 +1,5 @@
 // Audio file decoding through g4's WAV reader or FFmpeg's libraries (see media_decode.h).
-#include "tools/media_decode.h"
+#include "runtime/src/media/media_decode.h"
 
 #include <sys/stat.h>
 
@@ -19,7 +19,7 @@ extern "C" {
 }
 #endif
 
-namespace g4::tools {
+namespace g4::media {
 
 namespace {
 
@@ -235,4 +235,4 @@ std::string load_audio(const std::string& path, int rate, int64_t max_samples, A
     return decode_audio_ffmpeg(path, rate, max_samples, out);
 }
 
-} // namespace g4::tools
+} // namespace g4::media

@@ -1,15 +1,16 @@
-// Image file decoding for the g4 CLI (not the runtime) to the RGB8 pixels Hugging Face's load_image gives
-// (PIL.ImageOps.exif_transpose, then convert("RGB")): PNG, BMP, GIF (first frame) through stb_image (Debian
-// package libstb-dev), JPEG through libjpeg-turbo (as Pillow decodes it, CMYK converted as Pillow does),
-// binary PPM/PGM (8 or 16 bits a sample) by a reader of its own. Alpha is dropped (the colour under a
-// transparent pixel is kept), grey and palettes are expanded, 16-bit samples keep their high byte except
-// 16-bit grey, which Pillow clips to 255; the EXIF orientation of a JPEG (APP1) or PNG (eXIf) is applied.
+// Image file decoding for the runtime's media input (g4_session_add_image_file / _encoded) and the CLI to the
+// RGB8 pixels Hugging Face's load_image gives (PIL.ImageOps.exif_transpose, then convert("RGB")): PNG, BMP,
+// GIF (first frame) through stb_image (Debian package libstb-dev), JPEG through libjpeg-turbo (as Pillow
+// decodes it, CMYK converted as Pillow does), binary PPM/PGM (8 or 16 bits a sample) by a reader of its own.
+// Alpha is dropped (the colour under a transparent pixel is kept), grey and palettes are expanded, 16-bit
+// samples keep their high byte except 16-bit grey, which Pillow clips to 255; the EXIF orientation of a JPEG
+// (APP1) or PNG (eXIf) is applied.
 #pragma once
 #include <cstdint>
 #include <string>
 #include <vector>
 
-namespace g4::tools {
+namespace g4::media {
 
 struct ImageRGB8 {
     int width = 0, height = 0;
@@ -35,4 +36,4 @@ void apply_orientation(ImageRGB8* img, int orientation);
 std::string decode_jpeg(const uint8_t* data, size_t size, const std::string& what, int64_t max_pixels,
                         ImageRGB8* out);
 
-} // namespace g4::tools
+} // namespace g4::media

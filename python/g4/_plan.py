@@ -18,7 +18,7 @@ PathLike = Union[str, "os.PathLike[str]"]
 Message = Mapping[str, Any]  # {"role": ..., "content": str or [{"type": "text"|"image"|"audio", ...}]}
 Prompt = Union[str, Sequence[Message]]
 ImageInput = Any  # a path, a PIL.Image.Image, or a uint8 array [H, W, 3] (RGB), [H, W, 4] (RGBA) or [H, W]
-AudioInput = Any  # a path (16 kHz WAV), a mono/[n, channels] array at 16 kHz, or (array, sample_rate)
+AudioInput = Any  # a path (any audio file the build decodes), a mono/[n, channels] array at 16 kHz, or (array, sample_rate)
 
 _MSG_STOP = object()
 
@@ -138,10 +138,10 @@ class Plan:
 
 
 def _image_rgb(img: Any) -> np.ndarray:
-    """An RGB uint8 array [H, W, 3] of a PIL image or an array; transparency composited onto white as
-    Hugging Face's convert_to_rgb does (PIL alpha_composite)."""
+    """An RGB uint8 array [H, W, 3] of a PIL image or an array, as transformers' load_image sees it: PIL's
+    convert("RGB"), which drops transparency (an RGBA array keeps its first three channels)."""
     if hasattr(img, "mode") and hasattr(img, "convert"):  # PIL.Image.Image
-        img = np.asarray(img.convert("RGBA") if img.mode not in ("RGB", "L") else img.convert("RGB"))
+        img = np.asarray(img.convert("RGB"))
     a = np.asarray(img)
     if a.dtype != np.uint8:
         raise InvalidArgumentError(f"image array: expected uint8 pixels (0-255), got {a.dtype}")
@@ -149,15 +149,7 @@ def _image_rgb(img: Any) -> np.ndarray:
         a = np.repeat(a[:, :, None], 3, axis=2)
     if a.ndim != 3 or a.shape[2] not in (3, 4):
         raise InvalidArgumentError(f"image array: expected [height, width, 3 or 4] or [height, width], got {a.shape}")
-    if a.shape[2] == 4:
-        alpha = a[:, :, 3:4].astype(np.uint32)
-        v = a[:, :, :3].astype(np.uint32)
-        coef1 = 128 * alpha
-        coef2 = 255 * 128 - coef1
-        t = v * coef1 + 255 * coef2 + (0x80 << 7)
-        rgb = ((((t >> 8) + t) >> 8) >> 7).astype(np.uint8)
-        a = np.where(alpha == 0, np.uint8(255), rgb)
-    return np.ascontiguousarray(a, dtype=np.uint8)
+    return np.ascontiguousarray(a[:, :, :3], dtype=np.uint8)
 
 
 def _audio_pcm(clip: Any, rate: int) -> np.ndarray:
@@ -272,8 +264,10 @@ class Session:
         plan's towers and take the place of the prompt's lone <|image|> / <|audio|> placeholders, in order, or
         follow <bos> when the prompt has none; in a message, a content part {"type": "image", "image": X}
         adds X. An image is a path, a PIL image or a uint8 array ([H, W, 3] RGB, [H, W, 4] RGBA, [H, W]
-        grey); a clip is a path to a 16 kHz WAV file, a float (or int16) array at 16 kHz, mono or
-        [samples, channels], or (array, sample_rate) — other rates are refused (resample first).
+        grey); a clip is a path to an audio file (WAV, and through FFmpeg MP3, FLAC, Ogg/Opus, M4A or a
+        video's sound track, resampled to 16 kHz mono as the CLI does), a float (or int16) array at 16 kHz,
+        mono or [samples, channels], or (array, sample_rate) — arrays at other rates are refused (resample
+        first).
 
         Sampling keywords left None take the plan's generation_config defaults; ``temperature=0`` is greedy.
         Generation stops at an end-of-generation token (not fed, not returned; ``ignore_eos`` ignores it),

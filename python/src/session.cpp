@@ -3,6 +3,7 @@
 #include "binding.h"
 #include "runtime/src/media/audio_io.h"
 #include "runtime/src/media/image_io.h"
+#include "runtime/src/media/media_decode.h"
 
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
@@ -218,14 +219,13 @@ int32_t add_audio_file(Session& s, const std::string& path) {
     std::string err;
     {
         nb::gil_scoped_release nogil;
-        err = g4::media::load_wav(path, &pcm, mi.max_audio_samples);
+        // Any format the build decodes (WAV; through FFmpeg MP3, FLAC, Ogg, M4A, sound tracks), resampled to
+        // the tower's rate as the CLI does. Without a tower the WAV reader's samples reach the session, which
+        // refuses them with its own message.
+        err = mi.has_audio ? g4::media::load_audio(path, mi.audio_sample_rate, mi.max_audio_samples, &pcm)
+                           : g4::media::load_wav(path, &pcm, mi.max_audio_samples);
     }
     if (!err.empty()) throw Failure(G4_ERR_IO, err);
-    if (mi.has_audio && pcm.sample_rate != mi.audio_sample_rate)
-        throw Failure(G4_ERR_INVALID_ARGUMENT,
-                      path + ": " + std::to_string(pcm.sample_rate) + " Hz, but the audio tower takes " +
-                          std::to_string(mi.audio_sample_rate) + " Hz mono (convert it: ffmpeg -i " + path +
-                          " -ar " + std::to_string(mi.audio_sample_rate) + " -ac 1 out.wav)");
     return add_audio_pcm(s, pcm.samples.data(), (int64_t)pcm.samples.size(), path);
 }
 

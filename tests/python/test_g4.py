@@ -161,12 +161,32 @@ def test_images_and_audio(plans: dict[str, str], tmp_path: Path) -> None:
         np.testing.assert_allclose(s.logits(), by_path, rtol=1e-5, atol=1e-5)
     with pytest.raises(g4.InvalidArgumentError, match="16000 Hz"):
         s.generate(PROMPT, audio=[(pcm, 44100)], max_new_tokens=0)
+    # an RGBA array: its alpha dropped, as transformers' load_image drops it
+    s.reset()
+    s.generate(PROMPT, images=[img], max_new_tokens=0)
+    ref_img = np.array(s.logits())
+    # a compressed clip by path goes through the same decoder and resampler as `g4 run --audio`
+    mp3 = FIX / "towers" / "audio_files" / "tones.mp3"
+    s.reset()
+    s.generate(PROMPT, audio=[mp3], max_new_tokens=0)
+    r = run_cli("run", plans["mm"], "-p", PROMPT, "--audio", str(mp3), "-n", "0", "--dump-logits", str(dump))
+    assert r.returncode == 0, r.stderr
+    cli = np.fromfile(dump, dtype="<f4").reshape(-1, plan.vocab_size)
+    np.testing.assert_allclose(s.logits(), cli[-1], rtol=1e-5, atol=1e-5)
     Image = pytest.importorskip("PIL.Image", reason="pillow not installed: PIL image inputs not checked")
     pil = Image.open(img)
     for im in (pil, np.asarray(pil.convert("RGB"))):
         s.reset()
         s.generate(PROMPT, images=[im], audio=[wav], max_new_tokens=0)
         np.testing.assert_allclose(s.logits(), by_path, rtol=1e-5, atol=1e-5)
+    # RGBA (an array with any alpha, and a PIL RGBA image): the alpha is dropped, as load_image drops it
+    rgb = np.asarray(pil.convert("RGB"))
+    rgba = np.concatenate([rgb, np.linspace(0, 255, rgb.shape[0] * rgb.shape[1]).astype(np.uint8).reshape(
+        rgb.shape[0], rgb.shape[1], 1)], axis=2)
+    for im in (rgba, Image.fromarray(rgba, "RGBA")):
+        s.reset()
+        s.generate(PROMPT, images=[im], max_new_tokens=0)
+        np.testing.assert_allclose(s.logits(), ref_img, rtol=1e-5, atol=1e-5)
 
 
 def test_errors_carry_g4_messages(plans: dict[str, str], tmp_path: Path) -> None:

@@ -109,7 +109,9 @@ TEST(VideoDecode, BadFilesAreOneLine) {
     EXPECT_NE(e.find("has no video stream"), std::string::npos) << e;
     // A truncated file: refused or decoded to fewer frames, never a crash.
     e = g4::media::load_video(cut, 8, 0, &v);
-    if (e.empty()) EXPECT_EQ(v.frames.size(), v.indices.size());
+    if (e.empty()) {
+        EXPECT_EQ(v.frames.size(), v.indices.size());
+    }
     // Frames over the pixel limit are refused before decoding.
     e = g4::media::load_video(dir() + "/pattern_97x61_12.5fps.webm", 8, 1000, &v);
     EXPECT_NE(e.find("97x61"), std::string::npos) << e;

@@ -36,9 +36,7 @@ std::string too_long(const std::string& path, double secs, int64_t max_samples, 
 
 #if G4_HAVE_FFMPEG
 std::string av_text(int err) {
-    char b[AV_ERROR_MAX_STRING_SIZE] = {0};
-    av_strerror(err, b, sizeof b);
-    return b;
+    return av_error_text(err);
 }
 
 // Everything FFmpeg allocates for one decode, freed on every path.
@@ -64,7 +62,24 @@ bool have_ffmpeg() {
     return G4_HAVE_FFMPEG != 0;
 }
 
+std::string media_file_problem(const std::string& path, const std::string& where) {
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0) return where + "cannot be read (" + std::strerror(errno) + ")";
+    if (!S_ISREG(st.st_mode)) return where + "not a regular file";
+    if (st.st_size == 0) return where + "is empty (0 bytes)";
+    if (st.st_size > kMaxMediaFileBytes)
+        return where + std::to_string(st.st_size) + " bytes, more than the " +
+               std::to_string(kMaxMediaFileBytes >> 20) + " MiB g4 opens";
+    return "";
+}
+
 #if G4_HAVE_FFMPEG
+std::string av_error_text(int err) {
+    char b[AV_ERROR_MAX_STRING_SIZE] = {0};
+    av_strerror(err, b, sizeof b);
+    return b;
+}
+
 int open_media_input(AVFormatContext** fmt, const std::string& path) {
     // Demuxer names as FFmpeg gives them (a name list such as "mov,mp4,m4a,..." matches any of its names).
     static const char* kDemuxers =
@@ -85,13 +100,7 @@ int open_media_input(AVFormatContext** fmt, const std::string& path) {
 std::string decode_audio_ffmpeg(const std::string& path, int rate, int64_t max_samples, AudioPcm* out) {
     *out                    = AudioPcm{};
     const std::string where = "audio file " + path + ": ";
-    struct stat st {};
-    if (::stat(path.c_str(), &st) != 0) return where + "cannot be read (" + std::strerror(errno) + ")";
-    if (!S_ISREG(st.st_mode)) return where + "not a regular file";
-    if (st.st_size == 0) return where + "is empty (0 bytes)";
-    if (st.st_size > kMaxMediaFileBytes)
-        return where + std::to_string(st.st_size) + " bytes, more than the " +
-               std::to_string(kMaxMediaFileBytes >> 20) + " MiB g4 opens";
+    if (std::string e = media_file_problem(path, where); !e.empty()) return e;
     av_log_set_level(AV_LOG_QUIET);
     Decoder d;
     int r = open_media_input(&d.fmt, path);

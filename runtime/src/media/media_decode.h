@@ -25,6 +25,13 @@ bool have_ffmpeg();
 // one line naming the file and the problem.
 std::string load_audio(const std::string& path, int rate, int64_t max_samples, AudioPcm* out);
 
+// What stops `path` (named by `where`, e.g. "audio file X: ") from being opened as media: missing, not a
+// regular file, empty or over kMaxMediaFileBytes; "" when it may be opened.
+std::string media_file_problem(const std::string& path, const std::string& where);
+
+// FFmpeg's text for one of its error codes (FFmpeg builds only).
+std::string av_error_text(int err);
+
 // avformat_open_input of a local media file, fail-closed: the "file" protocol only, and only the demuxers of
 // plain audio and video containers (no playlists, concat lists or image sequences, which open the further
 // files or URLs their text names). FFmpeg builds only; returns FFmpeg's status (*fmt null on failure).

@@ -45,9 +45,7 @@ std::string video_timestamp(int64_t index, double fps) {
 namespace {
 
 std::string av_text(int err) {
-    char b[AV_ERROR_MAX_STRING_SIZE] = {0};
-    av_strerror(err, b, sizeof b);
-    return b;
+    return av_error_text(err);
 }
 
 struct Video {
@@ -88,13 +86,7 @@ std::string load_video(const std::string& path, int num_frames, int64_t max_pixe
                        const VideoFrameFn& on_frame) {
     *out                    = VideoFrames{};
     const std::string where = "video file " + path + ": ";
-    struct stat st {};
-    if (::stat(path.c_str(), &st) != 0) return where + "cannot be read (" + std::strerror(errno) + ")";
-    if (!S_ISREG(st.st_mode)) return where + "not a regular file";
-    if (st.st_size == 0) return where + "is empty (0 bytes)";
-    if (st.st_size > kMaxMediaFileBytes)
-        return where + std::to_string(st.st_size) + " bytes, more than the " +
-               std::to_string(kMaxMediaFileBytes >> 20) + " MiB g4 opens";
+    if (std::string e = media_file_problem(path, where); !e.empty()) return e;
     if (max_pixels < 1) max_pixels = kMaxImagePixels;
     av_log_set_level(AV_LOG_QUIET);
     // Pass 1: every packet of the stream counted, and the span of their presentation times.

@@ -25,6 +25,15 @@ namespace {
 using namespace g4test;
 using json = nlohmann::json;
 
+// The plan's token ids of text (bos: with <bos> first).
+std::vector<int32_t> tokenize_ids(g4_engine* e, const std::string& text, bool bos) {
+    size_t n = 0;
+    g4_tokenize(e, text.data(), text.size(), bos, nullptr, 0, &n);
+    std::vector<int32_t> t(n);
+    EXPECT_EQ(g4_tokenize(e, text.data(), text.size(), bos, t.data(), t.size(), &n), G4_OK);
+    return t;
+}
+
 // Feeds ids (placeholders included) to s and returns the final logits of every position, [ids, 512]; empty
 // when the call fails (the failure is reported).
 std::vector<float> prompt_logits(g4_session* s, const std::vector<int32_t>& ids) {
@@ -837,14 +846,8 @@ TEST_F(MediaCli, TwoImagesAndAClipInEveryPromptForm) {
         g4_session_destroy(s);
         return out;
     };
-    auto tokens = [&](const std::string& text, bool bos) {
-        size_t n = 0;
-        g4_tokenize(e, text.data(), text.size(), bos, nullptr, 0, &n);
-        std::vector<int32_t> t(n);
-        EXPECT_EQ(g4_tokenize(e, text.data(), text.size(), bos, t.data(), t.size(), &n), G4_OK);
-        return t;
-    };
-    auto block = [](int32_t open, int32_t ph, int n, int32_t close) {
+    auto tokens = [&](const std::string& text, bool bos) { return tokenize_ids(e, text, bos); };
+    auto block  = [](int32_t open, int32_t ph, int n, int32_t close) {
         std::vector<int32_t> b = {open};
         b.insert(b.end(), (size_t)n, ph);
         b.push_back(close);
@@ -927,13 +930,7 @@ TEST_F(MediaCli, VideoPromptAsTheProcessorBuildsIt) {
     ASSERT_EQ(g4_engine_get_media_info(e, &mi), G4_OK);
     ASSERT_EQ(mi.video_token_id, 258884);
     ASSERT_EQ(mi.max_video_frame_tokens, 70);
-    auto tokens = [&](const std::string& text, bool bos) {
-        size_t n = 0;
-        g4_tokenize(e, text.data(), text.size(), bos, nullptr, 0, &n);
-        std::vector<int32_t> t(n);
-        EXPECT_EQ(g4_tokenize(e, text.data(), text.size(), bos, t.data(), t.size(), &n), G4_OK);
-        return t;
-    };
+    auto tokens = [&](const std::string& text, bool bos) { return tokenize_ids(e, text, bos); };
     // The frames through the C API, as video frames or as images, fed with `ids` (placeholder id ph).
     auto api = [&](bool as_video, const std::vector<int32_t>& ids, int32_t* n_frame) {
         g4_session* s        = nullptr;

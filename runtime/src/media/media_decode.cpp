@@ -136,8 +136,23 @@ std::string decode_audio_ffmpeg(const std::string& path, int rate, int64_t max_s
     const int64_t limit   = max_samples >= 0 ? max_samples : int64_t(rate) * 3600 * 4;
     std::string err;
     // Converts one decoded frame (nullptr: flushes the resampler) into o.
+    int in_channels = 0, in_format = -1, in_rate = 0; // what the resampler was set up for
     auto convert = [&](const AVFrame* f) -> bool {
+        if (f && d.swr &&
+            (f->ch_layout.nb_channels != in_channels || f->format != in_format ||
+             f->sample_rate != in_rate)) {
+            err =
+                where + "changes its channels, sample format or rate mid-stream (corrupt, or not supported)";
+            return false;
+        }
+        if (f && (!f->extended_data || f->nb_samples < 0)) {
+            err = where + "is corrupt (a decoded frame has no samples)";
+            return false;
+        }
         if (!d.swr) {
+            in_channels = f->ch_layout.nb_channels;
+            in_format   = f->format;
+            in_rate     = f->sample_rate;
             AVChannelLayout in{}, mono = AV_CHANNEL_LAYOUT_MONO;
             if (f->ch_layout.order == AV_CHANNEL_ORDER_UNSPEC)
                 av_channel_layout_default(&in, f->ch_layout.nb_channels);

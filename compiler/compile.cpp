@@ -22,7 +22,7 @@
 #include "runtime/src/cuda/driver.h"
 #include "runtime/src/cuda/workspace.h"
 #include "runtime/src/json_limits.h"
-#include "runtime/src/plan/plan_format.h"
+#include "runtime/plan/plan_format.h"
 #include "runtime/src/tokenizer.h"
 #include "runtime/src/towers/audio.h"
 #include "runtime/src/towers/image.h"

@@ -1,7 +1,7 @@
 // NVRTC compilation of the embedded kernel source (see cuda_compile.h).
 #include "compiler/cuda_compile.h"
 #include "compiler/error.h"
-#include "runtime/src/plan/plan_format.h"
+#include "runtime/plan/plan_format.h"
 
 #include <algorithm>
 #include <cstdint>

@@ -1,8 +1,8 @@
 // Ahead-of-time CUDA choices for a plan: each op's kernel variant for decode and prefill steps, and
 // the decode schedule, which replaces op sequences of the Gemma 4 program with single fused kernels
-// (executed by runtime/src/cuda/backend.cpp; record layout in runtime/src/plan/plan_format.h).
+// (executed by runtime/src/cuda/backend.cpp; record layout in runtime/plan/plan_format.h).
 #pragma once
-#include "runtime/src/plan/plan_format.h"
+#include "runtime/plan/plan_format.h"
 
 #include <cstdint>
 #include <string>

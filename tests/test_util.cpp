@@ -1,7 +1,7 @@
 // Implementation of the shared test helpers (see test_util.h).
 #include "test_util.h"
 #include "kernels/ops.h"
-#include "runtime/src/plan/plan_format.h"
+#include "runtime/plan/plan_format.h"
 
 #include <cmath>
 #include <cstdio>

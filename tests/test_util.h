@@ -38,7 +38,7 @@ CmdResult run_g4(const std::string& args);
 std::vector<float> randn(size_t n, uint32_t seed, float sd = 1.0f);
 std::vector<uint16_t> to_bf16(const std::vector<float>& v);
 
-// Plan files (runtime/src/plan/plan_format.h) patched in place by tests: the [offset, size) of the first
+// Plan files (runtime/plan/plan_format.h) patched in place by tests: the [offset, size) of the first
 // section of `kind` ({0, 0} if none), and every checksum (sections, section table, header) recomputed so a
 // patched record passes the integrity checks and only the plan validation can refuse it.
 std::pair<uint64_t, uint64_t> plan_section(const std::string& plan, uint32_t kind);

@@ -2,7 +2,7 @@
 // tensor and op.
 #include "compiler/placement.h"
 #include "runtime/src/json_fields.h"
-#include "runtime/src/plan/plan_reader.h"
+#include "runtime/plan/plan_reader.h"
 #include "tools/cli_common.h"
 
 #include <algorithm>
@@ -134,7 +134,7 @@ int inspect_plan(int argc, char** argv) {
             "input (scale, norm, add, scale in one kernel)\n",
             p.n_launches() - kinds_n[0], kinds_n[0], kinds_n[2], kinds_n[3], kinds_n[4], kinds_n[1],
             kinds_n[5], mlp_f16, mlp_fold, kinds_n[6], kinds_n[7], ple_fold, kinds_n[8]);
-        // Prefill kernel variants the compiler recorded (runtime/src/plan/plan_format.h).
+        // Prefill kernel variants the compiler recorded (runtime/plan/plan_format.h).
         int flash = 0, split = 0, mm[5] = {};
         for (size_t i = 0; i < p.n_ops(); ++i) {
             const auto& op = p.op(i);

@@ -4,7 +4,7 @@
 #pragma once
 #include "kernels/ops.h"
 #include "models/gemma4/model.h"
-#include "runtime/src/plan/plan_format.h"
+#include "runtime/plan/plan_format.h"
 
 #include <set>
 #include <string>

@@ -1,7 +1,7 @@
 // g4._g4: the extension module. This file: error translation, the engine (an opened plan), its info and
 // the tokenizer functions. compile.cpp binds the compiler, session.cpp the session.
 #include "binding.h"
-#include "runtime/src/plan/plan_reader.h"
+#include "runtime/plan/plan_reader.h"
 
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>

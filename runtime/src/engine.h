@@ -4,7 +4,7 @@
 #include "g4/g4.h"
 #include "kernels/cpu/cpu.h"
 #include "runtime/src/cuda/backend.h"
-#include "runtime/src/plan/plan_reader.h"
+#include "runtime/plan/plan_reader.h"
 #include "runtime/src/tokenizer.h"
 #include "runtime/src/towers/media.h"
 

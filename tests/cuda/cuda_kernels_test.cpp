@@ -12,7 +12,7 @@
 #include "runtime/src/cuda/driver.h"
 #include "runtime/src/cuda/kernel_args.h"
 #include "runtime/src/cuda/workspace.h"
-#include "runtime/src/plan/plan_reader.h"
+#include "runtime/plan/plan_reader.h"
 #include "runtime/src/sampler.h"
 #include "test_util.h"
 

@@ -1,6 +1,6 @@
 // Bad input to `g4 compile` and `g4 run`: each case must exit non-zero with a one-line error that
 // names the file or tensor, never crash, and never leave a partial plan behind.
-#include "runtime/src/plan/plan_format.h"
+#include "runtime/plan/plan_format.h"
 #include "test_util.h"
 
 #include <chrono>

@@ -6,7 +6,7 @@
 // option, the reader's checks and the workspace they take. Their arithmetic (--mlp-precision).
 #include "compiler/cuda_schedule.h"
 #include "runtime/src/cuda/workspace.h"
-#include "runtime/src/plan/plan_reader.h"
+#include "runtime/plan/plan_reader.h"
 #include "test_util.h"
 
 #include <cstdlib>

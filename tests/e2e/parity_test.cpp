@@ -5,7 +5,7 @@
 // both checkpoint forms. Plans with a bf16 KV cache (--kv-dtype bf16) stay within bf16 drift of HF
 // float32 with the same greedy tokens.
 #include "g4/g4.h"
-#include "runtime/src/plan/plan_reader.h"
+#include "runtime/plan/plan_reader.h"
 #include "test_util.h"
 
 #include <algorithm>

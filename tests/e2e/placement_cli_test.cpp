@@ -2,7 +2,7 @@
 // with the message on stderr, the smallest budget and --max-context they name really fit, and the
 // placement and memory plan land in the plan's META (g4 inspect, plan reader). CUDA plans are sized
 // with --dry-run --target, which needs no GPU.
-#include "runtime/src/plan/plan_reader.h"
+#include "runtime/plan/plan_reader.h"
 #include "test_util.h"
 
 #include <algorithm>

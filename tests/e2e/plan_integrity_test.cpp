@@ -3,7 +3,7 @@
 // compile leaving the previous plan at -o untouched, plans that compile but could never run (window
 // above the context, bad generation_config.json), and sampling values checked before any work.
 #include "g4/g4.h"
-#include "runtime/src/plan/plan_reader.h"
+#include "runtime/plan/plan_reader.h"
 #include "test_util.h"
 
 #include <algorithm>

@@ -5,7 +5,7 @@
 // bytes, so that mutations reach the validation behind them (a checksum mismatch is tested by the suite).
 #include "fuzz_util.h"
 #include "g4/g4.h"
-#include "runtime/src/plan/plan_format.h"
+#include "runtime/plan/plan_format.h"
 
 #include <cstring>
 #include <vector>

@@ -1,7 +1,7 @@
 // Where a GPU's copy of the plan's weights puts each byte range (runtime/src/cuda/backend.cpp uploads them
 // into one allocation). Header-only, no CUDA: tests/unit/weight_segments_test.cpp checks it without a GPU.
 #pragma once
-#include "runtime/src/plan/plan_format.h"
+#include "runtime/plan/plan_format.h"
 
 #include <algorithm>
 #include <cstdint>

@@ -3,7 +3,7 @@
 // allocations at session create (runtime/src/cuda/backend.cpp). Header-only; no CUDA dependency.
 #pragma once
 #include "kernels/nf4.h"
-#include "runtime/src/plan/plan_format.h"
+#include "runtime/plan/plan_format.h"
 
 #include <algorithm>
 #include <cstddef>

@@ -3,7 +3,7 @@
 // status and a one-line message naming the file and the defect.
 #pragma once
 #include "g4/g4.h"
-#include "runtime/src/plan/plan_format.h"
+#include "runtime/plan/plan_format.h"
 
 #include <cstdint>
 #include <string>

@@ -2,7 +2,7 @@
 // shapes, dtypes and parameters against the tensor table, as the CPU executor and the CUDA backend read
 // them; and the tensors' placement in the arenas (inputs overlap nothing, KV caches overlap each other
 // nowhere). Run once by Plan::load, before any session exists.
-#include "runtime/src/plan/plan_reader.h"
+#include "runtime/plan/plan_reader.h"
 
 #include <algorithm>
 #include <string>

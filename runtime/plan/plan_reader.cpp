@@ -1,5 +1,5 @@
 // Plan loading and validation (see plan_reader.h).
-#include "runtime/src/plan/plan_reader.h"
+#include "runtime/plan/plan_reader.h"
 
 #include "kernels/nf4.h"
 #include "runtime/src/json_fields.h"

@@ -1,8 +1,8 @@
 // `g4 inspect`: a plan's summary (format, model, policy, placement, memory, schedule), and by flag every
 // tensor and op.
 #include "compiler/placement.h"
-#include "runtime/src/json_fields.h"
 #include "runtime/plan/plan_reader.h"
+#include "runtime/src/json_fields.h"
 #include "tools/cli_common.h"
 
 #include <algorithm>

@@ -3,8 +3,8 @@
 #pragma once
 #include "g4/g4.h"
 #include "kernels/cpu/cpu.h"
-#include "runtime/src/cuda/backend.h"
 #include "runtime/plan/plan_reader.h"
+#include "runtime/src/cuda/backend.h"
 #include "runtime/src/tokenizer.h"
 #include "runtime/src/towers/media.h"
 

@@ -8,11 +8,11 @@
 #include "g4/g4.h"
 #include "kernels/nf4.h"
 #include "kernels/ref/ref.h"
+#include "runtime/plan/plan_reader.h"
 #include "runtime/src/cuda/cublas.h"
 #include "runtime/src/cuda/driver.h"
 #include "runtime/src/cuda/kernel_args.h"
 #include "runtime/src/cuda/workspace.h"
-#include "runtime/plan/plan_reader.h"
 #include "runtime/src/sampler.h"
 #include "test_util.h"
 

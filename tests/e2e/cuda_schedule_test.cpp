@@ -5,8 +5,8 @@
 // fuse none of them. The fused MLPs' output replicas: the compiler's choice by shape, the --mlp-replicas
 // option, the reader's checks and the workspace they take. Their arithmetic (--mlp-precision).
 #include "compiler/cuda_schedule.h"
-#include "runtime/src/cuda/workspace.h"
 #include "runtime/plan/plan_reader.h"
+#include "runtime/src/cuda/workspace.h"
 #include "test_util.h"
 
 #include <cstdlib>

@@ -375,7 +375,7 @@ const char* launch_kind_name(uint16_t kind) {
 
 } // namespace
 
-g4_status engine_open(g4_engine* e, std::string* err) {
+g4_status engine_open(g4_engine* e, EnginePtr* out, std::string* err) {
     const plan::Plan& p = e->plan;
     std::string why;
     const Driver* d = driver(&why);
@@ -459,7 +459,7 @@ g4_status engine_open(g4_engine* e, std::string* err) {
         std::memcpy(st->ple_host, p.weights_base() + t.offset, t.nbytes);
         CU_TRY(d->cuMemHostGetDevicePointer(&st->ple_dev, st->ple_host, 0), "mapping the PLE table");
     }
-    e->cuda.reset(st.release());
+    *out = std::move(st);
     return G4_OK;
 }
 
@@ -525,8 +525,8 @@ uint64_t engine_device_bytes(const EngineState* st) {
     return b + (st ? st->vision_bytes + st->audio_bytes + st->lm_bytes : 0);
 }
 
-g4_status session_create(g4_session* s, std::string* err) {
-    EngineState* e      = s->engine->cuda.get();
+g4_status session_create(g4_session* s, SessionPtr* out, std::string* err) {
+    EngineState* e      = engine_of(s->engine);
     const plan::Plan& p = s->engine->plan;
     const auto& in      = p.info();
     const Driver* d     = e->d;
@@ -728,7 +728,7 @@ g4_status session_create(g4_session* s, std::string* err) {
     if (st->ahead_ok)
         for (CUevent& ev : st->tok_ev)
             CU_TRY(d->cuEventCreate(&ev, kEventDisableTiming), "cuEventCreate");
-    s->cuda.reset(st.release());
+    *out = std::move(st);
     return G4_OK;
 }
 
@@ -891,7 +891,7 @@ CUresult launch_decode_attention(SessionState* st, const plan::Plan& p, const Pl
 // Launches op i for a step of `rows` rows (`out_rows` logits rows); sets *launched = false when the
 // op has no rows in this step.
 g4_status launch_op(g4_session* s, size_t i, int rows, int out_rows, std::string* err) {
-    SessionState* st    = s->cuda.get();
+    SessionState* st    = session_of(s);
     const plan::Plan& p = s->engine->plan;
     Lane& ln            = *st->cur;
     const Kernels& K    = ln.g->k;
@@ -1129,7 +1129,7 @@ long gemv_args(const SessionState* st, const plan::Plan& p, const CudaLaunch& l,
 
 // Launches record `li` of the decode schedule (one row).
 g4_status launch_fused(g4_session* s, const CudaLaunch& l, std::string* err) {
-    SessionState* st    = s->cuda.get();
+    SessionState* st    = session_of(s);
     const plan::Plan& p = s->engine->plan;
     const Kernels& K    = st->cur->g->k;
     CUdeviceptr step    = st->cur->step;
@@ -1282,7 +1282,7 @@ g4_status launch_fused(g4_session* s, const CudaLaunch& l, std::string* err) {
 }
 
 g4_status profile_point(g4_session* s, int cat, bool decode, const char* what, std::string* err) {
-    SessionState* st = s->cuda.get();
+    SessionState* st = session_of(s);
     CUresult sr      = st->e->d->cuStreamSynchronize(st->cur->stream);
     if (sr != 0) {
         *err = "CUDA error " + error_name(sr) + " in '" + what + "'";
@@ -1298,7 +1298,7 @@ g4_status profile_point(g4_session* s, int cat, bool decode, const char* what, s
 // Host function (stream order): runs one run of CPU-placed ops for the step in host_step.
 void host_run(void* u) {
     auto* r          = (SessionState::HostRun*)u;
-    SessionState* st = r->s->cuda.get();
+    SessionState* st = session_of(r->s);
     if (st->host_failed.load()) return;
     const SessionState::Step step = *st->host_step;
     std::string err;
@@ -1315,7 +1315,7 @@ void host_run(void* u) {
 // CPU ops (one host function for the run, on the current stream). A GPU op makes its GPU's lane
 // current. *handled = false for GPU ops.
 g4_status cross_device_op(g4_session* s, size_t i, int rows, bool* handled, std::string* err) {
-    SessionState* st    = s->cuda.get();
+    SessionState* st    = session_of(s);
     const plan::Plan& p = s->engine->plan;
     const PlanOp& op    = p.op(i);
     *handled            = false;
@@ -1356,7 +1356,7 @@ g4_status cross_device_op(g4_session* s, size_t i, int rows, bool* handled, std:
 
 // Launches a whole step: the fused schedule for decode steps of plans that have one, else op by op.
 g4_status launch_step(g4_session* s, int rows, int out_rows, std::string* err) {
-    SessionState* st    = s->cuda.get();
+    SessionState* st    = session_of(s);
     const plan::Plan& p = s->engine->plan;
     const bool media    = s->media && s->media->step_n > 0; // image/audio rows: op by op, never the graph
     const bool decode   = rows == 1 && out_rows == 1 && !media;
@@ -1527,7 +1527,7 @@ g4_status ahead_end(SessionState* st, std::string* err) {
 // logits row is a step run ahead: run the session's last step (a decode step, its token in the
 // history) again so the row is its own, and stop running ahead in this session.
 g4_status logits_back(g4_session* s, std::string* err) {
-    SessionState* st = s->cuda.get();
+    SessionState* st = session_of(s);
     st->ahead_greedy = false;
     g4_status g      = ahead_end(st, err);
     const int32_t p0 = s->position - 1;
@@ -1543,7 +1543,7 @@ g4_status logits_back(g4_session* s, std::string* err) {
 } // namespace
 
 g4_status fetch_logits(g4_session* s, std::string* err) {
-    SessionState* st    = s->cuda.get();
+    SessionState* st    = session_of(s);
     const plan::Plan& p = s->engine->plan;
     const Driver* d     = st->e->d;
     const Lane& l0      = st->lanes[0];
@@ -1557,14 +1557,14 @@ g4_status fetch_logits(g4_session* s, std::string* err) {
 }
 
 int32_t device_argmax(const g4_session* s) {
-    s->cuda->ahead_greedy = true;
-    return s->cuda->host_tok[(s->position - 1) & 1];
+    session_of(s)->ahead_greedy = true;
+    return session_of(s)->host_tok[(s->position - 1) & 1];
 }
 
 g4_status device_topk(g4_session* s, int32_t k, float temperature, float penalty, const int32_t* tokens,
                       int32_t n_tokens, const float** values, const int32_t** indices, RowNorm* norm,
                       std::string* err) {
-    SessionState* st    = s->cuda.get();
+    SessionState* st    = session_of(s);
     const plan::Plan& p = s->engine->plan;
     const Driver* d     = st->e->d;
     const long vocab    = p.info().vocab_size;
@@ -1637,7 +1637,7 @@ g4_status device_topk(g4_session* s, int32_t k, float temperature, float penalty
 
 g4_status run_step(g4_session* s, int32_t rows, int32_t pos0, int32_t out_rows, bool ahead,
                    bool* logits_on_device, std::string* err) {
-    SessionState* st    = s->cuda.get();
+    SessionState* st    = session_of(s);
     const plan::Plan& p = s->engine->plan;
     const Driver* d     = st->e->d;
     const auto& info    = p.info();
@@ -1782,7 +1782,7 @@ g4_status run_step(g4_session* s, int32_t rows, int32_t pos0, int32_t out_rows, 
 }
 
 void session_reset(g4_session* s) {
-    SessionState* st = s->cuda.get();
+    SessionState* st = session_of(s);
     st->ahead_greedy = false;
     st->ahead_off    = false;
 }
@@ -1803,7 +1803,7 @@ g4_status sync_lanes(SessionState* st, std::string* err) {
 // The lane holding KV bytes [offset, offset + bytes), or -1 (the host part, or none).
 int kv_lane(const g4_session* s, uint64_t offset, size_t bytes) {
     const auto& gpus = s->engine->plan.info().gpus;
-    for (size_t i = 0; i < gpus.size() && i < s->cuda->lanes.size(); ++i)
+    for (size_t i = 0; i < gpus.size() && i < session_of(s)->lanes.size(); ++i)
         if (offset >= gpus[i].kv_begin && offset + bytes <= gpus[i].kv_end) return (int)i;
     return -1;
 }
@@ -1812,7 +1812,7 @@ int kv_lane(const g4_session* s, uint64_t offset, size_t bytes) {
 
 g4_status kv_transfer(g4_session* s, uint64_t offset, void* host, size_t bytes, bool to_host,
                       std::string* err) {
-    SessionState* st = s->cuda.get();
+    SessionState* st = session_of(s);
     const auto& in   = s->engine->plan.info();
     if (g4_status g = sync_lanes(st, err); g != G4_OK) return g;
     const int li = kv_lane(s, offset, bytes);
@@ -1837,7 +1837,7 @@ g4_status kv_transfer(g4_session* s, uint64_t offset, void* host, size_t bytes, 
 }
 
 g4_status kv_copy(g4_session* src, g4_session* dst, uint64_t offset, size_t bytes, std::string* err) {
-    SessionState *a = src->cuda.get(), *b = dst->cuda.get();
+    SessionState *a = session_of(src), *b = session_of(dst);
     const auto& in = src->engine->plan.info();
     if (g4_status g = sync_lanes(a, err); g != G4_OK) return g;
     if (g4_status g = sync_lanes(b, err); g != G4_OK) return g;
@@ -1866,7 +1866,7 @@ g4_status kv_copy(g4_session* src, g4_session* dst, uint64_t offset, size_t byte
 }
 
 g4_status state_changed(g4_session* s, std::string* err) {
-    SessionState* st = s->cuda.get();
+    SessionState* st = session_of(s);
     if (g4_status g = sync_lanes(st, err); g != G4_OK) return g;
     st->ahead_greedy = false;
     st->logits_ahead = false;

@@ -32,7 +32,7 @@ namespace g4::rt {
 class SessionBackend;
 
 class EngineBackend {
-  public:
+public:
     virtual ~EngineBackend() = default;
     // Gives the session `s` (its engine is this backend's) its device side: the session's thread pool and
     // scratch (s->pool, s->ctx), the host view of its ids and logits (s->ids [max_rows],
@@ -55,7 +55,7 @@ struct RowNorm {
 };
 
 class SessionBackend {
-  public:
+public:
     virtual ~SessionBackend() = default;
 
     // Runs the plan's program for `rows` tokens (their ids in s->ids, media rows prepared by
@@ -70,11 +70,12 @@ class SessionBackend {
     // g4_session_reset: the conversation starts over (position 0, no logits).
     virtual void reset() = 0;
 
-    // Sampling on the device, for a step that left its logits there. device_topk_max: the largest k
-    // device_topk takes (0: the backend samples nothing; the runtime fetches the row and samples on the CPU).
+    // Sampling on the device, for a step that left its logits there (a backend whose steps never do, as the
+    // CPU's, is never asked). device_topk_max: the largest k device_topk takes (0: none; the runtime fetches
+    // the row and samples on the CPU).
     virtual int32_t device_topk_max() const = 0;
     // The greedy token of the last step (the lowest index among equal maxima, as the CPU sampler); tells the
-    // backend the host is feeding greedy tokens.
+    // backend the host is feeding greedy tokens (it may run the next step ahead).
     virtual int32_t device_argmax() = 0;
     // The k best of the last step's row: repetition-penalised for tokens[0..n_tokens) (penalty != 1),
     // divided by temperature (> 0; 0: not divided), sorted by value descending with ties to the lower index,
@@ -88,7 +89,7 @@ class SessionBackend {
     // plan offset `offset` (rows of one cache) to `host` (to_host) or from it, after any work in flight;
     // kv_copy copies them into another session of the same plan (same backend), device to device.
     virtual g4_status kv_transfer(uint64_t offset, void* host, size_t bytes, bool to_host,
-                                  std::string* err)                                              = 0;
+                                  std::string* err)                                                 = 0;
     virtual g4_status kv_copy(SessionBackend& dst, uint64_t offset, size_t bytes, std::string* err) = 0;
     // The position or KV cache changed outside a step (state loaded, rewound, forked into): nothing
     // computed ahead or left on the device stays valid.

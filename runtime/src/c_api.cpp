@@ -4,7 +4,6 @@
 #include "runtime/src/api_util.h"
 #include "runtime/src/chat_template.h"
 #include "runtime/src/engine.h"
-#include "runtime/src/env.h"
 #include "runtime/src/sampler.h"
 #include "runtime/src/text_stream.h"
 
@@ -463,7 +462,7 @@ g4_status g4_session_sample(g4_session* s, const g4_sampling_params* params, int
         s->rng_seeded = true;
     }
     if (s->logits_on_device) {
-        // Greedy without a repetition penalty: the argmax the decode graph computed on the GPU.
+        // Greedy without a repetition penalty: the argmax the backend computed on the device.
         const int32_t n_hist = g4::rt::penalty_window(p, s->position);
         if (p.temperature == 0.0f && n_hist == 0) {
             *out_token = s->backend->device_argmax();
@@ -473,11 +472,10 @@ g4_status g4_session_sample(g4_session* s, const g4_sampling_params* params, int
         // device and only they cross to the host. Top-p / min-p without top-k: the best kmax with the
         // row's softmax normalizer, enough whenever the nucleus ends among them. Other settings (or a
         // nucleus wider than that) copy the logits row and sample on the CPU.
-        const int32_t vocab            = (int32_t)s->last_logits.size();
-        const int32_t k                = p.temperature == 0.0f ? 1 : p.top_k;
-        const int32_t kmax             = s->backend->device_topk_max();
-        static const bool gpu_sampling = !g4::rt::env::gpu_sampling_off(); // G4_GPU_SAMPLING=0: CPU sampler
-        if (gpu_sampling && k > 0 && k <= kmax && k < vocab) {
+        const int32_t vocab = (int32_t)s->last_logits.size();
+        const int32_t k     = p.temperature == 0.0f ? 1 : p.top_k;
+        const int32_t kmax  = s->backend->device_topk_max();
+        if (k > 0 && k <= kmax && k < vocab) {
             const float* values = nullptr;
             const int32_t* ids  = nullptr;
             std::string err;
@@ -488,8 +486,7 @@ g4_status g4_session_sample(g4_session* s, const g4_sampling_params* params, int
             *out_token = p.temperature == 0.0f ? ids[0] : g4::rt::sample_sorted(values, ids, k, p, s->rng);
             return G4_OK;
         }
-        if (gpu_sampling && kmax > 0 && (p.top_k == 0 || p.top_k >= vocab) &&
-            (p.top_p < 1.0f || p.min_p > 0.0f)) {
+        if (kmax > 0 && (p.top_k == 0 || p.top_k >= vocab) && (p.top_p < 1.0f || p.min_p > 0.0f)) {
             const int32_t kn    = std::min<int32_t>(kmax, vocab);
             const float* values = nullptr;
             const int32_t* ids  = nullptr;

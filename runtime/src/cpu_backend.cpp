@@ -1,8 +1,8 @@
 // The CPU backend (backend.h): a session's arenas in host memory, its program bound to them and replayed by
 // the CPU executor (executor.cpp) on the session's thread pool. Logits are always on the host; sampling is
 // the runtime's (sampler.cpp).
-#include "runtime/src/backend.h"
 #include "models/gemma4/graph.h"
+#include "runtime/src/backend.h"
 #include "runtime/src/engine.h"
 #include "runtime/src/executor.h"
 
@@ -21,7 +21,7 @@ void* aligned_zalloc(size_t n) {
 }
 
 class CpuSession final : public SessionBackend {
-  public:
+public:
     explicit CpuSession(g4_session* s) : s_(s) {}
     ~CpuSession() override {
         std::free(s_->scratch);
@@ -56,12 +56,12 @@ class CpuSession final : public SessionBackend {
     }
     g4_status state_changed(std::string*) override { return G4_OK; }
 
-  private:
+private:
     g4_session* s_;
 };
 
 class CpuEngine final : public EngineBackend {
-  public:
+public:
     g4_status create_session(g4_session* s, int n_threads, std::unique_ptr<SessionBackend>* out,
                              std::string* err) override {
         const plan::Plan& p = s->engine->plan;

@@ -6,13 +6,14 @@
 #include "runtime/src/cuda/backend.h"
 #include "runtime/src/cuda/workspace.h"
 #include "runtime/src/engine.h"
+#include "runtime/src/env.h"
 
 namespace g4::cuda_rt {
 
 namespace {
 
 class CudaSession final : public rt::SessionBackend {
-  public:
+public:
     CudaSession(g4_session* s, SessionPtr st) : s_(s), st_(std::move(st)) {}
 
     g4_status run_step(int32_t rows, int32_t pos0, int32_t out_rows, bool ahead, rt::LogitsAt* at,
@@ -24,7 +25,11 @@ class CudaSession final : public rt::SessionBackend {
     }
     g4_status fetch_logits(std::string* err) override { return cuda_rt::fetch_logits(s_, err); }
     void reset() override { session_reset(s_); }
-    int32_t device_topk_max() const override { return cuda_ws::kTopkMax; }
+    // G4_GPU_SAMPLING=0: top-k and nucleus sampling on the CPU (greedy still takes the device argmax).
+    int32_t device_topk_max() const override {
+        static const bool off = rt::env::gpu_sampling_off();
+        return off ? 0 : cuda_ws::kTopkMax;
+    }
     int32_t device_argmax() override { return cuda_rt::device_argmax(s_); }
     g4_status device_topk(int32_t k, float temperature, float penalty, const int32_t* tokens,
                           int32_t n_tokens, const float** values, const int32_t** indices, rt::RowNorm* norm,
@@ -46,13 +51,13 @@ class CudaSession final : public rt::SessionBackend {
 
     SessionState* state() const { return st_.get(); }
 
-  private:
+private:
     g4_session* s_;
     SessionPtr st_;
 };
 
 class CudaEngine final : public rt::EngineBackend {
-  public:
+public:
     explicit CudaEngine(EnginePtr st) : st_(std::move(st)) {}
 
     // A CUDA session runs nothing on the CPU but its CPU-placed layers, whose pool session_create makes:
@@ -69,7 +74,7 @@ class CudaEngine final : public rt::EngineBackend {
 
     EngineState* state() const { return st_.get(); }
 
-  private:
+private:
     EnginePtr st_;
 };
 

@@ -145,10 +145,10 @@ enum class LaunchKind : uint16_t {
     ResNorm = 1, // x_out = (x + rms(d) * post_w) * fp1 * scalar; xn = rms(x_out) * pre_w
                  //   t: 0 x, 1 d (-1: no residual branch, x_out = x * fp1 * scalar), 2 post_w, 3 scalar,
                  //   4 x_out (-1: not written), 5 pre_w, 6 xn (-1: not computed), 7 zeroed after (the
-                 //   next Mlp's y, or -1); ip0 cols; fp0 eps; ip1 1: folded into the Ple launch after it
-                 //   (g4_ple_res runs it; nothing launched here; the Mlp before it, 256 threads and one
-                 //   output, runs its _z kernel, which zeroes t7; no t3, t5, t6); ip1 2: folded into the
-                 //   packed-f16 Mlp launch after it, whose input is t6 (its _r kernel runs it; nothing
+                 //   next Mlp's y, or -1); ip0 cols; fp0 eps; ip1 1: folded into the GatedProj launch after
+                 //   it (g4_resnorm_gated_proj runs it; nothing launched here; the Mlp before it, 256 threads
+                 //   and one output, runs its _z kernel, which zeroes t7; no t3, t5, t6); ip1 2: folded into
+                 //   the packed-f16 Mlp launch after it, whose input is t6 (its _r kernel runs it; nothing
                  //   launched here; t7 is that Mlp's output; no t3; mlp_res_fits); ip2 the tensor + 1 of a
                  //   second buffer zeroed (g4_resnorm_z2; 0: none): the output of an Mlp after it whose
                  //   ResNorm has ip1 2 (not on a ResNorm summing output replicas)
@@ -170,15 +170,15 @@ enum class LaunchKind : uint16_t {
                //   g4_attn_o_nf4_g* with the decode attention's merge (sm_90): ip1 the Attention op (run by
                //   the launch before, which then leaves its partials unmerged); adds into the o output, which
                //   the ResNorm launch before the layer's q/k/v projection zeroes (its t7)
-    // the per-layer-input gate (bf16 Matmul), GeluMul with the per-layer input, projection (bf16 Matmul)
-    // (count 3) in g4_ple_bf16_g* (sm_90); adds into the projection's output, which the ResNorm launch before
-    // it zeroes (its t7; when that ResNorm is folded in, ip1 = 1: g4_ple_res_bf16_g*, and the Mlp before
-    // zeroes it)
-    Ple = 7,
+    // a gate (bf16 Matmul), GeluMul with a multiplier (aux), projection (bf16 Matmul)
+    // (count 3) in g4_gated_proj_bf16_g* (sm_90); adds into the projection's output, which the ResNorm launch
+    // before it zeroes (its t7; when that ResNorm is folded in, ip1 = 1: g4_resnorm_gated_proj_bf16_g*, and
+    // the Mlp before zeroes it)
+    GatedProj = 7,
     // Scale(ctx), RmsNorm(ctx, groups of ip1 = P, weight t1), Add(ctx, tok t2) -> out t3, Scale(out) (count
-    // 4; the scales' fp0 and the norm's eps read from the ops) in g4_ple_in; t0 ctx; ip0 N (a multiple of P
-    // <= 1024)
-    PleIn = 8,
+    // 4; the scales' fp0 and the norm's eps read from the ops) in g4_group_norm_add; t0 ctx; ip0 N (a
+    // multiple of P <= 1024)
+    GroupNormAdd = 8,
 };
 struct CudaLaunch {
     uint16_t kind;  // LaunchKind
@@ -224,9 +224,11 @@ inline uint64_t fnv1a64(const void* data, size_t n, uint64_t h = 146959810393466
 inline uint64_t schema_hash() {
     static const char kSchema[] =
         "g4plan-v1;header64;section32;tensor64(quant_flags);op104;launch80(op0,resnorm1(t1|t4|t6:-1=none,t7:"
-        "zero,ip1:folded_into_ple|mlp,ip2:zero2+1),gemv2,qkvpost3,qkvattn4(ip4:post_ops),mlp5(ip0:gate,ip1:"
-        "up,ip3:down,ip5:threads,ip6:replicas,ip7:f16x2),attn_o6(op:o,ip1:attention(its merge "
-        "here),t0:y),ple7(ops:gate,gelu_mul,proj;t0:y),ple_in8(t0:ctx,t1:w,t2:tok,t3:out;ip0:N,ip1:P));"
+        "zero,ip1:folded_into_gated_proj|mlp,ip2:zero2+1),gemv2,qkvpost3,qkvattn4(ip4:post_ops),"
+        "mlp5(ip0:gate,ip1:up,ip3:down,ip5:threads,ip6:replicas,ip7:f16x2),attn_o6(op:o,ip1:attention(its "
+        "merge "
+        "here),t0:y),gated_proj7(ops:gate,gelu_mul,proj;t0:y),"
+        "group_norm_add8(t0:ctx,t1:w,t2:tok,t3:out;ip0:N,ip1:P));"
         "matmul_variant(cublas4);"
         "ops:embed1(in:ids,table;fp0:scale),matmul2(in:x,w,bias?;ip5:decode_variant,ip6:prefill_variant),rms_"
         "norm3(in:x,w?;ip0:cols,ip1:dim;fp0:eps),"
@@ -241,9 +243,9 @@ inline uint64_t schema_hash() {
         "dtypes:f32=0,bf16=1,f16=2,i32=3,nf4=4(blob:codes,absmax|dq;quant_flags:dq1,tiled32_2);kinds:weight0,"
         "act1,kv2(dtype:f32|bf16,rne on store),input3;"
         "rowmode:all0,tailin1,outrows2;argmax(logits,vocab,ws,step,ids,host_tok,limit);"
-        "kargs:ple_in9,resnorm14(..,zero),resnorm_rep16(..,zero,rep,nrep),mlp376(..,yr,nrep,zero,rx,rd,rpw,"
-        "rprew,xo,rpwdt,rprewdt,eps),mlp_rep,mlp_h2,mlp_z,mlp_r,resnorm_z2,ple104(..,rx,rd,rpw,xo,rpwdt,eps),"
-        "ple_res";
+        "kargs:group_norm_add9,resnorm14(..,zero),resnorm_rep16(..,zero,rep,nrep),"
+        "mlp376(..,yr,nrep,zero,rx,rd,rpw,rprew,xo,rpwdt,rprewdt,eps),mlp_rep,mlp_h2,mlp_z,mlp_r,resnorm_z2,"
+        "gated_proj104(..,rx,rd,rpw,xo,rpwdt,eps),resnorm_gated_proj";
     return fnv1a64(kSchema, sizeof(kSchema) - 1);
 }
 

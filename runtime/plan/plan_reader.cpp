@@ -510,7 +510,7 @@ std::string Plan::launch_operands(const CudaLaunch& l) const {
                    "down)";
         return "";
     }
-    case LaunchKind::PleIn: {
+    case LaunchKind::GroupNormAdd: {
         const PlanOp &s1 = o0, &n = ops_[l.op + 1], &a = ops_[l.op + 2], &s2 = ops_[l.op + 3];
         const int32_t N = l.ip[0], P = l.ip[1];
         if (s1.in[0] != l.t[0] || s1.out[0] != l.t[0] || s1.in[1] >= 0 || s1.ip[0] != N || !whole(s1) ||
@@ -522,7 +522,7 @@ std::string Plan::launch_operands(const CudaLaunch& l) const {
         return "";
     }
     case LaunchKind::AttnO:
-    case LaunchKind::Ple:
+    case LaunchKind::GatedProj:
         return ""; // checked with their kinds above
     }
     return "unknown launch kind";
@@ -658,7 +658,7 @@ g4_status Plan::validate_records(std::string* err) {
     for (size_t i = 0; i < n_launches_; ++i) {
         const CudaLaunch& l = launches_[i];
         std::string what    = "CUDA schedule record " + std::to_string(i);
-        if (l.kind > (uint16_t)LaunchKind::PleIn || l.count < 1 || l.op != (int32_t)next ||
+        if (l.kind > (uint16_t)LaunchKind::GroupNormAdd || l.count < 1 || l.op != (int32_t)next ||
             next + l.count > n_ops_)
             return fail(CORRUPT, what + ": bad kind or op range", err);
         if (l.kind == (uint16_t)LaunchKind::QkvAttn &&
@@ -759,13 +759,13 @@ g4_status Plan::validate_records(std::string* err) {
                             err);
         }
         if (l.kind == (uint16_t)LaunchKind::ResNorm && l.ip[1] != 0 && l.ip[1] != 2) {
-            // ip1 = 1: run by the Ple launch after it (g4_ple_res); the MLP before it zeroes that launch's
-            // output.
+            // ip1 = 1: run by the GatedProj launch after it (g4_resnorm_gated_proj); the MLP before it zeroes
+            // that launch's output.
             const CudaLaunch* mlp = i > 0 ? &launches_[i - 1] : nullptr;
             const CudaLaunch* ple = i + 1 < n_launches_ ? &launches_[i + 1] : nullptr;
             const bool ok         = l.ip[1] == 1 && mlp && mlp->kind == (uint16_t)LaunchKind::Mlp &&
                             mlp->t[0] == l.t[1] && mlp->ip[5] == 256 && mlp->ip[6] == 1 && ple &&
-                            ple->kind == (uint16_t)LaunchKind::Ple && ple->op == l.op + l.count &&
+                            ple->kind == (uint16_t)LaunchKind::GatedProj && ple->op == l.op + l.count &&
                             l.op + l.count < (int32_t)n_ops_ && ops_[l.op + l.count].in[0] == l.t[4] &&
                             l.t[0] >= 0 && l.t[1] >= 0 && l.t[2] >= 0 && l.t[4] >= 0 && l.t[3] < 0 &&
                             l.t[5] < 0 && l.t[6] < 0 && l.fp[1] == 1.0f && l.ip[0] > 0 && l.ip[0] % 4 == 0;
@@ -776,7 +776,7 @@ g4_status Plan::validate_records(std::string* err) {
                                 "reading its output, and no scale or second norm)",
                             err);
         }
-        if (l.kind == (uint16_t)LaunchKind::Ple) {
+        if (l.kind == (uint16_t)LaunchKind::GatedProj) {
             const bool ok = l.count == 3 && ops_[l.op].code == (uint16_t)OpCode::Matmul &&
                             ops_[l.op + 1].code == (uint16_t)OpCode::GeluMul &&
                             ops_[l.op + 2].code == (uint16_t)OpCode::Matmul && i > 0 &&
@@ -802,7 +802,7 @@ g4_status Plan::validate_records(std::string* err) {
                             what + ": the ResNorm folded into this per-layer-input record has another width",
                             err);
         }
-        if (l.kind == (uint16_t)LaunchKind::PleIn) {
+        if (l.kind == (uint16_t)LaunchKind::GroupNormAdd) {
             const bool ok =
                 l.count == 4 && ops_[l.op].code == (uint16_t)OpCode::Scale &&
                 ops_[l.op + 1].code == (uint16_t)OpCode::RmsNorm &&

@@ -132,7 +132,7 @@ g4_status bind_tower_kernels(const plan::Plan& p, const ModuleKernels& m, Kernel
 }
 
 // Opens GPU `g` of the plan: checks it, loads the kernels and uploads its weights (segments of the
-// plan's ranges; the PLE table stays on the host with ple=host). need_extra: the session bytes it
+// plan's ranges; a weight the plan keeps on the host stays there). need_extra: the session bytes it
 // will hold (activation arena and KV part), for the free-memory check.
 g4_status open_gpu(const plan::Plan& p, EngineState* st, Gpu& g, const plan::ProgramInfo::GpuPart& part,
                    uint64_t need_extra, std::string* err) {
@@ -154,15 +154,15 @@ g4_status open_gpu(const plan::Plan& p, EngineState* st, Gpu& g, const plan::Pro
     }
     CU_TRY(d->cuDevicePrimaryCtxRetain(&g.ctx, g.dev), "cuDevicePrimaryCtxRetain");
     CU_TRY(d->cuCtxSetCurrent(g.ctx), "cuCtxSetCurrent");
-    // Segments: the plan's ranges, less the PLE table where it stays on the host.
-    uint64_t ple_b = 0, ple_e = 0;
-    if (st->ple_tensor >= 0 && g.index == p.cuda_device()) {
-        const PlanTensor& t = p.tensor(st->ple_tensor);
-        ple_b               = t.offset,
-        ple_e = (t.offset + t.nbytes + plan::kTensorAlign - 1) / plan::kTensorAlign * plan::kTensorAlign;
+    // Segments: the plan's ranges, less the weight the plan keeps on the host.
+    uint64_t hole_b = 0, hole_e = 0;
+    if (st->host_weight >= 0 && g.index == p.cuda_device()) {
+        const PlanTensor& t = p.tensor(st->host_weight);
+        hole_b              = t.offset,
+        hole_e = (t.offset + t.nbytes + plan::kTensorAlign - 1) / plan::kTensorAlign * plan::kTensorAlign;
     }
     // Each segment at an offset congruent to its plan offset modulo plan::kWeightAlign (weight_segments.h).
-    g.weights_bytes = place_weight_segments(part.weights, ple_b, ple_e, &g.segs);
+    g.weights_bytes = place_weight_segments(part.weights, hole_b, hole_e, &g.segs);
     size_t free_b = 0, total_b = 0;
     CU_TRY(d->cuMemGetInfo(&free_b, &total_b), "cuMemGetInfo");
     const uint64_t need = g.weights_bytes + need_extra;
@@ -206,8 +206,8 @@ namespace {
 
 // A fused launch kind's name in the decode event profile.
 const char* launch_kind_name(uint16_t kind) {
-    static const char* kNames[] = {"op",  "resnorm", "gemv", "qkv_post", "qkv_attn",
-                                   "mlp", "attn_o",  "ple",  "ple_in"};
+    static const char* kNames[] = {"op",  "resnorm", "gemv",       "qkv_post",      "qkv_attn",
+                                   "mlp", "attn_o",  "gated_proj", "group_norm_add"};
     return kind < sizeof kNames / sizeof kNames[0] ? kNames[kind] : "?";
 }
 
@@ -274,7 +274,7 @@ g4_status engine_open(g4_engine* e, EnginePtr* out, std::string* err) {
         for (size_t t = 0; t < p.n_tensors(); ++t)
             if (p.tensor(t).kind == (uint8_t)TensorKind::Weight &&
                 p.tensor(t).flags == (uint8_t)gemma4::WeightRole::PleTable)
-                st->ple_tensor = (int32_t)t;
+                st->host_weight = (int32_t)t;
     st->gpus.resize(in.gpus.size());
     for (size_t g = 0; g < in.gpus.size(); ++g) {
         st->gpus[g].index = in.gpus[g].index;
@@ -315,14 +315,15 @@ g4_status engine_open(g4_engine* e, EnginePtr* out, std::string* err) {
             d->cuCtxEnablePeerAccess(b.ctx, 0); // CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED is fine
         }
     if (g4_status r = lm_screen_setup(p, st.get(), err); r != G4_OK) return r;
-    if (st->ple_tensor >= 0) {
-        const PlanTensor& t = p.tensor(st->ple_tensor);
+    if (st->host_weight >= 0) {
+        const PlanTensor& t = p.tensor(st->host_weight);
         CU_TRY(d->cuCtxSetCurrent(st->gpus[0].ctx), "cuCtxSetCurrent");
-        CU_TRY(d->cuMemHostAlloc(&st->ple_host, t.nbytes, kHostAllocPortable | kHostAllocDeviceMap),
-               "allocating pinned host memory for the PLE table (" + std::to_string(t.nbytes >> 20) +
-                   " MiB, --place ple=host)");
-        std::memcpy(st->ple_host, p.weights_base() + t.offset, t.nbytes);
-        CU_TRY(d->cuMemHostGetDevicePointer(&st->ple_dev, st->ple_host, 0), "mapping the PLE table");
+        CU_TRY(d->cuMemHostAlloc(&st->host_weight_mem, t.nbytes, kHostAllocPortable | kHostAllocDeviceMap),
+               "allocating pinned host memory for the weight kept on the host (" +
+                   std::to_string(t.nbytes >> 20) + " MiB, --place ple=host)");
+        std::memcpy(st->host_weight_mem, p.weights_base() + t.offset, t.nbytes);
+        CU_TRY(d->cuMemHostGetDevicePointer(&st->host_weight_dev, st->host_weight_mem, 0),
+               "mapping the weight kept on the host");
     }
     *out = std::move(st);
     return G4_OK;
@@ -375,7 +376,7 @@ void engine_close(EngineState* st) {
             if (&g == &st->gpus[0] && st->lm_q) st->d->cuMemFree(st->lm_q);
             if (g.mod) st->d->cuModuleUnload(g.mod);
         }
-        if (st->ple_host) st->d->cuMemFreeHost(st->ple_host);
+        if (st->host_weight_mem) st->d->cuMemFreeHost(st->host_weight_mem);
         for (Gpu& g : st->gpus)
             if (g.ctx) st->d->cuDevicePrimaryCtxRelease(g.dev);
     }
@@ -762,17 +763,17 @@ g4_status launch_step(g4_session* s, int rows, int out_rows, std::string* err) {
                 li + 1 < p.n_launches() && p.launch(li + 1).kind == (uint16_t)LaunchKind::AttnO;
             // Output replicas (the plan's ip6 > 1, the reader checked the ResNorm after): the MLP adds into
             // them and that ResNorm sums them and zeroes them again, so they are zero outside the pair. A
-            // folded ResNorm launches nothing: with ip1 = 1 the Ple launch after it runs it and the MLP
-            // before it zeroes the Ple's output; with ip1 = 2 the Mlp launch after it runs it.
+            // folded ResNorm launches nothing: with ip1 = 1 the GatedProj launch after it runs it and the MLP
+            // before it zeroes the GatedProj launch's output; with ip1 = 2 the Mlp launch after it runs it.
             auto folded = [&](size_t k, int into) -> const CudaLaunch* {
                 const bool f = k < p.n_launches() && p.launch(k).kind == (uint16_t)LaunchKind::ResNorm &&
                                p.launch(k).ip[1] == into;
                 return f ? &p.launch(k) : nullptr;
             };
             const bool mlp = l.kind == (uint16_t)LaunchKind::Mlp;
-            st->fold_prev  = li > 0 && l.kind == (uint16_t)LaunchKind::Ple ? folded(li - 1, 1) : nullptr;
-            st->fold_next  = mlp ? folded(li + 1, 1) : nullptr;
-            st->mlp_res    = li > 0 && mlp ? folded(li - 1, 2) : nullptr;
+            st->fold_prev = li > 0 && l.kind == (uint16_t)LaunchKind::GatedProj ? folded(li - 1, 1) : nullptr;
+            st->fold_next = mlp ? folded(li + 1, 1) : nullptr;
+            st->mlp_res   = li > 0 && mlp ? folded(li - 1, 2) : nullptr;
             const int reps = cuda_ws::mlp_replicas(l);
             st->rep_in     = st->rep_out;
             st->rep_out    = reps > 1 ? reps - 1 : 0;

@@ -18,10 +18,10 @@ using namespace g4test;
 class Backend : public ::testing::Test {
 protected:
     static void SetUpTestSuite() {
-        dir_        = new TempDir();
+        dir_             = new TempDir();
         std::string plan = dir_->file("t.g4plan");
-        CmdResult r = run_g4("compile --model '" + fixture("e2b_tiny") + "' --no-audio --no-vision --chunk 8 -o '" +
-                             plan + "'");
+        CmdResult r      = run_g4("compile --model '" + fixture("e2b_tiny") +
+                                  "' --no-audio --no-vision --chunk 8 -o '" + plan + "'");
         ASSERT_EQ(r.exit_code, 0) << r.err;
         ASSERT_EQ(g4_engine_open(plan.c_str(), nullptr, &engine_), G4_OK) << g4_last_error_message();
     }
@@ -37,8 +37,8 @@ protected:
     static TempDir* dir_;
     static g4_engine* engine_;
 };
-TempDir* Backend::dir_        = nullptr;
-g4_engine* Backend::engine_   = nullptr;
+TempDir* Backend::dir_             = nullptr;
+g4_engine* Backend::engine_        = nullptr;
 const std::vector<int32_t> kPrompt = {2, 100, 200, 300, 400, 17};
 
 TEST_F(Backend, CpuStepGivesTheCApisLogitsOnTheHost) {

@@ -131,6 +131,7 @@ std::string load_video(const std::string& path, int num_frames, int64_t max_pixe
     const AVCodec* codec = nullptr;
     if (std::string e = open_video(path, where, &v, &si, &codec); !e.empty()) return e;
     if (!(v.dec = avcodec_alloc_context3(codec))) return where + "out of memory";
+    v.dec->thread_count = 0; // one decoding thread a core (FFmpeg's choice; the frames are the same)
     int r;
     if ((r = avcodec_parameters_to_context(v.dec, v.fmt->streams[si]->codecpar)) < 0 ||
         (r = avcodec_open2(v.dec, codec, nullptr)) < 0)

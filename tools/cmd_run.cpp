@@ -31,7 +31,13 @@ void add_media(const Args& a, g4_engine* e, g4_session* s, std::vector<int32_t>*
                                  : opt == "--audio" ? g4::tools::MediaKind::Audio
                                                     : g4::tools::MediaKind::Video;
             blocks.back().file = f;
+            if (opt == "--video" && a.on("--video-audio")) {
+                blocks.emplace_back();
+                blocks.back().kind = g4::tools::MediaKind::Audio;
+                blocks.back().file = f;
+            }
         }
+    if (a.on("--video-audio") && !a.has("--video")) throw UsageError("--video-audio needs a --video file");
     if (blocks.empty()) return;
     g4_media_info mi{};
     check(g4_engine_get_media_info(e, &mi));
@@ -190,6 +196,9 @@ const Command kRun = {
                   "a video (MP4, WebM, MKV, MOV through FFmpeg): 32 frames sampled as transformers' Gemma 4 "
                   "processor does, each through the vision tower (repeatable): put at the next <|video|>, "
                   "else after <bos>"},
+                 {"--video-audio", nullptr,
+                  "also give each --video's sound track, as an audio clip right after it (placed as an "
+                  "--audio file: at the next <|audio|>, else after the video)"},
                  {"--truncate", nullptr,
                   "keep the last tokens of a prompt longer than the plan's max context. Default: such a "
                   "prompt is an error"},

@@ -1,7 +1,7 @@
 // video_encode_bench: time to turn a video into soft tokens through the C API, as `g4 run --video` does: the
-// processor's 32 sampled frames decoded (FFmpeg, runtime/src/media/video_decode.cpp) and each sent through the
-// plan's vision tower (g4_session_add_video_frame) as it is decoded. Also the decode alone, and, given raw
-// frames instead of a file (decoded elsewhere, e.g. where this build has no FFmpeg), the towers alone.
+// processor's 32 sampled frames decoded (FFmpeg, runtime/src/media/video_decode.cpp) and each sent through
+// the plan's vision tower (g4_session_add_video_frame) as it is decoded. Also the decode alone, and, given
+// raw frames instead of a file (decoded elsewhere, e.g. where this build has no FFmpeg), the towers alone.
 // Prints one JSON object a rep: {"decode_ms", "encode_ms" (decode + towers), "towers_ms", "frames",
 // "vision_device"}. Threads: G4_THREADS, else all cores. The plan must queue a whole video's soft tokens
 // (g4 compile --max-media-tokens 4096).
@@ -21,7 +21,8 @@
 namespace {
 
 double now_ms() {
-    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
 }
 
 int fail(const std::string& what) {
@@ -78,13 +79,14 @@ int main(int argc, char** argv) {
             n_frames  = frames.size();
         } else {
             g4::media::VideoFrames v;
-            double t0       = now_ms();
-            std::string err = g4::media::load_video(argv[2], g4::media::kVideoFrames, mi.max_image_pixels, &v,
-                                                    [](size_t, const g4::media::ImageRGB8&) { return std::string(); });
-            decode_ms       = now_ms() - t0;
+            double t0 = now_ms();
+            std::string err =
+                g4::media::load_video(argv[2], g4::media::kVideoFrames, mi.max_image_pixels, &v,
+                                      [](size_t, const g4::media::ImageRGB8&) { return std::string(); });
+            decode_ms = now_ms() - t0;
             if (!err.empty()) return fail(err);
-            t0        = now_ms();
-            err       = g4::media::load_video(argv[2], g4::media::kVideoFrames, mi.max_image_pixels, &v, encode);
+            t0  = now_ms();
+            err = g4::media::load_video(argv[2], g4::media::kVideoFrames, mi.max_image_pixels, &v, encode);
             encode_ms = now_ms() - t0;
             if (!err.empty()) return fail(err);
             n_frames = v.indices.size();
@@ -92,10 +94,11 @@ int main(int argc, char** argv) {
         }
         g4_session_destroy(s);
         if (rep == 0) continue;
-        std::printf("{\"rep\": %d, \"frames\": %zu, \"soft_tokens\": %lld, \"total_frames\": %lld, \"frame_tokens\": %d, \"decode_ms\": %.1f, "
+        std::printf("{\"rep\": %d, \"frames\": %zu, \"soft_tokens\": %lld, \"total_frames\": %lld, "
+                    "\"frame_tokens\": %d, \"decode_ms\": %.1f, "
                     "\"encode_ms\": %.1f, \"towers_ms\": %.1f, \"vision_device\": %d}\n",
-                    rep, n_frames, (long long)soft, (long long)total, mi.max_video_frame_tokens, decode_ms, encode_ms, towers_ms,
-                    mi.vision_device);
+                    rep, n_frames, (long long)soft, (long long)total, mi.max_video_frame_tokens, decode_ms,
+                    encode_ms, towers_ms, mi.vision_device);
         std::fflush(stdout);
     }
     g4_engine_close(e);

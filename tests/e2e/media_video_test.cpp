@@ -65,9 +65,10 @@ std::vector<g4::media::ImageRGB8> reference_frames(const json& c) {
 class VideoParity : public ::testing::Test {
 protected:
     static void SetUpTestSuite() {
-        dir_             = new TempDir();
-        plan_            = dir_->file("video.g4plan");
-        std::string dev  = on_cuda() ? " --device cuda --kv-dtype f32 --prefill-precision fp32 --no-fidelity" : "";
+        dir_  = new TempDir();
+        plan_ = dir_->file("video.g4plan");
+        std::string dev =
+            on_cuda() ? " --device cuda --kv-dtype f32 --prefill-precision fp32 --no-fidelity" : "";
         const CmdResult r = run_g4("compile --model '" + fixture("e2b_tiny_mm") +
                                    "' --weights f32 --max-media-tokens 4096" + dev + " -o '" + plan_ + "'");
         ASSERT_EQ(r.exit_code, 0) << r.err;
@@ -78,8 +79,8 @@ protected:
         delete dir_;
     }
     // The prompt's logits at the reference's rows, and greedy tokens after it, with `frames` queued.
-    static void run_prompt(const json& c, const std::vector<g4::media::ImageRGB8>& frames, std::vector<float>* rows,
-                           std::vector<int32_t>* greedy) {
+    static void run_prompt(const json& c, const std::vector<g4::media::ImageRGB8>& frames,
+                           std::vector<float>* rows, std::vector<int32_t>* greedy) {
         g4_session* s        = nullptr;
         g4_session_params sp = g4_session_params_default();
         sp.n_threads         = 2;
@@ -177,8 +178,9 @@ TEST_F(VideoParity, PixelValuesEqualTheProcessor) {
             std::vector<float> patches(size_t(kTokens) * kPool * kPool * 3 * kPatch * kPatch);
             std::vector<int32_t> pos(size_t(kTokens) * kPool * kPool * 2);
             g4::towers::ImageLayout lay;
-            ASSERT_EQ(g4::towers::preprocess_image(img.rgb.data(), img.height, img.width, kTokens, kPatch, kPool,
-                                                   scratch.data(), need, patches.data(), pos.data(), &lay),
+            ASSERT_EQ(g4::towers::preprocess_image(img.rgb.data(), img.height, img.width, kTokens, kPatch,
+                                                   kPool, scratch.data(), need, patches.data(), pos.data(),
+                                                   &lay),
                       "");
             ASSERT_EQ(lay.out_h, want.height);
             ASSERT_EQ(lay.out_w, want.width);
@@ -186,7 +188,8 @@ TEST_F(VideoParity, PixelValuesEqualTheProcessor) {
             for (int y = 0; y < lay.out_h; ++y)
                 for (int x = 0; x < lay.out_w; ++x)
                     for (int ch = 0; ch < 3; ++ch) {
-                        const float hf = float(want.rgb[(size_t(y) * lay.out_w + x) * 3 + ch]) * float(1.0 / 255.0);
+                        const float hf =
+                            float(want.rgb[(size_t(y) * lay.out_w + x) * 3 + ch]) * float(1.0 / 255.0);
                         const size_t i = ((size_t(y / kPatch) * lay.grid_w + x / kPatch) * kPatch * kPatch +
                                           size_t(y % kPatch) * kPatch + x % kPatch) *
                                              3 +
@@ -208,8 +211,8 @@ TEST_F(VideoParity, PromptLogitsMatchHF) {
         const std::vector<float> ref = read_f32(vdir() + "/" + c.at("logits").get<std::string>());
         ASSERT_EQ(got.size(), ref.size());
         const double err = rel_l2(got.data(), ref.data(), ref.size());
-        std::printf("%s: %zu prompt ids, %zu rows: rel L2 vs HF float32 %.3e, greedy", c.at("file").get<std::string>().c_str(),
-                    c.at("ids").size(), c.at("rows").size(), err);
+        std::printf("%s: %zu prompt ids, %zu rows: rel L2 vs HF float32 %.3e, greedy",
+                    c.at("file").get<std::string>().c_str(), c.at("ids").size(), c.at("rows").size(), err);
         for (int32_t t : greedy)
             std::printf(" %d", t);
         std::printf("\n");
@@ -225,9 +228,9 @@ TEST_F(VideoParity, CliVideoMatchesHF) {
     for (const json& c : reference().at("clips")) {
         ASSERT_FALSE(c.contains("error")) << c.dump();
         const std::string dump = dir_->file("video.f32");
-        const CmdResult r      = run_g4("run '" + plan_ + "' --tokens 2,17,258884,18 --video '" + vdir() + "/" +
-                                        c.at("file").get<std::string>() + "' -n 1 --temp 0 --threads 2 --dump-logits '" +
-                                        dump + "'");
+        const CmdResult r = run_g4("run '" + plan_ + "' --tokens 2,17,258884,18 --video '" + vdir() + "/" +
+                                   c.at("file").get<std::string>() +
+                                   "' -n 1 --temp 0 --threads 2 --dump-logits '" + dump + "'");
         ASSERT_EQ(r.exit_code, 0) << r.err;
         const std::vector<float> all = read_f32(dump);
         ASSERT_EQ(all.size(), c.at("ids").size() * kVocab);
@@ -235,10 +238,54 @@ TEST_F(VideoParity, CliVideoMatchesHF) {
         for (int row : c.at("rows").get<std::vector<int>>())
             got.insert(got.end(), all.begin() + size_t(row) * kVocab, all.begin() + size_t(row + 1) * kVocab);
         const std::vector<float> ref = read_f32(vdir() + "/" + c.at("logits").get<std::string>());
-        const double err = rel_l2(got.data(), ref.data(), ref.size());
-        std::printf("g4 run --video %s: rel L2 vs HF float32 %.3e\n", c.at("file").get<std::string>().c_str(), err);
+        const double err             = rel_l2(got.data(), ref.data(), ref.size());
+        std::printf("g4 run --video %s: rel L2 vs HF float32 %.3e\n", c.at("file").get<std::string>().c_str(),
+                    err);
         EXPECT_LT(err, 1e-4) << c.at("file");
     }
+}
+
+} // namespace
+
+namespace {
+
+// `g4 chat`'s /video FILE --audio (and --video FILE --video-audio) gives the reply `g4 run` gives for the
+// same rendered prompt with --video and its sound track (--video-audio, or the file again as --audio): the
+// template writes "\n\n<|video|>\n\n" then "<|audio|>" before the text, each marker its file's blocks.
+TEST_F(VideoParity, ChatVideoWithItsSoundGivesTheTokensOfRun) {
+    if (on_cuda()) GTEST_SKIP() << "CPU plan check";
+    if (!g4::media::have_ffmpeg()) GTEST_SKIP() << "built without FFmpeg: g4 cannot decode video";
+    const std::string v  = vdir() + "/with_sound_22k.mp4";
+    const std::string in = dir_->file("chat.txt");
+    write_file(in, "/video '" + v + "' --audio\nWhat happens?\n/video " + dir_->file("missing.mp4") +
+                       "\n/video\n");
+    const std::string opts = " -n 4 --temp 0 --threads 2 --print-ids";
+    const CmdResult c =
+        run_cmd("('" + cli_path() + "' chat '" + plan_ + "'" + opts + " --stats < '" + in + "')");
+    ASSERT_EQ(c.exit_code, 0) << c.err;
+    EXPECT_NE(c.err.find("with_sound_22k.mp4 attached to the next message: 10 of its 10 frames (10.00 fps), "
+                         "with its sound track"),
+              std::string::npos)
+        << c.err;
+    EXPECT_NE(c.err.find("g4 chat: error: video file " + dir_->file("missing.mp4") + ": cannot be read"),
+              std::string::npos)
+        << c.err;
+    EXPECT_NE(c.err.find("g4 chat: error: /video needs a file"), std::string::npos) << c.err;
+    const std::string reply = c.out.substr(0, c.out.find('\n'));
+    ASSERT_FALSE(reply.empty()) << c.out;
+    const std::string p = "-p '<|turn>user\n\n\n<|video|>\n\n<|audio|>What happens?<turn|>\n<|turn>model\n'";
+    for (const std::string media :
+         {" --video '" + v + "' --audio '" + v + "'", " --video '" + v + "' --video-audio"}) {
+        const CmdResult r = run_g4("run '" + plan_ + "' " + p + media + opts);
+        ASSERT_EQ(r.exit_code, 0) << media << ": " << r.err;
+        EXPECT_EQ(r.out.substr(0, r.out.find('\n')), reply) << media;
+    }
+    // --video on the command line goes with the first message.
+    write_file(in, "What happens?\n");
+    const CmdResult o = run_cmd("('" + cli_path() + "' chat '" + plan_ + "'" + opts + " --video '" + v +
+                                "' --video-audio < '" + in + "')");
+    ASSERT_EQ(o.exit_code, 0) << o.err;
+    EXPECT_EQ(o.out.substr(0, o.out.find('\n')), reply);
 }
 
 } // namespace

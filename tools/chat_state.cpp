@@ -26,7 +26,7 @@ std::string Chat::attach(g4::ChatMedia kind, const std::string& path, const std:
             return what + " " + path + ": " + e.what();
         }
         // Decoded once now to check it (frames not kept), again when the message is sent.
-        if (!(err = g4::media::load_video(path, g4::media::kVideoFrames, mi.max_image_pixels, &a.video,
+        if (!(err = g4::media::load_video(path, video_limits, &a.video,
                                           [](size_t, const g4::media::ImageRGB8&) { return std::string(); }))
                  .empty())
             return err;
@@ -150,8 +150,7 @@ bool Chat::encode_video(Prompt& p, size_t k) {
     bool fit              = true;
     g4::media::VideoFrames v;
     const std::string err = g4::media::load_video(
-        a.path, g4::media::kVideoFrames, mi.max_image_pixels, &v,
-        [&](size_t f, const g4::media::ImageRGB8& img) -> std::string {
+        a.path, video_limits, &v, [&](size_t f, const g4::media::ImageRGB8& img) -> std::string {
             int32_t n = 0;
             if (g4_session_add_video_frame(s, img.rgb.data(), img.width, img.height, &n) != G4_OK)
                 return a.path + ": frame " + std::to_string(v.indices[f]) + ": " + g4_last_error_message();

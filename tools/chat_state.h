@@ -38,6 +38,7 @@ struct Chat {
     g4_session* s = nullptr;
     g4_engine_info info{};
     g4_media_info mi{};
+    g4::media::VideoLimits video_limits;           // of each /video (--video-frames, ...)
     std::vector<ChatTurn> turns;                   // (the system turn first, if any)
     std::vector<ChatAttachment> pending;           // for the next user message
     std::vector<int32_t> fed;                      // tokens the session holds

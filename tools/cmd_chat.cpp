@@ -304,6 +304,8 @@ const Command kChat = {
             {"--ignore-eos", nullptr, "do not end a reply at the plan's end-of-generation ids (-n ends it)"});
         o.push_back({"--print-ids", nullptr, "print each reply's token ids instead of its text"});
         o.push_back({"--stats", nullptr, "print timings on stderr after each reply"});
+        for (Option s : media_limit_options())
+            o.push_back(s);
         return o;
     }(),
     "On a terminal, lines are edited with GNU readline (arrows, history with up/down) when g4 was built with "
@@ -329,6 +331,7 @@ int cmd_chat(int argc, char** argv) {
     chat.info        = e.info;
     chat.interrupted = &g_interrupted;
     check(g4_engine_get_media_info(e.e, &chat.mi));
+    chat.video_limits = media_limits(a, &chat.mi);
     if (a.has("--system")) chat.turns.push_back({"system", a.get("--system"), {}});
     for (auto [opt, kind] :
          {std::pair{"--image", g4::ChatMedia::Image}, std::pair{"--audio", g4::ChatMedia::Audio}})

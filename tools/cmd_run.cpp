@@ -41,6 +41,7 @@ void add_media(const Args& a, g4_engine* e, g4_session* s, std::vector<int32_t>*
     if (blocks.empty()) return;
     g4_media_info mi{};
     check(g4_engine_get_media_info(e, &mi));
+    const g4::media::VideoLimits limits = media_limits(a, &mi);
     g4_engine_info info{};
     check(g4_engine_get_info(e, &info));
     for (g4::tools::MediaBlock& b : blocks) {
@@ -59,8 +60,7 @@ void add_media(const Args& a, g4_engine* e, g4_session* s, std::vector<int32_t>*
             // Each sampled frame goes through the tower as it is decoded (one frame's pixels held at a time).
             g4::media::VideoFrames v;
             std::string err = g4::media::load_video(
-                b.file, g4::media::kVideoFrames, mi.max_image_pixels, &v,
-                [&](size_t f, const g4::media::ImageRGB8& img) -> std::string {
+                b.file, limits, &v, [&](size_t f, const g4::media::ImageRGB8& img) -> std::string {
                     if (g4_session_add_video_frame(s, img.rgb.data(), img.width, img.height, &n) != G4_OK)
                         return b.file + ": frame " + std::to_string(v.indices[f]) + ": " +
                                g4_last_error_message();
@@ -209,6 +209,8 @@ const Command kRun = {
                   "(turns off CUDA decode-ahead)"},
                  {"--stats", nullptr, "print load, prefill, decode and sampling timings on stderr"},
              })
+            o.push_back(s);
+        for (Option s : media_limit_options())
             o.push_back(s);
         return o;
     }(),

@@ -21,7 +21,8 @@ std::string webm() {
 }
 
 // A copy of the fixture with `from` (found once) replaced by `to`, written to dir/name.
-std::string patched(g4test::TempDir& dir, const std::string& name, const std::string& from, const std::string& to) {
+std::string patched(g4test::TempDir& dir, const std::string& name, const std::string& from,
+                    const std::string& to) {
     std::string d   = webm();
     const size_t at = d.find(from);
     EXPECT_NE(at, std::string::npos);
@@ -72,11 +73,12 @@ TEST_F(VideoLimitsTest, AbsurdDeclaredDuration) {
     std::string big(8, '\0');
     for (int i = 0; i < 8; ++i)
         big[i] = char(reinterpret_cast<const unsigned char*>(&ms)[7 - i]); // EBML floats are big-endian
-    const std::string f =
-        patched(dir_, "long.webm", std::string("\x44\x89\x88\x40\x9f\x40\0\0\0\0\0", 11), "\x44\x89\x88" + big);
+    const std::string f = patched(dir_, "long.webm", std::string("\x44\x89\x88\x40\x9f\x40\0\0\0\0\0", 11),
+                                  "\x44\x89\x88" + big);
     const std::string e = load(f);
-    EXPECT_NE(e.find("video file " + f + ": declares 1e+09 s, longer than the limit (--max-video-seconds 3600)"),
-              std::string::npos)
+    EXPECT_NE(
+        e.find("video file " + f + ": declares 1e+09 s, longer than the limit (--max-video-seconds 3600)"),
+        std::string::npos)
         << e;
 }
 
@@ -105,9 +107,10 @@ TEST_F(VideoLimitsTest, RunTimeLimits) {
 // The CLI: each limit as a flag, bad files as one line naming the file, exit 1.
 TEST_F(VideoLimitsTest, CliReportsThemInOneLine) {
     const std::string plan = dir_.file("mm.g4plan");
-    g4test::CmdResult c    = g4test::run_g4("compile --model '" + g4test::fixture("e2b_tiny_mm") + "' -o '" + plan + "'");
+    g4test::CmdResult c =
+        g4test::run_g4("compile --model '" + g4test::fixture("e2b_tiny_mm") + "' -o '" + plan + "'");
     ASSERT_EQ(c.exit_code, 0) << c.err;
-    const std::string f = g4test::fixture("towers/video/pattern_97x61_12.5fps.webm");
+    const std::string f   = g4test::fixture("towers/video/pattern_97x61_12.5fps.webm");
     const std::string cut = patched(dir_, "unknown.webm", "V_VP9", "V_XYZ");
     const std::string mp3 = g4test::fixture("towers/audio_files/tones.mp3"); // 0.9 s
     struct Case {
@@ -128,8 +131,8 @@ TEST_F(VideoLimitsTest, CliReportsThemInOneLine) {
         EXPECT_NE(r.err.find(k.want), std::string::npos) << k.args << ": " << r.err;
     }
     // Fewer frames asked for: a shorter prompt.
-    const g4test::CmdResult few =
-        g4test::run_g4("run '" + plan + "' --tokens 2 -n 1 --temp 0 --stats --video '" + f + "' --video-frames 4");
+    const g4test::CmdResult few = g4test::run_g4(
+        "run '" + plan + "' --tokens 2 -n 1 --temp 0 --stats --video '" + f + "' --video-frames 4");
     EXPECT_EQ(few.exit_code, 0) << few.err;
 }
 

@@ -10,12 +10,12 @@
 
 namespace g4::cli {
 
-std::string Chat::attach(g4::ChatMedia kind, const std::string& path, const std::string& what) {
+std::string Chat::attach(ChatKind kind, const std::string& path, const std::string& what) {
     ChatAttachment a;
     a.kind = kind;
     a.path = path;
     std::string err;
-    if (kind == g4::ChatMedia::Video) {
+    if (kind == ChatKind::Video) {
         if (!mi.has_vision || mi.video_token_id < 0)
             return what + " " + path +
                    ": the plan has no vision tower or no video placeholder id (compile a Gemma 4 checkpoint "
@@ -30,7 +30,7 @@ std::string Chat::attach(g4::ChatMedia kind, const std::string& path, const std:
                                           [](size_t, const g4::media::ImageRGB8&) { return std::string(); }))
                  .empty())
             return err;
-    } else if (kind == g4::ChatMedia::Image) {
+    } else if (kind == ChatKind::Image) {
         if (!mi.has_vision)
             return what + " " + path +
                    ": the plan has no vision tower (compiled with --no-vision, or from a checkpoint "
@@ -90,7 +90,8 @@ Chat::Prompt Chat::render() const {
     for (const ChatTurn& t : turns) {
         msgs.push_back({t.role, t.text, {}});
         for (const ChatAttachment& a : t.media)
-            msgs.back().media.push_back(a.kind);
+            msgs.back().media.push_back(a.kind == ChatKind::Audio ? g4::ChatMedia::Audio
+                                                                  : g4::ChatMedia::Image);
     }
     std::string text, err;
     std::vector<g4::ChatMediaMark> marks;
@@ -105,10 +106,10 @@ Chat::Prompt Chat::render() const {
     for (const g4::ChatMediaMark& m : marks) {
         add_text(m.offset);
         const ChatAttachment& a = turns[m.message].media[m.item];
-        const bool image        = a.kind == g4::ChatMedia::Image;
+        const bool image        = a.kind == ChatKind::Image;
         const size_t begin      = p.ids.size();
         std::vector<size_t> frame_ends;
-        if (a.kind == g4::ChatMedia::Video) {
+        if (a.kind == ChatKind::Video) {
             // As Hugging Face's processor: per frame "mm:ss " <boi> n x <|video|> <eoi>, joined by a space
             for (size_t f = 0; f < a.video.times.size(); ++f) {
                 const std::vector<int32_t> t = tokenize(e, (f ? " " : "") + a.video.times[f] + " ", false);
@@ -125,7 +126,7 @@ Chat::Prompt Chat::render() const {
             p.ids.push_back(image ? mi.eoi_token_id : mi.eoa_token_id);
         }
         p.blocks.push_back({begin, p.ids.size(), m.message, m.item, std::move(frame_ends)});
-        at = m.offset + g4::chat_media_marker(a.kind).size();
+        at = m.offset + (m.kind == g4::ChatMedia::Image ? g4::kChatImageMarker : g4::kChatAudioMarker).size();
     }
     add_text(text.size());
     return p;
@@ -134,7 +135,7 @@ Chat::Prompt Chat::render() const {
 void Chat::encode(ChatAttachment& a) {
     int32_t n = 0;
     const g4_status st =
-        a.kind == g4::ChatMedia::Image
+        a.kind == ChatKind::Image
             ? g4_session_add_image(s, a.image.rgb.data(), a.image.width, a.image.height, &n)
             : g4_session_add_audio(s, a.audio.samples.data(), (int64_t)a.audio.samples.size(), &n);
     if (st != G4_OK) throw RunError(a.path + ": " + g4_last_error_message());
@@ -221,7 +222,7 @@ bool Chat::prepare(const std::string& text) {
         for (size_t k = 0; k < p.blocks.size(); ++k) {
             if (p.blocks[k].begin < fed.size()) continue;
             ChatAttachment& a = turns[p.blocks[k].turn].media[p.blocks[k].item];
-            if (a.kind == g4::ChatMedia::Video) {
+            if (a.kind == ChatKind::Video) {
                 if (!encode_video(p, k)) return false;
                 continue;
             }
@@ -248,9 +249,9 @@ std::string Chat::save(const std::string& path) const {
         if (!t.media.empty()) {
             m["media"] = nlohmann::json::array();
             for (const ChatAttachment& a : t.media)
-                m["media"].push_back({{"type", a.kind == g4::ChatMedia::Image   ? "image"
-                                               : a.kind == g4::ChatMedia::Audio ? "audio"
-                                                                                : "video"},
+                m["media"].push_back({{"type", a.kind == ChatKind::Image   ? "image"
+                                               : a.kind == ChatKind::Audio ? "audio"
+                                                                           : "video"},
                                       {"path", a.path}});
         }
         msgs.push_back(std::move(m));
@@ -291,9 +292,9 @@ std::string Chat::load(const std::string& path) {
                     pending = std::move(keep);
                     return bad;
                 }
-                const g4::ChatMedia kind = x["type"] == "image"   ? g4::ChatMedia::Image
-                                           : x["type"] == "video" ? g4::ChatMedia::Video
-                                                                  : g4::ChatMedia::Audio;
+                const ChatKind kind = x["type"] == "image"   ? ChatKind::Image
+                                      : x["type"] == "video" ? ChatKind::Video
+                                                             : ChatKind::Audio;
                 if (std::string err = attach(kind, x["path"].get<std::string>(), path); !err.empty()) {
                     pending = std::move(keep);
                     return err;

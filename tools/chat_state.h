@@ -12,11 +12,15 @@
 
 namespace g4::cli {
 
+// What a chat attachment is. The chat template knows images and clips; a video takes an image's place there
+// (Gemma 4's writes both as "\n\n<marker>\n\n") and its marker becomes the video's per-frame blocks.
+enum class ChatKind { Image, Audio, Video };
+
 // An image, clip or video attached to a chat message: decoded when attached, encoded by its tower when the
 // message is sent, and again only if the session has to be fed from the start (the history it holds
 // changed). A video's frames are not kept: they are decoded again, one at a time, when it is encoded.
 struct ChatAttachment {
-    g4::ChatMedia kind = g4::ChatMedia::Image;
+    ChatKind kind = ChatKind::Image;
     std::string path;
     g4::media::ImageRGB8 image;
     g4::media::AudioPcm audio;
@@ -55,7 +59,7 @@ struct Chat {
 
     // Decodes a file for the next message; "" or why it cannot be attached (`what`: "/image", "--audio",
     // ...).
-    std::string attach(g4::ChatMedia kind, const std::string& path, const std::string& what);
+    std::string attach(ChatKind kind, const std::string& path, const std::string& what);
 
     void restart();
 

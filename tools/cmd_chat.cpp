@@ -213,8 +213,8 @@ std::string attach_video(Chat& chat, std::string arg, const std::string& what, b
             arg = arg.substr(1, arg.size() - 2);
     }
     std::string err = arg.empty() ? what + " needs a file: " + what + " clip.mp4 [--audio]"
-                                  : chat.attach(g4::ChatMedia::Video, arg, what);
-    if (err.empty() && sound && !(err = chat.attach(g4::ChatMedia::Audio, arg, what + " --audio")).empty())
+                                  : chat.attach(ChatKind::Video, arg, what);
+    if (err.empty() && sound && !(err = chat.attach(ChatKind::Audio, arg, what + " --audio")).empty())
         chat.pending.pop_back(); // not the video without the sound asked for
     if (!err.empty()) return err;
     const g4::media::VideoFrames& v = chat.pending[chat.pending.size() - (sound ? 2 : 1)].video;
@@ -265,9 +265,8 @@ bool run_command(Chat& chat, const std::string& line) {
         return true;
     }
     const std::string what = img ? "/image" : "/audio", path = img ? *img : *aud;
-    std::string err = path.empty()
-                          ? what + " needs a file: " + what + (img ? " photo.png" : " clip.wav")
-                          : chat.attach(img ? g4::ChatMedia::Image : g4::ChatMedia::Audio, path, what);
+    std::string err = path.empty() ? what + " needs a file: " + what + (img ? " photo.png" : " clip.wav")
+                                   : chat.attach(img ? ChatKind::Image : ChatKind::Audio, path, what);
     if (!err.empty()) {
         std::fprintf(stderr, "g4 chat: error: %s\n", err.c_str());
     } else if (img) {
@@ -333,8 +332,7 @@ int cmd_chat(int argc, char** argv) {
     check(g4_engine_get_media_info(e.e, &chat.mi));
     chat.video_limits = media_limits(a, &chat.mi);
     if (a.has("--system")) chat.turns.push_back({"system", a.get("--system"), {}});
-    for (auto [opt, kind] :
-         {std::pair{"--image", g4::ChatMedia::Image}, std::pair{"--audio", g4::ChatMedia::Audio}})
+    for (auto [opt, kind] : {std::pair{"--image", ChatKind::Image}, std::pair{"--audio", ChatKind::Audio}})
         if (a.multi.count(opt))
             for (const auto& f : a.multi.at(opt))
                 if (std::string err = chat.attach(kind, f, opt); !err.empty()) throw RunError(err);

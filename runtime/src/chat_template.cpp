@@ -98,11 +98,11 @@ bool render_chat(const std::vector<ChatMessage>& messages, const ChatOptions& op
             const std::string& role = m.role == "assistant" ? std::string("model") : m.role;
             out->append("<|turn>").append(role).append("\n");
             for (size_t k = 0; k < m.media.size(); ++k) {
-                const bool visual = m.media[k] != ChatMedia::Audio; // images and videos: "\n\n" around
-                if (visual) out->append("\n\n");
+                const bool image = m.media[k] == ChatMedia::Image;
+                if (image) out->append("\n\n");
                 if (marks) marks->push_back({out->size(), i, k, m.media[k]});
-                out->append(chat_media_marker(m.media[k]));
-                if (visual) out->append("\n\n");
+                out->append(image ? kChatImageMarker : kChatAudioMarker);
+                if (image) out->append("\n\n");
             }
             if (role == "model")
                 append_model_text(m.content, out);

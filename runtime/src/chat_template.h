@@ -19,17 +19,9 @@
 
 namespace g4 {
 
-enum class ChatMedia { Image, Audio, Video };
+enum class ChatMedia { Image, Audio };
 
-inline constexpr std::string_view kChatImageMarker = "<|image|>", kChatAudioMarker = "<|audio|>",
-                                  kChatVideoMarker = "<|video|>";
-
-// The marker render_chat writes for a kind of media.
-inline constexpr std::string_view chat_media_marker(ChatMedia kind) {
-    return kind == ChatMedia::Image   ? kChatImageMarker
-           : kind == ChatMedia::Audio ? kChatAudioMarker
-                                      : kChatVideoMarker;
-}
+inline constexpr std::string_view kChatImageMarker = "<|image|>", kChatAudioMarker = "<|audio|>";
 
 struct ChatMessage {
     std::string role; // "system", "developer", "user", "assistant"/"model", or any other role name

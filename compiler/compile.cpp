@@ -13,12 +13,14 @@
 #include "compiler/nf4_quant.h"
 #include "compiler/output_file.h"
 #include "compiler/placement.h"
+#include "compiler/programs.h"
 #include "compiler/safetensors.h"
 #include "compiler/sha256.h"
 #include "g4/g4.h"
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/nf4.h"
 #include "models/gemma4/graph.h"
+#include "models/gemma4/vision_graph.h"
 #include "runtime/plan/plan_format.h"
 #include "runtime/src/cuda/driver.h"
 #include "runtime/src/cuda/workspace.h"
@@ -194,10 +196,12 @@ uint64_t plan_activations(Program& p, std::vector<uint64_t>& offset) {
                 first[y] = std::min(first[y], first[xn]);
         }
     }
-    // Inputs and logits live for the whole step (written before / read after the program).
+    // Inputs and logits (the output) live for the whole step (written before / read after the program).
     const int n_ops = (int)p.ops.size();
     if (p.ids >= 0) first[p.ids] = 0, last[p.ids] = n_ops;
     if (p.logits >= 0) last[p.logits] = n_ops;
+    for (int t = 0; t < nt; ++t)
+        if (p.tensors[t].kind == TensorKind::Input && first[t] >= 0) first[t] = 0, last[t] = n_ops;
 
     struct Block {
         uint64_t off, size;
@@ -229,6 +233,25 @@ uint64_t plan_activations(Program& p, std::vector<uint64_t>& offset) {
         arena     = std::max(arena, off + size);
     }
     return arena;
+}
+
+// Each program's activations in its own arena: plan_activations over that program's ops (tensors keep their
+// indices); sets r.arena_bytes. The text program is ranges[0] (its ids and logits live for the whole step).
+void plan_program_activations(const Program& prog, std::vector<ProgramRange>& ranges,
+                              std::vector<uint64_t>& offset) {
+    offset.assign(prog.tensors.size(), 0);
+    for (size_t k = 0; k < ranges.size(); ++k) {
+        ProgramRange& r = ranges[k];
+        Program sub;
+        sub.tensors = prog.tensors;
+        sub.ops.assign(prog.ops.begin() + r.op_begin, prog.ops.begin() + r.op_end);
+        sub.ids    = k == 0 ? prog.ids : -1;
+        sub.logits = k == 0 ? prog.logits : r.outputs.empty() ? -1 : r.outputs[0];
+        std::vector<uint64_t> off;
+        r.arena_bytes = plan_activations(sub, off);
+        for (size_t t = r.tensor_begin; t < r.tensor_end; ++t)
+            offset[t] = off[t];
+    }
 }
 
 // A plan being written (compiler/output_file.h): write failures throw; it replaces its path only on
@@ -302,6 +325,7 @@ struct Inputs {
     // Vision/audio towers compiled into the plan (Mode::Plan only; they run on the CPU): their weights'
     // HF names relative to "model.", META "towers" (less the weights range), host bytes a session adds.
     std::vector<std::string> tower_names;
+    std::vector<EncoderProgram> encoders; // encoder programs after the text program (Mode::Plan only)
     json towers_meta             = json::object();
     uint64_t tower_session_bytes = 0;
 };
@@ -477,6 +501,20 @@ void write_plan(const Inputs& in, PlanFile* out_file, Mode mode, Report* rep) {
             d.role = v.shape.empty() ? WeightRole::TowerScalar : WeightRole::Tower;
             prog.tensors.push_back(std::move(d));
         }
+    // The programs: text (with the tower weights above), then each encoder program's tensors and ops (its
+    // weights are tower weights too: after every text weight in WEIGHTS).
+    std::vector<ProgramRange> programs(1);
+    programs[0].name       = "text";
+    programs[0].device     = in.cuda_index >= 0 && mode == Mode::Plan ? in.cuda_index : -1;
+    programs[0].op_end     = prog.ops.size();
+    programs[0].tensor_end = prog.tensors.size();
+    programs[0].inputs     = {prog.ids};
+    programs[0].outputs    = {prog.logits};
+    programs[0].max_rows   = {opt.max_rows, opt.logits_rows, 0, 0};
+    if (mode == Mode::Plan)
+        for (const EncoderProgram& e : in.encoders)
+            programs.push_back(append_program(prog, e));
+    const size_t n_text_ops = programs[0].op_end;
 
     // Quantization policy: default set = text attention/MLP projections when --weights nf4.
     std::regex qre, kre;
@@ -593,7 +631,8 @@ void write_plan(const Inputs& in, PlanFile* out_file, Mode mode, Report* rep) {
     // Byte sizes and memory plan.
     const bool dq = opt.double_quant;
     std::vector<uint64_t> act_off;
-    uint64_t act_arena = plan_activations(prog, act_off);
+    plan_program_activations(prog, programs, act_off);
+    const uint64_t act_arena = programs[0].arena_bytes;
     uint64_t kv_arena = 0, weights_size = 0;
     std::vector<uint64_t> off(prog.tensors.size(), 0), nbytes(prog.tensors.size(), 0);
     // Cross-device plans: weights and caches are grouped by the devices whose ops touch them, so each
@@ -664,8 +703,8 @@ void write_plan(const Inputs& in, PlanFile* out_file, Mode mode, Report* rep) {
     const size_t host_group            = 1 + gpus.size();
     rep->host_weights                  = wstart[host_group + 1] - wstart[host_group];
     rep->tower_weights                 = wstart[towers_group + 1] - wstart[towers_group];
-    for (size_t t = n_text_tensors; t < prog.tensors.size();
-         ++t) { // vision first, then audio: each contiguous
+    for (size_t t = n_text_tensors; t < prog.tensors.size(); ++t) { // each tower's weights contiguous
+        if (prog.tensors[t].kind != TensorKind::Weight) continue;
         const bool vision = tower_group_name(prog.tensors[t].name) == "vision tower";
         uint64_t& b       = vision ? rep->vision_begin : rep->audio_begin;
         uint64_t& e       = vision ? rep->vision_end : rep->audio_end;
@@ -703,6 +742,8 @@ void write_plan(const Inputs& in, PlanFile* out_file, Mode mode, Report* rep) {
         ops[i]      = prog.ops[i].op;
         ops[i].name = intern(prog.ops[i].name);
     }
+    programs[0].thread_floats = (uint64_t)std::max<int64_t>(32 * max_k, in.max_context + 64);
+    const std::vector<plan::PlanProgram> program_table = program_records(programs, intern);
     // Ahead-of-time kernel choices for CUDA from the real shapes (the runtime keeps no heuristics).
     cuda::choose_variants(ops, tensors, in.max_context, in.opt.prefill_precision);
     std::vector<plan::CudaLaunch> schedule;
@@ -722,8 +763,10 @@ void write_plan(const Inputs& in, PlanFile* out_file, Mode mode, Report* rep) {
         // The ResNorm making a packed-f16 MLP's input in the MLP's kernel where Matcher::mlp_fold takes it
         // and cuda::mlp_fold_one_wave the MLP's grid; --mlp-fold off: never, all: whatever the grid.
         const int fold_mlp = opt.mlp_fold == "all" ? 2 : opt.mlp_fold == "one-wave" ? 1 : 0;
-        schedule = cuda::decode_schedule(ops, tensors, op_dev, fuse, fuse, in.cuda_spec.attn_hpg, mlp_reps,
-                                         opt.mlp_precision == "f16", fold_ple, fold_mlp);
+        const std::vector<plan::PlanOp> text_ops(ops.begin(), ops.begin() + n_text_ops);
+        const std::vector<int> text_dev(op_dev.begin(), op_dev.begin() + std::min(op_dev.size(), n_text_ops));
+        schedule = cuda::decode_schedule(text_ops, tensors, text_dev, fuse, fuse, in.cuda_spec.attn_hpg,
+                                         mlp_reps, opt.mlp_precision == "f16", fold_ple, fold_mlp);
         for (const plan::CudaLaunch& l : schedule) {
             if (l.kind == (uint16_t)plan::LaunchKind::Mlp)
                 tensors[ops[l.ip[3]].in[1]].quant_flags |= plan::kQuantTiled32;
@@ -801,7 +844,7 @@ void write_plan(const Inputs& in, PlanFile* out_file, Mode mode, Report* rep) {
     meta["provenance"] = in.provenance;
     meta["tokenizer"]  = in.tokenizer_meta;
     if (mode == Mode::Plan) meta.update(in.placement_meta);
-    if (mode == Mode::Plan && !in.tower_names.empty()) {
+    if (mode == Mode::Plan && (!in.tower_names.empty() || !in.encoders.empty())) {
         meta["towers"]            = in.towers_meta;
         meta["towers"]["weights"] = {wstart[towers_group], wstart[towers_group + 1]};
         if (meta["towers"].contains("vision"))
@@ -815,12 +858,12 @@ void write_plan(const Inputs& in, PlanFile* out_file, Mode mode, Report* rep) {
     // runtime allocates from), CPU per-thread scratch.
     {
         rep->cuda_workspace =
-            cuda_ws::workspace(ops.data(), ops.size(), tensors.data(), opt.max_rows, in.max_context,
+            cuda_ws::workspace(ops.data(), n_text_ops, tensors.data(), opt.max_rows, in.max_context,
                                hp.vocab_size, true, nullptr, 0, schedule.data(), schedule.size())
                 .device_bytes();
         for (size_t g = 0; g < gpus.size(); ++g) {
             auto& f     = rep->gpus[gpus[g]];
-            f.workspace = cuda_ws::workspace(ops.data(), ops.size(), tensors.data(), opt.max_rows,
+            f.workspace = cuda_ws::workspace(ops.data(), n_text_ops, tensors.data(), opt.max_rows,
                                              in.max_context, hp.vocab_size, g == 0, op_dev.data(), gpus[g],
                                              schedule.data(), schedule.size())
                               .device_bytes();
@@ -866,7 +909,9 @@ void write_plan(const Inputs& in, PlanFile* out_file, Mode mode, Report* rep) {
         {plan::SectionKind::Meta, meta_text.data(), meta_text.size()},
         {plan::SectionKind::Strings, strings.data(), strings.size()},
         {plan::SectionKind::Tensors, tensors.data(), tensors.size() * sizeof(plan::PlanTensor)},
-        {plan::SectionKind::Ops, ops.data(), ops.size() * sizeof(plan::PlanOp)}};
+        {plan::SectionKind::Ops, ops.data(), ops.size() * sizeof(plan::PlanOp)},
+        {plan::SectionKind::Programs, program_table.data(),
+         program_table.size() * sizeof(plan::PlanProgram)}};
     if (!in.tokenizer_json.empty())
         small.push_back({plan::SectionKind::Tokenizer, in.tokenizer_json.data(), in.tokenizer_json.size()});
     if (in.cuda_index >= 0 && mode == Mode::Plan) {
@@ -1072,6 +1117,55 @@ std::vector<float> calibration_logits(const std::string& plan, int vocab, int n_
 }
 
 } // namespace
+
+// The vision encoder program (models/gemma4/vision_graph.h) on the CPU: GEMM matmuls in fp32 or bf16, the
+// per-thread scratch of its kernels. The 0-d ClippableLinear bounds are the Clamp ops' parameters; they stay
+// tensors of the program too (unread by its ops) for the GPU encoder, which reads them by name.
+static EncoderProgram vision_program(const towers::VisionHParams& vh, int max_patches, bool bf16,
+                                     CheckpointLookup& ck) {
+    gemma4::VisionHParams h;
+    h.hidden_size = vh.hidden_size, h.num_hidden_layers = vh.num_hidden_layers;
+    h.num_attention_heads = vh.num_attention_heads, h.num_key_value_heads = vh.num_key_value_heads;
+    h.head_dim = vh.head_dim, h.intermediate_size = vh.intermediate_size, h.patch_size = vh.patch_size;
+    h.pooling_kernel_size = vh.pooling_kernel_size, h.position_embedding_size = vh.position_embedding_size;
+    h.rms_norm_eps = vh.rms_norm_eps, h.rope_theta = vh.rope_theta,
+    h.use_clipped_linears = vh.use_clipped_linears;
+    h.text_hidden_size    = vh.text_hidden_size;
+    gemma4::VisionBuildOptions o;
+    o.max_patches   = max_patches;
+    o.matmul_kernel = bf16 ? 2 : 1;
+    o.scalar        = [&ck](const std::string& name) -> std::optional<float> {
+        const towers::Tensor* t = ck(name);
+        if (!t) return std::nullopt;
+        return towers::tensor_at(*t, 0);
+    };
+    gemma4::VisionProgram v = gemma4::build_vision_program(h, o);
+    std::set<std::string> held;
+    for (const auto& t : v.graph.tensors)
+        held.insert(t.name);
+    for (const auto& n : towers::vision_weight_names(vh))
+        if (!held.count(n)) {
+            TensorDesc d;
+            d.name = n;
+            d.kind = TensorKind::Weight;
+            d.dims = {1};
+            d.role = WeightRole::TowerScalar;
+            v.graph.tensors.push_back(std::move(d));
+        }
+    EncoderProgram e;
+    e.name     = "vision";
+    e.graph    = std::move(v.graph);
+    e.inputs   = {v.pixels, v.positions, v.pool_index};
+    e.outputs  = {v.output};
+    e.max_rows = {v.max_patches, v.max_cells, 0, 0};
+    const int64_t max_k =
+        std::max({(int64_t)3 * vh.patch_size * vh.patch_size, (int64_t)vh.hidden_size,
+                  (int64_t)vh.intermediate_size, (int64_t)vh.num_attention_heads * vh.head_dim});
+    e.thread_floats = std::max({cpu::scratch_floats_per_thread(max_k, 0), cpu::gemm_scratch_floats(),
+                                bf16 ? cpu::gemm_bf16_scratch_floats() : 0,
+                                cpu::self_attention_thread_floats(max_patches)});
+    return e;
+}
 
 void compile_plan(const CompileOptions& opt, std::ostream& log, CompileReport* report) {
     // Options are checked before any heavy work.
@@ -1341,7 +1435,7 @@ void compile_plan(const CompileOptions& opt, std::ostream& log, CompileReport* r
             vision_host_bytes    = vt.gpu_host_scratch_bytes();
             vision_thread_floats = vt.thread_scratch_floats();
             z.vision             = true;
-            z.vision_scratch     = vt.scratch_bytes();
+            z.vision_scratch = vt.gpu_host_scratch_bytes(); // the CPU runs the vision program (its own arena)
             z.resize_scratch =
                 towers::preprocess_reserve_bytes(opt.max_image_pixels, opt.image_tokens, patch, k);
             z.patch_floats    = (int64_t)max_patches * 3 * patch * patch;
@@ -1349,9 +1443,14 @@ void compile_plan(const CompileOptions& opt, std::ostream& log, CompileReport* r
             preprocess_floats = towers::preprocess_thread_floats(opt.image_tokens, patch, k);
             z.thread_floats   = std::max({z.thread_floats, vt.thread_scratch_floats(), preprocess_floats});
             z.max_soft        = std::max(z.max_soft, opt.image_tokens);
-            for (auto& n : towers::vision_weight_names(vh))
-                in.tower_names.push_back(n);
+            in.encoders.push_back(vision_program(vh, max_patches, prec == towers::Precision::BF16, ck));
             in.towers_meta["vision"] = {{"config", json::parse(in.mc.vision_config_json)},
+                                        {"program", "vision"},
+                                        {"patch_size", patch},
+                                        {"pooling_kernel_size", k},
+                                        {"position_size", vh.position_embedding_size},
+                                        {"pixel_mean", 0.5},
+                                        {"pixel_std", 0.5},
                                         {"image_tokens", opt.image_tokens},
                                         {"max_patches", max_patches},
                                         {"max_image_pixels", opt.max_image_pixels},
@@ -1412,7 +1511,7 @@ void compile_plan(const CompileOptions& opt, std::ostream& log, CompileReport* r
                                        {"boa_token_id", in.mc.boa_token_id},
                                        {"eoa_token_id", in.mc.eoa_token_id}};
         }
-        if (!in.tower_names.empty()) {
+        if (!in.tower_names.empty() || !in.encoders.empty()) {
             int64_t queue =
                 opt.max_media_tokens > 0 ? opt.max_media_tokens : std::max<int64_t>(2048, z.max_soft);
             queue = std::min<int64_t>(queue, in.max_context);
@@ -1476,7 +1575,7 @@ void compile_plan(const CompileOptions& opt, std::ostream& log, CompileReport* r
         f.vision_gpu_buffers  = vision_gpu_bytes;
         f.audio_weights       = r.audio_end - r.audio_begin;
         f.audio_gpu_buffers   = audio_gpu_bytes;
-        if (!in.tower_names.empty()) {
+        if (!in.tower_names.empty() || !in.encoders.empty()) {
             f.tower_buffers_vision_gpu = rt::media_block(sizing(true, false)).total();
             f.tower_buffers_audio_gpu  = rt::media_block(sizing(false, true)).total();
             f.tower_buffers_both_gpu   = rt::media_block(sizing(true, true)).total();
@@ -1661,7 +1760,7 @@ void compile_plan(const CompileOptions& opt, std::ostream& log, CompileReport* r
     log << "  ops " << rep.n_ops << ", tensors " << rep.n_tensors
         << "; checkpoint tensors not used by the text decoder: " << rep.ignored_text
         << " (e.g. KV-shared layers' k/v) + " << rep.ignored_other << " (towers left out, if any)\n";
-    if (!in.tower_names.empty()) {
+    if (!in.tower_names.empty() || !in.encoders.empty()) {
         const bool has_v = in.towers_meta.contains("vision"), has_a = in.towers_meta.contains("audio");
         const bool vgpu = has_v && in.towers_meta["vision"].contains("device");
         const bool agpu = has_a && in.towers_meta["audio"].contains("device");

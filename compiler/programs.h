@@ -13,9 +13,9 @@ namespace g4 {
 
 // An encoder program as a model's graph builder emits it: tensor indices local to `graph`.
 struct EncoderProgram {
-    std::string name;       // "vision", ...
-    int device = -1;        // -1 the CPU, else a CUDA device index
-    gemma4::Program graph;  // its tensors (weights, constants, inputs, activations) and ops
+    std::string name;      // "vision", ...
+    int device = -1;       // -1 the CPU, else a CUDA device index
+    gemma4::Program graph; // its tensors (weights, constants, inputs, activations) and ops
     std::vector<int> inputs, outputs;
     std::array<int32_t, plan::kMaxRowCounts> max_rows{};
     uint64_t thread_floats = 0; // per-thread scratch its CPU kernels need

@@ -82,9 +82,9 @@ size_t self_attention_thread_floats(int64_t max_rows) {
 // past rows) followed by its V [rows, D], so that both GEMMs read their right operand contiguously.
 void self_attention(const Context& c, const SelfAttentionArgs& a) {
     const int n = a.rows, D = a.dim, group = a.heads / a.kv_heads;
-    constexpr int P    = kGemmNr;
-    const int64_t np   = pad_keys(n), head_floats = np * D + (int64_t)n * D, panels = np / P;
-    float* kv          = a.work;
+    constexpr int P  = kGemmNr;
+    const int64_t np = pad_keys(n), head_floats = np * D + (int64_t)n * D, panels = np / P;
+    float* kv = a.work;
     c.pool->parallel_for((int64_t)a.kv_heads * panels, [&](int64_t task, int) {
         const int h = (int)(task / panels), j0 = (int)(task % panels) * P;
         float* kt = kv + h * head_floats + (int64_t)j0 * D; // [D][P]
@@ -93,7 +93,9 @@ void self_attention(const Context& c, const SelfAttentionArgs& a) {
             const float* ks = a.k + (int64_t)j * a.ldk + (int64_t)h * D;
             for (int d = 0; d < D; ++d)
                 kt[d * P + (j - j0)] = j < n ? ks[d] : 0.0f;
-            if (j < n) std::memcpy(vp + (int64_t)j * D, a.v + (int64_t)j * a.ldv + (int64_t)h * D, sizeof(float) * D);
+            if (j < n)
+                std::memcpy(vp + (int64_t)j * D, a.v + (int64_t)j * a.ldv + (int64_t)h * D,
+                            sizeof(float) * D);
         }
     });
     const int blocks = (n + kSelfAttentionRows - 1) / kSelfAttentionRows;

@@ -36,8 +36,8 @@ void rope_2d(const Rope2DArgs& a) {
                     const float ang = pos * a.inv_freq[m]; // fp32 product, as torch computes it
                     const double c = std::cos((double)ang), s = std::sin((double)ang);
                     const double x0 = x[m], x1 = x[m + quarter];
-                    x[m]            = (float)(x0 * c - x1 * s);
-                    x[m + quarter]  = (float)(x1 * c + x0 * s);
+                    x[m]           = (float)(x0 * c - x1 * s);
+                    x[m + quarter] = (float)(x1 * c + x0 * s);
                 }
             }
         }
@@ -48,7 +48,7 @@ void self_attention(const SelfAttentionArgs& a) {
     std::vector<double> p(a.rows);
     for (int t = 0; t < a.rows; ++t)
         for (int h = 0; h < a.heads; ++h) {
-            const float* q = a.q + t * a.ldq + (int64_t)h * a.dim;
+            const float* q   = a.q + t * a.ldq + (int64_t)h * a.dim;
             const int64_t kc = (int64_t)(h / group) * a.dim;
             double mx        = -INFINITY;
             for (int j = 0; j < a.rows; ++j) {

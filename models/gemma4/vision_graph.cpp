@@ -66,7 +66,8 @@ public:
         op.ip[0]   = (int32_t)cols(x);
         op.fp[0] = lo, op.fp[1] = hi;
     }
-    int matmul(int x, int w, const std::string& name, int layer, int64_t rows, int32_t row_count = kPatchRows) {
+    int matmul(int x, int w, const std::string& name, int layer, int64_t rows,
+               int32_t row_count = kPatchRows) {
         const int y = act(layer < 0 ? name : name + "-" + std::to_string(layer), rows, p.tensors[w].dims[0]);
         emit(OpCode::Matmul, name, layer, {x, w}, {y}, row_count).ip[4] = o.matmul_kernel;
         return y;
@@ -92,7 +93,8 @@ public:
         if (std::isfinite(b[2]) || std::isfinite(b[3])) clamp(y, y, b[2], b[3], name + "_clamp_out", layer);
         return y;
     }
-    void rms_norm(int x, int w, int y, int dim, const std::string& name, int layer, int32_t rows = kPatchRows) {
+    void rms_norm(int x, int w, int y, int dim, const std::string& name, int layer,
+                  int32_t rows = kPatchRows) {
         PlanOp& op = emit(OpCode::RmsNorm, name, layer, {x, w}, {y}, rows);
         op.ip[0]   = (int32_t)cols(x);
         op.ip[1]   = dim;
@@ -117,9 +119,9 @@ VisionProgram build_vision_program(const VisionHParams& hp, const VisionBuildOpt
                   I = hp.intermediate_size, qw = heads * D, kvw = kvh * D,
                   pin = 3LL * hp.patch_size * hp.patch_size;
     v.max_patches = (int)n, v.max_cells = (int)cells;
-    v.pixels      = b.tensor("v.pixels", TensorKind::Input, DType::F32, {n, pin});
-    v.positions   = b.tensor("v.positions", TensorKind::Input, DType::I32, {n, 2});
-    v.pool_index  = b.tensor("v.pool_index", TensorKind::Input, DType::I32, {cells, (int64_t)k * k});
+    v.pixels     = b.tensor("v.pixels", TensorKind::Input, DType::F32, {n, pin});
+    v.positions  = b.tensor("v.positions", TensorKind::Input, DType::I32, {n, 2});
+    v.pool_index = b.tensor("v.pool_index", TensorKind::Input, DType::I32, {cells, (int64_t)k * k});
 
     // Patch embedder: input_proj(2 * (p - 0.5)) + (table[0][x] + table[1][y]); the front end normalises.
     const int z = b.matmul(v.pixels, b.weight("vision_tower.patch_embedder.input_proj.weight", {H, pin}),
@@ -128,19 +130,20 @@ VisionProgram build_vision_program(const VisionHParams& hp, const VisionBuildOpt
         b.weight("vision_tower.patch_embedder.position_embedding_table", {2, hp.position_embedding_size, H});
     b.emit(OpCode::AddPosition2D, "v.pos_embd", -1, {z, table, v.positions}, {z}).ip[0] = (int32_t)H;
 
-    // 2-D RoPE (HF Gemma4VisionRotaryEmbedding): head_dim/2 channels per axis, rotate-half pairs (m, m + D/4),
-    // inv_freq[m] = 1 / theta^(2m / (D/2)) in float32.
+    // 2-D RoPE (HF Gemma4VisionRotaryEmbedding): head_dim/2 channels per axis, rotate-half pairs (m, m +
+    // D/4), inv_freq[m] = 1 / theta^(2m / (D/2)) in float32.
     std::vector<float> inv(D / 4);
     for (int m = 0; m < D / 4; ++m)
         inv[m] = 1.0f / std::pow(hp.rope_theta, (float)(2 * m) / (float)(D / 2));
-    const int inv_freq = b.tensor("vision_tower.rope_inv_freq", TensorKind::Weight, DType::F32, {D / 4}, WeightRole::Constant);
+    const int inv_freq =
+        b.tensor("vision_tower.rope_inv_freq", TensorKind::Weight, DType::F32, {D / 4}, WeightRole::Constant);
     v.graph.tensors[inv_freq].constant = inv;
-    const int work = b.act("v.attn_work", 1, self_attention_work_floats(n, kvh, D));
+    const int work                     = b.act("v.attn_work", 1, self_attention_work_floats(n, kvh, D));
 
     for (int l = 0; l < hp.num_hidden_layers; ++l) {
         const std::string pre = "vision_tower.encoder.layers." + std::to_string(l) + ".";
         const std::string L   = std::to_string(l);
-        auto norm_w           = [&](const char* nm, int64_t dim) { return b.weight(pre + nm + ".weight", {dim}); };
+        auto norm_w = [&](const char* nm, int64_t dim) { return b.weight(pre + nm + ".weight", {dim}); };
         // Attention block.
         const int a = b.act("v.attn_norm-" + L, n, H);
         b.rms_norm(z, norm_w("input_layernorm", H), a, (int)H, "v.attn_norm", l);
@@ -150,7 +153,8 @@ VisionProgram build_vision_program(const VisionHParams& hp, const VisionBuildOpt
         b.rms_norm(q, norm_w("self_attn.q_norm", D), q, (int)D, "v.attn_q_norm", l);
         b.rms_norm(kk, norm_w("self_attn.k_norm", D), kk, (int)D, "v.attn_k_norm", l);
         b.rms_norm(vv, -1, vv, (int)D, "v.attn_v_norm", l);
-        for (auto [x, nh, nm] : {std::tuple{q, heads, "v.attn_q_rope"}, std::tuple{kk, kvh, "v.attn_k_rope"}}) {
+        for (auto [x, nh, nm] :
+             {std::tuple{q, heads, "v.attn_q_rope"}, std::tuple{kk, kvh, "v.attn_k_rope"}}) {
             PlanOp& op = b.emit(OpCode::Rope2D, nm, l, {x, inv_freq, v.positions}, {x});
             op.ip[0] = nh, op.ip[1] = (int32_t)D;
         }

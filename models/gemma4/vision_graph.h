@@ -20,8 +20,8 @@ struct VisionHParams { // config.json "vision_config" (+ the text hidden size)
 };
 
 struct VisionBuildOptions {
-    int max_patches = 0;      // patches of the largest image (a multiple of pooling_kernel_size^2)
-    int matmul_kernel = 1;    // PlanOp ip4 of every matmul: the CPU kernel (1 fp32 GEMM, 2 bf16 GEMM)
+    int max_patches   = 0; // patches of the largest image (a multiple of pooling_kernel_size^2)
+    int matmul_kernel = 1; // PlanOp ip4 of every matmul: the CPU kernel (1 fp32 GEMM, 2 bf16 GEMM)
     // A 0-d checkpoint tensor's value (ClippableLinear bounds), nullopt when absent.
     std::function<std::optional<float>(const std::string&)> scalar;
 };

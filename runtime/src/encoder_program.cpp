@@ -19,13 +19,15 @@ g4_status encoder_bind(g4_session* s, const char* name, EncoderRun* r, std::stri
     const int k         = p.find_program(name);
     if (k <= 0) return G4_OK;
     if (p.program(k).device != -1) {
-        *err = std::string("the plan's program '") + name + "' runs on a GPU; this runtime runs it on the CPU only";
+        *err = std::string("the plan's program '") + name +
+               "' runs on a GPU; this runtime runs it on the CPU only";
         return G4_ERR_UNSUPPORTED;
     }
     const uint64_t bytes = (std::max<uint64_t>(p.program(k).arena_bytes, 64) + 63) / 64 * 64;
     r->arena             = (uint8_t*)std::aligned_alloc(64, bytes);
     if (!r->arena) {
-        *err = "cannot allocate " + std::to_string(bytes) + " bytes for the activations of program '" + name + "'";
+        *err = "cannot allocate " + std::to_string(bytes) + " bytes for the activations of program '" + name +
+               "'";
         return G4_ERR_OUT_OF_MEMORY;
     }
     std::memset(r->arena, 0, bytes);

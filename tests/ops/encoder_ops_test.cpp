@@ -92,8 +92,20 @@ TEST_P(SelfAttentionTest, MatchesReference) {
     std::vector<float> qkv = randn((size_t)c.rows * ld, 5, 0.5f);
     std::vector<float> y_ref((size_t)c.rows * qw), y(y_ref.size(), -7.0f);
     std::vector<float> work(self_attention_work_floats(c.rows, c.kv_heads, c.dim));
-    SelfAttentionArgs a{qkv.data(), ld, qkv.data() + qw, ld, qkv.data() + qw + kvw, ld, y_ref.data(), qw,
-                        c.rows, c.heads, c.kv_heads, c.dim, c.scale, nullptr};
+    SelfAttentionArgs a{qkv.data(),
+                        ld,
+                        qkv.data() + qw,
+                        ld,
+                        qkv.data() + qw + kvw,
+                        ld,
+                        y_ref.data(),
+                        qw,
+                        c.rows,
+                        c.heads,
+                        c.kv_heads,
+                        c.dim,
+                        c.scale,
+                        nullptr};
     ref::self_attention(a);
     a.y = y.data(), a.work = work.data();
     cpu::self_attention(f.ctx, a);

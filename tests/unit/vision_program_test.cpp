@@ -1,7 +1,7 @@
 // The plan's "vision" encoder program (models/gemma4/vision_graph.cpp, replayed by the CPU executor) against
 // Hugging Face float32 get_image_features() on the tiny e2b checkpoint (tools/make_vision_fixtures.py,
-// tests/fixtures/towers/vision/), with fp32 and bf16 matmuls; also the programs table it lives in, thread-count
-// and padding invariance and the grid checks of the front end.
+// tests/fixtures/towers/vision/), with fp32 and bf16 matmuls; also the programs table it lives in,
+// thread-count and padding invariance and the grid checks of the front end.
 #include "g4/g4.h"
 #include "runtime/src/engine.h"
 #include "runtime/src/towers/media.h"
@@ -56,10 +56,10 @@ Image load_image(const nlohmann::json& e) {
 class VisionProgram : public ::testing::Test {
 protected:
     static void compile(const std::string& plan, const std::string& extra) {
-        const int tokens = meta()["max_patches"].get<int>() / 9;
-        g4test::CmdResult r =
-            g4test::run_g4("compile --model '" + fixture("e2b_tiny") + "' --weights f32 --no-audio --no-fidelity " +
-                           "--image-tokens " + std::to_string(tokens) + extra + " -o '" + plan + "'");
+        const int tokens    = meta()["max_patches"].get<int>() / 9;
+        g4test::CmdResult r = g4test::run_g4("compile --model '" + fixture("e2b_tiny") +
+                                             "' --weights f32 --no-audio --no-fidelity " + "--image-tokens " +
+                                             std::to_string(tokens) + extra + " -o '" + plan + "'");
         ASSERT_EQ(r.exit_code, 0) << r.err;
     }
     static void SetUpTestSuite() {
@@ -80,7 +80,8 @@ protected:
         return s;
     }
     // The program over one image's patches: its soft tokens, or "" and the error.
-    static std::string run(g4_session* s, const float* px, const int32_t* pos, int n, std::vector<float>* out) {
+    static std::string run(g4_session* s, const float* px, const int32_t* pos, int n,
+                           std::vector<float>* out) {
         int32_t n_soft = 0;
         std::string err;
         if (rt::media_vision_patches(s, px, pos, n, &n_soft, &err) != G4_OK) return err.empty() ? "?" : err;
@@ -121,8 +122,8 @@ TEST_F(VisionProgram, MatchesHuggingFaceFloat32) {
         ASSERT_EQ(run(s, im.pixels.data(), im.pos.data(), im.n, &out), "");
         ASSERT_EQ(out.size(), im.out.size());
         const double err = rel_l2(out.data(), im.out.data(), out.size());
-        std::printf("  %s (%d patches, %d soft tokens): rel L2 vs HF = %.3g\n", im.name.c_str(), im.n, im.n_soft,
-                    err);
+        std::printf("  %s (%d patches, %d soft tokens): rel L2 vs HF = %.3g\n", im.name.c_str(), im.n,
+                    im.n_soft, err);
         EXPECT_LT(err, 2e-6) << im.name;
     }
     g4_session_destroy(s);
@@ -146,7 +147,7 @@ TEST_F(VisionProgram, PaddingIsInvisibleAndBadGridsAreRefused) {
     ASSERT_EQ(run(s, im.pixels.data(), im.pos.data(), im.n, &a), "");
     const int max = meta()["max_patches"].get<int>();
     if (im.n < max) { // HF padding rows (-1, -1) after the real ones change nothing
-        std::vector<float> px = im.pixels;
+        std::vector<float> px    = im.pixels;
         std::vector<int32_t> pos = im.pos;
         px.resize((size_t)(im.n + 1) * 768, 0.25f);
         pos.push_back(-1), pos.push_back(-1);
@@ -166,7 +167,7 @@ TEST_F(VisionProgram, Bf16MatmulsStayCloseToHuggingFaceFloat32) {
     compile(plan, " --tower-precision bf16");
     g4_engine* e = nullptr;
     ASSERT_EQ(g4_engine_open(plan.c_str(), nullptr, &e), G4_OK) << g4_last_error_message();
-    const plan::Plan& p = e->plan;
+    const plan::Plan& p        = e->plan;
     const plan::PlanProgram& g = p.program(p.find_program("vision"));
     for (uint32_t i = g.op_begin; i < g.op_end; ++i)
         if (p.op(i).code == (uint16_t)OpCode::Matmul) {

@@ -2,7 +2,7 @@
 // CPU (AudioTower::features), then the CPU tower's operations in the CPU tower's order
 // (runtime/src/towers/audio.cpp) with bf16 tensor-core matmuls and fp32 accumulation (the prefill GEMM), and
 // fp32 SSCP convs, norms, clamps, attention, light conv and residual stream (kernels g4_at_* in
-// kernels/cuda/kernels.cu). Weights are the plan's, uploaded once at engine open.
+// kernels/cuda/towers_legacy.cu). Weights are the plan's, uploaded once at engine open.
 #include "runtime/src/cuda/backend.h"
 #include "runtime/src/cuda/state.h"
 #include "runtime/src/engine.h"
@@ -27,7 +27,7 @@ int dt_of(const towers::Tensor* t) {
 g4_status audio_forward(g4_session* s, const towers::AudioTower& at, const cpu::Context& ctx,
                         const float* pcm, int64_t n_samples, float* host_features, float* out, int* n_soft,
                         std::string* err) {
-    SessionState* st    = s->cuda.get();
+    SessionState* st    = session_of(s);
     const Driver* d     = st->e->d;
     Lane& ln            = st->lanes[0];
     const Kernels& K    = ln.g->k;

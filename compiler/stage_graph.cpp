@@ -51,6 +51,21 @@ void build_graph(const Inputs& in, BuiltPlan& b, Report* rep) {
             d.role = v.shape.empty() ? WeightRole::TowerScalar : WeightRole::Tower;
             prog.tensors.push_back(std::move(d));
         }
+    // The programs: text (with the tower weights above), then each encoder program's tensors and ops (its
+    // weights are tower weights too: after every text weight in WEIGHTS).
+    b.programs.assign(1, ProgramRange{});
+    ProgramRange& text = b.programs[0];
+    text.name          = "text";
+    text.device        = in.cuda_index >= 0 && mode == Mode::Plan ? in.cuda_index : -1;
+    text.op_end        = prog.ops.size();
+    text.tensor_end    = prog.tensors.size();
+    text.inputs        = {prog.ids};
+    text.outputs       = {prog.logits};
+    text.max_rows      = {opt.max_rows, opt.logits_rows, 0, 0};
+    if (mode == Mode::Plan)
+        for (const EncoderProgram& e : in.encoders)
+            b.programs.push_back(append_program(prog, e));
+    b.n_text_ops = b.programs[0].op_end;
 }
 
 } // namespace g4::stage

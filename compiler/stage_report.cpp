@@ -140,7 +140,7 @@ void print_report(std::ostream& log, const Inputs& in, const placement::Decision
     log << "  ops " << rep.n_ops << ", tensors " << rep.n_tensors
         << "; checkpoint tensors not used by the text decoder: " << rep.ignored_text
         << " (e.g. KV-shared layers' k/v) + " << rep.ignored_other << " (towers left out, if any)\n";
-    if (!in.tower_names.empty()) {
+    if (!in.tower_names.empty() || !in.encoders.empty()) {
         const bool has_v = in.towers_meta.contains("vision"), has_a = in.towers_meta.contains("audio");
         const bool vgpu = has_v && in.towers_meta["vision"].contains("device");
         const bool agpu = has_a && in.towers_meta["audio"].contains("device");

@@ -27,7 +27,7 @@ namespace g4::plan {
 
 inline constexpr char kMagic[8]         = {'G', '4', 'P', 'L', 'A', 'N', 0, 0};
 inline constexpr uint16_t kFormatMajor  = 1;
-inline constexpr uint16_t kFormatMinor  = 1;
+inline constexpr uint16_t kFormatMinor  = 2; // 1.2: PROGRAMS
 inline constexpr uint64_t kSectionAlign = 4096;
 inline constexpr uint64_t kTensorAlign  = 64; // what the reader requires of every tensor's offset
 // What the compiler gives each weight (in WEIGHTS; a GPU's copy keeps offsets modulo it, cuda/backend.cpp).
@@ -46,7 +46,8 @@ enum class SectionKind : uint32_t {
     Tokenizer    = 6,
     Cubin        = 7,
     Ptx          = 8,
-    CudaSchedule = 9
+    CudaSchedule = 9,
+    Programs     = 10, // PlanProgram records (format >= 1.2; absent: one program "text", every op and tensor)
 };
 
 struct PlanHeader {
@@ -125,6 +126,30 @@ struct PlanOp {
 static_assert(sizeof(PlanOp) == 104);
 
 inline constexpr uint16_t kNoLayer = 0xFFFF;
+
+// ---- Programs (section PROGRAMS, format >= 1.2) ----------------------------------------------------------
+// A plan holds several op programs: "text" (the decoder, stepped by the runtime; always first) and one per
+// media encoder, run once per input by name. Program i owns ops [op_begin, op_end) and tensors [tensor_begin,
+// tensor_end), both contiguous and disjoint between programs, in order. Its activations and inputs have
+// offsets in its own activation arena of arena_bytes on its device (the text program's arena is META
+// program.act_arena_bytes). A run of a non-text program passes up to kMaxRowCounts row counts; an op with
+// row_mode kRowCountBase + k runs over row count k (inputs and outputs; an op reading rows of another count
+// names that count in its parameters), and every count is at most max_rows[k].
+inline constexpr int kMaxRowCounts     = 4;
+inline constexpr int32_t kRowCountBase = 16;
+struct PlanProgram {
+    uint32_t name;  // offset into STRINGS: "text", "vision", ...
+    int32_t device; // -1 the CPU, else a CUDA device index
+    uint32_t op_begin, op_end;
+    uint32_t tensor_begin, tensor_end;
+    uint64_t arena_bytes;
+    int32_t inputs[4];               // Input tensors the caller fills before a run (-1 = none), in its rows
+    int32_t outputs[2];              // Activation tensors the caller reads after a run (-1 = none)
+    int32_t max_rows[kMaxRowCounts]; // bound of each row count (0: unused)
+    uint64_t thread_floats;          // per-thread scratch its CPU kernels need (floats)
+    uint64_t reserved;
+};
+static_assert(sizeof(PlanProgram) == 88);
 
 // CUDA kernel variants chosen by the compiler for a matmul (PlanOp.ip[5] for decode steps of one
 // row, ip[6] for prefill chunks); CPU plans ignore them.
@@ -245,7 +270,13 @@ inline uint64_t schema_hash() {
         "rowmode:all0,tailin1,outrows2;argmax(logits,vocab,ws,step,ids,host_tok,limit);"
         "kargs:group_norm_add9,resnorm14(..,zero),resnorm_rep16(..,zero,rep,nrep),"
         "mlp376(..,yr,nrep,zero,rx,rd,rpw,rprew,xo,rpwdt,rprewdt,eps),mlp_rep,mlp_h2,mlp_z,mlp_r,resnorm_z2,"
-        "gated_proj104(..,rx,rd,rpw,xo,rpwdt,eps),resnorm_gated_proj";
+        "gated_proj104(..,rx,rd,rpw,xo,rpwdt,eps),resnorm_gated_proj;"
+        // 1.2: the programs table and the encoder-program ops
+        "programs10(rec88;text0;rowcount16+k;matmul.ip4:cpu_gemm),clamp12(fp0:lo,fp1:hi),add_position_2d13("
+        "in:"
+        "x,table,pos),rope_2d14(in:x,inv_freq,pos;ip0:heads,ip1:dim),self_attention15(in:q,k,v;out:y,work;"
+        "ip0:"
+        "heads,ip1:kv_heads,ip2:dim;fp0:scale),pool_rows16(in:x,index;ip0:cols,ip1:taps,ip2:src_count;fp0:w)";
     return fnv1a64(kSchema, sizeof(kSchema) - 1);
 }
 
@@ -258,7 +289,9 @@ struct ReadableSchema {
     uint16_t minor;
     uint64_t hash;
 };
-inline constexpr std::array<ReadableSchema, 0> kReadableSchemas{}; // none yet
+inline constexpr std::array<ReadableSchema, 1> kReadableSchemas{{
+    {1, 0xe43b8582d95ce1bfull}, // 1.1: before the programs table (one program "text")
+}};
 
 // True if a plan of minor version `minor` (<= kFormatMinor) with schema hash `hash` can be read.
 inline bool schema_readable(uint64_t hash, uint16_t minor) {

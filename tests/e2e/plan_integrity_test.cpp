@@ -207,7 +207,7 @@ TEST_F(PlanIntegrity, FormatOnePointZeroPlansStillLoad) {
     std::string b = read_file(plan_);
     g4::plan::PlanHeader h;
     std::memcpy(&h, b.data(), sizeof h);
-    EXPECT_EQ(h.format_minor, 1);
+    EXPECT_EQ(h.format_minor, g4::plan::kFormatMinor);
     h.format_minor    = 0;
     h.reserved0       = 0;
     h.header_checksum = 0;
@@ -236,10 +236,10 @@ TEST_F(PlanIntegrity, NewerMinorsAndUnknownSchemasAreRefused) {
         write_file(dir_->file(name), c);
         return dir_->file(name);
     };
-    const std::string newer = patched("v12.g4plan", [](g4::plan::PlanHeader& h) { h.format_minor = 2; });
+    const std::string newer = patched("v13.g4plan", [](g4::plan::PlanHeader& h) { h.format_minor = 3; });
     CmdResult r             = run_g4("run '" + newer + "' --tokens 2,17 -n 1");
     EXPECT_EQ(r.exit_code, 1);
-    EXPECT_NE(r.err.find("plan format 1.2 is newer than this runtime reads (1.0 to 1.1); update g4"),
+    EXPECT_NE(r.err.find("plan format 1.3 is newer than this runtime reads (1.0 to 1.2); update g4"),
               std::string::npos)
         << r.err;
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;

@@ -3,6 +3,7 @@
 #include "compiler/cuda_compile.h"
 #include "compiler/sha256.h"
 #include "compiler/stages.h"
+#include "models/gemma4/chat.h"
 #include "runtime/src/cuda/driver.h"
 #include "runtime/src/json_limits.h"
 #include "runtime/src/tokenizer.h"
@@ -185,6 +186,7 @@ void resolve_context(Inputs& in) {
 // Tokenizer and chat template travel inside the plan, so a plan file is self-contained.
 void load_tokenizer(Inputs& in) {
     const CompileOptions& opt = in.opt;
+    in.chat_meta              = gemma4::chat_template().to_json();
     std::string tok_path =
         !opt.tokenizer_path.empty() ? opt.tokenizer_path : opt.model_dir + "/tokenizer.json";
     if (!opt.tokenizer_path.empty() && !fs::exists(tok_path))

@@ -206,6 +206,7 @@ std::string plan_meta(const Inputs& in, const BuiltPlan& b, const Report& rep) {
                           {"repetition_penalty", g.repetition_penalty}};
     meta["provenance"] = in.provenance;
     meta["tokenizer"]  = in.tokenizer_meta;
+    meta["chat"]       = in.chat_meta;
     if (mode == Mode::Plan) meta.update(in.placement_meta);
     if (mode == Mode::Plan && (!in.tower_names.empty() || !in.encoders.empty())) {
         meta["towers"]            = in.towers_meta;

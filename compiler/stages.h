@@ -78,8 +78,9 @@ struct Inputs {
     json provenance   = json::object();
     std::string tokenizer_json; // embedded verbatim as the TOKENIZER section ("" = none)
     json tokenizer_meta = json::object();
-    std::string kv_dtype_name; // "bf16" | "f32"
-    int cuda_index = -1;       // CUDA plans: device index, target and kernels
+    json chat_meta      = json::object(); // META "chat": the model's chat template pieces
+    std::string kv_dtype_name;            // "bf16" | "f32"
+    int cuda_index = -1;                  // CUDA plans: device index, target and kernels
     std::string cuda_target;
     cuda::KernelSpec cuda_spec; // the model constants the kernels are compiled for
     std::vector<char> cubin;

@@ -95,7 +95,10 @@ Chat::Prompt Chat::render() const {
     }
     std::string text, err;
     std::vector<g4::ChatMediaMark> marks;
-    if (!g4::render_chat(msgs, g4::ChatOptions{}, &text, &err, &marks)) throw RunError(err);
+    g4::ChatTemplate tpl;
+    if (!g4::engine_chat_template(e, &tpl, &err) ||
+        !g4::render_chat(tpl, msgs, g4::ChatOptions{}, &text, &err, &marks))
+        throw RunError(err);
     Prompt p;
     size_t at     = 0;
     auto add_text = [&](size_t end) {
@@ -126,7 +129,7 @@ Chat::Prompt Chat::render() const {
             p.ids.push_back(image ? mi.eoi_token_id : mi.eoa_token_id);
         }
         p.blocks.push_back({begin, p.ids.size(), m.message, m.item, std::move(frame_ends)});
-        at = m.offset + (m.kind == g4::ChatMedia::Image ? g4::kChatImageMarker : g4::kChatAudioMarker).size();
+        at = m.offset + m.length;
     }
     add_text(text.size());
     return p;

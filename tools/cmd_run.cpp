@@ -157,7 +157,10 @@ void feed_prompt(g4_session* s, const g4_engine_info& info, const std::vector<in
 std::vector<int32_t> text_prompt(const Args& a, g4_engine* e) {
     if (!a.on("--chat")) return tokenize_prompt(e, a.get("-p"), true);
     std::string text, err;
-    if (!g4::render_chat({{"user", a.get("-p"), {}}}, g4::ChatOptions{}, &text, &err)) throw RunError(err);
+    g4::ChatTemplate tpl;
+    if (!g4::engine_chat_template(e, &tpl, &err) ||
+        !g4::render_chat(tpl, {{"user", a.get("-p"), {}}}, g4::ChatOptions{}, &text, &err))
+        throw RunError(err);
     return tokenize_prompt(e, text, false);
 }
 

@@ -4,11 +4,15 @@
 // table of per-op entry points taking the host argument structs of kernels/ops.h; a missing entry means the
 // backend does not run that op here, and the row is skipped for it. Adding an op: a row in kCases, a case in
 // run_case, and an entry per backend. Adding a backend: one more Backend in backends().
+#include "compiler/nf4_quant.h"
 #include "cuda/cuda_test_util.h"
 #include "kernels/cpu/cpu.h"
+#include "kernels/nf4.h"
 #include "kernels/ref/ref.h"
 #include "test_util.h"
 
+#include <algorithm>
+#include <cmath>
 #include <functional>
 #include <gtest/gtest.h>
 #include <string>
@@ -39,6 +43,8 @@ const OpCase kCases[] = {
     {"matmul_down_bf16", OpCode::Matmul, 1, 1536, 6144, 0, DType::BF16},
     {"matmul_prefill_bf16", OpCode::Matmul, 5, 2560, 1024, 0, DType::BF16},
     {"matmul_odd_f32", OpCode::Matmul, 2, 97, 257, 0, DType::F32},
+    {"matmul_q_nf4", OpCode::Matmul, 1, 2048, 1536, 0, DType::NF4},
+    {"matmul_rows3_nf4", OpCode::Matmul, 3, 1536, 6144, 0, DType::NF4},
     {"rmsnorm_hidden_bf16", OpCode::RmsNorm, 3, 2560, 2560, 0, DType::BF16},
     {"rmsnorm_heads_f32", OpCode::RmsNorm, 2, 8 * 256, 256, 0, DType::F32},
     {"rmsnorm_noscale", OpCode::RmsNorm, 1, 512, 512, 0, DType::F32},
@@ -57,6 +63,14 @@ const OpCase kCases[] = {
     {"attention_window_bf16", OpCode::Attention, 4, 4, 512, 90, DType::BF16},
     {"clamp_odd", OpCode::Clamp, 3, 1025, 0, 0},
     {"pool_rows_4", OpCode::PoolRows, 7, 768, 4, 0},
+    {"pool_rows_9_odd", OpCode::PoolRows, 11, 40, 9, 0},
+    {"add_position_2d_bf16", OpCode::AddPosition2D, 50, 768, 16, 0, DType::BF16},
+    {"add_position_2d_f32", OpCode::AddPosition2D, 3, 33, 4, 0, DType::F32},
+    {"rope_2d_h12_d64", OpCode::Rope2D, 40, 12, 64, 0},
+    {"rope_2d_one_row", OpCode::Rope2D, 1, 2, 8, 0},
+    {"self_attention_gqa", OpCode::SelfAttention, 33, 4, 2, 72},
+    {"self_attention_mqa", OpCode::SelfAttention, 100, 6, 1, 64},
+    {"self_attention_one_row", OpCode::SelfAttention, 1, 2, 2, 64},
 };
 
 // Per op and dtype: the largest relative L2 error a backend may show against the reference.
@@ -65,11 +79,18 @@ double tolerance(OpCode op, DType dt) {
     case OpCode::Embed:
     case OpCode::KvStore:
     case OpCode::Add:
-    case OpCode::Clamp: return 0.0; // a copy, a rounding or one add per element: bit for bit
+    case OpCode::Clamp:
+        return 0.0; // a copy, a rounding or one add per element: bit for bit
     case OpCode::Scale:
     case OpCode::GeluMul:
-    case OpCode::Softcap: return 1e-6;
-    default: return dt == DType::NF4 ? 1e-4 : 1e-5;
+    case OpCode::Softcap:
+    case OpCode::AddPosition2D:
+    case OpCode::PoolRows:
+        return 1e-6;
+    case OpCode::SelfAttention:
+        return 2e-6;
+    default:
+        return dt == DType::NF4 ? 1e-4 : 1e-5;
     }
 }
 
@@ -87,6 +108,9 @@ struct Backend {
     std::function<void(const AttentionArgs&)> attention;
     std::function<void(const ClampArgs&)> clamp;
     std::function<void(const PoolRowsArgs&)> pool_rows;
+    std::function<void(const AddPosition2DArgs&)> add_position_2d;
+    std::function<void(const Rope2DArgs&)> rope_2d;
+    std::function<void(const SelfAttentionArgs&)> self_attention;
 };
 
 Backend reference() {
@@ -95,31 +119,43 @@ Backend reference() {
     b.unavailable = [] { return std::string(); };
     b.embed = ref::embed, b.matmul = ref::matmul, b.rms_norm = ref::rms_norm, b.add = ref::add;
     b.gelu_mul = ref::gelu_mul, b.scale = ref::scale, b.softcap = ref::softcap, b.rope = ref::rope;
-    b.kv_store = ref::kv_store, b.attention = ref::attention, b.clamp = ref::clamp, b.pool_rows = ref::pool_rows;
+    b.kv_store = ref::kv_store, b.attention = ref::attention, b.clamp = ref::clamp,
+    b.pool_rows       = ref::pool_rows;
+    b.add_position_2d = ref::add_position_2d, b.rope_2d = ref::rope_2d,
+    b.self_attention = ref::self_attention;
     return b;
 }
 
 // The Eigen CPU kernels on two threads, scratch sized for the largest row of the table.
 Backend cpu_backend() {
     static cpu::ThreadPool pool{2};
-    static const size_t stride = cpu::scratch_floats_per_thread(16384, 4096);
+    static const size_t stride =
+        std::max(cpu::scratch_floats_per_thread(16384, 4096), cpu::self_attention_thread_floats(1024));
     static std::vector<float> scratch(stride * pool.size());
     static const cpu::Context c{&pool, scratch.data(), stride};
     Backend b;
-    b.name        = "cpu";
-    b.unavailable = [] { return std::string(); };
-    b.embed     = [](const EmbedArgs& a) { cpu::embed(c, a); };
-    b.matmul    = [](const MatmulArgs& a) { cpu::matmul(c, a); };
-    b.rms_norm  = [](const RmsNormArgs& a) { cpu::rms_norm(c, a); };
-    b.add       = [](const BinaryArgs& a) { cpu::add(c, a); };
-    b.gelu_mul  = [](const BinaryArgs& a) { cpu::gelu_mul(c, a); };
-    b.scale     = [](const ScaleArgs& a) { cpu::scale(c, a); };
-    b.softcap   = [](const ScaleArgs& a) { cpu::softcap(c, a); };
-    b.rope      = [](const RopeArgs& a) { cpu::rope(c, a); };
-    b.kv_store  = [](const KvStoreArgs& a) { cpu::kv_store(c, a); };
-    b.attention = [](const AttentionArgs& a) { cpu::attention(c, a); };
-    b.clamp     = [](const ClampArgs& a) { cpu::clamp(c, a); };
-    b.pool_rows = [](const PoolRowsArgs& a) { cpu::pool_rows(c, a); };
+    b.name            = "cpu";
+    b.unavailable     = [] { return std::string(); };
+    b.embed           = [](const EmbedArgs& a) { cpu::embed(c, a); };
+    b.matmul          = [](const MatmulArgs& a) { cpu::matmul(c, a); };
+    b.rms_norm        = [](const RmsNormArgs& a) { cpu::rms_norm(c, a); };
+    b.add             = [](const BinaryArgs& a) { cpu::add(c, a); };
+    b.gelu_mul        = [](const BinaryArgs& a) { cpu::gelu_mul(c, a); };
+    b.scale           = [](const ScaleArgs& a) { cpu::scale(c, a); };
+    b.softcap         = [](const ScaleArgs& a) { cpu::softcap(c, a); };
+    b.rope            = [](const RopeArgs& a) { cpu::rope(c, a); };
+    b.kv_store        = [](const KvStoreArgs& a) { cpu::kv_store(c, a); };
+    b.attention       = [](const AttentionArgs& a) { cpu::attention(c, a); };
+    b.clamp           = [](const ClampArgs& a) { cpu::clamp(c, a); };
+    b.pool_rows       = [](const PoolRowsArgs& a) { cpu::pool_rows(c, a); };
+    b.add_position_2d = [](const AddPosition2DArgs& a) { cpu::add_position_2d(c, a); };
+    b.rope_2d         = [](const Rope2DArgs& a) { cpu::rope_2d(c, a); };
+    b.self_attention  = [](const SelfAttentionArgs& a) {
+        std::vector<float> work(self_attention_work_floats(a.rows, a.kv_heads, a.dim));
+        SelfAttentionArgs w = a;
+        w.work              = work.data();
+        cpu::self_attention(c, w);
+    };
     return b;
 }
 
@@ -130,7 +166,7 @@ Backend cuda_backend() {
     Backend b;
     b.name        = "cuda";
     b.unavailable = [] { return gpu().d ? std::string() : "no NVIDIA GPU here: " + gpu().why; };
-    b.embed = [](const EmbedArgs& a) {
+    b.embed       = [](const EmbedArgs& a) {
         ASSERT_EQ(a.dt, DType::BF16) << "g4_embed reads bf16 tables";
         Dev dev;
         const size_t ny = (size_t)a.rows * a.ldy;
@@ -138,10 +174,11 @@ Backend cuda_backend() {
         std::vector<uint16_t> table((const uint16_t*)a.table, (const uint16_t*)a.table + a.vocab * a.n);
         CUdeviceptr step = dev.step(a.rows, 0, 1), gids = dev.up(ids), gtab = dev.up(table),
                     gy = dev.up(std::vector<float>(a.y, a.y + ny));
-        int dt  = 1;
-        long n  = a.n, ldy = a.ldy;
+        int dt         = 1;
+        long n = a.n, ldy = a.ldy;
         float s = a.scale;
-        launch("g4_embed", a.rows, (unsigned)((a.n + 2047) / 2048), 256, {&step, &gids, &gtab, &dt, &n, &s, &gy, &ldy});
+        launch("g4_embed", a.rows, (unsigned)((a.n + 2047) / 2048), 256,
+                     {&step, &gids, &gtab, &dt, &n, &s, &gy, &ldy});
         std::vector<float> y = dev.down<float>(gy, ny);
         std::copy(y.begin(), y.end(), a.y);
     };
@@ -155,7 +192,8 @@ Backend cuda_backend() {
                     gvc = dev.up(vc);
         int width = a.width, slots = a.slots, kvdt = kvdt_arg(a.cache_dt);
         long ldk = a.ldk, ldv = a.ldv;
-        launch("g4_kv_store", a.rows, 1, 256, {&step, &gk, &ldk, &gv, &ldv, &gkc, &gvc, &width, &slots, &kvdt});
+        launch("g4_kv_store", a.rows, 1, 256,
+               {&step, &gk, &ldk, &gv, &ldv, &gkc, &gvc, &width, &slots, &kvdt});
         kc = dev.down<uint8_t>(gkc, bytes), vc = dev.down<uint8_t>(gvc, bytes);
         std::copy(kc.begin(), kc.end(), (uint8_t*)a.k_cache);
         std::copy(vc.begin(), vc.end(), (uint8_t*)a.v_cache);
@@ -185,13 +223,13 @@ bool run_case(const OpCase& c, const Backend& be, Outputs* out) {
     case OpCode::Embed: {
         if (!be.embed) return false;
         const int64_t V = c.a, N = c.b, ldy = N + 3;
-        auto tf         = randn((size_t)V * N, 1);
-        auto tb         = to_bf16(tf);
+        auto tf = randn((size_t)V * N, 1);
+        auto tb = to_bf16(tf);
         std::vector<int32_t> ids(T);
         for (int t = 0; t < T; ++t)
             ids[t] = (int32_t)((t * 7919 + 13) % V);
-        auto y           = fill((size_t)T * ldy, -7.0f);
-        const void* tab  = c.dt == DType::BF16 ? (const void*)tb.data() : (const void*)tf.data();
+        auto y          = fill((size_t)T * ldy, -7.0f);
+        const void* tab = c.dt == DType::BF16 ? (const void*)tb.data() : (const void*)tf.data();
         be.embed({ids.data(), tab, c.dt, V, N, 39.1918f, y.data(), ldy, T});
         *out = {y};
         return true;
@@ -202,8 +240,14 @@ bool run_case(const OpCase& c, const Backend& be, Outputs* out) {
         auto x = randn((size_t)T * K, 2), wf = randn((size_t)N * K, 3, 0.05f);
         auto wb = to_bf16(wf);
         auto y  = fill((size_t)T * N, 0.0f);
-        const void* w = c.dt == DType::BF16 ? (const void*)wb.data() : (const void*)wf.data();
-        be.matmul({x.data(), K, w, c.dt, N, K, y.data(), N, T});
+        std::vector<uint8_t> blob;
+        if (c.dt == DType::NF4) blob = nf4::quantize(wf.data(), N * K, true);
+        const void* w = c.dt == DType::BF16  ? (const void*)wb.data()
+                        : c.dt == DType::NF4 ? (const void*)blob.data()
+                                             : (const void*)wf.data();
+        MatmulArgs a{x.data(), K, w, c.dt, N, K, y.data(), N, T};
+        a.nf4_double_quant = c.dt == DType::NF4;
+        be.matmul(a);
         *out = {y};
         return true;
     }
@@ -212,9 +256,11 @@ bool run_case(const OpCase& c, const Backend& be, Outputs* out) {
         const int cols = (int)c.a, dim = (int)c.b;
         const bool noscale = std::string(c.name).find("noscale") != std::string::npos;
         auto x = randn((size_t)T * cols, 4), wf = randn(dim, 5, 0.3f);
-        auto wb = to_bf16(wf);
-        auto y  = fill((size_t)T * cols, 0.0f);
-        const void* w = noscale ? nullptr : c.dt == DType::BF16 ? (const void*)wb.data() : (const void*)wf.data();
+        auto wb       = to_bf16(wf);
+        auto y        = fill((size_t)T * cols, 0.0f);
+        const void* w = noscale               ? nullptr
+                        : c.dt == DType::BF16 ? (const void*)wb.data()
+                                              : (const void*)wf.data();
         be.rms_norm({x.data(), cols, w, c.dt, y.data(), cols, T, cols, dim, 1e-6f});
         *out = {y};
         return true;
@@ -234,9 +280,9 @@ bool run_case(const OpCase& c, const Backend& be, Outputs* out) {
     case OpCode::Softcap: {
         const auto& f = c.op == OpCode::Scale ? be.scale : be.softcap;
         if (!f) return false;
-        const int64_t n = c.a;
-        auto x          = randn((size_t)T * n, 8, 20.0f);
-        auto y          = fill((size_t)T * n, 0.0f);
+        const int64_t n          = c.a;
+        auto x                   = randn((size_t)T * n, 8, 20.0f);
+        auto y                   = fill((size_t)T * n, 0.0f);
         std::vector<uint16_t> st = to_bf16({0.73f});
         const bool tensor        = c.op == OpCode::Scale && c.dt == DType::BF16;
         f({x.data(), n, y.data(), n, T, (int32_t)n, 0.0625f, tensor ? st.data() : nullptr, c.dt, 30.0f});
@@ -262,11 +308,13 @@ bool run_case(const OpCase& c, const Backend& be, Outputs* out) {
         const size_t n = (size_t)slots * width;
         if (c.dt == DType::BF16) {
             std::vector<uint16_t> kc(n, 0), vc(n, 0);
-            be.kv_store({k.data(), ld, v.data(), ld, kc.data(), vc.data(), T, width, slots, (int32_t)c.c, c.dt});
+            be.kv_store(
+                {k.data(), ld, v.data(), ld, kc.data(), vc.data(), T, width, slots, (int32_t)c.c, c.dt});
             *out = {widen(kc), widen(vc)};
         } else {
             auto kc = fill(n, 0.0f), vc = fill(n, 0.0f);
-            be.kv_store({k.data(), ld, v.data(), ld, kc.data(), vc.data(), T, width, slots, (int32_t)c.c, c.dt});
+            be.kv_store(
+                {k.data(), ld, v.data(), ld, kc.data(), vc.data(), T, width, slots, (int32_t)c.c, c.dt});
             *out = {kc, vc};
         }
         return true;
@@ -275,14 +323,27 @@ bool run_case(const OpCase& c, const Backend& be, Outputs* out) {
         if (!be.attention) return false;
         const int heads = (int)c.a, D = (int)c.b, kv = 1, pos0 = (int)c.c, slots = 128;
         const int window = c.dt == DType::BF16 ? 32 : 0;
-        auto q = randn((size_t)T * heads * D, 12);
+        auto q           = randn((size_t)T * heads * D, 12);
         auto kf = randn((size_t)slots * kv * D, 13), vf = randn((size_t)slots * kv * D, 14);
         auto kb = to_bf16(kf), vb = to_bf16(vf);
         const bool bf = c.dt == DType::BF16;
         auto y = fill((size_t)T * heads * D, 0.0f), scratch = fill(slots * 4, 0.0f);
-        AttentionArgs a{q.data(), (int64_t)heads * D, bf ? (const void*)kb.data() : kf.data(),
-                        bf ? (const void*)vb.data() : vf.data(), y.data(), (int64_t)heads * D, T, heads, kv, D,
-                        slots, window, pos0, 1.0f, scratch.data(), c.dt};
+        AttentionArgs a{q.data(),
+                        (int64_t)heads * D,
+                        bf ? (const void*)kb.data() : kf.data(),
+                        bf ? (const void*)vb.data() : vf.data(),
+                        y.data(),
+                        (int64_t)heads * D,
+                        T,
+                        heads,
+                        kv,
+                        D,
+                        slots,
+                        window,
+                        pos0,
+                        1.0f,
+                        scratch.data(),
+                        c.dt};
         be.attention(a);
         *out = {y};
         return true;
@@ -298,7 +359,7 @@ bool run_case(const OpCase& c, const Backend& be, Outputs* out) {
     case OpCode::PoolRows: {
         if (!be.pool_rows) return false;
         const int64_t n = c.a;
-        const int taps  = (int)c.b, xrows = T * taps;
+        const int taps = (int)c.b, xrows = T * taps;
         auto x = randn((size_t)xrows * n, 16), y = fill((size_t)T * n, 0.0f);
         std::vector<int32_t> index((size_t)T * taps);
         for (size_t i = 0; i < index.size(); ++i)
@@ -307,7 +368,47 @@ bool run_case(const OpCase& c, const Backend& be, Outputs* out) {
         *out = {y};
         return true;
     }
-    default: ADD_FAILURE() << c.name << ": no inputs for this op in run_case"; return false;
+    case OpCode::AddPosition2D: {
+        if (!be.add_position_2d) return false;
+        const int64_t n = c.a, P = c.b;
+        auto x = randn((size_t)T * n, 17), tf = randn((size_t)2 * P * n, 18), y = fill((size_t)T * n, 0.0f);
+        auto tb = to_bf16(tf);
+        std::vector<int32_t> pos(2 * T);
+        for (int r = 0; r < T; ++r)
+            pos[2 * r] = (int32_t)(r % P), pos[2 * r + 1] = (int32_t)((r / P) % P);
+        const void* tab = c.dt == DType::BF16 ? (const void*)tb.data() : (const void*)tf.data();
+        be.add_position_2d({x.data(), n, tab, c.dt, P, pos.data(), y.data(), n, T, (int32_t)n});
+        *out = {y};
+        return true;
+    }
+    case OpCode::Rope2D: {
+        if (!be.rope_2d) return false;
+        const int heads = (int)c.a, D = (int)c.b;
+        const int64_t ld = (int64_t)heads * D + 5;
+        auto x           = randn((size_t)T * ld, 19);
+        std::vector<float> inv(D / 4);
+        for (int i = 0; i < D / 4; ++i)
+            inv[i] = std::pow(100.0f, -4.0f * i / D);
+        std::vector<int32_t> pos(2 * T);
+        for (int r = 0; r < T; ++r)
+            pos[2 * r] = r % 7, pos[2 * r + 1] = r / 7;
+        be.rope_2d({x.data(), ld, inv.data(), pos.data(), T, heads, D});
+        *out = {x};
+        return true;
+    }
+    case OpCode::SelfAttention: {
+        if (!be.self_attention) return false;
+        const int heads = (int)c.a, kv = (int)c.b, D = (int)c.c;
+        const int64_t qw = (int64_t)heads * D, kvw = (int64_t)kv * D, ld = qw + 2 * kvw + 4;
+        auto qkv = randn((size_t)T * ld, 20, 0.5f), y = fill((size_t)T * qw, -7.0f);
+        be.self_attention({qkv.data(), ld, qkv.data() + qw, ld, qkv.data() + qw + kvw, ld, y.data(), qw, T,
+                           heads, kv, D, 1.0f / std::sqrt((float)D), nullptr});
+        *out = {y};
+        return true;
+    }
+    default:
+        ADD_FAILURE() << c.name << ": no inputs for this op in run_case";
+        return false;
     }
 }
 

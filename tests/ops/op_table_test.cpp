@@ -108,7 +108,7 @@ double tolerance(OpCode op, DType dt) {
 struct Backend {
     std::string name;
     std::function<std::string()> unavailable; // "" when present
-    std::function<bool(OpCode, DType)> runs;  // null: every op with an entry point, in every dtype
+    std::function<bool(const OpCase&)> runs;  // null: every row whose op has an entry point
     std::function<void(const EmbedArgs&)> embed;
     std::function<void(const MatmulArgs&)> matmul;
     std::function<void(const RmsNormArgs&)> rms_norm;
@@ -207,6 +207,32 @@ Backend cuda_backend() {
         kc = dev.down<uint8_t>(gkc, bytes), vc = dev.down<uint8_t>(gvc, bytes);
         std::copy(kc.begin(), kc.end(), (uint8_t*)a.k_cache);
         std::copy(vc.begin(), vc.end(), (uint8_t*)a.v_cache);
+    };
+    b.attention = [](const AttentionArgs& a) {
+        ASSERT_EQ(a.ldq, a.ldy) << "the CUDA attention kernels take one row stride";
+        Dev dev;
+        const size_t cache = (size_t)a.slots * a.kv_heads * a.dim, ny = (size_t)a.rows * a.ldy;
+        const size_t bytes = cache * (a.cache_dt == DType::BF16 ? 2 : 4);
+        std::vector<uint8_t> kc((const uint8_t*)a.k_cache, (const uint8_t*)a.k_cache + bytes),
+            vc((const uint8_t*)a.v_cache, (const uint8_t*)a.v_cache + bytes);
+        CUdeviceptr step = dev.step(a.rows, a.pos0, a.rows), gq = dev.up(std::vector<float>(a.q, a.q + ny)),
+                    gkc = dev.up(kc), gvc = dev.up(vc), gy = dev.alloc(ny * 4);
+        int heads = a.heads, kvh = a.kv_heads, dim = a.dim, slots = a.slots, window = a.window,
+            kvdt       = kvdt_arg(a.cache_dt);
+        float scale    = a.scale;
+        long ld        = a.ldq;
+        const int span = window > 0 ? std::min(window, slots) : slots;
+        int splits = std::max(1, std::min(32, (span + 63) / 64)), max_span = span;
+        CUdeviceptr part = dev.alloc((size_t)a.rows * heads * splits * (dim + 2) * 4);
+        CUdeviceptr sc = dev.alloc((size_t)a.rows * heads * splits * ((span + splits - 1) / splits + 1) * 4);
+        launch("g4_attention_partial", a.rows * heads, splits, 256,
+               {&step, &gq, &ld, &gkc, &gvc, &heads, &kvh, &dim, &slots, &window, &scale, &splits, &part, &sc,
+                &max_span, &kvdt});
+        int all = -1;
+        launch("g4_attention_merge", a.rows * heads, (dim + 63) / 64, 256,
+               {&step, &part, &heads, &dim, &splits, &gy, &ld, &all});
+        std::vector<float> y = dev.down<float>(gy, ny);
+        std::copy(y.begin(), y.end(), a.y);
     };
     return b;
 }
@@ -436,7 +462,7 @@ TEST_P(OpTable, EveryBackendMatchesReference) {
             continue;
         }
         Outputs got;
-        if ((be.runs && !be.runs(c.op, c.dt)) || !run_case(c, be, &got)) continue;
+        if ((be.runs && !be.runs(c)) || !run_case(c, be, &got)) continue;
         ++ran;
         ASSERT_EQ(got.size(), want.size()) << be.name;
         for (size_t i = 0; i < want.size(); ++i) {

@@ -95,6 +95,7 @@ double tolerance(OpCode op, DType dt) {
     case OpCode::GeluMul:
     case OpCode::Softcap:
     case OpCode::AddPosition2D:
+    case OpCode::Rope2D:
     case OpCode::PoolRows:
         return 1e-6;
     case OpCode::SelfAttention:
@@ -251,6 +252,75 @@ std::vector<float> widen(const std::vector<uint16_t>& v) {
     return f;
 }
 
+// The encoder ops (12-16), as run_case.
+bool run_encoder_case(const OpCase& c, const Backend& be, Outputs* out) {
+    const int T     = c.rows;
+    const auto fill = [](size_t n, float v) { return std::vector<float>(n, v); };
+    switch (c.op) {
+    case OpCode::Clamp: {
+        if (!be.clamp) return false;
+        const int64_t n = c.a;
+        auto x = randn((size_t)T * n, 15, 3.0f), y = fill((size_t)T * n, 0.0f);
+        be.clamp({x.data(), n, y.data(), n, T, (int32_t)n, -1.5f, 2.0f});
+        *out = {y};
+        return true;
+    }
+    case OpCode::PoolRows: {
+        if (!be.pool_rows) return false;
+        const int64_t n = c.a;
+        const int taps = (int)c.b, xrows = T * taps;
+        auto x = randn((size_t)xrows * n, 16), y = fill((size_t)T * n, 0.0f);
+        std::vector<int32_t> index((size_t)T * taps);
+        for (size_t i = 0; i < index.size(); ++i)
+            index[i] = (int32_t)((i * 5 + 3) % xrows);
+        be.pool_rows({x.data(), n, index.data(), y.data(), n, T, (int32_t)n, taps, 1.0f / taps});
+        *out = {y};
+        return true;
+    }
+    case OpCode::AddPosition2D: {
+        if (!be.add_position_2d) return false;
+        const int64_t n = c.a, P = c.b;
+        auto x = randn((size_t)T * n, 17), tf = randn((size_t)2 * P * n, 18), y = fill((size_t)T * n, 0.0f);
+        auto tb = to_bf16(tf);
+        std::vector<int32_t> pos(2 * T);
+        for (int r = 0; r < T; ++r)
+            pos[2 * r] = (int32_t)(r % P), pos[2 * r + 1] = (int32_t)((r / P) % P);
+        const void* tab = c.dt == DType::BF16 ? (const void*)tb.data() : (const void*)tf.data();
+        be.add_position_2d({x.data(), n, tab, c.dt, P, pos.data(), y.data(), n, T, (int32_t)n});
+        *out = {y};
+        return true;
+    }
+    case OpCode::Rope2D: {
+        if (!be.rope_2d) return false;
+        const int heads = (int)c.a, D = (int)c.b;
+        const int64_t ld = (int64_t)heads * D + 5;
+        auto x           = randn((size_t)T * ld, 19);
+        std::vector<float> inv(D / 4);
+        for (int i = 0; i < D / 4; ++i)
+            inv[i] = std::pow(100.0f, -4.0f * i / D);
+        std::vector<int32_t> pos(2 * T);
+        for (int r = 0; r < T; ++r)
+            pos[2 * r] = r % 7, pos[2 * r + 1] = r / 7;
+        be.rope_2d({x.data(), ld, inv.data(), pos.data(), T, heads, D});
+        *out = {x};
+        return true;
+    }
+    case OpCode::SelfAttention: {
+        if (!be.self_attention) return false;
+        const int heads = (int)c.a, kv = (int)c.b, D = (int)c.c;
+        const int64_t qw = (int64_t)heads * D, kvw = (int64_t)kv * D, ld = qw + 2 * kvw + 4;
+        auto qkv = randn((size_t)T * ld, 20, 0.5f), y = fill((size_t)T * qw, -7.0f);
+        be.self_attention({qkv.data(), ld, qkv.data() + qw, ld, qkv.data() + qw + kvw, ld, y.data(), qw, T,
+                           heads, kv, D, 1.0f / std::sqrt((float)D), nullptr});
+        *out = {y};
+        return true;
+    }
+    default:
+        ADD_FAILURE() << c.name << ": no inputs for this op in run_case";
+        return false;
+    }
+}
+
 // Builds the row's inputs (the same seeds for every backend), runs it on `be`; false when `be` lacks the op.
 bool run_case(const OpCase& c, const Backend& be, Outputs* out) {
     const int T     = c.rows;
@@ -384,67 +454,8 @@ bool run_case(const OpCase& c, const Backend& be, Outputs* out) {
         *out = {y};
         return true;
     }
-    case OpCode::Clamp: {
-        if (!be.clamp) return false;
-        const int64_t n = c.a;
-        auto x = randn((size_t)T * n, 15, 3.0f), y = fill((size_t)T * n, 0.0f);
-        be.clamp({x.data(), n, y.data(), n, T, (int32_t)n, -1.5f, 2.0f});
-        *out = {y};
-        return true;
-    }
-    case OpCode::PoolRows: {
-        if (!be.pool_rows) return false;
-        const int64_t n = c.a;
-        const int taps = (int)c.b, xrows = T * taps;
-        auto x = randn((size_t)xrows * n, 16), y = fill((size_t)T * n, 0.0f);
-        std::vector<int32_t> index((size_t)T * taps);
-        for (size_t i = 0; i < index.size(); ++i)
-            index[i] = (int32_t)((i * 5 + 3) % xrows);
-        be.pool_rows({x.data(), n, index.data(), y.data(), n, T, (int32_t)n, taps, 1.0f / taps});
-        *out = {y};
-        return true;
-    }
-    case OpCode::AddPosition2D: {
-        if (!be.add_position_2d) return false;
-        const int64_t n = c.a, P = c.b;
-        auto x = randn((size_t)T * n, 17), tf = randn((size_t)2 * P * n, 18), y = fill((size_t)T * n, 0.0f);
-        auto tb = to_bf16(tf);
-        std::vector<int32_t> pos(2 * T);
-        for (int r = 0; r < T; ++r)
-            pos[2 * r] = (int32_t)(r % P), pos[2 * r + 1] = (int32_t)((r / P) % P);
-        const void* tab = c.dt == DType::BF16 ? (const void*)tb.data() : (const void*)tf.data();
-        be.add_position_2d({x.data(), n, tab, c.dt, P, pos.data(), y.data(), n, T, (int32_t)n});
-        *out = {y};
-        return true;
-    }
-    case OpCode::Rope2D: {
-        if (!be.rope_2d) return false;
-        const int heads = (int)c.a, D = (int)c.b;
-        const int64_t ld = (int64_t)heads * D + 5;
-        auto x           = randn((size_t)T * ld, 19);
-        std::vector<float> inv(D / 4);
-        for (int i = 0; i < D / 4; ++i)
-            inv[i] = std::pow(100.0f, -4.0f * i / D);
-        std::vector<int32_t> pos(2 * T);
-        for (int r = 0; r < T; ++r)
-            pos[2 * r] = r % 7, pos[2 * r + 1] = r / 7;
-        be.rope_2d({x.data(), ld, inv.data(), pos.data(), T, heads, D});
-        *out = {x};
-        return true;
-    }
-    case OpCode::SelfAttention: {
-        if (!be.self_attention) return false;
-        const int heads = (int)c.a, kv = (int)c.b, D = (int)c.c;
-        const int64_t qw = (int64_t)heads * D, kvw = (int64_t)kv * D, ld = qw + 2 * kvw + 4;
-        auto qkv = randn((size_t)T * ld, 20, 0.5f), y = fill((size_t)T * qw, -7.0f);
-        be.self_attention({qkv.data(), ld, qkv.data() + qw, ld, qkv.data() + qw + kvw, ld, y.data(), qw, T,
-                           heads, kv, D, 1.0f / std::sqrt((float)D), nullptr});
-        *out = {y};
-        return true;
-    }
     default:
-        ADD_FAILURE() << c.name << ": no inputs for this op in run_case";
-        return false;
+        return run_encoder_case(c, be, out);
     }
 }
 

@@ -1,6 +1,7 @@
 // Eigen CPU kernels vs the scalar reference (kernels/ref) at Gemma 4 E2B/E4B shapes: hidden 1536/2560,
 // q widths 2048/4096, MLP 6144/10240/12288, head dims 256/512, PLE 35x256, MQA and GQA; the NF4 GEMV at
-// decode shapes and odd ones.
+// decode shapes and odd ones. The plain matmul at the projection shapes is a set of rows of the op test
+// table (op_table_test.cpp); this file keeps what a row cannot say (kernel tiers, threads, strided views).
 #include "compiler/nf4_quant.h"
 #include "kernels/cpu/cpu.h"
 #include "kernels/nf4.h"
@@ -39,33 +40,6 @@ struct MatShape {
     int rows;
     int64_t n, k;
 };
-
-class MatmulTest : public ::testing::TestWithParam<MatShape> {};
-
-TEST_P(MatmulTest, Bf16AndF32MatchReference) {
-    MatShape s = GetParam();
-    Fixture f(s.k, 16);
-    auto x  = randn((size_t)s.rows * s.k, 1);
-    auto wf = randn((size_t)s.n * s.k, 2, 0.05f);
-    auto wb = to_bf16(wf);
-    for (DType dt : {DType::F32, DType::BF16}) {
-        const void* w = dt == DType::F32 ? (const void*)wf.data() : (const void*)wb.data();
-        std::vector<float> y_ref((size_t)s.rows * s.n), y_cpu((size_t)s.rows * s.n);
-        MatmulArgs a{x.data(), s.k, w, dt, s.n, s.k, y_ref.data(), s.n, s.rows};
-        ref::matmul(a);
-        a.y = y_cpu.data();
-        cpu::matmul(f.ctx, a);
-        double e = max_rel(y_cpu, y_ref);
-        EXPECT_LT(e, 1e-5) << "dtype " << dtype_str(dt) << " rows " << s.rows << " n " << s.n << " k " << s.k;
-    }
-}
-
-// Decode (1 row), a partial tile, and prefill chunks at E2B/E4B projection shapes.
-INSTANTIATE_TEST_SUITE_P(GemmaShapes, MatmulTest,
-                         ::testing::Values(MatShape{1, 2048, 1536}, MatShape{1, 1536, 12288},
-                                           MatShape{3, 4096, 1536}, MatShape{1, 512, 2560},
-                                           MatShape{5, 2560, 10240}, MatShape{17, 8960, 1536},
-                                           MatShape{70, 256, 1536}, MatShape{2, 1537, 257}));
 
 // matmul_gemm (the towers' many-row path) against the reference: partial register blocks in rows, columns and
 // k (kGemmMr x kGemmNr blocks, kGemmKc-deep panels), strided views left untouched outside, the same bits with

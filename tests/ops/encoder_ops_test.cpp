@@ -1,6 +1,7 @@
 // Encoder-program ops (kernels/ops.h Clamp .. PoolRows): the Eigen CPU kernels against the scalar
-// reference, one row per case, at the vision encoder's shapes (head dims 64/72, GQA and MHA, row counts
-// around the attention's key padding and query blocks) and odd ones, with strided views.
+// reference beyond the rows of the op test table (op_table_test.cpp: AddPosition2D, Rope2D), at the vision
+// encoder's shapes (head dims 64/72, GQA and MHA, row counts around the attention's key padding and query
+// blocks) and odd ones, with strided views.
 #include "kernels/cpu/cpu.h"
 #include "kernels/ref/ref.h"
 #include "test_util.h"
@@ -31,13 +32,6 @@ double rel(const std::vector<float>& a, const std::vector<float>& b) {
     return g4test::rel_l2(a.data(), b.data(), a.size());
 }
 
-std::vector<int32_t> grid_positions(int rows, int width) {
-    std::vector<int32_t> pos(2 * rows);
-    for (int r = 0; r < rows; ++r)
-        pos[2 * r] = r % width, pos[2 * r + 1] = r / width;
-    return pos;
-}
-
 TEST(EncoderOps, ClampMatchesReference) {
     Fixture f(16);
     const int rows = 37, cols = 100, ld = 112;
@@ -47,36 +41,6 @@ TEST(EncoderOps, ClampMatchesReference) {
     EXPECT_EQ(y, y_ref); // exact: no arithmetic
     EXPECT_EQ(*std::max_element(y.begin(), y.end()), 0.5f);
     EXPECT_EQ(*std::min_element(y.begin(), y.end()), -1.25f);
-}
-
-TEST(EncoderOps, AddPosition2DMatchesReference) {
-    Fixture f(16);
-    const int rows = 70, cols = 48, P = 12;
-    std::vector<float> x = randn((size_t)rows * cols, 2), table = randn((size_t)2 * P * cols, 3);
-    std::vector<int32_t> pos = grid_positions(rows, 10);
-    for (DType dt : {DType::F32, DType::BF16}) {
-        std::vector<uint16_t> tb = g4test::to_bf16(table);
-        const void* t            = dt == DType::F32 ? (const void*)table.data() : (const void*)tb.data();
-        std::vector<float> y_ref(x.size()), y(x.size());
-        ref::add_position_2d({x.data(), cols, t, dt, P, pos.data(), y_ref.data(), cols, rows, cols});
-        cpu::add_position_2d(f.ctx, {x.data(), cols, t, dt, P, pos.data(), y.data(), cols, rows, cols});
-        EXPECT_LT(rel(y, y_ref), 1e-6);
-    }
-}
-
-TEST(EncoderOps, Rope2DMatchesReference) {
-    Fixture f(16);
-    for (int dim : {64, 72}) {
-        const int rows = 45, heads = 3, ld = heads * dim + 8;
-        std::vector<float> inv(dim / 4);
-        for (int m = 0; m < dim / 4; ++m)
-            inv[m] = 1.0f / std::pow(100.0f, (float)(2 * m) / (float)(dim / 2));
-        std::vector<int32_t> pos = grid_positions(rows, 9);
-        std::vector<float> x = randn((size_t)rows * ld, 4), y = x;
-        ref::rope_2d({x.data(), ld, inv.data(), pos.data(), rows, heads, dim});
-        cpu::rope_2d(f.ctx, {y.data(), ld, inv.data(), pos.data(), rows, heads, dim});
-        EXPECT_LT(rel(y, x), 1e-6) << "dim " << dim;
-    }
 }
 
 struct AttnCase {

@@ -312,7 +312,7 @@ uint64_t session_device_bytes(const plan::ProgramInfo& in, size_t g) {
            (g == 0 && in.audio_gpu ? in.audio_gpu_bytes : 0);
 }
 
-// LM-head screening (kernels.cu g4_lm_screen): where the plan runs on one GPU without CPU layers and its
+// LM-head screening (kernels/cuda/lm_screen.cu): where the plan runs on one GPU without CPU layers and its
 // decode schedule ends in a bf16 head GEMV the kernels take, builds the int8 copy and its row bounds on the
 // GPU. Skipped (decode steps compute every logit, as before) when G4_LM_SCREEN=0 or when the GPU lacks the
 // memory for it beside the weights and a session with ~256 MiB to spare.
@@ -464,9 +464,9 @@ g4_status engine_open(g4_engine* e, std::string* err) {
 }
 
 // The timeline lab (bench/scripts/trace_lab.sh): a plan compiled with --kernel-trace keeps per-launch records
-// in its module (kernels.cu G4_TRACE); with G4_TRACE_OUT=file they are written there when the engine
-// closes: u32 count, then count records of 64 bytes (u64 key, t0, t1, t2; u32 tag, blocks, smid, cycles,
-// mark[4]).
+// in its module (kernels/cuda/common.cu G4_TRACE); with G4_TRACE_OUT=file they are written there when the
+// engine closes: u32 count, then count records of 64 bytes (u64 key, t0, t1, t2; u32 tag, blocks, smid,
+// cycles, mark[4]).
 static void dump_trace(const Driver* d, const Gpu& g) {
     const char* out = rt::env::trace_out();
     if (!out) return;

@@ -50,7 +50,8 @@ template <class F> void for_blocks(const Context& c, int rows, F&& f) {
         if (rows > 0) f(0, rows, 0);
         return;
     }
-    c.pool->parallel_for(n, [&](int64_t b, int th) { f((int)(rows * b / n), (int)(rows * (b + 1) / n), th); });
+    c.pool->parallel_for(n,
+                         [&](int64_t b, int th) { f((int)(rows * b / n), (int)(rows * (b + 1) / n), th); });
 }
 
 void widen(const void* src, DType dt, int64_t n, float* dst) {
@@ -73,8 +74,8 @@ size_t conv2d_scratch_floats(int32_t f_out, int32_t c_in, int32_t c_out) {
 void conv2d_norm_relu(const Context& c, const Conv2dArgs& a) {
     const int kc = 9 * a.c_in;
     for_blocks(c, a.out_rows, [&](int r0, int r1, int th) {
-        float* patch = c.thread_scratch(th); // [f_out, kc]
-        float* wf    = patch + align16((size_t)a.f_out * kc);
+        float* patch   = c.thread_scratch(th); // [f_out, kc]
+        float* wf      = patch + align16((size_t)a.f_out * kc);
         const float* w = (const float*)a.w;
         if (a.wdt != DType::F32) {
             widen(a.w, a.wdt, (int64_t)a.c_out * kc, wf);
@@ -84,7 +85,7 @@ void conv2d_norm_relu(const Context& c, const Conv2dArgs& a) {
             for (int f = 0; f < a.f_out; ++f)
                 for (int r = 0; r < 9; ++r) {
                     const int64_t ti = 2 * (int64_t)t - 1 + r / 3, fi = 2 * (int64_t)f - 1 + r % 3;
-                    float* dst       = patch + (size_t)f * kc + r;
+                    float* dst = patch + (size_t)f * kc + r;
                     if (ti >= 0 && ti < a.in_rows && fi >= 0 && fi < a.f_in) {
                         const float* src = a.x + (ti * a.f_in + fi) * a.c_in;
                         for (int ci = 0; ci < a.c_in; ++ci)

@@ -19,7 +19,8 @@ extern "C" __global__ void g4_conv2d_norm_relu(const float* x, int in_rows, int 
     for (int e = threadIdx.x; e < kc; e += blockDim.x) {
         const int r = e / c_in, ci = e % c_in;
         const int ti = 2 * t - 1 + r / 3, fi = 2 * f - 1 + r % 3;
-        patch[e] = ti >= 0 && ti < in_rows && fi >= 0 && fi < f_in ? x[((long)ti * f_in + fi) * c_in + ci] : 0.0f;
+        patch[e] =
+            ti >= 0 && ti < in_rows && fi >= 0 && fi < f_in ? x[((long)ti * f_in + fi) * c_in + ci] : 0.0f;
     }
     __syncthreads();
     for (int co = warp; co < c_out; co += nw) {
@@ -63,8 +64,8 @@ extern "C" __global__ void g4_sigmoid_mul(const float* a, long lda, const float*
 
 // CausalConv1d: y[t, i] = sum over j = 0..k-1 with s = t - (k - 1) + j >= 0 of w[i, j] * x[s, i], j
 // ascending; w [cols, k] of dtype wdt. grid (rows, ceil(cols / 256)), block 256.
-extern "C" __global__ void g4_causal_conv1d(const float* x, long ldx, const void* w, int wdt, float* y, long ldy,
-                                            int cols, int k) {
+extern "C" __global__ void g4_causal_conv1d(const float* x, long ldx, const void* w, int wdt, float* y,
+                                            long ldy, int cols, int k) {
     const int t = blockIdx.x, i = blockIdx.y * blockDim.x + threadIdx.x;
     if (i >= cols) return;
     float acc = 0.0f;
@@ -75,13 +76,14 @@ extern "C" __global__ void g4_causal_conv1d(const float* x, long ldx, const void
     y[(long)t * ldy + i] = acc;
 }
 
-// LocalAttention, one warp per (query t, head h): keys j = max(0, t - W + 1) .. t; logit_j = cap * tanh((q.k_j
+// LocalAttention, one warp per (query t, head h): keys j = max(0, t - W + 1) .. t; logit_j = cap *
+// tanh((q.k_j
 // + q.rel_p) / cap) with p = W - (t - j) (no rel term when p >= n_rel); softmax over those keys in fp32 (max,
 // then the sum of exp in key order); y = sum_j (e_j / sum) v_j in key order. Head h at columns h * D. grid
 // (rows, heads), block 32, dynamic shared memory W floats (the logits).
-extern "C" __global__ void g4_local_attention(const float* q, long ldq, const float* k, long ldk, const float* v,
-                                              long ldv, const float* rel, long ldr, float* y, long ldy, int D,
-                                              int W, int n_rel, float cap) {
+extern "C" __global__ void g4_local_attention(const float* q, long ldq, const float* k, long ldk,
+                                              const float* v, long ldv, const float* rel, long ldr, float* y,
+                                              long ldy, int D, int W, int n_rel, float cap) {
     extern __shared__ float la_sm[];
     float* logit = la_sm; // [W]
     const int t = blockIdx.x, h = blockIdx.y, lane = threadIdx.x;
@@ -131,8 +133,8 @@ extern "C" __global__ void g4_softplus_scale(const float* x, long ldx, float* y,
 }
 
 // AddScaled: y = b * s + a. grid (rows, ceil(cols / 256)), block 256.
-extern "C" __global__ void g4_add_scaled(const float* a, long lda, const float* b, long ldb, float* y, long ldy,
-                                         int cols, float s) {
+extern "C" __global__ void g4_add_scaled(const float* a, long lda, const float* b, long ldb, float* y,
+                                         long ldy, int cols, float s) {
     const int r = blockIdx.x, c = blockIdx.y * blockDim.x + threadIdx.x;
     if (c >= cols) return;
     y[(long)r * ldy + c] = b[(long)r * ldb + c] * s + a[(long)r * lda + c];

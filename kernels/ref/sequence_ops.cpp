@@ -28,7 +28,8 @@ void conv2d_norm_relu(const Conv2dArgs& a) {
                         for (int kw = 0; kw < 3; ++kw) {
                             const int64_t ti = 2 * (int64_t)t - 1 + kh, fi = 2 * (int64_t)f - 1 + kw;
                             if (ti < 0 || ti >= a.in_rows || fi < 0 || fi >= a.f_in) continue;
-                            s += (double)load_weight(a.w, a.wdt, ((int64_t)co * a.c_in + ci) * 9 + kh * 3 + kw) *
+                            s += (double)load_weight(a.w, a.wdt,
+                                                     ((int64_t)co * a.c_in + ci) * 9 + kh * 3 + kw) *
                                  a.x[(ti * a.f_in + fi) * a.c_in + ci];
                         }
                 acc[co] = s;
@@ -50,7 +51,7 @@ void conv2d_norm_relu(const Conv2dArgs& a) {
 void silu(const UnaryArgs& a) {
     for (int32_t t = 0; t < a.rows; ++t)
         for (int32_t i = 0; i < a.cols; ++i) {
-            const double v          = a.x[t * a.ldx + i];
+            const double v     = a.x[t * a.ldx + i];
             a.y[t * a.ldy + i] = (float)(v * sigmoid(v));
         }
 }
@@ -67,7 +68,8 @@ void causal_conv1d(const CausalConv1dArgs& a) {
             double s = 0;
             for (int32_t j = 0; j < a.k; ++j) {
                 const int64_t src = (int64_t)t - (a.k - 1) + j;
-                if (src >= 0) s += (double)load_weight(a.w, a.wdt, (int64_t)i * a.k + j) * a.x[src * a.ldx + i];
+                if (src >= 0)
+                    s += (double)load_weight(a.w, a.wdt, (int64_t)i * a.k + j) * a.x[src * a.ldx + i];
             }
             a.y[t * a.ldy + i] = (float)s;
         }
@@ -81,7 +83,7 @@ void local_attention(const LocalAttentionArgs& a) {
             const float* q   = a.q + t * a.ldq + (int64_t)h * a.dim;
             double mx        = -INFINITY;
             for (int32_t j = j0; j <= t; ++j) {
-                const float* k = a.k + j * a.ldk + (int64_t)h * a.dim;
+                const float* k  = a.k + j * a.ldk + (int64_t)h * a.dim;
                 const int32_t p = a.window - (t - j);
                 double s        = 0;
                 for (int32_t d = 0; d < a.dim; ++d)

@@ -12,9 +12,9 @@
 
 #include <algorithm>
 #include <cmath>
-#include <memory>
 #include <functional>
 #include <gtest/gtest.h>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -58,7 +58,7 @@ Gpu& gpu() {
     g.d->cuDeviceGetAttribute(&minor, cu::kAttrComputeMinor, dev);
     const int sm          = std::min(90, major * 10 + minor);
     cuda::KernelBinary kb = cuda::compile_kernels("sm_" + std::to_string(sm));
-    const void* image     = major * 10 + minor == sm ? (const void*)kb.cubin.data() : (const void*)kb.ptx.c_str();
+    const void* image = major * 10 + minor == sm ? (const void*)kb.cubin.data() : (const void*)kb.ptx.c_str();
     std::string missing;
     if (g.d->cuModuleLoadData(&g.mod, image) != 0)
         g.why = "module load failed";
@@ -72,8 +72,8 @@ Gpu& gpu() {
 struct Bufs {
     Tier tier;
     std::vector<cu::CUdeviceptr> owned;
-    float* out_host = nullptr;
-    size_t out_n    = 0;
+    float* out_host         = nullptr;
+    size_t out_n            = 0;
     cu::CUdeviceptr out_dev = 0;
     std::vector<float> out;
     explicit Bufs(Tier t) : tier(t) {}
@@ -89,7 +89,9 @@ struct Bufs {
         owned.push_back(p);
         return (const void*)p;
     }
-    template <class T> const T* in(const std::vector<T>& v) { return (const T*)put(v.data(), v.size() * sizeof(T)); }
+    template <class T> const T* in(const std::vector<T>& v) {
+        return (const T*)put(v.data(), v.size() * sizeof(T));
+    }
     // The case's one output of n floats (NaN-filled, so an element never written fails the comparison).
     float* output(size_t n) {
         out.assign(n, std::nanf(""));
@@ -148,31 +150,36 @@ struct Weight {
     std::vector<float> f;
     std::vector<uint16_t> b;
     DType dt;
-    Weight(size_t n, uint32_t seed, DType dt, float sd = 0.3f, float mean = 0.0f) : f(randn(n, seed, sd)), dt(dt) {
+    Weight(size_t n, uint32_t seed, DType dt, float sd = 0.3f, float mean = 0.0f)
+        : f(randn(n, seed, sd)), dt(dt) {
         for (float& v : f)
             v += mean;
         b = to_bf16(f);
     }
-    const void* on(Bufs& bf) const { return dt == DType::BF16 ? (const void*)bf.in(b) : (const void*)bf.in(f); }
+    const void* on(Bufs& bf) const {
+        return dt == DType::BF16 ? (const void*)bf.in(b) : (const void*)bf.in(f);
+    }
 };
 
 Case conv2d(int in_rows, int f_in, int c_in, int c_out, DType dt) {
     const int out_rows = (in_rows + 1) / 2, f_out = (f_in + 1) / 2;
-    auto x             = std::make_shared<std::vector<float>>(randn((size_t)in_rows * f_in * c_in, 1));
-    auto w             = std::make_shared<Weight>((size_t)c_out * c_in * 9, 2, dt);
-    auto n             = std::make_shared<Weight>((size_t)c_out, 3, dt, 0.2f, 1.0f);
-    std::string name   = "conv2d_norm_relu " + std::to_string(in_rows) + "x" + std::to_string(f_in) + "x" +
+    auto x           = std::make_shared<std::vector<float>>(randn((size_t)in_rows * f_in * c_in, 1));
+    auto w           = std::make_shared<Weight>((size_t)c_out * c_in * 9, 2, dt);
+    auto n           = std::make_shared<Weight>((size_t)c_out, 3, dt, 0.2f, 1.0f);
+    std::string name = "conv2d_norm_relu " + std::to_string(in_rows) + "x" + std::to_string(f_in) + "x" +
                        std::to_string(c_in) + "->" + std::to_string(c_out) + " " + dtype_str(dt);
-    return {name, cpu::conv2d_scratch_floats(f_out, c_in, c_out), [=](Tier t, Bufs& b, const cpu::Context& ctx) {
-                Conv2dArgs a{b.in(*x), in_rows, f_in, c_in, w->on(b), dt,    n->on(b),
-                             dt,       1e-6f,   nullptr, out_rows, f_out, c_out};
+    return {name, cpu::conv2d_scratch_floats(f_out, c_in, c_out),
+            [=](Tier t, Bufs& b, const cpu::Context& ctx) {
+                Conv2dArgs a{b.in(*x), in_rows, f_in,    c_in,     w->on(b), dt,   n->on(b),
+                             dt,       1e-6f,   nullptr, out_rows, f_out,    c_out};
                 a.y = b.output((size_t)out_rows * f_out * c_out);
                 if (t == Tier::Ref) ref::conv2d_norm_relu(a);
                 if (t == Tier::Cpu) cpu::conv2d_norm_relu(ctx, a);
                 if (t == Tier::Cuda) {
                     EXPECT_EQ(cuda_rt::launch_conv2d_norm_relu(*gpu().d, gpu().k, nullptr, a), 0);
                 }
-            }, 1e-5};
+            },
+            1e-5};
 }
 
 Case silu(int rows, int cols) {
@@ -207,8 +214,8 @@ Case sigmoid_mul(int rows, int cols) { // a and b: the two halves of one [rows, 
 Case causal_conv1d(int rows, int cols, int k, DType dt) {
     auto x = std::make_shared<std::vector<float>>(randn((size_t)rows * cols, 6));
     auto w = std::make_shared<Weight>((size_t)cols * k, 7, dt);
-    return {"causal_conv1d " + std::to_string(rows) + "x" + std::to_string(cols) + " k" + std::to_string(k) + " " +
-                dtype_str(dt),
+    return {"causal_conv1d " + std::to_string(rows) + "x" + std::to_string(cols) + " k" + std::to_string(k) +
+                " " + dtype_str(dt),
             cpu::causal_conv1d_scratch_floats(cols, k), [=](Tier t, Bufs& b, const cpu::Context& ctx) {
                 CausalConv1dArgs a{b.in(*x), cols, w->on(b), dt, nullptr, cols, rows, cols, k};
                 a.y = b.output((size_t)rows * cols);
@@ -227,24 +234,26 @@ Case local_attention(int rows, int heads, int dim, int window, int n_rel, float 
     auto rel    = std::make_shared<std::vector<float>>(randn((size_t)n_rel * H, 9));
     return {"local_attention rows " + std::to_string(rows) + " heads " + std::to_string(heads) + " dim " +
                 std::to_string(dim) + " window " + std::to_string(window) + " n_rel " + std::to_string(n_rel),
-            cpu::local_attention_scratch_floats(window), [=](Tier t, Bufs& b, const cpu::Context& ctx) {
+            cpu::local_attention_scratch_floats(window),
+            [=](Tier t, Bufs& b, const cpu::Context& ctx) {
                 const float* p = b.in(*qkv);
-                LocalAttentionArgs a{p,       3 * H, p + H,  3 * H, p + 2 * H, 3 * H,  b.in(*rel), H,
-                                     nullptr, H,     rows,   heads, dim,       window, n_rel,      cap};
+                LocalAttentionArgs a{p,       3 * H, p + H, 3 * H, p + 2 * H, 3 * H,  b.in(*rel), H,
+                                     nullptr, H,     rows,  heads, dim,       window, n_rel,      cap};
                 a.y = b.output((size_t)rows * H);
                 if (t == Tier::Ref) ref::local_attention(a);
                 if (t == Tier::Cpu) cpu::local_attention(ctx, a);
                 if (t == Tier::Cuda) {
                     EXPECT_EQ(cuda_rt::launch_local_attention(*gpu().d, gpu().k, nullptr, a), 0);
                 }
-            }, 1e-5};
+            },
+            1e-5};
 }
 
 Case softplus_scale(int rows, int cols, int dim, DType dt) { // weights around 0 and past torch's threshold 20
     auto x = std::make_shared<std::vector<float>>(randn((size_t)rows * cols, 10));
     auto w = std::make_shared<Weight>((size_t)dim, 11, dt, 12.0f, 8.0f);
-    return {"softplus_scale " + std::to_string(rows) + "x" + std::to_string(cols) + " dim " + std::to_string(dim) +
-                " " + dtype_str(dt),
+    return {"softplus_scale " + std::to_string(rows) + "x" + std::to_string(cols) + " dim " +
+                std::to_string(dim) + " " + dtype_str(dt),
             cpu::softplus_scale_scratch_floats(dim), [=](Tier t, Bufs& b, const cpu::Context& ctx) {
                 DimScaleArgs a{b.in(*x), cols, nullptr, cols, rows, cols, dim, w->on(b), dt, 0.1275f};
                 a.y = b.output((size_t)rows * cols);

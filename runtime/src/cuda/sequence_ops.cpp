@@ -25,9 +25,12 @@ std::string load_sequence_kernels(const cu::Driver& d, cu::CUmodule m, SequenceK
     const struct {
         cu::CUfunction* f;
         const char* name;
-    } all[] = {{&k->conv2d_norm_relu, "g4_conv2d_norm_relu"}, {&k->silu, "g4_silu"},
-               {&k->sigmoid_mul, "g4_sigmoid_mul"},           {&k->causal_conv1d, "g4_causal_conv1d"},
-               {&k->local_attention, "g4_local_attention"},   {&k->softplus_scale, "g4_softplus_scale"},
+    } all[] = {{&k->conv2d_norm_relu, "g4_conv2d_norm_relu"},
+               {&k->silu, "g4_silu"},
+               {&k->sigmoid_mul, "g4_sigmoid_mul"},
+               {&k->causal_conv1d, "g4_causal_conv1d"},
+               {&k->local_attention, "g4_local_attention"},
+               {&k->softplus_scale, "g4_softplus_scale"},
                {&k->add_scaled, "g4_add_scaled"}};
     for (const auto& e : all)
         if (d.cuModuleGetFunction(e.f, m, e.name) != 0) return e.name;
@@ -58,7 +61,7 @@ cu::CUresult launch_silu(const cu::Driver& d, const SequenceKernels& k, cu::CUst
 cu::CUresult launch_sigmoid_mul(const cu::Driver& d, const SequenceKernels& k, cu::CUstream s,
                                 const BinaryArgs& a) {
     const float *x = a.a, *g = a.b;
-    float* y       = a.y;
+    float* y = a.y;
     long lda = (long)a.lda, ldb = (long)a.ldb, ldy = (long)a.ldy;
     int cols = a.cols;
     return go(d, k.sigmoid_mul, s, (unsigned)a.rows, cdiv(cols, 256), 256, 0,
@@ -79,7 +82,7 @@ cu::CUresult launch_causal_conv1d(const cu::Driver& d, const SequenceKernels& k,
 cu::CUresult launch_local_attention(const cu::Driver& d, const SequenceKernels& k, cu::CUstream s,
                                     const LocalAttentionArgs& a) {
     const float *q = a.q, *kk = a.k, *v = a.v, *rel = a.rel;
-    float* y       = a.y;
+    float* y = a.y;
     long ldq = (long)a.ldq, ldk = (long)a.ldk, ldv = (long)a.ldv, ldr = (long)a.ldr, ldy = (long)a.ldy;
     int D = a.dim, W = a.window, nr = a.n_rel;
     float cap = a.cap;
@@ -102,7 +105,7 @@ cu::CUresult launch_softplus_scale(const cu::Driver& d, const SequenceKernels& k
 cu::CUresult launch_add_scaled(const cu::Driver& d, const SequenceKernels& k, cu::CUstream s,
                                const AddScaledArgs& a) {
     const float *x = a.a, *b = a.b;
-    float* y       = a.y;
+    float* y = a.y;
     long lda = (long)a.lda, ldb = (long)a.ldb, ldy = (long)a.ldy;
     int cols = a.cols;
     float sc = a.s;

@@ -18,9 +18,10 @@ namespace {
 
 media::LogMelParams params(int mel_bins) {
     gemma4::AudioHParams hp{};
-    hp.mel_bins                  = mel_bins;
+    hp.mel_bins                    = mel_bins;
     const gemma4::AudioFrontEnd fe = gemma4::audio_front_end(hp);
-    return {fe.sample_rate, fe.frame_length, fe.hop_length, fe.fft_length, fe.mel_bins, fe.min_hz, fe.max_hz, fe.mel_floor};
+    return {fe.sample_rate, fe.frame_length, fe.hop_length, fe.fft_length,
+            fe.mel_bins,    fe.min_hz,       fe.max_hz,     fe.mel_floor};
 }
 
 std::vector<int32_t> read_i32(const std::string& path) {
@@ -56,7 +57,8 @@ TEST(LogMel, FeaturesMatchHf) {
         double mx      = 0;
         for (size_t i = 0; i < feat.size(); ++i)
             mx = std::max(mx, (double)std::fabs(feat[i] - ref[i]));
-        std::printf("%s: %d frames, rel L2 %.3g, max abs %.3g\n", c["name"].get<std::string>().c_str(), valid, e, mx);
+        std::printf("%s: %d frames, rel L2 %.3g, max abs %.3g\n", c["name"].get<std::string>().c_str(), valid,
+                    e, mx);
         EXPECT_LT(e, 2e-6);
         EXPECT_LT(mx, 2e-4);
     }
@@ -70,9 +72,9 @@ TEST(LogMel, InconsistentParametersAreRefused) {
     EXPECT_EQ(lm.valid_frames(161), 1);
     p.fft_length = 500; // not a power of two
     EXPECT_NE(lm.init(p), "");
-    p            = params(128);
-    p.max_hz     = 9000; // past Nyquist
+    p        = params(128);
+    p.max_hz = 9000; // past Nyquist
     EXPECT_NE(lm.init(p), "");
-    p          = params(0);
+    p = params(0);
     EXPECT_NE(lm.init(p), "");
 }

@@ -7,12 +7,13 @@
 namespace g4::media {
 
 std::string LogMel::init(const LogMelParams& p) {
-    if (p.sample_rate <= 0 || p.frame_length < 2 || p.hop_length < 1 || p.mel_bins < 1 || p.fft_length < p.frame_length ||
-        p.fft_length > (1 << 16) || (p.fft_length & (p.fft_length - 1)) != 0 || !(p.mel_floor > 0) ||
-        !(p.min_hz >= 0) || !(p.max_hz > p.min_hz) || p.max_hz > p.sample_rate / 2.0)
+    if (p.sample_rate <= 0 || p.frame_length < 2 || p.hop_length < 1 || p.mel_bins < 1 ||
+        p.fft_length < p.frame_length || p.fft_length > (1 << 16) ||
+        (p.fft_length & (p.fft_length - 1)) != 0 || !(p.mel_floor > 0) || !(p.min_hz >= 0) ||
+        !(p.max_hz > p.min_hz) || p.max_hz > p.sample_rate / 2.0)
         return "audio front end: inconsistent log-mel parameters in the plan (recompile it)";
-    p_    = p;
-    bins_ = p.fft_length / 2 + 1;
+    p_        = p;
+    bins_     = p.fft_length / 2 + 1;
     log2_fft_ = 0;
     while ((1 << log2_fft_) < p.fft_length)
         ++log2_fft_;
@@ -44,10 +45,10 @@ std::string LogMel::init(const LogMelParams& p) {
     for (int m = 0; m < M; ++m) {
         int lo = bins_, hi = 0;
         for (int k = 0; k < bins_; ++k) {
-            const double f    = (double)(p.sample_rate / 2) * k / (bins_ - 1);
-            const double down = (f - fpts[m]) / (fpts[m + 1] - fpts[m]);
-            const double up   = (fpts[m + 2] - f) / (fpts[m + 2] - fpts[m + 1]);
-            const double v    = std::max(0.0, std::min(down, up));
+            const double f              = (double)(p.sample_rate / 2) * k / (bins_ - 1);
+            const double down           = (f - fpts[m]) / (fpts[m + 1] - fpts[m]);
+            const double up             = (fpts[m + 2] - f) / (fpts[m + 2] - fpts[m + 1]);
+            const double v              = std::max(0.0, std::min(down, up));
             mel_[(size_t)m * bins_ + k] = v;
             if (v > 0) {
                 lo = std::min(lo, k);
@@ -57,7 +58,8 @@ std::string LogMel::init(const LogMelParams& p) {
         mel_lo_[m] = lo < hi ? lo : 0;
         mel_hi_[m] = lo < hi ? hi : 0;
     }
-    thread_floats_ = ((size_t)2 * (2 * N + bins_) + 16 + 15) / 16 * 16; // complex frame and magnitudes, doubles
+    thread_floats_ =
+        ((size_t)2 * (2 * N + bins_) + 16 + 15) / 16 * 16; // complex frame and magnitudes, doubles
     return "";
 }
 
@@ -86,8 +88,8 @@ void LogMel::compute(const cpu::Context& ctx, const float* pcm, int64_t n_sample
                     double* a       = buf + 2 * (b + j);
                     double* c       = buf + 2 * (b + j + half);
                     const double tr = c[0] * wr - c[1] * wi, ti = c[0] * wi + c[1] * wr;
-                    c[0]            = a[0] - tr;
-                    c[1]            = a[1] - ti;
+                    c[0] = a[0] - tr;
+                    c[1] = a[1] - ti;
                     a[0] += tr;
                     a[1] += ti;
                 }

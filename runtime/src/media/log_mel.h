@@ -31,10 +31,10 @@ private:
     LogMelParams p_{};
     int bins_ = 0, log2_fft_ = 0;
     size_t thread_floats_ = 0;
-    std::vector<float> window_;       // [frame_length] periodic Hann, float32
-    std::vector<double> twiddle_;     // [fft/2] complex e^{-2 pi i k / fft}
-    std::vector<int> bitrev_;         // [fft]
-    std::vector<double> mel_;         // [mel_bins, bins] filters, one row per mel bin
+    std::vector<float> window_;        // [frame_length] periodic Hann, float32
+    std::vector<double> twiddle_;      // [fft/2] complex e^{-2 pi i k / fft}
+    std::vector<int> bitrev_;          // [fft]
+    std::vector<double> mel_;          // [mel_bins, bins] filters, one row per mel bin
     std::vector<int> mel_lo_, mel_hi_; // non-zero bin range [lo, hi) of each filter
 };
 

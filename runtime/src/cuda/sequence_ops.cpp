@@ -113,4 +113,46 @@ cu::CUresult launch_add_scaled(const cu::Driver& d, const SequenceKernels& k, cu
               {&x, &lda, &b, &ldb, &y, &ldy, &cols, &sc});
 }
 
+bool launch_sequence_op(const cu::Driver& d, const SequenceKernels& k, cu::CUstream s, const rt::BoundOp& b,
+                        int32_t n, const int32_t* counts, cu::CUresult* r) {
+    const plan::PlanOp& op = *b.op;
+    const float* x         = (const float*)b.in[0];
+    float* y               = (float*)b.out[0];
+    switch ((OpCode)op.code) {
+    case OpCode::Conv2dNormRelu:
+        *r = launch_conv2d_norm_relu(d, k, s,
+                                     {x, counts[op.ip[4]], op.ip[0], op.ip[1], b.in[1], b.in_dt[1], b.in[2],
+                                      b.in_dt[2], op.fp[0], y, n, op.ip[2], op.ip[3]});
+        return true;
+    case OpCode::Silu:
+        *r = launch_silu(d, k, s, {x, b.in_ld[0], y, b.out_ld[0], n, op.ip[0]});
+        return true;
+    case OpCode::SigmoidMul:
+        *r = launch_sigmoid_mul(
+            d, k, s, {x, b.in_ld[0], (const float*)b.in[1], b.in_ld[1], y, b.out_ld[0], n, op.ip[0]});
+        return true;
+    case OpCode::CausalConv1d:
+        *r = launch_causal_conv1d(
+            d, k, s, {x, b.in_ld[0], b.in[1], b.in_dt[1], y, b.out_ld[0], n, op.ip[0], op.ip[1]});
+        return true;
+    case OpCode::LocalAttention:
+        *r = launch_local_attention(d, k, s,
+                                    {x, b.in_ld[0], (const float*)b.in[1], b.in_ld[1], (const float*)b.in[2],
+                                     b.in_ld[2], (const float*)b.in[3], b.in_ld[3], y, b.out_ld[0], n,
+                                     op.ip[0], op.ip[1], op.ip[2], op.ip[3], op.fp[0]});
+        return true;
+    case OpCode::SoftplusScale:
+        *r = launch_softplus_scale(
+            d, k, s, {x, b.in_ld[0], y, b.out_ld[0], n, op.ip[0], op.ip[1], b.in[1], b.in_dt[1], op.fp[0]});
+        return true;
+    case OpCode::AddScaled:
+        *r = launch_add_scaled(
+            d, k, s,
+            {x, b.in_ld[0], (const float*)b.in[1], b.in_ld[1], y, b.out_ld[0], n, op.ip[0], op.fp[0]});
+        return true;
+    default:
+        return false;
+    }
+}
+
 } // namespace g4::cuda_rt

@@ -4,6 +4,7 @@
 #pragma once
 #include "kernels/ops.h"
 #include "runtime/src/cuda/driver.h"
+#include "runtime/src/engine.h"
 
 #include <string>
 
@@ -31,5 +32,11 @@ cu::CUresult launch_softplus_scale(const cu::Driver& d, const SequenceKernels& k
                                    const DimScaleArgs& a);
 cu::CUresult launch_add_scaled(const cu::Driver& d, const SequenceKernels& k, cu::CUstream s,
                                const AddScaledArgs& a);
+
+// Launches b's op (an op of an encoder program bound to device addresses) over n rows; counts are the
+// program's row counts. Returns false, launching nothing, when the op is not one of these; *r is the launch's
+// status otherwise.
+bool launch_sequence_op(const cu::Driver& d, const SequenceKernels& k, cu::CUstream s, const rt::BoundOp& b,
+                        int32_t n, const int32_t* counts, cu::CUresult* r);
 
 } // namespace g4::cuda_rt

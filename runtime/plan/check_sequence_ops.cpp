@@ -47,15 +47,16 @@ struct Check {
         const int32_t i = op.in[k];
         if (!exists(i, what)) return false;
         const PlanTensor& t = p.tensor(i);
-        if (t.kind != (uint8_t)TensorKind::Weight) return fail(std::string(what) + " " + name(i) + " is not a weight");
+        if (t.kind != (uint8_t)TensorKind::Weight)
+            return fail(std::string(what) + " " + name(i) + " is not a weight");
         if (t.dtype != (uint8_t)DType::F32 && t.dtype != (uint8_t)DType::BF16)
             return fail(std::string(what) + " " + name(i) + " is not F32 or BF16");
         int64_t numel = 1;
         for (int d = 0; d < t.ndim; ++d)
             numel *= t.dims[d];
         if (numel != n)
-            return fail(std::string(what) + " " + name(i) + " has " + std::to_string(numel) + " values, the op " +
-                        std::to_string(n));
+            return fail(std::string(what) + " " + name(i) + " has " + std::to_string(numel) +
+                        " values, the op " + std::to_string(n));
         return true;
     }
     bool positive(std::initializer_list<int32_t> v) {
@@ -83,7 +84,8 @@ std::string check_sequence_op(const Plan& p, const PlanOp& op, int64_t rows, con
     const int32_t* ip = op.ip;
     switch ((OpCode)op.code) {
     case OpCode::Conv2dNormRelu: {
-        if (!c.positive({ip[0], ip[1], ip[2], ip[3]}) || ip[0] > (1 << 16) || ip[1] > (1 << 16) || ip[3] > (1 << 16))
+        if (!c.positive({ip[0], ip[1], ip[2], ip[3]}) || ip[0] > (1 << 16) || ip[1] > (1 << 16) ||
+            ip[3] > (1 << 16))
             break;
         if (ip[2] != (ip[0] + 1) / 2) {
             c.fail("output frequency rows are not half the input's");
@@ -94,7 +96,8 @@ std::string check_sequence_op(const Plan& p, const PlanOp& op, int64_t rows, con
             break;
         }
         // The output covers at least half the input's rows (stride 2), rounding up.
-        if ((int64_t)rows < ((int64_t)max_rows[ip[4]] + 1) / 2) c.fail("fewer output rows than the stride gives");
+        if ((int64_t)rows < ((int64_t)max_rows[ip[4]] + 1) / 2)
+            c.fail("fewer output rows than the stride gives");
         c.act(0, false, (int64_t)ip[0] * ip[1], max_rows[ip[4]], "input") &&
             c.weight(1, (int64_t)ip[3] * ip[1] * 9, "conv weight") && c.weight(2, ip[3], "norm weight") &&
             c.act(0, true, (int64_t)ip[2] * ip[3], rows, "output") &&
@@ -125,8 +128,9 @@ std::string check_sequence_op(const Plan& p, const PlanOp& op, int64_t rows, con
             c.fail("logit cap must be > 0");
             break;
         }
-        c.act(0, false, width, rows, "q") && c.act(1, false, width, rows, "k") && c.act(2, false, width, rows, "v") &&
-            c.act(3, false, width, ip[3], "relative keys") && c.act(0, true, width, rows, "output") &&
+        c.act(0, false, width, rows, "q") && c.act(1, false, width, rows, "k") &&
+            c.act(2, false, width, rows, "v") && c.act(3, false, width, ip[3], "relative keys") &&
+            c.act(0, true, width, rows, "output") &&
             c.scratch(cpu::local_attention_scratch_floats(ip[2]), thread_floats);
         break;
     }
@@ -136,7 +140,8 @@ std::string check_sequence_op(const Plan& p, const PlanOp& op, int64_t rows, con
             c.fail("columns are not a multiple of the scale's length");
             break;
         }
-        c.act(0, false, ip[0], rows, "input") && c.weight(1, ip[1], "scale") && c.act(0, true, ip[0], rows, "output") &&
+        c.act(0, false, ip[0], rows, "input") && c.weight(1, ip[1], "scale") &&
+            c.act(0, true, ip[0], rows, "output") &&
             c.scratch(cpu::softplus_scale_scratch_floats(ip[1]), thread_floats);
         break;
     default:

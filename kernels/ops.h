@@ -30,7 +30,9 @@ enum class OpCode : uint16_t {
     Softcap   = 10, // y = cap * tanh(x / cap)
     Copy      = 11, // cross-device step of a CUDA plan with CPU-placed layers: rows of an activation view
                     // from the GPU to host memory (ip1 = 0) or back (ip1 = 1); ip0 = columns
-    // 12-19: reserved (image encoder ops).
+    // Ops of encoder programs (rows: a program's row counts, plan_format.h PlanProgram); 12-19 the image
+    // encoder's (Clamp declared here as that branch defines it: fp0 lo, fp1 hi, ip0 columns).
+    Clamp          = 12, // y = min(max(x, lo), hi)
     Conv2dNormRelu = 20, // 3x3 stride-2 pad-1 conv over [rows, F, C] (channels last, rows = time), then
                          // LayerNorm over channels (weight, no bias) and ReLU (Conv2dArgs)
     Silu           = 21, // y = x * sigmoid(x)

@@ -61,6 +61,8 @@ const char* op_name(OpCode op) {
         return "softcap";
     case OpCode::Copy:
         return "copy";
+    case OpCode::Clamp:
+        return "clamp";
     case OpCode::Conv2dNormRelu:
         return "conv2d_norm_relu";
     case OpCode::Silu:

@@ -31,11 +31,19 @@ enum class OpCode : uint16_t {
     Copy      = 11, // cross-device step of a CUDA plan with CPU-placed layers: rows of an activation view
                     // from the GPU to host memory (ip1 = 0) or back (ip1 = 1); ip0 = columns
     // Ops of encoder programs (rows: a program's row counts, plan_format.h PlanProgram).
-    Clamp         = 12, // y = min(max(x, lo), hi)
-    AddPosition2D = 13, // y[r] = x[r] + table[0, pos[r].x] + table[1, pos[r].y] (table [2, P, cols])
-    Rope2D        = 14, // in place: each head's first half rotated by pos[r].x, second half by pos[r].y
-    SelfAttention = 15, // softmax(q.K^T * scale) . V over the same rows (bidirectional, no cache), GQA
-    PoolRows      = 16, // y[c] = w * sum_j x[index[c, j]] (j in order)
+    Clamp          = 12, // y = min(max(x, lo), hi)
+    AddPosition2D  = 13, // y[r] = x[r] + table[0, pos[r].x] + table[1, pos[r].y] (table [2, P, cols])
+    Rope2D         = 14, // in place: each head's first half rotated by pos[r].x, second half by pos[r].y
+    SelfAttention  = 15, // softmax(q.K^T * scale) . V over the same rows (bidirectional, no cache), GQA
+    PoolRows       = 16, // y[c] = w * sum_j x[index[c, j]] (j in order)
+    Conv2dNormRelu = 20, // 3x3 stride-2 pad-1 conv over [rows, F, C] (channels last, rows = time), then
+                         // LayerNorm over channels (weight, no bias) and ReLU (Conv2dArgs)
+    Silu           = 21, // y = x * sigmoid(x)
+    SigmoidMul     = 22, // y = a * sigmoid(b) (GLU: a and b two column views of one tensor)
+    CausalConv1d   = 23, // depthwise causal conv over rows: y[t,i] = sum_j w[i,j] x[t-K+1+j, i]
+    LocalAttention = 24, // softmax over the last W keys of cap*tanh((q.k + q.rel[W-(t-j)]) / cap), . V
+    SoftplusScale  = 25, // y[:, i] = x[:, i] * s * softplus(w[i % dim])
+    AddScaled      = 26, // y = a + s * b
 };
 const char* op_name(OpCode op);
 
@@ -204,6 +212,75 @@ struct PoolRowsArgs {
     int64_t ldy;
     int32_t rows, cols, taps;
     float w;
+};
+
+struct Conv2dArgs { // Conv2dNormRelu
+    const float* x; // [in_rows, f_in, c_in]; rows at or past in_rows read as zero
+    int32_t in_rows, f_in, c_in;
+    const void* w; // [c_out, c_in, 3, 3], dtype wdt (F32/BF16)
+    DType wdt;
+    const void* norm; // [c_out] LayerNorm weight, dtype ndt
+    DType ndt;
+    float eps;
+    float* y; // [out_rows, f_out, c_out]
+    int32_t out_rows, f_out, c_out;
+};
+
+struct UnaryArgs {  // Silu
+    const float* x; // [T, ldx]
+    int64_t ldx;
+    float* y; // [T, ldy] (may alias x)
+    int64_t ldy;
+    int32_t rows, cols;
+};
+
+struct AddScaledArgs {
+    const float* a; // [T, lda]
+    int64_t lda;
+    const float* b; // [T, ldb]
+    int64_t ldb;
+    float* y; // [T, ldy] (may alias a)
+    int64_t ldy;
+    int32_t rows, cols;
+    float s;
+};
+
+struct DimScaleArgs { // SoftplusScale
+    const float* x;   // [T, ldx]
+    int64_t ldx;
+    float* y; // [T, ldy] (may alias x)
+    int64_t ldy;
+    int32_t rows, cols, dim; // cols a multiple of dim
+    const void* w;           // [dim], dtype wdt
+    DType wdt;
+    float s;
+};
+
+struct CausalConv1dArgs {
+    const float* x; // [T, ldx]; row t reads rows t-k+1 .. t (rows before 0 are zero)
+    int64_t ldx;
+    const void* w; // [cols, k], dtype wdt
+    DType wdt;
+    float* y; // [T, ldy] (must not alias x)
+    int64_t ldy;
+    int32_t rows, cols, k;
+};
+
+struct LocalAttentionArgs {
+    // Query t sees keys j = max(0, t-window+1) .. t; logit = cap * tanh((q_t.k_j + q_t.rel_p) / cap) with
+    // p = window - (t - j) (no rel term when p >= n_rel); softmax over those keys; y_t = sum_j softmax_j v_j.
+    const float* q; // [T, ldq] = heads x dim
+    int64_t ldq;
+    const float* k; // [T, ldk]
+    int64_t ldk;
+    const float* v; // [T, ldv]
+    int64_t ldv;
+    const float* rel; // [n_rel, ldr] relative-position keys
+    int64_t ldr;
+    float* y; // [T, ldy]
+    int64_t ldy;
+    int32_t rows, heads, dim, window, n_rel;
+    float cap;
 };
 
 } // namespace g4

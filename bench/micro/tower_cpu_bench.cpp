@@ -2,10 +2,15 @@
 // bf16 weights, no checkpoint or plan: one 2394-patch image (57 x 42 grid, 266 soft tokens, the 1024x768
 // image of bench/e2e/tower_bench.py) and one 30 s clip (750 soft tokens). Prints every rep and the median.
 // Built with the project (build/bench/micro/tower_cpu_bench).
+// The audio mode runs the hand-written tower and the compiler's audio program (models/gemma4/audio_graph.*,
+// replayed op by op on the CPU kernels the executor uses) on the same weights, alternating, and prints both
+// medians and their outputs' relative difference.
 // Usage: tower_cpu_bench [vision|audio|both|gemm] [reps] [fp32|bf16|both]   (threads: G4_THREADS, else all
 // cores; towers in both precisions by default, fp32 then bf16)
 #include "kernels/cpu/cpu.h"
 #include "kernels/cpu/thread_pool.h"
+#include "models/gemma4/audio_graph.h"
+#include "runtime/src/sequence_exec.h"
 #include "runtime/src/towers/audio.h"
 #include "runtime/src/towers/vision.h"
 
@@ -147,6 +152,119 @@ void bench_vision(cpu::ThreadPool& pool, int reps, towers::Precision prec) {
                 vt.thread_scratch_floats());
 }
 
+// The audio program on the CPU kernels: every tensor in its own buffer (weights from the store, widened
+// bound scalars read at build time), ops dispatched as the executor dispatches them.
+struct AudioProgramRun {
+    gemma4::AudioProgram ap;
+    std::vector<std::vector<float>> act;
+    std::vector<const void*> wptr;
+    std::vector<DType> wdt;
+    std::vector<rt::BoundOp> ops;
+    size_t thread_floats = 0;
+
+    std::string init(Store& st, const gemma4::AudioHParams& hp, bool bf16) {
+        auto read = [&](const std::string& n, std::vector<float>* v) -> std::string {
+            auto it = st.ts.find(n);
+            if (it == st.ts.end()) return "missing " + n;
+            int64_t numel = 1;
+            for (int i = 0; i < it->second.ndim; ++i)
+                numel *= it->second.dims[i];
+            v->resize((size_t)numel);
+            for (int64_t i = 0; i < numel; ++i)
+                (*v)[i] = towers::tensor_at(it->second, i);
+            return "";
+        };
+        gemma4::AudioBuildOptions o;
+        o.bf16_matmuls = bf16;
+        if (std::string e = gemma4::build_audio_program(hp, o, read, &ap); !e.empty()) return e;
+        thread_floats  = ap.thread_floats;
+        const auto& ts = ap.graph.tensors;
+        act.resize(ts.size());
+        wptr.assign(ts.size(), nullptr);
+        wdt.assign(ts.size(), DType::F32);
+        for (size_t t = 0; t < ts.size(); ++t) {
+            if (ts[t].kind != plan::TensorKind::Weight)
+                act[t].assign((size_t)ts[t].dims[0] * ts[t].dims[1], 0.0f);
+            else if (ts[t].role == gemma4::WeightRole::Constant)
+                wptr[t] = ts[t].constant.data();
+            else if (auto it = st.ts.find(ts[t].name); it != st.ts.end())
+                wptr[t] = it->second.data, wdt[t] = it->second.dtype;
+            else
+                return "no weight " + ts[t].name;
+        }
+        for (const gemma4::OpDesc& d : ap.graph.ops) {
+            rt::BoundOp b{};
+            b.op = &d.op;
+            for (int k = 0; k < 4; ++k)
+                if (d.op.in[k] >= 0) {
+                    const int t = d.op.in[k];
+                    b.in_ld[k]  = ts[t].dims.size() == 2 ? ts[t].dims[1] : 0;
+                    b.in_dt[k]  = ts[t].kind == plan::TensorKind::Weight ? wdt[t] : DType::F32;
+                    b.in[k]     = ts[t].kind == plan::TensorKind::Weight
+                                      ? (void*)wptr[t]
+                                      : (void*)(act[t].data() + d.op.in_col[k]);
+                }
+            for (int k = 0; k < 2; ++k)
+                if (d.op.out[k] >= 0) {
+                    b.out[k]    = act[d.op.out[k]].data() + d.op.out_col[k];
+                    b.out_ld[k] = ts[d.op.out[k]].dims[1];
+                }
+            ops.push_back(b);
+        }
+        return "";
+    }
+    // features [frames, mel_bins] -> soft tokens (the output tensor's first rows).
+    const float* run(const cpu::Context& ctx, const float* features, int frames) {
+        const int32_t counts[4] = {frames, (frames + 1) / 2, ((frames + 1) / 2 + 1) / 2, ap.max_rows[3]};
+        std::memcpy(act[ap.features].data(), features,
+                    sizeof(float) * frames * ap.graph.tensors[ap.features].dims[1]);
+        for (const rt::BoundOp& b : ops) {
+            const plan::PlanOp& op = *b.op;
+            const int32_t n        = counts[op.row_mode - 16];
+            float *x = (float*)b.in[0], *y = (float*)b.out[0];
+            switch ((OpCode)op.code) {
+            case OpCode::Matmul: {
+                const auto& w = ap.graph.tensors[op.in[1]];
+                MatmulArgs m{x, b.in_ld[0], b.in[1], b.in_dt[1], w.dims[0], w.dims[1], y, b.out_ld[0], n};
+                if (op.ip[4] == 2)
+                    cpu::matmul_gemm_bf16(ctx, m);
+                else
+                    cpu::matmul_gemm(ctx, m);
+                if (b.in[2])
+                    cpu::add(ctx, {y, b.out_ld[0], (const float*)b.in[2], 0, y, b.out_ld[0], n,
+                                   (int32_t)w.dims[0]});
+                break;
+            }
+            case OpCode::RmsNorm:
+                cpu::rms_norm(ctx, {x, b.in_ld[0], b.in[1], b.in_dt[1], y, b.out_ld[0], n, op.ip[0], op.ip[1],
+                                    op.fp[0]});
+                break;
+            case OpCode::Add:
+                cpu::add(ctx,
+                         {x, b.in_ld[0], (const float*)b.in[1], b.in_ld[1], y, b.out_ld[0], n, op.ip[0]});
+                break;
+            case OpCode::Scale:
+                cpu::scale(ctx,
+                           {x, b.in_ld[0], y, b.out_ld[0], n, op.ip[0], op.fp[0], nullptr, DType::F32, 0.0f});
+                break;
+            case OpCode::Clamp:
+                ctx.pool->parallel_for(n, [&](int64_t r, int) {
+                    for (int32_t i = 0; i < op.ip[0]; ++i)
+                        y[r * b.out_ld[0] + i] =
+                            std::min(std::max(x[r * b.in_ld[0] + i], op.fp[0]), op.fp[1]);
+                });
+                break;
+            default:
+                if (!rt::run_sequence_op(b, ctx, n, counts)) {
+                    std::printf("op %s not handled\n", op_name((OpCode)op.code));
+                    std::exit(1);
+                }
+            }
+        }
+        return act[ap.output].data();
+    }
+};
+
 void bench_audio(cpu::ThreadPool& pool, int reps, towers::Precision prec) {
     towers::AudioHParams hp{};
     if (std::string e = towers::parse_audio_hparams("{}", 1536, &hp); !e.empty()) {
@@ -200,8 +318,18 @@ void bench_audio(cpu::ThreadPool& pool, int reps, towers::Precision prec) {
         std::printf("%s\n", e.c_str());
         std::exit(1);
     }
+    gemma4::AudioHParams gh{};
+    AudioProgramRun prog;
+    if (std::string e = gemma4::parse_audio_hparams("{}", 1536, &gh); !e.empty()) {
+        std::printf("%s\n", e.c_str());
+        std::exit(1);
+    }
+    if (std::string e = prog.init(st, gh, prec == towers::Precision::BF16); !e.empty()) {
+        std::printf("audio program: %s\n", e.c_str());
+        std::exit(1);
+    }
     cpu::Context ctx;
-    ctx.pool = &pool, ctx.scratch_stride = at.thread_scratch_floats();
+    ctx.pool = &pool, ctx.scratch_stride = std::max(at.thread_scratch_floats(), prog.thread_floats);
     std::vector<float> tscr(ctx.scratch_stride * pool.size() + 16), scr(at.scratch_bytes() / 4 + 16);
     ctx.scratch = tscr.data();
     std::mt19937 rng(9);
@@ -210,25 +338,35 @@ void bench_audio(cpu::ThreadPool& pool, int reps, towers::Precision prec) {
     for (size_t i = 0; i < pcm.size(); ++i)
         pcm[i] = 0.3f * std::sin(0.01f * (float)i) + nd(rng);
     std::vector<float> out((size_t)at.max_soft_tokens() * hp.text_hidden_size);
-    int n_soft = 0;
-    std::vector<double> ts;
+    std::vector<float> feat((size_t)towers::AudioTower::valid_frames(samples) * hp.mel_bins);
+    int n_soft = 0, frames = 0;
+    const float* pout = nullptr;
+    std::vector<double> ts, tp;
     for (int r = 0; r <= reps; ++r) {
         std::string err;
         double s =
             time_s([&] { err = at.forward(ctx, pcm.data(), samples, scr.data(), out.data(), &n_soft); });
+        // The program's run: the log-mel features (as the runtime's front end makes them), then the program.
+        double sp = time_s([&] {
+            if (err.empty()) err = at.features(ctx, pcm.data(), samples, feat.data(), &frames);
+            if (err.empty()) pout = prog.run(ctx, feat.data(), frames);
+        });
         if (!err.empty()) {
             std::printf("%s\n", err.c_str());
             std::exit(1);
         }
-        if (r) ts.push_back(s);
-        std::printf("  audio %s rep %d: %.3f s\n", towers::precision_name(prec), r, s);
+        if (r) ts.push_back(s), tp.push_back(sp);
+        std::printf("  audio %s rep %d: tower %.3f s, program %.3f s\n", towers::precision_name(prec), r, s,
+                    sp);
     }
-    double sum = 0;
+    double sum = 0, num = 0, den = 0;
     for (int i = 0; i < n_soft * hp.text_hidden_size; ++i)
-        sum += std::fabs(out[i]);
-    std::printf(
-        "audio %s: 30 s -> %d soft tokens, %d threads, median %.3f s (checksum %.6g, %zu floats/thread)\n",
-        towers::precision_name(prec), n_soft, pool.size(), median(ts), sum, at.thread_scratch_floats());
+        sum += std::fabs(out[i]), num += (double)(pout[i] - out[i]) * (pout[i] - out[i]),
+            den += (double)out[i] * out[i];
+    std::printf("audio %s: 30 s -> %d soft tokens, %d threads, median tower %.3f s, program %.3f s "
+                "(program/tower %.3f; outputs' rel diff %.2e; checksum %.6g)\n",
+                towers::precision_name(prec), n_soft, pool.size(), median(ts), median(tp),
+                median(tp) / median(ts), std::sqrt(num / den), sum);
 }
 
 // cpu::matmul against cpu::matmul_gemm at one tower shape (bf16 weights): GFLOPS and their relative

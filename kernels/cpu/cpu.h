@@ -82,5 +82,19 @@ void self_attention(const Context& c, const SelfAttentionArgs& a);
 void pool_rows(const Context& c, const PoolRowsArgs& a);
 // y = gelu_tanh(a) * b with Eigen's vectorised tanh (the encoder MLPs; GeluMul ops of encoder programs).
 void gelu_mul_vec(const Context& c, const BinaryArgs& a);
+// Ops over frame sequences (kernels/cpu/sequence_ops.cpp). Each output is computed by one thread in an
+// order independent of the thread count. The *_scratch_floats functions give the per-thread scratch each
+// needs from the Context.
+size_t conv2d_scratch_floats(int32_t f_out, int32_t c_in, int32_t c_out);
+void conv2d_norm_relu(const Context& c, const Conv2dArgs& a);
+void silu(const Context& c, const UnaryArgs& a);
+void sigmoid_mul(const Context& c, const BinaryArgs& a);
+size_t causal_conv1d_scratch_floats(int32_t cols, int32_t k);
+void causal_conv1d(const Context& c, const CausalConv1dArgs& a);
+size_t local_attention_scratch_floats(int32_t window);
+void local_attention(const Context& c, const LocalAttentionArgs& a);
+size_t softplus_scale_scratch_floats(int32_t dim);
+void softplus_scale(const Context& c, const DimScaleArgs& a);
+void add_scaled(const Context& c, const AddScaledArgs& a);
 
 } // namespace g4::cpu

@@ -23,4 +23,5 @@
 #include "decode_attention.cu"
 #include "nf4_convert.cu"
 #include "towers_legacy.cu"
+#include "sequence_ops.cu"
 // clang-format on

@@ -71,6 +71,20 @@ const char* op_name(OpCode op) {
         return "self_attention";
     case OpCode::PoolRows:
         return "pool_rows";
+    case OpCode::Conv2dNormRelu:
+        return "conv2d_norm_relu";
+    case OpCode::Silu:
+        return "silu";
+    case OpCode::SigmoidMul:
+        return "sigmoid_mul";
+    case OpCode::CausalConv1d:
+        return "causal_conv1d";
+    case OpCode::LocalAttention:
+        return "local_attention";
+    case OpCode::SoftplusScale:
+        return "softplus_scale";
+    case OpCode::AddScaled:
+        return "add_scaled";
     }
     return "unknown";
 }

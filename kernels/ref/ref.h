@@ -18,7 +18,16 @@ void rope(const RopeArgs& a);
 void kv_store(const KvStoreArgs& a);
 void attention(const AttentionArgs& a); // uses a.scratch for at least `slots` floats
 
+void conv2d_norm_relu(const Conv2dArgs& a);
+void silu(const UnaryArgs& a);
+void sigmoid_mul(const BinaryArgs& a);
+void causal_conv1d(const CausalConv1dArgs& a);
+void local_attention(const LocalAttentionArgs& a);
+void softplus_scale(const DimScaleArgs& a);
+void add_scaled(const AddScaledArgs& a);
+
 float gelu_tanh(float x);
+double softplus(double x); // torch.nn.functional.softplus (beta 1, threshold 20)
 
 // Encoder-program ops (kernels/ref/encoder_ops.cpp).
 void clamp(const ClampArgs& a);

@@ -9,8 +9,8 @@ namespace g4::rt {
 std::string check_patch_grid(const int32_t* pos, int n_patches, int max_patches, int cell, int table,
                              int32_t* seen, PatchGrid* g) {
     if (n_patches < 1 || n_patches > max_patches)
-        return std::to_string(n_patches) + " patches given; it takes 1.." +
-               std::to_string(max_patches) + " (max_patches)";
+        return std::to_string(n_patches) + " patches given; it takes 1.." + std::to_string(max_patches) +
+               " (max_patches)";
     // Real rows first, padding (-1, -1) only after them.
     int n = n_patches;
     for (int i = 0; i < n_patches; ++i)
@@ -20,9 +20,8 @@ std::string check_patch_grid(const int32_t* pos, int n_patches, int max_patches,
         }
     for (int i = n; i < n_patches; ++i)
         if (pos[2 * i] != -1 || pos[2 * i + 1] != -1)
-            return "patch " + std::to_string(i) + " has position (" +
-                   std::to_string(pos[2 * i]) + ", " + std::to_string(pos[2 * i + 1]) +
-                   ") after padding patch " + std::to_string(n) +
+            return "patch " + std::to_string(i) + " has position (" + std::to_string(pos[2 * i]) + ", " +
+                   std::to_string(pos[2 * i + 1]) + ") after padding patch " + std::to_string(n) +
                    "; padding (-1, -1) may only trail the real patches";
     if (n == 0) return "every patch is padding (-1, -1)";
 
@@ -36,16 +35,15 @@ std::string check_patch_grid(const int32_t* pos, int n_patches, int max_patches,
         gw = std::max(gw, x + 1), gh = std::max(gh, y + 1);
     }
     if ((int64_t)gw * gh != n || gw % k || gh % k)
-        return "the " + std::to_string(n) + " patch positions span a " + std::to_string(gw) +
-               " x " + std::to_string(gh) + " grid; they must cover a grid of whole " + std::to_string(k) +
-               " x " + std::to_string(k) + " pooling cells exactly once";
+        return "the " + std::to_string(n) + " patch positions span a " + std::to_string(gw) + " x " +
+               std::to_string(gh) + " grid; they must cover a grid of whole " + std::to_string(k) + " x " +
+               std::to_string(k) + " pooling cells exactly once";
     std::memset(seen, 0, sizeof(int32_t) * n);
     for (int i = 0; i < n; ++i) {
         int32_t& c = seen[pos[2 * i] + gw * pos[2 * i + 1]];
         if (c)
-            return "patches " + std::to_string(c - 1) + " and " + std::to_string(i) +
-                   " share position (" + std::to_string(pos[2 * i]) + ", " + std::to_string(pos[2 * i + 1]) +
-                   ")";
+            return "patches " + std::to_string(c - 1) + " and " + std::to_string(i) + " share position (" +
+                   std::to_string(pos[2 * i]) + ", " + std::to_string(pos[2 * i + 1]) + ")";
         c = i + 1;
     }
 

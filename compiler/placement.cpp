@@ -490,6 +490,7 @@ std::vector<DeviceMemory> memory_plan(const Figures& f, const Placement& p, bool
         if (f.tower_weights)
             c.parts.push_back({"towers' weights", f.tower_weights}),
                 c.parts.push_back({"towers' buffers", f.tower_buffers});
+        if (f.encoder_arenas) c.parts.push_back({"encoder programs' activations", f.encoder_arenas});
         c.per_thread = f.scratch_per_thread;
         c.threads    = threads;
         cpu_budget(c);
@@ -528,6 +529,8 @@ std::vector<DeviceMemory> memory_plan(const Figures& f, const Placement& p, bool
                                               : p.vision_gpu              ? f.tower_buffers_vision_gpu
                                               : p.audio_gpu               ? f.tower_buffers_audio_gpu
                                                                           : f.tower_buffers});
+    if (f.encoder_arenas && !p.vision_gpu)
+        h.parts.push_back({"encoder programs' activations", f.encoder_arenas});
     if (p.has_cpu_layers()) {
         h.parts.push_back({"CPU layers' weights", f.host_weights});
         h.parts.push_back({"CPU layers' " + kv, f.host_kv});

@@ -119,6 +119,9 @@ struct Figures {
     // Vision/audio towers (host memory, CPU plans included): their weights (part of `weights`) and the
     // buffers a session allocates for them (scratch, image/audio input, queued soft tokens, thread scratch).
     uint64_t tower_weights = 0, tower_buffers = 0;
+    // The activation arenas of the encoder programs the CPU runs (host memory; the vision program's is not
+    // allocated when the vision tower runs on the GPU).
+    uint64_t encoder_arenas = 0;
     // A tower on the plan's GPU instead: its weights (part of tower_weights) and device buffer move there,
     // and the towers' host buffers shrink to tower_buffers_vision_gpu (the vision tower there),
     // tower_buffers_audio_gpu (the audio tower) or tower_buffers_both_gpu (both).

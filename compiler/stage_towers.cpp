@@ -65,18 +65,24 @@ void need_ids(const std::string& cfg, const char* tower, const char* what,
                                " in a prompt (--no-" + tower + " leaves the tower out)");
 }
 
+// The hand-written GPU vision tower's hyper-parameters (runtime/src/towers/vision.h), from the model's.
+towers::VisionHParams gpu_tower_hparams(const gemma4::VisionHParams& h, towers::Precision prec) {
+    towers::VisionHParams vh{};
+    vh.hidden_size = h.hidden_size, vh.num_hidden_layers = h.num_hidden_layers;
+    vh.num_attention_heads = h.num_attention_heads, vh.num_key_value_heads = h.num_key_value_heads;
+    vh.head_dim = h.head_dim, vh.intermediate_size = h.intermediate_size, vh.patch_size = h.patch_size;
+    vh.pooling_kernel_size = h.pooling_kernel_size, vh.position_embedding_size = h.position_embedding_size;
+    vh.rms_norm_eps = h.rms_norm_eps, vh.rope_theta = h.rope_theta;
+    vh.use_clipped_linears = h.use_clipped_linears, vh.text_hidden_size = h.text_hidden_size;
+    vh.precision = prec;
+    return vh;
+}
+
 // The vision encoder program (models/gemma4/vision_graph.h) on the CPU: GEMM matmuls in fp32 or bf16, the
 // per-thread scratch of its kernels. The 0-d ClippableLinear bounds are the Clamp ops' parameters; they stay
 // tensors of the program too (unread by its ops) for the GPU encoder, which reads them by name.
-EncoderProgram vision_program(const towers::VisionHParams& vh, int max_patches, bool bf16,
-                              const towers::Lookup& lookup) {
-    gemma4::VisionHParams h;
-    h.hidden_size = vh.hidden_size, h.num_hidden_layers = vh.num_hidden_layers;
-    h.num_attention_heads = vh.num_attention_heads, h.num_key_value_heads = vh.num_key_value_heads;
-    h.head_dim = vh.head_dim, h.intermediate_size = vh.intermediate_size, h.patch_size = vh.patch_size;
-    h.pooling_kernel_size = vh.pooling_kernel_size, h.position_embedding_size = vh.position_embedding_size;
-    h.rms_norm_eps = vh.rms_norm_eps, h.rope_theta = vh.rope_theta;
-    h.use_clipped_linears = vh.use_clipped_linears, h.text_hidden_size = vh.text_hidden_size;
+EncoderProgram vision_program(const gemma4::VisionHParams& h, const towers::VisionHParams& vh,
+                              int max_patches, bool bf16, const towers::Lookup& lookup) {
     gemma4::VisionBuildOptions o;
     o.max_patches   = max_patches;
     o.matmul_kernel = bf16 ? 2 : 1;
@@ -105,8 +111,8 @@ EncoderProgram vision_program(const towers::VisionHParams& vh, int max_patches, 
     e.outputs  = {v.output};
     e.max_rows = {v.max_patches, v.max_cells, 0, 0};
     const int64_t max_k =
-        std::max({(int64_t)3 * vh.patch_size * vh.patch_size, (int64_t)vh.hidden_size,
-                  (int64_t)vh.intermediate_size, (int64_t)vh.num_attention_heads * vh.head_dim});
+        std::max({(int64_t)3 * h.patch_size * h.patch_size, (int64_t)h.hidden_size,
+                  (int64_t)h.intermediate_size, (int64_t)h.num_attention_heads * h.head_dim});
     e.thread_floats = std::max({cpu::scratch_floats_per_thread(max_k, 0), cpu::gemm_scratch_floats(),
                                 bf16 ? cpu::gemm_bf16_scratch_floats() : 0,
                                 cpu::self_attention_thread_floats(max_patches)});
@@ -123,8 +129,8 @@ void check_vision(Inputs& in, const std::string& cfg, const towers::Lookup& look
     auto& vision_thread_floats = ts.vision_thread_floats;
     auto& preprocess_floats    = ts.preprocess_floats;
     const int H                = in.mc.text.hidden_size;
-    towers::VisionHParams vh;
-    std::string e = towers::parse_vision_hparams(in.mc.vision_config_json, H, &vh);
+    gemma4::VisionHParams h;
+    std::string e = gemma4::parse_vision_config(in.mc.vision_config_json, H, &h);
     if (!e.empty()) throw CompileError(cfg + ": vision_config: " + e + " (--no-vision leaves the tower out)");
     if (opt.image_tokens != 70 && opt.image_tokens != 140 && opt.image_tokens != 280 &&
         opt.image_tokens != 560 && opt.image_tokens != 1120)
@@ -135,8 +141,8 @@ void check_vision(Inputs& in, const std::string& cfg, const towers::Lookup& look
              {{"image_token_id", in.mc.image_token_id},
               {"boi_token_id", in.mc.boi_token_id},
               {"eoi_token_id", in.mc.eoi_token_id}});
-    const int k = vh.pooling_kernel_size, patch = vh.patch_size, max_patches = opt.image_tokens * k * k;
-    vh.precision = prec;
+    const int k = h.pooling_kernel_size, patch = h.patch_size, max_patches = opt.image_tokens * k * k;
+    const towers::VisionHParams vh = gpu_tower_hparams(h, prec);
     towers::VisionTower vt;
     e = vt.init(vh, lookup, max_patches);
     if (!e.empty())
@@ -167,12 +173,12 @@ void check_vision(Inputs& in, const std::string& cfg, const towers::Lookup& look
     preprocess_floats    = towers::preprocess_thread_floats(opt.image_tokens, patch, k);
     z.thread_floats      = std::max({z.thread_floats, vt.thread_scratch_floats(), preprocess_floats});
     z.max_soft           = std::max(z.max_soft, opt.image_tokens);
-    in.encoders.push_back(vision_program(vh, max_patches, prec == towers::Precision::BF16, lookup));
+    in.encoders.push_back(vision_program(h, vh, max_patches, prec == towers::Precision::BF16, lookup));
     in.towers_meta["vision"] = {{"config", json::parse(in.mc.vision_config_json)},
                                 {"program", "vision"},
                                 {"patch_size", patch},
                                 {"pooling_kernel_size", k},
-                                {"position_size", vh.position_embedding_size},
+                                {"position_size", h.position_embedding_size},
                                 {"pixel_mean", 0.5},
                                 {"pixel_std", 0.5},
                                 {"image_tokens", opt.image_tokens},

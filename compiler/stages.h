@@ -116,7 +116,8 @@ struct Report {
     uint64_t tower_weights = 0; // vision/audio towers: part of weights_bytes, host memory
     uint64_t vision_begin  = 0,
              vision_end    = 0; // the vision tower's weights within WEIGHTS (a GPU vision tower uploads them)
-    uint64_t audio_begin = 0, audio_end = 0;     // the audio tower's (likewise)
+    uint64_t audio_begin = 0, audio_end = 0; // the audio tower's (likewise)
+    uint64_t encoder_arenas = 0; // CPU encoder programs' activation arenas, as a session allocates them
     std::map<int, placement::Figures::Gpu> gpus; // cross-device plans: per GPU
     cross_device::Stats cross;
     std::string kv_dtype;

@@ -19,6 +19,15 @@ struct VisionHParams { // config.json "vision_config" (+ the text hidden size)
     int text_hidden_size     = 0;
 };
 
+// Parses the JSON text of config.json's "vision_config" object. Shape keys (hidden_size,
+// num_hidden_layers, num_attention_heads, num_key_value_heads, head_dim, intermediate_size, patch_size,
+// pooling_kernel_size, position_embedding_size) are required; the others default as in HF's
+// Gemma4VisionConfig (rms_norm_eps 1e-6, rope theta 100 "axial", use_clipped_linears false).
+// Unsupported settings (standardize true, an activation other than gelu_pytorch_tanh, attention_bias,
+// a rope type other than axial) are errors. Returns "" or a message naming the bad or missing key.
+std::string parse_vision_config(const std::string& vision_config_json, int text_hidden_size,
+                                VisionHParams* out);
+
 struct VisionBuildOptions {
     int max_patches   = 0; // patches of the largest image (a multiple of pooling_kernel_size^2)
     int matmul_kernel = 1; // PlanOp ip4 of every matmul: the CPU kernel (1 fp32 GEMM, 2 bf16 GEMM)

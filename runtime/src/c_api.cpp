@@ -3,6 +3,7 @@
 #include "g4/g4.h"
 #include "runtime/src/api_util.h"
 #include "runtime/src/chat_template.h"
+#include "runtime/src/encoder_program.h"
 #include "runtime/src/engine.h"
 #include "runtime/src/sampler.h"
 #include "runtime/src/text_stream.h"
@@ -176,6 +177,8 @@ g4_status g4_engine_open(const char* path, const g4_engine_params* params, g4_en
         e->session_bytes +=
             in.tower_session_bytes +
             g4::rt::media_block({.thread_floats = in.tower_thread_floats, .threads = threads}).total();
+    if (!in.vision_gpu) // the vision program's arena (encoder_bind), when the CPU runs it
+        e->session_bytes += g4::rt::encoder_arena_bytes(e->plan, e->plan.find_program("vision"));
     e->load_ms = std::chrono::duration<double, std::milli>(g4_clock::now() - t_open).count();
     handle_add(e);
     *out_engine = e;

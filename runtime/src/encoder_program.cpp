@@ -14,6 +14,11 @@ EncoderRun::~EncoderRun() {
     std::free(arena);
 }
 
+uint64_t encoder_arena_bytes(const plan::Plan& p, int k) {
+    if (k <= 0) return 0;
+    return (std::max<uint64_t>(p.program(k).arena_bytes, 64) + 63) / 64 * 64;
+}
+
 g4_status encoder_bind(g4_session* s, const char* name, EncoderRun* r, std::string* err) {
     const plan::Plan& p = s->engine->plan;
     const int k         = p.find_program(name);
@@ -23,7 +28,7 @@ g4_status encoder_bind(g4_session* s, const char* name, EncoderRun* r, std::stri
                "' runs on a GPU; this runtime runs it on the CPU only";
         return G4_ERR_UNSUPPORTED;
     }
-    const uint64_t bytes = (std::max<uint64_t>(p.program(k).arena_bytes, 64) + 63) / 64 * 64;
+    const uint64_t bytes = encoder_arena_bytes(p, k);
     r->arena             = (uint8_t*)std::aligned_alloc(64, bytes);
     if (!r->arena) {
         *err = "cannot allocate " + std::to_string(bytes) + " bytes for the activations of program '" + name +

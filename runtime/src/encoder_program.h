@@ -10,6 +10,10 @@
 
 struct g4_session;
 
+namespace g4::plan {
+class Plan;
+}
+
 namespace g4::rt {
 
 struct EncoderRun {
@@ -24,6 +28,9 @@ struct EncoderRun {
 // Binds the plan's program `name` (run on the CPU) into `r`, allocating its arena. G4_OK with r->program -1
 // when the plan has no such program.
 g4_status encoder_bind(g4_session* s, const char* name, EncoderRun* r, std::string* err);
+
+// The bytes encoder_bind allocates for the activations of program k (> 0) of the plan; 0 for k <= 0.
+uint64_t encoder_arena_bytes(const plan::Plan& p, int k);
 // Input k / output k of the program: row 0 of its tensor in the arena.
 void* encoder_input(const g4_session* s, const EncoderRun& r, int k);
 const float* encoder_output(const g4_session* s, const EncoderRun& r, int k);

@@ -4,6 +4,8 @@
 #include "compiler/placement.h"
 
 #include <gtest/gtest.h>
+
+#include <algorithm>
 #include <random>
 
 namespace {
@@ -472,6 +474,26 @@ TEST(Placement, KvCacheLabelNamesItsDtype) {
         ASSERT_FALSE(mem.empty());
         EXPECT_EQ(mem[0].parts[2], std::make_pair(std::string("KV cache (bf16)"), f.kv_cache));
     }
+}
+
+// The CPU encoder programs' arenas are host memory: on the CPU of a CPU plan, on the host of a CUDA plan
+// unless the vision tower runs on the GPU (then the CPU does not run the vision program).
+TEST(Placement, EncoderArenasAreCountedOnTheHost) {
+    Figures f        = fake(100);
+    f.encoder_arenas = 4096;
+    const auto part  = std::make_pair(std::string("encoder programs' activations"), f.encoder_arenas);
+    auto has         = [&](const std::vector<DeviceMemory>& mem, const std::string& dev) {
+        for (const auto& d : mem)
+            if (d.device == dev) return std::find(d.parts.begin(), d.parts.end(), part) != d.parts.end();
+        return false;
+    };
+    EXPECT_TRUE(has(memory_plan(f, resolve_str("", {}, 35, -1), false, 1), "cpu"));
+    Placement p = resolve_str("", {}, 35, 0);
+    EXPECT_TRUE(has(memory_plan(f, p, false, 1), "host"));
+    p.vision_gpu = true;
+    EXPECT_FALSE(has(memory_plan(f, p, false, 1), "host"));
+    f.encoder_arenas = 0;
+    EXPECT_FALSE(has(memory_plan(f, resolve_str("", {}, 35, -1), false, 1), "cpu"));
 }
 
 } // namespace

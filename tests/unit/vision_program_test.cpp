@@ -3,6 +3,7 @@
 // tests/fixtures/towers/vision/), with fp32 and bf16 matmuls; also the programs table it lives in,
 // thread-count and padding invariance and the grid checks of the front end.
 #include "g4/g4.h"
+#include "runtime/src/encoder_program.h"
 #include "runtime/src/engine.h"
 #include "runtime/src/towers/media.h"
 #include "test_util.h"
@@ -110,6 +111,25 @@ TEST_F(VisionProgram, PlanHoldsTheProgram) {
     EXPECT_GT(g.arena_bytes, 0u);
     for (uint32_t i = g.op_begin; i < g.op_end; ++i)
         EXPECT_GE(p.op(i).row_mode, plan::kRowCountBase) << i;
+}
+
+// g4_engine_info's session figure counts the program's arena, as large as the one a session allocates.
+TEST_F(VisionProgram, SessionFigureCoversTheProgramArena) {
+    const plan::Plan& p = engine_->plan;
+    const int v         = p.find_program("vision");
+    ASSERT_GT(v, 0);
+    const uint64_t arena = rt::encoder_arena_bytes(p, v);
+    EXPECT_GE(arena, p.program(v).arena_bytes);
+    g4_engine_info info{};
+    ASSERT_EQ(g4_engine_get_info(engine_, &info), G4_OK);
+    const auto& in = p.info();
+    EXPECT_GE(info.session_bytes, in.act_arena_bytes + in.kv_arena_bytes + in.tower_session_bytes + arena);
+    g4_session* s = session(engine_, 1);
+    ASSERT_NE(s, nullptr);
+    ASSERT_NE(s->media, nullptr);
+    EXPECT_EQ(s->media->vision_run.program, v); // the CPU session bound (allocated) the program's arena
+    EXPECT_NE(s->media->vision_run.arena, nullptr);
+    g4_session_destroy(s);
 }
 
 TEST_F(VisionProgram, MatchesHuggingFaceFloat32) {

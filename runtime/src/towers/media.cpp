@@ -2,6 +2,7 @@
 #include "runtime/src/towers/media.h"
 
 #include "runtime/src/cuda/backend.h"
+#include "runtime/src/encoder_inputs.h"
 #include "runtime/src/engine.h"
 #include "runtime/src/env.h"
 #include "runtime/src/towers/image.h"
@@ -221,19 +222,22 @@ g4_status media_vision_patches(g4_session* s, const float* patches, const int32_
     }
     const auto& in = s->engine->plan.info();
     int32_t* seen  = (int32_t*)m->vision_scratch; // [max_patches]
-    towers::VisionTower::Grid g;
-    if (std::string e = m->vision->check_grid(pos, n_patches, seen, &g); !e.empty()) {
-        *err = "vision tower: " + e;
+    const int k    = m->vision->hparams().pooling_kernel_size;
+    PatchGrid g;
+    if (std::string e = check_patch_grid(pos, n_patches, in.max_patches, k,
+                                         m->vision->hparams().position_embedding_size, seen, &g);
+        !e.empty()) {
+        *err = "vision program: " + e;
         return G4_ERR_INVALID_ARGUMENT;
     }
-    const int k = m->vision->hparams().pooling_kernel_size, cells = (g.gw / k) * (g.gh / k);
+    const int cells   = (g.gw / k) * (g.gh / k);
     const int64_t pin = 3LL * m->vision->hparams().patch_size * m->vision->hparams().patch_size;
     float* px         = (float*)encoder_input(s, m->vision_run, 0);
     const float mean = in.pixel_mean, inv_std = 1.0f / in.pixel_std;
     for (int64_t e = 0; e < (int64_t)g.n * pin; ++e)
         px[e] = (patches[e] - mean) * inv_std;
     std::memcpy(encoder_input(s, m->vision_run, 1), pos, sizeof(int32_t) * 2 * g.n);
-    m->vision->pool_index(g, seen, (int32_t*)encoder_input(s, m->vision_run, 2));
+    patch_pool_index(g, k, seen, (int32_t*)encoder_input(s, m->vision_run, 2));
     const int32_t counts[plan::kMaxRowCounts] = {g.n, cells, 0, 0};
     if (g4_status st = encoder_run(s, m->vision_run, m->ctx, counts, err); st != G4_OK) return st;
     std::memcpy(m->soft, encoder_output(s, m->vision_run, 0), sizeof(float) * (size_t)cells * m->H);

@@ -29,6 +29,7 @@ struct VisionHParams { // from config.json "vision_config" (+ the text hidden si
 // Gemma4VisionConfig (rms_norm_eps 1e-6, rope theta 100 "axial", use_clipped_linears false).
 // Unsupported settings (standardize true, an activation other than gelu_pytorch_tanh, attention_bias,
 // a rope type other than axial) are errors. Returns "" or a message naming the bad or missing key.
+// The hand-written tower's copy; the compiler reads the config with gemma4::parse_vision_config.
 std::string parse_vision_hparams(const std::string& vision_config_json, int text_hidden_size,
                                  VisionHParams* out);
 

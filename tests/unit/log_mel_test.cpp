@@ -1,9 +1,9 @@
-// The runtime's log-mel front end (runtime/src/media/log_mel.*) with Gemma 4's parameters
+// The runtime's log-mel front end (runtime/src/log_mel.*) with Gemma 4's parameters
 // (models/gemma4/audio_config.h) against Hugging Face's Gemma4AudioFeatureExtractor (float32 numbers from
 // tools/make_audio_fixtures.py, tests/fixtures/towers/audio).
 #include "kernels/cpu/cpu.h"
 #include "models/gemma4/audio_config.h"
-#include "runtime/src/media/log_mel.h"
+#include "runtime/src/log_mel.h"
 #include "test_util.h"
 
 #include <cmath>

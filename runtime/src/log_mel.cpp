@@ -1,5 +1,5 @@
 // Log-mel front end (see log_mel.h): a radix-2 FFT in doubles per frame, one frame per task.
-#include "runtime/src/media/log_mel.h"
+#include "runtime/src/log_mel.h"
 
 #include <algorithm>
 #include <cmath>

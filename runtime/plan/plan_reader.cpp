@@ -2,14 +2,11 @@
 #include "runtime/plan/plan_reader.h"
 
 #include "kernels/nf4.h"
-#include "runtime/src/json_fields.h"
-#include "runtime/src/json_limits.h"
 #include "runtime/src/sampler.h"
 
 #include <algorithm>
 #include <cstring>
 #include <fcntl.h>
-#include <nlohmann/json.hpp>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -222,153 +219,142 @@ g4_status Plan::load(const std::string& path, bool verify_weights, std::string* 
     weights_      = base + wts->offset;
     weights_size_ = wts->size;
 
-    try {
-        if (std::string e = json_depth_error(meta_); !e.empty())
-            return fail(CORRUPT, "META: " + e + recompile, err);
-        auto j  = nlohmann::json::parse(meta_);
-        arch_   = jsonf::get<std::string>(j, "architecture");
-        device_ = jsonf::value<std::string>(j, "device", "cpu");
-        if (j.contains("cuda")) {
-            cuda_target_   = jsonf::get<std::string>(j["cuda"], "target");
-            cuda_device_   = jsonf::value<int>(j["cuda"], "device_index", 0);
-            cuda_attn_hpg_ = jsonf::value<int>(j["cuda"], "attn_hpg", 0);
-        }
-        if (j.contains("placement"))
-            ple_on_host_ = jsonf::value<std::string>(j["placement"], "ple", "device") == "host";
-        const auto& p           = j.at("program");
-        info_.max_rows          = jsonf::get<int32_t>(p, "max_rows");
-        info_.max_context       = jsonf::get<int32_t>(p, "max_context");
-        info_.logits_rows       = jsonf::get<int32_t>(p, "logits_rows");
-        info_.sliding_slots     = jsonf::get<int32_t>(p, "sliding_slots");
-        info_.act_arena_bytes   = jsonf::get<uint64_t>(p, "act_arena_bytes");
-        info_.kv_arena_bytes    = jsonf::get<uint64_t>(p, "kv_arena_bytes");
-        info_.ids_tensor        = jsonf::get<int32_t>(p, "ids_tensor");
-        info_.logits_tensor     = jsonf::get<int32_t>(p, "logits_tensor");
-        info_.max_k             = jsonf::get<int64_t>(p, "max_k");
-        info_.max_slots         = jsonf::get<int64_t>(p, "max_slots");
-        info_.vocab_size        = jsonf::get<int32_t>(p, "vocab_size");
-        info_.embed_vocab_limit = jsonf::get<int32_t>(p, "embed_vocab_limit");
-        const auto& hp          = j.at("hparams");
-        info_.num_layers        = jsonf::get<int32_t>(hp, "num_hidden_layers");
-        info_.hidden_size       = jsonf::get<int32_t>(hp, "hidden_size");
-        info_.kv_host_begin     = info_.kv_arena_bytes;
-        info_.towers_begin = info_.towers_end = weights_size_;
-        if (j.contains("towers")) {
-            const auto& tw            = j.at("towers");
-            info_.towers_begin        = jsonf::get<uint64_t>(tw.at("weights"), 0, "weights");
-            info_.towers_end          = jsonf::get<uint64_t>(tw.at("weights"), 1, "weights");
-            info_.max_media_tokens    = jsonf::get<int32_t>(tw, "max_media_tokens");
-            info_.tower_thread_floats = jsonf::get<uint64_t>(tw, "thread_scratch_floats");
-            info_.tower_session_bytes = jsonf::value<uint64_t>(tw, "session_bytes", 0);
-            const std::string prec =
-                jsonf::value<std::string>(tw, "precision", "fp32"); // absent in older plans
-            if (prec != "fp32" && prec != "bf16")
-                return fail(CORRUPT, "bad metadata: towers precision '" + prec + "'" + recompile, err);
-            info_.tower_bf16 = prec == "bf16";
-            if (tw.contains("vision")) {
-                const auto& v          = tw.at("vision");
-                info_.vision_config    = v.at("config").dump();
-                info_.image_tokens     = jsonf::get<int32_t>(v, "image_tokens");
-                info_.max_patches      = jsonf::get<int32_t>(v, "max_patches");
-                info_.max_image_pixels = jsonf::get<int64_t>(v, "max_image_pixels");
-                info_.image_token_id   = jsonf::get<int32_t>(v, "image_token_id");
-                info_.boi_token_id     = jsonf::get<int32_t>(v, "boi_token_id");
-                info_.eoi_token_id     = jsonf::get<int32_t>(v, "eoi_token_id");
-                info_.video_token_id =
-                    jsonf::value<int32_t>(v, "video_token_id", -1); // absent in older plans
-                const std::string dev =
-                    jsonf::value<std::string>(v, "device", "cpu"); // absent in older plans
-                if (dev != "cpu") {
-                    if (device_ != "cuda" || dev != "cuda:" + std::to_string(cuda_device_))
-                        return fail(CORRUPT, "bad metadata: vision tower device '" + dev + "'" + recompile,
-                                    err);
-                    info_.vision_gpu       = true;
-                    info_.vision_begin     = jsonf::get<uint64_t>(v.at("weights"), 0, "weights");
-                    info_.vision_end       = jsonf::get<uint64_t>(v.at("weights"), 1, "weights");
-                    info_.vision_gpu_bytes = jsonf::get<uint64_t>(v, "gpu_bytes");
-                }
-            }
-            if (tw.contains("audio")) {
-                const auto& a           = tw.at("audio");
-                info_.audio_config      = a.at("config").dump();
-                info_.max_audio_samples = jsonf::get<int64_t>(a, "max_samples");
-                info_.audio_sample_rate = jsonf::get<int32_t>(a, "sample_rate");
-                info_.audio_token_id    = jsonf::get<int32_t>(a, "audio_token_id");
-                info_.boa_token_id      = jsonf::get<int32_t>(a, "boa_token_id");
-                info_.eoa_token_id      = jsonf::get<int32_t>(a, "eoa_token_id");
-                const std::string dev =
-                    jsonf::value<std::string>(a, "device", "cpu"); // absent in older plans
-                if (dev != "cpu") {
-                    if (device_ != "cuda" || dev != "cuda:" + std::to_string(cuda_device_))
-                        return fail(CORRUPT, "bad metadata: audio tower device '" + dev + "'" + recompile,
-                                    err);
-                    info_.audio_gpu       = true;
-                    info_.audio_begin     = jsonf::get<uint64_t>(a.at("weights"), 0, "weights");
-                    info_.audio_end       = jsonf::get<uint64_t>(a.at("weights"), 1, "weights");
-                    info_.audio_gpu_bytes = jsonf::get<uint64_t>(a, "gpu_bytes");
-                }
-            }
-            if (info_.towers_begin > info_.towers_end || info_.towers_end != weights_size_ ||
-                info_.max_media_tokens < 1 || info_.max_media_tokens > info_.max_context ||
-                info_.max_patches < 0 || info_.max_audio_samples < 0 || info_.max_image_pixels < 0 ||
-                (info_.vision_config.empty() && info_.audio_config.empty()) ||
-                (info_.vision_gpu &&
-                 (info_.vision_begin < info_.towers_begin || info_.vision_begin >= info_.vision_end ||
-                  info_.vision_end > info_.towers_end)) ||
-                (info_.audio_gpu &&
-                 (info_.audio_begin < info_.towers_begin || info_.audio_begin >= info_.audio_end ||
-                  info_.audio_end > info_.towers_end)))
-                return fail(CORRUPT, "bad metadata: towers" + recompile, err);
-        }
-        if (p.contains("layer_devices")) {
-            if (device_ != "cuda")
-                return fail(CORRUPT, "bad metadata: layer_devices in a CPU plan" + recompile, err);
-            info_.layer_device  = jsonf::get<std::vector<int32_t>>(p, "layer_devices");
-            info_.kv_host_begin = jsonf::get<uint64_t>(p, "kv_host_begin");
-            for (const auto& g : p.at("gpus")) {
-                ProgramInfo::GpuPart part;
-                part.index = jsonf::get<int32_t>(g, "index");
-                for (const auto& r : g.at("weights"))
-                    part.weights.push_back(
-                        {jsonf::get<uint64_t>(r, 0, "weights"), jsonf::get<uint64_t>(r, 1, "weights")});
-                part.kv_begin = jsonf::get<uint64_t>(g.at("kv"), 0, "kv");
-                part.kv_end   = jsonf::get<uint64_t>(g.at("kv"), 1, "kv");
-                info_.gpus.push_back(part);
-            }
-            bool ok = (int32_t)info_.layer_device.size() == info_.num_layers && !info_.gpus.empty() &&
-                      info_.gpus[0].index == cuda_device_ && info_.kv_host_begin <= info_.kv_arena_bytes;
-            for (size_t a = 0; a < info_.gpus.size(); ++a) {
-                const auto& g = info_.gpus[a];
-                ok            = ok && g.index >= 0 && g.index < 4096 && g.kv_begin <= g.kv_end &&
-                     g.kv_end <= info_.kv_host_begin;
-                for (const auto& [b, e] : g.weights)
-                    ok = ok && b <= e && e <= weights_size_;
-                for (size_t b = 0; b < a; ++b)
-                    ok = ok && info_.gpus[b].index != g.index;
-            }
-            for (int32_t d : info_.layer_device)
-                ok = ok && (d == -1 || (d >= 0 && gpu_slot(d) >= 0));
-            if (!ok)
-                return fail(CORRUPT, "bad metadata: layer_devices / gpus / kv_host_begin" + recompile, err);
-        } else if (device_ == "cuda") {
-            info_.gpus.push_back({cuda_device_, {{0, info_.towers_begin}}, 0, info_.kv_arena_bytes});
-        }
-        const auto& g            = j.at("generation");
-        info_.eos_token_ids      = jsonf::get<std::vector<int32_t>>(g, "eos_token_ids");
-        info_.bos_token_id       = jsonf::get<int32_t>(g, "bos_token_id");
-        info_.pad_token_id       = jsonf::value<int32_t>(g, "pad_token_id", 0);
-        info_.do_sample          = jsonf::value<bool>(g, "do_sample", false);
-        info_.temperature        = jsonf::value<float>(g, "temperature", 1.0f);
-        info_.top_k              = jsonf::value<int32_t>(g, "top_k", 0);
-        info_.top_p              = jsonf::value<float>(g, "top_p", 1.0f);
-        info_.min_p              = jsonf::value<float>(g, "min_p", 0.0f);
-        info_.repetition_penalty = jsonf::value<float>(g, "repetition_penalty", 1.0f);
-    } catch (const std::exception& e) {
-        return fail(CORRUPT, std::string("bad metadata: ") + e.what() + recompile, err);
-    }
+    std::string meta_err;
+    if (!read_meta(meta_, header_->format_minor, &meta_struct_, &meta_err))
+        return fail(CORRUPT, meta_err + recompile, err);
+    if (std::string e = program_info(); !e.empty())
+        return fail(CORRUPT, "bad metadata: " + e + recompile, err);
     const g4_status bad = validate_records(err);
     if (bad != G4_OK && err && err->find("re-run g4 compile") == std::string::npos) *err += recompile;
     return bad;
+}
+
+// ProgramInfo and the device fields from META (read by read_meta), and their consistency with WEIGHTS and
+// the KV arena: "" when consistent, else what is wrong.
+std::string Plan::program_info() {
+    const Meta& m = meta_struct_;
+    arch_         = m.architecture;
+    device_       = m.device;
+    if (m.cuda) {
+        cuda_target_   = m.cuda->target;
+        cuda_device_   = m.cuda->device_index;
+        cuda_attn_hpg_ = m.cuda->attn_hpg;
+    }
+    ple_on_host_            = m.placement && m.placement->ple == "host";
+    const MetaProgram& p    = m.program;
+    info_.max_rows          = p.max_rows;
+    info_.max_context       = p.max_context;
+    info_.logits_rows       = p.logits_rows;
+    info_.sliding_slots     = p.sliding_slots;
+    info_.act_arena_bytes   = p.act_arena_bytes;
+    info_.kv_arena_bytes    = p.kv_arena_bytes;
+    info_.ids_tensor        = p.ids_tensor;
+    info_.logits_tensor     = p.logits_tensor;
+    info_.max_k             = p.max_k;
+    info_.max_slots         = p.max_slots;
+    info_.vocab_size        = p.vocab_size;
+    info_.embed_vocab_limit = p.embed_vocab_limit;
+    info_.num_layers        = m.hparams.num_hidden_layers;
+    info_.hidden_size       = m.hparams.hidden_size;
+    info_.kv_host_begin     = info_.kv_arena_bytes;
+    info_.towers_begin = info_.towers_end = weights_size_;
+    const std::string gpu                 = "cuda:" + std::to_string(cuda_device_);
+    if (m.towers) {
+        const MetaTowers& tw      = *m.towers;
+        info_.towers_begin        = tw.weights[0];
+        info_.towers_end          = tw.weights[1];
+        info_.max_media_tokens    = tw.max_media_tokens;
+        info_.tower_thread_floats = tw.thread_scratch_floats;
+        info_.tower_session_bytes = tw.session_bytes;
+        if (tw.precision != "fp32" && tw.precision != "bf16")
+            return "towers precision '" + tw.precision + "'";
+        info_.tower_bf16 = tw.precision == "bf16";
+        if (const auto& v = tw.vision) {
+            info_.vision_config    = v->config;
+            info_.image_tokens     = v->image_tokens;
+            info_.max_patches      = v->max_patches;
+            info_.max_image_pixels = v->max_image_pixels;
+            info_.image_token_id   = v->image_token_id;
+            info_.boi_token_id     = v->boi_token_id;
+            info_.eoi_token_id     = v->eoi_token_id;
+            info_.video_token_id   = v->video_token_id;
+            if (!v->device.empty()) {
+                if (device_ != "cuda" || v->device != gpu || !v->weights)
+                    return "vision tower device '" + v->device + "'";
+                info_.vision_gpu       = true;
+                info_.vision_begin     = (*v->weights)[0];
+                info_.vision_end       = (*v->weights)[1];
+                info_.vision_gpu_bytes = v->gpu_bytes;
+            }
+        }
+        if (const auto& a = tw.audio) {
+            info_.audio_config      = a->config;
+            info_.max_audio_samples = a->max_samples;
+            info_.audio_sample_rate = a->sample_rate;
+            info_.audio_token_id    = a->audio_token_id;
+            info_.boa_token_id      = a->boa_token_id;
+            info_.eoa_token_id      = a->eoa_token_id;
+            if (!a->device.empty()) {
+                if (device_ != "cuda" || a->device != gpu || !a->weights)
+                    return "audio tower device '" + a->device + "'";
+                info_.audio_gpu       = true;
+                info_.audio_begin     = (*a->weights)[0];
+                info_.audio_end       = (*a->weights)[1];
+                info_.audio_gpu_bytes = a->gpu_bytes;
+            }
+        }
+        if (info_.towers_begin > info_.towers_end || info_.towers_end != weights_size_ ||
+            info_.max_media_tokens < 1 || info_.max_media_tokens > info_.max_context ||
+            info_.max_patches < 0 || info_.max_audio_samples < 0 || info_.max_image_pixels < 0 ||
+            (info_.vision_config.empty() && info_.audio_config.empty()) ||
+            (info_.vision_gpu &&
+             (info_.vision_begin < info_.towers_begin || info_.vision_begin >= info_.vision_end ||
+              info_.vision_end > info_.towers_end)) ||
+            (info_.audio_gpu && (info_.audio_begin < info_.towers_begin ||
+                                 info_.audio_begin >= info_.audio_end || info_.audio_end > info_.towers_end)))
+            return "towers";
+    }
+    if (p.kv_host_begin) {
+        if (device_ != "cuda") return "layer_devices in a CPU plan";
+        info_.layer_device  = p.layer_devices;
+        info_.kv_host_begin = *p.kv_host_begin;
+        for (const MetaGpuPart& g : p.gpus) {
+            ProgramInfo::GpuPart part;
+            part.index = g.index;
+            for (const ByteRange& r : g.weights)
+                part.weights.push_back({r[0], r[1]});
+            part.kv_begin = g.kv[0];
+            part.kv_end   = g.kv[1];
+            info_.gpus.push_back(part);
+        }
+        bool ok = (int32_t)info_.layer_device.size() == info_.num_layers && !info_.gpus.empty() &&
+                  info_.gpus[0].index == cuda_device_ && info_.kv_host_begin <= info_.kv_arena_bytes;
+        for (size_t a = 0; a < info_.gpus.size(); ++a) {
+            const auto& g = info_.gpus[a];
+            ok            = ok && g.index >= 0 && g.index < 4096 && g.kv_begin <= g.kv_end &&
+                 g.kv_end <= info_.kv_host_begin;
+            for (const auto& [b, e] : g.weights)
+                ok = ok && b <= e && e <= weights_size_;
+            for (size_t b = 0; b < a; ++b)
+                ok = ok && info_.gpus[b].index != g.index;
+        }
+        for (int32_t d : info_.layer_device)
+            ok = ok && (d == -1 || (d >= 0 && gpu_slot(d) >= 0));
+        if (!ok) return "layer_devices / gpus / kv_host_begin";
+    } else if (device_ == "cuda") {
+        info_.gpus.push_back({cuda_device_, {{0, info_.towers_begin}}, 0, info_.kv_arena_bytes});
+    }
+    const MetaGeneration& g  = m.generation;
+    info_.eos_token_ids      = g.eos_token_ids;
+    info_.bos_token_id       = g.bos_token_id;
+    info_.pad_token_id       = g.pad_token_id;
+    info_.do_sample          = g.do_sample;
+    info_.temperature        = g.temperature;
+    info_.top_k              = g.top_k;
+    info_.top_p              = g.top_p;
+    info_.min_p              = g.min_p;
+    info_.repetition_penalty = g.repetition_penalty;
+    return "";
 }
 
 // The tensors a fused launch record names are those of the ops it covers, in the places the kernels

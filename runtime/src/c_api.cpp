@@ -1,7 +1,6 @@
 // The C API (runtime/include/g4/g4.h) over the plan reader and CPU executor. Every entry point
 // catches everything: no exception crosses the boundary.
 #include "g4/g4.h"
-#include "models/gemma4/graph.h"
 #include "runtime/src/api_util.h"
 #include "runtime/src/chat_template.h"
 #include "runtime/src/cuda/workspace.h"
@@ -180,7 +179,7 @@ g4_status g4_engine_open(const char* path, const g4_engine_params* params, g4_en
         // faults would make megabytes of the table resident for each token seen.
         for (size_t t = 0; t < e->plan.n_tensors(); ++t)
             if (e->plan.tensor(t).kind == (uint8_t)g4::plan::TensorKind::Weight &&
-                e->plan.tensor(t).flags == (uint8_t)g4::gemma4::WeightRole::PleTable)
+                e->plan.tensor(t).flags == (uint8_t)g4::plan::WeightRole::PleTable)
                 e->plan.advise_random(t);
     }
     if (!e->plan.tokenizer_json().empty()) {

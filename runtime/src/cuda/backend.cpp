@@ -3,7 +3,6 @@
 // graph and replayed, the position read by the kernels from a device Step struct.
 #include "runtime/src/cuda/backend.h"
 #include "kernels/nf4.h"
-#include "models/gemma4/graph.h"
 #include "runtime/src/cuda/cublas.h"
 #include "runtime/src/cuda/driver.h"
 #include "runtime/src/cuda/kernel_args.h"
@@ -408,7 +407,7 @@ g4_status engine_open(g4_engine* e, std::string* err) {
     if (p.ple_on_host())
         for (size_t t = 0; t < p.n_tensors(); ++t)
             if (p.tensor(t).kind == (uint8_t)TensorKind::Weight &&
-                p.tensor(t).flags == (uint8_t)gemma4::WeightRole::PleTable)
+                p.tensor(t).flags == (uint8_t)plan::WeightRole::PleTable)
                 st->ple_tensor = (int32_t)t;
     st->gpus.resize(in.gpus.size());
     for (size_t g = 0; g < in.gpus.size(); ++g) {

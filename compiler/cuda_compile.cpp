@@ -18,7 +18,7 @@
 
 namespace g4::cuda {
 
-extern const char* const kKernelSource; // generated from kernels/cuda/kernels.cu
+extern const char* const kKernelSource; // generated from kernels/cuda/*.cu
 
 KernelSpec kernel_spec(const std::vector<int>& heads_per_group) {
     KernelSpec s;
@@ -131,8 +131,8 @@ void cache_write(const std::string& dir, const std::string& path, const std::str
 static std::string compile_one(const std::string& arch, const KernelSpec& spec, bool cubin,
                                std::vector<char>* bin, std::string* log, bool* cached) {
     std::string a = (cubin ? "--gpu-architecture=sm_" : "--gpu-architecture=compute_") + arch.substr(3);
-    // spec.trace 1: the timeline lab's kernels (kernels.cu G4_TRACE; bench/scripts/trace_lab.sh), never for
-    // plans that are meant to be used; 2: every block of a launch records (G4_TRACE_ALL,
+    // spec.trace 1: the timeline lab's kernels (kernels/cuda/common.cu G4_TRACE; bench/scripts/trace_lab.sh),
+    // never for plans that are meant to be used; 2: every block of a launch records (G4_TRACE_ALL,
     // bench/scripts/trace_blocks.py).
     const std::string hpg         = "-DG4_AD_HPG=" + std::to_string(spec.attn_hpg);
     std::vector<const char*> opts = {a.c_str(), "--std=c++17", "-default-device", "-lineinfo"};

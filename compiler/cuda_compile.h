@@ -1,4 +1,4 @@
-// Ahead-of-time compilation of g4's CUDA kernels (kernels/cuda/kernels.cu) with NVRTC for one
+// Ahead-of-time compilation of g4's CUDA kernels (kernels/cuda/*.cu) with NVRTC for one
 // target architecture: a cubin for that exact architecture and PTX for newer ones. Runs at
 // `g4 compile --device cuda` time, needs no GPU; the runtime loads the result and compiles nothing.
 #pragma once

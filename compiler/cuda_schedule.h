@@ -31,15 +31,14 @@ int decode_attention_splits(int64_t span);
 // isolated optima in bench/labs/gemv_bench.cu; in bf16-weight plans also the gate/up pairs, not timed; on an
 // H100 with two before the wait, two chunks a lane, E2B's LM head at 128 lanes measured +0.3% / +0.1%, noise,
 // not taken). NF4 with K <= kGemvXsMax (x staged in shared memory, GV_XS_MAX in
-// kernels.cu): the fewest lanes that give about 40K threads, at most C / 2 (at least two chunks a lane),
-// or C when a row has 64 chunks or more and that stays within 40K threads; then up to 32 lanes so that
-// every chunk comes before the wait (E2B's q/k/v, C = 48: 16 -> 32 lanes, +1.1% E2B decode on an H100;
-// E4B's q/k/v, C = 80, at 64 lanes, two warps a row reduced through shared memory, lost
-// 1.2%). Other NF4 (the down
-// projections): the fewest lanes giving about 40K threads. Measured on an
-// H200 (bench/labs/gemv_bench.cu and end to end with `g4 bench`): E2B attn_o 32 -> 64 and down 64 -> 128
-// lanes +2.7% E2B decode; E4B down 128 -> 64 lanes +1.7% E4B decode (E4B q/k/v at 64 lanes lost 1.4%). Inline
-// so bench/labs/gemv_bench.cu, built alone with nvcc, marks the same choice.
+// kernels/cuda/decode_gemv.cu): the fewest lanes that give about 40K threads, at most C / 2 (at least two
+// chunks a lane), or C when a row has 64 chunks or more and that stays within 40K threads; then up to 32
+// lanes so that every chunk comes before the wait (E2B's q/k/v, C = 48: 16 -> 32 lanes, +1.1% E2B decode on
+// an H100; E4B's q/k/v, C = 80, at 64 lanes, two warps a row reduced through shared memory, lost 1.2%). Other
+// NF4 (the down projections): the fewest lanes giving about 40K threads. Measured on an H200
+// (bench/labs/gemv_bench.cu and end to end with `g4 bench`): E2B attn_o 32 -> 64 and down 64 -> 128 lanes
+// +2.7% E2B decode; E4B down 128 -> 64 lanes +1.7% E4B decode (E4B q/k/v at 64 lanes lost 1.4%). Inline so
+// bench/labs/gemv_bench.cu, built alone with nvcc, marks the same choice.
 inline constexpr int kGemvLaneChunks = 3;
 inline constexpr int kGemvXsMax      = 2560;
 inline int gemv_lanes(int64_t K, bool nf4, int64_t groups) {

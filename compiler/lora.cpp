@@ -282,6 +282,23 @@ void Adapter::Impl::parse_config(const ojson& cfg, bool& use_rslora, bool& use_d
     patterns("alpha_pattern", alpha_pat, false);
 }
 
+namespace {
+// adapter_config.json, parsed (nesting depth checked first).
+ojson read_config(const std::string& path) {
+    std::ifstream f(path, std::ios::binary);
+    if (!f) fail("cannot read " + path + ": check its permissions");
+    std::stringstream ss;
+    ss << f.rdbuf();
+    const std::string text = ss.str();
+    if (std::string e = json_depth_error(text); !e.empty()) fail(path + ": " + e);
+    try {
+        return ojson::parse(text);
+    } catch (const std::exception& e) {
+        fail(path + " is not valid JSON (" + e.what() + "); fix the file or re-save the adapter with PEFT");
+    }
+}
+} // namespace
+
 std::unique_ptr<Adapter> Adapter::open(const std::string& dir) {
     std::unique_ptr<Adapter> a(new Adapter());
     a->impl_   = std::make_unique<Impl>();
@@ -304,22 +321,7 @@ std::unique_ptr<Adapter> Adapter::open(const std::string& dir) {
              " is not a PEFT adapter directory (expected adapter_config.json + adapter_model.safetensors "
              "from save_pretrained)");
 
-    // ---- adapter_config.json
-    ojson cfg;
-    {
-        std::ifstream f(I.cfg_path, std::ios::binary);
-        if (!f) fail("cannot read " + I.cfg_path + ": check its permissions");
-        std::stringstream ss;
-        ss << f.rdbuf();
-        const std::string text = ss.str();
-        if (std::string e = json_depth_error(text); !e.empty()) fail(I.cfg_path + ": " + e);
-        try {
-            cfg = ojson::parse(text);
-        } catch (const std::exception& e) {
-            fail(I.cfg_path + " is not valid JSON (" + e.what() +
-                 "); fix the file or re-save the adapter with PEFT");
-        }
-    }
+    const ojson cfg = read_config(I.cfg_path);
     bool use_rslora = false, use_dora = false, lora_bias = false;
     int r_cfg        = 8;
     double alpha_cfg = 8;

@@ -1,4 +1,4 @@
-// Decode GEMV microbenchmark: times the g4_gemv_* kernels of kernels/cuda/kernels.cu at Gemma 4's real
+// Decode GEMV microbenchmark: times the g4_gemv_* kernels of kernels/cuda/decode_gemv.cu at Gemma 4's real
 // decode shapes and reports achieved GB/s against this GPU's measured read bandwidth. Weights are
 // random (valid NF4 blobs, double quant); several copies rotate so every launch reads from DRAM, not L2.
 // A sample is one launch per copy, back to back between two events (per-launch time = sample / copies);
@@ -6,13 +6,13 @@
 // output (lab variants of other arithmetic show their rounding there).
 // Build with the CUDA toolkit from the repo root (an sm_90 GPU runs it):
 //   nvcc -O3 -std=c++17 -arch=sm_90 -I. -o build/gemv_bench bench/labs/gemv_bench.cu
-//   [-DG4_KERNELS='"path/to/other/kernels.cu"' to time another version of the kernels]
+//   [-DG4_KERNELS='"path/to/other/all_kernels.cuh"' to time another version of the kernels]
 // Usage: [G4_GEMV_L2=1] gemv_bench [reps [lab]]  (one line per shape and lane count; '*' marks the compiler's
 // choice;
 //        lab: also the variants of kVariants, named in the last column; -DG4_LAB='"file"' replaces
 //        that list with one of your own, e.g. copies of gemv_body with a step removed)
 #ifndef G4_KERNELS
-#define G4_KERNELS "kernels/cuda/kernels.cu"
+#define G4_KERNELS "kernels/cuda/all_kernels.cuh"
 #endif
 #include G4_KERNELS
 #include "compiler/cuda_schedule.h"

@@ -5,7 +5,7 @@
 //   nvcc -O3 -std=c++17 -arch=sm_90 -I. -o build/lm_screen_bench bench/labs/lm_screen_bench.cu
 // Usage: lm_screen_bench [reps] [screen grid blocks per SM, comma list]
 #include "compiler/cuda_schedule.h"
-#include "kernels/cuda/kernels.cu"
+#include "kernels/cuda/all_kernels.cuh"
 
 #include <algorithm>
 #include <cstdio>

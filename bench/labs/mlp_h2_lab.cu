@@ -7,7 +7,7 @@
 // root (an sm_90 GPU runs it):
 //   nvcc -O3 -std=c++17 -arch=sm_90 -I. -o build/mlp_h2_lab bench/labs/mlp_h2_lab.cu &&
 //   G4_LAB_F32=1 build/mlp_h2_lab [reps]
-#include "kernels/cuda/kernels.cu"
+#include "kernels/cuda/all_kernels.cuh"
 #include "runtime/src/cuda/kernel_args.h"
 
 #include <cuda_runtime.h>

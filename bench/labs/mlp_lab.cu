@@ -1,5 +1,5 @@
 // Fused decode MLP lab (sm_90): times the decode graph's gate/up GEMV + down GEMV pair (the kernels of
-// kernels/cuda/kernels.cu at the compiler's lane choices) against one kernel that does both. Block j of
+// kernels/cuda/decode_gemv.cu at the compiler's lane choices) against one kernel that does both. Block j of
 // the fused kernel computes act[jS, jS + S) = gelu(gate . x) * (up . x) with the gate/up GEMV's own body
 // (into shared memory), then the down projection's K-slice j: part[r] = sum_c D[r, jS + c] act[jS + c] for
 // every output row r, which it adds into y (red.global.add of f32, or of u64 fixed point in 2^-36 units:
@@ -11,7 +11,7 @@
 // Build with the CUDA toolkit from the repo root (an sm_90 GPU runs it):
 //   nvcc -O3 -std=c++17 -arch=sm_90 -I. -o build/mlp_lab bench/labs/mlp_lab.cu && build/mlp_lab [reps]
 #include "compiler/cuda_schedule.h"
-#include "kernels/cuda/kernels.cu"
+#include "kernels/cuda/all_kernels.cuh"
 #include "runtime/src/cuda/kernel_args.h"
 
 #include <cmath>

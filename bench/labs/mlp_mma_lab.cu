@@ -29,7 +29,7 @@
 // --kernel-name regex:g4_mlp). Build with the CUDA toolkit from the repo root (an sm_90 GPU runs it):
 //   nvcc -O3 -std=c++17 -arch=sm_90 -I. -o build/mlp_mma_lab bench/labs/mlp_mma_lab.cu &&
 //   build/mlp_mma_lab [reps]
-#include "kernels/cuda/kernels.cu"
+#include "kernels/cuda/all_kernels.cuh"
 #include "runtime/src/cuda/kernel_args.h"
 
 #include <cmath>

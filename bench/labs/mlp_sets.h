@@ -1,7 +1,7 @@
 // Random NF4 MLP weight sets for the fused-MLP labs (bench/labs/mlp_tma_lab.cu, bench/labs/mlp_mma_lab.cu):
 // gate and up in the standard layout, down also tiled (kQuantTiled32, as g4_mlp_nf4 reads it), block scales
 // double quant or (G4_LAB_F32=1, g4 compile's default) f32; and a one-block ResNorm stand-in to launch
-// between MLPs. Include after kernels/cuda/kernels.cu, bench_cuda.h and mlp_lab.h.
+// between MLPs. Include after kernels/cuda/all_kernels.cuh, bench_cuda.h and mlp_lab.h.
 #pragma once
 #include <algorithm>
 #include <cmath>

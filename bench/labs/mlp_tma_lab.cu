@@ -23,7 +23,7 @@
 // the repo root (an sm_90 GPU runs it):
 //   nvcc -O3 -std=c++17 -arch=sm_90 -I. -o build/mlp_tma_lab bench/labs/mlp_tma_lab.cu &&
 //   build/mlp_tma_lab [reps]
-#include "kernels/cuda/kernels.cu"
+#include "kernels/cuda/all_kernels.cuh"
 #include "runtime/src/cuda/kernel_args.h"
 
 #include <cmath>

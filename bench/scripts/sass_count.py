@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# Static SASS size of kernels/cuda/kernels.cu's kernels: nvcc -cubin for one target, nvdisasm, then per
+# Static SASS size of the kernels of kernels/cuda/*.cu (all_kernels.cuh): nvcc -cubin for one target, nvdisasm, then per
 # kernel its instruction count and its loops' (a backward branch's span) instruction counts. A proxy for
 # issue slots on a hot path: predicated-off instructions still take one (docs/performance.md).
 # Needs nvcc and nvdisasm (CUDA toolkit; or `pip download nvidia-cuda-nvdisasm`, its wheel unzipped, with
@@ -27,13 +27,13 @@ def tool(name, env):
 
 def kernels_source(patch, tmp):
     if not patch:
-        return os.path.join(ROOT, "kernels/cuda/kernels.cu")
+        return os.path.join(ROOT, "kernels/cuda/all_kernels.cuh")
     dst = os.path.join(tmp, "tree")
     shutil.copytree(os.path.join(ROOT, "kernels"), os.path.join(dst, "kernels"))
     r = subprocess.run(["git", "apply", "--include=kernels/*", os.path.abspath(patch)], cwd=dst, capture_output=True, text=True)
     if r.returncode != 0:
         sys.exit(f"sass_count: {patch} does not apply to kernels/: {r.stderr.strip()}")
-    return os.path.join(dst, "kernels/cuda/kernels.cu")
+    return os.path.join(dst, "kernels/cuda/all_kernels.cuh")
 
 
 def functions(sass):

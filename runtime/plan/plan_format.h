@@ -204,16 +204,16 @@ struct CudaLaunch {
     float fp[2];
 };
 static_assert(sizeof(CudaLaunch) == 80);
-// Most output replicas of a fused decode MLP (CudaLaunch ip6; kernels.cu RN_MAX is one less).
+// Most output replicas of a fused decode MLP (CudaLaunch ip6; kernels/cuda/decode_mlp.cu RN_MAX is one less).
 inline constexpr int kMlpReplicasMax = 4;
-// The packed-f16 MLP (Mlp ip7 = 1): H at most this (kernels.cu GV_XS_EXT_CHUNKS * 32: the x chunks' powers of
-// two).
+// The packed-f16 MLP (Mlp ip7 = 1): H at most this (kernels/cuda/decode_gemv.cu GV_XS_EXT_CHUNKS * 32: the x
+// chunks' powers of two).
 inline constexpr int64_t kMlpF16MaxH = 10240;
 inline bool mlp_f16_width_ok(int64_t H) {
     return H % 32 == 0 && H <= kMlpF16MaxH;
 }
 // Whether the packed-f16 MLP kernels of `threads` a block can run the ResNorm before them (ResNorm ip1 = 2,
-// the _r kernels: each thread keeps up to kernels.cu mlp_rv float4s of the input in registers, 5 at 128
+// the _r kernels: each thread keeps up to decode_mlp.cu mlp_rv float4s of the input in registers, 5 at 128
 // threads, 3 at 256): H <= 2560 at 128 threads, 3072 at 256.
 inline bool mlp_res_fits(int64_t H, int threads) {
     const int rv = threads == 128 ? 5 : threads == 256 ? 3 : 0;

@@ -1137,7 +1137,7 @@ TEST(CudaPlan, MlpFoldMatchesUnfolded) {
 // One script of calls on two sessions of one NF4 CUDA plan, G4_DECODE_AHEAD=0 on the first: greedy
 // steps, logits read after a step run ahead, a token that is not the argmax, a top-k draw, a reset and
 // a second prompt. Every token and logits row must be the plain session's, and the second session
-// must have used steps it ran ahead, each with its LM head screened (kernels.cu g4_lm_screen); a third,
+// must have used steps it ran ahead, each with its LM head screened (kernels/cuda/lm_screen.cu); a third,
 // on an engine opened with G4_LM_SCREEN=0, runs ahead without screening. --deterministic: on sm_90 the
 // default plan's fused MLP adds in a varying order, so two runs may differ in the last bits.
 TEST(CudaPlan, DecodeAheadMatchesPlainSteps) {
@@ -1571,8 +1571,8 @@ std::string attn_case_name(const ::testing::TestParamInfo<AttnCase>& i) {
            (c.dt == DType::BF16 ? "_bf16" : "");
 }
 // The decode attention kernels a case runs (base name `base`): the generic module's, then, where the case's
-// group size has a specialised module, its kernel and (head dim 256 or 512, groups of 8 or more: kernels.cu
-// compiles the _d kernels only there) its kernel for that dim.
+// group size has a specialised module, its kernel and (head dim 256 or 512, groups of 8 or more:
+// decode_attention.cu compiles the _d kernels only there) its kernel for that dim.
 std::vector<std::pair<cu::CUmodule, std::string>> decode_attention_kernels(const AttnCase& c,
                                                                            const std::string& base) {
     std::vector<std::pair<cu::CUmodule, std::string>> ks{{gpu().mod, base}};

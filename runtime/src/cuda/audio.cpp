@@ -2,7 +2,7 @@
 // CPU (AudioTower::features), then the CPU tower's operations in the CPU tower's order
 // (runtime/src/towers/audio.cpp) with bf16 tensor-core matmuls and fp32 accumulation (the prefill GEMM), and
 // fp32 SSCP convs, norms, clamps, attention, light conv and residual stream (kernels g4_at_* in
-// kernels/cuda/kernels.cu). Weights are the plan's, uploaded once at engine open.
+// kernels/cuda/towers_legacy.cu). Weights are the plan's, uploaded once at engine open.
 #include "runtime/src/cuda/backend.h"
 #include "runtime/src/cuda/state.h"
 #include "runtime/src/engine.h"

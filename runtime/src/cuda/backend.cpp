@@ -6,6 +6,7 @@
 #include "runtime/src/cuda/cublas.h"
 #include "runtime/src/cuda/driver.h"
 #include "runtime/src/cuda/kernel_args.h"
+#include "runtime/src/cuda/launch.h"
 #include "runtime/src/cuda/state.h"
 #include "runtime/src/cuda/workspace.h"
 #include "runtime/src/engine.h"
@@ -33,19 +34,6 @@ using plan::RowMode;
 using plan::TensorKind;
 
 namespace {
-
-#define CU_TRY(expr, what)                                                                                   \
-    do {                                                                                                     \
-        CUresult r_ = (expr);                                                                                \
-        if (r_ != 0) {                                                                                       \
-            *err = std::string(what) + ": " + error_name(r_);                                                \
-            return G4_ERR_INTERNAL;                                                                          \
-        }                                                                                                    \
-    } while (0)
-
-int ceil_div(int64_t a, int64_t b) {
-    return (int)((a + b - 1) / b);
-}
 
 using cuda_ws::attention_splits;
 using cuda_ws::kArgmaxBlocks;
@@ -94,7 +82,53 @@ g4_status TowerRun::finish(void* host, CUdeviceptr dev, size_t bytes, const char
     return G4_ERR_INTERNAL;
 }
 
+bool ModuleKernels::has(const std::string& name) const {
+    for (size_t at = ptx.find(".entry " + name); at != std::string::npos;
+         at        = ptx.find(".entry " + name, at + 1)) {
+        const char c = at + 7 + name.size() < ptx.size() ? ptx[at + 7 + name.size()] : '\0';
+        if (c == '(' || c == ' ' || c == '\n' || c == '\r' || c == '\t') return true;
+    }
+    return false;
+}
+
+g4_status ModuleKernels::get(CUfunction* f, const std::string& name, std::string* err) const {
+    CU_TRY(d->cuModuleGetFunction(f, mod, name.c_str()), "kernel " + name);
+    return G4_OK;
+}
+
+bool ModuleKernels::get_optional(CUfunction* f, const std::string& name) const {
+    if (!has(name) || d->cuModuleGetFunction(f, mod, name.c_str()) != 0) *f = nullptr;
+    return *f != nullptr;
+}
+
+g4_status ModuleKernels::smem(CUfunction f, int bytes, const std::string& name, std::string* err) const {
+    CU_TRY(d->cuFuncSetAttribute(f, kFuncAttrMaxDynamicSmem, bytes),
+           "kernel " + name + ": shared memory size");
+    return G4_OK;
+}
+
 namespace {
+
+// The towers' kernels (runtime/src/cuda/vision.cpp, audio.cpp), on the plan's GPU where they run there.
+g4_status bind_tower_kernels(const plan::Plan& p, const ModuleKernels& m, Kernels& k, std::string* err) {
+    struct Fn {
+        CUfunction* f;
+        const char* n;
+    };
+    if (p.info().vision_gpu)
+        for (const Fn& f :
+             {Fn{&k.vt_pixels, "g4_vt_pixels"}, Fn{&k.vt_posemb, "g4_vt_posemb"},
+              Fn{&k.vt_clamp, "g4_vt_clamp"}, Fn{&k.vt_rope2d, "g4_vt_rope2d"}, Fn{&k.vt_pool, "g4_vt_pool"}})
+            if (g4_status g = m.get(f.f, f.n, err); g != G4_OK) return g;
+    if (p.info().audio_gpu)
+        for (const Fn& f : {Fn{&k.at_conv, "g4_at_conv"}, Fn{&k.at_rms, "g4_at_rms"},
+                            Fn{&k.vt_clamp, "g4_vt_clamp"}, Fn{&k.at_silu, "g4_at_silu"},
+                            Fn{&k.at_residual, "g4_at_residual"}, Fn{&k.at_bias, "g4_at_bias"},
+                            Fn{&k.at_qk_scale, "g4_at_qk_scale"}, Fn{&k.at_attention, "g4_at_attention"},
+                            Fn{&k.at_glu, "g4_at_glu"}, Fn{&k.at_dwconv, "g4_at_dwconv"}})
+            if (g4_status g = m.get(f.f, f.n, err); g != G4_OK) return g;
+    return G4_OK;
+}
 
 // Opens GPU `g` of the plan: checks it, loads the kernels and uploads its weights (segments of the
 // plan's ranges; the PLE table stays on the host with ple=host). need_extra: the session bytes it
@@ -139,161 +173,15 @@ g4_status open_gpu(const plan::Plan& p, EngineState* st, Gpu& g, const plan::Pro
     }
     // Exact architecture: the cubin; a newer GPU: the PTX, compiled by the driver at load.
     std::string ptx(p.ptx());
-    // Optional kernels are looked up only where the plan's PTX defines them, so that opening a plan raises
-    // no CUDA API error (a failed cuModuleGetFunction is one, and drowns real ones under compute-sanitizer).
-    auto has_kernel = [&ptx](const std::string& name) {
-        for (size_t at = ptx.find(".entry " + name); at != std::string::npos;
-             at        = ptx.find(".entry " + name, at + 1)) {
-            const char c = at + 7 + name.size() < ptx.size() ? ptx[at + 7 + name.size()] : '\0';
-            if (c == '(' || c == ' ' || c == '\n' || c == '\r' || c == '\t') return true;
-        }
-        return false;
-    };
     const void* image = g.sm == target ? (const void*)p.cubin().data() : (const void*)ptx.c_str();
     CU_TRY(d->cuModuleLoadData(&g.mod, image),
            "loading the plan's CUDA kernels on GPU " + std::to_string(g.index));
-    Kernels& k = g.k;
-    struct {
-        CUfunction* f;
-        const char* n;
-    } fns[] = {{&k.embed, "g4_embed"},
-               {&k.mm_bf16, "g4_matmul_bf16"},
-               {&k.mm_f32, "g4_matmul_f32"},
-               {&k.mm_nf4, "g4_matmul_nf4"},
-               {&k.gemm_bf16, "g4_gemm_bf16"},
-               {&k.gemm_nf4, "g4_gemm_nf4"},
-               {&k.gemv_bf16, "g4_gemv_bf16"},
-               {&k.gemv_nf4, "g4_gemv_nf4"},
-               {&k.tc_bf16, "g4_tc_gemm_bf16"},
-               {&k.tc_nf4, "g4_tc_gemm_nf4"},
-               {&k.rms, "g4_rms_norm"},
-               {&k.elem, "g4_elementwise"},
-               {&k.rope, "g4_rope"},
-               {&k.kv, "g4_kv_store"},
-               {&k.attn_part, "g4_attention_partial"},
-               {&k.attn_merge, "g4_attention_merge"},
-               {&k.argmax, "g4_argmax"},
-               {&k.resnorm, "g4_resnorm"},
-               {&k.qkv_post, "g4_qkv_post"},
-               {&k.attn_decode, "g4_attn_decode"},
-               {&k.attn_decode_bf16, "g4_attn_decode_bf16"},
-               {&k.attn_decode_post, "g4_attn_decode_post"},
-               {&k.attn_decode_post_bf16, "g4_attn_decode_post_bf16"},
-               {&k.nf4_to_bf16, "g4_nf4_to_bf16"},
-               {&k.nf4_untile32, "g4_nf4_untile32"},
-               {&k.f32_to_bf16, "g4_f32_to_bf16"},
-               {&k.add_bias, "g4_add_bias"},
-               {&k.copy_f32, "g4_copy_f32"},
-               {&k.penalize, "g4_penalize"},
-               {&k.mlp[0], "g4_mlp_nf4"},
-               {&k.mlp[1], "g4_mlp_nf4_b256"},
-               {&k.mlp[2], "g4_mlp_nf4_dq"},
-               {&k.mlp[3], "g4_mlp_nf4_b256_dq"},
-               {&k.mlp[4], "g4_mlp_nf4_rep"},
-               {&k.mlp[5], "g4_mlp_nf4_b256_rep"},
-               {&k.mlp_z[0], "g4_mlp_nf4_b256_z"},
-               {&k.mlp_z[1], "g4_mlp_nf4_b256_dq_z"},
-               {&k.mlp_z[2], "g4_mlp_nf4_b256_h2_z"},
-               {&k.mlp[6], "g4_mlp_nf4_dq_rep"},
-               {&k.mlp[7], "g4_mlp_nf4_b256_dq_rep"},
-               {&k.resnorm_rep, "g4_resnorm_rep"},
-               {&k.resnorm_z2, "g4_resnorm_z2"},
-               {&k.mlp_r[0], "g4_mlp_nf4_h2_r"},
-               {&k.mlp_r[1], "g4_mlp_nf4_b256_h2_r"},
-               {&k.mlp_r[2], "g4_mlp_nf4_h2_rep_r"},
-               {&k.mlp_r[3], "g4_mlp_nf4_b256_h2_rep_r"},
-               {&k.mlp_r[4], "g4_mlp_nf4_b256_h2_z_r"},
-               {&k.mlp[8], "g4_mlp_nf4_h2"},
-               {&k.mlp[9], "g4_mlp_nf4_b256_h2"},
-               {&k.mlp[10], "g4_mlp_nf4_h2_rep"},
-               {&k.mlp[11], "g4_mlp_nf4_b256_h2_rep"},
-               {&k.ple_in, "g4_ple_in"},
-               {&k.attn_o[0], "g4_attn_o_nf4_g1"},
-               {&k.attn_o[1], "g4_attn_o_nf4_g2"},
-               {&k.attn_o[2], "g4_attn_o_nf4_g3"},
-               {&k.attn_o[3], "g4_attn_o_nf4_g4"},
-               {&k.ple[0], "g4_ple_bf16_g1"},
-               {&k.ple[1], "g4_ple_bf16_g2"},
-               {&k.ple[2], "g4_ple_bf16_g3"},
-               {&k.ple[3], "g4_ple_bf16_g4"},
-               {&k.ple_res[0], "g4_ple_res_bf16_g1"},
-               {&k.ple_res[1], "g4_ple_res_bf16_g2"},
-               {&k.ple_res[2], "g4_ple_res_bf16_g3"},
-               {&k.ple_res[3], "g4_ple_res_bf16_g4"},
-               {&k.topk_round, "g4_topk_round"},
-               {&k.softmax_partial, "g4_softmax_partial"}};
-    for (auto& f : fns)
-        CU_TRY(d->cuModuleGetFunction(f.f, g.mod, f.n), std::string("kernel ") + f.n);
-    for (int di = 0; di < 2; ++di) {
-        const std::string sfx = di ? "_d512" : "_d256";
-        const char* base[4]   = {"g4_attn_decode", "g4_attn_decode_bf16", "g4_attn_decode_post",
-                                 "g4_attn_decode_post_bf16"};
-        for (int v = 0; v < 4; ++v)
-            if (!has_kernel(base[v] + sfx) ||
-                d->cuModuleGetFunction(&k.attn_dim[di][v], g.mod, (base[v] + sfx).c_str()) != 0)
-                k.attn_dim[di][v] = nullptr;
-    }
-    // LM-head screening: a module without its kernels (a plan from an older g4) decodes without screening.
-    if (!has_kernel("g4_lm_screen_build") || !has_kernel("g4_lm_screen") ||
-        d->cuModuleGetFunction(&k.lm_build, g.mod, "g4_lm_screen_build") != 0 ||
-        d->cuModuleGetFunction(&k.lm_screen, g.mod, "g4_lm_screen") != 0)
-        k.lm_build = k.lm_screen = nullptr;
-    for (int l = 0; l < 5 && k.lm_screen; ++l)
-        if (const std::string n = "g4_lm_exact_l" + std::to_string(kGemvLanes[l]);
-            !has_kernel(n) || d->cuModuleGetFunction(&k.lm_exact[l], g.mod, n.c_str()) != 0)
-            k.lm_build = k.lm_screen = nullptr;
-    if (p.info().vision_gpu && g.index == p.cuda_device()) {
-        struct {
-            CUfunction* f;
-            const char* n;
-        } vt[] = {{&k.vt_pixels, "g4_vt_pixels"},
-                  {&k.vt_posemb, "g4_vt_posemb"},
-                  {&k.vt_clamp, "g4_vt_clamp"},
-                  {&k.vt_rope2d, "g4_vt_rope2d"},
-                  {&k.vt_pool, "g4_vt_pool"}};
-        for (auto& f : vt)
-            CU_TRY(d->cuModuleGetFunction(f.f, g.mod, f.n), std::string("kernel ") + f.n);
-    }
-    if (p.info().audio_gpu && g.index == p.cuda_device()) {
-        struct {
-            CUfunction* f;
-            const char* n;
-        } at[] = {{&k.at_conv, "g4_at_conv"},         {&k.at_rms, "g4_at_rms"},
-                  {&k.vt_clamp, "g4_vt_clamp"},       {&k.at_silu, "g4_at_silu"},
-                  {&k.at_residual, "g4_at_residual"}, {&k.at_bias, "g4_at_bias"},
-                  {&k.at_qk_scale, "g4_at_qk_scale"}, {&k.at_attention, "g4_at_attention"},
-                  {&k.at_glu, "g4_at_glu"},           {&k.at_dwconv, "g4_at_dwconv"}};
-        for (auto& f : at)
-            CU_TRY(d->cuModuleGetFunction(f.f, g.mod, f.n), std::string("kernel ") + f.n);
-    }
-    for (int i = 0; i < 6; ++i) {
-        const int dim = kFlashDims[i];
-        std::string n = flash_kernel_name(dim);
-        CU_TRY(d->cuModuleGetFunction(&k.flash[i], g.mod, n.c_str()), "kernel " + n);
-        CU_TRY(
-            d->cuFuncSetAttribute(k.flash[i], kFuncAttrMaxDynamicSmem, (int)flash_launch(64, 1, 1, dim).smem),
-            "kernel " + n + ": shared memory size");
-    }
-    for (int q = 0; q < 2; ++q)
-        for (int l = 0; l < 5; ++l)
-            for (int m = 0; m < 2; ++m) {
-                std::string n = gemv_kernel_name(q, kGemvLanes[l], m);
-                CU_TRY(d->cuModuleGetFunction(&k.gemv[q][l][m], g.mod, n.c_str()), "kernel " + n);
-                if (gemv_smem(q, g.sm, 0))
-                    CU_TRY(d->cuFuncSetAttribute(k.gemv[q][l][m], kFuncAttrMaxDynamicSmem, (int)kGemvSmemMax),
-                           "kernel " + n + ": shared memory size");
-            }
-    if (gemv_smem(true, g.sm, 0)) {
-        // Every fused-MLP kernel (g4_mlp_nf4*: k.mlp, mlp_z, mlp_r) stages its tables in this dynamic shared
-        // memory: one rule by name, so no family of them (_z, _r, ...) can be left out.
-        for (auto& f : fns)
-            if (std::strncmp(f.n, "g4_mlp_nf4", 10) == 0)
-                CU_TRY(d->cuFuncSetAttribute(*f.f, kFuncAttrMaxDynamicSmem, (int)kGemvSmemMax),
-                       std::string("kernel ") + f.n + ": shared memory size");
-        for (CUfunction f : k.attn_o)
-            CU_TRY(d->cuFuncSetAttribute(f, kFuncAttrMaxDynamicSmem, (int)kGemvWideSmem),
-                   "kernel g4_attn_o_nf4: shared memory size");
-    }
+    const ModuleKernels m{d, g.mod, ptx, g.sm};
+    for (auto bind : {bind_op_kernels, bind_matmul_kernels, bind_attention_kernels, bind_decode_kernels,
+                      bind_sampling_kernels})
+        if (g4_status r = bind(m, g.k, err); r != G4_OK) return r;
+    if (g.index == p.cuda_device())
+        if (g4_status r = bind_tower_kernels(p, m, g.k, err); r != G4_OK) return r;
     CU_TRY(d->cuMemAlloc(&g.weights, std::max<uint64_t>(64, g.weights_bytes)),
            "allocating " + std::to_string(g.weights_bytes >> 20) + " MiB of weights on GPU " +
                std::to_string(g.index));
@@ -303,6 +191,8 @@ g4_status open_gpu(const plan::Plan& p, EngineState* st, Gpu& g, const plan::Pro
     return G4_OK;
 }
 
+} // namespace
+
 // Device bytes a session allocates on the plan's GPU `g` (index into in.gpus): the activation arena, its
 // part of the KV arena and, on the plan's GPU, the towers' buffers where they run there.
 uint64_t session_device_bytes(const plan::ProgramInfo& in, size_t g) {
@@ -311,65 +201,40 @@ uint64_t session_device_bytes(const plan::ProgramInfo& in, size_t g) {
            (g == 0 && in.audio_gpu ? in.audio_gpu_bytes : 0);
 }
 
-// LM-head screening (kernels.cu g4_lm_screen): where the plan runs on one GPU without CPU layers and its
-// decode schedule ends in a bf16 head GEMV the kernels take, builds the int8 copy and its row bounds on the
-// GPU. Skipped (decode steps compute every logit, as before) when G4_LM_SCREEN=0 or when the GPU lacks the
-// memory for it beside the weights and a session with ~256 MiB to spare.
-g4_status lm_screen_setup(const plan::Plan& p, EngineState* st, std::string* err) {
-    const Driver* d = st->d;
-    const auto& in  = p.info();
-    Gpu& g          = st->gpus[0];
-    if (rt::env::lm_screen_off() || in.gpus.size() != 1 || p.has_cpu_layers() || !p.n_launches() ||
-        !g.k.lm_screen)
-        return G4_OK;
-    int li = -1;
-    for (size_t i = 0; i < p.n_launches(); ++i) {
-        const CudaLaunch& l = p.launch(i);
-        if (l.kind == (uint16_t)LaunchKind::Gemv && (int)p.op(l.ip[0]).out[0] == in.logits_tensor)
-            li = (int)i;
-    }
-    if (li < 0) return G4_OK;
-    const CudaLaunch& l = p.launch(li);
-    const PlanOp& op    = p.op(l.ip[0]);
-    const PlanTensor& w = p.tensor(op.in[1]);
-    const int lanes_i = gemv_lanes_index(l.ip[5]), V = (int)w.dims[0], K = (int)w.dims[1];
-    if (l.ip[3] != 1 || (l.ip[4] != 0 && l.ip[4] != 3) || w.dtype != (uint8_t)DType::BF16 || lanes_i < 0 ||
-        K % 16 || K > 4096 || (long)ceil_div(V, 128 / l.ip[5] * 4) > (long)kArgmaxBlocks * 1024)
-        return G4_OK;
-    CUdeviceptr wd = 0;
-    for (const Gpu::Seg& sg : g.segs)
-        if (w.offset >= sg.begin && w.offset < sg.end) wd = g.weights + sg.at + (w.offset - sg.begin);
-    if (!wd) return G4_OK;
-    const uint64_t scale_at = ((uint64_t)V * K + 255) / 256 * 256, bytes = scale_at + (uint64_t)V * 8;
-    CU_TRY(d->cuCtxSetCurrent(g.ctx), "cuCtxSetCurrent");
-    size_t free_b = 0, total_b = 0;
-    CU_TRY(d->cuMemGetInfo(&free_b, &total_b), "cuMemGetInfo");
-    if (free_b < bytes + session_device_bytes(in, 0) + (256ull << 20))
-        return G4_OK; // the towers' weights are already up
-    CU_TRY(d->cuMemAlloc(&st->lm_q, bytes), "allocating the LM head's screening copy");
-    st->lm_bytes = bytes, st->lm_scale_at = scale_at;
-    CUdeviceptr q = st->lm_q, sc = st->lm_q + scale_at, bd = sc + (uint64_t)V * 4;
-    void* args[] = {&wd, (void*)&V, (void*)&K, &q, &sc, &bd};
-    CUresult r =
-        d->cuLaunchKernel(g.k.lm_build, (unsigned)ceil_div(V, 8), 1, 1, 256, 1, 1, 0, nullptr, args, nullptr);
-    if (r == 0) r = d->cuStreamSynchronize(nullptr);
-    if (r != 0) {
-        *err = "CUDA error " + error_name(r) + " building the LM head's screening copy on GPU " +
-               std::to_string(g.index);
-        return G4_ERR_INTERNAL;
-    }
-    int sms = 0;
-    d->cuDeviceGetAttribute(&sms, kAttrSmCount, g.dev);
-    st->lm_blocks = (unsigned)std::max(1, sms) * 4;
-    st->lm_launch = li;
-    return G4_OK;
-}
+namespace {
 
 // A fused launch kind's name in the decode event profile.
 const char* launch_kind_name(uint16_t kind) {
     static const char* kNames[] = {"op",  "resnorm", "gemv", "qkv_post", "qkv_attn",
                                    "mlp", "attn_o",  "ple",  "ple_in"};
     return kind < sizeof kNames / sizeof kNames[0] ? kNames[kind] : "?";
+}
+
+// q/k/v and gate/up read one input: the cuBLAS tier converts it to bf16 once. Op i reuses the
+// scratch when the previous cuBLAS-tier matmul ran on the same GPU, read the same view with the
+// same row mode and no op in between wrote that tensor (the plan runs every op of a step in
+// order, with one row count).
+void mark_reused_inputs(const plan::Plan& p, SessionState* st) {
+    st->reuse_x.assign(p.n_ops(), 0);
+    int last     = -1;
+    bool written = false;
+    for (size_t i = 0; i < p.n_ops(); ++i) {
+        const PlanOp& op = p.op(i);
+        const bool tier  = op.code == (uint16_t)OpCode::Matmul &&
+                          op.ip[6] == (int32_t)plan::MatmulVariant::Cublas && st->lane_of[i] >= 0;
+        if (tier && last >= 0 && !written) {
+            const PlanOp& pr = p.op(last);
+            st->reuse_x[i]   = pr.in[0] == op.in[0] && pr.in_col[0] == op.in_col[0] &&
+                             pr.row_mode == op.row_mode &&
+                             p.tensor(pr.in[1]).dims[1] == p.tensor(op.in[1]).dims[1] &&
+                             st->lane_of[last] == st->lane_of[i];
+        }
+        if (tier)
+            last = (int)i, written = false;
+        else if (last >= 0)
+            for (int32_t o : op.out)
+                written |= o >= 0 && o == p.op(last).in[0];
+    }
 }
 
 } // namespace
@@ -463,9 +328,9 @@ g4_status engine_open(g4_engine* e, std::string* err) {
 }
 
 // The timeline lab (bench/scripts/trace_lab.sh): a plan compiled with --kernel-trace keeps per-launch records
-// in its module (kernels.cu G4_TRACE); with G4_TRACE_OUT=file they are written there when the engine
-// closes: u32 count, then count records of 64 bytes (u64 key, t0, t1, t2; u32 tag, blocks, smid, cycles,
-// mark[4]).
+// in its module (kernels/cuda/common.cu G4_TRACE); with G4_TRACE_OUT=file they are written there when the
+// engine closes: u32 count, then count records of 64 bytes (u64 key, t0, t1, t2; u32 tag, blocks, smid,
+// cycles, mark[4]).
 static void dump_trace(const Driver* d, const Gpu& g) {
     const char* out = rt::env::trace_out();
     if (!out) return;
@@ -536,32 +401,7 @@ g4_status session_create(g4_session* s, std::string* err) {
         if (p.op(i).code != (uint16_t)OpCode::Copy && !p.op_on_cpu(i))
             st->lane_of[i] = p.gpu_slot(p.op_device(i));
     st->splits.assign(p.n_ops(), 1);
-    // q/k/v and gate/up read one input: the cuBLAS tier converts it to bf16 once. Op i reuses the
-    // scratch when the previous cuBLAS-tier matmul ran on the same GPU, read the same view with the
-    // same row mode and no op in between wrote that tensor (the plan runs every op of a step in
-    // order, with one row count).
-    st->reuse_x.assign(p.n_ops(), 0);
-    {
-        int last     = -1;
-        bool written = false;
-        for (size_t i = 0; i < p.n_ops(); ++i) {
-            const PlanOp& op = p.op(i);
-            const bool tier  = op.code == (uint16_t)OpCode::Matmul &&
-                              op.ip[6] == (int32_t)plan::MatmulVariant::Cublas && st->lane_of[i] >= 0;
-            if (tier && last >= 0 && !written) {
-                const PlanOp& pr = p.op(last);
-                st->reuse_x[i]   = pr.in[0] == op.in[0] && pr.in_col[0] == op.in_col[0] &&
-                                 pr.row_mode == op.row_mode &&
-                                 p.tensor(pr.in[1]).dims[1] == p.tensor(op.in[1]).dims[1] &&
-                                 st->lane_of[last] == st->lane_of[i];
-            }
-            if (tier)
-                last = (int)i, written = false;
-            else if (last >= 0)
-                for (int32_t o : op.out)
-                    written |= o >= 0 && o == p.op(last).in[0];
-        }
-    }
+    mark_reused_inputs(p, st.get());
     for (size_t i = 0; i < p.n_ops(); ++i)
         if (p.op(i).code == (uint16_t)OpCode::Attention)
             st->splits[i] = attention_splits(p.op(i)); // 0: the flash kernel
@@ -798,28 +638,6 @@ void session_destroy(SessionState* st) {
 
 namespace {
 
-// Address on the current lane's GPU of tensor `idx` with a column offset (activations in elements of
-// 4 bytes, KV caches of their dtype). check_ops has verified that each op's weights and caches lie
-// in its GPU's parts.
-CUdeviceptr addr(const SessionState* st, const plan::Plan& p, int32_t idx, int32_t col) {
-    if (idx < 0) return 0;
-    const PlanTensor& t = p.tensor(idx);
-    const Lane& ln      = *st->cur;
-    switch ((TensorKind)t.kind) {
-    case TensorKind::Weight: {
-        if (idx == st->e->ple_tensor) return st->e->ple_dev;
-        for (const Gpu::Seg& sg : ln.g->segs)
-            if (t.offset >= sg.begin && t.offset < sg.end)
-                return ln.g->weights + sg.at + (t.offset - sg.begin);
-        return 0;
-    }
-    case TensorKind::KvCache:
-        return ln.kv + (t.offset - ln.kv_begin) + dtype_bytes((DType)t.dtype, col);
-    default:
-        return ln.act + t.offset + (uint64_t)col * 4;
-    }
-}
-
 // Makes lane `slot` current: work enqueued from here on goes to its stream, after everything
 // enqueued so far on the previous one (an event joins the streams; captured into the decode graph
 // like the rest). The next kernel launch is plain (no programmatic edge across streams).
@@ -832,451 +650,6 @@ g4_status use_lane(SessionState* st, int slot, std::string* err) {
     CU_TRY(d->cuStreamWaitEvent(next->stream, st->cur->done, 0), "waiting for another GPU's work");
     st->cur        = next;
     st->after_node = true;
-    return G4_OK;
-}
-
-// Device addresses of the parts of an NF4 weight blob (kernels/nf4.h) that starts at `base`.
-struct Nf4Ptrs {
-    CUdeviceptr codes, absmax, absmax2, offset, code2; // the last three 0 without double quant
-};
-Nf4Ptrs nf4_ptrs(CUdeviceptr base, const PlanTensor& w) {
-    nf4::Layout l = nf4::layout(w.dims[0] * w.dims[1], w.quant_flags & plan::kQuantDoubleQuant);
-    if (!l.double_quant) return {base + l.codes_off, base + l.absmax_off, 0, 0, 0};
-    return {base + l.codes_off, base + l.absmax_off, base + l.absmax2_off, base + l.offset_off,
-            base + l.code2_off};
-}
-
-int64_t ld_of(const plan::Plan& p, int32_t idx) {
-    return idx >= 0 && p.tensor(idx).ndim == 2 ? p.tensor(idx).dims[1] : 0;
-}
-// Kernel dtype argument (G4_DT_F32 / G4_DT_BF16) of a weight or KV cache.
-int dt_code(const plan::Plan& p, int32_t t) {
-    return t >= 0 && p.tensor(t).dtype == (uint8_t)DType::BF16 ? 1 : 0;
-}
-
-// Whether a decode row of attention op `op` (cache dtype kvdt) runs g4_attn_decode: one block per (kv
-// head, split) for all heads of the group; with kernels specialised for a group size (the plan's
-// cuda.attn_hpg), only layers of that size.
-bool decode_attention_fits(const plan::Plan& p, const PlanOp& op, int kvdt) {
-    return cuda_rt::decode_attention_fits(op.ip[0], op.ip[1], op.ip[2], op.ip[6], kvdt != 0,
-                                          p.cuda_attn_hpg());
-}
-
-// A decode row of attention op `at` (decode_attention_fits): g4_attn_decode[_bf16], one block per (kv
-// head, split) for all heads of the group, then the merge into at's output. post: QkvAttn, q is the raw
-// projection and g4_attn_decode_post[_bf16] does the post-projection first.
-CUresult launch_decode_attention(SessionState* st, const plan::Plan& p, const PlanOp& at, CUdeviceptr step,
-                                 CUdeviceptr q, const AttnPostH* post) {
-    const Kernels& K = st->cur->g->k;
-    CUdeviceptr kc = addr(st, p, at.in[1], at.in_col[1]), vc = addr(st, p, at.in[2], at.in_col[2]);
-    CUdeviceptr y = addr(st, p, at.out[0], at.out_col[0]), part = st->cur->part;
-    int heads = at.ip[0], kvh = at.ip[1], dim = at.ip[2], slots = at.ip[3], window = at.ip[4], dsp = at.ip[6],
-        kvdt     = dt_code(p, at.in[1]);
-    float scale  = at.fp[0];
-    long ldy     = ld_of(p, at.out[0]);
-    AttnPostH pa = post ? *post : AttnPostH{};
-    void* args[] = {&step,  &q,      &kc,    &vc,  &heads, &kvh,  &dim,
-                    &slots, &window, &scale, &dsp, &part,  &kvdt, &pa}; // pa: post only
-    CUfunction f = post ? (kvdt ? K.attn_decode_post_bf16 : K.attn_decode_post)
-                        : (kvdt ? K.attn_decode_bf16 : K.attn_decode);
-    if (dim == 256 || dim == 512) // the same kernel with the head dim compiled in, where the module has it
-        if (CUfunction fd = K.attn_dim[dim == 512][(post ? 2 : 0) + (kvdt ? 1 : 0)]) f = fd;
-    CUresult r = launch(st, f, (unsigned)kvh, (unsigned)dsp, 256, args);
-    if (r != 0 || st->merge_in_next) return r; // merge_in_next: the AttnO launch merges
-    void* margs[] = {&step, &part, &heads, &dim, &dsp, &y, &ldy, &window};
-    return launch(st, K.attn_merge, (unsigned)heads, (unsigned)(dim + 63) / 64, merge_threads(true), margs);
-}
-
-// Launches op i for a step of `rows` rows (`out_rows` logits rows); sets *launched = false when the
-// op has no rows in this step.
-g4_status launch_op(g4_session* s, size_t i, int rows, int out_rows, std::string* err) {
-    SessionState* st    = s->cuda.get();
-    const plan::Plan& p = s->engine->plan;
-    Lane& ln            = *st->cur;
-    const Kernels& K    = ln.g->k;
-    const auto& info    = p.info();
-    CUdeviceptr step    = ln.step;
-    CUdeviceptr ids     = ln.act + p.tensor(info.ids_tensor).offset;
-    const PlanOp& op    = p.op(i);
-    RowMode rm          = (RowMode)op.row_mode;
-    int n               = rm == RowMode::All ? rows : out_rows;
-    if (n <= 0) return G4_OK;
-    int mode        = op.row_mode;
-    CUdeviceptr in0 = addr(st, p, op.in[0], op.in_col[0]), in1 = addr(st, p, op.in[1], op.in_col[1]);
-    CUdeviceptr in2  = addr(st, p, op.in[2], op.in_col[2]);
-    CUdeviceptr out0 = addr(st, p, op.out[0], op.out_col[0]), out1 = addr(st, p, op.out[1], op.out_col[1]);
-    long ld0 = ld_of(p, op.in[0]), ld1 = ld_of(p, op.in[1]), ldo = ld_of(p, op.out[0]);
-    CUresult r = 0;
-    auto go    = [&](CUfunction f, unsigned gx, unsigned gy, unsigned bx, std::initializer_list<void*> args) {
-        return launch(st, f, gx, gy, bx, const_cast<void**>(args.begin()));
-    };
-    switch ((OpCode)op.code) {
-    case OpCode::Embed: {
-        const PlanTensor& tab = p.tensor(op.in[1]);
-        int dt                = tab.dtype == (uint8_t)DType::BF16 ? 1 : 0;
-        long cols             = tab.dims[1];
-        float sc              = op.fp[0];
-        r                     = go(K.embed, n, (unsigned)((cols + 2047) / 2048), 256,
-                                   {&step, &ids, &in1, &dt, &cols, &sc, &out0, &ldo});
-        break;
-    }
-    case OpCode::Matmul: {
-        const PlanTensor& w = p.tensor(op.in[1]);
-        int N = (int)w.dims[0], Kd = (int)w.dims[1];
-        if (w.dtype == (uint8_t)DType::F16) {
-            *err = "op " + std::string(p.str(op.name)) + ": f16 weights are not supported on CUDA";
-            return G4_ERR_UNSUPPORTED;
-        }
-        // Kernel variants recorded by the compiler: prefill chunks go to cuBLAS (or the tensor-core /
-        // tiled GEMM), decode rows outside the fused schedule to the 4-rows-per-warp GEMV, the rest one
-        // warp per row.
-        const bool is_nf4 = w.dtype == (uint8_t)DType::NF4;
-        // A down or o projection the decode schedule runs in g4_mlp_nf4 / g4_attn_o_nf4 (stored tiled for
-        // it): the cuBLAS tier dequantizes it to bf16 in place (g4_nf4_to_bf16's tiled_rows); every other use
-        // first puts its codes and absmax back in the row-major layout, after the bf16 scratch matrix
-        // (cuda_ws::workspace sizes wscratch for both), then runs as on an untiled plan.
-        Nf4Ptrs q{};
-        if (is_nf4) q = nf4_ptrs(in1, w);
-        const bool tiled_w = is_nf4 && (w.quant_flags & plan::kQuantTiled32);
-        int tiled_rows     = 0;
-        if (tiled_w && n > 8 && op.ip[6] == (int32_t)plan::MatmulVariant::Cublas && ln.blas_h)
-            tiled_rows = N;
-        else if (tiled_w) {
-            const nf4::Layout lo = nf4::layout((int64_t)N * Kd, q.absmax2 != 0);
-            CUdeviceptr codes    = ln.wscratch + cuda_ws::align256((uint64_t)N * Kd * 2),
-                        am       = codes + lo.absmax_off;
-            int dq               = q.absmax2 != 0;
-            r                    = go(K.nf4_untile32, (unsigned)ceil_div((long)N * Kd / 32, 256), 1, 256,
-                                      {&q.codes, &q.absmax, &dq, &N, &Kd, &codes, &am});
-            if (r != 0) break;
-            q.codes = codes, q.absmax = am;
-        }
-        if (n > 8 && op.ip[6] == (int32_t)plan::MatmulVariant::Cublas && ln.blas_h) {
-            // cuBLAS tier: x -> bf16 scratch, NF4 -> bf16 scratch, y = x . W^T with fp32 accumulate.
-            CUdeviceptr wb = in1;
-            if (!st->reuse_x[i])
-                r = go(K.f32_to_bf16, n, (unsigned)ceil_div(Kd, 1024), 256,
-                       {&step, &in0, &ld0, &ln.xscratch, &Kd});
-            if (r == 0 && is_nf4) {
-                long numel = (long)N * Kd;
-                wb         = ln.wscratch;
-                r          = go(K.nf4_to_bf16, (unsigned)ceil_div(numel / 32, 256), 1, 256,
-                                {&q.codes, &q.absmax, &q.absmax2, &q.offset, &q.code2, &numel, &wb, &tiled_rows});
-            }
-            if (r == 0) {
-                const float one = 1.0f, zero = 0.0f;
-                int bs = st->blas->gemm_ex(ln.blas_h, cublas::kOpT, cublas::kOpN, N, n, Kd, &one,
-                                           (const void*)wb, cublas::kR16BF, Kd, (const void*)ln.xscratch,
-                                           cublas::kR16BF, Kd, &zero, (void*)out0, cublas::kR32F, (int)ldo,
-                                           cublas::kCompute32F, cublas::kGemmDefault);
-                if (bs != 0) {
-                    *err = "cuBLAS error " + std::to_string(bs) + " in op '" + p.str(op.name) + "'";
-                    return G4_ERR_INTERNAL;
-                }
-            }
-            if (r == 0 && in2)
-                r = go(K.add_bias, n, (unsigned)ceil_div(N, 256), 256, {&step, &out0, &ldo, &in2, &N});
-            break;
-        }
-        const bool gemv = n == 1 && op.ip[5] == (int32_t)plan::MatmulVariant::Gemv4;
-        const bool tc   = !gemv && n > 8 &&
-                        (op.ip[6] == (int32_t)plan::MatmulVariant::TensorCore ||
-                         op.ip[6] == (int32_t)plan::MatmulVariant::Cublas);
-        const bool tiled = !gemv && n > 8 && (tc || op.ip[6] == (int32_t)plan::MatmulVariant::Tiled64);
-        unsigned gx      = gemv    ? (unsigned)ceil_div(N, 32)
-                           : tiled ? (unsigned)ceil_div(N, 64)
-                                   : (unsigned)ceil_div(N, 8);
-        unsigned gy      = tiled ? (unsigned)ceil_div(n, 64) : 1;
-        if (is_nf4) {
-            CUfunction f = gemv ? K.gemv_nf4 : tc ? K.tc_nf4 : tiled ? K.gemm_nf4 : K.mm_nf4;
-            r            = go(f, gx, gy, tc ? 128 : 256,
-                              {&step, &mode, &in0, &ld0, &q.codes, &q.absmax, &q.absmax2, &q.offset, &q.code2, &N, &Kd,
-                               &out0, &ldo, &in2});
-        } else {
-            CUfunction f = gemv                              ? K.gemv_bf16
-                           : tc                              ? K.tc_bf16
-                           : tiled                           ? K.gemm_bf16
-                           : w.dtype == (uint8_t)DType::BF16 ? K.mm_bf16
-                                                             : K.mm_f32;
-            r = go(f, gx, gy, tc ? 128 : 256, {&step, &mode, &in0, &ld0, &in1, &N, &Kd, &out0, &ldo, &in2});
-        }
-        break;
-    }
-    case OpCode::RmsNorm: {
-        int dim   = op.ip[1];
-        int wdt   = op.in[1] >= 0 && p.tensor(op.in[1]).dtype == (uint8_t)DType::BF16 ? 1 : 0;
-        float eps = op.fp[0];
-        r         = go(K.rms, n, (unsigned)(op.ip[0] / dim), 256,
-                       {&step, &mode, &in0, &ld0, &in1, &wdt, &out0, &ldo, &dim, &eps});
-        break;
-    }
-    case OpCode::Add:
-    case OpCode::GeluMul:
-    case OpCode::Scale:
-    case OpCode::Softcap: {
-        int kind      = op.code == (uint16_t)OpCode::Add       ? 0
-                        : op.code == (uint16_t)OpCode::GeluMul ? 1
-                        : op.code == (uint16_t)OpCode::Scale   ? 2
-                                                               : 3;
-        int cols      = op.ip[0];
-        float f       = op.fp[0];
-        CUdeviceptr b = kind <= 1 ? in1 : 0, sc = kind == 2 ? in1 : 0;
-        int sdt = kind == 2 && op.in[1] >= 0 && p.tensor(op.in[1]).dtype == (uint8_t)DType::BF16 ? 1 : 0;
-        r       = go(K.elem, n, (unsigned)ceil_div(cols, 256), 256,
-                     {&step, &mode, &kind, &in0, &ld0, &b, &ld1, &out0, &ldo, &cols, &f, &sc, &sdt});
-        break;
-    }
-    case OpCode::Rope: {
-        int dim = op.ip[1];
-        r       = go(K.rope, n, (unsigned)op.ip[0], (unsigned)std::max(32, dim / 2),
-                     {&step, &in0, &ld0, &in1, &dim});
-        break;
-    }
-    case OpCode::KvStore: {
-        int width = op.ip[0], slots = op.ip[1], kvdt = dt_code(p, op.out[0]);
-        r = go(K.kv, n, 1, 256, {&step, &in0, &ld0, &in1, &ld1, &out0, &out1, &width, &slots, &kvdt});
-        break;
-    }
-    case OpCode::Attention: {
-        int heads = op.ip[0], kvh = op.ip[1], dim = op.ip[2], slots = op.ip[3], window = op.ip[4],
-            kvdt         = dt_code(p, op.in[1]);
-        float scale      = op.fp[0];
-        int sp           = st->splits[i];
-        int max_span     = window > 0 ? std::min(window, info.max_context) : info.max_context;
-        CUdeviceptr part = ln.part, scores = ln.scores;
-        if (n == 1 && decode_attention_fits(p, op, kvdt)) {
-            r = launch_decode_attention(st, p, op, step, in0, nullptr);
-            break;
-        }
-        if (st->merge_in_next) { // the compiler fuses the merge only where the decode kernel runs
-            *err = "op " + std::string(p.str(op.name)) +
-                   ": the plan merges this attention in the o projection's kernel, but its decode row "
-                   "does not fit g4_attn_decode (recompile the plan with this g4)";
-            return G4_ERR_UNSUPPORTED;
-        }
-        if (sp ==
-            0) { // the compiler chose the tensor-core flash kernel (bf16 plans, dim a power of two 16..512)
-            int di = 0;
-            while (di < 6 && kFlashDims[di] != dim)
-                ++di;
-            if (di == 6) {
-                *err = "op " + std::string(p.str(op.name)) + ": no flash attention kernel for head dim " +
-                       std::to_string(dim);
-                return G4_ERR_INTERNAL;
-            }
-            FlashLaunch fl = flash_launch(n, heads, kvh, dim);
-            void* args[]   = {&step,  &in0,    &ld0,   &in1,  &in2, &heads, &kvh,
-                              &slots, &window, &scale, &out0, &ldo, &kvdt};
-            r              = launch(st, K.flash[di], fl.gx, fl.gy, fl.block, args, 1, fl.smem);
-            break;
-        }
-        r       = go(K.attn_part, (unsigned)(n * heads), (unsigned)sp, 256,
-                     {&step, &in0, &ld0, &in1, &in2, &heads, &kvh, &dim, &slots, &window, &scale, &sp, &part,
-                      &scores, &max_span, &kvdt});
-        int all = -1; // prefill partials: every split is read
-        if (r == 0)
-            r = go(K.attn_merge, (unsigned)(n * heads), (unsigned)(dim + 63) / 64, merge_threads(false),
-                   {&step, &part, &heads, &dim, &sp, &out0, &ldo, &all});
-        break;
-    }
-    default:
-        *err = "internal: unknown op";
-        return G4_ERR_INTERNAL;
-    }
-    if (r != 0) {
-        *err = "CUDA error " + error_name(r) + " launching op '" + p.str(op.name) + "' (" +
-               op_name((OpCode)op.code) + ")";
-        return G4_ERR_INTERNAL;
-    }
-    return G4_OK;
-}
-
-// The arguments of Gemv launch record `l` on the current lane; returns the threads it launches.
-long gemv_args(const SessionState* st, const plan::Plan& p, const CudaLaunch& l, GemvArgsH* out,
-               bool* is_nf4) {
-    GemvArgsH& a = *out;
-    std::memset(&a, 0, sizeof a);
-    const int nmat = l.ip[3], epi = l.ip[4], pairs = epi == 1 ? 1 : 0;
-    bool nf4  = false;
-    int n_out = 0, K_ = 0;
-    for (int m = 0; m < nmat; ++m) {
-        const PlanOp& op    = p.op(l.ip[m]);
-        const PlanTensor& w = p.tensor(op.in[1]);
-        CUdeviceptr base    = addr(st, p, op.in[1], 0);
-        GemvMatH& g         = a.m[m];
-        nf4                 = w.dtype == (uint8_t)DType::NF4;
-        K_                  = (int)w.dims[1];
-        g.n                 = (int)w.dims[0];
-        g.bias              = addr(st, p, op.in[2], op.in_col[2]);
-        g.y                 = addr(st, p, op.out[0], op.out_col[0]);
-        if (nf4) {
-            Nf4Ptrs q = nf4_ptrs(base, w);
-            g.w = q.codes, g.absmax = q.absmax, g.absmax2 = q.absmax2, g.offset = q.offset, g.code2 = q.code2;
-        } else {
-            g.w = base;
-        }
-        if (m == 0) a.x = addr(st, p, op.in[0], op.in_col[0]);
-        n_out += g.n;
-    }
-    if (pairs) n_out = a.m[0].n;
-    a.nmat = nmat, a.k = K_, a.epi = epi, a.cap = l.fp[0];
-    a.out   = addr(st, p, l.t[1], 0);
-    a.aux   = addr(st, p, l.t[0], l.ip[6]);
-    *is_nf4 = nf4;
-    return gemv_threads(n_out, l.ip[5], pairs);
-}
-
-// Launches record `li` of the decode schedule (one row).
-g4_status launch_fused(g4_session* s, const CudaLaunch& l, std::string* err) {
-    SessionState* st    = s->cuda.get();
-    const plan::Plan& p = s->engine->plan;
-    const Kernels& K    = st->cur->g->k;
-    CUdeviceptr step    = st->cur->step;
-    auto T              = [&](int j) { return addr(st, p, l.t[j], 0); };
-    auto T2             = [&](const CudaLaunch* o, int j) { return addr(st, p, o->t[j], 0); };
-    CUresult r          = 0;
-    auto go             = [&](CUfunction f, unsigned gx, unsigned bx, std::initializer_list<void*> args,
-                  unsigned smem = 0) {
-        return launch(st, f, gx, 1, bx, const_cast<void**>(args.begin()), 1, smem);
-    };
-    switch ((LaunchKind)l.kind) {
-    case LaunchKind::ResNorm: {
-        // Folded: ip1 1, the Ple launch after runs it (g4_ple_res), the MLP before zeroes its t7; ip1 2, the
-        // Mlp launch after runs it (its _r kernel), an earlier ResNorm zeroes its t7 (that one's ip2).
-        if (l.ip[1] == 1 || l.ip[1] == 2) break;
-        CUdeviceptr x = T(0), dd = T(1), pw = T(2), sc = T(3), xo = T(4), prew = T(5), xn = T(6), zero = T(7);
-        int pwdt = dt_code(p, l.t[2]), sdt = dt_code(p, l.t[3]), prewdt = dt_code(p, l.t[5]), H = l.ip[0];
-        float f = l.fp[1], eps = l.fp[0];
-        CUdeviceptr dr    = st->cur->mlp_rep;
-        int nrep          = st->rep_in;
-        const unsigned nt = H <= 2048 ? 512 : 1024;
-        CUdeviceptr zero2 =
-            l.ip[2] > 0 ? addr(st, p, l.ip[2] - 1, 0) : 0; // the reader checked: not after replicas
-        r = nrep ? go(K.resnorm_rep, 1, nt,
-                      {&x, &dd, &pw, &pwdt, &sc, &sdt, &f, &xo, &prew, &prewdt, &xn, &H, &eps, &zero, &dr,
-                       &nrep})
-            : zero2
-                ? go(K.resnorm_z2, 1, nt,
-                     {&x, &dd, &pw, &pwdt, &sc, &sdt, &f, &xo, &prew, &prewdt, &xn, &H, &eps, &zero, &zero2})
-                : go(K.resnorm, 1, nt,
-                     {&x, &dd, &pw, &pwdt, &sc, &sdt, &f, &xo, &prew, &prewdt, &xn, &H, &eps, &zero});
-        break;
-    }
-    case LaunchKind::PleIn: {
-        CUdeviceptr ctx = T(0), w = T(1), tok = T(2), out = T(3);
-        int wdt = dt_code(p, l.t[1]), P = l.ip[1];
-        float s1 = p.op(l.op).fp[0], eps = p.op(l.op + 1).fp[0], s2 = p.op(l.op + 3).fp[0];
-        r = go(K.ple_in, (unsigned)(l.ip[0] / P), (unsigned)((P + 31) / 32 * 32),
-               {&ctx, &w, &wdt, &tok, &out, &P, &s1, &eps, &s2});
-        break;
-    }
-    case LaunchKind::QkvPost:
-    case LaunchKind::QkvAttn: {
-        const bool attn = l.kind == (uint16_t)LaunchKind::QkvAttn;
-        const int post  = attn ? l.ip[4] : l.count; // QkvPost ops: 2 (q) or 6 (q, k, v and the store)
-        CUdeviceptr q = T(0), qw = T(1), invf = T(2), k = T(3), kw = T(4), v = T(5), kc = T(6), vc = T(7);
-        int wdt = dt_code(p, l.t[1]), heads = l.ip[0], kvh = post == 6 ? l.ip[1] : 1, dim = l.ip[2],
-            slots       = std::max(1, l.ip[3]);
-        int kvdt        = dt_code(p, l.t[6]);
-        float eps       = l.fp[0];
-        const size_t ai = attn ? (size_t)l.op + l.count - 1 : 0; // the attention op
-        if (attn && decode_attention_fits(p, p.op(ai), dt_code(p, p.op(ai).in[1]))) {
-            const AttnPostH pa{post == 6 ? k : 0, post == 6 ? v : 0, qw, kw, invf, wdt, eps};
-            r = launch_decode_attention(st, p, p.op(ai), step, q, &pa);
-            break;
-        }
-        unsigned grid  = (unsigned)(heads + (post == 6 ? 2 * kvh : 0)),
-                 block = (unsigned)std::max(32, (dim / 2 + 31) / 32 * 32);
-        r              = go(K.qkv_post, grid, block,
-                            {&step, &q, &qw, &k, &kw, &v, &wdt, &invf, &kc, &vc, &heads, &kvh, &dim, &slots, &eps, &kvdt});
-        if (r == 0 && attn) return launch_op(s, ai, 1, 1, err); // a shape the decode kernel does not take
-        break;
-    }
-    case LaunchKind::Gemv: {
-        GemvArgsH a;
-        bool nf4        = false;
-        long threads    = gemv_args(st, p, l, &a, &nf4);
-        const int pairs = l.ip[4] == 1 ? 1 : 0;
-        r = go(K.gemv[nf4][gemv_lanes_index(l.ip[5])][pairs], (unsigned)ceil_div(threads, 128), 128, {&a},
-               gemv_smem(nf4, st->cur->g->sm, a.k));
-        break;
-    }
-    case LaunchKind::Mlp: {
-        MlpArgsH a;
-        std::memset(&a, 0, sizeof a);
-        CudaLaunch gu = l; // the gate/up pair as a Gemv record: its weights and input
-        gu.ip[3] = 2, gu.ip[4] = 1, gu.ip[5] = 8, gu.t[0] = gu.t[1] = -1;
-        bool nf4 = false;
-        gemv_args(st, p, gu, &a.gu, &nf4);
-        const PlanOp& dn    = p.op(l.ip[3]);
-        const PlanTensor& w = p.tensor(dn.in[1]);
-        const Nf4Ptrs q     = nf4_ptrs(addr(st, p, dn.in[1], 0), w);
-        a.codes = q.codes, a.absmax = q.absmax, a.absmax2 = q.absmax2, a.offset = q.offset, a.code2 = q.code2;
-        a.bias = addr(st, p, dn.in[2], dn.in_col[2]);
-        a.y    = addr(st, p, dn.out[0], dn.out_col[0]);
-        a.H = (int)w.dims[0], a.I = (int)w.dims[1];
-        if (st->rep_out) a.yr = st->cur->mlp_rep, a.nrep = st->rep_out;
-        // The compiler fuses only gate, up and down of one scale format (cuda_schedule.cpp mlp): the down's
-        // picks the kernel. ip7 1: the packed-f16 kernels (f32 scales only: the reader checks).
-        const int kf = l.ip[7] ? 8 + (l.ip[5] == 256 ? 1 : 0) + (st->rep_out ? 2 : 0)
-                               : (l.ip[5] == 256 ? 1 : 0) + (q.absmax2 ? 2 : 0) + (st->rep_out ? 4 : 0);
-        // Before a folded ResNorm (the reader checked: 256 threads, one output): the _z kernel zeroes the
-        // Ple's output.
-        if (st->fold_next) a.zero = addr(st, p, st->fold_next->t[7], 0);
-        CUfunction f = st->fold_next ? K.mlp_z[l.ip[7] ? 2 : q.absmax2 ? 1 : 0] : K.mlp[kf];
-        // After a ResNorm folded in (the reader checked: packed f16, mlp_res_fits, no scale): the _r kernel
-        // runs it.
-        if (const CudaLaunch* rn = st->mlp_res) {
-            a.rx = T2(rn, 0), a.rd = T2(rn, 1), a.rpw = T2(rn, 2), a.xo = T2(rn, 4), a.rprew = T2(rn, 5);
-            a.rpwdt = dt_code(p, rn->t[2]), a.rprewdt = dt_code(p, rn->t[5]), a.eps = rn->fp[0];
-            f = K.mlp_r[st->fold_next ? 4 : (l.ip[5] == 256 ? 1 : 0) + (st->rep_out ? 2 : 0)];
-        }
-        r = go(f, (unsigned)(a.I / 32), (unsigned)l.ip[5], {&a}, gemv_smem(true, st->cur->g->sm, a.H));
-        break;
-    }
-    case LaunchKind::AttnO: {
-        AttnOArgsH a;
-        std::memset(&a, 0, sizeof a);
-        const PlanOp &o = p.op(l.op), &at = p.op(l.ip[1]);
-        const PlanTensor& w = p.tensor(o.in[1]);
-        const Nf4Ptrs q     = nf4_ptrs(addr(st, p, o.in[1], 0), w);
-        a.step = step, a.part = st->cur->part;
-        a.codes = q.codes, a.absmax = q.absmax, a.absmax2 = q.absmax2, a.offset = q.offset, a.code2 = q.code2;
-        a.bias = addr(st, p, o.in[2], o.in_col[2]);
-        a.y    = addr(st, p, o.out[0], o.out_col[0]);
-        a.H = (int)w.dims[0], a.K = (int)w.dims[1], a.dim = at.ip[2], a.splits = at.ip[6],
-        a.window = at.ip[4];
-        r = go(K.attn_o[slice_row_groups(a.H) - 1], (unsigned)(a.K / 32), kSliceThreads, {&a}, kGemvWideSmem);
-        break;
-    }
-    case LaunchKind::Ple: {
-        PleArgsH a;
-        std::memset(&a, 0, sizeof a);
-        const PlanOp &g = p.op(l.op), &gm = p.op(l.op + 1), &pr = p.op(l.op + 2);
-        a.x = addr(st, p, g.in[0], g.in_col[0]), a.wg = addr(st, p, g.in[1], 0),
-        a.bg  = addr(st, p, g.in[2], g.in_col[2]);
-        a.aux = addr(st, p, gm.in[1], gm.in_col[1]);
-        a.wp = addr(st, p, pr.in[1], 0), a.bp = addr(st, p, pr.in[2], pr.in_col[2]),
-        a.y = addr(st, p, pr.out[0], pr.out_col[0]);
-        a.H = (int)p.tensor(pr.in[1]).dims[0], a.P = (int)p.tensor(pr.in[1]).dims[1];
-        if (const CudaLaunch* rn =
-                st->fold_prev) { // the ResNorm before, folded in (the reader checked its fields)
-            a.rx = T2(rn, 0), a.rd = T2(rn, 1), a.rpw = T2(rn, 2), a.xo = T2(rn, 4);
-            a.rpwdt = dt_code(p, rn->t[2]), a.eps = rn->fp[0];
-        }
-        r = go((st->fold_prev ? K.ple_res : K.ple)[slice_row_groups(a.H) - 1], (unsigned)(a.P / 8),
-               kSliceThreads, {&a});
-        break;
-    }
-    default:
-        *err = "internal: bad launch kind";
-        return G4_ERR_INTERNAL;
-    }
-    if (r != 0) {
-        *err = "CUDA error " + error_name(r) + " launching the fused kernel for op '" +
-               p.str(p.op(l.op).name) + "'";
-        return G4_ERR_INTERNAL;
-    }
     return G4_OK;
 }
 
@@ -1522,6 +895,8 @@ g4_status ahead_end(SessionState* st, std::string* err) {
     return G4_OK;
 }
 
+} // namespace
+
 // The caller reads the last step's logits (the host is not feeding greedy tokens). If the device
 // logits row is a step run ahead: run the session's last step (a decode step, its token in the
 // history) again so the row is its own, and stop running ahead in this session.
@@ -1539,8 +914,6 @@ g4_status logits_back(g4_session* s, std::string* err) {
     return run_step(s, 1, p0, 1, false, &on_device, err);
 }
 
-} // namespace
-
 g4_status fetch_logits(g4_session* s, std::string* err) {
     SessionState* st    = s->cuda.get();
     const plan::Plan& p = s->engine->plan;
@@ -1552,85 +925,6 @@ g4_status fetch_logits(g4_session* s, std::string* err) {
                                 (size_t)p.info().vocab_size * 4, l0.stream),
            "copying logits");
     CU_TRY(d->cuStreamSynchronize(l0.stream), "copying logits");
-    return G4_OK;
-}
-
-int32_t device_argmax(const g4_session* s) {
-    s->cuda->ahead_greedy = true;
-    return s->cuda->host_tok[(s->position - 1) & 1];
-}
-
-g4_status device_topk(g4_session* s, int32_t k, float temperature, float penalty, const int32_t* tokens,
-                      int32_t n_tokens, const float** values, const int32_t** indices, RowNorm* norm,
-                      std::string* err) {
-    SessionState* st    = s->cuda.get();
-    const plan::Plan& p = s->engine->plan;
-    const Driver* d     = st->e->d;
-    const long vocab    = p.info().vocab_size;
-    const int max_hist  = (int)p.info().max_context;
-    if (k < 1 || k > cuda_ws::kTopkMax || k > vocab || n_tokens < 0 || n_tokens > max_hist) {
-        *err = "internal: device top-k with k " + std::to_string(k) + " over " + std::to_string(n_tokens) +
-               " history tokens";
-        return G4_ERR_INTERNAL;
-    }
-    if (g4_status g = logits_back(s, err); g != G4_OK) return g;
-    st->cur          = &st->lanes[0];
-    const Lane& l0   = st->lanes[0];
-    const Kernels& K = l0.g->k;
-    CU_TRY(d->cuCtxSetCurrent(l0.g->ctx), "cuCtxSetCurrent");
-    CUdeviceptr src = l0.act + p.tensor(p.info().logits_tensor).offset;
-    auto go         = [&](CUfunction f, unsigned gx, unsigned bx, std::initializer_list<void*> args) {
-        return launch(st, f, gx, 1, bx, const_cast<void**>(args.begin()));
-    };
-    CUresult r = 0;
-    if (penalty != 1.0f && n_tokens > 0) {
-        std::memcpy(st->host_hist, tokens, (size_t)n_tokens * 4);
-        r      = d->cuMemcpyHtoDAsync(st->samp_hist, st->host_hist, (size_t)n_tokens * 4, l0.stream);
-        long n = vocab;
-        int vi = (int)vocab;
-        if (r == 0) r = go(K.copy_f32, (unsigned)ceil_div(vocab, 256), 256, {&src, &st->samp_logits, &n});
-        if (r == 0)
-            r = go(K.penalize, (unsigned)ceil_div(n_tokens, 256), 256,
-                   {&src, &st->samp_logits, &st->samp_hist, &n_tokens, &vi, &penalty});
-        src = st->samp_logits;
-    }
-    // Rounds: each block of kTopkBlock keeps its best k until one block remains; the first round also
-    // divides by the temperature. Candidates ping-pong between the two round buffers.
-    long n           = vocab;
-    CUdeviceptr vals = src, idx = 0;
-    float temp = temperature;
-    for (int round = 0; r == 0; ++round) {
-        const unsigned blocks = (unsigned)ceil_div(n, cuda_ws::kTopkBlock);
-        CUdeviceptr ov = st->cand[round & 1], oi = ov + st->n_cand * 4;
-        r    = go(K.topk_round, blocks, 1024, {&vals, &idx, &n, &temp, &k, &ov, &oi});
-        vals = ov, idx = oi, n = (long)blocks * k, temp = 0.0f;
-        if (blocks == 1) break;
-    }
-    if (r == 0 && norm &&
-        temperature > 0.0f) { // src: the penalised row (the candidates' rounds read it, not write it)
-        long nv = vocab;
-        r       = go(K.softmax_partial, cuda_ws::kSoftmaxBlocks, 256, {&src, &nv, &temperature, &st->soft});
-        if (r == 0)
-            r = d->cuMemcpyDtoHAsync(st->host_soft, st->soft, cuda_ws::kSoftmaxBlocks * 16, l0.stream);
-    }
-    if (r == 0) r = d->cuMemcpyDtoHAsync(st->host_cand, vals, (size_t)k * 4, l0.stream);
-    if (r == 0) r = d->cuMemcpyDtoHAsync(st->host_cand + cuda_ws::kTopkMax, idx, (size_t)k * 4, l0.stream);
-    if (r == 0) r = d->cuStreamSynchronize(l0.stream);
-    if (r != 0) {
-        *err = "CUDA error " + error_name(r) + " while sampling on the GPU (top-" + std::to_string(k) + ")";
-        return G4_ERR_INTERNAL;
-    }
-    *values  = st->host_cand;
-    *indices = (const int32_t*)(st->host_cand + cuda_ws::kTopkMax);
-    if (norm && temperature > 0.0f) { // merge the blocks: the row's maximum, then the sum relative to it
-        double mx = -INFINITY, sum = 0.0;
-        for (int b = 0; b < cuda_ws::kSoftmaxBlocks; ++b)
-            if (st->host_soft[2 * b + 1] > 0.0) mx = std::max(mx, st->host_soft[2 * b]);
-        for (int b = 0; b < cuda_ws::kSoftmaxBlocks; ++b)
-            if (st->host_soft[2 * b + 1] > 0.0)
-                sum += st->host_soft[2 * b + 1] * std::exp(st->host_soft[2 * b] - mx);
-        *norm = {(float)mx, sum};
-    }
     return G4_OK;
 }
 

@@ -1,4 +1,4 @@
-// Host images of argument structs passed by value to CUDA kernels (kernels/cuda/kernels.cu): same
+// Host images of argument structs passed by value to CUDA kernels (kernels/cuda/*.cu): same
 // members in the same order, checked by size. Shared by the backend and the kernel tests.
 #pragma once
 #include "runtime/src/cuda/driver.h"
@@ -91,8 +91,8 @@ inline std::string gemv_kernel_name(bool nf4, int lanes, bool pairs) {
            (pairs ? "_m2" : "_m1");
 }
 // Dynamic shared memory a GEMV launch of K columns passes: the NF4 kernels compiled for sm_90+ keep their
-// wide pair table and x there (GV_WIDE_BYTES in kernels.cu; x past 8192 columns, up to 10240, in 128 bytes
-// a 32-column chunk after the table: GV_XS_EXT_CHUNKS; columns past 10240 are read from global memory);
+// wide pair table and x there (GV_WIDE_BYTES in decode_gemv.cu; x past 8192 columns, up to 10240, in 128
+// bytes a 32-column chunk after the table: GV_XS_EXT_CHUNKS; columns past 10240 are read from global memory);
 // every other GEMV kernel uses static memory only.
 // kGemvSmemMax: the most any launch passes (the kernels' attribute).
 inline constexpr unsigned kGemvWideSmem = 65536;

@@ -84,7 +84,7 @@ struct EngineState {
     // Audio tower on the plan's GPU: plan weight bytes [info().audio_begin, audio_end) live at audio_w.
     CUdeviceptr audio_w  = 0;
     uint64_t audio_bytes = 0;
-    // LM-head screening for greedy decode steps (kernels.cu g4_lm_screen): on the plan's GPU, at lm_q the
+    // LM-head screening for greedy decode steps (kernels/cuda/lm_screen.cu): on the plan's GPU, at lm_q the
     // int8 head (bytes q + 128) [V, K], then per-row scales [V] at lm_q + lm_scale_at and error bounds [V]
     // after them; lm_launch: the head's GEMV in the decode schedule (-1: no screening: G4_LM_SCREEN=0, a plan
     // on several GPUs or with CPU layers, a head the kernels do not take, or too little free memory).

@@ -1,0 +1,270 @@
+// The towers in the inputs stage of `g4 compile` (compiler/stages.h): their configs and every weight's shape
+// checked before any heavy work, their session buffers sized, where each may run. They run on the CPU; in a
+// CUDA plan either may run on the plan's GPU instead (decided with the memory plan, stage_placement.cpp).
+#include "compiler/stages.h"
+#include "kernels/cpu/thread_pool.h"
+#include "runtime/src/towers/audio.h"
+#include "runtime/src/towers/image.h"
+#include "runtime/src/towers/vision.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <deque>
+
+namespace g4::stage {
+namespace {
+
+// A checkpoint's tensors as the towers read them (runtime/src/towers/tower.h); f16 widened to f32, and a
+// tensor that is not 4-byte aligned in the mapped file (a valid safetensors header may have any length)
+// copied to aligned storage, since the towers read floats and bf16 words in place.
+struct CheckpointLookup {
+    const st::Checkpoint& ck;
+    std::map<std::string, towers::Tensor> cache;
+    std::deque<std::vector<float>> widened;
+    const towers::Tensor* operator()(const std::string& rel) {
+        auto it = cache.find(rel);
+        if (it != cache.end()) return &it->second;
+        const std::string hf = "model." + rel;
+        if (!ck.has(hf)) return nullptr;
+        const st::TensorView& v = ck.get(hf);
+        towers::Tensor t;
+        t.ndim = (int)v.shape.size();
+        if (t.ndim > 4) return nullptr;
+        for (int i = 0; i < t.ndim; ++i)
+            t.dims[i] = v.shape[i];
+        if (v.dtype == st::DType::BF16 || v.dtype == st::DType::F32) {
+            t.data  = v.data;
+            t.dtype = v.dtype == st::DType::BF16 ? DType::BF16 : DType::F32;
+            if (reinterpret_cast<uintptr_t>(v.data) % alignof(float) != 0) {
+                widened.emplace_back((v.nbytes + 3) / 4);
+                std::memcpy(widened.back().data(), v.data, v.nbytes);
+                t.data = widened.back().data();
+            }
+        } else if (v.dtype == st::DType::F16) {
+            widened.emplace_back((size_t)t.numel());
+            st::to_f32(v, widened.back().data());
+            t.data = widened.back().data();
+        } else {
+            return nullptr;
+        }
+        return &(cache[rel] = t);
+    }
+};
+
+// Refuses a tower whose prompt ids config.json lacks.
+void need_ids(const std::string& cfg, const char* tower, const char* what,
+              std::initializer_list<std::pair<const char*, int>> ids) {
+    for (const auto& [k, v] : ids)
+        if (v < 0)
+            throw CompileError(cfg + ": " + k + " is missing; it is needed to place " + what +
+                               " in a prompt (--no-" + tower + " leaves the tower out)");
+}
+
+void check_vision(Inputs& in, const std::string& cfg, const towers::Lookup& lookup, towers::Precision prec,
+                  rt::MediaSizing& z) {
+    const CompileOptions& opt  = in.opt;
+    TowerSizing& ts            = in.towers;
+    auto& vision_gpu_bytes     = ts.vision_gpu_bytes;
+    auto& vision_gpu_no        = ts.vision_gpu_no;
+    auto& vision_host_bytes    = ts.vision_host_bytes;
+    auto& vision_thread_floats = ts.vision_thread_floats;
+    auto& preprocess_floats    = ts.preprocess_floats;
+    const int H                = in.mc.text.hidden_size;
+    towers::VisionHParams vh;
+    std::string e = towers::parse_vision_hparams(in.mc.vision_config_json, H, &vh);
+    if (!e.empty()) throw CompileError(cfg + ": vision_config: " + e + " (--no-vision leaves the tower out)");
+    if (opt.image_tokens != 70 && opt.image_tokens != 140 && opt.image_tokens != 280 &&
+        opt.image_tokens != 560 && opt.image_tokens != 1120)
+        throw CompileError("--image-tokens " + std::to_string(opt.image_tokens) +
+                           ": expected 70, 140, 280, 560 or 1120 (Gemma 4's image token budgets)");
+    if (opt.max_image_pixels < 1) throw CompileError("--max-image-pixels must be positive");
+    need_ids(cfg, "vision", "images",
+             {{"image_token_id", in.mc.image_token_id},
+              {"boi_token_id", in.mc.boi_token_id},
+              {"eoi_token_id", in.mc.eoi_token_id}});
+    const int k = vh.pooling_kernel_size, patch = vh.patch_size, max_patches = opt.image_tokens * k * k;
+    vh.precision = prec;
+    towers::VisionTower vt;
+    e = vt.init(vh, lookup, max_patches);
+    if (!e.empty())
+        throw CompileError("vision tower of " + opt.model_dir + ": " + e +
+                           " (--no-vision leaves the tower out)");
+    // The GPU tower: bf16 tensor-core matmuls and the flash kernel (head dims 16..512, powers of
+    // two).
+    const int hd = vh.head_dim;
+    if (in.cuda_index < 0)
+        vision_gpu_no = "a CPU plan";
+    else if (opt.weights == "f32")
+        vision_gpu_no =
+            "the GPU vision tower needs bf16 weights, and --weights f32 stores the towers' as f32";
+    else if (opt.tower_precision == "fp32")
+        vision_gpu_no = "--tower-precision fp32 was given, and the GPU vision tower's matmuls are "
+                        "bf16 with fp32 accumulation";
+    else if (hd < 16 || hd > 512 || (hd & (hd - 1)))
+        vision_gpu_no =
+            "its head_dim " + std::to_string(hd) + " has no GPU attention kernel (16..512, powers of two)";
+    vision_gpu_bytes     = vt.gpu_layout().total;
+    vision_host_bytes    = vt.gpu_host_scratch_bytes();
+    vision_thread_floats = vt.thread_scratch_floats();
+    z.vision             = true;
+    z.vision_scratch     = vt.scratch_bytes();
+    z.resize_scratch     = towers::preprocess_reserve_bytes(opt.max_image_pixels, opt.image_tokens, patch, k);
+    z.patch_floats       = (int64_t)max_patches * 3 * patch * patch;
+    z.max_patches        = max_patches;
+    preprocess_floats    = towers::preprocess_thread_floats(opt.image_tokens, patch, k);
+    z.thread_floats      = std::max({z.thread_floats, vt.thread_scratch_floats(), preprocess_floats});
+    z.max_soft           = std::max(z.max_soft, opt.image_tokens);
+    for (auto& n : towers::vision_weight_names(vh))
+        in.tower_names.push_back(n);
+    in.towers_meta["vision"] = {{"config", json::parse(in.mc.vision_config_json)},
+                                {"image_tokens", opt.image_tokens},
+                                {"max_patches", max_patches},
+                                {"max_image_pixels", opt.max_image_pixels},
+                                {"image_token_id", in.mc.image_token_id},
+                                {"boi_token_id", in.mc.boi_token_id},
+                                {"eoi_token_id", in.mc.eoi_token_id},
+                                {"video_token_id", in.mc.video_token_id}};
+}
+
+void check_audio(Inputs& in, const std::string& cfg, const towers::Lookup& lookup, towers::Precision prec,
+                 rt::MediaSizing& z) {
+    const CompileOptions& opt  = in.opt;
+    TowerSizing& ts            = in.towers;
+    auto& audio_gpu_bytes      = ts.audio_gpu_bytes;
+    auto& audio_gpu_no         = ts.audio_gpu_no;
+    auto& audio_host_bytes     = ts.audio_host_bytes;
+    auto& audio_thread_floats  = ts.audio_thread_floats;
+    auto& audio_feature_floats = ts.audio_feature_floats;
+    const int H                = in.mc.text.hidden_size;
+    towers::AudioHParams ah;
+    std::string e = towers::parse_audio_hparams(in.mc.audio_config_json, H, &ah);
+    if (!e.empty()) throw CompileError(cfg + ": audio_config: " + e + " (--no-audio leaves the tower out)");
+    if (!(opt.max_audio_seconds > 0 && opt.max_audio_seconds <= 3600))
+        throw CompileError("--max-audio-seconds must be in (0, 3600]");
+    need_ids(cfg, "audio", "audio",
+             {{"audio_token_id", in.mc.audio_token_id},
+              {"boa_token_id", in.mc.boa_token_id},
+              {"eoa_token_id", in.mc.eoa_token_id}});
+    const int64_t max_samples = (int64_t)std::llround(opt.max_audio_seconds * ah.sample_rate);
+    ah.precision              = prec;
+    towers::AudioTower at;
+    e = at.init(ah, lookup, max_samples);
+    if (!e.empty())
+        throw CompileError("audio tower of " + opt.model_dir + ": " + e +
+                           " (--no-audio leaves the tower out)");
+    // The GPU tower: bf16 tensor-core matmuls; the SSCP conv kernel stages a 3x3 patch and a
+    // position's outputs in shared memory, the attention kernel the logits of a query's W keys (48
+    // KiB at most without opting in).
+    const int c0 = ah.subsampling_conv_channels[0], c1 = ah.subsampling_conv_channels[1];
+    const size_t conv_smem = 4 * std::max<size_t>(9 + c0, 9 * (size_t)c0 + c1),
+                 attn_smem = 4 * (size_t)(ah.attention_context_left - 1);
+    if (in.cuda_index < 0)
+        audio_gpu_no = "a CPU plan";
+    else if (opt.weights == "f32")
+        audio_gpu_no = "the GPU audio tower needs bf16 weights, and --weights f32 stores the towers' as f32";
+    else if (opt.tower_precision == "fp32")
+        audio_gpu_no = "--tower-precision fp32 was given, and the GPU audio tower's matmuls are bf16 "
+                       "with fp32 accumulation";
+    else if (conv_smem > 48 * 1024 || attn_smem > 48 * 1024)
+        audio_gpu_no = "its subsampling_conv_channels / attention_context_left need more shared "
+                       "memory than the GPU kernels take (48 KiB)";
+    audio_gpu_bytes      = at.gpu_layout().total;
+    audio_host_bytes     = at.gpu_host_scratch_bytes();
+    audio_feature_floats = at.gpu_thread_scratch_floats();
+    z.audio              = true;
+    z.audio_scratch      = at.scratch_bytes();
+    z.thread_floats      = std::max<size_t>(z.thread_floats, at.thread_scratch_floats());
+    audio_thread_floats  = at.thread_scratch_floats();
+    z.max_soft           = std::max(z.max_soft, towers::audio_soft_tokens(ah, max_samples));
+    for (auto& n : towers::audio_weight_names(ah))
+        in.tower_names.push_back(n);
+    in.towers_meta["audio"] = {{"config", json::parse(in.mc.audio_config_json)},
+                               {"max_samples", max_samples},
+                               {"sample_rate", ah.sample_rate},
+                               {"audio_token_id", in.mc.audio_token_id},
+                               {"boa_token_id", in.mc.boa_token_id},
+                               {"eoa_token_id", in.mc.eoa_token_id}};
+}
+
+} // namespace
+
+rt::MediaSizing TowerSizing::sizing(bool vision_gpu, bool audio_gpu) const {
+    rt::MediaSizing z = z_cpu;
+    if (vision_gpu) z.vision_scratch = vision_host_bytes;
+    if (audio_gpu) z.audio_scratch = audio_host_bytes;
+    z.thread_floats = std::max({vision_gpu ? 0 : vision_thread_floats, preprocess_floats,
+                                audio_gpu ? audio_feature_floats : audio_thread_floats});
+    return z;
+}
+
+// META's per-thread scratch and session figures of the towers' host buffers, sized as z.
+void record_tower_sizing(Inputs& in, const rt::MediaSizing& z) {
+    in.towers_meta["thread_scratch_floats"] = z.thread_floats;
+    in.tower_session_bytes                  = rt::media_block(z).total(); // with this machine's thread count
+    rt::MediaSizing fixed                   = z;
+    fixed.threads                           = 0;
+    in.towers_meta["session_bytes"]         = rt::media_block(fixed).total(); // less the per-thread scratch
+}
+
+void check_towers(Inputs& in, placement::Placement& place) {
+    const auto& hp            = in.mc.text;
+    const CompileOptions& opt = in.opt;
+    TowerSizing& ts           = in.towers;
+    auto& vision_gpu_no       = ts.vision_gpu_no;
+    auto& audio_gpu_no        = ts.audio_gpu_no;
+    const std::string cfg     = opt.model_dir + "/config.json";
+    const int threads         = cpu::default_thread_count();
+    rt::MediaSizing z; // the towers' session buffers, as media_create allocates them
+    z.hidden   = hp.hidden_size;
+    z.max_rows = opt.max_rows;
+    z.threads  = threads;
+    CheckpointLookup ck{*in.ckpt, {}, {}};
+    towers::Lookup lookup  = [&ck](const std::string& n) { return ck(n); };
+    towers::Precision prec = towers::Precision::F32;
+    if (std::string e =
+            towers::parse_precision(opt.tower_precision.empty() ? "fp32" : opt.tower_precision, &prec);
+        !e.empty())
+        throw CompileError("--tower-precision: " + e);
+    if (in.mc.has_vision && opt.vision) check_vision(in, cfg, lookup, prec, z);
+    if (in.mc.has_audio && opt.audio) check_audio(in, cfg, lookup, prec, z);
+    if (!in.tower_names.empty()) {
+        int64_t queue = opt.max_media_tokens > 0 ? opt.max_media_tokens : std::max<int64_t>(2048, z.max_soft);
+        queue         = std::min<int64_t>(queue, in.max_context);
+        if (opt.max_media_tokens > in.max_context)
+            throw CompileError("--max-media-tokens " + std::to_string(opt.max_media_tokens) +
+                               " exceeds --max-context " + std::to_string(in.max_context));
+        in.towers_meta["max_media_tokens"] = queue;
+        in.towers_meta["precision"]        = towers::precision_name(prec);
+        z.queue_rows                       = (int32_t)queue;
+        record_tower_sizing(in, z);
+        ts.z_cpu = z;
+    }
+    auto where = [&](const char* c, bool has, bool want) {
+        place.tower_where[c] = !has    ? "not in the checkpoint"
+                               : !want ? std::string("left out (--no-") + c + ")"
+                                       : "cpu";
+    };
+    where("vision", in.mc.has_vision, opt.vision);
+    where("audio", in.mc.has_audio, opt.audio);
+    auto can_run = [&](const char* c, bool has, const std::string& no, bool& gpu, bool& automatic,
+                       std::string& why) {
+        const std::string item =
+            std::string("--place ") + c + "=" + (place.towers.count(c) ? place.towers[c] : "gpu");
+        if (!has) {
+            if (gpu)
+                throw CompileError(item + ": the plan has no " + c + " tower (" + place.tower_where[c] + ")");
+            automatic = false;
+        } else if (!no.empty()) {
+            if (gpu) throw CompileError(item + ": " + no + "; --place " + c + "=cpu runs it on the CPU");
+            if (automatic) why = no;
+            automatic = false;
+        }
+    };
+    can_run("vision", in.mc.has_vision && opt.vision, vision_gpu_no, place.vision_gpu, place.vision_auto,
+            place.vision_why);
+    can_run("audio", in.mc.has_audio && opt.audio, audio_gpu_no, place.audio_gpu, place.audio_auto,
+            place.audio_why);
+}
+
+} // namespace g4::stage

@@ -1,0 +1,143 @@
+// Binding and launch of the matmul kernels: warp-per-row, GEMV, tiled and tensor-core GEMM, and the
+// cuBLAS tier with its NF4 -> bf16 and fp32 -> bf16 conversions.
+#include "kernels/nf4.h"
+#include "runtime/src/cuda/cublas.h"
+#include "runtime/src/cuda/kernel_args.h"
+#include "runtime/src/cuda/launch.h"
+#include "runtime/src/cuda/workspace.h"
+#include "runtime/src/engine.h"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+namespace g4::cuda_rt {
+
+using namespace g4::cu;
+using plan::CudaLaunch;
+using plan::LaunchKind;
+using plan::PlanOp;
+using plan::PlanTensor;
+using plan::RowMode;
+using plan::TensorKind;
+
+g4_status bind_matmul_kernels(const ModuleKernels& m, Kernels& k, std::string* err) {
+    struct {
+        CUfunction* f;
+        const char* n;
+    } fns[] = {{&k.mm_bf16, "g4_matmul_bf16"},       {&k.mm_f32, "g4_matmul_f32"},
+               {&k.mm_nf4, "g4_matmul_nf4"},         {&k.gemm_bf16, "g4_gemm_bf16"},
+               {&k.gemm_nf4, "g4_gemm_nf4"},         {&k.gemv_bf16, "g4_gemv_bf16"},
+               {&k.gemv_nf4, "g4_gemv_nf4"},         {&k.tc_bf16, "g4_tc_gemm_bf16"},
+               {&k.tc_nf4, "g4_tc_gemm_nf4"},        {&k.nf4_to_bf16, "g4_nf4_to_bf16"},
+               {&k.nf4_untile32, "g4_nf4_untile32"}, {&k.f32_to_bf16, "g4_f32_to_bf16"},
+               {&k.add_bias, "g4_add_bias"}};
+    for (auto& f : fns)
+        if (g4_status g = m.get(f.f, f.n, err); g != G4_OK) return g;
+    return G4_OK;
+}
+
+Nf4Ptrs nf4_ptrs(CUdeviceptr base, const PlanTensor& w) {
+    nf4::Layout l = nf4::layout(w.dims[0] * w.dims[1], w.quant_flags & plan::kQuantDoubleQuant);
+    if (!l.double_quant) return {base + l.codes_off, base + l.absmax_off, 0, 0, 0};
+    return {base + l.codes_off, base + l.absmax_off, base + l.absmax2_off, base + l.offset_off,
+            base + l.code2_off};
+}
+
+g4_status launch_matmul(const OpArgs& a, CUresult* rp, std::string* err) {
+    SessionState* st    = a.st;
+    const plan::Plan& p = a.p;
+    Lane& ln            = a.ln;
+    const Kernels& K    = a.K;
+    const PlanOp& op    = a.op;
+    const size_t i      = a.i;
+    const int n         = a.n;
+    int mode            = a.mode;
+    CUdeviceptr step = a.step, in0 = a.in0, in1 = a.in1, in2 = a.in2, out0 = a.out0;
+    long ld0 = a.ld0, ldo = a.ldo;
+    CUresult& r = *rp;
+    auto go = [&a](CUfunction f, unsigned gx, unsigned gy, unsigned bx, std::initializer_list<void*> args) {
+        return a.go(f, gx, gy, bx, args);
+    };
+    const PlanTensor& w = p.tensor(op.in[1]);
+    int N = (int)w.dims[0], Kd = (int)w.dims[1];
+    if (w.dtype == (uint8_t)DType::F16) {
+        *err = "op " + std::string(p.str(op.name)) + ": f16 weights are not supported on CUDA";
+        return G4_ERR_UNSUPPORTED;
+    }
+    // Kernel variants recorded by the compiler: prefill chunks go to cuBLAS (or the tensor-core /
+    // tiled GEMM), decode rows outside the fused schedule to the 4-rows-per-warp GEMV, the rest one
+    // warp per row.
+    const bool is_nf4 = w.dtype == (uint8_t)DType::NF4;
+    // A down or o projection the decode schedule runs in g4_mlp_nf4 / g4_attn_o_nf4 (stored tiled for
+    // it): the cuBLAS tier dequantizes it to bf16 in place (g4_nf4_to_bf16's tiled_rows); every other use
+    // first puts its codes and absmax back in the row-major layout, after the bf16 scratch matrix
+    // (cuda_ws::workspace sizes wscratch for both), then runs as on an untiled plan.
+    Nf4Ptrs q{};
+    if (is_nf4) q = nf4_ptrs(in1, w);
+    const bool tiled_w = is_nf4 && (w.quant_flags & plan::kQuantTiled32);
+    int tiled_rows     = 0;
+    if (tiled_w && n > 8 && op.ip[6] == (int32_t)plan::MatmulVariant::Cublas && ln.blas_h)
+        tiled_rows = N;
+    else if (tiled_w) {
+        const nf4::Layout lo = nf4::layout((int64_t)N * Kd, q.absmax2 != 0);
+        CUdeviceptr codes = ln.wscratch + cuda_ws::align256((uint64_t)N * Kd * 2), am = codes + lo.absmax_off;
+        int dq = q.absmax2 != 0;
+        r      = go(K.nf4_untile32, (unsigned)ceil_div((long)N * Kd / 32, 256), 1, 256,
+                    {&q.codes, &q.absmax, &dq, &N, &Kd, &codes, &am});
+        if (r != 0) return G4_OK;
+        q.codes = codes, q.absmax = am;
+    }
+    if (n > 8 && op.ip[6] == (int32_t)plan::MatmulVariant::Cublas && ln.blas_h) {
+        // cuBLAS tier: x -> bf16 scratch, NF4 -> bf16 scratch, y = x . W^T with fp32 accumulate.
+        CUdeviceptr wb = in1;
+        if (!st->reuse_x[i])
+            r = go(K.f32_to_bf16, n, (unsigned)ceil_div(Kd, 1024), 256,
+                   {&step, &in0, &ld0, &ln.xscratch, &Kd});
+        if (r == 0 && is_nf4) {
+            long numel = (long)N * Kd;
+            wb         = ln.wscratch;
+            r          = go(K.nf4_to_bf16, (unsigned)ceil_div(numel / 32, 256), 1, 256,
+                            {&q.codes, &q.absmax, &q.absmax2, &q.offset, &q.code2, &numel, &wb, &tiled_rows});
+        }
+        if (r == 0) {
+            const float one = 1.0f, zero = 0.0f;
+            int bs = st->blas->gemm_ex(ln.blas_h, cublas::kOpT, cublas::kOpN, N, n, Kd, &one, (const void*)wb,
+                                       cublas::kR16BF, Kd, (const void*)ln.xscratch, cublas::kR16BF, Kd,
+                                       &zero, (void*)out0, cublas::kR32F, (int)ldo, cublas::kCompute32F,
+                                       cublas::kGemmDefault);
+            if (bs != 0) {
+                *err = "cuBLAS error " + std::to_string(bs) + " in op '" + p.str(op.name) + "'";
+                return G4_ERR_INTERNAL;
+            }
+        }
+        if (r == 0 && in2)
+            r = go(K.add_bias, n, (unsigned)ceil_div(N, 256), 256, {&step, &out0, &ldo, &in2, &N});
+        return G4_OK;
+    }
+    const bool gemv = n == 1 && op.ip[5] == (int32_t)plan::MatmulVariant::Gemv4;
+    const bool tc   = !gemv && n > 8 &&
+                    (op.ip[6] == (int32_t)plan::MatmulVariant::TensorCore ||
+                     op.ip[6] == (int32_t)plan::MatmulVariant::Cublas);
+    const bool tiled = !gemv && n > 8 && (tc || op.ip[6] == (int32_t)plan::MatmulVariant::Tiled64);
+    unsigned gx      = gemv    ? (unsigned)ceil_div(N, 32)
+                       : tiled ? (unsigned)ceil_div(N, 64)
+                               : (unsigned)ceil_div(N, 8);
+    unsigned gy      = tiled ? (unsigned)ceil_div(n, 64) : 1;
+    if (is_nf4) {
+        CUfunction f = gemv ? K.gemv_nf4 : tc ? K.tc_nf4 : tiled ? K.gemm_nf4 : K.mm_nf4;
+        r            = go(f, gx, gy, tc ? 128 : 256,
+                          {&step, &mode, &in0, &ld0, &q.codes, &q.absmax, &q.absmax2, &q.offset, &q.code2, &N, &Kd,
+                           &out0, &ldo, &in2});
+    } else {
+        CUfunction f = gemv                              ? K.gemv_bf16
+                       : tc                              ? K.tc_bf16
+                       : tiled                           ? K.gemm_bf16
+                       : w.dtype == (uint8_t)DType::BF16 ? K.mm_bf16
+                                                         : K.mm_f32;
+        r = go(f, gx, gy, tc ? 128 : 256, {&step, &mode, &in0, &ld0, &in1, &N, &Kd, &out0, &ldo, &in2});
+    }
+    return G4_OK;
+}
+
+} // namespace g4::cuda_rt

@@ -1,6 +1,8 @@
 // Plan loading and validation (see plan_reader.h).
 #include "runtime/plan/plan_reader.h"
 
+#include "runtime/plan/op_params.h"
+
 #include "kernels/nf4.h"
 #include "runtime/src/sampler.h"
 
@@ -357,6 +359,34 @@ std::string Plan::program_info() {
     return "";
 }
 
+namespace {
+
+// The row width a row-wise op processes (its cols parameter; KvStore's width), -1 for other ops.
+int32_t cols_of(const PlanOp& o) {
+    switch ((OpCode)o.code) {
+    case OpCode::RmsNorm:
+        return params<RmsNormParams>(o).cols;
+    case OpCode::Add:
+        return params<AddParams>(o).cols;
+    case OpCode::Scale:
+        return params<ScaleParams>(o).cols;
+    case OpCode::GeluMul:
+        return params<GeluMulParams>(o).cols;
+    case OpCode::Softcap:
+        return params<SoftcapParams>(o).cols;
+    case OpCode::KvStore:
+        return params<KvStoreParams>(o).width;
+    default:
+        return -1;
+    }
+}
+// An RmsNorm's group width (-1 for other ops).
+int32_t norm_dim(const PlanOp& o) {
+    return o.code == (uint16_t)OpCode::RmsNorm ? params<RmsNormParams>(o).dim : -1;
+}
+
+} // namespace
+
 // The tensors a fused launch record names are those of the ops it covers, in the places the kernels
 // read them (cuda/backend.cpp launch_fused): the ops' own checks (check_program) then bound every access.
 // "" when they are, else what is wrong. The record's op range was checked before.
@@ -375,7 +405,7 @@ std::string Plan::launch_operands(const CudaLaunch& l) const {
         return l.count == 1 ? "" : "a single-op record covers " + std::to_string(l.count) + " ops";
     case LaunchKind::ResNorm: {
         const int32_t H = l.ip[0];
-        if (H <= 0 || H > 4096 || !code(l.op, OpCode::RmsNorm) || o0.ip[0] != H || o0.ip[1] != H ||
+        if (H <= 0 || H > 4096 || !code(l.op, OpCode::RmsNorm) || cols_of(o0) != H || norm_dim(o0) != H ||
             !whole(o0))
             return "the ResNorm's first op is not a full-row RmsNorm of its width " + std::to_string(H);
         if (l.t[7] >= 0 && !act_cols(l.t[7], H))
@@ -389,7 +419,7 @@ std::string Plan::launch_operands(const CudaLaunch& l) const {
         if (l.count < 2 || o0.in[0] != l.t[1] || o0.out[0] != l.t[1] || o0.in[1] != l.t[2] || l.t[2] < 0)
             return "the ResNorm's norm is not d -> d with post_w";
         const PlanOp& add = ops_[l.op + 1];
-        if (!code(l.op + 1, OpCode::Add) || add.ip[0] != H || !whole(add) || add.out[0] != l.t[4] ||
+        if (!code(l.op + 1, OpCode::Add) || cols_of(add) != H || !whole(add) || add.out[0] != l.t[4] ||
             l.t[4] < 0 ||
             !((add.in[0] == l.t[0] && add.in[1] == l.t[1]) || (add.in[1] == l.t[0] && add.in[0] == l.t[1])))
             return "the ResNorm's add is not x + d -> x_out of its width";
@@ -397,14 +427,14 @@ std::string Plan::launch_operands(const CudaLaunch& l) const {
         const int32_t end = l.op + l.count;
         if (l.t[3] >= 0) {
             if (j >= end || !code(j, OpCode::Scale) || ops_[j].in[0] != l.t[4] || ops_[j].out[0] != l.t[4] ||
-                ops_[j].in[1] != l.t[3] || ops_[j].ip[0] != H || !whole(ops_[j]))
+                ops_[j].in[1] != l.t[3] || cols_of(ops_[j]) != H || !whole(ops_[j]))
                 return "the ResNorm's scale is not x_out * scalar in place";
             ++j;
         }
         if (l.t[6] >= 0) {
             if (j >= end || !code(j, OpCode::RmsNorm) || ops_[j].in[0] != l.t[4] ||
-                ops_[j].out[0] != l.t[6] || ops_[j].in[1] != l.t[5] || l.t[5] < 0 || ops_[j].ip[0] != H ||
-                ops_[j].ip[1] != H || !whole(ops_[j]))
+                ops_[j].out[0] != l.t[6] || ops_[j].in[1] != l.t[5] || l.t[5] < 0 || cols_of(ops_[j]) != H ||
+                norm_dim(ops_[j]) != H || !whole(ops_[j]))
                 return "the ResNorm's second norm is not x_out -> xn of its width with pre_w";
             ++j;
         } else if (l.t[5] >= 0) {
@@ -419,33 +449,37 @@ std::string Plan::launch_operands(const CudaLaunch& l) const {
             return "a q/k/v record covers 2 or 6 ops (and the attention)";
         const PlanOp &qn = o0, &qr = ops_[l.op + 1];
         const int32_t heads = l.ip[0], dim = l.ip[2];
+        const RopeParams rope = params<RopeParams>(qr);
         if (!code(l.op, OpCode::RmsNorm) || !code(l.op + 1, OpCode::Rope) || qn.in[0] != l.t[0] ||
             qn.out[0] != l.t[0] || qr.in[0] != l.t[0] || qn.in[1] != l.t[1] || l.t[1] < 0 ||
-            qr.in[1] != l.t[2] || qr.ip[0] != heads || qr.ip[1] != dim || qn.ip[1] != dim ||
-            (int64_t)heads * dim != qn.ip[0] || dim <= 0 || dim > 2048 || !whole(qn) || !whole(qr))
+            qr.in[1] != l.t[2] || rope.heads != heads || rope.dim != dim || norm_dim(qn) != dim ||
+            (int64_t)heads * dim != cols_of(qn) || dim <= 0 || dim > 2048 || !whole(qn) || !whole(qr))
             return "the q norm and rope are not the record's q, weights, heads and dim";
         if (post == 6) {
             const PlanOp &kn = ops_[l.op + 2], &kr = ops_[l.op + 3], &vn = ops_[l.op + 4],
-                         &st  = ops_[l.op + 5];
-            const int32_t kvh = l.ip[1];
+                         &st       = ops_[l.op + 5];
+            const int32_t kvh      = l.ip[1];
+            const RopeParams krope = params<RopeParams>(kr);
             if (!code(l.op + 2, OpCode::RmsNorm) || !code(l.op + 3, OpCode::Rope) ||
                 !code(l.op + 4, OpCode::RmsNorm) || !code(l.op + 5, OpCode::KvStore) || kvh <= 0 ||
                 kn.in[0] != l.t[3] || kn.out[0] != l.t[3] || kr.in[0] != l.t[3] || kn.in[1] != l.t[4] ||
                 l.t[4] < 0 || kr.in[1] != l.t[2] || vn.in[0] != l.t[5] || vn.out[0] != l.t[5] ||
                 st.in[0] != l.t[3] || st.in[1] != l.t[5] || st.out[0] != l.t[6] || st.out[1] != l.t[7] ||
-                kr.ip[0] != kvh || kr.ip[1] != dim || kn.ip[1] != dim || vn.ip[1] != dim ||
-                (int64_t)kvh * dim != kn.ip[0] || vn.ip[0] != kn.ip[0] || st.ip[0] != kn.ip[0] ||
-                st.ip[1] != l.ip[3] || !whole(kn) || !whole(kr) || !whole(vn) || !whole(st) ||
-                heads % kvh != 0 || (l.t[4] >= 0 && tensors_[l.t[4]].dtype != tensors_[l.t[1]].dtype))
+                krope.heads != kvh || krope.dim != dim || norm_dim(kn) != dim || norm_dim(vn) != dim ||
+                (int64_t)kvh * dim != cols_of(kn) || cols_of(vn) != cols_of(kn) ||
+                cols_of(st) != cols_of(kn) || params<KvStoreParams>(st).slots != l.ip[3] || !whole(kn) ||
+                !whole(kr) || !whole(vn) || !whole(st) || heads % kvh != 0 ||
+                (l.t[4] >= 0 && tensors_[l.t[4]].dtype != tensors_[l.t[1]].dtype))
                 return "the k/v norms, rope and store are not the record's k, v, caches, kv heads and slots";
         } else if (l.t[3] >= 0 || l.t[4] >= 0 || l.t[5] >= 0 || l.t[6] >= 0 || l.t[7] >= 0) {
             return "a q-only record names k/v tensors";
         }
         if (l.kind == (uint16_t)LaunchKind::QkvAttn) {
-            const PlanOp& at = ops_[l.op + post];
-            if (at.in[0] != l.t[0] || at.ip[0] != heads || at.ip[2] != dim || at.in_col[0] || at.out_col[0] ||
+            const PlanOp& at         = ops_[l.op + post];
+            const AttentionParams ap = params<AttentionParams>(at);
+            if (at.in[0] != l.t[0] || ap.heads != heads || ap.dim != dim || at.in_col[0] || at.out_col[0] ||
                 (post == 6 &&
-                 (at.in[1] != l.t[6] || at.in[2] != l.t[7] || at.ip[1] != l.ip[1] || at.ip[3] != l.ip[3])))
+                 (at.in[1] != l.t[6] || at.in[2] != l.t[7] || ap.kv_heads != l.ip[1] || ap.slots != l.ip[3])))
                 return "the attention is not over the record's q and caches";
         }
         return "";
@@ -466,19 +500,19 @@ std::string Plan::launch_operands(const CudaLaunch& l) const {
         } else if (epi == 1) {
             const PlanOp& g = ops_[l.op + 2];
             if (nmat != 2 || l.count != 3 || !code(l.op + 2, OpCode::GeluMul) || g.in[0] != y0 ||
-                g.in[1] != ops_[l.op + 1].out[0] || g.out[0] != l.t[1] || g.ip[0] != w0.dims[0] ||
+                g.in[1] != ops_[l.op + 1].out[0] || g.out[0] != l.t[1] || cols_of(g) != w0.dims[0] ||
                 tensors_[ops_[l.op + 1].in[1]].dims[0] != w0.dims[0] || !whole(g) || l.t[0] >= 0)
                 return "the GEMV pair's GeluMul is not gelu(gate) * up -> its output";
         } else if (epi == 2) {
             const PlanOp& g = ops_[l.op + 1];
             if (nmat != 1 || l.count != 2 || !code(l.op + 1, OpCode::GeluMul) || g.in[0] != y0 ||
-                g.in[1] != l.t[0] || g.in_col[1] != l.ip[6] || g.out[0] != l.t[1] || g.ip[0] != w0.dims[0] ||
-                g.in_col[0] || g.out_col[0])
+                g.in[1] != l.t[0] || g.in_col[1] != l.ip[6] || g.out[0] != l.t[1] ||
+                cols_of(g) != w0.dims[0] || g.in_col[0] || g.out_col[0])
                 return "the GEMV's GeluMul is not gelu(y) * aux -> its output";
         } else {
             const PlanOp& c = ops_[l.op + 1];
             if (nmat != 1 || l.count != 2 || !code(l.op + 1, OpCode::Softcap) || c.in[0] != y0 ||
-                c.out[0] != y0 || !whole(c) || c.ip[0] != w0.dims[0] || l.t[0] >= 0 || l.t[1] >= 0 ||
+                c.out[0] != y0 || !whole(c) || cols_of(c) != w0.dims[0] || l.t[0] >= 0 || l.t[1] >= 0 ||
                 !(l.fp[0] > 0))
                 return "the GEMV's softcap is not in place over its output";
         }
@@ -490,7 +524,7 @@ std::string Plan::launch_operands(const CudaLaunch& l) const {
         if (u.in[0] != g.in[0] || u.in_col[0] != g.in_col[0] || gm.in[0] != g.out[0] ||
             gm.in[1] != u.out[0] || dn.in[0] != gm.out[0] || !whole(gm) || dn.in_col[0] ||
             wg.dims[0] != wu.dims[0] || wg.dims[1] != wu.dims[1] || wg.dtype != wu.dtype ||
-            wd.dims[1] != wg.dims[0] || wd.dims[0] != wg.dims[1] || gm.ip[0] != wg.dims[0] ||
+            wd.dims[1] != wg.dims[0] || wd.dims[0] != wg.dims[1] || cols_of(gm) != wg.dims[0] ||
             wd.dims[1] % 32 != 0)
             return "the MLP's gate, up, GeluMul and down do not chain (x -> [I, H] gate and up -> [H, I] "
                    "down)";
@@ -499,11 +533,11 @@ std::string Plan::launch_operands(const CudaLaunch& l) const {
     case LaunchKind::PleIn: {
         const PlanOp &s1 = o0, &n = ops_[l.op + 1], &a = ops_[l.op + 2], &s2 = ops_[l.op + 3];
         const int32_t N = l.ip[0], P = l.ip[1];
-        if (s1.in[0] != l.t[0] || s1.out[0] != l.t[0] || s1.in[1] >= 0 || s1.ip[0] != N || !whole(s1) ||
-            n.in[0] != l.t[0] || n.out[0] != l.t[0] || n.in[1] != l.t[1] || n.ip[0] != N || n.ip[1] != P ||
-            !whole(n) || a.ip[0] != N || !whole(a) || a.out[0] != l.t[3] ||
+        if (s1.in[0] != l.t[0] || s1.out[0] != l.t[0] || s1.in[1] >= 0 || cols_of(s1) != N || !whole(s1) ||
+            n.in[0] != l.t[0] || n.out[0] != l.t[0] || n.in[1] != l.t[1] || cols_of(n) != N ||
+            norm_dim(n) != P || !whole(n) || cols_of(a) != N || !whole(a) || a.out[0] != l.t[3] ||
             !((a.in[0] == l.t[0] && a.in[1] == l.t[2]) || (a.in[1] == l.t[0] && a.in[0] == l.t[2])) ||
-            s2.in[0] != l.t[3] || s2.out[0] != l.t[3] || s2.in[1] >= 0 || s2.ip[0] != N || !whole(s2))
+            s2.in[0] != l.t[3] || s2.out[0] != l.t[3] || s2.in[1] >= 0 || cols_of(s2) != N || !whole(s2))
             return "the per-layer-input ops are not the record's ctx, norm weight, tok and output";
         return "";
     }
@@ -512,6 +546,163 @@ std::string Plan::launch_operands(const CudaLaunch& l) const {
         return ""; // checked with their kinds above
     }
     return "unknown launch kind";
+}
+
+// Launch record i against its ops and the records around it (its op range starts at `next`): "" when it is
+// consistent, else the message ("CUDA schedule record 12: ...").
+std::string Plan::check_launch(size_t i, size_t next) const {
+    const CudaLaunch& l = launches_[i];
+    const auto cols     = [&](int32_t t) {
+        return tensors_[t].ndim > 1 ? tensors_[t].dims[1] : tensors_[t].dims[0];
+    }; // a row's width
+    std::string what = "CUDA schedule record " + std::to_string(i);
+    if (l.kind > (uint16_t)LaunchKind::PleIn || l.count < 1 || l.op != (int32_t)next ||
+        next + l.count > n_ops_)
+        return what + ": bad kind or op range";
+    if (l.kind == (uint16_t)LaunchKind::QkvAttn &&
+        ((l.ip[4] != 2 && l.ip[4] != 6) || l.count != l.ip[4] + 1 ||
+         ops_[l.op + l.count - 1].code != (uint16_t)OpCode::Attention))
+        return what + ": q/k/v + attention record does not end in an attention op";
+    for (int32_t t : l.t)
+        if (t < -1 || t >= (int32_t)n_tensors_) return what + ": tensor index out of range";
+    if (l.kind == (uint16_t)LaunchKind::Gemv) {
+        if (l.ip[3] < 1 || l.ip[3] > 3 || l.ip[4] < 0 || l.ip[4] > 3 ||
+            (l.ip[5] != 8 && l.ip[5] != 16 && l.ip[5] != 32 && l.ip[5] != 64 && l.ip[5] != 128))
+            return what + ": bad GEMV parameters";
+        for (int m = 0; m < l.ip[3]; ++m)
+            if (l.ip[m] < l.op || l.ip[m] >= l.op + l.count || ops_[l.ip[m]].code != (uint16_t)OpCode::Matmul)
+                return what + ": GEMV operand is not a matmul it covers";
+    }
+    if (l.kind == (uint16_t)LaunchKind::Mlp) {
+        const bool ops_ok = l.count == 4 && (l.ip[5] == 128 || l.ip[5] == 256) && l.ip[0] == l.op &&
+                            l.ip[1] == l.op + 1 && l.ip[3] == l.op + 3 &&
+                            ops_[l.op].code == (uint16_t)OpCode::Matmul &&
+                            ops_[l.op + 1].code == (uint16_t)OpCode::Matmul &&
+                            ops_[l.op + 2].code == (uint16_t)OpCode::GeluMul &&
+                            ops_[l.op + 3].code == (uint16_t)OpCode::Matmul;
+        if (!ops_ok || i == 0 || launches_[i - 1].kind != (uint16_t)LaunchKind::ResNorm ||
+            launches_[i - 1].t[7] != ops_[l.op + 3].out[0])
+            return what + ": bad MLP record (gate, up, GeluMul, down after a ResNorm that zeroes its output)";
+        const PlanTensor& w = tensors_[ops_[l.op + 3].in[1]];
+        if (w.dtype != (uint8_t)DType::NF4 || !(w.quant_flags & kQuantTiled32) || w.dims[1] % 64 != 0 ||
+            w.dims[0] % 4 != 0)
+            return what + ": the MLP's down weight is not a tiled NF4 matrix";
+        if (l.ip[6] < 1 || l.ip[6] > kMlpReplicasMax)
+            return what + ": MLP output replicas " + std::to_string(l.ip[6]) + " (1 to " +
+                   std::to_string(kMlpReplicasMax) + ")";
+        if (l.ip[6] > 1 && (i + 1 >= n_launches_ || launches_[i + 1].kind != (uint16_t)LaunchKind::ResNorm ||
+                            launches_[i + 1].t[1] != ops_[l.op + 3].out[0]))
+            return what + ": an MLP with output replicas is not followed by the ResNorm that sums them";
+        const PlanTensor &wg = tensors_[ops_[l.op].in[1]], &wu = tensors_[ops_[l.op + 1].in[1]];
+        if (l.ip[7] != 0 && l.ip[7] != 1)
+            return what + ": MLP arithmetic " + std::to_string(l.ip[7]) + " (0 f32, 1 packed f16)";
+        const bool dq = ((w.quant_flags | wg.quant_flags | wu.quant_flags) & kQuantDoubleQuant) != 0;
+        if (l.ip[7] == 1 && (dq || wg.dtype != (uint8_t)DType::NF4 || wu.dtype != (uint8_t)DType::NF4 ||
+                             !mlp_f16_width_ok(wg.dims[1])))
+            return what +
+                   ": a packed-f16 MLP needs NF4 gate and up weights with f32 block scales and "
+                   "a width that is a multiple of 32 up to " +
+                   std::to_string(kMlpF16MaxH);
+        if (launches_[i - 1].ip[1] == 2) { // the ResNorm before, run by this launch's _r kernel
+            const CudaLaunch& rn = launches_[i - 1];
+            bool zeroed          = false; // by an earlier ResNorm (ip2)
+            for (size_t k = i - 1; rn.t[7] >= 0 && k-- > 0 && !zeroed;)
+                zeroed =
+                    launches_[k].kind == (uint16_t)LaunchKind::ResNorm && launches_[k].ip[2] == rn.t[7] + 1;
+            const bool ok = l.ip[7] == 1 && ops_[l.op].in[0] == rn.t[6] && rn.t[0] >= 0 && rn.t[1] >= 0 &&
+                            rn.t[2] >= 0 && rn.t[4] >= 0 && rn.t[5] >= 0 && rn.t[6] >= 0 && rn.t[3] < 0 &&
+                            rn.fp[1] == 1.0f && rn.ip[2] == 0 && mlp_res_fits(rn.ip[0], l.ip[5]) &&
+                            rn.ip[0] == w.dims[0] && cols(rn.t[0]) >= rn.ip[0] && cols(rn.t[1]) >= rn.ip[0] &&
+                            cols(rn.t[4]) >= rn.ip[0] && zeroed;
+            if (!ok)
+                return "CUDA schedule record " + std::to_string(i - 1) +
+                       ": bad folded ResNorm (ip1 2 needs a packed-f16 MLP after it reading its "
+                       "output, no scale, a width the "
+                       "MLP kernel takes, and an earlier ResNorm zeroing the MLP's output)";
+        }
+    }
+    if (l.kind == (uint16_t)LaunchKind::ResNorm && l.ip[1] == 2 &&
+        (i + 1 >= n_launches_ || launches_[i + 1].kind != (uint16_t)LaunchKind::Mlp))
+        return what + ": bad folded ResNorm (ip1 2 needs the MLP launch that runs it after it)";
+    if (l.kind == (uint16_t)LaunchKind::ResNorm && l.ip[2] != 0) {
+        const int32_t z = l.ip[2] - 1;
+        const bool after_reps =
+            i > 0 && launches_[i - 1].kind == (uint16_t)LaunchKind::Mlp && launches_[i - 1].ip[6] > 1;
+        if (z < 0 || z >= (int32_t)n_tensors_ || tensors_[z].kind != (uint8_t)TensorKind::Activation ||
+            cols(z) < l.ip[0] || l.ip[1] != 0 || after_reps)
+            return what + ": bad second zeroed buffer (ip2 " + std::to_string(l.ip[2]) +
+                   ": an activation tensor + 1 at least the row wide, on a ResNorm that is "
+                   "launched and sums no replicas)";
+    }
+    if (l.kind == (uint16_t)LaunchKind::ResNorm && l.ip[1] != 0 && l.ip[1] != 2) {
+        // ip1 = 1: run by the Ple launch after it (g4_ple_res); the MLP before it zeroes that launch's
+        // output.
+        const CudaLaunch* mlp = i > 0 ? &launches_[i - 1] : nullptr;
+        const CudaLaunch* ple = i + 1 < n_launches_ ? &launches_[i + 1] : nullptr;
+        const bool ok         = l.ip[1] == 1 && mlp && mlp->kind == (uint16_t)LaunchKind::Mlp &&
+                        mlp->t[0] == l.t[1] && mlp->ip[5] == 256 && mlp->ip[6] == 1 && ple &&
+                        ple->kind == (uint16_t)LaunchKind::Ple && ple->op == l.op + l.count &&
+                        l.op + l.count < (int32_t)n_ops_ && ops_[l.op + l.count].in[0] == l.t[4] &&
+                        l.t[0] >= 0 && l.t[1] >= 0 && l.t[2] >= 0 && l.t[4] >= 0 && l.t[3] < 0 &&
+                        l.t[5] < 0 && l.t[6] < 0 && l.fp[1] == 1.0f && l.ip[0] > 0 && l.ip[0] % 4 == 0;
+        if (!ok)
+            return what + ": bad folded ResNorm (ip1 " + std::to_string(l.ip[1]) +
+                   "; 1 needs an MLP of 256 threads and one output before it, a PLE after it "
+                   "reading its output, and no scale or second norm)";
+    }
+    if (l.kind == (uint16_t)LaunchKind::Ple) {
+        const bool ok = l.count == 3 && ops_[l.op].code == (uint16_t)OpCode::Matmul &&
+                        ops_[l.op + 1].code == (uint16_t)OpCode::GeluMul &&
+                        ops_[l.op + 2].code == (uint16_t)OpCode::Matmul && i > 0 &&
+                        launches_[i - 1].kind == (uint16_t)LaunchKind::ResNorm &&
+                        launches_[i - 1].t[7] == ops_[l.op + 2].out[0];
+        if (!ok)
+            return what + ": bad per-layer-input record (gate, GeluMul, projection after a ResNorm "
+                          "that zeroes its output)";
+        const PlanTensor &g = tensors_[ops_[l.op].in[1]], &w = tensors_[ops_[l.op + 2].in[1]];
+        if (g.dtype != (uint8_t)DType::BF16 || w.dtype != (uint8_t)DType::BF16 || g.dims[0] != w.dims[1] ||
+            g.dims[1] != w.dims[0] || w.dims[0] % 8 != 0 || w.dims[0] > 4096 || w.dims[1] % 8 != 0)
+            return what + ": the per-layer-input record's weights are not bf16 [P, H] and [H, P] "
+                          "(H, P multiples of 8, H <= 4096)";
+        const CudaLaunch& rn = launches_[i - 1];
+        if (rn.ip[1] == 1 && (rn.ip[0] != w.dims[0] || cols(rn.t[0]) < rn.ip[0] || cols(rn.t[1]) < rn.ip[0] ||
+                              cols(rn.t[4]) < rn.ip[0]))
+            return what + ": the ResNorm folded into this per-layer-input record has another width";
+    }
+    if (l.kind == (uint16_t)LaunchKind::PleIn) {
+        const bool ok =
+            l.count == 4 && ops_[l.op].code == (uint16_t)OpCode::Scale &&
+            ops_[l.op + 1].code == (uint16_t)OpCode::RmsNorm &&
+            ops_[l.op + 2].code == (uint16_t)OpCode::Add && ops_[l.op + 3].code == (uint16_t)OpCode::Scale &&
+            l.ip[1] > 0 && l.ip[1] <= 1024 && l.ip[0] > 0 && l.ip[0] % l.ip[1] == 0 && l.t[0] >= 0 &&
+            l.t[1] >= 0 && l.t[2] >= 0 && l.t[3] >= 0 &&
+            tensors_[l.t[1]].dims[0] * (tensors_[l.t[1]].ndim > 1 ? tensors_[l.t[1]].dims[1] : 1) >= l.ip[1];
+        if (!ok || cols(l.t[0]) < l.ip[0] || cols(l.t[2]) < l.ip[0] || cols(l.t[3]) < l.ip[0])
+            return what + ": bad per-layer-input combination record (scale, grouped norm, add, "
+                          "scale over N = groups x P <= 1024)";
+    }
+    if (l.kind == (uint16_t)LaunchKind::AttnO) {
+        const PlanOp& o = ops_[l.op];
+        bool ok = l.count == 1 && o.code == (uint16_t)OpCode::Matmul && i > 0 && l.ip[1] == l.op - 1 &&
+                  ops_[l.ip[1]].code == (uint16_t)OpCode::Attention && o.in[0] == ops_[l.ip[1]].out[0] &&
+                  o.in[1] >= 0;
+        bool zeroed = false; // by a ResNorm launch before the attention's
+        for (size_t k = i; ok && k-- > 0 && !zeroed;)
+            zeroed = launches_[k].kind == (uint16_t)LaunchKind::ResNorm && launches_[k].t[7] == o.out[0];
+        if (!ok || !zeroed)
+            return what + ": bad attention-o record (the o matmul after an attention op, its output "
+                          "zeroed by a ResNorm before)";
+        const PlanOp& at    = ops_[l.ip[1]];
+        const auto ap       = params<AttentionParams>(at);
+        const PlanTensor& w = tensors_[o.in[1]];
+        if (w.dtype != (uint8_t)DType::NF4 || !(w.quant_flags & kQuantTiled32) ||
+            w.dims[1] != (int64_t)ap.heads * ap.dim || w.dims[1] % 64 != 0 || w.dims[0] % 4 != 0 ||
+            w.dims[0] > 4096 || ap.dim % 32 != 0 || ap.decode_splits < 1 || ap.decode_splits > 1024)
+            return what +
+                   ": the attention-o record's weight is not a tiled NF4 [<= 4096, heads x dim] matrix";
+    }
+    if (const std::string bad = launch_operands(l); !bad.empty()) return what + ": " + bad;
+    return "";
 }
 
 g4_status Plan::validate_records(std::string* err) {
@@ -637,200 +828,10 @@ g4_status Plan::validate_records(std::string* err) {
     // Every op against the tensors it names (its indices are in range: checked above).
     if (const std::string bad = check_program(*this); !bad.empty()) return fail(CORRUPT, bad, err);
     // The CUDA schedule covers ops 0..n-1 in order, each exactly once; its operands are in range.
-    size_t next     = 0;
-    const auto cols = [&](int32_t t) {
-        return tensors_[t].ndim > 1 ? tensors_[t].dims[1] : tensors_[t].dims[0];
-    }; // a row's width
+    size_t next = 0;
     for (size_t i = 0; i < n_launches_; ++i) {
-        const CudaLaunch& l = launches_[i];
-        std::string what    = "CUDA schedule record " + std::to_string(i);
-        if (l.kind > (uint16_t)LaunchKind::PleIn || l.count < 1 || l.op != (int32_t)next ||
-            next + l.count > n_ops_)
-            return fail(CORRUPT, what + ": bad kind or op range", err);
-        if (l.kind == (uint16_t)LaunchKind::QkvAttn &&
-            ((l.ip[4] != 2 && l.ip[4] != 6) || l.count != l.ip[4] + 1 ||
-             ops_[l.op + l.count - 1].code != (uint16_t)OpCode::Attention))
-            return fail(CORRUPT, what + ": q/k/v + attention record does not end in an attention op", err);
-        for (int32_t t : l.t)
-            if (t < -1 || t >= (int32_t)n_tensors_)
-                return fail(CORRUPT, what + ": tensor index out of range", err);
-        if (l.kind == (uint16_t)LaunchKind::Gemv) {
-            if (l.ip[3] < 1 || l.ip[3] > 3 || l.ip[4] < 0 || l.ip[4] > 3 ||
-                (l.ip[5] != 8 && l.ip[5] != 16 && l.ip[5] != 32 && l.ip[5] != 64 && l.ip[5] != 128))
-                return fail(CORRUPT, what + ": bad GEMV parameters", err);
-            for (int m = 0; m < l.ip[3]; ++m)
-                if (l.ip[m] < l.op || l.ip[m] >= l.op + l.count ||
-                    ops_[l.ip[m]].code != (uint16_t)OpCode::Matmul)
-                    return fail(CORRUPT, what + ": GEMV operand is not a matmul it covers", err);
-        }
-        if (l.kind == (uint16_t)LaunchKind::Mlp) {
-            const bool ops_ok = l.count == 4 && (l.ip[5] == 128 || l.ip[5] == 256) && l.ip[0] == l.op &&
-                                l.ip[1] == l.op + 1 && l.ip[3] == l.op + 3 &&
-                                ops_[l.op].code == (uint16_t)OpCode::Matmul &&
-                                ops_[l.op + 1].code == (uint16_t)OpCode::Matmul &&
-                                ops_[l.op + 2].code == (uint16_t)OpCode::GeluMul &&
-                                ops_[l.op + 3].code == (uint16_t)OpCode::Matmul;
-            if (!ops_ok || i == 0 || launches_[i - 1].kind != (uint16_t)LaunchKind::ResNorm ||
-                launches_[i - 1].t[7] != ops_[l.op + 3].out[0])
-                return fail(
-                    CORRUPT,
-                    what +
-                        ": bad MLP record (gate, up, GeluMul, down after a ResNorm that zeroes its output)",
-                    err);
-            const PlanTensor& w = tensors_[ops_[l.op + 3].in[1]];
-            if (w.dtype != (uint8_t)DType::NF4 || !(w.quant_flags & kQuantTiled32) || w.dims[1] % 64 != 0 ||
-                w.dims[0] % 4 != 0)
-                return fail(CORRUPT, what + ": the MLP's down weight is not a tiled NF4 matrix", err);
-            if (l.ip[6] < 1 || l.ip[6] > kMlpReplicasMax)
-                return fail(CORRUPT,
-                            what + ": MLP output replicas " + std::to_string(l.ip[6]) + " (1 to " +
-                                std::to_string(kMlpReplicasMax) + ")",
-                            err);
-            if (l.ip[6] > 1 &&
-                (i + 1 >= n_launches_ || launches_[i + 1].kind != (uint16_t)LaunchKind::ResNorm ||
-                 launches_[i + 1].t[1] != ops_[l.op + 3].out[0]))
-                return fail(CORRUPT,
-                            what +
-                                ": an MLP with output replicas is not followed by the ResNorm that sums them",
-                            err);
-            const PlanTensor &wg = tensors_[ops_[l.op].in[1]], &wu = tensors_[ops_[l.op + 1].in[1]];
-            if (l.ip[7] != 0 && l.ip[7] != 1)
-                return fail(CORRUPT,
-                            what + ": MLP arithmetic " + std::to_string(l.ip[7]) + " (0 f32, 1 packed f16)",
-                            err);
-            const bool dq = ((w.quant_flags | wg.quant_flags | wu.quant_flags) & kQuantDoubleQuant) != 0;
-            if (l.ip[7] == 1 && (dq || wg.dtype != (uint8_t)DType::NF4 || wu.dtype != (uint8_t)DType::NF4 ||
-                                 !mlp_f16_width_ok(wg.dims[1])))
-                return fail(CORRUPT,
-                            what +
-                                ": a packed-f16 MLP needs NF4 gate and up weights with f32 block scales and "
-                                "a width that is a multiple of 32 up to " +
-                                std::to_string(kMlpF16MaxH),
-                            err);
-            if (launches_[i - 1].ip[1] == 2) { // the ResNorm before, run by this launch's _r kernel
-                const CudaLaunch& rn = launches_[i - 1];
-                bool zeroed          = false; // by an earlier ResNorm (ip2)
-                for (size_t k = i - 1; rn.t[7] >= 0 && k-- > 0 && !zeroed;)
-                    zeroed = launches_[k].kind == (uint16_t)LaunchKind::ResNorm &&
-                             launches_[k].ip[2] == rn.t[7] + 1;
-                const bool ok = l.ip[7] == 1 && ops_[l.op].in[0] == rn.t[6] && rn.t[0] >= 0 && rn.t[1] >= 0 &&
-                                rn.t[2] >= 0 && rn.t[4] >= 0 && rn.t[5] >= 0 && rn.t[6] >= 0 && rn.t[3] < 0 &&
-                                rn.fp[1] == 1.0f && rn.ip[2] == 0 && mlp_res_fits(rn.ip[0], l.ip[5]) &&
-                                rn.ip[0] == w.dims[0] && cols(rn.t[0]) >= rn.ip[0] &&
-                                cols(rn.t[1]) >= rn.ip[0] && cols(rn.t[4]) >= rn.ip[0] && zeroed;
-                if (!ok)
-                    return fail(CORRUPT,
-                                "CUDA schedule record " + std::to_string(i - 1) +
-                                    ": bad folded ResNorm (ip1 2 needs a packed-f16 MLP after it reading its "
-                                    "output, no scale, a width the "
-                                    "MLP kernel takes, and an earlier ResNorm zeroing the MLP's output)",
-                                err);
-            }
-        }
-        if (l.kind == (uint16_t)LaunchKind::ResNorm && l.ip[1] == 2 &&
-            (i + 1 >= n_launches_ || launches_[i + 1].kind != (uint16_t)LaunchKind::Mlp))
-            return fail(CORRUPT,
-                        what + ": bad folded ResNorm (ip1 2 needs the MLP launch that runs it after it)",
-                        err);
-        if (l.kind == (uint16_t)LaunchKind::ResNorm && l.ip[2] != 0) {
-            const int32_t z = l.ip[2] - 1;
-            const bool after_reps =
-                i > 0 && launches_[i - 1].kind == (uint16_t)LaunchKind::Mlp && launches_[i - 1].ip[6] > 1;
-            if (z < 0 || z >= (int32_t)n_tensors_ || tensors_[z].kind != (uint8_t)TensorKind::Activation ||
-                cols(z) < l.ip[0] || l.ip[1] != 0 || after_reps)
-                return fail(CORRUPT,
-                            what + ": bad second zeroed buffer (ip2 " + std::to_string(l.ip[2]) +
-                                ": an activation tensor + 1 at least the row wide, on a ResNorm that is "
-                                "launched and sums no replicas)",
-                            err);
-        }
-        if (l.kind == (uint16_t)LaunchKind::ResNorm && l.ip[1] != 0 && l.ip[1] != 2) {
-            // ip1 = 1: run by the Ple launch after it (g4_ple_res); the MLP before it zeroes that launch's
-            // output.
-            const CudaLaunch* mlp = i > 0 ? &launches_[i - 1] : nullptr;
-            const CudaLaunch* ple = i + 1 < n_launches_ ? &launches_[i + 1] : nullptr;
-            const bool ok         = l.ip[1] == 1 && mlp && mlp->kind == (uint16_t)LaunchKind::Mlp &&
-                            mlp->t[0] == l.t[1] && mlp->ip[5] == 256 && mlp->ip[6] == 1 && ple &&
-                            ple->kind == (uint16_t)LaunchKind::Ple && ple->op == l.op + l.count &&
-                            l.op + l.count < (int32_t)n_ops_ && ops_[l.op + l.count].in[0] == l.t[4] &&
-                            l.t[0] >= 0 && l.t[1] >= 0 && l.t[2] >= 0 && l.t[4] >= 0 && l.t[3] < 0 &&
-                            l.t[5] < 0 && l.t[6] < 0 && l.fp[1] == 1.0f && l.ip[0] > 0 && l.ip[0] % 4 == 0;
-            if (!ok)
-                return fail(CORRUPT,
-                            what + ": bad folded ResNorm (ip1 " + std::to_string(l.ip[1]) +
-                                "; 1 needs an MLP of 256 threads and one output before it, a PLE after it "
-                                "reading its output, and no scale or second norm)",
-                            err);
-        }
-        if (l.kind == (uint16_t)LaunchKind::Ple) {
-            const bool ok = l.count == 3 && ops_[l.op].code == (uint16_t)OpCode::Matmul &&
-                            ops_[l.op + 1].code == (uint16_t)OpCode::GeluMul &&
-                            ops_[l.op + 2].code == (uint16_t)OpCode::Matmul && i > 0 &&
-                            launches_[i - 1].kind == (uint16_t)LaunchKind::ResNorm &&
-                            launches_[i - 1].t[7] == ops_[l.op + 2].out[0];
-            if (!ok)
-                return fail(CORRUPT,
-                            what + ": bad per-layer-input record (gate, GeluMul, projection after a ResNorm "
-                                   "that zeroes its output)",
-                            err);
-            const PlanTensor &g = tensors_[ops_[l.op].in[1]], &w = tensors_[ops_[l.op + 2].in[1]];
-            if (g.dtype != (uint8_t)DType::BF16 || w.dtype != (uint8_t)DType::BF16 ||
-                g.dims[0] != w.dims[1] || g.dims[1] != w.dims[0] || w.dims[0] % 8 != 0 || w.dims[0] > 4096 ||
-                w.dims[1] % 8 != 0)
-                return fail(CORRUPT,
-                            what + ": the per-layer-input record's weights are not bf16 [P, H] and [H, P] "
-                                   "(H, P multiples of 8, H <= 4096)",
-                            err);
-            const CudaLaunch& rn = launches_[i - 1];
-            if (rn.ip[1] == 1 && (rn.ip[0] != w.dims[0] || cols(rn.t[0]) < rn.ip[0] ||
-                                  cols(rn.t[1]) < rn.ip[0] || cols(rn.t[4]) < rn.ip[0]))
-                return fail(CORRUPT,
-                            what + ": the ResNorm folded into this per-layer-input record has another width",
-                            err);
-        }
-        if (l.kind == (uint16_t)LaunchKind::PleIn) {
-            const bool ok =
-                l.count == 4 && ops_[l.op].code == (uint16_t)OpCode::Scale &&
-                ops_[l.op + 1].code == (uint16_t)OpCode::RmsNorm &&
-                ops_[l.op + 2].code == (uint16_t)OpCode::Add &&
-                ops_[l.op + 3].code == (uint16_t)OpCode::Scale && l.ip[1] > 0 && l.ip[1] <= 1024 &&
-                l.ip[0] > 0 && l.ip[0] % l.ip[1] == 0 && l.t[0] >= 0 && l.t[1] >= 0 && l.t[2] >= 0 &&
-                l.t[3] >= 0 &&
-                tensors_[l.t[1]].dims[0] * (tensors_[l.t[1]].ndim > 1 ? tensors_[l.t[1]].dims[1] : 1) >=
-                    l.ip[1];
-            if (!ok || cols(l.t[0]) < l.ip[0] || cols(l.t[2]) < l.ip[0] || cols(l.t[3]) < l.ip[0])
-                return fail(CORRUPT,
-                            what + ": bad per-layer-input combination record (scale, grouped norm, add, "
-                                   "scale over N = groups x P <= 1024)",
-                            err);
-        }
-        if (l.kind == (uint16_t)LaunchKind::AttnO) {
-            const PlanOp& o = ops_[l.op];
-            bool ok = l.count == 1 && o.code == (uint16_t)OpCode::Matmul && i > 0 && l.ip[1] == l.op - 1 &&
-                      ops_[l.ip[1]].code == (uint16_t)OpCode::Attention && o.in[0] == ops_[l.ip[1]].out[0] &&
-                      o.in[1] >= 0;
-            bool zeroed = false; // by a ResNorm launch before the attention's
-            for (size_t k = i; ok && k-- > 0 && !zeroed;)
-                zeroed = launches_[k].kind == (uint16_t)LaunchKind::ResNorm && launches_[k].t[7] == o.out[0];
-            if (!ok || !zeroed)
-                return fail(CORRUPT,
-                            what + ": bad attention-o record (the o matmul after an attention op, its output "
-                                   "zeroed by a ResNorm before)",
-                            err);
-            const PlanOp& at    = ops_[l.ip[1]];
-            const PlanTensor& w = tensors_[o.in[1]];
-            if (w.dtype != (uint8_t)DType::NF4 || !(w.quant_flags & kQuantTiled32) ||
-                w.dims[1] != (int64_t)at.ip[0] * at.ip[2] || w.dims[1] % 64 != 0 || w.dims[0] % 4 != 0 ||
-                w.dims[0] > 4096 || at.ip[2] % 32 != 0 || at.ip[6] < 1 || at.ip[6] > 1024)
-                return fail(
-                    CORRUPT,
-                    what +
-                        ": the attention-o record's weight is not a tiled NF4 [<= 4096, heads x dim] matrix",
-                    err);
-        }
-        if (const std::string bad = launch_operands(l); !bad.empty())
-            return fail(CORRUPT, what + ": " + bad, err);
-        next += l.count;
+        if (const std::string bad = check_launch(i, next); !bad.empty()) return fail(CORRUPT, bad, err);
+        next += launches_[i].count;
     }
     if (n_launches_ && next != n_ops_) return fail(CORRUPT, "CUDA schedule does not cover every op", err);
     return G4_OK;

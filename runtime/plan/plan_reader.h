@@ -143,6 +143,7 @@ private:
     g4_status validate_records(std::string* err);
     std::string program_info();
     std::string launch_operands(const CudaLaunch& l) const;
+    std::string check_launch(size_t i, size_t next) const;
 
     std::string path_;
     void* map_                = nullptr;

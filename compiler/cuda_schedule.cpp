@@ -143,11 +143,11 @@ struct Matcher {
         return true;
     }
 
-    // The per-layer inputs' combination: Scale(ctx) + RmsNorm(ctx, groups of P, weight) + Add(ctx, tok) ->
-    // out + Scale(out), all in place but the add, no scalar tensors -> PleIn (g4_ple_in). ctx is read by
-    // nothing after the add; out is ctx itself or shares no bytes with ctx or tok (a block reads its group
-    // of both before it writes the same group of out). Three launches fewer a decode step.
-    bool ple_in(size_t i, CudaLaunch* out) const {
+    // A grouped scale-norm-add: Scale(ctx) + RmsNorm(ctx, groups of P, weight) + Add(ctx, tok) ->
+    // out + Scale(out), all in place but the add, no scalar tensors -> GroupNormAdd (g4_group_norm_add). ctx
+    // is read by nothing after the add; out is ctx itself or shares no bytes with ctx or tok (a block reads
+    // its group of both before it writes the same group of out). Three launches fewer a decode step.
+    bool group_norm_add(size_t i, CudaLaunch* out) const {
         if (!is(i, OpCode::Scale) || !is(i + 1, OpCode::RmsNorm) || !is(i + 2, OpCode::Add) ||
             !is(i + 3, OpCode::Scale))
             return false;
@@ -161,7 +161,7 @@ struct Matcher {
                         s2.in[1] < 0 && whole(s2) && s2.ip[0] == N && o != tok &&
                         (o == c || disjoint(o, c)) && disjoint(o, tok) && unread_after(c, i + 2);
         if (!ok) return false;
-        CudaLaunch l = record(LaunchKind::PleIn, i, 4);
+        CudaLaunch l = record(LaunchKind::GroupNormAdd, i, 4);
         l.t[0] = c, l.t[1] = n.in[1], l.t[2] = tok, l.t[3] = o;
         l.ip[0] = N, l.ip[1] = P;
         *out = l;
@@ -327,10 +327,11 @@ struct Matcher {
         return true;
     }
 
-    // Per-layer-input gate (bf16 [P, H]) + GeluMul(aux) + projection (bf16 [H, P]) after the ResNorm `prev`
-    // that makes the gate's input -> Ple (g4_ple_bf16_g*, adding into the projection's output y, which
-    // prev zeroes). Nothing runs between them, so y only has to be apart from what the kernel reads.
-    bool ple(size_t i, const CudaLaunch* prev, CudaLaunch* out) const {
+    // A gated projection: gate (bf16 [P, H]) + GeluMul(aux) + projection (bf16 [H, P]) after the ResNorm
+    // `prev` that makes the gate's input -> GatedProj (g4_gated_proj_bf16_g*, adding into the projection's
+    // output y, which prev zeroes). Nothing runs between them, so y only has to be apart from what the kernel
+    // reads.
+    bool gated_proj(size_t i, const CudaLaunch* prev, CudaLaunch* out) const {
         if (!prev || prev->kind != (uint16_t)LaunchKind::ResNorm || prev->t[7] >= 0) return false;
         for (size_t k = i; k < i + 3; ++k)
             if (k >= ops.size() || (!device.empty() && device[k] != device[prev->op])) return false;
@@ -349,21 +350,21 @@ struct Matcher {
                         disjoint(y, gm.in[1]) && disjoint(y, prev->t[4]) &&
                         (prev->t[6] < 0 || disjoint(y, prev->t[6]));
         if (!ok) return false;
-        CudaLaunch l = record(LaunchKind::Ple, i, 3);
+        CudaLaunch l = record(LaunchKind::GatedProj, i, 3);
         l.t[0]       = y;
         *out         = l;
         return true;
     }
 
     // The ResNorm rn (x + rms(d) * w -> xo, no scale, no second norm) between the Mlp launch making d and the
-    // Ple launch `ple` reading xo can be folded into that launch (g4_ple_res: every block recomputes it;
-    // block 0 writes xo; the ResNorm record gets ip1 = 1 and the MLP zeroes the Ple's output y at its end). y
-    // must be apart from what the MLP reads and what the Ple kernel reads or writes besides it (compile.cpp
-    // keeps y live from the MLP's input on), and xo apart from the residual, d and the per-layer input (block
-    // 0 writes xo while other blocks read them). One launch fewer a layer.
-    bool ple_fold(const CudaLaunch& mlp, const CudaLaunch& rn, const CudaLaunch& ple) const {
+    // GatedProj launch `ple` reading xo can be folded into that launch (g4_resnorm_gated_proj: every block
+    // recomputes it; block 0 writes xo; the ResNorm record gets ip1 = 1 and the MLP zeroes its output y
+    // at its end). y must be apart from what the MLP reads and what the GatedProj kernel reads or writes
+    // besides it (compile.cpp keeps y live from the MLP's input on), and xo apart from the residual, d and
+    // the per-layer input (block 0 writes xo while other blocks read them). One launch fewer a layer.
+    bool gated_proj_fold(const CudaLaunch& mlp, const CudaLaunch& rn, const CudaLaunch& ple) const {
         if (mlp.kind != (uint16_t)LaunchKind::Mlp || rn.kind != (uint16_t)LaunchKind::ResNorm ||
-            ple.kind != (uint16_t)LaunchKind::Ple)
+            ple.kind != (uint16_t)LaunchKind::GatedProj)
             return false;
         if (!device.empty() && (device[mlp.op] != device[rn.op] || device[rn.op] != device[ple.op]))
             return false;
@@ -491,13 +492,14 @@ std::vector<CudaLaunch> decode_schedule(const std::vector<PlanOp>& ops,
             i += l.count;
             continue;
         }
-        if (fuse_mlp && !out.empty() && (m.mlp(i, &out.back(), &l) || m.ple(i, &out.back(), &l))) {
+        if (fuse_mlp && !out.empty() && (m.mlp(i, &out.back(), &l) || m.gated_proj(i, &out.back(), &l))) {
             out.back().t[7] = l.t[0]; // the ResNorm before zeroes the MLP's / PLE's output
             out.push_back(l);
             i += l.count;
             continue;
         }
-        if (!m.resnorm(i, &l) && !m.norm(i, &l) && !m.ple_in(i, &l) && !m.qkv_post(i, &l) && !m.gemv(i, &l))
+        if (!m.resnorm(i, &l) && !m.norm(i, &l) && !m.group_norm_add(i, &l) && !m.qkv_post(i, &l) &&
+            !m.gemv(i, &l))
             l = Matcher::record(LaunchKind::Op, i, 1);
         for (size_t j = i + 1; j < i + l.count && !device.empty(); ++j)
             if (device[j] != device[i])
@@ -517,7 +519,7 @@ std::vector<CudaLaunch> decode_schedule(const std::vector<PlanOp>& ops,
     }
     // The MLPs' output replicas: only where the next launch is the ResNorm summing them (its d). Then, with
     // their threads, replicas and arithmetic final, the ResNorm after each MLP that ple_fold_after takes is
-    // folded into the Ple, and the one before it into the MLP.
+    // folded into the GatedProj launch, and the one before it into the MLP.
     for (size_t li = 0; li < out.size(); ++li) {
         CudaLaunch& l = out[li];
         if (l.kind != (uint16_t)LaunchKind::Mlp) continue;
@@ -532,8 +534,8 @@ std::vector<CudaLaunch> decode_schedule(const std::vector<PlanOp>& ops,
         l.ip[7] = mlp_f16(mlp_f16_on, wg.dims[1], (wg.quant_flags & plan::kQuantDoubleQuant) != 0) ? 1 : 0;
         if (l.ip[7]) l.ip[5] = mlp_threads_f16(I);
         if (fold_ple && ok && li + 2 < out.size() && ple_fold_after(I, l.ip[5], l.ip[6]) &&
-            m.ple_fold(l, out[li + 1], out[li + 2]))
-            out[li + 1].ip[1] = 1; // the Ple runs it, the MLP zeroes the Ple's output
+            m.gated_proj_fold(l, out[li + 1], out[li + 2]))
+            out[li + 1].ip[1] = 1; // the GatedProj launch runs it, the MLP zeroes its output
         // The ResNorm before a packed-f16 MLP that mlp_fold takes (and, by default, mlp_fold_one_wave): the
         // MLP runs it, an earlier ResNorm zeroes the MLP's output.
         size_t z = 0;

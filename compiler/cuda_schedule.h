@@ -1,6 +1,7 @@
 // Ahead-of-time CUDA choices for a plan: each op's kernel variant for decode and prefill steps, and
-// the decode schedule, which replaces op sequences of the Gemma 4 program with single fused kernels
-// (executed by runtime/src/cuda/backend.cpp; record layout in runtime/plan/plan_format.h).
+// the decode schedule, which replaces op sequences of the op program (matched by op codes and the tensors
+// they share, not by names) with single fused kernels (launched by runtime/src/cuda/decode_launch.cpp; record
+// layout in runtime/plan/plan_format.h).
 #pragma once
 #include "runtime/plan/plan_format.h"
 
@@ -102,12 +103,12 @@ inline int mlp_threads_f16(int64_t I) {
 }
 
 // Whether the ResNorm between a fused MLP (I, threads a block, output replicas) and the PLE after it runs in
-// the PLE's kernel (g4_ple_res). The PLE's 32 blocks (256 threads, ~120 registers at H 1536) are launched
-// while the MLP runs and wait beside its blocks: where the MLP leaves an SM with room for one (up to 192
-// blocks of 256 threads: one a block on most of 132 SMs) the fold saves the ResNorm's launch; where it does
-// not (E2B's wide layers: 384 blocks of 128 threads, three an SM) that MLP ran 2.3 us longer. On an H200 (g4
-// bench): E2B decode 782.1 -> 796.5 tok/s folding its 15 narrow layers, 775.0 folding all 35. One output (no
-// replicas: the PLE reads the MLP's output alone).
+// the PLE's kernel (g4_resnorm_gated_proj). The PLE's 32 blocks (256 threads, ~120 registers at H 1536) are
+// launched while the MLP runs and wait beside its blocks: where the MLP leaves an SM with room for one (up to
+// 192 blocks of 256 threads: one a block on most of 132 SMs) the fold saves the ResNorm's launch; where it
+// does not (E2B's wide layers: 384 blocks of 128 threads, three an SM) that MLP ran 2.3 us longer. On an H200
+// (g4 bench): E2B decode 782.1 -> 796.5 tok/s folding its 15 narrow layers, 775.0 folding all 35. One output
+// (no replicas: the PLE reads the MLP's output alone).
 inline bool ple_fold_after(int64_t I, int mlp_threads, int replicas) {
     return mlp_threads == 256 && I / 32 <= 192 && replicas == 1;
 }
@@ -122,34 +123,34 @@ inline bool mlp_fold_one_wave(int64_t I, int threads) {
     return I / 32 <= (threads == 256 ? 2 : 3) * 132;
 }
 
-// The launches of one decode step, covering every op exactly once, in order. Fusions:
-//   RmsNorm(d, in place) + Add(x, d) [+ Scale] [+ RmsNorm(x_out)]         -> ResNorm
-//   a lone full-row RmsNorm(x) -> y with a weight                          -> ResNorm (no residual: t0 x, t5,
-//   t6) Scale(ctx) + RmsNorm(ctx, groups) + Add(ctx, tok) + Scale             -> PleIn (the per-layer inputs)
-//   Matmul x1..3 sharing x (q, k, v)                                      -> Gemv (epilogue 0)
-//   Matmul gate + Matmul up + GeluMul                                     -> Gemv (gate/up pairs)
-//   Matmul + GeluMul(y, aux) / Matmul + Softcap                           -> Gemv (epilogue 2 / 3)
-//   q_norm + q_rope [+ k_norm + k_rope + v_norm + kv_store]               -> QkvPost
+// The launches of one decode step, covering every op exactly once, in order. Fusions (op sequences):
+//   RmsNorm(d, in place) + Add(x, d) [+ Scale] [+ RmsNorm(x_out)]     -> ResNorm
+//   a lone full-row RmsNorm(x) -> y with a weight                      -> ResNorm (no residual: t0 x, t5, t6)
+//   Scale(ctx) + RmsNorm(ctx, groups) + Add(ctx, tok) + Scale          -> GroupNormAdd
+//   Matmul x1..3 sharing x (q, k, v)                                  -> Gemv (epilogue 0)
+//   Matmul gate + Matmul up + GeluMul                                 -> Gemv (gate/up pairs)
+//   Matmul + GeluMul(y, aux) / Matmul + Softcap                       -> Gemv (epilogue 2 / 3)
+//   q_norm + q_rope [+ k_norm + k_rope + v_norm + kv_store]           -> QkvPost
 //   the same + a sliding Attention op with one or two kv heads reading q and the caches -> QkvAttn (the
-//   runtime falls
-//     back to QkvPost + the attention op where the decode kernel does not fit the shape)
+//     runtime falls back to QkvPost + the attention op where the decode kernel does not fit the shape)
 //   fuse_mlp (sm_90 plans): Matmul gate + Matmul up + GeluMul + Matmul down, NF4, after a ResNorm that
 //     makes their input -> Mlp (g4_mlp_nf4; the compiler stores those down weights kQuantTiled32); and
 //     Matmul gate (bf16) + GeluMul(aux) + Matmul projection (bf16) after a ResNorm that makes the gate's
-//     input -> Ple (g4_ple_bf16); the ResNorm zeroes the fused kernel's output
+//     input -> GatedProj (g4_gated_proj_bf16); the ResNorm zeroes the fused kernel's output
 //   fuse_attn_o (sm_90 plans): the NF4 o Matmul right after a decode Attention op that takes g4_attn_decode
 //     (attn_hpg: the plan's cuda.attn_hpg) -> AttnO (the attention's merge in g4_attn_o_nf4; the o weights
 //     stored kQuantTiled32; the ResNorm making the layer's q/k/v input zeroes the o output)
 //   An Mlp launch followed by the ResNorm that reads its output as d, on the same device, gets
 //   mlp_replicas(I) output replicas (ip6; mlp_replicas_all > 0: that many for every such launch:
 //   --mlp-replicas); any other Mlp launch gets 1. mlp_f16 picks each Mlp launch's arithmetic (ip7, and its
-//   threads, ip5). fold_ple (with fuse_mlp): a ResNorm between an Mlp launch and the Ple launch reading its
-//   output is run by that Ple launch (ResNorm ip1 = 1; g4_ple_res) where the tensors allow it
-//   (Matcher::ple_fold) and ple_fold_after takes the MLP (its final threads and replicas). fold_mlp (with
-//   fuse_mlp): the ResNorm making a packed-f16 Mlp launch's input is run by that launch (ResNorm ip1 = 2; the
-//   _r kernels) where plan::mlp_res_fits takes its width and the tensors allow it (Matcher::mlp_fold); the
-//   MLP's output is then zeroed by the ResNorm launch before (its ip2 = y + 1). fold_mlp 0: never, 1: where
-//   mlp_fold_one_wave takes the MLP's grid, 2: whatever the grid (g4 compile --mlp-fold).
+//   threads, ip5). fold_ple (with fuse_mlp): a ResNorm between an Mlp launch and the GatedProj launch
+//   reading its output is run by that GatedProj launch (ResNorm ip1 = 1; g4_resnorm_gated_proj) where the
+//   tensors allow it (Matcher::gated_proj_fold) and ple_fold_after takes the MLP (its final threads and
+//   replicas). fold_mlp (with fuse_mlp): the ResNorm making a packed-f16 Mlp launch's input is run by that
+//   launch (ResNorm ip1 = 2; the _r kernels) where plan::mlp_res_fits takes its width and the tensors allow
+//   it (Matcher::mlp_fold); the MLP's output is then zeroed by the ResNorm launch before (its ip2 = y + 1).
+//   fold_mlp 0: never, 1: where mlp_fold_one_wave takes the MLP's grid, 2: whatever the grid
+//   (g4 compile --mlp-fold).
 // A fusion is taken only when the intermediates it skips writing are read by no later op and all its
 // ops run on one device. device: per op, the CUDA index it runs on or -1 for the CPU (cross-device
 // plans; empty: all on one GPU). CPU ops and copy steps are never fused: each is one Op record, which

@@ -108,7 +108,7 @@ namespace {
 constexpr int kGemvTileRows  = 16;   // output columns (rows of W) per task
 constexpr int kGemvGroupRows = 4;    // rows of x per pass over a row of W
 constexpr int kPrefetchBytes = 2048; // codes are prefetched this far ahead of the block being read
-// Smaller matmuls (E2B's k/v projections: 256 x 1536) run on the calling thread: waking the pool costs
+// Smaller matmuls (k/v projections of 256 x 1536) run on the calling thread: waking the pool costs
 // more than it saves.
 constexpr int64_t kGemvInlineElems = 1 << 19;
 
@@ -411,7 +411,7 @@ void kv_store(const Context& c, const KvStoreArgs& a) {
 
 // Attention over a cache read through row(cache, offset, n, buf): n float32 values from element offset,
 // the cache's own memory (f32) or buf after widening (bf16). Rows are taken in pieces of kAttnPiece
-// columns (Gemma's head dims are one piece), so both dtypes share the arithmetic.
+// columns (head dims up to 512 are one piece), so both dtypes share the arithmetic.
 constexpr int kAttnPiece = 512;
 template <class Row> static void attention_rows(const Context& c, const AttentionArgs& a, Row row) {
     const int group     = a.heads / a.kv_heads;

@@ -390,12 +390,12 @@ G4_ATTN_DECODE(g4_attn_decode_bf16, true, 0)
     }
 G4_ATTN_DECODE_POST(g4_attn_decode_post, false, 0)
 G4_ATTN_DECODE_POST(g4_attn_decode_post_bf16, true, 0)
-// With the group size fixed (G4_AD_HPG), the same four kernels also for Gemma 4's two head dims as constants
+// With the group size fixed (G4_AD_HPG), the same four kernels also for head dims 256 and 512 as constants
 // (_d256: sliding layers, _d512: full ones): the post-projection's and the scores' element loops then hold
 // only the real elements (no predicated-off loads) and P.V one column layout. The runtime takes them for
 // layers of that dim when the plan has them (older plans and the generic module do not). Only for groups of 8
-// (E2B): at E4B's group of 4 they were faster at depth 16 but 0.3-1.0% slower a token at depth 4096 on an
-// H200
+// (H 1536): at groups of 4 (H 2560) they were faster at depth 16 but 0.3-1.0% slower a token at depth 4096 on
+// an H200
 // (`g4 bench -d 16,4096`), so its plans keep the kernels above.
 #if defined(G4_AD_HPG) && G4_AD_HPG >= 8
 G4_ATTN_DECODE(g4_attn_decode_d256, false, 256)

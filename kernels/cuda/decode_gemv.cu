@@ -16,7 +16,7 @@ __device__ __forceinline__ float gelu_tanh(float a) {
 // NF4 rows of K <= GV_XS_MAX read x from a padded copy in shared memory, written once per block after
 // the wait: straight from global memory, the 16-byte x loads of a warp's lanes fall 128 bytes apart
 // (one chunk each) and cost L1 wavefronts like the code-book lookups do (bench/labs/gemv_bench.cu lab:
-// E2B gate/up 17.6 -> 13.7 us, E4B 38.5 -> 27.1 us on an H100).
+// H 1536 gate/up 17.6 -> 13.7 us, H 2560 38.5 -> 27.1 us on an H100).
 // Epilogues: 0 y_m[n] = v (+bias); 1 out[n] = gelu(v_gate) * v_up; 2 out[n] = gelu(v) * aux[n];
 // 3 y_0[n] = cap * tanh(v / cap). grid ceil(rows / (GV_OUT / M) * L / 128), block 128.
 struct GemvMat {
@@ -38,6 +38,63 @@ struct GemvArgs {
     int nmat, k, epi;
     float cap;
 };
+
+// Sums each lane group's partial dot products acc[G] over its L lanes (shuffles within a warp, then shared
+// memory across the group's warps); lane gl == 0 of the group holds the sums.
+template <int L, int G, int B> __device__ __forceinline__ void gemv_group_sum(float* acc, int gl) {
+    constexpr int LW = L < 32 ? L : 32; // lanes of the group in one warp
+    constexpr int KS = L / LW;          // warps per group
+#pragma unroll
+    for (int q = 0; q < G; ++q)
+#pragma unroll
+        for (int o = LW / 2; o > 0; o >>= 1)
+            acc[q] += __shfl_xor_sync(0xffffffffu, acc[q], o);
+    if (KS > 1) {
+        __shared__ float red[B / 32][G];
+        const int w = threadIdx.x >> 5;
+        if ((threadIdx.x & 31) == 0)
+#pragma unroll
+            for (int q = 0; q < G; ++q)
+                red[w][q] = acc[q];
+        __syncthreads();
+        if (gl == 0)
+#pragma unroll
+            for (int q = 0; q < G; ++q) {
+                float t = 0.0f;
+#pragma unroll
+                for (int i = 0; i < KS; ++i)
+                    t += red[w + i][q];
+                acc[q] = t;
+            }
+    }
+}
+
+// The lane group's outputs o0 .. o0 + G / M - 1 from its sums acc (rows mi / ln: matrix, local row): epilogue
+// 0 y = v (+bias), 1 gelu(gate) * up, 2 gelu(v) * aux (auxv: aux loaded before the wait, bf16), 3 softcap.
+template <bool kIsNf4, int M, int G>
+__device__ __forceinline__ void gemv_epilogue(const GemvArgs& a, const float* acc, const int* mi,
+                                              const int* ln, const float* auxv, int o0, int n_out) {
+    constexpr int R = G / M;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        int o = o0 + r;
+        if (o >= n_out) break;
+        if (M == 2) {
+            float g  = acc[2 * r] + (a.m[0].bias ? a.m[0].bias[o] : 0.0f);
+            float u  = acc[2 * r + 1] + (a.m[1].bias ? a.m[1].bias[o] : 0.0f);
+            a.out[o] = gelu_tanh(g) * u;
+        } else {
+            const GemvMat& m = mi[r] == 0 ? a.m[0] : mi[r] == 1 ? a.m[1] : a.m[2];
+            float v          = acc[r] + (m.bias ? m.bias[ln[r]] : 0.0f);
+            if (a.epi == 0)
+                m.y[ln[r]] = v;
+            else if (a.epi == 2)
+                a.out[o] = gelu_tanh(v) * (kIsNf4 ? a.aux[o] : auxv[r]);
+            else
+                m.y[ln[r]] = a.cap * tanhf(v / a.cap);
+        }
+    }
+}
 
 #define GV_OUT 4
 // NF4 pair table for the GEMV: entry e (a code byte) -> (cb[e >> 4], cb[e & 15]), the two weights it
@@ -121,7 +178,7 @@ __device__ __forceinline__ float nf4_chunk_dot(const u32* words, const float* xv
 // Chunks 256..GV_XS_EXT_CHUNKS - 1 (K > GV_XS_WIDE_MAX) follow the table: float4 v of chunk c at byte
 // GV_WIDE_BYTES + (c - 256) * 128 + 16 (v ^ (c & 7)); the launch passes (min(K / 32, GV_XS_EXT_CHUNKS) - 256)
 // * 128 bytes more dynamic shared memory (cuda_rt::gemv_smem; 72 KiB still fits three blocks an SM). Chunks
-// past those (E2B's K = 12288) are read from global memory (a multiple of 32 chunks: warp-uniform).
+// past those (K = 12288 at H 1536) are read from global memory (a multiple of 32 chunks: warp-uniform).
 #define GV_XS_WIDE_MAX 8192 // the wide table's 256 unused half rows hold 256 chunks
 #define GV_XS_EXT_CHUNKS 320
 template <bool W> __device__ __forceinline__ int xs_slot(int c, int v) {
@@ -141,10 +198,8 @@ __device__ __forceinline__ void gemv_body(const GemvArgs& a, float2* tab, float4
     G4_TRACE_SCOPE_IF(
         TR, 1u | (kIsNf4 ? 16u : 0u) | (u32)M << 5 | (u32)L << 8 | (u32)a.epi << 16 | (u32)a.nmat << 20,
         a.m[0].w);
-    constexpr int R  = G / M;           // outputs per lane group
-    constexpr int LW = L < 32 ? L : 32; // lanes of the group in one warp
-    constexpr int KS = L / LW;          // warps per group
-    const int gl     = threadIdx.x % L;
+    constexpr int R = G / M; // outputs per lane group
+    const int gl    = threadIdx.x % L;
     // vblock >= 0: this block computes the rows block `vblock` of a launch of the kernel would
     // (g4_lm_exact), by the same arithmetic.
     const int group = ((vblock >= 0 ? vblock : (int)blockIdx.x) * blockDim.x + threadIdx.x) / L;
@@ -217,15 +272,16 @@ __device__ __forceinline__ void gemv_body(const GemvArgs& a, float2* tab, float4
     // The lane's first FC chunks of every row (codes and scales) are loaded into registers before the
     // wait on the previous kernel: weights never depend on it, so their DRAM latency overlaps its tail
     // (and the pair table's set-up). Two, not three: the kernel waited on runs faster under less DRAM
-    // traffic from its dependent's loads (on an H100: E2B +2.3%, E4B +3.4% tok/s against three).
+    // traffic from its dependent's loads (on an H100: H 1536 +2.3%, H 2560 +3.4% tok/s against three).
     // The fused MLP loads one: it follows a one-block ResNorm, and its 192-384 blocks' front loads
-    // (megabytes) delayed that ResNorm's exit and the MLP's release (on an H200: E2B +0.8% / +0.9%,
-    // E4B +0.2% / +0.3% tok/s at depth 16 / 4096 against two).
-    // Later chunks (E2B's wide and E4B's gate/up: 4 and 8 a lane on sm_90, E4B's down 3; bf16 rows of more
-    // than FC * L chunks) are loaded in the loop below, one chunk ahead of the multiply. bf16 rows' later
-    // chunks are also pulled into L2 before the wait; NF4 rows' are not: the post-wait prefetch of the whole
-    // rest of the matrix (E4B's gate/up: 24 MB at once) cost more than it saved once the loop loaded a chunk
-    // ahead (on an H100: without it E4B +3.0%, E2B +0.3% tok/s).
+    // (megabytes) delayed that ResNorm's exit and the MLP's release (on an H200: H 1536 +0.8% / +0.9%,
+    // H 2560 +0.2% / +0.3% tok/s at depth 16 / 4096 against two).
+    // Later chunks (the gate/up of I 12288 at H 1536 and of H 2560: 4 and 8 a lane on sm_90, the down at H
+    // 2560 3; bf16 rows of more than FC * L chunks) are loaded in the loop below, one chunk ahead of the
+    // multiply. bf16 rows' later chunks are also pulled into L2 before the wait; NF4 rows' are not: the
+    // post-wait prefetch of the whole rest of the matrix (the gate/up at H 2560: 24 MB at once) cost more
+    // than it saved once the loop loaded a chunk ahead (on an H100: without it H 2560 +3.0%, H 1536 +0.3%
+    // tok/s).
     uint4 pk0[FC][G];
     u32 raw0[FC][G];
 #pragma unroll
@@ -247,7 +303,7 @@ __device__ __forceinline__ void gemv_body(const GemvArgs& a, float2* tab, float4
         nf4_pair_table_b<B, W>(tab);
         __syncthreads();
     }
-    // bf16 (the per-layer-input gate): epilogue 2's multiplier, the per-layer input written at the start
+    // bf16 (a gate with a multiplier, epilogue 2): the multiplier aux, written at the start
     // of the step, many launches before this one (complete once the previous kernel passed its wait), is
     // loaded before the wait too, so the epilogue has no dependent load. (NF4 kernels: registers.)
     float auxv[R];
@@ -317,50 +373,10 @@ __device__ __forceinline__ void gemv_body(const GemvArgs& a, float2* tab, float4
                 pk[q] = pn[q], raw[q] = rn[q];
         }
     }
-#pragma unroll
-    for (int q = 0; q < G; ++q)
-#pragma unroll
-        for (int o = LW / 2; o > 0; o >>= 1)
-            acc[q] += __shfl_xor_sync(0xffffffffu, acc[q], o);
-    if (KS > 1) {
-        __shared__ float red[B / 32][G];
-        const int w = threadIdx.x >> 5;
-        if ((threadIdx.x & 31) == 0)
-#pragma unroll
-            for (int q = 0; q < G; ++q)
-                red[w][q] = acc[q];
-        __syncthreads();
-        if (gl == 0)
-#pragma unroll
-            for (int q = 0; q < G; ++q) {
-                float t = 0.0f;
-#pragma unroll
-                for (int i = 0; i < KS; ++i)
-                    t += red[w + i][q];
-                acc[q] = t;
-            }
-    }
+    gemv_group_sum<L, G, B>(acc, gl);
     G4_TRACE_MARK(2);
     if (gl != 0) return;
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-        int o = o0 + r;
-        if (o >= n_out) break;
-        if (M == 2) {
-            float g  = acc[2 * r] + (a.m[0].bias ? a.m[0].bias[o] : 0.0f);
-            float u  = acc[2 * r + 1] + (a.m[1].bias ? a.m[1].bias[o] : 0.0f);
-            a.out[o] = gelu_tanh(g) * u;
-        } else {
-            const GemvMat& m = mi[r] == 0 ? a.m[0] : mi[r] == 1 ? a.m[1] : a.m[2];
-            float v          = acc[r] + (m.bias ? m.bias[ln[r]] : 0.0f);
-            if (a.epi == 0)
-                m.y[ln[r]] = v;
-            else if (a.epi == 2)
-                a.out[o] = gelu_tanh(v) * (kIsNf4 ? a.aux[o] : auxv[r]);
-            else
-                m.y[ln[r]] = a.cap * tanhf(v / a.cap);
-        }
-    }
+    gemv_epilogue<kIsNf4, M, G>(a, acc, mi, ln, auxv, o0, n_out);
 }
 
 // NF4 with K <= GV_XS_MAX stages x in shared memory (the compiler's lane choice assumes it). On sm_90

@@ -7,13 +7,13 @@
 // two-kernel path stages all of act in every down block after a grid-wide wait). y must be zero at the
 // wait: the ResNorm before zeroes it (g4_resnorm's zero). The order of the adds varies, so y may differ
 // in its last bits from run to run (g4 compile --deterministic keeps the two GEMVs). The down matrix is
-// stored tiled (Nf4Tiled). bench/labs/mlp_lab.cu (H100): E2B 15.7 -> 12.8 us, E2B wide 22.0 -> 19.1,
-// E4B 28.5 -> 25.5 against the gate/up + down GEMVs in a graph.
-// grid I / 32, block 128 (g4_mlp_nf4) or 256 (g4_mlp_nf4_b256: the gate/up at 16 lanes, two blocks an SM;
-// bench/labs/mlp_lab.cu: E2B 12.7 -> 11.0 us, but slower at 384 and 320 blocks), dynamic shared memory
-// cuda_rt::gemv_smem(true, 90, H). H % 4 == 0, I % 64 == 0. One kernel a scale format (_dq: double quant), so
-// the loops carry no predicated-off path for the other (measured: 9-11% a kernel, E2B +3.3%,
-// E4B +4.5% decode on an H100). The _rep kernels add into output replicas (MlpArgs::nrep; the plan's ip6).
+// stored tiled (Nf4Tiled). bench/labs/mlp_lab.cu (H100): H 1536 15.7 -> 12.8 us, H 1536, I 12288 22.0
+// -> 19.1, H 2560 28.5 -> 25.5 against the gate/up + down GEMVs in a graph. grid I / 32, block 128
+// (g4_mlp_nf4) or 256 (g4_mlp_nf4_b256: the gate/up at 16 lanes, two blocks an SM; bench/labs/mlp_lab.cu: H
+// 1536 12.7 -> 11.0 us, but slower at 384 and 320 blocks), dynamic shared memory cuda_rt::gemv_smem(true, 90,
+// H). H % 4 == 0, I % 64 == 0. One kernel a scale format (_dq: double quant), so the loops carry no
+// predicated-off path for the other (measured: 9-11% a kernel, H 1536 +3.3%, H 2560 +4.5% decode on an H100).
+// The _rep kernels add into output replicas (MlpArgs::nrep; the plan's ip6).
 struct MlpArgs {
     GemvArgs gu;       // gate (m[0]) and up (m[1]), x, k = H, epi 1
     Nf4Tiled dn;       // down, tiled [H, I]
@@ -25,8 +25,8 @@ struct MlpArgs {
     // atomic adds meet at each address (the plan's CudaLaunch ip6 = nrep + 1, chosen by the compiler).
     float* yr;
     int nrep;
-    float* zero; // [H] (the _z kernels): block 0 zeroes it at its end (the output of the g4_ple_res launch
-                 // after)
+    float* zero; // [H] (the _z kernels): block 0 zeroes it at its end (the output of the
+                 // g4_resnorm_gated_proj launch after)
     // The _r kernels (g4_mlp_nf4*_h2*_r; the ResNorm before folded in: plan ResNorm record ip1 = 2): every
     // block makes its input xn = rms(x1) * rprew from x1 = rx + rms(rd) * rpw itself (gu.x is unused), block
     // 0 writes x1 to xo.
@@ -163,8 +163,8 @@ G4_MLP(g4_mlp_nf4_b256_dq_z, 256, NF4_SCALES_DQ, false, true)
 // (c >> 1) * 256 + 128 + (c & 1) * 64 + 16 (p ^ ((c >> 1) & 3)), 8 consecutive chunks on 8 bank groups. A
 // row-chunk's chains are summed in f32 and scaled by its block scale times the chunk's power of two; the down
 // half scales act by a power of two over the block's 32 values the same way. Relative error of an MLP output
-// ~1e-3 (the f32 kernels': ~5e-7), below bf16's rounding (3.9e-3). On an H200 (`g4 bench`): E2B decode
-// +5.6% / +4.3% at depth 16 / 4096, E4B +6.6% / +5.9%; the down loop repeats mlp_body's (a shared helper
+// ~1e-3 (the f32 kernels': ~5e-7), below bf16's rounding (3.9e-3). On an H200 (`g4 bench`): H 1536 decode
+// +5.6% / +4.3% at depth 16 / 4096, H 2560 +6.6% / +5.9%; the down loop repeats mlp_body's (a shared helper
 // changed the f32 kernels' SASS, so it stays apart). grid I / 32, block B (128 or 256), dynamic shared memory
 // GV_WIDE_BYTES; H % 32 == 0, H <= 32 GV_XS_EXT_CHUNKS, I % 64 == 0.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

@@ -1,24 +1,24 @@
 // The gated per-slice projection of a decode row in one kernel: gelu(W_g x + b_g) * aux, then W_p.
-// ---- the per-layer-input gate and projection in one kernel (sm_90; schedule record Ple) ----
+// ---- the gated projection in one kernel (sm_90; schedule record GatedProj) ----
 // Block j takes gate rows 8j .. 8j + 7, one a warp: act = gelu(W_g x + b_g) * aux, then the projection's
 // columns 8j .. 8j + 7 for every output row, added into y with red.global.add.v4.f32 (zeroed by the ResNorm
 // before, as for g4_mlp_nf4). Both bf16 slices stay row-major (a projection row's 8 columns are one 16-byte
 // load) and are loaded before the programmatic wait, with aux (written at the start of the step); only x
-// is read after it. grid P / 8, block 256, G = ceil(H / 1024) (g4_ple_bf16_g1..4). H % 8 == 0, P % 8 == 0.
-// g4_ple_res_bf16_g1..4 also run the ResNorm before (x = residual + rms(MLP output) * weight) in every block,
-// its loads in this kernel's one L2 round trip after the wait: one launch fewer a layer. y is then zeroed by
-// the MLP before (MlpArgs zero).
-struct PleArgs {
+// is read after it. grid P / 8, block 256, G = ceil(H / 1024) (g4_gated_proj_bf16_g1..4). H % 8 == 0, P % 8
+// == 0. g4_resnorm_gated_proj_bf16_g1..4 also run the ResNorm before (x = residual + rms(MLP output) *
+// weight) in every block, its loads in this kernel's one L2 round trip after the wait: one launch fewer a
+// layer. y is then zeroed by the MLP before (MlpArgs zero).
+struct GatedProjArgs {
     const float* x;   // [H]
     const u16* wg;    // gate [P, H] bf16
     const float* bg;  // gate bias [P] or null
-    const float* aux; // [P]: the layer's per-layer input
+    const float* aux; // [P]: the gate's multiplier
     const u16* wp;    // projection [H, P] bf16
     const float* bp;  // projection bias [H] or null (block 0 adds it)
     float* y;         // [H], zero at the wait
     int H, P;
-    // g4_ple_res_bf16_g* only (the ResNorm before folded in; plan ResNorm record ip1 = 1): every block makes
-    // its input x = rx + rms(rd) * rpw and block 0 writes it to xo (x above is unused).
+    // g4_resnorm_gated_proj_bf16_g* only (the ResNorm before folded in; plan ResNorm record ip1 = 1): every
+    // block makes its input x = rx + rms(rd) * rpw and block 0 writes it to xo (x above is unused).
     const float* rx; // [H] the residual
     const float* rd; // [H] the MLP's output (one output: the fold takes MLPs without replicas)
     const void* rpw; // [H] post-norm weight (rpwdt)
@@ -26,11 +26,13 @@ struct PleArgs {
     int rpwdt;
     float eps;
 };
-static_assert(sizeof(PleArgs) == 104, "cuda_rt::PleArgsH");
+static_assert(sizeof(GatedProjArgs) == 104, "cuda_rt::GatedProjArgsH");
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-// RES: the residual norm before (PleArgs' r* fields) in every block, its result staged in shared memory.
+// RES: the residual norm before (GatedProjArgs' r* fields) in every block, its result staged in shared
+// memory.
 template <int G>
-__device__ __forceinline__ void ple_res_prologue(const PleArgs& a, const float* pwv, float* s_x, float* red) {
+__device__ __forceinline__ void gated_proj_res_prologue(const GatedProjArgs& a, const float* pwv, float* s_x,
+                                                        float* red) {
     const int H = a.H, Q = H / 4;
     const float4* x4 = (const float4*)a.rx;
     const float4* d4 = (const float4*)a.rd;
@@ -61,7 +63,7 @@ __device__ __forceinline__ void ple_res_prologue(const PleArgs& a, const float* 
     }
     __syncthreads();
 }
-template <int G, bool RES> __device__ __forceinline__ void ple_body(const PleArgs& a) {
+template <int G, bool RES> __device__ __forceinline__ void gated_proj_body(const GatedProjArgs& a) {
     constexpr int GC = 4 * G; // gate chunks (8 values) a lane: H / 256 <= 4 G
     __shared__ float s_act[8];
     __shared__ __align__(16) float s_x[RES ? 1024 * G : 4];
@@ -93,7 +95,7 @@ template <int G, bool RES> __device__ __forceinline__ void ple_body(const PleArg
         }
     pdl_begin();
     const float* xs = a.x;
-    if constexpr (RES) ple_res_prologue<G>(a, pwv, s_x, red), xs = s_x;
+    if constexpr (RES) gated_proj_res_prologue<G>(a, pwv, s_x, red), xs = s_x;
     float s = 0.0f;
 #pragma unroll
     for (int i = 0; i < GC; ++i) {
@@ -134,23 +136,24 @@ template <int G, bool RES> __device__ __forceinline__ void ple_body(const PleArg
         red_add_v4(a.y + r0, make_float4(out[0], out[1], out[2], out[3]));
     }
 }
-#define G4_PLE(G)                                                                                            \
-    extern "C" __global__ void __launch_bounds__(256) g4_ple_bf16_g##G(const PleArgs a) {                    \
-        ple_body<G, false>(a);                                                                               \
+#define G4_GATED_PROJ(G)                                                                                     \
+    extern "C" __global__ void __launch_bounds__(256) g4_gated_proj_bf16_g##G(const GatedProjArgs a) {       \
+        gated_proj_body<G, false>(a);                                                                        \
     }                                                                                                        \
-    extern "C" __global__ void __launch_bounds__(256) g4_ple_res_bf16_g##G(const PleArgs a) {                \
-        ple_body<G, true>(a);                                                                                \
+    extern "C" __global__ void __launch_bounds__(256)                                                        \
+        g4_resnorm_gated_proj_bf16_g##G(const GatedProjArgs a) {                                             \
+        gated_proj_body<G, true>(a);                                                                         \
     }
 #else
-#define G4_PLE(G)                                                                                            \
-    extern "C" __global__ void g4_ple_bf16_g##G(const PleArgs a) {                                           \
+#define G4_GATED_PROJ(G)                                                                                     \
+    extern "C" __global__ void g4_gated_proj_bf16_g##G(const GatedProjArgs a) {                              \
         __trap();                                                                                            \
     } /* sm_90 plans only */                                                                                 \
-    extern "C" __global__ void g4_ple_res_bf16_g##G(const PleArgs a) {                                       \
+    extern "C" __global__ void g4_resnorm_gated_proj_bf16_g##G(const GatedProjArgs a) {                      \
         __trap();                                                                                            \
     }
 #endif
-G4_PLE(1)
-G4_PLE(2)
-G4_PLE(3)
-G4_PLE(4)
+G4_GATED_PROJ(1)
+G4_GATED_PROJ(2)
+G4_GATED_PROJ(3)
+G4_GATED_PROJ(4)

@@ -43,12 +43,12 @@ extern "C" __global__ void g4_elementwise(const Step* s, int mode, int op, const
     y[(long)t * ldy + i] = out;
 }
 
-// The per-layer inputs of a decode row (schedule record PleIn): ctx = ctx * s1; ctx = rms(ctx) * w over each
-// group of P; out = (ctx + tok) * s2, the Scale, RmsNorm, Add and Scale ops in one kernel with their
-// operation order (the generic kernels': powf for the norm). ctx [N], tok [N], out [N] (N = groups x P, row
-// 0); w [P] (f32 or bf16). grid N / P (one group a block), block P rounded up to 32 (P <= 1024).
-extern "C" __global__ void g4_ple_in(const float* ctx, const void* w, int wdt, const float* tok, float* out,
-                                     int P, float s1, float eps, float s2) {
+// A grouped scale-norm-add of a decode row (schedule record GroupNormAdd): ctx = ctx * s1; ctx = rms(ctx) * w
+// over each group of P; out = (ctx + tok) * s2, the Scale, RmsNorm, Add and Scale ops in one kernel with
+// their operation order (the generic kernels': powf for the norm). ctx [N], tok [N], out [N] (N = groups x P,
+// row 0); w [P] (f32 or bf16). grid N / P (one group a block), block P rounded up to 32 (P <= 1024).
+extern "C" __global__ void g4_group_norm_add(const float* ctx, const void* w, int wdt, const float* tok,
+                                             float* out, int P, float s1, float eps, float s2) {
     G4_TRACE_SCOPE(9 | 4 << 8, out);
     __shared__ float red[32];
     const int i    = threadIdx.x;

@@ -160,10 +160,10 @@ enum class LaunchKind : uint16_t {
     ResNorm = 1, // x_out = (x + rms(d) * post_w) * fp1 * scalar; xn = rms(x_out) * pre_w
                  //   t: 0 x, 1 d (-1: no residual branch, x_out = x * fp1 * scalar), 2 post_w, 3 scalar,
                  //   4 x_out (-1: not written), 5 pre_w, 6 xn (-1: not computed), 7 zeroed after (the
-                 //   next Mlp's y, or -1); ip0 cols; fp0 eps; ip1 1: folded into the Ple launch after it
-                 //   (g4_ple_res runs it; nothing launched here; the Mlp before it, 256 threads and one
-                 //   output, runs its _z kernel, which zeroes t7; no t3, t5, t6); ip1 2: folded into the
-                 //   packed-f16 Mlp launch after it, whose input is t6 (its _r kernel runs it; nothing
+                 //   next Mlp's y, or -1); ip0 cols; fp0 eps; ip1 1: folded into the GatedProj launch after
+                 //   it (g4_resnorm_gated_proj runs it; nothing launched here; the Mlp before it, 256 threads
+                 //   and one output, runs its _z kernel, which zeroes t7; no t3, t5, t6); ip1 2: folded into
+                 //   the packed-f16 Mlp launch after it, whose input is t6 (its _r kernel runs it; nothing
                  //   launched here; t7 is that Mlp's output; no t3; mlp_res_fits); ip2 the tensor + 1 of a
                  //   second buffer zeroed (g4_resnorm_z2; 0: none): the output of an Mlp after it whose
                  //   ResNorm has ip1 2 (not on a ResNorm summing output replicas)
@@ -185,15 +185,15 @@ enum class LaunchKind : uint16_t {
                //   g4_attn_o_nf4_g* with the decode attention's merge (sm_90): ip1 the Attention op (run by
                //   the launch before, which then leaves its partials unmerged); adds into the o output, which
                //   the ResNorm launch before the layer's q/k/v projection zeroes (its t7)
-    // the per-layer-input gate (bf16 Matmul), GeluMul with the per-layer input, projection (bf16 Matmul)
-    // (count 3) in g4_ple_bf16_g* (sm_90); adds into the projection's output, which the ResNorm launch before
-    // it zeroes (its t7; when that ResNorm is folded in, ip1 = 1: g4_ple_res_bf16_g*, and the Mlp before
-    // zeroes it)
-    Ple = 7,
+    // a gate (bf16 Matmul), GeluMul with a multiplier (aux), projection (bf16 Matmul)
+    // (count 3) in g4_gated_proj_bf16_g* (sm_90); adds into the projection's output, which the ResNorm launch
+    // before it zeroes (its t7; when that ResNorm is folded in, ip1 = 1: g4_resnorm_gated_proj_bf16_g*, and
+    // the Mlp before zeroes it)
+    GatedProj = 7,
     // Scale(ctx), RmsNorm(ctx, groups of ip1 = P, weight t1), Add(ctx, tok t2) -> out t3, Scale(out) (count
-    // 4; the scales' fp0 and the norm's eps read from the ops) in g4_ple_in; t0 ctx; ip0 N (a multiple of P
-    // <= 1024)
-    PleIn = 8,
+    // 4; the scales' fp0 and the norm's eps read from the ops) in g4_group_norm_add; t0 ctx; ip0 N (a
+    // multiple of P <= 1024)
+    GroupNormAdd = 8,
 };
 struct CudaLaunch {
     uint16_t kind;  // LaunchKind
@@ -248,9 +248,14 @@ struct ReadableSchema {
     uint16_t minor;
     uint64_t hash;
 };
-// 1.0 and 1.1: the schema string typed by hand before the hash was derived from the layouts (same records).
-inline constexpr std::array<ReadableSchema, 2> kReadableSchemas{
-    {{0, 0xe43b8582d95ce1bfull}, {1, 0xe43b8582d95ce1bfull}}};
+// 1.0 and 1.1: the schema strings typed by hand before the hash was derived from the layouts (same records;
+// the second after the fused kernels were renamed by what they compute). A CUDA plan of an earlier schema is
+// refused all the same (plan_reader.cpp): its kernels carry the names and arguments of the g4 that compiled
+// it.
+inline constexpr std::array<ReadableSchema, 4> kReadableSchemas{{{0, 0xe43b8582d95ce1bfull},
+                                                                 {1, 0xe43b8582d95ce1bfull},
+                                                                 {0, 0xd15d4690b9817fcfull},
+                                                                 {1, 0xd15d4690b9817fcfull}}};
 
 // True if a plan of minor version `minor` (<= kFormatMinor) with schema hash `hash` can be read.
 inline bool schema_readable(uint64_t hash, uint16_t minor) {

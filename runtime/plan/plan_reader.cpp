@@ -226,6 +226,12 @@ g4_status Plan::load(const std::string& path, bool verify_weights, std::string* 
         return fail(CORRUPT, meta_err + recompile, err);
     if (std::string e = program_info(); !e.empty())
         return fail(CORRUPT, "bad metadata: " + e + recompile, err);
+    if (header_->schema_hash != schema_hash() && device_ == "cuda")
+        return fail(G4_ERR_PLAN_VERSION,
+                    "CUDA plan of format " + std::to_string(header_->format_major) + "." +
+                        std::to_string(header_->format_minor) +
+                        ": its kernels are those of the g4 that compiled it, not this runtime's" + recompile,
+                    err);
     const g4_status bad = validate_records(err);
     if (bad != G4_OK && err && err->find("re-run g4 compile") == std::string::npos) *err += recompile;
     return bad;
@@ -530,7 +536,7 @@ std::string Plan::launch_operands(const CudaLaunch& l) const {
                    "down)";
         return "";
     }
-    case LaunchKind::PleIn: {
+    case LaunchKind::GroupNormAdd: {
         const PlanOp &s1 = o0, &n = ops_[l.op + 1], &a = ops_[l.op + 2], &s2 = ops_[l.op + 3];
         const int32_t N = l.ip[0], P = l.ip[1];
         if (s1.in[0] != l.t[0] || s1.out[0] != l.t[0] || s1.in[1] >= 0 || cols_of(s1) != N || !whole(s1) ||
@@ -542,7 +548,7 @@ std::string Plan::launch_operands(const CudaLaunch& l) const {
         return "";
     }
     case LaunchKind::AttnO:
-    case LaunchKind::Ple:
+    case LaunchKind::GatedProj:
         return ""; // checked with their kinds above
     }
     return "unknown launch kind";
@@ -556,7 +562,7 @@ std::string Plan::check_launch(size_t i, size_t next) const {
         return tensors_[t].ndim > 1 ? tensors_[t].dims[1] : tensors_[t].dims[0];
     }; // a row's width
     std::string what = "CUDA schedule record " + std::to_string(i);
-    if (l.kind > (uint16_t)LaunchKind::PleIn || l.count < 1 || l.op != (int32_t)next ||
+    if (l.kind > (uint16_t)LaunchKind::GroupNormAdd || l.count < 1 || l.op != (int32_t)next ||
         next + l.count > n_ops_)
         return what + ": bad kind or op range";
     if (l.kind == (uint16_t)LaunchKind::QkvAttn &&
@@ -635,13 +641,13 @@ std::string Plan::check_launch(size_t i, size_t next) const {
                    "launched and sums no replicas)";
     }
     if (l.kind == (uint16_t)LaunchKind::ResNorm && l.ip[1] != 0 && l.ip[1] != 2) {
-        // ip1 = 1: run by the Ple launch after it (g4_ple_res); the MLP before it zeroes that launch's
-        // output.
+        // ip1 = 1: run by the GatedProj launch after it (g4_resnorm_gated_proj); the MLP before it zeroes
+        // that launch's output.
         const CudaLaunch* mlp = i > 0 ? &launches_[i - 1] : nullptr;
         const CudaLaunch* ple = i + 1 < n_launches_ ? &launches_[i + 1] : nullptr;
         const bool ok         = l.ip[1] == 1 && mlp && mlp->kind == (uint16_t)LaunchKind::Mlp &&
                         mlp->t[0] == l.t[1] && mlp->ip[5] == 256 && mlp->ip[6] == 1 && ple &&
-                        ple->kind == (uint16_t)LaunchKind::Ple && ple->op == l.op + l.count &&
+                        ple->kind == (uint16_t)LaunchKind::GatedProj && ple->op == l.op + l.count &&
                         l.op + l.count < (int32_t)n_ops_ && ops_[l.op + l.count].in[0] == l.t[4] &&
                         l.t[0] >= 0 && l.t[1] >= 0 && l.t[2] >= 0 && l.t[4] >= 0 && l.t[3] < 0 &&
                         l.t[5] < 0 && l.t[6] < 0 && l.fp[1] == 1.0f && l.ip[0] > 0 && l.ip[0] % 4 == 0;
@@ -650,7 +656,7 @@ std::string Plan::check_launch(size_t i, size_t next) const {
                    "; 1 needs an MLP of 256 threads and one output before it, a PLE after it "
                    "reading its output, and no scale or second norm)";
     }
-    if (l.kind == (uint16_t)LaunchKind::Ple) {
+    if (l.kind == (uint16_t)LaunchKind::GatedProj) {
         const bool ok = l.count == 3 && ops_[l.op].code == (uint16_t)OpCode::Matmul &&
                         ops_[l.op + 1].code == (uint16_t)OpCode::GeluMul &&
                         ops_[l.op + 2].code == (uint16_t)OpCode::Matmul && i > 0 &&
@@ -669,7 +675,7 @@ std::string Plan::check_launch(size_t i, size_t next) const {
                               cols(rn.t[4]) < rn.ip[0]))
             return what + ": the ResNorm folded into this per-layer-input record has another width";
     }
-    if (l.kind == (uint16_t)LaunchKind::PleIn) {
+    if (l.kind == (uint16_t)LaunchKind::GroupNormAdd) {
         const bool ok =
             l.count == 4 && ops_[l.op].code == (uint16_t)OpCode::Scale &&
             ops_[l.op + 1].code == (uint16_t)OpCode::RmsNorm &&

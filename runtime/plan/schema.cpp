@@ -85,13 +85,14 @@ template <class... P> void ops_schema(std::string* s, std::tuple<P...>*) {
 // The CUDA schedule's per-kind conventions (LaunchKind's comments) and the arguments the runtime passes to
 // the plan's own fused kernels: not derivable from a layout, so kept here. Edit it with LaunchKind.
 constexpr char kLaunchConventions[] =
-    "launch(op0,resnorm1(t1|t4|t6:-1=none,t7:zero,ip1:folded_into_ple|mlp,ip2:zero2+1),gemv2,qkvpost3,"
+    "launch(op0,resnorm1(t1|t4|t6:-1=none,t7:zero,ip1:folded_into_gated_proj|mlp,ip2:zero2+1),gemv2,qkvpost3,"
     "qkvattn4(ip4:post_ops),mlp5(ip0:gate,ip1:up,ip3:down,ip5:threads,ip6:replicas,ip7:f16x2),attn_o6(op:o,"
-    "ip1:attention(its merge here),t0:y),ple7(ops:gate,gelu_mul,proj;t0:y),ple_in8(t0:ctx,t1:w,t2:tok,t3:out;"
-    "ip0:N,ip1:P));argmax(logits,vocab,ws,step,ids,host_tok,limit);"
-    "kargs:ple_in9,resnorm14(..,zero),resnorm_rep16(..,zero,rep,nrep),mlp376(..,yr,nrep,zero,rx,rd,rpw,"
-    "rprew,xo,rpwdt,rprewdt,eps),mlp_rep,mlp_h2,mlp_z,mlp_r,resnorm_z2,ple104(..,rx,rd,rpw,xo,rpwdt,eps),"
-    "ple_res;";
+    "ip1:attention(its merge here),t0:y),gated_proj7(ops:gate,gelu_mul,proj;t0:y),group_norm_add8(t0:ctx,"
+    "t1:w,t2:tok,t3:out;ip0:N,ip1:P));argmax(logits,vocab,ws,step,ids,host_tok,limit);"
+    "kargs:group_norm_add9,resnorm14(..,zero),resnorm_rep16(..,zero,rep,nrep),mlp376(..,yr,nrep,zero,rx,rd,"
+    "rpw,rprew,xo,rpwdt,rprewdt,eps),mlp_rep,mlp_h2,mlp_z,mlp_r,resnorm_z2,gated_proj104(..,rx,rd,rpw,xo,"
+    "rpwdt,"
+    "eps),resnorm_gated_proj;";
 
 std::string build_schema() {
     std::string s = "g4plan-v" + std::to_string(kFormatMajor) + ";";

@@ -1,12 +1,9 @@
-// The C API (runtime/include/g4/g4.h) over the plan reader and CPU executor. Every entry point
-// catches everything: no exception crosses the boundary.
+// The C API (runtime/include/g4/g4.h) over the plan reader and the plan's backend (backend.h). Every entry
+// point catches everything: no exception crosses the boundary.
 #include "g4/g4.h"
 #include "runtime/src/api_util.h"
 #include "runtime/src/chat_template.h"
-#include "runtime/src/cuda/workspace.h"
 #include "runtime/src/engine.h"
-#include "runtime/src/env.h"
-#include "runtime/src/executor.h"
 #include "runtime/src/sampler.h"
 #include "runtime/src/text_stream.h"
 
@@ -64,13 +61,6 @@ bool session_ok(const g4_session* s) {
     catch (...) {                                                                                            \
         return set_error(G4_ERR_INTERNAL, "internal error");                                                 \
     }
-
-void* aligned_zalloc(size_t n) {
-    size_t sz = (n + 63) / 64 * 64;
-    void* p   = std::aligned_alloc(64, sz ? sz : 64);
-    if (p) std::memset(p, 0, sz ? sz : 64);
-    return p;
-}
 
 } // namespace
 
@@ -163,24 +153,10 @@ g4_status g4_engine_open(const char* path, const g4_engine_params* params, g4_en
         delete e;
         return set_error(st, err);
     }
-    if (e->plan.device() == "cuda") {
-        std::string cerr;
-        g4_status cst = g4::cuda_rt::engine_open(e, &cerr);
-        if (cst != G4_OK) {
-            delete e;
-            return set_error(cst, std::string(path) + ": " + cerr);
-        }
-    } else if (e->plan.device() != "cpu") {
+    st = g4::rt::open_backend(e, &e->backend, &err);
+    if (st != G4_OK) {
         delete e;
-        return set_error(G4_ERR_UNSUPPORTED,
-                         std::string(path) + ": plan for unknown device '" + e->plan.device() + "'");
-    } else {
-        // A step gathers one row of the per-layer-embedding table per token: read-ahead around those
-        // faults would make megabytes of the table resident for each token seen.
-        for (size_t t = 0; t < e->plan.n_tensors(); ++t)
-            if (e->plan.tensor(t).kind == (uint8_t)g4::plan::TensorKind::Weight &&
-                e->plan.tensor(t).flags == (uint8_t)g4::plan::WeightRole::PleTable)
-                e->plan.advise_random(t);
+        return set_error(st, std::string(path) + ": " + err);
     }
     if (!e->plan.tokenizer_json().empty()) {
         e->tokenizer = std::make_unique<g4::Tokenizer>();
@@ -249,8 +225,6 @@ g4_session_params g4_session_params_default(void) {
     return p;
 }
 
-static void g4_session_destroy_unregistered(g4_session* s);
-
 g4_status g4_session_create(g4_engine* e, const g4_session_params* params, g4_session** out) {
     G4_GUARD_BEGIN
     if (!out) return set_error(G4_ERR_INVALID_ARGUMENT, "g4_session_create: out_session must not be NULL");
@@ -263,37 +237,19 @@ g4_status g4_session_create(g4_engine* e, const g4_session_params* params, g4_se
     const auto& in = e->plan.info();
     auto* s        = new g4_session();
     s->engine      = e;
-    if (e->cuda) {
-        s->pool = std::make_unique<g4::cpu::ThreadPool>(1);
-        std::string cerr;
-        g4_status cst = g4::cuda_rt::session_create(s, &cerr);
-        if (cst != G4_OK) {
+    {
+        std::string berr;
+        g4_status bst = e->backend->create_session(s, prm.n_threads, &s->backend, &berr);
+        if (bst != G4_OK) {
             delete s;
-            return set_error(cst, cerr);
+            return set_error(bst, berr);
         }
-    } else {
-        int threads   = prm.n_threads > 0 ? prm.n_threads : g4::cpu::default_thread_count();
-        s->pool       = std::make_unique<g4::cpu::ThreadPool>(threads);
-        size_t stride = g4::cpu::scratch_floats_per_thread(in.max_k, in.max_slots);
-        s->scratch    = (float*)aligned_zalloc(stride * threads * sizeof(float));
-        s->act        = (uint8_t*)aligned_zalloc(in.act_arena_bytes);
-        s->kv         = (uint8_t*)aligned_zalloc(in.kv_arena_bytes);
-        if (!s->scratch || !s->act || !s->kv) {
-            std::free(s->scratch), std::free(s->act), std::free(s->kv);
-            delete s;
-            return set_error(G4_ERR_OUT_OF_MEMORY, "cannot allocate " + std::to_string(e->session_bytes) +
-                                                       " bytes for the session");
-        }
-        s->ctx = {s->pool.get(), s->scratch, stride};
-        g4::rt::bind_ops(s);
-        s->ids    = (int32_t*)(s->act + e->plan.tensor(in.ids_tensor).offset);
-        s->logits = (const float*)(s->act + e->plan.tensor(in.logits_tensor).offset);
     }
     {
         std::string merr;
         g4_status mst = g4::rt::media_create(s, &merr);
         if (mst != G4_OK) {
-            g4_session_destroy_unregistered(s);
+            delete s;
             return set_error(mst, merr);
         }
         for (size_t i = 0; i < e->plan.n_ops(); ++i)
@@ -313,22 +269,12 @@ g4_status g4_session_create(g4_engine* e, const g4_session_params* params, g4_se
     G4_GUARD_END
 }
 
-// Frees a session's memory (registered or not).
-static void g4_session_destroy_unregistered(g4_session* s) {
-    if (!s->cuda) { // a CUDA session's host arenas (CPU-placed layers) belong to its SessionState
-        std::free(s->scratch);
-        std::free(s->act);
-        std::free(s->kv);
-    }
-    delete s;
-}
-
 void g4_session_destroy(g4_session* s) {
     if (!session_ok(s)) return;
     handle_remove(s);
     s->magic = 0;
     s->engine->live_sessions--;
-    g4_session_destroy_unregistered(s);
+    delete s; // the backend frees its buffers, then the pool goes
 }
 
 g4_status g4_session_reset(g4_session* s) {
@@ -341,7 +287,7 @@ g4_status g4_session_reset(g4_session* s) {
     s->cancel           = false;
     s->stats            = {};
     g4::rt::media_clear(s);
-    if (s->cuda) g4::cuda_rt::session_reset(s);
+    s->backend->reset();
     return G4_OK;
 }
 
@@ -399,13 +345,12 @@ g4_status g4_session_append_tokens(g4_session* s, const int32_t* ids, size_t n, 
         int32_t outr = out_logits ? rows : (last ? 1 : 0);
         std::memcpy(s->ids, ids + done, sizeof(int32_t) * rows);
         g4::rt::media_prepare_step(s, ids + done, rows);
-        bool on_device = false;
-        st             = s->cuda
-                             ? g4::cuda_rt::run_step(s, rows, s->position, outr, out_logits == nullptr, &on_device, &err)
-                             : g4::rt::run_step(s, rows, s->position, outr, &err);
+        g4::rt::LogitsAt at = g4::rt::LogitsAt::Host;
+        st                  = s->backend->run_step(rows, s->position, outr, out_logits == nullptr, &at, &err);
         g4::rt::media_end_step(s, st == G4_OK);
+        bool on_device = at == g4::rt::LogitsAt::Device;
         if (st == G4_OK && on_device && out_logits) {
-            st        = g4::cuda_rt::fetch_logits(s, &err);
+            st        = s->backend->fetch_logits(&err);
             on_device = false;
         }
         if (st != G4_OK) break;
@@ -439,10 +384,10 @@ g4_status g4_session_append_tokens(g4_session* s, const int32_t* ids, size_t n, 
     G4_GUARD_END
 }
 
-// Copies the logits a CUDA decode step left on the device into last_logits.
+// Copies the logits a step left on the device into last_logits.
 static g4_status fetch_device_logits(g4_session* s) {
     std::string err;
-    g4_status st = g4::cuda_rt::fetch_logits(s, &err);
+    g4_status st = s->backend->fetch_logits(&err);
     if (st != G4_OK) return set_error(st, err);
     std::memcpy(s->last_logits.data(), s->logits, sizeof(float) * s->last_logits.size());
     s->logits_on_device = false;
@@ -517,39 +462,39 @@ g4_status g4_session_sample(g4_session* s, const g4_sampling_params* params, int
         s->rng_seeded = true;
     }
     if (s->logits_on_device) {
-        // Greedy without a repetition penalty: the argmax the decode graph computed on the GPU.
+        // Greedy without a repetition penalty: the argmax the backend computed on the device.
         const int32_t n_hist = g4::rt::penalty_window(p, s->position);
         if (p.temperature == 0.0f && n_hist == 0) {
-            *out_token = g4::cuda_rt::device_argmax(s);
+            *out_token = s->backend->device_argmax();
             return G4_OK;
         }
-        // Greedy with a penalty (top-1) or top-k up to kTopkMax: the candidates come from the GPU and
-        // only they cross to the host. Top-p / min-p without top-k: the best kTopkMax with the row's
-        // softmax normalizer, enough whenever the nucleus ends among them. Other settings (or a nucleus
-        // wider than that) copy the logits row and sample on the CPU.
-        const int32_t vocab            = (int32_t)s->last_logits.size();
-        const int32_t k                = p.temperature == 0.0f ? 1 : p.top_k;
-        static const bool gpu_sampling = !g4::rt::env::gpu_sampling_off(); // G4_GPU_SAMPLING=0: CPU sampler
-        if (gpu_sampling && k > 0 && k <= g4::cuda_ws::kTopkMax && k < vocab) {
+        // Greedy with a penalty (top-1) or top-k up to the backend's kmax: the candidates come from the
+        // device and only they cross to the host. Top-p / min-p without top-k: the best kmax with the
+        // row's softmax normalizer, enough whenever the nucleus ends among them. Other settings (or a
+        // nucleus wider than that) copy the logits row and sample on the CPU.
+        const int32_t vocab = (int32_t)s->last_logits.size();
+        const int32_t k     = p.temperature == 0.0f ? 1 : p.top_k;
+        const int32_t kmax  = s->backend->device_topk_max();
+        if (k > 0 && k <= kmax && k < vocab) {
             const float* values = nullptr;
             const int32_t* ids  = nullptr;
             std::string err;
-            g4_status st = g4::cuda_rt::device_topk(s, k, p.temperature, n_hist ? p.repeat_penalty : 1.0f,
-                                                    s->history.data() + (s->position - n_hist), n_hist,
-                                                    &values, &ids, nullptr, &err);
+            g4_status st = s->backend->device_topk(k, p.temperature, n_hist ? p.repeat_penalty : 1.0f,
+                                                   s->history.data() + (s->position - n_hist), n_hist,
+                                                   &values, &ids, nullptr, &err);
             if (st != G4_OK) return set_error(st, err);
             *out_token = p.temperature == 0.0f ? ids[0] : g4::rt::sample_sorted(values, ids, k, p, s->rng);
             return G4_OK;
         }
-        if (gpu_sampling && (p.top_k == 0 || p.top_k >= vocab) && (p.top_p < 1.0f || p.min_p > 0.0f)) {
-            const int32_t kn    = std::min<int32_t>(g4::cuda_ws::kTopkMax, vocab);
+        if (kmax > 0 && (p.top_k == 0 || p.top_k >= vocab) && (p.top_p < 1.0f || p.min_p > 0.0f)) {
+            const int32_t kn    = std::min<int32_t>(kmax, vocab);
             const float* values = nullptr;
             const int32_t* ids  = nullptr;
-            g4::cuda_rt::RowNorm z{};
+            g4::rt::RowNorm z{};
             std::string err;
-            g4_status st = g4::cuda_rt::device_topk(s, kn, p.temperature, n_hist ? p.repeat_penalty : 1.0f,
-                                                    s->history.data() + (s->position - n_hist), n_hist,
-                                                    &values, &ids, &z, &err);
+            g4_status st = s->backend->device_topk(kn, p.temperature, n_hist ? p.repeat_penalty : 1.0f,
+                                                   s->history.data() + (s->position - n_hist), n_hist,
+                                                   &values, &ids, &z, &err);
             if (st != G4_OK) return set_error(st, err);
             const int32_t tok = g4::rt::sample_prefix(values, ids, kn, vocab, z.max, z.sum, p, s->rng);
             if (tok >= 0) {

@@ -1,10 +1,11 @@
-// Internal definitions behind the C API handles: g4_engine (validated plan) and g4_session
-// (arenas, bound op list, sampler state). See runtime/include/g4/g4.h for the public contract.
+// Internal definitions behind the C API handles: g4_engine (validated plan, its backend) and g4_session
+// (host views of the arenas, bound op list, sampler state, its backend). Device state lives in the
+// backends (runtime/src/backend.h). See runtime/include/g4/g4.h for the public contract.
 #pragma once
 #include "g4/g4.h"
 #include "kernels/cpu/cpu.h"
 #include "runtime/plan/plan_reader.h"
-#include "runtime/src/cuda/backend.h"
+#include "runtime/src/backend.h"
 #include "runtime/src/tokenizer.h"
 #include "runtime/src/towers/media.h"
 
@@ -23,7 +24,7 @@ struct g4_engine {
     std::atomic<int> live_sessions{0};
     std::unique_ptr<g4::Tokenizer> tokenizer; // null if the plan has none
     double load_ms = 0;
-    std::unique_ptr<g4::cuda_rt::EngineState, g4::cuda_rt::EngineDeleter> cuda; // CUDA plans only
+    std::unique_ptr<g4::rt::EngineBackend> backend; // the plan's device side (backend.h)
 };
 
 namespace g4::rt {
@@ -52,16 +53,19 @@ struct g4_session {
     g4_engine* engine = nullptr;
     std::unique_ptr<g4::cpu::ThreadPool> pool;
     g4::cpu::Context ctx;
-    float* scratch = nullptr;
-    uint8_t* act   = nullptr; // activation arena
-    uint8_t* kv = nullptr; // KV cache arena (hybrid CUDA plans: its host part, from plan offset kv_offset0)
+    // The host arenas the CPU executor binds the program to (owned by the backend): per-thread scratch, the
+    // activation arena and the KV arena (or, for a plan with layers on a GPU and the CPU, its host part:
+    // plan KV offsets from kv_offset0 on).
+    float* scratch      = nullptr;
+    uint8_t* act        = nullptr;
+    uint8_t* kv         = nullptr;
     uint64_t kv_offset0 = 0;
     std::vector<g4::rt::BoundOp> ops;
     int32_t* ids          = nullptr; // [max_rows] input of the program
     const float* logits   = nullptr; // [logits_rows, vocab] output of the program
     int32_t position      = 0;
     bool have_logits      = false;
-    bool logits_on_device = false;   // CUDA decode step: last_logits not filled yet (fetched on demand)
+    bool logits_on_device = false;   // the step left its row on the device: last_logits not filled yet
     std::vector<float> last_logits;  // [vocab]
     std::vector<int32_t> history;    // [max_context] tokens fed so far
     std::vector<float> sample_buf;   // [vocab]
@@ -72,8 +76,8 @@ struct g4_session {
     std::atomic<bool> cancel{false};
     g4_session_stats stats{};
     std::chrono::steady_clock::time_point prefill_start{};
-    std::unique_ptr<g4::cuda_rt::SessionState, g4::cuda_rt::SessionDeleter> cuda; // CUDA plans only
-    std::unique_ptr<g4::rt::MediaState> media; // plans with a vision/audio tower only
+    std::unique_ptr<g4::rt::SessionBackend> backend; // the session's device side (backend.h)
+    std::unique_ptr<g4::rt::MediaState> media;       // plans with a vision/audio tower only
     int32_t embed_op              = -1; // the op computing inp_embd (placeholder rows are replaced after it)
     g4_progress_callback progress = nullptr; // g4_session_set_progress_callback
     void* progress_user           = nullptr;

@@ -110,13 +110,10 @@ Layout state_layout(const g4_session* s, int32_t position, bool has_logits) {
 g4_status kv_rows(g4_session* s, const Cache& c, uint64_t bytes, uint8_t* host, bool to_host,
                   std::string* err) {
     if (bytes == 0) return G4_OK;
-    if (s->cuda) return g4::cuda_rt::kv_transfer(s, c.offset, host, bytes, to_host, err);
-    uint8_t* kv = s->kv + (c.offset - s->kv_offset0);
-    to_host ? std::memcpy(host, kv, bytes) : std::memcpy(kv, host, bytes);
-    return G4_OK;
+    return s->backend->kv_transfer(c.offset, host, bytes, to_host, err);
 }
 
-// The last logits on the host (a CUDA decode step leaves them on the device).
+// The last logits on the host (a step may leave them on the device).
 g4_status host_logits(g4_session* s) {
     if (!s->logits_on_device) return G4_OK;
     const float* l = nullptr;
@@ -129,9 +126,8 @@ g4_status after_state_change(g4_session* s) {
     s->cancel           = false;
     s->prefill_start    = {};
     g4_session_clear_media(s);
-    if (!s->cuda) return G4_OK;
     std::string err;
-    g4_status st = g4::cuda_rt::state_changed(s, &err);
+    g4_status st = s->backend->state_changed(&err);
     return st == G4_OK ? st : api_error(st, err);
 }
 
@@ -402,11 +398,7 @@ g4_status g4_session_fork(g4_session* src, g4_session* dst) {
         for_each_cache(p, [&](const Cache& c) {
             const uint64_t bytes = (uint64_t)std::min<int64_t>(src->position, c.slots) * c.row_bytes;
             if (st != G4_OK || bytes == 0) return;
-            if (src->cuda)
-                st = g4::cuda_rt::kv_copy(src, dst, c.offset, bytes, &err);
-            else
-                std::memcpy(dst->kv + (c.offset - dst->kv_offset0), src->kv + (c.offset - src->kv_offset0),
-                            bytes);
+            st = src->backend->kv_copy(*dst->backend, c.offset, bytes, &err);
         });
         if (st != G4_OK) {
             g4_session_reset(dst);

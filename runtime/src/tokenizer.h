@@ -1,5 +1,5 @@
-// Gemma tokenizer: a Hugging Face tokenizer.json (BPE with byte fallback) loaded from its JSON text,
-// with encode/decode that reproduce HF `tokenizers` exactly for the features Gemma uses.
+// The plan's tokenizer: a Hugging Face tokenizer.json (BPE with byte fallback) loaded from its JSON text,
+// with encode/decode that reproduce HF `tokenizers` exactly for the subset below.
 //
 // Supported tokenizer.json subset (anything else is rejected at load time):
 //   model          BPE: vocab, merges ("a b" or ["a","b"]), unk_token, fuse_unk, byte_fallback,
@@ -46,14 +46,14 @@ public:
     bool loaded() const { return impl_ != nullptr; }
 
     // *ids is replaced by the encoding of `text` (the UTF-8 sanitized text, see above). With
-    // add_special, the post_processor's single-sequence template is applied (Gemma: <bos> first).
+    // add_special, the post_processor's single-sequence template is applied (e.g. <bos> first).
     bool encode(std::string_view text, bool add_special, std::vector<int32_t>* ids,
                 std::string* err = nullptr) const;
     // *out is replaced by the decoded text. skip_special drops tokens marked special.
     bool decode(const int32_t* ids, size_t n, bool skip_special, std::string* out) const;
     // True when decoding concatenates: decode(a ++ b) == decode(a) + decode(b) whenever a's last token
     // is one the decoding keeps and is not a byte-fallback token (decoders of Replace, ByteFallback and
-    // Fuse steps, as Gemma's; not with Strip, or without a decoder, which joins tokens with spaces).
+    // Fuse steps; not with Strip, or without a decoder, which joins tokens with spaces).
     bool decode_concatenates() const;
 
     // The raw vocabulary string of `id` (e.g. "▁the", "<0x0A>", "<bos>"); empty if id is unknown.

@@ -109,7 +109,7 @@ TEST(CudaSchedule, ZeroedOutputsStayUntouchedUntilTheirKernel) {
         for (size_t li = 0; li < p.n_launches(); ++li) {
             const CudaLaunch& l = p.launch(li);
             const bool mlp = l.kind == (uint16_t)LaunchKind::Mlp, ao = l.kind == (uint16_t)LaunchKind::AttnO;
-            const bool ple = l.kind == (uint16_t)LaunchKind::Ple;
+            const bool ple = l.kind == (uint16_t)LaunchKind::GatedProj;
             if (!mlp && !ao && !ple) continue;
             ++fused[ple ? 2 : ao];
             const int32_t wop = mlp ? l.ip[3] : ple ? l.op + 2 : l.op, y = p.op(wop).out[0];
@@ -152,7 +152,7 @@ TEST(CudaSchedule, ZeroedOutputsStayUntouchedUntilTheirKernel) {
         for (size_t li = 0; li < d.n_launches(); ++li)
             EXPECT_TRUE(d.launch(li).kind != (uint16_t)LaunchKind::Mlp &&
                         d.launch(li).kind != (uint16_t)LaunchKind::AttnO &&
-                        d.launch(li).kind != (uint16_t)LaunchKind::Ple)
+                        d.launch(li).kind != (uint16_t)LaunchKind::GatedProj)
                 << fx;
         for (size_t t = 0; t < d.n_tensors(); ++t)
             EXPECT_FALSE(d.tensor(t).quant_flags & g4::plan::kQuantTiled32) << fx;
@@ -178,7 +178,7 @@ TEST(CudaSchedule, LaunchOperandsAreTheirOpsTensors) {
             qkv = (int)i;
         if (rn < 0 && l.kind == (uint16_t)LaunchKind::ResNorm && l.t[1] >= 0 && l.t[7] >= 0) rn = (int)i;
         if (gemv < 0 && l.kind == (uint16_t)LaunchKind::Gemv && l.ip[4] != 0) gemv = (int)i;
-        if (pin < 0 && l.kind == (uint16_t)LaunchKind::PleIn) pin = (int)i;
+        if (pin < 0 && l.kind == (uint16_t)LaunchKind::GroupNormAdd) pin = (int)i;
     }
     ASSERT_GE(qkv, 0);
     ASSERT_GE(rn, 0);
@@ -241,9 +241,9 @@ TEST(CudaSchedule, FirstInputNormIsAResNorm) {
     }
 }
 
-// The per-layer inputs' combination (scale, grouped norm, add, scale) is one PleIn launch on every CUDA
-// target: the four ops, in order, with their tensors; a record with a group size that does not divide N is
-// refused at load.
+// The per-layer inputs' combination (scale, grouped norm, add, scale) is one GroupNormAdd launch on every
+// CUDA target: the four ops, in order, with their tensors; a record with a group size that does not divide N
+// is refused at load.
 TEST(CudaSchedule, PerLayerInputsInOneLaunch) {
     TempDir td;
     for (const std::string fx : {"e2b_tiny", "e4b_tiny"}) {
@@ -252,7 +252,7 @@ TEST(CudaSchedule, PerLayerInputsInOneLaunch) {
         size_t at = 0;
         int n     = 0;
         for (size_t li = 0; li < p.n_launches(); ++li)
-            if (p.launch(li).kind == (uint16_t)LaunchKind::PleIn) at = li, ++n;
+            if (p.launch(li).kind == (uint16_t)LaunchKind::GroupNormAdd) at = li, ++n;
         ASSERT_EQ(n, 1) << fx;
         const CudaLaunch& l = p.launch(at);
         ASSERT_EQ(l.count, 4) << fx;
@@ -362,13 +362,13 @@ TEST(CudaSchedule, MlpReplicasInThePlan) {
 }
 
 // The ResNorm between each MLP and the PLE reading its output runs in the PLE's kernel (ResNorm ip1 = 1,
-// g4_ple_res) in default sm_90 plans where cuda::ple_fold_after takes the MLP (256 threads, at most 192
-// blocks, one output: every layer of the tiny fixtures, E2B's narrow layers), in none with --ple-fold off or
-// with 4 MLP output replicas (a bad value is refused, no plan left). The MLP before then zeroes the PLE's
-// output, so that output shares no bytes with the MLP's input, its output or the residual; the ResNorm's
-// output (block 0 writes it while the other blocks read) none with the residual, the MLP's output or the
-// per-layer input. Records that fold a ResNorm elsewhere, with another flag, after a 128-thread MLP or with a
-// second norm are refused at load.
+// g4_resnorm_gated_proj) in default sm_90 plans where cuda::ple_fold_after takes the MLP (256 threads, at
+// most 192 blocks, one output: every layer of the tiny fixtures, E2B's narrow layers), in none with
+// --ple-fold off or with 4 MLP output replicas (a bad value is refused, no plan left). The MLP before then
+// zeroes the PLE's output, so that output shares no bytes with the MLP's input, its output or the residual;
+// the ResNorm's output (block 0 writes it while the other blocks read) none with the residual, the MLP's
+// output or the per-layer input. Records that fold a ResNorm elsewhere, with another flag, after a 128-thread
+// MLP or with a second norm are refused at load.
 TEST(CudaSchedule, ResNormFoldedIntoThePle) {
     TempDir td;
     for (const std::string fx : {"e2b_tiny", "e4b_tiny"}) {
@@ -382,7 +382,7 @@ TEST(CudaSchedule, ResNormFoldedIntoThePle) {
             if (l.kind == (uint16_t)LaunchKind::ResNorm) {
                 EXPECT_TRUE(l.ip[1] >= 0 && l.ip[1] <= 2) << fx << " launch " << li;
             }
-            if (l.kind != (uint16_t)LaunchKind::Ple) continue;
+            if (l.kind != (uint16_t)LaunchKind::GatedProj) continue;
             ++ples;
             ASSERT_GE(li, 2u);
             const CudaLaunch &rn = p.launch(li - 1), &mlp = p.launch(li - 2);

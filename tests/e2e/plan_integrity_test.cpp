@@ -211,7 +211,7 @@ std::string as_minor(const std::string& plan, uint16_t minor) {
     EXPECT_EQ(h.format_minor, g4::plan::kFormatMinor);
     EXPECT_EQ(h.schema_hash, g4::plan::schema_hash());
     h.format_minor = minor;
-    h.schema_hash  = g4::plan::kReadableSchemas.at(minor).hash;
+    h.schema_hash  = g4::plan::kReadableSchemas.at(minor).hash; // the first hash that minor wrote
     if (minor == 0) h.reserved0 = 0;
     h.header_checksum = 0;
     h.header_checksum = (uint32_t)g4::plan::fnv1a64(&h, sizeof h);

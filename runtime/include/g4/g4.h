@@ -1,4 +1,4 @@
-/* g4 runtime C API: load a compiled plan (g4 compile) and run Gemma 4 on it.
+/* g4 runtime C API: load a compiled plan (g4 compile) and run the model it holds.
  *
  * Objects
  *   g4_engine   the plan, mapped read-only, and its weights. Immutable after g4_engine_open:
@@ -101,7 +101,7 @@ typedef struct g4_engine_info {
  * G4_ERR_BUFFER_TOO_SMALL (pass capacity 0 to query). */
 
 /* Encodes |len| bytes of UTF-8 |text| (invalid sequences become U+FFFD, as Hugging Face does).
- * |add_special| non-zero: apply the tokenizer's template (Gemma: <bos> first). */
+ * |add_special| non-zero: apply the tokenizer's template (e.g. <bos> first). */
 G4_API g4_status g4_tokenize(const g4_engine* engine, const char* text, size_t len, int32_t add_special,
                              int32_t* out_ids, size_t capacity, size_t* out_n);
 /* Decodes |n| ids to UTF-8 (not NUL-terminated; |*out_n| bytes). |skip_special| drops special
@@ -114,8 +114,9 @@ typedef struct g4_chat_message {
     const char* content; /* UTF-8, NUL-terminated */
 } g4_chat_message;
 
-/* Renders a conversation in Gemma 4's turn format (<bos><|turn>user\n...<turn|>\n...), with the
- * generation prompt "<|turn>model\n" if |add_generation_prompt|. Output as for g4_detokenize. */
+/* Renders a conversation in the model's chat format (its turn markers around each message, as
+ * <bos><|turn>user\n...<turn|>\n...), with the generation prompt that opens the model's turn
+ * ("<|turn>model\n") if |add_generation_prompt|. Output as for g4_detokenize. */
 G4_API g4_status g4_chat_render(const g4_engine* engine, const g4_chat_message* messages, size_t n_messages,
                                 int32_t add_generation_prompt, char* out, size_t capacity, size_t* out_n);
 
@@ -133,7 +134,7 @@ typedef struct g4_chat_media_message {
     const char* role;           /* as in g4_chat_message */
     const char* content;        /* UTF-8, NUL-terminated; may be "" */
     const g4_chat_media* media; /* NULL or n_media items, rendered before the content, in order, as
-                                   Gemma 4's template renders a content list [media..., text] */
+                                   the model's chat template renders a content list [media..., text] */
     size_t n_media;
 } g4_chat_media_message;
 
@@ -349,14 +350,15 @@ typedef struct g4_media_info {
 
 G4_API g4_status g4_engine_get_media_info(const g4_engine* engine, g4_media_info* out_info);
 /* |rgb|: |height| rows of |width| pixels, 3 bytes each (R, G, B), no padding; borrowed for the call.
- * Resized and patched as Hugging Face's Gemma 4 image processor does, then encoded. |*out_n_tokens|
- * (may be NULL) receives n, the placeholders to put between <boi> and <eoi>. Thread-compatible, as
- * every session call. */
+ * Resized and patched as the model's Hugging Face image processor does, then encoded by the plan's
+ * vision tower. |*out_n_tokens| (may be NULL) receives n, the placeholders to put between <boi> and
+ * <eoi>. Thread-compatible, as every session call. */
 G4_API g4_status g4_session_add_image(g4_session* session, const uint8_t* rgb, int32_t width, int32_t height,
                                       int32_t* out_n_tokens);
 /* One frame of a video, as g4_session_add_image but at the video processor's budget (max_video_frame_tokens)
  * and queued for the video placeholders: the prompt holds, per frame, its "mm:ss " timestamp text, <boi>,
- * n x video_token_id, <eoi>, the frames separated by a space (as Hugging Face's Gemma 4 processor writes). */
+ * n x video_token_id, <eoi>, the frames separated by a space (as the model's Hugging Face processor writes).
+ */
 G4_API g4_status g4_session_add_video_frame(g4_session* session, const uint8_t* rgb, int32_t width,
                                             int32_t height, int32_t* out_n_tokens);
 /* |samples|: mono, at audio_sample_rate, in [-1, 1]; borrowed for the call. |*out_n_tokens| as above. */

@@ -27,7 +27,7 @@ int dt_of(const towers::Tensor* t) {
 g4_status audio_forward(g4_session* s, const towers::AudioTower& at, const cpu::Context& ctx,
                         const float* pcm, int64_t n_samples, float* host_features, float* out, int* n_soft,
                         std::string* err) {
-    SessionState* st    = s->cuda.get();
+    SessionState* st    = session_of(s);
     const Driver* d     = st->e->d;
     Lane& ln            = st->lanes[0];
     const Kernels& K    = ln.g->k;

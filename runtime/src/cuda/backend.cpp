@@ -132,7 +132,7 @@ g4_status bind_tower_kernels(const plan::Plan& p, const ModuleKernels& m, Kernel
 }
 
 // Opens GPU `g` of the plan: checks it, loads the kernels and uploads its weights (segments of the
-// plan's ranges; the PLE table stays on the host with ple=host). need_extra: the session bytes it
+// plan's ranges; a weight the plan keeps on the host stays there). need_extra: the session bytes it
 // will hold (activation arena and KV part), for the free-memory check.
 g4_status open_gpu(const plan::Plan& p, EngineState* st, Gpu& g, const plan::ProgramInfo::GpuPart& part,
                    uint64_t need_extra, std::string* err) {
@@ -154,15 +154,15 @@ g4_status open_gpu(const plan::Plan& p, EngineState* st, Gpu& g, const plan::Pro
     }
     CU_TRY(d->cuDevicePrimaryCtxRetain(&g.ctx, g.dev), "cuDevicePrimaryCtxRetain");
     CU_TRY(d->cuCtxSetCurrent(g.ctx), "cuCtxSetCurrent");
-    // Segments: the plan's ranges, less the PLE table where it stays on the host.
-    uint64_t ple_b = 0, ple_e = 0;
-    if (st->ple_tensor >= 0 && g.index == p.cuda_device()) {
-        const PlanTensor& t = p.tensor(st->ple_tensor);
-        ple_b               = t.offset,
-        ple_e = (t.offset + t.nbytes + plan::kTensorAlign - 1) / plan::kTensorAlign * plan::kTensorAlign;
+    // Segments: the plan's ranges, less the weight the plan keeps on the host.
+    uint64_t hole_b = 0, hole_e = 0;
+    if (st->host_weight >= 0 && g.index == p.cuda_device()) {
+        const PlanTensor& t = p.tensor(st->host_weight);
+        hole_b              = t.offset,
+        hole_e = (t.offset + t.nbytes + plan::kTensorAlign - 1) / plan::kTensorAlign * plan::kTensorAlign;
     }
     // Each segment at an offset congruent to its plan offset modulo plan::kWeightAlign (weight_segments.h).
-    g.weights_bytes = place_weight_segments(part.weights, ple_b, ple_e, &g.segs);
+    g.weights_bytes = place_weight_segments(part.weights, hole_b, hole_e, &g.segs);
     size_t free_b = 0, total_b = 0;
     CU_TRY(d->cuMemGetInfo(&free_b, &total_b), "cuMemGetInfo");
     const uint64_t need = g.weights_bytes + need_extra;
@@ -206,8 +206,8 @@ namespace {
 
 // A fused launch kind's name in the decode event profile.
 const char* launch_kind_name(uint16_t kind) {
-    static const char* kNames[] = {"op",  "resnorm", "gemv", "qkv_post", "qkv_attn",
-                                   "mlp", "attn_o",  "ple",  "ple_in"};
+    static const char* kNames[] = {"op",  "resnorm", "gemv",       "qkv_post",      "qkv_attn",
+                                   "mlp", "attn_o",  "gated_proj", "group_norm_add"};
     return kind < sizeof kNames / sizeof kNames[0] ? kNames[kind] : "?";
 }
 
@@ -242,7 +242,7 @@ void mark_reused_inputs(const plan::Plan& p, SessionState* st) {
 
 } // namespace
 
-g4_status engine_open(g4_engine* e, std::string* err) {
+g4_status engine_open(g4_engine* e, EnginePtr* out, std::string* err) {
     const plan::Plan& p = e->plan;
     std::string why;
     const Driver* d = driver(&why);
@@ -276,7 +276,7 @@ g4_status engine_open(g4_engine* e, std::string* err) {
         for (size_t t = 0; t < p.n_tensors(); ++t)
             if (p.tensor(t).kind == (uint8_t)TensorKind::Weight &&
                 p.tensor(t).flags == (uint8_t)plan::WeightRole::PleTable)
-                st->ple_tensor = (int32_t)t;
+                st->host_weight = (int32_t)t;
     st->gpus.resize(in.gpus.size());
     for (size_t g = 0; g < in.gpus.size(); ++g) {
         st->gpus[g].index = in.gpus[g].index;
@@ -317,16 +317,17 @@ g4_status engine_open(g4_engine* e, std::string* err) {
             d->cuCtxEnablePeerAccess(b.ctx, 0); // CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED is fine
         }
     if (g4_status r = lm_screen_setup(p, st.get(), err); r != G4_OK) return r;
-    if (st->ple_tensor >= 0) {
-        const PlanTensor& t = p.tensor(st->ple_tensor);
+    if (st->host_weight >= 0) {
+        const PlanTensor& t = p.tensor(st->host_weight);
         CU_TRY(d->cuCtxSetCurrent(st->gpus[0].ctx), "cuCtxSetCurrent");
-        CU_TRY(d->cuMemHostAlloc(&st->ple_host, t.nbytes, kHostAllocPortable | kHostAllocDeviceMap),
-               "allocating pinned host memory for the PLE table (" + std::to_string(t.nbytes >> 20) +
-                   " MiB, --place ple=host)");
-        std::memcpy(st->ple_host, p.weights_base() + t.offset, t.nbytes);
-        CU_TRY(d->cuMemHostGetDevicePointer(&st->ple_dev, st->ple_host, 0), "mapping the PLE table");
+        CU_TRY(d->cuMemHostAlloc(&st->host_weight_mem, t.nbytes, kHostAllocPortable | kHostAllocDeviceMap),
+               "allocating pinned host memory for the weight kept on the host (" +
+                   std::to_string(t.nbytes >> 20) + " MiB, --place ple=host)");
+        std::memcpy(st->host_weight_mem, p.weights_base() + t.offset, t.nbytes);
+        CU_TRY(d->cuMemHostGetDevicePointer(&st->host_weight_dev, st->host_weight_mem, 0),
+               "mapping the weight kept on the host");
     }
-    e->cuda.reset(st.release());
+    *out = std::move(st);
     return G4_OK;
 }
 
@@ -377,7 +378,7 @@ void engine_close(EngineState* st) {
             if (&g == &st->gpus[0] && st->lm_q) st->d->cuMemFree(st->lm_q);
             if (g.mod) st->d->cuModuleUnload(g.mod);
         }
-        if (st->ple_host) st->d->cuMemFreeHost(st->ple_host);
+        if (st->host_weight_mem) st->d->cuMemFreeHost(st->host_weight_mem);
         for (Gpu& g : st->gpus)
             if (g.ctx) st->d->cuDevicePrimaryCtxRelease(g.dev);
     }
@@ -392,8 +393,8 @@ uint64_t engine_device_bytes(const EngineState* st) {
     return b + (st ? st->vision_bytes + st->audio_bytes + st->lm_bytes : 0);
 }
 
-g4_status session_create(g4_session* s, std::string* err) {
-    EngineState* e      = s->engine->cuda.get();
+g4_status session_create(g4_session* s, SessionPtr* out, std::string* err) {
+    EngineState* e      = engine_of(s->engine);
     const plan::Plan& p = s->engine->plan;
     const auto& in      = p.info();
     const Driver* d     = e->d;
@@ -570,7 +571,7 @@ g4_status session_create(g4_session* s, std::string* err) {
     if (st->ahead_ok)
         for (CUevent& ev : st->tok_ev)
             CU_TRY(d->cuEventCreate(&ev, kEventDisableTiming), "cuEventCreate");
-    s->cuda.reset(st.release());
+    *out = std::move(st);
     return G4_OK;
 }
 
@@ -657,7 +658,7 @@ g4_status use_lane(SessionState* st, int slot, std::string* err) {
 }
 
 g4_status profile_point(g4_session* s, int cat, bool decode, const char* what, std::string* err) {
-    SessionState* st = s->cuda.get();
+    SessionState* st = session_of(s);
     CUresult sr      = st->e->d->cuStreamSynchronize(st->cur->stream);
     if (sr != 0) {
         *err = "CUDA error " + error_name(sr) + " in '" + what + "'";
@@ -673,7 +674,7 @@ g4_status profile_point(g4_session* s, int cat, bool decode, const char* what, s
 // Host function (stream order): runs one run of CPU-placed ops for the step in host_step.
 void host_run(void* u) {
     auto* r          = (SessionState::HostRun*)u;
-    SessionState* st = r->s->cuda.get();
+    SessionState* st = session_of(r->s);
     if (st->host_failed.load()) return;
     const SessionState::Step step = *st->host_step;
     std::string err;
@@ -690,7 +691,7 @@ void host_run(void* u) {
 // CPU ops (one host function for the run, on the current stream). A GPU op makes its GPU's lane
 // current. *handled = false for GPU ops.
 g4_status cross_device_op(g4_session* s, size_t i, int rows, bool* handled, std::string* err) {
-    SessionState* st    = s->cuda.get();
+    SessionState* st    = session_of(s);
     const plan::Plan& p = s->engine->plan;
     const PlanOp& op    = p.op(i);
     *handled            = false;
@@ -732,7 +733,7 @@ g4_status cross_device_op(g4_session* s, size_t i, int rows, bool* handled, std:
 
 // Launches a whole step: the fused schedule for decode steps of plans that have one, else op by op.
 g4_status launch_step(g4_session* s, int rows, int out_rows, std::string* err) {
-    SessionState* st    = s->cuda.get();
+    SessionState* st    = session_of(s);
     const plan::Plan& p = s->engine->plan;
     const bool media    = s->media && s->media->step_n > 0; // image/audio rows: op by op, never the graph
     const bool decode   = rows == 1 && out_rows == 1 && !media;
@@ -765,17 +766,17 @@ g4_status launch_step(g4_session* s, int rows, int out_rows, std::string* err) {
                 li + 1 < p.n_launches() && p.launch(li + 1).kind == (uint16_t)LaunchKind::AttnO;
             // Output replicas (the plan's ip6 > 1, the reader checked the ResNorm after): the MLP adds into
             // them and that ResNorm sums them and zeroes them again, so they are zero outside the pair. A
-            // folded ResNorm launches nothing: with ip1 = 1 the Ple launch after it runs it and the MLP
-            // before it zeroes the Ple's output; with ip1 = 2 the Mlp launch after it runs it.
+            // folded ResNorm launches nothing: with ip1 = 1 the GatedProj launch after it runs it and the MLP
+            // before it zeroes the GatedProj launch's output; with ip1 = 2 the Mlp launch after it runs it.
             auto folded = [&](size_t k, int into) -> const CudaLaunch* {
                 const bool f = k < p.n_launches() && p.launch(k).kind == (uint16_t)LaunchKind::ResNorm &&
                                p.launch(k).ip[1] == into;
                 return f ? &p.launch(k) : nullptr;
             };
             const bool mlp = l.kind == (uint16_t)LaunchKind::Mlp;
-            st->fold_prev  = li > 0 && l.kind == (uint16_t)LaunchKind::Ple ? folded(li - 1, 1) : nullptr;
-            st->fold_next  = mlp ? folded(li + 1, 1) : nullptr;
-            st->mlp_res    = li > 0 && mlp ? folded(li - 1, 2) : nullptr;
+            st->fold_prev = li > 0 && l.kind == (uint16_t)LaunchKind::GatedProj ? folded(li - 1, 1) : nullptr;
+            st->fold_next = mlp ? folded(li + 1, 1) : nullptr;
+            st->mlp_res   = li > 0 && mlp ? folded(li - 1, 2) : nullptr;
             const int reps = cuda_ws::mlp_replicas(l);
             st->rep_in     = st->rep_out;
             st->rep_out    = reps > 1 ? reps - 1 : 0;
@@ -905,7 +906,7 @@ g4_status ahead_end(SessionState* st, std::string* err) {
 // logits row is a step run ahead: run the session's last step (a decode step, its token in the
 // history) again so the row is its own, and stop running ahead in this session.
 g4_status logits_back(g4_session* s, std::string* err) {
-    SessionState* st = s->cuda.get();
+    SessionState* st = session_of(s);
     st->ahead_greedy = false;
     g4_status g      = ahead_end(st, err);
     const int32_t p0 = s->position - 1;
@@ -919,7 +920,7 @@ g4_status logits_back(g4_session* s, std::string* err) {
 }
 
 g4_status fetch_logits(g4_session* s, std::string* err) {
-    SessionState* st    = s->cuda.get();
+    SessionState* st    = session_of(s);
     const plan::Plan& p = s->engine->plan;
     const Driver* d     = st->e->d;
     const Lane& l0      = st->lanes[0];
@@ -934,7 +935,7 @@ g4_status fetch_logits(g4_session* s, std::string* err) {
 
 g4_status run_step(g4_session* s, int32_t rows, int32_t pos0, int32_t out_rows, bool ahead,
                    bool* logits_on_device, std::string* err) {
-    SessionState* st    = s->cuda.get();
+    SessionState* st    = session_of(s);
     const plan::Plan& p = s->engine->plan;
     const Driver* d     = st->e->d;
     const auto& info    = p.info();
@@ -1079,7 +1080,7 @@ g4_status run_step(g4_session* s, int32_t rows, int32_t pos0, int32_t out_rows, 
 }
 
 void session_reset(g4_session* s) {
-    SessionState* st = s->cuda.get();
+    SessionState* st = session_of(s);
     st->ahead_greedy = false;
     st->ahead_off    = false;
 }
@@ -1100,7 +1101,7 @@ g4_status sync_lanes(SessionState* st, std::string* err) {
 // The lane holding KV bytes [offset, offset + bytes), or -1 (the host part, or none).
 int kv_lane(const g4_session* s, uint64_t offset, size_t bytes) {
     const auto& gpus = s->engine->plan.info().gpus;
-    for (size_t i = 0; i < gpus.size() && i < s->cuda->lanes.size(); ++i)
+    for (size_t i = 0; i < gpus.size() && i < session_of(s)->lanes.size(); ++i)
         if (offset >= gpus[i].kv_begin && offset + bytes <= gpus[i].kv_end) return (int)i;
     return -1;
 }
@@ -1109,7 +1110,7 @@ int kv_lane(const g4_session* s, uint64_t offset, size_t bytes) {
 
 g4_status kv_transfer(g4_session* s, uint64_t offset, void* host, size_t bytes, bool to_host,
                       std::string* err) {
-    SessionState* st = s->cuda.get();
+    SessionState* st = session_of(s);
     const auto& in   = s->engine->plan.info();
     if (g4_status g = sync_lanes(st, err); g != G4_OK) return g;
     const int li = kv_lane(s, offset, bytes);
@@ -1134,7 +1135,7 @@ g4_status kv_transfer(g4_session* s, uint64_t offset, void* host, size_t bytes, 
 }
 
 g4_status kv_copy(g4_session* src, g4_session* dst, uint64_t offset, size_t bytes, std::string* err) {
-    SessionState *a = src->cuda.get(), *b = dst->cuda.get();
+    SessionState *a = session_of(src), *b = session_of(dst);
     const auto& in = src->engine->plan.info();
     if (g4_status g = sync_lanes(a, err); g != G4_OK) return g;
     if (g4_status g = sync_lanes(b, err); g != G4_OK) return g;
@@ -1163,7 +1164,7 @@ g4_status kv_copy(g4_session* src, g4_session* dst, uint64_t offset, size_t byte
 }
 
 g4_status state_changed(g4_session* s, std::string* err) {
-    SessionState* st = s->cuda.get();
+    SessionState* st = session_of(s);
     if (g4_status g = sync_lanes(st, err); g != G4_OK) return g;
     st->ahead_greedy = false;
     st->logits_ahead = false;

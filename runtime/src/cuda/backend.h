@@ -21,13 +21,28 @@ namespace g4::cuda_rt {
 struct EngineState;
 struct SessionState;
 
-// Opens the CUDA side of a CUDA plan: driver, device, architecture check, memory check, kernel
+struct EngineDeleter {
+    void operator()(EngineState* p) const;
+};
+struct SessionDeleter {
+    void operator()(SessionState* p) const;
+};
+using EnginePtr  = std::unique_ptr<EngineState, EngineDeleter>;
+using SessionPtr = std::unique_ptr<SessionState, SessionDeleter>;
+
+// The CUDA state of an engine / session of a CUDA plan (owned by its backend, cuda_backend.cpp).
+EngineState* engine_of(const g4_engine* e);
+SessionState* session_of(const g4_session* s);
+
+// Opens the CUDA side of a CUDA plan into *out: driver, device, architecture check, memory check, kernel
 // module, weight upload. On failure returns a status and a message naming what is missing.
-g4_status engine_open(g4_engine* e, std::string* err);
+g4_status engine_open(g4_engine* e, EnginePtr* out, std::string* err);
 void engine_close(EngineState* st);
 uint64_t engine_device_bytes(const EngineState* st);
 
-g4_status session_create(g4_session* s, std::string* err);
+// Creates the session's CUDA side into *out (s->pool is set; with CPU-placed layers it is replaced by the
+// host arenas' pool, and s->act / s->kv / s->ctx are bound to them).
+g4_status session_create(g4_session* s, SessionPtr* out, std::string* err);
 void session_destroy(SessionState* st);
 // Runs one step (rows tokens in s->ids at positions pos0..); copies the last out_rows logits rows
 // to the host buffer behind s->logits.
@@ -90,11 +105,11 @@ g4_status kv_copy(g4_session* src, g4_session* dst, uint64_t offset, size_t byte
 // step run ahead or device logits row stays valid. Waits for a step run ahead.
 g4_status state_changed(g4_session* s, std::string* err);
 
-struct EngineDeleter {
-    void operator()(EngineState* p) const { engine_close(p); }
-};
-struct SessionDeleter {
-    void operator()(SessionState* p) const { session_destroy(p); }
-};
+inline void EngineDeleter::operator()(EngineState* p) const {
+    engine_close(p);
+}
+inline void SessionDeleter::operator()(SessionState* p) const {
+    session_destroy(p);
+}
 
 } // namespace g4::cuda_rt

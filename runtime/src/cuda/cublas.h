@@ -12,7 +12,7 @@ typedef struct cublasContext* Handle;
 constexpr int kOpN = 0, kOpT = 1;     // cublasOperation_t
 constexpr int kR32F = 0, kR16BF = 14; // cudaDataType
 constexpr int kCompute32F  = 68;      // cublasComputeType_t
-constexpr int kGemmDefault = -1;      // cublasGemmAlgo_t
+constexpr int kGemmDefault = -1;      // CUBLAS_GEMM_DEFAULT
 
 struct Lib {
     int (*create)(Handle*);

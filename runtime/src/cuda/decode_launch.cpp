@@ -29,7 +29,7 @@ g4_status bind_decode_kernels(const ModuleKernels& m, Kernels& k, std::string* e
     } fns[] = {{&k.resnorm, "g4_resnorm"},
                {&k.resnorm_rep, "g4_resnorm_rep"},
                {&k.resnorm_z2, "g4_resnorm_z2"},
-               {&k.ple_in, "g4_ple_in"},
+               {&k.group_norm_add, "g4_group_norm_add"},
                {&k.mlp[0], "g4_mlp_nf4"},
                {&k.mlp[1], "g4_mlp_nf4_b256"},
                {&k.mlp[2], "g4_mlp_nf4_dq"},
@@ -54,14 +54,14 @@ g4_status bind_decode_kernels(const ModuleKernels& m, Kernels& k, std::string* e
                {&k.attn_o[1], "g4_attn_o_nf4_g2"},
                {&k.attn_o[2], "g4_attn_o_nf4_g3"},
                {&k.attn_o[3], "g4_attn_o_nf4_g4"},
-               {&k.ple[0], "g4_ple_bf16_g1"},
-               {&k.ple[1], "g4_ple_bf16_g2"},
-               {&k.ple[2], "g4_ple_bf16_g3"},
-               {&k.ple[3], "g4_ple_bf16_g4"},
-               {&k.ple_res[0], "g4_ple_res_bf16_g1"},
-               {&k.ple_res[1], "g4_ple_res_bf16_g2"},
-               {&k.ple_res[2], "g4_ple_res_bf16_g3"},
-               {&k.ple_res[3], "g4_ple_res_bf16_g4"}};
+               {&k.gated_proj[0], "g4_gated_proj_bf16_g1"},
+               {&k.gated_proj[1], "g4_gated_proj_bf16_g2"},
+               {&k.gated_proj[2], "g4_gated_proj_bf16_g3"},
+               {&k.gated_proj[3], "g4_gated_proj_bf16_g4"},
+               {&k.resnorm_gated_proj[0], "g4_resnorm_gated_proj_bf16_g1"},
+               {&k.resnorm_gated_proj[1], "g4_resnorm_gated_proj_bf16_g2"},
+               {&k.resnorm_gated_proj[2], "g4_resnorm_gated_proj_bf16_g3"},
+               {&k.resnorm_gated_proj[3], "g4_resnorm_gated_proj_bf16_g4"}};
     for (auto& f : fns)
         if (g4_status g = m.get(f.f, f.n, err); g != G4_OK) return g;
     for (int q = 0; q < 2; ++q)
@@ -121,7 +121,7 @@ long gemv_args(const SessionState* st, const plan::Plan& p, const CudaLaunch& l,
 }
 
 g4_status launch_fused(g4_session* s, const CudaLaunch& l, std::string* err) {
-    SessionState* st    = s->cuda.get();
+    SessionState* st    = session_of(s);
     const plan::Plan& p = s->engine->plan;
     const Kernels& K    = st->cur->g->k;
     CUdeviceptr step    = st->cur->step;
@@ -134,8 +134,9 @@ g4_status launch_fused(g4_session* s, const CudaLaunch& l, std::string* err) {
     };
     switch ((LaunchKind)l.kind) {
     case LaunchKind::ResNorm: {
-        // Folded: ip1 1, the Ple launch after runs it (g4_ple_res), the MLP before zeroes its t7; ip1 2, the
-        // Mlp launch after runs it (its _r kernel), an earlier ResNorm zeroes its t7 (that one's ip2).
+        // Folded: ip1 1, the GatedProj launch after runs it (g4_resnorm_gated_proj), the MLP before zeroes
+        // its t7; ip1 2, the Mlp launch after runs it (its _r kernel), an earlier ResNorm zeroes its t7 (that
+        // one's ip2).
         if (l.ip[1] == 1 || l.ip[1] == 2) break;
         CUdeviceptr x = T(0), dd = T(1), pw = T(2), sc = T(3), xo = T(4), prew = T(5), xn = T(6), zero = T(7);
         int pwdt = dt_code(p, l.t[2]), sdt = dt_code(p, l.t[3]), prewdt = dt_code(p, l.t[5]), H = l.ip[0];
@@ -155,13 +156,13 @@ g4_status launch_fused(g4_session* s, const CudaLaunch& l, std::string* err) {
                      {&x, &dd, &pw, &pwdt, &sc, &sdt, &f, &xo, &prew, &prewdt, &xn, &H, &eps, &zero});
         break;
     }
-    case LaunchKind::PleIn: {
+    case LaunchKind::GroupNormAdd: {
         CUdeviceptr ctx = T(0), w = T(1), tok = T(2), out = T(3);
         int wdt = dt_code(p, l.t[1]), P = l.ip[1];
         float s1  = plan::params<plan::ScaleParams>(p.op(l.op)).scale,
               eps = plan::params<plan::RmsNormParams>(p.op(l.op + 1)).eps,
               s2  = plan::params<plan::ScaleParams>(p.op(l.op + 3)).scale;
-        r         = go(K.ple_in, (unsigned)(l.ip[0] / P), (unsigned)((P + 31) / 32 * 32),
+        r         = go(K.group_norm_add, (unsigned)(l.ip[0] / P), (unsigned)((P + 31) / 32 * 32),
                        {&ctx, &w, &wdt, &tok, &out, &P, &s1, &eps, &s2});
         break;
     }
@@ -216,7 +217,7 @@ g4_status launch_fused(g4_session* s, const CudaLaunch& l, std::string* err) {
         const int kf = l.ip[7] ? 8 + (l.ip[5] == 256 ? 1 : 0) + (st->rep_out ? 2 : 0)
                                : (l.ip[5] == 256 ? 1 : 0) + (q.absmax2 ? 2 : 0) + (st->rep_out ? 4 : 0);
         // Before a folded ResNorm (the reader checked: 256 threads, one output): the _z kernel zeroes the
-        // Ple's output.
+        // GatedProj launch's output.
         if (st->fold_next) a.zero = addr(st, p, st->fold_next->t[7], 0);
         CUfunction f = st->fold_next ? K.mlp_z[l.ip[7] ? 2 : q.absmax2 ? 1 : 0] : K.mlp[kf];
         // After a ResNorm folded in (the reader checked: packed f16, mlp_res_fits, no scale): the _r kernel
@@ -245,8 +246,8 @@ g4_status launch_fused(g4_session* s, const CudaLaunch& l, std::string* err) {
         r = go(K.attn_o[slice_row_groups(a.H) - 1], (unsigned)(a.K / 32), kSliceThreads, {&a}, kGemvWideSmem);
         break;
     }
-    case LaunchKind::Ple: {
-        PleArgsH a;
+    case LaunchKind::GatedProj: {
+        GatedProjArgsH a;
         std::memset(&a, 0, sizeof a);
         const PlanOp &g = p.op(l.op), &gm = p.op(l.op + 1), &pr = p.op(l.op + 2);
         a.x = addr(st, p, g.in[0], g.in_col[0]), a.wg = addr(st, p, g.in[1], 0),
@@ -260,8 +261,8 @@ g4_status launch_fused(g4_session* s, const CudaLaunch& l, std::string* err) {
             a.rx = T2(rn, 0), a.rd = T2(rn, 1), a.rpw = T2(rn, 2), a.xo = T2(rn, 4);
             a.rpwdt = dt_code(p, rn->t[2]), a.eps = rn->fp[0];
         }
-        r = go((st->fold_prev ? K.ple_res : K.ple)[slice_row_groups(a.H) - 1], (unsigned)(a.P / 8),
-               kSliceThreads, {&a});
+        r = go((st->fold_prev ? K.resnorm_gated_proj : K.gated_proj)[slice_row_groups(a.H) - 1],
+               (unsigned)(a.P / 8), kSliceThreads, {&a});
         break;
     }
     default:

@@ -27,7 +27,7 @@ struct MlpArgsH {
     cu::CUdeviceptr yr; // y's replicas [nrep, H] (nrep = the launch's ip6 - 1; 0: none)
     int nrep, pad;
     cu::CUdeviceptr zero; // [H] (the _z kernels, before a folded ResNorm): block 0 zeroes it at its end (the
-                          // Ple's output)
+                          // GatedProj launch's output)
     // The _r kernels (after a ResNorm record with ip1 = 2, which the runtime does not launch): its residual
     // rx, attention output rd, norm weights rpw (on rd) and rprew (making the MLP's input), eps; block 0
     // writes x1 to xo.
@@ -43,20 +43,21 @@ struct AttnOArgsH {
     int H, K, dim, splits, window;
 };
 static_assert(sizeof(AttnOArgsH) == 96, "AttnOArgs layout");
-// g4_ple_bf16_g*'s arguments (PleArgs): x, the gate (bf16 [P, H]) and its bias, the per-layer input, the
-// projection (bf16 [H, P]) and its bias, y; grid P / 8 blocks of kSliceThreads, G = slice_row_groups(H).
-// g4_ple_res_bf16_g* (after a ResNorm record with ip1 = 1, which the runtime does not launch) also take the
-// ResNorm's residual rx, MLP output rd, post-norm weight rpw and eps, and write its result to xo (block 0).
-struct PleArgsH {
+// g4_gated_proj_bf16_g*'s arguments (GatedProjArgs): x, the gate (bf16 [P, H]) and its bias, the multiplier
+// aux, the projection (bf16 [H, P]) and its bias, y; grid P / 8 blocks of kSliceThreads, G =
+// slice_row_groups(H). g4_resnorm_gated_proj_bf16_g* (after a ResNorm record with ip1 = 1, which the runtime
+// does not launch) also take the ResNorm's residual rx, MLP output rd, post-norm weight rpw and eps, and
+// write its result to xo (block 0).
+struct GatedProjArgsH {
     cu::CUdeviceptr x, wg, bg, aux, wp, bp, y;
     int H, P;
     cu::CUdeviceptr rx, rd, rpw, xo;
     int rpwdt;
     float eps;
 };
-static_assert(sizeof(PleArgsH) == 104, "PleArgs layout");
+static_assert(sizeof(GatedProjArgsH) == 104, "GatedProjArgs layout");
 // Threads a block of the kernels that add one K-slice into all H output rows (g4_attn_o_nf4_g*: AO_B,
-// g4_ple_bf16_g*), and which of their kernels (_gG) takes H: G groups of 4 rows a thread.
+// g4_gated_proj_bf16_g*), and which of their kernels (_gG) takes H: G groups of 4 rows a thread.
 inline constexpr int kSliceThreads = 256;
 inline int slice_row_groups(int64_t H) {
     return (int)((H + 4 * kSliceThreads - 1) / (4 * kSliceThreads));

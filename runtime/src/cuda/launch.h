@@ -5,6 +5,7 @@
 // family binds its kernels when the plan's module loads (bind_*) and launches them. Internal to the runtime.
 #pragma once
 #include "runtime/plan/plan_reader.h"
+#include "runtime/src/cuda/backend.h"
 #include "runtime/src/cuda/kernel_args.h"
 #include "runtime/src/cuda/state.h"
 

@@ -41,7 +41,7 @@ CUdeviceptr addr(const SessionState* st, const plan::Plan& p, int32_t idx, int32
     const Lane& ln      = *st->cur;
     switch ((TensorKind)t.kind) {
     case TensorKind::Weight: {
-        if (idx == st->e->ple_tensor) return st->e->ple_dev;
+        if (idx == st->e->host_weight) return st->e->host_weight_dev;
         for (const Gpu::Seg& sg : ln.g->segs)
             if (t.offset >= sg.begin && t.offset < sg.end)
                 return ln.g->weights + sg.at + (t.offset - sg.begin);
@@ -55,7 +55,7 @@ CUdeviceptr addr(const SessionState* st, const plan::Plan& p, int32_t idx, int32
 }
 
 g4_status launch_op(g4_session* s, size_t i, int rows, int out_rows, std::string* err) {
-    SessionState* st    = s->cuda.get();
+    SessionState* st    = session_of(s);
     const plan::Plan& p = s->engine->plan;
     Lane& ln            = *st->cur;
     const Kernels& K    = ln.g->k;

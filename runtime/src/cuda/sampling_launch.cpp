@@ -99,14 +99,14 @@ g4_status lm_screen_setup(const plan::Plan& p, EngineState* st, std::string* err
 }
 
 int32_t device_argmax(const g4_session* s) {
-    s->cuda->ahead_greedy = true;
-    return s->cuda->host_tok[(s->position - 1) & 1];
+    session_of(s)->ahead_greedy = true;
+    return session_of(s)->host_tok[(s->position - 1) & 1];
 }
 
 g4_status device_topk(g4_session* s, int32_t k, float temperature, float penalty, const int32_t* tokens,
                       int32_t n_tokens, const float** values, const int32_t** indices, RowNorm* norm,
                       std::string* err) {
-    SessionState* st    = s->cuda.get();
+    SessionState* st    = session_of(s);
     const plan::Plan& p = s->engine->plan;
     const Driver* d     = st->e->d;
     const long vocab    = p.info().vocab_size;

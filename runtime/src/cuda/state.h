@@ -24,23 +24,25 @@ struct Kernels {
     CUfunction embed, mm_bf16, mm_f32, mm_nf4, gemm_bf16, gemm_nf4, gemv_bf16, gemv_nf4, tc_bf16, tc_nf4, rms,
         elem, rope, kv, attn_part, attn_merge, argmax;
     CUfunction gemv[2][5][2]; // [nf4][lanes per row 8..128][pairs]
-    CUfunction resnorm, resnorm_rep, resnorm_z2, ple_in, qkv_post, attn_decode, attn_decode_bf16,
+    CUfunction resnorm, resnorm_rep, resnorm_z2, group_norm_add, qkv_post, attn_decode, attn_decode_bf16,
         attn_decode_post, attn_decode_post_bf16, nf4_to_bf16, f32_to_bf16, add_bias;
     // The four decode attention kernels above compiled for head dim 256 / 512 ([0] / [1]; order attn_decode,
     // _bf16, _post, _post_bf16): only in modules specialised for a group size (cuda.attn_hpg) of 8 or more,
     // when the plan's module has them; null otherwise.
     CUfunction attn_dim[2][4];
-    CUfunction attn_o[4];  // g4_attn_o_nf4_g1..4 (sm_90 plans only): the decode merge + o projection
-    CUfunction ple[4];     // g4_ple_bf16_g1..4 (sm_90 plans only): the per-layer-input gate + projection
-    CUfunction ple_res[4]; // g4_ple_res_bf16_g1..4: the same with the ResNorm before in its prologue
+    CUfunction attn_o[4]; // g4_attn_o_nf4_g1..4 (sm_90 plans only): the decode merge + o projection
+    CUfunction
+        gated_proj[4]; // g4_gated_proj_bf16_g1..4 (sm_90 plans only): gelu(W_g x + b_g) * aux, then W_p
+    CUfunction resnorm_gated_proj[4]; // g4_resnorm_gated_proj_bf16_g1..4: the same, the ResNorm before in its
+                                      // prologue
     // The fused decode MLP (sm_90 plans only), indexed [+1 _b256: 256 threads, else 128] [+2 _dq:
     // double-quant block scales, else f32] [+4 _rep: adds into output replicas]; 8.. the packed-f16 kernels
     // (plan ip7 = 1, f32 scales only) [+1 _b256] [+2 _rep]; nf4_untile32: the MLP's down weight for prefill
     CUfunction mlp[12], nf4_untile32;
     CUfunction mlp_r[5]; // g4_mlp_nf4_h2_r, _b256_h2_r, _h2_rep_r, _b256_h2_rep_r, _b256_h2_z_r: after a
                          // ResNorm with ip1 = 2
-    CUfunction mlp_z[3]; // g4_mlp_nf4_b256_z, _b256_dq_z, _b256_h2_z: before a folded ResNorm (zero the Ple's
-                         // output)
+    CUfunction mlp_z[3]; // g4_mlp_nf4_b256_z, _b256_dq_z, _b256_h2_z: before a folded ResNorm (zero the
+                         // GatedProj launch's output)
     CUfunction copy_f32, penalize, topk_round, softmax_partial; // GPU sampling
     // LM-head screening (plans whose module has them; null otherwise): g4_lm_screen_build, g4_lm_screen,
     // g4_lm_exact_l{8..128}.
@@ -64,7 +66,7 @@ struct Gpu {
     CUdeviceptr weights    = 0;
     uint64_t weights_bytes = 0; // on the device
     // Plan weight bytes [begin, end) live at weights + at: the plan's ranges for this GPU, less the
-    // PLE table with ple=host.
+    // weight kept on the host.
     using Seg = WeightSeg;
     std::vector<Seg> segs;
     std::string name;
@@ -74,10 +76,11 @@ struct Gpu {
 struct EngineState {
     const Driver* d = nullptr;
     std::vector<Gpu> gpus;
-    // ple=host: the PLE table lives in pinned, device-mapped host memory, read by the plan's GPU.
-    int32_t ple_tensor  = -1;
-    void* ple_host      = nullptr;
-    CUdeviceptr ple_dev = 0;
+    // A weight kept on the host (the plan places it there: placement "host"): it lives in pinned,
+    // device-mapped host memory, read by the plan's GPU.
+    int32_t host_weight         = -1;
+    void* host_weight_mem       = nullptr;
+    CUdeviceptr host_weight_dev = 0;
     // Vision tower on the plan's GPU: plan weight bytes [info().vision_begin, vision_end) live at vision_w.
     CUdeviceptr vision_w  = 0;
     uint64_t vision_bytes = 0;
@@ -182,9 +185,9 @@ struct SessionState {
     // launch_step: the replicas (Lane::mlp_rep) this Mlp launch adds into / this ResNorm sums (the MLP's ip6
     // - 1; 0: none)
     int rep_out = 0, rep_in = 0;
-    // A ResNorm record with ip1 = 1 is folded into the Ple launch after it (g4_ple_res). fold_prev: the
-    // folded ResNorm before this launch (a Ple), fold_next: after it (an Mlp, which zeroes the ResNorm's t7:
-    // _z kernels).
+    // A ResNorm record with ip1 = 1 is folded into the GatedProj launch after it (g4_resnorm_gated_proj).
+    // fold_prev: the folded ResNorm before this launch (a GatedProj), fold_next: after it (an Mlp, which
+    // zeroes the ResNorm's t7: _z kernels).
     const plan::CudaLaunch* fold_prev = nullptr;
     const plan::CudaLaunch* fold_next = nullptr;
     // A ResNorm record with ip1 = 2 is folded into the Mlp launch after it (the _r kernels): mlp_res, that
@@ -193,7 +196,7 @@ struct SessionState {
     bool merge_in_next =
         false; // launch_step: the next decode launch is AttnO, which merges the attention's partials
     // G4_CUDA_PROFILE totals [decode, prefill]: per op code (0..15), then 16 + each fused launch kind
-    static constexpr int kProfCats = 16 + (int)plan::LaunchKind::PleIn + 1;
+    static constexpr int kProfCats = 16 + (int)plan::LaunchKind::GroupNormAdd + 1;
     double prof_ms[kProfCats][2]   = {};
     long prof_n[kProfCats][2]      = {};
     std::chrono::steady_clock::time_point prof_t;

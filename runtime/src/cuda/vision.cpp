@@ -21,7 +21,7 @@ unsigned cdiv(int64_t a, int64_t b) {
 g4_status vision_forward(g4_session* s, const towers::VisionTower& vt, const float* patches,
                          const int32_t* pos, int n_patches, int32_t* host_scratch, float* out, int* n_soft,
                          std::string* err) {
-    SessionState* st    = s->cuda.get();
+    SessionState* st    = session_of(s);
     const Driver* d     = st->e->d;
     Lane& ln            = st->lanes[0];
     const Kernels& K    = ln.g->k;

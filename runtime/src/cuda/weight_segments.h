@@ -15,7 +15,7 @@ struct WeightSeg {
     uint64_t begin, end, at;
 };
 
-// The plan's ranges for one GPU, less the hole [hole_b, hole_e) (the PLE table kept in host memory; empty:
+// The plan's ranges for one GPU, less the hole [hole_b, hole_e) (a weight kept in host memory; empty:
 // hole_e <= hole_b), packed in order, each segment at an offset congruent to its plan offset modulo
 // plan::kWeightAlign, so a device base aligned to it (cuMemAlloc's is at least 256 bytes) keeps the
 // alignment the compiler gave every weight. Appends to *segs; returns the bytes the allocation needs.

@@ -21,7 +21,7 @@ inline int attention_splits(const plan::PlanOp& op) {
     return std::max(0, std::min(128, plan::params<plan::AttentionParams>(op).prefill_splits));
 }
 
-// g4_argmax: 2048 logits a block at Gemma's vocabulary; its buffer holds the token, a counter and
+// g4_argmax: 2048 logits a block at a 262,144-token vocabulary; its buffer holds the token, a counter and
 // the per-block partials.
 inline constexpr unsigned kArgmaxBlocks = 128;
 inline constexpr uint64_t kArgmaxBytes  = (2 + 2 * kArgmaxBlocks) * 4;

@@ -100,7 +100,7 @@ std::string decode_wav(const uint8_t* bytes, size_t size, const std::string& wha
                        " bits (corrupt file)";
             if (rate != 16000)
                 return where + "sample rate is " + std::to_string(rate) +
-                       " Hz; Gemma 4 audio needs 16000 Hz mono, " + kConvert;
+                       " Hz; the audio tower needs 16000 Hz mono, " + kConvert;
             have_fmt = true;
         }
         pos += (size_t)size + (size & 1); // chunks are padded to an even size

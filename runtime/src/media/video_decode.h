@@ -1,5 +1,5 @@
 // Video files for the g4 CLI (runtime/src/media, beside the audio and image decoders): the frames
-// transformers 5.17's Gemma 4 video processor samples, decoded through FFmpeg's libraries
+// transformers 5.17's video processor samples, decoded through FFmpeg's libraries
 // (libavformat/libavcodec; libswscale to RGB, bicubic chroma upsampling, as OpenCV's FFmpeg backend
 // converts), with the timestamps its prompt writes.
 #pragma once
@@ -13,7 +13,7 @@
 
 namespace g4::media {
 
-// The processor's default number of frames (Gemma4VideoProcessor.num_frames).
+// The processor's default number of frames (the video processor's num_frames).
 constexpr int kVideoFrames = 32;
 
 struct VideoFrames {
@@ -27,7 +27,7 @@ struct VideoFrames {
 // The indices the processor samples: torch.arange(0, total, total / n).int() with n = min(num_frames,
 // total) (transformers refuses n > total; g4 then takes every frame, what num_frames=total gives there).
 std::vector<int64_t> video_sample_indices(int64_t total, int num_frames);
-// "mm:ss" of index / fps, as Gemma4Processor.replace_video_token formats it.
+// "mm:ss" of index / fps, as the processor's replace_video_token formats it.
 std::string video_timestamp(int64_t index, double fps);
 
 // Called with each sampled frame (k-th of out->indices) as it is decoded: "" to go on, or an error that

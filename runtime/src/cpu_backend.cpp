@@ -1,0 +1,109 @@
+// The CPU backend (backend.h): a session's arenas in host memory, its program bound to them and replayed by
+// the CPU executor (executor.cpp) on the session's thread pool. Logits are always on the host; sampling is
+// the runtime's (sampler.cpp).
+#include "runtime/src/backend.h"
+#include "runtime/src/engine.h"
+#include "runtime/src/executor.h"
+
+#include <cstdlib>
+#include <cstring>
+
+namespace g4::rt {
+
+namespace {
+
+void* aligned_zalloc(size_t n) {
+    size_t sz = (n + 63) / 64 * 64;
+    void* p   = std::aligned_alloc(64, sz ? sz : 64);
+    if (p) std::memset(p, 0, sz ? sz : 64);
+    return p;
+}
+
+class CpuSession final : public SessionBackend {
+public:
+    explicit CpuSession(g4_session* s) : s_(s) {}
+    ~CpuSession() override {
+        std::free(s_->scratch);
+        std::free(s_->act);
+        std::free(s_->kv);
+        s_->scratch = nullptr, s_->act = s_->kv = nullptr;
+    }
+
+    g4_status run_step(int32_t rows, int32_t pos0, int32_t out_rows, bool, LogitsAt* at,
+                       std::string* err) override {
+        *at = LogitsAt::Host;
+        return rt::run_step(s_, rows, pos0, out_rows, err);
+    }
+    g4_status fetch_logits(std::string*) override { return G4_OK; }
+    void reset() override {}
+    int32_t device_topk_max() const override { return 0; }
+    int32_t device_argmax() override { return -1; }
+    g4_status device_topk(int32_t, float, float, const int32_t*, int32_t, const float**, const int32_t**,
+                          RowNorm*, std::string* err) override {
+        *err = "internal: the CPU backend does not sample on a device";
+        return G4_ERR_INTERNAL;
+    }
+    g4_status kv_transfer(uint64_t offset, void* host, size_t bytes, bool to_host, std::string*) override {
+        uint8_t* kv = s_->kv + (offset - s_->kv_offset0);
+        to_host ? std::memcpy(host, kv, bytes) : std::memcpy(kv, host, bytes);
+        return G4_OK;
+    }
+    g4_status kv_copy(SessionBackend& dst, uint64_t offset, size_t bytes, std::string*) override {
+        g4_session* d = static_cast<CpuSession&>(dst).s_;
+        std::memcpy(d->kv + (offset - d->kv_offset0), s_->kv + (offset - s_->kv_offset0), bytes);
+        return G4_OK;
+    }
+    g4_status state_changed(std::string*) override { return G4_OK; }
+
+private:
+    g4_session* s_;
+};
+
+class CpuEngine final : public EngineBackend {
+public:
+    g4_status create_session(g4_session* s, int n_threads, std::unique_ptr<SessionBackend>* out,
+                             std::string* err) override {
+        const plan::Plan& p = s->engine->plan;
+        const auto& in      = p.info();
+        const int threads   = n_threads > 0 ? n_threads : cpu::default_thread_count();
+        s->pool             = std::make_unique<cpu::ThreadPool>(threads);
+        auto be             = std::make_unique<CpuSession>(s); // frees the arenas below on failure
+        const size_t stride = cpu::scratch_floats_per_thread(in.max_k, in.max_slots);
+        s->scratch          = (float*)aligned_zalloc(stride * threads * sizeof(float));
+        s->act              = (uint8_t*)aligned_zalloc(in.act_arena_bytes);
+        s->kv               = (uint8_t*)aligned_zalloc(in.kv_arena_bytes);
+        if (!s->scratch || !s->act || !s->kv) {
+            *err = "cannot allocate " + std::to_string(s->engine->session_bytes) + " bytes for the session";
+            return G4_ERR_OUT_OF_MEMORY;
+        }
+        s->ctx = {s->pool.get(), s->scratch, stride};
+        bind_ops(s);
+        s->ids    = (int32_t*)(s->act + p.tensor(in.ids_tensor).offset);
+        s->logits = (const float*)(s->act + p.tensor(in.logits_tensor).offset);
+        *out      = std::move(be);
+        return G4_OK;
+    }
+};
+
+} // namespace
+
+g4_status open_cpu_backend(g4_engine* e, std::unique_ptr<EngineBackend>* out, std::string*) {
+    // A step gathers one row of each random-access weight (an embedding table read per token): read-ahead
+    // around those faults would make megabytes of the table resident for each token seen.
+    for (size_t t = 0; t < e->plan.n_tensors(); ++t)
+        if (e->plan.tensor(t).kind == (uint8_t)plan::TensorKind::Weight &&
+            e->plan.tensor(t).flags == (uint8_t)plan::WeightRole::PleTable)
+            e->plan.advise_random(t);
+    *out = std::make_unique<CpuEngine>();
+    return G4_OK;
+}
+
+g4_status open_backend(g4_engine* e, std::unique_ptr<EngineBackend>* out, std::string* err) {
+    const std::string& dev = e->plan.device();
+    if (dev == "cpu") return open_cpu_backend(e, out, err);
+    if (dev == "cuda") return open_cuda_backend(e, out, err);
+    *err = "plan for unknown device '" + dev + "' (this runtime runs cpu and cuda plans)";
+    return G4_ERR_UNSUPPORTED;
+}
+
+} // namespace g4::rt

@@ -1,0 +1,186 @@
+// The per-op CUDA kernels of prefill (embedding gather, KV store, the GEMM tiers) against the scalar
+// reference (kernels/ref). Needs an NVIDIA GPU: each test
+// is skipped where no driver or GPU is present (CI); with a GPU they run in full. Kernels are compiled
+// with NVRTC for the GPU present, exactly as `g4 compile --device cuda` does.
+#include "cuda_test_util.h"
+
+namespace {
+
+using namespace g4test_cuda;
+
+// ---- embedding gather: rows of a bf16 table (the token embedding, and the per-layer-input table L * 256
+// wide), times a scale; several blocks a row past 2048 columns
+struct EmbedCase {
+    int rows, vocab;
+    long cols;
+};
+class Embed : public ::testing::TestWithParam<EmbedCase> {};
+TEST_P(Embed, MatchesGatherBitForBit) {
+    NEED_GPU();
+    const EmbedCase c = GetParam();
+    Dev dev;
+    const std::vector<uint16_t> table = to_bf16(randn((size_t)c.vocab * c.cols, 31));
+    std::vector<int> ids(c.rows);
+    for (int t = 0; t < c.rows; ++t)
+        ids[t] = (t * 7919 + 13) % c.vocab;
+    const float scale = 39.19183588f;
+    long ldy          = c.cols + 32;
+    std::vector<float> want((size_t)c.rows * ldy, -7.0f);
+    for (int t = 0; t < c.rows; ++t)
+        for (long j = 0; j < c.cols; ++j)
+            want[(size_t)t * ldy + j] = bf16_to_f32(table[(size_t)ids[t] * c.cols + j]) * scale;
+    CUdeviceptr step = dev.step(c.rows, 0, 1), gids = dev.up(ids), gtab = dev.up(table),
+                gy = dev.up(std::vector<float>(want.size(), -7.0f));
+    int dt         = 1;
+    long n         = c.cols;
+    float sc       = scale;
+    launch("g4_embed", c.rows, (unsigned)((c.cols + 2047) / 2048), 256,
+           {&step, &gids, &gtab, &dt, &n, &sc, &gy, &ldy});
+    EXPECT_EQ(dev.down<float>(gy, want.size()), want);
+}
+INSTANTIATE_TEST_SUITE_P(RealShapes, Embed,
+                         ::testing::Values(EmbedCase{1, 1000, 1536}, EmbedCase{1, 300, 35 * 256},
+                                           EmbedCase{5, 300, 42 * 256}, EmbedCase{3, 1000, 2560},
+                                           EmbedCase{2, 100, 2047}),
+                         [](const ::testing::TestParamInfo<EmbedCase>& i) {
+                             return "rows" + std::to_string(i.param.rows) + "cols" +
+                                    std::to_string(i.param.cols);
+                         });
+
+// ---- KV store (prefill chunks): rows into the ring, f32 copied, bf16 rounded to nearest even as the
+// reference
+struct KvCase {
+    int rows, width, slots, pos0;
+    DType dt;
+};
+class KvStore : public ::testing::TestWithParam<KvCase> {};
+TEST_P(KvStore, MatchesReferenceBitForBit) {
+    NEED_GPU();
+    const KvCase c = GetParam();
+    Dev dev;
+    const long ld        = c.width + 64; // a view into a wider activation
+    std::vector<float> k = randn((size_t)c.rows * ld, 21), v = randn((size_t)c.rows * ld, 22);
+    Cache rk = make_cache(c.dt, std::vector<float>((size_t)c.slots * c.width, 0.0f)), rv = rk;
+    ref::kv_store({k.data(), ld, v.data(), ld, rk.data(), rv.data(), c.rows, c.width, c.slots, c.pos0, c.dt});
+    CUdeviceptr step = dev.step(c.rows, c.pos0, 1), gk = dev.up(k), gv = dev.up(v),
+                gkc = dev.alloc(rk.bytes()), gvc = dev.alloc(rv.bytes());
+    int width = c.width, slots = c.slots, kvdt = kvdt_arg(c.dt);
+    long ldk = ld;
+    launch("g4_kv_store", c.rows, 1, 256, {&step, &gk, &ldk, &gv, &ldk, &gkc, &gvc, &width, &slots, &kvdt});
+    if (c.dt == DType::BF16) {
+        EXPECT_EQ(bf16_mismatches(dev.down<uint16_t>(gkc, rk.bf16.size()), rk.bf16), 0u);
+        EXPECT_EQ(bf16_mismatches(dev.down<uint16_t>(gvc, rv.bf16.size()), rv.bf16), 0u);
+    } else {
+        EXPECT_EQ(dev.down<float>(gkc, rk.f32.size()), rk.f32);
+        EXPECT_EQ(dev.down<float>(gvc, rv.f32.size()), rv.f32);
+    }
+}
+INSTANTIATE_TEST_SUITE_P(
+    RealShapes, KvStore,
+    ::testing::Values(KvCase{1024, 256, 1535, 1000, DType::BF16}, KvCase{1024, 512, 4096, 3500, DType::BF16},
+                      KvCase{300, 1024, 8192, 100, DType::BF16}, KvCase{1, 512, 32912, 32911, DType::BF16},
+                      KvCase{1024, 256, 1535, 1000, DType::F32}, KvCase{300, 1024, 8192, 100, DType::F32}),
+    [](const ::testing::TestParamInfo<KvCase>& i) {
+        const KvCase& c = i.param;
+        return "rows" + std::to_string(c.rows) + "w" + std::to_string(c.width) + "slots" +
+               std::to_string(c.slots) + "pos" + std::to_string(c.pos0) + "_" + dt_name(c.dt);
+    });
+
+// ---- prefill GEMM tiers: the cuBLAS tier's converters (bit-exact) and GEMM, the tensor-core kernel
+TEST(PrefillGemm, Nf4ToBf16IsExact) {
+    NEED_GPU();
+    Dev dev;
+    for (bool dq : {false, true}) {
+        Weight w        = make_weight(dev, DType::NF4, 2048, 1536, 11, dq);
+        nf4::Layout l   = nf4::layout(w.n * w.k, dq);
+        long n          = w.n * w.k;
+        CUdeviceptr out = dev.alloc(n * 2), codes = w.dev + l.codes_off, am = w.dev + l.absmax_off;
+        CUdeviceptr am2 = dq ? w.dev + l.absmax2_off : 0, off = dq ? w.dev + l.offset_off : 0,
+                    c2 = dq ? w.dev + l.code2_off : 0;
+        int row_major  = 0;
+        launch("g4_nf4_to_bf16", (unsigned)((n / 32 + 255) / 256), 1, 256,
+               {&codes, &am, &am2, &off, &c2, &n, &out, &row_major});
+        std::vector<float> f(n);
+        nf4::dequantize(w.blob.data(), l, 0, n, f.data());
+        std::vector<uint16_t> got = dev.down<uint16_t>(out, n);
+        size_t bad                = 0;
+        for (long i = 0; i < n; ++i)
+            bad += got[i] != f32_to_bf16(f[i]);
+        EXPECT_EQ(bad, 0u) << "double quant " << dq;
+        // The same matrix tiled for g4_mlp_nf4 (plan kQuantTiled32) untiles to the row-major codes and
+        // absmax.
+        const std::vector<uint8_t> tb = nf4::tile32(w.blob, w.n, w.k, dq);
+        CUdeviceptr t = dev.up(tb), tc = t + l.codes_off, ta = t + l.absmax_off,
+                    uc = dev.alloc(l.codes_bytes), ua = dev.alloc((size_t)(n / 64) * (dq ? 1 : 4));
+        int idq = dq, H = (int)w.n, I = (int)w.k;
+        launch("g4_nf4_untile32", (unsigned)((n / 32 + 255) / 256), 1, 256,
+               {&tc, &ta, &idq, &H, &I, &uc, &ua});
+        EXPECT_EQ(
+            dev.down<uint8_t>(uc, l.codes_bytes),
+            std::vector<uint8_t>(w.blob.begin() + l.codes_off, w.blob.begin() + l.codes_off + l.codes_bytes))
+            << "codes, double quant " << dq;
+        const size_t ab = (size_t)(n / 64) * (dq ? 1 : 4);
+        EXPECT_EQ(dev.down<uint8_t>(ua, ab),
+                  std::vector<uint8_t>(w.blob.begin() + l.absmax_off, w.blob.begin() + l.absmax_off + ab))
+            << "absmax, double quant " << dq;
+        // ... and dequantizes in place to the same bf16 matrix (the cuBLAS tier's path for it).
+        CUdeviceptr tout = dev.alloc(n * 2), ta2 = dq ? t + l.absmax2_off : 0,
+                    toff = dq ? t + l.offset_off : 0, tc2 = dq ? t + l.code2_off : 0;
+        launch("g4_nf4_to_bf16", (unsigned)((n / 32 + 255) / 256), 1, 256,
+               {&tc, &ta, &ta2, &toff, &tc2, &n, &tout, &H});
+        EXPECT_EQ(dev.down<uint16_t>(tout, n), got) << "tiled, double quant " << dq;
+    }
+}
+
+TEST(PrefillGemm, CublasAndTensorCoreMatchBf16Reference) {
+    NEED_GPU();
+    Dev dev;
+    const int T = 200, N = 2048, K = 1536;
+    Weight w             = make_weight(dev, DType::NF4, N, K, 12);
+    std::vector<float> x = randn((size_t)T * K, 13);
+    // Reference: bf16-rounded operands, fp32 products.
+    std::vector<float> wf((size_t)N * K), xr(x.size());
+    nf4::dequantize(w.blob.data(), nf4::layout((int64_t)N * K, false), 0, (int64_t)N * K, wf.data());
+    std::vector<uint16_t> wb = to_bf16(wf);
+    for (size_t i = 0; i < x.size(); ++i)
+        xr[i] = bf16_to_f32(f32_to_bf16(x[i]));
+    std::vector<float> want((size_t)T * N);
+    ref::matmul({xr.data(), K, wb.data(), DType::BF16, N, K, want.data(), N, T});
+    CUdeviceptr step = dev.step(T, 0, 1), gx = dev.up(x), gy = dev.alloc(want.size() * 4);
+    nf4::Layout l     = nf4::layout((int64_t)N * K, false);
+    CUdeviceptr codes = w.dev + l.codes_off, am = w.dev + l.absmax_off, z = 0;
+    int mode = 0, n = N, k = K;
+    long ldx = K, ldy = N;
+    launch("g4_tc_gemm_nf4", N / 64, (T + 63) / 64, 128,
+           {&step, &mode, &gx, &ldx, &codes, &am, &z, &z, &z, &n, &k, &gy, &ldy, &z});
+    double e_tc = rel(dev.down<float>(gy, want.size()), want);
+    std::printf("tensor-core NF4 GEMM %dx%dx%d: rel %.2e\n", T, N, K, e_tc);
+    EXPECT_LT(e_tc, 1e-5);
+
+    std::string why;
+    const cublas::Lib* b = cublas::lib(&why);
+    if (!b) {
+        std::printf("cuBLAS tier not checked: %s\n", why.c_str());
+        return;
+    }
+    cublas::Handle h = nullptr;
+    ASSERT_EQ(b->create(&h), 0);
+    CUdeviceptr xs = dev.alloc((size_t)T * K * 2), ws = dev.alloc((size_t)N * K * 2);
+    long numel = (long)N * K;
+    launch("g4_f32_to_bf16", T, (K + 1023) / 1024, 256, {&step, &gx, &ldx, &xs, &k});
+    int row_major = 0;
+    launch("g4_nf4_to_bf16", (unsigned)((numel / 32 + 255) / 256), 1, 256,
+           {&codes, &am, &z, &z, &z, &numel, &ws, &row_major});
+    const float one = 1.0f, zero = 0.0f;
+    ASSERT_EQ(b->gemm_ex(h, cublas::kOpT, cublas::kOpN, N, T, K, &one, (const void*)ws, cublas::kR16BF, K,
+                         (const void*)xs, cublas::kR16BF, K, &zero, (void*)gy, cublas::kR32F, N,
+                         cublas::kCompute32F, cublas::kGemmDefault),
+              0);
+    ASSERT_EQ(gpu().d->cuStreamSynchronize(nullptr), 0);
+    double e_bl = rel(dev.down<float>(gy, want.size()), want);
+    std::printf("cuBLAS tier NF4 GEMM %dx%dx%d: rel %.2e\n", T, N, K, e_bl);
+    EXPECT_LT(e_bl, 1e-5);
+    b->destroy(h);
+}
+
+} // namespace

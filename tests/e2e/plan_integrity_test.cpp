@@ -230,6 +230,24 @@ TEST_F(PlanIntegrity, PlansOfEarlierMinorsStillLoad) {
         ASSERT_EQ(a.exit_code, 0) << a.err;
         EXPECT_EQ(a.out, n.out) << "format 1." << minor;
     }
+    // A CUDA plan of an earlier schema is refused: its kernels are those of the g4 that compiled it.
+    {
+        std::string c          = read_file(plan_);
+        const auto [off, size] = plan_section(c, (uint32_t)g4::plan::SectionKind::Meta);
+        const std::string cpu  = "\n \"device\": \"cpu\",";
+        const size_t k         = c.find(cpu, off);
+        ASSERT_TRUE(k != std::string::npos && k < off + size);
+        c.replace(k, cpu.size(), "\n \"device\":\"cuda\",");
+        reseal_plan(&c);
+        write_file(dir_->file("cuda_now.g4plan"), c);
+        write_file(dir_->file("cuda_old.g4plan"), as_minor(dir_->file("cuda_now.g4plan"), 1));
+        g4_engine* e = nullptr;
+        EXPECT_EQ(g4_engine_open(dir_->file("cuda_old.g4plan").c_str(), nullptr, &e), G4_ERR_PLAN_VERSION);
+        EXPECT_NE(
+            std::string(g4_last_error_message()).find("CUDA plan of format 1.1: its kernels are those of"),
+            std::string::npos)
+            << g4_last_error_message();
+    }
     // An earlier schema's hash is read only with the minor that wrote it.
     std::string b = as_minor(plan_, 1);
     g4::plan::PlanHeader h;

@@ -303,8 +303,8 @@ void collect_keys(const json& j, const std::string& path, std::vector<std::strin
         for (auto it = j.begin(); it != j.end(); ++it) {
             const std::string p = path.empty() ? it.key() : path + "." + it.key();
             out->push_back(p);
-            if (p.find(".config") == std::string::npos)
-                collect_keys(*it, p, out); // a config's keys are its own
+            if (p.find(".config") == std::string::npos && p != "chat")
+                collect_keys(*it, p, out); // a config's and the chat template's keys are their own codecs
         }
     } else if (j.is_array() && !j.empty()) {
         collect_keys(j[0], path, out);
@@ -412,6 +412,7 @@ json to_json(const Meta& m) {
     j["generation"]     = to_json(m.generation);
     j["provenance"]     = to_json(m.provenance);
     j["tokenizer"]      = to_json(m.tokenizer);
+    if (m.chat.is_object() && !m.chat.empty()) j["chat"] = m.chat;
     if (m.placement) {
         j["placement"] = placement_json(*m.placement);
         j["memory"]    = memory_json(m.memory);
@@ -444,6 +445,7 @@ bool read_meta(std::string_view text, uint16_t minor, Meta* m, std::string* err)
         r.generation     = read_generation(object_at(j, "generation"));
         if (j.contains("provenance")) r.provenance = read_provenance(object_at(j, "provenance"));
         if (j.contains("tokenizer")) r.tokenizer = read_tokenizer(object_at(j, "tokenizer"));
+        if (j.contains("chat")) r.chat = object_at(j, "chat");
         if (j.contains("placement")) r.placement = read_placement(object_at(j, "placement"));
         if (j.contains("memory")) r.memory = read_memory(j.at("memory"));
         if (j.contains("towers")) r.towers = read_towers(object_at(j, "towers"), minor);
@@ -472,6 +474,7 @@ std::vector<std::string> meta_keys() {
     m.provenance.merges        = {MetaMerge{}};
     m.provenance.g4_version    = "x";
     m.tokenizer.present        = true;
+    m.chat                     = {{"x", 1}};
     m.placement                = MetaPlacement{};
     m.placement->layers        = {MetaLayerRange{}};
     m.memory                   = {MetaDeviceMemory{"x", {{"x", 1}}, 1, 1}};

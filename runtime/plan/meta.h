@@ -158,6 +158,9 @@ struct Meta {
     MetaGeneration generation;
     MetaProvenance provenance;
     MetaTokenizer tokenizer;
+    // The model's chat template pieces, as the chat template's own codec writes them (an object; null or
+    // empty: absent, and the plan refuses chat only).
+    nlohmann::json chat;
     std::optional<MetaPlacement> placement; // with memory: plans (not the fidelity reference)
     std::vector<MetaDeviceMemory> memory;
     std::optional<MetaTowers> towers;

@@ -2,6 +2,7 @@
 // with the adapter's biases and untied head, split over devices for cross-device plans, and the tower
 // weights appended.
 #include "compiler/stages.h"
+#include "models/gemma4/names.h"
 
 namespace g4::stage {
 
@@ -22,19 +23,15 @@ void build_graph(const Inputs& in, BuiltPlan& b, Report* rep) {
     if (in.adapter)
         for (const auto& m : in.adapter->merges())
             if (m.has_bias) {
-                std::string mod = m.module + ".weight";
-                if (mod.rfind(in.mc.tensor_prefix, 0) == 0)
-                    bo.biased.insert(mod.substr(in.mc.tensor_prefix.size()));
-                else if (mod.rfind("model.language_model.", 0) == 0)
-                    bo.biased.insert(mod.substr(21));
+                if (std::string rel = gemma4::text_relative(in.mc.tensor_prefix, m.module + ".weight");
+                    !rel.empty())
+                    bo.biased.insert(rel);
             }
     // PEFT keeps a tied LM head on the ORIGINAL embedding when modules_to_save replaces embed_tokens
     // (unless the adapter also saves lm_head.weight): untie it so the head can differ.
     if (in.adapter)
         for (const auto& r : in.adapter->replacements())
-            if (r == "lm_head.weight" || r == "model.language_model.embed_tokens.weight" ||
-                r == in.mc.tensor_prefix + "embed_tokens.weight")
-                bo.separate_lm_head = true;
+            if (gemma4::unties_lm_head(in.mc.tensor_prefix, r)) bo.separate_lm_head = true;
     prog     = gemma4::build_text_program(hp, bo);
     b.hybrid = mode == Mode::Plan && !in.layer_device.empty(); // layer_device: CUDA plans only
     if (b.hybrid) rep->cross = cross_device::split(prog, in.layer_device, in.cuda_index);
@@ -51,6 +48,21 @@ void build_graph(const Inputs& in, BuiltPlan& b, Report* rep) {
             d.role = v.shape.empty() ? WeightRole::TowerScalar : WeightRole::Tower;
             prog.tensors.push_back(std::move(d));
         }
+    // The programs: text (with the tower weights above), then each encoder program's tensors and ops (its
+    // weights are tower weights too: after every text weight in WEIGHTS).
+    b.programs.assign(1, ProgramRange{});
+    ProgramRange& text = b.programs[0];
+    text.name          = "text";
+    text.device        = in.cuda_index >= 0 && mode == Mode::Plan ? in.cuda_index : -1;
+    text.op_end        = prog.ops.size();
+    text.tensor_end    = prog.tensors.size();
+    text.inputs        = {prog.ids};
+    text.outputs       = {prog.logits};
+    text.max_rows      = {opt.max_rows, opt.logits_rows, 0, 0};
+    if (mode == Mode::Plan)
+        for (const EncoderProgram& e : in.encoders)
+            b.programs.push_back(append_program(prog, e));
+    b.n_text_ops = b.programs[0].op_end;
 }
 
 } // namespace g4::stage

@@ -3,6 +3,8 @@
 #include "compiler/cuda_compile.h"
 #include "compiler/sha256.h"
 #include "compiler/stages.h"
+#include "models/gemma4/chat.h"
+#include "models/gemma4/names.h"
 #include "runtime/src/cuda/driver.h"
 #include "runtime/src/json_limits.h"
 #include "runtime/src/tokenizer.h"
@@ -185,6 +187,7 @@ void resolve_context(Inputs& in) {
 // Tokenizer and chat template travel inside the plan, so a plan file is self-contained.
 void load_tokenizer(Inputs& in) {
     const CompileOptions& opt = in.opt;
+    in.meta.chat              = gemma4::chat_template().to_json();
     std::string tok_path =
         !opt.tokenizer_path.empty() ? opt.tokenizer_path : opt.model_dir + "/tokenizer.json";
     if (!opt.tokenizer_path.empty() && !fs::exists(tok_path))
@@ -225,14 +228,14 @@ void open_checkpoint(Inputs& in) {
     const CompileOptions& opt = in.opt;
     in.ckpt                   = std::make_unique<st::Checkpoint>(st::Checkpoint::open(opt.model_dir));
     if (in.adapter && in.mc.tensor_prefix == "model.")
-        in.adapter->set_name_alias("model.language_model.", "model.");
+        in.adapter->set_name_alias(gemma4::kMultimodalTextPrefix, "model.");
     // Adapter shapes vs the base, before any heavy work; the first mismatch in sorted module order.
     if (in.adapter) {
         for (const auto& m : in.adapter->merges()) {
             std::string name = m.module + ".weight";
-            if (!in.ckpt->has(name) && in.mc.tensor_prefix == "model." &&
-                name.rfind("model.language_model.", 0) == 0)
-                name = "model." + name.substr(21);
+            if (const std::string alt = gemma4::text_only_spelling(in.mc.tensor_prefix, name);
+                !in.ckpt->has(name) && !alt.empty())
+                name = alt;
             if (!in.ckpt->has(name) || in.ckpt->has(name + ".quant_state.bitsandbytes__nf4")) continue;
             const auto& shape = in.ckpt->get(name).shape;
             if (shape.size() != 2 || shape[0] != m.out || shape[1] != m.in)

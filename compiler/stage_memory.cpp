@@ -129,6 +129,8 @@ uint64_t plan_activations(Program& p, std::vector<uint64_t>& offset) {
     const int n_ops = (int)p.ops.size();
     if (p.ids >= 0) first[p.ids] = 0, last[p.ids] = n_ops;
     if (p.logits >= 0) last[p.logits] = n_ops;
+    for (int t = 0; t < nt; ++t) // (an encoder program's inputs, like the ids)
+        if (p.tensors[t].kind == TensorKind::Input && first[t] >= 0) first[t] = 0, last[t] = n_ops;
 
     struct Block {
         uint64_t off, size;
@@ -162,6 +164,25 @@ uint64_t plan_activations(Program& p, std::vector<uint64_t>& offset) {
     return arena;
 }
 
+// Each program's activations in its own arena: plan_activations over that program's ops (tensors keep their
+// indices); sets r.arena_bytes. The text program is ranges[0] (its ids and logits live for the whole step).
+void plan_program_activations(const Program& prog, std::vector<ProgramRange>& ranges,
+                              std::vector<uint64_t>& offset) {
+    offset.assign(prog.tensors.size(), 0);
+    for (size_t k = 0; k < ranges.size(); ++k) {
+        ProgramRange& r = ranges[k];
+        Program sub;
+        sub.tensors = prog.tensors;
+        sub.ops.assign(prog.ops.begin() + r.op_begin, prog.ops.begin() + r.op_end);
+        sub.ids    = k == 0 ? prog.ids : -1;
+        sub.logits = k == 0 ? prog.logits : r.outputs.empty() ? -1 : r.outputs[0];
+        std::vector<uint64_t> off;
+        r.arena_bytes = plan_activations(sub, off);
+        for (size_t t = r.tensor_begin; t < r.tensor_end; ++t)
+            offset[t] = off[t];
+    }
+}
+
 // Byte sizes and memory plan.
 void lay_out_memory(const Inputs& in, BuiltPlan& b, Report* rep) {
     const CompileOptions& opt   = in.opt;
@@ -185,7 +206,8 @@ void lay_out_memory(const Inputs& in, BuiltPlan& b, Report* rep) {
     auto& wstart                = b.wstart;
     auto& kstart                = b.kstart;
     const bool dq               = opt.double_quant;
-    act_arena                   = plan_activations(prog, act_off);
+    plan_program_activations(prog, b.programs, act_off);
+    act_arena = b.programs[0].arena_bytes;
     off.assign(prog.tensors.size(), 0);
     nbytes.assign(prog.tensors.size(), 0);
     // Cross-device plans: weights and caches are grouped by the devices whose ops touch them, so each
@@ -253,8 +275,8 @@ void lay_out_memory(const Inputs& in, BuiltPlan& b, Report* rep) {
     host_group         = 1 + gpus.size();
     rep->host_weights  = wstart[host_group + 1] - wstart[host_group];
     rep->tower_weights = wstart[towers_group + 1] - wstart[towers_group];
-    for (size_t t = n_text_tensors; t < prog.tensors.size();
-         ++t) { // vision first, then audio: each contiguous
+    for (size_t t = n_text_tensors; t < prog.tensors.size(); ++t) { // each tower's weights contiguous
+        if (prog.tensors[t].kind != TensorKind::Weight) continue;
         const bool vision = tower_group_name(prog.tensors[t].name) == "vision tower";
         uint64_t& b       = vision ? rep->vision_begin : rep->audio_begin;
         uint64_t& e       = vision ? rep->vision_end : rep->audio_end;
@@ -285,12 +307,12 @@ void session_figures(const Inputs& in, const BuiltPlan& b, Report* rep) {
     // runtime allocates from), CPU per-thread scratch.
     {
         rep->cuda_workspace =
-            cuda_ws::workspace(ops.data(), ops.size(), tensors.data(), opt.max_rows, in.max_context,
+            cuda_ws::workspace(ops.data(), b.n_text_ops, tensors.data(), opt.max_rows, in.max_context,
                                hp.vocab_size, true, nullptr, 0, schedule.data(), schedule.size())
                 .device_bytes();
         for (size_t g = 0; g < gpus.size(); ++g) {
             auto& f     = rep->gpus[gpus[g]];
-            f.workspace = cuda_ws::workspace(ops.data(), ops.size(), tensors.data(), opt.max_rows,
+            f.workspace = cuda_ws::workspace(ops.data(), b.n_text_ops, tensors.data(), opt.max_rows,
                                              in.max_context, hp.vocab_size, g == 0, op_dev.data(), gpus[g],
                                              schedule.data(), schedule.size())
                               .device_bytes();
@@ -343,7 +365,7 @@ placement::Figures figures_of(const Inputs& in, const Report& r, bool cpu_layers
     f.vision_gpu_buffers  = in.towers.vision_gpu_bytes;
     f.audio_weights       = r.audio_end - r.audio_begin;
     f.audio_gpu_buffers   = in.towers.audio_gpu_bytes;
-    if (!in.tower_names.empty()) {
+    if (!in.tower_names.empty() || !in.encoders.empty()) {
         f.tower_buffers_vision_gpu = rt::media_block(in.towers.sizing(true, false)).total();
         f.tower_buffers_audio_gpu  = rt::media_block(in.towers.sizing(false, true)).total();
         f.tower_buffers_both_gpu   = rt::media_block(in.towers.sizing(true, true)).total();

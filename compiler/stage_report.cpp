@@ -1,6 +1,7 @@
 // The report stage of `g4 compile` (compiler/stages.h): the adapter's modules checked against what was
 // compiled, the compile report and the --dry-run summary (tensor groups, placement, per-device memory).
 #include "compiler/stages.h"
+#include "models/gemma4/names.h"
 
 #include <cstdio>
 #include <cstring>
@@ -49,26 +50,13 @@ DroppedModules check_adapter_consumed(const Inputs& in) {
     auto& dropped_tower  = dropped.tower;
     if (in.adapter) {
         for (const auto& m : in.adapter->unconsumed()) {
-            std::string rel = m;
-            for (const char* pre : {"model.language_model.", "model."})
-                if (rel.rfind(pre, 0) == 0) {
-                    rel = rel.substr(std::strlen(pre));
-                    break;
-                }
-            int layer = -1;
-            if (std::sscanf(rel.c_str(), "layers.%d.", &layer) == 1 &&
-                layer >= gemma4::first_kv_shared_layer(hp) && hp.num_kv_shared_layers > 0 &&
-                (rel.find("self_attn.k_proj") != std::string::npos ||
-                 rel.find("self_attn.v_proj") != std::string::npos ||
-                 rel.find("self_attn.k_norm") != std::string::npos)) {
+            using gemma4::UnusedModule;
+            const UnusedModule why = gemma4::classify_unused(hp, m);
+            if (why == UnusedModule::KvShared) {
                 dropped_shared.push_back(m);
-            } else if ((m.find("vision_tower") != std::string::npos ||
-                        m.find("embed_vision") != std::string::npos) &&
-                       (!in.mc.has_vision || !opt.vision)) {
+            } else if (why == UnusedModule::VisionTower && (!in.mc.has_vision || !opt.vision)) {
                 dropped_tower.push_back(m);
-            } else if ((m.find("audio_tower") != std::string::npos ||
-                        m.find("embed_audio") != std::string::npos) &&
-                       (!in.mc.has_audio || !opt.audio)) {
+            } else if (why == UnusedModule::AudioTower && (!in.mc.has_audio || !opt.audio)) {
                 dropped_tower.push_back(m);
             } else {
                 throw CompileError("adapter " + opt.adapter_dir + " targets '" + m +
@@ -140,7 +128,7 @@ void print_report(std::ostream& log, const Inputs& in, const placement::Decision
     log << "  ops " << rep.n_ops << ", tensors " << rep.n_tensors
         << "; checkpoint tensors not used by the text decoder: " << rep.ignored_text
         << " (e.g. KV-shared layers' k/v) + " << rep.ignored_other << " (towers left out, if any)\n";
-    if (!in.tower_names.empty()) {
+    if (!in.tower_names.empty() || !in.encoders.empty()) {
         const auto& tm   = in.meta.towers;
         const bool has_v = tm && tm->vision, has_a = tm && tm->audio;
         const bool vgpu = has_v && !tm->vision->device.empty();

@@ -2,7 +2,9 @@
 // checked before any heavy work, their session buffers sized, where each may run. They run on the CPU; in a
 // CUDA plan either may run on the plan's GPU instead (decided with the memory plan, stage_placement.cpp).
 #include "compiler/stages.h"
+#include "kernels/cpu/cpu.h"
 #include "kernels/cpu/thread_pool.h"
+#include "models/gemma4/vision_graph.h"
 #include "runtime/src/towers/audio.h"
 #include "runtime/src/towers/image.h"
 #include "runtime/src/towers/vision.h"
@@ -11,6 +13,8 @@
 #include <cmath>
 #include <cstring>
 #include <deque>
+#include <optional>
+#include <set>
 
 namespace g4::stage {
 namespace {
@@ -61,6 +65,54 @@ void need_ids(const std::string& cfg, const char* tower, const char* what,
                                " in a prompt (--no-" + tower + " leaves the tower out)");
 }
 
+// The vision encoder program (models/gemma4/vision_graph.h) on the CPU: GEMM matmuls in fp32 or bf16, the
+// per-thread scratch of its kernels. The 0-d ClippableLinear bounds are the Clamp ops' parameters; they stay
+// tensors of the program too (unread by its ops) for the GPU encoder, which reads them by name.
+EncoderProgram vision_program(const towers::VisionHParams& vh, int max_patches, bool bf16,
+                              const towers::Lookup& lookup) {
+    gemma4::VisionHParams h;
+    h.hidden_size = vh.hidden_size, h.num_hidden_layers = vh.num_hidden_layers;
+    h.num_attention_heads = vh.num_attention_heads, h.num_key_value_heads = vh.num_key_value_heads;
+    h.head_dim = vh.head_dim, h.intermediate_size = vh.intermediate_size, h.patch_size = vh.patch_size;
+    h.pooling_kernel_size = vh.pooling_kernel_size, h.position_embedding_size = vh.position_embedding_size;
+    h.rms_norm_eps = vh.rms_norm_eps, h.rope_theta = vh.rope_theta;
+    h.use_clipped_linears = vh.use_clipped_linears, h.text_hidden_size = vh.text_hidden_size;
+    gemma4::VisionBuildOptions o;
+    o.max_patches   = max_patches;
+    o.matmul_kernel = bf16 ? 2 : 1;
+    o.scalar        = [&lookup](const std::string& name) -> std::optional<float> {
+        const towers::Tensor* t = lookup(name);
+        if (!t) return std::nullopt;
+        return towers::tensor_at(*t, 0);
+    };
+    gemma4::VisionProgram v = gemma4::build_vision_program(h, o);
+    std::set<std::string> held;
+    for (const auto& t : v.graph.tensors)
+        held.insert(t.name);
+    for (const auto& n : towers::vision_weight_names(vh))
+        if (!held.count(n)) {
+            gemma4::TensorDesc d;
+            d.name = n;
+            d.kind = plan::TensorKind::Weight;
+            d.dims = {1};
+            d.role = gemma4::WeightRole::TowerScalar;
+            v.graph.tensors.push_back(std::move(d));
+        }
+    EncoderProgram e;
+    e.name     = "vision";
+    e.graph    = std::move(v.graph);
+    e.inputs   = {v.pixels, v.positions, v.pool_index};
+    e.outputs  = {v.output};
+    e.max_rows = {v.max_patches, v.max_cells, 0, 0};
+    const int64_t max_k =
+        std::max({(int64_t)3 * vh.patch_size * vh.patch_size, (int64_t)vh.hidden_size,
+                  (int64_t)vh.intermediate_size, (int64_t)vh.num_attention_heads * vh.head_dim});
+    e.thread_floats = std::max({cpu::scratch_floats_per_thread(max_k, 0), cpu::gemm_scratch_floats(),
+                                bf16 ? cpu::gemm_bf16_scratch_floats() : 0,
+                                cpu::self_attention_thread_floats(max_patches)});
+    return e;
+}
+
 void check_vision(Inputs& in, const std::string& cfg, const towers::Lookup& lookup, towers::Precision prec,
                   rt::MediaSizing& z) {
     const CompileOptions& opt  = in.opt;
@@ -108,24 +160,29 @@ void check_vision(Inputs& in, const std::string& cfg, const towers::Lookup& look
     vision_host_bytes    = vt.gpu_host_scratch_bytes();
     vision_thread_floats = vt.thread_scratch_floats();
     z.vision             = true;
-    z.vision_scratch     = vt.scratch_bytes();
+    z.vision_scratch     = vt.gpu_host_scratch_bytes(); // the CPU runs the vision program (its own arena)
     z.resize_scratch     = towers::preprocess_reserve_bytes(opt.max_image_pixels, opt.image_tokens, patch, k);
     z.patch_floats       = (int64_t)max_patches * 3 * patch * patch;
     z.max_patches        = max_patches;
     preprocess_floats    = towers::preprocess_thread_floats(opt.image_tokens, patch, k);
     z.thread_floats      = std::max({z.thread_floats, vt.thread_scratch_floats(), preprocess_floats});
     z.max_soft           = std::max(z.max_soft, opt.image_tokens);
-    for (auto& n : towers::vision_weight_names(vh))
-        in.tower_names.push_back(n);
-    plan::MetaVision& v = towers_meta(in).vision.emplace();
-    v.config            = json::parse(in.mc.vision_config_json).dump();
-    v.image_tokens      = opt.image_tokens;
-    v.max_patches       = max_patches;
-    v.max_image_pixels  = opt.max_image_pixels;
-    v.image_token_id    = in.mc.image_token_id;
-    v.boi_token_id      = in.mc.boi_token_id;
-    v.eoi_token_id      = in.mc.eoi_token_id;
-    v.video_token_id    = in.mc.video_token_id;
+    in.encoders.push_back(vision_program(vh, max_patches, prec == towers::Precision::BF16, lookup));
+    plan::MetaVision& v   = towers_meta(in).vision.emplace();
+    v.config              = json::parse(in.mc.vision_config_json).dump();
+    v.image_tokens        = opt.image_tokens;
+    v.max_patches         = max_patches;
+    v.max_image_pixels    = opt.max_image_pixels;
+    v.image_token_id      = in.mc.image_token_id;
+    v.boi_token_id        = in.mc.boi_token_id;
+    v.eoi_token_id        = in.mc.eoi_token_id;
+    v.video_token_id      = in.mc.video_token_id;
+    v.program             = "vision";
+    v.patch_size          = patch;
+    v.pooling_kernel_size = k;
+    v.position_size       = vh.position_embedding_size;
+    v.pixel_mean          = 0.5f;
+    v.pixel_std           = 0.5f;
 }
 
 void check_audio(Inputs& in, const std::string& cfg, const towers::Lookup& lookup, towers::Precision prec,
@@ -230,7 +287,7 @@ void check_towers(Inputs& in, placement::Placement& place) {
         throw CompileError("--tower-precision: " + e);
     if (in.mc.has_vision && opt.vision) check_vision(in, cfg, lookup, prec, z);
     if (in.mc.has_audio && opt.audio) check_audio(in, cfg, lookup, prec, z);
-    if (!in.tower_names.empty()) {
+    if (!in.tower_names.empty() || !in.encoders.empty()) {
         int64_t queue = opt.max_media_tokens > 0 ? opt.max_media_tokens : std::max<int64_t>(2048, z.max_soft);
         queue         = std::min<int64_t>(queue, in.max_context);
         if (opt.max_media_tokens > in.max_context)

@@ -6,6 +6,7 @@
 #include "compiler/nf4_quant.h"
 #include "compiler/stages.h"
 #include "kernels/nf4.h"
+#include "models/gemma4/names.h"
 
 #include <cmath>
 #include <cstring>
@@ -78,26 +79,21 @@ bool is_tower(const TensorDesc& d) {
     return d.role == WeightRole::Tower || d.role == WeightRole::TowerScalar;
 }
 std::string tower_group_name(const std::string& name) {
-    return name.rfind("vision_tower.", 0) == 0 || name.rfind("embed_vision.", 0) == 0 ? "vision tower"
-                                                                                      : "audio tower";
+    return gemma4::tower_of(name);
 }
 
 std::string source_of(const Inputs& in, const TensorDesc& d) {
-    if (is_tower(d)) return "model." + d.name;
-    return in.mc.tensor_prefix + (d.name == "lm_head.weight" ? std::string("embed_tokens.weight") : d.name);
+    return gemma4::checkpoint_tensor(in.mc.tensor_prefix, d.name, is_tower(d));
 }
 
 std::string adapter_name_of(const Inputs& in, const TensorDesc& d) {
-    return is_tower(d)                  ? "model." + d.name
-           : d.name == "lm_head.weight" ? d.name
-                                        : in.mc.tensor_prefix + d.name;
+    return gemma4::adapter_tensor(in.mc.tensor_prefix, d.name, is_tower(d));
 }
 
 bool is_targeted(const Inputs& in, const BuiltPlan& b, const std::string& hf) {
     if (b.targeted.count(hf)) return true;
-    if (in.mc.tensor_prefix == "model." && hf.rfind("model.", 0) == 0)
-        return b.targeted.count("model.language_model." + hf.substr(6)) > 0;
-    return false;
+    const std::string alt = gemma4::multimodal_spelling(in.mc.tensor_prefix, hf);
+    return !alt.empty() && b.targeted.count(alt) > 0;
 }
 
 // Resolves and validates every weight; chooses its stored dtype.

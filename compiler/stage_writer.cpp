@@ -81,6 +81,13 @@ void make_records(const Inputs& in, BuiltPlan& b) {
         ops[i]      = prog.ops[i].op;
         ops[i].name = intern(prog.ops[i].name);
     }
+    // The programs table: only plans with encoder programs have one (a plan without is the one program
+    // "text").
+    b.program_table.clear();
+    if (b.programs.size() > 1) {
+        b.programs[0].thread_floats = (uint64_t)std::max<int64_t>(32 * b.max_k, in.max_context + 64);
+        b.program_table             = program_records(b.programs, intern);
+    }
     // Ahead-of-time kernel choices for CUDA from the real shapes (the runtime keeps no heuristics).
     cuda::choose_variants(ops, tensors, in.max_context, in.opt.prefill_precision);
     if (in.cuda_index >= 0 && mode == Mode::Plan) {
@@ -99,8 +106,12 @@ void make_records(const Inputs& in, BuiltPlan& b) {
         // The ResNorm making a packed-f16 MLP's input in the MLP's kernel where Matcher::mlp_fold takes it
         // and cuda::mlp_fold_one_wave the MLP's grid; --mlp-fold off: never, all: whatever the grid.
         const int fold_mlp = opt.mlp_fold == "all" ? 2 : opt.mlp_fold == "one-wave" ? 1 : 0;
-        schedule = cuda::decode_schedule(ops, tensors, op_dev, fuse, fuse, in.cuda_spec.attn_hpg, mlp_reps,
-                                         opt.mlp_precision == "f16", fold_ple, fold_mlp);
+        // The decode schedule covers the text program's ops (the encoder programs' follow them).
+        const std::vector<plan::PlanOp> text_ops(ops.begin(), ops.begin() + b.n_text_ops);
+        const std::vector<int> text_dev(op_dev.begin(),
+                                        op_dev.begin() + std::min(op_dev.size(), b.n_text_ops));
+        schedule = cuda::decode_schedule(text_ops, tensors, text_dev, fuse, fuse, in.cuda_spec.attn_hpg,
+                                         mlp_reps, opt.mlp_precision == "f16", fold_ple, fold_mlp);
         for (const plan::CudaLaunch& l : schedule) {
             if (l.kind == (uint16_t)plan::LaunchKind::Mlp)
                 tensors[ops[l.ip[3]].in[1]].quant_flags |= plan::kQuantTiled32;
@@ -199,7 +210,7 @@ std::string plan_meta(const Inputs& in, const BuiltPlan& b, const Report& rep) {
         m.placement.reset();
         m.memory.clear();
     }
-    if (plan_mode && !in.tower_names.empty() && m.towers) {
+    if (plan_mode && (!in.tower_names.empty() || !in.encoders.empty()) && m.towers) {
         m.towers->weights = {wstart[towers_group], wstart[towers_group + 1]};
         if (m.towers->vision) m.towers->vision->weights = plan::ByteRange{rep.vision_begin, rep.vision_end};
         if (m.towers->audio) m.towers->audio->weights = plan::ByteRange{rep.audio_begin, rep.audio_end};
@@ -228,6 +239,9 @@ void write_plan(const Inputs& in, PlanFile* out_file, Mode mode, Report* rep) {
         {plan::SectionKind::Strings, strings.data(), strings.size()},
         {plan::SectionKind::Tensors, tensors.data(), tensors.size() * sizeof(plan::PlanTensor)},
         {plan::SectionKind::Ops, ops.data(), ops.size() * sizeof(plan::PlanOp)}};
+    if (!b.program_table.empty())
+        small.push_back({plan::SectionKind::Programs, b.program_table.data(),
+                         b.program_table.size() * sizeof(plan::PlanProgram)});
     if (!in.tokenizer_json.empty())
         small.push_back({plan::SectionKind::Tokenizer, in.tokenizer_json.data(), in.tokenizer_json.size()});
     if (in.cuda_index >= 0 && mode == Mode::Plan) {

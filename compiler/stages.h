@@ -20,6 +20,7 @@
 #include "compiler/lora.h"
 #include "compiler/output_file.h"
 #include "compiler/placement.h"
+#include "compiler/programs.h"
 #include "compiler/safetensors.h"
 #include "models/gemma4/graph.h"
 #include "runtime/plan/meta.h"
@@ -92,6 +93,7 @@ struct Inputs {
     // Vision/audio towers compiled into the plan (Mode::Plan only; they run on the CPU): their weights'
     // HF names relative to "model.", host bytes a session adds (META "towers": meta.towers).
     std::vector<std::string> tower_names;
+    std::vector<EncoderProgram> encoders; // encoder programs after the text program (Mode::Plan only)
     uint64_t tower_session_bytes = 0;
     TowerSizing towers;
 };
@@ -133,8 +135,11 @@ struct BuiltPlan {
     Mode mode = Mode::Plan;
     gemma4::BuildOptions bo;
     gemma4::Program prog;
-    size_t n_text_tensors = 0; // tower weights follow
-    bool hybrid           = false;
+    size_t n_text_tensors = 0;          // tower weights follow
+    std::vector<ProgramRange> programs; // [0] text (with the tower weights), then the encoder programs
+    size_t n_text_ops = 0;
+    std::vector<plan::PlanProgram> program_table;
+    bool hybrid = false;
     std::map<std::string, bool> targeted; // checkpoint names the adapter merges into or replaces
     std::vector<uint64_t> act_off, off, nbytes;
     uint64_t act_arena = 0, kv_arena = 0, weights_size = 0;
@@ -191,6 +196,9 @@ uint64_t stream_weights(const Inputs& in, const BuiltPlan& b, PlanFile& out, uin
 
 // Memory plan (stage_memory.cpp).
 uint64_t plan_activations(gemma4::Program& p, std::vector<uint64_t>& offset);
+// Every program's activations in its own arena (offset per tensor; ranges[k].arena_bytes set).
+void plan_program_activations(const gemma4::Program& prog, std::vector<ProgramRange>& ranges,
+                              std::vector<uint64_t>& offset);
 void lay_out_memory(const Inputs& in, BuiltPlan& b, Report* rep);
 void session_figures(const Inputs& in, const BuiltPlan& b, Report* rep);
 // Graph, weights policy, memory plan and records of one plan (nothing read or written).

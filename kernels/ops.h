@@ -30,6 +30,12 @@ enum class OpCode : uint16_t {
     Softcap   = 10, // y = cap * tanh(x / cap)
     Copy      = 11, // cross-device step of a CUDA plan with CPU-placed layers: rows of an activation view
                     // from the GPU to host memory (ip1 = 0) or back (ip1 = 1); ip0 = columns
+    // Ops of encoder programs (rows: a program's row counts, plan_format.h PlanProgram).
+    Clamp         = 12, // y = min(max(x, lo), hi)
+    AddPosition2D = 13, // y[r] = x[r] + table[0, pos[r].x] + table[1, pos[r].y] (table [2, P, cols])
+    Rope2D        = 14, // in place: each head's first half rotated by pos[r].x, second half by pos[r].y
+    SelfAttention = 15, // softmax(q.K^T * scale) . V over the same rows (bidirectional, no cache), GQA
+    PoolRows      = 16, // y[c] = w * sum_j x[index[c, j]] (j in order)
 };
 const char* op_name(OpCode op);
 
@@ -133,6 +139,71 @@ struct AttentionArgs {
     float scale;
     float* scratch;              // >= attention_scratch_floats(...) floats, owned by the caller
     DType cache_dt = DType::F32; // F32 or BF16
+};
+
+// ---- encoder program ops ----
+
+struct ClampArgs {
+    const float* x; // [T, ldx]
+    int64_t ldx;
+    float* y; // [T, ldy] (may alias x)
+    int64_t ldy;
+    int32_t rows, cols;
+    float lo, hi;
+};
+
+struct AddPosition2DArgs {
+    const float* x; // [T, ldx]
+    int64_t ldx;
+    const void* table; // [2, positions, cols], dtype dt
+    DType dt;
+    int64_t positions;
+    const int32_t* pos; // [T, 2] = (x, y), each in [0, positions)
+    float* y;           // [T, ldy] (may alias x)
+    int64_t ldy;
+    int32_t rows, cols;
+};
+
+// Within each head of `dim` channels, channels [0, dim/2) rotate by angle pos[r].x * inv_freq[m] and
+// [dim/2, dim) by pos[r].y * inv_freq[m], each half with rotate-half pairing (m, m + dim/4).
+struct Rope2DArgs {
+    float* x; // [T, ldx] = heads x dim, rotated in place
+    int64_t ldx;
+    const float* inv_freq; // [dim/4]
+    const int32_t* pos;    // [T, 2]
+    int32_t rows, heads, dim;
+};
+
+// Every row attends to rows 0..T-1 of k, v (no mask). Query head h reads kv head h / (heads / kv_heads).
+// Floats of SelfAttentionArgs.work the CPU kernel takes: per kv head, K^T in panels of keys padded to
+// kSelfAttentionKeyPad and V.
+inline constexpr int64_t kSelfAttentionKeyPad = 32;
+inline int64_t self_attention_work_floats(int64_t rows, int64_t kv_heads, int64_t dim) {
+    const int64_t padded = (rows + kSelfAttentionKeyPad - 1) / kSelfAttentionKeyPad * kSelfAttentionKeyPad;
+    return kv_heads * (padded + rows) * dim;
+}
+struct SelfAttentionArgs {
+    const float* q; // [T, ldq] = heads x dim
+    int64_t ldq;
+    const float* k; // [T, ldk] = kv_heads x dim
+    int64_t ldk;
+    const float* v; // [T, ldv]
+    int64_t ldv;
+    float* y; // [T, ldy] = heads x dim
+    int64_t ldy;
+    int32_t rows, heads, kv_heads, dim;
+    float scale;
+    float* work; // CPU kernels: self_attention_work_floats(rows, kv_heads, dim) floats; ref: unused
+};
+
+struct PoolRowsArgs {
+    const float* x; // [*, ldx]
+    int64_t ldx;
+    const int32_t* index; // [T, taps] rows of x
+    float* y;             // [T, ldy]
+    int64_t ldy;
+    int32_t rows, cols, taps;
+    float w;
 };
 
 } // namespace g4

@@ -10,12 +10,27 @@
 
 namespace g4::cli {
 
-std::string Chat::attach(g4::ChatMedia kind, const std::string& path, const std::string& what) {
+std::string Chat::attach(ChatKind kind, const std::string& path, const std::string& what) {
     ChatAttachment a;
     a.kind = kind;
     a.path = path;
     std::string err;
-    if (kind == g4::ChatMedia::Image) {
+    if (kind == ChatKind::Video) {
+        if (!mi.has_vision || mi.video_token_id < 0)
+            return what + " " + path +
+                   ": the plan has no vision tower or no video placeholder id (compile a Gemma 4 checkpoint "
+                   "with vision_config and video_token_id, without --no-vision)";
+        try {
+            check_media_ids(info, mi, true);
+        } catch (const RunError& e) {
+            return what + " " + path + ": " + e.what();
+        }
+        // Decoded once now to check it (frames not kept), again when the message is sent.
+        if (!(err = g4::media::load_video(path, video_limits, &a.video,
+                                          [](size_t, const g4::media::ImageRGB8&) { return std::string(); }))
+                 .empty())
+            return err;
+    } else if (kind == ChatKind::Image) {
         if (!mi.has_vision)
             return what + " " + path +
                    ": the plan has no vision tower (compiled with --no-vision, or from a checkpoint "
@@ -75,11 +90,15 @@ Chat::Prompt Chat::render() const {
     for (const ChatTurn& t : turns) {
         msgs.push_back({t.role, t.text, {}});
         for (const ChatAttachment& a : t.media)
-            msgs.back().media.push_back(a.kind);
+            msgs.back().media.push_back(a.kind == ChatKind::Audio ? g4::ChatMedia::Audio
+                                                                  : g4::ChatMedia::Image);
     }
     std::string text, err;
     std::vector<g4::ChatMediaMark> marks;
-    if (!g4::render_chat(msgs, g4::ChatOptions{}, &text, &err, &marks)) throw RunError(err);
+    g4::ChatTemplate tpl;
+    if (!g4::engine_chat_template(e, &tpl, &err) ||
+        !g4::render_chat(tpl, msgs, g4::ChatOptions{}, &text, &err, &marks))
+        throw RunError(err);
     Prompt p;
     size_t at     = 0;
     auto add_text = [&](size_t end) {
@@ -90,13 +109,27 @@ Chat::Prompt Chat::render() const {
     for (const g4::ChatMediaMark& m : marks) {
         add_text(m.offset);
         const ChatAttachment& a = turns[m.message].media[m.item];
-        const bool image        = a.kind == g4::ChatMedia::Image;
+        const bool image        = a.kind == ChatKind::Image;
         const size_t begin      = p.ids.size();
-        p.ids.push_back(image ? mi.boi_token_id : mi.boa_token_id);
-        p.ids.insert(p.ids.end(), (size_t)std::max(a.n, 0), image ? mi.image_token_id : mi.audio_token_id);
-        p.ids.push_back(image ? mi.eoi_token_id : mi.eoa_token_id);
-        p.blocks.push_back({begin, p.ids.size(), m.message, m.item});
-        at = m.offset + (image ? g4::kChatImageMarker : g4::kChatAudioMarker).size();
+        std::vector<size_t> frame_ends;
+        if (a.kind == ChatKind::Video) {
+            // As Hugging Face's processor: per frame "mm:ss " <boi> n x <|video|> <eoi>, joined by a space
+            for (size_t f = 0; f < a.video.times.size(); ++f) {
+                const std::vector<int32_t> t = tokenize(e, (f ? " " : "") + a.video.times[f] + " ", false);
+                p.ids.insert(p.ids.end(), t.begin(), t.end());
+                p.ids.push_back(mi.boi_token_id);
+                p.ids.insert(p.ids.end(), (size_t)std::max(a.n, 0), mi.video_token_id);
+                p.ids.push_back(mi.eoi_token_id);
+                frame_ends.push_back(p.ids.size());
+            }
+        } else {
+            p.ids.push_back(image ? mi.boi_token_id : mi.boa_token_id);
+            p.ids.insert(p.ids.end(), (size_t)std::max(a.n, 0),
+                         image ? mi.image_token_id : mi.audio_token_id);
+            p.ids.push_back(image ? mi.eoi_token_id : mi.eoa_token_id);
+        }
+        p.blocks.push_back({begin, p.ids.size(), m.message, m.item, std::move(frame_ends)});
+        at = m.offset + m.length;
     }
     add_text(text.size());
     return p;
@@ -105,7 +138,7 @@ Chat::Prompt Chat::render() const {
 void Chat::encode(ChatAttachment& a) {
     int32_t n = 0;
     const g4_status st =
-        a.kind == g4::ChatMedia::Image
+        a.kind == ChatKind::Image
             ? g4_session_add_image(s, a.image.rgb.data(), a.image.width, a.image.height, &n)
             : g4_session_add_audio(s, a.audio.samples.data(), (int64_t)a.audio.samples.size(), &n);
     if (st != G4_OK) throw RunError(a.path + ": " + g4_last_error_message());
@@ -113,6 +146,34 @@ void Chat::encode(ChatAttachment& a) {
         throw RunError(a.path + ": encoded again it gives " + std::to_string(n) + " soft tokens, not " +
                        std::to_string(a.n));
     a.n = n;
+}
+
+bool Chat::encode_video(Prompt& p, size_t k) {
+    const Prompt::Block b = p.blocks[k];
+    ChatAttachment& a     = turns[b.turn].media[b.item];
+    bool fit              = true;
+    g4::media::VideoFrames v;
+    const std::string err = g4::media::load_video(
+        a.path, video_limits, &v, [&](size_t f, const g4::media::ImageRGB8& img) -> std::string {
+            int32_t n = 0;
+            if (g4_session_add_video_frame(s, img.rgb.data(), img.width, img.height, &n) != G4_OK)
+                return a.path + ": frame " + std::to_string(v.indices[f]) + ": " + g4_last_error_message();
+            if (f >= b.frame_ends.size() || (a.n >= 0 && n != a.n))
+                return a.path +
+                       ": the file changed since it was attached (decoded again it gives other frames)";
+            if (a.n < 0) {
+                a.n = n; // every frame has the video's size: the same soft tokens
+                if (!(fit = fits(p = render()))) return "-";
+            }
+            feed(p, p.blocks[k].frame_ends[f]);
+            return "";
+        });
+    if (!fit) return false;
+    if (!err.empty()) throw RunError(err);
+    if (v.indices.size() != b.frame_ends.size())
+        throw RunError(a.path +
+                       ": the file changed since it was attached (decoded again it gives other frames)");
+    return true;
 }
 
 void Chat::feed(const Prompt& p, size_t end) {
@@ -164,7 +225,11 @@ bool Chat::prepare(const std::string& text) {
         for (size_t k = 0; k < p.blocks.size(); ++k) {
             if (p.blocks[k].begin < fed.size()) continue;
             ChatAttachment& a = turns[p.blocks[k].turn].media[p.blocks[k].item];
-            const bool fresh  = a.n < 0;
+            if (a.kind == ChatKind::Video) {
+                if (!encode_video(p, k)) return false;
+                continue;
+            }
+            const bool fresh = a.n < 0;
             encode(a);
             if (fresh && !fits(p = render())) return false;
             feed(p, p.blocks[k].end);
@@ -187,8 +252,10 @@ std::string Chat::save(const std::string& path) const {
         if (!t.media.empty()) {
             m["media"] = nlohmann::json::array();
             for (const ChatAttachment& a : t.media)
-                m["media"].push_back(
-                    {{"type", a.kind == g4::ChatMedia::Image ? "image" : "audio"}, {"path", a.path}});
+                m["media"].push_back({{"type", a.kind == ChatKind::Image   ? "image"
+                                               : a.kind == ChatKind::Audio ? "audio"
+                                                                           : "video"},
+                                      {"path", a.path}});
         }
         msgs.push_back(std::move(m));
     }
@@ -228,10 +295,10 @@ std::string Chat::load(const std::string& path) {
                     pending = std::move(keep);
                     return bad;
                 }
-                const bool image = x["type"] == "image";
-                if (std::string err = attach(image ? g4::ChatMedia::Image : g4::ChatMedia::Audio,
-                                             x["path"].get<std::string>(), path);
-                    !err.empty()) {
+                const ChatKind kind = x["type"] == "image"   ? ChatKind::Image
+                                      : x["type"] == "video" ? ChatKind::Video
+                                                             : ChatKind::Audio;
+                if (std::string err = attach(kind, x["path"].get<std::string>(), path); !err.empty()) {
                     pending = std::move(keep);
                     return err;
                 }

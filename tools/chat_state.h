@@ -4,6 +4,7 @@
 #include "runtime/src/chat_template.h"
 #include "runtime/src/media/audio_io.h"
 #include "runtime/src/media/image_io.h"
+#include "runtime/src/media/video_decode.h"
 #include "tools/cli_common.h"
 
 #include <string>
@@ -11,14 +12,20 @@
 
 namespace g4::cli {
 
-// An image or clip attached to a chat message: decoded when attached, encoded by its tower when the message
-// is sent, and again only if the session has to be fed from the start (the history it holds changed).
+// What a chat attachment is. The chat template knows images and clips; a video takes an image's place there
+// (Gemma 4's writes both as "\n\n<marker>\n\n") and its marker becomes the video's per-frame blocks.
+enum class ChatKind { Image, Audio, Video };
+
+// An image, clip or video attached to a chat message: decoded when attached, encoded by its tower when the
+// message is sent, and again only if the session has to be fed from the start (the history it holds
+// changed). A video's frames are not kept: they are decoded again, one at a time, when it is encoded.
 struct ChatAttachment {
-    g4::ChatMedia kind = g4::ChatMedia::Image;
+    ChatKind kind = ChatKind::Image;
     std::string path;
     g4::media::ImageRGB8 image;
     g4::media::AudioPcm audio;
-    int32_t n = -1; // soft tokens, once encoded
+    g4::media::VideoFrames video; // the sampled frames' indices and timestamps (no pixels)
+    int32_t n = -1;               // soft tokens (of a video: of each frame), once encoded
 };
 
 struct ChatTurn {
@@ -35,6 +42,7 @@ struct Chat {
     g4_session* s = nullptr;
     g4_engine_info info{};
     g4_media_info mi{};
+    g4::media::VideoLimits video_limits;           // of each /video (--video-frames, ...)
     std::vector<ChatTurn> turns;                   // (the system turn first, if any)
     std::vector<ChatAttachment> pending;           // for the next user message
     std::vector<int32_t> fed;                      // tokens the session holds
@@ -44,13 +52,14 @@ struct Chat {
         std::vector<int32_t> ids;
         struct Block {
             size_t begin, end, turn, item;
-        }; // ids [begin, end) hold turns[turn].media[item]
+            std::vector<size_t> frame_ends; // a video's: where each frame's <eoi> ends
+        };                                  // ids [begin, end) hold turns[turn].media[item]
         std::vector<Block> blocks;
     };
 
     // Decodes a file for the next message; "" or why it cannot be attached (`what`: "/image", "--audio",
     // ...).
-    std::string attach(g4::ChatMedia kind, const std::string& path, const std::string& what);
+    std::string attach(ChatKind kind, const std::string& path, const std::string& what);
 
     void restart();
 
@@ -61,6 +70,9 @@ struct Chat {
 
     // Runs a's tower; its soft tokens wait in the session's queue for the placeholders.
     void encode(ChatAttachment& a);
+    // Encodes the video of p.blocks[k] frame by frame, feeding each frame's block as soon as its soft tokens
+    // are queued (a video may hold more than the session queues). False when the prompt does not fit.
+    bool encode_video(Prompt& p, size_t k);
 
     // Feeds p.ids [fed.size(), end); fed is a prefix of p.ids.
     void feed(const Prompt& p, size_t end);

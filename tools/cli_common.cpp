@@ -173,6 +173,52 @@ void create_session(const Args& a, g4_engine* eng, Session* s) {
     check(g4_session_create(eng, &spp, &s->s));
 }
 
+std::vector<Option> media_limit_options() {
+    return {
+        {"--video-frames", "N", "frames a --video gives (sampled as the processor does). Default: 32"},
+        {"--max-video-seconds", "S",
+         "longest video stream (its declared and its read duration). Default: 3600"},
+        {"--max-video-stream-frames", "N",
+         "most frames a video stream may hold (each is decoded up to the last one sampled). Default: 216000"},
+        {"--max-image-pixels", "N", "largest image or video frame (width x height); at most the plan's"},
+        {"--max-audio-seconds", "S",
+         "longest audio clip; at most the plan's (g4 compile --max-audio-seconds)"},
+    };
+}
+
+g4::media::VideoLimits media_limits(const Args& a, g4_media_info* mi) {
+    g4::media::VideoLimits v;
+    if (a.has("--video-frames"))
+        v.num_frames =
+            (int)parse_int("--video-frames", a.get("--video-frames"), 1, g4::media::kMaxVideoFrames);
+    if (a.has("--max-video-seconds")) {
+        v.max_seconds = parse_float("--max-video-seconds", a.get("--max-video-seconds"));
+        if (!(v.max_seconds > 0)) throw UsageError("--max-video-seconds must be > 0");
+    }
+    if (a.has("--max-video-stream-frames"))
+        v.max_stream_frames =
+            parse_int("--max-video-stream-frames", a.get("--max-video-stream-frames"), 1, int64_t(1) << 40);
+    if (a.has("--max-image-pixels")) {
+        const int64_t px = parse_int("--max-image-pixels", a.get("--max-image-pixels"), 1, int64_t(1) << 40);
+        if (px > mi->max_image_pixels)
+            throw UsageError("--max-image-pixels " + std::to_string(px) + " is over the plan's " +
+                             std::to_string(mi->max_image_pixels) + " (g4 compile --max-image-pixels)");
+        mi->max_image_pixels = px;
+    }
+    if (a.has("--max-audio-seconds")) {
+        const double s  = parse_float("--max-audio-seconds", a.get("--max-audio-seconds"));
+        const int64_t n = (int64_t)(s * mi->audio_sample_rate);
+        if (!(s > 0) || n > mi->max_audio_samples)
+            throw UsageError(
+                "--max-audio-seconds " + a.get("--max-audio-seconds") + " is outside 0.." +
+                std::to_string((double)mi->max_audio_samples / std::max(1, mi->audio_sample_rate)) +
+                ", the plan's (g4 compile --max-audio-seconds)");
+        mi->max_audio_samples = n;
+    }
+    v.max_pixels = mi->max_image_pixels;
+    return v;
+}
+
 std::vector<Option> sampling_options(const char* n_help) {
     return {
         {"-n", "N", n_help},

@@ -3,6 +3,7 @@
 // command throws (main turns them into one line on stderr), and helpers over the C API.
 #pragma once
 #include "g4/g4.h"
+#include "runtime/src/media/video_decode.h"
 
 #include <atomic>
 #include <cstdint>
@@ -93,6 +94,13 @@ void print_stats(g4_session* s, const g4_engine* e, const g4_engine_info& info);
 
 // The sampling and session options run and chat share (-n's default differs: given by each command).
 std::vector<Option> sampling_options(const char* n_help);
+
+// The media limits run and chat take at run time: --video-frames, --max-video-seconds,
+// --max-video-stream-frames, and --max-image-pixels / --max-audio-seconds, which may only lower the plan's
+// (its session buffers are sized for them).
+std::vector<Option> media_limit_options();
+// Applies them: lowers mi's max_image_pixels / max_audio_samples, returns the video limits.
+g4::media::VideoLimits media_limits(const Args& a, g4_media_info* mi);
 
 // Token streaming into a string (and stdout when echo).
 struct StreamState {

@@ -179,6 +179,8 @@ const char* kChatHelp =
     "  /image FILE      attach an image to the next message\n"
     "  /audio FILE      attach an audio clip (WAV, MP3, FLAC, Ogg, M4A, a video's sound) to the next "
     "message\n"
+    "  /video FILE      attach a video (MP4, WebM, MKV, MOV: 32 frames sampled) to the next message;\n"
+    "                   /video FILE --audio attaches its sound track too\n"
     "  /save FILE       write the conversation to FILE (JSON messages)\n"
     "  /load FILE       replace the conversation with the one in FILE\n"
     "  /reset           start over (the --system text stays)\n"
@@ -196,6 +198,30 @@ std::optional<std::string> command_arg(const std::string& line, const std::strin
     if (arg.size() >= 2 && (arg[0] == '\'' || arg[0] == '"') && arg.back() == arg[0])
         arg = arg.substr(1, arg.size() - 2);
     return arg;
+}
+
+// "/video FILE [--audio]" (or --video FILE with --video-audio): the video, and its sound track as an audio
+// clip after it when asked. Reports what was attached; "" or the error (then nothing is attached).
+std::string attach_video(Chat& chat, std::string arg, const std::string& what, bool sound = false) {
+    constexpr std::string_view kAudio = "--audio";
+    if (arg.size() > kAudio.size() && arg.compare(arg.size() - kAudio.size(), kAudio.size(), kAudio) == 0 &&
+        (arg[arg.size() - kAudio.size() - 1] == ' ' || arg[arg.size() - kAudio.size() - 1] == '\t')) {
+        sound = true;
+        arg   = std::string(
+              g4::strip_python_whitespace(std::string_view(arg).substr(0, arg.size() - kAudio.size())));
+        if (arg.size() >= 2 && (arg[0] == '\'' || arg[0] == '"') && arg.back() == arg[0])
+            arg = arg.substr(1, arg.size() - 2);
+    }
+    std::string err = arg.empty() ? what + " needs a file: " + what + " clip.mp4 [--audio]"
+                                  : chat.attach(ChatKind::Video, arg, what);
+    if (err.empty() && sound && !(err = chat.attach(ChatKind::Audio, arg, what + " --audio")).empty())
+        chat.pending.pop_back(); // not the video without the sound asked for
+    if (!err.empty()) return err;
+    const g4::media::VideoFrames& v = chat.pending[chat.pending.size() - (sound ? 2 : 1)].video;
+    std::fprintf(stderr, "[video %s attached to the next message: %zu of its %lld frames (%.2f fps)%s]\n",
+                 arg.c_str(), v.indices.size(), (long long)v.total_frames, v.fps,
+                 sound ? ", with its sound track" : "");
+    return "";
 }
 
 // Handles a typed /command; false when `line` is a message to send.
@@ -224,6 +250,11 @@ bool run_command(Chat& chat, const std::string& line) {
             }
             return true;
         }
+    if (std::optional<std::string> vid = command_arg(line, "/video")) {
+        if (std::string err = attach_video(chat, *vid, "/video"); !err.empty())
+            std::fprintf(stderr, "g4 chat: error: %s\n", err.c_str());
+        return true;
+    }
     std::optional<std::string> img = command_arg(line, "/image"),
                                aud = img ? std::nullopt : command_arg(line, "/audio");
     if (!img && !aud) {
@@ -234,9 +265,8 @@ bool run_command(Chat& chat, const std::string& line) {
         return true;
     }
     const std::string what = img ? "/image" : "/audio", path = img ? *img : *aud;
-    std::string err = path.empty()
-                          ? what + " needs a file: " + what + (img ? " photo.png" : " clip.wav")
-                          : chat.attach(img ? g4::ChatMedia::Image : g4::ChatMedia::Audio, path, what);
+    std::string err = path.empty() ? what + " needs a file: " + what + (img ? " photo.png" : " clip.wav")
+                                   : chat.attach(img ? ChatKind::Image : ChatKind::Audio, path, what);
     if (!err.empty()) {
         std::fprintf(stderr, "g4 chat: error: %s\n", err.c_str());
     } else if (img) {
@@ -263,6 +293,9 @@ const Command kChat = {
             {"--image", "FILE", "an image for the first message (repeatable)"},
             {"--audio", "FILE",
              "an audio clip (WAV, or any format FFmpeg decodes) for the first message (repeatable)"},
+            {"--video", "FILE",
+             "a video (MP4, WebM, MKV, MOV through FFmpeg) for the first message (repeatable)"},
+            {"--video-audio", nullptr, "also give each --video's sound track, as an audio clip after it"},
         };
         for (Option s : sampling_options("tokens a reply has at most. Default: 512"))
             o.push_back(s);
@@ -270,10 +303,13 @@ const Command kChat = {
             {"--ignore-eos", nullptr, "do not end a reply at the plan's end-of-generation ids (-n ends it)"});
         o.push_back({"--print-ids", nullptr, "print each reply's token ids instead of its text"});
         o.push_back({"--stats", nullptr, "print timings on stderr after each reply"});
+        for (Option s : media_limit_options())
+            o.push_back(s);
         return o;
     }(),
     "On a terminal, lines are edited with GNU readline (arrows, history with up/down) when g4 was built with "
-    "it. Typed commands: /image FILE, /audio FILE, /save FILE, /load FILE, /reset, /exit, /help (a line "
+    "it. Typed commands: /image FILE, /audio FILE, /video FILE [--audio], /save FILE, /load FILE, /reset, "
+    "/exit, /help (a line "
     "starting with another /word is reported, not sent; //TEXT sends /TEXT). Ctrl-C stops a reply and keeps "
     "the conversation; Ctrl-C twice at an empty prompt, or Ctrl-D, quits."};
 
@@ -294,12 +330,16 @@ int cmd_chat(int argc, char** argv) {
     chat.info        = e.info;
     chat.interrupted = &g_interrupted;
     check(g4_engine_get_media_info(e.e, &chat.mi));
+    chat.video_limits = media_limits(a, &chat.mi);
     if (a.has("--system")) chat.turns.push_back({"system", a.get("--system"), {}});
-    for (auto [opt, kind] :
-         {std::pair{"--image", g4::ChatMedia::Image}, std::pair{"--audio", g4::ChatMedia::Audio}})
+    for (auto [opt, kind] : {std::pair{"--image", ChatKind::Image}, std::pair{"--audio", ChatKind::Audio}})
         if (a.multi.count(opt))
             for (const auto& f : a.multi.at(opt))
                 if (std::string err = chat.attach(kind, f, opt); !err.empty()) throw RunError(err);
+    if (a.multi.count("--video"))
+        for (const auto& f : a.multi.at("--video"))
+            if (std::string err = attach_video(chat, f, "--video", a.on("--video-audio")); !err.empty())
+                throw RunError(err);
 
     const bool tty = ::isatty(0);
     if (tty) std::fprintf(stderr, "g4 chat: /help lists the commands; Ctrl-C stops a reply, Ctrl-D quits\n");

@@ -31,10 +31,17 @@ void add_media(const Args& a, g4_engine* e, g4_session* s, std::vector<int32_t>*
                                  : opt == "--audio" ? g4::tools::MediaKind::Audio
                                                     : g4::tools::MediaKind::Video;
             blocks.back().file = f;
+            if (opt == "--video" && a.on("--video-audio")) {
+                blocks.emplace_back();
+                blocks.back().kind = g4::tools::MediaKind::Audio;
+                blocks.back().file = f;
+            }
         }
+    if (a.on("--video-audio") && !a.has("--video")) throw UsageError("--video-audio needs a --video file");
     if (blocks.empty()) return;
     g4_media_info mi{};
     check(g4_engine_get_media_info(e, &mi));
+    const g4::media::VideoLimits limits = media_limits(a, &mi);
     g4_engine_info info{};
     check(g4_engine_get_info(e, &info));
     for (g4::tools::MediaBlock& b : blocks) {
@@ -53,8 +60,7 @@ void add_media(const Args& a, g4_engine* e, g4_session* s, std::vector<int32_t>*
             // Each sampled frame goes through the tower as it is decoded (one frame's pixels held at a time).
             g4::media::VideoFrames v;
             std::string err = g4::media::load_video(
-                b.file, g4::media::kVideoFrames, mi.max_image_pixels, &v,
-                [&](size_t f, const g4::media::ImageRGB8& img) -> std::string {
+                b.file, limits, &v, [&](size_t f, const g4::media::ImageRGB8& img) -> std::string {
                     if (g4_session_add_video_frame(s, img.rgb.data(), img.width, img.height, &n) != G4_OK)
                         return b.file + ": frame " + std::to_string(v.indices[f]) + ": " +
                                g4_last_error_message();
@@ -151,7 +157,10 @@ void feed_prompt(g4_session* s, const g4_engine_info& info, const std::vector<in
 std::vector<int32_t> text_prompt(const Args& a, g4_engine* e) {
     if (!a.on("--chat")) return tokenize_prompt(e, a.get("-p"), true);
     std::string text, err;
-    if (!g4::render_chat({{"user", a.get("-p"), {}}}, g4::ChatOptions{}, &text, &err)) throw RunError(err);
+    g4::ChatTemplate tpl;
+    if (!g4::engine_chat_template(e, &tpl, &err) ||
+        !g4::render_chat(tpl, {{"user", a.get("-p"), {}}}, g4::ChatOptions{}, &text, &err))
+        throw RunError(err);
     return tokenize_prompt(e, text, false);
 }
 
@@ -190,6 +199,9 @@ const Command kRun = {
                   "a video (MP4, WebM, MKV, MOV through FFmpeg): 32 frames sampled as transformers' Gemma 4 "
                   "processor does, each through the vision tower (repeatable): put at the next <|video|>, "
                   "else after <bos>"},
+                 {"--video-audio", nullptr,
+                  "also give each --video's sound track, as an audio clip right after it (placed as an "
+                  "--audio file: at the next <|audio|>, else after the video)"},
                  {"--truncate", nullptr,
                   "keep the last tokens of a prompt longer than the plan's max context. Default: such a "
                   "prompt is an error"},
@@ -200,6 +212,8 @@ const Command kRun = {
                   "(turns off CUDA decode-ahead)"},
                  {"--stats", nullptr, "print load, prefill, decode and sampling timings on stderr"},
              })
+            o.push_back(s);
+        for (Option s : media_limit_options())
             o.push_back(s);
         return o;
     }(),

@@ -23,6 +23,14 @@ Outputs, tests/fixtures/towers/formats/ (images) and tests/fixtures/towers/audio
   audio_files/<clip>         44.1 kHz stereo WAV, 48 kHz stereo FLAC, MP3, Ogg/Opus, M4A/AAC of one signal
   audio_files/<clip>.ref16k.f32  transformers.audio_utils.load_audio(path) (16 kHz mono), where it can load it
   audio_files/audio_files.json   which loader ran, and torchaudio's resample of the lossless files' samples
+
+  python3 tools/make_media_fixtures.py video OUT_DIR   (torch, transformers, OpenCV: the video reference)
+  video/<clip>.ref.frames.png    the processor's sampled frames as load_video decodes them, stacked top to bottom
+  video/<clip>.ref.resized.png   its pixel_values_videos of the first and last frames, un-patchified as uint8
+                                 (asserted lossless), stacked
+  video/<clip>.ref.logits.f32    e2b_tiny_mm float32 logits of [bos, 17, the video's text and blocks, 18] at
+                                 the rows video_ref.json lists; video_ref.json: sampling, timestamps, the
+                                 processor's text, ids, soft tokens a frame, 4 greedy tokens
 """
 import io
 import json
@@ -41,6 +49,8 @@ AUD = os.path.join(ROOT, "tests", "fixtures", "towers", "audio_files")
 VID = os.path.join(ROOT, "tests", "fixtures", "towers", "video")
 BOI, EOI, BOA, EOA = 300, 301, 500, 501
 IMAGE_TOKEN, AUDIO_TOKEN = 258880, 258881
+# The video parity clips (odd sizes and frame rates; more frames than the processor's 32), made by `inputs`.
+VIDEO_CLIPS = ("clip_99x57_14.985fps.mp4", "clip_83x65_23.976fps.webm")
 
 
 def smooth(h, w, ch, seed):
@@ -133,6 +143,14 @@ def inputs():
     subprocess.check_call(src + ["-c:v", "libx264", "-pix_fmt", "yuv444p", "-crf", "28",
                                  os.path.join(VID, "pattern_97x61_12.5fps.mp4")])
     subprocess.check_call(src + ["-c:v", "libvpx-vp9", "-b:v", "60k", os.path.join(VID, "pattern_97x61_12.5fps.webm")])
+    # the parity clips: 45 frames of 99x57 at 15000/1001 fps (H.264 4:4:4), 40 of 83x65 at 24000/1001 (VP9 4:2:0)
+    for (w, h, rate, n, codec), name in zip(((99, 57, "15000/1001", 45, ["-c:v", "libx264", "-pix_fmt", "yuv444p",
+                                                                      "-crf", "30"]),
+                                             (83, 65, "24000/1001", 40, ["-c:v", "libvpx-vp9", "-b:v", "50k"])),
+                                            VIDEO_CLIPS):
+        subprocess.check_call(["ffmpeg", "-v", "error", "-y", "-f", "lavfi", "-i", f"testsrc2=size=160x96:rate={rate}",
+                               "-vf", f"scale={w}:{h}", "-frames:v", str(n), "-fflags", "+bitexact",
+                               "-map_metadata", "-1"] + codec + [os.path.join(VID, name)])
     for d in (FMT, AUD, VID):
         for f in sorted(os.listdir(d)):
             print(f, os.path.getsize(os.path.join(d, f)))
@@ -272,53 +290,100 @@ def reference(out_root):
         json.dump(am, f, indent=1)
 
 
-def video_probe(out):
-    """What transformers' Gemma 4 video processor does with the video inputs (not a fixture yet)."""
-    import inspect
+def video_reference(out):
+    """The video prompts as transformers builds them, for the clips VIDEO_CLIPS: every frame through
+    transformers.video_utils.load_video (OpenCV backend: the reference machine has no torchcodec), then
+    Gemma4VideoProcessor's own sampling, resize and patching (its defaults: 32 frames, 70 soft tokens a frame),
+    Gemma4Processor.replace_video_token's text, and the float32 model's prompt logits and greedy tokens."""
+    import PIL.Image
+    import tokenizers
     import torch
+    import transformers
+    from transformers import Gemma4ForConditionalGeneration
+    from transformers.models.gemma4 import processing_gemma4 as ppm
+    from transformers.models.gemma4 import video_processing_gemma4 as vpm
+    from transformers.video_utils import load_video
     os.makedirs(out, exist_ok=True)
-    info = {}
-    try:
-        from transformers.models.gemma4 import video_processing_gemma4 as vpm
-        from transformers.models.gemma4 import processing_gemma4 as ppm
-        from transformers import video_utils
-        with open(os.path.join(out, "sources.txt"), "w") as f:
-            for m in (vpm, ppm, video_utils):
-                f.write("#### " + m.__file__ + "\n" + inspect.getsource(m))
-        vp = vpm.Gemma4VideoProcessor()
-        info["defaults"] = {k: (v if isinstance(v, (int, float, str, bool, type(None), list, dict)) else str(v))
-                            for k, v in vp.to_dict().items()}
-        from transformers.video_utils import load_video
-        for f in sorted(os.listdir(VID)):
-            if not f.endswith((".mp4", ".webm", ".mkv", ".mov")):
-                continue
-            e = {}
+    ckpt = os.path.join(ROOT, "tests", "fixtures", "e2b_tiny_mm")
+    cfg = json.load(open(os.path.join(ckpt, "config.json")))
+    boi, eoi, video_id = cfg["boi_token_id"], cfg["eoi_token_id"], cfg["video_token_id"]
+    tok = tokenizers.Tokenizer.from_file(os.path.join(ckpt, "tokenizer.json"))
+    model = Gemma4ForConditionalGeneration.from_pretrained(ckpt, dtype=torch.float32,
+                                                           attn_implementation="eager").eval()
+    vp = vpm.Gemma4VideoProcessor()
+    meta = {"transformers": transformers.__version__, "torch": torch.__version__, "decoder": "opencv " +
+            __import__("cv2").__version__, "processor": {k: getattr(vp, k) for k in
+            ("num_frames", "max_soft_tokens", "patch_size", "pooling_kernel_size", "do_sample_frames")}, "clips": []}
+
+    class Stub:  # what replace_video_token reads of the processor, with marker strings for the special tokens
+        boi_token, eoi_token, video_token, video_processor = "\x01", "\x02", "\x03", vp
+
+    for f in VIDEO_CLIPS:
+        e = {"file": f}
+        try:
+            frames, md = load_video(os.path.join(VID, f), backend="opencv",
+                                    sample_indices_fn=lambda metadata, **kw: np.arange(metadata.total_num_frames))
+            md.frames_indices = None  # the processor samples from every frame, as from a fresh decode
+            e["metadata"] = {k: getattr(md, k) for k in ("total_num_frames", "fps", "width", "height", "duration")}
+            r = vp(videos=[frames], video_metadata=[md], return_metadata=True, return_tensors="pt")
+            m = r["video_metadata"][0]
+            idx = [int(i) for i in m.frames_indices]
+            pv, pos = r["pixel_values_videos"][0], r["video_position_ids"][0]
+            n_soft = int(r["num_soft_tokens_per_video"][0])
+            n = int((pos[0] != -1).all(-1).sum())
+            gw, gh = int(pos[0, :n, 0].max()) + 1, int(pos[0, :n, 1].max()) + 1
+            real = pv[:, :n].numpy().reshape(len(idx), gh, gw, 16, 16, 3).transpose(0, 1, 3, 2, 4, 5)
+            real = real.reshape(len(idx) * gh * 16, gw * 16, 3)
+            u8 = np.rint(real.astype(np.float64) * 255).astype(np.uint8)
+            assert np.array_equal(u8.astype(np.float32) * np.float32(1 / 255), real) or np.array_equal(
+                (u8.astype(np.float64) / 255).astype(np.float32), real), "pixel values are not u8/255"
+            base = f + ".ref"
+            PIL.Image.fromarray(np.concatenate([frames[i] for i in idx], 0), "RGB").save(
+                os.path.join(out, base + ".frames.png"), optimize=True)
+            keep = [0, len(idx) - 1]  # the first and last frames' pixel values (all 32 would take 3 MB)
+            fh = gh * 16
+            PIL.Image.fromarray(np.concatenate([u8[k * fh:(k + 1) * fh] for k in keep], 0), "RGB").save(
+                os.path.join(out, base + ".resized.png"), optimize=True)
             try:
-                # Every frame with its metadata (OpenCV's FFmpeg backend: this machine has no torchcodec, and
-                # 5.17's processor takes no backend argument), then the processor's own sampling and resizing.
-                frames, md = load_video(os.path.join(VID, f), backend="opencv",
-                                        sample_indices_fn=lambda metadata, **kw: np.arange(metadata.total_num_frames))
-                md.frames_indices = None
-                e["metadata"] = {k: getattr(md, k) for k in ("total_num_frames", "fps", "width", "height", "duration")}
-                for kw in ({"num_frames": 8}, {"fps": 2}, {}):
-                    tag = json.dumps(kw)
-                    try:
-                        r = vp(videos=[frames], video_metadata=[md], return_metadata=True, return_tensors="pt", **kw)
-                        m = r["video_metadata"][0]
-                        e[tag] = {"frames_indices": [int(i) for i in m.frames_indices], "timestamps": list(m.timestamps),
-                                  "shape": list(r["pixel_values_videos"].shape),
-                                  "n_soft": int(r["num_soft_tokens_per_video"][0])}
-                    except Exception as ex:  # noqa: BLE001
-                        e[tag] = {"error": str(ex)[:300]}
-            except Exception:  # noqa: BLE001
-                import traceback
-                e["error"] = traceback.format_exc()[-1500:]
-            info[f] = e
-    except Exception:  # noqa: BLE001
-        import traceback
-        info["error"] = traceback.format_exc()[-1500:]
-    with open(os.path.join(out, "video.json"), "w") as fh:
-        json.dump(info, fh, indent=1, default=str)
+                text = ppm.Gemma4Processor.replace_video_token(Stub(), r, 0)
+                e["text_from"] = "Gemma4Processor.replace_video_token"
+            except Exception as ex:  # noqa: BLE001
+                text = " ".join("%02d:%02d \x01%s\x02" % (int(t // 60), int(t % 60), "\x03" * n_soft)
+                                for t in (i / md.fps for i in idx))
+                e["text_from"] = "mm:ss of index / fps (replace_video_token failed: %s)" % str(ex)[:200]
+            ids, piece = [], ""
+            for ch in text + "\x00":
+                if ch in "\x00\x01\x02\x03":
+                    if piece:
+                        ids += tok.encode(piece, add_special_tokens=False).ids
+                    piece = ""
+                    ids += {"\x01": [boi], "\x02": [eoi], "\x03": [video_id], "\x00": []}[ch]
+                else:
+                    piece += ch
+            prompt = [2, 17] + ids + [18]
+            kw = dict(pixel_values_videos=r["pixel_values_videos"], video_position_ids=r["video_position_ids"])
+            with torch.no_grad():
+                lg = model(input_ids=torch.tensor([prompt]), use_cache=False, **kw).logits[0]
+            try:
+                with torch.no_grad():
+                    gen = model.generate(input_ids=torch.tensor([prompt]), max_new_tokens=4, do_sample=False,
+                                         **kw)[0, len(prompt):]
+            except Exception as ex:  # noqa: BLE001
+                e["generate_error"] = str(ex)[:300]
+                gen = lg[-1:].argmax(-1)
+            rows = [i for i in range(len(prompt)) if i % 24 == 0 or i >= len(prompt) - 4]
+            lg[rows].numpy().astype("<f4").tofile(os.path.join(out, base + ".logits.f32"))
+            e.update({"frames_indices": idx, "timestamps": [float(t) for t in m.timestamps], "text": text.replace(
+                "\x01", "<boi>").replace("\x02", "<eoi>").replace("\x03" * n_soft, "<video x %d>" % n_soft),
+                "n_soft": n_soft, "grid_wh": [gw, gh], "frames": base + ".frames.png",
+                "resized": base + ".resized.png", "resized_frames": keep, "ids": prompt, "rows": rows, "logits": base + ".logits.f32",
+                "greedy": [int(t) for t in gen]})
+        except Exception:  # noqa: BLE001
+            import traceback
+            e["error"] = traceback.format_exc()[-2000:]
+        meta["clips"].append(e)
+    with open(os.path.join(out, "video_ref.json"), "w") as fh:
+        json.dump(meta, fh, indent=1, default=str)
 
 
 if __name__ == "__main__":
@@ -327,6 +392,6 @@ if __name__ == "__main__":
     elif len(sys.argv) == 3 and sys.argv[1] == "reference":
         reference(sys.argv[2])
     elif len(sys.argv) == 3 and sys.argv[1] == "video":
-        video_probe(sys.argv[2])
+        video_reference(sys.argv[2])
     else:
         sys.exit("usage: make_media_fixtures.py inputs | reference OUT_DIR | video OUT_DIR")

@@ -69,4 +69,18 @@ void rope(const Context& c, const RopeArgs& a);
 void kv_store(const Context& c, const KvStoreArgs& a);
 void attention(const Context& c, const AttentionArgs& a); // ignores a.scratch; uses Context scratch
 
+// Encoder-program ops (kernels/cpu/encoder_ops.cpp).
+void clamp(const Context& c, const ClampArgs& a);
+void add_position_2d(const Context& c, const AddPosition2DArgs& a);
+void rope_2d(const Context& c, const Rope2DArgs& a);
+// K^T of each kv head packed into a.work in panels of kGemmNr keys, then query blocks of
+// kSelfAttentionRows rows of one head per task: scores [rows, keys rounded up to kGemmNr] in the thread's
+// scratch (self_attention_thread_floats), both products through gemm_block.
+constexpr int kSelfAttentionRows = 2 * kGemmMr;
+size_t self_attention_thread_floats(int64_t max_rows);
+void self_attention(const Context& c, const SelfAttentionArgs& a);
+void pool_rows(const Context& c, const PoolRowsArgs& a);
+// y = gelu_tanh(a) * b with Eigen's vectorised tanh (the encoder MLPs; GeluMul ops of encoder programs).
+void gelu_mul_vec(const Context& c, const BinaryArgs& a);
+
 } // namespace g4::cpu

@@ -61,6 +61,16 @@ const char* op_name(OpCode op) {
         return "softcap";
     case OpCode::Copy:
         return "copy";
+    case OpCode::Clamp:
+        return "clamp";
+    case OpCode::AddPosition2D:
+        return "add_position_2d";
+    case OpCode::Rope2D:
+        return "rope_2d";
+    case OpCode::SelfAttention:
+        return "self_attention";
+    case OpCode::PoolRows:
+        return "pool_rows";
     }
     return "unknown";
 }

@@ -20,4 +20,11 @@ void attention(const AttentionArgs& a); // uses a.scratch for at least `slots` f
 
 float gelu_tanh(float x);
 
+// Encoder-program ops (kernels/ref/encoder_ops.cpp).
+void clamp(const ClampArgs& a);
+void add_position_2d(const AddPosition2DArgs& a);
+void rope_2d(const Rope2DArgs& a);
+void self_attention(const SelfAttentionArgs& a); // ignores a.work
+void pool_rows(const PoolRowsArgs& a);
+
 } // namespace g4::ref

@@ -92,9 +92,9 @@ class Plan:
     def apply_chat_template(
         self, messages: Sequence[Message], *, add_generation_prompt: bool = True, tokenize: bool = False
     ) -> str | list[int]:
-        """Renders a conversation in Gemma 4's turn format (with <bos>, and "<|turn>model\\n" when
-        ``add_generation_prompt``). Image and audio parts of a message's content become their placeholder
-        tokens. ``tokenize``: return the ids instead of the text."""
+        """Renders a conversation with the chat template the plan records (for Gemma 4: <bos>, its turns, and
+        "<|turn>model\\n" when ``add_generation_prompt``). Image and audio parts of a message's content become
+        their placeholder tokens. ``tokenize``: return the ids instead of the text."""
         text = self._render(messages, add_generation_prompt, None, None)
         return self.tokenize(text, add_special=False) if tokenize else text
 

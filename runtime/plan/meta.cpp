@@ -244,6 +244,14 @@ json towers_json(const MetaTowers& t) {
                                {"max_patches", v.max_patches},       {"max_image_pixels", v.max_image_pixels},
                                {"image_token_id", v.image_token_id}, {"boi_token_id", v.boi_token_id},
                                {"eoi_token_id", v.eoi_token_id},     {"video_token_id", v.video_token_id}};
+        if (!v.program.empty()) {
+            o["program"]             = v.program;
+            o["patch_size"]          = v.patch_size;
+            o["pooling_kernel_size"] = v.pooling_kernel_size;
+            o["position_size"]       = v.position_size;
+            o["pixel_mean"]          = v.pixel_mean;
+            o["pixel_std"]           = v.pixel_std;
+        }
         tower_common_json(o, v.device, v.gpu_bytes, v.weights);
         j["vision"] = o;
     }
@@ -280,6 +288,14 @@ MetaTowers read_towers(const json& j, uint16_t minor) {
         v.boi_token_id     = jf::get<int32_t>(o, "boi_token_id");
         v.eoi_token_id     = jf::get<int32_t>(o, "eoi_token_id");
         v.video_token_id   = since_1_2<int32_t>(o, "video_token_id", minor, -1);
+        if (o.contains("program")) {
+            v.program             = jf::get<std::string>(o, "program");
+            v.patch_size          = jf::get<int32_t>(o, "patch_size");
+            v.pooling_kernel_size = jf::get<int32_t>(o, "pooling_kernel_size");
+            v.position_size       = jf::get<int32_t>(o, "position_size");
+            v.pixel_mean          = jf::get<float>(o, "pixel_mean");
+            v.pixel_std           = jf::get<float>(o, "pixel_std");
+        }
         read_tower_common(o, &v.device, &v.gpu_bytes, &v.weights);
         t.vision = v;
     }
@@ -482,6 +498,7 @@ std::vector<std::string> meta_keys() {
     t.vision         = MetaVision{};
     t.audio          = MetaAudio{};
     t.vision->config = t.audio->config = "{}";
+    t.vision->program                  = "x";
     t.vision->device = t.audio->device = "cuda:0";
     t.vision->weights = t.audio->weights = ByteRange{0, 1};
     m.towers                             = t;

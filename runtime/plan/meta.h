@@ -122,8 +122,13 @@ struct MetaVision {
     int64_t max_image_pixels = 0;
     int32_t image_token_id = -1, boi_token_id = -1, eoi_token_id = -1;
     int32_t video_token_id = -1; // absent before video
-    std::string device;          // "" = absent (the CPU); "cuda:N"
-    uint64_t gpu_bytes = 0;      // with device
+    // The vision encoder program (PROGRAMS) and its input layout; program "" = absent (a plan whose vision
+    // tower is not an encoder program: the other fields are then not written).
+    std::string program;
+    int32_t patch_size = 0, pooling_kernel_size = 0, position_size = 0;
+    float pixel_mean = 0, pixel_std = 1; // (p - pixel_mean) / pixel_std of pixel values in [0, 1]
+    std::string device;                  // "" = absent (the CPU); "cuda:N"
+    uint64_t gpu_bytes = 0;              // with device
     std::optional<ByteRange> weights;
 };
 struct MetaAudio {

@@ -41,12 +41,14 @@ template <> struct OpTable<EmbedParams> {
 struct MatmulParams {
     int32_t decode_variant  = 0; // MatmulVariant for steps of one row (CUDA plans)
     int32_t prefill_variant = 0; // MatmulVariant for prefill chunks (CUDA plans)
+    int32_t cpu_kernel      = 0; // encoder programs: 1 the fp32 GEMM, 2 the bf16 GEMM (text program: 0)
 };
 template <> struct OpTable<MatmulParams> {
     static constexpr OpCode code       = OpCode::Matmul;
     static constexpr const char* inout = "in:x,w,bias?";
     static constexpr std::array fields = {int_param("decode_variant", &MatmulParams::decode_variant, 5),
-                                          int_param("prefill_variant", &MatmulParams::prefill_variant, 6)};
+                                          int_param("prefill_variant", &MatmulParams::prefill_variant, 6),
+                                          int_param("cpu_kernel", &MatmulParams::cpu_kernel, 4)};
 };
 
 struct RmsNormParams {
@@ -158,9 +160,70 @@ template <> struct OpTable<CopyParams> {
                                           int_param("src_device", &CopyParams::src_device, 2)};
 };
 
+// Encoder-program ops (12-16): their rows are a row count of the program's run (row_mode kRowCountBase + k).
+struct ClampParams {
+    int32_t cols = 0;
+    float lo = 0, hi = 0; // y = min(max(x, lo), hi)
+};
+template <> struct OpTable<ClampParams> {
+    static constexpr OpCode code       = OpCode::Clamp;
+    static constexpr const char* inout = "in:x";
+    static constexpr std::array fields = {int_param("cols", &ClampParams::cols, 0),
+                                          float_param("lo", &ClampParams::lo, 0),
+                                          float_param("hi", &ClampParams::hi, 1)};
+};
+
+struct AddPosition2DParams {
+    int32_t cols = 0;
+};
+template <> struct OpTable<AddPosition2DParams> {
+    static constexpr OpCode code       = OpCode::AddPosition2D;
+    static constexpr const char* inout = "in:x,table,pos";
+    static constexpr std::array fields = {int_param("cols", &AddPosition2DParams::cols, 0)};
+};
+
+struct Rope2DParams {
+    int32_t heads = 0, dim = 0;
+};
+template <> struct OpTable<Rope2DParams> {
+    static constexpr OpCode code       = OpCode::Rope2D;
+    static constexpr const char* inout = "in:x,inv_freq,pos";
+    static constexpr std::array fields = {int_param("heads", &Rope2DParams::heads, 0),
+                                          int_param("dim", &Rope2DParams::dim, 1)};
+};
+
+struct SelfAttentionParams {
+    int32_t heads = 0, kv_heads = 0, dim = 0;
+    float scale = 1.0f;
+};
+template <> struct OpTable<SelfAttentionParams> {
+    static constexpr OpCode code       = OpCode::SelfAttention;
+    static constexpr const char* inout = "in:q,k,v;out:y,work";
+    static constexpr std::array fields = {int_param("heads", &SelfAttentionParams::heads, 0),
+                                          int_param("kv_heads", &SelfAttentionParams::kv_heads, 1),
+                                          int_param("dim", &SelfAttentionParams::dim, 2),
+                                          float_param("scale", &SelfAttentionParams::scale, 0)};
+};
+
+struct PoolRowsParams {
+    int32_t cols = 0, taps = 0;
+    int32_t src_count = 0;    // the row count x's rows are of
+    float weight      = 1.0f; // y[c] = weight * sum of the taps
+};
+template <> struct OpTable<PoolRowsParams> {
+    static constexpr OpCode code       = OpCode::PoolRows;
+    static constexpr const char* inout = "in:x,index";
+    static constexpr std::array fields = {int_param("cols", &PoolRowsParams::cols, 0),
+                                          int_param("taps", &PoolRowsParams::taps, 1),
+                                          int_param("src_count", &PoolRowsParams::src_count, 2),
+                                          float_param("weight", &PoolRowsParams::weight, 0)};
+};
+
 // Every op's parameter struct, in op-code order (the schema hash and docs walk it).
-using AllOpParams = std::tuple<EmbedParams, MatmulParams, RmsNormParams, AddParams, ScaleParams, RopeParams,
-                               KvStoreParams, AttentionParams, GeluMulParams, SoftcapParams, CopyParams>;
+using AllOpParams =
+    std::tuple<EmbedParams, MatmulParams, RmsNormParams, AddParams, ScaleParams, RopeParams, KvStoreParams,
+               AttentionParams, GeluMulParams, SoftcapParams, CopyParams, ClampParams, AddPosition2DParams,
+               Rope2DParams, SelfAttentionParams, PoolRowsParams>;
 
 // The row of docs/plan-format.md's op table for P: "| `attention` (8) | in:q,kc,vc | `heads` ip0, ... |".
 std::string op_doc_row(const char* op_name_text, int code, const char* inout, const std::string& fields);

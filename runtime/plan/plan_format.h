@@ -47,7 +47,8 @@ enum class SectionKind : uint32_t {
     Tokenizer    = 6,
     Cubin        = 7,
     Ptx          = 8,
-    CudaSchedule = 9
+    CudaSchedule = 9,
+    Programs     = 10, // PlanProgram records (format >= 1.2; absent: one program "text", every op and tensor)
 };
 
 struct PlanHeader {
@@ -140,6 +141,30 @@ struct PlanOp {
 static_assert(sizeof(PlanOp) == 104);
 
 inline constexpr uint16_t kNoLayer = 0xFFFF;
+
+// ---- Programs (section PROGRAMS, format >= 1.2) ----------------------------------------------------------
+// A plan holds several op programs: "text" (the decoder, stepped by the runtime; always first) and one per
+// media encoder, run once per input by name. Program i owns ops [op_begin, op_end) and tensors [tensor_begin,
+// tensor_end), both contiguous and disjoint between programs, in order. Its activations and inputs have
+// offsets in its own activation arena of arena_bytes on its device (the text program's arena is META
+// program.act_arena_bytes). A run of a non-text program passes up to kMaxRowCounts row counts; an op with
+// row_mode kRowCountBase + k runs over row count k (inputs and outputs; an op reading rows of another count
+// names that count in its parameters), and every count is at most max_rows[k].
+inline constexpr int kMaxRowCounts     = 4;
+inline constexpr int32_t kRowCountBase = 16;
+struct PlanProgram {
+    uint32_t name;  // offset into STRINGS: "text", "vision", ...
+    int32_t device; // -1 the CPU, else a CUDA device index
+    uint32_t op_begin, op_end;
+    uint32_t tensor_begin, tensor_end;
+    uint64_t arena_bytes;
+    int32_t inputs[4];               // Input tensors the caller fills before a run (-1 = none), in its rows
+    int32_t outputs[2];              // Activation tensors the caller reads after a run (-1 = none)
+    int32_t max_rows[kMaxRowCounts]; // bound of each row count (0: unused)
+    uint64_t thread_floats;          // per-thread scratch its CPU kernels need (floats)
+    uint64_t reserved;
+};
+static_assert(sizeof(PlanProgram) == 88);
 
 // CUDA kernel variants chosen by the compiler for a matmul (PlanOp.ip[5] for decode steps of one
 // row, ip[6] for prefill chunks); CPU plans ignore them.

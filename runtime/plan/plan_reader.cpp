@@ -7,6 +7,7 @@
 #include "runtime/src/sampler.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -44,6 +45,8 @@ const char* section_name(uint32_t kind) {
         return "CUDA kernels (PTX)";
     case SectionKind::CudaSchedule:
         return "CUDA schedule (CUDA_SCHEDULE)";
+    case SectionKind::Programs:
+        return "programs (PROGRAMS)";
     }
     return "unknown";
 }
@@ -149,7 +152,8 @@ g4_status Plan::load(const std::string& path, bool verify_weights, std::string* 
     sections_.assign((const PlanSection*)(base + tab), (const PlanSection*)(base + tab) + n);
     const uint64_t table_end = tab + n * sizeof(PlanSection);
 
-    const PlanSection *meta = nullptr, *strs = nullptr, *tens = nullptr, *ops = nullptr, *wts = nullptr;
+    const PlanSection *meta = nullptr, *strs = nullptr, *tens = nullptr, *ops = nullptr, *wts = nullptr,
+                      *progs = nullptr;
     for (size_t k = 0; k < sections_.size(); ++k) {
         const PlanSection& s = sections_[k];
         const std::string what =
@@ -190,6 +194,9 @@ g4_status Plan::load(const std::string& path, bool verify_weights, std::string* 
             break;
         case SectionKind::Ptx:
             ptx_ = std::string_view((const char*)base + s.offset, s.size);
+            break;
+        case SectionKind::Programs:
+            progs = &s;
             break;
         case SectionKind::CudaSchedule:
             if (s.size % sizeof(CudaLaunch) || s.offset % 8)
@@ -232,7 +239,8 @@ g4_status Plan::load(const std::string& path, bool verify_weights, std::string* 
                         std::to_string(header_->format_minor) +
                         ": its kernels are those of the g4 that compiled it, not this runtime's" + recompile,
                     err);
-    const g4_status bad = validate_records(err);
+    g4_status bad = validate_programs(progs, err);
+    if (bad == G4_OK) bad = validate_records(err);
     if (bad != G4_OK && err && err->find("re-run g4 compile") == std::string::npos) *err += recompile;
     return bad;
 }
@@ -286,6 +294,10 @@ std::string Plan::program_info() {
             info_.boi_token_id     = v->boi_token_id;
             info_.eoi_token_id     = v->eoi_token_id;
             info_.video_token_id   = v->video_token_id;
+            info_.pixel_mean       = v->pixel_mean;
+            info_.pixel_std        = v->pixel_std;
+            if (!(info_.pixel_std > 0) || !std::isfinite(info_.pixel_mean) || !std::isfinite(info_.pixel_std))
+                return "vision pixel_mean / pixel_std";
             if (!v->device.empty()) {
                 if (device_ != "cuda" || v->device != gpu || !v->weights)
                     return "vision tower device '" + v->device + "'";
@@ -563,7 +575,7 @@ std::string Plan::check_launch(size_t i, size_t next) const {
     }; // a row's width
     std::string what = "CUDA schedule record " + std::to_string(i);
     if (l.kind > (uint16_t)LaunchKind::GroupNormAdd || l.count < 1 || l.op != (int32_t)next ||
-        next + l.count > n_ops_)
+        next + l.count > n_ops())
         return what + ": bad kind or op range";
     if (l.kind == (uint16_t)LaunchKind::QkvAttn &&
         ((l.ip[4] != 2 && l.ip[4] != 6) || l.count != l.ip[4] + 1 ||
@@ -648,7 +660,7 @@ std::string Plan::check_launch(size_t i, size_t next) const {
         const bool ok         = l.ip[1] == 1 && mlp && mlp->kind == (uint16_t)LaunchKind::Mlp &&
                         mlp->t[0] == l.t[1] && mlp->ip[5] == 256 && mlp->ip[6] == 1 && ple &&
                         ple->kind == (uint16_t)LaunchKind::GatedProj && ple->op == l.op + l.count &&
-                        l.op + l.count < (int32_t)n_ops_ && ops_[l.op + l.count].in[0] == l.t[4] &&
+                        l.op + l.count < (int32_t)n_ops() && ops_[l.op + l.count].in[0] == l.t[4] &&
                         l.t[0] >= 0 && l.t[1] >= 0 && l.t[2] >= 0 && l.t[4] >= 0 && l.t[3] < 0 &&
                         l.t[5] < 0 && l.t[6] < 0 && l.fp[1] == 1.0f && l.ip[0] > 0 && l.ip[0] % 4 == 0;
         if (!ok)
@@ -768,8 +780,8 @@ g4_status Plan::validate_records(std::string* err) {
         case TensorKind::KvCache:
             limit = in.kv_arena_bytes;
             break;
-        default:
-            limit = in.act_arena_bytes;
+        default: // in the arena of the program that owns it
+            limit = programs_[tensor_program(i)].arena_bytes;
             break;
         }
         if (t.offset > limit || t.nbytes > limit - t.offset)
@@ -789,7 +801,8 @@ g4_status Plan::validate_records(std::string* err) {
     for (size_t i = 0; i < n_tensors_; ++i) {
         const PlanTensor& t = tensors_[i];
         const uint64_t size = (t.nbytes + kTensorAlign - 1) / kTensorAlign * kTensorAlign;
-        if (t.kind == (uint8_t)TensorKind::Activation || t.kind == (uint8_t)TensorKind::Input)
+        if ((t.kind == (uint8_t)TensorKind::Activation || t.kind == (uint8_t)TensorKind::Input) &&
+            i < programs_[0].tensor_end)
             act_sum += size;
         if (t.kind == (uint8_t)TensorKind::KvCache) kv_sum += size;
         if (t.kind == (uint8_t)TensorKind::Weight && t.ndim == 2) widest_k = std::max(widest_k, t.dims[1]);
@@ -816,10 +829,12 @@ g4_status Plan::validate_records(std::string* err) {
         const PlanOp& op = ops_[i];
         std::string what = "op " + std::to_string(i);
         if (op.name >= strings_size_) return fail(CORRUPT, what + ": name out of bounds", err);
-        if (op.code < (uint16_t)OpCode::Embed || op.code > (uint16_t)OpCode::Copy)
+        if (std::string_view(op_name((OpCode)op.code)) == "unknown")
             return fail(CORRUPT, what + ": unknown op code", err);
-        if (op.row_mode < 0 || op.row_mode > 2) return fail(CORRUPT, what + ": bad row mode", err);
-        if (op.layer != kNoLayer && op.layer >= in.num_layers)
+        // (The other programs' ops: row modes and tensors checked by check_program against their program.)
+        const bool text = i < n_ops();
+        if (text && (op.row_mode < 0 || op.row_mode > 2)) return fail(CORRUPT, what + ": bad row mode", err);
+        if (text && op.layer != kNoLayer && op.layer >= in.num_layers)
             return fail(CORRUPT,
                         what + ": layer " + std::to_string(op.layer) + " of a model of " +
                             std::to_string(in.num_layers) + recompile,
@@ -839,7 +854,8 @@ g4_status Plan::validate_records(std::string* err) {
         if (const std::string bad = check_launch(i, next); !bad.empty()) return fail(CORRUPT, bad, err);
         next += launches_[i].count;
     }
-    if (n_launches_ && next != n_ops_) return fail(CORRUPT, "CUDA schedule does not cover every op", err);
+    if (n_launches_ && next != n_ops())
+        return fail(CORRUPT, "CUDA schedule does not cover every op of the text program", err);
     return G4_OK;
 }
 

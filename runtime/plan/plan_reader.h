@@ -47,7 +47,9 @@ struct ProgramInfo {
     // texts are parsed by runtime/src/towers; "" = no such tower.
     std::string vision_config, audio_config;
     int32_t image_tokens = 0, max_patches = 0; // soft tokens / patches of the largest image
-    int64_t max_image_pixels = 0;              // input width * height a session takes
+    // The vision encoder program's pixel normalisation: (p - pixel_mean) / pixel_std of values in [0, 1].
+    float pixel_mean = 0, pixel_std = 1;
+    int64_t max_image_pixels = 0; // input width * height a session takes
     int32_t image_token_id = -1, boi_token_id = -1, eoi_token_id = -1;
     int32_t video_token_id    = -1; // -1: the checkpoint has none (or the plan predates video)
     int64_t max_audio_samples = 0;
@@ -97,7 +99,17 @@ public:
     const std::string& architecture() const { return arch_; }
     const std::vector<PlanSection>& sections() const { return sections_; }
     size_t n_tensors() const { return n_tensors_; }
-    size_t n_ops() const { return n_ops_; }
+    // Ops of the text program (program 0: ops 0..n_ops()-1, the decoder a step replays); n_ops_all() counts
+    // the other programs' ops too, which follow it in OPS.
+    size_t n_ops() const { return programs_.empty() ? n_ops_ : programs_[0].op_end; }
+    size_t n_ops_all() const { return n_ops_; }
+    // The plan's programs (section PROGRAMS; a plan without one has the single program "text"): index 0 is
+    // "text". find_program returns the index of the program named `name`, or -1.
+    size_t n_programs() const { return programs_.size(); }
+    const PlanProgram& program(size_t i) const { return programs_[i]; }
+    int find_program(std::string_view name) const;
+    // The program that owns tensor t (its activations live in that program's arena).
+    size_t tensor_program(size_t t) const;
     const PlanTensor& tensor(size_t i) const { return tensors_[i]; }
     const PlanOp& op(size_t i) const { return ops_[i]; }
     const char* str(uint32_t off) const { return strings_ + off; }
@@ -128,6 +140,10 @@ public:
     // layer's, else the plan's GPU (-1: the CPU; CPU plans: always -1).
     bool hybrid() const { return !info_.layer_device.empty(); }
     int op_device(size_t i) const {
+        if (i >= n_ops()) { // another program's op: that program's device
+            for (const PlanProgram& g : programs_)
+                if (i >= g.op_begin && i < g.op_end) return g.device;
+        }
         if (device_ != "cuda") return -1;
         const uint16_t l = ops_[i].layer;
         return l != kNoLayer && l < info_.layer_device.size() ? info_.layer_device[l] : cuda_device_;
@@ -142,6 +158,7 @@ private:
     g4_status fail(g4_status st, const std::string& msg, std::string* err) const;
     g4_status validate_records(std::string* err);
     std::string program_info();
+    g4_status validate_programs(const PlanSection* sec, std::string* err);
     std::string launch_operands(const CudaLaunch& l) const;
     std::string check_launch(size_t i, size_t next) const;
 
@@ -159,6 +176,7 @@ private:
     const PlanOp* ops_         = nullptr;
     size_t n_ops_              = 0;
     std::string_view tokenizer_, cubin_, ptx_;
+    std::vector<PlanProgram> programs_;
     const CudaLaunch* launches_ = nullptr;
     size_t n_launches_          = 0;
     std::string device_         = "cpu", cuda_target_;

@@ -39,9 +39,15 @@ constexpr FieldLayout kOp[]      = {
          G4_FIELD(PlanOp, code), G4_FIELD(PlanOp, layer),  G4_FIELD(PlanOp, name),    G4_FIELD(PlanOp, in),
          G4_FIELD(PlanOp, out),  G4_FIELD(PlanOp, in_col), G4_FIELD(PlanOp, out_col), G4_FIELD(PlanOp, row_mode),
          G4_FIELD(PlanOp, ip),   G4_FIELD(PlanOp, fp)};
-constexpr FieldLayout kLaunch[] = {G4_FIELD(CudaLaunch, kind), G4_FIELD(CudaLaunch, count),
-                                   G4_FIELD(CudaLaunch, op),   G4_FIELD(CudaLaunch, t),
-                                   G4_FIELD(CudaLaunch, ip),   G4_FIELD(CudaLaunch, fp)};
+constexpr FieldLayout kProgram[] = {G4_FIELD(PlanProgram, name),          G4_FIELD(PlanProgram, device),
+                                    G4_FIELD(PlanProgram, op_begin),      G4_FIELD(PlanProgram, op_end),
+                                    G4_FIELD(PlanProgram, tensor_begin),  G4_FIELD(PlanProgram, tensor_end),
+                                    G4_FIELD(PlanProgram, arena_bytes),   G4_FIELD(PlanProgram, inputs),
+                                    G4_FIELD(PlanProgram, outputs),       G4_FIELD(PlanProgram, max_rows),
+                                    G4_FIELD(PlanProgram, thread_floats), G4_FIELD(PlanProgram, reserved)};
+constexpr FieldLayout kLaunch[]  = {G4_FIELD(CudaLaunch, kind), G4_FIELD(CudaLaunch, count),
+                                    G4_FIELD(CudaLaunch, op),   G4_FIELD(CudaLaunch, t),
+                                    G4_FIELD(CudaLaunch, ip),   G4_FIELD(CudaLaunch, fp)};
 #undef G4_FIELD
 
 template <size_t N> void record(std::string* s, const char* name, size_t size, const FieldLayout (&f)[N]) {
@@ -101,6 +107,8 @@ std::string build_schema() {
     record(&s, "tensor", sizeof(PlanTensor), kTensor);
     record(&s, "op", sizeof(PlanOp), kOp);
     record(&s, "launch", sizeof(CudaLaunch), kLaunch);
+    record(&s, "program", sizeof(PlanProgram), kProgram);
+    s += "programs" + std::to_string((int)SectionKind::Programs) + "(text0);";
     s += "ops:";
     ops_schema(&s, (AllOpParams*)nullptr);
     s += ";dtypes:";
@@ -112,7 +120,8 @@ std::string build_schema() {
          std::to_string((int)TensorKind::Activation) + ",kv" + std::to_string((int)TensorKind::KvCache) +
          "(dtype:f32|bf16,rne on store),input" + std::to_string((int)TensorKind::Input) + ";";
     s += "rowmode:all" + std::to_string((int)RowMode::All) + ",tailin" +
-         std::to_string((int)RowMode::TailIn) + ",outrows" + std::to_string((int)RowMode::OutRows) + ";";
+         std::to_string((int)RowMode::TailIn) + ",outrows" + std::to_string((int)RowMode::OutRows) +
+         ",rowcount" + std::to_string(kRowCountBase) + "+k(k<" + std::to_string(kMaxRowCounts) + ");";
     s += "matmul_variant:cublas" + std::to_string((int)MatmulVariant::Cublas) + ";";
     s += "roles:tower" + std::to_string(kRoleTower) + ",tower_scalar" + std::to_string(kRoleTowerScalar) +
          ",ple_table" + std::to_string((int)WeightRole::PleTable) + ";";

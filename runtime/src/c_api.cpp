@@ -588,7 +588,10 @@ g4_status g4_chat_render(const g4_engine* e, const g4_chat_message* msgs, size_t
     g4::ChatOptions opt;
     opt.add_generation_prompt = add_generation_prompt != 0;
     std::string text, err;
-    if (!g4::render_chat(v, opt, &text, &err))
+    g4::ChatTemplate tpl;
+    if (!g4::engine_chat_template(e, &tpl, &err))
+        return set_error(G4_ERR_UNSUPPORTED, "g4_chat_render: " + err);
+    if (!g4::render_chat(tpl, v, opt, &text, &err))
         return set_error(G4_ERR_INVALID_ARGUMENT, "g4_chat_render: " + err);
     return deliver(text.data(), text.size(), out, cap, out_n);
     G4_GUARD_END
@@ -626,7 +629,10 @@ g4_status g4_chat_render_ids(const g4_engine* e, const g4_chat_media_message* ms
     opt.add_generation_prompt = add_generation_prompt != 0;
     std::string text, err;
     std::vector<g4::ChatMediaMark> marks;
-    if (!g4::render_chat(v, opt, &text, &err, &marks))
+    g4::ChatTemplate tpl;
+    if (!g4::engine_chat_template(e, &tpl, &err))
+        return set_error(G4_ERR_UNSUPPORTED, "g4_chat_render_ids: " + err);
+    if (!g4::render_chat(tpl, v, opt, &text, &err, &marks))
         return set_error(G4_ERR_INVALID_ARGUMENT, "g4_chat_render_ids: " + err);
     std::vector<int32_t> ids, part;
     size_t at     = 0;
@@ -645,7 +651,7 @@ g4_status g4_chat_render_ids(const g4_engine* e, const g4_chat_media_message* ms
         ids.insert(ids.end(), (size_t)msgs[m.message].media[m.item].n_tokens,
                    image ? in.image_token_id : in.audio_token_id);
         ids.push_back(image ? in.eoi_token_id : in.eoa_token_id);
-        at = m.offset + (image ? g4::kChatImageMarker : g4::kChatAudioMarker).size();
+        at = m.offset + m.length;
     }
     if (!add_text(text.size())) return set_error(G4_ERR_INVALID_ARGUMENT, "g4_chat_render_ids: " + err);
     return deliver(ids.data(), ids.size(), out_ids, cap, out_n);

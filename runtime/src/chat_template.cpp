@@ -1,5 +1,6 @@
-// Implementation of the Gemma 4 chat prompt renderer (see chat_template.h).
+// The chat prompt renderer and the META "chat" codec (see chat_template.h).
 #include "runtime/src/chat_template.h"
+#include "runtime/src/engine.h"
 
 #include <cstdint>
 
@@ -31,21 +32,26 @@ size_t space_len_at(std::string_view s, size_t i) {
     return is_py_space(cp) ? len : 0;
 }
 
-void append_model_text(std::string_view text, std::string* out) {
-    // Jinja strip_thinking: split on "<channel|>", keep what precedes "<|channel>" in each part.
-    constexpr std::string_view kOpen = "<|channel>", kClose = "<channel|>";
+// Removes every span from `open` up to the next `close` (or the end), as a Jinja "strip thinking" macro
+// does: split on close, keep what precedes open in each part.
+std::string without_spans(std::string_view text, std::string_view open, std::string_view close) {
     std::string kept;
     size_t i = 0;
     while (true) {
-        size_t close = text.find(kClose, i);
-        std::string_view part =
-            text.substr(i, close == std::string_view::npos ? std::string_view::npos : close - i);
-        size_t open = part.find(kOpen);
-        kept.append(open == std::string_view::npos ? part : part.substr(0, open));
-        if (close == std::string_view::npos) break;
-        i = close + kClose.size();
+        size_t c              = text.find(close, i);
+        std::string_view part = text.substr(i, c == std::string_view::npos ? std::string_view::npos : c - i);
+        size_t o              = part.find(open);
+        kept.append(o == std::string_view::npos ? part : part.substr(0, o));
+        if (c == std::string_view::npos) break;
+        i = c + close.size();
     }
-    out->append(strip_python_whitespace(kept));
+    return kept;
+}
+
+using json = nlohmann::json;
+
+json media_json(const ChatTemplate::Media& m) {
+    return {{"before", m.before}, {"marker", m.marker}, {"after", m.after}};
 }
 
 } // namespace
@@ -69,8 +75,83 @@ std::string_view strip_python_whitespace(std::string_view s) {
     return s.substr(b, e - b);
 }
 
-bool render_chat(const std::vector<ChatMessage>& messages, const ChatOptions& opts, std::string* out,
-                 std::string* err, std::vector<ChatMediaMark>* marks) {
+json ChatTemplate::to_json() const {
+    return {{"bos", bos},
+            {"system_roles", system_roles},
+            {"system_start", system_start},
+            {"system_end", system_end},
+            {"turn_start", turn_start},
+            {"role_end", role_end},
+            {"turn_end", turn_end},
+            {"role_names", role_names},
+            {"generation_prompt", generation_prompt},
+            {"trim", trim},
+            {"reasoning", {{"role", reasoning.role}, {"open", reasoning.open}, {"close", reasoning.close}}},
+            {"image", media_json(image)},
+            {"audio", media_json(audio)}};
+}
+
+std::string ChatTemplate::from_json(const json& j, ChatTemplate* out) {
+    if (!j.is_object()) return "not an object";
+    ChatTemplate t;
+    auto text = [&](const json& o, const char* k, std::string* v) {
+        if (!o.is_object() || !o.contains(k) || !o[k].is_string())
+            return std::string("no string '") + k + "'";
+        *v = o[k].get<std::string>();
+        return std::string();
+    };
+    std::string e;
+    for (auto [k, v] : {std::pair{"bos", &t.bos},
+                        {"system_start", &t.system_start},
+                        {"system_end", &t.system_end},
+                        {"turn_start", &t.turn_start},
+                        {"role_end", &t.role_end},
+                        {"turn_end", &t.turn_end},
+                        {"generation_prompt", &t.generation_prompt}})
+        if (!(e = text(j, k, v)).empty()) return e;
+    for (auto [k, m] : {std::pair{"image", &t.image}, {"audio", &t.audio}})
+        for (auto [f, v] : {std::pair{"before", &m->before}, {"marker", &m->marker}, {"after", &m->after}})
+            if (!(e = text(j.contains(k) ? j[k] : json(), f, v)).empty()) return std::string(k) + ": " + e;
+    for (auto [f, v] :
+         {std::pair{"role", &t.reasoning.role}, {"open", &t.reasoning.open}, {"close", &t.reasoning.close}})
+        if (!(e = text(j.contains("reasoning") ? j["reasoning"] : json(), f, v)).empty())
+            return "reasoning: " + e;
+    if (!j.contains("trim") || !j["trim"].is_boolean()) return "no boolean 'trim'";
+    t.trim = j["trim"].get<bool>();
+    if (!j.contains("system_roles") || !j["system_roles"].is_array()) return "no list 'system_roles'";
+    for (const json& r : j["system_roles"]) {
+        if (!r.is_string()) return "'system_roles' holds a non-string";
+        t.system_roles.push_back(r.get<std::string>());
+    }
+    if (!j.contains("role_names") || !j["role_names"].is_object()) return "no object 'role_names'";
+    for (auto it = j["role_names"].begin(); it != j["role_names"].end(); ++it) {
+        if (!it.value().is_string()) return "'role_names' holds a non-string";
+        t.role_names[it.key()] = it.value().get<std::string>();
+    }
+    if (!t.reasoning.role.empty() && (t.reasoning.open.empty() || t.reasoning.close.empty()))
+        return "reasoning: empty open or close";
+    if (t.image.marker.empty() || t.audio.marker.empty()) return "an empty media marker";
+    *out = std::move(t);
+    return "";
+}
+
+bool plan_chat_template(const std::string& meta_json, ChatTemplate* out, std::string* err) {
+    json meta = json::parse(meta_json, nullptr, false);
+    if (meta.is_discarded() || !meta.is_object() || !meta.contains("chat")) {
+        if (err)
+            *err = "the plan records no chat template (META \"chat\"; plans compiled by an earlier g4 have "
+                   "none): recompile it with g4 compile";
+        return false;
+    }
+    if (std::string e = ChatTemplate::from_json(meta["chat"], out); !e.empty()) {
+        if (err) *err = "the plan's chat template (META \"chat\") is malformed: " + e;
+        return false;
+    }
+    return true;
+}
+
+bool render_chat(const ChatTemplate& tpl, const std::vector<ChatMessage>& messages, const ChatOptions& opts,
+                 std::string* out, std::string* err, std::vector<ChatMediaMark>* marks) {
     if (!out) return false;
     out->clear();
     if (marks) marks->clear();
@@ -78,39 +159,47 @@ bool render_chat(const std::vector<ChatMessage>& messages, const ChatOptions& op
         if (err) *err = "chat template: no messages";
         return false;
     }
+    auto content = [&](std::string_view text) {
+        out->append(tpl.trim ? strip_python_whitespace(text) : text);
+    };
+    auto is_system = [&](const std::string& role) {
+        for (const std::string& r : tpl.system_roles)
+            if (r == role) return true;
+        return false;
+    };
     try {
-        out->append(opts.bos_token);
+        out->append(opts.bos_token.empty() ? tpl.bos : opts.bos_token);
         size_t first = 0;
-        if (messages[0].role == "system" || messages[0].role == "developer") {
+        if (is_system(messages[0].role)) {
             if (!messages[0].media.empty()) {
                 out->clear();
                 if (err)
                     *err = "chat template: the " + messages[0].role + " message cannot hold images or audio";
                 return false;
             }
-            out->append("<|turn>system\n");
-            out->append(strip_python_whitespace(messages[0].content));
-            out->append("<turn|>\n");
+            out->append(tpl.system_start);
+            content(messages[0].content);
+            out->append(tpl.system_end);
             first = 1;
         }
         for (size_t i = first; i < messages.size(); ++i) {
             const ChatMessage& m    = messages[i];
-            const std::string& role = m.role == "assistant" ? std::string("model") : m.role;
-            out->append("<|turn>").append(role).append("\n");
+            const auto renamed      = tpl.role_names.find(m.role);
+            const std::string& role = renamed != tpl.role_names.end() ? renamed->second : m.role;
+            out->append(tpl.turn_start).append(role).append(tpl.role_end);
             for (size_t k = 0; k < m.media.size(); ++k) {
-                const bool image = m.media[k] == ChatMedia::Image;
-                if (image) out->append("\n\n");
-                if (marks) marks->push_back({out->size(), i, k, m.media[k]});
-                out->append(image ? kChatImageMarker : kChatAudioMarker);
-                if (image) out->append("\n\n");
+                const ChatTemplate::Media& md = m.media[k] == ChatMedia::Image ? tpl.image : tpl.audio;
+                out->append(md.before);
+                if (marks) marks->push_back({out->size(), i, k, m.media[k], md.marker.size()});
+                out->append(md.marker).append(md.after);
             }
-            if (role == "model")
-                append_model_text(m.content, out);
+            if (!tpl.reasoning.role.empty() && role == tpl.reasoning.role)
+                content(without_spans(m.content, tpl.reasoning.open, tpl.reasoning.close));
             else
-                out->append(strip_python_whitespace(m.content));
-            out->append("<turn|>\n");
+                content(m.content);
+            out->append(tpl.turn_end);
         }
-        if (opts.add_generation_prompt) out->append("<|turn>model\n");
+        if (opts.add_generation_prompt) out->append(tpl.generation_prompt);
         return true;
     } catch (...) {
         out->clear();
@@ -118,6 +207,10 @@ bool render_chat(const std::vector<ChatMessage>& messages, const ChatOptions& op
         if (err) *err = "chat template: out of memory";
         return false;
     }
+}
+
+bool engine_chat_template(const g4_engine* e, ChatTemplate* out, std::string* err) {
+    return plan_chat_template(e->plan.meta_json(), out, err);
 }
 
 } // namespace g4

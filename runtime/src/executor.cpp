@@ -19,10 +19,10 @@ std::string check_ops(const plan::Plan& p) {
 
 namespace {
 constexpr int kAllDevices = -2;
-// Binds the ops of device `dev` (kAllDevices: every op) against act / kv (KV offsets from kv0).
-void bind_with(g4_session* s, uint8_t* act, uint8_t* kv, uint64_t kv0, int dev) {
+// Binds ops [first, end) of device `dev` (kAllDevices: every op) against act / kv (KV offsets from kv0).
+void bind_with(g4_session* s, uint8_t* act, uint8_t* kv, uint64_t kv0, int dev, size_t first, size_t end) {
     const plan::Plan& p = s->engine->plan;
-    s->ops.resize(p.n_ops(), BoundOp{});
+    s->ops.resize(p.n_ops_all(), BoundOp{});
     auto addr = [&](int32_t idx, int32_t col, int64_t* ld) -> void* {
         if (idx < 0) return nullptr;
         const PlanTensor& t = p.tensor(idx);
@@ -41,7 +41,7 @@ void bind_with(g4_session* s, uint8_t* act, uint8_t* kv, uint64_t kv0, int dev) 
         }
         return base + t.offset + dtype_bytes((DType)t.dtype, col);
     };
-    for (size_t i = 0; i < p.n_ops(); ++i) {
+    for (size_t i = first; i < end; ++i) {
         if (dev != kAllDevices && p.op_device(i) != dev) continue;
         BoundOp& b = s->ops[i];
         std::memset(&b, 0, sizeof b);
@@ -57,16 +57,22 @@ void bind_with(g4_session* s, uint8_t* act, uint8_t* kv, uint64_t kv0, int dev) 
 } // namespace
 
 void bind_ops(g4_session* s) {
-    bind_with(s, s->act, s->kv, s->kv_offset0, s->engine->plan.hybrid() ? -1 : kAllDevices);
+    bind_with(s, s->act, s->kv, s->kv_offset0, s->engine->plan.hybrid() ? -1 : kAllDevices, 0,
+              s->engine->plan.n_ops());
+}
+
+void bind_program(g4_session* s, size_t prog, uint8_t* arena) {
+    const plan::PlanProgram& g = s->engine->plan.program(prog);
+    bind_with(s, arena, nullptr, 0, kAllDevices, g.op_begin, g.op_end);
 }
 
 g4_status run_step(g4_session* s, int32_t rows, int32_t pos0, int32_t out_rows, std::string* err) {
-    return run_ops(s, 0, s->ops.size(), rows, pos0, out_rows, err);
+    return run_ops(s, 0, s->engine->plan.n_ops(), rows, pos0, out_rows, err);
 }
 
 void bind_gpu_ops(g4_session* s, int gpu, uint8_t* gpu_act, uint8_t* gpu_kv) {
     const auto& g = s->engine->plan.info().gpus[s->engine->plan.gpu_slot(gpu)];
-    bind_with(s, gpu_act, gpu_kv, g.kv_begin, gpu);
+    bind_with(s, gpu_act, gpu_kv, g.kv_begin, gpu, 0, s->engine->plan.n_ops());
 }
 
 g4_status run_step_split(g4_session* s, const std::map<int, uint8_t*>& gpu_act, int32_t rows, int32_t pos0,
@@ -182,6 +188,103 @@ g4_status run_ops(g4_session* s, size_t first, size_t end, int32_t rows, int32_t
         }
         default:
             *err = "internal: unknown op";
+            return G4_ERR_INTERNAL;
+        }
+    }
+    return G4_OK;
+}
+
+namespace {
+// The CPU kernel an encoder program's Matmul op names (ip4, compiler/vision graph): the library's matmul,
+// the many-row fp32 GEMM, or the bf16 GEMM.
+void encoder_matmul(const cpu::Context& ctx, const MatmulArgs& m, int32_t kernel) {
+    if (kernel == 2)
+        cpu::matmul_gemm_bf16(ctx, m);
+    else if (kernel == 1)
+        cpu::matmul_gemm(ctx, m);
+    else
+        cpu::matmul(ctx, m);
+}
+} // namespace
+
+g4_status run_program(g4_session* s, size_t prog, const cpu::Context& ctx, const int32_t* counts,
+                      std::string* err) {
+    const plan::Plan& p        = s->engine->plan;
+    const plan::PlanProgram& g = p.program(prog);
+    for (int k = 0; k < plan::kMaxRowCounts; ++k)
+        if (counts[k] < 0 || counts[k] > g.max_rows[k]) {
+            *err = std::string("program '") + p.str(g.name) + "': row count " + std::to_string(k) + " is " +
+                   std::to_string(counts[k]) + ", at most " + std::to_string(g.max_rows[k]);
+            return G4_ERR_INVALID_ARGUMENT;
+        }
+    for (size_t i = g.op_begin; i < g.op_end; ++i) {
+        const BoundOp& b = s->ops[i];
+        if (s->cancel.load(std::memory_order_relaxed)) {
+            *err = "cancelled";
+            return G4_ERR_CANCELLED;
+        }
+        const PlanOp& op = *b.op;
+        const int32_t n  = counts[op.row_mode - plan::kRowCountBase];
+        if (n <= 0) continue;
+        auto I = [&](int k) { return (float*)b.in[k]; };
+        auto O = [&](int k) { return (float*)b.out[k]; };
+        switch ((OpCode)op.code) {
+        case OpCode::Matmul: {
+            const PlanTensor& w = p.tensor(op.in[1]);
+            MatmulArgs ma{I(0), b.in_ld[0], b.in[1], b.in_dt[1], w.dims[0], w.dims[1], O(0), b.out_ld[0], n};
+            ma.nf4_double_quant = (w.quant_flags & plan::kQuantDoubleQuant) != 0;
+            encoder_matmul(ctx, ma, plan::params<plan::MatmulParams>(op).cpu_kernel);
+            if (b.in[2])
+                cpu::add(ctx, {O(0), b.out_ld[0], (const float*)b.in[2], 0, O(0), b.out_ld[0], n,
+                               (int32_t)w.dims[0]});
+            break;
+        }
+        case OpCode::RmsNorm:
+            cpu::rms_norm(ctx, {I(0), b.in_ld[0], b.in[1], b.in_dt[1], O(0), b.out_ld[0], n, op.ip[0],
+                                op.ip[1], op.fp[0]});
+            break;
+        case OpCode::Add:
+            cpu::add(ctx, {I(0), b.in_ld[0], I(1), b.in_ld[1], O(0), b.out_ld[0], n, op.ip[0]});
+            break;
+        case OpCode::GeluMul:
+            cpu::gelu_mul_vec(ctx, {I(0), b.in_ld[0], I(1), b.in_ld[1], O(0), b.out_ld[0], n, op.ip[0]});
+            break;
+        case OpCode::Scale:
+            cpu::scale(
+                ctx, {I(0), b.in_ld[0], O(0), b.out_ld[0], n, op.ip[0], op.fp[0], b.in[1], b.in_dt[1], 0.0f});
+            break;
+        case OpCode::Clamp: {
+            const auto cp = plan::params<plan::ClampParams>(op);
+            cpu::clamp(ctx, {I(0), b.in_ld[0], O(0), b.out_ld[0], n, cp.cols, cp.lo, cp.hi});
+            break;
+        }
+        case OpCode::AddPosition2D: {
+            const PlanTensor& tab = p.tensor(op.in[1]);
+            cpu::add_position_2d(ctx,
+                                 {I(0), b.in_ld[0], b.in[1], b.in_dt[1], tab.dims[1], (const int32_t*)b.in[2],
+                                  O(0), b.out_ld[0], n, plan::params<plan::AddPosition2DParams>(op).cols});
+            break;
+        }
+        case OpCode::Rope2D: {
+            const auto rp = plan::params<plan::Rope2DParams>(op);
+            cpu::rope_2d(
+                ctx, {I(0), b.in_ld[0], (const float*)b.in[1], (const int32_t*)b.in[2], n, rp.heads, rp.dim});
+            break;
+        }
+        case OpCode::SelfAttention: {
+            const auto ap = plan::params<plan::SelfAttentionParams>(op);
+            cpu::self_attention(ctx, {I(0), b.in_ld[0], I(1), b.in_ld[1], I(2), b.in_ld[2], O(0), b.out_ld[0],
+                                      n, ap.heads, ap.kv_heads, ap.dim, ap.scale, O(1)});
+            break;
+        }
+        case OpCode::PoolRows: {
+            const auto pp = plan::params<plan::PoolRowsParams>(op);
+            cpu::pool_rows(ctx, {I(0), b.in_ld[0], (const int32_t*)b.in[1], O(0), b.out_ld[0], n, pp.cols,
+                                 pp.taps, pp.weight});
+            break;
+        }
+        default:
+            *err = "internal: op not supported in an encoder program";
             return G4_ERR_INTERNAL;
         }
     }

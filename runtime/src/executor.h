@@ -8,7 +8,14 @@ namespace g4::rt {
 
 // Resolves every op's tensors to addresses in `s` (called once, at session creation).
 void bind_ops(g4_session* s);
-// Runs the program for `rows` tokens (already in s->ids) at positions pos0.., producing logits for
+// Binds the ops of program `prog` (an encoder program on the CPU) against `arena`, its activation arena of
+// plan.program(prog).arena_bytes.
+void bind_program(g4_session* s, size_t prog, uint8_t* arena);
+// Runs program `prog` (bound by bind_program) with its row counts (counts[k] <= its max_rows[k]) on the
+// kernels of `ctx`, whose per-thread scratch holds the program's thread_floats.
+g4_status run_program(g4_session* s, size_t prog, const cpu::Context& ctx, const int32_t* counts,
+                      std::string* err);
+// Runs the text program for `rows` tokens (already in s->ids) at positions pos0.., producing logits for
 // the last `out_rows` of them. Checks the cancel flag between ops.
 g4_status run_step(g4_session* s, int32_t rows, int32_t pos0, int32_t out_rows, std::string* err);
 // Runs ops first..end-1 of such a step (bound by bind_ops): a CPU plan's whole program, or a run of

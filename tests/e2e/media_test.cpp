@@ -488,15 +488,16 @@ TEST_F(Media, AudioTowerPlacement) {
     EXPECT_EQ(tw.at("audio").at("device"), "cuda:0");
     EXPECT_GT(tw.at("audio").at("gpu_bytes").get<uint64_t>(), 0u);
     EXPECT_EQ(pl.info().audio_gpu_bytes, tw.at("audio").at("gpu_bytes").get<uint64_t>());
-    // The audio tower's weights follow the vision tower's and end the towers' range.
+    // The audio tower's weights precede the vision program's (encoder programs follow the text program's
+    // tensors), which end the towers' range.
     const auto aw = tw.at("audio").at("weights").get<std::vector<uint64_t>>();
     const auto vw = tw.at("vision").at("weights").get<std::vector<uint64_t>>();
     ASSERT_EQ(aw.size(), 2u);
     EXPECT_EQ(pl.info().audio_begin, aw[0]);
     EXPECT_EQ(pl.info().audio_end, aw[1]);
-    EXPECT_GE(aw[0], vw[1]);
+    EXPECT_GE(vw[0], aw[1]);
     EXPECT_GT(aw[1], aw[0]);
-    EXPECT_EQ(aw[1], tw.at("weights").at(1).get<uint64_t>());
+    EXPECT_EQ(vw[1], tw.at("weights").at(1).get<uint64_t>());
     EXPECT_EQ(meta.at("placement").at("audio"), "cuda:0");
     uint64_t gpu_total = 0, vision_part = 0, audio_part = 0;
     bool host_weights = false, host_buffers = false;

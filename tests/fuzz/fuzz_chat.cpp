@@ -1,6 +1,7 @@
-// Fuzz target: the chat renderer (runtime/src/chat_template.h). The input is a conversation: messages
-// separated by NUL, each one byte of role and media flags followed by its content.
+// Fuzz target: the chat renderer (runtime/src/chat_template.h) with Gemma 4's template pieces. The input is a
+// conversation: messages separated by NUL, each one byte of role and media flags followed by its content.
 #include "fuzz_util.h"
+#include "models/gemma4/chat.h"
 #include "runtime/src/chat_template.h"
 
 #include <vector>
@@ -19,14 +20,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
             m.media.push_back((h >> (5 + i)) & 1 ? g4::ChatMedia::Audio : g4::ChatMedia::Image);
         msgs.push_back(std::move(m));
     }
+    static const g4::ChatTemplate tpl = g4::gemma4::chat_template();
     std::string out, err;
     std::vector<g4::ChatMediaMark> marks;
     for (bool gen : {false, true}) {
         g4::ChatOptions o;
         o.add_generation_prompt = gen;
-        if (g4::render_chat(msgs, o, &out, &err, &marks))
+        if (g4::render_chat(tpl, msgs, o, &out, &err, &marks))
             for (const auto& mk : marks)
-                if (mk.offset > out.size() || mk.message >= msgs.size() ||
+                if (mk.offset + mk.length > out.size() || mk.message >= msgs.size() ||
                     mk.item >= msgs[mk.message].media.size())
                     __builtin_trap(); // a mark must point into the output and at a media item
     }

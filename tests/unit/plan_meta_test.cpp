@@ -56,7 +56,9 @@ Meta full_meta() {
     t.weights          = {30, 50};
     t.max_media_tokens = 256;
     t.precision        = "bf16";
-    t.vision = MetaVision{R"({"hidden_size":32})", 16, 64, 4096, 5, 6, 7, 8, "cuda:1", 99, ByteRange{30, 40}};
+    t.vision           = MetaVision{
+        R"({"hidden_size":32})", 16, 64, 4096, 5, 6, 7, 8, "vision", 16, 3, 10, 0.5f, 0.25f, "cuda:1", 99,
+        ByteRange{30, 40}};
     t.audio  = MetaAudio{R"({"hidden_size":16})", 16000, 16000, 9, 10, 11, "", 0, ByteRange{40, 50}};
     m.towers = t;
     return m;

@@ -82,12 +82,19 @@ std::string open_video(const std::string& path, const std::string& where, Video*
 
 } // namespace
 
-std::string load_video(const std::string& path, int num_frames, int64_t max_pixels, VideoFrames* out,
+std::string load_video(const std::string& path, const VideoLimits& limits, VideoFrames* out,
                        const VideoFrameFn& on_frame) {
     *out                    = VideoFrames{};
     const std::string where = "video file " + path + ": ";
     if (std::string e = media_file_problem(path, where); !e.empty()) return e;
-    if (max_pixels < 1) max_pixels = kMaxImagePixels;
+    const int64_t max_pixels = limits.max_pixels < 1 ? kMaxImagePixels : limits.max_pixels;
+    const int num_frames     = limits.num_frames;
+    if (num_frames < 1 || num_frames > kMaxVideoFrames)
+        return where + std::to_string(num_frames) + " frames asked for, outside 1.." +
+               std::to_string(kMaxVideoFrames);
+    char secs[64];
+    std::snprintf(secs, sizeof secs, "%g", limits.max_seconds);
+    const std::string too_long = " (--max-video-seconds " + std::string(secs) + ")";
     av_log_set_level(AV_LOG_QUIET);
     // Pass 1: every packet of the stream counted, and the span of their presentation times.
     int64_t total = 0, first = std::numeric_limits<int64_t>::max(), end = std::numeric_limits<int64_t>::min();
@@ -104,6 +111,17 @@ std::string load_video(const std::string& path, int num_frames, int64_t max_pixe
         if (cp->width <= 0 || cp->height <= 0 || int64_t(cp->width) > max_pixels / cp->height)
             return where + "frames of " + std::to_string(cp->width) + "x" + std::to_string(cp->height) +
                    " pixels, outside 1.." + std::to_string(max_pixels) + " (g4 compile --max-image-pixels)";
+        // The declared duration (the stream's, else the container's) and frame count, before reading.
+        const AVStream* st = v.fmt->streams[si];
+        double declared    = st->duration > 0 && tb.den > 0 ? double(st->duration) * av_q2d(tb) : 0.0;
+        if (!(declared > 0) && v.fmt->duration > 0) declared = double(v.fmt->duration) / AV_TIME_BASE;
+        if (declared > limits.max_seconds) {
+            std::snprintf(secs, sizeof secs, "%.6g", declared);
+            return where + "declares " + secs + " s, longer than the limit" + too_long;
+        }
+        if (st->nb_frames > limits.max_stream_frames)
+            return where + "declares " + std::to_string(st->nb_frames) + " frames, more than the limit " +
+                   std::to_string(limits.max_stream_frames) + " (--max-video-stream-frames)";
         int r;
         while ((r = av_read_frame(v.fmt, v.pkt)) >= 0) {
             if (v.pkt->stream_index == si) {
@@ -113,6 +131,11 @@ std::string load_video(const std::string& path, int num_frames, int64_t max_pixe
                     first = std::min(first, pts);
                     end   = std::max(end, pts + std::max<int64_t>(v.pkt->duration, 0));
                 }
+                if (total > limits.max_stream_frames)
+                    return where + "has more than " + std::to_string(limits.max_stream_frames) +
+                           " frames (--max-video-stream-frames)";
+                if (end > first && tb.den > 0 && double(end - first) * av_q2d(tb) > limits.max_seconds)
+                    return where + "runs longer than the limit" + too_long;
             }
             av_packet_unref(v.pkt);
         }
@@ -131,6 +154,7 @@ std::string load_video(const std::string& path, int num_frames, int64_t max_pixe
     const AVCodec* codec = nullptr;
     if (std::string e = open_video(path, where, &v, &si, &codec); !e.empty()) return e;
     if (!(v.dec = avcodec_alloc_context3(codec))) return where + "out of memory";
+    v.dec->thread_count = 0; // one decoding thread a core (FFmpeg's choice; the frames are the same)
     int r;
     if ((r = avcodec_parameters_to_context(v.dec, v.fmt->streams[si]->codecpar)) < 0 ||
         (r = avcodec_open2(v.dec, codec, nullptr)) < 0)
@@ -206,12 +230,20 @@ std::string load_video(const std::string& path, int num_frames, int64_t max_pixe
     return "";
 }
 #else
-std::string load_video(const std::string& path, int, int64_t, VideoFrames* out, const VideoFrameFn&) {
+std::string load_video(const std::string& path, const VideoLimits&, VideoFrames* out, const VideoFrameFn&) {
     *out = VideoFrames{};
     return "video file " + path +
            ": this g4 was built without FFmpeg's libraries, so it cannot read video (install libavformat-dev "
            "libavcodec-dev libswscale-dev libavutil-dev and rebuild)";
 }
 #endif
+
+std::string load_video(const std::string& path, int num_frames, int64_t max_pixels, VideoFrames* out,
+                       const VideoFrameFn& on_frame) {
+    VideoLimits limits;
+    limits.num_frames = num_frames;
+    limits.max_pixels = max_pixels;
+    return load_video(path, limits, out, on_frame);
+}
 
 } // namespace g4::media

@@ -15,6 +15,21 @@ namespace g4::media {
 
 // The processor's default number of frames (the video processor's num_frames).
 constexpr int kVideoFrames = 32;
+// Frames a video may give at most (g4 run --video-frames), and the default limits on a stream: its
+// duration (declared, and as its packets are read) and its frame count (every frame up to the last
+// sampled one is decoded), an hour at 60 frames a second.
+constexpr int kMaxVideoFrames           = 1024;
+constexpr double kMaxVideoSeconds       = 3600;
+constexpr int64_t kMaxVideoStreamFrames = 216000;
+
+// What load_video accepts; each overridable at run time (g4 run / g4 chat --video-frames,
+// --max-video-seconds, --max-video-stream-frames; frame pixels: the plan's max_image_pixels).
+struct VideoLimits {
+    int num_frames            = kVideoFrames;          // frames sampled, 1..kMaxVideoFrames
+    int64_t max_pixels        = kMaxImagePixels;       // a frame's width x height
+    double max_seconds        = kMaxVideoSeconds;      // the stream's duration
+    int64_t max_stream_frames = kMaxVideoStreamFrames; // frames in the stream
+};
 
 struct VideoFrames {
     int64_t total_frames = 0;       // frames in the stream (every packet counted, as torchcodec's exact mode)
@@ -34,8 +49,12 @@ std::string video_timestamp(int64_t index, double fps);
 // load_video returns. With it, frames are not kept: one frame's pixels are held at a time.
 using VideoFrameFn = std::function<std::string(size_t k, const ImageRGB8& frame)>;
 
-// Decodes the sampled frames of `path`'s first video stream. Frames over max_pixels, files over
-// kMaxMediaFileBytes, no video stream, corrupt data: "" or one line naming the file and the problem.
+// Decodes the sampled frames of `path`'s first video stream. Anything outside `limits`, files over
+// kMaxMediaFileBytes, no video stream or an empty one, a codec this FFmpeg lacks, corrupt or truncated data:
+// "" or one line naming the file and the problem.
+std::string load_video(const std::string& path, const VideoLimits& limits, VideoFrames* out,
+                       const VideoFrameFn& on_frame = nullptr);
+// The same with the default limits but num_frames and max_pixels (< 1: kMaxImagePixels).
 std::string load_video(const std::string& path, int num_frames, int64_t max_pixels, VideoFrames* out,
                        const VideoFrameFn& on_frame = nullptr);
 

@@ -113,8 +113,14 @@ g4_status media_create(g4_session* s, std::string* err) {
             *err = "the plan's vision tower: " + e + " (recompile the plan)";
             return G4_ERR_PLAN_CORRUPT;
         }
-        z.vision         = true;
-        z.vision_scratch = in.vision_gpu ? m->vision->gpu_host_scratch_bytes() : m->vision->scratch_bytes();
+        z.vision = true;
+        // The CPU runs the plan's vision program (its arena allocated by encoder_bind); the GPU tower, or a
+        // plan without the program, the hand-written one. Either way seen + pool index host scratch.
+        if (!in.vision_gpu) {
+            if (g4_status st = encoder_bind(s, "vision", &m->vision_run, err); st != G4_OK) return st;
+        }
+        z.vision_scratch = in.vision_gpu || m->vision_run.program > 0 ? m->vision->gpu_host_scratch_bytes()
+                                                                      : m->vision->scratch_bytes();
         z.resize_scratch = towers::preprocess_reserve_bytes(in.max_image_pixels, in.image_tokens,
                                                             hp.patch_size, hp.pooling_kernel_size);
         z.patch_floats   = (int64_t)in.max_patches * 3 * hp.patch_size * hp.patch_size;
@@ -152,7 +158,7 @@ g4_status media_create(g4_session* s, std::string* err) {
     z.queue_rows       = in.max_media_tokens;
     z.hidden           = in.hidden_size;
     z.max_rows         = in.max_rows;
-    z.thread_floats    = in.tower_thread_floats;
+    z.thread_floats    = std::max<uint64_t>(in.tower_thread_floats, encoder_thread_floats(s, "vision"));
     z.threads          = pool->size();
     const MediaBlock b = media_block(z);
     const size_t total = b.total();
@@ -205,6 +211,36 @@ static g4_status enqueue(g4_session* s, MediaQueue& q, int32_t n, const char* wh
     return G4_OK;
 }
 
+g4_status media_vision_patches(g4_session* s, const float* patches, const int32_t* pos, int n_patches,
+                               int32_t* n_soft, std::string* err) {
+    MediaState* m = s->media.get();
+    if (!m || m->vision_run.program <= 0) {
+        *err = std::string("the session runs no vision program on the CPU") + (m ? "" : " (no media)") +
+               (m ? std::to_string(m->vision_run.program) : "");
+        return G4_ERR_UNSUPPORTED;
+    }
+    const auto& in = s->engine->plan.info();
+    int32_t* seen  = (int32_t*)m->vision_scratch; // [max_patches]
+    towers::VisionTower::Grid g;
+    if (std::string e = m->vision->check_grid(pos, n_patches, seen, &g); !e.empty()) {
+        *err = "vision tower: " + e;
+        return G4_ERR_INVALID_ARGUMENT;
+    }
+    const int k = m->vision->hparams().pooling_kernel_size, cells = (g.gw / k) * (g.gh / k);
+    const int64_t pin = 3LL * m->vision->hparams().patch_size * m->vision->hparams().patch_size;
+    float* px         = (float*)encoder_input(s, m->vision_run, 0);
+    const float mean = in.pixel_mean, inv_std = 1.0f / in.pixel_std;
+    for (int64_t e = 0; e < (int64_t)g.n * pin; ++e)
+        px[e] = (patches[e] - mean) * inv_std;
+    std::memcpy(encoder_input(s, m->vision_run, 1), pos, sizeof(int32_t) * 2 * g.n);
+    m->vision->pool_index(g, seen, (int32_t*)encoder_input(s, m->vision_run, 2));
+    const int32_t counts[plan::kMaxRowCounts] = {g.n, cells, 0, 0};
+    if (g4_status st = encoder_run(s, m->vision_run, m->ctx, counts, err); st != G4_OK) return st;
+    std::memcpy(m->soft, encoder_output(s, m->vision_run, 0), sizeof(float) * (size_t)cells * m->H);
+    *n_soft = cells;
+    return G4_OK;
+}
+
 // One image (or video frame) at `budget` soft tokens at most through the vision tower into m->*queue.
 static g4_status add_vision(g4_session* s, const uint8_t* rgb, int32_t width, int32_t height, int32_t budget,
                             MediaQueue MediaState::*queue, const char* what, int32_t* n_tokens,
@@ -252,6 +288,9 @@ static g4_status add_vision(g4_session* s, const uint8_t* rgb, int32_t width, in
             *err = "vision tower: " + e;
             return st;
         }
+    } else if (m->vision_run.program > 0) {
+        g4_status st = media_vision_patches(s, m->patches, m->pos, lay.n_patches, &n, err);
+        if (st != G4_OK) return st;
     } else {
         e = m->vision->forward(m->ctx, m->patches, m->pos, lay.n_patches, m->vision_scratch, m->soft, &n);
         if (!e.empty()) {

@@ -4,6 +4,7 @@
 #pragma once
 #include "g4/g4.h"
 #include "kernels/cpu/cpu.h"
+#include "runtime/src/encoder_program.h"
 #include "runtime/src/towers/audio.h"
 #include "runtime/src/towers/vision.h"
 
@@ -31,6 +32,7 @@ struct MediaState {
     std::map<std::string, towers::Tensor> weights; // the plan's tower weights by name (relative to "model.")
     std::unique_ptr<towers::VisionTower> vision;   // null: the plan has no vision tower
     std::unique_ptr<towers::AudioTower> audio;
+    EncoderRun vision_run; // the plan's "vision" program on the CPU (bound unless the GPU tower runs images)
     std::unique_ptr<cpu::ThreadPool> own_pool; // CUDA sessions (whose pool is one thread)
     cpu::Context ctx;                          // the towers' pool and per-thread scratch
     void* block          = nullptr;            // one allocation behind every buffer below (media_block)
@@ -90,6 +92,12 @@ g4_status media_create(g4_session* s, std::string* err);
 // Runs the vision tower over rgb [height, width, 3] and queues its soft tokens (*n_tokens of them).
 g4_status media_add_image(g4_session* s, const uint8_t* rgb, int32_t width, int32_t height, int32_t* n_tokens,
                           std::string* err);
+// The plan's vision program (bound on the CPU) over n_patches rows of patches [n, 3 * patch^2] (pixel values
+// in [0, 1], HF padding rows trailing) at positions pos [n, 2]: the grid checked, the inputs written (pixels
+// normalised as the plan says, positions, each pooling cell's patches), the program run over the patches and
+// their cells; the *n_soft soft tokens left in s->media->soft (not queued).
+g4_status media_vision_patches(g4_session* s, const float* patches, const int32_t* pos, int n_patches,
+                               int32_t* n_soft, std::string* err);
 // Runs the vision tower over one video frame with the video processor's budget (kVideoFrameTokens) and
 // queues its soft tokens for the video placeholders.
 g4_status media_add_video_frame(g4_session* s, const uint8_t* rgb, int32_t width, int32_t height,

@@ -1,0 +1,152 @@
+// Encoder-program ops (kernels/ops.h Clamp .. PoolRows): the Eigen CPU kernels against the scalar
+// reference, one row per case, at the vision encoder's shapes (head dims 64/72, GQA and MHA, row counts
+// around the attention's key padding and query blocks) and odd ones, with strided views.
+#include "kernels/cpu/cpu.h"
+#include "kernels/ref/ref.h"
+#include "test_util.h"
+
+#include <algorithm>
+#include <cmath>
+#include <gtest/gtest.h>
+#include <numeric>
+#include <random>
+#include <vector>
+
+namespace {
+
+using namespace g4;
+using g4test::randn;
+
+struct Fixture {
+    cpu::ThreadPool pool{2};
+    std::vector<float> scratch;
+    cpu::Context ctx;
+    explicit Fixture(size_t stride) {
+        scratch.assign(stride * pool.size(), 0.0f);
+        ctx = {&pool, scratch.data(), stride};
+    }
+};
+
+double rel(const std::vector<float>& a, const std::vector<float>& b) {
+    return g4test::rel_l2(a.data(), b.data(), a.size());
+}
+
+std::vector<int32_t> grid_positions(int rows, int width) {
+    std::vector<int32_t> pos(2 * rows);
+    for (int r = 0; r < rows; ++r)
+        pos[2 * r] = r % width, pos[2 * r + 1] = r / width;
+    return pos;
+}
+
+TEST(EncoderOps, ClampMatchesReference) {
+    Fixture f(16);
+    const int rows = 37, cols = 100, ld = 112;
+    std::vector<float> x = randn((size_t)rows * ld, 1, 2.0f), y_ref(x.size(), 0.0f), y(x.size(), 0.0f);
+    ref::clamp({x.data(), ld, y_ref.data(), ld, rows, cols, -1.25f, 0.5f});
+    cpu::clamp(f.ctx, {x.data(), ld, y.data(), ld, rows, cols, -1.25f, 0.5f});
+    EXPECT_EQ(y, y_ref); // exact: no arithmetic
+    EXPECT_EQ(*std::max_element(y.begin(), y.end()), 0.5f);
+    EXPECT_EQ(*std::min_element(y.begin(), y.end()), -1.25f);
+}
+
+TEST(EncoderOps, AddPosition2DMatchesReference) {
+    Fixture f(16);
+    const int rows = 70, cols = 48, P = 12;
+    std::vector<float> x = randn((size_t)rows * cols, 2), table = randn((size_t)2 * P * cols, 3);
+    std::vector<int32_t> pos = grid_positions(rows, 10);
+    for (DType dt : {DType::F32, DType::BF16}) {
+        std::vector<uint16_t> tb = g4test::to_bf16(table);
+        const void* t            = dt == DType::F32 ? (const void*)table.data() : (const void*)tb.data();
+        std::vector<float> y_ref(x.size()), y(x.size());
+        ref::add_position_2d({x.data(), cols, t, dt, P, pos.data(), y_ref.data(), cols, rows, cols});
+        cpu::add_position_2d(f.ctx, {x.data(), cols, t, dt, P, pos.data(), y.data(), cols, rows, cols});
+        EXPECT_LT(rel(y, y_ref), 1e-6);
+    }
+}
+
+TEST(EncoderOps, Rope2DMatchesReference) {
+    Fixture f(16);
+    for (int dim : {64, 72}) {
+        const int rows = 45, heads = 3, ld = heads * dim + 8;
+        std::vector<float> inv(dim / 4);
+        for (int m = 0; m < dim / 4; ++m)
+            inv[m] = 1.0f / std::pow(100.0f, (float)(2 * m) / (float)(dim / 2));
+        std::vector<int32_t> pos = grid_positions(rows, 9);
+        std::vector<float> x = randn((size_t)rows * ld, 4), y = x;
+        ref::rope_2d({x.data(), ld, inv.data(), pos.data(), rows, heads, dim});
+        cpu::rope_2d(f.ctx, {y.data(), ld, inv.data(), pos.data(), rows, heads, dim});
+        EXPECT_LT(rel(y, x), 1e-6) << "dim " << dim;
+    }
+}
+
+struct AttnCase {
+    int rows, heads, kv_heads, dim;
+    float scale;
+};
+class SelfAttentionTest : public ::testing::TestWithParam<AttnCase> {};
+
+TEST_P(SelfAttentionTest, MatchesReference) {
+    const AttnCase c = GetParam();
+    Fixture f(cpu::self_attention_thread_floats(c.rows));
+    const int64_t qw = (int64_t)c.heads * c.dim, kvw = (int64_t)c.kv_heads * c.dim, ld = qw + 2 * kvw + 4;
+    std::vector<float> qkv = randn((size_t)c.rows * ld, 5, 0.5f);
+    std::vector<float> y_ref((size_t)c.rows * qw), y(y_ref.size(), -7.0f);
+    std::vector<float> work(self_attention_work_floats(c.rows, c.kv_heads, c.dim));
+    SelfAttentionArgs a{qkv.data(),
+                        ld,
+                        qkv.data() + qw,
+                        ld,
+                        qkv.data() + qw + kvw,
+                        ld,
+                        y_ref.data(),
+                        qw,
+                        c.rows,
+                        c.heads,
+                        c.kv_heads,
+                        c.dim,
+                        c.scale,
+                        nullptr};
+    ref::self_attention(a);
+    a.y = y.data(), a.work = work.data();
+    cpu::self_attention(f.ctx, a);
+    EXPECT_LT(rel(y, y_ref), 2e-6);
+}
+
+INSTANTIATE_TEST_SUITE_P(EncoderShapes, SelfAttentionTest,
+                         ::testing::Values(AttnCase{1, 2, 2, 64, 1.0f}, AttnCase{31, 4, 4, 64, 1.0f},
+                                           AttnCase{33, 4, 2, 72, 1.0f}, AttnCase{100, 6, 3, 64, 0.125f},
+                                           AttnCase{257, 2, 1, 64, 1.0f}));
+
+TEST(EncoderOps, PoolRowsMatchesReferenceAndIdentity) {
+    Fixture f(16);
+    const int src = 96, cols = 40, taps = 9, cells = src / taps + 1;
+    std::vector<float> x = randn((size_t)src * cols, 6);
+    std::vector<int32_t> idx((size_t)cells * taps);
+    std::mt19937 rng(7);
+    for (int32_t& v : idx)
+        v = (int32_t)(rng() % src);
+    std::vector<float> y_ref((size_t)cells * cols), y(y_ref.size(), 3.0f);
+    ref::pool_rows({x.data(), cols, idx.data(), y_ref.data(), cols, cells, cols, taps, 1.0f / taps});
+    cpu::pool_rows(f.ctx, {x.data(), cols, idx.data(), y.data(), cols, cells, cols, taps, 1.0f / taps});
+    EXPECT_LT(rel(y, y_ref), 1e-6);
+    // One tap with weight 1 gathers rows exactly.
+    std::vector<int32_t> one(src);
+    std::iota(one.begin(), one.end(), 0);
+    std::reverse(one.begin(), one.end());
+    std::vector<float> g((size_t)src * cols);
+    cpu::pool_rows(f.ctx, {x.data(), cols, one.data(), g.data(), cols, src, cols, 1, 1.0f});
+    for (int r = 0; r < src; ++r)
+        ASSERT_EQ(g[(size_t)r * cols + 3], x[(size_t)(src - 1 - r) * cols + 3]);
+}
+
+TEST(EncoderOps, VectorisedGeluMulMatchesReference) {
+    Fixture f(16);
+    const int rows = 50, cols = 300;
+    std::vector<float> a = randn((size_t)rows * cols, 8, 2.0f), b = randn(a.size(), 9);
+    std::vector<float> y_ref(a.size()), y(a.size());
+    ref::gelu_mul({a.data(), cols, b.data(), cols, y_ref.data(), cols, rows, cols});
+    cpu::gelu_mul_vec(f.ctx, {a.data(), cols, b.data(), cols, y.data(), cols, rows, cols});
+    EXPECT_LT(rel(y, y_ref), 1e-6);
+}
+
+} // namespace

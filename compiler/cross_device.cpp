@@ -60,17 +60,25 @@ int64_t in_cols(const Program& p, const PlanOp& op, int k) {
     case OpCode::Matmul:
         return k == 0 ? p.tensors[op.in[1]].dims[1] : 0;
     case OpCode::RmsNorm:
+        return k == 0 ? plan::params<plan::RmsNormParams>(op).cols : 0;
     case OpCode::Scale:
+        return k == 0 ? plan::params<plan::ScaleParams>(op).cols : 0;
     case OpCode::Softcap:
-        return k == 0 ? op.ip[0] : 0;
+        return k == 0 ? plan::params<plan::SoftcapParams>(op).cols : 0;
     case OpCode::Add:
+        return k < 2 ? plan::params<plan::AddParams>(op).cols : 0;
     case OpCode::GeluMul:
+        return k < 2 ? plan::params<plan::GeluMulParams>(op).cols : 0;
     case OpCode::KvStore:
-        return k < 2 ? op.ip[0] : 0;
-    case OpCode::Rope:
-        return k == 0 ? (int64_t)op.ip[0] * op.ip[1] : 0;
-    case OpCode::Attention:
-        return k == 0 ? (int64_t)op.ip[0] * op.ip[2] : 0;
+        return k < 2 ? plan::params<plan::KvStoreParams>(op).width : 0;
+    case OpCode::Rope: {
+        const auto r = plan::params<plan::RopeParams>(op);
+        return k == 0 ? (int64_t)r.heads * r.dim : 0;
+    }
+    case OpCode::Attention: {
+        const auto a = plan::params<plan::AttentionParams>(op);
+        return k == 0 ? (int64_t)a.heads * a.dim : 0;
+    }
     default:
         return 0; // Embed reads ids and a table
     }
@@ -82,7 +90,7 @@ int64_t out_cols(const Program& p, const PlanOp& op) {
     case OpCode::Matmul:
         return p.tensors[op.in[1]].dims[0];
     case OpCode::Attention:
-        return (int64_t)op.ip[0] * op.ip[2];
+        return in_cols(p, op, 0);
     case OpCode::KvStore:
         return 0; // caches: mirrored, not copied
     default:
@@ -161,16 +169,13 @@ Stats split(Program& p, const std::vector<int>& layer_device, int primary) {
                                    std::to_string(b) + " of '" + p.tensors[t].name +
                                    "', which no device holds");
             OpDesc c{};
-            c.op.code  = (uint16_t)OpCode::Copy;
+            plan::set_params(c.op, plan::CopyParams{(int32_t)n, dev, src});
             c.op.layer = plan::kNoLayer;
             for (int j = 0; j < 4; ++j)
                 c.op.in[j] = -1;
             c.op.out[1] = -1;
             c.op.in[0] = c.op.out[0] = t;
             c.op.in_col[0] = c.op.out_col[0] = (int32_t)a;
-            c.op.ip[0]                       = (int32_t)n;
-            c.op.ip[1]                       = dev;
-            c.op.ip[2]                       = src;
             c.op.row_mode                    = (int32_t)plan::RowMode::All;
             c.name                           = p.tensors[t].name + device_suffix(dev);
             out.push_back(c);
@@ -192,9 +197,10 @@ Stats split(Program& p, const std::vector<int>& layer_device, int primary) {
     // that meets one of the same tensor and devices with adjacent columns joins it.
     for (size_t j = 0; j < out.size(); ++j) {
         if (out[j].op.code != (uint16_t)OpCode::Copy) continue;
-        const int dst = out[j].op.ip[1], src = out[j].op.ip[2];
+        const auto cp = plan::params<plan::CopyParams>(out[j].op);
+        const int dst = cp.dst_device, src = cp.src_device;
         const int t     = out[j].op.in[0];
-        const int64_t a = out[j].op.in_col[0], b = a + out[j].op.ip[0];
+        const int64_t a = out[j].op.in_col[0], b = a + cp.cols;
         size_t i = j;
         while (i > 0) {
             const OpDesc& prev   = out[i - 1];
@@ -206,7 +212,8 @@ Stats split(Program& p, const std::vector<int>& layer_device, int primary) {
             for (int k = 0; k < 4; ++k) {
                 if (prev.op.in[k] != t) continue;
                 const int64_t pa = prev.op.in_col[k],
-                              pb = pa + (prev_copy ? prev.op.ip[0] : in_cols(p, prev.op, k));
+                              pb = pa + (prev_copy ? plan::params<plan::CopyParams>(prev.op).cols
+                                                   : in_cols(p, prev.op, k));
                 touches |= prev_copy || (pa < b && a < pb);
             }
             if (touches) break;
@@ -214,13 +221,15 @@ Stats split(Program& p, const std::vector<int>& layer_device, int primary) {
             --i;
         }
         if (i == 0) continue;
-        OpDesc& prev = out[i - 1];
-        if (prev.op.code == (uint16_t)OpCode::Copy && prev.op.in[0] == t && prev.op.ip[1] == dst &&
-            prev.op.ip[2] == src) {
-            const int64_t pa = prev.op.in_col[0], pb = pa + prev.op.ip[0];
+        OpDesc& prev  = out[i - 1];
+        const auto pc = plan::params<plan::CopyParams>(prev.op);
+        if (prev.op.code == (uint16_t)OpCode::Copy && prev.op.in[0] == t && pc.dst_device == dst &&
+            pc.src_device == src) {
+            const int64_t pa = prev.op.in_col[0], pb = pa + pc.cols;
             if (pa <= b && a <= pb) {
                 prev.op.in_col[0] = prev.op.out_col[0] = (int32_t)std::min(a, pa);
-                prev.op.ip[0]                          = (int32_t)(std::max(b, pb) - std::min(a, pa));
+                plan::set_params(prev.op,
+                                 plan::CopyParams{(int32_t)(std::max(b, pb) - std::min(a, pa)), dst, src});
                 out.erase(out.begin() + (std::ptrdiff_t)i);
                 (dst == kHost ? st.copies_to_host : src == kHost ? st.copies_to_device : st.copies_peer)--;
                 j = i - 1;

@@ -2,7 +2,6 @@
 #include "compiler/placement.h"
 
 #include "compiler/error.h"
-#include "runtime/src/json_fields.h"
 
 #include <algorithm>
 #include <cctype>
@@ -12,8 +11,6 @@
 
 namespace g4::placement {
 namespace {
-
-using json = nlohmann::json;
 
 const char* kComponents = "vision, audio, ple, embed, lm_head, layers";
 const char* kTargets    = "cpu, gpu, gpuN, cuda:N";
@@ -805,45 +802,29 @@ std::optional<Placement> split_layers(const Placement& p,
     return std::nullopt;
 }
 
-json Decision::meta() const {
+void Decision::to_meta(plan::Meta* m) const {
     const Placement& p    = placement;
     const std::string dev = p.cuda_index >= 0 ? cuda(p.cuda_index) : "cpu";
-    json towers           = json::object();
-    for (const char* c : {"vision", "audio"})
-        towers[c] = p.tower_where.count(c) ? p.tower_where.at(c) : "not compiled";
-    json layers = json::array();
-    auto on     = [&](int l) { return !p.hybrid() ? p.cuda_index : p.layer_device[l]; };
+    plan::MetaPlacement pl;
+    auto on = [&](int l) { return !p.hybrid() ? p.cuda_index : p.layer_device[l]; };
     for (int l = 0; l < p.num_layers;) { // maximal ranges of one device
         int e = l;
         while (e + 1 < p.num_layers && on(e + 1) == on(l))
             ++e;
-        layers.push_back({{"first", l},
-                          {"last", e},
-                          {"device", p.cuda_index < 0 ? "cpu"
-                                     : on(l) < 0      ? "cpu"
-                                                      : cuda(on(l))}});
+        pl.layers.push_back({l, e, p.cuda_index < 0 ? "cpu" : on(l) < 0 ? "cpu" : cuda(on(l))});
         l = e + 1;
     }
-    json pl  = {{"device", dev},
-                {"layers", layers},
-                {"embed", dev},
-                {"lm_head", dev},
-                {"ple", p.ple_host ? "host" : "device"},
-                {"ple_auto", p.ple_auto},
-                {"vision", towers["vision"]},
-                {"audio", towers["audio"]}};
-    json mem = json::array();
-    for (const DeviceMemory& d : memory) {
-        json parts     = json::array();
-        uint64_t total = 0;
-        for (const auto& [what, bytes] : d.parts)
-            parts.push_back({{"what", what}, {"bytes", bytes}}), total += bytes;
-        json e = {{"device", d.device}, {"parts", parts}, {"total", total}};
-        if (d.per_thread) e["scratch_per_thread"] = d.per_thread;
-        if (d.budget) e["budget"] = *d.budget;
-        mem.push_back(e);
-    }
-    return {{"placement", pl}, {"memory", mem}};
+    pl.device    = dev;
+    pl.embed     = dev;
+    pl.lm_head   = dev;
+    pl.ple       = p.ple_host ? "host" : "device";
+    pl.ple_auto  = p.ple_auto;
+    pl.vision    = p.tower_where.count("vision") ? p.tower_where.at("vision") : "not compiled";
+    pl.audio     = p.tower_where.count("audio") ? p.tower_where.at("audio") : "not compiled";
+    m->placement = pl;
+    m->memory.clear();
+    for (const DeviceMemory& d : memory)
+        m->memory.push_back({d.device, d.parts, d.per_thread, d.budget});
 }
 
 std::string Decision::placement_line() const {
@@ -895,20 +876,6 @@ void print_memory(std::ostream& out, const std::vector<DeviceMemory>& mem, const
                       need.c_str(), budget.c_str(), parts_text(d).c_str());
         out << line;
     }
-}
-
-std::vector<DeviceMemory> memory_from_json(const json& memory) {
-    std::vector<DeviceMemory> out;
-    for (const auto& e : memory) {
-        DeviceMemory d;
-        d.device = jsonf::get<std::string>(e, "device");
-        for (const auto& pr : e.at("parts"))
-            d.parts.push_back({jsonf::get<std::string>(pr, "what"), jsonf::get<uint64_t>(pr, "bytes")});
-        d.per_thread = jsonf::value<uint64_t>(e, "scratch_per_thread", 0);
-        if (e.contains("budget")) d.budget = jsonf::get<uint64_t>(e, "budget");
-        out.push_back(d);
-    }
-    return out;
 }
 
 } // namespace g4::placement

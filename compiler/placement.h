@@ -13,11 +13,12 @@
 //                          TARGET := cpu | gpu | gpuN | cuda | cuda:N | host (ple only)
 //   SIZE := DIGITS ['.' DIGITS] [B | KiB | MiB | GiB | TiB | KB | MB | GB | TB]   (units case-insensitive)
 #pragma once
+#include "runtime/plan/meta.h"
+
 #include <cstdint>
 #include <functional>
 #include <iosfwd>
 #include <map>
-#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <utility>
@@ -151,7 +152,7 @@ std::vector<DeviceMemory> memory_plan(const Figures& f, const Placement& p, bool
 struct Decision {
     Placement placement;
     std::vector<DeviceMemory> memory;
-    nlohmann::json meta() const;        // {"placement": ..., "memory": ...} for the plan's META
+    void to_meta(plan::Meta* m) const;  // META "placement" and "memory"
     std::string placement_line() const; // one report line
 };
 // Fits the plan into the budgets: with ple_auto, everything on the GPU if it fits, else the PLE table
@@ -174,6 +175,5 @@ bool layers_placed(const Request& req); // --place names the text layers
 
 // The per-device table (compile report, --dry-run, g4 inspect).
 void print_memory(std::ostream& out, const std::vector<DeviceMemory>& mem, const std::string& indent);
-std::vector<DeviceMemory> memory_from_json(const nlohmann::json& memory);
 
 } // namespace g4::placement

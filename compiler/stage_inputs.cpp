@@ -187,7 +187,7 @@ void resolve_context(Inputs& in) {
 // Tokenizer and chat template travel inside the plan, so a plan file is self-contained.
 void load_tokenizer(Inputs& in) {
     const CompileOptions& opt = in.opt;
-    in.chat_meta              = gemma4::chat_template().to_json();
+    in.meta.chat              = gemma4::chat_template().to_json();
     std::string tok_path =
         !opt.tokenizer_path.empty() ? opt.tokenizer_path : opt.model_dir + "/tokenizer.json";
     if (!opt.tokenizer_path.empty() && !fs::exists(tok_path))
@@ -218,12 +218,9 @@ void load_tokenizer(Inputs& in) {
                                    ")");
             }
         }
-        in.tokenizer_meta = {
-            {"present", true},
-            {"vocab_size", tk.vocab_size()},
-            {"add_bos_token", add_bos},
-            {"chat_template", fs::exists(dir + "/chat_template.jinja") ? "gemma4" : "gemma4-default"},
-            {"sha256", sha256_file(tok_path)}};
+        in.meta.tokenizer = {true, (int32_t)tk.vocab_size(), add_bos,
+                             fs::exists(dir + "/chat_template.jinja") ? "gemma4" : "gemma4-default",
+                             sha256_file(tok_path)};
     }
 }
 
@@ -254,23 +251,20 @@ void open_checkpoint(Inputs& in) {
 // Provenance: digests of every input file.
 void record_provenance(Inputs& in) {
     const CompileOptions& opt = in.opt;
-    json base_files           = json::array();
+    plan::MetaProvenance& pv  = in.meta.provenance;
     for (const auto& f : in.ckpt->files())
-        base_files.push_back({{"file", fs::path(f).filename().string()}, {"sha256", sha256_file(f)}});
-    base_files.push_back({{"file", "config.json"}, {"sha256", sha256_file(opt.model_dir + "/config.json")}});
-    in.provenance["base"] = {{"dir", fs::path(opt.model_dir).filename().string()}, {"files", base_files}};
+        pv.base_files.push_back({fs::path(f).filename().string(), sha256_file(f)});
+    pv.base_files.push_back({"config.json", sha256_file(opt.model_dir + "/config.json")});
+    pv.base_dir = fs::path(opt.model_dir).filename().string();
     if (in.adapter) {
-        json af = json::array();
+        pv.has_adapter = true;
+        pv.adapter_dir = fs::path(opt.adapter_dir).filename().string();
         for (const char* f : {"adapter_config.json", "adapter_model.safetensors"})
-            af.push_back({{"file", f}, {"sha256", sha256_file(opt.adapter_dir + "/" + f)}});
-        json merges = json::array();
+            pv.adapter_files.push_back({f, sha256_file(opt.adapter_dir + "/" + f)});
         for (const auto& m : in.adapter->merges())
-            merges.push_back(
-                {{"module", m.module}, {"r", m.r}, {"alpha", m.alpha}, {"scale", m.scale}, {"dora", m.dora}});
-        in.provenance["adapter"] = {
-            {"dir", fs::path(opt.adapter_dir).filename().string()}, {"files", af}, {"merges", merges}};
+            pv.merges.push_back({m.module, m.r, m.alpha, m.scale, m.dora});
     }
-    in.provenance["g4_version"] = G4_VERSION_STRING;
+    pv.g4_version = G4_VERSION_STRING;
 }
 
 void compile_cuda_kernels(Inputs& in) {

@@ -46,9 +46,14 @@ placement::Decision decide_placement(Inputs& in, placement::Placement& place,
             const bool gpu         = std::string(c) == "vision" ? pl.vision_gpu : pl.audio_gpu;
             const std::string& why = std::string(c) == "vision" ? pl.vision_why : pl.audio_why;
             if (gpu) {
-                in.towers_meta[c]["device"] = dev;
-                in.towers_meta[c]["gpu_bytes"] =
-                    std::string(c) == "vision" ? in.towers.vision_gpu_bytes : in.towers.audio_gpu_bytes;
+                plan::MetaTowers& tm = towers_meta(in);
+                if (std::string(c) == "vision" && tm.vision) {
+                    tm.vision->device    = dev;
+                    tm.vision->gpu_bytes = in.towers.vision_gpu_bytes;
+                } else if (std::string(c) == "audio" && tm.audio) {
+                    tm.audio->device    = dev;
+                    tm.audio->gpu_bytes = in.towers.audio_gpu_bytes;
+                }
                 pl.tower_where[c] = dev;
             } else if (!why.empty() && pl.tower_where[c] == "cpu") {
                 pl.tower_where[c] = "cpu (" + why + ")";
@@ -57,7 +62,7 @@ placement::Decision decide_placement(Inputs& in, placement::Placement& place,
         if (pl.vision_gpu || pl.audio_gpu)
             record_tower_sizing(in, in.towers.sizing(pl.vision_gpu, pl.audio_gpu));
     }
-    in.placement_meta = decided->meta();
+    decided->to_meta(&in.meta);
     return *decided;
 }
 

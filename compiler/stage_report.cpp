@@ -129,9 +129,10 @@ void print_report(std::ostream& log, const Inputs& in, const placement::Decision
         << "; checkpoint tensors not used by the text decoder: " << rep.ignored_text
         << " (e.g. KV-shared layers' k/v) + " << rep.ignored_other << " (towers left out, if any)\n";
     if (!in.tower_names.empty() || !in.encoders.empty()) {
-        const bool has_v = in.towers_meta.contains("vision"), has_a = in.towers_meta.contains("audio");
-        const bool vgpu = has_v && in.towers_meta["vision"].contains("device");
-        const bool agpu = has_a && in.towers_meta["audio"].contains("device");
+        const auto& tm   = in.meta.towers;
+        const bool has_v = tm && tm->vision, has_a = tm && tm->audio;
+        const bool vgpu = has_v && !tm->vision->device.empty();
+        const bool agpu = has_a && !tm->audio->device.empty();
         const std::string vtext =
             "vision (" + std::to_string(opt.image_tokens) + " soft tokens an image at most) ";
         char secs[32];

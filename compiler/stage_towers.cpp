@@ -174,20 +174,21 @@ void check_vision(Inputs& in, const std::string& cfg, const towers::Lookup& look
     z.thread_floats      = std::max({z.thread_floats, vt.thread_scratch_floats(), preprocess_floats});
     z.max_soft           = std::max(z.max_soft, opt.image_tokens);
     in.encoders.push_back(vision_program(h, vh, max_patches, prec == towers::Precision::BF16, lookup));
-    in.towers_meta["vision"] = {{"config", json::parse(in.mc.vision_config_json)},
-                                {"program", "vision"},
-                                {"patch_size", patch},
-                                {"pooling_kernel_size", k},
-                                {"position_size", h.position_embedding_size},
-                                {"pixel_mean", 0.5},
-                                {"pixel_std", 0.5},
-                                {"image_tokens", opt.image_tokens},
-                                {"max_patches", max_patches},
-                                {"max_image_pixels", opt.max_image_pixels},
-                                {"image_token_id", in.mc.image_token_id},
-                                {"boi_token_id", in.mc.boi_token_id},
-                                {"eoi_token_id", in.mc.eoi_token_id},
-                                {"video_token_id", in.mc.video_token_id}};
+    plan::MetaVision& v   = towers_meta(in).vision.emplace();
+    v.config              = json::parse(in.mc.vision_config_json).dump();
+    v.image_tokens        = opt.image_tokens;
+    v.max_patches         = max_patches;
+    v.max_image_pixels    = opt.max_image_pixels;
+    v.image_token_id      = in.mc.image_token_id;
+    v.boi_token_id        = in.mc.boi_token_id;
+    v.eoi_token_id        = in.mc.eoi_token_id;
+    v.video_token_id      = in.mc.video_token_id;
+    v.program             = "vision";
+    v.patch_size          = patch;
+    v.pooling_kernel_size = k;
+    v.position_size       = h.position_embedding_size;
+    v.pixel_mean          = 0.5f;
+    v.pixel_std           = 0.5f;
 }
 
 void check_audio(Inputs& in, const std::string& cfg, const towers::Lookup& lookup, towers::Precision prec,
@@ -242,12 +243,13 @@ void check_audio(Inputs& in, const std::string& cfg, const towers::Lookup& looku
     z.max_soft           = std::max(z.max_soft, towers::audio_soft_tokens(ah, max_samples));
     for (auto& n : towers::audio_weight_names(ah))
         in.tower_names.push_back(n);
-    in.towers_meta["audio"] = {{"config", json::parse(in.mc.audio_config_json)},
-                               {"max_samples", max_samples},
-                               {"sample_rate", ah.sample_rate},
-                               {"audio_token_id", in.mc.audio_token_id},
-                               {"boa_token_id", in.mc.boa_token_id},
-                               {"eoa_token_id", in.mc.eoa_token_id}};
+    plan::MetaAudio& a = towers_meta(in).audio.emplace();
+    a.config           = json::parse(in.mc.audio_config_json).dump();
+    a.max_samples      = max_samples;
+    a.sample_rate      = ah.sample_rate;
+    a.audio_token_id   = in.mc.audio_token_id;
+    a.boa_token_id     = in.mc.boa_token_id;
+    a.eoa_token_id     = in.mc.eoa_token_id;
 }
 
 } // namespace
@@ -263,11 +265,11 @@ rt::MediaSizing TowerSizing::sizing(bool vision_gpu, bool audio_gpu) const {
 
 // META's per-thread scratch and session figures of the towers' host buffers, sized as z.
 void record_tower_sizing(Inputs& in, const rt::MediaSizing& z) {
-    in.towers_meta["thread_scratch_floats"] = z.thread_floats;
-    in.tower_session_bytes                  = rt::media_block(z).total(); // with this machine's thread count
-    rt::MediaSizing fixed                   = z;
-    fixed.threads                           = 0;
-    in.towers_meta["session_bytes"]         = rt::media_block(fixed).total(); // less the per-thread scratch
+    towers_meta(in).thread_scratch_floats = z.thread_floats;
+    in.tower_session_bytes                = rt::media_block(z).total(); // with this machine's thread count
+    rt::MediaSizing fixed                 = z;
+    fixed.threads                         = 0;
+    towers_meta(in).session_bytes         = rt::media_block(fixed).total(); // less the per-thread scratch
 }
 
 void check_towers(Inputs& in, placement::Placement& place) {
@@ -297,9 +299,9 @@ void check_towers(Inputs& in, placement::Placement& place) {
         if (opt.max_media_tokens > in.max_context)
             throw CompileError("--max-media-tokens " + std::to_string(opt.max_media_tokens) +
                                " exceeds --max-context " + std::to_string(in.max_context));
-        in.towers_meta["max_media_tokens"] = queue;
-        in.towers_meta["precision"]        = towers::precision_name(prec);
-        z.queue_rows                       = (int32_t)queue;
+        towers_meta(in).max_media_tokens = (int32_t)queue;
+        towers_meta(in).precision        = towers::precision_name(prec);
+        z.queue_rows                     = (int32_t)queue;
         record_tower_sizing(in, z);
         ts.z_cpu = z;
     }

@@ -12,14 +12,13 @@ namespace {
 
 using gemma4::TensorDesc;
 
+// META "hparams": the model's own keys (the codec writes num_hidden_layers and hidden_size).
 json hparams_json(const gemma4::TextHParams& hp) {
     json lt = json::array();
     for (int i = 0; i < hp.num_layers; ++i)
         lt.push_back(gemma4::layer_type_name(hp.layer_types[i]));
     return json{{"vocab_size", hp.vocab_size},
-                {"hidden_size", hp.hidden_size},
                 {"intermediate_size", hp.intermediate_size},
-                {"num_hidden_layers", hp.num_layers},
                 {"num_attention_heads", hp.num_heads},
                 {"num_key_value_heads", hp.num_kv_heads},
                 {"num_key_value_heads_full", hp.num_kv_heads_full},
@@ -137,86 +136,88 @@ std::string plan_meta(const Inputs& in, const BuiltPlan& b, const Report& rep) {
     auto& host_group          = b.host_group;
     auto& wstart              = b.wstart;
     auto& kstart              = b.kstart;
-    const bool dq             = opt.double_quant;
-    json policy               = {{"weights", opt.weights},         {"double_quant", dq},
-                                 {"quantize", opt.quantize_regex}, {"keep", opt.keep_regex},
-                                 {"nf4_blocksize", nf4::kBlock},   {"kv_dtype", dtype_str(bo.kv_dtype)}};
-    if (in.cuda_index >= 0) policy["deterministic"] = opt.deterministic;
-    if (in.cuda_index >= 0) policy["prefill_precision"] = opt.prefill_precision;
-    if (in.cuda_index >= 0) policy["mlp_precision"] = opt.mlp_precision;
-    // The schedule choices for measurements, only where they are not the default.
-    if (in.cuda_index >= 0 && opt.mlp_replicas != "auto")
-        policy["mlp_replicas"] = std::stoi(opt.mlp_replicas);
-    if (in.cuda_index >= 0 && opt.ple_fold != "on") policy["ple_fold"] = opt.ple_fold;
-    if (in.cuda_index >= 0 && opt.mlp_fold != "one-wave") policy["mlp_fold"] = opt.mlp_fold;
-    json meta;
-    meta["format"]        = "g4plan";
-    meta["g4_version"]    = G4_VERSION_STRING;
-    meta["architecture"]  = in.mc.model_type;
-    meta["head_dim_form"] = in.mc.head_dim_form;
-    meta["device"]        = in.cuda_index >= 0 && mode == Mode::Plan ? "cuda" : "cpu";
-    if (in.cuda_index >= 0 && mode == Mode::Plan)
-        meta["cuda"] = {
-            {"target", in.cuda_target}, {"device_index", in.cuda_index}, {"attn_hpg", in.cuda_spec.attn_hpg}};
-    if (in.cuda_index >= 0 && mode == Mode::Plan && in.cuda_spec.trace)
-        meta["cuda"]["kernel_trace"] = opt.kernel_trace;
-    meta["weights_dtype"]  = opt.weights;
-    meta["policy"]         = policy;
-    meta["reference_plan"] = mode == Mode::Reference;
-    meta["hparams"]        = hparams_json(hp);
-    meta["program"]        = {
-               {"max_rows", opt.max_rows},
-               {"max_context", in.max_context},
-               {"logits_rows", opt.logits_rows},
-               {"sliding_slots", prog.sliding_slots},
-               {"act_arena_bytes", act_arena},
-               {"kv_arena_bytes", kv_arena},
-               {"ids_tensor", prog.ids},
-               {"logits_tensor", prog.logits},
-               {"max_k", max_k},
-               {"max_slots", in.max_context},
-               {"vocab_size", hp.vocab_size},
-               {"embed_vocab_limit", hp.ple_dim > 0 ? std::min(hp.vocab_size, hp.ple_vocab_size) : hp.vocab_size}};
+    plan::Meta m              = in.meta; // provenance, tokenizer, placement, memory, towers
+    const bool cuda = in.cuda_index >= 0, plan_mode = mode == Mode::Plan;
+    plan::MetaPolicy& po = m.policy;
+    po.weights           = opt.weights;
+    po.double_quant      = opt.double_quant;
+    po.quantize          = opt.quantize_regex;
+    po.keep              = opt.keep_regex;
+    po.nf4_blocksize     = nf4::kBlock;
+    po.kv_dtype          = dtype_str(bo.kv_dtype);
+    if (cuda) {
+        po.deterministic     = opt.deterministic;
+        po.prefill_precision = opt.prefill_precision;
+        po.mlp_precision     = opt.mlp_precision;
+        // The schedule choices for measurements, only where they are not the default.
+        if (opt.mlp_replicas != "auto") po.mlp_replicas = std::stoi(opt.mlp_replicas);
+        if (opt.ple_fold != "on") po.ple_fold = opt.ple_fold;
+        if (opt.mlp_fold != "one-wave") po.mlp_fold = opt.mlp_fold;
+    }
+    m.g4_version    = G4_VERSION_STRING;
+    m.architecture  = in.mc.model_type;
+    m.head_dim_form = in.mc.head_dim_form;
+    m.device        = cuda && plan_mode ? "cuda" : "cpu";
+    if (cuda && plan_mode)
+        m.cuda = plan::MetaCuda{in.cuda_target, in.cuda_index, in.cuda_spec.attn_hpg,
+                                in.cuda_spec.trace ? opt.kernel_trace : std::string()};
+    m.weights_dtype             = opt.weights;
+    m.reference_plan            = mode == Mode::Reference;
+    m.hparams.num_hidden_layers = hp.num_layers;
+    m.hparams.hidden_size       = hp.hidden_size;
+    m.hparams.model             = hparams_json(hp);
+    plan::MetaProgram& pg       = m.program;
+    pg.max_rows                 = opt.max_rows;
+    pg.max_context              = in.max_context;
+    pg.logits_rows              = opt.logits_rows;
+    pg.sliding_slots            = prog.sliding_slots;
+    pg.act_arena_bytes          = act_arena;
+    pg.kv_arena_bytes           = kv_arena;
+    pg.ids_tensor               = prog.ids;
+    pg.logits_tensor            = prog.logits;
+    pg.max_k                    = max_k;
+    pg.max_slots                = in.max_context;
+    pg.vocab_size               = hp.vocab_size;
+    pg.embed_vocab_limit        = hp.ple_dim > 0 ? std::min(hp.vocab_size, hp.ple_vocab_size) : hp.vocab_size;
     if (hybrid) {
-        json parts = json::array();
         for (size_t g = 0; g < gpus.size(); ++g) {
-            json w = json::array(); // the weights several GPUs read, then its own (one range if adjacent)
-            if (wstart[1] > wstart[0]) w.push_back({wstart[0], wstart[1]});
+            plan::MetaGpuPart part; // the weights several GPUs read, then its own (one range if adjacent)
+            part.index = gpus[g];
+            if (wstart[1] > wstart[0]) part.weights.push_back({wstart[0], wstart[1]});
             if (wstart[2 + g] > wstart[1 + g]) {
-                if (!w.empty() && w.back()[1] == wstart[1 + g])
-                    w.back()[1] = wstart[2 + g];
+                if (!part.weights.empty() && part.weights.back()[1] == wstart[1 + g])
+                    part.weights.back()[1] = wstart[2 + g];
                 else
-                    w.push_back({wstart[1 + g], wstart[2 + g]});
+                    part.weights.push_back({wstart[1 + g], wstart[2 + g]});
             }
-            parts.push_back({{"index", gpus[g]}, {"weights", w}, {"kv", {kstart[1 + g], kstart[2 + g]}}});
+            part.kv = {kstart[1 + g], kstart[2 + g]};
+            pg.gpus.push_back(part);
         }
-        meta["program"]["layer_devices"] = in.layer_device;
-        meta["program"]["gpus"]          = parts;
-        meta["program"]["kv_host_begin"] = kstart[host_group];
+        pg.layer_devices.assign(in.layer_device.begin(), in.layer_device.end());
+        pg.kv_host_begin = kstart[host_group];
     }
-    const auto& g      = in.mc.generation;
-    meta["generation"] = {{"eos_token_ids", g.eos_token_ids},
-                          {"bos_token_id", g.bos_token_id},
-                          {"pad_token_id", g.pad_token_id},
-                          {"do_sample", g.do_sample},
-                          {"temperature", g.temperature},
-                          {"top_k", g.top_k},
-                          {"top_p", g.top_p},
-                          {"min_p", g.min_p},
-                          {"repetition_penalty", g.repetition_penalty}};
-    meta["provenance"] = in.provenance;
-    meta["tokenizer"]  = in.tokenizer_meta;
-    meta["chat"]       = in.chat_meta;
-    if (mode == Mode::Plan) meta.update(in.placement_meta);
-    if (mode == Mode::Plan && (!in.tower_names.empty() || !in.encoders.empty())) {
-        meta["towers"]            = in.towers_meta;
-        meta["towers"]["weights"] = {wstart[towers_group], wstart[towers_group + 1]};
-        if (meta["towers"].contains("vision"))
-            meta["towers"]["vision"]["weights"] = {rep.vision_begin, rep.vision_end};
-        if (meta["towers"].contains("audio"))
-            meta["towers"]["audio"]["weights"] = {rep.audio_begin, rep.audio_end};
+    const auto& g = in.mc.generation;
+    m.generation  = {std::vector<int32_t>(g.eos_token_ids.begin(), g.eos_token_ids.end()),
+                     g.bos_token_id,
+                     g.pad_token_id,
+                     g.do_sample,
+                     g.temperature,
+                     g.top_k,
+                     g.top_p,
+                     g.min_p,
+                     g.repetition_penalty};
+    if (!plan_mode) {
+        m.placement.reset();
+        m.memory.clear();
     }
-    return meta.dump(1);
+    if (plan_mode && (!in.tower_names.empty() || !in.encoders.empty()) && m.towers) {
+        m.towers->weights = {wstart[towers_group], wstart[towers_group + 1]};
+        if (m.towers->vision) m.towers->vision->weights = plan::ByteRange{rep.vision_begin, rep.vision_end};
+        if (m.towers->audio) m.towers->audio->weights = plan::ByteRange{rep.audio_begin, rep.audio_end};
+    } else {
+        m.towers.reset();
+    }
+    return plan::write_meta(m);
 }
 
 // Builds and writes one plan.

@@ -23,6 +23,7 @@
 #include "compiler/programs.h"
 #include "compiler/safetensors.h"
 #include "models/gemma4/graph.h"
+#include "runtime/plan/meta.h"
 #include "runtime/plan/plan_format.h"
 #include "runtime/src/towers/media.h"
 
@@ -75,26 +76,24 @@ struct Inputs {
     std::unique_ptr<lora::Adapter> adapter;
     int max_context   = 0;
     bool prequantized = false; // base checkpoint is bitsandbytes 4-bit
-    json provenance   = json::object();
+    // META's parts the stages fill (provenance and tokenizer: inputs; towers: check_towers and placement;
+    // placement and memory: placement); plan_meta adds the rest.
+    plan::Meta meta;
     std::string tokenizer_json; // embedded verbatim as the TOKENIZER section ("" = none)
-    json tokenizer_meta = json::object();
-    json chat_meta      = json::object(); // META "chat": the model's chat template pieces
-    std::string kv_dtype_name;            // "bf16" | "f32"
-    int cuda_index = -1;                  // CUDA plans: device index, target and kernels
+    std::string kv_dtype_name;  // "bf16" | "f32"
+    int cuda_index = -1;        // CUDA plans: device index, target and kernels
     std::string cuda_target;
     cuda::KernelSpec cuda_spec; // the model constants the kernels are compiled for
     std::vector<char> cubin;
     std::string ptx;
-    bool kernels_cached = false;          // cubin and PTX came from the kernel cache (cuda_compile.h)
-    json placement_meta = json::object(); // META "placement" and "memory" (compiler/placement.h)
-    DType kv_dtype      = DType::F32;     // KV cache storage (the fidelity reference plan keeps f32)
+    bool kernels_cached = false;      // cubin and PTX came from the kernel cache (cuda_compile.h)
+    DType kv_dtype      = DType::F32; // KV cache storage (the fidelity reference plan keeps f32)
     std::vector<int>
         layer_device; // CUDA plans: each text layer's device, -1 the CPU (empty: all on cuda_index)
     // Vision/audio towers compiled into the plan (Mode::Plan only; they run on the CPU): their weights'
-    // HF names relative to "model.", META "towers" (less the weights range), host bytes a session adds.
+    // HF names relative to "model.", host bytes a session adds (META "towers": meta.towers).
     std::vector<std::string> tower_names;
     std::vector<EncoderProgram> encoders; // encoder programs after the text program (Mode::Plan only)
-    json towers_meta             = json::object();
     uint64_t tower_session_bytes = 0;
     TowerSizing towers;
 };
@@ -172,7 +171,11 @@ void load_tokenizer(Inputs& in);
 void open_checkpoint(Inputs& in); // and the adapter's shapes against it
 void record_provenance(Inputs& in);
 void compile_cuda_kernels(Inputs& in);
-// Tower configs and weights checked, their buffers sized (in.towers, in.towers_meta), and where they
+// META "towers" as the stages fill it (made on first use).
+inline plan::MetaTowers& towers_meta(Inputs& in) {
+    return in.meta.towers ? *in.meta.towers : in.meta.towers.emplace();
+}
+// Tower configs and weights checked, their buffers sized (in.towers, in.meta.towers), and where they
 // may run recorded in `place`.
 void check_towers(Inputs& in, placement::Placement& place);
 // META's per-thread scratch and session figures of the towers' host buffers, sized as z.

@@ -1,14 +1,13 @@
 // `g4 inspect`: a plan's summary (format, model, policy, placement, memory, schedule), and by flag every
 // tensor and op.
 #include "compiler/placement.h"
+#include "runtime/plan/op_params.h"
 #include "runtime/plan/plan_reader.h"
-#include "runtime/src/json_fields.h"
 #include "tools/cli_common.h"
 
 #include <algorithm>
 #include <cstdio>
 #include <map>
-#include <nlohmann/json.hpp>
 #include <sstream>
 
 namespace g4::cli {
@@ -38,24 +37,19 @@ int inspect_plan(int argc, char** argv) {
     g4::plan::Plan p;
     std::string err;
     if (p.load(a.pos[0], verify, &err) != G4_OK) throw RunError(err);
-    const auto& h   = p.header();
-    namespace jsonf = g4::jsonf;
-    // META was parsed and depth-checked by p.load; a field of the wrong type is an error naming it.
-    auto jv   = [](const nlohmann::json& o, const char* k) { return jsonf::value<std::string>(o, k, "?"); };
-    auto meta = nlohmann::json::parse(p.meta_json());
+    const auto& h              = p.header();
+    const g4::plan::Meta& meta = p.meta(); // decoded and type-checked by p.load
     std::printf("plan %s: format %u.%u, %s, %llu bytes%s\n", a.pos[0].c_str(), h.format_major, h.format_minor,
-                jv(meta, "architecture").c_str(), (unsigned long long)p.file_size(),
+                meta.architecture.c_str(), (unsigned long long)p.file_size(),
                 verify ? ", weights checksum ok" : "");
-    std::printf(
-        "g4 version %s, device %s, weights %s, KV cache %s\n", jv(meta, "g4_version").c_str(),
-        jv(meta, "device").c_str(), jv(meta, "weights_dtype").c_str(),
-        jsonf::value<std::string>(meta.value("policy", nlohmann::json::object()), "kv_dtype", "f32").c_str());
-    std::printf("hparams: %s\n", meta["hparams"].dump().c_str());
-    std::printf("program: %s\n", meta["program"].dump().c_str());
-    std::printf("generation: %s\n", meta["generation"].dump().c_str());
-    if (meta.contains("policy")) std::printf("policy: %s\n", meta["policy"].dump().c_str());
-    if (meta.contains("tokenizer")) std::printf("tokenizer: %s\n", meta["tokenizer"].dump().c_str());
-    if (meta.contains("provenance")) std::printf("provenance: %s\n", meta["provenance"].dump(2).c_str());
+    std::printf("g4 version %s, device %s, weights %s, KV cache %s\n", meta.g4_version.c_str(),
+                meta.device.c_str(), meta.weights_dtype.c_str(), meta.policy.kv_dtype.c_str());
+    std::printf("hparams: %s\n", to_json(meta.hparams).dump().c_str());
+    std::printf("program: %s\n", to_json(meta.program).dump().c_str());
+    std::printf("generation: %s\n", to_json(meta.generation).dump().c_str());
+    std::printf("policy: %s\n", to_json(meta.policy).dump().c_str());
+    std::printf("tokenizer: %s\n", to_json(meta.tokenizer).dump().c_str());
+    std::printf("provenance: %s\n", to_json(meta.provenance).dump(2).c_str());
 
     std::map<std::string, std::pair<uint64_t, int>> by_dtype, by_kind;
     const char* kinds[] = {"weight", "activation", "kv_cache", "input"};
@@ -72,29 +66,30 @@ int inspect_plan(int argc, char** argv) {
     for (auto& [k, v] : by_dtype)
         std::printf("  %-6s %5d tensors %12s\n", k.c_str(), v.second, human(v.first).c_str());
     const auto& in = p.info();
-    if (meta.contains("placement")) {
-        const auto& pl = meta["placement"];
+    if (meta.placement) {
+        const g4::plan::MetaPlacement& pl = *meta.placement;
         std::string layers;
-        for (const auto& r : pl.value("layers", nlohmann::json::array()))
-            layers += (layers.empty() ? "" : ", ") + std::to_string(jsonf::value<int>(r, "first", 0)) + "-" +
-                      std::to_string(jsonf::value<int>(r, "last", 0)) + " on " + jv(r, "device");
-        std::string dev = jv(pl, "device");
-        std::string ple = jsonf::value<std::string>(pl, "ple", "device") == "host"
-                              ? "in pinned host memory (ple=host)"
-                              : "on " + dev;
+        for (const auto& r : pl.layers)
+            layers += (layers.empty() ? "" : ", ") + std::to_string(r.first) + "-" + std::to_string(r.last) +
+                      " on " + r.device;
+        const std::string ple = pl.ple == "host" ? "in pinned host memory (ple=host)" : "on " + pl.device;
         std::printf(
             "placement: text layers %s; embed on %s, lm_head on %s; PLE table %s%s; vision %s; audio %s\n",
-            layers.c_str(), jv(pl, "embed").c_str(), jv(pl, "lm_head").c_str(), ple.c_str(),
-            jsonf::value<bool>(pl, "ple_auto", false) ? " (decided by the budget check)" : "",
-            jv(pl, "vision").c_str(), jv(pl, "audio").c_str());
-    }
-    if (meta.contains("memory")) {
+            layers.c_str(), pl.embed.c_str(), pl.lm_head.c_str(), ple.c_str(),
+            pl.ple_auto ? " (decided by the budget check)" : "", pl.vision.c_str(), pl.audio.c_str());
+        std::vector<g4::placement::DeviceMemory> mem;
+        for (const g4::plan::MetaDeviceMemory& d : meta.memory) {
+            g4::placement::DeviceMemory m;
+            m.device     = d.device;
+            m.parts      = d.parts;
+            m.per_thread = d.scratch_per_thread;
+            m.budget     = d.budget;
+            mem.push_back(m);
+        }
         std::ostringstream table;
-        g4::placement::print_memory(table, g4::placement::memory_from_json(meta["memory"]), "  ");
+        g4::placement::print_memory(table, mem, "  ");
         std::printf("memory by device (exact bytes%s):\n%s",
-                    jsonf::value<std::string>(meta, "device", "cpu") == "cuda"
-                        ? "; CUDA context and allocator overhead not included"
-                        : "",
+                    meta.device == "cuda" ? "; CUDA context and allocator overhead not included" : "",
                     table.str().c_str());
     } else {
         std::printf(
@@ -103,11 +98,11 @@ int inspect_plan(int argc, char** argv) {
             human(in.kv_arena_bytes).c_str());
     }
     std::printf("tensors %zu, ops %zu\n", p.n_tensors(), p.n_ops());
-    if (meta.contains("cuda")) {
-        const int hpg           = jsonf::value<int>(meta["cuda"], "attn_hpg", 0);
-        const std::string trace = jsonf::value<std::string>(meta["cuda"], "kernel_trace", "off");
+    if (meta.cuda) {
+        const int hpg           = meta.cuda->attn_hpg;
+        const std::string trace = meta.cuda->kernel_trace.empty() ? "off" : meta.cuda->kernel_trace;
         std::printf(
-            "CUDA kernels: %s cubin + PTX; decode attention %s%s\n", jv(meta["cuda"], "target").c_str(),
+            "CUDA kernels: %s cubin + PTX; decode attention %s%s\n", meta.cuda->target.c_str(),
             hpg ? ("specialised for " + std::to_string(hpg) + " heads per KV group").c_str()
                 : "generic (any group size <= 16)",
             trace == "off"
@@ -138,8 +133,10 @@ int inspect_plan(int argc, char** argv) {
         int flash = 0, split = 0, mm[5] = {};
         for (size_t i = 0; i < p.n_ops(); ++i) {
             const auto& op = p.op(i);
-            if (op.code == (uint16_t)g4::OpCode::Attention) (op.ip[5] == 0 ? flash : split)++;
-            if (op.code == (uint16_t)g4::OpCode::Matmul && op.ip[6] >= 0 && op.ip[6] < 5) mm[op.ip[6]]++;
+            if (op.code == (uint16_t)g4::OpCode::Attention)
+                (g4::plan::params<g4::plan::AttentionParams>(op).prefill_splits == 0 ? flash : split)++;
+            const int v = g4::plan::params<g4::plan::MatmulParams>(op).prefill_variant;
+            if (op.code == (uint16_t)g4::OpCode::Matmul && v >= 0 && v < 5) mm[v]++;
         }
         std::printf("CUDA prefill: attention %d flash (tensor cores), %d split over keys (fp32); matmul %d "
                     "cuBLAS tier, "
@@ -194,7 +191,7 @@ int cmd_inspect(int argc, char** argv) {
         throw;
     } catch (const UsageError&) {
         throw;
-    } catch (const std::exception& e) { // g4::jsonf's errors, and nlohmann's from placement::memory_from_json
+    } catch (const std::exception& e) { // what the plan's printing throws
         const Args a(argc, argv, 2, kInspect);
         throw RunError("plan " + a.pos.at(0) + ": " + e.what() + "; re-run g4 compile to rebuild the plan");
     }

@@ -119,10 +119,8 @@ public:
     // RMSNorm over groups of `dim` columns of the first `cols` columns; w < 0 = no scale. In place if y == x.
     int rms_norm(View x, int w, int64_t ncols, int dim, int y, const std::string& name, int layer,
                  RowMode rm = RowMode::All) {
-        PlanOp& op = emit(OpCode::RmsNorm, name, layer, {x, {w}}, {{y}}, rm);
-        op.ip[0]   = (int32_t)ncols;
-        op.ip[1]   = dim;
-        op.fp[0]   = hp.rms_norm_eps;
+        plan::set_params(emit(OpCode::RmsNorm, name, layer, {x, {w}}, {{y}}, rm),
+                         plan::RmsNormParams{(int32_t)ncols, dim, hp.rms_norm_eps});
         return y;
     }
     int norm_new(int x, int w, const std::string& name, int layer, int dim = 0) {
@@ -130,27 +128,25 @@ public:
         return rms_norm({x}, w, cols(x), dim ? dim : (int)cols(x), y, name, layer);
     }
     int add(int a, int b, const std::string& name, int layer) {
-        int y      = act(layer < 0 ? name : name + "-" + std::to_string(layer), cols(a));
-        PlanOp& op = emit(OpCode::Add, name, layer, {{a}, {b}}, {{y}});
-        op.ip[0]   = (int32_t)cols(a);
+        int y = act(layer < 0 ? name : name + "-" + std::to_string(layer), cols(a));
+        plan::set_params(emit(OpCode::Add, name, layer, {{a}, {b}}, {{y}}),
+                         plan::AddParams{(int32_t)cols(a)});
         return y;
     }
     int gelu_mul(View a, View b, int64_t ncols, const std::string& name, int layer) {
-        int y      = act(layer < 0 ? name : name + "-" + std::to_string(layer), ncols);
-        PlanOp& op = emit(OpCode::GeluMul, name, layer, {a, b}, {{y}});
-        op.ip[0]   = (int32_t)ncols;
+        int y = act(layer < 0 ? name : name + "-" + std::to_string(layer), ncols);
+        plan::set_params(emit(OpCode::GeluMul, name, layer, {a, b}, {{y}}),
+                         plan::GeluMulParams{(int32_t)ncols});
         return y;
     }
     // In place: x *= s * scalar_tensor
     void scale(int x, float s, int scalar, const std::string& name, int layer) {
-        PlanOp& op = emit(OpCode::Scale, name, layer, {{x}, {scalar}}, {{x}});
-        op.ip[0]   = (int32_t)cols(x);
-        op.fp[0]   = s;
+        plan::set_params(emit(OpCode::Scale, name, layer, {{x}, {scalar}}, {{x}}),
+                         plan::ScaleParams{(int32_t)cols(x), s});
     }
     void rope(int x, int inv_freq, int heads, int dim, const std::string& name, int layer) {
-        PlanOp& op = emit(OpCode::Rope, name, layer, {{x}, {inv_freq}}, {{x}});
-        op.ip[0]   = heads;
-        op.ip[1]   = dim;
+        plan::set_params(emit(OpCode::Rope, name, layer, {{x}, {inv_freq}}, {{x}}),
+                         plan::RopeParams{heads, dim});
     }
 
     const TextHParams& hp;
@@ -190,8 +186,8 @@ Program build_text_program(const TextHParams& hp, const BuildOptions& opt) {
     // docs/gemma4.md "Embeddings and scaling".
     int x = b.act("inp_embd", H);
     {
-        PlanOp& op = b.emit(OpCode::Embed, "inp_embd", -1, {{prog.ids}, {w_embed}}, {{x}});
-        op.fp[0]   = embed_scale(hp, false);
+        plan::set_params(b.emit(OpCode::Embed, "inp_embd", -1, {{prog.ids}, {w_embed}}, {{x}}),
+                         plan::EmbedParams{embed_scale(hp, false)});
     }
 
     // Per-layer embeddings: ple[T, L*P] = (norm_P(inp_embd . W_plp^T * H^-1/2) + E_pl[ids] * sqrt(P)) *
@@ -203,9 +199,9 @@ Program build_text_program(const TextHParams& hp, const BuildOptions& opt) {
         const int w_ple_proj = b.weight("per_layer_model_projection.weight", {L * P, H}, WeightRole::PleProj);
         const int w_ple_norm = b.weight("per_layer_projection_norm.weight", {P}, WeightRole::Norm);
         int ple_tok          = b.act("ple_tok", L * P);
-        PlanOp& op           = b.emit(OpCode::Embed, "ple_tok", -1, {{prog.ids}, {w_ple_table}}, {{ple_tok}});
-        op.fp[0]             = std::sqrt((float)P);
-        int ple_ctx          = b.matmul({x}, w_ple_proj, "ple_ctx", -1);
+        plan::set_params(b.emit(OpCode::Embed, "ple_tok", -1, {{prog.ids}, {w_ple_table}}, {{ple_tok}}),
+                         plan::EmbedParams{std::sqrt((float)P)});
+        int ple_ctx = b.matmul({x}, w_ple_proj, "ple_ctx", -1);
         b.scale(ple_ctx, (float)(1.0 / std::sqrt((double)H)), -1, "ple_ctx_scaled", -1);
         b.rms_norm({ple_ctx}, w_ple_norm, L * P, (int)P, ple_ctx, "ple_ctx_norm", -1);
         ple = b.add(ple_ctx, ple_tok, "ple", -1);
@@ -245,25 +241,26 @@ Program build_text_program(const TextHParams& hp, const BuildOptions& opt) {
             slots[il]   = full ? opt.max_context : prog.sliding_slots;
             k_cache[il] = b.kv("cache_k-" + std::to_string(il), slots[il], (int64_t)nkv * d);
             v_cache[il] = b.kv("cache_v-" + std::to_string(il), slots[il], (int64_t)nkv * d);
-            PlanOp& op  = b.emit(OpCode::KvStore, "kv_store", il, {{k}, {v}}, {{k_cache[il]}, {v_cache[il]}});
-            op.ip[0]    = nkv * d;
-            op.ip[1]    = slots[il];
+            plan::set_params(
+                b.emit(OpCode::KvStore, "kv_store", il, {{k}, {v}}, {{k_cache[il]}, {v_cache[il]}}),
+                plan::KvStoreParams{nkv * d, slots[il]});
         }
         // KV-shared layers read the donor's cache: a static table, no copy, no memory of their own
         // (docs/gemma4.md "KV sharing").
         const int src = li.kv_source;
         int attn      = b.act("attn-" + std::to_string(il), (int64_t)nh * d);
         {
-            PlanOp& op =
-                b.emit(OpCode::Attention, "attn", il, {{q}, {k_cache[src]}, {v_cache[src]}}, {{attn}});
-            op.ip[0] = nh;
-            op.ip[1] = nkv;
-            op.ip[2] = d;
-            op.ip[3] = slots[src];
+            plan::AttentionParams a;
+            a.heads    = nh;
+            a.kv_heads = nkv;
+            a.dim      = d;
+            a.slots    = slots[src];
             // A window of max_context or more hides no key any position can have (HF's mask then masks
             // nothing either): clamped, the plan's caches and the runtime's checks see a window that fits.
-            op.ip[4] = full ? 0 : std::min(hp.sliding_window, opt.max_context);
-            op.fp[0] = 1.0f; // Gemma 4: q/k norms replace 1/sqrt(d)
+            a.window = full ? 0 : std::min(hp.sliding_window, opt.max_context);
+            a.scale  = 1.0f; // Gemma 4: q/k norms replace 1/sqrt(d)
+            plan::set_params(
+                b.emit(OpCode::Attention, "attn", il, {{q}, {k_cache[src]}, {v_cache[src]}}, {{attn}}), a);
         }
         int w_o = b.weight(lt(il, "self_attn.o_proj.weight"), {H, (int64_t)nh * d}, WeightRole::AttnProj);
         int w_post_attn = b.weight(lt(il, "post_attention_layernorm.weight"), {H}, WeightRole::Norm);
@@ -309,10 +306,9 @@ Program build_text_program(const TextHParams& hp, const BuildOptions& opt) {
         opt.separate_lm_head ? b.weight("lm_head.weight", {V, H}, WeightRole::Embedding) : w_embed;
     prog.logits = b.matmul({h}, w_head, "result_output", -1, RowMode::OutRows, opt.logits_rows);
     if (hp.final_logit_softcap > 0) {
-        PlanOp& op =
-            b.emit(OpCode::Softcap, "result_softcap", -1, {{prog.logits}}, {{prog.logits}}, RowMode::OutRows);
-        op.ip[0] = (int32_t)V;
-        op.fp[0] = hp.final_logit_softcap;
+        plan::set_params(
+            b.emit(OpCode::Softcap, "result_softcap", -1, {{prog.logits}}, {{prog.logits}}, RowMode::OutRows),
+            plan::SoftcapParams{(int32_t)V, hp.final_logit_softcap});
     }
     return prog;
 }

@@ -4,6 +4,7 @@
 #pragma once
 #include "kernels/ops.h"
 #include "models/gemma4/model.h"
+#include "runtime/plan/op_params.h"
 #include "runtime/plan/plan_format.h"
 
 #include <set>
@@ -12,20 +13,8 @@
 
 namespace g4::gemma4 {
 
-// What a weight is, so the compiler's dtype/quantization policy can decide per tensor.
-enum class WeightRole : uint8_t {
-    AttnProj,    // q/k/v/o projections of the text decoder
-    MlpProj,     // gate/up/down
-    Embedding,   // embed_tokens (also the tied LM head)
-    PleTable,    // embed_tokens_per_layer
-    PleProj,     // per_layer_model_projection, per_layer_input_gate, per_layer_projection
-    Norm,        // RMSNorm weights
-    Scalar,      // layer_scalar
-    Constant,    // computed by the compiler (RoPE inverse frequencies), always f32
-    LoraBias,    // bias added by a LoRA adapter (lora_bias), f32 [N]
-    Tower,       // vision/audio tower and its embedder (read by runtime/src/towers on the CPU, no ops)
-    TowerScalar, // a tower's 0-d tensor (ClippableLinear bounds), stored as [1]
-};
+// What a weight is, so the compiler's dtype/quantization policy can decide per tensor (recorded in the plan).
+using WeightRole = plan::WeightRole;
 const char* weight_role_name(WeightRole r);
 
 struct TensorDesc {

@@ -1,4 +1,4 @@
-// The g4 plan file, format v1.1: the only contract between compiler and runtime. Little-endian POD.
+// The g4 plan file, format v1.2: the only contract between compiler and runtime. Little-endian POD.
 //
 //   [PlanHeader 64 B][PlanSection x section_count][sections, each 4096-aligned]
 //   META     JSON: hyper-parameters, program sizes, generation defaults, provenance
@@ -22,12 +22,13 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 namespace g4::plan {
 
 inline constexpr char kMagic[8]         = {'G', '4', 'P', 'L', 'A', 'N', 0, 0};
 inline constexpr uint16_t kFormatMajor  = 1;
-inline constexpr uint16_t kFormatMinor  = 2; // 1.2: PROGRAMS
+inline constexpr uint16_t kFormatMinor  = 2; // docs/plan-format.md "Versions" says what each minor added
 inline constexpr uint64_t kSectionAlign = 4096;
 inline constexpr uint64_t kTensorAlign  = 64; // what the reader requires of every tensor's offset
 // What the compiler gives each weight (in WEIGHTS; a GPU's copy keeps offsets modulo it, cuda/backend.cpp).
@@ -99,10 +100,24 @@ inline constexpr uint32_t kQuantDoubleQuant = 1;
 // For every other use (prefill) the CUDA runtime dequantizes it to bf16 in place (the cuBLAS tier) or first
 // puts codes and absmax back in row-major order (g4_nf4_untile32, into scratch); CPU kernels refuse it.
 inline constexpr uint32_t kQuantTiled32 = 2;
-// PlanTensor.flags of weights holds the compiler's weight role; the runtime reads these two: a vision/audio
-// tower weight (read by runtime/src/towers on the CPU, never uploaded), and a tower's 0-d tensor stored as
-// [1].
-inline constexpr uint8_t kRoleTower = 9, kRoleTowerScalar = 10;
+// What a weight is (PlanTensor.flags of weights): the compiler's storage policy decides per role. The runtime
+// reads PleTable (a table gathered a few rows a step, which may stay in host memory: META placement.ple),
+// Tower and TowerScalar.
+enum class WeightRole : uint8_t {
+    AttnProj    = 0,  // attention q/k/v/o projections
+    MlpProj     = 1,  // gate/up/down
+    Embedding   = 2,  // the token embedding (also a tied LM head)
+    PleTable    = 3,  // the per-layer embedding table, gathered by token id
+    PleProj     = 4,  // projections of the per-layer inputs
+    Norm        = 5,  // RMSNorm weights
+    Scalar      = 6,  // a layer's scalar
+    Constant    = 7,  // computed by the compiler (RoPE inverse frequencies), always f32
+    LoraBias    = 8,  // bias added by a LoRA adapter, f32 [N]
+    Tower       = 9,  // vision/audio tower weight (read by runtime/src/towers on the CPU, never uploaded)
+    TowerScalar = 10, // a tower's 0-d tensor, stored as [1]
+};
+inline constexpr uint8_t kRoleTower       = (uint8_t)WeightRole::Tower,
+                         kRoleTowerScalar = (uint8_t)WeightRole::TowerScalar;
 
 // Which rows an op processes in a step of T rows with R = out_rows logits requested.
 enum class RowMode : int32_t {
@@ -242,43 +257,12 @@ inline uint64_t fnv1a64(const void* data, size_t n, uint64_t h = 146959810393466
     return h;
 }
 
-// Hash of everything whose drift between compiler and runtime would silently change meaning:
-// record layouts, op codes and their parameter conventions, and the arguments the runtime passes to the
-// plan's own kernels (kargs: a plan's CUBIN/PTX came from the compiler's kernels/cuda/*.cu) (bump the string
-// when they change).
-inline uint64_t schema_hash() {
-    static const char kSchema[] =
-        "g4plan-v1;header64;section32;tensor64(quant_flags);op104;launch80(op0,resnorm1(t1|t4|t6:-1=none,t7:"
-        "zero,ip1:folded_into_gated_proj|mlp,ip2:zero2+1),gemv2,qkvpost3,qkvattn4(ip4:post_ops),"
-        "mlp5(ip0:gate,ip1:up,ip3:down,ip5:threads,ip6:replicas,ip7:f16x2),attn_o6(op:o,ip1:attention(its "
-        "merge "
-        "here),t0:y),gated_proj7(ops:gate,gelu_mul,proj;t0:y),"
-        "group_norm_add8(t0:ctx,t1:w,t2:tok,t3:out;ip0:N,ip1:P));"
-        "matmul_variant(cublas4);"
-        "ops:embed1(in:ids,table;fp0:scale),matmul2(in:x,w,bias?;ip5:decode_variant,ip6:prefill_variant),rms_"
-        "norm3(in:x,w?;ip0:cols,ip1:dim;fp0:eps),"
-        "add4(ip0:cols),scale5(in:x,s?;ip0:cols;fp0:s),rope6(in:x,inv_freq;ip0:heads,ip1:dim),"
-        "kv_store7(in:k,v;out:kc,vc;ip0:width,ip1:slots),"
-        "attention8(in:q,kc,vc;ip0:heads,ip1:kv_heads,ip2:dim,ip3:slots,ip4:window,ip5:prefill_splits(0="
-        "flash),ip6:decode_splits;fp0:scale),"
-        "gelu_mul9(ip0:cols),softcap10(ip0:cols;fp0:cap),copy11(in:x;out:x;ip0:cols,ip1:dst_device,ip2:src_"
-        "device(-1=host));"
-        "meta:program.layer_devices,gpus(index,weights,kv),kv_host_begin;towers(weights,max_media_tokens,"
-        "vision,audio;flags:tower9,tower_scalar10);"
-        "dtypes:f32=0,bf16=1,f16=2,i32=3,nf4=4(blob:codes,absmax|dq;quant_flags:dq1,tiled32_2);kinds:weight0,"
-        "act1,kv2(dtype:f32|bf16,rne on store),input3;"
-        "rowmode:all0,tailin1,outrows2;argmax(logits,vocab,ws,step,ids,host_tok,limit);"
-        "kargs:group_norm_add9,resnorm14(..,zero),resnorm_rep16(..,zero,rep,nrep),"
-        "mlp376(..,yr,nrep,zero,rx,rd,rpw,rprew,xo,rpwdt,rprewdt,eps),mlp_rep,mlp_h2,mlp_z,mlp_r,resnorm_z2,"
-        "gated_proj104(..,rx,rd,rpw,xo,rpwdt,eps),resnorm_gated_proj;"
-        // 1.2: the programs table and the encoder-program ops
-        "programs10(rec88;text0;rowcount16+k;matmul.ip4:cpu_gemm),clamp12(fp0:lo,fp1:hi),add_position_2d13("
-        "in:"
-        "x,table,pos),rope_2d14(in:x,inv_freq,pos;ip0:heads,ip1:dim),self_attention15(in:q,k,v;out:y,work;"
-        "ip0:"
-        "heads,ip1:kv_heads,ip2:dim;fp0:scale),pool_rows16(in:x,index;ip0:cols,ip1:taps,ip2:src_count;fp0:w)";
-    return fnv1a64(kSchema, sizeof(kSchema) - 1);
-}
+// The schema: everything whose drift between compiler and runtime would silently change meaning, as text
+// derived from the record layouts (each field's name, offset and size), the enums the records hold, each op's
+// parameter table (op_params.h) and the CUDA schedule's launch conventions (schema.cpp), and its FNV-1a 64
+// hash, which every plan's header carries.
+const std::string& schema_text();
+uint64_t schema_hash();
 
 // Schemas of earlier plans of this major that the reader still reads (docs/plan-format.md, "Compatibility"):
 // a change to the schema string above that the reader can handle for plans written before it bumps
@@ -289,9 +273,14 @@ struct ReadableSchema {
     uint16_t minor;
     uint64_t hash;
 };
-inline constexpr std::array<ReadableSchema, 1> kReadableSchemas{{
-    {1, 0xe43b8582d95ce1bfull}, // 1.1: before the programs table (one program "text")
-}};
+// 1.0 and 1.1: the schema strings typed by hand before the hash was derived from the layouts (same records;
+// the second after the fused kernels were renamed by what they compute). A CUDA plan of an earlier schema is
+// refused all the same (plan_reader.cpp): its kernels carry the names and arguments of the g4 that compiled
+// it.
+inline constexpr std::array<ReadableSchema, 4> kReadableSchemas{{{0, 0xe43b8582d95ce1bfull},
+                                                                 {1, 0xe43b8582d95ce1bfull},
+                                                                 {0, 0xd15d4690b9817fcfull},
+                                                                 {1, 0xd15d4690b9817fcfull}}};
 
 // True if a plan of minor version `minor` (<= kFormatMinor) with schema hash `hash` can be read.
 inline bool schema_readable(uint64_t hash, uint16_t minor) {

@@ -1,16 +1,15 @@
 // Plan loading and validation (see plan_reader.h).
 #include "runtime/plan/plan_reader.h"
 
+#include "runtime/plan/op_params.h"
+
 #include "kernels/nf4.h"
-#include "runtime/src/json_fields.h"
-#include "runtime/src/json_limits.h"
 #include "runtime/src/sampler.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <fcntl.h>
-#include <nlohmann/json.hpp>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -229,159 +228,182 @@ g4_status Plan::load(const std::string& path, bool verify_weights, std::string* 
     weights_      = base + wts->offset;
     weights_size_ = wts->size;
 
-    try {
-        if (std::string e = json_depth_error(meta_); !e.empty())
-            return fail(CORRUPT, "META: " + e + recompile, err);
-        auto j  = nlohmann::json::parse(meta_);
-        arch_   = jsonf::get<std::string>(j, "architecture");
-        device_ = jsonf::value<std::string>(j, "device", "cpu");
-        if (j.contains("cuda")) {
-            cuda_target_   = jsonf::get<std::string>(j["cuda"], "target");
-            cuda_device_   = jsonf::value<int>(j["cuda"], "device_index", 0);
-            cuda_attn_hpg_ = jsonf::value<int>(j["cuda"], "attn_hpg", 0);
-        }
-        if (j.contains("placement"))
-            ple_on_host_ = jsonf::value<std::string>(j["placement"], "ple", "device") == "host";
-        const auto& p           = j.at("program");
-        info_.max_rows          = jsonf::get<int32_t>(p, "max_rows");
-        info_.max_context       = jsonf::get<int32_t>(p, "max_context");
-        info_.logits_rows       = jsonf::get<int32_t>(p, "logits_rows");
-        info_.sliding_slots     = jsonf::get<int32_t>(p, "sliding_slots");
-        info_.act_arena_bytes   = jsonf::get<uint64_t>(p, "act_arena_bytes");
-        info_.kv_arena_bytes    = jsonf::get<uint64_t>(p, "kv_arena_bytes");
-        info_.ids_tensor        = jsonf::get<int32_t>(p, "ids_tensor");
-        info_.logits_tensor     = jsonf::get<int32_t>(p, "logits_tensor");
-        info_.max_k             = jsonf::get<int64_t>(p, "max_k");
-        info_.max_slots         = jsonf::get<int64_t>(p, "max_slots");
-        info_.vocab_size        = jsonf::get<int32_t>(p, "vocab_size");
-        info_.embed_vocab_limit = jsonf::get<int32_t>(p, "embed_vocab_limit");
-        const auto& hp          = j.at("hparams");
-        info_.num_layers        = jsonf::get<int32_t>(hp, "num_hidden_layers");
-        info_.hidden_size       = jsonf::get<int32_t>(hp, "hidden_size");
-        info_.kv_host_begin     = info_.kv_arena_bytes;
-        info_.towers_begin = info_.towers_end = weights_size_;
-        if (j.contains("towers")) {
-            const auto& tw            = j.at("towers");
-            info_.towers_begin        = jsonf::get<uint64_t>(tw.at("weights"), 0, "weights");
-            info_.towers_end          = jsonf::get<uint64_t>(tw.at("weights"), 1, "weights");
-            info_.max_media_tokens    = jsonf::get<int32_t>(tw, "max_media_tokens");
-            info_.tower_thread_floats = jsonf::get<uint64_t>(tw, "thread_scratch_floats");
-            info_.tower_session_bytes = jsonf::value<uint64_t>(tw, "session_bytes", 0);
-            const std::string prec =
-                jsonf::value<std::string>(tw, "precision", "fp32"); // absent in older plans
-            if (prec != "fp32" && prec != "bf16")
-                return fail(CORRUPT, "bad metadata: towers precision '" + prec + "'" + recompile, err);
-            info_.tower_bf16 = prec == "bf16";
-            if (tw.contains("vision")) {
-                const auto& v       = tw.at("vision");
-                info_.vision_config = v.at("config").dump();
-                info_.image_tokens  = jsonf::get<int32_t>(v, "image_tokens");
-                info_.max_patches   = jsonf::get<int32_t>(v, "max_patches");
-                info_.pixel_mean    = jsonf::value<float>(v, "pixel_mean", 0.0f);
-                info_.pixel_std     = jsonf::value<float>(v, "pixel_std", 1.0f);
-                if (!(info_.pixel_std > 0) || !std::isfinite(info_.pixel_mean))
-                    return fail(CORRUPT, "bad metadata: vision pixel_mean / pixel_std" + recompile, err);
-                info_.max_image_pixels = jsonf::get<int64_t>(v, "max_image_pixels");
-                info_.image_token_id   = jsonf::get<int32_t>(v, "image_token_id");
-                info_.boi_token_id     = jsonf::get<int32_t>(v, "boi_token_id");
-                info_.eoi_token_id     = jsonf::get<int32_t>(v, "eoi_token_id");
-                info_.video_token_id =
-                    jsonf::value<int32_t>(v, "video_token_id", -1); // absent in older plans
-                const std::string dev =
-                    jsonf::value<std::string>(v, "device", "cpu"); // absent in older plans
-                if (dev != "cpu") {
-                    if (device_ != "cuda" || dev != "cuda:" + std::to_string(cuda_device_))
-                        return fail(CORRUPT, "bad metadata: vision tower device '" + dev + "'" + recompile,
-                                    err);
-                    info_.vision_gpu       = true;
-                    info_.vision_begin     = jsonf::get<uint64_t>(v.at("weights"), 0, "weights");
-                    info_.vision_end       = jsonf::get<uint64_t>(v.at("weights"), 1, "weights");
-                    info_.vision_gpu_bytes = jsonf::get<uint64_t>(v, "gpu_bytes");
-                }
-            }
-            if (tw.contains("audio")) {
-                const auto& a           = tw.at("audio");
-                info_.audio_config      = a.at("config").dump();
-                info_.max_audio_samples = jsonf::get<int64_t>(a, "max_samples");
-                info_.audio_sample_rate = jsonf::get<int32_t>(a, "sample_rate");
-                info_.audio_token_id    = jsonf::get<int32_t>(a, "audio_token_id");
-                info_.boa_token_id      = jsonf::get<int32_t>(a, "boa_token_id");
-                info_.eoa_token_id      = jsonf::get<int32_t>(a, "eoa_token_id");
-                const std::string dev =
-                    jsonf::value<std::string>(a, "device", "cpu"); // absent in older plans
-                if (dev != "cpu") {
-                    if (device_ != "cuda" || dev != "cuda:" + std::to_string(cuda_device_))
-                        return fail(CORRUPT, "bad metadata: audio tower device '" + dev + "'" + recompile,
-                                    err);
-                    info_.audio_gpu       = true;
-                    info_.audio_begin     = jsonf::get<uint64_t>(a.at("weights"), 0, "weights");
-                    info_.audio_end       = jsonf::get<uint64_t>(a.at("weights"), 1, "weights");
-                    info_.audio_gpu_bytes = jsonf::get<uint64_t>(a, "gpu_bytes");
-                }
-            }
-            if (info_.towers_begin > info_.towers_end || info_.towers_end != weights_size_ ||
-                info_.max_media_tokens < 1 || info_.max_media_tokens > info_.max_context ||
-                info_.max_patches < 0 || info_.max_audio_samples < 0 || info_.max_image_pixels < 0 ||
-                (info_.vision_config.empty() && info_.audio_config.empty()) ||
-                (info_.vision_gpu &&
-                 (info_.vision_begin < info_.towers_begin || info_.vision_begin >= info_.vision_end ||
-                  info_.vision_end > info_.towers_end)) ||
-                (info_.audio_gpu &&
-                 (info_.audio_begin < info_.towers_begin || info_.audio_begin >= info_.audio_end ||
-                  info_.audio_end > info_.towers_end)))
-                return fail(CORRUPT, "bad metadata: towers" + recompile, err);
-        }
-        if (p.contains("layer_devices")) {
-            if (device_ != "cuda")
-                return fail(CORRUPT, "bad metadata: layer_devices in a CPU plan" + recompile, err);
-            info_.layer_device  = jsonf::get<std::vector<int32_t>>(p, "layer_devices");
-            info_.kv_host_begin = jsonf::get<uint64_t>(p, "kv_host_begin");
-            for (const auto& g : p.at("gpus")) {
-                ProgramInfo::GpuPart part;
-                part.index = jsonf::get<int32_t>(g, "index");
-                for (const auto& r : g.at("weights"))
-                    part.weights.push_back(
-                        {jsonf::get<uint64_t>(r, 0, "weights"), jsonf::get<uint64_t>(r, 1, "weights")});
-                part.kv_begin = jsonf::get<uint64_t>(g.at("kv"), 0, "kv");
-                part.kv_end   = jsonf::get<uint64_t>(g.at("kv"), 1, "kv");
-                info_.gpus.push_back(part);
-            }
-            bool ok = (int32_t)info_.layer_device.size() == info_.num_layers && !info_.gpus.empty() &&
-                      info_.gpus[0].index == cuda_device_ && info_.kv_host_begin <= info_.kv_arena_bytes;
-            for (size_t a = 0; a < info_.gpus.size(); ++a) {
-                const auto& g = info_.gpus[a];
-                ok            = ok && g.index >= 0 && g.index < 4096 && g.kv_begin <= g.kv_end &&
-                     g.kv_end <= info_.kv_host_begin;
-                for (const auto& [b, e] : g.weights)
-                    ok = ok && b <= e && e <= weights_size_;
-                for (size_t b = 0; b < a; ++b)
-                    ok = ok && info_.gpus[b].index != g.index;
-            }
-            for (int32_t d : info_.layer_device)
-                ok = ok && (d == -1 || (d >= 0 && gpu_slot(d) >= 0));
-            if (!ok)
-                return fail(CORRUPT, "bad metadata: layer_devices / gpus / kv_host_begin" + recompile, err);
-        } else if (device_ == "cuda") {
-            info_.gpus.push_back({cuda_device_, {{0, info_.towers_begin}}, 0, info_.kv_arena_bytes});
-        }
-        const auto& g            = j.at("generation");
-        info_.eos_token_ids      = jsonf::get<std::vector<int32_t>>(g, "eos_token_ids");
-        info_.bos_token_id       = jsonf::get<int32_t>(g, "bos_token_id");
-        info_.pad_token_id       = jsonf::value<int32_t>(g, "pad_token_id", 0);
-        info_.do_sample          = jsonf::value<bool>(g, "do_sample", false);
-        info_.temperature        = jsonf::value<float>(g, "temperature", 1.0f);
-        info_.top_k              = jsonf::value<int32_t>(g, "top_k", 0);
-        info_.top_p              = jsonf::value<float>(g, "top_p", 1.0f);
-        info_.min_p              = jsonf::value<float>(g, "min_p", 0.0f);
-        info_.repetition_penalty = jsonf::value<float>(g, "repetition_penalty", 1.0f);
-    } catch (const std::exception& e) {
-        return fail(CORRUPT, std::string("bad metadata: ") + e.what() + recompile, err);
-    }
+    std::string meta_err;
+    if (!read_meta(meta_, header_->format_minor, &meta_struct_, &meta_err))
+        return fail(CORRUPT, meta_err + recompile, err);
+    if (std::string e = program_info(); !e.empty())
+        return fail(CORRUPT, "bad metadata: " + e + recompile, err);
+    if (header_->schema_hash != schema_hash() && device_ == "cuda")
+        return fail(G4_ERR_PLAN_VERSION,
+                    "CUDA plan of format " + std::to_string(header_->format_major) + "." +
+                        std::to_string(header_->format_minor) +
+                        ": its kernels are those of the g4 that compiled it, not this runtime's" + recompile,
+                    err);
     g4_status bad = validate_programs(progs, err);
     if (bad == G4_OK) bad = validate_records(err);
     if (bad != G4_OK && err && err->find("re-run g4 compile") == std::string::npos) *err += recompile;
     return bad;
 }
+
+// ProgramInfo and the device fields from META (read by read_meta), and their consistency with WEIGHTS and
+// the KV arena: "" when consistent, else what is wrong.
+std::string Plan::program_info() {
+    const Meta& m = meta_struct_;
+    arch_         = m.architecture;
+    device_       = m.device;
+    if (m.cuda) {
+        cuda_target_   = m.cuda->target;
+        cuda_device_   = m.cuda->device_index;
+        cuda_attn_hpg_ = m.cuda->attn_hpg;
+    }
+    ple_on_host_            = m.placement && m.placement->ple == "host";
+    const MetaProgram& p    = m.program;
+    info_.max_rows          = p.max_rows;
+    info_.max_context       = p.max_context;
+    info_.logits_rows       = p.logits_rows;
+    info_.sliding_slots     = p.sliding_slots;
+    info_.act_arena_bytes   = p.act_arena_bytes;
+    info_.kv_arena_bytes    = p.kv_arena_bytes;
+    info_.ids_tensor        = p.ids_tensor;
+    info_.logits_tensor     = p.logits_tensor;
+    info_.max_k             = p.max_k;
+    info_.max_slots         = p.max_slots;
+    info_.vocab_size        = p.vocab_size;
+    info_.embed_vocab_limit = p.embed_vocab_limit;
+    info_.num_layers        = m.hparams.num_hidden_layers;
+    info_.hidden_size       = m.hparams.hidden_size;
+    info_.kv_host_begin     = info_.kv_arena_bytes;
+    info_.towers_begin = info_.towers_end = weights_size_;
+    const std::string gpu                 = "cuda:" + std::to_string(cuda_device_);
+    if (m.towers) {
+        const MetaTowers& tw      = *m.towers;
+        info_.towers_begin        = tw.weights[0];
+        info_.towers_end          = tw.weights[1];
+        info_.max_media_tokens    = tw.max_media_tokens;
+        info_.tower_thread_floats = tw.thread_scratch_floats;
+        info_.tower_session_bytes = tw.session_bytes;
+        if (tw.precision != "fp32" && tw.precision != "bf16")
+            return "towers precision '" + tw.precision + "'";
+        info_.tower_bf16 = tw.precision == "bf16";
+        if (const auto& v = tw.vision) {
+            info_.vision_config    = v->config;
+            info_.image_tokens     = v->image_tokens;
+            info_.max_patches      = v->max_patches;
+            info_.max_image_pixels = v->max_image_pixels;
+            info_.image_token_id   = v->image_token_id;
+            info_.boi_token_id     = v->boi_token_id;
+            info_.eoi_token_id     = v->eoi_token_id;
+            info_.video_token_id   = v->video_token_id;
+            info_.pixel_mean       = v->pixel_mean;
+            info_.pixel_std        = v->pixel_std;
+            if (!(info_.pixel_std > 0) || !std::isfinite(info_.pixel_mean) || !std::isfinite(info_.pixel_std))
+                return "vision pixel_mean / pixel_std";
+            if (!v->device.empty()) {
+                if (device_ != "cuda" || v->device != gpu || !v->weights)
+                    return "vision tower device '" + v->device + "'";
+                info_.vision_gpu       = true;
+                info_.vision_begin     = (*v->weights)[0];
+                info_.vision_end       = (*v->weights)[1];
+                info_.vision_gpu_bytes = v->gpu_bytes;
+            }
+        }
+        if (const auto& a = tw.audio) {
+            info_.audio_config      = a->config;
+            info_.max_audio_samples = a->max_samples;
+            info_.audio_sample_rate = a->sample_rate;
+            info_.audio_token_id    = a->audio_token_id;
+            info_.boa_token_id      = a->boa_token_id;
+            info_.eoa_token_id      = a->eoa_token_id;
+            if (!a->device.empty()) {
+                if (device_ != "cuda" || a->device != gpu || !a->weights)
+                    return "audio tower device '" + a->device + "'";
+                info_.audio_gpu       = true;
+                info_.audio_begin     = (*a->weights)[0];
+                info_.audio_end       = (*a->weights)[1];
+                info_.audio_gpu_bytes = a->gpu_bytes;
+            }
+        }
+        if (info_.towers_begin > info_.towers_end || info_.towers_end != weights_size_ ||
+            info_.max_media_tokens < 1 || info_.max_media_tokens > info_.max_context ||
+            info_.max_patches < 0 || info_.max_audio_samples < 0 || info_.max_image_pixels < 0 ||
+            (info_.vision_config.empty() && info_.audio_config.empty()) ||
+            (info_.vision_gpu &&
+             (info_.vision_begin < info_.towers_begin || info_.vision_begin >= info_.vision_end ||
+              info_.vision_end > info_.towers_end)) ||
+            (info_.audio_gpu && (info_.audio_begin < info_.towers_begin ||
+                                 info_.audio_begin >= info_.audio_end || info_.audio_end > info_.towers_end)))
+            return "towers";
+    }
+    if (p.kv_host_begin) {
+        if (device_ != "cuda") return "layer_devices in a CPU plan";
+        info_.layer_device  = p.layer_devices;
+        info_.kv_host_begin = *p.kv_host_begin;
+        for (const MetaGpuPart& g : p.gpus) {
+            ProgramInfo::GpuPart part;
+            part.index = g.index;
+            for (const ByteRange& r : g.weights)
+                part.weights.push_back({r[0], r[1]});
+            part.kv_begin = g.kv[0];
+            part.kv_end   = g.kv[1];
+            info_.gpus.push_back(part);
+        }
+        bool ok = (int32_t)info_.layer_device.size() == info_.num_layers && !info_.gpus.empty() &&
+                  info_.gpus[0].index == cuda_device_ && info_.kv_host_begin <= info_.kv_arena_bytes;
+        for (size_t a = 0; a < info_.gpus.size(); ++a) {
+            const auto& g = info_.gpus[a];
+            ok            = ok && g.index >= 0 && g.index < 4096 && g.kv_begin <= g.kv_end &&
+                 g.kv_end <= info_.kv_host_begin;
+            for (const auto& [b, e] : g.weights)
+                ok = ok && b <= e && e <= weights_size_;
+            for (size_t b = 0; b < a; ++b)
+                ok = ok && info_.gpus[b].index != g.index;
+        }
+        for (int32_t d : info_.layer_device)
+            ok = ok && (d == -1 || (d >= 0 && gpu_slot(d) >= 0));
+        if (!ok) return "layer_devices / gpus / kv_host_begin";
+    } else if (device_ == "cuda") {
+        info_.gpus.push_back({cuda_device_, {{0, info_.towers_begin}}, 0, info_.kv_arena_bytes});
+    }
+    const MetaGeneration& g  = m.generation;
+    info_.eos_token_ids      = g.eos_token_ids;
+    info_.bos_token_id       = g.bos_token_id;
+    info_.pad_token_id       = g.pad_token_id;
+    info_.do_sample          = g.do_sample;
+    info_.temperature        = g.temperature;
+    info_.top_k              = g.top_k;
+    info_.top_p              = g.top_p;
+    info_.min_p              = g.min_p;
+    info_.repetition_penalty = g.repetition_penalty;
+    return "";
+}
+
+namespace {
+
+// The row width a row-wise op processes (its cols parameter; KvStore's width), -1 for other ops.
+int32_t cols_of(const PlanOp& o) {
+    switch ((OpCode)o.code) {
+    case OpCode::RmsNorm:
+        return params<RmsNormParams>(o).cols;
+    case OpCode::Add:
+        return params<AddParams>(o).cols;
+    case OpCode::Scale:
+        return params<ScaleParams>(o).cols;
+    case OpCode::GeluMul:
+        return params<GeluMulParams>(o).cols;
+    case OpCode::Softcap:
+        return params<SoftcapParams>(o).cols;
+    case OpCode::KvStore:
+        return params<KvStoreParams>(o).width;
+    default:
+        return -1;
+    }
+}
+// An RmsNorm's group width (-1 for other ops).
+int32_t norm_dim(const PlanOp& o) {
+    return o.code == (uint16_t)OpCode::RmsNorm ? params<RmsNormParams>(o).dim : -1;
+}
+
+} // namespace
 
 // The tensors a fused launch record names are those of the ops it covers, in the places the kernels
 // read them (cuda/backend.cpp launch_fused): the ops' own checks (check_program) then bound every access.
@@ -401,7 +423,7 @@ std::string Plan::launch_operands(const CudaLaunch& l) const {
         return l.count == 1 ? "" : "a single-op record covers " + std::to_string(l.count) + " ops";
     case LaunchKind::ResNorm: {
         const int32_t H = l.ip[0];
-        if (H <= 0 || H > 4096 || !code(l.op, OpCode::RmsNorm) || o0.ip[0] != H || o0.ip[1] != H ||
+        if (H <= 0 || H > 4096 || !code(l.op, OpCode::RmsNorm) || cols_of(o0) != H || norm_dim(o0) != H ||
             !whole(o0))
             return "the ResNorm's first op is not a full-row RmsNorm of its width " + std::to_string(H);
         if (l.t[7] >= 0 && !act_cols(l.t[7], H))
@@ -415,7 +437,7 @@ std::string Plan::launch_operands(const CudaLaunch& l) const {
         if (l.count < 2 || o0.in[0] != l.t[1] || o0.out[0] != l.t[1] || o0.in[1] != l.t[2] || l.t[2] < 0)
             return "the ResNorm's norm is not d -> d with post_w";
         const PlanOp& add = ops_[l.op + 1];
-        if (!code(l.op + 1, OpCode::Add) || add.ip[0] != H || !whole(add) || add.out[0] != l.t[4] ||
+        if (!code(l.op + 1, OpCode::Add) || cols_of(add) != H || !whole(add) || add.out[0] != l.t[4] ||
             l.t[4] < 0 ||
             !((add.in[0] == l.t[0] && add.in[1] == l.t[1]) || (add.in[1] == l.t[0] && add.in[0] == l.t[1])))
             return "the ResNorm's add is not x + d -> x_out of its width";
@@ -423,14 +445,14 @@ std::string Plan::launch_operands(const CudaLaunch& l) const {
         const int32_t end = l.op + l.count;
         if (l.t[3] >= 0) {
             if (j >= end || !code(j, OpCode::Scale) || ops_[j].in[0] != l.t[4] || ops_[j].out[0] != l.t[4] ||
-                ops_[j].in[1] != l.t[3] || ops_[j].ip[0] != H || !whole(ops_[j]))
+                ops_[j].in[1] != l.t[3] || cols_of(ops_[j]) != H || !whole(ops_[j]))
                 return "the ResNorm's scale is not x_out * scalar in place";
             ++j;
         }
         if (l.t[6] >= 0) {
             if (j >= end || !code(j, OpCode::RmsNorm) || ops_[j].in[0] != l.t[4] ||
-                ops_[j].out[0] != l.t[6] || ops_[j].in[1] != l.t[5] || l.t[5] < 0 || ops_[j].ip[0] != H ||
-                ops_[j].ip[1] != H || !whole(ops_[j]))
+                ops_[j].out[0] != l.t[6] || ops_[j].in[1] != l.t[5] || l.t[5] < 0 || cols_of(ops_[j]) != H ||
+                norm_dim(ops_[j]) != H || !whole(ops_[j]))
                 return "the ResNorm's second norm is not x_out -> xn of its width with pre_w";
             ++j;
         } else if (l.t[5] >= 0) {
@@ -445,33 +467,37 @@ std::string Plan::launch_operands(const CudaLaunch& l) const {
             return "a q/k/v record covers 2 or 6 ops (and the attention)";
         const PlanOp &qn = o0, &qr = ops_[l.op + 1];
         const int32_t heads = l.ip[0], dim = l.ip[2];
+        const RopeParams rope = params<RopeParams>(qr);
         if (!code(l.op, OpCode::RmsNorm) || !code(l.op + 1, OpCode::Rope) || qn.in[0] != l.t[0] ||
             qn.out[0] != l.t[0] || qr.in[0] != l.t[0] || qn.in[1] != l.t[1] || l.t[1] < 0 ||
-            qr.in[1] != l.t[2] || qr.ip[0] != heads || qr.ip[1] != dim || qn.ip[1] != dim ||
-            (int64_t)heads * dim != qn.ip[0] || dim <= 0 || dim > 2048 || !whole(qn) || !whole(qr))
+            qr.in[1] != l.t[2] || rope.heads != heads || rope.dim != dim || norm_dim(qn) != dim ||
+            (int64_t)heads * dim != cols_of(qn) || dim <= 0 || dim > 2048 || !whole(qn) || !whole(qr))
             return "the q norm and rope are not the record's q, weights, heads and dim";
         if (post == 6) {
             const PlanOp &kn = ops_[l.op + 2], &kr = ops_[l.op + 3], &vn = ops_[l.op + 4],
-                         &st  = ops_[l.op + 5];
-            const int32_t kvh = l.ip[1];
+                         &st       = ops_[l.op + 5];
+            const int32_t kvh      = l.ip[1];
+            const RopeParams krope = params<RopeParams>(kr);
             if (!code(l.op + 2, OpCode::RmsNorm) || !code(l.op + 3, OpCode::Rope) ||
                 !code(l.op + 4, OpCode::RmsNorm) || !code(l.op + 5, OpCode::KvStore) || kvh <= 0 ||
                 kn.in[0] != l.t[3] || kn.out[0] != l.t[3] || kr.in[0] != l.t[3] || kn.in[1] != l.t[4] ||
                 l.t[4] < 0 || kr.in[1] != l.t[2] || vn.in[0] != l.t[5] || vn.out[0] != l.t[5] ||
                 st.in[0] != l.t[3] || st.in[1] != l.t[5] || st.out[0] != l.t[6] || st.out[1] != l.t[7] ||
-                kr.ip[0] != kvh || kr.ip[1] != dim || kn.ip[1] != dim || vn.ip[1] != dim ||
-                (int64_t)kvh * dim != kn.ip[0] || vn.ip[0] != kn.ip[0] || st.ip[0] != kn.ip[0] ||
-                st.ip[1] != l.ip[3] || !whole(kn) || !whole(kr) || !whole(vn) || !whole(st) ||
-                heads % kvh != 0 || (l.t[4] >= 0 && tensors_[l.t[4]].dtype != tensors_[l.t[1]].dtype))
+                krope.heads != kvh || krope.dim != dim || norm_dim(kn) != dim || norm_dim(vn) != dim ||
+                (int64_t)kvh * dim != cols_of(kn) || cols_of(vn) != cols_of(kn) ||
+                cols_of(st) != cols_of(kn) || params<KvStoreParams>(st).slots != l.ip[3] || !whole(kn) ||
+                !whole(kr) || !whole(vn) || !whole(st) || heads % kvh != 0 ||
+                (l.t[4] >= 0 && tensors_[l.t[4]].dtype != tensors_[l.t[1]].dtype))
                 return "the k/v norms, rope and store are not the record's k, v, caches, kv heads and slots";
         } else if (l.t[3] >= 0 || l.t[4] >= 0 || l.t[5] >= 0 || l.t[6] >= 0 || l.t[7] >= 0) {
             return "a q-only record names k/v tensors";
         }
         if (l.kind == (uint16_t)LaunchKind::QkvAttn) {
-            const PlanOp& at = ops_[l.op + post];
-            if (at.in[0] != l.t[0] || at.ip[0] != heads || at.ip[2] != dim || at.in_col[0] || at.out_col[0] ||
+            const PlanOp& at         = ops_[l.op + post];
+            const AttentionParams ap = params<AttentionParams>(at);
+            if (at.in[0] != l.t[0] || ap.heads != heads || ap.dim != dim || at.in_col[0] || at.out_col[0] ||
                 (post == 6 &&
-                 (at.in[1] != l.t[6] || at.in[2] != l.t[7] || at.ip[1] != l.ip[1] || at.ip[3] != l.ip[3])))
+                 (at.in[1] != l.t[6] || at.in[2] != l.t[7] || ap.kv_heads != l.ip[1] || ap.slots != l.ip[3])))
                 return "the attention is not over the record's q and caches";
         }
         return "";
@@ -492,19 +518,19 @@ std::string Plan::launch_operands(const CudaLaunch& l) const {
         } else if (epi == 1) {
             const PlanOp& g = ops_[l.op + 2];
             if (nmat != 2 || l.count != 3 || !code(l.op + 2, OpCode::GeluMul) || g.in[0] != y0 ||
-                g.in[1] != ops_[l.op + 1].out[0] || g.out[0] != l.t[1] || g.ip[0] != w0.dims[0] ||
+                g.in[1] != ops_[l.op + 1].out[0] || g.out[0] != l.t[1] || cols_of(g) != w0.dims[0] ||
                 tensors_[ops_[l.op + 1].in[1]].dims[0] != w0.dims[0] || !whole(g) || l.t[0] >= 0)
                 return "the GEMV pair's GeluMul is not gelu(gate) * up -> its output";
         } else if (epi == 2) {
             const PlanOp& g = ops_[l.op + 1];
             if (nmat != 1 || l.count != 2 || !code(l.op + 1, OpCode::GeluMul) || g.in[0] != y0 ||
-                g.in[1] != l.t[0] || g.in_col[1] != l.ip[6] || g.out[0] != l.t[1] || g.ip[0] != w0.dims[0] ||
-                g.in_col[0] || g.out_col[0])
+                g.in[1] != l.t[0] || g.in_col[1] != l.ip[6] || g.out[0] != l.t[1] ||
+                cols_of(g) != w0.dims[0] || g.in_col[0] || g.out_col[0])
                 return "the GEMV's GeluMul is not gelu(y) * aux -> its output";
         } else {
             const PlanOp& c = ops_[l.op + 1];
             if (nmat != 1 || l.count != 2 || !code(l.op + 1, OpCode::Softcap) || c.in[0] != y0 ||
-                c.out[0] != y0 || !whole(c) || c.ip[0] != w0.dims[0] || l.t[0] >= 0 || l.t[1] >= 0 ||
+                c.out[0] != y0 || !whole(c) || cols_of(c) != w0.dims[0] || l.t[0] >= 0 || l.t[1] >= 0 ||
                 !(l.fp[0] > 0))
                 return "the GEMV's softcap is not in place over its output";
         }
@@ -516,7 +542,7 @@ std::string Plan::launch_operands(const CudaLaunch& l) const {
         if (u.in[0] != g.in[0] || u.in_col[0] != g.in_col[0] || gm.in[0] != g.out[0] ||
             gm.in[1] != u.out[0] || dn.in[0] != gm.out[0] || !whole(gm) || dn.in_col[0] ||
             wg.dims[0] != wu.dims[0] || wg.dims[1] != wu.dims[1] || wg.dtype != wu.dtype ||
-            wd.dims[1] != wg.dims[0] || wd.dims[0] != wg.dims[1] || gm.ip[0] != wg.dims[0] ||
+            wd.dims[1] != wg.dims[0] || wd.dims[0] != wg.dims[1] || cols_of(gm) != wg.dims[0] ||
             wd.dims[1] % 32 != 0)
             return "the MLP's gate, up, GeluMul and down do not chain (x -> [I, H] gate and up -> [H, I] "
                    "down)";
@@ -525,11 +551,11 @@ std::string Plan::launch_operands(const CudaLaunch& l) const {
     case LaunchKind::GroupNormAdd: {
         const PlanOp &s1 = o0, &n = ops_[l.op + 1], &a = ops_[l.op + 2], &s2 = ops_[l.op + 3];
         const int32_t N = l.ip[0], P = l.ip[1];
-        if (s1.in[0] != l.t[0] || s1.out[0] != l.t[0] || s1.in[1] >= 0 || s1.ip[0] != N || !whole(s1) ||
-            n.in[0] != l.t[0] || n.out[0] != l.t[0] || n.in[1] != l.t[1] || n.ip[0] != N || n.ip[1] != P ||
-            !whole(n) || a.ip[0] != N || !whole(a) || a.out[0] != l.t[3] ||
+        if (s1.in[0] != l.t[0] || s1.out[0] != l.t[0] || s1.in[1] >= 0 || cols_of(s1) != N || !whole(s1) ||
+            n.in[0] != l.t[0] || n.out[0] != l.t[0] || n.in[1] != l.t[1] || cols_of(n) != N ||
+            norm_dim(n) != P || !whole(n) || cols_of(a) != N || !whole(a) || a.out[0] != l.t[3] ||
             !((a.in[0] == l.t[0] && a.in[1] == l.t[2]) || (a.in[1] == l.t[0] && a.in[0] == l.t[2])) ||
-            s2.in[0] != l.t[3] || s2.out[0] != l.t[3] || s2.in[1] >= 0 || s2.ip[0] != N || !whole(s2))
+            s2.in[0] != l.t[3] || s2.out[0] != l.t[3] || s2.in[1] >= 0 || cols_of(s2) != N || !whole(s2))
             return "the per-layer-input ops are not the record's ctx, norm weight, tok and output";
         return "";
     }
@@ -538,6 +564,163 @@ std::string Plan::launch_operands(const CudaLaunch& l) const {
         return ""; // checked with their kinds above
     }
     return "unknown launch kind";
+}
+
+// Launch record i against its ops and the records around it (its op range starts at `next`): "" when it is
+// consistent, else the message ("CUDA schedule record 12: ...").
+std::string Plan::check_launch(size_t i, size_t next) const {
+    const CudaLaunch& l = launches_[i];
+    const auto cols     = [&](int32_t t) {
+        return tensors_[t].ndim > 1 ? tensors_[t].dims[1] : tensors_[t].dims[0];
+    }; // a row's width
+    std::string what = "CUDA schedule record " + std::to_string(i);
+    if (l.kind > (uint16_t)LaunchKind::GroupNormAdd || l.count < 1 || l.op != (int32_t)next ||
+        next + l.count > n_ops())
+        return what + ": bad kind or op range";
+    if (l.kind == (uint16_t)LaunchKind::QkvAttn &&
+        ((l.ip[4] != 2 && l.ip[4] != 6) || l.count != l.ip[4] + 1 ||
+         ops_[l.op + l.count - 1].code != (uint16_t)OpCode::Attention))
+        return what + ": q/k/v + attention record does not end in an attention op";
+    for (int32_t t : l.t)
+        if (t < -1 || t >= (int32_t)n_tensors_) return what + ": tensor index out of range";
+    if (l.kind == (uint16_t)LaunchKind::Gemv) {
+        if (l.ip[3] < 1 || l.ip[3] > 3 || l.ip[4] < 0 || l.ip[4] > 3 ||
+            (l.ip[5] != 8 && l.ip[5] != 16 && l.ip[5] != 32 && l.ip[5] != 64 && l.ip[5] != 128))
+            return what + ": bad GEMV parameters";
+        for (int m = 0; m < l.ip[3]; ++m)
+            if (l.ip[m] < l.op || l.ip[m] >= l.op + l.count || ops_[l.ip[m]].code != (uint16_t)OpCode::Matmul)
+                return what + ": GEMV operand is not a matmul it covers";
+    }
+    if (l.kind == (uint16_t)LaunchKind::Mlp) {
+        const bool ops_ok = l.count == 4 && (l.ip[5] == 128 || l.ip[5] == 256) && l.ip[0] == l.op &&
+                            l.ip[1] == l.op + 1 && l.ip[3] == l.op + 3 &&
+                            ops_[l.op].code == (uint16_t)OpCode::Matmul &&
+                            ops_[l.op + 1].code == (uint16_t)OpCode::Matmul &&
+                            ops_[l.op + 2].code == (uint16_t)OpCode::GeluMul &&
+                            ops_[l.op + 3].code == (uint16_t)OpCode::Matmul;
+        if (!ops_ok || i == 0 || launches_[i - 1].kind != (uint16_t)LaunchKind::ResNorm ||
+            launches_[i - 1].t[7] != ops_[l.op + 3].out[0])
+            return what + ": bad MLP record (gate, up, GeluMul, down after a ResNorm that zeroes its output)";
+        const PlanTensor& w = tensors_[ops_[l.op + 3].in[1]];
+        if (w.dtype != (uint8_t)DType::NF4 || !(w.quant_flags & kQuantTiled32) || w.dims[1] % 64 != 0 ||
+            w.dims[0] % 4 != 0)
+            return what + ": the MLP's down weight is not a tiled NF4 matrix";
+        if (l.ip[6] < 1 || l.ip[6] > kMlpReplicasMax)
+            return what + ": MLP output replicas " + std::to_string(l.ip[6]) + " (1 to " +
+                   std::to_string(kMlpReplicasMax) + ")";
+        if (l.ip[6] > 1 && (i + 1 >= n_launches_ || launches_[i + 1].kind != (uint16_t)LaunchKind::ResNorm ||
+                            launches_[i + 1].t[1] != ops_[l.op + 3].out[0]))
+            return what + ": an MLP with output replicas is not followed by the ResNorm that sums them";
+        const PlanTensor &wg = tensors_[ops_[l.op].in[1]], &wu = tensors_[ops_[l.op + 1].in[1]];
+        if (l.ip[7] != 0 && l.ip[7] != 1)
+            return what + ": MLP arithmetic " + std::to_string(l.ip[7]) + " (0 f32, 1 packed f16)";
+        const bool dq = ((w.quant_flags | wg.quant_flags | wu.quant_flags) & kQuantDoubleQuant) != 0;
+        if (l.ip[7] == 1 && (dq || wg.dtype != (uint8_t)DType::NF4 || wu.dtype != (uint8_t)DType::NF4 ||
+                             !mlp_f16_width_ok(wg.dims[1])))
+            return what +
+                   ": a packed-f16 MLP needs NF4 gate and up weights with f32 block scales and "
+                   "a width that is a multiple of 32 up to " +
+                   std::to_string(kMlpF16MaxH);
+        if (launches_[i - 1].ip[1] == 2) { // the ResNorm before, run by this launch's _r kernel
+            const CudaLaunch& rn = launches_[i - 1];
+            bool zeroed          = false; // by an earlier ResNorm (ip2)
+            for (size_t k = i - 1; rn.t[7] >= 0 && k-- > 0 && !zeroed;)
+                zeroed =
+                    launches_[k].kind == (uint16_t)LaunchKind::ResNorm && launches_[k].ip[2] == rn.t[7] + 1;
+            const bool ok = l.ip[7] == 1 && ops_[l.op].in[0] == rn.t[6] && rn.t[0] >= 0 && rn.t[1] >= 0 &&
+                            rn.t[2] >= 0 && rn.t[4] >= 0 && rn.t[5] >= 0 && rn.t[6] >= 0 && rn.t[3] < 0 &&
+                            rn.fp[1] == 1.0f && rn.ip[2] == 0 && mlp_res_fits(rn.ip[0], l.ip[5]) &&
+                            rn.ip[0] == w.dims[0] && cols(rn.t[0]) >= rn.ip[0] && cols(rn.t[1]) >= rn.ip[0] &&
+                            cols(rn.t[4]) >= rn.ip[0] && zeroed;
+            if (!ok)
+                return "CUDA schedule record " + std::to_string(i - 1) +
+                       ": bad folded ResNorm (ip1 2 needs a packed-f16 MLP after it reading its "
+                       "output, no scale, a width the "
+                       "MLP kernel takes, and an earlier ResNorm zeroing the MLP's output)";
+        }
+    }
+    if (l.kind == (uint16_t)LaunchKind::ResNorm && l.ip[1] == 2 &&
+        (i + 1 >= n_launches_ || launches_[i + 1].kind != (uint16_t)LaunchKind::Mlp))
+        return what + ": bad folded ResNorm (ip1 2 needs the MLP launch that runs it after it)";
+    if (l.kind == (uint16_t)LaunchKind::ResNorm && l.ip[2] != 0) {
+        const int32_t z = l.ip[2] - 1;
+        const bool after_reps =
+            i > 0 && launches_[i - 1].kind == (uint16_t)LaunchKind::Mlp && launches_[i - 1].ip[6] > 1;
+        if (z < 0 || z >= (int32_t)n_tensors_ || tensors_[z].kind != (uint8_t)TensorKind::Activation ||
+            cols(z) < l.ip[0] || l.ip[1] != 0 || after_reps)
+            return what + ": bad second zeroed buffer (ip2 " + std::to_string(l.ip[2]) +
+                   ": an activation tensor + 1 at least the row wide, on a ResNorm that is "
+                   "launched and sums no replicas)";
+    }
+    if (l.kind == (uint16_t)LaunchKind::ResNorm && l.ip[1] != 0 && l.ip[1] != 2) {
+        // ip1 = 1: run by the GatedProj launch after it (g4_resnorm_gated_proj); the MLP before it zeroes
+        // that launch's output.
+        const CudaLaunch* mlp = i > 0 ? &launches_[i - 1] : nullptr;
+        const CudaLaunch* ple = i + 1 < n_launches_ ? &launches_[i + 1] : nullptr;
+        const bool ok         = l.ip[1] == 1 && mlp && mlp->kind == (uint16_t)LaunchKind::Mlp &&
+                        mlp->t[0] == l.t[1] && mlp->ip[5] == 256 && mlp->ip[6] == 1 && ple &&
+                        ple->kind == (uint16_t)LaunchKind::GatedProj && ple->op == l.op + l.count &&
+                        l.op + l.count < (int32_t)n_ops() && ops_[l.op + l.count].in[0] == l.t[4] &&
+                        l.t[0] >= 0 && l.t[1] >= 0 && l.t[2] >= 0 && l.t[4] >= 0 && l.t[3] < 0 &&
+                        l.t[5] < 0 && l.t[6] < 0 && l.fp[1] == 1.0f && l.ip[0] > 0 && l.ip[0] % 4 == 0;
+        if (!ok)
+            return what + ": bad folded ResNorm (ip1 " + std::to_string(l.ip[1]) +
+                   "; 1 needs an MLP of 256 threads and one output before it, a PLE after it "
+                   "reading its output, and no scale or second norm)";
+    }
+    if (l.kind == (uint16_t)LaunchKind::GatedProj) {
+        const bool ok = l.count == 3 && ops_[l.op].code == (uint16_t)OpCode::Matmul &&
+                        ops_[l.op + 1].code == (uint16_t)OpCode::GeluMul &&
+                        ops_[l.op + 2].code == (uint16_t)OpCode::Matmul && i > 0 &&
+                        launches_[i - 1].kind == (uint16_t)LaunchKind::ResNorm &&
+                        launches_[i - 1].t[7] == ops_[l.op + 2].out[0];
+        if (!ok)
+            return what + ": bad per-layer-input record (gate, GeluMul, projection after a ResNorm "
+                          "that zeroes its output)";
+        const PlanTensor &g = tensors_[ops_[l.op].in[1]], &w = tensors_[ops_[l.op + 2].in[1]];
+        if (g.dtype != (uint8_t)DType::BF16 || w.dtype != (uint8_t)DType::BF16 || g.dims[0] != w.dims[1] ||
+            g.dims[1] != w.dims[0] || w.dims[0] % 8 != 0 || w.dims[0] > 4096 || w.dims[1] % 8 != 0)
+            return what + ": the per-layer-input record's weights are not bf16 [P, H] and [H, P] "
+                          "(H, P multiples of 8, H <= 4096)";
+        const CudaLaunch& rn = launches_[i - 1];
+        if (rn.ip[1] == 1 && (rn.ip[0] != w.dims[0] || cols(rn.t[0]) < rn.ip[0] || cols(rn.t[1]) < rn.ip[0] ||
+                              cols(rn.t[4]) < rn.ip[0]))
+            return what + ": the ResNorm folded into this per-layer-input record has another width";
+    }
+    if (l.kind == (uint16_t)LaunchKind::GroupNormAdd) {
+        const bool ok =
+            l.count == 4 && ops_[l.op].code == (uint16_t)OpCode::Scale &&
+            ops_[l.op + 1].code == (uint16_t)OpCode::RmsNorm &&
+            ops_[l.op + 2].code == (uint16_t)OpCode::Add && ops_[l.op + 3].code == (uint16_t)OpCode::Scale &&
+            l.ip[1] > 0 && l.ip[1] <= 1024 && l.ip[0] > 0 && l.ip[0] % l.ip[1] == 0 && l.t[0] >= 0 &&
+            l.t[1] >= 0 && l.t[2] >= 0 && l.t[3] >= 0 &&
+            tensors_[l.t[1]].dims[0] * (tensors_[l.t[1]].ndim > 1 ? tensors_[l.t[1]].dims[1] : 1) >= l.ip[1];
+        if (!ok || cols(l.t[0]) < l.ip[0] || cols(l.t[2]) < l.ip[0] || cols(l.t[3]) < l.ip[0])
+            return what + ": bad per-layer-input combination record (scale, grouped norm, add, "
+                          "scale over N = groups x P <= 1024)";
+    }
+    if (l.kind == (uint16_t)LaunchKind::AttnO) {
+        const PlanOp& o = ops_[l.op];
+        bool ok = l.count == 1 && o.code == (uint16_t)OpCode::Matmul && i > 0 && l.ip[1] == l.op - 1 &&
+                  ops_[l.ip[1]].code == (uint16_t)OpCode::Attention && o.in[0] == ops_[l.ip[1]].out[0] &&
+                  o.in[1] >= 0;
+        bool zeroed = false; // by a ResNorm launch before the attention's
+        for (size_t k = i; ok && k-- > 0 && !zeroed;)
+            zeroed = launches_[k].kind == (uint16_t)LaunchKind::ResNorm && launches_[k].t[7] == o.out[0];
+        if (!ok || !zeroed)
+            return what + ": bad attention-o record (the o matmul after an attention op, its output "
+                          "zeroed by a ResNorm before)";
+        const PlanOp& at    = ops_[l.ip[1]];
+        const auto ap       = params<AttentionParams>(at);
+        const PlanTensor& w = tensors_[o.in[1]];
+        if (w.dtype != (uint8_t)DType::NF4 || !(w.quant_flags & kQuantTiled32) ||
+            w.dims[1] != (int64_t)ap.heads * ap.dim || w.dims[1] % 64 != 0 || w.dims[0] % 4 != 0 ||
+            w.dims[0] > 4096 || ap.dim % 32 != 0 || ap.decode_splits < 1 || ap.decode_splits > 1024)
+            return what +
+                   ": the attention-o record's weight is not a tiled NF4 [<= 4096, heads x dim] matrix";
+    }
+    if (const std::string bad = launch_operands(l); !bad.empty()) return what + ": " + bad;
+    return "";
 }
 
 g4_status Plan::validate_records(std::string* err) {
@@ -666,200 +849,10 @@ g4_status Plan::validate_records(std::string* err) {
     // Every op against the tensors it names (its indices are in range: checked above).
     if (const std::string bad = check_program(*this); !bad.empty()) return fail(CORRUPT, bad, err);
     // The CUDA schedule covers ops 0..n-1 in order, each exactly once; its operands are in range.
-    size_t next     = 0;
-    const auto cols = [&](int32_t t) {
-        return tensors_[t].ndim > 1 ? tensors_[t].dims[1] : tensors_[t].dims[0];
-    }; // a row's width
+    size_t next = 0;
     for (size_t i = 0; i < n_launches_; ++i) {
-        const CudaLaunch& l = launches_[i];
-        std::string what    = "CUDA schedule record " + std::to_string(i);
-        if (l.kind > (uint16_t)LaunchKind::GroupNormAdd || l.count < 1 || l.op != (int32_t)next ||
-            next + l.count > n_ops())
-            return fail(CORRUPT, what + ": bad kind or op range", err);
-        if (l.kind == (uint16_t)LaunchKind::QkvAttn &&
-            ((l.ip[4] != 2 && l.ip[4] != 6) || l.count != l.ip[4] + 1 ||
-             ops_[l.op + l.count - 1].code != (uint16_t)OpCode::Attention))
-            return fail(CORRUPT, what + ": q/k/v + attention record does not end in an attention op", err);
-        for (int32_t t : l.t)
-            if (t < -1 || t >= (int32_t)n_tensors_)
-                return fail(CORRUPT, what + ": tensor index out of range", err);
-        if (l.kind == (uint16_t)LaunchKind::Gemv) {
-            if (l.ip[3] < 1 || l.ip[3] > 3 || l.ip[4] < 0 || l.ip[4] > 3 ||
-                (l.ip[5] != 8 && l.ip[5] != 16 && l.ip[5] != 32 && l.ip[5] != 64 && l.ip[5] != 128))
-                return fail(CORRUPT, what + ": bad GEMV parameters", err);
-            for (int m = 0; m < l.ip[3]; ++m)
-                if (l.ip[m] < l.op || l.ip[m] >= l.op + l.count ||
-                    ops_[l.ip[m]].code != (uint16_t)OpCode::Matmul)
-                    return fail(CORRUPT, what + ": GEMV operand is not a matmul it covers", err);
-        }
-        if (l.kind == (uint16_t)LaunchKind::Mlp) {
-            const bool ops_ok = l.count == 4 && (l.ip[5] == 128 || l.ip[5] == 256) && l.ip[0] == l.op &&
-                                l.ip[1] == l.op + 1 && l.ip[3] == l.op + 3 &&
-                                ops_[l.op].code == (uint16_t)OpCode::Matmul &&
-                                ops_[l.op + 1].code == (uint16_t)OpCode::Matmul &&
-                                ops_[l.op + 2].code == (uint16_t)OpCode::GeluMul &&
-                                ops_[l.op + 3].code == (uint16_t)OpCode::Matmul;
-            if (!ops_ok || i == 0 || launches_[i - 1].kind != (uint16_t)LaunchKind::ResNorm ||
-                launches_[i - 1].t[7] != ops_[l.op + 3].out[0])
-                return fail(
-                    CORRUPT,
-                    what +
-                        ": bad MLP record (gate, up, GeluMul, down after a ResNorm that zeroes its output)",
-                    err);
-            const PlanTensor& w = tensors_[ops_[l.op + 3].in[1]];
-            if (w.dtype != (uint8_t)DType::NF4 || !(w.quant_flags & kQuantTiled32) || w.dims[1] % 64 != 0 ||
-                w.dims[0] % 4 != 0)
-                return fail(CORRUPT, what + ": the MLP's down weight is not a tiled NF4 matrix", err);
-            if (l.ip[6] < 1 || l.ip[6] > kMlpReplicasMax)
-                return fail(CORRUPT,
-                            what + ": MLP output replicas " + std::to_string(l.ip[6]) + " (1 to " +
-                                std::to_string(kMlpReplicasMax) + ")",
-                            err);
-            if (l.ip[6] > 1 &&
-                (i + 1 >= n_launches_ || launches_[i + 1].kind != (uint16_t)LaunchKind::ResNorm ||
-                 launches_[i + 1].t[1] != ops_[l.op + 3].out[0]))
-                return fail(CORRUPT,
-                            what +
-                                ": an MLP with output replicas is not followed by the ResNorm that sums them",
-                            err);
-            const PlanTensor &wg = tensors_[ops_[l.op].in[1]], &wu = tensors_[ops_[l.op + 1].in[1]];
-            if (l.ip[7] != 0 && l.ip[7] != 1)
-                return fail(CORRUPT,
-                            what + ": MLP arithmetic " + std::to_string(l.ip[7]) + " (0 f32, 1 packed f16)",
-                            err);
-            const bool dq = ((w.quant_flags | wg.quant_flags | wu.quant_flags) & kQuantDoubleQuant) != 0;
-            if (l.ip[7] == 1 && (dq || wg.dtype != (uint8_t)DType::NF4 || wu.dtype != (uint8_t)DType::NF4 ||
-                                 !mlp_f16_width_ok(wg.dims[1])))
-                return fail(CORRUPT,
-                            what +
-                                ": a packed-f16 MLP needs NF4 gate and up weights with f32 block scales and "
-                                "a width that is a multiple of 32 up to " +
-                                std::to_string(kMlpF16MaxH),
-                            err);
-            if (launches_[i - 1].ip[1] == 2) { // the ResNorm before, run by this launch's _r kernel
-                const CudaLaunch& rn = launches_[i - 1];
-                bool zeroed          = false; // by an earlier ResNorm (ip2)
-                for (size_t k = i - 1; rn.t[7] >= 0 && k-- > 0 && !zeroed;)
-                    zeroed = launches_[k].kind == (uint16_t)LaunchKind::ResNorm &&
-                             launches_[k].ip[2] == rn.t[7] + 1;
-                const bool ok = l.ip[7] == 1 && ops_[l.op].in[0] == rn.t[6] && rn.t[0] >= 0 && rn.t[1] >= 0 &&
-                                rn.t[2] >= 0 && rn.t[4] >= 0 && rn.t[5] >= 0 && rn.t[6] >= 0 && rn.t[3] < 0 &&
-                                rn.fp[1] == 1.0f && rn.ip[2] == 0 && mlp_res_fits(rn.ip[0], l.ip[5]) &&
-                                rn.ip[0] == w.dims[0] && cols(rn.t[0]) >= rn.ip[0] &&
-                                cols(rn.t[1]) >= rn.ip[0] && cols(rn.t[4]) >= rn.ip[0] && zeroed;
-                if (!ok)
-                    return fail(CORRUPT,
-                                "CUDA schedule record " + std::to_string(i - 1) +
-                                    ": bad folded ResNorm (ip1 2 needs a packed-f16 MLP after it reading its "
-                                    "output, no scale, a width the "
-                                    "MLP kernel takes, and an earlier ResNorm zeroing the MLP's output)",
-                                err);
-            }
-        }
-        if (l.kind == (uint16_t)LaunchKind::ResNorm && l.ip[1] == 2 &&
-            (i + 1 >= n_launches_ || launches_[i + 1].kind != (uint16_t)LaunchKind::Mlp))
-            return fail(CORRUPT,
-                        what + ": bad folded ResNorm (ip1 2 needs the MLP launch that runs it after it)",
-                        err);
-        if (l.kind == (uint16_t)LaunchKind::ResNorm && l.ip[2] != 0) {
-            const int32_t z = l.ip[2] - 1;
-            const bool after_reps =
-                i > 0 && launches_[i - 1].kind == (uint16_t)LaunchKind::Mlp && launches_[i - 1].ip[6] > 1;
-            if (z < 0 || z >= (int32_t)n_tensors_ || tensors_[z].kind != (uint8_t)TensorKind::Activation ||
-                cols(z) < l.ip[0] || l.ip[1] != 0 || after_reps)
-                return fail(CORRUPT,
-                            what + ": bad second zeroed buffer (ip2 " + std::to_string(l.ip[2]) +
-                                ": an activation tensor + 1 at least the row wide, on a ResNorm that is "
-                                "launched and sums no replicas)",
-                            err);
-        }
-        if (l.kind == (uint16_t)LaunchKind::ResNorm && l.ip[1] != 0 && l.ip[1] != 2) {
-            // ip1 = 1: run by the GatedProj launch after it (g4_resnorm_gated_proj); the MLP before it zeroes
-            // that launch's output.
-            const CudaLaunch* mlp = i > 0 ? &launches_[i - 1] : nullptr;
-            const CudaLaunch* ple = i + 1 < n_launches_ ? &launches_[i + 1] : nullptr;
-            const bool ok         = l.ip[1] == 1 && mlp && mlp->kind == (uint16_t)LaunchKind::Mlp &&
-                            mlp->t[0] == l.t[1] && mlp->ip[5] == 256 && mlp->ip[6] == 1 && ple &&
-                            ple->kind == (uint16_t)LaunchKind::GatedProj && ple->op == l.op + l.count &&
-                            l.op + l.count < (int32_t)n_ops() && ops_[l.op + l.count].in[0] == l.t[4] &&
-                            l.t[0] >= 0 && l.t[1] >= 0 && l.t[2] >= 0 && l.t[4] >= 0 && l.t[3] < 0 &&
-                            l.t[5] < 0 && l.t[6] < 0 && l.fp[1] == 1.0f && l.ip[0] > 0 && l.ip[0] % 4 == 0;
-            if (!ok)
-                return fail(CORRUPT,
-                            what + ": bad folded ResNorm (ip1 " + std::to_string(l.ip[1]) +
-                                "; 1 needs an MLP of 256 threads and one output before it, a PLE after it "
-                                "reading its output, and no scale or second norm)",
-                            err);
-        }
-        if (l.kind == (uint16_t)LaunchKind::GatedProj) {
-            const bool ok = l.count == 3 && ops_[l.op].code == (uint16_t)OpCode::Matmul &&
-                            ops_[l.op + 1].code == (uint16_t)OpCode::GeluMul &&
-                            ops_[l.op + 2].code == (uint16_t)OpCode::Matmul && i > 0 &&
-                            launches_[i - 1].kind == (uint16_t)LaunchKind::ResNorm &&
-                            launches_[i - 1].t[7] == ops_[l.op + 2].out[0];
-            if (!ok)
-                return fail(CORRUPT,
-                            what + ": bad per-layer-input record (gate, GeluMul, projection after a ResNorm "
-                                   "that zeroes its output)",
-                            err);
-            const PlanTensor &g = tensors_[ops_[l.op].in[1]], &w = tensors_[ops_[l.op + 2].in[1]];
-            if (g.dtype != (uint8_t)DType::BF16 || w.dtype != (uint8_t)DType::BF16 ||
-                g.dims[0] != w.dims[1] || g.dims[1] != w.dims[0] || w.dims[0] % 8 != 0 || w.dims[0] > 4096 ||
-                w.dims[1] % 8 != 0)
-                return fail(CORRUPT,
-                            what + ": the per-layer-input record's weights are not bf16 [P, H] and [H, P] "
-                                   "(H, P multiples of 8, H <= 4096)",
-                            err);
-            const CudaLaunch& rn = launches_[i - 1];
-            if (rn.ip[1] == 1 && (rn.ip[0] != w.dims[0] || cols(rn.t[0]) < rn.ip[0] ||
-                                  cols(rn.t[1]) < rn.ip[0] || cols(rn.t[4]) < rn.ip[0]))
-                return fail(CORRUPT,
-                            what + ": the ResNorm folded into this per-layer-input record has another width",
-                            err);
-        }
-        if (l.kind == (uint16_t)LaunchKind::GroupNormAdd) {
-            const bool ok =
-                l.count == 4 && ops_[l.op].code == (uint16_t)OpCode::Scale &&
-                ops_[l.op + 1].code == (uint16_t)OpCode::RmsNorm &&
-                ops_[l.op + 2].code == (uint16_t)OpCode::Add &&
-                ops_[l.op + 3].code == (uint16_t)OpCode::Scale && l.ip[1] > 0 && l.ip[1] <= 1024 &&
-                l.ip[0] > 0 && l.ip[0] % l.ip[1] == 0 && l.t[0] >= 0 && l.t[1] >= 0 && l.t[2] >= 0 &&
-                l.t[3] >= 0 &&
-                tensors_[l.t[1]].dims[0] * (tensors_[l.t[1]].ndim > 1 ? tensors_[l.t[1]].dims[1] : 1) >=
-                    l.ip[1];
-            if (!ok || cols(l.t[0]) < l.ip[0] || cols(l.t[2]) < l.ip[0] || cols(l.t[3]) < l.ip[0])
-                return fail(CORRUPT,
-                            what + ": bad per-layer-input combination record (scale, grouped norm, add, "
-                                   "scale over N = groups x P <= 1024)",
-                            err);
-        }
-        if (l.kind == (uint16_t)LaunchKind::AttnO) {
-            const PlanOp& o = ops_[l.op];
-            bool ok = l.count == 1 && o.code == (uint16_t)OpCode::Matmul && i > 0 && l.ip[1] == l.op - 1 &&
-                      ops_[l.ip[1]].code == (uint16_t)OpCode::Attention && o.in[0] == ops_[l.ip[1]].out[0] &&
-                      o.in[1] >= 0;
-            bool zeroed = false; // by a ResNorm launch before the attention's
-            for (size_t k = i; ok && k-- > 0 && !zeroed;)
-                zeroed = launches_[k].kind == (uint16_t)LaunchKind::ResNorm && launches_[k].t[7] == o.out[0];
-            if (!ok || !zeroed)
-                return fail(CORRUPT,
-                            what + ": bad attention-o record (the o matmul after an attention op, its output "
-                                   "zeroed by a ResNorm before)",
-                            err);
-            const PlanOp& at    = ops_[l.ip[1]];
-            const PlanTensor& w = tensors_[o.in[1]];
-            if (w.dtype != (uint8_t)DType::NF4 || !(w.quant_flags & kQuantTiled32) ||
-                w.dims[1] != (int64_t)at.ip[0] * at.ip[2] || w.dims[1] % 64 != 0 || w.dims[0] % 4 != 0 ||
-                w.dims[0] > 4096 || at.ip[2] % 32 != 0 || at.ip[6] < 1 || at.ip[6] > 1024)
-                return fail(
-                    CORRUPT,
-                    what +
-                        ": the attention-o record's weight is not a tiled NF4 [<= 4096, heads x dim] matrix",
-                    err);
-        }
-        if (const std::string bad = launch_operands(l); !bad.empty())
-            return fail(CORRUPT, what + ": " + bad, err);
-        next += l.count;
+        if (const std::string bad = check_launch(i, next); !bad.empty()) return fail(CORRUPT, bad, err);
+        next += launches_[i].count;
     }
     if (n_launches_ && next != n_ops())
         return fail(CORRUPT, "CUDA schedule does not cover every op of the text program", err);

@@ -3,6 +3,7 @@
 // status and a one-line message naming the file and the defect.
 #pragma once
 #include "g4/g4.h"
+#include "runtime/plan/meta.h"
 #include "runtime/plan/plan_format.h"
 
 #include <cstdint>
@@ -93,6 +94,7 @@ public:
 
     const PlanHeader& header() const { return *header_; }
     const std::string& meta_json() const { return meta_; }
+    const Meta& meta() const { return meta_struct_; } // META, decoded
     const ProgramInfo& info() const { return info_; }
     const std::string& architecture() const { return arch_; }
     const std::vector<PlanSection>& sections() const { return sections_; }
@@ -155,8 +157,10 @@ public:
 private:
     g4_status fail(g4_status st, const std::string& msg, std::string* err) const;
     g4_status validate_records(std::string* err);
+    std::string program_info();
     g4_status validate_programs(const PlanSection* sec, std::string* err);
     std::string launch_operands(const CudaLaunch& l) const;
+    std::string check_launch(size_t i, size_t next) const;
 
     std::string path_;
     void* map_                = nullptr;
@@ -164,6 +168,7 @@ private:
     const PlanHeader* header_ = nullptr;
     std::vector<PlanSection> sections_;
     std::string meta_, arch_;
+    Meta meta_struct_;
     const char* strings_       = nullptr;
     uint64_t strings_size_     = 0;
     const PlanTensor* tensors_ = nullptr;

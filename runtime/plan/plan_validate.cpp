@@ -2,6 +2,7 @@
 // shapes, dtypes and parameters against the tensor table, as the CPU executor and the CUDA backend read
 // them; and the tensors' placement in the arenas (inputs overlap nothing, KV caches overlap each other
 // nowhere). Run once by Plan::load, before any session exists.
+#include "runtime/plan/op_params.h"
 #include "runtime/plan/plan_reader.h"
 
 #include <algorithm>
@@ -117,6 +118,260 @@ struct Checker {
     }
 };
 
+// One op of program g (text: the text program) against its program: an encoder program's op runs over one
+// of its row counts and names only its program's tensors; the encoder ops appear only in encoder programs
+// and the text-only ops only in the text program. Defects into c.
+void check_op_program(Checker& c, const PlanProgram& g, bool text, int64_t* rin, int64_t* rout) {
+    const Plan& p       = c.p;
+    const PlanOp& op    = c.op;
+    const int32_t count = op.row_mode - kRowCountBase;
+    if (!text) {
+        if (count < 0 || count >= kMaxRowCounts || g.max_rows[count] <= 0)
+            c.fail("bad row count " + std::to_string(op.row_mode));
+        else
+            *rin = *rout = g.max_rows[count];
+        for (int32_t t : {op.in[0], op.in[1], op.in[2], op.in[3], op.out[0], op.out[1]})
+            if (t >= 0 && ((uint32_t)t < g.tensor_begin || (uint32_t)t >= g.tensor_end))
+                c.fail("tensor " + std::to_string(t) + " belongs to another program");
+    }
+    const bool encoder_op = op.code >= (uint16_t)OpCode::Clamp && op.code <= (uint16_t)OpCode::PoolRows;
+    const bool text_op    = op.code == (uint16_t)OpCode::Embed || op.code == (uint16_t)OpCode::KvStore ||
+                         op.code == (uint16_t)OpCode::Attention || op.code == (uint16_t)OpCode::Copy ||
+                         op.code == (uint16_t)OpCode::Rope || op.code == (uint16_t)OpCode::Softcap;
+    if (text ? encoder_op : text_op)
+        c.fail(std::string("op of ") + (text ? "an encoder program" : "the text program") + " in program '" +
+               p.str(g.name) + "'");
+}
+
+// The encoder-program ops (12-16) and their operands; defects into c.
+void check_encoder_op(Checker& c, const PlanProgram& g, int64_t rin, int64_t rout) {
+    const Plan& p    = c.p;
+    const PlanOp& op = c.op;
+    switch ((OpCode)op.code) {
+    case OpCode::Clamp: {
+        const auto cp = params<ClampParams>(op);
+        if (cp.cols <= 0 || !(cp.lo <= cp.hi))
+            c.fail("bad cols or bounds");
+        else if (c.act_view(op.in[0], op.in_col[0], cp.cols, rin, "input"))
+            c.act_view(op.out[0], op.out_col[0], cp.cols, rout, "output");
+        break;
+    }
+    case OpCode::AddPosition2D: {
+        const int64_t cols = params<AddPosition2DParams>(op).cols;
+        if (cols <= 0)
+            c.fail("bad cols");
+        else if (c.dense_weight(op.in[1], "table") &&
+                 (p.tensor(op.in[1]).ndim != 3 || p.tensor(op.in[1]).dims[0] != 2 ||
+                  p.tensor(op.in[1]).dims[2] != cols))
+            c.fail("table must be [2, positions, cols]");
+        else if (c.err.empty() && c.act_view(op.in[0], op.in_col[0], cols, rin, "input") &&
+                 c.input_view(op.in[2], DType::I32, 2, rin, "positions"))
+            c.act_view(op.out[0], op.out_col[0], cols, rout, "output");
+        break;
+    }
+    case OpCode::Rope2D: {
+        const auto rp = params<Rope2DParams>(op);
+        if (rp.heads <= 0 || rp.dim <= 0 || rp.dim % 4)
+            c.fail("bad heads/dim");
+        else if (op.in[0] != op.out[0] || op.in_col[0] != op.out_col[0])
+            c.fail("rope must be in place");
+        else if (c.need(op.in[1], TensorKind::Weight, "inv_freq") &&
+                 (p.tensor(op.in[1]).dtype != (uint8_t)DType::F32 || numel(p.tensor(op.in[1])) != rp.dim / 4))
+            c.fail("inv_freq must be f32 [dim/4]");
+        else if (c.err.empty() && c.input_view(op.in[2], DType::I32, 2, rin, "positions"))
+            c.act_view(op.in[0], op.in_col[0], (int64_t)rp.heads * rp.dim, rin, "input");
+        break;
+    }
+    case OpCode::SelfAttention: {
+        const auto ap       = params<SelfAttentionParams>(op);
+        const int64_t heads = ap.heads, kvh = ap.kv_heads, dim = ap.dim;
+        if (heads <= 0 || kvh <= 0 || dim <= 0 || heads % kvh)
+            c.fail("bad heads/kv heads/dim");
+        else if (c.act_view(op.in[0], op.in_col[0], heads * dim, rin, "q") &&
+                 c.act_view(op.in[1], op.in_col[1], kvh * dim, rin, "k") &&
+                 c.act_view(op.in[2], op.in_col[2], kvh * dim, rin, "v") &&
+                 c.act_view(op.out[0], op.out_col[0], heads * dim, rout, "output") &&
+                 c.need(op.out[1], TensorKind::Activation, "work") &&
+                 numel(p.tensor(op.out[1])) < self_attention_work_floats(rin, kvh, dim))
+            c.fail("work tensor " + c.tname(op.out[1]) + " too small");
+        break;
+    }
+    case OpCode::PoolRows: {
+        const auto pp = params<PoolRowsParams>(op);
+        if (pp.cols <= 0 || pp.taps <= 0 || pp.src_count < 0 || pp.src_count >= kMaxRowCounts ||
+            g.max_rows[pp.src_count] <= 0)
+            c.fail("bad cols, taps or source row count");
+        else if (c.act_view(op.in[0], op.in_col[0], pp.cols, g.max_rows[pp.src_count], "input") &&
+                 c.input_view(op.in[1], DType::I32, pp.taps, rout, "index"))
+            c.act_view(op.out[0], op.out_col[0], pp.cols, rout, "output");
+        break;
+    }
+    default:
+        c.fail("unknown op");
+        break;
+    }
+}
+
+// One op's operands, views and parameters in its program g; defects into c.
+void check_op(Checker& c, const ProgramInfo& in, const PlanProgram& g, bool text) {
+    const Plan& p    = c.p;
+    const PlanOp& op = c.op;
+    RowMode rm       = (RowMode)op.row_mode;
+    int64_t rin      = rm == RowMode::OutRows ? in.logits_rows : in.max_rows; // the rows inputs need
+    int64_t rout     = rm == RowMode::All ? in.max_rows : in.logits_rows;     // and outputs
+    check_op_program(c, g, text, &rin, &rout);
+    if (!c.err.empty()) return;
+    if (op.code >= (uint16_t)OpCode::Clamp) return check_encoder_op(c, g, rin, rout);
+    switch ((OpCode)op.code) {
+    case OpCode::Embed:
+        if (op.in[0] != in.ids_tensor)
+            c.fail("reads a tensor other than the plan's ids input");
+        else if (c.need(op.in[0], TensorKind::Input, "ids") && c.dense_weight(op.in[1], "table")) {
+            const PlanTensor& tab = p.tensor(op.in[1]);
+            if (p.tensor(op.in[0]).dims[0] < rout)
+                c.fail("ids has fewer rows than a step");
+            else if (tab.ndim != 2 || tab.dims[0] < in.embed_vocab_limit)
+                c.fail("table has too few rows for the vocabulary");
+            else
+                c.act_view(op.out[0], op.out_col[0], tab.dims[1], rout, "output");
+        }
+        break;
+    case OpCode::Matmul:
+        if (c.matmul_weight(op.in[1], "weight")) {
+            const PlanTensor& w = p.tensor(op.in[1]);
+            const auto mp       = params<MatmulParams>(op);
+            if (w.ndim != 2 || (text && w.dims[1] > in.max_k)) // (encoders: their thread_floats)
+                c.fail("weight must be 2-D with K <= max_k");
+            else if (mp.decode_variant < 0 || mp.decode_variant > 1 || mp.prefill_variant < 0 ||
+                     mp.prefill_variant > (int32_t)MatmulVariant::Cublas || mp.prefill_variant == 1)
+                c.fail("bad kernel variant");
+            else if ((mp.decode_variant == (int32_t)MatmulVariant::Gemv4 &&
+                      !((w.dtype == (uint8_t)DType::NF4 && w.dims[1] % 512 == 0) ||
+                        (w.dtype == (uint8_t)DType::BF16 && w.dims[1] % 256 == 0))) ||
+                     ((mp.prefill_variant == (int32_t)MatmulVariant::Tiled64 ||
+                       mp.prefill_variant == (int32_t)MatmulVariant::TensorCore) &&
+                      !(w.dims[1] % 32 == 0 &&
+                        (w.dtype == (uint8_t)DType::NF4 || w.dtype == (uint8_t)DType::BF16))))
+                c.fail("kernel variant does not fit the weight's shape or dtype");
+            else if (op.in[2] >= 0 && (!c.need(op.in[2], TensorKind::Weight, "bias") ||
+                                       p.tensor(op.in[2]).dtype != (uint8_t)DType::F32 ||
+                                       numel(p.tensor(op.in[2])) != w.dims[0]))
+                c.fail("bias must be f32 [N]");
+            else if (text ? c.act_view(op.in[0], op.in_col[0], w.dims[1], rin, "input")
+                          : c.src_view(op.in[0], op.in_col[0], w.dims[1], rin, "input"))
+                c.act_view(op.out[0], op.out_col[0], w.dims[0], rout, "output");
+        }
+        break;
+    case OpCode::RmsNorm: {
+        const auto np      = params<RmsNormParams>(op);
+        const int64_t cols = np.cols;
+        if (np.dim <= 0 || cols <= 0 || cols % np.dim)
+            c.fail("bad cols/dim");
+        else if (op.in[1] >= 0 &&
+                 (!c.dense_weight(op.in[1], "weight") || numel(p.tensor(op.in[1])) != np.dim))
+            c.fail("weight size != dim");
+        else if (c.act_view(op.in[0], op.in_col[0], cols, rin, "input"))
+            c.act_view(op.out[0], op.out_col[0], cols, rout, "output");
+        break;
+    }
+    case OpCode::Add:
+    case OpCode::GeluMul: {
+        const int64_t cols =
+            (OpCode)op.code == OpCode::Add ? params<AddParams>(op).cols : params<GeluMulParams>(op).cols;
+        if (cols <= 0)
+            c.fail("bad cols");
+        else if (c.act_view(op.in[0], op.in_col[0], cols, rin, "a") &&
+                 c.act_view(op.in[1], op.in_col[1], cols, rin, "b"))
+            c.act_view(op.out[0], op.out_col[0], cols, rout, "output");
+        break;
+    }
+    case OpCode::Scale:
+    case OpCode::Softcap: {
+        const bool softcap = (OpCode)op.code == OpCode::Softcap;
+        const int64_t cols = softcap ? params<SoftcapParams>(op).cols : params<ScaleParams>(op).cols;
+        if (cols <= 0)
+            c.fail("bad cols");
+        else if (softcap && !(params<SoftcapParams>(op).cap > 0))
+            c.fail("softcap must be positive");
+        else if (op.in[1] >= 0 && (!c.dense_weight(op.in[1], "scalar") || numel(p.tensor(op.in[1])) < 1))
+            c.fail("bad scalar");
+        else if (c.act_view(op.in[0], op.in_col[0], cols, rin, "input"))
+            c.act_view(op.out[0], op.out_col[0], cols, rout, "output");
+        break;
+    }
+    case OpCode::Rope: {
+        const auto rp = params<RopeParams>(op);
+        if (rp.heads <= 0 || rp.dim <= 0 || rp.dim % 2)
+            c.fail("bad heads/dim");
+        else if (op.in[0] != op.out[0] || op.in_col[0] != op.out_col[0])
+            c.fail("rope must be in place");
+        else if (c.need(op.in[1], TensorKind::Weight, "inv_freq") &&
+                 (p.tensor(op.in[1]).dtype != (uint8_t)DType::F32 || numel(p.tensor(op.in[1])) != rp.dim / 2))
+            c.fail("inv_freq must be f32 [dim/2]");
+        else
+            c.act_view(op.in[0], op.in_col[0], (int64_t)rp.heads * rp.dim, rin, "input");
+        break;
+    }
+    case OpCode::KvStore: {
+        const auto kp       = params<KvStoreParams>(op);
+        const int64_t width = kp.width, slots = kp.slots;
+        if (width <= 0 || slots <= 0)
+            c.fail("bad width/slots");
+        else if (c.act_view(op.in[0], op.in_col[0], width, rin, "k") &&
+                 c.act_view(op.in[1], op.in_col[1], width, rin, "v") &&
+                 c.cache_view(op.out[0], op.out_col[0], width, slots, "k cache") &&
+                 c.cache_view(op.out[1], op.out_col[1], width, slots, "v cache")) {
+            if (op.out[0] == op.out[1])
+                c.fail("k and v caches are the same tensor");
+            else if (p.tensor(op.out[0]).dtype != p.tensor(op.out[1]).dtype)
+                c.fail("k and v caches differ in dtype");
+            else if (slots < in.max_context && slots < in.max_rows)
+                c.fail("cache ring smaller than a chunk");
+        }
+        break;
+    }
+    case OpCode::Attention: {
+        const auto ap       = params<AttentionParams>(op);
+        const int64_t heads = ap.heads, kvh = ap.kv_heads, dim = ap.dim, slots = ap.slots, window = ap.window;
+        if (heads <= 0 || kvh <= 0 || dim <= 0 || heads % kvh || window < 0 || window > in.max_slots ||
+            slots > in.max_slots || ap.prefill_splits < 0 || ap.prefill_splits > 128 ||
+            ap.decode_splits < 0 || ap.decode_splits > 1024)
+            c.fail("bad attention parameters (heads " + std::to_string(heads) + ", kv heads " +
+                   std::to_string(kvh) + ", dim " + std::to_string(dim) + ", window " +
+                   std::to_string(window) + " of at most " + std::to_string(in.max_slots) + ")");
+        else if (c.act_view(op.in[0], op.in_col[0], heads * dim, rin, "q") &&
+                 c.cache_view(op.in[1], op.in_col[1], kvh * dim, slots, "k cache") &&
+                 c.cache_view(op.in[2], op.in_col[2], kvh * dim, slots, "v cache")) {
+            if (p.tensor(op.in[1]).dtype != p.tensor(op.in[2]).dtype)
+                c.fail("k and v caches differ in dtype");
+            // Every key a query can see must still be in the cache.
+            else if (window == 0 ? slots < in.max_context
+                                 : (slots < in.max_context && slots < window + in.max_rows - 1))
+                c.fail("cache too small for the attention span");
+            else
+                c.act_view(op.out[0], op.out_col[0], heads * dim, rout, "output");
+        }
+        break;
+    }
+    case OpCode::Copy: {
+        auto device_ok = [&](int32_t d) { return d == -1 || (d >= 0 && p.gpu_slot(d) >= 0); };
+        const auto cp  = params<CopyParams>(op);
+        if (!p.hybrid())
+            c.fail("copy steps belong to CUDA plans whose layers span devices");
+        else if (op.in[0] != op.out[0] || op.in_col[0] != op.out_col[0] || !device_ok(cp.dst_device) ||
+                 !device_ok(cp.src_device) || cp.dst_device == cp.src_device ||
+                 op.row_mode != (int32_t)RowMode::All || cp.cols <= 0)
+            c.fail("bad copy step");
+        else
+            c.act_view(op.in[0], op.in_col[0], cp.cols, in.max_rows, "tensor");
+        break;
+    }
+    default:
+        c.fail("unknown op");
+        break;
+    }
+}
+
 } // namespace
 
 std::string check_program(const Plan& p) {
@@ -129,219 +384,11 @@ std::string check_program(const Plan& p) {
             ++prog;
         const PlanProgram& g = p.program(prog);
         const bool text      = prog == 0;
-        RowMode rm           = (RowMode)op.row_mode;
-        int64_t rin          = rm == RowMode::OutRows ? in.logits_rows : in.max_rows;
-        int64_t rout         = rm == RowMode::All ? in.max_rows : in.logits_rows;
-        int64_t cols         = op.ip[0];
-        // An encoder program's op runs over one of its row counts and names only its program's tensors.
-        const int32_t count = op.row_mode - kRowCountBase;
-        if (!text) {
-            if (count < 0 || count >= kMaxRowCounts || g.max_rows[count] <= 0)
-                c.fail("bad row count " + std::to_string(op.row_mode));
-            else
-                rin = rout = g.max_rows[count];
-            for (int32_t t : {op.in[0], op.in[1], op.in[2], op.in[3], op.out[0], op.out[1]})
-                if (t >= 0 && ((uint32_t)t < g.tensor_begin || (uint32_t)t >= g.tensor_end))
-                    c.fail("tensor " + std::to_string(t) + " belongs to another program");
-        }
-        const bool encoder_op = op.code >= (uint16_t)OpCode::Clamp && op.code <= (uint16_t)OpCode::PoolRows;
-        const bool text_op    = op.code == (uint16_t)OpCode::Embed || op.code == (uint16_t)OpCode::KvStore ||
-                             op.code == (uint16_t)OpCode::Attention || op.code == (uint16_t)OpCode::Copy ||
-                             op.code == (uint16_t)OpCode::Rope || op.code == (uint16_t)OpCode::Softcap;
-        if (text ? encoder_op : text_op)
-            c.fail(std::string("op of ") + (text ? "an encoder program" : "the text program") +
-                   " in program '" + p.str(g.name) + "'");
-        if (!c.err.empty())
-            return "op " + std::to_string(i) + " '" + p.str(op.name) + "' (" + op_name((OpCode)op.code) +
-                   "): " + c.err;
         // Weights and KV caches are read from their first column (the runtime adds no offset to weights).
         for (int k = 0; k < 4 && c.err.empty(); ++k)
             if (op.in[k] >= 0 && p.tensor(op.in[k]).kind == (uint8_t)TensorKind::Weight && op.in_col[k] != 0)
                 c.fail("weight " + c.tname(op.in[k]) + " viewed from column " + std::to_string(op.in_col[k]));
-        switch ((OpCode)op.code) {
-        case OpCode::Embed:
-            if (op.in[0] != in.ids_tensor)
-                c.fail("reads a tensor other than the plan's ids input");
-            else if (c.need(op.in[0], TensorKind::Input, "ids") && c.dense_weight(op.in[1], "table")) {
-                const PlanTensor& tab = p.tensor(op.in[1]);
-                if (p.tensor(op.in[0]).dims[0] < rout)
-                    c.fail("ids has fewer rows than a step");
-                else if (tab.ndim != 2 || tab.dims[0] < in.embed_vocab_limit)
-                    c.fail("table has too few rows for the vocabulary");
-                else
-                    c.act_view(op.out[0], op.out_col[0], tab.dims[1], rout, "output");
-            }
-            break;
-        case OpCode::Matmul:
-            if (c.matmul_weight(op.in[1], "weight")) {
-                const PlanTensor& w = p.tensor(op.in[1]);
-                if (w.ndim != 2 || (text && w.dims[1] > in.max_k)) // (encoders: their thread_floats)
-                    c.fail("weight must be 2-D with K <= max_k");
-                else if (op.ip[5] < 0 || op.ip[5] > 1 || op.ip[6] < 0 ||
-                         op.ip[6] > (int32_t)MatmulVariant::Cublas || op.ip[6] == 1)
-                    c.fail("bad kernel variant");
-                else if ((op.ip[5] == (int32_t)MatmulVariant::Gemv4 &&
-                          !((w.dtype == (uint8_t)DType::NF4 && w.dims[1] % 512 == 0) ||
-                            (w.dtype == (uint8_t)DType::BF16 && w.dims[1] % 256 == 0))) ||
-                         ((op.ip[6] == (int32_t)MatmulVariant::Tiled64 ||
-                           op.ip[6] == (int32_t)MatmulVariant::TensorCore) &&
-                          !(w.dims[1] % 32 == 0 &&
-                            (w.dtype == (uint8_t)DType::NF4 || w.dtype == (uint8_t)DType::BF16))))
-                    c.fail("kernel variant does not fit the weight's shape or dtype");
-                else if (op.in[2] >= 0 && (!c.need(op.in[2], TensorKind::Weight, "bias") ||
-                                           p.tensor(op.in[2]).dtype != (uint8_t)DType::F32 ||
-                                           numel(p.tensor(op.in[2])) != w.dims[0]))
-                    c.fail("bias must be f32 [N]");
-                else if ((text ? c.act_view(op.in[0], op.in_col[0], w.dims[1], rin, "input")
-                               : c.src_view(op.in[0], op.in_col[0], w.dims[1], rin, "input")))
-                    c.act_view(op.out[0], op.out_col[0], w.dims[0], rout, "output");
-            }
-            break;
-        case OpCode::RmsNorm:
-            if (op.ip[1] <= 0 || cols <= 0 || cols % op.ip[1])
-                c.fail("bad cols/dim");
-            else if (op.in[1] >= 0 &&
-                     (!c.dense_weight(op.in[1], "weight") || numel(p.tensor(op.in[1])) != op.ip[1]))
-                c.fail("weight size != dim");
-            else if (c.act_view(op.in[0], op.in_col[0], cols, rin, "input"))
-                c.act_view(op.out[0], op.out_col[0], cols, rout, "output");
-            break;
-        case OpCode::Add:
-        case OpCode::GeluMul:
-            if (cols <= 0)
-                c.fail("bad cols");
-            else if (c.act_view(op.in[0], op.in_col[0], cols, rin, "a") &&
-                     c.act_view(op.in[1], op.in_col[1], cols, rin, "b"))
-                c.act_view(op.out[0], op.out_col[0], cols, rout, "output");
-            break;
-        case OpCode::Scale:
-        case OpCode::Softcap:
-            if (cols <= 0)
-                c.fail("bad cols");
-            else if ((OpCode)op.code == OpCode::Softcap && !(op.fp[0] > 0))
-                c.fail("softcap must be positive");
-            else if (op.in[1] >= 0 && (!c.dense_weight(op.in[1], "scalar") || numel(p.tensor(op.in[1])) < 1))
-                c.fail("bad scalar");
-            else if (c.act_view(op.in[0], op.in_col[0], cols, rin, "input"))
-                c.act_view(op.out[0], op.out_col[0], cols, rout, "output");
-            break;
-        case OpCode::Rope:
-            if (op.ip[0] <= 0 || op.ip[1] <= 0 || op.ip[1] % 2)
-                c.fail("bad heads/dim");
-            else if (op.in[0] != op.out[0] || op.in_col[0] != op.out_col[0])
-                c.fail("rope must be in place");
-            else if (c.need(op.in[1], TensorKind::Weight, "inv_freq") &&
-                     (p.tensor(op.in[1]).dtype != (uint8_t)DType::F32 ||
-                      numel(p.tensor(op.in[1])) != op.ip[1] / 2))
-                c.fail("inv_freq must be f32 [dim/2]");
-            else
-                c.act_view(op.in[0], op.in_col[0], (int64_t)op.ip[0] * op.ip[1], rin, "input");
-            break;
-        case OpCode::KvStore: {
-            int64_t width = op.ip[0], slots = op.ip[1];
-            if (width <= 0 || slots <= 0)
-                c.fail("bad width/slots");
-            else if (c.act_view(op.in[0], op.in_col[0], width, rin, "k") &&
-                     c.act_view(op.in[1], op.in_col[1], width, rin, "v") &&
-                     c.cache_view(op.out[0], op.out_col[0], width, slots, "k cache") &&
-                     c.cache_view(op.out[1], op.out_col[1], width, slots, "v cache")) {
-                if (op.out[0] == op.out[1])
-                    c.fail("k and v caches are the same tensor");
-                else if (p.tensor(op.out[0]).dtype != p.tensor(op.out[1]).dtype)
-                    c.fail("k and v caches differ in dtype");
-                else if (slots < in.max_context && slots < in.max_rows)
-                    c.fail("cache ring smaller than a chunk");
-            }
-            break;
-        }
-        case OpCode::Attention: {
-            int64_t heads = op.ip[0], kvh = op.ip[1], dim = op.ip[2], slots = op.ip[3], window = op.ip[4];
-            if (heads <= 0 || kvh <= 0 || dim <= 0 || heads % kvh || window < 0 || window > in.max_slots ||
-                slots > in.max_slots || op.ip[5] < 0 || op.ip[5] > 128 || op.ip[6] < 0 || op.ip[6] > 1024)
-                c.fail("bad attention parameters (heads " + std::to_string(heads) + ", kv heads " +
-                       std::to_string(kvh) + ", dim " + std::to_string(dim) + ", window " +
-                       std::to_string(window) + " of at most " + std::to_string(in.max_slots) + ")");
-            else if (c.act_view(op.in[0], op.in_col[0], heads * dim, rin, "q") &&
-                     c.cache_view(op.in[1], op.in_col[1], kvh * dim, slots, "k cache") &&
-                     c.cache_view(op.in[2], op.in_col[2], kvh * dim, slots, "v cache")) {
-                if (p.tensor(op.in[1]).dtype != p.tensor(op.in[2]).dtype)
-                    c.fail("k and v caches differ in dtype");
-                // Every key a query can see must still be in the cache.
-                else if (window == 0 ? slots < in.max_context
-                                     : (slots < in.max_context && slots < window + in.max_rows - 1))
-                    c.fail("cache too small for the attention span");
-                else
-                    c.act_view(op.out[0], op.out_col[0], heads * dim, rout, "output");
-            }
-            break;
-        }
-        case OpCode::Copy: {
-            auto device_ok = [&](int32_t d) { return d == -1 || (d >= 0 && p.gpu_slot(d) >= 0); };
-            if (!p.hybrid())
-                c.fail("copy steps belong to CUDA plans whose layers span devices");
-            else if (op.in[0] != op.out[0] || op.in_col[0] != op.out_col[0] || !device_ok(op.ip[1]) ||
-                     !device_ok(op.ip[2]) || op.ip[1] == op.ip[2] || op.row_mode != (int32_t)RowMode::All ||
-                     cols <= 0)
-                c.fail("bad copy step");
-            else
-                c.act_view(op.in[0], op.in_col[0], cols, in.max_rows, "tensor");
-            break;
-        }
-        case OpCode::Clamp:
-            if (cols <= 0 || !(op.fp[0] <= op.fp[1]))
-                c.fail("bad cols or bounds");
-            else if (c.act_view(op.in[0], op.in_col[0], cols, rin, "input"))
-                c.act_view(op.out[0], op.out_col[0], cols, rout, "output");
-            break;
-        case OpCode::AddPosition2D:
-            if (cols <= 0)
-                c.fail("bad cols");
-            else if (c.dense_weight(op.in[1], "table") &&
-                     (p.tensor(op.in[1]).ndim != 3 || p.tensor(op.in[1]).dims[0] != 2 ||
-                      p.tensor(op.in[1]).dims[2] != cols))
-                c.fail("table must be [2, positions, cols]");
-            else if (c.err.empty() && c.act_view(op.in[0], op.in_col[0], cols, rin, "input") &&
-                     c.input_view(op.in[2], DType::I32, 2, rin, "positions"))
-                c.act_view(op.out[0], op.out_col[0], cols, rout, "output");
-            break;
-        case OpCode::Rope2D:
-            if (op.ip[0] <= 0 || op.ip[1] <= 0 || op.ip[1] % 4)
-                c.fail("bad heads/dim");
-            else if (op.in[0] != op.out[0] || op.in_col[0] != op.out_col[0])
-                c.fail("rope must be in place");
-            else if (c.need(op.in[1], TensorKind::Weight, "inv_freq") &&
-                     (p.tensor(op.in[1]).dtype != (uint8_t)DType::F32 ||
-                      numel(p.tensor(op.in[1])) != op.ip[1] / 4))
-                c.fail("inv_freq must be f32 [dim/4]");
-            else if (c.err.empty() && c.input_view(op.in[2], DType::I32, 2, rin, "positions"))
-                c.act_view(op.in[0], op.in_col[0], (int64_t)op.ip[0] * op.ip[1], rin, "input");
-            break;
-        case OpCode::SelfAttention: {
-            const int64_t heads = op.ip[0], kvh = op.ip[1], dim = op.ip[2];
-            if (heads <= 0 || kvh <= 0 || dim <= 0 || heads % kvh)
-                c.fail("bad heads/kv heads/dim");
-            else if (c.act_view(op.in[0], op.in_col[0], heads * dim, rin, "q") &&
-                     c.act_view(op.in[1], op.in_col[1], kvh * dim, rin, "k") &&
-                     c.act_view(op.in[2], op.in_col[2], kvh * dim, rin, "v") &&
-                     c.act_view(op.out[0], op.out_col[0], heads * dim, rout, "output") &&
-                     c.need(op.out[1], TensorKind::Activation, "work") &&
-                     numel(p.tensor(op.out[1])) < self_attention_work_floats(rin, kvh, dim))
-                c.fail("work tensor " + c.tname(op.out[1]) + " too small");
-            break;
-        }
-        case OpCode::PoolRows: {
-            const int32_t src = op.ip[2];
-            if (cols <= 0 || op.ip[1] <= 0 || src < 0 || src >= kMaxRowCounts || g.max_rows[src] <= 0)
-                c.fail("bad cols, taps or source row count");
-            else if (c.act_view(op.in[0], op.in_col[0], cols, g.max_rows[src], "input") &&
-                     c.input_view(op.in[1], DType::I32, op.ip[1], rout, "index"))
-                c.act_view(op.out[0], op.out_col[0], cols, rout, "output");
-            break;
-        }
-        default:
-            c.fail("unknown op");
-            break;
-        }
+        check_op(c, in, g, text);
         // Cross-device plans: an op's caches lie in its device's part of the KV arena (the host part
         // for CPU-placed layers), and a GPU op's weights in the ranges its GPU uploads.
         if (c.err.empty() && text && p.hybrid() && (OpCode)op.code != OpCode::Copy) {

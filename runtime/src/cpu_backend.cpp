@@ -1,7 +1,6 @@
 // The CPU backend (backend.h): a session's arenas in host memory, its program bound to them and replayed by
 // the CPU executor (executor.cpp) on the session's thread pool. Logits are always on the host; sampling is
 // the runtime's (sampler.cpp).
-#include "models/gemma4/graph.h"
 #include "runtime/src/backend.h"
 #include "runtime/src/engine.h"
 #include "runtime/src/executor.h"
@@ -93,7 +92,7 @@ g4_status open_cpu_backend(g4_engine* e, std::unique_ptr<EngineBackend>* out, st
     // around those faults would make megabytes of the table resident for each token seen.
     for (size_t t = 0; t < e->plan.n_tensors(); ++t)
         if (e->plan.tensor(t).kind == (uint8_t)plan::TensorKind::Weight &&
-            e->plan.tensor(t).flags == (uint8_t)gemma4::WeightRole::PleTable)
+            e->plan.tensor(t).flags == (uint8_t)plan::WeightRole::PleTable)
             e->plan.advise_random(t);
     *out = std::make_unique<CpuEngine>();
     return G4_OK;

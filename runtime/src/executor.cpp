@@ -2,6 +2,7 @@
 // `rows` tokens starting at position pos0; ops in RowMode::TailIn/OutRows touch only the rows whose
 // logits are wanted.
 #include "runtime/src/executor.h"
+#include "runtime/plan/op_params.h"
 
 #include <cstring>
 
@@ -86,10 +87,11 @@ g4_status run_step_split(g4_session* s, const std::map<int, uint8_t*>& gpu_act, 
         }
         const PlanTensor& t = p.tensor(op.in[0]);
         const uint64_t off = t.offset + (uint64_t)op.in_col[0] * 4, pitch = (uint64_t)t.dims[1] * 4;
-        uint8_t* dst       = op.ip[1] < 0 ? s->act : gpu_act.at(op.ip[1]);
-        const uint8_t* src = op.ip[2] < 0 ? s->act : gpu_act.at(op.ip[2]);
+        const auto c       = plan::params<plan::CopyParams>(op);
+        uint8_t* dst       = c.dst_device < 0 ? s->act : gpu_act.at(c.dst_device);
+        const uint8_t* src = c.src_device < 0 ? s->act : gpu_act.at(c.src_device);
         for (int32_t r = 0; r < rows; ++r)
-            std::memcpy(dst + off + r * pitch, src + off + r * pitch, (size_t)op.ip[0] * 4);
+            std::memcpy(dst + off + r * pitch, src + off + r * pitch, (size_t)c.cols * 4);
     }
     return G4_OK;
 }
@@ -114,8 +116,8 @@ g4_status run_ops(g4_session* s, size_t first, size_t end, int32_t rows, int32_t
         switch ((OpCode)op.code) {
         case OpCode::Embed: {
             const PlanTensor& tab = p.tensor(op.in[1]);
-            cpu::embed(
-                ctx, {s->ids, b.in[1], b.in_dt[1], tab.dims[0], tab.dims[1], op.fp[0], O(0), b.out_ld[0], n});
+            cpu::embed(ctx, {s->ids, b.in[1], b.in_dt[1], tab.dims[0], tab.dims[1],
+                             plan::params<plan::EmbedParams>(op).scale, O(0), b.out_ld[0], n});
             if ((int32_t)i == s->embed_op && s->media) // image/audio placeholders: the tower's rows, unscaled
                 for (int32_t k = 0; k < s->media->step_n; ++k)
                     std::memcpy(O(0) + (int64_t)s->media->step_row[k] * b.out_ld[0], s->media->step_src[k],
@@ -141,35 +143,49 @@ g4_status run_ops(g4_session* s, size_t first, size_t end, int32_t rows, int32_t
                                (int32_t)w.dims[0]});
             break;
         }
-        case OpCode::RmsNorm:
-            cpu::rms_norm(ctx, {I(0), b.in_ld[0], b.in[1], b.in_dt[1], O(0), b.out_ld[0], n, op.ip[0],
-                                op.ip[1], op.fp[0]});
+        case OpCode::RmsNorm: {
+            const auto a = plan::params<plan::RmsNormParams>(op);
+            cpu::rms_norm(
+                ctx, {I(0), b.in_ld[0], b.in[1], b.in_dt[1], O(0), b.out_ld[0], n, a.cols, a.dim, a.eps});
             break;
+        }
         case OpCode::Add:
-            cpu::add(ctx, {I(0), b.in_ld[0], I(1), b.in_ld[1], O(0), b.out_ld[0], n, op.ip[0]});
+            cpu::add(ctx, {I(0), b.in_ld[0], I(1), b.in_ld[1], O(0), b.out_ld[0], n,
+                           plan::params<plan::AddParams>(op).cols});
             break;
         case OpCode::GeluMul:
-            cpu::gelu_mul(ctx, {I(0), b.in_ld[0], I(1), b.in_ld[1], O(0), b.out_ld[0], n, op.ip[0]});
+            cpu::gelu_mul(ctx, {I(0), b.in_ld[0], I(1), b.in_ld[1], O(0), b.out_ld[0], n,
+                                plan::params<plan::GeluMulParams>(op).cols});
             break;
-        case OpCode::Scale:
-            cpu::scale(
-                ctx, {I(0), b.in_ld[0], O(0), b.out_ld[0], n, op.ip[0], op.fp[0], b.in[1], b.in_dt[1], 0.0f});
+        case OpCode::Scale: {
+            const auto a = plan::params<plan::ScaleParams>(op);
+            cpu::scale(ctx,
+                       {I(0), b.in_ld[0], O(0), b.out_ld[0], n, a.cols, a.scale, b.in[1], b.in_dt[1], 0.0f});
             break;
-        case OpCode::Softcap:
-            cpu::softcap(
-                ctx, {I(0), b.in_ld[0], O(0), b.out_ld[0], n, op.ip[0], 1.0f, nullptr, DType::F32, op.fp[0]});
+        }
+        case OpCode::Softcap: {
+            const auto a = plan::params<plan::SoftcapParams>(op);
+            cpu::softcap(ctx,
+                         {I(0), b.in_ld[0], O(0), b.out_ld[0], n, a.cols, 1.0f, nullptr, DType::F32, a.cap});
             break;
-        case OpCode::Rope:
-            cpu::rope(ctx, {I(0), b.in_ld[0], (const float*)b.in[1], n, op.ip[0], op.ip[1], pos0});
+        }
+        case OpCode::Rope: {
+            const auto a = plan::params<plan::RopeParams>(op);
+            cpu::rope(ctx, {I(0), b.in_ld[0], (const float*)b.in[1], n, a.heads, a.dim, pos0});
             break;
-        case OpCode::KvStore:
-            cpu::kv_store(ctx, {I(0), b.in_ld[0], I(1), b.in_ld[1], b.out[0], b.out[1], n, op.ip[0], op.ip[1],
+        }
+        case OpCode::KvStore: {
+            const auto a = plan::params<plan::KvStoreParams>(op);
+            cpu::kv_store(ctx, {I(0), b.in_ld[0], I(1), b.in_ld[1], b.out[0], b.out[1], n, a.width, a.slots,
                                 pos0, (DType)p.tensor(op.out[0]).dtype});
             break;
-        case OpCode::Attention:
-            cpu::attention(ctx, {I(0), b.in_ld[0], b.in[1], b.in[2], O(0), b.out_ld[0], n, op.ip[0], op.ip[1],
-                                 op.ip[2], op.ip[3], op.ip[4], pos0, op.fp[0], nullptr, b.in_dt[1]});
+        }
+        case OpCode::Attention: {
+            const auto a = plan::params<plan::AttentionParams>(op);
+            cpu::attention(ctx, {I(0), b.in_ld[0], b.in[1], b.in[2], O(0), b.out_ld[0], n, a.heads,
+                                 a.kv_heads, a.dim, a.slots, a.window, pos0, a.scale, nullptr, b.in_dt[1]});
             break;
+        }
         default:
             *err = "internal: unknown op";
             return G4_ERR_INTERNAL;
@@ -217,7 +233,7 @@ g4_status run_program(g4_session* s, size_t prog, const cpu::Context& ctx, const
             const PlanTensor& w = p.tensor(op.in[1]);
             MatmulArgs ma{I(0), b.in_ld[0], b.in[1], b.in_dt[1], w.dims[0], w.dims[1], O(0), b.out_ld[0], n};
             ma.nf4_double_quant = (w.quant_flags & plan::kQuantDoubleQuant) != 0;
-            encoder_matmul(ctx, ma, op.ip[4]);
+            encoder_matmul(ctx, ma, plan::params<plan::MatmulParams>(op).cpu_kernel);
             if (b.in[2])
                 cpu::add(ctx, {O(0), b.out_ld[0], (const float*)b.in[2], 0, O(0), b.out_ld[0], n,
                                (int32_t)w.dims[0]});
@@ -237,27 +253,36 @@ g4_status run_program(g4_session* s, size_t prog, const cpu::Context& ctx, const
             cpu::scale(
                 ctx, {I(0), b.in_ld[0], O(0), b.out_ld[0], n, op.ip[0], op.fp[0], b.in[1], b.in_dt[1], 0.0f});
             break;
-        case OpCode::Clamp:
-            cpu::clamp(ctx, {I(0), b.in_ld[0], O(0), b.out_ld[0], n, op.ip[0], op.fp[0], op.fp[1]});
-            break;
-        case OpCode::AddPosition2D: {
-            const PlanTensor& tab = p.tensor(op.in[1]);
-            cpu::add_position_2d(ctx, {I(0), b.in_ld[0], b.in[1], b.in_dt[1], tab.dims[1],
-                                       (const int32_t*)b.in[2], O(0), b.out_ld[0], n, op.ip[0]});
+        case OpCode::Clamp: {
+            const auto cp = plan::params<plan::ClampParams>(op);
+            cpu::clamp(ctx, {I(0), b.in_ld[0], O(0), b.out_ld[0], n, cp.cols, cp.lo, cp.hi});
             break;
         }
-        case OpCode::Rope2D:
-            cpu::rope_2d(ctx, {I(0), b.in_ld[0], (const float*)b.in[1], (const int32_t*)b.in[2], n, op.ip[0],
-                               op.ip[1]});
+        case OpCode::AddPosition2D: {
+            const PlanTensor& tab = p.tensor(op.in[1]);
+            cpu::add_position_2d(ctx,
+                                 {I(0), b.in_ld[0], b.in[1], b.in_dt[1], tab.dims[1], (const int32_t*)b.in[2],
+                                  O(0), b.out_ld[0], n, plan::params<plan::AddPosition2DParams>(op).cols});
             break;
-        case OpCode::SelfAttention:
+        }
+        case OpCode::Rope2D: {
+            const auto rp = plan::params<plan::Rope2DParams>(op);
+            cpu::rope_2d(
+                ctx, {I(0), b.in_ld[0], (const float*)b.in[1], (const int32_t*)b.in[2], n, rp.heads, rp.dim});
+            break;
+        }
+        case OpCode::SelfAttention: {
+            const auto ap = plan::params<plan::SelfAttentionParams>(op);
             cpu::self_attention(ctx, {I(0), b.in_ld[0], I(1), b.in_ld[1], I(2), b.in_ld[2], O(0), b.out_ld[0],
-                                      n, op.ip[0], op.ip[1], op.ip[2], op.fp[0], O(1)});
+                                      n, ap.heads, ap.kv_heads, ap.dim, ap.scale, O(1)});
             break;
-        case OpCode::PoolRows:
-            cpu::pool_rows(ctx, {I(0), b.in_ld[0], (const int32_t*)b.in[1], O(0), b.out_ld[0], n, op.ip[0],
-                                 op.ip[1], op.fp[0]});
+        }
+        case OpCode::PoolRows: {
+            const auto pp = plan::params<plan::PoolRowsParams>(op);
+            cpu::pool_rows(ctx, {I(0), b.in_ld[0], (const int32_t*)b.in[1], O(0), b.out_ld[0], n, pp.cols,
+                                 pp.taps, pp.weight});
             break;
+        }
         default:
             *err = "internal: op not supported in an encoder program";
             return G4_ERR_INTERNAL;

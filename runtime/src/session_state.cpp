@@ -1,6 +1,7 @@
 // Session state through the C API: save and load (buffer or file), rewind, fork, and the progress
 // callback. The state layout is in docs/runtime.md ("Session state").
 #include "g4/g4.h"
+#include "runtime/plan/op_params.h"
 #include "runtime/src/api_util.h"
 #include "runtime/src/engine.h"
 
@@ -254,7 +255,8 @@ int32_t earliest_rewind(const g4_session* s) {
     for (size_t i = 0; i < p.n_ops(); ++i) {
         const auto& op = p.op(i);
         if (op.code != (uint16_t)g4::OpCode::Attention) continue;
-        const int32_t slots = op.ip[3], window = op.ip[4];
+        const auto a        = g4::plan::params<g4::plan::AttentionParams>(op);
+        const int32_t slots = a.slots, window = a.window;
         if (window <= 0 || s->position <= slots) continue;
         // lo(position) = position - window + 1 must satisfy s->position <= lo + slots.
         need = std::max(need, s->position - slots + window - 1);

@@ -202,23 +202,63 @@ TEST_F(PlanIntegrity, DamagedSectionIsNamed) {
     EXPECT_EQ(run_g4("inspect '" + plan_ + "' --verify").exit_code, 0);
 }
 
-TEST_F(PlanIntegrity, FormatOnePointZeroPlansStillLoad) {
-    // A 1.0 plan has no section-table checksum (reserved0 = 0): it loads and runs as before.
-    std::string b = read_file(plan_);
+// The plan as a writer of an earlier minor left it: that minor in the header, the schema hash it wrote (the
+// 1.0 and 1.1 writers: the hand-typed schema's, kReadableSchemas) and, for 1.0, no section-table checksum.
+std::string as_minor(const std::string& plan, uint16_t minor) {
+    std::string b = read_file(plan);
     g4::plan::PlanHeader h;
     std::memcpy(&h, b.data(), sizeof h);
     EXPECT_EQ(h.format_minor, g4::plan::kFormatMinor);
-    h.format_minor    = 0;
-    h.reserved0       = 0;
+    EXPECT_EQ(h.schema_hash, g4::plan::schema_hash());
+    h.format_minor = minor;
+    h.schema_hash  = g4::plan::kReadableSchemas.at(minor).hash; // the first hash that minor wrote
+    if (minor == 0) h.reserved0 = 0;
     h.header_checksum = 0;
     h.header_checksum = (uint32_t)g4::plan::fnv1a64(&h, sizeof h);
     std::memcpy(b.data(), &h, sizeof h);
-    const std::string old = dir_->file("v10.g4plan");
-    write_file(old, b);
-    CmdResult a = run_g4("run '" + old + "' --tokens 2,17,99 -n 3 --print-ids");
+    return b;
+}
+
+TEST_F(PlanIntegrity, PlansOfEarlierMinorsStillLoad) {
     CmdResult n = run_g4("run '" + plan_ + "' --tokens 2,17,99 -n 3 --print-ids");
-    ASSERT_EQ(a.exit_code, 0) << a.err;
-    EXPECT_EQ(a.out, n.out);
+    ASSERT_EQ(n.exit_code, 0) << n.err;
+    for (uint16_t minor : {0, 1}) {
+        ASSERT_EQ(g4::plan::kReadableSchemas.at(minor).minor, minor);
+        const std::string old = dir_->file("v1" + std::to_string(minor) + ".g4plan");
+        write_file(old, as_minor(plan_, minor));
+        CmdResult a = run_g4("run '" + old + "' --tokens 2,17,99 -n 3 --print-ids");
+        ASSERT_EQ(a.exit_code, 0) << a.err;
+        EXPECT_EQ(a.out, n.out) << "format 1." << minor;
+    }
+    // A CUDA plan of an earlier schema is refused: its kernels are those of the g4 that compiled it.
+    {
+        std::string c          = read_file(plan_);
+        const auto [off, size] = plan_section(c, (uint32_t)g4::plan::SectionKind::Meta);
+        const std::string cpu  = "\n \"device\": \"cpu\",";
+        const size_t k         = c.find(cpu, off);
+        ASSERT_TRUE(k != std::string::npos && k < off + size);
+        c.replace(k, cpu.size(), "\n \"device\":\"cuda\",");
+        reseal_plan(&c);
+        write_file(dir_->file("cuda_now.g4plan"), c);
+        write_file(dir_->file("cuda_old.g4plan"), as_minor(dir_->file("cuda_now.g4plan"), 1));
+        g4_engine* e = nullptr;
+        EXPECT_EQ(g4_engine_open(dir_->file("cuda_old.g4plan").c_str(), nullptr, &e), G4_ERR_PLAN_VERSION);
+        EXPECT_NE(
+            std::string(g4_last_error_message()).find("CUDA plan of format 1.1: its kernels are those of"),
+            std::string::npos)
+            << g4_last_error_message();
+    }
+    // An earlier schema's hash is read only with the minor that wrote it.
+    std::string b = as_minor(plan_, 1);
+    g4::plan::PlanHeader h;
+    std::memcpy(&h, b.data(), sizeof h);
+    h.format_minor    = g4::plan::kFormatMinor;
+    h.header_checksum = 0;
+    h.header_checksum = (uint32_t)g4::plan::fnv1a64(&h, sizeof h);
+    std::memcpy(b.data(), &h, sizeof h);
+    write_file(dir_->file("mixed.g4plan"), b);
+    g4_engine* e = nullptr;
+    EXPECT_EQ(g4_engine_open(dir_->file("mixed.g4plan").c_str(), nullptr, &e), G4_ERR_PLAN_VERSION);
 }
 
 // Compatibility (docs/plan-format.md): a newer minor of this major, or a schema hash the runtime does not
@@ -236,8 +276,9 @@ TEST_F(PlanIntegrity, NewerMinorsAndUnknownSchemasAreRefused) {
         write_file(dir_->file(name), c);
         return dir_->file(name);
     };
-    const std::string newer = patched("v13.g4plan", [](g4::plan::PlanHeader& h) { h.format_minor = 3; });
-    CmdResult r             = run_g4("run '" + newer + "' --tokens 2,17 -n 1");
+    const std::string newer =
+        patched("v13.g4plan", [](g4::plan::PlanHeader& h) { h.format_minor = g4::plan::kFormatMinor + 1; });
+    CmdResult r = run_g4("run '" + newer + "' --tokens 2,17 -n 1");
     EXPECT_EQ(r.exit_code, 1);
     EXPECT_NE(r.err.find("plan format 1.3 is newer than this runtime reads (1.0 to 1.2); update g4"),
               std::string::npos)

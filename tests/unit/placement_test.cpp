@@ -321,11 +321,12 @@ TEST(Placement, DecideKeepsEverythingOnTheGpuWhenItFits) {
     EXPECT_EQ(d.memory[0].need(), gpu_need(n, false));
     EXPECT_EQ(d.memory[1].device, "host");
     EXPECT_EQ(d.memory[1].need(), 64u);
-    auto meta = d.meta();
-    EXPECT_EQ(meta["placement"]["ple"], "device");
-    EXPECT_EQ(meta["placement"]["ple_auto"], true);
-    EXPECT_EQ(meta["memory"][0]["total"], gpu_need(n, false));
-    EXPECT_EQ(meta["memory"][0]["budget"], 23500u);
+    g4::plan::Meta meta;
+    d.to_meta(&meta);
+    EXPECT_EQ(meta.placement->ple, "device");
+    EXPECT_EQ(meta.placement->ple_auto, true);
+    EXPECT_EQ(meta.memory[0].total(), gpu_need(n, false));
+    EXPECT_EQ(meta.memory[0].budget, 23500u);
     EXPECT_NE(d.placement_line().find("PLE table on cuda:0"), std::string::npos);
 }
 
@@ -336,7 +337,9 @@ TEST(Placement, DecideMovesThePleTableToHostWhenThatFits) {
     EXPECT_TRUE(d.placement.ple_host);
     EXPECT_EQ(d.memory[0].need(), gpu_need(n, true));
     EXPECT_EQ(d.memory[1].need(), 64u + 3000u);
-    EXPECT_EQ(d.meta()["placement"]["ple"], "host");
+    g4::plan::Meta meta;
+    d.to_meta(&meta);
+    EXPECT_EQ(meta.placement->ple, "host");
     EXPECT_NE(d.placement_line().find("chosen automatically"), std::string::npos) << d.placement_line();
     // ... unless the host budget cannot take it.
     Placement q   = resolve_str("", {"0:23499"}, 35, 0, -1, "3000");
@@ -460,10 +463,11 @@ TEST(Placement, CpuPlanCountsScratchPerThread) {
     std::string m = error_of([&] { decide(resolve_str("", {}, 35, -1, -1, "22659"), fake(n), n, fake, 4); });
     expect_error(m, {"cpu needs", "scratch 4 threads x 40 B", "--cpu-mem 22659 was given",
                      "--cpu-mem 22.13KiB (22660 bytes)"});
-    auto mem = memory_from_json(d.meta()["memory"]);
-    ASSERT_EQ(mem.size(), 1u);
-    EXPECT_EQ(mem[0].per_thread, 40u);
-    EXPECT_EQ(*mem[0].budget, 23500u);
+    g4::plan::Meta meta;
+    d.to_meta(&meta);
+    ASSERT_EQ(meta.memory.size(), 1u);
+    EXPECT_EQ(meta.memory[0].scratch_per_thread, 40u);
+    EXPECT_EQ(*meta.memory[0].budget, 23500u);
 }
 
 TEST(Placement, KvCacheLabelNamesItsDtype) {

@@ -1,5 +1,6 @@
 // Binding and launch of the attention kernels: split partials and their merge, the tensor-core flash
 // kernel for prefill, the decode kernels over the KV ring (with the q/k/v post-projection).
+#include "runtime/plan/op_params.h"
 #include "runtime/src/cuda/kernel_args.h"
 #include "runtime/src/cuda/launch.h"
 #include "runtime/src/cuda/workspace.h"
@@ -50,7 +51,8 @@ g4_status bind_attention_kernels(const ModuleKernels& m, Kernels& k, std::string
 }
 
 bool decode_attention_fits(const plan::Plan& p, const PlanOp& op, int kvdt) {
-    return cuda_rt::decode_attention_fits(op.ip[0], op.ip[1], op.ip[2], op.ip[6], kvdt != 0,
+    const auto ap = plan::params<plan::AttentionParams>(op);
+    return cuda_rt::decode_attention_fits(ap.heads, ap.kv_heads, ap.dim, ap.decode_splits, kvdt != 0,
                                           p.cuda_attn_hpg());
 }
 
@@ -59,9 +61,10 @@ CUresult launch_decode_attention(SessionState* st, const plan::Plan& p, const Pl
     const Kernels& K = st->cur->g->k;
     CUdeviceptr kc = addr(st, p, at.in[1], at.in_col[1]), vc = addr(st, p, at.in[2], at.in_col[2]);
     CUdeviceptr y = addr(st, p, at.out[0], at.out_col[0]), part = st->cur->part;
-    int heads = at.ip[0], kvh = at.ip[1], dim = at.ip[2], slots = at.ip[3], window = at.ip[4], dsp = at.ip[6],
-        kvdt     = dt_code(p, at.in[1]);
-    float scale  = at.fp[0];
+    const auto ap = plan::params<plan::AttentionParams>(at);
+    int heads = ap.heads, kvh = ap.kv_heads, dim = ap.dim, slots = ap.slots, window = ap.window,
+        dsp = ap.decode_splits, kvdt = dt_code(p, at.in[1]);
+    float scale  = ap.scale;
     long ldy     = ld_of(p, at.out[0]);
     AttnPostH pa = post ? *post : AttnPostH{};
     void* args[] = {&step,  &q,      &kc,    &vc,  &heads, &kvh,  &dim,
@@ -91,9 +94,10 @@ g4_status launch_attention(const OpArgs& a, CUresult* rp, std::string* err) {
     auto go = [&a](CUfunction f, unsigned gx, unsigned gy, unsigned bx, std::initializer_list<void*> args) {
         return a.go(f, gx, gy, bx, args);
     };
-    int heads = op.ip[0], kvh = op.ip[1], dim = op.ip[2], slots = op.ip[3], window = op.ip[4],
+    const auto ap = plan::params<plan::AttentionParams>(op);
+    int heads = ap.heads, kvh = ap.kv_heads, dim = ap.dim, slots = ap.slots, window = ap.window,
         kvdt         = dt_code(p, op.in[1]);
-    float scale      = op.fp[0];
+    float scale      = ap.scale;
     int sp           = st->splits[i];
     int max_span     = window > 0 ? std::min(window, info.max_context) : info.max_context;
     CUdeviceptr part = ln.part, scores = ln.scores;

@@ -3,7 +3,7 @@
 // graph and replayed, the position read by the kernels from a device Step struct.
 #include "runtime/src/cuda/backend.h"
 #include "kernels/nf4.h"
-#include "models/gemma4/graph.h"
+#include "runtime/plan/op_params.h"
 #include "runtime/src/cuda/cublas.h"
 #include "runtime/src/cuda/driver.h"
 #include "runtime/src/cuda/kernel_args.h"
@@ -221,8 +221,10 @@ void mark_reused_inputs(const plan::Plan& p, SessionState* st) {
     bool written = false;
     for (size_t i = 0; i < p.n_ops(); ++i) {
         const PlanOp& op = p.op(i);
-        const bool tier  = op.code == (uint16_t)OpCode::Matmul &&
-                          op.ip[6] == (int32_t)plan::MatmulVariant::Cublas && st->lane_of[i] >= 0;
+        const bool tier =
+            op.code == (uint16_t)OpCode::Matmul &&
+            plan::params<plan::MatmulParams>(op).prefill_variant == (int32_t)plan::MatmulVariant::Cublas &&
+            st->lane_of[i] >= 0;
         if (tier && last >= 0 && !written) {
             const PlanOp& pr = p.op(last);
             st->reuse_x[i]   = pr.in[0] == op.in[0] && pr.in_col[0] == op.in_col[0] &&
@@ -273,7 +275,7 @@ g4_status engine_open(g4_engine* e, EnginePtr* out, std::string* err) {
     if (p.ple_on_host())
         for (size_t t = 0; t < p.n_tensors(); ++t)
             if (p.tensor(t).kind == (uint8_t)TensorKind::Weight &&
-                p.tensor(t).flags == (uint8_t)gemma4::WeightRole::PleTable)
+                p.tensor(t).flags == (uint8_t)plan::WeightRole::PleTable)
                 st->host_weight = (int32_t)t;
     st->gpus.resize(in.gpus.size());
     for (size_t g = 0; g < in.gpus.size(); ++g) {
@@ -696,7 +698,8 @@ g4_status cross_device_op(g4_session* s, size_t i, int rows, bool* handled, std:
     if (!p.hybrid()) return G4_OK;
     const Driver* d = st->e->d;
     if (op.code == (uint16_t)OpCode::Copy) {
-        const int dst = op.ip[1], src = op.ip[2];
+        const auto cp = plan::params<plan::CopyParams>(op);
+        const int dst = cp.dst_device, src = cp.src_device;
         g4_status g = use_lane(st, p.gpu_slot(src >= 0 ? src : dst), err);
         if (g != G4_OK) return g;
         const PlanTensor& t = p.tensor(op.in[0]);
@@ -711,7 +714,7 @@ g4_status cross_device_op(g4_session* s, size_t i, int rows, bool* handled, std:
         if (src >= 0) c.src_device = st->lanes[p.gpu_slot(src)].act + off;
         if (dst >= 0) c.dst_device = st->lanes[p.gpu_slot(dst)].act + off;
         c.src_pitch = c.dst_pitch = (size_t)t.dims[1] * 4;
-        c.width_bytes             = (size_t)op.ip[0] * 4;
+        c.width_bytes             = (size_t)cp.cols * 4;
         c.height                  = (size_t)rows;
         CU_TRY(d->cuMemcpy2DAsync(&c, st->cur->stream), "copy step '" + std::string(p.str(op.name)) + "'");
         st->after_node = true;

@@ -2,6 +2,7 @@
 // residual norms, the grouped scale-norm-add, the q/k/v post-projection, the MLP, the attention merge with
 // the output projection, the gated projection.
 #include "kernels/ref/ref.h"
+#include "runtime/plan/op_params.h"
 #include "runtime/src/cuda/kernel_args.h"
 #include "runtime/src/cuda/launch.h"
 #include "runtime/src/cuda/workspace.h"
@@ -158,9 +159,11 @@ g4_status launch_fused(g4_session* s, const CudaLaunch& l, std::string* err) {
     case LaunchKind::GroupNormAdd: {
         CUdeviceptr ctx = T(0), w = T(1), tok = T(2), out = T(3);
         int wdt = dt_code(p, l.t[1]), P = l.ip[1];
-        float s1 = p.op(l.op).fp[0], eps = p.op(l.op + 1).fp[0], s2 = p.op(l.op + 3).fp[0];
-        r = go(K.group_norm_add, (unsigned)(l.ip[0] / P), (unsigned)((P + 31) / 32 * 32),
-               {&ctx, &w, &wdt, &tok, &out, &P, &s1, &eps, &s2});
+        float s1  = plan::params<plan::ScaleParams>(p.op(l.op)).scale,
+              eps = plan::params<plan::RmsNormParams>(p.op(l.op + 1)).eps,
+              s2  = plan::params<plan::ScaleParams>(p.op(l.op + 3)).scale;
+        r         = go(K.group_norm_add, (unsigned)(l.ip[0] / P), (unsigned)((P + 31) / 32 * 32),
+                       {&ctx, &w, &wdt, &tok, &out, &P, &s1, &eps, &s2});
         break;
     }
     case LaunchKind::QkvPost:
@@ -235,10 +238,11 @@ g4_status launch_fused(g4_session* s, const CudaLaunch& l, std::string* err) {
         const Nf4Ptrs q     = nf4_ptrs(addr(st, p, o.in[1], 0), w);
         a.step = step, a.part = st->cur->part;
         a.codes = q.codes, a.absmax = q.absmax, a.absmax2 = q.absmax2, a.offset = q.offset, a.code2 = q.code2;
-        a.bias = addr(st, p, o.in[2], o.in_col[2]);
-        a.y    = addr(st, p, o.out[0], o.out_col[0]);
-        a.H = (int)w.dims[0], a.K = (int)w.dims[1], a.dim = at.ip[2], a.splits = at.ip[6],
-        a.window = at.ip[4];
+        a.bias        = addr(st, p, o.in[2], o.in_col[2]);
+        a.y           = addr(st, p, o.out[0], o.out_col[0]);
+        const auto ap = plan::params<plan::AttentionParams>(at);
+        a.H = (int)w.dims[0], a.K = (int)w.dims[1], a.dim = ap.dim, a.splits = ap.decode_splits,
+        a.window = ap.window;
         r = go(K.attn_o[slice_row_groups(a.H) - 1], (unsigned)(a.K / 32), kSliceThreads, {&a}, kGemvWideSmem);
         break;
     }

@@ -1,6 +1,7 @@
 // Binding and launch of the matmul kernels: warp-per-row, GEMV, tiled and tensor-core GEMM, and the
 // cuBLAS tier with its NF4 -> bf16 and fp32 -> bf16 conversions.
 #include "kernels/nf4.h"
+#include "runtime/plan/op_params.h"
 #include "runtime/src/cuda/cublas.h"
 #include "runtime/src/cuda/kernel_args.h"
 #include "runtime/src/cuda/launch.h"
@@ -77,7 +78,9 @@ g4_status launch_matmul(const OpArgs& a, CUresult* rp, std::string* err) {
     if (is_nf4) q = nf4_ptrs(in1, w);
     const bool tiled_w = is_nf4 && (w.quant_flags & plan::kQuantTiled32);
     int tiled_rows     = 0;
-    if (tiled_w && n > 8 && op.ip[6] == (int32_t)plan::MatmulVariant::Cublas && ln.blas_h)
+    if (tiled_w && n > 8 &&
+        plan::params<plan::MatmulParams>(op).prefill_variant == (int32_t)plan::MatmulVariant::Cublas &&
+        ln.blas_h)
         tiled_rows = N;
     else if (tiled_w) {
         const nf4::Layout lo = nf4::layout((int64_t)N * Kd, q.absmax2 != 0);
@@ -88,7 +91,9 @@ g4_status launch_matmul(const OpArgs& a, CUresult* rp, std::string* err) {
         if (r != 0) return G4_OK;
         q.codes = codes, q.absmax = am;
     }
-    if (n > 8 && op.ip[6] == (int32_t)plan::MatmulVariant::Cublas && ln.blas_h) {
+    if (n > 8 &&
+        plan::params<plan::MatmulParams>(op).prefill_variant == (int32_t)plan::MatmulVariant::Cublas &&
+        ln.blas_h) {
         // cuBLAS tier: x -> bf16 scratch, NF4 -> bf16 scratch, y = x . W^T with fp32 accumulate.
         CUdeviceptr wb = in1;
         if (!st->reuse_x[i])
@@ -115,15 +120,19 @@ g4_status launch_matmul(const OpArgs& a, CUresult* rp, std::string* err) {
             r = go(K.add_bias, n, (unsigned)ceil_div(N, 256), 256, {&step, &out0, &ldo, &in2, &N});
         return G4_OK;
     }
-    const bool gemv = n == 1 && op.ip[5] == (int32_t)plan::MatmulVariant::Gemv4;
-    const bool tc   = !gemv && n > 8 &&
-                    (op.ip[6] == (int32_t)plan::MatmulVariant::TensorCore ||
-                     op.ip[6] == (int32_t)plan::MatmulVariant::Cublas);
-    const bool tiled = !gemv && n > 8 && (tc || op.ip[6] == (int32_t)plan::MatmulVariant::Tiled64);
-    unsigned gx      = gemv    ? (unsigned)ceil_div(N, 32)
-                       : tiled ? (unsigned)ceil_div(N, 64)
-                               : (unsigned)ceil_div(N, 8);
-    unsigned gy      = tiled ? (unsigned)ceil_div(n, 64) : 1;
+    const bool gemv =
+        n == 1 && plan::params<plan::MatmulParams>(op).decode_variant == (int32_t)plan::MatmulVariant::Gemv4;
+    const bool tc =
+        !gemv && n > 8 &&
+        (plan::params<plan::MatmulParams>(op).prefill_variant == (int32_t)plan::MatmulVariant::TensorCore ||
+         plan::params<plan::MatmulParams>(op).prefill_variant == (int32_t)plan::MatmulVariant::Cublas);
+    const bool tiled =
+        !gemv && n > 8 &&
+        (tc || plan::params<plan::MatmulParams>(op).prefill_variant == (int32_t)plan::MatmulVariant::Tiled64);
+    unsigned gx = gemv    ? (unsigned)ceil_div(N, 32)
+                  : tiled ? (unsigned)ceil_div(N, 64)
+                          : (unsigned)ceil_div(N, 8);
+    unsigned gy = tiled ? (unsigned)ceil_div(n, 64) : 1;
     if (is_nf4) {
         CUfunction f = gemv ? K.gemv_nf4 : tc ? K.tc_nf4 : tiled ? K.gemm_nf4 : K.mm_nf4;
         r            = go(f, gx, gy, tc ? 128 : 256,

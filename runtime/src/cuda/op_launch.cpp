@@ -1,6 +1,7 @@
 // Binding and launch of the kernels of one op of a prefill chunk (or a decode row outside the fused
 // schedule): embedding, RMSNorm, elementwise, RoPE, KV store; the dispatch of every op to its family.
 #include "kernels/ref/ref.h"
+#include "runtime/plan/op_params.h"
 #include "runtime/src/cuda/kernel_args.h"
 #include "runtime/src/cuda/launch.h"
 #include "runtime/src/cuda/workspace.h"
@@ -80,7 +81,7 @@ g4_status launch_op(g4_session* s, size_t i, int rows, int out_rows, std::string
         const PlanTensor& tab = p.tensor(op.in[1]);
         int dt                = tab.dtype == (uint8_t)DType::BF16 ? 1 : 0;
         long cols             = tab.dims[1];
-        float sc              = op.fp[0];
+        float sc              = plan::params<plan::EmbedParams>(op).scale;
         r                     = go(K.embed, n, (unsigned)((cols + 2047) / 2048), 256,
                                    {&step, &ids, &in1, &dt, &cols, &sc, &out0, &ldo});
         break;
@@ -91,23 +92,35 @@ g4_status launch_op(g4_session* s, size_t i, int rows, int out_rows, std::string
         break;
     }
     case OpCode::RmsNorm: {
-        int dim   = op.ip[1];
-        int wdt   = op.in[1] >= 0 && p.tensor(op.in[1]).dtype == (uint8_t)DType::BF16 ? 1 : 0;
-        float eps = op.fp[0];
-        r         = go(K.rms, n, (unsigned)(op.ip[0] / dim), 256,
-                       {&step, &mode, &in0, &ld0, &in1, &wdt, &out0, &ldo, &dim, &eps});
+        const auto np = plan::params<plan::RmsNormParams>(op);
+        int dim       = np.dim;
+        int wdt       = op.in[1] >= 0 && p.tensor(op.in[1]).dtype == (uint8_t)DType::BF16 ? 1 : 0;
+        float eps     = np.eps;
+        r             = go(K.rms, n, (unsigned)(np.cols / dim), 256,
+                           {&step, &mode, &in0, &ld0, &in1, &wdt, &out0, &ldo, &dim, &eps});
         break;
     }
     case OpCode::Add:
     case OpCode::GeluMul:
     case OpCode::Scale:
     case OpCode::Softcap: {
-        int kind      = op.code == (uint16_t)OpCode::Add       ? 0
-                        : op.code == (uint16_t)OpCode::GeluMul ? 1
-                        : op.code == (uint16_t)OpCode::Scale   ? 2
-                                                               : 3;
-        int cols      = op.ip[0];
-        float f       = op.fp[0];
+        int kind = op.code == (uint16_t)OpCode::Add       ? 0
+                   : op.code == (uint16_t)OpCode::GeluMul ? 1
+                   : op.code == (uint16_t)OpCode::Scale   ? 2
+                                                          : 3;
+        int cols = 0;
+        float f  = 0; // Scale's factor, Softcap's cap
+        if (kind == 0) {
+            cols = plan::params<plan::AddParams>(op).cols;
+        } else if (kind == 1) {
+            cols = plan::params<plan::GeluMulParams>(op).cols;
+        } else if (kind == 2) {
+            const auto sp = plan::params<plan::ScaleParams>(op);
+            cols = sp.cols, f = sp.scale;
+        } else {
+            const auto cp = plan::params<plan::SoftcapParams>(op);
+            cols = cp.cols, f = cp.cap;
+        }
         CUdeviceptr b = kind <= 1 ? in1 : 0, sc = kind == 2 ? in1 : 0;
         int sdt = kind == 2 && op.in[1] >= 0 && p.tensor(op.in[1]).dtype == (uint8_t)DType::BF16 ? 1 : 0;
         r       = go(K.elem, n, (unsigned)ceil_div(cols, 256), 256,
@@ -115,13 +128,15 @@ g4_status launch_op(g4_session* s, size_t i, int rows, int out_rows, std::string
         break;
     }
     case OpCode::Rope: {
-        int dim = op.ip[1];
-        r       = go(K.rope, n, (unsigned)op.ip[0], (unsigned)std::max(32, dim / 2),
-                     {&step, &in0, &ld0, &in1, &dim});
+        const auto rp = plan::params<plan::RopeParams>(op);
+        int dim       = rp.dim;
+        r             = go(K.rope, n, (unsigned)rp.heads, (unsigned)std::max(32, dim / 2),
+                           {&step, &in0, &ld0, &in1, &dim});
         break;
     }
     case OpCode::KvStore: {
-        int width = op.ip[0], slots = op.ip[1], kvdt = dt_code(p, op.out[0]);
+        const auto kp = plan::params<plan::KvStoreParams>(op);
+        int width = kp.width, slots = kp.slots, kvdt = dt_code(p, op.out[0]);
         r = go(K.kv, n, 1, 256, {&step, &in0, &ld0, &in1, &ld1, &out0, &out1, &width, &slots, &kvdt});
         break;
     }

@@ -3,6 +3,7 @@
 // allocations at session create (runtime/src/cuda/backend.cpp). Header-only; no CUDA dependency.
 #pragma once
 #include "kernels/nf4.h"
+#include "runtime/plan/op_params.h"
 #include "runtime/plan/plan_format.h"
 
 #include <algorithm>
@@ -17,7 +18,7 @@ inline uint64_t align256(uint64_t b) {
 
 // Prefill key splits of an attention op as the runtime launches them (0: the flash kernel).
 inline int attention_splits(const plan::PlanOp& op) {
-    return std::max(0, std::min(128, op.ip[5]));
+    return std::max(0, std::min(128, plan::params<plan::AttentionParams>(op).prefill_splits));
 }
 
 // g4_argmax: 2048 logits a block at a 262,144-token vocabulary; its buffer holds the token, a counter and
@@ -87,7 +88,8 @@ inline Workspace workspace(const plan::PlanOp* ops, size_t n_ops, const plan::Pl
     for (size_t i = 0; i < n_ops; ++i) {
         if (op_gpu && op_gpu[i] != gpu) continue;
         const plan::PlanOp& op = ops[i];
-        if (op.code == (uint16_t)OpCode::Matmul && op.ip[6] == (int32_t)plan::MatmulVariant::Cublas) {
+        if (op.code == (uint16_t)OpCode::Matmul &&
+            plan::params<plan::MatmulParams>(op).prefill_variant == (int32_t)plan::MatmulVariant::Cublas) {
             const plan::PlanTensor& t = tensors[op.in[1]];
             if (t.dtype == (uint8_t)DType::NF4)
                 w.wscratch = std::max<uint64_t>(w.wscratch, (uint64_t)t.dims[0] * t.dims[1] * 2);
@@ -102,14 +104,16 @@ inline Workspace workspace(const plan::PlanOp* ops, size_t n_ops, const plan::Pl
             w.xscratch = std::max<uint64_t>(w.xscratch, (uint64_t)max_rows * t.dims[1] * 2);
         }
         if (op.code != (uint16_t)OpCode::Attention) continue;
+        const auto ap     = plan::params<plan::AttentionParams>(op);
         const uint64_t sp = (uint64_t)attention_splits(op);
         const uint64_t span =
-            (uint64_t)(op.ip[4] > 0 ? std::min<int64_t>(op.ip[4], max_context) : max_context);
-        w.part = std::max<uint64_t>(w.part, (uint64_t)max_rows * op.ip[0] * sp * (op.ip[2] + 2));
-        w.part = std::max<uint64_t>(w.part, (uint64_t)op.ip[0] * std::max(1, op.ip[6]) * (op.ip[2] + 2));
+            (uint64_t)(ap.window > 0 ? std::min<int64_t>(ap.window, max_context) : max_context);
+        w.part = std::max<uint64_t>(w.part, (uint64_t)max_rows * ap.heads * sp * (ap.dim + 2));
+        w.part =
+            std::max<uint64_t>(w.part, (uint64_t)ap.heads * std::max(1, ap.decode_splits) * (ap.dim + 2));
         if (sp)
             w.scores =
-                std::max<uint64_t>(w.scores, (uint64_t)max_rows * op.ip[0] * sp * ((span + sp - 1) / sp + 1));
+                std::max<uint64_t>(w.scores, (uint64_t)max_rows * ap.heads * sp * ((span + sp - 1) / sp + 1));
     }
     if (w.xscratch) w.cublas = plan::kCublasWorkspaceBytes;
     w.candidates = topk_candidates(vocab);

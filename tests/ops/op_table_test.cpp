@@ -182,10 +182,11 @@ Backend cuda_backend() {
         Dev dev;
         const size_t ny = (size_t)a.rows * a.ldy;
         std::vector<int> ids(a.ids, a.ids + a.rows);
-        std::vector<uint16_t> table((const uint16_t*)a.table, (const uint16_t*)a.table + a.vocab * a.n);
+        const size_t tab_bytes = dtype_bytes(a.dt, a.vocab * a.n);
+        std::vector<uint8_t> table((const uint8_t*)a.table, (const uint8_t*)a.table + tab_bytes);
         CUdeviceptr step = dev.step(a.rows, 0, 1), gids = dev.up(ids), gtab = dev.up(table),
                     gy = dev.up(std::vector<float>(a.y, a.y + ny));
-        int dt         = 1;
+        int dt         = a.dt == DType::BF16 ? 1 : 0; // the kernels' loadw: 0 f32, 1 bf16
         long n = a.n, ldy = a.ldy;
         float s = a.scale;
         launch("g4_embed", a.rows, (unsigned)((a.n + 2047) / 2048), 256,

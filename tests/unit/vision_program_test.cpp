@@ -193,8 +193,9 @@ TEST_F(VisionProgram, Bf16MatmulsStayCloseToHuggingFaceFloat32) {
         if (p.op(i).code == (uint16_t)OpCode::Matmul) {
             EXPECT_EQ(p.op(i).ip[4], 2);
         }
-    g4_session* s = session(e, 2);
-    for (const auto& m : meta()["images"]) {
+    g4_session* s               = session(e, 2);
+    const nlohmann::json images = meta()["images"]; // a copy: a range-for over meta()["images"] dangles
+    for (const auto& m : images) {
         Image im = load_image(m);
         std::vector<float> out;
         ASSERT_EQ(run(s, im.pixels.data(), im.pos.data(), im.n, &out), "");

@@ -5,8 +5,8 @@
 #include "kernels/cpu/cpu.h"
 #include "kernels/cpu/thread_pool.h"
 #include "models/gemma4/vision_graph.h"
+#include "runtime/src/frontend/image.h"
 #include "runtime/src/towers/audio.h"
-#include "runtime/src/towers/image.h"
 #include "runtime/src/towers/vision.h"
 
 #include <algorithm>

@@ -25,7 +25,7 @@
 #include "models/gemma4/graph.h"
 #include "runtime/plan/meta.h"
 #include "runtime/plan/plan_format.h"
-#include "runtime/src/towers/media.h"
+#include "runtime/src/frontend/media.h"
 
 #include <cstdint>
 #include <map>

@@ -6,8 +6,8 @@
 #include "kernels/cpu/cpu.h"
 #include "runtime/plan/plan_reader.h"
 #include "runtime/src/backend.h"
+#include "runtime/src/frontend/media.h"
 #include "runtime/src/tokenizer.h"
-#include "runtime/src/towers/media.h"
 
 #include <atomic>
 #include <chrono>

@@ -6,10 +6,10 @@
 // same pixel values; its plans the same logits and greedy tokens. G4_TEST_CUDA=1 runs the prompt checks on a
 // CUDA plan (fed the reference's frames: they need no FFmpeg).
 #include "g4/g4.h"
+#include "runtime/src/frontend/image.h"
 #include "runtime/src/media/image_io.h"
 #include "runtime/src/media/media_decode.h"
 #include "runtime/src/media/video_decode.h"
-#include "runtime/src/towers/image.h"
 #include "test_util.h"
 
 #include <algorithm>

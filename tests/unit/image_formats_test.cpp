@@ -1,8 +1,8 @@
 // Every pixel format as Hugging Face sees it: g4's decoded RGB against transformers' load_image (EXIF
 // orientation applied, then PIL convert("RGB"): alpha dropped) on tests/fixtures/towers/formats (made by
 // tools/make_media_fixtures.py), and the RGBA image's pixel_values against Gemma4ImageProcessor's.
+#include "runtime/src/frontend/image.h"
 #include "runtime/src/media/image_io.h"
-#include "runtime/src/towers/image.h"
 #include "test_util.h"
 
 #include <gtest/gtest.h>

@@ -1,8 +1,8 @@
 // Gemma 4 image loading and preprocessing against Hugging Face (tests/fixtures/towers/image, made by
 // tools/make_image_fixtures.py with transformers 5.23's default torchvision Gemma4ImageProcessor).
 #include "kernels/cpu/thread_pool.h"
+#include "runtime/src/frontend/image.h"
 #include "runtime/src/media/image_io.h"
-#include "runtime/src/towers/image.h"
 #include "test_util.h"
 
 #include <gtest/gtest.h>

@@ -5,7 +5,7 @@
 #include "g4/g4.h"
 #include "runtime/src/encoder_program.h"
 #include "runtime/src/engine.h"
-#include "runtime/src/towers/media.h"
+#include "runtime/src/frontend/media.h"
 #include "test_util.h"
 
 #include <gtest/gtest.h>

@@ -61,7 +61,7 @@ public:
     explicit CudaEngine(EnginePtr st) : st_(std::move(st)) {}
 
     // A CUDA session runs nothing on the CPU but its CPU-placed layers, whose pool session_create makes:
-    // its own pool is one thread (the towers get their own, runtime/src/towers/media.cpp).
+    // its own pool is one thread (the towers get their own, runtime/src/frontend/media.cpp).
     g4_status create_session(g4_session* s, int, std::unique_ptr<rt::SessionBackend>* out,
                              std::string* err) override {
         s->pool = std::make_unique<cpu::ThreadPool>(1);

@@ -1,6 +1,6 @@
 // Gemma 4 image preprocessing (see image.h): target size, torch-exact uint8 bicubic antialiased resize,
 // rescale, patchify.
-#include "runtime/src/towers/image.h"
+#include "runtime/src/frontend/image.h"
 
 #include <algorithm>
 #include <cmath>

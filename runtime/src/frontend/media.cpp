@@ -1,11 +1,11 @@
 // Images and audio of a session (see media.h).
-#include "runtime/src/towers/media.h"
+#include "runtime/src/frontend/media.h"
 
 #include "runtime/src/cuda/backend.h"
 #include "runtime/src/encoder_inputs.h"
 #include "runtime/src/engine.h"
 #include "runtime/src/env.h"
-#include "runtime/src/towers/image.h"
+#include "runtime/src/frontend/image.h"
 
 #include <algorithm>
 #include <atomic>

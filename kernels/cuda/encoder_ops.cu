@@ -5,7 +5,8 @@
 
 // Clamp: y[r, c] = min(max(x[r, c], lo), hi) for c < cols (y may be x). grid (rows, ceil(cols / 256)), block
 // 256.
-extern "C" __global__ void g4_clamp(const float* x, long ldx, float* y, long ldy, int cols, float lo, float hi) {
+extern "C" __global__ void g4_clamp(const float* x, long ldx, float* y, long ldy, int cols, float lo,
+                                    float hi) {
     const int r = blockIdx.x, c = blockIdx.y * blockDim.x + threadIdx.x;
     if (c < cols) y[(long)r * ldy + c] = fminf(fmaxf(x[(long)r * ldx + c], lo), hi);
 }
@@ -27,8 +28,8 @@ extern "C" __global__ void g4_rope_2d(float* x, long ldx, const float* inv_freq,
     const int q = D / 4;
     if ((int)threadIdx.x >= D / 2) return;
     const int r = blockIdx.x, axis = threadIdx.x / q, m = threadIdx.x % q;
-    float* h      = x + (long)r * ldx + (long)blockIdx.y * D + axis * (D / 2);
-    const float a = (float)pos[2 * r + axis] * inv_freq[m];
+    float* h       = x + (long)r * ldx + (long)blockIdx.y * D + axis * (D / 2);
+    const float a  = (float)pos[2 * r + axis] * inv_freq[m];
     const float cs = cosf(a), sn = sinf(a);
     const float x0 = h[m], x1 = h[m + q];
     h[m]     = x0 * cs - x1 * sn;
@@ -37,8 +38,8 @@ extern "C" __global__ void g4_rope_2d(float* x, long ldx, const float* inv_freq,
 
 // PoolRows: y[r, c] = sum over j in order of w * x[index[r, j], c], from zero. grid (rows, ceil(cols / 256)),
 // block 256.
-extern "C" __global__ void g4_pool_rows(const float* x, long ldx, const int* index, int taps, float w, float* y,
-                                        long ldy, int cols) {
+extern "C" __global__ void g4_pool_rows(const float* x, long ldx, const int* index, int taps, float w,
+                                        float* y, long ldy, int cols) {
     const int r = blockIdx.x, c = blockIdx.y * blockDim.x + threadIdx.x;
     if (c >= cols) return;
     float acc = 0.0f;

@@ -6,8 +6,8 @@
 // kernels/cuda/encoder_ops.cu and ops 20-26 launch_sequence_op.
 #include "runtime/plan/op_params.h"
 #include "runtime/src/cuda/launch.h"
-#include "runtime/src/engine.h"
 #include "runtime/src/encoder_program.h"
+#include "runtime/src/engine.h"
 
 #include <algorithm>
 #include <cstring>
@@ -44,15 +44,13 @@ uint64_t tensor_bytes(const plan::PlanTensor& t) {
 } // namespace
 
 g4_status bind_encoder_kernels(const ModuleKernels& m, Kernels& k, std::string* err) {
-    const struct {
-        CUfunction* f;
-        const char* n;
-    } fns[] = {{&k.clamp, "g4_clamp"},
-               {&k.add_position_2d, "g4_add_position_2d"},
-               {&k.rope_2d, "g4_rope_2d"},
-               {&k.pool_rows, "g4_pool_rows"}};
-    for (const auto& f : fns)
-        if (g4_status g = m.get(f.f, f.n, err); g != G4_OK) return g;
+    if (g4_status g = m.get_all({{&k.clamp, "g4_clamp"},
+                                 {&k.add_position_2d, "g4_add_position_2d"},
+                                 {&k.rope_2d, "g4_rope_2d"},
+                                 {&k.pool_rows, "g4_pool_rows"}},
+                                err);
+        g != G4_OK)
+        return g;
     if (std::string missing = load_sequence_kernels(*m.d, m.mod, &k.seq); !missing.empty()) {
         *err = "kernel " + missing + " is missing from the plan's module";
         return G4_ERR_PLAN_CORRUPT;
@@ -82,14 +80,14 @@ g4_status encoder_upload_weights(const plan::Plan& p, EngineState* st, std::stri
     for (size_t k = 1; k < p.n_programs(); ++k) {
         if (!on_gpu(p, k)) continue;
         ProgramWeights w;
-        w.program           = (int)k;
+        w.program                = (int)k;
         std::tie(w.begin, w.end) = weight_range(p, (int)k);
         CU_TRY(d->cuCtxSetCurrent(st->gpus[0].ctx), "cuCtxSetCurrent");
         const std::string what = std::string("program '") + p.str(p.program(k).name) + "'";
         if (w.end > w.begin) {
             CU_TRY(d->cuMemAlloc(&w.dev, w.end - w.begin),
-                   "allocating " + std::to_string((w.end - w.begin) >> 20) + " MiB for the weights of " + what +
-                       " on GPU " + std::to_string(st->gpus[0].index));
+                   "allocating " + std::to_string((w.end - w.begin) >> 20) + " MiB for the weights of " +
+                       what + " on GPU " + std::to_string(st->gpus[0].index));
             st->programs.push_back(w);
             CU_TRY(d->cuMemcpyHtoD(w.dev, p.weights_base() + w.begin, w.end - w.begin),
                    "uploading the weights of " + what);
@@ -114,7 +112,8 @@ static void bind_device_ops(const plan::Plan& p, const ProgramWeights& w, Encode
         const plan::PlanTensor& t = p.tensor(idx);
         *ld                       = t.ndim == 2 ? t.dims[1] : 0;
         const uint64_t at         = dtype_bytes((DType)t.dtype, col);
-        if (t.kind == (uint8_t)plan::TensorKind::Weight) return (void*)(uintptr_t)(w.dev + (t.offset - w.begin) + at);
+        if (t.kind == (uint8_t)plan::TensorKind::Weight)
+            return (void*)(uintptr_t)(w.dev + (t.offset - w.begin) + at);
         return (void*)(uintptr_t)(e.arena + t.offset + at);
     };
     e.ops.assign(g.op_end - g.op_begin, rt::BoundOp{});
@@ -135,8 +134,8 @@ g4_status encoder_session_create(g4_session* s, SessionState* st, std::string* e
     const Driver* d     = st->e->d;
     for (const ProgramWeights& w : st->e->programs) {
         st->encoders.emplace_back();
-        EncoderDevice& e         = st->encoders.back();
-        e.program                = w.program;
+        EncoderDevice& e           = st->encoders.back();
+        e.program                  = w.program;
         const plan::PlanProgram& g = p.program(w.program);
         const std::string what     = std::string("program '") + p.str(g.name) + "'";
         const uint64_t bytes       = rt::encoder_arena_bytes(p, w.program);
@@ -182,28 +181,32 @@ void* encoder_staging(const g4_session* s, int program, bool output, int k) {
 namespace {
 
 // One op of an encoder program over n rows on the current lane (step: its row count's launch record).
-g4_status launch_encoder_op(SessionState* st, const plan::Plan& p, const rt::BoundOp& b, int n, CUdeviceptr step,
-                            const int32_t* counts, CUresult* r, std::string* err) {
+g4_status launch_encoder_op(SessionState* st, const plan::Plan& p, const rt::BoundOp& b, int n,
+                            CUdeviceptr step, const int32_t* counts, CUresult* r, std::string* err) {
     const Kernels& K       = st->lanes[0].g->k;
     const plan::PlanOp& op = *b.op;
     int mode               = 0;
     CUdeviceptr x = (CUdeviceptr)b.in[0], y = (CUdeviceptr)b.out[0], in1 = (CUdeviceptr)b.in[1],
                 in2 = (CUdeviceptr)b.in[2];
     long ldx = (long)b.in_ld[0], ld1 = (long)b.in_ld[1], ldy = (long)b.out_ld[0];
-    auto go  = [&](CUfunction f, unsigned gx, unsigned gy, unsigned bx, std::initializer_list<void*> args,
-                  unsigned smem = 0) { *r = launch(st, f, gx, gy, bx, const_cast<void**>(args.begin()), 1, smem); };
+    auto go = [&](CUfunction f, unsigned gx, unsigned gy, unsigned bx, std::initializer_list<void*> args,
+                  unsigned smem = 0) {
+        *r = launch(st, f, gx, gy, bx, const_cast<void**>(args.begin()), 1, smem);
+    };
     switch ((OpCode)op.code) {
     case OpCode::Matmul: {
         const plan::PlanTensor& w = p.tensor(op.in[1]);
         int N = (int)w.dims[0], Kd = (int)w.dims[1];
         if (w.dtype == (uint8_t)DType::BF16 && Kd % 32 == 0)
-            go(K.tc_bf16, cdiv(N, 64), cdiv(n, 64), 128, {&step, &mode, &x, &ldx, &in1, &N, &Kd, &y, &ldy, &in2});
+            go(K.tc_bf16, cdiv(N, 64), cdiv(n, 64), 128,
+               {&step, &mode, &x, &ldx, &in1, &N, &Kd, &y, &ldy, &in2});
         else if (w.dtype == (uint8_t)DType::BF16 || w.dtype == (uint8_t)DType::F32)
             go(w.dtype == (uint8_t)DType::BF16 ? K.mm_bf16 : K.mm_f32, cdiv(N, 8), 1, 256,
                {&step, &mode, &x, &ldx, &in1, &N, &Kd, &y, &ldy, &in2});
         else {
-            *err = std::string("op ") + p.str(op.name) + ": an encoder program on the GPU takes bf16 or f32 "
-                                                         "matmul weights (recompile the plan)";
+            *err = std::string("op ") + p.str(op.name) +
+                   ": an encoder program on the GPU takes bf16 or f32 "
+                   "matmul weights (recompile the plan)";
             return G4_ERR_UNSUPPORTED;
         }
         return G4_OK;
@@ -220,7 +223,7 @@ g4_status launch_encoder_op(SessionState* st, const plan::Plan& p, const rt::Bou
     case OpCode::Scale: {
         int kind = op.code == (uint16_t)OpCode::Add ? 0 : op.code == (uint16_t)OpCode::GeluMul ? 1 : 2;
         int cols = op.ip[0], sdt = 0;
-        float f  = kind == 2 ? op.fp[0] : 1.0f;
+        float f        = kind == 2 ? op.fp[0] : 1.0f;
         CUdeviceptr bb = kind == 2 ? 0 : in1, scalar = kind == 2 ? in1 : 0;
         if (kind == 2) sdt = b.in_dt[1] == DType::BF16 ? 1 : 0;
         go(K.elem, (unsigned)n, cdiv(cols, 256), 256,
@@ -236,14 +239,16 @@ g4_status launch_encoder_op(SessionState* st, const plan::Plan& p, const rt::Bou
     }
     case OpCode::AddPosition2D: {
         int tdt = b.in_dt[1] == DType::BF16 ? 1 : 0, cols = plan::params<plan::AddPosition2DParams>(op).cols;
-        long P  = (long)p.tensor(op.in[1]).dims[1];
-        go(K.add_position_2d, (unsigned)n, cdiv(cols, 256), 256, {&x, &ldx, &in1, &tdt, &P, &in2, &y, &ldy, &cols});
+        long P = (long)p.tensor(op.in[1]).dims[1];
+        go(K.add_position_2d, (unsigned)n, cdiv(cols, 256), 256,
+           {&x, &ldx, &in1, &tdt, &P, &in2, &y, &ldy, &cols});
         return G4_OK;
     }
     case OpCode::Rope2D: {
         const auto rp = plan::params<plan::Rope2DParams>(op);
         int D         = rp.dim;
-        go(K.rope_2d, (unsigned)n, (unsigned)rp.heads, (unsigned)std::max(32, D / 2), {&x, &ldx, &in1, &in2, &D});
+        go(K.rope_2d, (unsigned)n, (unsigned)rp.heads, (unsigned)std::max(32, D / 2),
+           {&x, &ldx, &in1, &in2, &D});
         return G4_OK;
     }
     case OpCode::SelfAttention: {
@@ -267,7 +272,7 @@ g4_status launch_encoder_op(SessionState* st, const plan::Plan& p, const rt::Bou
     case OpCode::PoolRows: {
         const auto pp = plan::params<plan::PoolRowsParams>(op);
         int taps = pp.taps, cols = pp.cols;
-        float w  = pp.weight;
+        float w = pp.weight;
         go(K.pool_rows, (unsigned)n, cdiv(cols, 256), 256, {&x, &ldx, &in1, &taps, &w, &y, &ldy, &cols});
         return G4_OK;
     }
@@ -290,11 +295,11 @@ g4_status encoder_run(g4_session* s, int program, const int32_t* counts, const i
         *err = std::string("program '") + p.str(g.name) + "' has no device buffers in this session";
         return G4_ERR_INTERNAL;
     }
-    const Driver* d = st->e->d;
-    Lane& ln        = st->lanes[0];
-    CUresult r      = d->cuCtxSetCurrent(ln.g->ctx);
-    st->cur         = &ln;
-    st->ahead_pos   = -1; // the sync below waits for a step run ahead
+    const Driver* d  = st->e->d;
+    Lane& ln         = st->lanes[0];
+    CUresult r       = d->cuCtxSetCurrent(ln.g->ctx);
+    st->cur          = &ln;
+    st->ahead_pos    = -1; // the sync below waits for a step run ahead
     const char* what = "uploading the inputs";
     if (r == 0) r = d->cuStreamSynchronize(ln.stream);
     SessionState::Step steps[plan::kMaxRowCounts];
@@ -316,8 +321,8 @@ g4_status encoder_run(g4_session* s, int program, const int32_t* counts, const i
         const int n          = counts[c];
         if (n <= 0) continue;
         what = p.str(b.op->name);
-        if (g4_status gs = launch_encoder_op(st, p, b, n, e->steps + sizeof(SessionState::Step) * c, counts, &r,
-                                             err);
+        if (g4_status gs =
+                launch_encoder_op(st, p, b, n, e->steps + sizeof(SessionState::Step) * c, counts, &r, err);
             gs != G4_OK)
             return gs;
     }

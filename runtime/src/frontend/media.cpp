@@ -249,7 +249,7 @@ static g4_status add_vision(g4_session* s, const uint8_t* rgb, int32_t width, in
                             std::string* err) {
     MediaState* m = s->media.get();
     if (!m || !m->vision) {
-        *err = "the plan has no vision tower (compile it from a Gemma 4 checkpoint with vision_config, "
+        *err = "the plan has no vision tower (compile it from a checkpoint with vision_config, "
                "without --no-vision)";
         return G4_ERR_UNSUPPORTED;
     }

@@ -161,6 +161,12 @@ std::string decode_audio_ffmpeg(const std::string& path, int rate, int64_t max_s
             r = swr_alloc_set_opts2(&d.swr, &mono, AV_SAMPLE_FMT_FLT, rate, &in, AVSampleFormat(f->format),
                                     f->sample_rate, 0, nullptr);
             av_channel_layout_uninit(&in);
+            // The mean of the channels, as the reference's loaders downmix (numpy / torch mean over the
+            // channel axis); libswresample's own matrix would weight a stereo pair by 1/sqrt(2) each.
+            if (r >= 0) {
+                const std::vector<double> mean(size_t(in_channels), 1.0 / in_channels);
+                r = swr_set_matrix(d.swr, mean.data(), in_channels);
+            }
             if (r < 0 || (r = swr_init(d.swr)) < 0) {
                 err = where + "cannot convert its samples (" + av_text(r) + ")";
                 return false;

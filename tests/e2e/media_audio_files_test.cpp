@@ -1,7 +1,7 @@
-// Compressed and resampled audio files end to end: an MP3 (48 kHz stereo), a 48 kHz stereo FLAC and a 44.1 kHz
-// stereo WAV through g4_session_add_audio_file (FFmpeg decode, mean of the channels, libswresample to 16 kHz,
-// the CPU audio tower of a float32 plan) give the soft tokens Hugging Face's feature extractor and audio tower
-// compute on the same decoded and resampled samples (tools/make_audio_file_fixtures.py,
+// Compressed and resampled audio files end to end: an MP3 (48 kHz stereo), a 48 kHz stereo FLAC and a 44.1
+// kHz stereo WAV through g4_session_add_audio_file (FFmpeg decode, mean of the channels, libswresample to 16
+// kHz, the CPU audio tower of a float32 plan) give the soft tokens Hugging Face's feature extractor and audio
+// tower compute on the same decoded and resampled samples (tools/make_audio_file_fixtures.py,
 // tests/fixtures/towers/audio_files/audio_file_tokens.json). Skipped in a build without FFmpeg.
 #include "g4/g4.h"
 #include "runtime/src/media/media_decode.h"
@@ -20,7 +20,8 @@ using namespace g4test;
 using json = nlohmann::json;
 
 TEST(MediaAudioFiles, SoftTokensMatchHFOnTheDecodedSamples) {
-    if (!g4::media::have_ffmpeg()) GTEST_SKIP() << "this build has no FFmpeg (G4_WITH_FFMPEG): MP3/FLAC untested";
+    if (!g4::media::have_ffmpeg())
+        GTEST_SKIP() << "this build has no FFmpeg (G4_WITH_FFMPEG): MP3/FLAC untested";
     TempDir dir;
     const std::string plan = dir.file("audio.g4plan");
     CmdResult r            = run_g4("compile --model '" + fixture("e2b_tiny") +

@@ -62,14 +62,15 @@ bool have_ffmpeg() {
     return G4_HAVE_FFMPEG != 0;
 }
 
-std::string media_file_problem(const std::string& path, const std::string& where) {
+std::string media_file_problem(const std::string& path, const std::string& where, int64_t max_bytes,
+                               const std::string& flag) {
     struct stat st {};
     if (::stat(path.c_str(), &st) != 0) return where + "cannot be read (" + std::strerror(errno) + ")";
     if (!S_ISREG(st.st_mode)) return where + "not a regular file";
     if (st.st_size == 0) return where + "is empty (0 bytes)";
-    if (st.st_size > kMaxMediaFileBytes)
-        return where + std::to_string(st.st_size) + " bytes, more than the " +
-               std::to_string(kMaxMediaFileBytes >> 20) + " MiB g4 opens";
+    if (st.st_size > max_bytes)
+        return where + std::to_string(st.st_size) + " bytes, more than the limit of " +
+               std::to_string(max_bytes) + (flag.empty() ? "" : " (" + flag + ")");
     return "";
 }
 

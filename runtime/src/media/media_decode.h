@@ -27,8 +27,10 @@ bool have_ffmpeg();
 std::string load_audio(const std::string& path, int rate, int64_t max_samples, AudioPcm* out);
 
 // What stops `path` (named by `where`, e.g. "audio file X: ") from being opened as media: missing, not a
-// regular file, empty or over kMaxMediaFileBytes; "" when it may be opened.
-std::string media_file_problem(const std::string& path, const std::string& where);
+// regular file, empty or over max_bytes (its error then ends with `flag`, the option that sets the limit);
+// "" when it may be opened.
+std::string media_file_problem(const std::string& path, const std::string& where,
+                               int64_t max_bytes = kMaxMediaFileBytes, const std::string& flag = "");
 
 // FFmpeg's text for one of its error codes (FFmpeg builds only).
 std::string av_error_text(int err);

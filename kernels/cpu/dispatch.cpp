@@ -18,17 +18,17 @@
 // The tables the build linked in (kernels/CMakeLists.txt defines G4_CPU_HAVE_<LEVEL> for each copy).
 extern "C" {
 #if defined(G4_CPU_HAVE_BASELINE)
-const g4::cpu::Kernels* g4_cpu_kernels_baseline();
+const g4::cpu::Kernels* g4cpu_kernels_baseline();
 #endif
 #if defined(G4_CPU_HAVE_AVX2)
-const g4::cpu::Kernels* g4_cpu_kernels_avx2();
+const g4::cpu::Kernels* g4cpu_kernels_avx2();
 #endif
 #if defined(G4_CPU_HAVE_AVX512)
-const g4::cpu::Kernels* g4_cpu_kernels_avx512();
-const g4::cpu::Kernels* g4_cpu_kernels_avx512_bf16();
+const g4::cpu::Kernels* g4cpu_kernels_avx512();
+const g4::cpu::Kernels* g4cpu_kernels_avx512_bf16();
 #endif
 #if defined(G4_CPU_HAVE_NATIVE)
-const g4::cpu::Kernels* g4_cpu_kernels_native();
+const g4::cpu::Kernels* g4cpu_kernels_native();
 #endif
 }
 
@@ -58,16 +58,19 @@ Features detect() {
     Features f;
     unsigned a, b, c, d;
     if (!__get_cpuid(1, &a, &b, &c, &d)) return f;
-    const bool v2 = bit(c, 0) && bit(c, 9) && bit(c, 13) && bit(c, 19) && bit(c, 20) && bit(c, 23); // SSE3..POPCNT
+    const bool v2 =
+        bit(c, 0) && bit(c, 9) && bit(c, 13) && bit(c, 19) && bit(c, 20) && bit(c, 23); // SSE3..POPCNT
     const bool v3_leaf1 = bit(c, 12) && bit(c, 22) && bit(c, 28) && bit(c, 29); // FMA, MOVBE, AVX, F16C
-    if (!v2 || !v3_leaf1 || !bit(c, 27)) return f;                             // 27: OSXSAVE (xgetbv usable)
+    if (!v2 || !v3_leaf1 || !bit(c, 27)) return f;                              // 27: OSXSAVE (xgetbv usable)
     const uint64_t x = xcr0();
     unsigned a7, b7, c7, d7, ax, bx, cx, dx;
-    if (!__get_cpuid_count(7, 0, &a7, &b7, &c7, &d7) || !__get_cpuid(0x80000001u, &ax, &bx, &cx, &dx)) return f;
+    if (!__get_cpuid_count(7, 0, &a7, &b7, &c7, &d7) || !__get_cpuid(0x80000001u, &ax, &bx, &cx, &dx))
+        return f;
     // XCR0 bits 1-2: SSE and AVX state; leaf 7 EBX 3, 5, 8: BMI1, AVX2, BMI2; 0x80000001 ECX 5: LZCNT.
     f.v3 = (x & 0x6) == 0x6 && bit(b7, 3) && bit(b7, 5) && bit(b7, 8) && bit(cx, 5);
     // XCR0 bits 5-7: opmask and ZMM state; EBX 16, 17, 28, 30, 31: AVX-512 F, DQ, CD, BW, VL.
-    f.v4 = f.v3 && (x & 0xE0) == 0xE0 && bit(b7, 16) && bit(b7, 17) && bit(b7, 28) && bit(b7, 30) && bit(b7, 31);
+    f.v4 =
+        f.v3 && (x & 0xE0) == 0xE0 && bit(b7, 16) && bit(b7, 17) && bit(b7, 28) && bit(b7, 30) && bit(b7, 31);
     unsigned a71 = 0, b71, c71, d71;
     if (f.v4 && a7 >= 1) __get_cpuid_count(7, 1, &a71, &b71, &c71, &d71);
     f.bf16 = f.v4 && bit(a71, 5); // leaf 7 sub-leaf 1 EAX 5: AVX512_BF16
@@ -87,19 +90,25 @@ const Features& features() {
 const Kernels* table(Level l) {
     switch (l) {
 #if defined(G4_CPU_HAVE_BASELINE)
-    case Level::Baseline: return g4_cpu_kernels_baseline();
+    case Level::Baseline:
+        return g4cpu_kernels_baseline();
 #endif
 #if defined(G4_CPU_HAVE_AVX2)
-    case Level::Avx2: return features().v3 ? g4_cpu_kernels_avx2() : nullptr;
+    case Level::Avx2:
+        return features().v3 ? g4cpu_kernels_avx2() : nullptr;
 #endif
 #if defined(G4_CPU_HAVE_AVX512)
-    case Level::Avx512: return features().v4 ? g4_cpu_kernels_avx512() : nullptr;
-    case Level::Avx512Bf16: return features().bf16 ? g4_cpu_kernels_avx512_bf16() : nullptr;
+    case Level::Avx512:
+        return features().v4 ? g4cpu_kernels_avx512() : nullptr;
+    case Level::Avx512Bf16:
+        return features().bf16 ? g4cpu_kernels_avx512_bf16() : nullptr;
 #endif
 #if defined(G4_CPU_HAVE_NATIVE)
-    case Level::Native: return g4_cpu_kernels_native();
+    case Level::Native:
+        return g4cpu_kernels_native();
 #endif
-    default: return nullptr;
+    default:
+        return nullptr;
     }
 }
 
@@ -158,10 +167,10 @@ const char* supported_levels() {
     return s.c_str();
 }
 
-#define G4_CPU_KERNEL_CALL(ret, name, params, args)                                                              \
-    static_assert(std::is_same_v<decltype(&name), ret(*) params>, "cpu.h and kernel_list.h differ: " #name);    \
-    ret name params {                                                                                            \
-        return choice().k->name args;                                                                            \
+#define G4_CPU_KERNEL_CALL(ret, name, params, args)                                                          \
+    static_assert(std::is_same_v<decltype(&name), ret(*) params>, "cpu.h and kernel_list.h differ: " #name); \
+    ret name params {                                                                                        \
+        return choice().k->name args;                                                                        \
     }
 G4_CPU_KERNELS(G4_CPU_KERNEL_CALL)
 #undef G4_CPU_KERNEL_CALL

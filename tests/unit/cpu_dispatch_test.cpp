@@ -50,7 +50,7 @@ TEST(CpuDispatch, EnvironmentPicksEverySupportedLevel) {
 
 TEST(CpuDispatch, UnknownOrMissingLevelFallsBackToTheBest) {
     const std::string best = std::string("CPU kernels: ") + cpu::level_name(best_level()) + " ";
-    g4test::CmdResult r = g4test::run_cmd("G4_CPU_LEVEL=sse9 '" + g4test::cli_path() + "' --version");
+    g4test::CmdResult r    = g4test::run_cmd("G4_CPU_LEVEL=sse9 '" + g4test::cli_path() + "' --version");
     ASSERT_EQ(r.exit_code, 0) << r.err;
     EXPECT_NE(r.out.find(best), std::string::npos) << r.out;
     EXPECT_NE(r.err.find("G4_CPU_LEVEL=sse9 is not a CPU level"), std::string::npos) << r.err;

@@ -7,6 +7,8 @@
 #include "kernels/cpu/thread_pool.h"
 #include "models/gemma4/vision_graph.h"
 #include "runtime/src/frontend/image.h"
+#include "runtime/src/frontend/media.h"
+#include "runtime/src/media/video_decode.h"
 #include "runtime/src/towers/audio.h"
 
 #include <algorithm>
@@ -130,6 +132,18 @@ void check_vision(Inputs& in, const std::string& cfg, const towers::Lookup& look
         throw CompileError("--image-tokens " + std::to_string(opt.image_tokens) +
                            ": expected 70, 140, 280, 560 or 1120 (Gemma 4's image token budgets)");
     if (opt.max_image_pixels < 1) throw CompileError("--max-image-pixels must be positive");
+    if (opt.video_frames < 1 || opt.video_frames > media::kMaxVideoFrames)
+        throw CompileError("--video-frames " + std::to_string(opt.video_frames) + " is outside 1.." +
+                           std::to_string(media::kMaxVideoFrames));
+    if (!(opt.max_video_seconds > 0) || !std::isfinite(opt.max_video_seconds))
+        throw CompileError("--max-video-seconds must be a positive number of seconds");
+    if (opt.max_video_stream_frames < 1 || opt.max_video_bytes < 1 || opt.max_video_pixels < 0)
+        throw CompileError(
+            "--max-video-stream-frames, --max-video-pixels and --max-video-bytes must be positive");
+    if (opt.max_video_pixels > opt.max_image_pixels)
+        throw CompileError("--max-video-pixels " + std::to_string(opt.max_video_pixels) +
+                           " is over --max-image-pixels " + std::to_string(opt.max_image_pixels) +
+                           " (a frame goes through the image buffers)");
     need_ids(cfg, "vision", "images",
              {{"image_token_id", in.mc.image_token_id},
               {"boi_token_id", in.mc.boi_token_id},
@@ -163,15 +177,19 @@ void check_vision(Inputs& in, const std::string& cfg, const towers::Lookup& look
     z.thread_floats      = std::max({z.thread_floats, (size_t)prog.thread_floats, preprocess_floats});
     z.max_soft           = std::max(z.max_soft, opt.image_tokens);
     in.encoders.push_back(std::move(prog));
-    plan::MetaVision& v   = towers_meta(in).vision.emplace();
-    v.config              = json::parse(in.mc.vision_config_json).dump();
-    v.image_tokens        = opt.image_tokens;
-    v.max_patches         = max_patches;
-    v.max_image_pixels    = opt.max_image_pixels;
-    v.image_token_id      = in.mc.image_token_id;
-    v.boi_token_id        = in.mc.boi_token_id;
-    v.eoi_token_id        = in.mc.eoi_token_id;
-    v.video_token_id      = in.mc.video_token_id;
+    plan::MetaVision& v = towers_meta(in).vision.emplace();
+    v.config            = json::parse(in.mc.vision_config_json).dump();
+    v.image_tokens      = opt.image_tokens;
+    v.max_patches       = max_patches;
+    v.max_image_pixels  = opt.max_image_pixels;
+    v.image_token_id    = in.mc.image_token_id;
+    v.boi_token_id      = in.mc.boi_token_id;
+    v.eoi_token_id      = in.mc.eoi_token_id;
+    v.video_token_id    = in.mc.video_token_id;
+    if (v.video_token_id >= 0)
+        v.video = plan::MetaVideo{opt.video_frames, opt.max_video_seconds, opt.max_video_stream_frames,
+                                  opt.max_video_pixels > 0 ? opt.max_video_pixels : opt.max_image_pixels,
+                                  opt.max_video_bytes};
     v.program             = "vision";
     v.patch_size          = patch;
     v.pooling_kernel_size = k;
@@ -283,7 +301,14 @@ void check_towers(Inputs& in, placement::Placement& place) {
     if (in.mc.has_vision && opt.vision) check_vision(in, cfg, lookup, prec, z);
     if (in.mc.has_audio && opt.audio) check_audio(in, cfg, lookup, prec, z);
     if (!in.tower_names.empty() || !in.encoders.empty()) {
-        int64_t queue = opt.max_media_tokens > 0 ? opt.max_media_tokens : std::max<int64_t>(2048, z.max_soft);
+        // Default: 2048, or more where one image or clip gives more; with video, a whole video (its frames
+        // at the video processor's budget) and an image besides.
+        int64_t dflt = std::max<int64_t>(2048, z.max_soft);
+        if (const auto& v = towers_meta(in).vision; v && v->video)
+            dflt = std::max<int64_t>(dflt, int64_t(v->video->frames) *
+                                                   std::min(rt::kVideoFrameTokens, v->image_tokens) +
+                                               v->image_tokens);
+        int64_t queue = opt.max_media_tokens > 0 ? opt.max_media_tokens : dflt;
         queue         = std::min<int64_t>(queue, in.max_context);
         if (opt.max_media_tokens > in.max_context)
             throw CompileError("--max-media-tokens " + std::to_string(opt.max_media_tokens) +

@@ -35,9 +35,9 @@ template <class P> struct LaunchTable;
 struct ResNormLaunch {
     int32_t x = -1, d = -1; // d -1: no residual branch (x_out = x * scale * scalar)
     int32_t post_w = -1, scalar = -1;
-    int32_t x_out = -1;  // -1: not written
-    int32_t pre_w = -1;
-    int32_t xn = -1;     // -1: not computed
+    int32_t x_out  = -1; // -1: not written
+    int32_t pre_w  = -1;
+    int32_t xn     = -1; // -1: not computed
     int32_t zeroed = -1; // the next fused launch's output, zeroed after (-1: none)
     int32_t cols   = 0;
     int32_t folded = 0; // 1: run by the GatedProj launch after it, 2: by the packed-f16 Mlp after it
@@ -47,17 +47,19 @@ struct ResNormLaunch {
 template <> struct LaunchTable<ResNormLaunch> {
     using P                            = ResNormLaunch;
     static constexpr std::array fields = {
-        tensor_slot("x", &P::x, 0),         tensor_slot("d", &P::d, 1),      tensor_slot("post_w", &P::post_w, 2),
-        tensor_slot("scalar", &P::scalar, 3), tensor_slot("x_out", &P::x_out, 4), tensor_slot("pre_w", &P::pre_w, 5),
-        tensor_slot("xn", &P::xn, 6),       tensor_slot("zeroed", &P::zeroed, 7), int_slot("cols", &P::cols, 0),
-        int_slot("folded", &P::folded, 1),  int_slot("zero2", &P::zero2, 2),  float_slot("eps", &P::eps, 0),
+        tensor_slot("x", &P::x, 0),           tensor_slot("d", &P::d, 1),
+        tensor_slot("post_w", &P::post_w, 2), tensor_slot("scalar", &P::scalar, 3),
+        tensor_slot("x_out", &P::x_out, 4),   tensor_slot("pre_w", &P::pre_w, 5),
+        tensor_slot("xn", &P::xn, 6),         tensor_slot("zeroed", &P::zeroed, 7),
+        int_slot("cols", &P::cols, 0),        int_slot("folded", &P::folded, 1),
+        int_slot("zero2", &P::zero2, 2),      float_slot("eps", &P::eps, 0),
         float_slot("scale", &P::scale, 1)};
 };
 
 // Gemv: up to three matmul ops sharing x, one epilogue.
 struct GemvLaunch {
     int32_t mat0 = 0, mat1 = 0, mat2 = 0; // the matmul ops (mat0 the record's op), nmat of them
-    int32_t nmat = 0;
+    int32_t nmat     = 0;
     int32_t epilogue = 0; // 0 store, 1 gelu(gate) * up, 2 gelu(y) * aux, 3 softcap
     int32_t lanes    = 0; // lanes a weight row (8..128)
     int32_t aux = -1, aux_col = 0;
@@ -68,10 +70,11 @@ struct GemvLaunch {
 template <> struct LaunchTable<GemvLaunch> {
     using P                            = GemvLaunch;
     static constexpr std::array fields = {
-        int_slot("mat0", &P::mat0, 0), int_slot("mat1", &P::mat1, 1), int_slot("mat2", &P::mat2, 2),
-        int_slot("nmat", &P::nmat, 3), int_slot("epilogue", &P::epilogue, 4),
-        int_slot("lanes", &P::lanes, 5), tensor_slot("aux", &P::aux, 0), int_slot("aux_col", &P::aux_col, 6),
-        tensor_slot("out", &P::out, 1),  float_slot("cap", &P::cap, 0)};
+        int_slot("mat0", &P::mat0, 0),         int_slot("mat1", &P::mat1, 1),
+        int_slot("mat2", &P::mat2, 2),         int_slot("nmat", &P::nmat, 3),
+        int_slot("epilogue", &P::epilogue, 4), int_slot("lanes", &P::lanes, 5),
+        tensor_slot("aux", &P::aux, 0),        int_slot("aux_col", &P::aux_col, 6),
+        tensor_slot("out", &P::out, 1),        float_slot("cap", &P::cap, 0)};
 };
 
 // QkvPost / QkvAttn: q norm + rope [, k norm + rope, v norm, kv store] [, the decode attention].
@@ -84,14 +87,20 @@ struct QkvLaunch {
 };
 template <> struct LaunchTable<QkvLaunch> {
     using P                            = QkvLaunch;
-    static constexpr std::array fields = {
-        tensor_slot("q", &P::q, 0),           tensor_slot("q_norm_w", &P::q_norm_w, 1),
-        tensor_slot("inv_freq", &P::inv_freq, 2), tensor_slot("k", &P::k, 3),
-        tensor_slot("k_norm_w", &P::k_norm_w, 4), tensor_slot("v", &P::v, 5),
-        tensor_slot("k_cache", &P::k_cache, 6), tensor_slot("v_cache", &P::v_cache, 7),
-        int_slot("heads", &P::heads, 0),      int_slot("kv_heads", &P::kv_heads, 1),
-        int_slot("dim", &P::dim, 2),          int_slot("slots", &P::slots, 3),
-        int_slot("post_ops", &P::post_ops, 4), float_slot("eps", &P::eps, 0)};
+    static constexpr std::array fields = {tensor_slot("q", &P::q, 0),
+                                          tensor_slot("q_norm_w", &P::q_norm_w, 1),
+                                          tensor_slot("inv_freq", &P::inv_freq, 2),
+                                          tensor_slot("k", &P::k, 3),
+                                          tensor_slot("k_norm_w", &P::k_norm_w, 4),
+                                          tensor_slot("v", &P::v, 5),
+                                          tensor_slot("k_cache", &P::k_cache, 6),
+                                          tensor_slot("v_cache", &P::v_cache, 7),
+                                          int_slot("heads", &P::heads, 0),
+                                          int_slot("kv_heads", &P::kv_heads, 1),
+                                          int_slot("dim", &P::dim, 2),
+                                          int_slot("slots", &P::slots, 3),
+                                          int_slot("post_ops", &P::post_ops, 4),
+                                          float_slot("eps", &P::eps, 0)};
 };
 
 // Mlp: gate, up, GeluMul, down in one kernel, adding into y.
@@ -104,10 +113,13 @@ struct MlpLaunch {
 };
 template <> struct LaunchTable<MlpLaunch> {
     using P                            = MlpLaunch;
-    static constexpr std::array fields = {
-        int_slot("gate", &P::gate, 0),       int_slot("up", &P::up, 1),         int_slot("down", &P::down, 3),
-        int_slot("threads", &P::threads, 5), int_slot("replicas", &P::replicas, 6), int_slot("f16", &P::f16, 7),
-        tensor_slot("y", &P::y, 0)};
+    static constexpr std::array fields = {int_slot("gate", &P::gate, 0),
+                                          int_slot("up", &P::up, 1),
+                                          int_slot("down", &P::down, 3),
+                                          int_slot("threads", &P::threads, 5),
+                                          int_slot("replicas", &P::replicas, 6),
+                                          int_slot("f16", &P::f16, 7),
+                                          tensor_slot("y", &P::y, 0)};
 };
 
 // AttnO: the o projection with the attention's merge, adding into y.
@@ -137,9 +149,9 @@ struct GroupNormAddLaunch {
 };
 template <> struct LaunchTable<GroupNormAddLaunch> {
     using P                            = GroupNormAddLaunch;
-    static constexpr std::array fields = {tensor_slot("ctx", &P::ctx, 0),   tensor_slot("w", &P::w, 1),
-                                          tensor_slot("tok", &P::tok, 2),   tensor_slot("out", &P::out, 3),
-                                          int_slot("cols", &P::cols, 0),    int_slot("group", &P::group, 1)};
+    static constexpr std::array fields = {tensor_slot("ctx", &P::ctx, 0), tensor_slot("w", &P::w, 1),
+                                          tensor_slot("tok", &P::tok, 2), tensor_slot("out", &P::out, 3),
+                                          int_slot("cols", &P::cols, 0),  int_slot("group", &P::group, 1)};
 };
 
 namespace detail {

@@ -20,16 +20,19 @@ const Command kServe = {
     "Serves the plan over HTTP with OpenAI's API: POST /v1/chat/completions and /v1/completions (streaming "
     "with server-sent events or not), GET /v1/models, /health and /metrics (Prometheus). Stops gracefully on "
     "SIGTERM or Ctrl-C: running requests finish, new ones get 503.",
-    {{"--host", "ADDR", "address to listen on. Default: 127.0.0.1 (this machine only; 0.0.0.0: every interface)"},
+    {{"--host", "ADDR",
+      "address to listen on. Default: 127.0.0.1 (this machine only; 0.0.0.0: every interface)"},
      {"--port", "N", "TCP port. Default: 8080"},
      {"--max-sessions", "N",
       "requests run at once, each in its own session (KV cache) on the plan's shared weights. Default: 1"},
      {"--threads", "N", "CPU worker threads of each session. Default: the hardware threads / --max-sessions"},
-     {"--max-queue", "N", "requests waiting for a session at most; more get 429 with Retry-After. Default: 16"},
+     {"--max-queue", "N",
+      "requests waiting for a session at most; more get 429 with Retry-After. Default: 16"},
      {"--api-key-file", "FILE",
       "require 'Authorization: Bearer KEY' on every endpoint but /health, KEY being the file's first line"},
      {"--api-key", "KEY", "the same with the key on the command line (visible to other local users)"},
-     {"--model-name", "NAME", "the model id /v1/models lists and requests may name. Default: the plan's file name"},
+     {"--model-name", "NAME",
+      "the model id /v1/models lists and requests may name. Default: the plan's file name"},
      {"--max-body", "BYTES", "largest request body (images and audio are in it, base64). Default: 33554432"},
      {"--timeout", "S", "seconds a request may take, queue included; then it is cancelled. Default: 600"},
      {"--max-tokens", "N", "max_tokens a request may ask for at most. Default: the plan's context"},
@@ -40,7 +43,7 @@ const Command kServe = {
 namespace {
 
 std::string read_key_file(const std::string& path) {
-    std::string s = read_whole_file(path, "API key file");
+    std::string s   = read_whole_file(path, "API key file");
     const size_t nl = s.find_first_of("\r\n");
     if (nl != std::string::npos) s.resize(nl);
     if (s.empty()) throw RunError("API key file " + path + ": the first line is empty");
@@ -60,26 +63,29 @@ std::string plan_stem(const std::string& path) {
 #ifndef G4_HAVE_HTTPLIB
 int cmd_serve(int argc, char** argv) {
     Args a(argc, argv, 2, kServe);
-    throw RunError("this g4 was built without cpp-httplib: install libcpp-httplib-dev (bash tools/setup.sh) and "
-                   "build again");
+    throw RunError(
+        "this g4 was built without cpp-httplib: install libcpp-httplib-dev (bash tools/setup.sh) and "
+        "build again");
 }
 #else
 int cmd_serve(int argc, char** argv) {
     Args a(argc, argv, 2, kServe);
     if (a.pos.size() != 1) throw UsageError("expected exactly one PLAN argument");
     g4::serve::ServeOptions o;
-    o.plan       = a.pos[0];
-    o.model      = a.get("--model-name", plan_stem(o.plan));
-    o.host       = a.get("--host", "127.0.0.1");
-    o.port       = (int)parse_int("--port", a.get("--port", "8080"), 0, 65535);
-    o.sessions   = (int)parse_int("--max-sessions", a.get("--max-sessions", "1"), 1, 256);
-    o.threads    = a.has("--threads") ? (int)parse_int("--threads", a.get("--threads"), 1, 1024) : 0;
-    o.max_queue  = (int)parse_int("--max-queue", a.get("--max-queue", "16"), 0, 4096);
-    o.max_body   = (size_t)parse_int("--max-body", a.get("--max-body", "33554432"), 1024, 1ll << 32);
-    o.timeout_s  = parse_float("--timeout", a.get("--timeout", "600"));
-    o.max_tokens = a.has("--max-tokens") ? (int32_t)parse_int("--max-tokens", a.get("--max-tokens"), 1, 1 << 30) : 0;
+    o.plan      = a.pos[0];
+    o.model     = a.get("--model-name", plan_stem(o.plan));
+    o.host      = a.get("--host", "127.0.0.1");
+    o.port      = (int)parse_int("--port", a.get("--port", "8080"), 0, 65535);
+    o.sessions  = (int)parse_int("--max-sessions", a.get("--max-sessions", "1"), 1, 256);
+    o.threads   = a.has("--threads") ? (int)parse_int("--threads", a.get("--threads"), 1, 1024) : 0;
+    o.max_queue = (int)parse_int("--max-queue", a.get("--max-queue", "16"), 0, 4096);
+    o.max_body  = (size_t)parse_int("--max-body", a.get("--max-body", "33554432"), 1024, 1ll << 32);
+    o.timeout_s = parse_float("--timeout", a.get("--timeout", "600"));
+    o.max_tokens =
+        a.has("--max-tokens") ? (int32_t)parse_int("--max-tokens", a.get("--max-tokens"), 1, 1 << 30) : 0;
     if (!(o.timeout_s > 0)) throw UsageError("--timeout must be more than 0 seconds");
-    if (a.has("--api-key") && a.has("--api-key-file")) throw UsageError("give --api-key or --api-key-file, not both");
+    if (a.has("--api-key") && a.has("--api-key-file"))
+        throw UsageError("give --api-key or --api-key-file, not both");
     if (a.has("--api-key")) o.api_key = a.get("--api-key");
     if (a.has("--api-key-file")) o.api_key = read_key_file(a.get("--api-key-file"));
     if (a.has("--api-key") && o.api_key.empty()) throw UsageError("--api-key must not be empty");
@@ -90,12 +96,14 @@ int cmd_serve(int argc, char** argv) {
         std::free(real);
     }
 
-    // SIGTERM / SIGINT are taken by a thread of their own (blocked everywhere else, before any thread starts).
+    // SIGTERM / SIGINT are taken by a thread of their own (blocked everywhere else, before any thread
+    // starts).
     sigset_t sigs;
     sigemptyset(&sigs);
     sigaddset(&sigs, SIGTERM);
     sigaddset(&sigs, SIGINT);
     pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+    std::signal(SIGPIPE, SIG_IGN); // a client gone mid-write is an error return, not the end of the server
     std::atomic<int> stop{0};
     std::atomic<bool> done{false};
     std::thread sig_thread([&] {

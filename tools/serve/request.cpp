@@ -51,23 +51,23 @@ bool base64_decode(const std::string& in, std::vector<uint8_t>* out) {
 namespace {
 
 // The fields a request may carry; any other is refused (a typo would otherwise be silently ignored).
-const std::set<std::string> kCommonFields = {"model",
-                                             "stream",
-                                             "stream_options",
-                                             "temperature",
-                                             "top_p",
-                                             "top_k",
-                                             "min_p",
-                                             "max_tokens",
-                                             "stop",
-                                             "seed",
-                                             "repetition_penalty",
-                                             "frequency_penalty",
-                                             "presence_penalty",
-                                             "n",
-                                             "user",
-                                             "ignore_eos",
-                                             "logprobs"};
+const std::set<std::string> kCommonFields     = {"model",
+                                                 "stream",
+                                                 "stream_options",
+                                                 "temperature",
+                                                 "top_p",
+                                                 "top_k",
+                                                 "min_p",
+                                                 "max_tokens",
+                                                 "stop",
+                                                 "seed",
+                                                 "repetition_penalty",
+                                                 "frequency_penalty",
+                                                 "presence_penalty",
+                                                 "n",
+                                                 "user",
+                                                 "ignore_eos",
+                                                 "logprobs"};
 const std::set<std::string> kChatFields       = {"messages", "max_completion_tokens", "top_logprobs"};
 const std::set<std::string> kCompletionFields = {"prompt", "echo", "suffix", "best_of"};
 
@@ -111,8 +111,7 @@ void parse_common(const json& body, const std::set<std::string>& extra, const g4
                   const RequestLimits& limits, GenRequest* r) {
     if (!body.is_object()) throw bad_request("", "the request body must be a JSON object");
     for (const auto& [k, v] : body.items())
-        if (!kCommonFields.count(k) && !extra.count(k))
-            throw bad_request(k, "unknown field '" + k + "'");
+        if (!kCommonFields.count(k) && !extra.count(k)) throw bad_request(k, "unknown field '" + k + "'");
     if (body.contains("model")) {
         if (!body["model"].is_string()) throw bad_request("model", "'model' must be a string");
         r->model = body["model"].get<std::string>();
@@ -122,7 +121,8 @@ void parse_common(const json& body, const std::set<std::string>& extra, const g4
         const json& so = body["stream_options"];
         if (!so.is_object()) throw bad_request("stream_options", "'stream_options' must be an object");
         for (const auto& [k, v] : so.items()) {
-            if (k != "include_usage") throw bad_request("stream_options." + k, "unknown field 'stream_options." + k + "'");
+            if (k != "include_usage")
+                throw bad_request("stream_options." + k, "unknown field 'stream_options." + k + "'");
             r->include_usage = boolean(so, "include_usage");
         }
     }
@@ -140,10 +140,12 @@ void parse_common(const json& body, const std::set<std::string>& extra, const g4
         r->sampling.repeat_penalty = (float)number(body, "repetition_penalty", 1e-6, 100);
     for (const char* k : {"frequency_penalty", "presence_penalty"})
         if (body.contains(k) && number(body, k, -2, 2) != 0)
-            throw bad_request(k, std::string("'") + k +
-                                     "' is not supported; use 'repetition_penalty' (a multiplicative penalty)");
+            throw bad_request(k,
+                              std::string("'") + k +
+                                  "' is not supported; use 'repetition_penalty' (a multiplicative penalty)");
     if (body.contains("n") && integer(body, "n", 1, 1) != 1) throw bad_request("n", "'n' must be 1");
-    if (body.contains("user") && !body["user"].is_string()) throw bad_request("user", "'user' must be a string");
+    if (body.contains("user") && !body["user"].is_string())
+        throw bad_request("user", "'user' must be a string");
     if (body.contains("logprobs") && !body["logprobs"].is_null()) {
         const json& lp = body["logprobs"];
         if (!(lp.is_boolean() && !lp.get<bool>()))
@@ -180,7 +182,8 @@ std::vector<uint8_t> data_url_bytes(const std::string& url, const std::string& p
     if (head.size() < 7 || head.compare(head.size() - 7, 7, ";base64") != 0)
         throw bad_request(param, "only base64 data URLs are supported (data:...;base64,...)");
     std::vector<uint8_t> bytes;
-    if (!base64_decode(url.substr(comma + 1), &bytes)) throw bad_request(param, "the data URL is not valid base64");
+    if (!base64_decode(url.substr(comma + 1), &bytes))
+        throw bad_request(param, "the data URL is not valid base64");
     return bytes;
 }
 
@@ -195,27 +198,34 @@ std::string allowed_file(const std::string& url, const RequestLimits& limits, co
     const std::string rp = real;
     std::free(real);
     const std::string& dir = limits.media_dir;
-    if (rp.compare(0, dir.size(), dir) != 0 || (rp.size() > dir.size() && rp[dir.size()] != '/' && dir != "/"))
+    if (rp.compare(0, dir.size(), dir) != 0 ||
+        (rp.size() > dir.size() && rp[dir.size()] != '/' && dir != "/"))
         throw bad_request(param, "file " + path + " is outside the --media-dir " + dir);
     return rp;
 }
 
 MediaItem image_part(const json& part, const RequestLimits& limits, const std::string& param) {
-    if (!limits.media.has_vision) throw bad_request(param, "this plan has no vision tower: images are not supported");
+    if (!limits.media.has_vision)
+        throw bad_request(param, "this plan has no vision tower: images are not supported");
     const json& iu = part.contains("image_url") ? part["image_url"] : json();
     std::string url;
-    if (iu.is_string()) url = iu.get<std::string>();
-    else if (iu.is_object() && iu.contains("url") && iu["url"].is_string()) url = iu["url"].get<std::string>();
-    else throw bad_request(param, "an image_url part needs \"image_url\": {\"url\": \"data:...\"}");
+    if (iu.is_string())
+        url = iu.get<std::string>();
+    else if (iu.is_object() && iu.contains("url") && iu["url"].is_string())
+        url = iu["url"].get<std::string>();
+    else
+        throw bad_request(param, "an image_url part needs \"image_url\": {\"url\": \"data:...\"}");
     MediaItem m;
     m.kind = G4_MEDIA_IMAGE;
     std::string err;
     if (url.compare(0, 7, "file://") == 0) {
-        err = g4::media::load_image(allowed_file(url, limits, param), &m.image, limits.media.max_image_pixels);
+        err =
+            g4::media::load_image(allowed_file(url, limits, param), &m.image, limits.media.max_image_pixels);
     } else {
         const std::vector<uint8_t> bytes = data_url_bytes(url, param);
-        err = g4::media::decode_image(bytes.data(), bytes.size(), "image (" + std::to_string(bytes.size()) + " bytes)",
-                                      &m.image, limits.media.max_image_pixels);
+        err                              = g4::media::decode_image(bytes.data(), bytes.size(),
+                                                                   "image (" + std::to_string(bytes.size()) + " bytes)", &m.image,
+                                                                   limits.media.max_image_pixels);
     }
     if (!err.empty()) throw bad_request(param, err);
     return m;
@@ -225,31 +235,36 @@ MediaItem image_part(const json& part, const RequestLimits& limits, const std::s
 struct TempFile {
     std::string path;
     explicit TempFile(const std::vector<uint8_t>& bytes, const std::string& param) {
-        char name[] = "/tmp/g4-serve-audio-XXXXXX";
+        char name[]  = "/tmp/g4-serve-audio-XXXXXX";
         const int fd = ::mkstemp(name);
-        if (fd < 0) throw ApiError(500, "server_error", param, "cannot create a temporary file for the audio");
-        path         = name;
-        size_t off   = 0;
+        if (fd < 0)
+            throw ApiError(500, "server_error", param, "cannot create a temporary file for the audio");
+        path       = name;
+        size_t off = 0;
         while (off < bytes.size()) {
             const ssize_t w = ::write(fd, bytes.data() + off, bytes.size() - off);
             if (w <= 0) break;
             off += (size_t)w;
         }
         ::close(fd);
-        if (off != bytes.size()) throw ApiError(500, "server_error", param, "cannot write the audio to a temporary file");
+        if (off != bytes.size())
+            throw ApiError(500, "server_error", param, "cannot write the audio to a temporary file");
     }
     ~TempFile() { ::unlink(path.c_str()); }
 };
 
 MediaItem audio_part(const json& part, const RequestLimits& limits, const std::string& param) {
-    if (!limits.media.has_audio) throw bad_request(param, "this plan has no audio tower: audio is not supported");
+    if (!limits.media.has_audio)
+        throw bad_request(param, "this plan has no audio tower: audio is not supported");
     const json& ia = part.contains("input_audio") ? part["input_audio"] : json();
     if (!ia.is_object() || !ia.contains("data") || !ia["data"].is_string())
-        throw bad_request(param, "an input_audio part needs \"input_audio\": {\"data\": BASE64, \"format\": \"wav\"}");
+        throw bad_request(
+            param, "an input_audio part needs \"input_audio\": {\"data\": BASE64, \"format\": \"wav\"}");
     std::vector<uint8_t> bytes;
     if (!base64_decode(ia["data"].get<std::string>(), &bytes))
         throw bad_request(param, "input_audio.data is not valid base64");
-    const std::string fmt = ia.contains("format") && ia["format"].is_string() ? ia["format"].get<std::string>() : "wav";
+    const std::string fmt =
+        ia.contains("format") && ia["format"].is_string() ? ia["format"].get<std::string>() : "wav";
     MediaItem m;
     m.kind                 = G4_MEDIA_AUDIO;
     const int rate         = limits.media.audio_sample_rate;
@@ -266,8 +281,8 @@ MediaItem audio_part(const json& part, const RequestLimits& limits, const std::s
     }
     if (!err.empty()) throw bad_request(param, err);
     if (m.audio.sample_rate != rate)
-        throw bad_request(param, what + ": sample rate " + std::to_string(m.audio.sample_rate) + " Hz; the plan takes " +
-                                     std::to_string(rate) + " Hz");
+        throw bad_request(param, what + ": sample rate " + std::to_string(m.audio.sample_rate) +
+                                     " Hz; the plan takes " + std::to_string(rate) + " Hz");
     return m;
 }
 
@@ -277,11 +292,13 @@ Message parse_message(const json& m, size_t i, const RequestLimits& limits) {
     for (const auto& [k, v] : m.items())
         if (k != "role" && k != "content" && k != "name")
             throw bad_request(p + "." + k, "unknown field '" + k + "' in " + p);
-    if (!m.contains("role") || !m["role"].is_string()) throw bad_request(p + ".role", p + " needs a string 'role'");
+    if (!m.contains("role") || !m["role"].is_string())
+        throw bad_request(p + ".role", p + " needs a string 'role'");
     Message out;
     out.role = m["role"].get<std::string>();
     if (out.role != "system" && out.role != "developer" && out.role != "user" && out.role != "assistant")
-        throw bad_request(p + ".role", "role '" + out.role + "' is not one of system, developer, user, assistant");
+        throw bad_request(p + ".role",
+                          "role '" + out.role + "' is not one of system, developer, user, assistant");
     const json& c = m.contains("content") ? m["content"] : json();
     if (c.is_string()) {
         out.content = c.get<std::string>();
@@ -301,7 +318,8 @@ Message parse_message(const json& m, size_t i, const RequestLimits& limits) {
             } else if (type == "input_audio") {
                 out.media.push_back(audio_part(part, limits, pp));
             } else {
-                throw bad_request(pp, "content part type '" + type + "' is not one of text, image_url, input_audio");
+                throw bad_request(pp, "content part type '" + type +
+                                          "' is not one of text, image_url, input_audio");
             }
         }
     } else {
@@ -314,7 +332,8 @@ Message parse_message(const json& m, size_t i, const RequestLimits& limits) {
 
 } // namespace
 
-GenRequest parse_chat_request(const json& body, const g4_sampling_params& defaults, const RequestLimits& limits) {
+GenRequest parse_chat_request(const json& body, const g4_sampling_params& defaults,
+                              const RequestLimits& limits) {
     GenRequest r;
     r.chat = true;
     parse_common(body, kChatFields, defaults, limits, &r);
@@ -334,12 +353,17 @@ GenRequest parse_completion_request(const json& body, const g4_sampling_params& 
     r.chat = false;
     parse_common(body, kCompletionFields, defaults, limits, &r);
     if (body.contains("echo") && boolean(body, "echo")) throw bad_request("echo", "'echo' is not supported");
-    if (body.contains("suffix") && !body["suffix"].is_null()) throw bad_request("suffix", "'suffix' is not supported");
-    if (body.contains("best_of") && integer(body, "best_of", 1, 1) != 1) throw bad_request("best_of", "'best_of' must be 1");
+    if (body.contains("suffix") && !body["suffix"].is_null())
+        throw bad_request("suffix", "'suffix' is not supported");
+    if (body.contains("best_of") && integer(body, "best_of", 1, 1) != 1)
+        throw bad_request("best_of", "'best_of' must be 1");
     const json& p = body.contains("prompt") ? body["prompt"] : json();
-    if (p.is_string()) r.prompt = p.get<std::string>();
-    else if (p.is_array() && p.size() == 1 && p[0].is_string()) r.prompt = p[0].get<std::string>();
-    else throw bad_request("prompt", "'prompt' must be a string (or a list of one string)");
+    if (p.is_string())
+        r.prompt = p.get<std::string>();
+    else if (p.is_array() && p.size() == 1 && p[0].is_string())
+        r.prompt = p[0].get<std::string>();
+    else
+        throw bad_request("prompt", "'prompt' must be a string (or a list of one string)");
     return r;
 }
 

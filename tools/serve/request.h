@@ -39,7 +39,7 @@ struct Message {
 // What the server allows a request (g4 serve's options and the plan's figures).
 struct RequestLimits {
     g4_media_info media{};
-    std::string media_dir; // "": file:// URLs refused; else files under this directory (a real path)
+    std::string media_dir;  // "": file:// URLs refused; else files under this directory (a real path)
     int32_t max_tokens = 0; // a request's max_tokens at most (0: the context)
 };
 

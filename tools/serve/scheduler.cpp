@@ -19,8 +19,8 @@ Scheduler::Scheduler(g4_engine* engine, const SchedulerOptions& opts, Metrics* m
     : engine_(engine), metrics_(metrics), max_queue_(opts.max_queue) {
     if (g4_engine_get_info(engine, &info_) != G4_OK) throw std::runtime_error(g4_last_error_message());
     // On the CPU every session has its own worker threads; the slots share the cores evenly.
-    const int hw = (int)std::max(1u, std::thread::hardware_concurrency());
-    threads_     = opts.threads > 0 ? opts.threads : std::max(1, hw / std::max(1, opts.sessions));
+    const int hw         = (int)std::max(1u, std::thread::hardware_concurrency());
+    threads_             = opts.threads > 0 ? opts.threads : std::max(1, hw / std::max(1, opts.sessions));
     g4_session_params sp = g4_session_params_default();
     sp.n_threads         = threads_;
     for (int i = 0; i < opts.sessions; ++i) {
@@ -29,8 +29,8 @@ Scheduler::Scheduler(g4_engine* engine, const SchedulerOptions& opts, Metrics* m
             const std::string msg = g4_last_error_message();
             for (g4_session* x : sessions_)
                 g4_session_destroy(x);
-            throw std::runtime_error("session " + std::to_string(i + 1) + " of " + std::to_string(opts.sessions) +
-                                     ": " + msg);
+            throw std::runtime_error("session " + std::to_string(i + 1) + " of " +
+                                     std::to_string(opts.sessions) + ": " + msg);
         }
         sessions_.push_back(s);
     }
@@ -141,7 +141,8 @@ std::vector<int32_t> Scheduler::prompt_ids(Job& job, g4_session* s) {
     if (!r.chat) {
         g4_status st = g4_tokenize(engine_, r.prompt.data(), r.prompt.size(), 1, nullptr, 0, &n);
         ids.resize(n);
-        if (st == G4_ERR_BUFFER_TOO_SMALL) st = g4_tokenize(engine_, r.prompt.data(), r.prompt.size(), 1, ids.data(), n, &n);
+        if (st == G4_ERR_BUFFER_TOO_SMALL)
+            st = g4_tokenize(engine_, r.prompt.data(), r.prompt.size(), 1, ids.data(), n, &n);
         if (st != G4_OK) throw bad_request("prompt", g4_last_error_message());
         return ids;
     }
@@ -152,10 +153,10 @@ std::vector<int32_t> Scheduler::prompt_ids(Job& job, g4_session* s) {
         for (size_t k = 0; k < m.media.size(); ++k) {
             const MediaItem& it = m.media[k];
             int32_t nt          = 0;
-            const g4_status st  = it.kind == G4_MEDIA_IMAGE
-                                      ? g4_session_add_image(s, it.image.rgb.data(), it.image.width, it.image.height, &nt)
-                                      : g4_session_add_audio(s, it.audio.samples.data(),
-                                                             (int64_t)it.audio.samples.size(), &nt);
+            const g4_status st =
+                it.kind == G4_MEDIA_IMAGE
+                    ? g4_session_add_image(s, it.image.rgb.data(), it.image.width, it.image.height, &nt)
+                    : g4_session_add_audio(s, it.audio.samples.data(), (int64_t)it.audio.samples.size(), &nt);
             if (st != G4_OK)
                 throw bad_request("messages[" + std::to_string(i) + "].content", g4_last_error_message());
             media[i].push_back({it.kind, nt});
@@ -164,7 +165,8 @@ std::vector<int32_t> Scheduler::prompt_ids(Job& job, g4_session* s) {
     }
     g4_status st = g4_chat_render_ids(engine_, msgs.data(), msgs.size(), 1, nullptr, 0, &n);
     ids.resize(n);
-    if (st == G4_ERR_BUFFER_TOO_SMALL) st = g4_chat_render_ids(engine_, msgs.data(), msgs.size(), 1, ids.data(), n, &n);
+    if (st == G4_ERR_BUFFER_TOO_SMALL)
+        st = g4_chat_render_ids(engine_, msgs.data(), msgs.size(), 1, ids.data(), n, &n);
     if (st != G4_OK) throw bad_request("messages", g4_last_error_message());
     return ids;
 }
@@ -175,8 +177,9 @@ void Scheduler::run(Job& job, g4_session* s) {
         if (job.cancelled() || Clock::now() > job.deadline) {
             job.err_status = job.cancelled() ? 499 : 504;
             job.err_type   = "timeout";
-            job.err_msg    = job.cancelled() ? "cancelled before it started" : "the request timed out in the queue";
-            job.finished   = true;
+            job.err_msg =
+                job.cancelled() ? "cancelled before it started" : "the request timed out in the queue";
+            job.finished = true;
             job.cv.notify_all();
             return;
         }
@@ -194,13 +197,16 @@ void Scheduler::run(Job& job, g4_session* s) {
                               "the prompt has " + std::to_string(np) + " tokens; the plan's context holds " +
                                   std::to_string(ctx) + " (prompt and reply together)");
         if (r.max_tokens > 0 && np + r.max_tokens > ctx)
-            throw bad_request("max_tokens", "the prompt's " + std::to_string(np) + " tokens plus max_tokens " +
-                                                std::to_string(r.max_tokens) + " exceed the plan's context of " +
-                                                std::to_string(ctx) + " tokens");
+            throw bad_request("max_tokens", "the prompt's " + std::to_string(np) +
+                                                " tokens plus max_tokens " + std::to_string(r.max_tokens) +
+                                                " exceed the plan's context of " + std::to_string(ctx) +
+                                                " tokens");
         g4_status st = g4_session_append_tokens(s, ids.data(), ids.size(), nullptr, 0);
         if (st != G4_OK) {
-            if (st == G4_ERR_CANCELLED) throw ApiError(499, "cancelled", "", "cancelled while the prompt was fed");
-            throw ApiError(st == G4_ERR_INVALID_ARGUMENT ? 400 : 500, "server_error", "", g4_last_error_message());
+            if (st == G4_ERR_CANCELLED)
+                throw ApiError(499, "cancelled", "", "cancelled while the prompt was fed");
+            throw ApiError(st == G4_ERR_INVALID_ARGUMENT ? 400 : 500, "server_error", "",
+                           g4_last_error_message());
         }
         {
             std::lock_guard<std::mutex> l(job.m);
@@ -217,25 +223,27 @@ void Scheduler::run(Job& job, g4_session* s) {
         gp.stop               = stops.data();
         gp.n_stop             = stops.size();
         GenState gs{&job, {}, false};
-        int32_t n_gen = 0;
-        st            = g4_session_generate(s, &r.sampling, &gp, on_token, &gs, &n_gen);
+        int32_t n_gen               = 0;
+        st                          = g4_session_generate(s, &r.sampling, &gp, on_token, &gs, &n_gen);
         const Clock::time_point end = Clock::now();
         if (st != G4_OK && st != G4_ERR_CANCELLED && st != G4_ERR_CONTEXT_FULL)
             throw ApiError(500, "server_error", "", g4_last_error_message());
-        const double ttft = gs.have_first ? std::chrono::duration<double>(gs.first - job.submitted).count() : 0;
-        const double dec  = gs.have_first ? std::chrono::duration<double>(end - gs.first).count() : 0;
+        const double ttft =
+            gs.have_first ? std::chrono::duration<double>(gs.first - job.submitted).count() : 0;
+        const double dec = gs.have_first ? std::chrono::duration<double>(end - gs.first).count() : 0;
         metrics_->generation(np, n_gen, ttft, dec);
         const bool cancelled = job.cancelled() || st == G4_ERR_CANCELLED || Clock::now() > job.deadline;
         if (cancelled) metrics_->cancelled();
         std::lock_guard<std::mutex> l(job.m);
-        job.session = nullptr;
-        job.ttft_ms = ttft * 1e3;
-        job.finish_reason =
-            (n_gen >= gp.max_tokens || st == G4_ERR_CONTEXT_FULL) ? "length" : cancelled ? "cancelled" : "stop";
+        job.session       = nullptr;
+        job.ttft_ms       = ttft * 1e3;
+        job.finish_reason = (n_gen >= gp.max_tokens || st == G4_ERR_CONTEXT_FULL) ? "length"
+                            : cancelled                                           ? "cancelled"
+                                                                                  : "stop";
         if (cancelled && !job.cancelled()) {
             job.err_status = 504;
             job.err_type   = "timeout";
-            job.err_msg    = "the request timed out after " + std::to_string(job.completion_tokens) + " tokens";
+            job.err_msg = "the request timed out after " + std::to_string(job.completion_tokens) + " tokens";
         }
         job.finished = true;
         job.cv.notify_all();

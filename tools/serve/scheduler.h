@@ -33,9 +33,9 @@ struct Job {
     bool started = false, finished = false;
     int err_status = 0; // != 0: failed with this HTTP status (err_type, err_msg)
     std::string err_type, err_msg;
-    std::string text;        // generated so far
-    size_t text_sent    = 0; // of it, already streamed (the reader's)
-    int prompt_tokens   = 0, completion_tokens = 0;
+    std::string text;      // generated so far
+    size_t text_sent  = 0; // of it, already streamed (the reader's)
+    int prompt_tokens = 0, completion_tokens = 0;
     std::string finish_reason; // "stop" or "length"
     double ttft_ms = 0;
 
@@ -51,9 +51,9 @@ private:
 };
 
 struct SchedulerOptions {
-    int sessions      = 1;
-    int threads       = 0; // worker threads per session (0: the hardware's share)
-    int max_queue     = 16;
+    int sessions  = 1;
+    int threads   = 0; // worker threads per session (0: the hardware's share)
+    int max_queue = 16;
 };
 
 class Scheduler {

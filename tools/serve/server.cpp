@@ -8,9 +8,9 @@
 #include <httplib.h>
 
 #include <chrono>
-#include <functional>
 #include <cstdio>
 #include <ctime>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -39,13 +39,17 @@ constexpr auto kPoll = std::chrono::milliseconds(100);
 
 json error_body(const std::string& type, const std::string& param, const std::string& msg, int code) {
     return {{"error",
-             {{"message", msg}, {"type", type}, {"param", param.empty() ? json() : json(param)}, {"code", code}}}};
+             {{"message", msg},
+              {"type", type},
+              {"param", param.empty() ? json() : json(param)},
+              {"code", code}}}};
 }
 
 void send_error(httplib::Response& res, int status, const std::string& type, const std::string& param,
                 const std::string& msg) {
     res.status = status;
-    res.set_content(error_body(type, param, msg, status).dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
+    res.set_content(error_body(type, param, msg, status).dump(-1, ' ', false, json::error_handler_t::replace),
+                    "application/json");
 }
 
 std::string request_id(const char* prefix) {
@@ -107,7 +111,8 @@ public:
 
     void install(httplib::Server& svr) {
         svr.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-            if (opts_.api_key.empty() || req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
+            if (opts_.api_key.empty() || req.path == "/health")
+                return httplib::Server::HandlerResponse::Unhandled;
             const std::string auth = req.get_header_value("Authorization");
             const std::string want = "Bearer " + opts_.api_key;
             if (constant_time_equal(auth, want)) return httplib::Server::HandlerResponse::Unhandled;
@@ -154,7 +159,9 @@ public:
                       {"created", created_},
                       {"owned_by", "g4"},
                       {"max_context", info_.max_context}};
-            res.set_content(json{{"object", "list"}, {"data", json::array({m})}}.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
+            res.set_content(json{{"object", "list"}, {"data", json::array({m})}}.dump(
+                                -1, ' ', false, json::error_handler_t::replace),
+                            "application/json");
             metrics_->request_done("/v1/models", 200);
         });
         svr.Post("/v1/chat/completions",
@@ -217,11 +224,12 @@ void Server::generate(const httplib::Request& req, httplib::Response& res, bool 
         } catch (const json::parse_error& e) {
             throw bad_request("", std::string("the body is not valid JSON: ") + e.what());
         }
-        job->req = chat ? parse_chat_request(body, defaults_, limits_) : parse_completion_request(body, defaults_, limits_);
+        job->req = chat ? parse_chat_request(body, defaults_, limits_)
+                        : parse_completion_request(body, defaults_, limits_);
         if (!job->req.model.empty() && job->req.model != opts_.model)
             throw ApiError(404, "not_found_error", "model",
-                           "model '" + job->req.model + "' is not served here (GET /v1/models lists '" + opts_.model +
-                               "')");
+                           "model '" + job->req.model + "' is not served here (GET /v1/models lists '" +
+                               opts_.model + "')");
     } catch (const ApiError& e) {
         send_error(res, e.status, e.type, e.param, e.what());
         metrics_->request_done(ep, e.status);
@@ -256,93 +264,102 @@ void Server::generate(const httplib::Request& req, httplib::Response& res, bool 
     }
     const Shape shape{chat, request_id(chat ? "chatcmpl" : "cmpl"), opts_.model, (long)std::time(nullptr)};
     metrics_->request_done(ep, 200);
-    if (job->req.stream) respond_stream(job, shape, res, active.release());
-    else respond_json(job, shape, res, active.release());
+    if (job->req.stream)
+        respond_stream(job, shape, res, active.release());
+    else
+        respond_json(job, shape, res, active.release());
 }
 
-// The whole answer once the job ends; written as one chunk, so that the server notices a client that went away
-// while it waits (the job is then cancelled and its slot freed).
+// The whole answer once the job ends; written as one chunk, so that the server notices a client that went
+// away while it waits (the job is then cancelled and its slot freed).
 void Server::respond_json(const std::shared_ptr<Job>& job, const Shape& shape, httplib::Response& res,
                           std::function<void(bool)> release) {
-    res.set_chunked_content_provider("application/json", [job, shape](size_t, httplib::DataSink& sink) {
-        std::unique_lock<std::mutex> l(job->m);
-        while (!job->finished) {
-            if (!sink.is_writable()) {
-                l.unlock();
-                job->cancel("client gone");
-                return false;
+    res.set_chunked_content_provider(
+        "application/json",
+        [job, shape](size_t, httplib::DataSink& sink) {
+            std::unique_lock<std::mutex> l(job->m);
+            while (!job->finished) {
+                if (!sink.is_writable()) {
+                    l.unlock();
+                    job->cancel("client gone");
+                    return false;
+                }
+                job->cv.wait_for(l, kPoll);
             }
-            job->cv.wait_for(l, kPoll);
-        }
-        json out     = shape.base(false);
-        out["choices"] = json::array({shape.choice(job->text, finish_of(*job), false, false)});
-        out["usage"]   = usage_json(*job);
-        const std::string s = out.dump(-1, ' ', false, json::error_handler_t::replace);
-        l.unlock();
-        sink.write(s.data(), s.size());
-        sink.done();
-        return true;
-    }, release);
+            json out            = shape.base(false);
+            out["choices"]      = json::array({shape.choice(job->text, finish_of(*job), false, false)});
+            out["usage"]        = usage_json(*job);
+            const std::string s = out.dump(-1, ' ', false, json::error_handler_t::replace);
+            l.unlock();
+            sink.write(s.data(), s.size());
+            sink.done();
+            return true;
+        },
+        release);
 }
 
-// Server-sent events: a chunk per piece of text as it is generated, then the finish reason, the usage (always;
-// OpenAI's stream_options.include_usage asks for it as its own chunk with no choices), and [DONE].
+// Server-sent events: a chunk per piece of text as it is generated, then the finish reason, the usage
+// (always; OpenAI's stream_options.include_usage asks for it as its own chunk with no choices), and [DONE].
 void Server::respond_stream(const std::shared_ptr<Job>& job, const Shape& shape, httplib::Response& res,
                             std::function<void(bool)> release) {
     res.set_header("Cache-Control", "no-cache");
     auto first = std::make_shared<bool>(true);
-    res.set_chunked_content_provider("text/event-stream", [job, shape, first](size_t, httplib::DataSink& sink) {
-        auto send = [&](const json& j) {
-            const std::string s = "data: " + j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
-            return sink.write(s.data(), s.size());
-        };
-        std::unique_lock<std::mutex> l(job->m);
-        while (job->text_sent == job->text.size() && !job->finished) {
-            if (!sink.is_writable()) break;
-            job->cv.wait_for(l, kPoll);
-        }
-        std::string piece = job->text.substr(job->text_sent);
-        job->text_sent    = job->text.size();
-        const bool done   = job->finished;
-        if (!piece.empty() || *first) {
-            json c         = shape.base(true);
-            c["choices"]   = json::array({shape.choice(piece, nullptr, true, *first)});
-            *first         = false;
+    res.set_chunked_content_provider(
+        "text/event-stream",
+        [job, shape, first](size_t, httplib::DataSink& sink) {
+            auto send = [&](const json& j) {
+                const std::string s =
+                    "data: " + j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
+                return sink.write(s.data(), s.size());
+            };
+            std::unique_lock<std::mutex> l(job->m);
+            while (job->text_sent == job->text.size() && !job->finished) {
+                if (!sink.is_writable()) break;
+                job->cv.wait_for(l, kPoll);
+            }
+            std::string piece = job->text.substr(job->text_sent);
+            job->text_sent    = job->text.size();
+            const bool done   = job->finished;
+            if (!piece.empty() || *first) {
+                json c       = shape.base(true);
+                c["choices"] = json::array({shape.choice(piece, nullptr, true, *first)});
+                *first       = false;
+                l.unlock();
+                const bool ok = send(c);
+                l.lock();
+                if (!ok) {
+                    l.unlock();
+                    job->cancel("client gone");
+                    return false;
+                }
+            }
+            if (!done) {
+                if (!sink.is_writable()) {
+                    l.unlock();
+                    job->cancel("client gone");
+                    return false;
+                }
+                return true;
+            }
+            json tail;
+            if (job->err_status != 0) tail = error_body(job->err_type, "", job->err_msg, job->err_status);
+            json fin             = shape.base(true);
+            fin["choices"]       = json::array({shape.choice("", finish_of(*job), true, false)});
+            fin["usage"]         = usage_json(*job);
+            json usage           = shape.base(true);
+            usage["choices"]     = json::array();
+            usage["usage"]       = usage_json(*job);
+            const bool own_usage = job->req.include_usage;
             l.unlock();
-            const bool ok = send(c);
-            l.lock();
-            if (!ok) {
-                l.unlock();
-                job->cancel("client gone");
-                return false;
-            }
-        }
-        if (!done) {
-            if (!sink.is_writable()) {
-                l.unlock();
-                job->cancel("client gone");
-                return false;
-            }
+            if (!tail.is_null()) send(tail);
+            send(fin);
+            if (own_usage) send(usage);
+            static const char kDone[] = "data: [DONE]\n\n";
+            sink.write(kDone, sizeof kDone - 1);
+            sink.done();
             return true;
-        }
-        json tail;
-        if (job->err_status != 0) tail = error_body(job->err_type, "", job->err_msg, job->err_status);
-        json fin       = shape.base(true);
-        fin["choices"] = json::array({shape.choice("", finish_of(*job), true, false)});
-        fin["usage"]   = usage_json(*job);
-        json usage     = shape.base(true);
-        usage["choices"] = json::array();
-        usage["usage"]   = usage_json(*job);
-        const bool own_usage = job->req.include_usage;
-        l.unlock();
-        if (!tail.is_null()) send(tail);
-        send(fin);
-        if (own_usage) send(usage);
-        static const char kDone[] = "data: [DONE]\n\n";
-        sink.write(kDone, sizeof kDone - 1);
-        sink.done();
-        return true;
-    }, release);
+        },
+        release);
 }
 
 } // namespace
@@ -369,10 +386,11 @@ int serve(g4_engine* engine, const ServeOptions& opts, const std::atomic<int>& s
     if (!svr.bind_to_port(opts.host, opts.port))
         throw std::runtime_error("cannot listen on " + opts.host + ":" + std::to_string(opts.port) +
                                  " (in use, or not an address of this machine)");
-    std::fprintf(stderr,
-                 "g4 serve: %s as model '%s': %d session(s) x %d thread(s), queue %d; listening on http://%s:%d\n",
-                 opts.plan.c_str(), opts.model.c_str(), sched.sessions(), sched.threads_per_session(),
-                 opts.max_queue, opts.host.c_str(), opts.port);
+    std::fprintf(
+        stderr,
+        "g4 serve: %s as model '%s': %d session(s) x %d thread(s), queue %d; listening on http://%s:%d\n",
+        opts.plan.c_str(), opts.model.c_str(), sched.sessions(), sched.threads_per_session(), opts.max_queue,
+        opts.host.c_str(), opts.port);
     // Graceful shutdown: new generation requests get 503 while the ones accepted run to their end (bounded by
     // the request timeout), then the listener closes.
     std::atomic<bool> listening_done{false};
@@ -380,8 +398,8 @@ int serve(g4_engine* engine, const ServeOptions& opts, const std::atomic<int>& s
         while (!stop.load() && !listening_done.load())
             std::this_thread::sleep_for(kPoll);
         api.drain();
-        const Clock::time_point until =
-            Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(opts.timeout_s + 5));
+        const Clock::time_point until = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                                           std::chrono::duration<double>(opts.timeout_s + 5));
         while (api.active() > 0 && !listening_done.load() && Clock::now() < until)
             std::this_thread::sleep_for(kPoll);
         svr.stop();

@@ -3,19 +3,33 @@
 
 #include "runtime/src/media/media_decode.h"
 
+#include <algorithm>
 #include <climits>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <set>
 #include <unistd.h>
 
 namespace g4::serve {
 
-using nlohmann::json;
+using json = OJson;
 
 ApiError bad_request(const std::string& param, const std::string& msg) {
     return ApiError(400, "invalid_request_error", param, msg);
+}
+
+bool constant_time_equal(const std::string& a, const std::string& b) {
+    // Every byte of the longer string is read whatever the contents; the length difference is folded in.
+    const size_t n     = std::max(a.size(), b.size());
+    unsigned char diff = a.size() == b.size() ? 0 : 1;
+    for (size_t i = 0; i < n; ++i) {
+        const unsigned char x = i < a.size() ? (unsigned char)a[i] : 0;
+        const unsigned char y = i < b.size() ? (unsigned char)b[i] : 0;
+        diff |= (unsigned char)(x ^ y);
+    }
+    return diff == 0;
 }
 
 bool base64_decode(const std::string& in, std::vector<uint8_t>* out) {
@@ -68,7 +82,8 @@ const std::set<std::string> kCommonFields     = {"model",
                                                  "user",
                                                  "ignore_eos",
                                                  "logprobs"};
-const std::set<std::string> kChatFields       = {"messages", "max_completion_tokens", "top_logprobs"};
+const std::set<std::string> kChatFields       = {"messages", "max_completion_tokens", "top_logprobs",
+                                                 "tools",    "tool_choice",           "parallel_tool_calls"};
 const std::set<std::string> kCompletionFields = {"prompt", "echo", "suffix", "best_of"};
 
 std::string type_name(const json& v) {
@@ -286,19 +301,64 @@ MediaItem audio_part(const json& part, const RequestLimits& limits, const std::s
     return m;
 }
 
+std::string need_tool_syntax(const RequestLimits& limits, const std::string& param) {
+    if (limits.tools.call_start.empty())
+        throw bad_request(param,
+                          "this plan's chat template records no tool syntax (a plan compiled before g4 "
+                          "recorded it, or a model without tool use): recompile the plan with this g4");
+    return "";
+}
+
+// The text of a content that may only hold text (a string, or a list of text parts).
+std::string text_content(const json& c, const std::string& p) {
+    if (c.is_string()) return c.get<std::string>();
+    if (c.is_null()) return "";
+    std::string out;
+    if (c.is_array()) {
+        for (const json& part : c) {
+            if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") ||
+                !part["text"].is_string())
+                throw bad_request(p, p + " may hold only text parts");
+            out += part["text"].get<std::string>();
+        }
+        return out;
+    }
+    throw bad_request(p, p + " must be a string or a list of text parts");
+}
+
+// An assistant message's tool_calls, written in the template's call syntax; their ids are remembered for
+// the tool results that answer them.
+std::string calls_text(const json& calls, const std::string& p, const RequestLimits& limits,
+                       std::map<std::string, std::string>* names) {
+    need_tool_syntax(limits, p);
+    if (!calls.is_array()) throw bad_request(p, p + " must be a list");
+    std::string out;
+    for (size_t k = 0; k < calls.size(); ++k) {
+        const std::string pk = p + "[" + std::to_string(k) + "]";
+        const json& c        = calls[k];
+        if (!c.is_object() || !c.contains("function") || !c["function"].is_object() ||
+            !c["function"].contains("name") || !c["function"]["name"].is_string())
+            throw bad_request(pk, pk + " must be {\"id\", \"type\": \"function\", \"function\": {\"name\", "
+                                       "\"arguments\"}}");
+        const std::string name = c["function"]["name"].get<std::string>();
+        json args              = json::object();
+        if (c["function"].contains("arguments")) {
+            const json& a = c["function"]["arguments"];
+            args          = a.is_string() ? json::parse(a.get<std::string>(), nullptr, false) : a;
+            if (args.is_discarded() || !args.is_object())
+                throw bad_request(pk + ".function.arguments",
+                                  "the arguments must be a JSON object (as a string)");
+        }
+        if (c.contains("id") && c["id"].is_string()) (*names)[c["id"].get<std::string>()] = name;
+        out += tool_call_text(name, args, limits.tools);
+    }
+    return out;
+}
+
 Message parse_message(const json& m, size_t i, const RequestLimits& limits) {
     const std::string p = "messages[" + std::to_string(i) + "]";
-    if (!m.is_object()) throw bad_request(p, p + " must be an object");
-    for (const auto& [k, v] : m.items())
-        if (k != "role" && k != "content" && k != "name")
-            throw bad_request(p + "." + k, "unknown field '" + k + "' in " + p);
-    if (!m.contains("role") || !m["role"].is_string())
-        throw bad_request(p + ".role", p + " needs a string 'role'");
     Message out;
-    out.role = m["role"].get<std::string>();
-    if (out.role != "system" && out.role != "developer" && out.role != "user" && out.role != "assistant")
-        throw bad_request(p + ".role",
-                          "role '" + out.role + "' is not one of system, developer, user, assistant");
+    out.role      = m["role"].get<std::string>();
     const json& c = m.contains("content") ? m["content"] : json();
     if (c.is_string()) {
         out.content = c.get<std::string>();
@@ -322,12 +382,94 @@ Message parse_message(const json& m, size_t i, const RequestLimits& limits) {
                                           "' is not one of text, image_url, input_audio");
             }
         }
-    } else {
+    } else if (!(c.is_null() && out.role == "assistant" && m.contains("tool_calls"))) {
         throw bad_request(p + ".content", p + ".content must be a string or a list of content parts");
     }
-    if (!out.media.empty() && (out.role == "system" || out.role == "developer" || out.role == "assistant"))
+    if (!out.media.empty() && out.role != "user")
         throw bad_request(p + ".content", "images and audio belong in user messages");
     return out;
+}
+
+// The messages, with tool calls and results in the template's syntax (see parse_chat_request).
+std::vector<Message> parse_messages(const json& ms, const RequestLimits& limits) {
+    std::vector<Message> out;
+    std::map<std::string, std::string> call_names; // tool_call_id -> function name
+    for (size_t i = 0; i < ms.size(); ++i) {
+        const std::string p = "messages[" + std::to_string(i) + "]";
+        const json& m       = ms[i];
+        if (!m.is_object()) throw bad_request(p, p + " must be an object");
+        for (const auto& [k, v] : m.items())
+            if (k != "role" && k != "content" && k != "name" && k != "tool_calls" && k != "tool_call_id")
+                throw bad_request(p + "." + k, "unknown field '" + k + "' in " + p);
+        if (!m.contains("role") || !m["role"].is_string())
+            throw bad_request(p + ".role", p + " needs a string 'role'");
+        const std::string role = m["role"].get<std::string>();
+        if (role != "system" && role != "developer" && role != "user" && role != "assistant" &&
+            role != "tool")
+            throw bad_request(p + ".role",
+                              "role '" + role + "' is not one of system, developer, user, assistant, tool");
+        if (m.contains("tool_calls") && role != "assistant")
+            throw bad_request(p + ".tool_calls", "only assistant messages hold tool_calls");
+        if (role != "tool") {
+            out.push_back(parse_message(m, i, limits));
+            if (m.contains("tool_calls") && !m["tool_calls"].is_null())
+                out.back().content += calls_text(m["tool_calls"], p + ".tool_calls", limits, &call_names);
+            continue;
+        }
+        need_tool_syntax(limits, p);
+        std::string name = m.contains("name") && m["name"].is_string() ? m["name"].get<std::string>() : "";
+        if (name.empty() && m.contains("tool_call_id") && m["tool_call_id"].is_string() &&
+            call_names.count(m["tool_call_id"].get<std::string>()))
+            name = call_names[m["tool_call_id"].get<std::string>()];
+        if (name.empty())
+            throw bad_request(p + ".tool_call_id",
+                              p + ": the tool_call_id names no call of an earlier assistant "
+                                  "message (or give 'name')");
+        if (out.empty() || out.back().role != "assistant")
+            throw bad_request(p,
+                              p + ": a tool result must follow the assistant message whose call it answers");
+        out.back().content += tool_result_text(
+            name, text_content(m.contains("content") ? m["content"] : json(), p + ".content"), limits.tools);
+    }
+    return out;
+}
+
+// Declared tools, written into the system message (true), or nothing to do (false: none, or tool_choice
+// none).
+bool add_tools(const json& body, const RequestLimits& limits, std::vector<Message>* msgs) {
+    if (body.contains("parallel_tool_calls") && !body["parallel_tool_calls"].is_boolean())
+        throw bad_request("parallel_tool_calls", "'parallel_tool_calls' must be a boolean");
+    const json tools = body.contains("tools") ? body["tools"] : json();
+    if (tools.is_null() || (tools.is_array() && tools.empty())) return false;
+    if (!tools.is_array()) throw bad_request("tools", "'tools' must be a list");
+    if (body.contains("tool_choice") && !body["tool_choice"].is_null()) {
+        const json& tc = body["tool_choice"];
+        if (tc == "none") return false;
+        if (tc != "auto")
+            throw bad_request("tool_choice",
+                              "'tool_choice' may be \"auto\" or \"none\" (g4 does not constrain "
+                              "decoding to force a call)");
+    }
+    need_tool_syntax(limits, "tools");
+    for (size_t k = 0; k < tools.size(); ++k) {
+        const std::string p = "tools[" + std::to_string(k) + "]";
+        const json& t       = tools[k];
+        if (!t.is_object() || t.value("type", "") != "function" || !t.contains("function") ||
+            !t["function"].is_object() || !t["function"].contains("name") ||
+            !t["function"]["name"].is_string() || t["function"]["name"].get<std::string>().empty())
+            throw bad_request(p, p + " must be {\"type\": \"function\", \"function\": {\"name\", ...}}");
+        const json& f = t["function"];
+        if (f.contains("description") && !f["description"].is_string())
+            throw bad_request(p + ".function.description", "a tool's description must be a string");
+        if (f.contains("parameters") && !f["parameters"].is_object())
+            throw bad_request(p + ".function.parameters", "a tool's parameters must be a JSON schema object");
+    }
+    const std::string decl = tool_declarations(tools, limits.tools);
+    if (!msgs->empty() && (msgs->front().role == "system" || msgs->front().role == "developer"))
+        msgs->front().content += decl;
+    else
+        msgs->insert(msgs->begin(), Message{"system", decl, {}});
+    return true;
 }
 
 } // namespace
@@ -341,9 +483,8 @@ GenRequest parse_chat_request(const json& body, const g4_sampling_params& defaul
         throw bad_request("top_logprobs", "'top_logprobs' is not supported");
     if (!body.contains("messages") || !body["messages"].is_array() || body["messages"].empty())
         throw bad_request("messages", "'messages' must be a non-empty list");
-    const json& ms = body["messages"];
-    for (size_t i = 0; i < ms.size(); ++i)
-        r.messages.push_back(parse_message(ms[i], i, limits));
+    r.messages = parse_messages(body["messages"], limits);
+    r.tools    = add_tools(body, limits, &r.messages);
     return r;
 }
 

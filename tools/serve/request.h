@@ -6,6 +6,7 @@
 #include "g4/g4.h"
 #include "runtime/src/media/audio_io.h"
 #include "runtime/src/media/image_io.h"
+#include "tools/serve/tool_calls.h"
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
@@ -39,8 +40,9 @@ struct Message {
 // What the server allows a request (g4 serve's options and the plan's figures).
 struct RequestLimits {
     g4_media_info media{};
-    std::string media_dir;  // "": file:// URLs refused; else files under this directory (a real path)
-    int32_t max_tokens = 0; // a request's max_tokens at most (0: the context)
+    std::string media_dir;     // "": file:// URLs refused; else files under this directory (a real path)
+    int32_t max_tokens = 0;    // a request's max_tokens at most (0: the context)
+    ChatTemplate::Tools tools; // the plan's tool syntax (empty call_start: requests with tools are refused)
 };
 
 struct GenRequest {
@@ -53,13 +55,20 @@ struct GenRequest {
     int32_t max_tokens = -1; // -1: what the context leaves
     bool ignore_eos    = false;
     std::vector<std::string> stop;
+    bool tools = false; // tools were declared: the reply's calls are parsed into tool_calls
 };
 
-// Parses and checks a body; `defaults` are the plan's sampling defaults. Throws ApiError.
-GenRequest parse_chat_request(const nlohmann::json& body, const g4_sampling_params& defaults,
+// Parses and checks a body; `defaults` are the plan's sampling defaults. Throws ApiError. A chat's tools, the
+// calls of its assistant messages and its tool results are written into the messages' text in the template's
+// tool syntax (tool_calls.h): the declarations at the end of the system message (one is added if there is
+// none), each result in the assistant message whose call it answers, after the calls.
+GenRequest parse_chat_request(const OJson& body, const g4_sampling_params& defaults,
                               const RequestLimits& limits);
-GenRequest parse_completion_request(const nlohmann::json& body, const g4_sampling_params& defaults,
+GenRequest parse_completion_request(const OJson& body, const g4_sampling_params& defaults,
                                     const RequestLimits& limits);
+
+// Compares in time independent of where the strings differ (the API key check).
+bool constant_time_equal(const std::string& a, const std::string& b);
 
 // RFC 4648 base64 (padding optional, no whitespace); false on any other byte.
 bool base64_decode(const std::string& in, std::vector<uint8_t>* out);

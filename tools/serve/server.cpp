@@ -4,6 +4,7 @@
 #include "tools/serve/metrics.h"
 #include "tools/serve/request.h"
 #include "tools/serve/scheduler.h"
+#include "tools/serve/tool_calls.h"
 
 #include <httplib.h>
 
@@ -20,18 +21,6 @@
 namespace g4::serve {
 
 using nlohmann::json;
-
-bool constant_time_equal(const std::string& a, const std::string& b) {
-    // Every byte of the longer string is read whatever the contents; the length difference is folded in.
-    const size_t n     = std::max(a.size(), b.size());
-    unsigned char diff = a.size() == b.size() ? 0 : 1;
-    for (size_t i = 0; i < n; ++i) {
-        const unsigned char x = i < a.size() ? (unsigned char)a[i] : 0;
-        const unsigned char y = i < b.size() ? (unsigned char)b[i] : 0;
-        diff |= (unsigned char)(x ^ y);
-    }
-    return diff == 0;
-}
 
 namespace {
 
@@ -97,6 +86,21 @@ std::string finish_of(const Job& j) {
     return j.finish_reason == "length" ? "length" : "stop";
 }
 
+// OpenAI's tool_calls list for the calls of a reply (`index` is streaming's field).
+json tool_calls_json(const std::vector<ToolCall>& calls, bool stream) {
+    json out = json::array();
+    for (size_t k = 0; k < calls.size(); ++k) {
+        json c = {{"id", request_id("call")},
+                  {"type", "function"},
+                  {"function",
+                   {{"name", calls[k].name},
+                    {"arguments", calls[k].arguments.dump(-1, ' ', false, json::error_handler_t::replace)}}}};
+        if (stream) c["index"] = k;
+        out.push_back(std::move(c));
+    }
+    return out;
+}
+
 class Server {
 public:
     Server(g4_engine* e, const ServeOptions& o, Scheduler* sched, Metrics* metrics)
@@ -106,7 +110,10 @@ public:
         g4_engine_get_media_info(e, &limits_.media);
         limits_.media_dir  = o.media_dir;
         limits_.max_tokens = o.max_tokens;
-        created_           = (long)std::time(nullptr);
+        ChatTemplate tpl;
+        std::string err;
+        if (engine_chat_template(e, &tpl, &err)) limits_.tools = tpl.tools;
+        created_ = (long)std::time(nullptr);
     }
 
     void install(httplib::Server& svr) {
@@ -218,10 +225,10 @@ void Server::generate(const httplib::Request& req, httplib::Response& res, bool 
     }
     auto job = std::make_shared<Job>();
     try {
-        json body;
+        OJson body;
         try {
-            body = json::parse(req.body);
-        } catch (const json::parse_error& e) {
+            body = OJson::parse(req.body);
+        } catch (const OJson::parse_error& e) {
             throw bad_request("", std::string("the body is not valid JSON: ") + e.what());
         }
         job->req = chat ? parse_chat_request(body, defaults_, limits_)
@@ -276,7 +283,7 @@ void Server::respond_json(const std::shared_ptr<Job>& job, const Shape& shape, h
                           std::function<void(bool)> release) {
     res.set_chunked_content_provider(
         "application/json",
-        [job, shape](size_t, httplib::DataSink& sink) {
+        [job, shape, tools = limits_.tools](size_t, httplib::DataSink& sink) {
             std::unique_lock<std::mutex> l(job->m);
             while (!job->finished) {
                 if (!sink.is_writable()) {
@@ -286,8 +293,19 @@ void Server::respond_json(const std::shared_ptr<Job>& job, const Shape& shape, h
                 }
                 job->cv.wait_for(l, kPoll);
             }
-            json out            = shape.base(false);
-            out["choices"]      = json::array({shape.choice(job->text, finish_of(*job), false, false)});
+            json out = shape.base(false);
+            if (job->req.tools) {
+                const Reply r = parse_reply(job->text, tools);
+                json c =
+                    shape.choice(r.content, r.calls.empty() ? finish_of(*job) : "tool_calls", false, false);
+                if (!r.calls.empty()) {
+                    c["message"]["tool_calls"] = tool_calls_json(r.calls, false);
+                    if (r.content.empty()) c["message"]["content"] = nullptr;
+                }
+                out["choices"] = json::array({c});
+            } else {
+                out["choices"] = json::array({shape.choice(job->text, finish_of(*job), false, false)});
+            }
             out["usage"]        = usage_json(*job);
             const std::string s = out.dump(-1, ' ', false, json::error_handler_t::replace);
             l.unlock();
@@ -306,20 +324,34 @@ void Server::respond_stream(const std::shared_ptr<Job>& job, const Shape& shape,
     auto first = std::make_shared<bool>(true);
     res.set_chunked_content_provider(
         "text/event-stream",
-        [job, shape, first](size_t, httplib::DataSink& sink) {
+        [job, shape, first, tools = limits_.tools](size_t, httplib::DataSink& sink) {
             auto send = [&](const json& j) {
                 const std::string s =
                     "data: " + j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
                 return sink.write(s.data(), s.size());
             };
+            // With tools, text that is or may become a call is held back until the reply is complete.
+            auto ready = [&] {
+                return job->req.tools ? streamable_prefix(job->text, tools) : job->text.size();
+            };
             std::unique_lock<std::mutex> l(job->m);
-            while (job->text_sent == job->text.size() && !job->finished) {
+            while (ready() <= job->text_sent && !job->finished) {
                 if (!sink.is_writable()) break;
                 job->cv.wait_for(l, kPoll);
             }
-            std::string piece = job->text.substr(job->text_sent);
-            job->text_sent    = job->text.size();
-            const bool done   = job->finished;
+            const bool done = job->finished;
+            std::string piece;
+            std::vector<ToolCall> calls;
+            if (done && job->req.tools) {
+                Reply r        = parse_reply(job->text, tools);
+                piece          = r.content.size() > job->text_sent ? r.content.substr(job->text_sent) : "";
+                calls          = std::move(r.calls);
+                job->text_sent = job->text.size();
+            } else {
+                const size_t end = std::max(ready(), job->text_sent);
+                piece            = job->text.substr(job->text_sent, end - job->text_sent);
+                job->text_sent   = end;
+            }
             if (!piece.empty() || *first) {
                 json c       = shape.base(true);
                 c["choices"] = json::array({shape.choice(piece, nullptr, true, *first)});

@@ -29,7 +29,4 @@ struct ServeOptions {
 // once the socket is bound; throws std::runtime_error (one line) when it cannot bind or create the sessions.
 int serve(g4_engine* engine, const ServeOptions& opts, const std::atomic<int>& stop);
 
-// Compares in time independent of where the strings differ (the API key check).
-bool constant_time_equal(const std::string& a, const std::string& b);
-
 } // namespace g4::serve

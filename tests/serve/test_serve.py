@@ -131,6 +131,34 @@ def test_audio_message(server):
     assert r.usage.prompt_tokens > 10
 
 
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather of a city.",
+                                           "parameters": {"type": "object", "required": ["city"],
+                                                          "properties": {"city": {"type": "string"}}}}}
+
+
+def test_tools_and_tool_results_are_rendered(server):
+    c = client(server)
+    ask = [{"role": "user", "content": "Weather in Paris?"}]
+    plain = c.chat.completions.create(model="tiny", messages=ask, temperature=0, max_tokens=2)
+    with_tools = c.chat.completions.create(model="tiny", messages=ask, tools=[WEATHER], temperature=0, max_tokens=2)
+    # The declaration (name, description, schema) is in the prompt; tool_choice none leaves it out.
+    assert with_tools.usage.prompt_tokens > plain.usage.prompt_tokens + 10
+    none = c.chat.completions.create(model="tiny", messages=ask, tools=[WEATHER], tool_choice="none",
+                                     temperature=0, max_tokens=2)
+    assert none.usage.prompt_tokens == plain.usage.prompt_tokens
+    history = ask + [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": '{"temp_c": 21}'}]
+    after = c.chat.completions.create(model="tiny", messages=history, tools=[WEATHER], temperature=0, max_tokens=2)
+    assert after.usage.prompt_tokens > with_tools.usage.prompt_tokens + 5
+    with pytest.raises(openai.BadRequestError) as e:
+        c.chat.completions.create(model="tiny", messages=ask, tools=[WEATHER], tool_choice="required", max_tokens=2)
+    assert "tool_choice" in e.value.message
+    with pytest.raises(openai.BadRequestError):
+        c.chat.completions.create(model="tiny", messages=ask + [{"role": "tool", "tool_call_id": "x", "content": "1"}],
+                                  max_tokens=2)
+
+
 def test_eight_concurrent_clients_match_g4_run(server, plan):
     c = client(server)
 

@@ -35,7 +35,9 @@ const Command kServe = {
       "the model id /v1/models lists and requests may name. Default: the plan's file name"},
      {"--max-body", "BYTES", "largest request body (images and audio are in it, base64). Default: 33554432"},
      {"--timeout", "S", "seconds a request may take, queue included; then it is cancelled. Default: 600"},
-     {"--max-tokens", "N", "max_tokens a request may ask for at most. Default: the plan's context"},
+     {"--max-tokens", "N",
+      "max_tokens a request may ask for at most, and the default of one that asks for none. Default: the "
+      "plan's context"},
      {"--media-dir", "DIR",
       "allow image URLs file:///PATH for files under DIR (after resolving links). Default: files refused"}}};
 

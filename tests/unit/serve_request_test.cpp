@@ -3,6 +3,7 @@
 // models/gemma4/chat.h), the model's calls parsed back, base64 and the API key comparison.
 #include "models/gemma4/chat.h"
 #include "tools/serve/request.h"
+#include "tools/serve/response.h"
 #include "tools/serve/tool_calls.h"
 
 #include <gtest/gtest.h>
@@ -166,6 +167,44 @@ TEST(ServeRequest, SamplingFieldsAndDefaults) {
                                                        def, limits());
     EXPECT_EQ(c.prompt, "one");
     EXPECT_TRUE(c.stream);
+}
+
+// OpenAI's shapes for a reply that calls tools, streaming or not, and for one that does not.
+TEST(ServeResponse, ToolCallsInTheOpenAIShape) {
+    const auto& t = kTpl.tools;
+    const std::string text =
+        g4::serve::tool_call_text("get_weather", OJson::parse(R"({"city": "Paris"})"), t);
+    const g4::serve::Shape chat{true, "chatcmpl-1", "tiny", 5};
+    const nlohmann::json r = chat.final_response(text, "stop", 11, 7, &t);
+    EXPECT_EQ(r["object"], "chat.completion");
+    const auto& c = r["choices"][0];
+    EXPECT_EQ(c["finish_reason"], "tool_calls");
+    EXPECT_TRUE(c["message"]["content"].is_null());
+    ASSERT_EQ(c["message"]["tool_calls"].size(), 1u);
+    const auto& call = c["message"]["tool_calls"][0];
+    EXPECT_EQ(call["type"], "function");
+    EXPECT_EQ(call["id"].get<std::string>().rfind("call-", 0), 0u);
+    EXPECT_EQ(call["function"]["name"], "get_weather");
+    EXPECT_EQ(nlohmann::json::parse(call["function"]["arguments"].get<std::string>()),
+              nlohmann::json::parse(R"({"city": "Paris"})"));
+    EXPECT_EQ(r["usage"],
+              nlohmann::json::parse(R"({"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18})"));
+    // Without tools declared the same text is content; a completion is text whatever it holds.
+    EXPECT_EQ(chat.final_response(text, "stop", 1, 1, nullptr)["choices"][0]["message"]["content"], text);
+    const g4::serve::Shape cmpl{false, "cmpl-1", "tiny", 5};
+    const nlohmann::json cr = cmpl.final_response("abc", "length", 1, 1, &t);
+    EXPECT_EQ(cr["object"], "text_completion");
+    EXPECT_EQ(cr["choices"][0]["text"], "abc");
+    EXPECT_EQ(cr["choices"][0]["finish_reason"], "length");
+    // The stream's last chunk carries the calls with their index.
+    const g4::serve::Reply rep = g4::serve::parse_reply("hi " + text, t);
+    const nlohmann::json fin   = chat.final_chunk(rep.calls, "stop", 11, 7);
+    EXPECT_EQ(fin["object"], "chat.completion.chunk");
+    EXPECT_EQ(fin["choices"][0]["finish_reason"], "tool_calls");
+    EXPECT_EQ(fin["choices"][0]["delta"]["tool_calls"][0]["index"], 0);
+    EXPECT_EQ(fin["choices"][0]["delta"]["tool_calls"][0]["function"]["name"], "get_weather");
+    EXPECT_EQ(chat.final_chunk({}, "length", 1, 2)["choices"][0]["finish_reason"], "length");
+    EXPECT_EQ(g4::serve::error_body("invalid_request_error", "", "bad", 400)["error"]["param"], nullptr);
 }
 
 TEST(ServeRequest, Base64AndKeyComparison) {

@@ -167,7 +167,8 @@ void parse_common(const json& body, const std::set<std::string>& extra, const g4
             throw bad_request("logprobs", "'logprobs' is not supported");
     }
     if (body.contains("ignore_eos")) r->ignore_eos = boolean(body, "ignore_eos");
-    const long long cap = limits.max_tokens > 0 ? limits.max_tokens : INT32_MAX;
+    const long long cap   = limits.max_tokens > 0 ? limits.max_tokens : INT32_MAX;
+    r->default_max_tokens = limits.max_tokens;
     for (const char* k : {"max_tokens", "max_completion_tokens"})
         if (body.contains(k) && !body[k].is_null()) r->max_tokens = (int32_t)integer(body, k, 1, cap);
     if (body.contains("stop") && !body["stop"].is_null()) {

@@ -52,8 +52,9 @@ struct GenRequest {
     std::string prompt;            // completions
     bool stream = false, include_usage = false;
     g4_sampling_params sampling{};
-    int32_t max_tokens = -1; // -1: what the context leaves
-    bool ignore_eos    = false;
+    int32_t max_tokens         = -1; // -1: what the context leaves, at most default_max_tokens
+    int32_t default_max_tokens = 0;  // --max-tokens (0: none)
+    bool ignore_eos            = false;
     std::vector<std::string> stop;
     bool tools = false; // tools were declared: the reply's calls are parsed into tool_calls
 };

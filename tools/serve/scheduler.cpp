@@ -219,9 +219,11 @@ void Scheduler::run(Job& job, g4_session* s) {
             stops.push_back(x.c_str());
         g4_generate_params gp = g4_generate_params_default();
         gp.max_tokens         = r.max_tokens > 0 ? r.max_tokens : ctx - np;
-        gp.ignore_eos         = r.ignore_eos ? 1 : 0;
-        gp.stop               = stops.data();
-        gp.n_stop             = stops.size();
+        if (r.max_tokens <= 0 && r.default_max_tokens > 0)
+            gp.max_tokens = std::min(gp.max_tokens, r.default_max_tokens);
+        gp.ignore_eos = r.ignore_eos ? 1 : 0;
+        gp.stop       = stops.data();
+        gp.n_stop     = stops.size();
         GenState gs{&job, {}, false};
         int32_t n_gen               = 0;
         st                          = g4_session_generate(s, &r.sampling, &gp, on_token, &gs, &n_gen);
@@ -235,11 +237,11 @@ void Scheduler::run(Job& job, g4_session* s) {
         const bool cancelled = job.cancelled() || st == G4_ERR_CANCELLED || Clock::now() > job.deadline;
         if (cancelled) metrics_->cancelled();
         std::lock_guard<std::mutex> l(job.m);
-        job.session       = nullptr;
-        job.ttft_ms       = ttft * 1e3;
-        job.finish_reason = (n_gen >= gp.max_tokens || st == G4_ERR_CONTEXT_FULL) ? "length"
-                            : cancelled                                           ? "cancelled"
-                                                                                  : "stop";
+        job.session = nullptr;
+        job.ttft_ms = ttft * 1e3;
+        // A timeout ends the reply as a limit does ("length"); a client that went away gets nothing.
+        job.finish_reason =
+            (n_gen >= gp.max_tokens || st == G4_ERR_CONTEXT_FULL || cancelled) ? "length" : "stop";
         if (cancelled && !job.cancelled()) {
             job.err_status = 504;
             job.err_type   = "timeout";
@@ -253,6 +255,12 @@ void Scheduler::run(Job& job, g4_session* s) {
             job.session = nullptr;
         }
         fail(job, e.status, e.type.c_str(), e.what());
+    } catch (const std::exception& e) { // out of memory in a request's own buffers: that request fails
+        {
+            std::lock_guard<std::mutex> l(job.m);
+            job.session = nullptr;
+        }
+        fail(job, 500, "server_error", e.what());
     }
     g4_session_set_progress_callback(s, nullptr, nullptr);
 }

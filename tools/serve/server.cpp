@@ -3,6 +3,7 @@
 
 #include "tools/serve/metrics.h"
 #include "tools/serve/request.h"
+#include "tools/serve/response.h"
 #include "tools/serve/scheduler.h"
 #include "tools/serve/tool_calls.h"
 
@@ -26,79 +27,14 @@ namespace {
 
 constexpr auto kPoll = std::chrono::milliseconds(100);
 
-json error_body(const std::string& type, const std::string& param, const std::string& msg, int code) {
-    return {{"error",
-             {{"message", msg},
-              {"type", type},
-              {"param", param.empty() ? json() : json(param)},
-              {"code", code}}}};
-}
-
 void send_error(httplib::Response& res, int status, const std::string& type, const std::string& param,
                 const std::string& msg) {
     res.status = status;
-    res.set_content(error_body(type, param, msg, status).dump(-1, ' ', false, json::error_handler_t::replace),
-                    "application/json");
+    res.set_content(dump(error_body(type, param, msg, status)), "application/json");
 }
-
-std::string request_id(const char* prefix) {
-    static std::atomic<uint64_t> counter{0};
-    static const uint64_t salt = std::random_device{}();
-    char buf[64];
-    std::snprintf(buf, sizeof buf, "%s-%016llx%04llx", prefix, (unsigned long long)salt,
-                  (unsigned long long)(counter++ & 0xffff));
-    return buf;
-}
-
-json usage_json(const Job& j) {
-    return {{"prompt_tokens", j.prompt_tokens},
-            {"completion_tokens", j.completion_tokens},
-            {"total_tokens", j.prompt_tokens + j.completion_tokens}};
-}
-
-// One OpenAI response object (or a streaming chunk of one) for the job's current state.
-struct Shape {
-    bool chat;
-    std::string id, model;
-    long created;
-
-    json base(bool chunk) const {
-        return {{"id", id},
-                {"object", chat ? (chunk ? "chat.completion.chunk" : "chat.completion") : "text_completion"},
-                {"created", created},
-                {"model", model}};
-    }
-    json choice(const std::string& text, const json& finish, bool chunk, bool first) const {
-        json c = {{"index", 0}, {"finish_reason", finish}};
-        if (!chat) {
-            c["text"]     = text;
-            c["logprobs"] = nullptr;
-        } else if (chunk) {
-            c["delta"] = first ? json{{"role", "assistant"}, {"content", text}} : json{{"content", text}};
-        } else {
-            c["message"] = {{"role", "assistant"}, {"content", text}};
-        }
-        return c;
-    }
-};
 
 std::string finish_of(const Job& j) {
     return j.finish_reason == "length" ? "length" : "stop";
-}
-
-// OpenAI's tool_calls list for the calls of a reply (`index` is streaming's field).
-json tool_calls_json(const std::vector<ToolCall>& calls, bool stream) {
-    json out = json::array();
-    for (size_t k = 0; k < calls.size(); ++k) {
-        json c = {{"id", request_id("call")},
-                  {"type", "function"},
-                  {"function",
-                   {{"name", calls[k].name},
-                    {"arguments", calls[k].arguments.dump(-1, ' ', false, json::error_handler_t::replace)}}}};
-        if (stream) c["index"] = k;
-        out.push_back(std::move(c));
-    }
-    return out;
 }
 
 class Server {
@@ -269,7 +205,7 @@ void Server::generate(const httplib::Request& req, httplib::Response& res, bool 
             return;
         }
     }
-    const Shape shape{chat, request_id(chat ? "chatcmpl" : "cmpl"), opts_.model, (long)std::time(nullptr)};
+    const Shape shape{chat, response_id(chat ? "chatcmpl" : "cmpl"), opts_.model, (long)std::time(nullptr)};
     metrics_->request_done(ep, 200);
     if (job->req.stream)
         respond_stream(job, shape, res, active.release());
@@ -293,21 +229,9 @@ void Server::respond_json(const std::shared_ptr<Job>& job, const Shape& shape, h
                 }
                 job->cv.wait_for(l, kPoll);
             }
-            json out = shape.base(false);
-            if (job->req.tools) {
-                const Reply r = parse_reply(job->text, tools);
-                json c =
-                    shape.choice(r.content, r.calls.empty() ? finish_of(*job) : "tool_calls", false, false);
-                if (!r.calls.empty()) {
-                    c["message"]["tool_calls"] = tool_calls_json(r.calls, false);
-                    if (r.content.empty()) c["message"]["content"] = nullptr;
-                }
-                out["choices"] = json::array({c});
-            } else {
-                out["choices"] = json::array({shape.choice(job->text, finish_of(*job), false, false)});
-            }
-            out["usage"]        = usage_json(*job);
-            const std::string s = out.dump(-1, ' ', false, json::error_handler_t::replace);
+            const std::string s =
+                dump(shape.final_response(job->text, finish_of(*job), job->prompt_tokens,
+                                          job->completion_tokens, job->req.tools ? &tools : nullptr));
             l.unlock();
             sink.write(s.data(), s.size());
             sink.done();
@@ -326,8 +250,7 @@ void Server::respond_stream(const std::shared_ptr<Job>& job, const Shape& shape,
         "text/event-stream",
         [job, shape, first, tools = limits_.tools](size_t, httplib::DataSink& sink) {
             auto send = [&](const json& j) {
-                const std::string s =
-                    "data: " + j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
+                const std::string s = "data: " + dump(j) + "\n\n";
                 return sink.write(s.data(), s.size());
             };
             // With tools, text that is or may become a call is held back until the reply is complete.
@@ -375,12 +298,11 @@ void Server::respond_stream(const std::shared_ptr<Job>& job, const Shape& shape,
             }
             json tail;
             if (job->err_status != 0) tail = error_body(job->err_type, "", job->err_msg, job->err_status);
-            json fin             = shape.base(true);
-            fin["choices"]       = json::array({shape.choice("", finish_of(*job), true, false)});
-            fin["usage"]         = usage_json(*job);
+            const json fin =
+                shape.final_chunk(calls, finish_of(*job), job->prompt_tokens, job->completion_tokens);
             json usage           = shape.base(true);
             usage["choices"]     = json::array();
-            usage["usage"]       = usage_json(*job);
+            usage["usage"]       = usage_json(job->prompt_tokens, job->completion_tokens);
             const bool own_usage = job->req.include_usage;
             l.unlock();
             if (!tail.is_null()) send(tail);

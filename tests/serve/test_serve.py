@@ -285,6 +285,21 @@ def test_full_queue_gets_429_and_api_key(plan, tmp_path):
         assert s.stop() == 0
 
 
+def test_timeout_ends_a_long_request_and_queue_zero_takes_idle_slots(plan):
+    s = Server(plan, "--timeout", "0.2", "--max-queue", "0")
+    try:
+        # 4000 tokens take far longer than 0.2 s on any CPU (the tiny model decodes a few thousand a second).
+        st, _, raw = post(s.url + "/v1/completions", {"prompt": "go", "max_tokens": 4000, "ignore_eos": True})
+        assert st == 200, raw
+        r = json.loads(raw)
+        assert r["choices"][0]["finish_reason"] == "length"
+        assert 0 < r["usage"]["completion_tokens"] < 4000
+        assert s.metrics()["g4_requests_cancelled_total"] == 1
+        assert post(s.url + "/v1/completions", {"prompt": "go", "max_tokens": 2})[0] == 200
+    finally:
+        assert s.stop() == 0
+
+
 def test_sigterm_lets_running_requests_finish(plan):
     s = Server(plan)
     conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=30)

@@ -46,7 +46,9 @@ Scheduler::~Scheduler() {
 
 bool Scheduler::submit(const std::shared_ptr<Job>& job) {
     std::lock_guard<std::mutex> l(m_);
-    if (stopping_ || (int)queue_.size() >= max_queue_) return false;
+    // Requests beyond the idle slots wait; at most max_queue_ of them.
+    const int idle = (int)sessions_.size() - running_.load();
+    if (stopping_ || (int)queue_.size() >= max_queue_ + std::max(0, idle)) return false;
     queue_.push_back(job);
     cv_.notify_one();
     return true;
@@ -87,9 +89,10 @@ void Scheduler::worker(size_t slot) {
             if (queue_.empty()) return;
             job = queue_.front();
             queue_.pop_front();
+            ++running_; // under m_: submit counts the idle slots
         }
-        ++running_;
         run(*job, s);
+        std::lock_guard<std::mutex> l(m_);
         --running_;
     }
 }

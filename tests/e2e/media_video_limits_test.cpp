@@ -1,4 +1,5 @@
-// Video limits recorded in the plan (g4 compile --video-frames, --max-video-seconds, --max-video-stream-frames,
+// Video limits recorded in the plan (g4 compile --video-frames, --max-video-seconds,
+// --max-video-stream-frames,
 // --max-video-pixels, --max-video-bytes; META towers.vision.video): g4_media_info gives them, g4 run takes
 // them as its defaults and its flags of the same names override them. And the default --max-media-tokens of
 // a plan with video holds a whole default video and an image: `g4 run --video` on a near-16:9 clip (32
@@ -24,8 +25,8 @@ protected:
     }
     std::string compile(const std::string& name, const std::string& flags) {
         const std::string plan = dir_.file(name);
-        CmdResult c            = run_g4("compile --model '" + fixture("e2b_tiny_mm") + "' --no-fidelity " + flags +
-                                        " -o '" + plan + "'");
+        CmdResult c = run_g4("compile --model '" + fixture("e2b_tiny_mm") + "' --no-fidelity " + flags +
+                             " -o '" + plan + "'");
         EXPECT_EQ(c.exit_code, 0) << c.err;
         return plan;
     }
@@ -96,13 +97,14 @@ TEST_F(VideoPlanLimits, PlanRecordsThemAndRunFlagsOverride) {
         EXPECT_NE(r.err.find(k.want), std::string::npos) << k.args << ": " << r.err;
         EXPECT_NE(r.err.find(f), std::string::npos) << r.err;
     }
-    const std::string lifted =
-        "--max-video-bytes 100000 --max-video-pixels 6000 --max-video-seconds 5 --max-video-stream-frames 100";
+    const std::string lifted = "--max-video-bytes 100000 --max-video-pixels 6000 --max-video-seconds 5 "
+                               "--max-video-stream-frames 100";
     const std::string dump = dir_.file("plan4.f32"), dump_flag = dir_.file("flag4.f32"),
                       dump8 = dir_.file("flag8.f32");
     CmdResult r             = run_video(plan, f, lifted, dump);
     ASSERT_EQ(r.exit_code, 0) << r.err;
-    // The plan's 4 frames: the prompt a default plan builds with --video-frames 4, not its 32 (the clip's 25).
+    // The plan's 4 frames: the prompt a default plan builds with --video-frames 4, not its 32 (the clip's
+    // 25).
     const std::string dflt = compile("default.g4plan", "");
     r                      = run_video(dflt, f, "--video-frames 4", dump_flag);
     ASSERT_EQ(r.exit_code, 0) << r.err;
@@ -116,9 +118,10 @@ TEST_F(VideoPlanLimits, PlanRecordsThemAndRunFlagsOverride) {
     r = run_video(plan, f, "--max-video-pixels 99999999999");
     EXPECT_EQ(r.exit_code, 2) << r.err;
     EXPECT_NE(r.err.find("is over the plan's"), std::string::npos) << r.err;
-    for (const char* bad : {"--max-video-pixels 99999999999", "--video-frames 2000", "--max-video-seconds 0"}) {
-        CmdResult c = run_g4("compile --model '" + fixture("e2b_tiny_mm") + "' --no-fidelity " + bad + " -o '" +
-                             dir_.file("bad.g4plan") + "'");
+    for (const char* bad :
+         {"--max-video-pixels 99999999999", "--video-frames 2000", "--max-video-seconds 0"}) {
+        CmdResult c = run_g4("compile --model '" + fixture("e2b_tiny_mm") + "' --no-fidelity " + bad +
+                             " -o '" + dir_.file("bad.g4plan") + "'");
         EXPECT_NE(c.exit_code, 0) << bad;
         EXPECT_EQ(std::count(c.err.begin(), c.err.end(), '\n'), 1) << bad << ": " << c.err;
         EXPECT_NE(c.err.find(std::string(bad).substr(0, std::string(bad).find(' '))), std::string::npos)

@@ -302,16 +302,19 @@ def test_timeout_ends_a_long_request_and_queue_zero_takes_idle_slots(plan):
 
 def test_sigterm_lets_running_requests_finish(plan):
     s = Server(plan)
-    conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=30)
-    body = {"messages": [{"role": "user", "content": "go"}], "stream": True, "max_tokens": 2000, "ignore_eos": True}
-    conn.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
-    resp = conn.getresponse()
-    assert resp.read(6) == b"data: "
-    s.proc.send_signal(15)
-    rest = resp.read().decode()
-    assert rest.rstrip().endswith("data: [DONE]")
-    last = json.loads([ln for ln in rest.split("\n") if ln.startswith("data: {")][-1][6:])
-    assert last["usage"]["completion_tokens"] == 2000
-    assert s.proc.wait(timeout=30) == 0  # exits by itself once the request is answered
-    assert s.stop() == 0
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=30)
+        body = {"messages": [{"role": "user", "content": "go"}], "stream": True, "max_tokens": 2000,
+                "ignore_eos": True}
+        conn.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        assert resp.read(6) == b"data: "
+        s.proc.send_signal(15)
+        rest = resp.read().decode()
+        assert rest.rstrip().endswith("data: [DONE]")
+        last = json.loads([ln for ln in rest.split("\n") if ln.startswith("data: {")][-1][6:])
+        assert last["usage"]["completion_tokens"] == 2000
+        assert s.proc.wait(timeout=30) == 0  # exits by itself once the request is answered
+    finally:
+        assert s.stop() == 0
     assert "SIGTERM" in s.stderr

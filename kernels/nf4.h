@@ -47,6 +47,17 @@ struct Layout {
     uint64_t total       = 0; // blob bytes
 };
 
+// The CPU kernels link one more copy of the functions below per instruction-set level (kernels/cpu/level.h),
+// each in an inline namespace named by the level; everywhere else they are plain g4::nf4 functions.
+#if defined(G4_CPU_NS)
+#define G4_NF4_LEVEL_BEGIN inline namespace G4_CPU_NS {
+#define G4_NF4_LEVEL_END }
+#else
+#define G4_NF4_LEVEL_BEGIN
+#define G4_NF4_LEVEL_END
+#endif
+G4_NF4_LEVEL_BEGIN
+
 Layout layout(int64_t n, bool double_quant);
 
 // Dequantizes elements [start, start + count) of the blob into out (float32).
@@ -74,5 +85,7 @@ inline float mul_then_add(float a, float b, float c) {
 // fp32 scale of 64-element block b: absmax[b], or code2[absmax_q[b]] * absmax2[b / 256] + offset rounded
 // after the product and after the sum (never fused), as bitsandbytes computes it.
 float block_absmax(const uint8_t* blob, const Layout& l, int64_t b);
+
+G4_NF4_LEVEL_END
 
 } // namespace g4::nf4

@@ -1,5 +1,6 @@
 // Implementation of the shared test helpers (see test_util.h).
 #include "test_util.h"
+#include "kernels/cpu/dispatch.h"
 #include "kernels/ops.h"
 #include "runtime/plan/plan_format.h"
 
@@ -9,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <gtest/gtest.h>
 #include <random>
 #include <sstream>
 #include <stdexcept>
@@ -89,6 +91,24 @@ CmdResult run_cmd(const std::string& cmd) {
 CmdResult run_g4(const std::string& args) {
     return run_cmd("'" + cli_path() + "' " + args);
 }
+
+std::string cpu_level_missing() {
+    const char* want = std::getenv("G4_CPU_LEVEL");
+    if (!want || !*want) return "";
+    if (std::string(want) == g4::cpu::level_name(g4::cpu::active_level())) return "";
+    return std::string("G4_CPU_LEVEL=") + want + ": this CPU or build lacks it (it has " +
+           g4::cpu::supported_levels() + ")";
+}
+
+namespace {
+struct CpuLevelEnvironment : ::testing::Environment {
+    void SetUp() override {
+        if (std::string why = cpu_level_missing(); !why.empty()) GTEST_SKIP() << why;
+    }
+};
+[[maybe_unused]] const auto* const kCpuLevelEnvironment =
+    ::testing::AddGlobalTestEnvironment(new CpuLevelEnvironment);
+} // namespace
 
 double rel_l2(const float* a, const float* b, size_t n) {
     double num = 0, den = 0;

@@ -34,6 +34,11 @@ CmdResult run_cmd(const std::string& cmd);
 // Runs the g4 CLI with the given argument string (already shell-quoted where needed).
 CmdResult run_g4(const std::string& args);
 
+// Empty, or why tests should skip: G4_CPU_LEVEL names a CPU kernel level (kernels/cpu/dispatch.h) that this
+// CPU or build lacks, so another level runs. ctest repeats the CPU kernel tests once per level with it set;
+// every test executable (test_util.cpp registers a global gtest environment) then skips all its tests.
+std::string cpu_level_missing();
+
 // n samples of N(0, sd^2) from a fixed seed (std::mt19937), and their bf16 bits (round to nearest even).
 std::vector<float> randn(size_t n, uint32_t seed, float sd = 1.0f);
 std::vector<uint16_t> to_bf16(const std::vector<float>& v);

@@ -1,4 +1,5 @@
 // `g4 bench`: llama-bench style prompt-processing and decode throughput of a plan, in one warm process.
+#include "kernels/cpu/dispatch.h"
 #include "tools/cli_common.h"
 
 #include <algorithm>
@@ -124,10 +125,12 @@ int cmd_bench(int argc, char** argv) {
                          {"depth", r.depth},
                          {"median_ms", r.ms},
                          {"tok_s", r.tok_s},
-                         {"ms", r.all}});
+                         {"ms", r.all},
+                         {"cpu_kernels", g4::cpu::level_name(g4::cpu::active_level())}});
         std::printf("%s\n", j.dump().c_str());
         return 0;
     }
+    std::printf("CPU kernels: %s\n", g4::cpu::level_name(g4::cpu::active_level()));
     std::printf("%-14s %8s %8s %12s %12s\n", "test", "tokens", "depth", "median ms", "tok/s");
     for (const Row& r : rows)
         std::printf("%-14s %8d %8d %12.2f %12.1f\n", r.test.c_str(), r.tokens, r.depth, r.ms, r.tok_s);

@@ -4,6 +4,7 @@
 // table; `g4 CMD --help` prints it. Every failure prints one line "g4 CMD: error: ..." on stderr and exits
 // non-zero.
 #include "compiler/error.h"
+#include "kernels/cpu/dispatch.h"
 #include "tools/cli_common.h"
 
 #include <cstdio>
@@ -55,7 +56,8 @@ int main(int argc, char** argv) {
         return 0;
     }
     if (cmd == "--version" || cmd == "version") {
-        std::printf("g4 %s\n", g4_runtime_version());
+        std::printf("g4 %s\nCPU kernels: %s (this CPU and build: %s)\n", g4_runtime_version(),
+                    g4::cpu::level_name(g4::cpu::active_level()), g4::cpu::supported_levels());
         return 0;
     }
     for (size_t i = 0; i < sizeof kCommands / sizeof kCommands[0]; ++i) {

@@ -1,6 +1,7 @@
 // Eigen CPU kernels, multi-threaded over the session's ThreadPool. Same argument structs as the
 // reference kernels (kernels/ref/ref.h). Nothing here allocates: per-thread scratch comes from
-// Context, sized once at session creation with scratch_floats_per_thread().
+// Context, sized once at session creation with scratch_floats_per_thread(). The build compiles the kernels
+// once per instruction-set level and these functions call the copy picked at start-up (dispatch.h).
 #pragma once
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/ops.h"
@@ -16,8 +17,16 @@ struct Context {
     float* thread_scratch(int thread) const { return scratch + (size_t)thread * scratch_stride; }
 };
 
-constexpr int kMatmulTileRows = 32; // weight rows dequantized per task
-constexpr int kNf4GemvMaxRows = 8;  // NF4 matmuls with at most this many rows skip the fp32 tile
+constexpr int kMatmulTileRows    = 32;  // weight rows dequantized per task
+constexpr int kNf4GemvMaxRows    = 8;   // NF4 matmuls with at most this many rows skip the fp32 tile
+constexpr int kGemmMr            = 12;  // rows of y per register block
+constexpr int kGemmNr            = 32;  // columns of y per register block (= weight rows per panel)
+constexpr int kGemmKc            = 512; // k per packed panel
+constexpr int kGemmBf16Group     = 4;   // kGemmNr-column weight panels packed per task (AVX-512 BF16 path)
+constexpr int kSelfAttentionRows = 2 * kGemmMr; // query rows per self_attention task
+
+// Level sources (kernels/cpu/level.h) declare their own copy of the functions below instead.
+#ifndef G4_CPU_NS
 
 // Per-thread scratch needed for matmuls with inner dimension <= max_k and attention over <= max_slots.
 size_t scratch_floats_per_thread(int64_t max_k, int64_t max_slots);
@@ -35,9 +44,6 @@ void matmul_nf4_gemv(const Context& c, const MatmulArgs& a);
 // kGemmKc x kGemmNr weight panels (gemm_scratch_floats() per thread) and an AVX-512 register-blocked kernel;
 // other dtypes, or a Context with less scratch, go to matmul. Each output is one fp32 sum in k order,
 // independent of the thread count. Without AVX-512 it is matmul.
-constexpr int kGemmMr = 12;  // rows of y per register block
-constexpr int kGemmNr = 32;  // columns of y per register block (= weight rows per panel)
-constexpr int kGemmKc = 512; // k per packed panel
 size_t gemm_scratch_floats();
 void matmul_gemm(const Context& c, const MatmulArgs& a);
 // Single-threaded strided block on the calling thread: c[rows, cols] (+)= a[rows, k] . b[k, cols] with
@@ -54,7 +60,6 @@ bool gemm_has_avx512();
 // F32/BF16 weights and a Context with gemm_bf16_scratch_floats() per thread (else it is matmul, fp32).
 // With AVX-512 BF16 (_mm512_dpbf16_ps, which flushes bf16 denormals to zero) the sum order is pairs of k
 // in increasing order; otherwise it is matmul_gemm_bf16_portable. Independent of the thread count.
-constexpr int kGemmBf16Group = 4; // kGemmNr-column weight panels packed per task (AVX-512 BF16 path)
 size_t gemm_bf16_scratch_floats();
 void matmul_gemm_bf16(const Context& c, const MatmulArgs& a);
 // Same definition on any machine: bf16-valued fp32 operands through gemm_block_portable (Eigen).
@@ -76,7 +81,6 @@ void rope_2d(const Context& c, const Rope2DArgs& a);
 // K^T of each kv head packed into a.work in panels of kGemmNr keys, then query blocks of
 // kSelfAttentionRows rows of one head per task: scores [rows, keys rounded up to kGemmNr] in the thread's
 // scratch (self_attention_thread_floats), both products through gemm_block.
-constexpr int kSelfAttentionRows = 2 * kGemmMr;
 size_t self_attention_thread_floats(int64_t max_rows);
 void self_attention(const Context& c, const SelfAttentionArgs& a);
 void pool_rows(const Context& c, const PoolRowsArgs& a);
@@ -96,5 +100,7 @@ void local_attention(const Context& c, const LocalAttentionArgs& a);
 size_t softplus_scale_scratch_floats(int32_t dim);
 void softplus_scale(const Context& c, const DimScaleArgs& a);
 void add_scaled(const Context& c, const AddScaledArgs& a);
+
+#endif // G4_CPU_NS
 
 } // namespace g4::cpu

@@ -1,9 +1,17 @@
 // Eigen CPU kernels (see cpu.h). Weights stay in their stored dtype (mmapped from the plan) and are
 // widened to float32 one tile at a time into per-thread scratch, except NF4 matmuls of a few rows, which
 // read the packed codes directly (matmul_nf4_gemv); all arithmetic is float32.
-#include "kernels/cpu/cpu.h"
+#include "kernels/cpu/level.h"
 #include "kernels/nf4.h"
 #include "kernels/ref/ref.h"
+
+#if defined(__GNUC__) && !defined(__clang__)
+// GCC 12 flags its own AVX-512 intrinsic headers (_mm512_undefined_* self-initialisation) when inlined, and
+// Eigen's reads of a stack buffer the attention fills (buf) in the baseline x86-64 copy.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
 
 #include <Eigen/Core>
 #include <algorithm>
@@ -14,7 +22,7 @@
 #include <immintrin.h>
 #endif
 
-namespace g4::cpu {
+namespace g4::cpu::G4_CPU_NS {
 
 using RowMat  = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 using MapRM   = Eigen::Map<RowMat, 0, Eigen::OuterStride<>>;
@@ -95,13 +103,6 @@ void matmul_tiled(const Context& c, const MatmulArgs& a) {
 // and 2q+1 of the 8 words as one 16-lane vector q (q = 0..3) by shifting, without widening bytes, and x is
 // reordered once to match (kXOrder). Each block's 16 scaled code values are codebook[c] * scale, the exact
 // weights nf4::dequantize produces; the products with x are accumulated in fp32.
-
-#if defined(__GNUC__) && !defined(__clang__)
-// GCC 12 flags its own AVX-512 intrinsic headers (_mm512_undefined_* self-initialisation) when inlined.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
 
 namespace {
 
@@ -331,10 +332,6 @@ void matmul(const Context& c, const MatmulArgs& a) {
         matmul_tiled(c, a);
 }
 
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
-
 void rms_norm(const Context& c, const RmsNormArgs& a) {
     for_rows(c, a.rows, a.cols, [&](int t) {
         for (int g = 0; g < a.cols / a.dim; ++g) {
@@ -461,4 +458,8 @@ void attention(const Context& c, const AttentionArgs& a) {
                        [](const void* cache, int64_t o, int, float*) { return (const float*)cache + o; });
 }
 
-} // namespace g4::cpu
+} // namespace g4::cpu::G4_CPU_NS
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif

@@ -1,7 +1,7 @@
 // Eigen CPU kernels of the encoder-program ops (ops.h: Clamp .. PoolRows), multi-threaded over the
 // Context's pool in blocks of rows. The attention packs K^T so that both of its products run through the
 // register-blocked gemm_block.
-#include "kernels/cpu/cpu.h"
+#include "kernels/cpu/level.h"
 #include "kernels/ref/ref.h"
 
 #include <Eigen/Core>
@@ -9,7 +9,7 @@
 #include <cmath>
 #include <cstring>
 
-namespace g4::cpu {
+namespace g4::cpu::G4_CPU_NS {
 
 static_assert(kSelfAttentionKeyPad == kGemmNr, "ops.h's key padding is the GEMM panel width");
 
@@ -146,4 +146,4 @@ void gelu_mul_vec(const Context& c, const BinaryArgs& a) {
     });
 }
 
-} // namespace g4::cpu
+} // namespace g4::cpu::G4_CPU_NS

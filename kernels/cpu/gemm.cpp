@@ -3,7 +3,7 @@
 // accumulates kGemmMr x kGemmNr blocks of y in registers. Each output element is one fp32 sum over k in
 // increasing order whatever the thread count. Without AVX-512 matmul_gemm is matmul_tiled and gemm_block
 // plain Eigen.
-#include "kernels/cpu/cpu.h"
+#include "kernels/cpu/level.h"
 
 #include <Eigen/Core>
 #include <algorithm>
@@ -15,7 +15,7 @@
 #include <immintrin.h>
 #endif
 
-namespace g4::cpu {
+namespace g4::cpu::G4_CPU_NS {
 
 size_t gemm_scratch_floats() {
     return (size_t)kGemmKc * kGemmNr;
@@ -186,4 +186,4 @@ void gemm_block_portable(int rows, int cols, int64_t k, const float* a, int64_t 
         C.noalias() = A * B;
 }
 
-} // namespace g4::cpu
+} // namespace g4::cpu::G4_CPU_NS

@@ -3,16 +3,24 @@
 // kGemmBf16Group panels of kGemmKc x kGemmNr bf16, each kGemmMr-row block of x is rounded once per panel
 // group, and _mm512_dpbf16_ps accumulates in registers; the portable path rounds both operands to bf16-valued
 // floats and runs the Eigen block GEMM.
-#include "kernels/cpu/cpu.h"
+#include "kernels/cpu/level.h"
 
 #include <algorithm>
 #include <array>
 #include <cstring>
 #include <utility>
 
+// G4_GEMM_BF16_NATIVE: the _mm512_dpbf16_ps kernel is compiled, as this copy's matmul_gemm_bf16 where the
+// level's flags include AVX-512 BF16, else (G4_CPU_BF16_TABLE, level.h) as matmul_gemm_bf16_dpbf16 with a
+// function-level target, which only the level's BF16 table calls.
 #if defined(__AVX512BF16__) && defined(__AVX512BW__)
 #include <immintrin.h>
 #define G4_GEMM_BF16_NATIVE 1
+#define G4_BF16_TARGET
+#elif defined(G4_CPU_BF16_TABLE)
+#include <immintrin.h>
+#define G4_GEMM_BF16_NATIVE 1
+#define G4_BF16_TARGET __attribute__((target("avx512bf16")))
 #endif
 
 #if defined(__GNUC__) && !defined(__clang__)
@@ -21,7 +29,7 @@
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 
-namespace g4::cpu {
+namespace g4::cpu::G4_CPU_NS {
 
 namespace {
 
@@ -82,8 +90,8 @@ void round_rows(int rows, int kc, const float* x, int64_t ldx, uint16_t* xs, int
 // c[MR, cols] (+)= a . b over kp k-pairs: a[i * lda + q] = (x[i][2q], x[i][2q+1]) as bf16 pairs,
 // b[q * kGemmNr + j] = (w[j][2q], w[j][2q+1]) (zero past cols).
 template <int MR>
-void micro(int64_t kp, const uint32_t* a, int64_t lda, const uint32_t* b, float* c, int64_t ldc, int cols,
-           bool accumulate) {
+G4_BF16_TARGET void micro(int64_t kp, const uint32_t* a, int64_t lda, const uint32_t* b, float* c,
+                          int64_t ldc, int cols, bool accumulate) {
     __mmask16 m[kNv];
     for (int v = 0; v < kNv; ++v)
         m[v] = (__mmask16)((1u << std::clamp(cols - 16 * v, 0, 16)) - 1u);
@@ -141,7 +149,7 @@ size_t gemm_bf16_scratch_floats() {
 }
 
 bool gemm_has_avx512_bf16() {
-#if G4_GEMM_BF16_NATIVE
+#if G4_GEMM_BF16_NATIVE && !defined(G4_CPU_BF16_TABLE)
     return true;
 #else
     return false;
@@ -177,8 +185,8 @@ void matmul_gemm_bf16_portable(const Context& c, const MatmulArgs& a) {
     });
 }
 
-void matmul_gemm_bf16(const Context& c, const MatmulArgs& a) {
 #if G4_GEMM_BF16_NATIVE
+void matmul_gemm_bf16_dpbf16(const Context& c, const MatmulArgs& a) {
     if ((a.dt != DType::BF16 && a.dt != DType::F32) || c.scratch_stride < gemm_bf16_scratch_floats() ||
         a.rows < 1) {
         matmul(c, a);
@@ -210,12 +218,18 @@ void matmul_gemm_bf16(const Context& c, const MatmulArgs& a) {
             }
         }
     });
+}
+#endif // G4_GEMM_BF16_NATIVE
+
+void matmul_gemm_bf16(const Context& c, const MatmulArgs& a) {
+#if G4_GEMM_BF16_NATIVE && !defined(G4_CPU_BF16_TABLE)
+    matmul_gemm_bf16_dpbf16(c, a);
 #else
     matmul_gemm_bf16_portable(c, a);
 #endif
 }
 
-} // namespace g4::cpu
+} // namespace g4::cpu::G4_CPU_NS
 
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop

@@ -2,7 +2,7 @@
 // im2col GEMM per output row, the causal depthwise 1-D convolution, local attention with relative-position
 // logits (one task per query row and head), and vectorised gates. Float32 arithmetic; weights widened into
 // per-thread scratch once per block of rows.
-#include "kernels/cpu/cpu.h"
+#include "kernels/cpu/level.h"
 #include "kernels/ref/ref.h"
 
 #if defined(__GNUC__) && !defined(__clang__)
@@ -18,7 +18,7 @@
 #include <cstring>
 #include <limits>
 
-namespace g4::cpu {
+namespace g4::cpu::G4_CPU_NS {
 namespace {
 
 using RowMat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
@@ -220,7 +220,7 @@ void add_scaled(const Context& c, const AddScaledArgs& a) {
     });
 }
 
-} // namespace g4::cpu
+} // namespace g4::cpu::G4_CPU_NS
 
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop

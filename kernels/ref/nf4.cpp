@@ -17,6 +17,7 @@
 #endif
 
 namespace g4::nf4 {
+G4_NF4_LEVEL_BEGIN
 
 namespace {
 
@@ -143,4 +144,5 @@ void dequantize(const uint8_t* blob, const Layout& l, int64_t start, int64_t cou
     }
 }
 
+G4_NF4_LEVEL_END
 } // namespace g4::nf4

@@ -1,0 +1,22 @@
+// Which instruction-set copy of the CPU kernels runs (kernels/cpu/level.h). A portable build holds a
+// baseline x86-64 copy, an x86-64-v3 copy (AVX2, FMA, F16C) and an x86-64-v4 copy (AVX-512 F/BW/DQ/VL/CD),
+// the last also with the AVX-512 BF16 GEMM as a fourth level; a G4_NATIVE build holds one copy, native,
+// tuned for the building machine; other architectures hold baseline. The first kernel call picks the best
+// level the CPU and the OS support (cpuid, and xgetbv for the AVX and AVX-512 register state), or the lower
+// one the environment variable G4_CPU_LEVEL names (baseline, avx2, avx512, avx512_bf16).
+#pragma once
+
+namespace g4::cpu {
+
+enum class Level { Baseline, Avx2, Avx512, Avx512Bf16, Native };
+constexpr int kLevelCount = 5;
+
+const char* level_name(Level l);
+// Built into this binary, and the CPU and the OS can run it.
+bool level_supported(Level l);
+// The level in use (picked on the first call of this or of any kernel).
+Level active_level();
+// The supported levels' names, best first, separated by spaces (for --version and reports).
+const char* supported_levels();
+
+} // namespace g4::cpu

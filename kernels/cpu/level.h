@@ -1,0 +1,31 @@
+// Included by the sources compiled once per instruction-set level (kernels/CMakeLists.txt): the build sets
+// G4_CPU_NS to the level's name (baseline, avx2, avx512; native with G4_NATIVE) and its compiler flags, and
+// the sources define their kernels in namespace g4::cpu::G4_CPU_NS. level_table.cpp exports the copy's
+// Kernels table as the C symbol g4_cpu_kernels_<level>, the one symbol the build leaves global in the copy's
+// object (every other one, Eigen's and the standard library's instantiations included, is made local, so
+// code compiled for one level never runs in place of another's).
+#pragma once
+#include "kernels/cpu/kernel_list.h"
+
+#ifndef G4_CPU_NS
+#error "kernels/cpu level sources are compiled through kernels/CMakeLists.txt, which sets G4_CPU_NS"
+#endif
+
+#define G4_CPU_CAT2(a, b) a##b
+#define G4_CPU_CAT(a, b) G4_CPU_CAT2(a, b)
+#define G4_CPU_ENTRY G4_CPU_CAT(g4_cpu_kernels_, G4_CPU_NS)
+
+// The avx512 copy also holds the AVX-512 BF16 GEMM (a function-level target: the copy runs on AVX-512 CPUs
+// without BF16) and exports a second table that uses it, g4_cpu_kernels_<level>_bf16.
+#if defined(G4_CPU_BF16_VARIANT) && defined(__AVX512BW__) && !defined(__AVX512BF16__)
+#define G4_CPU_BF16_TABLE 1
+#endif
+
+namespace g4::cpu::G4_CPU_NS {
+#define G4_CPU_KERNEL_DECL(ret, name, params, args) ret name params;
+G4_CPU_KERNELS(G4_CPU_KERNEL_DECL)
+#undef G4_CPU_KERNEL_DECL
+#if defined(G4_CPU_BF16_TABLE)
+void matmul_gemm_bf16_dpbf16(const Context& c, const MatmulArgs& a);
+#endif
+} // namespace g4::cpu::G4_CPU_NS

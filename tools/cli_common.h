@@ -136,10 +136,11 @@ private:
 };
 
 // The subcommands (tools/cmd_*.cpp) and their tables.
-extern const Command kCompile, kRun, kChat, kBench, kTokenize, kInspect;
+extern const Command kCompile, kRun, kChat, kServe, kBench, kTokenize, kInspect;
 int cmd_compile(int argc, char** argv);
 int cmd_run(int argc, char** argv);
 int cmd_chat(int argc, char** argv);
+int cmd_serve(int argc, char** argv);
 int cmd_bench(int argc, char** argv);
 int cmd_tokenize(int argc, char** argv);
 int cmd_inspect(int argc, char** argv);

@@ -1,7 +1,8 @@
 // g4: the command-line tool. `g4 compile` turns a Hugging Face checkpoint into a plan (compiler);
-// `g4 run`, `chat`, `bench` replay a plan through the C API (runtime/include/g4/g4.h); `g4 inspect` prints a
-// plan; `g4 tokenize` prints token ids. Each subcommand lives in tools/cmd_*.cpp with its option table;
-// `g4 CMD --help` prints it. Every failure prints one line "g4 CMD: error: ..." on stderr and exits non-zero.
+// `g4 run`, `chat`, `serve`, `bench` replay a plan through the C API (runtime/include/g4/g4.h); `g4 inspect`
+// prints a plan; `g4 tokenize` prints token ids. Each subcommand lives in tools/cmd_*.cpp with its option
+// table; `g4 CMD --help` prints it. Every failure prints one line "g4 CMD: error: ..." on stderr and exits
+// non-zero.
 #include "compiler/error.h"
 #include "kernels/cpu/dispatch.h"
 #include "tools/cli_common.h"
@@ -14,10 +15,12 @@ namespace {
 
 using g4::cli::Command;
 
-const Command* const kCommands[]     = {&g4::cli::kCompile, &g4::cli::kRun,      &g4::cli::kChat,
-                                        &g4::cli::kBench,   &g4::cli::kTokenize, &g4::cli::kInspect};
-int (*const kRunners[])(int, char**) = {g4::cli::cmd_compile, g4::cli::cmd_run,      g4::cli::cmd_chat,
-                                        g4::cli::cmd_bench,   g4::cli::cmd_tokenize, g4::cli::cmd_inspect};
+const Command* const kCommands[]     = {&g4::cli::kCompile, &g4::cli::kRun,   &g4::cli::kChat,
+                                        &g4::cli::kServe,   &g4::cli::kBench, &g4::cli::kTokenize,
+                                        &g4::cli::kInspect};
+int (*const kRunners[])(int, char**) = {g4::cli::cmd_compile, g4::cli::cmd_run,   g4::cli::cmd_chat,
+                                        g4::cli::cmd_serve,   g4::cli::cmd_bench, g4::cli::cmd_tokenize,
+                                        g4::cli::cmd_inspect};
 
 void print_overview(std::FILE* f) {
     std::fprintf(

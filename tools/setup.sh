@@ -9,7 +9,7 @@ BUILD_DIR=${BUILD_DIR:-build}
 need=()
 for pkg in cmake ninja-build g++ libeigen3-dev nlohmann-json3-dev libgtest-dev libgmock-dev libstb-dev libre2-dev \
     libjpeg62-turbo-dev libavformat-dev libavcodec-dev libswresample-dev libswscale-dev libavutil-dev pkgconf \
-    libreadline-dev tmux; do
+    libreadline-dev tmux libcpp-httplib-dev curl; do
     dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 if [ ${#need[@]} -gt 0 ]; then

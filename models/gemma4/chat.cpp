@@ -18,6 +18,14 @@ ChatTemplate chat_template() {
     t.reasoning         = {"model", "<|channel>", "<channel|>"};
     t.image             = {"\n\n", "<|image|>", "\n\n"};
     t.audio             = {"", "<|audio|>", ""};
+    t.tools             = {"<|tool>declaration:",
+                           "<tool|>",
+                           "<|tool_call>call:",
+                           "<tool_call|>",
+                           "<|tool_response>response:",
+                           "<tool_response|>",
+                           "<|\"|>",
+                           true};
     return t;
 }
 

@@ -76,19 +76,29 @@ std::string_view strip_python_whitespace(std::string_view s) {
 }
 
 json ChatTemplate::to_json() const {
-    return {{"bos", bos},
-            {"system_roles", system_roles},
-            {"system_start", system_start},
-            {"system_end", system_end},
-            {"turn_start", turn_start},
-            {"role_end", role_end},
-            {"turn_end", turn_end},
-            {"role_names", role_names},
-            {"generation_prompt", generation_prompt},
-            {"trim", trim},
-            {"reasoning", {{"role", reasoning.role}, {"open", reasoning.open}, {"close", reasoning.close}}},
-            {"image", media_json(image)},
-            {"audio", media_json(audio)}};
+    json j = {{"bos", bos},
+              {"system_roles", system_roles},
+              {"system_start", system_start},
+              {"system_end", system_end},
+              {"turn_start", turn_start},
+              {"role_end", role_end},
+              {"turn_end", turn_end},
+              {"role_names", role_names},
+              {"generation_prompt", generation_prompt},
+              {"trim", trim},
+              {"reasoning", {{"role", reasoning.role}, {"open", reasoning.open}, {"close", reasoning.close}}},
+              {"image", media_json(image)},
+              {"audio", media_json(audio)}};
+    if (!tools.call_start.empty())
+        j["tools"] = {{"declaration_start", tools.declaration_start},
+                      {"declaration_end", tools.declaration_end},
+                      {"call_start", tools.call_start},
+                      {"call_end", tools.call_end},
+                      {"response_start", tools.response_start},
+                      {"response_end", tools.response_end},
+                      {"quote", tools.quote},
+                      {"upper_types", tools.upper_types}};
+    return j;
 }
 
 std::string ChatTemplate::from_json(const json& j, ChatTemplate* out) {
@@ -131,6 +141,22 @@ std::string ChatTemplate::from_json(const json& j, ChatTemplate* out) {
     if (!t.reasoning.role.empty() && (t.reasoning.open.empty() || t.reasoning.close.empty()))
         return "reasoning: empty open or close";
     if (t.image.marker.empty() || t.audio.marker.empty()) return "an empty media marker";
+    if (j.contains("tools")) { // absent in plans compiled before tool pieces were recorded: no tool use
+        const json& tj = j["tools"];
+        for (auto [f, v] : {std::pair{"declaration_start", &t.tools.declaration_start},
+                            {"declaration_end", &t.tools.declaration_end},
+                            {"call_start", &t.tools.call_start},
+                            {"call_end", &t.tools.call_end},
+                            {"response_start", &t.tools.response_start},
+                            {"response_end", &t.tools.response_end},
+                            {"quote", &t.tools.quote}})
+            if (!(e = text(tj, f, v)).empty()) return "tools: " + e;
+        if (!tj.contains("upper_types") || !tj["upper_types"].is_boolean())
+            return "tools: no boolean 'upper_types'";
+        t.tools.upper_types = tj["upper_types"].get<bool>();
+        if (t.tools.call_start.empty() || t.tools.call_end.empty() || t.tools.quote.empty())
+            return "tools: an empty call_start, call_end or quote";
+    }
     *out = std::move(t);
     return "";
 }

@@ -41,6 +41,20 @@ struct ChatTemplate {
     struct Media {
         std::string before, marker, after;
     } image, audio;
+    // Tool use (optional: an empty call_start means the template has none). Renderers of tool requests (g4
+    // serve) write, in the template's argument syntax (strings quote-wrapped, numbers, booleans and null
+    // bare, lists [a,b], objects {key:value,...} with bare keys, in the given order):
+    //   {declaration_start}NAME{description:"...",parameters:SCHEMA}{declaration_end}   per tool, at the end
+    //   of
+    //       the system preamble (opened for it when there is no system message); SCHEMA's "type" values are
+    //       upper-cased when upper_types
+    //   {call_start}NAME{ARGS}{call_end}                 per call, in the model turn that makes it
+    //   {response_start}NAME{RESULT}{response_end}       per result, in that same model turn after the calls
+    struct Tools {
+        std::string declaration_start, declaration_end, call_start, call_end, response_start, response_end;
+        std::string quote;
+        bool upper_types = false;
+    } tools;
 
     // META "chat" (one codec for the compiler that writes it and the runtime that reads it).
     nlohmann::json to_json() const;

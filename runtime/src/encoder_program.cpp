@@ -75,6 +75,17 @@ g4_status encoder_run(g4_session* s, const EncoderRun& r, const cpu::Context& ct
                        std::to_string(g.max_rows[k]);
                 return G4_ERR_INVALID_ARGUMENT;
             }
+        const plan::Plan& p = s->engine->plan;
+        for (int k = 0; k < 6; ++k) {
+            const int32_t t = k < 4 ? g.inputs[k] : g.outputs[k - 4];
+            const int32_t n = k < 4 ? (in_rows ? in_rows[k] : 0) : (out_rows ? out_rows[k - 4] : 0);
+            if (t >= 0 && (n < 0 || n > p.tensor(t).dims[0])) {
+                *err = std::string("program '") + p.str(g.name) + "': " + (k < 4 ? "input " : "output ") +
+                       std::to_string(k < 4 ? k : k - 4) + " has " + std::to_string(p.tensor(t).dims[0]) +
+                       " rows, not " + std::to_string(n);
+                return G4_ERR_INVALID_ARGUMENT;
+            }
+        }
         return cuda_rt::encoder_run(s, r.program, counts, in_rows, out_rows, err);
     }
     return run_program(s, (size_t)r.program, ctx, counts, err);

@@ -145,6 +145,24 @@ TEST(ChatTemplate, PlanRecordsPiecesThatRenderTheCheckpointTemplate) {
     g4_engine_close(e);
 }
 
+// The tool syntax pieces survive the META codec; pieces without them (plans compiled before they were
+// recorded) read as a template without tool use, and incomplete ones are refused.
+TEST(ChatTemplate, ToolPiecesRoundTrip) {
+    g4::ChatTemplate back;
+    ASSERT_EQ(g4::ChatTemplate::from_json(kGemma4.to_json(), &back), "");
+    EXPECT_EQ(back.tools.call_start, kGemma4.tools.call_start);
+    EXPECT_EQ(back.tools.quote, kGemma4.tools.quote);
+    EXPECT_EQ(back.tools.declaration_end, kGemma4.tools.declaration_end);
+    EXPECT_EQ(back.tools.upper_types, kGemma4.tools.upper_types);
+    json old = kGemma4.to_json();
+    old.erase("tools");
+    ASSERT_EQ(g4::ChatTemplate::from_json(old, &back), "");
+    EXPECT_TRUE(back.tools.call_start.empty());
+    json bad                 = kGemma4.to_json();
+    bad["tools"]["call_end"] = "";
+    EXPECT_NE(g4::ChatTemplate::from_json(bad, &back), "");
+}
+
 // A plan without the pieces (compiled before they were recorded) refuses to render chat with one line that
 // says to recompile it; the rest of the plan still loads.
 TEST(ChatTemplate, PlanWithoutPiecesRefusesChat) {

@@ -1,0 +1,94 @@
+// g4 serve: the sessions of one engine and the requests waiting for them. N session slots share the engine's
+// weights (created once at start, reset between requests); a bounded queue holds the requests waiting for a
+// slot; one worker thread per slot takes the next request, feeds its prompt and generates. The HTTP threads
+// submit jobs and read their text as it comes (Job), and cancel them when the client goes away or the request
+// times out.
+#pragma once
+#include "g4/g4.h"
+#include "tools/serve/metrics.h"
+#include "tools/serve/request.h"
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace g4::serve {
+
+using Clock = std::chrono::steady_clock;
+
+// One request's life: queued, then running (the prompt fed: `started`), then done or failed. The worker
+// appends the generated text to `text` as it comes; readers wait on `cv`.
+struct Job {
+    GenRequest req;
+    Clock::time_point submitted, deadline;
+
+    std::mutex m;
+    std::condition_variable cv;
+    bool started = false, finished = false;
+    int err_status = 0; // != 0: failed with this HTTP status (err_type, err_msg)
+    std::string err_type, err_msg;
+    std::string text;      // generated so far
+    size_t text_sent  = 0; // of it, already streamed (the reader's)
+    int prompt_tokens = 0, completion_tokens = 0;
+    std::string finish_reason; // "stop" or "length"
+    double ttft_ms = 0;
+
+    // Stops the job as soon as possible (client gone, timeout); safe from any thread, any number of times.
+    void cancel(const char* why);
+    bool cancelled() const { return cancel_flag.load(); }
+
+private:
+    friend class Scheduler;
+    std::atomic<bool> cancel_flag{false};
+    std::string cancel_why;
+    g4_session* session = nullptr; // while running (under m)
+};
+
+struct SchedulerOptions {
+    int sessions  = 1;
+    int threads   = 0; // worker threads per session (0: the hardware's share)
+    int max_queue = 16;
+};
+
+class Scheduler {
+public:
+    // Creates the sessions (all their memory) and the workers; throws std::runtime_error with g4's message.
+    Scheduler(g4_engine* engine, const SchedulerOptions& opts, Metrics* metrics);
+    ~Scheduler(); // stop() then join
+    Scheduler(const Scheduler&) = delete;
+
+    // Queues a job; false when the queue is full (the caller answers 429).
+    bool submit(const std::shared_ptr<Job>& job);
+    // Stops taking jobs; queued ones fail with 503, running ones finish. Returns when the workers are done.
+    void stop();
+
+    int queued() const;
+    int running() const { return running_.load(); }
+    int sessions() const { return (int)sessions_.size(); }
+    int threads_per_session() const { return threads_; }
+
+private:
+    void worker(size_t slot);
+    void run(Job& job, g4_session* s);
+    std::vector<int32_t> prompt_ids(Job& job, g4_session* s);
+
+    g4_engine* engine_;
+    g4_engine_info info_{};
+    Metrics* metrics_;
+    int max_queue_, threads_ = 0;
+    std::vector<g4_session*> sessions_;
+    std::vector<std::thread> workers_;
+    mutable std::mutex m_;
+    std::condition_variable cv_;
+    std::deque<std::shared_ptr<Job>> queue_;
+    bool stopping_ = false;
+    std::atomic<int> running_{0};
+};
+
+} // namespace g4::serve

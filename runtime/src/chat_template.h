@@ -1,5 +1,5 @@
 // Chat prompt renderer driven by the pieces a plan records (META "chat", written by the compiler from the
-// model's definition, e.g. models/gemma4/chat.cpp): no Jinja engine and no model knowledge here.
+// model's definition under models/): no Jinja engine and no model knowledge here.
 //
 //   {bos}
 //   [{system_start}{first message if its role is in system_roles, trimmed}{system_end}]

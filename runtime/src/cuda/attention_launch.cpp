@@ -21,18 +21,14 @@ using plan::RowMode;
 using plan::TensorKind;
 
 g4_status bind_attention_kernels(const ModuleKernels& m, Kernels& k, std::string* err) {
-    struct {
-        CUfunction* f;
-        const char* n;
-    } fns[] = {{&k.attn_part, "g4_attention_partial"},
-               {&k.attn_merge, "g4_attention_merge"},
-               {&k.qkv_post, "g4_qkv_post"},
-               {&k.attn_decode, "g4_attn_decode"},
-               {&k.attn_decode_bf16, "g4_attn_decode_bf16"},
-               {&k.attn_decode_post, "g4_attn_decode_post"},
-               {&k.attn_decode_post_bf16, "g4_attn_decode_post_bf16"}};
-    for (auto& f : fns)
-        if (g4_status g = m.get(f.f, f.n, err); g != G4_OK) return g;
+    const KernelName fns[] = {{&k.attn_part, "g4_attention_partial"},
+                              {&k.attn_merge, "g4_attention_merge"},
+                              {&k.qkv_post, "g4_qkv_post"},
+                              {&k.attn_decode, "g4_attn_decode"},
+                              {&k.attn_decode_bf16, "g4_attn_decode_bf16"},
+                              {&k.attn_decode_post, "g4_attn_decode_post"},
+                              {&k.attn_decode_post_bf16, "g4_attn_decode_post_bf16"}};
+    if (g4_status g = m.get_all(fns, err); g != G4_OK) return g;
     for (int di = 0; di < 2; ++di) {
         const std::string sfx = di ? "_d512" : "_d256";
         const char* base[4]   = {"g4_attn_decode", "g4_attn_decode_bf16", "g4_attn_decode_post",

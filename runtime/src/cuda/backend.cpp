@@ -97,6 +97,12 @@ g4_status ModuleKernels::get(CUfunction* f, const std::string& name, std::string
     return G4_OK;
 }
 
+g4_status ModuleKernels::get_all(std::span<const KernelName> fns, std::string* err) const {
+    for (const KernelName& f : fns)
+        if (g4_status g = get(f.f, f.name, err); g != G4_OK) return g;
+    return G4_OK;
+}
+
 bool ModuleKernels::get_optional(CUfunction* f, const std::string& name) const {
     if (!has(name) || d->cuModuleGetFunction(f, mod, name.c_str()) != 0) *f = nullptr;
     return *f != nullptr;
@@ -112,22 +118,27 @@ namespace {
 
 // The towers' kernels (runtime/src/cuda/vision.cpp, audio.cpp), on the plan's GPU where they run there.
 g4_status bind_tower_kernels(const plan::Plan& p, const ModuleKernels& m, Kernels& k, std::string* err) {
-    struct Fn {
-        CUfunction* f;
-        const char* n;
-    };
     if (p.info().vision_gpu)
-        for (const Fn& f :
-             {Fn{&k.vt_pixels, "g4_vt_pixels"}, Fn{&k.vt_posemb, "g4_vt_posemb"},
-              Fn{&k.vt_clamp, "g4_vt_clamp"}, Fn{&k.vt_rope2d, "g4_vt_rope2d"}, Fn{&k.vt_pool, "g4_vt_pool"}})
-            if (g4_status g = m.get(f.f, f.n, err); g != G4_OK) return g;
+        if (g4_status g = m.get_all({{&k.vt_pixels, "g4_vt_pixels"},
+                                     {&k.vt_posemb, "g4_vt_posemb"},
+                                     {&k.vt_clamp, "g4_vt_clamp"},
+                                     {&k.vt_rope2d, "g4_vt_rope2d"},
+                                     {&k.vt_pool, "g4_vt_pool"}},
+                                    err);
+            g != G4_OK)
+            return g;
     if (p.info().audio_gpu)
-        for (const Fn& f : {Fn{&k.at_conv, "g4_at_conv"}, Fn{&k.at_rms, "g4_at_rms"},
-                            Fn{&k.vt_clamp, "g4_vt_clamp"}, Fn{&k.at_silu, "g4_at_silu"},
-                            Fn{&k.at_residual, "g4_at_residual"}, Fn{&k.at_bias, "g4_at_bias"},
-                            Fn{&k.at_qk_scale, "g4_at_qk_scale"}, Fn{&k.at_attention, "g4_at_attention"},
-                            Fn{&k.at_glu, "g4_at_glu"}, Fn{&k.at_dwconv, "g4_at_dwconv"}})
-            if (g4_status g = m.get(f.f, f.n, err); g != G4_OK) return g;
+        return m.get_all({{&k.at_conv, "g4_at_conv"},
+                          {&k.at_rms, "g4_at_rms"},
+                          {&k.vt_clamp, "g4_vt_clamp"},
+                          {&k.at_silu, "g4_at_silu"},
+                          {&k.at_residual, "g4_at_residual"},
+                          {&k.at_bias, "g4_at_bias"},
+                          {&k.at_qk_scale, "g4_at_qk_scale"},
+                          {&k.at_attention, "g4_at_attention"},
+                          {&k.at_glu, "g4_at_glu"},
+                          {&k.at_dwconv, "g4_at_dwconv"}},
+                         err);
     return G4_OK;
 }
 

@@ -23,47 +23,43 @@ using plan::RowMode;
 using plan::TensorKind;
 
 g4_status bind_decode_kernels(const ModuleKernels& m, Kernels& k, std::string* err) {
-    struct {
-        CUfunction* f;
-        const char* n;
-    } fns[] = {{&k.resnorm, "g4_resnorm"},
-               {&k.resnorm_rep, "g4_resnorm_rep"},
-               {&k.resnorm_z2, "g4_resnorm_z2"},
-               {&k.group_norm_add, "g4_group_norm_add"},
-               {&k.mlp[0], "g4_mlp_nf4"},
-               {&k.mlp[1], "g4_mlp_nf4_b256"},
-               {&k.mlp[2], "g4_mlp_nf4_dq"},
-               {&k.mlp[3], "g4_mlp_nf4_b256_dq"},
-               {&k.mlp[4], "g4_mlp_nf4_rep"},
-               {&k.mlp[5], "g4_mlp_nf4_b256_rep"},
-               {&k.mlp[6], "g4_mlp_nf4_dq_rep"},
-               {&k.mlp[7], "g4_mlp_nf4_b256_dq_rep"},
-               {&k.mlp[8], "g4_mlp_nf4_h2"},
-               {&k.mlp[9], "g4_mlp_nf4_b256_h2"},
-               {&k.mlp[10], "g4_mlp_nf4_h2_rep"},
-               {&k.mlp[11], "g4_mlp_nf4_b256_h2_rep"},
-               {&k.mlp_z[0], "g4_mlp_nf4_b256_z"},
-               {&k.mlp_z[1], "g4_mlp_nf4_b256_dq_z"},
-               {&k.mlp_z[2], "g4_mlp_nf4_b256_h2_z"},
-               {&k.mlp_r[0], "g4_mlp_nf4_h2_r"},
-               {&k.mlp_r[1], "g4_mlp_nf4_b256_h2_r"},
-               {&k.mlp_r[2], "g4_mlp_nf4_h2_rep_r"},
-               {&k.mlp_r[3], "g4_mlp_nf4_b256_h2_rep_r"},
-               {&k.mlp_r[4], "g4_mlp_nf4_b256_h2_z_r"},
-               {&k.attn_o[0], "g4_attn_o_nf4_g1"},
-               {&k.attn_o[1], "g4_attn_o_nf4_g2"},
-               {&k.attn_o[2], "g4_attn_o_nf4_g3"},
-               {&k.attn_o[3], "g4_attn_o_nf4_g4"},
-               {&k.gated_proj[0], "g4_gated_proj_bf16_g1"},
-               {&k.gated_proj[1], "g4_gated_proj_bf16_g2"},
-               {&k.gated_proj[2], "g4_gated_proj_bf16_g3"},
-               {&k.gated_proj[3], "g4_gated_proj_bf16_g4"},
-               {&k.resnorm_gated_proj[0], "g4_resnorm_gated_proj_bf16_g1"},
-               {&k.resnorm_gated_proj[1], "g4_resnorm_gated_proj_bf16_g2"},
-               {&k.resnorm_gated_proj[2], "g4_resnorm_gated_proj_bf16_g3"},
-               {&k.resnorm_gated_proj[3], "g4_resnorm_gated_proj_bf16_g4"}};
-    for (auto& f : fns)
-        if (g4_status g = m.get(f.f, f.n, err); g != G4_OK) return g;
+    const KernelName fns[] = {{&k.resnorm, "g4_resnorm"},
+                              {&k.resnorm_rep, "g4_resnorm_rep"},
+                              {&k.resnorm_z2, "g4_resnorm_z2"},
+                              {&k.group_norm_add, "g4_group_norm_add"},
+                              {&k.mlp[0], "g4_mlp_nf4"},
+                              {&k.mlp[1], "g4_mlp_nf4_b256"},
+                              {&k.mlp[2], "g4_mlp_nf4_dq"},
+                              {&k.mlp[3], "g4_mlp_nf4_b256_dq"},
+                              {&k.mlp[4], "g4_mlp_nf4_rep"},
+                              {&k.mlp[5], "g4_mlp_nf4_b256_rep"},
+                              {&k.mlp[6], "g4_mlp_nf4_dq_rep"},
+                              {&k.mlp[7], "g4_mlp_nf4_b256_dq_rep"},
+                              {&k.mlp[8], "g4_mlp_nf4_h2"},
+                              {&k.mlp[9], "g4_mlp_nf4_b256_h2"},
+                              {&k.mlp[10], "g4_mlp_nf4_h2_rep"},
+                              {&k.mlp[11], "g4_mlp_nf4_b256_h2_rep"},
+                              {&k.mlp_z[0], "g4_mlp_nf4_b256_z"},
+                              {&k.mlp_z[1], "g4_mlp_nf4_b256_dq_z"},
+                              {&k.mlp_z[2], "g4_mlp_nf4_b256_h2_z"},
+                              {&k.mlp_r[0], "g4_mlp_nf4_h2_r"},
+                              {&k.mlp_r[1], "g4_mlp_nf4_b256_h2_r"},
+                              {&k.mlp_r[2], "g4_mlp_nf4_h2_rep_r"},
+                              {&k.mlp_r[3], "g4_mlp_nf4_b256_h2_rep_r"},
+                              {&k.mlp_r[4], "g4_mlp_nf4_b256_h2_z_r"},
+                              {&k.attn_o[0], "g4_attn_o_nf4_g1"},
+                              {&k.attn_o[1], "g4_attn_o_nf4_g2"},
+                              {&k.attn_o[2], "g4_attn_o_nf4_g3"},
+                              {&k.attn_o[3], "g4_attn_o_nf4_g4"},
+                              {&k.gated_proj[0], "g4_gated_proj_bf16_g1"},
+                              {&k.gated_proj[1], "g4_gated_proj_bf16_g2"},
+                              {&k.gated_proj[2], "g4_gated_proj_bf16_g3"},
+                              {&k.gated_proj[3], "g4_gated_proj_bf16_g4"},
+                              {&k.resnorm_gated_proj[0], "g4_resnorm_gated_proj_bf16_g1"},
+                              {&k.resnorm_gated_proj[1], "g4_resnorm_gated_proj_bf16_g2"},
+                              {&k.resnorm_gated_proj[2], "g4_resnorm_gated_proj_bf16_g3"},
+                              {&k.resnorm_gated_proj[3], "g4_resnorm_gated_proj_bf16_g4"}};
+    if (g4_status g = m.get_all(fns, err); g != G4_OK) return g;
     for (int q = 0; q < 2; ++q)
         for (int l = 0; l < 5; ++l)
             for (int p = 0; p < 2; ++p) {
@@ -77,8 +73,8 @@ g4_status bind_decode_kernels(const ModuleKernels& m, Kernels& k, std::string* e
         // Every fused-MLP kernel (g4_mlp_nf4*: k.mlp, mlp_z, mlp_r) stages its tables in this dynamic shared
         // memory: one rule by name, so no family of them (_z, _r, ...) can be left out.
         for (auto& f : fns)
-            if (std::strncmp(f.n, "g4_mlp_nf4", 10) == 0)
-                if (g4_status g = m.smem(*f.f, (int)kGemvSmemMax, f.n, err); g != G4_OK) return g;
+            if (std::strncmp(f.name, "g4_mlp_nf4", 10) == 0)
+                if (g4_status g = m.smem(*f.f, (int)kGemvSmemMax, f.name, err); g != G4_OK) return g;
         for (CUfunction f : k.attn_o)
             if (g4_status g = m.smem(f, (int)kGemvWideSmem, "g4_attn_o_nf4", err); g != G4_OK) return g;
     }

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <initializer_list>
+#include <span>
 #include <string>
 
 struct g4_session;
@@ -30,6 +31,12 @@ inline int ceil_div(int64_t a, int64_t b) {
     return (int)((a + b - 1) / b);
 }
 
+// A kernel handle to fill and the module's name for it.
+struct KernelName {
+    CUfunction* f;
+    const char* name;
+};
+
 // The plan's kernel module on one GPU, as the bind_* functions look kernels up in it.
 struct ModuleKernels {
     const Driver* d;
@@ -42,6 +49,11 @@ struct ModuleKernels {
     bool has(const std::string& name) const;
     // A kernel every plan's module has; an error naming it if not.
     g4_status get(CUfunction* f, const std::string& name, std::string* err) const;
+    // get() for each of `fns`, in order; the first error.
+    g4_status get_all(std::span<const KernelName> fns, std::string* err) const;
+    g4_status get_all(std::initializer_list<KernelName> fns, std::string* err) const {
+        return get_all(std::span<const KernelName>(fns.begin(), fns.size()), err);
+    }
     // An optional kernel: *f null where the module lacks it.
     bool get_optional(CUfunction* f, const std::string& name) const;
     // Raises kernel f's dynamic shared memory limit to `bytes`.

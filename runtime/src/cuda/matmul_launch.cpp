@@ -23,18 +23,14 @@ using plan::RowMode;
 using plan::TensorKind;
 
 g4_status bind_matmul_kernels(const ModuleKernels& m, Kernels& k, std::string* err) {
-    struct {
-        CUfunction* f;
-        const char* n;
-    } fns[] = {{&k.mm_bf16, "g4_matmul_bf16"},       {&k.mm_f32, "g4_matmul_f32"},
-               {&k.mm_nf4, "g4_matmul_nf4"},         {&k.gemm_bf16, "g4_gemm_bf16"},
-               {&k.gemm_nf4, "g4_gemm_nf4"},         {&k.gemv_bf16, "g4_gemv_bf16"},
-               {&k.gemv_nf4, "g4_gemv_nf4"},         {&k.tc_bf16, "g4_tc_gemm_bf16"},
-               {&k.tc_nf4, "g4_tc_gemm_nf4"},        {&k.nf4_to_bf16, "g4_nf4_to_bf16"},
-               {&k.nf4_untile32, "g4_nf4_untile32"}, {&k.f32_to_bf16, "g4_f32_to_bf16"},
-               {&k.add_bias, "g4_add_bias"}};
-    for (auto& f : fns)
-        if (g4_status g = m.get(f.f, f.n, err); g != G4_OK) return g;
+    const KernelName fns[] = {{&k.mm_bf16, "g4_matmul_bf16"},       {&k.mm_f32, "g4_matmul_f32"},
+                              {&k.mm_nf4, "g4_matmul_nf4"},         {&k.gemm_bf16, "g4_gemm_bf16"},
+                              {&k.gemm_nf4, "g4_gemm_nf4"},         {&k.gemv_bf16, "g4_gemv_bf16"},
+                              {&k.gemv_nf4, "g4_gemv_nf4"},         {&k.tc_bf16, "g4_tc_gemm_bf16"},
+                              {&k.tc_nf4, "g4_tc_gemm_nf4"},        {&k.nf4_to_bf16, "g4_nf4_to_bf16"},
+                              {&k.nf4_untile32, "g4_nf4_untile32"}, {&k.f32_to_bf16, "g4_f32_to_bf16"},
+                              {&k.add_bias, "g4_add_bias"}};
+    if (g4_status g = m.get_all(fns, err); g != G4_OK) return g;
     return G4_OK;
 }
 

@@ -22,16 +22,12 @@ using plan::RowMode;
 using plan::TensorKind;
 
 g4_status bind_op_kernels(const ModuleKernels& m, Kernels& k, std::string* err) {
-    struct {
-        CUfunction* f;
-        const char* n;
-    } fns[] = {{&k.embed, "g4_embed"},
-               {&k.rms, "g4_rms_norm"},
-               {&k.elem, "g4_elementwise"},
-               {&k.rope, "g4_rope"},
-               {&k.kv, "g4_kv_store"}};
-    for (auto& f : fns)
-        if (g4_status g = m.get(f.f, f.n, err); g != G4_OK) return g;
+    const KernelName fns[] = {{&k.embed, "g4_embed"},
+                              {&k.rms, "g4_rms_norm"},
+                              {&k.elem, "g4_elementwise"},
+                              {&k.rope, "g4_rope"},
+                              {&k.kv, "g4_kv_store"}};
+    if (g4_status g = m.get_all(fns, err); g != G4_OK) return g;
     return G4_OK;
 }
 

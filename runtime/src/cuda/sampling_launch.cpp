@@ -25,16 +25,12 @@ using plan::TensorKind;
 using cuda_ws::kArgmaxBlocks;
 
 g4_status bind_sampling_kernels(const ModuleKernels& m, Kernels& k, std::string* err) {
-    struct {
-        CUfunction* f;
-        const char* n;
-    } fns[] = {{&k.argmax, "g4_argmax"},
-               {&k.copy_f32, "g4_copy_f32"},
-               {&k.penalize, "g4_penalize"},
-               {&k.topk_round, "g4_topk_round"},
-               {&k.softmax_partial, "g4_softmax_partial"}};
-    for (auto& f : fns)
-        if (g4_status g = m.get(f.f, f.n, err); g != G4_OK) return g;
+    const KernelName fns[] = {{&k.argmax, "g4_argmax"},
+                              {&k.copy_f32, "g4_copy_f32"},
+                              {&k.penalize, "g4_penalize"},
+                              {&k.topk_round, "g4_topk_round"},
+                              {&k.softmax_partial, "g4_softmax_partial"}};
+    if (g4_status g = m.get_all(fns, err); g != G4_OK) return g;
     // LM-head screening: a module without its kernels decodes without screening.
     bool screen =
         m.get_optional(&k.lm_build, "g4_lm_screen_build") && m.get_optional(&k.lm_screen, "g4_lm_screen");

@@ -1,4 +1,4 @@
-// Gemma 4 image preprocessing (see image.h): target size, torch-exact uint8 bicubic antialiased resize,
+// Image preprocessing (see image.h): target size, torch-exact uint8 bicubic antialiased resize,
 // rescale, patchify.
 #include "runtime/src/frontend/image.h"
 

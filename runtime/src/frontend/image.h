@@ -1,8 +1,8 @@
-// Gemma 4 image preprocessing on the CPU, matching Hugging Face's default Gemma4ImageProcessor
-// (transformers 5.23, torchvision backend): aspect-ratio-preserving target size, bicubic antialiased resize
-// of the uint8 image exactly as torch's CPU uint8 kernel does it (Pillow-style int16 fixed-point weights,
-// horizontal pass then vertical pass, each rounded and clamped to uint8), rescale by 1/255, patchify.
-// Nothing is allocated: the caller provides scratch sized by preprocess_scratch_bytes().
+// Image preprocessing on the CPU for patch-pooling vision encoders, matching Hugging Face's default image
+// processor of such models (transformers 5.23, torchvision backend): aspect-ratio-preserving target size,
+// bicubic antialiased resize of the uint8 image exactly as torch's CPU uint8 kernel does it (Pillow-style
+// int16 fixed-point weights, horizontal pass then vertical pass, each rounded and clamped to uint8), rescale
+// by 1/255, patchify. Nothing is allocated: the caller provides scratch sized by preprocess_scratch_bytes().
 #pragma once
 #include "kernels/cpu/cpu.h"
 
@@ -19,7 +19,7 @@ struct ImageLayout {
     int n_soft    = 0;          // soft tokens = (grid_h/pool) * (grid_w/pool)
 };
 
-// HF Gemma4 processor's target size for an in_h x in_w image with at most max_soft_tokens soft tokens
+// The HF processor's target size for an in_h x in_w image with at most max_soft_tokens soft tokens
 // (max_patches = max_soft_tokens * pool^2), including its special cases for extreme aspect ratios (a side
 // that would round to 0 becomes patch*pool and the other floor(long/short)*patch*pool, capped at
 // max_soft_tokens*patch*pool). HF accepts only max_soft_tokens in {70, 140, 280, 560, 1120}; any positive

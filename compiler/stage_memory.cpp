@@ -328,8 +328,11 @@ void session_figures(const Inputs& in, const BuiltPlan& b, Report* rep) {
         if (prog.tensors[t].kind == TensorKind::Weight && prog.tensors[t].role == WeightRole::PleTable)
             rep->ple_table_bytes += nbytes[t];
     for (size_t k = 1; k < b.programs.size(); ++k) // runtime/src/encoder_program.cpp encoder_arena_bytes
-        if (b.programs[k].device < 0)
-            rep->encoder_arenas += (std::max<uint64_t>(b.programs[k].arena_bytes, 64) + 63) / 64 * 64;
+        if (b.programs[k].device < 0) {
+            const uint64_t bytes = (std::max<uint64_t>(b.programs[k].arena_bytes, 64) + 63) / 64 * 64;
+            rep->encoder_arenas += bytes;
+            if (b.programs[k].name == "audio") rep->audio_arena = bytes;
+        }
     rep->act_arena     = act_arena;
     rep->kv_arena      = kv_arena;
     rep->kv_dtype      = dtype_str(bo.kv_dtype);
@@ -365,6 +368,7 @@ placement::Figures figures_of(const Inputs& in, const Report& r, bool cpu_layers
     f.tower_weights       = r.tower_weights;
     f.tower_buffers       = in.tower_session_bytes;
     f.encoder_arenas      = r.encoder_arenas;
+    f.audio_arena         = r.audio_arena;
     f.vision_weights      = r.vision_end - r.vision_begin;
     f.vision_gpu_buffers  = in.towers.vision_gpu_bytes;
     f.audio_weights       = r.audio_end - r.audio_begin;

@@ -204,3 +204,22 @@ TEST(AudioGraph, ProgramOnTheReferenceKernelsMatchesHf) {
         EXPECT_LT(e, 1e-5);
     }
 }
+
+// The released models' front-end shapes (128 mel bins, SSCP channels [128, 32]) with a small random
+// conformer: the program on HF's features of clip0 gives HF's soft tokens.
+TEST(AudioGraph, ReleasedFrontEndShapesMatchHf) {
+    const json m            = meta();
+    const json& c           = m["mid"];
+    gemma4::AudioHParams hp = hparams(dir() + "/mid/config.json");
+    ASSERT_EQ(hp.mel_bins, 128);
+    Interpreter in(dir() + "/mid", hp);
+    auto feat = g4test::read_f32(dir() + "/" + c["features"].get<std::string>());
+    auto want = g4test::read_f32(dir() + "/" + c["tower"].get<std::string>());
+    ASSERT_EQ(feat.size(), c["n_frames"].get<size_t>() * 128);
+    auto got = in.run(feat, c["n_valid_frames"].get<int>());
+    ASSERT_EQ(got.size(), want.size());
+    ASSERT_EQ(got.size(), c["n_soft"].get<size_t>() * hp.text_hidden_size);
+    const double e = g4test::rel_l2(got.data(), want.data(), want.size());
+    std::printf("mid: %zu soft tokens, rel L2 vs HF %.3g\n", got.size() / hp.text_hidden_size, e);
+    EXPECT_LT(e, 1e-5);
+}

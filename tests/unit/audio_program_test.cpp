@@ -42,9 +42,9 @@ g4_engine* open_plan(const std::string& path) {
 class AudioProgram : public ::testing::Test {
 protected:
     static void compile(const std::string& plan, const std::string& extra) {
-        g4test::CmdResult r = g4test::run_g4("compile --model '" + fixture("e2b_tiny") +
-                                             "' --weights f32 --no-vision --no-fidelity" + extra + " -o '" +
-                                             plan + "'");
+        g4test::CmdResult r =
+            g4test::run_g4("compile --model '" + fixture("e2b_tiny") +
+                           "' --weights f32 --no-vision --no-fidelity" + extra + " -o '" + plan + "'");
         ASSERT_EQ(r.exit_code, 0) << r.err;
     }
     static void SetUpTestSuite() {
@@ -190,7 +190,7 @@ TEST_F(AudioProgram, BadClipsAreRefused) {
     g4_session* s = session(e, 2);
     auto pcm      = g4test::randn(16001, 3, 0.1f);
     std::vector<float> out;
-    g4_status st = G4_OK;
+    g4_status st    = G4_OK;
     std::string err = run(s, pcm.data(), 16001, &out, &st);
     EXPECT_EQ(st, G4_ERR_INVALID_ARGUMENT);
     EXPECT_NE(err.find("at most 16000"), std::string::npos) << err;
@@ -255,7 +255,8 @@ TEST_F(AudioProgram, EditedOpParametersAreRefused) {
     for (const Edit& ed : edits) {
         std::string b = bytes;
         bool found    = false;
-        for (uint64_t at = off; at + sizeof(plan::PlanOp) <= off + size && !found; at += sizeof(plan::PlanOp)) {
+        for (uint64_t at = off; at + sizeof(plan::PlanOp) <= off + size && !found;
+             at += sizeof(plan::PlanOp)) {
             plan::PlanOp op;
             std::memcpy(&op, b.data() + at, sizeof op);
             if (op.code != (uint16_t)ed.code) continue;

@@ -11,8 +11,8 @@
 
 namespace g4::cuda {
 
-// Sets Matmul ip[5] (decode) / ip[6] (prefill) and Attention ip[5] (prefill splits) / ip[6] (decode
-// splits) from the real shapes. prefill_precision: "bf16" (tensor cores) or "fp32".
+// Sets MatmulParams decode_variant / prefill_variant and AttentionParams prefill_splits / decode_splits
+// from the real shapes. prefill_precision: "bf16" (tensor cores) or "fp32".
 void choose_variants(std::vector<plan::PlanOp>& ops, const std::vector<plan::PlanTensor>& tensors,
                      int64_t max_context, const std::string& prefill_precision);
 

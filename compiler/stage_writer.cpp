@@ -4,6 +4,7 @@
 #include "compiler/stages.h"
 #include "g4/g4.h"
 #include "kernels/nf4.h"
+#include "runtime/plan/launch_params.h"
 
 #include <cstring>
 
@@ -114,7 +115,8 @@ void make_records(const Inputs& in, BuiltPlan& b) {
                                          mlp_reps, opt.mlp_precision == "f16", fold_ple, fold_mlp);
         for (const plan::CudaLaunch& l : schedule) {
             if (l.kind == (uint16_t)plan::LaunchKind::Mlp)
-                tensors[ops[l.ip[3]].in[1]].quant_flags |= plan::kQuantTiled32;
+                tensors[ops[plan::launch_params<plan::MlpLaunch>(l).down].in[1]].quant_flags |=
+                    plan::kQuantTiled32;
             if (l.kind == (uint16_t)plan::LaunchKind::AttnO)
                 tensors[ops[l.op].in[1]].quant_flags |= plan::kQuantTiled32;
         }

@@ -1,6 +1,7 @@
 // `g4 inspect`: a plan's summary (format, model, policy, placement, memory, schedule), and by flag every
 // tensor and op.
 #include "compiler/placement.h"
+#include "runtime/plan/launch_params.h"
 #include "runtime/plan/op_params.h"
 #include "runtime/plan/plan_reader.h"
 #include "tools/cli_common.h"
@@ -113,11 +114,13 @@ int inspect_plan(int argc, char** argv) {
         int kinds_n[9] = {}, mlp_f16 = 0, ple_fold = 0, mlp_fold = 0;
         for (size_t i = 0; i < p.n_launches(); ++i) {
             kinds_n[std::min<int>(p.launch(i).kind, 8)]++;
-            if (p.launch(i).kind == (uint16_t)g4::plan::LaunchKind::Mlp && p.launch(i).ip[7] == 1) ++mlp_f16;
-            if (p.launch(i).kind == (uint16_t)g4::plan::LaunchKind::ResNorm && p.launch(i).ip[1] == 1)
-                ++ple_fold;
-            if (p.launch(i).kind == (uint16_t)g4::plan::LaunchKind::ResNorm && p.launch(i).ip[1] == 2)
-                ++mlp_fold;
+            const g4::plan::CudaLaunch& l = p.launch(i);
+            const int folded              = g4::plan::launch_params<g4::plan::ResNormLaunch>(l).folded;
+            if (l.kind == (uint16_t)g4::plan::LaunchKind::Mlp &&
+                g4::plan::launch_params<g4::plan::MlpLaunch>(l).f16)
+                ++mlp_f16;
+            if (l.kind == (uint16_t)g4::plan::LaunchKind::ResNorm && folded == 1) ++ple_fold;
+            if (l.kind == (uint16_t)g4::plan::LaunchKind::ResNorm && folded == 2) ++mlp_fold;
         }
         std::printf(
             "CUDA decode schedule: %zu fused launches and %d single ops per token: %d GEMV, %d QkvPost, %d "

@@ -1,6 +1,7 @@
 // Plan loading and validation (see plan_reader.h).
 #include "runtime/plan/plan_reader.h"
 
+#include "runtime/plan/launch_params.h"
 #include "runtime/plan/op_params.h"
 
 #include "kernels/nf4.h"
@@ -422,116 +423,120 @@ std::string Plan::launch_operands(const CudaLaunch& l) const {
     case LaunchKind::Op:
         return l.count == 1 ? "" : "a single-op record covers " + std::to_string(l.count) + " ops";
     case LaunchKind::ResNorm: {
-        const int32_t H = l.ip[0];
+        const ResNormLaunch r = launch_params<ResNormLaunch>(l);
+        const int32_t H       = r.cols;
         if (H <= 0 || H > 4096 || !code(l.op, OpCode::RmsNorm) || cols_of(o0) != H || norm_dim(o0) != H ||
             !whole(o0))
             return "the ResNorm's first op is not a full-row RmsNorm of its width " + std::to_string(H);
-        if (l.t[7] >= 0 && !act_cols(l.t[7], H))
+        if (r.zeroed >= 0 && !act_cols(r.zeroed, H))
             return "the buffer it zeroes is not an activation of at least " + std::to_string(H) + " columns";
-        if (l.t[1] < 0) { // the lone norm: xn = rms(x) * pre_w
-            if (l.count != 1 || o0.in[0] != l.t[0] || o0.in[1] != l.t[5] || o0.out[0] != l.t[6] ||
-                l.t[5] < 0 || l.t[2] >= 0 || l.t[3] >= 0 || l.t[4] >= 0)
+        if (r.d < 0) { // the lone norm: xn = rms(x) * pre_w
+            if (l.count != 1 || o0.in[0] != r.x || o0.in[1] != r.pre_w || o0.out[0] != r.xn || r.pre_w < 0 ||
+                r.post_w >= 0 || r.scalar >= 0 || r.x_out >= 0)
                 return "the lone-norm ResNorm's tensors are not its RmsNorm's";
             return "";
         }
-        if (l.count < 2 || o0.in[0] != l.t[1] || o0.out[0] != l.t[1] || o0.in[1] != l.t[2] || l.t[2] < 0)
+        if (l.count < 2 || o0.in[0] != r.d || o0.out[0] != r.d || o0.in[1] != r.post_w || r.post_w < 0)
             return "the ResNorm's norm is not d -> d with post_w";
         const PlanOp& add = ops_[l.op + 1];
-        if (!code(l.op + 1, OpCode::Add) || cols_of(add) != H || !whole(add) || add.out[0] != l.t[4] ||
-            l.t[4] < 0 ||
-            !((add.in[0] == l.t[0] && add.in[1] == l.t[1]) || (add.in[1] == l.t[0] && add.in[0] == l.t[1])))
+        if (!code(l.op + 1, OpCode::Add) || cols_of(add) != H || !whole(add) || add.out[0] != r.x_out ||
+            r.x_out < 0 ||
+            !((add.in[0] == r.x && add.in[1] == r.d) || (add.in[1] == r.x && add.in[0] == r.d)))
             return "the ResNorm's add is not x + d -> x_out of its width";
         int32_t j         = l.op + 2;
         const int32_t end = l.op + l.count;
-        if (l.t[3] >= 0) {
-            if (j >= end || !code(j, OpCode::Scale) || ops_[j].in[0] != l.t[4] || ops_[j].out[0] != l.t[4] ||
-                ops_[j].in[1] != l.t[3] || cols_of(ops_[j]) != H || !whole(ops_[j]))
+        if (r.scalar >= 0) {
+            if (j >= end || !code(j, OpCode::Scale) || ops_[j].in[0] != r.x_out ||
+                ops_[j].out[0] != r.x_out || ops_[j].in[1] != r.scalar || cols_of(ops_[j]) != H ||
+                !whole(ops_[j]))
                 return "the ResNorm's scale is not x_out * scalar in place";
             ++j;
         }
-        if (l.t[6] >= 0) {
-            if (j >= end || !code(j, OpCode::RmsNorm) || ops_[j].in[0] != l.t[4] ||
-                ops_[j].out[0] != l.t[6] || ops_[j].in[1] != l.t[5] || l.t[5] < 0 || cols_of(ops_[j]) != H ||
-                norm_dim(ops_[j]) != H || !whole(ops_[j]))
+        if (r.xn >= 0) {
+            if (j >= end || !code(j, OpCode::RmsNorm) || ops_[j].in[0] != r.x_out || ops_[j].out[0] != r.xn ||
+                ops_[j].in[1] != r.pre_w || r.pre_w < 0 || cols_of(ops_[j]) != H || norm_dim(ops_[j]) != H ||
+                !whole(ops_[j]))
                 return "the ResNorm's second norm is not x_out -> xn of its width with pre_w";
             ++j;
-        } else if (l.t[5] >= 0) {
+        } else if (r.pre_w >= 0) {
             return "the ResNorm has a pre-norm weight but no output for it";
         }
         return j == end ? "" : "the ResNorm covers ops it does not run";
     }
     case LaunchKind::QkvPost:
     case LaunchKind::QkvAttn: {
-        const int post = l.kind == (uint16_t)LaunchKind::QkvAttn ? l.ip[4] : l.count;
+        const QkvLaunch q = launch_params<QkvLaunch>(l);
+        const int post    = l.kind == (uint16_t)LaunchKind::QkvAttn ? q.post_ops : l.count;
         if ((post != 2 && post != 6) || l.count != post + (l.kind == (uint16_t)LaunchKind::QkvAttn ? 1 : 0))
             return "a q/k/v record covers 2 or 6 ops (and the attention)";
         const PlanOp &qn = o0, &qr = ops_[l.op + 1];
-        const int32_t heads = l.ip[0], dim = l.ip[2];
+        const int32_t heads = q.heads, dim = q.dim;
         const RopeParams rope = params<RopeParams>(qr);
-        if (!code(l.op, OpCode::RmsNorm) || !code(l.op + 1, OpCode::Rope) || qn.in[0] != l.t[0] ||
-            qn.out[0] != l.t[0] || qr.in[0] != l.t[0] || qn.in[1] != l.t[1] || l.t[1] < 0 ||
-            qr.in[1] != l.t[2] || rope.heads != heads || rope.dim != dim || norm_dim(qn) != dim ||
+        if (!code(l.op, OpCode::RmsNorm) || !code(l.op + 1, OpCode::Rope) || qn.in[0] != q.q ||
+            qn.out[0] != q.q || qr.in[0] != q.q || qn.in[1] != q.q_norm_w || q.q_norm_w < 0 ||
+            qr.in[1] != q.inv_freq || rope.heads != heads || rope.dim != dim || norm_dim(qn) != dim ||
             (int64_t)heads * dim != cols_of(qn) || dim <= 0 || dim > 2048 || !whole(qn) || !whole(qr))
             return "the q norm and rope are not the record's q, weights, heads and dim";
         if (post == 6) {
             const PlanOp &kn = ops_[l.op + 2], &kr = ops_[l.op + 3], &vn = ops_[l.op + 4],
                          &st       = ops_[l.op + 5];
-            const int32_t kvh      = l.ip[1];
+            const int32_t kvh      = q.kv_heads;
             const RopeParams krope = params<RopeParams>(kr);
             if (!code(l.op + 2, OpCode::RmsNorm) || !code(l.op + 3, OpCode::Rope) ||
                 !code(l.op + 4, OpCode::RmsNorm) || !code(l.op + 5, OpCode::KvStore) || kvh <= 0 ||
-                kn.in[0] != l.t[3] || kn.out[0] != l.t[3] || kr.in[0] != l.t[3] || kn.in[1] != l.t[4] ||
-                l.t[4] < 0 || kr.in[1] != l.t[2] || vn.in[0] != l.t[5] || vn.out[0] != l.t[5] ||
-                st.in[0] != l.t[3] || st.in[1] != l.t[5] || st.out[0] != l.t[6] || st.out[1] != l.t[7] ||
+                kn.in[0] != q.k || kn.out[0] != q.k || kr.in[0] != q.k || kn.in[1] != q.k_norm_w ||
+                q.k_norm_w < 0 || kr.in[1] != q.inv_freq || vn.in[0] != q.v || vn.out[0] != q.v ||
+                st.in[0] != q.k || st.in[1] != q.v || st.out[0] != q.k_cache || st.out[1] != q.v_cache ||
                 krope.heads != kvh || krope.dim != dim || norm_dim(kn) != dim || norm_dim(vn) != dim ||
                 (int64_t)kvh * dim != cols_of(kn) || cols_of(vn) != cols_of(kn) ||
-                cols_of(st) != cols_of(kn) || params<KvStoreParams>(st).slots != l.ip[3] || !whole(kn) ||
+                cols_of(st) != cols_of(kn) || params<KvStoreParams>(st).slots != q.slots || !whole(kn) ||
                 !whole(kr) || !whole(vn) || !whole(st) || heads % kvh != 0 ||
-                (l.t[4] >= 0 && tensors_[l.t[4]].dtype != tensors_[l.t[1]].dtype))
+                (q.k_norm_w >= 0 && tensors_[q.k_norm_w].dtype != tensors_[q.q_norm_w].dtype))
                 return "the k/v norms, rope and store are not the record's k, v, caches, kv heads and slots";
-        } else if (l.t[3] >= 0 || l.t[4] >= 0 || l.t[5] >= 0 || l.t[6] >= 0 || l.t[7] >= 0) {
+        } else if (q.k >= 0 || q.k_norm_w >= 0 || q.v >= 0 || q.k_cache >= 0 || q.v_cache >= 0) {
             return "a q-only record names k/v tensors";
         }
         if (l.kind == (uint16_t)LaunchKind::QkvAttn) {
             const PlanOp& at         = ops_[l.op + post];
             const AttentionParams ap = params<AttentionParams>(at);
-            if (at.in[0] != l.t[0] || ap.heads != heads || ap.dim != dim || at.in_col[0] || at.out_col[0] ||
-                (post == 6 &&
-                 (at.in[1] != l.t[6] || at.in[2] != l.t[7] || ap.kv_heads != l.ip[1] || ap.slots != l.ip[3])))
+            if (at.in[0] != q.q || ap.heads != heads || ap.dim != dim || at.in_col[0] || at.out_col[0] ||
+                (post == 6 && (at.in[1] != q.k_cache || at.in[2] != q.v_cache || ap.kv_heads != q.kv_heads ||
+                               ap.slots != q.slots)))
                 return "the attention is not over the record's q and caches";
         }
         return "";
     }
     case LaunchKind::Gemv: {
-        const int nmat = l.ip[3], epi = l.ip[4];
+        const GemvLaunch gl = launch_params<GemvLaunch>(l);
+        const int nmat = gl.nmat, epi = gl.epilogue;
         const PlanTensor& w0 = tensors_[o0.in[1]];
         for (int m = 0; m < nmat; ++m) {
-            const PlanOp& mm    = ops_[l.ip[m]];
+            const PlanOp& mm    = ops_[gl.mat(m)];
             const PlanTensor& w = tensors_[mm.in[1]];
-            if (l.ip[m] != l.op + m || mm.in[0] != o0.in[0] || mm.in_col[0] != o0.in_col[0] ||
+            if (gl.mat(m) != l.op + m || mm.in[0] != o0.in[0] || mm.in_col[0] != o0.in_col[0] ||
                 w.dtype != w0.dtype || w.dims[1] != w0.dims[1])
                 return "the GEMV's matmuls are not consecutive matmuls of one input, K and dtype";
         }
         const int32_t y0 = o0.out[0];
         if (epi == 0) {
-            if (l.count != nmat || l.t[0] >= 0 || l.t[1] >= 0) return "a plain GEMV covers its matmuls only";
+            if (l.count != nmat || gl.aux >= 0 || gl.out >= 0) return "a plain GEMV covers its matmuls only";
         } else if (epi == 1) {
             const PlanOp& g = ops_[l.op + 2];
             if (nmat != 2 || l.count != 3 || !code(l.op + 2, OpCode::GeluMul) || g.in[0] != y0 ||
-                g.in[1] != ops_[l.op + 1].out[0] || g.out[0] != l.t[1] || cols_of(g) != w0.dims[0] ||
-                tensors_[ops_[l.op + 1].in[1]].dims[0] != w0.dims[0] || !whole(g) || l.t[0] >= 0)
+                g.in[1] != ops_[l.op + 1].out[0] || g.out[0] != gl.out || cols_of(g) != w0.dims[0] ||
+                tensors_[ops_[l.op + 1].in[1]].dims[0] != w0.dims[0] || !whole(g) || gl.aux >= 0)
                 return "the GEMV pair's GeluMul is not gelu(gate) * up -> its output";
         } else if (epi == 2) {
             const PlanOp& g = ops_[l.op + 1];
             if (nmat != 1 || l.count != 2 || !code(l.op + 1, OpCode::GeluMul) || g.in[0] != y0 ||
-                g.in[1] != l.t[0] || g.in_col[1] != l.ip[6] || g.out[0] != l.t[1] ||
+                g.in[1] != gl.aux || g.in_col[1] != gl.aux_col || g.out[0] != gl.out ||
                 cols_of(g) != w0.dims[0] || g.in_col[0] || g.out_col[0])
                 return "the GEMV's GeluMul is not gelu(y) * aux -> its output";
         } else {
             const PlanOp& c = ops_[l.op + 1];
             if (nmat != 1 || l.count != 2 || !code(l.op + 1, OpCode::Softcap) || c.in[0] != y0 ||
-                c.out[0] != y0 || !whole(c) || cols_of(c) != w0.dims[0] || l.t[0] >= 0 || l.t[1] >= 0 ||
-                !(l.fp[0] > 0))
+                c.out[0] != y0 || !whole(c) || cols_of(c) != w0.dims[0] || gl.aux >= 0 || gl.out >= 0 ||
+                !(gl.cap > 0))
                 return "the GEMV's softcap is not in place over its output";
         }
         return "";
@@ -550,12 +555,13 @@ std::string Plan::launch_operands(const CudaLaunch& l) const {
     }
     case LaunchKind::GroupNormAdd: {
         const PlanOp &s1 = o0, &n = ops_[l.op + 1], &a = ops_[l.op + 2], &s2 = ops_[l.op + 3];
-        const int32_t N = l.ip[0], P = l.ip[1];
-        if (s1.in[0] != l.t[0] || s1.out[0] != l.t[0] || s1.in[1] >= 0 || cols_of(s1) != N || !whole(s1) ||
-            n.in[0] != l.t[0] || n.out[0] != l.t[0] || n.in[1] != l.t[1] || cols_of(n) != N ||
-            norm_dim(n) != P || !whole(n) || cols_of(a) != N || !whole(a) || a.out[0] != l.t[3] ||
-            !((a.in[0] == l.t[0] && a.in[1] == l.t[2]) || (a.in[1] == l.t[0] && a.in[0] == l.t[2])) ||
-            s2.in[0] != l.t[3] || s2.out[0] != l.t[3] || s2.in[1] >= 0 || cols_of(s2) != N || !whole(s2))
+        const GroupNormAddLaunch gn = launch_params<GroupNormAddLaunch>(l);
+        const int32_t N = gn.cols, P = gn.group;
+        if (s1.in[0] != gn.ctx || s1.out[0] != gn.ctx || s1.in[1] >= 0 || cols_of(s1) != N || !whole(s1) ||
+            n.in[0] != gn.ctx || n.out[0] != gn.ctx || n.in[1] != gn.w || cols_of(n) != N ||
+            norm_dim(n) != P || !whole(n) || cols_of(a) != N || !whole(a) || a.out[0] != gn.out ||
+            !((a.in[0] == gn.ctx && a.in[1] == gn.tok) || (a.in[1] == gn.ctx && a.in[0] == gn.tok)) ||
+            s2.in[0] != gn.out || s2.out[0] != gn.out || s2.in[1] >= 0 || cols_of(s2) != N || !whole(s2))
             return "the per-layer-input ops are not the record's ctx, norm weight, tok and output";
         return "";
     }
@@ -574,97 +580,106 @@ std::string Plan::check_launch(size_t i, size_t next) const {
         return tensors_[t].ndim > 1 ? tensors_[t].dims[1] : tensors_[t].dims[0];
     }; // a row's width
     std::string what = "CUDA schedule record " + std::to_string(i);
+    const auto RN    = [](const CudaLaunch& x) { return launch_params<ResNormLaunch>(x); };
     if (l.kind > (uint16_t)LaunchKind::GroupNormAdd || l.count < 1 || l.op != (int32_t)next ||
         next + l.count > n_ops())
         return what + ": bad kind or op range";
+    const int32_t post_ops = launch_params<QkvLaunch>(l).post_ops;
     if (l.kind == (uint16_t)LaunchKind::QkvAttn &&
-        ((l.ip[4] != 2 && l.ip[4] != 6) || l.count != l.ip[4] + 1 ||
+        ((post_ops != 2 && post_ops != 6) || l.count != post_ops + 1 ||
          ops_[l.op + l.count - 1].code != (uint16_t)OpCode::Attention))
         return what + ": q/k/v + attention record does not end in an attention op";
     for (int32_t t : l.t)
         if (t < -1 || t >= (int32_t)n_tensors_) return what + ": tensor index out of range";
+    const GemvLaunch gl = launch_params<GemvLaunch>(l);
     if (l.kind == (uint16_t)LaunchKind::Gemv) {
-        if (l.ip[3] < 1 || l.ip[3] > 3 || l.ip[4] < 0 || l.ip[4] > 3 ||
-            (l.ip[5] != 8 && l.ip[5] != 16 && l.ip[5] != 32 && l.ip[5] != 64 && l.ip[5] != 128))
+        if (gl.nmat < 1 || gl.nmat > 3 || gl.epilogue < 0 || gl.epilogue > 3 ||
+            (gl.lanes != 8 && gl.lanes != 16 && gl.lanes != 32 && gl.lanes != 64 && gl.lanes != 128))
             return what + ": bad GEMV parameters";
-        for (int m = 0; m < l.ip[3]; ++m)
-            if (l.ip[m] < l.op || l.ip[m] >= l.op + l.count || ops_[l.ip[m]].code != (uint16_t)OpCode::Matmul)
+        for (int m = 0; m < gl.nmat; ++m)
+            if (gl.mat(m) < l.op || gl.mat(m) >= l.op + l.count ||
+                ops_[gl.mat(m)].code != (uint16_t)OpCode::Matmul)
                 return what + ": GEMV operand is not a matmul it covers";
     }
     if (l.kind == (uint16_t)LaunchKind::Mlp) {
-        const bool ops_ok = l.count == 4 && (l.ip[5] == 128 || l.ip[5] == 256) && l.ip[0] == l.op &&
-                            l.ip[1] == l.op + 1 && l.ip[3] == l.op + 3 &&
+        const MlpLaunch ml = launch_params<MlpLaunch>(l);
+        const bool ops_ok  = l.count == 4 && (ml.threads == 128 || ml.threads == 256) && ml.gate == l.op &&
+                            ml.up == l.op + 1 && ml.down == l.op + 3 &&
                             ops_[l.op].code == (uint16_t)OpCode::Matmul &&
                             ops_[l.op + 1].code == (uint16_t)OpCode::Matmul &&
                             ops_[l.op + 2].code == (uint16_t)OpCode::GeluMul &&
                             ops_[l.op + 3].code == (uint16_t)OpCode::Matmul;
         if (!ops_ok || i == 0 || launches_[i - 1].kind != (uint16_t)LaunchKind::ResNorm ||
-            launches_[i - 1].t[7] != ops_[l.op + 3].out[0])
+            RN(launches_[i - 1]).zeroed != ops_[l.op + 3].out[0])
             return what + ": bad MLP record (gate, up, GeluMul, down after a ResNorm that zeroes its output)";
         const PlanTensor& w = tensors_[ops_[l.op + 3].in[1]];
         if (w.dtype != (uint8_t)DType::NF4 || !(w.quant_flags & kQuantTiled32) || w.dims[1] % 64 != 0 ||
             w.dims[0] % 4 != 0)
             return what + ": the MLP's down weight is not a tiled NF4 matrix";
-        if (l.ip[6] < 1 || l.ip[6] > kMlpReplicasMax)
-            return what + ": MLP output replicas " + std::to_string(l.ip[6]) + " (1 to " +
+        if (ml.replicas < 1 || ml.replicas > kMlpReplicasMax)
+            return what + ": MLP output replicas " + std::to_string(ml.replicas) + " (1 to " +
                    std::to_string(kMlpReplicasMax) + ")";
-        if (l.ip[6] > 1 && (i + 1 >= n_launches_ || launches_[i + 1].kind != (uint16_t)LaunchKind::ResNorm ||
-                            launches_[i + 1].t[1] != ops_[l.op + 3].out[0]))
+        if (ml.replicas > 1 &&
+            (i + 1 >= n_launches_ || launches_[i + 1].kind != (uint16_t)LaunchKind::ResNorm ||
+             RN(launches_[i + 1]).d != ops_[l.op + 3].out[0]))
             return what + ": an MLP with output replicas is not followed by the ResNorm that sums them";
         const PlanTensor &wg = tensors_[ops_[l.op].in[1]], &wu = tensors_[ops_[l.op + 1].in[1]];
-        if (l.ip[7] != 0 && l.ip[7] != 1)
-            return what + ": MLP arithmetic " + std::to_string(l.ip[7]) + " (0 f32, 1 packed f16)";
+        if (ml.f16 != 0 && ml.f16 != 1)
+            return what + ": MLP arithmetic " + std::to_string(ml.f16) + " (0 f32, 1 packed f16)";
         const bool dq = ((w.quant_flags | wg.quant_flags | wu.quant_flags) & kQuantDoubleQuant) != 0;
-        if (l.ip[7] == 1 && (dq || wg.dtype != (uint8_t)DType::NF4 || wu.dtype != (uint8_t)DType::NF4 ||
-                             !mlp_f16_width_ok(wg.dims[1])))
+        if (ml.f16 == 1 && (dq || wg.dtype != (uint8_t)DType::NF4 || wu.dtype != (uint8_t)DType::NF4 ||
+                            !mlp_f16_width_ok(wg.dims[1])))
             return what +
                    ": a packed-f16 MLP needs NF4 gate and up weights with f32 block scales and "
                    "a width that is a multiple of 32 up to " +
                    std::to_string(kMlpF16MaxH);
-        if (launches_[i - 1].ip[1] == 2) { // the ResNorm before, run by this launch's _r kernel
-            const CudaLaunch& rn = launches_[i - 1];
-            bool zeroed          = false; // by an earlier ResNorm (ip2)
-            for (size_t k = i - 1; rn.t[7] >= 0 && k-- > 0 && !zeroed;)
-                zeroed =
-                    launches_[k].kind == (uint16_t)LaunchKind::ResNorm && launches_[k].ip[2] == rn.t[7] + 1;
-            const bool ok = l.ip[7] == 1 && ops_[l.op].in[0] == rn.t[6] && rn.t[0] >= 0 && rn.t[1] >= 0 &&
-                            rn.t[2] >= 0 && rn.t[4] >= 0 && rn.t[5] >= 0 && rn.t[6] >= 0 && rn.t[3] < 0 &&
-                            rn.fp[1] == 1.0f && rn.ip[2] == 0 && mlp_res_fits(rn.ip[0], l.ip[5]) &&
-                            rn.ip[0] == w.dims[0] && cols(rn.t[0]) >= rn.ip[0] && cols(rn.t[1]) >= rn.ip[0] &&
-                            cols(rn.t[4]) >= rn.ip[0] && zeroed;
+        const ResNormLaunch rn = RN(launches_[i - 1]);
+        if (rn.folded == 2) {    // the ResNorm before, run by this launch's _r kernel
+            bool zeroed = false; // by an earlier ResNorm (its zero2)
+            for (size_t k = i - 1; rn.zeroed >= 0 && k-- > 0 && !zeroed;)
+                zeroed = launches_[k].kind == (uint16_t)LaunchKind::ResNorm &&
+                         RN(launches_[k]).zero2 == rn.zeroed + 1;
+            const bool ok = ml.f16 == 1 && ops_[l.op].in[0] == rn.xn && rn.x >= 0 && rn.d >= 0 &&
+                            rn.post_w >= 0 && rn.x_out >= 0 && rn.pre_w >= 0 && rn.xn >= 0 && rn.scalar < 0 &&
+                            rn.scale == 1.0f && rn.zero2 == 0 && mlp_res_fits(rn.cols, ml.threads) &&
+                            rn.cols == w.dims[0] && cols(rn.x) >= rn.cols && cols(rn.d) >= rn.cols &&
+                            cols(rn.x_out) >= rn.cols && zeroed;
             if (!ok)
                 return "CUDA schedule record " + std::to_string(i - 1) +
-                       ": bad folded ResNorm (ip1 2 needs a packed-f16 MLP after it reading its "
+                       ": bad folded ResNorm (folded 2 needs a packed-f16 MLP after it reading its "
                        "output, no scale, a width the "
                        "MLP kernel takes, and an earlier ResNorm zeroing the MLP's output)";
         }
     }
-    if (l.kind == (uint16_t)LaunchKind::ResNorm && l.ip[1] == 2 &&
+    const ResNormLaunch r = RN(l);
+    if (l.kind == (uint16_t)LaunchKind::ResNorm && r.folded == 2 &&
         (i + 1 >= n_launches_ || launches_[i + 1].kind != (uint16_t)LaunchKind::Mlp))
-        return what + ": bad folded ResNorm (ip1 2 needs the MLP launch that runs it after it)";
-    if (l.kind == (uint16_t)LaunchKind::ResNorm && l.ip[2] != 0) {
-        const int32_t z = l.ip[2] - 1;
-        const bool after_reps =
-            i > 0 && launches_[i - 1].kind == (uint16_t)LaunchKind::Mlp && launches_[i - 1].ip[6] > 1;
+        return what + ": bad folded ResNorm (folded 2 needs the MLP launch that runs it after it)";
+    if (l.kind == (uint16_t)LaunchKind::ResNorm && r.zero2 != 0) {
+        const int32_t z       = r.zero2 - 1;
+        const bool after_reps = i > 0 && launches_[i - 1].kind == (uint16_t)LaunchKind::Mlp &&
+                                launch_params<MlpLaunch>(launches_[i - 1]).replicas > 1;
         if (z < 0 || z >= (int32_t)n_tensors_ || tensors_[z].kind != (uint8_t)TensorKind::Activation ||
-            cols(z) < l.ip[0] || l.ip[1] != 0 || after_reps)
-            return what + ": bad second zeroed buffer (ip2 " + std::to_string(l.ip[2]) +
+            cols(z) < r.cols || r.folded != 0 || after_reps)
+            return what + ": bad second zeroed buffer (zero2 " + std::to_string(r.zero2) +
                    ": an activation tensor + 1 at least the row wide, on a ResNorm that is "
                    "launched and sums no replicas)";
     }
-    if (l.kind == (uint16_t)LaunchKind::ResNorm && l.ip[1] != 0 && l.ip[1] != 2) {
-        // ip1 = 1: run by the GatedProj launch after it (g4_resnorm_gated_proj); the MLP before it zeroes
+    if (l.kind == (uint16_t)LaunchKind::ResNorm && r.folded != 0 && r.folded != 2) {
+        // folded 1: run by the GatedProj launch after it (g4_resnorm_gated_proj); the MLP before it zeroes
         // that launch's output.
         const CudaLaunch* mlp = i > 0 ? &launches_[i - 1] : nullptr;
         const CudaLaunch* ple = i + 1 < n_launches_ ? &launches_[i + 1] : nullptr;
-        const bool ok         = l.ip[1] == 1 && mlp && mlp->kind == (uint16_t)LaunchKind::Mlp &&
-                        mlp->t[0] == l.t[1] && mlp->ip[5] == 256 && mlp->ip[6] == 1 && ple &&
+        const bool ok         = r.folded == 1 && mlp && mlp->kind == (uint16_t)LaunchKind::Mlp &&
+                        launch_params<MlpLaunch>(*mlp).y == r.d &&
+                        launch_params<MlpLaunch>(*mlp).threads == 256 &&
+                        launch_params<MlpLaunch>(*mlp).replicas == 1 && ple &&
                         ple->kind == (uint16_t)LaunchKind::GatedProj && ple->op == l.op + l.count &&
-                        l.op + l.count < (int32_t)n_ops() && ops_[l.op + l.count].in[0] == l.t[4] &&
-                        l.t[0] >= 0 && l.t[1] >= 0 && l.t[2] >= 0 && l.t[4] >= 0 && l.t[3] < 0 &&
-                        l.t[5] < 0 && l.t[6] < 0 && l.fp[1] == 1.0f && l.ip[0] > 0 && l.ip[0] % 4 == 0;
+                        l.op + l.count < (int32_t)n_ops() && ops_[l.op + l.count].in[0] == r.x_out &&
+                        r.x >= 0 && r.d >= 0 && r.post_w >= 0 && r.x_out >= 0 && r.scalar < 0 &&
+                        r.pre_w < 0 && r.xn < 0 && r.scale == 1.0f && r.cols > 0 && r.cols % 4 == 0;
         if (!ok)
-            return what + ": bad folded ResNorm (ip1 " + std::to_string(l.ip[1]) +
+            return what + ": bad folded ResNorm (folded " + std::to_string(r.folded) +
                    "; 1 needs an MLP of 256 threads and one output before it, a PLE after it "
                    "reading its output, and no scale or second norm)";
     }
@@ -673,7 +688,7 @@ std::string Plan::check_launch(size_t i, size_t next) const {
                         ops_[l.op + 1].code == (uint16_t)OpCode::GeluMul &&
                         ops_[l.op + 2].code == (uint16_t)OpCode::Matmul && i > 0 &&
                         launches_[i - 1].kind == (uint16_t)LaunchKind::ResNorm &&
-                        launches_[i - 1].t[7] == ops_[l.op + 2].out[0];
+                        RN(launches_[i - 1]).zeroed == ops_[l.op + 2].out[0];
         if (!ok)
             return what + ": bad per-layer-input record (gate, GeluMul, projection after a ResNorm "
                           "that zeroes its output)";
@@ -682,35 +697,38 @@ std::string Plan::check_launch(size_t i, size_t next) const {
             g.dims[1] != w.dims[0] || w.dims[0] % 8 != 0 || w.dims[0] > 4096 || w.dims[1] % 8 != 0)
             return what + ": the per-layer-input record's weights are not bf16 [P, H] and [H, P] "
                           "(H, P multiples of 8, H <= 4096)";
-        const CudaLaunch& rn = launches_[i - 1];
-        if (rn.ip[1] == 1 && (rn.ip[0] != w.dims[0] || cols(rn.t[0]) < rn.ip[0] || cols(rn.t[1]) < rn.ip[0] ||
-                              cols(rn.t[4]) < rn.ip[0]))
+        const ResNormLaunch rn = RN(launches_[i - 1]);
+        if (rn.folded == 1 && (rn.cols != w.dims[0] || cols(rn.x) < rn.cols || cols(rn.d) < rn.cols ||
+                               cols(rn.x_out) < rn.cols))
             return what + ": the ResNorm folded into this per-layer-input record has another width";
     }
     if (l.kind == (uint16_t)LaunchKind::GroupNormAdd) {
+        const GroupNormAddLaunch gn = launch_params<GroupNormAddLaunch>(l);
         const bool ok =
             l.count == 4 && ops_[l.op].code == (uint16_t)OpCode::Scale &&
             ops_[l.op + 1].code == (uint16_t)OpCode::RmsNorm &&
             ops_[l.op + 2].code == (uint16_t)OpCode::Add && ops_[l.op + 3].code == (uint16_t)OpCode::Scale &&
-            l.ip[1] > 0 && l.ip[1] <= 1024 && l.ip[0] > 0 && l.ip[0] % l.ip[1] == 0 && l.t[0] >= 0 &&
-            l.t[1] >= 0 && l.t[2] >= 0 && l.t[3] >= 0 &&
-            tensors_[l.t[1]].dims[0] * (tensors_[l.t[1]].ndim > 1 ? tensors_[l.t[1]].dims[1] : 1) >= l.ip[1];
-        if (!ok || cols(l.t[0]) < l.ip[0] || cols(l.t[2]) < l.ip[0] || cols(l.t[3]) < l.ip[0])
+            gn.group > 0 && gn.group <= 1024 && gn.cols > 0 && gn.cols % gn.group == 0 && gn.ctx >= 0 &&
+            gn.w >= 0 && gn.tok >= 0 && gn.out >= 0 &&
+            tensors_[gn.w].dims[0] * (tensors_[gn.w].ndim > 1 ? tensors_[gn.w].dims[1] : 1) >= gn.group;
+        if (!ok || cols(gn.ctx) < gn.cols || cols(gn.tok) < gn.cols || cols(gn.out) < gn.cols)
             return what + ": bad per-layer-input combination record (scale, grouped norm, add, "
                           "scale over N = groups x P <= 1024)";
     }
     if (l.kind == (uint16_t)LaunchKind::AttnO) {
-        const PlanOp& o = ops_[l.op];
-        bool ok = l.count == 1 && o.code == (uint16_t)OpCode::Matmul && i > 0 && l.ip[1] == l.op - 1 &&
-                  ops_[l.ip[1]].code == (uint16_t)OpCode::Attention && o.in[0] == ops_[l.ip[1]].out[0] &&
-                  o.in[1] >= 0;
+        const AttnOLaunch ao = launch_params<AttnOLaunch>(l);
+        const PlanOp& o      = ops_[l.op];
+        bool ok = l.count == 1 && o.code == (uint16_t)OpCode::Matmul && i > 0 && ao.attention == l.op - 1 &&
+                  ops_[ao.attention].code == (uint16_t)OpCode::Attention &&
+                  o.in[0] == ops_[ao.attention].out[0] && o.in[1] >= 0;
         bool zeroed = false; // by a ResNorm launch before the attention's
         for (size_t k = i; ok && k-- > 0 && !zeroed;)
-            zeroed = launches_[k].kind == (uint16_t)LaunchKind::ResNorm && launches_[k].t[7] == o.out[0];
+            zeroed =
+                launches_[k].kind == (uint16_t)LaunchKind::ResNorm && RN(launches_[k]).zeroed == o.out[0];
         if (!ok || !zeroed)
             return what + ": bad attention-o record (the o matmul after an attention op, its output "
                           "zeroed by a ResNorm before)";
-        const PlanOp& at    = ops_[l.ip[1]];
+        const PlanOp& at    = ops_[ao.attention];
         const auto ap       = params<AttentionParams>(at);
         const PlanTensor& w = tensors_[o.in[1]];
         if (w.dtype != (uint8_t)DType::NF4 || !(w.quant_flags & kQuantTiled32) ||

@@ -240,20 +240,26 @@ g4_status run_program(g4_session* s, size_t prog, const cpu::Context& ctx, const
                                (int32_t)w.dims[0]});
             break;
         }
-        case OpCode::RmsNorm:
-            cpu::rms_norm(ctx, {I(0), b.in_ld[0], b.in[1], b.in_dt[1], O(0), b.out_ld[0], n, op.ip[0],
-                                op.ip[1], op.fp[0]});
+        case OpCode::RmsNorm: {
+            const auto np = plan::params<plan::RmsNormParams>(op);
+            cpu::rms_norm(
+                ctx, {I(0), b.in_ld[0], b.in[1], b.in_dt[1], O(0), b.out_ld[0], n, np.cols, np.dim, np.eps});
             break;
+        }
         case OpCode::Add:
-            cpu::add(ctx, {I(0), b.in_ld[0], I(1), b.in_ld[1], O(0), b.out_ld[0], n, op.ip[0]});
+            cpu::add(ctx, {I(0), b.in_ld[0], I(1), b.in_ld[1], O(0), b.out_ld[0], n,
+                           plan::params<plan::AddParams>(op).cols});
             break;
         case OpCode::GeluMul:
-            cpu::gelu_mul_vec(ctx, {I(0), b.in_ld[0], I(1), b.in_ld[1], O(0), b.out_ld[0], n, op.ip[0]});
+            cpu::gelu_mul_vec(ctx, {I(0), b.in_ld[0], I(1), b.in_ld[1], O(0), b.out_ld[0], n,
+                                    plan::params<plan::GeluMulParams>(op).cols});
             break;
-        case OpCode::Scale:
+        case OpCode::Scale: {
+            const auto sp = plan::params<plan::ScaleParams>(op);
             cpu::scale(
-                ctx, {I(0), b.in_ld[0], O(0), b.out_ld[0], n, op.ip[0], op.fp[0], b.in[1], b.in_dt[1], 0.0f});
+                ctx, {I(0), b.in_ld[0], O(0), b.out_ld[0], n, sp.cols, sp.scale, b.in[1], b.in_dt[1], 0.0f});
             break;
+        }
         case OpCode::Clamp: {
             const auto cp = plan::params<plan::ClampParams>(op);
             cpu::clamp(ctx, {I(0), b.in_ld[0], O(0), b.out_ld[0], n, cp.cols, cp.lo, cp.hi});

@@ -422,17 +422,17 @@ TEST(CudaSchedule, ResNormFoldedIntoThePle) {
             << i2.out;
         expect_corrupt(
             td, folded_plan, fx + "_fold2", [&](CudaLaunch* recs) { recs[first_fold].ip[1] = 2; },
-            "bad folded ResNorm (ip1 2");
+            "bad folded ResNorm (folded 2");
         expect_corrupt(
             td, folded_plan, fx + "_fold_pre_mlp", [&](CudaLaunch* recs) { recs[pre_mlp].ip[1] = 1; },
-            "bad folded ResNorm (ip1 1");
+            "bad folded ResNorm (folded 1");
         expect_corrupt(
             td, folded_plan, fx + "_fold_norm2",
             [&](CudaLaunch* recs) { recs[first_fold].t[5] = recs[first_fold].t[2]; },
-            "bad folded ResNorm (ip1 1");
+            "bad folded ResNorm (folded 1");
         expect_corrupt(
             td, folded_plan, fx + "_fold_b128", [&](CudaLaunch* recs) { recs[first_fold - 1].ip[5] = 128; },
-            "bad folded ResNorm (ip1 1");
+            "bad folded ResNorm (folded 1");
 
         g4::plan::Plan p4;
         compile_sm90_with(td, fx, fx + "_fold_r4", "--mlp-replicas 4", &p4);
@@ -502,13 +502,13 @@ TEST(CudaSchedule, ResNormFoldedIntoTheMlp) {
         const std::string path = td.file(fx + ".g4plan");
         expect_corrupt(
             td, path, fx + "_mfold_nozero", [&](CudaLaunch* recs) { recs[first_z].ip[2] = 0; },
-            "bad folded ResNorm (ip1 2");
+            "bad folded ResNorm (folded 2");
         expect_corrupt(
             td, path, fx + "_mfold_no_t7", [&](CudaLaunch* recs) { recs[first_rn].t[7] = -1; },
             "bad MLP record");
         expect_corrupt(
             td, path, fx + "_mfold_f32", [&](CudaLaunch* recs) { recs[first_rn + 1].ip[7] = 0; },
-            "bad folded ResNorm (ip1 2");
+            "bad folded ResNorm (folded 2");
         // A scale the record's ops do not have: refused as a record whose tensors are not its ops'
         // (plan_reader.cpp launch_operands), before the folding rule is reached.
         expect_corrupt(
@@ -517,7 +517,7 @@ TEST(CudaSchedule, ResNormFoldedIntoTheMlp) {
             "the ResNorm's scale is not x_out * scalar in place");
         expect_corrupt(
             td, path, fx + "_mfold_no_mlp", [&](CudaLaunch* recs) { recs[first_z].ip[1] = 2; },
-            "ip1 2 needs the MLP launch");
+            "folded 2 needs the MLP launch");
         expect_corrupt(
             td, path, fx + "_zero2_range", [&](CudaLaunch* recs) { recs[first_z].ip[2] = 1 << 30; },
             "bad second zeroed buffer");

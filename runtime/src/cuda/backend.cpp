@@ -775,13 +775,13 @@ g4_status launch_step(g4_session* s, int rows, int out_rows, std::string* err) {
             }
             st->merge_in_next =
                 li + 1 < p.n_launches() && p.launch(li + 1).kind == (uint16_t)LaunchKind::AttnO;
-            // Output replicas (the plan's ip6 > 1, the reader checked the ResNorm after): the MLP adds into
-            // them and that ResNorm sums them and zeroes them again, so they are zero outside the pair. A
-            // folded ResNorm launches nothing: with ip1 = 1 the GatedProj launch after it runs it and the MLP
-            // before it zeroes the GatedProj launch's output; with ip1 = 2 the Mlp launch after it runs it.
+            // Output replicas (MlpLaunch replicas > 1, the reader checked the ResNorm after): the MLP adds
+            // into them and that ResNorm sums them and zeroes them again, so they are zero outside the pair.
+            // A folded ResNorm launches nothing: folded 1, the GatedProj launch after it runs it and the MLP
+            // before it zeroes the GatedProj launch's output; folded 2, the Mlp launch after it runs it.
             auto folded = [&](size_t k, int into) -> const CudaLaunch* {
                 const bool f = k < p.n_launches() && p.launch(k).kind == (uint16_t)LaunchKind::ResNorm &&
-                               p.launch(k).ip[1] == into;
+                               plan::launch_params<plan::ResNormLaunch>(p.launch(k)).folded == into;
                 return f ? &p.launch(k) : nullptr;
             };
             const bool mlp = l.kind == (uint16_t)LaunchKind::Mlp;
@@ -824,7 +824,9 @@ g4_status launch_step(g4_session* s, int rows, int out_rows, std::string* err) {
             GemvArgsH a;
             bool nf4 = false;
             gemv_args(st, p, lh, &a, &nf4);
-            r = launch(st, l0.g->k.lm_exact[gemv_lanes_index(lh.ip[5])], kArgmaxBlocks, 1, 128,
+            r = launch(st,
+                       l0.g->k.lm_exact[gemv_lanes_index(plan::launch_params<plan::GemvLaunch>(lh).lanes)],
+                       kArgmaxBlocks, 1, 128,
                        const_cast<void**>(std::initializer_list<void*>{
                            &a, &st->lm_lohi, &st->lm_tmax, &st->tok, const_cast<CUdeviceptr*>(&l0.step), &ids,
                            &st->host_tok_dev, &limit}

@@ -2,6 +2,7 @@
 // residual norms, the grouped scale-norm-add, the q/k/v post-projection, the MLP, the attention merge with
 // the output projection, the gated projection.
 #include "kernels/ref/ref.h"
+#include "runtime/plan/launch_params.h"
 #include "runtime/plan/op_params.h"
 #include "runtime/src/cuda/kernel_args.h"
 #include "runtime/src/cuda/launch.h"
@@ -86,11 +87,12 @@ long gemv_args(const SessionState* st, const plan::Plan& p, const CudaLaunch& l,
                bool* is_nf4) {
     GemvArgsH& a = *out;
     std::memset(&a, 0, sizeof a);
-    const int nmat = l.ip[3], epi = l.ip[4], pairs = epi == 1 ? 1 : 0;
+    const plan::GemvLaunch gl = plan::launch_params<plan::GemvLaunch>(l);
+    const int nmat = gl.nmat, epi = gl.epilogue, pairs = epi == 1 ? 1 : 0;
     bool nf4  = false;
     int n_out = 0, K_ = 0;
     for (int m = 0; m < nmat; ++m) {
-        const PlanOp& op    = p.op(l.ip[m]);
+        const PlanOp& op    = p.op(gl.mat(m));
         const PlanTensor& w = p.tensor(op.in[1]);
         CUdeviceptr base    = addr(st, p, op.in[1], 0);
         GemvMatH& g         = a.m[m];
@@ -109,11 +111,11 @@ long gemv_args(const SessionState* st, const plan::Plan& p, const CudaLaunch& l,
         n_out += g.n;
     }
     if (pairs) n_out = a.m[0].n;
-    a.nmat = nmat, a.k = K_, a.epi = epi, a.cap = l.fp[0];
-    a.out   = addr(st, p, l.t[1], 0);
-    a.aux   = addr(st, p, l.t[0], l.ip[6]);
+    a.nmat = nmat, a.k = K_, a.epi = epi, a.cap = gl.cap;
+    a.out   = addr(st, p, gl.out, 0);
+    a.aux   = addr(st, p, gl.aux, gl.aux_col);
     *is_nf4 = nf4;
-    return gemv_threads(n_out, l.ip[5], pairs);
+    return gemv_threads(n_out, gl.lanes, pairs);
 }
 
 g4_status launch_fused(g4_session* s, const CudaLaunch& l, std::string* err) {
@@ -121,8 +123,7 @@ g4_status launch_fused(g4_session* s, const CudaLaunch& l, std::string* err) {
     const plan::Plan& p = s->engine->plan;
     const Kernels& K    = st->cur->g->k;
     CUdeviceptr step    = st->cur->step;
-    auto T              = [&](int j) { return addr(st, p, l.t[j], 0); };
-    auto T2             = [&](const CudaLaunch* o, int j) { return addr(st, p, o->t[j], 0); };
+    auto T              = [&](int32_t t) { return addr(st, p, t, 0); };
     CUresult r          = 0;
     auto go             = [&](CUfunction f, unsigned gx, unsigned bx, std::initializer_list<void*> args,
                   unsigned smem = 0) {
@@ -130,47 +131,52 @@ g4_status launch_fused(g4_session* s, const CudaLaunch& l, std::string* err) {
     };
     switch ((LaunchKind)l.kind) {
     case LaunchKind::ResNorm: {
-        // Folded: ip1 1, the GatedProj launch after runs it (g4_resnorm_gated_proj), the MLP before zeroes
-        // its t7; ip1 2, the Mlp launch after runs it (its _r kernel), an earlier ResNorm zeroes its t7 (that
-        // one's ip2).
-        if (l.ip[1] == 1 || l.ip[1] == 2) break;
-        CUdeviceptr x = T(0), dd = T(1), pw = T(2), sc = T(3), xo = T(4), prew = T(5), xn = T(6), zero = T(7);
-        int pwdt = dt_code(p, l.t[2]), sdt = dt_code(p, l.t[3]), prewdt = dt_code(p, l.t[5]), H = l.ip[0];
-        float f = l.fp[1], eps = l.fp[0];
+        // Folded 1: the GatedProj launch after runs it (g4_resnorm_gated_proj), the MLP before zeroes its
+        // `zeroed`; folded 2: the Mlp launch after runs it (its _r kernel), an earlier ResNorm zeroes its
+        // `zeroed` (that one's zero2).
+        const plan::ResNormLaunch rn = plan::launch_params<plan::ResNormLaunch>(l);
+        if (rn.folded == 1 || rn.folded == 2) break;
+        CUdeviceptr x = T(rn.x), dd = T(rn.d), pw = T(rn.post_w), sc = T(rn.scalar), xo = T(rn.x_out),
+                    prew = T(rn.pre_w), xn = T(rn.xn), zero = T(rn.zeroed);
+        int pwdt = dt_code(p, rn.post_w), sdt = dt_code(p, rn.scalar), prewdt = dt_code(p, rn.pre_w),
+            H   = rn.cols;
+        float f = rn.scale, eps = rn.eps;
         CUdeviceptr dr    = st->cur->mlp_rep;
         int nrep          = st->rep_in;
         const unsigned nt = H <= 2048 ? 512 : 1024;
-        CUdeviceptr zero2 =
-            l.ip[2] > 0 ? addr(st, p, l.ip[2] - 1, 0) : 0; // the reader checked: not after replicas
-        r = nrep ? go(K.resnorm_rep, 1, nt,
-                      {&x, &dd, &pw, &pwdt, &sc, &sdt, &f, &xo, &prew, &prewdt, &xn, &H, &eps, &zero, &dr,
-                       &nrep})
-            : zero2
-                ? go(K.resnorm_z2, 1, nt,
-                     {&x, &dd, &pw, &pwdt, &sc, &sdt, &f, &xo, &prew, &prewdt, &xn, &H, &eps, &zero, &zero2})
-                : go(K.resnorm, 1, nt,
-                     {&x, &dd, &pw, &pwdt, &sc, &sdt, &f, &xo, &prew, &prewdt, &xn, &H, &eps, &zero});
+        CUdeviceptr zero2 = rn.zero2 > 0 ? T(rn.zero2 - 1) : 0; // the reader checked: not after replicas
+        r                 = nrep ? go(K.resnorm_rep, 1, nt,
+                                      {&x, &dd, &pw, &pwdt, &sc, &sdt, &f, &xo, &prew, &prewdt, &xn, &H, &eps, &zero, &dr,
+                                       &nrep})
+                            : zero2
+                                ? go(K.resnorm_z2, 1, nt,
+                                     {&x, &dd, &pw, &pwdt, &sc, &sdt, &f, &xo, &prew, &prewdt, &xn, &H, &eps, &zero, &zero2})
+                                : go(K.resnorm, 1, nt,
+                                     {&x, &dd, &pw, &pwdt, &sc, &sdt, &f, &xo, &prew, &prewdt, &xn, &H, &eps, &zero});
         break;
     }
     case LaunchKind::GroupNormAdd: {
-        CUdeviceptr ctx = T(0), w = T(1), tok = T(2), out = T(3);
-        int wdt = dt_code(p, l.t[1]), P = l.ip[1];
+        const plan::GroupNormAddLaunch g = plan::launch_params<plan::GroupNormAddLaunch>(l);
+        CUdeviceptr ctx = T(g.ctx), w = T(g.w), tok = T(g.tok), out = T(g.out);
+        int wdt = dt_code(p, g.w), P = g.group;
         float s1  = plan::params<plan::ScaleParams>(p.op(l.op)).scale,
               eps = plan::params<plan::RmsNormParams>(p.op(l.op + 1)).eps,
               s2  = plan::params<plan::ScaleParams>(p.op(l.op + 3)).scale;
-        r         = go(K.group_norm_add, (unsigned)(l.ip[0] / P), (unsigned)((P + 31) / 32 * 32),
+        r         = go(K.group_norm_add, (unsigned)(g.cols / P), (unsigned)((P + 31) / 32 * 32),
                        {&ctx, &w, &wdt, &tok, &out, &P, &s1, &eps, &s2});
         break;
     }
     case LaunchKind::QkvPost:
     case LaunchKind::QkvAttn: {
-        const bool attn = l.kind == (uint16_t)LaunchKind::QkvAttn;
-        const int post  = attn ? l.ip[4] : l.count; // QkvPost ops: 2 (q) or 6 (q, k, v and the store)
-        CUdeviceptr q = T(0), qw = T(1), invf = T(2), k = T(3), kw = T(4), v = T(5), kc = T(6), vc = T(7);
-        int wdt = dt_code(p, l.t[1]), heads = l.ip[0], kvh = post == 6 ? l.ip[1] : 1, dim = l.ip[2],
-            slots       = std::max(1, l.ip[3]);
-        int kvdt        = dt_code(p, l.t[6]);
-        float eps       = l.fp[0];
+        const bool attn          = l.kind == (uint16_t)LaunchKind::QkvAttn;
+        const plan::QkvLaunch ql = plan::launch_params<plan::QkvLaunch>(l);
+        const int post = attn ? ql.post_ops : l.count; // QkvPost ops: 2 (q) or 6 (q, k, v and the store)
+        CUdeviceptr q = T(ql.q), qw = T(ql.q_norm_w), invf = T(ql.inv_freq), k = T(ql.k), kw = T(ql.k_norm_w),
+                    v = T(ql.v), kc = T(ql.k_cache), vc = T(ql.v_cache);
+        int wdt = dt_code(p, ql.q_norm_w), heads = ql.heads, kvh = post == 6 ? ql.kv_heads : 1, dim = ql.dim,
+            slots       = std::max(1, ql.slots);
+        int kvdt        = dt_code(p, ql.k_cache);
+        float eps       = ql.eps;
         const size_t ai = attn ? (size_t)l.op + l.count - 1 : 0; // the attention op
         if (attn && decode_attention_fits(p, p.op(ai), dt_code(p, p.op(ai).in[1]))) {
             const AttnPostH pa{post == 6 ? k : 0, post == 6 ? v : 0, qw, kw, invf, wdt, eps};
@@ -186,21 +192,25 @@ g4_status launch_fused(g4_session* s, const CudaLaunch& l, std::string* err) {
     }
     case LaunchKind::Gemv: {
         GemvArgsH a;
-        bool nf4        = false;
-        long threads    = gemv_args(st, p, l, &a, &nf4);
-        const int pairs = l.ip[4] == 1 ? 1 : 0;
-        r = go(K.gemv[nf4][gemv_lanes_index(l.ip[5])][pairs], (unsigned)ceil_div(threads, 128), 128, {&a},
+        bool nf4                  = false;
+        long threads              = gemv_args(st, p, l, &a, &nf4);
+        const plan::GemvLaunch gl = plan::launch_params<plan::GemvLaunch>(l);
+        const int pairs           = gl.epilogue == 1 ? 1 : 0;
+        r = go(K.gemv[nf4][gemv_lanes_index(gl.lanes)][pairs], (unsigned)ceil_div(threads, 128), 128, {&a},
                gemv_smem(nf4, st->cur->g->sm, a.k));
         break;
     }
     case LaunchKind::Mlp: {
         MlpArgsH a;
         std::memset(&a, 0, sizeof a);
-        CudaLaunch gu = l; // the gate/up pair as a Gemv record: its weights and input
-        gu.ip[3] = 2, gu.ip[4] = 1, gu.ip[5] = 8, gu.t[0] = gu.t[1] = -1;
+        const plan::MlpLaunch ml = plan::launch_params<plan::MlpLaunch>(l);
+        CudaLaunch gu            = l; // the gate/up pair as a Gemv record: its weights and input
+        plan::GemvLaunch gp;
+        gp.mat0 = ml.gate, gp.mat1 = ml.up, gp.nmat = 2, gp.epilogue = 1, gp.lanes = 8;
+        plan::set_launch_params(gu, gp);
         bool nf4 = false;
         gemv_args(st, p, gu, &a.gu, &nf4);
-        const PlanOp& dn    = p.op(l.ip[3]);
+        const PlanOp& dn    = p.op(ml.down);
         const PlanTensor& w = p.tensor(dn.in[1]);
         const Nf4Ptrs q     = nf4_ptrs(addr(st, p, dn.in[1], 0), w);
         a.codes = q.codes, a.absmax = q.absmax, a.absmax2 = q.absmax2, a.offset = q.offset, a.code2 = q.code2;
@@ -209,27 +219,29 @@ g4_status launch_fused(g4_session* s, const CudaLaunch& l, std::string* err) {
         a.H = (int)w.dims[0], a.I = (int)w.dims[1];
         if (st->rep_out) a.yr = st->cur->mlp_rep, a.nrep = st->rep_out;
         // The compiler fuses only gate, up and down of one scale format (cuda_schedule.cpp mlp): the down's
-        // picks the kernel. ip7 1: the packed-f16 kernels (f32 scales only: the reader checks).
-        const int kf = l.ip[7] ? 8 + (l.ip[5] == 256 ? 1 : 0) + (st->rep_out ? 2 : 0)
-                               : (l.ip[5] == 256 ? 1 : 0) + (q.absmax2 ? 2 : 0) + (st->rep_out ? 4 : 0);
+        // picks the kernel. f16: the packed-f16 kernels (f32 scales only: the reader checks).
+        const int b256 = ml.threads == 256 ? 1 : 0;
+        const int kf =
+            ml.f16 ? 8 + b256 + (st->rep_out ? 2 : 0) : b256 + (q.absmax2 ? 2 : 0) + (st->rep_out ? 4 : 0);
         // Before a folded ResNorm (the reader checked: 256 threads, one output): the _z kernel zeroes the
         // GatedProj launch's output.
-        if (st->fold_next) a.zero = addr(st, p, st->fold_next->t[7], 0);
-        CUfunction f = st->fold_next ? K.mlp_z[l.ip[7] ? 2 : q.absmax2 ? 1 : 0] : K.mlp[kf];
+        if (st->fold_next) a.zero = T(plan::launch_params<plan::ResNormLaunch>(*st->fold_next).zeroed);
+        CUfunction f = st->fold_next ? K.mlp_z[ml.f16 ? 2 : q.absmax2 ? 1 : 0] : K.mlp[kf];
         // After a ResNorm folded in (the reader checked: packed f16, mlp_res_fits, no scale): the _r kernel
         // runs it.
-        if (const CudaLaunch* rn = st->mlp_res) {
-            a.rx = T2(rn, 0), a.rd = T2(rn, 1), a.rpw = T2(rn, 2), a.xo = T2(rn, 4), a.rprew = T2(rn, 5);
-            a.rpwdt = dt_code(p, rn->t[2]), a.rprewdt = dt_code(p, rn->t[5]), a.eps = rn->fp[0];
-            f = K.mlp_r[st->fold_next ? 4 : (l.ip[5] == 256 ? 1 : 0) + (st->rep_out ? 2 : 0)];
+        if (st->mlp_res) {
+            const plan::ResNormLaunch rn = plan::launch_params<plan::ResNormLaunch>(*st->mlp_res);
+            a.rx = T(rn.x), a.rd = T(rn.d), a.rpw = T(rn.post_w), a.xo = T(rn.x_out), a.rprew = T(rn.pre_w);
+            a.rpwdt = dt_code(p, rn.post_w), a.rprewdt = dt_code(p, rn.pre_w), a.eps = rn.eps;
+            f = K.mlp_r[st->fold_next ? 4 : b256 + (st->rep_out ? 2 : 0)];
         }
-        r = go(f, (unsigned)(a.I / 32), (unsigned)l.ip[5], {&a}, gemv_smem(true, st->cur->g->sm, a.H));
+        r = go(f, (unsigned)(a.I / 32), (unsigned)ml.threads, {&a}, gemv_smem(true, st->cur->g->sm, a.H));
         break;
     }
     case LaunchKind::AttnO: {
         AttnOArgsH a;
         std::memset(&a, 0, sizeof a);
-        const PlanOp &o = p.op(l.op), &at = p.op(l.ip[1]);
+        const PlanOp &o = p.op(l.op), &at = p.op(plan::launch_params<plan::AttnOLaunch>(l).attention);
         const PlanTensor& w = p.tensor(o.in[1]);
         const Nf4Ptrs q     = nf4_ptrs(addr(st, p, o.in[1], 0), w);
         a.step = step, a.part = st->cur->part;
@@ -252,10 +264,10 @@ g4_status launch_fused(g4_session* s, const CudaLaunch& l, std::string* err) {
         a.wp = addr(st, p, pr.in[1], 0), a.bp = addr(st, p, pr.in[2], pr.in_col[2]),
         a.y = addr(st, p, pr.out[0], pr.out_col[0]);
         a.H = (int)p.tensor(pr.in[1]).dims[0], a.P = (int)p.tensor(pr.in[1]).dims[1];
-        if (const CudaLaunch* rn =
-                st->fold_prev) { // the ResNorm before, folded in (the reader checked its fields)
-            a.rx = T2(rn, 0), a.rd = T2(rn, 1), a.rpw = T2(rn, 2), a.xo = T2(rn, 4);
-            a.rpwdt = dt_code(p, rn->t[2]), a.eps = rn->fp[0];
+        if (st->fold_prev) { // the ResNorm before, folded in (the reader checked its fields)
+            const plan::ResNormLaunch rn = plan::launch_params<plan::ResNormLaunch>(*st->fold_prev);
+            a.rx = T(rn.x), a.rd = T(rn.d), a.rpw = T(rn.post_w), a.xo = T(rn.x_out);
+            a.rpwdt = dt_code(p, rn.post_w), a.eps = rn.eps;
         }
         r = go((st->fold_prev ? K.resnorm_gated_proj : K.gated_proj)[slice_row_groups(a.H) - 1],
                (unsigned)(a.P / 8), kSliceThreads, {&a});

@@ -65,8 +65,8 @@ inline int slice_row_groups(int64_t H) {
 
 // Whether a decode row of an attention op runs g4_attn_decode (one block per (kv head, split) for all heads
 // of the group) rather than the prefill kernels; with kernels specialised for a group size (the plan's
-// cuda.attn_hpg, 0: none), only layers of that size. heads, kvh, dim, dsp: the op's ip[0], ip[1], ip[2],
-// ip[6]; kvdt: the cache is bf16.
+// cuda.attn_hpg, 0: none), only layers of that size. heads, kvh, dim, dsp: the op's AttentionParams
+// heads, kv_heads, dim, decode_splits; kvdt: the cache is bf16.
 inline bool decode_attention_fits(int heads, int kvh, int dim, int dsp, bool kvdt, int attn_hpg) {
     const int hpg = kvh > 0 ? heads / kvh : 0;
     if (attn_hpg != 0 && (hpg != attn_hpg || hpg * kvh != heads)) return false;

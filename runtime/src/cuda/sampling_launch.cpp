@@ -54,16 +54,18 @@ g4_status lm_screen_setup(const plan::Plan& p, EngineState* st, std::string* err
     int li = -1;
     for (size_t i = 0; i < p.n_launches(); ++i) {
         const CudaLaunch& l = p.launch(i);
-        if (l.kind == (uint16_t)LaunchKind::Gemv && (int)p.op(l.ip[0]).out[0] == in.logits_tensor)
+        if (l.kind == (uint16_t)LaunchKind::Gemv &&
+            (int)p.op(plan::launch_params<plan::GemvLaunch>(l).mat0).out[0] == in.logits_tensor)
             li = (int)i;
     }
     if (li < 0) return G4_OK;
-    const CudaLaunch& l = p.launch(li);
-    const PlanOp& op    = p.op(l.ip[0]);
-    const PlanTensor& w = p.tensor(op.in[1]);
-    const int lanes_i = gemv_lanes_index(l.ip[5]), V = (int)w.dims[0], K = (int)w.dims[1];
-    if (l.ip[3] != 1 || (l.ip[4] != 0 && l.ip[4] != 3) || w.dtype != (uint8_t)DType::BF16 || lanes_i < 0 ||
-        K % 16 || K > 4096 || (long)ceil_div(V, 128 / l.ip[5] * 4) > (long)kArgmaxBlocks * 1024)
+    const plan::GemvLaunch l = plan::launch_params<plan::GemvLaunch>(p.launch(li));
+    const PlanOp& op         = p.op(l.mat0);
+    const PlanTensor& w      = p.tensor(op.in[1]);
+    const int lanes_i = gemv_lanes_index(l.lanes), V = (int)w.dims[0], K = (int)w.dims[1];
+    if (l.nmat != 1 || (l.epilogue != 0 && l.epilogue != 3) || w.dtype != (uint8_t)DType::BF16 ||
+        lanes_i < 0 || K % 16 || K > 4096 ||
+        (long)ceil_div(V, 128 / l.lanes * 4) > (long)kArgmaxBlocks * 1024)
         return G4_OK;
     CUdeviceptr wd = 0;
     for (const Gpu::Seg& sg : g.segs)

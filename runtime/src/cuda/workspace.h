@@ -3,6 +3,7 @@
 // allocations at session create (runtime/src/cuda/backend.cpp). Header-only; no CUDA dependency.
 #pragma once
 #include "kernels/nf4.h"
+#include "runtime/plan/launch_params.h"
 #include "runtime/plan/op_params.h"
 #include "runtime/plan/plan_format.h"
 
@@ -64,9 +65,11 @@ struct Workspace {
     }
 };
 
-// Output replicas of a decode launch: its ip6 for a fused MLP (1..kMlpReplicasMax), else 1.
+// Output replicas of a decode launch: a fused MLP's (1..kMlpReplicasMax), else 1.
 inline int mlp_replicas(const plan::CudaLaunch& l) {
-    return l.kind == (uint16_t)plan::LaunchKind::Mlp ? std::clamp(l.ip[6], 1, plan::kMlpReplicasMax) : 1;
+    return l.kind == (uint16_t)plan::LaunchKind::Mlp
+               ? std::clamp(plan::launch_params<plan::MlpLaunch>(l).replicas, 1, plan::kMlpReplicasMax)
+               : 1;
 }
 
 // ops/tensors: the plan's records; max_rows: prefill chunk; vocab: the LM head's rows; primary: the
@@ -82,8 +85,9 @@ inline Workspace workspace(const plan::PlanOp* ops, size_t n_ops, const plan::Pl
         const plan::CudaLaunch& l = launches[li];
         const int reps            = mlp_replicas(l);
         if (reps < 2 || (op_gpu && op_gpu[l.op] != gpu)) continue;
-        const uint64_t H = (uint64_t)tensors[ops[l.ip[3]].in[1]].dims[0]; // the down's rows
-        w.mlp_rep        = std::max<uint64_t>(w.mlp_rep, (uint64_t)(reps - 1) * H);
+        const uint64_t H = (uint64_t)tensors[ops[plan::launch_params<plan::MlpLaunch>(l).down].in[1]]
+                               .dims[0]; // the down's rows
+        w.mlp_rep = std::max<uint64_t>(w.mlp_rep, (uint64_t)(reps - 1) * H);
     }
     for (size_t i = 0; i < n_ops; ++i) {
         if (op_gpu && op_gpu[i] != gpu) continue;

@@ -1,6 +1,6 @@
-// The hand-written audio tower (runtime/src/towers/audio.*, whose weights and features the GPU audio tower
-// uses) against Hugging Face float32 numbers from tools/make_audio_fixtures.py (tests/fixtures/towers/audio,
-// tiny checkpoint tests/fixtures/e2b_tiny).
+// The hand-written audio tower (runtime/src/towers/audio.*: the weights, features and buffers the GPU audio
+// tower uses) against Hugging Face float32 numbers from tools/make_audio_fixtures.py
+// (tests/fixtures/towers/audio, tiny checkpoint tests/fixtures/e2b_tiny).
 #include "compiler/safetensors.h"
 #include "kernels/cpu/cpu.h"
 #include "runtime/src/towers/audio.h"
@@ -80,21 +80,18 @@ towers::AudioHParams tiny_hparams() {
     return hp;
 }
 
-// A thread pool, its per-thread scratch and the tower's scratch.
+// A thread pool and the per-thread scratch the features take.
 struct Runner {
     std::unique_ptr<cpu::ThreadPool> pool;
     std::vector<float> thread_scratch;
-    float* scratch = nullptr;
     cpu::Context ctx;
     Runner(const towers::AudioTower& tower, int threads) {
         pool               = std::make_unique<cpu::ThreadPool>(threads);
         ctx.pool           = pool.get();
-        ctx.scratch_stride = tower.thread_scratch_floats();
+        ctx.scratch_stride = tower.gpu_thread_scratch_floats();
         thread_scratch.resize(ctx.scratch_stride * threads + 16);
         ctx.scratch = thread_scratch.data() + (16 - ((uintptr_t)thread_scratch.data() / 4) % 16) % 16;
-        scratch     = (float*)std::aligned_alloc(64, (tower.scratch_bytes() + 63) / 64 * 64);
     }
-    ~Runner() { std::free(scratch); }
 };
 
 double max_abs_diff(const float* a, const float* b, size_t n) {
@@ -189,60 +186,8 @@ TEST(AudioTower, FeaturesMatchHf) {
     }
 }
 
-TEST(AudioTower, OutputMatchesHf) {
-    towers::AudioHParams hp = tiny_hparams();
-    Weights w;
-    towers::AudioTower tower;
-    ASSERT_EQ(tower.init(hp, w.lookup(), 480000), "");
-    Runner r(tower, 2);
-    const json m = meta();
-    for (const auto& c : m["clips"]) {
-        auto pcm             = g4test::read_f32(dir() + "/" + c["pcm"].get<std::string>());
-        auto ref             = g4test::read_f32(dir() + "/" + c["tower"].get<std::string>());
-        const int n_soft_ref = c["n_soft"];
-        ASSERT_EQ(ref.size(), (size_t)n_soft_ref * hp.text_hidden_size);
-        EXPECT_EQ(towers::audio_soft_tokens(hp, (int64_t)pcm.size()), n_soft_ref);
-        std::vector<float> out((size_t)n_soft_ref * hp.text_hidden_size, NAN);
-        int n_soft = -1;
-        ASSERT_EQ(tower.forward(r.ctx, pcm.data(), (int64_t)pcm.size(), r.scratch, out.data(), &n_soft), "");
-        ASSERT_EQ(n_soft, n_soft_ref);
-        double e  = g4test::rel_l2(out.data(), ref.data(), out.size());
-        double mx = max_abs_diff(out.data(), ref.data(), out.size());
-        std::printf("%s tower: %d soft tokens, rel L2 %.3g, max abs %.3g\n",
-                    c["name"].get<std::string>().c_str(), n_soft, e, mx);
-        EXPECT_LT(e, 1e-5);
-    }
-}
-
-// Opt-in bf16 matmuls against the same HF float32 numbers (loose bound: bf16-rounded matmul operands,
-// measured 3.9e-3 / 3.8e-3; HF's own bf16 run is ~1e-2 off its float32; the lower bound shows the bf16 path
-// ran).
-TEST(AudioTower, Bf16MatmulsStayCloseToHf) {
-    towers::AudioHParams hp = tiny_hparams();
-    hp.precision            = towers::Precision::BF16;
-    Weights w;
-    towers::AudioTower tower;
-    ASSERT_EQ(tower.init(hp, w.lookup(), 480000), "");
-    EXPECT_GE(tower.thread_scratch_floats(), cpu::gemm_bf16_scratch_floats());
-    Runner r(tower, 2);
-    const json m = meta();
-    ASSERT_GE(m["clips"].size(), 2u);
-    for (const auto& c : m["clips"]) {
-        auto pcm = g4test::read_f32(dir() + "/" + c["pcm"].get<std::string>());
-        auto ref = g4test::read_f32(dir() + "/" + c["tower"].get<std::string>());
-        std::vector<float> out(ref.size(), NAN);
-        int n_soft = -1;
-        ASSERT_EQ(tower.forward(r.ctx, pcm.data(), (int64_t)pcm.size(), r.scratch, out.data(), &n_soft), "");
-        ASSERT_EQ((size_t)n_soft * hp.text_hidden_size, ref.size());
-        const double e = g4test::rel_l2(out.data(), ref.data(), out.size());
-        std::printf("%s tower, bf16 matmuls: rel L2 vs HF float32 %.3g\n",
-                    c["name"].get<std::string>().c_str(), e);
-        EXPECT_LT(e, 1e-2);
-        EXPECT_GT(e, 1e-5);
-    }
-}
-
-// The released model's front end (128 mel bins, SSCP channels [128, 32]) with a small random conformer.
+// The released model's front end (128 mel bins, SSCP channels [128, 32]): its weights resolve and its
+// features match HF's.
 TEST(AudioTower, ReleasedFrontEndMatchesHf) {
     const json m  = meta();
     const json& c = m["mid"];
@@ -255,83 +200,14 @@ TEST(AudioTower, ReleasedFrontEndMatchesHf) {
     towers::AudioTower tower;
     ASSERT_EQ(tower.init(hp, w.lookup(), 480000), "");
     Runner r(tower, 2);
-    auto pcm = g4test::read_f32(dir() + "/clip0.pcm.f32");
-
+    auto pcm     = g4test::read_f32(dir() + "/clip0.pcm.f32");
     auto ref_f   = g4test::read_f32(dir() + "/" + c["features"].get<std::string>());
     const int nv = c["n_valid_frames"];
-    ASSERT_EQ(ref_f.size(), c["n_frames"].get<size_t>() * 128);
     std::vector<float> feat((size_t)nv * 128);
     int nf = 0;
     ASSERT_EQ(tower.features(r.ctx, pcm.data(), (int64_t)pcm.size(), feat.data(), &nf), "");
     ASSERT_EQ(nf, nv);
-    double e = g4test::rel_l2(feat.data(), ref_f.data(), feat.size());
-    std::printf("mid features: %d frames x 128 mel, rel L2 %.3g, max abs %.3g\n", nf, e,
-                max_abs_diff(feat.data(), ref_f.data(), feat.size()));
-    EXPECT_LT(e, 2e-6);
-
-    auto ref             = g4test::read_f32(dir() + "/" + c["tower"].get<std::string>());
-    const int n_soft_ref = c["n_soft"];
-    ASSERT_EQ(ref.size(), (size_t)n_soft_ref * hp.text_hidden_size);
-    std::vector<float> out(ref.size());
-    int n_soft = 0;
-    ASSERT_EQ(tower.forward(r.ctx, pcm.data(), (int64_t)pcm.size(), r.scratch, out.data(), &n_soft), "");
-    ASSERT_EQ(n_soft, n_soft_ref);
-    e = g4test::rel_l2(out.data(), ref.data(), out.size());
-    std::printf("mid tower: %d soft tokens, rel L2 %.3g, max abs %.3g\n", n_soft, e,
-                max_abs_diff(out.data(), ref.data(), out.size()));
-    EXPECT_LT(e, 1e-5);
-}
-
-TEST(AudioTower, SoftTokenCountsMatchHf) {
-    towers::AudioHParams hp = tiny_hparams();
-    int checked             = 0;
-    const json m            = meta();
-    for (const auto& p : m["soft_tokens"]) {
-        int64_t n = p[0];
-        EXPECT_EQ(towers::audio_soft_tokens(hp, n), p[1].get<int>()) << n << " samples";
-        ++checked;
-    }
-    EXPECT_GE(checked, 20);
-
-    // forward's n_soft is the same count, down to the shortest clips.
-    Weights w;
-    towers::AudioTower tower;
-    ASSERT_EQ(tower.init(hp, w.lookup(), 16000), "");
-    Runner r(tower, 2);
-    auto noise = g4test::randn(16000, 7, 0.1f);
-    std::vector<float> out((size_t)200 * hp.text_hidden_size);
-    for (int64_t n : {161, 200, 320, 321, 481, 641, 801, 1601, 4003, 16000}) {
-        int n_soft = -1;
-        ASSERT_EQ(tower.forward(r.ctx, noise.data(), n, r.scratch, out.data(), &n_soft), "") << n;
-        EXPECT_EQ(n_soft, towers::audio_soft_tokens(hp, n)) << n;
-    }
-}
-
-TEST(AudioTower, ThreadCountDoesNotChangeTheResult) {
-    towers::AudioHParams hp = tiny_hparams();
-    Weights w;
-    towers::AudioTower tower;
-    ASSERT_EQ(tower.init(hp, w.lookup(), 480000), "");
-    auto pcm = g4test::read_f32(dir() + "/clip1.pcm.f32");
-    std::vector<float> a((size_t)200 * hp.text_hidden_size), b(a.size());
-    int na = 0, nb = 0;
-    {
-        Runner r(tower, 1);
-        ASSERT_EQ(tower.forward(r.ctx, pcm.data(), (int64_t)pcm.size(), r.scratch, a.data(), &na), "");
-    }
-    {
-        Runner r(tower, 2);
-        ASSERT_EQ(tower.forward(r.ctx, pcm.data(), (int64_t)pcm.size(), r.scratch, b.data(), &nb), "");
-    }
-    ASSERT_EQ(na, nb);
-    EXPECT_EQ(std::memcmp(a.data(), b.data(), sizeof(float) * (size_t)na * hp.text_hidden_size), 0);
-    { // per-thread scratch that is only 4-byte aligned
-        Runner r(tower, 2);
-        std::vector<float> ts(r.thread_scratch.size() + 1);
-        r.ctx.scratch = ts.data() + ((uintptr_t)ts.data() % 8 == 0 ? 1 : 0);
-        ASSERT_EQ(tower.forward(r.ctx, pcm.data(), (int64_t)pcm.size(), r.scratch, b.data(), &nb), "");
-    }
-    EXPECT_EQ(std::memcmp(a.data(), b.data(), sizeof(float) * (size_t)na * hp.text_hidden_size), 0);
+    EXPECT_LT(g4test::rel_l2(feat.data(), ref_f.data(), feat.size()), 2e-6);
     EXPECT_EQ(tower.max_soft_tokens(), towers::audio_soft_tokens(hp, 480000));
 }
 
@@ -342,25 +218,25 @@ TEST(AudioTower, BadInputIsAnError) {
     ASSERT_EQ(tower.init(hp, w.lookup(), 16000), "");
     Runner r(tower, 2);
     auto pcm = g4test::randn(16001, 3, 0.1f);
-    std::vector<float> out((size_t)200 * hp.text_hidden_size);
-    int n_soft    = -1;
-    std::string e = tower.forward(r.ctx, pcm.data(), 16001, r.scratch, out.data(), &n_soft);
+    std::vector<float> feat((size_t)200 * hp.mel_bins);
+    int nf        = -1;
+    std::string e = tower.features(r.ctx, pcm.data(), 16001, feat.data(), &nf);
     EXPECT_NE(e.find("longer than"), std::string::npos) << e;
-    e = tower.forward(r.ctx, pcm.data(), 0, r.scratch, out.data(), &n_soft);
+    e = tower.features(r.ctx, pcm.data(), 0, feat.data(), &nf);
     EXPECT_NE(e.find("empty"), std::string::npos) << e;
-    e = tower.forward(r.ctx, nullptr, 100, r.scratch, out.data(), &n_soft);
+    e = tower.features(r.ctx, nullptr, 100, feat.data(), &nf);
     EXPECT_NE(e.find("empty"), std::string::npos) << e;
-    e = tower.forward(r.ctx, pcm.data(), 160, r.scratch, out.data(), &n_soft);
+    e = tower.features(r.ctx, pcm.data(), 160, feat.data(), &nf);
     EXPECT_NE(e.find("shorter than one"), std::string::npos) << e;
     pcm[500] = NAN;
-    e        = tower.forward(r.ctx, pcm.data(), 1000, r.scratch, out.data(), &n_soft);
+    e        = tower.features(r.ctx, pcm.data(), 1000, feat.data(), &nf);
     EXPECT_NE(e.find("sample 500"), std::string::npos) << e;
     pcm[500]             = 0;
     cpu::Context small   = r.ctx;
-    small.scratch_stride = tower.thread_scratch_floats() - 16;
-    e                    = tower.forward(small, pcm.data(), 1000, r.scratch, out.data(), &n_soft);
+    small.scratch_stride = tower.gpu_thread_scratch_floats() - 16;
+    e                    = tower.features(small, pcm.data(), 1000, feat.data(), &nf);
     EXPECT_NE(e.find("scratch floats per thread"), std::string::npos) << e;
-    EXPECT_EQ(n_soft, -1);
+    EXPECT_EQ(nf, -1);
 
     // Weights: missing, wrong shape, and a checkpoint built for another mel count.
     towers::AudioTower t2;
@@ -381,6 +257,6 @@ TEST(AudioTower, BadInputIsAnError) {
     hp128.mel_bins             = 128;
     e                          = t2.init(hp128, w.lookup(), 16000);
     EXPECT_NE(e.find("mel_bins mismatch"), std::string::npos) << e;
-    e = t2.forward(r.ctx, pcm.data(), 1000, r.scratch, out.data(), &n_soft);
+    e = t2.features(r.ctx, pcm.data(), 1000, feat.data(), &nf);
     EXPECT_NE(e.find("init"), std::string::npos) << e;
 }

@@ -50,6 +50,14 @@ struct CompileOptions {
     int64_t max_image_pixels =
         16ll << 20;                // --max-image-pixels: largest input image (width * height) a session takes
     double max_audio_seconds = 30; // --max-audio-seconds: longest clip (Hugging Face's processor keeps 30 s)
+    // The video limits the plan records for its sessions (META towers.vision.video; g4 run / chat flags
+    // of the same names override them): frames a video gives, the stream's duration and frame count, a
+    // frame's pixels (0: max_image_pixels) and the file's size.
+    int video_frames                = 32;
+    double max_video_seconds        = 3600;
+    int64_t max_video_stream_frames = 216000;
+    int64_t max_video_pixels        = 0;
+    int64_t max_video_bytes         = int64_t(2) << 30;
     std::string
         tower_precision; // --tower-precision: towers' matmuls fp32 (HF float32) | bf16 (faster, ~3e-3 off);
                          // "" = fp32, and an explicit fp32 also keeps the vision tower off the GPU

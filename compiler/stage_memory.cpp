@@ -4,6 +4,7 @@
 #include "compiler/stages.h"
 #include "kernels/nf4.h"
 #include "runtime/src/cuda/workspace.h"
+#include "runtime/src/encoder_program.h"
 
 #include <algorithm>
 #include <set>
@@ -327,12 +328,12 @@ void session_figures(const Inputs& in, const BuiltPlan& b, Report* rep) {
     for (size_t t = 0; t < prog.tensors.size(); ++t)
         if (prog.tensors[t].kind == TensorKind::Weight && prog.tensors[t].role == WeightRole::PleTable)
             rep->ple_table_bytes += nbytes[t];
-    for (size_t k = 1; k < b.programs.size(); ++k) // runtime/src/encoder_program.cpp encoder_arena_bytes
-        if (b.programs[k].device < 0) {
-            const uint64_t bytes = (std::max<uint64_t>(b.programs[k].arena_bytes, 64) + 63) / 64 * 64;
-            rep->encoder_arenas += bytes;
-            if (b.programs[k].name == "audio") rep->audio_arena = bytes;
-        }
+    for (size_t k = 1; k < b.programs.size(); ++k) { // runtime/src/encoder_program.cpp encoder_arena_bytes
+        const uint64_t arena = (std::max<uint64_t>(b.programs[k].arena_bytes, 64) + 63) / 64 * 64;
+        if (b.programs[k].device < 0) rep->encoder_arenas += arena;
+        if (b.programs[k].device < 0 && b.programs[k].name == "audio") rep->audio_arena = arena;
+        if (b.programs[k].name == "vision") rep->vision_program_gpu = arena + rt::kEncoderStepBytes;
+    }
     rep->act_arena     = act_arena;
     rep->kv_arena      = kv_arena;
     rep->kv_dtype      = dtype_str(bo.kv_dtype);
@@ -370,7 +371,7 @@ placement::Figures figures_of(const Inputs& in, const Report& r, bool cpu_layers
     f.encoder_arenas      = r.encoder_arenas;
     f.audio_arena         = r.audio_arena;
     f.vision_weights      = r.vision_end - r.vision_begin;
-    f.vision_gpu_buffers  = in.towers.vision_gpu_bytes;
+    f.vision_gpu_buffers  = r.vision_program_gpu;
     f.audio_weights       = r.audio_end - r.audio_begin;
     f.audio_gpu_buffers   = in.towers.audio_gpu_bytes;
     if (!in.tower_names.empty() || !in.encoders.empty()) {

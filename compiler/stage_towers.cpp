@@ -1,15 +1,17 @@
 // The towers in the inputs stage of `g4 compile` (compiler/stages.h): their configs and every weight's shape
 // checked before any heavy work, their session buffers sized, where each may run. They run on the CPU; in a
-// CUDA plan either may run on the plan's GPU instead (decided with the memory plan, stage_placement.cpp).
+// CUDA plan either may run on the plan's GPU instead (decided with the memory plan, stage_placement.cpp; the
+// vision tower is an encoder program, placed there as a whole).
 #include "compiler/stages.h"
 #include "kernels/cpu/cpu.h"
 #include "kernels/cpu/thread_pool.h"
 #include "models/gemma4/audio_graph.h"
 #include "models/gemma4/vision_graph.h"
 #include "runtime/src/frontend/image.h"
+#include "runtime/src/frontend/media.h"
 #include "runtime/src/log_mel.h"
+#include "runtime/src/media/video_decode.h"
 #include "runtime/src/towers/audio.h"
-#include "runtime/src/towers/vision.h"
 
 #include <algorithm>
 #include <cmath>
@@ -67,24 +69,12 @@ void need_ids(const std::string& cfg, const char* tower, const char* what,
                                " in a prompt (--no-" + tower + " leaves the tower out)");
 }
 
-// The hand-written GPU vision tower's hyper-parameters (runtime/src/towers/vision.h), from the model's.
-towers::VisionHParams gpu_tower_hparams(const gemma4::VisionHParams& h, towers::Precision prec) {
-    towers::VisionHParams vh{};
-    vh.hidden_size = h.hidden_size, vh.num_hidden_layers = h.num_hidden_layers;
-    vh.num_attention_heads = h.num_attention_heads, vh.num_key_value_heads = h.num_key_value_heads;
-    vh.head_dim = h.head_dim, vh.intermediate_size = h.intermediate_size, vh.patch_size = h.patch_size;
-    vh.pooling_kernel_size = h.pooling_kernel_size, vh.position_embedding_size = h.position_embedding_size;
-    vh.rms_norm_eps = h.rms_norm_eps, vh.rope_theta = h.rope_theta;
-    vh.use_clipped_linears = h.use_clipped_linears, vh.text_hidden_size = h.text_hidden_size;
-    vh.precision = prec;
-    return vh;
-}
-
-// The vision encoder program (models/gemma4/vision_graph.h) on the CPU: GEMM matmuls in fp32 or bf16, the
-// per-thread scratch of its kernels. The 0-d ClippableLinear bounds are the Clamp ops' parameters; they stay
-// tensors of the program too (unread by its ops) for the GPU encoder, which reads them by name.
-EncoderProgram vision_program(const gemma4::VisionHParams& h, const towers::VisionHParams& vh,
-                              int max_patches, bool bf16, const towers::Lookup& lookup) {
+// The vision encoder program (models/gemma4/vision_graph.h): GEMM matmuls in fp32 or bf16 on the CPU (bf16
+// tensor-core GEMMs where stage_placement.cpp puts it on the plan's GPU), the per-thread scratch of its CPU
+// kernels. The 0-d ClippableLinear bounds are the Clamp ops' parameters. Every weight it reads is checked
+// against the checkpoint's shape.
+EncoderProgram vision_program(const gemma4::VisionHParams& h, int max_patches, bool bf16,
+                              const towers::Lookup& lookup, const std::string& model_dir) {
     gemma4::VisionBuildOptions o;
     o.max_patches   = max_patches;
     o.matmul_kernel = bf16 ? 2 : 1;
@@ -94,18 +84,23 @@ EncoderProgram vision_program(const gemma4::VisionHParams& h, const towers::Visi
         return towers::tensor_at(*t, 0);
     };
     gemma4::VisionProgram v = gemma4::build_vision_program(h, o);
-    std::set<std::string> held;
-    for (const auto& t : v.graph.tensors)
-        held.insert(t.name);
-    for (const auto& n : towers::vision_weight_names(vh))
-        if (!held.count(n)) {
-            gemma4::TensorDesc d;
-            d.name = n;
-            d.kind = plan::TensorKind::Weight;
-            d.dims = {1};
-            d.role = gemma4::WeightRole::TowerScalar;
-            v.graph.tensors.push_back(std::move(d));
-        }
+    for (const gemma4::TensorDesc& d : v.graph.tensors) {
+        if (d.kind != plan::TensorKind::Weight || d.role != gemma4::WeightRole::Tower) continue;
+        const towers::Tensor* t = lookup(d.name);
+        auto shape              = [](const int64_t* dims, size_t n) {
+            std::string r = "[";
+            for (size_t i = 0; i < n; ++i)
+                r += (i ? ", " : "") + std::to_string(dims[i]);
+            return r + "]";
+        };
+        if (!t)
+            throw CompileError("vision tower of " + model_dir + ": the checkpoint has no 'model." + d.name +
+                               "' (--no-vision leaves the tower out)");
+        if ((size_t)t->ndim != d.dims.size() || !std::equal(d.dims.begin(), d.dims.end(), t->dims))
+            throw CompileError("vision tower of " + model_dir + ": 'model." + d.name + "' has shape " +
+                               shape(t->dims, (size_t)t->ndim) + ", expected " +
+                               shape(d.dims.data(), d.dims.size()) + " (--no-vision leaves the tower out)");
+    }
     EncoderProgram e;
     e.name     = "vision";
     e.graph    = std::move(v.graph);
@@ -139,20 +134,28 @@ void check_vision(Inputs& in, const std::string& cfg, const towers::Lookup& look
         throw CompileError("--image-tokens " + std::to_string(opt.image_tokens) +
                            ": expected 70, 140, 280, 560 or 1120 (Gemma 4's image token budgets)");
     if (opt.max_image_pixels < 1) throw CompileError("--max-image-pixels must be positive");
+    if (opt.video_frames < 1 || opt.video_frames > media::kMaxVideoFrames)
+        throw CompileError("--video-frames " + std::to_string(opt.video_frames) + " is outside 1.." +
+                           std::to_string(media::kMaxVideoFrames));
+    if (!(opt.max_video_seconds > 0) || !std::isfinite(opt.max_video_seconds))
+        throw CompileError("--max-video-seconds must be a positive number of seconds");
+    if (opt.max_video_stream_frames < 1 || opt.max_video_bytes < 1 || opt.max_video_pixels < 0)
+        throw CompileError(
+            "--max-video-stream-frames, --max-video-pixels and --max-video-bytes must be positive");
+    if (opt.max_video_pixels > opt.max_image_pixels)
+        throw CompileError("--max-video-pixels " + std::to_string(opt.max_video_pixels) +
+                           " is over --max-image-pixels " + std::to_string(opt.max_image_pixels) +
+                           " (a frame goes through the image buffers)");
     need_ids(cfg, "vision", "images",
              {{"image_token_id", in.mc.image_token_id},
               {"boi_token_id", in.mc.boi_token_id},
               {"eoi_token_id", in.mc.eoi_token_id}});
     const int k = h.pooling_kernel_size, patch = h.patch_size, max_patches = opt.image_tokens * k * k;
-    const towers::VisionHParams vh = gpu_tower_hparams(h, prec);
-    towers::VisionTower vt;
-    e = vt.init(vh, lookup, max_patches);
-    if (!e.empty())
-        throw CompileError("vision tower of " + opt.model_dir + ": " + e +
-                           " (--no-vision leaves the tower out)");
-    // The GPU tower: bf16 tensor-core matmuls and the flash kernel (head dims 16..512, powers of
+    EncoderProgram prog =
+        vision_program(h, max_patches, prec == towers::Precision::BF16, lookup, opt.model_dir);
+    // The program on the GPU: bf16 tensor-core matmuls and the flash kernel (head dims 16..512, powers of
     // two).
-    const int hd = vh.head_dim;
+    const int hd = h.head_dim;
     if (in.cuda_index < 0)
         vision_gpu_no = "a CPU plan";
     else if (opt.weights == "f32")
@@ -164,27 +167,31 @@ void check_vision(Inputs& in, const std::string& cfg, const towers::Lookup& look
     else if (hd < 16 || hd > 512 || (hd & (hd - 1)))
         vision_gpu_no =
             "its head_dim " + std::to_string(hd) + " has no GPU attention kernel (16..512, powers of two)";
-    vision_gpu_bytes     = vt.gpu_layout().total;
-    vision_host_bytes    = vt.gpu_host_scratch_bytes();
-    vision_thread_floats = vt.thread_scratch_floats();
+    vision_gpu_bytes     = 0; // the program's arena, known with the memory plan (stage_placement.cpp)
+    vision_host_bytes    = (size_t)max_patches * 8; // the patch grid's cells, on either device
+    vision_thread_floats = prog.thread_floats;
     z.vision             = true;
-    z.vision_scratch     = vt.gpu_host_scratch_bytes(); // the CPU runs the vision program (its own arena)
+    z.vision_scratch     = vision_host_bytes;
     z.resize_scratch     = towers::preprocess_reserve_bytes(opt.max_image_pixels, opt.image_tokens, patch, k);
     z.patch_floats       = (int64_t)max_patches * 3 * patch * patch;
     z.max_patches        = max_patches;
     preprocess_floats    = towers::preprocess_thread_floats(opt.image_tokens, patch, k);
-    z.thread_floats      = std::max({z.thread_floats, vt.thread_scratch_floats(), preprocess_floats});
+    z.thread_floats      = std::max({z.thread_floats, (size_t)prog.thread_floats, preprocess_floats});
     z.max_soft           = std::max(z.max_soft, opt.image_tokens);
-    in.encoders.push_back(vision_program(h, vh, max_patches, prec == towers::Precision::BF16, lookup));
-    plan::MetaVision& v   = towers_meta(in).vision.emplace();
-    v.config              = json::parse(in.mc.vision_config_json).dump();
-    v.image_tokens        = opt.image_tokens;
-    v.max_patches         = max_patches;
-    v.max_image_pixels    = opt.max_image_pixels;
-    v.image_token_id      = in.mc.image_token_id;
-    v.boi_token_id        = in.mc.boi_token_id;
-    v.eoi_token_id        = in.mc.eoi_token_id;
-    v.video_token_id      = in.mc.video_token_id;
+    in.encoders.push_back(std::move(prog));
+    plan::MetaVision& v = towers_meta(in).vision.emplace();
+    v.config            = json::parse(in.mc.vision_config_json).dump();
+    v.image_tokens      = opt.image_tokens;
+    v.max_patches       = max_patches;
+    v.max_image_pixels  = opt.max_image_pixels;
+    v.image_token_id    = in.mc.image_token_id;
+    v.boi_token_id      = in.mc.boi_token_id;
+    v.eoi_token_id      = in.mc.eoi_token_id;
+    v.video_token_id    = in.mc.video_token_id;
+    if (v.video_token_id >= 0)
+        v.video = plan::MetaVideo{opt.video_frames, opt.max_video_seconds, opt.max_video_stream_frames,
+                                  opt.max_video_pixels > 0 ? opt.max_video_pixels : opt.max_image_pixels,
+                                  opt.max_video_bytes};
     v.program             = "vision";
     v.patch_size          = patch;
     v.pooling_kernel_size = k;
@@ -253,9 +260,18 @@ EncoderProgram audio_program(const gemma4::AudioHParams& h, int64_t max_samples,
         std::vector<int64_t> dims;
         for (int d = 0; w && d < w->ndim; ++d)
             dims.push_back(w->dims[d]);
-        if (!w || dims != t.dims)
-            throw CompileError("audio tower of " + where + ": tensor 'model." + t.name + "' " +
-                               (w ? "has another shape than audio_config implies" : "is missing") +
+        auto shape = [](const std::vector<int64_t>& v) {
+            std::string r = "[";
+            for (size_t i = 0; i < v.size(); ++i)
+                r += (i ? ", " : "") + std::to_string(v[i]);
+            return r + "]";
+        };
+        if (!w)
+            throw CompileError("audio tower of " + where + ": the checkpoint has no 'model." + t.name +
+                               "' (--no-audio leaves the tower out)");
+        if (dims != t.dims)
+            throw CompileError("audio tower of " + where + ": 'model." + t.name + "' has shape " +
+                               shape(dims) + ", expected " + shape(t.dims) +
                                " (--no-audio leaves the tower out)");
     }
     for (const auto& n : gemma4::audio_weight_names(h))
@@ -373,7 +389,14 @@ void check_towers(Inputs& in, placement::Placement& place) {
     if (in.mc.has_vision && opt.vision) check_vision(in, cfg, lookup, prec, z);
     if (in.mc.has_audio && opt.audio) check_audio(in, cfg, lookup, prec, z);
     if (!in.tower_names.empty() || !in.encoders.empty()) {
-        int64_t queue = opt.max_media_tokens > 0 ? opt.max_media_tokens : std::max<int64_t>(2048, z.max_soft);
+        // Default: 2048, or more where one image or clip gives more; with video, a whole video (its frames
+        // at the video processor's budget) and an image besides.
+        int64_t dflt = std::max<int64_t>(2048, z.max_soft);
+        if (const auto& v = towers_meta(in).vision; v && v->video)
+            dflt = std::max<int64_t>(dflt, int64_t(v->video->frames) *
+                                                   std::min(rt::kVideoFrameTokens, v->image_tokens) +
+                                               v->image_tokens);
+        int64_t queue = opt.max_media_tokens > 0 ? opt.max_media_tokens : dflt;
         queue         = std::min<int64_t>(queue, in.max_context);
         if (opt.max_media_tokens > in.max_context)
             throw CompileError("--max-media-tokens " + std::to_string(opt.max_media_tokens) +

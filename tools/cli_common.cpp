@@ -175,11 +175,17 @@ void create_session(const Args& a, g4_engine* eng, Session* s) {
 
 std::vector<Option> media_limit_options() {
     return {
-        {"--video-frames", "N", "frames a --video gives (sampled as the processor does). Default: 32"},
+        {"--video-frames", "N",
+         "frames a --video gives (sampled as the processor does). Default: the plan's (g4 compile "
+         "--video-frames, 32)"},
         {"--max-video-seconds", "S",
-         "longest video stream (its declared and its read duration). Default: 3600"},
+         "longest video stream (its declared and its read duration). Default: the plan's (3600)"},
         {"--max-video-stream-frames", "N",
-         "most frames a video stream may hold (each is decoded up to the last one sampled). Default: 216000"},
+         "most frames a video stream may hold (each is decoded up to the last one sampled). Default: the "
+         "plan's (216000)"},
+        {"--max-video-pixels", "N",
+         "largest video frame (width x height); at most the plan's --max-image-pixels. Default: the plan's"},
+        {"--max-video-bytes", "N", "largest video file. Default: the plan's (2147483648)"},
         {"--max-image-pixels", "N", "largest image or video frame (width x height); at most the plan's"},
         {"--max-audio-seconds", "S",
          "longest audio clip; at most the plan's (g4 compile --max-audio-seconds)"},
@@ -187,7 +193,14 @@ std::vector<Option> media_limit_options() {
 }
 
 g4::media::VideoLimits media_limits(const Args& a, g4_media_info* mi) {
-    g4::media::VideoLimits v;
+    g4::media::VideoLimits v; // the plan's (g4_media_info), else the defaults
+    if (mi->video_frames > 0) {
+        v.num_frames        = std::min(mi->video_frames, g4::media::kMaxVideoFrames);
+        v.max_seconds       = mi->max_video_seconds;
+        v.max_stream_frames = mi->max_video_stream_frames;
+        v.max_pixels        = mi->max_video_pixels;
+        v.max_file_bytes    = mi->max_video_bytes;
+    }
     if (a.has("--video-frames"))
         v.num_frames =
             (int)parse_int("--video-frames", a.get("--video-frames"), 1, g4::media::kMaxVideoFrames);
@@ -198,6 +211,8 @@ g4::media::VideoLimits media_limits(const Args& a, g4_media_info* mi) {
     if (a.has("--max-video-stream-frames"))
         v.max_stream_frames =
             parse_int("--max-video-stream-frames", a.get("--max-video-stream-frames"), 1, int64_t(1) << 40);
+    if (a.has("--max-video-bytes"))
+        v.max_file_bytes = parse_int("--max-video-bytes", a.get("--max-video-bytes"), 1, int64_t(1) << 50);
     if (a.has("--max-image-pixels")) {
         const int64_t px = parse_int("--max-image-pixels", a.get("--max-image-pixels"), 1, int64_t(1) << 40);
         if (px > mi->max_image_pixels)
@@ -205,6 +220,16 @@ g4::media::VideoLimits media_limits(const Args& a, g4_media_info* mi) {
                              std::to_string(mi->max_image_pixels) + " (g4 compile --max-image-pixels)");
         mi->max_image_pixels = px;
     }
+    // A frame is at most the plan's image size: the session's buffers are sized for it.
+    if (a.has("--max-video-pixels")) {
+        const int64_t px = parse_int("--max-video-pixels", a.get("--max-video-pixels"), 1, int64_t(1) << 40);
+        if (px > mi->max_image_pixels)
+            throw UsageError("--max-video-pixels " + std::to_string(px) + " is over the plan's " +
+                             std::to_string(mi->max_image_pixels) +
+                             " image pixels (g4 compile --max-image-pixels)");
+        v.max_pixels = px;
+    }
+    v.max_pixels = std::min(v.max_pixels, mi->max_image_pixels);
     if (a.has("--max-audio-seconds")) {
         const double s  = parse_float("--max-audio-seconds", a.get("--max-audio-seconds"));
         const int64_t n = (int64_t)(s * mi->audio_sample_rate);
@@ -215,7 +240,6 @@ g4::media::VideoLimits media_limits(const Args& a, g4_media_info* mi) {
                 ", the plan's (g4 compile --max-audio-seconds)");
         mi->max_audio_samples = n;
     }
-    v.max_pixels = mi->max_image_pixels;
     return v;
 }
 

@@ -96,10 +96,12 @@ void print_stats(g4_session* s, const g4_engine* e, const g4_engine_info& info);
 std::vector<Option> sampling_options(const char* n_help);
 
 // The media limits run and chat take at run time: --video-frames, --max-video-seconds,
-// --max-video-stream-frames, and --max-image-pixels / --max-audio-seconds, which may only lower the plan's
-// (its session buffers are sized for them).
+// --max-video-stream-frames, --max-video-bytes (defaults: the plan's), and --max-video-pixels,
+// --max-image-pixels, --max-audio-seconds, which may only lower the plan's (its session buffers are sized
+// for them).
 std::vector<Option> media_limit_options();
-// Applies them: lowers mi's max_image_pixels / max_audio_samples, returns the video limits.
+// Applies them: lowers mi's max_image_pixels / max_audio_samples, returns the video limits (the plan's
+// with the flags applied).
 g4::media::VideoLimits media_limits(const Args& a, g4_media_info* mi);
 
 // Token streaming into a string (and stdout when echo).

@@ -75,7 +75,16 @@ const Command kCompile = {
         {"--max-image-pixels", "N",
          "largest input image (width x height) a session takes. Default: 16777216"},
         {"--max-audio-seconds", "S", "longest audio clip. Default: 30"},
-        {"--max-media-tokens", "N", "soft tokens a session holds queued. Default: max(2048, one image/clip)"},
+        {"--video-frames", "N",
+         "frames a video gives by default (g4 run / chat --video-frames overrides it), 1..1024. Default: 32"},
+        {"--max-video-seconds", "S", "longest video stream by default. Default: 3600"},
+        {"--max-video-stream-frames", "N", "most frames a video stream may hold by default. Default: 216000"},
+        {"--max-video-pixels", "N",
+         "largest video frame (width x height) by default; at most --max-image-pixels. Default: that"},
+        {"--max-video-bytes", "N", "largest video file by default. Default: 2147483648"},
+        {"--max-media-tokens", "N",
+         "soft tokens a session holds queued. Default: max(2048, one image/clip, with video: one video "
+         "(--video-frames x 70) and an image)"},
         {"--tower-precision", "fp32|bf16",
          "towers' matmuls: fp32 (Hugging Face float32) or bf16 (faster, ~3e-3 "
          "off). Default: fp32"},
@@ -135,6 +144,18 @@ int cmd_compile(int argc, char** argv) {
         o.max_image_pixels = parse_int("--max-image-pixels", a.get("--max-image-pixels"), 1, 1ll << 32);
     if (a.has("--max-audio-seconds"))
         o.max_audio_seconds = parse_float("--max-audio-seconds", a.get("--max-audio-seconds"));
+    if (a.has("--video-frames"))
+        o.video_frames = (int)parse_int("--video-frames", a.get("--video-frames"), 1, 1 << 20);
+    if (a.has("--max-video-seconds"))
+        o.max_video_seconds = parse_float("--max-video-seconds", a.get("--max-video-seconds"));
+    if (a.has("--max-video-stream-frames"))
+        o.max_video_stream_frames =
+            parse_int("--max-video-stream-frames", a.get("--max-video-stream-frames"), 1, int64_t(1) << 40);
+    if (a.has("--max-video-pixels"))
+        o.max_video_pixels =
+            parse_int("--max-video-pixels", a.get("--max-video-pixels"), 1, int64_t(1) << 40);
+    if (a.has("--max-video-bytes"))
+        o.max_video_bytes = parse_int("--max-video-bytes", a.get("--max-video-bytes"), 1, int64_t(1) << 50);
     o.tower_precision = a.get("--tower-precision", o.tower_precision);
     if (a.has("--max-media-tokens"))
         o.max_media_tokens = (int)parse_int("--max-media-tokens", a.get("--max-media-tokens"), 1, 1 << 30);

@@ -1,19 +1,16 @@
-// tower_cpu_bench: the vision and audio towers' forward pass alone at their real E2B (= E4B) shapes, random
-// bf16 weights, no checkpoint or plan: one 2394-patch image (57 x 42 grid, 266 soft tokens, the 1024x768
-// image of bench/e2e/tower_bench.py) and one 30 s clip (750 soft tokens). Prints every rep and the median.
-// Built with the project (build/bench/micro/tower_cpu_bench).
-// The audio mode runs the log-mel front end (runtime/src/log_mel.*) and the compiler's audio program
-// (models/gemma4/audio_graph.*, replayed op by op on the CPU kernels the executor uses);
-// bench/e2e/tower_ab.py compares two builds' towers end to end. Usage: tower_cpu_bench
-// [vision|audio|both|gemm] [reps] [fp32|bf16|both]   (threads: G4_THREADS, else all cores; towers in both
-// precisions by default, fp32 then bf16)
+// tower_cpu_bench: the audio tower alone at its real E2B (= E4B) shapes, random bf16 weights, no checkpoint
+// or plan: one 30 s clip (750 soft tokens) through the log-mel front end (runtime/src/log_mel.*) and the
+// compiler's audio program (models/gemma4/audio_graph.*, replayed op by op on the CPU kernels the executor
+// uses). Prints every rep and the median. bench/e2e/tower_ab.py compares two builds' towers end to end
+// through plans. Built with the project (build/bench/micro/tower_cpu_bench).
+// Usage: tower_cpu_bench [audio|both|gemm] [reps] [fp32|bf16|both]   (threads: G4_THREADS, else all
+// cores; the tower in both precisions by default, fp32 then bf16)
 #include "kernels/cpu/cpu.h"
 #include "kernels/cpu/thread_pool.h"
 #include "models/gemma4/audio_graph.h"
 #include "runtime/src/log_mel.h"
 #include "runtime/src/sequence_exec.h"
 #include "runtime/src/towers/tower.h"
-#include "runtime/src/towers/vision.h"
 
 #include <algorithm>
 #include <chrono>
@@ -75,82 +72,6 @@ template <class F> double time_s(F&& f) {
     auto t0 = std::chrono::steady_clock::now();
     f();
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-void bench_vision(cpu::ThreadPool& pool, int reps, towers::Precision prec) {
-    towers::VisionHParams hp{};
-    const char* cfg =
-        R"({"hidden_size":768,"num_hidden_layers":16,"num_attention_heads":12,"num_key_value_heads":12,
-        "head_dim":64,"intermediate_size":3072,"patch_size":16,"pooling_kernel_size":3,
-        "position_embedding_size":10240,"use_clipped_linears":true})";
-    if (std::string e = towers::parse_vision_hparams(cfg, 1536, &hp); !e.empty()) {
-        std::printf("%s\n", e.c_str());
-        std::exit(1);
-    }
-    hp.precision    = prec;
-    const int64_t H = hp.hidden_size, I = hp.intermediate_size;
-    Store st;
-    for (const std::string& n : towers::vision_weight_names(hp)) {
-        if (has(n, "_min"))
-            st.scalar(n, -8.0f);
-        else if (has(n, "_max"))
-            st.scalar(n, 8.0f);
-        else if (has(n, "position_embedding_table"))
-            st.add(n, {2, hp.position_embedding_size, H}, 0.03f);
-        else if (has(n, "input_proj"))
-            st.add(n, {H, 3LL * hp.patch_size * hp.patch_size}, 0.03f);
-        else if (has(n, "embed_vision"))
-            st.add(n, {hp.text_hidden_size, H}, 0.03f);
-        else if (has(n, "gate_proj") || has(n, "up_proj"))
-            st.add(n, {I, H}, 0.03f);
-        else if (has(n, "down_proj"))
-            st.add(n, {H, I}, 0.03f);
-        else if (has(n, ".linear.weight"))
-            st.add(n, {H, H}, 0.03f);
-        else if (has(n, "q_norm") || has(n, "k_norm"))
-            st.add(n, {hp.head_dim}, 0.1f, 1.0f);
-        else
-            st.add(n, {H}, 0.1f, 1.0f);
-    }
-    const int gw = 57, gh = 42, n = gw * gh; // 1024x768 at the 280-token budget
-    towers::VisionTower vt;
-    if (std::string e = vt.init(hp, st.lookup(), 280 * 9); !e.empty()) {
-        std::printf("%s\n", e.c_str());
-        std::exit(1);
-    }
-    cpu::Context ctx;
-    ctx.pool = &pool, ctx.scratch_stride = vt.thread_scratch_floats();
-    std::vector<float> tscr(ctx.scratch_stride * pool.size() + 16), scr(vt.scratch_bytes() / 4 + 16);
-    ctx.scratch = tscr.data();
-    std::mt19937 rng(7);
-    std::uniform_real_distribution<float> ud(0.0f, 1.0f);
-    std::vector<float> px((size_t)n * 3 * hp.patch_size * hp.patch_size);
-    for (float& x : px)
-        x = ud(rng);
-    std::vector<int32_t> pos((size_t)n * 2);
-    for (int i = 0; i < n; ++i)
-        pos[2 * i] = i % gw, pos[2 * i + 1] = i / gw;
-    std::vector<float> out((size_t)vt.max_soft_tokens() * hp.text_hidden_size);
-    int n_soft = 0;
-    std::vector<double> ts;
-    for (int r = 0; r <= reps; ++r) { // rep 0 warms up
-        std::string err;
-        double s =
-            time_s([&] { err = vt.forward(ctx, px.data(), pos.data(), n, scr.data(), out.data(), &n_soft); });
-        if (!err.empty()) {
-            std::printf("%s\n", err.c_str());
-            std::exit(1);
-        }
-        if (r) ts.push_back(s);
-        std::printf("  vision %s rep %d: %.3f s\n", towers::precision_name(prec), r, s);
-    }
-    double sum = 0;
-    for (int i = 0; i < n_soft * hp.text_hidden_size; ++i)
-        sum += std::fabs(out[i]);
-    std::printf("vision %s: %d patches -> %d soft tokens, %d threads, median %.3f s (checksum %.6g, %zu "
-                "floats/thread)\n",
-                towers::precision_name(prec), n, n_soft, pool.size(), median(ts), sum,
-                vt.thread_scratch_floats());
 }
 
 // The audio program on the CPU kernels: every tensor in its own buffer (weights from the store, widened
@@ -412,8 +333,6 @@ int main(int argc, char** argv) {
     std::vector<towers::Precision> precs;
     if (prec != "bf16") precs.push_back(towers::Precision::F32);
     if (prec != "fp32") precs.push_back(towers::Precision::BF16);
-    for (towers::Precision p : precs)
-        if (what == "vision" || what == "both") bench_vision(pool, reps, p);
     for (towers::Precision p : precs)
         if (what == "audio" || what == "both") bench_audio(pool, reps, p);
     return 0;

@@ -24,4 +24,5 @@
 #include "nf4_convert.cu"
 #include "towers_legacy.cu"
 #include "sequence_ops.cu"
+#include "encoder_ops.cu"
 // clang-format on

@@ -1,61 +1,7 @@
-// The vision and audio tower kernels (runtime/src/cuda/vision.cpp, audio.cpp).
-// ---- vision tower on the GPU (runtime/src/cuda/vision.cpp; the reference is the CPU tower,
-// runtime/src/towers/vision.cpp). Launched outside the decode graph; rows are the image's patches.
-
-// x = 2 * (x - 0.5) over n floats (HF's pixel scaling). grid ceil(n / 256), block 256.
-extern "C" __global__ void g4_vt_pixels(float* x, long n) {
-    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) x[i] = 2.0f * (x[i] - 0.5f);
-}
-
-// z[i, :H] += table[0, pos[i].x, :] + table[1, pos[i].y, :] (table [2, P, H] of dtype tdt). grid (rows,
-// ceil(H / 256)), block 256.
-extern "C" __global__ void g4_vt_posemb(float* z, const int* pos, const void* table, int tdt, int H, int P) {
-    const int i = blockIdx.x, e = blockIdx.y * blockDim.x + threadIdx.x;
-    if (e >= H) return;
-    const long ox = (long)pos[2 * i] * H + e, oy = ((long)P + pos[2 * i + 1]) * H + e;
-    z[(long)i * H + e] += loadw(table, tdt, ox) + loadw(table, tdt, oy);
-}
-
-// y[r, :cols] = min(max(x[r, :cols], lo), hi) (also the audio tower's clamps). grid (rows, ceil(cols / 256)),
-// block 256.
-extern "C" __global__ void g4_vt_clamp(const float* x, long ldx, float* y, long ldy, int cols, float lo,
-                                       float hi) {
-    const int r = blockIdx.x, c = blockIdx.y * blockDim.x + threadIdx.x;
-    if (c < cols) y[(long)r * ldy + c] = fminf(fmaxf(x[(long)r * ldx + c], lo), hi);
-}
-
-// 2-D RoPE in place: within each head of D channels, [0, D/2) rotate with pos.x and [D/2, D) with pos.y,
-// rotate-half pairs (m, m + D/4), inv_freq[m] = 1 / theta^(2m / (D/2)). grid (rows, heads), block D/2.
-extern "C" __global__ void g4_vt_rope2d(float* x, long ldx, const int* pos, int D, float theta) {
-    const int i = blockIdx.x, q = D / 4, axis = threadIdx.x / q, m = threadIdx.x % q;
-    if (threadIdx.x >= D / 2) return;
-    float* h        = x + (long)i * ldx + (long)blockIdx.y * D + axis * (D / 2);
-    const float inv = 1.0f / powf(theta, (float)(2 * m) / (float)(D / 2));
-    float sn, cs;
-    sincosf((float)pos[2 * i + axis] * inv, &sn, &cs);
-    const float x0 = h[m], x1 = h[m + q];
-    h[m]     = x0 * cs - x1 * sn;
-    h[m + q] = x1 * cs + x0 * sn;
-}
-
-// Average pooling into cells and the sqrt(hidden) scale: y[c, e] = root * sum_j w * z[idx[c, j], e] over
-// the cell's kk patches in increasing patch order (the CPU tower's order). grid (cells, ceil(H / 256)),
-// block 256.
-extern "C" __global__ void g4_vt_pool(const float* z, const int* idx, int kk, int H, float w, float root,
-                                      float* y) {
-    const int c = blockIdx.x, e = blockIdx.y * blockDim.x + threadIdx.x;
-    if (e >= H) return;
-    float acc = 0.0f;
-    for (int j = 0; j < kk; ++j)
-        acc += w * z[(long)idx[c * kk + j] * H + e];
-    y[(long)c * H + e] = acc * root;
-}
-
 // ---- audio tower on the GPU (runtime/src/cuda/audio.cpp; the reference is the CPU tower,
 // runtime/src/towers/audio.cpp, whose loops these kernels follow one to one). Launched outside the decode
 // graph; rows are the clip's frames (T after the two stride-2 convs). Matmuls go through g4_tc_gemm_bf16 /
-// g4_matmul_bf16 and the ClippableLinear bounds through g4_vt_clamp; everything here is fp32.
+// g4_matmul_bf16 and the ClippableLinear bounds through g4_clamp; everything here is fp32.
 
 // One SSCP layer (AudioTower::conv_layer): Conv2d 3x3, stride 2, padding 1, no bias, over [time, freq] with
 // channels last; LayerNorm over the c_out channels (mean and biased variance of the conv outputs, eps,

@@ -5,6 +5,7 @@
 #include "runtime/src/json_fields.h"
 #include "runtime/src/json_limits.h"
 
+#include <cmath>
 #include <stdexcept>
 
 namespace g4::plan {
@@ -252,6 +253,12 @@ json towers_json(const MetaTowers& t) {
             o["pixel_mean"]          = v.pixel_mean;
             o["pixel_std"]           = v.pixel_std;
         }
+        if (v.video)
+            o["video"] = {{"frames", v.video->frames},
+                          {"max_seconds", v.video->max_seconds},
+                          {"max_stream_frames", v.video->max_stream_frames},
+                          {"max_pixels", v.video->max_pixels},
+                          {"max_file_bytes", v.video->max_file_bytes}};
         tower_common_json(o, v.device, v.gpu_bytes, v.weights);
         j["vision"] = o;
     }
@@ -305,6 +312,21 @@ MetaTowers read_towers(const json& j, uint16_t minor) {
             v.position_size       = jf::get<int32_t>(o, "position_size");
             v.pixel_mean          = jf::get<float>(o, "pixel_mean");
             v.pixel_std           = jf::get<float>(o, "pixel_std");
+        }
+        if (o.contains("video")) {
+            const json& vo       = object_at(o, "video");
+            MetaVideo& mv        = v.video.emplace();
+            mv.frames            = jf::get<int32_t>(vo, "frames");
+            mv.max_seconds       = jf::get<double>(vo, "max_seconds");
+            mv.max_stream_frames = jf::get<int64_t>(vo, "max_stream_frames");
+            mv.max_pixels        = jf::get<int64_t>(vo, "max_pixels");
+            mv.max_file_bytes    = jf::get<int64_t>(vo, "max_file_bytes");
+            if (mv.frames < 1 || !(mv.max_seconds > 0) || !std::isfinite(mv.max_seconds) ||
+                mv.max_stream_frames < 1 || mv.max_pixels < 1 || mv.max_pixels > v.max_image_pixels ||
+                mv.max_file_bytes < 1)
+                throw std::runtime_error(
+                    "META field video: a limit is out of range (each positive, max_pixels "
+                    "at most max_image_pixels)");
         }
         read_tower_common(o, &v.device, &v.gpu_bytes, &v.weights);
         t.vision = v;
@@ -519,6 +541,7 @@ std::vector<std::string> meta_keys() {
     t.audio          = MetaAudio{};
     t.vision->config = t.audio->config = "{}";
     t.vision->program = t.audio->program = "x";
+    t.vision->video                      = MetaVideo{};
     t.vision->device = t.audio->device = "cuda:0";
     t.vision->weights = t.audio->weights = ByteRange{0, 1};
     m.towers                             = t;

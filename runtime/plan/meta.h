@@ -116,6 +116,17 @@ struct MetaDeviceMemory {
     uint64_t total() const;
 };
 
+// The video limits a plan's sessions default to (g4 compile --video-frames, --max-video-seconds,
+// --max-video-stream-frames, --max-video-pixels, --max-video-bytes); the run-time flags override them. Absent
+// in plans compiled before they were recorded: the runtime's defaults (runtime/src/media/video_decode.h).
+struct MetaVideo {
+    int32_t frames            = 0; // frames a video gives (sampled as the processor does)
+    double max_seconds        = 0; // the stream's duration
+    int64_t max_stream_frames = 0; // frames in the stream
+    int64_t max_pixels        = 0; // a frame's width x height (at most max_image_pixels)
+    int64_t max_file_bytes    = 0; // the file's size
+};
+
 struct MetaVision {
     std::string config; // config.json's vision_config, JSON text
     int32_t image_tokens = 0, max_patches = 0;
@@ -130,6 +141,7 @@ struct MetaVision {
     std::string device;                  // "" = absent (the CPU); "cuda:N"
     uint64_t gpu_bytes = 0;              // with device
     std::optional<ByteRange> weights;
+    std::optional<MetaVideo> video; // with video_token_id >= 0
 };
 struct MetaAudio {
     std::string config;

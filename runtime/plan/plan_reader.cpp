@@ -287,16 +287,20 @@ std::string Plan::program_info() {
             return "towers precision '" + tw.precision + "'";
         info_.tower_bf16 = tw.precision == "bf16";
         if (const auto& v = tw.vision) {
-            info_.vision_config    = v->config;
-            info_.image_tokens     = v->image_tokens;
-            info_.max_patches      = v->max_patches;
-            info_.max_image_pixels = v->max_image_pixels;
-            info_.image_token_id   = v->image_token_id;
-            info_.boi_token_id     = v->boi_token_id;
-            info_.eoi_token_id     = v->eoi_token_id;
-            info_.video_token_id   = v->video_token_id;
-            info_.pixel_mean       = v->pixel_mean;
-            info_.pixel_std        = v->pixel_std;
+            info_.vision_config       = v->config;
+            info_.image_tokens        = v->image_tokens;
+            info_.max_patches         = v->max_patches;
+            info_.max_image_pixels    = v->max_image_pixels;
+            info_.image_token_id      = v->image_token_id;
+            info_.boi_token_id        = v->boi_token_id;
+            info_.eoi_token_id        = v->eoi_token_id;
+            info_.video_token_id      = v->video_token_id;
+            info_.pixel_mean          = v->pixel_mean;
+            info_.pixel_std           = v->pixel_std;
+            info_.vision_program      = v->program;
+            info_.patch_size          = v->patch_size;
+            info_.pooling_kernel_size = v->pooling_kernel_size;
+            info_.position_size       = v->position_size;
             if (!(info_.pixel_std > 0) || !std::isfinite(info_.pixel_mean) || !std::isfinite(info_.pixel_std))
                 return "vision pixel_mean / pixel_std";
             if (!v->device.empty()) {

@@ -47,8 +47,11 @@ struct ProgramInfo {
     // texts are parsed by runtime/src/towers; "" = no such tower.
     std::string vision_config, audio_config;
     int32_t image_tokens = 0, max_patches = 0; // soft tokens / patches of the largest image
-    // The vision encoder program's pixel normalisation: (p - pixel_mean) / pixel_std of values in [0, 1].
+    // The vision encoder program ("" = none) and its inputs: pixel normalisation (p - pixel_mean) / pixel_std
+    // of values in [0, 1], patch size, pooling kernel, position table size.
+    std::string vision_program;
     float pixel_mean = 0, pixel_std = 1;
+    int32_t patch_size = 0, pooling_kernel_size = 0, position_size = 0;
     int64_t max_image_pixels = 0; // input width * height a session takes
     int32_t image_token_id = -1, boi_token_id = -1, eoi_token_id = -1;
     int32_t video_token_id    = -1; // -1: the checkpoint has none (or the plan predates video)
@@ -61,10 +64,9 @@ struct ProgramInfo {
     uint64_t tower_session_bytes =
         0; // host bytes a session allocates for the towers, less their per-thread scratch
     uint64_t towers_begin = 0, towers_end = 0;
-    // CUDA plans may place the vision tower on the plan's GPU (META towers.vision "device": "cuda:N"):
-    // the runtime uploads its weights [vision_begin, vision_end) of WEIGHTS there and runs it with the
-    // CUDA kernels (bf16 tensor-core matmuls, fp32 accumulation); vision_gpu_bytes is the session's
-    // device buffer for it (VisionTower::gpu_layout().total).
+    // CUDA plans may place the vision tower on the plan's GPU (META towers.vision "device": "cuda:N"): its
+    // weights are [vision_begin, vision_end) of WEIGHTS, its encoder program runs there (PlanProgram.device),
+    // vision_gpu_bytes is the session's device memory for it (the program's arena and launch records).
     bool vision_gpu       = false;
     uint64_t vision_begin = 0, vision_end = 0, vision_gpu_bytes = 0;
     // Likewise the audio tower (META towers.audio "device"): weights [audio_begin, audio_end), the session's

@@ -5,6 +5,8 @@
 #include "runtime/src/chat_template.h"
 #include "runtime/src/encoder_program.h"
 #include "runtime/src/engine.h"
+#include "runtime/src/media/media_decode.h"
+#include "runtime/src/media/video_decode.h"
 #include "runtime/src/sampler.h"
 #include "runtime/src/text_stream.h"
 
@@ -749,6 +751,19 @@ g4_status g4_engine_get_media_info(const g4_engine* e, g4_media_info* out) {
     m.video_token_id    = m.has_vision ? in.video_token_id : -1;
     m.max_video_frame_tokens =
         m.video_token_id >= 0 ? std::min(g4::rt::kVideoFrameTokens, in.image_tokens) : 0;
+    if (m.video_token_id >= 0) {
+        // META towers.vision.video (checked by the codec); plans from before it was recorded: the defaults.
+        const auto& tw = e->plan.meta().towers;
+        const g4::plan::MetaVideo d{g4::media::kVideoFrames, g4::media::kMaxVideoSeconds,
+                                    g4::media::kMaxVideoStreamFrames, in.max_image_pixels,
+                                    g4::media::kMaxMediaFileBytes};
+        const g4::plan::MetaVideo& v = tw && tw->vision && tw->vision->video ? *tw->vision->video : d;
+        m.video_frames               = v.frames;
+        m.max_video_seconds          = v.max_seconds;
+        m.max_video_stream_frames    = v.max_stream_frames;
+        m.max_video_pixels           = v.max_pixels;
+        m.max_video_bytes            = v.max_file_bytes;
+    }
     *out = m;
     return G4_OK;
 }

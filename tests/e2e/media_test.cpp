@@ -4,6 +4,7 @@
 // model (tools/make_vision_fixtures.py, tools/make_audio_fixtures.py). G4_TEST_CUDA=1 runs the same on a
 // CUDA plan (text decoder on the GPU, towers on the CPU: f32 tower weights), and the towers on the GPU.
 #include "g4/g4.h"
+#include "runtime/src/encoder_program.h"
 #include "runtime/src/engine.h"
 #include "runtime/src/media/audio_io.h"
 #include "runtime/src/media/image_io.h"
@@ -380,6 +381,12 @@ TEST_F(Media, VisionTowerPlacement) {
     EXPECT_TRUE(w.size() == 2 && w[0] >= tw.at("weights").at(0).get<uint64_t>() && w[1] > w[0] &&
                 w[1] <= tw.at("weights").at(1).get<uint64_t>());
     EXPECT_GT(tw.at("vision").at("gpu_bytes").get<uint64_t>(), 0u);
+    // The vision encoder program is placed on the plan's GPU; its device memory is its arena and launch
+    // records.
+    const int vk = pl.find_program("vision");
+    ASSERT_GT(vk, 0);
+    EXPECT_EQ(pl.program(vk).device, 0);
+    EXPECT_EQ(pl.info().vision_gpu_bytes, g4::rt::encoder_arena_bytes(pl, vk) + g4::rt::kEncoderStepBytes);
     // Asked for the CPU, or a budget that only fits without it: on the CPU (the latter says why).
     r = run_g4(base + "--place vision=cpu --dry-run");
     EXPECT_EQ(r.exit_code, 0) << r.err;

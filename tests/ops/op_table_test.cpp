@@ -236,6 +236,63 @@ Backend cuda_backend() {
         std::vector<float> y = dev.down<float>(gy, ny);
         std::copy(y.begin(), y.end(), a.y);
     };
+    // The encoder-program kernels (kernels/cuda/encoder_ops.cu), launched as
+    // runtime/src/cuda/encoder_launch.cpp launches them.
+    b.clamp = [](const ClampArgs& a) {
+        Dev dev;
+        const size_t nx = (size_t)a.rows * a.ldx, ny = (size_t)a.rows * a.ldy;
+        CUdeviceptr gx = dev.up(std::vector<float>(a.x, a.x + nx)),
+                    gy = dev.up(std::vector<float>(a.y, a.y + ny));
+        long ldx = a.ldx, ldy = a.ldy;
+        int cols = a.cols;
+        float lo = a.lo, hi = a.hi;
+        launch("g4_clamp", a.rows, (unsigned)((cols + 255) / 256), 256,
+               {&gx, &ldx, &gy, &ldy, &cols, &lo, &hi});
+        std::vector<float> y = dev.down<float>(gy, ny);
+        std::copy(y.begin(), y.end(), a.y);
+    };
+    b.pool_rows = [](const PoolRowsArgs& a) {
+        Dev dev;
+        std::vector<int32_t> index(a.index, a.index + (size_t)a.rows * a.taps);
+        const int32_t xrows = *std::max_element(index.begin(), index.end()) + 1;
+        const size_t nx = (size_t)xrows * a.ldx, ny = (size_t)a.rows * a.ldy;
+        CUdeviceptr gx = dev.up(std::vector<float>(a.x, a.x + nx)), gi = dev.up(index),
+                    gy = dev.up(std::vector<float>(a.y, a.y + ny));
+        long ldx = a.ldx, ldy = a.ldy;
+        int taps = a.taps, cols = a.cols;
+        float w = a.w;
+        launch("g4_pool_rows", a.rows, (unsigned)((cols + 255) / 256), 256,
+               {&gx, &ldx, &gi, &taps, &w, &gy, &ldy, &cols});
+        std::vector<float> y = dev.down<float>(gy, ny);
+        std::copy(y.begin(), y.end(), a.y);
+    };
+    b.add_position_2d = [](const AddPosition2DArgs& a) {
+        Dev dev;
+        const size_t nx = (size_t)a.rows * a.ldx, ny = (size_t)a.rows * a.ldy;
+        const size_t tab_bytes = dtype_bytes(a.dt, 2 * a.positions * a.cols);
+        std::vector<uint8_t> table((const uint8_t*)a.table, (const uint8_t*)a.table + tab_bytes);
+        CUdeviceptr gx = dev.up(std::vector<float>(a.x, a.x + nx)), gt = dev.up(table),
+                    gp = dev.up(std::vector<int32_t>(a.pos, a.pos + 2 * (size_t)a.rows)),
+                    gy = dev.up(std::vector<float>(a.y, a.y + ny));
+        long ldx = a.ldx, ldy = a.ldy, P = a.positions;
+        int tdt = a.dt == DType::BF16 ? 1 : 0, cols = a.cols;
+        launch("g4_add_position_2d", a.rows, (unsigned)((cols + 255) / 256), 256,
+               {&gx, &ldx, &gt, &tdt, &P, &gp, &gy, &ldy, &cols});
+        std::vector<float> y = dev.down<float>(gy, ny);
+        std::copy(y.begin(), y.end(), a.y);
+    };
+    b.rope_2d = [](const Rope2DArgs& a) {
+        Dev dev;
+        const size_t nx = (size_t)a.rows * a.ldx;
+        CUdeviceptr gx  = dev.up(std::vector<float>(a.x, a.x + nx)),
+                    gf  = dev.up(std::vector<float>(a.inv_freq, a.inv_freq + a.dim / 4)),
+                    gp  = dev.up(std::vector<int32_t>(a.pos, a.pos + 2 * (size_t)a.rows));
+        long ldx        = a.ldx;
+        int D           = a.dim;
+        launch("g4_rope_2d", a.rows, a.heads, std::max(32, D / 2), {&gx, &ldx, &gf, &gp, &D});
+        std::vector<float> x = dev.down<float>(gx, nx);
+        std::copy(x.begin(), x.end(), a.x);
+    };
     return b;
 }
 

@@ -49,8 +49,8 @@ TEST(CudaCompile, AllKernelsForAllTargets) {
               "g4_gemm_bf16",    "g4_gemm_nf4",    "g4_gemv_bf16",         "g4_gemv_nf4",
               "g4_tc_gemm_bf16", "g4_tc_gemm_nf4", "g4_rms_norm",          "g4_elementwise",
               "g4_rope",         "g4_kv_store",    "g4_attention_partial", "g4_attention_merge",
-              "g4_argmax",       "g4_vt_pixels",   "g4_vt_posemb",         "g4_vt_clamp",
-              "g4_vt_rope2d",    "g4_vt_pool", // towers
+              "g4_argmax",       "g4_clamp",       "g4_add_position_2d",   "g4_rope_2d",
+              "g4_pool_rows", // encoder programs
               "g4_at_conv",      "g4_at_rms",      "g4_at_silu",           "g4_at_residual",
               "g4_at_bias",      "g4_at_qk_scale", "g4_at_attention",      "g4_at_glu",
               "g4_at_dwconv"})

@@ -59,7 +59,8 @@ Meta full_meta() {
     t.vision           = MetaVision{
         R"({"hidden_size":32})", 16, 64, 4096, 5, 6, 7, 8, "vision", 16, 3, 10, 0.5f, 0.25f, "cuda:1", 99,
         ByteRange{30, 40}};
-    t.audio  = MetaAudio{R"({"hidden_size":16})",
+    t.vision->video = MetaVideo{16, 60.5, 1000, 2048, 1 << 20};
+    t.audio         = MetaAudio{R"({"hidden_size":16})",
                         16000,
                         16000,
                         9,
@@ -76,7 +77,7 @@ Meta full_meta() {
                         "",
                         0,
                         ByteRange{40, 50}};
-    m.towers = t;
+    m.towers        = t;
     return m;
 }
 
@@ -88,6 +89,9 @@ TEST(PlanMeta, WriteReadWriteIsTheSameText) {
     EXPECT_EQ(write_meta(back), text);
     EXPECT_EQ(back.program.gpus.at(0).weights.at(1)[1], 30u);
     EXPECT_EQ(back.towers->vision->device, "cuda:1");
+    ASSERT_TRUE(back.towers->vision->video.has_value());
+    EXPECT_EQ(back.towers->vision->video->max_seconds, 60.5);
+    EXPECT_EQ(back.towers->vision->video->max_file_bytes, 1 << 20);
     EXPECT_TRUE(back.towers->audio->device.empty());
     EXPECT_EQ(back.towers->audio->program, "audio");
     EXPECT_EQ(back.towers->audio->fft_length, 512);
@@ -121,6 +125,19 @@ TEST(PlanMeta, FieldsAddedIn12AreRequiredFrom12) {
     EXPECT_EQ(back.towers->precision, "fp32");
     EXPECT_FALSE(read_meta(j.dump(), 2, &back, &err));
     EXPECT_EQ(err, "META field precision is missing");
+}
+
+// The video limits are optional (absent in plans compiled before them) and checked when present.
+TEST(PlanMeta, VideoLimitsOptionalAndChecked) {
+    nlohmann::json j = to_json(full_meta());
+    Meta back;
+    std::string err;
+    j["towers"]["vision"]["video"]["max_pixels"] = 4097; // over max_image_pixels
+    EXPECT_FALSE(read_meta(j.dump(), kFormatMinor, &back, &err));
+    EXPECT_NE(err.find("META field video"), std::string::npos) << err;
+    j["towers"]["vision"].erase("video");
+    ASSERT_TRUE(read_meta(j.dump(), kFormatMinor, &back, &err)) << err;
+    EXPECT_FALSE(back.towers->vision->video.has_value());
 }
 
 TEST(PlanMeta, WrongTypesNameTheField) {

@@ -346,6 +346,15 @@ typedef struct g4_media_info {
     int32_t video_token_id;    /* placeholder of a video frame's soft tokens; -1: no video (no vision tower,
                                   or a checkpoint or plan without video_token_id) */
     int32_t max_video_frame_tokens; /* soft tokens a video frame gives at most (70, the video processor's) */
+    /* The video limits the plan records (g4 compile --video-frames, --max-video-seconds,
+     * --max-video-stream-frames, --max-video-pixels, --max-video-bytes), the defaults of a video's decoding;
+     * plans compiled before they were recorded give the defaults 32, 3600, 216000, max_image_pixels and
+     * 2 GiB. 0 without video. */
+    int32_t video_frames;            /* frames a video gives (sampled as the processor does) */
+    double max_video_seconds;        /* longest video stream */
+    int64_t max_video_stream_frames; /* most frames in a video stream */
+    int64_t max_video_pixels;        /* largest video frame (width * height) */
+    int64_t max_video_bytes;         /* largest video file */
 } g4_media_info;
 
 G4_API g4_status g4_engine_get_media_info(const g4_engine* engine, g4_media_info* out_info);

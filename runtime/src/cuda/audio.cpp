@@ -82,7 +82,7 @@ g4_status audio_forward(g4_session* s, const towers::AudioTower& at, const cpu::
     };
     auto clamp = [&](const char* name, CUdeviceptr xin, long ldx, CUdeviceptr y, long ldy, int cols, float lo,
                      float hi) {
-        go(name, K.vt_clamp, (unsigned)T, cdiv(cols, 256), 256, {&xin, &ldx, &y, &ldy, &cols, &lo, &hi});
+        go(name, K.clamp, (unsigned)T, cdiv(cols, 256), 256, {&xin, &ldx, &y, &ldy, &cols, &lo, &hi});
     };
     // ClippableLinear (AudioTower::run_clip): y = clamp(clamp(x, in) . W^T, out), the clamped x in xc.
     auto linear = [&](const char* name, const towers::AudioTower::Clip& c, CUdeviceptr xin, long ldx,

@@ -116,21 +116,11 @@ g4_status ModuleKernels::smem(CUfunction f, int bytes, const std::string& name, 
 
 namespace {
 
-// The towers' kernels (runtime/src/cuda/vision.cpp, audio.cpp), on the plan's GPU where they run there.
+// The audio tower's kernels (runtime/src/cuda/audio.cpp), on the plan's GPU where it runs there.
 g4_status bind_tower_kernels(const plan::Plan& p, const ModuleKernels& m, Kernels& k, std::string* err) {
-    if (p.info().vision_gpu)
-        if (g4_status g = m.get_all({{&k.vt_pixels, "g4_vt_pixels"},
-                                     {&k.vt_posemb, "g4_vt_posemb"},
-                                     {&k.vt_clamp, "g4_vt_clamp"},
-                                     {&k.vt_rope2d, "g4_vt_rope2d"},
-                                     {&k.vt_pool, "g4_vt_pool"}},
-                                    err);
-            g != G4_OK)
-            return g;
     if (p.info().audio_gpu)
         return m.get_all({{&k.at_conv, "g4_at_conv"},
                           {&k.at_rms, "g4_at_rms"},
-                          {&k.vt_clamp, "g4_vt_clamp"},
                           {&k.at_silu, "g4_at_silu"},
                           {&k.at_residual, "g4_at_residual"},
                           {&k.at_bias, "g4_at_bias"},
@@ -190,7 +180,7 @@ g4_status open_gpu(const plan::Plan& p, EngineState* st, Gpu& g, const plan::Pro
            "loading the plan's CUDA kernels on GPU " + std::to_string(g.index));
     const ModuleKernels m{d, g.mod, ptx, g.sm};
     for (auto bind : {bind_op_kernels, bind_matmul_kernels, bind_attention_kernels, bind_decode_kernels,
-                      bind_sampling_kernels})
+                      bind_sampling_kernels, bind_encoder_kernels})
         if (g4_status r = bind(m, g.k, err); r != G4_OK) return r;
     if (g.index == p.cuda_device())
         if (g4_status r = bind_tower_kernels(p, m, g.k, err); r != G4_OK) return r;
@@ -292,23 +282,13 @@ g4_status engine_open(g4_engine* e, EnginePtr* out, std::string* err) {
     for (size_t g = 0; g < in.gpus.size(); ++g) {
         st->gpus[g].index = in.gpus[g].index;
         // The plan's GPU also holds the towers' weights, if placed there.
-        const uint64_t towers = g == 0 ? (in.vision_gpu ? in.vision_end - in.vision_begin : 0) +
-                                             (in.audio_gpu ? in.audio_end - in.audio_begin : 0)
-                                       : 0;
+        const uint64_t towers =
+            g == 0 ? encoder_weight_bytes(p) + (in.audio_gpu ? in.audio_end - in.audio_begin : 0) : 0;
         g4_status r =
             open_gpu(p, st.get(), st->gpus[g], in.gpus[g], session_device_bytes(in, g) + towers, err);
         if (r != G4_OK) return r;
     }
-    if (in.vision_gpu) {
-        const uint64_t bytes = in.vision_end - in.vision_begin;
-        CU_TRY(d->cuCtxSetCurrent(st->gpus[0].ctx), "cuCtxSetCurrent");
-        CU_TRY(d->cuMemAlloc(&st->vision_w, bytes), "allocating " + std::to_string(bytes >> 20) +
-                                                        " MiB for the vision tower's weights on GPU " +
-                                                        std::to_string(st->gpus[0].index));
-        CU_TRY(d->cuMemcpyHtoD(st->vision_w, p.weights_base() + in.vision_begin, bytes),
-               "uploading the vision tower's weights");
-        st->vision_bytes = bytes;
-    }
+    if (g4_status r = encoder_upload_weights(p, st.get(), err); r != G4_OK) return r;
     if (in.audio_gpu) {
         const uint64_t bytes = in.audio_end - in.audio_begin;
         CU_TRY(d->cuCtxSetCurrent(st->gpus[0].ctx), "cuCtxSetCurrent");
@@ -384,7 +364,7 @@ void engine_close(EngineState* st) {
             st->d->cuCtxSetCurrent(g.ctx);
             if (g.mod) dump_trace(st->d, g);
             if (g.weights) st->d->cuMemFree(g.weights);
-            if (&g == &st->gpus[0] && st->vision_w) st->d->cuMemFree(st->vision_w);
+            if (&g == &st->gpus[0]) encoder_free_weights(st);
             if (&g == &st->gpus[0] && st->audio_w) st->d->cuMemFree(st->audio_w);
             if (&g == &st->gpus[0] && st->lm_q) st->d->cuMemFree(st->lm_q);
             if (g.mod) st->d->cuModuleUnload(g.mod);
@@ -401,7 +381,10 @@ uint64_t engine_device_bytes(const EngineState* st) {
     if (st)
         for (const Gpu& g : st->gpus)
             b += g.weights_bytes;
-    return b + (st ? st->vision_bytes + st->audio_bytes + st->lm_bytes : 0);
+    if (st)
+        for (const ProgramWeights& w : st->programs)
+            b += w.end - w.begin;
+    return b + (st ? st->audio_bytes + st->lm_bytes : 0);
 }
 
 g4_status session_create(g4_session* s, SessionPtr* out, std::string* err) {
@@ -507,12 +490,7 @@ g4_status session_create(g4_session* s, SessionPtr* out, std::string* err) {
             i = j;
         }
     }
-    if (in.vision_gpu) {
-        CU_TRY(d->cuCtxSetCurrent(st->lanes[0].g->ctx), "cuCtxSetCurrent");
-        CU_TRY(d->cuMemAlloc(&st->vision_buf, std::max<uint64_t>(256, in.vision_gpu_bytes)),
-               "allocating the vision tower's buffers (" + std::to_string(in.vision_gpu_bytes >> 20) +
-                   " MiB)");
-    }
+    if (g4_status r = encoder_session_create(s, st.get(), err); r != G4_OK) return r;
     if (in.audio_gpu) {
         CU_TRY(d->cuCtxSetCurrent(st->lanes[0].g->ctx), "cuCtxSetCurrent");
         CU_TRY(d->cuMemAlloc(&st->audio_buf, std::max<uint64_t>(256, in.audio_gpu_bytes)),
@@ -630,8 +608,9 @@ void session_destroy(SessionState* st) {
     if (st->graph) d->cuGraphDestroy(st->graph);
     if (st->exec_screen) d->cuGraphExecDestroy(st->exec_screen);
     if (st->graph_screen) d->cuGraphDestroy(st->graph_screen);
+    encoder_session_destroy(st);
     for (CUdeviceptr ptr : {st->tok, st->cand[0], st->cand[1], st->samp_logits, st->samp_hist, st->soft,
-                            st->vision_buf, st->audio_buf, st->lm_lohi, st->lm_tmax})
+                            st->audio_buf, st->lm_lohi, st->lm_tmax})
         if (ptr) d->cuMemFree(ptr);
     for (Lane& ln : st->lanes) {
         d->cuCtxSetCurrent(ln.g->ctx);

@@ -9,7 +9,6 @@
 struct g4_engine;
 struct g4_session;
 namespace g4::towers {
-class VisionTower;
 class AudioTower;
 } // namespace g4::towers
 namespace g4::cpu {
@@ -77,13 +76,15 @@ g4_status device_topk(g4_session* s, int32_t k, float temperature, float penalty
                       int32_t n_tokens, const float** values, const int32_t** indices, RowNorm* norm,
                       std::string* err);
 
-// Runs the vision tower on the plan's GPU (plans with info().vision_gpu): patches [n_patches, 3*patch^2]
-// and pos [n_patches, 2] as for VisionTower::forward, host_scratch [2 * max_patches] int32; writes the
-// soft tokens out [*n_soft, text hidden] on the host. Blocks until they are there. Positions are checked
-// (G4_ERR_INVALID_ARGUMENT with the CPU tower's message); a CUDA error names the failing step.
-g4_status vision_forward(g4_session* s, const towers::VisionTower& vt, const float* patches,
-                         const int32_t* pos, int n_patches, int32_t* host_scratch, float* out, int* n_soft,
-                         std::string* err);
+// Encoder program `program` of the plan placed on its GPU (PlanProgram.device >= 0; encoder_launch.cpp): the
+// pinned host staging of its input k (output: false) or output k, which encoder_run uploads from / copies
+// back to; null when the session has no such program on the GPU.
+void* encoder_staging(const g4_session* s, int program, bool output, int k);
+// Runs it with its row counts (kMaxRowCounts of them): uploads in_rows[k] rows of each input from its staging
+// (null: whole tensors), launches its ops on the plan's GPU, copies out_rows[k] rows of each output back
+// (null: whole tensors). Blocks until they are there; a CUDA error names the program, the GPU and the step.
+g4_status encoder_run(g4_session* s, int program, const int32_t* counts, const int32_t* in_rows,
+                      const int32_t* out_rows, std::string* err);
 
 // Runs the audio tower on the plan's GPU (plans with info().audio_gpu): the log-mel features of pcm
 // [n_samples] on the CPU (ctx's threads; host_features [max frames, mel_bins] floats, the tower's

@@ -66,6 +66,16 @@ g4_status bind_attention_kernels(const ModuleKernels& m, Kernels& k,
                                  std::string* err);                                    // attention_launch.cpp
 g4_status bind_decode_kernels(const ModuleKernels& m, Kernels& k, std::string* err);   // decode_launch.cpp
 g4_status bind_sampling_kernels(const ModuleKernels& m, Kernels& k, std::string* err); // sampling_launch.cpp
+g4_status bind_encoder_kernels(const ModuleKernels& m, Kernels& k, std::string* err);  // encoder_launch.cpp
+
+// Encoder programs on the plan's GPU (encoder_launch.cpp): device bytes of their weights (engine) and of a
+// session's arenas and launch records; the upload at engine open and the session's buffers, freed with them.
+uint64_t encoder_weight_bytes(const plan::Plan& p);
+uint64_t encoder_session_bytes(const plan::Plan& p);
+g4_status encoder_upload_weights(const plan::Plan& p, EngineState* st, std::string* err);
+void encoder_free_weights(EngineState* st);
+g4_status encoder_session_create(g4_session* s, SessionState* st, std::string* err);
+void encoder_session_destroy(SessionState* st);
 
 // Address on the current lane's GPU of tensor `idx` with a column offset (activations in elements of
 // 4 bytes, KV caches of their dtype). check_ops has verified that each op's weights and caches lie

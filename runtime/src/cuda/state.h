@@ -1,11 +1,13 @@
-// The CUDA backend's engine and session state (runtime/src/cuda/backend.cpp, vision.cpp, audio.cpp): the
-// kernels of the plan's module, each GPU's weights, each session's streams and device buffers. Internal to
-// the runtime; every buffer here is allocated at engine open or session creation and freed with them.
+// The CUDA backend's engine and session state (runtime/src/cuda/backend.cpp, encoder_launch.cpp, audio.cpp):
+// the kernels of the plan's module, each GPU's weights, each session's streams and device buffers. Internal
+// to the runtime; every buffer here is allocated at engine open or session creation and freed with them.
 #pragma once
 #include "g4/g4.h"
 #include "runtime/src/cuda/cublas.h"
 #include "runtime/src/cuda/driver.h"
+#include "runtime/src/cuda/sequence_ops.h"
 #include "runtime/src/cuda/weight_segments.h"
+#include "runtime/src/encoder_program.h"
 
 #include <atomic>
 #include <chrono>
@@ -48,10 +50,11 @@ struct Kernels {
     // g4_lm_exact_l{8..128}.
     CUfunction lm_build, lm_screen, lm_exact[5];
     CUfunction flash[6]; // g4_attn_flash_d<kFlashDims[i]>
-    // The vision tower (runtime/src/cuda/vision.cpp); loaded only for plans with the tower on the GPU.
-    CUfunction vt_pixels, vt_posemb, vt_clamp, vt_rope2d, vt_pool;
-    // The audio tower (runtime/src/cuda/audio.cpp, which also uses vt_clamp); loaded only for plans with the
-    // tower on the GPU.
+    // The encoder-program ops 12 / 13 / 14 / 16 (kernels/cuda/encoder_ops.cu) and 20-26 (sequence_ops.cu),
+    // launched by runtime/src/cuda/encoder_launch.cpp (the audio tower uses clamp too).
+    CUfunction clamp, add_position_2d, rope_2d, pool_rows;
+    SequenceKernels seq;
+    // The audio tower (runtime/src/cuda/audio.cpp); loaded only for plans with the tower on the GPU.
     CUfunction at_conv, at_rms, at_silu, at_residual, at_bias, at_qk_scale, at_attention, at_glu, at_dwconv;
 };
 
@@ -73,6 +76,25 @@ struct Gpu {
     int sm = 0;
 };
 
+// An encoder program on the plan's GPU: plan weight bytes [begin, end) (its weight tensors' span) live at
+// dev.
+struct ProgramWeights {
+    int program    = 0;
+    uint64_t begin = 0, end = 0;
+    CUdeviceptr dev = 0;
+};
+
+// A session's buffers of an encoder program on the plan's GPU: its activation arena with the launch records
+// after it (steps), pinned staging for its inputs (at in_at) and outputs (at out_at), its ops bound to
+// device addresses.
+struct EncoderDevice {
+    int program       = 0;
+    CUdeviceptr arena = 0, steps = 0;
+    uint8_t* host     = nullptr;
+    uint64_t in_at[4] = {}, out_at[2] = {};
+    std::vector<rt::BoundOp> ops;
+};
+
 struct EngineState {
     const Driver* d = nullptr;
     std::vector<Gpu> gpus;
@@ -81,9 +103,8 @@ struct EngineState {
     int32_t host_weight         = -1;
     void* host_weight_mem       = nullptr;
     CUdeviceptr host_weight_dev = 0;
-    // Vision tower on the plan's GPU: plan weight bytes [info().vision_begin, vision_end) live at vision_w.
-    CUdeviceptr vision_w  = 0;
-    uint64_t vision_bytes = 0;
+    // The encoder programs placed on the plan's GPU, their weights uploaded (encoder_launch.cpp).
+    std::vector<ProgramWeights> programs;
     // Audio tower on the plan's GPU: plan weight bytes [info().audio_begin, audio_end) live at audio_w.
     CUdeviceptr audio_w  = 0;
     uint64_t audio_bytes = 0;
@@ -114,7 +135,7 @@ struct Lane {
 struct SessionState {
     EngineState* e = nullptr;
     std::vector<Lane> lanes; // engine gpus order: lanes[0] is the plan's GPU (embeddings, LM head, sampling)
-    CUdeviceptr vision_buf  = 0; // the vision tower's buffers on lanes[0] (VisionTower::gpu_layout()), or 0
+    std::vector<EncoderDevice> encoders; // the encoder programs on the plan's GPU (encoder_launch.cpp)
     CUdeviceptr audio_buf   = 0; // the audio tower's buffers on lanes[0] (AudioTower::gpu_layout()), or 0
     Lane* cur               = nullptr; // the lane work is being enqueued on
     const cublas::Lib* blas = nullptr;
@@ -214,7 +235,7 @@ struct SessionState {
 CUresult launch(const SessionState* st, CUfunction f, unsigned gx, unsigned gy, unsigned bx, void** args,
                 unsigned gz = 1, unsigned smem = 0);
 
-// One tower forward on the plan's GPU (vision.cpp, audio.cpp), on lanes[0]'s stream: its launches in order;
+// One tower forward on the plan's GPU (audio.cpp), on lanes[0]'s stream: its launches in order;
 // after the first CUDA error nothing more is launched and `what` names the failing step.
 struct TowerRun {
     SessionState* st;

@@ -160,26 +160,23 @@ g4_status media_create(g4_session* s, std::string* err) {
     };
     MediaSizing z;
     if (!in.vision_config.empty()) {
-        towers::VisionHParams hp;
-        std::string e = towers::parse_vision_hparams(in.vision_config, in.hidden_size, &hp);
-        hp.precision  = in.tower_bf16 ? towers::Precision::BF16 : towers::Precision::F32;
-        m->vision     = std::make_unique<towers::VisionTower>();
-        if (e.empty()) e = m->vision->init(hp, lookup, in.max_patches);
-        if (!e.empty()) {
-            *err = "the plan's vision tower: " + e + " (recompile the plan)";
+        if (in.vision_program.empty() || in.patch_size < 1 || in.pooling_kernel_size < 1) {
+            *err = "the plan's vision tower has no encoder program (recompile the plan)";
             return G4_ERR_PLAN_CORRUPT;
         }
-        z.vision = true;
-        // The CPU runs the plan's vision program (its arena allocated by encoder_bind); the GPU tower, or a
-        // plan without the program, the hand-written one. Either way seen + pool index host scratch.
-        if (!in.vision_gpu) {
-            if (g4_status st = encoder_bind(s, "vision", &m->vision_run, err); st != G4_OK) return st;
+        if (g4_status st = encoder_bind(s, in.vision_program.c_str(), &m->vision_run, err); st != G4_OK)
+            return st;
+        if (m->vision_run.program <= 0) {
+            *err = "the plan names the vision program '" + in.vision_program +
+                   "' but has none (recompile the plan)";
+            return G4_ERR_PLAN_CORRUPT;
         }
-        z.vision_scratch = in.vision_gpu || m->vision_run.program > 0 ? m->vision->gpu_host_scratch_bytes()
-                                                                      : m->vision->scratch_bytes();
+        m->vision        = true;
+        z.vision         = true;
+        z.vision_scratch = (size_t)in.max_patches * 8; // the patch grid's cells (check_patch_grid's seen)
         z.resize_scratch = towers::preprocess_reserve_bytes(in.max_image_pixels, in.image_tokens,
-                                                            hp.patch_size, hp.pooling_kernel_size);
-        z.patch_floats   = (int64_t)in.max_patches * 3 * hp.patch_size * hp.patch_size;
+                                                            in.patch_size, in.pooling_kernel_size);
+        z.patch_floats   = (int64_t)in.max_patches * 3 * in.patch_size * in.patch_size;
         z.max_patches    = in.max_patches;
         z.max_soft       = std::max(z.max_soft, in.image_tokens);
     }
@@ -205,12 +202,13 @@ g4_status media_create(g4_session* s, std::string* err) {
         m->own_pool = std::make_unique<cpu::ThreadPool>(cpu::default_thread_count());
         pool        = m->own_pool.get();
     }
-    z.queue_rows       = in.max_media_tokens;
-    z.hidden           = in.hidden_size;
-    z.max_rows         = in.max_rows;
-    z.thread_floats    = std::max<uint64_t>({in.tower_thread_floats, encoder_thread_floats(s, "vision"),
-                                          m->audio_run.program > 0 ? encoder_thread_floats(s, "audio") : 0,
-                                          m->audio_run.program > 0 ? m->mel.thread_floats() : 0});
+    z.queue_rows = in.max_media_tokens;
+    z.hidden     = in.hidden_size;
+    z.max_rows   = in.max_rows;
+    z.thread_floats =
+        std::max<uint64_t>({in.tower_thread_floats, encoder_thread_floats(s, in.vision_program.c_str()),
+                            m->audio_run.program > 0 ? encoder_thread_floats(s, "audio") : 0,
+                            m->audio_run.program > 0 ? m->mel.thread_floats() : 0});
     z.threads          = pool->size();
     const MediaBlock b = media_block(z);
     const size_t total = b.total();
@@ -267,22 +265,20 @@ g4_status media_vision_patches(g4_session* s, const float* patches, const int32_
                                int32_t* n_soft, std::string* err) {
     MediaState* m = s->media.get();
     if (!m || m->vision_run.program <= 0) {
-        *err = std::string("the session runs no vision program on the CPU") + (m ? "" : " (no media)") +
-               (m ? std::to_string(m->vision_run.program) : "");
+        *err = "the session runs no vision program";
         return G4_ERR_UNSUPPORTED;
     }
     const auto& in = s->engine->plan.info();
     int32_t* seen  = (int32_t*)m->vision_scratch; // [max_patches]
-    const int k    = m->vision->hparams().pooling_kernel_size;
+    const int k    = in.pooling_kernel_size;
     PatchGrid g;
-    if (std::string e = check_patch_grid(pos, n_patches, in.max_patches, k,
-                                         m->vision->hparams().position_embedding_size, seen, &g);
+    if (std::string e = check_patch_grid(pos, n_patches, in.max_patches, k, in.position_size, seen, &g);
         !e.empty()) {
         *err = "vision program: " + e;
         return G4_ERR_INVALID_ARGUMENT;
     }
     const int cells   = (g.gw / k) * (g.gh / k);
-    const int64_t pin = 3LL * m->vision->hparams().patch_size * m->vision->hparams().patch_size;
+    const int64_t pin = 3LL * in.patch_size * in.patch_size;
     float* px         = (float*)encoder_input(s, m->vision_run, 0);
     const float mean = in.pixel_mean, inv_std = 1.0f / in.pixel_std;
     for (int64_t e = 0; e < (int64_t)g.n * pin; ++e)
@@ -290,7 +286,9 @@ g4_status media_vision_patches(g4_session* s, const float* patches, const int32_
     std::memcpy(encoder_input(s, m->vision_run, 1), pos, sizeof(int32_t) * 2 * g.n);
     patch_pool_index(g, k, seen, (int32_t*)encoder_input(s, m->vision_run, 2));
     const int32_t counts[plan::kMaxRowCounts] = {g.n, cells, 0, 0};
-    if (g4_status st = encoder_run(s, m->vision_run, m->ctx, counts, err); st != G4_OK) return st;
+    const int32_t in_rows[4] = {g.n, g.n, cells, 0}, out_rows[2] = {cells, 0};
+    if (g4_status st = encoder_run(s, m->vision_run, m->ctx, counts, in_rows, out_rows, err); st != G4_OK)
+        return st;
     std::memcpy(m->soft, encoder_output(s, m->vision_run, 0), sizeof(float) * (size_t)cells * m->H);
     *n_soft = cells;
     return G4_OK;
@@ -302,7 +300,7 @@ static g4_status add_vision(g4_session* s, const uint8_t* rgb, int32_t width, in
                             std::string* err) {
     MediaState* m = s->media.get();
     if (!m || !m->vision) {
-        *err = "the plan has no vision tower (compile it from a Gemma 4 checkpoint with vision_config, "
+        *err = "the plan has no vision tower (compile it from a checkpoint with vision_config, "
                "without --no-vision)";
         return G4_ERR_UNSUPPORTED;
     }
@@ -317,10 +315,9 @@ static g4_status add_vision(g4_session* s, const uint8_t* rgb, int32_t width, in
                " (downscale it, or recompile with a larger --max-image-pixels)";
         return G4_ERR_INVALID_ARGUMENT;
     }
-    const towers::VisionHParams& hp = m->vision->hparams();
     towers::ImageLayout lay{};
     const size_t need =
-        towers::preprocess_scratch_bytes_for(height, width, budget, hp.patch_size, hp.pooling_kernel_size);
+        towers::preprocess_scratch_bytes_for(height, width, budget, in.patch_size, in.pooling_kernel_size);
     if (need > m->pre_bytes) {
         *err = "the image is " + std::to_string(width) + "x" + std::to_string(height) +
                ": its aspect ratio needs " + std::to_string(need) +
@@ -329,30 +326,15 @@ static g4_status add_vision(g4_session* s, const uint8_t* rgb, int32_t width, in
         return G4_ERR_INVALID_ARGUMENT;
     }
     std::string e =
-        towers::preprocess_image(rgb, height, width, budget, hp.patch_size, hp.pooling_kernel_size,
+        towers::preprocess_image(rgb, height, width, budget, in.patch_size, in.pooling_kernel_size,
                                  m->pre_scratch, m->pre_bytes, m->patches, m->pos, &lay, &m->ctx);
     if (!e.empty()) {
         *err = "image preprocessing: " + e;
         return G4_ERR_INVALID_ARGUMENT;
     }
     int n = 0;
-    if (in.vision_gpu) {
-        g4_status st = cuda_rt::vision_forward(s, *m->vision, m->patches, m->pos, lay.n_patches,
-                                               (int32_t*)m->vision_scratch, m->soft, &n, &e);
-        if (st != G4_OK) {
-            *err = "vision tower: " + e;
-            return st;
-        }
-    } else if (m->vision_run.program > 0) {
-        g4_status st = media_vision_patches(s, m->patches, m->pos, lay.n_patches, &n, err);
-        if (st != G4_OK) return st;
-    } else {
-        e = m->vision->forward(m->ctx, m->patches, m->pos, lay.n_patches, m->vision_scratch, m->soft, &n);
-        if (!e.empty()) {
-            *err = "vision tower: " + e;
-            return G4_ERR_INVALID_ARGUMENT;
-        }
-    }
+    if (g4_status st = media_vision_patches(s, m->patches, m->pos, lay.n_patches, &n, err); st != G4_OK)
+        return st;
     g4_status st = enqueue(s, m->*queue, n, what, err);
     if (st == G4_OK && n_tokens) *n_tokens = n;
     return st;
@@ -401,7 +383,9 @@ static g4_status audio_program_run(g4_session* s, const float* samples, int64_t 
     m->mel.compute(m->ctx, samples, used, (float*)encoder_input(s, m->audio_run, 0));
     const int32_t f0 = (int32_t)frames, f1 = (f0 + 1) / 2, f2 = (f1 + 1) / 2;
     const int32_t counts[plan::kMaxRowCounts] = {f0, f1, f2, g.max_rows[3]};
-    if (g4_status st = encoder_run(s, m->audio_run, m->ctx, counts, err); st != G4_OK) return st;
+    const int32_t in_rows[4] = {f0, 0, 0, 0}, out_rows[2] = {f2, 0};
+    if (g4_status st = encoder_run(s, m->audio_run, m->ctx, counts, in_rows, out_rows, err); st != G4_OK)
+        return st;
     std::memcpy(m->soft, encoder_output(s, m->audio_run, 0), sizeof(float) * (size_t)f2 * m->H);
     *n_soft = f2;
     return G4_OK;
@@ -411,7 +395,7 @@ g4_status media_add_audio(g4_session* s, const float* samples, int64_t n_samples
                           std::string* err) {
     MediaState* m = s->media.get();
     if (!m || !m->audio) {
-        *err = "the plan has no audio tower (compile it from a Gemma 4 checkpoint with audio_config, without "
+        *err = "the plan has no audio tower (compile it from a checkpoint with audio_config, without "
                "--no-audio)";
         return G4_ERR_UNSUPPORTED;
     }

@@ -7,7 +7,6 @@
 #include "runtime/src/encoder_program.h"
 #include "runtime/src/log_mel.h"
 #include "runtime/src/towers/audio.h"
-#include "runtime/src/towers/vision.h"
 
 #include <map>
 #include <memory>
@@ -31,12 +30,12 @@ struct MediaQueue {
 struct MediaState {
     int32_t H = 0;
     std::map<std::string, towers::Tensor> weights; // the plan's tower weights by name (relative to "model.")
-    std::unique_ptr<towers::VisionTower> vision;   // null: the plan has no vision tower
-    bool audio = false;                            // the plan has an audio tower
+    bool vision = false;                           // the plan has a vision tower (its encoder program)
+    bool audio  = false;                           // the plan has an audio tower
     std::unique_ptr<towers::AudioTower> audio_gpu; // the hand-written tower, when the plan's GPU runs audio
-    EncoderRun vision_run; // the plan's "vision" program on the CPU (bound unless the GPU tower runs images)
-    EncoderRun audio_run;  // the plan's "audio" program on the CPU (bound unless the GPU tower runs audio)
-    media::LogMel mel;     // the audio program's input features (META towers.audio)
+    EncoderRun vision_run;                         // the plan's vision program, on the CPU or the plan's GPU
+    EncoderRun audio_run; // the plan's "audio" program on the CPU (bound unless the GPU tower runs audio)
+    media::LogMel mel;    // the audio program's input features (META towers.audio)
     std::unique_ptr<cpu::ThreadPool> own_pool; // CUDA sessions (whose pool is one thread)
     cpu::Context ctx;                          // the towers' pool and per-thread scratch
     void* block          = nullptr;            // one allocation behind every buffer below (media_block)
@@ -96,7 +95,7 @@ g4_status media_create(g4_session* s, std::string* err);
 // Runs the vision tower over rgb [height, width, 3] and queues its soft tokens (*n_tokens of them).
 g4_status media_add_image(g4_session* s, const uint8_t* rgb, int32_t width, int32_t height, int32_t* n_tokens,
                           std::string* err);
-// The plan's vision program (bound on the CPU) over n_patches rows of patches [n, 3 * patch^2] (pixel values
+// The plan's vision program (on its device) over n_patches rows of patches [n, 3 * patch^2] (pixel values
 // in [0, 1], HF padding rows trailing) at positions pos [n, 2]: the grid checked, the inputs written (pixels
 // normalised as the plan says, positions, each pooling cell's patches), the program run over the patches and
 // their cells; the *n_soft soft tokens left in s->media->soft (not queued).

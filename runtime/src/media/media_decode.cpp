@@ -62,14 +62,15 @@ bool have_ffmpeg() {
     return G4_HAVE_FFMPEG != 0;
 }
 
-std::string media_file_problem(const std::string& path, const std::string& where) {
+std::string media_file_problem(const std::string& path, const std::string& where, int64_t max_bytes,
+                               const std::string& flag) {
     struct stat st {};
     if (::stat(path.c_str(), &st) != 0) return where + "cannot be read (" + std::strerror(errno) + ")";
     if (!S_ISREG(st.st_mode)) return where + "not a regular file";
     if (st.st_size == 0) return where + "is empty (0 bytes)";
-    if (st.st_size > kMaxMediaFileBytes)
-        return where + std::to_string(st.st_size) + " bytes, more than the " +
-               std::to_string(kMaxMediaFileBytes >> 20) + " MiB g4 opens";
+    if (st.st_size > max_bytes)
+        return where + std::to_string(st.st_size) + " bytes, more than the limit of " +
+               std::to_string(max_bytes) + (flag.empty() ? "" : " (" + flag + ")");
     return "";
 }
 
@@ -161,6 +162,12 @@ std::string decode_audio_ffmpeg(const std::string& path, int rate, int64_t max_s
             r = swr_alloc_set_opts2(&d.swr, &mono, AV_SAMPLE_FMT_FLT, rate, &in, AVSampleFormat(f->format),
                                     f->sample_rate, 0, nullptr);
             av_channel_layout_uninit(&in);
+            // The mean of the channels, as the reference's loaders downmix (numpy / torch mean over the
+            // channel axis); libswresample's own matrix would weight a stereo pair by 1/sqrt(2) each.
+            if (r >= 0) {
+                const std::vector<double> mean(size_t(in_channels), 1.0 / in_channels);
+                r = swr_set_matrix(d.swr, mean.data(), in_channels);
+            }
             if (r < 0 || (r = swr_init(d.swr)) < 0) {
                 err = where + "cannot convert its samples (" + av_text(r) + ")";
                 return false;

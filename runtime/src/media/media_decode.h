@@ -1,8 +1,9 @@
 // Audio (and, through FFmpeg, any container's sound track) for the runtime and the CLI: 16 kHz mono float
 // samples as transformers' load_audio gives them. PCM WAV at the target rate and mono is read by g4's own
 // reader (runtime/src/media/audio_io.h); everything else goes through FFmpeg's libraries when the build has
-// them (G4_WITH_FFMPEG): libavformat/libavcodec decode, libswresample downmixes and resamples with its
-// default settings (what torchcodec's AudioDecoder(sample_rate=16000, num_channels=1) does).
+// them (G4_WITH_FFMPEG): libavformat/libavcodec decode, libswresample averages the channels (the mean, as
+// transformers' librosa and torchaudio loaders downmix) and resamples with its default filter (the one
+// torchcodec's AudioDecoder uses); docs/towers.md gives its measured difference from torchaudio's resampler.
 #pragma once
 
 #include "runtime/src/media/audio_io.h"
@@ -26,8 +27,10 @@ bool have_ffmpeg();
 std::string load_audio(const std::string& path, int rate, int64_t max_samples, AudioPcm* out);
 
 // What stops `path` (named by `where`, e.g. "audio file X: ") from being opened as media: missing, not a
-// regular file, empty or over kMaxMediaFileBytes; "" when it may be opened.
-std::string media_file_problem(const std::string& path, const std::string& where);
+// regular file, empty or over max_bytes (its error then ends with `flag`, the option that sets the limit);
+// "" when it may be opened.
+std::string media_file_problem(const std::string& path, const std::string& where,
+                               int64_t max_bytes = kMaxMediaFileBytes, const std::string& flag = "");
 
 // FFmpeg's text for one of its error codes (FFmpeg builds only).
 std::string av_error_text(int err);

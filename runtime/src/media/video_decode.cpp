@@ -86,7 +86,9 @@ std::string load_video(const std::string& path, const VideoLimits& limits, Video
                        const VideoFrameFn& on_frame) {
     *out                    = VideoFrames{};
     const std::string where = "video file " + path + ": ";
-    if (std::string e = media_file_problem(path, where); !e.empty()) return e;
+    if (std::string e = media_file_problem(path, where, limits.max_file_bytes, "--max-video-bytes");
+        !e.empty())
+        return e;
     const int64_t max_pixels = limits.max_pixels < 1 ? kMaxImagePixels : limits.max_pixels;
     const int num_frames     = limits.num_frames;
     if (num_frames < 1 || num_frames > kMaxVideoFrames)
@@ -110,7 +112,7 @@ std::string load_video(const std::string& path, const VideoLimits& limits, Video
         const AVCodecParameters* cp = v.fmt->streams[si]->codecpar;
         if (cp->width <= 0 || cp->height <= 0 || int64_t(cp->width) > max_pixels / cp->height)
             return where + "frames of " + std::to_string(cp->width) + "x" + std::to_string(cp->height) +
-                   " pixels, outside 1.." + std::to_string(max_pixels) + " (g4 compile --max-image-pixels)";
+                   " pixels, outside 1.." + std::to_string(max_pixels) + " (--max-video-pixels)";
         // The declared duration (the stream's, else the container's) and frame count, before reading.
         const AVStream* st = v.fmt->streams[si];
         double declared    = st->duration > 0 && tb.den > 0 ? double(st->duration) * av_q2d(tb) : 0.0;

@@ -5,6 +5,7 @@
 #pragma once
 
 #include "runtime/src/media/image_io.h"
+#include "runtime/src/media/media_decode.h"
 
 #include <cstdint>
 #include <functional>
@@ -22,13 +23,15 @@ constexpr int kMaxVideoFrames           = 1024;
 constexpr double kMaxVideoSeconds       = 3600;
 constexpr int64_t kMaxVideoStreamFrames = 216000;
 
-// What load_video accepts; each overridable at run time (g4 run / g4 chat --video-frames,
-// --max-video-seconds, --max-video-stream-frames; frame pixels: the plan's max_image_pixels).
+// What load_video accepts. A plan records its own (g4 compile --video-frames, --max-video-seconds,
+// --max-video-stream-frames, --max-video-pixels, --max-video-bytes; g4_media_info), which g4 run / g4 chat
+// take as defaults and the same flags override at run time.
 struct VideoLimits {
     int num_frames            = kVideoFrames;          // frames sampled, 1..kMaxVideoFrames
     int64_t max_pixels        = kMaxImagePixels;       // a frame's width x height
     double max_seconds        = kMaxVideoSeconds;      // the stream's duration
     int64_t max_stream_frames = kMaxVideoStreamFrames; // frames in the stream
+    int64_t max_file_bytes    = kMaxMediaFileBytes;    // the file's size
 };
 
 struct VideoFrames {

@@ -1,4 +1,4 @@
-// Shared interface of the vision and audio towers (runtime/src/towers/vision.h, audio.h): how a tower
+// Shared interface of the hand-written towers (runtime/src/towers/audio.h): how a tower
 // finds its weights and how it is given memory. Towers run on the CPU (Eigen kernels, float32
 // arithmetic, weights bf16 or f32 widened on the fly); their scratch is sized once from the plan's
 // limits and allocated when the session is created, never during a forward pass.

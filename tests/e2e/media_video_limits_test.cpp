@@ -1,9 +1,9 @@
 // Video limits recorded in the plan (g4 compile --video-frames, --max-video-seconds,
-// --max-video-stream-frames,
-// --max-video-pixels, --max-video-bytes; META towers.vision.video): g4_media_info gives them, g4 run takes
-// them as its defaults and its flags of the same names override them. And the default --max-media-tokens of
-// a plan with video holds a whole default video and an image: `g4 run --video` on a near-16:9 clip (32
-// frames x 66 soft tokens, more than 2048) works with a default-compiled plan. Skipped without FFmpeg.
+// --max-video-stream-frames, --max-video-pixels, --max-video-bytes; META towers.vision.video):
+// g4_media_info gives them, g4 run takes them as its defaults and its flags of the same names override them.
+// And the default --max-media-tokens of a plan with video holds a whole default video and an image:
+// `g4 run --video` on a near-16:9 clip (32 frames x 66 soft tokens, more than 2048) works with a
+// default-compiled plan. Skipped without FFmpeg.
 #include "g4/g4.h"
 #include "runtime/src/media/media_decode.h"
 #include "runtime/src/media/video_decode.h"
@@ -110,7 +110,7 @@ TEST_F(VideoPlanLimits, PlanRecordsThemAndRunFlagsOverride) {
     ASSERT_EQ(r.exit_code, 0) << r.err;
     const std::vector<float> a = read_f32(dump), b = read_f32(dump_flag);
     ASSERT_EQ(a.size(), b.size());
-    EXPECT_LT(rel_l2(a.data(), b.data(), b.size()), 1e-6);
+    EXPECT_LT(rel_l2(a.data(), b.data(), b.size()), 1e-4); // two runs of NF4 plans on threads: ~1e-6 apart
     r = run_video(plan, f, lifted + " --video-frames 8", dump8);
     ASSERT_EQ(r.exit_code, 0) << r.err;
     EXPECT_GT(read_f32(dump8).size(), a.size());

@@ -526,8 +526,9 @@ std::vector<DeviceMemory> memory_plan(const Figures& f, const Placement& p, bool
                                               : p.vision_gpu              ? f.tower_buffers_vision_gpu
                                               : p.audio_gpu               ? f.tower_buffers_audio_gpu
                                                                           : f.tower_buffers});
-    if (f.encoder_arenas && !p.vision_gpu)
-        h.parts.push_back({"encoder programs' activations", f.encoder_arenas});
+    const uint64_t arenas =
+        (p.vision_gpu ? f.audio_arena : f.encoder_arenas) - (p.audio_gpu ? f.audio_arena : 0);
+    if (arenas) h.parts.push_back({"encoder programs' activations", arenas});
     if (p.has_cpu_layers()) {
         h.parts.push_back({"CPU layers' weights", f.host_weights});
         h.parts.push_back({"CPU layers' " + kv, f.host_kv});

@@ -123,6 +123,7 @@ struct Figures {
     // The activation arenas of the encoder programs the CPU runs (host memory; the vision program's is not
     // allocated when the vision tower runs on the GPU).
     uint64_t encoder_arenas = 0;
+    uint64_t audio_arena = 0; // the audio program's part (not allocated when the audio tower runs on the GPU)
     // A tower on the plan's GPU instead: its weights (part of tower_weights) and device buffer move there,
     // and the towers' host buffers shrink to tower_buffers_vision_gpu (the vision tower there),
     // tower_buffers_audio_gpu (the audio tower) or tower_buffers_both_gpu (both).

@@ -331,6 +331,7 @@ void session_figures(const Inputs& in, const BuiltPlan& b, Report* rep) {
     for (size_t k = 1; k < b.programs.size(); ++k) { // runtime/src/encoder_program.cpp encoder_arena_bytes
         const uint64_t arena = (std::max<uint64_t>(b.programs[k].arena_bytes, 64) + 63) / 64 * 64;
         if (b.programs[k].device < 0) rep->encoder_arenas += arena;
+        if (b.programs[k].device < 0 && b.programs[k].name == "audio") rep->audio_arena = arena;
         if (b.programs[k].name == "vision") rep->vision_program_gpu = arena + rt::kEncoderStepBytes;
     }
     rep->act_arena     = act_arena;
@@ -368,6 +369,7 @@ placement::Figures figures_of(const Inputs& in, const Report& r, bool cpu_layers
     f.tower_weights       = r.tower_weights;
     f.tower_buffers       = in.tower_session_bytes;
     f.encoder_arenas      = r.encoder_arenas;
+    f.audio_arena         = r.audio_arena;
     f.vision_weights      = r.vision_end - r.vision_begin;
     f.vision_gpu_buffers  = r.vision_program_gpu;
     f.audio_weights       = r.audio_end - r.audio_begin;

@@ -5,9 +5,11 @@
 #include "compiler/stages.h"
 #include "kernels/cpu/cpu.h"
 #include "kernels/cpu/thread_pool.h"
+#include "models/gemma4/audio_graph.h"
 #include "models/gemma4/vision_graph.h"
 #include "runtime/src/frontend/image.h"
 #include "runtime/src/frontend/media.h"
+#include "runtime/src/log_mel.h"
 #include "runtime/src/media/video_decode.h"
 #include "runtime/src/towers/audio.h"
 
@@ -198,18 +200,109 @@ void check_vision(Inputs& in, const std::string& cfg, const towers::Lookup& look
     v.pixel_std           = 0.5f;
 }
 
+// The hand-written GPU audio tower (runtime/src/towers/audio.h) in a CUDA plan: whether it can run on the
+// plan's GPU, its device buffer and its host buffers there.
+void gpu_audio(Inputs& in, const towers::Lookup& lookup, towers::Precision prec, int64_t max_samples) {
+    const CompileOptions& opt = in.opt;
+    TowerSizing& ts           = in.towers;
+    towers::AudioHParams ah;
+    std::string e = towers::parse_audio_hparams(in.mc.audio_config_json, in.mc.text.hidden_size, &ah);
+    ah.precision  = prec;
+    towers::AudioTower at;
+    if (e.empty()) e = at.init(ah, lookup, max_samples);
+    if (!e.empty())
+        throw CompileError("audio tower of " + opt.model_dir + ": " + e +
+                           " (--no-audio leaves the tower out)");
+    // bf16 tensor-core matmuls; the SSCP conv kernel stages a 3x3 patch and a position's outputs in shared
+    // memory, the attention kernel the logits of a query's W keys (48 KiB at most without opting in).
+    const int c0 = ah.subsampling_conv_channels[0], c1 = ah.subsampling_conv_channels[1];
+    const size_t conv_smem = 4 * std::max<size_t>(9 + c0, 9 * (size_t)c0 + c1),
+                 attn_smem = 4 * (size_t)(ah.attention_context_left - 1);
+    if (opt.weights == "f32")
+        ts.audio_gpu_no =
+            "the GPU audio tower needs bf16 weights, and --weights f32 stores the towers' as f32";
+    else if (opt.tower_precision == "fp32")
+        ts.audio_gpu_no = "--tower-precision fp32 was given, and the GPU audio tower's matmuls are bf16 "
+                          "with fp32 accumulation";
+    else if (conv_smem > 48 * 1024 || attn_smem > 48 * 1024)
+        ts.audio_gpu_no = "its subsampling_conv_channels / attention_context_left need more shared "
+                          "memory than the GPU kernels take (48 KiB)";
+    ts.audio_gpu_bytes      = at.gpu_layout().total;
+    ts.audio_host_bytes     = at.gpu_host_scratch_bytes();
+    ts.audio_feature_floats = at.gpu_thread_scratch_floats();
+}
+
+// The audio encoder program (models/gemma4/audio_graph.h) on the CPU, its input made by the runtime's log-mel
+// front end (META towers.audio). Every checkpoint tensor it reads is shape-checked here; the ClippableLinear
+// bounds (read into its Clamp ops) stay tensors of the program too (unread by its ops) for the GPU tower,
+// which reads them by name.
+EncoderProgram audio_program(const gemma4::AudioHParams& h, int64_t max_samples, bool bf16,
+                             const towers::Lookup& lookup, const std::string& where) {
+    gemma4::AudioBuildOptions o;
+    o.max_samples  = max_samples;
+    o.bf16_matmuls = bf16;
+    auto read      = [&](const std::string& name, std::vector<float>* v) -> std::string {
+        const towers::Tensor* t = lookup(name);
+        if (!t) return "missing tensor 'model." + name + "' in " + where;
+        v->resize((size_t)t->numel());
+        for (int64_t i = 0; i < t->numel(); ++i)
+            (*v)[(size_t)i] = towers::tensor_at(*t, i);
+        return "";
+    };
+    gemma4::AudioProgram a;
+    if (std::string e = gemma4::build_audio_program(h, o, read, &a); !e.empty())
+        throw CompileError("audio tower of " + where + ": " + e + " (--no-audio leaves the tower out)");
+    std::set<std::string> held;
+    for (const auto& t : a.graph.tensors) {
+        held.insert(t.name);
+        if (t.kind != plan::TensorKind::Weight || t.role != gemma4::WeightRole::Tower) continue;
+        const towers::Tensor* w = lookup(t.name);
+        std::vector<int64_t> dims;
+        for (int d = 0; w && d < w->ndim; ++d)
+            dims.push_back(w->dims[d]);
+        auto shape = [](const std::vector<int64_t>& v) {
+            std::string r = "[";
+            for (size_t i = 0; i < v.size(); ++i)
+                r += (i ? ", " : "") + std::to_string(v[i]);
+            return r + "]";
+        };
+        if (!w)
+            throw CompileError("audio tower of " + where + ": the checkpoint has no 'model." + t.name +
+                               "' (--no-audio leaves the tower out)");
+        if (dims != t.dims)
+            throw CompileError("audio tower of " + where + ": 'model." + t.name + "' has shape " +
+                               shape(dims) + ", expected " + shape(t.dims) +
+                               " (--no-audio leaves the tower out)");
+    }
+    for (const auto& n : gemma4::audio_weight_names(h))
+        if (!held.count(n)) {
+            if (!lookup(n))
+                throw CompileError("audio tower of " + where + ": tensor 'model." + n +
+                                   "' is missing (--no-audio leaves the tower out)");
+            gemma4::TensorDesc d;
+            d.name = n;
+            d.kind = plan::TensorKind::Weight;
+            d.dims = {1};
+            d.role = gemma4::WeightRole::TowerScalar;
+            a.graph.tensors.push_back(std::move(d));
+        }
+    EncoderProgram e;
+    e.name          = "audio";
+    e.graph         = std::move(a.graph);
+    e.inputs        = {a.features};
+    e.outputs       = {a.output};
+    e.max_rows      = a.max_rows;
+    e.thread_floats = a.thread_floats;
+    return e;
+}
+
 void check_audio(Inputs& in, const std::string& cfg, const towers::Lookup& lookup, towers::Precision prec,
                  rt::MediaSizing& z) {
-    const CompileOptions& opt  = in.opt;
-    TowerSizing& ts            = in.towers;
-    auto& audio_gpu_bytes      = ts.audio_gpu_bytes;
-    auto& audio_gpu_no         = ts.audio_gpu_no;
-    auto& audio_host_bytes     = ts.audio_host_bytes;
-    auto& audio_thread_floats  = ts.audio_thread_floats;
-    auto& audio_feature_floats = ts.audio_feature_floats;
-    const int H                = in.mc.text.hidden_size;
-    towers::AudioHParams ah;
-    std::string e = towers::parse_audio_hparams(in.mc.audio_config_json, H, &ah);
+    const CompileOptions& opt = in.opt;
+    TowerSizing& ts           = in.towers;
+    const int H               = in.mc.text.hidden_size;
+    gemma4::AudioHParams h;
+    std::string e = gemma4::parse_audio_hparams(in.mc.audio_config_json, H, &h);
     if (!e.empty()) throw CompileError(cfg + ": audio_config: " + e + " (--no-audio leaves the tower out)");
     if (!(opt.max_audio_seconds > 0 && opt.max_audio_seconds <= 3600))
         throw CompileError("--max-audio-seconds must be in (0, 3600]");
@@ -217,46 +310,41 @@ void check_audio(Inputs& in, const std::string& cfg, const towers::Lookup& looku
              {{"audio_token_id", in.mc.audio_token_id},
               {"boa_token_id", in.mc.boa_token_id},
               {"eoa_token_id", in.mc.eoa_token_id}});
-    const int64_t max_samples = (int64_t)std::llround(opt.max_audio_seconds * ah.sample_rate);
-    ah.precision              = prec;
-    towers::AudioTower at;
-    e = at.init(ah, lookup, max_samples);
-    if (!e.empty())
-        throw CompileError("audio tower of " + opt.model_dir + ": " + e +
-                           " (--no-audio leaves the tower out)");
-    // The GPU tower: bf16 tensor-core matmuls; the SSCP conv kernel stages a 3x3 patch and a
-    // position's outputs in shared memory, the attention kernel the logits of a query's W keys (48
-    // KiB at most without opting in).
-    const int c0 = ah.subsampling_conv_channels[0], c1 = ah.subsampling_conv_channels[1];
-    const size_t conv_smem = 4 * std::max<size_t>(9 + c0, 9 * (size_t)c0 + c1),
-                 attn_smem = 4 * (size_t)(ah.attention_context_left - 1);
-    if (in.cuda_index < 0)
-        audio_gpu_no = "a CPU plan";
-    else if (opt.weights == "f32")
-        audio_gpu_no = "the GPU audio tower needs bf16 weights, and --weights f32 stores the towers' as f32";
-    else if (opt.tower_precision == "fp32")
-        audio_gpu_no = "--tower-precision fp32 was given, and the GPU audio tower's matmuls are bf16 "
-                       "with fp32 accumulation";
-    else if (conv_smem > 48 * 1024 || attn_smem > 48 * 1024)
-        audio_gpu_no = "its subsampling_conv_channels / attention_context_left need more shared "
-                       "memory than the GPU kernels take (48 KiB)";
-    audio_gpu_bytes      = at.gpu_layout().total;
-    audio_host_bytes     = at.gpu_host_scratch_bytes();
-    audio_feature_floats = at.gpu_thread_scratch_floats();
-    z.audio              = true;
-    z.audio_scratch      = at.scratch_bytes();
-    z.thread_floats      = std::max<size_t>(z.thread_floats, at.thread_scratch_floats());
-    audio_thread_floats  = at.thread_scratch_floats();
-    z.max_soft           = std::max(z.max_soft, towers::audio_soft_tokens(ah, max_samples));
-    for (auto& n : towers::audio_weight_names(ah))
-        in.tower_names.push_back(n);
+    const gemma4::AudioFrontEnd fe = gemma4::audio_front_end(h);
+    const int64_t max_samples      = (int64_t)std::llround(opt.max_audio_seconds * fe.sample_rate);
+    EncoderProgram prog =
+        audio_program(h, max_samples, prec == towers::Precision::BF16, lookup, opt.model_dir);
+    media::LogMel mel;
+    const media::LogMelParams lp{fe.sample_rate, fe.frame_length, fe.hop_length, fe.fft_length,
+                                 fe.mel_bins,    fe.min_hz,       fe.max_hz,     fe.mel_floor};
+    if (e = mel.init(lp); !e.empty()) throw CompileError("audio tower of " + opt.model_dir + ": " + e);
+    // The CPU: the program (its own arena) and the log-mel front end writing its input.
+    const size_t cpu_floats = std::max<size_t>(prog.thread_floats, mel.thread_floats());
+    ts.audio_thread_floats  = cpu_floats;
+    z.audio                 = true;
+    z.audio_scratch         = 0;
+    z.thread_floats         = std::max(z.thread_floats, cpu_floats);
+    z.max_soft              = std::max(z.max_soft, prog.max_rows[gemma4::kAudioTokens]);
+    if (in.cuda_index >= 0)
+        gpu_audio(in, lookup, prec, max_samples);
+    else
+        ts.audio_gpu_no = "a CPU plan";
+    in.encoders.push_back(std::move(prog));
     plan::MetaAudio& a = towers_meta(in).audio.emplace();
     a.config           = json::parse(in.mc.audio_config_json).dump();
     a.max_samples      = max_samples;
-    a.sample_rate      = ah.sample_rate;
+    a.sample_rate      = fe.sample_rate;
     a.audio_token_id   = in.mc.audio_token_id;
     a.boa_token_id     = in.mc.boa_token_id;
     a.eoa_token_id     = in.mc.eoa_token_id;
+    a.program          = "audio";
+    a.frame_length     = fe.frame_length;
+    a.hop_length       = fe.hop_length;
+    a.fft_length       = fe.fft_length;
+    a.mel_bins         = fe.mel_bins;
+    a.min_hz           = fe.min_hz;
+    a.max_hz           = fe.max_hz;
+    a.mel_floor        = fe.mel_floor;
 }
 
 } // namespace

@@ -117,6 +117,7 @@ struct Report {
              vision_end    = 0; // the vision tower's weights within WEIGHTS (a GPU vision tower uploads them)
     uint64_t audio_begin = 0, audio_end = 0; // the audio tower's (likewise)
     uint64_t encoder_arenas = 0; // CPU encoder programs' activation arenas, as a session allocates them
+    uint64_t audio_arena    = 0; // the audio program's part of them
     // The vision program's device memory where it runs on the plan's GPU: its arena and launch records.
     uint64_t vision_program_gpu = 0;
     std::map<int, placement::Figures::Gpu> gpus; // cross-device plans: per GPU

@@ -1,17 +1,16 @@
-// tower_cpu_bench: the audio tower's forward pass alone at its real E2B (= E4B) shapes, random bf16 weights,
-// no checkpoint or plan: one 30 s clip (750 soft tokens). Prints every rep and the median. (The vision tower
-// is an encoder program: bench/e2e/tower_bench.py times it through a plan.)
-// Built with the project (build/bench/micro/tower_cpu_bench).
-// The audio mode runs the hand-written tower and the compiler's audio program (models/gemma4/audio_graph.*,
-// replayed op by op on the CPU kernels the executor uses) on the same weights, alternating, and prints both
-// medians and their outputs' relative difference.
+// tower_cpu_bench: the audio tower alone at its real E2B (= E4B) shapes, random bf16 weights, no checkpoint
+// or plan: one 30 s clip (750 soft tokens) through the log-mel front end (runtime/src/log_mel.*) and the
+// compiler's audio program (models/gemma4/audio_graph.*, replayed op by op on the CPU kernels the executor
+// uses). Prints every rep and the median. bench/e2e/tower_ab.py compares two builds' towers end to end
+// through plans. Built with the project (build/bench/micro/tower_cpu_bench).
 // Usage: tower_cpu_bench [audio|both|gemm] [reps] [fp32|bf16|both]   (threads: G4_THREADS, else all
 // cores; the tower in both precisions by default, fp32 then bf16)
 #include "kernels/cpu/cpu.h"
 #include "kernels/cpu/thread_pool.h"
 #include "models/gemma4/audio_graph.h"
+#include "runtime/src/log_mel.h"
 #include "runtime/src/sequence_exec.h"
-#include "runtime/src/towers/audio.h"
+#include "runtime/src/towers/tower.h"
 
 #include <algorithm>
 #include <chrono>
@@ -189,17 +188,16 @@ struct AudioProgramRun {
 };
 
 void bench_audio(cpu::ThreadPool& pool, int reps, towers::Precision prec) {
-    towers::AudioHParams hp{};
-    if (std::string e = towers::parse_audio_hparams("{}", 1536, &hp); !e.empty()) {
+    gemma4::AudioHParams hp{};
+    if (std::string e = gemma4::parse_audio_hparams("{}", 1536, &hp); !e.empty()) {
         std::printf("%s\n", e.c_str());
         std::exit(1);
     }
-    hp.precision    = prec;
     const int64_t H = hp.hidden_size, C0 = hp.subsampling_conv_channels[0],
                   C1 = hp.subsampling_conv_channels[1];
     const int64_t f2 = ((hp.mel_bins + 1) / 2 + 1) / 2;
     Store st;
-    for (const std::string& n : towers::audio_weight_names(hp)) {
+    for (const std::string& n : gemma4::audio_weight_names(hp)) {
         if (has(n, "_min"))
             st.scalar(n, -8.0f);
         else if (has(n, "_max"))
@@ -236,60 +234,46 @@ void bench_audio(cpu::ThreadPool& pool, int reps, towers::Precision prec) {
             st.add(n, {H}, 0.1f, 1.0f);
     }
     const int64_t samples = 480000;
-    towers::AudioTower at;
-    if (std::string e = at.init(hp, st.lookup(), samples); !e.empty()) {
-        std::printf("%s\n", e.c_str());
-        std::exit(1);
-    }
-    gemma4::AudioHParams gh{};
     AudioProgramRun prog;
-    if (std::string e = gemma4::parse_audio_hparams("{}", 1536, &gh); !e.empty()) {
-        std::printf("%s\n", e.c_str());
-        std::exit(1);
-    }
-    if (std::string e = prog.init(st, gh, prec == towers::Precision::BF16); !e.empty()) {
+    if (std::string e = prog.init(st, hp, prec == towers::Precision::BF16); !e.empty()) {
         std::printf("audio program: %s\n", e.c_str());
         std::exit(1);
     }
+    const gemma4::AudioFrontEnd fe = gemma4::audio_front_end(hp);
+    media::LogMel mel;
+    if (std::string e = mel.init({fe.sample_rate, fe.frame_length, fe.hop_length, fe.fft_length, fe.mel_bins,
+                                  fe.min_hz, fe.max_hz, fe.mel_floor});
+        !e.empty()) {
+        std::printf("%s\n", e.c_str());
+        std::exit(1);
+    }
     cpu::Context ctx;
-    ctx.pool = &pool, ctx.scratch_stride = std::max(at.thread_scratch_floats(), prog.thread_floats);
-    std::vector<float> tscr(ctx.scratch_stride * pool.size() + 16), scr(at.scratch_bytes() / 4 + 16);
+    ctx.pool = &pool, ctx.scratch_stride = std::max(mel.thread_floats(), prog.thread_floats);
+    std::vector<float> tscr(ctx.scratch_stride * pool.size() + 16);
     ctx.scratch = tscr.data();
     std::mt19937 rng(9);
     std::normal_distribution<float> nd(0.0f, 0.1f);
     std::vector<float> pcm((size_t)samples);
     for (size_t i = 0; i < pcm.size(); ++i)
         pcm[i] = 0.3f * std::sin(0.01f * (float)i) + nd(rng);
-    std::vector<float> out((size_t)at.max_soft_tokens() * hp.text_hidden_size);
-    std::vector<float> feat((size_t)towers::AudioTower::valid_frames(samples) * hp.mel_bins);
-    int n_soft = 0, frames = 0;
+    const int frames = (int)mel.valid_frames(samples), n_soft = ((frames + 1) / 2 + 1) / 2;
+    std::vector<float> feat((size_t)frames * hp.mel_bins);
     const float* pout = nullptr;
-    std::vector<double> ts, tp;
+    std::vector<double> tp;
     for (int r = 0; r <= reps; ++r) {
-        std::string err;
-        double s =
-            time_s([&] { err = at.forward(ctx, pcm.data(), samples, scr.data(), out.data(), &n_soft); });
-        // The program's run: the log-mel features (as the runtime's front end makes them), then the program.
+        // As the runtime's front end runs it: the log-mel features, then the program.
         double sp = time_s([&] {
-            if (err.empty()) err = at.features(ctx, pcm.data(), samples, feat.data(), &frames);
-            if (err.empty()) pout = prog.run(ctx, feat.data(), frames);
+            mel.compute(ctx, pcm.data(), samples, feat.data());
+            pout = prog.run(ctx, feat.data(), frames);
         });
-        if (!err.empty()) {
-            std::printf("%s\n", err.c_str());
-            std::exit(1);
-        }
-        if (r) ts.push_back(s), tp.push_back(sp);
-        std::printf("  audio %s rep %d: tower %.3f s, program %.3f s\n", towers::precision_name(prec), r, s,
-                    sp);
+        if (r) tp.push_back(sp);
+        std::printf("  audio %s rep %d: %.3f s\n", towers::precision_name(prec), r, sp);
     }
-    double sum = 0, num = 0, den = 0;
+    double sum = 0;
     for (int i = 0; i < n_soft * hp.text_hidden_size; ++i)
-        sum += std::fabs(out[i]), num += (double)(pout[i] - out[i]) * (pout[i] - out[i]),
-            den += (double)out[i] * out[i];
-    std::printf("audio %s: 30 s -> %d soft tokens, %d threads, median tower %.3f s, program %.3f s "
-                "(program/tower %.3f; outputs' rel diff %.2e; checksum %.6g)\n",
-                towers::precision_name(prec), n_soft, pool.size(), median(ts), median(tp),
-                median(tp) / median(ts), std::sqrt(num / den), sum);
+        sum += std::fabs(pout[i]);
+    std::printf("audio %s: 30 s -> %d soft tokens, %d threads, median %.3f s (checksum %.6g)\n",
+                towers::precision_name(prec), n_soft, pool.size(), median(tp), sum);
 }
 
 // cpu::matmul against cpu::matmul_gemm at one tower shape (bf16 weights): GFLOPS and their relative

@@ -7,6 +7,7 @@
 #include "models/gemma4/audio_graph.h"
 
 #include "kernels/cpu/cpu.h"
+#include "runtime/plan/op_params.h"
 
 #include <algorithm>
 #include <cmath>
@@ -80,15 +81,14 @@ public:
 
     // y = x . W^T over row count `count`, bias (f32) added when given.
     int matmul(View x, int w, int y, int count, const std::string& name, int layer, int bias = -1) {
-        PlanOp& op = emit(OpCode::Matmul, name, layer, count, {x, {w}, {bias}}, {{y}});
-        op.ip[4]   = o.bf16_matmuls ? 2 : 1; // the CPU kernel: bf16 GEMM or the fp32 GEMM
+        plan::MatmulParams mp;
+        mp.cpu_kernel = o.bf16_matmuls ? 2 : 1; // the CPU kernel: bf16 GEMM or the fp32 GEMM
+        plan::set_params(emit(OpCode::Matmul, name, layer, count, {x, {w}, {bias}}, {{y}}), mp);
         return y;
     }
     void clamp(View x, int y, int64_t n, float lo, float hi, const std::string& name, int layer) {
-        PlanOp& op = emit(OpCode::Clamp, name, layer, kAudioTokens, {x}, {{y}});
-        op.ip[0]   = (int32_t)n;
-        op.fp[0]   = lo;
-        op.fp[1]   = hi;
+        plan::set_params(emit(OpCode::Clamp, name, layer, kAudioTokens, {x}, {{y}}),
+                         plan::ClampParams{(int32_t)n, lo, hi});
     }
     // y = RMSNorm(clip(x)) * w, clip to +-gradient_clipping first when `clip` (HF clamps before the norm).
     int norm(int x, int y, int w, float eps, bool clip, const std::string& name, int layer,
@@ -98,10 +98,8 @@ public:
             clamp({x}, y, n, -hp.gradient_clipping, hp.gradient_clipping, name + "_clip", layer);
             x = y;
         }
-        PlanOp& op = emit(OpCode::RmsNorm, name, layer, count, {{x}, {w}}, {{y}});
-        op.ip[0]   = (int32_t)n;
-        op.ip[1]   = (int32_t)n;
-        op.fp[0]   = eps;
+        plan::set_params(emit(OpCode::RmsNorm, name, layer, count, {{x}, {w}}, {{y}}),
+                         plan::RmsNormParams{(int32_t)n, (int32_t)n, eps});
         return y;
     }
 
@@ -193,14 +191,9 @@ std::string build_audio_program(const AudioHParams& hp, const AudioBuildOptions&
         const int w         = b.weight(l + "conv.weight", {c_out, c_in, 3, 3});
         const int n         = b.weight(l + "norm.weight", {c_out});
         const int y         = b.act("conv" + std::to_string(li), count_out, (int64_t)f_out * c_out);
-        PlanOp& op          = b.emit(OpCode::Conv2dNormRelu, "conv" + std::to_string(li), -1, count_out,
-                                       {{x}, {w}, {n}}, {{y}});
-        op.ip[0]            = f_in;
-        op.ip[1]            = c_in;
-        op.ip[2]            = f_out;
-        op.ip[3]            = c_out;
-        op.ip[4]            = count_in;
-        op.fp[0]            = hp.rms_norm_eps;
+        plan::set_params(b.emit(OpCode::Conv2dNormRelu, "conv" + std::to_string(li), -1, count_out,
+                                  {{x}, {w}, {n}}, {{y}}),
+                           plan::Conv2dNormReluParams{f_in, c_in, f_out, c_out, count_in, hp.rms_norm_eps});
         return y;
     };
     const int l0   = conv(ap.features, kAudioFrames, kAudioHalfFrames, (int)M, 1, F1, C0, 0);
@@ -223,15 +216,14 @@ std::string build_audio_program(const AudioHParams& hp, const AudioBuildOptions&
             int h = b.norm(xin, a((n + "_norm").c_str(), H), b.weight(f + "pre_layer_norm.weight", {H}),
                            kDefaultNormEps, true, n + "_norm", il);
             int u = b.linear(f + "ffw_layer_1", {h}, h, 4 * H, a((n + "_up").c_str(), 4 * H), n + "_up", il);
-            PlanOp& s = b.emit(OpCode::Silu, n + "_silu", il, kAudioTokens, {{u}}, {{u}});
-            s.ip[0]   = (int32_t)(4 * H);
-            int dn    = b.linear(f + "ffw_layer_2", {u}, u, H, a((n + "_down").c_str(), H), n + "_down", il);
+            plan::set_params(b.emit(OpCode::Silu, n + "_silu", il, kAudioTokens, {{u}}, {{u}}),
+                             plan::SiluParams{(int32_t)(4 * H)});
+            int dn = b.linear(f + "ffw_layer_2", {u}, u, H, a((n + "_down").c_str(), H), n + "_down", il);
             b.norm(dn, dn, b.weight(f + "post_layer_norm.weight", {H}), kDefaultNormEps, true,
                    n + "_post_norm", il);
-            int y      = a((n + "_out").c_str(), H);
-            PlanOp& op = b.emit(OpCode::AddScaled, n + "_out", il, kAudioTokens, {{xin}, {dn}}, {{y}});
-            op.ip[0]   = (int32_t)H;
-            op.fp[0]   = hp.residual_weight;
+            int y = a((n + "_out").c_str(), H);
+            plan::set_params(b.emit(OpCode::AddScaled, n + "_out", il, kAudioTokens, {{xin}, {dn}}, {{y}}),
+                             plan::AddScaledParams{(int32_t)H, hp.residual_weight});
             return y;
         };
         x = feed_forward("feed_forward1", x);
@@ -246,29 +238,23 @@ std::string build_audio_program(const AudioHParams& hp, const AudioBuildOptions&
             int v   = b.linear(s + "v_proj", {h}, a("attn_v_in", H), H, a("attn_v", H), "attn_v", il);
             int rel = b.matmul({w_pe}, b.weight(s + "relative_k_proj.weight", {H, H}),
                                a("attn_rel", H, kAudioRelPositions), kAudioRelPositions, "attn_rel", il);
-            PlanOp& qs = b.emit(OpCode::SoftplusScale, "attn_q_scale", il, kAudioTokens,
-                                {{q}, {b.weight(s + "per_dim_scale", {D})}}, {{q}});
-            qs.ip[0]   = (int32_t)H;
-            qs.ip[1]   = D;
-            qs.fp[0]   = q_scale;
-            PlanOp& ks = b.emit(OpCode::Scale, "attn_k_scale", il, kAudioTokens, {{k}}, {{k}});
-            ks.ip[0]   = (int32_t)H;
-            ks.fp[0]   = k_scale;
-            int o      = a("attn_o", H);
-            PlanOp& at =
-                b.emit(OpCode::LocalAttention, "attn", il, kAudioTokens, {{q}, {k}, {v}, {rel}}, {{o}});
-            at.ip[0] = NH;
-            at.ip[1] = D;
-            at.ip[2] = hp.attention_context_left - 1;
-            at.ip[3] = n_rel;
-            at.fp[0] = hp.attention_logit_cap;
-            int po   = b.linear(s + "post", {o}, o, H, a("attn_post", H), "attn_post", il);
+            plan::set_params(b.emit(OpCode::SoftplusScale, "attn_q_scale", il, kAudioTokens,
+                                    {{q}, {b.weight(s + "per_dim_scale", {D})}}, {{q}}),
+                             plan::SoftplusScaleParams{(int32_t)H, D, q_scale});
+            plan::set_params(b.emit(OpCode::Scale, "attn_k_scale", il, kAudioTokens, {{k}}, {{k}}),
+                             plan::ScaleParams{(int32_t)H, k_scale});
+            int o = a("attn_o", H);
+            plan::set_params(
+                b.emit(OpCode::LocalAttention, "attn", il, kAudioTokens, {{q}, {k}, {v}, {rel}}, {{o}}),
+                plan::LocalAttentionParams{NH, D, hp.attention_context_left - 1, n_rel,
+                                           hp.attention_logit_cap});
+            int po = b.linear(s + "post", {o}, o, H, a("attn_post", H), "attn_post", il);
             b.norm(po, po, b.weight(L + "norm_post_attn.weight", {H}), kDefaultNormEps, true,
                    "attn_post_norm", il);
-            int y       = a("attn_out", H);
-            PlanOp& add = b.emit(OpCode::Add, "attn_out", il, kAudioTokens, {{x}, {po}}, {{y}});
-            add.ip[0]   = (int32_t)H;
-            x           = y;
+            int y = a("attn_out", H);
+            plan::set_params(b.emit(OpCode::Add, "attn_out", il, kAudioTokens, {{x}, {po}}, {{y}}),
+                             plan::AddParams{(int32_t)H});
+            x = y;
         }
 
         // Light conv: x += linear_end(silu(RMS(clip(causal_conv(GLU(linear_start(RMS(x; pre)))));
@@ -279,23 +265,22 @@ std::string build_audio_program(const AudioHParams& hp, const AudioBuildOptions&
                            false, "lconv_norm", il);
             int st = b.linear(c + "linear_start", {h}, h, 2 * H, a("lconv_start", 2 * H), "lconv_start", il);
             int g  = a("lconv_glu", H);
-            PlanOp& gl =
-                b.emit(OpCode::SigmoidMul, "lconv_glu", il, kAudioTokens, {{st, 0}, {st, (int)H}}, {{g}});
-            gl.ip[0]   = (int32_t)H;
-            int cv     = a("lconv_conv", H);
-            PlanOp& dw = b.emit(OpCode::CausalConv1d, "lconv_conv", il, kAudioTokens,
-                                {{g}, {b.weight(c + "depthwise_conv1d.weight", {H, 1, K})}}, {{cv}});
-            dw.ip[0]   = (int32_t)H;
-            dw.ip[1]   = K;
+            plan::set_params(
+                b.emit(OpCode::SigmoidMul, "lconv_glu", il, kAudioTokens, {{st, 0}, {st, (int)H}}, {{g}}),
+                plan::SigmoidMulParams{(int32_t)H});
+            int cv = a("lconv_conv", H);
+            plan::set_params(b.emit(OpCode::CausalConv1d, "lconv_conv", il, kAudioTokens,
+                                    {{g}, {b.weight(c + "depthwise_conv1d.weight", {H, 1, K})}}, {{cv}}),
+                             plan::CausalConv1dParams{(int32_t)H, K});
             b.norm(cv, cv, b.weight(c + "conv_norm.weight", {H}), hp.rms_norm_eps, true, "lconv_conv_norm",
                    il);
-            PlanOp& sl = b.emit(OpCode::Silu, "lconv_silu", il, kAudioTokens, {{cv}}, {{cv}});
-            sl.ip[0]   = (int32_t)H;
-            int e      = b.linear(c + "linear_end", {cv}, cv, H, a("lconv_end", H), "lconv_end", il);
-            int y      = a("lconv_out", H);
-            PlanOp& ad = b.emit(OpCode::Add, "lconv_out", il, kAudioTokens, {{x}, {e}}, {{y}});
-            ad.ip[0]   = (int32_t)H;
-            x          = y;
+            plan::set_params(b.emit(OpCode::Silu, "lconv_silu", il, kAudioTokens, {{cv}}, {{cv}}),
+                             plan::SiluParams{(int32_t)H});
+            int e = b.linear(c + "linear_end", {cv}, cv, H, a("lconv_end", H), "lconv_end", il);
+            int y = a("lconv_out", H);
+            plan::set_params(b.emit(OpCode::Add, "lconv_out", il, kAudioTokens, {{x}, {e}}, {{y}}),
+                             plan::AddParams{(int32_t)H});
+            x = y;
         }
         x = feed_forward("feed_forward2", x);
         x = b.norm(x, a("block_out", H), b.weight(L + "norm_out.weight", {H}), kDefaultNormEps, true,
@@ -312,12 +297,10 @@ std::string build_audio_program(const AudioHParams& hp, const AudioBuildOptions&
     const int w_bias = b.constant("audio_tower.output_proj.bias", {P}, std::move(bias));
     int proj         = b.matmul({x}, b.weight("audio_tower.output_proj.weight", {P, H}),
                                 b.act("output_proj", kAudioTokens, P), kAudioTokens, "output_proj", -1, w_bias);
-    PlanOp& pn       = b.emit(OpCode::RmsNorm, "embed_norm", -1, kAudioTokens, {{proj}, {-1}}, {{proj}});
-    pn.ip[0]         = (int32_t)P;
-    pn.ip[1]         = (int32_t)P;
-    pn.fp[0]         = hp.rms_norm_eps;
-    ap.output        = b.matmul({proj}, b.weight("embed_audio.embedding_projection.weight", {TH, P}),
-                                b.act("soft_tokens", kAudioTokens, TH), kAudioTokens, "soft_tokens", -1);
+    plan::set_params(b.emit(OpCode::RmsNorm, "embed_norm", -1, kAudioTokens, {{proj}, {-1}}, {{proj}}),
+                     plan::RmsNormParams{(int32_t)P, (int32_t)P, hp.rms_norm_eps});
+    ap.output = b.matmul({proj}, b.weight("embed_audio.embedding_projection.weight", {TH, P}),
+                         b.act("soft_tokens", kAudioTokens, TH), kAudioTokens, "soft_tokens", -1);
 
     // Per-thread CPU scratch: the largest of the matmuls' and the sequence ops'.
     const int64_t max_k = std::max<int64_t>({4 * H, (int64_t)F2 * C1, P, H});

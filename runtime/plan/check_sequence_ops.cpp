@@ -2,6 +2,7 @@
 #include "runtime/plan/check_sequence_ops.h"
 
 #include "kernels/cpu/cpu.h"
+#include "runtime/plan/op_params.h"
 
 namespace g4::plan {
 
@@ -81,69 +82,87 @@ bool is_sequence_op(uint16_t code) {
 std::string check_sequence_op(const Plan& p, const PlanOp& op, int64_t rows, const int32_t* max_rows,
                               uint64_t thread_floats) {
     Check c{p, op, rows, ""};
-    const int32_t* ip = op.ip;
     switch ((OpCode)op.code) {
     case OpCode::Conv2dNormRelu: {
-        if (!c.positive({ip[0], ip[1], ip[2], ip[3]}) || ip[0] > (1 << 16) || ip[1] > (1 << 16) ||
-            ip[3] > (1 << 16))
+        const auto a = params<Conv2dNormReluParams>(op);
+        if (!c.positive({a.f_in, a.c_in, a.f_out, a.c_out})) break;
+        if (a.f_in > (1 << 16) || a.c_in > (1 << 16) || a.c_out > (1 << 16)) {
+            c.fail("more than 65536 frequency rows or channels");
             break;
-        if (ip[2] != (ip[0] + 1) / 2) {
+        }
+        if (a.f_out != (a.f_in + 1) / 2) {
             c.fail("output frequency rows are not half the input's");
             break;
         }
-        if (ip[4] < 0 || ip[4] >= kRowCounts) {
+        if (a.src_count < 0 || a.src_count >= kRowCounts) {
             c.fail("input row count out of range");
             break;
         }
         // The output covers at least half the input's rows (stride 2), rounding up.
-        if ((int64_t)rows < ((int64_t)max_rows[ip[4]] + 1) / 2)
+        if ((int64_t)rows < ((int64_t)max_rows[a.src_count] + 1) / 2)
             c.fail("fewer output rows than the stride gives");
-        c.act(0, false, (int64_t)ip[0] * ip[1], max_rows[ip[4]], "input") &&
-            c.weight(1, (int64_t)ip[3] * ip[1] * 9, "conv weight") && c.weight(2, ip[3], "norm weight") &&
-            c.act(0, true, (int64_t)ip[2] * ip[3], rows, "output") &&
-            c.scratch(cpu::conv2d_scratch_floats(ip[2], ip[1], ip[3]), thread_floats);
+        c.act(0, false, (int64_t)a.f_in * a.c_in, max_rows[a.src_count], "input") &&
+            c.weight(1, (int64_t)a.c_out * a.c_in * 9, "conv weight") &&
+            c.weight(2, a.c_out, "norm weight") &&
+            c.act(0, true, (int64_t)a.f_out * a.c_out, rows, "output") &&
+            c.scratch(cpu::conv2d_scratch_floats(a.f_out, a.c_in, a.c_out), thread_floats);
         break;
     }
-    case OpCode::Silu:
-        c.positive({ip[0]}) && c.act(0, false, ip[0], rows, "input") && c.act(0, true, ip[0], rows, "output");
+    case OpCode::Silu: {
+        const int32_t cols = params<SiluParams>(op).cols;
+        c.positive({cols}) && c.act(0, false, cols, rows, "input") && c.act(0, true, cols, rows, "output");
         break;
+    }
     case OpCode::SigmoidMul:
-    case OpCode::AddScaled:
-        c.positive({ip[0]}) && c.act(0, false, ip[0], rows, "a") && c.act(1, false, ip[0], rows, "b") &&
-            c.act(0, true, ip[0], rows, "output");
+    case OpCode::AddScaled: {
+        const int32_t cols = (OpCode)op.code == OpCode::SigmoidMul ? params<SigmoidMulParams>(op).cols
+                                                                   : params<AddScaledParams>(op).cols;
+        c.positive({cols}) && c.act(0, false, cols, rows, "a") && c.act(1, false, cols, rows, "b") &&
+            c.act(0, true, cols, rows, "output");
         break;
-    case OpCode::CausalConv1d:
+    }
+    case OpCode::CausalConv1d: {
+        const auto a = params<CausalConv1dParams>(op);
         if (op.out[0] >= 0 && op.out[0] == op.in[0]) {
             c.fail("output aliases its input");
             break;
         }
-        c.positive({ip[0], ip[1]}) && ip[1] <= 4096 && c.act(0, false, ip[0], rows, "input") &&
-            c.weight(1, (int64_t)ip[0] * ip[1], "conv weight") && c.act(0, true, ip[0], rows, "output") &&
-            c.scratch(cpu::causal_conv1d_scratch_floats(ip[0], ip[1]), thread_floats);
+        if (c.positive({a.cols, a.k}) && a.k > 4096) c.fail("more than 4096 taps");
+        c.err.empty() && c.act(0, false, a.cols, rows, "input") &&
+            c.weight(1, (int64_t)a.cols * a.k, "conv weight") && c.act(0, true, a.cols, rows, "output") &&
+            c.scratch(cpu::causal_conv1d_scratch_floats(a.cols, a.k), thread_floats);
         break;
+    }
     case OpCode::LocalAttention: {
-        if (!c.positive({ip[0], ip[1], ip[2], ip[3]}) || ip[0] > 4096 || ip[1] > 4096 || ip[2] > 4096) break;
-        const int64_t width = (int64_t)ip[0] * ip[1];
-        if (!(op.fp[0] > 0)) {
+        const auto a = params<LocalAttentionParams>(op);
+        if (!c.positive({a.heads, a.dim, a.window, a.n_rel})) break;
+        if (a.heads > 4096 || a.dim > 4096 || a.window > 4096) {
+            c.fail("heads, dim or window out of range");
+            break;
+        }
+        const int64_t width = (int64_t)a.heads * a.dim;
+        if (!(a.cap > 0)) {
             c.fail("logit cap must be > 0");
             break;
         }
         c.act(0, false, width, rows, "q") && c.act(1, false, width, rows, "k") &&
-            c.act(2, false, width, rows, "v") && c.act(3, false, width, ip[3], "relative keys") &&
+            c.act(2, false, width, rows, "v") && c.act(3, false, width, a.n_rel, "relative keys") &&
             c.act(0, true, width, rows, "output") &&
-            c.scratch(cpu::local_attention_scratch_floats(ip[2]), thread_floats);
+            c.scratch(cpu::local_attention_scratch_floats(a.window), thread_floats);
         break;
     }
-    case OpCode::SoftplusScale:
-        if (!c.positive({ip[0], ip[1]})) break;
-        if (ip[0] % ip[1] != 0) {
+    case OpCode::SoftplusScale: {
+        const auto a = params<SoftplusScaleParams>(op);
+        if (!c.positive({a.cols, a.dim})) break;
+        if (a.cols % a.dim != 0) {
             c.fail("columns are not a multiple of the scale's length");
             break;
         }
-        c.act(0, false, ip[0], rows, "input") && c.weight(1, ip[1], "scale") &&
-            c.act(0, true, ip[0], rows, "output") &&
-            c.scratch(cpu::softplus_scale_scratch_floats(ip[1]), thread_floats);
+        c.act(0, false, a.cols, rows, "input") && c.weight(1, a.dim, "scale") &&
+            c.act(0, true, a.cols, rows, "output") &&
+            c.scratch(cpu::softplus_scale_scratch_floats(a.dim), thread_floats);
         break;
+    }
     default:
         c.fail("not an op over frame sequences");
     }

@@ -267,6 +267,16 @@ json towers_json(const MetaTowers& t) {
         json o             = {{"config", json::parse(a.config)}, {"max_samples", a.max_samples},
                               {"sample_rate", a.sample_rate},    {"audio_token_id", a.audio_token_id},
                               {"boa_token_id", a.boa_token_id},  {"eoa_token_id", a.eoa_token_id}};
+        if (!a.program.empty()) {
+            o["program"]      = a.program;
+            o["frame_length"] = a.frame_length;
+            o["hop_length"]   = a.hop_length;
+            o["fft_length"]   = a.fft_length;
+            o["mel_bins"]     = a.mel_bins;
+            o["min_hz"]       = a.min_hz;
+            o["max_hz"]       = a.max_hz;
+            o["mel_floor"]    = a.mel_floor;
+        }
         tower_common_json(o, a.device, a.gpu_bytes, a.weights);
         j["audio"] = o;
     }
@@ -330,6 +340,16 @@ MetaTowers read_towers(const json& j, uint16_t minor) {
         a.audio_token_id = jf::get<int32_t>(o, "audio_token_id");
         a.boa_token_id   = jf::get<int32_t>(o, "boa_token_id");
         a.eoa_token_id   = jf::get<int32_t>(o, "eoa_token_id");
+        if (o.contains("program")) {
+            a.program      = jf::get<std::string>(o, "program");
+            a.frame_length = jf::get<int32_t>(o, "frame_length");
+            a.hop_length   = jf::get<int32_t>(o, "hop_length");
+            a.fft_length   = jf::get<int32_t>(o, "fft_length");
+            a.mel_bins     = jf::get<int32_t>(o, "mel_bins");
+            a.min_hz       = jf::get<double>(o, "min_hz");
+            a.max_hz       = jf::get<double>(o, "max_hz");
+            a.mel_floor    = jf::get<double>(o, "mel_floor");
+        }
         read_tower_common(o, &a.device, &a.gpu_bytes, &a.weights);
         t.audio = a;
     }
@@ -520,8 +540,8 @@ std::vector<std::string> meta_keys() {
     t.vision         = MetaVision{};
     t.audio          = MetaAudio{};
     t.vision->config = t.audio->config = "{}";
-    t.vision->program                  = "x";
-    t.vision->video                    = MetaVideo{};
+    t.vision->program = t.audio->program = "x";
+    t.vision->video                      = MetaVideo{};
     t.vision->device = t.audio->device = "cuda:0";
     t.vision->weights = t.audio->weights = ByteRange{0, 1};
     m.towers                             = t;

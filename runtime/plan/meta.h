@@ -148,6 +148,11 @@ struct MetaAudio {
     int64_t max_samples    = 0;
     int32_t sample_rate    = 0;
     int32_t audio_token_id = -1, boa_token_id = -1, eoa_token_id = -1;
+    // The audio encoder program (PROGRAMS) and the log-mel front end that makes its input; program "" =
+    // absent (a plan whose audio tower is not an encoder program: the other fields are then not written).
+    std::string program;
+    int32_t frame_length = 0, hop_length = 0, fft_length = 0, mel_bins = 0;
+    double min_hz = 0, max_hz = 0, mel_floor = 0;
     std::string device;
     uint64_t gpu_bytes = 0;
     std::optional<ByteRange> weights;

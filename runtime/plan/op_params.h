@@ -219,11 +219,98 @@ template <> struct OpTable<PoolRowsParams> {
                                           float_param("weight", &PoolRowsParams::weight, 0)};
 };
 
+// Ops over frame sequences (20-26), in encoder programs as the encoder ops: rows are a row count of the run.
+struct Conv2dNormReluParams {
+    int32_t f_in = 0, c_in = 0;   // input frequency rows and channels: [rows, f_in * c_in]
+    int32_t f_out = 0, c_out = 0; // output: [rows, f_out * c_out], f_out = ceil(f_in / 2)
+    int32_t src_count = 0;        // the row count the input's rows are of
+    float eps         = 0;        // the LayerNorm's over channels
+};
+template <> struct OpTable<Conv2dNormReluParams> {
+    static constexpr OpCode code       = OpCode::Conv2dNormRelu;
+    static constexpr const char* inout = "in:x,w,norm";
+    static constexpr std::array fields = {int_param("f_in", &Conv2dNormReluParams::f_in, 0),
+                                          int_param("c_in", &Conv2dNormReluParams::c_in, 1),
+                                          int_param("f_out", &Conv2dNormReluParams::f_out, 2),
+                                          int_param("c_out", &Conv2dNormReluParams::c_out, 3),
+                                          int_param("src_count", &Conv2dNormReluParams::src_count, 4),
+                                          float_param("eps", &Conv2dNormReluParams::eps, 0)};
+};
+
+struct SiluParams {
+    int32_t cols = 0;
+};
+template <> struct OpTable<SiluParams> {
+    static constexpr OpCode code       = OpCode::Silu;
+    static constexpr const char* inout = "in:x";
+    static constexpr std::array fields = {int_param("cols", &SiluParams::cols, 0)};
+};
+
+struct SigmoidMulParams {
+    int32_t cols = 0;
+};
+template <> struct OpTable<SigmoidMulParams> {
+    static constexpr OpCode code       = OpCode::SigmoidMul;
+    static constexpr const char* inout = "in:a,b";
+    static constexpr std::array fields = {int_param("cols", &SigmoidMulParams::cols, 0)};
+};
+
+struct CausalConv1dParams {
+    int32_t cols = 0, k = 0; // channels, kernel taps
+};
+template <> struct OpTable<CausalConv1dParams> {
+    static constexpr OpCode code       = OpCode::CausalConv1d;
+    static constexpr const char* inout = "in:x,w";
+    static constexpr std::array fields = {int_param("cols", &CausalConv1dParams::cols, 0),
+                                          int_param("k", &CausalConv1dParams::k, 1)};
+};
+
+struct LocalAttentionParams {
+    int32_t heads = 0, dim = 0;
+    int32_t window = 0; // keys a query sees (itself and the window - 1 before it)
+    int32_t n_rel  = 0; // rows of the relative-position keys
+    float cap      = 0; // logit soft cap
+};
+template <> struct OpTable<LocalAttentionParams> {
+    static constexpr OpCode code       = OpCode::LocalAttention;
+    static constexpr const char* inout = "in:q,k,v,rel";
+    static constexpr std::array fields = {int_param("heads", &LocalAttentionParams::heads, 0),
+                                          int_param("dim", &LocalAttentionParams::dim, 1),
+                                          int_param("window", &LocalAttentionParams::window, 2),
+                                          int_param("n_rel", &LocalAttentionParams::n_rel, 3),
+                                          float_param("cap", &LocalAttentionParams::cap, 0)};
+};
+
+struct SoftplusScaleParams {
+    int32_t cols = 0, dim = 0; // the scale's length (cols a multiple of it)
+    float scale = 1.0f;
+};
+template <> struct OpTable<SoftplusScaleParams> {
+    static constexpr OpCode code       = OpCode::SoftplusScale;
+    static constexpr const char* inout = "in:x,w";
+    static constexpr std::array fields = {int_param("cols", &SoftplusScaleParams::cols, 0),
+                                          int_param("dim", &SoftplusScaleParams::dim, 1),
+                                          float_param("scale", &SoftplusScaleParams::scale, 0)};
+};
+
+struct AddScaledParams {
+    int32_t cols = 0;
+    float scale  = 1.0f; // y = a + scale * b
+};
+template <> struct OpTable<AddScaledParams> {
+    static constexpr OpCode code       = OpCode::AddScaled;
+    static constexpr const char* inout = "in:a,b";
+    static constexpr std::array fields = {int_param("cols", &AddScaledParams::cols, 0),
+                                          float_param("scale", &AddScaledParams::scale, 0)};
+};
+
 // Every op's parameter struct, in op-code order (the schema hash and docs walk it).
 using AllOpParams =
     std::tuple<EmbedParams, MatmulParams, RmsNormParams, AddParams, ScaleParams, RopeParams, KvStoreParams,
                AttentionParams, GeluMulParams, SoftcapParams, CopyParams, ClampParams, AddPosition2DParams,
-               Rope2DParams, SelfAttentionParams, PoolRowsParams>;
+               Rope2DParams, SelfAttentionParams, PoolRowsParams, Conv2dNormReluParams, SiluParams,
+               SigmoidMulParams, CausalConv1dParams, LocalAttentionParams, SoftplusScaleParams,
+               AddScaledParams>;
 
 // The row of docs/plan-format.md's op table for P: "| `attention` (8) | in:q,kc,vc | `heads` ip0, ... |".
 std::string op_doc_row(const char* op_name_text, int code, const char* inout, const std::string& fields);

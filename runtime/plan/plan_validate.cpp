@@ -2,6 +2,7 @@
 // shapes, dtypes and parameters against the tensor table, as the CPU executor and the CUDA backend read
 // them; and the tensors' placement in the arenas (inputs overlap nothing, KV caches overlap each other
 // nowhere). Run once by Plan::load, before any session exists.
+#include "runtime/plan/check_sequence_ops.h"
 #include "runtime/plan/op_params.h"
 #include "runtime/plan/plan_reader.h"
 
@@ -70,11 +71,14 @@ struct Checker {
                         std::to_string(rows));
         return true;
     }
-    // An op's input view: an activation, or an encoder program's f32 input (read, never written).
+    // An op's input view: an activation, or an encoder program's f32 input or 2-D f32 weight (a table the
+    // compiler computed: read, never written).
     bool src_view(int32_t idx, int32_t col, int64_t cols, int64_t rows, const char* what) {
-        if (idx >= 0 && p.tensor(idx).kind == (uint8_t)TensorKind::Input) {
+        const bool fixed = idx >= 0 && (p.tensor(idx).kind == (uint8_t)TensorKind::Input ||
+                                        p.tensor(idx).kind == (uint8_t)TensorKind::Weight);
+        if (fixed) {
             if (p.tensor(idx).dtype != (uint8_t)DType::F32 || p.tensor(idx).ndim != 2)
-                return fail(std::string(what) + " " + tname(idx) + " is not an f32 input");
+                return fail(std::string(what) + " " + tname(idx) + " is not a 2-D f32 input or weight");
             if (!cols_ok(idx, col, cols, what)) return false;
             if (p.tensor(idx).dims[0] < rows)
                 return fail(std::string(what) + " " + tname(idx) + " has too few rows");
@@ -134,8 +138,9 @@ void check_op_program(Checker& c, const PlanProgram& g, bool text, int64_t* rin,
             if (t >= 0 && ((uint32_t)t < g.tensor_begin || (uint32_t)t >= g.tensor_end))
                 c.fail("tensor " + std::to_string(t) + " belongs to another program");
     }
-    const bool encoder_op = op.code >= (uint16_t)OpCode::Clamp && op.code <= (uint16_t)OpCode::PoolRows;
-    const bool text_op    = op.code == (uint16_t)OpCode::Embed || op.code == (uint16_t)OpCode::KvStore ||
+    const bool encoder_op = (op.code >= (uint16_t)OpCode::Clamp && op.code <= (uint16_t)OpCode::PoolRows) ||
+                            is_sequence_op(op.code);
+    const bool text_op = op.code == (uint16_t)OpCode::Embed || op.code == (uint16_t)OpCode::KvStore ||
                          op.code == (uint16_t)OpCode::Attention || op.code == (uint16_t)OpCode::Copy ||
                          op.code == (uint16_t)OpCode::Rope || op.code == (uint16_t)OpCode::Softcap;
     if (text ? encoder_op : text_op)
@@ -221,6 +226,10 @@ void check_op(Checker& c, const ProgramInfo& in, const PlanProgram& g, bool text
     int64_t rout     = rm == RowMode::All ? in.max_rows : in.logits_rows;     // and outputs
     check_op_program(c, g, text, &rin, &rout);
     if (!c.err.empty()) return;
+    if (is_sequence_op(op.code)) {
+        c.fail(check_sequence_op(p, op, rout, g.max_rows, g.thread_floats));
+        return;
+    }
     if (op.code >= (uint16_t)OpCode::Clamp) return check_encoder_op(c, g, rin, rout);
     switch ((OpCode)op.code) {
     case OpCode::Embed:

@@ -181,6 +181,8 @@ g4_status g4_engine_open(const char* path, const g4_engine_params* params, g4_en
             g4::rt::media_block({.thread_floats = in.tower_thread_floats, .threads = threads}).total();
     if (!in.vision_gpu) // the vision program's arena (encoder_bind), when the CPU runs it
         e->session_bytes += g4::rt::encoder_arena_bytes(e->plan, e->plan.find_program("vision"));
+    if (!in.audio_gpu) // likewise the audio program's
+        e->session_bytes += g4::rt::encoder_arena_bytes(e->plan, e->plan.find_program("audio"));
     e->load_ms = std::chrono::duration<double, std::milli>(g4_clock::now() - t_open).count();
     handle_add(e);
     *out_engine = e;

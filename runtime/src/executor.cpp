@@ -3,6 +3,7 @@
 // logits are wanted.
 #include "runtime/src/executor.h"
 #include "runtime/plan/op_params.h"
+#include "runtime/src/sequence_exec.h"
 
 #include <cstring>
 
@@ -290,6 +291,7 @@ g4_status run_program(g4_session* s, size_t prog, const cpu::Context& ctx, const
             break;
         }
         default:
+            if (run_sequence_op(b, ctx, n, counts)) break;
             *err = "internal: op not supported in an encoder program";
             return G4_ERR_INTERNAL;
         }

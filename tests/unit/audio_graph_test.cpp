@@ -5,6 +5,7 @@
 #include "compiler/safetensors.h"
 #include "kernels/ref/ref.h"
 #include "models/gemma4/audio_graph.h"
+#include "runtime/plan/op_params.h"
 #include "test_util.h"
 
 #include <cmath>
@@ -108,32 +109,41 @@ struct Interpreter {
                     for (int32_t i = 0; i < op.ip[0]; ++i)
                         y[r * ly + i] = std::min(std::max(x[r * lx + i], op.fp[0]), op.fp[1]);
                 break;
-            case OpCode::Conv2dNormRelu:
-                ref::conv2d_norm_relu({x, counts[op.ip[4]], op.ip[0], op.ip[1], at(op.in[1], 0), DType::F32,
-                                       at(op.in[2], 0), DType::F32, op.fp[0], y, n, op.ip[2], op.ip[3]});
+            case OpCode::Conv2dNormRelu: {
+                const auto c = plan::params<plan::Conv2dNormReluParams>(op);
+                ref::conv2d_norm_relu({x, counts[c.src_count], c.f_in, c.c_in, at(op.in[1], 0), DType::F32,
+                                       at(op.in[2], 0), DType::F32, c.eps, y, n, c.f_out, c.c_out});
                 break;
+            }
             case OpCode::Silu:
-                ref::silu({x, lx, y, ly, n, op.ip[0]});
+                ref::silu({x, lx, y, ly, n, plan::params<plan::SiluParams>(op).cols});
                 break;
             case OpCode::SigmoidMul:
-                ref::sigmoid_mul({x, lx, at(op.in[1], op.in_col[1]), ld(op.in[1]), y, ly, n, op.ip[0]});
+                ref::sigmoid_mul({x, lx, at(op.in[1], op.in_col[1]), ld(op.in[1]), y, ly, n,
+                                  plan::params<plan::SigmoidMulParams>(op).cols});
                 break;
-            case OpCode::CausalConv1d:
-                ref::causal_conv1d({x, lx, at(op.in[1], 0), DType::F32, y, ly, n, op.ip[0], op.ip[1]});
+            case OpCode::CausalConv1d: {
+                const auto c = plan::params<plan::CausalConv1dParams>(op);
+                ref::causal_conv1d({x, lx, at(op.in[1], 0), DType::F32, y, ly, n, c.cols, c.k});
                 break;
-            case OpCode::LocalAttention:
+            }
+            case OpCode::LocalAttention: {
+                const auto a = plan::params<plan::LocalAttentionParams>(op);
                 ref::local_attention({x, lx, at(op.in[1], 0), ld(op.in[1]), at(op.in[2], 0), ld(op.in[2]),
-                                      at(op.in[3], 0), ld(op.in[3]), y, ly, n, op.ip[0], op.ip[1], op.ip[2],
-                                      op.ip[3], op.fp[0]});
+                                      at(op.in[3], 0), ld(op.in[3]), y, ly, n, a.heads, a.dim, a.window,
+                                      a.n_rel, a.cap});
                 break;
-            case OpCode::SoftplusScale:
-                ref::softplus_scale(
-                    {x, lx, y, ly, n, op.ip[0], op.ip[1], at(op.in[1], 0), DType::F32, op.fp[0]});
+            }
+            case OpCode::SoftplusScale: {
+                const auto a = plan::params<plan::SoftplusScaleParams>(op);
+                ref::softplus_scale({x, lx, y, ly, n, a.cols, a.dim, at(op.in[1], 0), DType::F32, a.scale});
                 break;
-            case OpCode::AddScaled:
-                ref::add_scaled(
-                    {x, lx, at(op.in[1], op.in_col[1]), ld(op.in[1]), y, ly, n, op.ip[0], op.fp[0]});
+            }
+            case OpCode::AddScaled: {
+                const auto a = plan::params<plan::AddScaledParams>(op);
+                ref::add_scaled({x, lx, at(op.in[1], op.in_col[1]), ld(op.in[1]), y, ly, n, a.cols, a.scale});
                 break;
+            }
             default:
                 ADD_FAILURE() << "op " << op_name((OpCode)op.code) << " not expected in the audio program";
             }
@@ -203,4 +213,23 @@ TEST(AudioGraph, ProgramOnTheReferenceKernelsMatchesHf) {
                     got.size() / hp.text_hidden_size, e);
         EXPECT_LT(e, 1e-5);
     }
+}
+
+// The released models' front-end shapes (128 mel bins, SSCP channels [128, 32]) with a small random
+// conformer: the program on HF's features of clip0 gives HF's soft tokens.
+TEST(AudioGraph, ReleasedFrontEndShapesMatchHf) {
+    const json m            = meta();
+    const json& c           = m["mid"];
+    gemma4::AudioHParams hp = hparams(dir() + "/mid/config.json");
+    ASSERT_EQ(hp.mel_bins, 128);
+    Interpreter in(dir() + "/mid", hp);
+    auto feat = g4test::read_f32(dir() + "/" + c["features"].get<std::string>());
+    auto want = g4test::read_f32(dir() + "/" + c["tower"].get<std::string>());
+    ASSERT_EQ(feat.size(), c["n_frames"].get<size_t>() * 128);
+    auto got = in.run(feat, c["n_valid_frames"].get<int>());
+    ASSERT_EQ(got.size(), want.size());
+    ASSERT_EQ(got.size(), c["n_soft"].get<size_t>() * hp.text_hidden_size);
+    const double e = g4test::rel_l2(got.data(), want.data(), want.size());
+    std::printf("mid: %zu soft tokens, rel L2 vs HF %.3g\n", got.size() / hp.text_hidden_size, e);
+    EXPECT_LT(e, 1e-5);
 }

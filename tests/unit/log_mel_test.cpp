@@ -64,6 +64,28 @@ TEST(LogMel, FeaturesMatchHf) {
     }
 }
 
+// The released models' 128 mel bins on clip0.
+TEST(LogMel, ReleasedMelBinsMatchHf) {
+    const std::string dir = g4test::fixture("towers/audio");
+    const json m          = json::parse(g4test::read_file(dir + "/audio.json"));
+    const json& c         = m["mid"];
+    media::LogMel lm;
+    ASSERT_EQ(lm.init(params(128)), "");
+    cpu::ThreadPool pool(2);
+    std::vector<float> scratch(lm.thread_floats() * pool.size() + 16);
+    cpu::Context ctx{&pool, scratch.data(), lm.thread_floats()};
+    auto pcm     = g4test::read_f32(dir + "/" + c["clip"].get<std::string>() + ".pcm.f32");
+    auto ref     = g4test::read_f32(dir + "/" + c["features"].get<std::string>());
+    const int nv = c["n_valid_frames"];
+    ASSERT_EQ(lm.valid_frames((int64_t)pcm.size()), nv);
+    ASSERT_GE(ref.size(), (size_t)nv * 128);
+    std::vector<float> feat((size_t)nv * 128, NAN);
+    lm.compute(ctx, pcm.data(), (int64_t)pcm.size(), feat.data());
+    const double e = g4test::rel_l2(feat.data(), ref.data(), feat.size());
+    std::printf("mid: %d frames x 128 mel, rel L2 %.3g\n", nv, e);
+    EXPECT_LT(e, 2e-6);
+}
+
 TEST(LogMel, InconsistentParametersAreRefused) {
     media::LogMel lm;
     media::LogMelParams p = params(128);

@@ -60,7 +60,23 @@ Meta full_meta() {
         R"({"hidden_size":32})", 16, 64, 4096, 5, 6, 7, 8, "vision", 16, 3, 10, 0.5f, 0.25f, "cuda:1", 99,
         ByteRange{30, 40}};
     t.vision->video = MetaVideo{16, 60.5, 1000, 2048, 1 << 20};
-    t.audio         = MetaAudio{R"({"hidden_size":16})", 16000, 16000, 9, 10, 11, "", 0, ByteRange{40, 50}};
+    t.audio         = MetaAudio{R"({"hidden_size":16})",
+                        16000,
+                        16000,
+                        9,
+                        10,
+                        11,
+                        "audio",
+                        320,
+                        160,
+                        512,
+                        128,
+                        0.0,
+                        8000.0,
+                        1e-3,
+                        "",
+                        0,
+                        ByteRange{40, 50}};
     m.towers        = t;
     return m;
 }
@@ -77,6 +93,9 @@ TEST(PlanMeta, WriteReadWriteIsTheSameText) {
     EXPECT_EQ(back.towers->vision->video->max_seconds, 60.5);
     EXPECT_EQ(back.towers->vision->video->max_file_bytes, 1 << 20);
     EXPECT_TRUE(back.towers->audio->device.empty());
+    EXPECT_EQ(back.towers->audio->program, "audio");
+    EXPECT_EQ(back.towers->audio->fft_length, 512);
+    EXPECT_EQ(back.towers->audio->mel_floor, 1e-3);
     EXPECT_EQ(back.memory.at(1).total(), 3u);
 }
 

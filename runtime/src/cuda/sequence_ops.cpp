@@ -2,6 +2,8 @@
 // beside each kernel in kernels/cuda/sequence_ops.cu.
 #include "runtime/src/cuda/sequence_ops.h"
 
+#include "runtime/plan/op_params.h"
+
 #include <initializer_list>
 
 namespace g4::cuda_rt {
@@ -119,37 +121,48 @@ bool launch_sequence_op(const cu::Driver& d, const SequenceKernels& k, cu::CUstr
     const float* x         = (const float*)b.in[0];
     float* y               = (float*)b.out[0];
     switch ((OpCode)op.code) {
-    case OpCode::Conv2dNormRelu:
-        *r = launch_conv2d_norm_relu(d, k, s,
-                                     {x, counts[op.ip[4]], op.ip[0], op.ip[1], b.in[1], b.in_dt[1], b.in[2],
-                                      b.in_dt[2], op.fp[0], y, n, op.ip[2], op.ip[3]});
+    case OpCode::Conv2dNormRelu: {
+        const auto c = plan::params<plan::Conv2dNormReluParams>(op);
+        *r           = launch_conv2d_norm_relu(d, k, s,
+                                               {x, counts[c.src_count], c.f_in, c.c_in, b.in[1], b.in_dt[1], b.in[2],
+                                                b.in_dt[2], c.eps, y, n, c.f_out, c.c_out});
         return true;
+    }
     case OpCode::Silu:
-        *r = launch_silu(d, k, s, {x, b.in_ld[0], y, b.out_ld[0], n, op.ip[0]});
+        *r =
+            launch_silu(d, k, s, {x, b.in_ld[0], y, b.out_ld[0], n, plan::params<plan::SiluParams>(op).cols});
         return true;
     case OpCode::SigmoidMul:
-        *r = launch_sigmoid_mul(
-            d, k, s, {x, b.in_ld[0], (const float*)b.in[1], b.in_ld[1], y, b.out_ld[0], n, op.ip[0]});
+        *r = launch_sigmoid_mul(d, k, s,
+                                {x, b.in_ld[0], (const float*)b.in[1], b.in_ld[1], y, b.out_ld[0], n,
+                                 plan::params<plan::SigmoidMulParams>(op).cols});
         return true;
-    case OpCode::CausalConv1d:
-        *r = launch_causal_conv1d(
-            d, k, s, {x, b.in_ld[0], b.in[1], b.in_dt[1], y, b.out_ld[0], n, op.ip[0], op.ip[1]});
+    case OpCode::CausalConv1d: {
+        const auto c = plan::params<plan::CausalConv1dParams>(op);
+        *r           = launch_causal_conv1d(d, k, s,
+                                            {x, b.in_ld[0], b.in[1], b.in_dt[1], y, b.out_ld[0], n, c.cols, c.k});
         return true;
-    case OpCode::LocalAttention:
-        *r = launch_local_attention(d, k, s,
-                                    {x, b.in_ld[0], (const float*)b.in[1], b.in_ld[1], (const float*)b.in[2],
-                                     b.in_ld[2], (const float*)b.in[3], b.in_ld[3], y, b.out_ld[0], n,
-                                     op.ip[0], op.ip[1], op.ip[2], op.ip[3], op.fp[0]});
+    }
+    case OpCode::LocalAttention: {
+        const auto a = plan::params<plan::LocalAttentionParams>(op);
+        *r           = launch_local_attention(d, k, s,
+                                              {x, b.in_ld[0], (const float*)b.in[1], b.in_ld[1], (const float*)b.in[2],
+                                               b.in_ld[2], (const float*)b.in[3], b.in_ld[3], y, b.out_ld[0], n,
+                                               a.heads, a.dim, a.window, a.n_rel, a.cap});
         return true;
-    case OpCode::SoftplusScale:
-        *r = launch_softplus_scale(
-            d, k, s, {x, b.in_ld[0], y, b.out_ld[0], n, op.ip[0], op.ip[1], b.in[1], b.in_dt[1], op.fp[0]});
+    }
+    case OpCode::SoftplusScale: {
+        const auto c = plan::params<plan::SoftplusScaleParams>(op);
+        *r           = launch_softplus_scale(
+                      d, k, s, {x, b.in_ld[0], y, b.out_ld[0], n, c.cols, c.dim, b.in[1], b.in_dt[1], c.scale});
         return true;
-    case OpCode::AddScaled:
-        *r = launch_add_scaled(
-            d, k, s,
-            {x, b.in_ld[0], (const float*)b.in[1], b.in_ld[1], y, b.out_ld[0], n, op.ip[0], op.fp[0]});
+    }
+    case OpCode::AddScaled: {
+        const auto a = plan::params<plan::AddScaledParams>(op);
+        *r           = launch_add_scaled(
+                      d, k, s, {x, b.in_ld[0], (const float*)b.in[1], b.in_ld[1], y, b.out_ld[0], n, a.cols, a.scale});
         return true;
+    }
     default:
         return false;
     }

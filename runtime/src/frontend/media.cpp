@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -79,6 +80,57 @@ bool media_is_placeholder(const g4_session* s, int32_t id) {
     return s->media && queue_of(s, id);
 }
 
+// The hand-written audio tower the plan's GPU runs (cuda_rt::audio_forward), bound to the plan's weights.
+static g4_status audio_gpu_create(g4_session* s, MediaState* m, const towers::Lookup& lookup, MediaSizing* z,
+                                  std::string* err) {
+    const auto& in = s->engine->plan.info();
+    towers::AudioHParams hp;
+    std::string e = towers::parse_audio_hparams(in.audio_config, in.hidden_size, &hp);
+    hp.precision  = in.tower_bf16 ? towers::Precision::BF16 : towers::Precision::F32;
+    m->audio_gpu  = std::make_unique<towers::AudioTower>();
+    if (e.empty()) e = m->audio_gpu->init(hp, lookup, in.max_audio_samples);
+    if (!e.empty()) {
+        *err = "the plan's audio tower: " + e + " (recompile the plan)";
+        return G4_ERR_PLAN_CORRUPT;
+    }
+    z->audio_scratch = m->audio_gpu->gpu_host_scratch_bytes();
+    z->max_soft      = std::max(z->max_soft, towers::audio_soft_tokens(hp, in.max_audio_samples));
+    return G4_OK;
+}
+
+// The plan's audio program on the CPU and the log-mel front end (META towers.audio) that fills its input.
+static g4_status audio_program_create(g4_session* s, MediaState* m, MediaSizing* z, std::string* err) {
+    const plan::Plan& p = s->engine->plan;
+    const auto& a       = p.meta().towers->audio;
+    if (!a || a->program.empty()) {
+        *err =
+            "the plan's audio tower is not an encoder program; this runtime runs only those (recompile the "
+            "plan)";
+        return G4_ERR_PLAN_VERSION;
+    }
+    if (g4_status st = encoder_bind(s, a->program.c_str(), &m->audio_run, err); st != G4_OK) return st;
+    if (m->audio_run.program <= 0) {
+        *err = "the plan has no program '" + a->program + "' (META towers.audio.program; recompile the plan)";
+        return G4_ERR_PLAN_CORRUPT;
+    }
+    const media::LogMelParams lp{a->sample_rate, a->frame_length, a->hop_length, a->fft_length,
+                                 a->mel_bins,    a->min_hz,       a->max_hz,     a->mel_floor};
+    std::string e              = m->mel.init(lp);
+    const plan::PlanProgram& g = p.program(m->audio_run.program);
+    const plan::PlanTensor* x  = g.inputs[0] >= 0 ? &p.tensor(g.inputs[0]) : nullptr;
+    if (e.empty() &&
+        (!x || x->dtype != (uint8_t)DType::F32 || x->ndim != 2 || x->dims[1] != a->mel_bins ||
+         x->dims[0] < g.max_rows[0] || g.outputs[0] < 0 ||
+         p.tensor(g.outputs[0]).dims[1] != s->engine->plan.info().hidden_size || g.max_rows[0] < 1))
+        e = "the audio program's input is not f32 [frames, mel_bins] or its output not [tokens, hidden]";
+    if (!e.empty()) {
+        *err = "the plan's audio tower: " + e + " (recompile the plan)";
+        return G4_ERR_PLAN_CORRUPT;
+    }
+    z->max_soft = std::max(z->max_soft, g.max_rows[2]);
+    return G4_OK;
+}
+
 g4_status media_create(g4_session* s, std::string* err) {
     const plan::Plan& p = s->engine->plan;
     const auto& in      = p.info();
@@ -87,8 +139,11 @@ g4_status media_create(g4_session* s, std::string* err) {
     m->H   = in.hidden_size;
     for (size_t i = 0; i < p.n_tensors(); ++i) {
         const plan::PlanTensor& t = p.tensor(i);
+        // Tower weights, and the compiler's constants (the hand-written GPU audio tower reads its output
+        // bias, an f32 constant of the audio program, by name).
         if (t.kind != (uint8_t)plan::TensorKind::Weight ||
-            (t.flags != plan::kRoleTower && t.flags != plan::kRoleTowerScalar))
+            (t.flags != plan::kRoleTower && t.flags != plan::kRoleTowerScalar &&
+             t.flags != (uint8_t)plan::WeightRole::Constant))
             continue;
         towers::Tensor w;
         w.data  = p.weight_data(t);
@@ -126,18 +181,12 @@ g4_status media_create(g4_session* s, std::string* err) {
         z.max_soft       = std::max(z.max_soft, in.image_tokens);
     }
     if (!in.audio_config.empty()) {
-        towers::AudioHParams hp;
-        std::string e = towers::parse_audio_hparams(in.audio_config, in.hidden_size, &hp);
-        hp.precision  = in.tower_bf16 ? towers::Precision::BF16 : towers::Precision::F32;
-        m->audio      = std::make_unique<towers::AudioTower>();
-        if (e.empty()) e = m->audio->init(hp, lookup, in.max_audio_samples);
-        if (!e.empty()) {
-            *err = "the plan's audio tower: " + e + " (recompile the plan)";
-            return G4_ERR_PLAN_CORRUPT;
+        m->audio = z.audio = true;
+        if (in.audio_gpu) {
+            if (g4_status st = audio_gpu_create(s, m.get(), lookup, &z, err); st != G4_OK) return st;
+        } else if (g4_status st = audio_program_create(s, m.get(), &z, err); st != G4_OK) {
+            return st;
         }
-        z.audio         = true;
-        z.audio_scratch = in.audio_gpu ? m->audio->gpu_host_scratch_bytes() : m->audio->scratch_bytes();
-        z.max_soft      = std::max(z.max_soft, towers::audio_soft_tokens(hp, in.max_audio_samples));
     }
     m->max_soft  = z.max_soft;
     m->pre_bytes = z.resize_scratch;
@@ -157,7 +206,9 @@ g4_status media_create(g4_session* s, std::string* err) {
     z.hidden     = in.hidden_size;
     z.max_rows   = in.max_rows;
     z.thread_floats =
-        std::max<uint64_t>(in.tower_thread_floats, encoder_thread_floats(s, in.vision_program.c_str()));
+        std::max<uint64_t>({in.tower_thread_floats, encoder_thread_floats(s, in.vision_program.c_str()),
+                            m->audio_run.program > 0 ? encoder_thread_floats(s, "audio") : 0,
+                            m->audio_run.program > 0 ? m->mel.thread_floats() : 0});
     z.threads          = pool->size();
     const MediaBlock b = media_block(z);
     const size_t total = b.total();
@@ -307,11 +358,44 @@ g4_status media_add_video_frame(g4_session* s, const uint8_t* rgb, int32_t width
                       &MediaState::video_q, "video frame", n_tokens, err);
 }
 
+// The audio program over one clip (checked by the caller for length): its soft tokens into s->media->soft.
+static g4_status audio_program_run(g4_session* s, const float* samples, int64_t n_samples, int* n_soft,
+                                   std::string* err) {
+    MediaState* m                 = s->media.get();
+    const plan::PlanProgram& g    = s->engine->plan.program(m->audio_run.program);
+    const media::LogMelParams& lp = m->mel.params();
+    const int64_t frames          = std::min<int64_t>(m->mel.valid_frames(n_samples), g.max_rows[0]);
+    if (frames < 1) {
+        *err = "audio tower: the clip's " + std::to_string(n_samples) +
+               " samples are shorter than one analysis frame (" +
+               std::to_string(lp.frame_length + 1 - lp.frame_length / 2) + " samples at " +
+               std::to_string(lp.sample_rate) + " Hz): it gives no audio tokens";
+        return G4_ERR_INVALID_ARGUMENT;
+    }
+    for (int64_t i = 0; i < n_samples; ++i)
+        if (!std::isfinite(samples[i])) {
+            *err = "audio tower: sample " + std::to_string(i) + " of the clip is not a finite number";
+            return G4_ERR_INVALID_ARGUMENT;
+        }
+    // Samples past the last frame the program takes are not read (the frames' windows end before them).
+    const int64_t first = lp.frame_length + 1 - lp.frame_length / 2;
+    const int64_t used  = std::min(n_samples, first + (frames - 1) * lp.hop_length + lp.hop_length - 1);
+    m->mel.compute(m->ctx, samples, used, (float*)encoder_input(s, m->audio_run, 0));
+    const int32_t f0 = (int32_t)frames, f1 = (f0 + 1) / 2, f2 = (f1 + 1) / 2;
+    const int32_t counts[plan::kMaxRowCounts] = {f0, f1, f2, g.max_rows[3]};
+    const int32_t in_rows[4] = {f0, 0, 0, 0}, out_rows[2] = {f2, 0};
+    if (g4_status st = encoder_run(s, m->audio_run, m->ctx, counts, in_rows, out_rows, err); st != G4_OK)
+        return st;
+    std::memcpy(m->soft, encoder_output(s, m->audio_run, 0), sizeof(float) * (size_t)f2 * m->H);
+    *n_soft = f2;
+    return G4_OK;
+}
+
 g4_status media_add_audio(g4_session* s, const float* samples, int64_t n_samples, int32_t* n_tokens,
                           std::string* err) {
     MediaState* m = s->media.get();
     if (!m || !m->audio) {
-        *err = "the plan has no audio tower (compile it from a Gemma 4 checkpoint with audio_config, without "
+        *err = "the plan has no audio tower (compile it from a checkpoint with audio_config, without "
                "--no-audio)";
         return G4_ERR_UNSUPPORTED;
     }
@@ -330,18 +414,14 @@ g4_status media_add_audio(g4_session* s, const float* samples, int64_t n_samples
     int n = 0;
     std::string e;
     if (in.audio_gpu) {
-        g4_status st = cuda_rt::audio_forward(s, *m->audio, m->ctx, samples, n_samples,
+        g4_status st = cuda_rt::audio_forward(s, *m->audio_gpu, m->ctx, samples, n_samples,
                                               (float*)m->audio_scratch, m->soft, &n, &e);
         if (st != G4_OK) {
             *err = "audio tower: " + e;
             return st;
         }
-    } else {
-        e = m->audio->forward(m->ctx, samples, n_samples, m->audio_scratch, m->soft, &n);
-        if (!e.empty()) {
-            *err = "audio tower: " + e;
-            return G4_ERR_INVALID_ARGUMENT;
-        }
+    } else if (g4_status st = audio_program_run(s, samples, n_samples, &n, err); st != G4_OK) {
+        return st;
     }
     g4_status st = enqueue(s, m->audio_q, n, "audio clip", err);
     if (st == G4_OK && n_tokens) *n_tokens = n;

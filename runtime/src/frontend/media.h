@@ -5,6 +5,7 @@
 #include "g4/g4.h"
 #include "kernels/cpu/cpu.h"
 #include "runtime/src/encoder_program.h"
+#include "runtime/src/log_mel.h"
 #include "runtime/src/towers/audio.h"
 
 #include <map>
@@ -30,8 +31,11 @@ struct MediaState {
     int32_t H = 0;
     std::map<std::string, towers::Tensor> weights; // the plan's tower weights by name (relative to "model.")
     bool vision = false;                           // the plan has a vision tower (its encoder program)
-    std::unique_ptr<towers::AudioTower> audio;
-    EncoderRun vision_run;                     // the plan's vision program, on the CPU or the plan's GPU
+    bool audio  = false;                           // the plan has an audio tower
+    std::unique_ptr<towers::AudioTower> audio_gpu; // the hand-written tower, when the plan's GPU runs audio
+    EncoderRun vision_run;                         // the plan's vision program, on the CPU or the plan's GPU
+    EncoderRun audio_run; // the plan's "audio" program on the CPU (bound unless the GPU tower runs audio)
+    media::LogMel mel;    // the audio program's input features (META towers.audio)
     std::unique_ptr<cpu::ThreadPool> own_pool; // CUDA sessions (whose pool is one thread)
     cpu::Context ctx;                          // the towers' pool and per-thread scratch
     void* block          = nullptr;            // one allocation behind every buffer below (media_block)
@@ -101,7 +105,10 @@ g4_status media_vision_patches(g4_session* s, const float* patches, const int32_
 // queues its soft tokens for the video placeholders.
 g4_status media_add_video_frame(g4_session* s, const uint8_t* rgb, int32_t width, int32_t height,
                                 int32_t* n_tokens, std::string* err);
-// Runs the audio tower over mono samples at the plan's sample rate and queues its soft tokens.
+// Runs the audio tower over mono samples at the plan's sample rate and queues its soft tokens: on the CPU the
+// log-mel features of the clip's valid frames (at most the program's frame bound: longer clips are cut there)
+// into the audio program's input, then the program over the frames, the frames after each stride-2 conv and
+// the fixed relative positions.
 g4_status media_add_audio(g4_session* s, const float* samples, int64_t n, int32_t* n_tokens,
                           std::string* err);
 // Checks that ids[0..n) hold no more placeholders than are queued (placeholder ids may lie past the

@@ -1,17 +1,7 @@
-// Gemma 4 audio tower on the CPU (see audio.h). Only the valid frames of the clip are computed: HF's
-// padding frames are zero going into the SSCP convs (the frame mask multiplies them), are masked out as
-// attention keys and come after every valid frame of the causal depthwise conv, so they never reach a
-// valid output row.
+// The hand-written audio tower's weights, features and GPU buffer layout (see audio.h), for the GPU audio
+// tower (runtime/src/cuda/audio.cpp).
 #include "runtime/src/towers/audio.h"
 
-#if defined(__GNUC__) && !defined(__clang__)
-// GCC 12 flags its own AVX-512 intrinsic headers (_mm512_undefined_* self-initialisation) inlined by Eigen.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
-
-#include <Eigen/Core>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -30,65 +20,11 @@ constexpr int64_t kHfMaxSamples = 480000;       // HF feature extractor max_leng
 constexpr int kHfMaxTokens      = 750;          // HF processor audio_seq_length
 constexpr double kMelFloor      = 1e-3;
 
-using RowMat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-using MapRM  = Eigen::Map<RowMat>;
-using MapRMc = Eigen::Map<const RowMat>;
-
 size_t align16(size_t n) {
     return (n + 15) / 16 * 16;
 }
 int64_t ceil_half(int64_t n) {
     return (n + 1) / 2;
-}
-
-template <class F> void for_rows(const cpu::Context& c, int rows, int64_t cols, F&& f) {
-    if ((int64_t)rows * cols < (1 << 14) || c.pool->size() == 1 || rows == 1) {
-        for (int t = 0; t < rows; ++t)
-            f(t);
-        return;
-    }
-    c.pool->parallel_for(rows, [&](int64_t t, int) { f((int)t); });
-}
-
-float clampf(float x, float lo, float hi) {
-    return std::min(std::max(x, lo), hi);
-} // torch.clamp order
-
-// y = x * (mean(x'^2) + eps)^-1/2 * w, x' = x clamped to +-clip when clip > 0 (HF clamps before the norm).
-void rms(const cpu::Context& c, const float* x, int64_t ldx, float* y, int64_t ldy, int rows, int dim,
-         const Tensor* w, float eps, float clip) {
-    for_rows(c, rows, dim, [&](int t) {
-        const float* xr = x + (int64_t)t * ldx;
-        float* yr       = y + (int64_t)t * ldy;
-        double ss       = 0;
-        for (int i = 0; i < dim; ++i) {
-            float v = clip > 0 ? clampf(xr[i], -clip, clip) : xr[i];
-            ss += (double)v * v;
-        }
-        float r = std::pow((float)(ss / dim) + eps, -0.5f);
-        for (int i = 0; i < dim; ++i) {
-            float v = clip > 0 ? clampf(xr[i], -clip, clip) : xr[i];
-            yr[i]   = w ? v * r * tensor_at(*w, i) : v * r;
-        }
-    });
-}
-
-void matmul(const cpu::Context& c, Precision prec, const float* x, int64_t ldx, const Tensor* w, float* y,
-            int64_t ldy, int rows) {
-    MatmulArgs a{};
-    a.x    = x;
-    a.ldx  = ldx;
-    a.w    = w->data;
-    a.dt   = w->dtype;
-    a.n    = w->dims[0];
-    a.k    = w->dims[1];
-    a.y    = y;
-    a.ldy  = ldy;
-    a.rows = rows;
-    if (prec == Precision::BF16)
-        cpu::matmul_gemm_bf16(c, a);
-    else
-        cpu::matmul_gemm(c, a);
 }
 
 std::string shape_str(const int64_t* d, int n) {
@@ -238,7 +174,6 @@ int audio_soft_tokens(const AudioHParams& hp, int64_t n_samples) {
 std::string AudioTower::init(const AudioHParams& hp, const Lookup& lookup, int64_t max_samples) {
     ready_ = false;
     hp_    = hp;
-    lay_   = Layout{};
     layers_.clear();
     if (max_samples <= 0) return "audio tower: max_samples must be > 0";
     if (hp.sample_rate != 16000)
@@ -421,52 +356,23 @@ std::string AudioTower::init(const AudioHParams& hp, const Lookup& lookup, int64
         mel_hi_[m] = lo < hi ? hi : 0;
     }
 
-    // Scratch sized for the longest clip.
-    max_samples_     = max_samples;
-    max_frames_      = (int)valid_frames(max_samples);
-    const int64_t t1 = ceil_half(max_frames_);
-    max_t_           = (int)ceil_half(t1);
-    const size_t T   = (size_t)std::max(max_t_, 1);
-    size_t o         = 0;
-    auto take        = [&](size_t n) {
-        size_t at = o;
-        o += align16(n);
-        return at;
-    };
-    lay_.x = take(T * H);
-    lay_.u = o;
-    // front end
-    lay_.feat              = take((size_t)std::max(max_frames_, 1) * M);
-    lay_.l0                = take((size_t)std::max<int64_t>(t1, 1) * f1_ * C0);
-    lay_.l1                = take(T * f2_ * C1);
-    lay_.w0                = take((size_t)C0 * 9);
-    lay_.w1                = take((size_t)C1 * 9 * C0);
-    const size_t front_end = o;
-    // conformer (reuses the front end's memory)
-    o          = lay_.u;
-    lay_.n     = take(T * H);
-    lay_.big   = take(T * std::max(4 * H, P));
-    lay_.q     = take(T * H);
-    lay_.k     = take(T * H);
-    lay_.v     = take(T * H);
-    lay_.o     = take(T * H);
-    lay_.rel   = take((size_t)n_rel_ * H);
-    lay_.sp    = take((size_t)head_dim_);
-    lay_.proj  = lay_.big;
-    lay_.total = std::max(front_end, o);
-
-    const int64_t max_k = std::max<int64_t>({4 * (int64_t)H, (int64_t)f2_ * C1, P, H});
-    size_t need         = std::max(cpu::scratch_floats_per_thread(max_k, 0), cpu::gemm_scratch_floats());
-    if (hp.precision == Precision::BF16) need = std::max(need, cpu::gemm_bf16_scratch_floats());
+    // The GPU buffers, sized for the longest clip; the features' per-thread scratch.
+    max_samples_    = max_samples;
+    max_frames_     = (int)valid_frames(max_samples);
+    max_t_          = (int)ceil_half(ceil_half(max_frames_));
     feature_floats_ = align16((size_t)2 * (2 * kFft + kBins) + 16); // FFT in doubles
-    need            = std::max(need, feature_floats_);
-    need            = std::max(need, (size_t)f1_ * 9 * 1);                    // im2col, layer 0
-    need            = std::max(need, (size_t)f2_ * 9 * C0);                   // im2col, layer 1
-    need            = std::max(need, (size_t)hp.attention_context_left + 16); // attention logits
-    thread_floats_  = align16(need);
+    lay_out_gpu();
+    ready_ = true;
+    return "";
+}
 
-    size_t b   = 0;
-    auto bytes = [&](size_t n4) { // n4 four-byte values, 256-byte aligned (cuMemAlloc's alignment)
+void AudioTower::lay_out_gpu() {
+    const int64_t H = hp_.hidden_size, P = hp_.output_proj_dims, M = hp_.mel_bins;
+    const int64_t C0 = hp_.subsampling_conv_channels[0], C1 = hp_.subsampling_conv_channels[1];
+    const int64_t t1 = ceil_half(max_frames_);
+    const size_t T   = (size_t)std::max(max_t_, 1);
+    size_t b         = 0;
+    auto bytes       = [&](size_t n4) { // n4 four-byte values, 256-byte aligned (cuMemAlloc's alignment)
         size_t at = b;
         b += (n4 * 4 + 255) / 256 * 256;
         return at;
@@ -487,21 +393,12 @@ std::string AudioTower::init(const AudioHParams& hp, const Lookup& lookup, int64
     gpu_.v             = bytes(T * H);
     gpu_.o             = bytes(T * H);
     gpu_.rel           = bytes((size_t)n_rel_ * H);
-    gpu_.out           = bytes(T * hp.text_hidden_size);
+    gpu_.out           = bytes(T * hp_.text_hidden_size);
     gpu_.total         = std::max(front, b);
-    ready_             = true;
-    return "";
 }
 
 size_t AudioTower::gpu_host_scratch_bytes() const {
     return (size_t)std::max(max_frames_, 1) * hp_.mel_bins * sizeof(float);
-}
-
-size_t AudioTower::scratch_bytes() const {
-    return lay_.total * sizeof(float);
-}
-size_t AudioTower::thread_scratch_floats() const {
-    return thread_floats_;
 }
 
 // ---- feature extraction ----------------------------------------------------------------------------------
@@ -568,258 +465,4 @@ std::string AudioTower::features(const cpu::Context& ctx, const float* pcm, int6
     return "";
 }
 
-// ---- tower ---------------------------------------------------------------------------------------------
-
-// One SSCP layer: Conv2d 3x3 stride 2 pad 1 (no bias) over [time, freq] with channels last, LayerNorm over
-// channels (weight, no bias), ReLU. in [t_in_valid, f_in, c_in] (rows past t_in_valid are zero, as HF's mask
-// makes them); w [c_out, 9 * c_in] ordered (kh, kw, c_in); out [t_out, f_out, c_out].
-void AudioTower::conv_layer(const cpu::Context& ctx, const float* in, int t_in_valid, int f_in, int c_in,
-                            const float* w, const Tensor* norm, float* out, int t_out, int f_out,
-                            int c_out) const {
-    const float eps = hp_.rms_norm_eps;
-    ctx.pool->parallel_for(t_out, [&](int64_t t, int th) {
-        float* patch = ctx.thread_scratch(th); // [f_out, 9 * c_in]
-        const int kc = 9 * c_in;
-        for (int f = 0; f < f_out; ++f)
-            for (int i = 0; i < 3; ++i)
-                for (int j = 0; j < 3; ++j) {
-                    int64_t ti = 2 * t - 1 + i;
-                    int fi     = 2 * f - 1 + j;
-                    float* dst = patch + (size_t)f * kc + (i * 3 + j) * c_in;
-                    if (ti >= 0 && ti < t_in_valid && fi >= 0 && fi < f_in)
-                        std::memcpy(dst, in + ((size_t)ti * f_in + fi) * c_in, sizeof(float) * c_in);
-                    else
-                        std::memset(dst, 0, sizeof(float) * c_in);
-                }
-        MapRM Y(out + (size_t)t * f_out * c_out, f_out, c_out);
-        Y.noalias() = MapRMc(patch, f_out, kc) * MapRMc(w, c_out, kc).transpose();
-        for (int f = 0; f < f_out; ++f) {
-            float* y    = out + ((size_t)t * f_out + f) * c_out;
-            double mean = 0, var = 0;
-            for (int c = 0; c < c_out; ++c)
-                mean += y[c];
-            mean /= c_out;
-            for (int c = 0; c < c_out; ++c)
-                var += (y[c] - mean) * (y[c] - mean);
-            var /= c_out;
-            const float r = (float)(1.0 / std::sqrt(var + eps));
-            for (int c = 0; c < c_out; ++c)
-                y[c] = std::max(0.0f, ((y[c] - (float)mean) * r) * tensor_at(*norm, c));
-        }
-    });
-}
-
-// ClippableLinear: y = clamp(clamp(x, in_min, in_max) W^T, out_min, out_max). xin receives the clamped input
-// (it may be x itself when x is a temporary).
-void AudioTower::run_clip(const cpu::Context& ctx, const Clip& c, const float* x, int64_t ldx, int rows,
-                          float* xin, float* y, int64_t ldy) const {
-    const int64_t K = c.w->dims[1], N = c.w->dims[0];
-    if (c.clipped) {
-        for_rows(ctx, rows, K, [&](int t) {
-            const float* xr = x + (int64_t)t * ldx;
-            float* dr       = xin + (int64_t)t * K;
-            for (int64_t i = 0; i < K; ++i)
-                dr[i] = clampf(xr[i], c.in_min, c.in_max);
-        });
-        x = xin, ldx = K;
-    }
-    matmul(ctx, hp_.precision, x, ldx, c.w, y, ldy, rows);
-    if (c.clipped)
-        for_rows(ctx, rows, N, [&](int t) {
-            float* yr = y + (int64_t)t * ldy;
-            for (int64_t i = 0; i < N; ++i)
-                yr[i] = clampf(yr[i], c.out_min, c.out_max);
-        });
-}
-
-// x += residual_weight * RMS(clip(W2 silu(W1 RMS(clip(x); pre))); post)
-void AudioTower::feed_forward(const cpu::Context& ctx, const FeedForward& f, float* x, int T,
-                              float* sc) const {
-    const int H    = hp_.hidden_size;
-    const float gc = hp_.gradient_clipping;
-    float* n       = sc + lay_.n;   // [T, H]
-    float* big     = sc + lay_.big; // [T, 4H]
-    rms(ctx, x, H, n, H, T, H, f.pre, kDefaultNormEps, gc);
-    run_clip(ctx, f.w1, n, H, T, n, big, 4 * H);
-    for_rows(ctx, T, 4 * H, [&](int t) {
-        Eigen::Map<Eigen::ArrayXf> r(big + (int64_t)t * 4 * H, 4 * H);
-        r = r / (1.0f + (-r).exp()); // silu, vectorised
-    });
-    run_clip(ctx, f.w2, big, 4 * H, T, big, n, H);
-    rms(ctx, n, H, n, H, T, H, f.post, kDefaultNormEps, gc);
-    const float rw = hp_.residual_weight;
-    for_rows(ctx, T, H, [&](int t) {
-        float* xr       = x + (int64_t)t * H;
-        const float* nr = n + (int64_t)t * H;
-        for (int i = 0; i < H; ++i)
-            xr[i] = nr[i] * rw + xr[i];
-    });
-}
-
-// x = x + RMS(clip(post(ChunkedLocalAttention(RMS(clip(x); norm_pre_attn)))); norm_post_attn)
-void AudioTower::attention(const cpu::Context& ctx, const Layer& L, float* x, int T, float* sc) const {
-    const int H = hp_.hidden_size, D = head_dim_, NH = hp_.num_attention_heads;
-    const float gc = hp_.gradient_clipping, cap = hp_.attention_logit_cap;
-    float *n = sc + lay_.n, *q = sc + lay_.q, *k = sc + lay_.k, *v = sc + lay_.v, *o = sc + lay_.o,
-          *rel = sc + lay_.rel;
-    rms(ctx, x, H, n, H, T, H, L.norm_pre_attn, kDefaultNormEps, gc);
-    run_clip(ctx, L.q, n, H, T, o, q, H);
-    run_clip(ctx, L.k, n, H, T, o, k, H);
-    run_clip(ctx, L.v, n, H, T, o, v, H);
-    matmul(ctx, hp_.precision, pe_.data(), H, L.rel_k, rel, H, n_rel_); // [n_rel, H] relative keys
-
-    const float q_scale = (float)(std::pow((double)D, -0.5) / std::log(2.0));
-    const float k_scale = (float)(std::log1p(std::exp(1.0)) / std::log(2.0));
-    float* spd          = sc + lay_.sp; // [D] softplus(per_dim_scale)
-    for (int d = 0; d < D; ++d) {
-        double p = tensor_at(*L.per_dim_scale, d);
-        spd[d]   = (float)(p > 20.0 ? p : std::log1p(std::exp(p))); // torch softplus (threshold 20)
-    }
-    for_rows(ctx, T, H, [&](int t) {
-        float* qr = q + (int64_t)t * H;
-        float* kr = k + (int64_t)t * H;
-        for (int i = 0; i < H; ++i) {
-            qr[i] = qr[i] * q_scale * spd[i % D];
-            kr[i] = kr[i] * k_scale;
-        }
-    });
-
-    // Query t sees keys t-W+1 .. t (W = context_left - 1) that exist; the relative score of key j uses the
-    // relative-key row p = W - (t - j) (HF's blocked layout + Transformer-XL shift), rows >= n_rel score 0.
-    const int W = hp_.attention_context_left - 1;
-    ctx.pool->parallel_for((int64_t)T * NH, [&](int64_t idx, int th) {
-        const int t = (int)(idx / NH), h = (int)(idx % NH);
-        float* logit    = ctx.thread_scratch(th);
-        const int j0    = std::max(0, t - W + 1);
-        const int nk    = t - j0 + 1;
-        const float* qh = q + (int64_t)t * H + h * D;
-        float mx        = -std::numeric_limits<float>::infinity();
-        for (int j = j0; j <= t; ++j) {
-            const float* kh = k + (int64_t)j * H + h * D;
-            float ac = 0, bd = 0;
-            for (int d = 0; d < D; ++d)
-                ac += qh[d] * kh[d];
-            const int p = W - (t - j);
-            if (p < n_rel_) {
-                const float* rh = rel + (int64_t)p * H + h * D;
-                for (int d = 0; d < D; ++d)
-                    bd += qh[d] * rh[d];
-            }
-            float s       = std::tanh((ac + bd) / cap) * cap;
-            logit[j - j0] = s;
-            mx            = std::max(mx, s);
-        }
-        float sum = 0;
-        for (int i = 0; i < nk; ++i)
-            sum += (logit[i] = std::exp(logit[i] - mx));
-        float* oh = o + (int64_t)t * H + h * D;
-        for (int d = 0; d < D; ++d)
-            oh[d] = 0;
-        for (int j = j0; j <= t; ++j) {
-            const float w   = logit[j - j0] / sum;
-            const float* vh = v + (int64_t)j * H + h * D;
-            for (int d = 0; d < D; ++d)
-                oh[d] += w * vh[d];
-        }
-    });
-    run_clip(ctx, L.post, o, H, T, o, n, H);
-    rms(ctx, n, H, n, H, T, H, L.norm_post_attn, kDefaultNormEps, gc);
-    for_rows(ctx, T, H, [&](int t) {
-        float* xr       = x + (int64_t)t * H;
-        const float* nr = n + (int64_t)t * H;
-        for (int i = 0; i < H; ++i)
-            xr[i] = nr[i] + xr[i];
-    });
-}
-
-// x += linear_end(silu(RMS(clip(causal_depthwise_conv(GLU(linear_start(RMS(x; pre))))); conv_norm)))
-void AudioTower::light_conv(const cpu::Context& ctx, const Layer& L, float* x, int T, float* sc) const {
-    const int H = hp_.hidden_size, K = hp_.conv_kernel_size;
-    const float eps = hp_.rms_norm_eps, gc = hp_.gradient_clipping;
-    float *n = sc + lay_.n, *big = sc + lay_.big, *g = sc + lay_.q, *c = sc + lay_.k;
-    rms(ctx, x, H, n, H, T, H, L.lpre, eps, 0.0f);
-    run_clip(ctx, L.lstart, n, H, T, n, big, 2 * H); // [T, 2H]
-    for_rows(ctx, T, H, [&](int t) {                 // GLU: a * sigmoid(b), vectorised
-        Eigen::Map<const Eigen::ArrayXf> a(big + (int64_t)t * 2 * H, H), b(big + (int64_t)t * 2 * H + H, H);
-        Eigen::Map<Eigen::ArrayXf>(g + (int64_t)t * H, H) = a / (1.0f + (-b).exp());
-    });
-    for_rows(ctx, T, (int64_t)H * K, [&](int t) {
-        float* cr = c + (int64_t)t * H;
-        for (int i = 0; i < H; ++i) {
-            float acc = 0;
-            for (int j = 0; j < K; ++j) {
-                int s = t - (K - 1) + j;
-                if (s >= 0) acc += tensor_at(*L.dwconv, (int64_t)i * K + j) * g[(int64_t)s * H + i];
-            }
-            cr[i] = acc;
-        }
-    });
-    rms(ctx, c, H, c, H, T, H, L.conv_norm, eps, gc);
-    for_rows(ctx, T, H, [&](int t) {
-        Eigen::Map<Eigen::ArrayXf> r(c + (int64_t)t * H, H);
-        r = r / (1.0f + (-r).exp());
-    });
-    run_clip(ctx, L.lend, c, H, T, c, n, H);
-    for_rows(ctx, T, H, [&](int t) {
-        float* xr       = x + (int64_t)t * H;
-        const float* nr = n + (int64_t)t * H;
-        for (int i = 0; i < H; ++i)
-            xr[i] = nr[i] + xr[i];
-    });
-}
-
-std::string AudioTower::forward(const cpu::Context& ctx, const float* pcm, int64_t n_samples, void* scratch,
-                                float* out, int* n_soft) const {
-    if (!scratch || !out || !n_soft) return "audio tower: scratch, out and n_soft must not be null";
-    if (ready_ && ctx.scratch_stride < thread_floats_)
-        return "audio tower: the cpu::Context needs " + std::to_string(thread_floats_) +
-               " scratch floats per thread";
-    float* sc = static_cast<float*>(scratch);
-    int V0    = 0;
-    if (std::string e = features(ctx, pcm, n_samples, sc + lay_.feat, &V0); !e.empty()) return e;
-    const int H = hp_.hidden_size, C0 = hp_.subsampling_conv_channels[0],
-              C1 = hp_.subsampling_conv_channels[1];
-    const int P = hp_.output_proj_dims, M = hp_.mel_bins;
-    const int V1 = (int)ceil_half(V0), T = (int)ceil_half(V1);
-
-    // SSCP conv weights widened to f32 and reordered to (kh, kw, c_in) per output channel.
-    float* w0 = sc + lay_.w0; // [C0, 9]
-    float* w1 = sc + lay_.w1; // [C1, 9 * C0]
-    for (int co = 0; co < C0; ++co)
-        for (int r = 0; r < 9; ++r)
-            w0[co * 9 + r] = tensor_at(*conv0_, (int64_t)co * 9 + r);
-    for (int co = 0; co < C1; ++co)
-        for (int ci = 0; ci < C0; ++ci)
-            for (int r = 0; r < 9; ++r)
-                w1[((size_t)co * 9 + r) * C0 + ci] = tensor_at(*conv1_, ((int64_t)co * C0 + ci) * 9 + r);
-    conv_layer(ctx, sc + lay_.feat, V0, M, 1, w0, norm0_, sc + lay_.l0, V1, f1_, C0); // [V1, F1, C0]
-    conv_layer(ctx, sc + lay_.l0, V1, f1_, C0, w1, norm1_, sc + lay_.l1, T, f2_, C1); // [T, F2, C1]
-    float* x = sc + lay_.x;                                                           // [T, H]
-    matmul(ctx, hp_.precision, sc + lay_.l1, (int64_t)f2_ * C1, in_proj_, x, H, T);
-
-    for (const Layer& L : layers_) {
-        feed_forward(ctx, L.ff1, x, T, sc);
-        attention(ctx, L, x, T, sc);
-        light_conv(ctx, L, x, T, sc);
-        feed_forward(ctx, L.ff2, x, T, sc);
-        rms(ctx, x, H, x, H, T, H, L.norm_out, kDefaultNormEps, hp_.gradient_clipping);
-    }
-
-    float* proj = sc + lay_.proj; // [T, P]
-    matmul(ctx, hp_.precision, x, H, out_proj_w_, proj, P, T);
-    for_rows(ctx, T, P, [&](int t) {
-        float* r = proj + (int64_t)t * P;
-        for (int i = 0; i < P; ++i)
-            r[i] += tensor_at(*out_proj_b_, i);
-    });
-    rms(ctx, proj, P, proj, P, T, P, nullptr, hp_.rms_norm_eps, 0.0f);
-    matmul(ctx, hp_.precision, proj, P, embed_, out, hp_.text_hidden_size, T); // [T, text_hidden]
-    *n_soft = T;
-    return "";
-}
-
 } // namespace g4::towers
-
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif

@@ -1,7 +1,7 @@
-// Gemma 4 audio tower on the CPU: HF Gemma4AudioFeatureExtractor (log-mel of 16 kHz PCM), the USM
-// conformer Gemma4AudioModel (SSCP convs, chunked local attention with relative positions, light conv,
-// macaron feed-forwards) and embed_audio (Gemma4MultimodalEmbedder), float32 arithmetic with bf16/f32
-// weights widened on the fly. Matches HF float32 for the valid (non-padding) soft tokens of one clip.
+// Gemma 4's hand-written audio tower as the GPU audio tower (runtime/src/cuda/audio.cpp) uses it: the
+// hyper-parameters, every weight resolved and shape-checked, HF Gemma4AudioFeatureExtractor's log-mel
+// features of 16 kHz PCM on the CPU and the layout of the GPU's buffers. The CPU runs the plan's audio
+// program instead (runtime/src/frontend/media.cpp).
 #pragma once
 #include "kernels/cpu/cpu.h"
 #include "runtime/src/towers/tower.h"
@@ -44,18 +44,8 @@ public:
     // Resolves and shape-checks every weight (errors name the tensor); fixes the longest clip: max_samples
     // (HF: 30 s = 480000).
     std::string init(const AudioHParams& hp, const Lookup& lookup, int64_t max_samples);
-    size_t scratch_bytes() const;         // caller allocates once (64-byte aligned)
-    size_t thread_scratch_floats() const; // per-thread floats needed in the cpu::Context
-    // pcm [n_samples] mono float at 16 kHz. Clips longer than max_samples, empty clips, clips shorter than
-    // one 20 ms frame (n_soft would be 0) and non-finite samples are errors (HF's extractor silently
-    // truncates past 30 s; g4 does not). out [n_soft, text_hidden_size] = HF
-    // get_audio_features().pooler_output for the valid frames; out must hold audio_soft_tokens(hp, n_samples)
-    // rows (at most max_soft_tokens()). ctx.scratch_stride >= thread_scratch_floats(); scratch holds
-    // scratch_bytes().
-    std::string forward(const cpu::Context& ctx, const float* pcm, int64_t n_samples, void* scratch,
-                        float* out, int* n_soft) const;
 
-    // The feature extractor alone: features [n_frames, mel_bins] = HF input_features for the valid frames
+    // The feature extractor: features [n_frames, mel_bins] = HF input_features for the valid frames
     // (HF pads the batch to a multiple of 128 samples and zeroes the extra frames; those are not produced).
     // Returns the error or ""; *n_frames = valid frames.
     // Needs only the Context's per-thread scratch (gpu_thread_scratch_floats() floats a thread).
@@ -115,20 +105,7 @@ public:
     static constexpr float kDefaultNormEps = 1e-6f;
 
 private:
-    struct Layout { // float offsets into the scratch (each 16-float aligned)
-        size_t x, u, total;
-        size_t feat, l0, l1, w0, w1;              // front end (inside the union region u)
-        size_t n, big, q, k, v, o, rel, sp, proj; // conformer (inside u)
-    };
-
-    void run_clip(const cpu::Context& ctx, const Clip& c, const float* x, int64_t ldx, int rows, float* xin,
-                  float* y, int64_t ldy) const;
-    void feed_forward(const cpu::Context& ctx, const FeedForward& f, float* x, int T, float* sc) const;
-    void attention(const cpu::Context& ctx, const Layer& L, float* x, int T, float* sc) const;
-    void light_conv(const cpu::Context& ctx, const Layer& L, float* x, int T, float* sc) const;
-    void conv_layer(const cpu::Context& ctx, const float* in, int t_in_valid, int f_in, int c_in,
-                    const float* w, const Tensor* norm, float* out, int t_out, int f_out, int c_out) const;
-
+    void lay_out_gpu(); // gpu_ from hp_, max_frames_, max_t_, n_rel_ and the frequency rows
     AudioHParams hp_{};
     bool ready_          = false;
     int64_t max_samples_ = 0;
@@ -143,9 +120,8 @@ private:
     std::vector<int> bitrev_;          // [512]
     std::vector<double> mel_;          // [mel_bins, 257] triangular filters (HTK, no norm), row per mel bin
     std::vector<int> mel_lo_, mel_hi_; // non-zero bin range [lo, hi) of each filter
-    Layout lay_{};
     GpuLayout gpu_{};
-    size_t thread_floats_ = 0, feature_floats_ = 0;
+    size_t feature_floats_ = 0;
 };
 
 } // namespace g4::towers

@@ -16,7 +16,7 @@ struct g4_session;
 
 namespace g4::rt {
 
-// Soft tokens of a video frame at most: Gemma4VideoProcessor's max_soft_tokens default.
+// Soft tokens of a video frame at most: the reference video processor's max_soft_tokens default.
 constexpr int32_t kVideoFrameTokens = 70;
 
 // Soft-token rows waiting for their placeholders: rows [head, tail) of rows [cap, H] are queued; the step

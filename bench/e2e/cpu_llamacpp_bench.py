@@ -42,8 +42,9 @@ def parse_args(argv):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=LLAMA_HELP,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("checkpoint", nargs="?", help="Hugging Face Gemma 4 checkpoint directory")
-    ap.add_argument("--model", choices=["e2b", "e4b"],
-                    help="instead of CHECKPOINT: a random-weight checkpoint at these real shapes, made in --workdir")
+    ap.add_argument("--model", choices=["e2b", "e4b", "tiny"],
+                    help="instead of CHECKPOINT: a random-weight checkpoint at these real shapes, made in --workdir (tiny: "
+                         "E2B's layer layout at toy sizes, to check a set-up in seconds)")
     ap.add_argument("--render", metavar="JSON",
                     help="only write the .md and .png of an earlier run's JSON (e.g. one taken where matplotlib is missing)")
     ap.add_argument("--llama-cpp", metavar="DIR", help="llama.cpp source tree with a build (see below)")
@@ -142,9 +143,18 @@ def make_random_checkpoint(model, out):
     from transformers import Gemma4ForCausalLM
     sys.path.insert(0, os.path.join(ROOT, "tools"))
     from gemma4_shapes import text_config
-    cfg = text_config(model)
+    if model == "tiny":
+        from transformers import Gemma4TextConfig
+        cfg = Gemma4TextConfig(vocab_size=512, vocab_size_per_layer_input=512, hidden_size_per_layer_input=16, hidden_size=64,
+                               intermediate_size=128, num_hidden_layers=10, num_attention_heads=2, num_key_value_heads=1,
+                               head_dim=32, global_head_dim=64, num_kv_shared_layers=5, sliding_window=512,
+                               final_logit_softcapping=30.0, max_position_embeddings=8192,
+                               layer_types=(["sliding_attention"] * 4 + ["full_attention"]) * 2)
+    else:
+        cfg = text_config(model)
     with torch.device("meta"):
         m = Gemma4ForCausalLM(cfg)
+    cfg.architectures = ["Gemma4ForCausalLM"]
     tmp = out + ".part"
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
@@ -198,24 +208,34 @@ def synthetic_tokenizer(vocab_size):
 
 
 def converter_input(ckpt, stage):
-    """The directory to hand the converter: the checkpoint itself, or (no tokenizer.json) a stage directory
-    linking its files beside a synthetic tokenizer."""
-    if os.path.isfile(os.path.join(ckpt, "tokenizer.json")):
+    """The directory to hand the converter: the checkpoint itself, or a stage directory linking its files with what
+    the converter needs and the checkpoint lacks: a synthetic tokenizer (no tokenizer.json), `architectures` in
+    config.json (checkpoints saved from a config alone)."""
+    with open(os.path.join(ckpt, "config.json")) as f:
+        cfg = json.load(f)
+    has_tok = os.path.isfile(os.path.join(ckpt, "tokenizer.json"))
+    if has_tok and cfg.get("architectures"):
         return ckpt
     shutil.rmtree(stage, ignore_errors=True)
     os.makedirs(stage)
     for n in os.listdir(ckpt):
-        if n.endswith(".safetensors") or n.endswith(".json"):
+        if n.endswith(".safetensors") or (n.endswith(".json") and n != "config.json") or n.endswith(".jinja"):
             os.symlink(os.path.join(ckpt, n), os.path.join(stage, n))
-    with open(os.path.join(ckpt, "config.json")) as f:
-        cfg = json.load(f)
-    vocab = int((cfg.get("text_config") or cfg).get("vocab_size") or 262144)
-    tj, tc = synthetic_tokenizer(vocab)
-    with open(os.path.join(stage, "tokenizer.json"), "w", encoding="utf-8") as f:
-        json.dump(tj, f, ensure_ascii=False)
-    with open(os.path.join(stage, "tokenizer_config.json"), "w") as f:
-        json.dump(tc, f, indent=1)
-    print(f"[bench] {ckpt} has no tokenizer.json: the converter gets a synthetic one of {vocab} tokens", flush=True)
+    if not cfg.get("architectures"):
+        cfg["architectures"] = ["Gemma4ForConditionalGeneration" if "text_config" in cfg else "Gemma4ForCausalLM"]
+    with open(os.path.join(stage, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=1)
+    if not has_tok:
+        vocab = int((cfg.get("text_config") or cfg).get("vocab_size") or 262144)
+        tj, tc = synthetic_tokenizer(vocab)
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            if os.path.lexists(os.path.join(stage, name)):
+                os.remove(os.path.join(stage, name))
+        with open(os.path.join(stage, "tokenizer.json"), "w", encoding="utf-8") as f:
+            json.dump(tj, f, ensure_ascii=False)
+        with open(os.path.join(stage, "tokenizer_config.json"), "w") as f:
+            json.dump(tc, f, indent=1)
+        print(f"[bench] {ckpt} has no tokenizer.json: the converter gets a synthetic one of {vocab} tokens", flush=True)
     return stage
 
 

@@ -4,19 +4,22 @@ several thread counts, the engines alternated in one run.
 
 llama.cpp's own converter turns the Hugging Face checkpoint into GGUF bf16, llama-quantize makes Q4_0 and
 Q4_K_M from it; g4 compiles NF4 CPU plans of the same checkpoint (the default CPU precision and, when the g4
-build has `--cpu-precision`, `--cpu-precision f32`). Then, per thread count (largest first), each engine runs
-in turn: `llama-bench -m GGUF -p P -n N -t T -ngl 0 -r R -o json` (CUDA hidden) and
-`g4 bench PLAN -p P -n N -r R --threads T --json`; `--rounds` repeats the turn. Prefill is P prompt tokens
+build has `--cpu-precision`, `--cpu-precision f32`). Then, per round and thread count (largest first), each engine
+runs in turn: `llama-bench -m GGUF -p P -n N -t T -ngl 0 -r R -o json` (CUDA hidden) and
+`g4 bench PLAN -p P -n N -r R --threads T --json`; `--rounds` repeats the whole sweep (so a run cut by
+--time-limit has every thread count of the first round). Prefill is P prompt tokens
 (llama-bench's ppP; g4's ppP also picks the first token), decode N tokens from an empty context (tgN, tgN@d0).
 Every test warms up once; figures are the medians of all repetitions. The 1-minute load average before each
 call is recorded (other processes on the machine change the figures).
 
 Needs: a g4 build, a llama.cpp tree with llama-bench and llama-quantize built (see --help), and for the
 converter python with torch, numpy, transformers, pyyaml; matplotlib for the plot. --model also needs
-torch and transformers (the random-weight checkpoint at the real E2B/E4B text shapes; no GPU needed).
-Usage: python3 bench/e2e/cpu_llamacpp_bench.py (CHECKPOINT | --model e2b|e4b) --llama-cpp DIR [--g4 G4]
+torch and transformers (a random-weight checkpoint at the real E2B/E4B text shapes, or a toy one; made on
+the GPU if torch has one, else on the CPU).
+Usage: python3 bench/e2e/cpu_llamacpp_bench.py (CHECKPOINT | --model e2b|e4b|tiny) --llama-cpp DIR [--g4 G4]
        [--threads 1,2,4,8,16] [-p 512] [-n 128] [--reps 3] [--rounds 1] [--out DIR] [--workdir DIR]
-Writes OUT/cpu_llamacpp_<tag>.json, .md and .png after every thread count (a cut run keeps what it measured).
+Writes OUT/cpu_llamacpp_<tag>.json, .md and .png after every thread count (a cut run keeps what it measured),
+and OUT/cpu_llamacpp_<tag>.log (the converter, llama-quantize and g4 compile).
 """
 import argparse, hashlib, json, os, platform, re, shutil, statistics, subprocess, sys, time
 
@@ -54,7 +57,7 @@ def parse_args(argv):
     ap.add_argument("-p", "--prompt", type=int, default=512, help="prompt tokens of the prefill test. Default: 512")
     ap.add_argument("-n", "--gen", type=int, default=128, help="decoded tokens of the decode test. Default: 128")
     ap.add_argument("--reps", type=int, default=3, help="repetitions per call, after one warm-up. Default: 3")
-    ap.add_argument("--rounds", type=int, default=1, help="times the engines take turns per thread count. Default: 1")
+    ap.add_argument("--rounds", type=int, default=1, help="sweeps over the thread counts. Default: 1")
     ap.add_argument("--quants", default="Q4_0,Q4_K_M", help="llama.cpp quantizations. Default: Q4_0,Q4_K_M")
     ap.add_argument("--llama-args", default="", help="extra llama-bench arguments, e.g. '-fa 1'")
     ap.add_argument("--python", default=sys.executable, help="python for llama.cpp's converter. Default: this one")
@@ -443,8 +446,8 @@ def markdown(doc):
     for r in errors:
         lines.append(f"- {r['engine']} {r['variant']} at {r['threads']} threads: {r['error']}")
     if doc.get("not_measured"):
-        lines.append(f"Not measured (time limit): {', '.join(doc['not_measured'])}.")
-    lines += ["", "Commands, per thread count T (engines in turn, largest T first):", ""]
+        lines.append(f"Not measured (time limit or error): {', '.join(doc['not_measured'])}.")
+    lines += ["", "Commands, per round and thread count T (engines in turn, largest T first):", ""]
     lines += [f"- `{c}`" for c in doc["command_templates"]]
     return "\n".join(lines) + "\n"
 
@@ -541,13 +544,14 @@ def main(argv):
         print(f"[bench] prepared up to {a.stop_after} in {a.workdir} ({time.time() - t_start:.0f} s)")
         return 0
     version = subprocess.run([tools["g4"], "--version"], capture_output=True, text=True).stdout.strip().splitlines()
+    commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
     doc = {"benchmark": "cpu-llamacpp", "model": tag, "checkpoint": ckpt, "prompt_tokens": a.prompt, "gen_tokens": a.gen,
            "reps": a.reps, "rounds": a.rounds, "threads": a.thread_list,
            "host": {"cpu": cpu_name(), "hardware_threads": os.cpu_count(), "kernel": platform.release(),
                     "load_at_start": loadavg()},
-           "g4": {"version": version[0] if version else "?", "plans": {k: {"flags": v["flags"],
-                                                                          "bytes": os.path.getsize(v["path"])}
-                                                                      for k, v in plans.items()}},
+           "g4": {"version": version[0] if version else "?",
+                  "tree_commit": commit.stdout.strip() if commit.returncode == 0 else None,
+                  "plans": {k: {"flags": v["flags"], "bytes": os.path.getsize(v["path"])} for k, v in plans.items()}},
            "llama_cpp": {"source": os.path.abspath(a.llama_cpp),
                          "gguf_bytes": {q: os.path.getsize(p) for q, p in ggufs.items()}},
            "prepare_seconds": {k: round(v, 1) for k, v in steps.items()},
@@ -559,12 +563,11 @@ def main(argv):
            "runs": [], "not_measured": []}
     base = os.path.join(a.out, f"cpu_llamacpp_{tag}")
     engines = [("llama.cpp", q, ggufs[q]) for q in a.quant_list] + [("g4", k, v["path"]) for k, v in plans.items()]
-    for t in sorted(a.thread_list, reverse=True):
-        for rnd in range(a.rounds):
+    for rnd in range(a.rounds):
+        for t in sorted(a.thread_list, reverse=True):
             for engine, variant, path in engines:
                 left = a.time_limit - (time.time() - t_start) if a.time_limit else None
                 if left is not None and left <= 0:
-                    doc["not_measured"].append(f"{engine} {variant} at {t} threads")
                     continue
                 run = measure(engine, variant, path, t, a, tools, timeout=max(left, 30) if left else 3600)
                 run["round"] = rnd + 1
@@ -575,11 +578,13 @@ def main(argv):
                     doc["llama_cpp"]["flash_attn"] = info.get("flash_attn")
                 if "cpu_kernels" in info:
                     doc["g4"]["cpu_kernels"] = info["cpu_kernels"]
-                print(f"[bench] {t:>2} threads {engine} {variant}: " + (run.get("error") or
+                print(f"[bench] round {rnd + 1}, {t:>2} threads, {engine} {variant}: " + (run.get("error") or
                       ", ".join(f"{k} median {statistics.median(v):.0f} ms" for k, v in run["ms"].items() if v))
                       + f" (load {run['load_before']})", flush=True)
-        write_results(doc, base, not a.no_plot)
-    write_results(doc, base, not a.no_plot)
+            doc["not_measured"] = [f"{e} {v} at {t} threads" for t in sorted(a.thread_list) for e, v, _ in engines
+                                   if not any(r["engine"] == e and r["variant"] == v and r["threads"] == t and "ms" in r
+                                              for r in doc["runs"])]
+            write_results(doc, base, not a.no_plot)
     if a.clean:
         for p in list(ggufs.values()) + [v["path"] for v in plans.values()]:
             os.remove(p)

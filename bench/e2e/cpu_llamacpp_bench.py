@@ -131,11 +131,15 @@ def find_tools(a):
         raise BenchError(f"{a.python} cannot run llama.cpp's converter ({last}): pip install torch numpy transformers "
                          "pyyaml, or pass --python")
     if not a.no_plot and not stop:
-        try:
-            import matplotlib  # noqa: F401
-        except ImportError:
-            raise BenchError("matplotlib is missing (pip install matplotlib), or pass --no-plot") from None
+        need_matplotlib()
     return tools
+
+
+def need_matplotlib():
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise BenchError("matplotlib is missing (pip install matplotlib), or pass --no-plot") from None
 
 
 def make_random_checkpoint(model, out):
@@ -505,6 +509,8 @@ def cpu_name():
 
 def render(path, with_plot):
     """Writes the .md (and .png) beside an earlier run's JSON."""
+    if with_plot:
+        need_matplotlib()
     try:
         with open(path) as f:
             doc = json.load(f)

@@ -143,10 +143,10 @@ def need_matplotlib():
 
 
 def make_random_checkpoint(model, out):
-    """A random-weight checkpoint at the real text shapes (bf16, N(0, 0.02^2), norms 1), in 2 GiB shards;
-    drawn on the GPU when torch sees one (faster), else on the CPU."""
+    """A random-weight checkpoint at the real text shapes (bf16, N(0, 0.02^2), norms 1) in one safetensors file,
+    written a tensor at a time in 32M-value chunks (an E2B needs ~10 GB of disk, not of memory); drawn on the GPU
+    when torch sees one (faster), else on the CPU."""
     import torch
-    from safetensors.torch import save_file
     from transformers import Gemma4ForCausalLM
     sys.path.insert(0, os.path.join(ROOT, "tools"))
     from gemma4_shapes import text_config
@@ -166,31 +166,31 @@ def make_random_checkpoint(model, out):
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
     cfg.save_pretrained(tmp)
+    items = [(n, t.shape) for n, t in m.state_dict().items() if not (n == "lm_head.weight" and cfg.tie_word_embeddings)]
+    header, off = {"__metadata__": {"format": "pt"}}, 0
+    for name, shape in items:
+        n = 1
+        for d in shape:
+            n *= d
+        header[name] = {"dtype": "BF16", "shape": list(shape), "data_offsets": [off, off + 2 * n]}
+        off += 2 * n
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     g = torch.Generator(device=dev).manual_seed(0)
-    items = [(n, t) for n, t in m.state_dict().items() if not (n == "lm_head.weight" and cfg.tie_word_embeddings)]
-    shards, cur, size = [], {}, 0
-    for i, (name, t) in enumerate(items):
-        if "norm" in name or "scalar" in name:
-            cur[name] = torch.ones(t.shape, dtype=torch.bfloat16)
-        else:
-            cur[name] = (torch.randn(t.shape, generator=g, device=dev) * 0.02).to(torch.bfloat16).cpu()
-        size += cur[name].numel() * 2
-        if size >= 2 << 30 or i == len(items) - 1:
-            shards.append(cur)
-            fname = "model-%05d.safetensors" % len(shards)
-            save_file(cur, os.path.join(tmp, fname), metadata={"format": "pt"})
-            cur, size = {}, 0
-    index, total = {}, 0
-    for k in range(len(shards)):
-        for name, t in shards[k].items():
-            index[name] = "model-%05d.safetensors" % (k + 1)
-            total += t.numel() * 2
-    shards.clear()
-    with open(os.path.join(tmp, "model.safetensors.index.json"), "w") as f:
-        json.dump({"metadata": {"total_size": total}, "weight_map": index}, f, indent=1)
+    with open(os.path.join(tmp, "model.safetensors"), "wb") as f:
+        f.write(len(h).to_bytes(8, "little") + h)
+        for name, shape in items:
+            n = header[name]["data_offsets"][1] // 2 - header[name]["data_offsets"][0] // 2
+            for i in range(0, n, 1 << 25):
+                k = min(1 << 25, n - i)
+                if "norm" in name or "scalar" in name:
+                    v = torch.ones(k, dtype=torch.bfloat16)
+                else:
+                    v = (torch.randn(k, generator=g, device=dev) * 0.02).to(torch.bfloat16).cpu()
+                f.write(v.view(torch.int16).numpy().tobytes())
     os.replace(tmp, out)
-    print(f"[bench] checkpoint {out}: {total / 2**30:.2f} GiB bf16", flush=True)
+    print(f"[bench] checkpoint {out}: {off / 2**30:.2f} GiB bf16", flush=True)
 
 
 def synthetic_tokenizer(vocab_size):

@@ -124,15 +124,17 @@ def find_tools(a):
         if not hit:
             raise BenchError(f"{name} not found in {' or '.join(dirs)} (build llama.cpp first: see --help)")
         tools[name] = hit[0]
-    need = "import torch, numpy, transformers, yaml"
-    r = subprocess.run([a.python, "-c", need], capture_output=True, text=True)
-    if r.returncode != 0:
-        last = (r.stderr.strip().splitlines() or ["?"])[-1]
-        raise BenchError(f"{a.python} cannot run llama.cpp's converter ({last}): pip install torch numpy transformers "
-                         "pyyaml, or pass --python")
     if not a.no_plot and not stop:
         need_matplotlib()
     return tools
+
+
+def need_converter_python(python):
+    r = subprocess.run([python, "-c", "import torch, numpy, transformers, yaml"], capture_output=True, text=True)
+    if r.returncode != 0:
+        last = (r.stderr.strip().splitlines() or ["?"])[-1]
+        raise BenchError(f"{python} cannot run llama.cpp's converter ({last}): pip install torch numpy transformers "
+                         "pyyaml, or pass --python")
 
 
 def need_matplotlib():
@@ -279,11 +281,12 @@ def prepare_ggufs(a, tools, ckpt, key, log):
     bf16 = os.path.join(gdir, f"{key}-bf16.gguf")
     steps = {}
     if not os.path.isfile(bf16):
+        need_converter_python(a.python)
         src = converter_input(ckpt, os.path.join(a.workdir, f"stage-{key}"))
         env = dict(os.environ, PYTHONPATH=tools["gguf_py"] + os.pathsep + os.environ.get("PYTHONPATH", ""))
         print(f"[bench] converting {ckpt} to GGUF bf16", flush=True)
-        steps["convert"] = run_logged("convert_hf_to_gguf.py", [a.python, tools["convert"], src, "--outtype", "bf16", "--outfile", bf16 + ".part"],
-                                      log, env=env)
+        cmd = [a.python, tools["convert"], src, "--outtype", "bf16", "--outfile", bf16 + ".part"]
+        steps["convert"] = run_logged("convert_hf_to_gguf.py", cmd, log, env=env)
         os.replace(bf16 + ".part", bf16)
     ggufs = {}
     if a.stop_after == "convert":
@@ -292,7 +295,8 @@ def prepare_ggufs(a, tools, ckpt, key, log):
         out = os.path.join(gdir, f"{key}-{q}.gguf")
         if not os.path.isfile(out):
             print(f"[bench] llama-quantize {q}", flush=True)
-            steps["quantize " + q] = run_logged("llama-quantize " + q, [tools["llama-quantize"], bf16, out + ".part", q, str(os.cpu_count() or 1)], log)
+            cmd = [tools["llama-quantize"], bf16, out + ".part", q, str(os.cpu_count() or 1)]
+            steps["quantize " + q] = run_logged("llama-quantize " + q, cmd, log)
             os.replace(out + ".part", out)
         ggufs[q] = out
     return ggufs, steps
@@ -317,9 +321,9 @@ def prepare_plans(a, tools, ckpt, key, log):
         if not os.path.isfile(plan):
             print(f"[bench] g4 compile ({label})", flush=True)
             need = max(4096, a.prompt + a.gen + 1)
-            steps["g4 compile " + label] = run_logged(
-                "g4 compile", [tools["g4"], "compile", "--model", ckpt, "--device", "cpu", "--weights", "nf4", "--no-fidelity",
-                 "--max-context", str(need), *flags, "-o", plan], log)
+            cmd = [tools["g4"], "compile", "--model", ckpt, "--device", "cpu", "--weights", "nf4", "--no-fidelity",
+                   "--max-context", str(need), *flags, "-o", plan]
+            steps["g4 compile " + label] = run_logged("g4 compile", cmd, log)
         plans[label] = {"path": plan, "flags": ["--weights", "nf4", *flags]}
     return plans, steps
 

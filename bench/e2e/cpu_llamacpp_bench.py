@@ -560,7 +560,7 @@ def main(argv):
            "host": {"cpu": cpu_name(), "hardware_threads": os.cpu_count(), "kernel": platform.release(),
                     "load_at_start": loadavg()},
            "g4": {"version": version[0] if version else "?",
-                  "tree_commit": commit.stdout.strip() if commit.returncode == 0 else None,
+                  "bench_tree_commit": commit.stdout.strip() if commit.returncode == 0 else None,
                   "plans": {k: {"flags": v["flags"], "bytes": os.path.getsize(v["path"])} for k, v in plans.items()}},
            "llama_cpp": {"source": os.path.abspath(a.llama_cpp),
                          "gguf_bytes": {q: os.path.getsize(p) for q, p in ggufs.items()}},

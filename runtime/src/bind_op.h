@@ -1,6 +1,6 @@
-// One op's operands bound to addresses (engine.h BoundOp), shared by the CPU executor (runtime/src/executor.cpp)
-// and the CUDA encoder-program runner (runtime/src/cuda/encoder_launch.cpp), which differ only in where a
-// tensor lives.
+// One op's operands bound to addresses (engine.h BoundOp), shared by the CPU executor
+// (runtime/src/executor.cpp) and the CUDA encoder-program runner (runtime/src/cuda/encoder_launch.cpp), which
+// differ only in where a tensor lives.
 #pragma once
 #include "runtime/src/engine.h"
 

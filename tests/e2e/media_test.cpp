@@ -511,7 +511,9 @@ TEST_F(Media, AudioTowerPlacement) {
     for (const auto& d : meta.at("memory"))
         for (const auto& part : d.at("parts")) {
             const std::string what = part.at("what");
-            if (d.at("device") == "cuda:0") {
+            // The LM head's screening copy is the first thing the compiler gives up under a budget: the
+            // budgets below leave it out.
+            if (d.at("device") == "cuda:0" && what != "LM head screening copy") {
                 gpu_total += part.at("bytes").get<uint64_t>();
                 if (what == "vision tower") vision_part = part.at("bytes");
                 if (what == "audio tower") audio_part = part.at("bytes");

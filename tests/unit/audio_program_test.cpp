@@ -18,6 +18,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -277,6 +278,33 @@ TEST_F(AudioProgram, EditedOpParametersAreRefused) {
             << g4_last_error_message();
         if (e) g4_engine_close(e);
     }
+}
+
+// Where the GPU's kernels cannot hold the program's per-block data in shared memory (here a query's attention
+// window of 12289 keys: 49156 bytes, over the 48 KiB the kernel takes) a CUDA plan keeps the audio program on
+// the CPU and says why; --place audio=gpu is refused naming the flag that runs it on the CPU. No GPU needed.
+TEST_F(AudioProgram, GpuSharedMemoryLimitKeepsItOnTheCpu) {
+    const std::string model = dir_->file("wide_window");
+    std::filesystem::create_directory(model);
+    for (const auto& e : std::filesystem::directory_iterator(fixture("e2b_tiny")))
+        if (e.is_regular_file())
+            std::filesystem::copy_file(e.path(), model + "/" + e.path().filename().string());
+    json cfg                                      = json::parse(g4test::read_file(model + "/config.json"));
+    cfg["audio_config"]["attention_context_left"] = 12290;
+    g4test::write_file(model + "/config.json", cfg.dump());
+    const std::string base =
+        "compile --model '" + model +
+        "' --device cuda --target sm_86 --weights bf16 --no-vision --no-fidelity --dry-run";
+    g4test::CmdResult r = g4test::run_g4(base);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.err.find("audio tower: cpu (its attention window of 12289 keys (audio_config "
+                         "attention_context_left) needs 49156 bytes of GPU shared memory"),
+              std::string::npos)
+        << r.err;
+    r = g4test::run_g4(base + " --place audio=gpu");
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.err.find("--place audio=gpu: its attention window"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("--place audio=cpu runs it on the CPU"), std::string::npos) << r.err;
 }
 
 // The audio program on the plan's GPU (a CUDA plan with bf16 tower weights places it there): the program and

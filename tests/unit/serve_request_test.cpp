@@ -188,7 +188,11 @@ TEST(ServeResponse, ToolCallsInTheOpenAIShape) {
     EXPECT_EQ(nlohmann::json::parse(call["function"]["arguments"].get<std::string>()),
               nlohmann::json::parse(R"({"city": "Paris"})"));
     EXPECT_EQ(r["usage"],
-              nlohmann::json::parse(R"({"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18})"));
+              nlohmann::json::parse(R"({"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18,
+                                                   "prompt_tokens_details": {"cached_tokens": 0}})"));
+    EXPECT_EQ(chat.final_response("x", "stop", 11, 7, nullptr,
+                                  5)["usage"]["prompt_tokens_details"]["cached_tokens"],
+              5);
     // Without tools declared the same text is content; a completion is text whatever it holds.
     EXPECT_EQ(chat.final_response(text, "stop", 1, 1, nullptr)["choices"][0]["message"]["content"], text);
     const g4::serve::Shape cmpl{false, "cmpl-1", "tiny", 5};

@@ -1,5 +1,5 @@
-// g4 serve's prompt prefix reuse without a model (tools/serve/prefix.*): the prefix a slot's tokens share with
-// a prompt, media passed over only where their content is the same, and the media digests.
+// g4 serve's prompt prefix reuse without a model (tools/serve/prefix.*): the prefix a slot's tokens share
+// with a prompt, media passed over only where their content is the same, and the media digests.
 #include "g4/g4.h"
 #include "tools/serve/prefix.h"
 
@@ -22,7 +22,7 @@ MediaKey audio(const std::string& digest, int32_t n = 0) {
     return {G4_MEDIA_AUDIO, digest, n};
 }
 
-TEST(ServePrefix, TextSharesItsCommonPrefixButNotTheLastToken) {
+TEST(ServePrefix, TextSharesItsCommonPrefixButNotItsLastTokens) {
     const SlotHistory held{{2, 10, 11, 12, 13, 14, 15}, {}};
     EXPECT_EQ(match_prefix(held, {2, 10, 11, 20, 21}, {}, kMarks).tokens, 3);
     // The whole prompt held (a repeated request): its last token is fed again for the logits.
@@ -32,14 +32,18 @@ TEST(ServePrefix, TextSharesItsCommonPrefixButNotTheLastToken) {
     EXPECT_EQ(match_prefix(held, {3, 10}, {}, kMarks).tokens, 0);
     EXPECT_EQ(match_prefix(held, {}, {}, kMarks).tokens, 0);
     EXPECT_EQ(match_prefix(SlotHistory{}, {2, 10, 11}, {}, kMarks).tokens, 0);
+    // At least `keep` tokens are left to feed.
+    EXPECT_EQ(match_prefix(held, {2, 10, 11, 12, 13, 14, 15, 16, 17}, {}, kMarks, 4).tokens, 5);
+    EXPECT_EQ(match_prefix(held, {2, 10, 11}, {}, kMarks, 4).tokens, 0);
 }
 
 TEST(ServePrefix, MediaArePassedOverOnlyWithTheSameContent) {
     // Held: text, an image of 3 soft tokens, text, an audio clip of 2, text.
-    const SlotHistory held{{2, 10, 90, 91, 91, 91, 92, 11, 93, 94, 94, 95, 12, 13}, {image("a", 3), audio("x", 2)}};
+    const SlotHistory held{{2, 10, 90, 91, 91, 91, 92, 11, 93, 94, 94, 95, 12, 13},
+                           {image("a", 3), audio("x", 2)}};
     // The probe renders each item at 0 soft tokens: <boi><eoi>.
     const std::vector<int32_t> probe = {2, 10, 90, 92, 11, 93, 95, 12, 40, 41};
-    auto m = match_prefix(held, probe, {image("a"), audio("x")}, kMarks);
+    auto m                           = match_prefix(held, probe, {image("a"), audio("x")}, kMarks);
     EXPECT_EQ(m.tokens, 13); // up to 12, in the held tokens' positions
     EXPECT_EQ(m.media, 2u);
     // Another image at the same place: the match ends before its <boi>, no media reused.

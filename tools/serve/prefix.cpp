@@ -9,9 +9,10 @@
 namespace g4::serve {
 
 PrefixMatch match_prefix(const SlotHistory& held, const std::vector<int32_t>& probe,
-                         const std::vector<MediaKey>& probe_media, const MediaTokens& mt) {
+                         const std::vector<MediaKey>& probe_media, const MediaTokens& mt, size_t keep) {
     const std::vector<int32_t>& h = held.tokens;
-    const size_t limit            = probe.empty() ? 0 : probe.size() - 1;
+    keep                          = std::max<size_t>(keep, 1);
+    const size_t limit            = probe.size() > keep ? probe.size() - keep : 0;
     auto is_marker                = [&](int32_t t) {
         return t >= 0 && (t == mt.eoi || t == mt.image || t == mt.eoa || t == mt.audio);
     };
@@ -24,17 +25,19 @@ PrefixMatch match_prefix(const SlotHistory& held, const std::vector<int32_t>& pr
             ++j;
             continue;
         }
-        const bool image       = t == mt.boi;
-        const int32_t close    = image ? mt.eoi : mt.eoa;
-        const int32_t fill     = image ? mt.image : mt.audio;
-        const int32_t kind     = image ? G4_MEDIA_IMAGE : G4_MEDIA_AUDIO;
-        if (k >= probe_media.size() || k >= held.media.size() || i + 1 >= limit || probe[i + 1] != close) break;
+        const bool image    = t == mt.boi;
+        const int32_t close = image ? mt.eoi : mt.eoa;
+        const int32_t fill  = image ? mt.image : mt.audio;
+        const int32_t kind  = image ? G4_MEDIA_IMAGE : G4_MEDIA_AUDIO;
+        if (k >= probe_media.size() || k >= held.media.size() || i + 1 >= limit || probe[i + 1] != close)
+            break;
         const MediaKey& a = probe_media[k];
         const MediaKey& b = held.media[k];
         if (a.kind != kind || b.kind != kind || a.digest != b.digest || b.n_tokens < 0) break;
         const size_t n = (size_t)b.n_tokens;
         if (j + n + 1 >= h.size() || h[j + n + 1] != close ||
-            !std::all_of(h.begin() + (long)j + 1, h.begin() + (long)(j + n + 1), [&](int32_t x) { return x == fill; }))
+            !std::all_of(h.begin() + (long)j + 1, h.begin() + (long)(j + n + 1),
+                         [&](int32_t x) { return x == fill; }))
             break;
         i += 2;
         j += n + 2;

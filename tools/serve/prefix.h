@@ -36,10 +36,11 @@ struct PrefixMatch {
 // at 0 soft tokens (its begin and end markers side by side), `probe_media` its media in the order they
 // appear. Tokens match one for one; a media item is passed over only when the held tokens have the same
 // begin marker, its n_tokens placeholders and end marker, and the held item at the same place in the list
-// has the same kind and digest. The last probe token is never part of the match (it must be fed to give the
-// prompt's logits), and the match stops at a placeholder or end marker outside a media item.
+// has the same kind and digest. The last `keep` probe tokens (at least 1: the prompt's logits come from its
+// last token) are never part of the match, and the match stops at a placeholder or end marker outside a media
+// item.
 PrefixMatch match_prefix(const SlotHistory& held, const std::vector<int32_t>& probe,
-                         const std::vector<MediaKey>& probe_media, const MediaTokens& mt);
+                         const std::vector<MediaKey>& probe_media, const MediaTokens& mt, size_t keep = 1);
 
 // The length of the common prefix of two id lists.
 size_t common_prefix(const std::vector<int32_t>& a, const std::vector<int32_t>& b);

@@ -6,6 +6,16 @@
 
 namespace g4::serve {
 
+namespace {
+
+// A reused prefix leaves at least this many prompt tokens to feed. A remainder of a few tokens would run
+// through the runtime's few-row kernels (the CPU's NF4 matrix-vector product up to 8 rows), whose sums are
+// ordered differently from the prefill kernels a fresh session runs the prompt's rows through: logits 1e-5
+// apart on the tiny fixture (1 and 8 rows), which can flip a greedy choice; 100 rows were bit-identical.
+constexpr size_t kMinFed = 16;
+
+} // namespace
+
 void Job::cancel(const char* why) {
     std::lock_guard<std::mutex> l(m);
     if (!cancel_flag.exchange(true)) cancel_why = why;
@@ -74,7 +84,8 @@ void Scheduler::dispatch() {
         for (Slot& x : slots_) {
             if (x.job) continue;
             const int32_t len =
-                prefix_reuse_ ? match_prefix(x.held, job->probe, job->probe_media, marks_).tokens : 0;
+                prefix_reuse_ ? match_prefix(x.held, job->probe, job->probe_media, marks_, kMinFed).tokens
+                              : 0;
             if (!best || len > best_len || (len == best_len && x.last_used < best->last_used)) {
                 best     = &x;
                 best_len = len;
@@ -162,7 +173,8 @@ int32_t on_token(void* user, int32_t token, const char* text, size_t len) {
     std::lock_guard<std::mutex> l(job.m);
     if (token >= 0) ++job.completion_tokens;
     job.text.append(text, len);
-    job.cv.notify_all();
+    // A stream's reader sends each piece as it comes; a whole reply's waits for the end (woken then).
+    if (job.req.stream) job.cv.notify_all();
     return job.cancelled() || Clock::now() > job.deadline ? 1 : 0;
 }
 
@@ -253,7 +265,7 @@ void Scheduler::feed_prompt(Job& job, Slot& slot, std::vector<int32_t>* ids, std
     g4_session* s       = slot.session;
     const GenRequest& r = job.req;
     PrefixMatch m;
-    if (prefix_reuse_) m = match_prefix(slot.held, job.probe, job.probe_media, marks_);
+    if (prefix_reuse_) m = match_prefix(slot.held, job.probe, job.probe_media, marks_, kMinFed);
     // A rewind past what the sliding-window rings still hold is refused: the prompt is then fed whole.
     if (m.tokens > 0 && (g4_session_rewind(s, m.tokens) != G4_OK || g4_session_reseed(s) != G4_OK)) m = {};
     if (m.tokens == 0) g4_session_reset(s);

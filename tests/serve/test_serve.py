@@ -427,3 +427,23 @@ def test_client_gone_while_queued_frees_its_place_at_once(plan):
         assert s.metrics()["g4_requests_cancelled_total"] == 2
     finally:
         assert s.stop() == 0
+
+
+def test_a_request_goes_to_the_slot_holding_its_prefix(plan):
+    s = Server(plan, "--max-sessions", "2")
+    try:
+        c = client(s)
+        sys_a = {"role": "system", "content": "You are a pirate. Speak like one in every answer. " * 2}
+        sys_b = {"role": "system", "content": "You are a poet. Answer in verse, with rhymes. " * 2}
+
+        def ask(system, q):
+            r = c.chat.completions.create(model="tiny", messages=[system, {"role": "user", "content": q}],
+                                          temperature=0, max_tokens=4)
+            return r.usage.prompt_tokens_details.cached_tokens
+
+        assert ask(sys_a, PROMPTS[0]) == 0 and ask(sys_b, PROMPTS[0]) == 0  # one slot each
+        # B's conversation first: the least recently used slot holds A's, but B's goes to the one holding B's.
+        assert ask(sys_b, PROMPTS[1]) > 30
+        assert ask(sys_a, PROMPTS[1]) > 30
+    finally:
+        assert s.stop() == 0

@@ -149,6 +149,22 @@ TEST(ServeRequest, RefusesWhatItCannotDo) {
               200);
 }
 
+// Fields that change nothing for g4 are accepted; the forms it cannot honour, and unknown fields, are
+// refused.
+TEST(ServeRequest, UnknownFieldsAndFieldsThatChangeNothing) {
+    EXPECT_EQ(
+        status_of(R"({"messages": [{"role": "user", "content": "x"}], "store": false, "metadata": {"a": "b"},
+                            "service_tier": "auto", "response_format": {"type": "text"}, "logit_bias": {},
+                            "user": "u", "n": 1, "logprobs": false, "parallel_tool_calls": true})"),
+        200);
+    EXPECT_EQ(status_of(R"({"messages": [{"role": "user", "content": "x"}],
+                            "response_format": {"type": "json_object"}})"),
+              400);
+    EXPECT_EQ(status_of(R"({"messages": [{"role": "user", "content": "x"}], "logit_bias": {"5": 10}})"), 400);
+    EXPECT_EQ(status_of(R"({"messages": [{"role": "user", "content": "x"}], "store": "yes"})"), 400);
+    EXPECT_EQ(status_of(R"({"messages": [{"role": "user", "content": "x"}], "temprature": 0})"), 400);
+}
+
 TEST(ServeRequest, SamplingFieldsAndDefaults) {
     g4_sampling_params def = g4_sampling_params_default();
     def.temperature        = 0.7f;

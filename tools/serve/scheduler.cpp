@@ -83,9 +83,13 @@ void Scheduler::dispatch() {
         int32_t best_len                = -1;
         for (Slot& x : slots_) {
             if (x.job) continue;
-            const int32_t len =
-                prefix_reuse_ ? match_prefix(x.held, job->probe, job->probe_media, marks_, kMinFed).tokens
+            int32_t len = prefix_reuse_
+                              ? match_prefix(x.held, job->probe, job->probe_media, marks_, kMinFed).tokens
                               : 0;
+            // A prefix counts when it covers half the prompt (llama-server's default slot similarity):
+            // otherwise any two chats share the template's first tokens, and a new conversation would take
+            // the slot of another rather than the least recently used one.
+            if ((size_t)len * 2 < job->probe.size()) len = 0;
             if (!best || len > best_len || (len == best_len && x.last_used < best->last_used)) {
                 best     = &x;
                 best_len = len;

@@ -1,9 +1,10 @@
 // g4 serve: the sessions of one engine and the requests waiting for them. N session slots share the engine's
 // weights (created once at start); a bounded queue holds the requests waiting for a slot. The request at the
-// head of the queue goes to the free slot whose session holds the longest prefix of its prompt (ties: the
-// least recently used), which is rewound to that prefix so that only the rest of the prompt is fed
-// (prefix.h); one worker thread per slot feeds the prompt and generates. The HTTP threads submit jobs and
-// read their text as it comes (Job), and cancel them when the client goes away or the request times out.
+// head of the queue goes to the free slot whose session holds the longest prefix of its prompt (one covering
+// half of it at least; ties: the least recently used), which is rewound to that prefix so that only the rest
+// of the prompt is fed (prefix.h); one worker thread per slot feeds the prompt and generates. The HTTP
+// threads submit jobs and read their text as it comes (Job), and cancel them when the client goes away or the
+// request times out.
 #pragma once
 #include "g4/g4.h"
 #include "tools/serve/metrics.h"
@@ -88,8 +89,8 @@ public:
     int threads_per_session() const { return threads_; }
 
 private:
-    // A session and what it holds; `job` and `last_used` under m_, `held` written by its worker under m_
-    // and read by dispatch() only while the slot is free.
+    // A session and what it holds; `job` and `last_used` under m_; `held` written by its worker while the
+    // slot runs a job and read by dispatch() only while the slot is free.
     struct Slot {
         g4_session* session = nullptr;
         SlotHistory held;

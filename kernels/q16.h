@@ -39,7 +39,7 @@ inline constexpr Nf4Int16 kNf4Int16;
 // weight block's absmax turns the integer dot product into the block's float32 term. A block holding an
 // infinity or NaN gives q = 0 and a NaN factor, so the outputs it reaches are NaN, as in float32.
 inline float quantize_block(const float* x, int16_t* q) {
-    float amax = 0.0f;
+    float amax  = 0.0f;
     bool finite = true;
     for (int i = 0; i < kBlock; ++i) {
         amax = std::fmax(amax, std::fabs(x[i]));

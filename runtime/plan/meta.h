@@ -35,7 +35,7 @@ struct MetaPolicy {
     int32_t mlp_replicas = -1;                    // -1 = absent ("auto")
     std::string ple_fold, mlp_fold;               // "" = absent (the defaults)
     std::string
-        cpu_precision; // CPU NF4 decode matmuls: "fast" (int8 x, kernels/q8.h) | "f32"; "" = absent (f32)
+        cpu_precision; // CPU NF4 decode matmuls: "fast" (int16 x, kernels/q16.h) | "f32"; "" = absent (f32)
 };
 
 // The model's hyper-parameters: the two every reader needs, and the model's own (the model definition's,
@@ -109,6 +109,9 @@ struct MetaPlacement {
     std::string ple = "device"; // "host": the gathered embedding table stays in pinned host memory
     bool ple_auto   = false;
     std::string vision, audio; // where each tower runs, or why it is not there
+    // CUDA plans from 1.3: whether sessions screen the LM head with its int8 copy (its bytes are a part of
+    // the plan's GPU memory). Absent (CPU plans, older plans): the runtime decides from the free memory.
+    std::optional<bool> lm_head_screen;
 };
 struct MetaDeviceMemory {
     std::string device;

@@ -158,8 +158,8 @@ TEST_P(Bf16KvParityTest, LogitsWithinBf16DriftAndGreedyMatchHF) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, Bf16KvParityTest, ::testing::Values("e2b_tiny", "e4b_tiny"));
 
-// `--cpu-precision fast` (the default: NF4 matmuls of 1-8 rows with int8 activations, kernels/q8.h) against
-// `f32` on NF4 plans fed 4 tokens a step, so that every position's logits come from the int8 path: within
+// `--cpu-precision fast` (the default: NF4 matmuls of 1-8 rows with int16 activations, kernels/q16.h) against
+// `f32` on NF4 plans fed 4 tokens a step, so that every position's logits come from the integer path: within
 // 1e-2 relative L2 and the same 16 greedy tokens. The tiny fixtures' widths that are whole 64-element blocks
 // take it (e2b_tiny: every projection; e4b_tiny: o and down, its hidden width 96 is not).
 constexpr double kCpuFastTolerance = 1e-2;

@@ -26,6 +26,9 @@ struct CompileOptions {
     std::string prefill_precision = "bf16"; // CUDA prefill matmuls: bf16 (tensor cores) | fp32 (exact SIMT)
     bool deterministic =
         false; // CUDA decode sums in a fixed order (sm_90: no fused MLP, whose atomic adds vary)
+    // CPU decode matmuls of NF4 weights: fast (x quantized to int16 per block, integer dot products,
+    // kernels/q16.h) | f32 (float32 arithmetic throughout). Recorded in META policy.cpu_precision.
+    std::string cpu_precision = "fast";
     std::string mlp_precision =
         "f16"; // sm_90 fused decode MLP products: f16 (packed, where the weights allow) | f32
     // sm_90 decode schedule choices for measuring one form against another (recorded in the plan's policy

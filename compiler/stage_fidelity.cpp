@@ -3,6 +3,7 @@
 // full-precision reference plan, compared.
 #include "compiler/stages.h"
 #include "g4/g4.h"
+#include "kernels/q16.h"
 
 #include <algorithm>
 #include <cmath>
@@ -12,7 +13,9 @@
 namespace g4::stage {
 namespace {
 
-// Logits of a fixed calibration prompt through the CPU runtime.
+// Logits of a fixed calibration prompt through the CPU runtime, fed q16::kMaxRows tokens a step: the row
+// counts of decode steps, which `--cpu-precision fast` runs with integer matmuls (kernels/q16.h), so that
+// the figure measures that path too.
 std::vector<float> calibration_logits(const std::string& plan, int vocab, int n_tokens) {
     g4_engine* e = nullptr;
     if (g4_engine_open(plan.c_str(), nullptr, &e) != G4_OK)
@@ -27,7 +30,12 @@ std::vector<float> calibration_logits(const std::string& plan, int vocab, int n_
         ids[i] =
             i == 0 ? 2 : 3 + (int32_t)((i * 7919ull + 13) % (uint64_t)std::max(1, std::min(vocab, 4096) - 3));
     std::vector<float> logits((size_t)n_tokens * vocab);
-    g4_status st    = g4_session_append_tokens(s, ids.data(), ids.size(), logits.data(), logits.size());
+    g4_status st = G4_OK;
+    for (int i = 0; i < n_tokens && st == G4_OK; i += q16::kMaxRows) {
+        const int n = std::min(q16::kMaxRows, n_tokens - i);
+        st          = g4_session_append_tokens(s, ids.data() + i, n, logits.data() + (size_t)i * vocab,
+                                               (size_t)n * vocab);
+    }
     std::string err = g4_last_error_message();
     g4_session_destroy(s);
     g4_engine_close(e);

@@ -147,6 +147,8 @@ std::string plan_meta(const Inputs& in, const BuiltPlan& b, const Report& rep) {
     po.keep              = opt.keep_regex;
     po.nf4_blocksize     = nf4::kBlock;
     po.kv_dtype          = dtype_str(bo.kv_dtype);
+    // The full-precision reference and a CUDA plan's CPU twin (the GPU's arithmetic is fp32) keep fp32.
+    po.cpu_precision = plan_mode ? opt.cpu_precision : "f32";
     if (cuda) {
         po.deterministic     = opt.deterministic;
         po.prefill_precision = opt.prefill_precision;

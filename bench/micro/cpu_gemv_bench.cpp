@@ -3,9 +3,11 @@
 // (cpu::matmul_tiled), side by side in one process, on 1- and 2-thread pools. Each call reads the next of
 // several copies of the weight blob (>= 128 MiB in all, past the last-level cache), as decode streams a
 // model from memory. Prints the median over the calls, in microseconds, and GB/s of NF4 blob read.
-// Usage: cpu_gemv_bench [calls per cell, default 41] [--dq] [--rows] [--hot]   (--dq: double-quantized
-// absmax; --rows: the row sweep 1..16 at two shapes instead of the decode table; --hot: one copy, so
-// weights that fit stay in cache). Built with the project (build/bench/micro/cpu_gemv_bench).
+// Usage: cpu_gemv_bench [calls per cell, default 41] [--dq] [--rows] [--hot] [--int16]   (--dq:
+// double-quantized absmax; --rows: the row sweep 1..16 at two shapes instead of the decode table; --hot: one
+// copy, so weights that fit stay in cache; --int16: old = the fp32 GEMV, new = the NF4 x int16 GEMV
+// cpu::matmul_nf4_int16, what `--cpu-precision fast` plans run). Built with the project
+// (build/bench/micro/cpu_gemv_bench).
 #include "compiler/nf4_quant.h"
 #include "kernels/cpu/cpu.h"
 #include "kernels/nf4.h"
@@ -53,7 +55,8 @@ struct Cell {
 };
 
 // Alternates the two paths call by call so both see the same machine state.
-Cell time_both(const Shape& s, int rows, bool dq, const Weights& w, cpu::Context& ctx, int calls) {
+Cell time_both(const Shape& s, int rows, bool dq, bool int16, const Weights& w, cpu::Context& ctx,
+               int calls) {
     std::mt19937 gen(2);
     std::normal_distribution<float> nd(0.0f, 1.0f);
     std::vector<float> x((size_t)rows * s.k), y((size_t)rows * s.n);
@@ -69,13 +72,29 @@ Cell time_both(const Shape& s, int rows, bool dq, const Weights& w, cpu::Context
         f();
         return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
     };
+    auto run_old = [&] {
+        if (int16)
+            cpu::matmul_nf4_gemv(ctx, a);
+        else
+            cpu::matmul_tiled(ctx, a);
+    };
+    auto run_new = [&] {
+        if (int16) {
+            MatmulArgs b = a;
+            b.int16_x    = true;
+            cpu::matmul_nf4_int16(ctx, b);
+        } else {
+            cpu::matmul_nf4_gemv(ctx, a);
+        }
+    };
+    const bool has_new = rows <= cpu::kNf4GemvMaxRows;
     for (int i = 0; i < 3; ++i) { // warm-up
-        timed([&] { cpu::matmul_tiled(ctx, a); });
-        timed([&] { cpu::matmul_nf4_gemv(ctx, a); });
+        timed(run_old);
+        if (has_new) timed(run_new);
     }
     for (int i = 0; i < calls; ++i) {
-        t_old.push_back(timed([&] { cpu::matmul_tiled(ctx, a); }));
-        if (rows <= cpu::kNf4GemvMaxRows) t_new.push_back(timed([&] { cpu::matmul_nf4_gemv(ctx, a); }));
+        t_old.push_back(timed(run_old));
+        if (has_new) t_new.push_back(timed(run_new));
     }
     return {median(t_old), t_new.empty() ? 0.0 : median(t_new)};
 }
@@ -84,7 +103,7 @@ Cell time_both(const Shape& s, int rows, bool dq, const Weights& w, cpu::Context
 
 int main(int argc, char** argv) {
     int calls = 41;
-    bool dq = false, row_sweep = false, hot = false;
+    bool dq = false, row_sweep = false, hot = false, int16 = false;
     for (int i = 1; i < argc; ++i) {
         if (!std::strcmp(argv[i], "--dq"))
             dq = true;
@@ -92,6 +111,8 @@ int main(int argc, char** argv) {
             row_sweep = true;
         else if (!std::strcmp(argv[i], "--hot"))
             hot = true;
+        else if (!std::strcmp(argv[i], "--int16"))
+            int16 = true;
         else
             calls = std::max(1, std::atoi(argv[i]));
     }
@@ -118,16 +139,17 @@ int main(int argc, char** argv) {
         ctx[p] = {&pools[p], scratch[p].data(), stride};
     }
 
-    std::printf(
-        "NF4 %s quant, %s, median of %d calls; old = dequantize tile + Eigen GEMM, new = fused GEMV\n",
-        dq ? "double" : "single", hot ? "one weight copy" : "weights rotated over >= 128 MiB", calls);
+    std::printf("NF4 %s quant, %s, median of %d calls; %s\n", dq ? "double" : "single",
+                hot ? "one weight copy" : "weights rotated over >= 128 MiB", calls,
+                int16 ? "old = fp32 GEMV, new = NF4 x int16 GEMV"
+                      : "old = dequantize tile + Eigen GEMM, new = fused GEMV");
     std::printf("%-22s %4s | %-40s | %-40s\n", "shape (N x K)", "rows",
                 "1 thread: old / new us (GB/s), speed-up", "2 threads: old / new us (GB/s), speed-up");
     auto row = [&](const Shape& s, int rows) {
         Weights w(s.n, s.k, dq, hot);
         std::printf("%-22s %4d", s.name, rows);
         for (int p = 0; p < 2; ++p) {
-            Cell c = time_both(s, rows, dq, w, ctx[p], calls);
+            Cell c = time_both(s, rows, dq, int16, w, ctx[p], calls);
             if (c.new_us > 0)
                 std::printf(" | %6.0f (%5.1f) / %6.0f (%5.1f) x%4.2f", c.old_us, w.bytes / c.old_us / 1e3,
                             c.new_us, w.bytes / c.new_us / 1e3, c.old_us / c.new_us);

@@ -1,6 +1,7 @@
 // Scalar reference implementations of every op (see ref.h).
 #include "kernels/ref/ref.h"
 #include "kernels/nf4.h"
+#include "kernels/q16.h"
 
 #include <algorithm>
 #include <cmath>
@@ -53,7 +54,45 @@ void embed(const EmbedArgs& a) {
             a.y[t * a.ldy + j] = load_weight(a.table, a.dt, (int64_t)a.ids[t] * a.n + j) * a.scale;
 }
 
+// The integer path (kernels/q16.h): per row of x and NF4 block, the exact integer dot product of the codes'
+// int16 values with the quantized x, scaled by absmax * amax / (16383 * 16384); the blocks' terms summed in
+// double.
+static void matmul_nf4_int16(const MatmulArgs& a) {
+    const nf4::Layout l = nf4::layout(a.n * a.k, a.nf4_double_quant);
+    const uint8_t* blob = (const uint8_t*)a.w;
+    const int64_t nb    = a.k / q16::kBlock;
+    std::vector<int16_t> q((size_t)a.rows * a.k), wq(a.k);
+    std::vector<float> sx((size_t)a.rows * nb), sw(nb);
+    for (int t = 0; t < a.rows; ++t)
+        for (int64_t b = 0; b < nb; ++b)
+            sx[t * nb + b] =
+                q16::quantize_block(a.x + t * a.ldx + b * q16::kBlock, &q[t * a.k + b * q16::kBlock]);
+    for (int64_t n = 0; n < a.n; ++n) {
+        for (int64_t i = 0; i < a.k; ++i) {
+            const int64_t e    = n * a.k + i;
+            const uint8_t byte = blob[l.codes_off + (e >> 1)];
+            wq[i]              = q16::kNf4Int16.v[(e & 1) ? (byte & 15) : (byte >> 4)];
+        }
+        for (int64_t b = 0; b < nb; ++b)
+            sw[b] = nf4::block_absmax(blob, l, n * nb + b);
+        for (int t = 0; t < a.rows; ++t) {
+            double acc = 0;
+            for (int64_t b = 0; b < nb; ++b) {
+                int64_t dot = 0;
+                for (int i = 0; i < q16::kBlock; ++i)
+                    dot += (int32_t)wq[b * q16::kBlock + i] * q[t * a.k + b * q16::kBlock + i];
+                acc += (double)dot * ((double)sw[b] * sx[t * nb + b]);
+            }
+            a.y[t * a.ldy + n] = (float)acc;
+        }
+    }
+}
+
 void matmul(const MatmulArgs& a) {
+    if (q16::applies(a.int16_x, a.dt == DType::NF4, a.k, a.rows)) {
+        matmul_nf4_int16(a);
+        return;
+    }
     if (a.dt == DType::NF4) { // element by element from the blob (load_weight has no NF4 layout)
         const nf4::Layout l = nf4::layout(a.n * a.k, a.nf4_double_quant);
         std::vector<float> row(a.k);

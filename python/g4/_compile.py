@@ -58,6 +58,7 @@ def compile(
     tokenizer: PathLike | None = None,
     target: str | None = None,
     prefill_precision: str | None = None,
+    cpu_precision: str | None = None,
     deterministic: bool = False,
     vision: bool = True,
     audio: bool = True,
@@ -132,6 +133,7 @@ def compile(
         ("kv_dtype", kv_dtype),
         ("target", target),
         ("prefill_precision", prefill_precision),
+        ("cpu_precision", cpu_precision),
         ("tower_precision", tower_precision),
     ):
         if value is not None:

@@ -72,6 +72,7 @@ g4::CompileOptions options_from(const nb::dict& d) {
                                                 {"target", &o.cuda_target},
                                                 {"prefill_precision", &o.prefill_precision},
                                                 {"mlp_precision", &o.mlp_precision},
+                                                {"cpu_precision", &o.cpu_precision},
                                                 {"kv_dtype", &o.kv_dtype},
                                                 {"tokenizer", &o.tokenizer_path},
                                                 {"cpu_mem", &o.cpu_mem},

@@ -77,6 +77,7 @@ MetaPolicy read_policy(const json& j) {
     p.mlp_replicas      = jf::value<int32_t>(j, "mlp_replicas", -1);
     p.ple_fold          = jf::value<std::string>(j, "ple_fold", "");
     p.mlp_fold          = jf::value<std::string>(j, "mlp_fold", "");
+    p.cpu_precision     = jf::value<std::string>(j, "cpu_precision", "");
     return p;
 }
 
@@ -383,6 +384,7 @@ json to_json(const MetaPolicy& p) {
     if (p.mlp_replicas >= 0) j["mlp_replicas"] = p.mlp_replicas;
     if (!p.ple_fold.empty()) j["ple_fold"] = p.ple_fold;
     if (!p.mlp_fold.empty()) j["mlp_fold"] = p.mlp_fold;
+    if (!p.cpu_precision.empty()) j["cpu_precision"] = p.cpu_precision;
     return j;
 }
 
@@ -524,6 +526,7 @@ std::vector<std::string> meta_keys() {
     m.cuda                     = MetaCuda{"sm_90", 0, 0, "all"};
     m.policy.deterministic     = true;
     m.policy.prefill_precision = m.policy.mlp_precision = m.policy.ple_fold = m.policy.mlp_fold = "x";
+    m.policy.cpu_precision                                                                      = "x";
     m.policy.mlp_replicas                                                                       = 1;
     m.program.layer_devices                                                                     = {0};
     m.program.gpus             = {MetaGpuPart{0, {{0, 1}}, {0, 1}}};

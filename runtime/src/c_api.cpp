@@ -156,7 +156,8 @@ g4_status g4_engine_open(const char* path, const g4_engine_params* params, g4_en
         delete e;
         return set_error(st, err);
     }
-    st = g4::rt::open_backend(e, &e->backend, &err);
+    e->cpu_int16 = e->plan.meta().policy.cpu_precision == "fast";
+    st           = g4::rt::open_backend(e, &e->backend, &err);
     if (st != G4_OK) {
         delete e;
         return set_error(st, std::string(path) + ": " + err);

@@ -25,6 +25,8 @@ struct g4_engine {
     std::unique_ptr<g4::Tokenizer> tokenizer; // null if the plan has none
     double load_ms = 0;
     std::unique_ptr<g4::rt::EngineBackend> backend; // the plan's device side (backend.h)
+    bool cpu_int16 =
+        false; // META policy.cpu_precision "fast": CPU NF4 decode matmuls with int16 x (kernels/q16.h)
 };
 
 namespace g4::rt {

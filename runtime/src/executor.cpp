@@ -122,6 +122,7 @@ g4_status run_ops(g4_session* s, size_t first, size_t end, int32_t rows, int32_t
             }
             MatmulArgs ma{I(0), b.in_ld[0], b.in[1], b.in_dt[1], w.dims[0], w.dims[1], O(0), b.out_ld[0], n};
             ma.nf4_double_quant = (w.quant_flags & plan::kQuantDoubleQuant) != 0;
+            ma.int16_x          = s->engine->cpu_int16;
             cpu::matmul(ctx, ma);
             if (b.in[2]) // LoRA bias, broadcast over rows
                 cpu::add(ctx, {O(0), b.out_ld[0], (const float*)b.in[2], 0, O(0), b.out_ld[0], n,

@@ -5,6 +5,7 @@
 #include "compiler/nf4_quant.h"
 #include "kernels/cpu/cpu.h"
 #include "kernels/nf4.h"
+#include "kernels/q16.h"
 #include "kernels/ref/ref.h"
 #include "models/gemma4/model.h"
 #include "test_util.h"
@@ -321,6 +322,86 @@ TEST(Nf4Gemv, DeterministicAcrossThreadsAndRowCounts) {
                     }
                 }
             }
+        }
+    }
+}
+
+// NF4 x int16 (MatmulArgs::int16_x, kernels/q16.h): 1..8 rows in strided views against the reference (the
+// integer dot products are exact: only the fp32 sum of the block terms differs), single and double quant.
+TEST(Nf4Int16, StridedViewsMatchReference) {
+    for (int64_t k : {1536, 128}) {
+        Fixture f(k, 16);
+        for (int rows = 1; rows <= q16::kMaxRows; ++rows)
+            for (bool dq : {false, true}) {
+                SCOPED_TRACE("k " + std::to_string(k) + " rows " + std::to_string(rows) + (dq ? " dq" : ""));
+                const int64_t n = 37, ldx = k + 29, ldy = n + 11;
+                std::vector<float> y_ref, y_cpu;
+                Nf4Case c({rows, n, k}, dq, ldx, ldy, y_ref);
+                c.a.int16_x = true;
+                for (int t = 0; t < rows; ++t)
+                    for (int64_t j = k; j < ldx; ++j)
+                        c.x[t * ldx + j] = NAN; // never read
+                ref::matmul(c.a);
+                y_cpu.assign(y_ref.size(), -7.0f);
+                c.a.y = y_cpu.data();
+                cpu::matmul(f.ctx, c.a);
+                for (int t = 0; t < rows; ++t)
+                    for (int64_t j = 0; j < ldy; ++j) {
+                        const float r = y_ref[t * ldy + j], v = y_cpu[t * ldy + j];
+                        if (j >= n)
+                            ASSERT_EQ(v, -7.0f) << "row " << t << " col " << j;
+                        else
+                            ASSERT_NEAR(v, r, 1e-5f * (1.0f + std::fabs(r))) << "row " << t << " col " << j;
+                    }
+            }
+    }
+}
+
+// The integer path approximates the float32 NF4 GEMV: x and the codebook rounded to 2^-15 of their block's
+// largest value give about 5e-5 relative L2 at E2B's decode shapes (bound 1e-3).
+TEST(Nf4Int16, CloseToFloat32Gemv) {
+    for (const Nf4Shape& s : {Nf4Shape{1, 6144, 1536}, Nf4Shape{1, 1536, 6144}, Nf4Shape{3, 2048, 1536}}) {
+        SCOPED_TRACE("n " + std::to_string(s.n) + " k " + std::to_string(s.k));
+        Fixture f(s.k, 16);
+        std::vector<float> y_f32, y_int;
+        Nf4Case c(s, false, s.k, s.n, y_f32);
+        cpu::matmul(f.ctx, c.a);
+        y_int.assign(y_f32.size(), 0.0f);
+        c.a.y = y_int.data(), c.a.int16_x = true;
+        cpu::matmul(f.ctx, c.a);
+        const double rel = max_rel(y_int, y_f32);
+        std::printf("NF4_INT16 n=%lld k=%lld rows=%d int16_vs_f32_rel_l2=%.3e\n", (long long)s.n,
+                    (long long)s.k, s.rows, rel);
+        EXPECT_GT(rel, 0.0) << "the integer path ran";
+        EXPECT_LT(rel, 1e-3);
+    }
+}
+
+// The same bits for 1, 2 and 3 threads, and for each row of x whether it comes alone or with others.
+TEST(Nf4Int16, DeterministicAcrossThreadsAndRowCounts) {
+    const int64_t n = 2111, k = 1536;
+    const int rows = q16::kMaxRows;
+    std::vector<float> y;
+    Nf4Case c({rows, n, k}, true, k, n, y);
+    c.a.int16_x = true;
+    std::vector<float> first;
+    for (int threads : {1, 2, 3}) {
+        cpu::ThreadPool pool(threads);
+        std::vector<float> scratch(cpu::scratch_floats_per_thread(k, 16) * threads);
+        cpu::Context ctx{&pool, scratch.data(), cpu::scratch_floats_per_thread(k, 16)};
+        std::fill(y.begin(), y.end(), 0.0f);
+        cpu::matmul(ctx, c.a);
+        if (first.empty())
+            first = y;
+        else
+            EXPECT_TRUE(same_bits(y, first)) << threads << " threads";
+        for (int r : {1, 3, 5}) {
+            std::vector<float> part((size_t)r * n);
+            MatmulArgs a = c.a;
+            a.x = c.x.data() + k, a.y = part.data(), a.rows = r;
+            cpu::matmul(ctx, a);
+            const std::vector<float> want(first.begin() + n, first.begin() + (1 + r) * n);
+            EXPECT_TRUE(same_bits(part, want)) << "rows 1.." << r << ", " << threads << " threads";
         }
     }
 }

@@ -53,6 +53,14 @@ const OpCase kCases[] = {
     {"matmul_odd_bf16", OpCode::Matmul, 2, 1537, 257, 0, DType::BF16},
     {"matmul_q_nf4", OpCode::Matmul, 1, 2048, 1536, 0, DType::NF4},
     {"matmul_rows3_nf4", OpCode::Matmul, 3, 1536, 6144, 0, DType::NF4},
+    // NF4 x int16 (MatmulArgs::int16_x): decode projections of E2B (gate/up, down, k/v; down with 5 rows: a
+    // group of 4 and 1) and E4B (o), and a K that is not whole blocks (the fp32 path)
+    {"matmul_int16_gate_e2b_nf4", OpCode::Matmul, 1, 6144, 1536, 0, DType::NF4},
+    {"matmul_int16_down_e2b_nf4", OpCode::Matmul, 1, 1536, 6144, 0, DType::NF4},
+    {"matmul_int16_kv_e2b_nf4", OpCode::Matmul, 1, 256, 1536, 0, DType::NF4},
+    {"matmul_int16_o_e4b_nf4", OpCode::Matmul, 1, 2560, 2048, 0, DType::NF4},
+    {"matmul_int16_down_e2b_rows5_nf4", OpCode::Matmul, 5, 1536, 6144, 0, DType::NF4},
+    {"matmul_int16_odd_nf4", OpCode::Matmul, 2, 130, 100, 0, DType::NF4},
     {"rmsnorm_hidden_bf16", OpCode::RmsNorm, 3, 2560, 2560, 0, DType::BF16},
     {"rmsnorm_heads_f32", OpCode::RmsNorm, 2, 8 * 256, 256, 0, DType::F32},
     {"rmsnorm_noscale", OpCode::RmsNorm, 1, 512, 512, 0, DType::F32},
@@ -411,6 +419,7 @@ bool run_case(const OpCase& c, const Backend& be, Outputs* out) {
                                              : (const void*)wf.data();
         MatmulArgs a{x.data(), K, w, c.dt, N, K, y.data(), N, T};
         a.nf4_double_quant = c.dt == DType::NF4;
+        a.int16_x          = std::string(c.name).find("int16") != std::string::npos;
         be.matmul(a);
         *out = {y};
         return true;

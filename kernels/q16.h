@@ -1,0 +1,59 @@
+// Integer activations for NF4 matrix-vector products (MatmulArgs::int16_x), shared by the reference and the
+// CPU kernels so that every tier quantizes x to the same values.
+//
+// x is quantized per block of 64 elements (the NF4 block): q = round_half_even(x * 16383 / amax), amax the
+// block's largest |x|, so |q| <= 16383; the NF4 codebook is mapped to int16 as round(codebook * 16384)
+// (kNf4Int16, |value| <= 16384). A block's product is one exact integer dot product of the codes' int16
+// values with q (pairs of products summed by pmaddwd never exceed 2^29), scaled by absmax * amax / (16383 *
+// 16384) in float32, and the blocks' terms are summed in float32. Both roundings are below 2^-14 of the
+// block's largest value: about 1e-4 relative error a matmul, where int8 (x at 1/127 of amax, the codebook
+// at 1/127) gives ~8.5e-3, which the random-weight fixtures amplify to 4-7e-2 in the logits.
+#pragma once
+#include "kernels/nf4.h"
+
+#include <cmath>
+#include <cstdint>
+
+namespace g4::q16 {
+
+inline constexpr int kBlock   = nf4::kBlock; // x's quantization block: one NF4 block
+inline constexpr int kMaxRows = 8;           // int16_x matmuls take at most this many rows (decode steps)
+inline constexpr float kXMax  = 16383.0f;    // largest |q| of x
+inline constexpr float kWMax  = 16384.0f;    // codebook scale
+
+constexpr int16_t round_code(float c) {
+    return (int16_t)(c >= 0 ? (int)(c * kWMax + 0.5f) : -(int)(-c * kWMax + 0.5f));
+}
+
+// round(kCodebook[c] * 16384).
+struct Nf4Int16 {
+    int16_t v[16];
+    constexpr Nf4Int16() : v() {
+        for (int c = 0; c < 16; ++c)
+            v[c] = round_code(nf4::kCodebook[c]);
+    }
+};
+inline constexpr Nf4Int16 kNf4Int16;
+
+// Quantizes one block of kBlock floats into q; returns amax / (16383 * 16384), the factor that with the
+// weight block's absmax turns the integer dot product into the block's float32 term. A block holding an
+// infinity or NaN gives q = 0 and a NaN factor, so the outputs it reaches are NaN, as in float32.
+inline float quantize_block(const float* x, int16_t* q) {
+    float amax  = 0.0f;
+    bool finite = true;
+    for (int i = 0; i < kBlock; ++i) {
+        amax = std::fmax(amax, std::fabs(x[i]));
+        finite &= std::isfinite(x[i]);
+    }
+    const float inv = finite && amax > 0.0f ? kXMax / amax : 0.0f;
+    for (int i = 0; i < kBlock; ++i)
+        q[i] = (int16_t)(inv > 0.0f ? std::nearbyint(x[i] * inv) : 0.0f);
+    return finite ? amax / (kXMax * kWMax) : NAN;
+}
+
+// True when a matmul with these arguments takes the integer path (else it is the float32 NF4 matmul).
+inline bool applies(bool int16_x, bool nf4, int64_t k, int rows) {
+    return int16_x && nf4 && k % kBlock == 0 && rows >= 1 && rows <= kMaxRows;
+}
+
+} // namespace g4::q16

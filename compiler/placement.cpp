@@ -516,6 +516,8 @@ std::vector<DeviceMemory> memory_plan(const Figures& f, const Placement& p, bool
         gpu[p.cuda_index].parts.push_back({"vision tower", f.vision_weights + f.vision_gpu_buffers});
     if (p.audio_gpu)
         gpu[p.cuda_index].parts.push_back({"audio tower", f.audio_weights + f.audio_gpu_buffers});
+    if (p.lm_screen && f.lm_screen)
+        gpu[p.cuda_index].parts.push_back({"LM head screening copy", f.lm_screen});
     DeviceMemory h;
     h.device = "host";
     h.parts  = {{"pinned buffers", f.pinned}};
@@ -561,8 +563,9 @@ Decision decide_fixed(const Placement& p, const Figures& f, int max_context,
 // first (it is read every token, a tower once an image or clip), then the vision tower, then the audio tower:
 // the tower placements are tried in the order both, vision alone, audio alone, neither (varying only the
 // automatic towers), first with the PLE table on the GPU, then with it in host memory.
-Decision decide(const Placement& p, const Figures& f, int max_context,
-                const std::function<Figures(int)>& figures_at, int threads) {
+namespace {
+Decision decide_towers(const Placement& p, const Figures& f, int max_context,
+                       const std::function<Figures(int)>& figures_at, int threads) {
     if (!p.vision_auto && !p.audio_auto) return decide_fixed(p, f, max_context, figures_at, threads, false);
     std::vector<Placement> tries;
     for (bool v : p.vision_auto ? std::vector<bool>{true, false} : std::vector<bool>{p.vision_gpu})
@@ -614,6 +617,28 @@ Decision decide(const Placement& p, const Figures& f, int max_context,
             (vision ? q.vision_why : q.audio_why) = why(vision);
     }
     return *d;
+}
+} // namespace
+
+// The placement first (decide_towers), then the LM head's screening copy where it fits beside it: it speeds
+// up greedy decode steps but is the first thing to give up under a budget.
+Decision decide(const Placement& p, const Figures& f, int max_context,
+                const std::function<Figures(int)>& figures_at, int threads) {
+    Decision d  = decide_towers(p, f, max_context, figures_at, threads);
+    Placement q = d.placement;
+    if (!f.lm_screen || q.cuda_index < 0 || q.has_cpu_layers() || q.gpus().size() > 1) return d;
+    q.lm_screen                         = true;
+    std::vector<DeviceMemory> with_copy = memory_plan(f, q, q.ple_host, threads);
+    const DeviceMemory& g               = with_copy[0];
+    if (g.budget && g.need() > *g.budget) {
+        d.placement.notes.push_back("decode steps compute every logit: the LM head's int8 screening copy (" +
+                                    human(f.lm_screen) + ") does not fit " + g.budget_flag +
+                                    " beside the plan (" + budget_flag_for(g, g.need()) + " would fit it)");
+        return d;
+    }
+    d.placement = q;
+    d.memory    = std::move(with_copy);
+    return d;
 }
 
 namespace {
@@ -815,13 +840,14 @@ void Decision::to_meta(plan::Meta* m) const {
         pl.layers.push_back({l, e, p.cuda_index < 0 ? "cpu" : on(l) < 0 ? "cpu" : cuda(on(l))});
         l = e + 1;
     }
-    pl.device    = dev;
-    pl.embed     = dev;
-    pl.lm_head   = dev;
-    pl.ple       = p.ple_host ? "host" : "device";
-    pl.ple_auto  = p.ple_auto;
-    pl.vision    = p.tower_where.count("vision") ? p.tower_where.at("vision") : "not compiled";
-    pl.audio     = p.tower_where.count("audio") ? p.tower_where.at("audio") : "not compiled";
+    pl.device   = dev;
+    pl.embed    = dev;
+    pl.lm_head  = dev;
+    pl.ple      = p.ple_host ? "host" : "device";
+    pl.ple_auto = p.ple_auto;
+    pl.vision   = p.tower_where.count("vision") ? p.tower_where.at("vision") : "not compiled";
+    pl.audio    = p.tower_where.count("audio") ? p.tower_where.at("audio") : "not compiled";
+    if (p.cuda_index >= 0) pl.lm_head_screen = p.lm_screen;
     m->placement = pl;
     m->memory.clear();
     for (const DeviceMemory& d : memory)

@@ -98,6 +98,9 @@ struct Placement {
     // CUDA plans whose text layers span devices: each layer's device, -1 for the CPU or a CUDA index
     // (empty: every layer on the plan's GPU). Embeddings, PLE and LM head stay on the plan's GPU.
     std::vector<int> layer_device;
+    // Decode steps screen the LM head with its int8 copy on the plan's GPU (decide(): where the schedule's
+    // head takes one, the plan runs on that GPU alone, and the copy fits its budget beside everything else).
+    bool lm_screen = false;
     bool hybrid() const { return !layer_device.empty(); }
     bool layer_on_cpu(int l) const { return hybrid() && layer_device[l] < 0; }
     bool has_cpu_layers() const;
@@ -112,6 +115,7 @@ struct Figures {
     uint64_t weights = 0, ple_table = 0, activations = 0, kv_cache = 0, attention_workspace = 0;
     uint64_t scratch_per_thread = 0; // CPU plans, per worker thread
     uint64_t pinned             = 0; // CUDA plans: pinned host buffers (ids, logits, step)
+    uint64_t lm_screen          = 0; // CUDA plans: the LM head's int8 screening copy (0: the head takes none)
     std::string kv_dtype;            // "f32" | "bf16": named in the KV cache's label when set
     // CUDA plans with CPU-placed layers (part of the totals above, held in host memory): the CPU
     // layers' weights and KV caches (mirrors of GPU donors' caches included), the host copy of the

@@ -323,6 +323,11 @@ void session_figures(const Inputs& in, const BuiltPlan& b, Report* rep) {
         rep->cuda_pinned =
             cuda_ws::pinned_bytes(opt.max_rows, opt.logits_rows, hp.vocab_size, in.max_context);
         rep->cpu_scratch_per_thread = (uint64_t)std::max<int64_t>(32 * max_k, in.max_context + 64) * 4;
+        const int li = cuda_ws::lm_screen_launch(schedule.data(), schedule.size(), ops.data(), tensors.data(),
+                                                 prog.logits);
+        if (li >= 0 && gpus.size() <= 1)
+            rep->lm_screen = cuda_ws::lm_screen_bytes(
+                tensors[ops[plan::launch_params<plan::GemvLaunch>(schedule[li]).mat0].in[1]]);
     }
     rep->weights_bytes = weights_size;
     for (size_t t = 0; t < prog.tensors.size(); ++t)
@@ -372,6 +377,7 @@ placement::Figures figures_of(const Inputs& in, const Report& r, bool cpu_layers
     f.audio_arena         = r.audio_arena;
     f.vision_weights      = r.vision_end - r.vision_begin;
     f.vision_gpu_buffers  = r.vision_program_gpu;
+    f.lm_screen           = r.lm_screen;
     f.audio_weights       = r.audio_end - r.audio_begin;
     f.audio_gpu_buffers   = in.towers.audio_gpu_bytes;
     if (!in.tower_names.empty() || !in.encoders.empty()) {

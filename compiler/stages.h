@@ -120,6 +120,7 @@ struct Report {
     uint64_t audio_arena    = 0; // the audio program's part of them
     // The vision program's device memory where it runs on the plan's GPU: its arena and launch records.
     uint64_t vision_program_gpu = 0;
+    uint64_t lm_screen          = 0; // the LM head's int8 screening copy where the schedule's head takes one
     std::map<int, placement::Figures::Gpu> gpus; // cross-device plans: per GPU
     cross_device::Stats cross;
     std::string kv_dtype;

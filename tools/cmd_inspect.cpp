@@ -78,6 +78,10 @@ int inspect_plan(int argc, char** argv) {
             "placement: text layers %s; embed on %s, lm_head on %s; PLE table %s%s; vision %s; audio %s\n",
             layers.c_str(), pl.embed.c_str(), pl.lm_head.c_str(), ple.c_str(),
             pl.ple_auto ? " (decided by the budget check)" : "", pl.vision.c_str(), pl.audio.c_str());
+        if (pl.lm_head_screen)
+            std::printf("LM head screening: %s\n", *pl.lm_head_screen
+                                                       ? "on (its int8 copy on the plan's GPU)"
+                                                       : "off (decode steps compute every logit)");
         std::vector<g4::placement::DeviceMemory> mem;
         for (const g4::plan::MetaDeviceMemory& d : meta.memory) {
             g4::placement::DeviceMemory m;

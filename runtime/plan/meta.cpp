@@ -170,8 +170,10 @@ json placement_json(const MetaPlacement& p) {
     json layers = json::array();
     for (const MetaLayerRange& r : p.layers)
         layers.push_back({{"first", r.first}, {"last", r.last}, {"device", r.device}});
-    return {{"device", p.device}, {"layers", layers},       {"embed", p.embed},   {"lm_head", p.lm_head},
-            {"ple", p.ple},       {"ple_auto", p.ple_auto}, {"vision", p.vision}, {"audio", p.audio}};
+    json j = {{"device", p.device}, {"layers", layers},       {"embed", p.embed},   {"lm_head", p.lm_head},
+              {"ple", p.ple},       {"ple_auto", p.ple_auto}, {"vision", p.vision}, {"audio", p.audio}};
+    if (p.lm_head_screen) j["lm_head_screen"] = *p.lm_head_screen;
+    return j;
 }
 MetaPlacement read_placement(const json& j) {
     MetaPlacement p;
@@ -186,6 +188,7 @@ MetaPlacement read_placement(const json& j) {
     p.ple_auto = jf::value<bool>(j, "ple_auto", false);
     p.vision   = jf::value<std::string>(j, "vision", "?");
     p.audio    = jf::value<std::string>(j, "audio", "?");
+    if (j.contains("lm_head_screen")) p.lm_head_screen = jf::get<bool>(j, "lm_head_screen");
     return p;
 }
 

@@ -107,6 +107,9 @@ struct MetaPlacement {
     std::string ple = "device"; // "host": the gathered embedding table stays in pinned host memory
     bool ple_auto   = false;
     std::string vision, audio; // where each tower runs, or why it is not there
+    // CUDA plans from 1.3: whether sessions screen the LM head with its int8 copy (its bytes are a part of
+    // the plan's GPU memory). Absent (CPU plans, older plans): the runtime decides from the free memory.
+    std::optional<bool> lm_head_screen;
 };
 struct MetaDeviceMemory {
     std::string device;

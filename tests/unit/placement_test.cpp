@@ -330,6 +330,47 @@ TEST(Placement, DecideKeepsEverythingOnTheGpuWhenItFits) {
     EXPECT_NE(d.placement_line().find("PLE table on cuda:0"), std::string::npos);
 }
 
+// The LM head's screening copy: planned on the GPU where it fits beside everything else, the first thing
+// given up under a budget (the PLE table stays on the GPU before it), never in CPU plans.
+TEST(Placement, DecidePlansTheLmHeadScreeningCopyWhereItFits) {
+    const int n    = 100; // needs 23500 with the PLE table, 20500 without
+    auto with_copy = [](int m) {
+        Figures f   = fake(m);
+        f.lm_screen = 700;
+        return f;
+    };
+    Placement p = resolve_str("", {"0:24200"}, 35, 0);
+    Decision d  = decide(p, with_copy(n), n, with_copy, 0);
+    EXPECT_TRUE(d.placement.lm_screen);
+    EXPECT_FALSE(d.placement.ple_host);
+    EXPECT_EQ(d.memory[0].need(), gpu_need(n, false) + 700);
+    EXPECT_EQ(d.memory[0].parts.back(), (std::pair<std::string, uint64_t>{"LM head screening copy", 700}));
+    g4::plan::Meta meta;
+    d.to_meta(&meta);
+    ASSERT_TRUE(meta.placement->lm_head_screen.has_value());
+    EXPECT_TRUE(*meta.placement->lm_head_screen);
+    EXPECT_EQ(meta.memory[0].total(), gpu_need(n, false) + 700);
+
+    Placement q = resolve_str("", {"0:24199"}, 35, 0);
+    Decision e  = decide(q, with_copy(n), n, with_copy, 0);
+    EXPECT_FALSE(e.placement.lm_screen);
+    EXPECT_FALSE(e.placement.ple_host);
+    EXPECT_EQ(e.memory[0].need(), gpu_need(n, false));
+    std::string notes;
+    for (const std::string& s : e.placement.notes)
+        notes += s + "\n";
+    EXPECT_NE(notes.find("screening copy"), std::string::npos) << notes;
+    EXPECT_NE(notes.find("does not fit --gpu-mem 0:24199"), std::string::npos) << notes;
+    e.to_meta(&meta);
+    EXPECT_FALSE(*meta.placement->lm_head_screen);
+
+    Placement c = resolve_str("", {}, 35, -1);
+    Decision cd = decide(c, with_copy(n), n, with_copy, 0);
+    EXPECT_FALSE(cd.placement.lm_screen);
+    cd.to_meta(&meta);
+    EXPECT_FALSE(meta.placement->lm_head_screen.has_value());
+}
+
 TEST(Placement, DecideMovesThePleTableToHostWhenThatFits) {
     const int n = 100;
     Placement p = resolve_str("", {"0:23499"}, 35, 0);

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <string>
 
 #include <cmath>
@@ -40,43 +41,43 @@ g4_status bind_sampling_kernels(const ModuleKernels& m, Kernels& k, std::string*
     return G4_OK;
 }
 
-// LM-head screening (kernels/cuda/lm_screen.cu): where the plan runs on one GPU without CPU layers and its
-// decode schedule ends in a bf16 head GEMV the kernels take, builds the int8 copy and its row bounds on the
-// GPU. Skipped (decode steps compute every logit, as before) when G4_LM_SCREEN=0 or when the GPU lacks the
-// memory for it beside the weights and a session with ~256 MiB to spare.
+// LM-head screening (kernels/cuda/lm_screen.cu): where the plan says so (META placement.lm_head_screen,
+// decided by the compiler from the schedule and the --gpu-mem budget, its bytes counted in the plan's GPU
+// memory), builds the int8 copy and its row bounds on the GPU. Skipped (decode steps compute every logit)
+// when G4_LM_SCREEN=0 or the plan has no screening. Plans written before the compiler decided it screen
+// where the GPU has the memory beside the weights and a session with ~256 MiB to spare.
 g4_status lm_screen_setup(const plan::Plan& p, EngineState* st, std::string* err) {
     const Driver* d = st->d;
     const auto& in  = p.info();
     Gpu& g          = st->gpus[0];
-    if (rt::env::lm_screen_off() || in.gpus.size() != 1 || p.has_cpu_layers() || !p.n_launches() ||
-        !g.k.lm_screen)
+    const std::optional<bool> planned =
+        p.meta().placement ? p.meta().placement->lm_head_screen : std::optional<bool>();
+    if (rt::env::lm_screen_off() || (planned && !*planned) || in.gpus.size() != 1 || p.has_cpu_layers() ||
+        !p.n_launches() || !g.k.lm_screen)
         return G4_OK;
-    int li = -1;
-    for (size_t i = 0; i < p.n_launches(); ++i) {
-        const CudaLaunch& l = p.launch(i);
-        if (l.kind == (uint16_t)LaunchKind::Gemv &&
-            (int)p.op(plan::launch_params<plan::GemvLaunch>(l).mat0).out[0] == in.logits_tensor)
-            li = (int)i;
+    const int li =
+        cuda_ws::lm_screen_launch(&p.launch(0), p.n_launches(), &p.op(0), &p.tensor(0), in.logits_tensor);
+    if (li < 0) {
+        if (!planned) return G4_OK;
+        *err = "the plan asks for LM-head screening but its decode schedule has no head the screening "
+               "kernels take: the plan is damaged; re-run g4 compile";
+        return G4_ERR_PLAN_CORRUPT;
     }
-    if (li < 0) return G4_OK;
     const plan::GemvLaunch l = plan::launch_params<plan::GemvLaunch>(p.launch(li));
-    const PlanOp& op         = p.op(l.mat0);
-    const PlanTensor& w      = p.tensor(op.in[1]);
-    const int lanes_i = gemv_lanes_index(l.lanes), V = (int)w.dims[0], K = (int)w.dims[1];
-    if (l.nmat != 1 || (l.epilogue != 0 && l.epilogue != 3) || w.dtype != (uint8_t)DType::BF16 ||
-        lanes_i < 0 || K % 16 || K > 4096 ||
-        (long)ceil_div(V, 128 / l.lanes * 4) > (long)kArgmaxBlocks * 1024)
-        return G4_OK;
+    const PlanTensor& w      = p.tensor(p.op(l.mat0).in[1]);
+    const int V = (int)w.dims[0], K = (int)w.dims[1];
     CUdeviceptr wd = 0;
     for (const Gpu::Seg& sg : g.segs)
         if (w.offset >= sg.begin && w.offset < sg.end) wd = g.weights + sg.at + (w.offset - sg.begin);
     if (!wd) return G4_OK;
-    const uint64_t scale_at = ((uint64_t)V * K + 255) / 256 * 256, bytes = scale_at + (uint64_t)V * 8;
+    const uint64_t scale_at = cuda_ws::lm_screen_scale_at(w), bytes = cuda_ws::lm_screen_bytes(w);
     CU_TRY(d->cuCtxSetCurrent(g.ctx), "cuCtxSetCurrent");
-    size_t free_b = 0, total_b = 0;
-    CU_TRY(d->cuMemGetInfo(&free_b, &total_b), "cuMemGetInfo");
-    if (free_b < bytes + session_device_bytes(in, 0) + (256ull << 20))
-        return G4_OK; // the towers' weights are already up
+    if (!planned) {
+        size_t free_b = 0, total_b = 0;
+        CU_TRY(d->cuMemGetInfo(&free_b, &total_b), "cuMemGetInfo");
+        if (free_b < bytes + session_device_bytes(in, 0) + (256ull << 20))
+            return G4_OK; // the towers' weights are already up
+    }
     CU_TRY(d->cuMemAlloc(&st->lm_q, bytes), "allocating the LM head's screening copy");
     st->lm_bytes = bytes, st->lm_scale_at = scale_at;
     CUdeviceptr q = st->lm_q, sc = st->lm_q + scale_at, bd = sc + (uint64_t)V * 4;

@@ -134,4 +134,34 @@ inline uint64_t pinned_bytes(int64_t max_rows, int64_t logits_rows, int64_t voca
            (uint64_t)kTopkMax * 8 + (uint64_t)kSoftmaxBlocks * 16;
 }
 
+// LM-head screening (kernels/cuda/lm_screen.cu, runtime/src/cuda/sampling_launch.cpp): an int8 copy of the
+// head's bf16 weights (rows padded to 256 bytes in all), a float scale and a pair of bounds per row. The
+// screening kernels take a decode schedule whose logits come from one bf16 GEMV record (no second matrix,
+// plain or soft-capped epilogue) of K <= 4096 columns (K % 16 == 0) and a vocabulary the argmax's blocks
+// cover. lm_screen_launch: that record's index, or -1; lm_screen_bytes: the copy's bytes, 0 without one.
+inline int lm_screen_launch(const plan::CudaLaunch* sched, size_t n, const plan::PlanOp* ops,
+                            const plan::PlanTensor* tensors, int32_t logits) {
+    for (size_t i = 0; i < n; ++i) {
+        if (sched[i].kind != (uint16_t)plan::LaunchKind::Gemv) continue;
+        const plan::GemvLaunch l = plan::launch_params<plan::GemvLaunch>(sched[i]);
+        const plan::PlanOp& op   = ops[l.mat0];
+        if ((int32_t)op.out[0] != logits) continue;
+        const plan::PlanTensor& w = tensors[op.in[1]];
+        const int64_t V = w.dims[0], K = w.dims[1];
+        const bool lanes = l.lanes == 8 || l.lanes == 16 || l.lanes == 32 || l.lanes == 64 || l.lanes == 128;
+        if (l.nmat != 1 || (l.epilogue != 0 && l.epilogue != 3) || w.dtype != (uint8_t)DType::BF16 ||
+            !lanes || K % 16 || K > 4096 ||
+            (V + 128 / l.lanes * 4 - 1) / (128 / l.lanes * 4) > (int64_t)kArgmaxBlocks * 1024)
+            return -1;
+        return (int)i;
+    }
+    return -1;
+}
+inline uint64_t lm_screen_scale_at(const plan::PlanTensor& w) {
+    return ((uint64_t)w.dims[0] * (uint64_t)w.dims[1] + 255) / 256 * 256;
+}
+inline uint64_t lm_screen_bytes(const plan::PlanTensor& w) {
+    return lm_screen_scale_at(w) + (uint64_t)w.dims[0] * 8;
+}
+
 } // namespace g4::cuda_ws

@@ -183,12 +183,12 @@ template <class P> void check_with_table(OpChecker& c) {
     if (!range.empty()) return (void)c.fail(range);
     OpTable<P>::check(c, params<P>(c.op));
 }
-template <class... P> std::array<OpRules, 256> make_rules(std::tuple<P...>*) {
+template <class... P> constexpr std::array<OpRules, 256> make_rules(std::tuple<P...>*) {
     std::array<OpRules, 256> r{};
     ((r[(size_t)OpTable<P>::code] = OpRules{OpTable<P>::use, &check_with_table<P>}), ...);
     return r;
 }
-const std::array<OpRules, 256> kRules = make_rules((AllOpParams*)nullptr);
+constexpr std::array<OpRules, 256> kRules = make_rules((AllOpParams*)nullptr);
 
 // One op's operands, views and parameters in its program g (text: the text program); defects into c. An
 // encoder program's op runs over one of its row counts and names only its program's tensors.
@@ -228,7 +228,7 @@ std::string check_program(const Plan& p) {
             ++prog;
         const PlanProgram& g = p.program(prog);
         const bool text      = prog == 0;
-        OpChecker c{p, op, in, g, text};
+        OpChecker c{p, op, in, g, text, 0, 0, ""};
         // Weights and KV caches are read from their first column (the runtime adds no offset to weights).
         for (int k = 0; k < 4 && c.err.empty(); ++k)
             if (op.in[k] >= 0 && p.tensor(op.in[k]).kind == (uint8_t)TensorKind::Weight && op.in_col[k] != 0)

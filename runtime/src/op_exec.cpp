@@ -24,15 +24,15 @@ template <Replayable P> void run_with_table(const plan::PlanOp& op, const cpu::C
     cpu::OpKernel<T::code>::run(ctx, T::args(io, plan::params<P>(op)));
 }
 
-template <class P> void add_runner(std::array<Runner, 256>& r) {
+template <class P> constexpr void add_runner(std::array<Runner, 256>& r) {
     if constexpr (Replayable<P>) r[(size_t)plan::OpTable<P>::code] = &run_with_table<P>;
 }
-template <class... P> std::array<Runner, 256> make_runners(std::tuple<P...>*) {
+template <class... P> constexpr std::array<Runner, 256> make_runners(std::tuple<P...>*) {
     std::array<Runner, 256> r{};
     (add_runner<P>(r), ...);
     return r;
 }
-const std::array<Runner, 256> kRunners = make_runners((plan::AllOpParams*)nullptr);
+constexpr std::array<Runner, 256> kRunners = make_runners((plan::AllOpParams*)nullptr);
 
 } // namespace
 

@@ -338,6 +338,7 @@ void session_figures(const Inputs& in, const BuiltPlan& b, Report* rep) {
         if (b.programs[k].device < 0) rep->encoder_arenas += arena;
         if (b.programs[k].device < 0 && b.programs[k].name == "audio") rep->audio_arena = arena;
         if (b.programs[k].name == "vision") rep->vision_program_gpu = arena + rt::kEncoderStepBytes;
+        if (b.programs[k].name == "audio") rep->audio_program_gpu = arena + rt::kEncoderStepBytes;
     }
     rep->act_arena     = act_arena;
     rep->kv_arena      = kv_arena;
@@ -379,7 +380,7 @@ placement::Figures figures_of(const Inputs& in, const Report& r, bool cpu_layers
     f.vision_gpu_buffers  = r.vision_program_gpu;
     f.lm_screen           = r.lm_screen;
     f.audio_weights       = r.audio_end - r.audio_begin;
-    f.audio_gpu_buffers   = in.towers.audio_gpu_bytes;
+    f.audio_gpu_buffers   = r.audio_program_gpu;
     if (!in.tower_names.empty() || !in.encoders.empty()) {
         f.tower_buffers_vision_gpu = rt::media_block(in.towers.sizing(true, false)).total();
         f.tower_buffers_audio_gpu  = rt::media_block(in.towers.sizing(false, true)).total();

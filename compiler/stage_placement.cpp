@@ -39,11 +39,14 @@ placement::Decision decide_placement(Inputs& in, placement::Placement& place,
         decided = placement::decide(place, figures_of(in, rep, place.has_cpu_layers()), in.max_context,
                                     figures_at, threads);
     }
-    { // META and the report: where each tower runs, its buffers; the vision program's device
+    { // META and the report: where each tower runs, its buffers; the encoder programs' devices
         placement::Placement& pl   = decided->placement;
         in.towers.vision_gpu_bytes = rep.vision_program_gpu;
-        for (EncoderProgram& e : in.encoders)
+        in.towers.audio_gpu_bytes  = rep.audio_program_gpu;
+        for (EncoderProgram& e : in.encoders) {
             if (e.name == "vision") e.device = pl.vision_gpu ? in.cuda_index : -1;
+            if (e.name == "audio") e.device = pl.audio_gpu ? in.cuda_index : -1;
+        }
         const std::string dev = "cuda:" + std::to_string(in.cuda_index);
         for (const char* c : {"vision", "audio"}) {
             const bool gpu         = std::string(c) == "vision" ? pl.vision_gpu : pl.audio_gpu;

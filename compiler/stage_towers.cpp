@@ -1,30 +1,30 @@
 // The towers in the inputs stage of `g4 compile` (compiler/stages.h): their configs and every weight's shape
-// checked before any heavy work, their session buffers sized, where each may run. They run on the CPU; in a
-// CUDA plan either may run on the plan's GPU instead (decided with the memory plan, stage_placement.cpp; the
-// vision tower is an encoder program, placed there as a whole).
+// checked before any heavy work, their session buffers sized, where each may run. Each is an encoder program
+// that runs on the CPU; in a CUDA plan either may run on the plan's GPU instead, as a whole (decided with the
+// memory plan, stage_placement.cpp).
 #include "compiler/stages.h"
+#include "compiler/tower_lookup.h"
 #include "kernels/cpu/cpu.h"
 #include "kernels/cpu/thread_pool.h"
 #include "models/gemma4/audio_graph.h"
 #include "models/gemma4/vision_graph.h"
+#include "runtime/plan/op_params.h"
 #include "runtime/src/frontend/image.h"
 #include "runtime/src/frontend/media.h"
 #include "runtime/src/log_mel.h"
 #include "runtime/src/media/video_decode.h"
-#include "runtime/src/towers/audio.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <deque>
 #include <optional>
-#include <set>
 
 namespace g4::stage {
 namespace {
 
-// A checkpoint's tensors as the towers read them (runtime/src/towers/tower.h); f16 widened to f32, and a
-// tensor that is not 4-byte aligned in the mapped file (a valid safetensors header may have any length)
+// A checkpoint's tensors as the towers' builders read them (compiler/tower_lookup.h); f16 widened to f32, and
+// a tensor that is not 4-byte aligned in the mapped file (a valid safetensors header may have any length)
 // copied to aligned storage, since the towers read floats and bf16 words in place.
 struct CheckpointLookup {
     const st::Checkpoint& ck;
@@ -200,42 +200,41 @@ void check_vision(Inputs& in, const std::string& cfg, const towers::Lookup& look
     v.pixel_std           = 0.5f;
 }
 
-// The hand-written GPU audio tower (runtime/src/towers/audio.h) in a CUDA plan: whether it can run on the
-// plan's GPU, its device buffer and its host buffers there.
-void gpu_audio(Inputs& in, const towers::Lookup& lookup, towers::Precision prec, int64_t max_samples) {
-    const CompileOptions& opt = in.opt;
-    TowerSizing& ts           = in.towers;
-    towers::AudioHParams ah;
-    std::string e = towers::parse_audio_hparams(in.mc.audio_config_json, in.mc.text.hidden_size, &ah);
-    ah.precision  = prec;
-    towers::AudioTower at;
-    if (e.empty()) e = at.init(ah, lookup, max_samples);
-    if (!e.empty())
-        throw CompileError("audio tower of " + opt.model_dir + ": " + e +
-                           " (--no-audio leaves the tower out)");
-    // bf16 tensor-core matmuls; the SSCP conv kernel stages a 3x3 patch and a position's outputs in shared
-    // memory, the attention kernel the logits of a query's W keys (48 KiB at most without opting in).
-    const int c0 = ah.subsampling_conv_channels[0], c1 = ah.subsampling_conv_channels[1];
-    const size_t conv_smem = 4 * std::max<size_t>(9 + c0, 9 * (size_t)c0 + c1),
-                 attn_smem = 4 * (size_t)(ah.attention_context_left - 1);
+// Why the audio program cannot run on the plan's GPU (the encoder runner,
+// runtime/src/cuda/encoder_launch.cpp), or "". Its matmuls there are bf16 tensor-core GEMMs with fp32
+// accumulation; two of the sequence kernels (kernels/cuda/sequence_ops.cu) keep a block's data in shared
+// memory, at most the 48 KiB a kernel gets without opting in: g4_conv2d_norm_relu a 3x3 input patch and one
+// position's outputs, g4_local_attention one query's logits over its window.
+std::string audio_gpu_no(const CompileOptions& opt, const EncoderProgram& prog) {
     if (opt.weights == "f32")
-        ts.audio_gpu_no =
-            "the GPU audio tower needs bf16 weights, and --weights f32 stores the towers' as f32";
-    else if (opt.tower_precision == "fp32")
-        ts.audio_gpu_no = "--tower-precision fp32 was given, and the GPU audio tower's matmuls are bf16 "
-                          "with fp32 accumulation";
-    else if (conv_smem > 48 * 1024 || attn_smem > 48 * 1024)
-        ts.audio_gpu_no = "its subsampling_conv_channels / attention_context_left need more shared "
-                          "memory than the GPU kernels take (48 KiB)";
-    ts.audio_gpu_bytes      = at.gpu_layout().total;
-    ts.audio_host_bytes     = at.gpu_host_scratch_bytes();
-    ts.audio_feature_floats = at.gpu_thread_scratch_floats();
+        return "the GPU audio tower needs bf16 weights, and --weights f32 stores the towers' as f32";
+    if (opt.tower_precision == "fp32")
+        return "--tower-precision fp32 was given, and the GPU audio tower's matmuls are bf16 with fp32 "
+               "accumulation";
+    constexpr size_t kSmem = 48 * 1024;
+    for (const gemma4::OpDesc& o : prog.graph.ops) {
+        if (o.op.code == (uint16_t)OpCode::Conv2dNormRelu) {
+            const auto c      = plan::params<plan::Conv2dNormReluParams>(o.op);
+            const size_t need = sizeof(float) * (9 * (size_t)c.c_in + (size_t)c.c_out);
+            if (need > kSmem)
+                return "its convolution " + o.name + " (" + std::to_string(c.c_in) + " to " +
+                       std::to_string(c.c_out) + " channels: audio_config subsampling_conv_channels) needs " +
+                       std::to_string(need) + " bytes of GPU shared memory, more than the kernel's 48 KiB";
+        } else if (o.op.code == (uint16_t)OpCode::LocalAttention) {
+            const auto a      = plan::params<plan::LocalAttentionParams>(o.op);
+            const size_t need = sizeof(float) * (size_t)a.window;
+            if (need > kSmem)
+                return "its attention window of " + std::to_string(a.window) +
+                       " keys (audio_config attention_context_left) needs " + std::to_string(need) +
+                       " bytes of GPU shared memory, more than the kernel's 48 KiB";
+        }
+    }
+    return "";
 }
 
-// The audio encoder program (models/gemma4/audio_graph.h) on the CPU, its input made by the runtime's log-mel
-// front end (META towers.audio). Every checkpoint tensor it reads is shape-checked here; the ClippableLinear
-// bounds (read into its Clamp ops) stay tensors of the program too (unread by its ops) for the GPU tower,
-// which reads them by name.
+// The audio encoder program (models/gemma4/audio_graph.h), its input made by the runtime's log-mel front end
+// on the CPU (META towers.audio). Every checkpoint tensor it reads is shape-checked here; the ClippableLinear
+// bounds are read into its Clamp ops' parameters.
 EncoderProgram audio_program(const gemma4::AudioHParams& h, int64_t max_samples, bool bf16,
                              const towers::Lookup& lookup, const std::string& where) {
     gemma4::AudioBuildOptions o;
@@ -252,9 +251,7 @@ EncoderProgram audio_program(const gemma4::AudioHParams& h, int64_t max_samples,
     gemma4::AudioProgram a;
     if (std::string e = gemma4::build_audio_program(h, o, read, &a); !e.empty())
         throw CompileError("audio tower of " + where + ": " + e + " (--no-audio leaves the tower out)");
-    std::set<std::string> held;
     for (const auto& t : a.graph.tensors) {
-        held.insert(t.name);
         if (t.kind != plan::TensorKind::Weight || t.role != gemma4::WeightRole::Tower) continue;
         const towers::Tensor* w = lookup(t.name);
         std::vector<int64_t> dims;
@@ -274,18 +271,6 @@ EncoderProgram audio_program(const gemma4::AudioHParams& h, int64_t max_samples,
                                shape(dims) + ", expected " + shape(t.dims) +
                                " (--no-audio leaves the tower out)");
     }
-    for (const auto& n : gemma4::audio_weight_names(h))
-        if (!held.count(n)) {
-            if (!lookup(n))
-                throw CompileError("audio tower of " + where + ": tensor 'model." + n +
-                                   "' is missing (--no-audio leaves the tower out)");
-            gemma4::TensorDesc d;
-            d.name = n;
-            d.kind = plan::TensorKind::Weight;
-            d.dims = {1};
-            d.role = gemma4::WeightRole::TowerScalar;
-            a.graph.tensors.push_back(std::move(d));
-        }
     EncoderProgram e;
     e.name          = "audio";
     e.graph         = std::move(a.graph);
@@ -318,17 +303,15 @@ void check_audio(Inputs& in, const std::string& cfg, const towers::Lookup& looku
     const media::LogMelParams lp{fe.sample_rate, fe.frame_length, fe.hop_length, fe.fft_length,
                                  fe.mel_bins,    fe.min_hz,       fe.max_hz,     fe.mel_floor};
     if (e = mel.init(lp); !e.empty()) throw CompileError("audio tower of " + opt.model_dir + ": " + e);
-    // The CPU: the program (its own arena) and the log-mel front end writing its input.
+    // The CPU: the program (its own arena) and the log-mel front end writing its input; on the plan's GPU the
+    // program's arena is device memory (sized with the memory plan) and the front end stays on the CPU.
     const size_t cpu_floats = std::max<size_t>(prog.thread_floats, mel.thread_floats());
     ts.audio_thread_floats  = cpu_floats;
+    ts.audio_feature_floats = mel.thread_floats();
+    ts.audio_gpu_no         = in.cuda_index < 0 ? "a CPU plan" : audio_gpu_no(opt, prog);
     z.audio                 = true;
-    z.audio_scratch         = 0;
     z.thread_floats         = std::max(z.thread_floats, cpu_floats);
     z.max_soft              = std::max(z.max_soft, prog.max_rows[gemma4::kAudioTokens]);
-    if (in.cuda_index >= 0)
-        gpu_audio(in, lookup, prec, max_samples);
-    else
-        ts.audio_gpu_no = "a CPU plan";
     in.encoders.push_back(std::move(prog));
     plan::MetaAudio& a = towers_meta(in).audio.emplace();
     a.config           = json::parse(in.mc.audio_config_json).dump();
@@ -352,7 +335,6 @@ void check_audio(Inputs& in, const std::string& cfg, const towers::Lookup& looku
 rt::MediaSizing TowerSizing::sizing(bool vision_gpu, bool audio_gpu) const {
     rt::MediaSizing z = z_cpu;
     if (vision_gpu) z.vision_scratch = vision_host_bytes;
-    if (audio_gpu) z.audio_scratch = audio_host_bytes;
     z.thread_floats = std::max({vision_gpu ? 0 : vision_thread_floats, preprocess_floats,
                                 audio_gpu ? audio_feature_floats : audio_thread_floats});
     return z;

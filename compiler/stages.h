@@ -61,8 +61,11 @@ struct TowerSizing {
     uint64_t vision_gpu_bytes = 0, audio_gpu_bytes = 0; // their device buffers on the plan's GPU
     std::string vision_gpu_no, audio_gpu_no;            // why one cannot run there ("" = it can)
     rt::MediaSizing z_cpu; // the towers' host buffers with both towers on the CPU (media_create's sizing)
-    size_t vision_host_bytes = 0, audio_host_bytes = 0, vision_thread_floats = 0, audio_thread_floats = 0,
-           audio_feature_floats = 0, preprocess_floats = 0;
+    // Host buffers: the patch grid's cells (vision, on either device); per-thread scratch floats of the CPU
+    // programs, of the log-mel front end (all the audio tower needs on the host when the GPU runs its
+    // program) and of image preprocessing.
+    size_t vision_host_bytes = 0, vision_thread_floats = 0, audio_thread_floats = 0, audio_feature_floats = 0,
+           preprocess_floats = 0;
     // The host buffers with the vision / audio tower on the GPU.
     rt::MediaSizing sizing(bool vision_gpu, bool audio_gpu) const;
 };
@@ -118,9 +121,10 @@ struct Report {
     uint64_t audio_begin = 0, audio_end = 0; // the audio tower's (likewise)
     uint64_t encoder_arenas = 0; // CPU encoder programs' activation arenas, as a session allocates them
     uint64_t audio_arena    = 0; // the audio program's part of them
-    // The vision program's device memory where it runs on the plan's GPU: its arena and launch records.
-    uint64_t vision_program_gpu = 0;
-    uint64_t lm_screen          = 0; // the LM head's int8 screening copy where the schedule's head takes one
+    // The vision / audio program's device memory where it runs on the plan's GPU: its arena and launch
+    // records.
+    uint64_t vision_program_gpu = 0, audio_program_gpu = 0;
+    uint64_t lm_screen = 0; // the LM head's int8 screening copy where the schedule's head takes one
     std::map<int, placement::Figures::Gpu> gpus; // cross-device plans: per GPU
     cross_device::Stats cross;
     std::string kv_dtype;

@@ -38,6 +38,9 @@ const Command kServe = {
      {"--max-tokens", "N",
       "max_tokens a request may ask for at most, and the default of one that asks for none. Default: the "
       "plan's context"},
+     {"--no-prefix-reuse", nullptr,
+      "start every request from an empty session. Default: a request goes to the free session holding the "
+      "longest prefix of its prompt and feeds only the rest"},
      {"--media-dir", "DIR",
       "allow image URLs file:///PATH for files under DIR (after resolving links). Default: files refused"}}};
 
@@ -85,6 +88,7 @@ int cmd_serve(int argc, char** argv) {
     o.timeout_s = parse_float("--timeout", a.get("--timeout", "600"));
     o.max_tokens =
         a.has("--max-tokens") ? (int32_t)parse_int("--max-tokens", a.get("--max-tokens"), 1, 1 << 30) : 0;
+    o.prefix_reuse = !a.on("--no-prefix-reuse");
     if (!(o.timeout_s > 0)) throw UsageError("--timeout must be more than 0 seconds");
     if (a.has("--api-key") && a.has("--api-key-file"))
         throw UsageError("give --api-key or --api-key-file, not both");

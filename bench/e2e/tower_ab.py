@@ -7,6 +7,7 @@ the two builds' soft tokens (G4_DUMP_MEDIA).
 
 Needs torch and transformers (to make the checkpoint once).
 Usage: python3 bench/e2e/tower_ab.py G4_A G4_B [--threads N] [--reps 5] [--dir WORKDIR] [--out FILE.json]
+       [--devices cpu,cuda] [--kinds image,audio]   (default: both kinds, the CPU and, with a GPU, CUDA)
 """
 import argparse
 import json
@@ -31,12 +32,17 @@ ap.add_argument("--threads", type=int, default=os.cpu_count())
 ap.add_argument("--reps", type=int, default=5)
 ap.add_argument("--dir", default="/tmp/g4bench/towers")
 ap.add_argument("--out", default="")
+ap.add_argument("--devices", default="", help="comma-separated subset of cpu,cuda (default: every one present)")
+ap.add_argument("--kinds", default="image,audio", help="comma-separated subset of image,audio")
 args = ap.parse_args()
 
 tc = make_checkpoint(args.dir)
 tmp = tempfile.mkdtemp()
 _, png, _, wav, _ = make_inputs(tmp)
 devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+if args.devices:
+    devices = [d for d in args.devices.split(",") if d in devices]
+kinds = [k for k in args.kinds.split(",") if k in ("image", "audio")]
 builds = {"A": args.a, "B": args.b}
 plans = {}
 for side, g4 in builds.items():
@@ -69,7 +75,7 @@ res = {"threads": args.threads, "cpu": os.popen("lscpu | grep 'Model name'").rea
 if torch.cuda.is_available():
     res["gpu"] = torch.cuda.get_device_name(0)
 for dev in devices:
-    for kind in ("image", "audio"):
+    for kind in kinds:
         t = {"A": [], "B": []}
         for side in "AB":
             once(side, dev, kind)  # warm-up

@@ -5,12 +5,12 @@
 // through plans. Built with the project (build/bench/micro/tower_cpu_bench).
 // Usage: tower_cpu_bench [audio|both|gemm] [reps] [fp32|bf16|both]   (threads: G4_THREADS, else all
 // cores; the tower in both precisions by default, fp32 then bf16)
+#include "compiler/tower_lookup.h"
 #include "kernels/cpu/cpu.h"
 #include "kernels/cpu/thread_pool.h"
 #include "models/gemma4/audio_graph.h"
 #include "runtime/src/log_mel.h"
 #include "runtime/src/op_exec.h"
-#include "runtime/src/towers/tower.h"
 
 #include <algorithm>
 #include <chrono>

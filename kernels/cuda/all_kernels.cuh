@@ -22,7 +22,6 @@
 #include "resnorm.cu"
 #include "decode_attention.cu"
 #include "nf4_convert.cu"
-#include "towers_legacy.cu"
 #include "sequence_ops.cu"
 #include "encoder_ops.cu"
 // clang-format on

@@ -69,8 +69,8 @@ struct ProgramInfo {
     // vision_gpu_bytes is the session's device memory for it (the program's arena and launch records).
     bool vision_gpu       = false;
     uint64_t vision_begin = 0, vision_end = 0, vision_gpu_bytes = 0;
-    // Likewise the audio tower (META towers.audio "device"): weights [audio_begin, audio_end), the session's
-    // device buffer audio_gpu_bytes (AudioTower::gpu_layout().total).
+    // Likewise the audio tower (META towers.audio "device"): weights [audio_begin, audio_end), its encoder
+    // program on the plan's GPU, audio_gpu_bytes the session's device memory for it.
     bool audio_gpu       = false;
     uint64_t audio_begin = 0, audio_end = 0, audio_gpu_bytes = 0;
 };

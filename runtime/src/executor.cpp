@@ -4,6 +4,7 @@
 // encoder programs' GeluMul), whose replay is not one kernel on the op's operands.
 #include "runtime/src/executor.h"
 #include "runtime/plan/op_params.h"
+#include "runtime/src/bind_op.h"
 #include "runtime/src/op_exec.h"
 
 #include <cstring>
@@ -25,36 +26,19 @@ constexpr int kAllDevices = -2;
 void bind_with(g4_session* s, uint8_t* act, uint8_t* kv, uint64_t kv0, int dev, size_t first, size_t end) {
     const plan::Plan& p = s->engine->plan;
     s->ops.resize(p.n_ops_all(), BoundOp{});
-    auto addr = [&](int32_t idx, int32_t col, int64_t* ld) -> void* {
-        if (idx < 0) return nullptr;
-        const PlanTensor& t = p.tensor(idx);
-        *ld                 = t.ndim == 2 ? t.dims[1] : 0;
-        uint8_t* base;
+    auto base = [&](const PlanTensor& t) -> void* {
         switch ((TensorKind)t.kind) {
         case TensorKind::Weight:
             return (void*)p.weight_data(t);
         case TensorKind::KvCache:
             // A cache below kv0 lives on another device: not addressable from this binding.
-            if (t.offset < kv0) return nullptr;
-            return kv + (t.offset - kv0) + dtype_bytes((DType)t.dtype, col);
+            return t.offset < kv0 ? nullptr : kv + (t.offset - kv0);
         default:
-            base = act;
-            break;
+            return act + t.offset;
         }
-        return base + t.offset + dtype_bytes((DType)t.dtype, col);
     };
-    for (size_t i = first; i < end; ++i) {
-        if (dev != kAllDevices && p.op_device(i) != dev) continue;
-        BoundOp& b = s->ops[i];
-        std::memset(&b, 0, sizeof b);
-        b.op = &p.op(i);
-        for (int k = 0; k < 4; ++k) {
-            b.in[k] = addr(b.op->in[k], b.op->in_col[k], &b.in_ld[k]);
-            if (b.op->in[k] >= 0) b.in_dt[k] = (DType)p.tensor(b.op->in[k]).dtype;
-        }
-        for (int k = 0; k < 2; ++k)
-            b.out[k] = addr(b.op->out[k], b.op->out_col[k], &b.out_ld[k]);
-    }
+    for (size_t i = first; i < end; ++i)
+        if (dev == kAllDevices || p.op_device(i) == dev) s->ops[i] = bind_op(p, p.op(i), base);
 }
 } // namespace
 

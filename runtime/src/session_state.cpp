@@ -384,6 +384,13 @@ g4_status g4_session_rewind(g4_session* s, int32_t position) {
     }
 }
 
+g4_status g4_session_reseed(g4_session* s) {
+    if (!api_session_ok(s))
+        return api_error(G4_ERR_INVALID_ARGUMENT, "g4_session_reseed: invalid or destroyed session");
+    s->rng_seeded = false;
+    return G4_OK;
+}
+
 g4_status g4_session_fork(g4_session* src, g4_session* dst) {
     try {
         if (!api_session_ok(src) || !api_session_ok(dst))

@@ -506,12 +506,15 @@ TEST_F(Media, AudioTowerPlacement) {
     EXPECT_GT(aw[1], aw[0]);
     EXPECT_EQ(aw[1], tw.at("weights").at(1).get<uint64_t>());
     EXPECT_EQ(meta.at("placement").at("audio"), "cuda:0");
-    uint64_t gpu_total = 0, vision_part = 0, audio_part = 0;
+    uint64_t gpu_total = 0, vision_part = 0, audio_part = 0,
+             screen_part = 0; // gpu_total: less the screen copy
     bool host_weights = false, host_buffers = false;
     for (const auto& d : meta.at("memory"))
         for (const auto& part : d.at("parts")) {
             const std::string what = part.at("what");
-            if (d.at("device") == "cuda:0") {
+            if (d.at("device") == "cuda:0" && what == "LM head screening copy") {
+                screen_part = part.at("bytes");
+            } else if (d.at("device") == "cuda:0") {
                 gpu_total += part.at("bytes").get<uint64_t>();
                 if (what == "vision tower") vision_part = part.at("bytes");
                 if (what == "audio tower") audio_part = part.at("bytes");
@@ -542,7 +545,12 @@ TEST_F(Media, AudioTowerPlacement) {
     // Budgets (exact bytes): room for one tower goes to the vision tower; the audio tower alone where only it
     // fits.
     auto budget = [&](uint64_t b) { return run_g4(base + "--gpu-mem " + std::to_string(b) + " --dry-run"); };
-    r           = budget(gpu_total - 1);
+    ASSERT_GT(screen_part, 0u);
+    r = budget(gpu_total + screen_part - 1); // the LM head's screening copy is given up first
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.err.find("vision tower: cuda:0, audio tower: cuda:0"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("screening copy"), std::string::npos) << r.err;
+    r = budget(gpu_total - 1);
     EXPECT_EQ(r.exit_code, 0) << r.err;
     EXPECT_NE(r.err.find("PLE table on cuda:0"), std::string::npos) << r.err;
     EXPECT_NE(r.err.find("vision tower: cuda:0, audio tower: cpu (with it on cuda:0 beside the vision tower "

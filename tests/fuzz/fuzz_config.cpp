@@ -1,10 +1,10 @@
 // Fuzz target: config.json [NUL generation_config.json] through the compiler's parser, then the vision and
-// audio tower configs it extracts through their parsers (models/gemma4, runtime/src/towers).
+// audio tower configs it extracts through their parsers (models/gemma4).
 #include "compiler/config.h"
 #include "compiler/error.h"
 #include "fuzz_util.h"
+#include "models/gemma4/audio_config.h"
 #include "models/gemma4/vision_graph.h"
-#include "runtime/src/towers/audio.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     auto parts = g4fuzz::split_nul(data, size, 2);
@@ -16,8 +16,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
             (void)g4::gemma4::parse_vision_config(mc.vision_config_json, mc.text.hidden_size, &vh);
         }
         if (!mc.audio_config_json.empty()) {
-            g4::towers::AudioHParams ah;
-            (void)g4::towers::parse_audio_hparams(mc.audio_config_json, mc.text.hidden_size, &ah);
+            g4::gemma4::AudioHParams ah;
+            (void)g4::gemma4::parse_audio_hparams(mc.audio_config_json, mc.text.hidden_size, &ah);
         }
     } catch (const g4::CompileError&) {
     }

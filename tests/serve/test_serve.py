@@ -9,6 +9,7 @@ import http.client
 import json
 import subprocess
 import time
+import urllib.request
 
 import openai
 import pytest
@@ -45,10 +46,12 @@ def test_chat_matches_g4_run(server, plan):
 def test_chat_streaming_equals_non_streaming(server):
     c = client(server)
     msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": PROMPTS[1]}]
-    full = c.chat.completions.create(model="tiny", messages=msgs, temperature=0, max_tokens=20)
+    # 200 tokens: long enough for the stream to be read while they are generated (20 took a few ms, which a
+    # loaded machine may not schedule the reader in, and the whole reply came as one piece).
+    kw = dict(model="tiny", messages=msgs, temperature=0, max_tokens=200, extra_body={"ignore_eos": True})
+    full = c.chat.completions.create(**kw)
     pieces, finish, usage = [], None, None
-    for chunk in c.chat.completions.create(model="tiny", messages=msgs, temperature=0, max_tokens=20, stream=True,
-                                           stream_options={"include_usage": True}):
+    for chunk in c.chat.completions.create(**kw, stream=True, stream_options={"include_usage": True}):
         if chunk.usage is not None:
             usage = chunk.usage
         for ch in chunk.choices:
@@ -212,7 +215,10 @@ def test_curl_streaming_and_not(server):
     assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == \
         full["choices"][0]["message"]["content"]
     assert chunks[-1]["choices"][0]["finish_reason"] == full["choices"][0]["finish_reason"]
-    assert chunks[-1]["usage"] == full["usage"]
+    # The same counts; the streamed request reuses the first one's prompt (cached_tokens).
+    tokens = ("prompt_tokens", "completion_tokens", "total_tokens")
+    assert [chunks[-1]["usage"][k] for k in tokens] == [full["usage"][k] for k in tokens]
+    assert chunks[-1]["usage"]["prompt_tokens_details"]["cached_tokens"] >= 0
 
 
 def test_malformed_requests_get_4xx(server):
@@ -318,3 +324,126 @@ def test_sigterm_lets_running_requests_finish(plan):
     finally:
         assert s.stop() == 0
     assert "SIGTERM" in s.stderr
+
+
+SYSTEM = {"role": "system", "content": "You are a helpful assistant. Answer briefly and precisely. " * 3}
+
+
+def test_prefix_reuse_gives_the_outputs_of_a_fresh_session(plan):
+    """A shared system prompt, a repeated prompt, a conversation's next turn, completions and images: with prefix
+    reuse (one slot, so every request meets the previous one's tokens) the greedy and seeded outputs are those
+    of a server without it and of `g4 run`; usage and /metrics count the reused tokens."""
+    reuse, fresh = Server(plan, "--max-sessions", "1"), Server(plan, "--max-sessions", "1", "--no-prefix-reuse")
+    try:
+        a, b = client(reuse), client(fresh)
+        img = {n: "data:image/png;base64," + base64.b64encode((FIX / "towers" / "image" / n).read_bytes()).decode()
+               for n in ("rgb_37x53.png", "grey_50x90.png")}
+
+        def pic(name):
+            return [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": img[name]}},
+                                                 {"type": "text", "text": "What is in this picture? Name colors."}]}]
+
+        seeded = dict(temperature=1.0, seed=7, extra_body={"top_k": 40})
+        steps = [([SYSTEM, {"role": "user", "content": PROMPTS[0]}], {}),
+                 ([SYSTEM, {"role": "user", "content": PROMPTS[1]}], {}),
+                 ([SYSTEM, {"role": "user", "content": PROMPTS[1]}], seeded),
+                 ([{"role": "user", "content": PROMPTS[0]}], {}),
+                 ([{"role": "user", "content": PROMPTS[0] + ", friend"}], {}),
+                 (pic("rgb_37x53.png"), {}), (pic("rgb_37x53.png"), {}), (pic("grey_50x90.png"), {})]
+        got, cached = [], []
+        for msgs, kw in steps:
+            kw = {"temperature": 0, **kw}
+            r = a.chat.completions.create(model="tiny", messages=msgs, max_tokens=12, **kw)
+            f = b.chat.completions.create(model="tiny", messages=msgs, max_tokens=12, **kw)
+            assert r.choices[0].message.content == f.choices[0].message.content, msgs
+            assert r.usage.prompt_tokens == f.usage.prompt_tokens
+            assert f.usage.prompt_tokens_details.cached_tokens == 0
+            got.append(r.choices[0].message.content)
+            cached.append((r.usage.prompt_tokens_details.cached_tokens, r.usage.prompt_tokens))
+        assert got[3] == g4_run(plan, PROMPTS[0], 12) and got[4] == g4_run(plan, PROMPTS[0] + ", friend", 12)
+        assert cached[0][0] == 0
+        assert cached[1][0] > 30                       # the system prompt
+        assert cached[2][0] == cached[2][1] - 16       # the same prompt: all but its last 16 tokens
+        assert 0 < cached[4][0] <= cached[4][1] - 16   # the user turn's shared start
+        assert cached[6][0] == cached[6][1] - 16       # the same image: its soft tokens reused too
+        assert cached[7][0] < 10                       # another image: nothing from its <boi> on
+        # The next turn of a conversation reuses the previous prompt (and what of the reply tokenizes alike).
+        conv = [SYSTEM, {"role": "user", "content": PROMPTS[2]}]
+        first = a.chat.completions.create(model="tiny", messages=conv, temperature=0, max_tokens=12)
+        conv += [{"role": "assistant", "content": first.choices[0].message.content},
+                 {"role": "user", "content": PROMPTS[3]}]
+        r = a.chat.completions.create(model="tiny", messages=conv, temperature=0, max_tokens=12)
+        f = b.chat.completions.create(model="tiny", messages=conv, temperature=0, max_tokens=12)
+        assert r.choices[0].message.content == f.choices[0].message.content
+        assert r.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens - 1
+        total = sum(c for c, _ in cached) + r.usage.prompt_tokens_details.cached_tokens
+        # Completions, streamed: the usage chunk carries the count too.
+        for p in (PROMPTS[1], PROMPTS[1] + " Paris"):
+            chunks = list(a.completions.create(model="tiny", prompt=p, temperature=0, max_tokens=10, stream=True,
+                                               stream_options={"include_usage": True}))
+            assert "".join(ch.choices[0].text for ch in chunks if ch.choices) == g4_run(plan, p, 10, chat=False)
+            total += chunks[-1].usage.prompt_tokens_details.cached_tokens
+        assert chunks[-1].usage.prompt_tokens_details.cached_tokens > 0
+        assert reuse.metrics()["g4_prompt_tokens_cached_total"] == total
+        assert fresh.metrics()["g4_prompt_tokens_cached_total"] == 0
+    finally:
+        assert reuse.stop() == 0 and fresh.stop() == 0
+
+
+def test_client_gone_while_queued_frees_its_place_at_once(plan):
+    s = Server(plan, "--max-sessions", "1", "--max-queue", "1")
+    try:
+        long = http.client.HTTPConnection("127.0.0.1", s.port, timeout=30)
+        long.request("POST", "/v1/completions", json.dumps({"prompt": "go", "max_tokens": 4000, "ignore_eos": True,
+                                                              "stream": True}), {"Content-Type": "application/json"})
+        resp = long.getresponse()
+        assert resp.read(6) == b"data: "  # running: the one slot is busy
+        queued = http.client.HTTPConnection("127.0.0.1", s.port, timeout=30)
+        queued.request("POST", "/v1/completions", json.dumps({"prompt": "hi", "max_tokens": 2}),
+                       {"Content-Type": "application/json"})
+
+        def health():
+            with urllib.request.urlopen(s.url + "/health", timeout=5) as r:
+                return json.loads(r.read())
+
+        def wait_for(cond):
+            deadline = time.time() + 10
+            while time.time() < deadline and not cond():
+                time.sleep(0.02)
+            return cond()
+
+        assert wait_for(lambda: health()["queue"] == 1)
+        queued.sock.close()  # the client gives up while its request waits
+        queued.close()
+        assert wait_for(lambda: health()["queue"] == 0)
+        assert health()["slots_busy"] == 1  # the running request goes on
+        # Its place is free: another request is queued, not refused with 429, and runs once the slot frees.
+        with cf.ThreadPoolExecutor(1) as ex:
+            later = ex.submit(post, s.url + "/v1/completions", {"prompt": "hi", "max_tokens": 2})
+            assert wait_for(lambda: health()["queue"] == 1)
+            long.sock.close()
+            long.close()
+            assert later.result(timeout=30)[0] == 200
+        assert s.metrics()["g4_requests_cancelled_total"] == 2
+    finally:
+        assert s.stop() == 0
+
+
+def test_a_request_goes_to_the_slot_holding_its_prefix(plan):
+    s = Server(plan, "--max-sessions", "2")
+    try:
+        c = client(s)
+        sys_a = {"role": "system", "content": "You are a pirate. Speak like one in every answer. " * 2}
+        sys_b = {"role": "system", "content": "You are a poet. Answer in verse, with rhymes. " * 2}
+
+        def ask(system, q):
+            r = c.chat.completions.create(model="tiny", messages=[system, {"role": "user", "content": q}],
+                                          temperature=0, max_tokens=4)
+            return r.usage.prompt_tokens_details.cached_tokens
+
+        assert ask(sys_a, PROMPTS[0]) == 0 and ask(sys_b, PROMPTS[0]) == 0  # one slot each
+        # B's conversation first: the least recently used slot holds A's, but B's goes to the one holding B's.
+        assert ask(sys_b, PROMPTS[1]) > 30
+        assert ask(sys_a, PROMPTS[1]) > 30
+    finally:
+        assert s.stop() == 0

@@ -182,6 +182,13 @@ TEST(AudioGraph, ParsesHParamsAndNamesEveryCheckpointTensor) {
     e = gemma4::parse_audio_hparams("{\"num_attention_heads\": 21474836482}", 64, &def);
     EXPECT_NE(e.find("audio_config.num_attention_heads: expected an integer"), std::string::npos) << e;
     EXPECT_NE(gemma4::parse_audio_hparams("not json", 64, &def), "");
+    // Values past int's or float's range are refused before any conversion (found by fuzzing config.json).
+    e = gemma4::parse_audio_hparams("{\"hidden_size\": \"big\"}", 64, &def);
+    EXPECT_NE(e.find("audio_config.hidden_size"), std::string::npos) << e;
+    e = gemma4::parse_audio_hparams("{\"hidden_size\": 1e300}", 64, &def);
+    EXPECT_NE(e.find("audio_config.hidden_size"), std::string::npos) << e;
+    e = gemma4::parse_audio_hparams("{\"subsampling_conv_channels\": [4294967304, 8]}", 64, &def);
+    EXPECT_NE(e.find("subsampling_conv_channels"), std::string::npos) << e;
 }
 
 TEST(AudioGraph, SoftTokenCountsMatchHf) {

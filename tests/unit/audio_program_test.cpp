@@ -2,10 +2,13 @@
 // log-mel front end, runtime/src/log_mel.*) against Hugging Face float32 get_audio_features() on the tiny
 // e2b checkpoint (tools/make_audio_fixtures.py, tests/fixtures/towers/audio/), with fp32 and bf16 matmuls;
 // also the program and META records the compiler writes, thread-count invariance, soft-token counts, bad
-// clips and a plan whose audio op parameters were edited.
+// clips, a plan whose audio op parameters were edited, and the program on the plan's GPU (the CUDA encoder
+// runner; skipped without a GPU).
 #include "g4/g4.h"
 #include "models/gemma4/audio_config.h"
 #include "runtime/plan/op_params.h"
+#include "runtime/src/cuda/driver.h"
+#include "runtime/src/encoder_program.h"
 #include "runtime/src/engine.h"
 #include "runtime/src/frontend/media.h"
 #include "test_util.h"
@@ -15,6 +18,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -274,4 +278,87 @@ TEST_F(AudioProgram, EditedOpParametersAreRefused) {
             << g4_last_error_message();
         if (e) g4_engine_close(e);
     }
+}
+
+// Where the GPU's kernels cannot hold the program's per-block data in shared memory (here a query's attention
+// window of 12289 keys: 49156 bytes, over the 48 KiB the kernel takes) a CUDA plan keeps the audio program on
+// the CPU and says why; --place audio=gpu is refused naming the flag that runs it on the CPU. No GPU needed.
+TEST_F(AudioProgram, GpuSharedMemoryLimitKeepsItOnTheCpu) {
+    const std::string model = dir_->file("wide_window");
+    std::filesystem::create_directory(model);
+    for (const auto& e : std::filesystem::directory_iterator(fixture("e2b_tiny")))
+        if (e.is_regular_file())
+            std::filesystem::copy_file(e.path(), model + "/" + e.path().filename().string());
+    json cfg                                      = json::parse(g4test::read_file(model + "/config.json"));
+    cfg["audio_config"]["attention_context_left"] = 12290;
+    g4test::write_file(model + "/config.json", cfg.dump());
+    const std::string base =
+        "compile --model '" + model +
+        "' --device cuda --target sm_86 --weights bf16 --no-vision --no-fidelity --dry-run";
+    g4test::CmdResult r = g4test::run_g4(base);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.err.find("audio tower: cpu (its attention window of 12289 keys (audio_config "
+                         "attention_context_left) needs 49156 bytes of GPU shared memory"),
+              std::string::npos)
+        << r.err;
+    r = g4test::run_g4(base + " --place audio=gpu");
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.err.find("--place audio=gpu: its attention window"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("--place audio=cpu runs it on the CPU"), std::string::npos) << r.err;
+}
+
+// The audio program on the plan's GPU (a CUDA plan with bf16 tower weights places it there): the program and
+// META records, and its soft tokens against HF float32 (bf16 matmul operands with fp32 accumulation; the
+// convolutions, norms, attention and residual stream fp32) and against the CPU program with bf16 matmuls, for
+// both clips and a one-frame clip through the same buffers. Skipped without a GPU.
+TEST_F(AudioProgram, RunsOnTheGpu) {
+    std::string why;
+    const cu::Driver* d = cu::driver(&why);
+    int gpus            = 0;
+    if (!d || d->cuDeviceGetCount(&gpus) != 0 || gpus < 1) GTEST_SKIP() << "no NVIDIA GPU here: " << why;
+    const std::string plan = dir_->file("gpu.g4plan");
+    g4test::CmdResult r =
+        g4test::run_g4("compile --model '" + fixture("e2b_tiny") +
+                       "' --device cuda --weights bf16 --no-vision --no-fidelity -o '" + plan + "'");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.err.find("audio tower: cuda:0"), std::string::npos) << r.err;
+    g4_engine* e = open_plan(plan);
+    ASSERT_TRUE(e);
+    const plan::Plan& p = e->plan;
+    const int a         = p.find_program("audio");
+    ASSERT_GT(a, 0);
+    EXPECT_EQ(p.program(a).device, p.cuda_device());
+    EXPECT_TRUE(p.info().audio_gpu);
+    EXPECT_EQ(p.info().audio_gpu_bytes, rt::encoder_arena_bytes(p, a) + rt::kEncoderStepBytes);
+    g4_engine* cpu = open_plan(dir_->file("bf16.g4plan"));
+    g4_session* s  = session(e, 2);
+    g4_session* c  = session(cpu, 2);
+    ASSERT_TRUE(s->media->audio_run.gpu);
+    const json m = meta();
+    ASSERT_GE(m["clips"].size(), 2u);
+    for (const auto& clip : m["clips"]) {
+        auto pcm  = g4test::read_f32(dir() + "/" + clip["pcm"].get<std::string>());
+        auto want = g4test::read_f32(dir() + "/" + clip["tower"].get<std::string>());
+        std::vector<float> got, on_cpu;
+        ASSERT_EQ(run(s, pcm.data(), (int64_t)pcm.size(), &got), "");
+        ASSERT_EQ(run(c, pcm.data(), (int64_t)pcm.size(), &on_cpu), "");
+        ASSERT_EQ(got.size(), want.size());
+        ASSERT_EQ(got.size(), on_cpu.size());
+        const double hf = g4test::rel_l2(got.data(), want.data(), want.size()),
+                     vs = g4test::rel_l2(got.data(), on_cpu.data(), got.size());
+        std::printf("  %s on the GPU: rel L2 vs HF %.3g, vs the CPU program (bf16 matmuls) %.3g\n",
+                    clip["name"].get<std::string>().c_str(), hf, vs);
+        EXPECT_LT(hf, 1e-2);
+        EXPECT_GT(hf, 0.0); // bf16 operands: not bit-equal to float32
+        EXPECT_LT(vs, 1e-2);
+    }
+    std::vector<float> one(161, 0.1f), out;
+    ASSERT_EQ(run(s, one.data(), 161, &out), "");
+    EXPECT_EQ(out.size(), (size_t)s->media->H);
+    for (float v : out)
+        EXPECT_TRUE(std::isfinite(v));
+    g4_session_destroy(c);
+    g4_session_destroy(s);
+    g4_engine_close(cpu);
+    g4_engine_close(e);
 }

@@ -44,16 +44,34 @@ TEST(CudaCompile, AllKernelsForAllTargets) {
     for (const auto& t : g4::cuda::supported_targets()) {
         g4::cuda::KernelBinary kb = g4::cuda::compile_kernels(t);
         EXPECT_GT(kb.cubin.size(), 1000u) << t;
-        for (const char* k :
-             {"g4_embed",        "g4_matmul_bf16", "g4_matmul_f32",        "g4_matmul_nf4",
-              "g4_gemm_bf16",    "g4_gemm_nf4",    "g4_gemv_bf16",         "g4_gemv_nf4",
-              "g4_tc_gemm_bf16", "g4_tc_gemm_nf4", "g4_rms_norm",          "g4_elementwise",
-              "g4_rope",         "g4_kv_store",    "g4_attention_partial", "g4_attention_merge",
-              "g4_argmax",       "g4_clamp",       "g4_add_position_2d",   "g4_rope_2d",
-              "g4_pool_rows", // encoder programs
-              "g4_at_conv",      "g4_at_rms",      "g4_at_silu",           "g4_at_residual",
-              "g4_at_bias",      "g4_at_qk_scale", "g4_at_attention",      "g4_at_glu",
-              "g4_at_dwconv"})
+        for (const char* k : {"g4_embed",
+                              "g4_matmul_bf16",
+                              "g4_matmul_f32",
+                              "g4_matmul_nf4",
+                              "g4_gemm_bf16",
+                              "g4_gemm_nf4",
+                              "g4_gemv_bf16",
+                              "g4_gemv_nf4",
+                              "g4_tc_gemm_bf16",
+                              "g4_tc_gemm_nf4",
+                              "g4_rms_norm",
+                              "g4_elementwise",
+                              "g4_rope",
+                              "g4_kv_store",
+                              "g4_attention_partial",
+                              "g4_attention_merge",
+                              "g4_argmax",
+                              "g4_clamp",
+                              "g4_add_position_2d",
+                              "g4_rope_2d",
+                              "g4_pool_rows", // encoder programs
+                              "g4_conv2d_norm_relu",
+                              "g4_silu",
+                              "g4_sigmoid_mul",
+                              "g4_causal_conv1d",
+                              "g4_local_attention",
+                              "g4_softplus_scale",
+                              "g4_add_scaled"})
             EXPECT_NE(kb.ptx.find(std::string(".entry ") + k), std::string::npos)
                 << k << " missing for " << t;
         EXPECT_NE(kb.ptx.find(".target sm_" + t.substr(3)), std::string::npos) << t;

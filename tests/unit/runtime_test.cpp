@@ -133,7 +133,7 @@ TEST(Runtime, NothingAllocatedBySessionStateCalls) {
     auto cb    = [](void*, int64_t, int64_t) -> int32_t { return 0; };
     g_allocs   = 0;
     g_counting = true;
-    g4_status st[8];
+    g4_status st[9];
     st[0]      = g4_session_set_progress_callback(s.s, cb, nullptr);
     st[1]      = g4_session_append_tokens(s.s, prompt.data(), prompt.size(), nullptr, 0);
     st[2]      = g4_session_state_size(s.s, &need);
@@ -142,8 +142,9 @@ TEST(Runtime, NothingAllocatedBySessionStateCalls) {
     st[5]      = g4_session_rewind(t.s, 28);
     st[6]      = g4_session_fork(s.s, t.s);
     st[7]      = g4_session_append_tokens(t.s, prompt.data(), 1, nullptr, 0);
+    st[8]      = g4_session_reseed(t.s);
     g_counting = false;
-    for (int i = 0; i < 8; ++i)
+    for (int i = 0; i < 9; ++i)
         EXPECT_EQ(st[i], G4_OK) << i << ": " << g4_last_error_message();
     EXPECT_EQ(g_allocs.load(), 0) << "heap allocations in the session-state calls";
 }

@@ -149,6 +149,22 @@ TEST(ServeRequest, RefusesWhatItCannotDo) {
               200);
 }
 
+// Fields that change nothing for g4 are accepted; the forms it cannot honour, and unknown fields, are
+// refused.
+TEST(ServeRequest, UnknownFieldsAndFieldsThatChangeNothing) {
+    EXPECT_EQ(
+        status_of(R"({"messages": [{"role": "user", "content": "x"}], "store": false, "metadata": {"a": "b"},
+                            "service_tier": "auto", "response_format": {"type": "text"}, "logit_bias": {},
+                            "user": "u", "n": 1, "logprobs": false, "parallel_tool_calls": true})"),
+        200);
+    EXPECT_EQ(status_of(R"({"messages": [{"role": "user", "content": "x"}],
+                            "response_format": {"type": "json_object"}})"),
+              400);
+    EXPECT_EQ(status_of(R"({"messages": [{"role": "user", "content": "x"}], "logit_bias": {"5": 10}})"), 400);
+    EXPECT_EQ(status_of(R"({"messages": [{"role": "user", "content": "x"}], "store": "yes"})"), 400);
+    EXPECT_EQ(status_of(R"({"messages": [{"role": "user", "content": "x"}], "temprature": 0})"), 400);
+}
+
 TEST(ServeRequest, SamplingFieldsAndDefaults) {
     g4_sampling_params def = g4_sampling_params_default();
     def.temperature        = 0.7f;
@@ -188,7 +204,11 @@ TEST(ServeResponse, ToolCallsInTheOpenAIShape) {
     EXPECT_EQ(nlohmann::json::parse(call["function"]["arguments"].get<std::string>()),
               nlohmann::json::parse(R"({"city": "Paris"})"));
     EXPECT_EQ(r["usage"],
-              nlohmann::json::parse(R"({"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18})"));
+              nlohmann::json::parse(R"({"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18,
+                                                   "prompt_tokens_details": {"cached_tokens": 0}})"));
+    EXPECT_EQ(chat.final_response("x", "stop", 11, 7, nullptr,
+                                  5)["usage"]["prompt_tokens_details"]["cached_tokens"],
+              5);
     // Without tools declared the same text is content; a completion is text whatever it holds.
     EXPECT_EQ(chat.final_response(text, "stop", 1, 1, nullptr)["choices"][0]["message"]["content"], text);
     const g4::serve::Shape cmpl{false, "cmpl-1", "tiny", 5};

@@ -214,6 +214,35 @@ TEST_F(SessionState, RewindAndReappendEqualsTheOriginal) {
     EXPECT_EQ(g4_session_rewind(s.s, -1), G4_ERR_INVALID_ARGUMENT);
 }
 
+// A prompt's shared prefix reused (rewind, reseed, feed the rest) samples as a fresh session fed the whole
+// prompt: the same tokens with the same seed.
+TEST_F(SessionState, ReseedAfterRewindSamplesAsAFreshSession) {
+    Engine e;
+    Session a, b;
+    ASSERT_NO_FATAL_FAILURE(open_engine(plan_, &e));
+    ASSERT_NO_FATAL_FAILURE(new_session(e, &a));
+    ASSERT_NO_FATAL_FAILURE(new_session(e, &b));
+    const std::vector<int32_t> ids = prompt_ids(300, 8), other = prompt_ids(60, 9);
+    const g4_sampling_params sp = sampled();
+    ASSERT_EQ(g4_session_append_tokens(a.s, ids.data(), ids.size(), nullptr, 0), G4_OK);
+    int32_t first_a = -1;
+    ASSERT_EQ(g4_session_sample(a.s, &sp, &first_a), G4_OK);
+    const Continuation ca = continue_with(a.s, first_a, 12, sp);
+    // b: the first 200 tokens, others after them and a sample (the random state moves on), then back.
+    ASSERT_EQ(g4_session_append_tokens(b.s, ids.data(), 200, nullptr, 0), G4_OK);
+    ASSERT_EQ(g4_session_append_tokens(b.s, other.data() + 1, 59, nullptr, 0), G4_OK);
+    int32_t t = -1;
+    ASSERT_EQ(g4_session_sample(b.s, &sp, &t), G4_OK);
+    ASSERT_EQ(g4_session_rewind(b.s, 200), G4_OK) << g4_last_error_message();
+    ASSERT_EQ(g4_session_reseed(b.s), G4_OK);
+    ASSERT_EQ(g4_session_append_tokens(b.s, ids.data() + 200, 100, nullptr, 0), G4_OK);
+    int32_t first_b = -1;
+    ASSERT_EQ(g4_session_sample(b.s, &sp, &first_b), G4_OK);
+    EXPECT_EQ(first_b, first_a);
+    EXPECT_EQ(continue_with(b.s, first_b, 12, sp).tokens, ca.tokens);
+    EXPECT_EQ(g4_session_reseed(nullptr), G4_ERR_INVALID_ARGUMENT);
+}
+
 TEST_F(SessionState, ForkContinuesAsItsSource) {
     Engine e, e2;
     Session a, b, c;

@@ -17,9 +17,11 @@ void Metrics::cancelled() {
     ++cancelled_;
 }
 
-void Metrics::generation(long prompt_tokens, long completion_tokens, double ttft_s, double decode_s) {
+void Metrics::generation(long prompt_tokens, long completion_tokens, long cached_tokens, double ttft_s,
+                         double decode_s) {
     std::lock_guard<std::mutex> l(m_);
     prompt_tokens_ += prompt_tokens;
+    cached_tokens_ += cached_tokens;
     completion_tokens_ += completion_tokens;
     ++generations_;
     ttft_sum_ += ttft_s;
@@ -50,8 +52,12 @@ std::string Metrics::render(int queue_depth, int busy_slots, int slots) const {
     line("g4_slots_busy %d\n", busy_slots);
     o += "# HELP g4_slots Session slots (--max-sessions).\n# TYPE g4_slots gauge\n";
     line("g4_slots %d\n", slots);
-    o += "# HELP g4_prompt_tokens_total Prompt tokens fed.\n# TYPE g4_prompt_tokens_total counter\n";
+    o += "# HELP g4_prompt_tokens_total Prompt tokens, reused ones included.\n"
+         "# TYPE g4_prompt_tokens_total counter\n";
     line("g4_prompt_tokens_total %ld\n", prompt_tokens_);
+    o += "# HELP g4_prompt_tokens_cached_total Prompt tokens reused from a slot's session (not fed again).\n"
+         "# TYPE g4_prompt_tokens_cached_total counter\n";
+    line("g4_prompt_tokens_cached_total %ld\n", cached_tokens_);
     o += "# HELP g4_completion_tokens_total Tokens generated.\n# TYPE g4_completion_tokens_total counter\n";
     line("g4_completion_tokens_total %ld\n", completion_tokens_);
     o += "# HELP g4_decode_seconds_total Time spent generating after each request's first token.\n"

@@ -1,5 +1,6 @@
 // g4 serve: counters for GET /metrics (Prometheus text format 0.0.4): requests by endpoint and status, queue
-// depth, busy slots, prompt and generated tokens, time to first token (a histogram) and decode speed.
+// depth, busy slots, prompt tokens (and those reused) and generated tokens, time to first token (a histogram)
+// and decode speed.
 #pragma once
 #include <map>
 #include <mutex>
@@ -13,15 +14,17 @@ class Metrics {
 public:
     void request_done(const std::string& endpoint, int status);
     void cancelled();
-    // One finished generation: tokens in and out, time to first token, time spent generating after it.
-    void generation(long prompt_tokens, long completion_tokens, double ttft_s, double decode_s);
+    // One finished generation: tokens in (of them, reused from the slot's session) and out, time to first
+    // token, time spent generating after it.
+    void generation(long prompt_tokens, long completion_tokens, long cached_tokens, double ttft_s,
+                    double decode_s);
     // The exposition text; the gauges are read by the caller (the scheduler's figures).
     std::string render(int queue_depth, int busy_slots, int slots) const;
 
 private:
     mutable std::mutex m_;
     std::map<std::pair<std::string, int>, long> requests_;
-    long cancelled_ = 0, prompt_tokens_ = 0, completion_tokens_ = 0, generations_ = 0;
+    long cancelled_ = 0, prompt_tokens_ = 0, cached_tokens_ = 0, completion_tokens_ = 0, generations_ = 0;
     double decode_s_ = 0, ttft_sum_ = 0, last_tok_s_ = 0;
     std::vector<long> ttft_buckets_ = std::vector<long>(kBuckets.size(), 0);
     static const std::vector<double> kBuckets;

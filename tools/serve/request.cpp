@@ -81,7 +81,12 @@ const std::set<std::string> kCommonFields     = {"model",
                                                  "n",
                                                  "user",
                                                  "ignore_eos",
-                                                 "logprobs"};
+                                                 "logprobs",
+                                                 "store",
+                                                 "metadata",
+                                                 "service_tier",
+                                                 "response_format",
+                                                 "logit_bias"};
 const std::set<std::string> kChatFields       = {"messages", "max_completion_tokens", "top_logprobs",
                                                  "tools",    "tool_choice",           "parallel_tool_calls"};
 const std::set<std::string> kCompletionFields = {"prompt", "echo", "suffix", "best_of"};
@@ -166,6 +171,23 @@ void parse_common(const json& body, const std::set<std::string>& extra, const g4
         if (!(lp.is_boolean() && !lp.get<bool>()))
             throw bad_request("logprobs", "'logprobs' is not supported");
     }
+    // Fields that change nothing here are accepted (clients send them by default); the forms of the rest
+    // that g4 cannot honour are refused rather than ignored.
+    if (body.contains("store") && !body["store"].is_null()) boolean(body, "store");
+    if (body.contains("metadata") && !body["metadata"].is_null() && !body["metadata"].is_object())
+        throw bad_request("metadata", "'metadata' must be an object");
+    if (body.contains("service_tier") && !body["service_tier"].is_null() && !body["service_tier"].is_string())
+        throw bad_request("service_tier", "'service_tier' must be a string");
+    if (body.contains("response_format") && !body["response_format"].is_null()) {
+        const json& rf = body["response_format"];
+        if (!rf.is_object() || !rf.contains("type") || rf["type"] != "text")
+            throw bad_request("response_format",
+                              "only 'response_format' {\"type\": \"text\"} is supported (g4 "
+                              "does not constrain decoding to JSON)");
+    }
+    if (body.contains("logit_bias") && !body["logit_bias"].is_null() &&
+        !(body["logit_bias"].is_object() && body["logit_bias"].empty()))
+        throw bad_request("logit_bias", "'logit_bias' is not supported (only an empty object)");
     if (body.contains("ignore_eos")) r->ignore_eos = boolean(body, "ignore_eos");
     const long long cap   = limits.max_tokens > 0 ? limits.max_tokens : INT32_MAX;
     r->default_max_tokens = limits.max_tokens;

@@ -26,10 +26,11 @@ std::string response_id(const char* prefix) {
     return buf;
 }
 
-json usage_json(int prompt_tokens, int completion_tokens) {
+json usage_json(int prompt_tokens, int completion_tokens, int cached_tokens) {
     return {{"prompt_tokens", prompt_tokens},
             {"completion_tokens", completion_tokens},
-            {"total_tokens", prompt_tokens + completion_tokens}};
+            {"total_tokens", prompt_tokens + completion_tokens},
+            {"prompt_tokens_details", {{"cached_tokens", cached_tokens}}}};
 }
 
 std::string dump(const json& j) {
@@ -71,7 +72,7 @@ json Shape::choice(const std::string& text, const json& finish, bool chunk, bool
 }
 
 json Shape::final_response(const std::string& text, const std::string& finish, int prompt_tokens,
-                           int completion_tokens, const ChatTemplate::Tools* tools) const {
+                           int completion_tokens, const ChatTemplate::Tools* tools, int cached_tokens) const {
     json out = base(false);
     json c;
     if (chat && tools) {
@@ -85,16 +86,16 @@ json Shape::final_response(const std::string& text, const std::string& finish, i
         c = choice(text, finish, false, false);
     }
     out["choices"] = json::array({c});
-    out["usage"]   = usage_json(prompt_tokens, completion_tokens);
+    out["usage"]   = usage_json(prompt_tokens, completion_tokens, cached_tokens);
     return out;
 }
 
 json Shape::final_chunk(const std::vector<ToolCall>& calls, const std::string& finish, int prompt_tokens,
-                        int completion_tokens) const {
+                        int completion_tokens, int cached_tokens) const {
     json fin       = base(true);
     fin["choices"] = json::array({choice("", calls.empty() ? finish : "tool_calls", true, false)});
     if (!calls.empty()) fin["choices"][0]["delta"] = {{"tool_calls", tool_calls_json(calls, true)}};
-    fin["usage"] = usage_json(prompt_tokens, completion_tokens);
+    fin["usage"] = usage_json(prompt_tokens, completion_tokens, cached_tokens);
     return fin;
 }
 

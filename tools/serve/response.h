@@ -16,7 +16,9 @@ nlohmann::json error_body(const std::string& type, const std::string& param, con
 // A unique id "PREFIX-..." (chatcmpl, cmpl, call).
 std::string response_id(const char* prefix);
 
-nlohmann::json usage_json(int prompt_tokens, int completion_tokens);
+// usage: the token counts, with OpenAI's prompt_tokens_details.cached_tokens (the prompt's tokens reused from
+// the slot's session, not fed again).
+nlohmann::json usage_json(int prompt_tokens, int completion_tokens, int cached_tokens = 0);
 
 // OpenAI's tool_calls list for the calls of a reply (`index`: streaming's field).
 nlohmann::json tool_calls_json(const std::vector<ToolCall>& calls, bool stream);
@@ -34,10 +36,11 @@ struct Shape {
     // The whole non-streaming response for a finished reply. With tools (chat only) the reply's calls become
     // message.tool_calls and finish_reason "tool_calls", content the text around them (null when empty).
     nlohmann::json final_response(const std::string& text, const std::string& finish, int prompt_tokens,
-                                  int completion_tokens, const ChatTemplate::Tools* tools) const;
+                                  int completion_tokens, const ChatTemplate::Tools* tools,
+                                  int cached_tokens = 0) const;
     // A stream's last chunk: the finish reason, the calls (if any) and the usage.
     nlohmann::json final_chunk(const std::vector<ToolCall>& calls, const std::string& finish,
-                               int prompt_tokens, int completion_tokens) const;
+                               int prompt_tokens, int completion_tokens, int cached_tokens = 0) const;
 };
 
 // JSON text with invalid UTF-8 replaced (U+FFFD) rather than refused.

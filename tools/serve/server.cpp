@@ -9,14 +9,21 @@
 
 #include <httplib.h>
 
+#include <arpa/inet.h>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
+#include <dirent.h>
 #include <functional>
 #include <memory>
+#include <netdb.h>
+#include <netinet/in.h>
 #include <nlohmann/json.hpp>
+#include <poll.h>
 #include <random>
 #include <stdexcept>
+#include <sys/socket.h>
 #include <thread>
 
 namespace g4::serve {
@@ -36,6 +43,61 @@ void send_error(httplib::Response& res, int status, const std::string& type, con
 std::string finish_of(const Job& j) {
     return j.finish_reason == "length" ? "length" : "stop";
 }
+
+// The connection of a request, found by its addresses among the process's descriptors (cpp-httplib 0.11
+// does not hand the socket to handlers), so that a handler waiting for a slot notices that its client closed
+// the connection. Where it cannot be found (no /proc) a closed client is noticed once the job runs.
+class ClientSocket {
+public:
+    ClientSocket(const httplib::Request& req, int local_port) : req_(req), local_port_(local_port) {}
+
+    bool closed() {
+        if (fd_ == -2) fd_ = find();
+        if (fd_ < 0) return false;
+        pollfd p{fd_, POLLIN, 0};
+        if (::poll(&p, 1, 0) <= 0) return false;
+        if (p.revents & (POLLERR | POLLHUP | POLLNVAL)) return true;
+        char c;
+        return ::recv(fd_, &c, 1, MSG_PEEK | MSG_DONTWAIT) == 0; // readable with nothing to read: EOF
+    }
+
+private:
+    static int port_of(const sockaddr_storage& a) {
+        if (a.ss_family == AF_INET) return ntohs(reinterpret_cast<const sockaddr_in&>(a).sin_port);
+        if (a.ss_family == AF_INET6) return ntohs(reinterpret_cast<const sockaddr_in6&>(a).sin6_port);
+        return -1;
+    }
+
+    int find() const {
+        DIR* d = ::opendir("/proc/self/fd");
+        if (!d) return -1;
+        int found = -1;
+        while (const dirent* e = ::readdir(d)) {
+            char* end     = nullptr;
+            const long fd = std::strtol(e->d_name, &end, 10);
+            if (end == e->d_name || *end) continue;
+            sockaddr_storage mine{}, peer{};
+            socklen_t lm = sizeof mine, lp = sizeof peer;
+            if (::getsockname((int)fd, (sockaddr*)&mine, &lm) != 0 ||
+                ::getpeername((int)fd, (sockaddr*)&peer, &lp) != 0)
+                continue;
+            if (port_of(peer) != req_.remote_port || (local_port_ > 0 && port_of(mine) != local_port_))
+                continue;
+            char host[NI_MAXHOST];
+            if (::getnameinfo((sockaddr*)&peer, lp, host, sizeof host, nullptr, 0, NI_NUMERICHOST) != 0 ||
+                req_.remote_addr != host)
+                continue;
+            found = (int)fd;
+            break;
+        }
+        ::closedir(d);
+        return found;
+    }
+
+    const httplib::Request& req_;
+    int local_port_;
+    int fd_ = -2; // -2: not looked for yet; -1: not found
+};
 
 class Server {
 public:
@@ -173,6 +235,7 @@ void Server::generate(const httplib::Request& req, httplib::Response& res, bool 
             throw ApiError(404, "not_found_error", "model",
                            "model '" + job->req.model + "' is not served here (GET /v1/models lists '" +
                                opts_.model + "')");
+        sched_->probe(*job);
     } catch (const ApiError& e) {
         send_error(res, e.status, e.type, e.param, e.what());
         metrics_->request_done(ep, e.status);
@@ -190,13 +253,29 @@ void Server::generate(const httplib::Request& req, httplib::Response& res, bool 
         return;
     }
     {
-        // Until the prompt is fed errors still get their own status; the job ends at its deadline.
+        // Until the prompt is fed errors still get their own status. A job still queued when its deadline
+        // passes or its client goes away leaves the queue at once; one already taken is cancelled.
+        ClientSocket client(req, opts_.port);
         std::unique_lock<std::mutex> l(job->m);
-        if (!job->cv.wait_until(l, job->deadline, [&] { return job->started || job->finished; })) {
+        bool stopped = false;
+        while (!job->started && !job->finished) {
+            job->cv.wait_for(l, kPoll);
+            if (job->started || job->finished || stopped) continue;
             l.unlock();
-            job->cancel("timeout");
+            const bool late = Clock::now() >= job->deadline;
+            const bool gone = !late && client.closed();
+            if (late || gone) {
+                stopped = true;
+                if (sched_->withdraw(job)) {
+                    if (gone) metrics_->cancelled();
+                    send_error(res, gone ? 499 : 504, gone ? "cancelled" : "timeout", "",
+                               gone ? "the client went away" : "the request timed out in the queue");
+                    metrics_->request_done(ep, gone ? 499 : 504);
+                    return;
+                }
+                job->cancel(late ? "timeout" : "client gone");
+            }
             l.lock();
-            job->cv.wait(l, [&] { return job->started || job->finished; });
         }
         if (job->err_status != 0) {
             const int st = job->err_status == 499 ? 504 : job->err_status;
@@ -229,9 +308,9 @@ void Server::respond_json(const std::shared_ptr<Job>& job, const Shape& shape, h
                 }
                 job->cv.wait_for(l, kPoll);
             }
-            const std::string s =
-                dump(shape.final_response(job->text, finish_of(*job), job->prompt_tokens,
-                                          job->completion_tokens, job->req.tools ? &tools : nullptr));
+            const std::string s = dump(
+                shape.final_response(job->text, finish_of(*job), job->prompt_tokens, job->completion_tokens,
+                                     job->req.tools ? &tools : nullptr, job->cached_tokens));
             l.unlock();
             sink.write(s.data(), s.size());
             sink.done();
@@ -298,11 +377,11 @@ void Server::respond_stream(const std::shared_ptr<Job>& job, const Shape& shape,
             }
             json tail;
             if (job->err_status != 0) tail = error_body(job->err_type, "", job->err_msg, job->err_status);
-            const json fin =
-                shape.final_chunk(calls, finish_of(*job), job->prompt_tokens, job->completion_tokens);
+            const json fin       = shape.final_chunk(calls, finish_of(*job), job->prompt_tokens,
+                                                     job->completion_tokens, job->cached_tokens);
             json usage           = shape.base(true);
             usage["choices"]     = json::array();
-            usage["usage"]       = usage_json(job->prompt_tokens, job->completion_tokens);
+            usage["usage"]       = usage_json(job->prompt_tokens, job->completion_tokens, job->cached_tokens);
             const bool own_usage = job->req.include_usage;
             l.unlock();
             if (!tail.is_null()) send(tail);
@@ -321,9 +400,10 @@ void Server::respond_stream(const std::shared_ptr<Job>& job, const Shape& shape,
 int serve(g4_engine* engine, const ServeOptions& opts, const std::atomic<int>& stop) {
     Metrics metrics;
     SchedulerOptions so;
-    so.sessions  = opts.sessions;
-    so.threads   = opts.threads;
-    so.max_queue = opts.max_queue;
+    so.sessions     = opts.sessions;
+    so.threads      = opts.threads;
+    so.max_queue    = opts.max_queue;
+    so.prefix_reuse = opts.prefix_reuse;
     Scheduler sched(engine, so, &metrics);
     Server api(engine, opts, &sched, &metrics);
 

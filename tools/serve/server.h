@@ -20,8 +20,9 @@ struct ServeOptions {
     std::string api_key;
     size_t max_body    = 32u << 20;
     double timeout_s   = 600;
-    int32_t max_tokens = 0; // per request; 0: the context
-    std::string media_dir;  // file:// URLs allowed under it ("" none)
+    int32_t max_tokens = 0;   // per request; 0: the context
+    std::string media_dir;    // file:// URLs allowed under it ("" none)
+    bool prefix_reuse = true; // a request reuses the prompt prefix a free session holds
 };
 
 // Serves until `stop` becomes non-zero (checked every 100 ms), then stops taking connections, lets running

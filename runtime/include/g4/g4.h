@@ -32,7 +32,7 @@ extern "C" {
  * (G4_API_VERSION_MAJOR << 16 | G4_API_VERSION_MINOR): a program built against this header runs with a
  * library of the same major and an equal or higher minor. */
 #define G4_API_VERSION_MAJOR 1
-#define G4_API_VERSION_MINOR 2
+#define G4_API_VERSION_MINOR 3
 #define G4_API_VERSION ((G4_API_VERSION_MAJOR << 16) | G4_API_VERSION_MINOR)
 
 typedef enum g4_status {
@@ -304,6 +304,11 @@ G4_API g4_status g4_session_load_state_file(g4_session* session, const char* pat
  * (G4_ERR_INVALID_ARGUMENT, naming the earliest position still reachable; reset and feed again instead).
  * Queued media are dropped. Thread-compatible; no allocation. */
 G4_API g4_status g4_session_rewind(g4_session* session, int32_t position);
+/* (API 1.3) Makes the next g4_session_sample seed the session's random state from its params' seed, as the
+ * first sample after g4_session_create or g4_session_reset does; the tokens, KV cache and logits are kept.
+ * After g4_session_rewind to a prompt's shared prefix it makes the session sample as a fresh one fed the
+ * whole prompt would. Thread-compatible; no allocation. */
+G4_API g4_status g4_session_reseed(g4_session* session);
 /* Copies |src|'s state into |dst|, a session of the same engine or of another engine opened on the same
  * plan (as a save and load would, without the bytes in between). |dst|'s queued media are dropped; |src|
  * is unchanged (CUDA: a step it ran ahead is waited for). Neither session may be used by another thread

@@ -59,30 +59,6 @@ CUresult launch(const SessionState* st, CUfunction f, unsigned gx, unsigned gy, 
     return d->cuLaunchKernelEx(&c, f, args, nullptr);
 }
 
-void TowerRun::start(CUdeviceptr step_dev, const int (&steps)[8]) {
-    const Driver* d = st->e->d;
-    Lane& ln        = st->lanes[0];
-    r               = d->cuCtxSetCurrent(ln.g->ctx);
-    st->cur         = &ln;
-    st->ahead_pos   = -1; // the sync below waits for a step run ahead; the tower may reuse its buffers
-    if (r == 0) r = d->cuStreamSynchronize(ln.stream);
-    if (r == 0) r = d->cuMemcpyHtoDAsync(step_dev, steps, sizeof steps, ln.stream);
-}
-
-g4_status TowerRun::finish(void* host, CUdeviceptr dev, size_t bytes, const char* tower, std::string* err) {
-    const Driver* d = st->e->d;
-    const Lane& ln  = st->lanes[0];
-    if (r == 0) {
-        what = "copying the soft tokens to the host";
-        r    = d->cuMemcpyDtoHAsync(host, dev, bytes, ln.stream);
-    }
-    if (r == 0) r = d->cuStreamSynchronize(ln.stream);
-    if (r == 0) return G4_OK;
-    *err = "CUDA error " + error_name(r) + " in the " + tower + " on GPU " + std::to_string(ln.g->index) +
-           " (" + what + ")";
-    return G4_ERR_INTERNAL;
-}
-
 bool ModuleKernels::has(const std::string& name) const {
     for (size_t at = ptx.find(".entry " + name); at != std::string::npos;
          at        = ptx.find(".entry " + name, at + 1)) {
@@ -115,22 +91,6 @@ g4_status ModuleKernels::smem(CUfunction f, int bytes, const std::string& name, 
 }
 
 namespace {
-
-// The audio tower's kernels (runtime/src/cuda/audio.cpp), on the plan's GPU where it runs there.
-g4_status bind_tower_kernels(const plan::Plan& p, const ModuleKernels& m, Kernels& k, std::string* err) {
-    if (p.info().audio_gpu)
-        return m.get_all({{&k.at_conv, "g4_at_conv"},
-                          {&k.at_rms, "g4_at_rms"},
-                          {&k.at_silu, "g4_at_silu"},
-                          {&k.at_residual, "g4_at_residual"},
-                          {&k.at_bias, "g4_at_bias"},
-                          {&k.at_qk_scale, "g4_at_qk_scale"},
-                          {&k.at_attention, "g4_at_attention"},
-                          {&k.at_glu, "g4_at_glu"},
-                          {&k.at_dwconv, "g4_at_dwconv"}},
-                         err);
-    return G4_OK;
-}
 
 // Opens GPU `g` of the plan: checks it, loads the kernels and uploads its weights (segments of the
 // plan's ranges; a weight the plan keeps on the host stays there). need_extra: the session bytes it
@@ -183,10 +143,9 @@ g4_status open_gpu(const plan::Plan& p, EngineState* st, Gpu& g, const plan::Pro
                       bind_sampling_kernels, bind_encoder_kernels})
         if (g4_status r = bind(m, g.k, err); r != G4_OK) return r;
     if (g.index == p.cuda_device())
-        if (g4_status r = bind_tower_kernels(p, m, g.k, err); r != G4_OK) return r;
-    CU_TRY(d->cuMemAlloc(&g.weights, std::max<uint64_t>(64, g.weights_bytes)),
-           "allocating " + std::to_string(g.weights_bytes >> 20) + " MiB of weights on GPU " +
-               std::to_string(g.index));
+        CU_TRY(d->cuMemAlloc(&g.weights, std::max<uint64_t>(64, g.weights_bytes)),
+               "allocating " + std::to_string(g.weights_bytes >> 20) + " MiB of weights on GPU " +
+                   std::to_string(g.index));
     for (const Gpu::Seg& sg : g.segs)
         CU_TRY(d->cuMemcpyHtoD(g.weights + sg.at, p.weights_base() + sg.begin, sg.end - sg.begin),
                "uploading weights to GPU " + std::to_string(g.index));
@@ -282,23 +241,12 @@ g4_status engine_open(g4_engine* e, EnginePtr* out, std::string* err) {
     for (size_t g = 0; g < in.gpus.size(); ++g) {
         st->gpus[g].index = in.gpus[g].index;
         // The plan's GPU also holds the towers' weights, if placed there.
-        const uint64_t towers =
-            g == 0 ? encoder_weight_bytes(p) + (in.audio_gpu ? in.audio_end - in.audio_begin : 0) : 0;
+        const uint64_t towers = g == 0 ? encoder_weight_bytes(p) : 0;
         g4_status r =
             open_gpu(p, st.get(), st->gpus[g], in.gpus[g], session_device_bytes(in, g) + towers, err);
         if (r != G4_OK) return r;
     }
     if (g4_status r = encoder_upload_weights(p, st.get(), err); r != G4_OK) return r;
-    if (in.audio_gpu) {
-        const uint64_t bytes = in.audio_end - in.audio_begin;
-        CU_TRY(d->cuCtxSetCurrent(st->gpus[0].ctx), "cuCtxSetCurrent");
-        CU_TRY(d->cuMemAlloc(&st->audio_w, bytes), "allocating " + std::to_string(bytes >> 20) +
-                                                       " MiB for the audio tower's weights on GPU " +
-                                                       std::to_string(st->gpus[0].index));
-        CU_TRY(d->cuMemcpyHtoD(st->audio_w, p.weights_base() + in.audio_begin, bytes),
-               "uploading the audio tower's weights");
-        st->audio_bytes = bytes;
-    }
     // Direct copies between the GPUs where they allow them (else the driver stages them).
     for (Gpu& a : st->gpus)
         for (Gpu& b : st->gpus) {
@@ -365,7 +313,6 @@ void engine_close(EngineState* st) {
             if (g.mod) dump_trace(st->d, g);
             if (g.weights) st->d->cuMemFree(g.weights);
             if (&g == &st->gpus[0]) encoder_free_weights(st);
-            if (&g == &st->gpus[0] && st->audio_w) st->d->cuMemFree(st->audio_w);
             if (&g == &st->gpus[0] && st->lm_q) st->d->cuMemFree(st->lm_q);
             if (g.mod) st->d->cuModuleUnload(g.mod);
         }
@@ -384,7 +331,7 @@ uint64_t engine_device_bytes(const EngineState* st) {
     if (st)
         for (const ProgramWeights& w : st->programs)
             b += w.end - w.begin;
-    return b + (st ? st->audio_bytes + st->lm_bytes : 0);
+    return b + (st ? st->lm_bytes : 0);
 }
 
 g4_status session_create(g4_session* s, SessionPtr* out, std::string* err) {
@@ -491,11 +438,6 @@ g4_status session_create(g4_session* s, SessionPtr* out, std::string* err) {
         }
     }
     if (g4_status r = encoder_session_create(s, st.get(), err); r != G4_OK) return r;
-    if (in.audio_gpu) {
-        CU_TRY(d->cuCtxSetCurrent(st->lanes[0].g->ctx), "cuCtxSetCurrent");
-        CU_TRY(d->cuMemAlloc(&st->audio_buf, std::max<uint64_t>(256, in.audio_gpu_bytes)),
-               "allocating the audio tower's buffers (" + std::to_string(in.audio_gpu_bytes >> 20) + " MiB)");
-    }
     st->n_cand = ws0.candidates;
     for (CUdeviceptr& c : st->cand)
         CU_TRY(d->cuMemAlloc(&c, ws0.candidates * 8), "allocating the sampler's candidates");
@@ -610,7 +552,7 @@ void session_destroy(SessionState* st) {
     if (st->graph_screen) d->cuGraphDestroy(st->graph_screen);
     encoder_session_destroy(st);
     for (CUdeviceptr ptr : {st->tok, st->cand[0], st->cand[1], st->samp_logits, st->samp_hist, st->soft,
-                            st->audio_buf, st->lm_lohi, st->lm_tmax})
+                            st->lm_lohi, st->lm_tmax})
         if (ptr) d->cuMemFree(ptr);
     for (Lane& ln : st->lanes) {
         d->cuCtxSetCurrent(ln.g->ctx);

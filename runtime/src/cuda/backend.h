@@ -8,12 +8,6 @@
 
 struct g4_engine;
 struct g4_session;
-namespace g4::towers {
-class AudioTower;
-} // namespace g4::towers
-namespace g4::cpu {
-struct Context;
-}
 
 namespace g4::cuda_rt {
 
@@ -85,15 +79,6 @@ void* encoder_staging(const g4_session* s, int program, bool output, int k);
 // (null: whole tensors). Blocks until they are there; a CUDA error names the program, the GPU and the step.
 g4_status encoder_run(g4_session* s, int program, const int32_t* counts, const int32_t* in_rows,
                       const int32_t* out_rows, std::string* err);
-
-// Runs the audio tower on the plan's GPU (plans with info().audio_gpu): the log-mel features of pcm
-// [n_samples] on the CPU (ctx's threads; host_features [max frames, mel_bins] floats, the tower's
-// gpu_host_scratch_bytes()), the rest on the GPU; writes the soft tokens out [*n_soft, text hidden] on the
-// host. Blocks until they are there. A clip the tower refuses is G4_ERR_INVALID_ARGUMENT with the CPU
-// tower's message; a CUDA error names the failing step.
-g4_status audio_forward(g4_session* s, const towers::AudioTower& at, const cpu::Context& ctx,
-                        const float* pcm, int64_t n_samples, float* host_features, float* out, int* n_soft,
-                        std::string* err);
 
 // Session state (g4_session_save_state and the rest): waits for every lane's stream (a step run ahead
 // included), then copies `bytes` of the KV arena at plan offset `offset` (rows of one cache: inside one

@@ -5,6 +5,7 @@
 // kernels, SelfAttention the flash kernel in its bidirectional mode, ops 12 / 13 / 14 / 16 the kernels of
 // kernels/cuda/encoder_ops.cu and ops 20-26 launch_sequence_op.
 #include "runtime/plan/op_params.h"
+#include "runtime/src/bind_op.h"
 #include "runtime/src/cuda/launch.h"
 #include "runtime/src/encoder_program.h"
 #include "runtime/src/engine.h"
@@ -107,26 +108,14 @@ void encoder_free_weights(EngineState* st) {
 // Binds program k's ops to the session's device arena and the engine's copy of its weights.
 static void bind_device_ops(const plan::Plan& p, const ProgramWeights& w, EncoderDevice& e) {
     const plan::PlanProgram& g = p.program(e.program);
-    auto addr                  = [&](int32_t idx, int32_t col, int64_t* ld) -> void* {
-        if (idx < 0) return nullptr;
-        const plan::PlanTensor& t = p.tensor(idx);
-        *ld                       = t.ndim == 2 ? t.dims[1] : 0;
-        const uint64_t at         = dtype_bytes((DType)t.dtype, col);
+    auto base                  = [&](const plan::PlanTensor& t) -> void* {
         if (t.kind == (uint8_t)plan::TensorKind::Weight)
-            return (void*)(uintptr_t)(w.dev + (t.offset - w.begin) + at);
-        return (void*)(uintptr_t)(e.arena + t.offset + at);
+            return (void*)(uintptr_t)(w.dev + (t.offset - w.begin));
+        return (void*)(uintptr_t)(e.arena + t.offset);
     };
-    e.ops.assign(g.op_end - g.op_begin, rt::BoundOp{});
-    for (uint32_t i = g.op_begin; i < g.op_end; ++i) {
-        rt::BoundOp& b = e.ops[i - g.op_begin];
-        b.op           = &p.op(i);
-        for (int k = 0; k < 4; ++k) {
-            b.in[k] = addr(b.op->in[k], b.op->in_col[k], &b.in_ld[k]);
-            if (b.op->in[k] >= 0) b.in_dt[k] = (DType)p.tensor(b.op->in[k]).dtype;
-        }
-        for (int k = 0; k < 2; ++k)
-            b.out[k] = addr(b.op->out[k], b.op->out_col[k], &b.out_ld[k]);
-    }
+    e.ops.clear();
+    for (uint32_t i = g.op_begin; i < g.op_end; ++i)
+        e.ops.push_back(rt::bind_op(p, p.op(i), base));
 }
 
 g4_status encoder_session_create(g4_session* s, SessionState* st, std::string* err) {

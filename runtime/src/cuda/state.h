@@ -1,4 +1,4 @@
-// The CUDA backend's engine and session state (runtime/src/cuda/backend.cpp, encoder_launch.cpp, audio.cpp):
+// The CUDA backend's engine and session state (runtime/src/cuda/backend.cpp, encoder_launch.cpp):
 // the kernels of the plan's module, each GPU's weights, each session's streams and device buffers. Internal
 // to the runtime; every buffer here is allocated at engine open or session creation and freed with them.
 #pragma once
@@ -51,11 +51,9 @@ struct Kernels {
     CUfunction lm_build, lm_screen, lm_exact[5];
     CUfunction flash[6]; // g4_attn_flash_d<kFlashDims[i]>
     // The encoder-program ops 12 / 13 / 14 / 16 (kernels/cuda/encoder_ops.cu) and 20-26 (sequence_ops.cu),
-    // launched by runtime/src/cuda/encoder_launch.cpp (the audio tower uses clamp too).
+    // launched by runtime/src/cuda/encoder_launch.cpp.
     CUfunction clamp, add_position_2d, rope_2d, pool_rows;
     SequenceKernels seq;
-    // The audio tower (runtime/src/cuda/audio.cpp); loaded only for plans with the tower on the GPU.
-    CUfunction at_conv, at_rms, at_silu, at_residual, at_bias, at_qk_scale, at_attention, at_glu, at_dwconv;
 };
 
 // One GPU of the plan (plan info().gpus; a plan whose layers span GPUs has several, the plan's GPU
@@ -105,9 +103,6 @@ struct EngineState {
     CUdeviceptr host_weight_dev = 0;
     // The encoder programs placed on the plan's GPU, their weights uploaded (encoder_launch.cpp).
     std::vector<ProgramWeights> programs;
-    // Audio tower on the plan's GPU: plan weight bytes [info().audio_begin, audio_end) live at audio_w.
-    CUdeviceptr audio_w  = 0;
-    uint64_t audio_bytes = 0;
     // LM-head screening for greedy decode steps (kernels/cuda/lm_screen.cu): on the plan's GPU, at lm_q the
     // int8 head (bytes q + 128) [V, K], then per-row scales [V] at lm_q + lm_scale_at and error bounds [V]
     // after them; lm_launch: the head's GEMV in the decode schedule (-1: no screening: G4_LM_SCREEN=0, a plan
@@ -136,8 +131,7 @@ struct SessionState {
     EngineState* e = nullptr;
     std::vector<Lane> lanes; // engine gpus order: lanes[0] is the plan's GPU (embeddings, LM head, sampling)
     std::vector<EncoderDevice> encoders; // the encoder programs on the plan's GPU (encoder_launch.cpp)
-    CUdeviceptr audio_buf   = 0; // the audio tower's buffers on lanes[0] (AudioTower::gpu_layout()), or 0
-    Lane* cur               = nullptr; // the lane work is being enqueued on
+    Lane* cur               = nullptr;   // the lane work is being enqueued on
     const cublas::Lib* blas = nullptr;
     struct Step {
         int rows, pos0, out_rows, pad;
@@ -234,40 +228,5 @@ struct SessionState {
 // sm_90+) the kernel may start while its predecessor drains.
 CUresult launch(const SessionState* st, CUfunction f, unsigned gx, unsigned gy, unsigned bx, void** args,
                 unsigned gz = 1, unsigned smem = 0);
-
-// One tower forward on the plan's GPU (audio.cpp), on lanes[0]'s stream: its launches in order;
-// after the first CUDA error nothing more is launched and `what` names the failing step.
-struct TowerRun {
-    SessionState* st;
-    const Kernels& K;
-    CUresult r       = 0;
-    const char* what = "";
-    int mode         = 0; // launch arguments passed by address
-    CUdeviceptr none = 0;
-
-    void go(const char* name, CUfunction f, unsigned gx, unsigned gy, unsigned bx,
-            std::initializer_list<void*> args, unsigned smem = 0) {
-        if (r != 0) return;
-        r    = launch(st, f, gx, gy, bx, const_cast<void**>(args.begin()), 1, smem);
-        what = name;
-    }
-    // y [rows, N] (ld ldy) = x [rows, Kd] . W^T, W bf16 [N, Kd] at wd: tensor cores where Kd % 32 == 0, else
-    // the warp-per-output matmul (any Kd; fp32 products of the widened weights).
-    void gemm(const char* name, CUdeviceptr& step, int rows, CUdeviceptr xin, long ldx, CUdeviceptr wd, int N,
-              int Kd, CUdeviceptr y, long ldy) {
-        if (Kd % 32 == 0)
-            go(name, K.tc_bf16, (unsigned)((N + 63) / 64), (unsigned)((rows + 63) / 64), 128,
-               {&step, &mode, &xin, &ldx, &wd, &N, &Kd, &y, &ldy, &none});
-        else
-            go(name, K.mm_bf16, (unsigned)((N + 7) / 8), 1, 256,
-               {&step, &mode, &xin, &ldx, &wd, &N, &Kd, &y, &ldy, &none});
-    }
-    // Makes the plan's GPU (lane 0) current, waits for its stream (the tower's buffers may still be read by
-    // the previous step) and uploads the two launch step records steps[0..3], steps[4..7] to step_dev.
-    void start(CUdeviceptr step_dev, const int (&steps)[8]);
-    // Copies `bytes` of soft tokens from dev to host and waits for the stream. Returns G4_OK, or
-    // G4_ERR_INTERNAL with *err naming the tower, the GPU and the failing step.
-    g4_status finish(void* host, CUdeviceptr dev, size_t bytes, const char* tower, std::string* err);
-};
 
 } // namespace g4::cuda_rt

@@ -1,7 +1,6 @@
 // Images and audio of a session (see media.h).
 #include "runtime/src/frontend/media.h"
 
-#include "runtime/src/cuda/backend.h"
 #include "runtime/src/encoder_inputs.h"
 #include "runtime/src/engine.h"
 #include "runtime/src/env.h"
@@ -54,7 +53,6 @@ MediaBlock media_block(const MediaSizing& z) {
     b.bytes[MediaBlock::ResizeScratch] = up(z.resize_scratch);
     b.bytes[MediaBlock::Patches]       = up((size_t)z.patch_floats * 4);
     b.bytes[MediaBlock::Positions]     = up((size_t)z.max_patches * 8);
-    b.bytes[MediaBlock::AudioScratch]  = up(z.audio_scratch);
     b.bytes[MediaBlock::ImageQueue]    = up(z.vision ? queue : 0);
     b.bytes[MediaBlock::AudioQueue]    = up(z.audio ? queue : 0);
     b.bytes[MediaBlock::VideoQueue]    = up(z.vision ? queue : 0);
@@ -80,25 +78,8 @@ bool media_is_placeholder(const g4_session* s, int32_t id) {
     return s->media && queue_of(s, id);
 }
 
-// The hand-written audio tower the plan's GPU runs (cuda_rt::audio_forward), bound to the plan's weights.
-static g4_status audio_gpu_create(g4_session* s, MediaState* m, const towers::Lookup& lookup, MediaSizing* z,
-                                  std::string* err) {
-    const auto& in = s->engine->plan.info();
-    towers::AudioHParams hp;
-    std::string e = towers::parse_audio_hparams(in.audio_config, in.hidden_size, &hp);
-    hp.precision  = in.tower_bf16 ? towers::Precision::BF16 : towers::Precision::F32;
-    m->audio_gpu  = std::make_unique<towers::AudioTower>();
-    if (e.empty()) e = m->audio_gpu->init(hp, lookup, in.max_audio_samples);
-    if (!e.empty()) {
-        *err = "the plan's audio tower: " + e + " (recompile the plan)";
-        return G4_ERR_PLAN_CORRUPT;
-    }
-    z->audio_scratch = m->audio_gpu->gpu_host_scratch_bytes();
-    z->max_soft      = std::max(z->max_soft, towers::audio_soft_tokens(hp, in.max_audio_samples));
-    return G4_OK;
-}
-
-// The plan's audio program on the CPU and the log-mel front end (META towers.audio) that fills its input.
+// The plan's audio program (on the device the plan places it on) and the log-mel front end (META
+// towers.audio) that fills its input on the CPU.
 static g4_status audio_program_create(g4_session* s, MediaState* m, MediaSizing* z, std::string* err) {
     const plan::Plan& p = s->engine->plan;
     const auto& a       = p.meta().towers->audio;
@@ -137,27 +118,6 @@ g4_status media_create(g4_session* s, std::string* err) {
     if (in.vision_config.empty() && in.audio_config.empty()) return G4_OK;
     auto m = std::make_unique<MediaState>();
     m->H   = in.hidden_size;
-    for (size_t i = 0; i < p.n_tensors(); ++i) {
-        const plan::PlanTensor& t = p.tensor(i);
-        // Tower weights, and the compiler's constants (the hand-written GPU audio tower reads its output
-        // bias, an f32 constant of the audio program, by name).
-        if (t.kind != (uint8_t)plan::TensorKind::Weight ||
-            (t.flags != plan::kRoleTower && t.flags != plan::kRoleTowerScalar &&
-             t.flags != (uint8_t)plan::WeightRole::Constant))
-            continue;
-        towers::Tensor w;
-        w.data  = p.weight_data(t);
-        w.dtype = (DType)t.dtype;
-        w.ndim  = t.flags == plan::kRoleTowerScalar ? 0 : t.ndim;
-        for (int d = 0; d < w.ndim; ++d)
-            w.dims[d] = t.dims[d];
-        m->weights[p.str(t.name)] = w;
-    }
-    MediaState* mp        = m.get();
-    towers::Lookup lookup = [mp](const std::string& n) -> const towers::Tensor* {
-        auto it = mp->weights.find(n);
-        return it == mp->weights.end() ? nullptr : &it->second;
-    };
     MediaSizing z;
     if (!in.vision_config.empty()) {
         if (in.vision_program.empty() || in.patch_size < 1 || in.pooling_kernel_size < 1) {
@@ -182,16 +142,13 @@ g4_status media_create(g4_session* s, std::string* err) {
     }
     if (!in.audio_config.empty()) {
         m->audio = z.audio = true;
-        if (in.audio_gpu) {
-            if (g4_status st = audio_gpu_create(s, m.get(), lookup, &z, err); st != G4_OK) return st;
-        } else if (g4_status st = audio_program_create(s, m.get(), &z, err); st != G4_OK) {
-            return st;
-        }
+        if (g4_status st = audio_program_create(s, m.get(), &z, err); st != G4_OK) return st;
     }
     m->max_soft  = z.max_soft;
     m->pre_bytes = z.resize_scratch;
     static std::atomic<bool> noted{false};
-    if (in.tower_bf16 && !cpu::gemm_has_avx512_bf16() && !noted.exchange(true))
+    const bool cpu_tower = (m->vision && !m->vision_run.gpu) || (m->audio && !m->audio_run.gpu);
+    if (in.tower_bf16 && cpu_tower && !cpu::gemm_has_avx512_bf16() && !noted.exchange(true))
         std::fprintf(stderr, "g4: note: this plan's towers use bf16 matmuls (--tower-precision bf16), which "
                              "this build runs without "
                              "AVX-512 BF16 instructions: slower than fp32 here; compile with "
@@ -228,7 +185,6 @@ g4_status media_create(g4_session* s, std::string* err) {
     m->pre_scratch    = parts[MediaBlock::ResizeScratch];
     m->patches        = (float*)parts[MediaBlock::Patches];
     m->pos            = (int32_t*)parts[MediaBlock::Positions];
-    m->audio_scratch  = parts[MediaBlock::AudioScratch];
     m->image_q        = {(float*)parts[MediaBlock::ImageQueue], z.vision ? Q : 0};
     m->audio_q        = {(float*)parts[MediaBlock::AudioQueue], z.audio ? Q : 0};
     m->video_q        = {(float*)parts[MediaBlock::VideoQueue], z.vision ? Q : 0};
@@ -412,17 +368,7 @@ g4_status media_add_audio(g4_session* s, const float* samples, int64_t n_samples
         return G4_ERR_INVALID_ARGUMENT;
     }
     int n = 0;
-    std::string e;
-    if (in.audio_gpu) {
-        g4_status st = cuda_rt::audio_forward(s, *m->audio_gpu, m->ctx, samples, n_samples,
-                                              (float*)m->audio_scratch, m->soft, &n, &e);
-        if (st != G4_OK) {
-            *err = "audio tower: " + e;
-            return st;
-        }
-    } else if (g4_status st = audio_program_run(s, samples, n_samples, &n, err); st != G4_OK) {
-        return st;
-    }
+    if (g4_status st = audio_program_run(s, samples, n_samples, &n, err); st != G4_OK) return st;
     g4_status st = enqueue(s, m->audio_q, n, "audio clip", err);
     if (st == G4_OK && n_tokens) *n_tokens = n;
     return st;

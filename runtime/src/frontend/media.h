@@ -1,14 +1,12 @@
-// A session's images and audio: the towers bound to the plan's weights, their buffers (all allocated
-// by media_create at session creation), and the queues of soft-token embeddings that placeholder tokens
-// of the prompt consume in order (g4_session_add_image / g4_session_add_audio, then append_tokens).
+// A session's images and audio: the plan's encoder programs bound on their devices, their host buffers (all
+// allocated by media_create at session creation), and the queues of soft-token embeddings that placeholder
+// tokens of the prompt consume in order (g4_session_add_image / g4_session_add_audio, then append_tokens).
 #pragma once
 #include "g4/g4.h"
 #include "kernels/cpu/cpu.h"
 #include "runtime/src/encoder_program.h"
 #include "runtime/src/log_mel.h"
-#include "runtime/src/towers/audio.h"
 
-#include <map>
 #include <memory>
 #include <string>
 
@@ -28,14 +26,12 @@ struct MediaQueue {
 };
 
 struct MediaState {
-    int32_t H = 0;
-    std::map<std::string, towers::Tensor> weights; // the plan's tower weights by name (relative to "model.")
-    bool vision = false;                           // the plan has a vision tower (its encoder program)
-    bool audio  = false;                           // the plan has an audio tower
-    std::unique_ptr<towers::AudioTower> audio_gpu; // the hand-written tower, when the plan's GPU runs audio
-    EncoderRun vision_run;                         // the plan's vision program, on the CPU or the plan's GPU
-    EncoderRun audio_run; // the plan's "audio" program on the CPU (bound unless the GPU tower runs audio)
-    media::LogMel mel;    // the audio program's input features (META towers.audio)
+    int32_t H   = 0;
+    bool vision = false;   // the plan has a vision tower (its encoder program)
+    bool audio  = false;   // the plan has an audio tower (its encoder program)
+    EncoderRun vision_run; // the plan's vision program, on the CPU or the plan's GPU
+    EncoderRun audio_run;  // the plan's audio program, likewise
+    media::LogMel mel;     // the audio program's input features on the CPU (META towers.audio)
     std::unique_ptr<cpu::ThreadPool> own_pool; // CUDA sessions (whose pool is one thread)
     cpu::Context ctx;                          // the towers' pool and per-thread scratch
     void* block          = nullptr;            // one allocation behind every buffer below (media_block)
@@ -45,7 +41,6 @@ struct MediaState {
     size_t pre_bytes     = 0;
     float* patches       = nullptr; // [max_patches, 3 * patch^2]
     int32_t* pos         = nullptr; // [max_patches, 2]
-    void* audio_scratch  = nullptr;
     MediaQueue image_q, audio_q, video_q;
     float* soft      = nullptr; // [max_soft, H] one tower call's output before queueing
     int32_t max_soft = 0;
@@ -58,7 +53,7 @@ struct MediaState {
 
 // What the towers' buffers of a session are sized from (plan figures; threads: the towers' pool).
 struct MediaSizing {
-    size_t vision_scratch = 0, resize_scratch = 0, audio_scratch = 0;
+    size_t vision_scratch = 0, resize_scratch = 0;
     int64_t patch_floats = 0; // [max_patches, 3 * patch^2]
     int32_t max_patches  = 0;
     bool vision = false, audio = false;
@@ -74,7 +69,6 @@ struct MediaBlock {
         ResizeScratch,
         Patches,
         Positions,
-        AudioScratch,
         ImageQueue,
         AudioQueue,
         VideoQueue,
@@ -107,8 +101,8 @@ g4_status media_add_video_frame(g4_session* s, const uint8_t* rgb, int32_t width
                                 int32_t* n_tokens, std::string* err);
 // Runs the audio tower over mono samples at the plan's sample rate and queues its soft tokens: on the CPU the
 // log-mel features of the clip's valid frames (at most the program's frame bound: longer clips are cut there)
-// into the audio program's input, then the program over the frames, the frames after each stride-2 conv and
-// the fixed relative positions.
+// into the audio program's input, then the program on its device over the frames, the frames after each
+// stride-2 conv and the fixed relative positions.
 g4_status media_add_audio(g4_session* s, const float* samples, int64_t n, int32_t* n_tokens,
                           std::string* err);
 // Checks that ids[0..n) hold no more placeholders than are queued (placeholder ids may lie past the

@@ -1,7 +1,5 @@
-// Shared interface of the hand-written towers (runtime/src/towers/audio.h): how a tower
-// finds its weights and how it is given memory. Towers run on the CPU (Eigen kernels, float32
-// arithmetic, weights bf16 or f32 widened on the fly); their scratch is sized once from the plan's
-// limits and allocated when the session is created, never during a forward pass.
+// How the compiler's tower builders (compiler/stage_towers.cpp) read a checkpoint's tower weights by name,
+// and the towers' matmul precision (--tower-precision).
 #pragma once
 #include "kernels/ops.h"
 
@@ -12,7 +10,7 @@
 
 namespace g4::towers {
 
-// One weight as stored in the plan (or, in tests, in a safetensors file): row-major, dims[0] outermost.
+// One weight of the checkpoint: row-major, dims[0] outermost.
 // 0-d scalars (ClippableLinear bounds) have ndim 0 and one element.
 struct Tensor {
     const void* data = nullptr;
@@ -30,7 +28,7 @@ struct Tensor {
 // Resolves a Hugging Face tensor name relative to the multimodal model prefix "model." (for example
 // "vision_tower.encoder.layers.0.self_attn.q_proj.linear.weight",
 // "embed_vision.embedding_projection.weight"). Returns nullptr when the tensor is absent. The returned memory
-// outlives the tower.
+// outlives the lookup's user.
 using Lookup = std::function<const Tensor*(const std::string& name)>;
 
 // Arithmetic of the towers' matmuls. F32 (the default, Hugging Face's float32 reference): fp32 activations

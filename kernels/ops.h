@@ -45,6 +45,37 @@ enum class OpCode : uint16_t {
     SoftplusScale  = 25, // y[:, i] = x[:, i] * s * softplus(w[i % dim])
     AddScaled      = 26, // y = a + s * b
 };
+// Each op code's name (g4 inspect --ops, errors, the schema hash), one row per code in code order.
+struct OpName {
+    OpCode code;
+    const char* name;
+};
+inline constexpr OpName kOpNames[] = {
+    {OpCode::Embed, "embed"},
+    {OpCode::Matmul, "matmul"},
+    {OpCode::RmsNorm, "rms_norm"},
+    {OpCode::Add, "add"},
+    {OpCode::Scale, "scale"},
+    {OpCode::Rope, "rope"},
+    {OpCode::KvStore, "kv_store"},
+    {OpCode::Attention, "attention"},
+    {OpCode::GeluMul, "gelu_mul"},
+    {OpCode::Softcap, "softcap"},
+    {OpCode::Copy, "copy"},
+    {OpCode::Clamp, "clamp"},
+    {OpCode::AddPosition2D, "add_position_2d"},
+    {OpCode::Rope2D, "rope_2d"},
+    {OpCode::SelfAttention, "self_attention"},
+    {OpCode::PoolRows, "pool_rows"},
+    {OpCode::Conv2dNormRelu, "conv2d_norm_relu"},
+    {OpCode::Silu, "silu"},
+    {OpCode::SigmoidMul, "sigmoid_mul"},
+    {OpCode::CausalConv1d, "causal_conv1d"},
+    {OpCode::LocalAttention, "local_attention"},
+    {OpCode::SoftplusScale, "softplus_scale"},
+    {OpCode::AddScaled, "add_scaled"},
+};
+// The name of op, "unknown" for a code not in kOpNames.
 const char* op_name(OpCode op);
 
 // Per-step values read by every op: rows in this step and the absolute position of row 0.

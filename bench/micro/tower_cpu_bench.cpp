@@ -10,7 +10,7 @@
 #include "kernels/cpu/thread_pool.h"
 #include "models/gemma4/audio_graph.h"
 #include "runtime/src/log_mel.h"
-#include "runtime/src/sequence_exec.h"
+#include "runtime/src/op_exec.h"
 
 #include <algorithm>
 #include <chrono>
@@ -177,7 +177,14 @@ struct AudioProgramRun {
                 });
                 break;
             default:
-                if (!rt::run_sequence_op(b, ctx, n, counts)) {
+                rt::OpIo io;
+                for (int k = 0; k < 4; ++k)
+                    io.in[k] = b.in[k], io.in_ld[k] = b.in_ld[k], io.in_dt[k] = b.in_dt[k];
+                for (int k = 0; k < 2; ++k)
+                    io.out[k] = b.out[k], io.out_ld[k] = b.out_ld[k], io.out_dt[k] = DType::F32;
+                io.rows   = n;
+                io.counts = counts;
+                if (!rt::run_op(op, ctx, io)) {
                     std::printf("op %s not handled\n", op_name((OpCode)op.code));
                     std::exit(1);
                 }

@@ -105,6 +105,34 @@ size_t softplus_scale_scratch_floats(int32_t dim);
 void softplus_scale(const Context& c, const DimScaleArgs& a);
 void add_scaled(const Context& c, const AddScaledArgs& a);
 
+// The kernel the executor replays each op code with (runtime/src/op_exec.cpp), on the argument struct the
+// op's definition builds (runtime/plan/op_params.h OpTable<P>::args). Embed and Matmul are replayed by hand
+// (media rows, LoRA bias, kernel choice).
+template <OpCode C> struct OpKernel;
+#define G4_OP_KERNEL(op, fn)                                                                                 \
+    template <> struct OpKernel<OpCode::op> { static constexpr auto run = &fn; }
+G4_OP_KERNEL(RmsNorm, rms_norm);
+G4_OP_KERNEL(Add, add);
+G4_OP_KERNEL(Scale, scale);
+G4_OP_KERNEL(Rope, rope);
+G4_OP_KERNEL(KvStore, kv_store);
+G4_OP_KERNEL(Attention, attention);
+G4_OP_KERNEL(GeluMul, gelu_mul);
+G4_OP_KERNEL(Softcap, softcap);
+G4_OP_KERNEL(Clamp, clamp);
+G4_OP_KERNEL(AddPosition2D, add_position_2d);
+G4_OP_KERNEL(Rope2D, rope_2d);
+G4_OP_KERNEL(SelfAttention, self_attention);
+G4_OP_KERNEL(PoolRows, pool_rows);
+G4_OP_KERNEL(Conv2dNormRelu, conv2d_norm_relu);
+G4_OP_KERNEL(Silu, silu);
+G4_OP_KERNEL(SigmoidMul, sigmoid_mul);
+G4_OP_KERNEL(CausalConv1d, causal_conv1d);
+G4_OP_KERNEL(LocalAttention, local_attention);
+G4_OP_KERNEL(SoftplusScale, softplus_scale);
+G4_OP_KERNEL(AddScaled, add_scaled);
+#undef G4_OP_KERNEL
+
 #endif // G4_CPU_NS
 
 } // namespace g4::cpu

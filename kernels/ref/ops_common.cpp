@@ -38,54 +38,8 @@ size_t dtype_bytes(DType d, int64_t n) {
 }
 
 const char* op_name(OpCode op) {
-    switch (op) {
-    case OpCode::Embed:
-        return "embed";
-    case OpCode::Matmul:
-        return "matmul";
-    case OpCode::RmsNorm:
-        return "rms_norm";
-    case OpCode::Add:
-        return "add";
-    case OpCode::Scale:
-        return "scale";
-    case OpCode::Rope:
-        return "rope";
-    case OpCode::KvStore:
-        return "kv_store";
-    case OpCode::Attention:
-        return "attention";
-    case OpCode::GeluMul:
-        return "gelu_mul";
-    case OpCode::Softcap:
-        return "softcap";
-    case OpCode::Copy:
-        return "copy";
-    case OpCode::Clamp:
-        return "clamp";
-    case OpCode::AddPosition2D:
-        return "add_position_2d";
-    case OpCode::Rope2D:
-        return "rope_2d";
-    case OpCode::SelfAttention:
-        return "self_attention";
-    case OpCode::PoolRows:
-        return "pool_rows";
-    case OpCode::Conv2dNormRelu:
-        return "conv2d_norm_relu";
-    case OpCode::Silu:
-        return "silu";
-    case OpCode::SigmoidMul:
-        return "sigmoid_mul";
-    case OpCode::CausalConv1d:
-        return "causal_conv1d";
-    case OpCode::LocalAttention:
-        return "local_attention";
-    case OpCode::SoftplusScale:
-        return "softplus_scale";
-    case OpCode::AddScaled:
-        return "add_scaled";
-    }
+    for (const OpName& n : kOpNames)
+        if (n.code == op) return n.name;
     return "unknown";
 }
 

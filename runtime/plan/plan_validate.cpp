@@ -1,8 +1,9 @@
 // Validation of a plan's program (see plan_reader.h check_program): every op's operands, column views,
 // shapes, dtypes and parameters against the tensor table, as the CPU executor and the CUDA backend read
 // them; and the tensors' placement in the arenas (inputs overlap nothing, KV caches overlap each other
-// nowhere). Run once by Plan::load, before any session exists.
-#include "runtime/plan/check_sequence_ops.h"
+// nowhere). Run once by Plan::load, before any session exists. Each op's own checks are its definition's
+// (runtime/plan/op_params.h OpTable<P>::check, through OpChecker); nothing here names an op but Copy's device
+// rules for cross-device plans.
 #include "runtime/plan/op_params.h"
 #include "runtime/plan/plan_reader.h"
 
@@ -35,9 +36,15 @@ const char* kind_name(uint8_t k) {
     return "an unknown kind";
 }
 
-struct Checker {
+// What an op's check (OpTable<P>::check) sees: the plan, the op, its program and the rows its inputs (rin)
+// and outputs (rout) need; defects go to fail (the first one is kept).
+struct OpChecker {
     const Plan& p;
     const PlanOp& op;
+    const ProgramInfo& info;
+    const PlanProgram& g;
+    bool text   = true;
+    int64_t rin = 0, rout = 0;
     std::string err;
 
     bool fail(const std::string& m) {
@@ -45,6 +52,7 @@ struct Checker {
         return false;
     }
     std::string tname(int32_t idx) const { return "'" + std::string(p.str(p.tensor(idx).name)) + "'"; }
+    int64_t numel(int32_t idx) const { return g4::plan::numel(p.tensor(idx)); }
     bool need(int32_t idx, TensorKind k, const char* what) {
         if (idx < 0) return fail(std::string("missing ") + what);
         if (p.tensor(idx).kind != (uint8_t)k)
@@ -61,7 +69,7 @@ struct Checker {
                         " exceeds the row of " + std::to_string(row));
         return true;
     }
-    // Activation view of `cols` columns starting at col, with enough rows for the op's row mode.
+    // Activation view of `cols` columns starting at col, with at least `rows` rows.
     bool act_view(int32_t idx, int32_t col, int64_t cols, int64_t rows, const char* what) {
         if (!need(idx, TensorKind::Activation, what)) return false;
         if (!cols_ok(idx, col, cols, what)) return false;
@@ -70,6 +78,13 @@ struct Checker {
                         std::to_string(p.tensor(idx).dims[0]) + " rows, the op needs " +
                         std::to_string(rows));
         return true;
+    }
+    // Input k / output k as an activation view of `cols` columns with the rows the op's row mode needs.
+    bool in_act(int k, int64_t cols, const char* what) {
+        return act_view(op.in[k], op.in_col[k], cols, rin, what);
+    }
+    bool out_act(int k, int64_t cols, const char* what) {
+        return act_view(op.out[k], op.out_col[k], cols, rout, what);
     }
     // An op's input view: an activation, or an encoder program's f32 input or 2-D f32 weight (a table the
     // compiler computed: read, never written).
@@ -85,6 +100,25 @@ struct Checker {
             return true;
         }
         return act_view(idx, col, cols, rows, what);
+    }
+    // Input (out false) or output k of an op over frame sequences: a 2-D f32 activation or program input of
+    // cols columns from the op's column, with at least `rows` rows.
+    bool frame(int k, bool out, int64_t cols, int64_t rows, const char* what) {
+        const int32_t i   = out ? op.out[k] : op.in[k];
+        const int32_t col = out ? op.out_col[k] : op.in_col[k];
+        if (i < 0 || (size_t)i >= p.n_tensors()) return fail(std::string("missing ") + what);
+        const PlanTensor& t = p.tensor(i);
+        if (t.kind != (uint8_t)TensorKind::Activation && t.kind != (uint8_t)TensorKind::Input)
+            return fail(std::string(what) + " " + tname(i) + " is not an activation");
+        if (t.dtype != (uint8_t)DType::F32 || t.ndim != 2)
+            return fail(std::string(what) + " " + tname(i) + " is not a 2-D f32 activation");
+        if (col < 0 || cols < 0 || col + cols > t.dims[1])
+            return fail(std::string(what) + " " + tname(i) + ": columns " + std::to_string(col) + "+" +
+                        std::to_string(cols) + " exceed its " + std::to_string(t.dims[1]));
+        if (t.dims[0] < rows)
+            return fail(std::string(what) + " " + tname(i) + " has " + std::to_string(t.dims[0]) +
+                        " rows, the op needs " + std::to_string(rows));
+        return true;
     }
     // A KV cache of `slots` rows read or written `width` columns from column col.
     bool cache_view(int32_t idx, int32_t col, int64_t width, int64_t slots, const char* what) {
@@ -104,281 +138,83 @@ struct Checker {
                         " [>= " + std::to_string(rows) + ", " + std::to_string(cols) + "]");
         return true;
     }
-    bool weight(int32_t idx, const char* what) {
-        if (!need(idx, TensorKind::Weight, what)) return false;
-        return true;
-    }
     bool matmul_weight(int32_t idx, const char* what) {
-        if (!weight(idx, what)) return false;
+        if (!need(idx, TensorKind::Weight, what)) return false;
         if (p.tensor(idx).dtype == (uint8_t)DType::NF4) return true;
         return dense_weight(idx, what);
     }
     bool dense_weight(int32_t idx, const char* what) {
-        if (!weight(idx, what)) return false;
+        if (!need(idx, TensorKind::Weight, what)) return false;
         uint8_t d = p.tensor(idx).dtype;
         if (d != (uint8_t)DType::F32 && d != (uint8_t)DType::BF16 && d != (uint8_t)DType::F16)
             return fail(std::string(what) + " " + tname(idx) + " has an unsupported dtype");
         return true;
     }
+    // Input k: a dense F32/BF16 weight of exactly n values.
+    bool sized_weight(int k, int64_t n, const char* what) {
+        const int32_t i = op.in[k];
+        if (i < 0 || (size_t)i >= p.n_tensors()) return fail(std::string("missing ") + what);
+        const PlanTensor& t = p.tensor(i);
+        if (t.kind != (uint8_t)TensorKind::Weight)
+            return fail(std::string(what) + " " + tname(i) + " is not a weight");
+        if (t.dtype != (uint8_t)DType::F32 && t.dtype != (uint8_t)DType::BF16)
+            return fail(std::string(what) + " " + tname(i) + " is not F32 or BF16");
+        if (numel(i) != n)
+            return fail(std::string(what) + " " + tname(i) + " has " + std::to_string(numel(i)) +
+                        " values, the op " + std::to_string(n));
+        return true;
+    }
+    // The per-thread scratch floats the op's CPU kernel takes fit the program's.
+    bool scratch(uint64_t need_floats) {
+        if (need_floats > g.thread_floats)
+            return fail("needs " + std::to_string(need_floats) +
+                        " scratch floats a thread, the program gives " + std::to_string(g.thread_floats));
+        return true;
+    }
 };
 
-// One op of program g (text: the text program) against its program: an encoder program's op runs over one
-// of its row counts and names only its program's tensors; the encoder ops appear only in encoder programs
-// and the text-only ops only in the text program. Defects into c.
-void check_op_program(Checker& c, const PlanProgram& g, bool text, int64_t* rin, int64_t* rout) {
-    const Plan& p       = c.p;
-    const PlanOp& op    = c.op;
-    const int32_t count = op.row_mode - kRowCountBase;
-    if (!text) {
+// Each op code's checks: its parameters' ranges, the programs it may be in, then its definition's check.
+struct OpRules {
+    OpUse use                 = OpUse::Any;
+    void (*check)(OpChecker&) = nullptr;
+};
+template <class P> void check_with_table(OpChecker& c) {
+    const std::string range = param_range_error<P>(c.op);
+    if (!range.empty()) return (void)c.fail(range);
+    OpTable<P>::check(c, params<P>(c.op));
+}
+template <class... P> constexpr std::array<OpRules, 256> make_rules(std::tuple<P...>*) {
+    std::array<OpRules, 256> r{};
+    ((r[(size_t)OpTable<P>::code] = OpRules{OpTable<P>::use, &check_with_table<P>}), ...);
+    return r;
+}
+constexpr std::array<OpRules, 256> kRules = make_rules((AllOpParams*)nullptr);
+
+// One op's operands, views and parameters in its program g (text: the text program); defects into c. An
+// encoder program's op runs over one of its row counts and names only its program's tensors.
+void check_op(OpChecker& c) {
+    const Plan& p        = c.p;
+    const PlanOp& op     = c.op;
+    const PlanProgram& g = c.g;
+    const RowMode rm     = (RowMode)op.row_mode;
+    c.rin  = rm == RowMode::OutRows ? c.info.logits_rows : c.info.max_rows; // the rows inputs need
+    c.rout = rm == RowMode::All ? c.info.max_rows : c.info.logits_rows;     // and outputs
+    if (!c.text) {
+        const int32_t count = op.row_mode - kRowCountBase;
         if (count < 0 || count >= kMaxRowCounts || g.max_rows[count] <= 0)
             c.fail("bad row count " + std::to_string(op.row_mode));
         else
-            *rin = *rout = g.max_rows[count];
+            c.rin = c.rout = g.max_rows[count];
         for (int32_t t : {op.in[0], op.in[1], op.in[2], op.in[3], op.out[0], op.out[1]})
             if (t >= 0 && ((uint32_t)t < g.tensor_begin || (uint32_t)t >= g.tensor_end))
                 c.fail("tensor " + std::to_string(t) + " belongs to another program");
     }
-    const bool encoder_op = (op.code >= (uint16_t)OpCode::Clamp && op.code <= (uint16_t)OpCode::PoolRows) ||
-                            is_sequence_op(op.code);
-    const bool text_op = op.code == (uint16_t)OpCode::Embed || op.code == (uint16_t)OpCode::KvStore ||
-                         op.code == (uint16_t)OpCode::Attention || op.code == (uint16_t)OpCode::Copy ||
-                         op.code == (uint16_t)OpCode::Rope || op.code == (uint16_t)OpCode::Softcap;
-    if (text ? encoder_op : text_op)
-        c.fail(std::string("op of ") + (text ? "an encoder program" : "the text program") + " in program '" +
-               p.str(g.name) + "'");
-}
-
-// The encoder-program ops (12-16) and their operands; defects into c.
-void check_encoder_op(Checker& c, const PlanProgram& g, int64_t rin, int64_t rout) {
-    const Plan& p    = c.p;
-    const PlanOp& op = c.op;
-    switch ((OpCode)op.code) {
-    case OpCode::Clamp: {
-        const auto cp = params<ClampParams>(op);
-        if (cp.cols <= 0 || !(cp.lo <= cp.hi))
-            c.fail("bad cols or bounds");
-        else if (c.act_view(op.in[0], op.in_col[0], cp.cols, rin, "input"))
-            c.act_view(op.out[0], op.out_col[0], cp.cols, rout, "output");
-        break;
-    }
-    case OpCode::AddPosition2D: {
-        const int64_t cols = params<AddPosition2DParams>(op).cols;
-        if (cols <= 0)
-            c.fail("bad cols");
-        else if (c.dense_weight(op.in[1], "table") &&
-                 (p.tensor(op.in[1]).ndim != 3 || p.tensor(op.in[1]).dims[0] != 2 ||
-                  p.tensor(op.in[1]).dims[2] != cols))
-            c.fail("table must be [2, positions, cols]");
-        else if (c.err.empty() && c.act_view(op.in[0], op.in_col[0], cols, rin, "input") &&
-                 c.input_view(op.in[2], DType::I32, 2, rin, "positions"))
-            c.act_view(op.out[0], op.out_col[0], cols, rout, "output");
-        break;
-    }
-    case OpCode::Rope2D: {
-        const auto rp = params<Rope2DParams>(op);
-        if (rp.heads <= 0 || rp.dim <= 0 || rp.dim % 4)
-            c.fail("bad heads/dim");
-        else if (op.in[0] != op.out[0] || op.in_col[0] != op.out_col[0])
-            c.fail("rope must be in place");
-        else if (c.need(op.in[1], TensorKind::Weight, "inv_freq") &&
-                 (p.tensor(op.in[1]).dtype != (uint8_t)DType::F32 || numel(p.tensor(op.in[1])) != rp.dim / 4))
-            c.fail("inv_freq must be f32 [dim/4]");
-        else if (c.err.empty() && c.input_view(op.in[2], DType::I32, 2, rin, "positions"))
-            c.act_view(op.in[0], op.in_col[0], (int64_t)rp.heads * rp.dim, rin, "input");
-        break;
-    }
-    case OpCode::SelfAttention: {
-        const auto ap       = params<SelfAttentionParams>(op);
-        const int64_t heads = ap.heads, kvh = ap.kv_heads, dim = ap.dim;
-        if (heads <= 0 || kvh <= 0 || dim <= 0 || heads % kvh)
-            c.fail("bad heads/kv heads/dim");
-        else if (c.act_view(op.in[0], op.in_col[0], heads * dim, rin, "q") &&
-                 c.act_view(op.in[1], op.in_col[1], kvh * dim, rin, "k") &&
-                 c.act_view(op.in[2], op.in_col[2], kvh * dim, rin, "v") &&
-                 c.act_view(op.out[0], op.out_col[0], heads * dim, rout, "output") &&
-                 c.need(op.out[1], TensorKind::Activation, "work") &&
-                 numel(p.tensor(op.out[1])) < self_attention_work_floats(rin, kvh, dim))
-            c.fail("work tensor " + c.tname(op.out[1]) + " too small");
-        break;
-    }
-    case OpCode::PoolRows: {
-        const auto pp = params<PoolRowsParams>(op);
-        if (pp.cols <= 0 || pp.taps <= 0 || pp.src_count < 0 || pp.src_count >= kMaxRowCounts ||
-            g.max_rows[pp.src_count] <= 0)
-            c.fail("bad cols, taps or source row count");
-        else if (c.act_view(op.in[0], op.in_col[0], pp.cols, g.max_rows[pp.src_count], "input") &&
-                 c.input_view(op.in[1], DType::I32, pp.taps, rout, "index"))
-            c.act_view(op.out[0], op.out_col[0], pp.cols, rout, "output");
-        break;
-    }
-    default:
-        c.fail("unknown op");
-        break;
-    }
-}
-
-// One op's operands, views and parameters in its program g; defects into c.
-void check_op(Checker& c, const ProgramInfo& in, const PlanProgram& g, bool text) {
-    const Plan& p    = c.p;
-    const PlanOp& op = c.op;
-    RowMode rm       = (RowMode)op.row_mode;
-    int64_t rin      = rm == RowMode::OutRows ? in.logits_rows : in.max_rows; // the rows inputs need
-    int64_t rout     = rm == RowMode::All ? in.max_rows : in.logits_rows;     // and outputs
-    check_op_program(c, g, text, &rin, &rout);
-    if (!c.err.empty()) return;
-    if (is_sequence_op(op.code)) {
-        c.fail(check_sequence_op(p, op, rout, g.max_rows, g.thread_floats));
-        return;
-    }
-    if (op.code >= (uint16_t)OpCode::Clamp) return check_encoder_op(c, g, rin, rout);
-    switch ((OpCode)op.code) {
-    case OpCode::Embed:
-        if (op.in[0] != in.ids_tensor)
-            c.fail("reads a tensor other than the plan's ids input");
-        else if (c.need(op.in[0], TensorKind::Input, "ids") && c.dense_weight(op.in[1], "table")) {
-            const PlanTensor& tab = p.tensor(op.in[1]);
-            if (p.tensor(op.in[0]).dims[0] < rout)
-                c.fail("ids has fewer rows than a step");
-            else if (tab.ndim != 2 || tab.dims[0] < in.embed_vocab_limit)
-                c.fail("table has too few rows for the vocabulary");
-            else
-                c.act_view(op.out[0], op.out_col[0], tab.dims[1], rout, "output");
-        }
-        break;
-    case OpCode::Matmul:
-        if (c.matmul_weight(op.in[1], "weight")) {
-            const PlanTensor& w = p.tensor(op.in[1]);
-            const auto mp       = params<MatmulParams>(op);
-            if (w.ndim != 2 || (text && w.dims[1] > in.max_k)) // (encoders: their thread_floats)
-                c.fail("weight must be 2-D with K <= max_k");
-            else if (mp.decode_variant < 0 || mp.decode_variant > 1 || mp.prefill_variant < 0 ||
-                     mp.prefill_variant > (int32_t)MatmulVariant::Cublas || mp.prefill_variant == 1)
-                c.fail("bad kernel variant");
-            else if ((mp.decode_variant == (int32_t)MatmulVariant::Gemv4 &&
-                      !((w.dtype == (uint8_t)DType::NF4 && w.dims[1] % 512 == 0) ||
-                        (w.dtype == (uint8_t)DType::BF16 && w.dims[1] % 256 == 0))) ||
-                     ((mp.prefill_variant == (int32_t)MatmulVariant::Tiled64 ||
-                       mp.prefill_variant == (int32_t)MatmulVariant::TensorCore) &&
-                      !(w.dims[1] % 32 == 0 &&
-                        (w.dtype == (uint8_t)DType::NF4 || w.dtype == (uint8_t)DType::BF16))))
-                c.fail("kernel variant does not fit the weight's shape or dtype");
-            else if (op.in[2] >= 0 && (!c.need(op.in[2], TensorKind::Weight, "bias") ||
-                                       p.tensor(op.in[2]).dtype != (uint8_t)DType::F32 ||
-                                       numel(p.tensor(op.in[2])) != w.dims[0]))
-                c.fail("bias must be f32 [N]");
-            else if (text ? c.act_view(op.in[0], op.in_col[0], w.dims[1], rin, "input")
-                          : c.src_view(op.in[0], op.in_col[0], w.dims[1], rin, "input"))
-                c.act_view(op.out[0], op.out_col[0], w.dims[0], rout, "output");
-        }
-        break;
-    case OpCode::RmsNorm: {
-        const auto np      = params<RmsNormParams>(op);
-        const int64_t cols = np.cols;
-        if (np.dim <= 0 || cols <= 0 || cols % np.dim)
-            c.fail("bad cols/dim");
-        else if (op.in[1] >= 0 &&
-                 (!c.dense_weight(op.in[1], "weight") || numel(p.tensor(op.in[1])) != np.dim))
-            c.fail("weight size != dim");
-        else if (c.act_view(op.in[0], op.in_col[0], cols, rin, "input"))
-            c.act_view(op.out[0], op.out_col[0], cols, rout, "output");
-        break;
-    }
-    case OpCode::Add:
-    case OpCode::GeluMul: {
-        const int64_t cols =
-            (OpCode)op.code == OpCode::Add ? params<AddParams>(op).cols : params<GeluMulParams>(op).cols;
-        if (cols <= 0)
-            c.fail("bad cols");
-        else if (c.act_view(op.in[0], op.in_col[0], cols, rin, "a") &&
-                 c.act_view(op.in[1], op.in_col[1], cols, rin, "b"))
-            c.act_view(op.out[0], op.out_col[0], cols, rout, "output");
-        break;
-    }
-    case OpCode::Scale:
-    case OpCode::Softcap: {
-        const bool softcap = (OpCode)op.code == OpCode::Softcap;
-        const int64_t cols = softcap ? params<SoftcapParams>(op).cols : params<ScaleParams>(op).cols;
-        if (cols <= 0)
-            c.fail("bad cols");
-        else if (softcap && !(params<SoftcapParams>(op).cap > 0))
-            c.fail("softcap must be positive");
-        else if (op.in[1] >= 0 && (!c.dense_weight(op.in[1], "scalar") || numel(p.tensor(op.in[1])) < 1))
-            c.fail("bad scalar");
-        else if (c.act_view(op.in[0], op.in_col[0], cols, rin, "input"))
-            c.act_view(op.out[0], op.out_col[0], cols, rout, "output");
-        break;
-    }
-    case OpCode::Rope: {
-        const auto rp = params<RopeParams>(op);
-        if (rp.heads <= 0 || rp.dim <= 0 || rp.dim % 2)
-            c.fail("bad heads/dim");
-        else if (op.in[0] != op.out[0] || op.in_col[0] != op.out_col[0])
-            c.fail("rope must be in place");
-        else if (c.need(op.in[1], TensorKind::Weight, "inv_freq") &&
-                 (p.tensor(op.in[1]).dtype != (uint8_t)DType::F32 || numel(p.tensor(op.in[1])) != rp.dim / 2))
-            c.fail("inv_freq must be f32 [dim/2]");
-        else
-            c.act_view(op.in[0], op.in_col[0], (int64_t)rp.heads * rp.dim, rin, "input");
-        break;
-    }
-    case OpCode::KvStore: {
-        const auto kp       = params<KvStoreParams>(op);
-        const int64_t width = kp.width, slots = kp.slots;
-        if (width <= 0 || slots <= 0)
-            c.fail("bad width/slots");
-        else if (c.act_view(op.in[0], op.in_col[0], width, rin, "k") &&
-                 c.act_view(op.in[1], op.in_col[1], width, rin, "v") &&
-                 c.cache_view(op.out[0], op.out_col[0], width, slots, "k cache") &&
-                 c.cache_view(op.out[1], op.out_col[1], width, slots, "v cache")) {
-            if (op.out[0] == op.out[1])
-                c.fail("k and v caches are the same tensor");
-            else if (p.tensor(op.out[0]).dtype != p.tensor(op.out[1]).dtype)
-                c.fail("k and v caches differ in dtype");
-            else if (slots < in.max_context && slots < in.max_rows)
-                c.fail("cache ring smaller than a chunk");
-        }
-        break;
-    }
-    case OpCode::Attention: {
-        const auto ap       = params<AttentionParams>(op);
-        const int64_t heads = ap.heads, kvh = ap.kv_heads, dim = ap.dim, slots = ap.slots, window = ap.window;
-        if (heads <= 0 || kvh <= 0 || dim <= 0 || heads % kvh || window < 0 || window > in.max_slots ||
-            slots > in.max_slots || ap.prefill_splits < 0 || ap.prefill_splits > 128 ||
-            ap.decode_splits < 0 || ap.decode_splits > 1024)
-            c.fail("bad attention parameters (heads " + std::to_string(heads) + ", kv heads " +
-                   std::to_string(kvh) + ", dim " + std::to_string(dim) + ", window " +
-                   std::to_string(window) + " of at most " + std::to_string(in.max_slots) + ")");
-        else if (c.act_view(op.in[0], op.in_col[0], heads * dim, rin, "q") &&
-                 c.cache_view(op.in[1], op.in_col[1], kvh * dim, slots, "k cache") &&
-                 c.cache_view(op.in[2], op.in_col[2], kvh * dim, slots, "v cache")) {
-            if (p.tensor(op.in[1]).dtype != p.tensor(op.in[2]).dtype)
-                c.fail("k and v caches differ in dtype");
-            // Every key a query can see must still be in the cache.
-            else if (window == 0 ? slots < in.max_context
-                                 : (slots < in.max_context && slots < window + in.max_rows - 1))
-                c.fail("cache too small for the attention span");
-            else
-                c.act_view(op.out[0], op.out_col[0], heads * dim, rout, "output");
-        }
-        break;
-    }
-    case OpCode::Copy: {
-        auto device_ok = [&](int32_t d) { return d == -1 || (d >= 0 && p.gpu_slot(d) >= 0); };
-        const auto cp  = params<CopyParams>(op);
-        if (!p.hybrid())
-            c.fail("copy steps belong to CUDA plans whose layers span devices");
-        else if (op.in[0] != op.out[0] || op.in_col[0] != op.out_col[0] || !device_ok(cp.dst_device) ||
-                 !device_ok(cp.src_device) || cp.dst_device == cp.src_device ||
-                 op.row_mode != (int32_t)RowMode::All || cp.cols <= 0)
-            c.fail("bad copy step");
-        else
-            c.act_view(op.in[0], op.in_col[0], cp.cols, in.max_rows, "tensor");
-        break;
-    }
-    default:
-        c.fail("unknown op");
-        break;
-    }
+    const OpRules& r = kRules[op.code < kRules.size() ? op.code : 0];
+    if (!r.check) return (void)c.fail("unknown op");
+    if (!((uint8_t)r.use & (uint8_t)(c.text ? OpUse::Text : OpUse::Encoder)))
+        c.fail(std::string("op of ") + (c.text ? "an encoder program" : "the text program") +
+               " in program '" + p.str(g.name) + "'");
+    if (c.err.empty()) r.check(c);
 }
 
 } // namespace
@@ -388,16 +224,16 @@ std::string check_program(const Plan& p) {
     size_t prog    = 0;
     for (size_t i = 0; i < p.n_ops_all(); ++i) {
         const PlanOp& op = p.op(i);
-        Checker c{p, op, ""};
         while (i >= p.program(prog).op_end)
             ++prog;
         const PlanProgram& g = p.program(prog);
         const bool text      = prog == 0;
+        OpChecker c{p, op, in, g, text, 0, 0, ""};
         // Weights and KV caches are read from their first column (the runtime adds no offset to weights).
         for (int k = 0; k < 4 && c.err.empty(); ++k)
             if (op.in[k] >= 0 && p.tensor(op.in[k]).kind == (uint8_t)TensorKind::Weight && op.in_col[k] != 0)
                 c.fail("weight " + c.tname(op.in[k]) + " viewed from column " + std::to_string(op.in_col[k]));
-        check_op(c, in, g, text);
+        check_op(c);
         // Cross-device plans: an op's caches lie in its device's part of the KV arena (the host part
         // for CPU-placed layers), and a GPU op's weights in the ranges its GPU uploads.
         if (c.err.empty() && text && p.hybrid() && (OpCode)op.code != OpCode::Copy) {

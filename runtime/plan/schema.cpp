@@ -72,6 +72,7 @@ template <class P> constexpr bool slots_ok() {
     const auto& fs = OpTable<P>::fields;
     for (size_t a = 0; a < fs.size(); ++a) {
         if ((fs[a].i != nullptr) == (fs[a].f != nullptr)) return false;
+        if (fs[a].i && fs[a].lo > fs[a].hi) return false;
         if (fs[a].slot >= (fs[a].i ? std::size(PlanOp{}.ip) : std::size(PlanOp{}.fp))) return false;
         for (size_t b = 0; b < a; ++b)
             if ((fs[b].i != nullptr) == (fs[a].i != nullptr) && fs[b].slot == fs[a].slot) return false;
@@ -82,7 +83,21 @@ template <class... P> constexpr bool all_slots_ok(std::tuple<P...>*) {
     return (slots_ok<P>() && ...);
 }
 static_assert(all_slots_ok((AllOpParams*)nullptr),
-              "an op parameter table names a slot twice or out of range");
+              "an op parameter table names a slot twice or out of range, or an empty range");
+
+// Every op code has one name (kernels/ops.h kOpNames, in code order) and one parameter table.
+template <class P> constexpr bool named() {
+    for (const OpName& n : kOpNames)
+        if (n.code == OpTable<P>::code) return true;
+    return false;
+}
+template <class... P> constexpr bool names_match_tables(std::tuple<P...>*) {
+    for (size_t i = 1; i < std::size(kOpNames); ++i)
+        if (kOpNames[i - 1].code >= kOpNames[i].code) return false;
+    return sizeof...(P) == std::size(kOpNames) && (named<P>() && ...);
+}
+static_assert(names_match_tables((AllOpParams*)nullptr),
+              "kOpNames and AllOpParams must list the same op codes, kOpNames in code order");
 
 template <class... P> void ops_schema(std::string* s, std::tuple<P...>*) {
     (op_schema<P>(s), ...);
@@ -134,6 +149,15 @@ std::string build_schema() {
 std::string op_doc_row(const char* op_name_text, int code, const char* inout, const std::string& fields) {
     return "| `" + std::string(op_name_text) + "` (" + std::to_string(code) + ") | " + inout + " | " +
            fields + " |";
+}
+
+std::string param_range_text(int32_t lo, int32_t hi) {
+    auto num = [](int32_t v) {
+        for (int k = 16; k < 31; ++k)
+            if (v == (1 << k)) return "2^" + std::to_string(k);
+        return std::to_string(v);
+    };
+    return " [" + num(lo) + ", " + num(hi) + "]";
 }
 
 const std::string& schema_text() {

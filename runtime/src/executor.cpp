@@ -1,10 +1,11 @@
 // Op validation, binding and replay on the CPU (Eigen kernels). A step runs the whole program over
 // `rows` tokens starting at position pos0; ops in RowMode::TailIn/OutRows touch only the rows whose
-// logits are wanted.
+// logits are wanted. Ops are replayed through their definitions (op_exec.h) but for Embed and Matmul (and
+// encoder programs' GeluMul), whose replay is not one kernel on the op's operands.
 #include "runtime/src/executor.h"
 #include "runtime/plan/op_params.h"
 #include "runtime/src/bind_op.h"
-#include "runtime/src/sequence_exec.h"
+#include "runtime/src/op_exec.h"
 
 #include <cstring>
 
@@ -129,50 +130,8 @@ g4_status run_ops(g4_session* s, size_t first, size_t end, int32_t rows, int32_t
                                (int32_t)w.dims[0]});
             break;
         }
-        case OpCode::RmsNorm: {
-            const auto a = plan::params<plan::RmsNormParams>(op);
-            cpu::rms_norm(
-                ctx, {I(0), b.in_ld[0], b.in[1], b.in_dt[1], O(0), b.out_ld[0], n, a.cols, a.dim, a.eps});
-            break;
-        }
-        case OpCode::Add:
-            cpu::add(ctx, {I(0), b.in_ld[0], I(1), b.in_ld[1], O(0), b.out_ld[0], n,
-                           plan::params<plan::AddParams>(op).cols});
-            break;
-        case OpCode::GeluMul:
-            cpu::gelu_mul(ctx, {I(0), b.in_ld[0], I(1), b.in_ld[1], O(0), b.out_ld[0], n,
-                                plan::params<plan::GeluMulParams>(op).cols});
-            break;
-        case OpCode::Scale: {
-            const auto a = plan::params<plan::ScaleParams>(op);
-            cpu::scale(ctx,
-                       {I(0), b.in_ld[0], O(0), b.out_ld[0], n, a.cols, a.scale, b.in[1], b.in_dt[1], 0.0f});
-            break;
-        }
-        case OpCode::Softcap: {
-            const auto a = plan::params<plan::SoftcapParams>(op);
-            cpu::softcap(ctx,
-                         {I(0), b.in_ld[0], O(0), b.out_ld[0], n, a.cols, 1.0f, nullptr, DType::F32, a.cap});
-            break;
-        }
-        case OpCode::Rope: {
-            const auto a = plan::params<plan::RopeParams>(op);
-            cpu::rope(ctx, {I(0), b.in_ld[0], (const float*)b.in[1], n, a.heads, a.dim, pos0});
-            break;
-        }
-        case OpCode::KvStore: {
-            const auto a = plan::params<plan::KvStoreParams>(op);
-            cpu::kv_store(ctx, {I(0), b.in_ld[0], I(1), b.in_ld[1], b.out[0], b.out[1], n, a.width, a.slots,
-                                pos0, (DType)p.tensor(op.out[0]).dtype});
-            break;
-        }
-        case OpCode::Attention: {
-            const auto a = plan::params<plan::AttentionParams>(op);
-            cpu::attention(ctx, {I(0), b.in_ld[0], b.in[1], b.in[2], O(0), b.out_ld[0], n, a.heads,
-                                 a.kv_heads, a.dim, a.slots, a.window, pos0, a.scale, nullptr, b.in_dt[1]});
-            break;
-        }
         default:
+            if (run_op(op, ctx, op_io(p, b, n, in_row0, pos0, nullptr))) break;
             *err = "internal: unknown op";
             return G4_ERR_INTERNAL;
         }
@@ -225,58 +184,12 @@ g4_status run_program(g4_session* s, size_t prog, const cpu::Context& ctx, const
                                (int32_t)w.dims[0]});
             break;
         }
-        case OpCode::RmsNorm: {
-            const auto np = plan::params<plan::RmsNormParams>(op);
-            cpu::rms_norm(
-                ctx, {I(0), b.in_ld[0], b.in[1], b.in_dt[1], O(0), b.out_ld[0], n, np.cols, np.dim, np.eps});
-            break;
-        }
-        case OpCode::Add:
-            cpu::add(ctx, {I(0), b.in_ld[0], I(1), b.in_ld[1], O(0), b.out_ld[0], n,
-                           plan::params<plan::AddParams>(op).cols});
-            break;
         case OpCode::GeluMul:
             cpu::gelu_mul_vec(ctx, {I(0), b.in_ld[0], I(1), b.in_ld[1], O(0), b.out_ld[0], n,
                                     plan::params<plan::GeluMulParams>(op).cols});
             break;
-        case OpCode::Scale: {
-            const auto sp = plan::params<plan::ScaleParams>(op);
-            cpu::scale(
-                ctx, {I(0), b.in_ld[0], O(0), b.out_ld[0], n, sp.cols, sp.scale, b.in[1], b.in_dt[1], 0.0f});
-            break;
-        }
-        case OpCode::Clamp: {
-            const auto cp = plan::params<plan::ClampParams>(op);
-            cpu::clamp(ctx, {I(0), b.in_ld[0], O(0), b.out_ld[0], n, cp.cols, cp.lo, cp.hi});
-            break;
-        }
-        case OpCode::AddPosition2D: {
-            const PlanTensor& tab = p.tensor(op.in[1]);
-            cpu::add_position_2d(ctx,
-                                 {I(0), b.in_ld[0], b.in[1], b.in_dt[1], tab.dims[1], (const int32_t*)b.in[2],
-                                  O(0), b.out_ld[0], n, plan::params<plan::AddPosition2DParams>(op).cols});
-            break;
-        }
-        case OpCode::Rope2D: {
-            const auto rp = plan::params<plan::Rope2DParams>(op);
-            cpu::rope_2d(
-                ctx, {I(0), b.in_ld[0], (const float*)b.in[1], (const int32_t*)b.in[2], n, rp.heads, rp.dim});
-            break;
-        }
-        case OpCode::SelfAttention: {
-            const auto ap = plan::params<plan::SelfAttentionParams>(op);
-            cpu::self_attention(ctx, {I(0), b.in_ld[0], I(1), b.in_ld[1], I(2), b.in_ld[2], O(0), b.out_ld[0],
-                                      n, ap.heads, ap.kv_heads, ap.dim, ap.scale, O(1)});
-            break;
-        }
-        case OpCode::PoolRows: {
-            const auto pp = plan::params<plan::PoolRowsParams>(op);
-            cpu::pool_rows(ctx, {I(0), b.in_ld[0], (const int32_t*)b.in[1], O(0), b.out_ld[0], n, pp.cols,
-                                 pp.taps, pp.weight});
-            break;
-        }
         default:
-            if (run_sequence_op(b, ctx, n, counts)) break;
+            if (run_op(op, ctx, op_io(p, b, n, 0, 0, counts))) break;
             *err = "internal: op not supported in an encoder program";
             return G4_ERR_INTERNAL;
         }

@@ -1,8 +1,10 @@
 // Plans refused at open when a record is wrong (checksums recomputed, so only validation can catch it),
 // per-section integrity checks, outputs replaced atomically (and non-regular targets refused), a failing
 // compile leaving the previous plan at -o untouched, plans that compile but could never run (window
-// above the context, bad generation_config.json), and sampling values checked before any work.
+// above the context, bad generation_config.json), sampling values checked before any work, and every op's
+// parameters edited outside the values its definition declares.
 #include "g4/g4.h"
+#include "runtime/plan/op_params.h"
 #include "runtime/plan/plan_reader.h"
 #include "test_util.h"
 
@@ -12,7 +14,9 @@
 #include <cstring>
 #include <filesystem>
 #include <gtest/gtest.h>
+#include <limits>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -512,6 +516,71 @@ TEST_F(PlanIntegrity, CApiChecksSamplingBeforeAnyWork) {
     EXPECT_EQ(g4_sampling_params_check(nullptr), G4_ERR_INVALID_ARGUMENT);
     g4_session_destroy(s);
     g4_engine_close(e);
+}
+
+// The ops of P's code in plan `bytes` (the first of each program), each parameter set just outside the values
+// OpTable<P> declares (an int below lo and above hi, a positive float at 0 and NaN): the plan is refused at
+// load, naming the op and the parameter. New ops get this coverage from their definition alone.
+template <class P>
+void expect_ranges_enforced(const std::string& bytes, const std::string& path, std::set<int>* covered) {
+    using g4::plan::OpTable;
+    const auto [off, size] = plan_section(bytes, (uint32_t)SectionKind::Ops);
+    g4::plan::Plan good;
+    std::string err;
+    ASSERT_EQ(good.load(path + ".good", false, &err), G4_OK) << err;
+    std::set<size_t> programs_seen;
+    for (size_t i = 0; i < size / sizeof(PlanOp); ++i) {
+        PlanOp op;
+        std::memcpy(&op, bytes.data() + off + i * sizeof op, sizeof op);
+        size_t prog = 0;
+        while (i >= good.program(prog).op_end)
+            ++prog;
+        if (op.code != (uint16_t)OpTable<P>::code || !programs_seen.insert(prog).second) continue;
+        covered->insert(op.code);
+        for (const auto& f : OpTable<P>::fields) {
+            std::vector<PlanOp> edits;
+            auto edited = [&](auto set) {
+                PlanOp e = op;
+                set(e);
+                edits.push_back(e);
+            };
+            if (f.i && f.lo > std::numeric_limits<int32_t>::min())
+                edited([&](PlanOp& e) { e.ip[f.slot] = f.lo - 1; });
+            if (f.i && f.hi < std::numeric_limits<int32_t>::max())
+                edited([&](PlanOp& e) { e.ip[f.slot] = f.hi + 1; });
+            if (f.f && f.positive) {
+                edited([&](PlanOp& e) { e.fp[f.slot] = 0.0f; });
+                edited([&](PlanOp& e) { e.fp[f.slot] = NAN; });
+            }
+            for (const PlanOp& e : edits) {
+                std::string b = bytes;
+                std::memcpy(b.data() + off + i * sizeof e, &e, sizeof e);
+                reseal_plan(&b);
+                write_file(path, b);
+                g4::plan::Plan p;
+                EXPECT_EQ(p.load(path, false, &err), G4_ERR_PLAN_CORRUPT)
+                    << g4::op_name(OpTable<P>::code) << " " << f.name;
+                EXPECT_NE(err.find("op " + std::to_string(i) + " '"), std::string::npos) << err;
+                EXPECT_NE(err.find(std::string("parameter ") + f.name), std::string::npos) << err;
+            }
+        }
+    }
+}
+template <class... P>
+void expect_all_ranges_enforced(const std::string& bytes, const std::string& path, std::set<int>* covered,
+                                std::tuple<P...>*) {
+    (expect_ranges_enforced<P>(bytes, path, covered), ...);
+}
+
+TEST_F(PlanIntegrity, EveryOpParameterOutsideItsDeclaredRangeIsRefused) {
+    const std::string bytes = read_file(plan_);
+    const std::string path  = dir_->file("range.g4plan");
+    write_file(path + ".good", bytes);
+    std::set<int> covered;
+    expect_all_ranges_enforced(bytes, path, &covered, (g4::plan::AllOpParams*)nullptr);
+    // The fixture's text, vision and audio programs hold every op but the cross-device copy step.
+    for (const g4::OpName& n : g4::kOpNames)
+        if (n.code != g4::OpCode::Copy) EXPECT_TRUE(covered.count((int)n.code)) << n.name;
 }
 
 } // namespace

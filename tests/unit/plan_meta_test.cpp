@@ -192,7 +192,9 @@ TEST(PlanOpParams, EveryOpsParametersRoundTrip) {
 
 template <class P> void expect_row(const std::string& doc) {
     const std::string row = op_doc_row<P>(g4::op_name(OpTable<P>::code));
-    EXPECT_NE(doc.find(row), std::string::npos) << "docs/plan-format.md lacks the row " << row;
+    EXPECT_NE(doc.find(row), std::string::npos)
+        << "docs/plan-format.md's op table lacks this row (paste it in, replacing the op's old row):\n"
+        << row;
 }
 template <class... P> void expect_documented(const std::string& doc, std::tuple<P...>*) {
     (expect_row<P>(doc), ...);

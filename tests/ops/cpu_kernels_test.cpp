@@ -237,31 +237,38 @@ INSTANTIATE_TEST_SUITE_P(
     });
 
 // Row views inside wider buffers: only the first K columns of x are read and the first N of y written.
+// One NF4 matrix-vector case in strided views (x's padding NaN, never read; y's padding untouched) against
+// the reference, through `run` (the float32 GEMV, or the int16 path with `int16_x`).
+void check_strided_nf4(const Fixture& f, int64_t k, int rows, bool dq, bool int16_x,
+                       void (*run)(const cpu::Context&, const MatmulArgs&)) {
+    SCOPED_TRACE("k " + std::to_string(k) + " rows " + std::to_string(rows) + (dq ? " dq" : ""));
+    const int64_t n = 37, ldx = k + 29, ldy = n + 11;
+    std::vector<float> y_ref, y_cpu;
+    Nf4Case c({rows, n, k}, dq, ldx, ldy, y_ref);
+    c.a.int16_x = int16_x;
+    for (int t = 0; t < rows; ++t)
+        for (int64_t j = k; j < ldx; ++j)
+            c.x[t * ldx + j] = NAN;
+    ref::matmul(c.a);
+    y_cpu.assign(y_ref.size(), -7.0f);
+    c.a.y = y_cpu.data();
+    run(f.ctx, c.a);
+    for (int t = 0; t < rows; ++t)
+        for (int64_t j = 0; j < ldy; ++j) {
+            const float r = y_ref[t * ldy + j], v = y_cpu[t * ldy + j];
+            if (j >= n)
+                ASSERT_EQ(v, -7.0f) << "row " << t << " col " << j;
+            else
+                ASSERT_NEAR(v, r, 1e-5f * (1.0f + std::fabs(r))) << "row " << t << " col " << j;
+        }
+}
+
 TEST(Nf4Gemv, StridedViews) {
     for (int64_t k : {128, 100}) {
         Fixture f(k, 16);
         for (int rows = 1; rows <= cpu::kNf4GemvMaxRows; ++rows)
-            for (bool dq : {false, true}) {
-                SCOPED_TRACE("k " + std::to_string(k) + " rows " + std::to_string(rows) + (dq ? " dq" : ""));
-                const int64_t n = 37, ldx = k + 29, ldy = n + 11;
-                std::vector<float> y_ref, y_cpu;
-                Nf4Case c({rows, n, k}, dq, ldx, ldy, y_ref);
-                for (int t = 0; t < rows; ++t)
-                    for (int64_t j = k; j < ldx; ++j)
-                        c.x[t * ldx + j] = NAN; // never read
-                ref::matmul(c.a);
-                y_cpu.assign(y_ref.size(), -7.0f);
-                c.a.y = y_cpu.data();
-                cpu::matmul_nf4_gemv(f.ctx, c.a);
-                for (int t = 0; t < rows; ++t)
-                    for (int64_t j = 0; j < ldy; ++j) {
-                        const float r = y_ref[t * ldy + j], v = y_cpu[t * ldy + j];
-                        if (j >= n)
-                            ASSERT_EQ(v, -7.0f) << "row " << t << " col " << j;
-                        else
-                            ASSERT_NEAR(v, r, 1e-5f * (1.0f + std::fabs(r))) << "row " << t << " col " << j;
-                    }
-            }
+            for (bool dq : {false, true})
+                check_strided_nf4(f, k, rows, dq, false, cpu::matmul_nf4_gemv);
     }
 }
 
@@ -332,28 +339,8 @@ TEST(Nf4Int16, StridedViewsMatchReference) {
     for (int64_t k : {1536, 128}) {
         Fixture f(k, 16);
         for (int rows = 1; rows <= q16::kMaxRows; ++rows)
-            for (bool dq : {false, true}) {
-                SCOPED_TRACE("k " + std::to_string(k) + " rows " + std::to_string(rows) + (dq ? " dq" : ""));
-                const int64_t n = 37, ldx = k + 29, ldy = n + 11;
-                std::vector<float> y_ref, y_cpu;
-                Nf4Case c({rows, n, k}, dq, ldx, ldy, y_ref);
-                c.a.int16_x = true;
-                for (int t = 0; t < rows; ++t)
-                    for (int64_t j = k; j < ldx; ++j)
-                        c.x[t * ldx + j] = NAN; // never read
-                ref::matmul(c.a);
-                y_cpu.assign(y_ref.size(), -7.0f);
-                c.a.y = y_cpu.data();
-                cpu::matmul(f.ctx, c.a);
-                for (int t = 0; t < rows; ++t)
-                    for (int64_t j = 0; j < ldy; ++j) {
-                        const float r = y_ref[t * ldy + j], v = y_cpu[t * ldy + j];
-                        if (j >= n)
-                            ASSERT_EQ(v, -7.0f) << "row " << t << " col " << j;
-                        else
-                            ASSERT_NEAR(v, r, 1e-5f * (1.0f + std::fabs(r))) << "row " << t << " col " << j;
-                    }
-            }
+            for (bool dq : {false, true})
+                check_strided_nf4(f, k, rows, dq, true, cpu::matmul);
     }
 }
 

@@ -37,7 +37,9 @@ inline constexpr Nf4Int16 kNf4Int16;
 
 // Quantizes one block of kBlock floats into q; returns amax / (16383 * 16384), the factor that with the
 // weight block's absmax turns the integer dot product into the block's float32 term. A block holding an
-// infinity or NaN gives q = 0 and a NaN factor, so the outputs it reaches are NaN, as in float32.
+// infinity or NaN gives q = 0 and a NaN factor, so the outputs it reaches are NaN, as in float32. A block
+// whose largest value is so small (subnormal) that kXMax / amax overflows gives q = 0: its term is below
+// float32's resolution of any sum it joins.
 inline float quantize_block(const float* x, int16_t* q) {
     float amax  = 0.0f;
     bool finite = true;
@@ -45,7 +47,8 @@ inline float quantize_block(const float* x, int16_t* q) {
         amax = std::fmax(amax, std::fabs(x[i]));
         finite &= std::isfinite(x[i]);
     }
-    const float inv = finite && amax > 0.0f ? kXMax / amax : 0.0f;
+    float inv = finite && amax > 0.0f ? kXMax / amax : 0.0f;
+    if (!std::isfinite(inv)) inv = 0.0f;
     for (int i = 0; i < kBlock; ++i)
         q[i] = (int16_t)(inv > 0.0f ? std::nearbyint(x[i] * inv) : 0.0f);
     return finite ? amax / (kXMax * kWMax) : NAN;

@@ -1,10 +1,8 @@
 // The NF4 x int16 GEMV of cpu.h (matmul_nf4_int16; body in gemv_int16_body.h) and, in the avx512 copy, its
 // AVX-512 VNNI variant for the avx512_bf16 table (level_table.cpp; dispatch.cpp requires VNNI for that level:
 // every CPU with AVX-512 BF16 has it), compiled under a function-level target (GCC's target pragma, which
-// also covers the body's lambdas). The integer sums and so the outputs are the same bits. On a 2-core Zen 4
-// (`cpu_gemv_bench 31 --int16 --hot`, G4_CPU_LEVEL avx512 against avx512_bf16 alternated, one thread) the
-// VNNI kernel takes 5-6% less time with the weights in cache (E2B q 117 -> 111 us, o 114 -> 108 us); streamed
-// from memory the difference is within the machine's noise.
+// also covers the body's lambdas). The integer sums and so the outputs are the same bits; measured in
+// docs/performance.md (CPU).
 #include "kernels/cpu/level.h"
 #include "kernels/cpu/nf4_blob.h"
 #include "kernels/nf4.h"

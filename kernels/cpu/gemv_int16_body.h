@@ -9,8 +9,8 @@
 // (vpunpck{l,h}bw, which take bytes 0-7 and 16-23, or 8-15 and 24-31). pmaddwd multiplies and adds pairs;
 // each block's int32 lanes are converted and scaled by absmax * amax / (16383 * 16384) into fp32
 // accumulators (two per row, alternate blocks, so that consecutive blocks do not wait on one FMA). AVX-512
-// computes the factors 16 blocks at a time into a stack array and broadcasts them from memory: the same
-// floats, 7-9% less time on a Zen 4 (E2B q 111 -> 103 us with VNNI, 117 -> 107 without, weights in cache).
+// computes the factors 16 blocks at a time into a stack array and broadcasts them from memory (the same
+// floats; docs/performance.md "CPU" has the measurement).
 
 struct IntOrder {
     int e[nf4::kBlock];

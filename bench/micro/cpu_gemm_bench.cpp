@@ -5,9 +5,9 @@
 // multiply-adds per second (rows * N * K / time).
 // Usage: cpu_gemm_bench [calls per cell, default 9] [--rows R] (default: 64, a CPU plan's prefill chunk).
 // Built with the project (build/bench/micro/cpu_gemm_bench); G4_CPU_LEVEL picks the kernels' level.
+#include "compiler/nf4_quant.h"
 #include "kernels/cpu/cpu.h"
 #include "kernels/cpu/dispatch.h"
-#include "compiler/nf4_quant.h"
 #include "kernels/nf4.h"
 
 #include <algorithm>
@@ -42,10 +42,11 @@ int main(int argc, char** argv) {
         else
             calls = std::max(1, std::atoi(argv[i]));
     }
-    const Shape shapes[] = {{"E2B q (2048x1536)", 2048, 1536},     {"E2B k/v (256x1536)", 256, 1536},
-                            {"E2B o (1536x2048)", 1536, 2048},     {"E2B gate/up (6144x1536)", 6144, 1536},
-                            {"E2B down (1536x6144)", 1536, 6144},  {"E2B up x2 (12288x1536)", 12288, 1536},
-                            {"E2B down x2 (1536x12288)", 1536, 12288}, {"E4B o (2560x2048)", 2560, 2048}};
+    const Shape shapes[] = {
+        {"E2B q (2048x1536)", 2048, 1536},         {"E2B k/v (256x1536)", 256, 1536},
+        {"E2B o (1536x2048)", 1536, 2048},         {"E2B gate/up (6144x1536)", 6144, 1536},
+        {"E2B down (1536x6144)", 1536, 6144},      {"E2B up x2 (12288x1536)", 12288, 1536},
+        {"E2B down x2 (1536x12288)", 1536, 12288}, {"E4B o (2560x2048)", 2560, 2048}};
     std::printf("CPU kernels: %s, %d rows, medians of %d calls\n", cpu::level_name(cpu::active_level()), rows,
                 calls);
     std::printf("%-26s %3s | %20s | %20s | %6s\n", "shape (N x K)", "thr", "fp32 tiled ms GMAC/s",
@@ -69,7 +70,8 @@ int main(int argc, char** argv) {
             auto timed   = [&](auto&& f) {
                 auto t0 = std::chrono::steady_clock::now();
                 f();
-                return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+                return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+                    .count();
             };
             std::vector<double> t_old, t_new;
             for (int i = 0; i < calls + 1; ++i) { // the first round warms up

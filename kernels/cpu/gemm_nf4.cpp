@@ -5,8 +5,8 @@
 // out k-pair by k-pair: dword r of pair p holds q[r][2p] (low half) and q[r][2p + 1] (high half), so that one
 // vector holds one k-pair of kTileRows / lanes rows. A code byte is one k-pair of one weight row (high nibble
 // element 2p, low nibble 2p + 1, kernels/nf4.h), and kPairs maps it to the matching dword of int16 codebook
-// values, which is broadcast to every lane: pmaddwd (or AVX-512 VNNI vpdpwssd) multiplies both halves and adds
-// them into the row's int32 lane. No weight panel is decoded; the codes are read in place.
+// values, which is broadcast to every lane: pmaddwd (or AVX-512 VNNI vpdpwssd) multiplies both halves and
+// adds them into the row's int32 lane. No weight panel is decoded; the codes are read in place.
 //
 // A lane may sum at most 8 products (4 k-pairs): 8 * 16383 * 16384 < 2^31. So every 4 k-pairs the int32
 // lanes are converted and added into an fp32 block sum, and each 64-element block's sum is scaled by
@@ -151,35 +151,79 @@ struct QX {
     const float* tile_scales(int64_t t) const { return scales + t * nb * kTileRows; }
 };
 
-// Quantizes rows [r0, r1) of x into tile slots starting at tile 0 (rows of the last tile past r1 are zero).
-void quantize_rows(const MatmulArgs& a, int r0, int r1, const QX& qx) {
-    int16_t q[q16::kBlock];
-    const int64_t tiles = (r1 - r0 + kTileRows - 1) / kTileRows;
-    for (int64_t t = 0; t < tiles; ++t)
-        for (int l = 0; l < kTileRows; ++l) {
-            const int r    = r0 + (int)t * kTileRows + l;
-            int32_t* pairs = qx.pairs + t * qx.kp * kTileRows + l;
-            float* scales  = qx.scales + t * qx.nb * kTileRows + l;
-            for (int64_t b = 0; b < qx.nb; ++b) {
-                if (r < r1) {
-                    scales[b * kTileRows] = q16::quantize_block(a.x + (int64_t)r * a.ldx + b * q16::kBlock, q);
-                } else {
-                    scales[b * kTileRows] = 0.0f;
-                    std::memset(q, 0, sizeof q);
-                }
-                for (int p = 0; p < q16::kBlock / 2; ++p)
-                    pairs[(b * (q16::kBlock / 2) + p) * kTileRows] =
-                        (int32_t)((uint32_t)(uint16_t)q[2 * p] | ((uint32_t)(uint16_t)q[2 * p + 1] << 16));
-            }
+// q16::quantize_block with vector instructions, the same values: amax is the largest |x| (exact), q =
+// round-to-nearest-even(x * inv) (cvtps2dq under the default rounding, as std::nearbyint), and a block with
+// an infinity or NaN, or an amax whose inverse overflows, gives q = 0.
+float quantize_block(const float* x, int16_t* q) {
+#if defined(__AVX512BW__)
+    __m512 v[4], m = _mm512_setzero_ps();
+    __mmask16 fin = 0xFFFF;
+    for (int i = 0; i < 4; ++i) {
+        v[i]           = _mm512_loadu_ps(x + 16 * i);
+        const __m512 a = _mm512_abs_ps(v[i]);
+        fin &= _mm512_cmp_ps_mask(a, _mm512_set1_ps(INFINITY), _CMP_LT_OQ);
+        m = _mm512_max_ps(m, a);
+    }
+    if (fin != 0xFFFF) return q16::quantize_block(x, q);
+    const float amax = _mm512_reduce_max_ps(m);
+    float inv        = amax > 0.0f ? q16::kXMax / amax : 0.0f;
+    if (!std::isfinite(inv)) inv = 0.0f;
+    for (int i = 0; i < 4; ++i)
+        _mm256_storeu_si256((__m256i*)(q + 16 * i), _mm512_cvtsepi32_epi16(_mm512_cvtps_epi32(
+                                                        _mm512_mul_ps(v[i], _mm512_set1_ps(inv)))));
+    return amax / (q16::kXMax * q16::kWMax);
+#elif defined(__AVX2__)
+    const __m256 sign = _mm256_set1_ps(-0.0f), inf = _mm256_set1_ps(INFINITY);
+    __m256 v[8], m                                 = _mm256_setzero_ps();
+    int fin = 0xFF;
+    for (int i = 0; i < 8; ++i) {
+            v[i]           = _mm256_loadu_ps(x + 8 * i);
+            const __m256 a = _mm256_andnot_ps(sign, v[i]);
+            fin &= _mm256_movemask_ps(_mm256_cmp_ps(a, inf, _CMP_LT_OQ));
+            m = _mm256_max_ps(m, a);
+    }
+    if (fin != 0xFF) return q16::quantize_block(x, q);
+    __m128 h         = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h                = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h                = _mm_max_ss(h, _mm_movehdup_ps(h));
+    const float amax = _mm_cvtss_f32(h);
+    float inv        = amax > 0.0f ? q16::kXMax / amax : 0.0f;
+    if (!std::isfinite(inv)) inv = 0.0f;
+    const __m256 vi = _mm256_set1_ps(inv);
+    for (int i = 0; i < 8; i += 2) {
+            const __m256i a = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], vi));
+            const __m256i b = _mm256_cvtps_epi32(_mm256_mul_ps(v[i + 1], vi));
+            _mm256_storeu_si256((__m256i*)(q + 8 * i), _mm256_permute4x64_epi64(_mm256_packs_epi32(a, b), 0xD8));
+    }
+    return amax / (q16::kXMax * q16::kWMax);
+#else
+    return q16::quantize_block(x, q);
+#endif
+}
+
+// Row r of x (or zeros when r >= a.rows) into lane `lane` of the tile at pairs / scales.
+void quantize_row(const MatmulArgs& a, int r, int32_t* pairs, float* scales, int64_t nb) {
+    alignas(64) int16_t q[q16::kBlock];
+    int32_t qp[q16::kBlock / 2];
+    for (int64_t b = 0; b < nb; ++b) {
+        if (r < a.rows) {
+            scales[b * kTileRows] = quantize_block(a.x + (int64_t)r * a.ldx + b * q16::kBlock, q);
+            std::memcpy(qp, q, sizeof q); // dword p: q[2p] low, q[2p + 1] high
+        } else {
+            scales[b * kTileRows] = 0.0f;
+            std::memset(qp, 0, sizeof qp);
         }
+        for (int p = 0; p < q16::kBlock / 2; ++p)
+            pairs[(b * (q16::kBlock / 2) + p) * kTileRows] = qp[p];
+    }
 }
 
 #if defined(__AVX512BW__) || defined(__AVX2__)
 // out[c][kTileRows] = columns n0 .. n0 + NC of one tile.
 template <int NC, bool DQ, bool VNNI>
 void micro(const Blob& w, int64_t n0, const QX& qx, int64_t t, float* out) {
-    using I = typename V::I;
-    using F = typename V::F;
+    using I           = typename V::I;
+    using F           = typename V::F;
     const int32_t* xp = qx.tile_pairs(t);
     const float* sx   = qx.tile_scales(t);
     const uint8_t* codes[NC];
@@ -242,7 +286,7 @@ void micro(const Blob& w, int64_t n0, const QX& qx, int64_t t, float* out) {
                 for (int g = 0; g < q16::kBlock / 2; g += kPairsPerGroup) {
                     int32_t isum = 0;
                     for (int j = 0; j < kPairsPerGroup; ++j) {
-                        const int64_t p = b * (q16::kBlock / 2) + g + j;
+                        const int64_t p  = b * (q16::kBlock / 2) + g + j;
                         const int32_t xv = xp[p * kTileRows + l], wv = kPairs.v[codes[p]];
                         isum += (int32_t)(int16_t)(xv & 0xFFFF) * (int16_t)(wv & 0xFFFF) +
                                 (int32_t)(int16_t)((uint32_t)xv >> 16) * (int16_t)((uint32_t)wv >> 16);
@@ -305,12 +349,13 @@ void matmul_nf4_gemm_int16(const Context& c, const MatmulArgs& a) {
     if (fit < 1) { // a Context sized for smaller matmuls: the GEMV's arithmetic, q16::kMaxRows rows a call
         for (int r = 0; r < a.rows; r += q16::kMaxRows) {
             MatmulArgs s = a;
-            s.x += (int64_t)r * a.ldx, s.y += (int64_t)r * a.ldy, s.rows = std::min(q16::kMaxRows, a.rows - r);
+            s.x += (int64_t)r * a.ldx, s.y += (int64_t)r * a.ldy,
+                s.rows = std::min(q16::kMaxRows, a.rows - r);
             matmul(c, s);
         }
         return;
     }
-    const int pass_rows = (int)std::min<int64_t>(a.rows, fit * kTileRows);
+    const int pass_rows  = (int)std::min<int64_t>(a.rows, fit * kTileRows);
     const int64_t ptiles = (pass_rows + kTileRows - 1) / kTileRows;
     const QX qx{(int32_t*)c.scratch, (float*)((int32_t*)c.scratch + ptiles * kp * kTileRows), kp, nb};
     const bool vnni     = has_vnni();
@@ -318,10 +363,11 @@ void matmul_nf4_gemm_int16(const Context& c, const MatmulArgs& a) {
     for (int r0 = 0; r0 < a.rows; r0 += pass_rows) {
         const int rows   = std::min(pass_rows, a.rows - r0);
         const int64_t nt = (rows + kTileRows - 1) / kTileRows;
-        c.pool->parallel_for(nt, [&](int64_t t, int) {
-            const int t0 = r0 + (int)t * kTileRows;
-            const QX dst{qx.pairs + t * kp * kTileRows, qx.scales + t * nb * kTileRows, kp, nb};
-            quantize_rows(a, t0, std::min(t0 + kTileRows, r0 + rows), dst);
+        c.pool->parallel_for(nt * kTileRows, [&](int64_t i, int) {
+            const int64_t t = i / kTileRows, lane = i % kTileRows;
+            const int r = r0 + (int)i;
+            quantize_row(a, r < r0 + rows ? r : a.rows, qx.pairs + t * kp * kTileRows + lane,
+                         qx.scales + t * nb * kTileRows + lane, nb);
         });
         c.pool->parallel_for(tasks, [&](int64_t task, int) {
             const int64_t n0 = task * kTaskCols, n1 = std::min<int64_t>(a.n, n0 + kTaskCols);

@@ -40,8 +40,9 @@ int64_t task_queries(const AttentionArgs& a) {
 
 size_t attention_prefill_floats(const AttentionArgs& a) {
     const int64_t nq = task_queries(a);
-    const int64_t d = (a.dim + 15) / 16 * 16; // rows of 64-byte multiples
-    return (size_t)(2 * nq * d + nq * kPrefillKeys + (2 * nq + 15) / 16 * 16 + 2 * (int64_t)kPrefillKeys * d + 16);
+    const int64_t d  = (a.dim + 15) / 16 * 16; // rows of 64-byte multiples
+    return (size_t)(2 * nq * d + nq * kPrefillKeys + (2 * nq + 15) / 16 * 16 + 2 * (int64_t)kPrefillKeys * d +
+                    16);
 }
 
 void attention_prefill(const Context& c, const AttentionArgs& a) {
@@ -57,7 +58,7 @@ void attention_prefill(const Context& c, const AttentionArgs& a) {
         const int64_t d = (a.dim + 15) / 16 * 16;
         // 64-byte aligned, whatever the scratch's base: Eigen's vectorised loops peel by alignment, and the
         // result must not depend on which thread runs the task
-        float* Qp = (float*)(((uintptr_t)c.thread_scratch(th) + 63) & ~(uintptr_t)63);
+        float* Qp  = (float*)(((uintptr_t)c.thread_scratch(th) + 63) & ~(uintptr_t)63);
         float* Yp  = Qp + nq * d;
         float* Sp  = Yp + nq * d;
         float* mx  = Sp + (int64_t)nq * kPrefillKeys;
@@ -68,13 +69,14 @@ void attention_prefill(const Context& c, const AttentionArgs& a) {
         MapRM Q(Qp, nq, a.dim, Eigen::OuterStride<>(d)), Y(Yp, nq, a.dim, Eigen::OuterStride<>(d));
         for (int i = 0; i < nq; ++i) {
             const int t = t0 + i / group, h = g * group + i % group;
-            Q.row(i) = Eigen::Map<const Eigen::RowVectorXf>(a.q + t * a.ldq + (int64_t)h * a.dim, a.dim) * a.scale;
-            mx[i]    = -INFINITY;
-            sum[i]   = 0.0f;
+            Q.row(i) =
+                Eigen::Map<const Eigen::RowVectorXf>(a.q + t * a.ldq + (int64_t)h * a.dim, a.dim) * a.scale;
+            mx[i]  = -INFINITY;
+            sum[i] = 0.0f;
         }
         Y.setZero();
         const int first = a.pos0 + t0, last = a.pos0 + t1 - 1;
-        const int lo    = a.window > 0 ? std::max(0, first - a.window + 1) : 0;
+        const int lo = a.window > 0 ? std::max(0, first - a.window + 1) : 0;
         for (int j0 = lo; j0 <= last;) {
             const int s0 = j0 % a.slots;
             const int nb = std::min({kPrefillKeys, last - j0 + 1, a.slots - s0}); // no wrap inside a block

@@ -110,8 +110,8 @@ struct MatmulArgs {
     int32_t rows;
     bool nf4_double_quant = false; // dt == NF4: w is one kernels/nf4.h blob of N*K elements; true if it
                                    // stores double-quantized absmax (absmax_q/absmax2/offset/code2)
-    bool int16_x = false; // NF4, K a multiple of 64, 1..8 rows: x quantized to int16 per block of 64 and
-                          // multiplied by the codes' int16 values in integers (kernels/q16.h); else ignored
+    bool int16_x = false; // NF4, K a multiple of 64: x quantized to int16 per block of 64 and multiplied by
+                          // the codes' int16 values in integers (kernels/q16.h); else ignored
 };
 
 struct RmsNormArgs {

@@ -32,7 +32,7 @@ constexpr int kSelfAttentionRows = 2 * kGemmMr; // query rows per self_attention
 size_t scratch_floats_per_thread(int64_t max_k, int64_t max_slots);
 
 void embed(const Context& c, const EmbedArgs& a);
-void matmul(const Context& c, const MatmulArgs& a); // matmul_nf4_int16, matmul_nf4_gemv or matmul_tiled
+void matmul(const Context& c, const MatmulArgs& a); // matmul_nf4_int16, _gemm_int16, _gemv or matmul_tiled
 // Any dtype and row count: kMatmulTileRows weight rows widened to fp32 scratch, then an Eigen GEMM.
 void matmul_tiled(const Context& c, const MatmulArgs& a);
 // NF4, 1 <= rows <= kNf4GemvMaxRows: each output element is one dot product over the packed codes (no
@@ -43,6 +43,11 @@ void matmul_nf4_gemv(const Context& c, const MatmulArgs& a);
 // per block into thread 0's scratch (rows * K * 2 + rows * K / 16 bytes), integer dot products per block
 // (AVX-512 BW or AVX2 pmaddwd, or a plain loop), each output one thread's fp32 sum in a fixed block order.
 void matmul_nf4_int16(const Context& c, const MatmulArgs& a);
+// NF4 with a.int16_x, K a multiple of 64, more than q16::kMaxRows rows (prefill chunks): the same integer
+// arithmetic as matmul_nf4_int16, register-blocked over tiles of rows (kernels/cpu/gemm_nf4.cpp). x's tiles
+// take the pool's whole scratch (rows * K * 2.06 bytes; more rows run as further passes); each output is one
+// task's fp32 sum over the blocks in k order, independent of the thread count and of a.rows.
+void matmul_nf4_gemm_int16(const Context& c, const MatmulArgs& a);
 
 // Many-row matmuls (the vision and audio towers): y = x . W^T for F32/BF16 weights through packed
 // kGemmKc x kGemmNr weight panels (gemm_scratch_floats() per thread) and an AVX-512 register-blocked kernel;

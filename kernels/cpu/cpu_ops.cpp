@@ -527,6 +527,8 @@ void matmul_nf4_gemv(const Context& c, const MatmulArgs& a) {
 void matmul(const Context& c, const MatmulArgs& a) {
     if (q16::applies(a.int16_x, a.dt == DType::NF4, a.k, a.rows))
         matmul_nf4_int16(c, a);
+    else if (q16::applies_gemm(a.int16_x, a.dt == DType::NF4, a.k, a.rows))
+        matmul_nf4_gemm_int16(c, a);
     else if (a.dt == DType::NF4 && a.rows >= 1 && a.rows <= kNf4GemvMaxRows)
         matmul_nf4_gemv(c, a);
     else

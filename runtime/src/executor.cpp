@@ -130,6 +130,13 @@ g4_status run_ops(g4_session* s, size_t first, size_t end, int32_t rows, int32_t
                                (int32_t)w.dims[0]});
             break;
         }
+        case OpCode::GeluMul:
+            if (s->engine->cpu_int16) { // `fast`: Eigen's vectorised tanh instead of std::tanh
+                cpu::gelu_mul_vec(ctx, {I(0), b.in_ld[0], I(1), b.in_ld[1], O(0), b.out_ld[0], n,
+                                        plan::params<plan::GeluMulParams>(op).cols});
+                break;
+            }
+            [[fallthrough]];
         default:
             if (run_op(op, ctx, op_io(p, b, n, in_row0, pos0, nullptr))) break;
             *err = "internal: unknown op";

@@ -393,6 +393,94 @@ TEST(Nf4Int16, DeterministicAcrossThreadsAndRowCounts) {
     }
 }
 
+// ---- NF4 x int16 GEMM (cpu::matmul_nf4_gemm_int16: more than q16::kMaxRows rows)
+// ----------------------------
+
+// Partial row tiles and column groups in strided views against the reference, single and double quant.
+TEST(Nf4Int16Gemm, StridedViewsMatchReference) {
+    for (int64_t k : {1536, 128}) {
+        Fixture f(k, 16);
+        for (int rows : {9, 16, 33, 64})
+            for (bool dq : {false, true})
+                check_strided_nf4(f, k, rows, dq, true, cpu::matmul);
+    }
+}
+
+// The GEMM quantizes x to the GEMV's values and forms the same integer products: against the GEMV run 8 rows
+// a call, only the fp32 order of the block sums differs (and blocks of zeros, tiny values or one large
+// outlier quantize alike).
+TEST(Nf4Int16Gemm, SameArithmeticAsGemv) {
+    const int64_t n = 300, k = 1536;
+    const int rows = 50;
+    Fixture f(k, 16);
+    std::vector<float> y_gemm, y_gemv;
+    Nf4Case c({rows, n, k}, true, k, n, y_gemm);
+    c.a.int16_x = true;
+    for (int64_t j = 0; j < 64; ++j) {
+        c.x[3 * k + j]       = 0.0f;                 // a zero block
+        c.x[4 * k + 64 + j]  = 1e-39f * (float)j;    // a subnormal block (quantizes to zero)
+        c.x[5 * k + 128 + j] = j == 7 ? 1e4f : 0.5f; // one outlier
+    }
+    cpu::matmul(f.ctx, c.a);
+    y_gemv.assign(y_gemm.size(), 0.0f);
+    for (int r = 0; r < rows; r += q16::kMaxRows) {
+        MatmulArgs a = c.a;
+        a.x = c.x.data() + r * k, a.y = y_gemv.data() + r * n, a.rows = std::min(q16::kMaxRows, rows - r);
+        cpu::matmul_nf4_int16(f.ctx, a);
+    }
+    EXPECT_LT(max_rel(y_gemm, y_gemv), 1e-6);
+}
+
+// The largest products: every x of a block at its amax (q = 16383) against codes of +-1 (16384) of the same
+// signs. A block's dot product (64 * 16383 * 16384) exceeds int32; the kernel converts every 8 products.
+TEST(Nf4Int16Gemm, LargestBlockProductsDoNotOverflow) {
+    const int64_t n = 8, k = 256;
+    const int rows = 16;
+    Fixture f(k, 16);
+    std::vector<float> w((size_t)(n * k)), x((size_t)rows * k), y_ref((size_t)rows * n), y((size_t)rows * n);
+    for (int64_t i = 0; i < n * k; ++i)
+        w[i] = (i / k) % 2 ? -1.0f : 1.0f;
+    for (size_t i = 0; i < x.size(); ++i)
+        x[i] = (i / k) % 3 ? 2.5f : -2.5f;
+    const std::vector<uint8_t> blob = nf4::quantize(w.data(), n * k, false);
+    MatmulArgs a{x.data(), k, blob.data(), DType::NF4, n, k, y_ref.data(), n, rows};
+    a.int16_x = true;
+    ref::matmul(a);
+    a.y = y.data();
+    cpu::matmul(f.ctx, a);
+    for (size_t i = 0; i < y.size(); ++i) {
+        ASSERT_NEAR(std::fabs(y_ref[i]), 2.5 * (double)k, 1e-2) << i;
+        ASSERT_NEAR(y[i], y_ref[i], 1e-5f * std::fabs(y_ref[i])) << i;
+    }
+}
+
+// The same bits for 1, 2 and 3 threads, and for each row of x whether it comes with 63 others or 11.
+TEST(Nf4Int16Gemm, DeterministicAcrossThreadsAndRowCounts) {
+    const int64_t n = 517, k = 1536;
+    const int rows = 64;
+    std::vector<float> y;
+    Nf4Case c({rows, n, k}, false, k, n, y);
+    c.a.int16_x = true;
+    std::vector<float> first;
+    for (int threads : {1, 2, 3}) {
+        cpu::ThreadPool pool(threads);
+        std::vector<float> scratch(cpu::scratch_floats_per_thread(k, 16) * threads);
+        cpu::Context ctx{&pool, scratch.data(), cpu::scratch_floats_per_thread(k, 16)};
+        std::fill(y.begin(), y.end(), 0.0f);
+        cpu::matmul(ctx, c.a);
+        if (first.empty())
+            first = y;
+        else
+            EXPECT_TRUE(same_bits(y, first)) << threads << " threads";
+        std::vector<float> part((size_t)11 * n);
+        MatmulArgs a = c.a;
+        a.x = c.x.data() + 20 * k, a.y = part.data(), a.rows = 11;
+        cpu::matmul(ctx, a);
+        const std::vector<float> want(first.begin() + 20 * n, first.begin() + 31 * n);
+        EXPECT_TRUE(same_bits(part, want)) << "rows 20..30, " << threads << " threads";
+    }
+}
+
 TEST(CpuKernels, RmsNormGroupsWithAndWithoutWeight) {
     Fixture f(16, 16);
     for (int dim : {256, 512, 1536}) {

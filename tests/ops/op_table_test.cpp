@@ -61,6 +61,14 @@ const OpCase kCases[] = {
     {"matmul_int16_o_e4b_nf4", OpCode::Matmul, 1, 2560, 2048, 0, DType::NF4},
     {"matmul_int16_down_e2b_rows5_nf4", OpCode::Matmul, 5, 1536, 6144, 0, DType::NF4},
     {"matmul_int16_odd_nf4", OpCode::Matmul, 2, 130, 100, 0, DType::NF4},
+    // ... and prefill chunks (more than 8 rows: cpu::matmul_nf4_gemm_int16): E2B q with 9 rows (a tile of 9),
+    // E2B down with 64 and E4B o with 33 (whole tiles and a tail of one row), E2B k/v with 512, and a column
+    // count that leaves a partial group of columns
+    {"matmul_int16_q_e2b_rows9_nf4", OpCode::Matmul, 9, 2048, 1536, 0, DType::NF4},
+    {"matmul_int16_down_e2b_rows64_nf4", OpCode::Matmul, 64, 1536, 6144, 0, DType::NF4},
+    {"matmul_int16_o_e4b_rows33_nf4", OpCode::Matmul, 33, 2560, 2048, 0, DType::NF4},
+    {"matmul_int16_kv_e2b_rows512_nf4", OpCode::Matmul, 512, 256, 1536, 0, DType::NF4},
+    {"matmul_int16_cols_rows20_nf4", OpCode::Matmul, 20, 130, 128, 0, DType::NF4},
     {"rmsnorm_hidden_bf16", OpCode::RmsNorm, 3, 2560, 2560, 0, DType::BF16},
     {"rmsnorm_heads_f32", OpCode::RmsNorm, 2, 8 * 256, 256, 0, DType::F32},
     {"rmsnorm_noscale", OpCode::RmsNorm, 1, 512, 512, 0, DType::F32},

@@ -111,7 +111,8 @@ struct MatmulArgs {
     bool nf4_double_quant = false; // dt == NF4: w is one kernels/nf4.h blob of N*K elements; true if it
                                    // stores double-quantized absmax (absmax_q/absmax2/offset/code2)
     bool int16_x = false; // NF4, K a multiple of 64: x quantized to int16 per block of 64 and multiplied by
-                          // the codes' int16 values in integers (kernels/q16.h); else ignored
+                          // the codes' int16 values in integers (kernels/q16.h); BF16, 1..8 rows: the CPU's
+                          // bf16 GEMV (float32, its own sum order); else ignored
 };
 
 struct RmsNormArgs {

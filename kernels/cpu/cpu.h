@@ -32,7 +32,8 @@ constexpr int kSelfAttentionRows = 2 * kGemmMr; // query rows per self_attention
 size_t scratch_floats_per_thread(int64_t max_k, int64_t max_slots);
 
 void embed(const Context& c, const EmbedArgs& a);
-void matmul(const Context& c, const MatmulArgs& a); // matmul_nf4_int16, _gemm_int16, _gemv or matmul_tiled
+void matmul(const Context& c,
+            const MatmulArgs& a); // matmul_nf4_int16, _gemm_int16, _bf16_gemv, _nf4_gemv or _tiled
 // Any dtype and row count: kMatmulTileRows weight rows widened to fp32 scratch, then an Eigen GEMM.
 void matmul_tiled(const Context& c, const MatmulArgs& a);
 // NF4, 1 <= rows <= kNf4GemvMaxRows: each output element is one dot product over the packed codes (no
@@ -48,6 +49,11 @@ void matmul_nf4_int16(const Context& c, const MatmulArgs& a);
 // take the pool's whole scratch (rows * K * 2.06 bytes; more rows run as further passes); each output is one
 // task's fp32 sum over the blocks in k order, independent of the thread count and of a.rows.
 void matmul_nf4_gemm_int16(const Context& c, const MatmulArgs& a);
+// BF16 with a.int16_x (the fast CPU precision), 1 <= rows <= kNf4GemvMaxRows, any K
+// (kernels/cpu/gemv_bf16.cpp): the weights widened in registers, x reordered into thread 0's scratch (rows *
+// K), each output one thread's float32 sum in a fixed order; matmul_tiled's Eigen GEMM sums in another order,
+// so results differ in the last bits.
+void matmul_bf16_gemv(const Context& c, const MatmulArgs& a);
 
 // Many-row matmuls (the vision and audio towers): y = x . W^T for F32/BF16 weights through packed
 // kGemmKc x kGemmNr weight panels (gemm_scratch_floats() per thread) and an AVX-512 register-blocked kernel;

@@ -14,6 +14,7 @@
     X(void, matmul_nf4_gemv, (const Context& c, const MatmulArgs& a), (c, a))                                \
     X(void, matmul_nf4_int16, (const Context& c, const MatmulArgs& a), (c, a))                               \
     X(void, matmul_nf4_gemm_int16, (const Context& c, const MatmulArgs& a), (c, a))                          \
+    X(void, matmul_bf16_gemv, (const Context& c, const MatmulArgs& a), (c, a))                               \
     X(size_t, gemm_scratch_floats, (), ())                                                                   \
     X(void, matmul_gemm, (const Context& c, const MatmulArgs& a), (c, a))                                    \
     X(void, gemm_block,                                                                                      \

@@ -13,6 +13,10 @@ constexpr Kernels with_dpbf16() {
     Kernels k              = kTable;
     k.matmul_gemm_bf16     = &matmul_gemm_bf16_dpbf16;
     k.gemm_has_avx512_bf16 = [] { return true; };
+#if defined(G4_CPU_VNNI_VARIANT)
+    k.matmul_nf4_int16 = &matmul_nf4_int16_vnni;
+    k.matmul           = &matmul_vnni;
+#endif
     return k;
 }
 constexpr Kernels kTableBf16 = with_dpbf16();

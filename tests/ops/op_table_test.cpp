@@ -69,6 +69,13 @@ const OpCase kCases[] = {
     {"matmul_int16_o_e4b_rows33_nf4", OpCode::Matmul, 33, 2560, 2048, 0, DType::NF4},
     {"matmul_int16_kv_e2b_rows512_nf4", OpCode::Matmul, 512, 256, 1536, 0, DType::NF4},
     {"matmul_int16_cols_rows20_nf4", OpCode::Matmul, 20, 130, 128, 0, DType::NF4},
+    // bf16 with int16_x: the bf16 GEMV of decode steps (kernels/cpu/gemv_bf16.cpp): E2B's per-layer
+    // projection, slices of the E2B / E4B LM heads (1 and 5 rows: a group of 4 and 1), a K of whole chunks
+    // and a tail
+    {"matmul_int16_ple_e2b_bf16", OpCode::Matmul, 1, 8960, 1536, 0, DType::BF16},
+    {"matmul_int16_head_e2b_bf16", OpCode::Matmul, 1, 4099, 1536, 0, DType::BF16},
+    {"matmul_int16_head_e4b_rows5_bf16", OpCode::Matmul, 5, 1031, 2560, 0, DType::BF16},
+    {"matmul_int16_odd_bf16", OpCode::Matmul, 8, 67, 1000, 0, DType::BF16},
     {"rmsnorm_hidden_bf16", OpCode::RmsNorm, 3, 2560, 2560, 0, DType::BF16},
     {"rmsnorm_heads_f32", OpCode::RmsNorm, 2, 8 * 256, 256, 0, DType::F32},
     {"rmsnorm_noscale", OpCode::RmsNorm, 1, 512, 512, 0, DType::F32},

@@ -88,6 +88,12 @@ void softcap(const Context& c, const ScaleArgs& a);
 void rope(const Context& c, const RopeArgs& a);
 void kv_store(const Context& c, const KvStoreArgs& a);
 void attention(const Context& c, const AttentionArgs& a); // ignores a.scratch; uses Context scratch
+// The same attention for many query rows (`--cpu-precision fast` prefill; kernels/cpu/attention_prefill.cpp):
+// the query heads of a few rows sharing a kv head take each block of keys together (Eigen products, online
+// softmax). Needs attention_prefill_floats(a) of Context scratch per thread, else it is attention(). Each
+// output is one task's result, independent of the thread count.
+size_t attention_prefill_floats(const AttentionArgs& a);
+void attention_prefill(const Context& c, const AttentionArgs& a);
 
 // Encoder-program ops (kernels/cpu/encoder_ops.cpp).
 void clamp(const Context& c, const ClampArgs& a);

@@ -38,6 +38,8 @@
     X(void, rope, (const Context& c, const RopeArgs& a), (c, a))                                             \
     X(void, kv_store, (const Context& c, const KvStoreArgs& a), (c, a))                                      \
     X(void, attention, (const Context& c, const AttentionArgs& a), (c, a))                                   \
+    X(size_t, attention_prefill_floats, (const AttentionArgs& a), (a))                                       \
+    X(void, attention_prefill, (const Context& c, const AttentionArgs& a), (c, a))                           \
     X(void, clamp, (const Context& c, const ClampArgs& a), (c, a))                                           \
     X(void, add_position_2d, (const Context& c, const AddPosition2DArgs& a), (c, a))                         \
     X(void, rope_2d, (const Context& c, const Rope2DArgs& a), (c, a))                                        \

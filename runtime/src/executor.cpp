@@ -3,6 +3,7 @@
 // logits are wanted. Ops are replayed through their definitions (op_exec.h) but for Embed and Matmul (and
 // encoder programs' GeluMul), whose replay is not one kernel on the op's operands.
 #include "runtime/src/executor.h"
+#include "kernels/q16.h"
 #include "runtime/plan/op_params.h"
 #include "runtime/src/bind_op.h"
 #include "runtime/src/op_exec.h"
@@ -22,6 +23,24 @@ std::string check_ops(const plan::Plan& p) {
 
 namespace {
 constexpr int kAllDevices = -2;
+
+// `--cpu-precision fast` (META policy): GeluMul through Eigen's vectorised tanh (std::tanh in `f32`), and the
+// attention of prefill chunks through key blocks shared by the query heads of a kv head. False: not such an
+// op.
+bool run_fast_op(const PlanOp& op, const cpu::Context& ctx, const OpIo& io) {
+    if ((OpCode)op.code == OpCode::GeluMul) {
+        cpu::gelu_mul_vec(
+            ctx, plan::OpTable<plan::GeluMulParams>::args(io, plan::params<plan::GeluMulParams>(op)));
+        return true;
+    }
+    if ((OpCode)op.code == OpCode::Attention && io.rows > q16::kMaxRows) {
+        cpu::attention_prefill(
+            ctx, plan::OpTable<plan::AttentionParams>::args(io, plan::params<plan::AttentionParams>(op)));
+        return true;
+    }
+    return false;
+}
+
 // Binds ops [first, end) of device `dev` (kAllDevices: every op) against act / kv (KV offsets from kv0).
 void bind_with(g4_session* s, uint8_t* act, uint8_t* kv, uint64_t kv0, int dev, size_t first, size_t end) {
     const plan::Plan& p = s->engine->plan;
@@ -130,14 +149,8 @@ g4_status run_ops(g4_session* s, size_t first, size_t end, int32_t rows, int32_t
                                (int32_t)w.dims[0]});
             break;
         }
-        case OpCode::GeluMul:
-            if (s->engine->cpu_int16) { // `fast`: Eigen's vectorised tanh instead of std::tanh
-                cpu::gelu_mul_vec(ctx, {I(0), b.in_ld[0], I(1), b.in_ld[1], O(0), b.out_ld[0], n,
-                                        plan::params<plan::GeluMulParams>(op).cols});
-                break;
-            }
-            [[fallthrough]];
         default:
+            if (s->engine->cpu_int16 && run_fast_op(op, ctx, op_io(p, b, n, in_row0, pos0, nullptr))) break;
             if (run_op(op, ctx, op_io(p, b, n, in_row0, pos0, nullptr))) break;
             *err = "internal: unknown op";
             return G4_ERR_INTERNAL;

@@ -593,19 +593,54 @@ TEST_P(AttentionTest, MatchesReference) {
     EXPECT_LT(max_rel(c, r), 1e-5);
 }
 
+// cpu::attention_prefill (the query heads of a few rows per task, key blocks, online softmax), f32 and bf16
+// caches: against the reference, and the same bits with 1 and 3 threads.
+TEST_P(AttentionTest, PrefillKernelMatchesReference) {
+    AttnShape s = GetParam();
+    Fixture f(4096, s.slots);
+    const int width = s.kv_heads * s.dim;
+    auto q          = randn((size_t)s.rows * s.heads * s.dim, 12, 0.2f);
+    auto kc         = randn((size_t)s.slots * width, 13);
+    auto vc         = randn((size_t)s.slots * width, 14);
+    auto kb = to_bf16(kc), vb = to_bf16(vc);
+    for (DType dt : {DType::F32, DType::BF16}) {
+        SCOPED_TRACE(dt == DType::F32 ? "f32 cache" : "bf16 cache");
+        const void* k = dt == DType::F32 ? (const void*)kc.data() : (const void*)kb.data();
+        const void* v = dt == DType::F32 ? (const void*)vc.data() : (const void*)vb.data();
+        std::vector<float> r((size_t)s.rows * s.heads * s.dim), c(r.size()), c3(r.size()),
+            scratch(s.slots + 64);
+        AttentionArgs a{q.data(), s.heads * s.dim, k,
+                        v,        r.data(),        s.heads * s.dim,
+                        s.rows,   s.heads,         s.kv_heads,
+                        s.dim,    s.slots,         s.window,
+                        s.pos0,   1.0f / 16.0f,    scratch.data(),
+                        dt};
+        ref::attention(a);
+        ASSERT_GE(f.ctx.scratch_stride, cpu::attention_prefill_floats(a));
+        a.y = c.data();
+        cpu::attention_prefill(f.ctx, a);
+        EXPECT_LT(max_rel(c, r), 1e-5);
+        cpu::ThreadPool pool(3);
+        std::vector<float> sc(f.ctx.scratch_stride * 3);
+        a.y = c3.data();
+        cpu::attention_prefill({&pool, sc.data(), f.ctx.scratch_stride}, a);
+        EXPECT_TRUE(same_bits(c3, c));
+    }
+}
+
 // E2B sliding (MQA, d=256, 512-window ring wrapped), E2B full (d=512), E4B GQA 4:1, decode and chunks.
-INSTANTIATE_TEST_SUITE_P(GemmaShapes, AttentionTest,
-                         ::testing::Values(AttnShape{1, 8, 1, 256, 575, 512, 2000},
-                                           AttnShape{4, 8, 1, 512, 1024, 0, 700},
-                                           AttnShape{3, 8, 2, 256, 575, 512, 9},
-                                           AttnShape{1, 8, 2, 512, 4096, 0, 4095},
-                                           AttnShape{64, 8, 2, 256, 575, 512, 600}),
-                         [](const auto& i) {
-                             const AttnShape& a = i.param;
-                             return "rows" + std::to_string(a.rows) + "_kv" + std::to_string(a.kv_heads) +
-                                    "_d" + std::to_string(a.dim) + "_slots" + std::to_string(a.slots) +
-                                    "_win" + std::to_string(a.window) + "_pos" + std::to_string(a.pos0);
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    GemmaShapes, AttentionTest,
+    ::testing::Values(AttnShape{1, 8, 1, 256, 575, 512, 2000}, AttnShape{4, 8, 1, 512, 1024, 0, 700},
+                      AttnShape{3, 8, 2, 256, 575, 512, 9}, AttnShape{1, 8, 2, 512, 4096, 0, 4095},
+                      AttnShape{64, 8, 2, 256, 575, 512, 600}, AttnShape{64, 8, 1, 256, 575, 512, 0},
+                      AttnShape{37, 8, 1, 512, 1024, 0, 150}, AttnShape{20, 8, 1, 256, 575, 512, 1100}),
+    [](const auto& i) {
+        const AttnShape& a = i.param;
+        return "rows" + std::to_string(a.rows) + "_kv" + std::to_string(a.kv_heads) + "_d" +
+               std::to_string(a.dim) + "_slots" + std::to_string(a.slots) + "_win" +
+               std::to_string(a.window) + "_pos" + std::to_string(a.pos0);
+    });
 
 // A bf16 cache: chunk rows stored (rounded to nearest even) by the Eigen and the reference kv_store
 // into the same ring, then attention by both over the cache, which reads the widened values.

@@ -8,7 +8,9 @@
 // AVX2 looks nibbles up as the low and high bytes of the values (vpshufb) and interleaves them
 // (vpunpck{l,h}bw, which take bytes 0-7 and 16-23, or 8-15 and 24-31). pmaddwd multiplies and adds pairs;
 // each block's int32 lanes are converted and scaled by absmax * amax / (16383 * 16384) into fp32
-// accumulators (two per row, alternate blocks, so that consecutive blocks do not wait on one FMA).
+// accumulators (two per row, alternate blocks, so that consecutive blocks do not wait on one FMA). AVX-512
+// computes the factors 16 blocks at a time into a stack array and broadcasts them from memory: the same
+// floats, 7-9% less time on a Zen 4 (E2B q 111 -> 103 us with VNNI, 117 -> 107 without, weights in cache).
 
 struct IntOrder {
     int e[nf4::kBlock];
@@ -55,16 +57,16 @@ template <int R, bool DQ> void int_blocks(const Nf4Blob& w, int64_t b0, const In
     __m512 acc0[R], acc1[R];
     for (int t = 0; t < R; ++t)
         acc0[t] = acc1[t] = _mm512_setzero_ps();
+    alignas(64) float f[R][16]; // the next 16 blocks' factors s * sx (broadcast from memory)
+    int64_t i0 = 0;
     auto block = [&](int64_t i, __m512* acc) {
         const uint8_t* c = codes + 32 * i;
         if ((i & 1) == 0) _mm_prefetch((const char*)c + kPrefetchBytes, _MM_HINT_T0);
         const __m512i v  = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)c));
         const __m512i wh = _mm512_permutexvar_epi16(_mm512_srli_epi16(v, 4), lut);
         const __m512i wl = _mm512_permutexvar_epi16(_mm512_and_si512(v, m4), lut);
-        const float s    = w.scale<DQ>(b0 + i);
         for (int t = 0; t < R; ++t) {
-            const int64_t xb  = t * x.nb + i;
-            const int16_t* xq = x.q + 64 * xb;
+            const int16_t* xq = x.q + 64 * (t * x.nb + i);
 #if G4_INT16_VNNI // the same exact int32 sums: at most 4 products a lane, < 2^31
             const __m512i d = _mm512_dpwssd_epi32(_mm512_madd_epi16(wh, _mm512_loadu_si512(xq)), wl,
                                                   _mm512_loadu_si512(xq + 32));
@@ -72,15 +74,23 @@ template <int R, bool DQ> void int_blocks(const Nf4Blob& w, int64_t b0, const In
             const __m512i d = _mm512_add_epi32(_mm512_madd_epi16(wh, _mm512_loadu_si512(xq)),
                                                _mm512_madd_epi16(wl, _mm512_loadu_si512(xq + 32)));
 #endif
-            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_set1_ps(s * x.sx[xb]), acc[t]);
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_set1_ps(f[t][i - i0]), acc[t]);
         }
     };
-    int64_t i = 0;
-    for (; i + 1 < x.nb; i += 2) {
-        block(i, acc0);
-        block(i + 1, acc1);
+    for (; i0 < x.nb; i0 += 16) {
+        const int m = (int)std::min<int64_t>(16, x.nb - i0);
+        for (int j = 0; j < m; ++j) {
+            const float s = w.scale<DQ>(b0 + i0 + j);
+            for (int t = 0; t < R; ++t)
+                f[t][j] = s * x.sx[t * x.nb + i0 + j];
+        }
+        int j = 0;
+        for (; j + 1 < m; j += 2) {
+            block(i0 + j, acc0);
+            block(i0 + j + 1, acc1);
+        }
+        if (j < m) block(i0 + j, acc0);
     }
-    if (i < x.nb) block(i, acc0);
     for (int t = 0; t < R; ++t)
         out[t] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[t], acc1[t]));
 }

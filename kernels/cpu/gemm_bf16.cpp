@@ -88,10 +88,10 @@ void round_rows(int rows, int kc, const float* x, int64_t ldx, uint16_t* xs, int
 }
 
 // c[MR, cols] (+)= a . b over kp k-pairs: a[i * lda + q] = (x[i][2q], x[i][2q+1]) as bf16 pairs,
-// b[q * kGemmNr + j] = (w[j][2q], w[j][2q+1]) (zero past cols).
+// b[q * ldb + j] = (w[j][2q], w[j][2q+1]) (read only below cols).
 template <int MR>
-G4_BF16_TARGET void micro(int64_t kp, const uint32_t* a, int64_t lda, const uint32_t* b, float* c,
-                          int64_t ldc, int cols, bool accumulate) {
+G4_BF16_TARGET void micro(int64_t kp, const uint32_t* a, int64_t lda, const uint32_t* b, int64_t ldb,
+                          float* c, int64_t ldc, int cols, bool accumulate) {
     __mmask16 m[kNv];
     for (int v = 0; v < kNv; ++v)
         m[v] = (__mmask16)((1u << std::clamp(cols - 16 * v, 0, 16)) - 1u);
@@ -99,10 +99,12 @@ G4_BF16_TARGET void micro(int64_t kp, const uint32_t* a, int64_t lda, const uint
     for (int i = 0; i < MR; ++i)
         for (int v = 0; v < kNv; ++v)
             acc[i][v] = accumulate ? _mm512_maskz_loadu_ps(m[v], c + i * ldc + 16 * v) : _mm512_setzero_ps();
+    const bool full = cols >= kGemmNr;
     for (int64_t q = 0; q < kp; ++q) {
         __m512bh bv[kNv];
         for (int v = 0; v < kNv; ++v)
-            bv[v] = (__m512bh)_mm512_loadu_si512(b + q * kGemmNr + 16 * v);
+            bv[v] = full ? (__m512bh)_mm512_loadu_si512(b + q * ldb + 16 * v)
+                         : (__m512bh)_mm512_maskz_loadu_epi32(m[v], b + q * ldb + 16 * v);
         for (int i = 0; i < MR; ++i) {
             const __m512bh av = (__m512bh)_mm512_set1_epi32((int)a[i * lda + q]);
             for (int v = 0; v < kNv; ++v)
@@ -114,7 +116,8 @@ G4_BF16_TARGET void micro(int64_t kp, const uint32_t* a, int64_t lda, const uint
             _mm512_mask_storeu_ps(c + i * ldc + 16 * v, m[v], acc[i][v]);
 }
 
-using MicroFn = void (*)(int64_t, const uint32_t*, int64_t, const uint32_t*, float*, int64_t, int, bool);
+using MicroFn = void (*)(int64_t, const uint32_t*, int64_t, const uint32_t*, int64_t, float*, int64_t, int,
+                         bool);
 template <int... I> constexpr auto micro_table(std::integer_sequence<int, I...>) {
     return std::array<MicroFn, sizeof...(I)>{&micro<I + 1>...};
 }
@@ -212,14 +215,57 @@ void matmul_gemm_bf16_dpbf16(const Context& c, const MatmulArgs& a) {
                     const int64_t n0 = (int64_t)(s0 + s) * kGemmNr;
                     const int nt     = (int)std::min<int64_t>(kGemmNr, a.n - n0);
                     kMicro[rows - 1](kp, (const uint32_t*)xs, kp,
-                                     (const uint32_t*)(panels + (size_t)s * 2 * kp * kGemmNr),
+                                     (const uint32_t*)(panels + (size_t)s * 2 * kp * kGemmNr), kGemmNr,
                                      a.y + (int64_t)r * a.ldy + n0, a.ldy, nt, k0 > 0);
                 }
             }
         }
     });
 }
+G4_BF16_TARGET void gemm_block_bf16_dpbf16(int rows, int cols, int64_t kp, const uint32_t* a, int64_t lda,
+                                           const uint32_t* b, int64_t ldb, int64_t panel, float* c,
+                                           int64_t ldc, bool accumulate) {
+    for (int j = 0; j < cols; j += kGemmNr) {
+        const uint32_t* bj = b + (j / kGemmNr) * panel;
+        const int nt       = std::min(kGemmNr, cols - j);
+        int r              = 0;
+        for (; r + kGemmMr <= rows; r += kGemmMr)
+            micro<kGemmMr>(kp, a + r * lda, lda, bj, ldb, c + r * ldc + j, ldc, nt, accumulate);
+        if (r < rows)
+            kMicro[rows - r - 1](kp, a + r * lda, lda, bj, ldb, c + r * ldc + j, ldc, nt, accumulate);
+    }
+}
 #endif // G4_GEMM_BF16_NATIVE
+
+void gemm_block_bf16(int rows, int cols, int64_t kp, const uint32_t* a, int64_t lda, const uint32_t* b,
+                     int64_t ldb, int64_t panel, float* c, int64_t ldc, bool accumulate) {
+#if G4_GEMM_BF16_NATIVE && !defined(G4_CPU_BF16_TABLE)
+    gemm_block_bf16_dpbf16(rows, cols, kp, a, lda, b, ldb, panel, c, ldc, accumulate);
+#else
+    auto lo = [](uint32_t u) { return bf16_to_f32((uint16_t)(u & 0xFFFF)); };
+    auto hi = [](uint32_t u) { return bf16_to_f32((uint16_t)(u >> 16)); };
+    for (int i = 0; i < rows; ++i)
+        for (int j = 0; j < cols; ++j) {
+            const uint32_t* bj = b + (j / kGemmNr) * panel + j % kGemmNr;
+            float s            = accumulate ? c[i * ldc + j] : 0.0f;
+            for (int64_t q = 0; q < kp; ++q) {
+                const uint32_t x = a[i * lda + q], w = bj[q * ldb];
+                s += lo(x) * lo(w) + hi(x) * hi(w);
+            }
+            c[i * ldc + j] = s;
+        }
+#endif
+}
+
+void round_to_bf16(const float* x, int64_t n, uint16_t* y) {
+    int64_t i = 0;
+#if G4_GEMM_BF16_NATIVE && defined(__AVX512BW__)
+    for (; i + 16 <= n; i += 16)
+        _mm256_storeu_si256((__m256i*)(y + i), to_bf16x16(_mm512_loadu_ps(x + i)));
+#endif
+    for (; i < n; ++i)
+        y[i] = f32_to_bf16(x[i]);
+}
 
 void matmul_gemm_bf16(const Context& c, const MatmulArgs& a) {
 #if G4_GEMM_BF16_NATIVE && !defined(G4_CPU_BF16_TABLE)

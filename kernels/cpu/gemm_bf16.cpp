@@ -88,10 +88,11 @@ void round_rows(int rows, int kc, const float* x, int64_t ldx, uint16_t* xs, int
 }
 
 // c[MR, cols] (+)= a . b over kp k-pairs: a[i * lda + q] = (x[i][2q], x[i][2q+1]) as bf16 pairs,
-// b[q * ldb + j] = (w[j][2q], w[j][2q+1]) (read only below cols).
-template <int MR>
-G4_BF16_TARGET void micro(int64_t kp, const uint32_t* a, int64_t lda, const uint32_t* b, int64_t ldb,
-                          float* c, int64_t ldc, int cols, bool accumulate) {
+// b[q * ldb + j] = (w[j][2q], w[j][2q+1]) (read only below cols; FULL: cols >= kGemmNr, plain loads). The
+// two loads variants are separate loops: a select inside the loop made GCC keep the accumulators in memory.
+template <int MR, bool FULL>
+G4_BF16_TARGET void micro_loop(int64_t kp, const uint32_t* a, int64_t lda, const uint32_t* b, int64_t ldb,
+                               float* c, int64_t ldc, int cols, bool accumulate) {
     __mmask16 m[kNv];
     for (int v = 0; v < kNv; ++v)
         m[v] = (__mmask16)((1u << std::clamp(cols - 16 * v, 0, 16)) - 1u);
@@ -99,11 +100,10 @@ G4_BF16_TARGET void micro(int64_t kp, const uint32_t* a, int64_t lda, const uint
     for (int i = 0; i < MR; ++i)
         for (int v = 0; v < kNv; ++v)
             acc[i][v] = accumulate ? _mm512_maskz_loadu_ps(m[v], c + i * ldc + 16 * v) : _mm512_setzero_ps();
-    const bool full = cols >= kGemmNr;
     for (int64_t q = 0; q < kp; ++q) {
         __m512bh bv[kNv];
         for (int v = 0; v < kNv; ++v)
-            bv[v] = full ? (__m512bh)_mm512_loadu_si512(b + q * ldb + 16 * v)
+            bv[v] = FULL ? (__m512bh)_mm512_loadu_si512(b + q * ldb + 16 * v)
                          : (__m512bh)_mm512_maskz_loadu_epi32(m[v], b + q * ldb + 16 * v);
         for (int i = 0; i < MR; ++i) {
             const __m512bh av = (__m512bh)_mm512_set1_epi32((int)a[i * lda + q]);
@@ -114,6 +114,15 @@ G4_BF16_TARGET void micro(int64_t kp, const uint32_t* a, int64_t lda, const uint
     for (int i = 0; i < MR; ++i)
         for (int v = 0; v < kNv; ++v)
             _mm512_mask_storeu_ps(c + i * ldc + 16 * v, m[v], acc[i][v]);
+}
+
+template <int MR>
+G4_BF16_TARGET void micro(int64_t kp, const uint32_t* a, int64_t lda, const uint32_t* b, int64_t ldb,
+                          float* c, int64_t ldc, int cols, bool accumulate) {
+    if (cols >= kGemmNr)
+        micro_loop<MR, true>(kp, a, lda, b, ldb, c, ldc, cols, accumulate);
+    else
+        micro_loop<MR, false>(kp, a, lda, b, ldb, c, ldc, cols, accumulate);
 }
 
 using MicroFn = void (*)(int64_t, const uint32_t*, int64_t, const uint32_t*, int64_t, float*, int64_t, int,

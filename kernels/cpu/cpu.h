@@ -66,7 +66,8 @@ bool gemm_has_avx512();
 // in increasing order; otherwise it is matmul_gemm_bf16_portable. Independent of the thread count.
 size_t gemm_bf16_scratch_floats();
 void matmul_gemm_bf16(const Context& c, const MatmulArgs& a);
-// Same definition on any machine: bf16-valued fp32 operands through gemm_block_portable (Eigen).
+// Same definition on any machine: bf16-valued fp32 operands through gemm_block (the AVX-512 fp32 kernel, or
+// Eigen without AVX-512).
 void matmul_gemm_bf16_portable(const Context& c, const MatmulArgs& a);
 bool gemm_has_avx512_bf16(); // true when matmul_gemm_bf16 uses _mm512_dpbf16_ps
 // Single-threaded bf16 block on k-pairs: c[rows, cols] (+)= sum over q < kp of a[i * lda + q] . b(q, j), each

@@ -2,7 +2,7 @@
 // exact in fp32 and summed in fp32. With AVX-512 BF16 the weights are packed as k-pairs into
 // kGemmBf16Group panels of kGemmKc x kGemmNr bf16, each kGemmMr-row block of x is rounded once per panel
 // group, and _mm512_dpbf16_ps accumulates in registers; the portable path rounds both operands to bf16-valued
-// floats and runs the Eigen block GEMM.
+// floats and runs gemm_block (the AVX-512 fp32 kernel where the level has it, else Eigen).
 #include "kernels/cpu/level.h"
 
 #include <algorithm>
@@ -35,8 +35,14 @@ namespace {
 
 constexpr int kGroup = kGemmBf16Group;
 
+// bf16_to_f32(f32_to_bf16(f)) without a branch, so that loops of it vectorise.
 inline float bf16_round(float f) {
-    return bf16_to_f32(f32_to_bf16(f));
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    const uint32_t r = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u, q = (u | 0x00400000u) & 0xFFFF0000u;
+    const uint32_t b = (u & 0x7FFFFFFFu) > 0x7F800000u ? q : r;
+    std::memcpy(&f, &b, 4);
+    return f;
 }
 
 inline uint16_t weight_bf16(const MatmulArgs& a, int64_t off) {
@@ -174,24 +180,39 @@ void matmul_gemm_bf16_portable(const Context& c, const MatmulArgs& a) {
         matmul(c, a);
         return;
     }
+    // kGroup panels of kKc x kGemmNr bf16-valued weights and one kGemmMr x kKc block of bf16-valued x per
+    // task, so that each block of x is rounded once per kGroup panels.
+    constexpr int kKc    = kGemmKc / 2;
     const int64_t strips = (a.n + kGemmNr - 1) / kGemmNr;
-    for_tasks(c, a, strips, [&](int64_t s, int r0, int r1, int th) {
-        const int64_t n0 = s * kGemmNr;
-        const int nt     = (int)std::min<int64_t>(kGemmNr, a.n - n0);
-        float* p         = c.thread_scratch(th);          // [kc][kGemmNr] bf16-valued weights
-        float* xs        = p + (size_t)kGemmKc * kGemmNr; // [kGemmMr][kc] bf16-valued activations
-        for (int64_t k0 = 0; k0 < a.k; k0 += kGemmKc) {
-            const int kc = (int)std::min<int64_t>(kGemmKc, a.k - k0);
-            for (int j = 0; j < nt; ++j)
-                for (int q = 0; q < kc; ++q)
-                    p[(size_t)q * kGemmNr + j] = bf16_to_f32(weight_bf16(a, (n0 + j) * a.k + k0 + q));
+    const int64_t groups = (strips + kGroup - 1) / kGroup;
+    static_assert((size_t)kKc * (kGroup * kGemmNr + kGemmMr) <=
+                      (size_t)kGemmKc * (kGroup * kGemmNr + kGemmMr) / 2,
+                  "the portable panels fit the scratch gemm_bf16_scratch_floats gives");
+    for_tasks(c, a, groups, [&](int64_t g, int r0, int r1, int th) {
+        const int s0 = (int)(g * kGroup), ns = (int)std::min<int64_t>(kGroup, strips - s0);
+        float* p  = c.thread_scratch(th);               // [ns][kKc][kGemmNr] bf16-valued weights
+        float* xs = p + (size_t)kGroup * kKc * kGemmNr; // [kGemmMr][kKc] bf16-valued activations
+        for (int64_t k0 = 0; k0 < a.k; k0 += kKc) {
+            const int kc = (int)std::min<int64_t>(kKc, a.k - k0);
+            for (int s = 0; s < ns; ++s) {
+                const int64_t n0 = (int64_t)(s0 + s) * kGemmNr;
+                const int nt     = (int)std::min<int64_t>(kGemmNr, a.n - n0);
+                float* ps        = p + (size_t)s * kKc * kGemmNr;
+                for (int j = 0; j < nt; ++j)
+                    for (int q = 0; q < kc; ++q)
+                        ps[(size_t)q * kGemmNr + j] = bf16_to_f32(weight_bf16(a, (n0 + j) * a.k + k0 + q));
+            }
             for (int r = r0; r < r1; r += kGemmMr) {
                 const int rows = std::min(kGemmMr, r1 - r);
                 for (int i = 0; i < rows; ++i)
                     for (int q = 0; q < kc; ++q)
                         xs[(size_t)i * kc + q] = bf16_round(a.x[(int64_t)(r + i) * a.ldx + k0 + q]);
-                gemm_block_portable(rows, nt, kc, xs, kc, p, kGemmNr, a.y + (int64_t)r * a.ldy + n0, a.ldy,
-                                    k0 > 0);
+                for (int s = 0; s < ns; ++s) {
+                    const int64_t n0 = (int64_t)(s0 + s) * kGemmNr;
+                    gemm_block(rows, (int)std::min<int64_t>(kGemmNr, a.n - n0), kc, xs, kc,
+                               p + (size_t)s * kKc * kGemmNr, kGemmNr, a.y + (int64_t)r * a.ldy + n0, a.ldy,
+                               k0 > 0);
+                }
             }
         }
     });

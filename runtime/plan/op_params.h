@@ -418,7 +418,8 @@ template <> struct OpTable<Rope2DParams> {
 
 struct SelfAttentionParams {
     int32_t heads = 0, kv_heads = 0, dim = 0;
-    float scale = 1.0f;
+    int32_t bf16 = 0; // CPU: 1 runs both products with bf16 operands and fp32 sums (--tower-precision bf16)
+    float scale  = 1.0f;
 };
 template <> struct OpTable<SelfAttentionParams> {
     static constexpr OpCode code       = OpCode::SelfAttention;
@@ -428,11 +429,15 @@ template <> struct OpTable<SelfAttentionParams> {
         int_param("heads", &SelfAttentionParams::heads, 0, 1, kMaxHeads),
         int_param("kv_heads", &SelfAttentionParams::kv_heads, 1, 1, kMaxHeads),
         int_param("dim", &SelfAttentionParams::dim, 2, 1, kMaxDim),
+        int_param("bf16", &SelfAttentionParams::bf16, 3, 0, 1),
         float_param("scale", &SelfAttentionParams::scale, 0)};
     template <class C> static void check(C& c, const SelfAttentionParams& ap) {
         const int64_t heads = ap.heads, kvh = ap.kv_heads, dim = ap.dim;
         if (heads % kvh)
             c.fail("bad heads/kv heads/dim");
+        else if (ap.bf16 && (dim % 2 || dim > kSelfAttentionBf16MaxDim))
+            c.fail("bf16 attention needs an even head size of at most " +
+                   std::to_string(kSelfAttentionBf16MaxDim));
         else if (c.in_act(0, heads * dim, "q") && c.in_act(1, kvh * dim, "k") &&
                  c.in_act(2, kvh * dim, "v") && c.out_act(0, heads * dim, "output") &&
                  c.need(c.op.out[1], TensorKind::Activation, "work") &&
@@ -440,8 +445,8 @@ template <> struct OpTable<SelfAttentionParams> {
             c.fail("work tensor " + c.tname(c.op.out[1]) + " too small");
     }
     template <class B> static SelfAttentionArgs args(const B& b, const SelfAttentionParams& a) {
-        return {b.x(0),      b.in_ld[0], b.x(1),  b.in_ld[1], b.x(2), b.in_ld[2], b.y(0),
-                b.out_ld[0], b.rows,     a.heads, a.kv_heads, a.dim,  a.scale,    b.y(1)};
+        return {b.x(0), b.in_ld[0], b.x(1),     b.in_ld[1], b.x(2),  b.in_ld[2], b.y(0),     b.out_ld[0],
+                b.rows, a.heads,    a.kv_heads, a.dim,      a.scale, b.y(1),     a.bf16 != 0};
     }
 };
 

@@ -22,6 +22,9 @@ const char* cublas() {
 bool cuda_profile() {
     return is("G4_CUDA_PROFILE", '1');
 }
+bool cpu_profile() {
+    return is("G4_CPU_PROFILE", '1');
+}
 bool pdl_off() {
     return is("G4_PDL", '0');
 }

@@ -104,6 +104,12 @@ const OpCase kCases[] = {
     {"self_attention_gqa", OpCode::SelfAttention, 33, 4, 2, 72},
     {"self_attention_mqa", OpCode::SelfAttention, 100, 6, 1, 64},
     {"self_attention_one_row", OpCode::SelfAttention, 1, 2, 2, 64},
+    // The vision tower's heads (12 x 64) over 300 patches; BF16 rows run the op with bf16 = 1 (the
+    // --tower-precision bf16 kernel; the reference stays fp32).
+    {"self_attention_vision", OpCode::SelfAttention, 300, 12, 12, 64},
+    {"self_attention_vision_bf16", OpCode::SelfAttention, 300, 12, 12, 64, DType::BF16},
+    {"self_attention_gqa_bf16", OpCode::SelfAttention, 33, 4, 2, 72, DType::BF16},
+    {"self_attention_d16_bf16", OpCode::SelfAttention, 5, 2, 2, 16, DType::BF16},
 };
 
 // Per op and dtype: the largest relative L2 error a backend may show against the reference.
@@ -122,7 +128,7 @@ double tolerance(OpCode op, DType dt) {
     case OpCode::PoolRows:
         return 1e-6;
     case OpCode::SelfAttention:
-        return 2e-6;
+        return dt == DType::BF16 ? 1e-2 : 2e-6; // bf16: q, k, v and the probabilities rounded (~3e-3)
     default:
         return dt == DType::NF4 ? 1e-4 : 1e-5;
     }
@@ -392,7 +398,7 @@ bool run_encoder_case(const OpCase& c, const Backend& be, Outputs* out) {
         const int64_t qw = (int64_t)heads * D, kvw = (int64_t)kv * D, ld = qw + 2 * kvw + 4;
         auto qkv = randn((size_t)T * ld, 20, 0.5f), y = fill((size_t)T * qw, -7.0f);
         be.self_attention({qkv.data(), ld, qkv.data() + qw, ld, qkv.data() + qw + kvw, ld, y.data(), qw, T,
-                           heads, kv, D, 1.0f / std::sqrt((float)D), nullptr});
+                           heads, kv, D, 1.0f / std::sqrt((float)D), nullptr, c.dt == DType::BF16});
         *out = {y};
         return true;
     }

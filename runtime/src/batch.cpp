@@ -32,19 +32,21 @@ constexpr std::array<bool, 256> kPerSequence = make_per_sequence((plan::AllOpPar
 // Op i of a batched step for session j (row j of the step): activation views from the step's arena
 // (sessions[0]'s binding, row j), cache views from session j's own binding.
 g4_status run_for_session(g4_session* s0, g4_session* sj, size_t i, int32_t row, std::string* err) {
-    const plan::Plan& p = s0->engine->plan;
-    const BoundOp& b    = s0->ops[i];
-    const BoundOp& bj   = sj->ops[i];
+    const plan::Plan& p    = s0->engine->plan;
+    const BoundOp& b       = s0->ops[i];
+    const BoundOp& bj      = sj->ops[i];
     const plan::PlanOp& op = *b.op;
     OpIo io                = op_io(p, b, 1, row, sj->position, nullptr);
-    auto is_cache = [&](int32_t t) { return t >= 0 && p.tensor(t).kind == (uint8_t)plan::TensorKind::KvCache; };
+    auto is_cache          = [&](int32_t t) {
+        return t >= 0 && p.tensor(t).kind == (uint8_t)plan::TensorKind::KvCache;
+    };
     for (int k = 0; k < 4; ++k)
         if (is_cache(op.in[k])) io.in[k] = bj.in[k];
     for (int k = 0; k < 2; ++k) {
         if (op.out[k] < 0 || !b.out[k]) continue;
-        io.out[k] = is_cache(op.out[k])
-                        ? bj.out[k]
-                        : (uint8_t*)b.out[k] + dtype_bytes((DType)p.tensor(op.out[k]).dtype, row * b.out_ld[k]);
+        io.out[k] = is_cache(op.out[k]) ? bj.out[k]
+                                        : (uint8_t*)b.out[k] + dtype_bytes((DType)p.tensor(op.out[k]).dtype,
+                                                                           row * b.out_ld[k]);
     }
     if (run_op(op, s0->ctx, io)) return G4_OK;
     *err = "internal: op '" + std::string(p.str(op.name)) + "' has no per-session replay";
@@ -84,7 +86,7 @@ bool op_per_sequence(uint16_t code) {
 
 int32_t batch_limit(const g4_engine* e) {
     const auto& in = e->plan.info();
-    return std::min(in.max_rows, in.logits_rows);
+    return e->backend->batched_steps() ? std::min(in.max_rows, in.logits_rows) : 1;
 }
 
 g4_status run_batch_cpu(g4_session* const* ss, const int32_t* tokens, int32_t n, std::string* err) {

@@ -12,7 +12,8 @@ namespace g4::rt {
 // True for the op codes a batched step runs once per session.
 bool op_per_sequence(uint16_t code);
 
-// The most sessions one batched step takes on this engine's plan (the rows of logits a step produces).
+// The most sessions one batched step takes on this engine's plan: the rows of logits a step produces, or 1
+// where its backend has no batched steps.
 int32_t batch_limit(const g4_engine* e);
 
 // The CPU executor's batched step (SessionBackend::run_batch of CPU plans): the first session of each

@@ -16,7 +16,8 @@ using g4::rt::api_error;
 
 // The checks of g4_sessions_decode, in the order its documentation lists them; "" when the call is valid.
 g4_status check_call(g4_session* const* ss, size_t n, const int32_t* tokens) {
-    if (!ss || !tokens) return api_error(G4_ERR_INVALID_ARGUMENT, "g4_sessions_decode: sessions or tokens is NULL");
+    if (!ss || !tokens)
+        return api_error(G4_ERR_INVALID_ARGUMENT, "g4_sessions_decode: sessions or tokens is NULL");
     for (size_t i = 0; i < n; ++i)
         if (!g4::rt::api_session_ok(ss[i]))
             return api_error(G4_ERR_INVALID_ARGUMENT, "g4_sessions_decode: sessions[" + std::to_string(i) +
@@ -25,9 +26,10 @@ g4_status check_call(g4_session* const* ss, size_t n, const int32_t* tokens) {
     const int32_t lim  = g4::rt::batch_limit(e);
     if (n > (size_t)lim)
         return api_error(G4_ERR_INVALID_ARGUMENT,
-                         "g4_sessions_decode: " + std::to_string(n) + " sessions, but this plan's steps take at "
-                             "most " + std::to_string(lim) + " (g4_engine_max_batch; recompile with a larger "
-                             "--logits-rows)");
+                         "g4_sessions_decode: " + std::to_string(n) +
+                             " sessions, but this plan's steps take at most " + std::to_string(lim) +
+                             (lim == 1 ? " (its backend has no batched steps; g4_engine_max_batch)"
+                                       : " (g4_engine_max_batch; recompile with a larger --logits-rows)"));
     const auto& in = e->plan.info();
     for (size_t i = 0; i < n; ++i) {
         const std::string at = "g4_sessions_decode: sessions[" + std::to_string(i) + "]";
@@ -35,12 +37,13 @@ g4_status check_call(g4_session* const* ss, size_t n, const int32_t* tokens) {
             return api_error(G4_ERR_INVALID_ARGUMENT, at + " belongs to another engine than sessions[0]");
         for (size_t k = 0; k < i; ++k)
             if (ss[k] == ss[i])
-                return api_error(G4_ERR_INVALID_ARGUMENT, at + " is sessions[" + std::to_string(k) + "] again");
+                return api_error(G4_ERR_INVALID_ARGUMENT,
+                                 at + " is sessions[" + std::to_string(k) + "] again");
         if (tokens[i] < 0 || tokens[i] >= in.embed_vocab_limit)
-            return api_error(G4_ERR_INVALID_ARGUMENT, "g4_sessions_decode: token id " +
-                                                          std::to_string(tokens[i]) + " at index " +
-                                                          std::to_string(i) + " is outside the vocabulary (0.." +
-                                                          std::to_string(in.embed_vocab_limit - 1) + ")");
+            return api_error(G4_ERR_INVALID_ARGUMENT,
+                             "g4_sessions_decode: token id " + std::to_string(tokens[i]) + " at index " +
+                                 std::to_string(i) + " is outside the vocabulary (0.." +
+                                 std::to_string(in.embed_vocab_limit - 1) + ")");
         if (g4::rt::media_is_placeholder(ss[i], tokens[i]))
             return api_error(G4_ERR_INVALID_ARGUMENT,
                              "g4_sessions_decode: token " + std::to_string(i) +
@@ -68,22 +71,19 @@ g4_status g4_sessions_decode(g4_session* const* ss, size_t n, const int32_t* tok
             if (ss[i]->cancel.exchange(false))
                 return api_error(G4_ERR_CANCELLED, "g4_sessions_decode: sessions[" + std::to_string(i) +
                                                        "] was cancelled; nothing fed");
+        if (n == 1) return g4_session_append_tokens(ss[0], tokens, 1, nullptr, 0); // a backend's decode step
         const auto t0 = std::chrono::steady_clock::now();
         std::string err;
         g4_status st = ss[0]->backend->run_batch(ss, tokens, (int32_t)n, &err);
-        if (st == G4_ERR_UNSUPPORTED) { // this backend steps one session at a time
-            for (size_t i = 0; i < n; ++i)
-                if ((st = g4_session_append_tokens(ss[i], &tokens[i], 1, nullptr, 0)) != G4_OK) return st;
-            return G4_OK;
-        }
         if (st == G4_ERR_CANCELLED)
             for (size_t i = 0; i < n; ++i)
                 ss[i]->cancel.store(false);
         if (st != G4_OK) return api_error(st, "g4_sessions_decode: " + err);
-        const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+        const double ms =
+            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
         const int32_t V = ss[0]->engine->plan.info().vocab_size;
         for (size_t i = 0; i < n; ++i) {
-            g4_session* s = ss[i];
+            g4_session* s           = ss[i];
             s->history[s->position] = tokens[i] < V ? tokens[i] : s->engine->plan.info().pad_token_id;
             s->position++;
             s->have_logits      = true;

@@ -66,6 +66,7 @@ private:
 
 class CpuEngine final : public EngineBackend {
 public:
+    bool batched_steps() const override { return true; }
     g4_status create_session(g4_session* s, int n_threads, std::unique_ptr<SessionBackend>* out,
                              std::string* err) override {
         const plan::Plan& p = s->engine->plan;

@@ -8,6 +8,7 @@
 #include "g4/g4.h"
 #include "test_util.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <gtest/gtest.h>
@@ -97,7 +98,8 @@ TEST_P(BatchDecode, BatchedStepsGiveTheLogitsAndTokensOfLoneSteps) {
         const std::vector<int32_t> p = prompt_of(i);
         ASSERT_EQ(g4_session_append_tokens(ss[i].s, p.data(), p.size(), nullptr, 0), G4_OK);
     }
-    ASSERT_GE(g4_engine_max_batch(eng_.e), kSessions);
+    const size_t lim = (size_t)g4_engine_max_batch(eng_.e);
+    if (!GetParam().cuda) ASSERT_GE(lim, (size_t)kSessions); // CPU plans: 16 (the plan's logits rows)
     std::vector<int> done(kSessions, 0);
     double worst = 0;
     for (int step = 0; step < 3 * kSteps; ++step) {
@@ -112,7 +114,10 @@ TEST_P(BatchDecode, BatchedStepsGiveTheLogitsAndTokensOfLoneSteps) {
             batch.push_back(ss[i].s), toks.push_back(t), who.push_back(i);
         }
         if (batch.empty()) break;
-        ASSERT_EQ(g4_sessions_decode(batch.data(), batch.size(), toks.data()), G4_OK) << g4_last_error_message();
+        for (size_t j = 0; j < batch.size(); j += lim)
+            ASSERT_EQ(g4_sessions_decode(batch.data() + j, std::min(lim, batch.size() - j), toks.data() + j),
+                      G4_OK)
+                << g4_last_error_message();
         for (int i : who) {
             const float* l = nullptr;
             ASSERT_EQ(g4_session_get_logits(ss[i].s, &l, nullptr), G4_OK);

@@ -72,8 +72,8 @@ g4_status DecodeBatcher::decode(g4_session* s, int32_t token, std::string* err) 
     return e.st;
 }
 
-g4_status DecodeBatcher::prefill(g4_session* s, const int32_t* ids, size_t n, const std::function<bool()>& stop,
-                                  std::string* err) {
+g4_status DecodeBatcher::prefill(g4_session* s, const int32_t* ids, size_t n,
+                                 const std::function<bool()>& stop, std::string* err) {
     for (size_t done = 0; done < n;) {
         const size_t k = std::min(max_chunk_, n - done);
         if (stop()) {

@@ -92,7 +92,8 @@ int main(int argc, char** argv) {
         auto batched = [&] {
             if (!next()) return false;
             for (int j = 0; j < n; j += lim)
-                if (g4_sessions_decode(ss.data() + j, std::min(lim, n - j), toks.data() + j) != G4_OK) return false;
+                if (g4_sessions_decode(ss.data() + j, std::min(lim, n - j), toks.data() + j) != G4_OK)
+                    return false;
             return true;
         };
         auto alone = [&] {

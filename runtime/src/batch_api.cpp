@@ -32,13 +32,13 @@ g4_status check_call(g4_session* const* ss, size_t n, const int32_t* tokens) {
                                        : " (g4_engine_max_batch; recompile with a larger --logits-rows)"));
     const auto& in = e->plan.info();
     for (size_t i = 0; i < n; ++i) {
-        const std::string at = "g4_sessions_decode: sessions[" + std::to_string(i) + "]";
+        auto at = [i] { return "g4_sessions_decode: sessions[" + std::to_string(i) + "]"; }; // errors only
         if (ss[i]->engine != e)
-            return api_error(G4_ERR_INVALID_ARGUMENT, at + " belongs to another engine than sessions[0]");
+            return api_error(G4_ERR_INVALID_ARGUMENT, at() + " belongs to another engine than sessions[0]");
         for (size_t k = 0; k < i; ++k)
             if (ss[k] == ss[i])
                 return api_error(G4_ERR_INVALID_ARGUMENT,
-                                 at + " is sessions[" + std::to_string(k) + "] again");
+                                 at() + " is sessions[" + std::to_string(k) + "] again");
         if (tokens[i] < 0 || tokens[i] >= in.embed_vocab_limit)
             return api_error(G4_ERR_INVALID_ARGUMENT,
                              "g4_sessions_decode: token id " + std::to_string(tokens[i]) + " at index " +
@@ -49,7 +49,7 @@ g4_status check_call(g4_session* const* ss, size_t n, const int32_t* tokens) {
                              "g4_sessions_decode: token " + std::to_string(i) +
                                  " is a media placeholder; feed media prompts with g4_session_append_tokens");
         if (ss[i]->position >= in.max_context)
-            return api_error(G4_ERR_CONTEXT_FULL, at + " holds the plan's max context of " +
+            return api_error(G4_ERR_CONTEXT_FULL, at() + " holds the plan's max context of " +
                                                       std::to_string(in.max_context) + " tokens");
     }
     return G4_OK;

@@ -51,10 +51,14 @@ protected:
     void SetUp() override {
         if (GetParam().cuda && !on_cuda()) GTEST_SKIP() << "needs a GPU (G4_TEST_CUDA=1)";
         if (GetParam().cuda) setenv("G4_CUDA_BATCH", "1", 1); // opt-in batched steps on CUDA (env.h)
-        plan_       = dir_.file("p.g4plan");
-        CmdResult r = run_g4("compile --model '" + fixture("e2b_tiny") + "' " + GetParam().flags +
-                             " --no-fidelity --max-context 64 -o '" + plan_ + "'");
-        ASSERT_EQ(r.exit_code, 0) << r.err;
+        // One plan per case for the whole run (both tests of a case open it).
+        static TempDir dir; // removed at exit
+        plan_ = dir.file(std::string(GetParam().name) + ".g4plan");
+        if (!file_exists(plan_)) {
+            CmdResult r = run_g4("compile --model '" + fixture("e2b_tiny") + "' " + GetParam().flags +
+                                 " --no-fidelity --max-context 64 -o '" + plan_ + "'");
+            ASSERT_EQ(r.exit_code, 0) << r.err;
+        }
         ASSERT_EQ(g4_engine_open(plan_.c_str(), nullptr, &eng_.e), G4_OK) << g4_last_error_message();
         g4_engine_info info{};
         ASSERT_EQ(g4_engine_get_info(eng_.e, &info), G4_OK);
@@ -66,7 +70,6 @@ protected:
         EXPECT_EQ(g4_session_create(eng_.e, &sp, &s.s), G4_OK) << g4_last_error_message();
         return s.s;
     }
-    TempDir dir_;
     std::string plan_;
     Engine eng_;
     int vocab_ = 0;

@@ -322,13 +322,13 @@ G4_API g4_status g4_session_fork(g4_session* src, g4_session* dst);
  *
  * The most sessions one g4_sessions_decode call takes on |engine|'s plan: the rows of logits one step
  * produces (g4 compile --logits-rows, at most its --chunk), or 1 where the plan's backend has no batched
- * steps (today: CUDA plans); 0 for an invalid engine. Thread-safe. */
+ * steps (CUDA plans unless G4_CUDA_BATCH=1: docs/runtime.md); 0 for an invalid engine. Thread-safe. */
 G4_API int32_t g4_engine_max_batch(const g4_engine* engine);
 /* Feeds tokens[i] to sessions[i] for every i < n, with the effect of n calls
  * g4_session_append_tokens(sessions[i], &tokens[i], 1, NULL, 0): each session's position, history and
  * logits (g4_session_get_logits, g4_session_sample, g4_session_generate work per session as after its own
- * step; the logits agree with those of separate steps to float32 rounding, the greedy tokens are the
- * same). |sessions|: n distinct sessions of one engine, 1 <= n <= g4_engine_max_batch; |tokens|: n ids in
+ * step; the logits agree with those of separate steps to float32 rounding: docs/runtime.md).
+ * |sessions|: n distinct sessions of one engine, 1 <= n <= g4_engine_max_batch; |tokens|: n ids in
  * the vocabulary, none an image, audio or video placeholder (media prompts are fed with
  * g4_session_append_tokens). Both borrowed for the call. Validated before anything runs: NULL arrays,
  * an invalid or repeated session, sessions of different engines, n out of range or a bad id are

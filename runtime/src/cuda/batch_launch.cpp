@@ -48,13 +48,15 @@ g4_status launch_for_session(SessionState* st0, SessionState* sj, const plan::Pl
                 in2 = operand(op.in[2], op.in_col[2]), out0 = operand(op.out[0], op.out_col[0]),
                 out1 = operand(op.out[1], op.out_col[1]);
     long ld0 = ld_of(p, op.in[0]), ld1 = ld_of(p, op.in[1]), ldo = ld_of(p, op.out[0]);
-    const OpArgs a{st0, p, l0, l0.g->k, i, op, 1, op.row_mode, step, in0, in1, in2, out0, out1, ld0, ld1, ldo};
+    const OpArgs a{st0, p,   l0,  l0.g->k, i,    op,  1,   op.row_mode, step,
+                   in0, in1, in2, out0,    out1, ld0, ld1, ldo};
     CUresult r = 0;
     switch ((OpCode)op.code) {
     case OpCode::Rope: {
         const auto rp = plan::params<plan::RopeParams>(op);
         int dim       = rp.dim;
-        r = a.go(a.K.rope, 1, (unsigned)rp.heads, (unsigned)std::max(32, dim / 2), {&step, &in0, &ld0, &in1, &dim});
+        r             = a.go(a.K.rope, 1, (unsigned)rp.heads, (unsigned)std::max(32, dim / 2),
+                             {&step, &in0, &ld0, &in1, &dim});
         break;
     }
     case OpCode::KvStore: {
@@ -125,8 +127,9 @@ g4_status run_group(g4_session* const* ss, const int32_t* tokens, int32_t n, std
         for (int32_t j = 0; j < n; ++j) {
             if (j == 0) {
                 st0->host_step[1] = {1, s0->position, 1, 0};
-                CU_TRY(d->cuMemcpyHtoDAsync(l0.step, &st0->host_step[1], sizeof(SessionState::Step), l0.stream),
-                       "copying the step");
+                CU_TRY(
+                    d->cuMemcpyHtoDAsync(l0.step, &st0->host_step[1], sizeof(SessionState::Step), l0.stream),
+                    "copying the step");
             }
             if (g4_status g = launch_for_session(st0, session_of(ss[j]), p, i, j, err); g != G4_OK) return g;
             if (j == 0)
@@ -151,7 +154,8 @@ g4_status run_batch(g4_session* const* ss, const int32_t* tokens, int32_t n, std
     // tensor-core or cuBLAS tier, whose bf16 operands moved the tiny fixture's logits 4e-3..1.5e-2 from a
     // lone decode step's and flipped a near-tied greedy token (measured on an H200).
     for (int32_t j0 = 0; j0 < n; j0 += 8)
-        if (g4_status g = run_group(ss + j0, tokens + j0, std::min<int32_t>(8, n - j0), err); g != G4_OK) return g;
+        if (g4_status g = run_group(ss + j0, tokens + j0, std::min<int32_t>(8, n - j0), err); g != G4_OK)
+            return g;
     return G4_OK;
 }
 

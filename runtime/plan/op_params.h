@@ -51,7 +51,10 @@ enum class OpUse : uint8_t { Text = 1, Encoder = 2, Any = 3 };
 //                 (runtime/plan/plan_validate.cpp OpChecker; a defect goes to c.fail);
 //   args(b, a)    where the CPU executor replays it generically: the kernels/ops.h argument struct from the
 //                 bound operands `b` (runtime/src/op_exec.h OpIo), run by cpu::OpKernel<code>
-//                 (kernels/cpu/cpu.h).
+//                 (kernels/cpu/cpu.h);
+//   per_sequence  (only where true) the op reads the step's first position or a session's KV cache, so a
+//                 step batching several sessions (runtime/src/batch.cpp) runs it once per session, on that
+//                 session's row, position and cache; every other op runs once over all the rows.
 template <class P> struct OpTable;
 
 struct EmbedParams {
@@ -189,6 +192,7 @@ struct RopeParams {
     int32_t dim   = 0; // head dim (rotated pairs k, k + dim / 2)
 };
 template <> struct OpTable<RopeParams> {
+    static constexpr bool per_sequence = true;
     static constexpr OpCode code       = OpCode::Rope;
     static constexpr const char* inout = "in:x,inv_freq";
     static constexpr OpUse use         = OpUse::Text;
@@ -216,6 +220,7 @@ struct KvStoreParams {
     int32_t slots = 0; // cache rows (the ring size of a sliding layer)
 };
 template <> struct OpTable<KvStoreParams> {
+    static constexpr bool per_sequence = true;
     static constexpr OpCode code       = OpCode::KvStore;
     static constexpr const char* inout = "in:k,v;out:kc,vc";
     static constexpr OpUse use         = OpUse::Text;
@@ -249,6 +254,7 @@ struct AttentionParams {
     float scale            = 1.0f;
 };
 template <> struct OpTable<AttentionParams> {
+    static constexpr bool per_sequence = true;
     static constexpr OpCode code       = OpCode::Attention;
     static constexpr const char* inout = "in:q,kc,vc";
     static constexpr OpUse use         = OpUse::Text;

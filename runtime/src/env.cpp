@@ -37,6 +37,9 @@ bool lm_screen_off() {
 bool gpu_sampling_off() {
     return is("G4_GPU_SAMPLING", '0');
 }
+bool cuda_batch() {
+    return is("G4_CUDA_BATCH", '1');
+}
 const char* trace_out() {
     return value("G4_TRACE_OUT");
 }

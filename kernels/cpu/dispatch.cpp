@@ -38,7 +38,7 @@ namespace {
 constexpr const char* kNames[kLevelCount] = {"baseline", "avx2", "avx512", "avx512_bf16", "native"};
 
 // What the CPU and the OS support: x86-64-v3 (AVX2, FMA, F16C, BMI1/2, LZCNT, MOVBE and the v2 set, AVX
-// state enabled), x86-64-v4 (AVX-512 F/BW/DQ/VL/CD, AVX-512 state enabled), AVX-512 BF16.
+// state enabled), x86-64-v4 (AVX-512 F/BW/DQ/VL/CD, AVX-512 state enabled), AVX-512 BF16 with VNNI.
 struct Features {
     bool v3 = false, v4 = false, bf16 = false;
 };
@@ -73,7 +73,9 @@ Features detect() {
         f.v3 && (x & 0xE0) == 0xE0 && bit(b7, 16) && bit(b7, 17) && bit(b7, 28) && bit(b7, 30) && bit(b7, 31);
     unsigned a71 = 0, b71, c71, d71;
     if (f.v4 && a7 >= 1) __get_cpuid_count(7, 1, &a71, &b71, &c71, &d71);
-    f.bf16 = f.v4 && bit(a71, 5); // leaf 7 sub-leaf 1 EAX 5: AVX512_BF16
+    // leaf 7 sub-leaf 1 EAX 5: AVX512_BF16; sub-leaf 0 ECX 11: AVX512_VNNI (the level's int16 GEMV; every
+    // CPU with AVX512_BF16 has it)
+    f.bf16 = f.v4 && bit(a71, 5) && bit(c7, 11);
     return f;
 }
 #else

@@ -103,6 +103,48 @@ TEST(CpuKernels, GemmBlockAccumulates) {
     }
 }
 
+// gemm_block_bf16 (the bf16 attention's products) against a double-precision sum of its bf16 pairs, with
+// b both as kGemmNr-wide panels (K^T) and as one strided row block (V), columns past a panel and odd rows.
+TEST(CpuKernels, GemmBlockBf16MatchesPairSums) {
+    const int rows = 13, kp = 37, lda = 40;
+    for (int layout = 0; layout < 2; ++layout) {
+        const int cols    = layout ? 72 : 45;
+        const int64_t ldb = layout ? cols : cpu::kGemmNr;
+        const int64_t pnl = layout ? cpu::kGemmNr : (int64_t)kp * cpu::kGemmNr;
+        const int64_t bsz = layout ? (int64_t)kp * cols : (cols + cpu::kGemmNr - 1) / cpu::kGemmNr * pnl;
+        const int ldc     = cols + 3;
+        auto af = randn((size_t)rows * lda * 2, 41), bf = randn((size_t)bsz * 2, 42);
+        std::vector<uint16_t> ab(af.size()), bb(bf.size());
+        for (size_t i = 0; i < af.size(); ++i)
+            ab[i] = f32_to_bf16(af[i]);
+        for (size_t i = 0; i < bf.size(); ++i)
+            bb[i] = f32_to_bf16(bf[i]);
+        const uint32_t* a = (const uint32_t*)ab.data();
+        const uint32_t* b = (const uint32_t*)bb.data();
+        auto c0 = randn((size_t)rows * ldc, 43), c = c0;
+        cpu::gemm_block_bf16(rows, cols, kp, a, lda, b, ldb, pnl, c.data(), ldc, true);
+        auto half = [](uint32_t u, int h) {
+            return (double)bf16_to_f32((uint16_t)(h ? u >> 16 : u & 0xFFFF));
+        };
+        double num = 0, den = 0;
+        for (int i = 0; i < rows; ++i)
+            for (int j = 0; j < ldc; ++j) {
+                if (j >= cols) {
+                    ASSERT_EQ(c[i * ldc + j], c0[i * ldc + j]);
+                    continue;
+                }
+                double want = c0[i * ldc + j];
+                for (int q = 0; q < kp; ++q) {
+                    const uint32_t x = a[i * lda + q],
+                                   w = b[(j / cpu::kGemmNr) * pnl + q * ldb + j % cpu::kGemmNr];
+                    want += half(x, 0) * half(w, 0) + half(x, 1) * half(w, 1);
+                }
+                num += (c[i * ldc + j] - want) * (c[i * ldc + j] - want), den += want * want;
+            }
+        EXPECT_LT(std::sqrt(num / den), 1e-6) << "layout " << layout;
+    }
+}
+
 // bf16 GEMM against a double-precision reference on bf16-rounded operands: only the fp32 summation differs.
 TEST(CpuKernels, MatmulGemmBf16MatchesRoundedReference) {
     std::printf("matmul_gemm_bf16: AVX-512 BF16 kernel %s in this build\n",

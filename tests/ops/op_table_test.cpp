@@ -69,6 +69,13 @@ const OpCase kCases[] = {
     {"matmul_int16_o_e4b_rows33_nf4", OpCode::Matmul, 33, 2560, 2048, 0, DType::NF4},
     {"matmul_int16_kv_e2b_rows512_nf4", OpCode::Matmul, 512, 256, 1536, 0, DType::NF4},
     {"matmul_int16_cols_rows20_nf4", OpCode::Matmul, 20, 130, 128, 0, DType::NF4},
+    // bf16 with int16_x: the bf16 GEMV of decode steps (kernels/cpu/gemv_bf16.cpp): E2B's per-layer
+    // projection, slices of the E2B / E4B LM heads (1 and 5 rows: a group of 4 and 1), a K of whole chunks
+    // and a tail
+    {"matmul_int16_ple_e2b_bf16", OpCode::Matmul, 1, 8960, 1536, 0, DType::BF16},
+    {"matmul_int16_head_e2b_bf16", OpCode::Matmul, 1, 4099, 1536, 0, DType::BF16},
+    {"matmul_int16_head_e4b_rows5_bf16", OpCode::Matmul, 5, 1031, 2560, 0, DType::BF16},
+    {"matmul_int16_odd_bf16", OpCode::Matmul, 8, 67, 1000, 0, DType::BF16},
     {"rmsnorm_hidden_bf16", OpCode::RmsNorm, 3, 2560, 2560, 0, DType::BF16},
     {"rmsnorm_heads_f32", OpCode::RmsNorm, 2, 8 * 256, 256, 0, DType::F32},
     {"rmsnorm_noscale", OpCode::RmsNorm, 1, 512, 512, 0, DType::F32},
@@ -97,6 +104,12 @@ const OpCase kCases[] = {
     {"self_attention_gqa", OpCode::SelfAttention, 33, 4, 2, 72},
     {"self_attention_mqa", OpCode::SelfAttention, 100, 6, 1, 64},
     {"self_attention_one_row", OpCode::SelfAttention, 1, 2, 2, 64},
+    // The vision tower's heads (12 x 64) over 300 patches; BF16 rows run the op with bf16 = 1 (the
+    // --tower-precision bf16 kernel; the reference stays fp32).
+    {"self_attention_vision", OpCode::SelfAttention, 300, 12, 12, 64},
+    {"self_attention_vision_bf16", OpCode::SelfAttention, 300, 12, 12, 64, DType::BF16},
+    {"self_attention_gqa_bf16", OpCode::SelfAttention, 33, 4, 2, 72, DType::BF16},
+    {"self_attention_d16_bf16", OpCode::SelfAttention, 5, 2, 2, 16, DType::BF16},
 };
 
 // Per op and dtype: the largest relative L2 error a backend may show against the reference.
@@ -115,7 +128,7 @@ double tolerance(OpCode op, DType dt) {
     case OpCode::PoolRows:
         return 1e-6;
     case OpCode::SelfAttention:
-        return 2e-6;
+        return dt == DType::BF16 ? 1e-2 : 2e-6; // bf16: q, k, v and the probabilities rounded (~3e-3)
     default:
         return dt == DType::NF4 ? 1e-4 : 1e-5;
     }
@@ -385,7 +398,7 @@ bool run_encoder_case(const OpCase& c, const Backend& be, Outputs* out) {
         const int64_t qw = (int64_t)heads * D, kvw = (int64_t)kv * D, ld = qw + 2 * kvw + 4;
         auto qkv = randn((size_t)T * ld, 20, 0.5f), y = fill((size_t)T * qw, -7.0f);
         be.self_attention({qkv.data(), ld, qkv.data() + qw, ld, qkv.data() + qw + kvw, ld, y.data(), qw, T,
-                           heads, kv, D, 1.0f / std::sqrt((float)D), nullptr});
+                           heads, kv, D, 1.0f / std::sqrt((float)D), nullptr, c.dt == DType::BF16});
         *out = {y};
         return true;
     }

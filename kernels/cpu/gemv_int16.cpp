@@ -1,0 +1,64 @@
+// The NF4 x int16 GEMV of cpu.h (matmul_nf4_int16; body in gemv_int16_body.h) and, in the avx512 copy, its
+// AVX-512 VNNI variant for the avx512_bf16 table (level_table.cpp; dispatch.cpp requires VNNI for that level:
+// every CPU with AVX-512 BF16 has it), compiled under a function-level target (GCC's target pragma, which
+// also covers the body's lambdas). The integer sums and so the outputs are the same bits. On a 2-core Zen 4
+// (`cpu_gemv_bench 31 --int16 --hot`, G4_CPU_LEVEL avx512 against avx512_bf16 alternated, one thread) the
+// VNNI kernel takes 5-6% less time with the weights in cache (E2B q 117 -> 111 us, o 114 -> 108 us); streamed
+// from memory the difference is within the machine's noise.
+#include "kernels/cpu/level.h"
+#include "kernels/cpu/nf4_blob.h"
+#include "kernels/nf4.h"
+#include "kernels/q16.h"
+
+#include <algorithm>
+#include <cstring>
+
+#if defined(__AVX512F__) || defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+#if defined(__GNUC__) && !defined(__clang__)
+// GCC 12 flags its own AVX-512 intrinsic headers (_mm512_undefined_* self-initialisation) when inlined.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+
+namespace g4::cpu::G4_CPU_NS {
+
+namespace int16_plain {
+using namespace gemv;
+#if defined(__AVX512VNNI__)
+#define G4_INT16_VNNI 1
+#else
+#define G4_INT16_VNNI 0
+#endif
+#include "kernels/cpu/gemv_int16_body.h"
+#undef G4_INT16_VNNI
+} // namespace int16_plain
+
+void matmul_nf4_int16(const Context& c, const MatmulArgs& a) {
+    int16_plain::run(c, a);
+}
+
+#if defined(G4_CPU_VNNI_VARIANT)
+#pragma GCC push_options
+#pragma GCC target("avx512vnni")
+namespace int16_vnni {
+using namespace gemv;
+#define G4_INT16_VNNI 1
+#include "kernels/cpu/gemv_int16_body.h"
+#undef G4_INT16_VNNI
+} // namespace int16_vnni
+#pragma GCC pop_options
+
+void matmul_nf4_int16_vnni(const Context& c, const MatmulArgs& a) {
+    int16_vnni::run(c, a);
+}
+#endif
+
+} // namespace g4::cpu::G4_CPU_NS
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif

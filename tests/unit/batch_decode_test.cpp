@@ -197,14 +197,14 @@ TEST_P(BatchDecode, RefusedCallsFeedNothing) {
     EXPECT_EQ(g4_sessions_decode(ptr.data(), 0, toks.data()), G4_OK);
 }
 
-// Tolerances: the bf16 matmuls (LM head, per-layer projections) run as Eigen products, whose float32 sums
-// over several rows round differently from the one-row product's (measured worst on this fixture 2.5e-6 after
-// 14 steps, each step's difference carried on through the KV cache); int16 activations turn such differences
-// into rounding steps of 1/16383 of a block's largest value (measured 5.8e-4, the size of the fast plan's
-// distance from the f32 plan). CUDA: a lone decode step runs the fused decode kernels, a batched one the
-// prefill kernels (float32 products both with --mlp-precision f32; the default packed-f16 MLP products differ
-// from them by ~1e-3 a step, enough to flip near-tied greedy tokens of the random fixture). The test prints
-// the worst it saw.
+// Tolerances: with --cpu-precision f32 the bf16 matmuls (LM head, per-layer projections) run as Eigen
+// products, whose float32 sums over several rows round differently from the one-row product's (measured worst
+// on this fixture 2.5e-6 after 14 steps, each step's difference carried on through the KV cache); the fast
+// plan's matmuls of 1-8 rows are the int16 GEMVs, row by row (measured: bit-identical), its bound that of a
+// rounding step of 1/16383 of a block's largest value. CUDA: a lone decode step runs the fused decode
+// kernels, a batched one the prefill kernels (float32 products both with --mlp-precision f32; the default
+// packed-f16 MLP products differ from them by ~1e-3 a step, enough to flip near-tied greedy tokens of the
+// random fixture). The test prints the worst it saw.
 INSTANTIATE_TEST_SUITE_P(Plans, BatchDecode,
                          ::testing::Values(PlanCase{"nf4_f32", "--cpu-precision f32", 1e-5, false},
                                            PlanCase{"nf4_fast", "", 2e-3, false},

@@ -110,9 +110,9 @@ struct MatmulArgs {
     int32_t rows;
     bool nf4_double_quant = false; // dt == NF4: w is one kernels/nf4.h blob of N*K elements; true if it
                                    // stores double-quantized absmax (absmax_q/absmax2/offset/code2)
-    bool int16_x = false; // NF4, K a multiple of 64, 1..8 rows: x quantized to int16 per block of 64 and
-                          // multiplied by the codes' int16 values in integers (kernels/q16.h); BF16, 1..8
-                          // rows: the CPU's bf16 GEMV (float32, its own sum order); else ignored
+    bool int16_x = false; // NF4, K a multiple of 64: x quantized to int16 per block of 64 and multiplied by
+                          // the codes' int16 values in integers (kernels/q16.h); BF16, 1..8 rows: the CPU's
+                          // bf16 GEMV (float32, its own sum order); else ignored
 };
 
 struct RmsNormArgs {
@@ -219,7 +219,8 @@ struct Rope2DArgs {
 // Every row attends to rows 0..T-1 of k, v (no mask). Query head h reads kv head h / (heads / kv_heads).
 // Floats of SelfAttentionArgs.work the CPU kernel takes: per kv head, K^T in panels of keys padded to
 // kSelfAttentionKeyPad and V.
-inline constexpr int64_t kSelfAttentionKeyPad = 32;
+inline constexpr int64_t kSelfAttentionKeyPad     = 32;
+inline constexpr int32_t kSelfAttentionBf16MaxDim = 256; // the bf16 kernel's largest (even) head size
 inline int64_t self_attention_work_floats(int64_t rows, int64_t kv_heads, int64_t dim) {
     const int64_t padded = (rows + kSelfAttentionKeyPad - 1) / kSelfAttentionKeyPad * kSelfAttentionKeyPad;
     return kv_heads * (padded + rows) * dim;
@@ -235,7 +236,8 @@ struct SelfAttentionArgs {
     int64_t ldy;
     int32_t rows, heads, kv_heads, dim;
     float scale;
-    float* work; // CPU kernels: self_attention_work_floats(rows, kv_heads, dim) floats; ref: unused
+    float* work;       // CPU kernels: self_attention_work_floats(rows, kv_heads, dim) floats; ref: unused
+    bool bf16 = false; // CPU kernels: q, k, v and the probabilities rounded to bf16, fp32 sums (ref: fp32)
 };
 
 struct PoolRowsArgs {

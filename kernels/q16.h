@@ -59,4 +59,12 @@ inline bool applies(bool int16_x, bool nf4, int64_t k, int rows) {
     return int16_x && nf4 && k % kBlock == 0 && rows >= 1 && rows <= kMaxRows;
 }
 
+// ---- prefill GEMM (kernels/cpu/gemm_nf4.cpp)
+// ---------------------------------------------------------------- True when a matmul of more than kMaxRows
+// rows takes the integer path: x quantized per block as above, the same products, summed by
+// cpu::matmul_nf4_gemm_int16.
+inline bool applies_gemm(bool int16_x, bool nf4, int64_t k, int rows) {
+    return int16_x && nf4 && k % kBlock == 0 && rows > kMaxRows;
+}
+
 } // namespace g4::q16

@@ -25,7 +25,9 @@ const Command kServe = {
      {"--port", "N", "TCP port. Default: 8080"},
      {"--max-sessions", "N",
       "requests run at once, each in its own session (KV cache) on the plan's shared weights. Default: 1"},
-     {"--threads", "N", "CPU worker threads of each session. Default: the hardware threads / --max-sessions"},
+     {"--threads", "N",
+      "CPU worker threads of each session. Default: the hardware threads (batched decode steps), else the "
+      "hardware threads / --max-sessions"},
      {"--max-queue", "N",
       "requests waiting for a session at most; more get 429 with Retry-After. Default: 16"},
      {"--api-key-file", "FILE",
@@ -41,6 +43,10 @@ const Command kServe = {
      {"--no-prefix-reuse", nullptr,
       "start every request from an empty session. Default: a request goes to the free session holding the "
       "longest prefix of its prompt and feeds only the rest"},
+     {"--no-batch", nullptr,
+      "each session runs its own decode steps. Default: the decode steps of all sessions generating at once "
+      "run as one step (one read of the weights for all of them) where the plan's device has batched steps "
+      "(CPU plans), and each session then gets all the CPU threads"},
      {"--media-dir", "DIR",
       "allow image URLs file:///PATH for files under DIR (after resolving links). Default: files refused"}}};
 
@@ -89,6 +95,7 @@ int cmd_serve(int argc, char** argv) {
     o.max_tokens =
         a.has("--max-tokens") ? (int32_t)parse_int("--max-tokens", a.get("--max-tokens"), 1, 1 << 30) : 0;
     o.prefix_reuse = !a.on("--no-prefix-reuse");
+    o.batch        = !a.on("--no-batch");
     if (!(o.timeout_s > 0)) throw UsageError("--timeout must be more than 0 seconds");
     if (a.has("--api-key") && a.has("--api-key-file"))
         throw UsageError("give --api-key or --api-key-file, not both");

@@ -32,7 +32,8 @@ constexpr int kSelfAttentionRows = 2 * kGemmMr; // query rows per self_attention
 size_t scratch_floats_per_thread(int64_t max_k, int64_t max_slots);
 
 void embed(const Context& c, const EmbedArgs& a);
-void matmul(const Context& c, const MatmulArgs& a); // matmul_nf4_int16, _bf16_gemv, _nf4_gemv or _tiled
+void matmul(const Context& c,
+            const MatmulArgs& a); // matmul_nf4_int16, _gemm_int16, _bf16_gemv, _nf4_gemv or _tiled
 // Any dtype and row count: kMatmulTileRows weight rows widened to fp32 scratch, then an Eigen GEMM.
 void matmul_tiled(const Context& c, const MatmulArgs& a);
 // NF4, 1 <= rows <= kNf4GemvMaxRows: each output element is one dot product over the packed codes (no
@@ -43,6 +44,11 @@ void matmul_nf4_gemv(const Context& c, const MatmulArgs& a);
 // per block into thread 0's scratch (rows * K * 2 + rows * K / 16 bytes), integer dot products per block
 // (AVX-512 BW or AVX2 pmaddwd, or a plain loop), each output one thread's fp32 sum in a fixed block order.
 void matmul_nf4_int16(const Context& c, const MatmulArgs& a);
+// NF4 with a.int16_x, K a multiple of 64, more than q16::kMaxRows rows (prefill chunks): the same integer
+// arithmetic as matmul_nf4_int16, register-blocked over tiles of rows (kernels/cpu/gemm_nf4.cpp). x's tiles
+// take the pool's whole scratch (rows * K * 2.06 bytes; more rows run as further passes); each output is one
+// task's fp32 sum over the blocks in k order, independent of the thread count and of a.rows.
+void matmul_nf4_gemm_int16(const Context& c, const MatmulArgs& a);
 // BF16 with a.int16_x (the fast CPU precision), 1 <= rows <= kNf4GemvMaxRows, any K
 // (kernels/cpu/gemv_bf16.cpp): the weights widened in registers, x reordered into thread 0's scratch (rows *
 // K), each output one thread's float32 sum in a fixed order; matmul_tiled's Eigen GEMM sums in another order,
@@ -71,9 +77,15 @@ bool gemm_has_avx512();
 // in increasing order; otherwise it is matmul_gemm_bf16_portable. Independent of the thread count.
 size_t gemm_bf16_scratch_floats();
 void matmul_gemm_bf16(const Context& c, const MatmulArgs& a);
-// Same definition on any machine: bf16-valued fp32 operands through gemm_block_portable (Eigen).
+// Same definition on any machine: bf16-valued fp32 operands through gemm_block (the AVX-512 fp32 kernel, or
+// Eigen without AVX-512).
 void matmul_gemm_bf16_portable(const Context& c, const MatmulArgs& a);
 bool gemm_has_avx512_bf16(); // true when matmul_gemm_bf16 uses _mm512_dpbf16_ps
+// Single-threaded bf16 block on k-pairs: c[rows, cols] (+)= sum over q < kp of a[i * lda + q] . b(q, j), each
+// uint32 a bf16 pair (low half the even k), b(q, j) = b[(j / kGemmNr) * panel + q * ldb + j % kGemmNr];
+// products exact in fp32, fp32 sums (_mm512_dpbf16_ps with AVX-512 BF16, else a plain loop).
+void gemm_block_bf16(int rows, int cols, int64_t kp, const uint32_t* a, int64_t lda, const uint32_t* b,
+                     int64_t ldb, int64_t panel, float* c, int64_t ldc, bool accumulate);
 void rms_norm(const Context& c, const RmsNormArgs& a);
 void add(const Context& c, const BinaryArgs& a);
 void gelu_mul(const Context& c, const BinaryArgs& a);
@@ -82,6 +94,12 @@ void softcap(const Context& c, const ScaleArgs& a);
 void rope(const Context& c, const RopeArgs& a);
 void kv_store(const Context& c, const KvStoreArgs& a);
 void attention(const Context& c, const AttentionArgs& a); // ignores a.scratch; uses Context scratch
+// The same attention for many query rows (`--cpu-precision fast` prefill; kernels/cpu/attention_prefill.cpp):
+// the query heads of a few rows sharing a kv head take each block of keys together (Eigen products, online
+// softmax). Needs attention_prefill_floats(a) of Context scratch per thread, else it is attention(). Each
+// output is one task's result, independent of the thread count.
+size_t attention_prefill_floats(const AttentionArgs& a);
+void attention_prefill(const Context& c, const AttentionArgs& a);
 
 // Encoder-program ops (kernels/cpu/encoder_ops.cpp).
 void clamp(const Context& c, const ClampArgs& a);
@@ -89,7 +107,10 @@ void add_position_2d(const Context& c, const AddPosition2DArgs& a);
 void rope_2d(const Context& c, const Rope2DArgs& a);
 // K^T of each kv head packed into a.work in panels of kGemmNr keys, then query blocks of
 // kSelfAttentionRows rows of one head per task: scores [rows, keys rounded up to kGemmNr] in the thread's
-// scratch (self_attention_thread_floats), both products through gemm_block.
+// scratch (self_attention_thread_floats), both products through gemm_block; with a.bf16 K and V are packed
+// as bf16 k-pairs, q and the unnormalised probabilities rounded to bf16 and both products run through
+// gemm_block_bf16 (fp32 softmax and sums; a.dim even, at most kSelfAttentionBf16MaxDim). Only where
+// gemm_has_avx512_bf16(): elsewhere a.bf16 runs the fp32 kernel (faster there, and closer to fp32).
 size_t self_attention_thread_floats(int64_t max_rows);
 void self_attention(const Context& c, const SelfAttentionArgs& a);
 void pool_rows(const Context& c, const PoolRowsArgs& a);

@@ -300,6 +300,8 @@ template <void (*Int16)(const Context&, const MatmulArgs&)>
 void matmul_with(const Context& c, const MatmulArgs& a) {
     if (q16::applies(a.int16_x, a.dt == DType::NF4, a.k, a.rows))
         Int16(c, a);
+    else if (q16::applies_gemm(a.int16_x, a.dt == DType::NF4, a.k, a.rows))
+        matmul_nf4_gemm_int16(c, a);
     else if (a.int16_x && a.dt == DType::BF16 && a.rows >= 1 && a.rows <= kNf4GemvMaxRows)
         matmul_bf16_gemv(c, a);
     else if (a.dt == DType::NF4 && a.rows >= 1 && a.rows <= kNf4GemvMaxRows)

@@ -78,9 +78,90 @@ size_t self_attention_thread_floats(int64_t max_rows) {
     return (size_t)kSelfAttentionRows * (pad_keys(max_rows) + 1);
 }
 
+namespace {
+
+// self_attention with a.bf16. work per kv head (head_floats apart, as the fp32 layout): K as bf16 k-pairs in
+// panels [np / kGemmNr][D / 2][kGemmNr] (zero keys past rows), then V as key pairs [np / 2][D] (zero past
+// rows). Each task: q rounded to bf16 pairs, scores [rb, np] fp32, softmax in fp32, the unnormalised
+// probabilities rounded to bf16 pairs in place over the scores (zero past rows), then P . V.
+using BlockBf16 = void (*)(int, int, int64_t, const uint32_t*, int64_t, const uint32_t*, int64_t, int64_t,
+                           float*, int64_t, bool);
+void self_attention_bf16(const Context& c, const SelfAttentionArgs& a, BlockBf16 block) {
+    const int n = a.rows, D = a.dim, group = a.heads / a.kv_heads, dp = D / 2;
+    constexpr int P  = kGemmNr;
+    const int64_t np = pad_keys(n), head_floats = np * D + (int64_t)n * D, panels = np / P;
+    float* kv = a.work;
+    c.pool->parallel_for((int64_t)a.kv_heads * panels, [&](int64_t task, int) {
+        const int h = (int)(task / panels), j0 = (int)(task % panels) * P;
+        uint16_t* kp = (uint16_t*)(kv + h * head_floats) + (int64_t)j0 * D; // [dp][P] pairs
+        uint16_t* vp = (uint16_t*)(kv + h * head_floats + np * D / 2);      // [np / 2][D] pairs
+        uint16_t row[2 * kSelfAttentionBf16MaxDim];
+        for (int j = j0; j < j0 + P; ++j) {
+            if (j < n) {
+                round_to_bf16(a.k + (int64_t)j * a.ldk + (int64_t)h * D, D, row);
+                round_to_bf16(a.v + (int64_t)j * a.ldv + (int64_t)h * D, D, row + D);
+            } else {
+                std::memset(row, 0, sizeof(uint16_t) * 2 * D);
+            }
+            for (int d = 0; d < D; ++d) {
+                kp[((int64_t)(d >> 1) * P + (j - j0)) * 2 + (d & 1)] = row[d];
+                vp[((int64_t)(j >> 1) * D + d) * 2 + (j & 1)]        = row[D + d];
+            }
+        }
+    });
+    const int blocks = (n + kSelfAttentionRows - 1) / kSelfAttentionRows;
+    c.pool->parallel_for((int64_t)blocks * a.heads, [&](int64_t task, int th) {
+        const int h = (int)(task % a.heads), r0 = (int)(task / a.heads) * kSelfAttentionRows;
+        const int rb       = std::min(kSelfAttentionRows, n - r0);
+        const float* kh    = kv + (int64_t)(h / group) * head_floats;
+        const uint32_t* kb = (const uint32_t*)kh;
+        const uint32_t* vb = (const uint32_t*)(kh + np * D / 2);
+        uint32_t qp[kSelfAttentionRows * kSelfAttentionBf16MaxDim / 2];
+        for (int r = 0; r < rb; ++r)
+            round_to_bf16(a.q + (int64_t)(r0 + r) * a.ldq + (int64_t)h * D, D, (uint16_t*)(qp + r * dp));
+        float* s = c.thread_scratch(th); // [rb, np]
+        block(rb, (int)np, dp, qp, dp, kb, P, (int64_t)dp * P, s, np, false);
+        float* inv_sum = s + (size_t)rb * np; // [rb]
+        for (int r = 0; r < rb; ++r) {
+            float* sr = s + (size_t)r * np;
+            Eigen::Map<Eigen::ArrayXf> row(sr, n);
+            if (a.scale != 1.0f) row *= a.scale;
+            row          = (row - row.maxCoeff()).exp();
+            inv_sum[r]   = 1.0f / row.sum();
+            uint16_t* pr = (uint16_t*)sr; // in place: element j moves from byte 4j to 2j
+            for (int j0 = 0; j0 < n; j0 += 64) {
+                float tmp[64];
+                const int m = std::min(64, n - j0);
+                std::memcpy(tmp, sr + j0, sizeof(float) * m);
+                round_to_bf16(tmp, m, pr + j0);
+            }
+            std::memset(pr + n, 0, sizeof(uint16_t) * (np - n));
+        }
+        float* out = a.y + (int64_t)r0 * a.ldy + (int64_t)h * D;
+        block(rb, D, np / 2, (const uint32_t*)s, np, vb, D, P, out, a.ldy, false);
+        for (int r = 0; r < rb; ++r)
+            Eigen::Map<Eigen::ArrayXf>(out + (int64_t)r * a.ldy, D) *= inv_sum[r];
+    });
+}
+
+} // namespace
+
+#if defined(G4_CPU_BF16_TABLE)
+void self_attention_dpbf16(const Context& c, const SelfAttentionArgs& a) {
+    if (a.bf16)
+        self_attention_bf16(c, a, &gemm_block_bf16_dpbf16);
+    else
+        self_attention(c, a);
+}
+#endif
+
 // work: per kv head, K^T as panels [np / kGemmNr][D][kGemmNr] (np = rows rounded up to kGemmNr, zero keys
 // past rows) followed by its V [rows, D], so that both GEMMs read their right operand contiguously.
 void self_attention(const Context& c, const SelfAttentionArgs& a) {
+    if (a.bf16 && gemm_has_avx512_bf16()) {
+        self_attention_bf16(c, a, &gemm_block_bf16);
+        return;
+    }
     const int n = a.rows, D = a.dim, group = a.heads / a.kv_heads;
     constexpr int P  = kGemmNr;
     const int64_t np = pad_keys(n), head_floats = np * D + (int64_t)n * D, panels = np / P;

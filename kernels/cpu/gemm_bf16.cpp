@@ -2,7 +2,7 @@
 // exact in fp32 and summed in fp32. With AVX-512 BF16 the weights are packed as k-pairs into
 // kGemmBf16Group panels of kGemmKc x kGemmNr bf16, each kGemmMr-row block of x is rounded once per panel
 // group, and _mm512_dpbf16_ps accumulates in registers; the portable path rounds both operands to bf16-valued
-// floats and runs the Eigen block GEMM.
+// floats and runs gemm_block (the AVX-512 fp32 kernel where the level has it, else Eigen).
 #include "kernels/cpu/level.h"
 
 #include <algorithm>
@@ -35,8 +35,14 @@ namespace {
 
 constexpr int kGroup = kGemmBf16Group;
 
+// bf16_to_f32(f32_to_bf16(f)) without a branch, so that loops of it vectorise.
 inline float bf16_round(float f) {
-    return bf16_to_f32(f32_to_bf16(f));
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    const uint32_t r = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u, q = (u | 0x00400000u) & 0xFFFF0000u;
+    const uint32_t b = (u & 0x7FFFFFFFu) > 0x7F800000u ? q : r;
+    std::memcpy(&f, &b, 4);
+    return f;
 }
 
 inline uint16_t weight_bf16(const MatmulArgs& a, int64_t off) {
@@ -88,10 +94,11 @@ void round_rows(int rows, int kc, const float* x, int64_t ldx, uint16_t* xs, int
 }
 
 // c[MR, cols] (+)= a . b over kp k-pairs: a[i * lda + q] = (x[i][2q], x[i][2q+1]) as bf16 pairs,
-// b[q * kGemmNr + j] = (w[j][2q], w[j][2q+1]) (zero past cols).
-template <int MR>
-G4_BF16_TARGET void micro(int64_t kp, const uint32_t* a, int64_t lda, const uint32_t* b, float* c,
-                          int64_t ldc, int cols, bool accumulate) {
+// b[q * ldb + j] = (w[j][2q], w[j][2q+1]) (read only below cols; FULL: cols >= kGemmNr, plain loads). The
+// two loads variants are separate loops: a select inside the loop made GCC keep the accumulators in memory.
+template <int MR, bool FULL>
+G4_BF16_TARGET void micro_loop(int64_t kp, const uint32_t* a, int64_t lda, const uint32_t* b, int64_t ldb,
+                               float* c, int64_t ldc, int cols, bool accumulate) {
     __mmask16 m[kNv];
     for (int v = 0; v < kNv; ++v)
         m[v] = (__mmask16)((1u << std::clamp(cols - 16 * v, 0, 16)) - 1u);
@@ -102,7 +109,8 @@ G4_BF16_TARGET void micro(int64_t kp, const uint32_t* a, int64_t lda, const uint
     for (int64_t q = 0; q < kp; ++q) {
         __m512bh bv[kNv];
         for (int v = 0; v < kNv; ++v)
-            bv[v] = (__m512bh)_mm512_loadu_si512(b + q * kGemmNr + 16 * v);
+            bv[v] = FULL ? (__m512bh)_mm512_loadu_si512(b + q * ldb + 16 * v)
+                         : (__m512bh)_mm512_maskz_loadu_epi32(m[v], b + q * ldb + 16 * v);
         for (int i = 0; i < MR; ++i) {
             const __m512bh av = (__m512bh)_mm512_set1_epi32((int)a[i * lda + q]);
             for (int v = 0; v < kNv; ++v)
@@ -114,7 +122,17 @@ G4_BF16_TARGET void micro(int64_t kp, const uint32_t* a, int64_t lda, const uint
             _mm512_mask_storeu_ps(c + i * ldc + 16 * v, m[v], acc[i][v]);
 }
 
-using MicroFn = void (*)(int64_t, const uint32_t*, int64_t, const uint32_t*, float*, int64_t, int, bool);
+template <int MR>
+G4_BF16_TARGET void micro(int64_t kp, const uint32_t* a, int64_t lda, const uint32_t* b, int64_t ldb,
+                          float* c, int64_t ldc, int cols, bool accumulate) {
+    if (cols >= kGemmNr)
+        micro_loop<MR, true>(kp, a, lda, b, ldb, c, ldc, cols, accumulate);
+    else
+        micro_loop<MR, false>(kp, a, lda, b, ldb, c, ldc, cols, accumulate);
+}
+
+using MicroFn = void (*)(int64_t, const uint32_t*, int64_t, const uint32_t*, int64_t, float*, int64_t, int,
+                         bool);
 template <int... I> constexpr auto micro_table(std::integer_sequence<int, I...>) {
     return std::array<MicroFn, sizeof...(I)>{&micro<I + 1>...};
 }
@@ -162,24 +180,39 @@ void matmul_gemm_bf16_portable(const Context& c, const MatmulArgs& a) {
         matmul(c, a);
         return;
     }
+    // kGroup panels of kKc x kGemmNr bf16-valued weights and one kGemmMr x kKc block of bf16-valued x per
+    // task, so that each block of x is rounded once per kGroup panels.
+    constexpr int kKc    = kGemmKc / 2;
     const int64_t strips = (a.n + kGemmNr - 1) / kGemmNr;
-    for_tasks(c, a, strips, [&](int64_t s, int r0, int r1, int th) {
-        const int64_t n0 = s * kGemmNr;
-        const int nt     = (int)std::min<int64_t>(kGemmNr, a.n - n0);
-        float* p         = c.thread_scratch(th);          // [kc][kGemmNr] bf16-valued weights
-        float* xs        = p + (size_t)kGemmKc * kGemmNr; // [kGemmMr][kc] bf16-valued activations
-        for (int64_t k0 = 0; k0 < a.k; k0 += kGemmKc) {
-            const int kc = (int)std::min<int64_t>(kGemmKc, a.k - k0);
-            for (int j = 0; j < nt; ++j)
-                for (int q = 0; q < kc; ++q)
-                    p[(size_t)q * kGemmNr + j] = bf16_to_f32(weight_bf16(a, (n0 + j) * a.k + k0 + q));
+    const int64_t groups = (strips + kGroup - 1) / kGroup;
+    static_assert((size_t)kKc * (kGroup * kGemmNr + kGemmMr) <=
+                      (size_t)kGemmKc * (kGroup * kGemmNr + kGemmMr) / 2,
+                  "the portable panels fit the scratch gemm_bf16_scratch_floats gives");
+    for_tasks(c, a, groups, [&](int64_t g, int r0, int r1, int th) {
+        const int s0 = (int)(g * kGroup), ns = (int)std::min<int64_t>(kGroup, strips - s0);
+        float* p  = c.thread_scratch(th);               // [ns][kKc][kGemmNr] bf16-valued weights
+        float* xs = p + (size_t)kGroup * kKc * kGemmNr; // [kGemmMr][kKc] bf16-valued activations
+        for (int64_t k0 = 0; k0 < a.k; k0 += kKc) {
+            const int kc = (int)std::min<int64_t>(kKc, a.k - k0);
+            for (int s = 0; s < ns; ++s) {
+                const int64_t n0 = (int64_t)(s0 + s) * kGemmNr;
+                const int nt     = (int)std::min<int64_t>(kGemmNr, a.n - n0);
+                float* ps        = p + (size_t)s * kKc * kGemmNr;
+                for (int j = 0; j < nt; ++j)
+                    for (int q = 0; q < kc; ++q)
+                        ps[(size_t)q * kGemmNr + j] = bf16_to_f32(weight_bf16(a, (n0 + j) * a.k + k0 + q));
+            }
             for (int r = r0; r < r1; r += kGemmMr) {
                 const int rows = std::min(kGemmMr, r1 - r);
                 for (int i = 0; i < rows; ++i)
                     for (int q = 0; q < kc; ++q)
                         xs[(size_t)i * kc + q] = bf16_round(a.x[(int64_t)(r + i) * a.ldx + k0 + q]);
-                gemm_block_portable(rows, nt, kc, xs, kc, p, kGemmNr, a.y + (int64_t)r * a.ldy + n0, a.ldy,
-                                    k0 > 0);
+                for (int s = 0; s < ns; ++s) {
+                    const int64_t n0 = (int64_t)(s0 + s) * kGemmNr;
+                    gemm_block(rows, (int)std::min<int64_t>(kGemmNr, a.n - n0), kc, xs, kc,
+                               p + (size_t)s * kKc * kGemmNr, kGemmNr, a.y + (int64_t)r * a.ldy + n0, a.ldy,
+                               k0 > 0);
+                }
             }
         }
     });
@@ -212,14 +245,57 @@ void matmul_gemm_bf16_dpbf16(const Context& c, const MatmulArgs& a) {
                     const int64_t n0 = (int64_t)(s0 + s) * kGemmNr;
                     const int nt     = (int)std::min<int64_t>(kGemmNr, a.n - n0);
                     kMicro[rows - 1](kp, (const uint32_t*)xs, kp,
-                                     (const uint32_t*)(panels + (size_t)s * 2 * kp * kGemmNr),
+                                     (const uint32_t*)(panels + (size_t)s * 2 * kp * kGemmNr), kGemmNr,
                                      a.y + (int64_t)r * a.ldy + n0, a.ldy, nt, k0 > 0);
                 }
             }
         }
     });
 }
+G4_BF16_TARGET void gemm_block_bf16_dpbf16(int rows, int cols, int64_t kp, const uint32_t* a, int64_t lda,
+                                           const uint32_t* b, int64_t ldb, int64_t panel, float* c,
+                                           int64_t ldc, bool accumulate) {
+    for (int j = 0; j < cols; j += kGemmNr) {
+        const uint32_t* bj = b + (j / kGemmNr) * panel;
+        const int nt       = std::min(kGemmNr, cols - j);
+        int r              = 0;
+        for (; r + kGemmMr <= rows; r += kGemmMr)
+            micro<kGemmMr>(kp, a + r * lda, lda, bj, ldb, c + r * ldc + j, ldc, nt, accumulate);
+        if (r < rows)
+            kMicro[rows - r - 1](kp, a + r * lda, lda, bj, ldb, c + r * ldc + j, ldc, nt, accumulate);
+    }
+}
 #endif // G4_GEMM_BF16_NATIVE
+
+void gemm_block_bf16(int rows, int cols, int64_t kp, const uint32_t* a, int64_t lda, const uint32_t* b,
+                     int64_t ldb, int64_t panel, float* c, int64_t ldc, bool accumulate) {
+#if G4_GEMM_BF16_NATIVE && !defined(G4_CPU_BF16_TABLE)
+    gemm_block_bf16_dpbf16(rows, cols, kp, a, lda, b, ldb, panel, c, ldc, accumulate);
+#else
+    auto lo = [](uint32_t u) { return bf16_to_f32((uint16_t)(u & 0xFFFF)); };
+    auto hi = [](uint32_t u) { return bf16_to_f32((uint16_t)(u >> 16)); };
+    for (int i = 0; i < rows; ++i)
+        for (int j = 0; j < cols; ++j) {
+            const uint32_t* bj = b + (j / kGemmNr) * panel + j % kGemmNr;
+            float s            = accumulate ? c[i * ldc + j] : 0.0f;
+            for (int64_t q = 0; q < kp; ++q) {
+                const uint32_t x = a[i * lda + q], w = bj[q * ldb];
+                s += lo(x) * lo(w) + hi(x) * hi(w);
+            }
+            c[i * ldc + j] = s;
+        }
+#endif
+}
+
+void round_to_bf16(const float* x, int64_t n, uint16_t* y) {
+    int64_t i = 0;
+#if G4_GEMM_BF16_NATIVE && defined(__AVX512BW__)
+    for (; i + 16 <= n; i += 16)
+        _mm256_storeu_si256((__m256i*)(y + i), to_bf16x16(_mm512_loadu_ps(x + i)));
+#endif
+    for (; i < n; ++i)
+        y[i] = f32_to_bf16(x[i]);
+}
 
 void matmul_gemm_bf16(const Context& c, const MatmulArgs& a) {
 #if G4_GEMM_BF16_NATIVE && !defined(G4_CPU_BF16_TABLE)

@@ -13,6 +13,7 @@
     X(void, matmul_tiled, (const Context& c, const MatmulArgs& a), (c, a))                                   \
     X(void, matmul_nf4_gemv, (const Context& c, const MatmulArgs& a), (c, a))                                \
     X(void, matmul_nf4_int16, (const Context& c, const MatmulArgs& a), (c, a))                               \
+    X(void, matmul_nf4_gemm_int16, (const Context& c, const MatmulArgs& a), (c, a))                          \
     X(void, matmul_bf16_gemv, (const Context& c, const MatmulArgs& a), (c, a))                               \
     X(size_t, gemm_scratch_floats, (), ())                                                                   \
     X(void, matmul_gemm, (const Context& c, const MatmulArgs& a), (c, a))                                    \
@@ -29,6 +30,10 @@
     X(void, matmul_gemm_bf16, (const Context& c, const MatmulArgs& a), (c, a))                               \
     X(void, matmul_gemm_bf16_portable, (const Context& c, const MatmulArgs& a), (c, a))                      \
     X(bool, gemm_has_avx512_bf16, (), ())                                                                    \
+    X(void, gemm_block_bf16,                                                                                 \
+      (int rows, int cols, int64_t kp, const uint32_t* a, int64_t lda, const uint32_t* b, int64_t ldb,       \
+       int64_t panel, float* c, int64_t ldc, bool accumulate),                                               \
+      (rows, cols, kp, a, lda, b, ldb, panel, c, ldc, accumulate))                                           \
     X(void, rms_norm, (const Context& c, const RmsNormArgs& a), (c, a))                                      \
     X(void, add, (const Context& c, const BinaryArgs& a), (c, a))                                            \
     X(void, gelu_mul, (const Context& c, const BinaryArgs& a), (c, a))                                       \
@@ -37,6 +42,8 @@
     X(void, rope, (const Context& c, const RopeArgs& a), (c, a))                                             \
     X(void, kv_store, (const Context& c, const KvStoreArgs& a), (c, a))                                      \
     X(void, attention, (const Context& c, const AttentionArgs& a), (c, a))                                   \
+    X(size_t, attention_prefill_floats, (const AttentionArgs& a), (a))                                       \
+    X(void, attention_prefill, (const Context& c, const AttentionArgs& a), (c, a))                           \
     X(void, clamp, (const Context& c, const ClampArgs& a), (c, a))                                           \
     X(void, add_position_2d, (const Context& c, const AddPosition2DArgs& a), (c, a))                         \
     X(void, rope_2d, (const Context& c, const Rope2DArgs& a), (c, a))                                        \

@@ -32,9 +32,14 @@ G4_CPU_KERNELS(G4_CPU_KERNEL_DECL)
 #undef G4_CPU_KERNEL_DECL
 #if defined(G4_CPU_BF16_TABLE)
 void matmul_gemm_bf16_dpbf16(const Context& c, const MatmulArgs& a);
+void gemm_block_bf16_dpbf16(int rows, int cols, int64_t kp, const uint32_t* a, int64_t lda, const uint32_t* b,
+                            int64_t ldb, int64_t panel, float* c, int64_t ldc, bool accumulate);
+void self_attention_dpbf16(const Context& c, const SelfAttentionArgs& a);
 #endif
 #if defined(G4_CPU_VNNI_VARIANT)
 void matmul_nf4_int16_vnni(const Context& c, const MatmulArgs& a);
 void matmul_vnni(const Context& c, const MatmulArgs& a); // matmul with matmul_nf4_int16_vnni
 #endif
+// y[i] = f32_to_bf16(x[i]) for i < n (gemm_bf16.cpp; vectorised with AVX-512 BW).
+void round_to_bf16(const float* x, int64_t n, uint16_t* y);
 } // namespace g4::cpu::G4_CPU_NS

@@ -12,6 +12,8 @@ constexpr Kernels kTable = {G4_CPU_KERNELS(G4_CPU_KERNEL_ADDR)};
 constexpr Kernels with_dpbf16() {
     Kernels k              = kTable;
     k.matmul_gemm_bf16     = &matmul_gemm_bf16_dpbf16;
+    k.gemm_block_bf16      = &gemm_block_bf16_dpbf16;
+    k.self_attention       = &self_attention_dpbf16;
     k.gemm_has_avx512_bf16 = [] { return true; };
 #if defined(G4_CPU_VNNI_VARIANT)
     k.matmul_nf4_int16 = &matmul_nf4_int16_vnni;

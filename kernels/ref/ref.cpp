@@ -89,7 +89,8 @@ static void matmul_nf4_int16(const MatmulArgs& a) {
 }
 
 void matmul(const MatmulArgs& a) {
-    if (q16::applies(a.int16_x, a.dt == DType::NF4, a.k, a.rows)) {
+    if (q16::applies(a.int16_x, a.dt == DType::NF4, a.k, a.rows) ||
+        q16::applies_gemm(a.int16_x, a.dt == DType::NF4, a.k, a.rows)) {
         matmul_nf4_int16(a);
         return;
     }

@@ -161,6 +161,7 @@ VisionProgram build_vision_program(const VisionHParams& hp, const VisionBuildOpt
         const int o = b.act("v.attn_out-" + L, n, qw);
         PlanOp& at  = b.emit(OpCode::SelfAttention, "v.attn", l, {q, kk, vv}, {o, work});
         at.ip[0] = heads, at.ip[1] = kvh, at.ip[2] = (int32_t)D, at.fp[0] = 1.0f;
+        at.ip[3]    = opt.matmul_kernel == 2 ? 1 : 0; // bf16 attention on the CPU with the bf16 GEMM
         const int t = b.linear(o, pre + "self_attn.o_proj", H, "v.attn_o", l);
         b.rms_norm(t, norm_w("post_attention_layernorm", H), t, (int)H, "v.attn_post_norm", l);
         b.add(z, t, z, "v.attn_res", l);

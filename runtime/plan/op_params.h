@@ -51,7 +51,10 @@ enum class OpUse : uint8_t { Text = 1, Encoder = 2, Any = 3 };
 //                 (runtime/plan/plan_validate.cpp OpChecker; a defect goes to c.fail);
 //   args(b, a)    where the CPU executor replays it generically: the kernels/ops.h argument struct from the
 //                 bound operands `b` (runtime/src/op_exec.h OpIo), run by cpu::OpKernel<code>
-//                 (kernels/cpu/cpu.h).
+//                 (kernels/cpu/cpu.h);
+//   per_sequence  (only where true) the op reads the step's first position or a session's KV cache, so a
+//                 step batching several sessions (runtime/src/batch.cpp) runs it once per session, on that
+//                 session's row, position and cache; every other op runs once over all the rows.
 template <class P> struct OpTable;
 
 struct EmbedParams {
@@ -189,6 +192,7 @@ struct RopeParams {
     int32_t dim   = 0; // head dim (rotated pairs k, k + dim / 2)
 };
 template <> struct OpTable<RopeParams> {
+    static constexpr bool per_sequence = true;
     static constexpr OpCode code       = OpCode::Rope;
     static constexpr const char* inout = "in:x,inv_freq";
     static constexpr OpUse use         = OpUse::Text;
@@ -216,6 +220,7 @@ struct KvStoreParams {
     int32_t slots = 0; // cache rows (the ring size of a sliding layer)
 };
 template <> struct OpTable<KvStoreParams> {
+    static constexpr bool per_sequence = true;
     static constexpr OpCode code       = OpCode::KvStore;
     static constexpr const char* inout = "in:k,v;out:kc,vc";
     static constexpr OpUse use         = OpUse::Text;
@@ -249,6 +254,7 @@ struct AttentionParams {
     float scale            = 1.0f;
 };
 template <> struct OpTable<AttentionParams> {
+    static constexpr bool per_sequence = true;
     static constexpr OpCode code       = OpCode::Attention;
     static constexpr const char* inout = "in:q,kc,vc";
     static constexpr OpUse use         = OpUse::Text;
@@ -418,7 +424,8 @@ template <> struct OpTable<Rope2DParams> {
 
 struct SelfAttentionParams {
     int32_t heads = 0, kv_heads = 0, dim = 0;
-    float scale = 1.0f;
+    int32_t bf16 = 0; // CPU: 1 runs both products with bf16 operands and fp32 sums (--tower-precision bf16)
+    float scale  = 1.0f;
 };
 template <> struct OpTable<SelfAttentionParams> {
     static constexpr OpCode code       = OpCode::SelfAttention;
@@ -428,11 +435,15 @@ template <> struct OpTable<SelfAttentionParams> {
         int_param("heads", &SelfAttentionParams::heads, 0, 1, kMaxHeads),
         int_param("kv_heads", &SelfAttentionParams::kv_heads, 1, 1, kMaxHeads),
         int_param("dim", &SelfAttentionParams::dim, 2, 1, kMaxDim),
+        int_param("bf16", &SelfAttentionParams::bf16, 3, 0, 1),
         float_param("scale", &SelfAttentionParams::scale, 0)};
     template <class C> static void check(C& c, const SelfAttentionParams& ap) {
         const int64_t heads = ap.heads, kvh = ap.kv_heads, dim = ap.dim;
         if (heads % kvh)
             c.fail("bad heads/kv heads/dim");
+        else if (ap.bf16 && (dim % 2 || dim > kSelfAttentionBf16MaxDim))
+            c.fail("bf16 attention needs an even head size of at most " +
+                   std::to_string(kSelfAttentionBf16MaxDim));
         else if (c.in_act(0, heads * dim, "q") && c.in_act(1, kvh * dim, "k") &&
                  c.in_act(2, kvh * dim, "v") && c.out_act(0, heads * dim, "output") &&
                  c.need(c.op.out[1], TensorKind::Activation, "work") &&
@@ -440,8 +451,8 @@ template <> struct OpTable<SelfAttentionParams> {
             c.fail("work tensor " + c.tname(c.op.out[1]) + " too small");
     }
     template <class B> static SelfAttentionArgs args(const B& b, const SelfAttentionParams& a) {
-        return {b.x(0),      b.in_ld[0], b.x(1),  b.in_ld[1], b.x(2), b.in_ld[2], b.y(0),
-                b.out_ld[0], b.rows,     a.heads, a.kv_heads, a.dim,  a.scale,    b.y(1)};
+        return {b.x(0), b.in_ld[0], b.x(1),     b.in_ld[1], b.x(2),  b.in_ld[2], b.y(0),     b.out_ld[0],
+                b.rows, a.heads,    a.kv_heads, a.dim,      a.scale, b.y(1),     a.bf16 != 0};
     }
 };
 

@@ -28,7 +28,7 @@ namespace g4::plan {
 
 inline constexpr char kMagic[8]         = {'G', '4', 'P', 'L', 'A', 'N', 0, 0};
 inline constexpr uint16_t kFormatMajor  = 1;
-inline constexpr uint16_t kFormatMinor  = 3; // docs/plan-format.md "Versions" says what each minor added
+inline constexpr uint16_t kFormatMinor  = 4; // docs/plan-format.md "Versions" says what each minor added
 inline constexpr uint64_t kSectionAlign = 4096;
 inline constexpr uint64_t kTensorAlign  = 64; // what the reader requires of every tensor's offset
 // What the compiler gives each weight (in WEIGHTS; a GPU's copy keeps offsets modulo it, cuda/backend.cpp).
@@ -277,10 +277,12 @@ struct ReadableSchema {
 // the second after the fused kernels were renamed by what they compute). A CUDA plan of an earlier schema is
 // refused all the same (plan_reader.cpp): its kernels carry the names and arguments of the g4 that compiled
 // it.
-inline constexpr std::array<ReadableSchema, 4> kReadableSchemas{{{0, 0xe43b8582d95ce1bfull},
+inline constexpr std::array<ReadableSchema, 6> kReadableSchemas{{{0, 0xe43b8582d95ce1bfull},
                                                                  {1, 0xe43b8582d95ce1bfull},
                                                                  {0, 0xd15d4690b9817fcfull},
-                                                                 {1, 0xd15d4690b9817fcfull}}};
+                                                                 {1, 0xd15d4690b9817fcfull},
+                                                                 {2, 0x5f060eb24fd09e26ull},
+                                                                 {3, 0x5f060eb24fd09e26ull}}};
 
 // True if a plan of minor version `minor` (<= kFormatMinor) with schema hash `hash` can be read.
 inline bool schema_readable(uint64_t hash, uint16_t minor) {

@@ -40,6 +40,8 @@ public:
     // CPU threads asked for (0: all hardware threads; a backend that runs nothing on the CPU may use fewer).
     virtual g4_status create_session(g4_session* s, int n_threads, std::unique_ptr<SessionBackend>* out,
                                      std::string* err) = 0;
+    // True when its sessions run batched decode steps (SessionBackend::run_batch).
+    virtual bool batched_steps() const { return false; }
 };
 
 // Where the logits of a step are after run_step.
@@ -94,6 +96,17 @@ public:
     // The position or KV cache changed outside a step (state loaded, rewound, forked into): nothing
     // computed ahead or left on the device stays valid.
     virtual g4_status state_changed(std::string* err) = 0;
+
+    // A batched decode step (runtime/src/batch.h): tokens[j] for session sessions[j], j < n (distinct
+    // sessions of this backend's engine, this session being sessions[0]; n <= batch_limit; no media rows),
+    // each at its own position. Leaves each session's logits row in its last_logits; positions and
+    // histories are the caller's to advance. Called only where the engine's backend has batched_steps().
+    virtual g4_status run_batch(g4_session* const* sessions, const int32_t* tokens, int32_t n,
+                                std::string* err) {
+        (void)sessions, (void)tokens, (void)n;
+        *err = "this backend has no batched decode steps";
+        return G4_ERR_UNSUPPORTED;
+    }
 };
 
 // Opens the backend of the engine's plan (e->plan loaded and validated) by its device. A plan for a

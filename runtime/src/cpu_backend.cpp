@@ -2,6 +2,7 @@
 // the CPU executor (executor.cpp) on the session's thread pool. Logits are always on the host; sampling is
 // the runtime's (sampler.cpp).
 #include "runtime/src/backend.h"
+#include "runtime/src/batch.h"
 #include "runtime/src/engine.h"
 #include "runtime/src/executor.h"
 
@@ -54,6 +55,10 @@ public:
         return G4_OK;
     }
     g4_status state_changed(std::string*) override { return G4_OK; }
+    g4_status run_batch(g4_session* const* sessions, const int32_t* tokens, int32_t n,
+                        std::string* err) override {
+        return run_batch_cpu(sessions, tokens, n, err);
+    }
 
 private:
     g4_session* s_;
@@ -61,6 +66,7 @@ private:
 
 class CpuEngine final : public EngineBackend {
 public:
+    bool batched_steps() const override { return true; }
     g4_status create_session(g4_session* s, int n_threads, std::unique_ptr<SessionBackend>* out,
                              std::string* err) override {
         const plan::Plan& p = s->engine->plan;

@@ -25,8 +25,9 @@ struct g4_engine {
     std::unique_ptr<g4::Tokenizer> tokenizer; // null if the plan has none
     double load_ms = 0;
     std::unique_ptr<g4::rt::EngineBackend> backend; // the plan's device side (backend.h)
-    bool cpu_int16 =
-        false; // META policy.cpu_precision "fast": CPU NF4 decode matmuls with int16 x (kernels/q16.h)
+    // META policy.cpu_precision "fast": CPU NF4 matmuls with int16 x (kernels/q16.h), GeluMul through
+    // cpu::gelu_mul_vec (Eigen's vectorised tanh)
+    bool cpu_int16 = false;
 };
 
 namespace g4::rt {

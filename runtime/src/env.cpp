@@ -22,6 +22,9 @@ const char* cublas() {
 bool cuda_profile() {
     return is("G4_CUDA_PROFILE", '1');
 }
+bool cpu_profile() {
+    return is("G4_CPU_PROFILE", '1');
+}
 bool pdl_off() {
     return is("G4_PDL", '0');
 }
@@ -33,6 +36,9 @@ bool lm_screen_off() {
 }
 bool gpu_sampling_off() {
     return is("G4_GPU_SAMPLING", '0');
+}
+bool cuda_batch() {
+    return is("G4_CUDA_BATCH", '1');
 }
 const char* trace_out() {
     return value("G4_TRACE_OUT");

@@ -9,6 +9,8 @@ namespace g4::rt::env {
 const char* cublas();
 // G4_CUDA_PROFILE=1: sessions time every CUDA launch and print the totals when destroyed.
 bool cuda_profile();
+// G4_CPU_PROFILE=1: each encoder-program run on the CPU prints its time per op kind.
+bool cpu_profile();
 // G4_PDL=0: decode graphs without programmatic dependent launch.
 bool pdl_off();
 // G4_DECODE_AHEAD=0: sessions do not run greedy decode steps ahead.
@@ -17,6 +19,8 @@ bool decode_ahead_off();
 bool lm_screen_off();
 // G4_GPU_SAMPLING=0: CUDA sessions always sample on the CPU.
 bool gpu_sampling_off();
+// G4_CUDA_BATCH=1: CUDA engines run batched decode steps (g4_sessions_decode); off, one session a step.
+bool cuda_batch();
 // G4_TRACE_OUT: where a plan compiled with --kernel-trace writes its records; nullptr when unset or empty.
 const char* trace_out();
 // G4_DUMP_MEDIA: a file each image's and clip's soft tokens are appended to; nullptr when unset or empty.

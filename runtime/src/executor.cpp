@@ -3,11 +3,16 @@
 // logits are wanted. Ops are replayed through their definitions (op_exec.h) but for Embed and Matmul (and
 // encoder programs' GeluMul), whose replay is not one kernel on the op's operands.
 #include "runtime/src/executor.h"
+#include "kernels/q16.h"
 #include "runtime/plan/op_params.h"
 #include "runtime/src/bind_op.h"
+#include "runtime/src/env.h"
 #include "runtime/src/op_exec.h"
 
+#include <chrono>
+#include <cstdio>
 #include <cstring>
+#include <memory>
 
 namespace g4::rt {
 
@@ -22,6 +27,24 @@ std::string check_ops(const plan::Plan& p) {
 
 namespace {
 constexpr int kAllDevices = -2;
+
+// `--cpu-precision fast` (META policy): GeluMul through Eigen's vectorised tanh (std::tanh in `f32`), and the
+// attention of prefill chunks through key blocks shared by the query heads of a kv head. False: not such an
+// op.
+bool run_fast_op(const PlanOp& op, const cpu::Context& ctx, const OpIo& io) {
+    if ((OpCode)op.code == OpCode::GeluMul) {
+        cpu::gelu_mul_vec(
+            ctx, plan::OpTable<plan::GeluMulParams>::args(io, plan::params<plan::GeluMulParams>(op)));
+        return true;
+    }
+    if ((OpCode)op.code == OpCode::Attention && io.rows > q16::kMaxRows) {
+        cpu::attention_prefill(
+            ctx, plan::OpTable<plan::AttentionParams>::args(io, plan::params<plan::AttentionParams>(op)));
+        return true;
+    }
+    return false;
+}
+
 // Binds ops [first, end) of device `dev` (kAllDevices: every op) against act / kv (KV offsets from kv0).
 void bind_with(g4_session* s, uint8_t* act, uint8_t* kv, uint64_t kv0, int dev, size_t first, size_t end) {
     const plan::Plan& p = s->engine->plan;
@@ -131,6 +154,7 @@ g4_status run_ops(g4_session* s, size_t first, size_t end, int32_t rows, int32_t
             break;
         }
         default:
+            if (s->engine->cpu_int16 && run_fast_op(op, ctx, op_io(p, b, n, in_row0, pos0, nullptr))) break;
             if (run_op(op, ctx, op_io(p, b, n, in_row0, pos0, nullptr))) break;
             *err = "internal: unknown op";
             return G4_ERR_INTERNAL;
@@ -150,6 +174,55 @@ void encoder_matmul(const cpu::Context& ctx, const MatmulArgs& m, int32_t kernel
     else
         cpu::matmul(ctx, m);
 }
+
+// G4_CPU_PROFILE=1: per op kind of one encoder-program run, wall time and the GFLOP/s of the ops whose
+// arithmetic is counted (matmuls by weight shape, the attentions' two products), printed to stderr.
+struct EncoderProfile {
+    static constexpr int kShapes = 16;
+    struct Row {
+        int64_t k = 0, n = 0, calls = 0;
+        double ms = 0, flop = 0;
+    };
+    Row ops[64], matmuls[kShapes];
+    void add(const plan::PlanOp& op, const plan::Plan& p, int32_t rows, double ms) {
+        Row& r    = ops[op.code % 64];
+        double fl = 0;
+        using plan::params;
+        if ((OpCode)op.code == OpCode::Matmul) {
+            const PlanTensor& w = p.tensor(op.in[1]);
+            fl                  = 2.0 * rows * (double)w.dims[0] * (double)w.dims[1];
+            for (Row& m : matmuls)
+                if (m.calls == 0 || (m.n == w.dims[0] && m.k == w.dims[1])) {
+                    m.n = w.dims[0], m.k = w.dims[1], m.calls++, m.ms += ms, m.flop += fl;
+                    break;
+                }
+        } else if ((OpCode)op.code == OpCode::SelfAttention) {
+            const auto& a = params<plan::SelfAttentionParams>(op);
+            fl            = 4.0 * rows * (double)rows * a.dim * a.heads;
+        } else if ((OpCode)op.code == OpCode::LocalAttention) {
+            const auto& a = params<plan::LocalAttentionParams>(op);
+            fl            = 4.0 * rows * (double)a.window * a.dim * a.heads;
+        }
+        r.calls++, r.ms += ms, r.flop += fl;
+    }
+    void print(const char* program) const {
+        double total = 0;
+        for (const Row& r : ops)
+            total += r.ms;
+        std::fprintf(stderr, "g4 profile: program '%s', %.1f ms in ops\n", program, total);
+        for (int c = 0; c < 64; ++c) {
+            if (!ops[c].calls) continue;
+            std::fprintf(stderr, "  %-18s %5lld calls %9.1f ms %5.1f%%", op_name((OpCode)c),
+                         (long long)ops[c].calls, ops[c].ms, 100 * ops[c].ms / total);
+            if (ops[c].flop > 0) std::fprintf(stderr, " %7.1f GFLOP/s", ops[c].flop / ops[c].ms / 1e6);
+            std::fprintf(stderr, "\n");
+        }
+        for (const Row& m : matmuls)
+            if (m.calls)
+                std::fprintf(stderr, "    matmul k %5lld n %5lld %4lld calls %9.1f ms %7.1f GFLOP/s\n",
+                             (long long)m.k, (long long)m.n, (long long)m.calls, m.ms, m.flop / m.ms / 1e6);
+    }
+};
 } // namespace
 
 g4_status run_program(g4_session* s, size_t prog, const cpu::Context& ctx, const int32_t* counts,
@@ -162,8 +235,10 @@ g4_status run_program(g4_session* s, size_t prog, const cpu::Context& ctx, const
                    std::to_string(counts[k]) + ", at most " + std::to_string(g.max_rows[k]);
             return G4_ERR_INVALID_ARGUMENT;
         }
+    std::unique_ptr<EncoderProfile> prof(env::cpu_profile() ? new EncoderProfile() : nullptr);
     for (size_t i = g.op_begin; i < g.op_end; ++i) {
         const BoundOp& b = s->ops[i];
+        const auto t0    = std::chrono::steady_clock::now();
         if (s->cancel.load(std::memory_order_relaxed)) {
             *err = "cancelled";
             return G4_ERR_CANCELLED;
@@ -193,7 +268,12 @@ g4_status run_program(g4_session* s, size_t prog, const cpu::Context& ctx, const
             *err = "internal: op not supported in an encoder program";
             return G4_ERR_INTERNAL;
         }
+        if (prof)
+            prof->add(
+                op, p, n,
+                std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
     }
+    if (prof) prof->print(p.str(g.name));
     return G4_OK;
 }
 

@@ -158,35 +158,39 @@ TEST_P(Bf16KvParityTest, LogitsWithinBf16DriftAndGreedyMatchHF) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, Bf16KvParityTest, ::testing::Values("e2b_tiny", "e4b_tiny"));
 
-// `--cpu-precision fast` (the default: NF4 matmuls of 1-8 rows with int16 activations, kernels/q16.h) against
-// `f32` on NF4 plans fed 4 tokens a step, so that every position's logits come from the integer path: within
-// 1e-2 relative L2 and the same 16 greedy tokens. The tiny fixtures' widths that are whole 64-element blocks
-// take it (e2b_tiny: every projection; e4b_tiny: o and down, its hidden width 96 is not).
+// `--cpu-precision fast` (the default: NF4 matmuls with int16 activations, kernels/q16.h) against `f32` on
+// NF4 plans fed 4 tokens a step (the GEMV of 1-8 rows) or the whole prompt in one step (the GEMM of more
+// rows), every position's logits from the integer path: within 1e-2 relative L2 and the same 16 greedy
+// tokens. The tiny fixtures' widths that are whole 64-element blocks take it (e2b_tiny: every projection;
+// e4b_tiny: o and down, its hidden width 96 is not).
 constexpr double kCpuFastTolerance = 1e-2;
 
 TEST(CpuPrecision, FastMatchesF32OnNf4Plans) {
-    for (const std::string fx : {"e2b_tiny", "e4b_tiny"}) {
-        const std::string flags = "--no-fidelity --chunk 4 --logits-rows 4";
-        const std::string fast = Plans::get(fx, flags), f32 = Plans::get(fx, flags + " --cpu-precision f32");
-        std::string err;
-        g4::plan::Plan pf, pe;
-        ASSERT_EQ(pf.load(fast, false, &err), G4_OK) << err;
-        ASSERT_EQ(pe.load(f32, false, &err), G4_OK) << err;
-        EXPECT_EQ(pf.meta().policy.cpu_precision, "fast") << "the default";
-        EXPECT_EQ(pe.meta().policy.cpu_precision, "f32");
-        TempDir td;
-        for (const Prompt& p : load_reference(fx)) {
-            PromptRun a = run_prompt(fast, p, td.file(p.name + ".fast.f32"));
-            PromptRun b = run_prompt(f32, p, td.file(p.name + ".f32.f32"));
-            ASSERT_TRUE(a.ok && b.ok);
-            const double rel = rel_l2(a.logits.data(), b.logits.data(), a.logits.size());
-            std::printf("CPU_PRECISION fixture=%s prompt=%s tokens=%zu fast_vs_f32_rel_l2=%.3e\n", fx.c_str(),
-                        p.name.c_str(), p.ids.size(), rel);
-            EXPECT_GT(rel, 0.0) << "the int8 path ran: " << fx << " " << p.name;
-            EXPECT_LE(rel, kCpuFastTolerance) << fx << " " << p.name;
-            EXPECT_EQ(a.ids, b.ids) << fx << " " << p.name;
+    for (const std::string fx : {"e2b_tiny", "e4b_tiny"})
+        // 4 tokens a step (the GEMV), then the prompt in one step of up to 64 rows (the GEMM past 8 rows)
+        for (const std::string chunk : {"--chunk 4 --logits-rows 4", "--chunk 64 --logits-rows 64"}) {
+            const std::string flags = "--no-fidelity " + chunk;
+            const std::string fast  = Plans::get(fx, flags),
+                              f32   = Plans::get(fx, flags + " --cpu-precision f32");
+            std::string err;
+            g4::plan::Plan pf, pe;
+            ASSERT_EQ(pf.load(fast, false, &err), G4_OK) << err;
+            ASSERT_EQ(pe.load(f32, false, &err), G4_OK) << err;
+            EXPECT_EQ(pf.meta().policy.cpu_precision, "fast") << "the default";
+            EXPECT_EQ(pe.meta().policy.cpu_precision, "f32");
+            TempDir td;
+            for (const Prompt& p : load_reference(fx)) {
+                PromptRun a = run_prompt(fast, p, td.file(p.name + ".fast.f32"));
+                PromptRun b = run_prompt(f32, p, td.file(p.name + ".f32.f32"));
+                ASSERT_TRUE(a.ok && b.ok);
+                const double rel = rel_l2(a.logits.data(), b.logits.data(), a.logits.size());
+                std::printf("CPU_PRECISION fixture=%s %s prompt=%s tokens=%zu fast_vs_f32_rel_l2=%.3e\n",
+                            fx.c_str(), chunk.c_str(), p.name.c_str(), p.ids.size(), rel);
+                EXPECT_GT(rel, 0.0) << "the int8 path ran: " << fx << " " << p.name;
+                EXPECT_LE(rel, kCpuFastTolerance) << fx << " " << p.name;
+                EXPECT_EQ(a.ids, b.ids) << fx << " " << p.name;
+            }
         }
-    }
 }
 
 // The plan records the choice: KV tensors are bf16 of half the f32 bytes, META policy names it.

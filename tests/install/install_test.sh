@@ -31,7 +31,9 @@ export PKG_CONFIG_PATH=$prefix/lib/pkgconfig
 example=$prefix/share/g4/examples/example_embed.c
 cc -O1 -o "$tmp/embed_pc" "$example" $(pkg-config --cflags --libs g4) -Wl,-rpath,"$prefix/lib"
 cc -O1 -o "$tmp/embed_pc_static" "$example" $(pkg-config --cflags --libs g4-static)
-if ldd "$tmp/embed_pc_static" | grep -q libg4; then
+# (ldd's output is read whole: with pipefail, `ldd | grep -q` fails when grep exits before ldd has written all)
+static_libs=$(ldd "$tmp/embed_pc_static")
+if grep -q libg4 <<<"$static_libs"; then
     echo "install_test: the g4-static.pc program loads libg4.so" >&2
     exit 1
 fi
@@ -45,7 +47,8 @@ for exe in "$tmp/consumer/embed_shared" "$tmp/consumer/embed_static" "$tmp/embed
         exit 1
     fi
 done
-ldd "$tmp/consumer/embed_shared" | grep -q "$prefix/lib/libg4.so.1" || {
+shared_libs=$(ldd "$tmp/consumer/embed_shared")
+grep -q "$prefix/lib/libg4.so.1" <<<"$shared_libs" || {
     echo "install_test: embed_shared does not load the installed libg4.so.1" >&2
     exit 1
 }

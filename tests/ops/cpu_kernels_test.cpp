@@ -103,6 +103,48 @@ TEST(CpuKernels, GemmBlockAccumulates) {
     }
 }
 
+// gemm_block_bf16 (the bf16 attention's products) against a double-precision sum of its bf16 pairs, with
+// b both as kGemmNr-wide panels (K^T) and as one strided row block (V), columns past a panel and odd rows.
+TEST(CpuKernels, GemmBlockBf16MatchesPairSums) {
+    const int rows = 13, kp = 37, lda = 40;
+    for (int layout = 0; layout < 2; ++layout) {
+        const int cols    = layout ? 72 : 45;
+        const int64_t ldb = layout ? cols : cpu::kGemmNr;
+        const int64_t pnl = layout ? cpu::kGemmNr : (int64_t)kp * cpu::kGemmNr;
+        const int64_t bsz = layout ? (int64_t)kp * cols : (cols + cpu::kGemmNr - 1) / cpu::kGemmNr * pnl;
+        const int ldc     = cols + 3;
+        auto af = randn((size_t)rows * lda * 2, 41), bf = randn((size_t)bsz * 2, 42);
+        std::vector<uint16_t> ab(af.size()), bb(bf.size());
+        for (size_t i = 0; i < af.size(); ++i)
+            ab[i] = f32_to_bf16(af[i]);
+        for (size_t i = 0; i < bf.size(); ++i)
+            bb[i] = f32_to_bf16(bf[i]);
+        const uint32_t* a = (const uint32_t*)ab.data();
+        const uint32_t* b = (const uint32_t*)bb.data();
+        auto c0 = randn((size_t)rows * ldc, 43), c = c0;
+        cpu::gemm_block_bf16(rows, cols, kp, a, lda, b, ldb, pnl, c.data(), ldc, true);
+        auto half = [](uint32_t u, int h) {
+            return (double)bf16_to_f32((uint16_t)(h ? u >> 16 : u & 0xFFFF));
+        };
+        double num = 0, den = 0;
+        for (int i = 0; i < rows; ++i)
+            for (int j = 0; j < ldc; ++j) {
+                if (j >= cols) {
+                    ASSERT_EQ(c[i * ldc + j], c0[i * ldc + j]);
+                    continue;
+                }
+                double want = c0[i * ldc + j];
+                for (int q = 0; q < kp; ++q) {
+                    const uint32_t x = a[i * lda + q],
+                                   w = b[(j / cpu::kGemmNr) * pnl + q * ldb + j % cpu::kGemmNr];
+                    want += half(x, 0) * half(w, 0) + half(x, 1) * half(w, 1);
+                }
+                num += (c[i * ldc + j] - want) * (c[i * ldc + j] - want), den += want * want;
+            }
+        EXPECT_LT(std::sqrt(num / den), 1e-6) << "layout " << layout;
+    }
+}
+
 // bf16 GEMM against a double-precision reference on bf16-rounded operands: only the fp32 summation differs.
 TEST(CpuKernels, MatmulGemmBf16MatchesRoundedReference) {
     std::printf("matmul_gemm_bf16: AVX-512 BF16 kernel %s in this build\n",
@@ -393,6 +435,94 @@ TEST(Nf4Int16, DeterministicAcrossThreadsAndRowCounts) {
     }
 }
 
+// ---- NF4 x int16 GEMM (cpu::matmul_nf4_gemm_int16: more than q16::kMaxRows rows)
+// ----------------------------
+
+// Partial row tiles and column groups in strided views against the reference, single and double quant.
+TEST(Nf4Int16Gemm, StridedViewsMatchReference) {
+    for (int64_t k : {1536, 128}) {
+        Fixture f(k, 16);
+        for (int rows : {9, 16, 33, 64})
+            for (bool dq : {false, true})
+                check_strided_nf4(f, k, rows, dq, true, cpu::matmul);
+    }
+}
+
+// The GEMM quantizes x to the GEMV's values and forms the same integer products: against the GEMV run 8 rows
+// a call, only the fp32 order of the block sums differs (and blocks of zeros, tiny values or one large
+// outlier quantize alike).
+TEST(Nf4Int16Gemm, SameArithmeticAsGemv) {
+    const int64_t n = 300, k = 1536;
+    const int rows = 50;
+    Fixture f(k, 16);
+    std::vector<float> y_gemm, y_gemv;
+    Nf4Case c({rows, n, k}, true, k, n, y_gemm);
+    c.a.int16_x = true;
+    for (int64_t j = 0; j < 64; ++j) {
+        c.x[3 * k + j]       = 0.0f;                 // a zero block
+        c.x[4 * k + 64 + j]  = 1e-39f * (float)j;    // a subnormal block (quantizes to zero)
+        c.x[5 * k + 128 + j] = j == 7 ? 1e4f : 0.5f; // one outlier
+    }
+    cpu::matmul(f.ctx, c.a);
+    y_gemv.assign(y_gemm.size(), 0.0f);
+    for (int r = 0; r < rows; r += q16::kMaxRows) {
+        MatmulArgs a = c.a;
+        a.x = c.x.data() + r * k, a.y = y_gemv.data() + r * n, a.rows = std::min(q16::kMaxRows, rows - r);
+        cpu::matmul_nf4_int16(f.ctx, a);
+    }
+    EXPECT_LT(max_rel(y_gemm, y_gemv), 1e-6);
+}
+
+// The largest products: every x of a block at its amax (q = 16383) against codes of +-1 (16384) of the same
+// signs. A block's dot product (64 * 16383 * 16384) exceeds int32; the kernel converts every 8 products.
+TEST(Nf4Int16Gemm, LargestBlockProductsDoNotOverflow) {
+    const int64_t n = 8, k = 256;
+    const int rows = 16;
+    Fixture f(k, 16);
+    std::vector<float> w((size_t)(n * k)), x((size_t)rows * k), y_ref((size_t)rows * n), y((size_t)rows * n);
+    for (int64_t i = 0; i < n * k; ++i)
+        w[i] = (i / k) % 2 ? -1.0f : 1.0f;
+    for (size_t i = 0; i < x.size(); ++i)
+        x[i] = (i / k) % 3 ? 2.5f : -2.5f;
+    const std::vector<uint8_t> blob = nf4::quantize(w.data(), n * k, false);
+    MatmulArgs a{x.data(), k, blob.data(), DType::NF4, n, k, y_ref.data(), n, rows};
+    a.int16_x = true;
+    ref::matmul(a);
+    a.y = y.data();
+    cpu::matmul(f.ctx, a);
+    for (size_t i = 0; i < y.size(); ++i) {
+        ASSERT_NEAR(std::fabs(y_ref[i]), 2.5 * (double)k, 1e-2) << i;
+        ASSERT_NEAR(y[i], y_ref[i], 1e-5f * std::fabs(y_ref[i])) << i;
+    }
+}
+
+// The same bits for 1, 2 and 3 threads, and for each row of x whether it comes with 63 others or 11.
+TEST(Nf4Int16Gemm, DeterministicAcrossThreadsAndRowCounts) {
+    const int64_t n = 517, k = 1536;
+    const int rows = 64;
+    std::vector<float> y;
+    Nf4Case c({rows, n, k}, false, k, n, y);
+    c.a.int16_x = true;
+    std::vector<float> first;
+    for (int threads : {1, 2, 3}) {
+        cpu::ThreadPool pool(threads);
+        std::vector<float> scratch(cpu::scratch_floats_per_thread(k, 16) * threads);
+        cpu::Context ctx{&pool, scratch.data(), cpu::scratch_floats_per_thread(k, 16)};
+        std::fill(y.begin(), y.end(), 0.0f);
+        cpu::matmul(ctx, c.a);
+        if (first.empty())
+            first = y;
+        else
+            EXPECT_TRUE(same_bits(y, first)) << threads << " threads";
+        std::vector<float> part((size_t)11 * n);
+        MatmulArgs a = c.a;
+        a.x = c.x.data() + 20 * k, a.y = part.data(), a.rows = 11;
+        cpu::matmul(ctx, a);
+        const std::vector<float> want(first.begin() + 20 * n, first.begin() + 31 * n);
+        EXPECT_TRUE(same_bits(part, want)) << "rows 20..30, " << threads << " threads";
+    }
+}
+
 TEST(CpuKernels, RmsNormGroupsWithAndWithoutWeight) {
     Fixture f(16, 16);
     for (int dim : {256, 512, 1536}) {
@@ -505,19 +635,54 @@ TEST_P(AttentionTest, MatchesReference) {
     EXPECT_LT(max_rel(c, r), 1e-5);
 }
 
+// cpu::attention_prefill (the query heads of a few rows per task, key blocks, online softmax), f32 and bf16
+// caches: against the reference, and the same bits with 1 and 3 threads.
+TEST_P(AttentionTest, PrefillKernelMatchesReference) {
+    AttnShape s = GetParam();
+    Fixture f(4096, s.slots);
+    const int width = s.kv_heads * s.dim;
+    auto q          = randn((size_t)s.rows * s.heads * s.dim, 12, 0.2f);
+    auto kc         = randn((size_t)s.slots * width, 13);
+    auto vc         = randn((size_t)s.slots * width, 14);
+    auto kb = to_bf16(kc), vb = to_bf16(vc);
+    for (DType dt : {DType::F32, DType::BF16}) {
+        SCOPED_TRACE(dt == DType::F32 ? "f32 cache" : "bf16 cache");
+        const void* k = dt == DType::F32 ? (const void*)kc.data() : (const void*)kb.data();
+        const void* v = dt == DType::F32 ? (const void*)vc.data() : (const void*)vb.data();
+        std::vector<float> r((size_t)s.rows * s.heads * s.dim), c(r.size()), c3(r.size()),
+            scratch(s.slots + 64);
+        AttentionArgs a{q.data(), s.heads * s.dim, k,
+                        v,        r.data(),        s.heads * s.dim,
+                        s.rows,   s.heads,         s.kv_heads,
+                        s.dim,    s.slots,         s.window,
+                        s.pos0,   1.0f / 16.0f,    scratch.data(),
+                        dt};
+        ref::attention(a);
+        ASSERT_GE(f.ctx.scratch_stride, cpu::attention_prefill_floats(a));
+        a.y = c.data();
+        cpu::attention_prefill(f.ctx, a);
+        EXPECT_LT(max_rel(c, r), 1e-5);
+        cpu::ThreadPool pool(3);
+        std::vector<float> sc(f.ctx.scratch_stride * 3);
+        a.y = c3.data();
+        cpu::attention_prefill({&pool, sc.data(), f.ctx.scratch_stride}, a);
+        EXPECT_TRUE(same_bits(c3, c));
+    }
+}
+
 // E2B sliding (MQA, d=256, 512-window ring wrapped), E2B full (d=512), E4B GQA 4:1, decode and chunks.
-INSTANTIATE_TEST_SUITE_P(GemmaShapes, AttentionTest,
-                         ::testing::Values(AttnShape{1, 8, 1, 256, 575, 512, 2000},
-                                           AttnShape{4, 8, 1, 512, 1024, 0, 700},
-                                           AttnShape{3, 8, 2, 256, 575, 512, 9},
-                                           AttnShape{1, 8, 2, 512, 4096, 0, 4095},
-                                           AttnShape{64, 8, 2, 256, 575, 512, 600}),
-                         [](const auto& i) {
-                             const AttnShape& a = i.param;
-                             return "rows" + std::to_string(a.rows) + "_kv" + std::to_string(a.kv_heads) +
-                                    "_d" + std::to_string(a.dim) + "_slots" + std::to_string(a.slots) +
-                                    "_win" + std::to_string(a.window) + "_pos" + std::to_string(a.pos0);
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    GemmaShapes, AttentionTest,
+    ::testing::Values(AttnShape{1, 8, 1, 256, 575, 512, 2000}, AttnShape{4, 8, 1, 512, 1024, 0, 700},
+                      AttnShape{3, 8, 2, 256, 575, 512, 9}, AttnShape{1, 8, 2, 512, 4096, 0, 4095},
+                      AttnShape{64, 8, 2, 256, 575, 512, 600}, AttnShape{64, 8, 1, 256, 575, 512, 0},
+                      AttnShape{37, 8, 1, 512, 1024, 0, 150}, AttnShape{20, 8, 1, 256, 575, 512, 1100}),
+    [](const auto& i) {
+        const AttnShape& a = i.param;
+        return "rows" + std::to_string(a.rows) + "_kv" + std::to_string(a.kv_heads) + "_d" +
+               std::to_string(a.dim) + "_slots" + std::to_string(a.slots) + "_win" +
+               std::to_string(a.window) + "_pos" + std::to_string(a.pos0);
+    });
 
 // A bf16 cache: chunk rows stored (rounded to nearest even) by the Eigen and the reference kv_store
 // into the same ring, then attention by both over the cache, which reads the widened values.

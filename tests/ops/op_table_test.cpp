@@ -61,6 +61,14 @@ const OpCase kCases[] = {
     {"matmul_int16_o_e4b_nf4", OpCode::Matmul, 1, 2560, 2048, 0, DType::NF4},
     {"matmul_int16_down_e2b_rows5_nf4", OpCode::Matmul, 5, 1536, 6144, 0, DType::NF4},
     {"matmul_int16_odd_nf4", OpCode::Matmul, 2, 130, 100, 0, DType::NF4},
+    // ... and prefill chunks (more than 8 rows: cpu::matmul_nf4_gemm_int16): E2B q with 9 rows (a tile of 9),
+    // E2B down with 64 and E4B o with 33 (whole tiles and a tail of one row), E2B k/v with 512, and a column
+    // count that leaves a partial group of columns
+    {"matmul_int16_q_e2b_rows9_nf4", OpCode::Matmul, 9, 2048, 1536, 0, DType::NF4},
+    {"matmul_int16_down_e2b_rows64_nf4", OpCode::Matmul, 64, 1536, 6144, 0, DType::NF4},
+    {"matmul_int16_o_e4b_rows33_nf4", OpCode::Matmul, 33, 2560, 2048, 0, DType::NF4},
+    {"matmul_int16_kv_e2b_rows512_nf4", OpCode::Matmul, 512, 256, 1536, 0, DType::NF4},
+    {"matmul_int16_cols_rows20_nf4", OpCode::Matmul, 20, 130, 128, 0, DType::NF4},
     // bf16 with int16_x: the bf16 GEMV of decode steps (kernels/cpu/gemv_bf16.cpp): E2B's per-layer
     // projection, slices of the E2B / E4B LM heads (1 and 5 rows: a group of 4 and 1), a K of whole chunks
     // and a tail
@@ -96,6 +104,12 @@ const OpCase kCases[] = {
     {"self_attention_gqa", OpCode::SelfAttention, 33, 4, 2, 72},
     {"self_attention_mqa", OpCode::SelfAttention, 100, 6, 1, 64},
     {"self_attention_one_row", OpCode::SelfAttention, 1, 2, 2, 64},
+    // The vision tower's heads (12 x 64) over 300 patches; BF16 rows run the op with bf16 = 1 (the
+    // --tower-precision bf16 kernel; the reference stays fp32).
+    {"self_attention_vision", OpCode::SelfAttention, 300, 12, 12, 64},
+    {"self_attention_vision_bf16", OpCode::SelfAttention, 300, 12, 12, 64, DType::BF16},
+    {"self_attention_gqa_bf16", OpCode::SelfAttention, 33, 4, 2, 72, DType::BF16},
+    {"self_attention_d16_bf16", OpCode::SelfAttention, 5, 2, 2, 16, DType::BF16},
 };
 
 // Per op and dtype: the largest relative L2 error a backend may show against the reference.
@@ -114,7 +128,7 @@ double tolerance(OpCode op, DType dt) {
     case OpCode::PoolRows:
         return 1e-6;
     case OpCode::SelfAttention:
-        return 2e-6;
+        return dt == DType::BF16 ? 1e-2 : 2e-6; // bf16: q, k, v and the probabilities rounded (~3e-3)
     default:
         return dt == DType::NF4 ? 1e-4 : 1e-5;
     }
@@ -384,7 +398,7 @@ bool run_encoder_case(const OpCase& c, const Backend& be, Outputs* out) {
         const int64_t qw = (int64_t)heads * D, kvw = (int64_t)kv * D, ld = qw + 2 * kvw + 4;
         auto qkv = randn((size_t)T * ld, 20, 0.5f), y = fill((size_t)T * qw, -7.0f);
         be.self_attention({qkv.data(), ld, qkv.data() + qw, ld, qkv.data() + qw + kvw, ld, y.data(), qw, T,
-                           heads, kv, D, 1.0f / std::sqrt((float)D), nullptr});
+                           heads, kv, D, 1.0f / std::sqrt((float)D), nullptr, c.dt == DType::BF16});
         *out = {y};
         return true;
     }

@@ -170,9 +170,33 @@ def test_eight_concurrent_clients_match_g4_run(server, plan):
                                       max_tokens=24)
         return r.choices[0].message.content
 
+    before = server.metrics()
     with cf.ThreadPoolExecutor(8) as ex:
         got = list(ex.map(ask, PROMPTS))
     assert got == [g4_run(plan, p, 24) for p in PROMPTS]
+    # The decode steps ran batched: steps fed tokens of several sessions at once.
+    after = server.metrics()
+    steps = after["g4_batch_steps_total"] - before["g4_batch_steps_total"]
+    fed = after["g4_batch_tokens_total"] - before["g4_batch_tokens_total"]
+    assert steps > 0 and fed > steps
+
+
+def test_no_batch_steps_each_session_alone(plan):
+    s = Server(plan, "--max-sessions", "4", "--no-batch", "--model-name", "tiny")
+    try:
+        c = client(s)
+
+        def ask(p):
+            r = c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": p}], temperature=0,
+                                          max_tokens=12)
+            return r.choices[0].message.content
+
+        with cf.ThreadPoolExecutor(4) as ex:
+            got = list(ex.map(ask, PROMPTS[:4]))
+        assert got == [g4_run(plan, p, 12) for p in PROMPTS[:4]]
+        assert s.metrics()["g4_batch_steps_total"] == 0
+    finally:
+        assert s.stop() == 0, s.stderr
 
 
 def test_client_disconnect_frees_the_slot(server):

@@ -181,7 +181,8 @@ TEST_F(VisionProgram, PaddingIsInvisibleAndBadGridsAreRefused) {
     g4_session_destroy(s);
 }
 
-// bf16 GEMMs (--tower-precision bf16, Matmul ip4 = 2): close to HF float32, and visibly not the fp32 program.
+// bf16 GEMMs and attention (--tower-precision bf16, Matmul ip4 = 2, SelfAttention ip3 = 1): close to HF
+// float32, and visibly not the fp32 program.
 TEST_F(VisionProgram, Bf16MatmulsStayCloseToHuggingFaceFloat32) {
     const std::string plan = dir_->file("bf16.g4plan");
     compile(plan, " --tower-precision bf16");
@@ -192,6 +193,8 @@ TEST_F(VisionProgram, Bf16MatmulsStayCloseToHuggingFaceFloat32) {
     for (uint32_t i = g.op_begin; i < g.op_end; ++i)
         if (p.op(i).code == (uint16_t)OpCode::Matmul) {
             EXPECT_EQ(p.op(i).ip[4], 2);
+        } else if (p.op(i).code == (uint16_t)OpCode::SelfAttention) {
+            EXPECT_EQ(p.op(i).ip[3], 1); // the bf16 attention (where the CPU has AVX-512 BF16)
         }
     g4_session* s               = session(e, 2);
     const nlohmann::json images = meta()["images"]; // a copy: a range-for over meta()["images"] dangles

@@ -31,7 +31,8 @@ void Metrics::generation(long prompt_tokens, long completion_tokens, long cached
     if (decode_s > 0 && completion_tokens > 1) last_tok_s_ = (double)(completion_tokens - 1) / decode_s;
 }
 
-std::string Metrics::render(int queue_depth, int busy_slots, int slots) const {
+std::string Metrics::render(int queue_depth, int busy_slots, int slots, long batch_steps,
+                            long batch_tokens) const {
     std::lock_guard<std::mutex> l(m_);
     std::string o;
     char buf[256];
@@ -52,6 +53,13 @@ std::string Metrics::render(int queue_depth, int busy_slots, int slots) const {
     line("g4_slots_busy %d\n", busy_slots);
     o += "# HELP g4_slots Session slots (--max-sessions).\n# TYPE g4_slots gauge\n";
     line("g4_slots %d\n", slots);
+    o +=
+        "# HELP g4_batch_steps_total Batched decode steps (each feeds a token to every generating session).\n"
+        "# TYPE g4_batch_steps_total counter\n";
+    line("g4_batch_steps_total %ld\n", batch_steps);
+    o += "# HELP g4_batch_tokens_total Tokens the batched decode steps fed.\n"
+         "# TYPE g4_batch_tokens_total counter\n";
+    line("g4_batch_tokens_total %ld\n", batch_tokens);
     o += "# HELP g4_prompt_tokens_total Prompt tokens, reused ones included.\n"
          "# TYPE g4_prompt_tokens_total counter\n";
     line("g4_prompt_tokens_total %ld\n", prompt_tokens_);

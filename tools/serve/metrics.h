@@ -18,8 +18,10 @@ public:
     // token, time spent generating after it.
     void generation(long prompt_tokens, long completion_tokens, long cached_tokens, double ttft_s,
                     double decode_s);
-    // The exposition text; the gauges are read by the caller (the scheduler's figures).
-    std::string render(int queue_depth, int busy_slots, int slots) const;
+    // The exposition text; the gauges are read by the caller (the scheduler's figures, its batcher's steps
+    // and the tokens they fed: 0 without batching).
+    std::string render(int queue_depth, int busy_slots, int slots, long batch_steps = 0,
+                       long batch_tokens = 0) const;
 
 private:
     mutable std::mutex m_;

@@ -32,9 +32,13 @@ Scheduler::Scheduler(g4_engine* engine, const SchedulerOptions& opts, Metrics* m
     if (g4_engine_get_media_info(engine, &mi) != G4_OK) throw std::runtime_error(g4_last_error_message());
     marks_ = {mi.boi_token_id, mi.eoi_token_id, mi.image_token_id,
               mi.boa_token_id, mi.eoa_token_id, mi.audio_token_id};
-    // On the CPU every session has its own worker threads; the slots share the cores evenly.
-    const int hw         = (int)std::max(1u, std::thread::hardware_concurrency());
-    threads_             = opts.threads > 0 ? opts.threads : std::max(1, hw / std::max(1, opts.sessions));
+    // On the CPU every session has its own worker threads. Batched, the decode steps and prompt chunks run
+    // one at a time, each on the threads of one session: every session gets all the cores. Else the slots
+    // share them evenly.
+    const bool batched = opts.batch && opts.sessions > 1 && g4_engine_max_batch(engine) > 1;
+    const int hw       = (int)std::max(1u, std::thread::hardware_concurrency());
+    threads_ = opts.threads > 0 ? opts.threads : batched ? hw : std::max(1, hw / std::max(1, opts.sessions));
+    if (batched) batcher_ = std::make_unique<DecodeBatcher>(engine);
     g4_session_params sp = g4_session_params_default();
     sp.n_threads         = threads_;
     slots_.resize((size_t)std::max(0, opts.sessions));
@@ -296,13 +300,17 @@ void Scheduler::feed_prompt(Job& job, Slot& slot, std::vector<int32_t>* ids, std
         throw bad_request("max_tokens", "the prompt's " + std::to_string(np) + " tokens plus max_tokens " +
                                             std::to_string(r.max_tokens) + " exceed the plan's context of " +
                                             std::to_string(ctx) + " tokens");
-    const g4_status st =
-        g4_session_append_tokens(s, ids->data() + m.tokens, ids->size() - (size_t)m.tokens, nullptr, 0);
+    std::string err;
+    const size_t n_feed = ids->size() - (size_t)m.tokens;
+    const g4_status st  = batcher_ ? batcher_->prefill(
+                                         s, ids->data() + m.tokens, n_feed,
+                                         [&] { return job.cancelled() || Clock::now() > job.deadline; }, &err)
+                                   : g4_session_append_tokens(s, ids->data() + m.tokens, n_feed, nullptr, 0);
     if (st != G4_OK) {
         if (st == G4_ERR_CANCELLED)
             throw ApiError(499, "cancelled", "", "cancelled while the prompt was fed");
         throw ApiError(st == G4_ERR_INVALID_ARGUMENT ? 400 : 500, "server_error", "",
-                       g4_last_error_message());
+                       batcher_ ? err : std::string(g4_last_error_message()));
     }
     job.cached_tokens = m.tokens;
 }
@@ -343,14 +351,18 @@ void Scheduler::run(Job& job, Slot& slot) {
         gp.max_tokens         = r.max_tokens > 0 ? r.max_tokens : info_.max_context - np;
         if (r.max_tokens <= 0 && r.default_max_tokens > 0)
             gp.max_tokens = std::min(gp.max_tokens, r.default_max_tokens);
-        gp.ignore_eos               = r.ignore_eos ? 1 : 0;
-        gp.stop                     = stops.data();
-        gp.n_stop                   = stops.size();
-        int32_t n_gen               = 0;
-        g4_status st                = g4_session_generate(s, &r.sampling, &gp, on_token, &gs, &n_gen);
+        gp.ignore_eos = r.ignore_eos ? 1 : 0;
+        gp.stop       = stops.data();
+        gp.n_stop     = stops.size();
+        int32_t n_gen = 0;
+        std::string gen_err;
+        g4_status st                = batcher_
+                                          ? generate_batched(*batcher_, s, &r.sampling, gp, on_token, &gs, &n_gen, &gen_err)
+                                          : g4_session_generate(s, &r.sampling, &gp, on_token, &gs, &n_gen);
         const Clock::time_point end = Clock::now();
         if (st != G4_OK && st != G4_ERR_CANCELLED && st != G4_ERR_CONTEXT_FULL)
-            throw ApiError(500, "server_error", "", g4_last_error_message());
+            throw ApiError(500, "server_error", "",
+                           batcher_ ? gen_err : std::string(g4_last_error_message()));
         const double ttft =
             gs.have_first ? std::chrono::duration<double>(gs.first - job.submitted).count() : 0;
         const double dec = gs.have_first ? std::chrono::duration<double>(end - gs.first).count() : 0;

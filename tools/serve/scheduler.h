@@ -7,6 +7,7 @@
 // request times out.
 #pragma once
 #include "g4/g4.h"
+#include "tools/serve/batcher.h"
 #include "tools/serve/metrics.h"
 #include "tools/serve/prefix.h"
 #include "tools/serve/request.h"
@@ -63,6 +64,7 @@ struct SchedulerOptions {
     int threads       = 0; // worker threads per session (0: the hardware's share)
     int max_queue     = 16;
     bool prefix_reuse = true; // false: every request starts from an empty session
+    bool batch        = true; // decode steps of the generating slots as one step (g4 serve --no-batch: false)
 };
 
 class Scheduler {
@@ -87,6 +89,9 @@ public:
     int running() const { return running_.load(); }
     int sessions() const { return (int)slots_.size(); }
     int threads_per_session() const { return threads_; }
+    // The batcher of the decode steps; null when they are not batched (--no-batch, one slot, or a plan whose
+    // backend steps one session at a time).
+    const DecodeBatcher* batcher() const { return batcher_.get(); }
 
 private:
     // A session and what it holds; `job` and `last_used` under m_; `held` written by its worker while the
@@ -112,6 +117,7 @@ private:
     int max_queue_, threads_ = 0;
     bool prefix_reuse_ = true;
     std::vector<Slot> slots_;
+    std::unique_ptr<DecodeBatcher> batcher_;
     std::vector<std::thread> workers_;
     mutable std::mutex m_;
     std::condition_variable cv_;

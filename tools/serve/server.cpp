@@ -155,7 +155,9 @@ public:
                             "application/json");
         });
         svr.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-            res.set_content(metrics_->render(sched_->queued(), sched_->running(), sched_->sessions()),
+            const DecodeBatcher* b = sched_->batcher();
+            res.set_content(metrics_->render(sched_->queued(), sched_->running(), sched_->sessions(),
+                                             b ? (long)b->steps() : 0, b ? (long)b->stepped_tokens() : 0),
                             "text/plain; version=0.0.4");
         });
         svr.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
@@ -404,6 +406,7 @@ int serve(g4_engine* engine, const ServeOptions& opts, const std::atomic<int>& s
     so.threads      = opts.threads;
     so.max_queue    = opts.max_queue;
     so.prefix_reuse = opts.prefix_reuse;
+    so.batch        = opts.batch;
     Scheduler sched(engine, so, &metrics);
     Server api(engine, opts, &sched, &metrics);
 

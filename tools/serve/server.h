@@ -23,6 +23,7 @@ struct ServeOptions {
     int32_t max_tokens = 0;   // per request; 0: the context
     std::string media_dir;    // file:// URLs allowed under it ("" none)
     bool prefix_reuse = true; // a request reuses the prompt prefix a free session holds
+    bool batch        = true; // the generating sessions' decode steps batched into one step
 };
 
 // Serves until `stop` becomes non-zero (checked every 100 ms), then stops taking connections, lets running

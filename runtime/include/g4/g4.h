@@ -32,7 +32,7 @@ extern "C" {
  * (G4_API_VERSION_MAJOR << 16 | G4_API_VERSION_MINOR): a program built against this header runs with a
  * library of the same major and an equal or higher minor. */
 #define G4_API_VERSION_MAJOR 1
-#define G4_API_VERSION_MINOR 3
+#define G4_API_VERSION_MINOR 4
 #define G4_API_VERSION ((G4_API_VERSION_MAJOR << 16) | G4_API_VERSION_MINOR)
 
 typedef enum g4_status {
@@ -314,6 +314,30 @@ G4_API g4_status g4_session_reseed(g4_session* session);
  * is unchanged (CUDA: a step it ran ahead is waited for). Neither session may be used by another thread
  * during the call. No allocation. */
 G4_API g4_status g4_session_fork(g4_session* src, g4_session* dst);
+
+/* ---- batched decode (API 1.4) ----------------------------------------------------------------- *
+ * Several conversations of one engine decoding at once (a server's streams) step together: one step of
+ * the model over all their tokens reads each weight once, where separate g4_session_append_tokens calls
+ * read them once per session.
+ *
+ * The most sessions one g4_sessions_decode call takes on |engine|'s plan: the rows of logits one step
+ * produces (g4 compile --logits-rows, at most its --chunk), or 1 where the plan's backend has no batched
+ * steps (CUDA plans unless G4_CUDA_BATCH=1: docs/runtime.md); 0 for an invalid engine. Thread-safe. */
+G4_API int32_t g4_engine_max_batch(const g4_engine* engine);
+/* Feeds tokens[i] to sessions[i] for every i < n, with the effect of n calls
+ * g4_session_append_tokens(sessions[i], &tokens[i], 1, NULL, 0): each session's position, history and
+ * logits (g4_session_get_logits, g4_session_sample, g4_session_generate work per session as after its own
+ * step; the logits agree with those of separate steps to float32 rounding: docs/runtime.md).
+ * |sessions|: n distinct sessions of one engine, 1 <= n <= g4_engine_max_batch; |tokens|: n ids in
+ * the vocabulary, none an image, audio or video placeholder (media prompts are fed with
+ * g4_session_append_tokens). Both borrowed for the call. Validated before anything runs: NULL arrays,
+ * an invalid or repeated session, sessions of different engines, n out of range or a bad id are
+ * G4_ERR_INVALID_ARGUMENT, a session whose context is full G4_ERR_CONTEXT_FULL (the message names the
+ * index), and then nothing is fed. A pending g4_session_cancel of any of the sessions makes the call
+ * return G4_ERR_CANCELLED, nothing fed (that request is consumed). n == 1 is g4_session_append_tokens
+ * of the one token. None of the sessions may be used by another thread during the call (g4_session_cancel
+ * excepted). Allocates nothing; each session's decode statistics count the step. */
+G4_API g4_status g4_sessions_decode(g4_session* const* sessions, size_t n, const int32_t* tokens);
 
 /* ---- progress -------------------------------------------------------------------------------- *
  * Called by g4_session_append_tokens after each step of a call that takes more than one step (more

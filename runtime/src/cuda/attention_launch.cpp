@@ -54,10 +54,17 @@ bool decode_attention_fits(const plan::Plan& p, const PlanOp& op, int kvdt) {
 
 CUresult launch_decode_attention(SessionState* st, const plan::Plan& p, const PlanOp& at, CUdeviceptr step,
                                  CUdeviceptr q, const AttnPostH* post) {
+    return launch_decode_attention_at(st, p, at, step, q, addr(st, p, at.in[1], at.in_col[1]),
+                                      addr(st, p, at.in[2], at.in_col[2]),
+                                      addr(st, p, at.out[0], at.out_col[0]), post);
+}
+
+CUresult launch_decode_attention_at(SessionState* st, const plan::Plan& p, const PlanOp& at, CUdeviceptr step,
+                                    CUdeviceptr q, CUdeviceptr kc, CUdeviceptr vc, CUdeviceptr y,
+                                    const AttnPostH* post) {
     const Kernels& K = st->cur->g->k;
-    CUdeviceptr kc = addr(st, p, at.in[1], at.in_col[1]), vc = addr(st, p, at.in[2], at.in_col[2]);
-    CUdeviceptr y = addr(st, p, at.out[0], at.out_col[0]), part = st->cur->part;
-    const auto ap = plan::params<plan::AttentionParams>(at);
+    CUdeviceptr part = st->cur->part;
+    const auto ap    = plan::params<plan::AttentionParams>(at);
     int heads = ap.heads, kvh = ap.kv_heads, dim = ap.dim, slots = ap.slots, window = ap.window,
         dsp = ap.decode_splits, kvdt = dt_code(p, at.in[1]);
     float scale  = ap.scale;
@@ -98,7 +105,7 @@ g4_status launch_attention(const OpArgs& a, CUresult* rp, std::string* err) {
     int max_span     = window > 0 ? std::min(window, info.max_context) : info.max_context;
     CUdeviceptr part = ln.part, scores = ln.scores;
     if (n == 1 && decode_attention_fits(p, op, kvdt)) {
-        r = launch_decode_attention(st, p, op, step, in0, nullptr);
+        r = launch_decode_attention_at(st, p, op, step, in0, in1, in2, out0, nullptr);
         return G4_OK;
     }
     if (st->merge_in_next) { // the compiler fuses the merge only where the decode kernel runs

@@ -91,6 +91,13 @@ g4_status kv_copy(g4_session* src, g4_session* dst, uint64_t offset, size_t byte
 // step run ahead or device logits row stays valid. Waits for a step run ahead.
 g4_status state_changed(g4_session* s, std::string* err);
 
+// Batched decode steps (batch_launch.cpp, runtime/src/batch.h): whether the engine's plan has them (its
+// layers on one GPU), and one step: tokens[j] for session ss[j], j < n, run op by op on ss[0]'s arena and
+// stream, the per-sequence ops once per session on its row, cache and position; each session's logits row in
+// its last_logits. Waits for the step.
+bool batched_steps(const g4_engine* e);
+g4_status run_batch(g4_session* const* ss, const int32_t* tokens, int32_t n, std::string* err);
+
 inline void EngineDeleter::operator()(EngineState* p) const {
     engine_close(p);
 }

@@ -48,6 +48,10 @@ public:
         return cuda_rt::kv_copy(s_, static_cast<CudaSession&>(dst).s_, offset, bytes, err);
     }
     g4_status state_changed(std::string* err) override { return cuda_rt::state_changed(s_, err); }
+    g4_status run_batch(g4_session* const* sessions, const int32_t* tokens, int32_t n,
+                        std::string* err) override {
+        return cuda_rt::run_batch(sessions, tokens, n, err);
+    }
 
     SessionState* state() const { return st_.get(); }
 
@@ -58,7 +62,7 @@ private:
 
 class CudaEngine final : public rt::EngineBackend {
 public:
-    explicit CudaEngine(EnginePtr st) : st_(std::move(st)) {}
+    CudaEngine(EnginePtr st, bool batched) : st_(std::move(st)), batched_(batched) {}
 
     // A CUDA session runs nothing on the CPU but its CPU-placed layers, whose pool session_create makes:
     // its own pool is one thread (the towers get their own, runtime/src/frontend/media.cpp).
@@ -72,10 +76,12 @@ public:
         return G4_OK;
     }
 
+    bool batched_steps() const override { return batched_; }
     EngineState* state() const { return st_.get(); }
 
 private:
     EnginePtr st_;
+    bool batched_;
 };
 
 } // namespace
@@ -96,7 +102,7 @@ g4_status open_cuda_backend(g4_engine* e, std::unique_ptr<EngineBackend>* out, s
     cuda_rt::EnginePtr st;
     g4_status r = cuda_rt::engine_open(e, &st, err);
     if (r != G4_OK) return r;
-    *out = std::make_unique<cuda_rt::CudaEngine>(std::move(st));
+    *out = std::make_unique<cuda_rt::CudaEngine>(std::move(st), cuda_rt::batched_steps(e));
     return G4_OK;
 }
 

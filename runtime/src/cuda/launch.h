@@ -126,6 +126,11 @@ bool decode_attention_fits(const plan::Plan& p, const plan::PlanOp& op, int kvdt
 // projection and g4_attn_decode_post[_bf16] does the post-projection first.
 CUresult launch_decode_attention(SessionState* st, const plan::Plan& p, const plan::PlanOp& at,
                                  CUdeviceptr step, CUdeviceptr q, const AttnPostH* post);
+// The same with its caches and output given (kc, vc: the k and v cache views; y: the output row), as a
+// batched step's per-session launch binds them (batch_launch.cpp).
+CUresult launch_decode_attention_at(SessionState* st, const plan::Plan& p, const plan::PlanOp& at,
+                                    CUdeviceptr step, CUdeviceptr q, CUdeviceptr kc, CUdeviceptr vc,
+                                    CUdeviceptr y, const AttnPostH* post);
 
 // Launches op i for a step of `rows` rows (`out_rows` logits rows); nothing when the op has no rows in
 // this step (op_launch.cpp).

@@ -1,0 +1,388 @@
+// NF4 x int16 GEMM for prefill chunks (MatmulArgs::int16_x with more than q16::kMaxRows rows; see cpu.h): the
+// same integer arithmetic as the GEMV of kernels/q16.h, register-blocked over many rows.
+//
+// x is quantized once per matmul (q16::quantize_block's values and scales) into tiles of kTileRows rows laid
+// out k-pair by k-pair: dword r of pair p holds q[r][2p] (low half) and q[r][2p + 1] (high half), so that one
+// vector holds one k-pair of kTileRows / lanes rows. A code byte is one k-pair of one weight row (high nibble
+// element 2p, low nibble 2p + 1, kernels/nf4.h), and kPairs maps it to the matching dword of int16 codebook
+// values, which is broadcast to every lane: pmaddwd (or AVX-512 VNNI vpdpwssd) multiplies both halves and
+// adds them into the row's int32 lane. No weight panel is decoded; the codes are read in place.
+//
+// A lane may sum at most 8 products (4 k-pairs): 8 * 16383 * 16384 < 2^31. So every 4 k-pairs the int32
+// lanes are converted and added into an fp32 block sum, and each 64-element block's sum is scaled by
+// absmax * amax / (16383 * 16384) into the fp32 accumulator. Each output is one tile lane's sum over the
+// blocks in k order, computed by one task whatever the thread count or the row count. Threads split the
+// output columns.
+#include "kernels/cpu/level.h"
+#include "kernels/nf4.h"
+#include "kernels/q16.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#if defined(__AVX512BW__) || defined(__AVX2__)
+#include <immintrin.h>
+#endif
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+
+namespace g4::cpu::G4_CPU_NS {
+
+namespace {
+
+constexpr int kPairsPerGroup = 4;  // k-pairs an int32 lane sums before it is converted (8 products < 2^31)
+constexpr int kTaskCols      = 16; // output columns per task
+
+// The dword of int16 codebook values for one code byte: element 2p (high nibble) low, 2p + 1 high.
+struct PairTable {
+    int32_t v[256];
+    constexpr PairTable() : v() {
+        for (int b = 0; b < 256; ++b)
+            v[b] = (int32_t)(uint32_t)(uint16_t)q16::kNf4Int16.v[b >> 4] |
+                   (int32_t)((uint32_t)(uint16_t)q16::kNf4Int16.v[b & 15] << 16);
+    }
+};
+constexpr PairTable kPairs;
+
+inline float load_f32(const uint8_t* p) {
+    float f;
+    std::memcpy(&f, p, sizeof f);
+    return f;
+}
+
+// Codes and block scales of one NF4 blob.
+struct Blob {
+    const uint8_t* codes;
+    const uint8_t* absmax;
+    const uint8_t* absmax2;
+    const uint8_t* code2;
+    float offset = 0.0f;
+    Blob(const uint8_t* blob, const nf4::Layout& l)
+        : codes(blob + l.codes_off), absmax(blob + l.absmax_off), absmax2(blob + l.absmax2_off),
+          code2(blob + l.code2_off) {
+        if (l.double_quant) offset = load_f32(blob + l.offset_off);
+    }
+    template <bool DQ> float scale(int64_t b) const {
+        if constexpr (DQ)
+            return nf4::mul_then_add(load_f32(code2 + 4 * (size_t)absmax[b]),
+                                     load_f32(absmax2 + 4 * (size_t)(b / nf4::kBlock2)), offset);
+        else
+            return load_f32(absmax + 4 * (size_t)b);
+    }
+};
+
+// ---- vector types: one lane per row of a tile -------------------------------------------------------------
+#if defined(__AVX512BW__)
+struct V {
+    static constexpr int kLanes = 16;
+    using I                     = __m512i;
+    using F                     = __m512;
+    static I izero() { return _mm512_setzero_si512(); }
+    static F fzero() { return _mm512_setzero_ps(); }
+    static I iload(const int32_t* p) { return _mm512_loadu_si512(p); }
+    static F fload(const float* p) { return _mm512_loadu_ps(p); }
+    static I ibcast(int32_t v) { return _mm512_set1_epi32(v); }
+    static F fbcast(float v) { return _mm512_set1_ps(v); }
+    static I madd(I acc, I x, I w) { return _mm512_add_epi32(acc, _mm512_madd_epi16(x, w)); }
+    static I vnni(I acc, I x, I w) {
+        asm("vpdpwssd %2, %1, %0" : "+v"(acc) : "v"(x), "v"(w)); // AVX512_VNNI, checked at run time
+        return acc;
+    }
+    static F cvt(I v) { return _mm512_cvtepi32_ps(v); }
+    static F add(F a, F b) { return _mm512_add_ps(a, b); }
+    static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
+    static F fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
+    static void store(float* p, F v) { _mm512_storeu_ps(p, v); }
+};
+constexpr int kTileRows = 2 * V::kLanes;
+constexpr int kCols     = 4; // columns per micro-kernel
+#elif defined(__AVX2__)
+struct V {
+    static constexpr int kLanes = 8;
+    using I                     = __m256i;
+    using F                     = __m256;
+    static I izero() { return _mm256_setzero_si256(); }
+    static F fzero() { return _mm256_setzero_ps(); }
+    static I iload(const int32_t* p) { return _mm256_loadu_si256((const __m256i*)p); }
+    static F fload(const float* p) { return _mm256_loadu_ps(p); }
+    static I ibcast(int32_t v) { return _mm256_set1_epi32(v); }
+    static F fbcast(float v) { return _mm256_set1_ps(v); }
+    static I madd(I acc, I x, I w) { return _mm256_add_epi32(acc, _mm256_madd_epi16(x, w)); }
+    static I vnni(I acc, I x, I w) { return madd(acc, x, w); }
+    static F cvt(I v) { return _mm256_cvtepi32_ps(v); }
+    static F add(F a, F b) { return _mm256_add_ps(a, b); }
+    static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
+    static F fma(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
+    static void store(float* p, F v) { _mm256_storeu_ps(p, v); }
+};
+constexpr int kTileRows = 2 * V::kLanes;
+constexpr int kCols     = 2;
+#else
+constexpr int kTileRows = 16;
+constexpr int kCols     = 1;
+#endif
+
+bool has_vnni() {
+#if defined(__AVX512BW__) && defined(__x86_64__)
+    static const bool v = [] {
+        unsigned a, b, c, d;
+        return __get_cpuid_count(7, 0, &a, &b, &c, &d) && ((c >> 11) & 1u); // leaf 7 ECX 11: AVX512_VNNI
+    }();
+    return v;
+#else
+    return false;
+#endif
+}
+
+// x quantized: tile t holds pairs [t][p][kTileRows] (int32) and scales [t][b][kTileRows] (float).
+struct QX {
+    int32_t* pairs;
+    float* scales;
+    int64_t kp, nb; // k-pairs and blocks per row
+    const int32_t* tile_pairs(int64_t t) const { return pairs + t * kp * kTileRows; }
+    const float* tile_scales(int64_t t) const { return scales + t * nb * kTileRows; }
+};
+
+// q16::quantize_block with vector instructions, the same values: amax is the largest |x| (exact), q =
+// round-to-nearest-even(x * inv) (cvtps2dq under the default rounding, as std::nearbyint), and a block with
+// an infinity or NaN, or an amax whose inverse overflows, gives q = 0.
+float quantize_block(const float* x, int16_t* q) {
+#if defined(__AVX512BW__)
+    __m512 v[4], m = _mm512_setzero_ps();
+    __mmask16 fin = 0xFFFF;
+    for (int i = 0; i < 4; ++i) {
+        v[i]           = _mm512_loadu_ps(x + 16 * i);
+        const __m512 a = _mm512_abs_ps(v[i]);
+        fin &= _mm512_cmp_ps_mask(a, _mm512_set1_ps(INFINITY), _CMP_LT_OQ);
+        m = _mm512_max_ps(m, a);
+    }
+    if (fin != 0xFFFF) return q16::quantize_block(x, q);
+    const float amax = _mm512_reduce_max_ps(m);
+    float inv        = amax > 0.0f ? q16::kXMax / amax : 0.0f;
+    if (!std::isfinite(inv)) inv = 0.0f;
+    for (int i = 0; i < 4; ++i)
+        _mm256_storeu_si256((__m256i*)(q + 16 * i), _mm512_cvtsepi32_epi16(_mm512_cvtps_epi32(
+                                                        _mm512_mul_ps(v[i], _mm512_set1_ps(inv)))));
+    return amax / (q16::kXMax * q16::kWMax);
+#elif defined(__AVX2__)
+    const __m256 sign = _mm256_set1_ps(-0.0f), inf = _mm256_set1_ps(INFINITY);
+    __m256 v[8], m                                 = _mm256_setzero_ps();
+    int fin = 0xFF;
+    for (int i = 0; i < 8; ++i) {
+            v[i]           = _mm256_loadu_ps(x + 8 * i);
+            const __m256 a = _mm256_andnot_ps(sign, v[i]);
+            fin &= _mm256_movemask_ps(_mm256_cmp_ps(a, inf, _CMP_LT_OQ));
+            m = _mm256_max_ps(m, a);
+    }
+    if (fin != 0xFF) return q16::quantize_block(x, q);
+    __m128 h         = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h                = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h                = _mm_max_ss(h, _mm_movehdup_ps(h));
+    const float amax = _mm_cvtss_f32(h);
+    float inv        = amax > 0.0f ? q16::kXMax / amax : 0.0f;
+    if (!std::isfinite(inv)) inv = 0.0f;
+    const __m256 vi = _mm256_set1_ps(inv);
+    for (int i = 0; i < 8; i += 2) {
+            const __m256i a = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], vi));
+            const __m256i b = _mm256_cvtps_epi32(_mm256_mul_ps(v[i + 1], vi));
+            _mm256_storeu_si256((__m256i*)(q + 8 * i), _mm256_permute4x64_epi64(_mm256_packs_epi32(a, b), 0xD8));
+    }
+    return amax / (q16::kXMax * q16::kWMax);
+#else
+    return q16::quantize_block(x, q);
+#endif
+}
+
+// Row r of x (or zeros when r >= a.rows) into lane `lane` of the tile at pairs / scales.
+void quantize_row(const MatmulArgs& a, int r, int32_t* pairs, float* scales, int64_t nb) {
+    alignas(64) int16_t q[q16::kBlock];
+    int32_t qp[q16::kBlock / 2];
+    for (int64_t b = 0; b < nb; ++b) {
+        if (r < a.rows) {
+            scales[b * kTileRows] = quantize_block(a.x + (int64_t)r * a.ldx + b * q16::kBlock, q);
+            std::memcpy(qp, q, sizeof q); // dword p: q[2p] low, q[2p + 1] high
+        } else {
+            scales[b * kTileRows] = 0.0f;
+            std::memset(qp, 0, sizeof qp);
+        }
+        for (int p = 0; p < q16::kBlock / 2; ++p)
+            pairs[(b * (q16::kBlock / 2) + p) * kTileRows] = qp[p];
+    }
+}
+
+#if defined(__AVX512BW__) || defined(__AVX2__)
+// out[c][kTileRows] = columns n0 .. n0 + NC of one tile.
+template <int NC, bool DQ, bool VNNI>
+void micro(const Blob& w, int64_t n0, const QX& qx, int64_t t, float* out) {
+    using I           = typename V::I;
+    using F           = typename V::F;
+    const int32_t* xp = qx.tile_pairs(t);
+    const float* sx   = qx.tile_scales(t);
+    const uint8_t* codes[NC];
+    for (int c = 0; c < NC; ++c)
+        codes[c] = w.codes + (n0 + c) * qx.kp;
+    F acc[NC][2];
+    for (int c = 0; c < NC; ++c)
+        acc[c][0] = acc[c][1] = V::fzero();
+    for (int64_t b = 0; b < qx.nb; ++b) {
+        F bsum[NC][2];
+        for (int c = 0; c < NC; ++c)
+            bsum[c][0] = bsum[c][1] = V::fzero();
+        for (int g = 0; g < q16::kBlock / 2; g += kPairsPerGroup) {
+            I isum[NC][2];
+            for (int c = 0; c < NC; ++c)
+                isum[c][0] = isum[c][1] = V::izero();
+            for (int j = 0; j < kPairsPerGroup; ++j) {
+                const int64_t p = b * (q16::kBlock / 2) + g + j;
+                const I x0 = V::iload(xp + p * kTileRows), x1 = V::iload(xp + p * kTileRows + V::kLanes);
+                for (int c = 0; c < NC; ++c) {
+                    const I wv = V::ibcast(kPairs.v[codes[c][p]]);
+                    if constexpr (VNNI) {
+                        isum[c][0] = V::vnni(isum[c][0], x0, wv);
+                        isum[c][1] = V::vnni(isum[c][1], x1, wv);
+                    } else {
+                        isum[c][0] = V::madd(isum[c][0], x0, wv);
+                        isum[c][1] = V::madd(isum[c][1], x1, wv);
+                    }
+                }
+            }
+            for (int c = 0; c < NC; ++c) {
+                bsum[c][0] = V::add(bsum[c][0], V::cvt(isum[c][0]));
+                bsum[c][1] = V::add(bsum[c][1], V::cvt(isum[c][1]));
+            }
+        }
+        const F s0 = V::fload(sx + b * kTileRows), s1 = V::fload(sx + b * kTileRows + V::kLanes);
+        for (int c = 0; c < NC; ++c) {
+            const F ws = V::fbcast(w.scale<DQ>((n0 + c) * qx.nb + b));
+            acc[c][0]  = V::fma(bsum[c][0], V::mul(s0, ws), acc[c][0]);
+            acc[c][1]  = V::fma(bsum[c][1], V::mul(s1, ws), acc[c][1]);
+        }
+    }
+    for (int c = 0; c < NC; ++c) {
+        V::store(out + c * kTileRows, acc[c][0]);
+        V::store(out + c * kTileRows + V::kLanes, acc[c][1]);
+    }
+}
+#else
+// The same sums lane by lane.
+template <int NC, bool DQ, bool VNNI>
+void micro(const Blob& w, int64_t n0, const QX& qx, int64_t t, float* out) {
+    const int32_t* xp = qx.tile_pairs(t);
+    const float* sx   = qx.tile_scales(t);
+    for (int c = 0; c < NC; ++c) {
+        const uint8_t* codes = w.codes + (n0 + c) * qx.kp;
+        for (int l = 0; l < kTileRows; ++l) {
+            float acc = 0.0f;
+            for (int64_t b = 0; b < qx.nb; ++b) {
+                float bsum = 0.0f;
+                for (int g = 0; g < q16::kBlock / 2; g += kPairsPerGroup) {
+                    int32_t isum = 0;
+                    for (int j = 0; j < kPairsPerGroup; ++j) {
+                        const int64_t p  = b * (q16::kBlock / 2) + g + j;
+                        const int32_t xv = xp[p * kTileRows + l], wv = kPairs.v[codes[p]];
+                        isum += (int32_t)(int16_t)(xv & 0xFFFF) * (int16_t)(wv & 0xFFFF) +
+                                (int32_t)(int16_t)((uint32_t)xv >> 16) * (int16_t)((uint32_t)wv >> 16);
+                    }
+                    bsum += (float)isum;
+                }
+                acc = std::fma(bsum, sx[b * kTileRows + l] * w.scale<DQ>((n0 + c) * qx.nb + b), acc);
+            }
+            out[c * kTileRows + l] = acc;
+        }
+    }
+}
+#endif
+
+// Columns [n0, n1) of rows [r0, r0 + rows) from the tiles of qx.
+template <bool DQ, bool VNNI>
+void columns(const MatmulArgs& a, const Blob& w, const QX& qx, int r0, int rows, int64_t n0, int64_t n1) {
+    alignas(64) float out[kCols * kTileRows];
+    const int64_t tiles = (rows + kTileRows - 1) / kTileRows;
+    for (int64_t t = 0; t < tiles; ++t) {
+        const int lr = std::min(kTileRows, rows - (int)t * kTileRows);
+        for (int64_t n = n0; n < n1; n += kCols) {
+            const int nc = (int)std::min<int64_t>(kCols, n1 - n);
+            switch (nc) {
+            case kCols:
+                micro<kCols, DQ, VNNI>(w, n, qx, t, out);
+                break;
+#if defined(__AVX512BW__)
+            case 3:
+                micro<3, DQ, VNNI>(w, n, qx, t, out);
+                break;
+            case 2:
+                micro<2, DQ, VNNI>(w, n, qx, t, out);
+                break;
+#endif
+            default:
+                micro<1, DQ, VNNI>(w, n, qx, t, out);
+                break;
+            }
+            for (int l = 0; l < lr; ++l) {
+                float* y = a.y + (int64_t)(r0 + t * kTileRows + l) * a.ldy + n;
+                for (int c = 0; c < nc; ++c)
+                    y[c] = out[c * kTileRows + l];
+            }
+        }
+    }
+}
+
+} // namespace
+
+void matmul_nf4_gemm_int16(const Context& c, const MatmulArgs& a) {
+    const nf4::Layout l = nf4::layout(a.n * a.k, a.nf4_double_quant);
+    const Blob w((const uint8_t*)a.w, l);
+    const int64_t kp = a.k / 2, nb = a.k / q16::kBlock;
+    // x's tiles go into the whole scratch of the pool (the kernel needs no other scratch); rows that do not
+    // fit are run as further passes.
+    const size_t tile_bytes = (size_t)kTileRows * ((size_t)kp * 4 + (size_t)nb * 4);
+    const size_t have       = (size_t)c.pool->size() * c.scratch_stride * sizeof(float);
+    const int64_t fit       = (int64_t)(have / tile_bytes);
+    if (fit < 1) { // a Context sized for smaller matmuls: the GEMV's arithmetic, q16::kMaxRows rows a call
+        for (int r = 0; r < a.rows; r += q16::kMaxRows) {
+            MatmulArgs s = a;
+            s.x += (int64_t)r * a.ldx, s.y += (int64_t)r * a.ldy,
+                s.rows = std::min(q16::kMaxRows, a.rows - r);
+            matmul(c, s);
+        }
+        return;
+    }
+    const int pass_rows  = (int)std::min<int64_t>(a.rows, fit * kTileRows);
+    const int64_t ptiles = (pass_rows + kTileRows - 1) / kTileRows;
+    const QX qx{(int32_t*)c.scratch, (float*)((int32_t*)c.scratch + ptiles * kp * kTileRows), kp, nb};
+    const bool vnni     = has_vnni();
+    const int64_t tasks = (a.n + kTaskCols - 1) / kTaskCols;
+    for (int r0 = 0; r0 < a.rows; r0 += pass_rows) {
+        const int rows   = std::min(pass_rows, a.rows - r0);
+        const int64_t nt = (rows + kTileRows - 1) / kTileRows;
+        c.pool->parallel_for(nt * kTileRows, [&](int64_t i, int) {
+            const int64_t t = i / kTileRows, lane = i % kTileRows;
+            const int r = r0 + (int)i;
+            quantize_row(a, r < r0 + rows ? r : a.rows, qx.pairs + t * kp * kTileRows + lane,
+                         qx.scales + t * nb * kTileRows + lane, nb);
+        });
+        c.pool->parallel_for(tasks, [&](int64_t task, int) {
+            const int64_t n0 = task * kTaskCols, n1 = std::min<int64_t>(a.n, n0 + kTaskCols);
+            if (l.double_quant)
+                vnni ? columns<true, true>(a, w, qx, r0, rows, n0, n1)
+                     : columns<true, false>(a, w, qx, r0, rows, n0, n1);
+            else
+                vnni ? columns<false, true>(a, w, qx, r0, rows, n0, n1)
+                     : columns<false, false>(a, w, qx, r0, rows, n0, n1);
+        });
+    }
+}
+
+} // namespace g4::cpu::G4_CPU_NS
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif

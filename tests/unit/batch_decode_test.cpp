@@ -204,11 +204,13 @@ TEST_P(BatchDecode, RefusedCallsFeedNothing) {
 // rounding step of 1/16383 of a block's largest value. CUDA: a lone decode step runs the fused decode
 // kernels, a batched one the prefill kernels (float32 products both with --mlp-precision f32; the default
 // packed-f16 MLP products differ from them by ~1e-3 a step, enough to flip near-tied greedy tokens of the
-// random fixture). The test prints the worst it saw.
+// random fixture); the two paths' bf16 intermediates (KV cache, attention inputs) round apart, measured worst
+// 1.5e-3 over 14 steps on an H200, so the bound is one bf16 rounding step (2^-8). The test prints the worst
+// it saw.
 INSTANTIATE_TEST_SUITE_P(Plans, BatchDecode,
                          ::testing::Values(PlanCase{"nf4_f32", "--cpu-precision f32", 1e-5, false},
                                            PlanCase{"nf4_fast", "", 2e-3, false},
-                                           PlanCase{"cuda", "--device cuda --mlp-precision f32", 1e-3, true}),
+                                           PlanCase{"cuda", "--device cuda --mlp-precision f32", 4e-3, true}),
                          [](const auto& i) { return std::string(i.param.name); });
 
 } // namespace

@@ -25,8 +25,11 @@ protected:
     }
     std::string compile(const std::string& name, const std::string& flags) {
         const std::string plan = dir_.file(name);
-        CmdResult c = run_g4("compile --model '" + fixture("e2b_tiny_mm") + "' --no-fidelity " + flags +
-                             " -o '" + plan + "'");
+        // --cpu-precision f32: plans that differ in their limits (and so in their prompt chunks) give the
+        // same logits to ~1e-6; the default int16 activations would put the chunking's rounding (~3e-4)
+        // between them.
+        CmdResult c = run_g4("compile --model '" + fixture("e2b_tiny_mm") +
+                             "' --no-fidelity --cpu-precision f32 " + flags + " -o '" + plan + "'");
         EXPECT_EQ(c.exit_code, 0) << c.err;
         return plan;
     }

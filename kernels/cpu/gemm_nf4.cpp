@@ -14,6 +14,7 @@
 // blocks in k order, computed by one task whatever the thread count or the row count. Threads split the
 // output columns.
 #include "kernels/cpu/level.h"
+#include "kernels/cpu/nf4_blob.h"
 #include "kernels/nf4.h"
 #include "kernels/q16.h"
 
@@ -52,32 +53,8 @@ struct PairTable {
 };
 constexpr PairTable kPairs;
 
-inline float load_f32(const uint8_t* p) {
-    float f;
-    std::memcpy(&f, p, sizeof f);
-    return f;
-}
-
-// Codes and block scales of one NF4 blob.
-struct Blob {
-    const uint8_t* codes;
-    const uint8_t* absmax;
-    const uint8_t* absmax2;
-    const uint8_t* code2;
-    float offset = 0.0f;
-    Blob(const uint8_t* blob, const nf4::Layout& l)
-        : codes(blob + l.codes_off), absmax(blob + l.absmax_off), absmax2(blob + l.absmax2_off),
-          code2(blob + l.code2_off) {
-        if (l.double_quant) offset = load_f32(blob + l.offset_off);
-    }
-    template <bool DQ> float scale(int64_t b) const {
-        if constexpr (DQ)
-            return nf4::mul_then_add(load_f32(code2 + 4 * (size_t)absmax[b]),
-                                     load_f32(absmax2 + 4 * (size_t)(b / nf4::kBlock2)), offset);
-        else
-            return load_f32(absmax + 4 * (size_t)b);
-    }
-};
+using gemv::load_f32;
+using Blob = gemv::Nf4Blob;
 
 // ---- vector types: one lane per row of a tile -------------------------------------------------------------
 #if defined(__AVX512BW__)

@@ -116,7 +116,7 @@ g4_status run_group(g4_session* const* ss, const int32_t* tokens, int32_t n, std
     CU_TRY(d->cuMemcpyHtoDAsync(l0.act + p.tensor(info.ids_tensor).offset, st0->host_ids, (size_t)n * 4,
                                 l0.stream),
            "copying token ids");
-    // Session 0's own step record says n rows for the shared ops; its per-sequence ops take a second record
+    // The first session's step record says n rows for the shared ops; its per-sequence ops take a second record
     // (one row at its position) in its pinned staging's slot after the first (the plan's step buffer holds
     // one Step; the first session's per-sequence ops read a copy made before each of them).
     for (size_t i = 0; i < p.n_ops(); ++i) {

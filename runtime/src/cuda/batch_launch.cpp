@@ -116,9 +116,9 @@ g4_status run_group(g4_session* const* ss, const int32_t* tokens, int32_t n, std
     CU_TRY(d->cuMemcpyHtoDAsync(l0.act + p.tensor(info.ids_tensor).offset, st0->host_ids, (size_t)n * 4,
                                 l0.stream),
            "copying token ids");
-    // The first session's step record says n rows for the shared ops; its per-sequence ops take a second record
-    // (one row at its position) in its pinned staging's slot after the first (the plan's step buffer holds
-    // one Step; the first session's per-sequence ops read a copy made before each of them).
+    // The first session's step record says n rows for the shared ops; its per-sequence ops take a second
+    // record (one row at its position) in its pinned staging's slot after the first (the plan's step buffer
+    // holds one Step; the first session's per-sequence ops read a copy made before each of them).
     for (size_t i = 0; i < p.n_ops(); ++i) {
         if (!rt::op_per_sequence(p.op(i).code)) {
             if (g4_status g = launch_op(s0, i, n, n, err); g != G4_OK) return g;

@@ -24,4 +24,5 @@
 #include "nf4_convert.cu"
 #include "sequence_ops.cu"
 #include "encoder_ops.cu"
+#include "matmul_rows.cu"
 // clang-format on

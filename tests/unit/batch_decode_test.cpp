@@ -70,30 +70,35 @@ protected:
         EXPECT_EQ(g4_session_create(eng_.e, &sp, &s.s), G4_OK) << g4_last_error_message();
         return s.s;
     }
+    // Sessions 0..n-1 decoding alone: each one's greedy tokens and the logits of every decode step.
+    void lone_steps(int n, std::vector<std::vector<int32_t>>* tok, std::vector<std::vector<float>>* logits) {
+        tok->assign(n, {});
+        logits->assign(n, {});
+        for (int i = 0; i < n; ++i) {
+            Session s;
+            ASSERT_TRUE(create(s));
+            const std::vector<int32_t> p = prompt_of(i);
+            ASSERT_EQ(g4_session_append_tokens(s.s, p.data(), p.size(), nullptr, 0), G4_OK);
+            for (int k = 0; k < kSteps; ++k) {
+                int32_t t = -1;
+                ASSERT_EQ(g4_session_sample(s.s, nullptr, &t), G4_OK);
+                ASSERT_EQ(g4_session_append_tokens(s.s, &t, 1, nullptr, 0), G4_OK) << g4_last_error_message();
+                const float* l = nullptr;
+                ASSERT_EQ(g4_session_get_logits(s.s, &l, nullptr), G4_OK);
+                (*tok)[i].push_back(t);
+                (*logits)[i].insert((*logits)[i].end(), l, l + vocab_);
+            }
+        }
+    }
     std::string plan_;
     Engine eng_;
     int vocab_ = 0;
 };
 
 TEST_P(BatchDecode, BatchedStepsGiveTheLogitsAndTokensOfLoneSteps) {
-    // Alone: each session's greedy tokens and the logits of every decode step.
-    std::vector<std::vector<int32_t>> ref_tok(kSessions);
-    std::vector<std::vector<float>> ref_logits(kSessions);
-    for (int i = 0; i < kSessions; ++i) {
-        Session s;
-        ASSERT_TRUE(create(s));
-        const std::vector<int32_t> p = prompt_of(i);
-        ASSERT_EQ(g4_session_append_tokens(s.s, p.data(), p.size(), nullptr, 0), G4_OK);
-        for (int k = 0; k < kSteps; ++k) {
-            int32_t t = -1;
-            ASSERT_EQ(g4_session_sample(s.s, nullptr, &t), G4_OK);
-            ASSERT_EQ(g4_session_append_tokens(s.s, &t, 1, nullptr, 0), G4_OK) << g4_last_error_message();
-            const float* l = nullptr;
-            ASSERT_EQ(g4_session_get_logits(s.s, &l, nullptr), G4_OK);
-            ref_tok[i].push_back(t);
-            ref_logits[i].insert(ref_logits[i].end(), l, l + vocab_);
-        }
-    }
+    std::vector<std::vector<int32_t>> ref_tok;
+    std::vector<std::vector<float>> ref_logits;
+    ASSERT_NO_FATAL_FAILURE(lone_steps(kSessions, &ref_tok, &ref_logits));
     // Batched: every session prefilled alone, then batched steps where session i sits out the steps with
     // (step + i) % 5 == 0 (it leaves and joins again), until each has decoded kSteps tokens.
     std::vector<Session> ss(kSessions);
@@ -138,6 +143,40 @@ TEST_P(BatchDecode, BatchedStepsGiveTheLogitsAndTokensOfLoneSteps) {
     g4_session_stats st{};
     ASSERT_EQ(g4_session_get_stats(ss[0].s, &st), G4_OK);
     EXPECT_EQ(st.decode_tokens, kSteps);
+}
+
+// The same group of sessions stepping together again and again (on CUDA its step is captured as a graph on
+// the second step and replayed after): the tokens and logits of lone steps.
+TEST_P(BatchDecode, AnUnchangedGroupGivesTheLogitsAndTokensOfLoneSteps) {
+    constexpr int kGroup = 5;
+    std::vector<std::vector<int32_t>> ref_tok;
+    std::vector<std::vector<float>> ref_logits;
+    ASSERT_NO_FATAL_FAILURE(lone_steps(kGroup, &ref_tok, &ref_logits));
+    std::vector<Session> ss(kGroup);
+    std::vector<g4_session*> batch;
+    for (int i = 0; i < kGroup; ++i) {
+        ASSERT_TRUE(create(ss[i]));
+        const std::vector<int32_t> p = prompt_of(i);
+        ASSERT_EQ(g4_session_append_tokens(ss[i].s, p.data(), p.size(), nullptr, 0), G4_OK);
+        batch.push_back(ss[i].s);
+    }
+    double worst = 0;
+    for (int k = 0; k < kSteps; ++k) {
+        std::vector<int32_t> toks(kGroup);
+        for (int i = 0; i < kGroup; ++i) {
+            ASSERT_EQ(g4_session_sample(ss[i].s, nullptr, &toks[i]), G4_OK);
+            ASSERT_EQ(toks[i], ref_tok[i][k]) << "session " << i << " token " << k;
+        }
+        ASSERT_EQ(g4_sessions_decode(batch.data(), kGroup, toks.data()), G4_OK) << g4_last_error_message();
+        for (int i = 0; i < kGroup; ++i) {
+            const float* l = nullptr;
+            ASSERT_EQ(g4_session_get_logits(ss[i].s, &l, nullptr), G4_OK);
+            const double e = rel_l2(l, ref_logits[i].data() + (size_t)k * vocab_, vocab_);
+            worst          = std::max(worst, e);
+            EXPECT_LE(e, GetParam().tol) << "session " << i << " step " << k;
+        }
+    }
+    std::printf("unchanged group vs lone steps, %s plan: worst relative L2 %.3g\n", GetParam().name, worst);
 }
 
 TEST_P(BatchDecode, RefusedCallsFeedNothing) {

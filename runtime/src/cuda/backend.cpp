@@ -550,6 +550,7 @@ void session_destroy(SessionState* st) {
     if (st->graph) d->cuGraphDestroy(st->graph);
     if (st->exec_screen) d->cuGraphExecDestroy(st->exec_screen);
     if (st->graph_screen) d->cuGraphDestroy(st->graph_screen);
+    batch_destroy(st);
     encoder_session_destroy(st);
     for (CUdeviceptr ptr : {st->tok, st->cand[0], st->cand[1], st->samp_logits, st->samp_hist, st->soft,
                             st->lm_lohi, st->lm_tmax})

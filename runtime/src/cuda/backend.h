@@ -97,6 +97,8 @@ g4_status state_changed(g4_session* s, std::string* err);
 // its last_logits. Waits for the step.
 bool batched_steps(const g4_engine* e);
 g4_status run_batch(g4_session* const* ss, const int32_t* tokens, int32_t n, std::string* err);
+// Frees what the session's batched steps hold (its graph, step records), at session_destroy.
+void batch_destroy(SessionState* st);
 
 inline void EngineDeleter::operator()(EngineState* p) const {
     engine_close(p);

@@ -31,8 +31,25 @@ g4_status bind_matmul_kernels(const ModuleKernels& m, Kernels& k, std::string* e
                               {&k.nf4_untile32, "g4_nf4_untile32"}, {&k.f32_to_bf16, "g4_f32_to_bf16"},
                               {&k.add_bias, "g4_add_bias"}};
     if (g4_status g = m.get_all(fns, err); g != G4_OK) return g;
+    m.get_optional(&k.mm_rows_nf4, "g4_mm_rows_nf4");
+    m.get_optional(&k.mm_rows_bf16, "g4_mm_rows_bf16");
     return G4_OK;
 }
+
+namespace {
+
+// Warps that share a lane group's rows in g4_mm_rows_* (1, 2 or 4, splitting K): more while the groups
+// (4 rows each) fill fewer than 4096 warps and every lane keeps a chunk (16 NF4 / 8 bf16 values) of K.
+int mm_rows_split(int N, int K, int per_chunk) {
+    const long groups = (N + 3) / 4;
+    const int chunks  = K / per_chunk;
+    int ks            = 1;
+    while (ks < 4 && groups * ks < 4096 && chunks >= ks * 2 * 32)
+        ks *= 2;
+    return ks;
+}
+
+} // namespace
 
 Nf4Ptrs nf4_ptrs(CUdeviceptr base, const PlanTensor& w) {
     nf4::Layout l = nf4::layout(w.dims[0] * w.dims[1], w.quant_flags & plan::kQuantDoubleQuant);
@@ -73,7 +90,22 @@ g4_status launch_matmul(const OpArgs& a, CUresult* rp, std::string* err) {
     Nf4Ptrs q{};
     if (is_nf4) q = nf4_ptrs(in1, w);
     const bool tiled_w = is_nf4 && (w.quant_flags & plan::kQuantTiled32);
-    int tiled_rows     = 0;
+    // 2..8 rows (batched decode steps, short prefill chunks): g4_mm_rows_*, each weight read once in its
+    // stored layout (tiled too), where the plan's module has the kernels.
+    if (n >= 2 && n <= 8 && is_nf4 && Kd % 64 == 0 && K.mm_rows_nf4) {
+        int ks = mm_rows_split(N, Kd, 16), tl = tiled_w ? 1 : 0;
+        r = go(K.mm_rows_nf4, (unsigned)ceil_div(ceil_div(N, 4), 4 / ks), 1, 128,
+               {&step, &mode, &in0, &ld0, &q.codes, &q.absmax, &q.absmax2, &q.offset, &q.code2, &N, &Kd,
+                &out0, &ldo, &in2, &tl, &ks});
+        return G4_OK;
+    }
+    if (n >= 2 && n <= 8 && w.dtype == (uint8_t)DType::BF16 && Kd % 8 == 0 && K.mm_rows_bf16) {
+        int ks = mm_rows_split(N, Kd, 8);
+        r      = go(K.mm_rows_bf16, (unsigned)ceil_div(ceil_div(N, 4), 4 / ks), 1, 128,
+                    {&step, &mode, &in0, &ld0, &in1, &N, &Kd, &out0, &ldo, &in2, &ks});
+        return G4_OK;
+    }
+    int tiled_rows = 0;
     if (tiled_w && n > 8 &&
         plan::params<plan::MatmulParams>(op).prefill_variant == (int32_t)plan::MatmulVariant::Cublas &&
         ln.blas_h)

@@ -41,6 +41,9 @@ struct Kernels {
     // double-quant block scales, else f32] [+4 _rep: adds into output replicas]; 8.. the packed-f16 kernels
     // (plan ip7 = 1, f32 scales only) [+1 _b256] [+2 _rep]; nf4_untile32: the MLP's down weight for prefill
     CUfunction mlp[12], nf4_untile32;
+    // g4_mm_rows_nf4 / _bf16 (kernels/cuda/matmul_rows.cu): matmuls of 2..8 rows; null in older plans'
+    // modules
+    CUfunction mm_rows_nf4, mm_rows_bf16;
     CUfunction mlp_r[5]; // g4_mlp_nf4_h2_r, _b256_h2_r, _h2_rep_r, _b256_h2_rep_r, _b256_h2_z_r: after a
                          // ResNorm with ip1 = 2
     CUfunction mlp_z[3]; // g4_mlp_nf4_b256_z, _b256_dq_z, _b256_h2_z: before a folded ResNorm (zero the
@@ -222,6 +225,19 @@ struct SessionState {
     std::vector<std::pair<std::string, double>> ev_ms;
     long ev_steps      = 0;
     double ev_total_ms = 0;
+    // Batched decode steps this session leads (the first of the group; batch_launch.cpp): serial, a number no
+    // other session of the process has (0: none yet); the group's step records (device, [0] the shared ops'
+    // n rows, [1 + j] session j's one row) and their pinned host copy; the group last stepped (the sessions'
+    // serials) and, once it stepped twice in a row, its step captured as a CUDA graph.
+    struct BatchGroup {
+        uint64_t serial   = 0;
+        CUdeviceptr steps = 0;
+        Step* host_steps  = nullptr;
+        std::vector<uint64_t> last, captured;
+        CUgraph graph    = nullptr;
+        CUgraphExec exec = nullptr;
+        bool no_graph    = false; // capturing failed once: op by op from then on
+    } batch;
 };
 
 // One kernel launch on the session's current lane; with programmatic dependent launch (decode graph,

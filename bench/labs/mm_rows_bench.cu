@@ -32,17 +32,17 @@ float max_rel(const std::vector<float>& a, const std::vector<float>& b) {
 } // namespace
 
 int main(int argc, char** argv) {
-    const int reps = argc > 1 ? std::atoi(argv[1]) : 20;
-    BenchGpu g     = bench_gpu();
+    const int reps       = argc > 1 ? std::atoi(argv[1]) : 20;
+    BenchGpu g           = bench_gpu();
     const Shape shapes[] = {{"gate/up 6144x1536", 6144, 1536, true, false},
                             {"down 1536x6144 tiled", 1536, 6144, true, true},
                             {"q 2048x1536", 2048, 1536, true, false},
                             {"o 1536x2048 tiled", 1536, 2048, true, true},
                             {"lm head bf16 262144x1536", 262144, 1536, false, false}};
-    const size_t pool = (size_t)1 << 30; // 1 GiB of weights: copies of a matrix rotate through it
-    unsigned char* w  = nullptr; // NF4 codes
-    u16* wbf          = nullptr; // the bf16 LM head
-    const size_t lm_n = (size_t)262144 * 1536;
+    const size_t pool    = (size_t)1 << 30; // 1 GiB of weights: copies of a matrix rotate through it
+    unsigned char* w     = nullptr;         // NF4 codes
+    u16* wbf             = nullptr;         // the bf16 LM head
+    const size_t lm_n    = (size_t)262144 * 1536;
     float *x = nullptr, *y = nullptr, *absmax = nullptr;
     unsigned char *ucodes = nullptr, *uam = nullptr;
     Step* step = nullptr;
@@ -107,8 +107,8 @@ int main(int argc, char** argv) {
                     if (!sh.nf4) {
                         const u16* wb = wbf;
                         if (kind == 0)
-                            g4_matmul_bf16<<<(N + 7) / 8, 256, 0, g.st>>>(step, mode, x, ldx, wb, N, K, y, ldy,
-                                                                         nul);
+                            g4_matmul_bf16<<<(N + 7) / 8, 256, 0, g.st>>>(step, mode, x, ldx, wb, N, K, y,
+                                                                          ldy, nul);
                         else
                             g4_mm_rows_bf16<<<(unsigned)((groups + 4 / ks - 1) / (4 / ks)), 128, 0, g.st>>>(
                                 step, mode, x, ldx, wb, N, K, y, ldy, nul, ks);
@@ -147,8 +147,8 @@ int main(int argc, char** argv) {
                 }
                 const float t = median(ms);
                 std::printf("| %s | %d | %s | %.1f | %.0f | %.2e |\n", sh.name, T,
-                            kind == 0 ? (sh.tiled ? "untile + g4_matmul" : "g4_matmul") : "g4_mm_rows", 1000 * t,
-                            (double)wbytes / t / 1e6, kind == 0 ? 0.0f : max_rel(ref, out));
+                            kind == 0 ? (sh.tiled ? "untile + g4_matmul" : "g4_matmul") : "g4_mm_rows",
+                            1000 * t, (double)wbytes / t / 1e6, kind == 0 ? 0.0f : max_rel(ref, out));
             }
         }
     }

@@ -25,4 +25,5 @@
 #include "sequence_ops.cu"
 #include "encoder_ops.cu"
 #include "matmul_rows.cu"
+#include "batch_rows.cu"
 // clang-format on

@@ -50,11 +50,9 @@ __device__ __forceinline__ void merge_split_weights(const float* p, int dim, int
         __syncthreads();
     }
 }
-extern "C" __global__ void __launch_bounds__(1024)
-    g4_attention_merge(const Step* s, const float* part, int heads, int dim, int splits, float* y, long ldy,
-                       int window) {
-    G4_TRACE_SCOPE(4, y);
-    pdl_begin();
+// One block's merge: head h of row t (p: its splits' partials, y: its output row's head columns).
+__device__ __forceinline__ void attention_merge_block(const Step* s, const float* p, int dim, int splits,
+                                                      float* y, int window) {
     int ks = splits; // splits that may hold keys
     if (window >= 0) {
         const int pos = s->pos0, lo = window > 0 ? max(0, pos - window + 1) : 0, span = pos - lo + 1;
@@ -64,9 +62,6 @@ extern "C" __global__ void __launch_bounds__(1024)
     __shared__ float red[32];
     __shared__ float wsplit[1024]; // splits <= 1024
     __shared__ float accs[16][64];
-    int t = blockIdx.x / heads, h = blockIdx.x % heads;
-    if (t >= s->rows) return;
-    const float* p = part + (long)blockIdx.x * splits * (dim + 2);
     float L;
     int nact; // splits past the last non-empty one are skipped
     merge_split_weights(p, dim, ks, wsplit, red, &L, &nact);
@@ -95,6 +90,16 @@ extern "C" __global__ void __launch_bounds__(1024)
         float sum = 0.0f;
         for (int i = 0; i < NG; ++i)
             sum += accs[i][cl];
-        y[(long)t * ldy + (long)h * dim + c] = sum / L;
+        y[c] = sum / L;
     }
+}
+extern "C" __global__ void __launch_bounds__(1024)
+    g4_attention_merge(const Step* s, const float* part, int heads, int dim, int splits, float* y, long ldy,
+                       int window) {
+    G4_TRACE_SCOPE(4, y);
+    pdl_begin();
+    int t = blockIdx.x / heads, h = blockIdx.x % heads;
+    if (t >= s->rows) return;
+    attention_merge_block(s, part + (long)blockIdx.x * splits * (dim + 2), dim, splits,
+                          y + (long)t * ldy + (long)h * dim, window);
 }

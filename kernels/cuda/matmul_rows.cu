@@ -92,7 +92,7 @@ extern "C" __global__ void __launch_bounds__(128)
             for (int q = 0; q < 2; ++q)
 #pragma unroll
                 for (int b = 0; b < 4; ++b) {
-                    u32 byte             = (words[q] >> (8 * b)) & 0xff;
+                    u32 byte                = (words[q] >> (8 * b)) & 0xff;
                     w[g][q * 8 + b * 2]     = cb[byte >> 4];
                     w[g][q * 8 + b * 2 + 1] = cb[byte & 15];
                 }
@@ -104,8 +104,8 @@ extern "C" __global__ void __launch_bounds__(128)
                 float xv[16];
 #pragma unroll
                 for (int v = 0; v < 4; ++v) {
-                    float4 a      = xr[v];
-                    xv[4 * v]     = a.x, xv[4 * v + 1] = a.y, xv[4 * v + 2] = a.z, xv[4 * v + 3] = a.w;
+                    float4 a  = xr[v];
+                    xv[4 * v] = a.x, xv[4 * v + 1] = a.y, xv[4 * v + 2] = a.z, xv[4 * v + 3] = a.w;
                 }
 #pragma unroll
                 for (int g = 0; g < MR_G; ++g) {
@@ -152,7 +152,7 @@ extern "C" __global__ void __launch_bounds__(128)
             const u32 words[4] = {pk[g].x, pk[g].y, pk[g].z, pk[g].w};
 #pragma unroll
             for (int q = 0; q < 4; ++q)
-                wf[g][2 * q] = __uint_as_float(words[q] << 16),
+                wf[g][2 * q]               = __uint_as_float(words[q] << 16),
                           wf[g][2 * q + 1] = __uint_as_float(words[q] & 0xffff0000u);
         }
 #pragma unroll

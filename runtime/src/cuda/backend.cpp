@@ -140,7 +140,7 @@ g4_status open_gpu(const plan::Plan& p, EngineState* st, Gpu& g, const plan::Pro
            "loading the plan's CUDA kernels on GPU " + std::to_string(g.index));
     const ModuleKernels m{d, g.mod, ptx, g.sm};
     for (auto bind : {bind_op_kernels, bind_matmul_kernels, bind_attention_kernels, bind_decode_kernels,
-                      bind_sampling_kernels, bind_encoder_kernels})
+                      bind_sampling_kernels, bind_encoder_kernels, bind_batch_kernels})
         if (g4_status r = bind(m, g.k, err); r != G4_OK) return r;
     if (g.index == p.cuda_device())
         CU_TRY(d->cuMemAlloc(&g.weights, std::max<uint64_t>(64, g.weights_bytes)),

@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <cstring>
 #include <vector>
 
@@ -79,7 +80,82 @@ g4_status launch_for_session(SessionState* st0, SessionState* sj, const plan::Pl
     return G4_OK;
 }
 
+// Per-sequence op i over all n rows in one launch (kernels/cuda/batch_rows.cu): the step's records and the
+// sessions' KV arena offsets from the group's device array. *done false: the op has no such launch (an
+// attention whose decode row does not fit g4_attn_decode); the caller launches it once per session.
+g4_status launch_rows(SessionState* st0, const plan::Plan& p, size_t i, int32_t n, bool* done,
+                      std::string* err) {
+    const PlanOp& op             = p.op(i);
+    Lane& l0                     = st0->lanes[0];
+    const Kernels& K             = l0.g->k;
+    SessionState::BatchGroup& bg = st0->batch;
+    st0->cur                     = &l0;
+    *done                        = true;
+    CUdeviceptr rec = bg.steps, dl = bg.steps + SessionState::BatchGroup::kDeltaAt, part = bg.part;
+    CUdeviceptr in0 = addr(st0, p, op.in[0], op.in_col[0]), in1 = addr(st0, p, op.in[1], op.in_col[1]),
+                in2 = addr(st0, p, op.in[2], op.in_col[2]), out0 = addr(st0, p, op.out[0], op.out_col[0]),
+                out1 = addr(st0, p, op.out[1], op.out_col[1]);
+    long ld0 = ld_of(p, op.in[0]), ld1 = ld_of(p, op.in[1]), ldo = ld_of(p, op.out[0]);
+    long part_rows = (long)bg.part_rows;
+    auto go    = [&](CUfunction f, unsigned gx, unsigned gy, unsigned bx, std::initializer_list<void*> args,
+                  unsigned gz) { return launch(st0, f, gx, gy, bx, const_cast<void**>(args.begin()), gz); };
+    CUresult r = 0;
+    switch ((OpCode)op.code) {
+    case OpCode::Rope: {
+        const auto rp = plan::params<plan::RopeParams>(op);
+        int dim       = rp.dim;
+        r             = go(K.rope_rows, (unsigned)n, (unsigned)rp.heads, (unsigned)std::max(32, dim / 2),
+                           {&rec, &in0, &ld0, &in1, &dim}, 1);
+        break;
+    }
+    case OpCode::KvStore: {
+        const auto kp = plan::params<plan::KvStoreParams>(op);
+        int width = kp.width, slots = kp.slots, kvdt = dt_code(p, op.out[0]);
+        r = go(K.kv_rows, (unsigned)n, 1, 256,
+               {&rec, &dl, &in0, &ld0, &in1, &ld1, &out0, &out1, &width, &slots, &kvdt}, 1);
+        break;
+    }
+    case OpCode::Attention: {
+        const int kvdt = dt_code(p, op.in[1]);
+        const auto ap  = plan::params<plan::AttentionParams>(op);
+        if (!decode_attention_fits(p, op, kvdt) ||
+            (uint64_t)ap.heads * std::max(1, ap.decode_splits) * (ap.dim + 2) > bg.part_rows) {
+            *done = false;
+            return G4_OK;
+        }
+        int heads = ap.heads, kvh = ap.kv_heads, dim = ap.dim, slots = ap.slots, window = ap.window,
+            dsp     = ap.decode_splits;
+        float scale = ap.scale;
+        r           = go(K.attn_rows[kvdt], (unsigned)kvh, (unsigned)dsp, 256,
+                         {&rec, &dl, &in0, &ld0, &in1, &in2, &heads, &kvh, &dim, &slots, &window, &scale, &dsp, &part,
+                          &part_rows},
+                         (unsigned)n);
+        if (r == 0)
+            r = go(K.merge_rows, (unsigned)heads, (unsigned)(dim + 63) / 64, merge_threads(true),
+                   {&rec, &part, &part_rows, &heads, &dim, &dsp, &out0, &ldo, &window}, (unsigned)n);
+        break;
+    }
+    default:
+        *done = false;
+        return G4_OK;
+    }
+    if (r != 0) {
+        *err = "CUDA error " + error_name(r) + " launching op '" + p.str(op.name) + "' of a batched step";
+        return G4_ERR_INTERNAL;
+    }
+    return G4_OK;
+}
+
 } // namespace
+
+g4_status bind_batch_kernels(const ModuleKernels& m, Kernels& k, std::string*) {
+    m.get_optional(&k.rope_rows, "g4_rope_rows");
+    m.get_optional(&k.kv_rows, "g4_kv_store_rows");
+    m.get_optional(&k.attn_rows[0], "g4_attn_decode_rows");
+    m.get_optional(&k.attn_rows[1], "g4_attn_decode_rows_bf16");
+    m.get_optional(&k.merge_rows, "g4_attention_merge_rows");
+    return G4_OK;
+}
 
 bool batched_steps(const g4_engine* e) {
     return !e->plan.hybrid() && rt::env::cuda_batch();
@@ -99,12 +175,15 @@ g4_status enqueue_group(g4_session* const* ss, int32_t n, std::string* err) {
     Lane& l0                     = st0->lanes[0];
     SessionState::BatchGroup& bg = st0->batch;
     constexpr uint64_t kStep     = sizeof(SessionState::Step);
-    CU_TRY(d->cuMemcpyHtoDAsync(bg.steps, bg.host_steps, (size_t)(n + 1) * kStep, l0.stream),
-           "copying the step records");
+    CU_TRY(
+        d->cuMemcpyHtoDAsync(bg.steps, bg.host_steps, SessionState::BatchGroup::kDeltaAt + 8 * 8, l0.stream),
+        "copying the step records");
     CU_TRY(d->cuMemcpyHtoDAsync(l0.act + p.tensor(info.ids_tensor).offset, st0->host_ids, (size_t)n * 4,
                                 l0.stream),
            "copying token ids");
-    st0->after_node         = true; // no programmatic edge from a copy
+    st0->after_node  = true; // no programmatic edge from a copy
+    const Kernels& K = l0.g->k;
+    const bool rows = K.rope_rows && K.kv_rows && K.attn_rows[0] && K.attn_rows[1] && K.merge_rows && bg.part;
     const CUdeviceptr saved = l0.step;
     l0.step                 = bg.steps;
     g4_status g             = G4_OK;
@@ -113,7 +192,9 @@ g4_status enqueue_group(g4_session* const* ss, int32_t n, std::string* err) {
             g = launch_op(s0, i, n, n, err);
             continue;
         }
-        for (int32_t j = 0; j < n && g == G4_OK; ++j)
+        bool done = false;
+        if (rows) g = launch_rows(st0, p, i, n, &done, err);
+        for (int32_t j = 0; j < n && g == G4_OK && !done; ++j)
             g = launch_for_session(st0, session_of(ss[j]), p, i, j, bg.steps + (uint64_t)(1 + j) * kStep,
                                    err);
     }
@@ -140,25 +221,37 @@ bool capture_group(g4_session* const* ss, int32_t n, std::string* err) {
     const Driver* d              = st0->e->d;
     Lane& l0                     = st0->lanes[0];
     SessionState::BatchGroup& bg = st0->batch;
+    std::string why;
     for (int attempt = 0; attempt < 2; ++attempt) {
         const bool pdl = attempt == 0 && st0->pdl_ok;
         if (attempt == 1 && !st0->pdl_ok) break;
         st0->pdl_now = pdl;
-        if (d->cuStreamBeginCapture(l0.stream, 2 /* relaxed */) != 0) break;
+        CUresult re  = d->cuStreamBeginCapture(l0.stream, 2 /* relaxed */);
+        if (re != 0) {
+            why = error_name(re);
+            break;
+        }
         g4_status g  = enqueue_group(ss, n, err);
-        CUresult re  = d->cuStreamEndCapture(l0.stream, &bg.graph);
+        re           = d->cuStreamEndCapture(l0.stream, &bg.graph);
         st0->pdl_now = false;
         st0->cur     = &l0;
         if (g != G4_OK) {
+            why = *err;
             err->clear();
             break;
         }
         if (re == 0) re = d->cuGraphInstantiateWithFlags(&bg.exec, bg.graph, 0);
         if (re == 0) return true;
+        why = error_name(re);
         drop_graph(d, bg);
     }
+    st0->pdl_now = false;
     drop_graph(d, bg);
     bg.no_graph = true;
+    std::fprintf(stderr,
+                 "g4: note: batched decode steps run without a CUDA graph (capturing one failed: %s); they "
+                 "are slower\n",
+                 why.c_str());
     return false;
 }
 
@@ -178,17 +271,30 @@ g4_status run_group(g4_session* const* ss, const int32_t* tokens, int32_t n, std
     st0->rep_out = st0->rep_in = 0;
     st0->fold_prev = st0->fold_next = st0->mlp_res = nullptr;
     CU_TRY(d->cuCtxSetCurrent(l0.g->ctx), "cuCtxSetCurrent");
+    const plan::Plan& p = s0->engine->plan;
     if (!bg.steps) {
-        CU_TRY(d->cuMemAlloc(&bg.steps, 9 * sizeof(SessionState::Step)), "allocating the step records");
-        CU_TRY(d->cuMemAllocHost((void**)&bg.host_steps, 9 * sizeof(SessionState::Step)),
-               "allocating pinned memory");
+        constexpr size_t bytes = SessionState::BatchGroup::kDeltaAt + 8 * 8;
+        CU_TRY(d->cuMemAlloc(&bg.steps, bytes), "allocating the step records");
+        CU_TRY(d->cuMemAllocHost((void**)&bg.host_steps, bytes), "allocating pinned memory");
+        // Decode attention's partials for 8 rows: the most a layer's row needs (heads x splits x (dim + 2)).
+        for (size_t i = 0; i < p.n_ops(); ++i)
+            if (p.op(i).code == (uint16_t)OpCode::Attention) {
+                const auto ap = plan::params<plan::AttentionParams>(p.op(i));
+                bg.part_rows  = std::max<uint64_t>(
+                    bg.part_rows, (uint64_t)ap.heads * std::max(1, ap.decode_splits) * (ap.dim + 2));
+            }
+        if (bg.part_rows)
+            CU_TRY(d->cuMemAlloc(&bg.part, bg.part_rows * 8 * 4),
+                   "allocating the batched attention's partials");
     }
+    long long* delta = (long long*)((char*)bg.host_steps + SessionState::BatchGroup::kDeltaAt);
     std::vector<uint64_t> key((size_t)n);
     for (int32_t j = 0; j < n; ++j) {
         SessionState* sj = session_of(ss[j]);
         if (sj->batch.serial == 0) sj->batch.serial = ++serials;
         key[(size_t)j]       = sj->batch.serial;
         bg.host_steps[1 + j] = {1, ss[j]->position, 1, 0};
+        delta[j]             = (long long)(sj->lanes[0].kv - l0.kv);
     }
     bg.host_steps[0] = {n, 0, n, 0};
     std::memcpy(st0->host_ids, tokens, sizeof(int32_t) * n);
@@ -222,6 +328,7 @@ void batch_destroy(SessionState* st) {
     const Driver* d = st->e->d;
     drop_graph(d, st->batch);
     if (st->batch.steps) d->cuMemFree(st->batch.steps);
+    if (st->batch.part) d->cuMemFree(st->batch.part);
     if (st->batch.host_steps) d->cuMemFreeHost(st->batch.host_steps);
 }
 

@@ -67,6 +67,7 @@ g4_status bind_attention_kernels(const ModuleKernels& m, Kernels& k,
 g4_status bind_decode_kernels(const ModuleKernels& m, Kernels& k, std::string* err);   // decode_launch.cpp
 g4_status bind_sampling_kernels(const ModuleKernels& m, Kernels& k, std::string* err); // sampling_launch.cpp
 g4_status bind_encoder_kernels(const ModuleKernels& m, Kernels& k, std::string* err);  // encoder_launch.cpp
+g4_status bind_batch_kernels(const ModuleKernels& m, Kernels& k, std::string* err);    // batch_launch.cpp
 
 // Encoder programs on the plan's GPU (encoder_launch.cpp): device bytes of their weights (engine) and of a
 // session's arenas and launch records; the upload at engine open and the session's buffers, freed with them.

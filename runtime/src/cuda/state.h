@@ -44,6 +44,9 @@ struct Kernels {
     // g4_mm_rows_nf4 / _bf16 (kernels/cuda/matmul_rows.cu): matmuls of 2..8 rows; null in older plans'
     // modules
     CUfunction mm_rows_nf4, mm_rows_bf16;
+    // The batched step's per-sequence ops over all its rows (kernels/cuda/batch_rows.cu): g4_rope_rows,
+    // g4_kv_store_rows, g4_attn_decode_rows[_bf16], g4_attention_merge_rows; null in older plans' modules
+    CUfunction rope_rows, kv_rows, attn_rows[2], merge_rows;
     CUfunction mlp_r[5]; // g4_mlp_nf4_h2_r, _b256_h2_r, _h2_rep_r, _b256_h2_rep_r, _b256_h2_z_r: after a
                          // ResNorm with ip1 = 2
     CUfunction mlp_z[3]; // g4_mlp_nf4_b256_z, _b256_dq_z, _b256_h2_z: before a folded ResNorm (zero the
@@ -228,11 +231,15 @@ struct SessionState {
     // Batched decode steps this session leads (the first of the group; batch_launch.cpp): serial, a number no
     // other session of the process has (0: none yet); the group's step records (device, [0] the shared ops'
     // n rows, [1 + j] session j's one row) and their pinned host copy; the group last stepped (the sessions'
-    // serials) and, once it stepped twice in a row, its step captured as a CUDA graph.
+    // serials) and, once it stepped twice in a row, its step captured as a CUDA graph. After the records
+    // (kDeltaAt bytes in): each session's KV arena address minus the first's [8]; part: decode attention's
+    // partials of the step's rows (part_rows floats a row).
     struct BatchGroup {
-        uint64_t serial   = 0;
-        CUdeviceptr steps = 0;
-        Step* host_steps  = nullptr;
+        static constexpr uint64_t kDeltaAt = 9 * sizeof(Step);
+        uint64_t serial                    = 0;
+        CUdeviceptr steps = 0, part = 0;
+        uint64_t part_rows = 0;
+        Step* host_steps   = nullptr;
         std::vector<uint64_t> last, captured;
         CUgraph graph    = nullptr;
         CUgraphExec exec = nullptr;

@@ -18,9 +18,9 @@ extern "C" __global__ void g4_rope_rows(const Step* rec, float* x, long ldx, con
 }
 
 // KV store of row j into its session's caches at slot pos % slots. grid (n), block 256.
-extern "C" __global__ void g4_kv_store_rows(const Step* rec, const long long* kv_delta, const float* k, long ldk,
-                                            const float* v, long ldv, char* kc, char* vc, int width, int slots,
-                                            int kvdt) {
+extern "C" __global__ void g4_kv_store_rows(const Step* rec, const long long* kv_delta, const float* k,
+                                            long ldk, const float* v, long ldv, char* kc, char* vc, int width,
+                                            int slots, int kvdt) {
     pdl_begin();
     const int t = blockIdx.x;
     if (t >= rec[0].rows) return;
@@ -53,8 +53,8 @@ G4_ATTN_DECODE_ROWS(g4_attn_decode_rows_bf16, true)
 // g4_attention_merge of the decode partials above: head blockIdx.x of row z = blockIdx.z into y row z.
 // grid (heads, ceil(dim / 64), n), block 1024.
 extern "C" __global__ void __launch_bounds__(1024)
-    g4_attention_merge_rows(const Step* rec, const float* part, long part_rows, int heads, int dim, int splits,
-                            float* y, long ldy, int window) {
+    g4_attention_merge_rows(const Step* rec, const float* part, long part_rows, int heads, int dim,
+                            int splits, float* y, long ldy, int window) {
     pdl_begin();
     const int z = blockIdx.z, h = blockIdx.x;
     attention_merge_block(rec + 1 + z, part + (long)z * part_rows + (long)h * splits * (dim + 2), dim, splits,

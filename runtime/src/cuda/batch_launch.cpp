@@ -1,10 +1,11 @@
 // The CUDA backend's batched decode step (runtime/src/batch.h): the op-by-op path of prefill chunks over the
-// n sessions' rows in the first session's activation arena, on its stream, but for the per-sequence ops
-// (rope, KV store, attention), launched once per session on its row, with its KV cache and its own step
-// record (one row at its position). Matmuls of 2..8 rows read each weight once in its stored layout
-// (g4_mm_rows_*). A group that steps twice in a row with the same sessions is captured as a CUDA graph and
-// replayed while it stays the same: its step records and token ids are copied from pinned host slots the
-// graph reads at each replay. Plans whose layers span devices have no batched step.
+// n sessions' rows in the first session's activation arena, on its stream. The per-sequence ops (rope, KV
+// store, attention) run once over all rows (kernels/cuda/batch_rows.cu), each row at its session's position
+// and in its session's KV cache, or, where the plan's module lacks those kernels, once per session on its
+// row. Matmuls of 2..8 rows read each weight once in its stored layout (g4_mm_rows_*). A group that steps
+// twice in a row with the same sessions is captured as a CUDA graph and replayed while it stays the same: its
+// step records and token ids are copied from pinned host slots the graph reads at each replay. Plans whose
+// layers span devices have no batched step.
 #include "runtime/plan/op_params.h"
 #include "runtime/src/batch.h"
 #include "runtime/src/cuda/backend.h"

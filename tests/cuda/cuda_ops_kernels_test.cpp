@@ -132,6 +132,51 @@ TEST(PrefillGemm, Nf4ToBf16IsExact) {
     }
 }
 
+// ---- matmuls of 2..8 rows (batched decode steps, short prefill chunks): g4_mm_rows_nf4 on row-major and
+// tiled32 NF4 (f32 and double-quant scales) and g4_mm_rows_bf16 against the reference, at every split of K
+// over a lane group's warps (ks 1, 2, 4) and output counts that are not a multiple of the 4 rows a group
+// computes.
+TEST(MatmulRows, MatchTheReference) {
+    NEED_GPU();
+    Dev dev;
+    struct Case {
+        DType dt;
+        int n, k;
+        bool dq, tiled;
+    };
+    const Case cases[] = {{DType::NF4, 70, 1536, false, false}, {DType::NF4, 70, 1536, true, false},
+                          {DType::NF4, 96, 512, false, true},   {DType::NF4, 98, 512, true, true},
+                          {DType::BF16, 70, 200, false, false}, {DType::BF16, 1030, 1536, false, false}};
+    for (const Case& c : cases) {
+        Weight w          = make_weight(dev, c.dt, c.n, c.k, 21, c.dq);
+        const bool nf4    = c.dt == DType::NF4;
+        CUdeviceptr wd    = c.tiled ? dev.up(nf4::tile32(w.blob, w.n, w.k, c.dq)) : w.dev;
+        nf4::Layout l     = nf4::layout(w.n * w.k, c.dq);
+        CUdeviceptr codes = wd + l.codes_off, am = wd + l.absmax_off, am2 = c.dq ? wd + l.absmax2_off : 0,
+                    off = c.dq ? wd + l.offset_off : 0, c2 = c.dq ? wd + l.code2_off : 0, bias = 0;
+        for (int T : {2, 5, 8}) {
+            const std::vector<float> x    = randn((size_t)T * c.k, 30 + T, 1.0f);
+            const std::vector<float> want = w.ref(x, T);
+            CUdeviceptr xd = dev.up(x), yd = dev.alloc((size_t)T * c.n * 4), st = dev.step(T, 0, T);
+            for (int ks : {1, 2, 4}) {
+                int mode = 0, N = c.n, K = c.k, tl = c.tiled;
+                long ldx = K, ldy = N;
+                const unsigned grid = (unsigned)(((N + 3) / 4 + 4 / ks - 1) / (4 / ks));
+                if (nf4)
+                    launch("g4_mm_rows_nf4", grid, 1, 128,
+                           {&st, &mode, &xd, &ldx, &codes, &am, &am2, &off, &c2, &N, &K, &yd, &ldy, &bias,
+                            &tl, &ks});
+                else
+                    launch("g4_mm_rows_bf16", grid, 1, 128,
+                           {&st, &mode, &xd, &ldx, &wd, &N, &K, &yd, &ldy, &bias, &ks});
+                EXPECT_LT(rel(dev.down<float>(yd, (size_t)T * N), want), 1e-5)
+                    << (nf4 ? "nf4" : "bf16") << " " << N << "x" << K << " dq " << c.dq << " tiled "
+                    << c.tiled << " rows " << T << " ks " << ks;
+            }
+        }
+    }
+}
+
 TEST(PrefillGemm, CublasAndTensorCoreMatchBf16Reference) {
     NEED_GPU();
     Dev dev;

@@ -66,7 +66,7 @@ using DotFn = int32_t (*)(const int8_t* q, const int8_t* xs, const uint8_t* xu, 
     int32_t acc = 0;
 #if defined(__AVX512BW__)
     const __m512i ones = _mm512_set1_epi16(1), zero = _mm512_setzero_si512();
-    __m512i s0         = _mm512_setzero_si512();
+    __m512i s0 = _mm512_setzero_si512();
     for (; j + 64 <= k; j += 64) {
         const __m512i xv   = _mm512_loadu_si512(xs + j);
         const __m512i qv   = _mm512_loadu_si512(q + j);
@@ -102,7 +102,7 @@ using DotFn = int32_t (*)(const int8_t* q, const int8_t* xs, const uint8_t* xu, 
 #endif
 int32_t dot_q_vnni(const int8_t* q, const int8_t* xs, const uint8_t* xu, int64_t k, int32_t qsum) {
     __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
-    int64_t j  = 0;
+    int64_t j = 0;
     for (; j + 128 <= k; j += 128) {
         s0 = _mm512_dpbusd_epi32(s0, _mm512_loadu_si512(xu + j), _mm512_loadu_si512(q + j));
         s1 = _mm512_dpbusd_epi32(s1, _mm512_loadu_si512(xu + j + 64), _mm512_loadu_si512(q + j + 64));
@@ -128,10 +128,10 @@ template <DotFn Dot> LmScreenResult screen(const Context& c, const LmScreenArgs&
         l1 += std::fabs(v), l2 += v * v, mx = std::max(mx, std::fabs(v));
     }
     if (!std::isfinite(l1) || !std::isfinite(l2) || mx == 0) return res; // not screened
-    const float sx  = (float)mx / 127.0f;
-    int8_t* xs      = (int8_t*)c.thread_scratch(0);
-    uint8_t* xu     = (uint8_t*)xs + ((k + 63) / 64 * 64);
-    double e2       = 0;
+    const float sx = (float)mx / 127.0f;
+    int8_t* xs     = (int8_t*)c.thread_scratch(0);
+    uint8_t* xu    = (uint8_t*)xs + ((k + 63) / 64 * 64);
+    double e2      = 0;
     for (int64_t i = 0; i < k; ++i) {
         const int qi = std::clamp((int)std::nearbyint(a.x[i] / sx), -127, 127);
         xs[i] = (int8_t)qi, xu[i] = (uint8_t)(qi + 128);
@@ -143,20 +143,20 @@ template <DotFn Dot> LmScreenResult screen(const Context& c, const LmScreenArgs&
     const int64_t tiles = (a.n + kScreenTile - 1) / kScreenTile;
     auto tile           = [&](int64_t t) {
         const int64_t r0 = t * kScreenTile, r1 = std::min(a.n, r0 + kScreenTile);
-        float mlo        = -std::numeric_limits<float>::infinity();
+        float mlo = -std::numeric_limits<float>::infinity();
         for (int64_t r = r0; r < r1; ++r) {
             const int32_t d = Dot(a.q + r * k, xs, xu, k, a.qsum[r]);
             const float sr = a.scale[r], b = a.bias ? a.bias[r] : 0.0f;
-            const float v  = (float)((double)sr * (double)sx * (double)d) + b;
-            const float B  = (a.bound[r] * xl2 + sr * a.qnorm[r] * ex + 2.0f * gam * 128.0f * sr * xl1 +
+            const float v = (float)((double)sr * (double)sx * (double)d) + b;
+            const float B = (a.bound[r] * xl2 + sr * a.qnorm[r] * ex + 2.0f * gam * 128.0f * sr * xl1 +
                              4.0e-7f * (std::fabs(v) + std::fabs(b))) *
                                 1.0001f +
                             1e-30f;
             a.hi[r] = v + B;
             if (a.lo) a.lo[r] = v - B;
-            mlo     = std::max(mlo, v - B);
+            mlo = std::max(mlo, v - B);
         }
-        uint32_t cur = best.load(std::memory_order_relaxed);
+        uint32_t cur       = best.load(std::memory_order_relaxed);
         const uint32_t key = order_key(mlo);
         while (key > cur && !best.compare_exchange_weak(cur, key, std::memory_order_relaxed)) {
         }
@@ -173,27 +173,44 @@ template <DotFn Dot> LmScreenResult screen(const Context& c, const LmScreenArgs&
 
 } // namespace
 
+// Written so that the compiler vectorises it (integer max and sums, 16 independent float lanes): ~0.3 ns a
+// weight instead of ~5 with double sums. The residuals d_i = fl(v_i - fl(s q_i)) are within u (127 s + |d_i|)
+// of the exact ones (u = 2^-24) and their float sum of squares within gamma_K of its value, so
+// bound = sqrt(sum) (1 + (k + 16) 1.2e-7) + 128 s 1.2e-7 sqrt(k) >= ||w - s q||_2.
 void lm_screen_build(const uint16_t* w, int64_t k, int64_t r0, int64_t r1, const LmScreenCopy& out) {
+    constexpr int L = 16;
     for (int64_t r = r0; r < r1; ++r) {
         const uint16_t* row = w + r * k;
-        float mx            = 0.0f;
+        uint16_t mb         = 0; // max |w| as bits: bf16 magnitudes order as their bits (NaN aside)
         for (int64_t i = 0; i < k; ++i)
-            mx = std::max(mx, std::fabs(bf16_float(row[i])));
-        const float s = mx / 127.0f;
-        int8_t* q     = out.q + r * k;
-        double e2     = 0;
-        int64_t q2 = 0, qs = 0;
-        for (int64_t i = 0; i < k; ++i) {
-            const float v = bf16_float(row[i]);
-            const int qi  = s > 0.0f ? std::clamp((int)std::nearbyint(v / s), -127, 127) : 0;
-            q[i]          = (int8_t)qi;
-            const double d = (double)v - (double)s * qi;
-            e2 += d * d, q2 += qi * qi, qs += qi;
-        }
+            mb = std::max<uint16_t>(mb, row[i] & 0x7FFF);
+        const float s = bf16_float(mb) / 127.0f, inv = s > 0.0f ? 1.0f / s : 0.0f;
+        int8_t* q   = out.q + r * k;
+        float e2[L] = {};
+        int32_t q2 = 0, qs = 0;
+        auto one = [&](int64_t i, float& acc) {
+            const float v  = bf16_float(row[i]);
+            const float t  = std::min(127.0f, std::max(-127.0f, v * inv));
+            const float qf = (t + 12582912.0f) - 12582912.0f; // to nearest, ties to even (|t| <= 127)
+            const int qi   = (int)qf;
+            q[i]           = (int8_t)qi;
+            const float d  = v - s * qf;
+            acc += d * d, q2 += qi * qi, qs += qi;
+        };
+        int64_t i = 0;
+        for (; i + L <= k; i += L)
+            for (int l = 0; l < L; ++l)
+                one(i + l, e2[l]);
+        for (; i < k; ++i)
+            one(i, e2[0]);
+        double sum = 0;
+        for (float e : e2)
+            sum += e;
         out.scale[r] = s;
-        out.bound[r] = up(std::sqrt(e2));
+        out.bound[r] = up(std::sqrt(sum) * (1.0 + (double)(k + 16) * 1.2e-7) +
+                          128.0 * s * 1.2e-7 * std::sqrt((double)k));
         out.qnorm[r] = up(std::sqrt((double)q2));
-        out.qsum[r]  = (int32_t)qs;
+        out.qsum[r]  = qs;
     }
 }
 

@@ -1,6 +1,7 @@
 // The LM head a CPU plan can screen (runtime/src/cpu_lm_screen.h), found the same way by the compiler (the
 // screening copy's bytes in the plan's CPU memory) and the runtime (which builds it): the bf16 Matmul writing
-// the logits tensor of the text program (RowMode::OutRows), every op after it a Softcap of the logits in place.
+// the logits tensor of the text program (RowMode::OutRows), every op after it a Softcap of the logits in
+// place.
 #pragma once
 #include "runtime/plan/op_params.h"
 
@@ -28,13 +29,15 @@ inline bool find_cpu_lm_head(const plan::PlanOp* ops, size_t n_ops, const plan::
     h.op = head;
     for (size_t i = head + 1; i < n_ops; ++i) {
         const plan::PlanOp& op = ops[i];
-        if (op.code != (uint16_t)OpCode::Softcap || op.in[0] != logits || op.out[0] != logits || h.softcap > 0)
+        if (op.code != (uint16_t)OpCode::Softcap || op.in[0] != logits || op.out[0] != logits ||
+            h.softcap > 0)
             return false;
         h.softcap = plan::params<plan::SoftcapParams>(op).cap;
     }
     const plan::PlanOp& op    = ops[head];
     const plan::PlanTensor& w = tensors[op.in[1]];
-    if (w.dtype != (uint8_t)DType::BF16 || op.row_mode != (int32_t)plan::RowMode::OutRows || w.dims[1] > 65536)
+    if (w.dtype != (uint8_t)DType::BF16 || op.row_mode != (int32_t)plan::RowMode::OutRows ||
+        w.dims[1] > 65536)
         return false;
     h.n = w.dims[0], h.k = w.dims[1];
     *out = h;

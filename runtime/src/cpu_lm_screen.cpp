@@ -22,19 +22,19 @@ std::unique_ptr<CpuLmScreen> open_cpu_lm_screen(const g4_engine* e, int threads,
     auto l     = std::make_unique<CpuLmScreen>();
     l->head_op = h.op, l->softcap = h.softcap, l->n = h.n, l->k = h.k;
     const plan::PlanTensor& w = p.tensor(p.op(h.op).in[1]);
-    const uint64_t qb = ((uint64_t)l->n * l->k + 63) / 64 * 64;
-    l->bytes          = h.copy_bytes();
-    l->buf            = {(uint8_t*)std::aligned_alloc(64, (l->bytes + 63) / 64 * 64), std::free};
+    const uint64_t qb         = ((uint64_t)l->n * l->k + 63) / 64 * 64;
+    l->bytes                  = h.copy_bytes();
+    l->buf                    = {(uint8_t*)std::aligned_alloc(64, (l->bytes + 63) / 64 * 64), std::free};
     if (!l->buf) {
         *err = "cannot allocate " + std::to_string(l->bytes) + " bytes for the LM head's screening copy";
         return nullptr;
     }
-    uint8_t* b = l->buf.get();
-    l->copy    = {(int8_t*)b, (float*)(b + qb), (float*)(b + qb) + l->n, (float*)(b + qb) + 2 * l->n,
-                  (int32_t*)((float*)(b + qb) + 3 * l->n)};
+    uint8_t* b         = l->buf.get();
+    l->copy            = {(int8_t*)b, (float*)(b + qb), (float*)(b + qb) + l->n, (float*)(b + qb) + 2 * l->n,
+                          (int32_t*)((float*)(b + qb) + 3 * l->n)};
     const uint16_t* wd = (const uint16_t*)p.weight_data(w);
     const int nt       = (int)std::clamp<int64_t>(threads > 0 ? threads : cpu::default_thread_count(), 1,
-                                                  std::max<int64_t>(1, l->n / 64));
+                                            std::max<int64_t>(1, l->n / 64));
     const int64_t per  = (l->n + nt - 1) / nt;
     auto part          = [&](int t) {
         cpu::lm_screen_build(wd, l->k, std::min(l->n, t * per), std::min(l->n, (t + 1) * per), l->copy);

@@ -14,8 +14,8 @@
 namespace g4::rt {
 
 struct CpuLmScreen {
-    size_t head_op = 0;  // the Matmul writing the logits; every op after it is a Softcap of them, in place
-    float softcap  = 0;  // 0: none
+    size_t head_op = 0; // the Matmul writing the logits; every op after it is a Softcap of them, in place
+    float softcap  = 0; // 0: none
     int64_t n = 0, k = 0;
     std::unique_ptr<uint8_t, void (*)(void*)> buf{nullptr, nullptr};
     cpu::LmScreenCopy copy{};

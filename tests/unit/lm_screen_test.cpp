@@ -1,8 +1,8 @@
 // The CPU's LM-head screening through the C API (runtime/src/cpu_lm_screen.h): greedy decode on the tiny
 // fixture (512-token vocabulary: several screening tasks) gives the tokens of a plan compiled with
-// --no-lm-screen over many steps, the steps are screened (g4_session_stats.lm_screened), and whatever reads the
-// logits of a screened step (g4_session_get_logits, a non-greedy sample, a saved state) gets the full head's
-// bits. The kernel's bound and argmax at every CPU level: tests/ops/cpu_kernels_test.cpp (LmScreen.*).
+// --no-lm-screen over many steps, the steps are screened (g4_session_stats.lm_screened), and whatever reads
+// the logits of a screened step (g4_session_get_logits, a non-greedy sample, a saved state) gets the full
+// head's bits. The kernel's bound and argmax at every CPU level: tests/ops/cpu_kernels_test.cpp (LmScreen.*).
 #include "capi_util.h"
 #include "g4/g4.h"
 #include "test_util.h"

@@ -68,24 +68,27 @@ int main(int argc, char** argv) {
             const double tf   = ms_since(t0);
             const int64_t ref = std::max_element(y.begin(), y.end()) - y.begin();
             t0                = Clock::now();
-            const int32_t tok = rt::lm_screen_argmax(ctx, copy, {x.data(), w.data(), nullptr, n, k, 0, y.data()}, &rows);
-            const double ts   = ms_since(t0);
-            t0                = Clock::now();
-            cpu::lm_screen(ctx, {x.data(), q.data(), scale.data(), bound.data(), qnorm.data(), qsum.data(), nullptr,
-                                 n, k, y.data()});
+            const int32_t tok =
+                rt::lm_screen_argmax(ctx, copy, {x.data(), w.data(), nullptr, n, k, 0, y.data()}, &rows);
+            const double ts = ms_since(t0);
+            t0              = Clock::now();
+            cpu::lm_screen(ctx, {x.data(), q.data(), scale.data(), bound.data(), qnorm.data(), qsum.data(),
+                                 nullptr, n, k, y.data()});
             const double tp = ms_since(t0);
             if (tok != ref) {
-                std::fprintf(stderr, "cpu_lm_screen_bench: screened token %d, full head %lld\n", tok, (long long)ref);
+                std::fprintf(stderr, "cpu_lm_screen_bench: screened token %d, full head %lld\n", tok,
+                             (long long)ref);
                 return 1;
             }
             if (c == 0) continue; // warm-up
             full.push_back(tf), screened.push_back(ts), pass.push_back(tp);
         }
         const double fb = (double)n * k * 2, qb = (double)n * k;
-        std::printf("%d thread(s): full head %.1f ms (%.1f GB/s), screened %.1f ms (%.2fx; last call %lld rows "
-                    "exact), int8 pass %.1f ms (%.1f GB/s)\n",
-                    threads, median(full), fb / median(full) / 1e6, median(screened), median(full) / median(screened),
-                    (long long)rows, median(pass), qb / median(pass) / 1e6);
+        std::printf(
+            "%d thread(s): full head %.1f ms (%.1f GB/s), screened %.1f ms (%.2fx; last call %lld rows "
+            "exact), int8 pass %.1f ms (%.1f GB/s)\n",
+            threads, median(full), fb / median(full) / 1e6, median(screened), median(full) / median(screened),
+            (long long)rows, median(pass), qb / median(pass) / 1e6);
     }
     return 0;
 }

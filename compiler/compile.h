@@ -22,7 +22,11 @@ struct CompileOptions {
     bool double_quant = false;   // bitsandbytes double quantization of the NF4 absmax
     bool fidelity     = true;    // measure logits vs the full-precision model when lossy
     bool dry_run      = false;   // validate and print the memory plan; write nothing
-    std::string cuda_target;     // sm_80 | sm_86 | sm_89 | sm_90; default: the GPU present
+    // Greedy decode steps screen the bf16 LM head with an int8 copy built at engine open (CPU plans of the
+    // fast precision, CUDA plans whose schedule's head takes one), its bytes counted in the plan's memory;
+    // false (--no-lm-screen): every step computes the whole head, no copy.
+    bool lm_screen = true;
+    std::string cuda_target;                // sm_80 | sm_86 | sm_89 | sm_90; default: the GPU present
     std::string prefill_precision = "bf16"; // CUDA prefill matmuls: bf16 (tensor cores) | fp32 (exact SIMT)
     bool deterministic =
         false; // CUDA decode sums in a fixed order (sm_90: no fused MLP, whose atomic adds vary)

@@ -488,6 +488,7 @@ std::vector<DeviceMemory> memory_plan(const Figures& f, const Placement& p, bool
             c.parts.push_back({"towers' weights", f.tower_weights}),
                 c.parts.push_back({"towers' buffers", f.tower_buffers});
         if (f.encoder_arenas) c.parts.push_back({"encoder programs' activations", f.encoder_arenas});
+        if (p.lm_screen && f.lm_screen) c.parts.push_back({"LM head screening copy", f.lm_screen});
         c.per_thread = f.scratch_per_thread;
         c.threads    = threads;
         cpu_budget(c);
@@ -626,7 +627,7 @@ Decision decide(const Placement& p, const Figures& f, int max_context,
                 const std::function<Figures(int)>& figures_at, int threads) {
     Decision d  = decide_towers(p, f, max_context, figures_at, threads);
     Placement q = d.placement;
-    if (!f.lm_screen || q.cuda_index < 0 || q.has_cpu_layers() || q.gpus().size() > 1) return d;
+    if (!f.lm_screen || q.has_cpu_layers() || q.gpus().size() > 1) return d;
     q.lm_screen                         = true;
     std::vector<DeviceMemory> with_copy = memory_plan(f, q, q.ple_host, threads);
     const DeviceMemory& g               = with_copy[0];
@@ -840,15 +841,15 @@ void Decision::to_meta(plan::Meta* m) const {
         pl.layers.push_back({l, e, p.cuda_index < 0 ? "cpu" : on(l) < 0 ? "cpu" : cuda(on(l))});
         l = e + 1;
     }
-    pl.device   = dev;
-    pl.embed    = dev;
-    pl.lm_head  = dev;
-    pl.ple      = p.ple_host ? "host" : "device";
-    pl.ple_auto = p.ple_auto;
-    pl.vision   = p.tower_where.count("vision") ? p.tower_where.at("vision") : "not compiled";
-    pl.audio    = p.tower_where.count("audio") ? p.tower_where.at("audio") : "not compiled";
-    if (p.cuda_index >= 0) pl.lm_head_screen = p.lm_screen;
-    m->placement = pl;
+    pl.device         = dev;
+    pl.embed          = dev;
+    pl.lm_head        = dev;
+    pl.ple            = p.ple_host ? "host" : "device";
+    pl.ple_auto       = p.ple_auto;
+    pl.vision         = p.tower_where.count("vision") ? p.tower_where.at("vision") : "not compiled";
+    pl.audio          = p.tower_where.count("audio") ? p.tower_where.at("audio") : "not compiled";
+    pl.lm_head_screen = p.lm_screen;
+    m->placement      = pl;
     m->memory.clear();
     for (const DeviceMemory& d : memory)
         m->memory.push_back({d.device, d.parts, d.per_thread, d.budget});

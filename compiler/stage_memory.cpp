@@ -3,6 +3,7 @@
 // scratch; and the plan's figures for placement (compiler/placement.h), from the memory plan alone.
 #include "compiler/stages.h"
 #include "kernels/nf4.h"
+#include "runtime/src/cpu_lm_head.h"
 #include "runtime/src/cuda/workspace.h"
 #include "runtime/src/encoder_program.h"
 
@@ -328,6 +329,11 @@ void session_figures(const Inputs& in, const BuiltPlan& b, Report* rep) {
         if (li >= 0 && gpus.size() <= 1)
             rep->lm_screen = cuda_ws::lm_screen_bytes(
                 tensors[ops[plan::launch_params<plan::GemvLaunch>(schedule[li]).mat0].in[1]]);
+        rt::CpuLmHead head; // CPU plans of the fast precision: the bf16 head's int8 copy (cpu_lm_head.h)
+        if (in.cuda_index < 0 && opt.cpu_precision == "fast" &&
+            rt::find_cpu_lm_head(ops.data(), b.n_text_ops, tensors.data(), prog.logits, &head))
+            rep->lm_screen = head.copy_bytes();
+        if (!opt.lm_screen) rep->lm_screen = 0;
     }
     rep->weights_bytes = weights_size;
     for (size_t t = 0; t < prog.tensors.size(); ++t)

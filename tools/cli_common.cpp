@@ -329,7 +329,7 @@ void print_stats(g4_session* s, const g4_engine* e, const g4_engine_info& info) 
     std::fprintf(
         stderr,
         "g4: load %.1f ms; prefill %lld tokens in %.2f ms (%.1f tok/s); time to first token %.2f ms; "
-        "decode %lld tokens in %.2f ms (%.1f tok/s, %lld run ahead on the GPU, %lld of them with the LM head "
+        "decode %lld tokens in %.2f ms (%.1f tok/s, %lld run ahead on the GPU, %lld with the LM head "
         "screened); sampling %lld calls in %.2f ms (%.1f us each)\n",
         info.load_ms, (long long)st.prefill_tokens, st.prefill_ms,
         st.prefill_ms > 0 ? st.prefill_tokens * 1000.0 / st.prefill_ms : 0.0, st.ttft_ms,

@@ -37,6 +37,10 @@ const Command kCompile = {
         {"--no-fidelity", nullptr,
          "skip the fidelity check of lossy plans (saves about 40% of an E2B "
          "compile). Default: measured"},
+        {"--no-lm-screen", nullptr,
+         "no int8 copy of the LM head (about 1 byte a head weight, built when a plan is opened) to "
+         "screen the head of greedy decode steps: every step computes every logit. Default: screened "
+         "where the plan's memory budget allows"},
         {"--device", "cpu|cuda[:N]", "where the text decoder runs. Default: cpu"},
         {"--target", "sm_XX", "CUDA architecture (sm_80, sm_86, sm_89, sm_90). Default: the GPU present"},
         {"--prefill-precision", "bf16|fp32",
@@ -126,6 +130,7 @@ int cmd_compile(int argc, char** argv) {
     o.fidelity          = !a.on("--no-fidelity");
     o.tokenizer_path    = a.get("--tokenizer");
     o.dry_run           = a.on("--dry-run");
+    o.lm_screen         = !a.on("--no-lm-screen");
     o.cuda_target       = a.get("--target");
     o.prefill_precision = a.get("--prefill-precision", o.prefill_precision);
     o.deterministic     = a.on("--deterministic");

@@ -79,9 +79,10 @@ int inspect_plan(int argc, char** argv) {
             layers.c_str(), pl.embed.c_str(), pl.lm_head.c_str(), ple.c_str(),
             pl.ple_auto ? " (decided by the budget check)" : "", pl.vision.c_str(), pl.audio.c_str());
         if (pl.lm_head_screen)
-            std::printf("LM head screening: %s\n", *pl.lm_head_screen
-                                                       ? "on (its int8 copy on the plan's GPU)"
-                                                       : "off (decode steps compute every logit)");
+            std::printf("LM head screening: %s\n",
+                        !*pl.lm_head_screen  ? "off (decode steps compute every logit)"
+                        : pl.device == "cpu" ? "on (greedy decode steps; its int8 copy built in host memory)"
+                                             : "on (its int8 copy on the plan's GPU)");
         std::vector<g4::placement::DeviceMemory> mem;
         for (const g4::plan::MetaDeviceMemory& d : meta.memory) {
             g4::placement::DeviceMemory m;

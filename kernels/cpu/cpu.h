@@ -17,6 +17,31 @@ struct Context {
     float* thread_scratch(int thread) const { return scratch + (size_t)thread * scratch_stride; }
 };
 
+// The int8 copy of a bf16 LM head [n, k] (lm_screen.cpp): per row r, q[r * k ..] = round(w / scale[r]) with
+// scale[r] = max|w_r| / 127, bound[r] >= ||w_r - scale[r] q_r||_2, qnorm[r] >= ||q_r||_2, qsum[r] = sum(q_r).
+struct LmScreenCopy {
+    int8_t* q;
+    float *scale, *bound, *qnorm;
+    int32_t* qsum;
+};
+// One screening pass over the copy for the head input x [k] (+ bias [n], the LoRA bias added after the
+// product; may be null): hi[r] >= the logit the head computes for row r (before any softcap), and
+// LmScreenResult::max_lo <= the largest of them.
+struct LmScreenArgs {
+    const float* x;
+    const int8_t* q;
+    const float *scale, *bound, *qnorm;
+    const int32_t* qsum;
+    const float* bias;
+    int64_t n, k;
+    float* hi;           // [n], written
+    float* lo = nullptr; // [n], written when set: lo[r] <= the logit of row r (max_lo is their largest)
+};
+struct LmScreenResult {
+    bool screened = false; // false: x is zero or not finite; nothing was written
+    float max_lo  = 0;
+};
+
 constexpr int kMatmulTileRows    = 32;  // weight rows dequantized per task
 constexpr int kNf4GemvMaxRows    = 8;   // NF4 matmuls with at most this many rows skip the fp32 tile
 constexpr int kGemmMr            = 12;  // rows of y per register block
@@ -54,6 +79,14 @@ void matmul_nf4_gemm_int16(const Context& c, const MatmulArgs& a);
 // K), each output one thread's float32 sum in a fixed order; matmul_tiled's Eigen GEMM sums in another order,
 // so results differ in the last bits.
 void matmul_bf16_gemv(const Context& c, const MatmulArgs& a);
+// matmul_bf16_gemv for one row of x (a.rows == 1) over the rows n with a.y[n] >= threshold only (the head's
+// rows a screen kept): those get the bits matmul_bf16_gemv writes, every other a.y[n] becomes -infinity.
+// Returns the count of rows computed.
+int64_t matmul_bf16_gemv_where(const Context& c, const MatmulArgs& a, float threshold);
+// LM-head screening (kernels/cpu/lm_screen.cpp): rows [r0, r1) of the int8 copy of the bf16 head w [n, k]
+// (one thread; callers split the rows), and one screening pass (needs 2 * k bytes of thread 0's scratch).
+void lm_screen_build(const uint16_t* w, int64_t k, int64_t r0, int64_t r1, const LmScreenCopy& out);
+LmScreenResult lm_screen(const Context& c, const LmScreenArgs& a);
 
 // Many-row matmuls (the vision and audio towers): y = x . W^T for F32/BF16 weights through packed
 // kGemmKc x kGemmNr weight panels (gemm_scratch_floats() per thread) and an AVX-512 register-blocked kernel;

@@ -15,7 +15,9 @@
 #endif
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
+#include <limits>
 
 #if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
@@ -162,6 +164,24 @@ void matmul_bf16_gemv(const Context& c, const MatmulArgs& a) {
             tile(t);
     else
         c.pool->parallel_for(tiles, [&](int64_t t, int) { tile(t); });
+}
+
+int64_t matmul_bf16_gemv_where(const Context& c, const MatmulArgs& a, float threshold) {
+    float* xp = c.thread_scratch(0);
+    reorder_x(a, xp);
+    std::atomic<int64_t> count{0};
+    const int64_t tiles = (a.n + kTileRows - 1) / kTileRows;
+    auto tile           = [&](int64_t t) {
+        int64_t kept = 0;
+        for (int64_t n = t * kTileRows, n1 = std::min<int64_t>(a.n, n + kTileRows); n < n1; ++n)
+            if (!(a.y[n] < threshold)) // a NaN bound keeps its row
+                columns(a, xp, n, n + 1), ++kept;
+            else
+                a.y[n] = -std::numeric_limits<float>::infinity();
+        if (kept) count.fetch_add(kept, std::memory_order_relaxed);
+    };
+    c.pool->parallel_for(tiles, [&](int64_t t, int) { tile(t); });
+    return count.load();
 }
 
 } // namespace g4::cpu::G4_CPU_NS

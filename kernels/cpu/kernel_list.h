@@ -15,6 +15,11 @@
     X(void, matmul_nf4_int16, (const Context& c, const MatmulArgs& a), (c, a))                               \
     X(void, matmul_nf4_gemm_int16, (const Context& c, const MatmulArgs& a), (c, a))                          \
     X(void, matmul_bf16_gemv, (const Context& c, const MatmulArgs& a), (c, a))                               \
+    X(int64_t, matmul_bf16_gemv_where, (const Context& c, const MatmulArgs& a, float threshold),             \
+      (c, a, threshold))                                                                                     \
+    X(void, lm_screen_build,                                                                                 \
+      (const uint16_t* w, int64_t k, int64_t r0, int64_t r1, const LmScreenCopy& out), (w, k, r0, r1, out))  \
+    X(LmScreenResult, lm_screen, (const Context& c, const LmScreenArgs& a), (c, a))                          \
     X(size_t, gemm_scratch_floats, (), ())                                                                   \
     X(void, matmul_gemm, (const Context& c, const MatmulArgs& a), (c, a))                                    \
     X(void, gemm_block,                                                                                      \

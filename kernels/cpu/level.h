@@ -38,7 +38,8 @@ void self_attention_dpbf16(const Context& c, const SelfAttentionArgs& a);
 #endif
 #if defined(G4_CPU_VNNI_VARIANT)
 void matmul_nf4_int16_vnni(const Context& c, const MatmulArgs& a);
-void matmul_vnni(const Context& c, const MatmulArgs& a); // matmul with matmul_nf4_int16_vnni
+void matmul_vnni(const Context& c, const MatmulArgs& a);                // matmul with matmul_nf4_int16_vnni
+LmScreenResult lm_screen_vnni(const Context& c, const LmScreenArgs& a); // vpdpbusd
 #endif
 // y[i] = f32_to_bf16(x[i]) for i < n (gemm_bf16.cpp; vectorised with AVX-512 BW).
 void round_to_bf16(const float* x, int64_t n, uint16_t* y);

@@ -18,6 +18,7 @@ constexpr Kernels with_dpbf16() {
 #if defined(G4_CPU_VNNI_VARIANT)
     k.matmul_nf4_int16 = &matmul_nf4_int16_vnni;
     k.matmul           = &matmul_vnni;
+    k.lm_screen        = &lm_screen_vnni;
 #endif
     return k;
 }

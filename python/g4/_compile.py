@@ -68,6 +68,7 @@ def compile(
     max_media_tokens: int | None = None,
     tower_precision: str | None = None,
     fidelity: bool = True,
+    lm_screen: bool = True,
     dry_run: bool = False,
     progress: Callable[[str], Any] | None = None,
 ) -> CompileResult:
@@ -97,6 +98,7 @@ def compile(
         "vision": vision,
         "audio": audio,
         "fidelity": fidelity,
+        "lm_screen": lm_screen,
         "dry_run": dry_run,
     }
     if adapter is not None:

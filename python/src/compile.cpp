@@ -85,7 +85,8 @@ g4::CompileOptions options_from(const nb::dict& d) {
                                                 {"max_media_tokens", &o.max_media_tokens}};
     std::map<std::string, bool*> flags       = {
               {"double_quant", &o.double_quant},   {"fidelity", &o.fidelity}, {"dry_run", &o.dry_run},
-              {"deterministic", &o.deterministic}, {"vision", &o.vision},     {"audio", &o.audio}};
+              {"deterministic", &o.deterministic}, {"vision", &o.vision},     {"audio", &o.audio},
+              {"lm_screen", &o.lm_screen}};
     // As `g4 compile`: a CUDA plan's prefill chunk is 1024 rows unless given.
     if (d.contains("device") && nb::cast<std::string>(d["device"]).rfind("cuda", 0) == 0) o.max_rows = 1024;
     for (auto [k, v] : d) {

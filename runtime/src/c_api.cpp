@@ -469,6 +469,7 @@ g4_status g4_session_sample(g4_session* s, const g4_sampling_params* params, int
         s->rng.seed(p.seed);
         s->rng_seeded = true;
     }
+    s->greedy_hint = p.temperature == 0.0f && g4::rt::penalty_window(p, s->position) == 0;
     if (s->logits_on_device) {
         // Greedy without a repetition penalty: the argmax the backend computed on the device.
         const int32_t n_hist = g4::rt::penalty_window(p, s->position);

@@ -69,6 +69,7 @@ struct g4_session {
     int32_t position      = 0;
     bool have_logits      = false;
     bool logits_on_device = false;   // the step left its row on the device: last_logits not filled yet
+    bool greedy_hint      = true;    // the last g4_session_sample was greedy without a repetition penalty
     std::vector<float> last_logits;  // [vocab]
     std::vector<int32_t> history;    // [max_context] tokens fed so far
     std::vector<float> sample_buf;   // [vocab]

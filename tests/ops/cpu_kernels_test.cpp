@@ -8,11 +8,13 @@
 #include "kernels/q16.h"
 #include "kernels/ref/ref.h"
 #include "models/gemma4/model.h"
+#include "runtime/src/cpu_lm_screen.h"
 #include "test_util.h"
 
 #include <cmath>
 #include <cstring>
 #include <gtest/gtest.h>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -747,6 +749,136 @@ TEST(CpuKernels, Bf16RoundingIsNearestEven) {
     EXPECT_EQ(f32_to_bf16(1.0f + 1.5f / 128), 0x3F82); // 1 + 3 * 2^-8: halfway, up to the even 0x3F82
     EXPECT_EQ(f32_to_bf16(std::nextafter(1.0f + 0.5f / 128, 2.0f)), 0x3F81);
     EXPECT_TRUE(std::isnan(bf16_to_f32(f32_to_bf16(NAN))));
+}
+
+// ---- LM-head screening (kernels/cpu/lm_screen.cpp, runtime/src/cpu_lm_screen.cpp) ----
+
+// A bf16 head [n, k]: random rows at scales over three decades, one zero row.
+struct ScreenHead {
+    int64_t n, k;
+    std::vector<uint16_t> w;
+    std::vector<int8_t> q;
+    std::vector<float> scale, bound, qnorm;
+    std::vector<int32_t> qsum;
+    ScreenHead(int64_t n_, int64_t k_, uint32_t seed) : n(n_), k(k_) {
+        std::vector<float> wf = randn((size_t)(n * k), seed, 0.05f);
+        std::mt19937 rng(seed);
+        std::uniform_real_distribution<float> e(-2.0f, 1.0f);
+        for (int64_t r = 0; r < n; ++r) {
+            const float f = r == 3 ? 0.0f : std::pow(10.0f, e(rng));
+            for (int64_t i = 0; i < k; ++i)
+                wf[r * k + i] *= f;
+        }
+        w = to_bf16(wf);
+        build();
+    }
+    void build() {
+        q.assign((size_t)(n * k), 0), scale.assign(n, 0), bound.assign(n, 0), qnorm.assign(n, 0),
+            qsum.assign(n, 0);
+        cpu::lm_screen_build(w.data(), k, 0, n, copy());
+    }
+    cpu::LmScreenCopy copy() { return {q.data(), scale.data(), bound.data(), qnorm.data(), qsum.data()}; }
+    // What a decode step's head computes: the bf16 GEMV of the fast precision, the bias added after it.
+    std::vector<float> exact(Fixture& f, const std::vector<float>& x, const float* bias) {
+        std::vector<float> y(n);
+        MatmulArgs a{x.data(), k, w.data(), DType::BF16, n, k, y.data(), n, 1};
+        a.int16_x = true;
+        cpu::matmul(f.ctx, a);
+        if (bias)
+            for (int64_t r = 0; r < n; ++r)
+                y[r] = y[r] + bias[r];
+        return y;
+    }
+};
+
+// Inputs x of the head: Gaussian, with a few outliers 100x the rest, tiny, and mixed signs and scales.
+std::vector<float> screen_x(int64_t k, int kind, uint32_t seed) {
+    std::vector<float> x = randn((size_t)k, seed, kind == 2 ? 1e-6f : 1.0f);
+    if (kind == 1)
+        for (int64_t i = 0; i < k; i += 37)
+            x[i] *= 100.0f;
+    if (kind == 3)
+        for (int64_t i = 0; i < k; ++i)
+            x[i] *= (i % 3 == 0 ? 20.0f : 0.3f);
+    return x;
+}
+
+// lo[r] <= the logit the head computes <= hi[r] for every row, max_lo <= the largest logit: K a multiple of
+// the vector width and not, vocabularies across several screening tasks, with and without a bias.
+TEST(LmScreen, BoundHoldsForEveryRow) {
+    Fixture f(2048, 64);
+    for (auto [n, k] : {std::pair<int64_t, int64_t>{700, 64}, {1501, 200}, {4099, 1536}}) {
+        ScreenHead h(n, k, (uint32_t)(n + k));
+        std::vector<float> bias = randn((size_t)n, 5, 0.5f), hi(n), lo(n);
+        for (int kind = 0; kind < 4; ++kind)
+            for (const float* b : {(const float*)nullptr, (const float*)bias.data()}) {
+                const std::vector<float> x = screen_x(k, kind, (uint32_t)(kind * 31 + n));
+                const cpu::LmScreenResult r =
+                    cpu::lm_screen(f.ctx, {x.data(), h.q.data(), h.scale.data(), h.bound.data(),
+                                           h.qnorm.data(), h.qsum.data(), b, n, k, hi.data(), lo.data()});
+                ASSERT_TRUE(r.screened);
+                const std::vector<float> y = h.exact(f, x, b);
+                float mx = -std::numeric_limits<float>::infinity(), mlo = mx;
+                for (int64_t i = 0; i < n; ++i) {
+                    ASSERT_LE(lo[i], y[i]) << "n " << n << " k " << k << " kind " << kind << " row " << i;
+                    ASSERT_GE(hi[i], y[i]) << "n " << n << " k " << k << " kind " << kind << " row " << i;
+                    mx = std::max(mx, y[i]), mlo = std::max(mlo, lo[i]);
+                }
+                EXPECT_EQ(r.max_lo, mlo);
+                EXPECT_LE(r.max_lo, mx);
+            }
+    }
+    std::vector<float> x(64, 0.0f), hi(700);
+    ScreenHead h(700, 64, 9);
+    EXPECT_FALSE(cpu::lm_screen(f.ctx, {x.data(), h.q.data(), h.scale.data(), h.bound.data(), h.qnorm.data(),
+                                        h.qsum.data(), nullptr, 700, 64, hi.data()})
+                     .screened); // zero x: nothing to quantize
+}
+
+// The screened greedy token is the full head's (softcap(x . w^T + bias), the lowest index among equal
+// maxima) on heads with exact ties and rows one bf16 step from the best, and the rows it computes carry the
+// full head's bits.
+TEST(LmScreen, ArgmaxIsTheFullHeads) {
+    Fixture f(2048, 64);
+    const int64_t n = 2300, k = 192;
+    int screened = 0;
+    for (uint32_t seed = 1; seed <= 6; ++seed) {
+        ScreenHead h(n, k, 100 + seed);
+        std::vector<float> x    = screen_x(k, seed % 4 == 2 ? 0 : seed % 4, seed),
+                           bias = randn((size_t)n, seed, 0.2f);
+        const float* b          = seed % 2 ? bias.data() : nullptr;
+        // The best row copied below and above it, and again with one element one bf16 step up or down.
+        std::vector<float> y0 = h.exact(f, x, b);
+        const int64_t best    = std::max_element(y0.begin(), y0.end()) - y0.begin();
+        const int64_t lowest  = std::min<int64_t>(best, 7);
+        for (int64_t dst : {int64_t(7), n - 5, n / 2, n / 3})
+            if (dst != best) {
+                std::copy_n(h.w.begin() + best * k, k, h.w.begin() + dst * k);
+                if (b) bias[dst] = bias[best];
+            }
+        h.w[(n / 2) * k + 5] += 1, h.w[(n / 3) * k + 9] -= 1;
+        h.build();
+        for (float cap : {0.0f, 30.0f}) {
+            std::vector<float> full = h.exact(f, x, b);
+            if (cap > 0)
+                cpu::softcap(f.ctx,
+                             {full.data(), n, full.data(), n, 1, (int32_t)n, 1.0f, nullptr, DType::F32, cap});
+            const int64_t want = std::max_element(full.begin(), full.end()) - full.begin();
+            EXPECT_TRUE(want == lowest || want == n / 2 || want == n / 3) << want; // the ties: the lowest
+            std::vector<float> y(n), g = h.exact(f, x, nullptr);
+            int64_t computed  = 0;
+            const int32_t tok = rt::lm_screen_argmax(
+                f.ctx, h.copy(), {x.data(), h.w.data(), b, n, k, cap, y.data()}, &computed);
+            if (tok < 0) continue; // not screened: the caller computes the whole head
+            ++screened;
+            EXPECT_EQ(tok, want) << "seed " << seed << " cap " << cap;
+            EXPECT_GE(computed, 3);
+            EXPECT_LT(computed, n);
+            for (int64_t r = 0; r < n; ++r)
+                if (y[r] != -std::numeric_limits<float>::infinity()) ASSERT_EQ(y[r], g[r]) << "row " << r;
+        }
+    }
+    EXPECT_GE(screened, 8);
 }
 
 } // namespace

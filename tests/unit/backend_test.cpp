@@ -1,5 +1,6 @@
 // The backend interface (runtime/src/backend.h) through a CPU plan's session backend: a step run through it
-// gives the logits the C API gives, on the host; the CPU backend samples nothing on a device; KV rows go to
+// gives the logits the C API gives, on the host (a greedy step that screens the LM head: its token, then its
+// logits when fetched); the CPU backend samples nothing on a device; KV rows go to
 // host memory and back, and into another session of the plan, byte for byte.
 #include "g4/g4.h"
 #include "runtime/src/backend.h"
@@ -41,7 +42,7 @@ TempDir* Backend::dir_             = nullptr;
 g4_engine* Backend::engine_        = nullptr;
 const std::vector<int32_t> kPrompt = {2, 100, 200, 300, 400, 17};
 
-TEST_F(Backend, CpuStepGivesTheCApisLogitsOnTheHost) {
+TEST_F(Backend, CpuStepGivesTheCApisLogits) {
     g4_session* a = create();
     g4_session* b = create();
     ASSERT_TRUE(a && b);
@@ -55,11 +56,22 @@ TEST_F(Backend, CpuStepGivesTheCApisLogitsOnTheHost) {
     std::memcpy(b->ids, kPrompt.data(), kPrompt.size() * 4);
     g4::rt::LogitsAt at = g4::rt::LogitsAt::Device;
     std::string err;
-    ASSERT_EQ(b->backend->run_step((int32_t)kPrompt.size(), 0, 1, true, &at, &err), G4_OK) << err;
+    ASSERT_EQ(b->backend->run_step((int32_t)kPrompt.size(), 0, 1, false, &at, &err), G4_OK) << err;
     EXPECT_EQ(at, g4::rt::LogitsAt::Host);
     EXPECT_EQ(std::memcmp(b->logits, want, sizeof(float) * V), 0);
     EXPECT_EQ(b->backend->device_topk_max(), 0);
+    // A step the caller may sample greedily (ahead) stops before the LM head where the plan screens it
+    // (docs/runtime.md "LM-head screening on the CPU"): the greedy token without the logits, then the
+    // logits when fetched.
+    ASSERT_EQ(b->backend->run_step((int32_t)kPrompt.size(), 0, 1, true, &at, &err), G4_OK) << err;
+    if (at == g4::rt::LogitsAt::Device) {
+        int32_t best = 0;
+        for (int32_t i = 1; i < V; ++i)
+            if (want[i] > want[best]) best = i;
+        EXPECT_EQ(b->backend->device_argmax(), best);
+    }
     EXPECT_EQ(b->backend->fetch_logits(&err), G4_OK);
+    EXPECT_EQ(std::memcmp(b->logits, want, sizeof(float) * V), 0);
     EXPECT_EQ(b->backend->state_changed(&err), G4_OK);
     g4_session_destroy(a);
     g4_session_destroy(b);

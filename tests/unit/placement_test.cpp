@@ -331,7 +331,7 @@ TEST(Placement, DecideKeepsEverythingOnTheGpuWhenItFits) {
 }
 
 // The LM head's screening copy: planned on the GPU where it fits beside everything else, the first thing
-// given up under a budget (the PLE table stays on the GPU before it), never in CPU plans.
+// given up under a budget (the PLE table stays on the GPU before it); CPU plans likewise in host memory.
 TEST(Placement, DecidePlansTheLmHeadScreeningCopyWhereItFits) {
     const int n    = 100; // needs 23500 with the PLE table, 20500 without
     auto with_copy = [](int m) {
@@ -364,11 +364,26 @@ TEST(Placement, DecidePlansTheLmHeadScreeningCopyWhereItFits) {
     e.to_meta(&meta);
     EXPECT_FALSE(*meta.placement->lm_head_screen);
 
+    // CPU plans: in host memory, the same way under --cpu-mem.
     Placement c = resolve_str("", {}, 35, -1);
     Decision cd = decide(c, with_copy(n), n, with_copy, 0);
-    EXPECT_FALSE(cd.placement.lm_screen);
+    EXPECT_TRUE(cd.placement.lm_screen);
+    EXPECT_EQ(cd.memory[0].device, "cpu");
+    EXPECT_EQ(cd.memory[0].parts.back(), (std::pair<std::string, uint64_t>{"LM head screening copy", 700}));
     cd.to_meta(&meta);
-    EXPECT_FALSE(meta.placement->lm_head_screen.has_value());
+    ASSERT_TRUE(meta.placement->lm_head_screen.has_value());
+    EXPECT_TRUE(*meta.placement->lm_head_screen);
+    const uint64_t cpu_need = cd.memory[0].need();
+    Placement cb            = resolve_str("", {}, 35, -1, -1, std::to_string(cpu_need - 1));
+    Decision cbd            = decide(cb, with_copy(n), n, with_copy, 0);
+    EXPECT_FALSE(cbd.placement.lm_screen);
+    EXPECT_EQ(cbd.memory[0].need(), cpu_need - 700);
+    notes.clear();
+    for (const std::string& s : cbd.placement.notes)
+        notes += s + "\n";
+    EXPECT_NE(notes.find("does not fit --cpu-mem"), std::string::npos) << notes;
+    cbd.to_meta(&meta);
+    EXPECT_FALSE(*meta.placement->lm_head_screen);
 }
 
 TEST(Placement, DecideMovesThePleTableToHostWhenThatFits) {

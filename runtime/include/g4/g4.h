@@ -238,9 +238,10 @@ typedef struct g4_session_stats {
     int64_t decode_ahead; /* decode steps a CUDA plan ran ahead of the host (the greedy token fed
                              on the GPU, the step enqueued before the host read it) and the next
                              g4_session_append_tokens used */
-    int64_t lm_screened;  /* of those, steps whose LM head was screened: an int8 pass bounding
-                             every logit, then exact bf16 logits only for the rows that can hold
-                             the greedy token (the same token; the other logits not computed) */
+    int64_t lm_screened;  /* greedy tokens whose LM head was screened (CUDA: of the steps run ahead;
+                             CPU: steps of fast-precision plans): an int8 pass bounding every logit,
+                             then exact bf16 logits only for the rows that can hold the greedy token
+                             (the same token; the logits are computed whole if read) */
 } g4_session_stats;
 
 /* Called by g4_session_generate for each generated token, with the UTF-8 text it completes

@@ -63,7 +63,7 @@ struct CompileOptions {
     int64_t max_video_bytes         = int64_t(2) << 30;
     std::string
         tower_precision; // --tower-precision: towers' matmuls fp32 (HF float32) | bf16 (faster, ~3e-3 off);
-                         // "" = fp32, and an explicit fp32 also keeps the vision tower off the GPU
+                         // "" = bf16 (fp32 with --weights f32); an explicit fp32 keeps the towers off the GPU
     int max_media_tokens =
         0; // --max-media-tokens: soft tokens a session holds queued; 0: max(2048, one image/clip)
     // Progress of the long stages, called often (the caller rate-limits its output): "weights" (read,

@@ -147,8 +147,8 @@ void print_report(std::ostream& log, const Inputs& in, const placement::Decision
                 << " of session buffers there\n";
         if ((has_v && !vgpu) || (has_a && !agpu))
             log << "  towers on the CPU: " << (has_v && !vgpu ? vtext : "") << (has_a && !agpu ? atext : "")
-                << "- " << human(rep.tower_weights - gpu_w) << " of weights, "
-                << human(in.tower_session_bytes) << " of session buffers\n";
+                << "- " << human(rep.tower_weights - gpu_w) << " of weights (" << tm->precision
+                << " matmuls), " << human(in.tower_session_bytes) << " of session buffers\n";
         else
             log << "  towers' host buffers (inputs, features, queued soft tokens): "
                 << human(in.tower_session_bytes) << "\n";

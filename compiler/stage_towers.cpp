@@ -362,11 +362,14 @@ void check_towers(Inputs& in, placement::Placement& place) {
     z.max_rows = opt.max_rows;
     z.threads  = threads;
     CheckpointLookup ck{*in.ckpt, {}, {}};
-    towers::Lookup lookup  = [&ck](const std::string& n) { return ck(n); };
-    towers::Precision prec = towers::Precision::F32;
-    if (std::string e =
-            towers::parse_precision(opt.tower_precision.empty() ? "fp32" : opt.tower_precision, &prec);
-        !e.empty())
+    towers::Lookup lookup = [&ck](const std::string& n) { return ck(n); };
+    // Default: bf16, as the GPU's towers and Hugging Face's bf16 checkpoints compute; fp32 (Hugging Face
+    // float32) with --weights f32, the reference build.
+    const std::string tower_precision = !opt.tower_precision.empty() ? opt.tower_precision
+                                        : opt.weights == "f32"       ? "fp32"
+                                                                     : "bf16";
+    towers::Precision prec            = towers::Precision::F32;
+    if (std::string e = towers::parse_precision(tower_precision, &prec); !e.empty())
         throw CompileError("--tower-precision: " + e);
     if (in.mc.has_vision && opt.vision) check_vision(in, cfg, lookup, prec, z);
     if (in.mc.has_audio && opt.audio) check_audio(in, cfg, lookup, prec, z);

@@ -31,9 +31,10 @@ struct Tensor {
 // outlives the lookup's user.
 using Lookup = std::function<const Tensor*(const std::string& name)>;
 
-// Arithmetic of the towers' matmuls. F32 (the default, Hugging Face's float32 reference): fp32 activations
-// times widened weights. BF16 (opt-in, `g4 compile --tower-precision bf16`): activations rounded to bf16 and
-// bf16 weights, fp32 products and sums (cpu::matmul_gemm_bf16); everything else stays fp32.
+// Arithmetic of the towers' matmuls. F32 (Hugging Face's float32 reference; the default with --weights f32):
+// fp32 activations times widened weights. BF16 (the default otherwise, `--tower-precision bf16`): activations
+// rounded to bf16 and bf16 weights, fp32 products and sums (cpu::matmul_gemm_bf16; CPUs without AVX-512
+// BF16 run the fp32 GEMM instead); everything else stays fp32.
 enum class Precision { F32, BF16 };
 inline const char* precision_name(Precision p) {
     return p == Precision::BF16 ? "bf16" : "fp32";

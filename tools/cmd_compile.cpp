@@ -92,7 +92,7 @@ const Command kCompile = {
          "(--video-frames x 70) and an image)"},
         {"--tower-precision", "fp32|bf16",
          "towers' matmuls: fp32 (Hugging Face float32) or bf16 (faster, ~3e-3 "
-         "off). Default: fp32"},
+         "off). Default: bf16; fp32 with --weights f32"},
     },
     "Fidelity (lossy plans: NF4 weights or an adapter): the plan and the full-precision (fp32, adapter "
     "merged, unquantized) model both run a 32-token calibration prompt on the CPU; the report gives the "

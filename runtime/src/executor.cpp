@@ -165,11 +165,13 @@ g4_status run_ops(g4_session* s, size_t first, size_t end, int32_t rows, int32_t
 
 namespace {
 // The CPU kernel an encoder program's Matmul op names (ip4, compiler/vision graph): the library's matmul,
-// the many-row fp32 GEMM, or the bf16 GEMM.
+// the many-row fp32 GEMM, or the bf16 GEMM. Without AVX-512 BF16 the bf16 GEMM's emulation is slower than
+// the fp32 GEMM on the same bf16 weights (docs/performance.md, CPU towers), so that runs instead: closer to
+// float32, as the bf16 attention does there (cpu::self_attention).
 void encoder_matmul(const cpu::Context& ctx, const MatmulArgs& m, int32_t kernel) {
-    if (kernel == 2)
+    if (kernel == 2 && cpu::gemm_has_avx512_bf16())
         cpu::matmul_gemm_bf16(ctx, m);
-    else if (kernel == 1)
+    else if (kernel >= 1)
         cpu::matmul_gemm(ctx, m);
     else
         cpu::matmul(ctx, m);

@@ -146,13 +146,6 @@ g4_status media_create(g4_session* s, std::string* err) {
     }
     m->max_soft  = z.max_soft;
     m->pre_bytes = z.resize_scratch;
-    static std::atomic<bool> noted{false};
-    const bool cpu_tower = (m->vision && !m->vision_run.gpu) || (m->audio && !m->audio_run.gpu);
-    if (in.tower_bf16 && cpu_tower && !cpu::gemm_has_avx512_bf16() && !noted.exchange(true))
-        std::fprintf(stderr, "g4: note: this plan's towers use bf16 matmuls (--tower-precision bf16), which "
-                             "this build runs without "
-                             "AVX-512 BF16 instructions: slower than fp32 here; compile with "
-                             "--tower-precision fp32 for this machine\n");
     // Threads: a CPU session's pool; a CUDA session (one-thread pool) gets its own for the towers.
     cpu::ThreadPool* pool = s->pool.get();
     if (!pool || pool->size() < 2) {

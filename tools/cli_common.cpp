@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <thread>
 #include <unistd.h>
 #include <utility>
 
@@ -167,9 +168,20 @@ void open_engine(const std::string& path, Engine* e) {
     check(g4_engine_get_info(e->e, &e->info));
 }
 
+int32_t parse_threads(const Args& a) {
+    if (!a.has("--threads")) return 0;
+    const long long n = parse_int("--threads", a.get("--threads"), 1, 1024);
+    const unsigned hw = std::thread::hardware_concurrency();
+    if (hw == 0 || n <= (long long)hw) return (int32_t)n;
+    std::fprintf(stderr,
+                 "g4: --threads %lld is more than the %u hardware threads of this machine: using %u\n", n, hw,
+                 hw);
+    return (int32_t)hw;
+}
+
 void create_session(const Args& a, g4_engine* eng, Session* s) {
     g4_session_params spp = g4_session_params_default();
-    if (a.has("--threads")) spp.n_threads = (int32_t)parse_int("--threads", a.get("--threads"), 1, 1024);
+    spp.n_threads         = parse_threads(a);
     check(g4_session_create(eng, &spp, &s->s));
 }
 
@@ -257,7 +269,9 @@ std::vector<Option> sampling_options(const char* n_help) {
         {"--repeat-last-n", "N", "how many recent tokens the penalty looks at (-1: all). Default: 64"},
         {"--seed", "S", "random seed of the sampler. Default: the plan's (0)"},
         {"--stop", "STR", "stop when the generated text contains STR (repeatable; the STR is not printed)"},
-        {"--threads", "N", "CPU worker threads. Default: G4_THREADS, else every hardware thread"},
+        {"--threads", "N",
+         "CPU worker threads, 1..1024 (more than the hardware threads: the hardware threads, with a note). "
+         "Default: G4_THREADS, else every hardware thread"},
     };
 }
 

@@ -60,6 +60,9 @@ struct Args {
 bool wants_help(int argc, char** argv, int first);
 
 long long parse_int(const std::string& name, const std::string& s, long long lo, long long hi);
+// --threads N: 1..1024, clamped with one line on stderr to the hardware threads when more (a worker waits for
+// every other at each parallel op: threads beyond the cores only add waits); 0 when absent (the default).
+int32_t parse_threads(const Args& a);
 double parse_float(const std::string& name, const std::string& s);
 std::vector<int32_t> parse_tokens(const std::string& s);
 std::string join_ids(const std::vector<int32_t>& ids);

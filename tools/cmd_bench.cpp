@@ -39,7 +39,9 @@ const Command kBench = {
      {"-n", "N", "greedy decode steps of each tg test (0: none). Default: 128"},
      {"-d", "D,D,...", "prompt depths the decode tests start from. Default: 0"},
      {"-r", "R", "repetitions of each test after the warm-up. Default: 3"},
-     {"--threads", "N", "CPU worker threads. Default: G4_THREADS, else every hardware thread"},
+     {"--threads", "N",
+      "CPU worker threads, 1..1024 (more than the hardware threads: the hardware threads, with a note). "
+      "Default: G4_THREADS, else every hardware thread"},
      {"--json", nullptr, "print every repetition as JSON instead of the table"}}};
 
 int cmd_bench(int argc, char** argv) {

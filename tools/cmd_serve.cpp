@@ -88,7 +88,7 @@ int cmd_serve(int argc, char** argv) {
     o.host      = a.get("--host", "127.0.0.1");
     o.port      = (int)parse_int("--port", a.get("--port", "8080"), 0, 65535);
     o.sessions  = (int)parse_int("--max-sessions", a.get("--max-sessions", "1"), 1, 256);
-    o.threads   = a.has("--threads") ? (int)parse_int("--threads", a.get("--threads"), 1, 1024) : 0;
+    o.threads   = parse_threads(a);
     o.max_queue = (int)parse_int("--max-queue", a.get("--max-queue", "16"), 0, 4096);
     o.max_body  = (size_t)parse_int("--max-body", a.get("--max-body", "33554432"), 1024, 1ll << 32);
     o.timeout_s = parse_float("--timeout", a.get("--timeout", "600"));

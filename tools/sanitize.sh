@@ -9,7 +9,8 @@
 #                                         compiles per dtype), long_context, cross_device, placement_cli,
 #                                         cuda_schedule and cuda_compile (CUDA plan compiles: NVRTC's output is
 #                                         not instrumented anyway) and the NF4 throughput print.
-#   bash tools/sanitize.sh tsan           ThreadSanitizer build (build-tsan) of the C API's multi-session tests
+#   bash tools/sanitize.sh tsan           ThreadSanitizer build (build-tsan) of the CPU worker pool's test
+#                                         (tests/unit/thread_pool_test.cpp), the C API's multi-session tests
 #                                         (tests/unit/concurrency_test.cpp) and the runtime's cancellation test.
 #   bash tools/sanitize.sh fuzz [SECONDS] [TARGET...]
 #                                         libFuzzer + ASan + UBSan build (build-fuzz); runs each target (default:
@@ -112,13 +113,14 @@ run_tsan() {
     setup_clang
     echo "== TSan build (build-tsan)"
     configure build-tsan -DG4_SANITIZE=thread
-    cmake --build build-tsan -j"$JOBS" --target concurrency_test runtime_test
+    cmake --build build-tsan -j"$JOBS" --target concurrency_test runtime_test thread_pool_test
     sanitizer_env "$ROOT/build-tsan/sanitizer-logs"
     # clang 14's TSan cannot map its shadow under the high ASLR entropy of recent kernels: run without ASLR.
     local norand=()
     if setarch "$(uname -m)" -R true 2>/dev/null; then norand=(setarch "$(uname -m)" -R); fi
-    echo "== multi-session tests under TSan"
+    echo "== the CPU worker pool and the multi-session tests under TSan"
     local rc=0
+    "${norand[@]}" build-tsan/tests/thread_pool_test || rc=1
     G4_KERNEL_CACHE="$ROOT/build-tsan/kernel-cache" "${norand[@]}" build-tsan/tests/concurrency_test || rc=1
     G4_KERNEL_CACHE="$ROOT/build-tsan/kernel-cache" "${norand[@]}" build-tsan/tests/runtime_test \
         --gtest_filter='Runtime.Cancel*:Runtime.CApiRejectsMisuse' || rc=1

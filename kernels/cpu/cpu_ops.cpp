@@ -64,6 +64,23 @@ template <class F> static void for_rows(const Context& c, int rows, int64_t cols
     c.pool->parallel_for(rows, [&](int64_t t, int) { f((int)t); });
 }
 
+// Elementwise ops: f(t, c0, c1) over columns [c0, c1) of row t, in pieces of kElemPiece columns so that the
+// few rows of a decode step (the logits' 262144 columns) spread over the pool too. Each element's result is
+// the same whichever piece it is in.
+static constexpr int64_t kElemPiece = 1 << 14;
+template <class F> static void for_elems(const Context& c, int rows, int64_t cols, F&& f) {
+    const int64_t pieces = (cols + kElemPiece - 1) / kElemPiece;
+    if ((int64_t)rows * cols < kInlineElems || c.pool->size() == 1 || (int64_t)rows * pieces == 1) {
+        for (int t = 0; t < rows; ++t)
+            f(t, (int64_t)0, cols);
+        return;
+    }
+    c.pool->parallel_for(rows * pieces, [&](int64_t task, int) {
+        const int64_t c0 = task % pieces * kElemPiece;
+        f((int)(task / pieces), c0, std::min(cols, c0 + kElemPiece));
+    });
+}
+
 void embed(const Context& c, const EmbedArgs& a) {
     for_rows(c, a.rows, a.n, [&](int t) {
         float* y = a.y + t * a.ldy;
@@ -340,8 +357,9 @@ void rms_norm(const Context& c, const RmsNormArgs& a) {
 }
 
 void add(const Context& c, const BinaryArgs& a) {
-    for_rows(c, a.rows, a.cols, [&](int t) {
-        VecMap(a.y + t * a.ldy, a.cols) = VecMapC(a.a + t * a.lda, a.cols) + VecMapC(a.b + t * a.ldb, a.cols);
+    for_elems(c, a.rows, a.cols, [&](int t, int64_t c0, int64_t c1) {
+        VecMap(a.y + t * a.ldy + c0, c1 - c0) =
+            VecMapC(a.a + t * a.lda + c0, c1 - c0) + VecMapC(a.b + t * a.ldb + c0, c1 - c0);
     });
 }
 
@@ -360,16 +378,17 @@ void gelu_mul(const Context& c, const BinaryArgs& a) {
 
 void scale(const Context& c, const ScaleArgs& a) {
     float s = a.s * (a.s_tensor ? ref::load_weight(a.s_tensor, a.s_dt, 0) : 1.0f);
-    for_rows(c, a.rows, a.cols,
-             [&](int t) { VecMap(a.y + t * a.ldy, a.cols) = VecMapC(a.x + t * a.ldx, a.cols) * s; });
+    for_elems(c, a.rows, a.cols, [&](int t, int64_t c0, int64_t c1) {
+        VecMap(a.y + t * a.ldy + c0, c1 - c0) = VecMapC(a.x + t * a.ldx + c0, c1 - c0) * s;
+    });
 }
 
 void softcap(const Context& c, const ScaleArgs& a) {
     float inv = 1.0f / a.cap;
-    for_rows(c, a.rows, a.cols, [&](int t) {
+    for_elems(c, a.rows, a.cols, [&](int t, int64_t c0, int64_t c1) {
         const float* x = a.x + t * a.ldx;
         float* y       = a.y + t * a.ldy;
-        for (int i = 0; i < a.cols; ++i)
+        for (int64_t i = c0; i < c1; ++i)
             y[i] = a.cap * std::tanh(x[i] * inv);
     });
 }

@@ -35,7 +35,7 @@ constexpr int kChunk = 8; // the plain loop's lanes (x kept in its own order)
 #endif
 constexpr int kTileRows   = 64;      // weight rows per task
 constexpr int kGroupRows  = 4;       // rows of x per pass over a weight row
-constexpr int64_t kInline = 1 << 19; // smaller matmuls run on the calling thread
+constexpr int64_t kInline = 1 << 16; // smaller matmuls run on the calling thread (the PLE's 256 x 1536: pool)
 
 // x's rows into xp (stride k): each whole chunk as its even elements then its odd ones (the plain loop: as
 // they are); the tail as is.

@@ -13,9 +13,10 @@ namespace g4::cpu::G4_CPU_NS::gemv {
 constexpr int kGemvTileRows  = 16;   // output columns (rows of W) per task
 constexpr int kGemvGroupRows = 4;    // rows of x per pass over a row of W
 constexpr int kPrefetchBytes = 2048; // codes are prefetched this far ahead of the block being read
-// Smaller matmuls (k/v projections of 256 x 1536) run on the calling thread: waking the pool costs
-// more than it saves.
-constexpr int64_t kGemvInlineElems = 1 << 19;
+// Smaller matmuls run on the calling thread: handing them to the pool (a few microseconds with spinning
+// workers, kernels/cpu/thread_pool.h) costs more than it saves. The k/v projections (256 x 1536) are above
+// it: inline they were the largest single-threaded part of a decode step at 16 threads.
+constexpr int64_t kGemvInlineElems = 1 << 16;
 
 inline float load_f32(const uint8_t* p) {
     float f;

@@ -10,6 +10,7 @@
 #include <regex>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -158,6 +159,29 @@ TEST_F(CliPlan, RunSaysWhenTheLimitStoppedIt) {
     // -n 0 generates nothing and has no note.
     CmdResult z = run_g4("run '" + plan_ + "' --tokens 2,17,99 -n 0");
     EXPECT_EQ(z.err.find("-n limit"), std::string::npos) << z.err;
+}
+
+// --threads: 0, negative or over 1024 is a usage error of one line; more than the hardware threads runs on
+// the hardware threads, with a note; the ids do not depend on the thread count.
+TEST_F(CliPlan, ThreadsAreCheckedAndClampedToTheHardware) {
+    const std::string run = "run '" + plan_ + "' --tokens 2,17,99 -n 4 --temp 0 --ignore-eos";
+    for (const char* bad : {"0", "-2", "1025", "two"}) {
+        CmdResult r = run_g4(run + " --threads " + bad);
+        EXPECT_EQ(r.exit_code, 2) << bad;
+        EXPECT_NE(r.err.find("--threads must be an integer in 1..1024"), std::string::npos) << r.err;
+    }
+    CmdResult one = run_g4(run + " --threads 1");
+    ASSERT_EQ(one.exit_code, 0) << one.err;
+    const unsigned hw = std::thread::hardware_concurrency();
+    if (hw == 0 || hw >= 1024) GTEST_SKIP() << "hardware threads unknown or >= 1024";
+    CmdResult over = run_g4(run + " --threads " + std::to_string(hw + 1));
+    ASSERT_EQ(over.exit_code, 0) << over.err;
+    EXPECT_NE(over.err.find("--threads " + std::to_string(hw + 1) + " is more than the " +
+                            std::to_string(hw) + " hardware threads of this machine: using " +
+                            std::to_string(hw)),
+              std::string::npos)
+        << over.err;
+    EXPECT_EQ(over.out, one.out);
 }
 
 // A long prompt is fed in whole prefill chunks with a progress display (G4_PROGRESS=always: from the start);

@@ -306,6 +306,9 @@ def g4_variants(tools):
     """The g4 plans to measure: (label, extra compile flags)."""
     help_text = subprocess.run([tools["g4"], "compile", "--help"], capture_output=True, text=True).stdout
     variants = [("nf4", [])]
+    if "--no-lm-screen" in help_text:
+        # g4 bench decodes greedily, which screens the LM head; llama-bench computes every logit
+        variants.append(("nf4 full head", ["--no-lm-screen"]))
     if "--cpu-precision" in help_text:
         variants.append(("nf4 f32", ["--cpu-precision", "f32"]))
     return variants

@@ -1,7 +1,7 @@
 // The per-sequence ops of a batched decode step (rope, KV store, decode attention and its merge) for all the
 // step's rows in one launch: row j is session j's one token, at its own position and in its own KV cache.
-// rec: the step's records, rec[0] the shared ops' (rows = n), rec[1 + j] session j's (one row at its
-// position); kv_delta[j]: session j's KV arena minus session 0's (the caches passed are session 0's).
+// rec: the step's records, rec[0] the shared ops' (rows = n), rec[1 + j] row j's session's (one row at its
+// position); kv_delta[j]: row j's KV arena minus the first row's (the caches passed are the first row's).
 
 // RoPE of row j at its session's position. grid (n, heads), block dim / 2.
 extern "C" __global__ void g4_rope_rows(const Step* rec, float* x, long ldx, const float* inv_freq, int dim) {

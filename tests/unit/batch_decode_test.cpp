@@ -70,7 +70,7 @@ protected:
         EXPECT_EQ(g4_session_create(eng_.e, &sp, &s.s), G4_OK) << g4_last_error_message();
         return s.s;
     }
-    // Sessions 0..n-1 decoding alone: each one's greedy tokens and the logits of every decode step.
+    // Each of the n sessions decoding alone: each one's greedy tokens and the logits of every decode step.
     void lone_steps(int n, std::vector<std::vector<int32_t>>* tok, std::vector<std::vector<float>>* logits) {
         tok->assign(n, {});
         logits->assign(n, {});

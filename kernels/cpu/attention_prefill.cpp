@@ -4,12 +4,7 @@
 // of them. Scores and the weighted sum of values are Eigen matrix products; the softmax is online (running
 // maximum and sum per query, flash-attention style), so scratch does not grow with the context.
 #include "kernels/cpu/level.h"
-
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
+#include "kernels/cpu/simd.h"
 
 #include <Eigen/Core>
 #include <algorithm>
@@ -130,7 +125,3 @@ void attention_prefill(const Context& c, const AttentionArgs& a) {
 }
 
 } // namespace g4::cpu::G4_CPU_NS
-
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif

@@ -3,26 +3,15 @@
 // read the packed codes directly (matmul_nf4_gemv); all arithmetic is float32.
 #include "kernels/cpu/level.h"
 #include "kernels/cpu/nf4_blob.h"
+#include "kernels/cpu/simd.h"
 #include "kernels/nf4.h"
 #include "kernels/q16.h"
 #include "kernels/ref/ref.h"
-
-#if defined(__GNUC__) && !defined(__clang__)
-// GCC 12 flags its own AVX-512 intrinsic headers (_mm512_undefined_* self-initialisation) when inlined, and
-// Eigen's reads of a stack buffer the attention fills (buf) in the baseline x86-64 copy.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
 
 #include <Eigen/Core>
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-
-#if defined(__AVX512F__) || defined(__AVX2__)
-#include <immintrin.h>
-#endif
 
 namespace g4::cpu::G4_CPU_NS {
 
@@ -467,7 +456,3 @@ void attention(const Context& c, const AttentionArgs& a) {
 }
 
 } // namespace g4::cpu::G4_CPU_NS
-
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif

@@ -13,6 +13,12 @@
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
 #define G4_CPU_X86 1
+#elif defined(__aarch64__) && defined(__linux__)
+#include <sys/auxv.h>
+#define G4_CPU_ARM64 1
+#ifndef HWCAP_ASIMDDP
+#define HWCAP_ASIMDDP (1 << 20) // the Linux arm64 ABI's bit (asm/hwcap.h)
+#endif
 #endif
 
 // The tables the build linked in (kernels/CMakeLists.txt defines G4_CPU_HAVE_<LEVEL> for each copy).
@@ -27,6 +33,12 @@ const g4::cpu::Kernels* g4cpu_kernels_avx2();
 const g4::cpu::Kernels* g4cpu_kernels_avx512();
 const g4::cpu::Kernels* g4cpu_kernels_avx512_bf16();
 #endif
+#if defined(G4_CPU_HAVE_NEON)
+const g4::cpu::Kernels* g4cpu_kernels_neon();
+#endif
+#if defined(G4_CPU_HAVE_DOTPROD)
+const g4::cpu::Kernels* g4cpu_kernels_dotprod();
+#endif
 #if defined(G4_CPU_HAVE_NATIVE)
 const g4::cpu::Kernels* g4cpu_kernels_native();
 #endif
@@ -35,12 +47,14 @@ const g4::cpu::Kernels* g4cpu_kernels_native();
 namespace g4::cpu {
 namespace {
 
-constexpr const char* kNames[kLevelCount] = {"baseline", "avx2", "avx512", "avx512_bf16", "native"};
+constexpr const char* kNames[kLevelCount] = {"baseline", "avx2",    "avx512", "avx512_bf16",
+                                             "neon",     "dotprod", "native"};
 
 // What the CPU and the OS support: x86-64-v3 (AVX2, FMA, F16C, BMI1/2, LZCNT, MOVBE and the v2 set, AVX
-// state enabled), x86-64-v4 (AVX-512 F/BW/DQ/VL/CD, AVX-512 state enabled), AVX-512 BF16 with VNNI.
+// state enabled), x86-64-v4 (AVX-512 F/BW/DQ/VL/CD, AVX-512 state enabled), AVX-512 BF16 with VNNI; on
+// aarch64, the dot product instructions (SDOT/UDOT, ARMv8.2-A's optional, ARMv8.4-A's mandatory extension).
 struct Features {
-    bool v3 = false, v4 = false, bf16 = false;
+    bool v3 = false, v4 = false, bf16 = false, dotprod = false;
 };
 
 #if defined(G4_CPU_X86)
@@ -78,6 +92,12 @@ Features detect() {
     f.bf16 = f.v4 && bit(a71, 5) && bit(c7, 11);
     return f;
 }
+#elif defined(G4_CPU_ARM64)
+Features detect() {
+    Features f;
+    f.dotprod = (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) != 0;
+    return f;
+}
 #else
 Features detect() {
     return {};
@@ -104,6 +124,14 @@ const Kernels* table(Level l) {
         return features().v4 ? g4cpu_kernels_avx512() : nullptr;
     case Level::Avx512Bf16:
         return features().bf16 ? g4cpu_kernels_avx512_bf16() : nullptr;
+#endif
+#if defined(G4_CPU_HAVE_NEON)
+    case Level::Neon:
+        return g4cpu_kernels_neon();
+#endif
+#if defined(G4_CPU_HAVE_DOTPROD)
+    case Level::Dotprod:
+        return features().dotprod ? g4cpu_kernels_dotprod() : nullptr;
 #endif
 #if defined(G4_CPU_HAVE_NATIVE)
     case Level::Native:
@@ -132,10 +160,11 @@ Choice pick() {
                      want, supported_levels(), kNames[(int)best.level]);
         return best;
     }
-    std::fprintf(stderr,
-                 "g4: G4_CPU_LEVEL=%s is not a CPU level (baseline, avx2, avx512, avx512_bf16, native); "
-                 "using %s\n",
-                 want, kNames[(int)best.level]);
+    std::fprintf(
+        stderr,
+        "g4: G4_CPU_LEVEL=%s is not a CPU level (baseline, avx2, avx512, avx512_bf16, neon, dotprod, "
+        "native); using %s\n",
+        want, kNames[(int)best.level]);
     return best;
 }
 

@@ -1,15 +1,18 @@
-// Which instruction-set copy of the CPU kernels runs (kernels/cpu/level.h). A portable build holds a
+// Which instruction-set copy of the CPU kernels runs (kernels/cpu/level.h). A portable x86-64 build holds a
 // baseline x86-64 copy, an x86-64-v3 copy (AVX2, FMA, F16C) and an x86-64-v4 copy (AVX-512 F/BW/DQ/VL/CD),
-// the last also with the AVX-512 BF16 GEMM as a fourth level; a G4_NATIVE build holds one copy, native,
+// the last also with the AVX-512 BF16 GEMM as a fourth level; an aarch64 build holds neon (ARMv8-A, Advanced
+// SIMD) and dotprod (ARMv8.2-A with the dot product instructions); a G4_NATIVE build holds one copy, native,
 // tuned for the building machine; other architectures hold baseline. The first kernel call picks the best
-// level the CPU and the OS support (cpuid, and xgetbv for the AVX and AVX-512 register state), or the lower
-// one the environment variable G4_CPU_LEVEL names (baseline, avx2, avx512, avx512_bf16).
+// level the CPU and the OS support (x86: cpuid, and xgetbv for the AVX and AVX-512 register state; aarch64:
+// the kernel's HWCAP_ASIMDDP), or the lower one the environment variable G4_CPU_LEVEL names (x86: baseline,
+// avx2, avx512, avx512_bf16; aarch64: neon, dotprod).
 #pragma once
 
 namespace g4::cpu {
 
-enum class Level { Baseline, Avx2, Avx512, Avx512Bf16, Native };
-constexpr int kLevelCount = 5;
+// Best last within an architecture (the pick takes the last supported one).
+enum class Level { Baseline, Avx2, Avx512, Avx512Bf16, Neon, Dotprod, Native };
+constexpr int kLevelCount = 7;
 
 const char* level_name(Level l);
 // Built into this binary, and the CPU and the OS can run it.

@@ -2,6 +2,7 @@
 // Context's pool in blocks of rows. The attention packs K^T so that both of its products run through the
 // register-blocked gemm_block.
 #include "kernels/cpu/level.h"
+#include "kernels/cpu/simd.h"
 #include "kernels/ref/ref.h"
 
 #include <Eigen/Core>

@@ -4,16 +4,13 @@
 // increasing order whatever the thread count. Without AVX-512 matmul_gemm is matmul_tiled and gemm_block
 // plain Eigen.
 #include "kernels/cpu/level.h"
+#include "kernels/cpu/simd.h"
 
 #include <Eigen/Core>
 #include <algorithm>
 #include <array>
 #include <cstring>
 #include <utility>
-
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
 
 namespace g4::cpu::G4_CPU_NS {
 
@@ -30,12 +27,6 @@ bool gemm_has_avx512() {
 }
 
 #if defined(__AVX512F__)
-
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
 
 namespace {
 
@@ -155,10 +146,6 @@ void matmul_gemm(const Context& c, const MatmulArgs& a) {
         }
     });
 }
-
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
 
 #else // no AVX-512: the portable versions below
 

@@ -4,6 +4,7 @@
 // group, and _mm512_dpbf16_ps accumulates in registers; the portable path rounds both operands to bf16-valued
 // floats and runs gemm_block (the AVX-512 fp32 kernel where the level has it, else Eigen).
 #include "kernels/cpu/level.h"
+#include "kernels/cpu/simd.h"
 
 #include <algorithm>
 #include <array>
@@ -14,19 +15,11 @@
 // level's flags include AVX-512 BF16, else (G4_CPU_BF16_TABLE, level.h) as matmul_gemm_bf16_dpbf16 with a
 // function-level target, which only the level's BF16 table calls.
 #if defined(__AVX512BF16__) && defined(__AVX512BW__)
-#include <immintrin.h>
 #define G4_GEMM_BF16_NATIVE 1
 #define G4_BF16_TARGET
 #elif defined(G4_CPU_BF16_TABLE)
-#include <immintrin.h>
 #define G4_GEMM_BF16_NATIVE 1
 #define G4_BF16_TARGET __attribute__((target("avx512bf16")))
-#endif
-
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 
 namespace g4::cpu::G4_CPU_NS {
@@ -306,7 +299,3 @@ void matmul_gemm_bf16(const Context& c, const MatmulArgs& a) {
 }
 
 } // namespace g4::cpu::G4_CPU_NS
-
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif

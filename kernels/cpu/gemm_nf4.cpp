@@ -15,6 +15,7 @@
 // output columns.
 #include "kernels/cpu/level.h"
 #include "kernels/cpu/nf4_blob.h"
+#include "kernels/cpu/simd.h"
 #include "kernels/nf4.h"
 #include "kernels/q16.h"
 
@@ -22,17 +23,8 @@
 #include <cmath>
 #include <cstring>
 
-#if defined(__AVX512BW__) || defined(__AVX2__)
-#include <immintrin.h>
-#endif
 #if defined(__x86_64__)
 #include <cpuid.h>
-#endif
-
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 
 namespace g4::cpu::G4_CPU_NS {
@@ -359,7 +351,3 @@ void matmul_nf4_gemm_int16(const Context& c, const MatmulArgs& a) {
 }
 
 } // namespace g4::cpu::G4_CPU_NS
-
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif

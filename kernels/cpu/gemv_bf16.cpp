@@ -4,24 +4,15 @@
 // take one vector of 32-bit lanes, each holding an even and an odd element, as two float vectors: the even
 // elements (lane << 16) and the odd ones (lane & 0xFFFF0000); x is reordered once to match (per chunk of
 // 2 * lanes elements: the even ones, then the odd ones). float32 arithmetic; each output is one thread's sum
-// in a fixed order (independent of the thread count and of a.rows).
+// in a fixed order (independent of the thread count and of a.rows). Advanced SIMD (aarch64):
+// gemv_bf16_neon.h.
 #include "kernels/cpu/level.h"
-
-#if defined(__GNUC__) && !defined(__clang__)
-// GCC 12 flags its own AVX-512 intrinsic headers (_mm512_undefined_* self-initialisation) when inlined.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
+#include "kernels/cpu/simd.h"
 
 #include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <limits>
-
-#if defined(__AVX512F__) || defined(__AVX2__)
-#include <immintrin.h>
-#endif
 
 namespace g4::cpu::G4_CPU_NS {
 namespace {
@@ -30,6 +21,8 @@ namespace {
 constexpr int kChunk = 32; // elements per vector of bf16 pairs
 #elif defined(__AVX2__)
 constexpr int kChunk = 16;
+#elif defined(__ARM_NEON)
+constexpr int kChunk = 16; // gemv_bf16_neon.h: four vectors of 4 lanes (x kept in its own order)
 #else
 constexpr int kChunk = 8; // the plain loop's lanes (x kept in its own order)
 #endif
@@ -63,11 +56,14 @@ inline float bf16_value(uint16_t v) {
 }
 
 // out[t] = w . row t of xp (stride k) for R rows.
+#if defined(__ARM_NEON)
+#include "kernels/cpu/gemv_bf16_neon.h"
+#else
 template <int R> void dot_rows(const uint16_t* w, const float* xp, int64_t k, float* out) {
     const int64_t whole = k / kChunk * kChunk;
     float tail[R]       = {};
 #if defined(__AVX512F__)
-    const __m512i hi = _mm512_set1_epi32((int)0xFFFF0000u);
+    const __m512i hi    = _mm512_set1_epi32((int)0xFFFF0000u);
     __m512 acc0[R], acc1[R];
     for (int t = 0; t < R; ++t)
         acc0[t] = acc1[t] = _mm512_setzero_ps();
@@ -81,7 +77,7 @@ template <int R> void dot_rows(const uint16_t* w, const float* xp, int64_t k, fl
         }
     }
 #elif defined(__AVX2__)
-    const __m256i hi    = _mm256_set1_epi32((int)0xFFFF0000u);
+    const __m256i hi = _mm256_set1_epi32((int)0xFFFF0000u);
     __m256 acc0[R], acc1[R];
     for (int t = 0; t < R; ++t)
         acc0[t] = acc1[t] = _mm256_setzero_ps();
@@ -122,6 +118,7 @@ template <int R> void dot_rows(const uint16_t* w, const float* xp, int64_t k, fl
 #endif
     }
 }
+#endif
 
 void columns(const MatmulArgs& a, const float* xp, int64_t n0, int64_t n1) {
     float out[kNf4GemvMaxRows];
@@ -185,7 +182,3 @@ int64_t matmul_bf16_gemv_where(const Context& c, const MatmulArgs& a, float thre
 }
 
 } // namespace g4::cpu::G4_CPU_NS
-
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif

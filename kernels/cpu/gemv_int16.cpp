@@ -5,22 +5,12 @@
 // docs/performance.md (CPU).
 #include "kernels/cpu/level.h"
 #include "kernels/cpu/nf4_blob.h"
+#include "kernels/cpu/simd.h"
 #include "kernels/nf4.h"
 #include "kernels/q16.h"
 
 #include <algorithm>
 #include <cstring>
-
-#if defined(__AVX512F__) || defined(__AVX2__)
-#include <immintrin.h>
-#endif
-
-#if defined(__GNUC__) && !defined(__clang__)
-// GCC 12 flags its own AVX-512 intrinsic headers (_mm512_undefined_* self-initialisation) when inlined.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
 
 namespace g4::cpu::G4_CPU_NS {
 
@@ -56,7 +46,3 @@ void matmul_nf4_int16_vnni(const Context& c, const MatmulArgs& a) {
 #endif
 
 } // namespace g4::cpu::G4_CPU_NS
-
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif

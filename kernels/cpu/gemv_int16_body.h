@@ -10,7 +10,7 @@
 // each block's int32 lanes are converted and scaled by absmax * amax / (16383 * 16384) into fp32
 // accumulators (two per row, alternate blocks, so that consecutive blocks do not wait on one FMA). AVX-512
 // computes the factors 16 blocks at a time into a stack array and broadcasts them from memory (the same
-// floats; docs/performance.md "CPU" has the measurement).
+// floats; docs/performance.md "CPU" has the measurement). Advanced SIMD (aarch64): gemv_int16_neon.h.
 
 struct IntOrder {
     int e[nf4::kBlock];
@@ -147,6 +147,8 @@ template <int R, bool DQ> void int_blocks(const Nf4Blob& w, int64_t b0, const In
         out[t] = _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
     }
 }
+#elif defined(__ARM_NEON)
+#include "kernels/cpu/gemv_int16_neon.h"
 #else
 template <int R, bool DQ> void int_blocks(const Nf4Blob& w, int64_t b0, const IntX& x, float* out) {
     float acc[R] = {};

@@ -1,9 +1,10 @@
 // Included by the sources compiled once per instruction-set level (kernels/CMakeLists.txt): the build sets
-// G4_CPU_NS to the level's name (baseline, avx2, avx512; native with G4_NATIVE) and its compiler flags, and
-// the sources define their kernels in namespace g4::cpu::G4_CPU_NS. level_table.cpp exports the copy's
-// Kernels table as the C symbol g4cpu_kernels_<level> (not g4_*, the names libg4.so exports), the one symbol
-// the build leaves global in the copy's object (every other one, Eigen's and the standard library's
-// instantiations included, is made local, so code compiled for one level never runs in place of another's).
+// G4_CPU_NS to the level's name (baseline, avx2, avx512; neon, dotprod; native with G4_NATIVE) and its
+// compiler flags, and the sources define their kernels in namespace g4::cpu::G4_CPU_NS. level_table.cpp
+// exports the copy's Kernels table as the C symbol g4cpu_kernels_<level> (not g4_*, the names libg4.so
+// exports), the one symbol the build leaves global in the copy's object (every other one, Eigen's and the
+// standard library's instantiations included, is made local, so code compiled for one level never runs in
+// place of another's).
 #pragma once
 #include "kernels/cpu/kernel_list.h"
 

@@ -9,25 +9,17 @@
 // gamma_K sum |w_i x_i| <= gamma_K 128 s ||x||_1 of w.x, plus the LoRA bias added after it (one rounding),
 // and lo / hi take those roundings and the screen's own (4e-7 (|a| + |b|)) with a 1.0001 factor on top.
 // The integer dot: vpdpbusd (AVX-512 VNNI, on (xq + 128) as bytes and q, less 128 sum(q)), else maddubs on
-// |xq| and q carrying xq's sign (AVX-512 BW, AVX2; each pair sum <= 2 * 127 * 127 fits int16), else a plain
-// loop: the same integers at every level.
+// |xq| and q carrying xq's sign (AVX-512 BW, AVX2; each pair sum <= 2 * 127 * 127 fits int16), sdot on
+// aarch64 with the dot product instructions (dotprod), smull + smlal2 pairs (each <= 2 * 127 * 127) added
+// into int32 lanes (sadalp) with Advanced SIMD (neon), else a plain loop: the same integers at every level.
 #include "kernels/cpu/level.h"
+#include "kernels/cpu/simd.h"
 
 #include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
-
-#if defined(__AVX512F__) || defined(__AVX2__)
-#include <immintrin.h>
-#endif
-
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
 
 namespace g4::cpu::G4_CPU_NS {
 namespace {
@@ -89,6 +81,21 @@ using DotFn = int32_t (*)(const int8_t* q, const int8_t* xs, const uint8_t* xu, 
     h         = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4E));
     h         = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0xB1));
     acc       = _mm_cvtsi128_si32(h);
+#elif defined(__ARM_FEATURE_DOTPROD)
+    int32x4_t s0 = vdupq_n_s32(0), s1 = vdupq_n_s32(0);
+    for (; j + 32 <= k; j += 32) {
+        s0 = vdotq_s32(s0, vld1q_s8(q + j), vld1q_s8(xs + j));
+        s1 = vdotq_s32(s1, vld1q_s8(q + j + 16), vld1q_s8(xs + j + 16));
+    }
+    acc = vaddvq_s32(vaddq_s32(s0, s1));
+#elif defined(__ARM_NEON)
+    int32x4_t s0 = vdupq_n_s32(0);
+    for (; j + 16 <= k; j += 16) {
+        const int8x16_t qv = vld1q_s8(q + j), xv = vld1q_s8(xs + j);
+        const int16x8_t p = vmlal_high_s8(vmull_s8(vget_low_s8(qv), vget_low_s8(xv)), qv, xv);
+        s0                = vpadalq_s16(s0, p);
+    }
+    acc = vaddvq_s32(s0);
 #endif
     for (; j < k; ++j)
         acc += (int32_t)q[j] * (int32_t)xs[j];
@@ -229,7 +236,3 @@ LmScreenResult lm_screen_vnni(const Context& c, const LmScreenArgs& a) {
 #endif
 
 } // namespace g4::cpu::G4_CPU_NS
-
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif

@@ -3,14 +3,8 @@
 // logits (one task per query row and head), and vectorised gates. Float32 arithmetic; weights widened into
 // per-thread scratch once per block of rows.
 #include "kernels/cpu/level.h"
+#include "kernels/cpu/simd.h"
 #include "kernels/ref/ref.h"
-
-#if defined(__GNUC__) && !defined(__clang__)
-// GCC 12 flags its own AVX-512 intrinsic headers (_mm512_undefined_* self-initialisation) inlined by Eigen.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
 
 #include <Eigen/Core>
 #include <algorithm>
@@ -221,7 +215,3 @@ void add_scaled(const Context& c, const AddScaledArgs& a) {
 }
 
 } // namespace g4::cpu::G4_CPU_NS
-
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif

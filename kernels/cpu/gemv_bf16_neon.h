@@ -28,5 +28,6 @@ template <int R> void dot_rows(const uint16_t* w, const float* xp, int64_t k, fl
             tail[t] += xp[t * k + j] * wv;
     }
     for (int t = 0; t < R; ++t)
-        out[t] = vaddvq_f32(vaddq_f32(vaddq_f32(acc[t][0], acc[t][1]), vaddq_f32(acc[t][2], acc[t][3]))) + tail[t];
+        out[t] =
+            vaddvq_f32(vaddq_f32(vaddq_f32(acc[t][0], acc[t][1]), vaddq_f32(acc[t][2], acc[t][3]))) + tail[t];
 }

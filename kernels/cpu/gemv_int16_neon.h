@@ -46,10 +46,10 @@ template <int R, bool DQ> void int_blocks(const Nf4Blob& w, int64_t b0, const In
             int32x4_t d0 = vdupq_n_s32(0), d1 = vdupq_n_s32(0);
             for (int j = 0; j < 8; j += 2) {
                 const int16x8_t x0 = vld1q_s16(xq + 8 * j), x1 = vld1q_s16(xq + 8 * j + 8);
-                d0                 = vmlal_s16(d0, vget_low_s16(wv[j]), vget_low_s16(x0));
-                d0                 = vmlal_high_s16(d0, wv[j], x0);
-                d1                 = vmlal_s16(d1, vget_low_s16(wv[j + 1]), vget_low_s16(x1));
-                d1                 = vmlal_high_s16(d1, wv[j + 1], x1);
+                d0 = vmlal_s16(d0, vget_low_s16(wv[j]), vget_low_s16(x0));
+                d0 = vmlal_high_s16(d0, wv[j], x0);
+                d1 = vmlal_s16(d1, vget_low_s16(wv[j + 1]), vget_low_s16(x1));
+                d1 = vmlal_high_s16(d1, wv[j + 1], x1);
             }
             const float32x4_t f = vdupq_n_f32(s * x.sx[xb]);
             acc0[t]             = vfmaq_f32(acc0[t], vcvtq_f32_s32(d0), f);

@@ -326,6 +326,14 @@ TEST(Compile, DryRunPrintsTheMemoryPlanAndWritesNothing) {
     };
     EXPECT_FALSE(kv(r.err).empty()) << r.err;
     EXPECT_EQ(kv(r.err), kv(real.err));
+    // --max-sessions 3: each session's KV cache three times, and g4 inspect says so.
+    CmdResult three =
+        run_g4("compile --model '" + fixture("e2b_tiny") +
+               "' --max-context 1024 --no-fidelity --max-sessions 3 -o '" + td.file("s.g4plan") + "'");
+    ASSERT_EQ(three.exit_code, 0) << three.err;
+    EXPECT_NE(three.err.find("KV cache (f32) (3 sessions)"), std::string::npos) << three.err;
+    CmdResult shown = run_g4("inspect '" + td.file("s.g4plan") + "'");
+    EXPECT_NE(shown.out.find("3 sessions (g4 compile --max-sessions)"), std::string::npos) << shown.out;
     CmdResult cuda = run_g4("compile --model '" + fixture("e2b_tiny") + "' --device cuda:0 --dry-run");
     EXPECT_EQ(cuda.exit_code, 0) << cuda.err;
     EXPECT_NE(cuda.err.find("    cuda:0   "), std::string::npos) << cuda.err;

@@ -15,7 +15,8 @@ g4_status generate_loop(g4_session* s, const g4_sampling_params* sampling, const
     *out_n             = 0;
     const g4_engine* e = s->engine;
     const int32_t ctx  = e->plan.info().max_context;
-    auto t0            = s->prefill_start.time_since_epoch().count() ? s->prefill_start : std::chrono::steady_clock::now();
+    auto t0 =
+        s->prefill_start.time_since_epoch().count() ? s->prefill_start : std::chrono::steady_clock::now();
     g4::TextStream stream(e->tokenizer ? e->tokenizer.get() : nullptr, stops);
     g4_status st = G4_OK;
     for (int32_t i = 0; i < gp.max_tokens; ++i) {
@@ -29,7 +30,8 @@ g4_status generate_loop(g4_session* s, const g4_sampling_params* sampling, const
         }
         if ((st = feed(tok)) != G4_OK) break;
         if (*out_n == 0)
-            s->stats.ttft_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+            s->stats.ttft_ms =
+                std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
         ++*out_n;
         // The newly completed text: an incomplete UTF-8 tail and anything that could still become a stop
         // string are held back.

@@ -11,8 +11,8 @@
 // A lane may sum at most 8 products (4 k-pairs): 8 * 16383 * 16384 < 2^31. So every 4 k-pairs the int32
 // lanes are converted and added into an fp32 block sum, and each 64-element block's sum is scaled by
 // absmax * amax / (16383 * 16384) into the fp32 accumulator. Each output is one tile lane's sum over the
-// blocks in k order, computed by one task whatever the thread count or the row count. Threads split the
-// output columns.
+// blocks in k order, computed by one task whatever the thread count or the row count. A task is one tile and
+// a group of columns (fewer for matmuls of few columns, so that they spread over the pool).
 #include "kernels/cpu/level.h"
 #include "kernels/cpu/nf4_blob.h"
 #include "kernels/nf4.h"
@@ -278,12 +278,12 @@ void micro(const Blob& w, int64_t n0, const QX& qx, int64_t t, float* out) {
 }
 #endif
 
-// Columns [n0, n1) of rows [r0, r0 + rows) from the tiles of qx.
+// Columns [n0, n1) of tile t of the pass of rows [r0, r0 + rows) from the tiles of qx.
 template <bool DQ, bool VNNI>
-void columns(const MatmulArgs& a, const Blob& w, const QX& qx, int r0, int rows, int64_t n0, int64_t n1) {
+void columns(const MatmulArgs& a, const Blob& w, const QX& qx, int r0, int rows, int64_t t, int64_t n0,
+             int64_t n1) {
     alignas(64) float out[kCols * kTileRows];
-    const int64_t tiles = (rows + kTileRows - 1) / kTileRows;
-    for (int64_t t = 0; t < tiles; ++t) {
+    {
         const int lr = std::min(kTileRows, rows - (int)t * kTileRows);
         for (int64_t n = n0; n < n1; n += kCols) {
             const int nc = (int)std::min<int64_t>(kCols, n1 - n);
@@ -335,25 +335,30 @@ void matmul_nf4_gemm_int16(const Context& c, const MatmulArgs& a) {
     const int pass_rows  = (int)std::min<int64_t>(a.rows, fit * kTileRows);
     const int64_t ptiles = (pass_rows + kTileRows - 1) / kTileRows;
     const QX qx{(int32_t*)c.scratch, (float*)((int32_t*)c.scratch + ptiles * kp * kTileRows), kp, nb};
-    const bool vnni     = has_vnni();
-    const int64_t tasks = (a.n + kTaskCols - 1) / kTaskCols;
+    const bool vnni = has_vnni();
     for (int r0 = 0; r0 < a.rows; r0 += pass_rows) {
         const int rows   = std::min(pass_rows, a.rows - r0);
         const int64_t nt = (rows + kTileRows - 1) / kTileRows;
+        // a task: one tile x task_cols columns, narrower where the matmul has few columns for the pool
+        int64_t task_cols = kTaskCols;
+        while (task_cols > kCols && nt * ((a.n + task_cols - 1) / task_cols) < 4 * (int64_t)c.pool->size())
+            task_cols /= 2;
+        const int64_t col_tasks = (a.n + task_cols - 1) / task_cols;
         c.pool->parallel_for(nt * kTileRows, [&](int64_t i, int) {
             const int64_t t = i / kTileRows, lane = i % kTileRows;
             const int r = r0 + (int)i;
             quantize_row(a, r < r0 + rows ? r : a.rows, qx.pairs + t * kp * kTileRows + lane,
                          qx.scales + t * nb * kTileRows + lane, nb);
         });
-        c.pool->parallel_for(tasks, [&](int64_t task, int) {
-            const int64_t n0 = task * kTaskCols, n1 = std::min<int64_t>(a.n, n0 + kTaskCols);
+        c.pool->parallel_for(nt * col_tasks, [&](int64_t task, int) {
+            const int64_t t = task / col_tasks, n0 = task % col_tasks * task_cols;
+            const int64_t n1 = std::min<int64_t>(a.n, n0 + task_cols);
             if (l.double_quant)
-                vnni ? columns<true, true>(a, w, qx, r0, rows, n0, n1)
-                     : columns<true, false>(a, w, qx, r0, rows, n0, n1);
+                vnni ? columns<true, true>(a, w, qx, r0, rows, t, n0, n1)
+                     : columns<true, false>(a, w, qx, r0, rows, t, n0, n1);
             else
-                vnni ? columns<false, true>(a, w, qx, r0, rows, n0, n1)
-                     : columns<false, false>(a, w, qx, r0, rows, n0, n1);
+                vnni ? columns<false, true>(a, w, qx, r0, rows, t, n0, n1)
+                     : columns<false, false>(a, w, qx, r0, rows, t, n0, n1);
         });
     }
 }

@@ -178,20 +178,26 @@ float quantize_block(const float* x, int16_t* q) {
 #endif
 }
 
-// Row r of x (or zeros when r >= a.rows) into lane `lane` of the tile at pairs / scales.
-void quantize_row(const MatmulArgs& a, int r, int32_t* pairs, float* scales, int64_t nb) {
+// Blocks [b0, b1) of the kTileRows rows from r0 (zeros for rows >= a.rows) into tile t of qx. A task writes
+// whole 64-byte lines of the tile: rows quantized by different threads would share every line.
+void quantize_tile(const MatmulArgs& a, int r0, const QX& qx, int64_t t, int64_t b0, int64_t b1) {
     alignas(64) int16_t q[q16::kBlock];
     int32_t qp[q16::kBlock / 2];
-    for (int64_t b = 0; b < nb; ++b) {
-        if (r < a.rows) {
-            scales[b * kTileRows] = quantize_block(a.x + (int64_t)r * a.ldx + b * q16::kBlock, q);
-            std::memcpy(qp, q, sizeof q); // dword p: q[2p] low, q[2p + 1] high
-        } else {
-            scales[b * kTileRows] = 0.0f;
-            std::memset(qp, 0, sizeof qp);
+    int32_t* pairs = qx.pairs + t * qx.kp * kTileRows;
+    float* scales  = qx.scales + t * qx.nb * kTileRows;
+    for (int lane = 0; lane < kTileRows; ++lane) {
+        const int r = r0 + lane;
+        for (int64_t b = b0; b < b1; ++b) {
+            if (r < a.rows) {
+                scales[b * kTileRows + lane] = quantize_block(a.x + (int64_t)r * a.ldx + b * q16::kBlock, q);
+                std::memcpy(qp, q, sizeof q); // dword p: q[2p] low, q[2p + 1] high
+            } else {
+                scales[b * kTileRows + lane] = 0.0f;
+                std::memset(qp, 0, sizeof qp);
+            }
+            for (int p = 0; p < q16::kBlock / 2; ++p)
+                pairs[(b * (q16::kBlock / 2) + p) * kTileRows + lane] = qp[p];
         }
-        for (int p = 0; p < q16::kBlock / 2; ++p)
-            pairs[(b * (q16::kBlock / 2) + p) * kTileRows] = qp[p];
     }
 }
 
@@ -344,11 +350,18 @@ void matmul_nf4_gemm_int16(const Context& c, const MatmulArgs& a) {
         while (task_cols > kCols && nt * ((a.n + task_cols - 1) / task_cols) < 4 * (int64_t)c.pool->size())
             task_cols /= 2;
         const int64_t col_tasks = (a.n + task_cols - 1) / task_cols;
-        c.pool->parallel_for(nt * kTileRows, [&](int64_t i, int) {
-            const int64_t t = i / kTileRows, lane = i % kTileRows;
-            const int r = r0 + (int)i;
-            quantize_row(a, r < r0 + rows ? r : a.rows, qx.pairs + t * kp * kTileRows + lane,
-                         qx.scales + t * nb * kTileRows + lane, nb);
+        // x quantized by tile x range of blocks (the values do not depend on the split)
+        const int64_t qb =
+            std::clamp<int64_t>(nt * nb / (2 * (int64_t)c.pool->size()), 1, 16); // blocks per task
+        const int64_t qtasks = (nb + qb - 1) / qb;
+        const MatmulArgs ap  = [&] {
+            MatmulArgs v = a;
+            v.rows       = r0 + rows; // rows past the pass's end quantize to zeros
+            return v;
+        }();
+        c.pool->parallel_for(nt * qtasks, [&](int64_t i, int) {
+            const int64_t t = i / qtasks, b0 = i % qtasks * qb;
+            quantize_tile(ap, r0 + (int)t * kTileRows, qx, t, b0, std::min(nb, b0 + qb));
         });
         c.pool->parallel_for(nt * col_tasks, [&](int64_t task, int) {
             const int64_t t = task / col_tasks, n0 = task % col_tasks * task_cols;

@@ -11,8 +11,9 @@
 // A lane may sum at most 8 products (4 k-pairs): 8 * 16383 * 16384 < 2^31. So every 4 k-pairs the int32
 // lanes are converted and added into an fp32 block sum, and each 64-element block's sum is scaled by
 // absmax * amax / (16383 * 16384) into the fp32 accumulator. Each output is one tile lane's sum over the
-// blocks in k order, computed by one task whatever the thread count or the row count. A task is one tile and
-// a group of columns (fewer for matmuls of few columns, so that they spread over the pool).
+// blocks in k order, computed by one task whatever the thread count or the row count. A task is a group of
+// columns of every tile, or of one tile and fewer columns for matmuls of few columns (so that they spread
+// over the pool).
 #include "kernels/cpu/level.h"
 #include "kernels/cpu/nf4_blob.h"
 #include "kernels/nf4.h"
@@ -284,12 +285,12 @@ void micro(const Blob& w, int64_t n0, const QX& qx, int64_t t, float* out) {
 }
 #endif
 
-// Columns [n0, n1) of tile t of the pass of rows [r0, r0 + rows) from the tiles of qx.
+// Columns [n0, n1) of tiles [t0, t1) of the pass of rows [r0, r0 + rows) from the tiles of qx.
 template <bool DQ, bool VNNI>
-void columns(const MatmulArgs& a, const Blob& w, const QX& qx, int r0, int rows, int64_t t, int64_t n0,
-             int64_t n1) {
+void columns(const MatmulArgs& a, const Blob& w, const QX& qx, int r0, int rows, int64_t t0, int64_t t1,
+             int64_t n0, int64_t n1) {
     alignas(64) float out[kCols * kTileRows];
-    {
+    for (int64_t t = t0; t < t1; ++t) {
         const int lr = std::min(kTileRows, rows - (int)t * kTileRows);
         for (int64_t n = n0; n < n1; n += kCols) {
             const int nc = (int)std::min<int64_t>(kCols, n1 - n);
@@ -345,9 +346,12 @@ void matmul_nf4_gemm_int16(const Context& c, const MatmulArgs& a) {
     for (int r0 = 0; r0 < a.rows; r0 += pass_rows) {
         const int rows   = std::min(pass_rows, a.rows - r0);
         const int64_t nt = (rows + kTileRows - 1) / kTileRows;
-        // a task: one tile x task_cols columns, narrower where the matmul has few columns for the pool
-        int64_t task_cols = kTaskCols;
-        while (task_cols > kCols && nt * ((a.n + task_cols - 1) / task_cols) < 4 * (int64_t)c.pool->size())
+        // a task: task_cols columns of every tile (the tiles share the columns' codes in cache), or, where
+        // the matmul has few columns for the pool, of one tile, and narrower
+        const int64_t want = 4 * (int64_t)c.pool->size();
+        int64_t task_cols  = kTaskCols;
+        const bool split   = (a.n + task_cols - 1) / task_cols < want;
+        while (split && task_cols > kCols && nt * ((a.n + task_cols - 1) / task_cols) < want)
             task_cols /= 2;
         const int64_t col_tasks = (a.n + task_cols - 1) / task_cols;
         // x quantized by tile x range of blocks (the values do not depend on the split)
@@ -363,15 +367,15 @@ void matmul_nf4_gemm_int16(const Context& c, const MatmulArgs& a) {
             const int64_t t = i / qtasks, b0 = i % qtasks * qb;
             quantize_tile(ap, r0 + (int)t * kTileRows, qx, t, b0, std::min(nb, b0 + qb));
         });
-        c.pool->parallel_for(nt * col_tasks, [&](int64_t task, int) {
-            const int64_t t = task / col_tasks, n0 = task % col_tasks * task_cols;
-            const int64_t n1 = std::min<int64_t>(a.n, n0 + task_cols);
+        c.pool->parallel_for((split ? nt : 1) * col_tasks, [&](int64_t task, int) {
+            const int64_t t0 = split ? task / col_tasks : 0, t1 = split ? t0 + 1 : nt;
+            const int64_t n0 = task % col_tasks * task_cols, n1 = std::min<int64_t>(a.n, n0 + task_cols);
             if (l.double_quant)
-                vnni ? columns<true, true>(a, w, qx, r0, rows, t, n0, n1)
-                     : columns<true, false>(a, w, qx, r0, rows, t, n0, n1);
+                vnni ? columns<true, true>(a, w, qx, r0, rows, t0, t1, n0, n1)
+                     : columns<true, false>(a, w, qx, r0, rows, t0, t1, n0, n1);
             else
-                vnni ? columns<false, true>(a, w, qx, r0, rows, t, n0, n1)
-                     : columns<false, false>(a, w, qx, r0, rows, t, n0, n1);
+                vnni ? columns<false, true>(a, w, qx, r0, rows, t0, t1, n0, n1)
+                     : columns<false, false>(a, w, qx, r0, rows, t0, t1, n0, n1);
         });
     }
 }

@@ -1,5 +1,5 @@
-// G4_CPU_PROFILE=1: wall time per op kind of CPU program runs, with the GFLOP/s of the ops whose arithmetic is
-// counted (matmuls, also by weight shape, and the attentions' two products). The text program's prefill
+// G4_CPU_PROFILE=1: wall time per op kind of CPU program runs, with the GFLOP/s of the ops whose arithmetic
+// is counted (matmuls, also by weight shape, and the attentions' two products). The text program's prefill
 // chunks and decode steps are summed over a session's life and printed when it is destroyed; each encoder
 // program run (vision, audio) is printed on its own.
 #pragma once

@@ -301,6 +301,31 @@ TEST(Runtime, SeededSamplingIsReproducible) {
     EXPECT_NE(gen(7), gen(8));
 }
 
+// G4_CPU_PROFILE=1: a CPU session prints its text program's prefill chunks and decode steps when destroyed.
+TEST(Runtime, CpuProfilePrintsTheTextProgramsSteps) {
+    TempDir td;
+    std::string plan = compile_fixture(td, "e2b_tiny", "--chunk 8");
+    setenv("G4_CPU_PROFILE", "1", 1);
+    testing::internal::CaptureStderr();
+    {
+        Engine e;
+        Session s;
+        open_session(plan, &e, &s);
+        std::vector<int32_t> ids(20, 7);
+        if (s.s) {
+            EXPECT_EQ(g4_session_append_tokens(s.s, ids.data(), ids.size(), nullptr, 0), G4_OK);
+            for (int i = 0; i < 2; ++i)
+                EXPECT_EQ(g4_session_append_tokens(s.s, ids.data(), 1, nullptr, 0), G4_OK);
+        }
+    }
+    const std::string err = testing::internal::GetCapturedStderr();
+    unsetenv("G4_CPU_PROFILE");
+    EXPECT_NE(err.find("text program, prefill steps, 3 steps, 20 rows"), std::string::npos) << err;
+    EXPECT_NE(err.find("text program, decode steps, 2 steps, 2 rows"), std::string::npos) << err;
+    EXPECT_NE(err.find("matmul k"), std::string::npos) << err;
+    EXPECT_NE(err.find("GFLOP/s"), std::string::npos) << err;
+}
+
 } // namespace
 
 namespace {

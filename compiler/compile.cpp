@@ -18,6 +18,7 @@ void compile_plan(const CompileOptions& opt, std::ostream& log, CompileReport* r
     placement::Placement place =
         placement::resolve(checked.place_req, in.mc.text.num_layers, checked.cuda_index, gpu_count);
     in.layer_device = place.layer_device;
+    place.sessions  = opt.sessions;
     if (!opt.adapter_dir.empty()) in.adapter = lora::Adapter::open(opt.adapter_dir);
     load_tokenizer(in);
     open_checkpoint(in);

@@ -49,6 +49,9 @@ struct CompileOptions {
     int max_context = 0;        // 0: min(4096, max_position_embeddings)
     int max_rows    = 64;       // prefill chunk (tokens per step); `g4 compile --device cuda`: 1024
     int logits_rows = 16;       // logits rows one step can produce
+    // Sessions the memory plan counts (--max-sessions; META placement.sessions): the weights once, each
+    // session's arenas, KV cache, workspaces and buffers that many times (g4 serve --max-sessions).
+    int sessions = 1;
     std::vector<std::string> gpu_mem; // --gpu-mem [IDX:]SIZE, one per GPU (compiler/placement.h)
     std::string cpu_mem;              // --cpu-mem SIZE: host memory budget
     std::string place;                // --place LIST: component=target items

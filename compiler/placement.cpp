@@ -94,10 +94,13 @@ std::string parts_text(const DeviceMemory& d) {
     std::string s;
     for (const auto& [what, bytes] : d.parts)
         s += (s.empty() ? "" : " + ") + what + " " + human(bytes);
+    const std::string each = d.sessions > 1 ? std::to_string(d.sessions) + " sessions x " : "";
     if (d.per_thread)
         s += (s.empty() ? "" : " + ") +
-             (d.threads > 0 ? "scratch " + std::to_string(d.threads) + " threads x " + human(d.per_thread)
-                            : "scratch " + human(d.per_thread) + " per thread");
+             (d.threads > 0
+                  ? "scratch " + each + std::to_string(d.threads) + " threads x " + human(d.per_thread)
+                  : "scratch " + human(d.per_thread) + " per thread" +
+                        (d.sessions > 1 ? " per session (" + std::to_string(d.sessions) + ")" : ""));
     return s.empty() ? "nothing placed" : s;
 }
 
@@ -467,7 +470,7 @@ std::vector<int> Placement::gpus() const {
 }
 
 uint64_t DeviceMemory::need() const {
-    uint64_t n = per_thread * (uint64_t)std::max(0, threads);
+    uint64_t n = per_thread * (uint64_t)std::max(0, threads) * (uint64_t)std::max(1, sessions);
     for (const auto& pr : parts)
         n += pr.second;
     return n;
@@ -476,21 +479,29 @@ uint64_t DeviceMemory::need() const {
 std::vector<DeviceMemory> memory_plan(const Figures& f, const Placement& p, bool ple_host, int threads) {
     std::vector<DeviceMemory> out;
     const std::string kv = f.kv_dtype.empty() ? "KV cache" : "KV cache (" + f.kv_dtype + ")";
-    auto cpu_budget      = [&](DeviceMemory& d) {
+    const int n          = std::max(1, p.sessions);
+    // A part every session holds: n times, named with the count.
+    auto each = [&](const std::string& what, uint64_t bytes) {
+        return std::pair<std::string, uint64_t>{n > 1 ? what + " (" + std::to_string(n) + " sessions)" : what,
+                                                bytes * (uint64_t)n};
+    };
+    auto cpu_budget = [&](DeviceMemory& d) {
         if (p.cpu_budget) d.budget = p.cpu_budget, d.budget_flag = "--cpu-mem " + p.cpu_budget_arg;
     };
     if (p.cuda_index < 0) {
         DeviceMemory c;
         c.device = "cpu";
-        c.parts  = {
-             {"weights", f.weights - f.tower_weights}, {"activations", f.activations}, {kv, f.kv_cache}};
+        c.parts  = {{"weights", f.weights - f.tower_weights},
+                    each("activations", f.activations),
+                    each(kv, f.kv_cache)};
         if (f.tower_weights)
             c.parts.push_back({"towers' weights", f.tower_weights}),
-                c.parts.push_back({"towers' buffers", f.tower_buffers});
-        if (f.encoder_arenas) c.parts.push_back({"encoder programs' activations", f.encoder_arenas});
+                c.parts.push_back(each("towers' buffers", f.tower_buffers));
+        if (f.encoder_arenas) c.parts.push_back(each("encoder programs' activations", f.encoder_arenas));
         if (p.lm_screen && f.lm_screen) c.parts.push_back({"LM head screening copy", f.lm_screen});
         c.per_thread = f.scratch_per_thread;
         c.threads    = threads;
+        c.sessions   = n;
         cpu_budget(c);
         return {c};
     }
@@ -503,41 +514,51 @@ std::vector<DeviceMemory> memory_plan(const Figures& f, const Placement& p, bool
                                 : (p.vision_gpu ? f.vision_weights : 0) + (p.audio_gpu ? f.audio_weights : 0);
     if (f.gpus.empty()) {
         g.parts = {{"weights", f.weights - f.host_weights - f.tower_weights - (ple_host ? f.ple_table : 0)},
-                   {"activations", f.activations},
-                   {kv, f.kv_cache - f.host_kv},
-                   {"workspaces", f.attention_workspace}};
+                   each("activations", f.activations),
+                   each(kv, f.kv_cache - f.host_kv),
+                   each("workspaces", f.attention_workspace)};
     } else {
         for (const auto& [i, x] : f.gpus)
             gpu[i].parts = {{"weights", x.weights - (i == p.cuda_index && ple_host ? f.ple_table : 0)},
-                            {"activations", f.activations},
-                            {kv, x.kv},
-                            {"workspaces", x.workspace}};
+                            each("activations", f.activations),
+                            each(kv, x.kv),
+                            each("workspaces", x.workspace)};
     }
-    if (p.vision_gpu)
-        gpu[p.cuda_index].parts.push_back({"vision tower", f.vision_weights + f.vision_gpu_buffers});
-    if (p.audio_gpu)
-        gpu[p.cuda_index].parts.push_back({"audio tower", f.audio_weights + f.audio_gpu_buffers});
-    if (p.lm_screen && f.lm_screen)
+    // A tower on the GPU: its weights and a session's buffers as one part; with more sessions, the buffers
+    // as a part of their own.
+    auto tower = [&](const std::string& what, uint64_t weights, uint64_t buffers) {
+        auto& parts = gpu[p.cuda_index].parts;
+        if (n == 1) return parts.push_back({what, weights + buffers});
+        parts.push_back({what, weights});
+        parts.push_back(each(what + "'s buffers", buffers));
+    };
+    if (p.vision_gpu) tower("vision tower", f.vision_weights, f.vision_gpu_buffers);
+    if (p.audio_gpu) tower("audio tower", f.audio_weights, f.audio_gpu_buffers);
+    if (p.lm_screen && f.lm_screen) {
         gpu[p.cuda_index].parts.push_back({"LM head screening copy", f.lm_screen});
+        if (f.lm_screen_session)
+            gpu[p.cuda_index].parts.push_back(each("LM head screening bounds", f.lm_screen_session));
+    }
     DeviceMemory h;
     h.device = "host";
-    h.parts  = {{"pinned buffers", f.pinned}};
+    h.parts  = {each("pinned buffers", f.pinned)};
     if (ple_host) h.parts.push_back({"PLE table", f.ple_table});
     if (f.tower_weights > on_gpu) h.parts.push_back({"towers' weights", f.tower_weights - on_gpu});
     if (f.tower_weights) // queues, inputs and scratch stay on the host wherever the towers run
-        h.parts.push_back({"towers' buffers", p.vision_gpu && p.audio_gpu ? f.tower_buffers_both_gpu
-                                              : p.vision_gpu              ? f.tower_buffers_vision_gpu
-                                              : p.audio_gpu               ? f.tower_buffers_audio_gpu
-                                                                          : f.tower_buffers});
+        h.parts.push_back(each("towers' buffers", p.vision_gpu && p.audio_gpu ? f.tower_buffers_both_gpu
+                                                  : p.vision_gpu              ? f.tower_buffers_vision_gpu
+                                                  : p.audio_gpu               ? f.tower_buffers_audio_gpu
+                                                                              : f.tower_buffers));
     const uint64_t arenas =
         (p.vision_gpu ? f.audio_arena : f.encoder_arenas) - (p.audio_gpu ? f.audio_arena : 0);
-    if (arenas) h.parts.push_back({"encoder programs' activations", arenas});
+    if (arenas) h.parts.push_back(each("encoder programs' activations", arenas));
     if (p.has_cpu_layers()) {
         h.parts.push_back({"CPU layers' weights", f.host_weights});
-        h.parts.push_back({"CPU layers' " + kv, f.host_kv});
-        h.parts.push_back({"activations (pinned)", f.host_activations});
+        h.parts.push_back(each("CPU layers' " + kv, f.host_kv));
+        h.parts.push_back(each("activations (pinned)", f.host_activations));
         h.per_thread = f.host_scratch_per_thread;
         h.threads    = threads;
+        h.sessions   = n;
     }
     cpu_budget(h);
     for (const auto& [i, b] : p.gpu_budgets) {
@@ -849,6 +870,7 @@ void Decision::to_meta(plan::Meta* m) const {
     pl.vision         = p.tower_where.count("vision") ? p.tower_where.at("vision") : "not compiled";
     pl.audio          = p.tower_where.count("audio") ? p.tower_where.at("audio") : "not compiled";
     pl.lm_head_screen = p.lm_screen;
+    pl.sessions       = p.sessions;
     m->placement      = pl;
     m->memory.clear();
     for (const DeviceMemory& d : memory)

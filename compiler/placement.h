@@ -76,6 +76,7 @@ Request parse_request(const std::vector<std::string>& gpu_mem, const std::string
 struct Placement {
     int cuda_index = -1; // the plan's GPU; -1: CPU plan
     int num_layers = 0;
+    int sessions   = 1; // sessions the memory plan counts (memory_plan: per-session parts that many times)
     std::map<int, GpuBudget> gpu_budgets; // by device index
     std::optional<uint64_t> cpu_budget;
     std::string cpu_budget_arg;
@@ -115,7 +116,8 @@ struct Figures {
     uint64_t weights = 0, ple_table = 0, activations = 0, kv_cache = 0, attention_workspace = 0;
     uint64_t scratch_per_thread = 0; // CPU plans, per worker thread
     uint64_t pinned             = 0; // CUDA plans: pinned host buffers (ids, logits, step)
-    uint64_t lm_screen          = 0; // CUDA plans: the LM head's int8 screening copy (0: the head takes none)
+    uint64_t lm_screen          = 0; // the LM head's int8 screening copy (0: the head takes none)
+    uint64_t lm_screen_session  = 0; // CUDA plans: a session's screening bounds (with lm_screen)
     std::string kv_dtype;            // "f32" | "bf16": named in the KV cache's label when set
     // CUDA plans with CPU-placed layers (part of the totals above, held in host memory): the CPU
     // layers' weights and KV caches (mirrors of GPU donors' caches included), the host copy of the
@@ -148,10 +150,13 @@ struct DeviceMemory {
     std::vector<std::pair<std::string, uint64_t>> parts; // what it holds
     uint64_t per_thread = 0;                             // cpu: scratch per worker thread
     int threads         = 0;                             // worker threads counted (0: not known)
+    int sessions        = 1;                             // per_thread is each session's threads'
     std::optional<uint64_t> budget;
     std::string budget_flag; // "--gpu-mem 0:6GiB"
-    uint64_t need() const;   // parts + per_thread * threads
+    uint64_t need() const;   // parts + per_thread * threads * sessions
 };
+// Each session's parts (activations, KV cache, workspaces, pinned and tower buffers, scratch) count
+// p.sessions times, labelled "(N sessions)"; weights, the PLE table and the screening copy once.
 std::vector<DeviceMemory> memory_plan(const Figures& f, const Placement& p, bool ple_host, int threads);
 
 struct Decision {

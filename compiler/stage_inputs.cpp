@@ -106,6 +106,8 @@ CheckedOptions check_options(const CompileOptions& opt) {
         if (output_target(opt.out_path, &err).empty()) throw CompileError("-o " + err);
     }
     if (opt.max_rows < 1 || opt.max_rows > 8192) throw CompileError("--chunk must be in 1..8192");
+    if (opt.sessions < 1 || opt.sessions > 256)
+        throw CompileError("--max-sessions must be in 1..256 (got " + std::to_string(opt.sessions) + ")");
     if (opt.logits_rows < 1 || opt.logits_rows > opt.max_rows)
         throw CompileError("--logits-rows must be in 1..chunk (" + std::to_string(opt.max_rows) + ")");
     const auto& targets = cuda::supported_targets();

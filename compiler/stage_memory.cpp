@@ -326,14 +326,17 @@ void session_figures(const Inputs& in, const BuiltPlan& b, Report* rep) {
         rep->cpu_scratch_per_thread = (uint64_t)std::max<int64_t>(32 * max_k, in.max_context + 64) * 4;
         const int li = cuda_ws::lm_screen_launch(schedule.data(), schedule.size(), ops.data(), tensors.data(),
                                                  prog.logits);
-        if (li >= 0 && gpus.size() <= 1)
-            rep->lm_screen = cuda_ws::lm_screen_bytes(
-                tensors[ops[plan::launch_params<plan::GemvLaunch>(schedule[li]).mat0].in[1]]);
+        if (li >= 0 && gpus.size() <= 1) {
+            const plan::PlanTensor& head =
+                tensors[ops[plan::launch_params<plan::GemvLaunch>(schedule[li]).mat0].in[1]];
+            rep->lm_screen         = cuda_ws::lm_screen_bytes(head);
+            rep->lm_screen_session = cuda_ws::lm_screen_session_bytes(head);
+        }
         rt::CpuLmHead head; // CPU plans of the fast precision: the bf16 head's int8 copy (cpu_lm_head.h)
         if (in.cuda_index < 0 && opt.cpu_precision == "fast" &&
             rt::find_cpu_lm_head(ops.data(), b.n_text_ops, tensors.data(), prog.logits, &head))
             rep->lm_screen = head.copy_bytes();
-        if (!opt.lm_screen) rep->lm_screen = 0;
+        if (!opt.lm_screen) rep->lm_screen = rep->lm_screen_session = 0;
     }
     rep->weights_bytes = weights_size;
     for (size_t t = 0; t < prog.tensors.size(); ++t)
@@ -385,6 +388,7 @@ placement::Figures figures_of(const Inputs& in, const Report& r, bool cpu_layers
     f.vision_weights      = r.vision_end - r.vision_begin;
     f.vision_gpu_buffers  = r.vision_program_gpu;
     f.lm_screen           = r.lm_screen;
+    f.lm_screen_session   = r.lm_screen_session;
     f.audio_weights       = r.audio_end - r.audio_begin;
     f.audio_gpu_buffers   = r.audio_program_gpu;
     if (!in.tower_names.empty() || !in.encoders.empty()) {

@@ -31,7 +31,10 @@ void print_memory_plan(std::ostream& log, const placement::Decision& d, const Re
             << " KV cache(s) mirrored onto another device for KV-shared layers whose donor runs there\n";
     for (const auto& n : d.placement.notes)
         log << "  note: " << n << "\n";
-    log << "  memory plan (exact bytes; CUDA context and allocator overhead not included):\n";
+    log << "  memory plan (exact bytes; CUDA context and allocator overhead not included"
+        << (d.placement.sessions > 1 ? "; " + std::to_string(d.placement.sessions) + " sessions"
+                                     : std::string())
+        << "):\n";
     placement::print_memory(log, d.memory, "    ");
     if (d.placement.cuda_index >= 0)
         log << "    (the host also maps the plan file and reads its " << human(rep.weights_bytes)

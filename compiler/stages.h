@@ -124,7 +124,8 @@ struct Report {
     // The vision / audio program's device memory where it runs on the plan's GPU: its arena and launch
     // records.
     uint64_t vision_program_gpu = 0, audio_program_gpu = 0;
-    uint64_t lm_screen = 0; // the LM head's int8 screening copy where the schedule's head takes one
+    uint64_t lm_screen         = 0; // the LM head's int8 screening copy where the schedule's head takes one
+    uint64_t lm_screen_session = 0; // CUDA: a session's screening bounds and threshold (with lm_screen)
     std::map<int, placement::Figures::Gpu> gpus; // cross-device plans: per GPU
     cross_device::Stats cross;
     std::string kv_dtype;

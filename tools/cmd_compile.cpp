@@ -69,6 +69,9 @@ const Command kCompile = {
         {"--max-context", "N", "positions a session holds. Default: min(4096, max_position_embeddings)"},
         {"--chunk", "N", "tokens per prefill step. Default: 64 (CPU plans), 1024 (CUDA plans)"},
         {"--logits-rows", "N", "logits rows one step can produce. Default: 16"},
+        {"--max-sessions", "N",
+         "sessions the memory plan counts (g4 serve --max-sessions): the weights once, each session's KV "
+         "cache and buffers N times, 1..256. Default: 1"},
         {"--gpu-mem", "[IDX:]SIZE",
          "GPU memory budget (12GiB, 4GB, 512MiB; repeatable, one per GPU). "
          "Default: none (nothing is placed on a GPU without one)"},
@@ -124,6 +127,8 @@ int cmd_compile(int argc, char** argv) {
     if (a.has("--logits-rows"))
         o.logits_rows = (int)parse_int("--logits-rows", a.get("--logits-rows"), 1, 8192);
     if (o.logits_rows > o.max_rows) o.logits_rows = o.max_rows;
+    if (a.has("--max-sessions"))
+        o.sessions = (int)parse_int("--max-sessions", a.get("--max-sessions"), 1, 256);
     o.quantize_regex    = a.get("--quantize");
     o.keep_regex        = a.get("--keep");
     o.double_quant      = a.on("--double-quant");

@@ -90,13 +90,17 @@ int inspect_plan(int argc, char** argv) {
             m.parts      = d.parts;
             m.per_thread = d.scratch_per_thread;
             m.budget     = d.budget;
+            m.sessions   = meta.placement->sessions;
             mem.push_back(m);
         }
         std::ostringstream table;
         g4::placement::print_memory(table, mem, "  ");
-        std::printf("memory by device (exact bytes%s):\n%s",
+        const std::string counted =
+            pl.sessions > 1 ? "; " + std::to_string(pl.sessions) + " sessions (g4 compile --max-sessions)"
+                            : "";
+        std::printf("memory by device (exact bytes%s%s):\n%s",
                     meta.device == "cuda" ? "; CUDA context and allocator overhead not included" : "",
-                    table.str().c_str());
+                    counted.c_str(), table.str().c_str());
     } else {
         std::printf(
             "memory by device:\n  cpu    weights %s (mapped from the plan), activations %s, KV cache %s\n",

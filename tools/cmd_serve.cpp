@@ -2,6 +2,7 @@
 // scheduler, the HTTP endpoints). SIGTERM or SIGINT stops it gracefully.
 #include "tools/cli_common.h"
 #ifdef G4_HAVE_HTTPLIB
+#include "runtime/src/engine.h"
 #include "tools/serve/server.h"
 #endif
 
@@ -24,7 +25,8 @@ const Command kServe = {
       "address to listen on. Default: 127.0.0.1 (this machine only; 0.0.0.0: every interface)"},
      {"--port", "N", "TCP port. Default: 8080"},
      {"--max-sessions", "N",
-      "requests run at once, each in its own session (KV cache) on the plan's shared weights. Default: 1"},
+      "requests run at once, each in its own session (KV cache) on the plan's shared weights. Default: the "
+      "sessions the plan's memory figures count (g4 compile --max-sessions; 1 unless given there)"},
      {"--threads", "N",
       "CPU worker threads of each session. Default: the hardware threads (batched decode steps), else the "
       "hardware threads / --max-sessions"},
@@ -83,11 +85,12 @@ int cmd_serve(int argc, char** argv) {
     Args a(argc, argv, 2, kServe);
     if (a.pos.size() != 1) throw UsageError("expected exactly one PLAN argument");
     g4::serve::ServeOptions o;
-    o.plan      = a.pos[0];
-    o.model     = a.get("--model-name", plan_stem(o.plan));
-    o.host      = a.get("--host", "127.0.0.1");
-    o.port      = (int)parse_int("--port", a.get("--port", "8080"), 0, 65535);
-    o.sessions  = (int)parse_int("--max-sessions", a.get("--max-sessions", "1"), 1, 256);
+    o.plan  = a.pos[0];
+    o.model = a.get("--model-name", plan_stem(o.plan));
+    o.host  = a.get("--host", "127.0.0.1");
+    o.port  = (int)parse_int("--port", a.get("--port", "8080"), 0, 65535);
+    o.sessions =
+        a.has("--max-sessions") ? (int)parse_int("--max-sessions", a.get("--max-sessions"), 1, 256) : 0;
     o.threads   = parse_threads(a);
     o.max_queue = (int)parse_int("--max-queue", a.get("--max-queue", "16"), 0, 4096);
     o.max_body  = (size_t)parse_int("--max-body", a.get("--max-body", "33554432"), 1024, 1ll << 32);
@@ -143,6 +146,16 @@ int cmd_serve(int argc, char** argv) {
     Engine e;
     open_engine(o.plan, &e);
     if (!e.info.has_tokenizer) require_tokenizer(e.info, o.plan, "serve");
+    const auto& placed = e.e->plan.meta().placement;
+    const int planned  = placed ? placed->sessions : 1;
+    if (o.sessions == 0) o.sessions = planned;
+    if (o.sessions > planned)
+        std::fprintf(
+            stderr,
+            "g4 serve: note: --max-sessions %d is more than the %d session(s) the plan's memory figures "
+            "count; each further session takes session_bytes more (g4 compile --max-sessions %d "
+            "plans them)\n",
+            o.sessions, planned, o.sessions);
     try {
         return g4::serve::serve(e.e, o, stop);
     } catch (const std::runtime_error& err) {

@@ -5,12 +5,17 @@ Makes a random-weight Gemma 4 text checkpoint at the real E2B or E4B shapes (tra
 random LoRA (r=16, alpha=32, on q/k/v/o/gate/up/down), then measures side by side, batch 1:
   time to first token for 512- and 4096-token prompts; decode tokens/s at context depths 0, 4K, 32K;
   peak GPU memory; g4's achieved GB/s against the device's measured copy bandwidth.
-Rows: g4 (adapter merged, NF4 projections, CUDA); transformers bf16; transformers bf16 + PEFT
-(unmerged); transformers + bitsandbytes NF4 + PEFT (if bitsandbytes imports; else the reason).
+Rows: g4 (adapter merged, NF4 projections, CUDA); llama.cpp Q4_0 and Q4_K_M (with --llama-cpp: the same
+checkpoint converted by llama.cpp's own converter, all layers on the GPU, flash attention, llama-bench);
+transformers bf16; transformers bf16 + PEFT (unmerged); transformers + bitsandbytes NF4 + PEFT (if
+bitsandbytes imports; else the reason).
 Needs a CUDA GPU, torch, transformers, peft (bitsandbytes for the last row) and a g4 build.
 Usage: python3 bench/e2e/e2e_bench.py BUILD/tools/g4 --model e2b|e4b [--out DIR] [--workdir DIR] [--new 128]
-       [--g4-only [--quick]] [--profile] [--checkpoint-only]
+       [--llama-cpp SRC [--llama-bin DIR] [--quants Q4_0,Q4_K_M]] [--g4-only [--quick]] [--profile] [--checkpoint-only]
   --workdir: where the checkpoint, adapter and plans go (default /tmp/g4bench); bench/e2e/e2e_run.sh runs both models.
+  --llama-cpp: a llama.cpp source tree built with CUDA (cmake -B build -DGGML_CUDA=ON; llama-bench and
+  llama-quantize in build/bin, or --llama-bin). The llama.cpp rows measure the base checkpoint: g4's merge of
+  the adapter changes weight values, not shapes, and speed depends only on the shapes.
 Writes DIR/bench_<model>.json, DIR/bench_<model>.md and DIR/bench_<model>.png.
 """
 import argparse, json, os, re, subprocess, sys, time
@@ -29,6 +34,9 @@ ap.add_argument("--g4-only", action="store_true", help="measure g4 only (no tran
 ap.add_argument("--profile", action="store_true", help="only the decode profile (GPU events per launch, then Nsight Compute per kernel)")
 ap.add_argument("--checkpoint-only", action="store_true", help="make the random checkpoint and adapter under --workdir, then stop")
 ap.add_argument("--quick", action="store_true", help="with --g4-only: skip the PLE-on-host plan (kernel iteration)")
+ap.add_argument("--llama-cpp", metavar="SRC", help="llama.cpp source tree with a CUDA build: adds its rows (see above)")
+ap.add_argument("--llama-bin", metavar="DIR", help="where llama-bench and llama-quantize are. Default: SRC/build/bin")
+ap.add_argument("--quants", default="Q4_0,Q4_K_M", help="llama.cpp quantizations. Default: Q4_0,Q4_K_M")
 args = ap.parse_args()
 depths = [int(d) for d in args.depths.split(",")]
 os.makedirs(args.workdir, exist_ok=True)
@@ -226,6 +234,53 @@ res["fp32_top2_gap_median"] = float(np.median(top2[:, 1] - top2[:, 0]))
 print(f"decode vs teacher-forced fp32 prefill argmax: {agree}/16; bf16 prefill vs fp32 prefill rel L2 {rl2:.3e}; "
       f"median top-2 logit gap {res['fp32_top2_gap_median']:.3e}", flush=True)
 
+# ---- llama.cpp rows: the GGUFs made by llama.cpp's converter and llama-quantize (cached in --workdir/gguf),
+# every layer on the GPU, flash attention; llama-bench runs a warm-up, then the repetitions (medians here).
+def llama_rows():
+    import types
+    import cpu_llamacpp_bench as clb
+    la = types.SimpleNamespace(llama_cpp=args.llama_cpp, llama_bin=args.llama_bin, g4=args.g4, stop_after=None,
+                               no_plot=True, workdir=args.workdir, python=sys.executable,
+                               quant_list=[q for q in args.quants.split(",") if q])
+    try:
+        tools = clb.find_tools(la)
+        ggufs, steps = clb.prepare_ggufs(la, tools, ckpt, clb.checkpoint_key(ckpt), os.path.join(args.workdir, "llama.log"))
+    except clb.BenchError as e:
+        res["rows"]["llama.cpp"] = {"not_run": str(e)[:300]}
+        print("llama.cpp rows not run:", e, flush=True)
+        return
+    res["llama_cpp_steps_s"] = {k: round(v, 1) for k, v in steps.items()}
+
+    def bench(gguf, extra):
+        cmd = [tools["llama-bench"], "-m", gguf, "-ngl", "99", "-fa", "1", "-r", "3", "-o", "json", *extra]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+        if r.returncode != 0:
+            raise RuntimeError(f"llama-bench rc {r.returncode}: {(r.stderr.strip().splitlines() or ['?'])[-1][:200]}")
+        return json.loads(r.stdout[r.stdout.index("["):])
+
+    for q, gguf in ggufs.items():
+        label = f"llama.cpp {q} (CUDA, flash attention)"
+        row = {}
+        try:
+            with GpuPeak() as pk:
+                for rec in bench(gguf, ["-p", "512,4096", "-n", "0"]):
+                    med = sorted(rec["samples_ns"])[len(rec["samples_ns"]) // 2] / 1e6
+                    row[f"ttft_{rec['n_prompt']}_ms"] = round(med, 1)
+                for rec in bench(gguf, ["-p", "0", "-n", str(args.new), "-d", ",".join(map(str, depths))]):
+                    med = sorted(rec["samples_ns"])[len(rec["samples_ns"]) // 2] / 1e9
+                    row[f"decode_tok_s_depth_{rec.get('n_depth', 0)}"] = round(args.new / med, 1)
+                    row["build_commit"], row["model_size"] = rec.get("build_commit"), rec.get("model_size")
+            row["peak_gpu_mib"] = pk.peak
+        except (RuntimeError, ValueError, KeyError, subprocess.TimeoutExpired) as e:
+            row = {"not_run": str(e)[:300]}
+        res["rows"][label] = row
+        print(label, json.dumps(row), flush=True)
+
+
+if args.llama_cpp:
+    llama_rows()
+
+
 if args.g4_only:
     # Programmatic dependent launch on/off, interleaved (sm_90+; G4_PDL=0 turns it off).
     ab = {"on": [], "off": []}
@@ -310,6 +365,11 @@ for label, row in res["rows"].items():
 g = res["rows"]["g4 NF4 + LoRA merged (CUDA)"]
 md += ["", f"g4 decode at depth 0 reads {bytes_per_token / 1e9:.2f} GB/token: {g['GBps_depth_0']} GB/s, "
            f"{100 * g['fraction_of_copy_bw']:.1f}% of the measured copy bandwidth."]
+for label, row in res["rows"].items():
+    if label.startswith("llama.cpp ") and "not_run" not in row:
+        ratios = [f"{c} {g[c] / row[c]:.2f}x" for c in cols[2:-1] if row.get(c) and g.get(c)]
+        ratios += [f"{c} {row[c] / g[c]:.2f}x" for c in cols[:2] if row.get(c) and g.get(c)]
+        md.append(f"g4 against {label}: " + ", ".join(ratios) + " (decode: tok/s ratio; prefill: time ratio).")
 open(os.path.join(args.out, f"bench_{args.model}.md"), "w").write("\n".join(md) + "\n")
 print("\n".join(md))
 try:

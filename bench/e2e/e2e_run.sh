@@ -4,7 +4,8 @@
 # first), then for each model makes the random-weight real-shape checkpoint (kept in $WORK) and runs
 # bench/e2e/e2e_bench.py. About 7-10 minutes a model on an H200.
 # Needs torch with CUDA, transformers, peft; bitsandbytes for the transformers NF4 row (it is reported as
-# not run without it). BUILD, CMAKE_ARGS, WORK, JOBS: see bench/scripts/lab_common.sh.
+# not run without it). BUILD, CMAKE_ARGS, WORK, JOBS: see bench/scripts/lab_common.sh. LLAMA_CPP: a llama.cpp
+# source tree built with CUDA, for the llama.cpp rows (e2e_bench.py --llama-cpp).
 # Usage (repo root): bash bench/e2e/e2e_run.sh RESULT_DIR e2b [e4b ...]
 # Writes RESULT_DIR/{gpu.txt,kt_plan.txt,e2e_<model>.txt,bench_<model>.{json,md,png}} and RESULT_DIR/done
 # when finished (every step's failure is logged there and the next model still runs).
@@ -25,7 +26,8 @@ lab_checkpoint_wait "$RES/ckpt_$1.txt"
 for m in "$@"; do
     lab_checkpoint "$m" "$RES/ckpt_$m.txt"
     echo "checkpoint $m: ${SECONDS}s" >> "$RES/progress.txt"
-    PYTHONUNBUFFERED=1 python3 bench/e2e/e2e_bench.py $BUILD/tools/g4 --model "$m" --out "$RES" --workdir $WORK > "$RES/e2e_$m.txt" 2>&1
+    PYTHONUNBUFFERED=1 python3 bench/e2e/e2e_bench.py $BUILD/tools/g4 --model "$m" --out "$RES" --workdir $WORK \
+        ${LLAMA_CPP:+--llama-cpp "$LLAMA_CPP"} > "$RES/e2e_$m.txt" 2>&1
     echo "e2e $m rc=$?: ${SECONDS}s" >> "$RES/progress.txt"
     rm -f $WORK/"$m".g4plan*   # disk: 6-9 GB each
 done

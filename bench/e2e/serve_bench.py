@@ -12,6 +12,11 @@ for a streamed one, and as one streaming client sees it: tokens after the first 
 the last) with `g4 bench -p P -n M -d P --threads T` on the same plan, the two alternated. Writes serve_bench.json (every
 request), serve_bench.md and serve_bench.png (matplotlib, if installed) under --out.
 
+With --llama-server BIN --gguf FILE, the same sweep also runs against llama.cpp's llama-server on that GGUF (the
+same checkpoint converted by llama.cpp; `-np` the same number of slots as g4's sessions, each with room for a
+request, `--llama-args` added, default "-ngl 99 -fa on": every layer on the GPU, flash attention), after g4's,
+and the report gives both and their ratio.
+
 Needs only the Python standard library (matplotlib for the chart). Example, the tiny fixture on a CPU:
     build/tools/g4 compile --model tests/fixtures/e2b_tiny --no-fidelity -o /tmp/tiny.g4plan
     python3 bench/e2e/serve_bench.py --plan /tmp/tiny.g4plan --out bench/results/serve-2core
@@ -44,21 +49,23 @@ def free_port() -> int:
 
 
 class Serve:
-    def __init__(self, g4: str, plan: str, args: list[str]):
+    """g4 serve PLAN ARGS (or, with cmd, that server command; {port} in it is the port) until /health answers."""
+    def __init__(self, g4: str, plan: str, args: list[str], cmd: list[str] | None = None, wait_s: float = 60):
         self.port = free_port()
-        self.cmd = [g4, "serve", plan, "--port", str(self.port), *args]
+        self.cmd = [c.replace("{port}", str(self.port)) for c in cmd] if cmd else \
+            [g4, "serve", plan, "--port", str(self.port), *args]
         self.proc = subprocess.Popen(self.cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        deadline = time.time() + 60
+        deadline = time.time() + wait_s
         while time.time() < deadline:
             if self.proc.poll() is not None:
-                sys.exit("g4 serve exited: " + self.proc.stderr.read())
+                sys.exit(f"{os.path.basename(self.cmd[0])} exited: " + self.proc.stderr.read()[-2000:])
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2):
                     return
             except OSError:
                 time.sleep(0.05)
         self.proc.kill()
-        sys.exit("g4 serve did not come up within 60 s")
+        sys.exit(f"{os.path.basename(self.cmd[0])} did not come up within {wait_s:.0f} s")
 
     def stop(self) -> None:
         self.proc.terminate()
@@ -166,7 +173,12 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--reps", type=int, default=5, help="single-stream check: requests and g4 bench runs, alternated")
     ap.add_argument("--note", default="", help="a line for the report (e.g. what else ran on the machine)")
+    ap.add_argument("--llama-server", metavar="BIN", help="llama.cpp's llama-server: the same sweep against it")
+    ap.add_argument("--gguf", help="with --llama-server: the model it serves (the plan's checkpoint, converted)")
+    ap.add_argument("--llama-args", default="-ngl 99 -fa on", help="more llama-server arguments. Default: -ngl 99 -fa on")
     a = ap.parse_args()
+    if bool(a.llama_server) != bool(a.gguf):
+        ap.error("--llama-server and --gguf go together")
     os.makedirs(a.out, exist_ok=True)
     words = max(1, a.prompt_tokens // 4)  # "wNNN " is about 4 tokens with the tiny fixture's tokenizer
     conc = [int(x) for x in a.concurrency.split(",")]
@@ -187,6 +199,22 @@ def main() -> None:
                   f"p99 {lv['ttft_p99_ms']:8.1f} ms", flush=True)
     finally:
         s.stop()
+
+    if a.llama_server:  # the same sweep against llama-server: as many slots, each holding one request
+        slot_ctx = 4 * a.prompt_tokens + a.max_tokens + 256
+        cmd = [a.llama_server, "-m", a.gguf, "--host", "127.0.0.1", "--port", "{port}", "-np", str(a.sessions),
+               "-c", str(a.sessions * slot_ctx), "-t", str(a.threads), "--no-webui", *a.llama_args.split()]
+        s = Serve("", "", [], cmd=cmd, wait_s=600)
+        res["llama_server"] = {"command": " ".join(s.cmd), "levels": []}
+        try:
+            level(s.port, 1, 1, words, a.max_tokens, 10**6)  # warm-up
+            for n in conc:
+                lv = level(s.port, n, a.requests, words, a.max_tokens, n * 1000)
+                res["llama_server"]["levels"].append(lv)
+                print(f"{n:3d} clients, llama-server: {lv['decode_tok_s']:8.1f} tok/s, TTFT p50 "
+                      f"{lv['ttft_p50_ms']:8.1f} ms p99 {lv['ttft_p99_ms']:8.1f} ms", flush=True)
+        finally:
+            s.stop()
 
     # Single stream: one session with every thread against g4 bench at the same prompt depth, alternated
     # (one request, one g4 bench repetition) so that both see the same load.
@@ -225,6 +253,13 @@ def main() -> None:
     for lv in res["levels"]:
         md.append(f"| {lv['clients']} | {lv['requests']} | {lv['decode_tok_s']:.1f} | {lv['ttft_p50_ms']:.1f} | "
                   f"{lv['ttft_p99_ms']:.1f} |")
+    if "llama_server" in res:
+        md += ["", f"llama-server on the same checkpoint's GGUF, the same clients (`{res['llama_server']['command']}`):",
+               "", "| clients | llama-server tok/s | TTFT p50 ms | TTFT p99 ms | g4 / llama-server tok/s |",
+               "|---|---|---|---|---|"]
+        for g, lv in zip(res["levels"], res["llama_server"]["levels"]):
+            md.append(f"| {lv['clients']} | {lv['decode_tok_s']:.1f} | {lv['ttft_p50_ms']:.1f} | {lv['ttft_p99_ms']:.1f} | "
+                      f"{g['decode_tok_s'] / lv['decode_tok_s']:.2f}x |")
     ss = res["single_stream"]
     md += ["", f"Single stream ({a.threads} threads, medians of {a.reps}, alternated with `g4 bench -p {prompt_tokens} "
                f"-n {a.max_tokens} -d {prompt_tokens} -r 1`): g4 bench {ss['g4_bench_tg_tok_s']:.1f} tok/s. The server's "
@@ -244,7 +279,12 @@ def main() -> None:
         import matplotlib.pyplot as plt
         xs = [lv["clients"] for lv in res["levels"]]
         fig, (l, r) = plt.subplots(1, 2, figsize=(10, 4))
-        l.plot(xs, [lv["decode_tok_s"] for lv in res["levels"]], "o-")
+        l.plot(xs, [lv["decode_tok_s"] for lv in res["levels"]], "o-", label="g4 serve")
+        if "llama_server" in res:
+            ls = res["llama_server"]["levels"]
+            l.plot([lv["clients"] for lv in ls], [lv["decode_tok_s"] for lv in ls], "^-", label="llama-server")
+            r.plot([lv["clients"] for lv in ls], [lv["ttft_p50_ms"] for lv in ls], "^-", label="llama-server p50")
+            l.legend()
         l.set_xscale("log", base=2)
         l.set_xlabel("concurrent streaming clients")
         l.set_ylabel("aggregate decode tokens/s")

@@ -337,6 +337,14 @@ void rms_norm(const Context& c, const RmsNormArgs& a) {
                 y = x * r;
             } else if (a.wdt == DType::F32) {
                 y = (x * r).cwiseProduct(VecMapC((const float*)a.w, a.dim));
+            } else if (a.wdt == DType::BF16) { // widened a block at a time: the products of the loop below
+                constexpr int kWBlock = 256;
+                alignas(64) float wf[kWBlock];
+                for (int i0 = 0; i0 < a.dim; i0 += kWBlock) {
+                    const int m = std::min(kWBlock, a.dim - i0);
+                    widen((const uint8_t*)a.w + dtype_bytes(a.wdt, i0), a.wdt, m, wf);
+                    y.segment(i0, m) = (x.segment(i0, m) * r).cwiseProduct(VecMapC(wf, m));
+                }
             } else {
                 for (int i = 0; i < a.dim; ++i)
                     y[i] = x[i] * r * ref::load_weight(a.w, a.wdt, i);

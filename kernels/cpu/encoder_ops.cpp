@@ -8,6 +8,7 @@
 #include <Eigen/Core>
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 
 namespace g4::cpu::G4_CPU_NS {
@@ -218,13 +219,30 @@ void pool_rows(const Context& c, const PoolRowsArgs& a) {
     });
 }
 
+// Rows in pieces of kGeluPiece columns, so that the few rows of a prefill chunk spread over the pool too.
+// Inner piece boundaries lie on 64-byte aligned addresses of y: Eigen's vectorised loop peels to y's
+// alignment, so each element goes through the same (packet or scalar) path as in a whole row and the result
+// does not depend on the split.
 void gelu_mul_vec(const Context& c, const BinaryArgs& a) {
-    for_row_blocks(c, a.rows, (int64_t)a.cols * 16, [&](int r0, int r1) {
-        for (int r = r0; r < r1; ++r) {
-            Eigen::Map<const Eigen::ArrayXf> x(a.a + r * a.lda, a.cols), up(a.b + r * a.ldb, a.cols);
-            Eigen::Map<Eigen::ArrayXf>(a.y + r * a.ldy, a.cols) =
-                0.5f * x * (1.0f + (0.7978845608028654f * (x + 0.044715f * x.cube())).tanh()) * up;
-        }
+    constexpr int64_t kGeluPiece = 1024;
+    const int64_t pieces         = (a.cols + 16 + kGeluPiece - 1) / kGeluPiece; // per row, at most
+    auto piece                   = [&](int r, int64_t c0, int64_t c1) {
+        Eigen::Map<const Eigen::ArrayXf> x(a.a + r * a.lda + c0, c1 - c0), up(a.b + r * a.ldb + c0, c1 - c0);
+        Eigen::Map<Eigen::ArrayXf>(a.y + r * a.ldy + c0, c1 - c0) =
+            0.5f * x * (1.0f + (0.7978845608028654f * (x + 0.044715f * x.cube())).tanh()) * up;
+    };
+    if ((int64_t)a.rows * a.cols * 16 < (1 << 14) || c.pool->size() == 1 || a.rows * pieces == 1) {
+        for (int r = 0; r < a.rows; ++r)
+            piece(r, 0, a.cols);
+        return;
+    }
+    c.pool->parallel_for(a.rows * pieces, [&](int64_t task, int) {
+        const int r = (int)(task / pieces), p = (int)(task % pieces);
+        // columns before y's row reaches a 64-byte boundary (whole floats: y is 4-byte aligned)
+        const int64_t head = (int64_t)((64 - (uintptr_t)(a.y + r * a.ldy) % 64) % 64) / 4;
+        const int64_t c0   = p == 0 ? 0 : std::min<int64_t>(a.cols, head + p * kGeluPiece);
+        const int64_t c1   = std::min<int64_t>(a.cols, head + (p + 1) * kGeluPiece);
+        if (c0 < c1) piece(r, c0, c1);
     });
 }
 

@@ -11,8 +11,9 @@
 // A lane may sum at most 8 products (4 k-pairs): 8 * 16383 * 16384 < 2^31. So every 4 k-pairs the int32
 // lanes are converted and added into an fp32 block sum, and each 64-element block's sum is scaled by
 // absmax * amax / (16383 * 16384) into the fp32 accumulator. Each output is one tile lane's sum over the
-// blocks in k order, computed by one task whatever the thread count or the row count. Threads split the
-// output columns.
+// blocks in k order, computed by one task whatever the thread count or the row count. A task is a group of
+// columns of every tile, or of one tile and fewer columns for matmuls of few columns (so that they spread
+// over the pool).
 #include "kernels/cpu/level.h"
 #include "kernels/cpu/nf4_blob.h"
 #include "kernels/cpu/simd.h"
@@ -170,20 +171,26 @@ float quantize_block(const float* x, int16_t* q) {
 #endif
 }
 
-// Row r of x (or zeros when r >= a.rows) into lane `lane` of the tile at pairs / scales.
-void quantize_row(const MatmulArgs& a, int r, int32_t* pairs, float* scales, int64_t nb) {
+// Blocks [b0, b1) of the kTileRows rows from r0 (zeros for rows >= a.rows) into tile t of qx. A task writes
+// whole 64-byte lines of the tile: rows quantized by different threads would share every line.
+void quantize_tile(const MatmulArgs& a, int r0, const QX& qx, int64_t t, int64_t b0, int64_t b1) {
     alignas(64) int16_t q[q16::kBlock];
     int32_t qp[q16::kBlock / 2];
-    for (int64_t b = 0; b < nb; ++b) {
-        if (r < a.rows) {
-            scales[b * kTileRows] = quantize_block(a.x + (int64_t)r * a.ldx + b * q16::kBlock, q);
-            std::memcpy(qp, q, sizeof q); // dword p: q[2p] low, q[2p + 1] high
-        } else {
-            scales[b * kTileRows] = 0.0f;
-            std::memset(qp, 0, sizeof qp);
+    int32_t* pairs = qx.pairs + t * qx.kp * kTileRows;
+    float* scales  = qx.scales + t * qx.nb * kTileRows;
+    for (int lane = 0; lane < kTileRows; ++lane) {
+        const int r = r0 + lane;
+        for (int64_t b = b0; b < b1; ++b) {
+            if (r < a.rows) {
+                scales[b * kTileRows + lane] = quantize_block(a.x + (int64_t)r * a.ldx + b * q16::kBlock, q);
+                std::memcpy(qp, q, sizeof q); // dword p: q[2p] low, q[2p + 1] high
+            } else {
+                scales[b * kTileRows + lane] = 0.0f;
+                std::memset(qp, 0, sizeof qp);
+            }
+            for (int p = 0; p < q16::kBlock / 2; ++p)
+                pairs[(b * (q16::kBlock / 2) + p) * kTileRows + lane] = qp[p];
         }
-        for (int p = 0; p < q16::kBlock / 2; ++p)
-            pairs[(b * (q16::kBlock / 2) + p) * kTileRows] = qp[p];
     }
 }
 
@@ -270,12 +277,12 @@ void micro(const Blob& w, int64_t n0, const QX& qx, int64_t t, float* out) {
 }
 #endif
 
-// Columns [n0, n1) of rows [r0, r0 + rows) from the tiles of qx.
+// Columns [n0, n1) of tiles [t0, t1) of the pass of rows [r0, r0 + rows) from the tiles of qx.
 template <bool DQ, bool VNNI>
-void columns(const MatmulArgs& a, const Blob& w, const QX& qx, int r0, int rows, int64_t n0, int64_t n1) {
+void columns(const MatmulArgs& a, const Blob& w, const QX& qx, int r0, int rows, int64_t t0, int64_t t1,
+             int64_t n0, int64_t n1) {
     alignas(64) float out[kCols * kTileRows];
-    const int64_t tiles = (rows + kTileRows - 1) / kTileRows;
-    for (int64_t t = 0; t < tiles; ++t) {
+    for (int64_t t = t0; t < t1; ++t) {
         const int lr = std::min(kTileRows, rows - (int)t * kTileRows);
         for (int64_t n = n0; n < n1; n += kCols) {
             const int nc = (int)std::min<int64_t>(kCols, n1 - n);
@@ -327,25 +334,40 @@ void matmul_nf4_gemm_int16(const Context& c, const MatmulArgs& a) {
     const int pass_rows  = (int)std::min<int64_t>(a.rows, fit * kTileRows);
     const int64_t ptiles = (pass_rows + kTileRows - 1) / kTileRows;
     const QX qx{(int32_t*)c.scratch, (float*)((int32_t*)c.scratch + ptiles * kp * kTileRows), kp, nb};
-    const bool vnni     = has_vnni();
-    const int64_t tasks = (a.n + kTaskCols - 1) / kTaskCols;
+    const bool vnni = has_vnni();
     for (int r0 = 0; r0 < a.rows; r0 += pass_rows) {
         const int rows   = std::min(pass_rows, a.rows - r0);
         const int64_t nt = (rows + kTileRows - 1) / kTileRows;
-        c.pool->parallel_for(nt * kTileRows, [&](int64_t i, int) {
-            const int64_t t = i / kTileRows, lane = i % kTileRows;
-            const int r = r0 + (int)i;
-            quantize_row(a, r < r0 + rows ? r : a.rows, qx.pairs + t * kp * kTileRows + lane,
-                         qx.scales + t * nb * kTileRows + lane, nb);
+        // a task: task_cols columns of every tile (the tiles share the columns' codes in cache), or, where
+        // the matmul has few columns for the pool, of one tile, and narrower
+        const int64_t want = 4 * (int64_t)c.pool->size();
+        int64_t task_cols  = kTaskCols;
+        const bool split   = (a.n + task_cols - 1) / task_cols < want;
+        while (split && task_cols > kCols && nt * ((a.n + task_cols - 1) / task_cols) < want)
+            task_cols /= 2;
+        const int64_t col_tasks = (a.n + task_cols - 1) / task_cols;
+        // x quantized by tile x range of blocks (the values do not depend on the split)
+        const int64_t qb =
+            std::clamp<int64_t>(nt * nb / (2 * (int64_t)c.pool->size()), 1, 16); // blocks per task
+        const int64_t qtasks = (nb + qb - 1) / qb;
+        const MatmulArgs ap  = [&] {
+            MatmulArgs v = a;
+            v.rows       = r0 + rows; // rows past the pass's end quantize to zeros
+            return v;
+        }();
+        c.pool->parallel_for(nt * qtasks, [&](int64_t i, int) {
+            const int64_t t = i / qtasks, b0 = i % qtasks * qb;
+            quantize_tile(ap, r0 + (int)t * kTileRows, qx, t, b0, std::min(nb, b0 + qb));
         });
-        c.pool->parallel_for(tasks, [&](int64_t task, int) {
-            const int64_t n0 = task * kTaskCols, n1 = std::min<int64_t>(a.n, n0 + kTaskCols);
+        c.pool->parallel_for((split ? nt : 1) * col_tasks, [&](int64_t task, int) {
+            const int64_t t0 = split ? task / col_tasks : 0, t1 = split ? t0 + 1 : nt;
+            const int64_t n0 = task % col_tasks * task_cols, n1 = std::min<int64_t>(a.n, n0 + task_cols);
             if (l.double_quant)
-                vnni ? columns<true, true>(a, w, qx, r0, rows, n0, n1)
-                     : columns<true, false>(a, w, qx, r0, rows, n0, n1);
+                vnni ? columns<true, true>(a, w, qx, r0, rows, t0, t1, n0, n1)
+                     : columns<true, false>(a, w, qx, r0, rows, t0, t1, n0, n1);
             else
-                vnni ? columns<false, true>(a, w, qx, r0, rows, n0, n1)
-                     : columns<false, false>(a, w, qx, r0, rows, n0, n1);
+                vnni ? columns<false, true>(a, w, qx, r0, rows, t0, t1, n0, n1)
+                     : columns<false, false>(a, w, qx, r0, rows, t0, t1, n0, n1);
         });
     }
 }

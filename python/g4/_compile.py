@@ -51,6 +51,7 @@ def compile(
     max_context: int | None = None,
     chunk: int | None = None,
     logits_rows: int | None = None,
+    max_sessions: int | None = None,
     quantize: str | None = None,
     keep: str | None = None,
     double_quant: bool = False,
@@ -118,6 +119,7 @@ def compile(
         ("max_context", max_context),
         ("chunk", chunk),
         ("logits_rows", logits_rows),
+        ("max_sessions", max_sessions),
         ("image_tokens", image_tokens),
         ("max_media_tokens", max_media_tokens),
     ):

@@ -78,15 +78,14 @@ g4::CompileOptions options_from(const nb::dict& d) {
                                                 {"cpu_mem", &o.cpu_mem},
                                                 {"place", &o.place},
                                                 {"tower_precision", &o.tower_precision}};
-    std::map<std::string, int*> ints         = {{"max_context", &o.max_context},
-                                                {"chunk", &o.max_rows},
-                                                {"logits_rows", &o.logits_rows},
-                                                {"image_tokens", &o.image_tokens},
-                                                {"max_media_tokens", &o.max_media_tokens}};
-    std::map<std::string, bool*> flags       = {
-              {"double_quant", &o.double_quant},   {"fidelity", &o.fidelity}, {"dry_run", &o.dry_run},
-              {"deterministic", &o.deterministic}, {"vision", &o.vision},     {"audio", &o.audio},
-              {"lm_screen", &o.lm_screen}};
+    std::map<std::string, int*> ints         = {
+                {"max_context", &o.max_context},   {"chunk", &o.max_rows},
+                {"logits_rows", &o.logits_rows},   {"max_sessions", &o.sessions},
+                {"image_tokens", &o.image_tokens}, {"max_media_tokens", &o.max_media_tokens}};
+    std::map<std::string, bool*> flags = {
+        {"double_quant", &o.double_quant},   {"fidelity", &o.fidelity}, {"dry_run", &o.dry_run},
+        {"deterministic", &o.deterministic}, {"vision", &o.vision},     {"audio", &o.audio},
+        {"lm_screen", &o.lm_screen}};
     // As `g4 compile`: a CUDA plan's prefill chunk is 1024 rows unless given.
     if (d.contains("device") && nb::cast<std::string>(d["device"]).rfind("cuda", 0) == 0) o.max_rows = 1024;
     for (auto [k, v] : d) {

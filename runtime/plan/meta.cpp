@@ -174,6 +174,7 @@ json placement_json(const MetaPlacement& p) {
     json j = {{"device", p.device}, {"layers", layers},       {"embed", p.embed},   {"lm_head", p.lm_head},
               {"ple", p.ple},       {"ple_auto", p.ple_auto}, {"vision", p.vision}, {"audio", p.audio}};
     if (p.lm_head_screen) j["lm_head_screen"] = *p.lm_head_screen;
+    j["sessions"] = p.sessions;
     return j;
 }
 MetaPlacement read_placement(const json& j) {
@@ -190,6 +191,10 @@ MetaPlacement read_placement(const json& j) {
     p.vision   = jf::value<std::string>(j, "vision", "?");
     p.audio    = jf::value<std::string>(j, "audio", "?");
     if (j.contains("lm_head_screen")) p.lm_head_screen = jf::get<bool>(j, "lm_head_screen");
+    p.sessions = jf::value<int32_t>(j, "sessions", 1);
+    if (p.sessions < 1 || p.sessions > 256)
+        throw std::runtime_error("META field placement.sessions: expected 1..256, got " +
+                                 std::to_string(p.sessions));
     return p;
 }
 

@@ -112,6 +112,8 @@ struct MetaPlacement {
     // CUDA plans from 1.3: whether sessions screen the LM head with its int8 copy (its bytes are a part of
     // the plan's GPU memory). Absent (CPU plans, older plans): the runtime decides from the free memory.
     std::optional<bool> lm_head_screen;
+    // From 1.5: the sessions the memory figures count (g4 compile --max-sessions). Absent: 1.
+    int32_t sessions = 1;
 };
 struct MetaDeviceMemory {
     std::string device;

@@ -28,7 +28,7 @@ namespace g4::plan {
 
 inline constexpr char kMagic[8]         = {'G', '4', 'P', 'L', 'A', 'N', 0, 0};
 inline constexpr uint16_t kFormatMajor  = 1;
-inline constexpr uint16_t kFormatMinor  = 4; // docs/plan-format.md "Versions" says what each minor added
+inline constexpr uint16_t kFormatMinor  = 5; // docs/plan-format.md "Versions" says what each minor added
 inline constexpr uint64_t kSectionAlign = 4096;
 inline constexpr uint64_t kTensorAlign  = 64; // what the reader requires of every tensor's offset
 // What the compiler gives each weight (in WEIGHTS; a GPU's copy keeps offsets modulo it, cuda/backend.cpp).

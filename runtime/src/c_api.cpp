@@ -5,10 +5,10 @@
 #include "runtime/src/chat_template.h"
 #include "runtime/src/encoder_program.h"
 #include "runtime/src/engine.h"
+#include "runtime/src/generate.h"
 #include "runtime/src/media/media_decode.h"
 #include "runtime/src/media/video_decode.h"
 #include "runtime/src/sampler.h"
-#include "runtime/src/text_stream.h"
 
 #include <algorithm>
 #include <chrono>
@@ -694,37 +694,10 @@ g4_status g4_session_generate(g4_session* s, const g4_sampling_params* sampling,
             return set_error(G4_ERR_INVALID_ARGUMENT, "stop strings must be non-empty");
         stops.emplace_back(gp.stop[i]);
     }
-    const g4_engine* e = s->engine;
-    const auto& info   = e->plan.info();
-    auto t0            = s->prefill_start.time_since_epoch().count() ? s->prefill_start : g4_clock::now();
-    g4::TextStream stream(e->tokenizer ? e->tokenizer.get() : nullptr, stops);
-    g4_status st   = G4_OK;
-    int32_t n_done = 0;
-    for (int32_t i = 0; i < gp.max_tokens; ++i) {
-        int32_t tok;
-        if ((st = g4_session_sample(s, sampling, &tok)) != G4_OK) break;
-        if (!gp.ignore_eos && g4_engine_is_eos(e, tok)) break;
-        if (s->position >= info.max_context) {
-            st = set_error(G4_ERR_CONTEXT_FULL, "context full: the plan's max context is " +
-                                                    std::to_string(info.max_context) + " tokens");
-            break;
-        }
-        if ((st = g4_session_append_tokens(s, &tok, 1, nullptr, 0)) != G4_OK) break;
-        if (n_done == 0)
-            s->stats.ttft_ms = std::chrono::duration<double, std::milli>(g4_clock::now() - t0).count();
-        ++n_done;
-        // Deliver the newly completed text (text_stream.h): an incomplete UTF-8 tail and anything that
-        // could still become a stop string are held back.
-        bool stop              = false;
-        std::string_view piece = stream.push(tok, &stop);
-        if (cb && cb(user, tok, piece.data(), piece.size())) break;
-        if (stop) break;
-    }
-    // Flush text held back at the end (an incomplete character or a partial stop string).
-    if (st == G4_OK && cb) {
-        std::string_view rest = stream.flush();
-        if (!rest.empty()) cb(user, -1, rest.data(), rest.size());
-    }
+    int32_t n_done     = 0;
+    const g4_status st = g4::rt::generate_loop(s, sampling, gp, stops, cb, user, &n_done, [s](int32_t tok) {
+        return g4_session_append_tokens(s, &tok, 1, nullptr, 0);
+    });
     if (out_n) *out_n = n_done;
     return st;
     G4_GUARD_END

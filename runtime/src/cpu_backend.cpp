@@ -6,6 +6,7 @@
 #include "runtime/src/batch.h"
 #include "runtime/src/cpu_lm_screen.h"
 #include "runtime/src/engine.h"
+#include "runtime/src/env.h"
 #include "runtime/src/executor.h"
 
 #include <cstdlib>
@@ -26,6 +27,7 @@ class CpuSession final : public SessionBackend {
 public:
     CpuSession(g4_session* s, const CpuLmScreen* screen) : s_(s), screen_(screen) {}
     ~CpuSession() override {
+        if (s_->profile) s_->profile->print();
         std::free(s_->scratch);
         std::free(s_->act);
         std::free(s_->kv);
@@ -124,6 +126,7 @@ public:
             return G4_ERR_OUT_OF_MEMORY;
         }
         s->ctx = {s->pool.get(), s->scratch, stride};
+        if (env::cpu_profile()) s->profile = std::make_unique<TextProfile>();
         bind_ops(s);
         s->ids    = (int32_t*)(s->act + p.tensor(in.ids_tensor).offset);
         s->logits = (const float*)(s->act + p.tensor(in.logits_tensor).offset);

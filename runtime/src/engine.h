@@ -6,6 +6,7 @@
 #include "kernels/cpu/cpu.h"
 #include "runtime/plan/plan_reader.h"
 #include "runtime/src/backend.h"
+#include "runtime/src/cpu_profile.h"
 #include "runtime/src/frontend/media.h"
 #include "runtime/src/tokenizer.h"
 
@@ -64,8 +65,9 @@ struct g4_session {
     uint8_t* kv         = nullptr;
     uint64_t kv_offset0 = 0;
     std::vector<g4::rt::BoundOp> ops;
-    int32_t* ids          = nullptr; // [max_rows] input of the program
-    const float* logits   = nullptr; // [logits_rows, vocab] output of the program
+    std::unique_ptr<g4::rt::TextProfile> profile; // G4_CPU_PROFILE=1 on a CPU plan: run_ops' op times
+    int32_t* ids          = nullptr;              // [max_rows] input of the program
+    const float* logits   = nullptr;              // [logits_rows, vocab] output of the program
     int32_t position      = 0;
     bool have_logits      = false;
     bool logits_on_device = false;   // the step left its row on the device: last_logits not filled yet

@@ -9,7 +9,8 @@ namespace g4::rt::env {
 const char* cublas();
 // G4_CUDA_PROFILE=1: sessions time every CUDA launch and print the totals when destroyed.
 bool cuda_profile();
-// G4_CPU_PROFILE=1: each encoder-program run on the CPU prints its time per op kind.
+// G4_CPU_PROFILE=1: each encoder-program run on the CPU prints its time per op kind, and CPU sessions their
+// text program's (cpu_profile.h).
 bool cpu_profile();
 // G4_PDL=0: decode graphs without programmatic dependent launch.
 bool pdl_off();

@@ -6,6 +6,7 @@
 #include "kernels/q16.h"
 #include "runtime/plan/op_params.h"
 #include "runtime/src/bind_op.h"
+#include "runtime/src/cpu_profile.h"
 #include "runtime/src/env.h"
 #include "runtime/src/op_exec.h"
 
@@ -105,23 +106,16 @@ g4_status run_step_split(g4_session* s, const std::map<int, uint8_t*>& gpu_act, 
     return G4_OK;
 }
 
-g4_status run_ops(g4_session* s, size_t first, size_t end, int32_t rows, int32_t pos0, int32_t out_rows,
-                  std::string* err) {
+namespace {
+// Op i of a text step over n of its rows (the op's row mode applied), input rows from in_row0.
+g4_status run_text_op(g4_session* s, size_t i, int32_t n, int64_t in_row0, int32_t pos0, std::string* err) {
     const plan::Plan& p     = s->engine->plan;
     const cpu::Context& ctx = s->ctx;
-    for (size_t i = first; i < end; ++i) {
-        const BoundOp& b = s->ops[i];
-        if (s->cancel.load(std::memory_order_relaxed)) {
-            *err = "cancelled";
-            return G4_ERR_CANCELLED;
-        }
-        const PlanOp& op = *b.op;
-        RowMode rm       = (RowMode)op.row_mode;
-        int32_t n        = rm == RowMode::All ? rows : out_rows;
-        if (n <= 0) continue;
-        int64_t in_row0 = rm == RowMode::TailIn ? rows - out_rows : 0;
-        auto I          = [&](int k) { return (float*)b.in[k] + in_row0 * b.in_ld[k]; };
-        auto O          = [&](int k) { return (float*)b.out[k]; };
+    const BoundOp& b        = s->ops[i];
+    const PlanOp& op        = *b.op;
+    {
+        auto I = [&](int k) { return (float*)b.in[k] + in_row0 * b.in_ld[k]; };
+        auto O = [&](int k) { return (float*)b.out[k]; };
         switch ((OpCode)op.code) {
         case OpCode::Embed: {
             const PlanTensor& tab = p.tensor(op.in[1]);
@@ -162,6 +156,32 @@ g4_status run_ops(g4_session* s, size_t first, size_t end, int32_t rows, int32_t
     }
     return G4_OK;
 }
+} // namespace
+
+g4_status run_ops(g4_session* s, size_t first, size_t end, int32_t rows, int32_t pos0, int32_t out_rows,
+                  std::string* err) {
+    CpuProfile* prof = s->profile ? &s->profile->of(rows) : nullptr;
+    if (prof && first == 0) prof->step(rows);
+    for (size_t i = first; i < end; ++i) {
+        if (s->cancel.load(std::memory_order_relaxed)) {
+            *err = "cancelled";
+            return G4_ERR_CANCELLED;
+        }
+        const PlanOp& op = *s->ops[i].op;
+        const RowMode rm = (RowMode)op.row_mode;
+        const int32_t n  = rm == RowMode::All ? rows : out_rows;
+        if (n <= 0) continue;
+        const int64_t in_row0 = rm == RowMode::TailIn ? rows - out_rows : 0;
+        const auto t0 = prof ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
+        const g4_status st = run_text_op(s, i, n, in_row0, pos0, err);
+        if (st != G4_OK) return st;
+        if (prof)
+            prof->add(
+                op, s->engine->plan, n, pos0,
+                std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    }
+    return G4_OK;
+}
 
 namespace {
 // The CPU kernel an encoder program's Matmul op names (ip4, compiler/vision graph): the library's matmul,
@@ -177,54 +197,6 @@ void encoder_matmul(const cpu::Context& ctx, const MatmulArgs& m, int32_t kernel
         cpu::matmul(ctx, m);
 }
 
-// G4_CPU_PROFILE=1: per op kind of one encoder-program run, wall time and the GFLOP/s of the ops whose
-// arithmetic is counted (matmuls by weight shape, the attentions' two products), printed to stderr.
-struct EncoderProfile {
-    static constexpr int kShapes = 16;
-    struct Row {
-        int64_t k = 0, n = 0, calls = 0;
-        double ms = 0, flop = 0;
-    };
-    Row ops[64], matmuls[kShapes];
-    void add(const plan::PlanOp& op, const plan::Plan& p, int32_t rows, double ms) {
-        Row& r    = ops[op.code % 64];
-        double fl = 0;
-        using plan::params;
-        if ((OpCode)op.code == OpCode::Matmul) {
-            const PlanTensor& w = p.tensor(op.in[1]);
-            fl                  = 2.0 * rows * (double)w.dims[0] * (double)w.dims[1];
-            for (Row& m : matmuls)
-                if (m.calls == 0 || (m.n == w.dims[0] && m.k == w.dims[1])) {
-                    m.n = w.dims[0], m.k = w.dims[1], m.calls++, m.ms += ms, m.flop += fl;
-                    break;
-                }
-        } else if ((OpCode)op.code == OpCode::SelfAttention) {
-            const auto& a = params<plan::SelfAttentionParams>(op);
-            fl            = 4.0 * rows * (double)rows * a.dim * a.heads;
-        } else if ((OpCode)op.code == OpCode::LocalAttention) {
-            const auto& a = params<plan::LocalAttentionParams>(op);
-            fl            = 4.0 * rows * (double)a.window * a.dim * a.heads;
-        }
-        r.calls++, r.ms += ms, r.flop += fl;
-    }
-    void print(const char* program) const {
-        double total = 0;
-        for (const Row& r : ops)
-            total += r.ms;
-        std::fprintf(stderr, "g4 profile: program '%s', %.1f ms in ops\n", program, total);
-        for (int c = 0; c < 64; ++c) {
-            if (!ops[c].calls) continue;
-            std::fprintf(stderr, "  %-18s %5lld calls %9.1f ms %5.1f%%", op_name((OpCode)c),
-                         (long long)ops[c].calls, ops[c].ms, 100 * ops[c].ms / total);
-            if (ops[c].flop > 0) std::fprintf(stderr, " %7.1f GFLOP/s", ops[c].flop / ops[c].ms / 1e6);
-            std::fprintf(stderr, "\n");
-        }
-        for (const Row& m : matmuls)
-            if (m.calls)
-                std::fprintf(stderr, "    matmul k %5lld n %5lld %4lld calls %9.1f ms %7.1f GFLOP/s\n",
-                             (long long)m.k, (long long)m.n, (long long)m.calls, m.ms, m.flop / m.ms / 1e6);
-    }
-};
 } // namespace
 
 g4_status run_program(g4_session* s, size_t prog, const cpu::Context& ctx, const int32_t* counts,
@@ -237,7 +209,7 @@ g4_status run_program(g4_session* s, size_t prog, const cpu::Context& ctx, const
                    std::to_string(counts[k]) + ", at most " + std::to_string(g.max_rows[k]);
             return G4_ERR_INVALID_ARGUMENT;
         }
-    std::unique_ptr<EncoderProfile> prof(env::cpu_profile() ? new EncoderProfile() : nullptr);
+    std::unique_ptr<CpuProfile> prof(env::cpu_profile() ? new CpuProfile() : nullptr);
     for (size_t i = g.op_begin; i < g.op_end; ++i) {
         const BoundOp& b = s->ops[i];
         const auto t0    = std::chrono::steady_clock::now();
@@ -272,10 +244,10 @@ g4_status run_program(g4_session* s, size_t prog, const cpu::Context& ctx, const
         }
         if (prof)
             prof->add(
-                op, p, n,
+                op, p, n, 0,
                 std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
     }
-    if (prof) prof->print(p.str(g.name));
+    if (prof) prof->print((std::string("program '") + p.str(g.name) + "'").c_str());
     return G4_OK;
 }
 

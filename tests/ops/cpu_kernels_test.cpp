@@ -533,7 +533,8 @@ TEST(Nf4Int16Gemm, LargestBlockProductsDoNotOverflow) {
     }
 }
 
-// The same bits for 1, 2 and 3 threads, and for each row of x whether it comes with 63 others or 11.
+// The same bits for 1, 2, 3 and 24 threads (a pool for which the tasks take fewer columns each), and for each
+// row of x whether it comes with 63 others or 11.
 TEST(Nf4Int16Gemm, DeterministicAcrossThreadsAndRowCounts) {
     const int64_t n = 517, k = 1536;
     const int rows = 64;
@@ -541,7 +542,7 @@ TEST(Nf4Int16Gemm, DeterministicAcrossThreadsAndRowCounts) {
     Nf4Case c({rows, n, k}, false, k, n, y);
     c.a.int16_x = true;
     std::vector<float> first;
-    for (int threads : {1, 2, 3}) {
+    for (int threads : {1, 2, 3, 24}) {
         cpu::ThreadPool pool(threads);
         std::vector<float> scratch(cpu::scratch_floats_per_thread(k, 16) * threads);
         cpu::Context ctx{&pool, scratch.data(), cpu::scratch_floats_per_thread(k, 16)};

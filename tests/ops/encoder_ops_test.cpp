@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <gtest/gtest.h>
 #include <numeric>
 #include <random>
@@ -111,6 +112,23 @@ TEST(EncoderOps, VectorisedGeluMulMatchesReference) {
     ref::gelu_mul({a.data(), cols, b.data(), cols, y_ref.data(), cols, rows, cols});
     cpu::gelu_mul_vec(f.ctx, {a.data(), cols, b.data(), cols, y.data(), cols, rows, cols});
     EXPECT_LT(rel(y, y_ref), 1e-6);
+}
+
+// A few long rows are split into column pieces over the pool: the same bits as one thread, for rows that
+// start off a 64-byte boundary (ld not a multiple of 16) and a view that starts mid-row.
+TEST(EncoderOps, VectorisedGeluMulSameBitsWhenSplit) {
+    const int rows = 3, cols = 5000, ld = 5003;
+    std::vector<float> a = randn((size_t)rows * ld + 8, 10, 2.0f), b = randn(a.size(), 11);
+    for (int off : {0, 5}) {
+        std::vector<float> y1(a.size(), 0.0f), y4(a.size(), 0.0f);
+        for (int threads : {1, 4}) {
+            cpu::ThreadPool pool(threads);
+            cpu::Context ctx{&pool, nullptr, 0};
+            std::vector<float>& y = threads == 1 ? y1 : y4;
+            cpu::gelu_mul_vec(ctx, {a.data() + off, ld, b.data() + off, ld, y.data() + off, ld, rows, cols});
+        }
+        EXPECT_EQ(std::memcmp(y1.data(), y4.data(), y1.size() * sizeof(float)), 0) << "offset " << off;
+    }
 }
 
 } // namespace

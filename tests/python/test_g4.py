@@ -43,6 +43,8 @@ def test_compile_report_and_progress(tmp_path: Path) -> None:
     lossless = g4.compile(FIX / "e2b_tiny", out=tmp_path / "f32.g4plan", weights="f32", max_context=64)
     assert lossless.report["fidelity"] is None and lossless.report["max_context"] == 64
     assert g4.Plan(lossless).max_context == 64
+    three = g4.compile(FIX / "e2b_tiny", weights="f32", max_context=64, max_sessions=3, dry_run=True)
+    assert "KV cache (f32) (3 sessions)" in three.report["log"]
 
 
 def test_compile_progress_exception_stops_it(tmp_path: Path) -> None:

@@ -526,6 +526,54 @@ TEST(Placement, CpuPlanCountsScratchPerThread) {
     EXPECT_EQ(*meta.memory[0].budget, 23500u);
 }
 
+// --max-sessions N: each session's parts N times (named with the count), weights and the screening copy once;
+// the budget check and META see the total.
+TEST(Placement, SessionsCountEachSessionsParts) {
+    const int n = 100;
+    auto figs   = [](int m) {
+        Figures f           = fake(m);
+        f.lm_screen         = 700;
+        f.lm_screen_session = 30;
+        return f;
+    };
+    const uint64_t one = gpu_need(n, false) + 700 + 30; // one session, the copy and its bounds
+    const uint64_t per = 500 + 2000 + 110ull * n + 30;  // what each further session adds on the GPU
+    Placement p        = resolve_str("", {"0:" + std::to_string(one + 2 * per)}, 35, 0);
+    p.sessions         = 3;
+    Decision d         = decide(p, figs(n), n, figs, 0);
+    EXPECT_TRUE(d.placement.lm_screen);
+    EXPECT_FALSE(d.placement.ple_host);
+    EXPECT_EQ(d.memory[0].need(), one + 2 * per);
+    EXPECT_EQ(d.memory[1].need(), 3u * 64); // pinned buffers, per session
+    const auto& parts = d.memory[0].parts;
+    EXPECT_NE(
+        std::find(parts.begin(), parts.end(),
+                  std::make_pair(std::string("KV cache (3 sessions)"), uint64_t(3 * (2000 + 100ull * n)))),
+        parts.end());
+    EXPECT_NE(std::find(parts.begin(), parts.end(), std::make_pair(std::string("weights"), uint64_t(10000))),
+              parts.end());
+    EXPECT_NE(std::find(parts.begin(), parts.end(),
+                        std::make_pair(std::string("LM head screening copy"), uint64_t(700))),
+              parts.end());
+    g4::plan::Meta meta;
+    d.to_meta(&meta);
+    EXPECT_EQ(meta.placement->sessions, 3);
+    EXPECT_EQ(meta.memory[0].total(), one + 2 * per);
+    // One byte less: the screening copy is given up first, then the PLE table goes to the host.
+    Placement q = resolve_str("", {"0:" + std::to_string(one + 2 * per - 1)}, 35, 0);
+    q.sessions  = 3;
+    EXPECT_FALSE(decide(q, figs(n), n, figs, 0).placement.lm_screen);
+
+    // CPU plans: every session's threads have their scratch.
+    Placement c = resolve_str("", {}, 35, -1);
+    c.sessions  = 2;
+    Decision cd = decide(c, fake(n), n, fake, 4);
+    EXPECT_EQ(cd.memory[0].need(), 10000u + 2 * (500 + 12000) + 2 * 4 * 40);
+    std::ostringstream table;
+    print_memory(table, cd.memory, "");
+    EXPECT_NE(table.str().find("scratch 2 sessions x 4 threads x 40 B"), std::string::npos) << table.str();
+}
+
 TEST(Placement, KvCacheLabelNamesItsDtype) {
     Figures f  = fake(100);
     f.kv_dtype = "bf16";

@@ -115,6 +115,22 @@ TEST(PlanMeta, CompiledPlansRoundTripThroughTheCodec) {
     }
 }
 
+// placement.sessions (1.5): absent in older plans (1), checked when present.
+TEST(PlanMeta, PlannedSessionsDefaultAndRange) {
+    nlohmann::json j = to_json(full_meta());
+    Meta back;
+    std::string err;
+    j["placement"]["sessions"] = 3;
+    ASSERT_TRUE(read_meta(j.dump(), kFormatMinor, &back, &err)) << err;
+    EXPECT_EQ(back.placement->sessions, 3);
+    j["placement"].erase("sessions");
+    ASSERT_TRUE(read_meta(j.dump(), 4, &back, &err)) << err;
+    EXPECT_EQ(back.placement->sessions, 1);
+    j["placement"]["sessions"] = 0;
+    EXPECT_FALSE(read_meta(j.dump(), kFormatMinor, &back, &err));
+    EXPECT_NE(err.find("placement.sessions"), std::string::npos) << err;
+}
+
 TEST(PlanMeta, FieldsAddedIn12AreRequiredFrom12) {
     Meta m           = full_meta();
     nlohmann::json j = to_json(m);

@@ -301,6 +301,31 @@ TEST(Runtime, SeededSamplingIsReproducible) {
     EXPECT_NE(gen(7), gen(8));
 }
 
+// G4_CPU_PROFILE=1: a CPU session prints its text program's prefill chunks and decode steps when destroyed.
+TEST(Runtime, CpuProfilePrintsTheTextProgramsSteps) {
+    TempDir td;
+    std::string plan = compile_fixture(td, "e2b_tiny", "--chunk 8");
+    setenv("G4_CPU_PROFILE", "1", 1);
+    testing::internal::CaptureStderr();
+    {
+        Engine e;
+        Session s;
+        open_session(plan, &e, &s);
+        std::vector<int32_t> ids(20, 7);
+        if (s.s) {
+            EXPECT_EQ(g4_session_append_tokens(s.s, ids.data(), ids.size(), nullptr, 0), G4_OK);
+            for (int i = 0; i < 2; ++i)
+                EXPECT_EQ(g4_session_append_tokens(s.s, ids.data(), 1, nullptr, 0), G4_OK);
+        }
+    }
+    const std::string err = testing::internal::GetCapturedStderr();
+    unsetenv("G4_CPU_PROFILE");
+    EXPECT_NE(err.find("text program, prefill steps, 3 steps, 20 rows"), std::string::npos) << err;
+    EXPECT_NE(err.find("text program, decode steps, 2 steps, 2 rows"), std::string::npos) << err;
+    EXPECT_NE(err.find("matmul k"), std::string::npos) << err;
+    EXPECT_NE(err.find("GFLOP/s"), std::string::npos) << err;
+}
+
 } // namespace
 
 namespace {
@@ -326,6 +351,14 @@ TEST(Compile, DryRunPrintsTheMemoryPlanAndWritesNothing) {
     };
     EXPECT_FALSE(kv(r.err).empty()) << r.err;
     EXPECT_EQ(kv(r.err), kv(real.err));
+    // --max-sessions 3: each session's KV cache three times, and g4 inspect says so.
+    CmdResult three =
+        run_g4("compile --model '" + fixture("e2b_tiny") +
+               "' --max-context 1024 --no-fidelity --max-sessions 3 -o '" + td.file("s.g4plan") + "'");
+    ASSERT_EQ(three.exit_code, 0) << three.err;
+    EXPECT_NE(three.err.find("KV cache (f32) (3 sessions)"), std::string::npos) << three.err;
+    CmdResult shown = run_g4("inspect '" + td.file("s.g4plan") + "'");
+    EXPECT_NE(shown.out.find("3 sessions (g4 compile --max-sessions)"), std::string::npos) << shown.out;
     CmdResult cuda = run_g4("compile --model '" + fixture("e2b_tiny") + "' --device cuda:0 --dry-run");
     EXPECT_EQ(cuda.exit_code, 0) << cuda.err;
     EXPECT_NE(cuda.err.find("    cuda:0   "), std::string::npos) << cuda.err;

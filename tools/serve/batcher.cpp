@@ -1,8 +1,7 @@
 // g4 serve: batched decode steps of the generating slots (see batcher.h).
 #include "tools/serve/batcher.h"
 
-#include "runtime/src/engine.h"
-#include "runtime/src/text_stream.h"
+#include "runtime/src/generate.h"
 
 #include <algorithm>
 #include <vector>
@@ -116,35 +115,11 @@ g4_status generate_batched(DecodeBatcher& b, g4_session* s, const g4_sampling_pa
         return G4_ERR_INVALID_ARGUMENT;
     }
     std::vector<std::string> stops(gp.stop, gp.stop + gp.n_stop);
-    const g4_engine* e = s->engine;
-    g4::TextStream stream(e->tokenizer ? e->tokenizer.get() : nullptr, stops);
-    const int32_t ctx = e->plan.info().max_context;
-    g4_status st      = G4_OK;
     b.join();
-    for (int32_t i = 0; i < gp.max_tokens; ++i) {
-        int32_t tok = -1;
-        if ((st = g4_session_sample(s, sampling, &tok)) != G4_OK) {
-            *err = g4_last_error_message();
-            break;
-        }
-        if (!gp.ignore_eos && g4_engine_is_eos(e, tok)) break;
-        if (g4_session_position(s) >= ctx) {
-            st   = G4_ERR_CONTEXT_FULL;
-            *err = "context full: the plan's max context is " + std::to_string(ctx) + " tokens";
-            break;
-        }
-        if ((st = b.decode(s, tok, err)) != G4_OK) break;
-        ++*out_n;
-        bool stop              = false;
-        std::string_view piece = stream.push(tok, &stop);
-        if (cb && cb(user, tok, piece.data(), piece.size())) break;
-        if (stop) break;
-    }
+    const g4_status st = g4::rt::generate_loop(s, sampling, gp, stops, cb, user, out_n,
+                                               [&](int32_t tok) { return b.decode(s, tok, err); });
     b.leave();
-    if (st == G4_OK && cb) {
-        std::string_view rest = stream.flush();
-        if (!rest.empty()) cb(user, -1, rest.data(), rest.size());
-    }
+    if (st != G4_OK && err->empty()) *err = g4_last_error_message();
     return st;
 }
 

@@ -163,5 +163,9 @@ inline uint64_t lm_screen_scale_at(const plan::PlanTensor& w) {
 inline uint64_t lm_screen_bytes(const plan::PlanTensor& w) {
     return lm_screen_scale_at(w) + (uint64_t)w.dims[0] * 8;
 }
+// What each session adds (backend.cpp): a pair of bounds per row and one more, and the threshold.
+inline uint64_t lm_screen_session_bytes(const plan::PlanTensor& w) {
+    return align256(((uint64_t)w.dims[0] + 1) * 8) + align256(4);
+}
 
 } // namespace g4::cuda_ws

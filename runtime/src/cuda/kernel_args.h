@@ -19,6 +19,13 @@ struct GemvArgsH {
     float cap;
 };
 static_assert(sizeof(GemvMatH) == 64 && sizeof(GemvArgsH) == 232, "GemvArgs layout");
+// g4_gemv_rows_*'s second argument (GemvRowsLd): the row strides (floats) of x, of each matrix's output, of
+// the epilogue's output and multiplier; the rows.
+struct GemvRowsLdH {
+    long x, y[3], out, aux;
+    int rows, pad;
+};
+static_assert(sizeof(GemvRowsLdH) == 56, "GemvRowsLd layout");
 // g4_mlp_nf4's arguments (MlpArgs): the gate/up pair, then the tiled down matrix's parts and output.
 struct MlpArgsH {
     GemvArgsH gu;

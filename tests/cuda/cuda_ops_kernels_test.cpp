@@ -233,46 +233,57 @@ TEST(GemvRows, EachRowIsTheOneRowKernel) {
                 want_y[t * 3 + m] = dev.down<float>(a.m[m].y, (size_t)c.n[m]);
         }
         for (int T : {1, 2, 3, 5, 8}) {
-            for (int tk : {4, 8}) {
-                if (T > tk) continue;
-                cuda_rt::GemvArgsH a{};
-                cuda_rt::GemvRowsLdH ld{};
-                for (size_t m = 0; m < c.n.size(); ++m) {
-                    gpu().d->cuMemsetD8(gy[m], 0xff, (size_t)kMax * ldy[m] * 4);
-                    a.m[m] = ws[m].mat(gy[m]), ld.y[m] = ldy[m];
-                }
-                gpu().d->cuMemsetD8(gout, 0xff, (size_t)kMax * ldo * 4);
-                a.x = gx, a.out = gout, a.aux = gaux;
-                a.nmat = (int)c.n.size(), a.k = (int)c.k, a.epi = c.epi, a.cap = 30.0f;
-                ld.x = ldx, ld.out = ldo, ld.aux = ldo, ld.rows = T;
-                const std::string name = std::string("g4_gemv_rows_") + (nf4 ? "nf4" : "bf16") + "_l" +
-                                         std::to_string(c.lanes) + (pairs ? "_m2" : "_m1") + "_t" +
-                                         std::to_string(tk);
-                const unsigned smem = cuda_rt::gemv_smem(nf4, gpu().sm, 0);
-                if (smem) {
-                    cu::CUfunction f = nullptr;
-                    ASSERT_EQ(gpu().d->cuModuleGetFunction(&f, gpu().mod, name.c_str()), 0) << name;
-                    ASSERT_EQ(gpu().d->cuFuncSetAttribute(f, cu::kFuncAttrMaxDynamicSmem, (int)smem), 0);
-                }
-                const long threads = cuda_rt::gemv_threads(n_out, c.lanes, pairs);
-                launch_smem(name.c_str(), (unsigned)((threads + 127) / 128), 1, 128, smem, {&a, &ld});
-                for (int t = 0; t < T; ++t) {
-                    if (pairs || c.epi == 2) {
-                        EXPECT_EQ(dev.down<float>(gout + (uint64_t)t * ldo * 4, (size_t)n_out), want_out[t])
-                            << name << " " << c.name << " row " << t << " of " << T;
-                        continue;
+            for (int tk : {4, 8})
+                for (int staged : {0, 1}) {
+                    if (T > tk) continue;
+                    cuda_rt::GemvArgsH a{};
+                    cuda_rt::GemvRowsLdH ld{};
+                    for (size_t m = 0; m < c.n.size(); ++m) {
+                        gpu().d->cuMemsetD8(gy[m], 0xff, (size_t)kMax * ldy[m] * 4);
+                        a.m[m] = ws[m].mat(gy[m]), ld.y[m] = ldy[m];
                     }
-                    for (size_t m = 0; m < c.n.size(); ++m)
-                        EXPECT_EQ(dev.down<float>(gy[m] + (uint64_t)t * ldy[m] * 4, (size_t)c.n[m]),
-                                  want_y[t * 3 + m])
-                            << name << " " << c.name << " matrix " << m << " row " << t << " of " << T;
+                    gpu().d->cuMemsetD8(gout, 0xff, (size_t)kMax * ldo * 4);
+                    a.x = gx, a.out = gout, a.aux = gaux;
+                    a.nmat = (int)c.n.size(), a.k = (int)c.k, a.epi = c.epi, a.cap = 30.0f;
+                    ld.x = ldx, ld.out = ldo, ld.aux = ldo, ld.rows = T;
+                    const std::string name = std::string("g4_gemv_rows_") + (nf4 ? "nf4" : "bf16") + "_l" +
+                                             std::to_string(c.lanes) + (pairs ? "_m2" : "_m1") + "_t" +
+                                             std::to_string(tk);
+                    unsigned smem = cuda_rt::gemv_rows_smem(nf4, gpu().sm, (int)c.k, T, &ld.xs);
+                    if (staged && !ld.xs && gpu().sm >= 90 && c.k <= cuda_rt::kGemvRowsXsMaxK)
+                        smem = (unsigned)(T * c.k * 4), ld.xs = 1; // bf16 of 5..8 rows: the kernel takes it
+                    if (staged && !ld.xs) continue;
+                    if (!staged && ld.xs)
+                        smem = cuda_rt::gemv_smem(nf4, gpu().sm, 0), ld.xs = 0; // x from global memory
+                    if (smem) {
+                        cu::CUfunction f = nullptr;
+                        ASSERT_EQ(gpu().d->cuModuleGetFunction(&f, gpu().mod, name.c_str()), 0) << name;
+                        ASSERT_EQ(gpu().d->cuFuncSetAttribute(f, cu::kFuncAttrMaxDynamicSmem, (int)smem), 0);
+                    }
+                    const long threads   = cuda_rt::gemv_threads(n_out, c.lanes, pairs);
+                    const unsigned block = cuda_rt::gemv_rows_block(tk);
+                    launch_smem(name.c_str(), (unsigned)((threads + block - 1) / block), 1, block, smem,
+                                {&a, &ld});
+                    for (int t = 0; t < T; ++t) {
+                        if (pairs || c.epi == 2) {
+                            EXPECT_EQ(dev.down<float>(gout + (uint64_t)t * ldo * 4, (size_t)n_out),
+                                      want_out[t])
+                                << name << " " << c.name << " row " << t << " of " << T << " staged "
+                                << staged;
+                            continue;
+                        }
+                        for (size_t m = 0; m < c.n.size(); ++m)
+                            EXPECT_EQ(dev.down<float>(gy[m] + (uint64_t)t * ldy[m] * 4, (size_t)c.n[m]),
+                                      want_y[t * 3 + m])
+                                << name << " " << c.name << " matrix " << m << " row " << t << " of " << T
+                                << " staged " << staged;
+                    }
+                    // Rows past T are not written.
+                    if (T < kMax && !pairs && c.epi != 2) {
+                        EXPECT_EQ(dev.down<uint32_t>(gy[0] + (uint64_t)T * ldy[0] * 4, 1)[0], 0xffffffffu)
+                            << name;
+                    }
                 }
-                // Rows past T are not written.
-                if (T < kMax && !pairs && c.epi != 2) {
-                    EXPECT_EQ(dev.down<uint32_t>(gy[0] + (uint64_t)T * ldy[0] * 4, 1)[0], 0xffffffffu)
-                        << name;
-                }
-            }
         }
     }
 }

@@ -16,6 +16,9 @@ g4_status bind_batch_fused_kernels(const ModuleKernels& m, Kernels& k, std::stri
 // rows of the step in st's activation arena: each weight read once for all rows.
 g4_status launch_gemv_rows(SessionState* st, const plan::Plan& p, const plan::CudaLaunch& l, int32_t n,
                            bool* done, std::string* label, std::string* err);
+// A GatedProj record (a matmul, GeluMul by a multiplier, a matmul) as two GEMVs of n rows.
+g4_status launch_gated_proj_rows(SessionState* st, const plan::Plan& p, const plan::CudaLaunch& l, int32_t n,
+                                 bool* done, std::string* label, std::string* err);
 // A ResNorm record (residual add and norms) over the n rows, one block a row.
 g4_status launch_resnorm_rows(SessionState* st, const plan::Plan& p, const plan::CudaLaunch& l, int32_t n,
                               bool* done, std::string* err);

@@ -197,8 +197,8 @@ std::string op_label(const plan::Plan& p, size_t i, bool rows) {
 // host slots (written before), every op, the logits rows back to st0's pinned logits. The plan's step buffer
 // of st0 points at the group's records while the ops are enqueued (ops shared by the rows read record 0).
 // Where the module has the row kernels and the decode schedule covers the program, the step walks the
-// schedule: Gemv and ResNorm records and the gate/up pair of Mlp records run their fused kernels over all
-// rows (batch_fused.h), every other record its ops one by one. profile: an event after each launch (the
+// schedule: Gemv, GatedProj and ResNorm records and the gate/up pair of Mlp records run fused kernels over
+// all rows (batch_fused.h), every other record its ops one by one. profile: an event after each launch (the
 // capture of a profiled step).
 g4_status enqueue_group(g4_session* const* ss, int32_t n, bool profile, std::string* err) {
     g4_session* s0               = ss[0];
@@ -262,6 +262,8 @@ g4_status enqueue_group(g4_session* const* ss, int32_t n, bool profile, std::str
             std::string label;
             if (l.kind == (uint16_t)plan::LaunchKind::Gemv) {
                 g = launch_gemv_rows(st0, p, l, n, &done, &label, err);
+            } else if (l.kind == (uint16_t)plan::LaunchKind::GatedProj) {
+                g = launch_gated_proj_rows(st0, p, l, n, &done, &label, err);
             } else if (l.kind == (uint16_t)plan::LaunchKind::ResNorm) {
                 g     = launch_resnorm_rows(st0, p, l, n, &done, err);
                 label = "resnorm_rows";

@@ -10,6 +10,9 @@
 // distinct banks); bf16 row-major. Else each lane reads its chunks of x from global memory, 128 (NF4) or 32
 // bytes apart from its neighbours' (an NF4 warp's 16-byte loads touch 32 lines: 8x the L1 wavefronts of the
 // staged reads).
+// sm_90+ only (the plans whose batched steps were measured; elsewhere the step runs its records' ops one by
+// one): for sm_80, NVRTC's cubin of these kernels differed from one compile of the same source to the next.
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
 struct GemvRowsLd {
     long x, y[3], out, aux;
     int rows, xs;
@@ -249,3 +252,4 @@ extern "C" __global__ void __launch_bounds__(1024)
                          xout ? xout + t * ldxo : xout, prew, prewdt, xn ? xn + t * ldxn : xn, H, eps,
                          nullptr, nullptr, 0);
 }
+#endif

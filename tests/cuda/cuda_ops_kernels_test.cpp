@@ -182,6 +182,7 @@ TEST(MatmulRows, MatchTheReference) {
 // float32 sums), for 1..8 rows in strided views.
 TEST(GemvRows, EachRowIsTheOneRowKernel) {
     NEED_GPU();
+    if (gpu().sm < 90) GTEST_SKIP() << "the row kernels are compiled for sm_90+ only";
     struct Case {
         const char* name;
         DType dt;
@@ -290,6 +291,7 @@ TEST(GemvRows, EachRowIsTheOneRowKernel) {
 
 TEST(GemvRows, ResNormRowsAreTheOneRowKernel) {
     NEED_GPU();
+    if (gpu().sm < 90) GTEST_SKIP() << "the row kernels are compiled for sm_90+ only";
     for (int H : {1536, 2560}) {
         Dev dev;
         const int kRows      = 5;

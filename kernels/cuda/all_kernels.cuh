@@ -26,4 +26,5 @@
 #include "encoder_ops.cu"
 #include "matmul_rows.cu"
 #include "batch_rows.cu"
+#include "decode_rows.cu"
 // clang-format on

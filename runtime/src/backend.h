@@ -99,8 +99,10 @@ public:
 
     // A batched decode step (runtime/src/batch.h): tokens[j] for session sessions[j], j < n (distinct
     // sessions of this backend's engine, this session being sessions[0]; n <= batch_limit; no media rows),
-    // each at its own position. Leaves each session's logits row in its last_logits; positions and
-    // histories are the caller's to advance. Called only where the engine's backend has batched_steps().
+    // each at its own position. Leaves each session's logits row in its last_logits, or on the device with
+    // the session's logits_on_device set (then read as after its own decode step: fetch_logits,
+    // device_argmax, device_topk); positions and histories are the caller's to advance. Called only where the
+    // engine's backend has batched_steps().
     virtual g4_status run_batch(g4_session* const* sessions, const int32_t* tokens, int32_t n,
                                 std::string* err) {
         (void)sessions, (void)tokens, (void)n;

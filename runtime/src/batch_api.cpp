@@ -74,6 +74,8 @@ g4_status g4_sessions_decode(g4_session* const* ss, size_t n, const int32_t* tok
         if (n == 1) return g4_session_append_tokens(ss[0], tokens, 1, nullptr, 0); // a backend's decode step
         const auto t0 = std::chrono::steady_clock::now();
         std::string err;
+        for (size_t i = 0; i < n; ++i)
+            ss[i]->logits_on_device = false; // the backend sets it where it leaves a row on the device
         g4_status st = ss[0]->backend->run_batch(ss, tokens, (int32_t)n, &err);
         if (st == G4_ERR_CANCELLED)
             for (size_t i = 0; i < n; ++i)
@@ -86,8 +88,7 @@ g4_status g4_sessions_decode(g4_session* const* ss, size_t n, const int32_t* tok
             g4_session* s           = ss[i];
             s->history[s->position] = tokens[i] < V ? tokens[i] : s->engine->plan.info().pad_token_id;
             s->position++;
-            s->have_logits      = true;
-            s->logits_on_device = false;
+            s->have_logits = true;
             s->stats.decode_ms += ms;
             s->stats.decode_tokens++;
         }

@@ -177,6 +177,156 @@ TEST(MatmulRows, MatchTheReference) {
     }
 }
 
+// ---- the fused decode kernels of several rows (batched decode steps, kernels/cuda/decode_rows.cu): each row
+// of g4_gemv_rows_* and g4_resnorm_rows is the one-row kernel's result on that row, bit for bit (the same
+// float32 sums), for 1..8 rows in strided views.
+TEST(GemvRows, EachRowIsTheOneRowKernel) {
+    NEED_GPU();
+    if (gpu().sm < 90) GTEST_SKIP() << "the row kernels are compiled for sm_90+ only";
+    struct Case {
+        const char* name;
+        DType dt;
+        std::vector<int64_t> n;
+        int64_t k;
+        int epi, lanes;
+        bool dq;
+    };
+    const DType NF = DType::NF4, BF = DType::BF16;
+    const Case cases[] = {{"qkv", NF, {2048, 256, 256}, 1536, 0, 32, false},
+                          {"gate_up", NF, {6144, 6144}, 1536, 1, 16, false},
+                          {"gate_up_dq_l8", NF, {512, 512}, 1536, 1, 8, true},
+                          {"down_global_x", NF, {1536}, 6144, 0, 64, false},
+                          {"ple_gate_nf4", NF, {256}, 1536, 2, 16, false},
+                          {"ple_gate_bf16", BF, {256}, 1536, 2, 32, false},
+                          {"lm_head_softcap_l128", BF, {4100}, 1536, 3, 128, false}};
+    for (const Case& c : cases) {
+        Dev dev;
+        const bool nf4 = c.dt == DType::NF4, pairs = c.epi == 1;
+        std::vector<Weight> ws;
+        for (size_t m = 0; m < c.n.size(); ++m)
+            ws.push_back(make_weight(dev, c.dt, c.n[m], c.k, 200 + (uint32_t)m, c.dq));
+        int n_out = pairs ? (int)c.n[0] : 0;
+        if (!pairs)
+            for (int64_t v : c.n)
+                n_out += (int)v;
+        const int kMax = 8;
+        const long ldx = c.k + 32, ldo = n_out + 8;
+        std::vector<long> ldy;
+        for (int64_t v : c.n)
+            ldy.push_back(v + 4);
+        const std::vector<float> x = randn((size_t)kMax * ldx, 61), aux = randn((size_t)kMax * ldo, 62);
+        CUdeviceptr gx = dev.up(x), gaux = dev.up(aux), gout = dev.alloc((size_t)kMax * ldo * 4);
+        std::vector<CUdeviceptr> gy;
+        for (size_t m = 0; m < c.n.size(); ++m)
+            gy.push_back(dev.alloc((size_t)kMax * ldy[m] * 4));
+        // The one-row kernel on each row.
+        std::vector<std::vector<float>> want_out(kMax), want_y(kMax * 3);
+        for (int t = 0; t < kMax; ++t) {
+            cuda_rt::GemvArgsH a{};
+            for (size_t m = 0; m < c.n.size(); ++m)
+                a.m[m] = ws[m].mat(gy[m] + (uint64_t)t * ldy[m] * 4);
+            a.x = gx + (uint64_t)t * ldx * 4, a.out = gout + (uint64_t)t * ldo * 4,
+            a.aux  = gaux + (uint64_t)t * ldo * 4;
+            a.nmat = (int)c.n.size(), a.k = (int)c.k, a.epi = c.epi, a.cap = 30.0f;
+            run_gemv(a, nf4, c.lanes, pairs, n_out);
+            want_out[t] = dev.down<float>(a.out, (size_t)n_out);
+            for (size_t m = 0; m < c.n.size(); ++m)
+                want_y[t * 3 + m] = dev.down<float>(a.m[m].y, (size_t)c.n[m]);
+        }
+        for (int T : {1, 2, 3, 5, 8}) {
+            for (int tk : {4, 8})
+                for (int staged : {0, 1}) {
+                    if (T > tk) continue;
+                    cuda_rt::GemvArgsH a{};
+                    cuda_rt::GemvRowsLdH ld{};
+                    for (size_t m = 0; m < c.n.size(); ++m) {
+                        gpu().d->cuMemsetD8(gy[m], 0xff, (size_t)kMax * ldy[m] * 4);
+                        a.m[m] = ws[m].mat(gy[m]), ld.y[m] = ldy[m];
+                    }
+                    gpu().d->cuMemsetD8(gout, 0xff, (size_t)kMax * ldo * 4);
+                    a.x = gx, a.out = gout, a.aux = gaux;
+                    a.nmat = (int)c.n.size(), a.k = (int)c.k, a.epi = c.epi, a.cap = 30.0f;
+                    ld.x = ldx, ld.out = ldo, ld.aux = ldo, ld.rows = T;
+                    const std::string name = std::string("g4_gemv_rows_") + (nf4 ? "nf4" : "bf16") + "_l" +
+                                             std::to_string(c.lanes) + (pairs ? "_m2" : "_m1") + "_t" +
+                                             std::to_string(tk);
+                    unsigned smem = cuda_rt::gemv_rows_smem(nf4, gpu().sm, (int)c.k, T, &ld.xs);
+                    if (staged && !ld.xs && gpu().sm >= 90 && c.k <= cuda_rt::kGemvRowsXsMaxK)
+                        smem = (unsigned)(T * c.k * 4), ld.xs = 1; // bf16 of 5..8 rows: the kernel takes it
+                    if (staged && !ld.xs) continue;
+                    if (!staged && ld.xs)
+                        smem = cuda_rt::gemv_smem(nf4, gpu().sm, 0), ld.xs = 0; // x from global memory
+                    if (smem) {
+                        cu::CUfunction f = nullptr;
+                        ASSERT_EQ(gpu().d->cuModuleGetFunction(&f, gpu().mod, name.c_str()), 0) << name;
+                        ASSERT_EQ(gpu().d->cuFuncSetAttribute(f, cu::kFuncAttrMaxDynamicSmem, (int)smem), 0);
+                    }
+                    const long threads   = cuda_rt::gemv_threads(n_out, c.lanes, pairs);
+                    const unsigned block = cuda_rt::gemv_rows_block(tk);
+                    launch_smem(name.c_str(), (unsigned)((threads + block - 1) / block), 1, block, smem,
+                                {&a, &ld});
+                    for (int t = 0; t < T; ++t) {
+                        if (pairs || c.epi == 2) {
+                            EXPECT_EQ(dev.down<float>(gout + (uint64_t)t * ldo * 4, (size_t)n_out),
+                                      want_out[t])
+                                << name << " " << c.name << " row " << t << " of " << T << " staged "
+                                << staged;
+                            continue;
+                        }
+                        for (size_t m = 0; m < c.n.size(); ++m)
+                            EXPECT_EQ(dev.down<float>(gy[m] + (uint64_t)t * ldy[m] * 4, (size_t)c.n[m]),
+                                      want_y[t * 3 + m])
+                                << name << " " << c.name << " matrix " << m << " row " << t << " of " << T
+                                << " staged " << staged;
+                    }
+                    // Rows past T are not written.
+                    if (T < kMax && !pairs && c.epi != 2) {
+                        EXPECT_EQ(dev.down<uint32_t>(gy[0] + (uint64_t)T * ldy[0] * 4, 1)[0], 0xffffffffu)
+                            << name;
+                    }
+                }
+        }
+    }
+}
+
+TEST(GemvRows, ResNormRowsAreTheOneRowKernel) {
+    NEED_GPU();
+    if (gpu().sm < 90) GTEST_SKIP() << "the row kernels are compiled for sm_90+ only";
+    for (int H : {1536, 2560}) {
+        Dev dev;
+        const int kRows      = 5;
+        const long ld        = H + 64;
+        std::vector<float> x = randn((size_t)kRows * ld, 71), d = randn((size_t)kRows * ld, 72);
+        auto pwb = to_bf16(randn(H, 73)), prewb = to_bf16(randn(H, 74)), scb = to_bf16(randn(1, 75));
+        CUdeviceptr gx = dev.up(x), gd = dev.up(d), gpw = dev.up(pwb), gprew = dev.up(prewb),
+                    gsc = dev.up(scb);
+        CUdeviceptr gxo = dev.alloc((size_t)kRows * ld * 4), gxn = dev.alloc((size_t)kRows * ld * 4);
+        int one = 1, h = H;
+        float f = 0.5f, eps = 1e-6f;
+        const unsigned nt = H <= 2048 ? 512 : 1024;
+        std::vector<std::vector<float>> want_xo, want_xn;
+        for (int t = 0; t < kRows; ++t) {
+            CUdeviceptr xt = gx + (uint64_t)t * ld * 4, dt = gd + (uint64_t)t * ld * 4,
+                        xot = gxo + (uint64_t)t * ld * 4, xnt = gxn + (uint64_t)t * ld * 4, zero = 0;
+            launch("g4_resnorm", 1, 1, nt,
+                   {&xt, &dt, &gpw, &one, &gsc, &one, &f, &xot, &gprew, &one, &xnt, &h, &eps, &zero});
+            want_xo.push_back(dev.down<float>(xot, H));
+            want_xn.push_back(dev.down<float>(xnt, H));
+        }
+        gpu().d->cuMemsetD8(gxo, 0xff, (size_t)kRows * ld * 4);
+        gpu().d->cuMemsetD8(gxn, 0xff, (size_t)kRows * ld * 4);
+        long l = ld;
+        launch("g4_resnorm_rows", kRows, 1, nt,
+               {&gx, &l, &gd, &l, &gpw, &one, &gsc, &one, &f, &gxo, &l, &gprew, &one, &gxn, &l, &h, &eps});
+        for (int t = 0; t < kRows; ++t) {
+            EXPECT_EQ(dev.down<float>(gxo + (uint64_t)t * ld * 4, H), want_xo[t])
+                << "H " << H << " row " << t;
+            EXPECT_EQ(dev.down<float>(gxn + (uint64_t)t * ld * 4, H), want_xn[t])
+                << "H " << H << " row " << t;
+        }
+    }
+}
+
 TEST(PrefillGemm, CublasAndTensorCoreMatchBf16Reference) {
     NEED_GPU();
     Dev dev;

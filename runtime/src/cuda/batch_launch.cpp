@@ -9,9 +9,11 @@
 #include "runtime/plan/op_params.h"
 #include "runtime/src/batch.h"
 #include "runtime/src/cuda/backend.h"
+#include "runtime/src/cuda/batch_fused.h"
 #include "runtime/src/cuda/driver.h"
 #include "runtime/src/cuda/launch.h"
 #include "runtime/src/cuda/state.h"
+#include "runtime/src/cuda/workspace.h"
 #include "runtime/src/engine.h"
 #include "runtime/src/env.h"
 
@@ -149,13 +151,13 @@ g4_status launch_rows(SessionState* st0, const plan::Plan& p, size_t i, int32_t 
 
 } // namespace
 
-g4_status bind_batch_kernels(const ModuleKernels& m, Kernels& k, std::string*) {
+g4_status bind_batch_kernels(const ModuleKernels& m, Kernels& k, std::string* err) {
     m.get_optional(&k.rope_rows, "g4_rope_rows");
     m.get_optional(&k.kv_rows, "g4_kv_store_rows");
     m.get_optional(&k.attn_rows[0], "g4_attn_decode_rows");
     m.get_optional(&k.attn_rows[1], "g4_attn_decode_rows_bf16");
     m.get_optional(&k.merge_rows, "g4_attention_merge_rows");
-    return G4_OK;
+    return bind_batch_fused_kernels(m, k, err);
 }
 
 bool batched_steps(const g4_engine* e) {
@@ -164,10 +166,41 @@ bool batched_steps(const g4_engine* e) {
 
 namespace {
 
+// Whether the decode schedule's records cover the program's ops in order, each op once (then a batched step
+// can walk them).
+bool schedule_covers(const plan::Plan& p) {
+    size_t next = 0;
+    for (size_t li = 0; li < p.n_launches(); ++li) {
+        const plan::CudaLaunch& l = p.launch(li);
+        if (l.op < 0 || (size_t)l.op != next || l.count == 0) return false;
+        next += l.count;
+    }
+    return p.n_launches() > 0 && next == p.n_ops();
+}
+
+// An op's label in the batched step's profile: the op, and a matmul's weight dtype and shape.
+std::string op_label(const plan::Plan& p, size_t i, bool rows) {
+    const PlanOp& op = p.op(i);
+    std::string s    = op_name((OpCode)op.code);
+    if (op.code == (uint16_t)OpCode::Matmul && op.in[1] >= 0) {
+        const plan::PlanTensor& w = p.tensor(op.in[1]);
+        s += std::string(w.dtype == (uint8_t)DType::NF4    ? " nf4 "
+                         : w.dtype == (uint8_t)DType::BF16 ? " bf16 "
+                                                           : " ") +
+             std::to_string(w.dims[0]) + "x" + std::to_string(w.dims[1]);
+    }
+    if (rows && rt::op_per_sequence(op.code)) s += " rows";
+    return s;
+}
+
 // Enqueues the step of sessions ss[0..n) on st0's stream: the step records and token ids from the pinned
 // host slots (written before), every op, the logits rows back to st0's pinned logits. The plan's step buffer
 // of st0 points at the group's records while the ops are enqueued (ops shared by the rows read record 0).
-g4_status enqueue_group(g4_session* const* ss, int32_t n, std::string* err) {
+// Where the module has the row kernels and the decode schedule covers the program, the step walks the
+// schedule: Gemv, GatedProj and ResNorm records and the gate/up pair of Mlp records run fused kernels over
+// all rows (batch_fused.h), every other record its ops one by one. profile: an event after each launch (the
+// capture of a profiled step).
+g4_status enqueue_group(g4_session* const* ss, int32_t n, bool profile, std::string* err) {
     g4_session* s0               = ss[0];
     SessionState* st0            = session_of(s0);
     const plan::Plan& p          = s0->engine->plan;
@@ -185,26 +218,116 @@ g4_status enqueue_group(g4_session* const* ss, int32_t n, std::string* err) {
     st0->after_node  = true; // no programmatic edge from a copy
     const Kernels& K = l0.g->k;
     const bool rows = K.rope_rows && K.kv_rows && K.attn_rows[0] && K.attn_rows[1] && K.merge_rows && bg.part;
-    const CUdeviceptr saved = l0.step;
-    l0.step                 = bg.steps;
-    g4_status g             = G4_OK;
-    for (size_t i = 0; i < p.n_ops() && g == G4_OK; ++i) {
-        if (!rt::op_per_sequence(p.op(i).code)) {
-            g = launch_op(s0, i, n, n, err);
-            continue;
+    size_t n_ev     = 0;
+    auto mark       = [&](const std::string& label) -> g4_status {
+        if (!profile) return G4_OK;
+        while (bg.ev.size() < n_ev + 2) {
+            CUevent ev = nullptr;
+            CU_TRY(d->cuEventCreate(&ev, 0), "cuEventCreate");
+            bg.ev.push_back(ev);
         }
-        bool done = false;
-        if (rows) g = launch_rows(st0, p, i, n, &done, err);
+        if (n_ev == 0) CU_TRY(d->cuEventRecordWithFlags(bg.ev[0], l0.stream, 1), "recording an event");
+        CU_TRY(d->cuEventRecordWithFlags(bg.ev[++n_ev], l0.stream, 1), "recording an event");
+        bg.ev_label.resize(n_ev);
+        bg.ev_label[n_ev - 1] = label;
+        return G4_OK;
+    };
+    if (profile) {
+        bg.ev_label.clear();
+        if (g4_status g = mark("token ids"); g != G4_OK) return g;
+    }
+    auto run_op = [&](size_t i) -> g4_status {
+        g4_status g = G4_OK;
+        bool done   = false;
+        if (!rt::op_per_sequence(p.op(i).code)) {
+            g    = launch_op(s0, i, n, n, err);
+            done = true;
+        } else if (rows) {
+            g = launch_rows(st0, p, i, n, &done, err);
+        }
+        const bool one_launch = done;
         for (int32_t j = 0; j < n && g == G4_OK && !done; ++j)
             g = launch_for_session(st0, session_of(ss[j]), p, i, j, bg.steps + (uint64_t)(1 + j) * kStep,
                                    err);
+        return g == G4_OK ? mark(op_label(p, i, one_launch && rt::op_per_sequence(p.op(i).code))) : g;
+    };
+    const CUdeviceptr saved = l0.step;
+    l0.step                 = bg.steps;
+    g4_status g             = G4_OK;
+    if (rows && schedule_covers(p)) {
+        for (size_t li = 0; li < p.n_launches() && g == G4_OK; ++li) {
+            const plan::CudaLaunch& l = p.launch(li);
+            bool done                 = false;
+            size_t first              = (size_t)l.op;
+            std::string label;
+            if (l.kind == (uint16_t)plan::LaunchKind::Gemv) {
+                g = launch_gemv_rows(st0, p, l, n, &done, &label, err);
+            } else if (l.kind == (uint16_t)plan::LaunchKind::GatedProj) {
+                g = launch_gated_proj_rows(st0, p, l, n, &done, &label, err);
+            } else if (l.kind == (uint16_t)plan::LaunchKind::ResNorm) {
+                g     = launch_resnorm_rows(st0, p, l, n, &done, err);
+                label = "resnorm_rows";
+            } else if (l.kind == (uint16_t)plan::LaunchKind::Mlp) {
+                g = launch_mlp_gate_up_rows(st0, p, l, n, &done, &label, err);
+                if (g == G4_OK && done) { // its other ops one by one
+                    g     = mark(label);
+                    done  = false;
+                    first = (size_t)l.op + 3;
+                }
+            }
+            if (g == G4_OK && done) g = mark(label);
+            for (size_t i = first; i < (size_t)l.op + l.count && g == G4_OK && !done; ++i)
+                g = run_op(i);
+        }
+    } else {
+        for (size_t i = 0; i < p.n_ops() && g == G4_OK; ++i)
+            g = run_op(i);
     }
     l0.step = saved;
     if (g != G4_OK) return g;
-    CU_TRY(d->cuMemcpyDtoHAsync(st0->host_logits, l0.act + p.tensor(info.logits_tensor).offset,
-                                (size_t)n * info.vocab_size * 4, l0.stream),
-           "copying logits");
-    return G4_OK;
+    // Each row's logits to its session's own logits row (where its own decode step leaves them), and its
+    // greedy token by g4_argmax into the session's host slot, as after its own decode step: sampling reads 4
+    // bytes, the logits cross to the host only if asked for (fetch_logits).
+    const uint64_t lo = p.tensor(info.logits_tensor).offset, row = (uint64_t)info.vocab_size * 4;
+    int vocab = info.vocab_size, limit = info.embed_vocab_limit;
+    for (int32_t j = 0; j < n; ++j) {
+        SessionState* sj = session_of(ss[j]);
+        CUdeviceptr src = l0.act + lo + (uint64_t)j * row, dst = sj->lanes[0].act + lo,
+                    step = bg.steps + (uint64_t)(1 + j) * kStep,
+                    ids  = sj->lanes[0].act + p.tensor(info.ids_tensor).offset;
+        if (j > 0) {
+            CU_TRY(d->cuMemcpyDtoDAsync(dst, src, row, l0.stream), "copying a session's logits row");
+            st0->after_node = true;
+        }
+        CUresult r = launch(st0, K.argmax, cuda_ws::kArgmaxBlocks, 1, 1024,
+                            const_cast<void**>(std::initializer_list<void*>{&src, &vocab, &sj->tok, &step,
+                                                                            &ids, &sj->host_tok_dev, &limit}
+                                                   .begin()));
+        if (r != 0) {
+            *err = "CUDA error " + error_name(r) + " launching the device argmax of a batched step";
+            return G4_ERR_INTERNAL;
+        }
+    }
+    return mark("logits rows, argmax");
+}
+
+// Profiling: GPU time between the events of one replay of the group's captured step, by label.
+void collect_events(const Driver* d, SessionState::BatchGroup& bg, int32_t n) {
+    const size_t k = bg.ev_label.size();
+    if (k == 0 || bg.ev.size() < k + 1 || d->cuEventSynchronize(bg.ev[k]) != 0) return;
+    for (size_t i = 0; i < k; ++i) {
+        float ms = 0;
+        if (d->cuEventElapsedTime(&ms, bg.ev[i], bg.ev[i + 1]) != 0) return;
+        auto it = std::find_if(bg.ev_ms.begin(), bg.ev_ms.end(),
+                               [&](const auto& x) { return x.first == bg.ev_label[i]; });
+        if (it == bg.ev_ms.end())
+            bg.ev_ms.emplace_back(bg.ev_label[i], ms);
+        else
+            it->second += ms;
+        bg.ev_total_ms += ms;
+    }
+    bg.ev_steps++;
+    bg.ev_rows += n;
 }
 
 void drop_graph(const Driver* d, SessionState::BatchGroup& bg) {
@@ -232,7 +355,7 @@ bool capture_group(g4_session* const* ss, int32_t n, std::string* err) {
             why = error_name(re);
             break;
         }
-        g4_status g  = enqueue_group(ss, n, err);
+        g4_status g  = enqueue_group(ss, n, st0->profile && !pdl, err);
         re           = d->cuStreamEndCapture(l0.stream, &bg.graph);
         st0->pdl_now = false;
         st0->cur     = &l0;
@@ -304,12 +427,16 @@ g4_status run_group(g4_session* const* ss, const int32_t* tokens, int32_t n, std
     bg.last = key;
     if (bg.exec)
         CU_TRY(d->cuGraphLaunch(bg.exec, l0.stream), "replaying a batched decode step");
-    else if (g4_status g = enqueue_group(ss, n, err); g != G4_OK)
+    else if (g4_status g = enqueue_group(ss, n, false, err); g != G4_OK)
         return g;
     CU_TRY(d->cuStreamSynchronize(l0.stream), "running a batched decode step");
-    const int32_t V = s0->engine->plan.info().vocab_size;
-    for (int32_t j = 0; j < n; ++j)
-        std::memcpy(ss[j]->last_logits.data(), st0->host_logits + (size_t)j * V, sizeof(float) * V);
+    if (bg.exec && st0->profile) collect_events(d, bg, n);
+    for (int32_t j = 0; j < n; ++j) {
+        SessionState* sj        = session_of(ss[j]);
+        sj->logits_ahead        = false;
+        sj->screened_pos        = -1;
+        ss[j]->logits_on_device = true;
+    }
     return G4_OK;
 }
 
@@ -326,7 +453,26 @@ g4_status run_batch(g4_session* const* ss, const int32_t* tokens, int32_t n, std
 }
 
 void batch_destroy(SessionState* st) {
-    const Driver* d = st->e->d;
+    const Driver* d              = st->e->d;
+    SessionState::BatchGroup& bg = st->batch;
+    if (bg.ev_steps) {
+        std::fprintf(
+            stderr,
+            "g4 cuda batched-step profile (GPU time between events around each launch of the batched "
+            "step's graph, %ld steps of %.1f rows on average, %.1f us/step; programmatic launch off "
+            "while profiling):\n",
+            bg.ev_steps, (double)bg.ev_rows / bg.ev_steps, 1000 * bg.ev_total_ms / bg.ev_steps);
+        auto by_time = bg.ev_ms;
+        std::sort(by_time.begin(), by_time.end(),
+                  [](const auto& a, const auto& b) { return a.second > b.second; });
+        for (const auto& r : by_time) {
+            const long k = std::count(bg.ev_label.begin(), bg.ev_label.end(), r.first);
+            std::fprintf(stderr, "  %-34s %8.1f us/step %5.1f%% %4ld launches/step\n", r.first.c_str(),
+                         1000 * r.second / bg.ev_steps, 100 * r.second / bg.ev_total_ms, k);
+        }
+    }
+    for (CUevent ev : bg.ev)
+        if (ev) d->cuEventDestroy(ev);
     drop_graph(d, st->batch);
     if (st->batch.steps) d->cuMemFree(st->batch.steps);
     if (st->batch.part) d->cuMemFree(st->batch.part);

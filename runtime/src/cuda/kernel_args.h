@@ -19,6 +19,13 @@ struct GemvArgsH {
     float cap;
 };
 static_assert(sizeof(GemvMatH) == 64 && sizeof(GemvArgsH) == 232, "GemvArgs layout");
+// g4_gemv_rows_*'s second argument (GemvRowsLd): the row strides (floats) of x, of each matrix's output, of
+// the epilogue's output and multiplier; the rows; xs 1: x staged in shared memory (gemv_rows_smem).
+struct GemvRowsLdH {
+    long x, y[3], out, aux;
+    int rows, xs;
+};
+static_assert(sizeof(GemvRowsLdH) == 56, "GemvRowsLd layout");
 // g4_mlp_nf4's arguments (MlpArgs): the gate/up pair, then the tiled down matrix's parts and output.
 struct MlpArgsH {
     GemvArgsH gu;
@@ -108,6 +115,20 @@ static_assert(kGemvSmemMax == 73728 && gemv_smem(true, 90, 8192) == 65536 &&
                   gemv_smem(true, 90, 8256) == 65792 && gemv_smem(true, 90, 10304) == 73728 &&
                   gemv_smem(true, 89, 10240) == 0 && gemv_smem(false, 90, 10240) == 0,
               "GEMV shared memory sizes");
+// g4_gemv_rows_*: threads a block (t4 kernels 128, t8 256), and the dynamic shared memory of a launch: NF4
+// kernels for sm_90+ keep the wide pair table there; on sm_90+, for K <= kGemvRowsXsMaxK, the rows of x
+// follow (*xs set; NF4 144 bytes a 32-column chunk and row, bf16 4 bytes a column and row, bf16 only up to 4
+// rows: the 262144 x 1536 LM head of 8 rows took 1041 us staged against 857 us from global memory on an
+// H200).
+inline constexpr int kGemvRowsXsMaxK = 2560;
+inline unsigned gemv_rows_block(int rows) {
+    return rows <= 4 ? 128u : 256u;
+}
+inline unsigned gemv_rows_smem(bool nf4, int sm, int k, int rows, int* xs) {
+    *xs = sm >= 90 && k % 32 == 0 && k <= kGemvRowsXsMaxK && (nf4 || rows <= 4) ? 1 : 0;
+    return gemv_smem(nf4, sm, 0) + (*xs ? (unsigned)(rows * (nf4 ? k / 32 * 144 : k * 4)) : 0u);
+}
+inline constexpr unsigned kGemvRowsSmemMax = kGemvWideSmem + 8 * (kGemvRowsXsMaxK / 32) * 144;
 // Threads (128 per block) a GEMV launch needs for n_out outputs.
 inline long gemv_threads(int n_out, int lanes, bool pairs) {
     return (long)((n_out + (pairs ? 2 : 4) - 1) / (pairs ? 2 : 4)) * lanes;

@@ -47,6 +47,10 @@ struct Kernels {
     // The batched step's per-sequence ops over all its rows (kernels/cuda/batch_rows.cu): g4_rope_rows,
     // g4_kv_store_rows, g4_attn_decode_rows[_bf16], g4_attention_merge_rows; null in older plans' modules
     CUfunction rope_rows, kv_rows, attn_rows[2], merge_rows;
+    // The batched step's fused decode kernels of several rows (kernels/cuda/decode_rows.cu):
+    // g4_gemv_rows_* [nf4][lanes per row 8..128][pairs][up to 4 rows, 8 rows], g4_resnorm_rows; null in older
+    // plans' modules
+    CUfunction gemv_rows[2][5][2][2], resnorm_rows;
     CUfunction mlp_r[5]; // g4_mlp_nf4_h2_r, _b256_h2_r, _h2_rep_r, _b256_h2_rep_r, _b256_h2_z_r: after a
                          // ResNorm with ip1 = 2
     CUfunction mlp_z[3]; // g4_mlp_nf4_b256_z, _b256_dq_z, _b256_h2_z: before a folded ResNorm (zero the
@@ -244,6 +248,13 @@ struct SessionState {
         CUgraph graph    = nullptr;
         CUgraphExec exec = nullptr;
         bool no_graph    = false; // capturing failed once: op by op from then on
+        // G4_CUDA_PROFILE=1: an event after each launch of the captured step (ev[0] before the first);
+        // GPU time per label summed over replays, printed when the session is destroyed.
+        std::vector<CUevent> ev;
+        std::vector<std::string> ev_label; // ev_label[i]: the launch between ev[i] and ev[i + 1]
+        std::vector<std::pair<std::string, double>> ev_ms;
+        long ev_steps = 0, ev_rows = 0;
+        double ev_total_ms = 0;
     } batch;
 };
 

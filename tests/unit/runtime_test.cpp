@@ -351,10 +351,10 @@ TEST(Compile, DryRunPrintsTheMemoryPlanAndWritesNothing) {
     };
     EXPECT_FALSE(kv(r.err).empty()) << r.err;
     EXPECT_EQ(kv(r.err), kv(real.err));
-    // --max-sessions 3: each session's KV cache three times, and g4 inspect says so.
+    // Three planned sessions (--max-sessions=3): each KV cache counted three times, and g4 inspect says so.
     CmdResult three =
         run_g4("compile --model '" + fixture("e2b_tiny") +
-               "' --max-context 1024 --no-fidelity --max-sessions 3 -o '" + td.file("s.g4plan") + "'");
+               "' --max-context 1024 --no-fidelity --max-sessions=3 -o '" + td.file("s.g4plan") + "'");
     ASSERT_EQ(three.exit_code, 0) << three.err;
     EXPECT_NE(three.err.find("KV cache (f32) (3 sessions)"), std::string::npos) << three.err;
     CmdResult shown = run_g4("inspect '" + td.file("s.g4plan") + "'");

@@ -2,11 +2,12 @@
 // four sessions on four threads give the single-threaded tokens, sessions created and destroyed
 // concurrently, g4_session_cancel from another thread, and vision and audio towers running in several
 // sessions at once (each checked against Hugging Face's logits). tools/sanitize.sh runs these under
-// ThreadSanitizer.
+// ThreadSanitizer. G4_TEST_CUDA=1 adds four CUDA sessions on four threads.
 #include "g4/g4.h"
 #include "test_util.h"
 
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -202,6 +203,47 @@ TEST_F(Concurrency, VisionAndAudioTowersInSeveralSessionsAtOnce) {
         EXPECT_GE(err[i], 0.0) << "thread " << i << " failed";
         EXPECT_LT(err[i], 1e-4) << "thread " << i << " logits vs HF float32";
     }
+}
+
+// A CUDA plan (G4_TEST_CUDA=1): sessions on four threads prefill at once through the GPU's one cuBLAS
+// handle (a 24-token prompt: the cuBLAS tier takes matmuls of more than 8 rows) and give the tokens of one
+// session alone.
+TEST(ConcurrencyCuda, FourSessionsOnFourThreadsGiveTheSingleThreadTokens) {
+    const char* cuda = std::getenv("G4_TEST_CUDA");
+    if (!cuda || std::string(cuda) != "1") GTEST_SKIP() << "needs a GPU (G4_TEST_CUDA=1)";
+    TempDir dir;
+    const std::string plan = dir.file("cuda.g4plan");
+    CmdResult r = run_g4("compile --model '" + fixture("e2b_tiny") + "' --device cuda -o '" + plan + "'");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    g4_engine* e = nullptr;
+    ASSERT_EQ(g4_engine_open(plan.c_str(), nullptr, &e), G4_OK) << g4_last_error_message();
+    std::vector<int32_t> prompt;
+    for (int i = 0; i < 24; ++i)
+        prompt.push_back(i == 0 ? 2 : 10 + 7 * i % 400);
+    auto greedy = [&](std::vector<int32_t>* out) {
+        g4_session* s = nullptr;
+        if (g4_session_create(e, nullptr, &s) != G4_OK) return;
+        bool ok = g4_session_append_tokens(s, prompt.data(), prompt.size(), nullptr, 0) == G4_OK;
+        for (int i = 0; ok && i < 8; ++i) {
+            int32_t t = -1;
+            ok        = g4_session_sample(s, nullptr, &t) == G4_OK &&
+                 g4_session_append_tokens(s, &t, 1, nullptr, 0) == G4_OK;
+            if (ok) out->push_back(t);
+        }
+        g4_session_destroy(s);
+    };
+    std::vector<int32_t> ref;
+    greedy(&ref);
+    ASSERT_EQ(ref.size(), 8u) << g4_last_error_message();
+    std::vector<std::vector<int32_t>> got(4);
+    std::vector<std::thread> th;
+    for (int i = 0; i < 4; ++i)
+        th.emplace_back([&, i] { greedy(&got[i]); });
+    for (auto& t : th)
+        t.join();
+    for (int i = 0; i < 4; ++i)
+        EXPECT_EQ(got[i], ref) << "thread " << i;
+    g4_engine_close(e);
 }
 
 } // namespace

@@ -311,6 +311,9 @@ void engine_close(EngineState* st) {
             if (!g.ctx) continue;
             st->d->cuCtxSetCurrent(g.ctx);
             if (g.mod) dump_trace(st->d, g);
+            if (g.blas_h) {
+                if (const cublas::Lib* blas = cublas::lib(nullptr)) blas->destroy(g.blas_h);
+            }
             if (g.weights) st->d->cuMemFree(g.weights);
             if (&g == &st->gpus[0]) encoder_free_weights(st);
             if (&g == &st->gpus[0] && st->lm_q) st->d->cuMemFree(st->lm_q);
@@ -366,38 +369,53 @@ g4_status session_create(g4_session* s, SessionPtr* out, std::string* err) {
             &p.op(0), p.n_ops(), &p.tensor(0), in.max_rows, in.max_context, in.vocab_size, g == 0,
             st->lane_of.data(), (int)g, p.n_launches() ? &p.launch(0) : nullptr, p.n_launches());
         if (g == 0) ws0 = ws;
+        DeviceCarve cv;
         if (ws.xscratch) {
             std::string why;
             if (!st->blas) st->blas = cublas::lib(&why); // absent: the tensor-core kernel takes these matmuls
             if (st->blas ||
                 ws.tiled) // without cuBLAS, the tiled down projections' prefill still untiles into it
-                CU_TRY(d->cuMemAlloc(&ln.wscratch, std::max<size_t>(256, ws.wscratch)),
-                       "allocating the NF4 weight scratch" + on);
+                cv.add(&ln.wscratch, std::max<size_t>(256, ws.wscratch));
             if (st->blas) {
-                CU_TRY(d->cuMemAlloc(&ln.xscratch, ws.xscratch),
-                       "allocating the cuBLAS activation scratch" + on);
-                CU_TRY(d->cuMemAlloc(&ln.cublas_ws, ws.cublas), "allocating the cuBLAS workspace" + on);
-                if (st->blas->create(&ln.blas_h) != 0 || st->blas->set_stream(ln.blas_h, ln.stream) != 0 ||
-                    st->blas->set_workspace(ln.blas_h, (void*)ln.cublas_ws, plan::kCublasWorkspaceBytes) !=
-                        0) {
-                    *err = "cuBLAS (" + st->blas->path + ") failed to initialise" + on;
+                cv.add(&ln.xscratch, ws.xscratch);
+                cv.add(&ln.cublas_ws, ws.cublas);
+                std::lock_guard<std::mutex> lock(*ln.g->blas_mu);
+                if (!ln.g->blas_h && st->blas->create(&ln.g->blas_h) != 0) {
+                    ln.g->blas_h = nullptr;
+                    *err         = "cuBLAS (" + st->blas->path + ") failed to initialise" + on;
                     return G4_ERR_INTERNAL;
                 }
             }
         }
-        const uint64_t kv_bytes = part.kv_end - part.kv_begin;
+        const uint64_t kv_bytes = std::max<uint64_t>(64, part.kv_end - part.kv_begin);
         ln.kv_begin             = part.kv_begin;
-        CU_TRY(d->cuMemAlloc(&ln.act, std::max<uint64_t>(64, in.act_arena_bytes)),
-               "allocating the activation arena" + on);
-        CU_TRY(d->cuMemAlloc(&ln.kv, std::max<uint64_t>(64, kv_bytes)), "allocating the KV cache" + on);
-        CU_TRY(d->cuMemsetD8(ln.kv, 0, std::max<uint64_t>(64, kv_bytes)), "clearing the KV cache" + on);
-        CU_TRY(d->cuMemAlloc(&ln.step, 64), "allocating the step buffer" + on);
-        CU_TRY(d->cuMemAlloc(&ln.part, ws.part * 4), "allocating the attention workspace" + on);
-        CU_TRY(d->cuMemAlloc(&ln.scores, ws.scores * 4), "allocating the attention workspace" + on);
-        if (ws.mlp_rep) { // zero between steps: each MLP's ResNorm re-zeroes what it sums
-            CU_TRY(d->cuMemAlloc(&ln.mlp_rep, ws.mlp_rep * 4), "allocating the MLPs' output replicas" + on);
-            CU_TRY(d->cuMemsetD8(ln.mlp_rep, 0, ws.mlp_rep * 4), "clearing the MLPs' output replicas" + on);
+        cv.add(&ln.act, std::max<uint64_t>(64, in.act_arena_bytes));
+        cv.add(&ln.kv, kv_bytes);
+        cv.add(&ln.step, 64);
+        cv.add(&ln.part, ws.part * 4);
+        cv.add(&ln.scores, ws.scores * 4);
+        if (ws.mlp_rep) cv.add(&ln.mlp_rep, ws.mlp_rep * 4);
+        if (g == 0) { // the plan's GPU: the argmax and sampler buffers, the LM head's screening bounds
+            st->n_cand = ws.candidates;
+            for (CUdeviceptr& c : st->cand)
+                cv.add(&c, ws.candidates * 8);
+            cv.add(&st->samp_logits, ws.vocab * 4);
+            cv.add(&st->samp_hist, std::max<uint64_t>(4, ws.history * 4));
+            cv.add(&st->soft, cuda_ws::kSoftmaxBlocks * 16);
+            if (e->lm_launch >= 0) {
+                cv.add(&st->lm_lohi, (size_t)(in.vocab_size + 1) * 8);
+                cv.add(&st->lm_tmax, 4);
+            }
+            cv.add(&st->tok, kArgmaxBytes);
+            batch_reserve(s->engine, st.get(), cv);
         }
+        CU_TRY(d->cuMemAlloc(&ln.slab, cv.bytes),
+               "allocating a session's " + std::to_string(cv.bytes >> 20) + " MiB of device memory" + on);
+        cv.place(ln.slab);
+        // Zero between steps: the KV cache, each MLP's output replicas (its ResNorm re-zeroes what it sums).
+        CU_TRY(d->cuMemsetD8(ln.kv, 0, kv_bytes), "clearing the KV cache" + on);
+        if (ln.mlp_rep)
+            CU_TRY(d->cuMemsetD8(ln.mlp_rep, 0, ws.mlp_rep * 4), "clearing the MLPs' output replicas" + on);
     }
     st->cur  = &st->lanes[0];
     Lane& l0 = st->lanes[0];
@@ -438,12 +456,6 @@ g4_status session_create(g4_session* s, SessionPtr* out, std::string* err) {
         }
     }
     if (g4_status r = encoder_session_create(s, st.get(), err); r != G4_OK) return r;
-    st->n_cand = ws0.candidates;
-    for (CUdeviceptr& c : st->cand)
-        CU_TRY(d->cuMemAlloc(&c, ws0.candidates * 8), "allocating the sampler's candidates");
-    CU_TRY(d->cuMemAlloc(&st->samp_logits, ws0.vocab * 4), "allocating the sampler's logits");
-    CU_TRY(d->cuMemAlloc(&st->samp_hist, std::max<uint64_t>(4, ws0.history * 4)),
-           "allocating the sampler's history");
     CU_TRY(d->cuMemAllocHost((void**)&st->host_hist, std::max<uint64_t>(4, ws0.history * 4)),
            "allocating pinned memory");
     CU_TRY(d->cuMemAllocHost((void**)&st->host_cand, cuda_ws::kTopkMax * 8), "allocating pinned memory");
@@ -457,14 +469,9 @@ g4_status session_create(g4_session* s, SessionPtr* out, std::string* err) {
     CU_TRY(d->cuMemHostGetDevicePointer(&st->host_tok_dev, st->host_tok, 0),
            "mapping the greedy token's host slots");
     std::memset(st->host_tok, 0, 64);
-    if (e->lm_launch >= 0) {
-        CU_TRY(d->cuMemAlloc(&st->lm_lohi, (size_t)(in.vocab_size + 1) * 8),
-               "allocating the LM head's screening bounds");
-        CU_TRY(d->cuMemAlloc(&st->lm_tmax, 4), "allocating the LM head's screening bounds");
-        CU_TRY(d->cuMemsetD8(st->lm_tmax, 0, 4), "clearing the LM head's screening bounds");
-    }
-    CU_TRY(d->cuMemAlloc(&st->tok, kArgmaxBytes), "allocating the argmax buffer");
+    if (st->lm_tmax) CU_TRY(d->cuMemsetD8(st->lm_tmax, 0, 4), "clearing the LM head's screening bounds");
     CU_TRY(d->cuMemsetD8(st->tok, 0, kArgmaxBytes), "clearing the argmax buffer");
+    if (g4_status r = batch_create(st.get(), err); r != G4_OK) return r;
     CU_TRY(d->cuMemAllocHost((void**)&st->host_ids, (size_t)in.max_rows * 4), "allocating pinned memory");
     CU_TRY(d->cuMemAllocHost((void**)&st->host_logits, (size_t)in.logits_rows * in.vocab_size * 4),
            "allocating pinned memory");
@@ -552,17 +559,11 @@ void session_destroy(SessionState* st) {
     if (st->graph_screen) d->cuGraphDestroy(st->graph_screen);
     batch_destroy(st);
     encoder_session_destroy(st);
-    for (CUdeviceptr ptr : {st->tok, st->cand[0], st->cand[1], st->samp_logits, st->samp_hist, st->soft,
-                            st->lm_lohi, st->lm_tmax})
-        if (ptr) d->cuMemFree(ptr);
     for (Lane& ln : st->lanes) {
         d->cuCtxSetCurrent(ln.g->ctx);
-        if (ln.blas_h) st->blas->destroy(ln.blas_h);
         if (ln.done) d->cuEventDestroy(ln.done);
         if (ln.stream) d->cuStreamDestroy(ln.stream);
-        for (CUdeviceptr ptr :
-             {ln.act, ln.kv, ln.step, ln.part, ln.scores, ln.wscratch, ln.xscratch, ln.cublas_ws, ln.mlp_rep})
-            if (ptr) d->cuMemFree(ptr);
+        if (ln.slab) d->cuMemFree(ln.slab);
     }
     if (!st->lanes.empty()) d->cuCtxSetCurrent(st->lanes[0].g->ctx);
     for (void* h : {(void*)st->host_step, (void*)st->host_ids, (void*)st->host_logits, (void*)st->host_tok,

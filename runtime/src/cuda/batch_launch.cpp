@@ -2,10 +2,11 @@
 // n sessions' rows in the first session's activation arena, on its stream. The per-sequence ops (rope, KV
 // store, attention) run once over all rows (kernels/cuda/batch_rows.cu), each row at its session's position
 // and in its session's KV cache, or, where the plan's module lacks those kernels, once per session on its
-// row. Matmuls of 2..8 rows read each weight once in its stored layout (g4_mm_rows_*). A group that steps
-// twice in a row with the same sessions is captured as a CUDA graph and replayed while it stays the same: its
-// step records and token ids are copied from pinned host slots the graph reads at each replay. Plans whose
-// layers span devices have no batched step.
+// row. Its buffers are carved with the session's at its creation (batch_reserve). Matmuls of 2..8 rows read
+// each weight once in its stored layout (g4_mm_rows_*). A group that steps twice in a row with the same
+// sessions is captured as a CUDA graph and replayed while it stays the same: its step records and token ids
+// are copied from pinned host slots the graph reads at each replay. Plans whose layers span devices have no
+// batched step.
 #include "runtime/plan/op_params.h"
 #include "runtime/src/batch.h"
 #include "runtime/src/cuda/backend.h"
@@ -395,21 +396,9 @@ g4_status run_group(g4_session* const* ss, const int32_t* tokens, int32_t n, std
     st0->rep_out = st0->rep_in = 0;
     st0->fold_prev = st0->fold_next = st0->mlp_res = nullptr;
     CU_TRY(d->cuCtxSetCurrent(l0.g->ctx), "cuCtxSetCurrent");
-    const plan::Plan& p = s0->engine->plan;
-    if (!bg.steps) {
-        constexpr size_t bytes = SessionState::BatchGroup::kDeltaAt + 8 * 8;
-        CU_TRY(d->cuMemAlloc(&bg.steps, bytes), "allocating the step records");
-        CU_TRY(d->cuMemAllocHost((void**)&bg.host_steps, bytes), "allocating pinned memory");
-        // Decode attention's partials for 8 rows: the most a layer's row needs (heads x splits x (dim + 2)).
-        for (size_t i = 0; i < p.n_ops(); ++i)
-            if (p.op(i).code == (uint16_t)OpCode::Attention) {
-                const auto ap = plan::params<plan::AttentionParams>(p.op(i));
-                bg.part_rows  = std::max<uint64_t>(
-                    bg.part_rows, (uint64_t)ap.heads * std::max(1, ap.decode_splits) * (ap.dim + 2));
-            }
-        if (bg.part_rows)
-            CU_TRY(d->cuMemAlloc(&bg.part, bg.part_rows * 8 * 4),
-                   "allocating the batched attention's partials");
+    if (!bg.steps || !bg.host_steps) {
+        *err = "internal: the session has no batched-step buffers";
+        return G4_ERR_INTERNAL;
     }
     long long* delta = (long long*)((char*)bg.host_steps + SessionState::BatchGroup::kDeltaAt);
     std::vector<uint64_t> key((size_t)n);
@@ -441,6 +430,29 @@ g4_status run_group(g4_session* const* ss, const int32_t* tokens, int32_t n, std
 }
 
 } // namespace
+
+void batch_reserve(const g4_engine* e, SessionState* st, DeviceCarve& cv) {
+    if (!batched_steps(e)) return;
+    const plan::Plan& p          = e->plan;
+    SessionState::BatchGroup& bg = st->batch;
+    cv.add(&bg.steps, SessionState::BatchGroup::kDeltaAt + 8 * 8);
+    // Decode attention's partials for 8 rows: the most a layer's row needs (heads x splits x (dim + 2)).
+    for (size_t i = 0; i < p.n_ops(); ++i)
+        if (p.op(i).code == (uint16_t)OpCode::Attention) {
+            const auto ap = plan::params<plan::AttentionParams>(p.op(i));
+            bg.part_rows  = std::max<uint64_t>(bg.part_rows, (uint64_t)ap.heads *
+                                                                std::max(1, ap.decode_splits) * (ap.dim + 2));
+        }
+    if (bg.part_rows) cv.add(&bg.part, bg.part_rows * 8 * 4);
+}
+
+g4_status batch_create(SessionState* st, std::string* err) {
+    SessionState::BatchGroup& bg = st->batch;
+    if (!bg.steps) return G4_OK;
+    CU_TRY(st->e->d->cuMemAllocHost((void**)&bg.host_steps, SessionState::BatchGroup::kDeltaAt + 8 * 8),
+           "allocating pinned memory");
+    return G4_OK;
+}
 
 g4_status run_batch(g4_session* const* ss, const int32_t* tokens, int32_t n, std::string* err) {
     // Groups of at most 8 rows: the float32 matmul kernels of few rows; more rows take the prefill's bf16
@@ -474,8 +486,6 @@ void batch_destroy(SessionState* st) {
     for (CUevent ev : bg.ev)
         if (ev) d->cuEventDestroy(ev);
     drop_graph(d, st->batch);
-    if (st->batch.steps) d->cuMemFree(st->batch.steps);
-    if (st->batch.part) d->cuMemFree(st->batch.part);
     if (st->batch.host_steps) d->cuMemFreeHost(st->batch.host_steps);
 }
 

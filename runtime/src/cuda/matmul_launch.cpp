@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <mutex>
 #include <string>
 
 namespace g4::cuda_rt {
@@ -108,7 +109,7 @@ g4_status launch_matmul(const OpArgs& a, CUresult* rp, std::string* err) {
     int tiled_rows = 0;
     if (tiled_w && n > 8 &&
         plan::params<plan::MatmulParams>(op).prefill_variant == (int32_t)plan::MatmulVariant::Cublas &&
-        ln.blas_h)
+        ln.g->blas_h)
         tiled_rows = N;
     else if (tiled_w) {
         const nf4::Layout lo = nf4::layout((int64_t)N * Kd, q.absmax2 != 0);
@@ -121,7 +122,7 @@ g4_status launch_matmul(const OpArgs& a, CUresult* rp, std::string* err) {
     }
     if (n > 8 &&
         plan::params<plan::MatmulParams>(op).prefill_variant == (int32_t)plan::MatmulVariant::Cublas &&
-        ln.blas_h) {
+        ln.g->blas_h) {
         // cuBLAS tier: x -> bf16 scratch, NF4 -> bf16 scratch, y = x . W^T with fp32 accumulate.
         CUdeviceptr wb = in1;
         if (!st->reuse_x[i])
@@ -135,7 +136,14 @@ g4_status launch_matmul(const OpArgs& a, CUresult* rp, std::string* err) {
         }
         if (r == 0) {
             const float one = 1.0f, zero = 0.0f;
-            int bs = st->blas->gemm_ex(ln.blas_h, cublas::kOpT, cublas::kOpN, N, n, Kd, &one, (const void*)wb,
+            // The GPU's one handle: this session's stream, then its planned workspace (setting a stream
+            // resets the workspace to cuBLAS's own pool), then the GEMM, under the handle's lock.
+            std::lock_guard<std::mutex> lock(*ln.g->blas_mu);
+            cublas::Handle h = ln.g->blas_h;
+            int bs           = st->blas->set_stream(h, ln.stream);
+            if (bs == 0) bs = st->blas->set_workspace(h, (void*)ln.cublas_ws, plan::kCublasWorkspaceBytes);
+            if (bs == 0)
+                bs = st->blas->gemm_ex(h, cublas::kOpT, cublas::kOpN, N, n, Kd, &one, (const void*)wb,
                                        cublas::kR16BF, Kd, (const void*)ln.xscratch, cublas::kR16BF, Kd,
                                        &zero, (void*)out0, cublas::kR32F, (int)ldo, cublas::kCompute32F,
                                        cublas::kGemmDefault);

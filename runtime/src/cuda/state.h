@@ -9,9 +9,12 @@
 #include "runtime/src/cuda/weight_segments.h"
 #include "runtime/src/encoder_program.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <initializer_list>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -82,6 +85,12 @@ struct Gpu {
     std::vector<Seg> segs;
     std::string name;
     int sm = 0;
+    // cuBLAS tier: one handle for all sessions on this GPU, made by the first session that needs it and
+    // destroyed with the engine (a handle holds tens of MiB of its own; one a session was memory the plan did
+    // not count). blas_mu serialises its use: a session sets its stream and its own planned workspace, then
+    // enqueues its GEMM, under the lock.
+    cublas::Handle blas_h               = nullptr;
+    std::unique_ptr<std::mutex> blas_mu = std::make_unique<std::mutex>();
 };
 
 // An encoder program on the plan's GPU: plan weight bytes [begin, end) (its weight tensors' span) live at
@@ -123,6 +132,23 @@ struct EngineState {
     unsigned lm_blocks = 0; // g4_lm_screen's grid
 };
 
+// A session's device buffers on one GPU carved from one allocation, each at a 256-byte boundary as the memory
+// plan counts them (cuda_ws::Workspace::device_bytes): one cuMemAlloc a GPU, whose rounding is at most one
+// allocation granule, instead of one a buffer. add() records where a buffer's address goes; place() sets
+// them all once the allocation exists.
+struct DeviceCarve {
+    std::vector<std::pair<CUdeviceptr*, uint64_t>> parts;
+    uint64_t bytes = 0;
+    void add(CUdeviceptr* at, uint64_t n) {
+        parts.emplace_back(at, bytes);
+        bytes += (std::max<uint64_t>(n, 1) + 255) / 256 * 256;
+    }
+    void place(CUdeviceptr base) const {
+        for (const auto& [at, off] : parts)
+            *at = base + off;
+    }
+};
+
 // One GPU's part of a session: its stream and device memory (a whole activation arena, its part of
 // the KV arena, step buffer, attention and cuBLAS workspaces).
 struct Lane {
@@ -130,11 +156,11 @@ struct Lane {
     CUstream stream = nullptr;
     CUdeviceptr act = 0, kv = 0, step = 0, part = 0, scores = 0;
     CUdeviceptr wscratch = 0, xscratch = 0,
-                cublas_ws = 0; // cuBLAS tier: bf16 weights / activations, workspace
-    cublas::Handle blas_h = nullptr;
+                cublas_ws = 0;       // cuBLAS tier: bf16 weights / activations, workspace
     uint64_t kv_begin     = 0;       // plan KV offset of kv
     CUevent done          = nullptr; // recorded where the step moves on to another GPU
     CUdeviceptr mlp_rep   = 0; // the fused MLPs' output replicas [Workspace::mlp_rep], zero between steps
+    CUdeviceptr slab      = 0; // the one allocation the buffers above (and on lane 0 the session's) are in
 };
 
 struct SessionState {

@@ -393,6 +393,7 @@ g4_status session_create(g4_session* s, SessionPtr* out, std::string* err) {
         cv.add(&ln.kv, kv_bytes);
         cv.add(&ln.step, 64);
         cv.add(&ln.part, ws.part * 4);
+        ln.part_floats = ws.part;
         cv.add(&ln.scores, ws.scores * 4);
         if (ws.mlp_rep) cv.add(&ln.mlp_rep, ws.mlp_rep * 4);
         if (g == 0) { // the plan's GPU: the argmax and sampler buffers, the LM head's screening bounds

@@ -98,8 +98,8 @@ g4_status state_changed(g4_session* s, std::string* err);
 // its last_logits. Waits for the step.
 bool batched_steps(const g4_engine* e);
 g4_status run_batch(g4_session* const* ss, const int32_t* tokens, int32_t n, std::string* err);
-// At session_create, where the engine has batched steps: batch_reserve adds the step records and the
-// attention partials of 8 rows to the session's device allocation on the plan's GPU; batch_create, once it
+// At session_create, where the engine has batched steps: batch_reserve adds the step records to the
+// session's device allocation on the plan's GPU; batch_create, once it
 // is placed, allocates the pinned step records.
 void batch_reserve(const g4_engine* e, SessionState* st, DeviceCarve& cv);
 g4_status batch_create(SessionState* st, std::string* err);

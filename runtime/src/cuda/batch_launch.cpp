@@ -95,12 +95,11 @@ g4_status launch_rows(SessionState* st0, const plan::Plan& p, size_t i, int32_t 
     SessionState::BatchGroup& bg = st0->batch;
     st0->cur                     = &l0;
     *done                        = true;
-    CUdeviceptr rec = bg.steps, dl = bg.steps + SessionState::BatchGroup::kDeltaAt, part = bg.part;
+    CUdeviceptr rec = bg.steps, dl = bg.steps + SessionState::BatchGroup::kDeltaAt, part = l0.part;
     CUdeviceptr in0 = addr(st0, p, op.in[0], op.in_col[0]), in1 = addr(st0, p, op.in[1], op.in_col[1]),
                 in2 = addr(st0, p, op.in[2], op.in_col[2]), out0 = addr(st0, p, op.out[0], op.out_col[0]),
                 out1 = addr(st0, p, op.out[1], op.out_col[1]);
     long ld0 = ld_of(p, op.in[0]), ld1 = ld_of(p, op.in[1]), ldo = ld_of(p, op.out[0]);
-    long part_rows = (long)bg.part_rows;
     auto go    = [&](CUfunction f, unsigned gx, unsigned gy, unsigned bx, std::initializer_list<void*> args,
                   unsigned gz) { return launch(st0, f, gx, gy, bx, const_cast<void**>(args.begin()), gz); };
     CUresult r = 0;
@@ -122,13 +121,16 @@ g4_status launch_rows(SessionState* st0, const plan::Plan& p, size_t i, int32_t 
     case OpCode::Attention: {
         const int kvdt = dt_code(p, op.in[1]);
         const auto ap  = plan::params<plan::AttentionParams>(op);
-        if (!decode_attention_fits(p, op, kvdt) ||
-            (uint64_t)ap.heads * std::max(1, ap.decode_splits) * (ap.dim + 2) > bg.part_rows) {
+        // The partials of the n rows go to the first session's attention workspace, sized for a lone decode
+        // step's heads x splits x (dim + 2) at least: each row splits its keys n times fewer ways (the grid
+        // keeps its blocks; the merge sums the same keys).
+        int dsp        = std::max(1, std::max(1, ap.decode_splits) / n);
+        long part_rows = (long)ap.heads * dsp * (ap.dim + 2);
+        if (!decode_attention_fits(p, op, kvdt) || (uint64_t)part_rows * n > l0.part_floats) {
             *done = false;
             return G4_OK;
         }
-        int heads = ap.heads, kvh = ap.kv_heads, dim = ap.dim, slots = ap.slots, window = ap.window,
-            dsp     = ap.decode_splits;
+        int heads = ap.heads, kvh = ap.kv_heads, dim = ap.dim, slots = ap.slots, window = ap.window;
         float scale = ap.scale;
         r           = go(K.attn_rows[kvdt], (unsigned)kvh, (unsigned)dsp, 256,
                          {&rec, &dl, &in0, &ld0, &in1, &in2, &heads, &kvh, &dim, &slots, &window, &scale, &dsp, &part,
@@ -218,9 +220,9 @@ g4_status enqueue_group(g4_session* const* ss, int32_t n, bool profile, std::str
            "copying token ids");
     st0->after_node  = true; // no programmatic edge from a copy
     const Kernels& K = l0.g->k;
-    const bool rows = K.rope_rows && K.kv_rows && K.attn_rows[0] && K.attn_rows[1] && K.merge_rows && bg.part;
-    size_t n_ev     = 0;
-    auto mark       = [&](const std::string& label) -> g4_status {
+    const bool rows  = K.rope_rows && K.kv_rows && K.attn_rows[0] && K.attn_rows[1] && K.merge_rows;
+    size_t n_ev      = 0;
+    auto mark        = [&](const std::string& label) -> g4_status {
         if (!profile) return G4_OK;
         while (bg.ev.size() < n_ev + 2) {
             CUevent ev = nullptr;
@@ -433,17 +435,8 @@ g4_status run_group(g4_session* const* ss, const int32_t* tokens, int32_t n, std
 
 void batch_reserve(const g4_engine* e, SessionState* st, DeviceCarve& cv) {
     if (!batched_steps(e)) return;
-    const plan::Plan& p          = e->plan;
     SessionState::BatchGroup& bg = st->batch;
     cv.add(&bg.steps, SessionState::BatchGroup::kDeltaAt + 8 * 8);
-    // Decode attention's partials for 8 rows: the most a layer's row needs (heads x splits x (dim + 2)).
-    for (size_t i = 0; i < p.n_ops(); ++i)
-        if (p.op(i).code == (uint16_t)OpCode::Attention) {
-            const auto ap = plan::params<plan::AttentionParams>(p.op(i));
-            bg.part_rows  = std::max<uint64_t>(bg.part_rows, (uint64_t)ap.heads *
-                                                                std::max(1, ap.decode_splits) * (ap.dim + 2));
-        }
-    if (bg.part_rows) cv.add(&bg.part, bg.part_rows * 8 * 4);
 }
 
 g4_status batch_create(SessionState* st, std::string* err) {

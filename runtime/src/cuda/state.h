@@ -155,6 +155,7 @@ struct Lane {
     Gpu* g          = nullptr;
     CUstream stream = nullptr;
     CUdeviceptr act = 0, kv = 0, step = 0, part = 0, scores = 0;
+    uint64_t part_floats = 0; // part's size (Workspace::part)
     CUdeviceptr wscratch = 0, xscratch = 0,
                 cublas_ws = 0;       // cuBLAS tier: bf16 weights / activations, workspace
     uint64_t kv_begin     = 0;       // plan KV offset of kv
@@ -262,14 +263,13 @@ struct SessionState {
     // other session of the process has (0: none yet); the group's step records (device, [0] the shared ops'
     // n rows, [1 + j] session j's one row) and their pinned host copy; the group last stepped (the sessions'
     // serials) and, once it stepped twice in a row, its step captured as a CUDA graph. After the records
-    // (kDeltaAt bytes in): each session's KV arena address minus the first's [8]; part: decode attention's
-    // partials of the step's rows (part_rows floats a row).
+    // (kDeltaAt bytes in): each session's KV arena address minus the first's [8]. Decode attention's partials
+    // of the step's rows go to the first session's Lane::part.
     struct BatchGroup {
         static constexpr uint64_t kDeltaAt = 9 * sizeof(Step);
         uint64_t serial                    = 0;
-        CUdeviceptr steps = 0, part = 0;
-        uint64_t part_rows = 0;
-        Step* host_steps   = nullptr;
+        CUdeviceptr steps                  = 0;
+        Step* host_steps                   = nullptr;
         std::vector<uint64_t> last, captured;
         CUgraph graph    = nullptr;
         CUgraphExec exec = nullptr;

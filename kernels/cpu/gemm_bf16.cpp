@@ -156,7 +156,8 @@ void pack_w(const MatmulArgs& a, int64_t n0, int nt, int64_t k0, int kc, uint16_
 size_t gemm_bf16_scratch_floats() {
     const size_t portable = (size_t)kGemmKc * (kGemmNr + kGemmMr);
     const size_t native   = (size_t)kGemmKc * (kGroup * kGemmNr + kGemmMr) / 2 + 16;
-    return std::max(portable, native);
+    return std::max(
+        {portable, native, kGemmBf16AmxScratchFloats}); // the AMX table's too (one size per build)
 }
 
 bool gemm_has_avx512_bf16() {

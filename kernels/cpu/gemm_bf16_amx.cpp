@@ -129,6 +129,9 @@ G4_AMX_TARGET void round_block(const MatmulArgs& a, int r, int rows, int64_t k0,
 G4_AMX_TARGET void tile_block(const uint32_t* xs, const uint32_t* p, int kp16, float* c, int64_t ldc,
                               bool accumulate) {
     const int64_t sc = ldc * 4;
+    // GCC's tileloadd (unlike its tilestored) tells the compiler of no memory access: the stores to xs, the
+    // panels and c before it must not move past it.
+    __asm__ volatile("" ::: "memory");
     if (accumulate) {
         _tile_loadd(0, c, sc);
         _tile_loadd(1, c + 16, sc);

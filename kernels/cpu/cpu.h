@@ -107,13 +107,14 @@ bool gemm_has_avx512();
 // f32_to_bf16 (BF16 weights as stored, F32 weights rounded), each product exact in fp32, summed in fp32.
 // F32/BF16 weights and a Context with gemm_bf16_scratch_floats() per thread (else it is matmul, fp32).
 // With AVX-512 BF16 (_mm512_dpbf16_ps, which flushes bf16 denormals to zero) the sum order is pairs of k
-// in increasing order; otherwise it is matmul_gemm_bf16_portable. Independent of the thread count.
+// in increasing order; with AMX (the amx level: tdpbf16ps, which flushes them too) the tiles' order, within
+// ~1e-6 of it; otherwise it is matmul_gemm_bf16_portable. Independent of the thread count.
 size_t gemm_bf16_scratch_floats();
 void matmul_gemm_bf16(const Context& c, const MatmulArgs& a);
 // Same definition on any machine: bf16-valued fp32 operands through gemm_block (the AVX-512 fp32 kernel, or
 // Eigen without AVX-512).
 void matmul_gemm_bf16_portable(const Context& c, const MatmulArgs& a);
-bool gemm_has_avx512_bf16(); // true when matmul_gemm_bf16 uses _mm512_dpbf16_ps
+bool gemm_has_avx512_bf16(); // true when matmul_gemm_bf16 uses _mm512_dpbf16_ps or AMX tiles
 // Single-threaded bf16 block on k-pairs: c[rows, cols] (+)= sum over q < kp of a[i * lda + q] . b(q, j), each
 // uint32 a bf16 pair (low half the even k), b(q, j) = b[(j / kGemmNr) * panel + q * ldb + j % kGemmNr];
 // products exact in fp32, fp32 sums (_mm512_dpbf16_ps with AVX-512 BF16, else a plain loop).

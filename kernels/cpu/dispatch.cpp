@@ -13,6 +13,10 @@
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
 #define G4_CPU_X86 1
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 #elif defined(__aarch64__) && defined(__linux__)
 #include <sys/auxv.h>
 #define G4_CPU_ARM64 1
@@ -33,6 +37,9 @@ const g4::cpu::Kernels* g4cpu_kernels_avx2();
 const g4::cpu::Kernels* g4cpu_kernels_avx512();
 const g4::cpu::Kernels* g4cpu_kernels_avx512_bf16();
 #endif
+#if defined(G4_CPU_HAVE_AMX)
+const g4::cpu::Kernels* g4cpu_kernels_avx512_amx();
+#endif
 #if defined(G4_CPU_HAVE_NEON)
 const g4::cpu::Kernels* g4cpu_kernels_neon();
 #endif
@@ -47,14 +54,15 @@ const g4::cpu::Kernels* g4cpu_kernels_native();
 namespace g4::cpu {
 namespace {
 
-constexpr const char* kNames[kLevelCount] = {"baseline", "avx2",    "avx512", "avx512_bf16",
-                                             "neon",     "dotprod", "native"};
+constexpr const char* kNames[kLevelCount] = {"baseline", "avx2", "avx512",  "avx512_bf16",
+                                             "amx",      "neon", "dotprod", "native"};
 
 // What the CPU and the OS support: x86-64-v3 (AVX2, FMA, F16C, BMI1/2, LZCNT, MOVBE and the v2 set, AVX
-// state enabled), x86-64-v4 (AVX-512 F/BW/DQ/VL/CD, AVX-512 state enabled), AVX-512 BF16 with VNNI; on
-// aarch64, the dot product instructions (SDOT/UDOT, ARMv8.2-A's optional, ARMv8.4-A's mandatory extension).
+// state enabled), x86-64-v4 (AVX-512 F/BW/DQ/VL/CD, AVX-512 state enabled), AVX-512 BF16 with VNNI, AMX
+// (AMX-TILE and AMX-BF16, tile state enabled and granted); on aarch64, the dot product instructions
+// (SDOT/UDOT, ARMv8.2-A's optional, ARMv8.4-A's mandatory extension).
 struct Features {
-    bool v3 = false, v4 = false, bf16 = false, dotprod = false;
+    bool v3 = false, v4 = false, bf16 = false, amx = false, dotprod = false;
 };
 
 #if defined(G4_CPU_X86)
@@ -66,6 +74,15 @@ uint64_t xcr0() {
     uint32_t lo, hi;
     __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
     return ((uint64_t)hi << 32) | lo;
+}
+
+bool request_tile_state() {
+#if defined(__linux__) && defined(SYS_arch_prctl)
+    constexpr int kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0;
+#else
+    return false;
+#endif
 }
 
 Features detect() {
@@ -90,6 +107,10 @@ Features detect() {
     // leaf 7 sub-leaf 1 EAX 5: AVX512_BF16; sub-leaf 0 ECX 11: AVX512_VNNI (the level's int16 GEMV; every
     // CPU with AVX512_BF16 has it)
     f.bf16 = f.v4 && bit(a71, 5) && bit(c7, 11);
+    // leaf 7 EDX 22, 24: AMX-BF16, AMX-TILE; XCR0 bits 17-18: XTILECFG and XTILEDATA state. Linux also
+    // wants the process to ask for the tile data state (arch_prctl ARCH_REQ_XCOMP_PERM, feature 18) before
+    // any thread runs a tile instruction; without the grant the AVX-512 BF16 level stays the best.
+    f.amx = f.bf16 && bit(d7, 22) && bit(d7, 24) && (x & 0x60000) == 0x60000 && request_tile_state();
     return f;
 }
 #elif defined(G4_CPU_ARM64)
@@ -124,6 +145,10 @@ const Kernels* table(Level l) {
         return features().v4 ? g4cpu_kernels_avx512() : nullptr;
     case Level::Avx512Bf16:
         return features().bf16 ? g4cpu_kernels_avx512_bf16() : nullptr;
+#endif
+#if defined(G4_CPU_HAVE_AMX)
+    case Level::Amx:
+        return features().amx ? g4cpu_kernels_avx512_amx() : nullptr;
 #endif
 #if defined(G4_CPU_HAVE_NEON)
     case Level::Neon:
@@ -160,11 +185,10 @@ Choice pick() {
                      want, supported_levels(), kNames[(int)best.level]);
         return best;
     }
-    std::fprintf(
-        stderr,
-        "g4: G4_CPU_LEVEL=%s is not a CPU level (baseline, avx2, avx512, avx512_bf16, neon, dotprod, "
-        "native); using %s\n",
-        want, kNames[(int)best.level]);
+    std::fprintf(stderr,
+                 "g4: G4_CPU_LEVEL=%s is not a CPU level (baseline, avx2, avx512, avx512_bf16, amx, neon, "
+                 "dotprod, native); using %s\n",
+                 want, kNames[(int)best.level]);
     return best;
 }
 
@@ -182,6 +206,10 @@ const char* level_name(Level l) {
 
 bool level_supported(Level l) {
     return table(l) != nullptr;
+}
+
+const Kernels* level_kernels(Level l) {
+    return table(l);
 }
 
 Level active_level() {

@@ -2,7 +2,8 @@
 // exact in fp32 and summed in fp32. With AVX-512 BF16 the weights are packed as k-pairs into
 // kGemmBf16Group panels of kGemmKc x kGemmNr bf16, each kGemmMr-row block of x is rounded once per panel
 // group, and _mm512_dpbf16_ps accumulates in registers; the portable path rounds both operands to bf16-valued
-// floats and runs gemm_block (the AVX-512 fp32 kernel where the level has it, else Eigen).
+// floats and runs gemm_block (the AVX-512 fp32 kernel where the level has it, else Eigen). With AMX the amx
+// level runs gemm_bf16_amx.cpp instead.
 #include "kernels/cpu/level.h"
 #include "kernels/cpu/simd.h"
 
@@ -156,7 +157,8 @@ void pack_w(const MatmulArgs& a, int64_t n0, int nt, int64_t k0, int kc, uint16_
 size_t gemm_bf16_scratch_floats() {
     const size_t portable = (size_t)kGemmKc * (kGemmNr + kGemmMr);
     const size_t native   = (size_t)kGemmKc * (kGroup * kGemmNr + kGemmMr) / 2 + 16;
-    return std::max(portable, native);
+    // And the AMX table's tasks (gemm_bf16_amx.cpp): one size at every level, so that a plan runs on any CPU.
+    return std::max({portable, native, kGemmBf16AmxScratchFloats});
 }
 
 bool gemm_has_avx512_bf16() {

@@ -27,7 +27,18 @@
 #define G4_CPU_VNNI_VARIANT 1
 #endif
 
+// And, where the compiler has AMX (G4_CPU_AMX_VARIANT, kernels/CMakeLists.txt), the AMX bf16 GEMM
+// (gemm_bf16_amx.cpp, a function-level target) in a third table, g4cpu_kernels_<level>_amx: the BF16 table
+// with matmul_gemm_bf16 on AMX tiles.
+#if defined(G4_CPU_BF16_TABLE) && defined(G4_CPU_AMX_VARIANT)
+#define G4_CPU_AMX_TABLE 1
+#endif
+
 namespace g4::cpu::G4_CPU_NS {
+// Scratch floats one AMX GEMM task uses: kGemmBf16Group panels of kGemmKc/2 x kGemmNr pairs, 32 rows of
+// x as kGemmKc/2 + 16 pairs, a 32 x kGemmNr block of y, 64-byte alignment.
+constexpr size_t kGemmBf16AmxScratchFloats =
+    (size_t)kGemmBf16Group * (kGemmKc / 2) * kGemmNr + 32 * (kGemmKc / 2 + 16) + 32 * kGemmNr + 16;
 #define G4_CPU_KERNEL_DECL(ret, name, params, args) ret name params;
 G4_CPU_KERNELS(G4_CPU_KERNEL_DECL)
 #undef G4_CPU_KERNEL_DECL
@@ -36,6 +47,9 @@ void matmul_gemm_bf16_dpbf16(const Context& c, const MatmulArgs& a);
 void gemm_block_bf16_dpbf16(int rows, int cols, int64_t kp, const uint32_t* a, int64_t lda, const uint32_t* b,
                             int64_t ldb, int64_t panel, float* c, int64_t ldc, bool accumulate);
 void self_attention_dpbf16(const Context& c, const SelfAttentionArgs& a);
+#endif
+#if defined(G4_CPU_AMX_TABLE)
+void matmul_gemm_bf16_amx(const Context& c, const MatmulArgs& a);
 #endif
 #if defined(G4_CPU_VNNI_VARIANT)
 void matmul_nf4_int16_vnni(const Context& c, const MatmulArgs& a);

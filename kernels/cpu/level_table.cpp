@@ -25,6 +25,15 @@ constexpr Kernels with_dpbf16() {
 constexpr Kernels kTableBf16 = with_dpbf16();
 #endif
 
+#if defined(G4_CPU_AMX_TABLE)
+constexpr Kernels with_amx() {
+    Kernels k          = kTableBf16;
+    k.matmul_gemm_bf16 = &matmul_gemm_bf16_amx;
+    return k;
+}
+constexpr Kernels kTableAmx = with_amx();
+#endif
+
 } // namespace
 } // namespace g4::cpu::G4_CPU_NS
 
@@ -35,5 +44,11 @@ extern "C" const g4::cpu::Kernels* G4_CPU_ENTRY() {
 #if defined(G4_CPU_BF16_TABLE)
 extern "C" const g4::cpu::Kernels* G4_CPU_CAT(G4_CPU_ENTRY, _bf16)() {
     return &g4::cpu::G4_CPU_NS::kTableBf16;
+}
+#endif
+
+#if defined(G4_CPU_AMX_TABLE)
+extern "C" const g4::cpu::Kernels* G4_CPU_CAT(G4_CPU_ENTRY, _amx)() {
+    return &g4::cpu::G4_CPU_NS::kTableAmx;
 }
 #endif

@@ -4,6 +4,8 @@
 // table (op_table_test.cpp); this file keeps what a row cannot say (kernel tiers, threads, strided views).
 #include "compiler/nf4_quant.h"
 #include "kernels/cpu/cpu.h"
+#include "kernels/cpu/dispatch.h"
+#include "kernels/cpu/kernel_list.h"
 #include "kernels/nf4.h"
 #include "kernels/q16.h"
 #include "kernels/ref/ref.h"
@@ -199,6 +201,43 @@ TEST(CpuKernels, MatmulGemmBf16MatchesRoundedReference) {
             EXPECT_GT(err_f, 1e-4);
             EXPECT_LT(err_f, 1e-2);
         }
+}
+
+// The amx level's bf16 GEMM (AMX tiles) against the avx512_bf16 level's in one process: the same bf16
+// operands and fp32 sums, in another order. Tails in rows (not a multiple of 32), n (past a panel) and k
+// (odd, past kGemmKc); bf16 and fp32 weights.
+TEST(CpuKernels, AmxGemmBf16MatchesAvx512Bf16) {
+    if (!cpu::level_supported(cpu::Level::Amx))
+        GTEST_SKIP()
+            << "no amx level (this build's compiler, the CPU's AMX-TILE/AMX-BF16 or the OS's grant of "
+               "the tile state is missing; levels here: "
+            << cpu::supported_levels() << ")";
+    const cpu::Kernels* amx  = cpu::level_kernels(cpu::Level::Amx);
+    const cpu::Kernels* bf16 = cpu::level_kernels(cpu::Level::Avx512Bf16);
+    ASSERT_NE(bf16, nullptr);
+    cpu::ThreadPool pool{3};
+    const size_t stride = amx->gemm_bf16_scratch_floats() + 5; // an odd stride: the kernel aligns its own
+    std::vector<float> scratch(stride * pool.size() + 1);
+    cpu::Context ctx{&pool, scratch.data() + 1, stride};
+    for (DType dt : {DType::BF16, DType::F32}) {
+        const int rows = 77, n = dt == DType::BF16 ? 200 : 45, k = dt == DType::BF16 ? 1037 : 64;
+        const int64_t ldx = k + 3, ldy = n + 5;
+        auto x = randn((size_t)rows * ldx, 51), wf = randn((size_t)n * k, 52);
+        std::vector<uint16_t> wb(wf.size());
+        for (size_t i = 0; i < wf.size(); ++i)
+            wb[i] = f32_to_bf16(wf[i]);
+        std::vector<float> y0((size_t)rows * ldy, -7.0f), y1 = y0;
+        MatmulArgs a{x.data(),  ldx, dt == DType::BF16 ? (const void*)wb.data() : (const void*)wf.data(),
+                     dt,        n,   k,
+                     y0.data(), ldy, rows};
+        bf16->matmul_gemm_bf16(ctx, a);
+        a.y = y1.data();
+        amx->matmul_gemm_bf16(ctx, a);
+        for (int i = 0; i < rows; ++i)
+            for (int64_t j = n; j < ldy; ++j)
+                ASSERT_EQ(y1[i * ldy + j], -7.0f);
+        EXPECT_LT(max_rel(y1, y0), 1e-6) << (dt == DType::BF16 ? "bf16" : "fp32") << " weights";
+    }
 }
 
 TEST(CpuKernels, MatmulHandlesStridedViews) {

@@ -31,8 +31,9 @@ TEST(CpuDispatch, ActiveLevelIsSupportedAndListed) {
 TEST(CpuDispatch, KernelsReportTheLevelInUse) {
     const cpu::Level l = cpu::active_level();
     if (l == cpu::Level::Native) GTEST_SKIP() << "a G4_NATIVE build: one copy, flags of the build machine";
-    EXPECT_EQ(cpu::gemm_has_avx512(), l == cpu::Level::Avx512 || l == cpu::Level::Avx512Bf16);
-    EXPECT_EQ(cpu::gemm_has_avx512_bf16(), l == cpu::Level::Avx512Bf16);
+    EXPECT_EQ(cpu::gemm_has_avx512(),
+              l == cpu::Level::Avx512 || l == cpu::Level::Avx512Bf16 || l == cpu::Level::Amx);
+    EXPECT_EQ(cpu::gemm_has_avx512_bf16(), l == cpu::Level::Avx512Bf16 || l == cpu::Level::Amx);
 }
 
 TEST(CpuDispatch, EnvironmentPicksEverySupportedLevel) {

@@ -1,0 +1,231 @@
+// bf16 GEMM on Intel AMX tiles (AMX-TILE, AMX-BF16: Sapphire Rapids and later Xeons) for the towers' bf16
+// precision: y = bf16(x) . bf16(W)^T, fp32 products and sums, as matmul_gemm_bf16 (gemm_bf16.cpp). Each task
+// packs kGemmBf16Group panels of kGemmNr weight rows as k-pairs (the tiles' VNNI layout, as the AVX-512 BF16
+// path packs them, with a vectorised 32-bit transpose), rounds 32-row blocks of x to bf16 with
+// vcvtne2ps2bf16, and accumulates 32 x 32 blocks of y in four fp32 tiles with tdpbf16ps (2 A tiles of 16 rows
+// x 32 k, 2 B tiles of 16 k-pairs x 16 columns). Like every AMX product (and vcvtne2ps2bf16), denormal inputs
+// read as zero. Only the avx512 copy's AMX table (level_table.cpp) calls it, once dispatch.cpp has seen AMX
+// in cpuid and been granted the tile state by the kernel.
+#include "kernels/cpu/level.h"
+#include "kernels/cpu/simd.h"
+
+#include <algorithm>
+#include <cstring>
+
+#if defined(G4_CPU_AMX_TABLE)
+
+#define G4_AMX_TARGET __attribute__((target("amx-tile,amx-bf16,avx512bf16")))
+
+namespace g4::cpu::G4_CPU_NS {
+namespace {
+
+constexpr int kGroup = kGemmBf16Group;
+constexpr int kRows  = 32;          // rows of y per tile block (two A tiles of 16)
+constexpr int kKp    = kGemmKc / 2; // k-pairs per packed panel
+constexpr int kXs    = kKp + 16;    // pairs per row of the rounded x block (padded off a 1 KiB stride)
+static_assert(kKp % 16 == 0 && kGemmNr == 32, "panels of whole tiles: 16 k-pairs x 2 x 16 columns");
+static_assert(kGemmBf16AmxScratchFloats >=
+                  (size_t)kGroup * kKp * kGemmNr + (size_t)kRows * kXs + kRows * kGemmNr + 16,
+              "gemm_bf16_scratch_floats covers the AMX task's panels, x block, y block and alignment");
+
+// The 64-byte operand of ldtilecfg, palette 1: tiles 0-7 all 16 rows x 64 bytes.
+struct alignas(64) TileConfig {
+    uint8_t palette   = 1;
+    uint8_t start_row = 0;
+    uint8_t reserved[14]{};
+    uint16_t colsb[16]{};
+    uint8_t rows[16]{};
+};
+
+G4_AMX_TARGET void load_tile_config() {
+    TileConfig t;
+    for (int i = 0; i < 8; ++i)
+        t.colsb[i] = 64, t.rows[i] = 16;
+    _tile_loadconfig(&t);
+}
+
+// r[i] (16 x 32-bit, row i) -> r[i] = column i (16 rows), in registers.
+G4_AMX_TARGET inline void transpose16(__m512i* r) {
+    __m512i t[16];
+#pragma GCC unroll 8
+    for (int i = 0; i < 16; i += 2) {
+        t[i]     = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    // u[4g + m], 128-bit lane L: rows 4g..4g+3 of column 4L + m.
+    __m512i u[16];
+#pragma GCC unroll 4
+    for (int i = 0; i < 16; i += 4) {
+        u[i]     = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+        u[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+        u[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+        u[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+#pragma GCC unroll 4
+    for (int m = 0; m < 4; ++m) {
+        const __m512i x0 = _mm512_shuffle_i32x4(u[m], u[4 + m], 0x44),
+                      x1 = _mm512_shuffle_i32x4(u[m], u[4 + m], 0xEE);
+        const __m512i y0 = _mm512_shuffle_i32x4(u[8 + m], u[12 + m], 0x44),
+                      y1 = _mm512_shuffle_i32x4(u[8 + m], u[12 + m], 0xEE);
+        r[m]             = _mm512_shuffle_i32x4(x0, y0, 0x88);
+        r[4 + m]         = _mm512_shuffle_i32x4(x0, y0, 0xDD);
+        r[8 + m]         = _mm512_shuffle_i32x4(x1, y1, 0x88);
+        r[12 + m]        = _mm512_shuffle_i32x4(x1, y1, 0xDD);
+    }
+}
+
+// 32 values from n <= 32 (zero past n) as 16 bf16 pairs: bf16 as they are, fp32 rounded.
+G4_AMX_TARGET inline __m512i load_pairs(const void* src, DType dt, int n) {
+    if (n <= 0) return _mm512_setzero_si512();
+    if (dt == DType::BF16) {
+        const __mmask32 m = n >= 32 ? ~0u : (1u << n) - 1u;
+        return _mm512_maskz_loadu_epi16(m, src);
+    }
+    const float* s     = (const float*)src;
+    const __mmask16 lo = n >= 16 ? 0xFFFF : (__mmask16)((1u << n) - 1u);
+    const __mmask16 hi = n >= 32 ? 0xFFFF : (__mmask16)((1u << std::max(0, n - 16)) - 1u);
+    const __m512bh bh  = _mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(hi, s + 16), _mm512_maskz_loadu_ps(lo, s));
+    return (__m512i)bh;
+}
+
+// Weight rows [n0, n0 + nt) (nt <= kGemmNr), k in [k0, k0 + kc), as p[kp16][kGemmNr] pairs, kp16 the k-pairs
+// rounded up to 16: p[q][j] = (w[n0 + j][k0 + 2q], w[n0 + j][k0 + 2q + 1]), zero past nt and kc.
+G4_AMX_TARGET void pack_panel(const MatmulArgs& a, int64_t n0, int nt, int64_t k0, int kc, int kp16,
+                              uint32_t* p) {
+    const size_t es = a.dt == DType::BF16 ? 2 : 4;
+    for (int qb = 0; qb < kp16; qb += 16)
+        for (int h = 0; h < 2; ++h) {
+            __m512i r[16];
+#pragma GCC unroll 16
+            for (int i = 0; i < 16; ++i) {
+                const int j = 16 * h + i;
+                r[i] = j < nt ? load_pairs((const char*)a.w + ((n0 + j) * a.k + k0 + 2 * qb) * es, a.dt,
+                                           kc - 2 * qb)
+                              : _mm512_setzero_si512();
+            }
+            transpose16(r);
+#pragma GCC unroll 16
+            for (int q = 0; q < 16; ++q)
+                _mm512_store_si512(p + (size_t)(qb + q) * kGemmNr + 16 * h, r[q]);
+        }
+}
+
+// xs[i][q] = bf16 pairs of x[i][k0 + 2q, +1] for q < kp16 (zero past kc), rows < rows; rows up to kRows zero.
+G4_AMX_TARGET void round_block(const MatmulArgs& a, int r, int rows, int64_t k0, int kc, int kp16,
+                               uint32_t* xs) {
+    for (int i = 0; i < kRows; ++i) {
+        uint32_t* d = xs + (size_t)i * kXs;
+        if (i >= rows) {
+            std::memset(d, 0, sizeof(uint32_t) * kp16);
+            continue;
+        }
+        const float* s = a.x + (int64_t)(r + i) * a.ldx + k0;
+        for (int qb = 0; qb < kp16; qb += 16)
+            _mm512_store_si512(d + qb, load_pairs(s + 2 * qb, DType::F32, kc - 2 * qb));
+    }
+}
+
+// c[32][32] (+)= xs[32 rows][kp16 pairs] . p[kp16][32], c row stride ldc floats.
+G4_AMX_TARGET void tile_block(const uint32_t* xs, const uint32_t* p, int kp16, float* c, int64_t ldc,
+                              bool accumulate) {
+    const int64_t sc = ldc * 4;
+    // GCC's tileloadd (unlike its tilestored) tells the compiler of no memory access: the stores to xs, the
+    // panels and c before it must not move past it.
+    __asm__ volatile("" ::: "memory");
+    if (accumulate) {
+        _tile_loadd(0, c, sc);
+        _tile_loadd(1, c + 16, sc);
+        _tile_loadd(2, c + 16 * ldc, sc);
+        _tile_loadd(3, c + 16 * ldc + 16, sc);
+    } else {
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+    }
+    for (int q = 0; q < kp16; q += 16) {
+        _tile_loadd(4, xs + q, kXs * 4);
+        _tile_loadd(5, xs + 16 * kXs + q, kXs * 4);
+        _tile_loadd(6, p + (size_t)q * kGemmNr, kGemmNr * 4);
+        _tile_loadd(7, p + (size_t)q * kGemmNr + 16, kGemmNr * 4);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+    }
+    _tile_stored(0, c, sc);
+    _tile_stored(1, c + 16, sc);
+    _tile_stored(2, c + 16 * ldc, sc);
+    _tile_stored(3, c + 16 * ldc + 16, sc);
+}
+
+// One task: rows [r0, r1) x panels [s0, s0 + ns) of y.
+G4_AMX_TARGET void amx_task(const MatmulArgs& a, int s0, int ns, int r0, int r1, float* scratch) {
+    uint32_t* panels = (uint32_t*)(((uintptr_t)scratch + 63) & ~(uintptr_t)63); // [ns][kKp][kGemmNr] pairs
+    uint32_t* xs     = panels + (size_t)kGroup * kKp * kGemmNr;                 // [kRows][kXs] pairs
+    float* cb        = (float*)(xs + (size_t)kRows * kXs); // [kRows][kGemmNr] partial y blocks
+    load_tile_config();
+    for (int64_t k0 = 0; k0 < a.k; k0 += kGemmKc) {
+        const int kc = (int)std::min<int64_t>(kGemmKc, a.k - k0), kp16 = ((kc + 1) / 2 + 15) / 16 * 16;
+        for (int s = 0; s < ns; ++s) {
+            const int64_t n0 = (int64_t)(s0 + s) * kGemmNr;
+            pack_panel(a, n0, (int)std::min<int64_t>(kGemmNr, a.n - n0), k0, kc, kp16,
+                       panels + (size_t)s * kKp * kGemmNr);
+        }
+        for (int r = r0; r < r1; r += kRows) {
+            const int rows = std::min(kRows, r1 - r);
+            round_block(a, r, rows, k0, kc, kp16, xs);
+            for (int s = 0; s < ns; ++s) {
+                const int64_t n0  = (int64_t)(s0 + s) * kGemmNr;
+                const int nt      = (int)std::min<int64_t>(kGemmNr, a.n - n0);
+                float* y          = a.y + (int64_t)r * a.ldy + n0;
+                const uint32_t* p = panels + (size_t)s * kKp * kGemmNr;
+                if (rows == kRows && nt == kGemmNr) {
+                    tile_block(xs, p, kp16, y, a.ldy, k0 > 0);
+                    continue;
+                }
+                const __mmask32 m = (__mmask32)((1ull << nt) - 1u);
+                if (k0 > 0)
+                    for (int i = 0; i < rows; ++i) {
+                        _mm512_store_ps(cb + i * kGemmNr, _mm512_maskz_loadu_ps((__mmask16)m, y + i * a.ldy));
+                        _mm512_store_ps(cb + i * kGemmNr + 16,
+                                        _mm512_maskz_loadu_ps((__mmask16)(m >> 16), y + i * a.ldy + 16));
+                    }
+                tile_block(xs, p, kp16, cb, kGemmNr, k0 > 0);
+                for (int i = 0; i < rows; ++i) {
+                    _mm512_mask_storeu_ps(y + i * a.ldy, (__mmask16)m, _mm512_load_ps(cb + i * kGemmNr));
+                    _mm512_mask_storeu_ps(y + i * a.ldy + 16, (__mmask16)(m >> 16),
+                                          _mm512_load_ps(cb + i * kGemmNr + 16));
+                }
+            }
+        }
+    }
+    _tile_release();
+}
+
+} // namespace
+
+void matmul_gemm_bf16_amx(const Context& c, const MatmulArgs& a) {
+    if ((a.dt != DType::BF16 && a.dt != DType::F32) || c.scratch_stride < gemm_bf16_scratch_floats() ||
+        a.rows < 1) {
+        matmul_gemm_bf16_dpbf16(c, a);
+        return;
+    }
+    const int64_t strips = (a.n + kGemmNr - 1) / kGemmNr;
+    const int64_t groups = (strips + kGroup - 1) / kGroup;
+    // Enough tasks to balance the pool, but row chunks of at least 4 tile blocks: each chunk packs its
+    // panels.
+    const int64_t want = 4LL * c.pool->size();
+    const int chunks =
+        (int)std::clamp<int64_t>((want + groups - 1) / groups, 1, std::max(1, a.rows / (4 * kRows)));
+    const int chunk_rows = ((a.rows + chunks - 1) / chunks + kRows - 1) / kRows * kRows;
+    c.pool->parallel_for(groups * chunks, [&](int64_t t, int th) {
+        const int s0 = (int)(t % groups) * kGroup, ns = (int)std::min<int64_t>(kGroup, strips - s0);
+        const int r0 = (int)(t / groups) * chunk_rows, r1 = std::min(a.rows, r0 + chunk_rows);
+        if (r0 < r1) amx_task(a, s0, ns, r0, r1, c.thread_scratch(th));
+    });
+}
+
+} // namespace g4::cpu::G4_CPU_NS
+
+#endif // G4_CPU_AMX_TABLE

@@ -156,6 +156,14 @@ void self_attention_dpbf16(const Context& c, const SelfAttentionArgs& a) {
         self_attention(c, a);
 }
 #endif
+#if defined(G4_CPU_AMX_TABLE)
+void self_attention_amx(const Context& c, const SelfAttentionArgs& a) {
+    if (a.bf16)
+        self_attention_bf16(c, a, &gemm_block_bf16_amx);
+    else
+        self_attention(c, a);
+}
+#endif
 
 // work: per kv head, K^T as panels [np / kGemmNr][D][kGemmNr] (np = rows rounded up to kGemmNr, zero keys
 // past rows) followed by its V [rows, D], so that both GEMMs read their right operand contiguously.

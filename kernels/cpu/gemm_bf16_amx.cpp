@@ -203,7 +203,81 @@ G4_AMX_TARGET void amx_task(const MatmulArgs& a, int s0, int ns, int r0, int r1,
     _tile_release();
 }
 
+// Tiles for gemm_block_bf16_amx: C 0-3 (rows 0-15 x cols 0-15, 0-15 x 16-31, 16-.. x 0-15, 16-.. x 16-31),
+// A 4 (rows 0-15) and 5 (rows 16-..), B 6 and 7; r0 and r1 rows in the two row tiles (r1 may be 0).
+G4_AMX_TARGET void load_block_config(int r0, int r1) {
+    TileConfig t;
+    const int rows[8] = {r0, r0, r1, r1, r0, r1, 16, 16};
+    for (int i = 0; i < 8; ++i)
+        if (rows[i] > 0) t.colsb[i] = 64, t.rows[i] = (uint8_t)rows[i];
+    _tile_loadconfig(&t);
+}
+
+// Up to 32 rows of c[rows, cols] (+)= a . b, cols a multiple of 16 and kp of 16 (gemm_block_bf16's layout).
+G4_AMX_TARGET void block_rows(int rows, int cols, int64_t kp, const uint32_t* a, int64_t lda,
+                              const uint32_t* b, int64_t ldb, int64_t panel, float* c, int64_t ldc,
+                              bool accumulate) {
+    const bool two_rows = rows > 16;
+    const int64_t sa = lda * 4, sb = ldb * 4, sc = ldc * 4;
+    __asm__ volatile("" ::: "memory"); // as tile_block: tileloadd reads memory GCC does not know of
+    for (int j = 0; j < cols; j += 32) {
+        const bool two_cols = j + 16 < cols;
+        const uint32_t* b0  = b + (j / kGemmNr) * panel + j % kGemmNr;
+        const uint32_t* b1  = b + ((j + 16) / kGemmNr) * panel + (j + 16) % kGemmNr;
+        float* c0           = c + j;
+        float* c1           = c + 16 * ldc + j;
+        if (accumulate) {
+            _tile_loadd(0, c0, sc);
+            if (two_cols) _tile_loadd(1, c0 + 16, sc);
+            if (two_rows) _tile_loadd(2, c1, sc);
+            if (two_rows && two_cols) _tile_loadd(3, c1 + 16, sc);
+        } else {
+            _tile_zero(0);
+            _tile_zero(1);
+            if (two_rows) {
+                _tile_zero(2);
+                _tile_zero(3);
+            }
+        }
+        for (int64_t q = 0; q < kp; q += 16) {
+            _tile_loadd(4, a + q, sa);
+            _tile_loadd(6, b0 + q * ldb, sb);
+            _tile_dpbf16ps(0, 4, 6);
+            if (two_rows) {
+                _tile_loadd(5, a + 16 * lda + q, sa);
+                _tile_dpbf16ps(2, 5, 6);
+            }
+            if (two_cols) {
+                _tile_loadd(7, b1 + q * ldb, sb);
+                _tile_dpbf16ps(1, 4, 7);
+                if (two_rows) _tile_dpbf16ps(3, 5, 7);
+            }
+        }
+        _tile_stored(0, c0, sc);
+        if (two_cols) _tile_stored(1, c0 + 16, sc);
+        if (two_rows) _tile_stored(2, c1, sc);
+        if (two_rows && two_cols) _tile_stored(3, c1 + 16, sc);
+    }
+}
+
 } // namespace
+
+G4_AMX_TARGET void gemm_block_bf16_amx(int rows, int cols, int64_t kp, const uint32_t* a, int64_t lda,
+                                       const uint32_t* b, int64_t ldb, int64_t panel, float* c, int64_t ldc,
+                                       bool accumulate) {
+    if (rows < 1 || cols < 1) return;
+    if (cols % 16 || kp % 16) {
+        gemm_block_bf16_dpbf16(rows, cols, kp, a, lda, b, ldb, panel, c, ldc, accumulate);
+        return;
+    }
+    int configured = 0; // the rows the loaded config is for
+    for (int r = 0; r < rows; r += 32) {
+        const int rb = std::min(32, rows - r);
+        if (rb != configured) load_block_config(std::min(16, rb), std::max(0, rb - 16)), configured = rb;
+        block_rows(rb, cols, kp, a + r * lda, lda, b, ldb, panel, c + r * ldc, ldc, accumulate);
+    }
+    _tile_release();
+}
 
 void matmul_gemm_bf16_amx(const Context& c, const MatmulArgs& a) {
     if ((a.dt != DType::BF16 && a.dt != DType::F32) || c.scratch_stride < gemm_bf16_scratch_floats() ||

@@ -50,6 +50,9 @@ void self_attention_dpbf16(const Context& c, const SelfAttentionArgs& a);
 #endif
 #if defined(G4_CPU_AMX_TABLE)
 void matmul_gemm_bf16_amx(const Context& c, const MatmulArgs& a);
+void gemm_block_bf16_amx(int rows, int cols, int64_t kp, const uint32_t* a, int64_t lda, const uint32_t* b,
+                         int64_t ldb, int64_t panel, float* c, int64_t ldc, bool accumulate);
+void self_attention_amx(const Context& c, const SelfAttentionArgs& a);
 #endif
 #if defined(G4_CPU_VNNI_VARIANT)
 void matmul_nf4_int16_vnni(const Context& c, const MatmulArgs& a);

@@ -203,9 +203,9 @@ TEST(CpuKernels, MatmulGemmBf16MatchesRoundedReference) {
         }
 }
 
-// The amx level's bf16 GEMM (AMX tiles) against the avx512_bf16 level's in one process: the same bf16
-// operands and fp32 sums, in another order. Tails in rows (not a multiple of 32), n (past a panel) and k
-// (odd, past kGemmKc); bf16 and fp32 weights.
+// The amx level's bf16 GEMM and attention products (AMX tiles) against the avx512_bf16 level's in one
+// process: the same bf16 operands and fp32 sums, in another order. Tails in rows (not a multiple of 32), n
+// (past a panel) and k (odd, past kGemmKc); bf16 and fp32 weights.
 TEST(CpuKernels, AmxGemmBf16MatchesAvx512Bf16) {
     if (!cpu::level_supported(cpu::Level::Amx))
         GTEST_SKIP()
@@ -237,6 +237,26 @@ TEST(CpuKernels, AmxGemmBf16MatchesAvx512Bf16) {
             for (int64_t j = n; j < ldy; ++j)
                 ASSERT_EQ(y1[i * ldy + j], -7.0f);
         EXPECT_LT(max_rel(y1, y0), 1e-6) << (dt == DType::BF16 ? "bf16" : "fp32") << " weights";
+    }
+    // gemm_block_bf16 (the bf16 attention's products) at the attention's shapes: 24 query rows against K^T
+    // panels (kp = 32 pairs, head dim 64), then P . V (kp = keys / 2, 64 strided columns), accumulating.
+    for (int layout = 0; layout < 2; ++layout) {
+        const int rows = 24, cols = layout ? 64 : 96, kp = layout ? 400 : 32, lda = kp + 3, ldc = cols + 5;
+        const int64_t ldb = layout ? cols + 16 : cpu::kGemmNr;
+        const int64_t pnl = layout ? cpu::kGemmNr : (int64_t)kp * cpu::kGemmNr;
+        const int64_t bsz = layout ? (int64_t)kp * ldb : (cols + cpu::kGemmNr - 1) / cpu::kGemmNr * pnl;
+        auto af = randn((size_t)rows * lda * 2, 53), bf = randn((size_t)bsz * 2, 54);
+        std::vector<uint16_t> ab(af.size()), bb(bf.size());
+        for (size_t i = 0; i < af.size(); ++i)
+            ab[i] = f32_to_bf16(af[i]);
+        for (size_t i = 0; i < bf.size(); ++i)
+            bb[i] = f32_to_bf16(bf[i]);
+        auto c0 = randn((size_t)rows * ldc, 55), c1 = c0;
+        bf16->gemm_block_bf16(rows, cols, kp, (const uint32_t*)ab.data(), lda, (const uint32_t*)bb.data(),
+                              ldb, pnl, c0.data(), ldc, true);
+        amx->gemm_block_bf16(rows, cols, kp, (const uint32_t*)ab.data(), lda, (const uint32_t*)bb.data(), ldb,
+                             pnl, c1.data(), ldc, true);
+        EXPECT_LT(max_rel(c1, c0), 1e-6) << "gemm_block_bf16 layout " << layout;
     }
 }
 

@@ -17,7 +17,8 @@ converter python with torch, numpy, transformers, pyyaml; matplotlib for the plo
 torch and transformers (a random-weight checkpoint at the real E2B/E4B text shapes, or a toy one; made on
 the GPU if torch has one, else on the CPU).
 Usage: python3 bench/e2e/cpu_llamacpp_bench.py (CHECKPOINT | --model e2b|e4b|tiny) --llama-cpp DIR [--g4 G4]
-       [--threads 1,2,4,8,16] [-p 512] [-n 128] [--reps 3] [--rounds 1] [--out DIR] [--workdir DIR]
+       [--threads 1,2,4,8,16] [-p 512] [-n 128] [--reps 3] [--rounds 1] [--g4-variants nf4,...] [--out DIR]
+       [--workdir DIR]
 Writes OUT/cpu_llamacpp_<tag>.json, .md and .png after every thread count (a cut run keeps what it measured),
 and OUT/cpu_llamacpp_<tag>.log (the converter, llama-quantize and g4 compile).
 """
@@ -59,6 +60,8 @@ def parse_args(argv):
     ap.add_argument("--reps", type=int, default=3, help="repetitions per call, after one warm-up. Default: 3")
     ap.add_argument("--rounds", type=int, default=1, help="sweeps over the thread counts. Default: 1")
     ap.add_argument("--quants", default="Q4_0,Q4_K_M", help="llama.cpp quantizations. Default: Q4_0,Q4_K_M")
+    ap.add_argument("--g4-variants", default="",
+                    help="g4 plans to measure, by label (nf4, 'nf4 full head', 'nf4 f32'), comma-separated. Default: all")
     ap.add_argument("--llama-args", default="", help="extra llama-bench arguments, e.g. '-fa 1'")
     ap.add_argument("--python", default=sys.executable, help="python for llama.cpp's converter. Default: this one")
     ap.add_argument("--workdir", default="/tmp/g4cpubench", help="checkpoint, GGUFs and plans (cached). Default: /tmp/g4cpubench")
@@ -84,6 +87,7 @@ def parse_args(argv):
     except ValueError as e:
         ap.error(str(e))
     a.quant_list = [q for q in a.quants.split(",") if q]
+    a.g4_variant_list = [v.strip() for v in a.g4_variants.split(",") if v.strip()]
     if not a.quant_list or any(not re.fullmatch(r"[A-Za-z0-9_]+", q) for q in a.quant_list):
         ap.error("--quants: a comma-separated list of llama-quantize types, e.g. Q4_0,Q4_K_M")
     return a
@@ -319,6 +323,8 @@ def prepare_plans(a, tools, ckpt, key, log):
     st = os.stat(tools["g4"])
     plans, steps = {}, {}
     for label, flags in g4_variants(tools):
+        if a.g4_variant_list and label not in a.g4_variant_list:
+            continue
         h = hashlib.sha256(f"{key}|{' '.join(flags)}|{st.st_size}|{int(st.st_mtime)}".encode()).hexdigest()[:10]
         plan = os.path.join(a.workdir, f"{key}-{h}.g4plan")
         if not os.path.isfile(plan):

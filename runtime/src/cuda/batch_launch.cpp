@@ -212,9 +212,8 @@ g4_status enqueue_group(g4_session* const* ss, int32_t n, bool profile, std::str
     Lane& l0                     = st0->lanes[0];
     SessionState::BatchGroup& bg = st0->batch;
     constexpr uint64_t kStep     = sizeof(SessionState::Step);
-    CU_TRY(
-        d->cuMemcpyHtoDAsync(bg.steps, bg.host_steps, SessionState::BatchGroup::kDeltaAt + 8 * 8, l0.stream),
-        "copying the step records");
+    CU_TRY(d->cuMemcpyHtoDAsync(bg.steps, bg.host_steps, SessionState::BatchGroup::kBytes, l0.stream),
+           "copying the step records");
     CU_TRY(d->cuMemcpyHtoDAsync(l0.act + p.tensor(info.ids_tensor).offset, st0->host_ids, (size_t)n * 4,
                                 l0.stream),
            "copying token ids");
@@ -436,13 +435,13 @@ g4_status run_group(g4_session* const* ss, const int32_t* tokens, int32_t n, std
 void batch_reserve(const g4_engine* e, SessionState* st, DeviceCarve& cv) {
     if (!batched_steps(e)) return;
     SessionState::BatchGroup& bg = st->batch;
-    cv.add(&bg.steps, SessionState::BatchGroup::kDeltaAt + 8 * 8);
+    cv.add(&bg.steps, SessionState::BatchGroup::kBytes);
 }
 
 g4_status batch_create(SessionState* st, std::string* err) {
     SessionState::BatchGroup& bg = st->batch;
     if (!bg.steps) return G4_OK;
-    CU_TRY(st->e->d->cuMemAllocHost((void**)&bg.host_steps, SessionState::BatchGroup::kDeltaAt + 8 * 8),
+    CU_TRY(st->e->d->cuMemAllocHost((void**)&bg.host_steps, SessionState::BatchGroup::kBytes),
            "allocating pinned memory");
     return G4_OK;
 }

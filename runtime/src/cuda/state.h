@@ -7,6 +7,7 @@
 #include "runtime/src/cuda/driver.h"
 #include "runtime/src/cuda/sequence_ops.h"
 #include "runtime/src/cuda/weight_segments.h"
+#include "runtime/src/cuda/workspace.h"
 #include "runtime/src/encoder_program.h"
 
 #include <algorithm>
@@ -141,7 +142,7 @@ struct DeviceCarve {
     uint64_t bytes = 0;
     void add(CUdeviceptr* at, uint64_t n) {
         parts.emplace_back(at, bytes);
-        bytes += (std::max<uint64_t>(n, 1) + 255) / 256 * 256;
+        bytes += cuda_ws::align256(std::max<uint64_t>(n, 1));
     }
     void place(CUdeviceptr base) const {
         for (const auto& [at, off] : parts)
@@ -267,6 +268,7 @@ struct SessionState {
     // of the step's rows go to the first session's Lane::part.
     struct BatchGroup {
         static constexpr uint64_t kDeltaAt = 9 * sizeof(Step);
+        static constexpr uint64_t kBytes   = kDeltaAt + 8 * 8; // records and deltas
         uint64_t serial                    = 0;
         CUdeviceptr steps                  = 0;
         Step* host_steps                   = nullptr;

@@ -8,8 +8,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fcntl.h>
 #include <filesystem>
 #include <fstream>
+#include <sys/file.h>
 #include <unistd.h>
 
 #ifdef G4_HAVE_NVRTC
@@ -110,7 +112,8 @@ void cache_write(const std::string& dir, const std::string& path, const std::str
         std::filesystem::remove(tmp, ec);
         return;
     }
-    // At most kCacheEntries outputs (~7 MB each) stay: the least recently used go (a hit refreshes its time).
+    // At most kCacheEntries outputs (7-21 MB each) stay: the least recently used go (a hit refreshes its
+    // time).
     try {
         std::vector<std::pair<std::filesystem::file_time_type, std::filesystem::path>> entries;
         for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
@@ -120,27 +123,21 @@ void cache_write(const std::string& dir, const std::string& path, const std::str
         }
         if (entries.size() + 1 <= kCacheEntries) return;
         std::sort(entries.begin(), entries.end());
-        for (size_t i = 0; i + kCacheEntries < entries.size() + 1; ++i)
+        for (size_t i = 0; i + kCacheEntries < entries.size() + 1; ++i) {
             std::filesystem::remove(entries[i].second, ec);
+            std::filesystem::remove(entries[i].second.string() + ".lock", ec); // a cubin entry's lock
+        }
     } catch (const std::filesystem::filesystem_error&) { // a folder changing under us: prune next time
     }
 }
 
-} // namespace
-
-static std::string compile_one(const std::string& arch, const KernelSpec& spec, bool cubin,
-                               std::vector<char>* bin, std::string* log, bool* cached) {
-    std::string a = (cubin ? "--gpu-architecture=sm_" : "--gpu-architecture=compute_") + arch.substr(3);
-    // spec.trace 1: the timeline lab's kernels (kernels/cuda/common.cu G4_TRACE; bench/scripts/trace_lab.sh),
-    // never for plans that are meant to be used; 2: every block of a launch records (G4_TRACE_ALL,
-    // bench/scripts/trace_blocks.py).
-    const std::string hpg         = "-DG4_AD_HPG=" + std::to_string(spec.attn_hpg);
-    std::vector<const char*> opts = {a.c_str(), "--std=c++17", "-default-device", "-lineinfo"};
-    if (spec.attn_hpg > 0) opts.push_back(hpg.c_str());
-    if (spec.trace >= 1) opts.push_back("-DG4_TRACE");
-    if (spec.trace == 2) opts.push_back("-DG4_TRACE_ALL");
-    // Cache key: NVRTC's version, the output kind, every option and the source text (its length and two
-    // hashes, made once).
+// The cache entry of one output kind ("cubin" or "ptx") of an NVRTC run: the key (NVRTC's version, the kind,
+// every option and the source text: its length and two hashes, made once) and the file it is kept in.
+struct CacheEntry {
+    std::string key, path;
+};
+CacheEntry cache_entry(const std::string& dir, const std::string& arch, const char* kind,
+                       const std::vector<const char*>& opts) {
     static const std::string source_key = [] {
         const size_t n = std::strlen(kKernelSource);
         return " source " + std::to_string(n) + " " + hex64(fnv1a64(kKernelSource, n)) + " " +
@@ -148,24 +145,95 @@ static std::string compile_one(const std::string& arch, const KernelSpec& spec, 
     }();
     int major = 0, minor = 0;
     nvrtcVersion(&major, &minor);
-    std::string key =
-        "nvrtc " + std::to_string(major) + "." + std::to_string(minor) + (cubin ? " cubin" : " ptx");
+    CacheEntry e;
+    e.key = "nvrtc " + std::to_string(major) + "." + std::to_string(minor) + " " + kind;
     for (const char* o : opts)
-        key += std::string(" ") + o;
-    key += source_key;
-    const std::string dir  = kernel_cache_dir();
-    const std::string path = dir.empty() ? ""
-                                         : dir + "/" + arch + (cubin ? "-cubin-" : "-ptx-") +
-                                               hex64(fnv1a64(key.data(), key.size())) + ".bin";
-    std::string hit;
-    if (!path.empty() && cache_read(path, key, &hit)) {
-        *cached = true;
+        e.key += std::string(" ") + o;
+    e.key += source_key;
+    if (!dir.empty())
+        e.path = dir + "/" + arch + "-" + kind + "-" + hex64(fnv1a64(e.key.data(), e.key.size())) + ".bin";
+    return e;
+}
+
+bool cache_hit(const CacheEntry& e, std::string* out) {
+    if (e.path.empty() || !cache_read(e.path, e.key, out)) return false;
+    std::error_code ec;
+    std::filesystem::last_write_time(e.path, std::filesystem::file_time_type::clock::now(), ec);
+    return true;
+}
+
+// An exclusive lock on one cache entry for as long as it lives, so that processes compiling the same kernels
+// at once run NVRTC once and the others read its output. No lock (a cache folder that cannot be written) is
+// no error: then each compiles.
+class EntryLock {
+public:
+    explicit EntryLock(const std::string& dir, const std::string& path) {
+        if (path.empty()) return;
         std::error_code ec;
-        std::filesystem::last_write_time(path, std::filesystem::file_time_type::clock::now(), ec);
-        if (cubin) bin->assign(hit.begin(), hit.end());
-        return cubin ? std::string() : hit;
+        std::filesystem::create_directories(dir, ec);
+        fd_ = ::open((path + ".lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+        if (fd_ >= 0 && ::flock(fd_, LOCK_EX) != 0) {
+            ::close(fd_);
+            fd_ = -1;
+        }
     }
-    *cached = false;
+    ~EntryLock() {
+        if (fd_ >= 0) ::close(fd_); // closing releases the lock
+    }
+    EntryLock(const EntryLock&)            = delete;
+    EntryLock& operator=(const EntryLock&) = delete;
+
+private:
+    int fd_ = -1;
+};
+
+// NVVM's optimizer runs on this many threads (NVRTC --split-compile). A fixed count rather than the
+// machine's: the partition depends on it, so a fixed count gives the same bytes on every machine.
+constexpr int kNvrtcThreads = 8;
+
+} // namespace
+
+KernelBinary compile_kernels(const std::string& target, const KernelSpec& spec, bool with_ptx) {
+    const auto& ts = supported_targets();
+    if (std::find(ts.begin(), ts.end(), target) == ts.end())
+        throw CompileError("unsupported --target '" + target + "': expected sm_80, sm_86, sm_89 or sm_90");
+    if (spec.attn_hpg != 0 && kernel_spec({spec.attn_hpg}).attn_hpg != spec.attn_hpg)
+        throw CompileError("kernel specialisation: " + std::to_string(spec.attn_hpg) +
+                           " heads per KV group is not a power of two <= 16");
+    if (spec.trace < 0 || spec.trace > 2)
+        throw CompileError("kernel trace mode " + std::to_string(spec.trace) +
+                           ": expected 0 (off), 1 (launches) or 2 (blocks)");
+    KernelBinary kb;
+    kb.target = target;
+    // One NVRTC run for the real architecture gives its cubin and the PTX it was lowered from (byte for
+    // byte what a run for the virtual compute_XX architecture gives), which drivers of newer GPUs compile.
+    // spec.trace 1: the timeline lab's kernels (kernels/cuda/common.cu G4_TRACE; bench/scripts/trace_lab.sh),
+    // never for plans that are meant to be used; 2: every block of a launch records (G4_TRACE_ALL,
+    // bench/scripts/trace_blocks.py).
+    const std::string arch        = "--gpu-architecture=sm_" + target.substr(3);
+    const std::string hpg         = "-DG4_AD_HPG=" + std::to_string(spec.attn_hpg);
+    const std::string threads     = "--split-compile=" + std::to_string(kNvrtcThreads);
+    std::vector<const char*> opts = {arch.c_str(), "--std=c++17", "-default-device", "-lineinfo",
+                                     threads.c_str()};
+    if (spec.attn_hpg > 0) opts.push_back(hpg.c_str());
+    if (spec.trace >= 1) opts.push_back("-DG4_TRACE");
+    if (spec.trace == 2) opts.push_back("-DG4_TRACE_ALL");
+
+    const std::string dir  = kernel_cache_dir();
+    const CacheEntry cubin = cache_entry(dir, target, "cubin", opts);
+    const CacheEntry ptx   = cache_entry(dir, target, "ptx", opts);
+    auto from_cache        = [&] {
+        std::string c, p;
+        if (!cache_hit(cubin, &c) || (with_ptx && !cache_hit(ptx, &p))) return false;
+        kb.cubin.assign(c.begin(), c.end());
+        kb.ptx    = std::move(p);
+        kb.cached = true;
+        return true;
+    };
+    if (from_cache()) return kb;
+    const EntryLock lock(dir, cubin.path);
+    if (from_cache()) return kb; // another process compiled it while this one waited
+
     nvrtcProgram prog;
     if (nvrtcCreateProgram(&prog, kKernelSource, "g4_kernels.cu", 0, nullptr, nullptr) != NVRTC_SUCCESS)
         throw CompileError("NVRTC: cannot create program");
@@ -178,42 +246,26 @@ static std::string compile_one(const std::string& arch, const KernelSpec& spec, 
         l.pop_back();
     if (r != NVRTC_SUCCESS) {
         nvrtcDestroyProgram(&prog);
-        throw CompileError("NVRTC failed to compile the CUDA kernels for " + arch + ": " + l);
+        throw CompileError("NVRTC failed to compile the CUDA kernels for " + target + ": " + l);
     }
-    *log += l;
-    std::string ptx;
-    if (cubin) {
-        nvrtcGetCUBINSize(prog, &n);
-        bin->resize(n);
-        nvrtcGetCUBIN(prog, bin->data());
-    } else {
-        nvrtcGetPTXSize(prog, &n);
-        ptx.resize(n);
-        nvrtcGetPTX(prog, ptx.data());
-        while (!ptx.empty() && ptx.back() == '\0')
-            ptx.pop_back();
+    kb.log = l;
+    nvrtcGetCUBINSize(prog, &n);
+    kb.cubin.resize(n);
+    nvrtcGetCUBIN(prog, kb.cubin.data());
+    std::string p;
+    if (nvrtcGetPTXSize(prog, &n) == NVRTC_SUCCESS) {
+        p.resize(n);
+        nvrtcGetPTX(prog, p.data());
+        while (!p.empty() && p.back() == '\0')
+            p.pop_back();
     }
     nvrtcDestroyProgram(&prog);
-    if (!path.empty()) cache_write(dir, path, key, cubin ? std::string(bin->begin(), bin->end()) : ptx);
-    return ptx;
-}
-
-KernelBinary compile_kernels(const std::string& target, const KernelSpec& spec, bool with_ptx) {
-    const auto& ts = supported_targets();
-    if (std::find(ts.begin(), ts.end(), target) == ts.end())
-        throw CompileError("unsupported --target '" + target + "': expected sm_80, sm_86, sm_89 or sm_90");
-    KernelBinary kb;
-    kb.target = target;
-    if (spec.attn_hpg != 0 && kernel_spec({spec.attn_hpg}).attn_hpg != spec.attn_hpg)
-        throw CompileError("kernel specialisation: " + std::to_string(spec.attn_hpg) +
-                           " heads per KV group is not a power of two <= 16");
-    if (spec.trace < 0 || spec.trace > 2)
-        throw CompileError("kernel trace mode " + std::to_string(spec.trace) +
-                           ": expected 0 (off), 1 (launches) or 2 (blocks)");
-    bool hit_cubin = false, hit_ptx = true;
-    compile_one(target, spec, true, &kb.cubin, &kb.log, &hit_cubin);
-    if (with_ptx) kb.ptx = compile_one(target, spec, false, nullptr, &kb.log, &hit_ptx);
-    kb.cached = hit_cubin && hit_ptx;
+    if (p.empty()) throw CompileError("NVRTC gave no PTX for " + target);
+    if (!dir.empty()) {
+        cache_write(dir, cubin.path, cubin.key, std::string(kb.cubin.begin(), kb.cubin.end()));
+        cache_write(dir, ptx.path, ptx.key, p);
+    }
+    if (with_ptx) kb.ptx = std::move(p);
     return kb;
 }
 #else

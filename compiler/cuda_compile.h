@@ -31,11 +31,13 @@ KernelSpec kernel_spec(const std::vector<int>& heads_per_group);
 
 // Targets g4 supports: sm_80, sm_86, sm_89, sm_90. Throws g4::CompileError on a bad target or a
 // compile failure (with NVRTC's log). with_ptx = false leaves ptx empty (tests that load the cubin).
-// Kernel cache: each NVRTC output is kept in a folder (G4_KERNEL_CACHE; default $XDG_CACHE_HOME/g4/kernels
-// or ~/.cache/g4/kernels; G4_KERNEL_CACHE=off: none) under a key of NVRTC's version, the options and the
-// kernel source, and reused when all of them match (checked in full, with a checksum), so compiling
-// plans again for the same target and model shape skips NVRTC. A cache that cannot be written is skipped;
-// it keeps the 32 most recently used outputs.
+// One NVRTC run gives both outputs (NVVM's optimizer on 8 threads). Kernel cache: each output is kept in a
+// folder (G4_KERNEL_CACHE; default $XDG_CACHE_HOME/g4/kernels or ~/.cache/g4/kernels; G4_KERNEL_CACHE=off:
+// none) under a key of NVRTC's version, the options and the kernel source, and reused when all of them match
+// (checked in full, with a checksum), so compiling plans again for the same target and model shape skips
+// NVRTC. Processes that compile the same kernels at once wait on a lock file beside the entry and run NVRTC
+// once. A cache that cannot be written is skipped; it keeps the 32 most recently used outputs.
+// Thread-safe.
 KernelBinary compile_kernels(const std::string& target, const KernelSpec& spec = {}, bool with_ptx = true);
 const std::vector<std::string>& supported_targets();
 // The kernel cache's folder from the environment ("" = no cache); the folder is made on first use.

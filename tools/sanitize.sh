@@ -8,7 +8,9 @@
 #                                         images/audio and text on the CPU. Left out for time: parity (many full
 #                                         compiles per dtype), long_context, cross_device, placement_cli,
 #                                         cuda_schedule and cuda_compile (CUDA plan compiles: NVRTC's output is
-#                                         not instrumented anyway) and the NF4 throughput print.
+#                                         not instrumented anyway) and the NF4 throughput print; the
+#                                         executables holding only these, and the GPU tests (tests/cuda), are
+#                                         not built for the subset.
 #   bash tools/sanitize.sh tsan           ThreadSanitizer build (build-tsan) of the CPU worker pool's test
 #                                         (tests/unit/thread_pool_test.cpp), the C API's multi-session tests
 #                                         (tests/unit/concurrency_test.cpp) and the runtime's cancellation test.
@@ -33,6 +35,9 @@ ALL_FUZZ_TARGETS=(safetensors config adapter tokenizer chat image wav media plan
 # and the per-instruction-set reruns (cpu_level_*: the op table, kernel and parity tests again with G4_CPU_LEVEL
 # forced; the subset runs those tests at the machine's own level).
 ASAN_EXCLUDE='(^|/)(Parity|ParityTest|Bf16KvParityTest|LongContext|CrossDevice|PlacementCli|CudaSchedule|CudaCompile|CudaPlan|Nf4Perf)\.|^cpu_level_'
+# The executables that hold nothing else, and those whose every test needs a GPU, are not built for the subset.
+ASAN_LEFT_OUT="long_context_test;cross_device_test;placement_cli_test;cuda_schedule_test;cuda_compile_test"
+ASAN_LEFT_OUT+=";cuda_kernels_test;cuda_attention_test;cuda_ops_kernels_test;cuda_sampling_test"
 
 need_packages() {
     local need=()
@@ -57,6 +62,11 @@ setup_clang() {
     fi
 }
 
+# The CUDA plans the tests compile take NVRTC's outputs from the main build's kernel cache when tools/test.sh
+# made one (the cache's key holds NVRTC's version, options and source; NVRTC itself is not instrumented).
+KERNEL_CACHE=""
+[ -d "$ROOT/build/kernel-cache" ] && KERNEL_CACHE="$ROOT/build/kernel-cache"
+
 # configure DIR CMAKE_ARGS...: a clang build folder (ccache when installed). Sanitizer builds hold one copy of
 # the CPU kernels (G4_NATIVE: this machine's instruction set) instead of one per x86-64 level: the level
 # dispatch and the per-level reruns are tools/test.sh's, and three instrumented copies cost CI minutes.
@@ -68,7 +78,7 @@ configure() {
         launcher=(-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
     fi
     cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
-        -DG4_NATIVE=ON "${launcher[@]}" "$@" >/dev/null
+        -DG4_NATIVE=ON -DG4_TEST_KERNEL_CACHE="${KERNEL_CACHE:-$ROOT/$dir/kernel-cache}" "${launcher[@]}" "$@" >/dev/null
 }
 
 # Sanitizer reports of every process (the CLI the tests start included) go to files under $1; any is a failure.
@@ -95,7 +105,9 @@ asan_suite() {
     shift 2
     setup_clang
     echo "== ASan+UBSan build ($dir)"
-    configure "$dir" "$@"
+    local left_out="$ASAN_LEFT_OUT"
+    [ "$all" = --all ] && left_out=""
+    configure "$dir" -DG4_TESTS_LEFT_OUT="$left_out" "$@"
     cmake --build "$dir" -j"$JOBS"
     sanitizer_env "$ROOT/$dir/sanitizer-logs"
     local filter=(-E "$ASAN_EXCLUDE")
@@ -121,8 +133,9 @@ run_tsan() {
     echo "== the CPU worker pool and the multi-session tests under TSan"
     local rc=0
     "${norand[@]}" build-tsan/tests/thread_pool_test || rc=1
-    G4_KERNEL_CACHE="$ROOT/build-tsan/kernel-cache" "${norand[@]}" build-tsan/tests/concurrency_test || rc=1
-    G4_KERNEL_CACHE="$ROOT/build-tsan/kernel-cache" "${norand[@]}" build-tsan/tests/runtime_test \
+    local kc=${KERNEL_CACHE:-$ROOT/build-tsan/kernel-cache}
+    G4_KERNEL_CACHE="$kc" "${norand[@]}" build-tsan/tests/concurrency_test || rc=1
+    G4_KERNEL_CACHE="$kc" "${norand[@]}" build-tsan/tests/runtime_test \
         --gtest_filter='Runtime.Cancel*:Runtime.CApiRejectsMisuse' || rc=1
     check_sanitizer_logs "$ROOT/build-tsan/sanitizer-logs" || rc=1
     return $rc
@@ -186,7 +199,7 @@ ci)
     exit $rc
     ;;
 *)
-    sed -n '2,24p' "$0"
+    sed -n '2,28p' "$0"
     exit 2
     ;;
 esac

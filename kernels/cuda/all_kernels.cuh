@@ -25,6 +25,7 @@
 #include "sequence_ops.cu"
 #include "encoder_ops.cu"
 #include "matmul_rows.cu"
+#include "matmul_rows_tc.cu"
 #include "batch_rows.cu"
 #include "decode_rows.cu"
 // clang-format on

@@ -177,6 +177,58 @@ TEST(MatmulRows, MatchTheReference) {
     }
 }
 
+// ---- the tensor-core row matmuls (kernels/cuda/matmul_rows_tc.cu): 2..16 rows at Gemma's shapes and odd
+// ones (N not a multiple of 32, K blocks not a multiple of the K groups), every column-group count, NF4
+// row-major and tiled, f32 and double-quant scales, bf16; within 3e-5 of the reference matmul (products of
+// two bf16 each, float32 accumulation), bias added.
+TEST(MatmulRowsTc, MatchTheReference) {
+    NEED_GPU();
+    Dev dev;
+    struct Case {
+        DType dt;
+        int n, k;
+        bool dq, tiled;
+    };
+    const Case cases[] = {{DType::NF4, 1536, 6144, false, true},  {DType::NF4, 2048, 1536, false, false},
+                          {DType::NF4, 70, 1536, true, false},    {DType::NF4, 98, 512, true, true},
+                          {DType::NF4, 1536, 2048, false, true},  {DType::BF16, 256, 1536, false, false},
+                          {DType::BF16, 1536, 256, false, false}, {DType::BF16, 1030, 1536, false, false}};
+    for (const Case& c : cases) {
+        Weight w          = make_weight(dev, c.dt, c.n, c.k, 23, c.dq);
+        const bool nf4    = c.dt == DType::NF4;
+        CUdeviceptr wd    = c.tiled ? dev.up(nf4::tile32(w.blob, w.n, w.k, c.dq)) : w.dev;
+        nf4::Layout l     = nf4::layout(w.n * w.k, c.dq);
+        CUdeviceptr codes = wd + l.codes_off, am = wd + l.absmax_off, am2 = c.dq ? wd + l.absmax2_off : 0,
+                    off = c.dq ? wd + l.offset_off : 0, c2 = c.dq ? wd + l.code2_off : 0;
+        const std::vector<float> bias_h = randn((size_t)c.n, 5, 0.5f);
+        CUdeviceptr bias                = dev.up(bias_h);
+        for (int T : {2, 5, 8, 9, 16}) {
+            const std::vector<float> x = randn((size_t)T * c.k, 40 + T, 1.0f);
+            std::vector<float> want    = w.ref(x, T);
+            for (int t = 0; t < T; ++t)
+                for (int i = 0; i < c.n; ++i)
+                    want[(size_t)t * c.n + i] += bias_h[(size_t)i];
+            CUdeviceptr xd = dev.up(x), yd = dev.alloc((size_t)T * c.n * 4), st = dev.step(T, 0, T);
+            for (int wn : {1, 2, 8}) {
+                int mode = 0, N = c.n, K = c.k, tl = c.tiled;
+                long ldx = K, ldy = N;
+                const int cols      = nf4 ? 16 : 32; // a warp's columns
+                const unsigned grid = (unsigned)((N + cols * wn - 1) / (cols * wn));
+                if (nf4)
+                    launch("g4_mm_rows_tc_nf4", grid, 1, 256,
+                           {&st, &mode, &xd, &ldx, &codes, &am, &am2, &off, &c2, &N, &K, &yd, &ldy, &bias,
+                            &tl, &wn});
+                else
+                    launch("g4_mm_rows_tc_bf16", grid, 1, 256,
+                           {&st, &mode, &xd, &ldx, &wd, &N, &K, &yd, &ldy, &bias, &wn});
+                EXPECT_LT(rel(dev.down<float>(yd, (size_t)T * N), want), 3e-5)
+                    << (nf4 ? "nf4" : "bf16") << " " << N << "x" << K << " dq " << c.dq << " tiled "
+                    << c.tiled << " rows " << T << " column groups " << wn;
+            }
+        }
+    }
+}
+
 // ---- the fused decode kernels of several rows (batched decode steps, kernels/cuda/decode_rows.cu): each row
 // of g4_gemv_rows_* and g4_resnorm_rows is the one-row kernel's result on that row, bit for bit (the same
 // float32 sums), for 1..8 rows in strided views.

@@ -72,7 +72,9 @@ TEST(CudaCompile, AllKernelsForAllTargets) {
                               "g4_causal_conv1d",
                               "g4_local_attention",
                               "g4_softplus_scale",
-                              "g4_add_scaled"})
+                              "g4_add_scaled",
+                              "g4_mm_rows_tc_nf4", // batched steps of 9..16 rows
+                              "g4_mm_rows_tc_bf16"})
             EXPECT_NE(kb.ptx.find(std::string(".entry ") + k), std::string::npos)
                 << k << " missing for " << t;
         EXPECT_NE(kb.ptx.find(".target sm_" + t.substr(3)), std::string::npos) << t;

@@ -2,11 +2,11 @@
 // n sessions' rows in the first session's activation arena, on its stream. The per-sequence ops (rope, KV
 // store, attention) run once over all rows (kernels/cuda/batch_rows.cu), each row at its session's position
 // and in its session's KV cache, or, where the plan's module lacks those kernels, once per session on its
-// row. Its buffers are carved with the session's at its creation (batch_reserve). Matmuls of 2..8 rows read
-// each weight once in its stored layout (g4_mm_rows_*). A group that steps twice in a row with the same
-// sessions is captured as a CUDA graph and replayed while it stays the same: its step records and token ids
-// are copied from pinned host slots the graph reads at each replay. Plans whose layers span devices have no
-// batched step.
+// row. Its buffers are carved with the session's at its creation (batch_reserve). Matmuls of 2..16 rows read
+// each weight once in its stored layout (g4_mm_rows_*, g4_mm_rows_tc_*). A group that steps twice in a row
+// with the same sessions is captured as a CUDA graph and replayed while it stays the same: its step records
+// and token ids are copied from pinned host slots the graph reads at each replay. Plans whose layers span
+// devices have no batched step.
 #include "runtime/plan/op_params.h"
 #include "runtime/src/batch.h"
 #include "runtime/src/cuda/backend.h"
@@ -256,20 +256,23 @@ g4_status enqueue_group(g4_session* const* ss, int32_t n, bool profile, std::str
     const CUdeviceptr saved = l0.step;
     l0.step                 = bg.steps;
     g4_status g             = G4_OK;
+    // Groups of more than 8 rows run the matmuls of Gemv, GatedProj and Mlp records op by op, on the
+    // tensor-core row matmuls (the fused row GEMVs take at most 8 rows).
+    const bool fused_mm = n <= 8;
     if (rows && schedule_covers(p)) {
         for (size_t li = 0; li < p.n_launches() && g == G4_OK; ++li) {
             const plan::CudaLaunch& l = p.launch(li);
             bool done                 = false;
             size_t first              = (size_t)l.op;
             std::string label;
-            if (l.kind == (uint16_t)plan::LaunchKind::Gemv) {
+            if (fused_mm && l.kind == (uint16_t)plan::LaunchKind::Gemv) {
                 g = launch_gemv_rows(st0, p, l, n, &done, &label, err);
-            } else if (l.kind == (uint16_t)plan::LaunchKind::GatedProj) {
+            } else if (fused_mm && l.kind == (uint16_t)plan::LaunchKind::GatedProj) {
                 g = launch_gated_proj_rows(st0, p, l, n, &done, &label, err);
             } else if (l.kind == (uint16_t)plan::LaunchKind::ResNorm) {
                 g     = launch_resnorm_rows(st0, p, l, n, &done, err);
                 label = "resnorm_rows";
-            } else if (l.kind == (uint16_t)plan::LaunchKind::Mlp) {
+            } else if (fused_mm && l.kind == (uint16_t)plan::LaunchKind::Mlp) {
                 g = launch_mlp_gate_up_rows(st0, p, l, n, &done, &label, err);
                 if (g == G4_OK && done) { // its other ops one by one
                     g     = mark(label);
@@ -447,11 +450,14 @@ g4_status batch_create(SessionState* st, std::string* err) {
 }
 
 g4_status run_batch(g4_session* const* ss, const int32_t* tokens, int32_t n, std::string* err) {
-    // Groups of at most 8 rows: the float32 matmul kernels of few rows; more rows take the prefill's bf16
+    // Groups of at most 16 rows, the tensor-core row matmuls' (products split in two bf16 each, close to
+    // float32); 8 with the float32 ones of older plans' modules. More rows would take the prefill's bf16
     // tensor-core or cuBLAS tier, whose bf16 operands moved the tiny fixture's logits 4e-3..1.5e-2 from a
     // lone decode step's and flipped a near-tied greedy token (measured on an H200).
-    for (int32_t j0 = 0; j0 < n; j0 += 8)
-        if (g4_status g = run_group(ss + j0, tokens + j0, std::min<int32_t>(8, n - j0), err); g != G4_OK)
+    const Kernels& K  = session_of(ss[0])->lanes[0].g->k;
+    const int32_t max = K.mm_rows_tc_nf4 && K.mm_rows_tc_bf16 ? SessionState::BatchGroup::kMaxRows : 8;
+    for (int32_t j0 = 0; j0 < n; j0 += max)
+        if (g4_status g = run_group(ss + j0, tokens + j0, std::min<int32_t>(max, n - j0), err); g != G4_OK)
             return g;
     return G4_OK;
 }

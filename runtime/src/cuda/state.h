@@ -45,9 +45,10 @@ struct Kernels {
     // double-quant block scales, else f32] [+4 _rep: adds into output replicas]; 8.. the packed-f16 kernels
     // (plan ip7 = 1, f32 scales only) [+1 _b256] [+2 _rep]; nf4_untile32: the MLP's down weight for prefill
     CUfunction mlp[12], nf4_untile32;
-    // g4_mm_rows_nf4 / _bf16 (kernels/cuda/matmul_rows.cu): matmuls of 2..8 rows; null in older plans'
+    // g4_mm_rows_nf4 / _bf16 (kernels/cuda/matmul_rows.cu): matmuls of 2..8 rows in float32;
+    // g4_mm_rows_tc_nf4 / _bf16 (matmul_rows_tc.cu): of 2..16 rows on tensor cores; null in older plans'
     // modules
-    CUfunction mm_rows_nf4, mm_rows_bf16;
+    CUfunction mm_rows_nf4, mm_rows_bf16, mm_rows_tc_nf4, mm_rows_tc_bf16;
     // The batched step's per-sequence ops over all its rows (kernels/cuda/batch_rows.cu): g4_rope_rows,
     // g4_kv_store_rows, g4_attn_decode_rows[_bf16], g4_attention_merge_rows; null in older plans' modules
     CUfunction rope_rows, kv_rows, attn_rows[2], merge_rows;
@@ -264,11 +265,12 @@ struct SessionState {
     // other session of the process has (0: none yet); the group's step records (device, [0] the shared ops'
     // n rows, [1 + j] session j's one row) and their pinned host copy; the group last stepped (the sessions'
     // serials) and, once it stepped twice in a row, its step captured as a CUDA graph. After the records
-    // (kDeltaAt bytes in): each session's KV arena address minus the first's [8]. Decode attention's partials
-    // of the step's rows go to the first session's Lane::part.
+    // (kDeltaAt bytes in): each session's KV arena address minus the first's [kMaxRows]. Decode attention's
+    // partials of the step's rows go to the first session's Lane::part.
     struct BatchGroup {
-        static constexpr uint64_t kDeltaAt = 9 * sizeof(Step);
-        static constexpr uint64_t kBytes   = kDeltaAt + 8 * 8; // records and deltas
+        static constexpr int kMaxRows      = 16; // rows of a group (8 without the tensor-core row matmuls)
+        static constexpr uint64_t kDeltaAt = (1 + kMaxRows) * sizeof(Step);
+        static constexpr uint64_t kBytes   = kDeltaAt + kMaxRows * 8; // records and deltas
         uint64_t serial                    = 0;
         CUdeviceptr steps                  = 0;
         Step* host_steps                   = nullptr;

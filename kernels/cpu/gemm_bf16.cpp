@@ -5,6 +5,7 @@
 // floats and runs gemm_block (the AVX-512 fp32 kernel where the level has it, else Eigen). With AMX the amx
 // level runs gemm_bf16_amx.cpp instead.
 #include "kernels/cpu/level.h"
+#include "kernels/cpu/row_tasks.h"
 #include "kernels/cpu/simd.h"
 
 #include <algorithm>
@@ -43,17 +44,9 @@ inline uint16_t weight_bf16(const MatmulArgs& a, int64_t off) {
     return a.dt == DType::BF16 ? ((const uint16_t*)a.w)[off] : f32_to_bf16(((const float*)a.w)[off]);
 }
 
-// Splits a.rows into chunks so that groups * chunks tasks balance the pool (as matmul_gemm does).
+// Tasks of whole kGemmMr-row blocks, at least 8 a chunk (as matmul_gemm splits).
 template <typename Task> void for_tasks(const Context& c, const MatmulArgs& a, int64_t groups, Task&& task) {
-    const int64_t want = 4LL * c.pool->size();
-    const int chunks =
-        (int)std::clamp<int64_t>((want + groups - 1) / groups, 1, std::max(1, a.rows / (8 * kGemmMr)));
-    const int chunk_rows = ((a.rows + chunks - 1) / chunks + kGemmMr - 1) / kGemmMr * kGemmMr;
-    c.pool->parallel_for(groups * chunks, [&](int64_t t, int th) {
-        const int64_t g = t % groups;
-        const int r0 = (int)(t / groups) * chunk_rows, r1 = std::min(a.rows, r0 + chunk_rows);
-        if (r0 < r1) task(g, r0, r1, th);
-    });
+    for_row_tasks<kGemmMr, 8>(c, a.rows, groups, task);
 }
 
 #if G4_GEMM_BF16_NATIVE

@@ -7,6 +7,7 @@
 // read as zero. Only the avx512 copy's AMX table (level_table.cpp) calls it, once dispatch.cpp has seen AMX
 // in cpuid and been granted the tile state by the kernel.
 #include "kernels/cpu/level.h"
+#include "kernels/cpu/row_tasks.h"
 #include "kernels/cpu/simd.h"
 
 #include <algorithm>
@@ -287,16 +288,10 @@ void matmul_gemm_bf16_amx(const Context& c, const MatmulArgs& a) {
     }
     const int64_t strips = (a.n + kGemmNr - 1) / kGemmNr;
     const int64_t groups = (strips + kGroup - 1) / kGroup;
-    // Enough tasks to balance the pool, but row chunks of at least 4 tile blocks: each chunk packs its
-    // panels.
-    const int64_t want = 4LL * c.pool->size();
-    const int chunks =
-        (int)std::clamp<int64_t>((want + groups - 1) / groups, 1, std::max(1, a.rows / (4 * kRows)));
-    const int chunk_rows = ((a.rows + chunks - 1) / chunks + kRows - 1) / kRows * kRows;
-    c.pool->parallel_for(groups * chunks, [&](int64_t t, int th) {
-        const int s0 = (int)(t % groups) * kGroup, ns = (int)std::min<int64_t>(kGroup, strips - s0);
-        const int r0 = (int)(t / groups) * chunk_rows, r1 = std::min(a.rows, r0 + chunk_rows);
-        if (r0 < r1) amx_task(a, s0, ns, r0, r1, c.thread_scratch(th));
+    // Row chunks of at least 4 tile blocks: each chunk packs its panels.
+    for_row_tasks<kRows, 4>(c, a.rows, groups, [&](int64_t g, int r0, int r1, int th) {
+        const int s0 = (int)g * kGroup, ns = (int)std::min<int64_t>(kGroup, strips - s0);
+        amx_task(a, s0, ns, r0, r1, c.thread_scratch(th));
     });
 }
 

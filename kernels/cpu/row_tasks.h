@@ -1,0 +1,29 @@
+// How the CPU GEMMs (kernels/cpu/gemm_bf16.cpp, gemm_bf16_amx.cpp) split a matmul into pool tasks: column
+// groups x chunks of rows. Included by files compiled once per instruction-set level.
+#pragma once
+#include "kernels/cpu/cpu.h"
+#include "kernels/cpu/level.h"
+#include "kernels/cpu/thread_pool.h"
+
+#include <algorithm>
+#include <cstdint>
+
+namespace g4::cpu::G4_CPU_NS {
+
+// Splits `rows` into chunks of whole Block-row blocks, at least MinBlocks blocks a chunk where the rows allow,
+// so that groups x chunks tasks balance the pool (about 4 a thread); task(g, r0, r1, th) runs each non-empty
+// one on pool thread th.
+template <int Block, int MinBlocks, typename Task>
+void for_row_tasks(const Context& c, int rows, int64_t groups, Task&& task) {
+    const int64_t want = 4LL * c.pool->size();
+    const int chunks =
+        (int)std::clamp<int64_t>((want + groups - 1) / groups, 1, std::max(1, rows / (MinBlocks * Block)));
+    const int chunk_rows = ((rows + chunks - 1) / chunks + Block - 1) / Block * Block;
+    c.pool->parallel_for(groups * chunks, [&](int64_t t, int th) {
+        const int64_t g = t % groups;
+        const int r0 = (int)(t / groups) * chunk_rows, r1 = std::min(rows, r0 + chunk_rows);
+        if (r0 < r1) task(g, r0, r1, th);
+    });
+}
+
+} // namespace g4::cpu::G4_CPU_NS

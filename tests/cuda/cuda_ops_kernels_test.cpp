@@ -132,6 +132,21 @@ TEST(PrefillGemm, Nf4ToBf16IsExact) {
     }
 }
 
+// A matmul weight on the device as the row kernels take it: NF4 row-major or tiled32 (its parts), or bf16.
+struct RowsWeight {
+    Weight w;
+    CUdeviceptr wd = 0, codes = 0, am = 0, am2 = 0, off = 0, c2 = 0;
+};
+RowsWeight rows_weight(Dev& dev, DType dt, int n, int k, uint32_t seed, bool dq, bool tiled) {
+    RowsWeight r;
+    r.w                 = make_weight(dev, dt, n, k, seed, dq);
+    r.wd                = tiled ? dev.up(nf4::tile32(r.w.blob, r.w.n, r.w.k, dq)) : r.w.dev;
+    const nf4::Layout l = nf4::layout(r.w.n * r.w.k, dq);
+    r.codes = r.wd + l.codes_off, r.am = r.wd + l.absmax_off, r.am2 = dq ? r.wd + l.absmax2_off : 0;
+    r.off = dq ? r.wd + l.offset_off : 0, r.c2 = dq ? r.wd + l.code2_off : 0;
+    return r;
+}
+
 // ---- matmuls of 2..8 rows (batched decode steps, short prefill chunks): g4_mm_rows_nf4 on row-major and
 // tiled32 NF4 (f32 and double-quant scales) and g4_mm_rows_bf16 against the reference, at every split of K
 // over a lane group's warps (ks 1, 2, 4) and output counts that are not a multiple of the 4 rows a group
@@ -148,12 +163,11 @@ TEST(MatmulRows, MatchTheReference) {
                           {DType::NF4, 96, 512, false, true},   {DType::NF4, 98, 512, true, true},
                           {DType::BF16, 70, 200, false, false}, {DType::BF16, 1030, 1536, false, false}};
     for (const Case& c : cases) {
-        Weight w          = make_weight(dev, c.dt, c.n, c.k, 21, c.dq);
+        RowsWeight rw     = rows_weight(dev, c.dt, c.n, c.k, 21, c.dq, c.tiled);
+        const Weight& w   = rw.w;
         const bool nf4    = c.dt == DType::NF4;
-        CUdeviceptr wd    = c.tiled ? dev.up(nf4::tile32(w.blob, w.n, w.k, c.dq)) : w.dev;
-        nf4::Layout l     = nf4::layout(w.n * w.k, c.dq);
-        CUdeviceptr codes = wd + l.codes_off, am = wd + l.absmax_off, am2 = c.dq ? wd + l.absmax2_off : 0,
-                    off = c.dq ? wd + l.offset_off : 0, c2 = c.dq ? wd + l.code2_off : 0, bias = 0;
+        CUdeviceptr codes = rw.codes, am = rw.am, am2 = rw.am2, off = rw.off, c2 = rw.c2, wd = rw.wd,
+                    bias = 0;
         for (int T : {2, 5, 8}) {
             const std::vector<float> x    = randn((size_t)T * c.k, 30 + T, 1.0f);
             const std::vector<float> want = w.ref(x, T);
@@ -194,12 +208,10 @@ TEST(MatmulRowsTc, MatchTheReference) {
                           {DType::NF4, 1536, 2048, false, true},  {DType::BF16, 256, 1536, false, false},
                           {DType::BF16, 1536, 256, false, false}, {DType::BF16, 1030, 1536, false, false}};
     for (const Case& c : cases) {
-        Weight w          = make_weight(dev, c.dt, c.n, c.k, 23, c.dq);
+        RowsWeight rw     = rows_weight(dev, c.dt, c.n, c.k, 23, c.dq, c.tiled);
+        const Weight& w   = rw.w;
         const bool nf4    = c.dt == DType::NF4;
-        CUdeviceptr wd    = c.tiled ? dev.up(nf4::tile32(w.blob, w.n, w.k, c.dq)) : w.dev;
-        nf4::Layout l     = nf4::layout(w.n * w.k, c.dq);
-        CUdeviceptr codes = wd + l.codes_off, am = wd + l.absmax_off, am2 = c.dq ? wd + l.absmax2_off : 0,
-                    off = c.dq ? wd + l.offset_off : 0, c2 = c.dq ? wd + l.code2_off : 0;
+        CUdeviceptr codes = rw.codes, am = rw.am, am2 = rw.am2, off = rw.off, c2 = rw.c2, wd = rw.wd;
         const std::vector<float> bias_h = randn((size_t)c.n, 5, 0.5f);
         CUdeviceptr bias                = dev.up(bias_h);
         for (int T : {2, 5, 8, 9, 16}) {

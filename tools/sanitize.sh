@@ -22,7 +22,7 @@
 #                                         1 GB fails; the input is saved in build-fuzz/fuzz/artifacts/<target>/.
 #   bash tools/sanitize.sh ci             what .ci/run runs after tools/test.sh: the asan CI subset, built in
 #                                         build-fuzz (the same sanitizers; one instrumented build instead of
-#                                         two), then tsan, then fuzz 30.
+#                                         two), then tsan, then fuzz 20.
 #
 # Installs clang and libFuzzer's runtime (Debian: clang, libclang-rt-14-dev or the clang version's package)
 # when missing. JOBS (default: nproc) sets the build's parallelism.
@@ -191,7 +191,7 @@ ci)
     # One ASan+UBSan build serves the suite and the fuzzers (build-fuzz: G4_FUZZ's coverage instrumentation
     # on top of the same sanitizers): a third instrumented build of the tree would not fit CI's time.
     rc=0
-    for step in "asan_suite build-fuzz subset -DG4_FUZZ=ON" "run_tsan" "run_fuzz 30"; do
+    for step in "asan_suite build-fuzz subset -DG4_FUZZ=ON" "run_tsan" "run_fuzz 20"; do
         start=$(date +%s)
         $step || rc=1
         echo "== ${step%% *}: $(( $(date +%s) - start ))s"

@@ -117,7 +117,7 @@ g4_status launch_matmul(const OpArgs& a, CUresult* rp, std::string* err) {
     }
     // 9..16 rows (batched decode steps of more sessions, short prefill chunks): g4_mm_rows_tc_* on tensor
     // cores, products split in two bf16 each, each weight read once in its stored layout (tiled too). 2..8
-    // rows keep the float32 kernels above: with the tensor-core ones an E2B batched step of 2 / 4 rows
+    // rows keep the float32 kernels above: with the tensor-core ones a batched decode step of 2 / 4 rows
     // ran 1.68x / 1.40x slower on an H200 (docs/performance.md).
     if (n >= 2 && n <= 16 && Kd % 64 == 0 && (is_nf4 ? K.mm_rows_tc_nf4 : K.mm_rows_tc_bf16) &&
         (is_nf4 || w.dtype == (uint8_t)DType::BF16)) {

@@ -133,6 +133,11 @@ TEST(PrefillGemm, Nf4ToBf16IsExact) {
 }
 
 // A matmul weight on the device as the row kernels take it: NF4 row-major or tiled32 (its parts), or bf16.
+struct RowsCase {
+    DType dt;
+    int n, k;
+    bool dq, tiled;
+};
 struct RowsWeight {
     Weight w;
     CUdeviceptr wd = 0, codes = 0, am = 0, am2 = 0, off = 0, c2 = 0;
@@ -154,15 +159,10 @@ RowsWeight rows_weight(Dev& dev, DType dt, int n, int k, uint32_t seed, bool dq,
 TEST(MatmulRows, MatchTheReference) {
     NEED_GPU();
     Dev dev;
-    struct Case {
-        DType dt;
-        int n, k;
-        bool dq, tiled;
-    };
-    const Case cases[] = {{DType::NF4, 70, 1536, false, false}, {DType::NF4, 70, 1536, true, false},
-                          {DType::NF4, 96, 512, false, true},   {DType::NF4, 98, 512, true, true},
-                          {DType::BF16, 70, 200, false, false}, {DType::BF16, 1030, 1536, false, false}};
-    for (const Case& c : cases) {
+    const RowsCase cases[] = {{DType::NF4, 70, 1536, false, false}, {DType::NF4, 70, 1536, true, false},
+                              {DType::NF4, 96, 512, false, true},   {DType::NF4, 98, 512, true, true},
+                              {DType::BF16, 70, 200, false, false}, {DType::BF16, 1030, 1536, false, false}};
+    for (const RowsCase& c : cases) {
         RowsWeight rw     = rows_weight(dev, c.dt, c.n, c.k, 21, c.dq, c.tiled);
         const Weight& w   = rw.w;
         const bool nf4    = c.dt == DType::NF4;
@@ -198,16 +198,12 @@ TEST(MatmulRows, MatchTheReference) {
 TEST(MatmulRowsTc, MatchTheReference) {
     NEED_GPU();
     Dev dev;
-    struct Case {
-        DType dt;
-        int n, k;
-        bool dq, tiled;
-    };
-    const Case cases[] = {{DType::NF4, 1536, 6144, false, true},  {DType::NF4, 2048, 1536, false, false},
-                          {DType::NF4, 70, 1536, true, false},    {DType::NF4, 98, 512, true, true},
-                          {DType::NF4, 1536, 2048, false, true},  {DType::BF16, 256, 1536, false, false},
-                          {DType::BF16, 1536, 256, false, false}, {DType::BF16, 1030, 1536, false, false}};
-    for (const Case& c : cases) {
+    const RowsCase cases[] = {
+        {DType::NF4, 1536, 6144, false, true},  {DType::NF4, 2048, 1536, false, false},
+        {DType::NF4, 70, 1536, true, false},    {DType::NF4, 98, 512, true, true},
+        {DType::NF4, 1536, 2048, false, true},  {DType::BF16, 256, 1536, false, false},
+        {DType::BF16, 1536, 256, false, false}, {DType::BF16, 1030, 1536, false, false}};
+    for (const RowsCase& c : cases) {
         RowsWeight rw     = rows_weight(dev, c.dt, c.n, c.k, 23, c.dq, c.tiled);
         const Weight& w   = rw.w;
         const bool nf4    = c.dt == DType::NF4;

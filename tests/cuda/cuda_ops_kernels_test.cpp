@@ -132,12 +132,13 @@ TEST(PrefillGemm, Nf4ToBf16IsExact) {
     }
 }
 
-// A matmul weight on the device as the row kernels take it: NF4 row-major or tiled32 (its parts), or bf16.
+// A row-matmul case: the weight's dtype and shape [n, k], double-quant scales, NF4 stored tiled32.
 struct RowsCase {
     DType dt;
     int n, k;
     bool dq, tiled;
 };
+// A matmul weight on the device as the row kernels take it: NF4 row-major or tiled32 (its parts), or bf16.
 struct RowsWeight {
     Weight w;
     CUdeviceptr wd = 0, codes = 0, am = 0, am2 = 0, off = 0, c2 = 0;

@@ -1,129 +1,109 @@
-// Matmul of 2..16 rows on tensor cores (batched decode steps, short prefill chunks): y[T, N] = x[T, K] . W[N,
-// K]^T
-// (+ bias), each weight read once in the layout it is stored in (NF4 row-major or kQuantTiled32, bf16), with
-// products close to float32: x = xh + xl is split into two bf16 (as is every NF4 code value, w = wh + wl),
-// and xh.wh + xh.wl + xl.wh (bf16 weights: xh.w + xl.w) run as mma.sync m16n8k16 with fp32 accumulation; the
-// dropped xl.wl is below 2^-16 of the product. NF4 scales multiply each 64-element block's sums in fp32.
-// A row's outputs do not depend on the other rows, nor on T.
-// ---- Layout. A block of 8 warps owns C * WN output columns: warp w takes the C columns (C / 8 n8 tiles; NF4
-// 16, bf16 32) of column group w % WN and the 64-element K blocks j = w / WN, + 8 / WN, ...; the K groups'
-// sums meet in shared memory.
+// Matmul of 2..16 rows on tensor cores (batched decode steps, short prefill chunks): y[T, N] = x[T, K] .
+// W[N, K]^T (+ bias), each weight read once in the layout it is stored in (NF4 row-major or kQuantTiled32,
+// bf16), with products close to float32: x = xh + xl is split into two bf16 (as is every NF4 code value,
+// w = wh + wl), and xh.wh + xh.wl + xl.wh (bf16 weights: xh.w + xl.w) run as mma.sync m16n8k16 with fp32
+// accumulation; the dropped xl.wl is below 2^-16 of the product. NF4 scales multiply each 64-element block's
+// sums in fp32. A row's outputs do not depend on the other rows, nor on T.
+// ---- Layout. grid (column blocks, S), block 256 = 8 warps. Split blockIdx.y covers the 64-element K blocks
+// [y kps, min(kb, (y + 1) kps)), kps = ceil(kb / S), in chunks of TCS_XS K blocks: the block stages a chunk
+// of x in shared memory, split into bf16 hi / lo and in the mma's fragment order (one latency for the block
+// instead of one a K block for every warp), then multiplies it. It owns 8 TILES WN output columns: warp w
+// takes the TILES n8 tiles of column group w % WN and the range's K blocks kg, kg + WK, ... (kg = w / WN,
+// WK = 8 / WN); the K groups' sums meet in shared memory. With S > 1 each split writes its sums to
+// part[y][T][N] and g4_mm_rows_tcs_sum adds the S of them in split order, then the bias: the result does not
+// depend on timing. Each warp keeps D K blocks of weights in flight in a ring of registers, each slot
+// refilled as soon as it is used, the next chunk's first ones loaded before its x is staged (the grid for a
+// shape: runtime/src/cuda/rows_tc_grid.h).
 // The order of k inside a 32-element slice is permuted (x and W use the same order; the sum does not care):
 // the lane of thread-in-group t (lane % 4) holds elements 8t .. 8t + 7 of its column (lane / 4) in the slice
 // (NF4: one 32-bit word of codes; bf16: 16 bytes) and at k-step s multiplies elements 8t + 4s .. 8t + 4s + 3:
 // the mma's k positions 2t, 2t + 1 (b0, a0 / a1) hold elements 8t + 4s, + 1 and positions 2t + 8, 2t + 9
-// (b1, a2 / a3) elements + 2, + 3. Rows T..15 of the mma's A are zeros. Warps that share a K group read the
-// same x (L1 hits). grid ceil(N / (C WN)), block 256; K % 64 == 0.
-// sm_80+ (mma.sync with bf16 operands): every supported target.
-#define TCR_WARPS 8
+// (b1, a2 / a3) elements + 2, + 3. Rows T..15 of the mma's A are zeros. K % 64 == 0.
+// sm_80+ (mma.sync with bf16 operands): every supported target. The kernels' names carry their argument
+// list: a plan compiled with other arguments has other names, and the runtime falls back to the float32
+// row kernels for it.
+#define TCS_WARPS 8
+#define TCS_XS 8 // K blocks of x a block stages at a time: 32 KiB
 
 // x = hi + lo, each rounded to bf16 (hi + lo equals x to 2^-16 of it); a, b are consecutive k.
-__device__ __forceinline__ void tcr_split2(float a, float b, u32* hi, u32* lo) {
+__device__ __forceinline__ void tcs_split2(float a, float b, u32* hi, u32* lo) {
     const u32 ha = bf16_bits(a), hb = bf16_bits(b);
     *hi = ha | (hb << 16);
     *lo = bf16_bits(a - __uint_as_float(ha << 16)) | (bf16_bits(b - __uint_as_float(hb << 16)) << 16);
 }
 
-// The A fragments (hi, lo) of k-step s of the slice at k0 for rows g and g + 8 (zeros past T).
-__device__ __forceinline__ void tcr_x_frag(const float* x, long ldx, int T, int g, int k, u32 (&ah)[4],
+// The A fragments (hi, lo) at element k for rows g and g + 8 (zeros past T).
+__device__ __forceinline__ void tcs_x_frag(const float* x, long ldx, int T, int g, int k, u32 (&ah)[4],
                                            u32 (&al)[4]) {
     const float4 z = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     const float4 a = g < T ? *(const float4*)(x + (long)g * ldx + k) : z;
     const float4 b = g + 8 < T ? *(const float4*)(x + (long)(g + 8) * ldx + k) : z;
-    tcr_split2(a.x, a.y, &ah[0], &al[0]);
-    tcr_split2(b.x, b.y, &ah[1], &al[1]);
-    tcr_split2(a.z, a.w, &ah[2], &al[2]);
-    tcr_split2(b.z, b.w, &ah[3], &al[3]);
+    tcs_split2(a.x, a.y, &ah[0], &al[0]);
+    tcs_split2(b.x, b.y, &ah[1], &al[1]);
+    tcs_split2(a.z, a.w, &ah[2], &al[2]);
+    tcs_split2(b.z, b.w, &ah[3], &al[3]);
 }
 
-// Sums each lane's acc over the K groups of its column group (shared memory) and writes rows < T, columns <
-// N.
-template <int TCR_TILES>
-__device__ __forceinline__ void tcr_store(float (&acc)[TCR_TILES][4], int WN, int n_blk, int N, int T,
-                                          float* y, long ldy, const float* bias) {
-    __shared__ float red[TCR_WARPS][TCR_TILES][4][32];
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, WK = TCR_WARPS / WN;
+// The weight operand: NF4 codes and scales, or bf16 values.
+struct TcsWeight {
+    const u8* codes;
+    const void* absmax;
+    const float *absmax2, *offset, *code2;
+    const u16* w;
+    int tiled;
+};
+
+// One K block of a lane's TILES tiles: NF4, a 32-bit word of codes for each 32-element slice and the raw
+// scales of the lane's two columns; bf16, 16 bytes for each slice.
+template <bool NF4, int TILES> struct TcsBlock;
+template <int TILES> struct TcsBlock<true, TILES> { u32 c[TILES][2], s[TILES][2]; };
+template <int TILES> struct TcsBlock<false, TILES> { uint4 c[TILES][2]; };
+
+template <bool NF4, int TILES>
+__device__ __forceinline__ void tcs_load(TcsBlock<NF4, TILES>& b, const TcsWeight& W, int j, int n_w, int g,
+                                         int t, int N, int K) {
 #pragma unroll
-    for (int q = 0; q < TCR_TILES; ++q)
+    for (int q = 0; q < TILES; ++q) {
+        const long n = min(n_w + q * 8 + g, N - 1);
+        if constexpr (NF4) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e)
-            red[warp][q][e][lane] = acc[q][e];
-    __syncthreads();
-    if (warp >= WN) return; // K group 0 writes
-    const int g = lane >> 2, t = lane & 3;
+            for (int sl = 0; sl < 2; ++sl) {
+                const long c   = 2 * j + sl; // 32-element slice
+                const long off = W.tiled ? (c * N + n) * 16 + t * 4 : n * (K / 2) + c * 16 + t * 4;
+                b.c[q][sl]     = __ldcs((const u32*)(W.codes + off));
+            }
 #pragma unroll
-    for (int q = 0; q < TCR_TILES; ++q)
+            for (int e = 0; e < 2; ++e) {
+                const long col = min(n_w + q * 8 + 2 * t + e, N - 1);
+                b.s[q][e] =
+                    nf4_absmax_raw(W.absmax, W.absmax2, W.tiled ? (long)j * N + col : col * (K / 64) + j);
+            }
+        } else {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            float v = 0.0f;
-            for (int kg = 0; kg < WK; ++kg)
-                v += red[warp + kg * WN][q][e][lane];
-            const int row = g + (e >> 1) * 8, col = n_blk + warp * 8 * TCR_TILES + q * 8 + 2 * t + (e & 1);
-            if (row < T && col < N) y[(long)row * ldy + col] = v + (bias ? bias[col] : 0.0f);
+            for (int sl = 0; sl < 2; ++sl)
+                b.c[q][sl] = __ldcs((const uint4*)(W.w + n * K + j * 64 + sl * 32 + t * 8));
         }
-}
-
-// Two blocks a multiprocessor (at most 128 registers a thread): a warp's few K blocks leave its loads'
-// latency to the other warps.
-extern "C" __global__ void __launch_bounds__(256, 2)
-    g4_mm_rows_tc_nf4(const Step* s, int mode, const float* x, long ldx, const u8* codes, const void* absmax,
-                      const float* absmax2, const float* offset, const float* code2, int N, int K, float* y,
-                      long ldy, const float* bias, int tiled, int WN) {
-    // Code value v as two bf16, hi | rest << 16: 16 words in 16 banks, so a warp's lookups never conflict.
-    __shared__ u32 tab[16];
-    if (threadIdx.x < 16) {
-        const float v    = kNf4[threadIdx.x];
-        const u32 h      = bf16_bits(v);
-        tab[threadIdx.x] = h | (bf16_bits(v - __uint_as_float(h << 16)) << 16);
     }
-    __syncthreads();
-    constexpr int TCR_TILES = 2;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int WK = TCR_WARPS / WN, kg = warp / WN, kb = K / 64;
-    const int n_blk = blockIdx.x * 8 * TCR_TILES * WN, n_w = n_blk + (warp % WN) * 8 * TCR_TILES;
-    // Column of lane group g in tile q (its codes), and the two columns of this lane's accumulators.
-    auto code_word = [&](int j, int q, int sl) -> u32 {
-        const long n = min(n_w + q * 8 + g, N - 1), c = 2 * j + sl; // 32-element slice c
-        const long off = tiled ? (c * N + n) * 16 + t * 4 : n * (K / 2) + c * 16 + t * 4;
-        return __ldcs((const u32*)(codes + off));
-    };
-    auto scale_raw = [&](int j, int col) -> u32 {
-        const long n = min(col, N - 1);
-        return nf4_absmax_raw(absmax, absmax2, tiled ? (long)j * N + n : n * kb + j);
-    };
-    u32 wq[TCR_TILES][2];
-    auto load = [&](int j) {
+}
+
+// acc += the products of K block j (its weights in b, its x fragments in xb: [k-step][hi, lo][lane]).
+// tab: NF4 code value v as two bf16, hi | rest << 16.
+template <bool NF4, int TILES>
+__device__ __forceinline__ void tcs_block(float (&acc)[TILES][4], const TcsBlock<NF4, TILES>& b,
+                                          const uint4 (*xb)[2][32], int lane, int t, int j, const u32* tab,
+                                          const TcsWeight& W, int n_w, int N, int K) {
+    float part[TILES][4] = {};
 #pragma unroll
-        for (int q = 0; q < TCR_TILES; ++q)
-            wq[q][0] = code_word(j, q, 0), wq[q][1] = code_word(j, q, 1);
-    };
-    int j = kg;
-    if (j < kb && n_w < N) load(j);
-    pdl_begin();
-    const int T = rows_of(s, mode);
-    x += (long)in_row0(s, mode) * ldx;
-    float acc[TCR_TILES][4] = {};
-    for (; j < kb && n_w < N; j += WK) {
-        u32 cw[TCR_TILES][2],
-            cs[TCR_TILES][2]; // this K block's codes (loaded one block ahead) and scales (the mma hides them)
+    for (int sl = 0; sl < 2; ++sl)
 #pragma unroll
-        for (int q = 0; q < TCR_TILES; ++q) {
-            cw[q][0] = wq[q][0], cw[q][1] = wq[q][1];
-            const int c0 = n_w + q * 8 + 2 * t;
-            cs[q][0] = scale_raw(j, c0), cs[q][1] = scale_raw(j, c0 + 1);
-        }
-        if (j + WK < kb) load(j + WK);
-        float part[TCR_TILES][4] = {};
+        for (int st = 0; st < 2; ++st) {
+            const uint4 h = xb[sl * 2 + st][0][lane], l = xb[sl * 2 + st][1][lane];
+            const u32 ah[4] = {h.x, h.y, h.z, h.w}, al[4] = {l.x, l.y, l.z, l.w};
 #pragma unroll
-        for (int sl = 0; sl < 2; ++sl)
-#pragma unroll
-            for (int st = 0; st < 2; ++st) {
-                u32 ah[4], al[4];
-                tcr_x_frag(x, ldx, T, g, j * 64 + sl * 32 + 8 * t + 4 * st, ah, al);
-#pragma unroll
-                for (int q = 0; q < TCR_TILES; ++q) {
+            for (int q = 0; q < TILES; ++q) {
+                if constexpr (NF4) {
                     // Elements 8t + 4st .. + 3: the high then the low nibble of two code bytes.
-                    const u32 w  = cw[q][sl] >> (16 * st);
+                    const u32 w  = b.c[q][sl] >> (16 * st);
                     const u32 e0 = tab[(w >> 4) & 15], e1 = tab[w & 15], e2 = tab[(w >> 12) & 15],
                               e3    = tab[(w >> 8) & 15];
                     const u32 bh[2] = {__byte_perm(e0, e1, 0x5410), __byte_perm(e2, e3, 0x5410)};
@@ -131,62 +111,166 @@ extern "C" __global__ void __launch_bounds__(256, 2)
                     mma_bf16(part[q], ah, bh);
                     mma_bf16(part[q], ah, bl);
                     mma_bf16(part[q], al, bh);
+                } else {
+                    const uint4& c  = b.c[q][sl];
+                    const u32 bw[2] = {st ? c.z : c.x, st ? c.w : c.y};
+                    mma_bf16(acc[q], ah, bw);
+                    mma_bf16(acc[q], al, bw);
                 }
             }
+        }
+    if constexpr (NF4) {
+        const int kb = K / 64;
 #pragma unroll
-        for (int q = 0; q < TCR_TILES; ++q) {
+        for (int q = 0; q < TILES; ++q) {
             const long c0 = min(n_w + q * 8 + 2 * t, N - 1), c1 = min(n_w + q * 8 + 2 * t + 1, N - 1);
-            const float s0 = nf4_absmax_value(cs[q][0], absmax2, offset, code2, c0 * kb + j);
-            const float s1 = nf4_absmax_value(cs[q][1], absmax2, offset, code2, c1 * kb + j);
+            const float s0 = nf4_absmax_value(b.s[q][0], W.absmax2, W.offset, W.code2, c0 * kb + j);
+            const float s1 = nf4_absmax_value(b.s[q][1], W.absmax2, W.offset, W.code2, c1 * kb + j);
             acc[q][0] = fmaf(part[q][0], s0, acc[q][0]), acc[q][1] = fmaf(part[q][1], s1, acc[q][1]);
             acc[q][2] = fmaf(part[q][2], s0, acc[q][2]), acc[q][3] = fmaf(part[q][3], s1, acc[q][3]);
         }
     }
-    tcr_store(acc, WN, n_blk, N, T, y, ldy, bias);
 }
 
-extern "C" __global__ void __launch_bounds__(256)
-    g4_mm_rows_tc_bf16(const Step* s, int mode, const float* x, long ldx, const u16* w, int N, int K,
-                       float* y, long ldy, const float* bias, int WN) {
-    constexpr int TCR_TILES = 4;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int WK = TCR_WARPS / WN, kg = warp / WN, kb = K / 64;
-    const int n_blk = blockIdx.x * 8 * TCR_TILES * WN, n_w = n_blk + (warp % WN) * 8 * TCR_TILES;
-    uint4 wq[TCR_TILES][2];
-    auto load = [&](int j) {
+// Sums each lane's acc over the K groups of its column group (WN == 8: none) in red (shared memory of
+// TCS_WARPS * TILES * 4 * 32 floats, free once every warp is past its last K block) and writes rows < T,
+// columns < N of y (+ bias).
+template <int TILES>
+__device__ __forceinline__ void tcs_store(float (&acc)[TILES][4], int WN, int n_blk, int N, int T, float* y,
+                                          long ldy, const float* bias, float* red) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, WK = TCS_WARPS / WN;
+    auto at = [&](int w, int q, int e) -> float& { return red[((w * TILES + q) * 4 + e) * 32 + lane]; };
+    if (WK > 1) {
+        __syncthreads();
 #pragma unroll
-        for (int q = 0; q < TCR_TILES; ++q) {
-            const long n = min(n_w + q * 8 + g, N - 1);
+        for (int q = 0; q < TILES; ++q)
 #pragma unroll
-            for (int sl = 0; sl < 2; ++sl)
-                wq[q][sl] = __ldcs((const uint4*)(w + n * K + j * 64 + sl * 32 + t * 8));
+            for (int e = 0; e < 4; ++e)
+                at(warp, q, e) = acc[q][e];
+        __syncthreads();
+        if (warp >= WN) return; // K group 0 writes
+    }
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int q = 0; q < TILES; ++q)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            float v = acc[q][e];
+            for (int kg = 1; kg < WK; ++kg)
+                v += at(warp + kg * WN, q, e);
+            const int row = g + (e >> 1) * 8, col = n_blk + warp * 8 * TILES + q * 8 + 2 * t + (e & 1);
+            if (row < T && col < N) y[(long)row * ldy + col] = v + (bias ? bias[col] : 0.0f);
         }
+}
+
+template <bool NF4, int TILES, int D>
+__device__ __forceinline__ void tcs_run(const Step* s, int mode, const float* x, long ldx, const TcsWeight& W,
+                                        int N, int K, float* y, long ldy, const float* bias, int WN,
+                                        float* part) {
+    static_assert(TCS_XS * 4 * 2 * 32 * 4 >= TCS_WARPS * TILES * 4 * 32, "the sums' reduction fits in xs");
+    __shared__ uint4 xs[TCS_XS][4][2][32]; // the range's x: [K block][k-step][hi, lo][lane]
+    __shared__ u32 tab[16];                // NF4: 16 words in 16 banks, so a warp's lookups never conflict
+    if (NF4 && threadIdx.x < 16) {
+        const float v    = kNf4[threadIdx.x];
+        const u32 h      = bf16_bits(v);
+        tab[threadIdx.x] = h | (bf16_bits(v - __uint_as_float(h << 16)) << 16);
+    }
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int WK = TCS_WARPS / WN, kg = warp / WN, kb = K / 64, S = gridDim.y;
+    const int kps = (kb + S - 1) / S, b0 = blockIdx.y * kps, nk = max(0, min(kb - b0, kps));
+    const int n_blk = blockIdx.x * 8 * TILES * WN, n_w = n_blk + (warp % WN) * 8 * TILES;
+    const bool live = n_w < N;
+    // This warp's K blocks of the chunk [c0, c1) of the range: kg + i WK for i in [*ia, *ib).
+    auto mine = [&](int c0, int c1, int* ia, int* ib) {
+        *ia = c0 > kg ? (c0 - kg + WK - 1) / WK : 0;
+        *ib = live && c1 > kg ? (c1 - kg + WK - 1) / WK : 0;
     };
-    int j = kg;
-    if (j < kb && n_w < N) load(j);
+    TcsBlock<NF4, TILES> ring[D];
+    auto prologue = [&](int ia, int ib) {
+#pragma unroll
+        for (int d = 0; d < D; ++d)
+            if (ia + d < ib) tcs_load<NF4, TILES>(ring[d], W, b0 + kg + (ia + d) * WK, n_w, g, t, N, K);
+    };
+    int ia, ib;
+    mine(0, min(nk, TCS_XS), &ia, &ib);
+    prologue(ia, ib);
     pdl_begin();
     const int T = rows_of(s, mode);
     x += (long)in_row0(s, mode) * ldx;
-    float acc[TCR_TILES][4] = {};
-    for (; j < kb && n_w < N; j += WK) {
-        uint4 cw[TCR_TILES][2];
+    float acc[TILES][4] = {};
+    for (int c0 = 0; c0 < nk; c0 += TCS_XS) { // chunks of TCS_XS K blocks: stage x, then the warps' blocks
+        const int c1 = min(nk, c0 + TCS_XS);
+        if (c0 > 0) {
+            mine(c0, c1, &ia, &ib);
+            prologue(ia, ib);
+            __syncthreads(); // every warp is done with the previous chunk's x
+        }
+        // Fragment i = (K block, k-step, lane) of the chunk, one a thread at a time.
 #pragma unroll
-        for (int q = 0; q < TCR_TILES; ++q)
-            cw[q][0] = wq[q][0], cw[q][1] = wq[q][1];
-        if (j + WK < kb) load(j + WK);
-#pragma unroll
-        for (int sl = 0; sl < 2; ++sl)
-#pragma unroll
-            for (int st = 0; st < 2; ++st) {
+        for (int r = 0; r < TCS_XS * 4 * 32 / 256; ++r) {
+            const int i = threadIdx.x + r * 256;
+            if (i < (c1 - c0) * 128) {
+                const int jj = i >> 7, ks = (i >> 5) & 3, ln = i & 31;
+                const int k = (b0 + c0 + jj) * 64 + (ks >> 1) * 32 + 8 * (ln & 3) + 4 * (ks & 1);
                 u32 ah[4], al[4];
-                tcr_x_frag(x, ldx, T, g, j * 64 + sl * 32 + 8 * t + 4 * st, ah, al);
+                tcs_x_frag(x, ldx, T, ln >> 2, k, ah, al);
+                xs[jj][ks][0][ln] = make_uint4(ah[0], ah[1], ah[2], ah[3]);
+                xs[jj][ks][1][ln] = make_uint4(al[0], al[1], al[2], al[3]);
+            }
+        }
+        __syncthreads();
+        for (int i0 = ia; i0 < ib; i0 += D)
 #pragma unroll
-                for (int q = 0; q < TCR_TILES; ++q) {
-                    const u32 b[2] = {st ? cw[q][sl].z : cw[q][sl].x, st ? cw[q][sl].w : cw[q][sl].y};
-                    mma_bf16(acc[q], ah, b);
-                    mma_bf16(acc[q], al, b);
+            for (int d = 0; d < D; ++d) {
+                const int i = i0 + d;
+                if (i < ib) {
+                    const TcsBlock<NF4, TILES> cur = ring[d];
+                    if (i + D < ib) tcs_load<NF4, TILES>(ring[d], W, b0 + kg + (i + D) * WK, n_w, g, t, N, K);
+                    tcs_block<NF4, TILES>(acc, cur, xs[kg + i * WK - c0], lane, t, b0 + kg + i * WK, tab, W,
+                                          n_w, N, K);
                 }
             }
     }
-    tcr_store(acc, WN, n_blk, N, T, y, ldy, bias);
+    float* red = (float*)xs;
+    if (S > 1)
+        tcs_store<TILES>(acc, WN, n_blk, N, T, part + (long)blockIdx.y * T * N, N, nullptr, red);
+    else
+        tcs_store<TILES>(acc, WN, n_blk, N, T, y, ldy, bias, red);
+}
+
+// 2 tiles (16 columns) a warp, 2 K blocks in flight, two blocks a multiprocessor: on an H200 at 16 rows,
+// faster than 4 K blocks in flight or 4 tiles a warp at every projection shape of Gemma 4 E2B
+// (bench/labs/mm_rows_tc_bench.cu).
+#define TCS_NF4_TILES 2
+#define TCS_NF4_DEPTH 2
+extern "C" __global__ void __launch_bounds__(256, 2)
+    g4_mm_rows_tcs_nf4(const Step* s, int mode, const float* x, long ldx, const u8* codes, const void* absmax,
+                       const float* absmax2, const float* offset, const float* code2, int N, int K, float* y,
+                       long ldy, const float* bias, int tiled, int WN, float* part) {
+    const TcsWeight W{codes, absmax, absmax2, offset, code2, nullptr, tiled};
+    tcs_run<true, TCS_NF4_TILES, TCS_NF4_DEPTH>(s, mode, x, ldx, W, N, K, y, ldy, bias, WN, part);
+}
+
+#define TCS_BF16_TILES 2
+#define TCS_BF16_DEPTH 2
+extern "C" __global__ void __launch_bounds__(256, 2)
+    g4_mm_rows_tcs_bf16(const Step* s, int mode, const float* x, long ldx, const u16* w, int N, int K,
+                        float* y, long ldy, const float* bias, int WN, float* part) {
+    const TcsWeight W{nullptr, nullptr, nullptr, nullptr, nullptr, w, 0};
+    tcs_run<false, TCS_BF16_TILES, TCS_BF16_DEPTH>(s, mode, x, ldx, W, N, K, y, ldy, bias, WN, part);
+}
+
+// y[r][n] = the S splits' partial sums of g4_mm_rows_tcs_* in split order, + bias; one thread an output.
+extern "C" __global__ void __launch_bounds__(256)
+    g4_mm_rows_tcs_sum(const Step* s, int mode, const float* part, int S, int N, float* y, long ldy,
+                       const float* bias) {
+    pdl_begin();
+    const int T  = rows_of(s, mode);
+    const long i = (long)blockIdx.x * 256 + threadIdx.x;
+    if (i >= (long)T * N) return;
+    const int r = (int)(i / N), c = (int)(i % N);
+    float v = 0.0f;
+    for (int k = 0; k < S; ++k)
+        v += part[((long)k * T + r) * N + c];
+    y[(long)r * ldy + c] = v + (bias ? bias[c] : 0.0f);
 }

@@ -193,9 +193,10 @@ TEST(MatmulRows, MatchTheReference) {
 }
 
 // ---- the tensor-core row matmuls (kernels/cuda/matmul_rows_tc.cu): 2..16 rows at Gemma's shapes and odd
-// ones (N not a multiple of 32, K blocks not a multiple of the K groups), every column-group count, NF4
-// row-major and tiled, f32 and double-quant scales, bf16; within 3e-5 of the reference matmul (products of
-// two bf16 each, float32 accumulation), bias added.
+// ones (N not a multiple of 32, K blocks not a multiple of the K groups or splits), every column-group count,
+// one split and several (partials summed by g4_mm_rows_tcs_sum, more splits than K blocks: empty ones),
+// NF4 row-major and tiled, f32 and double-quant scales, bf16; within 3e-5 of the reference matmul (products
+// of two bf16 each, float32 accumulation), bias added; the grid rows_tc_grid picks gives the same result.
 TEST(MatmulRowsTc, MatchTheReference) {
     NEED_GPU();
     Dev dev;
@@ -209,8 +210,10 @@ TEST(MatmulRowsTc, MatchTheReference) {
         const Weight& w   = rw.w;
         const bool nf4    = c.dt == DType::NF4;
         CUdeviceptr codes = rw.codes, am = rw.am, am2 = rw.am2, off = rw.off, c2 = rw.c2, wd = rw.wd;
-        const std::vector<float> bias_h = randn((size_t)c.n, 5, 0.5f);
-        CUdeviceptr bias                = dev.up(bias_h);
+        const std::vector<float> bias_h    = randn((size_t)c.n, 5, 0.5f);
+        CUdeviceptr bias                   = dev.up(bias_h);
+        const g4::cuda_ws::RowsTcGrid pick = g4::cuda_ws::rows_tc_grid(c.n, c.k);
+        CUdeviceptr part = dev.alloc((size_t)std::max(16, pick.splits) * 16 * c.n * 4); // [splits, T, N]
         for (int T : {2, 5, 8, 9, 16}) {
             const std::vector<float> x = randn((size_t)T * c.k, 40 + T, 1.0f);
             std::vector<float> want    = w.ref(x, T);
@@ -218,21 +221,26 @@ TEST(MatmulRowsTc, MatchTheReference) {
                 for (int i = 0; i < c.n; ++i)
                     want[(size_t)t * c.n + i] += bias_h[(size_t)i];
             CUdeviceptr xd = dev.up(x), yd = dev.alloc((size_t)T * c.n * 4), st = dev.step(T, 0, T);
-            for (int wn : {1, 2, 8}) {
+            const std::pair<int, int> grids[] = {{1, 1}, {2, 3},  {4, 2},
+                                                 {8, 1}, {8, 16}, {pick.wn, pick.splits}};
+            for (auto [wn, S] : grids) {
                 int mode = 0, N = c.n, K = c.k, tl = c.tiled;
                 long ldx = K, ldy = N;
-                const int cols      = nf4 ? 16 : 32; // a warp's columns
+                const int cols      = g4::cuda_ws::kRowsTcCols;
                 const unsigned grid = (unsigned)((N + cols * wn - 1) / (cols * wn));
                 if (nf4)
-                    launch("g4_mm_rows_tc_nf4", grid, 1, 256,
+                    launch("g4_mm_rows_tcs_nf4", grid, (unsigned)S, 256,
                            {&st, &mode, &xd, &ldx, &codes, &am, &am2, &off, &c2, &N, &K, &yd, &ldy, &bias,
-                            &tl, &wn});
+                            &tl, &wn, &part});
                 else
-                    launch("g4_mm_rows_tc_bf16", grid, 1, 256,
-                           {&st, &mode, &xd, &ldx, &wd, &N, &K, &yd, &ldy, &bias, &wn});
+                    launch("g4_mm_rows_tcs_bf16", grid, (unsigned)S, 256,
+                           {&st, &mode, &xd, &ldx, &wd, &N, &K, &yd, &ldy, &bias, &wn, &part});
+                if (S > 1)
+                    launch("g4_mm_rows_tcs_sum", (unsigned)((T * N + 255) / 256), 1, 256,
+                           {&st, &mode, &part, &S, &N, &yd, &ldy, &bias});
                 EXPECT_LT(rel(dev.down<float>(yd, (size_t)T * N), want), 3e-5)
                     << (nf4 ? "nf4" : "bf16") << " " << N << "x" << K << " dq " << c.dq << " tiled "
-                    << c.tiled << " rows " << T << " column groups " << wn;
+                    << c.tiled << " rows " << T << " column groups " << wn << " splits " << S;
             }
         }
     }

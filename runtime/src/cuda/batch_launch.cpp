@@ -3,7 +3,7 @@
 // store, attention) run once over all rows (kernels/cuda/batch_rows.cu), each row at its session's position
 // and in its session's KV cache, or, where the plan's module lacks those kernels, once per session on its
 // row. Its buffers are carved with the session's at its creation (batch_reserve). Matmuls of 2..16 rows read
-// each weight once in its stored layout (g4_mm_rows_*, g4_mm_rows_tc_*). A group that steps twice in a row
+// each weight once in its stored layout (g4_mm_rows_*, g4_mm_rows_tcs_*). A group that steps twice in a row
 // with the same sessions is captured as a CUDA graph and replayed while it stays the same: its step records
 // and token ids are copied from pinned host slots the graph reads at each replay. Plans whose layers span
 // devices have no batched step.

@@ -34,8 +34,10 @@ g4_status bind_matmul_kernels(const ModuleKernels& m, Kernels& k, std::string* e
     if (g4_status g = m.get_all(fns, err); g != G4_OK) return g;
     m.get_optional(&k.mm_rows_nf4, "g4_mm_rows_nf4");
     m.get_optional(&k.mm_rows_bf16, "g4_mm_rows_bf16");
-    m.get_optional(&k.mm_rows_tc_nf4, "g4_mm_rows_tc_nf4");
-    m.get_optional(&k.mm_rows_tc_bf16, "g4_mm_rows_tc_bf16");
+    m.get_optional(&k.mm_rows_tc_nf4, "g4_mm_rows_tcs_nf4");
+    m.get_optional(&k.mm_rows_tc_bf16, "g4_mm_rows_tcs_bf16");
+    m.get_optional(&k.mm_rows_tc_sum, "g4_mm_rows_tcs_sum");
+    if (!k.mm_rows_tc_sum) k.mm_rows_tc_nf4 = k.mm_rows_tc_bf16 = nullptr;
     return G4_OK;
 }
 
@@ -50,15 +52,6 @@ int mm_rows_split(int N, int K, int per_chunk) {
     while (ks < 4 && groups * ks < 4096 && chunks >= ks * 2 * 32)
         ks *= 2;
     return ks;
-}
-
-// Column groups of a g4_mm_rows_tc_* block (1..8 of `cols` columns, its 8 warps split K by the rest): more
-// while there would still be 2 blocks a multiprocessor of a 132-SM GPU, so each warp takes more K blocks.
-int mm_rows_tc_groups(int N, int cols) {
-    int wn = 1;
-    while (wn < 8 && N / (cols * wn * 2) >= 264)
-        wn *= 2;
-    return wn;
 }
 
 } // namespace
@@ -115,22 +108,29 @@ g4_status launch_matmul(const OpArgs& a, CUresult* rp, std::string* err) {
                     {&step, &mode, &in0, &ld0, &in1, &N, &Kd, &out0, &ldo, &in2, &ks});
         return G4_OK;
     }
-    // 9..16 rows (batched decode steps of more sessions, short prefill chunks): g4_mm_rows_tc_* on tensor
-    // cores, products split in two bf16 each, each weight read once in its stored layout (tiled too). 2..8
-    // rows keep the float32 kernels above: with the tensor-core ones a batched decode step of 2 / 4 rows
-    // ran 1.68x / 1.40x slower on an H200 (docs/performance.md).
-    if (n >= 2 && n <= 16 && Kd % 64 == 0 && (is_nf4 ? K.mm_rows_tc_nf4 : K.mm_rows_tc_bf16) &&
-        (is_nf4 || w.dtype == (uint8_t)DType::BF16)) {
-        const int cols = is_nf4 ? 16 : 32; // a warp's columns
-        int wn = mm_rows_tc_groups(N, cols), tl = tiled_w ? 1 : 0;
-        const unsigned grid = (unsigned)ceil_div(N, cols * wn);
+    // 9..16 rows (batched decode steps of more sessions, short prefill chunks): g4_mm_rows_tcs_* on tensor
+    // cores, products split in two bf16 each, each weight read once in its stored layout (tiled too), K split
+    // over blocks by rows_tc_grid (the splits' partials in the lane's part buffer, which workspace.h sizes
+    // for them, summed by g4_mm_rows_tcs_sum). 2..8 rows keep the float32 kernels above: with the
+    // tensor-core ones a batched decode step of 2 / 4 rows ran 1.68x / 1.40x slower on an H200
+    // (docs/performance.md).
+    if (n >= 2 && n <= cuda_ws::kRowsTcMaxRows && Kd % 64 == 0 &&
+        (is_nf4 ? K.mm_rows_tc_nf4 : K.mm_rows_tc_bf16) && (is_nf4 || w.dtype == (uint8_t)DType::BF16)) {
+        cuda_ws::RowsTcGrid gr = cuda_ws::rows_tc_grid(N, Kd);
+        if ((uint64_t)gr.splits * cuda_ws::kRowsTcMaxRows * N > ln.part_floats) gr.splits = 1;
+        int wn = gr.wn, tl = tiled_w ? 1 : 0, S = gr.splits;
+        CUdeviceptr part    = ln.part;
+        const unsigned grid = (unsigned)ceil_div(N, cuda_ws::kRowsTcCols * wn);
         if (is_nf4)
-            r = go(K.mm_rows_tc_nf4, grid, 1, 256,
+            r = go(K.mm_rows_tc_nf4, grid, (unsigned)S, 256,
                    {&step, &mode, &in0, &ld0, &q.codes, &q.absmax, &q.absmax2, &q.offset, &q.code2, &N, &Kd,
-                    &out0, &ldo, &in2, &tl, &wn});
+                    &out0, &ldo, &in2, &tl, &wn, &part});
         else
-            r = go(K.mm_rows_tc_bf16, grid, 1, 256,
-                   {&step, &mode, &in0, &ld0, &in1, &N, &Kd, &out0, &ldo, &in2, &wn});
+            r = go(K.mm_rows_tc_bf16, grid, (unsigned)S, 256,
+                   {&step, &mode, &in0, &ld0, &in1, &N, &Kd, &out0, &ldo, &in2, &wn, &part});
+        if (r == 0 && S > 1)
+            r = go(K.mm_rows_tc_sum, (unsigned)ceil_div((long)n * N, 256), 1, 256,
+                   {&step, &mode, &part, &S, &N, &out0, &ldo, &in2});
         return G4_OK;
     }
     int tiled_rows = 0;

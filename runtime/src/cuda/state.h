@@ -46,9 +46,9 @@ struct Kernels {
     // (plan ip7 = 1, f32 scales only) [+1 _b256] [+2 _rep]; nf4_untile32: the MLP's down weight for prefill
     CUfunction mlp[12], nf4_untile32;
     // g4_mm_rows_nf4 / _bf16 (kernels/cuda/matmul_rows.cu): matmuls of 2..8 rows in float32;
-    // g4_mm_rows_tc_nf4 / _bf16 (matmul_rows_tc.cu): of 2..16 rows on tensor cores; null in older plans'
-    // modules
-    CUfunction mm_rows_nf4, mm_rows_bf16, mm_rows_tc_nf4, mm_rows_tc_bf16;
+    // g4_mm_rows_tcs_nf4 / _bf16 and their K splits' sum g4_mm_rows_tcs_sum (matmul_rows_tc.cu): of 2..16
+    // rows on tensor cores; null in older plans' modules
+    CUfunction mm_rows_nf4, mm_rows_bf16, mm_rows_tc_nf4, mm_rows_tc_bf16, mm_rows_tc_sum;
     // The batched step's per-sequence ops over all its rows (kernels/cuda/batch_rows.cu): g4_rope_rows,
     // g4_kv_store_rows, g4_attn_decode_rows[_bf16], g4_attention_merge_rows; null in older plans' modules
     CUfunction rope_rows, kv_rows, attn_rows[2], merge_rows;

@@ -6,6 +6,7 @@
 #include "runtime/plan/launch_params.h"
 #include "runtime/plan/op_params.h"
 #include "runtime/plan/plan_format.h"
+#include "runtime/src/cuda/rows_tc_grid.h"
 
 #include <algorithm>
 #include <cstddef>
@@ -39,8 +40,9 @@ inline uint64_t topk_candidates(int64_t vocab) {
 }
 
 struct Workspace {
-    uint64_t part     = 16,
-             scores   = 16; // floats: attention partials (prefill and decode), split-over-keys scores
+    uint64_t part   = 16,
+             scores = 16; // floats: attention partials (prefill and decode; also the row matmuls' K
+                          // splits), split-over-keys scores
     uint64_t wscratch = 0, xscratch = 0; // bytes: the cuBLAS tier's bf16 weights and activations (0: no tier)
     uint64_t cublas     = 0;             // bytes: cuBLAS workspace (with the tier)
     bool tiled          = false;         // kQuantTiled32 weights: wscratch is needed even without cuBLAS
@@ -106,6 +108,12 @@ inline Workspace workspace(const plan::PlanOp* ops, size_t n_ops, const plan::Pl
                 w.tiled    = true;
             }
             w.xscratch = std::max<uint64_t>(w.xscratch, (uint64_t)max_rows * t.dims[1] * 2);
+        }
+        if (op.code == (uint16_t)OpCode::Matmul) { // row matmuls of 9..16 rows: their K splits' partials
+            const plan::PlanTensor& t = tensors[op.in[1]];
+            if ((t.dtype == (uint8_t)DType::NF4 || t.dtype == (uint8_t)DType::BF16) && t.dims[1] % 64 == 0 &&
+                t.kind == (uint8_t)plan::TensorKind::Weight && t.flags != plan::kRoleTower)
+                w.part = std::max<uint64_t>(w.part, rows_tc_part_floats(t.dims[0], t.dims[1]));
         }
         if (op.code != (uint16_t)OpCode::Attention) continue;
         const auto ap     = plan::params<plan::AttentionParams>(op);

@@ -42,6 +42,11 @@ public:
                                      std::string* err) = 0;
     // True when its sessions run batched decode steps (SessionBackend::run_batch).
     virtual bool batched_steps() const { return false; }
+    // g4_sessions_decode takes a call's sessions in groups of batch_group_rows() (the last one smaller) and
+    // runs a group of fewer than batch_min_rows() sessions as each session's own decode step (where the
+    // backend's batched step of so few rows is slower than that), every other group as one batched step.
+    virtual int32_t batch_group_rows() const { return INT32_MAX; }
+    virtual int32_t batch_min_rows() const { return 2; }
 };
 
 // Where the logits of a step are after run_step.

@@ -6,6 +6,7 @@
 #include "runtime/src/engine.h"
 #include "runtime/src/frontend/media.h"
 
+#include <algorithm>
 #include <chrono>
 #include <new>
 #include <string>
@@ -55,6 +56,31 @@ g4_status check_call(g4_session* const* ss, size_t n, const int32_t* tokens) {
     return G4_OK;
 }
 
+// One batched step of sessions ss[0..n) and the positions, histories and statistics it advances.
+g4_status run_group(g4_session* const* ss, const int32_t* tokens, size_t n) {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::string err;
+    for (size_t i = 0; i < n; ++i)
+        ss[i]->logits_on_device = false; // the backend sets it where it leaves a row on the device
+    g4_status st = ss[0]->backend->run_batch(ss, tokens, (int32_t)n, &err);
+    if (st == G4_ERR_CANCELLED)
+        for (size_t i = 0; i < n; ++i)
+            ss[i]->cancel.store(false);
+    if (st != G4_OK) return api_error(st, "g4_sessions_decode: " + err);
+    const double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    const int32_t V = ss[0]->engine->plan.info().vocab_size;
+    for (size_t i = 0; i < n; ++i) {
+        g4_session* s           = ss[i];
+        s->history[s->position] = tokens[i] < V ? tokens[i] : s->engine->plan.info().pad_token_id;
+        s->position++;
+        s->have_logits = true;
+        s->stats.decode_ms += ms;
+        s->stats.decode_tokens++;
+    }
+    return G4_OK;
+}
+
 } // namespace
 
 extern "C" {
@@ -71,26 +97,21 @@ g4_status g4_sessions_decode(g4_session* const* ss, size_t n, const int32_t* tok
             if (ss[i]->cancel.exchange(false))
                 return api_error(G4_ERR_CANCELLED, "g4_sessions_decode: sessions[" + std::to_string(i) +
                                                        "] was cancelled; nothing fed");
-        if (n == 1) return g4_session_append_tokens(ss[0], tokens, 1, nullptr, 0); // a backend's decode step
-        const auto t0 = std::chrono::steady_clock::now();
-        std::string err;
-        for (size_t i = 0; i < n; ++i)
-            ss[i]->logits_on_device = false; // the backend sets it where it leaves a row on the device
-        g4_status st = ss[0]->backend->run_batch(ss, tokens, (int32_t)n, &err);
-        if (st == G4_ERR_CANCELLED)
-            for (size_t i = 0; i < n; ++i)
-                ss[i]->cancel.store(false);
-        if (st != G4_OK) return api_error(st, "g4_sessions_decode: " + err);
-        const double ms =
-            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-        const int32_t V = ss[0]->engine->plan.info().vocab_size;
-        for (size_t i = 0; i < n; ++i) {
-            g4_session* s           = ss[i];
-            s->history[s->position] = tokens[i] < V ? tokens[i] : s->engine->plan.info().pad_token_id;
-            s->position++;
-            s->have_logits = true;
-            s->stats.decode_ms += ms;
-            s->stats.decode_tokens++;
+        // Groups of the backend's batched step; a group too small to gain from it runs as each session's own
+        // decode step (backend.h batch_min_rows), n == 1 always.
+        const g4::rt::EngineBackend& eb = *ss[0]->engine->backend;
+        const size_t G                  = (size_t)std::max(1, eb.batch_group_rows()),
+                     M                  = (size_t)std::max(2, eb.batch_min_rows());
+        for (size_t j0 = 0; j0 < n; j0 += G) {
+            const size_t m = std::min(G, n - j0);
+            if (m < M) {
+                for (size_t i = j0; i < j0 + m; ++i)
+                    if (g4_status st = g4_session_append_tokens(ss[i], tokens + i, 1, nullptr, 0);
+                        st != G4_OK)
+                        return st;
+                continue;
+            }
+            if (g4_status st = run_group(ss + j0, tokens + j0, m); st != G4_OK) return st;
         }
         return G4_OK;
     } catch (const std::bad_alloc&) {

@@ -37,8 +37,10 @@ bool lm_screen_off() {
 bool gpu_sampling_off() {
     return is("G4_GPU_SAMPLING", '0');
 }
-bool cuda_batch() {
-    return is("G4_CUDA_BATCH", '1');
+CudaBatch cuda_batch() {
+    return is("G4_CUDA_BATCH", '1')   ? CudaBatch::All
+           : is("G4_CUDA_BATCH", '0') ? CudaBatch::Off
+                                      : CudaBatch::Auto;
 }
 const char* trace_out() {
     return value("G4_TRACE_OUT");

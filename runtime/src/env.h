@@ -20,8 +20,11 @@ bool decode_ahead_off();
 bool lm_screen_off();
 // G4_GPU_SAMPLING=0: CUDA sessions always sample on the CPU.
 bool gpu_sampling_off();
-// G4_CUDA_BATCH=1: CUDA engines run batched decode steps (g4_sessions_decode); off, one session a step.
-bool cuda_batch();
+// G4_CUDA_BATCH: how CUDA engines run g4_sessions_decode. "1": every group of 2..16 sessions as one batched
+// step (All); "0": each session its own decode step (Off); unset or anything else: groups of 9..16 batched,
+// smaller ones a session at a time (Auto).
+enum class CudaBatch { Off, Auto, All };
+CudaBatch cuda_batch();
 // G4_TRACE_OUT: where a plan compiled with --kernel-trace writes its records; nullptr when unset or empty.
 const char* trace_out();
 // G4_DUMP_MEDIA: a file each image's and clip's soft tokens are appended to; nullptr when unset or empty.

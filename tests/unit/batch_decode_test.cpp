@@ -3,7 +3,8 @@
 // fixture with sliding (window 8: the decode runs past it) and global layers and KV-shared layers; sessions
 // join and leave between steps; batches above the NF4 GEMV's 8 rows; and every refused call. Plans: NF4 with
 // --cpu-precision f32 (float32 arithmetic) and the default fast (int16 activations); G4_TEST_CUDA=1 adds a
-// CUDA plan.
+// CUDA plan, its groups of 2..16 batched (G4_CUDA_BATCH=1) and by default (groups of up to 8 as lone steps,
+// the 11 sessions' groups of 9..11 batched).
 #include "capi_util.h"
 #include "g4/g4.h"
 #include "test_util.h"
@@ -35,6 +36,7 @@ struct PlanCase {
     const char* flags;
     double tol; // relative L2 of a batched step's logits from the same session's lone step
     bool cuda;
+    const char* cuda_batch = "1"; // G4_CUDA_BATCH for a CUDA plan ("" unset: groups of 9..16 batched)
 };
 
 // The prompts (different lengths: the sessions sit at different positions) and the steps decoded.
@@ -50,7 +52,8 @@ class BatchDecode : public ::testing::TestWithParam<PlanCase> {
 protected:
     void SetUp() override {
         if (GetParam().cuda && !on_cuda()) GTEST_SKIP() << "needs a GPU (G4_TEST_CUDA=1)";
-        if (GetParam().cuda) setenv("G4_CUDA_BATCH", "1", 1); // opt-in batched steps on CUDA (env.h)
+        if (GetParam().cuda && *GetParam().cuda_batch) setenv("G4_CUDA_BATCH", GetParam().cuda_batch, 1);
+        if (GetParam().cuda && !*GetParam().cuda_batch) unsetenv("G4_CUDA_BATCH"); // env.h CudaBatch::Auto
         // One plan per case for the whole run (both tests of a case open it).
         static TempDir dir; // removed at exit
         plan_ = dir.file(std::string(GetParam().name) + ".g4plan");
@@ -249,7 +252,9 @@ TEST_P(BatchDecode, RefusedCallsFeedNothing) {
 INSTANTIATE_TEST_SUITE_P(Plans, BatchDecode,
                          ::testing::Values(PlanCase{"nf4_f32", "--cpu-precision f32", 1e-5, false},
                                            PlanCase{"nf4_fast", "", 2e-3, false},
-                                           PlanCase{"cuda", "--device cuda --mlp-precision f32", 4e-3, true}),
+                                           PlanCase{"cuda", "--device cuda --mlp-precision f32", 4e-3, true},
+                                           PlanCase{"cuda_auto", "--device cuda --mlp-precision f32", 4e-3,
+                                                    true, ""}),
                          [](const auto& i) { return std::string(i.param.name); });
 
 } // namespace

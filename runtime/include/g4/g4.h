@@ -323,7 +323,7 @@ G4_API g4_status g4_session_fork(g4_session* src, g4_session* dst);
  *
  * The most sessions one g4_sessions_decode call takes on |engine|'s plan: the rows of logits one step
  * produces (g4 compile --logits-rows, at most its --chunk), or 1 where the plan's backend has no batched
- * steps (CUDA plans unless G4_CUDA_BATCH=1: docs/runtime.md); 0 for an invalid engine. Thread-safe. */
+ * steps (CUDA plans with G4_CUDA_BATCH=0: docs/runtime.md); 0 for an invalid engine. Thread-safe. */
 G4_API int32_t g4_engine_max_batch(const g4_engine* engine);
 /* Feeds tokens[i] to sessions[i] for every i < n, with the effect of n calls
  * g4_session_append_tokens(sessions[i], &tokens[i], 1, NULL, 0): each session's position, history and
@@ -336,7 +336,8 @@ G4_API int32_t g4_engine_max_batch(const g4_engine* engine);
  * G4_ERR_INVALID_ARGUMENT, a session whose context is full G4_ERR_CONTEXT_FULL (the message names the
  * index), and then nothing is fed. A pending g4_session_cancel of any of the sessions makes the call
  * return G4_ERR_CANCELLED, nothing fed (that request is consumed). n == 1 is g4_session_append_tokens
- * of the one token. None of the sessions may be used by another thread during the call (g4_session_cancel
+ * of the one token; so is each session of a group its backend runs faster one by one (CUDA: groups of up
+ * to 8 of the 16 a step takes, docs/runtime.md). None of the sessions may be used by another thread during the call (g4_session_cancel
  * excepted). Allocates nothing; each session's decode statistics count the step. */
 G4_API g4_status g4_sessions_decode(g4_session* const* sessions, size_t n, const int32_t* tokens);
 

@@ -97,6 +97,12 @@ g4_status state_changed(g4_session* s, std::string* err);
 // stream, the per-sequence ops once per session on its row, cache and position; each session's logits row in
 // its last_logits. Waits for the step.
 bool batched_steps(const g4_engine* e);
+// The fewest sessions g4_sessions_decode runs as one batched step (EngineBackend::batch_min_rows): 2 with
+// G4_CUDA_BATCH=1, else the first group size whose batched step is faster than the sessions' own decode
+// graphs.
+int32_t batch_min_rows(const EngineState* es);
+// The most sessions one batched step takes (SessionState::BatchGroup::kMaxRows).
+int32_t batch_group_rows();
 g4_status run_batch(g4_session* const* ss, const int32_t* tokens, int32_t n, std::string* err);
 // At session_create, where the engine has batched steps: batch_reserve adds the step records to the
 // session's device allocation on the plan's GPU; batch_create, once it

@@ -164,7 +164,20 @@ g4_status bind_batch_kernels(const ModuleKernels& m, Kernels& k, std::string* er
 }
 
 bool batched_steps(const g4_engine* e) {
-    return !e->plan.hybrid() && rt::env::cuda_batch();
+    return !e->plan.hybrid() && rt::env::cuda_batch() != rt::env::CudaBatch::Off;
+}
+
+int32_t batch_group_rows() {
+    return SessionState::BatchGroup::kMaxRows;
+}
+
+int32_t batch_min_rows(const EngineState* es) {
+    if (rt::env::cuda_batch() == rt::env::CudaBatch::All) return 2;
+    // Groups of 2..8 rows run the float32 row kernels: 0.55x-0.86x the sessions' own decode graphs on an
+    // H200; 9 rows on the tensor-core ones 1.46x (docs/runtime.md). Without those kernels (older plans'
+    // modules) every group is of at most 8 rows.
+    const Kernels& K = es->gpus[0].k;
+    return K.mm_rows_tc_nf4 && K.mm_rows_tc_bf16 ? 9 : INT32_MAX;
 }
 
 namespace {

@@ -336,9 +336,9 @@ G4_API int32_t g4_engine_max_batch(const g4_engine* engine);
  * G4_ERR_INVALID_ARGUMENT, a session whose context is full G4_ERR_CONTEXT_FULL (the message names the
  * index), and then nothing is fed. A pending g4_session_cancel of any of the sessions makes the call
  * return G4_ERR_CANCELLED, nothing fed (that request is consumed). n == 1 is g4_session_append_tokens
- * of the one token; so is each session of a group its backend runs faster one by one (CUDA: groups of up
- * to 8 of the 16 a step takes, docs/runtime.md). None of the sessions may be used by another thread during the call (g4_session_cancel
- * excepted). Allocates nothing; each session's decode statistics count the step. */
+ * of the one token; so is each session of a group its backend runs faster one by one (CUDA: groups of
+ * up to 8, docs/runtime.md). None of the sessions may be used by another thread during the call
+ * (g4_session_cancel excepted). Allocates nothing; each session's decode statistics count the step. */
 G4_API g4_status g4_sessions_decode(g4_session* const* sessions, size_t n, const int32_t* tokens);
 
 /* ---- progress -------------------------------------------------------------------------------- *

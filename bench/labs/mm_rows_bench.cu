@@ -12,7 +12,6 @@
 #include "bench/labs/bench_cuda.h"
 
 #include <cmath>
-#include <random>
 
 namespace {
 
@@ -21,13 +20,6 @@ struct Shape {
     int N, K;
     bool nf4, tiled;
 };
-
-float max_rel(const std::vector<float>& a, const std::vector<float>& b) {
-    float m = 0.0f, d = 0.0f;
-    for (size_t i = 0; i < a.size(); ++i)
-        m = std::max(m, std::fabs(a[i])), d = std::max(d, std::fabs(a[i] - b[i]));
-    return m > 0 ? d / m : d;
-}
 
 } // namespace
 
@@ -54,38 +46,8 @@ int main(int argc, char** argv) {
     CK(cudaMalloc(&ucodes, 64 << 20));
     CK(cudaMalloc(&uam, 8 << 20));
     CK(cudaMalloc(&step, sizeof(Step)));
-    {
-        std::mt19937 rng(1);
-        std::vector<unsigned char> hb(pool);
-        for (auto& b : hb)
-            b = (unsigned char)rng();
-        CK(cudaMemcpy(w, hb.data(), pool, cudaMemcpyHostToDevice));
-        std::vector<u16> hw(lm_n); // bf16 values of magnitude 2^-7 .. 2^-3, either sign
-        for (auto& v : hw)
-            v = (u16)((rng() & 0x807f) | (0x3c00 + ((rng() & 3) << 7)));
-        CK(cudaMemcpy(wbf, hw.data(), lm_n * 2, cudaMemcpyHostToDevice));
-        std::vector<float> hx(8 * 12288), ha(pool / 32);
-        std::uniform_real_distribution<float> u(-1.0f, 1.0f), s(0.01f, 0.1f);
-        for (auto& v : hx)
-            v = u(rng);
-        for (auto& v : ha)
-            v = s(rng);
-        CK(cudaMemcpy(x, hx.data(), hx.size() * 4, cudaMemcpyHostToDevice));
-        CK(cudaMemcpy(absmax, ha.data(), ha.size() * 4, cudaMemcpyHostToDevice));
-    }
-    { // copy rate: 512 MiB device to device
-        std::vector<float> ms;
-        for (int r = 0; r < 5; ++r) {
-            CK(cudaEventRecord(g.e0, g.st));
-            CK(cudaMemcpyAsync(w + pool / 2, w, pool / 2, cudaMemcpyDeviceToDevice, g.st));
-            CK(cudaEventRecord(g.e1, g.st));
-            CK(cudaEventSynchronize(g.e1));
-            float t = 0;
-            CK(cudaEventElapsedTime(&t, g.e0, g.e1));
-            ms.push_back(t);
-        }
-        std::printf("device copy: %.0f GB/s (read + written)\n", (double)pool / median(ms) / 1e6);
-    }
+    random_matmul_operands(w, pool, wbf, lm_n, x, 8 * 12288, absmax, pool / 32);
+    std::printf("device copy: %.0f GB/s (read + written)\n", copy_rate_gbs(g, w, pool));
     std::printf("| shape | T | kernel | us | weight GB/s | rel diff |\n|---|---|---|---|---|---|\n");
     const float* nul = nullptr;
     for (const Shape& sh : shapes) {
@@ -134,18 +96,7 @@ int main(int argc, char** argv) {
                 CK(cudaGetLastError());
                 CK(cudaMemcpy(out.data(), y, out.size() * 4, cudaMemcpyDeviceToHost));
                 if (kind == 0) ref = out;
-                std::vector<float> ms;
-                for (int r = 0; r < reps; ++r) {
-                    CK(cudaEventRecord(g.e0, g.st));
-                    for (int c = 0; c < copies; ++c)
-                        run(c);
-                    CK(cudaEventRecord(g.e1, g.st));
-                    CK(cudaEventSynchronize(g.e1));
-                    float t = 0;
-                    CK(cudaEventElapsedTime(&t, g.e0, g.e1));
-                    ms.push_back(t / copies);
-                }
-                const float t = median(ms);
+                const float t = median_ms_per_call(g, reps, copies, run);
                 std::printf("| %s | %d | %s | %.1f | %.0f | %.2e |\n", sh.name, T,
                             kind == 0 ? (sh.tiled ? "untile + g4_matmul" : "g4_matmul") : "g4_mm_rows",
                             1000 * t, (double)wbytes / t / 1e6, kind == 0 ? 0.0f : max_rel(ref, out));

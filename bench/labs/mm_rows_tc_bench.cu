@@ -14,7 +14,6 @@
 
 #include <cmath>
 #include <map>
-#include <random>
 #include <string>
 
 // Other instantiations of the kernels' template: tiles a warp, K blocks in flight, blocks a multiprocessor.
@@ -50,13 +49,6 @@ struct Variant {
     int tiles;
     bool nf4;
 };
-
-float max_rel(const std::vector<float>& a, const std::vector<float>& b) {
-    float m = 0.0f, d = 0.0f;
-    for (size_t i = 0; i < a.size(); ++i)
-        m = std::max(m, std::fabs(a[i])), d = std::max(d, std::fabs(a[i] - b[i]));
-    return m > 0 ? d / m : d;
-}
 
 void launch2(const void* fn, dim3 grid, cudaStream_t st, void** args) {
     cudaLaunchConfig_t cfg{};
@@ -109,40 +101,10 @@ int main(int argc, char** argv) {
     CK(cudaMalloc(&ucodes, 64 << 20));
     CK(cudaMalloc(&uam, 8 << 20));
     CK(cudaMalloc(&step, sizeof(Step)));
-    {
-        std::mt19937 rng(1);
-        std::vector<unsigned char> hb(pool);
-        for (auto& b : hb)
-            b = (unsigned char)rng();
-        CK(cudaMemcpy(w, hb.data(), pool, cudaMemcpyHostToDevice));
-        std::vector<u16> hw(pool / 2); // bf16 values of magnitude 2^-7 .. 2^-3, either sign
-        for (auto& v : hw)
-            v = (u16)((rng() & 0x807f) | (0x3c00 + ((rng() & 3) << 7)));
-        CK(cudaMemcpy(wbf, hw.data(), pool, cudaMemcpyHostToDevice));
-        std::vector<float> hx(16 * 12288), ha(pool / 32);
-        std::uniform_real_distribution<float> u(-1.0f, 1.0f), s(0.01f, 0.1f);
-        for (auto& v : hx)
-            v = u(rng);
-        for (auto& v : ha)
-            v = s(rng);
-        CK(cudaMemcpy(x, hx.data(), hx.size() * 4, cudaMemcpyHostToDevice));
-        CK(cudaMemcpy(absmax, ha.data(), ha.size() * 4, cudaMemcpyHostToDevice));
-        Step hs{T, 0, T, 0};
-        CK(cudaMemcpy(step, &hs, sizeof hs, cudaMemcpyHostToDevice));
-    }
-    { // copy rate: 512 MiB device to device
-        std::vector<float> ms;
-        for (int r = 0; r < 5; ++r) {
-            CK(cudaEventRecord(g.e0, g.st));
-            CK(cudaMemcpyAsync(w + pool / 2, w, pool / 2, cudaMemcpyDeviceToDevice, g.st));
-            CK(cudaEventRecord(g.e1, g.st));
-            CK(cudaEventSynchronize(g.e1));
-            float t = 0;
-            CK(cudaEventElapsedTime(&t, g.e0, g.e1));
-            ms.push_back(t);
-        }
-        std::printf("device copy: %.0f GB/s (read + written); rows %d\n", (double)pool / median(ms) / 1e6, T);
-    }
+    random_matmul_operands(w, pool, wbf, pool / 2, x, 16 * 12288, absmax, pool / 32);
+    Step hs{T, 0, T, 0};
+    CK(cudaMemcpy(step, &hs, sizeof hs, cudaMemcpyHostToDevice));
+    std::printf("device copy: %.0f GB/s (read + written); rows %d\n", copy_rate_gbs(g, w, pool), T);
     if (csv) std::fprintf(csv, "shape,variant,wn,splits,us,gbs,rel\n");
     std::printf("| shape | kernel | wn | S | us | weight GB/s | rel diff | note "
                 "|\n|---|---|---|---|---|---|---|---|\n");
@@ -203,18 +165,7 @@ int main(int argc, char** argv) {
                     CK(cudaGetLastError());
                     CK(cudaMemcpy(out.data(), y, out.size() * 4, cudaMemcpyDeviceToHost));
                     const float rel = max_rel(ref, out);
-                    std::vector<float> ms;
-                    for (int r = 0; r < reps; ++r) {
-                        CK(cudaEventRecord(g.e0, g.st));
-                        for (int c = 0; c < copies; ++c)
-                            run(c);
-                        CK(cudaEventRecord(g.e1, g.st));
-                        CK(cudaEventSynchronize(g.e1));
-                        float t = 0;
-                        CK(cudaEventElapsedTime(&t, g.e0, g.e1));
-                        ms.push_back(t / copies);
-                    }
-                    const float t = median(ms) * 1000;
+                    const float t   = median_ms_per_call(g, reps, copies, run) * 1000;
                     if (csv)
                         std::fprintf(csv, "%s,%s,%d,%d,%.2f,%.0f,%.2e\n", sh.name, v.name, wn, S, t,
                                      (double)wbytes / t / 1e3, rel);

@@ -238,26 +238,24 @@ __device__ __forceinline__ void tcs_run(const Step* s, int mode, const float* x,
         tcs_store<TILES>(acc, WN, n_blk, N, T, y, ldy, bias, red);
 }
 
-// 2 tiles (16 columns) a warp, 2 K blocks in flight, two blocks a multiprocessor: on an H200 at 16 rows,
-// faster than 4 K blocks in flight or 4 tiles a warp at every projection shape of Gemma 4 E2B
-// (bench/labs/mm_rows_tc_bench.cu).
-#define TCS_NF4_TILES 2
-#define TCS_NF4_DEPTH 2
+// Both kernels: 2 tiles (16 columns) a warp, 2 K blocks in flight, two blocks a multiprocessor: on an H200
+// at 16 rows, faster than 3 or 4 K blocks in flight or 4 tiles a warp at every projection shape of Gemma 4
+// E2B (bench/labs/mm_rows_tc_bench.cu).
+#define TCS_TILES 2
+#define TCS_DEPTH 2
 extern "C" __global__ void __launch_bounds__(256, 2)
     g4_mm_rows_tcs_nf4(const Step* s, int mode, const float* x, long ldx, const u8* codes, const void* absmax,
                        const float* absmax2, const float* offset, const float* code2, int N, int K, float* y,
                        long ldy, const float* bias, int tiled, int WN, float* part) {
     const TcsWeight W{codes, absmax, absmax2, offset, code2, nullptr, tiled};
-    tcs_run<true, TCS_NF4_TILES, TCS_NF4_DEPTH>(s, mode, x, ldx, W, N, K, y, ldy, bias, WN, part);
+    tcs_run<true, TCS_TILES, TCS_DEPTH>(s, mode, x, ldx, W, N, K, y, ldy, bias, WN, part);
 }
 
-#define TCS_BF16_TILES 2
-#define TCS_BF16_DEPTH 2
 extern "C" __global__ void __launch_bounds__(256, 2)
     g4_mm_rows_tcs_bf16(const Step* s, int mode, const float* x, long ldx, const u16* w, int N, int K,
                         float* y, long ldy, const float* bias, int WN, float* part) {
     const TcsWeight W{nullptr, nullptr, nullptr, nullptr, nullptr, w, 0};
-    tcs_run<false, TCS_BF16_TILES, TCS_BF16_DEPTH>(s, mode, x, ldx, W, N, K, y, ldy, bias, WN, part);
+    tcs_run<false, TCS_TILES, TCS_DEPTH>(s, mode, x, ldx, W, N, K, y, ldy, bias, WN, part);
 }
 
 // y[r][n] = the S splits' partial sums of g4_mm_rows_tcs_* in split order, + bias; one thread an output.

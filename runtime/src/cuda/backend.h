@@ -97,12 +97,15 @@ g4_status state_changed(g4_session* s, std::string* err);
 // stream, the per-sequence ops once per session on its row, cache and position; each session's logits row in
 // its last_logits. Waits for the step.
 bool batched_steps(const g4_engine* e);
-// The fewest sessions g4_sessions_decode runs as one batched step (EngineBackend::batch_min_rows): 2 with
-// G4_CUDA_BATCH=1, else the first group size whose batched step is faster than the sessions' own decode
-// graphs.
-int32_t batch_min_rows(const EngineState* es);
-// The most sessions one batched step takes (SessionState::BatchGroup::kMaxRows).
-int32_t batch_group_rows();
+// How g4_sessions_decode groups the engine's sessions (EngineBackend::batch_group_rows / batch_min_rows):
+// group, the most sessions one batched step takes (16, or 8 with older plans' modules); min, the fewest it
+// runs as one batched step (2 with G4_CUDA_BATCH=1, else the first group size whose batched step is faster
+// than the sessions' own decode graphs).
+struct BatchRows {
+    int32_t group, min;
+};
+BatchRows batch_rows(const EngineState* es);
+// ss: one group of n <= batch_rows().group sessions.
 g4_status run_batch(g4_session* const* ss, const int32_t* tokens, int32_t n, std::string* err);
 // At session_create, where the engine has batched steps: batch_reserve adds the step records to the
 // session's device allocation on the plan's GPU; batch_create, once it

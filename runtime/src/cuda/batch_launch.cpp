@@ -167,17 +167,19 @@ bool batched_steps(const g4_engine* e) {
     return !e->plan.hybrid() && rt::env::cuda_batch() != rt::env::CudaBatch::Off;
 }
 
-int32_t batch_group_rows() {
-    return SessionState::BatchGroup::kMaxRows;
-}
-
-int32_t batch_min_rows(const EngineState* es) {
-    if (rt::env::cuda_batch() == rt::env::CudaBatch::All) return 2;
+BatchRows batch_rows(const EngineState* es) {
+    // Groups of at most 16 rows, the tensor-core row matmuls' (products split in two bf16 each, close to
+    // float32); 8 with the float32 ones of older plans' modules. More rows would take the prefill's bf16
+    // tensor-core or cuBLAS tier, whose bf16 operands moved the tiny fixture's logits 4e-3..1.5e-2 from a
+    // lone decode step's and flipped a near-tied greedy token (measured on an H200).
+    const Kernels& K    = es->gpus[0].k;
+    const bool tc       = K.mm_rows_tc_nf4 && K.mm_rows_tc_bf16;
+    const int32_t group = tc ? SessionState::BatchGroup::kMaxRows : 8;
+    if (rt::env::cuda_batch() == rt::env::CudaBatch::All) return {group, 2};
     // Groups of 2..8 rows run the float32 row kernels: 0.55x-0.86x the sessions' own decode graphs on an
-    // H200; 9 rows on the tensor-core ones 1.46x (docs/runtime.md). Without those kernels (older plans'
-    // modules) every group is of at most 8 rows.
-    const Kernels& K = es->gpus[0].k;
-    return K.mm_rows_tc_nf4 && K.mm_rows_tc_bf16 ? 9 : INT32_MAX;
+    // H200; 9 rows on the tensor-core ones 1.46x (docs/runtime.md). Without those kernels every group is of
+    // at most 8 rows, so none is batched.
+    return {group, tc ? 9 : INT32_MAX};
 }
 
 namespace {
@@ -463,16 +465,7 @@ g4_status batch_create(SessionState* st, std::string* err) {
 }
 
 g4_status run_batch(g4_session* const* ss, const int32_t* tokens, int32_t n, std::string* err) {
-    // Groups of at most 16 rows, the tensor-core row matmuls' (products split in two bf16 each, close to
-    // float32); 8 with the float32 ones of older plans' modules. More rows would take the prefill's bf16
-    // tensor-core or cuBLAS tier, whose bf16 operands moved the tiny fixture's logits 4e-3..1.5e-2 from a
-    // lone decode step's and flipped a near-tied greedy token (measured on an H200).
-    const Kernels& K  = session_of(ss[0])->lanes[0].g->k;
-    const int32_t max = K.mm_rows_tc_nf4 && K.mm_rows_tc_bf16 ? SessionState::BatchGroup::kMaxRows : 8;
-    for (int32_t j0 = 0; j0 < n; j0 += max)
-        if (g4_status g = run_group(ss + j0, tokens + j0, std::min<int32_t>(max, n - j0), err); g != G4_OK)
-            return g;
-    return G4_OK;
+    return run_group(ss, tokens, n, err); // n <= batch_rows().group: g4_sessions_decode groups the sessions
 }
 
 void batch_destroy(SessionState* st) {

@@ -63,8 +63,7 @@ private:
 class CudaEngine final : public rt::EngineBackend {
 public:
     CudaEngine(EnginePtr st, bool batched)
-        : st_(std::move(st)), batched_(batched), min_rows_(batched ? cuda_rt::batch_min_rows(st_.get()) : 2) {
-    }
+        : st_(std::move(st)), batched_(batched), rows_(cuda_rt::batch_rows(st_.get())) {}
 
     // A CUDA session runs nothing on the CPU but its CPU-placed layers, whose pool session_create makes:
     // its own pool is one thread (the towers get their own, runtime/src/frontend/media.cpp).
@@ -79,14 +78,14 @@ public:
     }
 
     bool batched_steps() const override { return batched_; }
-    int32_t batch_group_rows() const override { return cuda_rt::batch_group_rows(); }
-    int32_t batch_min_rows() const override { return min_rows_; }
+    int32_t batch_group_rows() const override { return rows_.group; }
+    int32_t batch_min_rows() const override { return rows_.min; }
     EngineState* state() const { return st_.get(); }
 
 private:
     EnginePtr st_;
     bool batched_;
-    int32_t min_rows_;
+    cuda_rt::BatchRows rows_;
 };
 
 } // namespace

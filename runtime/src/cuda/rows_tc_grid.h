@@ -9,7 +9,7 @@
 namespace g4::cuda_ws {
 
 inline constexpr int kRowsTcMaxRows = 16; // rows of one launch
-inline constexpr int kRowsTcCols    = 16; // a warp's output columns (2 n8 tiles, TCS_*_TILES)
+inline constexpr int kRowsTcCols    = 16; // a warp's output columns (2 n8 tiles, TCS_TILES)
 
 // wn: column groups of a block (2, 4 or 8; its 8 warps split the block's K range by 8 / wn). splits: K
 // ranges over blocks (blockIdx.y); above 1 each writes partial sums [splits, rows, N] to the lane's part

@@ -6,13 +6,16 @@
 // random (NF4 codes, f32 block scales); copies rotate so every launch reads DRAM; kernels are launched with
 // programmatic dependent launch, as in the batched step's graph. Build from the repo root:
 //   nvcc -O3 -std=c++17 -arch=sm_90 -I. -o build/mm_rows_tc_bench bench/labs/mm_rows_tc_bench.cu
-// Usage: mm_rows_tc_bench [rows] [reps] [csv]
+// Usage: mm_rows_tc_bench [rows] [reps] [csv]; LAB_SHAPE=substring, LAB_WN=n, LAB_S=n keep only the
+// matching shapes and grids (to profile one launch).
 #include "kernels/cuda/all_kernels.cuh"
 
 #include "bench/labs/bench_cuda.h"
 #include "runtime/src/cuda/rows_tc_grid.h"
 
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <map>
 #include <string>
 
@@ -22,18 +25,28 @@
         name(const Step* s, int mode, const float* x, long ldx, const u8* codes, const void* absmax,         \
              const float* absmax2, const float* offset, const float* code2, int N, int K, float* y,          \
              long ldy, const float* bias, int tiled, int WN, float* part) {                                  \
-        const TcsWeight W{codes, absmax, absmax2, offset, code2, nullptr, tiled};                            \
-        tcs_run<true, TL, D>(s, mode, x, ldx, W, N, K, y, ldy, bias, WN, part);                              \
+        __shared__ TcsShared<TL> sh;                                                                         \
+        const TcsWeight W{codes, absmax, absmax2, offset, code2, nullptr};                                   \
+        if (tiled)                                                                                           \
+            tcs_run<true, true, NF4_SCALES_F32, TL, D>(sh, s, mode, x, ldx, W, N, K, y, ldy, bias, WN,       \
+                                                       part);                                                \
+        else                                                                                                 \
+            tcs_run<true, false, NF4_SCALES_F32, TL, D>(sh, s, mode, x, ldx, W, N, K, y, ldy, bias, WN,      \
+                                                        part);                                               \
     }
 #define LAB_BF16(name, TL, D, MB)                                                                            \
     extern "C" __global__ void __launch_bounds__(256, MB)                                                    \
         name(const Step* s, int mode, const float* x, long ldx, const u16* w, int N, int K, float* y,        \
              long ldy, const float* bias, int WN, float* part) {                                             \
-        const TcsWeight W{nullptr, nullptr, nullptr, nullptr, nullptr, w, 0};                                \
-        tcs_run<false, TL, D>(s, mode, x, ldx, W, N, K, y, ldy, bias, WN, part);                             \
+        __shared__ TcsShared<TL> sh;                                                                         \
+        const TcsWeight W{nullptr, nullptr, nullptr, nullptr, nullptr, w};                                   \
+        tcs_run<false, false, NF4_SCALES_F32, TL, D>(sh, s, mode, x, ldx, W, N, K, y, ldy, bias, WN, part);  \
     }
 LAB_NF4(lab_nf4_t2d3, 2, 3, 2)
 LAB_NF4(lab_nf4_t4d3, 4, 3, 1)
+LAB_NF4(lab_nf4_t1d2, 1, 2, 3)
+LAB_NF4(lab_nf4_t1d4, 1, 4, 3)
+LAB_NF4(lab_nf4_t2d4, 2, 4, 2)
 LAB_BF16(lab_bf16_t4d2, 4, 2, 1)
 
 namespace {
@@ -84,6 +97,9 @@ int main(int argc, char** argv) {
     const Variant variants[] = {{"plan nf4 t2 d2", (const void*)g4_mm_rows_tcs_nf4, 2, true},
                                 {"nf4 t2 d3", (const void*)lab_nf4_t2d3, 2, true},
                                 {"nf4 t4 d3 1blk", (const void*)lab_nf4_t4d3, 4, true},
+                                {"nf4 t1 d2 3blk", (const void*)lab_nf4_t1d2, 1, true},
+                                {"nf4 t1 d4 3blk", (const void*)lab_nf4_t1d4, 1, true},
+                                {"nf4 t2 d4", (const void*)lab_nf4_t2d4, 2, true},
                                 {"plan bf16 t2 d2", (const void*)g4_mm_rows_tcs_bf16, 2, false},
                                 {"bf16 t4 d2 1blk", (const void*)lab_bf16_t4d2, 4, false}};
     const size_t pool        = (size_t)1 << 30; // copies of a matrix rotate through it
@@ -108,9 +124,13 @@ int main(int argc, char** argv) {
     if (csv) std::fprintf(csv, "shape,variant,wn,splits,us,gbs,rel\n");
     std::printf("| shape | kernel | wn | S | us | weight GB/s | rel diff | note "
                 "|\n|---|---|---|---|---|---|---|---|\n");
-    const float* nul = nullptr;
-    int mode         = 0;
+    const float* nul       = nullptr;
+    int mode               = 0;
+    const char* only_shape = std::getenv("LAB_SHAPE");
+    const int only_wn      = std::getenv("LAB_WN") ? std::atoi(std::getenv("LAB_WN")) : 0;
+    const int only_s       = std::getenv("LAB_S") ? std::atoi(std::getenv("LAB_S")) : 0;
     for (const Shape& sh : shapes) {
+        if (only_shape && !std::strstr(sh.name, only_shape)) continue;
         const size_t wbytes = sh.nf4 ? (size_t)sh.N * sh.K / 2 : (size_t)sh.N * sh.K * 2;
         const int copies    = (int)std::max<size_t>(1, std::min<size_t>(32, pool / 2 / wbytes));
         int N = sh.N, K = sh.K, tl = sh.tiled;
@@ -141,6 +161,7 @@ int main(int argc, char** argv) {
             for (int wn : {1, 2, 4, 8})
                 for (int S : {1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48}) {
                     if (S > K / 64 || (sh.N > 100000 && S > 1)) continue;
+                    if ((only_wn && wn != only_wn) || (only_s && S != only_s)) continue;
                     const unsigned gx = (unsigned)((N + 8 * v.tiles * wn - 1) / (8 * v.tiles * wn));
                     auto run          = [&](int c) {
                         const unsigned char* wc = w + (size_t)c * wbytes;

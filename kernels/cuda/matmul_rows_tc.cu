@@ -50,7 +50,6 @@ struct TcsWeight {
     const void* absmax;
     const float *absmax2, *offset, *code2;
     const u16* w;
-    int tiled;
 };
 
 // One K block of a lane's TILES tiles: NF4, a 32-bit word of codes for each 32-element slice and the raw
@@ -59,39 +58,68 @@ template <bool NF4, int TILES> struct TcsBlock;
 template <int TILES> struct TcsBlock<true, TILES> { u32 c[TILES][2], s[TILES][2]; };
 template <int TILES> struct TcsBlock<false, TILES> { uint4 c[TILES][2]; };
 
-template <bool NF4, int TILES>
-__device__ __forceinline__ void tcs_load(TcsBlock<NF4, TILES>& b, const TcsWeight& W, int j, int n_w, int g,
-                                         int t, int N, int K) {
+// A warp's weight addresses at K block 0, computed once: K block j of tile q is at c[q] + j * cj (+ csl for
+// the second slice), its scales at index s[q][e] + j * sj (of columns 2t + e), their double-quant index (the
+// row-major one) at col[q][e] * kb + j. TL: the kQuantTiled32 layout (a slice's 16 bytes of codes for
+// each column in turn, the scales K block by K block).
+template <bool NF4, int TILES> struct TcsPtrs {
+    const u8* c[TILES];
+    int s[TILES][2], col[TILES][2];
+    long cj, csl;
+    int sj, kb;
+};
+
+template <bool NF4, bool TL, int TILES>
+__device__ __forceinline__ TcsPtrs<NF4, TILES> tcs_ptrs(const TcsWeight& W, int n_w, int g, int t, int N,
+                                                        int K) {
+    TcsPtrs<NF4, TILES> P;
+    P.kb = K / 64;
 #pragma unroll
     for (int q = 0; q < TILES; ++q) {
         const long n = min(n_w + q * 8 + g, N - 1);
         if constexpr (NF4) {
-#pragma unroll
-            for (int sl = 0; sl < 2; ++sl) {
-                const long c   = 2 * j + sl; // 32-element slice
-                const long off = W.tiled ? (c * N + n) * 16 + t * 4 : n * (K / 2) + c * 16 + t * 4;
-                b.c[q][sl]     = __ldcs((const u32*)(W.codes + off));
-            }
+            P.c[q] = W.codes + (TL ? n * 16 + t * 4 : n * (K / 2) + t * 4);
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
-                const long col = min(n_w + q * 8 + 2 * t + e, N - 1);
-                b.s[q][e] =
-                    nf4_absmax_raw(W.absmax, W.absmax2, W.tiled ? (long)j * N + col : col * (K / 64) + j);
+                const int col = min(n_w + q * 8 + 2 * t + e, N - 1);
+                P.col[q][e]   = col;
+                P.s[q][e]     = TL ? col : col * P.kb;
             }
         } else {
+            P.c[q] = (const u8*)(W.w + n * K + t * 8);
+        }
+    }
+    P.cj  = NF4 ? (TL ? 32L * N : 32) : 128;
+    P.csl = NF4 ? (TL ? 16L * N : 16) : 64;
+    P.sj  = TL ? N : 1;
+    return P;
+}
+
+template <bool NF4, int SM, int TILES>
+__device__ __forceinline__ void tcs_load(TcsBlock<NF4, TILES>& b, const TcsWeight& W,
+                                         const TcsPtrs<NF4, TILES>& P, int j) {
 #pragma unroll
-            for (int sl = 0; sl < 2; ++sl)
-                b.c[q][sl] = __ldcs((const uint4*)(W.w + n * K + j * 64 + sl * 32 + t * 8));
+    for (int q = 0; q < TILES; ++q) {
+        const u8* c = P.c[q] + j * P.cj;
+        if constexpr (NF4) {
+            b.c[q][0] = __ldcs((const u32*)c);
+            b.c[q][1] = __ldcs((const u32*)(c + P.csl));
+#pragma unroll
+            for (int e = 0; e < 2; ++e)
+                b.s[q][e] = nf4_raw<SM>(W.absmax, W.absmax2, P.s[q][e] + j * P.sj);
+        } else {
+            b.c[q][0] = __ldcs((const uint4*)c);
+            b.c[q][1] = __ldcs((const uint4*)(c + P.csl));
         }
     }
 }
 
 // acc += the products of K block j (its weights in b, its x fragments in xb: [k-step][hi, lo][lane]).
 // tab: NF4 code value v as two bf16, hi | rest << 16.
-template <bool NF4, int TILES>
+template <bool NF4, int SM, int TILES>
 __device__ __forceinline__ void tcs_block(float (&acc)[TILES][4], const TcsBlock<NF4, TILES>& b,
-                                          const uint4 (*xb)[2][32], int lane, int t, int j, const u32* tab,
-                                          const TcsWeight& W, int n_w, int N, int K) {
+                                          const uint4 (*xb)[2][32], int lane, int j, const u32* tab,
+                                          const TcsWeight& W, const TcsPtrs<NF4, TILES>& P) {
     float part[TILES][4] = {};
 #pragma unroll
     for (int sl = 0; sl < 2; ++sl)
@@ -120,12 +148,12 @@ __device__ __forceinline__ void tcs_block(float (&acc)[TILES][4], const TcsBlock
             }
         }
     if constexpr (NF4) {
-        const int kb = K / 64;
 #pragma unroll
         for (int q = 0; q < TILES; ++q) {
-            const long c0 = min(n_w + q * 8 + 2 * t, N - 1), c1 = min(n_w + q * 8 + 2 * t + 1, N - 1);
-            const float s0 = nf4_absmax_value(b.s[q][0], W.absmax2, W.offset, W.code2, c0 * kb + j);
-            const float s1 = nf4_absmax_value(b.s[q][1], W.absmax2, W.offset, W.code2, c1 * kb + j);
+            const float s0 =
+                nf4_value<SM>(b.s[q][0], W.absmax2, W.offset, W.code2, (long)P.col[q][0] * P.kb + j);
+            const float s1 =
+                nf4_value<SM>(b.s[q][1], W.absmax2, W.offset, W.code2, (long)P.col[q][1] * P.kb + j);
             acc[q][0] = fmaf(part[q][0], s0, acc[q][0]), acc[q][1] = fmaf(part[q][1], s1, acc[q][1]);
             acc[q][2] = fmaf(part[q][2], s0, acc[q][2]), acc[q][3] = fmaf(part[q][3], s1, acc[q][3]);
         }
@@ -163,13 +191,24 @@ __device__ __forceinline__ void tcs_store(float (&acc)[TILES][4], int WN, int n_
         }
 }
 
-template <bool NF4, int TILES, int D>
-__device__ __forceinline__ void tcs_run(const Step* s, int mode, const float* x, long ldx, const TcsWeight& W,
-                                        int N, int K, float* y, long ldy, const float* bias, int WN,
-                                        float* part) {
+// Pulls the block's weights (columns [n0, n0 + cols), K blocks [b0, b0 + nk)) into L2 before the wait on
+// the previous kernel: the warps' loads then wait for L2, not DRAM, and the block's DRAM reads overlap the
+// previous kernel's tail. One 128-byte line a thread at a time.
+// The kernels' shared memory, declared in the kernels (one copy for all of a kernel's instantiations).
+template <int TILES> struct TcsShared {
     static_assert(TCS_XS * 4 * 2 * 32 * 4 >= TCS_WARPS * TILES * 4 * 32, "the sums' reduction fits in xs");
-    __shared__ uint4 xs[TCS_XS][4][2][32]; // the range's x: [K block][k-step][hi, lo][lane]
-    __shared__ u32 tab[16];                // NF4: 16 words in 16 banks, so a warp's lookups never conflict
+    uint4 xs[TCS_XS][4][2][32]; // the range's x: [K block][k-step][hi, lo][lane]
+    u32 tab[16];                // NF4: 16 words in 16 banks, so a warp's lookups never conflict
+};
+
+// NF4, TL (tiled codes) and SM (the scales' format) are template arguments, so a warp's per-K-block work
+// is the loads at precomputed addresses, the lookups and the products.
+template <bool NF4, bool TL, int SM, int TILES, int D>
+__device__ __forceinline__ void tcs_run(TcsShared<TILES>& sh, const Step* s, int mode, const float* x,
+                                        long ldx, const TcsWeight& W, int N, int K, float* y, long ldy,
+                                        const float* bias, int WN, float* part) {
+    auto& xs = sh.xs;
+    u32* tab = sh.tab;
     if (NF4 && threadIdx.x < 16) {
         const float v    = kNf4[threadIdx.x];
         const u32 h      = bf16_bits(v);
@@ -179,7 +218,8 @@ __device__ __forceinline__ void tcs_run(const Step* s, int mode, const float* x,
     const int WK = TCS_WARPS / WN, kg = warp / WN, kb = K / 64, S = gridDim.y;
     const int kps = (kb + S - 1) / S, b0 = blockIdx.y * kps, nk = max(0, min(kb - b0, kps));
     const int n_blk = blockIdx.x * 8 * TILES * WN, n_w = n_blk + (warp % WN) * 8 * TILES;
-    const bool live = n_w < N;
+    const bool live             = n_w < N;
+    const TcsPtrs<NF4, TILES> P = tcs_ptrs<NF4, TL, TILES>(W, n_w, g, t, N, K);
     // This warp's K blocks of the chunk [c0, c1) of the range: kg + i WK for i in [*ia, *ib).
     auto mine = [&](int c0, int c1, int* ia, int* ib) {
         *ia = c0 > kg ? (c0 - kg + WK - 1) / WK : 0;
@@ -189,7 +229,7 @@ __device__ __forceinline__ void tcs_run(const Step* s, int mode, const float* x,
     auto prologue = [&](int ia, int ib) {
 #pragma unroll
         for (int d = 0; d < D; ++d)
-            if (ia + d < ib) tcs_load<NF4, TILES>(ring[d], W, b0 + kg + (ia + d) * WK, n_w, g, t, N, K);
+            if (ia + d < ib) tcs_load<NF4, SM, TILES>(ring[d], W, P, b0 + kg + (ia + d) * WK);
     };
     int ia, ib;
     mine(0, min(nk, TCS_XS), &ia, &ib);
@@ -225,9 +265,9 @@ __device__ __forceinline__ void tcs_run(const Step* s, int mode, const float* x,
                 const int i = i0 + d;
                 if (i < ib) {
                     const TcsBlock<NF4, TILES> cur = ring[d];
-                    if (i + D < ib) tcs_load<NF4, TILES>(ring[d], W, b0 + kg + (i + D) * WK, n_w, g, t, N, K);
-                    tcs_block<NF4, TILES>(acc, cur, xs[kg + i * WK - c0], lane, t, b0 + kg + i * WK, tab, W,
-                                          n_w, N, K);
+                    if (i + D < ib) tcs_load<NF4, SM, TILES>(ring[d], W, P, b0 + kg + (i + D) * WK);
+                    tcs_block<NF4, SM, TILES>(acc, cur, xs[kg + i * WK - c0], lane, b0 + kg + i * WK, tab, W,
+                                              P);
                 }
             }
     }
@@ -247,15 +287,32 @@ extern "C" __global__ void __launch_bounds__(256, 2)
     g4_mm_rows_tcs_nf4(const Step* s, int mode, const float* x, long ldx, const u8* codes, const void* absmax,
                        const float* absmax2, const float* offset, const float* code2, int N, int K, float* y,
                        long ldy, const float* bias, int tiled, int WN, float* part) {
-    const TcsWeight W{codes, absmax, absmax2, offset, code2, nullptr, tiled};
-    tcs_run<true, TCS_TILES, TCS_DEPTH>(s, mode, x, ldx, W, N, K, y, ldy, bias, WN, part);
+    __shared__ TcsShared<TCS_TILES> sh;
+    const TcsWeight W{codes, absmax, absmax2, offset, code2, nullptr};
+    if (tiled) {
+        if (absmax2)
+            tcs_run<true, true, NF4_SCALES_DQ, TCS_TILES, TCS_DEPTH>(sh, s, mode, x, ldx, W, N, K, y, ldy,
+                                                                     bias, WN, part);
+        else
+            tcs_run<true, true, NF4_SCALES_F32, TCS_TILES, TCS_DEPTH>(sh, s, mode, x, ldx, W, N, K, y, ldy,
+                                                                      bias, WN, part);
+    } else {
+        if (absmax2)
+            tcs_run<true, false, NF4_SCALES_DQ, TCS_TILES, TCS_DEPTH>(sh, s, mode, x, ldx, W, N, K, y, ldy,
+                                                                      bias, WN, part);
+        else
+            tcs_run<true, false, NF4_SCALES_F32, TCS_TILES, TCS_DEPTH>(sh, s, mode, x, ldx, W, N, K, y, ldy,
+                                                                       bias, WN, part);
+    }
 }
 
 extern "C" __global__ void __launch_bounds__(256, 2)
     g4_mm_rows_tcs_bf16(const Step* s, int mode, const float* x, long ldx, const u16* w, int N, int K,
                         float* y, long ldy, const float* bias, int WN, float* part) {
-    const TcsWeight W{nullptr, nullptr, nullptr, nullptr, nullptr, w, 0};
-    tcs_run<false, TCS_TILES, TCS_DEPTH>(s, mode, x, ldx, W, N, K, y, ldy, bias, WN, part);
+    __shared__ TcsShared<TCS_TILES> sh;
+    const TcsWeight W{nullptr, nullptr, nullptr, nullptr, nullptr, w};
+    tcs_run<false, false, NF4_SCALES_F32, TCS_TILES, TCS_DEPTH>(sh, s, mode, x, ldx, W, N, K, y, ldy, bias,
+                                                                WN, part);
 }
 
 // y[r][n] = the S splits' partial sums of g4_mm_rows_tcs_* in split order, + bias; one thread an output.
@@ -271,4 +328,23 @@ extern "C" __global__ void __launch_bounds__(256)
     for (int k = 0; k < S; ++k)
         v += part[((long)k * T + r) * N + c];
     y[(long)r * ldy + c] = v + (bias ? bias[c] : 0.0f);
+}
+
+// A matmul with the GeluMul after it, in the K splits' sum: other = 0: y[r][n] = gelu_tanh(a[r][n]) * (the
+// S splits' sums + bias) (the up projection of a gate/up pair, a its gate); 1: gelu_tanh(sums + bias) *
+// a[r][n] (a gate multiplying a). a is read at the step's input rows, as g4_elementwise reads it.
+extern "C" __global__ void __launch_bounds__(256)
+    g4_mm_rows_tcs_sum_gelu(const Step* s, int mode, const float* part, int S, int N, const float* a,
+                            long lda, int other, float* y, long ldy, const float* bias) {
+    pdl_begin();
+    const int T  = rows_of(s, mode);
+    const long i = (long)blockIdx.x * 256 + threadIdx.x;
+    if (i >= (long)T * N) return;
+    const int r = (int)(i / N), c = (int)(i % N);
+    float v = 0.0f;
+    for (int k = 0; k < S; ++k)
+        v += part[((long)k * T + r) * N + c];
+    v                    = v + (bias ? bias[c] : 0.0f);
+    const float o        = a[(long)(r + in_row0(s, mode)) * lda + c];
+    y[(long)r * ldy + c] = other ? gelu_tanh(v) * o : gelu_tanh(o) * v;
 }

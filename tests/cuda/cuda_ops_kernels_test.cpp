@@ -194,7 +194,8 @@ TEST(MatmulRows, MatchTheReference) {
 
 // ---- the tensor-core row matmuls (kernels/cuda/matmul_rows_tc.cu): 2..16 rows at Gemma's shapes and odd
 // ones (N not a multiple of 32, K blocks not a multiple of the K groups or splits), every column-group count,
-// one split and several (partials summed by g4_mm_rows_tcs_sum, more splits than K blocks: empty ones),
+// one split and several (partials summed by g4_mm_rows_tcs_sum, more splits than K blocks: empty ones; and
+// by g4_mm_rows_tcs_sum_gelu with a gate's GeluMul),
 // NF4 row-major and tiled, f32 and double-quant scales, bf16; within 3e-5 of the reference matmul (products
 // of two bf16 each, float32 accumulation), bias added; the grid rows_tc_grid picks gives the same result.
 TEST(MatmulRowsTc, MatchTheReference) {
@@ -241,6 +242,21 @@ TEST(MatmulRowsTc, MatchTheReference) {
                 EXPECT_LT(rel(dev.down<float>(yd, (size_t)T * N), want), 3e-5)
                     << (nf4 ? "nf4" : "bf16") << " " << N << "x" << K << " dq " << c.dq << " tiled "
                     << c.tiled << " rows " << T << " column groups " << wn << " splits " << S;
+                for (int other = 0; other < 2 && S > 1; ++other) { // with the GeluMul after the matmul
+                    const std::vector<float> a_h = randn((size_t)T * N, 60 + T, 2.0f);
+                    CUdeviceptr ad = dev.up(a_h), yg = dev.alloc((size_t)T * N * 4);
+                    long lda = N;
+                    launch("g4_mm_rows_tcs_sum_gelu", (unsigned)((T * N + 255) / 256), 1, 256,
+                           {&st, &mode, &part, &S, &N, &ad, &lda, &other, &yg, &ldy, &bias});
+                    auto gelu = [](double v) {
+                        return 0.5 * v * (1.0 + std::tanh(0.7978845608028654 * (v + 0.044715 * v * v * v)));
+                    };
+                    std::vector<float> want_g = want;
+                    for (size_t i = 0; i < want_g.size(); ++i)
+                        want_g[i] = (float)(other ? gelu(want[i]) * a_h[i] : gelu(a_h[i]) * want[i]);
+                    EXPECT_LT(rel(dev.down<float>(yg, (size_t)T * N), want_g), 3e-5)
+                        << "sum_gelu " << other << " " << N << "x" << K << " rows " << T << " splits " << S;
+                }
             }
         }
     }

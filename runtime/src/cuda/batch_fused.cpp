@@ -91,20 +91,38 @@ g4_status launch_gemv_rows(SessionState* st, const plan::Plan& p, const CudaLaun
     return gemv_rows(st, p, l, plan::launch_params<plan::GemvLaunch>(l).lanes, n, done, label, err);
 }
 
-g4_status launch_mlp_gate_up_rows(SessionState* st, const plan::Plan& p, const CudaLaunch& l, int32_t n,
-                                  bool* done, std::string* label, std::string* err) {
-    *done                    = false;
+bool mlp_gate_up(const plan::Plan& p, const CudaLaunch& l) {
     const plan::MlpLaunch ml = plan::launch_params<plan::MlpLaunch>(l);
     const int32_t i0         = l.op;
-    if (ml.gate != i0 || ml.up != i0 + 1 || l.count < 3 || (size_t)i0 + 2 >= p.n_ops()) return G4_OK;
+    if (ml.gate != i0 || ml.up != i0 + 1 || l.count < 3 || (size_t)i0 + 2 >= p.n_ops()) return false;
     const PlanOp &g = p.op(i0), &u = p.op(i0 + 1), &gm = p.op(i0 + 2);
-    if (gm.code != (uint16_t)OpCode::GeluMul || gm.in[0] != g.out[0] || gm.in[1] != u.out[0] ||
+    if (g.code != (uint16_t)OpCode::Matmul || u.code != (uint16_t)OpCode::Matmul ||
+        gm.code != (uint16_t)OpCode::GeluMul || gm.in[0] != g.out[0] || gm.in[1] != u.out[0] ||
         g.in[0] != u.in[0] || g.in_col[0] != u.in_col[0] || gm.in_col[0] || gm.in_col[1] || gm.out_col[0] ||
         g.out_col[0] || u.out_col[0])
-        return G4_OK;
-    for (int32_t j = i0 + 3; j < i0 + l.count; ++j) // the gate's and up's outputs are not written
+        return false;
+    for (int32_t j = i0 + 3; j < i0 + l.count; ++j) // the gate's and up's outputs are not read after
         for (int32_t t : p.op(j).in)
-            if (t >= 0 && (t == g.out[0] || t == u.out[0])) return G4_OK;
+            if (t >= 0 && (t == g.out[0] || t == u.out[0])) return false;
+    return true;
+}
+
+bool gated_proj_gate(const plan::Plan& p, const CudaLaunch& l) {
+    const int32_t i0 = l.op;
+    if (l.count != 3 || (size_t)i0 + 2 >= p.n_ops()) return false;
+    const PlanOp &g = p.op(i0), &gm = p.op(i0 + 1), &pr = p.op(i0 + 2);
+    return g.code == (uint16_t)OpCode::Matmul && gm.code == (uint16_t)OpCode::GeluMul &&
+           pr.code == (uint16_t)OpCode::Matmul && gm.in[0] == g.out[0] && gm.in[1] != g.out[0] &&
+           !gm.in_col[0] && !gm.out_col[0] && !g.out_col[0] && pr.in[0] == gm.out[0] &&
+           pr.in[1] != g.out[0] && pr.in[2] != g.out[0];
+}
+
+g4_status launch_mlp_gate_up_rows(SessionState* st, const plan::Plan& p, const CudaLaunch& l, int32_t n,
+                                  bool* done, std::string* label, std::string* err) {
+    *done            = false;
+    const int32_t i0 = l.op;
+    if (!mlp_gate_up(p, l)) return G4_OK;
+    const PlanOp &g = p.op(i0), &gm = p.op(i0 + 2);
     // Lanes a weight row: the fewest (from 8) that leave a lane at most 4 of the row's 16-byte chunks.
     const int64_t K = p.tensor(g.in[1]).dims[1];
     const int64_t C = K / (p.tensor(g.in[1]).dtype == (uint8_t)DType::NF4 ? 32 : 8);

@@ -22,6 +22,12 @@ g4_status launch_gated_proj_rows(SessionState* st, const plan::Plan& p, const pl
 // A ResNorm record (residual add and norms) over the n rows, one block a row.
 g4_status launch_resnorm_rows(SessionState* st, const plan::Plan& p, const plan::CudaLaunch& l, int32_t n,
                               bool* done, std::string* err);
+// Whether Mlp record l begins with a gate and an up matmul of the same input and the GeluMul of their
+// outputs, which no later op of the record reads.
+bool mlp_gate_up(const plan::Plan& p, const plan::CudaLaunch& l);
+// Whether GatedProj record l is a matmul, the GeluMul of its output by another tensor, and a matmul of that,
+// the first matmul's output read by the GeluMul only.
+bool gated_proj_gate(const plan::Plan& p, const plan::CudaLaunch& l);
 // The gate, up and GeluMul ops of an Mlp record (its first three) as one gate/up GEMV of n rows; the caller
 // runs the record's other ops.
 g4_status launch_mlp_gate_up_rows(SessionState* st, const plan::Plan& p, const plan::CudaLaunch& l, int32_t n,

@@ -294,6 +294,27 @@ g4_status enqueue_group(g4_session* const* ss, int32_t n, bool profile, std::str
                     done  = false;
                     first = (size_t)l.op + 3;
                 }
+            } else if (K.mm_rows_tc_sum_gelu &&
+                       (l.kind == (uint16_t)plan::LaunchKind::Mlp         ? mlp_gate_up(p, l)
+                        : l.kind == (uint16_t)plan::LaunchKind::GatedProj ? gated_proj_gate(p, l)
+                                                                          : false)) {
+                // Mlp: the gate, then the up projection whose K splits' sum applies the GeluMul; GatedProj:
+                // the gate with it. launch_matmul clears gelu_sum where it applies it; where it cannot, the
+                // GeluMul runs on its own.
+                const bool mlp  = l.kind == (uint16_t)plan::LaunchKind::Mlp;
+                const size_t i0 = (size_t)l.op, mm = mlp ? i0 + 1 : i0, gi = mm + 1;
+                const PlanOp& gm = p.op(gi);
+                const int32_t ai = mlp ? 0 : 1; // the GeluMul's operand that is not the matmul's output
+                if (mlp) g = run_op(i0);
+                if (g == G4_OK) {
+                    st0->gelu_sum    = {addr(st0, p, gm.in[ai], gm.in_col[ai]), addr(st0, p, gm.out[0], 0),
+                                        ld_of(p, gm.in[ai]), ld_of(p, gm.out[0]), mlp ? 0 : 1};
+                    g                = run_op(mm);
+                    const bool fused = st0->gelu_sum.y == 0;
+                    st0->gelu_sum    = {};
+                    if (g == G4_OK && !fused) g = run_op(gi);
+                }
+                first = gi + 1;
             }
             if (g == G4_OK && done) g = mark(label);
             for (size_t i = first; i < (size_t)l.op + l.count && g == G4_OK && !done; ++i)

@@ -37,6 +37,7 @@ g4_status bind_matmul_kernels(const ModuleKernels& m, Kernels& k, std::string* e
     m.get_optional(&k.mm_rows_tc_nf4, "g4_mm_rows_tcs_nf4");
     m.get_optional(&k.mm_rows_tc_bf16, "g4_mm_rows_tcs_bf16");
     m.get_optional(&k.mm_rows_tc_sum, "g4_mm_rows_tcs_sum");
+    m.get_optional(&k.mm_rows_tc_sum_gelu, "g4_mm_rows_tcs_sum_gelu");
     if (!k.mm_rows_tc_sum) k.mm_rows_tc_nf4 = k.mm_rows_tc_bf16 = nullptr;
     return G4_OK;
 }
@@ -128,7 +129,13 @@ g4_status launch_matmul(const OpArgs& a, CUresult* rp, std::string* err) {
         else
             r = go(K.mm_rows_tc_bf16, grid, (unsigned)S, 256,
                    {&step, &mode, &in0, &ld0, &in1, &N, &Kd, &out0, &ldo, &in2, &wn, &part});
-        if (r == 0 && S > 1)
+        SessionState::GeluSum& gs = st->gelu_sum;
+        if (gs.y && S > 1) { // consumed here, else the caller runs the GeluMul (batch_launch.cpp)
+            if (r == 0)
+                r = go(K.mm_rows_tc_sum_gelu, (unsigned)ceil_div((long)n * N, 256), 1, 256,
+                       {&step, &mode, &part, &S, &N, &gs.a, &gs.lda, &gs.gate_of_sum, &gs.y, &gs.ldy, &in2});
+            gs = {};
+        } else if (r == 0 && S > 1)
             r = go(K.mm_rows_tc_sum, (unsigned)ceil_div((long)n * N, 256), 1, 256,
                    {&step, &mode, &part, &S, &N, &out0, &ldo, &in2});
         return G4_OK;

@@ -47,8 +47,10 @@ struct Kernels {
     CUfunction mlp[12], nf4_untile32;
     // g4_mm_rows_nf4 / _bf16 (kernels/cuda/matmul_rows.cu): matmuls of 2..8 rows in float32;
     // g4_mm_rows_tcs_nf4 / _bf16 and their K splits' sum g4_mm_rows_tcs_sum (matmul_rows_tc.cu): of 2..16
-    // rows on tensor cores; null in older plans' modules
-    CUfunction mm_rows_nf4, mm_rows_bf16, mm_rows_tc_nf4, mm_rows_tc_bf16, mm_rows_tc_sum;
+    // rows on tensor cores; g4_mm_rows_tcs_sum_gelu: the sum of an up projection with its GeluMul; null in
+    // older plans' modules
+    CUfunction mm_rows_nf4, mm_rows_bf16, mm_rows_tc_nf4, mm_rows_tc_bf16, mm_rows_tc_sum,
+        mm_rows_tc_sum_gelu;
     // The batched step's per-sequence ops over all its rows (kernels/cuda/batch_rows.cu): g4_rope_rows,
     // g4_kv_store_rows, g4_attn_decode_rows[_bf16], g4_attention_merge_rows; null in older plans' modules
     CUfunction rope_rows, kv_rows, attn_rows[2], merge_rows;
@@ -247,6 +249,15 @@ struct SessionState {
     // A ResNorm record with ip1 = 2 is folded into the Mlp launch after it (the _r kernels): mlp_res, that
     // ResNorm while the launch is its Mlp.
     const plan::CudaLaunch* mlp_res = nullptr;
+    // A batched step's matmul on the tensor-core row matmuls whose GeluMul its K splits' sum applies, writing
+    // the GeluMul's output y: gelu_tanh(a) * its sums (gate_of_sum false: the up projection of a gate/up
+    // pair, a the gate's output), or gelu_tanh(its sums) * a (a GatedProj's gate, a the multiplier). Set for
+    // that one matmul launch (y 0: none); the launch clears it where it applies it.
+    struct GeluSum {
+        CUdeviceptr a = 0, y = 0;
+        long lda = 0, ldy = 0;
+        int gate_of_sum = 0;
+    } gelu_sum;
     bool merge_in_next =
         false; // launch_step: the next decode launch is AttnO, which merges the attention's partials
     // G4_CUDA_PROFILE totals [decode, prefill]: per op code (0..15), then 16 + each fused launch kind

@@ -20,27 +20,25 @@
 #include <string>
 
 // Other instantiations of the kernels' template: tiles a warp, K blocks in flight, blocks a multiprocessor.
-#define LAB_NF4(name, TL, D, MB)                                                                             \
+#define LAB_NF4(name, TI, D, MB)                                                                             \
     extern "C" __global__ void __launch_bounds__(256, MB)                                                    \
         name(const Step* s, int mode, const float* x, long ldx, const u8* codes, const void* absmax,         \
              const float* absmax2, const float* offset, const float* code2, int N, int K, float* y,          \
              long ldy, const float* bias, int tiled, int WN, float* part) {                                  \
-        __shared__ TcsShared<TL> sh;                                                                         \
+        __shared__ TcsShared<TI> sh;                                                                         \
         const TcsWeight W{codes, absmax, absmax2, offset, code2, nullptr};                                   \
         if (tiled)                                                                                           \
-            tcs_run<true, true, NF4_SCALES_F32, TL, D>(sh, s, mode, x, ldx, W, N, K, y, ldy, bias, WN,       \
-                                                       part);                                                \
+            tcs_nf4<true, TI, D>(sh, s, mode, x, ldx, W, N, K, y, ldy, bias, WN, part);                      \
         else                                                                                                 \
-            tcs_run<true, false, NF4_SCALES_F32, TL, D>(sh, s, mode, x, ldx, W, N, K, y, ldy, bias, WN,      \
-                                                        part);                                               \
+            tcs_nf4<false, TI, D>(sh, s, mode, x, ldx, W, N, K, y, ldy, bias, WN, part);                     \
     }
-#define LAB_BF16(name, TL, D, MB)                                                                            \
+#define LAB_BF16(name, TI, D, MB)                                                                            \
     extern "C" __global__ void __launch_bounds__(256, MB)                                                    \
         name(const Step* s, int mode, const float* x, long ldx, const u16* w, int N, int K, float* y,        \
              long ldy, const float* bias, int WN, float* part) {                                             \
-        __shared__ TcsShared<TL> sh;                                                                         \
+        __shared__ TcsShared<TI> sh;                                                                         \
         const TcsWeight W{nullptr, nullptr, nullptr, nullptr, nullptr, w};                                   \
-        tcs_run<false, false, NF4_SCALES_F32, TL, D>(sh, s, mode, x, ldx, W, N, K, y, ldy, bias, WN, part);  \
+        tcs_run<false, false, NF4_SCALES_F32, TI, D>(sh, s, mode, x, ldx, W, N, K, y, ldy, bias, WN, part);  \
     }
 LAB_NF4(lab_nf4_t2d3, 2, 3, 2)
 LAB_NF4(lab_nf4_t4d3, 4, 3, 1)

@@ -278,6 +278,17 @@ __device__ __forceinline__ void tcs_run(TcsShared<TILES>& sh, const Step* s, int
         tcs_store<TILES>(acc, WN, n_blk, N, T, y, ldy, bias, red);
 }
 
+// An NF4 weight of layout TL, its scales' format picked at run time.
+template <bool TL, int TILES, int D>
+__device__ __forceinline__ void tcs_nf4(TcsShared<TILES>& sh, const Step* s, int mode, const float* x,
+                                        long ldx, const TcsWeight& W, int N, int K, float* y, long ldy,
+                                        const float* bias, int WN, float* part) {
+    if (W.absmax2)
+        tcs_run<true, TL, NF4_SCALES_DQ, TILES, D>(sh, s, mode, x, ldx, W, N, K, y, ldy, bias, WN, part);
+    else
+        tcs_run<true, TL, NF4_SCALES_F32, TILES, D>(sh, s, mode, x, ldx, W, N, K, y, ldy, bias, WN, part);
+}
+
 // Both kernels: 2 tiles (16 columns) a warp, 2 K blocks in flight, two blocks a multiprocessor: on an H200
 // at 16 rows, faster than 3 or 4 K blocks in flight or 4 tiles a warp at every projection shape of Gemma 4
 // E2B (bench/labs/mm_rows_tc_bench.cu).
@@ -289,21 +300,10 @@ extern "C" __global__ void __launch_bounds__(256, 2)
                        long ldy, const float* bias, int tiled, int WN, float* part) {
     __shared__ TcsShared<TCS_TILES> sh;
     const TcsWeight W{codes, absmax, absmax2, offset, code2, nullptr};
-    if (tiled) {
-        if (absmax2)
-            tcs_run<true, true, NF4_SCALES_DQ, TCS_TILES, TCS_DEPTH>(sh, s, mode, x, ldx, W, N, K, y, ldy,
-                                                                     bias, WN, part);
-        else
-            tcs_run<true, true, NF4_SCALES_F32, TCS_TILES, TCS_DEPTH>(sh, s, mode, x, ldx, W, N, K, y, ldy,
-                                                                      bias, WN, part);
-    } else {
-        if (absmax2)
-            tcs_run<true, false, NF4_SCALES_DQ, TCS_TILES, TCS_DEPTH>(sh, s, mode, x, ldx, W, N, K, y, ldy,
-                                                                      bias, WN, part);
-        else
-            tcs_run<true, false, NF4_SCALES_F32, TCS_TILES, TCS_DEPTH>(sh, s, mode, x, ldx, W, N, K, y, ldy,
-                                                                       bias, WN, part);
-    }
+    if (tiled)
+        tcs_nf4<true, TCS_TILES, TCS_DEPTH>(sh, s, mode, x, ldx, W, N, K, y, ldy, bias, WN, part);
+    else
+        tcs_nf4<false, TCS_TILES, TCS_DEPTH>(sh, s, mode, x, ldx, W, N, K, y, ldy, bias, WN, part);
 }
 
 extern "C" __global__ void __launch_bounds__(256, 2)
@@ -315,19 +315,29 @@ extern "C" __global__ void __launch_bounds__(256, 2)
                                                                 WN, part);
 }
 
+// Output (r, c) of a sum kernel's thread (false past the T x N outputs): the S splits' partial sums of
+// g4_mm_rows_tcs_* in split order, + bias.
+__device__ __forceinline__ bool tcs_split_sum(const Step* s, int mode, const float* part, int S, int N,
+                                              const float* bias, int* r, int* c, float* v) {
+    const int T  = rows_of(s, mode);
+    const long i = (long)blockIdx.x * 256 + threadIdx.x;
+    if (i >= (long)T * N) return false;
+    *r = (int)(i / N), *c = (int)(i % N);
+    float sum = 0.0f;
+    for (int k = 0; k < S; ++k)
+        sum += part[((long)k * T + *r) * N + *c];
+    *v = sum + (bias ? bias[*c] : 0.0f);
+    return true;
+}
+
 // y[r][n] = the S splits' partial sums of g4_mm_rows_tcs_* in split order, + bias; one thread an output.
 extern "C" __global__ void __launch_bounds__(256)
     g4_mm_rows_tcs_sum(const Step* s, int mode, const float* part, int S, int N, float* y, long ldy,
                        const float* bias) {
     pdl_begin();
-    const int T  = rows_of(s, mode);
-    const long i = (long)blockIdx.x * 256 + threadIdx.x;
-    if (i >= (long)T * N) return;
-    const int r = (int)(i / N), c = (int)(i % N);
-    float v = 0.0f;
-    for (int k = 0; k < S; ++k)
-        v += part[((long)k * T + r) * N + c];
-    y[(long)r * ldy + c] = v + (bias ? bias[c] : 0.0f);
+    int r, c;
+    float v;
+    if (tcs_split_sum(s, mode, part, S, N, bias, &r, &c, &v)) y[(long)r * ldy + c] = v;
 }
 
 // A matmul with the GeluMul after it, in the K splits' sum: other = 0: y[r][n] = gelu_tanh(a[r][n]) * (the
@@ -337,14 +347,9 @@ extern "C" __global__ void __launch_bounds__(256)
     g4_mm_rows_tcs_sum_gelu(const Step* s, int mode, const float* part, int S, int N, const float* a,
                             long lda, int other, float* y, long ldy, const float* bias) {
     pdl_begin();
-    const int T  = rows_of(s, mode);
-    const long i = (long)blockIdx.x * 256 + threadIdx.x;
-    if (i >= (long)T * N) return;
-    const int r = (int)(i / N), c = (int)(i % N);
-    float v = 0.0f;
-    for (int k = 0; k < S; ++k)
-        v += part[((long)k * T + r) * N + c];
-    v                    = v + (bias ? bias[c] : 0.0f);
+    int r, c;
+    float v;
+    if (!tcs_split_sum(s, mode, part, S, N, bias, &r, &c, &v)) return;
     const float o        = a[(long)(r + in_row0(s, mode)) * lda + c];
     y[(long)r * ldy + c] = other ? gelu_tanh(v) * o : gelu_tanh(o) * v;
 }

@@ -191,9 +191,6 @@ __device__ __forceinline__ void tcs_store(float (&acc)[TILES][4], int WN, int n_
         }
 }
 
-// Pulls the block's weights (columns [n0, n0 + cols), K blocks [b0, b0 + nk)) into L2 before the wait on
-// the previous kernel: the warps' loads then wait for L2, not DRAM, and the block's DRAM reads overlap the
-// previous kernel's tail. One 128-byte line a thread at a time.
 // The kernels' shared memory, declared in the kernels (one copy for all of a kernel's instantiations).
 template <int TILES> struct TcsShared {
     static_assert(TCS_XS * 4 * 2 * 32 * 4 >= TCS_WARPS * TILES * 4 * 32, "the sums' reduction fits in xs");
@@ -340,16 +337,16 @@ extern "C" __global__ void __launch_bounds__(256)
     if (tcs_split_sum(s, mode, part, S, N, bias, &r, &c, &v)) y[(long)r * ldy + c] = v;
 }
 
-// A matmul with the GeluMul after it, in the K splits' sum: other = 0: y[r][n] = gelu_tanh(a[r][n]) * (the
-// S splits' sums + bias) (the up projection of a gate/up pair, a its gate); 1: gelu_tanh(sums + bias) *
+// A matmul with the GeluMul after it, in the K splits' sum: gate_of_sum 0: y[r][n] = gelu_tanh(a[r][n]) *
+// (the S splits' sums + bias) (the up projection of a gate/up pair, a its gate); 1: gelu_tanh(sums + bias) *
 // a[r][n] (a gate multiplying a). a is read at the step's input rows, as g4_elementwise reads it.
 extern "C" __global__ void __launch_bounds__(256)
     g4_mm_rows_tcs_sum_gelu(const Step* s, int mode, const float* part, int S, int N, const float* a,
-                            long lda, int other, float* y, long ldy, const float* bias) {
+                            long lda, int gate_of_sum, float* y, long ldy, const float* bias) {
     pdl_begin();
     int r, c;
     float v;
     if (!tcs_split_sum(s, mode, part, S, N, bias, &r, &c, &v)) return;
     const float o        = a[(long)(r + in_row0(s, mode)) * lda + c];
-    y[(long)r * ldy + c] = other ? gelu_tanh(v) * o : gelu_tanh(o) * v;
+    y[(long)r * ldy + c] = gate_of_sum ? gelu_tanh(v) * o : gelu_tanh(o) * v;
 }

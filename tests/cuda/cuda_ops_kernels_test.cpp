@@ -242,20 +242,22 @@ TEST(MatmulRowsTc, MatchTheReference) {
                 EXPECT_LT(rel(dev.down<float>(yd, (size_t)T * N), want), 3e-5)
                     << (nf4 ? "nf4" : "bf16") << " " << N << "x" << K << " dq " << c.dq << " tiled "
                     << c.tiled << " rows " << T << " column groups " << wn << " splits " << S;
-                for (int other = 0; other < 2 && S > 1; ++other) { // with the GeluMul after the matmul
+                for (int gate_of_sum = 0; gate_of_sum < 2 && S > 1;
+                     ++gate_of_sum) { // with the GeluMul after the matmul
                     const std::vector<float> a_h = randn((size_t)T * N, 60 + T, 2.0f);
                     CUdeviceptr ad = dev.up(a_h), yg = dev.alloc((size_t)T * N * 4);
                     long lda = N;
                     launch("g4_mm_rows_tcs_sum_gelu", (unsigned)((T * N + 255) / 256), 1, 256,
-                           {&st, &mode, &part, &S, &N, &ad, &lda, &other, &yg, &ldy, &bias});
+                           {&st, &mode, &part, &S, &N, &ad, &lda, &gate_of_sum, &yg, &ldy, &bias});
                     auto gelu = [](double v) {
                         return 0.5 * v * (1.0 + std::tanh(0.7978845608028654 * (v + 0.044715 * v * v * v)));
                     };
                     std::vector<float> want_g = want;
                     for (size_t i = 0; i < want_g.size(); ++i)
-                        want_g[i] = (float)(other ? gelu(want[i]) * a_h[i] : gelu(a_h[i]) * want[i]);
+                        want_g[i] = (float)(gate_of_sum ? gelu(want[i]) * a_h[i] : gelu(a_h[i]) * want[i]);
                     EXPECT_LT(rel(dev.down<float>(yg, (size_t)T * N), want_g), 3e-5)
-                        << "sum_gelu " << other << " " << N << "x" << K << " rows " << T << " splits " << S;
+                        << "sum_gelu " << gate_of_sum << " " << N << "x" << K << " rows " << T << " splits "
+                        << S;
                 }
             }
         }

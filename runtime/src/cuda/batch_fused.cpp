@@ -113,7 +113,7 @@ bool gated_proj_gate(const plan::Plan& p, const CudaLaunch& l) {
     const PlanOp &g = p.op(i0), &gm = p.op(i0 + 1), &pr = p.op(i0 + 2);
     return g.code == (uint16_t)OpCode::Matmul && gm.code == (uint16_t)OpCode::GeluMul &&
            pr.code == (uint16_t)OpCode::Matmul && gm.in[0] == g.out[0] && gm.in[1] != g.out[0] &&
-           !gm.in_col[0] && !gm.out_col[0] && !g.out_col[0] && pr.in[0] == gm.out[0] &&
+           !gm.in_col[0] && !gm.out_col[0] && !g.out_col[0] && pr.in[0] == gm.out[0] && !pr.in_col[0] &&
            pr.in[1] != g.out[0] && pr.in[2] != g.out[0];
 }
 
@@ -144,12 +144,8 @@ g4_status launch_gated_proj_rows(SessionState* st, const plan::Plan& p, const Cu
     const int32_t i0 = l.op;
     // Up to 4 rows: at 8 rows the two GEMVs took 1264 us a step of 35 layers against 1063 us for the record's
     // ops one by one (2..8-row matmuls and the GeluMul) on an H200.
-    if (n > 4 || l.count != 3 || (size_t)i0 + 2 >= p.n_ops()) return G4_OK;
+    if (n > 4 || !gated_proj_gate(p, l)) return G4_OK;
     const PlanOp &g = p.op(i0), &gm = p.op(i0 + 1), &pr = p.op(i0 + 2);
-    if (g.code != (uint16_t)OpCode::Matmul || gm.code != (uint16_t)OpCode::GeluMul ||
-        pr.code != (uint16_t)OpCode::Matmul || gm.in[0] != g.out[0] || gm.in_col[0] || gm.out_col[0] ||
-        g.out_col[0] || pr.in[0] != gm.out[0] || pr.in_col[0])
-        return G4_OK;
     auto lanes_for = [&](int32_t w) {
         const int64_t C = p.tensor(w).dims[1] / (p.tensor(w).dtype == (uint8_t)DType::NF4 ? 32 : 8);
         int lanes       = 8;

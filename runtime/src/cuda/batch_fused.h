@@ -25,8 +25,8 @@ g4_status launch_resnorm_rows(SessionState* st, const plan::Plan& p, const plan:
 // Whether Mlp record l begins with a gate and an up matmul of the same input and the GeluMul of their
 // outputs, which no later op of the record reads.
 bool mlp_gate_up(const plan::Plan& p, const plan::CudaLaunch& l);
-// Whether GatedProj record l is a matmul, the GeluMul of its output by another tensor, and a matmul of that,
-// the first matmul's output read by the GeluMul only.
+// Whether GatedProj record l is a matmul, the GeluMul of its output by another tensor, and a matmul of that
+// (from column 0), the first matmul's output read by the GeluMul only.
 bool gated_proj_gate(const plan::Plan& p, const plan::CudaLaunch& l);
 // The gate, up and GeluMul ops of an Mlp record (its first three) as one gate/up GEMV of n rows; the caller
 // runs the record's other ops.

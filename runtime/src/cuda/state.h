@@ -47,8 +47,8 @@ struct Kernels {
     CUfunction mlp[12], nf4_untile32;
     // g4_mm_rows_nf4 / _bf16 (kernels/cuda/matmul_rows.cu): matmuls of 2..8 rows in float32;
     // g4_mm_rows_tcs_nf4 / _bf16 and their K splits' sum g4_mm_rows_tcs_sum (matmul_rows_tc.cu): of 2..16
-    // rows on tensor cores; g4_mm_rows_tcs_sum_gelu: the sum of an up projection with its GeluMul; null in
-    // older plans' modules
+    // rows on tensor cores; g4_mm_rows_tcs_sum_gelu: the sum with the GeluMul after the matmul (an Mlp's up
+    // projection, a GatedProj's gate); null in older plans' modules
     CUfunction mm_rows_nf4, mm_rows_bf16, mm_rows_tc_nf4, mm_rows_tc_bf16, mm_rows_tc_sum,
         mm_rows_tc_sum_gelu;
     // The batched step's per-sequence ops over all its rows (kernels/cuda/batch_rows.cu): g4_rope_rows,

@@ -11,9 +11,9 @@
 // takes the TILES n8 tiles of column group w % WN and the range's K blocks kg, kg + WK, ... (kg = w / WN,
 // WK = 8 / WN); the K groups' sums meet in shared memory. With S > 1 each split writes its sums to
 // part[y][T][N] and g4_mm_rows_tcs_sum adds the S of them in split order, then the bias: the result does not
-// depend on timing. Each warp keeps D K blocks of weights in flight in a ring of registers, each slot
-// refilled as soon as it is used, the next chunk's first ones loaded before its x is staged (the grid for a
-// shape: runtime/src/cuda/rows_tc_grid.h).
+// depend on timing (the _gelu, _norm_rope and _resnorm sums also run the ops after the matmul). Each warp
+// keeps D K blocks of weights in flight in a ring of registers, each slot refilled as soon as it is used,
+// the next chunk's first ones loaded before its x is staged (the grid: runtime/src/cuda/rows_tc_grid.h).
 // The order of k inside a 32-element slice is permuted (x and W use the same order; the sum does not care):
 // the lane of thread-in-group t (lane % 4) holds elements 8t .. 8t + 7 of its column (lane / 4) in the slice
 // (NF4: one 32-bit word of codes; bf16: 16 bytes) and at k-step s multiplies elements 8t + 4s .. 8t + 4s + 3:
@@ -349,4 +349,63 @@ extern "C" __global__ void __launch_bounds__(256)
     if (!tcs_split_sum(s, mode, part, S, N, bias, &r, &c, &v)) return;
     const float o        = a[(long)(r + in_row0(s, mode)) * lda + c];
     y[(long)r * ldy + c] = gate_of_sum ? gelu_tanh(v) * o : gelu_tanh(o) * v;
+}
+
+// A matmul with the ResNorm record after it (g4_resnorm_rows on its rows, d the matmul's output), in the K
+// splits' sum: y[t] = the S splits' sums + bias (written, as the matmul writes it), then x_out[t] and xn[t]
+// of g4_resnorm on x[t] and y[t]. The sum's thread of a float4 of y is the one the norm's float4 path reads
+// it with. grid (rows), block as g4_resnorm_rows' launch (H = N, N % 4 == 0, rows 16-byte aligned).
+extern "C" __global__ void __launch_bounds__(1024)
+    g4_mm_rows_tcs_sum_resnorm(const Step* s, int mode, const float* part, int S, int N, const float* bias,
+                               float* y, long ldy, const float* x, long ldx, const void* pw, int pwdt,
+                               const void* sc, int sdt, float f, float* xout, long ldxo, const void* prew,
+                               int prewdt, float* xn, long ldxn, float eps) {
+    pdl_begin();
+    const int t = blockIdx.x, T = rows_of(s, mode);
+    if (t >= T) return;
+    float* yr = y + (long)t * ldy;
+    for (int q = threadIdx.x; q < N / 4; q += blockDim.x) {
+        float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll 8
+        for (int k = 0; k < S; ++k) {
+            const float4 p = __ldcg((const float4*)(part + ((long)k * T + t) * N) + q);
+            v.x += p.x, v.y += p.y, v.z += p.z, v.w += p.w;
+        }
+        if (bias) v.x += bias[4 * q], v.y += bias[4 * q + 1], v.z += bias[4 * q + 2], v.w += bias[4 * q + 3];
+        ((float4*)yr)[q] = v;
+    }
+    __syncthreads();
+    resnorm_entry<false>(x + t * ldx, yr, pw, pwdt, sc, sdt, f, xout ? xout + t * ldxo : xout, prew, prewdt,
+                         xn ? xn + t * ldxn : xn, N, eps, nullptr, nullptr, 0);
+}
+
+// A matmul with the per-head RMS norm (g4_rms_norm over groups of dim; weight w, or none) and the RoPE
+// (g4_rope_rows; inv_freq, or none) after it, both in place on its output, in the K splits' sum: y[t][h dim
+// + i] for head h = blockIdx.x. Rows of a batched step: s its records, row t at position s[1 + t].pos0.
+// grid (N / dim, rows), block dim (even, <= 1024).
+extern "C" __global__ void __launch_bounds__(1024)
+    g4_mm_rows_tcs_sum_norm_rope(const Step* s, int mode, const float* part, int S, int N, const float* bias,
+                                 float* y, long ldy, const void* w, int wdt, int dim, float eps,
+                                 const float* inv_freq) {
+    __shared__ float red[32];
+    __shared__ float hv[1024];
+    pdl_begin();
+    const int t = blockIdx.y, T = rows_of(s, mode), i = threadIdx.x, c = blockIdx.x * dim + i;
+    if (t >= T) return;
+    float v = 0.0f;
+#pragma unroll 4
+    for (int k = 0; k < S; ++k)
+        v += __ldcg(part + ((long)k * T + t) * N + c);
+    v += bias ? bias[c] : 0.0f;
+    const float r = powf(block_sum(v * v, red) / (float)dim + eps, -0.5f);
+    v             = v * r * (w ? loadw(w, wdt, i) : 1.0f);
+    if (inv_freq) {
+        hv[i] = v;
+        __syncthreads();
+        const int half = dim >> 1, k = i < half ? i : i - half;
+        float sn, cs;
+        sincosf((float)s[1 + t].pos0 * inv_freq[k], &sn, &cs);
+        v = i < half ? hv[i] * cs - hv[i + half] * sn : hv[i] * cs + hv[i - half] * sn;
+    }
+    y[(long)t * ldy + c] = v;
 }

@@ -264,6 +264,143 @@ TEST(MatmulRowsTc, MatchTheReference) {
     }
 }
 
+// ---- the K splits' sums that run the ops after a matmul (kernels/cuda/matmul_rows_tc.cu): at Gemma 4 E2B's
+// q, k, v, o and down shapes, 9 and 16 rows at their own positions, the split sums of g4_mm_rows_tcs_nf4
+// with the per-head RmsNorm (bf16, f32 or no weight) and the RoPE of the batched step's rows after them
+// (g4_mm_rows_tcs_sum_norm_rope), or the ResNorm of a decode row after them (g4_mm_rows_tcs_sum_resnorm:
+// residual branch, scalar, both outputs); within 3e-5 of the reference (the matmul in double, then the ops).
+TEST(MatmulRowsTc, SumsRunTheOpsAfterTheMatmul) {
+    NEED_GPU();
+    Dev dev;
+    struct Case {
+        int n, k, dim; // dim: a head's width (norm and rope), 0: the ResNorm of rows of n
+        int wdt;       // the norm weight: 0 f32, 1 bf16, -1 none
+        bool rope;
+    };
+    const Case cases[] = {{2048, 1536, 256, 1, true},  {4096, 1536, 512, 0, true}, {256, 1536, 256, 1, true},
+                          {256, 1536, 256, -1, false}, {1536, 2048, 0, 1, false},  {1536, 6144, 0, 0, false}};
+    for (const Case& c : cases) {
+        RowsWeight rw     = rows_weight(dev, DType::NF4, c.n, c.k, 31, false, false);
+        CUdeviceptr codes = rw.codes, am = rw.am, am2 = rw.am2, off = rw.off, c2 = rw.c2;
+        const std::vector<float> bias_h    = randn((size_t)c.n, 7, 0.5f);
+        CUdeviceptr bias                   = dev.up(bias_h);
+        const g4::cuda_ws::RowsTcGrid pick = g4::cuda_ws::rows_tc_grid(c.n, c.k);
+        ASSERT_GT(pick.splits, 1) << c.n << "x" << c.k;
+        CUdeviceptr part        = dev.alloc((size_t)pick.splits * 16 * c.n * 4);
+        const int W             = c.dim ? c.dim : c.n; // the norm weight's width
+        std::vector<float> nw_h = randn((size_t)W, 8, 0.3f), pw_h = randn((size_t)c.n, 9, 0.3f);
+        for (float& v : nw_h)
+            v = c.wdt == 1 ? bf16_to_f32(f32_to_bf16(1.0f + v)) : 1.0f + v;
+        for (float& v : pw_h)
+            v = bf16_to_f32(f32_to_bf16(1.0f + v));
+        std::vector<uint16_t> nw_b(nw_h.size()), pw_b(pw_h.size());
+        for (size_t i = 0; i < nw_h.size(); ++i)
+            nw_b[i] = f32_to_bf16(nw_h[i]);
+        for (size_t i = 0; i < pw_h.size(); ++i)
+            pw_b[i] = f32_to_bf16(pw_h[i]);
+        CUdeviceptr nw  = c.wdt == 1   ? dev.up(nw_b)
+                          : c.wdt == 0 ? dev.up(nw_h)
+                                       : 0,
+                    pwd = dev.up(pw_b), prewd = dev.up(nw_h);
+        std::vector<float> inv_h((size_t)std::max(1, W / 2));
+        for (size_t k = 0; k < inv_h.size(); ++k) // partial rotary at 512: the second half does not turn
+            inv_h[k] = W == 512 && k >= 64 ? 0.0f : (float)std::pow(10000.0, -2.0 * (double)k / W);
+        CUdeviceptr inv = dev.up(inv_h);
+        const float eps = 1e-6f, f = 1.0f, scalar_h = 0.75f;
+        CUdeviceptr scd = dev.up(std::vector<float>{scalar_h});
+        for (int T : {9, 16}) {
+            std::vector<int> recs = {T, 0, T, 0};
+            std::vector<int> pos((size_t)T);
+            for (int t = 0; t < T; ++t) {
+                pos[(size_t)t] = 3 + 517 * t;
+                recs.insert(recs.end(), {1, pos[(size_t)t], 1, 0});
+            }
+            CUdeviceptr st             = dev.up(recs);
+            const std::vector<float> x = randn((size_t)T * c.k, 50 + T, 1.0f);
+            std::vector<double> mm((size_t)T * c.n);
+            {
+                const std::vector<float> r = rw.w.ref(x, T);
+                for (size_t i = 0; i < mm.size(); ++i)
+                    mm[i] = (double)r[i] + bias_h[i % (size_t)c.n];
+            }
+            CUdeviceptr xd = dev.up(x), yd = dev.alloc((size_t)T * c.n * 4);
+            int mode = 0, N = c.n, K = c.k, tl = 0, wn = pick.wn, S = pick.splits;
+            long ldx = K, ldy = N;
+            const unsigned grid =
+                (unsigned)((N + g4::cuda_ws::kRowsTcCols * wn - 1) / (g4::cuda_ws::kRowsTcCols * wn));
+            launch("g4_mm_rows_tcs_nf4", grid, (unsigned)S, 256,
+                   {&st, &mode, &xd, &ldx, &codes, &am, &am2, &off, &c2, &N, &K, &yd, &ldy, &bias, &tl, &wn,
+                    &part});
+            auto rms = [&](const double* v, int w) {
+                double ss = 0;
+                for (int i = 0; i < w; ++i)
+                    ss += v[i] * v[i];
+                return 1.0 / std::sqrt(ss / w + eps);
+            };
+            if (c.dim) {
+                int dim = c.dim, wdt = std::max(0, c.wdt);
+                float e          = eps;
+                CUdeviceptr invp = c.rope ? inv : 0;
+                launch("g4_mm_rows_tcs_sum_norm_rope", (unsigned)(N / dim), (unsigned)T, (unsigned)dim,
+                       {&st, &mode, &part, &S, &N, &bias, &yd, &ldy, &nw, &wdt, &dim, &e, &invp});
+                std::vector<float> want((size_t)T * N);
+                for (int t = 0; t < T; ++t)
+                    for (int h = 0; h < N / dim; ++h) {
+                        const double* v = &mm[(size_t)t * N + (size_t)h * dim];
+                        const double r  = rms(v, dim);
+                        std::vector<double> u((size_t)dim);
+                        for (int i = 0; i < dim; ++i)
+                            u[(size_t)i] = v[i] * r * (c.wdt >= 0 ? nw_h[(size_t)i] : 1.0);
+                        for (int i = 0; i < dim; ++i) {
+                            double o = u[(size_t)i];
+                            if (c.rope) {
+                                const int half = dim / 2, k = i < half ? i : i - half;
+                                const double a = (double)pos[(size_t)t] * inv_h[(size_t)k];
+                                o              = i < half
+                                                     ? u[(size_t)i] * std::cos(a) - u[(size_t)(i + half)] * std::sin(a)
+                                                     : u[(size_t)i] * std::cos(a) + u[(size_t)(i - half)] * std::sin(a);
+                            }
+                            want[(size_t)t * N + (size_t)h * dim + (size_t)i] = (float)o;
+                        }
+                    }
+                EXPECT_LT(rel(dev.down<float>(yd, want.size()), want), 3e-5)
+                    << "norm_rope " << N << "x" << K << " dim " << dim << " weight " << c.wdt << " rope "
+                    << c.rope << " rows " << T;
+            } else {
+                const std::vector<float> xr = randn((size_t)T * N, 70 + T, 1.0f);
+                CUdeviceptr xrd = dev.up(xr), xo = dev.alloc((size_t)T * N * 4),
+                            xn = dev.alloc((size_t)T * N * 4);
+                int pwdt = 1, sdt = 0, prewdt = 0;
+                float ff = f, e = eps;
+                long ld = N;
+                launch("g4_mm_rows_tcs_sum_resnorm", (unsigned)T, 1, N <= 2048 ? 512 : 1024,
+                       {&st,   &mode, &part, &S,  &N,  &bias, &yd,    &ldy,    &xrd, &ld, &pwd,
+                        &pwdt, &scd,  &sdt,  &ff, &xo, &ld,   &prewd, &prewdt, &xn,  &ld, &e});
+                std::vector<float> want_y((size_t)T * N), want_o((size_t)T * N), want_n((size_t)T * N);
+                for (int t = 0; t < T; ++t) {
+                    const double* d = &mm[(size_t)t * N];
+                    const double r1 = rms(d, N);
+                    std::vector<double> o((size_t)N);
+                    for (int i = 0; i < N; ++i) {
+                        want_y[(size_t)t * N + i] = (float)d[i];
+                        o[(size_t)i] = (xr[(size_t)t * N + i] + d[i] * r1 * pw_h[(size_t)i]) * f * scalar_h;
+                        want_o[(size_t)t * N + i] = (float)o[(size_t)i];
+                    }
+                    const double r2 = rms(o.data(), N);
+                    for (int i = 0; i < N; ++i)
+                        want_n[(size_t)t * N + i] = (float)(o[(size_t)i] * r2 * nw_h[(size_t)i]);
+                }
+                const char* what[]               = {"y", "x_out", "xn"};
+                const CUdeviceptr got[]          = {yd, xo, xn};
+                const std::vector<float>* want[] = {&want_y, &want_o, &want_n};
+                for (int q = 0; q < 3; ++q)
+                    EXPECT_LT(rel(dev.down<float>(got[q], (size_t)T * N), *want[q]), 3e-5)
+                        << "resnorm " << what[q] << " " << N << "x" << K << " rows " << T;
+            }
+        }
+    }
+}
+
 // ---- the fused decode kernels of several rows (batched decode steps, kernels/cuda/decode_rows.cu): each row
 // of g4_gemv_rows_* and g4_resnorm_rows is the one-row kernel's result on that row, bit for bit (the same
 // float32 sums), for 1..8 rows in strided views.

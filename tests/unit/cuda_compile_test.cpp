@@ -80,7 +80,9 @@ TEST(CudaCompile, AllKernelsForAllTargets) {
                               "g4_mm_rows_tcs_nf4", // batched steps of 9..16 rows
                               "g4_mm_rows_tcs_bf16",
                               "g4_mm_rows_tcs_sum",
-                              "g4_mm_rows_tcs_sum_gelu"})
+                              "g4_mm_rows_tcs_sum_gelu",
+                              "g4_mm_rows_tcs_sum_norm_rope",
+                              "g4_mm_rows_tcs_sum_resnorm"})
             EXPECT_NE(kb.ptx.find(std::string(".entry ") + k), std::string::npos)
                 << k << " missing for " << t;
         EXPECT_NE(kb.ptx.find(".target sm_" + t.substr(3)), std::string::npos) << t;

@@ -9,6 +9,8 @@
 #include "runtime/src/cuda/kernel_args.h"
 
 #include <algorithm>
+#include <cstdint>
+#include <vector>
 
 namespace g4::cuda_rt {
 
@@ -178,28 +180,54 @@ g4_status launch_gated_proj_rows(SessionState* st, const plan::Plan& p, const Cu
     return G4_OK;
 }
 
+namespace {
+
+// ResNorm record l's tensors as g4_resnorm_rows takes them, in *e (its d at *d, *ldd); false where the rows
+// kernel does not take them (its float4 path, which the one-row kernel takes for these rows, cannot read
+// them: the same sums), or the module lacks it.
+bool resnorm_args(SessionState* st, const plan::Plan& p, const CudaLaunch& l, SessionState::SumEpilogue* e,
+                  CUdeviceptr* d, long* ldd) {
+    const plan::ResNormLaunch rn = plan::launch_params<plan::ResNormLaunch>(l);
+    if (!st->cur->g->k.resnorm_rows || rn.x < 0 || rn.cols % 4 != 0) return false;
+    auto T  = [&](int32_t t) { return t >= 0 ? addr(st, p, t, 0) : (CUdeviceptr)0; };
+    e->kind = SessionState::SumEpilogue::ResNorm;
+    e->x = T(rn.x), e->pw = T(rn.post_w), e->sc = T(rn.scalar), e->xout = T(rn.x_out), e->prew = T(rn.pre_w);
+    e->xn = T(rn.xn), *d = T(rn.d);
+    e->ldx = ld_of(p, rn.x), *ldd = ld_of(p, rn.d), e->ldxo = ld_of(p, rn.x_out), e->ldxn = ld_of(p, rn.xn);
+    e->pwdt = dt_code(p, rn.post_w), e->sdt = dt_code(p, rn.scalar), e->prewdt = dt_code(p, rn.pre_w);
+    e->f = rn.scale, e->eps = rn.eps;
+    return vec_rows(e->x, e->ldx) && (!*d || vec_rows(*d, *ldd)) &&
+           (!e->xout || vec_rows(e->xout, e->ldxo)) && (!e->xn || vec_rows(e->xn, e->ldxn));
+}
+
+// Whether op a references tensor t.
+bool uses(const PlanOp& a, int32_t t) {
+    return a.in[0] == t || a.in[1] == t || a.in[2] == t || a.out[0] == t || a.out[1] == t;
+}
+
+// The first op after op i (within 16) that references tensor t, or SIZE_MAX.
+size_t next_use(const plan::Plan& p, size_t i, int32_t t) {
+    for (size_t j = i + 1; j < p.n_ops() && j <= i + 16; ++j)
+        if (uses(p.op(j), t)) return j;
+    return SIZE_MAX;
+}
+
+} // namespace
+
 g4_status launch_resnorm_rows(SessionState* st, const plan::Plan& p, const CudaLaunch& l, int32_t n,
                               bool* done, std::string* err) {
-    *done                        = false;
-    const Kernels& K             = st->cur->g->k;
-    const plan::ResNormLaunch rn = plan::launch_params<plan::ResNormLaunch>(l);
-    if (!K.resnorm_rows || rn.x < 0) return G4_OK;
-    auto T        = [&](int32_t t) { return t >= 0 ? addr(st, p, t, 0) : (CUdeviceptr)0; };
-    CUdeviceptr x = T(rn.x), dd = T(rn.d), pw = T(rn.post_w), sc = T(rn.scalar), xo = T(rn.x_out),
-                prew = T(rn.pre_w), xn = T(rn.xn);
-    long ldx = ld_of(p, rn.x), ldd = ld_of(p, rn.d), ldxo = ld_of(p, rn.x_out), ldxn = ld_of(p, rn.xn);
-    // The one-row kernel takes its float4 path for these rows; the rows kernel must too (the same sums).
-    if (rn.cols % 4 != 0 || !vec_rows(x, ldx) || (dd && !vec_rows(dd, ldd)) || (xo && !vec_rows(xo, ldxo)) ||
-        (xn && !vec_rows(xn, ldxn)))
-        return G4_OK;
-    int pwdt = dt_code(p, rn.post_w), sdt = dt_code(p, rn.scalar), prewdt = dt_code(p, rn.pre_w), H = rn.cols;
-    float f = rn.scale, eps = rn.eps;
+    *done = false;
+    SessionState::SumEpilogue e;
+    CUdeviceptr dd = 0;
+    long ldd       = 0;
+    if (!resnorm_args(st, p, l, &e, &dd, &ldd)) return G4_OK;
+    int H             = plan::launch_params<plan::ResNormLaunch>(l).cols;
     const unsigned nt = H <= 2048 ? 512 : 1024; // as the one-row launch (the block sums' order)
-    CUresult r        = launch(
-               st, K.resnorm_rows, (unsigned)n, 1, nt,
-               const_cast<void**>(std::initializer_list<void*>{&x, &ldx, &dd, &ldd, &pw, &pwdt, &sc, &sdt, &f, &xo,
-                                                               &ldxo, &prew, &prewdt, &xn, &ldxn, &H, &eps}
-                               .begin()));
+    CUresult r        = launch(st, st->cur->g->k.resnorm_rows, (unsigned)n, 1, nt,
+                               const_cast<void**>(std::initializer_list<void*>{
+                                   &e.x, &e.ldx, &dd, &ldd, &e.pw, &e.pwdt, &e.sc, &e.sdt, &e.f, &e.xout, &e.ldxo,
+                                   &e.prew, &e.prewdt, &e.xn, &e.ldxn, &H, &e.eps}
+                                               .begin()));
     if (r != 0) {
         *err = "CUDA error " + error_name(r) + " launching the residual norm of op '" +
                p.str(p.op(l.op).name) + "' for a batched step";
@@ -207,6 +235,55 @@ g4_status launch_resnorm_rows(SessionState* st, const plan::Plan& p, const CudaL
     }
     *done = true;
     return G4_OK;
+}
+
+bool sum_epilogue(SessionState* st, const plan::Plan& p, size_t i, const CudaLaunch* next,
+                  const std::vector<uint8_t>& op_by_op, size_t* ran0, size_t* ran1) {
+    const Kernels& K = st->cur->g->k;
+    const PlanOp& mm = p.op(i);
+    *ran0 = *ran1 = SIZE_MAX;
+    st->sum_epi   = {};
+    if (mm.code != (uint16_t)OpCode::Matmul || mm.in[1] < 0 || mm.out[0] < 0 || mm.out_col[0] != 0)
+        return false;
+    const int32_t t = mm.out[0];
+    const int64_t N = p.tensor(mm.in[1]).dims[0];
+    if (next && K.mm_rows_tc_sum_resnorm) { // the ResNorm record after the matmul's
+        const plan::ResNormLaunch rn = plan::launch_params<plan::ResNormLaunch>(*next);
+        CUdeviceptr d                = 0;
+        long ldd                     = 0;
+        SessionState::SumEpilogue e;
+        if (rn.d == t && rn.cols == N && resnorm_args(st, p, *next, &e, &d, &ldd) &&
+            vec_rows(addr(st, p, t, 0), ld_of(p, t))) {
+            st->sum_epi = e;
+            return true;
+        }
+    }
+    if (!K.mm_rows_tc_sum_norm_rope) return false;
+    // The per-head RmsNorm in place on the output, the first op to read it; then its Rope, the next one.
+    const size_t j = next_use(p, i, t);
+    if (j == SIZE_MAX || !op_by_op[j]) return false;
+    const PlanOp& nm = p.op(j);
+    if (nm.code != (uint16_t)OpCode::RmsNorm || nm.in[0] != t || nm.out[0] != t || nm.in_col[0] != 0 ||
+        nm.out_col[0] != 0)
+        return false;
+    const auto np = plan::params<plan::RmsNormParams>(nm);
+    if (np.cols != N || np.dim <= 0 || np.dim > 1024 || np.dim % 64 != 0 || N % np.dim != 0) return false;
+    SessionState::SumEpilogue e;
+    e.kind = SessionState::SumEpilogue::HeadNorm;
+    e.w = nm.in[1] >= 0 ? addr(st, p, nm.in[1], 0) : 0, e.wdt = dt_code(p, nm.in[1]), e.dim = np.dim;
+    e.eps          = np.eps;
+    *ran0          = j;
+    const size_t k = next_use(p, j, t);
+    if (k != SIZE_MAX && op_by_op[k] && p.op(k).code == (uint16_t)OpCode::Rope && p.op(k).in[0] == t &&
+        p.op(k).in_col[0] == 0 && p.op(k).in[1] >= 0) {
+        const auto rp = plan::params<plan::RopeParams>(p.op(k));
+        if (rp.dim == np.dim && (int64_t)rp.heads * rp.dim == N) {
+            e.inv_freq = addr(st, p, p.op(k).in[1], 0);
+            *ran1      = k;
+        }
+    }
+    st->sum_epi = e;
+    return true;
 }
 
 } // namespace g4::cuda_rt

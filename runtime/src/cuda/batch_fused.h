@@ -6,6 +6,7 @@
 #include "runtime/src/cuda/state.h"
 
 #include <string>
+#include <vector>
 
 namespace g4::cuda_rt {
 
@@ -22,6 +23,13 @@ g4_status launch_gated_proj_rows(SessionState* st, const plan::Plan& p, const pl
 // A ResNorm record (residual add and norms) over the n rows, one block a row.
 g4_status launch_resnorm_rows(SessionState* st, const plan::Plan& p, const plan::CudaLaunch& l, int32_t n,
                               bool* done, std::string* err);
+// Sets st->sum_epi where the K splits' sum of matmul op i on the tensor-core row matmuls can run the ops
+// after it in a batched step: the ResNorm record `next` (the record after i's, or null) whose d is i's
+// output, i being its record's last op; else the per-head RmsNorm in place on i's output, its first reader,
+// and the Rope in place after that, its next one, where op_by_op marks both as run one by one (*ran0, *ran1:
+// those ops, SIZE_MAX where none). False: it cannot (sum_epi cleared).
+bool sum_epilogue(SessionState* st, const plan::Plan& p, size_t i, const plan::CudaLaunch* next,
+                  const std::vector<uint8_t>& op_by_op, size_t* ran0, size_t* ran1);
 // Whether Mlp record l begins with a gate and an up matmul of the same input and the GeluMul of their
 // outputs, which no later op of the record reads.
 bool mlp_gate_up(const plan::Plan& p, const plan::CudaLaunch& l);

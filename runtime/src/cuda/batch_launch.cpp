@@ -253,7 +253,19 @@ g4_status enqueue_group(g4_session* const* ss, int32_t n, bool profile, std::str
         bg.ev_label.clear();
         if (g4_status g = mark("token ids"); g != G4_OK) return g;
     }
-    auto run_op = [&](size_t i) -> g4_status {
+    // Walking the schedule: op_by_op marks the ops of records run one by one; a matmul's K splits' sum may
+    // run later ops (sum_epilogue), which ran marks; next_rn is the ResNorm record after the record walked,
+    // which its last op's sum may run (rn_ran).
+    const bool walk = rows && schedule_covers(p);
+    std::vector<uint8_t> op_by_op(walk ? p.n_ops() : 0), ran(walk ? p.n_ops() : 0);
+    const plan::CudaLaunch* next_rn = nullptr;
+    size_t rec_last                 = SIZE_MAX; // the last op of the record walked
+    bool rn_ran                     = false;
+    auto run_op                     = [&](size_t i) -> g4_status {
+        if (walk && ran[i]) return G4_OK;
+        size_t r0 = SIZE_MAX, r1 = SIZE_MAX;
+        const bool epi =
+            walk && sum_epilogue(st0, p, i, i == rec_last ? next_rn : nullptr, op_by_op, &r0, &r1);
         g4_status g = G4_OK;
         bool done   = false;
         if (!rt::op_per_sequence(p.op(i).code)) {
@@ -265,8 +277,15 @@ g4_status enqueue_group(g4_session* const* ss, int32_t n, bool profile, std::str
         const bool one_launch = done;
         for (int32_t j = 0; j < n && g == G4_OK && !done; ++j)
             g = launch_for_session(st0, session_of(ss[j]), p, i, j, bg.steps + (uint64_t)(1 + j) * kStep,
-                                   err);
-        return g == G4_OK ? mark(op_label(p, i, one_launch && rt::op_per_sequence(p.op(i).code))) : g;
+                                                       err);
+        std::string label = op_label(p, i, one_launch && rt::op_per_sequence(p.op(i).code));
+        if (epi && st0->sum_epi.kind == SessionState::SumEpilogue::None) { // applied
+            if (r0 == SIZE_MAX) rn_ran = true, label += " +resnorm";
+            if (r0 != SIZE_MAX) ran[r0] = 1, label += " +norm";
+            if (r1 != SIZE_MAX) ran[r1] = 1, label += " +rope";
+        }
+        st0->sum_epi = {};
+        return g == G4_OK ? mark(label) : g;
     };
     const CUdeviceptr saved = l0.step;
     l0.step                 = bg.steps;
@@ -274,12 +293,29 @@ g4_status enqueue_group(g4_session* const* ss, int32_t n, bool profile, std::str
     // Groups of more than 8 rows run the matmuls of Gemv, GatedProj and Mlp records op by op, on the
     // tensor-core row matmuls (the fused row GEMVs take at most 8 rows).
     const bool fused_mm = n <= 8;
-    if (rows && schedule_covers(p)) {
+    if (walk) {
+        for (size_t li = 0; li < p.n_launches(); ++li) {
+            const plan::CudaLaunch& l = p.launch(li);
+            const bool own =
+                l.kind != (uint16_t)plan::LaunchKind::ResNorm && l.kind != (uint16_t)plan::LaunchKind::Mlp &&
+                l.kind != (uint16_t)plan::LaunchKind::GatedProj && l.kind != (uint16_t)plan::LaunchKind::Gemv;
+            for (size_t i = (size_t)l.op; i < (size_t)l.op + l.count; ++i)
+                op_by_op[i] = own ? 1 : 0;
+        }
         for (size_t li = 0; li < p.n_launches() && g == G4_OK; ++li) {
             const plan::CudaLaunch& l = p.launch(li);
             bool done                 = false;
             size_t first              = (size_t)l.op;
             std::string label;
+            if (l.kind == (uint16_t)plan::LaunchKind::ResNorm && rn_ran) { // run by the matmul before it
+                rn_ran = false;
+                continue;
+            }
+            rn_ran   = false;
+            next_rn  = li + 1 < p.n_launches() && p.launch(li + 1).kind == (uint16_t)plan::LaunchKind::ResNorm
+                           ? &p.launch(li + 1)
+                           : nullptr;
+            rec_last = (size_t)l.op + l.count - 1;
             if (fused_mm && l.kind == (uint16_t)plan::LaunchKind::Gemv) {
                 g = launch_gemv_rows(st0, p, l, n, &done, &label, err);
             } else if (fused_mm && l.kind == (uint16_t)plan::LaunchKind::GatedProj) {
@@ -319,6 +355,7 @@ g4_status enqueue_group(g4_session* const* ss, int32_t n, bool profile, std::str
             if (g == G4_OK && done) g = mark(label);
             for (size_t i = first; i < (size_t)l.op + l.count && g == G4_OK && !done; ++i)
                 g = run_op(i);
+            next_rn = nullptr;
         }
     } else {
         for (size_t i = 0; i < p.n_ops() && g == G4_OK; ++i)

@@ -38,6 +38,8 @@ g4_status bind_matmul_kernels(const ModuleKernels& m, Kernels& k, std::string* e
     m.get_optional(&k.mm_rows_tc_bf16, "g4_mm_rows_tcs_bf16");
     m.get_optional(&k.mm_rows_tc_sum, "g4_mm_rows_tcs_sum");
     m.get_optional(&k.mm_rows_tc_sum_gelu, "g4_mm_rows_tcs_sum_gelu");
+    m.get_optional(&k.mm_rows_tc_sum_norm_rope, "g4_mm_rows_tcs_sum_norm_rope");
+    m.get_optional(&k.mm_rows_tc_sum_resnorm, "g4_mm_rows_tcs_sum_resnorm");
     if (!k.mm_rows_tc_sum) k.mm_rows_tc_nf4 = k.mm_rows_tc_bf16 = nullptr;
     return G4_OK;
 }
@@ -129,12 +131,28 @@ g4_status launch_matmul(const OpArgs& a, CUresult* rp, std::string* err) {
         else
             r = go(K.mm_rows_tc_bf16, grid, (unsigned)S, 256,
                    {&step, &mode, &in0, &ld0, &in1, &N, &Kd, &out0, &ldo, &in2, &wn, &part});
-        SessionState::GeluSum& gs = st->gelu_sum;
+        SessionState::GeluSum& gs     = st->gelu_sum;
+        SessionState::SumEpilogue& se = st->sum_epi;
+        using Epi                     = SessionState::SumEpilogue;
         if (gs.y && S > 1) { // consumed here, else the caller runs the GeluMul (batch_launch.cpp)
             if (r == 0)
                 r = go(K.mm_rows_tc_sum_gelu, (unsigned)ceil_div((long)n * N, 256), 1, 256,
                        {&step, &mode, &part, &S, &N, &gs.a, &gs.lda, &gs.gate_of_sum, &gs.y, &gs.ldy, &in2});
             gs = {};
+        } else if (se.kind == Epi::HeadNorm && S > 1 && K.mm_rows_tc_sum_norm_rope) { // as gelu_sum
+            if (r == 0)
+                r = go(K.mm_rows_tc_sum_norm_rope, (unsigned)(N / se.dim), (unsigned)n, (unsigned)se.dim,
+                       {&step, &mode, &part, &S, &N, &in2, &out0, &ldo, &se.w, &se.wdt, &se.dim, &se.eps,
+                        &se.inv_freq});
+            se = {};
+        } else if (se.kind == Epi::ResNorm && S > 1 && K.mm_rows_tc_sum_resnorm) {
+            const unsigned nt = N <= 2048 ? 512 : 1024; // as launch_resnorm_rows
+            if (r == 0)
+                r = go(K.mm_rows_tc_sum_resnorm, (unsigned)n, 1, nt,
+                       {&step,    &mode,    &part,      &S,       &N,       &in2,    &out0, &ldo,
+                        &se.x,    &se.ldx,  &se.pw,     &se.pwdt, &se.sc,   &se.sdt, &se.f, &se.xout,
+                        &se.ldxo, &se.prew, &se.prewdt, &se.xn,   &se.ldxn, &se.eps});
+            se = {};
         } else if (r == 0 && S > 1)
             r = go(K.mm_rows_tc_sum, (unsigned)ceil_div((long)n * N, 256), 1, 256,
                    {&step, &mode, &part, &S, &N, &out0, &ldo, &in2});

@@ -48,9 +48,10 @@ struct Kernels {
     // g4_mm_rows_nf4 / _bf16 (kernels/cuda/matmul_rows.cu): matmuls of 2..8 rows in float32;
     // g4_mm_rows_tcs_nf4 / _bf16 and their K splits' sum g4_mm_rows_tcs_sum (matmul_rows_tc.cu): of 2..16
     // rows on tensor cores; g4_mm_rows_tcs_sum_gelu: the sum with the GeluMul after the matmul (an Mlp's up
-    // projection, a GatedProj's gate); null in older plans' modules
+    // projection, a GatedProj's gate); g4_mm_rows_tcs_sum_norm_rope / _resnorm: the sum with the per-head
+    // RmsNorm and Rope after the matmul (q, k, v) / the ResNorm record after it; null in older plans' modules
     CUfunction mm_rows_nf4, mm_rows_bf16, mm_rows_tc_nf4, mm_rows_tc_bf16, mm_rows_tc_sum,
-        mm_rows_tc_sum_gelu;
+        mm_rows_tc_sum_gelu, mm_rows_tc_sum_norm_rope, mm_rows_tc_sum_resnorm;
     // The batched step's per-sequence ops over all its rows (kernels/cuda/batch_rows.cu): g4_rope_rows,
     // g4_kv_store_rows, g4_attn_decode_rows[_bf16], g4_attention_merge_rows; null in older plans' modules
     CUfunction rope_rows, kv_rows, attn_rows[2], merge_rows;
@@ -258,6 +259,20 @@ struct SessionState {
         long lda = 0, ldy = 0;
         int gate_of_sum = 0;
     } gelu_sum;
+    // A batched step's matmul on the tensor-core row matmuls whose K splits' sum runs ops after it, in place
+    // on its output: HeadNorm, a per-head RmsNorm (weight w or none, groups of dim) and the Rope after it
+    // (inv_freq, or 0: none); ResNorm, the ResNorm record after it (d the matmul's output; its tensors' rows
+    // as launch_resnorm_rows passes them). Set for that one matmul launch (kind None: none); the launch
+    // clears it where it applies it, else the caller runs those ops.
+    struct SumEpilogue {
+        enum Kind { None, HeadNorm, ResNorm } kind = None;
+        CUdeviceptr w = 0, inv_freq = 0; // HeadNorm
+        int wdt = 0, dim = 0;
+        CUdeviceptr x = 0, pw = 0, sc = 0, xout = 0, prew = 0, xn = 0; // ResNorm
+        long ldx = 0, ldxo = 0, ldxn = 0;
+        int pwdt = 0, sdt = 0, prewdt = 0;
+        float f = 1.0f, eps = 0.0f;
+    } sum_epi;
     bool merge_in_next =
         false; // launch_step: the next decode launch is AttnO, which merges the attention's partials
     // G4_CUDA_PROFILE totals [decode, prefill]: per op code (0..15), then 16 + each fused launch kind

@@ -226,8 +226,16 @@ def converter_input(ckpt, stage):
     config.json (checkpoints saved from a config alone)."""
     with open(os.path.join(ckpt, "config.json")) as f:
         cfg = json.load(f)
+    vocab = int((cfg.get("text_config") or cfg).get("vocab_size") or 262144)
     has_tok = os.path.isfile(os.path.join(ckpt, "tokenizer.json"))
-    if has_tok and cfg.get("architectures"):
+    tok = None
+    if has_tok:  # llama.cpp refuses a GGUF whose token count differs from the embedding's rows
+        with open(os.path.join(ckpt, "tokenizer.json"), encoding="utf-8") as f:
+            tok = json.load(f)
+        ids = list((tok.get("model") or {}).get("vocab", {}).values()) + [t["id"] for t in tok.get("added_tokens", [])]
+        if not ids or max(ids) < vocab:
+            tok = None
+    if has_tok and tok is None and cfg.get("architectures"):
         return ckpt
     shutil.rmtree(stage, ignore_errors=True)
     os.makedirs(stage)
@@ -238,8 +246,27 @@ def converter_input(ckpt, stage):
         cfg["architectures"] = ["Gemma4ForConditionalGeneration" if "text_config" in cfg else "Gemma4ForCausalLM"]
     with open(os.path.join(stage, "config.json"), "w") as f:
         json.dump(cfg, f, indent=1)
+    if tok is not None:  # the ids at or above vocab_size left out (the Gemma tokenizer's <image_soft_token>)
+        gone = {t["content"] for t in tok.get("added_tokens", []) if t["id"] >= vocab}
+        gone |= {k for k, v in tok["model"]["vocab"].items() if v >= vocab}
+        tok["added_tokens"] = [t for t in tok.get("added_tokens", []) if t["id"] < vocab]
+        tok["model"]["vocab"] = {k: v for k, v in tok["model"]["vocab"].items() if v < vocab}
+        merges = tok["model"].get("merges")
+        if merges:
+            tok["model"]["merges"] = [m for m in merges if not (set(m.split(" ") if isinstance(m, str) else m) & gone)]
+        os.remove(os.path.join(stage, "tokenizer.json"))
+        with open(os.path.join(stage, "tokenizer.json"), "w", encoding="utf-8") as f:
+            json.dump(tok, f, ensure_ascii=False)
+        tcp = os.path.join(stage, "tokenizer_config.json")
+        if os.path.lexists(tcp):
+            with open(tcp) as f:
+                tc = json.load(f)
+            tc["added_tokens_decoder"] = {k: v for k, v in tc.get("added_tokens_decoder", {}).items() if int(k) < vocab}
+            os.remove(tcp)
+            with open(tcp, "w") as f:
+                json.dump(tc, f, indent=1)
+        print(f"[bench] {ckpt}/tokenizer.json has ids from {vocab} on: the converter gets it without them", flush=True)
     if not has_tok:
-        vocab = int((cfg.get("text_config") or cfg).get("vocab_size") or 262144)
         tj, tc = synthetic_tokenizer(vocab)
         for name in ("tokenizer.json", "tokenizer_config.json"):
             if os.path.lexists(os.path.join(stage, name)):

@@ -15,7 +15,10 @@ request), serve_bench.md and serve_bench.png (matplotlib, if installed) under --
 With --llama-server BIN --gguf FILE, the same sweep also runs against llama.cpp's llama-server on that GGUF (the
 same checkpoint converted by llama.cpp; `-np` the same number of slots as g4's sessions, each with room for a
 request, `--llama-args` added, default "-ngl 99 -fa on": every layer on the GPU, flash attention), after g4's,
-and the report gives both and their ratio.
+and the report gives both and their ratio. A llama.cpp source tree builds it with
+    cmake -S DIR -B DIR/build -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DGGML_CUDA=ON
+    cmake --build DIR/build --target llama-server llama-quantize -j
+(bench/e2e/cpu_llamacpp_bench.py --stop-after quantize converts a checkpoint and quantizes it with that tree).
 
 Needs only the Python standard library (matplotlib for the chart). Example, the tiny fixture on a CPU:
     build/tools/g4 compile --model tests/fixtures/e2b_tiny --no-fidelity -o /tmp/tiny.g4plan

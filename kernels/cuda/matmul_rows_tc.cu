@@ -312,18 +312,23 @@ extern "C" __global__ void __launch_bounds__(256, 2)
                                                                 WN, part);
 }
 
-// Output (r, c) of a sum kernel's thread (false past the T x N outputs): the S splits' partial sums of
-// g4_mm_rows_tcs_* in split order, + bias.
+// Output (r, c) of T x N: the S splits' partial sums of g4_mm_rows_tcs_* in split order, + bias.
+__device__ __forceinline__ float tcs_part_sum(const float* part, int S, int T, int N, int r, int c,
+                                              const float* bias) {
+    float sum = 0.0f;
+    for (int k = 0; k < S; ++k)
+        sum += part[((long)k * T + r) * N + c];
+    return sum + (bias ? bias[c] : 0.0f);
+}
+
+// Output (r, c) of a sum kernel's thread (false past the T x N outputs): tcs_part_sum.
 __device__ __forceinline__ bool tcs_split_sum(const Step* s, int mode, const float* part, int S, int N,
                                               const float* bias, int* r, int* c, float* v) {
     const int T  = rows_of(s, mode);
     const long i = (long)blockIdx.x * 256 + threadIdx.x;
     if (i >= (long)T * N) return false;
     *r = (int)(i / N), *c = (int)(i % N);
-    float sum = 0.0f;
-    for (int k = 0; k < S; ++k)
-        sum += part[((long)k * T + *r) * N + *c];
-    *v = sum + (bias ? bias[*c] : 0.0f);
+    *v = tcs_part_sum(part, S, T, N, *r, *c, bias);
     return true;
 }
 
@@ -392,11 +397,7 @@ extern "C" __global__ void __launch_bounds__(1024)
     pdl_begin();
     const int t = blockIdx.y, T = rows_of(s, mode), i = threadIdx.x, c = blockIdx.x * dim + i;
     if (t >= T) return;
-    float v = 0.0f;
-#pragma unroll 4
-    for (int k = 0; k < S; ++k)
-        v += __ldcg(part + ((long)k * T + t) * N + c);
-    v += bias ? bias[c] : 0.0f;
+    float v       = tcs_part_sum(part, S, T, N, t, c, bias);
     const float r = powf(block_sum(v * v, red) / (float)dim + eps, -0.5f);
     v             = v * r * (w ? loadw(w, wdt, i) : 1.0f);
     if (inv_freq) {

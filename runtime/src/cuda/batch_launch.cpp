@@ -269,8 +269,9 @@ g4_status enqueue_group(g4_session* const* ss, int32_t n, bool profile, std::str
         size_t r0 = SIZE_MAX, r1 = SIZE_MAX;
         const bool epi =
             walk && sum_epilogue(st0, p, i, i == rec_last ? next_rn : nullptr, op_by_op, &r0, &r1);
-        g4_status g = G4_OK;
-        bool done   = false;
+        const auto kind = st0->sum_epi.kind;
+        g4_status g     = G4_OK;
+        bool done       = false;
         if (!rt::op_per_sequence(p.op(i).code)) {
             g    = launch_op(s0, i, n, n, err);
             done = true;
@@ -283,7 +284,7 @@ g4_status enqueue_group(g4_session* const* ss, int32_t n, bool profile, std::str
                                                        err);
         std::string label = op_label(p, i, one_launch && rt::op_per_sequence(p.op(i).code));
         if (epi && st0->sum_epi.kind == SessionState::SumEpilogue::None) { // applied
-            if (r0 == SIZE_MAX) rn_ran = true, label += " +resnorm";
+            if (kind == SessionState::SumEpilogue::ResNorm) rn_ran = true, label += " +resnorm";
             if (r0 != SIZE_MAX) ran[r0] = 1, label += " +norm";
             if (r1 != SIZE_MAX) ran[r1] = 1, label += " +rope";
         }
@@ -358,7 +359,6 @@ g4_status enqueue_group(g4_session* const* ss, int32_t n, bool profile, std::str
             if (g == G4_OK && done) g = mark(label);
             for (size_t i = first; i < (size_t)l.op + l.count && g == G4_OK && !done; ++i)
                 g = run_op(i);
-            next_rn = nullptr;
         }
     } else {
         for (size_t i = 0; i < p.n_ops() && g == G4_OK; ++i)

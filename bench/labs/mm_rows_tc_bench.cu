@@ -24,26 +24,21 @@
     extern "C" __global__ void __launch_bounds__(256, MB)                                                    \
         name(const Step* s, int mode, const float* x, long ldx, const u8* codes, const void* absmax,         \
              const float* absmax2, const float* offset, const float* code2, int N, int K, float* y,          \
-             long ldy, const float* bias, int tiled, int WN, float* part, unsigned* cnt, const float* a,     \
-             long lda, int gos) {                                                                            \
+             long ldy, const float* bias, int tiled, int WN, float* part) {                                  \
         __shared__ TcsShared<TI> sh;                                                                         \
         const TcsWeight W{codes, absmax, absmax2, offset, code2, nullptr};                                   \
-        const TcsLast L{cnt, a, lda, gos};                                                                   \
         if (tiled)                                                                                           \
-            tcs_nf4<true, TI, D>(sh, s, mode, x, ldx, W, N, K, y, ldy, bias, WN, part, L);                   \
+            tcs_nf4<true, TI, D>(sh, s, mode, x, ldx, W, N, K, y, ldy, bias, WN, part);                      \
         else                                                                                                 \
-            tcs_nf4<false, TI, D>(sh, s, mode, x, ldx, W, N, K, y, ldy, bias, WN, part, L);                  \
+            tcs_nf4<false, TI, D>(sh, s, mode, x, ldx, W, N, K, y, ldy, bias, WN, part);                     \
     }
 #define LAB_BF16(name, TI, D, MB)                                                                            \
     extern "C" __global__ void __launch_bounds__(256, MB)                                                    \
         name(const Step* s, int mode, const float* x, long ldx, const u16* w, int N, int K, float* y,        \
-             long ldy, const float* bias, int WN, float* part, unsigned* cnt, const float* a, long lda,      \
-             int gos) {                                                                                      \
+             long ldy, const float* bias, int WN, float* part) {                                             \
         __shared__ TcsShared<TI> sh;                                                                         \
         const TcsWeight W{nullptr, nullptr, nullptr, nullptr, nullptr, w};                                   \
-        const TcsLast L{cnt, a, lda, gos};                                                                   \
-        tcs_run<false, false, NF4_SCALES_F32, TI, D>(sh, s, mode, x, ldx, W, N, K, y, ldy, bias, WN, part,   \
-                                                     L);                                                     \
+        tcs_run<false, false, NF4_SCALES_F32, TI, D>(sh, s, mode, x, ldx, W, N, K, y, ldy, bias, WN, part);  \
     }
 LAB_NF4(lab_nf4_t2d3, 2, 3, 2)
 LAB_NF4(lab_nf4_t4d3, 4, 3, 1)
@@ -64,7 +59,6 @@ struct Variant {
     const void* fn;
     int tiles;
     bool nf4;
-    bool last = false; // the K splits' sum in the matmul's last split block, not g4_mm_rows_tcs_sum
 };
 
 void launch2(const void* fn, dim3 grid, cudaStream_t st, void** args) {
@@ -98,25 +92,20 @@ int main(int argc, char** argv) {
                                 {"ple proj bf16 1536x256", 1536, 256, false, false},
                                 {"bf16 8960x1536", 8960, 1536, false, false},
                                 {"lm head bf16 262144x1536", 262144, 1536, false, false}};
-    const Variant variants[] = {{"plan nf4 t2 d2", (const void*)g4_mm_rows_tcsl_nf4, 2, true, true},
-                                {"plan nf4 t2 d2, sum kernel", (const void*)g4_mm_rows_tcsl_nf4, 2, true},
+    const Variant variants[] = {{"plan nf4 t2 d2", (const void*)g4_mm_rows_tcs_nf4, 2, true},
                                 {"nf4 t2 d3", (const void*)lab_nf4_t2d3, 2, true},
                                 {"nf4 t4 d3 1blk", (const void*)lab_nf4_t4d3, 4, true},
                                 {"nf4 t1 d2 3blk", (const void*)lab_nf4_t1d2, 1, true},
                                 {"nf4 t1 d4 3blk", (const void*)lab_nf4_t1d4, 1, true},
                                 {"nf4 t2 d4", (const void*)lab_nf4_t2d4, 2, true},
-                                {"plan bf16 t2 d2", (const void*)g4_mm_rows_tcsl_bf16, 2, false, true},
-                                {"plan bf16 t2 d2, sum kernel", (const void*)g4_mm_rows_tcsl_bf16, 2, false},
+                                {"plan bf16 t2 d2", (const void*)g4_mm_rows_tcs_bf16, 2, false},
                                 {"bf16 t4 d2 1blk", (const void*)lab_bf16_t4d2, 4, false}};
     const size_t pool        = (size_t)1 << 30; // copies of a matrix rotate through it
     unsigned char* w         = nullptr;         // NF4 codes
     u16* wbf                 = nullptr;         // bf16 weights
     float *x = nullptr, *y = nullptr, *absmax = nullptr, *part = nullptr;
     unsigned char *ucodes = nullptr, *uam = nullptr;
-    Step* step    = nullptr;
-    unsigned* cnt = nullptr; // the in-kernel sums' counters, one a column block
-    CK(cudaMalloc(&cnt, 4096 * 4));
-    CK(cudaMemset(cnt, 0, 4096 * 4));
+    Step* step = nullptr;
     CK(cudaMalloc(&w, pool));
     CK(cudaMalloc(&wbf, pool));
     CK(cudaMalloc(&x, 16 * 12288 * 4));
@@ -177,19 +166,15 @@ int main(int argc, char** argv) {
                         const float* am         = absmax + (size_t)c * (wbytes / 32);
                         const u16* wb           = wbf + (size_t)c * (wbytes / 2);
                         float* yy               = y;
-                        unsigned* cn            = v.last ? cnt : nullptr;
-                        long lda                = 0;
-                        int gos                 = 0;
                         if (v.nf4) {
-                            void* args[] = {&step, &mode, &x,    &ldx, &wc,  &am,  &nul, &nul, &nul, &N, &K,
-                                            &yy,   &ldy,  &nul,  &tl,  &wn,  &part, &cn, &nul, &lda, &gos};
+                            void* args[] = {&step, &mode, &x,  &ldx, &wc,  &am, &nul, &nul, &nul,
+                                            &N,    &K,    &yy, &ldy, &nul, &tl, &wn,  &part};
                             launch2(v.fn, dim3(gx, S), g.st, args);
                         } else {
-                            void* args[] = {&step, &mode, &x,   &ldx, &wb,  &N,   &K,  &yy,
-                                            &ldy,  &nul,  &wn,  &part, &cn, &nul, &lda, &gos};
+                            void* args[] = {&step, &mode, &x, &ldx, &wb, &N, &K, &yy, &ldy, &nul, &wn, &part};
                             launch2(v.fn, dim3(gx, S), g.st, args);
                         }
-                        if (S > 1 && !v.last) {
+                        if (S > 1) {
                             void* args[] = {&step, &mode, &part, &S, &N, &yy, &ldy, &nul};
                             launch2((const void*)g4_mm_rows_tcs_sum, dim3((T * N + 255) / 256), g.st, args);
                         }
@@ -204,9 +189,9 @@ int main(int argc, char** argv) {
                         std::fprintf(csv, "%s,%s,%d,%d,%.2f,%.0f,%.2e\n", sh.name, v.name, wn, S, t,
                                      (double)wbytes / t / 1e3, rel);
                     char line[256];
-                    const bool picked = v.fn == (v.nf4 ? (const void*)g4_mm_rows_tcsl_nf4
-                                                       : (const void*)g4_mm_rows_tcsl_bf16) &&
-                                        v.last && wn == pick.wn && S == pick.splits;
+                    const bool picked = v.fn == (v.nf4 ? (const void*)g4_mm_rows_tcs_nf4
+                                                       : (const void*)g4_mm_rows_tcs_bf16) &&
+                                        wn == pick.wn && S == pick.splits;
                     std::snprintf(line, sizeof line, "| %s | %s | %d | %d | %.1f | %.0f | %.2e | %s |",
                                   sh.name, v.name, wn, S, t, (double)wbytes / t / 1e3, rel,
                                   picked ? "rows_tc_grid" : "");

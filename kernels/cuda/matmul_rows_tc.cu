@@ -10,9 +10,8 @@
 // instead of one a K block for every warp), then multiplies it. It owns 8 TILES WN output columns: warp w
 // takes the TILES n8 tiles of column group w % WN and the range's K blocks kg, kg + WK, ... (kg = w / WN,
 // WK = 8 / WN); the K groups' sums meet in shared memory. With S > 1 each split writes its sums to
-// part[y][T][N] and the S of them are added in split order, then the bias: the result does not depend on
-// timing. The last split block of a column block adds them (tcs_last_sum), or a g4_mm_rows_tcs_sum* kernel
-// does (the _gelu, _norm_rope and _resnorm sums also run the ops after the matmul). Each warp
+// part[y][T][N] and g4_mm_rows_tcs_sum adds the S of them in split order, then the bias: the result does not
+// depend on timing (the _gelu, _norm_rope and _resnorm sums also run the ops after the matmul). Each warp
 // keeps D K blocks of weights in flight in a ring of registers, each slot refilled as soon as it is used,
 // the next chunk's first ones loaded before its x is staged (the grid: runtime/src/cuda/rows_tc_grid.h).
 // The order of k inside a 32-element slice is permuted (x and W use the same order; the sum does not care):
@@ -177,8 +176,8 @@ __device__ __forceinline__ void tcs_store(float (&acc)[TILES][4], int WN, int n_
             for (int e = 0; e < 4; ++e)
                 at(warp, q, e) = acc[q][e];
         __syncthreads();
+        if (warp >= WN) return; // K group 0 writes
     }
-    if (warp >= WN) return; // K group 0 writes
     const int g = lane >> 2, t = lane & 3;
 #pragma unroll
     for (int q = 0; q < TILES; ++q)
@@ -190,43 +189,6 @@ __device__ __forceinline__ void tcs_store(float (&acc)[TILES][4], int WN, int n_
             const int row = g + (e >> 1) * 8, col = n_blk + warp * 8 * TILES + q * 8 + 2 * t + (e & 1);
             if (row < T && col < N) y[(long)row * ldy + col] = v + (bias ? bias[col] : 0.0f);
         }
-}
-
-// The K splits' sum in the matmul itself (cnt non-null): the last of a column block's S split blocks to
-// finish (a counter a column block, cnt[blockIdx.x], back to 0 once it is done) adds the S partial sums of
-// its columns in split order, then the bias, as g4_mm_rows_tcs_sum does, and with a non-null a the GeluMul
-// of g4_mm_rows_tcs_sum_gelu: the same values without the sum's launch.
-struct TcsLast {
-    unsigned* cnt;
-    const float* a;
-    long lda;
-    int gate_of_sum;
-};
-
-__device__ __forceinline__ void tcs_last_sum(const TcsLast& L, int S, int n_blk, int cols, int N, int T,
-                                             int row0, const float* part, float* y, long ldy,
-                                             const float* bias) {
-    __shared__ bool last;
-    __threadfence(); // this block's partial sums before its count
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(&L.cnt[blockIdx.x], 1u) == (unsigned)S - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    cols = min(cols, N - n_blk);
-    for (int i = threadIdx.x; i < T * cols; i += blockDim.x) {
-        const int r = i / cols, c = n_blk + i % cols;
-        float v = 0.0f;
-        for (int k = 0; k < S; ++k)
-            v += __ldcg(part + ((long)k * T + r) * N + c);
-        v = v + (bias ? bias[c] : 0.0f);
-        if (L.a) {
-            const float o = L.a[(long)(r + row0) * L.lda + c];
-            v             = L.gate_of_sum ? gelu_tanh(v) * o : gelu_tanh(o) * v;
-        }
-        y[(long)r * ldy + c] = v;
-    }
-    if (threadIdx.x == 0) L.cnt[blockIdx.x] = 0u;
 }
 
 // The kernels' shared memory, declared in the kernels (one copy for all of a kernel's instantiations).
@@ -241,7 +203,7 @@ template <int TILES> struct TcsShared {
 template <bool NF4, bool TL, int SM, int TILES, int D>
 __device__ __forceinline__ void tcs_run(TcsShared<TILES>& sh, const Step* s, int mode, const float* x,
                                         long ldx, const TcsWeight& W, int N, int K, float* y, long ldy,
-                                        const float* bias, int WN, float* part, const TcsLast& L) {
+                                        const float* bias, int WN, float* part) {
     auto& xs = sh.xs;
     u32* tab = sh.tab;
     if (NF4 && threadIdx.x < 16) {
@@ -307,10 +269,9 @@ __device__ __forceinline__ void tcs_run(TcsShared<TILES>& sh, const Step* s, int
             }
     }
     float* red = (float*)xs;
-    if (S > 1) {
+    if (S > 1)
         tcs_store<TILES>(acc, WN, n_blk, N, T, part + (long)blockIdx.y * T * N, N, nullptr, red);
-        if (L.cnt) tcs_last_sum(L, S, n_blk, 8 * TILES * WN, N, T, in_row0(s, mode), part, y, ldy, bias);
-    } else
+    else
         tcs_store<TILES>(acc, WN, n_blk, N, T, y, ldy, bias, red);
 }
 
@@ -318,11 +279,11 @@ __device__ __forceinline__ void tcs_run(TcsShared<TILES>& sh, const Step* s, int
 template <bool TL, int TILES, int D>
 __device__ __forceinline__ void tcs_nf4(TcsShared<TILES>& sh, const Step* s, int mode, const float* x,
                                         long ldx, const TcsWeight& W, int N, int K, float* y, long ldy,
-                                        const float* bias, int WN, float* part, const TcsLast& L) {
+                                        const float* bias, int WN, float* part) {
     if (W.absmax2)
-        tcs_run<true, TL, NF4_SCALES_DQ, TILES, D>(sh, s, mode, x, ldx, W, N, K, y, ldy, bias, WN, part, L);
+        tcs_run<true, TL, NF4_SCALES_DQ, TILES, D>(sh, s, mode, x, ldx, W, N, K, y, ldy, bias, WN, part);
     else
-        tcs_run<true, TL, NF4_SCALES_F32, TILES, D>(sh, s, mode, x, ldx, W, N, K, y, ldy, bias, WN, part, L);
+        tcs_run<true, TL, NF4_SCALES_F32, TILES, D>(sh, s, mode, x, ldx, W, N, K, y, ldy, bias, WN, part);
 }
 
 // Both kernels: 2 tiles (16 columns) a warp, 2 K blocks in flight, two blocks a multiprocessor: on an H200
@@ -330,32 +291,25 @@ __device__ __forceinline__ void tcs_nf4(TcsShared<TILES>& sh, const Step* s, int
 // E2B (bench/labs/mm_rows_tc_bench.cu).
 #define TCS_TILES 2
 #define TCS_DEPTH 2
-// With S > 1 and cnt null, y is not written: a g4_mm_rows_tcs_sum* kernel adds the partial sums; with cnt
-// (>= gridDim.x counters, zero) the last split block of each column block does (tcs_last_sum), with the
-// GeluMul on a (lda, gate_of_sum) where a is non-null.
 extern "C" __global__ void __launch_bounds__(256, 2)
-    g4_mm_rows_tcsl_nf4(const Step* s, int mode, const float* x, long ldx, const u8* codes, const void* absmax,
-                        const float* absmax2, const float* offset, const float* code2, int N, int K, float* y,
-                        long ldy, const float* bias, int tiled, int WN, float* part, unsigned* cnt,
-                        const float* a, long lda, int gate_of_sum) {
+    g4_mm_rows_tcs_nf4(const Step* s, int mode, const float* x, long ldx, const u8* codes, const void* absmax,
+                       const float* absmax2, const float* offset, const float* code2, int N, int K, float* y,
+                       long ldy, const float* bias, int tiled, int WN, float* part) {
     __shared__ TcsShared<TCS_TILES> sh;
     const TcsWeight W{codes, absmax, absmax2, offset, code2, nullptr};
-    const TcsLast L{cnt, a, lda, gate_of_sum};
     if (tiled)
-        tcs_nf4<true, TCS_TILES, TCS_DEPTH>(sh, s, mode, x, ldx, W, N, K, y, ldy, bias, WN, part, L);
+        tcs_nf4<true, TCS_TILES, TCS_DEPTH>(sh, s, mode, x, ldx, W, N, K, y, ldy, bias, WN, part);
     else
-        tcs_nf4<false, TCS_TILES, TCS_DEPTH>(sh, s, mode, x, ldx, W, N, K, y, ldy, bias, WN, part, L);
+        tcs_nf4<false, TCS_TILES, TCS_DEPTH>(sh, s, mode, x, ldx, W, N, K, y, ldy, bias, WN, part);
 }
 
 extern "C" __global__ void __launch_bounds__(256, 2)
-    g4_mm_rows_tcsl_bf16(const Step* s, int mode, const float* x, long ldx, const u16* w, int N, int K,
-                         float* y, long ldy, const float* bias, int WN, float* part, unsigned* cnt,
-                         const float* a, long lda, int gate_of_sum) {
+    g4_mm_rows_tcs_bf16(const Step* s, int mode, const float* x, long ldx, const u16* w, int N, int K,
+                        float* y, long ldy, const float* bias, int WN, float* part) {
     __shared__ TcsShared<TCS_TILES> sh;
     const TcsWeight W{nullptr, nullptr, nullptr, nullptr, nullptr, w};
-    const TcsLast L{cnt, a, lda, gate_of_sum};
     tcs_run<false, false, NF4_SCALES_F32, TCS_TILES, TCS_DEPTH>(sh, s, mode, x, ldx, W, N, K, y, ldy, bias,
-                                                                WN, part, L);
+                                                                WN, part);
 }
 
 // Output (r, c) of T x N: the S splits' partial sums of g4_mm_rows_tcs_* in split order, + bias.

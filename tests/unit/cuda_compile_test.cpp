@@ -77,8 +77,8 @@ TEST(CudaCompile, AllKernelsForAllTargets) {
                               "g4_local_attention",
                               "g4_softplus_scale",
                               "g4_add_scaled",
-                              "g4_mm_rows_tcsl_nf4", // batched steps of 9..16 rows
-                              "g4_mm_rows_tcsl_bf16",
+                              "g4_mm_rows_tcs_nf4", // batched steps of 9..16 rows
+                              "g4_mm_rows_tcs_bf16",
                               "g4_mm_rows_tcs_sum",
                               "g4_mm_rows_tcs_sum_gelu",
                               "g4_mm_rows_tcs_sum_norm_rope",

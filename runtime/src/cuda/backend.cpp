@@ -394,7 +394,6 @@ g4_status session_create(g4_session* s, SessionPtr* out, std::string* err) {
         cv.add(&ln.step, 64);
         cv.add(&ln.part, ws.part * 4);
         ln.part_floats = ws.part;
-        cv.add(&ln.cnt, cuda_ws::kRowsTcCounters * 4);
         cv.add(&ln.scores, ws.scores * 4);
         if (ws.mlp_rep) cv.add(&ln.mlp_rep, ws.mlp_rep * 4);
         if (g == 0) { // the plan's GPU: the argmax and sampler buffers, the LM head's screening bounds
@@ -416,7 +415,6 @@ g4_status session_create(g4_session* s, SessionPtr* out, std::string* err) {
         cv.place(ln.slab);
         // Zero between steps: the KV cache, each MLP's output replicas (its ResNorm re-zeroes what it sums).
         CU_TRY(d->cuMemsetD8(ln.kv, 0, kv_bytes), "clearing the KV cache" + on);
-        CU_TRY(d->cuMemsetD8(ln.cnt, 0, cuda_ws::kRowsTcCounters * 4), "clearing the row matmuls' counters" + on);
         if (ln.mlp_rep)
             CU_TRY(d->cuMemsetD8(ln.mlp_rep, 0, ws.mlp_rep * 4), "clearing the MLPs' output replicas" + on);
     }

@@ -371,16 +371,6 @@ g4_status enqueue_group(g4_session* const* ss, int32_t n, bool profile, std::str
     // bytes, the logits cross to the host only if asked for (fetch_logits).
     const uint64_t lo = p.tensor(info.logits_tensor).offset, row = (uint64_t)info.vocab_size * 4;
     int vocab = info.vocab_size, limit = info.embed_vocab_limit;
-    if (K.argmax_rows) { // one launch over the rows (their table: run_group)
-        CUdeviceptr src = l0.act + lo, table = bg.steps + SessionState::BatchGroup::kArgmaxAt;
-        CUresult r      = launch(st0, K.argmax_rows, cuda_ws::kArgmaxBlocks, (unsigned)n, 1024,
-                                 const_cast<void**>(std::initializer_list<void*>{&src, &vocab, &table, &limit}.begin()));
-        if (r != 0) {
-            *err = "CUDA error " + error_name(r) + " launching the device argmax of a batched step";
-            return G4_ERR_INTERNAL;
-        }
-        return mark("logits rows, argmax");
-    }
     for (int32_t j = 0; j < n; ++j) {
         SessionState* sj = session_of(ss[j]);
         CUdeviceptr src = l0.act + lo + (uint64_t)j * row, dst = sj->lanes[0].act + lo,
@@ -500,18 +490,6 @@ g4_status run_group(g4_session* const* ss, const int32_t* tokens, int32_t n, std
         delta[j]             = (long long)(sj->lanes[0].kv - l0.kv);
     }
     bg.host_steps[0] = {n, 0, n, 0};
-    {
-        const plan::Plan& p = s0->engine->plan;
-        const uint64_t lo = p.tensor(p.info().logits_tensor).offset, ids = p.tensor(p.info().ids_tensor).offset;
-        auto* rows = (SessionState::BatchGroup::ArgmaxRow*)((char*)bg.host_steps +
-                                                            SessionState::BatchGroup::kArgmaxAt);
-        for (int32_t j = 0; j < n; ++j) {
-            SessionState* sj = session_of(ss[j]);
-            rows[j] = {j > 0 ? sj->lanes[0].act + lo : 0, sj->tok,
-                       bg.steps + (uint64_t)(1 + j) * sizeof(SessionState::Step), sj->lanes[0].act + ids,
-                       sj->host_tok_dev};
-        }
-    }
     std::memcpy(st0->host_ids, tokens, sizeof(int32_t) * n);
     if (bg.exec && bg.captured != key) drop_graph(d, bg);
     if (!bg.exec && !bg.no_graph && bg.last == key && capture_group(ss, n, err)) bg.captured = key;

@@ -34,8 +34,8 @@ g4_status bind_matmul_kernels(const ModuleKernels& m, Kernels& k, std::string* e
     if (g4_status g = m.get_all(fns, err); g != G4_OK) return g;
     m.get_optional(&k.mm_rows_nf4, "g4_mm_rows_nf4");
     m.get_optional(&k.mm_rows_bf16, "g4_mm_rows_bf16");
-    m.get_optional(&k.mm_rows_tc_nf4, "g4_mm_rows_tcsl_nf4");
-    m.get_optional(&k.mm_rows_tc_bf16, "g4_mm_rows_tcsl_bf16");
+    m.get_optional(&k.mm_rows_tc_nf4, "g4_mm_rows_tcs_nf4");
+    m.get_optional(&k.mm_rows_tc_bf16, "g4_mm_rows_tcs_bf16");
     m.get_optional(&k.mm_rows_tc_sum, "g4_mm_rows_tcs_sum");
     m.get_optional(&k.mm_rows_tc_sum_gelu, "g4_mm_rows_tcs_sum_gelu");
     m.get_optional(&k.mm_rows_tc_sum_norm_rope, "g4_mm_rows_tcs_sum_norm_rope");
@@ -124,28 +124,16 @@ g4_status launch_matmul(const OpArgs& a, CUresult* rp, std::string* err) {
         int wn = gr.wn, tl = tiled_w ? 1 : 0, S = gr.splits;
         CUdeviceptr part    = ln.part;
         const unsigned grid = (unsigned)ceil_div(N, cuda_ws::kRowsTcCols * wn);
+        if (is_nf4)
+            r = go(K.mm_rows_tc_nf4, grid, (unsigned)S, 256,
+                   {&step, &mode, &in0, &ld0, &q.codes, &q.absmax, &q.absmax2, &q.offset, &q.code2, &N, &Kd,
+                    &out0, &ldo, &in2, &tl, &wn, &part});
+        else
+            r = go(K.mm_rows_tc_bf16, grid, (unsigned)S, 256,
+                   {&step, &mode, &in0, &ld0, &in1, &N, &Kd, &out0, &ldo, &in2, &wn, &part});
         SessionState::GeluSum& gs     = st->gelu_sum;
         SessionState::SumEpilogue& se = st->sum_epi;
         using Epi                     = SessionState::SumEpilogue;
-        // The K splits' sum in the matmul's last split block where it is plain or a GeluMul's; the
-        // per-head norm and the ResNorm need whole heads / rows, so their sums run as kernels of their own.
-        const bool in_kernel = S > 1 && ln.cnt && grid <= (unsigned)cuda_ws::kRowsTcCounters &&
-                               (gs.y || se.kind == Epi::None);
-        CUdeviceptr cnt = in_kernel ? ln.cnt : 0, ga = 0, yo = out0;
-        long lga = 0, ldy = ldo;
-        int gos  = 0;
-        if (in_kernel && gs.y) yo = gs.y, ldy = gs.ldy, ga = gs.a, lga = gs.lda, gos = gs.gate_of_sum;
-        if (is_nf4)
-            r = go(K.mm_rows_tc_nf4, grid, (unsigned)S, 256,
-                   {&step, &mode, &in0, &ld0, &q.codes, &q.absmax, &q.absmax2, &q.offset, &q.code2, &N, &Kd, &yo,
-                    &ldy, &in2, &tl, &wn, &part, &cnt, &ga, &lga, &gos});
-        else
-            r = go(K.mm_rows_tc_bf16, grid, (unsigned)S, 256,
-                   {&step, &mode, &in0, &ld0, &in1, &N, &Kd, &yo, &ldy, &in2, &wn, &part, &cnt, &ga, &lga, &gos});
-        if (in_kernel) {
-            gs = {};
-            return G4_OK;
-        }
         if (gs.y && S > 1) { // consumed here, else the caller runs the GeluMul (batch_launch.cpp)
             if (r == 0)
                 r = go(K.mm_rows_tc_sum_gelu, (unsigned)ceil_div((long)n * N, 256), 1, 256,

@@ -10,10 +10,6 @@ namespace g4::cuda_ws {
 
 inline constexpr int kRowsTcMaxRows = 16; // rows of one launch
 inline constexpr int kRowsTcCols    = 16; // a warp's output columns (2 n8 tiles, TCS_TILES)
-// Counters of a session's GPU for the K splits' sums the matmuls run in their last split block, one a column
-// block: a launch of more column blocks sums with g4_mm_rows_tcs_sum instead (rows_tc_grid splits only
-// grids of fewer than 384).
-inline constexpr int kRowsTcCounters = 512;
 
 // wn: column groups of a block (2, 4 or 8; its 8 warps split the block's K range by 8 / wn). splits: K
 // ranges over blocks (blockIdx.y); above 1 each writes partial sums [splits, rows, N] to the lane's part

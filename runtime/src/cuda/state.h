@@ -29,7 +29,6 @@ using namespace g4::cu;
 struct Kernels {
     CUfunction embed, mm_bf16, mm_f32, mm_nf4, gemm_bf16, gemm_nf4, gemv_bf16, gemv_nf4, tc_bf16, tc_nf4, rms,
         elem, rope, kv, attn_part, attn_merge, argmax;
-    CUfunction argmax_rows; // g4_argmax_rows (a batched step's greedy tokens); null in older plans' modules
     CUfunction gemv[2][5][2]; // [nf4][lanes per row 8..128][pairs]
     CUfunction resnorm, resnorm_rep, resnorm_z2, group_norm_add, qkv_post, attn_decode, attn_decode_bf16,
         attn_decode_post, attn_decode_post_bf16, nf4_to_bf16, f32_to_bf16, add_bias;
@@ -47,9 +46,8 @@ struct Kernels {
     // (plan ip7 = 1, f32 scales only) [+1 _b256] [+2 _rep]; nf4_untile32: the MLP's down weight for prefill
     CUfunction mlp[12], nf4_untile32;
     // g4_mm_rows_nf4 / _bf16 (kernels/cuda/matmul_rows.cu): matmuls of 2..8 rows in float32;
-    // g4_mm_rows_tcsl_nf4 / _bf16 (matmul_rows_tc.cu): of 2..16 rows on tensor cores, their K splits' sum
-    // in their last split block (a plain one, or with the GeluMul after) or by g4_mm_rows_tcs_sum;
-    // g4_mm_rows_tcs_sum_gelu: the sum with the GeluMul after the matmul (an Mlp's up
+    // g4_mm_rows_tcs_nf4 / _bf16 and their K splits' sum g4_mm_rows_tcs_sum (matmul_rows_tc.cu): of 2..16
+    // rows on tensor cores; g4_mm_rows_tcs_sum_gelu: the sum with the GeluMul after the matmul (an Mlp's up
     // projection, a GatedProj's gate); g4_mm_rows_tcs_sum_norm_rope / _resnorm: the sum with the per-head
     // RmsNorm and Rope after the matmul (q, k, v) / the ResNorm record after it; null in older plans' modules
     CUfunction mm_rows_nf4, mm_rows_bf16, mm_rows_tc_nf4, mm_rows_tc_bf16, mm_rows_tc_sum,
@@ -163,7 +161,6 @@ struct Lane {
     CUstream stream = nullptr;
     CUdeviceptr act = 0, kv = 0, step = 0, part = 0, scores = 0;
     uint64_t part_floats = 0; // part's size (Workspace::part)
-    CUdeviceptr cnt      = 0; // the row matmuls' in-kernel sums' counters [kRowsTcCounters], zero between launches
     CUdeviceptr wscratch = 0, xscratch = 0,
                 cublas_ws = 0;       // cuBLAS tier: bf16 weights / activations, workspace
     uint64_t kv_begin     = 0;       // plan KV offset of kv
@@ -294,19 +291,12 @@ struct SessionState {
     // other session of the process has (0: none yet); the group's step records (device, [0] the shared ops'
     // n rows, [1 + j] session j's one row) and their pinned host copy; the group last stepped (the sessions'
     // serials) and, once it stepped twice in a row, its step captured as a CUDA graph. After the records
-    // (kDeltaAt bytes in): each session's KV arena address minus the first's [kMaxRows]; after those
-    // (kArgmaxAt): g4_argmax_rows' row table [kMaxRows]. Decode attention's partials of the step's rows go to
-    // the first session's Lane::part.
+    // (kDeltaAt bytes in): each session's KV arena address minus the first's [kMaxRows]. Decode attention's
+    // partials of the step's rows go to the first session's Lane::part.
     struct BatchGroup {
-        // A row of g4_argmax_rows (kernels/cuda/sampling.cu's ArgmaxRow): device addresses of the session's
-        // logits row (0 for the first: the step's own), argmax buffer, step record, next id and host slot.
-        struct ArgmaxRow {
-            CUdeviceptr dst, ws, step, ids, host_tok;
-        };
-        static constexpr int kMaxRows       = 16; // rows of a group (8 without the tensor-core row matmuls)
-        static constexpr uint64_t kDeltaAt  = (1 + kMaxRows) * sizeof(Step);
-        static constexpr uint64_t kArgmaxAt = kDeltaAt + kMaxRows * 8;
-        static constexpr uint64_t kBytes    = kArgmaxAt + kMaxRows * sizeof(ArgmaxRow); // records, deltas, rows
+        static constexpr int kMaxRows      = 16; // rows of a group (8 without the tensor-core row matmuls)
+        static constexpr uint64_t kDeltaAt = (1 + kMaxRows) * sizeof(Step);
+        static constexpr uint64_t kBytes   = kDeltaAt + kMaxRows * 8; // records and deltas
         uint64_t serial                    = 0;
         CUdeviceptr steps                  = 0;
         Step* host_steps                   = nullptr;

@@ -56,8 +56,8 @@ struct Workspace {
     // rounded to 256 bytes, as cuMemAlloc aligns them): attention, cuBLAS, step and MLP replica buffers,
     // and on the plan's GPU the argmax and sampler buffers.
     uint64_t device_bytes() const {
-        uint64_t b = align256(part * 4) + align256(scores * 4) + align256(64) +
-                     align256(kRowsTcCounters * 4) + (mlp_rep ? align256(mlp_rep * 4) : 0);
+        uint64_t b =
+            align256(part * 4) + align256(scores * 4) + align256(64) + (mlp_rep ? align256(mlp_rep * 4) : 0);
         if (xscratch)
             b += align256(std::max<uint64_t>(256, wscratch)) + align256(xscratch) + align256(cublas);
         if (primary)

@@ -28,9 +28,9 @@
         __shared__ TcsShared<TI> sh;                                                                         \
         const TcsWeight W{codes, absmax, absmax2, offset, code2, nullptr};                                   \
         if (tiled)                                                                                           \
-            tcs_nf4<true, TI, D>(sh, s, mode, x, ldx, W, N, K, y, ldy, bias, WN, part);                      \
+            tcs_nf4<true, TI, D>(sh, s, mode, x, ldx, W, N, K, y, ldy, bias, WN, part, blockIdx.x, N);       \
         else                                                                                                 \
-            tcs_nf4<false, TI, D>(sh, s, mode, x, ldx, W, N, K, y, ldy, bias, WN, part);                     \
+            tcs_nf4<false, TI, D>(sh, s, mode, x, ldx, W, N, K, y, ldy, bias, WN, part, blockIdx.x, N);      \
     }
 #define LAB_BF16(name, TI, D, MB)                                                                            \
     extern "C" __global__ void __launch_bounds__(256, MB)                                                    \
@@ -38,7 +38,8 @@
              long ldy, const float* bias, int WN, float* part) {                                             \
         __shared__ TcsShared<TI> sh;                                                                         \
         const TcsWeight W{nullptr, nullptr, nullptr, nullptr, nullptr, w};                                   \
-        tcs_run<false, false, NF4_SCALES_F32, TI, D>(sh, s, mode, x, ldx, W, N, K, y, ldy, bias, WN, part);  \
+        tcs_run<false, false, NF4_SCALES_F32, TI, D>(sh, s, mode, x, ldx, W, N, K, y, ldy, bias, WN, part,   \
+                                                     blockIdx.x, N);                                         \
     }
 LAB_NF4(lab_nf4_t2d3, 2, 3, 2)
 LAB_NF4(lab_nf4_t4d3, 4, 3, 1)

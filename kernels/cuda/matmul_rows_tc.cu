@@ -203,7 +203,7 @@ template <int TILES> struct TcsShared {
 template <bool NF4, bool TL, int SM, int TILES, int D>
 __device__ __forceinline__ void tcs_run(TcsShared<TILES>& sh, const Step* s, int mode, const float* x,
                                         long ldx, const TcsWeight& W, int N, int K, float* y, long ldy,
-                                        const float* bias, int WN, float* part) {
+                                        const float* bias, int WN, float* part, int bx, long ldp) {
     auto& xs = sh.xs;
     u32* tab = sh.tab;
     if (NF4 && threadIdx.x < 16) {
@@ -214,7 +214,7 @@ __device__ __forceinline__ void tcs_run(TcsShared<TILES>& sh, const Step* s, int
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int WK = TCS_WARPS / WN, kg = warp / WN, kb = K / 64, S = gridDim.y;
     const int kps = (kb + S - 1) / S, b0 = blockIdx.y * kps, nk = max(0, min(kb - b0, kps));
-    const int n_blk = blockIdx.x * 8 * TILES * WN, n_w = n_blk + (warp % WN) * 8 * TILES;
+    const int n_blk = bx * 8 * TILES * WN, n_w = n_blk + (warp % WN) * 8 * TILES;
     const bool live             = n_w < N;
     const TcsPtrs<NF4, TILES> P = tcs_ptrs<NF4, TL, TILES>(W, n_w, g, t, N, K);
     // This warp's K blocks of the chunk [c0, c1) of the range: kg + i WK for i in [*ia, *ib).
@@ -270,7 +270,7 @@ __device__ __forceinline__ void tcs_run(TcsShared<TILES>& sh, const Step* s, int
     }
     float* red = (float*)xs;
     if (S > 1)
-        tcs_store<TILES>(acc, WN, n_blk, N, T, part + (long)blockIdx.y * T * N, N, nullptr, red);
+        tcs_store<TILES>(acc, WN, n_blk, N, T, part + (long)blockIdx.y * T * ldp, ldp, nullptr, red);
     else
         tcs_store<TILES>(acc, WN, n_blk, N, T, y, ldy, bias, red);
 }
@@ -279,11 +279,13 @@ __device__ __forceinline__ void tcs_run(TcsShared<TILES>& sh, const Step* s, int
 template <bool TL, int TILES, int D>
 __device__ __forceinline__ void tcs_nf4(TcsShared<TILES>& sh, const Step* s, int mode, const float* x,
                                         long ldx, const TcsWeight& W, int N, int K, float* y, long ldy,
-                                        const float* bias, int WN, float* part) {
+                                        const float* bias, int WN, float* part, int bx, long ldp) {
     if (W.absmax2)
-        tcs_run<true, TL, NF4_SCALES_DQ, TILES, D>(sh, s, mode, x, ldx, W, N, K, y, ldy, bias, WN, part);
+        tcs_run<true, TL, NF4_SCALES_DQ, TILES, D>(sh, s, mode, x, ldx, W, N, K, y, ldy, bias, WN, part, bx,
+                                                   ldp);
     else
-        tcs_run<true, TL, NF4_SCALES_F32, TILES, D>(sh, s, mode, x, ldx, W, N, K, y, ldy, bias, WN, part);
+        tcs_run<true, TL, NF4_SCALES_F32, TILES, D>(sh, s, mode, x, ldx, W, N, K, y, ldy, bias, WN, part, bx,
+                                                    ldp);
 }
 
 // Both kernels: 2 tiles (16 columns) a warp, 2 K blocks in flight, two blocks a multiprocessor: on an H200
@@ -298,9 +300,35 @@ extern "C" __global__ void __launch_bounds__(256, 2)
     __shared__ TcsShared<TCS_TILES> sh;
     const TcsWeight W{codes, absmax, absmax2, offset, code2, nullptr};
     if (tiled)
-        tcs_nf4<true, TCS_TILES, TCS_DEPTH>(sh, s, mode, x, ldx, W, N, K, y, ldy, bias, WN, part);
+        tcs_nf4<true, TCS_TILES, TCS_DEPTH>(sh, s, mode, x, ldx, W, N, K, y, ldy, bias, WN, part, blockIdx.x,
+                                            N);
     else
-        tcs_nf4<false, TCS_TILES, TCS_DEPTH>(sh, s, mode, x, ldx, W, N, K, y, ldy, bias, WN, part);
+        tcs_nf4<false, TCS_TILES, TCS_DEPTH>(sh, s, mode, x, ldx, W, N, K, y, ldy, bias, WN, part, blockIdx.x,
+                                             N);
+}
+
+// An MLP's gate and up projections (two N x K NF4 weights of the same layout and scale format) in one
+// launch: blocks [0, gridDim.x / 2) take the gate's columns, the others the up's; each split's partial sums
+// go to part[y][T][2N] (the gate's N columns, then the up's) for g4_mm_rows_tcs_sum_gelu_pair. S > 1.
+extern "C" __global__ void __launch_bounds__(256, 2)
+    g4_mm_rows_tcs_nf4_pair(const Step* s, int mode, const float* x, long ldx, const u8* g_codes,
+                            const void* g_absmax, const float* g_absmax2, const float* g_offset,
+                            const float* g_code2, const u8* u_codes, const void* u_absmax,
+                            const float* u_absmax2, const float* u_offset, const float* u_code2, int N, int K,
+                            int tiled, int WN, float* part) {
+    __shared__ TcsShared<TCS_TILES> sh;
+    const int half    = gridDim.x / 2;
+    const bool up     = (int)blockIdx.x >= half;
+    const TcsWeight W = up ? TcsWeight{u_codes, u_absmax, u_absmax2, u_offset, u_code2, nullptr}
+                           : TcsWeight{g_codes, g_absmax, g_absmax2, g_offset, g_code2, nullptr};
+    float* pp         = part + (up ? N : 0);
+    const int bx      = (int)blockIdx.x - (up ? half : 0);
+    if (tiled)
+        tcs_nf4<true, TCS_TILES, TCS_DEPTH>(sh, s, mode, x, ldx, W, N, K, nullptr, 0, nullptr, WN, pp, bx,
+                                            2L * N);
+    else
+        tcs_nf4<false, TCS_TILES, TCS_DEPTH>(sh, s, mode, x, ldx, W, N, K, nullptr, 0, nullptr, WN, pp, bx,
+                                             2L * N);
 }
 
 extern "C" __global__ void __launch_bounds__(256, 2)
@@ -309,7 +337,7 @@ extern "C" __global__ void __launch_bounds__(256, 2)
     __shared__ TcsShared<TCS_TILES> sh;
     const TcsWeight W{nullptr, nullptr, nullptr, nullptr, nullptr, w};
     tcs_run<false, false, NF4_SCALES_F32, TCS_TILES, TCS_DEPTH>(sh, s, mode, x, ldx, W, N, K, y, ldy, bias,
-                                                                WN, part);
+                                                                WN, part, blockIdx.x, N);
 }
 
 // Output (r, c) of T x N: the S splits' partial sums of g4_mm_rows_tcs_* in split order, + bias.
@@ -354,6 +382,27 @@ extern "C" __global__ void __launch_bounds__(256)
     if (!tcs_split_sum(s, mode, part, S, N, bias, &r, &c, &v)) return;
     const float o        = a[(long)(r + in_row0(s, mode)) * lda + c];
     y[(long)r * ldy + c] = gate_of_sum ? gelu_tanh(v) * o : gelu_tanh(o) * v;
+}
+
+// The GeluMul of an MLP's gate and up projections from g4_mm_rows_tcs_nf4_pair's partial sums: y[r][n] =
+// gelu_tanh(gate sums + bg) * (up sums + bu), each sum in split order (bg, bu: biases or null). One thread
+// an output.
+extern "C" __global__ void __launch_bounds__(256)
+    g4_mm_rows_tcs_sum_gelu_pair(const Step* s, int mode, const float* part, int S, int N, float* y, long ldy,
+                                 const float* bg, const float* bu) {
+    pdl_begin();
+    const int T  = rows_of(s, mode);
+    const long i = (long)blockIdx.x * 256 + threadIdx.x;
+    if (i >= (long)T * N) return;
+    const int r = (int)(i / N), c = (int)(i % N);
+    float g = 0.0f, u = 0.0f;
+    for (int k = 0; k < S; ++k) {
+        const float* row = part + ((long)k * T + r) * 2 * N;
+        g += row[c], u += row[N + c];
+    }
+    g                    = g + (bg ? bg[c] : 0.0f);
+    u                    = u + (bu ? bu[c] : 0.0f);
+    y[(long)r * ldy + c] = gelu_tanh(g) * u;
 }
 
 // A matmul with the ResNorm record after it (g4_resnorm_rows on its rows, d the matmul's output), in the K

@@ -63,6 +63,33 @@ extern "C" __global__ void g4_argmax(const float* logits, int vocab, int* ws, St
     argmax_finish(bv, bi, best, idx, ws, step, ids, host_tok, limit);
 }
 
+// A batched step's greedy tokens: row j = blockIdx.y of logits [rows, vocab] as g4_argmax on its own with
+// rows[j]'s session buffers (its argmax buffer ws, step record, next id, host slot), each block also copying
+// its part of the row to rows[j].dst (the session's own logits row; null: none). grid (blocks, rows).
+struct ArgmaxRow {
+    float* dst;
+    int* ws;
+    Step* step;
+    int* ids;
+    int* host_tok;
+};
+extern "C" __global__ void g4_argmax_rows(const float* logits, int vocab, const ArgmaxRow* rows, int limit) {
+    pdl_begin();
+    __shared__ float bv[1024];
+    __shared__ int bi[1024];
+    const ArgmaxRow r = rows[blockIdx.y];
+    const float* l    = logits + (long)blockIdx.y * vocab;
+    const int per = (vocab + gridDim.x - 1) / gridDim.x, lo = blockIdx.x * per, hi = min(vocab, lo + per);
+    float best = NEG_INF;
+    int idx    = 0x7fffffff;
+    for (int i = lo + threadIdx.x; i < hi; i += blockDim.x) {
+        const float v = l[i];
+        if (r.dst) r.dst[i] = v;
+        argmax_pick(best, idx, v, i);
+    }
+    argmax_finish(bv, bi, best, idx, r.ws, r.step, r.ids, r.host_tok, limit);
+}
+
 // ---- sampling on the GPU (outside the decode graph; the host draws from the candidates).
 // Repetition penalty: y = logits (g4_copy_f32), then for each history token t, y[t] = logits[t] * p if
 // negative, else / p (duplicates write the same value). grid ceil(n / 256), block 256.

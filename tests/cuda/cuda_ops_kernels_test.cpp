@@ -264,6 +264,54 @@ TEST(MatmulRowsTc, MatchTheReference) {
     }
 }
 
+// ---- an MLP's gate and up projections as one launch (g4_mm_rows_tcs_nf4_pair) and their GeluMul in the K
+// splits' sum (g4_mm_rows_tcs_sum_gelu_pair): Gemma 4 E2B's two MLP widths and an odd shape (N not a
+// multiple of a block's columns, double-quant scales, tiled), 9 and 16 rows, the grid rows_tc_grid picks for
+// 2N columns and others; gelu_tanh(gate + bias) * (up + bias) within 3e-5 of the reference.
+TEST(MatmulRowsTc, GateAndUpInOneLaunch) {
+    NEED_GPU();
+    Dev dev;
+    const RowsCase cases[] = {{DType::NF4, 6144, 1536, false, false},
+                              {DType::NF4, 12288, 1536, false, false},
+                              {DType::NF4, 70, 512, true, true}};
+    auto gelu              = [](double v) {
+        return 0.5 * v * (1.0 + std::tanh(0.7978845608028654 * (v + 0.044715 * v * v * v)));
+    };
+    for (const RowsCase& c : cases) {
+        RowsWeight gw                 = rows_weight(dev, c.dt, c.n, c.k, 31, c.dq, c.tiled);
+        RowsWeight uw                 = rows_weight(dev, c.dt, c.n, c.k, 37, c.dq, c.tiled);
+        const std::vector<float> bg_h = randn((size_t)c.n, 7, 0.5f), bu_h = randn((size_t)c.n, 8, 0.5f);
+        CUdeviceptr bg = dev.up(bg_h), bu = dev.up(bu_h);
+        const g4::cuda_ws::RowsTcGrid pick = g4::cuda_ws::rows_tc_grid(2 * c.n, c.k);
+        CUdeviceptr part = dev.alloc((size_t)std::max(3, pick.splits) * 16 * 2 * c.n * 4); // [splits, T, 2N]
+        for (int T : {9, 16}) {
+            const std::vector<float> x = randn((size_t)T * c.k, 70 + T, 1.0f);
+            const std::vector<float> g = gw.w.ref(x, T), u = uw.w.ref(x, T);
+            std::vector<float> want((size_t)T * c.n);
+            for (size_t i = 0; i < want.size(); ++i)
+                want[i] = (float)(gelu((double)g[i] + bg_h[i % (size_t)c.n]) *
+                                  ((double)u[i] + bu_h[i % (size_t)c.n]));
+            CUdeviceptr xd = dev.up(x), yd = dev.alloc((size_t)T * c.n * 4), st = dev.step(T, 0, T);
+            const std::pair<int, int> grids[] = {{pick.wn, pick.splits}, {8, 3}, {2, 2}};
+            for (auto [wn, S] : grids) {
+                if (S < 2) continue;
+                int mode = 0, N = c.n, K = c.k, tl = c.tiled;
+                long ldx = K, ldy = N;
+                const unsigned half =
+                    (unsigned)((N + g4::cuda_ws::kRowsTcCols * wn - 1) / (g4::cuda_ws::kRowsTcCols * wn));
+                launch("g4_mm_rows_tcs_nf4_pair", 2 * half, (unsigned)S, 256,
+                       {&st, &mode, &xd, &ldx, &gw.codes, &gw.am, &gw.am2, &gw.off, &gw.c2, &uw.codes, &uw.am,
+                        &uw.am2, &uw.off, &uw.c2, &N, &K, &tl, &wn, &part});
+                launch("g4_mm_rows_tcs_sum_gelu_pair", (unsigned)((T * N + 255) / 256), 1, 256,
+                       {&st, &mode, &part, &S, &N, &yd, &ldy, &bg, &bu});
+                EXPECT_LT(rel(dev.down<float>(yd, (size_t)T * N), want), 3e-5)
+                    << N << "x" << K << " dq " << c.dq << " tiled " << c.tiled << " rows " << T
+                    << " column groups " << wn << " splits " << S;
+            }
+        }
+    }
+}
+
 // ---- the K splits' sums that run the ops after a matmul (kernels/cuda/matmul_rows_tc.cu): at Gemma 4 E2B's
 // q, k, v, o and down shapes, 9 and 16 rows at their own positions, the split sums of g4_mm_rows_tcs_nf4
 // with the per-head RmsNorm (bf16, f32 or no weight) and the RoPE of the batched step's rows after them

@@ -79,6 +79,9 @@ TEST(CudaCompile, AllKernelsForAllTargets) {
                               "g4_add_scaled",
                               "g4_mm_rows_tcs_nf4", // batched steps of 9..16 rows
                               "g4_mm_rows_tcs_bf16",
+                              "g4_mm_rows_tcs_nf4_pair",
+                              "g4_mm_rows_tcs_sum_gelu_pair",
+                              "g4_argmax_rows",
                               "g4_mm_rows_tcs_sum",
                               "g4_mm_rows_tcs_sum_gelu",
                               "g4_mm_rows_tcs_sum_norm_rope",

@@ -283,6 +283,7 @@ g4_status enqueue_group(g4_session* const* ss, int32_t n, bool profile, std::str
             g = launch_for_session(st0, session_of(ss[j]), p, i, j, bg.steps + (uint64_t)(1 + j) * kStep,
                                                        err);
         std::string label = op_label(p, i, one_launch && rt::op_per_sequence(p.op(i).code));
+        if (st0->mlp_pair.done) label += " +up +gelu";
         if (epi && st0->sum_epi.kind == SessionState::SumEpilogue::None) { // applied
             if (kind == SessionState::SumEpilogue::ResNorm) rn_ran = true, label += " +resnorm";
             if (r0 != SIZE_MAX) ran[r0] = 1, label += " +norm";
@@ -345,8 +346,20 @@ g4_status enqueue_group(g4_session* const* ss, int32_t n, bool profile, std::str
                 const size_t i0 = (size_t)l.op, mm = mlp ? i0 + 1 : i0, gi = mm + 1;
                 const PlanOp& gm = p.op(gi);
                 const int32_t ai = mlp ? 0 : 1; // the GeluMul's operand that is not the matmul's output
-                if (mlp) g = run_op(i0);
-                if (g == G4_OK) {
+                bool paired      = false;
+                if (mlp) { // the gate, with the up projection and the GeluMul where they pair
+                    const PlanOp& u = p.op(mm);
+                    st0->mlp_pair   = {(int32_t)mm,
+                                       addr(st0, p, u.in[1], 0),
+                                       addr(st0, p, u.in[2], 0),
+                                       addr(st0, p, gm.out[0], 0),
+                                       ld_of(p, gm.out[0]),
+                                       false};
+                    g               = run_op(i0);
+                    paired          = st0->mlp_pair.done;
+                    st0->mlp_pair   = {};
+                }
+                if (g == G4_OK && !paired) {
                     st0->gelu_sum    = {addr(st0, p, gm.in[ai], gm.in_col[ai]), addr(st0, p, gm.out[0], 0),
                                         ld_of(p, gm.in[ai]), ld_of(p, gm.out[0]), mlp ? 0 : 1};
                     g                = run_op(mm);
@@ -371,6 +384,17 @@ g4_status enqueue_group(g4_session* const* ss, int32_t n, bool profile, std::str
     // bytes, the logits cross to the host only if asked for (fetch_logits).
     const uint64_t lo = p.tensor(info.logits_tensor).offset, row = (uint64_t)info.vocab_size * 4;
     int vocab = info.vocab_size, limit = info.embed_vocab_limit;
+    if (K.argmax_rows) { // one launch over the rows (their table: run_group)
+        CUdeviceptr src = l0.act + lo, table = bg.steps + SessionState::BatchGroup::kArgmaxAt;
+        CUresult r =
+            launch(st0, K.argmax_rows, cuda_ws::kArgmaxBlocks, (unsigned)n, 1024,
+                   const_cast<void**>(std::initializer_list<void*>{&src, &vocab, &table, &limit}.begin()));
+        if (r != 0) {
+            *err = "CUDA error " + error_name(r) + " launching the device argmax of a batched step";
+            return G4_ERR_INTERNAL;
+        }
+        return mark("logits rows, argmax");
+    }
     for (int32_t j = 0; j < n; ++j) {
         SessionState* sj = session_of(ss[j]);
         CUdeviceptr src = l0.act + lo + (uint64_t)j * row, dst = sj->lanes[0].act + lo,
@@ -490,6 +514,19 @@ g4_status run_group(g4_session* const* ss, const int32_t* tokens, int32_t n, std
         delta[j]             = (long long)(sj->lanes[0].kv - l0.kv);
     }
     bg.host_steps[0] = {n, 0, n, 0};
+    {
+        const plan::Plan& p = s0->engine->plan;
+        const uint64_t lo   = p.tensor(p.info().logits_tensor).offset,
+                       ids  = p.tensor(p.info().ids_tensor).offset;
+        auto* rows          = (SessionState::BatchGroup::ArgmaxRow*)((char*)bg.host_steps +
+                                                            SessionState::BatchGroup::kArgmaxAt);
+        for (int32_t j = 0; j < n; ++j) {
+            SessionState* sj = session_of(ss[j]);
+            rows[j]          = {j > 0 ? sj->lanes[0].act + lo : 0, sj->tok,
+                       bg.steps + (uint64_t)(1 + j) * sizeof(SessionState::Step), sj->lanes[0].act + ids,
+                       sj->host_tok_dev};
+        }
+    }
     std::memcpy(st0->host_ids, tokens, sizeof(int32_t) * n);
     if (bg.exec && bg.captured != key) drop_graph(d, bg);
     if (!bg.exec && !bg.no_graph && bg.last == key && capture_group(ss, n, err)) bg.captured = key;

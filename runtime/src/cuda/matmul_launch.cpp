@@ -40,6 +40,9 @@ g4_status bind_matmul_kernels(const ModuleKernels& m, Kernels& k, std::string* e
     m.get_optional(&k.mm_rows_tc_sum_gelu, "g4_mm_rows_tcs_sum_gelu");
     m.get_optional(&k.mm_rows_tc_sum_norm_rope, "g4_mm_rows_tcs_sum_norm_rope");
     m.get_optional(&k.mm_rows_tc_sum_resnorm, "g4_mm_rows_tcs_sum_resnorm");
+    if (!m.get_optional(&k.mm_rows_tc_pair, "g4_mm_rows_tcs_nf4_pair") ||
+        !m.get_optional(&k.mm_rows_tc_sum_gelu_pair, "g4_mm_rows_tcs_sum_gelu_pair"))
+        k.mm_rows_tc_pair = k.mm_rows_tc_sum_gelu_pair = nullptr;
     if (!k.mm_rows_tc_sum) k.mm_rows_tc_nf4 = k.mm_rows_tc_bf16 = nullptr;
     return G4_OK;
 }
@@ -122,7 +125,28 @@ g4_status launch_matmul(const OpArgs& a, CUresult* rp, std::string* err) {
         cuda_ws::RowsTcGrid gr = cuda_ws::rows_tc_grid(N, Kd);
         if ((uint64_t)gr.splits * cuda_ws::kRowsTcMaxRows * N > ln.part_floats) gr.splits = 1;
         int wn = gr.wn, tl = tiled_w ? 1 : 0, S = gr.splits;
-        CUdeviceptr part    = ln.part;
+        CUdeviceptr part          = ln.part;
+        SessionState::MlpPair& mp = st->mlp_pair;
+        if (mp.up >= 0 && is_nf4 && K.mm_rows_tc_pair) { // the gate with its up projection (batch_launch.cpp)
+            const PlanTensor& u          = p.tensor(p.op((size_t)mp.up).in[1]);
+            const cuda_ws::RowsTcGrid pg = cuda_ws::rows_tc_grid(2 * (int64_t)N, Kd);
+            int pwn = pg.wn, pS = pg.splits;
+            if (u.dtype == w.dtype && u.dims[0] == w.dims[0] && u.dims[1] == w.dims[1] &&
+                u.quant_flags == w.quant_flags && pS > 1 &&
+                (uint64_t)pS * cuda_ws::kRowsTcMaxRows * 2 * N <= ln.part_floats) {
+                Nf4Ptrs uq          = nf4_ptrs(mp.uw, u);
+                const unsigned half = (unsigned)ceil_div(N, cuda_ws::kRowsTcCols * pwn);
+                r                   = go(K.mm_rows_tc_pair, 2 * half, (unsigned)pS, 256,
+                                         {&step, &mode, &in0, &ld0, &q.codes, &q.absmax, &q.absmax2, &q.offset, &q.code2,
+                                          &uq.codes, &uq.absmax, &uq.absmax2, &uq.offset, &uq.code2, &N, &Kd, &tl, &pwn,
+                                          &part});
+                if (r == 0)
+                    r = go(K.mm_rows_tc_sum_gelu_pair, (unsigned)ceil_div((long)n * N, 256), 1, 256,
+                           {&step, &mode, &part, &pS, &N, &mp.y, &mp.ldy, &in2, &mp.ub});
+                mp.done = true;
+                return G4_OK;
+            }
+        }
         const unsigned grid = (unsigned)ceil_div(N, cuda_ws::kRowsTcCols * wn);
         if (is_nf4)
             r = go(K.mm_rows_tc_nf4, grid, (unsigned)S, 256,

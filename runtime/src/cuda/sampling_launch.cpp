@@ -32,6 +32,7 @@ g4_status bind_sampling_kernels(const ModuleKernels& m, Kernels& k, std::string*
                               {&k.topk_round, "g4_topk_round"},
                               {&k.softmax_partial, "g4_softmax_partial"}};
     if (g4_status g = m.get_all(fns, err); g != G4_OK) return g;
+    m.get_optional(&k.argmax_rows, "g4_argmax_rows");
     // LM-head screening: a module without its kernels decodes without screening.
     bool screen =
         m.get_optional(&k.lm_build, "g4_lm_screen_build") && m.get_optional(&k.lm_screen, "g4_lm_screen");

@@ -29,6 +29,7 @@ using namespace g4::cu;
 struct Kernels {
     CUfunction embed, mm_bf16, mm_f32, mm_nf4, gemm_bf16, gemm_nf4, gemv_bf16, gemv_nf4, tc_bf16, tc_nf4, rms,
         elem, rope, kv, attn_part, attn_merge, argmax;
+    CUfunction argmax_rows;   // g4_argmax_rows (a batched step's greedy tokens); null in older plans' modules
     CUfunction gemv[2][5][2]; // [nf4][lanes per row 8..128][pairs]
     CUfunction resnorm, resnorm_rep, resnorm_z2, group_norm_add, qkv_post, attn_decode, attn_decode_bf16,
         attn_decode_post, attn_decode_post_bf16, nf4_to_bf16, f32_to_bf16, add_bias;
@@ -52,6 +53,9 @@ struct Kernels {
     // RmsNorm and Rope after the matmul (q, k, v) / the ResNorm record after it; null in older plans' modules
     CUfunction mm_rows_nf4, mm_rows_bf16, mm_rows_tc_nf4, mm_rows_tc_bf16, mm_rows_tc_sum,
         mm_rows_tc_sum_gelu, mm_rows_tc_sum_norm_rope, mm_rows_tc_sum_resnorm;
+    // g4_mm_rows_tcs_nf4_pair / g4_mm_rows_tcs_sum_gelu_pair: an Mlp's gate and up projections as one
+    // launch and their GeluMul in the splits' sum; null in older plans' modules
+    CUfunction mm_rows_tc_pair, mm_rows_tc_sum_gelu_pair;
     // The batched step's per-sequence ops over all its rows (kernels/cuda/batch_rows.cu): g4_rope_rows,
     // g4_kv_store_rows, g4_attn_decode_rows[_bf16], g4_attention_merge_rows; null in older plans' modules
     CUfunction rope_rows, kv_rows, attn_rows[2], merge_rows;
@@ -259,6 +263,16 @@ struct SessionState {
         long lda = 0, ldy = 0;
         int gate_of_sum = 0;
     } gelu_sum;
+    // A batched step's Mlp gate projection on the tensor-core row matmuls that may run with its up projection
+    // (op up, weight uw, bias ub or 0) as one launch, g4_mm_rows_tcs_nf4_pair, and their GeluMul (output y)
+    // in the K splits' sum. Set for the gate's launch (up -1: none); the launch sets done where it applies
+    // it.
+    struct MlpPair {
+        int32_t up     = -1;
+        CUdeviceptr uw = 0, ub = 0, y = 0;
+        long ldy  = 0;
+        bool done = false;
+    } mlp_pair;
     // A batched step's matmul on the tensor-core row matmuls whose K splits' sum runs ops after it, in place
     // on its output: HeadNorm, a per-head RmsNorm (weight w or none, groups of dim) and the Rope after it
     // (inv_freq, or 0: none); ResNorm, the ResNorm record after it (d the matmul's output; its tensors' rows
@@ -291,15 +305,22 @@ struct SessionState {
     // other session of the process has (0: none yet); the group's step records (device, [0] the shared ops'
     // n rows, [1 + j] session j's one row) and their pinned host copy; the group last stepped (the sessions'
     // serials) and, once it stepped twice in a row, its step captured as a CUDA graph. After the records
-    // (kDeltaAt bytes in): each session's KV arena address minus the first's [kMaxRows]. Decode attention's
-    // partials of the step's rows go to the first session's Lane::part.
+    // (kDeltaAt bytes in): each session's KV arena address minus the first's [kMaxRows]; after those
+    // (kArgmaxAt): g4_argmax_rows' row table [kMaxRows]. Decode attention's partials of the step's rows go to
+    // the first session's Lane::part.
     struct BatchGroup {
-        static constexpr int kMaxRows      = 16; // rows of a group (8 without the tensor-core row matmuls)
-        static constexpr uint64_t kDeltaAt = (1 + kMaxRows) * sizeof(Step);
-        static constexpr uint64_t kBytes   = kDeltaAt + kMaxRows * 8; // records and deltas
-        uint64_t serial                    = 0;
-        CUdeviceptr steps                  = 0;
-        Step* host_steps                   = nullptr;
+        // A row of g4_argmax_rows (kernels/cuda/sampling.cu's ArgmaxRow): device addresses of the session's
+        // logits row (0 for the first: the step's own), argmax buffer, step record, next id and host slot.
+        struct ArgmaxRow {
+            CUdeviceptr dst, ws, step, ids, host_tok;
+        };
+        static constexpr int kMaxRows       = 16; // rows of a group (8 without the tensor-core row matmuls)
+        static constexpr uint64_t kDeltaAt  = (1 + kMaxRows) * sizeof(Step);
+        static constexpr uint64_t kArgmaxAt = kDeltaAt + kMaxRows * 8;
+        static constexpr uint64_t kBytes = kArgmaxAt + kMaxRows * sizeof(ArgmaxRow); // records, deltas, rows
+        uint64_t serial                  = 0;
+        CUdeviceptr steps                = 0;
+        Step* host_steps                 = nullptr;
         std::vector<uint64_t> last, captured;
         CUgraph graph    = nullptr;
         CUgraphExec exec = nullptr;

@@ -91,6 +91,16 @@ inline Workspace workspace(const plan::PlanOp* ops, size_t n_ops, const plan::Pl
                                .dims[0]; // the down's rows
         w.mlp_rep = std::max<uint64_t>(w.mlp_rep, (uint64_t)(reps - 1) * H);
     }
+    for (size_t li = 0; li < n_launches; ++li) { // an Mlp's gate and up as one row matmul: partials of 2N
+        const plan::CudaLaunch& l = launches[li];
+        if (l.kind != (uint16_t)plan::LaunchKind::Mlp || (op_gpu && op_gpu[l.op] != gpu)) continue;
+        const plan::MlpLaunch ml = plan::launch_params<plan::MlpLaunch>(l);
+        if (ml.gate < 0 || ml.up < 0 || (size_t)ml.gate >= n_ops || (size_t)ml.up >= n_ops) continue;
+        const plan::PlanTensor &g = tensors[ops[ml.gate].in[1]], &u = tensors[ops[ml.up].in[1]];
+        if (g.dtype == (uint8_t)DType::NF4 && u.dtype == g.dtype && u.dims[0] == g.dims[0] &&
+            u.dims[1] == g.dims[1] && g.dims[1] % 64 == 0)
+            w.part = std::max<uint64_t>(w.part, rows_tc_part_floats(2 * g.dims[0], g.dims[1]));
+    }
     for (size_t i = 0; i < n_ops; ++i) {
         if (op_gpu && op_gpu[i] != gpu) continue;
         const plan::PlanOp& op = ops[i];

@@ -20,8 +20,7 @@
 #include <string>
 
 // Other instantiations of the kernels' template: tiles a warp, K blocks in flight, blocks a multiprocessor.
-#define LAB_NF4(name, TI, D, MB) LAB_NF4_KO(name, TI, D, MB, 0)
-#define LAB_NF4_KO(name, TI, D, MB, KO)                                                                      \
+#define LAB_NF4(name, TI, D, MB)                                                                             \
     extern "C" __global__ void __launch_bounds__(256, MB)                                                    \
         name(const Step* s, int mode, const float* x, long ldx, const u8* codes, const void* absmax,         \
              const float* absmax2, const float* offset, const float* code2, int N, int K, float* y,          \
@@ -29,9 +28,9 @@
         __shared__ TcsShared<TI> sh;                                                                         \
         const TcsWeight W{codes, absmax, absmax2, offset, code2, nullptr};                                   \
         if (tiled)                                                                                           \
-            tcs_nf4<true, TI, D, KO>(sh, s, mode, x, ldx, W, N, K, y, ldy, bias, WN, part, blockIdx.x, N);   \
+            tcs_nf4<true, TI, D>(sh, s, mode, x, ldx, W, N, K, y, ldy, bias, WN, part, blockIdx.x, N);       \
         else                                                                                                 \
-            tcs_nf4<false, TI, D, KO>(sh, s, mode, x, ldx, W, N, K, y, ldy, bias, WN, part, blockIdx.x, N);  \
+            tcs_nf4<false, TI, D>(sh, s, mode, x, ldx, W, N, K, y, ldy, bias, WN, part, blockIdx.x, N);      \
     }
 #define LAB_BF16(name, TI, D, MB)                                                                            \
     extern "C" __global__ void __launch_bounds__(256, MB)                                                    \
@@ -48,11 +47,6 @@ LAB_NF4(lab_nf4_t1d2, 1, 2, 3)
 LAB_NF4(lab_nf4_t1d4, 1, 4, 3)
 LAB_NF4(lab_nf4_t2d4, 2, 4, 2)
 LAB_BF16(lab_bf16_t4d2, 4, 2, 1)
-// Knock-outs of the plan's kernel (t2 d2, 2 blocks): no code lookups, one product, the loads only.
-LAB_NF4_KO(lab_nf4_ko1, 2, 2, 2, 1)
-LAB_NF4_KO(lab_nf4_ko2, 2, 2, 2, 2)
-LAB_NF4_KO(lab_nf4_ko3, 2, 2, 2, 3)
-LAB_NF4_KO(lab_nf4_ko3d4, 2, 4, 2, 3)
 
 namespace {
 
@@ -105,10 +99,6 @@ int main(int argc, char** argv) {
                                 {"nf4 t1 d2 3blk", (const void*)lab_nf4_t1d2, 1, true},
                                 {"nf4 t1 d4 3blk", (const void*)lab_nf4_t1d4, 1, true},
                                 {"nf4 t2 d4", (const void*)lab_nf4_t2d4, 2, true},
-                                {"ko no lookups", (const void*)lab_nf4_ko1, 2, true},
-                                {"ko one product", (const void*)lab_nf4_ko2, 2, true},
-                                {"ko loads only", (const void*)lab_nf4_ko3, 2, true},
-                                {"ko loads only d4", (const void*)lab_nf4_ko3d4, 2, true},
                                 {"plan bf16 t2 d2", (const void*)g4_mm_rows_tcs_bf16, 2, false},
                                 {"bf16 t4 d2 1blk", (const void*)lab_bf16_t4d2, 4, false}};
     const size_t pool        = (size_t)1 << 30; // copies of a matrix rotate through it
@@ -207,7 +197,7 @@ int main(int argc, char** argv) {
                                   sh.name, v.name, wn, S, t, (double)wbytes / t / 1e3, rel,
                                   picked ? "rows_tc_grid" : "");
                     rows.emplace_back(picked ? -1.0f : t, line);
-                    if (rel > 1e-4 && std::strncmp(v.name, "ko", 2)) std::printf("%s  <-- rel diff\n", line);
+                    if (rel > 1e-4) std::printf("%s  <-- rel diff\n", line);
                 }
             std::sort(rows.begin(), rows.end());
             for (size_t i = 0; i < rows.size() && i < 4; ++i)

@@ -116,9 +116,7 @@ __device__ __forceinline__ void tcs_load(TcsBlock<NF4, TILES>& b, const TcsWeigh
 
 // acc += the products of K block j (its weights in b, its x fragments in xb: [k-step][hi, lo][lane]).
 // tab: NF4 code value v as two bf16, hi | rest << 16.
-// KO (lab knock-outs, bench/labs/mm_rows_tc_bench.cu; 0 in the kernels): 1 no code lookups, 2 one product
-// instead of three, 3 no lookups and no products (the loads only).
-template <bool NF4, int SM, int TILES, int KO = 0>
+template <bool NF4, int SM, int TILES>
 __device__ __forceinline__ void tcs_block(float (&acc)[TILES][4], const TcsBlock<NF4, TILES>& b,
                                           const uint4 (*xb)[2][32], int lane, int j, const u32* tab,
                                           const TcsWeight& W, const TcsPtrs<NF4, TILES>& P) {
@@ -131,16 +129,7 @@ __device__ __forceinline__ void tcs_block(float (&acc)[TILES][4], const TcsBlock
             const u32 ah[4] = {h.x, h.y, h.z, h.w}, al[4] = {l.x, l.y, l.z, l.w};
 #pragma unroll
             for (int q = 0; q < TILES; ++q) {
-                if constexpr (NF4 && KO == 3) {
-                    part[q][st] += __uint_as_float((b.c[q][sl] >> (16 * st)) & 0x3f7f3f7fu);
-                } else if constexpr (NF4 && KO == 1) {
-                    const u32 w     = b.c[q][sl] >> (16 * st);
-                    const u32 bh[2] = {w & 0x3f803f80u, (w >> 8) & 0x3f803f80u};
-                    const u32 bl[2] = {bh[1], bh[0]};
-                    mma_bf16(part[q], ah, bh);
-                    mma_bf16(part[q], ah, bl);
-                    mma_bf16(part[q], al, bh);
-                } else if constexpr (NF4) {
+                if constexpr (NF4) {
                     // Elements 8t + 4st .. + 3: the high then the low nibble of two code bytes.
                     const u32 w  = b.c[q][sl] >> (16 * st);
                     const u32 e0 = tab[(w >> 4) & 15], e1 = tab[w & 15], e2 = tab[(w >> 12) & 15],
@@ -148,10 +137,8 @@ __device__ __forceinline__ void tcs_block(float (&acc)[TILES][4], const TcsBlock
                     const u32 bh[2] = {__byte_perm(e0, e1, 0x5410), __byte_perm(e2, e3, 0x5410)};
                     const u32 bl[2] = {__byte_perm(e0, e1, 0x7632), __byte_perm(e2, e3, 0x7632)};
                     mma_bf16(part[q], ah, bh);
-                    if constexpr (KO != 2) {
-                        mma_bf16(part[q], ah, bl);
-                        mma_bf16(part[q], al, bh);
-                    }
+                    mma_bf16(part[q], ah, bl);
+                    mma_bf16(part[q], al, bh);
                 } else {
                     const uint4& c  = b.c[q][sl];
                     const u32 bw[2] = {st ? c.z : c.x, st ? c.w : c.y};
@@ -213,7 +200,7 @@ template <int TILES> struct TcsShared {
 
 // NF4, TL (tiled codes) and SM (the scales' format) are template arguments, so a warp's per-K-block work
 // is the loads at precomputed addresses, the lookups and the products.
-template <bool NF4, bool TL, int SM, int TILES, int D, int KO = 0>
+template <bool NF4, bool TL, int SM, int TILES, int D>
 __device__ __forceinline__ void tcs_run(TcsShared<TILES>& sh, const Step* s, int mode, const float* x,
                                         long ldx, const TcsWeight& W, int N, int K, float* y, long ldy,
                                         const float* bias, int WN, float* part, int bx, long ldp) {
@@ -276,8 +263,8 @@ __device__ __forceinline__ void tcs_run(TcsShared<TILES>& sh, const Step* s, int
                 if (i < ib) {
                     const TcsBlock<NF4, TILES> cur = ring[d];
                     if (i + D < ib) tcs_load<NF4, SM, TILES>(ring[d], W, P, b0 + kg + (i + D) * WK);
-                    tcs_block<NF4, SM, TILES, KO>(acc, cur, xs[kg + i * WK - c0], lane, b0 + kg + i * WK, tab,
-                                                  W, P);
+                    tcs_block<NF4, SM, TILES>(acc, cur, xs[kg + i * WK - c0], lane, b0 + kg + i * WK, tab, W,
+                                              P);
                 }
             }
     }
@@ -289,16 +276,16 @@ __device__ __forceinline__ void tcs_run(TcsShared<TILES>& sh, const Step* s, int
 }
 
 // An NF4 weight of layout TL, its scales' format picked at run time.
-template <bool TL, int TILES, int D, int KO = 0>
+template <bool TL, int TILES, int D>
 __device__ __forceinline__ void tcs_nf4(TcsShared<TILES>& sh, const Step* s, int mode, const float* x,
                                         long ldx, const TcsWeight& W, int N, int K, float* y, long ldy,
                                         const float* bias, int WN, float* part, int bx, long ldp) {
     if (W.absmax2)
-        tcs_run<true, TL, NF4_SCALES_DQ, TILES, D, KO>(sh, s, mode, x, ldx, W, N, K, y, ldy, bias, WN, part,
-                                                       bx, ldp);
+        tcs_run<true, TL, NF4_SCALES_DQ, TILES, D>(sh, s, mode, x, ldx, W, N, K, y, ldy, bias, WN, part, bx,
+                                                   ldp);
     else
-        tcs_run<true, TL, NF4_SCALES_F32, TILES, D, KO>(sh, s, mode, x, ldx, W, N, K, y, ldy, bias, WN, part,
-                                                        bx, ldp);
+        tcs_run<true, TL, NF4_SCALES_F32, TILES, D>(sh, s, mode, x, ldx, W, N, K, y, ldy, bias, WN, part, bx,
+                                                    ldp);
 }
 
 // Both kernels: 2 tiles (16 columns) a warp, 2 K blocks in flight, two blocks a multiprocessor: on an H200

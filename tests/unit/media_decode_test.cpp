@@ -3,6 +3,7 @@
 // bad files refused with one line naming them (tests/fixtures/towers/audio_files, made by
 // tools/make_media_fixtures.py).
 #include "runtime/src/media/media_decode.h"
+#include "runtime/src/media/video_decode.h"
 #include "test_util.h"
 
 #include <gtest/gtest.h>
@@ -137,6 +138,20 @@ TEST(MediaDecode, BadFilesGiveOneLineNamingThem) {
         EXPECT_NE(e.find(path), std::string::npos) << e;
         EXPECT_NE(e.find("not a media file FFmpeg recognises"), std::string::npos) << e;
         EXPECT_TRUE(pcm.samples.empty());
+    }
+    // A 7.6 KB MP4 whose sample table declares 1.4 GB: refused at open, nothing that large allocated
+    // (FFmpeg's single allocations are capped at kMaxFfmpegAlloc), as audio and as video.
+    {
+        const std::string mp4 =
+            g4test::fixtures_dir() + "/../fuzz/regressions/media/mp4_sample_table_1400mb.mp4";
+        g4::media::AudioPcm pcm;
+        std::string e = g4::media::load_audio(mp4, 16000, 480000, &pcm);
+        EXPECT_NE(e.find("its header asks for more than 64 MiB at once"), std::string::npos) << e;
+        EXPECT_TRUE(pcm.samples.empty());
+        g4::media::VideoFrames v;
+        e = g4::media::load_video(mp4, 4, int64_t(1) << 20, &v,
+                                  [](size_t, const g4::media::ImageRGB8&) { return std::string(); });
+        EXPECT_NE(e.find("its header asks for more than 64 MiB at once"), std::string::npos) << e;
     }
     // longer than the plan takes: refused (0.9 s against 0.5 s)
     for (const char* f : {"tones.mp3", "tones_44k1_stereo.wav", "tones_48k_stereo.flac"}) {

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <mutex>
 #include <vector>
 
 #if G4_HAVE_FFMPEG
@@ -82,6 +83,12 @@ std::string av_error_text(int err) {
 }
 
 int open_media_input(AVFormatContext** fmt, const std::string& path) {
+    // No single FFmpeg allocation above kMaxFfmpegAlloc: a demuxer sizes tables from the header's counts, and
+    // a 7.6 KB MP4 whose sample table declares 1.4 GB would otherwise get it (FFmpeg then fails with ENOMEM).
+    // Real media need less in one block: an 8K frame's luma plane is 33 MB, a 60 fps video's sample sizes
+    // reach 64 MiB after 74 hours.
+    static std::once_flag cap;
+    std::call_once(cap, [] { av_max_alloc(kMaxFfmpegAlloc); });
     // Demuxer names as FFmpeg gives them (a name list such as "mov,mp4,m4a,..." matches any of its names).
     static const char* kDemuxers =
         "mov,matroska,webm,avi,wav,w64,mp3,flac,ogg,aac,asf,flv,mpegts,mpeg,aiff,caf,amr,"
@@ -98,6 +105,13 @@ int open_media_input(AVFormatContext** fmt, const std::string& path) {
     return avformat_open_input(fmt, path.c_str(), nullptr, nullptr); // frees *fmt on failure
 }
 
+std::string open_media_error(const std::string& where, int r) {
+    if (r == AVERROR(ENOMEM))
+        return where + "its header asks for more than " + std::to_string(kMaxFfmpegAlloc >> 20) +
+               " MiB at once (a corrupt file, or not a real media file)";
+    return where + "not a media file FFmpeg recognises (" + av_error_text(r) + ")";
+}
+
 std::string decode_audio_ffmpeg(const std::string& path, int rate, int64_t max_samples, AudioPcm* out) {
     *out                    = AudioPcm{};
     const std::string where = "audio file " + path + ": ";
@@ -105,7 +119,7 @@ std::string decode_audio_ffmpeg(const std::string& path, int rate, int64_t max_s
     av_log_set_level(AV_LOG_QUIET);
     Decoder d;
     int r = open_media_input(&d.fmt, path);
-    if (r < 0) return where + "not a media file FFmpeg recognises (" + av_text(r) + ")";
+    if (r < 0) return open_media_error(where, r);
     if ((r = avformat_find_stream_info(d.fmt, nullptr)) < 0)
         return where + "corrupt or truncated (" + av_text(r) + ")";
     const AVCodec* codec = nullptr;

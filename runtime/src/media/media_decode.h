@@ -8,6 +8,7 @@
 
 #include "runtime/src/media/audio_io.h"
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
@@ -37,8 +38,12 @@ std::string av_error_text(int err);
 
 // avformat_open_input of a local media file, fail-closed: the "file" protocol only, and only the demuxers of
 // plain audio and video containers (no playlists, concat lists or image sequences, which open the further
-// files or URLs their text names). FFmpeg builds only; returns FFmpeg's status (*fmt null on failure).
+// files or URLs their text names). FFmpeg builds only; returns FFmpeg's status (*fmt null on failure). Its
+// first call caps every single FFmpeg allocation of the process at kMaxFfmpegAlloc (av_max_alloc).
+inline constexpr size_t kMaxFfmpegAlloc = size_t(64) << 20;
 int open_media_input(AVFormatContext** fmt, const std::string& path);
+// The one-line error for open_media_input's failure r (where: "audio file X: " and the like).
+std::string open_media_error(const std::string& where, int r);
 
 // FFmpeg's decode of any audio file or sound track (load_audio's path for non-WAV files).
 std::string decode_audio_ffmpeg(const std::string& path, int rate, int64_t max_samples, AudioPcm* out);

@@ -67,7 +67,7 @@ struct Video {
 std::string open_video(const std::string& path, const std::string& where, Video* v, int* si,
                        const AVCodec** codec) {
     int r = open_media_input(&v->fmt, path);
-    if (r < 0) return where + "not a media file FFmpeg recognises (" + av_text(r) + ")";
+    if (r < 0) return open_media_error(where, r);
     if ((r = avformat_find_stream_info(v->fmt, nullptr)) < 0)
         return where + "corrupt or truncated (" + av_text(r) + ")";
     *si = av_find_best_stream(v->fmt, AVMEDIA_TYPE_VIDEO, -1, -1, codec, 0);

@@ -395,13 +395,8 @@ extern "C" __global__ void __launch_bounds__(256)
     const long i = (long)blockIdx.x * 256 + threadIdx.x;
     if (i >= (long)T * N) return;
     const int r = (int)(i / N), c = (int)(i % N);
-    float g = 0.0f, u = 0.0f;
-    for (int k = 0; k < S; ++k) {
-        const float* row = part + ((long)k * T + r) * 2 * N;
-        g += row[c], u += row[N + c];
-    }
-    g                    = g + (bg ? bg[c] : 0.0f);
-    u                    = u + (bu ? bu[c] : 0.0f);
+    const float g        = tcs_part_sum(part, S, T, 2 * N, r, c, bg),
+                u        = tcs_part_sum(part + N, S, T, 2 * N, r, c, bu);
     y[(long)r * ldy + c] = gelu_tanh(g) * u;
 }
 

@@ -6,88 +6,30 @@
 // x 32 k, 2 B tiles of 16 k-pairs x 16 columns). Like every AMX product (and vcvtne2ps2bf16), denormal inputs
 // read as zero. Only the avx512 copy's AMX table (level_table.cpp) calls it, once dispatch.cpp has seen AMX
 // in cpuid and been granted the tile state by the kernel.
-#include "kernels/cpu/level.h"
+#include "kernels/cpu/amx_tiles.h"
 #include "kernels/cpu/row_tasks.h"
-#include "kernels/cpu/simd.h"
 
 #include <algorithm>
 #include <cstring>
 
 #if defined(G4_CPU_AMX_TABLE)
 
-#define G4_AMX_TARGET __attribute__((target("amx-tile,amx-bf16,avx512bf16")))
-
 namespace g4::cpu::G4_CPU_NS {
 namespace {
 
+using amx::load_pairs;
+using amx::load_tile_config;
+using amx::TileConfig;
+using amx::transpose16;
+
 constexpr int kGroup = kGemmBf16Group;
-constexpr int kRows  = 32;          // rows of y per tile block (two A tiles of 16)
+constexpr int kRows  = amx::kRows;
 constexpr int kKp    = kGemmKc / 2; // k-pairs per packed panel
 constexpr int kXs    = kKp + 16;    // pairs per row of the rounded x block (padded off a 1 KiB stride)
 static_assert(kKp % 16 == 0 && kGemmNr == 32, "panels of whole tiles: 16 k-pairs x 2 x 16 columns");
 static_assert(kGemmBf16AmxScratchFloats >=
                   (size_t)kGroup * kKp * kGemmNr + (size_t)kRows * kXs + kRows * kGemmNr + 16,
               "gemm_bf16_scratch_floats covers the AMX task's panels, x block, y block and alignment");
-
-// The 64-byte operand of ldtilecfg, palette 1: tiles 0-7 all 16 rows x 64 bytes.
-struct alignas(64) TileConfig {
-    uint8_t palette   = 1;
-    uint8_t start_row = 0;
-    uint8_t reserved[14]{};
-    uint16_t colsb[16]{};
-    uint8_t rows[16]{};
-};
-
-G4_AMX_TARGET void load_tile_config() {
-    TileConfig t;
-    for (int i = 0; i < 8; ++i)
-        t.colsb[i] = 64, t.rows[i] = 16;
-    _tile_loadconfig(&t);
-}
-
-// r[i] (16 x 32-bit, row i) -> r[i] = column i (16 rows), in registers.
-G4_AMX_TARGET inline void transpose16(__m512i* r) {
-    __m512i t[16];
-#pragma GCC unroll 8
-    for (int i = 0; i < 16; i += 2) {
-        t[i]     = _mm512_unpacklo_epi32(r[i], r[i + 1]);
-        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
-    }
-    // u[4g + m], 128-bit lane L: rows 4g..4g+3 of column 4L + m.
-    __m512i u[16];
-#pragma GCC unroll 4
-    for (int i = 0; i < 16; i += 4) {
-        u[i]     = _mm512_unpacklo_epi64(t[i], t[i + 2]);
-        u[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
-        u[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
-        u[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
-    }
-#pragma GCC unroll 4
-    for (int m = 0; m < 4; ++m) {
-        const __m512i x0 = _mm512_shuffle_i32x4(u[m], u[4 + m], 0x44),
-                      x1 = _mm512_shuffle_i32x4(u[m], u[4 + m], 0xEE);
-        const __m512i y0 = _mm512_shuffle_i32x4(u[8 + m], u[12 + m], 0x44),
-                      y1 = _mm512_shuffle_i32x4(u[8 + m], u[12 + m], 0xEE);
-        r[m]             = _mm512_shuffle_i32x4(x0, y0, 0x88);
-        r[4 + m]         = _mm512_shuffle_i32x4(x0, y0, 0xDD);
-        r[8 + m]         = _mm512_shuffle_i32x4(x1, y1, 0x88);
-        r[12 + m]        = _mm512_shuffle_i32x4(x1, y1, 0xDD);
-    }
-}
-
-// 32 values from n <= 32 (zero past n) as 16 bf16 pairs: bf16 as they are, fp32 rounded.
-G4_AMX_TARGET inline __m512i load_pairs(const void* src, DType dt, int n) {
-    if (n <= 0) return _mm512_setzero_si512();
-    if (dt == DType::BF16) {
-        const __mmask32 m = n >= 32 ? ~0u : (1u << n) - 1u;
-        return _mm512_maskz_loadu_epi16(m, src);
-    }
-    const float* s     = (const float*)src;
-    const __mmask16 lo = n >= 16 ? 0xFFFF : (__mmask16)((1u << n) - 1u);
-    const __mmask16 hi = n >= 32 ? 0xFFFF : (__mmask16)((1u << std::max(0, n - 16)) - 1u);
-    const __m512bh bh  = _mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(hi, s + 16), _mm512_maskz_loadu_ps(lo, s));
-    return (__m512i)bh;
-}
 
 // Weight rows [n0, n0 + nt) (nt <= kGemmNr), k in [k0, k0 + kc), as p[kp16][kGemmNr] pairs, kp16 the k-pairs
 // rounded up to 16: p[q][j] = (w[n0 + j][k0 + 2q], w[n0 + j][k0 + 2q + 1]), zero past nt and kc.
@@ -126,40 +68,6 @@ G4_AMX_TARGET void round_block(const MatmulArgs& a, int r, int rows, int64_t k0,
     }
 }
 
-// c[32][32] (+)= xs[32 rows][kp16 pairs] . p[kp16][32], c row stride ldc floats.
-G4_AMX_TARGET void tile_block(const uint32_t* xs, const uint32_t* p, int kp16, float* c, int64_t ldc,
-                              bool accumulate) {
-    const int64_t sc = ldc * 4;
-    // GCC's tileloadd (unlike its tilestored) tells the compiler of no memory access: the stores to xs, the
-    // panels and c before it must not move past it.
-    __asm__ volatile("" ::: "memory");
-    if (accumulate) {
-        _tile_loadd(0, c, sc);
-        _tile_loadd(1, c + 16, sc);
-        _tile_loadd(2, c + 16 * ldc, sc);
-        _tile_loadd(3, c + 16 * ldc + 16, sc);
-    } else {
-        _tile_zero(0);
-        _tile_zero(1);
-        _tile_zero(2);
-        _tile_zero(3);
-    }
-    for (int q = 0; q < kp16; q += 16) {
-        _tile_loadd(4, xs + q, kXs * 4);
-        _tile_loadd(5, xs + 16 * kXs + q, kXs * 4);
-        _tile_loadd(6, p + (size_t)q * kGemmNr, kGemmNr * 4);
-        _tile_loadd(7, p + (size_t)q * kGemmNr + 16, kGemmNr * 4);
-        _tile_dpbf16ps(0, 4, 6);
-        _tile_dpbf16ps(1, 4, 7);
-        _tile_dpbf16ps(2, 5, 6);
-        _tile_dpbf16ps(3, 5, 7);
-    }
-    _tile_stored(0, c, sc);
-    _tile_stored(1, c + 16, sc);
-    _tile_stored(2, c + 16 * ldc, sc);
-    _tile_stored(3, c + 16 * ldc + 16, sc);
-}
-
 // One task: rows [r0, r1) x panels [s0, s0 + ns) of y.
 G4_AMX_TARGET void amx_task(const MatmulArgs& a, int s0, int ns, int r0, int r1, float* scratch) {
     uint32_t* panels = (uint32_t*)(((uintptr_t)scratch + 63) & ~(uintptr_t)63); // [ns][kKp][kGemmNr] pairs
@@ -181,23 +89,10 @@ G4_AMX_TARGET void amx_task(const MatmulArgs& a, int s0, int ns, int r0, int r1,
                 const int nt      = (int)std::min<int64_t>(kGemmNr, a.n - n0);
                 float* y          = a.y + (int64_t)r * a.ldy + n0;
                 const uint32_t* p = panels + (size_t)s * kKp * kGemmNr;
-                if (rows == kRows && nt == kGemmNr) {
-                    tile_block(xs, p, kp16, y, a.ldy, k0 > 0);
-                    continue;
-                }
-                const __mmask32 m = (__mmask32)((1ull << nt) - 1u);
-                if (k0 > 0)
-                    for (int i = 0; i < rows; ++i) {
-                        _mm512_store_ps(cb + i * kGemmNr, _mm512_maskz_loadu_ps((__mmask16)m, y + i * a.ldy));
-                        _mm512_store_ps(cb + i * kGemmNr + 16,
-                                        _mm512_maskz_loadu_ps((__mmask16)(m >> 16), y + i * a.ldy + 16));
-                    }
-                tile_block(xs, p, kp16, cb, kGemmNr, k0 > 0);
-                for (int i = 0; i < rows; ++i) {
-                    _mm512_mask_storeu_ps(y + i * a.ldy, (__mmask16)m, _mm512_load_ps(cb + i * kGemmNr));
-                    _mm512_mask_storeu_ps(y + i * a.ldy + 16, (__mmask16)(m >> 16),
-                                          _mm512_load_ps(cb + i * kGemmNr + 16));
-                }
+                if (rows == kRows && nt == kGemmNr)
+                    amx::tile_block(xs, kXs, p, kp16, y, a.ldy, k0 > 0);
+                else
+                    amx::tile_block_partial(xs, kXs, p, kp16, y, a.ldy, rows, nt, cb, k0 > 0);
             }
         }
     }

@@ -29,7 +29,7 @@
 
 // And, where the compiler has AMX (G4_CPU_AMX_VARIANT, kernels/CMakeLists.txt), the AMX bf16 GEMM
 // (gemm_bf16_amx.cpp, a function-level target) in a third table, g4cpu_kernels_<level>_amx: the BF16 table
-// with matmul_gemm_bf16 on AMX tiles.
+// with matmul_gemm_bf16 and the NF4 prefill matmuls (gemm_nf4_amx.cpp) on AMX tiles.
 #if defined(G4_CPU_BF16_TABLE) && defined(G4_CPU_AMX_VARIANT)
 #define G4_CPU_AMX_TABLE 1
 #endif
@@ -53,6 +53,9 @@ void matmul_gemm_bf16_amx(const Context& c, const MatmulArgs& a);
 void gemm_block_bf16_amx(int rows, int cols, int64_t kp, const uint32_t* a, int64_t lda, const uint32_t* b,
                          int64_t ldb, int64_t panel, float* c, int64_t ldc, bool accumulate);
 void self_attention_amx(const Context& c, const SelfAttentionArgs& a);
+// NF4 prefill chunks on AMX tiles (gemm_nf4_amx.cpp), and the table's matmul that sends them there.
+void matmul_nf4_gemm_amx(const Context& c, const MatmulArgs& a);
+void matmul_amx(const Context& c, const MatmulArgs& a);
 #endif
 #if defined(G4_CPU_VNNI_VARIANT)
 void matmul_nf4_int16_vnni(const Context& c, const MatmulArgs& a);

@@ -31,6 +31,7 @@ constexpr Kernels with_amx() {
     k.matmul_gemm_bf16 = &matmul_gemm_bf16_amx;
     k.gemm_block_bf16  = &gemm_block_bf16_amx;
     k.self_attention   = &self_attention_amx;
+    k.matmul           = &matmul_amx;
     return k;
 }
 constexpr Kernels kTableAmx = with_amx();

@@ -260,6 +260,72 @@ TEST(CpuKernels, AmxGemmBf16MatchesAvx512Bf16) {
     }
 }
 
+// The amx level's NF4 matmul for prefill chunks (int16_x, more than q16::kMaxRows rows) against its
+// definition: bf16(x) . bf16(dequantized W)^T with exact products, summed here in double. Tails in rows (not
+// a multiple of 32), n (past a panel) and k (past kGemmKc); single and double quant; a scratch that holds 32
+// rows of x at a time (further passes) and one too small for any (the int16 GEMM instead).
+TEST(CpuKernels, AmxNf4GemmMatchesBf16Definition) {
+    if (!cpu::level_supported(cpu::Level::Amx))
+        GTEST_SKIP() << "no amx level (levels here: " << cpu::supported_levels() << ")";
+    const cpu::Kernels* amx = cpu::level_kernels(cpu::Level::Amx);
+    struct Case {
+        int rows;
+        int64_t n, k;
+        bool dq;
+        int scratch; // 0: as a session sizes it; 1: 32 rows of x a pass; 2: too small for the AMX path
+    };
+    const Case cases[] = {{64, 1536, 1536, true, 0},
+                          {77, 200, 640, false, 0},
+                          {37, 256, 6144, true, 0},
+                          {77, 96, 1536, true, 1},
+                          {40, 64, 128, false, 2}};
+    for (const Case& cs : cases) {
+        const int64_t ldx = cs.k + 3, ldy = cs.n + 5;
+        auto x    = randn((size_t)cs.rows * ldx, 61, 1.0f);
+        auto wf   = randn((size_t)(cs.n * cs.k), 62, 0.02f);
+        auto blob = nf4::quantize(wf.data(), cs.n * cs.k, cs.dq);
+        std::vector<float> wd((size_t)(cs.n * cs.k));
+        nf4::dequantize(blob.data(), nf4::layout(cs.n * cs.k, cs.dq), 0, cs.n * cs.k, wd.data());
+        std::vector<float> y((size_t)cs.rows * ldy, -7.0f), want = y;
+        double num = 0, den = 0;
+        for (int i = 0; i < cs.rows; ++i)
+            for (int64_t j = 0; j < cs.n; ++j) {
+                double acc = 0;
+                for (int64_t p = 0; p < cs.k; ++p)
+                    acc += (double)bf16_to_f32(f32_to_bf16(x[i * ldx + p])) *
+                           bf16_to_f32(f32_to_bf16(wd[j * cs.k + p]));
+                want[i * ldy + j] = (float)acc;
+            }
+        cpu::ThreadPool pool{3};
+        // a task's part: one panel (these shapes have few columns for 3 threads) of min(k, kGemmKc) / 2 pairs
+        const int64_t lx = cs.k / 2 + 16, task = std::min<int64_t>(cs.k, cpu::kGemmKc) / 2 * cpu::kGemmNr +
+                                                 32 * cpu::kGemmNr + 16;
+        const size_t stride = cs.scratch == 0   ? cpu::scratch_floats_per_thread(cs.k, 0)
+                              : cs.scratch == 1 ? (size_t)task + (32 * lx + 16) / 3 + 1
+                                                : (size_t)task;
+        std::vector<float> scratch(stride * pool.size() + 1);
+        cpu::Context ctx{&pool, scratch.data() + 1, stride}; // unaligned: the kernel aligns its own
+        MatmulArgs a{x.data(), ldx, blob.data(), DType::NF4, cs.n, cs.k, y.data(), ldy, cs.rows};
+        a.nf4_double_quant = cs.dq;
+        a.int16_x          = true;
+        amx->matmul(ctx, a);
+        for (int i = 0; i < cs.rows; ++i) {
+            for (int64_t j = 0; j < cs.n; ++j) {
+                const double d = (double)y[i * ldy + j] - want[i * ldy + j];
+                num += d * d, den += (double)want[i * ldy + j] * want[i * ldy + j];
+            }
+            for (int64_t j = cs.n; j < ldy; ++j)
+                ASSERT_EQ(y[i * ldy + j], -7.0f) << "row " << i << " column " << j;
+        }
+        const double err = std::sqrt(num / den);
+        if (cs.scratch == 2) // the int16 GEMM's arithmetic: near the definition, not at it
+            EXPECT_LT(err, 1e-2) << "rows " << cs.rows << " n " << cs.n << " k " << cs.k;
+        else
+            EXPECT_LT(err, 1e-6) << "rows " << cs.rows << " n " << cs.n << " k " << cs.k << " dq " << cs.dq
+                                 << " scratch " << cs.scratch;
+    }
+}
+
 TEST(CpuKernels, MatmulHandlesStridedViews) {
     Fixture f(64, 16);
     const int rows = 4, k = 64, n = 40, ldx = 100, ldy = 90;
@@ -970,7 +1036,9 @@ TEST(LmScreen, ArgmaxIsTheFullHeads) {
             EXPECT_GE(computed, 3);
             EXPECT_LT(computed, n);
             for (int64_t r = 0; r < n; ++r)
-                if (y[r] != -std::numeric_limits<float>::infinity()) ASSERT_EQ(y[r], g[r]) << "row " << r;
+                if (y[r] != -std::numeric_limits<float>::infinity()) {
+                    ASSERT_EQ(y[r], g[r]) << "row " << r;
+                }
         }
     }
     EXPECT_GE(screened, 8);

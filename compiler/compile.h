@@ -31,7 +31,8 @@ struct CompileOptions {
     bool deterministic =
         false; // CUDA decode sums in a fixed order (sm_90: no fused MLP, whose atomic adds vary)
     // CPU decode matmuls of NF4 weights: fast (x quantized to int16 per block, integer dot products,
-    // kernels/q16.h) | f32 (float32 arithmetic throughout). Recorded in META policy.cpu_precision.
+    // kernels/q16.h) | bf16 (fast, and prefill chunks' NF4 matmuls with bf16 operands on AMX tiles where
+    // the CPU has them) | f32 (float32 arithmetic throughout). Recorded in META policy.cpu_precision.
     std::string cpu_precision = "fast";
     std::string mlp_precision =
         "f16"; // sm_90 fused decode MLP products: f16 (packed, where the weights allow) | f32

@@ -13,10 +13,10 @@
 namespace g4::stage {
 namespace {
 
-// Logits of a fixed calibration prompt through the CPU runtime, fed q16::kMaxRows tokens a step: the row
-// counts of decode steps, which `--cpu-precision fast` runs with integer matmuls (kernels/q16.h), so that
-// the figure measures that path too.
-std::vector<float> calibration_logits(const std::string& plan, int vocab, int n_tokens) {
+// Logits of a fixed calibration prompt through the CPU runtime, fed `step` tokens a step: q16::kMaxRows, the
+// row counts of decode steps, which `--cpu-precision fast` runs with integer matmuls (kernels/q16.h), so
+// that the figure measures that path too; or the whole prompt, the prefill path (`--cpu-precision bf16`).
+std::vector<float> calibration_logits(const std::string& plan, int vocab, int n_tokens, int step) {
     g4_engine* e = nullptr;
     if (g4_engine_open(plan.c_str(), nullptr, &e) != G4_OK)
         throw CompileError(std::string("fidelity check: ") + g4_last_error_message());
@@ -31,8 +31,8 @@ std::vector<float> calibration_logits(const std::string& plan, int vocab, int n_
             i == 0 ? 2 : 3 + (int32_t)((i * 7919ull + 13) % (uint64_t)std::max(1, std::min(vocab, 4096) - 3));
     std::vector<float> logits((size_t)n_tokens * vocab);
     g4_status st = G4_OK;
-    for (int i = 0; i < n_tokens && st == G4_OK; i += q16::kMaxRows) {
-        const int n = std::min(q16::kMaxRows, n_tokens - i);
+    for (int i = 0; i < n_tokens && st == G4_OK; i += step) {
+        const int n = std::min(step, n_tokens - i);
         st          = g4_session_append_tokens(s, ids.data() + i, n, logits.data() + (size_t)i * vocab,
                                                (size_t)n * vocab);
     }
@@ -65,20 +65,32 @@ void measure_fidelity(std::ostream& log, const Inputs& in, PlanFile& out, Compil
             measured = twin->f.temp_path();
         }
         if (opt.progress) opt.progress("fidelity", 0.5);
-        auto a = calibration_logits(measured, hp.vocab_size, n_tok);
-        if (opt.progress) opt.progress("fidelity", 0.75);
-        auto b = calibration_logits(ref.f.temp_path(), hp.vocab_size, n_tok);
-        if (opt.progress) opt.progress("fidelity", 1.0);
-        double num = 0, den = 0;
-        int agree = 0;
-        for (int r = 0; r < n_tok; ++r) {
-            const float* x = a.data() + (size_t)r * hp.vocab_size;
-            const float* y = b.data() + (size_t)r * hp.vocab_size;
-            agree += std::max_element(x, x + hp.vocab_size) - x == std::max_element(y, y + hp.vocab_size) - y;
-            for (int i = 0; i < hp.vocab_size; ++i)
-                num += ((double)x[i] - y[i]) * ((double)x[i] - y[i]), den += (double)y[i] * y[i];
+        auto b = calibration_logits(ref.f.temp_path(), hp.vocab_size, n_tok, q16::kMaxRows);
+        if (opt.progress) opt.progress("fidelity", 0.6);
+        // The decode path; for `--cpu-precision bf16` also the prefill path, and the larger error of the two.
+        double rel = 0;
+        int agree  = n_tok;
+        double den = 0;
+        for (int step : {q16::kMaxRows, n_tok}) {
+            if (step == n_tok && (in.cuda_index >= 0 || opt.cpu_precision != "bf16")) break;
+            auto a     = calibration_logits(measured, hp.vocab_size, n_tok, step);
+            double num = 0;
+            int same   = 0;
+            den        = 0;
+            for (int r = 0; r < n_tok; ++r) {
+                const float* x = a.data() + (size_t)r * hp.vocab_size;
+                const float* y = b.data() + (size_t)r * hp.vocab_size;
+                same +=
+                    std::max_element(x, x + hp.vocab_size) - x == std::max_element(y, y + hp.vocab_size) - y;
+                for (int i = 0; i < hp.vocab_size; ++i)
+                    num += ((double)x[i] - y[i]) * ((double)x[i] - y[i]), den += (double)y[i] * y[i];
+            }
+            const double r = std::sqrt(num / std::max(den, 1e-300));
+            rel            = std::isfinite(r) ? std::max(rel, r) : r;
+            agree          = std::min(agree, same);
+            if (!std::isfinite(rel)) break;
         }
-        const double rel = std::sqrt(num / std::max(den, 1e-300));
+        if (opt.progress) opt.progress("fidelity", 1.0);
         if (!std::isfinite(rel)) { // never reported as a figure: the plan just written is unusable
             std::remove(opt.out_path.c_str());
             throw CompileError(

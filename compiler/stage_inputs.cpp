@@ -75,8 +75,8 @@ CheckedOptions check_options(const CompileOptions& opt) {
     if (opt.prefill_precision != "bf16" && opt.prefill_precision != "fp32")
         throw CompileError("unknown --prefill-precision '" + opt.prefill_precision +
                            "': expected bf16 or fp32");
-    if (opt.cpu_precision != "fast" && opt.cpu_precision != "f32")
-        throw CompileError("unknown --cpu-precision '" + opt.cpu_precision + "': expected fast or f32");
+    if (opt.cpu_precision != "fast" && opt.cpu_precision != "bf16" && opt.cpu_precision != "f32")
+        throw CompileError("unknown --cpu-precision '" + opt.cpu_precision + "': expected fast, bf16 or f32");
     if (opt.mlp_precision != "f16" && opt.mlp_precision != "f32")
         throw CompileError("unknown --mlp-precision '" + opt.mlp_precision + "': expected f16 or f32");
     const std::string& reps = opt.mlp_replicas;

@@ -333,7 +333,7 @@ void session_figures(const Inputs& in, const BuiltPlan& b, Report* rep) {
             rep->lm_screen_session = cuda_ws::lm_screen_session_bytes(head);
         }
         rt::CpuLmHead head; // CPU plans of the fast precision: the bf16 head's int8 copy (cpu_lm_head.h)
-        if (in.cuda_index < 0 && opt.cpu_precision == "fast" &&
+        if (in.cuda_index < 0 && opt.cpu_precision != "f32" &&
             rt::find_cpu_lm_head(ops.data(), b.n_text_ops, tensors.data(), prog.logits, &head))
             rep->lm_screen = head.copy_bytes();
         if (!opt.lm_screen) rep->lm_screen = rep->lm_screen_session = 0;

@@ -110,9 +110,12 @@ struct MatmulArgs {
     int32_t rows;
     bool nf4_double_quant = false; // dt == NF4: w is one kernels/nf4.h blob of N*K elements; true if it
                                    // stores double-quantized absmax (absmax_q/absmax2/offset/code2)
-    bool int16_x = false; // NF4, K a multiple of 64: x quantized to int16 per block of 64 and multiplied by
-                          // the codes' int16 values in integers (kernels/q16.h); BF16, 1..8 rows: the CPU's
-                          // bf16 GEMV (float32, its own sum order); else ignored
+    bool int16_x = false;   // NF4, K a multiple of 64: x quantized to int16 per block of 64 and multiplied by
+                            // the codes' int16 values in integers (kernels/q16.h); BF16, 1..8 rows: the CPU's
+                            // bf16 GEMV (float32, its own sum order); else ignored
+    bool bf16_rows = false; // with int16_x, NF4 and more than q16::kMaxRows rows (prefill chunks): y =
+                            // bf16(x) . bf16(W)^T on AMX tiles where the CPU has them (kernels/cpu/
+                            // gemm_nf4_amx.cpp), else the int16 GEMM; else ignored
 };
 
 struct RmsNormArgs {

@@ -1,8 +1,9 @@
-// NF4 GEMM on Intel AMX tiles for the prefill chunks of `--cpu-precision fast` plans: the amx level's
-// matmul takes the NF4 matmuls of more than q16::kMaxRows rows that matmul_nf4_gemm_int16 takes on other
-// levels. y = bf16(x) . bf16(W)^T, W the NF4 weights dequantized to fp32 as nf4::dequantize does (codebook
-// value times the block's scale) and rounded to nearest even bf16, each product exact in fp32, fp32 sums in
-// the tiles' order (as matmul_gemm_bf16 of the dequantized weights, within ~1e-6 of it).
+// NF4 GEMM on Intel AMX tiles for the prefill chunks of `--cpu-precision bf16` plans: the amx level's
+// matmul takes the NF4 matmuls of more than q16::kMaxRows rows with MatmulArgs::bf16_rows, which
+// matmul_nf4_gemm_int16 takes on other levels (and without the flag). y = bf16(x) . bf16(W)^T, W the NF4
+// weights dequantized to fp32 as nf4::dequantize does (codebook value times the block's scale) and rounded to
+// nearest even bf16, each product exact in fp32, fp32 sums in the tiles' order (as matmul_gemm_bf16 of the
+// dequantized weights, within ~1e-6 of it).
 //
 // x is rounded once per pass into the pool's scratch as bf16 k-pairs, rows padded with zeros to 32. A task
 // is up to kGroupMax panels of kGemmNr weight rows (and, where the pool has more threads than panels, a
@@ -173,7 +174,7 @@ void matmul_nf4_gemm_amx(const Context& c, const MatmulArgs& a) {
 }
 
 void matmul_amx(const Context& c, const MatmulArgs& a) {
-    if (q16::applies_gemm(a.int16_x, a.dt == DType::NF4, a.k, a.rows))
+    if (a.bf16_rows && q16::applies_gemm(a.int16_x, a.dt == DType::NF4, a.k, a.rows))
         matmul_nf4_gemm_amx(c, a);
     else
 #if defined(G4_CPU_VNNI_VARIANT)

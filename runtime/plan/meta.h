@@ -34,8 +34,8 @@ struct MetaPolicy {
     std::string prefill_precision, mlp_precision; // "" = absent
     int32_t mlp_replicas = -1;                    // -1 = absent ("auto")
     std::string ple_fold, mlp_fold;               // "" = absent (the defaults)
-    std::string
-        cpu_precision; // CPU NF4 decode matmuls: "fast" (int16 x, kernels/q16.h) | "f32"; "" = absent (f32)
+    std::string cpu_precision; // CPU NF4 matmuls: "fast" (int16 x, kernels/q16.h) | "bf16" (fast; prefill
+                               // chunks with bf16 operands on AMX) | "f32"; "" = absent (f32)
 };
 
 // The model's hyper-parameters: the two every reader needs, and the model's own (the model definition's,

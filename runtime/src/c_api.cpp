@@ -156,8 +156,10 @@ g4_status g4_engine_open(const char* path, const g4_engine_params* params, g4_en
         delete e;
         return set_error(st, err);
     }
-    e->cpu_int16 = e->plan.meta().policy.cpu_precision == "fast";
-    st           = g4::rt::open_backend(e, &e->backend, &err);
+    const std::string& cpu_precision = e->plan.meta().policy.cpu_precision;
+    e->cpu_int16                     = cpu_precision == "fast" || cpu_precision == "bf16";
+    e->cpu_bf16_rows                 = cpu_precision == "bf16";
+    st                               = g4::rt::open_backend(e, &e->backend, &err);
     if (st != G4_OK) {
         delete e;
         return set_error(st, std::string(path) + ": " + err);

@@ -26,9 +26,12 @@ struct g4_engine {
     std::unique_ptr<g4::Tokenizer> tokenizer; // null if the plan has none
     double load_ms = 0;
     std::unique_ptr<g4::rt::EngineBackend> backend; // the plan's device side (backend.h)
-    // META policy.cpu_precision "fast": CPU NF4 matmuls with int16 x (kernels/q16.h), GeluMul through
-    // cpu::gelu_mul_vec (Eigen's vectorised tanh)
+    // META policy.cpu_precision "fast" or "bf16": CPU NF4 matmuls with int16 x (kernels/q16.h), GeluMul
+    // through cpu::gelu_mul_vec (Eigen's vectorised tanh)
     bool cpu_int16 = false;
+    // "bf16": and the NF4 matmuls of prefill chunks with bf16 operands on AMX tiles where the CPU has them
+    // (MatmulArgs::bf16_rows)
+    bool cpu_bf16_rows = false;
 };
 
 namespace g4::rt {

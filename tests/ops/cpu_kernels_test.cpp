@@ -260,10 +260,10 @@ TEST(CpuKernels, AmxGemmBf16MatchesAvx512Bf16) {
     }
 }
 
-// The amx level's NF4 matmul for prefill chunks (int16_x, more than q16::kMaxRows rows) against its
-// definition: bf16(x) . bf16(dequantized W)^T with exact products, summed here in double. Tails in rows (not
-// a multiple of 32), n (past a panel) and k (past kGemmKc); single and double quant; a scratch that holds 32
-// rows of x at a time (further passes) and one too small for any (the int16 GEMM instead).
+// The amx level's NF4 matmul for prefill chunks (int16_x and bf16_rows, more than q16::kMaxRows rows) against
+// its definition: bf16(x) . bf16(dequantized W)^T with exact products, summed here in double. Tails in rows
+// (not a multiple of 32), n (past a panel) and k (past kGemmKc); single and double quant; a scratch that
+// holds 32 rows of x at a time (further passes) and one too small for any (the int16 GEMM instead).
 TEST(CpuKernels, AmxNf4GemmMatchesBf16Definition) {
     if (!cpu::level_supported(cpu::Level::Amx))
         GTEST_SKIP() << "no amx level (levels here: " << cpu::supported_levels() << ")";
@@ -308,6 +308,7 @@ TEST(CpuKernels, AmxNf4GemmMatchesBf16Definition) {
         MatmulArgs a{x.data(), ldx, blob.data(), DType::NF4, cs.n, cs.k, y.data(), ldy, cs.rows};
         a.nf4_double_quant = cs.dq;
         a.int16_x          = true;
+        a.bf16_rows        = true;
         amx->matmul(ctx, a);
         for (int i = 0; i < cs.rows; ++i) {
             for (int64_t j = 0; j < cs.n; ++j) {
@@ -323,6 +324,18 @@ TEST(CpuKernels, AmxNf4GemmMatchesBf16Definition) {
         else
             EXPECT_LT(err, 1e-6) << "rows " << cs.rows << " n " << cs.n << " k " << cs.k << " dq " << cs.dq
                                  << " scratch " << cs.scratch;
+        // Without bf16_rows (the fast precision) the amx level runs the int16 GEMM, as the others do.
+        if (cs.scratch == 0) {
+            const cpu::Kernels* bf16 = cpu::level_kernels(cpu::Level::Avx512Bf16);
+            ASSERT_NE(bf16, nullptr);
+            std::vector<float> y1 = y, y2 = y;
+            a.bf16_rows = false;
+            a.y         = y1.data();
+            amx->matmul(ctx, a);
+            a.y = y2.data();
+            bf16->matmul(ctx, a);
+            EXPECT_EQ(std::memcmp(y1.data(), y2.data(), y1.size() * sizeof(float)), 0);
+        }
     }
 }
 

@@ -165,6 +165,24 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, Bf16KvParityTest, ::testing::Values("e2b_tiny
 // e4b_tiny: o and down, its hidden width 96 is not).
 constexpr double kCpuFastTolerance = 1e-2;
 
+// Every reference prompt of fx through `plan` and the `f32` one: logits within tol relative L2 (and not the
+// same bits: the other arithmetic ran), the same greedy tokens. `what` names the figure in the log.
+void expect_near_f32(const std::string& fx, const std::string& plan, const std::string& f32, double tol,
+                     const std::string& what) {
+    TempDir td;
+    for (const Prompt& p : load_reference(fx)) {
+        PromptRun a = run_prompt(plan, p, td.file(p.name + ".plan.f32"));
+        PromptRun b = run_prompt(f32, p, td.file(p.name + ".f32.f32"));
+        ASSERT_TRUE(a.ok && b.ok);
+        const double rel = rel_l2(a.logits.data(), b.logits.data(), a.logits.size());
+        std::printf("CPU_PRECISION fixture=%s %s prompt=%s tokens=%zu rel_l2=%.3e\n", fx.c_str(),
+                    what.c_str(), p.name.c_str(), p.ids.size(), rel);
+        EXPECT_GT(rel, 0.0) << "the other arithmetic ran: " << fx << " " << what << " " << p.name;
+        EXPECT_LE(rel, tol) << fx << " " << what << " " << p.name;
+        EXPECT_EQ(a.ids, b.ids) << fx << " " << what << " " << p.name;
+    }
+}
+
 TEST(CpuPrecision, FastMatchesF32OnNf4Plans) {
     for (const std::string fx : {"e2b_tiny", "e4b_tiny"})
         // 4 tokens a step (the GEMV), then the prompt in one step of up to 64 rows (the GEMM past 8 rows)
@@ -178,18 +196,7 @@ TEST(CpuPrecision, FastMatchesF32OnNf4Plans) {
             ASSERT_EQ(pe.load(f32, false, &err), G4_OK) << err;
             EXPECT_EQ(pf.meta().policy.cpu_precision, "fast") << "the default";
             EXPECT_EQ(pe.meta().policy.cpu_precision, "f32");
-            TempDir td;
-            for (const Prompt& p : load_reference(fx)) {
-                PromptRun a = run_prompt(fast, p, td.file(p.name + ".fast.f32"));
-                PromptRun b = run_prompt(f32, p, td.file(p.name + ".f32.f32"));
-                ASSERT_TRUE(a.ok && b.ok);
-                const double rel = rel_l2(a.logits.data(), b.logits.data(), a.logits.size());
-                std::printf("CPU_PRECISION fixture=%s %s prompt=%s tokens=%zu fast_vs_f32_rel_l2=%.3e\n",
-                            fx.c_str(), chunk.c_str(), p.name.c_str(), p.ids.size(), rel);
-                EXPECT_GT(rel, 0.0) << "the int8 path ran: " << fx << " " << p.name;
-                EXPECT_LE(rel, kCpuFastTolerance) << fx << " " << p.name;
-                EXPECT_EQ(a.ids, b.ids) << fx << " " << p.name;
-            }
+            expect_near_f32(fx, fast, f32, kCpuFastTolerance, "fast " + chunk);
         }
 }
 
@@ -207,18 +214,7 @@ TEST(CpuPrecision, Bf16PrefillStaysNearF32) {
         g4::plan::Plan pb;
         ASSERT_EQ(pb.load(bf16, false, &err), G4_OK) << err;
         EXPECT_EQ(pb.meta().policy.cpu_precision, "bf16");
-        TempDir td;
-        for (const Prompt& p : load_reference(fx)) {
-            PromptRun a = run_prompt(bf16, p, td.file(p.name + ".bf16.f32"));
-            PromptRun b = run_prompt(f32, p, td.file(p.name + ".f32.f32"));
-            ASSERT_TRUE(a.ok && b.ok);
-            const double rel = rel_l2(a.logits.data(), b.logits.data(), a.logits.size());
-            std::printf("CPU_PRECISION fixture=%s bf16 prompt=%s tokens=%zu bf16_vs_f32_rel_l2=%.3e\n",
-                        fx.c_str(), p.name.c_str(), p.ids.size(), rel);
-            EXPECT_GT(rel, 0.0) << fx << " " << p.name;
-            EXPECT_LE(rel, kCpuBf16Tolerance) << fx << " " << p.name;
-            EXPECT_EQ(a.ids, b.ids) << fx << " " << p.name;
-        }
+        expect_near_f32(fx, bf16, f32, kCpuBf16Tolerance, "bf16");
     }
     TempDir td;
     const std::string out = td.file("bf16.g4plan");

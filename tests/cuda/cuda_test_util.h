@@ -45,7 +45,11 @@ Gpu& gpu() {
     static Gpu g;
     static bool tried = false;
     if (tried) return g;
-    tried     = true;
+    tried = true;
+    if (!cuda::nvrtc_available()) { // a build without the CUDA toolkit on a machine with a GPU
+        g.why = "this build has no CUDA toolkit (NVRTC)";
+        return g;
+    }
     g.d       = cu::driver(&g.why);
     int count = 0;
     if (!g.d || g.d->cuDeviceGetCount(&count) != 0 || count == 0) {

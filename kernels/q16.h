@@ -44,8 +44,9 @@ inline float quantize_block(const float* x, int16_t* q) {
     float amax  = 0.0f;
     bool finite = true;
     for (int i = 0; i < kBlock; ++i) {
-        amax = std::fmax(amax, std::fabs(x[i]));
-        finite &= std::isfinite(x[i]);
+        const float v = std::fabs(x[i]);
+        amax          = v > amax ? v : amax; // inlined, where std::fmax is a libm call a value; a NaN is
+        finite &= std::isfinite(x[i]);       // left out here and decided by `finite` below
     }
     float inv = finite && amax > 0.0f ? kXMax / amax : 0.0f;
     if (!std::isfinite(inv)) inv = 0.0f;

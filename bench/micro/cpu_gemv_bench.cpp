@@ -6,7 +6,8 @@
 // Usage: cpu_gemv_bench [calls per cell, default 41] [--dq] [--rows] [--hot] [--int16]   (--dq:
 // double-quantized absmax; --rows: the row sweep 1..16 at two shapes instead of the decode table; --hot: one
 // copy, so weights that fit stay in cache; --int16: old = the fp32 GEMV, new = the NF4 x int16 GEMV
-// cpu::matmul_nf4_int16, what `--cpu-precision fast` plans run). Built with the project
+// cpu::matmul_nf4_int16, what `--cpu-precision fast` plans run; --threads N: the second pool's size, default
+// 2). Built with the project
 // (build/bench/micro/cpu_gemv_bench).
 #include "compiler/nf4_quant.h"
 #include "kernels/cpu/cpu.h"
@@ -102,10 +103,13 @@ Cell time_both(const Shape& s, int rows, bool dq, bool int16, const Weights& w, 
 } // namespace
 
 int main(int argc, char** argv) {
-    int calls = 41;
+    int calls   = 41;
+    int threads = 2;
     bool dq = false, row_sweep = false, hot = false, int16 = false;
     for (int i = 1; i < argc; ++i) {
-        if (!std::strcmp(argv[i], "--dq"))
+        if (!std::strcmp(argv[i], "--threads") && i + 1 < argc)
+            threads = std::max(1, std::atoi(argv[++i]));
+        else if (!std::strcmp(argv[i], "--dq"))
             dq = true;
         else if (!std::strcmp(argv[i], "--rows"))
             row_sweep = true;
@@ -130,7 +134,7 @@ int main(int argc, char** argv) {
     int64_t max_k = 0;
     for (const Shape& s : decode)
         max_k = std::max(max_k, s.k);
-    cpu::ThreadPool pools[2] = {cpu::ThreadPool(1), cpu::ThreadPool(2)};
+    cpu::ThreadPool pools[2] = {cpu::ThreadPool(1), cpu::ThreadPool(threads)};
     std::vector<float> scratch[2];
     cpu::Context ctx[2];
     for (int p = 0; p < 2; ++p) {
@@ -143,8 +147,10 @@ int main(int argc, char** argv) {
                 hot ? "one weight copy" : "weights rotated over >= 128 MiB", calls,
                 int16 ? "old = fp32 GEMV, new = NF4 x int16 GEMV"
                       : "old = dequantize tile + Eigen GEMM, new = fused GEMV");
+    char second[64];
+    std::snprintf(second, sizeof second, "%d threads: old / new us (GB/s), speed-up", threads);
     std::printf("%-22s %4s | %-40s | %-40s\n", "shape (N x K)", "rows",
-                "1 thread: old / new us (GB/s), speed-up", "2 threads: old / new us (GB/s), speed-up");
+                "1 thread: old / new us (GB/s), speed-up", second);
     auto row = [&](const Shape& s, int rows) {
         Weights w(s.n, s.k, dq, hot);
         std::printf("%-22s %4d", s.name, rows);

@@ -26,8 +26,9 @@ constexpr int kChunk = 16; // gemv_bf16_neon.h: four vectors of 4 lanes (x kept 
 #else
 constexpr int kChunk = 8; // the plain loop's lanes (x kept in its own order)
 #endif
-constexpr int kTileRows   = 64;      // weight rows per task
-constexpr int kGroupRows  = 4;       // rows of x per pass over a weight row
+constexpr int kTileRows    = 64;     // weight rows per task, at most
+constexpr int kMinTileRows = 8;      // ... and at least, where fewer would leave pool threads idle
+constexpr int kGroupRows   = 4;      // rows of x per pass over a weight row
 constexpr int64_t kInline = 1 << 16; // smaller matmuls run on the calling thread (the PLE's 256 x 1536: pool)
 
 // x's rows into xp (stride k): each whole chunk as its even elements then its odd ones (the plain loop: as
@@ -147,15 +148,22 @@ void columns(const MatmulArgs& a, const float* xp, int64_t n0, int64_t n1) {
     }
 }
 
+// Weight rows per task: kTileRows, or fewer where that gives the pool's threads a task each (the PLE's
+// 256-row gate on 16 threads: 16 tasks of 16 rows instead of 4 of 64). Each output stays one thread's sum in
+// a fixed order, so the results do not depend on the split.
+int64_t tile_rows(const Context& c, int64_t n) {
+    const int64_t per_thread = (n + c.pool->size() - 1) / c.pool->size();
+    return std::clamp<int64_t>(per_thread, kMinTileRows, kTileRows);
+}
+
 } // namespace
 
 void matmul_bf16_gemv(const Context& c, const MatmulArgs& a) {
     float* xp = c.thread_scratch(0);
     reorder_x(a, xp);
-    const int64_t tiles = (a.n + kTileRows - 1) / kTileRows;
-    auto tile           = [&](int64_t t) {
-        columns(a, xp, t * kTileRows, std::min<int64_t>(a.n, (t + 1) * kTileRows));
-    };
+    const int64_t tr    = tile_rows(c, a.n);
+    const int64_t tiles = (a.n + tr - 1) / tr;
+    auto tile           = [&](int64_t t) { columns(a, xp, t * tr, std::min<int64_t>(a.n, (t + 1) * tr)); };
     if (a.n * a.k < kInline)
         for (int64_t t = 0; t < tiles; ++t)
             tile(t);

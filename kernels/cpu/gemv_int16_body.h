@@ -38,13 +38,26 @@ IntX quantize_x(const MatmulArgs& a, float* scratch) {
     const int64_t nb = a.k / q16::kBlock;
     int16_t* q       = (int16_t*)scratch;
     float* sx        = (float*)(q + (int64_t)a.rows * a.k);
-    int16_t tmp[q16::kBlock];
+    alignas(64) int16_t tmp[q16::kBlock];
+#if defined(__AVX512BW__)
+    // kIntOrder here: the even elements, then the odd ones.
+    alignas(64) static constexpr uint16_t kEven[32] = {0,  2,  4,  6,  8,  10, 12, 14, 16, 18, 20,
+                                                       22, 24, 26, 28, 30, 32, 34, 36, 38, 40, 42,
+                                                       44, 46, 48, 50, 52, 54, 56, 58, 60, 62};
+    const __m512i even = _mm512_load_si512(kEven), odd = _mm512_add_epi16(even, _mm512_set1_epi16(1));
+#endif
     for (int t = 0; t < a.rows; ++t)
         for (int64_t b = 0; b < nb; ++b) {
             const int64_t xb = t * nb + b;
             sx[xb]           = q16::quantize_block(a.x + t * a.ldx + b * q16::kBlock, tmp);
+#if defined(__AVX512BW__)
+            const __m512i lo = _mm512_load_si512(tmp), hi = _mm512_load_si512(tmp + 32);
+            _mm512_storeu_si512(q + 64 * xb, _mm512_permutex2var_epi16(lo, even, hi));
+            _mm512_storeu_si512(q + 64 * xb + 32, _mm512_permutex2var_epi16(lo, odd, hi));
+#else
             for (int i = 0; i < q16::kBlock; ++i)
                 q[64 * xb + i] = tmp[kIntOrder.e[i]];
+#endif
         }
     return {q, sx, nb};
 }

@@ -87,19 +87,22 @@ G4_AMX_TARGET void round_rows(const MatmulArgs& a, int r0, int r1, uint32_t* xa,
     }
 }
 
-// A thread's part of the scratch: `group` panels of min(k, kGemmKc) / 2 k-pairs, a 32 x kGemmNr block of y
-// for partial blocks, alignment.
+// One decoded panel: min(k, kGemmKc) / 2 k-pairs of kGemmNr weight rows.
+size_t panel_floats(int64_t k) {
+    return (size_t)(std::min<int64_t>(k, kGemmKc) / 2) * kGemmNr;
+}
+
+// A thread's part of the scratch: `group` panels, a 32 x kGemmNr block of y for partial blocks, alignment.
 size_t task_floats(int64_t k, int group) {
-    return (size_t)group * (size_t)(std::min<int64_t>(k, kGemmKc) / 2) * kGemmNr +
-           (size_t)amx::kRows * kGemmNr + 16;
+    return (size_t)group * panel_floats(k) + (size_t)amx::kRows * kGemmNr + 16;
 }
 
 // Panels [s0, s0 + ns) x rows [r0, r1) of the pass that starts at row xr0 (xa's row 0).
 template <bool DQ>
 G4_AMX_TARGET void task(const MatmulArgs& a, const Blob& w, const uint32_t* xa, int64_t lx, int xr0, int s0,
                         int ns, int r0, int r1, float* scratch) {
-    const size_t pf   = (size_t)(std::min<int64_t>(a.k, kGemmKc) / 2) * kGemmNr; // one panel
-    uint32_t* panels  = align64((uint32_t*)scratch);                             // [ns][pf]
+    const size_t pf   = panel_floats(a.k);
+    uint32_t* panels  = align64((uint32_t*)scratch); // [ns][pf]
     float* cb         = (float*)(panels + (size_t)ns * pf);
     const int64_t kpr = a.k / 2, nb = a.k / nf4::kBlock;
     amx::load_tile_config();

@@ -133,6 +133,8 @@ G4_AMX_TARGET void task(const MatmulArgs& a, const Blob& w, const uint32_t* xa, 
 
 } // namespace
 
+// Only through matmul_amx: a.dt is NF4, a.k a multiple of the NF4 block and a.rows more than q16::kMaxRows
+// (q16::applies_gemm).
 void matmul_nf4_gemm_amx(const Context& c, const MatmulArgs& a) {
     const int threads  = c.pool->size();
     const int strips   = (int)((a.n + kGemmNr - 1) / kGemmNr);
@@ -144,7 +146,7 @@ void matmul_nf4_gemm_amx(const Context& c, const MatmulArgs& a) {
     const size_t tasks = (size_t)threads * tf;
     const int64_t fit =
         total > tasks + 16 ? (int64_t)((total - tasks - 16) / lx) / amx::kRows * amx::kRows : 0;
-    if (a.dt != DType::NF4 || a.k % nf4::kBlock || a.rows < 1 || fit < amx::kRows) {
+    if (fit < amx::kRows) {
         matmul_nf4_gemm_int16(c, a); // a Context sized for smaller matmuls
         return;
     }

@@ -33,6 +33,17 @@ template <typename T> T* align64(T* p) {
     return (T*)(((uintptr_t)p + 63) & ~(uintptr_t)63);
 }
 
+// vpermw's indices that interleave vcvtne2ps2bf16's halves (the even elements low, the odd ones high) into
+// pairs: element 2i is i, element 2i + 1 is 16 + i.
+struct Interleave {
+    alignas(64) uint16_t v[32];
+    constexpr Interleave() : v() {
+        for (int i = 0; i < 16; ++i)
+            v[2 * i] = (uint16_t)i, v[2 * i + 1] = (uint16_t)(16 + i);
+    }
+};
+constexpr Interleave kInterleave;
+
 // 16 code bytes (16 k-pairs of one weight row) times the row's block scale as 16 bf16 pairs, the even
 // element (the high nibble) in the low half.
 G4_AMX_TARGET inline __m512i decode16(const uint8_t* codes, __m512 scale, __m512 book, __m512i interleave) {
@@ -47,11 +58,8 @@ G4_AMX_TARGET inline __m512i decode16(const uint8_t* codes, __m512 scale, __m512
 template <bool DQ>
 G4_AMX_TARGET void decode_panel(const Blob& w, int64_t kpr, int64_t nb, int64_t n0, int nt, int64_t q0,
                                 int kp, uint32_t* p) {
-    const __m512 book = _mm512_loadu_ps(nf4::kCodebook);
-    alignas(64) uint16_t order[32];
-    for (int i = 0; i < 16; ++i)
-        order[2 * i] = (uint16_t)i, order[2 * i + 1] = (uint16_t)(16 + i);
-    const __m512i interleave = _mm512_load_si512(order);
+    const __m512 book        = _mm512_loadu_ps(nf4::kCodebook);
+    const __m512i interleave = _mm512_load_si512(kInterleave.v);
     for (int qb = 0; qb < kp; qb += 16) {
         const int64_t b = (q0 + qb) / (nf4::kBlock / 2);
         for (int h = 0; h < 2; ++h) {

@@ -68,15 +68,17 @@ void measure_fidelity(std::ostream& log, const Inputs& in, PlanFile& out, Compil
         auto b = calibration_logits(ref.f.temp_path(), hp.vocab_size, n_tok, q16::kMaxRows);
         if (opt.progress) opt.progress("fidelity", 0.6);
         // The decode path; for `--cpu-precision bf16` also the prefill path, and the larger error of the two.
-        double rel = 0;
-        int agree  = n_tok;
-        double den = 0;
-        for (int step : {q16::kMaxRows, n_tok}) {
-            if (step == n_tok && (in.cuda_index >= 0 || opt.cpu_precision != "bf16")) break;
-            auto a     = calibration_logits(measured, hp.vocab_size, n_tok, step);
-            double num = 0;
-            int same   = 0;
-            den        = 0;
+        // A prompt of q16::kMaxRows tokens or fewer is one step on both paths: then the decode pass alone.
+        const bool prefill = in.cuda_index < 0 && opt.cpu_precision == "bf16" && n_tok > q16::kMaxRows;
+        double rel         = 0;
+        int agree          = n_tok;
+        double den         = 0;
+        for (int pass = 0; pass < (prefill ? 2 : 1); ++pass) {
+            const int step = pass == 0 ? q16::kMaxRows : n_tok;
+            auto a         = calibration_logits(measured, hp.vocab_size, n_tok, step);
+            double num     = 0;
+            int same       = 0;
+            den            = 0;
             for (int r = 0; r < n_tok; ++r) {
                 const float* x = a.data() + (size_t)r * hp.vocab_size;
                 const float* y = b.data() + (size_t)r * hp.vocab_size;

@@ -3,7 +3,7 @@
 // case, at the shapes of Gemma 4's audio encoder (hidden 1024, 8 heads of 128, chunk 12, conv channels 128
 // and 32 over 128 mel bins, kernel 5) and small odd ones. The CUDA rows run the kernels compiled by NVRTC as
 // a plan compiles them, through the runtime's launch code; they are skipped without an NVIDIA GPU.
-#include "compiler/cuda_compile.h"
+#include "cuda/cuda_test_util.h"
 #include "kernels/cpu/cpu.h"
 #include "kernels/ref/ref.h"
 #include "runtime/src/cuda/driver.h"
@@ -29,10 +29,10 @@ const char* tier_name(Tier t) {
     return t == Tier::Ref ? "ref" : t == Tier::Cpu ? "cpu" : "cuda";
 }
 
+// The CUDA kernel tests' GPU and module (cuda/cuda_test_util.h) with the sequence kernels looked up in it; d
+// is null, and why says why, without a GPU or the CUDA toolkit, or where a kernel is missing.
 struct Gpu {
     const cu::Driver* d = nullptr;
-    cu::CUcontext ctx   = nullptr;
-    cu::CUmodule mod    = nullptr;
     cuda_rt::SequenceKernels k;
     std::string why;
 };
@@ -42,33 +42,15 @@ Gpu& gpu() {
     static bool tried = false;
     if (tried) return g;
     tried = true;
-    if (!cuda::nvrtc_available()) { // a build without the CUDA toolkit on a machine with a GPU
-        g.why = "this build has no CUDA toolkit (NVRTC)";
-        return g;
-    }
-    g.d       = cu::driver(&g.why);
-    int count = 0;
-    if (!g.d || g.d->cuDeviceGetCount(&count) != 0 || count == 0) {
-        if (g.d) g.why = "no CUDA device";
-        g.d = nullptr;
-        return g;
-    }
-    cu::CUdevice dev = 0;
-    g.d->cuDeviceGet(&dev, 0);
-    g.d->cuDevicePrimaryCtxRetain(&g.ctx, dev);
-    g.d->cuCtxSetCurrent(g.ctx);
-    int major = 0, minor = 0;
-    g.d->cuDeviceGetAttribute(&major, cu::kAttrComputeMajor, dev);
-    g.d->cuDeviceGetAttribute(&minor, cu::kAttrComputeMinor, dev);
-    const int sm          = std::min(90, major * 10 + minor);
-    cuda::KernelBinary kb = cuda::compile_kernels("sm_" + std::to_string(sm));
-    const void* image = major * 10 + minor == sm ? (const void*)kb.cubin.data() : (const void*)kb.ptx.c_str();
-    std::string missing;
-    if (g.d->cuModuleLoadData(&g.mod, image) != 0)
-        g.why = "module load failed";
-    else if (!(missing = cuda_rt::load_sequence_kernels(*g.d, g.mod, &g.k)).empty())
+
+    const g4test_cuda::Gpu& shared = g4test_cuda::gpu();
+    g.why                          = shared.why;
+    if (!shared.d) return g;
+    const std::string missing = cuda_rt::load_sequence_kernels(*shared.d, shared.mod, &g.k);
+    if (missing.empty())
+        g.d = shared.d;
+    else
         g.why = "kernel " + missing + " missing from the module";
-    if (!g.why.empty()) g.d = nullptr;
     return g;
 }
 

@@ -3,6 +3,7 @@
 // logits of every position are checked against Hugging Face's float32 forward of the whole multimodal
 // model (tools/make_vision_fixtures.py, tools/make_audio_fixtures.py). G4_TEST_CUDA=1 runs the same on a
 // CUDA plan (text decoder on the GPU, towers on the CPU: f32 tower weights), and the towers on the GPU.
+#include "compiler/cuda_compile.h"
 #include "g4/g4.h"
 #include "kernels/cpu/cpu.h"
 #include "runtime/src/encoder_program.h"
@@ -45,8 +46,11 @@ std::vector<float> prompt_logits(g4_session* s, const std::vector<int32_t>& ids)
     return st == G4_OK ? got : std::vector<float>();
 }
 
+// G4_TEST_CUDA=1 in a build with the CUDA toolkit (NVRTC); a build without it compiles no CUDA plan, so the
+// tests run as without G4_TEST_CUDA.
 bool on_cuda() {
-    return std::getenv("G4_TEST_CUDA") && std::string(std::getenv("G4_TEST_CUDA")) == "1";
+    return std::getenv("G4_TEST_CUDA") && std::string(std::getenv("G4_TEST_CUDA")) == "1" &&
+           g4::cuda::nvrtc_available();
 }
 
 // Feeds the fixture's prompt ids to s (its media already queued) and checks every position's logits
@@ -436,7 +440,7 @@ TEST_F(Media, VisionTowerPlacement) {
 // and attention, fp32 accumulation, norms and residual stream; HF's own bf16 tower is 1.9e-2 off on this
 // fixture), and the image prompt's logits through a plan with bf16 weights.
 TEST_F(Media, VisionTowerOnGpuMatchesHF) {
-    if (!on_cuda()) GTEST_SKIP() << "needs a GPU (G4_TEST_CUDA=1)";
+    if (!on_cuda()) GTEST_SKIP() << "needs a GPU (G4_TEST_CUDA=1) and a build with the CUDA toolkit (NVRTC)";
     std::string plan = dir_->file("vgpu_run.g4plan");
     CmdResult c      = run_g4("compile --model '" + fixture("e2b_tiny") +
                               "' --device cuda --weights bf16 --image-tokens 70 --no-fidelity -o '" + plan + "'");
@@ -623,7 +627,7 @@ TEST_F(Media, AudioTowerPlacement) {
 // stream; the CPU tower's bf16 matmuls are ~3e-3 off), the audio prompt's logits through a plan with bf16
 // weights, a 30 s clip against the CPU tower (fp32) and a one-frame clip through the same buffers.
 TEST_F(Media, AudioTowerOnGpuMatchesHF) {
-    if (!on_cuda()) GTEST_SKIP() << "needs a GPU (G4_TEST_CUDA=1)";
+    if (!on_cuda()) GTEST_SKIP() << "needs a GPU (G4_TEST_CUDA=1) and a build with the CUDA toolkit (NVRTC)";
     std::string plan = dir_->file("agpu_run.g4plan");
     CmdResult c      = run_g4("compile --model '" + fixture("e2b_tiny") +
                               "' --device cuda --weights bf16 --image-tokens 70 --no-fidelity -o '" + plan + "'");

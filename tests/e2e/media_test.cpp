@@ -380,6 +380,7 @@ TEST_F(Media, TextOnlyPlanRefusesImages) {
 // vision=gpu where it cannot is refused with the reason.
 TEST_F(Media, VisionTowerPlacement) {
     if (on_cuda()) GTEST_SKIP() << "CPU-side compile check";
+    if (!g4::cuda::nvrtc_available()) GTEST_SKIP() << "this build has no CUDA toolkit (NVRTC)";
     const std::string base = "compile --model '" + fixture("e2b_tiny") +
                              "' --device cuda --target sm_86 --image-tokens 70 --no-fidelity ";
     // Default (nf4 text weights, bf16 tower weights): on cuda:0, its weights and buffer in the GPU's figure.
@@ -492,6 +493,7 @@ TEST_F(Media, VisionTowerOnGpuMatchesHF) {
 // reason.
 TEST_F(Media, AudioTowerPlacement) {
     if (on_cuda()) GTEST_SKIP() << "CPU-side compile check";
+    if (!g4::cuda::nvrtc_available()) GTEST_SKIP() << "this build has no CUDA toolkit (NVRTC)";
     const std::string base = "compile --model '" + fixture("e2b_tiny") +
                              "' --device cuda --target sm_86 --image-tokens 70 --no-fidelity ";
     // Default: both towers on cuda:0, each a part of the GPU's row; the host keeps the towers' buffers only.

@@ -48,7 +48,6 @@ constexpr int kGemmMr            = 12;  // rows of y per register block
 constexpr int kGemmNr            = 32;  // columns of y per register block (= weight rows per panel)
 constexpr int kGemmKc            = 512; // k per packed panel
 constexpr int kGemmBf16Group     = 4;   // kGemmNr-column weight panels packed per task (AVX-512 BF16 path)
-constexpr int kGemmBf16AmxGroup  = 16;  // ... on AMX tiles, at most (gemm_bf16_amx.cpp)
 constexpr int kSelfAttentionRows = 2 * kGemmMr; // query rows per self_attention task
 
 // Level sources (kernels/cpu/level.h) declare their own copy of the functions below instead.

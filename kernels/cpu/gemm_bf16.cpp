@@ -147,17 +147,11 @@ void pack_w(const MatmulArgs& a, int64_t n0, int nt, int64_t k0, int kc, uint16_
 
 } // namespace
 
-// What this file's GEMMs need a thread (a plan's smaller scratch, from before the AMX tasks grew, still
-// runs them).
-static size_t own_scratch_floats() {
+size_t gemm_bf16_scratch_floats() {
     const size_t portable = (size_t)kGemmKc * (kGemmNr + kGemmMr);
     const size_t native   = (size_t)kGemmKc * (kGroup * kGemmNr + kGemmMr) / 2 + 16;
-    return std::max(portable, native);
-}
-
-size_t gemm_bf16_scratch_floats() {
     // And the AMX table's tasks (gemm_bf16_amx.cpp): one size at every level, so that a plan runs on any CPU.
-    return std::max(own_scratch_floats(), kGemmBf16AmxScratchFloats);
+    return std::max({portable, native, kGemmBf16AmxScratchFloats});
 }
 
 bool gemm_has_avx512_bf16() {
@@ -169,7 +163,7 @@ bool gemm_has_avx512_bf16() {
 }
 
 void matmul_gemm_bf16_portable(const Context& c, const MatmulArgs& a) {
-    if ((a.dt != DType::BF16 && a.dt != DType::F32) || c.scratch_stride < own_scratch_floats() ||
+    if ((a.dt != DType::BF16 && a.dt != DType::F32) || c.scratch_stride < gemm_bf16_scratch_floats() ||
         a.rows < 1) {
         matmul(c, a);
         return;
@@ -214,7 +208,7 @@ void matmul_gemm_bf16_portable(const Context& c, const MatmulArgs& a) {
 
 #if G4_GEMM_BF16_NATIVE
 void matmul_gemm_bf16_dpbf16(const Context& c, const MatmulArgs& a) {
-    if ((a.dt != DType::BF16 && a.dt != DType::F32) || c.scratch_stride < own_scratch_floats() ||
+    if ((a.dt != DType::BF16 && a.dt != DType::F32) || c.scratch_stride < gemm_bf16_scratch_floats() ||
         a.rows < 1) {
         matmul(c, a);
         return;

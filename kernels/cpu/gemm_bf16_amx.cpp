@@ -1,8 +1,7 @@
 // bf16 GEMM on Intel AMX tiles (AMX-TILE, AMX-BF16: Sapphire Rapids and later Xeons) for the towers' bf16
 // precision: y = bf16(x) . bf16(W)^T, fp32 products and sums, as matmul_gemm_bf16 (gemm_bf16.cpp). Each task
 // packs kGemmBf16Group panels of kGemmNr weight rows as k-pairs (the tiles' VNNI layout, as the AVX-512 BF16
-// path packs them, with a vectorised 32-bit transpose; up to kGemmBf16AmxGroup panels, so that each block of
-// x, read from memory and rounded once per task, feeds many tiles), rounds 32-row blocks of x to bf16 with
+// path packs them, with a vectorised 32-bit transpose), rounds 32-row blocks of x to bf16 with
 // vcvtne2ps2bf16, and accumulates 32 x 32 blocks of y in four fp32 tiles with tdpbf16ps (2 A tiles of 16 rows
 // x 32 k, 2 B tiles of 16 k-pairs x 16 columns). Like every AMX product (and vcvtne2ps2bf16), denormal inputs
 // read as zero. Only the avx512 copy's AMX table (level_table.cpp) calls it, once dispatch.cpp has seen AMX
@@ -11,7 +10,6 @@
 #include "kernels/cpu/row_tasks.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
 
 #if defined(G4_CPU_AMX_TABLE)
@@ -24,21 +22,14 @@ using amx::load_tile_config;
 using amx::TileConfig;
 using amx::transpose16;
 
-constexpr int kGroup = kGemmBf16AmxGroup;
+constexpr int kGroup = kGemmBf16Group;
 constexpr int kRows  = amx::kRows;
 constexpr int kKp    = kGemmKc / 2; // k-pairs per packed panel
 constexpr int kXs    = kKp + 16;    // pairs per row of the rounded x block (padded off a 1 KiB stride)
 static_assert(kKp % 16 == 0 && kGemmNr == 32, "panels of whole tiles: 16 k-pairs x 2 x 16 columns");
-static_assert(kGemmBf16AmxFixedFloats >= (size_t)kRows * kXs + kRows * kGemmNr + 16 &&
-                  kGemmBf16AmxScratchFloats >= (size_t)kGroup * kKp * kGemmNr + kGemmBf16AmxFixedFloats,
+static_assert(kGemmBf16AmxScratchFloats >=
+                  (size_t)kGroup * kKp * kGemmNr + (size_t)kRows * kXs + kRows * kGemmNr + 16,
               "gemm_bf16_scratch_floats covers the AMX task's panels, x block, y block and alignment");
-
-// Panels a task packs with `stride` scratch floats a thread: kGroup, fewer in a smaller scratch, 0 where
-// not even one fits.
-int group_for(size_t stride) {
-    if (stride < kGemmBf16AmxFixedFloats) return 0;
-    return (int)std::min<size_t>(kGroup, (stride - kGemmBf16AmxFixedFloats) / ((size_t)kKp * kGemmNr));
-}
 
 // Weight rows [n0, n0 + nt) (nt <= kGemmNr), k in [k0, k0 + kc), as p[kp16][kGemmNr] pairs, kp16 the k-pairs
 // rounded up to 16: p[q][j] = (w[n0 + j][k0 + 2q], w[n0 + j][k0 + 2q + 1]), zero past nt and kc.
@@ -80,7 +71,7 @@ G4_AMX_TARGET void round_block(const MatmulArgs& a, int r, int rows, int64_t k0,
 // One task: rows [r0, r1) x panels [s0, s0 + ns) of y.
 G4_AMX_TARGET void amx_task(const MatmulArgs& a, int s0, int ns, int r0, int r1, float* scratch) {
     uint32_t* panels = (uint32_t*)(((uintptr_t)scratch + 63) & ~(uintptr_t)63); // [ns][kKp][kGemmNr] pairs
-    uint32_t* xs     = panels + (size_t)ns * kKp * kGemmNr;                     // [kRows][kXs] pairs
+    uint32_t* xs     = panels + (size_t)kGroup * kKp * kGemmNr;                 // [kRows][kXs] pairs
     float* cb        = (float*)(xs + (size_t)kRows * kXs); // [kRows][kGemmNr] partial y blocks
     load_tile_config();
     for (int64_t k0 = 0; k0 < a.k; k0 += kGemmKc) {
@@ -185,36 +176,18 @@ G4_AMX_TARGET void gemm_block_bf16_amx(int rows, int cols, int64_t kp, const uin
 }
 
 void matmul_gemm_bf16_amx(const Context& c, const MatmulArgs& a) {
-    static const int knob_group = [] {
-        const char* e = std::getenv("G4_AMX_GROUP");
-        return e ? std::atoi(e) : kGroup;
-    }();
-    static const int knob_tasks = [] {
-        const char* e = std::getenv("G4_AMX_TASKS");
-        return e ? std::atoi(e) : 4;
-    }();
-    const int max_group = std::min(knob_group, group_for(c.scratch_stride));
-    if ((a.dt != DType::BF16 && a.dt != DType::F32) || max_group < 1 || a.rows < 1) {
+    if ((a.dt != DType::BF16 && a.dt != DType::F32) || c.scratch_stride < gemm_bf16_scratch_floats() ||
+        a.rows < 1) {
         matmul_gemm_bf16_dpbf16(c, a);
         return;
     }
-    // Column groups of at most max_group panels: as few as give the pool about 4 tasks a thread with row
-    // chunks of at least 4 tile blocks (for_row_tasks below), as even as the strips allow.
     const int64_t strips = (a.n + kGemmNr - 1) / kGemmNr;
-    const int64_t want = 4LL * c.pool->size(), max_chunks = std::max(1, a.rows / (4 * kRows));
-    int64_t groups = std::max((strips + max_group - 1) / max_group, (want + max_chunks - 1) / max_chunks);
-    groups         = std::min(groups, strips);
-    int group      = (int)((strips + groups - 1) / groups);
-    if (knob_group == 4) group = 4;
-    groups = (strips + group - 1) / group;
+    const int64_t groups = (strips + kGroup - 1) / kGroup;
     // Row chunks of at least 4 tile blocks: each chunk packs its panels.
-    for_row_tasks<kRows, 4>(
-        c, a.rows, groups,
-        [&](int64_t g, int r0, int r1, int th) {
-            const int s0 = (int)g * group, ns = (int)std::min<int64_t>(group, strips - s0);
-            amx_task(a, s0, ns, r0, r1, c.thread_scratch(th));
-        },
-        knob_tasks);
+    for_row_tasks<kRows, 4>(c, a.rows, groups, [&](int64_t g, int r0, int r1, int th) {
+        const int s0 = (int)g * kGroup, ns = (int)std::min<int64_t>(kGroup, strips - s0);
+        amx_task(a, s0, ns, r0, r1, c.thread_scratch(th));
+    });
 }
 
 } // namespace g4::cpu::G4_CPU_NS

@@ -11,11 +11,11 @@
 namespace g4::cpu::G4_CPU_NS {
 
 // Splits `rows` into chunks of whole Block-row blocks, at least MinBlocks blocks a chunk where the rows
-// allow, so that groups x chunks tasks balance the pool (about per_thread a thread); task(g, r0, r1, th)
-// runs each non-empty one on pool thread th.
+// allow, so that groups x chunks tasks balance the pool (about 4 a thread); task(g, r0, r1, th) runs each
+// non-empty one on pool thread th.
 template <int Block, int MinBlocks, typename Task>
-void for_row_tasks(const Context& c, int rows, int64_t groups, Task&& task, int per_thread = 4) {
-    const int64_t want = (int64_t)per_thread * c.pool->size();
+void for_row_tasks(const Context& c, int rows, int64_t groups, Task&& task) {
+    const int64_t want = 4LL * c.pool->size();
     const int chunks =
         (int)std::clamp<int64_t>((want + groups - 1) / groups, 1, std::max(1, rows / (MinBlocks * Block)));
     const int chunk_rows = ((rows + chunks - 1) / chunks + Block - 1) / Block * Block;

@@ -99,6 +99,8 @@ struct EmbedArgs {
     int32_t rows;
 };
 
+inline constexpr float kNoBound = __builtin_inff(); // an absent clamp bound
+
 struct MatmulArgs {
     const float* x; // [T, ldx], first K columns used
     int64_t ldx;
@@ -116,6 +118,10 @@ struct MatmulArgs {
     bool bf16_rows = false; // with int16_x, NF4 and more than q16::kMaxRows rows (prefill chunks): y =
                             // bf16(x) . bf16(W)^T on AMX tiles where the CPU has them (kernels/cpu/
                             // gemm_nf4_amx.cpp), else the int16 GEMM; else ignored
+    // Clamps fused into the CPU bf16 GEMMs (cpu::matmul_gemm_bf16 and _portable; every other kernel ignores
+    // them): y = min(max(min(max(x, x_lo), x_hi) . W^T, y_lo), y_hi), a NaN passing through, as two Clamp
+    // ops around the matmul would give. The defaults clamp nothing.
+    float x_lo = -kNoBound, x_hi = kNoBound, y_lo = -kNoBound, y_hi = kNoBound;
 };
 
 struct RmsNormArgs {

@@ -48,6 +48,7 @@ constexpr int kGemmMr            = 12;  // rows of y per register block
 constexpr int kGemmNr            = 32;  // columns of y per register block (= weight rows per panel)
 constexpr int kGemmKc            = 512; // k per packed panel
 constexpr int kGemmBf16Group     = 4;   // kGemmNr-column weight panels packed per task (AVX-512 BF16 path)
+constexpr int kGemmBf16AmxGroup  = 16;  // ... on AMX tiles, at most (gemm_bf16_amx.cpp)
 constexpr int kSelfAttentionRows = 2 * kGemmMr; // query rows per self_attention task
 
 // Level sources (kernels/cpu/level.h) declare their own copy of the functions below instead.
@@ -108,13 +109,20 @@ bool gemm_has_avx512();
 // F32/BF16 weights and a Context with gemm_bf16_scratch_floats() per thread (else it is matmul, fp32).
 // With AVX-512 BF16 (_mm512_dpbf16_ps, which flushes bf16 denormals to zero) the sum order is pairs of k
 // in increasing order; with AMX (the amx level: tdpbf16ps, which flushes them too) the tiles' order, within
-// ~1e-6 of it; otherwise it is matmul_gemm_bf16_portable. Independent of the thread count.
+// ~1e-6 of it; otherwise it is matmul_gemm_bf16_portable. Independent of the thread count. These and
+// matmul_gemm_bf16_portable apply MatmulArgs' clamps (x while rounding it, y on each block as it is written)
+// except where they fall back to matmul (weights of another dtype, too little scratch), which ignores them:
+// gemm_bf16_clamps(c, a) says whether a call applies them.
 size_t gemm_bf16_scratch_floats();
 void matmul_gemm_bf16(const Context& c, const MatmulArgs& a);
 // Same definition on any machine: bf16-valued fp32 operands through gemm_block (the AVX-512 fp32 kernel, or
 // Eigen without AVX-512).
 void matmul_gemm_bf16_portable(const Context& c, const MatmulArgs& a);
 bool gemm_has_avx512_bf16(); // true when matmul_gemm_bf16 uses _mm512_dpbf16_ps or AMX tiles
+inline bool gemm_bf16_clamps(const Context& c, const MatmulArgs& a) {
+    return (a.dt == DType::BF16 || a.dt == DType::F32) && a.rows >= 1 &&
+           c.scratch_stride >= gemm_bf16_scratch_floats();
+}
 // Single-threaded bf16 block on k-pairs: c[rows, cols] (+)= sum over q < kp of a[i * lda + q] . b(q, j), each
 // uint32 a bf16 pair (low half the even k), b(q, j) = b[(j / kGemmNr) * panel + q * ldb + j % kGemmNr];
 // products exact in fp32, fp32 sums (_mm512_dpbf16_ps with AVX-512 BF16, else a plain loop).

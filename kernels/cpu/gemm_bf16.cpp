@@ -64,17 +64,23 @@ inline __m256i to_bf16x16(__m512 x) {
     return _mm512_cvtepi32_epi16(r);
 }
 
-// xs[rows][kp pairs] = bf16(x[rows, k]) with a zero past an odd k.
-void round_rows(int rows, int kc, const float* x, int64_t ldx, uint16_t* xs, int kp) {
+// min(max(x, lo), hi) with a NaN x kept (vmaxps / vminps return their second operand when either is NaN).
+inline __m512 clamp16(__m512 x, __m512 lo, __m512 hi) {
+    return _mm512_min_ps(hi, _mm512_max_ps(lo, x));
+}
+
+// xs[rows][kp pairs] = bf16(clamp(x[rows, k], lo, hi)) with a zero past an odd k.
+void round_rows(int rows, int kc, const float* x, int64_t ldx, uint16_t* xs, int kp, float lo, float hi) {
+    const __m512 vl = _mm512_set1_ps(lo), vh = _mm512_set1_ps(hi);
     for (int i = 0; i < rows; ++i) {
         const float* s = x + (int64_t)i * ldx;
         uint16_t* d    = xs + (size_t)i * 2 * kp;
         int p          = 0;
         for (; p + 16 <= kc; p += 16)
-            _mm256_storeu_si256((__m256i*)(d + p), to_bf16x16(_mm512_loadu_ps(s + p)));
+            _mm256_storeu_si256((__m256i*)(d + p), to_bf16x16(clamp16(_mm512_loadu_ps(s + p), vl, vh)));
         if (p < kc) {
             const __mmask16 m = (__mmask16)((1u << (kc - p)) - 1u);
-            _mm256_mask_storeu_epi16(d + p, m, to_bf16x16(_mm512_maskz_loadu_ps(m, s + p)));
+            _mm256_mask_storeu_epi16(d + p, m, to_bf16x16(clamp16(_mm512_maskz_loadu_ps(m, s + p), vl, vh)));
         }
         if (kc & 1) d[kc] = 0;
     }
@@ -147,11 +153,17 @@ void pack_w(const MatmulArgs& a, int64_t n0, int nt, int64_t k0, int kc, uint16_
 
 } // namespace
 
-size_t gemm_bf16_scratch_floats() {
+// What this file's GEMMs need a thread (a plan's smaller scratch, from before the AMX tasks grew, still
+// runs them).
+static size_t own_scratch_floats() {
     const size_t portable = (size_t)kGemmKc * (kGemmNr + kGemmMr);
     const size_t native   = (size_t)kGemmKc * (kGroup * kGemmNr + kGemmMr) / 2 + 16;
+    return std::max(portable, native);
+}
+
+size_t gemm_bf16_scratch_floats() {
     // And the AMX table's tasks (gemm_bf16_amx.cpp): one size at every level, so that a plan runs on any CPU.
-    return std::max({portable, native, kGemmBf16AmxScratchFloats});
+    return std::max(own_scratch_floats(), kGemmBf16AmxScratchFloats);
 }
 
 bool gemm_has_avx512_bf16() {
@@ -163,7 +175,7 @@ bool gemm_has_avx512_bf16() {
 }
 
 void matmul_gemm_bf16_portable(const Context& c, const MatmulArgs& a) {
-    if ((a.dt != DType::BF16 && a.dt != DType::F32) || c.scratch_stride < gemm_bf16_scratch_floats() ||
+    if ((a.dt != DType::BF16 && a.dt != DType::F32) || c.scratch_stride < own_scratch_floats() ||
         a.rows < 1) {
         matmul(c, a);
         return;
@@ -176,12 +188,14 @@ void matmul_gemm_bf16_portable(const Context& c, const MatmulArgs& a) {
     static_assert((size_t)kKc * (kGroup * kGemmNr + kGemmMr) <=
                       (size_t)kGemmKc * (kGroup * kGemmNr + kGemmMr) / 2,
                   "the portable panels fit the scratch gemm_bf16_scratch_floats gives");
+    const bool clamp_y = clamps_y(a);
     for_tasks(c, a, groups, [&](int64_t g, int r0, int r1, int th) {
         const int s0 = (int)(g * kGroup), ns = (int)std::min<int64_t>(kGroup, strips - s0);
         float* p  = c.thread_scratch(th);               // [ns][kKc][kGemmNr] bf16-valued weights
         float* xs = p + (size_t)kGroup * kKc * kGemmNr; // [kGemmMr][kKc] bf16-valued activations
         for (int64_t k0 = 0; k0 < a.k; k0 += kKc) {
-            const int kc = (int)std::min<int64_t>(kKc, a.k - k0);
+            const int kc    = (int)std::min<int64_t>(kKc, a.k - k0);
+            const bool last = k0 + kc >= a.k;
             for (int s = 0; s < ns; ++s) {
                 const int64_t n0 = (int64_t)(s0 + s) * kGemmNr;
                 const int nt     = (int)std::min<int64_t>(kGemmNr, a.n - n0);
@@ -194,12 +208,15 @@ void matmul_gemm_bf16_portable(const Context& c, const MatmulArgs& a) {
                 const int rows = std::min(kGemmMr, r1 - r);
                 for (int i = 0; i < rows; ++i)
                     for (int q = 0; q < kc; ++q)
-                        xs[(size_t)i * kc + q] = bf16_round(a.x[(int64_t)(r + i) * a.ldx + k0 + q]);
+                        xs[(size_t)i * kc + q] = bf16_round(
+                            std::min(std::max(a.x[(int64_t)(r + i) * a.ldx + k0 + q], a.x_lo), a.x_hi));
                 for (int s = 0; s < ns; ++s) {
                     const int64_t n0 = (int64_t)(s0 + s) * kGemmNr;
-                    gemm_block(rows, (int)std::min<int64_t>(kGemmNr, a.n - n0), kc, xs, kc,
-                               p + (size_t)s * kKc * kGemmNr, kGemmNr, a.y + (int64_t)r * a.ldy + n0, a.ldy,
+                    const int nt     = (int)std::min<int64_t>(kGemmNr, a.n - n0);
+                    float* y         = a.y + (int64_t)r * a.ldy + n0;
+                    gemm_block(rows, nt, kc, xs, kc, p + (size_t)s * kKc * kGemmNr, kGemmNr, y, a.ldy,
                                k0 > 0);
+                    if (last && clamp_y) clamp_block(y, a.ldy, rows, nt, a.y_lo, a.y_hi);
                 }
             }
         }
@@ -208,19 +225,21 @@ void matmul_gemm_bf16_portable(const Context& c, const MatmulArgs& a) {
 
 #if G4_GEMM_BF16_NATIVE
 void matmul_gemm_bf16_dpbf16(const Context& c, const MatmulArgs& a) {
-    if ((a.dt != DType::BF16 && a.dt != DType::F32) || c.scratch_stride < gemm_bf16_scratch_floats() ||
+    if ((a.dt != DType::BF16 && a.dt != DType::F32) || c.scratch_stride < own_scratch_floats() ||
         a.rows < 1) {
         matmul(c, a);
         return;
     }
     const int64_t strips = (a.n + kGemmNr - 1) / kGemmNr;
     const int64_t groups = (strips + kGroup - 1) / kGroup;
+    const bool clamp_y   = clamps_y(a);
     for_tasks(c, a, groups, [&](int64_t g, int r0, int r1, int th) {
         const int s0 = (int)(g * kGroup), ns = (int)std::min<int64_t>(kGroup, strips - s0);
         uint16_t* panels = (uint16_t*)c.thread_scratch(th);             // [ns][kGemmKc/2][kGemmNr] pairs
         uint16_t* xs     = panels + (size_t)kGroup * kGemmKc * kGemmNr; // [kGemmMr][kGemmKc/2] pairs
         for (int64_t k0 = 0; k0 < a.k; k0 += kGemmKc) {
             const int kc = (int)std::min<int64_t>(kGemmKc, a.k - k0), kp = (kc + 1) / 2;
+            const bool last = k0 + kc >= a.k;
             for (int s = 0; s < ns; ++s) {
                 const int64_t n0 = (int64_t)(s0 + s) * kGemmNr;
                 pack_w(a, n0, (int)std::min<int64_t>(kGemmNr, a.n - n0), k0, kc,
@@ -228,13 +247,15 @@ void matmul_gemm_bf16_dpbf16(const Context& c, const MatmulArgs& a) {
             }
             for (int r = r0; r < r1; r += kGemmMr) {
                 const int rows = std::min(kGemmMr, r1 - r);
-                round_rows(rows, kc, a.x + (int64_t)r * a.ldx + k0, a.ldx, xs, kp);
+                round_rows(rows, kc, a.x + (int64_t)r * a.ldx + k0, a.ldx, xs, kp, a.x_lo, a.x_hi);
                 for (int s = 0; s < ns; ++s) {
                     const int64_t n0 = (int64_t)(s0 + s) * kGemmNr;
                     const int nt     = (int)std::min<int64_t>(kGemmNr, a.n - n0);
+                    float* y         = a.y + (int64_t)r * a.ldy + n0;
                     kMicro[rows - 1](kp, (const uint32_t*)xs, kp,
-                                     (const uint32_t*)(panels + (size_t)s * 2 * kp * kGemmNr), kGemmNr,
-                                     a.y + (int64_t)r * a.ldy + n0, a.ldy, nt, k0 > 0);
+                                     (const uint32_t*)(panels + (size_t)s * 2 * kp * kGemmNr), kGemmNr, y,
+                                     a.ldy, nt, k0 > 0);
+                    if (last && clamp_y) clamp_block(y, a.ldy, rows, nt, a.y_lo, a.y_hi);
                 }
             }
         }

@@ -1,11 +1,13 @@
 // bf16 GEMM on Intel AMX tiles (AMX-TILE, AMX-BF16: Sapphire Rapids and later Xeons) for the towers' bf16
 // precision: y = bf16(x) . bf16(W)^T, fp32 products and sums, as matmul_gemm_bf16 (gemm_bf16.cpp). Each task
 // packs kGemmBf16Group panels of kGemmNr weight rows as k-pairs (the tiles' VNNI layout, as the AVX-512 BF16
-// path packs them, with a vectorised 32-bit transpose), rounds 32-row blocks of x to bf16 with
-// vcvtne2ps2bf16, and accumulates 32 x 32 blocks of y in four fp32 tiles with tdpbf16ps (2 A tiles of 16 rows
-// x 32 k, 2 B tiles of 16 k-pairs x 16 columns). Like every AMX product (and vcvtne2ps2bf16), denormal inputs
-// read as zero. Only the avx512 copy's AMX table (level_table.cpp) calls it, once dispatch.cpp has seen AMX
-// in cpuid and been granted the tile state by the kernel.
+// path packs them, with a vectorised 32-bit transpose; up to kGemmBf16AmxGroup for matmuls of many rows, so
+// that each block of x, read from memory and rounded once per task, feeds more tiles), rounds 32-row blocks
+// of x to bf16 with vcvtne2ps2bf16 (clamping them first where MatmulArgs asks), and accumulates 32 x 32
+// blocks of y in four fp32 tiles with tdpbf16ps (2 A tiles of 16 rows x 32 k, 2 B tiles of 16 k-pairs x 16
+// columns), clamping each finished block where asked. Like every AMX product (and vcvtne2ps2bf16), denormal
+// inputs read as zero. Only the avx512 copy's AMX table (level_table.cpp) calls it, once dispatch.cpp has
+// seen AMX in cpuid and been granted the tile state by the kernel.
 #include "kernels/cpu/amx_tiles.h"
 #include "kernels/cpu/row_tasks.h"
 
@@ -22,14 +24,21 @@ using amx::load_tile_config;
 using amx::TileConfig;
 using amx::transpose16;
 
-constexpr int kGroup = kGemmBf16Group;
+constexpr int kGroup = kGemmBf16AmxGroup;
 constexpr int kRows  = amx::kRows;
 constexpr int kKp    = kGemmKc / 2; // k-pairs per packed panel
 constexpr int kXs    = kKp + 16;    // pairs per row of the rounded x block (padded off a 1 KiB stride)
 static_assert(kKp % 16 == 0 && kGemmNr == 32, "panels of whole tiles: 16 k-pairs x 2 x 16 columns");
-static_assert(kGemmBf16AmxScratchFloats >=
-                  (size_t)kGroup * kKp * kGemmNr + (size_t)kRows * kXs + kRows * kGemmNr + 16,
+static_assert(kGemmBf16AmxFixedFloats >= (size_t)kRows * kXs + kRows * kGemmNr + 16 &&
+                  kGemmBf16AmxScratchFloats >= (size_t)kGroup * kKp * kGemmNr + kGemmBf16AmxFixedFloats,
               "gemm_bf16_scratch_floats covers the AMX task's panels, x block, y block and alignment");
+
+// Panels a task packs with `stride` scratch floats a thread: kGroup, fewer in a smaller scratch, 0 where
+// not even one fits.
+int group_for(size_t stride) {
+    if (stride < kGemmBf16AmxFixedFloats) return 0;
+    return (int)std::min<size_t>(kGroup, (stride - kGemmBf16AmxFixedFloats) / ((size_t)kKp * kGemmNr));
+}
 
 // Weight rows [n0, n0 + nt) (nt <= kGemmNr), k in [k0, k0 + kc), as p[kp16][kGemmNr] pairs, kp16 the k-pairs
 // rounded up to 16: p[q][j] = (w[n0 + j][k0 + 2q], w[n0 + j][k0 + 2q + 1]), zero past nt and kc.
@@ -53,9 +62,22 @@ G4_AMX_TARGET void pack_panel(const MatmulArgs& a, int64_t n0, int nt, int64_t k
         }
 }
 
-// xs[i][q] = bf16 pairs of x[i][k0 + 2q, +1] for q < kp16 (zero past kc), rows < rows; rows up to kRows zero.
+// 32 floats from n <= 32, clamped to [lo, hi] (a NaN kept), as 16 bf16 pairs; zero past n.
+G4_AMX_TARGET inline __m512i clamped_pairs(const float* s, int n, __m512 lo, __m512 hi) {
+    if (n <= 0) return _mm512_setzero_si512();
+    const __mmask16 m0 = n >= 16 ? 0xFFFF : (__mmask16)((1u << n) - 1u);
+    const __mmask16 m1 = n >= 32 ? 0xFFFF : (__mmask16)((1u << std::max(0, n - 16)) - 1u);
+    const __m512 v0    = _mm512_maskz_min_ps(m0, hi, _mm512_max_ps(lo, _mm512_maskz_loadu_ps(m0, s)));
+    const __m512 v1    = _mm512_maskz_min_ps(m1, hi, _mm512_max_ps(lo, _mm512_maskz_loadu_ps(m1, s + 16)));
+    return (__m512i)_mm512_cvtne2ps_pbh(v1, v0);
+}
+
+// xs[i][q] = bf16 pairs of clamped x[i][k0 + 2q, +1] for q < kp16 (zero past kc), rows < rows; rows up to
+// kRows zero.
 G4_AMX_TARGET void round_block(const MatmulArgs& a, int r, int rows, int64_t k0, int kc, int kp16,
                                uint32_t* xs) {
+    const bool clamp = a.x_lo > -kNoBound || a.x_hi < kNoBound;
+    const __m512 lo = _mm512_set1_ps(a.x_lo), hi = _mm512_set1_ps(a.x_hi);
     for (int i = 0; i < kRows; ++i) {
         uint32_t* d = xs + (size_t)i * kXs;
         if (i >= rows) {
@@ -64,15 +86,17 @@ G4_AMX_TARGET void round_block(const MatmulArgs& a, int r, int rows, int64_t k0,
         }
         const float* s = a.x + (int64_t)(r + i) * a.ldx + k0;
         for (int qb = 0; qb < kp16; qb += 16)
-            _mm512_store_si512(d + qb, load_pairs(s + 2 * qb, DType::F32, kc - 2 * qb));
+            _mm512_store_si512(d + qb, clamp ? clamped_pairs(s + 2 * qb, kc - 2 * qb, lo, hi)
+                                             : load_pairs(s + 2 * qb, DType::F32, kc - 2 * qb));
     }
 }
 
 // One task: rows [r0, r1) x panels [s0, s0 + ns) of y.
 G4_AMX_TARGET void amx_task(const MatmulArgs& a, int s0, int ns, int r0, int r1, float* scratch) {
-    uint32_t* panels = (uint32_t*)(((uintptr_t)scratch + 63) & ~(uintptr_t)63); // [ns][kKp][kGemmNr] pairs
-    uint32_t* xs     = panels + (size_t)kGroup * kKp * kGemmNr;                 // [kRows][kXs] pairs
-    float* cb        = (float*)(xs + (size_t)kRows * kXs); // [kRows][kGemmNr] partial y blocks
+    uint32_t* panels   = (uint32_t*)(((uintptr_t)scratch + 63) & ~(uintptr_t)63); // [ns][kKp][kGemmNr] pairs
+    uint32_t* xs       = panels + (size_t)ns * kKp * kGemmNr;                     // [kRows][kXs] pairs
+    float* cb          = (float*)(xs + (size_t)kRows * kXs); // [kRows][kGemmNr] partial y blocks
+    const bool clamp_y = clamps_y(a);
     load_tile_config();
     for (int64_t k0 = 0; k0 < a.k; k0 += kGemmKc) {
         const int kc = (int)std::min<int64_t>(kGemmKc, a.k - k0), kp16 = ((kc + 1) / 2 + 15) / 16 * 16;
@@ -93,6 +117,7 @@ G4_AMX_TARGET void amx_task(const MatmulArgs& a, int s0, int ns, int r0, int r1,
                     amx::tile_block(xs, kXs, p, kp16, y, a.ldy, k0 > 0);
                 else
                     amx::tile_block_partial(xs, kXs, p, kp16, y, a.ldy, rows, nt, cb, k0 > 0);
+                if (clamp_y && k0 + kc >= a.k) clamp_block(y, a.ldy, rows, nt, a.y_lo, a.y_hi);
             }
         }
     }
@@ -176,16 +201,29 @@ G4_AMX_TARGET void gemm_block_bf16_amx(int rows, int cols, int64_t kp, const uin
 }
 
 void matmul_gemm_bf16_amx(const Context& c, const MatmulArgs& a) {
-    if ((a.dt != DType::BF16 && a.dt != DType::F32) || c.scratch_stride < gemm_bf16_scratch_floats() ||
-        a.rows < 1) {
+    const int max_group = group_for(c.scratch_stride);
+    if ((a.dt != DType::BF16 && a.dt != DType::F32) || max_group < 1 || a.rows < 1) {
         matmul_gemm_bf16_dpbf16(c, a);
         return;
     }
-    const int64_t strips = (a.n + kGemmNr - 1) / kGemmNr;
-    const int64_t groups = (strips + kGroup - 1) / kGroup;
+    // Panels a task packs. With many rows, up to max_group: as few column groups as give the pool about 4
+    // tasks a thread with row chunks of at least 4 tile blocks (for_row_tasks below), as even as the strips
+    // allow, so that each block of x, read and rounded once per task, feeds more tiles. With fewer rows,
+    // kGemmBf16Group: each chunk packs its panels for fewer rows, and the larger groups measured slower
+    // (the audio tower's 750 rows; the image tower's 2394 gain, docs/performance.md).
+    constexpr int kManyRows = 1024;
+    const int64_t strips    = (a.n + kGemmNr - 1) / kGemmNr;
+    int group               = std::min(kGemmBf16Group, max_group);
+    if (a.rows >= kManyRows) {
+        const int64_t want = 4LL * c.pool->size(), max_chunks = std::max(1, a.rows / (4 * kRows));
+        const int64_t g = std::min(
+            strips, std::max((strips + max_group - 1) / max_group, (want + max_chunks - 1) / max_chunks));
+        group = (int)((strips + g - 1) / g);
+    }
+    const int64_t groups = (strips + group - 1) / group;
     // Row chunks of at least 4 tile blocks: each chunk packs its panels.
     for_row_tasks<kRows, 4>(c, a.rows, groups, [&](int64_t g, int r0, int r1, int th) {
-        const int s0 = (int)g * kGroup, ns = (int)std::min<int64_t>(kGroup, strips - s0);
+        const int s0 = (int)g * group, ns = (int)std::min<int64_t>(group, strips - s0);
         amx_task(a, s0, ns, r0, r1, c.thread_scratch(th));
     });
 }

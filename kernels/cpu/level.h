@@ -35,10 +35,12 @@
 #endif
 
 namespace g4::cpu::G4_CPU_NS {
-// Scratch floats one AMX GEMM task uses: kGemmBf16Group panels of kGemmKc/2 x kGemmNr pairs, 32 rows of
-// x as kGemmKc/2 + 16 pairs, a 32 x kGemmNr block of y, 64-byte alignment.
+// Scratch floats one AMX GEMM task uses: kGemmBf16AmxGroup panels of kGemmKc/2 x kGemmNr pairs, 32 rows of
+// x as kGemmKc/2 + 16 pairs, a 32 x kGemmNr block of y, 64-byte alignment (a smaller scratch, as plans
+// compiled before the group grew have, packs fewer panels a task).
+constexpr size_t kGemmBf16AmxFixedFloats = 32 * (kGemmKc / 2 + 16) + 32 * kGemmNr + 16;
 constexpr size_t kGemmBf16AmxScratchFloats =
-    (size_t)kGemmBf16Group * (kGemmKc / 2) * kGemmNr + 32 * (kGemmKc / 2 + 16) + 32 * kGemmNr + 16;
+    (size_t)kGemmBf16AmxGroup * (kGemmKc / 2) * kGemmNr + kGemmBf16AmxFixedFloats;
 #define G4_CPU_KERNEL_DECL(ret, name, params, args) ret name params;
 G4_CPU_KERNELS(G4_CPU_KERNEL_DECL)
 #undef G4_CPU_KERNEL_DECL

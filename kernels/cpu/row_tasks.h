@@ -1,5 +1,6 @@
-// How the CPU GEMMs (kernels/cpu/gemm_bf16.cpp, gemm_bf16_amx.cpp) split a matmul into pool tasks: column
-// groups x chunks of rows. Included by files compiled once per instruction-set level.
+// How the CPU GEMMs (kernels/cpu/gemm_bf16.cpp, gemm_bf16_amx.cpp) split a matmul into pool tasks (column
+// groups x chunks of rows) and clamp the blocks they write. Included by files compiled once per
+// instruction-set level.
 #pragma once
 #include "kernels/cpu/cpu.h"
 #include "kernels/cpu/level.h"
@@ -24,6 +25,20 @@ void for_row_tasks(const Context& c, int rows, int64_t groups, Task&& task) {
         const int r0 = (int)(t / groups) * chunk_rows, r1 = std::min(rows, r0 + chunk_rows);
         if (r0 < r1) task(g, r0, r1, th);
     });
+}
+
+// y[i * ldy + j] = min(max(y, lo), hi) for i < rows, j < cols, a NaN kept: MatmulArgs' output clamp, run on
+// a block of y its GEMM task has just written.
+inline void clamp_block(float* y, int64_t ldy, int rows, int64_t cols, float lo, float hi) {
+    for (int i = 0; i < rows; ++i) {
+        float* r = y + (int64_t)i * ldy;
+        for (int64_t j = 0; j < cols; ++j)
+            r[j] = std::min(std::max(r[j], lo), hi);
+    }
+}
+
+inline bool clamps_y(const MatmulArgs& a) {
+    return a.y_lo > -kNoBound || a.y_hi < kNoBound;
 }
 
 } // namespace g4::cpu::G4_CPU_NS

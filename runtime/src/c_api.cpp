@@ -5,6 +5,7 @@
 #include "runtime/src/chat_template.h"
 #include "runtime/src/encoder_program.h"
 #include "runtime/src/engine.h"
+#include "runtime/src/executor.h"
 #include "runtime/src/generate.h"
 #include "runtime/src/media/media_decode.h"
 #include "runtime/src/media/video_decode.h"
@@ -159,6 +160,7 @@ g4_status g4_engine_open(const char* path, const g4_engine_params* params, g4_en
     const std::string& cpu_precision = e->plan.meta().policy.cpu_precision;
     e->cpu_int16                     = cpu_precision == "fast" || cpu_precision == "bf16";
     e->cpu_bf16_rows                 = cpu_precision == "bf16";
+    e->clamp_fusion                  = g4::rt::find_clamp_fusion(e->plan);
     st                               = g4::rt::open_backend(e, &e->backend, &err);
     if (st != G4_OK) {
         delete e;

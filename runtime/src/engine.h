@@ -32,6 +32,9 @@ struct g4_engine {
     // "bf16": and the NF4 matmuls of prefill chunks with bf16 operands on AMX tiles where the CPU has them
     // (MatmulArgs::bf16_rows)
     bool cpu_bf16_rows = false;
+    // Per plan op: the Clamp ops of CPU encoder programs that their neighbouring bf16 matmul applies
+    // instead (rt::find_clamp_fusion, executor.h).
+    std::vector<uint8_t> clamp_fusion;
 };
 
 namespace g4::rt {

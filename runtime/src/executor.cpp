@@ -200,6 +200,38 @@ void encoder_matmul(const cpu::Context& ctx, const MatmulArgs& m, int32_t kernel
 
 } // namespace
 
+std::vector<uint8_t> find_clamp_fusion(const plan::Plan& p) {
+    std::vector<uint8_t> f(p.n_ops_all(), 0);
+    auto bf16_matmul = [&](const PlanOp& op) {
+        return (OpCode)op.code == OpCode::Matmul && plan::params<plan::MatmulParams>(op).cpu_kernel == 2;
+    };
+    for (size_t g = 1; g < p.n_programs(); ++g) {
+        const plan::PlanProgram& pr = p.program(g);
+        for (size_t i = pr.op_begin; i < pr.op_end; ++i) {
+            const PlanOp& c = p.op(i);
+            if ((OpCode)c.code != OpCode::Clamp) continue;
+            const int32_t cols = plan::params<plan::ClampParams>(c).cols;
+            if (i + 1 < pr.op_end && bf16_matmul(p.op(i + 1))) { // clamp(x) -> xc, then xc . W^T
+                const PlanOp& m = p.op(i + 1);
+                bool ok = m.row_mode == c.row_mode && m.in[0] == c.out[0] && m.in_col[0] == c.out_col[0] &&
+                          p.tensor(m.in[1]).dims[1] == cols && m.in[2] != c.out[0];
+                for (size_t j = i + 2; ok && j < pr.op_end; ++j)
+                    for (int k = 0; k < 4; ++k)
+                        ok = ok && p.op(j).in[k] != c.out[0];
+                if (ok) f[i] = kClampIntoNext;
+            }
+            if (i > pr.op_begin && bf16_matmul(p.op(i - 1))) { // y = x . W^T, then clamp(y) in place
+                const PlanOp& m = p.op(i - 1);
+                if (m.row_mode == c.row_mode && m.in[2] < 0 && c.in[0] == m.out[0] && c.out[0] == m.out[0] &&
+                    c.in_col[0] == m.out_col[0] && c.out_col[0] == m.out_col[0] &&
+                    p.tensor(m.in[1]).dims[0] == cols)
+                    f[i] = kClampIntoPrev;
+            }
+        }
+    }
+    return f;
+}
+
 g4_status run_program(g4_session* s, size_t prog, const cpu::Context& ctx, const int32_t* counts,
                       std::string* err) {
     const plan::Plan& p        = s->engine->plan;
@@ -211,6 +243,15 @@ g4_status run_program(g4_session* s, size_t prog, const cpu::Context& ctx, const
             return G4_ERR_INVALID_ARGUMENT;
         }
     std::unique_ptr<CpuProfile> prof(env::cpu_profile() ? new CpuProfile() : nullptr);
+    const std::vector<uint8_t>& fz = s->engine->clamp_fusion;
+    auto fusion                    = [&](size_t i) { return i < fz.size() ? fz[i] : (uint8_t)0; };
+    // Whether Matmul op m over n rows runs a bf16 GEMM that applies clamps (as encoder_matmul picks it).
+    auto fused = [&](size_t m, int32_t n) {
+        MatmulArgs probe{};
+        probe.dt = s->ops[m].in_dt[1], probe.rows = n;
+        return plan::params<plan::MatmulParams>(*s->ops[m].op).cpu_kernel == 2 &&
+               cpu::gemm_has_avx512_bf16() && cpu::gemm_bf16_clamps(ctx, probe);
+    };
     for (size_t i = g.op_begin; i < g.op_end; ++i) {
         const BoundOp& b = s->ops[i];
         const auto t0    = std::chrono::steady_clock::now();
@@ -224,10 +265,29 @@ g4_status run_program(g4_session* s, size_t prog, const cpu::Context& ctx, const
         auto I = [&](int k) { return (float*)b.in[k]; };
         auto O = [&](int k) { return (float*)b.out[k]; };
         switch ((OpCode)op.code) {
+        case OpCode::Clamp:
+            if (((fusion(i) & kClampIntoNext) && fused(i + 1, n)) ||
+                ((fusion(i) & kClampIntoPrev) && fused(i - 1, n)))
+                continue; // the matmul applies it
+            if (!run_op(op, ctx, op_io(p, b, n, 0, 0, counts))) {
+                *err = "internal: clamp";
+                return G4_ERR_INTERNAL;
+            }
+            break;
         case OpCode::Matmul: {
             const PlanTensor& w = p.tensor(op.in[1]);
             MatmulArgs ma{I(0), b.in_ld[0], b.in[1], b.in_dt[1], w.dims[0], w.dims[1], O(0), b.out_ld[0], n};
             ma.nf4_double_quant = (w.quant_flags & plan::kQuantDoubleQuant) != 0;
+            if (i > g.op_begin && (fusion(i - 1) & kClampIntoNext) &&
+                fused(i, n)) { // read x before the clamp
+                const auto cp = plan::params<plan::ClampParams>(*s->ops[i - 1].op);
+                ma.x = (const float*)s->ops[i - 1].in[0], ma.ldx = s->ops[i - 1].in_ld[0];
+                ma.x_lo = cp.lo, ma.x_hi = cp.hi;
+            }
+            if (i + 1 < g.op_end && (fusion(i + 1) & kClampIntoPrev) && fused(i, n)) {
+                const auto cp = plan::params<plan::ClampParams>(*s->ops[i + 1].op);
+                ma.y_lo = cp.lo, ma.y_hi = cp.hi;
+            }
             encoder_matmul(ctx, ma, plan::params<plan::MatmulParams>(op).cpu_kernel);
             if (b.in[2])
                 cpu::add(ctx, {O(0), b.out_ld[0], (const float*)b.in[2], 0, O(0), b.out_ld[0], n,

@@ -161,10 +161,12 @@ TEST(CpuKernels, MatmulGemmBf16MatchesRoundedReference) {
         int64_t n, k;
         DType dt;
     };
-    // Tails in every dimension: rows not a multiple of kGemmMr, n past a panel group, k odd and past kGemmKc.
+    // Tails in every dimension: rows not a multiple of kGemmMr, n past a panel group, k odd and past kGemmKc;
+    // with and without the fused clamps (bounds that cut off some x and some y, a NaN in x passing through).
     for (const Case& cs : {Case{37, 150, 1031, DType::BF16}, Case{5, 32, 64, DType::F32},
                            Case{100, 97, 7, DType::BF16}, Case{1, 300, 513, DType::F32}})
-        for (int portable = 0; portable < 2; ++portable) {
+        for (int variant = 0; variant < 4; ++variant) {
+            const bool portable = variant & 1, clamped = variant & 2;
             const int64_t ldx = cs.k + 3, ldy = cs.n + 5;
             auto x  = randn((size_t)cs.rows * ldx, 31);
             auto wf = randn((size_t)cs.n * cs.k, 32);
@@ -176,8 +178,17 @@ TEST(CpuKernels, MatmulGemmBf16MatchesRoundedReference) {
                 x.data(), ldx,  cs.dt == DType::BF16 ? (const void*)wb.data() : (const void*)wf.data(),
                 cs.dt,    cs.n, cs.k,
                 y.data(), ldy,  cs.rows};
+            const float ylim = 0.5f * std::sqrt((float)cs.k); // about half the outputs' spread
+            if (clamped) a.x_lo = -1.2f, a.x_hi = 0.9f, a.y_lo = -ylim, a.y_hi = 0.7f * ylim;
+            const bool nan = clamped && cs.rows > 3;
+            if (nan) x[3 * ldx] = NAN;
+            ASSERT_TRUE(cpu::gemm_bf16_clamps(ctx, a));
             (portable ? cpu::matmul_gemm_bf16_portable : cpu::matmul_gemm_bf16)(ctx, a);
+            if (nan) // row 3 is NaN throughout; the check below skips it
+                for (int64_t j = 0; j < cs.n; ++j)
+                    ASSERT_TRUE(std::isnan(y[3 * ldy + j])) << "column " << j;
             double num = 0, den = 0, num_f = 0;
+            int cut_x = 0, cut_y = 0;
             for (int i = 0; i < cs.rows; ++i)
                 for (int64_t j = 0; j < ldy; ++j) {
                     const float got = y[i * ldy + j];
@@ -185,15 +196,25 @@ TEST(CpuKernels, MatmulGemmBf16MatchesRoundedReference) {
                         ASSERT_EQ(got, -7.0f);
                         continue;
                     }
+                    if (nan && i == 3) continue;
                     double want = 0, want_f = 0;
                     for (int64_t p = 0; p < cs.k; ++p) {
-                        want +=
-                            (double)bf16_to_f32(f32_to_bf16(x[i * ldx + p])) * bf16_to_f32(wb[j * cs.k + p]);
-                        want_f += (double)x[i * ldx + p] * wf[j * cs.k + p];
+                        const float xv = std::min(std::max(x[i * ldx + p], a.x_lo), a.x_hi);
+                        cut_x += xv != x[i * ldx + p];
+                        want += (double)bf16_to_f32(f32_to_bf16(xv)) * bf16_to_f32(wb[j * cs.k + p]);
+                        want_f += (double)xv * wf[j * cs.k + p];
                     }
+                    const double uncut = want;
+                    want               = std::min(std::max(want, (double)a.y_lo), (double)a.y_hi);
+                    want_f             = std::min(std::max(want_f, (double)a.y_lo), (double)a.y_hi);
+                    cut_y += want != uncut;
                     num += (got - want) * (got - want), den += want * want,
                         num_f += (got - want_f) * (got - want_f);
                 }
+            if (clamped && cs.k > 7) { // the bounds did cut
+                EXPECT_GT(cut_x, 0);
+                EXPECT_GT(cut_y, 0);
+            }
             const double err = std::sqrt(num / den), err_f = std::sqrt(num_f / den);
             EXPECT_LT(err, 1e-6) << (portable ? "portable" : "this build's") << " rows " << cs.rows << " n "
                                  << cs.n << " k " << cs.k;
@@ -216,28 +237,35 @@ TEST(CpuKernels, AmxGemmBf16MatchesAvx512Bf16) {
     const cpu::Kernels* bf16 = cpu::level_kernels(cpu::Level::Avx512Bf16);
     ASSERT_NE(bf16, nullptr);
     cpu::ThreadPool pool{3};
-    const size_t stride = amx->gemm_bf16_scratch_floats() + 5; // an odd stride: the kernel aligns its own
-    std::vector<float> scratch(stride * pool.size() + 1);
-    cpu::Context ctx{&pool, scratch.data() + 1, stride};
-    for (DType dt : {DType::BF16, DType::F32}) {
-        const int rows = 77, n = dt == DType::BF16 ? 200 : 45, k = dt == DType::BF16 ? 1037 : 64;
-        const int64_t ldx = k + 3, ldy = n + 5;
-        auto x = randn((size_t)rows * ldx, 51), wf = randn((size_t)n * k, 52);
-        std::vector<uint16_t> wb(wf.size());
-        for (size_t i = 0; i < wf.size(); ++i)
-            wb[i] = f32_to_bf16(wf[i]);
-        std::vector<float> y0((size_t)rows * ldy, -7.0f), y1 = y0;
-        MatmulArgs a{x.data(),  ldx, dt == DType::BF16 ? (const void*)wb.data() : (const void*)wf.data(),
-                     dt,        n,   k,
-                     y0.data(), ldy, rows};
-        bf16->matmul_gemm_bf16(ctx, a);
-        a.y = y1.data();
-        amx->matmul_gemm_bf16(ctx, a);
-        for (int i = 0; i < rows; ++i)
-            for (int64_t j = n; j < ldy; ++j)
-                ASSERT_EQ(y1[i * ldy + j], -7.0f);
-        EXPECT_LT(max_rel(y1, y0), 1e-6) << (dt == DType::BF16 ? "bf16" : "fp32") << " weights";
-    }
+    // Odd strides (the kernel aligns its own): the full scratch (up to 16 panels a task), one for 4 (what
+    // plans compiled before the group grew give); rows below and above the count that takes larger groups.
+    for (const size_t stride : {amx->gemm_bf16_scratch_floats() + 5, (size_t)42512 + 5})
+        for (const int rows : {77, 333, 1100})
+            for (DType dt : {DType::BF16, DType::F32}) {
+                SCOPED_TRACE("stride " + std::to_string(stride) + " rows " + std::to_string(rows));
+                std::vector<float> scratch(stride * pool.size() + 1);
+                cpu::Context ctx{&pool, scratch.data() + 1, stride};
+                const int n       = dt == DType::BF16 ? (rows > 100 ? 1000 : 200) : (rows > 1000 ? 300 : 45),
+                          k       = dt == DType::BF16 ? 1037 : 64;
+                const int64_t ldx = k + 3, ldy = n + 5;
+                auto x = randn((size_t)rows * ldx, 51), wf = randn((size_t)n * k, 52);
+                std::vector<uint16_t> wb(wf.size());
+                for (size_t i = 0; i < wf.size(); ++i)
+                    wb[i] = f32_to_bf16(wf[i]);
+                std::vector<float> y0((size_t)rows * ldy, -7.0f), y1 = y0;
+                MatmulArgs a{
+                    x.data(),  ldx, dt == DType::BF16 ? (const void*)wb.data() : (const void*)wf.data(),
+                    dt,        n,   k,
+                    y0.data(), ldy, rows};
+                if (rows > 100) a.x_lo = -1.0f, a.x_hi = 1.5f, a.y_lo = -10.0f, a.y_hi = 8.0f; // fused clamps
+                bf16->matmul_gemm_bf16(ctx, a);
+                a.y = y1.data();
+                amx->matmul_gemm_bf16(ctx, a);
+                for (int i = 0; i < rows; ++i)
+                    for (int64_t j = n; j < ldy; ++j)
+                        ASSERT_EQ(y1[i * ldy + j], -7.0f);
+                EXPECT_LT(max_rel(y1, y0), 1e-6) << (dt == DType::BF16 ? "bf16" : "fp32") << " weights";
+            }
     // gemm_block_bf16 (the bf16 attention's products) at the attention's shapes: 24 query rows against K^T
     // panels (kp = 32 pairs, head dim 64), then P . V (kp = keys / 2, 64 strided columns), accumulating.
     for (int layout = 0; layout < 2; ++layout) {

@@ -2,8 +2,8 @@
 // log-mel front end, runtime/src/log_mel.*) against Hugging Face float32 get_audio_features() on the tiny
 // e2b checkpoint (tools/make_audio_fixtures.py, tests/fixtures/towers/audio/), with fp32 and bf16 matmuls;
 // also the program and META records the compiler writes, thread-count invariance, soft-token counts, bad
-// clips, a plan whose audio op parameters were edited, and the program on the plan's GPU (the CUDA encoder
-// runner; skipped without a GPU).
+// clips, the clamps fused into the bf16 matmuls, a plan whose audio op parameters were edited, and the
+// program on the plan's GPU (the CUDA encoder runner; skipped without a GPU).
 #include "compiler/cuda_compile.h"
 #include "g4/g4.h"
 #include "kernels/cpu/cpu.h"
@@ -12,6 +12,7 @@
 #include "runtime/src/cuda/driver.h"
 #include "runtime/src/encoder_program.h"
 #include "runtime/src/engine.h"
+#include "runtime/src/executor.h"
 #include "runtime/src/frontend/media.h"
 #include "test_util.h"
 
@@ -161,6 +162,42 @@ TEST_F(AudioProgram, Bf16MatmulsStayCloseToHuggingFaceFloat32) {
         }
     }
     g4_session_destroy(s);
+    g4_engine_close(e);
+}
+
+// The ClippableLinear clamps the bf16 matmuls apply themselves (rt::find_clamp_fusion): every linear's
+// input and output clamp, not the clip before a norm; the soft tokens bit for bit those of the program
+// with every Clamp op run on its own.
+TEST_F(AudioProgram, FusedClampsGiveTheUnfusedResult) {
+    g4_engine* e = open_plan(dir_->file("bf16.g4plan"));
+    int next = 0, prev = 0, clamps = 0, linears = 0;
+    const plan::PlanProgram& g = e->plan.program((size_t)e->plan.find_program("audio"));
+    for (size_t i = g.op_begin; i < g.op_end; ++i) {
+        const plan::PlanOp& op = e->plan.op(i);
+        clamps += (OpCode)op.code == OpCode::Clamp;
+        linears += (OpCode)op.code == OpCode::Matmul && i + 1 < g.op_end &&
+                   (OpCode)e->plan.op(i + 1).code == OpCode::Clamp && e->plan.op(i + 1).in[0] == op.out[0] &&
+                   e->plan.op(i + 1).out[0] == op.out[0]; // a ClippableLinear's output clamp
+        next += e->clamp_fusion[i] == rt::kClampIntoNext;
+        prev += e->clamp_fusion[i] == rt::kClampIntoPrev;
+    }
+    std::printf("  %d clamps: %d into the next matmul, %d into the previous one, %d linears\n", clamps, next,
+                prev, linears);
+    EXPECT_GT(linears, 0);
+    EXPECT_EQ(next, linears);
+    EXPECT_EQ(prev, linears);
+    EXPECT_LT(next + prev, clamps); // the clips before the norms stay
+    auto pcm = g4test::read_f32(dir() + "/clip1.pcm.f32");
+    std::vector<float> fused, plain;
+    g4_session* s = session(e, 2);
+    ASSERT_EQ(run(s, pcm.data(), (int64_t)pcm.size(), &fused), "");
+    g4_session_destroy(s);
+    e->clamp_fusion.assign(e->clamp_fusion.size(), 0);
+    s = session(e, 2);
+    ASSERT_EQ(run(s, pcm.data(), (int64_t)pcm.size(), &plain), "");
+    g4_session_destroy(s);
+    ASSERT_EQ(fused.size(), plain.size());
+    EXPECT_EQ(std::memcmp(fused.data(), plain.data(), sizeof(float) * fused.size()), 0);
     g4_engine_close(e);
 }
 

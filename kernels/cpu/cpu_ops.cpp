@@ -327,29 +327,46 @@ void matmul_vnni(const Context& c, const MatmulArgs& a) {
 }
 #endif
 
+// Tasks of kNormRows rows; a bf16 weight of up to kNormWMax elements is widened once a task (the products are
+// those of widening it per group).
 void rms_norm(const Context& c, const RmsNormArgs& a) {
-    for_rows(c, a.rows, a.cols, [&](int t) {
-        for (int g = 0; g < a.cols / a.dim; ++g) {
-            VecMapC x(a.x + t * a.ldx + (int64_t)g * a.dim, a.dim);
-            VecMap y(a.y + t * a.ldy + (int64_t)g * a.dim, a.dim);
-            float r = std::pow(x.squaredNorm() / (float)a.dim + a.eps, -0.5f);
-            if (!a.w) {
-                y = x * r;
-            } else if (a.wdt == DType::F32) {
-                y = (x * r).cwiseProduct(VecMapC((const float*)a.w, a.dim));
-            } else if (a.wdt == DType::BF16) { // widened a block at a time: the products of the loop below
-                constexpr int kWBlock = 256;
-                alignas(64) float wf[kWBlock];
-                for (int i0 = 0; i0 < a.dim; i0 += kWBlock) {
-                    const int m = std::min(kWBlock, a.dim - i0);
-                    widen((const uint8_t*)a.w + dtype_bytes(a.wdt, i0), a.wdt, m, wf);
-                    y.segment(i0, m) = (x.segment(i0, m) * r).cwiseProduct(VecMapC(wf, m));
+    constexpr int kNormRows = 16, kNormWMax = 4096;
+    const bool widen_once = a.w && a.wdt == DType::BF16 && a.dim <= kNormWMax;
+    auto rows             = [&](int t0, int t1) {
+        alignas(64) float wf[kNormWMax];
+        if (widen_once) widen(a.w, a.wdt, a.dim, wf);
+        for (int t = t0; t < t1; ++t)
+            for (int g = 0; g < a.cols / a.dim; ++g) {
+                VecMapC x(a.x + t * a.ldx + (int64_t)g * a.dim, a.dim);
+                VecMap y(a.y + t * a.ldy + (int64_t)g * a.dim, a.dim);
+                float r = std::pow(x.squaredNorm() / (float)a.dim + a.eps, -0.5f);
+                if (!a.w) {
+                    y = x * r;
+                } else if (a.wdt == DType::F32) {
+                    y = (x * r).cwiseProduct(VecMapC((const float*)a.w, a.dim));
+                } else if (widen_once) {
+                    y = (x * r).cwiseProduct(VecMapC(wf, a.dim));
+                } else if (a.wdt == DType::BF16) { // widened a block at a time
+                    constexpr int kWBlock = 256;
+                    alignas(64) float wb[kWBlock];
+                    for (int i0 = 0; i0 < a.dim; i0 += kWBlock) {
+                        const int m = std::min(kWBlock, a.dim - i0);
+                        widen((const uint8_t*)a.w + dtype_bytes(a.wdt, i0), a.wdt, m, wb);
+                        y.segment(i0, m) = (x.segment(i0, m) * r).cwiseProduct(VecMapC(wb, m));
+                    }
+                } else {
+                    for (int i = 0; i < a.dim; ++i)
+                        y[i] = x[i] * r * ref::load_weight(a.w, a.wdt, i);
                 }
-            } else {
-                for (int i = 0; i < a.dim; ++i)
-                    y[i] = x[i] * r * ref::load_weight(a.w, a.wdt, i);
             }
-        }
+    };
+    const int blocks = (a.rows + kNormRows - 1) / kNormRows;
+    if ((int64_t)a.rows * a.cols < kInlineElems || c.pool->size() == 1 || blocks == 1) {
+        rows(0, a.rows);
+        return;
+    }
+    c.pool->parallel_for(blocks, [&](int64_t b, int) {
+        rows((int)b * kNormRows, std::min(a.rows, (int)b * kNormRows + kNormRows));
     });
 }
 

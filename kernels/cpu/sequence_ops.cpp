@@ -1,7 +1,7 @@
 // Eigen CPU kernels of the ops over frame sequences (see cpu.h): the strided 2-D convolution as an
 // im2col GEMM per output row, the causal depthwise 1-D convolution, local attention with relative-position
-// logits (one task per query row and head), and vectorised gates. Float32 arithmetic; weights widened into
-// per-thread scratch once per block of rows.
+// logits (one task per query row, its dot products in a fixed vectorised order), and vectorised gates.
+// Float32 arithmetic; weights widened into per-thread scratch once per block of rows.
 #include "kernels/cpu/level.h"
 #include "kernels/cpu/simd.h"
 #include "kernels/ref/ref.h"
@@ -150,29 +150,36 @@ size_t local_attention_scratch_floats(int32_t window) {
     return align16((size_t)window);
 }
 
+// Dot product in a fixed order (16 interleaved partial sums, then halved pairwise): it vectorises without
+// reassociation, and its result depends on neither the operands' alignment nor the thread.
+static float dot16(const float* x, const float* y, int n) {
+    float s[16] = {};
+    int i       = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int l = 0; l < 16; ++l)
+            s[l] += x[i + l] * y[i + l];
+    for (; i < n; ++i)
+        s[i & 15] += x[i] * y[i];
+    for (int w = 8; w; w >>= 1)
+        for (int l = 0; l < w; ++l)
+            s[l] += s[l + w];
+    return s[0];
+}
+
 void local_attention(const Context& c, const LocalAttentionArgs& a) {
     const int W = a.window, D = a.dim, NH = a.heads;
-    c.pool->parallel_for((int64_t)a.rows * NH, [&](int64_t idx, int th) {
-        const int t = (int)(idx / NH), h = (int)(idx % NH);
-        float* logit    = c.thread_scratch(th);
+    auto head = [&](int t, int h, float* logit) {
         const int j0    = std::max(0, t - W + 1);
         const int nk    = t - j0 + 1;
         const float* qh = a.q + t * a.ldq + (int64_t)h * D;
         float mx        = -std::numeric_limits<float>::infinity();
         for (int j = j0; j <= t; ++j) {
-            const float* kh = a.k + j * a.ldk + (int64_t)h * D;
-            float ac = 0, bd = 0;
-            for (int d = 0; d < D; ++d)
-                ac += qh[d] * kh[d];
-            const int p = W - (t - j);
-            if (p < a.n_rel) {
-                const float* rh = a.rel + p * a.ldr + (int64_t)h * D;
-                for (int d = 0; d < D; ++d)
-                    bd += qh[d] * rh[d];
-            }
-            const float s = std::tanh((ac + bd) / a.cap) * a.cap;
-            logit[j - j0] = s;
-            mx            = std::max(mx, s);
+            const float ac = dot16(qh, a.k + j * a.ldk + (int64_t)h * D, D);
+            const int p    = W - (t - j);
+            const float bd = p < a.n_rel ? dot16(qh, a.rel + p * a.ldr + (int64_t)h * D, D) : 0.0f;
+            const float s  = std::tanh((ac + bd) / a.cap) * a.cap;
+            logit[j - j0]  = s;
+            mx             = std::max(mx, s);
         }
         float sum = 0;
         for (int i = 0; i < nk; ++i)
@@ -186,6 +193,10 @@ void local_attention(const Context& c, const LocalAttentionArgs& a) {
             for (int d = 0; d < D; ++d)
                 oh[d] += w * vh[d];
         }
+    };
+    c.pool->parallel_for(a.rows, [&](int64_t t, int th) {
+        for (int h = 0; h < NH; ++h)
+            head((int)t, h, c.thread_scratch(th));
     });
 }
 

@@ -100,6 +100,11 @@ std::string cpu_level_missing() {
            g4::cpu::supported_levels() + ")";
 }
 
+bool on_cuda() {
+    const char* v = std::getenv("G4_TEST_CUDA");
+    return v && std::strcmp(v, "1") == 0 && g4::cuda::nvrtc_available();
+}
+
 namespace {
 struct CpuLevelEnvironment : ::testing::Environment {
     void SetUp() override {

@@ -1,6 +1,10 @@
-// Shared helpers for the GoogleTest suite: temporary directories, file I/O, running the g4 CLI.
+// Shared helpers for the GoogleTest suite: temporary directories, file I/O, running the g4 CLI, gating the
+// CUDA tests.
 #pragma once
+#include "compiler/cuda_compile.h"
+
 #include <cstdint>
+#include <gtest/gtest.h>
 #include <string>
 #include <utility>
 #include <vector>
@@ -39,6 +43,10 @@ CmdResult run_g4(const std::string& args);
 // every test executable (test_util.cpp registers a global gtest environment) then skips all its tests.
 std::string cpu_level_missing();
 
+// Whether the tests run their CUDA variants: G4_TEST_CUDA=1 in a build with the CUDA toolkit (NVRTC). A build
+// without it compiles no CUDA plan, so the tests run as without G4_TEST_CUDA.
+bool on_cuda();
+
 // n samples of N(0, sd^2) from a fixed seed (std::mt19937), and their bf16 bits (round to nearest even).
 std::vector<float> randn(size_t n, uint32_t seed, float sd = 1.0f);
 std::vector<uint16_t> to_bf16(const std::vector<float>& v);
@@ -54,3 +62,9 @@ double rel_l2(const float* a, const float* b, size_t n);
 std::vector<int32_t> parse_ids(const std::string& csv); // "1,2,3" -> {1,2,3}
 
 } // namespace g4test
+
+// Skips the current test in a build without the CUDA toolkit (NVRTC), which compiles no CUDA plan.
+#define G4_SKIP_WITHOUT_NVRTC()                                                                              \
+    do {                                                                                                     \
+        if (!g4::cuda::nvrtc_available()) GTEST_SKIP() << "this build has no CUDA toolkit (NVRTC)";          \
+    } while (0)

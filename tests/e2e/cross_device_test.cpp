@@ -5,7 +5,6 @@
 // bring over is stale there, so the logits must equal, bit for bit, those of the same plan compiled
 // without --place, run the same way, over a chunked prompt past the sliding window and greedy decode
 // steps. The real GPU runs of these plans are bench/e2e/cross_device_bench.sh (H100/H200, one or two GPUs).
-#include "compiler/cuda_compile.h"
 #include "runtime/src/engine.h"
 #include "runtime/src/executor.h"
 #include "test_util.h"
@@ -110,7 +109,7 @@ std::string compile(const TempDir& d, const std::string& name, const std::string
 }
 
 TEST(CrossDevice, CpuPlacedLayersGiveTheSameLogitsAsTheGpuOnlyPlan) {
-    if (!g4::cuda::nvrtc_available()) GTEST_SKIP() << "this build has no CUDA toolkit (NVRTC)";
+    G4_SKIP_WITHOUT_NVRTC();
     TempDir d;
     const auto want = generate(compile(d, "gpu", ""));
     // The fixture: 10 layers, 6-9 KV-shared (6-8 read layer 5's sliding cache, 9 layer 4's full one).
@@ -139,7 +138,7 @@ TEST(CrossDevice, CpuPlacedLayersGiveTheSameLogitsAsTheGpuOnlyPlan) {
 // Layers on two GPUs (and the CPU): each GPU uploads only the weights its ops read, owns its part of
 // the KV arena, and the logits equal the one-GPU plan's bit for bit.
 TEST(CrossDevice, LayersOnTwoGpusGiveTheSameLogitsAsTheOneGpuPlan) {
-    if (!g4::cuda::nvrtc_available()) GTEST_SKIP() << "this build has no CUDA toolkit (NVRTC)";
+    G4_SKIP_WITHOUT_NVRTC();
     TempDir d;
     const auto want = generate(compile(d, "gpu", ""));
     for (const std::string place : {"layers=0-4:gpu0,5-9:gpu1", // GPU 1 reads GPU 0's donors
@@ -173,7 +172,7 @@ TEST(CrossDevice, LayersOnTwoGpusGiveTheSameLogitsAsTheOneGpuPlan) {
 
 // The memory plan moves the CPU layers' weights and caches from the GPU's figure to the host's.
 TEST(CrossDevice, MemoryPlanMovesTheCpuLayersToTheHost) {
-    if (!g4::cuda::nvrtc_available()) GTEST_SKIP() << "this build has no CUDA toolkit (NVRTC)";
+    G4_SKIP_WITHOUT_NVRTC();
     TempDir d;
     auto table = [&](const std::string& place) {
         const std::string plan = compile(d, "m", place);

@@ -4,7 +4,6 @@
 // arena bytes, the Mlp and AttnO weights are stored tiled and no other weight is; --deterministic plans
 // fuse none of them. The fused MLPs' output replicas: the compiler's choice by shape, the --mlp-replicas
 // option, the reader's checks and the workspace they take. Their arithmetic (--mlp-precision).
-#include "compiler/cuda_compile.h"
 #include "compiler/cuda_schedule.h"
 #include "runtime/plan/plan_reader.h"
 #include "runtime/src/cuda/workspace.h"
@@ -100,7 +99,7 @@ void expect_corrupt(TempDir& td, const std::string& path, const std::string& nam
 }
 
 TEST(CudaSchedule, ZeroedOutputsStayUntouchedUntilTheirKernel) {
-    if (!g4::cuda::nvrtc_available()) GTEST_SKIP() << "this build has no CUDA toolkit (NVRTC)";
+    G4_SKIP_WITHOUT_NVRTC();
     TempDir td;
     for (const std::string fx : {"e2b_tiny", "e4b_tiny"}) {
         g4::plan::Plan p;
@@ -168,7 +167,7 @@ TEST(CudaSchedule, ZeroedOutputsStayUntouchedUntilTheirKernel) {
 // tensors (here a cache, a zeroed buffer, an epilogue output, a q/k/v operand) is refused at open, before a
 // kernel could write through it.
 TEST(CudaSchedule, LaunchOperandsAreTheirOpsTensors) {
-    if (!g4::cuda::nvrtc_available()) GTEST_SKIP() << "this build has no CUDA toolkit (NVRTC)";
+    G4_SKIP_WITHOUT_NVRTC();
     TempDir td;
     g4::plan::Plan p;
     compile_sm90(td, "e2b_tiny", "", &p);
@@ -217,7 +216,7 @@ TEST(CudaSchedule, LaunchOperandsAreTheirOpsTensors) {
 }
 
 TEST(CudaSchedule, FirstInputNormIsAResNorm) {
-    if (!g4::cuda::nvrtc_available()) GTEST_SKIP() << "this build has no CUDA toolkit (NVRTC)";
+    G4_SKIP_WITHOUT_NVRTC();
     TempDir td;
     for (const std::string fx : {"e2b_tiny", "e4b_tiny"}) {
         g4::plan::Plan p;
@@ -249,7 +248,7 @@ TEST(CudaSchedule, FirstInputNormIsAResNorm) {
 // CUDA target: the four ops, in order, with their tensors; a record with a group size that does not divide N
 // is refused at load.
 TEST(CudaSchedule, PerLayerInputsInOneLaunch) {
-    if (!g4::cuda::nvrtc_available()) GTEST_SKIP() << "this build has no CUDA toolkit (NVRTC)";
+    G4_SKIP_WITHOUT_NVRTC();
     TempDir td;
     for (const std::string fx : {"e2b_tiny", "e4b_tiny"}) {
         g4::plan::Plan p;
@@ -326,7 +325,7 @@ TEST(CudaSchedule, MlpReplicasByShapeAndTheirWorkspace) {
 // option's name and leaves no plan. A plan whose record says 5 replicas, or 4 with no ResNorm summing them
 // after it, is refused at load as corrupt.
 TEST(CudaSchedule, MlpReplicasInThePlan) {
-    if (!g4::cuda::nvrtc_available()) GTEST_SKIP() << "this build has no CUDA toolkit (NVRTC)";
+    G4_SKIP_WITHOUT_NVRTC();
     TempDir td;
     for (const std::string fx : {"e2b_tiny", "e4b_tiny"}) {
         g4::plan::Plan p;
@@ -376,7 +375,7 @@ TEST(CudaSchedule, MlpReplicasInThePlan) {
 // output or the per-layer input. Records that fold a ResNorm elsewhere, with another flag, after a 128-thread
 // MLP or with a second norm are refused at load.
 TEST(CudaSchedule, ResNormFoldedIntoThePle) {
-    if (!g4::cuda::nvrtc_available()) GTEST_SKIP() << "this build has no CUDA toolkit (NVRTC)";
+    G4_SKIP_WITHOUT_NVRTC();
     TempDir td;
     for (const std::string fx : {"e2b_tiny", "e4b_tiny"}) {
         g4::plan::Plan p;
@@ -466,7 +465,7 @@ TEST(CudaSchedule, ResNormFoldedIntoThePle) {
 // f32 MLPs never; a bad value is refused, no plan left. Corrupt records are refused at load. By shape
 // (mlp_fold_one_wave): E2B's MLPs fold by default, E4B's (two waves) do not.
 TEST(CudaSchedule, ResNormFoldedIntoTheMlp) {
-    if (!g4::cuda::nvrtc_available()) GTEST_SKIP() << "this build has no CUDA toolkit (NVRTC)";
+    G4_SKIP_WITHOUT_NVRTC();
     TempDir td;
     for (const std::string fx : {"e2b_tiny", "e4b_tiny"}) {
         g4::plan::Plan p;
@@ -579,7 +578,7 @@ TEST(CudaSchedule, ResNormFoldedIntoTheMlp) {
 // mlp_fold, META cuda.kernel_trace, both shown by `g4 inspect`; a default plan records none of them. CPU
 // plans refuse each with a one-line error and leave no plan; a bad trace mode is refused too.
 TEST(CudaSchedule, ScheduleOptionsRecordedInThePlan) {
-    if (!g4::cuda::nvrtc_available()) GTEST_SKIP() << "this build has no CUDA toolkit (NVRTC)";
+    G4_SKIP_WITHOUT_NVRTC();
     TempDir td;
     g4::plan::Plan p, q;
     compile_sm90(td, "e2b_tiny", "", &p);
@@ -622,7 +621,7 @@ TEST(CudaSchedule, ScheduleOptionsRecordedInThePlan) {
 // f32. A bad value is refused with no plan left behind; a record with another arithmetic, or packed f16 over
 // double-quant scales, is refused at load.
 TEST(CudaSchedule, MlpPrecision) {
-    if (!g4::cuda::nvrtc_available()) GTEST_SKIP() << "this build has no CUDA toolkit (NVRTC)";
+    G4_SKIP_WITHOUT_NVRTC();
     EXPECT_TRUE(g4::cuda::mlp_f16(true, 1536, false));
     EXPECT_TRUE(g4::cuda::mlp_f16(true, 2560, false));
     EXPECT_FALSE(g4::cuda::mlp_f16(true, 1536, true)); // double quant

@@ -3,7 +3,6 @@
 // logits of every position are checked against Hugging Face's float32 forward of the whole multimodal
 // model (tools/make_vision_fixtures.py, tools/make_audio_fixtures.py). G4_TEST_CUDA=1 runs the same on a
 // CUDA plan (text decoder on the GPU, towers on the CPU: f32 tower weights), and the towers on the GPU.
-#include "compiler/cuda_compile.h"
 #include "g4/g4.h"
 #include "kernels/cpu/cpu.h"
 #include "runtime/src/encoder_program.h"
@@ -44,13 +43,6 @@ std::vector<float> prompt_logits(g4_session* s, const std::vector<int32_t>& ids)
     const g4_status st = g4_session_append_tokens(s, ids.data(), ids.size(), got.data(), got.size());
     EXPECT_EQ(st, G4_OK) << g4_last_error_message();
     return st == G4_OK ? got : std::vector<float>();
-}
-
-// G4_TEST_CUDA=1 in a build with the CUDA toolkit (NVRTC); a build without it compiles no CUDA plan, so the
-// tests run as without G4_TEST_CUDA.
-bool on_cuda() {
-    return std::getenv("G4_TEST_CUDA") && std::string(std::getenv("G4_TEST_CUDA")) == "1" &&
-           g4::cuda::nvrtc_available();
 }
 
 // Feeds the fixture's prompt ids to s (its media already queued) and checks every position's logits
@@ -380,7 +372,7 @@ TEST_F(Media, TextOnlyPlanRefusesImages) {
 // vision=gpu where it cannot is refused with the reason.
 TEST_F(Media, VisionTowerPlacement) {
     if (on_cuda()) GTEST_SKIP() << "CPU-side compile check";
-    if (!g4::cuda::nvrtc_available()) GTEST_SKIP() << "this build has no CUDA toolkit (NVRTC)";
+    G4_SKIP_WITHOUT_NVRTC();
     const std::string base = "compile --model '" + fixture("e2b_tiny") +
                              "' --device cuda --target sm_86 --image-tokens 70 --no-fidelity ";
     // Default (nf4 text weights, bf16 tower weights): on cuda:0, its weights and buffer in the GPU's figure.
@@ -493,7 +485,7 @@ TEST_F(Media, VisionTowerOnGpuMatchesHF) {
 // reason.
 TEST_F(Media, AudioTowerPlacement) {
     if (on_cuda()) GTEST_SKIP() << "CPU-side compile check";
-    if (!g4::cuda::nvrtc_available()) GTEST_SKIP() << "this build has no CUDA toolkit (NVRTC)";
+    G4_SKIP_WITHOUT_NVRTC();
     const std::string base = "compile --model '" + fixture("e2b_tiny") +
                              "' --device cuda --target sm_86 --image-tokens 70 --no-fidelity ";
     // Default: both towers on cuda:0, each a part of the GPU's row; the host keeps the towers' buffers only.

@@ -5,7 +5,6 @@
 // float32 e2b_tiny_mm. g4's decoder must give the same frames, indices and prompt ids; its preprocessing the
 // same pixel values; its plans the same logits and greedy tokens. G4_TEST_CUDA=1 runs the prompt checks on a
 // CUDA plan (fed the reference's frames: they need no FFmpeg).
-#include "compiler/cuda_compile.h"
 #include "g4/g4.h"
 #include "runtime/src/frontend/image.h"
 #include "runtime/src/media/image_io.h"
@@ -15,7 +14,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -28,13 +26,6 @@ using namespace g4test;
 using json = nlohmann::json;
 
 constexpr int kVocab = 512;
-
-// G4_TEST_CUDA=1 in a build with the CUDA toolkit (NVRTC); a build without it compiles no CUDA plan, so the
-// tests run as without G4_TEST_CUDA.
-bool on_cuda() {
-    return std::getenv("G4_TEST_CUDA") && std::string(std::getenv("G4_TEST_CUDA")) == "1" &&
-           g4::cuda::nvrtc_available();
-}
 
 std::string vdir() {
     return fixture("towers/video");

@@ -2,7 +2,6 @@
 // with the message on stderr, the smallest budget and --max-context they name really fit, and the
 // placement and memory plan land in the plan's META (g4 inspect, plan reader). CUDA plans are sized
 // with --dry-run --target, which needs no GPU.
-#include "compiler/cuda_compile.h"
 #include "runtime/plan/plan_reader.h"
 #include "test_util.h"
 
@@ -81,7 +80,7 @@ TEST(PlacementCli, LayersSplitAcrossBudgetedGpusWhenOneDoesNotFit) {
     expect_refused(run_g4(cuda_dry("--gpu-mem 0:" + b0 + " --gpu-mem 1:1KiB")),
                    {"ple=host, tried automatically",
                     "splitting the text layers across the GPUs with a --gpu-mem budget does not fit either"});
-    if (!g4::cuda::nvrtc_available()) GTEST_SKIP() << "this build has no CUDA toolkit (NVRTC)";
+    G4_SKIP_WITHOUT_NVRTC();
     TempDir d;
     const std::string plan = d.file("split.g4plan");
     CmdResult r            = run_g4("compile --model '" + fixture("e2b_tiny") +

@@ -4,7 +4,6 @@
 // also the program and META records the compiler writes, thread-count invariance, soft-token counts, bad
 // clips, the clamps fused into the bf16 matmuls, a plan whose audio op parameters were edited, and the
 // program on the plan's GPU (the CUDA encoder runner; skipped without a GPU).
-#include "compiler/cuda_compile.h"
 #include "g4/g4.h"
 #include "kernels/cpu/cpu.h"
 #include "models/gemma4/audio_config.h"
@@ -359,7 +358,7 @@ TEST_F(AudioProgram, RunsOnTheGpu) {
     const cu::Driver* d = cu::driver(&why);
     int gpus            = 0;
     if (!d || d->cuDeviceGetCount(&gpus) != 0 || gpus < 1) GTEST_SKIP() << "no NVIDIA GPU here: " << why;
-    if (!g4::cuda::nvrtc_available()) GTEST_SKIP() << "this build has no CUDA toolkit (NVRTC)";
+    G4_SKIP_WITHOUT_NVRTC();
     const std::string plan = dir_->file("gpu.g4plan");
     g4test::CmdResult r =
         g4test::run_g4("compile --model '" + fixture("e2b_tiny") +

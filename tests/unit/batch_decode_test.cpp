@@ -6,7 +6,6 @@
 // CUDA plan, its groups of 2..16 batched (G4_CUDA_BATCH=1) and by default (groups of up to 8 as lone steps,
 // the 11 sessions' groups of 9..11 batched).
 #include "capi_util.h"
-#include "compiler/cuda_compile.h"
 #include "g4/g4.h"
 #include "test_util.h"
 
@@ -20,13 +19,6 @@
 namespace {
 
 using namespace g4test;
-
-// G4_TEST_CUDA=1 in a build with the CUDA toolkit (NVRTC); a build without it compiles no CUDA plan, so the
-// tests run as without G4_TEST_CUDA.
-bool on_cuda() {
-    return std::getenv("G4_TEST_CUDA") && std::string(std::getenv("G4_TEST_CUDA")) == "1" &&
-           g4::cuda::nvrtc_available();
-}
 
 double rel_l2(const float* a, const float* b, int n) {
     double d = 0, r = 0;

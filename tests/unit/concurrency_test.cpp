@@ -3,12 +3,10 @@
 // concurrently, g4_session_cancel from another thread, and vision and audio towers running in several
 // sessions at once (each checked against Hugging Face's logits). tools/sanitize.sh runs these under
 // ThreadSanitizer. G4_TEST_CUDA=1 adds four CUDA sessions on four threads.
-#include "compiler/cuda_compile.h"
 #include "g4/g4.h"
 #include "test_util.h"
 
 #include <atomic>
-#include <cstdlib>
 #include <cstring>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -210,9 +208,7 @@ TEST_F(Concurrency, VisionAndAudioTowersInSeveralSessionsAtOnce) {
 // handle (a 24-token prompt: the cuBLAS tier takes matmuls of more than 8 rows) and give the tokens of one
 // session alone.
 TEST(ConcurrencyCuda, FourSessionsOnFourThreadsGiveTheSingleThreadTokens) {
-    const char* cuda = std::getenv("G4_TEST_CUDA");
-    if (!cuda || std::string(cuda) != "1") GTEST_SKIP() << "needs a GPU (G4_TEST_CUDA=1)";
-    if (!g4::cuda::nvrtc_available()) GTEST_SKIP() << "this build has no CUDA toolkit (NVRTC)";
+    if (!on_cuda()) GTEST_SKIP() << "needs a GPU (G4_TEST_CUDA=1) and a build with the CUDA toolkit (NVRTC)";
     TempDir dir;
     const std::string plan = dir.file("cuda.g4plan");
     CmdResult r = run_g4("compile --model '" + fixture("e2b_tiny") + "' --device cuda -o '" + plan + "'");

@@ -40,7 +40,7 @@ private:
 };
 
 TEST(CudaCompile, AllKernelsForAllTargets) {
-    if (!g4::cuda::nvrtc_available()) GTEST_SKIP() << "built without the CUDA toolkit";
+    G4_SKIP_WITHOUT_NVRTC();
     // sm_86 and sm_90 with the decode attention specialised for 4 heads a group, as the fixtures' CUDA plans
     // the other tests compile (the kernel cache, keyed by NVRTC's version, the options and the source, gives
     // NVRTC's output once for all of them); sm_80 and sm_89 with the generic kernels.
@@ -105,7 +105,7 @@ TEST(CudaCompile, KernelSpecialisation) {
     EXPECT_EQ(g4::cuda::kernel_spec({32}).attn_hpg, 0);
     EXPECT_EQ(g4::cuda::kernel_spec({0, 0}).attn_hpg, 0);
     EXPECT_EQ(g4::cuda::kernel_spec({}).attn_hpg, 0);
-    if (!g4::cuda::nvrtc_available()) GTEST_SKIP() << "built without the CUDA toolkit";
+    G4_SKIP_WITHOUT_NVRTC();
     // One head a group (the CUDA plan tests compile the fixtures' 4, the GPU kernel tests 8, 4 and 2), for
     // sm_86: the specialisation is the same for every target, and sm_90's kernels take NVRTC 2.5x as long.
     for (int hpg : {1}) {
@@ -128,7 +128,7 @@ TEST(CudaCompile, KernelSpecialisation) {
 // (launches) reuses the first outputs from the kernel cache; blocks are compiled for sm_86, which takes NVRTC
 // less time.
 TEST(CudaCompile, TraceLabKernels) {
-    if (!g4::cuda::nvrtc_available()) GTEST_SKIP() << "built without the CUDA toolkit";
+    G4_SKIP_WITHOUT_NVRTC();
     for (const auto& [mode, bytes] : {std::pair<int, long>{1, 64l << 19}, {2, 64l << 21}}) {
         g4::cuda::KernelSpec spec;
         spec.attn_hpg                       = 4;
@@ -163,7 +163,7 @@ TEST(CudaCompile, KernelCacheFolder) {
 // compiles; a damaged entry is a miss that NVRTC redoes and rewrites; a cache folder that cannot be made is
 // skipped, not an error.
 TEST(CudaCompile, KernelCacheReturnsWhatNvrtcMade) {
-    if (!g4::cuda::nvrtc_available()) GTEST_SKIP() << "built without the CUDA toolkit";
+    G4_SKIP_WITHOUT_NVRTC();
     const g4test::TempDir tmp;
     const fs::path dir = fs::path(tmp.path) / "kernels";
     const ScopedEnv cache("G4_KERNEL_CACHE", dir.string());
@@ -234,7 +234,7 @@ TEST(CudaCompile, KernelCacheReturnsWhatNvrtcMade) {
 }
 
 TEST(CudaCompile, UnknownTargetIsAnError) {
-    if (!g4::cuda::nvrtc_available()) GTEST_SKIP() << "built without the CUDA toolkit";
+    G4_SKIP_WITHOUT_NVRTC();
     try {
         g4::cuda::compile_kernels("sm_75");
         FAIL() << "expected an error";

@@ -3,7 +3,6 @@
 // as its source; damaged or foreign states are refused; the prefill progress callback; the API version;
 // multimodal chat rendering into ids. On a CUDA machine (G4_TEST_CUDA=1) the same checks run on a CUDA plan.
 #include "capi_util.h"
-#include "compiler/cuda_compile.h"
 #include "g4/g4.h"
 #include "test_util.h"
 
@@ -18,13 +17,6 @@ namespace {
 using namespace g4test;
 
 constexpr int kPrompt = 2000; // prompt tokens; the plans hold 4096
-
-// G4_TEST_CUDA=1 in a build with the CUDA toolkit (NVRTC); a build without it compiles no CUDA plan, so the
-// tests run as without G4_TEST_CUDA.
-bool on_cuda() {
-    const char* v = std::getenv("G4_TEST_CUDA");
-    return v && std::strcmp(v, "1") == 0 && g4::cuda::nvrtc_available();
-}
 
 using g4test::Engine;
 using g4test::Session;

@@ -45,8 +45,10 @@ inline float quantize_block(const float* x, int16_t* q) {
     bool finite = true;
     for (int i = 0; i < kBlock; ++i) {
         const float v = std::fabs(x[i]);
-        amax          = v > amax ? v : amax; // inlined, where std::fmax is a libm call a value; a NaN is
-        finite &= std::isfinite(x[i]);       // left out here and decided by `finite` below
+        // A comparison, which inlines where std::fmax is a libm call a value; it leaves a NaN out of amax,
+        // and `finite` decides such a block below.
+        amax = v > amax ? v : amax;
+        finite &= std::isfinite(x[i]);
     }
     float inv = finite && amax > 0.0f ? kXMax / amax : 0.0f;
     if (!std::isfinite(inv)) inv = 0.0f;

@@ -10,6 +10,7 @@
 #include "kernels/q16.h"
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 
 namespace g4::cpu::G4_CPU_NS {

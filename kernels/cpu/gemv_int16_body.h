@@ -40,11 +40,22 @@ IntX quantize_x(const MatmulArgs& a, float* scratch) {
     float* sx        = (float*)(q + (int64_t)a.rows * a.k);
     alignas(64) int16_t tmp[q16::kBlock];
 #if defined(__AVX512BW__)
-    // kIntOrder here: the even elements, then the odd ones.
-    alignas(64) static constexpr uint16_t kEven[32] = {0,  2,  4,  6,  8,  10, 12, 14, 16, 18, 20,
-                                                       22, 24, 26, 28, 30, 32, 34, 36, 38, 40, 42,
-                                                       44, 46, 48, 50, 52, 54, 56, 58, 60, 62};
-    const __m512i even = _mm512_load_si512(kEven), odd = _mm512_add_epi16(even, _mm512_set1_epi16(1));
+    // kIntOrder as two vpermt2w index vectors into tmp (lo: elements 0-31, hi: 32-63): its first half (the
+    // even elements) and, one higher each, its second half (the odd ones).
+    alignas(64) static constexpr std::array<uint16_t, 32> kEven = [] {
+        std::array<uint16_t, 32> v{};
+        for (int i = 0; i < 32; ++i)
+            v[i] = (uint16_t)kIntOrder.e[i];
+        return v;
+    }();
+    static_assert(
+        [] {
+            for (int i = 0; i < 32; ++i)
+                if (kEven[i] > 62 || kIntOrder.e[32 + i] != kEven[i] + 1) return false;
+            return true;
+        }(),
+        "the odd indices are the even ones + 1, all within the 64 elements of lo and hi");
+    const __m512i even = _mm512_load_si512(kEven.data()), odd = _mm512_add_epi16(even, _mm512_set1_epi16(1));
 #endif
     for (int t = 0; t < a.rows; ++t)
         for (int64_t b = 0; b < nb; ++b) {

@@ -3,11 +3,14 @@
 // compiler's audio program (models/gemma4/audio_graph.*, replayed op by op on the CPU kernels the executor
 // uses). Prints every rep and the median. bench/e2e/tower_ab.py compares two builds' towers end to end
 // through plans. Built with the project (build/bench/micro/tower_cpu_bench).
-// Usage: tower_cpu_bench [audio|both|gemm] [reps] [fp32|bf16|both]   (threads: G4_THREADS, else all
-// cores; the tower in both precisions by default, fp32 then bf16)
+// The gemm mode times the tower matmul shapes; the attention mode times the vision tower's bf16
+// self-attention (cpu::self_attention with bf16 = true, 2394 patches, 12 heads x 64). Usage: tower_cpu_bench
+// [audio|both|gemm|attention] [reps] [fp32|bf16|both]   (threads: G4_THREADS, else all cores; the tower in
+// both precisions by default, fp32 then bf16)
 #include "compiler/tower_lookup.h"
 #include "kernels/cpu/cpu.h"
 #include "kernels/cpu/thread_pool.h"
+#include "kernels/ref/ref.h"
 #include "models/gemma4/audio_graph.h"
 #include "runtime/src/log_mel.h"
 #include "runtime/src/op_exec.h"
@@ -18,6 +21,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <map>
 #include <random>
 #include <string>
@@ -323,6 +327,49 @@ void bench_gemm(cpu::ThreadPool& pool, int reps, int rows, int64_t n, int64_t k)
                 std::sqrt(num2 / den));
 }
 
+// cpu::self_attention with bf16 = true at one shape (q, k, v interleaved per row as a fused qkv projection
+// writes them): median ms, GFLOP/s (4 rows^2 heads dim flops) and the relative L2 difference against
+// ref::self_attention (fp32, double sums). Also the minimum ms and the median process CPU ms (all threads).
+void bench_attention(cpu::ThreadPool& pool, int reps, int rows, int heads, int kv_heads, int dim,
+                     float scale) {
+    std::mt19937 rng(5);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    const int64_t qw = (int64_t)heads * dim, kvw = (int64_t)kv_heads * dim, ld = qw + 2 * kvw;
+    std::vector<float> qkv((size_t)rows * ld), y_ref((size_t)rows * qw), y(y_ref.size());
+    for (float& v : qkv)
+        v = nd(rng);
+    std::vector<float> work((size_t)self_attention_work_floats(rows, kv_heads, dim));
+    const size_t stride = cpu::self_attention_thread_floats(rows);
+    std::vector<float> tscr(stride * pool.size());
+    cpu::Context ctx{&pool, tscr.data(), stride};
+    SelfAttentionArgs a{
+        qkv.data(), ld,  qkv.data() + qw, ld,     qkv.data() + qw + kvw, ld, y_ref.data(), qw, rows, heads,
+        kv_heads,   dim, scale,           nullptr};
+    pool.parallel_for(heads, [&](int64_t h, int) { // ref::self_attention one head at a time, over the pool
+        SelfAttentionArgs ah = a;
+        ah.q += h * dim, ah.k += h / (heads / kv_heads) * dim, ah.v += h / (heads / kv_heads) * dim,
+            ah.y += h * dim, ah.heads = 1, ah.kv_heads = 1;
+        ref::self_attention(ah);
+    });
+    a.y = y.data(), a.work = work.data(), a.bf16 = true;
+    std::vector<double> t,
+        cpu_t; // wall and process CPU seconds (the latter less sensitive to a busy machine)
+    for (int r = 0; r <= reps; ++r) {
+        const std::clock_t c0 = std::clock();
+        const double s        = time_s([&] { cpu::self_attention(ctx, a); });
+        if (r) t.push_back(s), cpu_t.push_back((double)(std::clock() - c0) / CLOCKS_PER_SEC);
+    }
+    double num = 0, den = 0;
+    for (size_t i = 0; i < y.size(); ++i)
+        num += (double)(y[i] - y_ref[i]) * (y[i] - y_ref[i]), den += (double)y_ref[i] * y_ref[i];
+    const double gf = 4.0 * rows * rows * heads * dim / 1e9;
+    std::printf(
+        "attention bf16 %d rows, %d heads (%d kv) x %d, scale %g, %d threads: median %.2f ms (%.0f GFLOP/s), "
+        "min %.2f ms, CPU time median %.2f ms, rel diff %.2e\n",
+        rows, heads, kv_heads, dim, scale, pool.size(), median(t) * 1e3, gf / median(t),
+        *std::min_element(t.begin(), t.end()) * 1e3, median(cpu_t) * 1e3, std::sqrt(num / den));
+}
+
 } // namespace
 
 int main(int argc, char** argv) {
@@ -335,6 +382,11 @@ int main(int argc, char** argv) {
         bench_gemm(pool, reps, 750, 4096, 1024);
         bench_gemm(pool, reps, 750, 1024, 4096);
         bench_gemm(pool, reps, 37, 100, 45);
+    }
+    if (what == "attention") {
+        bench_attention(pool, reps, 2394, 12, 12, 64, 1.0f);
+        bench_attention(pool, reps, 2394, 12, 12, 64, 0.125f);
+        return 0;
     }
     const std::string prec = argc > 3 ? argv[3] : "both"; // fp32 | bf16 | both (side by side)
     std::vector<towers::Precision> precs;

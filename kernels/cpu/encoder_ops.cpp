@@ -82,10 +82,166 @@ size_t self_attention_thread_floats(int64_t max_rows) {
 
 namespace {
 
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+#define G4_ATTN_AVX512 1
+
+// exp on 16 floats: x = n ln2 + r, n = round(x log2 e), r with ln2 in two parts, exp(r) = 1 + r + r^2 p(r)
+// (Cephes' polynomial, Eigen's order), then times 2^n by scalef (to zero below the float range). Within a few
+// ulps of exp; a NaN stays NaN.
+inline __m512 exp16(__m512 x) {
+    x              = _mm512_max_ps(_mm512_set1_ps(-104.0f), x);
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r       = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r              = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p       = _mm512_fmadd_ps(_mm512_set1_ps(1.9875691500e-4f), r, _mm512_set1_ps(1.3981999507e-3f));
+    p              = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p              = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p              = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p              = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p              = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
+
+// The bf16 rounding of the probabilities: with AVX-512 BF16 (this copy's flags, or a function-level target
+// where only the level's BF16 and AMX tables run the bf16 attention) vcvtneps2bf16, round to nearest even as
+// to_bf16x16 but for fp32 denormals (exps below 2^-126), which it flushes to zero; the products (vdpbf16ps,
+// tdpbf16ps) read bf16 denormals as zero, so the attention's result is the same.
+#if defined(__AVX512BF16__)
+#define G4_ATTN_CVT 1
+#define G4_ATTN_TARGET
+#elif defined(G4_CPU_BF16_TABLE)
+#define G4_ATTN_CVT 1
+#define G4_ATTN_TARGET __attribute__((target("avx512bf16")))
+#else
+#define G4_ATTN_TARGET
+#endif
+G4_ATTN_TARGET inline __m256i probs_bf16(__m512 e) {
+#if G4_ATTN_CVT
+    return (__m256i)_mm512_cvtneps_pbh(e);
+#else
+    return to_bf16x16(e);
+#endif
+}
+
+// One row of scores s[0, n): x = scale * s (SCALED, else s), p = exp(x - max x) in fp32, written as bf16 over
+// the row in place (element j moves from byte 4j to 2j: each 32 floats are read before their 32 bf16 are
+// written, at or behind them), bf16 zeros from n to np. Returns the fp32 sum of the p before rounding (two
+// vector sums over alternate 16-float chunks, the tail in the first, then added lane by lane and reduced).
+template <bool SCALED> G4_ATTN_TARGET float softmax_row(float* s, int n, int64_t np, float scale) {
+    const __m512 sc = _mm512_set1_ps(scale);
+    auto load       = [&](const float* x) {
+        return SCALED ? _mm512_mul_ps(_mm512_loadu_ps(x), sc) : _mm512_loadu_ps(x);
+    };
+    auto load_tail = [&](__mmask16 m, const float* x) {
+        const __m512 v = _mm512_maskz_loadu_ps(m, x);
+        return SCALED ? _mm512_mul_ps(v, sc) : v;
+    };
+    __m512 mx0 = _mm512_set1_ps(-INFINITY), mx1 = mx0;
+    int j = 0;
+    for (; j + 32 <= n; j += 32) {
+        mx0 = _mm512_max_ps(mx0, load(s + j));
+        mx1 = _mm512_max_ps(mx1, load(s + j + 16));
+    }
+    for (; j < n; j += 16) {
+        const __mmask16 m = (__mmask16)((1u << std::min(16, n - j)) - 1u);
+        mx0               = _mm512_mask_max_ps(mx0, m, mx0, load_tail(m, s + j));
+    }
+    const __m512 mv = _mm512_set1_ps(_mm512_reduce_max_ps(_mm512_max_ps(mx0, mx1)));
+    uint16_t* p     = (uint16_t*)s;
+    __m512 sum0 = _mm512_setzero_ps(), sum1 = sum0;
+    for (j = 0; j + 32 <= n; j += 32) {
+        const __m512 x0 = load(s + j), x1 = load(s + j + 16);
+        const __m512 e0 = exp16(_mm512_sub_ps(x0, mv)), e1 = exp16(_mm512_sub_ps(x1, mv));
+        sum0 = _mm512_add_ps(sum0, e0);
+        sum1 = _mm512_add_ps(sum1, e1);
+        _mm256_storeu_si256((__m256i*)(p + j), probs_bf16(e0));
+        _mm256_storeu_si256((__m256i*)(p + j + 16), probs_bf16(e1));
+    }
+    for (; j < n; j += 16) {
+        const __mmask16 m = (__mmask16)((1u << std::min(16, n - j)) - 1u);
+        const __m512 e    = exp16(_mm512_sub_ps(load_tail(m, s + j), mv));
+        sum0              = _mm512_mask_add_ps(sum0, m, sum0, e);
+        _mm256_mask_storeu_epi16(p + j, m, probs_bf16(e));
+    }
+    std::memset(p + n, 0, sizeof(uint16_t) * (np - n));
+    return _mm512_reduce_add_ps(_mm512_add_ps(sum0, sum1));
+}
+float softmax_row_bf16(float* s, int n, int64_t np, float scale) {
+    return scale == 1.0f ? softmax_row<false>(s, n, np, scale) : softmax_row<true>(s, n, np, scale);
+}
+#else
+// The same with Eigen's vectorised exp and a scalar rounding pass (levels without AVX-512, whose
+// self_attention runs a.bf16 as fp32: only the definition's reference here).
+float softmax_row_bf16(float* s, int n, int64_t np, float scale) {
+    Eigen::Map<Eigen::ArrayXf> row(s, n);
+    if (scale != 1.0f) row *= scale;
+    row             = (row - row.maxCoeff()).exp();
+    const float sum = row.sum();
+    uint16_t* p     = (uint16_t*)s;
+    for (int j = 0; j < n; ++j)
+        p[j] = f32_to_bf16(s[j]); // reads byte 4j before writing byte 2j
+    std::memset(p + n, 0, sizeof(uint16_t) * (np - n));
+    return sum;
+}
+#endif
+
+// Keys [j0, j0 + kGemmNr) of kv head h packed (see self_attention_bf16): K as kp[dp][kGemmNr] pairs, V as
+// key pairs vp[(j0 + 2t) / 2][D], zero past rows.
+void pack_kv_panel(const SelfAttentionArgs& a, int h, int j0, uint32_t* kp, uint32_t* vp) {
+    constexpr int P = kGemmNr;
+    const int n = a.rows, D = a.dim, dp = D / 2;
+    alignas(64) uint16_t kr[P * kSelfAttentionBf16MaxDim]; // [P][D] bf16 keys
+    for (int j = 0; j < P; ++j) {
+        if (j0 + j < n)
+            round_to_bf16(a.k + (int64_t)(j0 + j) * a.ldk + (int64_t)h * D, D, kr + j * D);
+        else
+            std::memset(kr + j * D, 0, sizeof(uint16_t) * D);
+    }
+    const uint32_t* k32 = (const uint32_t*)kr;
+#if G4_ATTN_AVX512
+    const __m512i idx = _mm512_mullo_epi32(
+        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32(dp));
+    for (int q = 0; q < dp; ++q)
+        for (int v = 0; v < P / 16; ++v)
+            _mm512_storeu_si512(kp + q * P + 16 * v,
+                                _mm512_i32gather_epi32(idx, (const int*)(k32 + 16 * v * dp + q), 4));
+    auto v_row = [&](int j) { return j < n ? a.v + (int64_t)j * a.ldv + (int64_t)h * D : nullptr; };
+    for (int t = 0; t < P / 2; ++t) {
+        const int j     = j0 + 2 * t;
+        const float *v0 = v_row(j), *v1 = v_row(j + 1);
+        uint32_t* d = vp + (int64_t)(j / 2) * D;
+        for (int e = 0; e < D; e += 16) {
+            const __mmask16 m = (__mmask16)((1u << std::min(16, D - e)) - 1u);
+            const __m512i lo  = v0 ? _mm512_cvtepu16_epi32(to_bf16x16(_mm512_maskz_loadu_ps(m, v0 + e)))
+                                   : _mm512_setzero_si512();
+            const __m512i hi  = v1 ? _mm512_cvtepu16_epi32(to_bf16x16(_mm512_maskz_loadu_ps(m, v1 + e)))
+                                   : _mm512_setzero_si512();
+            _mm512_mask_storeu_epi32(d + e, m, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+        }
+    }
+#else
+    for (int q = 0; q < dp; ++q)
+        for (int j = 0; j < P; ++j)
+            kp[q * P + j] = k32[j * dp + q];
+    for (int t = 0; t < P / 2; ++t) {
+        const int j = j0 + 2 * t;
+        uint32_t* d = vp + (int64_t)(j / 2) * D;
+        for (int e = 0; e < D; ++e) {
+            const uint32_t lo = j < n ? f32_to_bf16(a.v[(int64_t)j * a.ldv + (int64_t)h * D + e]) : 0;
+            const uint32_t hi =
+                j + 1 < n ? f32_to_bf16(a.v[(int64_t)(j + 1) * a.ldv + (int64_t)h * D + e]) : 0;
+            d[e] = lo | hi << 16;
+        }
+    }
+#endif
+}
+
 // self_attention with a.bf16. work per kv head (head_floats apart, as the fp32 layout): K as bf16 k-pairs in
 // panels [np / kGemmNr][D / 2][kGemmNr] (zero keys past rows), then V as key pairs [np / 2][D] (zero past
-// rows). Each task: q rounded to bf16 pairs, scores [rb, np] fp32, softmax in fp32, the unnormalised
-// probabilities rounded to bf16 pairs in place over the scores (zero past rows), then P . V.
+// rows), packed a panel of keys per task. Then tasks of kSelfAttentionRows query rows of one head, a head's
+// blocks consecutive (a thread's next task mostly reads the K and V its last one read): q rounded to bf16
+// pairs, scores [rb, np] fp32, softmax_row_bf16 over each row, then P . V scaled by 1 / sum.
 using BlockBf16 = void (*)(int, int, int64_t, const uint32_t*, int64_t, const uint32_t*, int64_t, int64_t,
                            float*, int64_t, bool);
 void self_attention_bf16(const Context& c, const SelfAttentionArgs& a, BlockBf16 block) {
@@ -95,25 +251,12 @@ void self_attention_bf16(const Context& c, const SelfAttentionArgs& a, BlockBf16
     float* kv = a.work;
     c.pool->parallel_for((int64_t)a.kv_heads * panels, [&](int64_t task, int) {
         const int h = (int)(task / panels), j0 = (int)(task % panels) * P;
-        uint16_t* kp = (uint16_t*)(kv + h * head_floats) + (int64_t)j0 * D; // [dp][P] pairs
-        uint16_t* vp = (uint16_t*)(kv + h * head_floats + np * D / 2);      // [np / 2][D] pairs
-        uint16_t row[2 * kSelfAttentionBf16MaxDim];
-        for (int j = j0; j < j0 + P; ++j) {
-            if (j < n) {
-                round_to_bf16(a.k + (int64_t)j * a.ldk + (int64_t)h * D, D, row);
-                round_to_bf16(a.v + (int64_t)j * a.ldv + (int64_t)h * D, D, row + D);
-            } else {
-                std::memset(row, 0, sizeof(uint16_t) * 2 * D);
-            }
-            for (int d = 0; d < D; ++d) {
-                kp[((int64_t)(d >> 1) * P + (j - j0)) * 2 + (d & 1)] = row[d];
-                vp[((int64_t)(j >> 1) * D + d) * 2 + (j & 1)]        = row[D + d];
-            }
-        }
+        uint32_t* kh = (uint32_t*)(kv + h * head_floats);
+        pack_kv_panel(a, h, j0, kh + (int64_t)j0 * dp, kh + np * D / 2);
     });
     const int blocks = (n + kSelfAttentionRows - 1) / kSelfAttentionRows;
     c.pool->parallel_for((int64_t)blocks * a.heads, [&](int64_t task, int th) {
-        const int h = (int)(task % a.heads), r0 = (int)(task / a.heads) * kSelfAttentionRows;
+        const int h = (int)(task / blocks), r0 = (int)(task % blocks) * kSelfAttentionRows;
         const int rb       = std::min(kSelfAttentionRows, n - r0);
         const float* kh    = kv + (int64_t)(h / group) * head_floats;
         const uint32_t* kb = (const uint32_t*)kh;
@@ -124,21 +267,8 @@ void self_attention_bf16(const Context& c, const SelfAttentionArgs& a, BlockBf16
         float* s = c.thread_scratch(th); // [rb, np]
         block(rb, (int)np, dp, qp, dp, kb, P, (int64_t)dp * P, s, np, false);
         float* inv_sum = s + (size_t)rb * np; // [rb]
-        for (int r = 0; r < rb; ++r) {
-            float* sr = s + (size_t)r * np;
-            Eigen::Map<Eigen::ArrayXf> row(sr, n);
-            if (a.scale != 1.0f) row *= a.scale;
-            row          = (row - row.maxCoeff()).exp();
-            inv_sum[r]   = 1.0f / row.sum();
-            uint16_t* pr = (uint16_t*)sr; // in place: element j moves from byte 4j to 2j
-            for (int j0 = 0; j0 < n; j0 += 64) {
-                float tmp[64];
-                const int m = std::min(64, n - j0);
-                std::memcpy(tmp, sr + j0, sizeof(float) * m);
-                round_to_bf16(tmp, m, pr + j0);
-            }
-            std::memset(pr + n, 0, sizeof(uint16_t) * (np - n));
-        }
+        for (int r = 0; r < rb; ++r)
+            inv_sum[r] = 1.0f / softmax_row_bf16(s + (size_t)r * np, n, np, a.scale);
         float* out = a.y + (int64_t)r0 * a.ldy + (int64_t)h * D;
         block(rb, D, np / 2, (const uint32_t*)s, np, vb, D, P, out, a.ldy, false);
         for (int r = 0; r < rb; ++r)

@@ -214,7 +214,8 @@ std::vector<uint8_t> find_clamp_fusion(const plan::Plan& p) {
             if (i + 1 < pr.op_end && bf16_matmul(p.op(i + 1))) { // clamp(x) -> xc, then xc . W^T
                 const PlanOp& m = p.op(i + 1);
                 bool ok = m.row_mode == c.row_mode && m.in[0] == c.out[0] && m.in_col[0] == c.out_col[0] &&
-                          p.tensor(m.in[1]).dims[1] == cols && m.in[2] != c.out[0];
+                          p.tensor(m.in[1]).dims[1] == cols && m.in[2] != c.out[0] &&
+                          pr.outputs[0] != c.out[0] && pr.outputs[1] != c.out[0]; // nor does the caller
                 for (size_t j = i + 2; ok && j < pr.op_end; ++j)
                     for (int k = 0; k < 4; ++k)
                         ok = ok && p.op(j).in[k] != c.out[0];

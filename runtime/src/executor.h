@@ -19,9 +19,9 @@ g4_status run_program(g4_session* s, size_t prog, const cpu::Context& ctx, const
                       std::string* err);
 // Clamp ops an encoder program's bf16 matmul can apply while it rounds its input or writes its output
 // (MatmulArgs' clamps), saving a pass over memory each: per op of `p`, kClampIntoNext for a Clamp whose
-// output only the next op reads, as that Matmul's input (nothing later reads it before it is written
-// again); kClampIntoPrev for a Clamp of the previous Matmul's whole output in place (a matmul without a
-// bias). run_program skips those ops where the matmul's kernel applies clamps (cpu::gemm_bf16_clamps).
+// output only the next op reads, as that Matmul's input (no later op and not the program's caller);
+// kClampIntoPrev for a Clamp of the previous Matmul's whole output in place (a matmul without a bias).
+// run_program skips those ops where the matmul's kernel applies clamps (cpu::gemm_bf16_clamps).
 inline constexpr uint8_t kClampIntoNext = 1, kClampIntoPrev = 2;
 std::vector<uint8_t> find_clamp_fusion(const plan::Plan& p);
 // Runs the text program for `rows` tokens (already in s->ids) at positions pos0.., producing logits for

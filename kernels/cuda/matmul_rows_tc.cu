@@ -288,6 +288,161 @@ __device__ __forceinline__ void tcs_nf4(TcsShared<TILES>& sh, const Step* s, int
                                                     ldp);
 }
 
+// ---- The pipelined NF4 kernel (f32 block scales): the grid, K ranges, k order, products and sums of
+// tcs_run, bit for bit, but the weights stream through shared memory instead of each warp's register ring.
+// A stage is the block's next WK K blocks (one a K group) of its 8 TILES WN columns: codes (16 bytes a copy,
+// [K group][slice][column], so a warp's reads of a tile hit 32 banks) and scales (4 bytes a copy), copied
+// by cp.async STAGES - 1 stages ahead of the one multiplied. Both layouts land in the same order: a thread
+// copies one column's two slices (row-major) or one slice of consecutive columns (kQuantTiled32).
+// x is staged as in tcs_run, TCP_XS K blocks at a time (a multiple of WK: wn >= 2).
+#define TCP_XS 4
+
+template <int TILES, int STAGES> struct TcpShared {
+    static_assert(TCP_XS * 4 * 2 * 32 * 4 >= TCS_WARPS * TILES * 4 * 32, "the sums' reduction fits in xs");
+    uint4 xs[TCP_XS][4][2][32];                     // the chunk's x: [K block][k-step][hi, lo][lane]
+    uint4 codes[STAGES][2 * TCS_WARPS * TILES * 8]; // [K group][slice][column]: 16 bytes of codes
+    float scales[STAGES][TCS_WARPS * TILES * 8];    // [K group][column]
+    u32 tab[16];
+};
+
+__device__ __forceinline__ void tcp_copy16(void* dst, const void* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"((u32)__cvta_generic_to_shared(dst)),
+                 "l"(src));
+}
+__device__ __forceinline__ void tcp_copy4(void* dst, const void* src) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"((u32)__cvta_generic_to_shared(dst)),
+                 "l"(src));
+}
+__device__ __forceinline__ void tcp_commit() {
+    asm volatile("cp.async.commit_group;\n" ::);
+}
+template <int N> __device__ __forceinline__ void tcp_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// Issues the copies of stage st (relative K blocks st WK .. st WK + WK - 1 of the block's range, those
+// below nk) into buffer buf. NC = 8 TILES WN columns from n_blk.
+template <bool TL, int TILES, int STAGES>
+__device__ __forceinline__ void tcp_issue(TcpShared<TILES, STAGES>& sh, int buf, int st, const u8* codes,
+                                          const float* absmax, int N, int K, int n_blk, int NC, int WK,
+                                          int b0, int nk) {
+    constexpr int kCopies = 2 * TCS_WARPS * TILES * 8;
+#pragma unroll
+    for (int r = 0; r < (kCopies + 255) / 256; ++r) {
+        const int i = threadIdx.x + r * 256;
+        if (i >= kCopies) break;
+        int sl, c, kg;
+        if constexpr (TL) {
+            c = i % NC, sl = (i / NC) & 1, kg = i / (2 * NC);
+        } else {
+            sl = i & 1, c = (i >> 1) % NC, kg = (i >> 1) / NC;
+        }
+        const int rel = st * WK + kg;
+        if (rel >= nk) continue;
+        const long j = b0 + rel, n = min(n_blk + c, N - 1);
+        const u8* src =
+            TL ? codes + j * 32 * N + sl * 16L * N + n * 16 : codes + n * (K / 2) + j * 32 + sl * 16;
+        tcp_copy16(&sh.codes[buf][(kg * 2 + sl) * NC + c], src);
+    }
+    if (threadIdx.x < TCS_WARPS * TILES * 8) {
+        const int kg = threadIdx.x / NC, c = threadIdx.x % NC, rel = st * WK + kg;
+        if (rel < nk) {
+            const long j = b0 + rel, n = min(n_blk + c, N - 1);
+            tcp_copy4(&sh.scales[buf][threadIdx.x], absmax + (TL ? j * N + n : n * (K / 64) + j));
+        }
+    }
+}
+
+template <bool TL, int TILES, int STAGES>
+__device__ __forceinline__ void tcp_run(TcpShared<TILES, STAGES>& sh, const Step* s, int mode, const float* x,
+                                        long ldx, const u8* codes, const float* absmax, int N, int K,
+                                        float* y, long ldy, const float* bias, int WN, float* part, int bx,
+                                        long ldp) {
+    u32* tab = sh.tab;
+    if (threadIdx.x < 16) {
+        const float v    = kNf4[threadIdx.x];
+        const u32 h      = bf16_bits(v);
+        tab[threadIdx.x] = h | (bf16_bits(v - __uint_as_float(h << 16)) << 16);
+    }
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int WK = TCS_WARPS / WN, kg = warp / WN, kb = K / 64, S = gridDim.y;
+    const int kps = (kb + S - 1) / S, b0 = blockIdx.y * kps, nk = max(0, min(kb - b0, kps));
+    const int NC = 8 * TILES * WN, n_blk = bx * NC, cw = (warp % WN) * 8 * TILES;
+    const bool live = n_blk + cw < N;
+    const int ns    = (nk + WK - 1) / WK;
+#pragma unroll
+    for (int p = 0; p < STAGES - 1; ++p) {
+        if (p < ns) tcp_issue<TL, TILES, STAGES>(sh, p, p, codes, absmax, N, K, n_blk, NC, WK, b0, nk);
+        tcp_commit();
+    }
+    pdl_begin();
+    const int T = rows_of(s, mode);
+    x += (long)in_row0(s, mode) * ldx;
+    float acc[TILES][4] = {};
+    for (int st = 0; st < ns; ++st) {
+        tcp_wait<STAGES - 2>();
+        __syncthreads(); // stage st has landed; every warp is done with stage st - 1 and its x
+        const int rel0 = st * WK;
+        if (rel0 % TCP_XS == 0) { // the next chunk of x
+            const int c1 = min(nk, rel0 + TCP_XS);
+#pragma unroll
+            for (int r = 0; r < TCP_XS * 4 * 32 / 256; ++r) {
+                const int i = threadIdx.x + r * 256;
+                if (i < (c1 - rel0) * 128) {
+                    const int jj = i >> 7, ks = (i >> 5) & 3, ln = i & 31;
+                    const int k = (b0 + rel0 + jj) * 64 + (ks >> 1) * 32 + 8 * (ln & 3) + 4 * (ks & 1);
+                    u32 ah[4], al[4];
+                    tcs_x_frag(x, ldx, T, ln >> 2, k, ah, al);
+                    sh.xs[jj][ks][0][ln] = make_uint4(ah[0], ah[1], ah[2], ah[3]);
+                    sh.xs[jj][ks][1][ln] = make_uint4(al[0], al[1], al[2], al[3]);
+                }
+            }
+            __syncthreads();
+        }
+        if (st + STAGES - 1 < ns)
+            tcp_issue<TL, TILES, STAGES>(sh, (st + STAGES - 1) % STAGES, st + STAGES - 1, codes, absmax, N, K,
+                                         n_blk, NC, WK, b0, nk);
+        tcp_commit();
+        const int rel = rel0 + kg;
+        if (!live || rel >= nk) continue;
+        const int buf           = st % STAGES;
+        const u32* cwd          = (const u32*)sh.codes[buf] + ((kg * 2) * NC + cw + g) * 4 + t;
+        const float* sc         = sh.scales[buf] + kg * NC + cw + 2 * t;
+        const uint4(*xb)[2][32] = sh.xs[rel % TCP_XS];
+        float part[TILES][4]    = {};
+#pragma unroll
+        for (int sl = 0; sl < 2; ++sl)
+#pragma unroll
+            for (int k2 = 0; k2 < 2; ++k2) {
+                const uint4 h = xb[sl * 2 + k2][0][lane], l = xb[sl * 2 + k2][1][lane];
+                const u32 ah[4] = {h.x, h.y, h.z, h.w}, al[4] = {l.x, l.y, l.z, l.w};
+#pragma unroll
+                for (int q = 0; q < TILES; ++q) {
+                    const u32 w  = cwd[(sl * NC + q * 8) * 4] >> (16 * k2);
+                    const u32 e0 = tab[(w >> 4) & 15], e1 = tab[w & 15], e2 = tab[(w >> 12) & 15],
+                              e3    = tab[(w >> 8) & 15];
+                    const u32 bh[2] = {__byte_perm(e0, e1, 0x5410), __byte_perm(e2, e3, 0x5410)};
+                    const u32 bl[2] = {__byte_perm(e0, e1, 0x7632), __byte_perm(e2, e3, 0x7632)};
+                    mma_bf16(part[q], ah, bh);
+                    mma_bf16(part[q], ah, bl);
+                    mma_bf16(part[q], al, bh);
+                }
+            }
+#pragma unroll
+        for (int q = 0; q < TILES; ++q) {
+            const float s0 = sc[q * 8], s1 = sc[q * 8 + 1];
+            acc[q][0] = fmaf(part[q][0], s0, acc[q][0]), acc[q][1] = fmaf(part[q][1], s1, acc[q][1]);
+            acc[q][2] = fmaf(part[q][2], s0, acc[q][2]), acc[q][3] = fmaf(part[q][3], s1, acc[q][3]);
+        }
+    }
+    tcp_wait<0>();
+    float* red = (float*)sh.xs;
+    if (S > 1)
+        tcs_store<TILES>(acc, WN, n_blk, N, T, part + (long)blockIdx.y * T * ldp, ldp, nullptr, red);
+    else
+        tcs_store<TILES>(acc, WN, n_blk, N, T, y, ldy, bias, red);
+}
+
 // Both kernels: 2 tiles (16 columns) a warp, 2 K blocks in flight, two blocks a multiprocessor: on an H200
 // at 16 rows, faster than 3 or 4 K blocks in flight or 4 tiles a warp at every projection shape of Gemma 4
 // E2B (bench/labs/mm_rows_tc_bench.cu).

@@ -6,8 +6,8 @@
 // random (NF4 codes, f32 block scales); copies rotate so every launch reads DRAM; kernels are launched with
 // programmatic dependent launch, as in the batched step's graph. Build from the repo root:
 //   nvcc -O3 -std=c++17 -arch=sm_90 -I. -o build/mm_rows_tc_bench bench/labs/mm_rows_tc_bench.cu
-// Usage: mm_rows_tc_bench [rows] [reps] [csv]; LAB_SHAPE=substring, LAB_VAR=substring, LAB_WN=n, LAB_S=n
-// keep only the matching shapes, kernels and grids (to profile one launch).
+// Usage: mm_rows_tc_bench [rows] [reps] [csv]; LAB_SHAPE=substring, LAB_WN=n, LAB_S=n keep only the
+// matching shapes and grids (to profile one launch).
 #include "kernels/cuda/all_kernels.cuh"
 
 #include "bench/labs/bench_cuda.h"
@@ -41,26 +41,6 @@
         tcs_run<false, false, NF4_SCALES_F32, TI, D>(sh, s, mode, x, ldx, W, N, K, y, ldy, bias, WN, part,   \
                                                      blockIdx.x, N);                                         \
     }
-// The pipelined kernel (tcp_run, f32 scales): tiles a warp, stages in flight, blocks a multiprocessor.
-#define LAB_TCP(name, TI, ST, MB)                                                                            \
-    extern "C" __global__ void __launch_bounds__(256, MB)                                                    \
-        name(const Step* s, int mode, const float* x, long ldx, const u8* codes, const void* absmax,         \
-             const float* absmax2, const float* offset, const float* code2, int N, int K, float* y,          \
-             long ldy, const float* bias, int tiled, int WN, float* part) {                                  \
-        __shared__ TcpShared<TI, ST> sh;                                                                     \
-        const float* am = (const float*)absmax;                                                              \
-        if (tiled)                                                                                           \
-            tcp_run<true, TI, ST>(sh, s, mode, x, ldx, codes, am, N, K, y, ldy, bias, WN, part, blockIdx.x,  \
-                                  N);                                                                        \
-        else                                                                                                 \
-            tcp_run<false, TI, ST>(sh, s, mode, x, ldx, codes, am, N, K, y, ldy, bias, WN, part, blockIdx.x, \
-                                   N);                                                                       \
-    }
-LAB_TCP(lab_tcp_t2s4, 2, 4, 2)
-LAB_TCP(lab_tcp_t2s6, 2, 6, 2)
-LAB_TCP(lab_tcp_t2s6b3, 2, 6, 3)
-LAB_TCP(lab_tcp_t4s3, 4, 3, 1)
-LAB_TCP(lab_tcp_t1s8, 1, 8, 3)
 LAB_NF4(lab_nf4_t2d3, 2, 3, 2)
 LAB_NF4(lab_nf4_t4d3, 4, 3, 1)
 LAB_NF4(lab_nf4_t1d2, 1, 2, 3)
@@ -80,7 +60,6 @@ struct Variant {
     const void* fn;
     int tiles;
     bool nf4;
-    int min_wn = 1; // the pipelined kernels stage x for 4 K blocks: at most 4 K groups
 };
 
 void launch2(const void* fn, dim3 grid, cudaStream_t st, void** args) {
@@ -115,11 +94,6 @@ int main(int argc, char** argv) {
                                 {"bf16 8960x1536", 8960, 1536, false, false},
                                 {"lm head bf16 262144x1536", 262144, 1536, false, false}};
     const Variant variants[] = {{"plan nf4 t2 d2", (const void*)g4_mm_rows_tcs_nf4, 2, true},
-                                {"tcp t2 s4", (const void*)lab_tcp_t2s4, 2, true, 2},
-                                {"tcp t2 s6", (const void*)lab_tcp_t2s6, 2, true, 2},
-                                {"tcp t2 s6 3blk", (const void*)lab_tcp_t2s6b3, 2, true, 2},
-                                {"tcp t4 s3 1blk", (const void*)lab_tcp_t4s3, 4, true, 2},
-                                {"tcp t1 s8 3blk", (const void*)lab_tcp_t1s8, 1, true, 2},
                                 {"nf4 t2 d3", (const void*)lab_nf4_t2d3, 2, true},
                                 {"nf4 t4 d3 1blk", (const void*)lab_nf4_t4d3, 4, true},
                                 {"nf4 t1 d2 3blk", (const void*)lab_nf4_t1d2, 1, true},
@@ -152,7 +126,6 @@ int main(int argc, char** argv) {
     const float* nul       = nullptr;
     int mode               = 0;
     const char* only_shape = std::getenv("LAB_SHAPE");
-    const char* only_var   = std::getenv("LAB_VAR");
     const int only_wn      = std::getenv("LAB_WN") ? std::atoi(std::getenv("LAB_WN")) : 0;
     const int only_s       = std::getenv("LAB_S") ? std::atoi(std::getenv("LAB_S")) : 0;
     for (const Shape& sh : shapes) {
@@ -182,12 +155,12 @@ int main(int argc, char** argv) {
         }
         const g4::cuda_ws::RowsTcGrid pick = g4::cuda_ws::rows_tc_grid(N, K);
         for (const Variant& v : variants) {
-            if (v.nf4 != sh.nf4 || (only_var && !std::strstr(v.name, only_var))) continue;
+            if (v.nf4 != sh.nf4) continue;
             std::vector<std::pair<float, std::string>> rows;
             for (int wn : {1, 2, 4, 8})
                 for (int S : {1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48}) {
                     if (S > K / 64 || (sh.N > 100000 && S > 1)) continue;
-                    if ((only_wn && wn != only_wn) || (only_s && S != only_s) || wn < v.min_wn) continue;
+                    if ((only_wn && wn != only_wn) || (only_s && S != only_s)) continue;
                     const unsigned gx = (unsigned)((N + 8 * v.tiles * wn - 1) / (8 * v.tiles * wn));
                     auto run          = [&](int c) {
                         const unsigned char* wc = w + (size_t)c * wbytes;

@@ -250,11 +250,7 @@ __device__ __forceinline__ void tcs_run(TcsShared<TILES>& sh, const Step* s, int
                 const int jj = i >> 7, ks = (i >> 5) & 3, ln = i & 31;
                 const int k = (b0 + c0 + jj) * 64 + (ks >> 1) * 32 + 8 * (ln & 3) + 4 * (ks & 1);
                 u32 ah[4], al[4];
-#ifdef LAB_KO_X
-                ah[0] = ah[1] = ah[2] = ah[3] = 0x3f803f80u + (k & 7), al[0] = al[1] = al[2] = al[3] = 0;
-#else
                 tcs_x_frag(x, ldx, T, ln >> 2, k, ah, al);
-#endif
                 xs[jj][ks][0][ln] = make_uint4(ah[0], ah[1], ah[2], ah[3]);
                 xs[jj][ks][1][ln] = make_uint4(al[0], al[1], al[2], al[3]);
             }

@@ -124,59 +124,6 @@ G4_AMX_TARGET void amx_task(const MatmulArgs& a, int s0, int ns, int r0, int r1,
     _tile_release();
 }
 
-// x rounded once a K chunk for all tasks: 32-row block b of the chunk, as round_block writes it, in thread
-// b % threads's scratch after its task floats (task; 64-byte aligned), (b / threads) blocks in.
-struct SharedX {
-    const Context* c;
-    size_t task;
-    int threads;
-    uint32_t* block(int b) const {
-        const uintptr_t at = (uintptr_t)(c->thread_scratch(b % threads) + task);
-        return (uint32_t*)((at + 63) & ~(uintptr_t)63) + (size_t)(b / threads) * kRows * kXs;
-    }
-};
-
-// The task floats a thread keeps for ns panels and a partial y block when x is shared (64-byte aligned
-// offsets), and whether the shared blocks of x fit the rest of every thread's scratch.
-size_t shared_task_floats(int ns) {
-    return 16 + (size_t)ns * kKp * kGemmNr + (size_t)kRows * kGemmNr;
-}
-bool shared_x_fits(const Context& c, int rows, int ns) {
-    const int64_t blocks = (rows + kRows - 1) / kRows, threads = c.pool->size();
-    return (int64_t)c.scratch_stride >=
-           (int64_t)shared_task_floats(ns) + 16 + (blocks + threads - 1) / threads * kRows * kXs;
-}
-
-// One task of a K chunk with x shared: rows [r0, r1) (whole blocks but the last) x panels [s0, s0 + ns).
-G4_AMX_TARGET void amx_task_shared(const MatmulArgs& a, const SharedX& sx, int s0, int ns, int r0, int r1,
-                                   int64_t k0, int kc, int kp16, float* scratch) {
-    uint32_t* panels   = (uint32_t*)(((uintptr_t)scratch + 63) & ~(uintptr_t)63); // [ns][kKp][kGemmNr] pairs
-    float* cb          = (float*)(panels + (size_t)ns * kKp * kGemmNr);           // [kRows][kGemmNr]
-    const bool clamp_y = clamps_y(a) && k0 + kc >= a.k;
-    load_tile_config();
-    for (int s = 0; s < ns; ++s) {
-        const int64_t n0 = (int64_t)(s0 + s) * kGemmNr;
-        pack_panel(a, n0, (int)std::min<int64_t>(kGemmNr, a.n - n0), k0, kc, kp16,
-                   panels + (size_t)s * kKp * kGemmNr);
-    }
-    for (int r = r0; r < r1; r += kRows) {
-        const int rows     = std::min(kRows, r1 - r);
-        const uint32_t* xs = sx.block(r / kRows);
-        for (int s = 0; s < ns; ++s) {
-            const int64_t n0  = (int64_t)(s0 + s) * kGemmNr;
-            const int nt      = (int)std::min<int64_t>(kGemmNr, a.n - n0);
-            float* y          = a.y + (int64_t)r * a.ldy + n0;
-            const uint32_t* p = panels + (size_t)s * kKp * kGemmNr;
-            if (rows == kRows && nt == kGemmNr)
-                amx::tile_block(xs, kXs, p, kp16, y, a.ldy, k0 > 0);
-            else
-                amx::tile_block_partial(xs, kXs, p, kp16, y, a.ldy, rows, nt, cb, k0 > 0);
-            if (clamp_y) clamp_block(y, a.ldy, rows, nt, a.y_lo, a.y_hi);
-        }
-    }
-    _tile_release();
-}
-
 // Tiles for gemm_block_bf16_amx: C 0-3 (rows 0-15 x cols 0-15, 0-15 x 16-31, 16-.. x 0-15, 16-.. x 16-31),
 // A 4 (rows 0-15) and 5 (rows 16-..), B 6 and 7; r0 and r1 rows in the two row tiles (r1 may be 0).
 G4_AMX_TARGET void load_block_config(int r0, int r1) {
@@ -274,26 +221,6 @@ void matmul_gemm_bf16_amx(const Context& c, const MatmulArgs& a) {
         group = (int)((strips + g - 1) / g);
     }
     const int64_t groups = (strips + group - 1) / group;
-    // With fewer rows (small groups), x is rounded once a K chunk into blocks every task reads, where the
-    // scratch holds them beside the tasks' panels; each task rounded its rows of x for itself before, once
-    // for every column group (750 x 4096 x 1024 on 16 AMX cores: 1.9 -> 1.35 ms with x not rounded at all,
-    // docs/performance.md). Then each chunk is two passes over the pool.
-    if (a.rows < kManyRows && shared_x_fits(c, a.rows, group)) {
-        const SharedX sx{&c, shared_task_floats(group), (int)c.pool->size()};
-        const int blocks = (a.rows + kRows - 1) / kRows;
-        for (int64_t k0 = 0; k0 < a.k; k0 += kGemmKc) {
-            const int kc = (int)std::min<int64_t>(kGemmKc, a.k - k0), kp16 = ((kc + 1) / 2 + 15) / 16 * 16;
-            c.pool->parallel_for(blocks, [&](int64_t b, int) {
-                const int r = (int)b * kRows;
-                round_block(a, r, std::min(kRows, a.rows - r), k0, kc, kp16, sx.block((int)b));
-            });
-            for_row_tasks<kRows, 4>(c, a.rows, groups, [&](int64_t g, int r0, int r1, int th) {
-                const int s0 = (int)g * group, ns = (int)std::min<int64_t>(group, strips - s0);
-                amx_task_shared(a, sx, s0, ns, r0, r1, k0, kc, kp16, c.thread_scratch(th));
-            });
-        }
-        return;
-    }
     // Row chunks of at least 4 tile blocks: each chunk packs its panels.
     for_row_tasks<kRows, 4>(c, a.rows, groups, [&](int64_t g, int r0, int r1, int th) {
         const int s0 = (int)g * group, ns = (int)std::min<int64_t>(group, strips - s0);

@@ -1,12 +1,14 @@
 // Pieces the AMX kernels share (gemm_bf16_amx.cpp, gemm_nf4_amx.cpp): the tile configuration, a 16 x 16
-// dword transpose in registers, bf16 pairs from fp32 or bf16 rows, and a 32 x 32 block of y on four fp32
-// tiles. Included by level sources of the AMX table only (G4_CPU_AMX_TABLE, kernels/cpu/level.h).
+// dword transpose in registers, bf16 pairs from fp32 (clamped where asked) or bf16 rows, and a 32 x 32 block
+// of y on four fp32 tiles. Included by level sources of the AMX table only (G4_CPU_AMX_TABLE,
+// kernels/cpu/level.h).
 #pragma once
 #include "kernels/cpu/level.h"
 #include "kernels/cpu/simd.h"
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #if defined(G4_CPU_AMX_TABLE)
 
@@ -63,18 +65,32 @@ G4_AMX_TARGET inline void transpose16(__m512i* r) {
     }
 }
 
-// 32 values from n <= 32 (zero past n) as 16 bf16 pairs: bf16 as they are, fp32 rounded.
-G4_AMX_TARGET inline __m512i load_pairs(const void* src, DType dt, int n) {
+// load_pairs' clamp of fp32 values to [lo, hi] (min(max(x, lo), hi), a NaN kept: vmaxps / vminps return
+// their second operand when either is NaN), and its absence.
+struct Bounds {
+    __m512 lo, hi;
+};
+struct NoBounds {};
+
+// 32 values from n <= 32 (zero past n) as 16 bf16 pairs: bf16 as they are, fp32 rounded (clamped first where
+// given Bounds).
+template <typename B = NoBounds>
+G4_AMX_TARGET inline __m512i load_pairs(const void* src, DType dt, int n, B bounds = {}) {
+    static_assert(std::is_same_v<B, Bounds> || std::is_same_v<B, NoBounds>);
     if (n <= 0) return _mm512_setzero_si512();
     if (dt == DType::BF16) {
         const __mmask32 m = n >= 32 ? ~0u : (1u << n) - 1u;
         return _mm512_maskz_loadu_epi16(m, src);
     }
     const float* s     = (const float*)src;
-    const __mmask16 lo = n >= 16 ? 0xFFFF : (__mmask16)((1u << n) - 1u);
-    const __mmask16 hi = n >= 32 ? 0xFFFF : (__mmask16)((1u << std::max(0, n - 16)) - 1u);
-    const __m512bh bh  = _mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(hi, s + 16), _mm512_maskz_loadu_ps(lo, s));
-    return (__m512i)bh;
+    const __mmask16 m0 = n >= 16 ? 0xFFFF : (__mmask16)((1u << n) - 1u);
+    const __mmask16 m1 = n >= 32 ? 0xFFFF : (__mmask16)((1u << std::max(0, n - 16)) - 1u);
+    __m512 v0 = _mm512_maskz_loadu_ps(m0, s), v1 = _mm512_maskz_loadu_ps(m1, s + 16);
+    if constexpr (std::is_same_v<B, Bounds>) { // zero past n, as loaded
+        v0 = _mm512_maskz_min_ps(m0, bounds.hi, _mm512_max_ps(bounds.lo, v0));
+        v1 = _mm512_maskz_min_ps(m1, bounds.hi, _mm512_max_ps(bounds.lo, v1));
+    }
+    return (__m512i)_mm512_cvtne2ps_pbh(v1, v0);
 }
 
 // c[32][32] (+)= xs[32 rows][kp16 pairs] . p[kp16][kGemmNr], xs row stride lxs pairs, c row stride ldc

@@ -111,18 +111,19 @@ bool gemm_has_avx512();
 // in increasing order; with AMX (the amx level: tdpbf16ps, which flushes them too) the tiles' order, within
 // ~1e-6 of it; otherwise it is matmul_gemm_bf16_portable. Independent of the thread count. These and
 // matmul_gemm_bf16_portable apply MatmulArgs' clamps (x while rounding it, y on each block as it is written)
-// except where they fall back to matmul (weights of another dtype, too little scratch), which ignores them:
-// gemm_bf16_clamps(c, a) says whether a call applies them.
+// except where they fall back to matmul (weights of another dtype, no rows, too little scratch), which
+// ignores them. gemm_bf16_clamps(c, a) says whether matmul_gemm_bf16 applies them, by the very test its
+// kernels fall back on: each needs less than gemm_bf16_scratch_floats() (which covers them all), the AMX
+// tiles less than the AVX-512 BF16 kernel they fall back to, so with that scratch it holds for F32/BF16
+// weights and at least one row at every level.
 size_t gemm_bf16_scratch_floats();
 void matmul_gemm_bf16(const Context& c, const MatmulArgs& a);
+bool gemm_bf16_clamps(const Context& c, const MatmulArgs& a);
 // Same definition on any machine: bf16-valued fp32 operands through gemm_block (the AVX-512 fp32 kernel, or
-// Eigen without AVX-512).
+// Eigen without AVX-512). Falls back to matmul where the AVX-512 BF16 kernel does (where gemm_bf16_clamps
+// is false at every level but amx).
 void matmul_gemm_bf16_portable(const Context& c, const MatmulArgs& a);
 bool gemm_has_avx512_bf16(); // true when matmul_gemm_bf16 uses _mm512_dpbf16_ps or AMX tiles
-inline bool gemm_bf16_clamps(const Context& c, const MatmulArgs& a) {
-    return (a.dt == DType::BF16 || a.dt == DType::F32) && a.rows >= 1 &&
-           c.scratch_stride >= gemm_bf16_scratch_floats();
-}
 // Single-threaded bf16 block on k-pairs: c[rows, cols] (+)= sum over q < kp of a[i * lda + q] . b(q, j), each
 // uint32 a bf16 pair (low half the even k), b(q, j) = b[(j / kGemmNr) * panel + q * ldb + j % kGemmNr];
 // products exact in fp32, fp32 sums (_mm512_dpbf16_ps with AVX-512 BF16, else a plain loop).

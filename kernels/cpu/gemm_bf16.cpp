@@ -155,6 +155,28 @@ size_t gemm_bf16_scratch_floats() {
     return std::max(own_scratch_floats(), kGemmBf16AmxScratchFloats);
 }
 
+// Weights the bf16 GEMMs read, and at least one row.
+static bool bf16_gemm_operands(const MatmulArgs& a) {
+    return (a.dt == DType::BF16 || a.dt == DType::F32) && a.rows >= 1;
+}
+
+// Where matmul_gemm_bf16_portable and matmul_gemm_bf16_dpbf16 run (and so apply the clamps); elsewhere they
+// are matmul. Every table but the AMX one has one of them as matmul_gemm_bf16.
+bool gemm_bf16_clamps(const Context& c, const MatmulArgs& a) {
+    return bf16_gemm_operands(a) && c.scratch_stride >= own_scratch_floats();
+}
+
+#if defined(G4_CPU_AMX_TABLE)
+// matmul_gemm_bf16_amx's test (gemm_bf16_amx.cpp): tiles where a task's scratch holds at least one panel.
+bool gemm_bf16_amx_tiles(const Context& c, const MatmulArgs& a) {
+    return bf16_gemm_operands(a) && gemm_bf16_amx_group(c.scratch_stride) > 0;
+}
+
+bool gemm_bf16_clamps_amx(const Context& c, const MatmulArgs& a) {
+    return gemm_bf16_amx_tiles(c, a) || gemm_bf16_clamps(c, a); // the tiles, else matmul_gemm_bf16_dpbf16
+}
+#endif
+
 bool gemm_has_avx512_bf16() {
 #if G4_GEMM_BF16_NATIVE && !defined(G4_CPU_BF16_TABLE)
     return true;
@@ -164,8 +186,7 @@ bool gemm_has_avx512_bf16() {
 }
 
 void matmul_gemm_bf16_portable(const Context& c, const MatmulArgs& a) {
-    if ((a.dt != DType::BF16 && a.dt != DType::F32) || c.scratch_stride < own_scratch_floats() ||
-        a.rows < 1) {
+    if (!gemm_bf16_clamps(c, a)) { // matmul, which ignores the clamps
         matmul(c, a);
         return;
     }
@@ -214,8 +235,7 @@ void matmul_gemm_bf16_portable(const Context& c, const MatmulArgs& a) {
 
 #if G4_GEMM_BF16_NATIVE
 void matmul_gemm_bf16_dpbf16(const Context& c, const MatmulArgs& a) {
-    if ((a.dt != DType::BF16 && a.dt != DType::F32) || c.scratch_stride < own_scratch_floats() ||
-        a.rows < 1) {
+    if (!gemm_bf16_clamps(c, a)) { // matmul, which ignores the clamps
         matmul(c, a);
         return;
     }

@@ -33,13 +33,6 @@ static_assert(kGemmBf16AmxFixedFloats >= (size_t)kRows * kXs + kRows * kGemmNr +
                   kGemmBf16AmxScratchFloats >= (size_t)kGroup * kKp * kGemmNr + kGemmBf16AmxFixedFloats,
               "gemm_bf16_scratch_floats covers the AMX task's panels, x block, y block and alignment");
 
-// Panels a task packs with `stride` scratch floats a thread: kGroup, fewer in a smaller scratch, 0 where
-// not even one fits.
-int group_for(size_t stride) {
-    if (stride < kGemmBf16AmxFixedFloats) return 0;
-    return (int)std::min<size_t>(kGroup, (stride - kGemmBf16AmxFixedFloats) / ((size_t)kKp * kGemmNr));
-}
-
 // Weight rows [n0, n0 + nt) (nt <= kGemmNr), k in [k0, k0 + kc), as p[kp16][kGemmNr] pairs, kp16 the k-pairs
 // rounded up to 16: p[q][j] = (w[n0 + j][k0 + 2q], w[n0 + j][k0 + 2q + 1]), zero past nt and kc.
 G4_AMX_TARGET void pack_panel(const MatmulArgs& a, int64_t n0, int nt, int64_t k0, int kc, int kp16,
@@ -62,22 +55,11 @@ G4_AMX_TARGET void pack_panel(const MatmulArgs& a, int64_t n0, int nt, int64_t k
         }
 }
 
-// 32 floats from n <= 32, clamped to [lo, hi] (a NaN kept), as 16 bf16 pairs; zero past n.
-G4_AMX_TARGET inline __m512i clamped_pairs(const float* s, int n, __m512 lo, __m512 hi) {
-    if (n <= 0) return _mm512_setzero_si512();
-    const __mmask16 m0 = n >= 16 ? 0xFFFF : (__mmask16)((1u << n) - 1u);
-    const __mmask16 m1 = n >= 32 ? 0xFFFF : (__mmask16)((1u << std::max(0, n - 16)) - 1u);
-    const __m512 v0    = _mm512_maskz_min_ps(m0, hi, _mm512_max_ps(lo, _mm512_maskz_loadu_ps(m0, s)));
-    const __m512 v1    = _mm512_maskz_min_ps(m1, hi, _mm512_max_ps(lo, _mm512_maskz_loadu_ps(m1, s + 16)));
-    return (__m512i)_mm512_cvtne2ps_pbh(v1, v0);
-}
-
-// xs[i][q] = bf16 pairs of clamped x[i][k0 + 2q, +1] for q < kp16 (zero past kc), rows < rows; rows up to
-// kRows zero.
-G4_AMX_TARGET void round_block(const MatmulArgs& a, int r, int rows, int64_t k0, int kc, int kp16,
-                               uint32_t* xs) {
-    const bool clamp = a.x_lo > -kNoBound || a.x_hi < kNoBound;
-    const __m512 lo = _mm512_set1_ps(a.x_lo), hi = _mm512_set1_ps(a.x_hi);
+// xs[i][q] = bf16 pairs of x[i][k0 + 2q, +1] (clamped where `bounds` are Bounds) for q < kp16 (zero past
+// kc), rows < rows; rows up to kRows zero.
+template <typename B>
+G4_AMX_TARGET inline void round_rows(const MatmulArgs& a, int r, int rows, int64_t k0, int kc, int kp16,
+                                     uint32_t* xs, B bounds) {
     for (int i = 0; i < kRows; ++i) {
         uint32_t* d = xs + (size_t)i * kXs;
         if (i >= rows) {
@@ -86,9 +68,17 @@ G4_AMX_TARGET void round_block(const MatmulArgs& a, int r, int rows, int64_t k0,
         }
         const float* s = a.x + (int64_t)(r + i) * a.ldx + k0;
         for (int qb = 0; qb < kp16; qb += 16)
-            _mm512_store_si512(d + qb, clamp ? clamped_pairs(s + 2 * qb, kc - 2 * qb, lo, hi)
-                                             : load_pairs(s + 2 * qb, DType::F32, kc - 2 * qb));
+            _mm512_store_si512(d + qb, load_pairs(s + 2 * qb, DType::F32, kc - 2 * qb, bounds));
     }
+}
+
+// round_rows with MatmulArgs' x clamp where it has one.
+G4_AMX_TARGET void round_block(const MatmulArgs& a, int r, int rows, int64_t k0, int kc, int kp16,
+                               uint32_t* xs) {
+    if (clamps_x(a))
+        round_rows(a, r, rows, k0, kc, kp16, xs, amx::Bounds{_mm512_set1_ps(a.x_lo), _mm512_set1_ps(a.x_hi)});
+    else
+        round_rows(a, r, rows, k0, kc, kp16, xs, amx::NoBounds{});
 }
 
 // One task: rows [r0, r1) x panels [s0, s0 + ns) of y.
@@ -201,11 +191,11 @@ G4_AMX_TARGET void gemm_block_bf16_amx(int rows, int cols, int64_t kp, const uin
 }
 
 void matmul_gemm_bf16_amx(const Context& c, const MatmulArgs& a) {
-    const int max_group = group_for(c.scratch_stride);
-    if ((a.dt != DType::BF16 && a.dt != DType::F32) || max_group < 1 || a.rows < 1) {
+    if (!gemm_bf16_amx_tiles(c, a)) { // gemm_bf16_clamps_amx counts this fallback's clamps too
         matmul_gemm_bf16_dpbf16(c, a);
         return;
     }
+    const int max_group = gemm_bf16_amx_group(c.scratch_stride);
     // Panels a task packs. With many rows, up to max_group: as few column groups as give the pool about 4
     // tasks a thread with row chunks of at least 4 tile blocks (for_row_tasks below), as even as the strips
     // allow, so that each block of x, read and rounded once per task, feeds more tiles. With fewer rows,

@@ -33,6 +33,7 @@
     X(bool, gemm_has_avx512, (), ())                                                                         \
     X(size_t, gemm_bf16_scratch_floats, (), ())                                                              \
     X(void, matmul_gemm_bf16, (const Context& c, const MatmulArgs& a), (c, a))                               \
+    X(bool, gemm_bf16_clamps, (const Context& c, const MatmulArgs& a), (c, a))                               \
     X(void, matmul_gemm_bf16_portable, (const Context& c, const MatmulArgs& a), (c, a))                      \
     X(bool, gemm_has_avx512_bf16, (), ())                                                                    \
     X(void, gemm_block_bf16,                                                                                 \

@@ -41,6 +41,13 @@ namespace g4::cpu::G4_CPU_NS {
 constexpr size_t kGemmBf16AmxFixedFloats = 32 * (kGemmKc / 2 + 16) + 32 * kGemmNr + 16;
 constexpr size_t kGemmBf16AmxScratchFloats =
     (size_t)kGemmBf16AmxGroup * (kGemmKc / 2) * kGemmNr + kGemmBf16AmxFixedFloats;
+// Panels an AMX GEMM task packs with `stride` scratch floats a thread: kGemmBf16AmxGroup, fewer in a smaller
+// scratch, 0 where not even one fits.
+constexpr int gemm_bf16_amx_group(size_t stride) {
+    if (stride < kGemmBf16AmxFixedFloats) return 0;
+    const size_t panels = (stride - kGemmBf16AmxFixedFloats) / ((size_t)(kGemmKc / 2) * kGemmNr);
+    return (int)(panels < (size_t)kGemmBf16AmxGroup ? panels : (size_t)kGemmBf16AmxGroup);
+}
 #define G4_CPU_KERNEL_DECL(ret, name, params, args) ret name params;
 G4_CPU_KERNELS(G4_CPU_KERNEL_DECL)
 #undef G4_CPU_KERNEL_DECL
@@ -51,6 +58,10 @@ void gemm_block_bf16_dpbf16(int rows, int cols, int64_t kp, const uint32_t* a, i
 void self_attention_dpbf16(const Context& c, const SelfAttentionArgs& a);
 #endif
 #if defined(G4_CPU_AMX_TABLE)
+// Whether matmul_gemm_bf16_amx runs a call on AMX tiles (else it is matmul_gemm_bf16_dpbf16), and the AMX
+// table's gemm_bf16_clamps: the tiles or that fallback apply the clamps (both in gemm_bf16.cpp).
+bool gemm_bf16_amx_tiles(const Context& c, const MatmulArgs& a);
+bool gemm_bf16_clamps_amx(const Context& c, const MatmulArgs& a);
 void matmul_gemm_bf16_amx(const Context& c, const MatmulArgs& a);
 void gemm_block_bf16_amx(int rows, int cols, int64_t kp, const uint32_t* a, int64_t lda, const uint32_t* b,
                          int64_t ldb, int64_t panel, float* c, int64_t ldc, bool accumulate);

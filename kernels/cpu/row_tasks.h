@@ -37,6 +37,11 @@ inline void clamp_block(float* y, int64_t ldy, int rows, int64_t cols, float lo,
     }
 }
 
+// Whether MatmulArgs asks its GEMM to clamp x (as it rounds it) or y (as its blocks are written): a bound
+// other than kNoBound.
+inline bool clamps_x(const MatmulArgs& a) {
+    return a.x_lo > -kNoBound || a.x_hi < kNoBound;
+}
 inline bool clamps_y(const MatmulArgs& a) {
     return a.y_lo > -kNoBound || a.y_hi < kNoBound;
 }

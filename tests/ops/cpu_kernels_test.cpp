@@ -224,6 +224,35 @@ TEST(CpuKernels, MatmulGemmBf16MatchesRoundedReference) {
         }
 }
 
+// gemm_bf16_clamps says where each level's matmul_gemm_bf16 applies MatmulArgs' clamps: with the full
+// gemm_bf16_scratch_floats(), what plans compiled before the AMX group grew give, less than the AVX-512 BF16
+// and portable kernels need (the AMX tiles still run) and less than any needs (matmul, which ignores the
+// clamps), y lies within its bounds exactly where it says so.
+TEST(CpuKernels, GemmBf16ClampsWhereItsKernelsApplyThem) {
+    cpu::ThreadPool pool{2};
+    const int rows = 40, n = 64, k = 96;
+    auto x = randn((size_t)rows * k, 71), w = randn((size_t)n * k, 72);
+    for (int l = 0; l < cpu::kLevelCount; ++l) {
+        const cpu::Kernels* t = cpu::level_kernels((cpu::Level)l);
+        if (!t) continue;
+        for (const size_t stride :
+             {t->gemm_bf16_scratch_floats(), (size_t)42512, (size_t)30000, (size_t)12000}) {
+            SCOPED_TRACE(std::string(cpu::level_name((cpu::Level)l)) + " stride " + std::to_string(stride));
+            std::vector<float> scratch(stride * pool.size()), y((size_t)rows * n);
+            cpu::Context ctx{&pool, scratch.data(), stride};
+            MatmulArgs a{x.data(), k, w.data(), DType::F32, n, k, y.data(), n, rows};
+            a.x_lo = -1.0f, a.x_hi = 1.0f, a.y_lo = -2.0f, a.y_hi = 1.5f; // y's spread is about 10
+            const bool clamps = t->gemm_bf16_clamps(ctx, a);
+            EXPECT_TRUE(clamps || stride != t->gemm_bf16_scratch_floats()); // the full scratch: always
+            t->matmul_gemm_bf16(ctx, a);
+            bool within = true;
+            for (float v : y)
+                within = within && v >= a.y_lo && v <= a.y_hi;
+            EXPECT_EQ(within, clamps);
+        }
+    }
+}
+
 // The amx level's bf16 GEMM and attention products (AMX tiles) against the avx512_bf16 level's in one
 // process: the same bf16 operands and fp32 sums, in another order. Tails in rows (not a multiple of 32), n
 // (past a panel) and k (odd, past kGemmKc); bf16 and fp32 weights.

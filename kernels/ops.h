@@ -133,6 +133,9 @@ struct RmsNormArgs {
     int64_t ldy;
     int32_t rows, cols, dim;
     float eps;
+    // x clamped to [x_lo, x_hi] first, as a Clamp op before the norm would (a NaN kept): the CPU kernel
+    // applies them (the executor fuses such a Clamp into the norm); the reference and CUDA kernels do not.
+    float x_lo = -kNoBound, x_hi = kNoBound;
 };
 
 struct BinaryArgs { // Add and GeluMul

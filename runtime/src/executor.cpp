@@ -221,6 +221,22 @@ std::vector<uint8_t> find_clamp_fusion(const plan::Plan& p) {
                         ok = ok && p.op(j).in[k] != c.out[0];
                 if (ok) f[i] = kClampIntoNext;
             }
+            if (i + 1 < pr.op_end &&
+                (OpCode)p.op(i + 1).code == OpCode::RmsNorm) { // clamp(x) -> xc, norm(xc)
+                const PlanOp& m = p.op(i + 1);
+                const bool in   = m.row_mode == c.row_mode && m.in[0] == c.out[0] &&
+                                m.in_col[0] == c.out_col[0] && m.in[1] != c.out[0] &&
+                                plan::params<plan::RmsNormParams>(m).cols == cols;
+                // The norm's output replaces the clamp's whole (in place), or nothing after reads it.
+                bool gone = m.out[0] == c.out[0] && m.out_col[0] == c.out_col[0];
+                if (!gone) {
+                    gone = pr.outputs[0] != c.out[0] && pr.outputs[1] != c.out[0];
+                    for (size_t j = i + 2; gone && j < pr.op_end; ++j)
+                        for (int k = 0; k < 4; ++k)
+                            gone = gone && p.op(j).in[k] != c.out[0];
+                }
+                if (in && gone) f[i] = kClampIntoNorm;
+            }
             if (i > pr.op_begin && bf16_matmul(p.op(i - 1))) { // y = x . W^T, then clamp(y) in place
                 const PlanOp& m = p.op(i - 1);
                 if (m.row_mode == c.row_mode && m.in[2] < 0 && c.in[0] == m.out[0] && c.out[0] == m.out[0] &&
@@ -268,8 +284,8 @@ g4_status run_program(g4_session* s, size_t prog, const cpu::Context& ctx, const
         switch ((OpCode)op.code) {
         case OpCode::Clamp:
             if (((fusion(i) & kClampIntoNext) && fused(i + 1, n)) ||
-                ((fusion(i) & kClampIntoPrev) && fused(i - 1, n)))
-                continue; // the matmul applies it
+                ((fusion(i) & kClampIntoPrev) && fused(i - 1, n)) || (fusion(i) & kClampIntoNorm))
+                continue; // the matmul or the norm applies it
             if (!run_op(op, ctx, op_io(p, b, n, 0, 0, counts))) {
                 *err = "internal: clamp";
                 return G4_ERR_INTERNAL;
@@ -295,6 +311,27 @@ g4_status run_program(g4_session* s, size_t prog, const cpu::Context& ctx, const
                                (int32_t)w.dims[0]});
             break;
         }
+        case OpCode::RmsNorm:
+            if (i > g.op_begin && (fusion(i - 1) & kClampIntoNorm)) { // read x before the clamp
+                const auto np = plan::params<plan::RmsNormParams>(op);
+                const auto cp = plan::params<plan::ClampParams>(*s->ops[i - 1].op);
+                RmsNormArgs na{(const float*)s->ops[i - 1].in[0],
+                               s->ops[i - 1].in_ld[0],
+                               b.in[1],
+                               b.in_dt[1],
+                               O(0),
+                               b.out_ld[0],
+                               n,
+                               np.cols,
+                               np.dim,
+                               np.eps};
+                na.x_lo = cp.lo, na.x_hi = cp.hi;
+                cpu::rms_norm(ctx, na);
+            } else if (!run_op(op, ctx, op_io(p, b, n, 0, 0, counts))) {
+                *err = "internal: rms_norm";
+                return G4_ERR_INTERNAL;
+            }
+            break;
         case OpCode::GeluMul:
             cpu::gelu_mul_vec(ctx, {I(0), b.in_ld[0], I(1), b.in_ld[1], O(0), b.out_ld[0], n,
                                     plan::params<plan::GeluMulParams>(op).cols});

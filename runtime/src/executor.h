@@ -17,12 +17,14 @@ void bind_program(g4_session* s, size_t prog, uint8_t* arena);
 // kernels of `ctx`, whose per-thread scratch holds the program's thread_floats.
 g4_status run_program(g4_session* s, size_t prog, const cpu::Context& ctx, const int32_t* counts,
                       std::string* err);
-// Clamp ops an encoder program's bf16 matmul can apply while it rounds its input or writes its output
-// (MatmulArgs' clamps), saving a pass over memory each: per op of `p`, kClampIntoNext for a Clamp whose
-// output only the next op reads, as that Matmul's input (no later op and not the program's caller);
-// kClampIntoPrev for a Clamp of the previous Matmul's whole output in place (a matmul without a bias).
-// run_program skips those ops where the matmul's kernel applies clamps (cpu::gemm_bf16_clamps).
-inline constexpr uint8_t kClampIntoNext = 1, kClampIntoPrev = 2;
+// Clamp ops an encoder program's bf16 matmul or RMSNorm can apply while it reads its input or writes its
+// output (MatmulArgs' and RmsNormArgs' clamps), saving a pass over memory each: per op of `p`,
+// kClampIntoNext for a Clamp whose output only the next op reads, as that Matmul's input (no later op and
+// not the program's caller); kClampIntoPrev for a Clamp of the previous Matmul's whole output in place (a
+// matmul without a bias); kClampIntoNorm for a Clamp whose output the next op, an RmsNorm, takes as its
+// input and either overwrites whole or is its last reader. run_program skips those ops where the matmul's
+// kernel applies clamps (cpu::gemm_bf16_clamps), and always before a norm (cpu::rms_norm applies them).
+inline constexpr uint8_t kClampIntoNext = 1, kClampIntoPrev = 2, kClampIntoNorm = 4;
 std::vector<uint8_t> find_clamp_fusion(const plan::Plan& p);
 // Runs the text program for `rows` tokens (already in s->ids) at positions pos0.., producing logits for
 // the last `out_rows` of them. Checks the cancel flag between ops.

@@ -44,6 +44,37 @@ TEST(EncoderOps, ClampMatchesReference) {
     EXPECT_EQ(*std::min_element(y.begin(), y.end()), -1.25f);
 }
 
+// An RMSNorm with RmsNormArgs' input clamp gives the bits of a Clamp op and then the norm (the executor's
+// fusion of an audio tower's gradient clip): bf16 and fp32 weights, a norm over groups, a NaN and
+// infinities passing the clamp as the Clamp op passes them, y apart from x and in place.
+TEST(EncoderOps, RmsNormInputClampMatchesClampThenNorm) {
+    Fixture f(16);
+    const int rows = 37, cols = 1536, ld = 1544;
+    std::vector<float> x = randn((size_t)rows * ld, 3, 30.0f);
+    x[5] = std::nanf(""), x[ld + 7] = INFINITY, x[2 * ld + 9] = -INFINITY;
+    const std::vector<float> wf = randn(cols, 4, 1.0f);
+    std::vector<uint16_t> wb(cols);
+    for (int i = 0; i < cols; ++i)
+        wb[i] = f32_to_bf16(wf[i]);
+    for (int variant = 0; variant < 4; ++variant) {
+        SCOPED_TRACE("variant " + std::to_string(variant));
+        const bool bf16 = variant & 1, in_place = variant & 2;
+        const int dim   = variant == 2 ? 256 : cols;
+        const void* w   = bf16 ? (const void*)wb.data() : (const void*)wf.data();
+        const DType wdt = bf16 ? DType::BF16 : DType::F32;
+        std::vector<float> clamped(x.size(), 0.0f), want(x.size(), 0.0f), got = in_place ? x : want;
+        cpu::clamp(f.ctx, {x.data(), ld, clamped.data(), ld, rows, cols, -12.5f, 10.0f});
+        cpu::rms_norm(f.ctx, {clamped.data(), ld, w, wdt, want.data(), ld, rows, cols, dim, 1e-6f});
+        RmsNormArgs a{in_place ? got.data() : x.data(), ld, w, wdt, got.data(), ld, rows, cols, dim, 1e-6f};
+        a.x_lo = -12.5f, a.x_hi = 10.0f;
+        cpu::rms_norm(f.ctx, a);
+        for (int r = 0; r < rows; ++r)
+            ASSERT_EQ(std::memcmp(got.data() + (size_t)r * ld, want.data() + (size_t)r * ld, cols * 4), 0)
+                << "row " << r;
+        EXPECT_TRUE(std::isnan(got[variant == 2 ? 5 : 0])); // the NaN reached its group's sum
+    }
+}
+
 struct AttnCase {
     int rows, heads, kv_heads, dim;
     float scale;

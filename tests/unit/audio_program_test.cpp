@@ -169,7 +169,7 @@ TEST_F(AudioProgram, Bf16MatmulsStayCloseToHuggingFaceFloat32) {
 // with every Clamp op run on its own.
 TEST_F(AudioProgram, FusedClampsGiveTheUnfusedResult) {
     g4_engine* e = open_plan(dir_->file("bf16.g4plan"));
-    int next = 0, prev = 0, clamps = 0, linears = 0;
+    int next = 0, prev = 0, norms = 0, clamps = 0, linears = 0;
     const plan::PlanProgram& g = e->plan.program((size_t)e->plan.find_program("audio"));
     for (size_t i = g.op_begin; i < g.op_end; ++i) {
         const plan::PlanOp& op = e->plan.op(i);
@@ -179,13 +179,17 @@ TEST_F(AudioProgram, FusedClampsGiveTheUnfusedResult) {
                    e->plan.op(i + 1).out[0] == op.out[0]; // a ClippableLinear's output clamp
         next += e->clamp_fusion[i] == rt::kClampIntoNext;
         prev += e->clamp_fusion[i] == rt::kClampIntoPrev;
+        norms += e->clamp_fusion[i] == rt::kClampIntoNorm &&
+                 (OpCode)e->plan.op(i + 1).code == OpCode::RmsNorm; // a gradient clip before a norm
     }
-    std::printf("  %d clamps: %d into the next matmul, %d into the previous one, %d linears\n", clamps, next,
-                prev, linears);
+    std::printf(
+        "  %d clamps: %d into the next matmul, %d into the previous one, %d into a norm, %d linears\n",
+        clamps, next, prev, norms, linears);
     EXPECT_GT(linears, 0);
     EXPECT_EQ(next, linears);
     EXPECT_EQ(prev, linears);
-    EXPECT_LT(next + prev, clamps); // the clips before the norms stay
+    EXPECT_GT(norms, 0);
+    EXPECT_EQ(next + prev + norms, clamps); // every clamp is applied by its neighbour
     auto pcm = g4test::read_f32(dir() + "/clip1.pcm.f32");
     std::vector<float> fused, plain;
     g4_session* s = session(e, 2);

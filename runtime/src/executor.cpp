@@ -313,20 +313,11 @@ g4_status run_program(g4_session* s, size_t prog, const cpu::Context& ctx, const
         }
         case OpCode::RmsNorm:
             if (i > g.op_begin && (fusion(i - 1) & kClampIntoNorm)) { // read x before the clamp
-                const auto np = plan::params<plan::RmsNormParams>(op);
-                const auto cp = plan::params<plan::ClampParams>(*s->ops[i - 1].op);
-                RmsNormArgs na{(const float*)s->ops[i - 1].in[0],
-                               s->ops[i - 1].in_ld[0],
-                               b.in[1],
-                               b.in_dt[1],
-                               O(0),
-                               b.out_ld[0],
-                               n,
-                               np.cols,
-                               np.dim,
-                               np.eps};
-                na.x_lo = cp.lo, na.x_hi = cp.hi;
-                cpu::rms_norm(ctx, na);
+                const auto np    = plan::params<plan::RmsNormParams>(op);
+                const BoundOp& c = s->ops[i - 1];
+                const auto cp    = plan::params<plan::ClampParams>(*c.op);
+                cpu::rms_norm(ctx, {(const float*)c.in[0], c.in_ld[0], b.in[1], b.in_dt[1], O(0), b.out_ld[0],
+                                    n, np.cols, np.dim, np.eps, cp.lo, cp.hi});
             } else if (!run_op(op, ctx, op_io(p, b, n, 0, 0, counts))) {
                 *err = "internal: rms_norm";
                 return G4_ERR_INTERNAL;

@@ -100,6 +100,16 @@ struct EmbedArgs {
 };
 
 inline constexpr float kNoBound = __builtin_inff(); // an absent clamp bound
+// Whether [lo, hi] clamps anything (a bound other than kNoBound).
+inline constexpr bool bounded(float lo, float hi) {
+    return lo > -kNoBound || hi < kNoBound;
+}
+// min(max(v, lo), hi), a NaN passing through: the one expression of every CPU clamp (the Clamp op and the
+// clamps fused into the GEMMs and the norm), so fused and unfused give the same bits.
+inline constexpr float clamp_value(float v, float lo, float hi) {
+    const float m = v < lo ? lo : v; // std::max(v, lo)
+    return hi < m ? hi : m;          // std::min(m, hi)
+}
 
 struct MatmulArgs {
     const float* x; // [T, ldx], first K columns used

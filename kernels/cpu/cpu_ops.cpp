@@ -332,7 +332,7 @@ void matmul_vnni(const Context& c, const MatmulArgs& a) {
 void rms_norm(const Context& c, const RmsNormArgs& a) {
     constexpr int kNormRows = 16, kNormWMax = 4096;
     const bool widen_once = a.w && a.wdt == DType::BF16 && a.dim <= kNormWMax;
-    const bool clamp      = a.x_lo > -kNoBound || a.x_hi < kNoBound;
+    const bool clamp      = bounded(a.x_lo, a.x_hi);
     auto rows             = [&](int t0, int t1) {
         alignas(64) float wf[kNormWMax];
         if (widen_once) widen(a.w, a.wdt, a.dim, wf);
@@ -340,9 +340,9 @@ void rms_norm(const Context& c, const RmsNormArgs& a) {
             for (int g = 0; g < a.cols / a.dim; ++g) {
                 const float* xg = a.x + t * a.ldx + (int64_t)g * a.dim;
                 float* yg       = a.y + t * a.ldy + (int64_t)g * a.dim;
-                if (clamp) { // clamp's values (encoder_ops.cpp) into y, then the norm of y in place
+                if (clamp) { // the Clamp op's values into y, then the norm of y in place
                     for (int i = 0; i < a.dim; ++i)
-                        yg[i] = std::min(std::max(xg[i], a.x_lo), a.x_hi);
+                        yg[i] = clamp_value(xg[i], a.x_lo, a.x_hi);
                     xg = yg;
                 }
                 VecMapC x(xg, a.dim);

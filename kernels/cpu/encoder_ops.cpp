@@ -41,7 +41,7 @@ void clamp(const Context& c, const ClampArgs& a) {
     for_row_blocks(c, a.rows, a.cols, [&](int r0, int r1) {
         for (int r = r0; r < r1; ++r)
             for (int64_t i = 0; i < a.cols; ++i)
-                a.y[r * a.ldy + i] = std::min(std::max(a.x[r * a.ldx + i], a.lo), a.hi);
+                a.y[r * a.ldy + i] = clamp_value(a.x[r * a.ldx + i], a.lo, a.hi);
     });
 }
 

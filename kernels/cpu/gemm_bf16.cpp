@@ -218,8 +218,8 @@ void matmul_gemm_bf16_portable(const Context& c, const MatmulArgs& a) {
                 const int rows = std::min(kGemmMr, r1 - r);
                 for (int i = 0; i < rows; ++i)
                     for (int q = 0; q < kc; ++q)
-                        xs[(size_t)i * kc + q] = bf16_round(
-                            std::min(std::max(a.x[(int64_t)(r + i) * a.ldx + k0 + q], a.x_lo), a.x_hi));
+                        xs[(size_t)i * kc + q] =
+                            bf16_round(clamp_value(a.x[(int64_t)(r + i) * a.ldx + k0 + q], a.x_lo, a.x_hi));
                 for (int s = 0; s < ns; ++s) {
                     const int64_t n0 = (int64_t)(s0 + s) * kGemmNr;
                     const int nt     = (int)std::min<int64_t>(kGemmNr, a.n - n0);

@@ -33,17 +33,16 @@ inline void clamp_block(float* y, int64_t ldy, int rows, int64_t cols, float lo,
     for (int i = 0; i < rows; ++i) {
         float* r = y + (int64_t)i * ldy;
         for (int64_t j = 0; j < cols; ++j)
-            r[j] = std::min(std::max(r[j], lo), hi);
+            r[j] = clamp_value(r[j], lo, hi);
     }
 }
 
-// Whether MatmulArgs asks its GEMM to clamp x (as it rounds it) or y (as its blocks are written): a bound
-// other than kNoBound.
+// Whether MatmulArgs asks its GEMM to clamp x (as it rounds it) or y (as its blocks are written).
 inline bool clamps_x(const MatmulArgs& a) {
-    return a.x_lo > -kNoBound || a.x_hi < kNoBound;
+    return bounded(a.x_lo, a.x_hi);
 }
 inline bool clamps_y(const MatmulArgs& a) {
-    return a.y_lo > -kNoBound || a.y_hi < kNoBound;
+    return bounded(a.y_lo, a.y_hi);
 }
 
 } // namespace g4::cpu::G4_CPU_NS

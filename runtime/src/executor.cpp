@@ -211,15 +211,19 @@ std::vector<uint8_t> find_clamp_fusion(const plan::Plan& p) {
             const PlanOp& c = p.op(i);
             if ((OpCode)c.code != OpCode::Clamp) continue;
             const int32_t cols = plan::params<plan::ClampParams>(c).cols;
+            // No op after the next one reads the clamp's output, nor does the program's caller.
+            auto unread_later = [&] {
+                bool unread = pr.outputs[0] != c.out[0] && pr.outputs[1] != c.out[0];
+                for (size_t j = i + 2; unread && j < pr.op_end; ++j)
+                    for (int k = 0; k < 4; ++k)
+                        unread = unread && p.op(j).in[k] != c.out[0];
+                return unread;
+            };
             if (i + 1 < pr.op_end && bf16_matmul(p.op(i + 1))) { // clamp(x) -> xc, then xc . W^T
                 const PlanOp& m = p.op(i + 1);
-                bool ok = m.row_mode == c.row_mode && m.in[0] == c.out[0] && m.in_col[0] == c.out_col[0] &&
-                          p.tensor(m.in[1]).dims[1] == cols && m.in[2] != c.out[0] &&
-                          pr.outputs[0] != c.out[0] && pr.outputs[1] != c.out[0]; // nor does the caller
-                for (size_t j = i + 2; ok && j < pr.op_end; ++j)
-                    for (int k = 0; k < 4; ++k)
-                        ok = ok && p.op(j).in[k] != c.out[0];
-                if (ok) f[i] = kClampIntoNext;
+                if (m.row_mode == c.row_mode && m.in[0] == c.out[0] && m.in_col[0] == c.out_col[0] &&
+                    p.tensor(m.in[1]).dims[1] == cols && m.in[2] != c.out[0] && unread_later())
+                    f[i] = kClampIntoNext;
             }
             if (i + 1 < pr.op_end &&
                 (OpCode)p.op(i + 1).code == OpCode::RmsNorm) { // clamp(x) -> xc, norm(xc)
@@ -228,14 +232,8 @@ std::vector<uint8_t> find_clamp_fusion(const plan::Plan& p) {
                                 m.in_col[0] == c.out_col[0] && m.in[1] != c.out[0] &&
                                 plan::params<plan::RmsNormParams>(m).cols == cols;
                 // The norm's output replaces the clamp's whole (in place), or nothing after reads it.
-                bool gone = m.out[0] == c.out[0] && m.out_col[0] == c.out_col[0];
-                if (!gone) {
-                    gone = pr.outputs[0] != c.out[0] && pr.outputs[1] != c.out[0];
-                    for (size_t j = i + 2; gone && j < pr.op_end; ++j)
-                        for (int k = 0; k < 4; ++k)
-                            gone = gone && p.op(j).in[k] != c.out[0];
-                }
-                if (in && gone) f[i] = kClampIntoNorm;
+                if (in && ((m.out[0] == c.out[0] && m.out_col[0] == c.out_col[0]) || unread_later()))
+                    f[i] = kClampIntoNorm;
             }
             if (i > pr.op_begin && bf16_matmul(p.op(i - 1))) { // y = x . W^T, then clamp(y) in place
                 const PlanOp& m = p.op(i - 1);

@@ -112,21 +112,7 @@ G4_AMX_TARGET inline void tile_block(const uint32_t* xs, int64_t lxs, const uint
         _tile_zero(2);
         _tile_zero(3);
     }
-    extern int lab_pf;
     for (int q = 0; q < kp16; q += 16) {
-        if (lab_pf & 1) {
-            const char* nb = (const char*)(p + (size_t)(q + 16) * kGemmNr);
-            if (q + 16 < kp16)
-#pragma GCC unroll 32
-                for (int i = 0; i < 32; ++i)
-                    _mm_prefetch(nb + 64 * i, _MM_HINT_T0);
-        }
-        if (lab_pf & 2) {
-            if (q + 16 < kp16)
-#pragma GCC unroll 32
-                for (int i = 0; i < 32; ++i)
-                    _mm_prefetch((const char*)(xs + (size_t)i * lxs + q + 16), _MM_HINT_T0);
-        }
         _tile_loadd(4, xs + q, sx);
         _tile_loadd(5, xs + 16 * lxs + q, sx);
         _tile_loadd(6, p + (size_t)q * kGemmNr, kGemmNr * 4);

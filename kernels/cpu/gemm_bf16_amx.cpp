@@ -12,17 +12,11 @@
 #include "kernels/cpu/row_tasks.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
-#include <mutex>
-#include <unordered_map>
 
 #if defined(G4_CPU_AMX_TABLE)
 
 namespace g4::cpu::G4_CPU_NS {
-namespace amx {
-int lab_pf = getenv("LAB_PF") ? atoi(getenv("LAB_PF")) : 0;
-}
 namespace {
 
 using amx::load_pairs;
@@ -177,76 +171,6 @@ G4_AMX_TARGET void block_rows(int rows, int cols, int64_t kp, const uint32_t* a,
     }
 }
 
-
-// LAB: weights packed once (full K) and tasks over them.
-G4_AMX_TARGET const uint32_t* lab_packed(const Context& c, const MatmulArgs& a) {
-    static std::mutex mu;
-    static std::unordered_map<const void*, uint32_t*> cache;
-    std::lock_guard<std::mutex> g(mu);
-    auto it = cache.find(a.w);
-    if (it != cache.end()) return it->second;
-    const int64_t strips = (a.n + kGemmNr - 1) / kGemmNr, kpt = a.k / 2;
-    uint32_t* p = (uint32_t*)std::aligned_alloc(64, (size_t)strips * kpt * kGemmNr * 4);
-    c.pool->parallel_for(strips, [&](int64_t s, int) {
-        for (int64_t k0 = 0; k0 < a.k; k0 += kGemmKc) {
-            const int kc = (int)std::min<int64_t>(kGemmKc, a.k - k0);
-            pack_panel(a, s * kGemmNr, (int)std::min<int64_t>(kGemmNr, a.n - s * kGemmNr), k0, kc, kc / 2,
-                       p + (size_t)s * kpt * kGemmNr + (size_t)(k0 / 2) * kGemmNr);
-        }
-    });
-    cache[a.w] = p;
-    return p;
-}
-
-G4_AMX_TARGET void lab_task(const MatmulArgs& a, const uint32_t* packed, int s0, int ns, int r0, int r1,
-                            float* scratch) {
-    uint32_t* xs       = (uint32_t*)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
-    float* cb          = (float*)(xs + (size_t)kRows * kXs);
-    const bool clamp_y = clamps_y(a);
-    const int64_t kpt  = a.k / 2;
-    const int order    = getenv("LAB_ORDER") ? atoi(getenv("LAB_ORDER")) : 0;
-    load_tile_config();
-    if (order == 0) {
-        for (int64_t k0 = 0; k0 < a.k; k0 += kGemmKc) {
-            const int kc = (int)std::min<int64_t>(kGemmKc, a.k - k0), kp16 = kc / 2;
-            for (int r = r0; r < r1; r += kRows) {
-                const int rows = std::min(kRows, r1 - r);
-                round_block(a, r, rows, k0, kc, kp16, xs);
-                for (int s = 0; s < ns; ++s) {
-                    const int64_t n0  = (int64_t)(s0 + s) * kGemmNr;
-                    const int nt      = (int)std::min<int64_t>(kGemmNr, a.n - n0);
-                    float* y          = a.y + (int64_t)r * a.ldy + n0;
-                    const uint32_t* p = packed + (size_t)(s0 + s) * kpt * kGemmNr + (size_t)(k0 / 2) * kGemmNr;
-                    if (rows == kRows && nt == kGemmNr)
-                        amx::tile_block(xs, kXs, p, kp16, y, a.ldy, k0 > 0);
-                    else
-                        amx::tile_block_partial(xs, kXs, p, kp16, y, a.ldy, rows, nt, cb, k0 > 0);
-                    if (clamp_y && k0 + kc >= a.k) clamp_block(y, a.ldy, rows, nt, a.y_lo, a.y_hi);
-                }
-            }
-        }
-    } else { // row block outer, K chunk inner
-        for (int r = r0; r < r1; r += kRows) {
-            const int rows = std::min(kRows, r1 - r);
-            for (int64_t k0 = 0; k0 < a.k; k0 += kGemmKc) {
-                const int kc = (int)std::min<int64_t>(kGemmKc, a.k - k0), kp16 = kc / 2;
-                round_block(a, r, rows, k0, kc, kp16, xs);
-                for (int s = 0; s < ns; ++s) {
-                    const int64_t n0  = (int64_t)(s0 + s) * kGemmNr;
-                    const int nt      = (int)std::min<int64_t>(kGemmNr, a.n - n0);
-                    float* y          = a.y + (int64_t)r * a.ldy + n0;
-                    const uint32_t* p = packed + (size_t)(s0 + s) * kpt * kGemmNr + (size_t)(k0 / 2) * kGemmNr;
-                    if (rows == kRows && nt == kGemmNr)
-                        amx::tile_block(xs, kXs, p, kp16, y, a.ldy, k0 > 0);
-                    else
-                        amx::tile_block_partial(xs, kXs, p, kp16, y, a.ldy, rows, nt, cb, k0 > 0);
-                    if (clamp_y && k0 + kc >= a.k) clamp_block(y, a.ldy, rows, nt, a.y_lo, a.y_hi);
-                }
-            }
-        }
-    }
-    _tile_release();
-}
 } // namespace
 
 G4_AMX_TARGET void gemm_block_bf16_amx(int rows, int cols, int64_t kp, const uint32_t* a, int64_t lda,
@@ -269,23 +193,6 @@ G4_AMX_TARGET void gemm_block_bf16_amx(int rows, int cols, int64_t kp, const uin
 void matmul_gemm_bf16_amx(const Context& c, const MatmulArgs& a) {
     if (!gemm_bf16_amx_tiles(c, a)) { // gemm_bf16_clamps_amx counts this fallback's clamps too
         matmul_gemm_bf16_dpbf16(c, a);
-        return;
-    }
-    if (const char* e = getenv("LAB_PRE"); e && a.k % 32 == 0) {
-        const int64_t strips = (a.n + kGemmNr - 1) / kGemmNr;
-        const int64_t G = std::min<int64_t>(strips, std::max(1, atoi(e)));
-        const int W = getenv("LAB_W") ? atoi(getenv("LAB_W")) : 2;
-        const int64_t group = (strips + G - 1) / G, groups = (strips + group - 1) / group;
-        const int64_t blocks = (a.rows + kRows - 1) / kRows;
-        const int64_t chunks = std::clamp<int64_t>((W * c.pool->size() + groups - 1) / groups, 1, blocks);
-        const int64_t cb = (blocks + chunks - 1) / chunks, nch = (blocks + cb - 1) / cb;
-        const uint32_t* packed = lab_packed(c, a);
-        c.pool->parallel_for(groups * nch, [&](int64_t t, int th) {
-            const int64_t g = t % groups, ch = t / groups;
-            const int r0 = (int)(ch * cb * kRows), r1 = (int)std::min<int64_t>(a.rows, (ch + 1) * cb * kRows);
-            const int s0 = (int)(g * group), ns = (int)std::min<int64_t>(group, strips - s0);
-            if (r0 < r1) lab_task(a, packed, s0, ns, r0, r1, c.thread_scratch(th));
-        });
         return;
     }
     const int max_group = gemm_bf16_amx_group(c.scratch_stride);

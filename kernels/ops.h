@@ -132,10 +132,6 @@ struct MatmulArgs {
     // them): y = min(max(min(max(x, x_lo), x_hi) . W^T, y_lo), y_hi), a NaN passing through, as two Clamp
     // ops around the matmul would give. The defaults clamp nothing.
     float x_lo = -kNoBound, x_hi = kNoBound, y_lo = -kNoBound, y_hi = kNoBound;
-    // W as cpu::gemm_bf16_pack wrote it, or nullptr: the CPU bf16 GEMM of the level in use reads it instead
-    // of packing w on every call (only where cpu::gemm_bf16_packed_words is not 0); every other kernel
-    // reads w.
-    const uint32_t* w_packed = nullptr;
 };
 
 struct RmsNormArgs {

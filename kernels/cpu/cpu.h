@@ -124,13 +124,6 @@ bool gemm_bf16_clamps(const Context& c, const MatmulArgs& a);
 // is false at every level but amx).
 void matmul_gemm_bf16_portable(const Context& c, const MatmulArgs& a);
 bool gemm_has_avx512_bf16(); // true when matmul_gemm_bf16 uses _mm512_dpbf16_ps or AMX tiles
-// Weights packed once for matmul_gemm_bf16 (MatmulArgs::w_packed): the uint32 words a [n, k] F32/BF16 W takes
-// in the layout the level's bf16 GEMM reads, 0 where it reads W as stored (every level but amx: there each
-// task packs k-pairs of 32 columns for each k chunk). gemm_bf16_pack writes column strips [s0, s1) of 32
-// columns of that layout (strips of one W may be packed by different threads); out holds
-// gemm_bf16_packed_words(n, k) words, 64-byte aligned. The GEMM's results are the same bits either way.
-size_t gemm_bf16_packed_words(int64_t n, int64_t k);
-void gemm_bf16_pack(const void* w, DType dt, int64_t n, int64_t k, int64_t s0, int64_t s1, uint32_t* out);
 // Single-threaded bf16 block on k-pairs: c[rows, cols] (+)= sum over q < kp of a[i * lda + q] . b(q, j), each
 // uint32 a bf16 pair (low half the even k), b(q, j) = b[(j / kGemmNr) * panel + q * ldb + j % kGemmNr];
 // products exact in fp32, fp32 sums (_mm512_dpbf16_ps with AVX-512 BF16, else a plain loop).

@@ -177,12 +177,6 @@ bool gemm_bf16_clamps_amx(const Context& c, const MatmulArgs& a) {
 }
 #endif
 
-size_t gemm_bf16_packed_words(int64_t, int64_t) {
-    return 0; // each task packs its panels (the AMX table's kernel reads weights packed once)
-}
-
-void gemm_bf16_pack(const void*, DType, int64_t, int64_t, int64_t, int64_t, uint32_t*) {}
-
 bool gemm_has_avx512_bf16() {
 #if G4_GEMM_BF16_NATIVE && !defined(G4_CPU_BF16_TABLE)
     return true;

@@ -5,11 +5,9 @@
 // that each block of x, read from memory and rounded once per task, feeds more tiles), rounds 32-row blocks
 // of x to bf16 with vcvtne2ps2bf16 (clamping them first where MatmulArgs asks), and accumulates 32 x 32
 // blocks of y in four fp32 tiles with tdpbf16ps (2 A tiles of 16 rows x 32 k, 2 B tiles of 16 k-pairs x 16
-// columns), clamping each finished block where asked. Weights packed once in that layout
-// (MatmulArgs::w_packed, gemm_bf16_pack_amx) skip the packing, and a task then covers a quarter of the
-// columns. Like every AMX product (and vcvtne2ps2bf16), denormal inputs read as zero. Only the avx512 copy's
-// AMX table (level_table.cpp) calls it, once dispatch.cpp has seen AMX in cpuid and been granted the tile
-// state by the kernel.
+// columns), clamping each finished block where asked. Like every AMX product (and vcvtne2ps2bf16), denormal
+// inputs read as zero. Only the avx512 copy's AMX table (level_table.cpp) calls it, once dispatch.cpp has
+// seen AMX in cpuid and been granted the tile state by the kernel.
 #include "kernels/cpu/amx_tiles.h"
 #include "kernels/cpu/row_tasks.h"
 
@@ -35,21 +33,20 @@ static_assert(kGemmBf16AmxFixedFloats >= (size_t)kRows * kXs + kRows * kGemmNr +
                   kGemmBf16AmxScratchFloats >= (size_t)kGroup * kKp * kGemmNr + kGemmBf16AmxFixedFloats,
               "gemm_bf16_scratch_floats covers the AMX task's panels, x block, y block and alignment");
 
-// Rows [n0, n0 + nt) (nt <= kGemmNr) of w [.., k] (dtype dt), k in [k0, k0 + kc), as p[kp16][kGemmNr] pairs,
-// kp16 the k-pairs rounded up to 16: p[q][j] = (w[n0 + j][k0 + 2q], w[n0 + j][k0 + 2q + 1]), zero past nt
-// and kc.
-G4_AMX_TARGET void pack_panel(const void* w, DType dt, int64_t k, int64_t n0, int nt, int64_t k0, int kc,
-                              int kp16, uint32_t* p) {
-    const size_t es = dt == DType::BF16 ? 2 : 4;
+// Weight rows [n0, n0 + nt) (nt <= kGemmNr), k in [k0, k0 + kc), as p[kp16][kGemmNr] pairs, kp16 the k-pairs
+// rounded up to 16: p[q][j] = (w[n0 + j][k0 + 2q], w[n0 + j][k0 + 2q + 1]), zero past nt and kc.
+G4_AMX_TARGET void pack_panel(const MatmulArgs& a, int64_t n0, int nt, int64_t k0, int kc, int kp16,
+                              uint32_t* p) {
+    const size_t es = a.dt == DType::BF16 ? 2 : 4;
     for (int qb = 0; qb < kp16; qb += 16)
         for (int h = 0; h < 2; ++h) {
             __m512i r[16];
 #pragma GCC unroll 16
             for (int i = 0; i < 16; ++i) {
                 const int j = 16 * h + i;
-                r[i]        = j < nt
-                                  ? load_pairs((const char*)w + ((n0 + j) * k + k0 + 2 * qb) * es, dt, kc - 2 * qb)
-                                  : _mm512_setzero_si512();
+                r[i] = j < nt ? load_pairs((const char*)a.w + ((n0 + j) * a.k + k0 + 2 * qb) * es, a.dt,
+                                           kc - 2 * qb)
+                              : _mm512_setzero_si512();
             }
             transpose16(r);
 #pragma GCC unroll 16
@@ -95,7 +92,7 @@ G4_AMX_TARGET void amx_task(const MatmulArgs& a, int s0, int ns, int r0, int r1,
         const int kc = (int)std::min<int64_t>(kGemmKc, a.k - k0), kp16 = ((kc + 1) / 2 + 15) / 16 * 16;
         for (int s = 0; s < ns; ++s) {
             const int64_t n0 = (int64_t)(s0 + s) * kGemmNr;
-            pack_panel(a.w, a.dt, a.k, n0, (int)std::min<int64_t>(kGemmNr, a.n - n0), k0, kc, kp16,
+            pack_panel(a, n0, (int)std::min<int64_t>(kGemmNr, a.n - n0), k0, kc, kp16,
                        panels + (size_t)s * kKp * kGemmNr);
         }
         for (int r = r0; r < r1; r += kRows) {
@@ -115,62 +112,6 @@ G4_AMX_TARGET void amx_task(const MatmulArgs& a, int s0, int ns, int r0, int r1,
         }
     }
     _tile_release();
-}
-
-// k-pairs of one strip of weights packed once (gemm_bf16_pack_amx): the k chunks' panels one after another,
-// each kKp pairs but the last, whose pairs are rounded up to 16. Chunk k0 starts at pair k0 / 2.
-constexpr int64_t packed_pairs(int64_t k) {
-    const int64_t tail = k % kGemmKc;
-    return k / kGemmKc * kKp + (tail ? ((tail + 1) / 2 + 15) / 16 * 16 : 0);
-}
-
-// amx_task over weights packed once (a.w_packed): the tile products of amx_task, in its order, each block of
-// x rounded once per task and read from a.w_packed's panels directly.
-G4_AMX_TARGET void amx_task_packed(const MatmulArgs& a, int s0, int ns, int r0, int r1, float* scratch) {
-    uint32_t* xs          = (uint32_t*)(((uintptr_t)scratch + 63) & ~(uintptr_t)63); // [kRows][kXs] pairs
-    float* cb             = (float*)(xs + (size_t)kRows * kXs); // [kRows][kGemmNr] partial y blocks
-    const bool clamp_y    = clamps_y(a);
-    const int64_t strip_w = packed_pairs(a.k) * kGemmNr;
-    load_tile_config();
-    for (int64_t k0 = 0; k0 < a.k; k0 += kGemmKc) {
-        const int kc = (int)std::min<int64_t>(kGemmKc, a.k - k0), kp16 = ((kc + 1) / 2 + 15) / 16 * 16;
-        for (int r = r0; r < r1; r += kRows) {
-            const int rows = std::min(kRows, r1 - r);
-            round_block(a, r, rows, k0, kc, kp16, xs);
-            for (int s = 0; s < ns; ++s) {
-                const int64_t n0  = (int64_t)(s0 + s) * kGemmNr;
-                const int nt      = (int)std::min<int64_t>(kGemmNr, a.n - n0);
-                float* y          = a.y + (int64_t)r * a.ldy + n0;
-                const uint32_t* p = a.w_packed + (s0 + s) * strip_w + k0 / 2 * kGemmNr;
-                if (rows == kRows && nt == kGemmNr)
-                    amx::tile_block(xs, kXs, p, kp16, y, a.ldy, k0 > 0);
-                else
-                    amx::tile_block_partial(xs, kXs, p, kp16, y, a.ldy, rows, nt, cb, k0 > 0);
-                if (clamp_y && k0 + kc >= a.k) clamp_block(y, a.ldy, rows, nt, a.y_lo, a.y_hi);
-            }
-        }
-    }
-    _tile_release();
-}
-
-// Over weights packed once: 4 column groups (each block of x rounded 4 times) and about 2 tasks a thread,
-// the best of a sweep at the towers' shapes on 16 threads (1-8 groups, 1-4 tasks a thread;
-// bench/results/towers-cpu/amx-ab-xeon16/lab_prepacked_groups.txt).
-void matmul_packed(const Context& c, const MatmulArgs& a) {
-    constexpr int64_t kGroups = 4, kTasksPerThread = 2;
-    const int64_t strips = (a.n + kGemmNr - 1) / kGemmNr;
-    const int64_t group = (strips + kGroups - 1) / kGroups, groups = (strips + group - 1) / group;
-    const int64_t blocks = (a.rows + kRows - 1) / kRows;
-    const int64_t chunks =
-        std::clamp<int64_t>((kTasksPerThread * c.pool->size() + groups - 1) / groups, 1, blocks);
-    const int64_t chunk_blocks = (blocks + chunks - 1) / chunks;
-    c.pool->parallel_for(groups * chunks, [&](int64_t t, int th) {
-        const int64_t g = t % groups, ch = t / groups;
-        const int r0 = (int)(ch * chunk_blocks * kRows),
-                  r1 = (int)std::min<int64_t>(a.rows, (ch + 1) * chunk_blocks * kRows);
-        const int s0 = (int)(g * group), ns = (int)std::min<int64_t>(group, strips - s0);
-        if (r0 < r1) amx_task_packed(a, s0, ns, r0, r1, c.thread_scratch(th));
-    });
 }
 
 // Tiles for gemm_block_bf16_amx: C 0-3 (rows 0-15 x cols 0-15, 0-15 x 16-31, 16-.. x 0-15, 16-.. x 16-31),
@@ -254,10 +195,6 @@ void matmul_gemm_bf16_amx(const Context& c, const MatmulArgs& a) {
         matmul_gemm_bf16_dpbf16(c, a);
         return;
     }
-    if (a.w_packed) {
-        matmul_packed(c, a);
-        return;
-    }
     const int max_group = gemm_bf16_amx_group(c.scratch_stride);
     // Panels a task packs. With many rows, up to max_group: as few column groups as give the pool about 4
     // tasks a thread with row chunks of at least 4 tile blocks (for_row_tasks below), as even as the strips
@@ -279,21 +216,6 @@ void matmul_gemm_bf16_amx(const Context& c, const MatmulArgs& a) {
         const int s0 = (int)g * group, ns = (int)std::min<int64_t>(group, strips - s0);
         amx_task(a, s0, ns, r0, r1, c.thread_scratch(th));
     });
-}
-
-size_t gemm_bf16_packed_words_amx(int64_t n, int64_t k) {
-    return n < 1 || k < 1 ? 0 : (size_t)((n + kGemmNr - 1) / kGemmNr) * packed_pairs(k) * kGemmNr;
-}
-
-G4_AMX_TARGET void gemm_bf16_pack_amx(const void* w, DType dt, int64_t n, int64_t k, int64_t s0, int64_t s1,
-                                      uint32_t* out) {
-    const int64_t strip_w = packed_pairs(k) * kGemmNr;
-    for (int64_t s = s0; s < s1; ++s)
-        for (int64_t k0 = 0; k0 < k; k0 += kGemmKc) {
-            const int kc = (int)std::min<int64_t>(kGemmKc, k - k0), kp16 = ((kc + 1) / 2 + 15) / 16 * 16;
-            pack_panel(w, dt, k, s * kGemmNr, (int)std::min<int64_t>(kGemmNr, n - s * kGemmNr), k0, kc, kp16,
-                       out + s * strip_w + k0 / 2 * kGemmNr);
-        }
 }
 
 } // namespace g4::cpu::G4_CPU_NS

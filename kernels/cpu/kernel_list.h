@@ -36,10 +36,6 @@
     X(bool, gemm_bf16_clamps, (const Context& c, const MatmulArgs& a), (c, a))                               \
     X(void, matmul_gemm_bf16_portable, (const Context& c, const MatmulArgs& a), (c, a))                      \
     X(bool, gemm_has_avx512_bf16, (), ())                                                                    \
-    X(size_t, gemm_bf16_packed_words, (int64_t n, int64_t k), (n, k))                                        \
-    X(void, gemm_bf16_pack,                                                                                  \
-      (const void* w, DType dt, int64_t n, int64_t k, int64_t s0, int64_t s1, uint32_t* out),                \
-      (w, dt, n, k, s0, s1, out))                                                                            \
     X(void, gemm_block_bf16,                                                                                 \
       (int rows, int cols, int64_t kp, const uint32_t* a, int64_t lda, const uint32_t* b, int64_t ldb,       \
        int64_t panel, float* c, int64_t ldc, bool accumulate),                                               \

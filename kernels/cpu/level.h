@@ -63,8 +63,6 @@ void self_attention_dpbf16(const Context& c, const SelfAttentionArgs& a);
 bool gemm_bf16_amx_tiles(const Context& c, const MatmulArgs& a);
 bool gemm_bf16_clamps_amx(const Context& c, const MatmulArgs& a);
 void matmul_gemm_bf16_amx(const Context& c, const MatmulArgs& a);
-size_t gemm_bf16_packed_words_amx(int64_t n, int64_t k);
-void gemm_bf16_pack_amx(const void* w, DType dt, int64_t n, int64_t k, int64_t s0, int64_t s1, uint32_t* out);
 void gemm_block_bf16_amx(int rows, int cols, int64_t kp, const uint32_t* a, int64_t lda, const uint32_t* b,
                          int64_t ldb, int64_t panel, float* c, int64_t ldc, bool accumulate);
 void self_attention_amx(const Context& c, const SelfAttentionArgs& a);

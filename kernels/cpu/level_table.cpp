@@ -27,14 +27,12 @@ constexpr Kernels kTableBf16 = with_dpbf16();
 
 #if defined(G4_CPU_AMX_TABLE)
 constexpr Kernels with_amx() {
-    Kernels k                = kTableBf16;
-    k.matmul_gemm_bf16       = &matmul_gemm_bf16_amx;
-    k.gemm_bf16_clamps       = &gemm_bf16_clamps_amx;
-    k.gemm_bf16_packed_words = &gemm_bf16_packed_words_amx;
-    k.gemm_bf16_pack         = &gemm_bf16_pack_amx;
-    k.gemm_block_bf16        = &gemm_block_bf16_amx;
-    k.self_attention         = &self_attention_amx;
-    k.matmul                 = &matmul_amx;
+    Kernels k          = kTableBf16;
+    k.matmul_gemm_bf16 = &matmul_gemm_bf16_amx;
+    k.gemm_bf16_clamps = &gemm_bf16_clamps_amx;
+    k.gemm_block_bf16  = &gemm_block_bf16_amx;
+    k.self_attention   = &self_attention_amx;
+    k.matmul           = &matmul_amx;
     return k;
 }
 constexpr Kernels kTableAmx = with_amx();

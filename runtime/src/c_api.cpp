@@ -5,7 +5,6 @@
 #include "runtime/src/chat_template.h"
 #include "runtime/src/encoder_program.h"
 #include "runtime/src/engine.h"
-#include "runtime/src/env.h"
 #include "runtime/src/executor.h"
 #include "runtime/src/generate.h"
 #include "runtime/src/media/media_decode.h"
@@ -162,8 +161,7 @@ g4_status g4_engine_open(const char* path, const g4_engine_params* params, g4_en
     e->cpu_int16                     = cpu_precision == "fast" || cpu_precision == "bf16";
     e->cpu_bf16_rows                 = cpu_precision == "bf16";
     e->clamp_fusion                  = g4::rt::find_clamp_fusion(e->plan);
-    if (!g4::rt::env::cpu_pack_off()) e->packed.pack(e->plan, g4::cpu::default_thread_count());
-    st = g4::rt::open_backend(e, &e->backend, &err);
+    st                               = g4::rt::open_backend(e, &e->backend, &err);
     if (st != G4_OK) {
         delete e;
         return set_error(st, std::string(path) + ": " + err);

@@ -8,7 +8,6 @@
 #include "runtime/src/backend.h"
 #include "runtime/src/cpu_profile.h"
 #include "runtime/src/frontend/media.h"
-#include "runtime/src/packed_weights.h"
 #include "runtime/src/tokenizer.h"
 
 #include <atomic>
@@ -36,9 +35,6 @@ struct g4_engine {
     // Per plan op: the Clamp ops of CPU encoder programs that their neighbouring bf16 matmul applies
     // instead (rt::find_clamp_fusion, executor.h).
     std::vector<uint8_t> clamp_fusion;
-    // The CPU encoder programs' bf16 matmul weights in the CPU GEMM's layout, where it has one (packed at
-    // open unless G4_CPU_PACK=0; packed_weights.h).
-    g4::rt::PackedWeights packed;
 };
 
 namespace g4::rt {

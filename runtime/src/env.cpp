@@ -25,9 +25,6 @@ bool cuda_profile() {
 bool cpu_profile() {
     return is("G4_CPU_PROFILE", '1');
 }
-bool cpu_pack_off() {
-    return is("G4_CPU_PACK", '0');
-}
 bool pdl_off() {
     return is("G4_PDL", '0');
 }

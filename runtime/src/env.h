@@ -12,9 +12,6 @@ bool cuda_profile();
 // G4_CPU_PROFILE=1: each encoder-program run on the CPU prints its time per op kind, and CPU sessions their
 // text program's (cpu_profile.h).
 bool cpu_profile();
-// G4_CPU_PACK=0: the CPU encoder programs' bf16 GEMMs pack their weights on every call instead of reading
-// the copy packed at engine open (packed_weights.h).
-bool cpu_pack_off();
 // G4_PDL=0: decode graphs without programmatic dependent launch.
 bool pdl_off();
 // G4_DECODE_AHEAD=0: sessions do not run greedy decode steps ahead.

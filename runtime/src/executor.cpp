@@ -140,7 +140,6 @@ g4_status run_text_op(g4_session* s, size_t i, int32_t n, int64_t in_row0, int32
             }
             MatmulArgs ma{I(0), b.in_ld[0], b.in[1], b.in_dt[1], w.dims[0], w.dims[1], O(0), b.out_ld[0], n};
             ma.nf4_double_quant = (w.quant_flags & plan::kQuantDoubleQuant) != 0;
-            ma.w_packed         = s->engine->packed.op(i);
             ma.int16_x          = s->engine->cpu_int16;
             ma.bf16_rows        = s->engine->cpu_bf16_rows;
             cpu::matmul(ctx, ma);

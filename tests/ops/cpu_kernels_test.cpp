@@ -253,55 +253,6 @@ TEST(CpuKernels, GemmBf16ClampsWhereItsKernelsApplyThem) {
     }
 }
 
-// Weights packed once (gemm_bf16_pack, MatmulArgs::w_packed) give the bits of the GEMM that packs them on
-// every call, with tails in rows, n and k, fused clamps and fp32 weights; every level but amx has no packed
-// layout.
-TEST(CpuKernels, GemmBf16OverPackedWeightsGivesTheSameBits) {
-    cpu::ThreadPool pool{3};
-    for (int l = 0; l < cpu::kLevelCount; ++l) {
-        const cpu::Kernels* t = cpu::level_kernels((cpu::Level)l);
-        if (!t) continue;
-        SCOPED_TRACE(cpu::level_name((cpu::Level)l));
-        if ((cpu::Level)l != cpu::Level::Amx) {
-            EXPECT_EQ(t->gemm_bf16_packed_words(1000, 1037), 0u);
-            continue;
-        }
-        struct Shape {
-            int rows, n, k;
-            DType dt;
-            bool clamps;
-        };
-        for (const Shape& sh :
-             {Shape{77, 200, 1037, DType::BF16, false}, Shape{333, 1000, 1037, DType::BF16, true},
-              Shape{1100, 45, 64, DType::F32, true}, Shape{40, 64, 4096, DType::BF16, false}}) {
-            SCOPED_TRACE("rows " + std::to_string(sh.rows) + " n " + std::to_string(sh.n));
-            const size_t stride = t->gemm_bf16_scratch_floats();
-            std::vector<float> scratch(stride * pool.size());
-            cpu::Context ctx{&pool, scratch.data(), stride};
-            const int64_t ldx = sh.k + 3, ldy = sh.n + 5;
-            auto x = randn((size_t)sh.rows * ldx, 61), wf = randn((size_t)sh.n * sh.k, 62);
-            std::vector<uint16_t> wb(wf.size());
-            for (size_t i = 0; i < wf.size(); ++i)
-                wb[i] = f32_to_bf16(wf[i]);
-            const void* w      = sh.dt == DType::BF16 ? (const void*)wb.data() : (const void*)wf.data();
-            const size_t words = t->gemm_bf16_packed_words(sh.n, sh.k);
-            ASSERT_GT(words, 0u);
-            std::vector<uint32_t> buf(words + 16);
-            uint32_t* packed     = (uint32_t*)(((uintptr_t)buf.data() + 63) & ~(uintptr_t)63);
-            const int64_t strips = (sh.n + cpu::kGemmNr - 1) / cpu::kGemmNr;
-            t->gemm_bf16_pack(w, sh.dt, sh.n, sh.k, 0, strips / 2, packed); // in two parts, as threads do
-            t->gemm_bf16_pack(w, sh.dt, sh.n, sh.k, strips / 2, strips, packed);
-            std::vector<float> y0((size_t)sh.rows * ldy, -7.0f), y1 = y0;
-            MatmulArgs a{x.data(), ldx, w, sh.dt, sh.n, sh.k, y0.data(), ldy, sh.rows};
-            if (sh.clamps) a.x_lo = -1.0f, a.x_hi = 1.5f, a.y_lo = -10.0f, a.y_hi = 8.0f;
-            t->matmul_gemm_bf16(ctx, a);
-            a.y = y1.data(), a.w_packed = packed;
-            t->matmul_gemm_bf16(ctx, a);
-            EXPECT_EQ(std::memcmp(y0.data(), y1.data(), sizeof(float) * y0.size()), 0);
-        }
-    }
-}
-
 // The amx level's bf16 GEMM and attention products (AMX tiles) against the avx512_bf16 level's in one
 // process: the same bf16 operands and fp32 sums, in another order. Tails in rows (not a multiple of 32), n
 // (past a panel) and k (odd, past kGemmKc); bf16 and fp32 weights.

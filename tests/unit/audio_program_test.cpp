@@ -6,7 +6,6 @@
 // program on the plan's GPU (the CUDA encoder runner; skipped without a GPU).
 #include "g4/g4.h"
 #include "kernels/cpu/cpu.h"
-#include "kernels/cpu/dispatch.h"
 #include "models/gemma4/audio_config.h"
 #include "runtime/plan/op_params.h"
 #include "runtime/src/cuda/driver.h"
@@ -20,7 +19,6 @@
 #include <nlohmann/json.hpp>
 
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <string>
@@ -203,43 +201,6 @@ TEST_F(AudioProgram, FusedClampsGiveTheUnfusedResult) {
     g4_session_destroy(s);
     ASSERT_EQ(fused.size(), plain.size());
     EXPECT_EQ(std::memcmp(fused.data(), plain.data(), sizeof(float) * fused.size()), 0);
-    g4_engine_close(e);
-}
-
-// The bf16 matmuls' weights packed once at engine open (rt::PackedWeights), where the kernel level in use
-// reads them so (amx): every such matmul of the program has its packed copy, and the soft tokens are bit for
-// bit those of an engine opened with G4_CPU_PACK=0, whose GEMMs pack on every call. Elsewhere nothing is
-// packed.
-TEST_F(AudioProgram, PackedWeightsGiveTheUnpackedResult) {
-    g4_engine* e               = open_plan(dir_->file("bf16.g4plan"));
-    const plan::PlanProgram& g = e->plan.program((size_t)e->plan.find_program("audio"));
-    const bool packs           = cpu::gemm_bf16_packed_words(64, 64) > 0;
-    int gemms = 0, packed = 0;
-    for (size_t i = g.op_begin; i < g.op_end; ++i) {
-        const plan::PlanOp& op = e->plan.op(i);
-        gemms += (OpCode)op.code == OpCode::Matmul && plan::params<plan::MatmulParams>(op).cpu_kernel == 2;
-        packed += e->packed.op(i) != nullptr;
-    }
-    std::printf("  level %s: %d of %d bf16 matmuls packed, %llu bytes\n",
-                cpu::level_name(cpu::active_level()), packed, gemms, (unsigned long long)e->packed.bytes());
-    EXPECT_GT(gemms, 0);
-    EXPECT_EQ(packed, packs ? gemms : 0);
-    EXPECT_EQ(e->packed.bytes() > 0, packs);
-    ::setenv("G4_CPU_PACK", "0", 1);
-    g4_engine* plain_engine = open_plan(dir_->file("bf16.g4plan"));
-    ::unsetenv("G4_CPU_PACK");
-    EXPECT_EQ(plain_engine->packed.bytes(), 0u);
-    auto pcm = g4test::read_f32(dir() + "/clip1.pcm.f32");
-    std::vector<float> a, b;
-    g4_session* s = session(e, 2);
-    ASSERT_EQ(run(s, pcm.data(), (int64_t)pcm.size(), &a), "");
-    g4_session_destroy(s);
-    s = session(plain_engine, 2);
-    ASSERT_EQ(run(s, pcm.data(), (int64_t)pcm.size(), &b), "");
-    g4_session_destroy(s);
-    ASSERT_EQ(a.size(), b.size());
-    EXPECT_EQ(std::memcmp(a.data(), b.data(), sizeof(float) * a.size()), 0);
-    g4_engine_close(plain_engine);
     g4_engine_close(e);
 }
 

@@ -3,6 +3,7 @@
 // read the packed codes directly (matmul_nf4_gemv); all arithmetic is float32.
 #include "kernels/cpu/level.h"
 #include "kernels/cpu/nf4_blob.h"
+#include "kernels/cpu/row_tasks.h"
 #include "kernels/cpu/simd.h"
 #include "kernels/nf4.h"
 #include "kernels/q16.h"
@@ -41,25 +42,17 @@ static void widen(const void* src, DType dt, int64_t n, float* dst) {
     }
 }
 
-// Elementwise ops run inline below this many elements; thread hand-off costs more than the work.
-static constexpr int64_t kInlineElems = 1 << 14;
-
-template <class F> static void for_rows(const Context& c, int rows, int64_t cols, F&& f) {
-    if ((int64_t)rows * cols < kInlineElems || c.pool->size() == 1 || rows == 1) {
-        for (int t = 0; t < rows; ++t)
-            f(t);
-        return;
-    }
-    c.pool->parallel_for(rows, [&](int64_t t, int) { f((int)t); });
-}
-
 // Elementwise ops: f(t, c0, c1) over columns [c0, c1) of row t, in pieces of kElemPiece columns so that the
 // few rows of a decode step (the logits' 262144 columns) spread over the pool too. Each element's result is
 // the same whichever piece it is in.
 static constexpr int64_t kElemPiece = 1 << 14;
 template <class F> static void for_elems(const Context& c, int rows, int64_t cols, F&& f) {
     const int64_t pieces = (cols + kElemPiece - 1) / kElemPiece;
-    if ((int64_t)rows * cols < kInlineElems || c.pool->size() == 1 || (int64_t)rows * pieces == 1) {
+    if (pieces == 1) { // rows of one piece: in blocks of rows
+        for_rows(c, rows, cols, [&](int t) { f(t, (int64_t)0, cols); });
+        return;
+    }
+    if ((int64_t)rows * cols < kInlineElems || c.pool->size() == 1) {
         for (int t = 0; t < rows; ++t)
             f(t, (int64_t)0, cols);
         return;

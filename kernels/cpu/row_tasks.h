@@ -1,6 +1,6 @@
 // How the CPU GEMMs (kernels/cpu/gemm_bf16.cpp, gemm_bf16_amx.cpp) split a matmul into pool tasks (column
-// groups x chunks of rows) and clamp the blocks they write. Included by files compiled once per
-// instruction-set level.
+// groups x chunks of rows) and clamp the blocks they write, and how elementwise ops split their rows.
+// Included by files compiled once per instruction-set level.
 #pragma once
 #include "kernels/cpu/cpu.h"
 #include "kernels/cpu/level.h"
@@ -24,6 +24,25 @@ void for_row_tasks(const Context& c, int rows, int64_t groups, Task&& task) {
         const int64_t g = t % groups;
         const int r0 = (int)(t / groups) * chunk_rows, r1 = std::min(rows, r0 + chunk_rows);
         if (r0 < r1) task(g, r0, r1, th);
+    });
+}
+
+// Elementwise work below this many elements stays on the calling thread: handing it out costs more.
+inline constexpr int64_t kInlineElems = 1 << 14;
+
+// Rows [0, rows) of an elementwise op (cols values a row) as f(t) for each row t: on the calling thread below
+// kInlineElems values, else in about 4 blocks of consecutive rows a pool thread, so that the pool hands out
+// a block rather than each row (a row of a tower activation is about a microsecond of work).
+template <typename F> void for_rows(const Context& c, int rows, int64_t cols, F&& f) {
+    const int64_t blocks = std::min<int64_t>(rows, 4LL * c.pool->size());
+    if ((int64_t)rows * cols < kInlineElems || c.pool->size() == 1 || blocks <= 1) {
+        for (int t = 0; t < rows; ++t)
+            f(t);
+        return;
+    }
+    c.pool->parallel_for(blocks, [&](int64_t b, int) {
+        for (int t = (int)(rows * b / blocks), end = (int)(rows * (b + 1) / blocks); t < end; ++t)
+            f(t);
     });
 }
 

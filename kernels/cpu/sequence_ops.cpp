@@ -3,6 +3,7 @@
 // logits (one task per query row, its dot products in a fixed vectorised order), and vectorised gates.
 // Float32 arithmetic; weights widened into per-thread scratch once per block of rows.
 #include "kernels/cpu/level.h"
+#include "kernels/cpu/row_tasks.h"
 #include "kernels/cpu/simd.h"
 #include "kernels/ref/ref.h"
 
@@ -21,19 +22,8 @@ using MapRMc = Eigen::Map<const RowMat>;
 using ArrMap = Eigen::Map<Eigen::ArrayXf>;
 using ArrC   = Eigen::Map<const Eigen::ArrayXf>;
 
-constexpr int64_t kInlineElems = 1 << 14; // below this, elementwise work stays on the calling thread
-
 size_t align16(size_t n) {
     return (n + 15) / 16 * 16;
-}
-
-template <class F> void for_rows(const Context& c, int rows, int64_t cols, F&& f) {
-    if ((int64_t)rows * cols < kInlineElems || c.pool->size() == 1 || rows == 1) {
-        for (int t = 0; t < rows; ++t)
-            f(t);
-        return;
-    }
-    c.pool->parallel_for(rows, [&](int64_t t, int) { f((int)t); });
 }
 
 // Rows split into blocks (four per thread): f(first, end, thread), so per-block setup (widened weights)

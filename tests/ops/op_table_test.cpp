@@ -81,10 +81,13 @@ const OpCase kCases[] = {
     {"rmsnorm_noscale", OpCode::RmsNorm, 1, 512, 512, 0, DType::F32},
     {"add_hidden", OpCode::Add, 4, 1536, 0, 0},
     {"add_odd", OpCode::Add, 1, 13, 0, 0},
+    {"add_tower_rows", OpCode::Add, 97, 1024, 0, 0}, // rows in blocks over the pool (kernels/cpu/row_tasks.h)
     {"gelu_mul_mlp", OpCode::GeluMul, 2, 6144, 0, 0},
     {"gelu_mul_odd", OpCode::GeluMul, 3, 31, 0, 0},
+    {"gelu_mul_rows", OpCode::GeluMul, 19, 1536, 0, 0},
     {"scale_hidden", OpCode::Scale, 3, 2560, 0, 0},
     {"scale_tensor_bf16", OpCode::Scale, 2, 1536, 0, 0, DType::BF16},
+    {"scale_rows", OpCode::Scale, 33, 768, 0, 0},
     {"softcap_logits", OpCode::Softcap, 1, 4099, 0, 0},
     {"rope_q256", OpCode::Rope, 3, 8, 256, 100},
     {"rope_q512", OpCode::Rope, 2, 8, 512, 4000},

@@ -3,7 +3,8 @@
 // compiler's audio program (models/gemma4/audio_graph.*, replayed op by op on the CPU kernels the executor
 // uses). Prints every rep and the median. bench/e2e/tower_ab.py compares two builds' towers end to end
 // through plans. Built with the project (build/bench/micro/tower_cpu_bench).
-// The gemm mode times the tower matmul shapes; the attention mode times the vision tower's bf16
+// The gemm mode times the tower matmul shapes (each call on a weight read from memory and an x the pool has
+// just written, as in a program); the attention mode times the vision tower's bf16
 // self-attention (cpu::self_attention with bf16 = true, 2394 patches, 12 heads x 64). Usage: tower_cpu_bench
 // [audio|both|gemm|attention] [reps] [fp32|bf16|both]   (threads: G4_THREADS, else all cores; the tower in
 // both precisions by default, fp32 then bf16)
@@ -25,6 +26,7 @@
 #include <map>
 #include <random>
 #include <string>
+#include <unistd.h>
 #include <vector>
 
 using namespace g4;
@@ -287,8 +289,20 @@ void bench_audio(cpu::ThreadPool& pool, int reps, towers::Precision prec) {
                 towers::precision_name(prec), n_soft, pool.size(), median(tp), sum);
 }
 
-// cpu::matmul against cpu::matmul_gemm at one tower shape (bf16 weights): GFLOPS and their relative
-// difference.
+// Copies of a weight of `bytes` bytes that together are twice the last-level cache (at least 3, at most
+// 2 GiB), so that cycling through them each call reads its weight from memory, as a tower program does
+// (each of its weights is read once a clip or an image).
+int weight_copies(size_t bytes) {
+    long llc = sysconf(_SC_LEVEL3_CACHE_SIZE);
+    if (llc <= 0) llc = 64L << 20;
+    const size_t want = 2 * (size_t)llc / std::max<size_t>(bytes, 1) + 1;
+    return (int)std::clamp<size_t>(want, 3, std::max<size_t>(3, (2ULL << 30) / std::max<size_t>(bytes, 1)));
+}
+
+// cpu::matmul against cpu::matmul_gemm and matmul_gemm_bf16 at one tower shape (bf16 weights): GFLOPS and the
+// relative differences. As in a program, each call reads a weight no recent call has read (weight_copies)
+// and an x the pool has just rewritten in blocks in another order than the GEMM's tasks (a previous op's
+// output).
 void bench_gemm(cpu::ThreadPool& pool, int reps, int rows, int64_t n, int64_t k) {
     std::mt19937 rng(3);
     std::normal_distribution<float> nd(0.0f, 1.0f);
@@ -297,21 +311,34 @@ void bench_gemm(cpu::ThreadPool& pool, int reps, int rows, int64_t n, int64_t k)
         v = nd(rng);
     Store st;
     st.add("w", {n, k}, 0.03f);
+    const std::vector<uint16_t>& w0 = st.data["w"];
+    const int copies                = weight_copies(w0.size() * 2);
+    std::vector<std::vector<uint16_t>> ws((size_t)copies, w0);
     size_t stride = std::max(
         {cpu::scratch_floats_per_thread(k, 0), cpu::gemm_scratch_floats(), cpu::gemm_bf16_scratch_floats()});
     std::vector<float> tscr(stride * pool.size());
     cpu::Context ctx{&pool, tscr.data(), stride};
     MatmulArgs a{};
-    a.x = x.data(), a.ldx = k, a.w = st.ts["w"].data, a.dt = DType::BF16, a.n = n, a.k = k, a.ldy = n,
-    a.rows = rows;
+    a.x = x.data(), a.ldx = k, a.dt = DType::BF16, a.n = n, a.k = k, a.ldy = n, a.rows = rows;
+    volatile float one_v = 1.0f;
+    const float one      = one_v;
+    int next             = 0;
+    auto call            = [&](float* y, auto&& kernel) {
+        pool.parallel_for(64, [&](int64_t b, int) {
+            const int64_t blk = b * 37 % 64;
+            for (int64_t i = (int64_t)rows * k * blk / 64; i < (int64_t)rows * k * (blk + 1) / 64; ++i)
+                x[i] = x[i] * one;
+        });
+        a.w = ws[(size_t)(next++ % copies)].data(), a.y = y;
+        return time_s([&] { kernel(ctx, a); });
+    };
     std::vector<double> t0, t1, t2;
     for (int r = 0; r <= reps; ++r) {
-        a.y       = y0.data();
-        double s0 = time_s([&] { cpu::matmul(ctx, a); });
-        a.y       = y1.data();
-        double s1 = time_s([&] { cpu::matmul_gemm(ctx, a); });
-        a.y       = y2.data();
-        double s2 = time_s([&] { cpu::matmul_gemm_bf16(ctx, a); });
+        double s0 = call(y0.data(), [](const cpu::Context& c, const MatmulArgs& m) { cpu::matmul(c, m); });
+        double s1 =
+            call(y1.data(), [](const cpu::Context& c, const MatmulArgs& m) { cpu::matmul_gemm(c, m); });
+        double s2 =
+            call(y2.data(), [](const cpu::Context& c, const MatmulArgs& m) { cpu::matmul_gemm_bf16(c, m); });
         if (r) t0.push_back(s0), t1.push_back(s1), t2.push_back(s2);
     }
     double num = 0, den = 0, num2 = 0;
@@ -321,10 +348,10 @@ void bench_gemm(cpu::ThreadPool& pool, int reps, int rows, int64_t n, int64_t k)
     const double fl = 2.0 * rows * n * k / 1e9;
     std::printf("gemm %d x %lld x %lld: matmul %.1f ms (%.0f GFLOPS), matmul_gemm %.1f ms (%.0f GFLOPS), rel "
                 "diff %.2e; "
-                "matmul_gemm_bf16 %.1f ms (%.0f GFLOPS), rel diff %.2e\n",
+                "matmul_gemm_bf16 %.1f ms (%.0f GFLOPS), rel diff %.2e (weights from memory: %d copies)\n",
                 rows, (long long)n, (long long)k, median(t0) * 1e3, fl / median(t0), median(t1) * 1e3,
                 fl / median(t1), std::sqrt(num / den), median(t2) * 1e3, fl / median(t2),
-                std::sqrt(num2 / den));
+                std::sqrt(num2 / den), copies);
 }
 
 // cpu::self_attention with bf16 = true at one shape (q, k, v interleaved per row as a fused qkv projection

@@ -56,8 +56,10 @@ int main(int argc, char** argv) {
         return 0;
     }
     if (cmd == "--version" || cmd == "version") {
-        std::printf("g4 %s\nCPU kernels: %s (this CPU and build: %s)\n", g4_runtime_version(),
-                    g4::cpu::level_name(g4::cpu::active_level()), g4::cpu::supported_levels());
+        std::printf(
+            "g4 %s\nCPU kernels: %s (this CPU and build: %s)\nTowers' bf16 matmuls on the CPU: %s GEMM\n",
+            g4_runtime_version(), g4::cpu::level_name(g4::cpu::active_level()), g4::cpu::supported_levels(),
+            g4::cpu::gemm_bf16_preferred() ? "bf16" : "fp32");
         return 0;
     }
     for (size_t i = 0; i < sizeof kCommands / sizeof kCommands[0]; ++i) {

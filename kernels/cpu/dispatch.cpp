@@ -63,6 +63,7 @@ constexpr const char* kNames[kLevelCount] = {"baseline", "avx2", "avx512",  "avx
 // (SDOT/UDOT, ARMv8.2-A's optional, ARMv8.4-A's mandatory extension).
 struct Features {
     bool v3 = false, v4 = false, bf16 = false, amx = false, dotprod = false;
+    bool amd = false; // cpuid vendor "AuthenticAMD"
 };
 
 #if defined(G4_CPU_X86)
@@ -88,6 +89,8 @@ bool request_tile_state() {
 Features detect() {
     Features f;
     unsigned a, b, c, d;
+    if (__get_cpuid(0, &a, &b, &c, &d)) // vendor: EBX, EDX, ECX
+        f.amd = b == 0x68747541u && d == 0x69746E65u && c == 0x444D4163u;
     if (!__get_cpuid(1, &a, &b, &c, &d)) return f;
     const bool v2 =
         bit(c, 0) && bit(c, 9) && bit(c, 13) && bit(c, 19) && bit(c, 20) && bit(c, 23); // SSE3..POPCNT
@@ -224,6 +227,17 @@ const char* supported_levels() {
         return r;
     }();
     return s.c_str();
+}
+
+bool gemm_bf16_preferred() {
+    static const bool preferred = [] {
+        const char* want = std::getenv("G4_CPU_BF16_GEMM");
+        if (want && !std::strcmp(want, "0")) return false;
+        if (!gemm_has_avx512_bf16()) return false;
+        if (want && !std::strcmp(want, "1")) return true;
+        return active_level() == Level::Amx || features().amd;
+    }();
+    return preferred;
 }
 
 #define G4_CPU_KERNEL_CALL(ret, name, params, args)                                                          \

@@ -27,5 +27,14 @@ const Kernels* level_kernels(Level l);
 Level active_level();
 // The supported levels' names, best first, separated by spaces (for --version and reports).
 const char* supported_levels();
+// Whether the towers' bf16 matmuls (encoder programs' Matmul ops naming the bf16 GEMM) run
+// matmul_gemm_bf16 rather than matmul_gemm, the fp32 GEMM, on the same bf16 weights. By default: on AMX tiles
+// (the amx level), and with AVX-512 BF16 on AMD CPUs, whose bf16 dot products do twice the multiply-adds of
+// an fp32 FMA a cycle. On Intel CPUs without AMX, vdpbf16ps does as many a cycle as the two FMA ports and the
+// bf16 GEMM (which also rounds x and packs k-pairs) ran slower than the fp32 one (docs/performance.md), so
+// there, as on CPUs without AVX-512 BF16, the fp32 GEMM runs: faster, and closer to float32.
+// G4_CPU_BF16_GEMM=1 asks for the bf16 GEMM wherever matmul_gemm_bf16 has bf16 instructions
+// (gemm_has_avx512_bf16()), 0 for the fp32 GEMM everywhere; read once, like G4_CPU_LEVEL.
+bool gemm_bf16_preferred();
 
 } // namespace g4::cpu

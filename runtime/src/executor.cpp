@@ -3,6 +3,7 @@
 // logits are wanted. Ops are replayed through their definitions (op_exec.h) but for Embed and Matmul (and
 // encoder programs' GeluMul), whose replay is not one kernel on the op's operands.
 #include "runtime/src/executor.h"
+#include "kernels/cpu/dispatch.h"
 #include "kernels/q16.h"
 #include "runtime/plan/op_params.h"
 #include "runtime/src/bind_op.h"
@@ -186,11 +187,11 @@ g4_status run_ops(g4_session* s, size_t first, size_t end, int32_t rows, int32_t
 
 namespace {
 // The CPU kernel an encoder program's Matmul op names (ip4, compiler/vision graph): the library's matmul,
-// the many-row fp32 GEMM, or the bf16 GEMM. Without AVX-512 BF16 the bf16 GEMM's emulation is slower than
-// the fp32 GEMM on the same bf16 weights (docs/performance.md, CPU towers), so that runs instead: closer to
-// float32, as the bf16 attention does there (cpu::self_attention).
+// the many-row fp32 GEMM, or the bf16 GEMM. Where the bf16 GEMM is not the faster one
+// (cpu::gemm_bf16_preferred: no AMX tiles, and AVX-512 BF16 no faster than fp32 FMAs or absent) the fp32
+// GEMM runs on the same bf16 weights instead: closer to float32 too.
 void encoder_matmul(const cpu::Context& ctx, const MatmulArgs& m, int32_t kernel) {
-    if (kernel == 2 && cpu::gemm_has_avx512_bf16())
+    if (kernel == 2 && cpu::gemm_bf16_preferred())
         cpu::matmul_gemm_bf16(ctx, m);
     else if (kernel >= 1)
         cpu::matmul_gemm(ctx, m);
@@ -265,7 +266,7 @@ g4_status run_program(g4_session* s, size_t prog, const cpu::Context& ctx, const
         MatmulArgs probe{};
         probe.dt = s->ops[m].in_dt[1], probe.rows = n;
         return plan::params<plan::MatmulParams>(*s->ops[m].op).cpu_kernel == 2 &&
-               cpu::gemm_has_avx512_bf16() && cpu::gemm_bf16_clamps(ctx, probe);
+               cpu::gemm_bf16_preferred() && cpu::gemm_bf16_clamps(ctx, probe);
     };
     for (size_t i = g.op_begin; i < g.op_end; ++i) {
         const BoundOp& b = s->ops[i];

@@ -27,8 +27,9 @@ const Kernels* level_kernels(Level l);
 Level active_level();
 // The supported levels' names, best first, separated by spaces (for --version and reports).
 const char* supported_levels();
-// Whether the towers' bf16 matmuls (encoder programs' Matmul ops naming the bf16 GEMM) run
-// matmul_gemm_bf16 rather than matmul_gemm, the fp32 GEMM, on the same bf16 weights. By default: on AMX tiles
+// Whether the towers' bf16 products run bf16 kernels: encoder programs' Matmul ops naming the bf16 GEMM run
+// matmul_gemm_bf16 rather than matmul_gemm, the fp32 GEMM, on the same bf16 weights, and SelfAttention ops
+// with bf16 set keep it (else they run the fp32 attention; rt::run_program). By default: on AMX tiles
 // (the amx level), and with AVX-512 BF16 on AMD CPUs, whose bf16 dot products do twice the multiply-adds of
 // an fp32 FMA a cycle. On Intel CPUs without AMX, vdpbf16ps does as many a cycle as the two FMA ports and the
 // bf16 GEMM (which also rounds x and packs k-pairs) ran slower than the fp32 one (docs/performance.md), so

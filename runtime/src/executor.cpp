@@ -322,6 +322,16 @@ g4_status run_program(g4_session* s, size_t prog, const cpu::Context& ctx, const
                 return G4_ERR_INTERNAL;
             }
             break;
+        case OpCode::SelfAttention: { // bf16 products only where the bf16 GEMM is the faster one, as the
+                                      // matmuls
+            PlanOp sa = op;
+            if (!cpu::gemm_bf16_preferred()) sa.ip[3] = 0; // SelfAttentionParams::bf16
+            if (!run_op(sa, ctx, op_io(p, b, n, 0, 0, counts))) {
+                *err = "internal: self_attention";
+                return G4_ERR_INTERNAL;
+            }
+            break;
+        }
         case OpCode::GeluMul:
             cpu::gelu_mul_vec(ctx, {I(0), b.in_ld[0], I(1), b.in_ld[1], O(0), b.out_ld[0], n,
                                     plan::params<plan::GeluMulParams>(op).cols});

@@ -1,7 +1,8 @@
 // Op validation, binding and replay on the CPU (Eigen kernels). A step runs the whole program over
 // `rows` tokens starting at position pos0; ops in RowMode::TailIn/OutRows touch only the rows whose
 // logits are wanted. Ops are replayed through their definitions (op_exec.h) but for Embed and Matmul (and
-// encoder programs' GeluMul), whose replay is not one kernel on the op's operands.
+// encoder programs' GeluMul, fused clamps and norms, and SelfAttention's bf16 choice), whose replay is not
+// one kernel on the op's operands.
 #include "runtime/src/executor.h"
 #include "kernels/cpu/dispatch.h"
 #include "kernels/q16.h"
@@ -322,10 +323,14 @@ g4_status run_program(g4_session* s, size_t prog, const cpu::Context& ctx, const
                 return G4_ERR_INTERNAL;
             }
             break;
-        case OpCode::SelfAttention: { // bf16 products only where the bf16 GEMM is the faster one, as the
-                                      // matmuls
+        case OpCode::SelfAttention: {
+            // The bf16 products only where the bf16 kernels are the faster ones, as for the matmuls.
             PlanOp sa = op;
-            if (!cpu::gemm_bf16_preferred()) sa.ip[3] = 0; // SelfAttentionParams::bf16
+            if (!cpu::gemm_bf16_preferred()) {
+                auto ap = plan::params<plan::SelfAttentionParams>(op);
+                ap.bf16 = 0;
+                plan::set_params(sa, ap);
+            }
             if (!run_op(sa, ctx, op_io(p, b, n, 0, 0, counts))) {
                 *err = "internal: self_attention";
                 return G4_ERR_INTERNAL;

@@ -48,7 +48,7 @@ struct CompileOptions {
     std::string kv_dtype;       // KV cache storage: bf16 | f32; empty: bf16 for CUDA plans, f32 for CPU plans
     std::string tokenizer_path; // tokenizer.json to embed (default: MODEL/tokenizer.json if present)
     int max_context = 0;        // 0: min(4096, max_position_embeddings)
-    int max_rows    = 64;       // prefill chunk (tokens per step); `g4 compile --device cuda`: 1024
+    int max_rows    = 256;      // prefill chunk (tokens per step); `g4 compile --device cuda`: 1024
     int logits_rows = 16;       // logits rows one step can produce
     // Sessions the memory plan counts (--max-sessions; META placement.sessions): the weights once, each
     // session's arenas, KV cache, workspaces and buffers that many times (g4 serve --max-sessions).

@@ -1,13 +1,14 @@
 // Integer activations for NF4 matrix-vector products (MatmulArgs::int16_x), shared by the reference and the
 // CPU kernels so that every tier quantizes x to the same values.
 //
-// x is quantized per block of 64 elements (the NF4 block): q = round_half_even(x * 16383 / amax), amax the
-// block's largest |x|, so |q| <= 16383; the NF4 codebook is mapped to int16 as round(codebook * 16384)
-// (kNf4Int16, |value| <= 16384). A block's product is one exact integer dot product of the codes' int16
-// values with q (pairs of products summed by pmaddwd never exceed 2^29), scaled by absmax * amax / (16383 *
-// 16384) in float32, and the blocks' terms are summed in float32. Both roundings are below 2^-14 of the
-// block's largest value: about 1e-4 relative error a matmul, where int8 (x at 1/127 of amax, the codebook
-// at 1/127) gives ~8.5e-3, which the random-weight fixtures amplify to 4-7e-2 in the logits.
+// x is quantized per block of 64 elements (the NF4 block): q = round_half_even(x * 8191 / amax), amax the
+// block's largest |x|, so |q| <= 8191; the NF4 codebook is mapped to int16 as round(codebook * 4096)
+// (kNf4Int16, |value| <= 4096). A block's product is one exact integer dot product of the codes' int16 values
+// with q: its 64 products sum to less than 2^31, so an int32 lane may hold a whole block (the prefill GEMM's
+// register tiles do). It is scaled by absmax * amax / (8191 * 4096) in float32, and the blocks' terms are
+// summed in float32. The roundings are below 2^-13 of the block's largest value: about 3e-4 relative error a
+// matmul (1.0-1.3e-3 in the tiny fixtures' logits), where int8 (x at 1/127 of amax, the codebook at 1/127)
+// gives ~8.5e-3, which the random-weight fixtures amplify to 4-7e-2 in the logits.
 #pragma once
 #include "kernels/nf4.h"
 
@@ -18,14 +19,14 @@ namespace g4::q16 {
 
 inline constexpr int kBlock   = nf4::kBlock; // x's quantization block: one NF4 block
 inline constexpr int kMaxRows = 8;           // int16_x matmuls take at most this many rows (decode steps)
-inline constexpr float kXMax  = 16383.0f;    // largest |q| of x
-inline constexpr float kWMax  = 16384.0f;    // codebook scale
+inline constexpr float kXMax  = 8191.0f;     // largest |q| of x
+inline constexpr float kWMax  = 4096.0f;     // codebook scale
 
 constexpr int16_t round_code(float c) {
     return (int16_t)(c >= 0 ? (int)(c * kWMax + 0.5f) : -(int)(-c * kWMax + 0.5f));
 }
 
-// round(kCodebook[c] * 16384).
+// round(kCodebook[c] * kWMax).
 struct Nf4Int16 {
     int16_t v[16];
     constexpr Nf4Int16() : v() {
@@ -35,7 +36,7 @@ struct Nf4Int16 {
 };
 inline constexpr Nf4Int16 kNf4Int16;
 
-// Quantizes one block of kBlock floats into q; returns amax / (16383 * 16384), the factor that with the
+// Quantizes one block of kBlock floats into q; returns amax / (kXMax * kWMax), the factor that with the
 // weight block's absmax turns the integer dot product into the block's float32 term. A block holding an
 // infinity or NaN gives q = 0 and a NaN factor, so the outputs it reaches are NaN, as in float32. A block
 // whose largest value is so small (subnormal) that kXMax / amax overflows gives q = 0: its term is below

@@ -8,12 +8,12 @@
 // values, which is broadcast to every lane: pmaddwd (or AVX-512 VNNI vpdpwssd) multiplies both halves and
 // adds them into the row's int32 lane. No weight panel is decoded; the codes are read in place.
 //
-// A lane may sum at most 8 products (4 k-pairs): 8 * 16383 * 16384 < 2^31. So every 4 k-pairs the int32
-// lanes are converted and added into an fp32 block sum, and each 64-element block's sum is scaled by
-// absmax * amax / (16383 * 16384) into the fp32 accumulator. Each output is one tile lane's sum over the
-// blocks in k order, computed by one task whatever the thread count or the row count. A task is a group of
-// columns of every tile, or of one tile and fewer columns for matmuls of few columns (so that they spread
-// over the pool).
+// A lane sums one whole 64-element block exactly in int32 (64 products of |q| <= 8191 and |code| <= 4096 stay
+// below 2^31), which is converted once and scaled by absmax * amax / (8191 * 4096) into the fp32 sum in
+// `out`. The micro-kernel holds kCols columns x 2 vectors of int32 block sums in registers. Each output is
+// one tile lane's sum over the blocks in k order, computed by one task whatever the thread count or the row
+// count. A task is a group of columns of every tile, or of one tile and fewer columns for matmuls of few
+// columns (so that they spread over the pool).
 #include "kernels/cpu/level.h"
 #include "kernels/cpu/nf4_blob.h"
 #include "kernels/cpu/simd.h"
@@ -32,8 +32,7 @@ namespace g4::cpu::G4_CPU_NS {
 
 namespace {
 
-constexpr int kPairsPerGroup = 4;  // k-pairs an int32 lane sums before it is converted (8 products < 2^31)
-constexpr int kTaskCols      = 16; // output columns per task
+constexpr int kTaskCols = 16; // output columns per task
 
 // The dword of int16 codebook values for one code byte: element 2p (high nibble) low, 2p + 1 high.
 struct PairTable {
@@ -73,7 +72,7 @@ struct V {
     static void store(float* p, F v) { _mm512_storeu_ps(p, v); }
 };
 constexpr int kTileRows = 2 * V::kLanes;
-constexpr int kCols     = 4; // columns per micro-kernel
+constexpr int kCols     = 8; // columns per micro-kernel
 #elif defined(__AVX2__)
 struct V {
     static constexpr int kLanes = 8;
@@ -94,7 +93,7 @@ struct V {
     static void store(float* p, F v) { _mm256_storeu_ps(p, v); }
 };
 constexpr int kTileRows = 2 * V::kLanes;
-constexpr int kCols     = 2;
+constexpr int kCols     = 4;
 #else
 constexpr int kTileRows = 16;
 constexpr int kCols     = 1;
@@ -205,46 +204,35 @@ void micro(const Blob& w, int64_t n0, const QX& qx, int64_t t, float* out) {
     const uint8_t* codes[NC];
     for (int c = 0; c < NC; ++c)
         codes[c] = w.codes + (n0 + c) * qx.kp;
-    F acc[NC][2];
-    for (int c = 0; c < NC; ++c)
-        acc[c][0] = acc[c][1] = V::fzero();
+    for (int c = 0; c < NC; ++c) {
+        V::store(out + c * kTileRows, V::fzero());
+        V::store(out + c * kTileRows + V::kLanes, V::fzero());
+    }
     for (int64_t b = 0; b < qx.nb; ++b) {
-        F bsum[NC][2];
+        I isum[NC][2];
         for (int c = 0; c < NC; ++c)
-            bsum[c][0] = bsum[c][1] = V::fzero();
-        for (int g = 0; g < q16::kBlock / 2; g += kPairsPerGroup) {
-            I isum[NC][2];
-            for (int c = 0; c < NC; ++c)
-                isum[c][0] = isum[c][1] = V::izero();
-            for (int j = 0; j < kPairsPerGroup; ++j) {
-                const int64_t p = b * (q16::kBlock / 2) + g + j;
-                const I x0 = V::iload(xp + p * kTileRows), x1 = V::iload(xp + p * kTileRows + V::kLanes);
-                for (int c = 0; c < NC; ++c) {
-                    const I wv = V::ibcast(kPairs.v[codes[c][p]]);
-                    if constexpr (VNNI) {
-                        isum[c][0] = V::vnni(isum[c][0], x0, wv);
-                        isum[c][1] = V::vnni(isum[c][1], x1, wv);
-                    } else {
-                        isum[c][0] = V::madd(isum[c][0], x0, wv);
-                        isum[c][1] = V::madd(isum[c][1], x1, wv);
-                    }
-                }
-            }
+            isum[c][0] = isum[c][1] = V::izero();
+        for (int j = 0; j < q16::kBlock / 2; ++j) {
+            const int64_t p = b * (q16::kBlock / 2) + j;
+            const I x0 = V::iload(xp + p * kTileRows), x1 = V::iload(xp + p * kTileRows + V::kLanes);
             for (int c = 0; c < NC; ++c) {
-                bsum[c][0] = V::add(bsum[c][0], V::cvt(isum[c][0]));
-                bsum[c][1] = V::add(bsum[c][1], V::cvt(isum[c][1]));
+                const I wv = V::ibcast(kPairs.v[codes[c][p]]);
+                if constexpr (VNNI) {
+                    isum[c][0] = V::vnni(isum[c][0], x0, wv);
+                    isum[c][1] = V::vnni(isum[c][1], x1, wv);
+                } else {
+                    isum[c][0] = V::madd(isum[c][0], x0, wv);
+                    isum[c][1] = V::madd(isum[c][1], x1, wv);
+                }
             }
         }
         const F s0 = V::fload(sx + b * kTileRows), s1 = V::fload(sx + b * kTileRows + V::kLanes);
         for (int c = 0; c < NC; ++c) {
             const F ws = V::fbcast(w.scale<DQ>((n0 + c) * qx.nb + b));
-            acc[c][0]  = V::fma(bsum[c][0], V::mul(s0, ws), acc[c][0]);
-            acc[c][1]  = V::fma(bsum[c][1], V::mul(s1, ws), acc[c][1]);
+            float* o   = out + c * kTileRows;
+            V::store(o, V::fma(V::cvt(isum[c][0]), V::mul(s0, ws), V::fload(o)));
+            V::store(o + V::kLanes, V::fma(V::cvt(isum[c][1]), V::mul(s1, ws), V::fload(o + V::kLanes)));
         }
-    }
-    for (int c = 0; c < NC; ++c) {
-        V::store(out + c * kTileRows, acc[c][0]);
-        V::store(out + c * kTileRows + V::kLanes, acc[c][1]);
     }
 }
 #else
@@ -258,24 +246,28 @@ void micro(const Blob& w, int64_t n0, const QX& qx, int64_t t, float* out) {
         for (int l = 0; l < kTileRows; ++l) {
             float acc = 0.0f;
             for (int64_t b = 0; b < qx.nb; ++b) {
-                float bsum = 0.0f;
-                for (int g = 0; g < q16::kBlock / 2; g += kPairsPerGroup) {
-                    int32_t isum = 0;
-                    for (int j = 0; j < kPairsPerGroup; ++j) {
-                        const int64_t p  = b * (q16::kBlock / 2) + g + j;
-                        const int32_t xv = xp[p * kTileRows + l], wv = kPairs.v[codes[p]];
-                        isum += (int32_t)(int16_t)(xv & 0xFFFF) * (int16_t)(wv & 0xFFFF) +
-                                (int32_t)(int16_t)((uint32_t)xv >> 16) * (int16_t)((uint32_t)wv >> 16);
-                    }
-                    bsum += (float)isum;
+                int32_t isum = 0;
+                for (int j = 0; j < q16::kBlock / 2; ++j) {
+                    const int64_t p  = b * (q16::kBlock / 2) + j;
+                    const int32_t xv = xp[p * kTileRows + l], wv = kPairs.v[codes[p]];
+                    isum += (int32_t)(int16_t)(xv & 0xFFFF) * (int16_t)(wv & 0xFFFF) +
+                            (int32_t)(int16_t)((uint32_t)xv >> 16) * (int16_t)((uint32_t)wv >> 16);
                 }
-                acc = std::fma(bsum, sx[b * kTileRows + l] * w.scale<DQ>((n0 + c) * qx.nb + b), acc);
+                acc = std::fma((float)isum, sx[b * kTileRows + l] * w.scale<DQ>((n0 + c) * qx.nb + b), acc);
             }
             out[c * kTileRows + l] = acc;
         }
     }
 }
 #endif
+
+// micro<nc> for a run-time nc in [1, NC].
+template <int NC, bool DQ, bool VNNI>
+void micro_n(int nc, const Blob& w, int64_t n0, const QX& qx, int64_t t, float* out) {
+    if constexpr (NC > 1)
+        if (nc < NC) return micro_n<NC - 1, DQ, VNNI>(nc, w, n0, qx, t, out);
+    micro<NC, DQ, VNNI>(w, n0, qx, t, out);
+}
 
 // Columns [n0, n1) of tiles [t0, t1) of the pass of rows [r0, r0 + rows) from the tiles of qx.
 template <bool DQ, bool VNNI>
@@ -286,22 +278,7 @@ void columns(const MatmulArgs& a, const Blob& w, const QX& qx, int r0, int rows,
         const int lr = std::min(kTileRows, rows - (int)t * kTileRows);
         for (int64_t n = n0; n < n1; n += kCols) {
             const int nc = (int)std::min<int64_t>(kCols, n1 - n);
-            switch (nc) {
-            case kCols:
-                micro<kCols, DQ, VNNI>(w, n, qx, t, out);
-                break;
-#if defined(__AVX512BW__)
-            case 3:
-                micro<3, DQ, VNNI>(w, n, qx, t, out);
-                break;
-            case 2:
-                micro<2, DQ, VNNI>(w, n, qx, t, out);
-                break;
-#endif
-            default:
-                micro<1, DQ, VNNI>(w, n, qx, t, out);
-                break;
-            }
+            micro_n<kCols, DQ, VNNI>(nc, w, n, qx, t, out);
             for (int l = 0; l < lr; ++l) {
                 float* y = a.y + (int64_t)(r0 + t * kTileRows + l) * a.ldy + n;
                 for (int c = 0; c < nc; ++c)

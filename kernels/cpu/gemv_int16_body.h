@@ -7,7 +7,7 @@
 // 32 code bytes to words and looks the high nibbles (elements 0, 2, .., 62) and the low ones up with vpermw;
 // AVX2 looks nibbles up as the low and high bytes of the values (vpshufb) and interleaves them
 // (vpunpck{l,h}bw, which take bytes 0-7 and 16-23, or 8-15 and 24-31). pmaddwd multiplies and adds pairs;
-// each block's int32 lanes are converted and scaled by absmax * amax / (16383 * 16384) into fp32
+// each block's int32 lanes are converted and scaled by absmax * amax / (8191 * 4096) into fp32
 // accumulators (two per row, alternate blocks, so that consecutive blocks do not wait on one FMA). AVX-512
 // computes the factors 16 blocks at a time into a stack array and broadcasts them from memory (the same
 // floats; docs/performance.md "CPU" has the measurement). Advanced SIMD (aarch64): gemv_int16_neon.h.
@@ -29,7 +29,7 @@ constexpr IntOrder kIntOrder;
 
 struct IntX {
     const int16_t* q; // [rows, K] reordered blocks
-    const float* sx;  // [rows, K / 64]: amax / (16383 * 16384)
+    const float* sx;  // [rows, K / 64]: amax / (8191 * 4096)
     int64_t nb;       // blocks per row
     IntX rows_from(int r) const { return {q + 64 * nb * r, sx + nb * r, nb}; }
 };
@@ -147,7 +147,7 @@ template <int R, bool DQ> void int_blocks(const Nf4Blob& w, int64_t b0, const In
         const __m256i w0 = _mm256_unpacklo_epi8(hl, hh), w1 = _mm256_unpackhi_epi8(hl, hh);
         const __m256i w2 = _mm256_unpacklo_epi8(ll, lh), w3 = _mm256_unpackhi_epi8(ll, lh);
         const float s = w.scale<DQ>(b0 + i);
-        for (int t = 0; t < R; ++t) { // 8 products a lane: at most 8 * 16383 * 16384 < 2^31
+        for (int t = 0; t < R; ++t) { // 8 products a lane: at most 8 * 8191 * 4096 < 2^31
             const int64_t xb = t * x.nb + i;
             const __m256i* xq = (const __m256i*)(x.q + 64 * xb);
             const __m256i d01 = _mm256_add_epi32(_mm256_madd_epi16(w0, _mm256_loadu_si256(xq)),

@@ -4,8 +4,8 @@
 // x keeps kIntOrder's plain order (a block's even elements, which the high nibbles of its 32 code bytes hold,
 // then its odd ones). Each 16 code bytes give their nibbles' int16 codebook values as the low and the high
 // bytes (tbl) zipped into 8 + 8 int16 lanes in element order; smlal multiplies and accumulates them with x in
-// two int32x4 sums a block (8 products a lane: at most 8 * 16383 * 16384 < 2^31, the exact integer products
-// of the reference), converted to float32 and scaled by absmax * amax / (16383 * 16384) into two float32x4
+// two int32x4 sums a block (8 products a lane: at most 8 * 8191 * 4096 < 2^31, the exact integer products
+// of the reference), converted to float32 and scaled by absmax * amax / (8191 * 4096) into two float32x4
 // accumulators per row.
 
 struct Nf4Int16Bytes { // kNf4Int16 as its low and high bytes

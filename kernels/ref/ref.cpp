@@ -55,7 +55,7 @@ void embed(const EmbedArgs& a) {
 }
 
 // The integer path (kernels/q16.h): per row of x and NF4 block, the exact integer dot product of the codes'
-// int16 values with the quantized x, scaled by absmax * amax / (16383 * 16384); the blocks' terms summed in
+// int16 values with the quantized x, scaled by absmax * amax / (8191 * 4096); the blocks' terms summed in
 // double.
 static void matmul_nf4_int16(const MatmulArgs& a) {
     const nf4::Layout l = nf4::layout(a.n * a.k, a.nf4_double_quant);

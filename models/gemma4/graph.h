@@ -34,7 +34,7 @@ struct OpDesc {
 };
 
 struct BuildOptions {
-    int max_rows    = 64;          // tokens per step (prefill chunk)
+    int max_rows    = 256;         // tokens per step (prefill chunk)
     int max_context = 4096;        // positions held by full-attention caches
     int logits_rows = 16;          // rows of logits one step can produce
     DType kv_dtype  = DType::F32;  // KV cache storage: F32 or BF16

@@ -538,7 +538,7 @@ TEST_F(RunBadInput, WrongTypedMetaField) {
               std::string::npos)
         << r.err;
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
-    p = rewrite("\"max_rows\": 64,", "\"max_rows\":\"6\",");
+    p = rewrite("\"max_rows\": 256,", "\"max_rows\":\"25\",");
     expect_run_error(p, "--tokens 2,3", {p, "META field max_rows: expected an integer"});
 }
 

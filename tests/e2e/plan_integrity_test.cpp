@@ -159,7 +159,7 @@ TEST_F(PlanIntegrity, MetadataSizesAndGenerationDefaults) {
         write_file(path, b);
         return path;
     };
-    expect_refused(with_meta("arena", "\"act_arena_bytes\": 336128", "\"act_arena_bytes\": 9.9e15"),
+    expect_refused(with_meta("arena", "\"act_arena_bytes\": 1344512", "\"act_arena_bytes\": 9.9e+15"),
                    {"META field act_arena_bytes: expected an integer", "9.9e+15"});
     expect_refused(with_meta("topp", "\"top_p\": 0.9", "\"top_p\": 9.9"), {"generation defaults", "top_p"});
     expect_refused(with_meta("eos", "   106\n", "   906\n"), {"outside the vocabulary"});

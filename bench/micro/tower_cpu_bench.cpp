@@ -289,14 +289,16 @@ void bench_audio(cpu::ThreadPool& pool, int reps, towers::Precision prec) {
                 towers::precision_name(prec), n_soft, pool.size(), median(tp), sum);
 }
 
-// Copies of a weight of `bytes` bytes that together are twice the last-level cache (at least 3, at most
-// 2 GiB), so that cycling through them each call reads its weight from memory, as a tower program does
-// (each of its weights is read once a clip or an image).
+// Copies of a weight of `bytes` bytes that together are twice the last-level cache (at least 3; at most 1024
+// copies and 2 GiB: a weight that small is a minor part of its call's memory traffic anyway), so that cycling
+// through them each call reads its weight from memory, as a tower program does (each of its weights is read
+// once a clip or an image).
 int weight_copies(size_t bytes) {
     long llc = sysconf(_SC_LEVEL3_CACHE_SIZE);
     if (llc <= 0) llc = 64L << 20;
     const size_t want = 2 * (size_t)llc / std::max<size_t>(bytes, 1) + 1;
-    return (int)std::clamp<size_t>(want, 3, std::max<size_t>(3, (2ULL << 30) / std::max<size_t>(bytes, 1)));
+    const size_t cap  = std::min<size_t>(1024, (2ULL << 30) / std::max<size_t>(bytes, 1));
+    return (int)std::clamp<size_t>(want, 3, std::max<size_t>(3, cap));
 }
 
 // cpu::matmul against cpu::matmul_gemm and matmul_gemm_bf16 at one tower shape (bf16 weights): GFLOPS and the

@@ -222,10 +222,11 @@ TEST(CpuPrecision, Bf16PrefillStaysNearF32) {
         ASSERT_EQ(pb.load(bf16, false, &err), G4_OK) << err;
         EXPECT_EQ(pb.meta().policy.cpu_precision, "bf16");
         const double rel = expect_near_f32(fx, bf16, f32, kCpuBf16Tolerance, "bf16");
-        // With AMX the long prompt's prefill runs on bf16 tiles, ~1e-2 from f32 where `fast` stays under
+        // With AMX the long prompt's prefill runs on bf16 tiles, ~1e-2 from f32 where `fast` stays near
         // 1e-3: an error that small there means the AMX path did not run.
-        if (g4::cpu::active_level() == g4::cpu::Level::Amx)
-            EXPECT_GT(rel, 2e-3) << fx << ": the bf16 plan's prefill did not take the AMX path";
+        if (g4::cpu::active_level() == g4::cpu::Level::Amx) {
+            EXPECT_GT(rel, 5e-3) << fx << ": the bf16 plan's prefill did not take the AMX path";
+        }
     }
     TempDir td;
     const std::string out = td.file("bf16.g4plan");

@@ -184,9 +184,11 @@ TEST(CpuKernels, MatmulGemmBf16MatchesRoundedReference) {
             if (nan) x[3 * ldx] = NAN;
             ASSERT_TRUE(cpu::gemm_bf16_clamps(ctx, a));
             (portable ? cpu::matmul_gemm_bf16_portable : cpu::matmul_gemm_bf16)(ctx, a);
-            if (nan) // row 3 is NaN throughout; the check below skips it
-                for (int64_t j = 0; j < cs.n; ++j)
+            if (nan) { // row 3 is NaN throughout; the check below skips it
+                for (int64_t j = 0; j < cs.n; ++j) {
                     ASSERT_TRUE(std::isnan(y[3 * ldy + j])) << "column " << j;
+                }
+            }
             double num = 0, den = 0, num_f = 0;
             int cut_x = 0, cut_y = 0;
             for (int i = 0; i < cs.rows; ++i)

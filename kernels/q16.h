@@ -21,6 +21,9 @@ inline constexpr int kBlock   = nf4::kBlock; // x's quantization block: one NF4 
 inline constexpr int kMaxRows = 8;           // int16_x matmuls take at most this many rows (decode steps)
 inline constexpr float kXMax  = 8191.0f;     // largest |q| of x
 inline constexpr float kWMax  = 4096.0f;     // codebook scale
+// A block's 64 products fit one int32 lane (the prefill GEMM sums a whole block there before converting).
+static_assert((double)kBlock * kXMax * kWMax < 2147483648.0,
+              "a block's integer dot product must fit in int32");
 
 constexpr int16_t round_code(float c) {
     return (int16_t)(c >= 0 ? (int)(c * kWMax + 0.5f) : -(int)(-c * kWMax + 0.5f));

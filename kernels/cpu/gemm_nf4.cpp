@@ -66,7 +66,6 @@ struct V {
         return acc;
     }
     static F cvt(I v) { return _mm512_cvtepi32_ps(v); }
-    static F add(F a, F b) { return _mm512_add_ps(a, b); }
     static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
     static F fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
     static void store(float* p, F v) { _mm512_storeu_ps(p, v); }
@@ -87,7 +86,6 @@ struct V {
     static I madd(I acc, I x, I w) { return _mm256_add_epi32(acc, _mm256_madd_epi16(x, w)); }
     static I vnni(I acc, I x, I w) { return madd(acc, x, w); }
     static F cvt(I v) { return _mm256_cvtepi32_ps(v); }
-    static F add(F a, F b) { return _mm256_add_ps(a, b); }
     static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
     static F fma(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
     static void store(float* p, F v) { _mm256_storeu_ps(p, v); }
